@@ -1,0 +1,21 @@
+"""A model's output mapped back onto the input volume's grid, voxel for voxel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radserve.domain.volume import Volume
+
+
+@dataclass(frozen=True, eq=False)
+class Prediction:
+    """Label map (uint8, same geometry as the input) and, optionally, the winning
+    class's probability scaled to uint8 (0..255) for per-finding confidence."""
+
+    model: str
+    model_version: str
+    precision: str
+    labels: Volume
+    confidence: Volume | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    batches: int = 0

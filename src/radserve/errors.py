@@ -1,0 +1,79 @@
+"""One error hierarchy for the whole package.
+
+Every error carries a stable ``code`` (stored on failed jobs, mapped to HTTP/DICOM
+status at the edges) and a ``retryable`` flag. Messages say what was expected, what
+arrived and how to fix it, and never contain patient data.
+"""
+
+from __future__ import annotations
+
+
+class RadserveError(Exception):
+    """Base class: a failure radserve understands and can report."""
+
+    code: str = "radserve_error"
+    retryable: bool = False
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else self.code
+
+
+class StudyError(RadserveError):
+    """The input study cannot be turned into a trustworthy volume."""
+
+    code = "study_invalid"
+
+
+class NotDicomError(StudyError):
+    code = "not_dicom"
+
+
+class UnsupportedModalityError(StudyError):
+    code = "unsupported_modality"
+
+
+class GeometryError(StudyError):
+    """Slices do not form one regular, consistent volume."""
+
+    code = "geometry_invalid"
+
+
+class DecodeError(StudyError):
+    """Pixel data could not be decoded (truncated file, missing decoder)."""
+
+    code = "decode_failed"
+
+
+class ModelError(RadserveError):
+    """A model bundle is missing, malformed or not allowed to serve."""
+
+    code = "model_invalid"
+
+
+class UnknownModelError(ModelError):
+    code = "model_unknown"
+
+
+class VariantRejectedError(ModelError):
+    """A precision variant that failed its accuracy gate was asked for."""
+
+    code = "variant_rejected"
+
+
+class PipelineError(RadserveError):
+    code = "pipeline_invalid"
+
+
+class InferenceError(RadserveError):
+    code = "inference_failed"
+    retryable = True
+
+
+class ReportError(RadserveError):
+    code = "report_failed"
