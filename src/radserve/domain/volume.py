@@ -28,7 +28,9 @@ class Volume:
 
     def __post_init__(self) -> None:
         if self.array.ndim != 3:
-            raise ValueError(f"Volume array must be 3-D (slice, row, column), got {self.array.shape}")
+            raise ValueError(
+                f"Volume array must be 3-D (slice, row, column), got {self.array.shape}"
+            )
         affine = np.asarray(self.affine, dtype=np.float64)
         if affine.shape != (4, 4):
             raise ValueError(f"Volume affine must be 4x4, got {affine.shape}")
@@ -67,7 +69,9 @@ class Volume:
         """Same geometry, other voxels (a label map, probabilities, a normalised image)."""
         if array.shape[:3] != self.shape:
             raise ValueError(f"shape {array.shape} does not match volume shape {self.shape}")
-        return Volume(array, self.affine, self.frame_of_reference_uid, self.source_sop_instance_uids)
+        return Volume(
+            array, self.affine, self.frame_of_reference_uid, self.source_sop_instance_uids
+        )
 
     # --- geometry -----------------------------------------------------------------------
     @property
