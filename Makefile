@@ -1,0 +1,40 @@
+# The two commands (see README): `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test install install-test lint bench evaluate train clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+
+install-test: $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[test]"
+
+## Install, generate a phantom CT study, run the reference pipeline, print where the report is.
+demo: install
+	$(BIN)/radserve demo --out out/demo
+
+## Install what the tests need and run lint + the test suite.
+test: install-test
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/python -m pytest -q
+
+bench: install-test
+	$(BIN)/radserve bench --json out/bench.json
+
+evaluate: install
+	$(BIN)/radserve evaluate --json out/evaluate.json --markdown out/evaluate.md
+
+## Retrain the reference models (PyTorch, CPU, about an hour).
+train: $(BIN)/python
+	$(BIN)/pip install --quiet -e ".[train]"
+	$(BIN)/python -m radserve.training --model all --seed 0 --out src/radserve/assets/models
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

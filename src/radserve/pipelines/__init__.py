@@ -1,0 +1,1 @@
+"""Pipeline definitions (``pipelines/<name>.yaml``): which models run, on which series."""
