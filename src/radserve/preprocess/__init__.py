@@ -1,1 +1,34 @@
-"""radserve.preprocess."""
+"""Volume -> network-ready arrays: resample, normalise, crop (see API.md)."""
+
+from radserve.preprocess.crop import (
+    BBox,
+    bbox_of_mask,
+    body_bbox,
+    expand_bbox,
+    full_bbox,
+    roi_bbox,
+)
+from radserve.preprocess.normalise import normalise, normalised_floor
+from radserve.preprocess.resample import (
+    grid_coordinates,
+    interpolate_axis,
+    resample_inplane,
+    resample_to_spacing,
+    resampled_size,
+)
+
+__all__ = [
+    "BBox",
+    "bbox_of_mask",
+    "body_bbox",
+    "expand_bbox",
+    "full_bbox",
+    "grid_coordinates",
+    "interpolate_axis",
+    "normalise",
+    "normalised_floor",
+    "resample_inplane",
+    "resample_to_spacing",
+    "resampled_size",
+    "roi_bbox",
+]

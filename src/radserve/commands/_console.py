@@ -1,0 +1,77 @@
+"""Terminal presentation shared by the commands: a rich progress bar and summary tables."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from radserve.report.schema import Report
+
+
+class RichProgress:
+    """A :class:`radserve.progress.ProgressSink` drawing one bar per stage."""
+
+    def __init__(self, console: Console) -> None:
+        self._progress = Progress(
+            TextColumn("{task.description:<28}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self._tasks: dict[str, int] = {}
+
+    def __enter__(self) -> RichProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def start(self, stage: str, total: int | None) -> None:
+        self._tasks[stage] = self._progress.add_task(stage, total=total or 1)
+
+    def advance(self, stage: str, amount: int = 1) -> None:
+        if stage in self._tasks:
+            self._progress.advance(self._tasks[stage], amount)
+
+    def finish(self, stage: str, seconds: float) -> None:
+        task = self._tasks.get(stage)
+        if task is not None:
+            total = self._progress.tasks[task].total or 1
+            self._progress.update(task, completed=total)
+
+
+def summary_tables(report: Report) -> list[Table]:
+    """Findings, organ volumes and stage timings of a report, for the terminal."""
+    findings = Table(title=f"Findings ({len(report.findings)})")
+    for column in ("#", "finding", "organ", "long axis mm", "short axis mm", "ml", "HU", "conf"):
+        findings.add_column(
+            column, justify="right" if column not in ("finding", "organ") else "left"
+        )
+    for f in report.findings:
+        findings.add_row(
+            str(f.finding_id),
+            f.label,
+            f.containing_organ or "-",
+            f"{f.longest_diameter_mm:.1f}",
+            f"{f.short_axis_mm:.1f}",
+            f"{f.volume_ml:.2f}",
+            "-" if f.mean_hu is None else f"{f.mean_hu:.0f}",
+            f"{f.confidence:.2f}",
+        )
+    organs = Table(title="Organ volumes")
+    for column in ("organ", "ml", "mean HU"):
+        organs.add_column(column, justify="left" if column == "organ" else "right")
+    for m in report.organ_measurements:
+        organs.add_row(
+            m.label, f"{m.volume_ml:.0f}", "-" if m.mean_hu is None else f"{m.mean_hu:.0f}"
+        )
+    timings = Table(title="Timings (s)")
+    timings.add_column("stage")
+    timings.add_column("seconds", justify="right")
+    for stage, seconds in report.timings.items():
+        timings.add_row(stage, f"{seconds:.2f}")
+    return [findings, organs, timings]

@@ -1,0 +1,202 @@
+"""Which ONNX Runtime execution provider a host gets, and why.
+
+Preference: TensorRT > CUDA > OpenVINO > CPU, among the providers this onnxruntime
+build offers. CPU is always appended as the fallback for operators an accelerator does
+not implement. The CPU thread count honours the process's CPU affinity and a cgroup
+(container) CPU quota, so a container limited to 4 cores does not start 64 threads.
+The choice is logged and is a plain frozen object the pipeline puts in its report.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import onnxruntime as ort
+
+from radserve.errors import ModelError
+
+logger = logging.getLogger(__name__)
+
+PREFERENCE = (
+    "TensorrtExecutionProvider",
+    "CUDAExecutionProvider",
+    "OpenVINOExecutionProvider",
+    "CPUExecutionProvider",
+)
+_DEVICE_KIND = {
+    "TensorrtExecutionProvider": "cuda",
+    "CUDAExecutionProvider": "cuda",
+    "OpenVINOExecutionProvider": "openvino",
+    "CPUExecutionProvider": "cpu",
+}
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the host offers: cores usable by this process and onnxruntime's providers."""
+
+    ort_version: str
+    available_providers: tuple[str, ...]
+    usable_cores: int
+    logical_cores: int
+    ort_device: str
+
+
+@dataclass(frozen=True)
+class RuntimeChoice:
+    """Providers (in order, with options) for sessions on one device, and the reason."""
+
+    providers: tuple[str, ...]
+    provider_options: tuple[dict[str, str], ...]
+    device: str
+    intra_op_threads: int
+    reason: str
+    host: DeviceInfo
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def primary(self) -> str:
+        return self.providers[0]
+
+    def as_report(self) -> dict[str, object]:
+        """JSON-ready summary for job reports and ``/readyz``."""
+        out = asdict(self)
+        out["provider_options"] = [dict(o) for o in self.provider_options]
+        return out
+
+
+def _cgroup_cpu_limit() -> float | None:
+    """cgroup v2 ``cpu.max`` quota in cores, if the process is limited."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    try:
+        return float(quota) / float(period)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: affinity mask, capped by a container quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    limit = _cgroup_cpu_limit()
+    if limit is not None:
+        cores = min(cores, max(1, math.floor(limit)))
+    return max(1, cores)
+
+
+def probe_host() -> DeviceInfo:
+    """What onnxruntime and the OS offer this process (cheap; no session is created)."""
+    return DeviceInfo(
+        ort_version=ort.__version__,
+        available_providers=tuple(ort.get_available_providers()),
+        usable_cores=usable_cores(),
+        logical_cores=os.cpu_count() or 1,
+        ort_device=ort.get_device(),
+    )
+
+
+def choose_runtime(
+    host: DeviceInfo | None = None,
+    *,
+    prefer: Sequence[str] | None = None,
+    device_id: int = 0,
+    threads: int | None = None,
+    gpu_mem_limit_bytes: int | None = None,
+    trt_cache_dir: Path | None = None,
+) -> RuntimeChoice:
+    """Pick providers for one device.
+
+    ``prefer`` restricts and orders the candidates (e.g. ``["CPUExecutionProvider"]`` to
+    force CPU); an unknown or unavailable name there is a :class:`ModelError`, since a
+    site that asked for a GPU should not silently run on CPU. ``threads`` overrides the
+    CPU thread count.
+    """
+    host = host or probe_host()
+    available = set(host.available_providers)
+    order = tuple(prefer) if prefer else PREFERENCE
+    unknown = [p for p in order if p not in _DEVICE_KIND]
+    if unknown:
+        raise ModelError(f"unknown execution providers {unknown}; known: {list(PREFERENCE)}")
+    if prefer:
+        missing = [p for p in order if p not in available]
+        if missing:
+            raise ModelError(
+                f"execution providers {missing} were asked for but this onnxruntime "
+                f"{host.ort_version} offers {sorted(available)}; install the matching "
+                "onnxruntime package (onnxruntime-gpu, onnxruntime-openvino) or drop them"
+            )
+    chosen = [p for p in order if p in available]
+    if "CPUExecutionProvider" not in chosen:
+        chosen.append("CPUExecutionProvider")
+    primary = chosen[0]
+    kind = _DEVICE_KIND[primary]
+    cores = threads or host.usable_cores
+    # With an accelerator the CPU mostly prepares batches: leave it cores for that.
+    intra = cores if kind == "cpu" else max(1, min(4, cores // 2))
+    options = tuple(_options(p, device_id, gpu_mem_limit_bytes, trt_cache_dir) for p in chosen)
+    skipped = [p for p in PREFERENCE if p not in available]
+    reason = (
+        f"{primary} is the most preferred of the providers onnxruntime {host.ort_version} "
+        f"offers ({', '.join(host.available_providers)})"
+        + (f"; not available: {', '.join(skipped)}" if skipped else "")
+    )
+    notes: list[str] = []
+    if primary == "TensorrtExecutionProvider":
+        notes.append("TensorRT builds an engine per new input shape; engines are cached")
+    choice = RuntimeChoice(
+        providers=tuple(chosen),
+        provider_options=options,
+        device=f"cuda:{device_id}" if kind == "cuda" else kind,
+        intra_op_threads=intra,
+        reason=reason,
+        host=host,
+        notes=tuple(notes),
+    )
+    logger.info(
+        "runtime: %s on %s with %d CPU threads (%s)",
+        "+".join(choice.providers),
+        choice.device,
+        intra,
+        reason,
+    )
+    return choice
+
+
+def _options(
+    provider: str, device_id: int, mem_limit: int | None, trt_cache_dir: Path | None
+) -> dict[str, str]:
+    if provider == "CUDAExecutionProvider":
+        opts = {
+            "device_id": str(device_id),
+            # Grow the arena by what is asked, not by powers of two: studies vary in size.
+            "arena_extend_strategy": "kSameAsRequested",
+            # EXHAUSTIVE re-benchmarks every new input shape, and every study has one.
+            "cudnn_conv_algo_search": "HEURISTIC",
+            "do_copy_in_default_stream": "1",
+        }
+        if mem_limit:
+            opts["gpu_mem_limit"] = str(mem_limit)
+        return opts
+    if provider == "TensorrtExecutionProvider":
+        opts = {"device_id": str(device_id), "trt_engine_cache_enable": "1"}
+        if trt_cache_dir is not None:
+            opts["trt_engine_cache_path"] = str(trt_cache_dir)
+        return opts
+    if provider == "OpenVINOExecutionProvider":
+        return {"device_type": "CPU"}
+    return {}
+
+
+__all__ = ["PREFERENCE", "DeviceInfo", "RuntimeChoice", "choose_runtime", "probe_host"]

@@ -1,0 +1,156 @@
+"""One ONNX file loaded on one device: checked against its model.yaml, then run.
+
+The graph must have one input (N, C, H, W) or (N, C, D, H, W) and its first output is
+read as logits (N, classes, ...). The batch axis should be dynamic; a graph exported
+with a fixed batch size still works (batches are split and padded to it). A float16
+graph is fed float16 and its output returned as float32, so callers see one dtype.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from radserve.errors import InferenceError, ModelError
+from radserve.inference.providers import RuntimeChoice, choose_runtime
+from radserve.models.manifest import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def _static(dim: object) -> int | None:
+    return dim if isinstance(dim, int) and dim > 0 else None
+
+
+class ModelSession:
+    """An ``ort.InferenceSession`` that knows the model's contract."""
+
+    def __init__(
+        self,
+        path: Path,
+        spec: ModelSpec,
+        *,
+        runtime: RuntimeChoice | None = None,
+        precision: str = "fp32",
+    ) -> None:
+        self.path = Path(path)
+        self.spec = spec
+        self.precision = precision
+        self.runtime = runtime or choose_runtime()
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = self.runtime.intra_op_threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # Input shapes change with every study: memory patterns would be rebuilt each
+        # time; the arena is kept (it is what makes repeated batches cheap).
+        options.enable_mem_pattern = False
+        options.enable_cpu_mem_arena = True
+        options.log_severity_level = 3
+        try:
+            self._session = ort.InferenceSession(
+                str(self.path),
+                sess_options=options,
+                providers=list(self.runtime.providers),
+                provider_options=[dict(o) for o in self.runtime.provider_options],
+            )
+        except Exception as exc:  # onnxruntime raises its own, untyped, exception family
+            raise ModelError(
+                f"cannot load ONNX model {self.path.name} for {spec.key}: {exc}"
+            ) from exc
+        self.providers_in_use = tuple(self._session.get_providers())
+        if self.providers_in_use[0] != self.runtime.primary:
+            logger.warning(
+                "%s: asked for %s, onnxruntime is using %s",
+                spec.key,
+                self.runtime.primary,
+                self.providers_in_use[0],
+            )
+        self._check_contract()
+
+    def _check_contract(self) -> None:
+        inputs = self._session.get_inputs()
+        if len(inputs) != 1:
+            raise ModelError(
+                f"model {self.spec.key} ({self.path.name}) has {len(inputs)} inputs "
+                f"{[i.name for i in inputs]}; radserve feeds exactly one (N, C, spatial...)"
+            )
+        inp, out = inputs[0], self._session.get_outputs()[0]
+        self.input_name, self.output_name = inp.name, out.name
+        rank = 5 if self.spec.input.mode == "3d" else 4
+        if len(inp.shape) != rank:
+            raise ModelError(
+                f"model {self.spec.key} input {inp.name!r} has shape {inp.shape}; "
+                f"input.mode {self.spec.input.mode!r} needs rank {rank} (N, C, spatial...)"
+            )
+        if inp.type not in _ORT_TYPES:
+            raise ModelError(
+                f"model {self.spec.key} input {inp.name!r} is {inp.type}; "
+                "expected tensor(float) or tensor(float16)"
+            )
+        self.input_dtype = _ORT_TYPES[inp.type]
+        want = self.spec.input.in_channels
+        got = _static(inp.shape[1])
+        if got is not None and got != want:
+            raise ModelError(
+                f"model {self.spec.key} ({self.path.name}) takes {got} input channels but "
+                f"model.yaml declares {want} (2 x context_slices "
+                f"{self.spec.input.context_slices} + 1 + extra_channels "
+                f"{list(self.spec.input.extra_channels)}); fix model.yaml or re-export"
+            )
+        classes = _static(out.shape[1]) if len(out.shape) == rank else None
+        if classes is not None and classes != self.spec.num_classes:
+            raise ModelError(
+                f"model {self.spec.key} outputs {classes} channels but model.yaml labels "
+                f"with activation {self.spec.activation!r} need {self.spec.num_classes}"
+            )
+        self.fixed_batch = _static(inp.shape[0])
+        if self.fixed_batch is not None:
+            logger.info("%s has a fixed batch size %d", self.spec.key, self.fixed_batch)
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        """Run one batch; returns float32 (N, classes, spatial...)."""
+        if batch.ndim != (5 if self.spec.input.mode == "3d" else 4):
+            raise InferenceError(f"batch of shape {batch.shape} for {self.spec.input.mode} model")
+        x = np.ascontiguousarray(batch, dtype=self.input_dtype)
+        b = self.fixed_batch
+        try:
+            if b is None or len(x) == b:
+                out = self._session.run([self.output_name], {self.input_name: x})[0]
+            else:
+                out = self._run_fixed(x, b)
+        except Exception as exc:
+            raise InferenceError(
+                f"{self.spec.key} failed on a batch of shape {batch.shape} with "
+                f"{self.providers_in_use[0]}: {exc}"
+            ) from exc
+        return np.asarray(out, dtype=np.float32)
+
+    def _run_fixed(self, x: np.ndarray, b: int) -> np.ndarray:
+        parts = []
+        for start in range(0, len(x), b):
+            chunk = x[start : start + b]
+            n = len(chunk)
+            if n < b:
+                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], b - n, axis=0)])
+            parts.append(self._session.run([self.output_name], {self.input_name: chunk})[0][:n])
+        return np.concatenate(parts)
+
+    def describe(self) -> dict[str, object]:
+        """What ran: file, precision, providers actually used; for reports and logs."""
+        return {
+            "model": self.spec.key,
+            "file": self.path.name,
+            "precision": self.precision,
+            "input_dtype": np.dtype(self.input_dtype).name,
+            "providers": list(self.providers_in_use),
+            "intra_op_threads": self.runtime.intra_op_threads,
+        }
+
+
+__all__ = ["ModelSession"]

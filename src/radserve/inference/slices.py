@@ -1,0 +1,255 @@
+"""2D / 2.5D models: batches of native slices in, a native-grid label map out.
+
+Per batch: take the native slices (2.5d: ``context_slices`` neighbours each side in
+array order, clamped at the volume's ends), crop in-plane to the ROI (or the body for
+CT), resample in-plane to ``spec.input.spacing`` (linear, on HU), normalise, pad
+symmetrically to ``divisible_by`` with the normalised floor (air). Extra channels (bool
+masks of upstream labels) go through the same crop and nearest-neighbour resampling
+and follow the image channels in ``spec.input.extra_channels`` order.
+
+Back: drop the padding, apply the activation, resample the class probabilities
+linearly onto the native crop, take the winner, and write uint8 labels and confidences
+into preallocated native-size arrays. Everything outside the crop is background (label
+0, confidence 255). Only one batch of probabilities exists at a time per task.
+
+Through-plane spacing: 2D/2.5D models run on native slices; a model.yaml with a
+non-None slice spacing in these modes is refused (``ModelError``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from radserve.domain.prediction import Prediction
+from radserve.domain.volume import Volume
+from radserve.errors import ModelError, PipelineError
+from radserve.inference.tasks import (
+    Batch,
+    TaskState,
+    activate,
+    check_batch,
+    decide,
+    pick_batch_size,
+    warn_if_probabilities,
+)
+from radserve.models.manifest import ModelSpec
+from radserve.preprocess.crop import BBox, body_bbox
+from radserve.preprocess.normalise import normalise, normalised_floor
+from radserve.preprocess.resample import grid_coordinates, interpolate_axis, resampled_size
+
+logger = logging.getLogger(__name__)
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def crop_box(volume: Volume, spec: ModelSpec, roi: BBox | None, crop_to_body: bool) -> BBox:
+    """The region a model runs on: the ROI if given, else the body for CT, else all."""
+    if roi is not None:
+        return tuple(  # type: ignore[return-value]
+            slice(max(0, s.start or 0), min(n, n if s.stop is None else s.stop))
+            for s, n in zip(roi, volume.shape, strict=True)
+        )
+    if crop_to_body and spec.modality == "CT":
+        return body_bbox(volume)
+    return tuple(slice(0, n) for n in volume.shape)  # type: ignore[return-value]
+
+
+def check_extra_channels(
+    volume: Volume, spec: ModelSpec, extra: dict[str, np.ndarray] | None
+) -> list[np.ndarray]:
+    """The masks ``spec.input.extra_channels`` names, in order, checked against the volume."""
+    extra = extra or {}
+    missing = [name for name in spec.input.extra_channels if name not in extra]
+    if missing:
+        raise PipelineError(
+            f"model {spec.key} needs upstream label masks {missing} as extra input "
+            f"channels, got {sorted(extra)}; run the upstream model first in the pipeline"
+        )
+    masks = [np.asarray(extra[name]) for name in spec.input.extra_channels]
+    for name, mask in zip(spec.input.extra_channels, masks, strict=True):
+        if mask.shape != volume.shape:
+            raise PipelineError(
+                f"extra channel {name!r} has shape {mask.shape}, volume is {volume.shape}"
+            )
+    return masks
+
+
+class SliceTask:
+    """One study through one 2D/2.5D model, as a sequence of slice batches."""
+
+    def __init__(
+        self,
+        volume: Volume,
+        spec: ModelSpec,
+        roi: BBox | None = None,
+        extra_channels: dict[str, np.ndarray] | None = None,
+        *,
+        crop_to_body: bool = True,
+        memory_budget_bytes: int | None = None,
+        precision: str = "fp32",
+    ) -> None:
+        t0 = time.perf_counter()
+        if spec.input.mode not in ("2d", "2.5d"):
+            raise ModelError(f"SliceTask runs 2d/2.5d models; {spec.key} is {spec.input.mode}")
+        if spec.input.spacing[0] is not None:
+            raise ModelError(
+                f"model {spec.key}: input.spacing[0] = {spec.input.spacing[0]} but "
+                f"{spec.input.mode} models run on native slices; set it to null"
+            )
+        self.spec = spec
+        self.volume = volume
+        self.precision = precision
+        self._extra = check_extra_channels(volume, spec, extra_channels)
+        self.box = crop_box(volume, spec, roi, crop_to_body)
+        zs, ys, xs = self.box
+        self._h, self._w = ys.stop - ys.start, xs.stop - xs.start
+        native = volume.spacing
+        target = spec.input.spacing
+        self._rh = resampled_size(self._h, native[1], target[1]) if self._h else 0
+        self._rw = resampled_size(self._w, native[2], target[2]) if self._w else 0
+        k = spec.input.divisible_by
+        self._ph, self._pw = _round_up(self._rh, k), _round_up(self._rw, k)
+        self._pad_y = (self._ph - self._rh) // 2
+        self._pad_x = (self._pw - self._rw) // 2
+        self._slices = list(range(zs.start, zs.stop)) if self._h and self._w else []
+        self.batch_size = pick_batch_size(
+            spec.input.batch_size, self.bytes_per_slice(), memory_budget_bytes
+        )
+        n = len(self._slices)
+        self._state = TaskState(total=-(-n // self.batch_size))
+        self.labels = np.zeros(volume.shape, np.uint8)
+        self.confidence = np.full(volume.shape, 255, np.uint8)
+        self._floor = normalised_floor(spec.input.normalisation)
+        # Resampling coordinates, computed once: model grid <- native crop and back.
+        self._fwd_y = grid_coordinates(self._h, self._rh) if n else None
+        self._fwd_x = grid_coordinates(self._w, self._rw) if n else None
+        self._back_y = grid_coordinates(self._rh, self._h) if n else None
+        self._back_x = grid_coordinates(self._rw, self._w) if n else None
+        self._state.add_timing("prepare", time.perf_counter() - t0)
+        logger.debug(
+            "slice task %s: %d slices, crop %s -> model %dx%d (padded %dx%d), batch %d",
+            spec.key,
+            n,
+            (self._h, self._w),
+            self._rh,
+            self._rw,
+            self._ph,
+            self._pw,
+            self.batch_size,
+        )
+
+    # --- sizes --------------------------------------------------------------------------
+    def bytes_per_slice(self) -> int:
+        """Working set of one slice: input, logits, and probabilities on both grids."""
+        c, k = self.spec.input.in_channels, self.spec.num_classes
+        model_px, native_px = self._ph * self._pw, self._h * self._w
+        return 4 * (c * model_px + 2 * k * model_px + 3 * k * native_px)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """(channels, height, width) of each sample fed to the network."""
+        return (self.spec.input.in_channels, self._ph, self._pw)
+
+    @property
+    def total_batches(self) -> int:
+        return self._state.total
+
+    @property
+    def done(self) -> bool:
+        return self._state.done
+
+    def add_timing(self, stage: str, seconds: float) -> None:
+        self._state.add_timing(stage, seconds)
+
+    # --- batches ------------------------------------------------------------------------
+    def next_batch(self) -> Batch | None:
+        """Prepare the next batch of slices, or ``None`` when all have been handed out."""
+        if self._state.produced >= self._state.total:
+            return None
+        t0 = time.perf_counter()
+        start = self._state.produced * self.batch_size
+        items = tuple(self._slices[start : start + self.batch_size])
+        inputs = self._prepare(items)
+        batch = Batch(task=self, index=self._state.produced, items=items, inputs=inputs)
+        self._state.produced += 1
+        self._state.add_timing("prepare", time.perf_counter() - t0)
+        return batch
+
+    def _prepare(self, items: tuple[int, ...]) -> np.ndarray:
+        _, ys, xs = self.box
+        ctx = self.spec.input.context_slices
+        nz = self.volume.shape[0]
+        offsets = np.arange(-ctx, ctx + 1)
+        z = np.clip(np.asarray(items)[:, None] + offsets[None, :], 0, nz - 1)  # (N, 2k+1)
+        image = self.volume.array[z, ys, xs]  # (N, 2k+1, h, w), a copy
+        image = self._to_model_grid(image, order=1)
+        image = normalise(image, self.spec.input.normalisation)
+        n_img = 2 * ctx + 1
+        py = slice(self._pad_y, self._pad_y + self._rh)
+        px = slice(self._pad_x, self._pad_x + self._rw)
+        out = np.empty((len(items), *self.input_shape), np.float32)
+        out[:, :n_img] = self._floor  # image padding is air
+        out[:, n_img:] = 0.0  # mask padding is outside every label
+        out[:, :n_img, py, px] = image
+        rows = np.asarray(items)
+        for j, mask in enumerate(self._extra):
+            m = self._to_model_grid(mask[rows, ys, xs][:, None], order=0)
+            out[:, n_img + j, py, px] = m[:, 0]
+        return out
+
+    def _to_model_grid(self, array: np.ndarray, *, order: int) -> np.ndarray:
+        out = array
+        if self._rh != self._h:
+            out = interpolate_axis(out, 2, self._fwd_y, order=order)
+        if self._rw != self._w:
+            out = interpolate_axis(out, 3, self._fwd_x, order=order)
+        return out
+
+    def accept(self, batch: Batch, output: np.ndarray) -> None:
+        """Map one batch's logits back onto the native grid, slice for slice."""
+        t0 = time.perf_counter()
+        n, k = len(batch.items), self.spec.num_classes
+        check_batch(self, batch, output, (n, k, self._ph, self._pw))
+        logits = output[
+            :, :, self._pad_y : self._pad_y + self._rh, self._pad_x : self._pad_x + self._rw
+        ]
+        if not self._state.checked_output:
+            self._state.checked_output = True
+            warn_if_probabilities(self.spec, logits)
+        probs = activate(logits, self.spec.activation)
+        if self._rh != self._h:
+            probs = interpolate_axis(probs, 2, self._back_y, order=1)
+        if self._rw != self._w:
+            probs = interpolate_axis(probs, 3, self._back_x, order=1)
+        labels, conf = decide(probs, self.spec, axis=1)
+        _, ys, xs = self.box
+        z = np.asarray(batch.items)
+        self.labels[z, ys, xs] = labels
+        self.confidence[z, ys, xs] = conf
+        self._state.mark_accepted()
+        self._state.add_timing("merge", time.perf_counter() - t0)
+
+    def finish(self, *, precision: str | None = None) -> Prediction:
+        """The native-grid prediction; only valid once every batch has been accepted."""
+        if not self.done:
+            raise RuntimeError(
+                f"task {self.spec.key} finished after {self._state.accepted} of "
+                f"{self._state.total} batches"
+            )
+        return Prediction(
+            model=self.spec.name,
+            model_version=self.spec.version,
+            precision=precision or self.precision,
+            labels=self.volume.with_array(self.labels),
+            confidence=self.volume.with_array(self.confidence),
+            timings=dict(self._state.timings),
+            batches=self._state.total,
+        )
+
+
+__all__ = ["SliceTask", "check_extra_channels", "crop_box"]

@@ -1,0 +1,191 @@
+"""What the engine hands to a device, and what every task shares.
+
+A *task* is one study through one model, split into batches. The scheduler (or
+:mod:`radserve.inference.runner`) pulls ``next_batch()``, runs it on a session and hands
+the output back with ``accept()``; the task maps each output onto the native grid at
+once, so nothing larger than a batch is held per class. Tasks never touch a session, so
+batches of several studies can interleave on one device.
+
+Thread contract: one thread calls ``next_batch`` and another ``accept``, possibly at the
+same time; ``accept`` calls are never concurrent with each other.
+
+Model outputs are assumed to be *logits*: the task applies ``spec.activation``. A graph
+that already ends in Softmax/Sigmoid still gives the right labels for softmax (argmax is
+unchanged) but squashed confidences, and wrong sigmoid thresholds; the first batch is
+checked and a warning logged when the output looks like probabilities.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from radserve.domain.prediction import Prediction
+from radserve.errors import InferenceError, ModelError
+from radserve.models.manifest import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MEMORY_BUDGET = 512 * 1024**2
+
+
+class InferenceCancelledError(InferenceError):
+    """A task was cancelled at a batch boundary; nothing it produced is returned."""
+
+    code = "inference_cancelled"
+    retryable = False
+
+
+@dataclass(frozen=True, eq=False)
+class Batch:
+    """One device call: ``inputs`` (N, C, H, W) or (N, C, D, H, W) float32.
+
+    ``items`` says where each sample came from (native slice indices for slice tasks,
+    patch origins for patch tasks); only the task that made the batch reads it.
+    """
+
+    task: Task
+    index: int
+    items: tuple[Any, ...]
+    inputs: np.ndarray
+
+
+@runtime_checkable
+class Task(Protocol):
+    """The contract between an inference task and whoever drives it."""
+
+    spec: ModelSpec
+
+    @property
+    def total_batches(self) -> int: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    def next_batch(self) -> Batch | None: ...
+
+    def accept(self, batch: Batch, output: np.ndarray) -> None: ...
+
+    def add_timing(self, stage: str, seconds: float) -> None: ...
+
+    def finish(self, *, precision: str | None = None) -> Prediction: ...
+
+
+@dataclass
+class TaskState:
+    """Counters and timings shared by the concrete tasks (guarded by one lock)."""
+
+    total: int
+    produced: int = 0
+    accepted: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    checked_output: bool = False
+
+    def add_timing(self, stage: str, seconds: float) -> None:
+        with self.lock:
+            self.timings[stage] = self.timings.get(stage, 0.0) + seconds
+
+    def mark_accepted(self) -> None:
+        with self.lock:
+            self.accepted += 1
+
+    @property
+    def done(self) -> bool:
+        return self.accepted >= self.total
+
+
+def check_batch(task: object, batch: Batch, output: np.ndarray, expected: tuple[int, ...]) -> None:
+    """Refuse a batch from another task or an output of the wrong shape, with the fix."""
+    if batch.task is not task:
+        raise InferenceError("batch handed back to a task that did not make it")
+    if output.shape != expected:
+        raise ModelError(
+            f"model output has shape {output.shape}, expected {expected} "
+            "(N, classes, spatial...): check model.yaml 'activation' and 'labels' "
+            "(softmax needs max label + 1 channels, sigmoid one per label)"
+        )
+
+
+def warn_if_probabilities(spec: ModelSpec, output: np.ndarray) -> None:
+    """Log once-per-task when a graph seems to end in Softmax/Sigmoid already."""
+    lo, hi = float(output.min()), float(output.max())
+    if lo < 0.0 or hi > 1.0:
+        return
+    if spec.activation == "softmax" and not np.allclose(output.sum(axis=1), 1.0, atol=1e-3):
+        return
+    logger.warning(
+        "model %s output lies in [0, 1]%s: it looks like probabilities, but radserve "
+        "applies %s to logits; export the graph without its final activation",
+        spec.key,
+        " and sums to 1 over classes" if spec.activation == "softmax" else "",
+        spec.activation,
+    )
+
+
+def activate(logits: np.ndarray, activation: str, axis: int = 1) -> np.ndarray:
+    """Softmax or sigmoid over the class axis, in float32, in place where possible."""
+    x = np.asarray(logits, dtype=np.float32)
+    if activation == "softmax":
+        x = x - x.max(axis=axis, keepdims=True)
+        np.exp(x, out=x)
+        x /= x.sum(axis=axis, keepdims=True)
+        return x
+    if activation == "sigmoid":
+        x = -x
+        np.exp(x, out=x)
+        x += 1.0
+        np.reciprocal(x, out=x)
+        return x
+    raise ModelError(f"unknown activation {activation!r}; expected 'softmax' or 'sigmoid'")
+
+
+def decide(probs: np.ndarray, spec: ModelSpec, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Class probabilities -> (uint8 label values, uint8 winning probability x 255).
+
+    Softmax: channel c is label value c, 0 is background. Sigmoid: channel c is label
+    value c + 1; the most probable label wins where it reaches
+    ``postprocess.threshold``, else background with confidence ``1 - max p``.
+    """
+    # A running maximum over the (few) classes: much faster than argmax along a
+    # non-contiguous axis, and the first class wins ties, as with argmax.
+    channels = np.moveaxis(probs, axis, 0)
+    best = np.array(channels[0], dtype=np.float32, copy=True)
+    winner = np.zeros(best.shape, np.uint8)
+    for c in range(1, channels.shape[0]):
+        better = channels[c] > best
+        winner[better] = c
+        np.maximum(best, channels[c], out=best)
+    if spec.activation == "softmax":
+        return winner, to_uint8(best)
+    fg = best >= spec.postprocess.threshold
+    winner += 1
+    winner[~fg] = 0
+    best[~fg] = 1.0 - best[~fg]
+    return winner, to_uint8(best)
+
+
+def to_uint8(p: np.ndarray) -> np.ndarray:
+    """Probability in [0, 1] -> 0..255, rounded half up."""
+    out = np.clip(p, 0.0, 1.0) * np.float32(255.0)
+    out += np.float32(0.5)
+    return out.astype(np.uint8)
+
+
+def pick_batch_size(requested: int, per_item_bytes: int, budget_bytes: int | None) -> int:
+    """``requested`` reduced so one batch's working set fits ``budget_bytes`` (at least 1)."""
+    budget = DEFAULT_MEMORY_BUDGET if budget_bytes is None else budget_bytes
+    fits = max(1, budget // max(1, per_item_bytes))
+    if fits < requested:
+        logger.info(
+            "batch size %d -> %d to stay within %.0f MiB (%.1f MiB per item)",
+            requested,
+            fits,
+            budget / 2**20,
+            per_item_bytes / 2**20,
+        )
+    return int(min(requested, fits))

@@ -1,0 +1,137 @@
+"""Resample volumes to a model's spacing, and back, on one grid convention.
+
+Grid convention (the same as nnU-Net / ``skimage.transform.resize`` and
+``scipy.ndimage.zoom(grid_mode=True)``): resampling keeps the field of view. An axis of
+``n`` voxels at spacing ``s`` covers ``n * s`` mm, from half a voxel before the first
+centre to half a voxel after the last. The new axis has ``m = max(1, round(n * s / t))``
+voxels for target spacing ``t``, and its voxels tile the *same* extent, so both field of
+view edges line up exactly and the actual new spacing is ``n * s / m`` (within half a
+voxel over the whole extent of ``t``; the returned affine carries the actual value).
+New voxel ``j`` samples old fractional index ``(j + 0.5) * n / m - 0.5``; the inverse
+mapping has the same form with ``n`` and ``m`` swapped, which is how model outputs are
+mapped back onto the native grid voxel for voxel.
+
+Interpolation is separable (one axis at a time) with edge values replicated outside the
+first/last centre: linear (``order=1``) for images and probabilities, nearest
+(``order=0``) for label maps. There is no anti-aliasing filter when downsampling, like
+nnU-Net's preprocessing; training data made with these functions sees the same images.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from radserve.domain.volume import Volume
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "grid_coordinates",
+    "interpolate_axis",
+    "resample_inplane",
+    "resample_to_spacing",
+    "resampled_size",
+]
+
+
+def resampled_size(n: int, spacing: float, target: float) -> int:
+    """Voxels along an axis of ``n`` voxels at ``spacing`` once resampled to ``target``."""
+    if target <= 0 or spacing <= 0:
+        raise ValueError(f"spacings must be positive, got {spacing} -> {target}")
+    return max(1, round(n * spacing / target))
+
+
+def grid_coordinates(n_in: int, n_out: int) -> np.ndarray:
+    """Fractional input indices sampled by each of ``n_out`` voxels spanning the same extent."""
+    return (np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5
+
+
+def interpolate_axis(array: np.ndarray, axis: int, coords: np.ndarray, *, order: int) -> np.ndarray:
+    """Sample ``array`` along one axis at fractional ``coords`` (edge values replicated).
+
+    ``order=1`` blends the two neighbours and returns float32 (float64 stays float64);
+    ``order=0`` picks the nearest and keeps the dtype, so label values are never mixed.
+    """
+    n = array.shape[axis]
+    if order == 0:
+        idx = np.clip(np.floor(coords + 0.5), 0, n - 1).astype(np.intp)
+        return np.take(array, idx, axis=axis)
+    if order != 1:
+        raise ValueError(f"order must be 0 (nearest) or 1 (linear), got {order}")
+    c = np.clip(coords, 0.0, n - 1)
+    i0 = np.floor(c).astype(np.intp)
+    i1 = np.minimum(i0 + 1, n - 1)
+    dtype = np.float64 if array.dtype == np.float64 else np.float32
+    w = (c - i0).astype(dtype)
+    shape = [1] * array.ndim
+    shape[axis] = len(c)
+    w = w.reshape(shape)
+    lo = np.take(array, i0, axis=axis).astype(dtype, copy=False)
+    hi = np.take(array, i1, axis=axis).astype(dtype, copy=False)
+    # lo + w * (hi - lo), in place to keep one temporary.
+    hi -= lo
+    hi *= w
+    hi += lo
+    return hi
+
+
+def _resample_array(array: np.ndarray, out_shape: tuple[int, ...], order: int) -> np.ndarray:
+    """Resample the leading ``len(out_shape)`` axes of ``array`` to ``out_shape``.
+
+    Axes that shrink are done first so later passes work on fewer voxels.
+    """
+    axes = sorted(range(len(out_shape)), key=lambda a: out_shape[a] / array.shape[a])
+    out = array
+    for axis in axes:
+        n_in, n_out = out.shape[axis], out_shape[axis]
+        if n_in == n_out:
+            continue
+        out = interpolate_axis(out, axis, grid_coordinates(n_in, n_out), order=order)
+    if order == 1 and out.dtype not in (np.float32, np.float64):
+        out = out.astype(np.float32)
+    return out
+
+
+def _resampled_affine(affine: np.ndarray, in_shape: tuple[int, ...], out_shape: tuple[int, ...]):
+    """Affine of the resampled grid: scale each index axis, shift the first centre."""
+    scale = np.array([n_in / n_out for n_in, n_out in zip(in_shape, out_shape, strict=True)])
+    index_map = np.eye(4)
+    index_map[:3, :3] = np.diag(scale)
+    index_map[:3, 3] = 0.5 * scale - 0.5
+    return affine @ index_map
+
+
+def resample_to_spacing(
+    volume: Volume, spacing: tuple[float | None, float, float], *, order: int
+) -> Volume:
+    """Resample to (slice, row, column) ``spacing`` in mm; a ``None`` slice spacing keeps
+    the native slices (and their source instance references).
+
+    ``order`` 1 (linear, float32 out) for images and probabilities, 0 (nearest, dtype
+    kept) for label maps. See the module docstring for the grid convention.
+    """
+    native = volume.spacing
+    out_shape = tuple(
+        n if t is None else resampled_size(n, s, t)
+        for n, s, t in zip(volume.shape, native, spacing, strict=True)
+    )
+    if out_shape == volume.shape:
+        array = volume.array
+        if order == 1 and array.dtype not in (np.float32, np.float64):
+            array = array.astype(np.float32)
+        return volume.with_array(array)
+    array = _resample_array(volume.array, out_shape, order)
+    affine = _resampled_affine(volume.affine, volume.shape, out_shape)
+    uids = volume.source_sop_instance_uids if out_shape[0] == volume.shape[0] else ()
+    logger.debug("resampled %s at %s mm -> %s (order %d)", volume.shape, native, out_shape, order)
+    return Volume(array, affine, volume.frame_of_reference_uid, uids)
+
+
+def resample_inplane(volume: Volume, spacing_yx: tuple[float, float], *, order: int) -> Volume:
+    """Resample rows and columns to ``spacing_yx`` mm, keeping every native slice.
+
+    This is what 2D/2.5D models see; training data must be made with this function.
+    """
+    return resample_to_spacing(volume, (None, spacing_yx[0], spacing_yx[1]), order=order)

@@ -1,0 +1,1 @@
+"""Test data factories: synthetic volumes, DICOM series and tiny ONNX graphs."""
