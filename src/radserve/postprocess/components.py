@@ -1,0 +1,96 @@
+"""Connected-component clean-up of a label map: drop specks, keep the largest organ piece.
+
+Models leave small false-positive islands and fragment organs; the manifest's
+``postprocess`` section says what to remove. Everything here is vectorised over
+components (cc3d + ``np.bincount``), and works inside the bounding box of the
+foreground so sparse lesion maps cost little even on 512 x 512 x 300 volumes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import cc3d
+import numpy as np
+
+from radserve.models.manifest import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+CONNECTIVITY = 26
+"""Voxels touching by a face, edge or corner belong to one component (3-D)."""
+
+
+def foreground_bbox(mask: np.ndarray) -> tuple[slice, ...] | None:
+    """Smallest box holding every non-zero voxel, or None when there are none.
+
+    Three axis reductions are far cheaper than ``np.argwhere`` on a full volume.
+    """
+    boxes: list[slice] = []
+    for axis in range(mask.ndim):
+        others = tuple(a for a in range(mask.ndim) if a != axis)
+        hits = np.flatnonzero(np.any(mask, axis=others))
+        if hits.size == 0:
+            return None
+        boxes.append(slice(int(hits[0]), int(hits[-1]) + 1))
+    return tuple(boxes)
+
+
+def label_components(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Multi-label connected components (cc3d never joins voxels of different labels).
+
+    Returns ``(components, component_label, counts)``: the component id of each voxel
+    (0 is background), and indexed by component id the label value it belongs to and
+    its voxel count. Counting runs over foreground voxels only: ``np.bincount`` over a
+    whole 78 M-voxel volume costs ~1 s, over its foreground a fraction of that.
+    """
+    components, n = cc3d.connected_components(labels, connectivity=CONNECTIVITY, return_N=True)
+    component_label = np.zeros(n + 1, dtype=labels.dtype)
+    counts = np.zeros(n + 1, dtype=np.int64)
+    if n:
+        fg = np.flatnonzero(components)
+        ids = components.ravel()[fg]
+        component_label[ids] = labels.ravel()[fg]
+        counts = np.bincount(ids, minlength=n + 1)
+    return components, component_label, counts
+
+
+def clean_labels(labels: np.ndarray, spec: ModelSpec, voxel_volume_ml: float) -> np.ndarray:
+    """Apply the manifest's component rules and return a new label map (same dtype).
+
+    - components smaller than ``postprocess.min_component_ml`` are removed (every label);
+    - labels named in ``postprocess.keep_largest`` keep only their largest component.
+
+    Args:
+        labels: (slice, row, column) integer label map.
+        spec: the model whose output this is.
+        voxel_volume_ml: volume of one voxel (``Volume.voxel_volume_ml``).
+    """
+    rules = spec.postprocess
+    out = labels.copy()
+    if rules.min_component_ml <= 0 and not rules.keep_largest:
+        return out
+    box = foreground_bbox(labels)
+    if box is None:
+        return out
+    crop = np.ascontiguousarray(labels[box])
+    components, component_label, counts = label_components(crop)
+    n = counts.size - 1
+    keep = np.ones(n + 1, dtype=bool)
+    keep[0] = False
+    if rules.min_component_ml > 0:
+        keep &= counts * voxel_volume_ml >= rules.min_component_ml
+    for name in rules.keep_largest:
+        value = spec.label(name).value
+        ids = np.flatnonzero(component_label == value)
+        ids = ids[ids > 0]
+        if ids.size > 1:
+            largest = ids[np.argmax(counts[ids])]
+            keep[ids] = False
+            keep[largest] = True
+    removed = int(n - np.count_nonzero(keep[1:]))
+    logger.debug("clean_labels: %d components, %d removed", n, removed)
+    if removed:
+        lut = np.where(keep, component_label, 0).astype(labels.dtype)
+        out[box] = lut[components]
+    return out

@@ -1,0 +1,299 @@
+"""Prediction -> Findings (lesions) and OrganMeasurements (organs).
+
+Each connected component (26-connectivity) of a ``kind: lesion`` label becomes one
+:class:`~radserve.domain.Finding`, measured in the prediction's native geometry. The
+manifest's rules decide which survive: ``min_component_ml``, ``min_confidence`` and the
+label's ``within`` organs (looked up in the upstream organ model's label map).
+
+Finding order and ids: findings are sorted by containing organ (the upstream organ
+label value; findings outside any organ last), then volume (largest first), then
+centroid; ids run 1..n in that order. The accompanying label map gives finding ``i``
+the value ``i`` (``Finding.label_value == Finding.finding_id``), background 0; it is
+uint8 up to 255 findings and uint16 beyond. SEG writers take segments from it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import ndimage
+
+from radserve.domain import Finding, OrganMeasurement, Prediction, Volume
+from radserve.models.manifest import LabelSpec, ModelSpec
+from radserve.postprocess.components import foreground_bbox, label_components
+from radserve.postprocess.diameters import FindingAxes, axial_diameters
+
+logger = logging.getLogger(__name__)
+
+_SLAB = 32  # slices per chunk when summing HU per organ: bounds float64 temporaries
+
+
+@dataclass(frozen=True)
+class LesionFindings:
+    """Everything the report stage needs about the lesions of one prediction.
+
+    ``label_map`` has the prediction's geometry; voxel value ``i`` is finding ``i``.
+    ``axes`` holds the RECIST measurement geometry of each finding, in finding order.
+    ``warnings`` are short, patient-free notes for the report (e.g. a rule not applied).
+    """
+
+    findings: list[Finding]
+    label_map: Volume
+    axes: list[FindingAxes] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    finding: Finding  # numbered 0 until sorted
+    organ_value: int | None
+    component: int
+    axes: FindingAxes
+
+
+def _sample(volume: Volume, indices: np.ndarray, grid: Volume) -> np.ndarray:
+    """Values of ``volume`` at (N, 3) voxel indices of ``grid`` (nearest neighbour).
+
+    Same geometry is a direct lookup; otherwise the points go through patient space,
+    and points outside ``volume`` read 0.
+    """
+    if volume.same_geometry(grid):
+        return volume.array[indices[:, 0], indices[:, 1], indices[:, 2]]
+    target = np.rint(volume.patient_to_index(grid.index_to_patient(indices))).astype(np.int64)
+    inside = np.all((target >= 0) & (target < np.asarray(volume.shape)), axis=1)
+    out = np.zeros(len(indices), dtype=volume.array.dtype)
+    t = target[inside]
+    out[inside] = volume.array[t[:, 0], t[:, 1], t[:, 2]]
+    return out
+
+
+def _majority(values: np.ndarray) -> int | None:
+    values = values[values > 0].astype(np.int64)
+    if values.size == 0:
+        return None
+    return int(np.argmax(np.bincount(values)))
+
+
+def _containing_organ(
+    organs: Volume, mask: np.ndarray, box: tuple[slice, ...], grid: Volume
+) -> int | None:
+    """Majority non-zero organ label under the lesion.
+
+    A lesion the organ model left out (a juxtapleural nodule is often a hole in the
+    lung mask) overlaps no organ; then the one-voxel shell around it decides.
+    """
+    offset = np.array([s.start for s in box])
+    organ = _majority(_sample(organs, np.argwhere(mask) + offset, grid))
+    if organ is not None:
+        return organ
+    padded = np.pad(mask, 1)
+    shell = ndimage.binary_dilation(padded, structure=np.ones((3, 3, 3), bool)) & ~padded
+    idx = np.argwhere(shell) + offset - 1
+    idx = idx[np.all((idx >= 0) & (idx < np.asarray(grid.shape)), axis=1)]
+    return _majority(_sample(organs, idx, grid))
+
+
+def _lesion_specs(spec: ModelSpec) -> dict[int, LabelSpec]:
+    return {label.value: label for label in spec.labels if label.kind == "lesion"}
+
+
+def find_lesions(
+    prediction: Prediction,
+    ct: Volume | None,
+    spec: ModelSpec,
+    organ_labels: Volume | None = None,
+    organ_names: dict[int, str] | None = None,
+) -> LesionFindings:
+    """Turn the lesion labels of a prediction into measured, filtered, numbered findings.
+
+    Args:
+        prediction: label map (and optional uint8 confidence map) in native geometry.
+        ct: the input image, for mean HU (CT only; MR gives ``mean_hu=None``).
+        spec: the manifest of the model that produced ``prediction``.
+        organ_labels: upstream organ label map (any geometry in the same frame).
+        organ_names: organ label value -> name, as used in ``LabelSpec.within``.
+    """
+    grid = prediction.labels
+    lesions = _lesion_specs(spec)
+    warnings: list[str] = []
+    empty = LesionFindings([], grid.with_array(np.zeros(grid.shape, np.uint8)), [], warnings)
+    if not lesions:
+        return empty
+    labels = grid.array
+    lesion_mask = np.isin(labels, np.fromiter(lesions, dtype=labels.dtype))
+    box = foreground_bbox(lesion_mask)
+    if box is None:
+        return empty
+    crop = np.where(lesion_mask[box], labels[box], 0)
+    components, component_label, counts = label_components(crop)
+    offset = tuple(s.start for s in box)
+    voxel_ml = grid.voxel_volume_ml
+    rules = spec.postprocess
+    organ_names = organ_names or {}
+    if prediction.confidence is None:
+        warnings.append(f"{spec.key}: no confidence map; finding confidence set to 1.0")
+    if organ_labels is None and any(label.within for label in lesions.values()):
+        warnings.append(f"{spec.key}: no organ label map; 'within' rules not applied")
+    use_hu = ct is not None and spec.modality == "CT"
+
+    stats = _component_boxes(components, counts.size - 1)
+    candidates: list[_Candidate] = []
+    dropped = {"size": 0, "confidence": 0, "within": 0}
+    for cid in range(1, counts.size):
+        if counts[cid] == 0:
+            continue
+        volume_ml = float(counts[cid]) * voxel_ml
+        if volume_ml < rules.min_component_ml:
+            dropped["size"] += 1
+            continue
+        label = lesions[int(component_label[cid])]
+        cbox = stats[cid]
+        mask = components[cbox] == cid
+        gbox = tuple(slice(s.start + o, s.stop + o) for s, o in zip(cbox, offset, strict=True))
+        confidence = 1.0
+        if prediction.confidence is not None:
+            confidence = float(prediction.confidence.array[gbox][mask].mean()) / 255.0
+        if confidence < rules.min_confidence:
+            dropped["confidence"] += 1
+            continue
+        organ_value = None
+        if organ_labels is not None:
+            organ_value = _containing_organ(organ_labels, mask, gbox, grid)
+        organ = None if organ_value is None else organ_names.get(organ_value, str(organ_value))
+        if label.within and organ_labels is not None and organ not in label.within:
+            dropped["within"] += 1
+            continue
+        voxels = np.argwhere(mask) + np.array([s.start for s in gbox])
+        centroid_voxel = voxels.mean(axis=0)
+        mean_hu = None
+        if use_hu:
+            assert ct is not None
+            mean_hu = float(_sample(ct, voxels, grid).astype(np.float64).mean())
+        axes = axial_diameters(mask, grid.affine, tuple(s.start for s in gbox))
+        candidates.append(
+            _Candidate(
+                finding=Finding(
+                    finding_id=0,
+                    label_value=0,
+                    label=label.name,
+                    concept=label.concept,
+                    volume_ml=volume_ml,
+                    longest_diameter_mm=axes.longest_diameter_mm,
+                    short_axis_mm=axes.short_axis_mm,
+                    centroid_mm=_t3(grid.index_to_patient(centroid_voxel)[0]),
+                    centroid_voxel=_t3(centroid_voxel),
+                    key_slice_index=axes.slice_index,
+                    containing_organ=organ,
+                    mean_hu=mean_hu,
+                    confidence=min(max(confidence, 0.0), 1.0),
+                    model=prediction.model,
+                    model_version=prediction.model_version,
+                    precision=prediction.precision,
+                ),
+                organ_value=organ_value,
+                component=cid,
+                axes=axes,
+            )
+        )
+    logger.info(
+        "%s: %d lesion components, %d findings, dropped %s",
+        spec.key,
+        counts.size - 1,
+        len(candidates),
+        dropped,
+    )
+    return _number(candidates, grid, components, box, warnings)
+
+
+def _component_boxes(components: np.ndarray, n: int) -> list[tuple[slice, ...]]:
+    """Bounding box of every component id (index 0 unused), in one pass."""
+    found = ndimage.find_objects(components, max_label=n)
+    return [(slice(0, 0),) * 3, *[b if b is not None else (slice(0, 0),) * 3 for b in found]]
+
+
+def _number(
+    candidates: list[_Candidate],
+    grid: Volume,
+    components: np.ndarray,
+    box: tuple[slice, ...],
+    warnings: list[str],
+) -> LesionFindings:
+    """Sort, assign ids 1..n and paint the finding label map."""
+
+    def order(c: _Candidate) -> tuple[float, float, tuple[float, float, float]]:
+        organ = float(c.organ_value) if c.organ_value is not None else float("inf")
+        return (organ, -c.finding.volume_ml, c.finding.centroid_voxel)
+
+    candidates.sort(key=order)
+    dtype = np.uint8 if len(candidates) <= 255 else np.uint16
+    lut = np.zeros(int(components.max()) + 1, dtype=dtype)
+    findings: list[Finding] = []
+    axes: list[FindingAxes] = []
+    for i, c in enumerate(candidates, start=1):
+        lut[c.component] = i
+        findings.append(c.finding.model_copy(update={"finding_id": i, "label_value": i}))
+        axes.append(c.axes.model_copy(update={"finding_id": i}))
+    out = np.zeros(grid.shape, dtype=dtype)
+    if candidates:
+        out[box] = lut[components]
+    return LesionFindings(findings, grid.with_array(out), axes, warnings)
+
+
+def extract_findings(
+    prediction: Prediction,
+    ct: Volume | None,
+    spec: ModelSpec,
+    organ_labels: Volume | None = None,
+    organ_names: dict[int, str] | None = None,
+) -> list[Finding]:
+    """The findings of :func:`find_lesions`, without the label map and axes."""
+    return find_lesions(prediction, ct, spec, organ_labels, organ_names).findings
+
+
+def organ_measurements(
+    labels: Volume, ct: Volume | None, spec: ModelSpec
+) -> list[OrganMeasurement]:
+    """Volume (ml) and mean HU of every ``kind: organ`` label, in manifest order.
+
+    Every organ label is listed, an absent one with 0 ml and no mean HU, so "not
+    found" is explicit and output-rate monitoring sees it. Mean HU needs CT in the
+    same geometry; it is summed in slabs to keep memory flat on large volumes.
+    """
+    organs = [label for label in spec.labels if label.kind == "organ"]
+    if not organs:
+        return []
+    nbins = max(int(labels.array.max()), max(label.value for label in organs)) + 1
+    counts = np.zeros(nbins, dtype=np.int64)
+    sums = np.zeros(nbins, dtype=np.float64)
+    use_hu = ct is not None and spec.modality == "CT" and ct.same_geometry(labels)
+    if ct is not None and spec.modality == "CT" and not use_hu:
+        logger.warning("%s: CT and label map geometry differ; no mean HU", spec.key)
+    for start in range(0, labels.shape[0], _SLAB):
+        lab = labels.array[start : start + _SLAB].ravel()
+        counts += np.bincount(lab, minlength=nbins)
+        if use_hu:
+            assert ct is not None
+            hu = ct.array[start : start + _SLAB].ravel()
+            sums += np.bincount(lab, weights=hu, minlength=nbins)
+    voxel_ml = labels.voxel_volume_ml
+    out = []
+    for label in organs:
+        n = int(counts[label.value])
+        out.append(
+            OrganMeasurement(
+                label=label.name,
+                concept=label.concept,
+                label_value=label.value,
+                volume_ml=n * voxel_ml,
+                mean_hu=float(sums[label.value] / n) if use_hu and n else None,
+                model=spec.name,
+                model_version=spec.version,
+            )
+        )
+    return out
+
+
+def _t3(p: np.ndarray) -> tuple[float, float, float]:
+    return (float(p[0]), float(p[1]), float(p[2]))

@@ -1,0 +1,82 @@
+"""Write and read the JSON report, and export its JSON Schema for integrators."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from radserve.errors import ReportError
+from radserve.report.schema import SCHEMA_VERSION, Report
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_PATH = Path("docs/report-schema.json")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Readers (the API, the outbox) never see a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def report_json(report: Report) -> str:
+    """The report as indented JSON text (what ``write_report`` stores and the API serves)."""
+    return report.model_dump_json(indent=2)
+
+
+def write_report(report: Report, path: Path) -> Path:
+    """Write ``report`` as UTF-8 JSON, atomically; returns ``path``."""
+    _atomic_write(Path(path), report_json(report) + "\n")
+    logger.info("report written: %d findings", len(report.findings))
+    return Path(path)
+
+
+def parse_report(text: str) -> Report:
+    """Validate report JSON; a newer major schema version is refused, not guessed at."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"report is not valid JSON: {exc}") from exc
+    version = str(raw.get("schema_version", "")) if isinstance(raw, dict) else ""
+    if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        raise ReportError(
+            f"report schema_version {version!r} is not supported; this radserve reads "
+            f"{SCHEMA_VERSION}. Upgrade radserve or re-run the job."
+        )
+    try:
+        return Report.model_validate(raw)
+    except ValidationError as exc:
+        raise ReportError(f"report does not match schema {SCHEMA_VERSION}: {exc}") from exc
+
+
+def read_report(path: Path) -> Report:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ReportError(f"cannot read report {path}: {exc}") from exc
+    return parse_report(text)
+
+
+def report_json_schema() -> dict[str, object]:
+    """JSON Schema (draft 2020-12) of :class:`Report`, as pydantic generates it."""
+    schema = Report.model_json_schema()
+    schema["$id"] = f"https://radserve.local/schemas/report-{SCHEMA_VERSION}.json"
+    return schema
+
+
+def write_json_schema(path: Path = SCHEMA_PATH) -> Path:
+    """Export the schema (default ``docs/report-schema.json``); the CLI wires this."""
+    _atomic_write(Path(path), json.dumps(report_json_schema(), indent=2, sort_keys=True) + "\n")
+    return Path(path)

@@ -1,0 +1,130 @@
+"""JSON report: round trip, schema export, no patient identity, version gate."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from tests.factories.findings import ellipsoid, label, prediction, spec
+
+from radserve.domain import Volume
+from radserve.errors import ReportError
+from radserve.postprocess import find_lesions, organ_measurements
+from radserve.report import (
+    Geometry,
+    LabelMapOutput,
+    ModelRun,
+    Outputs,
+    PipelineInfo,
+    Report,
+    ReportWarning,
+    RuntimeInfo,
+    SeriesRef,
+    SeriesSelection,
+    StudyInfo,
+    finding_segments,
+    organ_segments,
+    read_report,
+    report_json_schema,
+    write_json_schema,
+    write_report,
+)
+from radserve.report.json_report import SCHEMA_PATH
+
+REPO = Path(__file__).resolve().parents[2]
+SHAPE, SPACING = (12, 32, 32), (2.0, 0.8, 0.8)
+LESIONS = spec([label(1, "liver lesion", "lesion")], name="lesions")
+ORGANS = spec([label(1, "liver"), label(2, "spleen")], name="organs")
+PHI_KEYS = ("patientname", "patientid", "patient_name", "patient_id", "birth", "patientsex")
+
+
+def _report() -> Report:
+    mask = ellipsoid(SHAPE, SPACING, (6, 16, 16), (5, 5, 5))
+    pred = prediction(mask * 1, Volume.from_geometry(mask, spacing=SPACING).affine, mask * 255)
+    uids = tuple(f"1.2.3.4.{i}" for i in range(SHAPE[0]))
+    ct = Volume(np.zeros(SHAPE, np.int16), pred.labels.affine, "1.2.3.9", uids)
+    lesions = find_lesions(pred, ct, LESIONS)
+    return Report(
+        generated_at=dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.UTC),
+        job_id="job-1",
+        study=StudyInfo(
+            study_instance_uid="1.2.3",
+            series_instance_uid="1.2.3.4",
+            accession_number="A123",
+            modality="CT",
+            study_date=dt.date(2024, 4, 30),
+        ),
+        pipeline=PipelineInfo(name="abdomen", version="1.0"),
+        models=[ModelRun(name="lesions", version="1.0", onnx_sha256="ab" * 32)],
+        runtime=RuntimeInfo(providers=["CPUExecutionProvider"], threads=2, device="cpu"),
+        series_selection=SeriesSelection(
+            selected=SeriesRef(series_instance_uid="1.2.3.4", series_number=3, modality="CT"),
+            rejected=[SeriesRef(series_instance_uid="1.2.3.5", reason="localizer")],
+        ),
+        geometry=Geometry.from_volume(ct),
+        findings=lesions.findings,
+        finding_axes=lesions.axes,
+        organ_measurements=organ_measurements(ct.with_array(mask * 1), ct, ORGANS),
+        timings={"inference": 1.25, "postprocess": 0.5},
+        warnings=[ReportWarning(code="missing_slice", message="one gap", stage="ingest")],
+        outputs=Outputs(
+            label_maps=[
+                LabelMapOutput(
+                    path="labels/findings.nii.gz",
+                    kind="findings",
+                    segments=finding_segments(lesions.findings, LESIONS),
+                ),
+                LabelMapOutput(
+                    path="labels/organs.nii.gz", kind="organs", segments=organ_segments(ORGANS)
+                ),
+            ]
+        ),
+    )
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    report = _report()
+    path = write_report(report, tmp_path / "out" / "report.json")
+    back = read_report(path)
+    assert back == report
+    assert back.findings[0].finding_id == 1
+    assert back.geometry.source_sop_instance_uids[back.findings[0].key_slice_index] == "1.2.3.4.6"
+    assert back.outputs.label_maps[0].segments[0].finding_id == 1
+    assert back.finding_axes[0].long_axis == report.finding_axes[0].long_axis
+    assert not list(tmp_path.glob("out/.*"))  # no temporary files left
+
+
+def test_report_and_schema_carry_no_patient_identity(tmp_path: Path) -> None:
+    text = _report().model_dump_json().lower().replace(" ", "")
+    schema = json.dumps(report_json_schema()).lower()
+    for key in PHI_KEYS:
+        assert key not in text and key not in schema
+    with pytest.raises(ValidationError, match="PatientName"):
+        StudyInfo.model_validate({"study_instance_uid": "1.2", "PatientName": "X"})
+
+
+def test_unknown_major_version_is_refused(tmp_path: Path) -> None:
+    raw = json.loads(_report().model_dump_json())
+    raw["schema_version"] = "2.0"
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ReportError, match=r"schema_version '2\.0' is not supported"):
+        read_report(path)
+    path.write_text("{not json")
+    with pytest.raises(ReportError, match="not valid JSON"):
+        read_report(path)
+
+
+def test_schema_export_matches_docs(tmp_path: Path) -> None:
+    written = write_json_schema(tmp_path / "schema.json")
+    schema = json.loads(written.read_text())
+    assert schema["title"] == "Report" and "findings" in schema["properties"]
+    committed = REPO / SCHEMA_PATH
+    assert committed.exists(), "run radserve.report.write_json_schema() to create it"
+    assert json.loads(committed.read_text()) == schema, (
+        "docs/report-schema.json is stale: regenerate with write_json_schema()"
+    )

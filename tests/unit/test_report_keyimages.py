@@ -1,0 +1,90 @@
+"""Key images: size, radiological orientation and the finding drawn where it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from tests.factories.findings import ellipsoid, label, prediction, spec
+
+from radserve.domain import Volume
+from radserve.postprocess import find_lesions
+from radserve.report import render_finding, write_key_images
+from radserve.report.keyimages import DisplayTransform
+
+SHAPE, SPACING = (10, 48, 64), (2.5, 0.9, 0.6)  # non-square pixels: 43.2 x 38.4 mm
+LESIONS = spec([label(1, "liver lesion", "lesion")], name="lesions")
+
+
+def _case(affine: np.ndarray):
+    mask = ellipsoid(SHAPE, SPACING, (5, 14, 12), (5, 5, 5))  # low row and column index
+    pred = prediction(mask * 1, affine, mask * 255)
+    ct = pred.labels.with_array(np.where(mask, 60.0, 0.0).astype(np.float32))
+    organs = pred.labels.with_array(np.ones(SHAPE, np.uint8))
+    lesions = find_lesions(pred, ct, LESIONS)
+    return ct, organs, lesions
+
+
+def _redness(image: Image.Image, x: float, y: float) -> int:
+    r, g, _ = image.getpixel((int(x), int(y)))
+    return int(r) - int(g)
+
+
+def _standard() -> np.ndarray:
+    return Volume.from_geometry(np.zeros(SHAPE), spacing=SPACING).affine
+
+
+def _columns_to_patient_right() -> np.ndarray:
+    affine = _standard()
+    affine[:3, 2] *= -1
+    return affine
+
+
+def _transposed() -> np.ndarray:
+    affine = _standard()
+    affine[:3, [1, 2]] = affine[:3, [2, 1]]  # rows run left, columns posterior
+    return affine
+
+
+@pytest.mark.parametrize(
+    ("affine", "finding_on_left"),
+    [(_standard(), True), (_columns_to_patient_right(), False), (_transposed(), True)],
+)
+def test_finding_is_drawn_where_it_lies_in_the_patient(affine, finding_on_left) -> None:
+    ct, _, lesions = _case(affine)
+    [f] = lesions.findings
+    image = render_finding(ct, f, lesions.label_map, size=512)
+    t = DisplayTransform.for_volume(ct, 512)
+    assert image.size == (t.width, t.height) and max(image.size) == 512
+    x, y = t.to_display(*f.centroid_voxel[1:])
+    assert (x < image.width / 2) == finding_on_left
+    assert _redness(image, x, y) > 40  # the semi-transparent overlay
+    assert _redness(image, image.width - 1 - x, y) <= 0  # mirror position: grey
+
+
+def test_standard_axial_stack_is_displayed_as_is() -> None:
+    t = DisplayTransform.for_volume(Volume.from_geometry(np.zeros(SHAPE), spacing=SPACING), 512)
+    assert not (t.transpose or t.flip_h or t.flip_v)
+    assert (t.left, t.top) == ("R", "A")
+    assert t.height == 512 and t.width == round(512 * (64 * 0.6) / (48 * 0.9))
+
+
+def test_write_key_images(tmp_path: Path) -> None:
+    ct, organs, lesions = _case(_standard())
+    outputs = write_key_images(
+        tmp_path,
+        ct,
+        lesions.findings,
+        lesions.label_map,
+        axes=lesions.axes,
+        organ_labels=organs,
+        organ_colors={1: (0, 200, 0)},
+        size=200,
+    )
+    assert [o.path for o in outputs] == ["keyimages/overview.png", "keyimages/finding-001.png"]
+    assert outputs[1].finding_id == 1 and outputs[1].slice_index == 5
+    for o in outputs:
+        with Image.open(tmp_path / o.path) as image:
+            assert image.mode == "RGB" and max(image.size) == 200
