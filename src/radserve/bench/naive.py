@@ -1,0 +1,148 @@
+"""The baseline radserve is measured against: how a study is often processed today.
+
+pydicom reads every file in turn into a list and stacks it; every slice goes through
+the model alone (batch 1), uncropped, resampled with ``scipy.ndimage.zoom``; nothing
+overlaps. Same weights, same pre/post-processing semantics (grid, normalisation,
+softmax, argmax, component rules), so its answer must match radserve's: the benchmark
+checks that agreement (Dice) before it reports any speed-up.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pydicom
+from scipy import ndimage
+
+from radserve.domain import Prediction, Volume
+from radserve.inference import ModelSession
+from radserve.models.manifest import ModelSpec
+from radserve.models.registry import ModelRegistry
+from radserve.pipelines.spec import PipelineSpec
+from radserve.postprocess.components import clean_labels
+from radserve.postprocess.findings import find_lesions
+from radserve.preprocess import normalise
+from radserve.preprocess.normalise import normalised_floor
+
+
+@dataclass
+class NaiveResult:
+    organs: np.ndarray
+    findings: np.ndarray
+    stages: dict[str, float] = field(default_factory=dict)
+
+
+def load_serial(folder: Path) -> Volume:
+    """One file after another; sorted along the slice normal (the one thing done right)."""
+    slices = []
+    for path in sorted(Path(folder).rglob("*.dcm")):
+        ds = pydicom.dcmread(path)
+        hu = ds.pixel_array.astype(np.float32) * float(ds.RescaleSlope) + float(ds.RescaleIntercept)
+        slices.append((ds, hu))
+    first = slices[0][0]
+    iop = np.array(first.ImageOrientationPatient, float)
+    normal = np.cross(iop[:3], iop[3:])
+    slices.sort(key=lambda s: float(np.dot(normal, np.array(s[0].ImagePositionPatient, float))))
+    array = np.stack([hu for _, hu in slices])
+    ipp0 = np.array(slices[0][0].ImagePositionPatient, float)
+    ipp1 = np.array(slices[-1][0].ImagePositionPatient, float)
+    dz = float(np.linalg.norm(ipp1 - ipp0)) / max(len(slices) - 1, 1)
+    row_spacing, col_spacing = (float(v) for v in first.PixelSpacing)
+    affine = np.eye(4)
+    affine[:3, 0] = normal * dz
+    affine[:3, 1] = iop[3:] * row_spacing
+    affine[:3, 2] = iop[:3] * col_spacing
+    affine[:3, 3] = ipp0
+    return Volume(array, affine, str(first.FrameOfReferenceUID))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(axis=0, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=0, keepdims=True)
+
+
+def predict_per_slice(ct: Volume, spec: ModelSpec, session: ModelSession) -> Prediction:
+    """Batch-1 inference over every slice, full field of view."""
+    n, h, w = ct.shape
+    k = spec.input.context_slices
+    zoom = (ct.spacing[1] / spec.input.spacing[1], ct.spacing[2] / spec.input.spacing[2])
+    div = spec.input.divisible_by
+    floor = normalised_floor(spec.input.normalisation)
+    labels = np.zeros(ct.shape, np.uint8)
+    confidence = np.zeros(ct.shape, np.uint8)
+    for z in range(n):
+        channels = []
+        for dz in range(-k, k + 1):
+            hu = ct.array[min(max(z + dz, 0), n - 1)].astype(np.float32)
+            small = ndimage.zoom(hu, zoom, order=1, mode="nearest", grid_mode=True)
+            channels.append(normalise(small, spec.input.normalisation))
+        image = np.stack(channels)
+        rh, rw = image.shape[1:]
+        ph, pw = -(-rh // div) * div, -(-rw // div) * div
+        top, left = (ph - rh) // 2, (pw - rw) // 2
+        padded = np.full((1, image.shape[0], ph, pw), floor, np.float32)
+        padded[0, :, top : top + rh, left : left + rw] = image
+        logits = session.run(padded)[0, :, top : top + rh, left : left + rw]
+        probs = _softmax(logits)
+        back = np.stack(
+            [
+                ndimage.zoom(p, (h / rh, w / rw), order=1, mode="nearest", grid_mode=True)
+                for p in probs
+            ]
+        )
+        labels[z] = np.argmax(back, axis=0)
+        confidence[z] = np.round(np.max(back, axis=0) * 255).astype(np.uint8)
+    return Prediction(
+        model=spec.name,
+        model_version=spec.version,
+        precision=session.precision,
+        labels=ct.with_array(labels),
+        confidence=ct.with_array(confidence),
+    )
+
+
+def run_naive(
+    folder: Path, pipeline: PipelineSpec, registry: ModelRegistry, sessions: dict[str, ModelSession]
+) -> NaiveResult:
+    """The whole baseline; ``sessions`` are created (and warmed) by the caller."""
+    stages: dict[str, float] = {}
+    t0 = time.perf_counter()
+    ct = load_serial(folder)
+    stages["load"] = time.perf_counter() - t0
+    organs: Prediction | None = None
+    finding_map = np.zeros(ct.shape, np.uint8)
+    for step in pipeline.steps:
+        spec = registry.get(step.model, step.version).spec
+        t1 = time.perf_counter()
+        pred = predict_per_slice(ct, spec, sessions[spec.name])
+        stages[f"{spec.name}: inference"] = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        cleaned = pred.labels.with_array(clean_labels(pred.labels.array, spec, ct.voxel_volume_ml))
+        pred = Prediction(
+            model=pred.model,
+            model_version=pred.model_version,
+            precision=pred.precision,
+            labels=cleaned,
+            confidence=pred.confidence,
+        )
+        if any(label.kind == "lesion" for label in spec.labels):
+            names = (
+                {lb.value: lb.name for lb in registry.get(organs.model).spec.labels}
+                if organs
+                else None
+            )
+            lesions = find_lesions(pred, ct, spec, organs.labels if organs else None, names)
+            finding_map = (lesions.label_map.array > 0).astype(np.uint8)
+        else:
+            organs = pred
+        stages[f"{spec.name}: postprocess"] = time.perf_counter() - t2
+    stages["total"] = time.perf_counter() - t0
+    return NaiveResult(
+        organs=organs.labels.array if organs else np.zeros(ct.shape, np.uint8),
+        findings=finding_map,
+        stages=stages,
+    )

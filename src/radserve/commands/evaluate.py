@@ -1,0 +1,136 @@
+"""``radserve evaluate``: accuracy of the pipeline on held-out phantoms, per precision."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from radserve.evaluation.publish import lesion_table, organ_table, to_json, to_markdown
+from radserve.evaluation.runner import evaluate, parse_seeds
+from radserve.models.gate import GateDecision, gate_decision
+from radserve.models.manifest import GateSpec, ModelSpec
+from radserve.models.registry import PRECISIONS, ModelRegistry, bundled_model_dir
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PIPELINE = "ct-chest-abdomen"
+
+
+def pipeline_specs(registry: ModelRegistry, pipeline: str) -> list[ModelSpec]:
+    """The model specs of a pipeline's steps, in order."""
+    from radserve.pipelines.spec import load_pipeline
+
+    return [registry.get(s.model, s.version).spec for s in load_pipeline(pipeline).steps]
+
+
+def organ_label_values(specs: Sequence[ModelSpec]) -> dict[str, int]:
+    """Organ name -> value in the label map, from the organ labels of ``specs``."""
+    return {
+        label.name: label.value for spec in specs for label in spec.labels if label.kind == "organ"
+    }
+
+
+def strictest_gate(specs: Sequence[ModelSpec]) -> GateSpec:
+    """The tightest thresholds among the given models' gates."""
+    if not specs:
+        return GateSpec()
+    return GateSpec(
+        max_dice_drop=min(s.gate.max_dice_drop for s in specs),
+        max_recall_drop_points=min(s.gate.max_recall_drop_points for s in specs),
+    )
+
+
+def parse_precisions(text: str) -> list[str]:
+    """``"fp32,int8"`` -> ``["fp32", "int8"]``; fp32 is always evaluated first."""
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in items if p not in PRECISIONS]
+    if bad:
+        raise click.BadParameter(f"unknown precision {bad}; choose from {', '.join(PRECISIONS)}")
+    return ["fp32", *[p for p in dict.fromkeys(items) if p != "fp32"]]
+
+
+def _seeds(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int]:
+    try:
+        return parse_seeds(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+@click.command("evaluate")
+@click.option(
+    "--seeds",
+    default="0-19",
+    show_default=True,
+    callback=_seeds,
+    help="Held-out phantom seeds (below 1000), e.g. 0-19 or 0,3,5-7.",
+)
+@click.option("--small", is_flag=True, help="Small phantoms (quick check).")
+@click.option(
+    "--precision",
+    "precision_text",
+    default="fp32",
+    show_default=True,
+    help="Comma-separated precisions, e.g. fp32,fp16,int8.",
+)
+@click.option("--pipeline", default=DEFAULT_PIPELINE, show_default=True)
+@click.option(
+    "--models-dir",
+    "models_dirs",
+    multiple=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Extra model root searched before the bundled models (repeatable).",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write the machine-readable summary here.",
+)
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write a Markdown report here.",
+)
+def command(
+    seeds: list[int],
+    small: bool,
+    precision_text: str,
+    pipeline: str,
+    models_dirs: tuple[Path, ...],
+    json_path: Path | None,
+    markdown_path: Path | None,
+) -> None:
+    """Evaluate the pipeline on held-out phantoms: organ Dice/HD95, lesion recall per
+    size stratum, precision and false positives per study, for each precision."""
+    precisions = parse_precisions(precision_text)
+    registry = ModelRegistry([*models_dirs, bundled_model_dir()])
+    specs = pipeline_specs(registry, pipeline)
+    organ_labels = organ_label_values(specs)
+    from radserve.evaluation.pipeline_runs import pipeline_predictor
+
+    predict = pipeline_predictor(registry, pipeline)
+    summaries = evaluate(
+        predict, seeds=seeds, organ_labels=organ_labels, precisions=precisions, small=small
+    )
+    gate = strictest_gate(specs)
+    gates: dict[str, GateDecision] = {
+        p: gate_decision(summaries["fp32"], s, gate) for p, s in summaries.items() if p != "fp32"
+    }
+    console = Console()
+    console.print(organ_table(summaries))
+    console.print(lesion_table(summaries, gates))
+    for name, decision in gates.items():
+        for reason in decision.reasons:
+            console.print(f"[red]{name} gate:[/red] {reason}")
+    if json_path is not None:
+        json_path.write_text(json.dumps(to_json(summaries, gates=gates), indent=2) + "\n")
+        console.print(f"wrote {json_path}")
+    if markdown_path is not None:
+        markdown_path.write_text(to_markdown(summaries, gates))
+        console.print(f"wrote {markdown_path}")

@@ -1,0 +1,132 @@
+"""The evaluation's two uses of :mod:`radserve.pipeline`: predicting, and recording inputs.
+
+* :func:`pipeline_predictor` turns ``run_volume`` into the runner's
+  ``predict(ct, precision)``. With ``vary`` set, only that model runs at the requested
+  precision and the others stay FP32, so one model's variant is judged on its own.
+* :func:`record_model_inputs` runs the FP32 pipeline and keeps some of the exact batches
+  one model was fed (cropped, resampled, normalised, upstream masks as channels): the
+  INT8 calibration set and the speed benchmark's input.
+
+Both work by handing ``run_volume`` a session pool that picks or wraps sessions; the
+pipeline itself is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from radserve.domain.volume import Volume
+from radserve.evaluation.runner import Predictor, StudyPrediction
+from radserve.models.registry import ModelBundle, ModelRegistry
+from radserve.pipeline import SessionPool, run_volume
+from radserve.pipelines.spec import PipelineSpec, load_pipeline
+
+__all__ = ["pipeline_predictor", "record_model_inputs"]
+
+
+class _VaryOnePool(SessionPool):
+    """Sessions at the requested precision for ``vary`` only; FP32 for other models."""
+
+    def __init__(self, vary: str | None) -> None:
+        super().__init__()
+        self.vary = vary
+
+    def get(self, bundle: ModelBundle, precision: str):  # type: ignore[no-untyped-def]
+        if self.vary is not None and bundle.spec.name != self.vary:
+            precision = "fp32"
+        return super().get(bundle, precision)
+
+
+def pipeline_predictor(
+    registry: ModelRegistry, pipeline: str | PipelineSpec, *, vary: str | None = None
+) -> Predictor:
+    """``predict(ct, precision) -> StudyPrediction`` through ``run_volume``.
+
+    The organ map is the organ step's label map (values as in the organ model's
+    ``model.yaml``), the lesion map the lesion step's finding label map (one value per
+    finding). Sessions are created once and reused across studies.
+    """
+    spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
+    sessions = _VaryOnePool(vary)
+
+    def predict(ct: Volume, precision: str) -> StudyPrediction:
+        result = run_volume(
+            ct,
+            spec,
+            registry=registry,
+            sessions=sessions,
+            precision=precision,  # type: ignore[arg-type]
+        )
+        organ_step, lesion_step = result.organ_step, result.lesion_step
+        organs = organ_step.labels.array if organ_step else np.zeros(ct.shape, np.uint8)
+        lesions = (
+            lesion_step.finding_labels.array
+            if lesion_step is not None and lesion_step.finding_labels is not None
+            else np.zeros(ct.shape, np.uint16)
+        )
+        return StudyPrediction(organs, lesions, tuple(result.findings))
+
+    return predict
+
+
+class _Recording:
+    """A session that keeps a uniform sample (reservoir) of the batches it runs."""
+
+    def __init__(self, session: Any, keep: int, rng: np.random.Generator) -> None:
+        self._session = session
+        self._keep = keep
+        self._rng = rng
+        self.seen = 0
+        self.batches: list[np.ndarray] = []
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        if len(self.batches) < self._keep:
+            self.batches.append(np.array(batch, np.float32))
+        else:
+            j = int(self._rng.integers(0, self.seen + 1))
+            if j < self._keep:
+                self.batches[j] = np.array(batch, np.float32)
+        self.seen += 1
+        return self._session.run(batch)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+
+class _RecordingPool(SessionPool):
+    def __init__(self, model: str, keep: int) -> None:
+        super().__init__()
+        self.model = model
+        self.keep = keep
+        self.recorders: list[_Recording] = []
+        self._rng = np.random.default_rng(0)
+
+    def get(self, bundle: ModelBundle, precision: str):  # type: ignore[no-untyped-def]
+        session = super().get(bundle, precision)
+        if bundle.spec.name != self.model:
+            return session
+        recorder = _Recording(session, self.keep, self._rng)
+        self.recorders.append(recorder)
+        return recorder
+
+
+def record_model_inputs(
+    registry: ModelRegistry,
+    pipeline: str | PipelineSpec,
+    model: str,
+    studies: Iterable[Volume],
+    *,
+    batches_per_study: int = 4,
+) -> list[np.ndarray]:
+    """Run the FP32 pipeline on ``studies``; return up to ``batches_per_study`` input
+    batches per study (a uniform sample) that ``model`` was fed."""
+    spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
+    if model not in {step.model for step in spec.steps}:
+        raise ValueError(f"model {model!r} is not a step of pipeline {spec.name!r}")
+    sessions = _RecordingPool(model, batches_per_study)  # one recorder per study
+    for ct in studies:
+        run_volume(ct, spec, registry=registry, sessions=sessions, precision="fp32")
+    return [b for recorder in sessions.recorders for b in recorder.batches]

@@ -1,0 +1,355 @@
+"""Precision variants and their accuracy gate, on a tiny hand-wired segmentation ONNX.
+
+The network maps normalised intensity to three classes (background ~0, organ ~0.5,
+lesion ~1) through Conv, Relu, MaxPool, ConvTranspose, Concat and a 1x1 head: the ops of
+the reference U-Nets. "Damaged" copies get perturbed head weights.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import cc3d
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from radserve.domain.volume import Volume
+from radserve.errors import VariantRejectedError
+from radserve.evaluation.lesions import GtLesion
+from radserve.evaluation.pipeline_runs import pipeline_predictor, record_model_inputs
+from radserve.evaluation.publish import to_json, to_markdown
+from radserve.evaluation.runner import GroundTruth, evaluate
+from radserve.evaluation.summary import EvalSummary
+from radserve.models.gate import GateDecision, gate_decision, read_gate_report
+from radserve.models.manifest import GateSpec, load_manifest
+from radserve.models.registry import ModelRegistry
+from radserve.models.variants import (
+    build_and_gate,
+    build_fp16,
+    build_int8,
+    declare_files,
+    measure_speed,
+)
+from radserve.pipelines.spec import PipelineSpec, Step
+
+SIZES_MM = {"<5": 4, "5-10": 8, "10-20": 14, ">20": 24}
+CENTRES = {"<5": (10, 10), "5-10": (10, 30), "10-20": (30, 12), ">20": (32, 33)}
+
+
+# --- the tiny model ---------------------------------------------------------------------
+def tiny_seg_model(path: Path, *, lesion_gain: float = 1.0, background_bias: float = 0.1) -> Path:
+    w1 = np.zeros((4, 1, 3, 3), np.float32)
+    w1[:, 0, 1, 1] = [1.0, 1.0, -1.0, 1.0]
+    b1 = np.array([-0.25, -0.75, 0.25, 0.0], np.float32)
+    wt = np.zeros((4, 4, 2, 2), np.float32)
+    for c in range(4):
+        wt[c, c] = 1.0
+    wh = np.zeros((3, 8, 1, 1), np.float32)
+    wh[0, 2, 0, 0] = 4.0  # background: relu(0.25 - x)
+    wh[1, 0, 0, 0], wh[1, 1, 0, 0] = 4.0, -8.0  # organ: relu(x - 0.25) - 2 relu(x - 0.75)
+    wh[2, 1, 0, 0] = 8.0 * lesion_gain  # lesion: relu(x - 0.75)
+    wh[:, 7, 0, 0] = [0.01, 0.0, -0.01]  # a touch of the pooled/upsampled path
+    bh = np.array([background_bias, 0.0, 0.0], np.float32)
+    inits = [
+        numpy_helper.from_array(a, n)
+        for a, n in [(w1, "w1"), (b1, "b1"), (wt, "wt"), (wh, "wh"), (bh, "bh")]
+    ]
+    nodes = [
+        helper.make_node("Conv", ["image", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("ConvTranspose", ["p1", "wt"], ["u1"], strides=[2, 2]),
+        helper.make_node("Concat", ["r1", "u1"], ["cat"], axis=1),
+        helper.make_node("Conv", ["cat", "wh", "bh"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny_seg",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["N", 1, "H", "W"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+MODEL_YAML = """\
+# tiny test bundle
+name: tiny
+version: 1.0.0
+task: segmentation
+modality: CT
+input:
+  mode: 2d
+  spacing: [null, 1.0, 1.0]
+  normalisation: {kind: ct_window, center: 50, width: 100}
+  divisible_by: 16
+  batch_size: 3
+labels:
+  - value: 1
+    name: liver
+    concept: {value: "10200004", meaning: Liver}
+    category: {value: "123037004", meaning: Anatomical structure}
+  - value: 2
+    name: liver_lesion
+    kind: lesion
+    concept: {value: "300331000", meaning: Lesion of liver}
+    category: {value: "49755003", meaning: Morphologically abnormal structure}
+files:
+  fp32: model.onnx
+gate:
+  max_dice_drop: 0.01
+  max_recall_drop_points: 2.0
+"""
+
+
+def _case(seed: int) -> GroundTruth:
+    """3 x 48 x 48 study: an organ (50 HU) holding one lesion (100 HU) per size stratum."""
+    shape = (3, 48, 48)
+    ct = np.zeros(shape, np.int16)
+    ct[:, 2:46, 2:46] = 50
+    lesions = np.zeros(shape, np.uint16)
+    yy, xx = np.mgrid[:48, :48]
+    gt_list = []
+    for i, (stratum, d) in enumerate(SIZES_MM.items(), start=1):
+        cy, cx = CENTRES[stratum]
+        disc = (yy - cy) ** 2 + (xx - cx) ** 2 <= (d / 2) ** 2
+        lesions[:, disc] = i
+        ct[:, disc] = 100
+        gt_list.append(GtLesion(i, (3.0, float(cy), float(cx)), float(d), "liver_hypodense"))
+    rng = np.random.default_rng(seed)
+    ct = (ct + rng.integers(-2, 3, shape)).astype(np.int16)
+    organs = (ct > 25).astype(np.uint8)  # liver = 1, lesions included
+    grid = Volume.from_geometry(ct, spacing=(3.0, 1.0, 1.0), direction=np.eye(3))
+    return GroundTruth(seed, grid, organs, {"liver": 1}, lesions, tuple(gt_list))
+
+
+def _slices(ct: Volume) -> np.ndarray:
+    return (np.clip(ct.array, 0, 100) / 100.0).astype(np.float32)[:, None]
+
+
+def _predictor(paths: dict[str, Path]):
+    sessions = {
+        p: ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        for p, path in paths.items()
+    }
+
+    def predict(ct: Volume, precision: str):
+        logits = sessions[precision].run(None, {"image": _slices(ct)})[0]
+        classes = logits.argmax(axis=1).astype(np.uint8)
+        organ = (classes > 0).astype(np.uint8)
+        lesions = cc3d.connected_components(classes == 2, connectivity=26).astype(np.uint16)
+        return organ, lesions, []
+
+    return predict
+
+
+def _summary(**changes) -> EvalSummary:
+    base = dict(
+        variant="fp32",
+        n_studies=2,
+        seeds=[0, 1],
+        dice_mean=0.90,
+        dice={"liver": 0.90},
+        hd95={"liver": 3.0},
+        recall_by_size={"<5": 0.50, "5-10": 0.80, "10-20": 0.95, ">20": None},
+        recall_by_type={"liver_hypodense": 0.8},
+        n_lesions_by_size={"<5": 20, "5-10": 50, "10-20": 40, ">20": 0},
+        n_detected_by_size={"<5": 10, "5-10": 40, "10-20": 38, ">20": 0},
+        n_lesions_by_type={"liver_hypodense": 110},
+        precision=0.9,
+        fp_per_study=0.5,
+    )
+    base.update(changes)
+    return EvalSummary(**base)
+
+
+# --- gate_decision (pure) ---------------------------------------------------------------
+def test_gate_accepts_small_drops_and_notes_empty_strata():
+    fp32 = _summary()
+    variant = _summary(
+        variant="int8",
+        dice_mean=0.891,
+        recall_by_size={"<5": 0.48, "5-10": 0.80, "10-20": 0.95, ">20": None},
+    )
+    decision = gate_decision(fp32, variant, GateSpec())
+    assert decision.accepted, decision.reasons
+    assert decision.recall_drop_points["<5"] == pytest.approx(2.0)
+    assert decision.recall_drop_points[">20"] is None
+    assert any(">20 mm: no GT lesions" in n for n in decision.notes)
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"dice_mean": 0.885}, r"mean Dice dropped 0\.0150 > 0\.01"),
+        (
+            {"recall_by_size": {"<5": 0.50, "5-10": 0.758, "10-20": 0.95, ">20": None}},
+            r"recall 5-10 mm dropped 4\.2 points > 2\.0",
+        ),
+        ({"seeds": [0, 2]}, r"same studies"),
+    ],
+)
+def test_gate_rejects_with_a_reason_naming_the_metric(changes, reason):
+    decision = gate_decision(_summary(), _summary(variant="fp16", **changes), GateSpec())
+    assert not decision.accepted
+    assert any(re.search(reason, r) for r in decision.reasons), decision.reasons
+
+
+# --- variants on the tiny model ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return tiny_seg_model(tmp_path_factory.mktemp("tiny") / "model.onnx")
+
+
+def _calibration():
+    return [_slices(_case(s).ct) for s in (1000, 1001)]
+
+
+def test_fp16_and_int8_build_loadable_models_with_close_outputs(tiny, tmp_path):
+    fp16 = build_fp16(tiny, tmp_path / "model.fp16.onnx")
+    int8 = build_int8(tiny, tmp_path / "model.int8.onnx", _calibration)
+    x = _slices(_case(0).ct)
+    outputs = {}
+    for path in (tiny, fp16, int8):
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        assert session.get_inputs()[0].type == "tensor(float)"  # IO stays float32
+        outputs[path.name] = session.run(None, {"image": x})[0]
+    ref = outputs["model.onnx"]
+    assert np.abs(outputs["model.fp16.onnx"] - ref).max() < 1e-2
+    assert np.abs(outputs["model.int8.onnx"] - ref).max() < 0.1
+    assert (outputs["model.int8.onnx"].argmax(1) == ref.argmax(1)).mean() > 0.99
+    ops = {n.op_type for n in onnx.load(str(int8)).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+    head = next(n for n in onnx.load(str(int8)).graph.node if "logits" in n.output)
+    assert head.op_type == "Conv"  # the logits head is kept in float
+
+
+def _gate_on_tiny(tmp_path: Path, **damage) -> GateDecision:
+    paths = {
+        "fp32": tiny_seg_model(tmp_path / "good.onnx"),
+        "int8": tiny_seg_model(tmp_path / "damaged.onnx", **damage),
+    }
+    out = evaluate(
+        _predictor(paths),
+        seeds=[0, 1],
+        organ_labels={"liver": 1},
+        precisions=["fp32", "int8"],
+        truth=_case,
+    )
+    assert out["fp32"].recall_by_size == {k: 1.0 for k in SIZES_MM}
+    assert out["fp32"].dice_mean == pytest.approx(1.0, abs=1e-3)
+    return gate_decision(out["fp32"], out["int8"], GateSpec())
+
+
+def test_gate_rejects_a_variant_that_loses_lesions(tmp_path):
+    decision = _gate_on_tiny(tmp_path, lesion_gain=0.3)
+    assert not decision.accepted
+    assert any(r.startswith("recall <5 mm dropped 100.0 points > 2.0") for r in decision.reasons)
+    assert len(decision.reasons) == 4  # every stratum; organ Dice is untouched
+
+
+def test_gate_rejects_a_variant_that_loses_the_organ(tmp_path):
+    decision = _gate_on_tiny(tmp_path, background_bias=1.3)
+    assert not decision.accepted
+    assert any(r.startswith("mean Dice dropped") for r in decision.reasons), decision.reasons
+
+
+def test_speed_is_measured_through_the_serving_session(tiny):
+    spec = load_manifest(_write_bundle(tiny.parent / "b")[1] / "model.yaml")
+    speed = measure_speed(tiny, spec, _slices(_case(0).ct), threads=1, repeats=2, warmup=1)
+    assert speed.batch_size == 3 and speed.ms_per_batch > 0
+    assert speed.ms_per_slice == pytest.approx(speed.ms_per_batch / 3)
+
+
+def _write_bundle(root: Path) -> tuple[Path, Path]:
+    directory = root / "tiny" / "1.0.0"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "model.yaml").write_text(MODEL_YAML)
+    tiny_seg_model(directory / "model.onnx")
+    return root, directory
+
+
+def test_build_and_gate_through_the_pipeline_writes_gate_json_and_serves_passing_variants(
+    tmp_path,
+):
+    root, directory = _write_bundle(tmp_path / "models")
+    pipeline = PipelineSpec(name="tiny-pipeline", version="1", steps=(Step(model="tiny"),))
+    registry = ModelRegistry([root])
+    batches = record_model_inputs(registry, pipeline, "tiny", [_case(1000).ct, _case(1001).ct])
+    assert batches and batches[0].shape == (3, 1, 48, 48)
+
+    def evaluate_precisions(precisions):
+        ungated = ModelRegistry([root], allow_ungated=True)
+        predict = pipeline_predictor(ungated, pipeline, vary="tiny")
+        return evaluate(
+            predict, seeds=[0, 1], organ_labels={"liver": 1}, precisions=precisions, truth=_case
+        )
+
+    report = build_and_gate(
+        registry.get("tiny"),
+        evaluate_precisions=evaluate_precisions,
+        calibration=lambda: batches,
+        speed_batch=batches[0],
+        threads=1,
+        calibration_seeds=[1000, 1001],
+        repeats=2,
+    )
+    assert {p: v.accepted for p, v in report.variants.items()} == {"fp16": True, "int8": True}
+    assert report.variants["int8"].speed.ratio_vs_fp32 > 0
+    assert report.fp32_metrics.recall_by_size == {k: 1.0 for k in SIZES_MM}
+    raw = json.loads((directory / "gate.json").read_text())
+    assert raw["variants"]["int8"]["metrics"]["recall_by_size"]["<5"] == 1.0
+    assert raw["seeds"] == [0, 1] and raw["calibration_seeds"] == [1000, 1001]
+    assert read_gate_report(directory) == report
+
+    text = (directory / "model.yaml").read_text()
+    assert text.startswith("# tiny test bundle")  # comments kept
+    assert "max_recall_drop_points" in text  # the section after files kept
+    served = ModelRegistry([root]).get("tiny")
+    assert served.spec.files == {
+        "fp32": "model.onnx",
+        "fp16": "model.fp16.onnx",
+        "int8": "model.int8.onnx",
+    }
+    assert served.available_precisions() == ["fp32", "fp16", "int8"]
+    assert served.onnx_path("int8") == directory / "model.int8.onnx"
+
+    # a file swapped after gating is refused
+    tiny_seg_model(directory / "model.int8.onnx", lesion_gain=0.3)
+    with pytest.raises(VariantRejectedError, match="changed since it was gated"):
+        ModelRegistry([root]).get("tiny").onnx_path("int8")
+
+
+@pytest.mark.parametrize(
+    "files_block",
+    ["files:\n  fp32: model.onnx\n", "files: {fp32: model.onnx}\n", ""],
+)
+def test_declare_files_rewrites_only_the_files_block(tmp_path, files_block):
+    text = MODEL_YAML.replace("files:\n  fp32: model.onnx\n", files_block)
+    manifest = tmp_path / "model.yaml"
+    manifest.write_text(text)
+    declare_files(manifest, {"fp32": "model.onnx", "int8": "model.int8.onnx"})
+    spec = load_manifest(manifest)
+    assert spec.files == {"fp32": "model.onnx", "int8": "model.int8.onnx"}
+    assert spec.gate == GateSpec() and manifest.read_text().startswith("# tiny test bundle")
+
+
+def test_json_summary_has_fp32_at_top_and_variants_with_gates():
+    fp32, int8 = _summary(), _summary(variant="int8", dice_mean=0.5)
+    gate = gate_decision(fp32, int8, GateSpec())
+    out = json.loads(json.dumps(to_json({"fp32": fp32, "int8": int8}, gates={"int8": gate})))
+    assert out["dice_mean"] == 0.9 and out["recall_by_size"][">20"] is None
+    assert set(out["recall_by_size"]) == {"<5", "5-10", "10-20", ">20"}
+    assert out["variants"]["int8"]["gate"]["accepted"] is False
+    assert "mean Dice dropped" in out["variants"]["int8"]["gate"]["reasons"][0]
+    markdown = to_markdown({"fp32": fp32, "int8": int8}, {"int8": gate})
+    assert "| liver |" in markdown and "REJECTED" in markdown
