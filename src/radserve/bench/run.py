@@ -1,0 +1,134 @@
+"""Side-by-side benchmark: radserve vs the naive baseline (and MONAI when installed).
+
+Every contestant runs the same study with the same weights in its own process
+(``radserve.bench.child``); this parent only prepares the study, compares the label
+maps (Dice: the same answer, faster) and prints the ratios.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from radserve.bench.study import ensure_study
+from radserve.evaluation.metrics import dice
+
+
+@dataclass
+class Contest:
+    transfer_syntax: str
+    results: dict[str, dict[str, object]] = field(default_factory=dict)
+    dice: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def monai_available() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("monai", "torch", "onnx2torch"))
+
+
+def _run_child(mode: str, study: Path, workdir: Path, precision: str) -> dict[str, object]:
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "radserve.bench.child", mode, str(study), str(workdir), precision]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child {mode} failed:\n{proc.stderr[-4000:]}")
+    return json.loads((workdir / "result.json").read_text())
+
+
+def _agreement(a: Path, b: Path) -> dict[str, float]:
+    """Dice of the organ labels (mean over organs present) and of the findings masks."""
+    la, lb = np.load(a / "labels.npz"), np.load(b / "labels.npz")
+    out: dict[str, float] = {}
+    if "organs" in la and "organs" in lb:
+        values = [v for v in np.union1d(np.unique(la["organs"]), np.unique(lb["organs"])) if v]
+        scores = [dice(la["organs"] == v, lb["organs"] == v) for v in values]
+        out["organs"] = float(np.nanmean(scores)) if scores else 1.0
+    if "findings" in la and "findings" in lb:
+        fa, fb = la["findings"] > 0, lb["findings"] > 0
+        out["findings"] = 1.0 if not fa.any() and not fb.any() else float(dice(fa, fb))
+    return out
+
+
+def run_bench(
+    *,
+    syntaxes: tuple[str, ...] = ("explicit", "jpeg2000"),
+    cache_dir: Path | None = None,
+    n_slices: int = 300,
+    precision: str = "fp32",
+    baselines: tuple[str, ...] = ("naive", "monai"),
+    log: Callable[[str], None] = print,
+) -> dict[str, object]:
+    cache_dir = Path(cache_dir or Path(tempfile.gettempdir()) / "radserve-bench")
+    contests = []
+    with tempfile.TemporaryDirectory(prefix="radserve-bench-") as tmp:
+        for syntax in syntaxes:
+            log(f"[{syntax}] preparing {n_slices}-slice 512x512 phantom study")
+            study = ensure_study(cache_dir, syntax, n_slices)
+            contest = Contest(syntax)
+            modes = ["radserve", *(b for b in baselines if b != "monai" or monai_available())]
+            for mode in modes:
+                log(f"[{syntax}] running {mode}")
+                contest.results[mode] = _run_child(
+                    mode, study, Path(tmp) / syntax / mode, precision
+                )
+            for mode in modes[1:]:
+                contest.dice[mode] = _agreement(
+                    Path(tmp) / syntax / "radserve", Path(tmp) / syntax / mode
+                )
+            contests.append(contest)
+    return summarise(contests, n_slices)
+
+
+def summarise(contests: list[Contest], n_slices: int) -> dict[str, object]:
+    """The JSON summary: top-level keys describe the first (uncompressed) contest."""
+    int16_mb = 512 * 512 * n_slices * 2 / 2**20
+    per_syntax = {}
+    for c in contests:
+        rs = float(c.results["radserve"]["seconds"])  # type: ignore[arg-type]
+        entry: dict[str, object] = {
+            "radserve_s": rs,
+            "peak_rss_mb": c.results["radserve"]["peak_rss_mb"],
+            "stages": c.results["radserve"]["stages"],
+        }
+        for name in ("naive", "monai"):
+            if name in c.results:
+                other = float(c.results[name]["seconds"])  # type: ignore[arg-type]
+                entry[f"{name}_s"] = other
+                entry[f"speedup_vs_{name}"] = other / rs
+                entry[f"dice_vs_{name}"] = min(c.dice[name].values()) if c.dice[name] else None
+                entry[f"dice_vs_{name}_detail"] = c.dice[name]
+                entry[f"{name}_peak_rss_mb"] = c.results[name]["peak_rss_mb"]
+                entry[f"{name}_stages"] = c.results[name]["stages"]
+            else:
+                entry[f"{name}_s"] = entry[f"speedup_vs_{name}"] = entry[f"dice_vs_{name}"] = None
+        entry["peak_rss_over_int16_volume"] = float(entry["peak_rss_mb"]) / int16_mb  # type: ignore[arg-type]
+        per_syntax[c.transfer_syntax] = entry
+    first = per_syntax[contests[0].transfer_syntax]
+    summary: dict[str, object] = {
+        key: first[key]
+        for key in (
+            "radserve_s",
+            "naive_s",
+            "monai_s",
+            "speedup_vs_naive",
+            "speedup_vs_monai",
+            "dice_vs_naive",
+            "dice_vs_monai",
+            "peak_rss_mb",
+            "stages",
+        )
+    }
+    summary["study"] = {"shape": [n_slices, 512, 512], "int16_volume_mb": int16_mb}
+    summary["monai"] = (
+        "ran" if monai_available() else "not installed (pip install monai onnx2torch)"
+    )
+    summary["by_transfer_syntax"] = per_syntax
+    return summary

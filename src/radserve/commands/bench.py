@@ -1,0 +1,88 @@
+"""``radserve bench``: radserve and its baselines side by side, in one run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+
+@click.command("bench")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the summary.")
+@click.option(
+    "--syntax",
+    "syntaxes",
+    multiple=True,
+    default=("explicit", "jpeg2000"),
+    show_default=True,
+    type=click.Choice(["explicit", "jpeg2000", "rle"]),
+)
+@click.option("--slices", default=300, show_default=True, help="Slices of the 512x512 study.")
+@click.option("--precision", default="fp32", show_default=True)
+@click.option(
+    "--cache-dir", type=click.Path(path_type=Path), help="Where phantom studies are kept."
+)
+def command(
+    json_path: Path | None,
+    syntaxes: tuple[str, ...],
+    slices: int,
+    precision: str,
+    cache_dir: Path | None,
+) -> None:
+    """Time the reference pipeline against a naive baseline (and MONAI) on a phantom study."""
+    from radserve.bench.run import run_bench
+
+    console = Console()
+    summary = run_bench(
+        syntaxes=syntaxes,
+        cache_dir=cache_dir,
+        n_slices=slices,
+        precision=precision,
+        log=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+    )
+    table = Table(title=f"radserve bench: 512x512x{slices} phantom CT, {precision}")
+    for column in (
+        "syntax",
+        "radserve s",
+        "naive s",
+        "x naive",
+        "Dice",
+        "monai s",
+        "x monai",
+        "Dice",
+        "peak RSS MB",
+        "RSS/int16 vol",
+    ):
+        table.add_column(column, justify="right")
+
+    def fmt(value: object, spec: str = ".2f") -> str:
+        return "-" if value is None else format(value, spec)
+
+    for syntax, e in summary["by_transfer_syntax"].items():  # type: ignore[union-attr]
+        table.add_row(
+            syntax,
+            fmt(e["radserve_s"]),
+            fmt(e["naive_s"]),
+            fmt(e["speedup_vs_naive"], ".1f"),
+            fmt(e["dice_vs_naive"], ".4f"),
+            fmt(e["monai_s"]),
+            fmt(e["speedup_vs_monai"], ".1f"),
+            fmt(e["dice_vs_monai"], ".4f"),
+            fmt(e["peak_rss_mb"], ".0f"),
+            fmt(e["peak_rss_over_int16_volume"], ".2f"),
+        )
+    console.print(table)
+    stages = Table(title="radserve stages (s), first syntax")
+    stages.add_column("stage")
+    stages.add_column("s", justify="right")
+    for stage, seconds in summary["stages"].items():  # type: ignore[union-attr]
+        stages.add_row(stage, f"{seconds:.2f}")
+    console.print(stages)
+    console.print(f"MONAI: {summary['monai']}")
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(summary, indent=2))
+        console.print(f"summary: {json_path}")
