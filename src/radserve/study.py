@@ -7,6 +7,7 @@ NIfTI, key images. The scheduler and the CLI both call :func:`run_study`.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -180,9 +181,9 @@ def _build_report(
         study=StudyInfo(
             study_instance_uid=header.study_instance_uid,
             series_instance_uid=header.series_instance_uid,
-            accession_number=header.accession_number,
+            accession_number=header.patient.accession_number or None,
             modality=header.modality,
-            study_date=header.study_date,
+            study_date=_dicom_date(header.patient.study_date),
         ),
         pipeline=PipelineInfo(name=pipeline.name, version=pipeline.version),
         models=models,
@@ -207,6 +208,13 @@ def _build_report(
         warnings=warnings,
         outputs=outputs,
     )
+
+
+def _dicom_date(value: str) -> dt.date | None:
+    try:
+        return dt.datetime.strptime(value.strip(), "%Y%m%d").date() if value else None
+    except ValueError:
+        return None
 
 
 __all__ = ["StudyError", "StudyResult", "run_study"]

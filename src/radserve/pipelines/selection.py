@@ -20,13 +20,13 @@ class SeriesLike(Protocol):
     @property
     def modality(self) -> str: ...
     @property
-    def body_part(self) -> str | None: ...
+    def body_part_examined(self) -> str: ...
     @property
     def slice_thickness(self) -> float | None: ...
     @property
-    def n_images(self) -> int: ...
+    def number_of_frames(self) -> int: ...
     @property
-    def image_types(self) -> tuple[str, ...]: ...
+    def image_type(self) -> tuple[str, ...]: ...
 
 
 S = TypeVar("S", bound=SeriesLike)
@@ -36,17 +36,17 @@ def rejection_reason(series: SeriesLike, rules: SeriesSelection) -> str | None:
     """The first rule ``series`` breaks, in words, or None when it qualifies."""
     if rules.modalities and series.modality not in rules.modalities:
         return f"modality {series.modality} is not one of {list(rules.modalities)}"
-    excluded = set(series.image_types) & set(rules.exclude_image_types)
+    excluded = set(series.image_type) & set(rules.exclude_image_types)
     if excluded:
         return f"image type {sorted(excluded)} is excluded"
-    if series.n_images < rules.min_slices:
-        return f"{series.n_images} images, fewer than the {rules.min_slices} required"
+    if series.number_of_frames < rules.min_slices:
+        return f"{series.number_of_frames} images, fewer than the {rules.min_slices} required"
     thickness = series.slice_thickness
     limit = rules.max_slice_thickness_mm
     if limit is not None and thickness is not None and thickness > limit + 1e-6:
         return f"slice thickness {thickness:g} mm exceeds {limit:g} mm"
     if rules.body_parts:
-        part = (series.body_part or "").upper()
+        part = (series.body_part_examined or "").upper()
         if part not in {p.upper() for p in rules.body_parts}:
             return f"body part {part or '(none)'} is not one of {list(rules.body_parts)}"
     return None
@@ -77,9 +77,9 @@ def select_series(series: Sequence[S], rules: SeriesSelection) -> tuple[S, list[
             )
         raise StudyError(f"no series meets the pipeline's selection rules ({detail})")
     if rules.prefer == "thinnest":
-        key = lambda s: (s.slice_thickness or 1e9, -s.n_images)  # noqa: E731
+        key = lambda s: (s.slice_thickness or 1e9, -s.number_of_frames)  # noqa: E731
     else:
-        key = lambda s: (-s.n_images, s.slice_thickness or 1e9)  # noqa: E731
+        key = lambda s: (-s.number_of_frames, s.slice_thickness or 1e9)  # noqa: E731
     ordered = sorted(candidates, key=key)
     best = ordered[0]
     for other in ordered[1:]:

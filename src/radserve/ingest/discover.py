@@ -1,0 +1,274 @@
+"""Find image series in folders, zips and files with one header-only pass.
+
+Files are grouped by Series Instance UID, then each series is split by SOP Class,
+orientation, Rows/Columns, Pixel Spacing and temporal position / echo / stack: the
+largest regular group is part 0, the others become parts of their own. Localizers
+(ImageType LOCALIZER, or another orientation with only a few instances) are dropped from
+the series and listed on part 0, never loaded into the volume.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from radserve.errors import NotDicomError
+from radserve.ingest.headers import FrameRef, InstanceRecord, PatientInfo, SkipFile, read_instance
+from radserve.ingest.sources import (
+    DEFAULT_MAX_ARCHIVE_BYTES,
+    SkippedFile,
+    SourceFile,
+    SourceReader,
+    expand_sources,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_LOCALIZER_SLICES = 3
+_ORIENTATION_TOL = 1e-3  # per IOP component (about 0.06°)
+_SPACING_TOL = 1e-3  # mm
+_REASON_TEXT = {
+    "sop_class": "another SOP Class",
+    "orientation": "another orientation",
+    "dimensions": "other Rows/Columns",
+    "pixel_spacing": "other Pixel Spacing",
+    "stack": "another temporal position, echo or stack",
+}
+
+
+@dataclass(frozen=True)
+class SeriesHeader:
+    """One loadable part of a series, from headers only (no pixel data read yet).
+
+    ``part`` is 0 for the largest regular stack of the Series Instance UID and >0 for the
+    groups split off from it; ``split_reasons`` names what differed ("orientation",
+    "dimensions", "pixel_spacing", "sop_class", "stack"). ``dropped`` lists localizers
+    removed from this part, ``skipped`` every file of the same discovery that is in no
+    series (not DICOM, not an image, unreadable), with the reason.
+    """
+
+    series_instance_uid: str
+    study_instance_uid: str
+    modality: str
+    series_description: str
+    series_number: int | None
+    body_part_examined: str
+    frame_of_reference_uid: str | None
+    sop_class_uid: str
+    image_type: tuple[str, ...]
+    slice_thickness: float | None
+    number_of_instances: int
+    patient: PatientInfo
+    frames: tuple[FrameRef, ...] = field(repr=False)
+    part: int = 0
+    split_reasons: frozenset[str] = frozenset()
+    notes: tuple[str, ...] = ()
+    dropped: tuple[SkippedFile, ...] = field(default=(), repr=False)
+    skipped: tuple[SkippedFile, ...] = field(default=(), repr=False)
+
+    @property
+    def key(self) -> str:
+        """Unique within a discovery: the series UID, plus ``#part`` for split-off parts."""
+        uid = self.series_instance_uid
+        return uid if self.part == 0 else f"{uid}#{self.part}"
+
+    @property
+    def files(self) -> tuple[SourceFile, ...]:
+        """The files holding this part's frames, in discovery order, without repeats."""
+        return tuple(dict.fromkeys(f.source for f in self.frames))
+
+    @property
+    def number_of_frames(self) -> int:
+        return len(self.frames)
+
+    @property
+    def is_localizer(self) -> bool:
+        return all(f.is_localizer for f in self.frames)
+
+
+def discover_series(
+    sources: Path | str | Sequence[Path | str],
+    *,
+    max_localizer_slices: int = DEFAULT_MAX_LOCALIZER_SLICES,
+    max_archive_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
+) -> list[SeriesHeader]:
+    """Every image series (and split-off part) in ``sources``, in a stable order.
+
+    Raises:
+        NotDicomError: no file in ``sources`` is a DICOM image; the message counts why.
+        ArchiveRejectedError: a zip archive exceeds the size or member limits.
+    """
+    files, skipped = expand_sources(sources, max_archive_bytes=max_archive_bytes)
+    records: list[InstanceRecord] = []
+    seen: set[str] = set()
+    with SourceReader() as reader:
+        for src in files:
+            try:
+                record = read_instance(reader, src)
+            except SkipFile as exc:
+                skipped.append(SkippedFile(src, exc.reason))
+                continue
+            except Exception as exc:  # I/O or archive damage while reading this file
+                skipped.append(SkippedFile(src, f"unreadable file ({type(exc).__name__})"))
+                continue
+            uid = record.frames[0].sop_instance_uid
+            if uid in seen:
+                skipped.append(SkippedFile(src, "another copy of an instance already found"))
+                continue
+            seen.add(uid)
+            records.append(record)
+
+    by_series: dict[str, list[InstanceRecord]] = defaultdict(list)
+    for record in records:
+        by_series[record.series_instance_uid].append(record)
+    headers = [h for group in by_series.values() for h in _split(group, max_localizer_slices)]
+    if not headers:
+        raise NotDicomError(
+            f"no DICOM image series found in {len(files) + len(skipped)} files "
+            f"({_summarise(skipped)})"
+        )
+    headers.sort(
+        key=lambda h: (h.study_instance_uid, h.series_number or 0, h.series_instance_uid, h.part)
+    )
+    log.info(
+        "discovered %d series parts in %d files; skipped %d (%s)",
+        len(headers),
+        len(files),
+        len(skipped),
+        _summarise(skipped),
+    )
+    frozen = tuple(skipped)
+    return [replace(h, skipped=frozen) for h in headers]
+
+
+def _summarise(skipped: Sequence[SkippedFile]) -> str:
+    counts = Counter(s.reason for s in skipped)
+    return "; ".join(f"{n}× {reason}" for reason, n in counts.most_common()) or "none"
+
+
+def _split(records: list[InstanceRecord], max_localizer_slices: int) -> list[SeriesHeader]:
+    pairs = [(r, f) for r in records for f in r.frames]
+    frames = [f for _, f in pairs]
+    orient_ids = _cluster([f.orientation for f in frames], _ORIENTATION_TOL)
+    spacing_ids = _cluster([f.pixel_spacing for f in frames], _SPACING_TOL)
+    groups: dict[tuple[object, ...], list[int]] = defaultdict(list)
+    for i, f in enumerate(frames):
+        key = (
+            f.sop_class_uid,
+            orient_ids[i],
+            (f.pixel.rows, f.pixel.columns),
+            spacing_ids[i],
+            f.stack_key,
+            f.is_localizer,
+        )
+        groups[key].append(i)
+
+    keys = list(groups)
+    regular = [k for k in keys if not k[-1]] or keys
+    main = max(regular, key=lambda k: len(groups[k]))  # first of the largest wins ties
+    main_size = len({frames[i].sop_instance_uid for i in groups[main]})
+
+    dropped: list[SkippedFile] = []
+    others: list[tuple[tuple[object, ...], frozenset[str]]] = []
+    for key in keys:
+        if key == main:
+            continue
+        reasons = _reasons(main, key)
+        idx = groups[key]
+        n_instances = len({frames[i].sop_instance_uid for i in idx})
+        if key[-1] and not main[-1]:
+            why = "localizer (ImageType LOCALIZER)"
+        elif (
+            "orientation" in reasons
+            and n_instances <= max_localizer_slices < main_size
+            and reasons <= {"orientation", "dimensions", "pixel_spacing"}
+        ):
+            why = f"localizer ({n_instances} instances with another orientation)"
+        else:
+            others.append((key, reasons))
+            continue
+        for src in dict.fromkeys(frames[i].source for i in idx):
+            dropped.append(SkippedFile(src, why))
+
+    others.sort(key=lambda kr: -len(groups[kr[0]]))
+    main_notes = [
+        f"series also holds {len(groups[k])} frames with {_describe(r, frames[groups[k][0]])}, "
+        f"split off as part {n}"
+        for n, (k, r) in enumerate(others, start=1)
+    ]
+    all_reasons = frozenset().union(*(r for _, r in others)) if others else frozenset()
+    headers = [
+        _header(pairs, groups[main], 0, all_reasons, main_notes, dropped),
+    ]
+    for n, (key, reasons) in enumerate(others, start=1):
+        note = f"split off from part 0 of its series: {_describe(reasons, frames[groups[key][0]])}"
+        headers.append(_header(pairs, groups[key], n, reasons, [note], []))
+    return headers
+
+
+def _reasons(main: tuple[object, ...], key: tuple[object, ...]) -> frozenset[str]:
+    names = ("sop_class", "orientation", "dimensions", "pixel_spacing", "stack")
+    return frozenset(n for n, a, b in zip(names, main, key, strict=False) if a != b)
+
+
+def _describe(reasons: frozenset[str], sample: FrameRef) -> str:
+    parts = []
+    for reason in sorted(reasons):
+        text = _REASON_TEXT[reason]
+        if reason == "dimensions":
+            text += f" ({sample.pixel.rows}×{sample.pixel.columns})"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def _header(
+    pairs: list[tuple[InstanceRecord, FrameRef]],
+    idx: list[int],
+    part: int,
+    reasons: frozenset[str],
+    notes: list[str],
+    dropped: list[SkippedFile],
+) -> SeriesHeader:
+    record, first = pairs[idx[0]]
+    frames = tuple(pairs[i][1] for i in idx)
+    return SeriesHeader(
+        series_instance_uid=record.series_instance_uid,
+        study_instance_uid=record.study_instance_uid,
+        modality=record.modality,
+        series_description=record.series_description,
+        series_number=record.series_number,
+        body_part_examined=record.body_part_examined,
+        frame_of_reference_uid=record.frame_of_reference_uid,
+        sop_class_uid=first.sop_class_uid,
+        image_type=record.image_type,
+        slice_thickness=first.slice_thickness,
+        number_of_instances=len({f.sop_instance_uid for f in frames}),
+        patient=record.patient,
+        frames=frames,
+        part=part,
+        split_reasons=reasons,
+        notes=tuple(notes),
+        dropped=tuple(dropped),
+    )
+
+
+def _cluster(values: Sequence[tuple[float, ...] | None], tol: float) -> list[int]:
+    """Label values so that values within ``tol`` (per component) share a label."""
+    centres: list[tuple[float, ...] | None] = []
+    labels = []
+    for value in values:
+        label = next((n for n, c in enumerate(centres) if _close(value, c, tol)), None)
+        if label is None:
+            label = len(centres)
+            centres.append(value)
+        labels.append(label)
+    return labels
+
+
+def _close(a: tuple[float, ...] | None, b: tuple[float, ...] | None, tol: float) -> bool:
+    if a is None or b is None:
+        return a is b
+    return all(abs(x - y) <= tol for x, y in zip(a, b, strict=True))

@@ -1,0 +1,233 @@
+"""Order frames into a stack and derive its affine, applying the policy to each defect.
+
+Pure geometry on header values, no pixel I/O. Slices are sorted by their position
+projected on the slice normal (cross product of the Image Orientation (Patient) row and
+column vectors), never by Instance Number; the slice step comes from the positions,
+never from Slice Thickness. Tolerances: positions closer than
+:data:`DUPLICATE_TOLERANCE_MM` along the normal are duplicates; a gap above
+``missing_slice_factor`` × the median gap is a missing slice; any other gap off the
+median by more than ``spacing_tolerance`` × median is non-uniform spacing; a first→last
+vector more than ``tilt_tolerance_deg`` off the normal is a gantry tilt; in-plane
+positions more than :data:`LINE_TOLERANCE_PX` pixels off the first→last line are a
+sheared (non-linear) stack.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from radserve.errors import GeometryError
+from radserve.ingest.headers import FrameRef
+from radserve.ingest.policy import IngestPolicy
+
+DUPLICATE_TOLERANCE_MM = 0.01
+LINE_TOLERANCE_PX = 0.1
+_UNIT_TOLERANCE = 1e-2
+
+
+@dataclass(frozen=True, eq=False)
+class StackLayout:
+    """How decoded frames become the volume.
+
+    ``order`` lists indices into the header's frames, one per decoded slice, ascending
+    along the normal. ``duplicates`` pairs each dropped frame with the kept frame at the
+    same position (to verify they are identical). ``in_plane_shifts`` (rows, columns in
+    pixels, per slice) shear-correct a tilted stack; ``target_offsets`` (mm along the
+    normal from the first slice) ask for resampling onto a regular grid; ``affine`` is
+    the geometry of the final array.
+    """
+
+    order: tuple[int, ...]
+    duplicates: tuple[tuple[int, int], ...]
+    affine: np.ndarray
+    source_offsets: np.ndarray
+    target_offsets: np.ndarray | None
+    in_plane_shifts: np.ndarray | None
+    warnings: tuple[str, ...]
+
+
+def plan_stack(frames: Sequence[FrameRef], policy: IngestPolicy) -> StackLayout:
+    """Sort, check and describe the stack; raise :class:`GeometryError` where rejected."""
+    _require_geometry(frames)
+    row_dir, col_dir, normal = _axes(frames[0].orientation)  # type: ignore[arg-type]
+    row_spacing, col_spacing = frames[0].pixel_spacing  # type: ignore[misc]
+    if row_spacing <= 0 or col_spacing <= 0:
+        raise GeometryError(f"Pixel Spacing must be positive, got {row_spacing}\\{col_spacing}")
+    positions = np.array([f.position for f in frames], dtype=np.float64)
+    along = positions @ normal
+    tie = [(f.instance_number or 0, f.frame_index or 0) for f in frames]
+    order = sorted(range(len(frames)), key=lambda i: (along[i], *tie[i]))
+
+    warnings: list[str] = []
+    order, duplicates = _drop_duplicates(order, along, policy, warnings)
+    pts = positions[order]
+    offsets = along[order] - along[order[0]]
+    in_plane = np.array([col_dir, row_dir]).T  # (3, 2): row-index and column-index axes
+    affine = np.eye(4)
+    affine[:3, 1] = col_dir * row_spacing
+    affine[:3, 2] = row_dir * col_spacing
+    affine[:3, 3] = pts[0]
+    if len(order) == 1:
+        step = _single_slice_step(frames[order[0]], warnings)
+        affine[:3, 0] = normal * step
+        return StackLayout(tuple(order), duplicates, affine, offsets, None, None, tuple(warnings))
+
+    target, step = _check_spacing(offsets, policy, warnings)
+    affine[:3, 0] = normal * step
+
+    shifts = None
+    drift = (pts - pts[0]) - np.outer(offsets, normal)  # in-plane offset of each slice (mm)
+    line = np.outer(offsets / offsets[-1], drift[-1])
+    off_line = float(np.max(np.linalg.norm(drift - line, axis=1)))
+    tilt = math.degrees(math.atan2(float(np.linalg.norm(drift[-1])), float(offsets[-1])))
+    non_linear = off_line > LINE_TOLERANCE_PX * min(row_spacing, col_spacing)
+    if tilt > policy.tilt_tolerance_deg or non_linear:
+        what = (
+            f"gantry tilt or sheared stack: the first→last slice vector is {tilt:.2f}° from "
+            "the slice normal"
+            if tilt > policy.tilt_tolerance_deg
+            else "sheared stack"
+        )
+        if non_linear:
+            what += f"; slice positions leave the first→last line by up to {off_line:.2f} mm"
+        if policy.gantry_tilt == "reject":
+            raise GeometryError(
+                f"{what}. Set IngestPolicy(gantry_tilt='correct') to shift slices onto an "
+                "orthogonal grid, or 'flag' to keep the sheared affine"
+            )
+        if policy.gantry_tilt == "flag":
+            if non_linear:
+                raise GeometryError(
+                    f"{what}, so no single affine describes the stack; use "
+                    "IngestPolicy(gantry_tilt='correct')"
+                )
+            if target is not None:
+                raise GeometryError(
+                    f"{what}; resampling a sheared stack needs gantry_tilt='correct'"
+                )
+            affine[:3, 0] = (pts[-1] - pts[0]) / (len(order) - 1)
+            warnings.append(f"{what}; kept the exact sheared (non-orthogonal) affine")
+        else:
+            shifts = (drift @ in_plane) / np.array([row_spacing, col_spacing])
+            warnings.append(
+                f"{what}; slices shifted in-plane by up to "
+                f"{float(np.max(np.abs(shifts))):.1f} pixels onto an orthogonal grid"
+            )
+    return StackLayout(tuple(order), duplicates, affine, offsets, target, shifts, tuple(warnings))
+
+
+def _require_geometry(frames: Sequence[FrameRef]) -> None:
+    for attr, name in (
+        ("position", "Image Position (Patient)"),
+        ("orientation", "Image Orientation (Patient)"),
+        ("pixel_spacing", "Pixel Spacing"),
+    ):
+        missing = sum(getattr(f, attr) is None for f in frames)
+        if missing:
+            raise GeometryError(
+                f"{missing} of {len(frames)} frames have no usable {name}: not a "
+                "cross-sectional image stack (projection, secondary capture or cine?)"
+            )
+
+
+def _axes(iop: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    row_dir, col_dir = np.array(iop[:3], float), np.array(iop[3:], float)
+    nr, nc = np.linalg.norm(row_dir), np.linalg.norm(col_dir)
+    if abs(nr - 1) > _UNIT_TOLERANCE or abs(nc - 1) > _UNIT_TOLERANCE:
+        raise GeometryError(
+            f"Image Orientation (Patient) vectors must be unit length, got {nr:.3f} and {nc:.3f}"
+        )
+    row_dir, col_dir = row_dir / nr, col_dir / nc
+    if abs(float(row_dir @ col_dir)) > _UNIT_TOLERANCE:
+        raise GeometryError("Image Orientation (Patient) row and column vectors are not orthogonal")
+    col_dir = col_dir - (col_dir @ row_dir) * row_dir
+    col_dir /= np.linalg.norm(col_dir)
+    return row_dir, col_dir, np.cross(row_dir, col_dir)
+
+
+def _drop_duplicates(
+    order: list[int], along: np.ndarray, policy: IngestPolicy, warnings: list[str]
+) -> tuple[list[int], tuple[tuple[int, int], ...]]:
+    kept = [order[0]]
+    pairs = []
+    for i in order[1:]:
+        if along[i] - along[kept[-1]] < DUPLICATE_TOLERANCE_MM:
+            pairs.append((i, kept[-1]))
+        else:
+            kept.append(i)
+    if not pairs:
+        return order, ()
+    first = float(along[pairs[0][1]])
+    if policy.duplicate_positions == "reject":
+        raise GeometryError(
+            f"{len(pairs)} slices share their position along the slice normal with another "
+            f"slice (first at {first:.2f} mm); set IngestPolicy(duplicate_positions="
+            "'drop_identical') to drop exact copies"
+        )
+    if policy.duplicate_positions == "keep_first":
+        warnings.append(
+            f"dropped {len(pairs)} slices at duplicate positions (first at {first:.2f} mm), "
+            "keeping the lowest Instance Number"
+        )
+    return kept, tuple(pairs)
+
+
+def _single_slice_step(frame: FrameRef, warnings: list[str]) -> float:
+    for value, name in (
+        (frame.spacing_between_slices, "Spacing Between Slices"),
+        (frame.slice_thickness, "Slice Thickness"),
+    ):
+        if value is not None and value > 0:
+            warnings.append(f"single slice: slice spacing taken from {name} ({value:g} mm)")
+            return value
+    warnings.append("single slice: no slice spacing in the header, 1 mm assumed")
+    return 1.0
+
+
+def _check_spacing(
+    offsets: np.ndarray, policy: IngestPolicy, warnings: list[str]
+) -> tuple[np.ndarray | None, float]:
+    """Judge the gaps; return (resampling targets or None, slice step in mm)."""
+    gaps = np.diff(offsets)
+    median = float(np.median(gaps))
+    mean = float(offsets[-1] / (len(offsets) - 1))
+    missing = gaps > policy.missing_slice_factor * median
+    uneven = ~missing & (np.abs(gaps - median) > policy.spacing_tolerance * median)
+    resample = False
+    for mask, choice, label, field_name in (
+        (missing, policy.missing_slices, "missing slices", "missing_slices"),
+        (uneven, policy.nonuniform_spacing, "non-uniform slice spacing", "nonuniform_spacing"),
+    ):
+        if not mask.any():
+            continue
+        where = np.flatnonzero(mask)
+        detail = (
+            f"{label}: {len(where)} gaps of {_mm(gaps[where])} mm where the median spacing is "
+            f"{median:.3f} mm (first after slice {int(where[0])} of {len(offsets)})"
+        )
+        if choice == "reject":
+            raise GeometryError(
+                f"{detail}. Set IngestPolicy({field_name}='resample') to interpolate onto a "
+                "regular grid or 'flag' to proceed"
+            )
+        if choice == "resample":
+            resample = True
+            warnings.append(f"{detail}; resampled onto a regular {median:.3f} mm grid")
+        else:
+            warnings.append(
+                f"{detail}; kept on a regular {mean:.3f} mm grid, so slice positions are "
+                "approximate"
+            )
+    if not resample:
+        return None, mean
+    count = round(float(offsets[-1]) / median) + 1
+    return np.arange(count) * median, median
+
+
+def _mm(values: np.ndarray) -> str:
+    shown = ", ".join(f"{v:.2f}" for v in values[:3])
+    return shown + (", …" if len(values) > 3 else "")

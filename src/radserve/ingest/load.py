@@ -1,0 +1,222 @@
+"""Turn a discovered series into a :class:`Volume`, applying the ingest policy.
+
+The only place that reads DICOM pixel data. Every problem either raises a
+:class:`StudyError` subclass with the reason, or proceeds and records a warning on the
+:class:`LoadedSeries`, as the :class:`IngestPolicy` says.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from radserve.domain.volume import Volume
+from radserve.errors import GeometryError, StudyError, UnsupportedModalityError
+from radserve.ingest.decode import decode_stack, ensure_decoders
+from radserve.ingest.discover import SeriesHeader, discover_series
+from radserve.ingest.geometry import plan_stack
+from radserve.ingest.headers import FrameRef
+from radserve.ingest.policy import IngestPolicy
+from radserve.ingest.resample import resample_slices, shift_slices_in_plane
+from radserve.ingest.sources import SkippedFile, SourceFile, SourceReader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SliceSource:
+    """The instance (and frame) one volume slice came from, for SEG/SR references."""
+
+    sop_instance_uid: str
+    sop_class_uid: str
+    frame_number: int | None  # 1-based Referenced Frame Number; None for single-frame
+    source: SourceFile
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedSeries:
+    """A volume plus where it came from and what was tolerated on the way.
+
+    ``source_slices`` has one entry per volume slice, or is empty when the policy
+    resampled the stack (slices then no longer map one-to-one to instances).
+    """
+
+    volume: Volume
+    header: SeriesHeader
+    warnings: tuple[str, ...] = ()
+    source_slices: tuple[SliceSource, ...] = field(default=(), repr=False)
+
+
+@dataclass(frozen=True)
+class RejectedSeries:
+    """A series that could not be loaded, with the error's stable code and message."""
+
+    header: SeriesHeader
+    code: str
+    reason: str
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedStudy:
+    """Everything found in the sources: loaded series, rejected series, skipped files."""
+
+    series: tuple[LoadedSeries, ...]
+    rejected: tuple[RejectedSeries, ...]
+    skipped: tuple[SkippedFile, ...]
+
+
+def load_series(
+    header: SeriesHeader,
+    policy: IngestPolicy = IngestPolicy(),  # noqa: B008 - frozen, safe as a default
+    required_modality: str | None = None,
+    workers: int | None = None,
+) -> LoadedSeries:
+    """Decode one series part into a volume in physical units (HU for CT).
+
+    Raises:
+        UnsupportedModalityError: ``required_modality`` is set and differs.
+        GeometryError: the slices do not form a stack the policy accepts.
+        DecodeError: a decoder is missing or pixel data is damaged.
+        StudyError: the pixels cannot form an intensity volume (e.g. colour).
+    """
+    if required_modality and header.modality != required_modality.upper():
+        raise UnsupportedModalityError(
+            f"series modality is {header.modality or 'missing'}, but {required_modality.upper()} "
+            "is required; send the matching series or choose a pipeline for this modality"
+        )
+    warnings = list(header.notes)
+    _apply_split_policy(header, policy, warnings)
+    _check_pixels(header.frames, warnings)
+
+    layout = plan_stack(header.frames, policy)
+    warnings.extend(layout.warnings)
+    ordered = [header.frames[i] for i in layout.order]
+    ensure_decoders(f.pixel.transfer_syntax_uid for f in header.frames)
+    air = policy.ct_padding_hu if header.modality == "CT" else policy.other_padding_value
+
+    with SourceReader() as reader:
+        array = decode_stack(ordered, reader, air=air, workers=workers)
+        if layout.duplicates and policy.duplicate_positions == "drop_identical":
+            _verify_identical(header, layout.order, layout.duplicates, array, reader, air, workers)
+            warnings.append(f"dropped {len(layout.duplicates)} identical duplicate slices")
+    if layout.in_plane_shifts is not None:
+        shift_slices_in_plane(array, layout.in_plane_shifts, air)
+    slices = tuple(
+        SliceSource(
+            f.sop_instance_uid,
+            f.sop_class_uid,
+            None if f.frame_index is None else f.frame_index + 1,
+            f.source,
+        )
+        for f in ordered
+    )
+    if layout.target_offsets is not None:
+        array = resample_slices(array, layout.source_offsets, layout.target_offsets)
+        slices = ()
+    volume = Volume(
+        array,
+        layout.affine,
+        header.frame_of_reference_uid,
+        tuple(s.sop_instance_uid for s in slices),
+    )
+    log.info(
+        "loaded %s series part %d: shape %s %s (%.1f MB), %d warnings",
+        header.modality,
+        header.part,
+        volume.shape,
+        array.dtype,
+        array.nbytes / 1e6,
+        len(warnings),
+    )
+    for warning in warnings:
+        log.warning("ingest: %s", warning)
+    return LoadedSeries(volume, header, tuple(warnings), slices)
+
+
+def load_study(
+    sources: Path | str | Sequence[Path | str],
+    *,
+    policy: IngestPolicy = IngestPolicy(),  # noqa: B008 - frozen, safe as a default
+    required_modality: str | None = None,
+    workers: int | None = None,
+    select: Callable[[SeriesHeader], bool] | None = None,
+) -> LoadedStudy:
+    """Discover and load every (selected) series; record why each failure was rejected.
+
+    Holds all volumes in memory at once: for large studies prefer
+    :func:`discover_series` and :func:`load_series` one series at a time.
+    """
+    headers = discover_series(sources)
+    loaded: list[LoadedSeries] = []
+    rejected: list[RejectedSeries] = []
+    for header in headers:
+        if select is not None and not select(header):
+            continue
+        try:
+            loaded.append(load_series(header, policy, required_modality, workers))
+        except StudyError as exc:
+            log.warning("series part %d rejected: %s", header.part, exc.message)
+            rejected.append(RejectedSeries(header, exc.code, exc.message))
+    return LoadedStudy(tuple(loaded), tuple(rejected), headers[0].skipped)
+
+
+def _apply_split_policy(header: SeriesHeader, policy: IngestPolicy, warnings: list[str]) -> None:
+    for reason, choice, field_name in (
+        ("orientation", policy.mixed_orientation, "mixed_orientation"),
+        ("dimensions", policy.mismatched_dimensions, "mismatched_dimensions"),
+    ):
+        if reason in header.split_reasons and choice == "reject":
+            raise GeometryError(
+                f"series mixes images of {reason.replace('dimensions', 'different Rows/Columns')}"
+                f" ({'; '.join(header.notes)}); set IngestPolicy({field_name}='split') to load "
+                "each part on its own"
+            )
+    if header.dropped:
+        what = sorted({d.reason for d in header.dropped})
+        if policy.localizers == "reject":
+            raise GeometryError(
+                f"series contains {len(header.dropped)} localizer images ({'; '.join(what)}); "
+                "set IngestPolicy(localizers='drop') to drop them"
+            )
+        warnings.append(f"dropped {len(header.dropped)} localizer images: {'; '.join(what)}")
+
+
+def _check_pixels(frames: Sequence[FrameRef], warnings: list[str]) -> None:
+    fmt = frames[0].pixel
+    if fmt.samples_per_pixel != 1:
+        raise StudyError(
+            f"colour images (Samples per Pixel {fmt.samples_per_pixel}, "
+            f"{fmt.photometric_interpretation}) cannot form an intensity volume",
+            code="unsupported_pixel_format",
+        )
+    if fmt.photometric_interpretation == "MONOCHROME1":
+        warnings.append("MONOCHROME1 pixels: low values display bright; values kept as stored")
+
+
+def _verify_identical(
+    header: SeriesHeader,
+    order: tuple[int, ...],
+    duplicates: tuple[tuple[int, int], ...],
+    array: np.ndarray,
+    reader: SourceReader,
+    air: float,
+    workers: int | None,
+) -> None:
+    copies = decode_stack(
+        [header.frames[d] for d, _ in duplicates], reader, air=air, workers=workers
+    )
+    slot = {frame: k for k, frame in enumerate(order)}
+    differ = sum(
+        not np.array_equal(copy, array[slot[kept]])
+        for copy, (_, kept) in zip(copies, duplicates, strict=True)
+    )
+    if differ:
+        raise GeometryError(
+            f"{differ} of {len(duplicates)} slices at duplicate positions hold different pixel "
+            "data (several acquisitions or time points in one series?); set "
+            "IngestPolicy(duplicate_positions='keep_first') to keep one of each"
+        )

@@ -1,0 +1,99 @@
+"""Tiny model bundles and a pipeline on disk, so the pipeline is tested without the
+reference models: an "organ" model that labels every voxel above ``organ_hu`` as
+liver, and a "lesion" model that labels voxels above ``lesion_hu`` as a liver lesion
+that must lie in the liver."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tests.factories.onnx_models import threshold_model
+
+_WINDOW = {"kind": "ct_window", "center": 500.0, "width": 1000.0}  # 0..1000 HU -> 0..1
+
+
+def _concept(value: str, meaning: str) -> dict[str, str]:
+    return {"value": value, "scheme": "SCT", "meaning": meaning}
+
+
+def _write_bundle(root: Path, manifest: dict[str, Any], level_hu: float) -> Path:
+    folder = root / manifest["name"] / manifest["version"]
+    folder.mkdir(parents=True, exist_ok=True)
+    channels = 2 * manifest["input"].get("context_slices", 0) + 1
+    threshold_model(folder / "model.onnx", in_channels=channels, level=level_hu / 1000.0)
+    (folder / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return folder
+
+
+def write_test_bundles(
+    root: Path, *, organ_hu: float = 50.0, lesion_hu: float = 400.0, spacing: float = 1.5
+) -> Path:
+    """``root/organs-test/1.0.0`` and ``root/lesions-test/1.0.0``; returns ``root``."""
+    anatomy = _concept("123037004", "Anatomical Structure")
+    _write_bundle(
+        root,
+        {
+            "name": "organs-test",
+            "version": "1.0.0",
+            "task": "segmentation",
+            "modality": "CT",
+            "input": {"mode": "2d", "spacing": [None, spacing, spacing], "normalisation": _WINDOW},
+            "labels": [
+                {
+                    "value": 1,
+                    "name": "liver",
+                    "concept": _concept("10200004", "Liver"),
+                    "category": anatomy,
+                    "kind": "organ",
+                }
+            ],
+            "postprocess": {"keep_largest": ["liver"]},
+        },
+        organ_hu,
+    )
+    _write_bundle(
+        root,
+        {
+            "name": "lesions-test",
+            "version": "1.0.0",
+            "task": "detection",
+            "modality": "CT",
+            "input": {
+                "mode": "2.5d",
+                "context_slices": 1,
+                "spacing": [None, spacing, spacing],
+                "normalisation": _WINDOW,
+                "roi_labels": ["liver"],
+            },
+            "labels": [
+                {
+                    "value": 1,
+                    "name": "liver_lesion",
+                    "concept": _concept("52988006", "Lesion"),
+                    "category": _concept("49755003", "Morphologically Altered Structure"),
+                    "kind": "lesion",
+                    "within": ["liver"],
+                }
+            ],
+        },
+        lesion_hu,
+    )
+    return root
+
+
+def write_test_pipeline(folder: Path, *, min_slices: int = 3) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "test-pipeline.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "test-pipeline",
+                "version": "0.0.1",
+                "series_selection": {"modalities": ["CT"], "min_slices": min_slices},
+                "steps": [{"model": "organs-test"}, {"model": "lesions-test"}],
+            }
+        )
+    )
+    return path
