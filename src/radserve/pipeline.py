@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from radserve.errors import PipelineError
 from radserve.inference import (
     ModelSession,
     RuntimeChoice,
+    Task,
     choose_runtime,
     make_task,
     run_task,
@@ -148,6 +150,99 @@ def _extra_channels(spec: ModelSpec, organs: StepResult | None) -> dict[str, np.
     return {name: organs.labels.array == by_name[name] for name in spec.input.extra_channels}
 
 
+@dataclass(frozen=True)
+class PendingStep:
+    """A model step ready to run: its batch-level task and the session to run it on."""
+
+    bundle: ModelBundle
+    session: ModelSession
+    task: Task
+
+
+class VolumeRun:
+    """One volume through a pipeline, one model step at a time, as batch-level tasks.
+
+    The scheduler interleaves batches of many runs: it asks :meth:`next_step` for a
+    task, feeds its batches to the session (with batches of other studies in between),
+    and hands the finished :class:`Prediction` to :meth:`complete_step`, which
+    post-processes it and makes the next step's inputs (ROI, upstream masks) available.
+    :func:`run_volume` is the same loop for one study on the calling thread.
+    """
+
+    def __init__(
+        self,
+        ct: Volume,
+        pipeline: PipelineSpec,
+        *,
+        registry: ModelRegistry,
+        sessions: SessionPool,
+        precision: Precision | None = None,
+    ) -> None:
+        self.ct = ct
+        self.pipeline = pipeline
+        self.precision: str = precision or pipeline.precision
+        self._registry = registry
+        self._sessions = sessions
+        self._next = 0
+        self._pending: PendingStep | None = None
+        self.steps: list[StepResult] = []
+        self.timings: dict[str, float] = {}
+
+    @property
+    def done(self) -> bool:
+        return self._next >= len(self.pipeline.steps) and self._pending is None
+
+    @property
+    def _organs(self) -> StepResult | None:
+        organ_steps = [s for s in self.steps if s.organs]
+        return organ_steps[-1] if organ_steps else None
+
+    def next_step(self) -> PendingStep | None:
+        """The next model step's task (None when every step has run)."""
+        if self._pending is not None:
+            raise PipelineError("complete the pending step before asking for the next one")
+        if self._next >= len(self.pipeline.steps):
+            return None
+        step = self.pipeline.steps[self._next]
+        self._next += 1
+        bundle = self._registry.get(step.model, step.version)
+        spec = bundle.spec
+        t0 = time.perf_counter()
+        session = self._sessions.get(bundle, self.precision)
+        self.timings[f"{spec.name}: load model"] = time.perf_counter() - t0
+        organs = self._organs
+        task = make_task(self.ct, spec, _roi(spec, organs, self.ct), _extra_channels(spec, organs))
+        self._pending = PendingStep(bundle, session, task)
+        return self._pending
+
+    def complete_step(self, prediction: Prediction) -> StepResult:
+        """Post-process the pending step's prediction; the next step may then start."""
+        pending = self._pending
+        if pending is None:
+            raise PipelineError("no step is pending")
+        spec = pending.bundle.spec
+        t0 = time.perf_counter()
+        labels = prediction.labels.with_array(
+            clean_labels(prediction.labels.array, spec, self.ct.voxel_volume_ml)
+        )
+        prediction = dataclasses.replace(prediction, labels=labels)
+        result = _step_result(
+            pending.bundle, self.precision, pending.session, prediction, self.ct, self._organs
+        )
+        for name, seconds in prediction.timings.items():
+            if name != "wall":
+                self.timings[f"{spec.name}: {name}"] = seconds
+        self.timings[f"{spec.name}: postprocess"] = time.perf_counter() - t0
+        self.steps.append(result)
+        self._pending = None
+        return result
+
+    def result(self) -> VolumeResult:
+        if not self.done:
+            raise PipelineError("the pipeline has steps left to run")
+        return VolumeResult(steps=list(self.steps), timings=dict(self.timings))
+
+
 def run_volume(
     ct: Volume,
     pipeline: PipelineSpec,
@@ -161,36 +256,20 @@ def run_volume(
 ) -> VolumeResult:
     """Every model step of ``pipeline`` on one volume; outputs on the volume's grid."""
     timer = StageTimer(progress)
-    steps: list[StepResult] = []
-    organs: StepResult | None = None
-    chosen = precision or pipeline.precision
-    for step in pipeline.steps:
-        bundle = registry.get(step.model, step.version)
-        spec = bundle.spec
-        with timer.stage(f"{spec.name}: load model"):
-            session = sessions.get(bundle, chosen)
-        task = make_task(ct, spec, _roi(spec, organs, ct), _extra_channels(spec, organs))
-        stage = f"{spec.name}: inference"
-        with timer.stage(stage, total=task.total_batches):
-            runner = run_task_overlapped if overlapped else run_task
+    run = VolumeRun(ct, pipeline, registry=registry, sessions=sessions, precision=precision)
+    runner = run_task_overlapped if overlapped else run_task
+    while (pending := run.next_step()) is not None:
+        stage = f"{pending.bundle.spec.name}: inference"
+        with timer.stage(stage, total=pending.task.total_batches):
             prediction = runner(
-                task,
-                session,
+                pending.task,
+                pending.session,
                 cancel=cancel,
                 progress=lambda done, total, s=stage: timer.progress.advance(s),
             )
-        with timer.stage(f"{spec.name}: postprocess"):
-            labels = prediction.labels.with_array(
-                clean_labels(prediction.labels.array, spec, ct.voxel_volume_ml)
-            )
-            prediction = dataclasses.replace(prediction, labels=labels)
-            result = _step_result(bundle, chosen, session, prediction, ct, organs)
-        for name, seconds in prediction.timings.items():
-            timer.seconds[f"{spec.name}: {name}"] = seconds
-        steps.append(result)
-        if result.organs:
-            organs = result
-    return VolumeResult(steps=steps, timings=timer.seconds)
+        run.complete_step(prediction)
+    result = run.result()
+    return VolumeResult(steps=result.steps, timings={**result.timings, **timer.seconds})
 
 
 def _step_result(
