@@ -136,6 +136,7 @@ def make_ct_series(
     series_number: int = 1,
     series_description: str = "synthetic",
     transfer_syntax: str = ExplicitVRLittleEndian,
+    encode_options: Mapping[str, object] | None = None,
     extra: Mapping[str, object] | None = None,
     prefix: str | None = None,
 ) -> list[Path]:
@@ -156,6 +157,9 @@ def make_ct_series(
             ``duplicate_offset_hu`` added.
         order: Instance Number / file order: ascending (feet→head for axial),
             descending (head→feet) or shuffled.
+        transfer_syntax: any syntax pydicom can encode (RLE, JPEG-LS, JPEG 2000 need
+            their plugins; JPEG 2000 needs at least 32 × 32 pixels); lossy ones need
+            ``encode_options`` such as ``{"j2k_cr": [10]}``. See :func:`dcmtk_compress`.
         extra: further attributes by keyword (e.g. RequestedProcedurePriority).
     """
     directory.mkdir(parents=True, exist_ok=True)
@@ -195,7 +199,7 @@ def make_ct_series(
             ds.RescaleType = "HU" if modality == "CT" else "US"
         _set_pixels(ds, pixels, bits_stored, signed, pixel_padding_value)
         path = directory / f"{prefix}_{number:04d}.dcm"
-        _save(ds, path, transfer_syntax)
+        _save(ds, path, transfer_syntax, encode_options)
         written.append((number, path))
     return [p for _, p in sorted(written)]
 
@@ -267,11 +271,14 @@ def make_enhanced_series(
     """One Enhanced CT/MR multi-frame instance; geometry only in the functional groups.
 
     Frame ``i`` of the file holds geometric slice ``perm[i]`` where ``perm`` follows
-    ``frame_order``; ``rescale_per_frame`` (per geometric slice) puts Pixel Value
-    Transformation in the per-frame groups instead of the shared ones.
+    ``frame_order``; the default ``hu`` is :func:`ramp_hu` (+1000 for MR);
+    ``rescale_per_frame`` (per geometric slice) puts Pixel Value Transformation in the
+    per-frame groups instead of the shared ones.
     """
     directory.mkdir(parents=True, exist_ok=True)
     positions = _positions(n_frames, spacing[0], orientation, origin, None, 0.0)
+    if hu is None and modality == "MR":
+        hu = ramp_hu(n_frames, rows, cols) + 1000.0  # MR values are not negative
     values = _values(hu, positions, rows, cols, spacing, orientation)
     default = (1.0, -1024.0) if modality == "CT" else (1.0, 0.0)
     per_slice = list(rescale_per_frame or [rescale or default] * n_frames)
@@ -334,14 +341,16 @@ def truncate(path: Path, keep_fraction: float = 0.6) -> Path:
 def dcmtk_compress(src: Path, dst: Path, syntax: str) -> Path:
     """Re-encode with dcmtk for syntaxes pydicom cannot encode.
 
-    ``syntax``: ``jpeg-lossless-sv1``, ``jpeg-lossless``, ``jpeg-extended`` (dcmcjpeg) or
-    ``jpeg-ls`` (dcmcjpls). Raises FileNotFoundError when dcmtk is not installed.
+    ``syntax``: ``jpeg-lossless-sv1``, ``jpeg-lossless``, ``jpeg-extended`` (dcmcjpeg),
+    ``jpeg-ls`` or ``jpeg-ls-near`` (dcmcjpls, near-lossless with NEAR=2). Raises
+    FileNotFoundError when dcmtk is not installed.
     """
     tool, option = {
         "jpeg-lossless-sv1": ("dcmcjpeg", "+e1"),
         "jpeg-lossless": ("dcmcjpeg", "+el"),
         "jpeg-extended": ("dcmcjpeg", "+ee"),
-        "jpeg-ls": ("dcmcjpls", "+ll"),
+        "jpeg-ls": ("dcmcjpls", "+el"),
+        "jpeg-ls-near": ("dcmcjpls", "+en"),
     }[syntax]
     exe = shutil.which(tool)
     if exe is None:
@@ -486,9 +495,11 @@ def _set_pixels(
     ds.PixelData = np.ascontiguousarray(stored).astype("<i2" if signed else "<u2").tobytes()
 
 
-def _save(ds: Dataset, path: Path, transfer_syntax: str) -> None:
+def _save(
+    ds: Dataset, path: Path, transfer_syntax: str, options: Mapping[str, object] | None = None
+) -> None:
     if transfer_syntax in _UNCOMPRESSED:
         ds.file_meta.TransferSyntaxUID = UID(transfer_syntax)
     else:
-        ds.compress(UID(transfer_syntax))
+        ds.compress(UID(transfer_syntax), **(options or {}))
     ds.save_as(path, enforce_file_format=True)

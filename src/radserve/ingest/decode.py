@@ -15,10 +15,13 @@ import os
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from typing import BinaryIO
 
 import numpy as np
+import pydicom
+from pydicom.dataset import Dataset
 from pydicom.pixels import get_decoder, iter_pixels, pixel_array
-from pydicom.uid import UID
+from pydicom.uid import UID, DeflatedExplicitVRLittleEndian
 
 from radserve.errors import DecodeError
 from radserve.ingest.headers import FrameRef
@@ -138,7 +141,10 @@ def _decode_job(
     uid = items[0][1].pixel.transfer_syntax_uid
     syntax = UID(uid).name
     try:
-        pixels = reader.pixel_source(src)
+        pixels: str | BinaryIO | Dataset = reader.pixel_source(src)
+        if uid == DeflatedExplicitVRLittleEndian:
+            # pydicom's file-based pixel path does not inflate: read the whole dataset.
+            pixels = pydicom.dcmread(pixels)
         if items[0][1].frame_index is None:
             arrays: Iterable[np.ndarray] = [pixel_array(pixels)]
         else:
@@ -149,9 +155,12 @@ def _decode_job(
         raise
     except Exception as exc:  # plugins raise many types on damaged or truncated data
         hint = _INSTALL_HINTS.get(uid)
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise DecodeError(
-            f"could not decode pixel data of {src.name} ({syntax}): {type(exc).__name__}: "
-            f"{exc}" + (f" (decoders for this syntax: {hint})" if hint else "")
+            f"could not decode pixel data of instance {items[0][1].sop_instance_uid} "
+            f"({syntax}): {type(exc).__name__}: {detail}. The file may be truncated or "
+            "damaged, or no installed decoder supports it"
+            + (f"; decoders for this syntax: {hint}" if hint else "")
         ) from exc
 
 
@@ -159,8 +168,8 @@ def _store(out: np.ndarray, k: int, stored: np.ndarray, frame: FrameRef, air: fl
     fmt = frame.pixel
     if stored.shape != (fmt.rows, fmt.columns):
         raise DecodeError(
-            f"frame of {frame.source.name} decoded to shape {stored.shape}, expected "
-            f"({fmt.rows}, {fmt.columns}) from Rows/Columns"
+            f"a frame of instance {frame.sop_instance_uid} decoded to shape {stored.shape}, "
+            f"expected ({fmt.rows}, {fmt.columns}) from Rows/Columns"
         )
     padding = None
     if fmt.padding is not None:

@@ -102,6 +102,7 @@ def discover_series(
         ArchiveRejectedError: a zip archive exceeds the size or member limits.
     """
     files, skipped = expand_sources(sources, max_archive_bytes=max_archive_bytes)
+    total = len(files) + len(skipped)
     records: list[InstanceRecord] = []
     seen: set[str] = set()
     with SourceReader() as reader:
@@ -126,17 +127,14 @@ def discover_series(
         by_series[record.series_instance_uid].append(record)
     headers = [h for group in by_series.values() for h in _split(group, max_localizer_slices)]
     if not headers:
-        raise NotDicomError(
-            f"no DICOM image series found in {len(files) + len(skipped)} files "
-            f"({_summarise(skipped)})"
-        )
+        raise NotDicomError(f"no DICOM image series found in {total} files ({_summarise(skipped)})")
     headers.sort(
         key=lambda h: (h.study_instance_uid, h.series_number or 0, h.series_instance_uid, h.part)
     )
     log.info(
         "discovered %d series parts in %d files; skipped %d (%s)",
         len(headers),
-        len(files),
+        total,
         len(skipped),
         _summarise(skipped),
     )

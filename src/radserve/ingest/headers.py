@@ -9,10 +9,10 @@ geometry is checked, so one odd tag never hides a whole file.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import pydicom
@@ -20,8 +20,6 @@ from pydicom.dataset import Dataset
 from pydicom.uid import UID, ExplicitVRLittleEndian, ImplicitVRLittleEndian
 
 from radserve.ingest.sources import SourceFile, SourceReader
-
-log = logging.getLogger(__name__)
 
 _PREAMBLE = 128
 # First tag of a DICOM stream without preamble: group 0002 or 0008, little endian.
@@ -214,7 +212,7 @@ def _classic_frames(
         return (replace(frame, frame_index=0),)
     # Multi-frame without functional groups (cine, NM, dose grids): frames have no
     # per-frame position of their own, so geometry is left unknown and judged at load.
-    return tuple(replace(frame, frame_index=i, position=None) for i in range(max(n, 1)))
+    return tuple(replace(frame, frame_index=i, position=None) for i in range(n))
 
 
 def _enhanced_frames(
@@ -228,14 +226,7 @@ def _enhanced_frames(
     frames = []
     for i in range(n):
         groups = (per_frame[i] if per_frame else Dataset(), shared)
-
-        def fg(sequence: str, keyword: str, groups: tuple[Dataset, ...] = groups) -> Any:
-            for group in groups:
-                item = _first_item(group, sequence)
-                if item is not None and keyword in item:
-                    return item
-            return None
-
+        fg = partial(_group_item, groups)
         frame_type = _frame_type(groups) or image_type
         stack = [
             f"{label}={_text(item, kw)}"
@@ -271,6 +262,15 @@ def _enhanced_frames(
             )
         )
     return tuple(frames)
+
+
+def _group_item(groups: tuple[Dataset, ...], sequence: str, keyword: str) -> Dataset | None:
+    """The functional-group item holding ``keyword``: per-frame first, then shared."""
+    for group in groups:
+        item = _first_item(group, sequence)
+        if item is not None and keyword in item:
+            return item
+    return None
 
 
 def _frame_type(groups: tuple[Dataset, ...]) -> tuple[str, ...]:

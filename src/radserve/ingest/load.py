@@ -18,7 +18,7 @@ from radserve.domain.volume import Volume
 from radserve.errors import GeometryError, StudyError, UnsupportedModalityError
 from radserve.ingest.decode import decode_stack, ensure_decoders
 from radserve.ingest.discover import SeriesHeader, discover_series
-from radserve.ingest.geometry import plan_stack
+from radserve.ingest.geometry import StackLayout, plan_stack
 from radserve.ingest.headers import FrameRef
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.resample import resample_slices, shift_slices_in_plane
@@ -94,8 +94,9 @@ def load_series(
 
     layout = plan_stack(header.frames, policy)
     warnings.extend(layout.warnings)
-    ordered = [header.frames[i] for i in layout.order]
+    _check_size(header.frames[0], layout, policy)
     ensure_decoders(f.pixel.transfer_syntax_uid for f in header.frames)
+    ordered = [header.frames[i] for i in layout.order]
     air = policy.ct_padding_hu if header.modality == "CT" else policy.other_padding_value
 
     with SourceReader() as reader:
@@ -105,15 +106,7 @@ def load_series(
             warnings.append(f"dropped {len(layout.duplicates)} identical duplicate slices")
     if layout.in_plane_shifts is not None:
         shift_slices_in_plane(array, layout.in_plane_shifts, air)
-    slices = tuple(
-        SliceSource(
-            f.sop_instance_uid,
-            f.sop_class_uid,
-            None if f.frame_index is None else f.frame_index + 1,
-            f.source,
-        )
-        for f in ordered
-    )
+    slices = tuple(map(_slice_source, ordered))
     if layout.target_offsets is not None:
         array = resample_slices(array, layout.source_offsets, layout.target_offsets)
         slices = ()
@@ -183,6 +176,23 @@ def _apply_split_policy(header: SeriesHeader, policy: IngestPolicy, warnings: li
                 "set IngestPolicy(localizers='drop') to drop them"
             )
         warnings.append(f"dropped {len(header.dropped)} localizer images: {'; '.join(what)}")
+
+
+def _slice_source(frame: FrameRef) -> SliceSource:
+    number = None if frame.frame_index is None else frame.frame_index + 1
+    return SliceSource(frame.sop_instance_uid, frame.sop_class_uid, number, frame.source)
+
+
+def _check_size(first: FrameRef, layout: StackLayout, policy: IngestPolicy) -> None:
+    targets = layout.target_offsets
+    n = max(len(layout.order), 0 if targets is None else len(targets))
+    voxels = n * first.pixel.rows * first.pixel.columns
+    if voxels > policy.max_voxels:
+        raise StudyError(
+            f"series would need {voxels} voxels ({n} × {first.pixel.rows} × "
+            f"{first.pixel.columns}), more than IngestPolicy.max_voxels={policy.max_voxels}",
+            code="series_too_large",
+        )
 
 
 def _check_pixels(frames: Sequence[FrameRef], warnings: list[str]) -> None:

@@ -6,7 +6,6 @@ file whose scaling is integral and fits int16 is read back as int16.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import nibabel as nib
@@ -14,8 +13,6 @@ import numpy as np
 
 from radserve.domain.volume import Volume
 from radserve.errors import StudyError
-
-log = logging.getLogger(__name__)
 
 _INT16 = np.iinfo(np.int16)
 _INVALID = "nifti_invalid"
@@ -32,11 +29,11 @@ def load_nifti(path: Path | str) -> Volume:
         image = nib.load(str(path), mmap=False)
     except Exception as exc:  # nibabel raises many types on damaged files
         raise StudyError(
-            f"{Path(path).name} is not a readable NIfTI file ({type(exc).__name__})",
+            f"not a readable NIfTI file ({type(exc).__name__})",
             code=_INVALID,
         ) from exc
     if not isinstance(image, nib.Nifti1Image | nib.Nifti2Image):
-        raise StudyError(f"{Path(path).name} is {type(image).__name__}, not NIfTI", code=_INVALID)
+        raise StudyError(f"expected NIfTI, got {type(image).__name__}", code=_INVALID)
     shape = image.shape
     while len(shape) > 3 and shape[-1] == 1:
         shape = shape[:-1]
@@ -51,7 +48,7 @@ def load_nifti(path: Path | str) -> Volume:
         data = _read_data(image).reshape(shape)
     except Exception as exc:
         raise StudyError(
-            f"NIfTI voxel data of {Path(path).name} could not be read ({type(exc).__name__})",
+            f"NIfTI voxel data could not be read ({type(exc).__name__})",
             code=_INVALID,
         ) from exc
     return Volume.from_nifti_arrays(data, affine)

@@ -42,6 +42,8 @@ class IngestPolicy:
         localizers: localizer/scout images mixed into the series.
         ct_padding_hu: value written where CT pixels equal Pixel Padding Value (air).
         other_padding_value: same for other modalities.
+        max_voxels: largest volume (slices × rows × columns) accepted, so a hostile or
+            broken header cannot ask for an allocation the host cannot make.
     """
 
     missing_slices: GapChoice = "reject"
@@ -56,6 +58,7 @@ class IngestPolicy:
     tilt_tolerance_deg: float = 0.5
     ct_padding_hu: float = -1000.0
     other_padding_value: float = 0.0
+    max_voxels: int = 2**31
 
     def __post_init__(self) -> None:
         hints = get_type_hints(IngestPolicy)

@@ -9,7 +9,6 @@ anything is read: zipfile stops each member at its declared size and checks its 
 from __future__ import annotations
 
 import io
-import logging
 import os
 import threading
 import zipfile
@@ -20,8 +19,6 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO, cast
 
 from radserve.errors import StudyError
-
-log = logging.getLogger(__name__)
 
 DEFAULT_MAX_ARCHIVE_BYTES = 8 * 2**30
 """Largest total uncompressed size accepted from one zip archive."""
@@ -90,6 +87,9 @@ def _walk(root: Path) -> Iterator[Path]:
 def _add_file(
     path: Path, found: list[SourceFile], skipped: list[SkippedFile], max_bytes: int
 ) -> None:
+    if not path.is_file():  # FIFOs and devices would block or never end
+        skipped.append(SkippedFile(SourceFile(path), "not a regular file"))
+        return
     if path.suffix.lower() != ".zip":
         found.append(SourceFile(path))
         return
@@ -109,13 +109,13 @@ def _zip_members(path: Path, max_bytes: int) -> tuple[list[SourceFile], list[Ski
         infos = [i for i in zf.infolist() if not i.is_dir()]
         if len(infos) > DEFAULT_MAX_ARCHIVE_MEMBERS:
             raise ArchiveRejectedError(
-                f"zip archive {path.name} has {len(infos)} members; at most "
+                f"zip archive has {len(infos)} members; at most "
                 f"{DEFAULT_MAX_ARCHIVE_MEMBERS} are accepted"
             )
         total = sum(i.file_size for i in infos)
         if total > max_bytes:
             raise ArchiveRejectedError(
-                f"zip archive {path.name} would unpack to {total} bytes, more than the "
+                f"zip archive would unpack to {total} bytes, more than the "
                 f"limit of {max_bytes} bytes (possible zip bomb); split the upload or raise "
                 "max_archive_bytes"
             )

@@ -1,0 +1,236 @@
+"""Discovery, splitting, localizers, modality, rescale/padding, enhanced multi-frame."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.factories.dicom_series import (
+    AXIAL,
+    CORONAL,
+    DEFAULT_PATIENT,
+    make_ct_series,
+    make_enhanced_series,
+    make_localizer,
+    make_mr_series,
+    new_uid,
+    oblique_orientation,
+    ramp_hu,
+    series_affine,
+)
+
+from radserve.errors import GeometryError, StudyError, UnsupportedModalityError
+from radserve.ingest import IngestPolicy, discover_series, load_series
+
+
+def _shared_uids() -> dict[str, str]:
+    return {"series_uid": new_uid(), "study_uid": new_uid(), "frame_of_reference_uid": new_uid()}
+
+
+def test_header_fields_and_patient_info(tmp_path: Path) -> None:
+    extra = {"RequestedProcedurePriority": "STAT", "SeriesDescription": "CHEST W/O"}
+    make_ct_series(tmp_path, n_slices=3, spacing=(1.5, 0.7, 0.9), extra=extra)
+    (header,) = discover_series(tmp_path)
+    assert (header.modality, header.number_of_instances, header.slice_thickness) == ("CT", 3, 1.5)
+    assert header.body_part_examined == "CHEST" and header.part == 0
+    assert len(header.files) == 3 and header.skipped == ()
+    p = header.patient
+    assert p.patient_name == DEFAULT_PATIENT["PatientName"]
+    assert p.patient_id == DEFAULT_PATIENT["PatientID"]
+    assert p.patient_birth_date == "19700101" and p.patient_sex == "O"
+    assert p.accession_number == "ACC0001" and p.study_date == "20240102"
+    assert p.requested_procedure_priority == "STAT"
+    assert p.specific_character_set == ("ISO_IR 100",)
+    assert p.referring_physician_name == "Referrer^Dr"
+    # Patient data never shows up in reprs (which end up in logs and tracebacks).
+    assert "Phantom" not in repr(header) and "PHANTOM" not in str(p)
+
+
+def test_series_are_grouped_by_uid(tmp_path: Path) -> None:
+    study = new_uid()
+    make_ct_series(tmp_path / "a", n_slices=4, series_number=2, study_uid=study)
+    make_mr_series(tmp_path / "b", n_slices=3, series_number=1, study_uid=study)
+    headers = discover_series(tmp_path)
+    assert [(h.modality, h.number_of_instances) for h in headers] == [("MR", 3), ("CT", 4)]
+    assert len({h.series_instance_uid for h in headers}) == 2
+
+
+def test_mr_where_ct_is_required(tmp_path: Path) -> None:
+    make_mr_series(tmp_path, n_slices=3)
+    (header,) = discover_series(tmp_path)
+    with pytest.raises(UnsupportedModalityError, match="series modality is MR, but CT"):
+        load_series(header, required_modality="CT")
+    mr = load_series(header, required_modality="mr")
+    np.testing.assert_array_equal(mr.volume.array, ramp_hu(3, 16, 12) + 1000)
+
+
+def test_localizer_by_image_type_is_dropped(tmp_path: Path) -> None:
+    uids = _shared_uids()
+    make_ct_series(tmp_path, **uids)
+    make_localizer(tmp_path, **uids, orientation=AXIAL, n_images=2)
+    (header,) = discover_series(tmp_path)
+    assert header.number_of_instances == 8 and len(header.dropped) == 2
+    loaded = load_series(header)
+    assert loaded.volume.shape == (8, 16, 12)
+    assert any("2 localizer images" in w and "LOCALIZER" in w for w in loaded.warnings)
+    with pytest.raises(GeometryError, match="localizer"):
+        load_series(header, IngestPolicy(localizers="reject"))
+
+
+def test_few_images_with_other_orientation_are_a_localizer(tmp_path: Path) -> None:
+    uids = _shared_uids()
+    make_ct_series(tmp_path, **uids)
+    make_localizer(tmp_path, **uids, image_type=("ORIGINAL", "PRIMARY", "AXIAL"), rows=20)
+    (header,) = discover_series(tmp_path)
+    assert "another orientation" in header.dropped[0].reason
+
+
+def test_mixed_orientation_is_split(tmp_path: Path) -> None:
+    uids = _shared_uids()
+    make_ct_series(tmp_path, n_slices=6, **uids, prefix="ax")
+    make_ct_series(tmp_path, n_slices=5, orientation=CORONAL, **uids, prefix="cor")
+    main, other = discover_series(tmp_path)
+    assert (main.part, main.number_of_instances) == (0, 6)
+    assert (other.part, other.number_of_instances) == (1, 5)
+    assert main.split_reasons == {"orientation"} and other.key.endswith("#1")
+    loaded = load_series(main)
+    assert "another orientation" in loaded.warnings[0]
+    assert load_series(other).volume.shape == (5, 16, 12)
+    with pytest.raises(GeometryError, match="mixes images of orientation"):
+        load_series(main, IngestPolicy(mixed_orientation="reject"))
+
+
+def test_mismatched_rows_columns_are_split(tmp_path: Path) -> None:
+    uids = _shared_uids()
+    make_ct_series(tmp_path, **uids, prefix="big")
+    make_ct_series(tmp_path, n_slices=2, rows=8, cols=8, **uids, prefix="small")
+    main, other = discover_series(tmp_path)
+    assert main.split_reasons == {"dimensions"} and other.number_of_instances == 2
+    assert "other Rows/Columns (8×8)" in load_series(main).warnings[0]
+    with pytest.raises(GeometryError, match="different Rows/Columns"):
+        load_series(main, IngestPolicy(mismatched_dimensions="reject"))
+
+
+def test_same_instance_twice_is_listed_once(tmp_path: Path) -> None:
+    paths = make_ct_series(tmp_path / "s", n_slices=3)
+    shutil.copy(paths[0], tmp_path / "copy.dcm")
+    (header,) = discover_series(tmp_path)
+    assert header.number_of_instances == 3
+    assert [s.reason for s in header.skipped] == ["another copy of an instance already found"]
+
+
+def test_float_rescale_gives_float32(tmp_path: Path) -> None:
+    hu = ramp_hu(4, 16, 12) / 4
+    make_ct_series(tmp_path, n_slices=4, hu=hu, rescale=(0.25, -1024.0))
+    vol = load_series(discover_series(tmp_path)[0]).volume
+    assert vol.array.dtype == np.float32
+    np.testing.assert_allclose(vol.array, hu)
+
+
+def test_values_beyond_int16_fall_back_to_float32(tmp_path: Path) -> None:
+    hu = np.full((2, 16, 12), 100.0)
+    hu[1, 3, 4] = 60000.0
+    make_mr_series(tmp_path, n_slices=2, hu=hu, bits_stored=16)
+    vol = load_series(discover_series(tmp_path)[0]).volume
+    assert vol.array.dtype == np.float32 and vol.array[1, 3, 4] == 60000.0
+
+
+def test_signed_16_bit_and_padding_become_air(tmp_path: Path) -> None:
+    hu = ramp_hu(3, 16, 12)
+    hu[:, :2, :3] = np.nan  # outside the field of view
+    make_ct_series(
+        tmp_path, n_slices=3, hu=hu, bits_stored=16, signed=True, pixel_padding_value=-2000
+    )
+    vol = load_series(discover_series(tmp_path)[0]).volume
+    assert vol.array.dtype == np.int16
+    assert (vol.array[:, :2, :3] == -1000).all()
+    np.testing.assert_array_equal(vol.array[:, 2:], hu[:, 2:])
+    other = load_series(discover_series(tmp_path)[0], IngestPolicy(ct_padding_hu=-1024))
+    assert (other.volume.array[:, :2, :3] == -1024).all()
+
+
+def test_int16_memory_budget() -> None:
+    """A 512×512×300 CT as int16 costs ~157 MB (the dtype rule, checked without I/O)."""
+    from radserve.ingest.decode import _output_dtype
+    from radserve.ingest.headers import FrameRef, PixelFormat
+    from radserve.ingest.sources import SourceFile
+
+    fmt = PixelFormat("1.2.840.10008.1.2.1", 512, 512, 1, "MONOCHROME2", 16, 12, 0)
+    frame = FrameRef(SourceFile(Path("x")), None, "1", "2", fmt, rescale_intercept=-1024.0)
+    dtype = _output_dtype([frame])
+    assert dtype == np.int16 and 512 * 512 * 300 * dtype.itemsize / 2**20 == 150.0  # 157 MB
+
+
+@pytest.mark.parametrize("modality", ["CT", "MR"])
+def test_enhanced_multiframe(tmp_path: Path, modality: str) -> None:
+    orientation = oblique_orientation(15.0)
+    origin = (5.0, -3.0, 40.0)
+    per_frame = [(1.0, -1024.0 + 10 * k) for k in range(8)] if modality == "CT" else None
+    hu = ramp_hu(8, 16, 12) + (0 if modality == "CT" else 1000)
+    path = make_enhanced_series(
+        tmp_path,
+        modality=modality,  # type: ignore[arg-type]
+        orientation=orientation,
+        origin=origin,
+        hu=hu,
+        rescale_per_frame=per_frame,
+        frame_order="shuffled",
+        seed=7,
+    )
+    (header,) = discover_series(path)
+    assert header.number_of_instances == 1 and header.number_of_frames == 8
+    loaded = load_series(header, workers=3)
+    np.testing.assert_array_equal(loaded.volume.array, hu)
+    expected = series_affine(orientation=orientation, origin=origin)
+    np.testing.assert_allclose(loaded.volume.affine, expected, atol=1e-5)
+    # Each slice points at the frame that holds it (1-based), for SEG references.
+    numbers = [s.frame_number for s in loaded.source_slices]
+    assert sorted(numbers) == list(range(1, 9)) and numbers != list(range(1, 9))
+    assert len(set(loaded.volume.source_sop_instance_uids)) == 1
+
+
+def test_parallel_decoding_matches_serial(tmp_path: Path) -> None:
+    make_ct_series(tmp_path, n_slices=12, order="shuffled")
+    (header,) = discover_series(tmp_path)
+    serial = load_series(header, workers=1).volume.array
+    parallel = load_series(header, workers=4).volume.array
+    np.testing.assert_array_equal(serial, parallel)
+
+
+def test_colour_images_are_refused_clearly(tmp_path: Path) -> None:
+    from pydicom.data import get_testdata_file
+
+    path = get_testdata_file("SC_rgb_rle.dcm", download=False)
+    if path is None:
+        pytest.skip("pydicom test file not installed")
+    (header,) = discover_series(Path(path))
+    with pytest.raises(StudyError, match="colour images") as info:
+        load_series(header)
+    assert info.value.code == "unsupported_pixel_format"
+
+
+def test_no_patient_data_in_logs_or_errors(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    uids = _shared_uids()
+    make_ct_series(tmp_path, drop=[3], **uids)
+    make_localizer(tmp_path, **uids)
+    (tmp_path / "notes.txt").write_text("hello")
+    caplog.set_level(logging.DEBUG, logger="radserve")
+    (header,) = discover_series(tmp_path)
+    load_series(header, IngestPolicy(missing_slices="flag"))
+    with pytest.raises(GeometryError) as info:
+        load_series(header)
+    text = caplog.text + str(info.value)
+    for keyword in ("PatientName", "PatientID", "PatientBirthDate", "AccessionNumber"):
+        assert DEFAULT_PATIENT[keyword] not in text
+
+
+def test_oversized_series_is_refused_before_allocation(tmp_path: Path) -> None:
+    make_ct_series(tmp_path, n_slices=3)
+    with pytest.raises(StudyError, match="max_voxels") as info:
+        load_series(discover_series(tmp_path)[0], IngestPolicy(max_voxels=500))
+    assert info.value.code == "series_too_large"
