@@ -1,0 +1,297 @@
+"""Pieces the SEG and SR writers share: source headers, UIDs, codes, equipment, charset.
+
+Everything here is derived from the JSON :class:`~radserve.report.schema.Report` plus the
+source instances' headers, never from pixel data. Patient and study attributes are
+copied by highdicom from the first source header, so they stay as the source study has
+them (see :func:`shield_patient_name` for the few values highdicom cannot take as is).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import logging
+import os
+import socket
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import highdicom as hd
+import numpy as np
+import pydicom
+from pydicom.charset import convert_encodings
+from pydicom.dataset import Dataset
+from pydicom.sr.codedict import codes
+from pydicom.sr.coding import Code
+from pydicom.uid import generate_uid
+from pydicom.valuerep import DA, TM
+
+from radserve.domain import CodedConcept
+from radserve.errors import ReportError
+from radserve.report.schema import Report
+
+logger = logging.getLogger(__name__)
+
+
+MANUFACTURER = "radserve"
+SEG_SERIES_NUMBER = 901
+SR_SERIES_NUMBER = 902
+UTF8 = "ISO_IR 192"
+ML = Code("ml", "UCUM", "milliliter")  # pydicom's codedict has no millilitre
+_LO_MAX = 64
+
+
+# --- source instances -------------------------------------------------------------------------
+def read_headers(source_files: Sequence[Path]) -> list[Dataset]:
+    """Header-only reads (no pixel data): all highdicom needs for references and geometry."""
+    headers = []
+    for i, path in enumerate(source_files):
+        try:
+            headers.append(pydicom.dcmread(path, stop_before_pixels=True))
+        except Exception as exc:  # pydicom raises many types on damaged input
+            # File names may hold patient names: say which file by position only.
+            raise ReportError(
+                f"cannot read the DICOM header of source file {i + 1} of {len(source_files)} "
+                f"({type(exc).__name__}); pass the files of the study the report was made from"
+            ) from exc
+    return headers
+
+
+def slice_sources(report: Report, headers: Sequence[Dataset]) -> list[Dataset]:
+    """The source header of every volume slice, in slice order (``geometry`` index order).
+
+    Extra headers (other series, SEG/SR already in the study) are ignored, so a whole study
+    folder can be passed.
+    """
+    uids = report.geometry.source_sop_instance_uids
+    if not uids:
+        raise ReportError(
+            "the report has no source SOP Instance UIDs per slice (the series was resampled "
+            "on ingest), so DICOM SEG/SR cannot reference source frames; turn resampling off"
+        )
+    if len(set(uids)) != len(uids):
+        raise ReportError(
+            "slices of the report share SOP Instance UIDs (a multi-frame source); "
+            "DICOM SEG/SR output supports single-frame source series only"
+        )
+    by_uid = {str(ds.SOPInstanceUID): ds for ds in headers if "SOPInstanceUID" in ds}
+    missing = [u for u in uids if u not in by_uid]
+    if missing:
+        raise ReportError(
+            f"{len(missing)} of {len(uids)} source instances of the report were not among the "
+            f"{len(headers)} files given; pass the files of the series the report was made from"
+        )
+    sources = [by_uid[u] for u in uids]
+    study = report.study.study_instance_uid
+    if study and any(str(ds.get("StudyInstanceUID", "")) != study for ds in sources):
+        raise ReportError("source instances belong to another study than the report")
+    return sources
+
+
+def shield_patient_name(sources: Sequence[Dataset]) -> tuple[list[Dataset], object]:
+    """Sources for highdicom: a cleaned copy of the first header, plus the real name.
+
+    highdicom 0.28 takes patient and study attributes from the first header and (1) for a
+    one-component Patient's Name (``ANONYMOUS``, CJK names without ``^``) raises a
+    UserWarning that quotes it, (2) refuses a Patient's Sex other than M/F/O and dates or
+    times that are not valid DA/TM, failing the whole object. So highdicom sees a
+    placeholder name, and malformed sex/date/time values become empty (Type 2; nothing
+    to carry that a reader could trust). :func:`restore_patient_name` puts the name back.
+    """
+    first = copy.deepcopy(sources[0])
+    name = first.get("PatientName")
+    if name is not None:
+        first.PatientName = "PLACEHOLDER^NAME"
+    if str(first.get("PatientSex", "") or "") not in ("", "M", "F", "O"):
+        logger.info("source Patient's Sex is not M, F or O; written empty")
+        first.PatientSex = ""
+    for keyword, parse in (("PatientBirthDate", DA), ("StudyDate", DA), ("StudyTime", TM)):
+        try:
+            parse(str(first.get(keyword, "") or ""))
+        except ValueError:
+            logger.info("source %s is not a valid DICOM value; written empty", keyword)
+            setattr(first, keyword, "")
+    return [first, *sources[1:]], name
+
+
+def restore_patient_name(dataset: Dataset, name: object) -> None:
+    if name is not None:
+        dataset.PatientName = name
+
+
+# --- identifiers ------------------------------------------------------------------------------
+def report_uid(report: Report, *parts: str) -> str:
+    """A UID that is the same every time the same report is written.
+
+    Re-exporting a report therefore replaces the earlier instances in a PACS instead of
+    adding duplicates, and the SEG and SR agree on tracking UIDs without reading each other.
+    """
+    entropy = [
+        report.study.study_instance_uid or "",
+        report.geometry.frame_of_reference_uid or "",
+        report.generated_at.isoformat(),
+        report.job_id or "",
+        *parts,
+    ]
+    return str(generate_uid(entropy_srcs=entropy))
+
+
+def finding_key(finding_id: int) -> str:
+    return f"finding:{finding_id}"
+
+
+def organ_key(model: str, value: int) -> str:
+    return f"organ:{model}:{value}"
+
+
+def tracking_uid(report: Report, key: str) -> str:
+    return report_uid(report, "tracking", key)
+
+
+def lesion_name(finding_id: int) -> str:
+    """Segment label and tracking identifier of a finding, e.g. ``Lesion 3``."""
+    return f"Lesion {finding_id}"
+
+
+# --- codes ------------------------------------------------------------------------------------
+def coded(concept: CodedConcept) -> hd.sr.CodedConcept:
+    return hd.sr.CodedConcept(concept.value, concept.scheme, concept.meaning)
+
+
+def organ_concepts(report: Report) -> dict[str, CodedConcept]:
+    """Organ label -> SNOMED concept, from organ measurements and organ segments."""
+    concepts = {m.label: m.concept for m in report.organ_measurements}
+    for label_map in report.outputs.label_maps:
+        if label_map.kind == "organs":
+            for seg in label_map.segments:
+                concepts.setdefault(seg.label, seg.concept)
+    return concepts
+
+
+def procedure_code(modality: str | None) -> Code:
+    """Procedure Reported of TID 1500 from the source modality."""
+    if modality == "CT":
+        return codes.LN.CTUnspecifiedBodyRegion
+    if modality == "MR":
+        return codes.LN.MRIUnspecifiedBodyRegion
+    return Code("363679005", "SCT", "Imaging")
+
+
+# --- equipment --------------------------------------------------------------------------------
+def device_serial_number() -> str:
+    """Type 1 in the Enhanced General Equipment module: the host names the installation."""
+    return (socket.gethostname() or "unknown")[:_LO_MAX]
+
+
+def device_uid() -> str:
+    """Device Observer UID: the same for every report of this installation."""
+    return str(generate_uid(entropy_srcs=["radserve device observer", device_serial_number()]))
+
+
+def software_versions(report: Report) -> list[str]:
+    return [report.radserve_version, lo(f"{report.pipeline.name} {report.pipeline.version}")]
+
+
+def contributing_equipment(
+    report: Report, models: Iterable[tuple[str, str]], purpose: str
+) -> list[hd.ContributingEquipment]:
+    """One Contributing Equipment item per model: radserve as processing equipment."""
+    when = report.generated_at.astimezone(dt.UTC).replace(tzinfo=None)
+    return [
+        hd.ContributingEquipment(
+            MANUFACTURER,
+            codes.DCM.ProcessingEquipment,
+            manufacturer_model_name=lo(name),
+            software_versions=[report.radserve_version, lo(f"{name} {version}")],
+            device_serial_number=device_serial_number(),
+            contribution_datetime=when,
+            contribution_description=f"{purpose} by AI model {name} {version} (radserve)"[:1024],
+        )
+        for name, version in dict.fromkeys(models)
+    ]
+
+
+def lo(text: str) -> str:
+    """Fit a Long String (64 characters)."""
+    return text if len(text) <= _LO_MAX else text[: _LO_MAX - 1] + "~"
+
+
+# --- character set ----------------------------------------------------------------------------
+def output_character_set(source: Dataset, texts: Iterable[str]) -> str | list[str] | None:
+    """Specific Character Set of a new object: the source's, unless our own text needs more.
+
+    Patient and study attributes are copied from the source, so keeping its character set
+    keeps them byte-identical and readable by whatever sent them. Our own text (labels,
+    model names) is usually ASCII; if any of it cannot be written in the source's
+    repertoire, the object is written in UTF-8 (ISO_IR 192) instead, and pydicom re-encodes
+    the copied names from their decoded form. ``None`` means the default repertoire.
+    """
+    value = source.get("SpecificCharacterSet")
+    if isinstance(value, list | pydicom.multival.MultiValue):
+        terms = [str(v) for v in value]
+    else:
+        terms = [str(value)] if value else []
+    texts = list(texts)
+    if not any(terms):
+        return None if all(t.isascii() for t in texts) else UTF8
+    try:
+        encodings = convert_encodings(terms)
+    except Exception:  # an unknown term: write what we can vouch for
+        return UTF8
+    if all(_encodable(t, encodings) for t in texts):
+        return terms if len(terms) > 1 else terms[0]
+    logger.info("output character set: UTF-8 (the source repertoire cannot hold our text)")
+    return UTF8
+
+
+def set_character_set(dataset: Dataset, value: str | list[str] | None) -> None:
+    """Set Specific Character Set after highdicom built the object.
+
+    highdicom 0.28 rejects valid terms (an empty first value before ISO 2022 extensions,
+    and ISO 2022 IR 149, which its enum misspells as IR 159), so the objects are built
+    without one and it is set here; pydicom encodes text only when the file is written.
+    """
+    if value is None:
+        if "SpecificCharacterSet" in dataset:
+            del dataset.SpecificCharacterSet
+    else:
+        dataset.SpecificCharacterSet = value
+
+
+def _encodable(text: str, encodings: Sequence[str]) -> bool:
+    if text.isascii():
+        return True
+    for encoding in encodings:
+        try:
+            text.encode(encoding)
+        except (UnicodeError, LookupError):
+            continue
+        return True
+    return False
+
+
+# --- files ------------------------------------------------------------------------------------
+def save_atomic(dataset: Dataset, path: Path) -> Path:
+    """Write ``dataset`` as a DICOM file; readers never see a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        dataset.save_as(tmp, enforce_file_format=True)
+        os.replace(tmp, path)
+    except Exception as exc:
+        Path(tmp).unlink(missing_ok=True)
+        # The exception text may quote attribute values (patient name): OS reason or type only.
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise ReportError(f"cannot write a DICOM result file ({reason})") from exc
+    return path
+
+
+def same_grid(report: Report, affine: np.ndarray, shape: tuple[int, int, int]) -> bool:
+    """Whether a label map lies on the report's input grid (NIfTI stores float32)."""
+    expected = np.asarray(report.geometry.affine, dtype=float)
+    return tuple(shape) == tuple(report.geometry.shape) and bool(
+        np.allclose(np.asarray(affine, float), expected, atol=1e-3)
+    )

@@ -1,0 +1,68 @@
+"""All DICOM results of one report folder: a SEG per label map, then the SR.
+
+Two SEGs rather than one: the organ and findings label maps come from different models
+and overlap (lesions lie in organs), so each map stays one non-overlapping BINARY SEG
+with one model in its Contributing Equipment, built from a label array without a
+per-segment stack in memory. Both SEGs share one new series (instances 1 and 2); the SR
+is in a second new series (a series holds one modality) and references both.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from pydicom.dataset import Dataset
+
+from radserve.errors import ReportError
+from radserve.report.dicom import common
+from radserve.report.dicom.seg import build_seg
+from radserve.report.dicom.sr import build_sr
+from radserve.report.nifti import read_nifti
+from radserve.report.schema import Report
+
+logger = logging.getLogger(__name__)
+
+SEG_FILE = "{kind}-seg.dcm"
+SR_FILE = "measurements-sr.dcm"
+
+
+def write_dicom_results(
+    report: Report, result_dir: Path, source_files: Sequence[Path]
+) -> list[Path]:
+    """Write ``organs-seg.dcm``, ``findings-seg.dcm`` and ``measurements-sr.dcm``.
+
+    The files go next to ``report.json`` in ``result_dir``; label maps are read from the
+    paths the report names. A label map with no voxel of a described segment (no
+    findings) gets no SEG. Returns the written paths, SEGs first.
+    """
+    result_dir = Path(result_dir)
+    sources = common.slice_sources(report, common.read_headers(source_files))
+    series_uid = common.report_uid(report, "seg-series")
+    written: list[Path] = []
+    segs: list[Dataset] = []
+    for label_map in report.outputs.label_maps:
+        path = result_dir / label_map.path
+        if not path.is_file():
+            raise ReportError(f"label map {label_map.path} named by the report is missing")
+        labels = read_nifti(path)
+        described = [s.value for s in label_map.segments]
+        if not described or not np.isin(labels.array, described).any():
+            logger.info("no SEG for the %s label map: no segment has voxels", label_map.kind)
+            continue
+        seg = build_seg(
+            report,
+            labels,
+            label_map.segments,
+            sources,
+            series_instance_uid=series_uid,
+            instance_number=len(segs) + 1,
+        )
+        written.append(common.save_atomic(seg, result_dir / SEG_FILE.format(kind=label_map.kind)))
+        segs.append(seg)
+    sr = build_sr(report, segs, sources)
+    written.append(common.save_atomic(sr, result_dir / SR_FILE))
+    logger.info("DICOM results written: %d SEG, 1 SR", len(segs))
+    return written

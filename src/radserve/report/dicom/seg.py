@@ -1,0 +1,203 @@
+"""A radserve label map as a BINARY DICOM Segmentation in the source study.
+
+BINARY (Segmentation Storage, 1.2.840.10008.5.1.4.1.1.66.4), never LABELMAP: dcmtk 3.6.7,
+dciodvfy 2022 and Orthanc 1.10 do not know the newer SOP class. One segment per described
+label value; values are renumbered 1..n in value order (DICOM wants consecutive segment
+numbers) and segments with no voxels are left out. Only slices holding a segment become
+source frames, and highdicom drops each segment's empty frames, so a 300-slice series
+with a small lesion costs a handful of bit-packed frames.
+
+Each segment carries the model as Segmentation Algorithm Identification, a tracking ID
+(``Lesion 3`` or the organ label) and a tracking UID that the SR writer derives the same
+way (:func:`~radserve.report.dicom.common.tracking_uid`), so SR groups and segments match.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import highdicom as hd
+import numpy as np
+from pydicom.dataset import Dataset
+from pydicom.sr.codedict import codes
+
+from radserve.domain import CodedConcept, Volume
+from radserve.errors import ReportError
+from radserve.report.dicom import common
+from radserve.report.schema import Report, Segment
+
+logger = logging.getLogger(__name__)
+
+_CONTENT_LABEL = {"findings": "FINDINGS", "organs": "ORGANS"}
+
+
+def segment_key(segment: Segment) -> str:
+    """What ties a segment to its SR group: the finding id, or the organ's model and value."""
+    if segment.finding_id is not None:
+        return common.finding_key(segment.finding_id)
+    return common.organ_key(segment.model, segment.value)
+
+
+def build_seg(
+    report: Report,
+    label_map: Volume,
+    segments: Sequence[Segment],
+    sources: Sequence[Dataset],
+    *,
+    series_instance_uid: str | None = None,
+    series_number: int = common.SEG_SERIES_NUMBER,
+    instance_number: int = 1,
+) -> hd.seg.Segmentation:
+    """The Segmentation dataset; ``sources`` are the slice headers in slice order.
+
+    Raises:
+        ReportError: the label map is not on the report's grid, or no described segment
+            has a voxel.
+    """
+    if len(sources) != label_map.shape[0]:
+        raise ReportError(
+            f"{len(sources)} source headers for a label map of {label_map.shape[0]} slices"
+        )
+    if not common.same_grid(report, label_map.affine, label_map.shape):
+        raise ReportError(
+            f"label map grid {label_map.shape} does not match the report geometry "
+            f"{tuple(report.geometry.shape)}; write the SEG from the label maps of this report"
+        )
+    kept, numbered = _number_segments(label_map.array, segments)
+    if not kept or not numbered.any():
+        raise ReportError("nothing to encode: no described segment has a voxel in the label map")
+    occupied = np.flatnonzero(numbered.reshape(numbered.shape[0], -1).any(axis=1))
+    # A contiguous slab keeps the frames regularly spaced (Dimension Organization 3D).
+    slices = np.arange(occupied[0], occupied[-1] + 1)
+    kind = "findings" if any(s.finding_id is not None for s in kept) else "organs"
+    descriptions = [_description(report, i, s) for i, s in enumerate(kept, start=1)]
+    texts = [d.SegmentLabel for d in descriptions] + [s.model for s in kept]
+    texts += [s.model_version for s in kept] + [s.concept.meaning for s in kept]
+    texts += [s.category.meaning for s in kept] + common.software_versions(report)
+    models = [(s.model, s.model_version) for s in kept]
+    shielded, patient_name = common.shield_patient_name([sources[k] for k in slices])
+    try:
+        seg = hd.seg.Segmentation(
+            source_images=shielded,
+            pixel_array=numbered[slices],
+            segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
+            segment_descriptions=descriptions,
+            series_instance_uid=series_instance_uid or common.report_uid(report, "seg-series"),
+            series_number=series_number,
+            sop_instance_uid=common.report_uid(report, "seg", kind),
+            instance_number=instance_number,
+            manufacturer=common.MANUFACTURER,
+            manufacturer_model_name=common.MANUFACTURER,
+            software_versions=common.software_versions(report),
+            device_serial_number=common.device_serial_number(),
+            content_label=_CONTENT_LABEL[kind],
+            content_description=common.lo(
+                f"radserve {kind}: " + ", ".join(dict.fromkeys(f"{m} {v}" for m, v in models))
+            ),
+            series_description="radserve AI segmentation",
+            contributing_equipment=common.contributing_equipment(report, models, "Segmentation"),
+            specific_character_set=None,  # set below: see common.set_character_set
+        )
+    except (ValueError, TypeError, AttributeError) as exc:
+        # highdicom names the rule that was broken; its messages carry no patient data.
+        raise ReportError(f"DICOM SEG could not be built: {exc}") from exc
+    common.restore_patient_name(seg, patient_name)
+    common.set_character_set(seg, common.output_character_set(sources[0], texts))
+    logger.info(
+        "SEG built: %d segments, %d frames from %d of %d slices",
+        len(kept),
+        int(seg.NumberOfFrames),
+        len(slices),
+        label_map.shape[0],
+    )
+    return seg
+
+
+def write_seg(
+    report: Report,
+    label_map: Volume,
+    segments: Sequence[Segment],
+    source_files: Sequence[Path],
+    out_path: Path,
+    *,
+    series_instance_uid: str | None = None,
+    series_number: int = common.SEG_SERIES_NUMBER,
+    instance_number: int = 1,
+) -> Path:
+    """Write ``label_map`` (on the report's grid) as a BINARY SEG at ``out_path``.
+
+    ``source_files`` are the files of the source study (at least every slice's instance;
+    other files are ignored). ``segments`` describe the label values to encode.
+    """
+    sources = common.slice_sources(report, common.read_headers(source_files))
+    seg = build_seg(
+        report,
+        label_map,
+        segments,
+        sources,
+        series_instance_uid=series_instance_uid,
+        series_number=series_number,
+        instance_number=instance_number,
+    )
+    return common.save_atomic(seg, out_path)
+
+
+def _number_segments(
+    labels: np.ndarray, segments: Sequence[Segment]
+) -> tuple[list[Segment], np.ndarray]:
+    """Keep described segments that have voxels; map their values to 1..n in value order."""
+    if len({s.value for s in segments}) != len(segments):
+        raise ReportError("two segment descriptions share one label value")
+    if labels.size and (labels.min() < 0 or not np.issubdtype(labels.dtype, np.integer)):
+        raise ReportError(f"a label map must hold non-negative integers, got {labels.dtype}")
+    counts = np.zeros(int(labels.max(initial=0)) + 1, dtype=np.int64)
+    for plane in labels:  # slice by slice: bincount would copy the whole map as int64
+        counts += np.bincount(plane.ravel(), minlength=len(counts))
+    ordered = sorted(segments, key=lambda s: s.value)
+    kept = [s for s in ordered if s.value < len(counts) and counts[s.value] > 0]
+    for s in ordered:
+        if s not in kept:
+            logger.info("segment value %d has no voxels; left out of the SEG", s.value)
+    described = {s.value for s in segments}
+    undescribed = [v for v in np.flatnonzero(counts)[1:] if int(v) not in described]
+    if undescribed:
+        logger.warning("label values %s have no description; left out of the SEG", undescribed)
+    lut = np.zeros(len(counts), dtype=np.uint8 if len(kept) < 256 else np.uint16)
+    for number, s in enumerate(kept, start=1):
+        lut[s.value] = number
+    return kept, lut[labels]
+
+
+def _description(report: Report, number: int, segment: Segment) -> hd.seg.SegmentDescription:
+    finding = segment.finding_id is not None
+    label = common.lesion_name(segment.finding_id) if finding else segment.label  # type: ignore[arg-type]
+    regions = []
+    if finding:
+        organ = _containing_organ(report, segment.finding_id)  # type: ignore[arg-type]
+        if organ is not None:
+            regions.append(common.coded(organ))
+    return hd.seg.SegmentDescription(
+        segment_number=number,
+        segment_label=common.lo(label),
+        segmented_property_category=common.coded(segment.category),
+        segmented_property_type=common.coded(segment.concept),
+        algorithm_type=hd.seg.SegmentAlgorithmTypeValues.AUTOMATIC,
+        algorithm_identification=hd.AlgorithmIdentificationSequence(
+            name=common.lo(segment.model),
+            family=codes.DCM.ArtificialIntelligence,
+            version=common.lo(segment.model_version),
+        ),
+        tracking_uid=common.tracking_uid(report, segment_key(segment)),
+        tracking_id=common.lo(label),
+        anatomic_regions=regions or None,
+        display_color=hd.color.CIELabColor.from_rgb(*segment.color),
+    )
+
+
+def _containing_organ(report: Report, finding_id: int) -> CodedConcept | None:
+    finding = next((f for f in report.findings if f.finding_id == finding_id), None)
+    if finding is None or finding.containing_organ is None:
+        return None
+    return common.organ_concepts(report).get(finding.containing_organ)

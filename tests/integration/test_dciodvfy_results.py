@@ -1,0 +1,91 @@
+"""Every SEG and SR radserve writes passes dciodvfy with no "Error" line.
+
+The source is a phantom CT series (itself dciodvfy-clean) run through the pipeline with
+threshold models, so the objects are built from real reports: organs, several findings,
+and the variants (SR without SEG, SR without findings, other character sets).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pydicom
+import pytest
+from tests.factories.bundles import write_test_bundles, write_test_pipeline
+
+from radserve.models.registry import ModelRegistry
+from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
+from radserve.pipelines.spec import load_pipeline
+from radserve.report.dicom import write_dicom_results, write_sr
+from radserve.report.schema import Report
+from radserve.study import run_study
+
+pytestmark = [
+    pytest.mark.tools,
+    pytest.mark.skipif(shutil.which("dciodvfy") is None, reason="dciodvfy not installed"),
+]
+
+
+def dciodvfy_errors(path: Path) -> list[str]:
+    """dciodvfy's "Error" lines for one file (it writes its findings to stderr)."""
+    run = subprocess.run(
+        ["dciodvfy", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    return [line for line in (run.stdout + run.stderr).splitlines() if "Error" in line]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Report, list[Path], Path]:
+    root = tmp_path_factory.mktemp("dciodvfy")
+    phantom = generate_phantom(PhantomSpec.random(3, small=True))
+    files = write_dicom_series(phantom, root / "study", patient_name="Müller^Jürgen")
+    result = run_study(
+        root / "study",
+        pipeline=load_pipeline(write_test_pipeline(root)),
+        out_dir=root / "out",
+        registry=ModelRegistry(write_test_bundles(root / "models", organ_hu=90, lesion_hu=140)),
+        key_images=False,
+    )
+    assert result.report.findings, "the phantom should give findings with these thresholds"
+    return result.report, files, root / "out"
+
+
+def test_seg_and_sr_pass_dciodvfy(study) -> None:
+    report, files, out = study
+    paths = write_dicom_results(report, out, files)
+    assert len(paths) == 3
+    for path in paths:
+        assert dciodvfy_errors(path) == [], path.name
+
+
+def test_sr_variants_pass_dciodvfy(study, tmp_path: Path) -> None:
+    report, files, _ = study
+    no_seg = write_sr(report, None, files, tmp_path / "no-seg.dcm")  # TID 1501 + SCOORD3D
+    empty = report.model_copy(update={"findings": [], "finding_axes": []})
+    no_findings = write_sr(empty, None, files, tmp_path / "no-findings.dcm")
+    for path in (no_seg, no_findings):
+        assert dciodvfy_errors(path) == [], path.name
+
+
+@pytest.mark.parametrize(
+    ("charset", "name"),
+    [
+        ("GB18030", "王^小明"),
+        (["", "ISO 2022 IR 87"], "Yamada^Tarou=山田^太郎=やまだ^たろう"),
+    ],
+)
+def test_other_character_sets_pass_dciodvfy(study, tmp_path: Path, charset, name) -> None:
+    report, files, out = study
+    copies = []
+    for path in files:
+        ds = pydicom.dcmread(path)
+        ds.SpecificCharacterSet, ds.PatientName = charset, name
+        ds.save_as(tmp_path / path.name)
+        copies.append(tmp_path / path.name)
+    result_dir = tmp_path / "out"
+    shutil.copytree(out, result_dir)
+    for path in write_dicom_results(report, result_dir, copies):
+        assert str(pydicom.dcmread(path, stop_before_pixels=True).PatientName) == name
+        assert dciodvfy_errors(path) == [], path.name

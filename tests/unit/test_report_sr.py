@@ -1,0 +1,229 @@
+"""TID 1500 SR writer: write -> read back with highdicom -> compare with the JSON report."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import warnings
+from pathlib import Path
+
+import highdicom as hd
+import numpy as np
+import pydicom
+import pytest
+from pydicom.sr.codedict import codes
+from tests.factories.bundles import write_test_bundles, write_test_pipeline
+from tests.factories.dicom_series import make_ct_series
+
+from radserve.errors import ReportError
+from radserve.models.registry import ModelRegistry
+from radserve.pipelines.spec import load_pipeline
+from radserve.report.dicom import common, write_dicom_results, write_sr
+from radserve.report.nifti import read_nifti, write_label_map
+from radserve.report.schema import Report
+from radserve.study import run_study
+
+LESIONS = (((6.0, -4.0, 21.0), 6.0), ((-12.0, 10.0, 10.0), 4.0))  # LPS centre, radius mm
+
+
+def _hu(points: np.ndarray) -> np.ndarray:
+    block = (np.abs(points - np.array([0.0, 0.0, 21.0])) < np.array([25.0, 25.0, 40.0])).all(-1)
+    hu = np.where(block, 100.0, -1000.0)
+    for centre, radius in LESIONS:
+        hu = np.where(np.linalg.norm(points - np.array(centre), axis=-1) <= radius, 700.0, hu)
+    return hu
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Report, list[Path], list[Path]]:
+    """The report, the source files and the DICOM results (two SEGs, then the SR)."""
+    root = tmp_path_factory.mktemp("sr")
+    files = make_ct_series(
+        root / "study", n_slices=30, rows=64, cols=64, spacing=(1.5, 1.0, 1.0),
+        origin=(-31.5, -31.5, -0.75), hu=_hu,
+    )  # fmt: skip
+    report = run_study(
+        root / "study",
+        pipeline=load_pipeline(write_test_pipeline(root)),
+        out_dir=root / "out",
+        registry=ModelRegistry(write_test_bundles(root / "models")),
+        key_images=False,
+    ).report
+    assert len(report.findings) == 2
+    return report, files, write_dicom_results(report, root / "out", files)
+
+
+def _ref_uid(item: pydicom.Dataset) -> str:
+    return str(item.ReferencedSOPSequence[0].ReferencedSOPInstanceUID)
+
+
+def _value(group: object, name: object) -> float:
+    (measurement,) = group.get_measurements(name=name)  # type: ignore[attr-defined]
+    return float(measurement.value)
+
+
+def test_results_are_two_segs_in_one_series_and_an_sr(written) -> None:
+    report, _, paths = written
+    assert [p.name for p in paths] == ["organs-seg.dcm", "findings-seg.dcm", "measurements-sr.dcm"]
+    organs, findings, sr = (pydicom.dcmread(p, stop_before_pixels=True) for p in paths)
+    assert organs.SeriesInstanceUID == findings.SeriesInstanceUID != sr.SeriesInstanceUID
+    assert (organs.InstanceNumber, findings.InstanceNumber) == (1, 2)
+    assert {organs.Modality, sr.Modality} == {"SEG", "SR"}
+    for ds in (organs, findings, sr):
+        assert ds.StudyInstanceUID == report.study.study_instance_uid
+
+
+def test_sr_round_trip_matches_report(written) -> None:
+    report, _, paths = written
+    seg = pydicom.dcmread(paths[1], stop_before_pixels=True)
+    sr = hd.sr.srread(paths[2])
+    assert sr.SOPClassUID == "1.2.840.10008.5.1.4.1.1.88.34"  # Comprehensive 3D SR
+    assert (sr.CompletionFlag, sr.VerificationFlag) == ("COMPLETE", "UNVERIFIED")
+    content = sr.content
+    assert sr.ContentTemplateSequence[0].TemplateIdentifier == "1500"
+
+    segment_by_uid = {s.TrackingUID: int(s.SegmentNumber) for s in seg.SegmentSequence}
+    uids = report.geometry.source_sop_instance_uids
+    groups = {g.tracking_uid: g for g in content.get_volumetric_roi_measurement_groups()}
+    assert len(groups) == len(report.findings) + len(report.organ_measurements)
+    for finding in report.findings:
+        uid = common.tracking_uid(report, common.finding_key(finding.finding_id))
+        group = groups[uid]
+        assert group.tracking_identifier == f"Lesion {finding.finding_id}"
+        assert group.finding_type.value == finding.concept.value
+        assert [s.value.value for s in group.finding_sites] == ["10200004"]  # liver
+        assert _value(group, codes.SCT.Volume) == pytest.approx(finding.volume_ml, abs=1e-4)
+        assert _value(group, codes.SCT.LongAxis) == pytest.approx(
+            finding.longest_diameter_mm, abs=1e-4
+        )
+        assert _value(group, codes.SCT.ShortAxis) == pytest.approx(finding.short_axis_mm, abs=1e-4)
+        (long_axis,) = group.get_measurements(name=codes.SCT.LongAxis)
+        assert long_axis.unit.value == "mm"
+        assert _ref_uid(long_axis.referenced_images[0]) == uids[finding.key_slice_index]
+        # The segment reference points at the findings SEG segment with the same tracking UID.
+        segment = group.referenced_segment[0]
+        assert _ref_uid(segment) == seg.SOPInstanceUID
+        assert segment.ReferencedSOPSequence[0].ReferencedSegmentNumber == segment_by_uid[uid]
+
+    (organ,) = report.organ_measurements
+    group = groups[common.tracking_uid(report, common.organ_key(organ.model, organ.label_value))]
+    assert group.tracking_identifier == "liver"
+    assert _value(group, codes.SCT.Volume) == pytest.approx(organ.volume_ml, abs=1e-4)
+    (volume,) = group.get_measurements(name=codes.SCT.Volume)
+    assert volume.unit.value == "ml"
+
+
+def test_sr_names_radserve_and_lists_evidence(written) -> None:
+    report, _, paths = written
+    ds = pydicom.dcmread(paths[2])
+    observer = {
+        item.ConceptNameCodeSequence[0].CodeMeaning: item.get("TextValue")
+        for item in ds.ContentSequence
+        if item.RelationshipType == "HAS OBS CONTEXT"
+    }
+    assert observer["Device Observer Name"] == "radserve"
+    assert "lesions-test 1.0.0" in observer["Device Observer Model Name"]
+    evidence = {
+        str(i.ReferencedSOPInstanceUID)
+        for series in ds.CurrentRequestedProcedureEvidenceSequence
+        for s in series.ReferencedSeriesSequence
+        for i in s.ReferencedSOPSequence
+    }
+    segs = {str(pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID) for p in paths[:2]}
+    assert evidence == set(report.geometry.source_sop_instance_uids) | segs
+    radserve = [e for e in ds.ContributingEquipmentSequence if e.Manufacturer == "radserve"]
+    assert {e.ManufacturerModelName for e in radserve} == {"organs-test", "lesions-test"}
+
+
+def test_sr_without_seg_carries_axis_endpoints(written, tmp_path: Path) -> None:
+    report, files, _ = written
+    sr = hd.sr.srread(write_sr(report, None, files, tmp_path / "sr.dcm"))
+    groups = {g.tracking_uid: g for g in sr.content.get_image_measurement_groups()}
+    axes = {a.finding_id: a for a in report.finding_axes}
+    for finding in report.findings:
+        group = groups[common.tracking_uid(report, common.finding_key(finding.finding_id))]
+        (long_axis,) = group.get_measurements(name=codes.SCT.LongAxis)
+        (scoord,) = long_axis.referenced_coordinates
+        assert scoord.ReferencedFrameOfReferenceUID == report.geometry.frame_of_reference_uid
+        np.testing.assert_allclose(
+            np.reshape(scoord.GraphicData, (-1, 3)),
+            axes[finding.finding_id].long_axis_lps,
+            atol=1e-3,
+        )
+
+
+def test_sr_without_findings(written, tmp_path: Path) -> None:
+    report, files, paths = written
+    empty = report.model_copy(update={"findings": [], "finding_axes": []})
+    sr = hd.sr.srread(write_sr(empty, paths[0], files, tmp_path / "sr.dcm"))
+    assert len(sr.content.get_volumetric_roi_measurement_groups()) == 1  # the liver
+
+
+def test_sr_refuses_other_objects_as_seg(written, tmp_path: Path) -> None:
+    report, files, _ = written
+    with pytest.raises(ReportError, match="Segmentation Storage"):
+        write_sr(report, files[0], files, tmp_path / "sr.dcm")
+
+
+CHARSETS = {
+    "utf8-latin": ("ISO_IR 192", "Müller^Jürgen"),
+    "utf8-chinese": ("ISO_IR 192", "王^小明"),
+    "gb18030": ("GB18030", "王^小明"),
+    "iso2022-japanese": (["", "ISO 2022 IR 87"], "Yamada^Tarou=山田^太郎=やまだ^たろう"),
+    "iso2022-korean": (["", "ISO 2022 IR 149"], "Hong^Gildong=洪^吉洞=홍^길동"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHARSETS))
+def test_patient_name_round_trips_through_sr(written, tmp_path: Path, case: str) -> None:
+    report, files, paths = written
+    charset, name = CHARSETS[case]
+    copies = []
+    for path in files:
+        ds = pydicom.dcmread(path)
+        ds.SpecificCharacterSet, ds.PatientName = charset, name
+        ds.save_as(tmp_path / path.name)
+        copies.append(tmp_path / path.name)
+    ds = pydicom.dcmread(write_sr(report, paths[:2], copies, tmp_path / "sr.dcm"))
+    assert str(ds.PatientName) == name
+    assert ds.SpecificCharacterSet == charset
+
+
+def test_no_patient_name_in_warnings_or_logs(
+    written, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    report, files, paths = written
+    copies = []
+    for path in files:
+        ds = pydicom.dcmread(path)
+        ds.PatientName = "GEHEIMNAME"  # one component: highdicom would warn with it
+        ds.save_as(tmp_path / path.name)
+        copies.append(tmp_path / path.name)
+    with caplog.at_level(logging.DEBUG), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = write_sr(report, paths[:2], copies, tmp_path / "sr.dcm")
+    assert "GEHEIMNAME" not in caplog.text
+    assert not [w for w in caught if "GEHEIMNAME" in str(w.message)]
+    assert str(pydicom.dcmread(out).PatientName) == "GEHEIMNAME"
+
+
+def test_results_without_findings_are_organ_seg_and_sr(written, tmp_path: Path) -> None:
+    report, files, paths = written
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(paths[0].parent / "organs.nii.gz", out)
+    labels = read_nifti(paths[0].parent / "findings.nii.gz")
+    write_label_map(labels.with_array(np.zeros_like(labels.array)), out / "findings.nii.gz")
+    maps = [
+        m.model_copy(update={"segments": []}) if m.kind == "findings" else m
+        for m in report.outputs.label_maps
+    ]
+    empty = report.model_copy(
+        update={
+            "findings": [],
+            "finding_axes": [],
+            "outputs": report.outputs.model_copy(update={"label_maps": maps}),
+        }
+    )
+    written_paths = write_dicom_results(empty, out, files)
+    assert [p.name for p in written_paths] == ["organs-seg.dcm", "measurements-sr.dcm"]
