@@ -19,6 +19,9 @@ _COMMANDS: tuple[tuple[str, str], ...] = (
     ("phantom", "command"),
     ("evaluate", "command"),
     ("bench", "command"),
+    ("keys", "group"),
+    ("audit", "group"),
+    ("config", "group"),
 )
 
 

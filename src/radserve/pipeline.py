@@ -9,13 +9,10 @@ The stages follow the data flow: ingest -> (per model step) preprocess + inferen
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -304,9 +301,3 @@ def _step_result(
         finding_axes=lesions.axes,
         warnings=list(lesions.warnings),
     )
-
-
-def fingerprint_files(paths: Sequence[Path]) -> str:
-    """SHA-256 over the sorted SHA-256 of each input file: the study's content identity."""
-    digests = sorted(hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths)
-    return hashlib.sha256("\n".join(digests).encode()).hexdigest()

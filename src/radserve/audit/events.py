@@ -1,0 +1,65 @@
+"""The actions radserve audits and the payloads it records for jobs (no patient data)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from radserve.audit.chain import AuditEvent
+
+if TYPE_CHECKING:
+    from radserve.store.records import JobRecord
+
+
+class Action(StrEnum):
+    JOB_SUBMITTED = "job.submitted"
+    JOB_CACHED = "job.cached"  # answered from the result cache, nothing ran
+    JOB_STARTED = "job.started"
+    JOB_REQUEUED = "job.requeued"  # retry, or restart recovery
+    JOB_SUCCEEDED = "job.succeeded"
+    JOB_FAILED = "job.failed"
+    JOB_CANCELLED = "job.cancelled"
+    KEY_CREATED = "key.created"
+    KEY_REVOKED = "key.revoked"
+    CONFIG_LOADED = "config.loaded"
+    MODEL_CHANGED = "model.changed"
+
+
+def job_event(
+    action: Action | str,
+    job: JobRecord,
+    *,
+    actor_key_id: str | None = None,
+    client_address: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> AuditEvent:
+    """An audit event about ``job``: input fingerprint, pipeline, models, outcome.
+
+    ``extra`` adds e.g. an outputs summary (``outputs={"findings": 3}``); it must hold
+    identifiers, counts and versions only. The job's own submitter is the default actor.
+    """
+    payload: dict[str, Any] = {
+        "fingerprint": job.fingerprint,
+        "pipeline": job.pipeline_name,
+        "pipeline_version": job.pipeline_version,
+        "model_versions": dict(job.model_versions),
+        "precision": job.precision,
+        "priority_class": str(job.priority_class),
+        "state": str(job.state),
+        "attempts": job.attempts,
+    }
+    if job.cached_from:
+        payload["cached_from"] = job.cached_from
+    if job.error_code:
+        payload["error_code"] = job.error_code
+    if job.stage_timings:
+        payload["timings"] = dict(job.stage_timings)
+    payload.update(extra or {})
+    return AuditEvent(
+        action=str(action),
+        subject=job.id,
+        payload=payload,
+        actor_key_id=actor_key_id if actor_key_id is not None else job.api_key_id,
+        client_address=client_address if client_address is not None else job.client_address,
+    )

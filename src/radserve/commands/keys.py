@@ -1,0 +1,94 @@
+"""``radserve keys create|revoke|list``: manage API keys in a data dir's store, offline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
+
+if TYPE_CHECKING:
+    from radserve.store import Store
+
+
+def open_store(config_file: Path | None, data_dir: Path | None) -> Store:
+    """The store the server with these settings uses (no running server needed)."""
+    from radserve.config import load_settings
+    from radserve.store import init_store
+
+    return init_store(load_settings(config_file, data_dir=data_dir).effective_database_url)
+
+
+@click.group("keys")
+def group() -> None:
+    """API keys: create, revoke, list."""
+
+
+@group.command("create")
+@click.option(
+    "--role",
+    type=click.Choice(["admin", "submit", "read"]),
+    required=True,
+    help="admin ⊇ submit ⊇ read.",
+)
+@click.option("--name", default=None, help="A label for the key (default: the role).")
+@CONFIG_OPTION
+@DATA_DIR_OPTION
+def create(role: str, name: str | None, config_file: Path | None, data_dir: Path | None) -> None:
+    """Create a key; the key itself is printed once, as the last line."""
+    store = open_store(config_file, data_dir)
+    try:
+        record, token = store.create_api_key(name=name or f"{role} key", role=role)
+    finally:
+        store.close()
+    click.echo(f"created API key {record.id} (role {record.role}, name {record.name!r})", err=True)
+    click.echo("store it now: it cannot be shown again", err=True)
+    click.echo(token)
+
+
+@group.command("revoke")
+@click.argument("key_id")
+@CONFIG_OPTION
+@DATA_DIR_OPTION
+def revoke(key_id: str, config_file: Path | None, data_dir: Path | None) -> None:
+    """Revoke the key KEY_ID; requests with it are refused from now on."""
+    store = open_store(config_file, data_dir)
+    try:
+        record = store.revoke_api_key(key_id)
+    finally:
+        store.close()
+    click.echo(f"revoked API key {record.id} ({record.role}, {record.name!r})")
+
+
+@group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option("--active", is_flag=True, help="Leave out revoked keys.")
+@CONFIG_OPTION
+@DATA_DIR_OPTION
+def list_keys(as_json: bool, active: bool, config_file: Path | None, data_dir: Path | None) -> None:
+    """List keys (ids, roles, names, dates; never the keys themselves)."""
+    store = open_store(config_file, data_dir)
+    try:
+        keys = store.list_api_keys(include_revoked=not active)
+    finally:
+        store.close()
+    if as_json:
+        for key in keys:
+            revoked = key.revoked.isoformat() if key.revoked else None
+            row = {
+                "id": key.id,
+                "name": key.name,
+                "role": key.role,
+                "created": key.created.isoformat(),
+                "revoked": revoked,
+            }
+            click.echo(json.dumps(row))
+        return
+    click.echo(f"{'ID':<16}  {'ROLE':<6}  {'CREATED (UTC)':<19}  {'REVOKED (UTC)':<19}  NAME")
+    for key in keys:
+        revoked = key.revoked.strftime("%Y-%m-%d %H:%M:%S") if key.revoked else "-"
+        created = key.created.strftime("%Y-%m-%d %H:%M:%S")
+        click.echo(f"{key.id:<16}  {key.role:<6}  {created:<19}  {revoked:<19}  {key.name}")

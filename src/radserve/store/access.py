@@ -1,0 +1,119 @@
+"""The store's API-key and audit methods (mixed into :class:`radserve.store.Store`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from sqlalchemy import select
+
+from radserve.audit.chain import AuditEvent, AuditRecord, VerifyReport, verify_chain
+from radserve.audit.events import Action
+from radserve.security import keys as keycrypt
+from radserve.store import audit as audit_log
+from radserve.store.base import StoreBase
+from radserve.store.errors import ApiKeyNotFoundError
+from radserve.store.models import ApiKey
+from radserve.store.records import ApiKeyRecord, utc_now
+
+logger = logging.getLogger(__name__)
+
+
+class AccessMixin(StoreBase):
+    """API keys (create, revoke, list, verify) and the audit chain (append, verify, read)."""
+
+    # -- API keys -------------------------------------------------------------------
+
+    def create_api_key(
+        self, *, name: str, role: keycrypt.Role | str, actor_key_id: str | None = None
+    ) -> tuple[ApiKeyRecord, str]:
+        """A new key: its record and the token, which exists only in this return value."""
+        role = keycrypt.Role(role)
+        new = keycrypt.generate_key()
+        row = ApiKey(
+            id=new.key_id,
+            name=name,
+            role=role.value,
+            salt=new.salt,
+            hash=new.hash,
+            created=utc_now(),
+        )
+        with self._write() as session:
+            session.add(row)
+            session.flush()
+            audit_log.append(
+                session,
+                AuditEvent(
+                    action=Action.KEY_CREATED,
+                    subject=new.key_id,
+                    payload={"name": name, "role": role.value},
+                    actor_key_id=actor_key_id,
+                ),
+            )
+            record = _key_record(row)
+        logger.info("API key %s created (role %s)", record.id, record.role)
+        return record, new.token
+
+    def revoke_api_key(self, key_id: str, *, actor_key_id: str | None = None) -> ApiKeyRecord:
+        """Revoke a key (idempotent: revoking a revoked key changes nothing)."""
+        with self._write() as session:
+            row = session.get(ApiKey, key_id)
+            if row is None:
+                raise ApiKeyNotFoundError(f"no API key with id {key_id!r}")
+            if row.revoked is None:
+                row.revoked = utc_now()
+                audit_log.append(
+                    session,
+                    AuditEvent(
+                        action=Action.KEY_REVOKED, subject=key_id, actor_key_id=actor_key_id
+                    ),
+                )
+            record = _key_record(row)
+        logger.info("API key %s revoked", key_id)
+        return record
+
+    def list_api_keys(self, *, include_revoked: bool = True) -> list[ApiKeyRecord]:
+        query = select(ApiKey).order_by(ApiKey.created, ApiKey.id)
+        if not include_revoked:
+            query = query.where(ApiKey.revoked.is_(None))
+        with self._read() as session:
+            return [_key_record(row) for row in session.execute(query).scalars()]
+
+    def verify_api_key(self, token: str) -> ApiKeyRecord | None:
+        """The active key ``token`` belongs to, or None (malformed, unknown, wrong, revoked)."""
+        parsed = keycrypt.parse_token(token)
+        key_id, secret = parsed if parsed else ("", "")
+        with self._read() as session:
+            row = session.get(ApiKey, key_id) if parsed else None
+        salt, expected = (row.salt, row.hash) if row else (keycrypt.DUMMY_SALT, keycrypt.DUMMY_HASH)
+        matches = keycrypt.secret_matches(secret, salt, expected)
+        if row is None or not matches or row.revoked is not None:
+            return None
+        return _key_record(row)
+
+    # -- audit ----------------------------------------------------------------------
+
+    def append_audit(self, event: AuditEvent) -> AuditRecord:
+        """Append one record (config loaded, model changed, ...) to the chain."""
+        with self._write() as session:
+            return audit_log.append(session, event)
+
+    def verify_audit(self) -> VerifyReport:
+        """Recompute the whole chain and compare it with the head, in one snapshot."""
+        with self._read(snapshot=True) as session:
+            head_seq, head_hash = audit_log.head(session)
+            return verify_chain(
+                audit_log.iter_records(session), head_seq=head_seq, head_hash=head_hash
+            )
+
+    def iter_audit(self) -> Iterator[AuditRecord]:
+        """Every audit record by seq, streamed from one snapshot (for export)."""
+        with self._read(snapshot=True) as session:
+            for _seq, _error, record in audit_log.iter_records(session):
+                yield record
+
+
+def _key_record(row: ApiKey) -> ApiKeyRecord:
+    return ApiKeyRecord(
+        id=row.id, name=row.name, role=row.role, created=row.created, revoked=row.revoked
+    )

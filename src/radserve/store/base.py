@@ -1,0 +1,76 @@
+"""Sessions for the store's parts: reads, and writes that hold the audit lock.
+
+A write transaction takes the database write lock at BEGIN on SQLite (``BEGIN
+IMMEDIATE``); with ``audited=True`` it also holds a process-wide lock, so the audit
+chain's appends queue in-process rather than in the database.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.orm import Session
+
+from radserve.store.db import writer
+from radserve.store.errors import StoreError
+
+
+class StoreBase:
+    """Engine, sessions and health of a store."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._writer = writer(engine)
+        # PostgreSQL needs REPEATABLE READ for a snapshot; SQLite's WAL reads are snapshots
+        self._snapshot_reader = (
+            engine.execution_options(isolation_level="REPEATABLE READ")
+            if engine.dialect.name == "postgresql"
+            else engine
+        )
+        self._audit_lock = threading.Lock()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def ping(self) -> bool:
+        """Whether the database answers (for ``/readyz``)."""
+        try:
+            with self.engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+        except sa_exc.DBAPIError:
+            return False
+        return True
+
+    # -- sessions -------------------------------------------------------------------
+
+    @contextmanager
+    def _read(self, *, snapshot: bool = False) -> Iterator[Session]:
+        """A read transaction; with ``snapshot`` every statement sees the same data."""
+        bind = self._snapshot_reader if snapshot else self.engine
+        try:
+            with Session(bind) as session:
+                yield session
+        except sa_exc.OperationalError as exc:
+            raise StoreError(f"database unavailable: {exc.orig.__class__.__name__}") from exc
+
+    @contextmanager
+    def _write(self, *, audited: bool = True) -> Iterator[Session]:
+        lock = self._audit_lock if audited else None
+        try:
+            if lock is not None:
+                lock.acquire()
+            with Session(self._writer, expire_on_commit=False) as session, session.begin():
+                yield session
+        except sa_exc.OperationalError as exc:
+            raise StoreError(f"database unavailable: {exc.orig.__class__.__name__}") from exc
+        finally:
+            if lock is not None:
+                lock.release()

@@ -1,0 +1,45 @@
+"""Store errors; each has a stable ``code`` the API maps to an HTTP status."""
+
+from __future__ import annotations
+
+from radserve.errors import RadserveError
+
+
+class StoreError(RadserveError):
+    """The database cannot do what was asked (unreachable, wrong schema, bad URL)."""
+
+    code = "store_error"
+    retryable = True
+
+
+class JobNotFoundError(StoreError):
+    code = "job_not_found"
+    retryable = False
+
+
+class InvalidTransitionError(StoreError):
+    """A job state change the state machine forbids (e.g. cancelling a finished job)."""
+
+    code = "invalid_transition"
+    retryable = False
+
+
+class ResultAlreadyRecordedError(StoreError):
+    """A second result for a job: results are recorded exactly once; discard this one."""
+
+    code = "result_already_recorded"
+    retryable = False
+
+    def __init__(self, message: str, *, existing_result_path: str | None) -> None:
+        super().__init__(message)
+        self.existing_result_path = existing_result_path
+
+
+class ApiKeyNotFoundError(StoreError):
+    code = "api_key_not_found"
+    retryable = False
+
+
+class InvalidCursorError(StoreError):
+    code = "invalid_cursor"
+    retryable = False

@@ -1,0 +1,196 @@
+"""Content-addressed study storage under ``data_dir/studies/<fp[:2]>/<fp>/``.
+
+A study's folder is named by its fingerprint (SHA-256 over the sorted SHA-256 of its
+instances), and each instance by its own SHA-256, so identical uploads share one
+folder and no file name carries what a sender put in it (names can hold patient
+names). Files are streamed into a private staging folder, fsynced, and the folder is
+renamed into place and its parents fsynced before :func:`store_study` returns: when
+the caller then commits the job and answers 202, the bytes are on disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from radserve.errors import StudyError
+
+logger = logging.getLogger(__name__)
+
+STUDIES_DIR = "studies"
+STAGING_DIR = "staging"
+_CHUNK = 1 << 20
+# suffixes kept on stored instances, because readers pick a format by them
+_KEPT_SUFFIXES = (".nii.gz", ".nii", ".dcm", ".zip")
+
+
+class UploadTooLargeError(StudyError):
+    code = "upload_too_large"
+
+
+@dataclass(frozen=True)
+class StoredStudy:
+    fingerprint: str
+    path: Path
+    instances: tuple[Path, ...]
+    total_bytes: int
+    # True when an identical study was already stored (this upload added nothing)
+    existed: bool
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fingerprint_digests(digests: Iterable[str]) -> str:
+    """The study fingerprint from its instances' SHA-256 hex digests (order-free).
+
+    A byte-identical instance sent twice is one instance: it is stored once and
+    counted once.
+    """
+    return hashlib.sha256("\n".join(sorted(set(digests))).encode()).hexdigest()
+
+
+def fingerprint_files(paths: Sequence[Path]) -> str:
+    """SHA-256 over the sorted SHA-256 of each input file: the study's content identity."""
+    return fingerprint_digests(sha256_file(Path(p)) for p in paths)
+
+
+def study_dir(data_dir: Path, fingerprint: str) -> Path:
+    return Path(data_dir) / STUDIES_DIR / fingerprint[:2] / fingerprint
+
+
+def store_study(
+    data_dir: Path,
+    files: Iterable[tuple[str, BinaryIO]],
+    *,
+    max_bytes: int | None = None,
+) -> StoredStudy:
+    """Write uploaded ``(original name, stream)`` pairs durably; return where they are.
+
+    The original name is used only for its suffix (``.dcm``, ``.nii.gz``, ...).
+    Raises :class:`UploadTooLargeError` past ``max_bytes`` (nothing is kept then).
+    """
+    data_dir = Path(data_dir)
+    staging = data_dir / STAGING_DIR / uuid.uuid4().hex
+    staging.mkdir(parents=True)
+    try:
+        digests, total = _stage(staging, files, max_bytes)
+        if not digests:
+            raise StudyError("the upload holds no files", code="empty_upload")
+        _fsync_dir(staging)
+        fingerprint = fingerprint_digests(digests)
+        target = study_dir(data_dir, fingerprint)
+        existed = _move_into_place(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    instances = tuple(sorted(p for p in target.iterdir() if p.is_file()))
+    logger.info(
+        "study %s… stored: %d instance(s), %d bytes%s",
+        fingerprint[:12],
+        len(instances),
+        total,
+        " (already present)" if existed else "",
+    )
+    return StoredStudy(fingerprint, target, instances, total, existed)
+
+
+def store_study_files(
+    data_dir: Path, paths: Sequence[Path], *, max_bytes: int | None = None
+) -> StoredStudy:
+    """:func:`store_study` for files already on disk (CLI submissions, the DICOM gateway)."""
+    with contextlib.ExitStack() as stack:
+        streams = [(p.name, stack.enter_context(open(p, "rb"))) for p in map(Path, paths)]
+        return store_study(data_dir, streams, max_bytes=max_bytes)
+
+
+def remove_stale_staging(data_dir: Path) -> int:
+    """Delete staging folders left by uploads a crash interrupted; call before serving.
+
+    Nothing in staging was acknowledged (a study is acknowledged only after its folder
+    is renamed into ``studies/``), so all of it may go. Returns how many were removed.
+    """
+    staging = Path(data_dir) / STAGING_DIR
+    if not staging.is_dir():
+        return 0
+    stale = [p for p in staging.iterdir() if p.is_dir()]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    if stale:
+        logger.warning("removed %d interrupted upload(s) from %s", len(stale), staging)
+    return len(stale)
+
+
+def _suffix(name: str) -> str:
+    lower = name.lower()
+    return next((s for s in _KEPT_SUFFIXES if lower.endswith(s)), "")
+
+
+def _stage(
+    staging: Path, files: Iterable[tuple[str, BinaryIO]], max_bytes: int | None
+) -> tuple[list[str], int]:
+    digests: list[str] = []
+    total = 0
+    for index, (name, stream) in enumerate(files):
+        temp = staging / f".part-{index}"
+        digest = hashlib.sha256()
+        with open(temp, "wb") as out:
+            while chunk := stream.read(_CHUNK):
+                total += len(chunk)
+                if max_bytes is not None and total > max_bytes:
+                    raise UploadTooLargeError(
+                        f"upload exceeds the limit of {max_bytes} bytes "
+                        "(server.max_upload_bytes); send fewer or smaller files"
+                    )
+                digest.update(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        hexdigest = digest.hexdigest()
+        final = staging / f"{hexdigest}{_suffix(name)}"
+        if final.exists():
+            temp.unlink()  # the same bytes twice in one upload: one instance
+        else:
+            temp.rename(final)
+        digests.append(hexdigest)
+    return digests, total
+
+
+def _move_into_place(staging: Path, target: Path) -> bool:
+    """Rename the staged folder to ``target``; False if an identical study was there."""
+    if target.is_dir():
+        return True
+    created_parent = not target.parent.exists()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        staging.rename(target)
+    except OSError:
+        if target.is_dir():  # a concurrent upload of the same study won the rename
+            return True
+        raise
+    _fsync_dir(target.parent)
+    if created_parent:  # studies/<ab>/ is new: its own entry (and studies/'s) must persist
+        _fsync_dir(target.parent.parent)
+        _fsync_dir(target.parent.parent.parent)
+    return False
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a folder's entries (new files, renames) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,61 @@
+"""Run the Alembic migrations programmatically (``alembic upgrade head`` without an ini file).
+
+Several processes may start at once (API, workers, a CLI command on the same data
+dir): the upgrade holds a lock for its whole transaction — ``BEGIN IMMEDIATE`` on
+SQLite, a transaction-scoped advisory lock on PostgreSQL — so exactly one of them
+migrates and the others then find the schema at head.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, text
+
+from radserve.store.db import writer
+
+logger = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+# arbitrary constant naming radserve's migration lock among PostgreSQL advisory locks
+_PG_MIGRATION_LOCK = 0x7261647365727665  # "radserve"
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """An Alembic config pointing at the packaged migrations, optionally bound to a connection."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise RuntimeError(f"no migrations found in {MIGRATIONS_DIR}")
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the schema to ``revision`` (creating it on an empty database)."""
+    with writer(engine).begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(
+                text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK}
+            )
+        before = MigrationContext.configure(connection).get_current_revision()
+        command.upgrade(alembic_config(connection), revision)
+        after = MigrationContext.configure(connection).get_current_revision()
+    if before != after:
+        logger.info("database schema upgraded from %s to %s", before or "empty", after)

@@ -1,0 +1,147 @@
+"""Tables (SQLAlchemy 2 typed declarative). The migrations create exactly these.
+
+A test compares these classes with the schema the migrations build, so the two cannot
+drift apart. States and classes are strings with CHECK constraints rather than native
+enums: adding a value is then a one-line migration on both SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from radserve.store.db import UtcDateTime
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+JOB_STATES = ("received", "queued", "running", "succeeded", "failed", "cancelled")
+PRIORITY_CLASSES = ("URGENT", "INPATIENT", "OUTPATIENT")
+ROLES = ("read", "submit", "admin")
+GENESIS_HASH = "0" * 64
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint(_in("state", JOB_STATES), name="state"),
+        CheckConstraint(_in("priority_class", PRIORITY_CLASSES), name="priority_class"),
+        CheckConstraint("attempts >= 0", name="attempts"),
+        Index("ix_jobs_arrival_id", "arrival", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    priority_class: Mapped[str] = mapped_column(String(16))
+    arrival: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    deadline: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    started: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+    finished: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+    updated: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    pipeline_name: Mapped[str] = mapped_column(String(128), index=True)
+    pipeline_version: Mapped[str] = mapped_column(String(64))
+    precision: Mapped[str] = mapped_column(String(8))
+    model_versions: Mapped[dict[str, str]] = mapped_column(JSON)
+    fingerprint: Mapped[str] = mapped_column(String(64), index=True)
+    study_path: Mapped[str] = mapped_column(Text)
+    result_path: Mapped[str | None] = mapped_column(Text)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer)
+    cached_from: Mapped[str | None] = mapped_column(String(36), ForeignKey("jobs.id"))
+    api_key_id: Mapped[str | None] = mapped_column(String(32))
+    client_address: Mapped[str | None] = mapped_column(String(128))
+    stage_timings: Mapped[dict[str, float]] = mapped_column(JSON)
+    queue_meta: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class CachedResult(Base):
+    """(input, pipeline, models, precision) -> the job whose result answers it."""
+
+    __tablename__ = "results_cache"
+    __table_args__ = (
+        UniqueConstraint(
+            "fingerprint",
+            "pipeline_name",
+            "pipeline_version",
+            "model_versions_key",
+            "precision",
+            name="uq_results_cache_key",
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    pipeline_name: Mapped[str] = mapped_column(String(128))
+    pipeline_version: Mapped[str] = mapped_column(String(64))
+    model_versions_key: Mapped[str] = mapped_column(Text)
+    precision: Mapped[str] = mapped_column(String(8))
+    job_id: Mapped[str] = mapped_column(String(36), ForeignKey("jobs.id"), unique=True)
+    created: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+    __table_args__ = (CheckConstraint(_in("role", ROLES), name="role"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))
+    salt: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+    created: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    revoked: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+
+
+class AuditEntry(Base):
+    """One audit record. ``payload`` is the canonical JSON text the hash was computed on."""
+
+    __tablename__ = "audit_records"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    ts: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    actor_key_id: Mapped[str | None] = mapped_column(String(32))
+    client_address: Mapped[str | None] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64), index=True)
+    subject: Mapped[str | None] = mapped_column(String(128), index=True)
+    payload: Mapped[str] = mapped_column(Text)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+class AuditHead(Base):
+    """The chain's last link, one row: appends lock it, and verify compares it with the
+    last record, so deleting the newest records is detected too."""
+
+    __tablename__ = "audit_head"
+    __table_args__ = (CheckConstraint("id = 1", name="single_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    seq: Mapped[int] = mapped_column(Integer)
+    hash: Mapped[str] = mapped_column(String(64))

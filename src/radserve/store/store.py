@@ -1,0 +1,377 @@
+"""The :class:`Store` facade: jobs, the result cache, API keys and the audit chain.
+
+Every method is one transaction and returns frozen records. A mutating call commits
+before it returns, so "the job row is committed before the API answers 202" holds by
+construction. State changes are conditional UPDATEs (``WHERE state IN (allowed)``),
+which makes them atomic on both backends: of two workers claiming one job, exactly
+one wins and the other gets :class:`InvalidTransitionError`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, Update, select, update
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from radserve.audit.events import Action, job_event
+from radserve.config import PriorityClass
+from radserve.store import audit as audit_log
+from radserve.store import jobs as jobq
+from radserve.store.access import AccessMixin
+from radserve.store.db import make_engine
+from radserve.store.errors import (
+    InvalidTransitionError,
+    JobNotFoundError,
+    ResultAlreadyRecordedError,
+    StoreError,
+)
+from radserve.store.migrate import upgrade
+from radserve.store.models import CachedResult, Job
+from radserve.store.records import (
+    ALLOWED_TRANSITIONS,
+    TERMINAL_STATES,
+    CacheKey,
+    JobPage,
+    JobRecord,
+    JobState,
+    utc_now,
+)
+
+logger = logging.getLogger(__name__)
+
+UNFINISHED_STATES = (JobState.RECEIVED, JobState.QUEUED, JobState.RUNNING)
+_AUDITED_STATES = {JobState.FAILED: Action.JOB_FAILED, JobState.CANCELLED: Action.JOB_CANCELLED}
+
+
+def init_store(url: str) -> Store:
+    """Open the database at ``url``, creating or upgrading its schema to the latest version."""
+    engine = make_engine(url)
+    try:
+        upgrade(engine)
+    except sa_exc.OperationalError as exc:
+        engine.dispose()
+        raise StoreError(
+            f"cannot open the database: {exc.orig.__class__.__name__}: {exc.orig}"
+        ) from exc
+    return Store(engine)
+
+
+class Store(AccessMixin):
+    """Typed access to radserve's database. Thread-safe; share one per process."""
+
+    # -- jobs -----------------------------------------------------------------------
+
+    def create_job(
+        self,
+        *,
+        priority_class: PriorityClass | str,
+        deadline: dt.datetime | dt.timedelta,
+        pipeline_name: str,
+        pipeline_version: str,
+        precision: str,
+        fingerprint: str,
+        study_path: str,
+        model_versions: Mapping[str, str] | None = None,
+        arrival: dt.datetime | None = None,
+        job_id: str | None = None,
+        api_key_id: str | None = None,
+        client_address: str | None = None,
+        queue_meta: Mapping[str, Any] | None = None,
+        cached_from: str | None = None,
+    ) -> JobRecord:
+        """Persist a new job (state ``received``) and its audit record; committed on return.
+
+        ``deadline`` may be a TAT (timedelta from ``arrival``). With ``cached_from`` (a
+        succeeded job with the same cache key) the job is born ``succeeded`` with that
+        job's result: a cache hit is answered without running anything.
+        """
+        now = utc_now()
+        arrival = arrival or now
+        if isinstance(deadline, dt.timedelta):
+            deadline = arrival + deadline
+        row = Job(
+            id=job_id or str(uuid.uuid4()),
+            state=JobState.RECEIVED.value,
+            priority_class=PriorityClass(priority_class).value,
+            arrival=arrival,
+            deadline=deadline,
+            updated=now,
+            pipeline_name=pipeline_name,
+            pipeline_version=pipeline_version,
+            precision=precision,
+            model_versions=dict(model_versions or {}),
+            fingerprint=fingerprint,
+            study_path=study_path,
+            attempts=0,
+            api_key_id=api_key_id,
+            client_address=client_address,
+            stage_timings={},
+            queue_meta=dict(queue_meta or {}),
+        )
+        with self._write() as session:
+            if session.get(Job, row.id) is not None:
+                raise StoreError(f"a job with id {row.id!r} exists already", code="job_exists")
+            action = Action.JOB_SUBMITTED
+            if cached_from is not None:
+                source = session.get(Job, cached_from)
+                if source is None or source.state != JobState.SUCCEEDED or not source.result_path:
+                    raise InvalidTransitionError(
+                        f"job {cached_from} has no result to reuse (it must have succeeded)"
+                    )
+                row.state, row.cached_from = JobState.SUCCEEDED.value, cached_from
+                row.result_path = source.result_path
+                row.started = row.finished = now
+                action = Action.JOB_CACHED
+            session.add(row)
+            session.flush()
+            record = jobq.to_record(row)
+            audit_log.append(session, job_event(action, record))
+        logger.info("job %s created (%s, %s)", record.id, record.priority_class, record.state)
+        return record
+
+    def get_job(self, job_id: str) -> JobRecord:
+        with self._read() as session:
+            row = session.get(Job, job_id)
+            if row is None:
+                raise JobNotFoundError(f"no job with id {job_id!r}")
+            return jobq.to_record(row)
+
+    def transition(
+        self,
+        job_id: str,
+        new_state: JobState | str,
+        *,
+        actor_key_id: str | None = None,
+        client_address: str | None = None,
+        **fields: Any,
+    ) -> JobRecord:
+        """Move a job along the state machine, setting ``fields`` (see ``UPDATABLE_FIELDS``).
+
+        Entering ``running`` stamps ``started`` and counts an attempt; entering a final
+        state stamps ``finished``. ``succeeded`` is reached only via :meth:`record_result`.
+        Failures and cancellations are audited (``actor_key_id``: who cancelled).
+        """
+        target = JobState(new_state)
+        if target == JobState.SUCCEEDED:
+            raise InvalidTransitionError(
+                f"job {job_id}: a job succeeds only through record_result(), which stores "
+                "its result exactly once"
+            )
+        now = utc_now()
+        values: dict[str, Any] = {
+            **jobq.check_fields(fields),
+            "state": target.value,
+            "updated": now,
+        }
+        if target == JobState.RUNNING:
+            values.update(started=now, attempts=Job.attempts + 1)
+        if target in TERMINAL_STATES:
+            values["finished"] = now
+        sources = [s.value for s, targets in ALLOWED_TRANSITIONS.items() if target in targets]
+        with self._write(audited=target in _AUDITED_STATES) as session:
+            result = _execute_update(
+                session,
+                update(Job)
+                .where(Job.id == job_id, Job.state.in_(sources))
+                .values(**values)
+                .execution_options(synchronize_session=False),
+            )
+            row = self._reload(session, job_id)
+            if result.rowcount == 0:
+                raise InvalidTransitionError(_refusal(job_id, JobState(row.state), target))
+            record = jobq.to_record(row)
+            if target in _AUDITED_STATES:
+                audit_log.append(
+                    session,
+                    job_event(
+                        _AUDITED_STATES[target],
+                        record,
+                        actor_key_id=actor_key_id,
+                        client_address=client_address,
+                    ),
+                )
+        logger.info("job %s -> %s", job_id, target)
+        return record
+
+    def record_result(
+        self,
+        job_id: str,
+        result_path: str,
+        cache_key: CacheKey | None = None,
+        *,
+        stage_timings: Mapping[str, float] | None = None,
+        outputs: Mapping[str, Any] | None = None,
+    ) -> JobRecord:
+        """Mark a running job succeeded with its result, exactly once, and cache it.
+
+        A second call for the same job raises :class:`ResultAlreadyRecordedError` (the
+        caller discards its copy); a job cancelled meanwhile raises
+        :class:`InvalidTransitionError`. ``outputs`` is a summary for the audit record
+        (counts, labels; no patient data). If another job already cached the same key,
+        the earlier entry stays and this job's result is still recorded on the job.
+        """
+        now = utc_now()
+        values: dict[str, Any] = {
+            "state": JobState.SUCCEEDED.value,
+            "result_path": result_path,
+            "finished": now,
+            "updated": now,
+        }
+        if stage_timings is not None:
+            values["stage_timings"] = dict(stage_timings)
+        with self._write() as session:
+            result = _execute_update(
+                session,
+                update(Job)
+                .where(
+                    Job.id == job_id,
+                    Job.state == JobState.RUNNING.value,
+                    Job.result_path.is_(None),
+                )
+                .values(**values)
+                .execution_options(synchronize_session=False),
+            )
+            row = self._reload(session, job_id)
+            if result.rowcount == 0:
+                if row.result_path is not None:
+                    raise ResultAlreadyRecordedError(
+                        f"job {job_id} already has a result; results are recorded once",
+                        existing_result_path=row.result_path,
+                    )
+                raise InvalidTransitionError(
+                    _refusal(job_id, JobState(row.state), JobState.SUCCEEDED)
+                )
+            if cache_key is not None:
+                if cache_key.fingerprint != row.fingerprint:
+                    raise StoreError(f"job {job_id}: cache key fingerprint is not the job's input")
+                self._insert_cache_entry(session, cache_key, job_id, now)
+            record = jobq.to_record(row)
+            extra = {"outputs": dict(outputs)} if outputs else None
+            audit_log.append(session, job_event(Action.JOB_SUCCEEDED, record, extra=extra))
+        logger.info("job %s succeeded", job_id)
+        return record
+
+    def find_cached_result(self, key: CacheKey) -> JobRecord | None:
+        """The succeeded job whose result answers ``key``, if any."""
+        with self._read() as session:
+            row = session.execute(
+                select(Job)
+                .join(CachedResult, CachedResult.job_id == Job.id)
+                .where(
+                    CachedResult.fingerprint == key.fingerprint,
+                    CachedResult.pipeline_name == key.pipeline_name,
+                    CachedResult.pipeline_version == key.pipeline_version,
+                    CachedResult.model_versions_key == key.model_versions_key,
+                    CachedResult.precision == key.precision,
+                    Job.state == JobState.SUCCEEDED.value,
+                )
+            ).scalar_one_or_none()
+            return jobq.to_record(row) if row is not None else None
+
+    def list_jobs(
+        self,
+        *,
+        state: JobState | str | Iterable[JobState | str] | None = None,
+        priority_class: PriorityClass | str | None = None,
+        pipeline: str | None = None,
+        created_after: dt.datetime | None = None,
+        created_before: dt.datetime | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> JobPage:
+        """Jobs newest first; ``created_*`` bound the arrival time (after: inclusive)."""
+        if not 1 <= limit <= jobq.MAX_PAGE:
+            raise ValueError(f"limit must be in 1..{jobq.MAX_PAGE}, got {limit}")
+        query = jobq.list_query(
+            state=state,
+            priority_class=priority_class,
+            pipeline=pipeline,
+            created_after=created_after,
+            created_before=created_before,
+            cursor=cursor,
+            limit=limit,
+        )
+        with self._read() as session:
+            items = [jobq.to_record(row) for row in session.execute(query).scalars()]
+        more = len(items) > limit
+        items = items[:limit]
+        return JobPage(items=items, next_cursor=jobq.encode_cursor(items[-1]) if more else None)
+
+    def unfinished_jobs(self) -> list[JobRecord]:
+        """Jobs not yet in a final state, earliest deadline first (read-only)."""
+        with self._read() as session:
+            rows = session.execute(
+                select(Job)
+                .where(Job.state.in_([s.value for s in UNFINISHED_STATES]))
+                .order_by(Job.deadline, Job.arrival, Job.id)
+            ).scalars()
+            return [jobq.to_record(row) for row in rows]
+
+    def requeue_unfinished(self) -> list[JobRecord]:
+        """Restart recovery: received and running jobs go back to queued; all are returned.
+
+        ``attempts`` is not reset, so a study that crashes the server every time it
+        runs reaches the retry limit and fails instead of looping.
+        """
+        with self._write(audited=False) as session:
+            result = _execute_update(
+                session,
+                update(Job)
+                .where(Job.state.in_([JobState.RECEIVED.value, JobState.RUNNING.value]))
+                .values(state=JobState.QUEUED.value, updated=utc_now())
+                .execution_options(synchronize_session=False),
+            )
+        if result.rowcount:
+            logger.warning("restart recovery: %d interrupted job(s) re-queued", result.rowcount)
+        return self.unfinished_jobs()
+
+    # -- helpers --------------------------------------------------------------------
+
+    @staticmethod
+    def _reload(session: Session, job_id: str) -> Job:
+        row = session.execute(
+            select(Job).where(Job.id == job_id).execution_options(populate_existing=True)
+        ).scalar_one_or_none()
+        if row is None:
+            raise JobNotFoundError(f"no job with id {job_id!r}")
+        return row
+
+    @staticmethod
+    def _insert_cache_entry(session: Session, key: CacheKey, job_id: str, now: dt.datetime) -> None:
+        dialect_insert = (
+            postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+        )
+        statement = (
+            dialect_insert(CachedResult)
+            .values(
+                fingerprint=key.fingerprint,
+                pipeline_name=key.pipeline_name,
+                pipeline_version=key.pipeline_version,
+                model_versions_key=key.model_versions_key,
+                precision=key.precision,
+                job_id=job_id,
+                created=now,
+            )
+            .on_conflict_do_nothing()
+        )
+        session.execute(statement)
+
+
+def _execute_update(session: Session, statement: Update) -> CursorResult[Any]:
+    """Run an UPDATE; its result carries ``rowcount`` (how many rows matched)."""
+    return cast(CursorResult[Any], session.execute(statement))
+
+
+def _refusal(job_id: str, current: JobState, target: JobState) -> str:
+    allowed = sorted(s.value for s in ALLOWED_TRANSITIONS[current])
+    return (
+        f"job {job_id} is {current.value} and cannot become {target.value} "
+        f"(from {current.value} it may become: {', '.join(allowed) or 'nothing, it is final'})"
+    )

@@ -1,0 +1,206 @@
+"""Settings: defaults, env prefix and nesting, YAML/TOML files, unknown keys, overrides,
+frozen, masking, and ``radserve config show``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from pydantic import ValidationError
+
+from radserve.commands.config import group as config_cli
+from radserve.config import (
+    ConfigError,
+    PriorityClass,
+    Settings,
+    load_settings,
+    mask_url,
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No RADSERVE_* settings from the machine running the tests; cwd in a scratch dir."""
+    for name in list(os.environ):
+        if name.upper().startswith("RADSERVE_") and not name.upper().startswith("RADSERVE_TEST_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_defaults(tmp_path: Path) -> None:
+    s = load_settings()
+    assert s.data_dir == tmp_path / "data" and s.data_dir.is_absolute()
+    assert s.effective_database_url == f"sqlite:///{tmp_path / 'data' / 'radserve.db'}"
+    assert s.server.host == "127.0.0.1" and s.server.metrics_require_key is False
+    tats = s.scheduler.tat_s
+    assert [tats.for_class(c) for c in PriorityClass] == [0, 300, 1800]
+    assert s.scheduler.queue_limits.for_class("URGENT") is None
+    rules = [(r.attribute, r.values, r.priority_class) for r in s.priority_rules]
+    assert rules == [
+        ("RequestedProcedurePriority", ("STAT",), PriorityClass.URGENT),
+        ("RequestedProcedurePriority", ("HIGH",), PriorityClass.INPATIENT),
+    ]
+    assert s.gateway.ae_title == "RADSERVE" and not s.gateway.enabled
+
+
+def test_environment_with_prefix_and_nesting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RADSERVE_SERVER__PORT", "9001")
+    monkeypatch.setenv("RADSERVE_SCHEDULER__TAT_S__INPATIENT", "120")
+    monkeypatch.setenv("RADSERVE_SERVER__METRICS_REQUIRE_KEY", "true")
+    monkeypatch.setenv("RADSERVE_DATA_DIR", "/srv/radserve")
+    s = load_settings()
+    assert s.server.port == 9001 and s.server.metrics_require_key is True
+    assert s.scheduler.tat_s.inpatient == 120
+    assert s.data_dir == Path("/srv/radserve")
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".toml"])
+def test_config_file(tmp_path: Path, suffix: str) -> None:
+    text = {
+        ".yaml": (
+            "server:\n  port: 8100\nscheduler:\n  max_batch_size: 4\n"
+            "priority_rules:\n  - {attribute: BodyPartExamined, values: [HEAD], class: URGENT}\n"
+        ),
+        ".toml": (
+            "[server]\nport = 8100\n[scheduler]\nmax_batch_size = 4\n"
+            '[[priority_rules]]\nattribute = "BodyPartExamined"\nvalues = ["HEAD"]\n'
+            'class = "URGENT"\n'
+        ),
+    }[suffix]
+    s = load_settings(write(tmp_path / f"radserve{suffix}", text))
+    assert s.server.port == 8100 and s.scheduler.max_batch_size == 4
+    assert s.priority_rules[0].attribute == "BodyPartExamined"
+    assert s.priority_rules[0].priority_class == PriorityClass.URGENT
+
+
+def test_config_file_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RADSERVE_CONFIG", str(write(tmp_path / "c.yml", "server: {port: 8200}")))
+    assert load_settings().server.port == 8200
+
+
+def test_precedence_flags_over_env_over_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write(tmp_path / "c.yaml", "server: {host: 0.0.0.0, port: 1111}\ndata_dir: /file")
+    monkeypatch.setenv("RADSERVE_SERVER__PORT", "2222")
+    s = load_settings(config)
+    assert (s.server.host, s.server.port, s.data_dir) == ("0.0.0.0", 2222, Path("/file"))
+    s = load_settings(config, server__port=3333, data_dir=Path("/flag"), server__host=None)
+    assert (s.server.host, s.server.port, s.data_dir) == ("0.0.0.0", 3333, Path("/flag"))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("sever: {port: 1}", "unknown setting 'sever'; did you mean 'server'?"),
+        ("server: {prot: 1}", "unknown setting 'server.prot'; did you mean 'server.port'?"),
+        (
+            "scheduler: {tat_s: {urgnt: 0}}",
+            "unknown setting 'scheduler.tat_s.urgnt'; did you mean 'scheduler.tat_s.urgent'?",
+        ),
+        ("server: {port: 70000}", "invalid setting 'server.port'"),
+        ("ingest: {gantry_tilt: fix}", "invalid setting 'ingest.gantry_tilt'"),
+        ("scheduler: {queue_limits: {urgent: 5}}", "URGENT work is never refused"),
+    ],
+)
+def test_bad_keys_in_file_are_errors_naming_the_key(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message.replace("?", r"\?").replace(".", r"\.")):
+        load_settings(write(tmp_path / "c.yaml", text))
+
+
+def test_unknown_environment_variables_are_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RADSERVE_SERVR__PORT", "1")
+    with pytest.raises(ConfigError, match="'servr' from environment variable RADSERVE_SERVR__PORT"):
+        load_settings()
+    monkeypatch.delenv("RADSERVE_SERVR__PORT")
+    monkeypatch.setenv("RADSERVE_SERVER__PROT", "1")
+    with pytest.raises(ConfigError, match=r"unknown setting 'server\.prot'"):
+        load_settings()
+    monkeypatch.delenv("RADSERVE_SERVER__PROT")
+    monkeypatch.setenv("RADSERVE_TEST_ANYTHING", "x")  # test variables are not settings
+    load_settings()
+
+
+def test_unknown_override_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"unknown setting 'server\.hots'"):
+        load_settings(server__hots="x")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("c.yaml", "[1, 2]", "must hold a mapping"),
+        ("c.yaml", "server: [", "not valid YAML"),
+        ("c.toml", "server = ", "not valid TOML"),
+        ("c.json", "{}", "must end in .yaml, .yml or .toml"),
+    ],
+)
+def test_unreadable_files(tmp_path: Path, name: str, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(write(tmp_path / name, text))
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_settings(tmp_path / "missing.yaml")
+
+
+def test_settings_are_frozen() -> None:
+    s = load_settings()
+    with pytest.raises(ValidationError):
+        s.server = s.server  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        s.server.port = 1  # type: ignore[misc]
+    assert isinstance(s.priority_rules, tuple)
+
+
+def test_secrets_are_masked(monkeypatch: pytest.MonkeyPatch) -> None:
+    url = "postgresql+psycopg://radserve:s3cret@db.example:5432/radserve"
+    monkeypatch.setenv("RADSERVE_DATABASE_URL", url)
+    s = load_settings()
+    assert s.effective_database_url == url
+    assert "s3cret" not in repr(s) and "s3cret" not in s.to_yaml()
+    assert yaml.safe_load(s.to_yaml())["database_url"] == (
+        "postgresql+psycopg://radserve:***@db.example:5432/radserve"
+    )
+    assert mask_url("postgresql://u@h/db?password=x&sslmode=require") == (
+        "postgresql://u@h/db?password=***&sslmode=require"
+    )
+
+
+def test_invalid_secret_is_not_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RADSERVE_DATABASE_URL", "mysql://u:hunter2@h/db")
+    with pytest.raises(ConfigError, match="invalid setting 'database_url'") as info:
+        load_settings()
+    assert "hunter2" not in str(info.value)
+
+
+def test_fingerprint_tracks_changes() -> None:
+    assert load_settings().fingerprint() == load_settings().fingerprint()
+    assert load_settings().fingerprint() != load_settings(server__port=1).fingerprint()
+
+
+def test_ingest_settings_mirror_the_ingest_policy() -> None:
+    from radserve.ingest.policy import IngestPolicy
+
+    assert Settings().ingest.to_policy() == IngestPolicy()
+    assert load_settings(ingest__gantry_tilt="flag").ingest.to_policy().gantry_tilt == "flag"
+
+
+def test_config_show(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RADSERVE_DATABASE_URL", "postgresql://u:hunter2@h/db")
+    config = write(tmp_path / "c.yaml", "server: {port: 8300}")
+    result = CliRunner().invoke(config_cli, ["show", "--config", str(config), "--data-dir", "/d"])
+    assert result.exit_code == 0, result.output
+    shown = yaml.safe_load(result.output)
+    assert shown["server"]["port"] == 8300 and shown["data_dir"] == "/d"
+    assert shown["database_url"] == "postgresql://u:***@h/db"
+    assert "hunter2" not in result.output
+    assert shown["priority_rules"][0]["class"] == "URGENT"
