@@ -22,6 +22,7 @@ _COMMANDS: tuple[tuple[str, str], ...] = (
     ("keys", "group"),
     ("audit", "group"),
     ("config", "group"),
+    ("gateway", "group"),
 )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from tests.factories.onnx_models import threshold_model
 
 _WINDOW = {"kind": "ct_window", "center": 500.0, "width": 1000.0}  # 0..1000 HU -> 0..1

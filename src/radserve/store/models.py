@@ -145,3 +145,40 @@ class AuditHead(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     seq: Mapped[int] = mapped_column(Integer)
     hash: Mapped[str] = mapped_column(String(64))
+
+
+OUTBOX_STATES = ("pending", "sending", "sent", "failed_permanent")
+
+
+class OutboxDelivery(Base):
+    """One result instance to one DICOM destination (the gateway's durable outbox).
+
+    Unique per (SOP Instance UID, destination): enqueueing the same result twice adds
+    nothing. ``attempts`` counts claims, so a send cut short by a crash counts too.
+    """
+
+    __tablename__ = "outbox_deliveries"
+    __table_args__ = (
+        CheckConstraint(_in("state", OUTBOX_STATES), name="state"),
+        CheckConstraint("attempts >= 0", name="attempts"),
+        UniqueConstraint(
+            "sop_instance_uid", "destination", name="uq_outbox_deliveries_instance_destination"
+        ),
+        Index("ix_outbox_deliveries_state_due", "state", "next_attempt_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    destination: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(Text)
+    sop_class_uid: Mapped[str] = mapped_column(String(64))
+    sop_instance_uid: Mapped[str] = mapped_column(String(64))
+    study_instance_uid: Mapped[str] = mapped_column(String(64))
+    transfer_syntax_uid: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str | None] = mapped_column(String(36), index=True)
+    state: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer)
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    updated: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    sent_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())

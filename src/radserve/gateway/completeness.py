@@ -1,0 +1,281 @@
+"""When is a received study complete? When nothing new has arrived for ``quiet_s`` seconds.
+
+DICOM has no "end of study" message, and association release is not one: a PACS may
+send one study over several associations (Orthanc pushed a 10-instance study as 1 + 9).
+So a study is handed to intake once it has been quiet for ``quiet_s`` (MONAI's gateway
+waits 5 s, Orthanc's StableAge is 60 s). Instances arriving after the hand-over are late:
+per :class:`LatePolicy` the study is handed over again as a re-run, or flagged.
+
+The tracker reads an injectable monotonic clock and does nothing on its own: a
+:class:`CompletenessMonitor` thread (or a test) calls :meth:`StudyTracker.poll`. After a
+successful hand-over it writes a small marker into the study folder, so a restart can
+tell finished studies from those still waiting (:meth:`StudyTracker.recover`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from radserve.gateway.storage import study_instances
+
+logger = logging.getLogger(__name__)
+
+HANDOVER_MARKER = ".radserve-handover.json"
+_MAX_RETRY_S = 300.0
+
+
+class LatePolicy(StrEnum):
+    """What instances arriving after a study's hand-over cause."""
+
+    RERUN = "rerun"  # hand the whole study over again (kind RERUN)
+    FLAG = "flag"  # hand it over with kind LATE_FLAGGED: mark the result, do not re-run
+
+
+class CompletionKind(StrEnum):
+    COMPLETE = "complete"
+    RERUN = "rerun"
+    LATE_FLAGGED = "late_flagged"
+
+
+@dataclass(frozen=True)
+class CompletedStudy:
+    """What intake receives: a study folder that has been quiet for the quiet period."""
+
+    study_instance_uid: str
+    folder: Path
+    kind: CompletionKind
+    generation: int  # 1 at the first hand-over, then 2, 3 ... for late instances
+    instances: tuple[Path, ...]  # every instance now in the folder
+    new_instances: int  # arrived since the previous hand-over
+    calling_ae_titles: tuple[str, ...]
+
+
+StudyCallback = Callable[[CompletedStudy], None]
+
+
+@dataclass
+class _Open:
+    folder: Path
+    last_arrival: float
+    new_instances: int = 0
+    calling_ae_titles: set[str] = field(default_factory=set)
+    failures: int = 0
+    retry_at: float = 0.0
+
+
+@dataclass
+class _Done:
+    generation: int
+    instances: int
+    handed_at: float
+
+
+class StudyTracker:
+    """Arrivals in, completed studies out (through ``on_complete``). Thread-safe."""
+
+    def __init__(
+        self,
+        on_complete: StudyCallback,
+        *,
+        quiet_s: float = 10.0,
+        late_policy: LatePolicy = LatePolicy.RERUN,
+        clock: Callable[[], float] = time.monotonic,
+        forget_after_s: float = 7 * 24 * 3600.0,
+    ) -> None:
+        self._on_complete = on_complete
+        self.quiet_s = quiet_s
+        self.late_policy = late_policy
+        self._clock = clock
+        self._forget_after_s = forget_after_s
+        self._lock = threading.Lock()
+        self._open: dict[str, _Open] = {}
+        self._done: dict[str, _Done] = {}
+        self._poll_lock = threading.Lock()
+
+    def arrived(
+        self, study_uid: str, folder: Path, *, calling_ae: str = "", new: bool = True
+    ) -> None:
+        """An instance of ``study_uid`` is on disk in ``folder``. ``new=False`` for a
+        duplicate: it keeps an open study open but does not reopen a finished one."""
+        now = self._clock()
+        with self._lock:
+            entry = self._open.get(study_uid)
+            if entry is None:
+                if not new:
+                    return
+                entry = self._open[study_uid] = _Open(folder=folder, last_arrival=now)
+                if study_uid in self._done:
+                    logger.info("late instance for handed-over study %s", study_uid)
+            entry.last_arrival = now
+            entry.new_instances += int(new)
+            if calling_ae:
+                entry.calling_ae_titles.add(calling_ae)
+
+    def touch(self, study_uid: str) -> None:
+        """Activity that is not an instance for intake (a quarantined object): keeps an
+        open study from being declared complete, opens nothing."""
+        now = self._clock()
+        with self._lock:
+            entry = self._open.get(study_uid)
+            if entry is not None:
+                entry.last_arrival = now
+
+    def pending(self) -> list[str]:
+        """Study UIDs still waiting for their quiet period."""
+        with self._lock:
+            return sorted(self._open)
+
+    def next_due_in(self) -> float | None:
+        """Seconds until the next study may complete (None: no open study)."""
+        now = self._clock()
+        with self._lock:
+            if not self._open:
+                return None
+            due = min(max(e.last_arrival + self.quiet_s, e.retry_at) for e in self._open.values())
+        return max(0.0, due - now)
+
+    def poll(self) -> list[CompletedStudy]:
+        """Hand over every study quiet for ``quiet_s``; returns those handed over.
+
+        A callback that raises keeps the study open and retries it later (the files stay
+        on disk, so nothing is lost while intake is down)."""
+        with self._poll_lock:
+            now = self._clock()
+            with self._lock:
+                ready = [
+                    (uid, self._open.pop(uid))
+                    for uid, entry in list(self._open.items())
+                    if now - entry.last_arrival >= self.quiet_s and now >= entry.retry_at
+                ]
+                self._forget(now)
+            handed: list[CompletedStudy] = []
+            for uid, entry in ready:
+                study = self._completed(uid, entry)
+                try:
+                    self._on_complete(study)
+                except Exception:
+                    logger.exception("intake failed for study %s; will retry", uid)
+                    self._reopen(uid, entry, now)
+                    continue
+                _write_marker(entry.folder, study.generation, len(study.instances))
+                with self._lock:
+                    self._done[uid] = _Done(study.generation, len(study.instances), now)
+                logger.info(
+                    "study %s %s: %d instances (%d new), generation %d",
+                    uid,
+                    study.kind.value,
+                    len(study.instances),
+                    study.new_instances,
+                    study.generation,
+                )
+                handed.append(study)
+            return handed
+
+    def recover(self, incoming: Path) -> int:
+        """After a restart: every study folder with instances not yet handed over starts
+        its quiet period now. Returns how many studies were reopened."""
+        reopened = 0
+        now = self._clock()
+        for folder in sorted(p for p in Path(incoming).iterdir() if p.is_dir()):
+            count = len(study_instances(folder))
+            marker = _read_marker(folder)
+            with self._lock:
+                if marker is not None:
+                    self._done[folder.name] = _Done(marker[0], marker[1], now)
+                if count > (marker[1] if marker else 0) and folder.name not in self._open:
+                    new = count - (marker[1] if marker else 0)
+                    self._open[folder.name] = _Open(folder, now, new_instances=new)
+                    reopened += 1
+        if reopened:
+            logger.info("%d received studies were not handed over yet; waiting again", reopened)
+        return reopened
+
+    def _completed(self, uid: str, entry: _Open) -> CompletedStudy:
+        with self._lock:
+            done = self._done.get(uid)
+        generation = 1 if done is None else done.generation + 1
+        if generation == 1:
+            kind = CompletionKind.COMPLETE
+        elif self.late_policy is LatePolicy.RERUN:
+            kind = CompletionKind.RERUN
+        else:
+            kind = CompletionKind.LATE_FLAGGED
+        return CompletedStudy(
+            study_instance_uid=uid,
+            folder=entry.folder,
+            kind=kind,
+            generation=generation,
+            instances=tuple(study_instances(entry.folder)),
+            new_instances=entry.new_instances,
+            calling_ae_titles=tuple(sorted(entry.calling_ae_titles)),
+        )
+
+    def _reopen(self, uid: str, entry: _Open, now: float) -> None:
+        entry.failures += 1
+        entry.retry_at = now + min(self.quiet_s * 2**entry.failures, _MAX_RETRY_S)
+        with self._lock:
+            newer = self._open.get(uid)
+            if newer is not None:  # arrivals during the failed hand-over
+                entry.last_arrival = max(entry.last_arrival, newer.last_arrival)
+                entry.new_instances += newer.new_instances
+                entry.calling_ae_titles |= newer.calling_ae_titles
+            self._open[uid] = entry
+
+    def _forget(self, now: float) -> None:
+        """Drop old finished studies from memory (their markers stay on disk)."""
+        stale = [u for u, d in self._done.items() if now - d.handed_at > self._forget_after_s]
+        for uid in stale:
+            del self._done[uid]
+
+
+class CompletenessMonitor:
+    """A daemon thread that polls a tracker until stopped."""
+
+    def __init__(self, tracker: StudyTracker, *, max_interval_s: float = 1.0) -> None:
+        self.tracker = tracker
+        self._interval = min(max_interval_s, max(tracker.quiet_s / 4, 0.05))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="radserve-completeness", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tracker.poll()
+            except Exception:  # a bug here must not stop completeness for good
+                logger.exception("completeness poll failed")
+            due = self.tracker.next_due_in()
+            self._stop.wait(self._interval if due is None else min(self._interval, due + 0.01))
+
+
+def _write_marker(folder: Path, generation: int, instances: int) -> None:
+    """Atomically record the hand-over (best effort: a lost marker means a re-run)."""
+    temporary = folder / f"{HANDOVER_MARKER}.tmp"
+    try:
+        temporary.write_text(json.dumps({"generation": generation, "instances": instances}))
+        os.replace(temporary, folder / HANDOVER_MARKER)
+    except OSError as exc:
+        logger.warning("cannot write the hand-over marker of %s: %s", folder.name, exc)
+
+
+def _read_marker(folder: Path) -> tuple[int, int] | None:
+    try:
+        data = json.loads((folder / HANDOVER_MARKER).read_text())
+        return int(data["generation"]), int(data["instances"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

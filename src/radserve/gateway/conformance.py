@@ -1,0 +1,156 @@
+"""What radserve accepts and sends on the DICOM network: the conformance statement as data.
+
+``docs/conformance.md`` describes these tables in prose; a test checks that the SCP
+negotiates exactly them, so the document and the code cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydicom.uid import (
+    HTJ2K,
+    JPEG2000,
+    UID,
+    DeflatedExplicitVRLittleEndian,
+    ExplicitVRLittleEndian,
+    HTJ2KLossless,
+    HTJ2KLosslessRPCL,
+    ImplicitVRLittleEndian,
+    JPEG2000Lossless,
+    JPEGBaseline8Bit,
+    JPEGExtended12Bit,
+    JPEGLossless,
+    JPEGLosslessSV1,
+    JPEGLSLossless,
+    JPEGLSNearLossless,
+    RLELossless,
+)
+from pynetdicom import AllStoragePresentationContexts
+from pynetdicom import sop_class as sc
+
+# Image storage: what radserve files into a study folder and hands to intake. The
+# cross-sectional classes feed the pipelines; the rest travel with CT/MR studies when a
+# PACS forwards a whole study, and series selection ignores them.
+IMAGE_STORAGE: tuple[UID, ...] = tuple(
+    UID(uid)
+    for uid in (
+        sc.CTImageStorage,
+        sc.EnhancedCTImageStorage,
+        sc.LegacyConvertedEnhancedCTImageStorage,
+        sc.MRImageStorage,
+        sc.EnhancedMRImageStorage,
+        sc.EnhancedMRColorImageStorage,
+        sc.LegacyConvertedEnhancedMRImageStorage,
+        sc.PositronEmissionTomographyImageStorage,
+        sc.EnhancedPETImageStorage,
+        sc.LegacyConvertedEnhancedPETImageStorage,
+        sc.NuclearMedicineImageStorage,
+        sc.ComputedRadiographyImageStorage,
+        sc.DigitalXRayImageStorageForPresentation,
+        sc.DigitalXRayImageStorageForProcessing,
+        sc.DigitalMammographyXRayImageStorageForPresentation,
+        sc.DigitalMammographyXRayImageStorageForProcessing,
+        sc.BreastTomosynthesisImageStorage,
+        sc.UltrasoundImageStorage,
+        sc.UltrasoundMultiFrameImageStorage,
+        sc.XRayAngiographicImageStorage,
+        sc.EnhancedXAImageStorage,
+        sc.XRayRadiofluoroscopicImageStorage,
+        sc.EnhancedXRFImageStorage,
+        sc.XRay3DAngiographicImageStorage,
+        sc.SecondaryCaptureImageStorage,
+        sc.MultiFrameSingleBitSecondaryCaptureImageStorage,
+        sc.MultiFrameGrayscaleByteSecondaryCaptureImageStorage,
+        sc.MultiFrameGrayscaleWordSecondaryCaptureImageStorage,
+        sc.MultiFrameTrueColorSecondaryCaptureImageStorage,
+    )
+)
+
+# Every storage SOP class pynetdicom knows: with the "quarantine" policy the SCP accepts
+# the non-image ones too (SR, SEG, presentation states, waveforms ...) and keeps them
+# aside, so a PACS pushing a whole study never sees a failure for them.
+ALL_STORAGE: tuple[UID, ...] = tuple(
+    UID(cx.abstract_syntax) for cx in AllStoragePresentationContexts if cx.abstract_syntax
+)
+
+# What the SCP accepts, in its order of preference when a sender offers several for one
+# context (pynetdicom picks the acceptor's first match): uncompressed first, because it is
+# the fastest to ingest; then lossless compression; lossy last, so radserve never makes a
+# sender compress lossily. Retired Explicit VR Big Endian is not accepted.
+SCP_TRANSFER_SYNTAXES: tuple[UID, ...] = (
+    ExplicitVRLittleEndian,
+    ImplicitVRLittleEndian,
+    DeflatedExplicitVRLittleEndian,
+    JPEGLosslessSV1,
+    JPEGLossless,
+    JPEGLSLossless,
+    JPEG2000Lossless,
+    HTJ2KLossless,
+    HTJ2KLosslessRPCL,
+    RLELossless,
+    JPEGBaseline8Bit,
+    JPEGExtended12Bit,
+    JPEGLSNearLossless,
+    JPEG2000,
+    HTJ2K,
+)
+
+UNCOMPRESSED: tuple[UID, ...] = (ExplicitVRLittleEndian, ImplicitVRLittleEndian)
+VERIFICATION = UID(sc.Verification)
+
+# Results radserve sends (SCU): proposed only as needed, one context per (SOP class,
+# transfer syntax) of the files in an association.
+SEGMENTATION = UID(sc.SegmentationStorage)
+COMPREHENSIVE_3D_SR = UID(sc.Comprehensive3DSRStorage)
+
+
+class UnwantedPolicy(StrEnum):
+    """What the SCP does with storage SOP classes that are not images."""
+
+    QUARANTINE = "quarantine"  # accept, keep in data_dir/quarantine, log; never processed
+    REFUSE = "refuse"  # do not accept the presentation context at association time
+
+
+# C-STORE response statuses (PS3.4 B.2.3, PS3.7 C).
+class Status:
+    SUCCESS = 0x0000
+    OUT_OF_RESOURCES = 0xA700
+    CANNOT_UNDERSTAND = 0xC000
+    PROCESSING_FAILURE = 0x0110
+    SOP_CLASS_NOT_SUPPORTED = 0x0122
+
+
+# Failure statuses worth another attempt later: the receiver's trouble is temporary.
+RETRYABLE_FAILURES = (
+    (0xA700, 0xA7FF),  # refused: out of resources
+    (0x0110, 0x0110),  # processing failure (Orthanc, dcmtk answer it for disk trouble)
+    (0x0213, 0x0213),  # resource limitation
+)
+# Warning statuses mean "stored" (coercion, elements discarded, dataset mismatch).
+WARNINGS = (0x0001, 0xB000, 0xB006, 0xB007)
+
+
+def is_success(status: int) -> bool:
+    """Stored by the receiver: success or one of the storage warnings."""
+    return status == Status.SUCCESS or status in WARNINGS
+
+
+def is_retryable_status(status: int) -> bool:
+    """Whether a failed C-STORE may succeed later without changing anything here."""
+    return any(low <= status <= high for low, high in RETRYABLE_FAILURES)
+
+
+# A-ASSOCIATE-RJ (PS3.8 9.3.4): (source, reason) -> text; result 1 permanent, 2 transient.
+REJECT_REASONS: dict[tuple[int, int], str] = {
+    (1, 1): "no reason given",
+    (1, 2): "application context name not supported",
+    (1, 3): "calling AE title not recognised",
+    (1, 7): "called AE title not recognised",
+    (2, 1): "no reason given (ACSE)",
+    (2, 2): "protocol version not supported",
+    (3, 1): "temporary congestion",
+    (3, 2): "local limit exceeded",
+}
+REJECTED_PERMANENT = 0x01
+REJECTED_TRANSIENT = 0x02

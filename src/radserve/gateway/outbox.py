@@ -1,0 +1,299 @@
+"""The durable outbox: result files -> DICOM destinations, retried until delivered.
+
+Enqueue writes one row per (result instance, destination) and commits; nothing else
+needs to stay up. :meth:`Outbox.deliver_pending` sends what is due (testable with any
+``now``); :class:`OutboxWorker` calls it from a background thread. Delivery semantics:
+
+- nothing lost: rows live in the database, so a restart resumes where it stopped;
+- nothing sent twice in normal operation: a row is marked ``sent`` in its own committed
+  transaction right after the peer's success status, before the next file goes out;
+- at most one duplicate after a crash between the success status and that commit: the
+  row's lease expires and it is sent again. PACSs treat a repeated SOP Instance UID as
+  the same instance (Orthanc, dcm4chee store it once), so the result appears once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import pydicom
+from pydicom.errors import InvalidDicomError
+
+from radserve.gateway.config import Destination
+from radserve.gateway.errors import GatewayConfigError, GatewayError
+from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult
+from radserve.store.outbox import NewDelivery, OutboxItem, OutboxState, OutboxStore
+
+logger = logging.getLogger(__name__)
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Sender(Protocol):
+    """What delivers files (:class:`radserve.gateway.scu.StoreSCU`, or a test double)."""
+
+    def send(
+        self, destination: Destination, files: Sequence[OutgoingFile], on_result: ResultCallback
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential back-off: 30 s, 1 min, 2 min ... capped at 1 h, for up to 3 days."""
+
+    first_delay_s: float = 30.0
+    factor: float = 2.0
+    max_delay_s: float = 3600.0
+    give_up_after_s: float = 72 * 3600.0
+    max_attempts: int | None = None
+
+    def delay(self, attempts: int) -> dt.timedelta:
+        """Wait after the ``attempts``-th failed attempt (1-based)."""
+        seconds = self.first_delay_s * self.factor ** max(attempts - 1, 0)
+        return dt.timedelta(seconds=min(seconds, self.max_delay_s))
+
+    def gives_up(self, item: OutboxItem, now: dt.datetime) -> bool:
+        too_old = (now - item.created).total_seconds() >= self.give_up_after_s
+        too_many = self.max_attempts is not None and item.attempts >= self.max_attempts
+        return too_old or too_many
+
+
+@dataclass(frozen=True)
+class DeliveryReport:
+    """What one :meth:`Outbox.deliver_pending` call did."""
+
+    claimed: int = 0
+    sent: int = 0
+    retried: int = 0
+    failed: int = 0
+
+
+class Outbox:
+    """Enqueue results for destinations and deliver them."""
+
+    def __init__(
+        self,
+        store: OutboxStore,
+        destinations: Iterable[Destination],
+        sender: Sender,
+        *,
+        policy: RetryPolicy | None = None,
+        batch_size: int = 100,
+        lease: dt.timedelta = dt.timedelta(minutes=15),
+    ) -> None:
+        self.store = store
+        self.destinations: Mapping[str, Destination] = {d.name: d for d in destinations}
+        self.sender = sender
+        self.policy = policy or RetryPolicy()
+        self.batch_size = batch_size
+        self.lease = lease
+
+    def enqueue(
+        self,
+        paths: Sequence[Path],
+        *,
+        destinations: Sequence[str] | None = None,
+        job_id: str | None = None,
+        now: dt.datetime | None = None,
+    ) -> list[OutboxItem]:
+        """Queue each DICOM file for each destination (default: all configured).
+
+        Committed on return. Enqueueing an instance already queued for a destination
+        returns the existing row. Raises for a file that is not DICOM or an unknown
+        destination name (a programming or configuration error, not a delivery one)."""
+        names = list(self.destinations) if destinations is None else list(destinations)
+        unknown = [name for name in names if name not in self.destinations]
+        if unknown:
+            raise GatewayConfigError(
+                f"unknown destination(s) {unknown}; configured: {sorted(self.destinations)}"
+            )
+        deliveries = [
+            NewDelivery(destination=name, job_id=job_id, **_describe(Path(path)))
+            for path in paths
+            for name in names
+        ]
+        items = self.store.add(deliveries, now=now or utc_now())
+        logger.info("outbox: %d deliveries queued for %s", len(items), ", ".join(names) or "-")
+        return items
+
+    def deliver_pending(self, now: dt.datetime | None = None) -> DeliveryReport:
+        """Send every row due at ``now``; each ends ``sent``, rescheduled or failed."""
+        now = now or utc_now()
+        claimed = self.store.claim_due(now, limit=self.batch_size, lease=self.lease)
+        if not claimed:
+            return DeliveryReport()
+        tally = {Outcome.SENT: 0, Outcome.RETRY: 0, Outcome.PERMANENT: 0}
+        by_destination: dict[str, list[OutboxItem]] = {}
+        for item in claimed:
+            by_destination.setdefault(item.destination, []).append(item)
+        for name, items in by_destination.items():
+            self._deliver(name, items, now, tally)
+        report = DeliveryReport(
+            claimed=len(claimed),
+            sent=tally[Outcome.SENT],
+            retried=tally[Outcome.RETRY],
+            failed=tally[Outcome.PERMANENT],
+        )
+        logger.info("outbox: %s", report)
+        return report
+
+    def next_due(self) -> dt.datetime | None:
+        return self.store.next_due()
+
+    def _deliver(
+        self, name: str, items: list[OutboxItem], now: dt.datetime, tally: dict[Outcome, int]
+    ) -> None:
+        rows = {item.id: item for item in items}
+        unsettled = set(rows)
+
+        def settle(item_id: int, result: SendResult) -> None:
+            if item_id in unsettled:
+                unsettled.discard(item_id)
+                tally[self._record(rows[item_id], result, now)] += 1
+
+        destination = self.destinations.get(name)
+        if destination is None:
+            for item_id in list(unsettled):
+                reason = f"destination {name!r} is no longer configured"
+                settle(item_id, SendResult(Outcome.PERMANENT, reason))
+            return
+        files = []
+        for item in items:
+            if Path(item.path).is_file():
+                files.append(_outgoing(item))
+            else:
+                settle(item.id, SendResult(Outcome.PERMANENT, f"result file {item.path} is gone"))
+        try:
+            self.sender.send(destination, files, lambda f, r: settle(f.key, r))
+        except Exception as exc:  # the sender's bug must not strand rows in "sending"
+            logger.exception("outbox: sending to %s failed", name)
+            for item_id in list(unsettled):
+                settle(item_id, SendResult(Outcome.RETRY, f"internal error: {exc!r}"))
+        for item_id in list(unsettled):  # a sender that forgot a file
+            settle(item_id, SendResult(Outcome.RETRY, "no result reported for this file"))
+
+    def _record(self, item: OutboxItem, result: SendResult, now: dt.datetime) -> Outcome:
+        outcome = result.outcome
+        if outcome is Outcome.SENT:
+            self.store.mark_sent(item.id, now=now)
+            logger.info("outbox: %s sent to %s", item.sop_instance_uid, item.destination)
+        elif outcome is Outcome.RETRY and not self.policy.gives_up(item, now):
+            due = now + self.policy.delay(item.attempts)
+            self.store.reschedule(item.id, now=now, next_attempt_at=due, error=result.message)
+            logger.warning(
+                "outbox: %s to %s failed (attempt %d), retry at %s: %s",
+                item.sop_instance_uid,
+                item.destination,
+                item.attempts,
+                due.isoformat(timespec="seconds"),
+                result.message,
+            )
+        else:
+            message = result.message
+            if outcome is Outcome.RETRY:
+                message = f"gave up after {item.attempts} attempts: {message}"
+                outcome = Outcome.PERMANENT
+            self.store.fail_permanently(item.id, now=now, error=message)
+            logger.error(
+                "outbox: %s to %s failed permanently: %s",
+                item.sop_instance_uid,
+                item.destination,
+                message,
+            )
+        return outcome
+
+
+def _describe(path: Path) -> dict[str, str]:
+    """The UIDs an outbox row needs, from the file's header."""
+    try:
+        header = pydicom.dcmread(path, stop_before_pixels=True)
+        return {
+            "path": str(path.absolute()),
+            "sop_class_uid": str(header.SOPClassUID),
+            "sop_instance_uid": str(header.SOPInstanceUID),
+            "study_instance_uid": str(header.StudyInstanceUID),
+            "transfer_syntax_uid": str(header.file_meta.TransferSyntaxUID),
+        }
+    except (OSError, InvalidDicomError, AttributeError) as exc:
+        raise GatewayError(f"cannot queue {path.name}: not a readable DICOM file ({exc})") from exc
+
+
+def _outgoing(item: OutboxItem) -> OutgoingFile:
+    return OutgoingFile(
+        key=item.id,
+        path=Path(item.path),
+        sop_class_uid=item.sop_class_uid,
+        transfer_syntax_uid=item.transfer_syntax_uid,
+        sop_instance_uid=item.sop_instance_uid,
+    )
+
+
+class OutboxWorker:
+    """A daemon thread delivering due rows: wakes every ``interval_s``, at the next due
+    time if sooner, and at once on :meth:`wake` (call it after :meth:`Outbox.enqueue`)."""
+
+    def __init__(
+        self,
+        outbox: Outbox,
+        *,
+        interval_s: float = 30.0,
+        clock: Callable[[], dt.datetime] = utc_now,
+    ) -> None:
+        self.outbox = outbox
+        self.interval_s = interval_s
+        self._clock = clock
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="radserve-outbox", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop after the current delivery (rows being sent finish or keep their lease)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                report = self.outbox.deliver_pending(self._clock())
+                if report.claimed == self.outbox.batch_size:
+                    continue  # more may be due right now
+                wait = self._seconds_to_next_due()
+            except Exception:  # database briefly unavailable: try again later
+                logger.exception("outbox delivery failed")
+                wait = self.interval_s
+            self._wake.wait(wait)
+
+    def _seconds_to_next_due(self) -> float:
+        due = self.outbox.next_due()
+        if due is None:
+            return self.interval_s
+        seconds = (due - self._clock()).total_seconds()
+        return min(self.interval_s, max(seconds, 0.05))
+
+
+__all__ = [
+    "DeliveryReport",
+    "Outbox",
+    "OutboxState",
+    "OutboxWorker",
+    "RetryPolicy",
+    "Sender",
+    "utc_now",
+]

@@ -1,0 +1,261 @@
+"""C-ECHO and C-STORE to a DICOM destination, with every failure classified once.
+
+A send's result is one of three outcomes, which the outbox turns into row states:
+
+- ``SENT``: success or a storage warning (0xB000/0xB006/0xB007): the peer has it;
+- ``RETRY``: nothing is wrong here, try later — cannot connect, association aborted or
+  rejected *transient*, status 0xA7xx (out of resources), 0x0110 processing failure;
+- ``PERMANENT``: retrying cannot help until a person changes something — association
+  rejected *permanent* (e.g. the PACS does not know radserve's AE title), no accepted
+  presentation context for the file, other failure statuses, unreadable file.
+
+Only the presentation contexts the files need are proposed (each file's SOP Class with
+its transfer syntax; uncompressed files also offer the other little-endian syntax), so
+SEG and Comprehensive 3D SR are proposed although they are rarely among defaults.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from pydicom.uid import UID
+from pynetdicom import AE, evt
+from pynetdicom.association import Association
+from pynetdicom.presentation import PresentationContext, build_context
+
+from radserve.gateway import conformance
+from radserve.gateway.config import Destination, check_ae_title
+
+logger = logging.getLogger(__name__)
+
+MAX_CONTEXTS = 128  # odd context IDs 1..255 (PS3.8 9.3.2.2)
+
+
+class Outcome(StrEnum):
+    SENT = "sent"
+    RETRY = "retry"
+    PERMANENT = "permanent"
+
+
+@dataclass(frozen=True)
+class SendResult:
+    outcome: Outcome
+    message: str
+    status: int | None = None
+
+
+@dataclass(frozen=True)
+class OutgoingFile:
+    """One file to send; ``key`` identifies it to the caller (the outbox row id)."""
+
+    key: int
+    path: Path
+    sop_class_uid: str
+    transfer_syntax_uid: str
+    sop_instance_uid: str
+
+
+ResultCallback = Callable[[OutgoingFile, SendResult], None]
+
+
+class StoreSCU:
+    """Opens one association per destination and batch; thread-safe (no shared state
+    beyond settings)."""
+
+    def __init__(
+        self,
+        ae_title: str = "RADSERVE",
+        *,
+        connect_timeout_s: float = 10.0,
+        acse_timeout_s: float = 30.0,
+        dimse_timeout_s: float = 120.0,
+        network_timeout_s: float = 120.0,
+    ) -> None:
+        self.ae_title = check_ae_title(ae_title, "radserve's calling AE title")
+        self._timeouts = (connect_timeout_s, acse_timeout_s, dimse_timeout_s, network_timeout_s)
+
+    def echo(self, destination: Destination) -> SendResult:
+        """C-ECHO: can radserve associate with the destination, and does it answer?"""
+        ae = self._ae()
+        ae.add_requested_context(conformance.VERIFICATION)
+        assoc, failure = self._associate(ae, destination)
+        if failure is not None:
+            return failure
+        try:
+            status = assoc.send_c_echo()
+        finally:
+            assoc.release()
+        code = int(status.Status) if "Status" in status else None
+        if code == conformance.Status.SUCCESS:
+            return SendResult(Outcome.SENT, f"C-ECHO to {destination} succeeded", code)
+        return SendResult(Outcome.RETRY, f"C-ECHO to {destination}: no success ({code})", code)
+
+    def send(
+        self, destination: Destination, files: Sequence[OutgoingFile], on_result: ResultCallback
+    ) -> None:
+        """C-STORE every file; ``on_result`` is called once per file, right after its
+        status arrives (so the caller can record "sent" before the next file goes)."""
+        for batch in _batches(files):
+            self._send_batch(destination, batch, on_result)
+
+    def _send_batch(
+        self, destination: Destination, files: Sequence[OutgoingFile], on_result: ResultCallback
+    ) -> None:
+        ae = self._ae()
+        for context in _contexts(files):
+            ae.add_requested_context(context.abstract_syntax, context.transfer_syntax)
+        assoc, failure = self._associate(ae, destination)
+        if failure is not None:
+            for item in files:
+                on_result(item, failure)
+            return
+        accepted = {
+            (str(cx.abstract_syntax), str(cx.transfer_syntax[0])) for cx in assoc.accepted_contexts
+        }
+        try:
+            remaining = list(files)
+            while remaining:
+                item = remaining.pop(0)
+                result = self._store_one(assoc, destination, item, accepted)
+                on_result(item, result)
+                if not assoc.is_established:
+                    lost = SendResult(Outcome.RETRY, f"association with {destination} was lost")
+                    for other in remaining:
+                        on_result(other, lost)
+                    return
+        finally:
+            if assoc.is_established:
+                assoc.release()
+
+    def _store_one(
+        self,
+        assoc: Association,
+        destination: Destination,
+        item: OutgoingFile,
+        accepted: set[tuple[str, str]],
+    ) -> SendResult:
+        if not _has_context(item, accepted):
+            name = UID(item.sop_class_uid).name
+            syntax = UID(item.transfer_syntax_uid).name
+            return SendResult(
+                Outcome.PERMANENT,
+                f"{destination} accepted no presentation context for {name} in {syntax}: "
+                "enable this SOP class at the destination",
+            )
+        try:
+            status = assoc.send_c_store(str(item.path))
+        except (OSError, ValueError, AttributeError) as exc:
+            return SendResult(Outcome.PERMANENT, f"cannot send {item.path.name}: {exc}")
+        if "Status" not in status:
+            return SendResult(
+                Outcome.RETRY, f"no C-STORE response from {destination} (timeout or abort)"
+            )
+        code = int(status.Status)
+        comment = str(status.get("ErrorComment", "") or "")
+        text = f"C-STORE status 0x{code:04X} from {destination}" + (
+            f": {comment}" if comment else ""
+        )
+        if conformance.is_success(code):
+            return SendResult(Outcome.SENT, text, code)
+        if conformance.is_retryable_status(code):
+            return SendResult(Outcome.RETRY, text, code)
+        return SendResult(Outcome.PERMANENT, text, code)
+
+    def _ae(self) -> AE:
+        ae = AE(ae_title=self.ae_title)
+        connect, acse, dimse, network = self._timeouts
+        ae.connection_timeout = connect
+        ae.acse_timeout = acse
+        ae.dimse_timeout = dimse
+        ae.network_timeout = network
+        return ae
+
+    def _associate(self, ae: AE, destination: Destination) -> tuple[Association, SendResult | None]:
+        opened = threading.Event()
+        tls_args = None
+        if destination.tls is not None:
+            hostname = destination.tls.server_hostname or destination.host
+            tls_args = (destination.tls.client_context(), hostname)
+        assoc = ae.associate(
+            destination.host,
+            destination.port,
+            ae_title=destination.ae_title,
+            tls_args=tls_args,
+            evt_handlers=[(evt.EVT_CONN_OPEN, lambda _event: opened.set())],
+        )
+        if assoc.is_established:
+            return assoc, None
+        return assoc, _association_failure(assoc, destination, self.ae_title, opened.is_set())
+
+
+def _association_failure(
+    assoc: Association, destination: Destination, calling: str, connected: bool
+) -> SendResult:
+    if assoc.is_rejected:
+        primitive = assoc.acceptor.primitive
+        result = int(getattr(primitive, "result", 0) or 0)
+        source = int(getattr(primitive, "result_source", 0) or 0)
+        diagnostic = int(getattr(primitive, "diagnostic", 0) or 0)
+        reason = conformance.REJECT_REASONS.get((source, diagnostic), f"reason {diagnostic}")
+        if result == conformance.REJECTED_TRANSIENT:
+            return SendResult(
+                Outcome.RETRY, f"{destination} rejected the association for now: {reason}"
+            )
+        return SendResult(
+            Outcome.PERMANENT,
+            f"{destination} rejected the association permanently: {reason} "
+            f"(radserve calls as {calling!r}; check the destination's AE configuration)",
+        )
+    if not connected:
+        return SendResult(
+            Outcome.RETRY,
+            f"cannot connect to {destination.host}:{destination.port} ({destination.name})",
+        )
+    return SendResult(Outcome.RETRY, f"association with {destination} aborted or timed out")
+
+
+def _has_context(item: OutgoingFile, accepted: set[tuple[str, str]]) -> bool:
+    if (item.sop_class_uid, item.transfer_syntax_uid) in accepted:
+        return True
+    if item.transfer_syntax_uid in conformance.UNCOMPRESSED:  # pynetdicom re-encodes these
+        return any(
+            (item.sop_class_uid, str(syntax)) in accepted for syntax in conformance.UNCOMPRESSED
+        )
+    return False
+
+
+def _context_key(item: OutgoingFile) -> tuple[str, str]:
+    """Files sharing a key share a context: compressed syntaxes each get their own (an
+    acceptor picks one syntax per context), uncompressed ones share one."""
+    uncompressed = item.transfer_syntax_uid in conformance.UNCOMPRESSED
+    return item.sop_class_uid, "uncompressed" if uncompressed else item.transfer_syntax_uid
+
+
+def _contexts(files: Sequence[OutgoingFile]) -> list[PresentationContext]:
+    """The contexts these files need, each file's own syntax first."""
+    contexts: dict[tuple[str, str], list[str]] = {}
+    for item in files:
+        syntaxes = contexts.setdefault(_context_key(item), [item.transfer_syntax_uid])
+        if item.transfer_syntax_uid in conformance.UNCOMPRESSED:
+            syntaxes.extend(str(s) for s in conformance.UNCOMPRESSED if str(s) not in syntaxes)
+    return [build_context(sop_class, ts) for (sop_class, _), ts in contexts.items()]
+
+
+def _batches(files: Sequence[OutgoingFile]) -> Iterator[list[OutgoingFile]]:
+    """Split so no association needs more than :data:`MAX_CONTEXTS` contexts."""
+    batch: list[OutgoingFile] = []
+    keys: set[tuple[str, str]] = set()
+    for item in files:
+        key = _context_key(item)
+        if key not in keys and len(keys) == MAX_CONTEXTS:
+            yield batch
+            batch, keys = [], set()
+        batch.append(item)
+        keys.add(key)
+    if batch:
+        yield batch

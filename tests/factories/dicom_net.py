@@ -1,0 +1,169 @@
+"""Real DICOM peers for gateway tests: dcmtk tools, a throw-away Orthanc, small studies.
+
+Everything listens on 127.0.0.1 only (Orthanc also binds 0.0.0.0 for its DICOM port;
+its HTTP server refuses remote clients with ``RemoteAccessAllowed: false``) and every
+wait is bounded.
+
+pynetdicom installs Python ``storescu``/``echoscu`` scripts into the virtual environment
+that shadow dcmtk's; :func:`dcmtk_tool` returns the real (ELF) dcmtk binary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
+
+# storescu proposes only uncompressed syntaxes unless told; -R: only what the files need
+STORESCU_SYNTAX_FLAGS = {"explicit": [], "jpeg2000": ["-xv"], "rle": ["-xr"]}
+
+
+def dcmtk_tool(name: str) -> str | None:
+    """The dcmtk binary ``name`` on PATH (not pynetdicom's Python script of that name)."""
+    for folder in os.get_exec_path():
+        candidate = Path(folder) / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            with open(candidate, "rb") as handle:
+                if handle.read(4) == b"\x7fELF":
+                    return str(candidate)
+    return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def small_study(
+    folder: Path, *, seed: int = 1, slices: range = range(10, 22), transfer_syntax: str = "explicit"
+) -> list[Path]:
+    """A few slices of a small phantom CT (about 32 KB each uncompressed)."""
+    phantom = generate_phantom(PhantomSpec.random(seed, small=True), slices)
+    return write_dicom_series(phantom, folder, transfer_syntax=transfer_syntax)
+
+
+def storescu(
+    host: str,
+    port: int,
+    files: list[Path],
+    *,
+    calling: str = "STORESCU",
+    called: str = "RADSERVE",
+    transfer_syntax: str = "explicit",
+    timeout: float = 60.0,
+) -> subprocess.CompletedProcess[str]:
+    tool = dcmtk_tool("storescu")
+    assert tool is not None
+    command = [tool, "-R", *STORESCU_SYNTAX_FLAGS[transfer_syntax], "-aet", calling, "-aec", called]
+    command += ["-to", "10", "-ta", "10", "-td", "30", host, str(port), *map(str, files)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+class Orthanc:
+    """A private Orthanc in ``folder`` on loopback ports; start/stop as often as needed."""
+
+    def __init__(self, folder: Path, *, aet: str = "ORTHANC", peers: dict[str, Any] | None = None):
+        self.binary = shutil.which("Orthanc")
+        self.folder = folder
+        self.aet = aet
+        self.http_port = free_port()
+        self.dicom_port = free_port()
+        self._process: subprocess.Popen[bytes] | None = None
+        folder.mkdir(parents=True, exist_ok=True)
+        config = {
+            "Name": "radserve-test",
+            "StorageDirectory": str(folder / "db"),
+            "IndexDirectory": str(folder / "db"),
+            "HttpPort": self.http_port,
+            "DicomPort": self.dicom_port,
+            "DicomAet": aet,
+            "RemoteAccessAllowed": False,
+            "AuthenticationEnabled": False,
+            "HttpServerEnabled": True,
+            "DicomServerEnabled": True,
+            "Plugins": [],
+            "StableAge": 1,
+            "DicomModalities": peers or {},
+        }
+        self.config = folder / "config.json"
+        self.config.write_text(json.dumps(config, indent=1))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def start(self, timeout: float = 20.0) -> None:
+        assert self.binary is not None and self._process is None
+        log = open(self.folder / "orthanc.log", "ab")  # noqa: SIM115 - owned by the process
+        self._process = subprocess.Popen(
+            [self.binary, str(self.config)], stdout=log, stderr=subprocess.STDOUT, cwd=self.folder
+        )
+        log.close()
+        if not wait_until(self._up, timeout, step=0.1):
+            self.stop()
+            raise RuntimeError(f"Orthanc did not start; see {self.folder / 'orthanc.log'}")
+
+    def stop(self, grace: float = 1.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` s (Orthanc takes ~3 s to stop cleanly;
+        tests never reuse its database after a stop)."""
+        if self._process is None:
+            return
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait(timeout=5)
+        self._process = None
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            return json.loads(response.read())
+
+    def _up(self) -> bool:
+        try:
+            self.get("/system")
+        except (urllib.error.URLError, ConnectionError, OSError):
+            return False
+        return True
+
+
+def study_with_results(root: Path, *, seed: int = 3) -> tuple[list[Path], list[Path]]:
+    """A small phantom CT study and radserve's SEG + SR for it, from the pipeline run with
+    tiny threshold models (about a second): ``(source files, result files)``."""
+    from radserve.models.registry import ModelRegistry
+    from radserve.pipelines.spec import load_pipeline
+    from radserve.report.dicom import write_dicom_results
+    from radserve.study import run_study
+    from tests.factories.bundles import write_test_bundles, write_test_pipeline
+
+    phantom = generate_phantom(PhantomSpec.random(seed, small=True), range(10, 30))
+    files = write_dicom_series(phantom, root / "study")
+    result = run_study(
+        root / "study",
+        pipeline=load_pipeline(write_test_pipeline(root)),
+        out_dir=root / "out",
+        registry=ModelRegistry(write_test_bundles(root / "models", organ_hu=90, lesion_hu=140)),
+        key_images=False,
+    )
+    return files, write_dicom_results(result.report, root / "out", files)

@@ -1,0 +1,120 @@
+"""A real PACS (Orthanc, on private loopback ports) receives radserve's SEG and SR through
+the outbox: in the source study, referencing it, exactly once — also when the PACS is
+down for a while. Skips when the ``Orthanc`` binary is not installed."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pydicom
+import pytest
+from tests.factories.dicom_net import Orthanc, study_with_results, wait_until
+
+from radserve.gateway import Destination, Outbox, OutboxWorker, RetryPolicy, StoreSCU
+from radserve.gateway.scu import OutgoingFile, SendResult
+from radserve.store import init_store
+from radserve.store.outbox import OutboxState, OutboxStore
+
+pytestmark = [
+    pytest.mark.tools,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("Orthanc") is None, reason="Orthanc is not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], list[Path]]:
+    return study_with_results(tmp_path_factory.mktemp("orthanc-study"))
+
+
+@pytest.fixture
+def orthanc(tmp_path: Path) -> Iterator[Orthanc]:
+    server = Orthanc(tmp_path / "orthanc")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def rows(tmp_path: Path) -> Iterator[OutboxStore]:
+    store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
+    yield OutboxStore(store.engine)
+    store.close()
+
+
+def _destination(orthanc: Orthanc) -> Destination:
+    return Destination(name="pacs", ae_title=orthanc.aet, host="127.0.0.1", port=orthanc.dicom_port)
+
+
+def _send_source(orthanc: Orthanc, files: list[Path]) -> None:
+    """The PACS has the source study first (sent with radserve's SCU, CT contexts)."""
+    outgoing = []
+    for key, path in enumerate(files):
+        header = pydicom.dcmread(path, stop_before_pixels=True)
+        syntax = str(header.file_meta.TransferSyntaxUID)
+        outgoing.append(OutgoingFile(key, path, header.SOPClassUID, syntax, header.SOPInstanceUID))
+    results: list[SendResult] = []
+    StoreSCU().send(_destination(orthanc), outgoing, lambda _f, r: results.append(r))
+    assert [r.outcome.value for r in results] == ["sent"] * len(files), results[:1]
+
+
+def test_seg_and_sr_land_in_the_source_study(orthanc: Orthanc, rows: OutboxStore, study) -> None:
+    sources, results = study
+    orthanc.start()
+    _send_source(orthanc, sources)
+    outbox = Outbox(rows, [_destination(orthanc)], StoreSCU())
+    outbox.enqueue(results, job_id="job-1")
+    report = outbox.deliver_pending()
+    assert report.sent == len(results) == 3, rows.items()
+
+    source = pydicom.dcmread(sources[0], stop_before_pixels=True)
+    [study_id] = orthanc.get("/studies")
+    assert orthanc.get(f"/studies/{study_id}")["MainDicomTags"]["StudyInstanceUID"] == (
+        source.StudyInstanceUID
+    )
+    instances = orthanc.get(f"/studies/{study_id}/instances")
+    assert len(instances) == len(sources) + len(results)
+    assert len(orthanc.get(f"/studies/{study_id}/series")) == 3  # CT, SEG series, SR series
+    tags = {
+        i["MainDicomTags"]["SOPInstanceUID"]: orthanc.get(f"/instances/{i['ID']}/tags?simplify")
+        for i in instances
+    }
+    for path in results:
+        sent = pydicom.dcmread(path, stop_before_pixels=True)
+        stored = tags[sent.SOPInstanceUID]
+        assert stored["StudyInstanceUID"] == source.StudyInstanceUID
+        assert stored["SOPClassUID"] == sent.SOPClassUID
+        if stored["Modality"] == "SEG":
+            [referenced] = stored["ReferencedSeriesSequence"]
+            assert referenced["SeriesInstanceUID"] == source.SeriesInstanceUID
+        else:
+            assert stored["Modality"] == "SR"
+            [evidence] = stored["CurrentRequestedProcedureEvidenceSequence"]
+            assert evidence["StudyInstanceUID"] == source.StudyInstanceUID
+
+
+def test_pacs_down_then_back_delivers_everything_exactly_once(
+    orthanc: Orthanc, rows: OutboxStore, study
+) -> None:
+    _, results = study
+    policy = RetryPolicy(first_delay_s=0.3, max_delay_s=0.6)
+    outbox = Outbox(rows, [_destination(orthanc)], StoreSCU(connect_timeout_s=2), policy=policy)
+    worker = OutboxWorker(outbox, interval_s=0.2)
+    outbox.enqueue(results)
+    worker.start()
+    try:
+        assert wait_until(lambda: min(i.attempts for i in rows.items()) >= 2, timeout=10)
+        down = rows.items()
+        assert {i.state for i in down} <= {OutboxState.PENDING, OutboxState.SENDING}
+        assert all("cannot connect" in (i.last_error or "") for i in down)
+        orthanc.start()
+        worker.wake()
+        assert wait_until(lambda: rows.counts()[OutboxState.SENT] == len(results), timeout=15)
+    finally:
+        worker.stop()
+    assert len(orthanc.get("/instances")) == len(results)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    assert outbox.deliver_pending(later).claimed == 0
+    assert len(orthanc.get("/instances")) == len(results)

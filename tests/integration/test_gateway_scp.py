@@ -1,0 +1,291 @@
+"""The storage SCP against real peers on loopback: dcmtk's echoscu/storescu and
+pynetdicom associations. Studies are a dozen slices of a small phantom."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pydicom
+import pytest
+from pydicom.uid import DeflatedExplicitVRLittleEndian, HTJ2KLossless, ImplicitVRLittleEndian
+from pynetdicom import AE
+from pynetdicom.sop_class import ComprehensiveSRStorage, CTImageStorage, Verification
+from tests.factories.dicom_net import dcmtk_tool, small_study, storescu, wait_until
+from tests.factories.dicom_series import dcmtk_compress
+
+from radserve.gateway import CompletedStudy, GatewaySCP, Peer, ScpConfig, UnwantedPolicy
+from radserve.gateway.conformance import Status
+
+pytestmark = [
+    pytest.mark.tools,
+    pytest.mark.skipif(dcmtk_tool("storescu") is None, reason="dcmtk is not installed"),
+]
+QUIET_S = 1.5
+
+
+class Intake:
+    """Collects completed studies (the service's callback in these tests)."""
+
+    def __init__(self) -> None:
+        self.studies: list[CompletedStudy] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, study: CompletedStudy) -> None:
+        with self.lock:
+            self.studies.append(study)
+
+
+@pytest.fixture
+def intake() -> Intake:
+    return Intake()
+
+
+@pytest.fixture
+def scp(tmp_path: Path, intake: Intake) -> Iterator[GatewaySCP]:
+    config = ScpConfig(
+        data_dir=tmp_path / "gateway",
+        port=0,
+        quiet_s=QUIET_S,
+        allowed_peers=(Peer("STORESCU", "127.0.0.1"), Peer("PYNETDICOM")),
+    )
+    with GatewaySCP(config, intake) as server:
+        yield server
+
+
+def _pixels(path: Path) -> bytes:
+    return pydicom.dcmread(path).PixelData
+
+
+def test_echoscu_gets_an_answer(scp: GatewaySCP) -> None:
+    host, port = scp.address
+    tool = dcmtk_tool("echoscu")
+    assert tool is not None
+    command = [tool, "-aet", "STORESCU", "-aec", "RADSERVE", host, str(port)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("syntax", ["explicit", "jpeg2000", "rle"])
+def test_storescu_study_arrives_whole_and_completes_once(
+    scp: GatewaySCP, intake: Intake, tmp_path: Path, syntax: str
+) -> None:
+    files = small_study(tmp_path / "sent", transfer_syntax=syntax, slices=range(10, 18))
+    run = storescu(*scp.address, files, transfer_syntax=syntax)
+    assert run.returncode == 0, run.stderr
+    assert wait_until(lambda: intake.studies, timeout=15)
+    [study] = intake.studies
+    sent = {pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID: p for p in files}
+    received = {p.stem: p for p in study.instances}
+    assert received.keys() == sent.keys() and study.new_instances == len(files)
+    for uid, path in received.items():
+        assert _pixels(path) == _pixels(sent[uid])
+    meta = pydicom.dcmread(study.instances[0], stop_before_pixels=True).file_meta
+    assert meta.TransferSyntaxUID == pydicom.dcmread(files[0]).file_meta.TransferSyntaxUID
+    assert study.calling_ae_titles == ("STORESCU",)
+
+
+@pytest.mark.slow
+def test_a_study_split_over_two_associations_completes_once(
+    scp: GatewaySCP, intake: Intake, tmp_path: Path
+) -> None:
+    files = small_study(tmp_path / "sent", slices=range(10, 20))
+    assert storescu(*scp.address, files[:1]).returncode == 0  # released after 1 instance
+    assert intake.studies == []
+    assert storescu(*scp.address, files[1:]).returncode == 0
+    assert wait_until(lambda: intake.studies, timeout=15)
+    assert not wait_until(lambda: len(intake.studies) > 1, timeout=QUIET_S)  # and no second
+    [study] = intake.studies
+    assert len(study.instances) == len(files) and study.generation == 1
+
+
+def test_unknown_calling_ae_is_rejected_at_association(
+    scp: GatewaySCP, intake: Intake, tmp_path: Path
+) -> None:
+    files = small_study(tmp_path / "sent", slices=range(10, 11))
+    run = storescu(*scp.address, files, calling="INTRUDER")
+    assert run.returncode != 0
+    assert "Calling AE Title Not Recognized" in run.stdout + run.stderr
+    assert not any(scp.instances.incoming.iterdir())
+
+
+def test_known_ae_from_another_host_is_rejected(tmp_path: Path, intake: Intake) -> None:
+    config = ScpConfig(
+        data_dir=tmp_path / "gw", port=0, allowed_peers=(Peer("STORESCU", "127.0.0.2"),)
+    )
+    with GatewaySCP(config, intake) as server:
+        ae = AE("STORESCU")
+        ae.add_requested_context(Verification)
+        assoc = ae.associate(*server.address, ae_title="RADSERVE")
+        assert assoc.is_rejected
+        assert assoc.acceptor.primitive.reason_str == "Calling AE title not recognised"
+
+
+def _pynetdicom_store(address: tuple[str, int], datasets: list[Path], sop_class) -> list[int]:
+    ae = AE("PYNETDICOM")
+    ae.add_requested_context(sop_class, ["1.2.840.10008.1.2.1"])
+    assoc = ae.associate(*address, ae_title="RADSERVE")
+    if not assoc.is_established:
+        return []
+    try:
+        return [int(assoc.send_c_store(str(path)).Status) for path in datasets]
+    finally:
+        assoc.release()
+
+
+def _sr_file(tmp_path: Path, study_uid: str) -> Path:
+    from pydicom.dataset import Dataset, FileMetaDataset
+    from pydicom.uid import generate_uid
+
+    ds = Dataset()
+    ds.SOPClassUID, ds.SOPInstanceUID = ComprehensiveSRStorage, generate_uid()
+    ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.Modality = study_uid, generate_uid(), "SR"
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.1"
+    path = tmp_path / "sr.dcm"
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+def test_non_image_objects_are_quarantined_not_handed_over(
+    scp: GatewaySCP, intake: Intake, tmp_path: Path
+) -> None:
+    path = _sr_file(tmp_path, "1.2.3.4.5")
+    assert _pynetdicom_store(scp.address, [path], ComprehensiveSRStorage) == [Status.SUCCESS]
+    assert (scp.instances.quarantine / "1.2.3.4.5").is_dir()
+    assert scp.tracker.pending() == []  # nothing waits to be handed to intake
+
+
+def test_refuse_policy_rejects_the_presentation_context(tmp_path: Path, intake: Intake) -> None:
+    config = ScpConfig(data_dir=tmp_path / "gw", port=0, unwanted=UnwantedPolicy.REFUSE)
+    with GatewaySCP(config, intake) as server:
+        ae = AE("PYNETDICOM")
+        ae.add_requested_context(ComprehensiveSRStorage)
+        ae.add_requested_context(CTImageStorage)
+        assoc = ae.associate(*server.address, ae_title="RADSERVE")
+        try:
+            accepted = {str(cx.abstract_syntax) for cx in assoc.accepted_contexts}
+        finally:
+            assoc.release()
+    assert accepted == {CTImageStorage}
+
+
+def test_disk_below_reserve_answers_out_of_resources(tmp_path: Path, intake: Intake) -> None:
+    config = ScpConfig(data_dir=tmp_path / "gw", port=0, min_free_bytes=1 << 62)
+    files = small_study(tmp_path / "sent", slices=range(10, 12))
+    with GatewaySCP(config, intake) as server:
+        statuses = _pynetdicom_store(server.address, files, CTImageStorage)
+        assert statuses == [Status.OUT_OF_RESOURCES] * 2
+        assert not any(server.instances.incoming.iterdir())
+        server.instances.min_free_bytes = 0  # space freed: the sender's retry succeeds
+        assert _pynetdicom_store(server.address, files, CTImageStorage) == [0, 0]
+
+
+@pytest.mark.slow
+def test_concurrent_associations_and_duplicates(
+    scp: GatewaySCP, intake: Intake, tmp_path: Path
+) -> None:
+    studies = [small_study(tmp_path / f"s{k}", seed=k, slices=range(10, 14)) for k in (1, 2, 3)]
+    results: dict[int, list[int]] = {}
+
+    def send(k: int) -> None:
+        results[k] = _pynetdicom_store(scp.address, studies[k % 3], CTImageStorage)
+
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(4)]  # study 1 twice
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert all(statuses == [0] * 4 for statuses in results.values()) and len(results) == 4
+    assert wait_until(lambda: len(intake.studies) == 3, timeout=15)
+    assert sorted(len(s.instances) for s in intake.studies) == [4, 4, 4]
+    assert sorted(s.new_instances for s in intake.studies) == [4, 4, 4]
+
+
+def test_htj2k_is_accepted_and_stored_as_received(
+    scp: GatewaySCP, intake: Intake, tmp_path: Path
+) -> None:
+    """No HTJ2K encoder is installed (pydicom 3.0 has none), so a JPEG 2000 codestream is
+    labelled HTJ2K Lossless: this checks negotiation and byte-exact pass-through, and
+    that the stored file decodes to the same pixels."""
+    [source] = small_study(tmp_path / "j2k", transfer_syntax="jpeg2000", slices=range(10, 11))
+    ds = pydicom.dcmread(source)
+    ds.file_meta.TransferSyntaxUID = HTJ2KLossless
+    relabelled = tmp_path / "htj2k.dcm"
+    ds.save_as(relabelled)
+    ae = AE("PYNETDICOM")
+    ae.add_requested_context(CTImageStorage, [HTJ2KLossless])
+    assoc = ae.associate(*scp.address, ae_title="RADSERVE")
+    try:
+        assert int(assoc.send_c_store(str(relabelled)).Status) == Status.SUCCESS
+    finally:
+        assoc.release()
+    stored = scp.instances.study_dir(ds.StudyInstanceUID) / f"{ds.SOPInstanceUID}.dcm"
+    back = pydicom.dcmread(stored)
+    assert back.file_meta.TransferSyntaxUID == HTJ2KLossless
+    assert back.PixelData == ds.PixelData
+    assert (back.pixel_array == pydicom.dcmread(source).pixel_array).all()
+
+
+@pytest.mark.parametrize("syntax", [ImplicitVRLittleEndian, DeflatedExplicitVRLittleEndian])
+def test_implicit_and_deflated_arrive_in_that_syntax(
+    scp: GatewaySCP, tmp_path: Path, syntax: str
+) -> None:
+    [source] = small_study(tmp_path / "sent", slices=range(10, 11))
+    ae = AE("PYNETDICOM")
+    ae.add_requested_context(CTImageStorage, [syntax])
+    assoc = ae.associate(*scp.address, ae_title="RADSERVE")
+    try:
+        assert int(assoc.send_c_store(str(source)).Status) == Status.SUCCESS
+    finally:
+        assoc.release()
+    sent = pydicom.dcmread(source)
+    back = pydicom.dcmread(
+        scp.instances.study_dir(sent.StudyInstanceUID) / f"{sent.SOPInstanceUID}.dcm"
+    )
+    assert back.file_meta.TransferSyntaxUID == syntax
+    assert back.PixelData == sent.PixelData and back.PatientName == sent.PatientName
+
+
+DCMTK_SYNTAXES = {  # dcmtk_compress name -> (storescu proposal flag, transfer syntax UID)
+    "jpeg-lossless-sv1": ("-xs", "1.2.840.10008.1.2.4.70"),
+    "jpeg-extended": ("-xx", "1.2.840.10008.1.2.4.51"),
+    "jpeg-ls": ("-xt", "1.2.840.10008.1.2.4.80"),
+    "jpeg-ls-near": ("-xu", "1.2.840.10008.1.2.4.81"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DCMTK_SYNTAXES))
+def test_jpeg_family_is_stored_as_sent(scp: GatewaySCP, tmp_path: Path, name: str) -> None:
+    flag, uid = DCMTK_SYNTAXES[name]
+    [plain] = small_study(tmp_path / "plain", slices=range(10, 11))
+    compressed = dcmtk_compress(plain, tmp_path / f"{name}.dcm", name)
+    tool = dcmtk_tool("storescu")
+    assert tool is not None
+    command = [tool, "-R", flag, "-aet", "STORESCU", "-aec", "RADSERVE", *map(str, scp.address)]
+    run = subprocess.run([*command, str(compressed)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    sent = pydicom.dcmread(compressed)
+    back = pydicom.dcmread(
+        scp.instances.study_dir(sent.StudyInstanceUID) / f"{sent.SOPInstanceUID}.dcm"
+    )
+    assert sent.file_meta.TransferSyntaxUID == back.file_meta.TransferSyntaxUID == uid
+    assert back.PixelData == sent.PixelData
+
+
+def test_a_restart_before_the_quiet_period_loses_no_study(tmp_path: Path) -> None:
+    files = small_study(tmp_path / "sent", slices=range(10, 12))
+    config = ScpConfig(data_dir=tmp_path / "gw", port=0, quiet_s=60.0)
+    first = Intake()
+    with GatewaySCP(config, first) as server:
+        assert _pynetdicom_store(server.address, files, CTImageStorage) == [0, 0]
+    assert first.studies == []  # stopped (crashed) long before the study was quiet
+    second = Intake()
+    with GatewaySCP(replace(config, quiet_s=0.5), second):
+        assert wait_until(lambda: second.studies, timeout=10)
+    [study] = second.studies
+    assert len(study.instances) == 2 and study.generation == 1

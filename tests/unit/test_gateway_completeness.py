@@ -1,0 +1,167 @@
+"""Study completeness on a fake clock: quiet period, split associations, late instances,
+failing intake and restart recovery — no sleeps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from radserve.gateway.completeness import (
+    HANDOVER_MARKER,
+    CompletedStudy,
+    CompletionKind,
+    LatePolicy,
+    StudyTracker,
+)
+
+STUDY = "1.2.3.4"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _tracker(tmp_path: Path, **kwargs) -> tuple[StudyTracker, Clock, list[CompletedStudy]]:
+    clock = Clock()
+    handed: list[CompletedStudy] = []
+    tracker = StudyTracker(handed.append, quiet_s=10.0, clock=clock, **kwargs)
+    return tracker, clock, handed
+
+
+def _arrive(tracker: StudyTracker, folder: Path, sop: str, *, new: bool = True) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{sop}.dcm").write_bytes(b"x")
+    tracker.arrived(STUDY, folder, calling_ae="PACS", new=new)
+
+
+def test_study_completes_once_after_the_quiet_period(tmp_path: Path) -> None:
+    tracker, clock, handed = _tracker(tmp_path)
+    folder = tmp_path / STUDY
+    _arrive(tracker, folder, "1.1")
+    _arrive(tracker, folder, "1.2")
+    clock.now += 9.9
+    assert tracker.poll() == [] and tracker.pending() == [STUDY]
+    assert tracker.next_due_in() == pytest.approx(0.1)
+    clock.now += 0.1
+    [study] = tracker.poll()
+    assert study.kind is CompletionKind.COMPLETE and study.generation == 1
+    assert [p.name for p in study.instances] == ["1.1.dcm", "1.2.dcm"]
+    assert study.new_instances == 2 and study.calling_ae_titles == ("PACS",)
+    clock.now += 100
+    assert tracker.poll() == [] and handed == [study] and tracker.pending() == []
+
+
+def test_a_second_association_within_the_quiet_period_extends_the_study(tmp_path: Path) -> None:
+    """Association release is not completeness: a PACS may send 1 + 9 instances."""
+    tracker, clock, handed = _tracker(tmp_path)
+    folder = tmp_path / STUDY
+    _arrive(tracker, folder, "1.1")  # first association, then released
+    clock.now += 8
+    assert tracker.poll() == []
+    for k in range(9):  # second association
+        _arrive(tracker, folder, f"2.{k}")
+    clock.now += 9
+    assert tracker.poll() == []
+    clock.now += 1
+    [study] = tracker.poll()
+    assert len(study.instances) == 10 and handed == [study]
+
+
+@pytest.mark.parametrize(
+    ("policy", "kind"),
+    [(LatePolicy.RERUN, CompletionKind.RERUN), (LatePolicy.FLAG, CompletionKind.LATE_FLAGGED)],
+)
+def test_late_instances_follow_the_policy(tmp_path: Path, policy, kind) -> None:
+    tracker, clock, handed = _tracker(tmp_path, late_policy=policy)
+    folder = tmp_path / STUDY
+    _arrive(tracker, folder, "1.1")
+    clock.now += 10
+    tracker.poll()
+    clock.now += 3600
+    _arrive(tracker, folder, "1.2")
+    clock.now += 10
+    [late] = tracker.poll()
+    assert late.kind is kind and late.generation == 2
+    assert late.new_instances == 1 and len(late.instances) == 2
+    assert [s.generation for s in handed] == [1, 2]
+
+
+def test_duplicates_keep_an_open_study_open_but_do_not_reopen_a_finished_one(
+    tmp_path: Path,
+) -> None:
+    tracker, clock, handed = _tracker(tmp_path)
+    folder = tmp_path / STUDY
+    _arrive(tracker, folder, "1.1")
+    clock.now += 9
+    tracker.arrived(STUDY, folder, new=False)  # resent by the PACS: still sending
+    clock.now += 9
+    assert tracker.poll() == []
+    clock.now += 1
+    assert len(tracker.poll()) == 1
+    tracker.arrived(STUDY, folder, new=False)
+    clock.now += 60
+    assert tracker.poll() == [] and len(handed) == 1
+
+
+def test_quarantined_objects_keep_a_study_open_without_opening_one(tmp_path: Path) -> None:
+    tracker, clock, _ = _tracker(tmp_path)
+    tracker.touch("9.9.9")
+    assert tracker.pending() == []
+    _arrive(tracker, tmp_path / STUDY, "1.1")
+    clock.now += 9
+    tracker.touch(STUDY)
+    clock.now += 9
+    assert tracker.poll() == []
+    clock.now += 1
+    assert len(tracker.poll()) == 1
+
+
+def test_failing_intake_is_retried_later_and_keeps_arrivals(tmp_path: Path) -> None:
+    clock = Clock()
+    calls: list[CompletedStudy] = []
+
+    def intake(study: CompletedStudy) -> None:
+        calls.append(study)
+        if len(calls) == 1:
+            raise RuntimeError("database down")
+
+    tracker = StudyTracker(intake, quiet_s=10.0, clock=clock)
+    folder = tmp_path / STUDY
+    _arrive(tracker, folder, "1.1")
+    clock.now += 10
+    assert tracker.poll() == [] and tracker.pending() == [STUDY]
+    assert not (folder / HANDOVER_MARKER).exists()
+    _arrive(tracker, folder, "1.2")  # arrives while intake is failing
+    clock.now += 19
+    assert tracker.poll() == []  # back-off: 20 s after the failure
+    clock.now += 1
+    [study] = tracker.poll()
+    assert study.generation == 1 and study.new_instances == 2 and len(study.instances) == 2
+    assert (folder / HANDOVER_MARKER).is_file()
+
+
+def test_recover_reopens_studies_not_handed_over(tmp_path: Path) -> None:
+    incoming = tmp_path / "incoming"
+    first, clock, _ = _tracker(tmp_path)
+    done = incoming / "1.1.1"
+    _arrive(first, done, "5.1")
+    clock.now += 10
+    first.poll()
+    waiting = incoming / "2.2.2"
+    waiting.mkdir(parents=True)
+    (waiting / "6.1.dcm").write_bytes(b"x")
+    (done / "5.2.dcm").write_bytes(b"x")  # arrived after the hand-over, before a crash
+
+    second, clock2, _ = _tracker(tmp_path)
+    assert second.recover(incoming) == 2
+    clock2.now += 10
+    by_uid = {s.study_instance_uid: s for s in second.poll()}
+    assert by_uid["2.2.2"].kind is CompletionKind.COMPLETE
+    assert by_uid["1.1.1"].kind is CompletionKind.RERUN and by_uid["1.1.1"].generation == 2
+    third, _, _ = _tracker(tmp_path)
+    assert third.recover(incoming) == 0

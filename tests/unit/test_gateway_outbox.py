@@ -1,0 +1,260 @@
+"""The durable outbox on SQLite (and PostgreSQL when configured), a scripted sender and ``now``:
+back-off, permanent failures, leases after a crash, restarts — no network, no sleeps."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, generate_uid
+from sqlalchemy import create_engine, text
+
+from radserve.gateway.config import Destination
+from radserve.gateway.errors import GatewayConfigError, GatewayError
+from radserve.gateway.outbox import Outbox, RetryPolicy
+from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult
+from radserve.store import Store, init_store
+from radserve.store.db import normalise_url
+from radserve.store.outbox import OutboxState, OutboxStore
+
+PG_URL = os.environ.get("RADSERVE_TEST_DATABASE_URL")
+T0 = dt.datetime(2025, 1, 1, 8, 0, tzinfo=dt.UTC)
+PACS = Destination(name="pacs", ae_title="PACS", host="127.0.0.1", port=104)
+ARCHIVE = Destination(name="archive", ae_title="ARCHIVE", host="127.0.0.1", port=105)
+SEG = "1.2.840.10008.5.1.4.1.1.66.4"
+SR = "1.2.840.10008.5.1.4.1.1.88.34"
+
+
+class ScriptedSender:
+    """Answers each file with the next outcome of ``script`` (SENT when it runs out)."""
+
+    def __init__(self, *script: Outcome) -> None:
+        self.script = list(script)
+        self.sent: list[tuple[str, str]] = []
+
+    def send(
+        self, destination: Destination, files: Sequence[OutgoingFile], on_result: ResultCallback
+    ) -> None:
+        for item in files:
+            outcome = self.script.pop(0) if self.script else Outcome.SENT
+            if outcome is Outcome.SENT:
+                self.sent.append((destination.name, item.sop_instance_uid))
+            on_result(item, SendResult(outcome, f"scripted {outcome.value}"))
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    """A schema of its own on the test PostgreSQL (``RADSERVE_TEST_DATABASE_URL``)."""
+    if not PG_URL:
+        pytest.skip("RADSERVE_TEST_DATABASE_URL is not set")
+    schema = f"radserve_outbox_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(normalise_url(PG_URL))
+    with admin.begin() as connection:
+        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = normalise_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as connection:
+            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request, tmp_path: Path) -> Iterator[tuple[Store, OutboxStore]]:
+    if request.param == "sqlite":
+        store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
+    else:
+        store = init_store(request.getfixturevalue("postgres_url"))
+        with store.engine.begin() as connection:
+            connection.execute(text("TRUNCATE outbox_deliveries"))
+    yield store, OutboxStore(store.engine)
+    store.close()
+
+
+def _result(folder: Path, sop_class: str = SEG, syntax: str = ExplicitVRLittleEndian) -> Path:
+    ds = Dataset()
+    ds.SOPClassUID, ds.SOPInstanceUID = sop_class, generate_uid()
+    ds.StudyInstanceUID = "1.2.3"
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = syntax
+    ds.file_meta.MediaStorageSOPClassUID = sop_class
+    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+    path = folder / f"{ds.SOPInstanceUID}.dcm"
+    folder.mkdir(parents=True, exist_ok=True)
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+def _outbox(outbox_store: OutboxStore, sender, **kwargs) -> Outbox:
+    return Outbox(outbox_store, [PACS, ARCHIVE], sender, **kwargs)
+
+
+def test_enqueue_is_one_row_per_instance_and_destination_and_idempotent(db, tmp_path) -> None:
+    _, rows = db
+    outbox = _outbox(rows, ScriptedSender())
+    files = [_result(tmp_path), _result(tmp_path, SR, JPEG2000Lossless)]
+    items = outbox.enqueue(files, job_id="job-1", now=T0)
+    assert len(items) == 4 and {i.state for i in items} == {OutboxState.PENDING}
+    assert {i.destination for i in items} == {"pacs", "archive"}
+    assert items[2].transfer_syntax_uid == JPEG2000Lossless and items[2].sop_class_uid == SR
+    assert [i.id for i in outbox.enqueue(files, now=T0)] == [i.id for i in items]
+    assert rows.counts()[OutboxState.PENDING] == 4
+
+
+def test_enqueue_refuses_unknown_destinations_and_non_dicom(db, tmp_path) -> None:
+    _, rows = db
+    outbox = _outbox(rows, ScriptedSender())
+    with pytest.raises(GatewayConfigError, match=r"unknown destination\(s\) \['nowhere'\]"):
+        outbox.enqueue([_result(tmp_path)], destinations=["nowhere"])
+    (tmp_path / "x.txt").write_text("no")
+    with pytest.raises(GatewayError, match="not a readable DICOM file"):
+        outbox.enqueue([tmp_path / "x.txt"])
+
+
+def test_delivered_rows_are_marked_sent_and_never_sent_again(db, tmp_path) -> None:
+    _, rows = db
+    sender = ScriptedSender()
+    outbox = _outbox(rows, sender)
+    outbox.enqueue([_result(tmp_path)], destinations=["pacs"], now=T0)
+    report = outbox.deliver_pending(T0)
+    assert (report.claimed, report.sent) == (1, 1)
+    [item] = rows.items()
+    assert item.state is OutboxState.SENT and item.attempts == 1 and item.sent_at == T0
+    assert outbox.deliver_pending(T0 + dt.timedelta(days=1)).claimed == 0
+    assert len(sender.sent) == 1
+
+
+def test_retryable_failures_back_off_exponentially(db, tmp_path) -> None:
+    _, rows = db
+    outbox = _outbox(rows, ScriptedSender(*[Outcome.RETRY] * 3))
+    outbox.enqueue([_result(tmp_path)], destinations=["pacs"], now=T0)
+    now, waits = T0, []
+    for _ in range(3):
+        assert outbox.deliver_pending(now).retried == 1
+        [item] = rows.items()
+        assert item.state is OutboxState.PENDING and item.last_error == "scripted retry"
+        waits.append((item.next_attempt_at - now).total_seconds())
+        assert outbox.deliver_pending(item.next_attempt_at - dt.timedelta(seconds=1)).claimed == 0
+        now = item.next_attempt_at
+    assert waits == [30, 60, 120]
+    assert outbox.deliver_pending(now).sent == 1
+    assert rows.items()[0].attempts == 4
+
+
+def test_retry_policy_caps_and_gives_up() -> None:
+    policy = RetryPolicy(first_delay_s=30, max_delay_s=3600)
+    assert [policy.delay(n).total_seconds() for n in (1, 2, 3, 8, 20)] == [
+        30,
+        60,
+        120,
+        3600,
+        3600,
+    ]
+
+
+def test_retries_end_in_failed_permanent_after_the_give_up_age(db, tmp_path) -> None:
+    _, rows = db
+    policy = RetryPolicy(give_up_after_s=6 * 3600)
+    outbox = _outbox(rows, ScriptedSender(*[Outcome.RETRY] * 100), policy=policy)
+    outbox.enqueue([_result(tmp_path)], destinations=["pacs"], now=T0)
+    now = T0
+    while rows.items()[0].state is OutboxState.PENDING:
+        now = max(now, rows.items()[0].next_attempt_at)
+        outbox.deliver_pending(now)
+    [item] = rows.items()
+    assert item.state is OutboxState.FAILED_PERMANENT
+    assert item.last_error.startswith(f"gave up after {item.attempts} attempts")
+    assert now - T0 >= dt.timedelta(hours=6)
+
+
+def test_permanent_failure_needs_a_person_then_rearm_delivers(db, tmp_path) -> None:
+    _, rows = db
+    outbox = _outbox(rows, ScriptedSender(Outcome.PERMANENT))
+    outbox.enqueue([_result(tmp_path)], destinations=["pacs"], now=T0)
+    assert outbox.deliver_pending(T0).failed == 1
+    [item] = rows.items()
+    assert item.state is OutboxState.FAILED_PERMANENT and item.last_error == "scripted permanent"
+    assert outbox.deliver_pending(T0 + dt.timedelta(days=30)).claimed == 0
+    assert rows.rearm(now=T0, destination="pacs") == 1
+    assert outbox.deliver_pending(T0).sent == 1
+
+
+def test_missing_file_and_unconfigured_destination_fail_permanently(db, tmp_path) -> None:
+    _, rows = db
+    outbox = _outbox(rows, ScriptedSender())
+    gone = _result(tmp_path)
+    outbox.enqueue([gone, _result(tmp_path)], destinations=["pacs", "archive"], now=T0)
+    gone.unlink()
+    reconfigured = Outbox(rows, [PACS], ScriptedSender())  # "archive" was removed
+    report = reconfigured.deliver_pending(T0)
+    assert (report.claimed, report.sent, report.failed) == (4, 1, 3)
+    errors = sorted(i.last_error or "" for i in rows.items(state="failed_permanent"))
+    assert sum("no longer configured" in e for e in errors) == 2
+    assert sum("is gone" in e for e in errors) == 1
+
+
+def test_a_crash_while_sending_resends_once_after_the_lease(db, tmp_path) -> None:
+    _, rows = db
+    outbox = _outbox(rows, ScriptedSender())
+    outbox.enqueue([_result(tmp_path)], destinations=["pacs"], now=T0)
+    [claimed] = rows.claim_due(T0)  # a worker claims the row, then the process dies
+    assert claimed.state is OutboxState.SENDING
+    assert outbox.deliver_pending(T0 + dt.timedelta(minutes=14)).claimed == 0
+    report = outbox.deliver_pending(T0 + dt.timedelta(minutes=15))
+    assert report.sent == 1 and rows.items()[0].attempts == 2
+
+
+def test_rows_survive_a_restart(db, tmp_path) -> None:
+    store, rows = db
+    _outbox(rows, ScriptedSender()).enqueue([_result(tmp_path)], now=T0)
+    url = store.engine.url
+    store.close()
+    reopened = init_store(url.render_as_string(hide_password=False))
+    try:
+        sender = ScriptedSender()
+        report = _outbox(OutboxStore(reopened.engine), sender).deliver_pending(T0)
+        assert report.sent == 2 and len(sender.sent) == 2
+    finally:
+        reopened.close()
+
+
+def test_a_sender_bug_reschedules_rather_than_strands(db, tmp_path) -> None:
+    _, rows = db
+
+    class Broken:
+        def send(self, destination, files, on_result) -> None:
+            raise RuntimeError("bug")
+
+    outbox = _outbox(rows, Broken())
+    outbox.enqueue([_result(tmp_path)], destinations=["pacs"], now=T0)
+    assert outbox.deliver_pending(T0).retried == 1
+    [item] = rows.items()
+    assert item.state is OutboxState.PENDING and "internal error" in (item.last_error or "")
+    assert rows.next_due() == T0 + dt.timedelta(seconds=30)
+
+
+def test_concurrent_workers_claim_disjoint_rows(db, tmp_path) -> None:
+    _, rows = db
+    outbox = _outbox(rows, ScriptedSender())
+    outbox.enqueue([_result(tmp_path) for _ in range(10)], now=T0)
+    claims: list[list[int]] = []
+    barrier = threading.Barrier(3)
+
+    def claim() -> None:
+        barrier.wait()
+        claims.append([item.id for item in rows.claim_due(T0, limit=20)])
+
+    threads = [threading.Thread(target=claim) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    claimed = [item_id for ids in claims for item_id in ids]
+    assert len(claimed) == len(set(claimed)) == 20
