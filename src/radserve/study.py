@@ -2,7 +2,9 @@
 
 ingest (discover series, select one by the pipeline's rules, load the volume) ->
 :func:`radserve.pipeline.run_volume` -> report folder: ``report.json``, label maps as
-NIfTI, key images. The scheduler and the CLI both call :func:`run_study`.
+NIfTI, key images. The CLI calls :func:`run_study`; the scheduler calls its three pieces
+(:func:`ingest_study`, a :class:`~radserve.pipeline.VolumeRun`, :func:`finish_study`)
+as separate stages.
 """
 
 from __future__ import annotations
@@ -74,6 +76,49 @@ def run_study(
     registry = registry or ModelRegistry()
     sessions = sessions or SessionPool()
     timer = StageTimer(progress)
+    ingested = ingest_study(sources, pipeline=pipeline, policy=policy, timer=timer)
+    result = run_volume(
+        ingested.loaded.volume,
+        pipeline,
+        registry=registry,
+        sessions=sessions,
+        precision=precision,
+        cancel=cancel,
+        progress=progress,
+    )
+    return finish_study(
+        ingested,
+        result,
+        pipeline=pipeline,
+        sessions=sessions,
+        out_dir=out_dir,
+        timer=timer,
+        started=t_start,
+        key_images=key_images,
+        job_id=job_id,
+    )
+
+
+@dataclass(frozen=True)
+class IngestedStudy:
+    """The series the pipeline selected, loaded, and the series it passed over."""
+
+    loaded: LoadedSeries
+    rejected: list[SeriesRef]
+
+
+def ingest_study(
+    sources: Path | Sequence[Path],
+    *,
+    pipeline: PipelineSpec,
+    policy: IngestPolicy | None = None,
+    timer: StageTimer | None = None,
+) -> IngestedStudy:
+    """Discover the series at ``sources``, select one by the pipeline's rules, load it.
+
+    The first third of :func:`run_study`; the scheduler runs it on its CPU pool.
+    """
+    timer = timer or StageTimer()
     with timer.stage("ingest: discover"):
         headers = discover_series(sources)
     selected, rejected = select_series(headers, pipeline.series_selection)
@@ -83,30 +128,50 @@ def run_study(
             policy=policy or IngestPolicy(),
             required_modality=selected.modality,
         )
-    result = run_volume(
-        loaded.volume,
-        pipeline,
-        registry=registry,
-        sessions=sessions,
-        precision=precision,
-        cancel=cancel,
-        progress=progress,
-    )
+    return IngestedStudy(loaded, rejected)
+
+
+def finish_study(
+    ingested: IngestedStudy,
+    result: VolumeResult,
+    *,
+    pipeline: PipelineSpec,
+    sessions: SessionPool,
+    out_dir: Path,
+    timer: StageTimer | None = None,
+    started: float | None = None,
+    key_images: bool = True,
+    job_id: str | None = None,
+) -> StudyResult:
+    """Write the report folder (label maps, key images, ``report.json``) for ``result``.
+
+    The last third of :func:`run_study`. ``started`` (a ``time.perf_counter()`` reading)
+    gives the report's ``total`` timing.
+    """
+    timer = timer or StageTimer()
     timer.seconds.update(result.timings)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with timer.stage("report"):
-        outputs = _write_outputs(out_dir, loaded.volume, result, key_images=key_images)
-    timer.seconds["total"] = time.perf_counter() - t_start
+        outputs = _write_outputs(out_dir, ingested.loaded.volume, result, key_images=key_images)
+    if started is not None:
+        timer.seconds["total"] = time.perf_counter() - started
     report = _build_report(
-        loaded, pipeline, result, sessions, rejected, outputs, timer.seconds, job_id
+        ingested.loaded,
+        pipeline,
+        result,
+        sessions,
+        ingested.rejected,
+        outputs,
+        timer.seconds,
+        job_id,
     )
     report_path = write_report(report, out_dir / "report.json")
     logger.info(
         "study done: %d findings, %d organs, %.1f s",
         len(report.findings),
         len(report.organ_measurements),
-        timer.seconds["total"],
+        timer.seconds.get("total", 0.0),
     )
     return StudyResult(report, report_path, out_dir, result)
 
@@ -217,4 +282,11 @@ def _dicom_date(value: str) -> dt.date | None:
         return None
 
 
-__all__ = ["StudyError", "StudyResult", "run_study"]
+__all__ = [
+    "IngestedStudy",
+    "StudyError",
+    "StudyResult",
+    "finish_study",
+    "ingest_study",
+    "run_study",
+]

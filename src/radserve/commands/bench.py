@@ -11,6 +11,14 @@ from rich.table import Table
 
 
 @click.command("bench")
+@click.option(
+    "--scenario",
+    type=click.Choice(["pipeline", "priority"]),
+    default="pipeline",
+    show_default=True,
+    help="pipeline: radserve vs baselines on one study; priority: an URGENT study's "
+    "turnaround behind a queue of routine ones.",
+)
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the summary.")
 @click.option(
     "--syntax",
@@ -25,17 +33,29 @@ from rich.table import Table
 @click.option(
     "--cache-dir", type=click.Path(path_type=Path), help="Where phantom studies are kept."
 )
+@click.option(
+    "--routine",
+    default=8,
+    show_default=True,
+    help="priority scenario: OUTPATIENT studies queued before the URGENT one.",
+)
 def command(
+    scenario: str,
     json_path: Path | None,
     syntaxes: tuple[str, ...],
     slices: int,
     precision: str,
     cache_dir: Path | None,
+    routine: int,
 ) -> None:
-    """Time the reference pipeline against a naive baseline (and MONAI) on a phantom study."""
+    """Time the reference pipeline against a naive baseline (and MONAI) on a phantom study,
+    or (--scenario priority) the scheduler's URGENT turnaround under load."""
+    console = Console()
+    if scenario == "priority":
+        _priority(console, json_path, slices, precision, cache_dir, routine)
+        return
     from radserve.bench.run import run_bench
 
-    console = Console()
     summary = run_bench(
         syntaxes=syntaxes,
         cache_dir=cache_dir,
@@ -82,6 +102,46 @@ def command(
         stages.add_row(stage, f"{seconds:.2f}")
     console.print(stages)
     console.print(f"MONAI: {summary['monai']}")
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(summary, indent=2))
+        console.print(f"summary: {json_path}")
+
+
+def _priority(
+    console: Console,
+    json_path: Path | None,
+    slices: int,
+    precision: str,
+    cache_dir: Path | None,
+    routine: int,
+) -> None:
+    from radserve.bench.priority import run_priority_bench
+
+    summary = run_priority_bench(
+        n_routine=routine,
+        n_slices=slices,
+        precision=precision,
+        cache_dir=cache_dir,
+        log=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+    )
+    table = Table(title=f"radserve bench --scenario priority: {routine} OUTPATIENT + 1 URGENT")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    rows = [
+        ("URGENT turnaround under load (s)", f"{summary['urgent_tat_s']:.2f}"),
+        ("URGENT alone (s)", f"{summary['urgent_solo_s']:.2f}"),
+        (
+            "ratio (goal <= 1.3)",
+            f"{summary['urgent_tat_ratio']:.2f}" + ("" if summary["meets_goal"] else " MISSED"),
+        ),
+        ("queue drain, scheduled (s)", f"{summary['drain_s']:.2f}"),
+        ("same studies, sequential (s)", f"{summary['sequential_s']:.2f}"),
+        ("results match sequential", str(summary["results_match_sequential"])),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(summary, indent=2))

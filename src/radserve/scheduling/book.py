@@ -1,0 +1,317 @@
+"""The table of unfinished jobs and their life cycle, under the scheduler's lock.
+
+queued -> running (first unit dispatched) -> succeeded | failed | cancelled. A job that
+must end is marked ``stopping`` at once and becomes terminal when nothing of it is in
+flight (its next batch boundary). Every transition queues a hook call; the scheduler
+makes the calls after releasing its lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter, deque
+from collections.abc import Callable
+
+from radserve.errors import RadserveError
+from radserve.scheduling.breaker import CircuitBreakers
+from radserve.scheduling.config import SchedulerConfig
+from radserve.scheduling.dispatch import CpuDispatch, MergeDispatch, PrepareDispatch, StageDispatch
+from radserve.scheduling.errors import JobTimeoutError, ModelUnavailableError
+from radserve.scheduling.jobs import (
+    DeadlineMiss,
+    JobEvent,
+    JobHooks,
+    JobInfo,
+    JobState,
+    SchedulerSnapshot,
+)
+from radserve.scheduling.priority import PriorityClass
+from radserve.scheduling.selection import may_prepare
+from radserve.scheduling.state import Job, StepProgress
+from radserve.scheduling.work import CpuStage
+
+logger = logging.getLogger(__name__)
+
+_SERVICE_EWMA = 0.2
+
+
+class JobBook:
+    def __init__(self, config: SchedulerConfig, hooks: JobHooks) -> None:
+        self.config = config
+        self.hooks = hooks
+        self.breakers = CircuitBreakers(config.breaker_threshold)
+        self.jobs: dict[str, Job] = {}
+        self.events: deque[Callable[[], None]] = deque()
+        self.misses: Counter[PriorityClass] = Counter()
+        self.prepared = 0  # batches prepared (or being prepared), not yet on a device
+        self.service_s: float | None = None  # EWMA of the run time of finished jobs
+
+    def emit(self, call: Callable[[], None]) -> None:
+        self.events.append(call)
+
+    # --- transitions ------------------------------------------------------------------
+    def start(self, job: Job, now: float) -> None:
+        job.state, job.started = JobState.RUNNING, now
+        job.timings["queue"] = now - job.arrival
+        self.publish(job, JobState.RUNNING, now)
+        self.advance(job, now)
+
+    def advance(self, job: Job, now: float) -> None:
+        """Move a job to its next stage (skipping device stages with nothing to run)."""
+        while True:
+            try:
+                stage = job.work.next_stage()
+            except Exception as exc:  # the work could not say what comes next
+                self.stop(job, JobState.FAILED, now, exc)
+                return
+            if stage is None:
+                self.stop(job, JobState.SUCCEEDED, now)
+                return
+            if isinstance(stage, CpuStage):
+                job.stage = stage
+                return
+            if self.breakers.is_open(stage.model.name):
+                self.stop(job, JobState.FAILED, now, self.unavailable(stage.model.name))
+                return
+            total = stage.task.total_batches
+            if total > 0:
+                job.step = StepProgress(stage, total)
+                return
+            job.step = None
+
+    def step_done(self, job: Job, now: float) -> None:
+        if job.active and job.step is not None and job.step.finished:
+            job.step = None
+            self.advance(job, now)
+
+    def retry_or_fail(
+        self, job: Job, error: Exception, now: float, requeue: Callable[[], None]
+    ) -> None:
+        """Re-run the failed unit (``requeue``) if the error is retryable and the job has
+        retries left; else fail the job."""
+        if not job.active:
+            return
+        retryable = isinstance(error, RadserveError) and error.retryable
+        if retryable and job.retries < self.config.max_retries:
+            job.retries += 1
+            requeue()
+            logger.warning(
+                "job %s: retryable %s, retry %d of %d",
+                job.id,
+                getattr(error, "code", type(error).__name__),
+                job.retries,
+                self.config.max_retries,
+            )
+            return
+        self.stop(job, JobState.FAILED, now, error)
+
+    def stop(self, job: Job, state: JobState, now: float, error: Exception | None = None) -> None:
+        """Mark a job for ``state``; it is final once nothing of it is in flight."""
+        if not job.active:
+            return
+        code = message = None
+        if isinstance(error, RadserveError):
+            code, message = error.code, error.message
+        elif error is not None:
+            code, message = "internal_error", f"unexpected {type(error).__name__}: {error}"
+            logger.error("job %s: unexpected %s", job.id, type(error).__name__, exc_info=error)
+        job.stopping = (state, code, message)
+        if job.step is not None:
+            self.prepared -= len(job.step.ready)
+            job.step.ready.clear()
+            job.step.to_merge.clear()
+        self.settle(job, now)
+
+    def settle(self, job: Job, now: float) -> None:
+        """Publish a stopping job's terminal state once nothing of it is in flight."""
+        if job.active or job.inflight or job.state.terminal:
+            return
+        assert job.stopping is not None
+        state, code, message = job.stopping
+        result = None
+        if state is JobState.SUCCEEDED:
+            try:
+                result = job.work.result()
+            except Exception as exc:
+                state, code, message = JobState.FAILED, "internal_error", str(exc)
+        job.state = state
+        if job.started is not None:
+            job.timings["run"] = now - job.started
+        job.timings["total"] = now - job.arrival
+        if state is not JobState.CANCELLED and now > job.deadline and not job.missed:
+            self.miss(job, now)
+        if state is JobState.SUCCEEDED and job.started is not None:
+            seconds, old = now - job.started, self.service_s
+            self.service_s = seconds if old is None else old + _SERVICE_EWMA * (seconds - old)
+        del self.jobs[job.id]
+        self.publish(job, state, now, code=code, message=message, result=result)
+        logger.info(
+            "job %s %s%s after %.1f s",
+            job.id,
+            state.value,
+            f" ({code})" if code else "",
+            job.timings["total"],
+        )
+
+    def publish(
+        self,
+        job: Job,
+        state: JobState,
+        now: float,
+        *,
+        code: str | None = None,
+        message: str | None = None,
+        result: object = None,
+    ) -> None:
+        timings = dict(job.timings) if state.terminal else {}
+        event = JobEvent(
+            job.id, state, job.cls, now, job.deadline, timings, code, message, job.retries, result
+        )
+        self.emit(lambda: self.hooks.on_state(event))
+
+    # --- units of work (the job table is under the scheduler lock) -------------------
+    def stage_unit(self, jobs: list[Job], now: float, order: list[Job]) -> CpuDispatch | None:
+        """A CPU stage of the best job that has one, starting waiting jobs as allowed."""
+        started = self.routine_started()
+        for job in jobs:
+            if job.state is JobState.QUEUED:
+                if job.cls is not PriorityClass.URGENT and started >= self.config.max_running:
+                    continue
+                started += job.cls is not PriorityClass.URGENT
+                self.start(job, now)
+                if not job.active:
+                    continue
+                if (unit := self.feed_unit(job, now, order)) is not None:
+                    return unit  # its first stage was a device stage
+            if job.stage is not None and not job.stage_busy:
+                job.stage_busy = True
+                job.inflight += 1
+                return StageDispatch(job.id, job.stage, now)
+        return None
+
+    def feed_unit(self, job: Job, now: float, order: list[Job]) -> CpuDispatch | None:
+        """A merge (first: it frees memory) or a batch preparation for ``job``."""
+        step = job.step
+        if step is None or not job.active:
+            return None
+        if step.to_merge and not step.merging:
+            batch, output = step.to_merge.popleft()
+            step.merging = True
+            job.inflight += 1
+            return MergeDispatch(job.id, step.stage, batch, output, now)
+        if may_prepare(job, step, order, self.prepared, self.config, self.breakers):
+            step.preparing = True
+            self.prepared += 1
+            job.inflight += 1
+            return PrepareDispatch(job.id, step.stage, now)
+        return None
+
+    # --- breakers, deadlines, timeouts -----------------------------------------------
+    def unavailable(self, model: str) -> ModelUnavailableError:
+        return ModelUnavailableError(
+            f"model {model} failed {self.breakers.failures(model)} times in a row; it takes "
+            "no jobs until it is reloaded (reset_model)",
+            model=model,
+        )
+
+    def model_failed(self, model: str, error: Exception, now: float) -> None:
+        """Count a failure against ``model``; on opening its breaker fail every job that
+        needs it."""
+        if not self.breakers.failure(model):
+            return
+        logger.error(
+            "model %s circuit breaker open after %d failures in a row (last: %s)",
+            model,
+            self.breakers.failures(model),
+            getattr(error, "code", type(error).__name__),
+        )
+        unavailable = self.unavailable(model)
+        for job in list(self.jobs.values()):
+            uses = job.step is not None and job.step.stage.model.name == model
+            if job.active and (uses or model in job.work.models):
+                self.stop(job, JobState.FAILED, now, unavailable)
+
+    def miss(self, job: Job, now: float) -> DeadlineMiss:
+        job.missed = True
+        self.misses[job.cls] += 1
+        miss = DeadlineMiss(job.id, job.cls, job.deadline, now)
+        logger.warning(
+            "job %s (%s) missed its deadline by %.1f s", job.id, job.cls.name, miss.late_by
+        )
+        self.emit(lambda: self.hooks.on_deadline_miss(miss))
+        return miss
+
+    def check_deadlines(self, now: float) -> list[DeadlineMiss]:
+        late = [j for j in self.jobs.values() if j.active and not j.missed and now > j.deadline]
+        return [self.miss(job, now) for job in late]
+
+    def check_timeouts(self, now: float) -> list[str]:
+        limit = self.config.job_timeout_s
+        expired = [
+            j
+            for j in self.jobs.values()
+            if j.active and j.started is not None and now - j.started > limit
+        ]
+        for job in expired:
+            ran = now - (job.started or now)
+            error = JobTimeoutError(
+                f"job ran {ran:.0f} s, over the {limit:.0f} s job timeout; "
+                "it was stopped at its next batch boundary"
+            )
+            self.stop(job, JobState.FAILED, now, error)
+        return [j.id for j in expired]
+
+    # --- queue views ------------------------------------------------------------------
+    def waiting(self, now: float) -> list[Job]:
+        """Jobs not yet started, in the order they would start."""
+        jobs = [j for j in self.jobs.values() if j.active and j.state is JobState.QUEUED]
+        return sorted(jobs, key=lambda j: j.rank(now, self.config))
+
+    def routine_started(self) -> int:
+        """Started, unfinished non-URGENT jobs (each may hold a loaded volume)."""
+        urgent = PriorityClass.URGENT
+        return sum(1 for j in self.jobs.values() if j.started is not None and j.cls is not urgent)
+
+    def retry_after(self) -> int:
+        """Seconds until a waiting slot is likely to free: one job's run time spread over
+        the jobs running in parallel (a rough, honest estimate)."""
+        if self.service_s is None:
+            return self.config.default_retry_after_s
+        running = max(1, sum(1 for j in self.jobs.values() if j.started is not None))
+        return int(min(600, max(1, math.ceil(self.service_s / running))))
+
+    def info(self, job_id: str, now: float) -> JobInfo | None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        waiting = self.waiting(now)
+        return JobInfo(
+            job.id,
+            job.state,
+            job.cls,
+            job.effective(now, self.config),
+            job.deadline,
+            job.deadline - now,
+            waiting.index(job) if job in waiting else None,
+            job.missed,
+            job.retries,
+        )
+
+    def snapshot(self, now: float) -> SchedulerSnapshot:
+        queued = dict.fromkeys(PriorityClass, 0)
+        running = dict.fromkeys(PriorityClass, 0)
+        for job in self.jobs.values():
+            (queued if job.state is JobState.QUEUED else running)[job.cls] += 1
+        return SchedulerSnapshot(
+            at=now,
+            queued=queued,
+            running=running,
+            positions={j.id: i for i, j in enumerate(self.waiting(now))},
+            deadline_misses={c: self.misses[c] for c in PriorityClass},
+            open_models=self.breakers.open_models(),
+            prepared_batches=self.prepared,
+        )
+
+
+__all__ = ["JobBook"]

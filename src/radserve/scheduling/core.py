@@ -1,0 +1,379 @@
+"""The clinical-priority scheduler: which unit of which job runs next, and what follows.
+
+Deterministic given its clock and the order of calls, and free of threads: executors
+ask it for work (``next_cpu_dispatch`` for the CPU pool, ``next_dispatch(device)`` for a
+device), run it, and report back with ``complete``. A watchdog calls ``tick`` at least
+once a second, so deadline misses and timeouts are seen while a device is busy, not
+when the next batch forms.
+
+- Every choice takes the best-ranked job that has work of the kind asked for, so an
+  URGENT job overtakes routine ones at the next batch boundary
+  (:mod:`radserve.scheduling.selection`).
+- Retryable errors re-run the failed unit, up to ``max_retries`` per job; consecutive
+  model failures open the model's circuit breaker, failing every job that needs it.
+- A job that must end (cancelled, failed, timed out) stops at its next batch boundary
+  (:mod:`radserve.scheduling.book`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+from radserve.errors import ModelError
+from radserve.scheduling.book import JobBook
+from radserve.scheduling.clock import Clock, MonotonicClock
+from radserve.scheduling.config import SchedulerConfig
+from radserve.scheduling.dispatch import (
+    BatchDispatch,
+    BatchPart,
+    CpuDispatch,
+    Dispatch,
+    MergeDispatch,
+    Outcome,
+    PrepareDispatch,
+    StageDispatch,
+)
+from radserve.scheduling.errors import DuplicateJobError, JobCancelledError, QueueFullError
+from radserve.scheduling.jobs import (
+    BatchEvent,
+    DeadlineMiss,
+    JobHooks,
+    JobInfo,
+    JobRequest,
+    JobState,
+    JobTicket,
+    NullHooks,
+    SchedulerSnapshot,
+)
+from radserve.scheduling.priority import PriorityClass
+from radserve.scheduling.selection import plan_batch, ranked
+from radserve.scheduling.state import Job, ReadyBatch
+
+logger = logging.getLogger(__name__)
+
+URGENT = PriorityClass.URGENT
+
+
+class Scheduler:
+    """Jobs in, dispatch decisions out; thread-safe, hooks called outside the lock."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        hooks: JobHooks | None = None,
+    ) -> None:
+        self.config = config or SchedulerConfig()
+        self.clock: Clock = clock or MonotonicClock()
+        self._book = JobBook(self.config, hooks or NullHooks())
+        self._lock = threading.RLock()
+        self._emit_lock = threading.RLock()
+        self._listeners: list[Callable[[], None]] = []
+        self._seq = itertools.count()
+        # True while a routine batch is held for a compatible one being prepared: the
+        # executor then asks again after ``max_queue_delay_s`` instead of sleeping.
+        self.holding = False
+
+    # --- plumbing ---------------------------------------------------------------------
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """``listener()`` runs after every change that may make new work available."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    @contextmanager
+    def _locked(self, *, notify: bool = True) -> Iterator[float]:
+        try:
+            with self._lock:
+                yield self.clock.now()
+        finally:
+            self._flush(notify)
+
+    def _flush(self, notify: bool) -> None:
+        """Make the queued hook calls in order, outside the scheduler lock; then tell the
+        listeners, if anything changed (else idle workers would wake each other forever)."""
+        events = self._book.events
+        with self._emit_lock:
+            while True:
+                with self._lock:
+                    if not events:
+                        break
+                    call = events.popleft()
+                notify = True
+                try:
+                    call()
+                except Exception:  # a broken hook must not stop scheduling
+                    logger.exception("scheduler hook failed")
+        if notify:
+            for listener in list(self._listeners):
+                listener()
+
+    @contextmanager
+    def _dispatching(self) -> Iterator[tuple[float, list[Dispatch]]]:
+        """Lock for a dispatch decision: listeners hear of it only if a unit was handed
+        out (it may free room for more) or a state changed."""
+        handed: list[Dispatch] = []
+        try:
+            with self._lock:
+                yield self.clock.now(), handed
+        finally:
+            self._flush(bool(handed))
+
+    @property
+    def idle(self) -> bool:
+        """No job is waiting, running or stopping."""
+        with self._lock:
+            return not self._book.jobs
+
+    # --- admission --------------------------------------------------------------------
+    def submit(self, request: JobRequest) -> JobTicket:
+        """Queue a job. Raises :class:`QueueFullError` (routine work only) or
+        :class:`ModelUnavailableError` (a model it needs has an open breaker)."""
+        book = self._book
+        with self._locked() as now:
+            if request.job_id in book.jobs:
+                raise DuplicateJobError(f"job {request.job_id} is already scheduled")
+            cls = request.priority
+            if cls is None:
+                cls = self.config.rules.classify(request.attributes)
+            for model in request.work.models:
+                if book.breakers.is_open(model):
+                    raise book.unavailable(model)
+            limit = self.config.queue_limit(cls)
+            if limit is not None and not request.resume:
+                waiting = sum(1 for j in book.waiting(now) if j.cls is cls)
+                if waiting >= limit:
+                    retry_after = book.retry_after()
+                    raise QueueFullError(
+                        f"the {cls.name.lower()} queue is full ({waiting} studies waiting, "
+                        f"limit {limit}); retry after {retry_after} s",
+                        retry_after=retry_after,
+                    )
+            arrival = now - max(0.0, request.age_s)
+            job = Job(
+                id=request.job_id,
+                cls=cls,
+                work=request.work,
+                arrival=arrival,
+                deadline=arrival + self.config.tat(cls),
+                seq=next(self._seq),
+            )
+            book.jobs[job.id] = job
+            book.publish(job, JobState.QUEUED, now)
+            logger.info(
+                "job %s queued as %s, deadline in %.0f s", job.id, cls.name, job.deadline - now
+            )
+            return JobTicket(job.id, cls, job.deadline, book.waiting(now).index(job))
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a waiting or running job (running: at its next batch boundary)."""
+        with self._locked() as now:
+            job = self._book.jobs.get(job_id)
+            if job is None or not job.active:
+                return False
+            error = JobCancelledError("cancelled by request")
+            self._book.stop(job, JobState.CANCELLED, now, error)
+            return True
+
+    def reset_model(self, name: str) -> bool:
+        """Close ``name``'s circuit breaker (call after reloading it); True if it was open."""
+        with self._locked():
+            reopened = self._book.breakers.reset(name)
+            if reopened:
+                logger.info("model %s circuit breaker reset: it takes jobs again", name)
+            return reopened
+
+    def open_models(self) -> tuple[str, ...]:
+        """Models whose breaker is open (for /readyz)."""
+        return self._book.breakers.open_models()
+
+    # --- dispatch ---------------------------------------------------------------------
+    def next_cpu_dispatch(
+        self, *, urgent_only: bool = False, feed_only: bool = False
+    ) -> CpuDispatch | None:
+        """The CPU pool's next unit, best class first. Within a class, work that feeds a
+        device (merging outputs, preparing batches) goes before CPU stages (ingest,
+        post-processing, reports), best job first: a short preparation must not wait
+        behind a long stage while the device idles.
+
+        Starts waiting jobs while fewer than ``max_running`` routine jobs have started
+        (URGENT always starts). ``urgent_only`` serves an executor's URGENT lane (a
+        thread kept free of routine work, so an emergency's ingest never waits for a
+        long routine stage); ``feed_only`` a device's feeder thread.
+        """
+        book = self._book
+        with self._dispatching() as (now, handed):
+            order = ranked(book.jobs.values(), now, self.config)
+            if urgent_only:
+                order = [j for j in order if j.cls is URGENT]
+            tiers: dict[PriorityClass, list[Job]] = {}
+            for job in order:
+                tiers.setdefault(job.effective(now, self.config), []).append(job)
+            for jobs in tiers.values():
+                for job in jobs:
+                    if (unit := book.feed_unit(job, now, order)) is not None:
+                        handed.append(unit)
+                        return unit
+                if not feed_only and (unit := book.stage_unit(jobs, now, order)) is not None:
+                    handed.append(unit)
+                    return unit
+            return None
+
+    def next_dispatch(self, device: str) -> BatchDispatch | None:
+        """``device``'s next batch: the best-ranked ready batch plus compatible ones."""
+        book = self._book
+        with self._dispatching() as (now, handed):
+            order = ranked(book.jobs.values(), now, self.config)
+            plan = plan_batch(order, now, self.config, book.breakers)
+            self.holding = plan is not None and plan.hold
+            if plan is None or plan.hold:
+                return None
+            assert plan.lead.step is not None
+            stage = plan.lead.step.stage
+            parts: list[BatchPart] = []
+            for job, count in plan.take:
+                assert job.step is not None
+                for _ in range(count):
+                    parts.append(BatchPart(job.id, job.step.ready.popleft().batch))
+                    job.step.on_device += 1
+                    job.inflight += 1
+                    book.prepared -= 1
+            dispatch = BatchDispatch(device, stage.model, stage.session, tuple(parts), now)
+            handed.append(dispatch)
+            return dispatch
+
+    # --- completion -------------------------------------------------------------------
+    def complete(self, dispatch: Dispatch, outcome: Outcome) -> None:
+        """Report a dispatched unit as done (``outcome.error`` None) or failed."""
+        with self._locked() as now:
+            if isinstance(dispatch, BatchDispatch):
+                self._complete_batch(dispatch, outcome, now)
+                return
+            job = self._book.jobs[dispatch.job_id]
+            job.inflight -= 1
+            elapsed = now - dispatch.started
+            if isinstance(dispatch, StageDispatch):
+                self._complete_stage(job, dispatch, outcome, elapsed, now)
+            elif isinstance(dispatch, PrepareDispatch):
+                self._complete_prepare(job, dispatch, outcome, elapsed, now)
+            else:
+                self._complete_merge(job, dispatch, outcome, elapsed, now)
+            self._book.settle(job, now)
+
+    def _complete_stage(
+        self, job: Job, d: StageDispatch, outcome: Outcome, elapsed: float, now: float
+    ) -> None:
+        job.stage_busy = False
+        job.add_time(d.stage.name, elapsed)
+        if outcome.error is not None:
+            self._book.retry_or_fail(job, outcome.error, now, lambda: None)
+        elif job.active:
+            job.stage = None
+            self._book.advance(job, now)
+
+    def _complete_prepare(
+        self, job: Job, d: PrepareDispatch, outcome: Outcome, elapsed: float, now: float
+    ) -> None:
+        book, step = self._book, job.step
+        assert step is not None
+        step.preparing = False
+        book.prepared -= 1
+        job.add_time(f"{d.stage.name}: prepare", elapsed)
+        if outcome.error is not None:
+            book.retry_or_fail(job, outcome.error, now, lambda: None)
+            return
+        if outcome.value is None:  # the task had fewer batches than it announced
+            step.exhausted, step.total = True, step.prepared
+        else:
+            step.prepared += 1
+            step.exhausted = step.prepared >= step.total
+            if job.active:
+                step.ready.append(ReadyBatch(outcome.value, now))  # type: ignore[arg-type]
+                book.prepared += 1
+        book.step_done(job, now)
+
+    def _complete_merge(
+        self, job: Job, d: MergeDispatch, outcome: Outcome, elapsed: float, now: float
+    ) -> None:
+        book, step = self._book, job.step
+        assert step is not None
+        step.merging = False
+        job.add_time(f"{d.stage.name}: merge", elapsed)
+        if outcome.error is not None:
+            if isinstance(outcome.error, ModelError):  # wrong outputs: the model's fault
+                book.model_failed(d.stage.model.name, outcome.error, now)
+
+            def requeue() -> None:
+                step.to_merge.appendleft((d.batch, d.output))
+
+            book.retry_or_fail(job, outcome.error, now, requeue)
+            return
+        # A batch counts as a success for the breaker once its output merged cleanly.
+        book.breakers.success(d.stage.model.name)
+        step.merged += 1
+        book.step_done(job, now)
+
+    def _complete_batch(self, d: BatchDispatch, outcome: Outcome, now: float) -> None:
+        book = self._book
+        elapsed = now - d.started
+        jobs = [book.jobs[p.job_id] for p in d.parts]
+        for job in jobs:
+            assert job.step is not None
+            job.step.on_device -= 1
+            job.inflight -= 1
+        distinct = list(dict.fromkeys(jobs))
+        event = BatchEvent(d.device, d.model, d.items, len(distinct), elapsed, not outcome.error)
+        book.emit(lambda: book.hooks.on_batch(event))
+        if outcome.error is not None:
+            for part, job in reversed(list(zip(d.parts, jobs, strict=True))):
+                if job.active and job.step is not None:  # back to the front, to run again
+                    job.step.ready.appendleft(ReadyBatch(part.batch, now))
+                    book.prepared += 1
+            book.model_failed(d.model.name, outcome.error, now)
+            for job in distinct:
+                book.retry_or_fail(job, outcome.error, now, lambda: None)
+        else:
+            outputs: list[np.ndarray] = outcome.value  # type: ignore[assignment]
+            for part, job, out in zip(d.parts, jobs, outputs, strict=True):
+                assert job.step is not None
+                job.add_time(f"{job.step.stage.name}: infer", elapsed * part.items / d.items)
+                if job.active:
+                    job.step.to_merge.append((part.batch, out))
+        for job in distinct:
+            book.settle(job, now)
+
+    # --- watchdog ---------------------------------------------------------------------
+    def check_deadlines(self) -> list[DeadlineMiss]:
+        """Jobs whose deadline passed since the last check."""
+        with self._locked() as now:
+            return self._book.check_deadlines(now)
+
+    def tick(self) -> list[DeadlineMiss]:
+        """One watchdog round (call at least once a second): misses, then timeouts."""
+        with self._locked() as now:
+            misses = self._book.check_deadlines(now)
+            self._book.check_timeouts(now)
+            return misses
+
+    # --- introspection ----------------------------------------------------------------
+    def job_info(self, job_id: str) -> JobInfo | None:
+        """Where an unfinished job stands (None once it is terminal, or unknown)."""
+        with self._lock:
+            return self._book.info(job_id, self.clock.now())
+
+    def snapshot(self) -> SchedulerSnapshot:
+        """Queue depth and running jobs per class, waiting positions, misses, open models."""
+        with self._lock:
+            return self._book.snapshot(self.clock.now())
+
+
+__all__ = ["Scheduler"]

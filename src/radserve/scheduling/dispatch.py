@@ -1,0 +1,136 @@
+"""Units of work the scheduler hands out, and how any executor runs one.
+
+The scheduler decides *what* runs next; an executor decides *where* (a thread of this
+process, or later a Ray actor) and reports back with an :class:`Outcome`. Keeping
+:func:`execute` here means every executor runs a unit the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from radserve.errors import ModelError
+from radserve.inference.runner import Runs
+from radserve.inference.tasks import Batch
+from radserve.scheduling.work import CpuStage, DeviceStage, ModelKey
+
+
+@dataclass(frozen=True, eq=False)
+class StageDispatch:
+    """Run a job's CPU stage (ingest, post-processing, report)."""
+
+    job_id: str
+    stage: CpuStage
+    started: float
+
+
+@dataclass(frozen=True, eq=False)
+class PrepareDispatch:
+    """Prepare the next batch of a job's device stage (crop, resample, normalise)."""
+
+    job_id: str
+    stage: DeviceStage
+    started: float
+
+
+@dataclass(frozen=True, eq=False)
+class MergeDispatch:
+    """Map one batch's output back onto the job's volume."""
+
+    job_id: str
+    stage: DeviceStage
+    batch: Batch
+    output: np.ndarray
+    started: float
+
+
+@dataclass(frozen=True, eq=False)
+class BatchPart:
+    job_id: str
+    batch: Batch
+
+    @property
+    def items(self) -> int:
+        return int(self.batch.inputs.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class BatchDispatch:
+    """One device call: the parts' inputs concatenated, one ``session.run``."""
+
+    device: str
+    model: ModelKey
+    session: Runs
+    parts: tuple[BatchPart, ...]
+    started: float
+
+    @property
+    def items(self) -> int:
+        return sum(p.items for p in self.parts)
+
+
+CpuDispatch = StageDispatch | PrepareDispatch | MergeDispatch
+Dispatch = CpuDispatch | BatchDispatch
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What running a dispatch gave: ``value`` (a Batch or None for a prepare, the
+    per-part outputs for a device batch) or the ``error`` it raised."""
+
+    value: object = None
+    error: Exception | None = None
+
+
+def run_batch(dispatch: BatchDispatch) -> list[np.ndarray]:
+    """Concatenate the parts, run them in one call, split the output back per part."""
+    inputs = [p.batch.inputs for p in dispatch.parts]
+    x = inputs[0] if len(inputs) == 1 else np.concatenate(inputs)
+    t0 = time.perf_counter()
+    out = dispatch.session.run(x)
+    seconds = time.perf_counter() - t0
+    if len(out) != len(x):
+        raise ModelError(
+            f"model {dispatch.model} returned {len(out)} outputs for a batch of {len(x)} "
+            "inputs; its output must keep the batch axis (N, classes, spatial...)"
+        )
+    parts, start = [], 0
+    for part in dispatch.parts:
+        stop = start + part.items
+        parts.append(out[start:stop])
+        part.batch.task.add_timing("infer", seconds * part.items / len(x))
+        start = stop
+    return parts
+
+
+def execute(dispatch: Dispatch) -> Outcome:
+    """Run one unit on the calling thread; exceptions become the outcome's error."""
+    try:
+        if isinstance(dispatch, BatchDispatch):
+            return Outcome(value=run_batch(dispatch))
+        if isinstance(dispatch, PrepareDispatch):
+            return Outcome(value=dispatch.stage.task.next_batch())
+        if isinstance(dispatch, MergeDispatch):
+            dispatch.stage.task.accept(dispatch.batch, dispatch.output)
+            return Outcome()
+        dispatch.stage.run()
+        return Outcome()
+    except Exception as exc:  # reported to the scheduler, which retries or fails the job
+        return Outcome(error=exc)
+
+
+__all__ = [
+    "BatchDispatch",
+    "BatchPart",
+    "CpuDispatch",
+    "Dispatch",
+    "MergeDispatch",
+    "Outcome",
+    "PrepareDispatch",
+    "StageDispatch",
+    "execute",
+    "run_batch",
+]

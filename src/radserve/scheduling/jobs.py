@@ -1,0 +1,161 @@
+"""The scheduler's public vocabulary: requests, tickets, events and the hooks protocol.
+
+The service implements :class:`JobHooks` to persist job states, count metrics and log;
+the scheduler calls the hooks outside its lock, in the order the events happened.
+Times are readings of the scheduler's clock (monotonic seconds).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from radserve.scheduling.priority import PriorityClass
+from radserve.scheduling.work import JobWork, ModelKey
+
+logger = logging.getLogger(__name__)
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One job to schedule.
+
+    ``priority`` wins when given; else the configured rules classify ``attributes``
+    (DICOM keyword -> value). ``age_s`` says how long ago the job really arrived and
+    ``resume`` that it was admitted before a restart (it is then never refused), so a
+    resubmitted job keeps its original deadline.
+    """
+
+    job_id: str
+    work: JobWork
+    priority: PriorityClass | None = None
+    attributes: Mapping[str, str] = field(default_factory=dict)
+    age_s: float = 0.0
+    resume: bool = False
+
+
+@dataclass(frozen=True)
+class JobTicket:
+    """What ``submit`` answers: the class chosen, the deadline, the place in the queue."""
+
+    job_id: str
+    cls: PriorityClass
+    deadline: float
+    position: int  # among waiting jobs, 0 = next to start
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """A state change. Terminal events carry stage timings (seconds), and the error code
+    and message (failed, cancelled) or the work's result (succeeded)."""
+
+    job_id: str
+    state: JobState
+    cls: PriorityClass
+    at: float
+    deadline: float
+    timings: Mapping[str, float] = field(default_factory=dict)
+    error_code: str | None = None
+    error_message: str | None = None
+    retries: int = 0
+    result: object = None
+
+
+@dataclass(frozen=True)
+class DeadlineMiss:
+    job_id: str
+    cls: PriorityClass
+    deadline: float
+    detected_at: float
+
+    @property
+    def late_by(self) -> float:
+        return self.detected_at - self.deadline
+
+
+@dataclass(frozen=True)
+class BatchEvent:
+    """One device call: for batch-size and latency metrics."""
+
+    device: str
+    model: ModelKey
+    items: int
+    jobs: int
+    seconds: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str
+    state: JobState
+    cls: PriorityClass
+    effective: PriorityClass  # after aging
+    deadline: float
+    slack_s: float
+    position: int | None  # among waiting jobs; None once started
+    missed: bool
+    retries: int
+
+
+@dataclass(frozen=True)
+class SchedulerSnapshot:
+    """Queue depths per class, waiting positions, misses and open breakers (/metrics, /readyz)."""
+
+    at: float
+    queued: Mapping[PriorityClass, int]
+    running: Mapping[PriorityClass, int]
+    positions: Mapping[str, int]
+    deadline_misses: Mapping[PriorityClass, int]
+    open_models: tuple[str, ...]
+    prepared_batches: int
+
+
+class JobHooks(Protocol):
+    """Where the service learns what happened. Exceptions are logged, never propagated."""
+
+    def on_state(self, event: JobEvent) -> None: ...
+
+    def on_deadline_miss(self, miss: DeadlineMiss) -> None: ...
+
+    def on_batch(self, event: BatchEvent) -> None: ...
+
+
+class NullHooks:
+    def on_state(self, event: JobEvent) -> None:
+        pass
+
+    def on_deadline_miss(self, miss: DeadlineMiss) -> None:
+        pass
+
+    def on_batch(self, event: BatchEvent) -> None:
+        pass
+
+
+__all__ = [
+    "BatchEvent",
+    "DeadlineMiss",
+    "JobEvent",
+    "JobHooks",
+    "JobInfo",
+    "JobRequest",
+    "JobState",
+    "JobTicket",
+    "NullHooks",
+    "SchedulerSnapshot",
+]

@@ -1,0 +1,126 @@
+"""Which job goes next, and which ready batches ride together: pure functions of the
+job table, the clock reading and the configuration (no locking, no side effects).
+
+Order: :meth:`Job.rank <radserve.scheduling.state.Job.rank>` (class after aging, then
+earliest deadline). With ``urgent_exclusive`` only URGENT jobs are eligible while one is
+unfinished. A device batch is led by the best-ranked job with a ready batch and filled
+with ready batches of jobs in the same effective class that use the same model version
+and session and whose samples have the same shape, up to ``max_batch_size`` items.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from radserve.scheduling.breaker import CircuitBreakers
+from radserve.scheduling.config import SchedulerConfig
+from radserve.scheduling.priority import PriorityClass
+from radserve.scheduling.state import Job, ReadyBatch, StepProgress
+from radserve.scheduling.work import item_shape
+
+URGENT = PriorityClass.URGENT
+
+
+def ranked(jobs: Iterable[Job], now: float, config: SchedulerConfig) -> list[Job]:
+    """Active jobs eligible for work, best first."""
+    active = [j for j in jobs if j.active]
+    if config.urgent_exclusive and any(j.cls is URGENT for j in active):
+        active = [j for j in active if j.cls is URGENT]
+    return sorted(active, key=lambda j: j.rank(now, config))
+
+
+def may_prepare(
+    job: Job,
+    step: StepProgress,
+    order: list[Job],
+    prepared: int,
+    config: SchedulerConfig,
+    breakers: CircuitBreakers,
+) -> bool:
+    """Prepare ahead up to the per-job lookahead; beyond the global cap only for a job that
+    outranks every job holding prepared batches (so memory stays bounded, and a newly
+    arrived higher-class job is not stuck behind routine batches prepared earlier)."""
+    if step.preparing or step.exhausted or len(step.ready) >= config.lookahead_batches:
+        return False
+    if breakers.is_open(step.stage.model.name):
+        return False
+    if prepared < config.max_prepared_batches:
+        return True
+    for other in order:
+        if other is job:
+            return True
+        if other.step is not None and other.step.ready:
+            return False
+    return False
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Ready batches to run in one device call: ``(job, how many of its ready batches)``."""
+
+    lead: Job
+    take: list[tuple[Job, int]]
+    items: int
+    hold: bool  # wait briefly: a compatible batch is being prepared
+
+
+def plan_batch(
+    order: list[Job], now: float, config: SchedulerConfig, breakers: CircuitBreakers
+) -> BatchPlan | None:
+    ready = [
+        j
+        for j in order
+        if j.step is not None and j.step.ready and not breakers.is_open(j.step.stage.model.name)
+    ]
+    if not ready:
+        return None
+    lead = ready[0]
+    assert lead.step is not None
+    stage, first = lead.step.stage, lead.step.ready[0]
+    tier = lead.effective(now, config)
+
+    def compatible(job: Job) -> bool:
+        s = job.step
+        return (
+            s is not None
+            and s.stage.model == stage.model
+            and s.stage.session is stage.session
+            and job.effective(now, config) is tier
+        )
+
+    take: list[tuple[Job, int]] = []
+    size = 0
+    for job in filter(compatible, ready):
+        assert job.step is not None
+        count = 0
+        for rb in job.step.ready:
+            if rb.shape != first.shape or (size and size + rb.items > config.max_batch_size):
+                break
+            size, count = size + rb.items, count + 1
+        if count:
+            take.append((job, count))
+    hold = _worth_waiting(tier, size, first, now, config) and any(
+        compatible(j)
+        and j.step is not None
+        and j.step.preparing
+        and item_shape(j.step.stage.task) == first.shape
+        for j in order
+    )
+    return BatchPlan(lead, take, size, hold)
+
+
+def _worth_waiting(
+    tier: PriorityClass, size: int, first: ReadyBatch, now: float, config: SchedulerConfig
+) -> bool:
+    """A routine batch below the size limit that has waited less than the queue delay."""
+    delay = config.max_queue_delay_s
+    return (
+        tier is not URGENT
+        and delay > 0
+        and size < config.max_batch_size
+        and now - first.since < delay
+    )
+
+
+__all__ = ["BatchPlan", "may_prepare", "plan_batch", "ranked"]

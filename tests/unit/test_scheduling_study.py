@@ -1,0 +1,122 @@
+"""Studies on disk through the scheduler (ingest on the CPU pool, batches on the device,
+reports on the CPU pool) give the same findings as ``run_study``; the class comes from
+the study's DICOM attributes when the request does not state it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.factories.bundles import write_test_bundles, write_test_pipeline
+from tests.factories.dicom_series import make_ct_series
+
+from radserve.models.registry import ModelRegistry
+from radserve.pipeline import SessionPool
+from radserve.pipelines.spec import PipelineSpec, load_pipeline
+from radserve.scheduling import (
+    InProcessExecutor,
+    JobState,
+    PriorityClass,
+    PriorityRules,
+    Scheduler,
+    run_serial,
+)
+from radserve.scheduling.fakes import RecordingHooks
+from radserve.scheduling.study_work import study_request
+from radserve.study import StudyResult, run_study
+
+GRID = {"n_slices": 16, "rows": 48, "cols": 48, "spacing": (2.0, 1.0, 1.0)}
+
+
+def _hu(centre: tuple[float, float, float]) -> Callable[[np.ndarray], np.ndarray]:
+    def hu(points: np.ndarray) -> np.ndarray:
+        block = (np.abs(points - np.array([0.0, 0.0, 15.0])) < [18.0, 18.0, 40.0]).all(-1)
+        sphere = np.linalg.norm(points - np.array(centre), axis=-1) <= 5.0
+        return np.where(sphere, 700.0, np.where(block, 100.0, -1000.0))
+
+    return hu
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelRegistry, PipelineSpec, Path]:
+    root = tmp_path_factory.mktemp("sched-study")
+    registry = ModelRegistry(write_test_bundles(root / "models"))
+    return registry, load_pipeline(write_test_pipeline(root, min_slices=3)), root
+
+
+def test_scheduled_studies_match_run_study(setup, tmp_path: Path) -> None:
+    registry, pipeline, _ = setup
+    sessions = SessionPool()
+    centres = {"a": (4.0, -3.0, 12.0), "b": (-5.0, 4.0, 16.0), "stat": (0.0, 0.0, 14.0)}
+    for name, centre in centres.items():
+        extra = {"RequestedProcedurePriority": "STAT"} if name == "stat" else None
+        origin = (-23.5, -23.5, 0.0)
+        make_ct_series(tmp_path / name, **GRID, origin=origin, hu=_hu(centre), extra=extra)
+
+    hooks = RecordingHooks()
+    scheduler = Scheduler(hooks=hooks)
+    executor = InProcessExecutor(scheduler)
+    tickets = {}
+    executor.start()
+    try:
+        for name in centres:
+            request = study_request(
+                name,
+                tmp_path / name,
+                pipeline=pipeline,
+                out_dir=tmp_path / "out" / name,
+                registry=registry,
+                sessions=sessions,
+                rules=PriorityRules(),
+            )
+            tickets[name] = scheduler.submit(request)
+        assert executor.wait_idle(60.0)
+    finally:
+        executor.stop()
+    assert tickets["stat"].cls is PriorityClass.URGENT
+    assert tickets["a"].cls is PriorityClass.OUTPATIENT
+
+    for name in centres:
+        final = hooks.final(name)
+        assert final is not None and final.state is JobState.SUCCEEDED, final
+        scheduled = final.result
+        assert isinstance(scheduled, StudyResult)
+        reference = run_study(
+            tmp_path / name,
+            pipeline=pipeline,
+            out_dir=tmp_path / "ref" / name,
+            registry=registry,
+            sessions=sessions,
+        )
+        got, want = scheduled.report, reference.report
+        assert len(got.findings) == len(want.findings) == 1
+        np.testing.assert_allclose(got.findings[0].centroid_mm, want.findings[0].centroid_mm)
+        np.testing.assert_allclose(got.findings[0].centroid_mm, centres[name], atol=1.5)
+        assert got.findings[0].volume_ml == pytest.approx(want.findings[0].volume_ml)
+        assert got.job_id == name
+        assert {"ingest: load", "organs-test: inference", "report", "total"} <= set(got.timings)
+        assert (scheduled.out_dir / "findings.nii.gz").is_file()
+        assert {"ingest", "organs-test: infer", "lesions-test: postprocess"} <= set(final.timings)
+
+
+def test_a_study_that_cannot_be_read_fails_with_its_code(setup, tmp_path: Path) -> None:
+    registry, pipeline, _ = setup
+    (tmp_path / "empty").mkdir()
+    hooks = RecordingHooks()
+    scheduler = Scheduler(hooks=hooks)
+    request = study_request(
+        "empty",
+        tmp_path / "empty",
+        pipeline=pipeline,
+        out_dir=tmp_path / "out",
+        registry=registry,
+        sessions=SessionPool(),
+        priority=PriorityClass.INPATIENT,
+    )
+    scheduler.submit(request)
+    run_serial(scheduler)
+    final = hooks.final("empty")
+    assert final is not None and final.state is JobState.FAILED
+    assert final.error_code not in (None, "internal_error")
