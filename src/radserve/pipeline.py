@@ -33,10 +33,12 @@ from radserve.pipelines.spec import PipelineSpec
 from radserve.postprocess.components import clean_labels
 from radserve.postprocess.diameters import FindingAxes
 from radserve.postprocess.findings import find_lesions, organ_measurements
-from radserve.preprocess.crop import BBox, bbox_of_mask, expand_bbox
+from radserve.preprocess.crop import BBox, roi_bbox
 from radserve.progress import ProgressSink, StageTimer
 
 logger = logging.getLogger(__name__)
+
+_EMPTY_BOX: BBox = (slice(0, 0), slice(0, 0), slice(0, 0))
 
 
 class SessionPool:
@@ -131,11 +133,7 @@ def _roi(spec: ModelSpec, organs: StepResult | None, volume: Volume) -> BBox | N
             f"model {spec.key} restricts to {sorted(missing)}, which "
             f"{organs.bundle.spec.key} does not produce"
         )
-    box = bbox_of_mask(np.isin(organs.labels.array, values))
-    if box is None:
-        return (slice(0, 0), slice(0, 0), slice(0, 0))
-    margin = tuple(int(np.ceil(spec.input.roi_margin_mm / s)) for s in volume.spacing)
-    return expand_bbox(box, margin, volume.shape)  # type: ignore[arg-type]
+    return roi_bbox(organs.labels, values, spec.input.roi_margin_mm) or _EMPTY_BOX
 
 
 def _extra_channels(spec: ModelSpec, organs: StepResult | None) -> dict[str, np.ndarray] | None:

@@ -19,13 +19,17 @@ from scipy import ndimage
 
 from radserve.domain import Prediction, Volume
 from radserve.inference import ModelSession
+from radserve.inference.slices import crop_box
 from radserve.models.manifest import ModelSpec
 from radserve.models.registry import ModelRegistry
 from radserve.pipelines.spec import PipelineSpec
 from radserve.postprocess.components import clean_labels
 from radserve.postprocess.findings import find_lesions
 from radserve.preprocess import normalise
+from radserve.preprocess.crop import BBox, roi_bbox
 from radserve.preprocess.normalise import normalised_floor
+
+_EMPTY: BBox = (slice(0, 0), slice(0, 0), slice(0, 0))
 
 
 @dataclass
@@ -65,19 +69,25 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=0, keepdims=True)
 
 
-def predict_per_slice(ct: Volume, spec: ModelSpec, session: ModelSession) -> Prediction:
-    """Batch-1 inference over every slice, full field of view."""
-    n, h, w = ct.shape
+def predict_per_slice(
+    ct: Volume, spec: ModelSpec, session: ModelSession, roi: BBox | None = None
+) -> Prediction:
+    """Batch-1 inference, one slice after another, on the same crop radserve uses
+    (body, or the upstream ROI): the crop moves the U-Net's pooling grid, and the
+    baseline must give the same answer for the comparison to mean anything."""
+    n = ct.shape[0]
+    zs, ys, xs = crop_box(ct, spec, roi, crop_to_body=True)
+    h, w = ys.stop - ys.start, xs.stop - xs.start
     k = spec.input.context_slices
     zoom = (ct.spacing[1] / spec.input.spacing[1], ct.spacing[2] / spec.input.spacing[2])
     div = spec.input.divisible_by
     floor = normalised_floor(spec.input.normalisation)
     labels = np.zeros(ct.shape, np.uint8)
     confidence = np.zeros(ct.shape, np.uint8)
-    for z in range(n):
+    for z in range(zs.start, zs.stop):
         channels = []
         for dz in range(-k, k + 1):
-            hu = ct.array[min(max(z + dz, 0), n - 1)].astype(np.float32)
+            hu = ct.array[min(max(z + dz, 0), n - 1), ys, xs].astype(np.float32)
             small = ndimage.zoom(hu, zoom, order=1, mode="nearest", grid_mode=True)
             channels.append(normalise(small, spec.input.normalisation))
         image = np.stack(channels)
@@ -94,8 +104,8 @@ def predict_per_slice(ct: Volume, spec: ModelSpec, session: ModelSession) -> Pre
                 for p in probs
             ]
         )
-        labels[z] = np.argmax(back, axis=0)
-        confidence[z] = np.round(np.max(back, axis=0) * 255).astype(np.uint8)
+        labels[z, ys, xs] = np.argmax(back, axis=0)
+        confidence[z, ys, xs] = np.round(np.max(back, axis=0) * 255).astype(np.uint8)
     return Prediction(
         model=spec.name,
         model_version=spec.version,
@@ -118,7 +128,12 @@ def run_naive(
     for step in pipeline.steps:
         spec = registry.get(step.model, step.version).spec
         t1 = time.perf_counter()
-        pred = predict_per_slice(ct, spec, sessions[spec.name])
+        roi = None
+        if spec.input.roi_labels and organs is not None:
+            names = {lb.name: lb.value for lb in registry.get(organs.model).spec.labels}
+            values = [names[n] for n in spec.input.roi_labels]
+            roi = roi_bbox(organs.labels, values, spec.input.roi_margin_mm) or _EMPTY
+        pred = predict_per_slice(ct, spec, sessions[spec.name], roi)
         stages[f"{spec.name}: inference"] = time.perf_counter() - t1
         t2 = time.perf_counter()
         cleaned = pred.labels.with_array(clean_labels(pred.labels.array, spec, ct.voxel_volume_ml))

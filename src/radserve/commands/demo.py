@@ -18,8 +18,12 @@ from radserve.commands._console import RichProgress, summary_tables
 @click.option("--pipeline", "pipeline_name", default="ct-chest-abdomen", show_default=True)
 def command(out_dir: Path, seed: int, pipeline_name: str) -> None:
     """Generate a phantom CT study, run the reference pipeline, print where the report is."""
-    from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
-    from radserve.phantom.writers import write_ground_truth
+    from radserve.phantom import (
+        PhantomSpec,
+        generate_phantom,
+        write_dicom_series,
+        write_ground_truth,
+    )
     from radserve.pipelines.spec import load_pipeline
     from radserve.study import run_study
 
