@@ -218,7 +218,7 @@ class VolumeRun:
         spec = pending.bundle.spec
         t0 = time.perf_counter()
         labels = prediction.labels.with_array(
-            clean_labels(prediction.labels.array, spec, self.ct.voxel_volume_ml)
+            clean_labels(prediction.labels.array, spec, self.ct.voxel_volume_ml, in_place=True)
         )
         prediction = dataclasses.replace(prediction, labels=labels)
         result = _step_result(
@@ -263,6 +263,9 @@ def run_volume(
                 progress=lambda done, total, s=stage: timer.progress.advance(s),
             )
         run.complete_step(prediction)
+        # Drop the raw task and prediction now: they hold full-volume arrays that the
+        # next step's task would otherwise sit beside (peak memory).
+        del pending, prediction
     result = run.result()
     return VolumeResult(steps=result.steps, timings={**result.timings, **timer.seconds})
 

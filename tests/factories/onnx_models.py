@@ -93,9 +93,9 @@ def blur3d_model(path: Path, *, scale: float = 20.0, level: float = 0.5) -> Path
     return conv_model(path, w, b)
 
 
-def _label(value: int, name: str) -> dict[str, Any]:
+def _label(value: int, name: str, kind: str = "organ") -> dict[str, Any]:
     concept = {"value": str(100 + value), "scheme": "SCT", "meaning": name}
-    return {"value": value, "name": name, "concept": concept, "category": concept}
+    return {"value": value, "name": name, "concept": concept, "category": concept, "kind": kind}
 
 
 def model_spec(
@@ -105,9 +105,13 @@ def model_spec(
     labels: int = 1,
     activation: str = "softmax",
     normalisation: dict[str, Any] | None = None,
+    kind: str = "organ",
     **input_fields: Any,
 ) -> ModelSpec:
-    """A valid ``ModelSpec`` for the test graphs (CT window 0..1000 HU by default)."""
+    """A valid ``ModelSpec`` for the test graphs (CT window 0..1000 HU by default).
+
+    ``kind="lesion"`` labels make slice tasks keep a confidence map (organ ones don't).
+    """
     return ModelSpec.model_validate(
         {
             "name": f"test-{mode}",
@@ -115,7 +119,7 @@ def model_spec(
             "task": "segmentation",
             "modality": "CT",
             "activation": activation,
-            "labels": [_label(v, f"label{v}") for v in range(1, labels + 1)],
+            "labels": [_label(v, f"label{v}", kind) for v in range(1, labels + 1)],
             "input": {
                 "mode": mode,
                 "spacing": spacing,

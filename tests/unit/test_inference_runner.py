@@ -42,7 +42,7 @@ class Counting:
 @pytest.fixture(scope="module")
 def session(tmp_path_factory: pytest.TempPathFactory) -> ModelSession:
     path = threshold_model(tmp_path_factory.mktemp("onnx") / "t.onnx")
-    return ModelSession(path, model_spec(batch_size=2, divisible_by=8), runtime=CPU)
+    return ModelSession(path, model_spec(batch_size=2, divisible_by=8, kind="lesion"), runtime=CPU)
 
 
 def _volume(n: int = 9) -> Volume:

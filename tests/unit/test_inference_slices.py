@@ -35,7 +35,7 @@ def phantom(shape: tuple[int, int, int] = (3, 37, 53)) -> Volume:
 @pytest.fixture(scope="module")
 def session_2d(tmp_path_factory: pytest.TempPathFactory) -> ModelSession:
     path = threshold_model(tmp_path_factory.mktemp("onnx") / "t2d.onnx")
-    return ModelSession(path, model_spec(divisible_by=16, batch_size=2), runtime=CPU)
+    return ModelSession(path, model_spec(divisible_by=16, batch_size=2, kind="lesion"), runtime=CPU)
 
 
 def test_engine_equals_numpy_and_keeps_geometry(session_2d: ModelSession) -> None:
@@ -129,3 +129,10 @@ def test_sigmoid_threshold_and_memory_budget(tmp_path: Path) -> None:
     pred = run_task(task, session)
     assert (pred.labels.array.astype(bool) == (vol.array > 500)).mean() > 0.97
     assert set(np.unique(pred.labels.array)) == {0, 1}
+
+
+def test_organ_models_keep_no_confidence_map(tmp_path: Path) -> None:
+    spec = model_spec(divisible_by=16, batch_size=2)  # organ labels
+    session = ModelSession(threshold_model(tmp_path / "t.onnx"), spec, runtime=CPU)
+    pred = run_task(SliceTask(phantom(), spec), session)
+    assert pred.confidence is None and pred.labels.array.any()

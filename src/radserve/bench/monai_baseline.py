@@ -33,11 +33,13 @@ Grid and order, so the answer is comparable voxel for voxel with radserve's:
   (radserve's ``body_bbox``, table removed), a model with them on the box of the organs
   output's ROI labels plus ``roi_margin_mm``; both are cut with ``SpatialCrop`` on the
   native grid before resampling, and the 2.5D context slices come from outside the box
-  as in radserve. The crop matters for agreement, not only for speed: it moves the
-  resampled lattice by a fraction of a voxel and the image against the U-Net's pooling
-  grid, and U-Nets are not shift-invariant below their pooling stride. On the 60-slice
-  bench phantom the whole slice (``crop_to_body=False``, also what the naive baseline
-  does) gives a mean organ Dice of 0.984 against radserve; the same crop gives 1.0.
+  as in radserve (``radserve.preprocess.gather_context``, on the resampled HU before
+  the intensity transforms, so ``context_mm`` models get the same z-interpolation).
+  The crop matters for agreement, not only for speed: it moves the resampled lattice
+  by a fraction of a voxel and the image against the U-Net's pooling grid, and U-Nets
+  are not shift-invariant below their pooling stride. On the 60-slice bench phantom
+  the whole slice (``crop_to_body=False``, also what the naive baseline does) gives a
+  mean organ Dice of 0.984 against radserve; the same crop gives 1.0.
 
 Intensity: ``ct_window`` is ``ScaleIntensityRange(clip=True)`` to [0, 1]; ``clip_zscore``
 is ``ScaleIntensityRange`` as a clip followed by ``NormalizeIntensity(mean, std)``.
@@ -68,6 +70,7 @@ from radserve.models.registry import ModelBundle, ModelRegistry
 from radserve.pipelines.spec import PipelineSpec, load_pipeline
 from radserve.postprocess.components import clean_labels
 from radserve.postprocess.findings import find_lesions
+from radserve.preprocess.context import context_reach, context_step, gather_context
 from radserve.preprocess.crop import BBox, body_bbox, roi_bbox
 from radserve.preprocess.normalise import normalised_floor
 
@@ -236,10 +239,12 @@ def predict(
     labels = np.zeros(ct.shape, np.uint8)
     confidence = np.full(ct.shape, 255, np.uint8)
     k = spec.input.context_slices
+    step = context_step(spec.input.context_mm, ct.spacing[0])
     if zs.stop <= zs.start or ys.stop <= ys.start or xs.stop <= xs.start:
         return _prediction(ct, spec, labels, confidence)
     # Crop (with the 2.5D context slices around the box), resample in-plane, normalise.
-    z_lo, z_hi = max(0, zs.start - k), min(nz, zs.stop + k)
+    reach = context_reach(k, step)
+    z_lo, z_hi = max(0, zs.start - reach), min(nz, zs.stop + reach)
     image = MetaTensor(torch.from_numpy(ct.array)[None], affine=torch.from_numpy(ct.affine))
     image = SpatialCrop(roi_slices=(slice(z_lo, z_hi), ys, xs))(image)
     crop = tuple(int(n) for n in image.shape[1:])
@@ -250,11 +255,12 @@ def predict(
     image = SpatialResample(mode="bilinear", padding_mode="border", dtype=np.float32)(
         image, dst_affine=torch.from_numpy(dst), spatial_size=size
     )
-    image = _intensity(spec)(image)
-    # 2.5D: neighbours as channels, clamped at the volume's ends (the crop holds them).
+    # 2.5D: neighbours as channels, clamped at the volume's ends (the crop holds all it
+    # reaches), by radserve's own rule (``context_mm``: interpolated in z, on HU).
     z = np.arange(zs.start, zs.stop) - z_lo
-    index = np.clip(z[None, :] + np.arange(-k, k + 1)[:, None], 0, crop[0] - 1)
-    stacked = image.as_tensor()[0][torch.from_numpy(index)]  # (2k+1, slices, rh, rw)
+    hu = image.as_tensor()[0].numpy()
+    stacked = torch.from_numpy(gather_context(hu, z, k, step).transpose(1, 0, 2, 3))
+    stacked = _intensity(spec)(stacked)  # (2k+1, slices, rh, rw)
     div = spec.input.divisible_by
     floor = normalised_floor(spec.input.normalisation)
     padded = DivisiblePad((1, div, div), method="symmetric", value=floor)(stacked)

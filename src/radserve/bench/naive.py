@@ -25,7 +25,7 @@ from radserve.models.registry import ModelRegistry
 from radserve.pipelines.spec import PipelineSpec
 from radserve.postprocess.components import clean_labels
 from radserve.postprocess.findings import find_lesions
-from radserve.preprocess import normalise
+from radserve.preprocess import context_step, gather_context, normalise
 from radserve.preprocess.crop import BBox, roi_bbox
 from radserve.preprocess.normalise import normalised_floor
 
@@ -75,7 +75,6 @@ def predict_per_slice(
     """Batch-1 inference, one slice after another, on the same crop radserve uses
     (body, or the upstream ROI): the crop moves the U-Net's pooling grid, and the
     baseline must give the same answer for the comparison to mean anything."""
-    n = ct.shape[0]
     zs, ys, xs = crop_box(ct, spec, roi, crop_to_body=True)
     h, w = ys.stop - ys.start, xs.stop - xs.start
     k = spec.input.context_slices
@@ -84,10 +83,11 @@ def predict_per_slice(
     floor = normalised_floor(spec.input.normalisation)
     labels = np.zeros(ct.shape, np.uint8)
     confidence = np.zeros(ct.shape, np.uint8)
+    step = context_step(spec.input.context_mm, ct.spacing[0])
     for z in range(zs.start, zs.stop):
         channels = []
-        for dz in range(-k, k + 1):
-            hu = ct.array[min(max(z + dz, 0), n - 1), ys, xs].astype(np.float32)
+        # The 2.5D neighbours by radserve's rule (native ±1..k, or every context_mm in z).
+        for hu in gather_context(ct.array, [z], k, step, (ys, xs))[0]:
             small = ndimage.zoom(hu, zoom, order=1, mode="nearest", grid_mode=True)
             channels.append(normalise(small, spec.input.normalisation))
         image = np.stack(channels)

@@ -1,7 +1,9 @@
 """2D / 2.5D models: batches of native slices in, a native-grid label map out.
 
-Per batch: take the native slices (2.5d: ``context_slices`` neighbours each side in
-array order, clamped at the volume's ends), crop in-plane to the ROI (or the body for
+Per batch: take the native slices (2.5d: ``context_slices`` neighbours each side, by
+:func:`radserve.preprocess.context.gather_context`: adjacent native slices, or every
+``context_mm`` along z interpolated between native slices; clamped at the volume's
+ends), crop in-plane to the ROI (or the body for
 CT), resample in-plane to ``spec.input.spacing`` (linear, on HU), normalise, pad
 symmetrically to ``divisible_by`` with the normalised floor (air). Extra channels (bool
 masks of upstream labels) go through the same crop and nearest-neighbour resampling
@@ -36,6 +38,7 @@ from radserve.inference.tasks import (
     warn_if_probabilities,
 )
 from radserve.models.manifest import ModelSpec
+from radserve.preprocess.context import context_step, gather_context
 from radserve.preprocess.crop import BBox, body_bbox
 from radserve.preprocess.normalise import normalise, normalised_floor
 from radserve.preprocess.resample import grid_coordinates, interpolate_axis, resampled_size
@@ -77,6 +80,9 @@ def check_extra_channels(
                 f"extra channel {name!r} has shape {mask.shape}, volume is {volume.shape}"
             )
     return masks
+
+
+_MERGE_SLICES = 2  # slices mapped back to the native grid at once
 
 
 class SliceTask:
@@ -123,8 +129,14 @@ class SliceTask:
         n = len(self._slices)
         self._state = TaskState(total=-(-n // self.batch_size))
         self.labels = np.zeros(volume.shape, np.uint8)
-        self.confidence = np.full(volume.shape, 255, np.uint8)
+        # Confidence only matters where findings are measured: organ models skip it.
+        self.confidence: np.ndarray | None = (
+            np.full(volume.shape, 255, np.uint8)
+            if any(label.kind == "lesion" for label in spec.labels)
+            else None
+        )
         self._floor = normalised_floor(spec.input.normalisation)
+        self._step = context_step(spec.input.context_mm, volume.spacing[0])
         # Resampling coordinates, computed once: model grid <- native crop and back.
         self._fwd_y = grid_coordinates(self._h, self._rh) if n else None
         self._fwd_x = grid_coordinates(self._w, self._rw) if n else None
@@ -183,10 +195,8 @@ class SliceTask:
     def _prepare(self, items: tuple[int, ...]) -> np.ndarray:
         _, ys, xs = self.box
         ctx = self.spec.input.context_slices
-        nz = self.volume.shape[0]
-        offsets = np.arange(-ctx, ctx + 1)
-        z = np.clip(np.asarray(items)[:, None] + offsets[None, :], 0, nz - 1)  # (N, 2k+1)
-        image = self.volume.array[z, ys, xs]  # (N, 2k+1, h, w), a copy
+        # (N, 2k+1, h, w), a copy; the same function makes the training data.
+        image = gather_context(self.volume.array, items, ctx, self._step, (ys, xs))
         image = self._to_model_grid(image, order=1)
         image = normalise(image, self.spec.input.normalisation)
         n_img = 2 * ctx + 1
@@ -221,16 +231,21 @@ class SliceTask:
         if not self._state.checked_output:
             self._state.checked_output = True
             warn_if_probabilities(self.spec, logits)
-        probs = activate(logits, self.spec.activation)
-        if self._rh != self._h:
-            probs = interpolate_axis(probs, 2, self._back_y, order=1)
-        if self._rw != self._w:
-            probs = interpolate_axis(probs, 3, self._back_x, order=1)
-        labels, conf = decide(probs, self.spec, axis=1)
         _, ys, xs = self.box
         z = np.asarray(batch.items)
-        self.labels[z, ys, xs] = labels
-        self.confidence[z, ys, xs] = conf
+        # A few slices at a time: full-resolution class probabilities are the largest
+        # temporaries of the whole pipeline (classes x native crop x float32).
+        for start in range(0, n, _MERGE_SLICES):
+            part = slice(start, start + _MERGE_SLICES)
+            probs = activate(logits[part], self.spec.activation)
+            if self._rh != self._h:
+                probs = interpolate_axis(probs, 2, self._back_y, order=1)
+            if self._rw != self._w:
+                probs = interpolate_axis(probs, 3, self._back_x, order=1)
+            labels, conf = decide(probs, self.spec, axis=1)
+            self.labels[z[part], ys, xs] = labels
+            if self.confidence is not None:
+                self.confidence[z[part], ys, xs] = conf
         self._state.mark_accepted()
         self._state.add_timing("merge", time.perf_counter() - t0)
 
@@ -246,7 +261,7 @@ class SliceTask:
             model_version=self.spec.version,
             precision=precision or self.precision,
             labels=self.volume.with_array(self.labels),
-            confidence=self.volume.with_array(self.confidence),
+            confidence=None if self.confidence is None else self.volume.with_array(self.confidence),
             timings=dict(self._state.timings),
             batches=self._state.total,
         )

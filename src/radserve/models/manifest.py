@@ -47,6 +47,14 @@ Normalisation = Annotated[CtWindow | ClipZScore, Field(discriminator="kind")]
 class InputSpec(_Strict):
     mode: Literal["2d", "2.5d", "3d"]
     context_slices: int = Field(0, ge=0, description="2.5d: neighbours on each side")
+    context_mm: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "2.5d: z distance in mm between neighbours (linear between native slices); "
+            "None: neighbours are the adjacent native slices"
+        ),
+    )
     spacing: tuple[float | None, float, float] = Field(
         description="target (slice, row, column) spacing in mm; slice None keeps native"
     )
@@ -71,6 +79,10 @@ class InputSpec(_Strict):
             raise ValueError("input.mode '3d' needs a 3-element patch_size")
         if self.mode == "2d" and self.context_slices:
             raise ValueError("input.mode '2d' takes no context_slices; use '2.5d'")
+        if self.context_mm is not None and self.mode != "2.5d":
+            raise ValueError(f"input.context_mm is for mode '2.5d', not {self.mode!r}")
+        if self.context_mm is not None and not self.context_slices:
+            raise ValueError("input.context_mm needs context_slices >= 1")
         return self
 
     @property

@@ -1,5 +1,11 @@
 """Volume -> network-ready arrays: resample, normalise, crop (see API.md)."""
 
+from radserve.preprocess.context import (
+    context_positions,
+    context_reach,
+    context_step,
+    gather_context,
+)
 from radserve.preprocess.crop import (
     BBox,
     bbox_of_mask,
@@ -21,8 +27,12 @@ __all__ = [
     "BBox",
     "bbox_of_mask",
     "body_bbox",
+    "context_positions",
+    "context_reach",
+    "context_step",
     "expand_bbox",
     "full_bbox",
+    "gather_context",
     "grid_coordinates",
     "interpolate_axis",
     "normalise",

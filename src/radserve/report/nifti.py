@@ -23,7 +23,8 @@ _SCANNER = 1  # NIfTI xform code "scanner anatomical"
 
 def write_nifti(volume: Volume, path: Path) -> Path:
     """Write ``volume`` (any dtype nibabel supports) to ``path`` (.nii or .nii.gz)."""
-    data = np.ascontiguousarray(np.transpose(volume.array, (2, 1, 0)))
+    # (slice, row, column) in C order is (i, j, k) in Fortran order: a view, no copy.
+    data = np.transpose(volume.array, (2, 1, 0))
     affine = volume.nifti_affine()
     image = nib.Nifti1Image(data, affine)
     image.set_sform(affine, code=_SCANNER)
