@@ -12,12 +12,18 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from radserve.models.registry import ModelRegistry
 from radserve.pipeline import SessionPool
 from radserve.pipelines.spec import load_pipeline
+
+if TYPE_CHECKING:
+    import torch
+
+    from radserve.bench.naive import Runner
 
 PIPELINE = "ct-chest-abdomen"
 
@@ -70,14 +76,46 @@ def run_radserve(study: Path, workdir: Path, precision: str) -> dict[str, object
     }
 
 
-def run_baseline(study: Path, workdir: Path, precision: str) -> dict[str, object]:
+def _torch_runners(registry: ModelRegistry, threads: int) -> dict[str, Runner]:
+    """PyTorch eager modules with the bundles' weights (onnx2torch), warmed like the rest."""
+    import torch
+
+    from radserve.bench.torch_weights import torch_model
+
+    torch.set_num_threads(threads)
+    runners: dict[str, Runner] = {}
+    for step in load_pipeline(PIPELINE).steps:
+        bundle = registry.get(step.model, step.version)
+        module = torch_model(bundle)
+
+        def run(x: np.ndarray, module: torch.nn.Module = module) -> np.ndarray:
+            with torch.no_grad():
+                return module(torch.from_numpy(x)).numpy()
+
+        run(np.zeros((1, bundle.spec.input.in_channels, 256, 256), np.float32))
+        runners[bundle.spec.name] = run
+    return runners
+
+
+def run_baseline(
+    study: Path, workdir: Path, precision: str, runtime: str = "auto"
+) -> dict[str, object]:
+    """The naive baseline: PyTorch eager when torch is installed, else ONNX Runtime batch 1."""
     from radserve.bench.naive import run_naive
+    from radserve.bench.torch_weights import torch_available
 
     registry, pool = ModelRegistry(), SessionPool()
-    sessions = _warm(pool, registry, precision)
+    use_torch = runtime == "torch" or (runtime == "auto" and torch_available())
+    if use_torch:
+        runners = _torch_runners(registry, pool.runtime.intra_op_threads)
+        precision, engine = "fp32", "pytorch-eager"
+    else:
+        sessions = _warm(pool, registry, precision)
+        runners = {name: session.run for name, session in sessions.items()}
+        engine = "onnxruntime-batch1"
     rss_warm = _peak_rss_mb()
     t0 = time.perf_counter()
-    result = run_naive(study, load_pipeline(PIPELINE), registry, sessions)  # type: ignore[arg-type]
+    result = run_naive(study, load_pipeline(PIPELINE), registry, runners, precision)
     elapsed = time.perf_counter() - t0
     _save(workdir, result.organs, result.findings > 0)
     return {
@@ -85,7 +123,12 @@ def run_baseline(study: Path, workdir: Path, precision: str) -> dict[str, object
         "stages": result.stages,
         "peak_rss_mb": _peak_rss_mb(),
         "rss_after_warmup_mb": rss_warm,
+        "engine": engine,
     }
+
+
+def run_baseline_ort(study: Path, workdir: Path, precision: str) -> dict[str, object]:
+    return run_baseline(study, workdir, precision, runtime="onnxruntime")
 
 
 def _save(workdir: Path, organs: np.ndarray | None, findings: np.ndarray | None) -> None:
@@ -97,7 +140,7 @@ def _save(workdir: Path, organs: np.ndarray | None, findings: np.ndarray | None)
     np.savez(workdir / "labels.npz", **arrays)
 
 
-MODES = {"radserve": run_radserve, "naive": run_baseline}
+MODES = {"radserve": run_radserve, "naive": run_baseline, "naive-ort": run_baseline_ort}
 
 
 def main(argv: list[str]) -> None:

@@ -1,15 +1,18 @@
 """The baseline radserve is measured against: how a study is often processed today.
 
 pydicom reads every file in turn into a list and stacks it; every slice goes through
-the model alone (batch 1), uncropped, resampled with ``scipy.ndimage.zoom``; nothing
-overlaps. Same weights, same pre/post-processing semantics (grid, normalisation,
-softmax, argmax, component rules), so its answer must match radserve's: the benchmark
-checks that agreement (Dice) before it reports any speed-up.
+the model alone (batch 1), resampled with ``scipy.ndimage.zoom``; nothing overlaps. The
+model runs in PyTorch eager mode when torch is installed (the weights converted from the
+bundle's ONNX file), else in ONNX Runtime at batch 1 (``naive-ort``). Same weights, same
+crops and pre/post-processing semantics (grid, normalisation, softmax, argmax, component
+rules), so its answer must match radserve's: the benchmark checks that agreement (Dice)
+before it reports any speed-up.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +21,6 @@ import pydicom
 from scipy import ndimage
 
 from radserve.domain import Prediction, Volume
-from radserve.inference import ModelSession
 from radserve.inference.slices import crop_box
 from radserve.models.manifest import ModelSpec
 from radserve.models.registry import ModelRegistry
@@ -30,6 +32,10 @@ from radserve.preprocess.crop import BBox, roi_bbox
 from radserve.preprocess.normalise import normalised_floor
 
 _EMPTY: BBox = (slice(0, 0), slice(0, 0), slice(0, 0))
+
+
+Runner = Callable[[np.ndarray], np.ndarray]
+"""(N, C, H, W) float32 input -> logits: an ONNX Runtime session or a torch module."""
 
 
 @dataclass
@@ -70,7 +76,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 def predict_per_slice(
-    ct: Volume, spec: ModelSpec, session: ModelSession, roi: BBox | None = None
+    ct: Volume, spec: ModelSpec, run: Runner, precision: str, roi: BBox | None = None
 ) -> Prediction:
     """Batch-1 inference, one slice after another, on the same crop radserve uses
     (body, or the upstream ROI): the crop moves the U-Net's pooling grid, and the
@@ -96,7 +102,7 @@ def predict_per_slice(
         top, left = (ph - rh) // 2, (pw - rw) // 2
         padded = np.full((1, image.shape[0], ph, pw), floor, np.float32)
         padded[0, :, top : top + rh, left : left + rw] = image
-        logits = session.run(padded)[0, :, top : top + rh, left : left + rw]
+        logits = run(padded)[0, :, top : top + rh, left : left + rw]
         probs = _softmax(logits)
         back = np.stack(
             [
@@ -109,16 +115,21 @@ def predict_per_slice(
     return Prediction(
         model=spec.name,
         model_version=spec.version,
-        precision=session.precision,
+        precision=precision,
         labels=ct.with_array(labels),
         confidence=ct.with_array(confidence),
     )
 
 
 def run_naive(
-    folder: Path, pipeline: PipelineSpec, registry: ModelRegistry, sessions: dict[str, ModelSession]
+    folder: Path,
+    pipeline: PipelineSpec,
+    registry: ModelRegistry,
+    runners: dict[str, Runner],
+    precision: str = "fp32",
 ) -> NaiveResult:
-    """The whole baseline; ``sessions`` are created (and warmed) by the caller."""
+    """The whole baseline; ``runners`` (model name -> batch function) are created and
+    warmed by the caller."""
     stages: dict[str, float] = {}
     t0 = time.perf_counter()
     ct = load_serial(folder)
@@ -133,7 +144,7 @@ def run_naive(
             names = {lb.name: lb.value for lb in registry.get(organs.model).spec.labels}
             values = [names[n] for n in spec.input.roi_labels]
             roi = roi_bbox(organs.labels, values, spec.input.roi_margin_mm) or _EMPTY
-        pred = predict_per_slice(ct, spec, sessions[spec.name], roi)
+        pred = predict_per_slice(ct, spec, runners[spec.name], precision, roi)
         stages[f"{spec.name}: inference"] = time.perf_counter() - t1
         t2 = time.perf_counter()
         cleaned = pred.labels.with_array(clean_labels(pred.labels.array, spec, ct.voxel_volume_ml))

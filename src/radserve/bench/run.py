@@ -63,7 +63,7 @@ def run_bench(
     cache_dir: Path | None = None,
     n_slices: int = 300,
     precision: str = "fp32",
-    baselines: tuple[str, ...] = ("naive", "monai"),
+    baselines: tuple[str, ...] = ("naive", "naive-ort", "monai"),
     log: Callable[[str], None] = print,
 ) -> dict[str, object]:
     cache_dir = Path(cache_dir or Path(tempfile.gettempdir()) / "radserve-bench")
@@ -98,15 +98,17 @@ def summarise(contests: list[Contest], n_slices: int) -> dict[str, object]:
             "peak_rss_mb": c.results["radserve"]["peak_rss_mb"],
             "stages": c.results["radserve"]["stages"],
         }
-        for name in ("naive", "monai"):
-            if name in c.results:
-                other = float(c.results[name]["seconds"])  # type: ignore[arg-type]
+        for mode in ("naive", "naive-ort", "monai"):
+            name = mode.replace("-", "_")
+            if mode in c.results:
+                other = float(c.results[mode]["seconds"])  # type: ignore[arg-type]
                 entry[f"{name}_s"] = other
                 entry[f"speedup_vs_{name}"] = other / rs
-                entry[f"dice_vs_{name}"] = min(c.dice[name].values()) if c.dice[name] else None
-                entry[f"dice_vs_{name}_detail"] = c.dice[name]
-                entry[f"{name}_peak_rss_mb"] = c.results[name]["peak_rss_mb"]
-                entry[f"{name}_stages"] = c.results[name]["stages"]
+                entry[f"dice_vs_{name}"] = min(c.dice[mode].values()) if c.dice[mode] else None
+                entry[f"dice_vs_{name}_detail"] = c.dice[mode]
+                entry[f"{name}_peak_rss_mb"] = c.results[mode]["peak_rss_mb"]
+                entry[f"{name}_stages"] = c.results[mode]["stages"]
+                entry[f"{name}_engine"] = c.results[mode].get("engine")
             else:
                 entry[f"{name}_s"] = entry[f"speedup_vs_{name}"] = entry[f"dice_vs_{name}"] = None
         entry["peak_rss_over_int16_volume"] = float(entry["peak_rss_mb"]) / int16_mb  # type: ignore[arg-type]
@@ -122,6 +124,10 @@ def summarise(contests: list[Contest], n_slices: int) -> dict[str, object]:
             "speedup_vs_monai",
             "dice_vs_naive",
             "dice_vs_monai",
+            "naive_engine",
+            "naive_ort_s",
+            "speedup_vs_naive_ort",
+            "dice_vs_naive_ort",
             "peak_rss_mb",
             "stages",
         )

@@ -50,7 +50,7 @@ def command(
 ) -> None:
     """Time the reference pipeline against a naive baseline (and MONAI) on a phantom study,
     or (--scenario priority) the scheduler's URGENT turnaround under load."""
-    console = Console()
+    console = Console(width=max(Console().width, 120))
     if scenario == "priority":
         _priority(console, json_path, slices, precision, cache_dir, routine)
         return
@@ -66,33 +66,38 @@ def command(
     table = Table(title=f"radserve bench: 512x512x{slices} phantom CT, {precision}")
     for column in (
         "syntax",
-        "radserve s",
-        "naive s",
-        "x naive",
-        "Dice",
-        "monai s",
-        "x monai",
-        "Dice",
+        "contestant",
+        "seconds",
+        "radserve faster by",
+        "Dice vs radserve",
         "peak RSS MB",
-        "RSS/int16 vol",
     ):
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="left" if column in ("syntax", "contestant") else "right")
 
     def fmt(value: object, spec: str = ".2f") -> str:
         return "-" if value is None else format(value, spec)
 
     for syntax, e in summary["by_transfer_syntax"].items():  # type: ignore[union-attr]
         table.add_row(
-            syntax,
-            fmt(e["radserve_s"]),
-            fmt(e["naive_s"]),
-            fmt(e["speedup_vs_naive"], ".1f"),
-            fmt(e["dice_vs_naive"], ".4f"),
-            fmt(e["monai_s"]),
-            fmt(e["speedup_vs_monai"], ".1f"),
-            fmt(e["dice_vs_monai"], ".4f"),
-            fmt(e["peak_rss_mb"], ".0f"),
-            fmt(e["peak_rss_over_int16_volume"], ".2f"),
+            syntax, "radserve", fmt(e["radserve_s"]), "", "", fmt(e["peak_rss_mb"], ".0f")
+        )
+        for name, label in (
+            ("naive", f"naive ({e.get('naive_engine') or '-'})"),
+            ("naive_ort", "naive (onnxruntime-batch1)"),
+            ("monai", "MONAI"),
+        ):
+            if e.get(f"{name}_s") is None:
+                continue
+            table.add_row(
+                "",
+                label,
+                fmt(e[f"{name}_s"]),
+                fmt(e[f"speedup_vs_{name}"], ".1f") + "x",
+                fmt(e[f"dice_vs_{name}"], ".4f"),
+                fmt(e.get(f"{name}_peak_rss_mb"), ".0f"),
+            )
+        table.add_row(
+            "", "radserve peak RSS / int16 volume", fmt(e["peak_rss_over_int16_volume"]), "", "", ""
         )
     console.print(table)
     stages = Table(title="radserve stages (s), first syntax")

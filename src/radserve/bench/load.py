@@ -1,0 +1,340 @@
+"""HTTP load on a radserve server, over loopback, for a bounded time.
+
+Two phases, as the service issue asks:
+
+1. ``submit``: N distinct small studies (a phantom with fresh UIDs per copy) submitted
+   in parallel; every answer must be 202 (or 200 from the cache): errors are counted.
+2. ``read``: while those studies are being processed, job-status and report GETs from
+   many keep-alive connections for ``--duration`` seconds; throughput and latency
+   percentiles are measured on the client.
+
+The read load uses a minimal HTTP/1.1 client on asyncio streams (one request in flight
+per connection), because a general-purpose client would spend more CPU than the server
+on a small host. Run it against a server you started, or let it start one (``--spawn``:
+``radserve serve`` on a free loopback port, a temporary data folder, an admin key)::
+
+    python -m radserve.bench.load --spawn --duration 10 --connections 32 --submissions 50
+
+The server and this client share the machine's cores; the figures are for that setup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pydicom
+from pydicom.uid import generate_uid
+
+
+@dataclass
+class PhaseResult:
+    requests: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    statuses: dict[str, int] = field(default_factory=dict)
+    latency_ms: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+def _percentiles(samples: list[float]) -> dict[str, float]:
+    if not samples:
+        return {}
+    ordered = sorted(samples)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 2)
+
+    return {
+        "p50": at(0.50),
+        "p90": at(0.90),
+        "p99": at(0.99),
+        "max": round(ordered[-1] * 1000, 2),
+        "mean": round(statistics.fmean(ordered) * 1000, 2),
+    }
+
+
+# --- studies ------------------------------------------------------------------------------
+def template_study(folder: Path, seed: int = 1) -> list[Path]:
+    """A small phantom CT (128x128, 40-60 slices) written to ``folder``."""
+    from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
+
+    phantom = generate_phantom(PhantomSpec.random(seed, small=True))
+    return write_dicom_series(phantom, folder)
+
+
+def distinct_copies(files: list[Path], n: int) -> list[list[bytes]]:
+    """``n`` copies of a study, each with new Study/Series/SOP Instance UIDs (so each has
+    its own fingerprint and is really processed, not answered from the cache)."""
+    datasets = [pydicom.dcmread(p) for p in files]
+    copies = []
+    for _ in range(n):
+        study, series = generate_uid(), generate_uid()
+        blobs = []
+        for ds in datasets:
+            ds.StudyInstanceUID, ds.SeriesInstanceUID = study, series
+            ds.SOPInstanceUID = generate_uid()
+            ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+            buffer = io.BytesIO()
+            ds.save_as(buffer, enforce_file_format=True)
+            blobs.append(buffer.getvalue())
+        copies.append(blobs)
+    return copies
+
+
+# --- phase 1: parallel submissions ------------------------------------------------------------
+async def submit_all(
+    url: str, key: str, studies: list[list[bytes]], concurrency: int
+) -> tuple[PhaseResult, list[str]]:
+    headers = {"Authorization": f"Bearer {key}"}
+    gate = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    statuses: Counter[str] = Counter()
+    ids: list[str] = []
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+
+        async def one(blobs: list[bytes]) -> None:
+            files = [("files", (f"{i}.dcm", b, "application/dicom")) for i, b in enumerate(blobs)]
+            async with gate:
+                t0 = time.perf_counter()
+                try:
+                    r = await client.post("/v1/studies", files=files, headers=headers)
+                except httpx.HTTPError as exc:
+                    statuses[type(exc).__name__] += 1
+                    return
+                latencies.append(time.perf_counter() - t0)
+            statuses[str(r.status_code)] += 1
+            if r.status_code in (200, 202):
+                ids.append(r.json()["id"])
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(s) for s in studies))
+        seconds = time.perf_counter() - t0
+    errors = sum(v for k, v in statuses.items() if k not in ("200", "202"))
+    result = PhaseResult(len(studies), errors, seconds, dict(statuses), _percentiles(latencies))
+    return result, ids
+
+
+# --- phase 2: reads while processing --------------------------------------------------------
+async def _reader(
+    host: str,
+    port: int,
+    requests: list[bytes],
+    start: int,
+    deadline: float,
+    latencies: list[float],
+    statuses: Counter[str],
+) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    index = start
+    try:
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            writer.write(requests[index % len(requests)])
+            index += 1
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = head[9:12].decode()
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - t0)
+            statuses[status] += 1
+    except (ConnectionError, asyncio.IncompleteReadError) as exc:
+        statuses[type(exc).__name__] += 1
+    finally:
+        writer.close()
+
+
+async def read_load(
+    url: str, key: str, paths: list[str], duration: float, connections: int
+) -> PhaseResult:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    requests = [
+        f"GET {p} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
+        for p in paths
+    ]
+    latencies: list[float] = []
+    statuses: Counter[str] = Counter()
+    t0 = time.perf_counter()
+    deadline = t0 + duration
+    await asyncio.gather(
+        *(
+            _reader(host, port, requests, i, deadline, latencies, statuses)
+            for i in range(connections)
+        )
+    )
+    seconds = time.perf_counter() - t0
+    errors = sum(v for k, v in statuses.items() if k != "200")
+    return PhaseResult(len(latencies), errors, seconds, dict(statuses), _percentiles(latencies))
+
+
+# --- the server ---------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def spawn_server(data_dir: Path, config: Path | None) -> tuple[subprocess.Popen[bytes], str, str]:
+    """``radserve serve`` on a free loopback port; its URL and a new admin key."""
+    from radserve.config import load_settings
+    from radserve.store import init_store
+
+    settings = load_settings(config, data_dir=data_dir)
+    store = init_store(settings.effective_database_url)
+    try:
+        _, key = store.create_api_key(name="load test", role="admin")
+    finally:
+        store.close()
+    port = _free_port()
+    command = [sys.executable, "-c", "from radserve.cli import main; main()", "serve"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
+    command += ["--config", str(config)] if config else []
+    command += ["--log-level", "warning"]
+    log = open(data_dir / "server.log", "ab")  # noqa: SIM115 - closed with the process
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the server exited ({process.returncode}); see {log.name}")
+        try:
+            if httpx.get(f"{url}/readyz", headers={"X-API-Key": key}, timeout=2).is_success:
+                return process, url, key
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    raise SystemExit("the server did not become ready within 120 s")
+
+
+def _job_counts(url: str, key: str) -> dict[str, float]:
+    """Jobs running now and jobs succeeded so far, from ``/metrics``."""
+    text = httpx.get(f"{url}/metrics", headers={"X-API-Key": key}, timeout=10).text
+    counts = {"running": 0.0, "succeeded": 0.0}
+    for line in text.splitlines():
+        if line.startswith("radserve_jobs_running{"):
+            counts["running"] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("radserve_jobs_total{") and 'state="succeeded"' in line:
+            counts["succeeded"] += float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+def _wait_for_result(url: str, key: str, ids: list[str], timeout: float) -> str | None:
+    """The first job of ``ids`` to succeed (its report is the report read in phase 2)."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=url, headers={"X-API-Key": key}, timeout=10) as client:
+        while time.monotonic() < deadline:
+            for job_id in ids[:8]:
+                if client.get(f"/v1/jobs/{job_id}").json().get("state") == "succeeded":
+                    return job_id
+            time.sleep(0.5)
+    return None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="radserve-load-"))
+    process = None
+    try:
+        if args.spawn:
+            process, url, key = spawn_server(workdir / "data", args.config)
+        else:
+            url, key = args.url, args.key or os.environ.get("RADSERVE_KEY", "")
+        files = sorted(args.study.glob("*.dcm")) if args.study else template_study(workdir / "t")
+        studies = distinct_copies(files, args.submissions)
+        submitted, ids = asyncio.run(submit_all(url, key, studies, args.submit_concurrency))
+        done = _wait_for_result(url, key, ids, timeout=300)
+        if done is None:
+            raise SystemExit("no submitted study finished within 300 s: no report to read")
+        paths = [f"/v1/jobs/{i}" for i in ids] + [f"/v1/jobs/{done}/report"] * len(ids)
+        before = _job_counts(url, key)
+        reads = asyncio.run(read_load(url, key, paths, args.duration, args.connections))
+        after = _job_counts(url, key)
+        return {
+            "server": url,
+            "study_files": len(files),
+            "submit": asdict(submitted) | {"rate": round(submitted.rate, 1)},
+            "read": asdict(reads) | {"rate": round(reads.rate, 1)},
+            "processing": {
+                "running_at_start": before["running"],
+                "running_at_end": after["running"],
+                "studies_finished_during_reads": after["succeeded"] - before["succeeded"],
+            },
+            "connections": args.connections,
+            "cpus": os.cpu_count(),
+        }
+    finally:
+        if process is not None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m radserve.bench.load", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="a running server")
+    parser.add_argument("--key", default=None, help="admin/submit key (or $RADSERVE_KEY)")
+    parser.add_argument("--spawn", action="store_true", help="start a server for the run")
+    parser.add_argument("--config", type=Path, default=None, help="config for --spawn")
+    parser.add_argument("--study", type=Path, default=None, help="folder of DICOM files")
+    parser.add_argument("--submissions", type=int, default=50)
+    parser.add_argument("--submit-concurrency", type=int, default=50)
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds of reads")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--check", action="store_true", help="exit 1 unless targets are met")
+    parser.add_argument("--min-rate", type=float, default=1000.0)
+    parser.add_argument("--max-p99-ms", type=float, default=100.0)
+    args = parser.parse_args(argv)
+    if not 0 < args.duration <= 600:
+        parser.error("--duration must be in (0, 600] seconds")
+    if urlsplit(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
+        parser.error("the load test runs over loopback only")
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    reads, submit = result["read"], result["submit"]
+    ok = (
+        submit["errors"] == 0
+        and reads["errors"] == 0
+        and reads["rate"] >= args.min_rate
+        and reads["latency_ms"].get("p99", 1e9) <= args.max_p99_ms
+    )
+    print(
+        f"submit: {submit['requests']} studies, {submit['errors']} errors; "
+        f"read: {reads['rate']:.0f} req/s, p99 {reads['latency_ms'].get('p99')} ms, "
+        f"{reads['errors']} errors -> {'targets met' if ok else 'targets NOT met'}",
+        file=sys.stderr,
+    )
+    return 0 if ok or not args.check else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
