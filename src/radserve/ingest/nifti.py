@@ -54,10 +54,17 @@ def load_nifti(path: Path | str) -> Volume:
     return Volume.from_nifti_arrays(data, affine)
 
 
-def save_nifti(volume: Volume, path: Path | str) -> None:
+def save_nifti(volume: Volume, path: Path | str, *, label_map: bool = False) -> Path:
     """Write ``volume`` as NIfTI-1 (``.nii`` or ``.nii.gz``) with sform and, when the
-    affine has no shear, qform set to the same scanner-space affine."""
+    affine has no shear, qform set to the same scanner-space affine.
+
+    The one NIfTI writer of the package (ingest round trips, report label maps, phantom
+    ground truth). ``label_map`` marks the file NIFTI_INTENT_LABEL for viewers.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     affine = volume.nifti_affine()
+    # (slice, row, column) in C order is (i, j, k) in Fortran order: a view, no copy.
     image = nib.Nifti1Image(np.transpose(volume.array, (2, 1, 0)), affine)
     image.header.set_xyzt_units("mm")
     image.set_sform(affine, code="scanner")
@@ -67,7 +74,10 @@ def save_nifti(volume: Volume, path: Path | str) -> None:
         image.set_qform(None, code="unknown")
     if volume.array.dtype.kind in "iu":
         image.header.set_slope_inter(1.0, 0.0)
+    if label_map:
+        image.header.set_intent("label")
     nib.save(image, str(path))
+    return path
 
 
 def _read_data(image: nib.Nifti1Image) -> np.ndarray:

@@ -7,10 +7,8 @@ import json
 import logging
 from pathlib import Path
 
-import nibabel as nib
-import numpy as np
-
 from radserve.domain.volume import Volume
+from radserve.ingest.nifti import save_nifti
 from radserve.phantom.generate import Phantom
 from radserve.phantom.spec import ORGAN_LABELS
 
@@ -20,19 +18,10 @@ logger = logging.getLogger(__name__)
 def write_nifti(volume: Volume, path: str | Path) -> Path:
     """Write ``volume`` as NIfTI-1 (RAS affine; array transposed to column, row, slice).
 
-    Read it back with ``Volume.from_nifti_arrays(np.asanyarray(img.dataobj), img.affine)``.
-    The dtype is kept (int16 HU, uint8 organs, uint16 lesions), without scaling.
+    Read it back with ``radserve.ingest.load_nifti``. The dtype is kept (int16 HU,
+    uint8 organs, uint16 lesions), without scaling.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = np.ascontiguousarray(np.transpose(volume.array, (2, 1, 0)))
-    affine = volume.nifti_affine()
-    image = nib.Nifti1Image(data, affine)
-    image.set_qform(affine, code=1)
-    image.set_sform(affine, code=1)
-    image.header.set_xyzt_units("mm")
-    nib.save(image, path)
-    return path
+    return save_nifti(volume, path)
 
 
 def ground_truth(phantom: Phantom) -> dict[str, object]:
