@@ -13,14 +13,11 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from tests.factories.bundles import write_test_bundles, write_test_pipeline
+from tests.factories.results import relabel, run_test_pipeline
 
-from radserve.models.registry import ModelRegistry
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
-from radserve.pipelines.spec import load_pipeline
 from radserve.report.dicom import write_dicom_results, write_sr
 from radserve.report.schema import Report
-from radserve.study import run_study
 
 pytestmark = [
     pytest.mark.tools,
@@ -41,13 +38,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Report, list[Path],
     root = tmp_path_factory.mktemp("dciodvfy")
     phantom = generate_phantom(PhantomSpec.random(3, small=True))
     files = write_dicom_series(phantom, root / "study", patient_name="Müller^Jürgen")
-    result = run_study(
-        root / "study",
-        pipeline=load_pipeline(write_test_pipeline(root)),
-        out_dir=root / "out",
-        registry=ModelRegistry(write_test_bundles(root / "models", organ_hu=90, lesion_hu=140)),
-        key_images=False,
-    )
+    result = run_test_pipeline(root, organ_hu=90, lesion_hu=140)
     assert result.report.findings, "the phantom should give findings with these thresholds"
     return result.report, files, root / "out"
 
@@ -78,12 +69,7 @@ def test_sr_variants_pass_dciodvfy(study, tmp_path: Path) -> None:
 )
 def test_other_character_sets_pass_dciodvfy(study, tmp_path: Path, charset, name) -> None:
     report, files, out = study
-    copies = []
-    for path in files:
-        ds = pydicom.dcmread(path)
-        ds.SpecificCharacterSet, ds.PatientName = charset, name
-        ds.save_as(tmp_path / path.name)
-        copies.append(tmp_path / path.name)
+    copies = relabel(files, tmp_path, name, charset=charset)
     result_dir = tmp_path / "out"
     shutil.copytree(out, result_dir)
     for path in write_dicom_results(report, result_dir, copies):

@@ -7,27 +7,24 @@ so parallel runs on one server do not collide; tables are emptied between tests.
 
 from __future__ import annotations
 
-import os
 import threading
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from tests.factories.postgres import postgres_schema, requires_postgres
 from tests.unit import test_audit, test_keys, test_store_jobs
 
 from radserve.audit.chain import GENESIS_HASH
 from radserve.store import JobState, Store, init_store
-from radserve.store.db import normalise_url
 from radserve.store.migrate import current_revision, head_revision
 from radserve.store.models import Base
 
-URL = os.environ.get("RADSERVE_TEST_DATABASE_URL")
-pytestmark = pytest.mark.skipif(not URL, reason="RADSERVE_TEST_DATABASE_URL is not set")
+pytestmark = requires_postgres
 
 # The same tests as on SQLite: every test of these modules that needs only `store`.
 for _suite in (test_store_jobs, test_audit, test_keys):
@@ -41,18 +38,8 @@ del _suite, _name, _test, _args
 
 @pytest.fixture(scope="module")
 def schema_url() -> Iterator[str]:
-    assert URL is not None
-    schema = f"radserve_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(normalise_url(URL))
-    with admin.begin() as connection:
-        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = normalise_url(URL).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as connection:
-            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with postgres_schema("radserve_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

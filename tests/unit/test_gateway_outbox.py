@@ -4,26 +4,23 @@ back-off, permanent failures, leases after a crash, restarts — no network, no 
 from __future__ import annotations
 
 import datetime as dt
-import os
 import threading
-import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, generate_uid
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
+from tests.factories.postgres import postgres_schema
 
 from radserve.gateway.config import Destination
 from radserve.gateway.errors import GatewayConfigError, GatewayError
 from radserve.gateway.outbox import Outbox, RetryPolicy
 from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult
 from radserve.store import Store, init_store
-from radserve.store.db import normalise_url
 from radserve.store.outbox import OutboxState, OutboxStore
 
-PG_URL = os.environ.get("RADSERVE_TEST_DATABASE_URL")
 T0 = dt.datetime(2025, 1, 1, 8, 0, tzinfo=dt.UTC)
 PACS = Destination(name="pacs", ae_title="PACS", host="127.0.0.1", port=104)
 ARCHIVE = Destination(name="archive", ae_title="ARCHIVE", host="127.0.0.1", port=105)
@@ -51,19 +48,8 @@ class ScriptedSender:
 @pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
     """A schema of its own on the test PostgreSQL (``RADSERVE_TEST_DATABASE_URL``)."""
-    if not PG_URL:
-        pytest.skip("RADSERVE_TEST_DATABASE_URL is not set")
-    schema = f"radserve_outbox_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(normalise_url(PG_URL))
-    with admin.begin() as connection:
-        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = normalise_url(PG_URL).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as connection:
-            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with postgres_schema("radserve_outbox") as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -8,20 +8,15 @@ import copy
 import json
 from typing import Any
 
-import numpy as np
 import pydicom
 import pytest
-from tests.factories.bundles import write_test_bundles, write_test_pipeline
-from tests.factories.dicom_series import make_ct_series
+from tests.factories.results import lesion_study
 
 from radserve.errors import ReportError
 from radserve.ingest import PatientInfo
-from radserve.models.registry import ModelRegistry
-from radserve.pipelines.spec import load_pipeline
 from radserve.report.dicom import common, write_dicom_results
 from radserve.report.json_report import parse_report
 from radserve.report.schema import Report
-from radserve.study import run_study
 
 pytest.importorskip("fhir.resources")
 from fhir.resources.R4B.bundle import Bundle
@@ -34,33 +29,13 @@ PATIENT = PatientInfo(
     patient_birth_date="19700101",
     patient_sex="M",
 )
-LESIONS = (((6.0, -4.0, 21.0), 6.0), ((-12.0, 10.0, 10.0), 4.0))  # LPS centre, radius mm
-
-
-def _hu(points: np.ndarray) -> np.ndarray:
-    block = (np.abs(points - np.array([0.0, 0.0, 21.0])) < np.array([25.0, 25.0, 40.0])).all(-1)
-    hu = np.where(block, 100.0, -1000.0)
-    for centre, radius in LESIONS:
-        hu = np.where(np.linalg.norm(points - np.array(centre), axis=-1) <= radius, 700.0, hu)
-    return hu
 
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Report, list[pydicom.Dataset]]:
-    root = tmp_path_factory.mktemp("fhir")
-    files = make_ct_series(
-        root / "study", n_slices=30, rows=64, cols=64, spacing=(1.5, 1.0, 1.0),
-        origin=(-31.5, -31.5, -0.75), hu=_hu,
-    )  # fmt: skip
-    report = run_study(
-        root / "study",
-        pipeline=load_pipeline(write_test_pipeline(root)),
-        out_dir=root / "out",
-        registry=ModelRegistry(write_test_bundles(root / "models")),
-        key_images=False,
-    ).report
-    paths = write_dicom_results(report, root / "out", files)
-    return report, [pydicom.dcmread(p, stop_before_pixels=True) for p in paths]
+    study = lesion_study(tmp_path_factory.mktemp("fhir"))
+    paths = write_dicom_results(study.report, study.out, study.files)
+    return study.report, [pydicom.dcmread(p, stop_before_pixels=True) for p in paths]
 
 
 def _resources(bundle: dict[str, Any], kind: str) -> list[dict[str, Any]]:

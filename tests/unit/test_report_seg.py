@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import highdicom as hd
@@ -16,57 +15,20 @@ import numpy as np
 import pydicom
 import pytest
 from pydicom.uid import SegmentationStorage
-from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_series import make_ct_series
+from tests.factories.results import LesionStudy, lesion_study, relabel
 
 from radserve.domain import Volume
 from radserve.errors import ReportError
-from radserve.models.registry import ModelRegistry
-from radserve.pipelines.spec import load_pipeline
 from radserve.report.dicom import common, write_seg
 from radserve.report.dicom.seg import segment_key
-from radserve.report.nifti import read_nifti
-from radserve.report.schema import LabelMapOutput, Report
-from radserve.study import run_study
-
-LESIONS = (((6.0, -4.0, 21.0), 6.0), ((-12.0, 10.0, 10.0), 4.0))  # LPS centre, radius mm
-
-
-def _hu(points: np.ndarray) -> np.ndarray:
-    block = (np.abs(points - np.array([0.0, 0.0, 21.0])) < np.array([25.0, 25.0, 40.0])).all(-1)
-    hu = np.where(block, 100.0, -1000.0)
-    for centre, radius in LESIONS:
-        hu = np.where(np.linalg.norm(points - np.array(centre), axis=-1) <= radius, 700.0, hu)
-    return hu
-
-
-@dataclass(frozen=True)
-class Study:
-    report: Report
-    out: Path
-    files: list[Path]
-
-    def label_map(self, kind: str) -> tuple[LabelMapOutput, Volume]:
-        output = next(m for m in self.report.outputs.label_maps if m.kind == kind)
-        return output, read_nifti(self.out / output.path)
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory: pytest.TempPathFactory) -> Study:
-    root = tmp_path_factory.mktemp("seg")
-    files = make_ct_series(
-        root / "study", n_slices=30, rows=64, cols=64, spacing=(1.5, 1.0, 1.0),
-        origin=(-31.5, -31.5, -0.75), hu=_hu,
-    )  # fmt: skip
-    result = run_study(
-        root / "study",
-        pipeline=load_pipeline(write_test_pipeline(root)),
-        out_dir=root / "out",
-        registry=ModelRegistry(write_test_bundles(root / "models")),
-        key_images=False,
-    )
-    assert len(result.report.findings) == 2
-    return Study(result.report, root / "out", files)
+def study(tmp_path_factory: pytest.TempPathFactory) -> LesionStudy:
+    study = lesion_study(tmp_path_factory.mktemp("seg"))
+    assert len(study.report.findings) == 2
+    return study
 
 
 def _frames(ds: pydicom.Dataset) -> list[tuple[int, str]]:
@@ -81,7 +43,7 @@ def _frames(ds: pydicom.Dataset) -> list[tuple[int, str]]:
 
 
 @pytest.mark.parametrize("kind", ["organs", "findings"])
-def test_seg_round_trip_matches_report_and_label_map(study: Study, tmp_path: Path, kind: str):
+def test_seg_round_trip_matches_report_and_label_map(study: LesionStudy, tmp_path: Path, kind: str):
     output, labels = study.label_map(kind)
     path = write_seg(study.report, labels, output.segments, study.files, tmp_path / "x.dcm")
     ds = pydicom.dcmread(path)
@@ -127,7 +89,7 @@ def test_seg_round_trip_matches_report_and_label_map(study: Study, tmp_path: Pat
     assert ds.Manufacturer == "radserve"
 
 
-def test_seg_reads_back_with_highdicom(study: Study, tmp_path: Path) -> None:
+def test_seg_reads_back_with_highdicom(study: LesionStudy, tmp_path: Path) -> None:
     output, labels = study.label_map("findings")
     path = write_seg(study.report, labels, output.segments, study.files, tmp_path / "f.dcm")
     seg = hd.seg.segread(path)
@@ -139,7 +101,7 @@ def test_seg_reads_back_with_highdicom(study: Study, tmp_path: Path) -> None:
     np.testing.assert_array_equal(mask[0, ..., 0].astype(bool), labels.array[key] == 1)
 
 
-def test_same_report_gives_same_uids(study: Study, tmp_path: Path) -> None:
+def test_same_report_gives_same_uids(study: LesionStudy, tmp_path: Path) -> None:
     output, labels = study.label_map("findings")
     a = pydicom.dcmread(
         write_seg(study.report, labels, output.segments, study.files, tmp_path / "a")
@@ -150,7 +112,7 @@ def test_same_report_gives_same_uids(study: Study, tmp_path: Path) -> None:
     assert a.SOPInstanceUID == b.SOPInstanceUID and a.SeriesInstanceUID == b.SeriesInstanceUID
 
 
-def test_whole_study_folder_may_be_passed(study: Study, tmp_path: Path) -> None:
+def test_whole_study_folder_may_be_passed(study: LesionStudy, tmp_path: Path) -> None:
     output, labels = study.label_map("findings")
     extra = make_ct_series(tmp_path / "other", n_slices=2, series_number=7)
     path = write_seg(
@@ -159,7 +121,7 @@ def test_whole_study_folder_may_be_passed(study: Study, tmp_path: Path) -> None:
     assert pydicom.dcmread(path, stop_before_pixels=True).NumberOfFrames > 0
 
 
-def test_grid_mismatch_is_refused(study: Study, tmp_path: Path) -> None:
+def test_grid_mismatch_is_refused(study: LesionStudy, tmp_path: Path) -> None:
     output, labels = study.label_map("findings")
     shifted = Volume(labels.array, labels.affine + _shift(5.0))
     with pytest.raises(ReportError, match="does not match the report geometry"):
@@ -172,20 +134,20 @@ def _shift(mm: float) -> np.ndarray:
     return shift
 
 
-def test_missing_source_files_are_named_by_count(study: Study, tmp_path: Path) -> None:
+def test_missing_source_files_are_named_by_count(study: LesionStudy, tmp_path: Path) -> None:
     output, labels = study.label_map("findings")
     with pytest.raises(ReportError, match="5 of 30 source instances"):
         write_seg(study.report, labels, output.segments, study.files[5:], tmp_path / "x.dcm")
 
 
-def test_empty_label_map_is_refused(study: Study, tmp_path: Path) -> None:
+def test_empty_label_map_is_refused(study: LesionStudy, tmp_path: Path) -> None:
     output, labels = study.label_map("findings")
     empty = labels.with_array(np.zeros_like(labels.array))
     with pytest.raises(ReportError, match="no described segment has a voxel"):
         write_seg(study.report, empty, output.segments, study.files, tmp_path / "x.dcm")
 
 
-def test_undescribed_and_empty_segments_are_left_out(study: Study, tmp_path: Path) -> None:
+def test_undescribed_and_empty_segments_are_left_out(study: LesionStudy, tmp_path: Path) -> None:
     output, labels = study.label_map("findings")
     array = labels.array.copy()
     array[0, 0, 0] = 9  # a value no segment describes
@@ -208,25 +170,12 @@ CHARSETS = {
 }
 
 
-def relabel(files: list[Path], folder: Path, charset: str | list[str], name: str) -> list[Path]:
-    """Copies of the source files with another patient name and character set."""
-    folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for path in files:
-        ds = pydicom.dcmread(path)
-        ds.SpecificCharacterSet = charset
-        ds.PatientName = name
-        ds.save_as(folder / path.name)
-        out.append(folder / path.name)
-    return out
-
-
 @pytest.mark.parametrize("case", sorted(CHARSETS))
 def test_patient_name_round_trips_in_source_character_set(
-    study: Study, tmp_path: Path, case: str
+    study: LesionStudy, tmp_path: Path, case: str
 ) -> None:
     charset, name = CHARSETS[case]
-    files = relabel(study.files, tmp_path / "src", charset, name)
+    files = relabel(study.files, tmp_path / "src", name, charset=charset)
     output, labels = study.label_map("findings")
     path = write_seg(study.report, labels, output.segments, files, tmp_path / "x.dcm")
     ds = pydicom.dcmread(path)
@@ -234,8 +183,8 @@ def test_patient_name_round_trips_in_source_character_set(
     assert ds.SpecificCharacterSet == charset
 
 
-def test_text_outside_the_source_repertoire_switches_to_utf8(study: Study, tmp_path: Path):
-    files = relabel(study.files, tmp_path / "src", "ISO_IR 100", "Müller^Jürgen")
+def test_text_outside_the_source_repertoire_switches_to_utf8(study: LesionStudy, tmp_path: Path):
+    files = relabel(study.files, tmp_path / "src", "Müller^Jürgen", charset="ISO_IR 100")
     output, labels = study.label_map("organs")
     segments = [s.model_copy(update={"model": "肝臓-model"}) for s in output.segments]
     ds = pydicom.dcmread(write_seg(study.report, labels, segments, files, tmp_path / "x.dcm"))
@@ -264,9 +213,10 @@ def test_output_character_set_rules() -> None:
 
 
 def test_no_patient_name_in_warnings_or_logs(
-    study: Study, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    study: LesionStudy, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    files = relabel(study.files, tmp_path / "src", "ISO_IR 100", "GEHEIMNAME")  # one component
+    # one component: highdicom would warn with it
+    files = relabel(study.files, tmp_path / "src", "GEHEIMNAME", charset="ISO_IR 100")
     output, labels = study.label_map("findings")
     with caplog.at_level(logging.DEBUG), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -276,7 +226,9 @@ def test_no_patient_name_in_warnings_or_logs(
     assert str(pydicom.dcmread(out).PatientName) == "GEHEIMNAME"
 
 
-def test_malformed_patient_attributes_do_not_fail_the_seg(study: Study, tmp_path: Path) -> None:
+def test_malformed_patient_attributes_do_not_fail_the_seg(
+    study: LesionStudy, tmp_path: Path
+) -> None:
     folder = tmp_path / "src"
     folder.mkdir()
     files = []

@@ -12,45 +12,20 @@ import numpy as np
 import pydicom
 import pytest
 from pydicom.sr.codedict import codes
-from tests.factories.bundles import write_test_bundles, write_test_pipeline
-from tests.factories.dicom_series import make_ct_series
+from tests.factories.results import lesion_study, relabel
 
 from radserve.errors import ReportError
-from radserve.models.registry import ModelRegistry
-from radserve.pipelines.spec import load_pipeline
 from radserve.report.dicom import common, write_dicom_results, write_sr
 from radserve.report.nifti import read_nifti, write_label_map
 from radserve.report.schema import Report
-from radserve.study import run_study
-
-LESIONS = (((6.0, -4.0, 21.0), 6.0), ((-12.0, 10.0, 10.0), 4.0))  # LPS centre, radius mm
-
-
-def _hu(points: np.ndarray) -> np.ndarray:
-    block = (np.abs(points - np.array([0.0, 0.0, 21.0])) < np.array([25.0, 25.0, 40.0])).all(-1)
-    hu = np.where(block, 100.0, -1000.0)
-    for centre, radius in LESIONS:
-        hu = np.where(np.linalg.norm(points - np.array(centre), axis=-1) <= radius, 700.0, hu)
-    return hu
 
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Report, list[Path], list[Path]]:
     """The report, the source files and the DICOM results (two SEGs, then the SR)."""
-    root = tmp_path_factory.mktemp("sr")
-    files = make_ct_series(
-        root / "study", n_slices=30, rows=64, cols=64, spacing=(1.5, 1.0, 1.0),
-        origin=(-31.5, -31.5, -0.75), hu=_hu,
-    )  # fmt: skip
-    report = run_study(
-        root / "study",
-        pipeline=load_pipeline(write_test_pipeline(root)),
-        out_dir=root / "out",
-        registry=ModelRegistry(write_test_bundles(root / "models")),
-        key_images=False,
-    ).report
-    assert len(report.findings) == 2
-    return report, files, write_dicom_results(report, root / "out", files)
+    study = lesion_study(tmp_path_factory.mktemp("sr"))
+    assert len(study.report.findings) == 2
+    return study.report, study.files, write_dicom_results(study.report, study.out, study.files)
 
 
 def _ref_uid(item: pydicom.Dataset) -> str:
@@ -178,12 +153,7 @@ CHARSETS = {
 def test_patient_name_round_trips_through_sr(written, tmp_path: Path, case: str) -> None:
     report, files, paths = written
     charset, name = CHARSETS[case]
-    copies = []
-    for path in files:
-        ds = pydicom.dcmread(path)
-        ds.SpecificCharacterSet, ds.PatientName = charset, name
-        ds.save_as(tmp_path / path.name)
-        copies.append(tmp_path / path.name)
+    copies = relabel(files, tmp_path, name, charset=charset)
     ds = pydicom.dcmread(write_sr(report, paths[:2], copies, tmp_path / "sr.dcm"))
     assert str(ds.PatientName) == name
     assert ds.SpecificCharacterSet == charset
@@ -193,12 +163,7 @@ def test_no_patient_name_in_warnings_or_logs(
     written, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     report, files, paths = written
-    copies = []
-    for path in files:
-        ds = pydicom.dcmread(path)
-        ds.PatientName = "GEHEIMNAME"  # one component: highdicom would warn with it
-        ds.save_as(tmp_path / path.name)
-        copies.append(tmp_path / path.name)
+    copies = relabel(files, tmp_path, "GEHEIMNAME")  # one component: highdicom would warn
     with caplog.at_level(logging.DEBUG), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = write_sr(report, paths[:2], copies, tmp_path / "sr.dcm")

@@ -21,18 +21,16 @@ import time
 
 import numpy as np
 
-from radserve.domain.prediction import Prediction
 from radserve.domain.volume import Volume
 from radserve.errors import ModelError
 from radserve.inference.slices import check_extra_channels, crop_box
 from radserve.inference.tasks import (
     Batch,
-    TaskState,
+    BatchedTask,
     activate,
     check_batch,
     decide,
     pick_batch_size,
-    warn_if_probabilities,
 )
 from radserve.models.manifest import ModelSpec
 from radserve.preprocess.crop import BBox
@@ -69,8 +67,10 @@ def _crop_volume(volume: Volume, box: BBox) -> Volume:
     return Volume(volume.array[box], affine, volume.frame_of_reference_uid)
 
 
-class PatchTask:
+class PatchTask(BatchedTask):
     """One study through one 3D model, as a sequence of patch batches."""
+
+    confidence: np.ndarray  # always kept (a slice task keeps it for lesion models only)
 
     def __init__(
         self,
@@ -104,17 +104,16 @@ class PatchTask:
             window_starts(n, p, spec.input.overlap)
             for n, p in zip(self._grid, self.patch, strict=True)
         ]
-        self._items = (
-            [] if empty else [(z, y, x) for z in starts[0] for y in starts[1] for x in starts[2]]
-        )
         k = spec.num_classes
         per_patch = 4 * int(np.prod(self.patch)) * (spec.input.in_channels + 3 * k)
         self.batch_size = pick_batch_size(spec.input.batch_size, per_patch, memory_budget_bytes)
-        self._state = TaskState(total=-(-len(self._items) // self.batch_size))
+        self._plan(
+            [] if empty else [(z, y, x) for z in starts[0] for y in starts[1] for x in starts[2]]
+        )
         self._weights = gaussian_weights(self.patch)
         self._acc = np.zeros((k, *self._grid), np.float32) if self._items else None
         self._norm = np.zeros(self._grid, np.float32) if self._items else None
-        self._state.add_timing("prepare", time.perf_counter() - t0)
+        self.add_timing("prepare", time.perf_counter() - t0)
         logger.debug(
             "patch task %s: crop %s -> model grid %s, %d patches of %s, batch %d",
             spec.key,
@@ -143,38 +142,16 @@ class PatchTask:
             np.pad(c, pad, constant_values=floor if i == 0 else 0.0) for i, c in enumerate(channels)
         ]
 
-    @property
-    def total_batches(self) -> int:
-        return self._state.total
-
-    @property
-    def done(self) -> bool:
-        return self._state.done
-
-    def add_timing(self, stage: str, seconds: float) -> None:
-        self._state.add_timing(stage, seconds)
-
-    def next_batch(self) -> Batch | None:
-        """Cut the next batch of patches, or ``None`` when all have been handed out."""
-        if self._state.produced >= self._state.total:
-            return None
-        t0 = time.perf_counter()
-        start = self._state.produced * self.batch_size
-        items = tuple(self._items[start : start + self.batch_size])
+    def _inputs(self, items: tuple[tuple[int, int, int], ...]) -> np.ndarray:
+        """The patches at ``items`` (their origins on the model grid), stacked."""
         pz, py, px = self.patch
-        inputs = np.stack([self._image[:, z : z + pz, y : y + py, x : x + px] for z, y, x in items])
-        batch = Batch(task=self, index=self._state.produced, items=items, inputs=inputs)
-        self._state.produced += 1
-        self._state.add_timing("prepare", time.perf_counter() - t0)
-        return batch
+        return np.stack([self._image[:, z : z + pz, y : y + py, x : x + px] for z, y, x in items])
 
     def accept(self, batch: Batch, output: np.ndarray) -> None:
         """Add one batch's Gaussian-weighted probabilities into the accumulator."""
         t0 = time.perf_counter()
         check_batch(self, batch, output, (len(batch.items), self.spec.num_classes, *self.patch))
-        if not self._state.checked_output:
-            self._state.checked_output = True
-            warn_if_probabilities(self.spec, output)
+        self._check_first_output(output)
         probs = activate(output, self.spec.activation)
         probs *= self._weights
         pz, py, px = self.patch
@@ -182,8 +159,7 @@ class PatchTask:
         for (z, y, x), p in zip(batch.items, probs, strict=True):
             self._acc[:, z : z + pz, y : y + py, x : x + px] += p
             self._norm[z : z + pz, y : y + py, x : x + px] += self._weights
-        self._state.mark_accepted()
-        self._state.add_timing("merge", time.perf_counter() - t0)
+        self._accepted(t0)
 
     def _map_back(self) -> None:
         """Probabilities at model spacing -> native-grid labels, a slab at a time."""
@@ -209,26 +185,12 @@ class PatchTask:
             self.confidence[z, ys, xs] = conf
         self._acc = self._norm = None
 
-    def finish(self, *, precision: str | None = None) -> Prediction:
-        """The native-grid prediction; only valid once every batch has been accepted."""
-        if not self.done:
-            raise RuntimeError(
-                f"task {self.spec.key} finished after {self._state.accepted} of "
-                f"{self._state.total} batches"
-            )
+    def _complete(self) -> None:
+        """Map the accumulated probabilities back (once)."""
         if self._acc is not None:
             t0 = time.perf_counter()
             self._map_back()
-            self._state.add_timing("merge", time.perf_counter() - t0)
-        return Prediction(
-            model=self.spec.name,
-            model_version=self.spec.version,
-            precision=precision or self.precision,
-            labels=self.volume.with_array(self.labels),
-            confidence=self.volume.with_array(self.confidence),
-            timings=dict(self._state.timings),
-            batches=self._state.total,
-        )
+            self.add_timing("merge", time.perf_counter() - t0)
 
 
 __all__ = ["PatchTask", "gaussian_weights", "window_starts"]

@@ -25,17 +25,15 @@ import time
 
 import numpy as np
 
-from radserve.domain.prediction import Prediction
 from radserve.domain.volume import Volume
 from radserve.errors import ModelError, PipelineError
 from radserve.inference.tasks import (
     Batch,
-    TaskState,
+    BatchedTask,
     activate,
     check_batch,
     decide,
     pick_batch_size,
-    warn_if_probabilities,
 )
 from radserve.models.manifest import ModelSpec
 from radserve.preprocess.context import context_step, gather_context
@@ -85,7 +83,7 @@ def check_extra_channels(
 _MERGE_SLICES = 2  # slices mapped back to the native grid at once
 
 
-class SliceTask:
+class SliceTask(BatchedTask):
     """One study through one 2D/2.5D model, as a sequence of slice batches."""
 
     def __init__(
@@ -122,12 +120,11 @@ class SliceTask:
         self._ph, self._pw = _round_up(self._rh, k), _round_up(self._rw, k)
         self._pad_y = (self._ph - self._rh) // 2
         self._pad_x = (self._pw - self._rw) // 2
-        self._slices = list(range(zs.start, zs.stop)) if self._h and self._w else []
         self.batch_size = pick_batch_size(
             spec.input.batch_size, self.bytes_per_slice(), memory_budget_bytes
         )
-        n = len(self._slices)
-        self._state = TaskState(total=-(-n // self.batch_size))
+        self._plan(range(zs.start, zs.stop) if self._h and self._w else [])
+        n = len(self._items)
         self.labels = np.zeros(volume.shape, np.uint8)
         # Confidence only matters where findings are measured: organ models skip it.
         self.confidence: np.ndarray | None = (
@@ -142,7 +139,7 @@ class SliceTask:
         self._fwd_x = grid_coordinates(self._w, self._rw) if n else None
         self._back_y = grid_coordinates(self._rh, self._h) if n else None
         self._back_x = grid_coordinates(self._rw, self._w) if n else None
-        self._state.add_timing("prepare", time.perf_counter() - t0)
+        self.add_timing("prepare", time.perf_counter() - t0)
         logger.debug(
             "slice task %s: %d slices, crop %s -> model %dx%d (padded %dx%d), batch %d",
             spec.key,
@@ -167,32 +164,9 @@ class SliceTask:
         """(channels, height, width) of each sample fed to the network."""
         return (self.spec.input.in_channels, self._ph, self._pw)
 
-    @property
-    def total_batches(self) -> int:
-        return self._state.total
-
-    @property
-    def done(self) -> bool:
-        return self._state.done
-
-    def add_timing(self, stage: str, seconds: float) -> None:
-        self._state.add_timing(stage, seconds)
-
     # --- batches ------------------------------------------------------------------------
-    def next_batch(self) -> Batch | None:
-        """Prepare the next batch of slices, or ``None`` when all have been handed out."""
-        if self._state.produced >= self._state.total:
-            return None
-        t0 = time.perf_counter()
-        start = self._state.produced * self.batch_size
-        items = tuple(self._slices[start : start + self.batch_size])
-        inputs = self._prepare(items)
-        batch = Batch(task=self, index=self._state.produced, items=items, inputs=inputs)
-        self._state.produced += 1
-        self._state.add_timing("prepare", time.perf_counter() - t0)
-        return batch
-
-    def _prepare(self, items: tuple[int, ...]) -> np.ndarray:
+    def _inputs(self, items: tuple[int, ...]) -> np.ndarray:
+        """The network input for the native slices ``items``."""
         _, ys, xs = self.box
         ctx = self.spec.input.context_slices
         # (N, 2k+1, h, w), a copy; the same function makes the training data.
@@ -228,9 +202,7 @@ class SliceTask:
         logits = output[
             :, :, self._pad_y : self._pad_y + self._rh, self._pad_x : self._pad_x + self._rw
         ]
-        if not self._state.checked_output:
-            self._state.checked_output = True
-            warn_if_probabilities(self.spec, logits)
+        self._check_first_output(logits)
         _, ys, xs = self.box
         z = np.asarray(batch.items)
         # A few slices at a time: full-resolution class probabilities are the largest
@@ -246,25 +218,7 @@ class SliceTask:
             self.labels[z[part], ys, xs] = labels
             if self.confidence is not None:
                 self.confidence[z[part], ys, xs] = conf
-        self._state.mark_accepted()
-        self._state.add_timing("merge", time.perf_counter() - t0)
-
-    def finish(self, *, precision: str | None = None) -> Prediction:
-        """The native-grid prediction; only valid once every batch has been accepted."""
-        if not self.done:
-            raise RuntimeError(
-                f"task {self.spec.key} finished after {self._state.accepted} of "
-                f"{self._state.total} batches"
-            )
-        return Prediction(
-            model=self.spec.name,
-            model_version=self.spec.version,
-            precision=precision or self.precision,
-            labels=self.volume.with_array(self.labels),
-            confidence=None if self.confidence is None else self.volume.with_array(self.confidence),
-            timings=dict(self._state.timings),
-            batches=self._state.total,
-        )
+        self._accepted(t0)
 
 
 __all__ = ["SliceTask", "check_extra_channels", "crop_box"]

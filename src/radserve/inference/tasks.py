@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from radserve.domain.prediction import Prediction
+from radserve.domain.volume import Volume
 from radserve.errors import InferenceError, ModelError
 from radserve.models.manifest import ModelSpec
 
@@ -97,6 +100,92 @@ class TaskState:
     @property
     def done(self) -> bool:
         return self.accepted >= self.total
+
+
+class BatchedTask:
+    """What the concrete tasks share: batch counting, timings, the first-output check and
+    :meth:`finish`.
+
+    A subclass sets ``spec``, ``volume``, ``precision``, ``batch_size``, ``labels`` and
+    ``confidence``, calls :meth:`_plan` with its work items (one per sample), and
+    implements :meth:`_inputs` and ``accept`` (which ends with :meth:`_accepted`).
+    """
+
+    spec: ModelSpec
+    volume: Volume
+    precision: str
+    batch_size: int
+    labels: np.ndarray
+    confidence: np.ndarray | None
+
+    def _plan(self, items: Sequence[Any]) -> None:
+        """Split ``items`` into batches of ``batch_size``."""
+        self._items = list(items)
+        self._state = TaskState(total=-(-len(self._items) // self.batch_size))
+
+    @property
+    def total_batches(self) -> int:
+        return self._state.total
+
+    @property
+    def done(self) -> bool:
+        return self._state.done
+
+    def add_timing(self, stage: str, seconds: float) -> None:
+        self._state.add_timing(stage, seconds)
+
+    def next_batch(self) -> Batch | None:
+        """Prepare the next batch, or ``None`` when all have been handed out."""
+        if self._state.produced >= self._state.total:
+            return None
+        t0 = time.perf_counter()
+        start = self._state.produced * self.batch_size
+        items = tuple(self._items[start : start + self.batch_size])
+        inputs = self._inputs(items)
+        batch = Batch(task=self, index=self._state.produced, items=items, inputs=inputs)
+        self._state.produced += 1
+        self._state.add_timing("prepare", time.perf_counter() - t0)
+        return batch
+
+    def _inputs(self, items: tuple[Any, ...]) -> np.ndarray:
+        """The network input for ``items``: (N, C, spatial...) float32."""
+        raise NotImplementedError
+
+    def accept(self, batch: Batch, output: np.ndarray) -> None:
+        """Merge one batch's output (N, classes, spatial...) into the native-grid result."""
+        raise NotImplementedError
+
+    def _check_first_output(self, output: np.ndarray) -> None:
+        """Warn (once per task) when the first output looks like probabilities."""
+        if not self._state.checked_output:
+            self._state.checked_output = True
+            warn_if_probabilities(self.spec, output)
+
+    def _accepted(self, started: float) -> None:
+        """Count an accepted batch whose merge began at ``started`` (perf_counter)."""
+        self._state.mark_accepted()
+        self._state.add_timing("merge", time.perf_counter() - started)
+
+    def _complete(self) -> None:
+        """Work that needs every batch, run by :meth:`finish` (nothing by default)."""
+
+    def finish(self, *, precision: str | None = None) -> Prediction:
+        """The native-grid prediction; only valid once every batch has been accepted."""
+        if not self.done:
+            raise RuntimeError(
+                f"task {self.spec.key} finished after {self._state.accepted} of "
+                f"{self._state.total} batches"
+            )
+        self._complete()
+        return Prediction(
+            model=self.spec.name,
+            model_version=self.spec.version,
+            precision=precision or self.precision,
+            labels=self.volume.with_array(self.labels),
+            confidence=None if self.confidence is None else self.volume.with_array(self.confidence),
+            timings=dict(self._state.timings),
+            batches=self._state.total,
+        )
 
 
 def check_batch(task: object, batch: Batch, output: np.ndarray, expected: tuple[int, ...]) -> None:

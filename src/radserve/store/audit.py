@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -26,42 +27,21 @@ def append(session: Session, event: AuditEvent) -> AuditRecord:
     head = session.execute(
         select(AuditHead).where(AuditHead.id == 1).with_for_update()
     ).scalar_one()
-    prev_hash, seq, ts = head.hash, head.seq + 1, utc_now()
-    payload = json.loads(canonical_json(dict(event.payload)))  # JSON-able, or raise here
-    record = AuditRecord(
-        seq=seq,
-        ts=ts,
-        actor_key_id=event.actor_key_id,
-        client_address=event.client_address,
-        action=event.action,
-        subject=event.subject,
-        payload=payload,
-        prev_hash=prev_hash,
-        hash=record_hash(
-            prev_hash,
-            seq=seq,
-            ts=ts,
-            actor_key_id=event.actor_key_id,
-            client_address=event.client_address,
-            action=event.action,
-            subject=event.subject,
-            payload=payload,
-        ),
-    )
-    session.add(
-        AuditEntry(
-            seq=seq,
-            ts=ts,
-            actor_key_id=record.actor_key_id,
-            client_address=record.client_address,
-            action=record.action,
-            subject=record.subject,
-            payload=canonical_json(payload),
-            prev_hash=prev_hash,
-            hash=record.hash,
-        )
-    )
-    head.seq, head.hash = seq, record.hash
+    # The hashed fields, stored as they are (the payload as canonical JSON in the table).
+    fields: dict[str, Any] = {
+        "seq": head.seq + 1,
+        "ts": utc_now(),
+        "actor_key_id": event.actor_key_id,
+        "client_address": event.client_address,
+        "action": event.action,
+        "subject": event.subject,
+        "payload": json.loads(canonical_json(dict(event.payload))),  # JSON-able, or raise here
+    }
+    prev_hash = head.hash
+    record = AuditRecord(**fields, prev_hash=prev_hash, hash=record_hash(prev_hash, **fields))
+    stored = {**fields, "payload": canonical_json(record.payload)}
+    session.add(AuditEntry(**stored, prev_hash=prev_hash, hash=record.hash))
+    head.seq, head.hash = record.seq, record.hash
     session.flush()
     return record
 

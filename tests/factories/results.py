@@ -1,0 +1,89 @@
+"""A study run through the test pipeline (tiny threshold bundles, :mod:`.bundles`), so
+the report, label maps and source files the result writers read are the real thing.
+
+:func:`lesion_study` is a small CT series with a 'liver' block and two 'lesions' at known
+places; :func:`run_test_pipeline` runs whatever study lies in ``root/study``;
+:func:`relabel` copies source files under another patient name or character set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pydicom
+
+from radserve.domain import Volume
+from radserve.models.registry import ModelRegistry
+from radserve.pipelines.spec import load_pipeline
+from radserve.report.nifti import read_nifti
+from radserve.report.schema import LabelMapOutput, Report
+from radserve.study import StudyResult, run_study
+from tests.factories.bundles import write_test_bundles, write_test_pipeline
+from tests.factories.dicom_series import make_ct_series
+
+LESIONS = (((6.0, -4.0, 21.0), 6.0), ((-12.0, 10.0, 10.0), 4.0))  # LPS centre, radius mm
+
+
+def lesions_hu(points: np.ndarray) -> np.ndarray:
+    """A 100 HU block (50 x 50 x 80 mm around (0, 0, 21)) in air, :data:`LESIONS` at 700 HU."""
+    block = (np.abs(points - np.array([0.0, 0.0, 21.0])) < np.array([25.0, 25.0, 40.0])).all(-1)
+    hu = np.where(block, 100.0, -1000.0)
+    for centre, radius in LESIONS:
+        hu = np.where(np.linalg.norm(points - np.array(centre), axis=-1) <= radius, 700.0, hu)
+    return hu
+
+
+def run_test_pipeline(root: Path, **bundle_options: float) -> StudyResult:
+    """Run ``root/study`` through the test pipeline and bundles (written under ``root``,
+    ``bundle_options`` as for :func:`write_test_bundles`); results in ``root/out``, no
+    key images."""
+    return run_study(
+        root / "study",
+        pipeline=load_pipeline(write_test_pipeline(root)),
+        out_dir=root / "out",
+        registry=ModelRegistry(write_test_bundles(root / "models", **bundle_options)),
+        key_images=False,
+    )
+
+
+@dataclass(frozen=True)
+class LesionStudy:
+    """What :func:`lesion_study` made: the report, its output folder and the source files."""
+
+    report: Report
+    out: Path
+    files: list[Path]
+
+    def label_map(self, kind: str) -> tuple[LabelMapOutput, Volume]:
+        """The report's label map of ``kind`` ("organs", "findings") and its volume."""
+        output = next(m for m in self.report.outputs.label_maps if m.kind == kind)
+        return output, read_nifti(self.out / output.path)
+
+
+def lesion_study(root: Path) -> LesionStudy:
+    """30 slices of 64 x 64 (1.5 x 1 x 1 mm) with :func:`lesions_hu` in ``root/study``, run
+    through the test pipeline; the threshold models find the two lesions."""
+    files = make_ct_series(
+        root / "study", n_slices=30, rows=64, cols=64, spacing=(1.5, 1.0, 1.0),
+        origin=(-31.5, -31.5, -0.75), hu=lesions_hu,
+    )  # fmt: skip
+    return LesionStudy(run_test_pipeline(root).report, root / "out", files)
+
+
+def relabel(
+    files: list[Path], folder: Path, name: str, *, charset: str | list[str] | None = None
+) -> list[Path]:
+    """Copies of ``files`` in ``folder`` with patient name ``name`` (and, when given,
+    Specific Character Set ``charset``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for path in files:
+        ds = pydicom.dcmread(path)
+        if charset is not None:
+            ds.SpecificCharacterSet = charset
+        ds.PatientName = name
+        ds.save_as(folder / path.name)
+        out.append(folder / path.name)
+    return out
