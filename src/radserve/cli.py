@@ -23,6 +23,7 @@ _COMMANDS: tuple[tuple[str, str], ...] = (
     ("audit", "group"),
     ("config", "group"),
     ("gateway", "group"),
+    ("serve", "command"),
 )
 
 

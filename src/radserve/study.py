@@ -55,6 +55,9 @@ class StudyResult:
     report_path: Path
     out_dir: Path
     volume_result: VolumeResult
+    source_files: tuple[Path, ...] = ()
+    """The selected series' files, slice order (for SEG/SR references); empty when the
+    series came from a zip archive or the slices were resampled on ingest."""
 
 
 def run_study(
@@ -173,7 +176,14 @@ def finish_study(
         len(report.organ_measurements),
         timer.seconds.get("total", 0.0),
     )
-    return StudyResult(report, report_path, out_dir, result)
+    return StudyResult(report, report_path, out_dir, result, _source_files(ingested.loaded))
+
+
+def _source_files(loaded: LoadedSeries) -> tuple[Path, ...]:
+    sources = [s.source for s in loaded.source_slices]
+    if not sources or any(s.member is not None for s in sources):
+        return ()
+    return tuple(dict.fromkeys(s.path for s in sources))
 
 
 def _write_outputs(out_dir: Path, ct: Volume, result: VolumeResult, *, key_images: bool) -> Outputs:

@@ -199,7 +199,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def spawn_server(data_dir: Path, config: Path | None) -> tuple[subprocess.Popen[bytes], str, str]:
+def spawn_server(
+    data_dir: Path, config: Path | None, extra: list[str] | None = None
+) -> tuple[subprocess.Popen[bytes], str, str]:
     """``radserve serve`` on a free loopback port; its URL and a new admin key."""
     from radserve.config import load_settings
     from radserve.store import init_store
@@ -214,7 +216,7 @@ def spawn_server(data_dir: Path, config: Path | None) -> tuple[subprocess.Popen[
     command = [sys.executable, "-c", "from radserve.cli import main; main()", "serve"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
     command += ["--config", str(config)] if config else []
-    command += ["--log-level", "warning"]
+    command += ["--log-level", "warning", *(extra or [])]
     log = open(data_dir / "server.log", "ab")  # noqa: SIM115 - closed with the process
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -261,7 +263,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     process = None
     try:
         if args.spawn:
-            process, url, key = spawn_server(workdir / "data", args.config)
+            extra = ["--worker-nice", str(args.worker_nice)] if args.worker_nice is not None else []
+            process, url, key = spawn_server(workdir / "data", args.config, extra)
         else:
             url, key = args.url, args.key or os.environ.get("RADSERVE_KEY", "")
         files = sorted(args.study.glob("*.dcm")) if args.study else template_study(workdir / "t")
@@ -305,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key", default=None, help="admin/submit key (or $RADSERVE_KEY)")
     parser.add_argument("--spawn", action="store_true", help="start a server for the run")
     parser.add_argument("--config", type=Path, default=None, help="config for --spawn")
+    parser.add_argument(
+        "--worker-nice", type=int, default=None, help="passed to `radserve serve` (--spawn)"
+    )
     parser.add_argument("--study", type=Path, default=None, help="folder of DICOM files")
     parser.add_argument("--submissions", type=int, default=50)
     parser.add_argument("--submit-concurrency", type=int, default=50)

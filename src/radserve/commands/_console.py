@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from radserve.report.schema import Report
+from radserve.study import StudyResult
 
 
 class RichProgress:
@@ -75,3 +78,14 @@ def summary_tables(report: Report) -> list[Table]:
     for stage, seconds in report.timings.items():
         timings.add_row(stage, f"{seconds:.2f}")
     return [findings, organs, timings]
+
+
+def write_dicom_objects(result: StudyResult, console: Console) -> list[Path]:
+    """DICOM SEG + SR next to the report, from the study's own source files."""
+    from radserve.report.dicom import write_dicom_results
+
+    if not result.source_files:
+        console.print("DICOM SEG/SR skipped: the source slices are not plain files on disk")
+        return []
+    with console.status("writing DICOM SEG and SR"):
+        return write_dicom_results(result.report, result.out_dir, result.source_files)

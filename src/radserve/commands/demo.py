@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from radserve.commands._console import RichProgress, summary_tables
+from radserve.commands._console import RichProgress, summary_tables, write_dicom_objects
 
 
 @click.command("demo")
@@ -16,7 +16,10 @@ from radserve.commands._console import RichProgress, summary_tables
 )
 @click.option("--seed", default=7, show_default=True, help="Phantom seed (held out from training).")
 @click.option("--pipeline", "pipeline_name", default="ct-chest-abdomen", show_default=True)
-def command(out_dir: Path, seed: int, pipeline_name: str) -> None:
+@click.option(
+    "--dicom/--no-dicom", default=True, show_default=True, help="Also write DICOM SEG and SR."
+)
+def command(out_dir: Path, seed: int, pipeline_name: str, dicom: bool) -> None:
     """Generate a phantom CT study, run the reference pipeline, print where the report is."""
     from radserve.phantom import (
         PhantomSpec,
@@ -47,5 +50,8 @@ def command(out_dir: Path, seed: int, pipeline_name: str) -> None:
         )
     for table in summary_tables(result.report):
         console.print(table)
+    if dicom:
+        for path in write_dicom_objects(result, console):
+            console.print(f"DICOM: {path}")
     console.print(f"ground truth: {out_dir / 'ground_truth'}")
     console.print(f"report: {result.report_path}")

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from radserve.commands._console import RichProgress, summary_tables
+from radserve.commands._console import RichProgress, summary_tables, write_dicom_objects
 
 
 @click.command("run")
@@ -20,15 +20,27 @@ from radserve.commands._console import RichProgress, summary_tables
     default=None,
     help="Model precision (default: the pipeline's). Only gated variants are served.",
 )
+@click.option(
+    "--models-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    multiple=True,
+    help="Extra model bundle roots, searched before the bundled models.",
+)
 @click.option("--no-key-images", is_flag=True, help="Skip the PNG key images.")
+@click.option(
+    "--dicom/--no-dicom", default=True, show_default=True, help="Also write DICOM SEG and SR."
+)
 def command(
     study: tuple[Path, ...],
     pipeline_name: str,
     out_dir: Path,
     precision: str | None,
+    models_dir: tuple[Path, ...],
     no_key_images: bool,
+    dicom: bool,
 ) -> None:
     """Run a study (folder, zip or DICOM files) through a pipeline; write the report to OUT."""
+    from radserve.models.registry import ModelRegistry, bundled_model_dir
     from radserve.pipelines.spec import load_pipeline
     from radserve.study import run_study
 
@@ -40,10 +52,14 @@ def command(
             sources,
             pipeline=pipeline,
             out_dir=out_dir,
+            registry=ModelRegistry([*models_dir, bundled_model_dir()]),
             precision=precision,  # type: ignore[arg-type]
             progress=progress,
             key_images=not no_key_images,
         )
     for table in summary_tables(result.report):
         console.print(table)
+    if dicom:
+        for path in write_dicom_objects(result, console):
+            console.print(f"DICOM: {path}")
     console.print(f"report: {result.report_path}")

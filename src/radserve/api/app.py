@@ -1,0 +1,107 @@
+"""The FastAPI application factory.
+
+``create_app(service)`` wires the routers, the error table, the auth key verifier and
+the middleware around one :class:`~radserve.service.Service`. The app's lifespan starts
+and stops the service unless the caller manages it (``manage_service=False``).
+
+Middleware, outermost first: HTTP metrics -> request timeout -> body limit -> app.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from starlette.concurrency import run_in_threadpool
+
+from radserve import __version__
+from radserve.api import errors
+from radserve.api.auth import SECURITY_SCHEMES, KeyVerifier
+from radserve.api.middleware import BodyLimitMiddleware, MetricsMiddleware, TimeoutMiddleware
+from radserve.api.routes import jobs, ops, studies
+from radserve.service import Service
+
+logger = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+On-premise radiology AI inference. Submit a study (DICOM files, a zip of them, or one
+NIfTI volume), poll its job, fetch the report as JSON, label maps, key images or a FHIR
+R4 Bundle. Every endpoint except `/healthz` needs an API key
+(`Authorization: Bearer <key>` or `X-API-Key: <key>`); keys have the roles read,
+submit and admin (`radserve keys create --role ...`). Errors are
+`{"error": {"code", "message", "retryable"}}`.
+"""
+
+
+def create_app(
+    service: Service, *, manage_service: bool = True, key_ttl_s: float = 10.0
+) -> FastAPI:
+    """The HTTP API over ``service``."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if manage_service:
+            await run_in_threadpool(service.start)
+        try:
+            yield
+        finally:
+            if manage_service:
+                await run_in_threadpool(service.stop)
+
+    app = FastAPI(
+        title="radserve",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,  # served by ops.openapi, behind a key
+    )
+    app.state.service = service
+    app.state.keys = KeyVerifier(service.store, ttl_s=key_ttl_s)
+    server = service.settings.server
+    errors.install(app, on_error=lambda code: service.metrics.errors.labels(code).inc())
+    app.include_router(studies.router)
+    app.include_router(jobs.router)
+    app.include_router(ops.router)
+    ops.add_metrics_route(app.router, require_key=server.metrics_require_key)
+
+    public = {"/healthz"} | (set() if server.metrics_require_key else {"/metrics"})
+
+    def openapi() -> dict[str, Any]:
+        """The generated schema plus the API-key schemes on every non-public operation."""
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title, version=app.version, description=app.description, routes=app.routes
+            )
+            schema.setdefault("components", {})["securitySchemes"] = SECURITY_SCHEMES
+            for path, operations in schema["paths"].items():
+                if path not in public:
+                    for operation in operations.values():
+                        operation["security"] = [{name: []} for name in SECURITY_SCHEMES]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    def observe(method: str, route: str, status: int, seconds: float) -> None:
+        service.metrics.http_requests.labels(method, route, str(status)).inc()
+        service.metrics.http_seconds.labels(method, route).observe(seconds)
+
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=server.max_upload_bytes,
+        idle_timeout_s=server.request_timeout_s,
+    )
+    app.add_middleware(
+        TimeoutMiddleware, timeout_s=server.request_timeout_s, exempt=("/v1/studies",)
+    )
+    app.add_middleware(MetricsMiddleware, observe=observe)
+    return app
+
+
+__all__ = ["create_app"]

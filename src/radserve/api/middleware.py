@@ -1,0 +1,182 @@
+"""ASGI middleware: request body limit, request timeouts, HTTP metrics.
+
+Plain ASGI (no ``BaseHTTPMiddleware``): nothing is buffered, and the cost per request
+is a few attribute lookups.
+
+- Body limit: a declared ``Content-Length`` over the limit is refused with 413 before a
+  byte is read; otherwise the bytes are counted as they stream in and the upload is
+  stopped (413) the moment it passes the limit, so a huge upload is never held whole.
+- Truncation: a multipart body that ends without its closing boundary (a client that
+  stopped mid-file) is refused (400) instead of being parsed as a shorter file.
+- Timeouts: a request body that stalls for ``request_timeout_s`` is dropped (408); any
+  other request that takes longer gets 504 (uploads are exempt: storing a large study
+  takes the time it takes, but only while its bytes keep coming).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from radserve.api.errors import RequestTimeoutError, UploadIncompleteError, error_body
+from radserve.store.files import UploadTooLargeError
+
+Observe = Callable[[str, str, int, float], None]
+_TAIL = 4096  # bytes of the body end searched for the closing boundary
+
+
+async def _send_error(send: Send, status: int, code: str, message: str) -> None:
+    body = json.dumps(error_body(code, message)).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: ASGIApp, *, max_bytes: int, idle_timeout_s: float) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.idle_timeout_s = idle_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await _send_error(
+                send,
+                413,
+                "upload_too_large",
+                f"the request declares {declared} bytes, over the limit of {self.max_bytes} "
+                "(server.max_upload_bytes); send fewer or smaller files",
+            )
+            return
+        seen = 0
+        limit, idle = self.max_bytes, self.idle_timeout_s
+        closing = _closing_delimiter(scope)
+        tail = b""
+
+        async def limited() -> Message:
+            nonlocal seen, tail
+            try:
+                with anyio.fail_after(idle):
+                    message = await receive()
+            except TimeoutError:
+                raise RequestTimeoutError(
+                    f"no request bytes for {idle:.0f} s (server.request_timeout_s); "
+                    "the upload was dropped"
+                ) from None
+            if message["type"] == "http.request":
+                chunk = message.get("body", b"")
+                seen += len(chunk)
+                if seen > limit:
+                    raise UploadTooLargeError(
+                        f"upload exceeds the limit of {limit} bytes (server.max_upload_bytes); "
+                        "send fewer or smaller files"
+                    )
+                if closing is not None:
+                    tail = (tail + chunk)[-_TAIL:]
+                    if not message.get("more_body", False) and closing not in tail:
+                        raise UploadIncompleteError(
+                            "the multipart body ends without its closing boundary: the upload "
+                            "was cut short; send it again"
+                        )
+            return message
+
+        await self.app(scope, limited, send)
+
+
+class TimeoutMiddleware:
+    def __init__(self, app: ASGIApp, *, timeout_s: float, exempt: tuple[str, ...]) -> None:
+        self.app = app
+        self.timeout_s = timeout_s
+        self.exempt = exempt
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"].startswith(self.exempt):
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        with anyio.move_on_after(self.timeout_s) as scope_:
+            await self.app(scope, receive, tracking)
+        if scope_.cancelled_caught and not started:
+            await _send_error(
+                send,
+                504,
+                "request_timeout",
+                f"the request took longer than {self.timeout_s:.0f} s (server.request_timeout_s)",
+            )
+
+
+class MetricsMiddleware:
+    """Counts and times every request by route *template* (bounded label values)."""
+
+    def __init__(self, app: ASGIApp, *, observe: Observe) -> None:
+        self.app = app
+        self.observe = observe
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 500
+
+        async def tracking(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking)
+        finally:
+            route: Any = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.observe(scope["method"], template, status, time.perf_counter() - t0)
+
+
+def _closing_delimiter(scope: Scope) -> bytes | None:
+    """``--boundary--`` of a multipart request, or None for other bodies."""
+    for name, value in scope.get("headers", ()):
+        value = bytes(value)
+        if name == b"content-type" and value.lower().startswith(b"multipart/"):
+            for param in value.split(b";")[1:]:
+                key, _, boundary = param.strip().partition(b"=")
+                if key.lower() == b"boundary" and boundary:
+                    return b"--" + boundary.strip(b'"') + b"--"
+    return None
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+__all__ = ["BodyLimitMiddleware", "MetricsMiddleware", "TimeoutMiddleware"]

@@ -1,0 +1,1 @@
+"""The API's routers: studies (submission), jobs (status, results), ops (health, metrics)."""

@@ -1,0 +1,165 @@
+"""Jobs: status, listing, cancellation, and their results (report JSON, label maps,
+key images, FHIR bundle).
+
+Status and report reads are the hot path (clients poll): they are answered from memory
+(job cache, report cache) on the event loop; only a miss goes to a worker thread.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import FileResponse
+from starlette.concurrency import run_in_threadpool
+
+from radserve.api.auth import Principal, require_read, require_submit
+from radserve.api.errors import ForbiddenError
+from radserve.api.schemas import ErrorOut, JobOut, JobPageOut
+from radserve.security.keys import Role
+from radserve.service import Service
+from radserve.service.jobs import JobAccess
+from radserve.store import JobRecord
+
+router = APIRouter(tags=["jobs"])
+
+Reader = Annotated[Principal, Depends(require_read)]
+Submitter = Annotated[Principal, Depends(require_submit)]
+_ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorOut} for c in (401, 403, 404, 409)}
+StateName = Literal["received", "queued", "running", "succeeded", "failed", "cancelled"]
+ClassName = Literal["URGENT", "INPATIENT", "OUTPATIENT"]
+
+
+def _jobs(request: Request) -> JobAccess:
+    service: Service = request.app.state.service
+    return service.jobs
+
+
+async def _record(jobs: JobAccess, job_id: str) -> JobRecord:
+    record = jobs.cached(job_id)
+    if record is None:
+        record = await run_in_threadpool(jobs.get, job_id)
+    return record
+
+
+@router.get("/v1/jobs/{job_id}", response_model=JobOut, responses=_ERRORS, summary="A job")
+async def get_job(request: Request, job_id: str, _: Reader) -> Response:
+    jobs = _jobs(request)
+    out = JobOut.of(jobs.view(await _record(jobs, job_id)))
+    # serialised here: the model is already valid, FastAPI need not validate it again
+    return Response(out.model_dump_json(), media_type="application/json")
+
+
+@router.get("/v1/jobs", response_model=JobPageOut, responses=_ERRORS, summary="List jobs")
+async def list_jobs(
+    request: Request,
+    _: Reader,
+    state: Annotated[list[StateName] | None, Query(description="repeat for several")] = None,
+    priority_class: ClassName | None = None,
+    pipeline: str | None = None,
+    created_after: dt.datetime | None = None,
+    created_before: dt.datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    cursor: str | None = None,
+) -> JobPageOut:
+    page = await run_in_threadpool(
+        _jobs(request).list,
+        state=state or None,
+        priority_class=priority_class,
+        pipeline=pipeline,
+        created_after=_aware(created_after),
+        created_before=_aware(created_before),
+        limit=limit,
+        cursor=cursor,
+    )
+    return JobPageOut(
+        items=[JobOut.from_record(r) for r in page.items], next_cursor=page.next_cursor
+    )
+
+
+def _aware(value: dt.datetime | None) -> dt.datetime | None:
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value
+
+
+@router.delete(
+    "/v1/jobs/{job_id}",
+    response_model=JobOut,
+    status_code=202,
+    responses=_ERRORS,
+    summary="Cancel a job",
+    description="A waiting job is cancelled at once, a running one at its next batch. "
+    "Submit keys may cancel the jobs they submitted; admin keys any job.",
+)
+async def cancel_job(request: Request, job_id: str, principal: Submitter) -> JobOut:
+    jobs = _jobs(request)
+    record = await _record(jobs, job_id)
+    if not principal.allows(Role.ADMIN) and record.api_key_id != principal.key_id:
+        raise ForbiddenError("a submit key may cancel only the jobs it submitted")
+    record = await run_in_threadpool(
+        jobs.cancel, job_id, key_id=principal.key_id, client=principal.client
+    )
+    return JobOut.of(jobs.view(record))
+
+
+@router.get(
+    "/v1/jobs/{job_id}/report",
+    responses={200: {"content": {"application/json": {}}}, **_ERRORS},
+    summary="The job's report (JSON)",
+)
+async def get_report(request: Request, job_id: str, _: Reader) -> Response:
+    jobs = _jobs(request)
+    record = await _record(jobs, job_id)
+    data = jobs.report_cached(record)
+    if data is None:
+        data = await run_in_threadpool(jobs.report_bytes, record)
+    return Response(data, media_type="application/json")
+
+
+@router.get(
+    "/v1/jobs/{job_id}/labels",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/gzip": {}}}, **_ERRORS},
+    summary="A label map (NIfTI)",
+)
+async def get_labels(
+    request: Request,
+    job_id: str,
+    _: Reader,
+    kind: Annotated[Literal["organs", "findings"] | None, Query()] = None,
+) -> FileResponse:
+    jobs = _jobs(request)
+    record = await _record(jobs, job_id)
+    path = await run_in_threadpool(jobs.label_map, record, kind)
+    return FileResponse(path, media_type="application/gzip", filename=f"{job_id}-{path.name}")
+
+
+@router.get(
+    "/v1/jobs/{job_id}/images/{number}",
+    response_class=FileResponse,
+    responses={200: {"content": {"image/png": {}}}, **_ERRORS},
+    summary="Key image number N (PNG, 1-based)",
+)
+async def get_image(request: Request, job_id: str, number: int, _: Reader) -> FileResponse:
+    jobs = _jobs(request)
+    record = await _record(jobs, job_id)
+    path = await run_in_threadpool(jobs.key_image, record, number)
+    return FileResponse(path, media_type="image/png")
+
+
+@router.get(
+    "/v1/jobs/{job_id}/fhir",
+    responses={200: {"content": {"application/fhir+json": {}}}, **_ERRORS},
+    summary="The report as a FHIR R4 Bundle",
+)
+async def get_fhir(request: Request, job_id: str, _: Reader) -> Response:
+    jobs = _jobs(request)
+    record = await _record(jobs, job_id)
+    bundle = await run_in_threadpool(jobs.fhir_bundle, record)
+    return Response(json.dumps(bundle), media_type="application/fhir+json")
+
+
+__all__ = ["router"]

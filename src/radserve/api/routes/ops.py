@@ -1,0 +1,112 @@
+"""Operations: liveness, readiness, metrics, the OpenAPI schema and docs, and the
+admin action that puts a model back in service after its circuit breaker opened."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from radserve import __version__
+from radserve.api.auth import Principal, require_admin, require_read
+from radserve.api.schemas import ErrorOut, HealthOut, ModelResetOut, ReadyOut
+from radserve.service import Service
+from radserve.service.metrics import CONTENT_TYPE
+
+router = APIRouter(tags=["operations"])
+_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorOut} for c in (401, 403)}
+
+
+def _service(request: Request) -> Service:
+    return request.app.state.service  # type: ignore[no-any-return]
+
+
+@router.get("/healthz", response_model=HealthOut, summary="Liveness (no key needed)")
+async def healthz(request: Request) -> HealthOut:
+    service = _service(request)
+    return HealthOut(
+        model_versions=service.catalog.model_versions(),
+        uptime_seconds=round(service.uptime_s, 3),
+        version=__version__,
+    )
+
+
+@router.get(
+    "/readyz",
+    response_model=ReadyOut,
+    responses={503: {"model": ReadyOut}, **_AUTH_ERRORS},
+    summary="Readiness: models warmed up, store reachable, no open circuit breaker",
+)
+async def readyz(request: Request, _: Annotated[Principal, Depends(require_read)]) -> JSONResponse:
+    state = await run_in_threadpool(_service(request).readiness)
+    out = ReadyOut(
+        ready=state.ready,
+        warmed_up=state.warmed_up,
+        store_reachable=state.store_reachable,
+        open_models=list(state.open_models),
+        failed_models=state.failed_models,
+        reasons=state.reasons,
+    )
+    return JSONResponse(out.model_dump(), status_code=200 if state.ready else 503)
+
+
+async def _metrics(request: Request) -> Response:
+    data = await run_in_threadpool(_service(request).metrics.exposition)
+    return Response(data, media_type=CONTENT_TYPE)
+
+
+def add_metrics_route(router_: APIRouter, *, require_key: bool) -> None:
+    """``GET /metrics``, behind a read key when ``server.metrics_require_key``."""
+    if require_key:
+
+        async def metrics(
+            request: Request, _: Annotated[Principal, Depends(require_read)]
+        ) -> Response:
+            return await _metrics(request)
+
+        responses: dict[int | str, dict[str, Any]] = dict(_AUTH_ERRORS)
+    else:
+
+        async def metrics(request: Request) -> Response:  # type: ignore[misc]
+            return await _metrics(request)
+
+        responses = {}
+    router_.add_api_route(
+        "/metrics",
+        metrics,
+        methods=["GET"],
+        summary="Prometheus metrics",
+        responses={200: {"content": {CONTENT_TYPE: {}}}, **responses},
+        tags=["operations"],
+    )
+
+
+@router.post(
+    "/v1/admin/models/{name}/reset",
+    response_model=ModelResetOut,
+    responses=_AUTH_ERRORS,
+    summary="Close a model's circuit breaker (after fixing or reloading it)",
+)
+async def reset_model(
+    request: Request, name: str, principal: Annotated[Principal, Depends(require_admin)]
+) -> ModelResetOut:
+    was_open = await run_in_threadpool(
+        _service(request).reset_model, name, actor_key_id=principal.key_id, client=principal.client
+    )
+    return ModelResetOut(model=name, was_open=was_open)
+
+
+@router.get("/openapi.json", include_in_schema=False)
+async def openapi(request: Request, _: Annotated[Principal, Depends(require_read)]) -> JSONResponse:
+    return JSONResponse(request.app.openapi())
+
+
+@router.get("/docs", include_in_schema=False)
+async def docs(request: Request, _: Annotated[Principal, Depends(require_read)]) -> HTMLResponse:
+    return get_swagger_ui_html(openapi_url="/openapi.json", title="radserve API")
+
+
+__all__ = ["add_metrics_route", "router"]

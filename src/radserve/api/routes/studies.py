@@ -1,0 +1,222 @@
+"""``POST /v1/studies`` (one study) and ``POST /v1/studies/batch`` (several).
+
+Multipart uploads are parsed by Starlette, which spools each file to a temporary file
+past 1 MiB (memory stays bounded whatever the upload size); the body limit middleware
+stops an upload past ``server.max_upload_bytes``. The service then stores the study
+durably, commits its job row and schedules it, on a worker thread, before the 202.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData, UploadFile
+
+from radserve.api.auth import Principal, require_submit
+from radserve.api.errors import status_for
+from radserve.api.schemas import BatchItemOut, BatchOut, ErrorBody, ErrorOut, JobOut
+from radserve.errors import RadserveError
+from radserve.scheduling import PriorityClass
+from radserve.service import Origin, ResolvedPipeline, Service, parse_priority
+from radserve.service.errors import UnsupportedMediaError
+
+if TYPE_CHECKING:
+    from starlette._utils import AwaitableOrContextManager
+
+router = APIRouter(tags=["studies"])
+
+MAX_FILES = 100_000  # instances in one request (a thin-slice CT has thousands)
+_MULTIPART_DOC: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "files": {
+                            "type": "array",
+                            "items": {"type": "string", "format": "binary"},
+                            "description": "DICOM files, zip archives of them, or one NIfTI",
+                        },
+                        "priority": {
+                            "type": "string",
+                            "enum": ["urgent", "inpatient", "outpatient", "stat"],
+                        },
+                        "pipeline": {"type": "string"},
+                    },
+                    "required": ["files"],
+                }
+            }
+        },
+    }
+}
+_BATCH_DOC: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "array",
+                        "items": {"type": "string", "format": "binary"},
+                    },
+                    "description": "one form field per study: its files share the field name",
+                }
+            }
+        },
+    }
+}
+PriorityQuery = Annotated[
+    str | None, Query(description="urgent | inpatient | outpatient (default: DICOM rules)")
+]
+PipelineQuery = Annotated[str | None, Query(description="pipeline name (default: configured)")]
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut} for code in (400, 401, 403, 413, 415, 422, 503)
+}
+
+
+def _service(request: Request) -> Service:
+    return request.app.state.service  # type: ignore[no-any-return]
+
+
+def _read_form(request: Request) -> AwaitableOrContextManager[FormData]:
+    """The parsed multipart form; ``async with`` closes its temporary files."""
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise UnsupportedMediaError(
+            "send the study as multipart/form-data (files in the `files` field)"
+        )
+    return request.form(max_files=MAX_FILES, max_fields=100)
+
+
+def _options(
+    form: FormData, priority: str | None, pipeline: str | None
+) -> tuple[str | None, str | None]:
+    """Query parameters win over form fields of the same name."""
+
+    def field(name: str) -> str | None:
+        value = form.get(name)
+        return value if isinstance(value, str) else None
+
+    return priority or field("priority"), pipeline or field("pipeline")
+
+
+def _job_response(response: Response, out: JobOut, cached: bool) -> JobOut:
+    response.status_code = 200 if cached else 202
+    response.headers["Location"] = out.links["self"]
+    return out
+
+
+@router.post(
+    "/v1/studies",
+    response_model=JobOut,
+    status_code=202,
+    summary="Submit one study",
+    description=(
+        "202 with the job once the study's files are fsynced and its job row committed; "
+        "200 with a succeeded job marked `cached` when the same study already has a "
+        "result from the same pipeline and models."
+    ),
+    responses=_ERRORS,
+    openapi_extra=_MULTIPART_DOC,
+)
+async def submit_study(
+    request: Request,
+    response: Response,
+    principal: Annotated[Principal, Depends(require_submit)],
+    priority: PriorityQuery = None,
+    pipeline: PipelineQuery = None,
+) -> JobOut:
+    service = _service(request)
+    # cheap refusals first, before a byte of the upload is read
+    cls = parse_priority(priority)
+    resolved = await run_in_threadpool(service.intake.precheck, pipeline, cls)
+    async with _read_form(request) as form:
+        in_form = _options(form, priority, pipeline)
+        if in_form != (priority, pipeline):  # priority or pipeline sent as form fields
+            cls = parse_priority(in_form[0])
+            resolved = await run_in_threadpool(service.intake.precheck, in_form[1], cls)
+        files = [v for _, v in form.multi_items() if isinstance(v, UploadFile)]
+        if not files:
+            raise RadserveError(
+                "the upload holds no files (use the `files` field)", code="empty_upload"
+            )
+        origin = Origin(principal.key_id, principal.client)
+        submission = await run_in_threadpool(
+            service.intake.submit_upload,
+            [f.file for f in files],
+            resolved=resolved,
+            priority=cls,
+            origin=origin,
+        )
+    out = JobOut.from_record(submission.job, submission.position)
+    return _job_response(response, out, submission.cached)
+
+
+@router.post(
+    "/v1/studies/batch",
+    response_model=BatchOut,
+    status_code=202,
+    summary="Submit several studies",
+    description=(
+        "Each form field is one study (its files share the field name). Every study is "
+        "admitted on its own: 202 when all were accepted, 207 when some were refused "
+        "(each item carries the status a single submission would have had)."
+    ),
+    responses={**_ERRORS, 207: {"model": BatchOut}},
+    openapi_extra=_BATCH_DOC,
+)
+async def submit_batch(
+    request: Request,
+    response: Response,
+    principal: Annotated[Principal, Depends(require_submit)],
+    priority: PriorityQuery = None,
+    pipeline: PipelineQuery = None,
+) -> BatchOut:
+    service = _service(request)
+    cls = parse_priority(priority)
+    resolved: ResolvedPipeline = await run_in_threadpool(service.intake.precheck, pipeline, cls)
+    origin = Origin(principal.key_id, principal.client)
+    items: list[BatchItemOut] = []
+    async with _read_form(request) as form:
+        studies: dict[str, list[UploadFile]] = {}
+        for name, value in form.multi_items():
+            if isinstance(value, UploadFile):
+                studies.setdefault(name, []).append(value)
+        if not studies:
+            raise RadserveError("the upload holds no files", code="empty_upload")
+        for name, files in studies.items():
+            items.append(await _one(service, name, files, resolved, cls, origin))
+    refused = sum(1 for i in items if i.job is None)
+    response.status_code = 207 if refused else 202
+    return BatchOut(accepted=len(items) - refused, refused=refused, items=items)
+
+
+async def _one(
+    service: Service,
+    name: str,
+    files: list[UploadFile],
+    resolved: ResolvedPipeline,
+    cls: PriorityClass | None,
+    origin: Origin,
+) -> BatchItemOut:
+    try:
+        submission = await run_in_threadpool(
+            service.intake.submit_upload,
+            [f.file for f in files],
+            resolved=resolved,
+            priority=cls,
+            origin=origin,
+        )
+    except RadserveError as exc:
+        service.metrics.errors.labels(exc.code).inc()
+        error = ErrorBody(code=exc.code, message=exc.message, retryable=exc.retryable)
+        return BatchItemOut(study=name, status=status_for(exc), error=error)
+    job = JobOut.from_record(submission.job, submission.position)
+    return BatchItemOut(study=name, status=200 if submission.cached else 202, job=job)
+
+
+__all__ = ["router"]

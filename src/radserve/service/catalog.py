@@ -1,0 +1,178 @@
+"""What the server can run: pipelines by name, the model versions they resolve to, and
+the warm-up that loads every model's session before the server says it is ready.
+
+Pipelines are looked up in ``settings.pipelines.dirs`` and then the bundled folder;
+models in ``settings.models.dirs`` and then the bundled models. A resolved pipeline
+fixes its model versions and precision, which (with the input fingerprint) is the key
+of the result cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from radserve.config import Settings
+from radserve.errors import ModelError, PipelineError, RadserveError
+from radserve.models.registry import ModelRegistry, bundled_model_dir
+from radserve.pipeline import SessionPool
+from radserve.pipelines.spec import PipelineSpec, bundled_pipeline_dir, load_pipeline
+from radserve.store import CacheKey
+
+logger = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class ResolvedPipeline:
+    """A pipeline with its model versions and precision fixed: what a job runs."""
+
+    spec: PipelineSpec
+    model_versions: dict[str, str]
+    precision: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def cache_key(self, fingerprint: str) -> CacheKey:
+        return CacheKey(
+            fingerprint=fingerprint,
+            pipeline_name=self.spec.name,
+            pipeline_version=self.spec.version,
+            model_versions=dict(self.model_versions),
+            precision=self.precision,
+        )
+
+
+@dataclass
+class WarmupState:
+    """Where warm-up stands; ``/readyz`` reports it."""
+
+    done: bool = False
+    seconds: float | None = None
+    # model key -> stable error code and message, for models that failed to load
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+class Catalog:
+    """Pipelines and models of one server; thread-safe."""
+
+    def __init__(
+        self, settings: Settings, *, registry: ModelRegistry, sessions: SessionPool
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.sessions = sessions
+        self.pipeline_dirs = (*settings.pipelines.dirs, bundled_pipeline_dir())
+        self.warmup = WarmupState()
+        self._resolved: dict[str, ResolvedPipeline] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Settings, sessions: SessionPool | None = None) -> Catalog:
+        registry = ModelRegistry([*settings.models.dirs, bundled_model_dir()])
+        return cls(settings, registry=registry, sessions=sessions or SessionPool())
+
+    # --- pipelines --------------------------------------------------------------------
+    def available(self) -> list[str]:
+        names = {p.stem for d in self.pipeline_dirs if d.is_dir() for p in d.glob("*.yaml")}
+        return sorted(names)
+
+    def resolve(self, name: str | None = None) -> ResolvedPipeline:
+        """The pipeline ``name`` (default: the configured one) with its models resolved.
+
+        Raises:
+            PipelineError: unknown or invalid pipeline.
+            UnknownModelError: a step names a model (version) that is not installed.
+        """
+        name = name or self.settings.pipelines.default
+        with self._lock:
+            cached = self._resolved.get(name)
+        if cached is not None:
+            return cached
+        spec = load_pipeline(self._pipeline_path(name))
+        versions: dict[str, str] = {}
+        for step in spec.steps:
+            bundle = self.registry.get(step.model, step.version)
+            versions[bundle.spec.name] = bundle.spec.version
+        precision = self.settings.models.precision or spec.precision
+        resolved = ResolvedPipeline(spec, versions, precision)
+        with self._lock:
+            self._resolved[name] = resolved
+        return resolved
+
+    def _pipeline_path(self, name: str) -> Path:
+        if not _NAME.match(name) or name.endswith((".yaml", ".yml")):
+            raise PipelineError(
+                f"invalid pipeline name {name!r}: use the name of a pipeline "
+                f"(letters, digits, '.', '_', '-'); available: {', '.join(self.available())}"
+            )
+        for folder in self.pipeline_dirs:
+            path = Path(folder) / f"{name}.yaml"
+            if path.is_file():
+                return path
+        raise PipelineError(
+            f"unknown pipeline {name!r}; available: {', '.join(self.available()) or 'none'}"
+        )
+
+    def model_versions(self) -> dict[str, str]:
+        """Models of every pipeline resolved so far (the default one at least, after
+        warm-up): what ``/healthz`` reports."""
+        with self._lock:
+            resolved = list(self._resolved.values())
+        return {m: v for r in resolved for m, v in r.model_versions.items()}
+
+    # --- warm-up ----------------------------------------------------------------------
+    def warm_up(self) -> WarmupState:
+        """Load the default pipeline's models and run one small batch through each.
+
+        A model that fails is recorded (never raised): the server stays up, ``/readyz``
+        says which model is broken, and jobs needing it fail with its error code.
+        """
+        t0 = time.perf_counter()
+        failed: dict[str, str] = {}
+        try:
+            resolved = self.resolve()
+        except RadserveError as exc:
+            failed[self.settings.pipelines.default] = f"{exc.code}: {exc.message}"
+        else:
+            for step in resolved.spec.steps:
+                key = f"{step.model}@{resolved.model_versions.get(step.model, '?')}"
+                try:
+                    self._warm_model(step.model, step.version, resolved.precision)
+                except RadserveError as exc:
+                    failed[key] = f"{exc.code}: {exc.message}"
+                except Exception as exc:  # onnxruntime may raise anything on a bad graph
+                    failed[key] = f"model_invalid: {type(exc).__name__}: {exc}"
+        self.warmup = WarmupState(done=True, seconds=time.perf_counter() - t0, failed=failed)
+        if failed:
+            logger.error("warm-up: %d model(s) failed: %s", len(failed), "; ".join(failed))
+        else:
+            logger.info("warm-up done in %.2f s", self.warmup.seconds)
+        return self.warmup
+
+    def _warm_model(self, name: str, version: str | None, precision: str) -> None:
+        bundle = self.registry.get(name, version)
+        session = self.sessions.get(bundle, precision)
+        spec = bundle.spec
+        if spec.input.mode == "3d":
+            spatial: tuple[int, ...] = tuple(spec.input.patch_size or (32, 32, 32))
+        else:
+            side = max(32, spec.input.divisible_by)
+            spatial = (side, side)
+        dummy = np.zeros((1, spec.input.in_channels, *spatial), dtype=np.float32)
+        out = session.run(dummy)
+        if out.shape[0] != 1:
+            raise ModelError(f"{spec.key}: warm-up batch of 1 returned {out.shape[0]} outputs")
+        logger.info("warmed up %s (%s)", spec.key, precision)
+
+
+__all__ = ["Catalog", "ResolvedPipeline", "WarmupState"]

@@ -1,0 +1,62 @@
+"""The last known record of recent jobs, in memory, so status reads need no database
+round trip.
+
+Every writer of a job row in this process (intake, the scheduler hooks, cancellation)
+puts the record the store returned here *after* the commit, so the cache is never ahead
+of the database; a miss (an old job, or one evicted) falls back to the store. This holds
+because one server process owns the jobs it runs (the in-process scheduler); several
+API processes over one database would each need to read the store instead.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from radserve.store import JobRecord
+
+
+class JobCache:
+    """A bounded LRU of ``JobRecord`` by job id; thread-safe."""
+
+    def __init__(self, capacity: int = 20_000) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._items: OrderedDict[str, JobRecord] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, job_id: str) -> JobRecord | None:
+        with self._lock:
+            record = self._items.get(job_id)
+            if record is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(job_id)
+            self.hits += 1
+            return record
+
+    def put(self, record: JobRecord) -> None:
+        """Remember ``record`` unless a newer one (by ``updated``) is already here."""
+        with self._lock:
+            current = self._items.get(record.id)
+            if (
+                current is not None
+                and current.updated is not None
+                and record.updated is not None
+                and record.updated < current.updated
+            ):
+                return
+            self._items[record.id] = record
+            self._items.move_to_end(record.id)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+__all__ = ["JobCache"]

@@ -1,0 +1,185 @@
+"""Reading jobs and their results, and cancelling them.
+
+Status reads come from the in-memory job cache (the store on a miss), queue positions
+from the scheduler; result files are read from the job's result folder, and report JSON
+is kept in a small memory cache because results never change once recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from radserve.ingest import PatientInfo, discover_series
+from radserve.report.fhir import build_fhir_bundle
+from radserve.report.json_report import parse_report
+from radserve.report.schema import Report
+from radserve.scheduling import Scheduler
+from radserve.service.errors import OutputNotFoundError, ResultNotReadyError
+from radserve.service.hooks import ServiceHooks
+from radserve.service.jobcache import JobCache
+from radserve.service.work import input_kind
+from radserve.store import InvalidTransitionError, JobPage, JobRecord, JobState, Store
+
+logger = logging.getLogger(__name__)
+
+REPORT_FILE = "report.json"
+_REPORT_CACHE = 256
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job record plus what only the running scheduler knows."""
+
+    record: JobRecord
+    position: int | None  # among waiting jobs; None unless queued
+
+
+class JobAccess:
+    def __init__(
+        self, store: Store, cache: JobCache, scheduler: Scheduler, hooks: ServiceHooks
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.scheduler = scheduler
+        self.hooks = hooks
+        self._reports: OrderedDict[str, bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # --- status -----------------------------------------------------------------------
+    def cached(self, job_id: str) -> JobRecord | None:
+        """The job from memory only (no database round trip); None on a miss."""
+        return self.cache.get(job_id)
+
+    def get(self, job_id: str) -> JobRecord:
+        """The job (memory, else the store). Raises :class:`JobNotFoundError`."""
+        record = self.cache.get(job_id)
+        if record is None:
+            record = self.store.get_job(job_id)
+            self.cache.put(record)
+        return record
+
+    def view(self, record: JobRecord) -> JobView:
+        position = None
+        if record.state in (JobState.RECEIVED, JobState.QUEUED):
+            info = self.scheduler.job_info(record.id)
+            position = info.position if info is not None else None
+        return JobView(record, position)
+
+    def list(self, **filters: Any) -> JobPage:
+        return self.store.list_jobs(**filters)
+
+    # --- cancel -----------------------------------------------------------------------
+    def cancel(self, job_id: str, *, key_id: str | None, client: str | None) -> JobRecord:
+        """Cancel a waiting or running job; a running one stops at its next batch.
+
+        Raises :class:`InvalidTransitionError` for a finished job."""
+        record = self.get(job_id)
+        if record.terminal:
+            raise InvalidTransitionError(
+                f"job {job_id} is {record.state.value}: only waiting or running jobs can "
+                "be cancelled"
+            )
+        self.hooks.note_cancel(job_id, key_id, client)
+        if self.scheduler.cancel(job_id) or self.scheduler.job_info(job_id) is not None:
+            return self.get(job_id)  # cancelled, or already on its way out
+        # not in the scheduler (between its row and its scheduling): cancel the row
+        record = self.store.transition(
+            job_id,
+            JobState.CANCELLED,
+            actor_key_id=key_id,
+            client_address=client,
+            error_code="job_cancelled",
+            error_message="cancelled by request",
+        )
+        self.cache.put(record)
+        return record
+
+    # --- results ----------------------------------------------------------------------
+    def result_dir(self, record: JobRecord) -> Path:
+        if record.state is not JobState.SUCCEEDED or not record.result_path:
+            state = record.state.value
+            hint = f" ({record.error_code})" if record.error_code else ""
+            raise ResultNotReadyError(f"job {record.id} is {state}{hint}; it has no result")
+        return Path(record.result_path)
+
+    def report_cached(self, record: JobRecord) -> bytes | None:
+        """The report JSON if it is in memory (no file read), else None."""
+        key = str(self.result_dir(record))
+        with self._lock:
+            data = self._reports.get(key)
+            if data is not None:
+                self._reports.move_to_end(key)
+            return data
+
+    def report_bytes(self, record: JobRecord) -> bytes:
+        folder = self.result_dir(record)
+        key = str(folder)
+        with self._lock:
+            data = self._reports.get(key)
+            if data is not None:
+                self._reports.move_to_end(key)
+                return data
+        try:
+            data = (folder / REPORT_FILE).read_bytes()
+        except FileNotFoundError as exc:
+            raise OutputNotFoundError(f"job {record.id}: its report file is missing") from exc
+        with self._lock:
+            self._reports[key] = data
+            while len(self._reports) > _REPORT_CACHE:
+                self._reports.popitem(last=False)
+        return data
+
+    def report(self, record: JobRecord) -> Report:
+        return parse_report(self.report_bytes(record).decode())
+
+    def label_map(self, record: JobRecord, kind: str | None) -> Path:
+        report = self.report(record)
+        maps = report.outputs.label_maps
+        chosen = next((m for m in maps if kind is None or m.kind == kind), None)
+        if chosen is None:
+            have = ", ".join(m.kind for m in maps) or "none"
+            raise OutputNotFoundError(
+                f"job {record.id} has no {kind or ''} label map (it has: {have})"
+            )
+        return self._inside(record, chosen.path)
+
+    def key_image(self, record: JobRecord, number: int) -> Path:
+        images = self.report(record).outputs.key_images
+        if not 1 <= number <= len(images):
+            raise OutputNotFoundError(
+                f"job {record.id} has {len(images)} key image(s); ask for 1..{len(images)}"
+            )
+        return self._inside(record, images[number - 1].path)
+
+    def _inside(self, record: JobRecord, relative: str) -> Path:
+        folder = self.result_dir(record).resolve()
+        path = (folder / relative).resolve()
+        if folder not in path.parents or not path.is_file():
+            raise OutputNotFoundError(f"job {record.id}: output {relative} is missing")
+        return path
+
+    def fhir_bundle(self, record: JobRecord) -> dict[str, Any]:
+        """The FHIR R4 Bundle of the job's report; the patient is read from the stored
+        study's headers (never from the de-identified report)."""
+        report = self.report(record)
+        # PatientInfo is frozen; PatientLike declares plain (settable) attributes
+        return build_fhir_bundle(report, self._patient(record, report))  # type: ignore[arg-type]
+
+    @staticmethod
+    def _patient(record: JobRecord, report: Report) -> PatientInfo:
+        study = Path(record.study_path)
+        if not study.is_dir() or input_kind(study) == "nifti":
+            return PatientInfo()
+        wanted = report.study.series_instance_uid
+        for header in discover_series(study):
+            if header.series_instance_uid == wanted:
+                return header.patient
+        return PatientInfo()
+
+
+__all__ = ["JobAccess", "JobView"]

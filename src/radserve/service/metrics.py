@@ -1,0 +1,186 @@
+"""Prometheus metrics of one server: queues, turnaround, stages, batches, devices,
+errors and HTTP requests, in a registry of its own (several servers in one test process
+must not share counters).
+
+Counters and histograms are fed by the scheduler hooks and the HTTP middleware; queue
+depths, open breakers and device gauges are read when scraped (a collector), so they
+are never stale and cost nothing between scrapes. GPU figures come from NVML
+(``nvidia-ml-py``) when it and a GPU are present; otherwise the host's CPU utilisation
+and memory (``psutil``) describe the CPU device.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from radserve.scheduling import PriorityClass, SchedulerSnapshot
+
+logger = logging.getLogger(__name__)
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+_TAT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+_STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+_HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+
+
+class _LiveCollector(Collector):
+    """Queue depth per class, running jobs, open breakers and devices, read at scrape."""
+
+    def __init__(self, snapshot: Callable[[], SchedulerSnapshot]) -> None:
+        self._snapshot = snapshot
+        self._nvml = _init_nvml()
+
+    def collect(self) -> Iterator[Any]:
+        snap = self._snapshot()
+        queued = GaugeMetricFamily(
+            "radserve_queue_depth", "Jobs waiting to start, per priority class", labels=["cls"]
+        )
+        running = GaugeMetricFamily(
+            "radserve_jobs_running", "Jobs started and unfinished, per class", labels=["cls"]
+        )
+        for cls in PriorityClass:
+            queued.add_metric([cls.name], snap.queued.get(cls, 0))
+            running.add_metric([cls.name], snap.running.get(cls, 0))
+        yield queued
+        yield running
+        breakers = GaugeMetricFamily(
+            "radserve_model_breaker_open",
+            "1 while a model's circuit breaker is open",
+            labels=["model"],
+        )
+        for model in snap.open_models:
+            breakers.add_metric([model], 1)
+        yield breakers
+        yield from self._devices()
+
+    def _devices(self) -> Iterator[Any]:
+        util = GaugeMetricFamily(
+            "radserve_device_utilization_ratio", "Device busy fraction (0-1)", labels=["device"]
+        )
+        used = GaugeMetricFamily(
+            "radserve_device_memory_used_bytes", "Device memory in use", labels=["device"]
+        )
+        total = GaugeMetricFamily(
+            "radserve_device_memory_total_bytes", "Device memory size", labels=["device"]
+        )
+        if self._nvml is not None:
+            nvml, count = self._nvml
+            for index in range(count):
+                try:
+                    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                    rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+                    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                except Exception:  # a GPU that fell off the bus must not break /metrics
+                    logger.warning("NVML could not read GPU %d", index)
+                    continue
+                util.add_metric([f"cuda:{index}"], rates.gpu / 100.0)
+                used.add_metric([f"cuda:{index}"], float(memory.used))
+                total.add_metric([f"cuda:{index}"], float(memory.total))
+        try:
+            import psutil
+        except ImportError:  # optional: the CPU device is then not described
+            psutil = None
+        if psutil is not None:
+            memory = psutil.virtual_memory()
+            util.add_metric(["cpu"], psutil.cpu_percent(interval=None) / 100.0)
+            used.add_metric(["cpu"], float(memory.total - memory.available))
+            total.add_metric(["cpu"], float(memory.total))
+        yield util
+        yield used
+        yield total
+
+
+def _init_nvml() -> tuple[Any, int] | None:
+    """NVML and the GPU count, or None (no nvidia-ml-py, no driver, no GPU)."""
+    try:
+        import pynvml  # provided by nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        count = int(pynvml.nvmlDeviceGetCount())
+    except Exception:  # NVMLError when there is no driver: a CPU host
+        return None
+    return (pynvml, count) if count else None
+
+
+class Metrics:
+    """Every metric the server exports, in its own registry."""
+
+    def __init__(self, snapshot: Callable[[], SchedulerSnapshot]) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self.tat = Histogram(
+            "radserve_job_turnaround_seconds",
+            "Arrival to final state of succeeded jobs, per priority class",
+            ["cls"],
+            buckets=_TAT_BUCKETS,
+            registry=reg,
+        )
+        self.deadline_misses = Counter(
+            "radserve_deadline_misses", "Jobs that passed their deadline", ["cls"], registry=reg
+        )
+        self.stage = Histogram(
+            "radserve_stage_seconds",
+            "Time per job stage (queue, ingest, inference, postprocess, report)",
+            ["stage"],
+            buckets=_STAGE_BUCKETS,
+            registry=reg,
+        )
+        self.batch_size = Histogram(
+            "radserve_batch_size",
+            "Items per device call",
+            ["model"],
+            buckets=_BATCH_BUCKETS,
+            registry=reg,
+        )
+        self.batch_seconds = Histogram(
+            "radserve_batch_seconds",
+            "Device call latency",
+            ["model", "device"],
+            buckets=_STAGE_BUCKETS,
+            registry=reg,
+        )
+        self.jobs = Counter(
+            "radserve_jobs", "Jobs reaching a state", ["state", "cls"], registry=reg
+        )
+        self.errors = Counter(
+            "radserve_errors", "Errors by stable code (jobs and HTTP)", ["code"], registry=reg
+        )
+        self.http_requests = Counter(
+            "radserve_http_requests",
+            "HTTP requests by route template and status",
+            ["method", "route", "status"],
+            registry=reg,
+        )
+        self.http_seconds = Histogram(
+            "radserve_http_request_seconds",
+            "HTTP request latency by route template",
+            ["method", "route"],
+            buckets=_HTTP_BUCKETS,
+            registry=reg,
+        )
+        reg.register(_LiveCollector(snapshot))
+        ProcessCollector(registry=reg)
+
+    def observe_stages(self, timings: dict[str, float]) -> None:
+        """Stage timings of a finished job (``queue``, ``ingest``, ``<model>: infer``...;
+        bounded by the installed models)."""
+        for name, seconds in timings.items():
+            if name not in ("total", "run"):
+                self.stage.labels(name).observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+__all__ = ["CONTENT_TYPE", "Metrics"]

@@ -1,0 +1,76 @@
+"""What kind of file an upload is, from its first bytes (never from its name).
+
+Cheap enough to run on every file before anything is stored, so an upload of a PDF or
+a photo is refused at once (415) instead of becoming a failed job.
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import StrEnum
+from typing import BinaryIO
+
+from radserve.service.errors import UnsupportedMediaError
+
+_HEAD = 548
+
+
+class FileKind(StrEnum):
+    DICOM = "dicom"
+    ZIP = "zip"
+    NIFTI = "nifti"
+    NIFTI_GZ = "nifti_gz"
+
+    @property
+    def suffix(self) -> str:
+        """The suffix the stored copy gets (readers choose a format by it)."""
+        return {"dicom": ".dcm", "zip": ".zip", "nifti": ".nii", "nifti_gz": ".nii.gz"}[self]
+
+
+def kind_of(head: bytes) -> FileKind | None:
+    """The kind ``head`` (a file's first bytes) starts, or None."""
+    if len(head) >= 132 and head[128:132] == b"DICM":
+        return FileKind.DICOM
+    if head[:4] == b"PK\x03\x04":
+        return FileKind.ZIP
+    if head[:2] == b"\x1f\x8b":  # gzip: only NIfTI is accepted compressed this way
+        return FileKind.NIFTI_GZ
+    if len(head) >= 348:
+        for order in ("<", ">"):
+            size = struct.unpack(f"{order}i", head[:4])[0]
+            if size == 348 and head[344:348] in (b"n+1\x00", b"ni1\x00"):
+                return FileKind.NIFTI
+            if size == 540 and head[4:8] in (b"n+2\x00", b"ni2\x00"):
+                return FileKind.NIFTI
+    # DICOM without the Part-10 preamble (old scanners): group 0x0002 or 0x0008 first
+    if len(head) >= 8 and head[:2] in (b"\x02\x00", b"\x08\x00") and head[3:4] == b"\x00":
+        return FileKind.DICOM
+    return None
+
+
+def sniff(stream: BinaryIO, position: int, total: int) -> FileKind:
+    """The kind of an upload stream (left at offset 0). ``position`` (1-based) and
+    ``total`` name the file in the error, because file names may hold patient names."""
+    head = stream.read(_HEAD)
+    stream.seek(0)
+    kind = kind_of(head)
+    if kind is None:
+        what = "empty" if not head else "not DICOM, a zip archive or NIfTI"
+        raise UnsupportedMediaError(
+            f"file {position} of {total} is {what}; send DICOM Part-10 files, a zip of "
+            "them, or one NIfTI volume (.nii / .nii.gz)"
+        )
+    return kind
+
+
+def check_combination(kinds: list[FileKind]) -> None:
+    """A study is DICOM files and/or zips, or exactly one NIfTI volume."""
+    nifti = [k for k in kinds if k in (FileKind.NIFTI, FileKind.NIFTI_GZ)]
+    if nifti and len(kinds) > 1:
+        raise UnsupportedMediaError(
+            f"a NIfTI volume must be uploaded alone (got {len(kinds)} files, {len(nifti)} "
+            "NIfTI): send one study per request, or use the batch endpoint"
+        )
+
+
+__all__ = ["FileKind", "check_combination", "kind_of", "sniff"]

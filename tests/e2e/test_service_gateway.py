@@ -1,0 +1,97 @@
+"""The DICOM gateway inside the service: a PACS sends a study over C-STORE, radserve
+runs it as a job, and sends DICOM SEG + SR back to the PACS through the outbox."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pydicom
+from pynetdicom import AE, evt
+from pynetdicom.sop_class import CTImageStorage, Verification
+from tests.factories.dicom_net import free_port, wait_until
+from tests.factories.service import make_study, settings_for
+
+from radserve.gateway.conformance import ALL_STORAGE
+from radserve.service import Service
+from radserve.store import JobState
+
+SEG = "1.2.840.10008.5.1.4.1.1.66.4"
+SR_3D = "1.2.840.10008.5.1.4.1.1.88.34"
+
+
+class FakePacs:
+    """A C-STORE SCP on loopback that keeps what it receives."""
+
+    def __init__(self) -> None:
+        self.received: list[pydicom.Dataset] = []
+        self._lock = threading.Lock()
+        self.ae = AE(ae_title="PACS")
+        self.ae.add_supported_context(Verification)
+        for sop_class in ALL_STORAGE:
+            self.ae.add_supported_context(sop_class)
+        self.port = free_port()
+
+    def _store(self, event: Any) -> int:
+        with self._lock:
+            self.received.append(event.dataset)
+        return 0x0000
+
+    def __enter__(self) -> FakePacs:
+        self.server = self.ae.start_server(
+            ("127.0.0.1", self.port), block=False, evt_handlers=[(evt.EVT_C_STORE, self._store)]
+        )
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.shutdown()
+
+    def classes(self) -> list[str]:
+        with self._lock:
+            return sorted(str(ds.SOPClassUID) for ds in self.received)
+
+
+def _send(files: list[Path], port: int) -> None:
+    ae = AE(ae_title="PACS")
+    ae.add_requested_context(CTImageStorage)
+    assoc = ae.associate("127.0.0.1", port, ae_title="RADSERVE")
+    assert assoc.is_established
+    try:
+        for path in files:
+            status = assoc.send_c_store(pydicom.dcmread(path))
+            assert status.Status == 0x0000
+    finally:
+        assoc.release()
+
+
+def test_study_over_dicom_comes_back_as_seg_and_sr(tmp_path: Path) -> None:
+    with FakePacs() as pacs:
+        settings = settings_for(
+            tmp_path,
+            gateway__enabled=True,
+            gateway__port=free_port(),
+            gateway__allowed_peers=[{"ae_title": "PACS", "host": "127.0.0.1", "port": pacs.port}],
+        )
+        service = Service(settings, gateway_options={"quiet_s": 0.3})
+        service.start()
+        try:
+            assert service.gateway_address is not None
+            files = make_study(tmp_path / "study", extra={"RequestedProcedurePriority": "STAT"})
+            _send(files, service.gateway_address[1])
+
+            def finished() -> bool:
+                jobs = service.store.list_jobs(limit=10).items
+                return bool(jobs) and jobs[0].terminal
+
+            assert wait_until(finished, timeout=60)
+            job = service.store.list_jobs(limit=10).items[0]
+            assert job.state is JobState.SUCCEEDED, (job.error_code, job.error_message)
+            assert job.priority_class == "URGENT"
+            assert job.client_address == "PACS" and job.queue_meta["source"] == "dicom"
+            assert wait_until(lambda: len(pacs.classes()) >= 3, timeout=60)
+            assert pacs.classes().count(SEG) == 2 and pacs.classes().count(SR_3D) == 1
+            sr = next(ds for ds in pacs.received if str(ds.SOPClassUID) == SR_3D)
+            assert sr.StudyInstanceUID == pydicom.dcmread(files[0]).StudyInstanceUID
+        finally:
+            service.stop()

@@ -1,0 +1,36 @@
+"""The load script's machinery against a real server, briefly (it measures nothing here:
+speed is measured by running ``python -m radserve.bench.load``, not by tests)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.factories.service import ServerThread, create_key, make_study, settings_for, wait_job
+
+from radserve.api import create_app
+from radserve.bench import load
+from radserve.service import Service
+
+
+def test_submissions_and_reads_over_loopback(tmp_path: Path) -> None:
+    service = Service(settings_for(tmp_path))
+    key = create_key(service.store, "submit")
+    studies = load.distinct_copies(make_study(tmp_path / "template"), 4)
+    assert len({blobs[0] for blobs in studies}) == 4  # new UIDs: four fingerprints
+    with ServerThread(create_app(service)) as srv:
+        submitted, ids = asyncio.run(load.submit_all(srv.url, key, studies, concurrency=4))
+        assert (submitted.requests, submitted.errors, len(ids)) == (4, 0, 4)
+        with httpx.Client(base_url=srv.url) as c:
+            assert wait_job(c, ids[0], key)["state"] == "succeeded"
+        paths = [f"/v1/jobs/{i}" for i in ids] + [f"/v1/jobs/{ids[0]}/report"]
+        reads = asyncio.run(load.read_load(srv.url, key, paths, duration=0.5, connections=4))
+    assert reads.requests > 0 and reads.errors == 0
+    assert set(reads.latency_ms) == {"p50", "p90", "p99", "max", "mean"}
+
+
+def test_only_loopback_is_loaded() -> None:
+    with pytest.raises(SystemExit):
+        load.main(["--url", "http://example.org:8000", "--duration", "1"])

@@ -1,0 +1,69 @@
+"""The API over PostgreSQL (the cluster store): submissions, results, the cache and
+the audit chain. Runs when ``RADSERVE_TEST_DATABASE_URL`` is set, in a schema of its own."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+from tests.factories.service import (
+    ServerThread,
+    auth,
+    create_key,
+    make_study,
+    settings_for,
+    upload,
+    wait_job,
+)
+
+from radserve.api import create_app
+from radserve.service import Service
+from radserve.store import init_store
+from radserve.store.db import normalise_url
+
+URL = os.environ.get("RADSERVE_TEST_DATABASE_URL")
+pytestmark = pytest.mark.skipif(not URL, reason="RADSERVE_TEST_DATABASE_URL is not set")
+
+
+@pytest.fixture
+def database_url() -> Iterator[str]:
+    assert URL is not None
+    schema = f"radserve_api_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(normalise_url(URL))
+    with admin.begin() as connection:
+        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+    url = normalise_url(URL).update_query_dict({"options": f"-csearch_path={schema}"})
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.begin() as connection:
+            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def test_jobs_results_and_audit_on_postgres(tmp_path: Path, database_url: str) -> None:
+    service = Service(settings_for(tmp_path, database_url=database_url))
+    assert service.store.dialect == "postgresql"
+    key = create_key(service.store, "submit")
+    with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        study = make_study(tmp_path / "a")
+        first = c.post("/v1/studies", files=upload(study), headers=auth(key)).json()
+        other = c.post("/v1/studies", files=upload(make_study(tmp_path / "b")), headers=auth(key))
+        assert wait_job(c, first["id"], key)["state"] == "succeeded"
+        assert wait_job(c, other.json()["id"], key)["state"] == "succeeded"
+        cached = c.post("/v1/studies", files=upload(study), headers=auth(key))
+        assert cached.status_code == 200 and cached.json()["cached_from"] == first["id"]
+        page = c.get("/v1/jobs", params={"limit": 2}, headers=auth(key)).json()
+        assert len(page["items"]) == 2 and page["next_cursor"]
+    store = init_store(database_url)
+    try:
+        assert store.verify_audit().ok
+        actions = [r.action for r in store.iter_audit()]
+        assert actions.count("job.succeeded") == 2 and actions.count("job.cached") == 1
+    finally:
+        store.close()
