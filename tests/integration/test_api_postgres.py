@@ -3,14 +3,12 @@ the audit chain. Runs when ``RADSERVE_TEST_DATABASE_URL`` is set, in a schema of
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
+from tests.factories.postgres import postgres_schema, requires_postgres
 from tests.factories.service import (
     ServerThread,
     auth,
@@ -24,26 +22,14 @@ from tests.factories.service import (
 from radserve.api import create_app
 from radserve.service import Service
 from radserve.store import init_store
-from radserve.store.db import normalise_url
 
-URL = os.environ.get("RADSERVE_TEST_DATABASE_URL")
-pytestmark = pytest.mark.skipif(not URL, reason="RADSERVE_TEST_DATABASE_URL is not set")
+pytestmark = requires_postgres
 
 
 @pytest.fixture
 def database_url() -> Iterator[str]:
-    assert URL is not None
-    schema = f"radserve_api_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(normalise_url(URL))
-    with admin.begin() as connection:
-        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = normalise_url(URL).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as connection:
-            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with postgres_schema("radserve_api") as url:
+        yield url
 
 
 def test_jobs_results_and_audit_on_postgres(tmp_path: Path, database_url: str) -> None:
