@@ -213,3 +213,14 @@ def test_anatomy_and_lesions_are_frozen(phantoms):
     assert [g[:3] for g in got] == [f[:3] for f in FROZEN_SEED_0["lesions"]]
     for g, f in zip(got, FROZEN_SEED_0["lesions"], strict=True):
         np.testing.assert_allclose(g[3], f[3], atol=1e-3)
+
+
+def test_lesion_diameter_cap_is_optional_and_only_shrinks_lesions():
+    spec = dataclasses.replace(PhantomSpec.random(5), n_lesions=12)
+    assert spec.lesion_max_diameter_mm is None  # default: the generator's own ranges
+    capped = layout(dataclasses.replace(spec, lesion_max_diameter_mm=9.0)).lesions
+    assert len(capped) >= 8
+    assert all(p.lesion.diameter_mm <= 9.0 for p in capped)
+    assert max(p.lesion.diameter_mm for p in layout(spec).lesions) > 9.0
+    with pytest.raises(ValueError, match="lesion_max_diameter_mm"):
+        dataclasses.replace(spec, lesion_max_diameter_mm=0.0)

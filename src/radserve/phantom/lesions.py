@@ -113,6 +113,8 @@ def place_lesions(spec: PhantomSpec, anatomy: Anatomy) -> list[PlacedLesion]:
             kind = "lung_solid" if rng.random() < 0.7 else "lung_part_solid"
         lo_d, hi_d = _DIAMETERS[kind]
         lo_d = max(lo_d, 2.0 * spec.pixel_spacing_mm)
+        if spec.lesion_max_diameter_mm is not None:
+            hi_d = max(lo_d, min(hi_d, spec.lesion_max_diameter_mm))
         diameter = float(np.exp(rng.uniform(np.log(lo_d), np.log(hi_d))))
         semi = diameter / 2 * rng.uniform(0.9, 1.1, 3)
         lesion = _place_one(spec, anatomy, rng, organ, semi, placed, origin, far)

@@ -73,6 +73,10 @@ class PhantomSpec:
     blur_sigma_px: float = 0.6
     n_lesions: int = 3
     with_table: bool = True
+    # Upper bound (mm) on drawn lesion diameters; None keeps each kind's own range. For
+    # training sets rich in small lesions: the draws themselves (and so everything else
+    # a seed gives) are unchanged, only the diameter range shrinks.
+    lesion_max_diameter_mm: float | None = None
 
     def __post_init__(self) -> None:
         if self.seed < 0:
@@ -93,6 +97,11 @@ class PhantomSpec:
             raise ValueError("PhantomSpec noise_sigma_hu and blur_sigma_px must be >= 0")
         if not 0 <= self.n_lesions <= 100:
             raise ValueError(f"PhantomSpec.n_lesions must be in 0..100, got {self.n_lesions}")
+        if self.lesion_max_diameter_mm is not None and not self.lesion_max_diameter_mm > 0:
+            raise ValueError(
+                "PhantomSpec.lesion_max_diameter_mm must be > 0 or None, "
+                f"got {self.lesion_max_diameter_mm}"
+            )
 
     # --- geometry -----------------------------------------------------------------------
     @property

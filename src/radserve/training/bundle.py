@@ -81,8 +81,7 @@ has never seen a real CT scan, and its numbers below say nothing about real pati
 - Phantoms from `PhantomSpec.random(seed)` with training seeds drawn from
   {TRAIN_SEED_RANGE[0]}–{TRAIN_SEED_RANGE[1]} (this run: {log["data"]["train_seeds"]}),
   varied size, spacing, anatomy and noise as the generator draws them.
-- Validation (checkpoint choice{", min_confidence tuning" if spec.task == "detection" else ""}):
-  seeds {log["data"]["val_seeds"]} from {VAL_SEED_RANGE[0]}–{VAL_SEED_RANGE[1]}.
+- Validation ({_val_use_text(spec, log)}) from {VAL_SEED_RANGE[0]}–{VAL_SEED_RANGE[1]}.
 - **Evaluation uses phantom seeds below 1000** (outside the validation range
   {VAL_SEED_RANGE[0]}–{VAL_SEED_RANGE[1]}); no evaluation seed was ever used in training.
 - Slices are made by the same functions inference uses (`radserve.preprocess`:
@@ -104,8 +103,13 @@ has never seen a real CT scan, and its numbers below say nothing about real pati
                 (
                     "input",
                     f"{spec.input.mode}, {spec.input.in_channels} channels "
-                    f"(slice ± {spec.input.context_slices}), in-plane spacing "
-                    f"{spec.input.spacing[1]:g} mm, native slices",
+                    f"(slice ± {spec.input.context_slices}"
+                    + (
+                        f" neighbours every {spec.input.context_mm:g} mm in z, interpolated"
+                        if spec.input.context_mm
+                        else ""
+                    )
+                    + f"), in-plane spacing {spec.input.spacing[1]:g} mm, native slices",
                 ),
                 ("normalisation", ", ".join(f"{k} {v}" for k, v in norm.items())),
                 (
@@ -142,15 +146,15 @@ has never seen a real CT scan, and its numbers below say nothing about real pati
 
 ## Training
 `{log["command"]}` — seed {log["seed"]}, {log["steps"]} steps of batch
-{log["batch"]} × {log["patch"]}² patches, AdamW, cosine LR, Dice + cross-entropy loss,
+{log["batch"]} × {log["patch"]}² patches, AdamW, cosine LR, {_loss_text(log)},
 {log["threads"]} CPU thread(s), {log["seconds"] / 60:.1f} min. Best checkpoint at step
 {log["best_step"]} by slice-level validation Dice.
 
-## Validation (held-out phantoms {log["data"]["val_seeds"]})
+## Validation (held-out phantoms {_val_seed_text(log)})
 {val_lines}
 
 ## Metrics on evaluation phantoms
-Filled in by `radserve evaluate` (evaluation seeds < 1000): see the evaluation report.
+{_evaluation_lines(log.get("evaluation"))}
 
 ## Limits
 - Synthetic phantoms only; real anatomy, pathology, contrast phases, artefacts,
@@ -162,9 +166,72 @@ Filled in by `radserve evaluate` (evaluation seeds < 1000): see the evaluation r
     return path
 
 
+def _val_seed_text(log: dict[str, Any]) -> str:
+    seeds = log.get("validation", {}).get("tuning", {}).get("seeds") or log["data"]["val_seeds"]
+    return (
+        f"{seeds[0]}–{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else str(seeds)
+    )
+
+
+def _val_use_text(spec: ModelSpec, log: dict[str, Any]) -> str:
+    checkpoint = f"checkpoint choice: seeds {log['data']['val_seeds']}"
+    if spec.task != "detection":
+        return checkpoint
+    tuning = log.get("validation", {}).get("tuning")
+    if not tuning:
+        return f"{checkpoint}, min_confidence tuning"
+    return f"{checkpoint}; min_confidence / min_component_ml tuning: seeds {_val_seed_text(log)}"
+
+
+def _loss_text(log: dict[str, Any]) -> str:
+    sampling = log.get("sampling", {})
+    if sampling.get("loss") != "sample_dice":
+        return "Dice + cross-entropy loss"
+    return (
+        "cross-entropy + soft Dice per patch and class present (a small lesion weighs "
+        "as much as a large one); lesion patches drawn per lesion (each lesion equally "
+        f"likely, {sampling['lesion_fraction']:.0%} of patches), hard negatives centred "
+        f"on lung vessels and lesion-free liver ({sampling['hard_negative_fraction']:.0%}); "
+        f"training phantoms with {sampling['lesions_per_phantom'][0]}–"
+        f"{sampling['lesions_per_phantom'][1]} lesions, "
+        f"{sampling['small_lesion_phantoms']:.0%} of them capped at "
+        f"{sampling['lesion_max_diameter_mm']:g} mm"
+    )
+
+
+def _evaluation_lines(evaluation: dict[str, Any] | None) -> str:
+    """The held-out table from a ``radserve evaluate --json`` summary, if recorded."""
+    if not evaluation:
+        return (
+            "Filled in by `radserve evaluate` (evaluation seeds < 1000): see the evaluation report."
+        )
+    summary = evaluation["summary"]
+    n_by_size, hit_by_size = summary["n_lesions_by_size"], summary["n_detected_by_size"]
+    sizes = "\n".join(
+        f"| {k} mm | {hit_by_size.get(k, 0)}/{n} | "
+        f"{(hit_by_size.get(k, 0) / n if n else float('nan')):.2f} |"
+        for k, n in n_by_size.items()
+    )
+    kinds = "\n".join(
+        f"| {k} | {summary['n_lesions_by_type'].get(k, 0)} | {r:.2f} |"
+        for k, r in summary["recall_by_type"].items()
+        if r is not None
+    )
+    return (
+        f"`{evaluation['command']}` (seeds {summary['seeds'][0]}–{summary['seeds'][-1]}, "
+        f"{summary['n_studies']} full-size studies, the whole reference pipeline: organs "
+        f"model ROI, FP32). False positives per study **{summary['fp_per_study']:.2f}**, "
+        f"lesion precision {summary['precision']:.2f}, organ mean Dice "
+        f"{summary['dice_mean']:.3f}.\n\n| size | detected | recall |\n|---|---|---|\n"
+        f"{sizes}\n\n| type | lesions | recall |\n|---|---|---|\n{kinds}"
+    )
+
+
 def _validation_lines(spec: ModelSpec, val: dict[str, Any]) -> str:
     if not val:
         return "Not run."
+    if "pending" in val:
+        return f"Pending: {val['pending']}."
     if spec.task == "segmentation":
         rows = "\n".join(f"| {name} | {d:.3f} |" for name, d in val["dice"].items())
         verdict = "meets" if val["mean_dice"] >= ORGAN_MEAN_DICE_FLOOR else "**does not meet**"
@@ -195,13 +262,42 @@ def _validation_lines(spec: ModelSpec, val: dict[str, Any]) -> str:
         + f" | {r['fp_per_study']:.2f} |"
         for r in val["sweep"]
     )
+    tuning = val.get("tuning")
+    ml_note = (
+        f" (min_component_ml {chosen['min_component_ml']:g})"
+        if "min_component_ml" in chosen
+        else ""
+    )
+    how = (
+        f"the real pipeline ({tuning['through']}) on seeds {tuning['seeds']}"
+        if tuning
+        else "radserve's inference path and `find_lesions` (ROI and `within` from the "
+        "phantoms' true organs)"
+    )
+    rules = f"`min_confidence` = **{chosen['min_confidence']:.2f}**"
+    if "min_component_ml" in chosen:
+        rules += f", `min_component_ml` = **{chosen['min_component_ml']:g}**"
     return (
-        f"Lesions found through radserve's inference path and `find_lesions` (ROI and "
-        f"`within` from the phantoms' true organs), matched one-to-one by "
-        f"`radserve.evaluation.lesions`. Chosen `min_confidence` = "
-        f"**{chosen['min_confidence']:.2f}**: recall {chosen['recall']}, "
+        f"Lesions found through {how}, matched one-to-one by "
+        f"`radserve.evaluation.lesions`. Chosen {rules}: recall {chosen['recall']}, "
         f"{chosen['fp_per_study']:.2f} false positives per study "
         f"(lesions per stratum: {chosen['lesions']}). {verdict}\n\n"
-        f"| min_confidence | recall 5–10 mm | recall ≥10 mm | FP/study |\n|---|---|---|---|\n"
+        f"| min_confidence{ml_note} | recall 5–10 mm | recall ≥10 mm | FP/study |\n"
+        f"|---|---|---|---|\n"
         f"{rows}"
     )
+
+
+def record_evaluation(directory: Path, summary_json: Path, command: str) -> None:
+    """Add a ``radserve evaluate --json`` summary to a bundle's training log and card.
+
+    Held-out numbers belong in the card, but training never runs the evaluation: this
+    is run once after ``radserve evaluate`` on the pipeline that uses the bundle.
+    """
+    spec = load_manifest(directory / "model.yaml")
+    log = json.loads((directory / "training_log.json").read_text())
+    summary = json.loads(Path(summary_json).read_text())
+    summary.pop("variants", None)
+    log["evaluation"] = {"command": command, "summary": summary}
+    write_training_log(log, directory)
+    write_model_card(spec, log, directory)

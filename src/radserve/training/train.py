@@ -4,6 +4,10 @@ Reproducible: ``torch.manual_seed(seed)``, a numpy generator seeded from ``seed`
 patch sampling, a fixed thread count, and a fixed number of steps. ``minutes`` instead
 sizes the run from the measured speed of its first steps (then the step count depends
 on the machine, and is recorded in the training log).
+
+On a GPU (``device="cuda"``) the patch sampler would starve the device, so
+``loader_workers`` processes sample batches in parallel, each with its own generator
+seeded from ``(seed, worker)``: the run is reproducible for a given worker count.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from radserve.preprocess import normalised_floor
-from radserve.training.data import PatchSampler, SliceSet
+from radserve.training.data import LesionPatchSampler, PatchSampler, SliceSet
 from radserve.training.net import UNet2d, UNetConfig, count_parameters
 from radserve.training.recipes import Recipe
 
@@ -35,6 +39,14 @@ class TrainResult:
     history: list[dict] = field(default_factory=list)
     val_per_class: dict[str, float] = field(default_factory=dict)
     parameters: int = 0
+    best_state: dict | None = None  # CPU tensors of the best checkpoint
+    # Where the weights were trained (set when loaded from a checkpoint file).
+    device: str | None = None
+    torch_version: str | None = None
+    loader_workers: int = 0
+    batch: int | None = None
+    command: str | None = None
+    slices: tuple[int, int] | None = None  # (train, validation) slice counts
 
 
 def dice_ce_loss(
@@ -51,6 +63,31 @@ def dice_ce_loss(
     return ce + (1.0 - dice.mean())
 
 
+def sample_dice_ce_loss(
+    logits: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None
+) -> torch.Tensor:
+    """Cross-entropy plus soft Dice per (patch, foreground class) present in the patch.
+
+    Batch Dice sums pixels over the batch, so one 30 mm lesion outweighs a dozen 5 mm
+    ones; per patch each lesion patch counts once. Classes absent from a patch add no
+    Dice term (cross-entropy alone punishes false positives there).
+    """
+    ce = F.cross_entropy(logits, target, weight=weight)
+    probs = logits.softmax(dim=1)[:, 1:]
+    onehot = F.one_hot(target, logits.shape[1]).permute(0, 3, 1, 2)[:, 1:].to(probs.dtype)
+    dims = (2, 3)
+    present = onehot.sum(dims) > 0
+    if not bool(present.any()):
+        return ce
+    inter = (probs * onehot).sum(dims)
+    denom = probs.sum(dims) + onehot.sum(dims)
+    dice = (2 * inter + 1.0) / (denom + 1.0)
+    return ce + (1.0 - dice[present]).mean()
+
+
+LOSSES = {"batch_dice": dice_ce_loss, "sample_dice": sample_dice_ce_loss}
+
+
 def _pad_to(img: np.ndarray, k: int, floor: float) -> tuple[np.ndarray, tuple[int, int]]:
     c, h, w = img.shape
     ph, pw = -(-h // k) * k, -(-w // k) * k
@@ -60,7 +97,48 @@ def _pad_to(img: np.ndarray, k: int, floor: float) -> tuple[np.ndarray, tuple[in
     return out, (oy, ox)
 
 
-def slice_confusion(model: UNet2d, slices: SliceSet, recipe: Recipe) -> np.ndarray:
+class _PatchStream(torch.utils.data.IterableDataset):
+    """Endless training batches for a DataLoader worker, from its own seeded generator."""
+
+    def __init__(self, slices: SliceSet, recipe: Recipe, seed: int, batch: int) -> None:
+        self.slices, self.recipe, self.seed, self.batch = slices, recipe, seed, batch
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0
+        rng = np.random.default_rng([self.seed, 7, worker])
+        sampler_class = (
+            LesionPatchSampler if self.recipe.train.sampling == "lesion" else PatchSampler
+        )
+        sampler = sampler_class(self.slices, self.recipe, rng)
+        while True:
+            x, y = sampler.batch(self.batch)
+            yield torch.from_numpy(x), torch.from_numpy(y)
+
+
+def _batches(
+    slices: SliceSet, recipe: Recipe, rng: np.random.Generator, seed: int, batch: int, workers: int
+):
+    """Training batches: sampled in this process, or by ``workers`` loader processes."""
+    if workers <= 0:
+        sampler_class = LesionPatchSampler if recipe.train.sampling == "lesion" else PatchSampler
+        sampler = sampler_class(slices, recipe, rng)
+        while True:
+            x, y = sampler.batch(batch)
+            yield torch.from_numpy(x), torch.from_numpy(y)
+    loader = torch.utils.data.DataLoader(
+        _PatchStream(slices, recipe, seed, batch),
+        batch_size=None,
+        num_workers=workers,
+        pin_memory=torch.cuda.is_available(),
+        prefetch_factor=4,
+    )
+    yield from loader
+
+
+def slice_confusion(
+    model: UNet2d, slices: SliceSet, recipe: Recipe, device: str = "cpu"
+) -> np.ndarray:
     """(classes, 3) true-positive / predicted / reference pixel counts over whole slices."""
     k = recipe.spec.num_classes
     counts = np.zeros((k, 3), np.int64)
@@ -70,7 +148,7 @@ def slice_confusion(model: UNet2d, slices: SliceSet, recipe: Recipe) -> np.ndarr
     with torch.no_grad():
         for img, lab in zip(slices.images, slices.labels, strict=True):
             x, (oy, ox) = _pad_to(img.astype(np.float32), div, floor)
-            out = model(torch.from_numpy(x)[None])[0].argmax(0).numpy()
+            out = model(torch.from_numpy(x)[None].to(device))[0].argmax(0).cpu().numpy()
             pred = out[oy : oy + lab.shape[0], ox : ox + lab.shape[1]]
             for c in range(1, k):
                 p, g = pred == c, lab == c
@@ -94,19 +172,30 @@ def train_model(
     seed: int,
     steps: int | None = None,
     minutes: float | None = None,
+    device: str = "cpu",
+    loader_workers: int = 0,
+    on_validation=None,
 ) -> TrainResult:
-    """Train one recipe; returns the best checkpoint by slice-level validation Dice."""
+    """Train one recipe; returns the best checkpoint by slice-level validation Dice.
+
+    ``on_validation(result)`` is called after each validation with the best state so
+    far (a caller on a leased machine saves it, so a cut-off run still leaves weights).
+    """
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     settings = recipe.train
     spec = recipe.spec
     net = UNet2d(UNetConfig(spec.input.in_channels, spec.num_classes, settings.channels))
+    net.to(device)
     n_params = count_parameters(net)
-    logger.info("%s: U-Net %s, %d parameters", spec.name, settings.channels, n_params)
-    sampler = PatchSampler(train_slices, recipe, rng)
+    logger.info(
+        "%s: U-Net %s, %d parameters, on %s", spec.name, settings.channels, n_params, device
+    )
+    batches = _batches(train_slices, recipe, rng, seed, settings.batch, loader_workers)
+    loss_fn = LOSSES[settings.loss]
     opt = torch.optim.AdamW(net.parameters(), lr=settings.lr, weight_decay=1e-4)
     weight = (
-        torch.tensor(settings.class_weights, dtype=torch.float32)
+        torch.tensor(settings.class_weights, dtype=torch.float32, device=device)
         if settings.class_weights
         else None
     )
@@ -121,7 +210,7 @@ def train_model(
         return settings.lr * (0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * frac)))
 
     history: list[dict] = []
-    best = (-1.0, 0, {k: v.clone() for k, v in net.state_dict().items()}, {})
+    best = (-1.0, 0, {k: v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()}, {})
     t0 = time.perf_counter()
     running = []
     step = 0
@@ -129,22 +218,28 @@ def train_model(
     while step < total:
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
-        x, y = sampler.batch(settings.batch)
-        loss = dice_ce_loss(net(torch.from_numpy(x)), torch.from_numpy(y), weight)
+        x, y = next(batches)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        loss = loss_fn(net(x), y, weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         running.append(loss.item())
         step += 1
-        if minutes is not None and step == 30:
-            per_step = (time.perf_counter() - t0) / step
-            # Validation costs about 5 % of the run; leave that out of the budget.
-            total = max(60, min(settings.max_steps, int(0.95 * minutes * 60 / per_step)))
+        if minutes is not None and step == 50:
+            t50 = time.perf_counter()
+        if minutes is not None and step == 150:
+            # Timed after start-up (loader processes, first kernels); validation costs
+            # about 5 % of the run, so it is left out of the budget.
+            now = time.perf_counter()
+            per_step = (now - t50) / 100
+            left = 0.95 * minutes * 60 - (now - t0)
+            total = max(step + 10, min(settings.max_steps, step + int(left / per_step)))
             logger.info(
-                "%s: %.2f s/step -> %d steps in %.0f min", spec.name, per_step, total, minutes
+                "%s: %.4f s/step -> %d steps in %.1f min", spec.name, per_step, total, minutes
             )
         if step % settings.val_every == 0 or step == total:
-            counts = slice_confusion(net, val_slices, recipe)
+            counts = slice_confusion(net, val_slices, recipe, device)
             dice = dice_from_counts(counts)[1:]
             score = float(np.nanmean(dice))
             per_class = {n: round(float(d), 4) for n, d in zip(names, dice, strict=True)}
@@ -169,16 +264,27 @@ def train_model(
                 per_class,
             )
             if score > best[0]:
-                best = (score, step, {k: v.clone() for k, v in net.state_dict().items()}, per_class)
-    net.load_state_dict(best[2])
-    net.eval()
+                state = {k: v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()}
+                best = (score, step, state, per_class)
+            if on_validation is not None:
+                on_validation(_result(net, best, step, t0, history, n_params, load=False))
+    return _result(net, best, step, t0, history, n_params, load=True)
+
+
+def _result(net, best, step, t0, history, n_params, *, load: bool) -> TrainResult:
+    """The run so far; ``load`` puts the best state into ``net`` (on the CPU, eval mode)."""
+    if load:
+        net.to("cpu")
+        net.load_state_dict(best[2])
+        net.eval()
     return TrainResult(
         model=net,
         steps=step,
         seconds=time.perf_counter() - t0,
         best_step=best[1],
         best_val=best[0],
-        history=history,
+        history=list(history),
         val_per_class=best[3],
         parameters=n_params,
+        best_state=best[2],
     )
