@@ -185,6 +185,22 @@ class GatewaySettings(_Section):
     allowed_peers: tuple[DicomPeer, ...] = ()
 
 
+class FhirSettings(_Section):
+    """Where each job's FHIR R4 Bundle is POSTed (a ``transaction`` to the server's base
+    URL), retried through the durable outbox. No ``url``: nothing is sent; the Bundle is
+    still served at ``GET /v1/jobs/{id}/fhir``."""
+
+    url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    # sent as ``Authorization: Bearer <token>``; never logged, masked by ``config show``
+    bearer_token: SecretStr | None = None
+    timeout_s: float = Field(default=30.0, gt=0)
+    # back-off: first wait, doubling up to the cap; a bundle still failing after
+    # ``give_up_after_s`` is marked failed_permanent
+    retry_first_s: float = Field(default=30.0, gt=0)
+    retry_max_s: float = Field(default=3600.0, gt=0)
+    give_up_after_s: float = Field(default=72 * 3600.0, gt=0)
+
+
 _FILE_DATA: ContextVar[dict[str, Any] | None] = ContextVar("radserve_config_file", default=None)
 
 
@@ -220,6 +236,7 @@ class Settings(BaseSettings):
     pipelines: PipelinesSettings = PipelinesSettings()
     ingest: IngestSettings = IngestSettings()
     gateway: GatewaySettings = GatewaySettings()
+    fhir: FhirSettings = FhirSettings()
 
     @field_validator("data_dir")
     @classmethod

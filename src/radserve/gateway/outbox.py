@@ -1,5 +1,8 @@
 """The durable outbox: result files -> DICOM destinations, retried until delivered.
 
+(The FHIR Bundle deliveries share the table, the retry policy, :func:`settle` and the
+worker: :mod:`radserve.gateway.outbox_fhir`.)
+
 Enqueue writes one row per (result instance, destination) and commits; nothing else
 needs to stay up. :meth:`Outbox.deliver_pending` sends what is due (testable with any
 ``now``); :class:`OutboxWorker` calls it from a background thread. Delivery semantics:
@@ -35,6 +38,16 @@ logger = logging.getLogger(__name__)
 
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+class Deliverer(Protocol):
+    """What :class:`OutboxWorker` drives: the DICOM :class:`Outbox` or the FHIR one."""
+
+    batch_size: int
+
+    def deliver_pending(self, now: dt.datetime | None = None) -> DeliveryReport: ...
+
+    def next_due(self) -> dt.datetime | None: ...
 
 
 class Sender(Protocol):
@@ -181,34 +194,47 @@ class Outbox:
             settle(item_id, SendResult(Outcome.RETRY, "no result reported for this file"))
 
     def _record(self, item: OutboxItem, result: SendResult, now: dt.datetime) -> Outcome:
-        outcome = result.outcome
-        if outcome is Outcome.SENT:
-            self.store.mark_sent(item.id, now=now)
-            logger.info("outbox: %s sent to %s", item.sop_instance_uid, item.destination)
-        elif outcome is Outcome.RETRY and not self.policy.gives_up(item, now):
-            due = now + self.policy.delay(item.attempts)
-            self.store.reschedule(item.id, now=now, next_attempt_at=due, error=result.message)
-            logger.warning(
-                "outbox: %s to %s failed (attempt %d), retry at %s: %s",
-                item.sop_instance_uid,
-                item.destination,
-                item.attempts,
-                due.isoformat(timespec="seconds"),
-                result.message,
-            )
-        else:
-            message = result.message
-            if outcome is Outcome.RETRY:
-                message = f"gave up after {item.attempts} attempts: {message}"
-                outcome = Outcome.PERMANENT
-            self.store.fail_permanently(item.id, now=now, error=message)
-            logger.error(
-                "outbox: %s to %s failed permanently: %s",
-                item.sop_instance_uid,
-                item.destination,
-                message,
-            )
-        return outcome
+        return settle(self.store, self.policy, item, result, now)
+
+
+def settle(
+    store: OutboxStore,
+    policy: RetryPolicy,
+    item: OutboxItem,
+    result: SendResult,
+    now: dt.datetime,
+) -> Outcome:
+    """Record one send's outcome on its row: ``sent``, rescheduled with back-off, or
+    ``failed_permanent`` (a permanent failure, or retries exhausted). Returns the outcome
+    recorded. Shared by every kind of delivery, so they all retry the same way."""
+    outcome = result.outcome
+    if outcome is Outcome.SENT:
+        store.mark_sent(item.id, now=now)
+        logger.info("outbox: %s sent to %s", item.sop_instance_uid, item.destination)
+    elif outcome is Outcome.RETRY and not policy.gives_up(item, now):
+        due = now + policy.delay(item.attempts)
+        store.reschedule(item.id, now=now, next_attempt_at=due, error=result.message)
+        logger.warning(
+            "outbox: %s to %s failed (attempt %d), retry at %s: %s",
+            item.sop_instance_uid,
+            item.destination,
+            item.attempts,
+            due.isoformat(timespec="seconds"),
+            result.message,
+        )
+    else:
+        message = result.message
+        if outcome is Outcome.RETRY:
+            message = f"gave up after {item.attempts} attempts: {message}"
+            outcome = Outcome.PERMANENT
+        store.fail_permanently(item.id, now=now, error=message)
+        logger.error(
+            "outbox: %s to %s failed permanently: %s",
+            item.sop_instance_uid,
+            item.destination,
+            message,
+        )
+    return outcome
 
 
 def _describe(path: Path) -> dict[str, str]:
@@ -242,17 +268,18 @@ class OutboxWorker:
 
     def __init__(
         self,
-        outbox: Outbox,
+        outbox: Deliverer,
         *,
         interval_s: float = 30.0,
         clock: Callable[[], dt.datetime] = utc_now,
+        name: str = "radserve-outbox",
     ) -> None:
         self.outbox = outbox
         self.interval_s = interval_s
         self._clock = clock
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="radserve-outbox", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -289,11 +316,13 @@ class OutboxWorker:
 
 
 __all__ = [
+    "Deliverer",
     "DeliveryReport",
     "Outbox",
     "OutboxState",
     "OutboxWorker",
     "RetryPolicy",
     "Sender",
+    "settle",
     "utc_now",
 ]

@@ -45,6 +45,7 @@ from radserve.store.files import store_study
 logger = logging.getLogger(__name__)
 
 RESULTS_DIR = "results"
+DICOMWEB_SOURCE = "dicomweb"  # Origin.source of studies stored over STOW-RS
 _ZIP_PROBE = 20  # zip members tried for priority attributes
 _ZIP_PROBE_BYTES = 64 * 1024**2
 
@@ -64,7 +65,7 @@ class Origin:
 
     key_id: str | None = None
     client: str | None = None
-    source: str = "api"  # "api" | "dicom"
+    source: str = "api"  # "api" | "dicom" | "dicomweb"
 
 
 def parse_priority(value: str | None) -> PriorityClass | None:
@@ -189,6 +190,10 @@ class Intake:
     ) -> Submission:
         """A study already in the content-addressed store -> a job (cached or queued)."""
         hit = self.store.find_cached_result(resolved.cache_key(fingerprint))
+        if hit is not None and origin.source == DICOMWEB_SOURCE and not _has_dicom(hit):
+            # a DICOMweb client retrieves SEG/SR, which a result made for an HTTP upload
+            # lacks: run the study again (the earlier cache entry stays)
+            hit = None
         if hit is not None:
             return self._from_cache(hit, resolved, study_dir, fingerprint, priority, origin)
         if priority is None:
@@ -280,4 +285,9 @@ class Intake:
         return record
 
 
-__all__ = ["Intake", "Origin", "Submission", "parse_priority"]
+def _has_dicom(job: JobRecord) -> bool:
+    """Whether a succeeded job's result folder holds DICOM results (SEG/SR)."""
+    return bool(job.result_path) and any(Path(str(job.result_path)).glob("*.dcm"))
+
+
+__all__ = ["DICOMWEB_SOURCE", "Intake", "Origin", "Submission", "parse_priority"]

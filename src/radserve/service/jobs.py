@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pydicom
+
 from radserve.ingest import PatientInfo, discover_series
 from radserve.report.fhir import build_fhir_bundle
 from radserve.report.json_report import parse_report
@@ -164,22 +166,36 @@ class JobAccess:
         return path
 
     def fhir_bundle(self, record: JobRecord) -> dict[str, Any]:
-        """The FHIR R4 Bundle of the job's report; the patient is read from the stored
-        study's headers (never from the de-identified report)."""
-        report = self.report(record)
-        # PatientInfo is frozen; PatientLike declares plain (settable) attributes
-        return build_fhir_bundle(report, self._patient(record, report))  # type: ignore[arg-type]
+        """The FHIR R4 Bundle of the job's report (see :func:`fhir_bundle_for`)."""
+        return fhir_bundle_for(
+            self.report(record), Path(record.study_path), self.result_dir(record)
+        )
 
-    @staticmethod
-    def _patient(record: JobRecord, report: Report) -> PatientInfo:
-        study = Path(record.study_path)
-        if not study.is_dir() or input_kind(study) == "nifti":
-            return PatientInfo()
-        wanted = report.study.series_instance_uid
-        for header in discover_series(study):
-            if header.series_instance_uid == wanted:
-                return header.patient
+
+def fhir_bundle_for(report: Report, study_path: Path, result_dir: Path) -> dict[str, Any]:
+    """The FHIR R4 Bundle of ``report``; the patient is read from the stored study's
+    headers (never from the de-identified report), and the job's DICOM SEG/SR, when it
+    has them, are listed as series of the ImagingStudy. What ``GET /v1/jobs/{id}/fhir``
+    serves and what is POSTed to a configured FHIR server: one function, one Bundle."""
+    dicom_results = [
+        pydicom.dcmread(path, stop_before_pixels=True)
+        for path in sorted(Path(result_dir).glob("*.dcm"))
+    ]
+    return build_fhir_bundle(
+        report,
+        _patient(study_path, report),  # type: ignore[arg-type]  # PatientInfo is frozen
+        dicom_results=dicom_results,
+    )
+
+
+def _patient(study: Path, report: Report) -> PatientInfo:
+    if not study.is_dir() or input_kind(study) == "nifti":
         return PatientInfo()
+    wanted = report.study.series_instance_uid
+    for header in discover_series(study):
+        if header.series_instance_uid == wanted:
+            return header.patient
+    return PatientInfo()
 
 
-__all__ = ["JobAccess", "JobView"]
+__all__ = ["JobAccess", "JobView", "fhir_bundle_for"]

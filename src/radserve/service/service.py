@@ -24,15 +24,19 @@ from radserve.errors import RadserveError
 from radserve.pipeline import SessionPool
 from radserve.scheduling import InProcessExecutor, Scheduler
 from radserve.service.catalog import Catalog
+from radserve.service.fhir import FhirDelivery, fhir_destination
 from radserve.service.gateway import GatewayBridge
 from radserve.service.hooks import ServiceHooks
-from radserve.service.intake import Intake
+from radserve.service.intake import DICOMWEB_SOURCE, Intake
 from radserve.service.jobcache import JobCache
 from radserve.service.jobs import JobAccess
 from radserve.service.mapping import priority_rules, scheduler_config
 from radserve.service.metrics import Metrics
-from radserve.store import Store, init_store
+from radserve.service.results import ResultIndexer
+from radserve.store import JobRecord, Store, init_store
 from radserve.store.files import remove_stale_staging
+from radserve.store.results import ResultIndex
+from radserve.study import StudyResult
 
 logger = logging.getLogger(__name__)
 
@@ -87,13 +91,16 @@ class Service:
             policy=settings.ingest.to_policy(),
         )
         self.jobs = JobAccess(self.store, self.cache, self.scheduler, self.hooks)
+        self.results = ResultIndex(self.store.engine)
         self.gateway: GatewayBridge | None = None
         if settings.gateway.enabled:
             self.gateway = GatewayBridge(
                 settings, intake=self.intake, store=self.store, scp_options=gateway_options
             )
-            self.hooks.on_result = self.gateway.on_result
-            self.intake.dicom_results = self.gateway.wants_dicom_results
+        destination = fhir_destination(settings)
+        self.fhir = FhirDelivery(settings, destination, store=self.store) if destination else None
+        self.hooks.on_result = self._on_result
+        self.intake.dicom_results = self.wants_dicom_results
         device = self.catalog.sessions.runtime.device
         self.executor = InProcessExecutor(
             self.scheduler, devices=(device,), cpu_workers=cpu_workers
@@ -127,6 +134,8 @@ class Service:
             self._warmup_thread.start()
         if self.gateway is not None:
             self.gateway_address = self.gateway.start()
+        if self.fhir is not None:
+            self.fhir.start()
         logger.info("service started: %d unfinished job(s) resumed", resumed)
 
     def stop(self) -> None:
@@ -134,6 +143,8 @@ class Service:
         the store and resume at the next start."""
         if self.gateway is not None:
             self.gateway.stop()
+        if self.fhir is not None:
+            self.fhir.stop()
         self.executor.stop(wait=True)
         if self._warmup_thread is not None:
             self._warmup_thread.join(timeout=60)
@@ -199,6 +210,35 @@ class Service:
                 if not self.jobs.get(record.id).terminal:
                     self.intake.fail(record.id, exc.code, exc.message)
         return resumed
+
+    # --- results out ------------------------------------------------------------------
+    def wants_dicom_results(self, job: JobRecord) -> bool:
+        """DICOM SEG + SR are written for studies that came over DICOMweb (a client that
+        retrieves them with WADO-RS) and for those the gateway sends back to a PACS."""
+        if job.queue_meta.get("source") == DICOMWEB_SOURCE:
+            return True
+        return self.gateway is not None and self.gateway.wants_dicom_results(job)
+
+    def _on_result(self, job: JobRecord, result: StudyResult) -> None:
+        """A job's result is about to be recorded: index its DICOM results, queue them for
+        the PACS and its Bundle for the FHIR server. Each step fails on its own."""
+        steps: list[tuple[str, Callable[[JobRecord, StudyResult], None]]] = [
+            ("index", ResultIndexer(self.results).on_result)
+        ]
+        if self.gateway is not None:
+            steps.append(("dicom", self.gateway.on_result))
+        if self.fhir is not None:
+            steps.append(("fhir", self.fhir.on_result))
+        failed = []
+        for name, step in steps:
+            try:
+                step(job, result)
+            except Exception as exc:  # the others still run; the result stands
+                code = getattr(exc, "code", type(exc).__name__)
+                logger.error("job %s: %s delivery step failed (%s)", job.id, name, code)
+                failed.append(name)
+        if failed:
+            raise RuntimeError(f"result steps failed: {', '.join(failed)}")
 
     # --- operations -------------------------------------------------------------------
     @property

@@ -148,18 +148,23 @@ class AuditHead(Base):
 
 
 OUTBOX_STATES = ("pending", "sending", "sent", "failed_permanent")
+OUTBOX_KINDS = ("dicom", "fhir")
 
 
 class OutboxDelivery(Base):
-    """One result instance to one DICOM destination (the gateway's durable outbox).
+    """One result to one destination (the durable outbox): a DICOM instance to a DICOM
+    peer (``kind`` dicom), or a FHIR Bundle to a FHIR server (``kind`` fhir).
 
     Unique per (SOP Instance UID, destination): enqueueing the same result twice adds
-    nothing. ``attempts`` counts claims, so a send cut short by a crash counts too.
+    nothing. For a FHIR row ``sop_instance_uid`` holds the Bundle id (the row's identity),
+    ``path`` the Bundle's JSON file, and the SOP class and transfer syntax are empty.
+    ``attempts`` counts claims, so a send cut short by a crash counts too.
     """
 
     __tablename__ = "outbox_deliveries"
     __table_args__ = (
         CheckConstraint(_in("state", OUTBOX_STATES), name="state"),
+        CheckConstraint(_in("kind", OUTBOX_KINDS), name="kind"),
         CheckConstraint("attempts >= 0", name="attempts"),
         UniqueConstraint(
             "sop_instance_uid", "destination", name="uq_outbox_deliveries_instance_destination"
@@ -168,6 +173,7 @@ class OutboxDelivery(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(8), server_default="dicom")
     destination: Mapped[str] = mapped_column(String(64))
     path: Mapped[str] = mapped_column(Text)
     sop_class_uid: Mapped[str] = mapped_column(String(64))
@@ -182,3 +188,22 @@ class OutboxDelivery(Base):
     created: Mapped[dt.datetime] = mapped_column(UtcDateTime())
     updated: Mapped[dt.datetime] = mapped_column(UtcDateTime())
     sent_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+
+
+class ResultInstance(Base):
+    """A DICOM instance radserve wrote as a job's result (SEG, SR): the index that
+    DICOMweb retrieval (WADO-RS) answers from, by study, series and instance UID."""
+
+    __tablename__ = "result_instances"
+    __table_args__ = (
+        Index("ix_result_instances_study_series", "study_instance_uid", "series_instance_uid"),
+    )
+
+    sop_instance_uid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    study_instance_uid: Mapped[str] = mapped_column(String(64))
+    series_instance_uid: Mapped[str] = mapped_column(String(64))
+    sop_class_uid: Mapped[str] = mapped_column(String(64))
+    transfer_syntax_uid: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[str] = mapped_column(String(36), index=True)
+    path: Mapped[str] = mapped_column(Text)
+    created: Mapped[dt.datetime] = mapped_column(UtcDateTime())

@@ -1,4 +1,6 @@
-"""The outbox table: results waiting for, being sent to, or delivered to DICOM peers.
+"""The outbox table: results waiting for, being sent to, or delivered to their
+destinations: DICOM instances to DICOM peers (kind ``dicom``), FHIR Bundles to a FHIR
+server (kind ``fhir``). Each kind has its own sender; a sender claims only its kind.
 
 Rows move ``pending -> sending -> sent`` or ``-> pending`` (retry later) or
 ``-> failed_permanent`` (configuration error, or retries exhausted). Every change is a
@@ -34,6 +36,11 @@ class OutboxState(StrEnum):
     FAILED_PERMANENT = "failed_permanent"
 
 
+class OutboxKind(StrEnum):
+    DICOM = "dicom"  # a DICOM instance to a DICOM peer (C-STORE)
+    FHIR = "fhir"  # a FHIR Bundle to a FHIR server (HTTP POST)
+
+
 @dataclass(frozen=True)
 class NewDelivery:
     """What to enqueue: one result file for one destination (by its configured name)."""
@@ -45,6 +52,7 @@ class NewDelivery:
     study_instance_uid: str
     transfer_syntax_uid: str
     job_id: str | None = None
+    kind: OutboxKind = OutboxKind.DICOM
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,7 @@ class OutboxItem:
     created: dt.datetime
     updated: dt.datetime
     sent_at: dt.datetime | None
+    kind: OutboxKind = OutboxKind.DICOM
 
 
 class OutboxStore(StoreBase):
@@ -100,20 +109,28 @@ class OutboxStore(StoreBase):
             return [_record(row) for row in rows]
 
     def claim_due(
-        self, now: dt.datetime, *, limit: int = 100, lease: dt.timedelta = dt.timedelta(minutes=15)
+        self,
+        now: dt.datetime,
+        *,
+        limit: int = 100,
+        lease: dt.timedelta = dt.timedelta(minutes=15),
+        kind: OutboxKind = OutboxKind.DICOM,
     ) -> list[OutboxItem]:
-        """Take up to ``limit`` due rows for sending (oldest first): ``pending`` rows whose
-        time has come, and ``sending`` rows whose worker vanished (lease expired).
-        Counts the attempt now, so a crash mid-send still counts."""
+        """Take up to ``limit`` due rows of ``kind`` for sending (oldest first): ``pending``
+        rows whose time has come, and ``sending`` rows whose worker vanished (lease
+        expired). Counts the attempt now, so a crash mid-send still counts."""
         stale = now - lease
-        due = or_(
-            and_(
-                OutboxDelivery.state == OutboxState.PENDING.value,
-                OutboxDelivery.next_attempt_at <= now,
-            ),
-            and_(
-                OutboxDelivery.state == OutboxState.SENDING.value,
-                OutboxDelivery.updated <= stale,
+        due = and_(
+            OutboxDelivery.kind == OutboxKind(kind).value,
+            or_(
+                and_(
+                    OutboxDelivery.state == OutboxState.PENDING.value,
+                    OutboxDelivery.next_attempt_at <= now,
+                ),
+                and_(
+                    OutboxDelivery.state == OutboxState.SENDING.value,
+                    OutboxDelivery.updated <= stale,
+                ),
             ),
         )
         claimed: list[OutboxItem] = []
@@ -189,10 +206,13 @@ class OutboxStore(StoreBase):
         state: OutboxState | str | None = None,
         destination: str | None = None,
         job_id: str | None = None,
+        kind: OutboxKind | str | None = None,
         limit: int = 1000,
     ) -> list[OutboxItem]:
         """Rows in enqueue order, optionally filtered."""
         query = select(OutboxDelivery)
+        if kind is not None:
+            query = query.where(OutboxDelivery.kind == OutboxKind(kind).value)
         if state is not None:
             query = query.where(OutboxDelivery.state == OutboxState(state).value)
         if destination is not None:
@@ -212,12 +232,13 @@ class OutboxStore(StoreBase):
         found = {str(state): int(count) for state, count in rows}
         return {state: int(found.get(state.value, 0)) for state in OutboxState}
 
-    def next_due(self) -> dt.datetime | None:
-        """When the earliest ``pending`` row falls due (None: nothing pending)."""
+    def next_due(self, kind: OutboxKind = OutboxKind.DICOM) -> dt.datetime | None:
+        """When the earliest ``pending`` row of ``kind`` falls due (None: nothing pending)."""
         with self._read() as session:
             return session.scalar(
                 select(func.min(OutboxDelivery.next_attempt_at)).where(
-                    OutboxDelivery.state == OutboxState.PENDING.value
+                    OutboxDelivery.state == OutboxState.PENDING.value,
+                    OutboxDelivery.kind == OutboxKind(kind).value,
                 )
             )
 
@@ -245,6 +266,7 @@ def _new_values(new: NewDelivery) -> dict[str, object]:
         "study_instance_uid": new.study_instance_uid,
         "transfer_syntax_uid": new.transfer_syntax_uid,
         "job_id": new.job_id,
+        "kind": OutboxKind(new.kind).value,
     }
 
 
@@ -282,4 +304,5 @@ def _record(row: OutboxDelivery) -> OutboxItem:
         created=row.created,
         updated=row.updated,
         sent_at=row.sent_at,
+        kind=OutboxKind(row.kind),
     )

@@ -1,0 +1,76 @@
+"""Each succeeded job's FHIR Bundle -> the configured FHIR server, through the outbox.
+
+Built by the same function as ``GET /v1/jobs/{id}/fhir`` (:func:`fhir_bundle_for`),
+queued when the job's result is recorded (before the result row commits, so a crash
+in between loses no delivery), and sent by a worker thread that retries with back-off.
+Without ``fhir.url`` nothing is built or sent.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from radserve.config import Settings
+from radserve.errors import RadserveError
+from radserve.gateway.outbox import OutboxWorker, RetryPolicy
+from radserve.gateway.outbox_fhir import FhirDestination, FhirOutbox
+from radserve.service.jobs import fhir_bundle_for
+from radserve.store import JobRecord, Store
+from radserve.store.outbox import OutboxStore
+from radserve.study import StudyResult
+
+logger = logging.getLogger(__name__)
+
+
+def fhir_destination(settings: Settings) -> FhirDestination | None:
+    fhir = settings.fhir
+    if fhir.url is None:
+        return None
+    token = fhir.bearer_token.get_secret_value() if fhir.bearer_token else None
+    return FhirDestination(url=fhir.url, bearer_token=token, timeout_s=fhir.timeout_s)
+
+
+def retry_policy(settings: Settings) -> RetryPolicy:
+    fhir = settings.fhir
+    return RetryPolicy(
+        first_delay_s=fhir.retry_first_s,
+        max_delay_s=fhir.retry_max_s,
+        give_up_after_s=fhir.give_up_after_s,
+    )
+
+
+class FhirDelivery:
+    """Queue and send Bundles. Start after the store is open, stop before it closes."""
+
+    def __init__(self, settings: Settings, destination: FhirDestination, *, store: Store) -> None:
+        self.outbox = FhirOutbox(
+            OutboxStore(store.engine), destination, policy=retry_policy(settings)
+        )
+        self.worker = OutboxWorker(self.outbox, name="radserve-fhir-outbox")
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def stop(self) -> None:
+        self.worker.stop()
+        self.outbox.close()
+
+    def on_result(self, job: JobRecord, result: StudyResult) -> None:
+        """Build the job's Bundle and queue it; a Bundle that cannot be built is logged
+        (by its error code only) and not sent, the job's result stands."""
+        try:
+            bundle = fhir_bundle_for(result.report, Path(job.study_path), result.out_dir)
+        except RadserveError as exc:
+            logger.error("job %s: no FHIR bundle to send (%s)", job.id, exc.code)
+            return
+        self.outbox.enqueue(
+            bundle,
+            folder=result.out_dir,
+            job_id=job.id,
+            study_instance_uid=result.report.study.study_instance_uid or "",
+        )
+        self.worker.wake()
+
+
+__all__ = ["FhirDelivery", "fhir_destination", "retry_policy"]

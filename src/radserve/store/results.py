@@ -1,0 +1,110 @@
+"""The index of DICOM result instances (SEG, SR) that DICOMweb retrieval answers from.
+
+A row names one instance radserve wrote, by its study, series and SOP Instance UID, and
+where the file lies. Rows are added when a job's result is recorded; adding the same
+instance again changes nothing, so a job resumed after a crash indexes idempotently.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
+
+from radserve.store.base import StoreBase
+from radserve.store.models import ResultInstance
+
+
+@dataclass(frozen=True)
+class ResultInstanceRecord:
+    """One indexed result instance (a frozen copy of its row)."""
+
+    sop_instance_uid: str
+    study_instance_uid: str
+    series_instance_uid: str
+    sop_class_uid: str
+    transfer_syntax_uid: str
+    job_id: str
+    path: str
+
+
+class ResultIndex(StoreBase):
+    """Typed access to ``result_instances``; share the main store's engine:
+    ``ResultIndex(store.engine)``. Thread-safe."""
+
+    def add(self, records: Sequence[ResultInstanceRecord], *, now: dt.datetime) -> int:
+        """Index ``records``; instances indexed already are left as they are. Returns
+        how many rows are new."""
+        if not records:
+            return 0
+        added = 0
+        with self._write(audited=False) as session:
+            dialect = session.get_bind().dialect.name
+            insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+            for record in records:
+                result = session.execute(
+                    insert(ResultInstance)
+                    .values(**_values(record), created=now)
+                    .on_conflict_do_nothing()
+                )
+                added += int(getattr(result, "rowcount", 0) or 0)
+        return added
+
+    def find(
+        self,
+        study_instance_uid: str,
+        series_instance_uid: str | None = None,
+        sop_instance_uid: str | None = None,
+    ) -> list[ResultInstanceRecord]:
+        """The instances of a study (of one series, or one instance), in a stable order."""
+        query = select(ResultInstance).where(
+            ResultInstance.study_instance_uid == study_instance_uid
+        )
+        if series_instance_uid is not None:
+            query = query.where(ResultInstance.series_instance_uid == series_instance_uid)
+        if sop_instance_uid is not None:
+            query = query.where(ResultInstance.sop_instance_uid == sop_instance_uid)
+        query = query.order_by(
+            ResultInstance.series_instance_uid, ResultInstance.created, ResultInstance.path
+        )
+        with self._read() as session:
+            return [_record(row) for row in session.scalars(query).all()]
+
+    def of_job(self, job_id: str) -> list[ResultInstanceRecord]:
+        with self._read() as session:
+            rows = session.scalars(
+                select(ResultInstance)
+                .where(ResultInstance.job_id == job_id)
+                .order_by(ResultInstance.path)
+            ).all()
+            return [_record(row) for row in rows]
+
+
+def _values(record: ResultInstanceRecord) -> dict[str, str]:
+    return {
+        "sop_instance_uid": record.sop_instance_uid,
+        "study_instance_uid": record.study_instance_uid,
+        "series_instance_uid": record.series_instance_uid,
+        "sop_class_uid": record.sop_class_uid,
+        "transfer_syntax_uid": record.transfer_syntax_uid,
+        "job_id": record.job_id,
+        "path": record.path,
+    }
+
+
+def _record(row: ResultInstance) -> ResultInstanceRecord:
+    return ResultInstanceRecord(
+        sop_instance_uid=row.sop_instance_uid,
+        study_instance_uid=row.study_instance_uid,
+        series_instance_uid=row.series_instance_uid,
+        sop_class_uid=row.sop_class_uid,
+        transfer_syntax_uid=row.transfer_syntax_uid,
+        job_id=row.job_id,
+        path=row.path,
+    )
+
+
+__all__ = ["ResultIndex", "ResultInstanceRecord"]
