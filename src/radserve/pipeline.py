@@ -66,7 +66,12 @@ class SessionPool:
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one model step produced, on the input volume's grid."""
+    """What one model step produced.
+
+    ``labels`` is on the input volume's grid, or, for a model restricted to an ROI
+    (``input.roi_labels``), on that ROI's box of it (its affine says where); findings,
+    axes and ``finding_labels`` are always on the input volume's grid.
+    """
 
     bundle: ModelBundle
     precision: str

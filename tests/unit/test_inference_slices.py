@@ -17,7 +17,7 @@ from radserve.domain.volume import Volume
 from radserve.errors import ModelError, PipelineError
 from radserve.inference import ModelSession, SliceTask, choose_runtime, run_task
 from radserve.inference.tasks import activate, decide
-from radserve.preprocess import normalise, resample_inplane
+from radserve.preprocess import grid_offset, normalise, resample_inplane
 
 CPU = choose_runtime(prefer=["CPUExecutionProvider"], threads=1)
 
@@ -72,21 +72,35 @@ def test_engine_equals_numpy_and_keeps_geometry(session_2d: ModelSession) -> Non
     assert (pred.labels.array.astype(bool) == truth).mean() > 0.97
 
 
-def test_roi_leaves_outside_background(session_2d: ModelSession) -> None:
+def test_roi_outputs_are_roi_sized_and_land_on_the_roi(session_2d: ModelSession) -> None:
     vol = phantom()
     roi = (slice(1, 3), slice(12, 26), slice(20, 40))
     pred = run_task(SliceTask(vol, session_2d.spec, roi=roi), session_2d)
-    outside = np.ones(vol.shape, bool)
-    outside[roi] = False
-    assert pred.labels.array[roi].any()
-    assert not pred.labels.array[outside].any()
+    assert pred.confidence is not None
+    # Only the ROI is held, and its geometry says where it lies in the volume.
+    assert pred.labels.shape == pred.confidence.shape == (2, 14, 20)
+    assert grid_offset(pred.labels, vol) == (1, 12, 20)
+    np.testing.assert_allclose(
+        pred.labels.index_to_patient([0, 0, 0]), vol.index_to_patient([1, 12, 20])
+    )
+    assert pred.labels.source_sop_instance_uids == vol.source_sop_instance_uids[1:3]
+    assert pred.labels.array.any()
+    # The same voxels as a whole-volume run on the same crop (roi = body box).
+    body = SliceTask(vol, session_2d.spec)
+    whole = run_task(SliceTask(vol, session_2d.spec, roi=body.box), session_2d)
+    full = run_task(body, session_2d)
+    assert full.labels.shape == vol.shape
+    np.testing.assert_array_equal(whole.labels.array, full.labels.array[body.box])
+    assert whole.confidence is not None and full.confidence is not None
+    np.testing.assert_array_equal(whole.confidence.array, full.confidence.array[body.box])
 
 
 def test_empty_roi_gives_empty_prediction(session_2d: ModelSession) -> None:
     vol = phantom()
     task = SliceTask(vol, session_2d.spec, roi=(slice(0, 0), slice(0, 37), slice(0, 53)))
     assert task.total_batches == 0
-    assert not run_task(task, session_2d).labels.array.any()
+    pred = run_task(task, session_2d)
+    assert pred.labels.shape == (0, 37, 53) and not pred.labels.array.any()
 
 
 def test_25d_neighbours_are_clamped_at_volume_ends(tmp_path: Path) -> None:

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from tests.factories.findings import ellipsoid, label, oblique_affine, prediction, spec
 
-from radserve.domain import Volume
+from radserve.domain import Prediction, Volume
 from radserve.postprocess import extract_findings, find_lesions, organ_measurements
+from radserve.preprocess import crop_volume
 
 SHAPE = (24, 64, 64)
 SPACING = (2.0, 0.8, 0.6)
@@ -102,6 +103,33 @@ def test_ids_follow_organ_then_volume_and_label_map_uses_ids() -> None:
         assert f.mean_hu is None  # no CT given
     assert [a.finding_id for a in result.axes] == [1, 2, 3]
     assert np.count_nonzero(result.label_map.array) == np.count_nonzero(labels)
+
+
+@pytest.mark.parametrize("name", ["axial", "flipped", "oblique"])
+def test_roi_sized_prediction_gives_the_same_findings_on_the_full_grid(name: str) -> None:
+    labels, conf = _two_lesions()
+    full = prediction(labels, _affines()[name], conf)
+    ct = full.labels.with_array(np.where(labels > 0, 70.0, -50.0).astype(np.float32))
+    organs = full.labels.with_array(_organ_map())
+    box = (slice(2, 23), slice(10, 60), slice(0, 61))  # holds every lesion voxel
+    assert np.count_nonzero(labels[box]) == np.count_nonzero(labels)
+    sub = Prediction(
+        model=full.model,
+        model_version=full.model_version,
+        precision=full.precision,
+        labels=crop_volume(full.labels, box),
+        confidence=crop_volume(full.confidence, box),
+    )
+    assert sub.labels.shape == (21, 50, 61)
+    want = find_lesions(full, ct, _lesion_spec(), organs, ORGAN_NAMES)
+    got = find_lesions(sub, ct, _lesion_spec(), organs, ORGAN_NAMES)
+    assert got.findings == want.findings and got.axes == want.axes
+    assert got.label_map.same_geometry(ct)
+    np.testing.assert_array_equal(got.label_map.array, want.label_map.array)
+    # Without the CT there is no full grid to go back to: the prediction's grid is used.
+    alone = find_lesions(sub, None, _lesion_spec(), organs, ORGAN_NAMES)
+    assert alone.label_map.same_geometry(sub.labels)
+    np.testing.assert_array_equal(alone.label_map.array, want.label_map.array[box])
 
 
 def test_min_confidence_and_min_size_filter() -> None:

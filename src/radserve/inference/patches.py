@@ -7,7 +7,8 @@ neighbours (the last patch touches the far edge). Each patch's class *probabilit
 (after ``spec.activation``) are weighted by a Gaussian centred on the patch
 (sigma = patch / 8, as nnU-Net) and accumulated; ``finish`` divides by the summed
 weights, resamples the probabilities linearly onto the native crop a slab of native
-slices at a time, and takes the winner. Outside the crop is background.
+slices at a time, and takes the winner. Outside the crop is background; with an ROI the
+label and confidence maps are ROI-sized, on the ROI's sub-grid (see ``BatchedTask``).
 
 Memory: the resampled crop (float32, ``in_channels`` copies) and the class accumulator
 (float32, ``classes`` copies) at model spacing are held for the task's life.
@@ -33,7 +34,7 @@ from radserve.inference.tasks import (
     pick_batch_size,
 )
 from radserve.models.manifest import ModelSpec
-from radserve.preprocess.crop import BBox
+from radserve.preprocess.crop import BBox, crop_volume
 from radserve.preprocess.normalise import normalise, normalised_floor
 from radserve.preprocess.resample import grid_coordinates, interpolate_axis, resample_to_spacing
 
@@ -58,13 +59,6 @@ def gaussian_weights(patch: tuple[int, int, int], sigma_scale: float = 1 / 8) ->
     g = axes[0][:, None, None] * axes[1][None, :, None] * axes[2][None, None, :]
     g /= g.max()
     return np.maximum(g, 1e-6).astype(np.float32)
-
-
-def _crop_volume(volume: Volume, box: BBox) -> Volume:
-    start = np.array([s.start for s in box], float)
-    affine = volume.affine.copy()
-    affine[:3, 3] = volume.index_to_patient(start)[0]
-    return Volume(volume.array[box], affine, volume.frame_of_reference_uid)
 
 
 class PatchTask(BatchedTask):
@@ -93,8 +87,10 @@ class PatchTask(BatchedTask):
         masks = check_extra_channels(volume, spec, extra_channels)
         self.box = crop_box(volume, spec, roi, crop_to_body)
         self.patch: tuple[int, int, int] = tuple(spec.input.patch_size)  # type: ignore[assignment]
-        self.labels = np.zeros(volume.shape, np.uint8)
-        self.confidence = np.full(volume.shape, 255, np.uint8)
+        # Outputs at the ROI's size when there is one (see BatchedTask).
+        self._out = self._output_grid(self.box, roi is not None)
+        self.labels = np.zeros(self.grid.shape, np.uint8)
+        self.confidence = np.full(self.grid.shape, 255, np.uint8)
         empty = any(s.stop <= s.start for s in self.box)
         self._native_crop = tuple(s.stop - s.start for s in self.box)
         channels = [] if empty else self._model_grid_channels(volume, masks)
@@ -125,7 +121,7 @@ class PatchTask(BatchedTask):
         )
 
     def _model_grid_channels(self, volume: Volume, masks: list[np.ndarray]) -> list[np.ndarray]:
-        crop = _crop_volume(volume, self.box)
+        crop = crop_volume(volume, self.box)
         image = resample_to_spacing(crop, self.spec.input.spacing, order=1)
         self._resampled = image.shape
         norm = self.spec.input.normalisation
@@ -171,7 +167,7 @@ class PatchTask(BatchedTask):
         cz, cy, cx = (grid_coordinates(r, n) for r, n in zip((rd, rh, rw), (d, h, w), strict=True))
         k = self.spec.num_classes
         slab = max(1, (self._budget or 256 * 2**20) // (4 * 3 * k * h * w))
-        zs, ys, xs = self.box
+        zs, ys, xs = self._out
         for s in range(0, d, slab):
             coords = cz[s : s + slab]
             lo = max(0, int(np.floor(coords.min())))

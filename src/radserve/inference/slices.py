@@ -11,8 +11,9 @@ and follow the image channels in ``spec.input.extra_channels`` order.
 
 Back: drop the padding, apply the activation, resample the class probabilities
 linearly onto the native crop, take the winner, and write uint8 labels and confidences
-into preallocated native-size arrays. Everything outside the crop is background (label
-0, confidence 255). Only one batch of probabilities exists at a time per task.
+into preallocated arrays: native-size, or ROI-size on the ROI's sub-grid when the task
+has an ROI. Everything outside the crop is background (label 0, confidence 255). Only
+one batch of probabilities exists at a time per task.
 
 Through-plane spacing: 2D/2.5D models run on native slices; a model.yaml with a
 non-None slice spacing in these modes is refused (``ModelError``).
@@ -125,10 +126,13 @@ class SliceTask(BatchedTask):
         )
         self._plan(range(zs.start, zs.stop) if self._h and self._w else [])
         n = len(self._items)
-        self.labels = np.zeros(volume.shape, np.uint8)
+        # Outputs at the ROI's size when there is one (see BatchedTask).
+        self._out = self._output_grid(self.box, roi is not None)
+        self._out_z0 = self._out[0].start - zs.start
+        self.labels = np.zeros(self.grid.shape, np.uint8)
         # Confidence only matters where findings are measured: organ models skip it.
         self.confidence: np.ndarray | None = (
-            np.full(volume.shape, 255, np.uint8)
+            np.full(self.grid.shape, 255, np.uint8)
             if any(label.kind == "lesion" for label in spec.labels)
             else None
         )
@@ -203,8 +207,8 @@ class SliceTask(BatchedTask):
             :, :, self._pad_y : self._pad_y + self._rh, self._pad_x : self._pad_x + self._rw
         ]
         self._check_first_output(logits)
-        _, ys, xs = self.box
-        z = np.asarray(batch.items)
+        _, ys, xs = self._out
+        z = np.asarray(batch.items) + self._out_z0
         # A few slices at a time: full-resolution class probabilities are the largest
         # temporaries of the whole pipeline (classes x native crop x float32).
         for start in range(0, n, _MERGE_SLICES):

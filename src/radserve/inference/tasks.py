@@ -30,6 +30,7 @@ from radserve.domain.prediction import Prediction
 from radserve.domain.volume import Volume
 from radserve.errors import InferenceError, ModelError
 from radserve.models.manifest import ModelSpec
+from radserve.preprocess.crop import BBox, crop_volume
 
 logger = logging.getLogger(__name__)
 
@@ -107,8 +108,16 @@ class BatchedTask:
     :meth:`finish`.
 
     A subclass sets ``spec``, ``volume``, ``precision``, ``batch_size``, ``labels`` and
-    ``confidence``, calls :meth:`_plan` with its work items (one per sample), and
-    implements :meth:`_inputs` and ``accept`` (which ends with :meth:`_accepted`).
+    ``confidence`` (shaped like :meth:`_output_grid`'s grid), calls :meth:`_plan` with
+    its work items (one per sample), and implements :meth:`_inputs` and ``accept``
+    (which ends with :meth:`_accepted`).
+
+    Where the outputs live: a task restricted to an ROI keeps its label and confidence
+    maps at the ROI's size, on the ROI's box of the input grid (the prediction's affine
+    says where; :func:`radserve.preprocess.crop.grid_offset` finds the box again).
+    Everything outside is background by definition, and a lesion model's maps at full
+    size would be the largest arrays of the run after the CT itself. Without an ROI
+    the maps have the input's grid.
     """
 
     spec: ModelSpec
@@ -117,6 +126,16 @@ class BatchedTask:
     batch_size: int
     labels: np.ndarray
     confidence: np.ndarray | None
+    grid: Volume
+
+    def _output_grid(self, box: BBox, roi_sized: bool) -> BBox:
+        """Set :attr:`grid` (the input, or its ``box`` when ``roi_sized``) and return
+        ``box`` in the coordinates of the output maps."""
+        if not roi_sized:
+            self.grid = self.volume
+            return box
+        self.grid = crop_volume(self.volume, box)
+        return tuple(slice(0, max(0, s.stop - s.start)) for s in box)  # type: ignore[return-value]
 
     def _plan(self, items: Sequence[Any]) -> None:
         """Split ``items`` into batches of ``batch_size``."""
@@ -170,7 +189,7 @@ class BatchedTask:
         """Work that needs every batch, run by :meth:`finish` (nothing by default)."""
 
     def finish(self, *, precision: str | None = None) -> Prediction:
-        """The native-grid prediction; only valid once every batch has been accepted."""
+        """The prediction on :attr:`grid`; only valid once every batch has been accepted."""
         if not self.done:
             raise RuntimeError(
                 f"task {self.spec.key} finished after {self._state.accepted} of "
@@ -181,8 +200,8 @@ class BatchedTask:
             model=self.spec.name,
             model_version=self.spec.version,
             precision=precision or self.precision,
-            labels=self.volume.with_array(self.labels),
-            confidence=None if self.confidence is None else self.volume.with_array(self.confidence),
+            labels=self.grid.with_array(self.labels),
+            confidence=None if self.confidence is None else self.grid.with_array(self.confidence),
             timings=dict(self._state.timings),
             batches=self._state.total,
         )

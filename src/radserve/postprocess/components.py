@@ -14,6 +14,7 @@ import cc3d
 import numpy as np
 
 from radserve.models.manifest import ModelSpec
+from radserve.preprocess.crop import label_bboxes
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,8 @@ def clean_labels(
     - components smaller than ``postprocess.min_component_ml`` are removed (every label);
     - labels named in ``postprocess.keep_largest`` keep only their largest component.
 
-    One label at a time, inside that label's own bounding box: component ids are uint32,
+    One label at a time, inside that label's own bounding box (all boxes found in one
+    pass, with no mask of the whole map): component ids are uint32,
     so labelling a whole multi-organ box at once would cost four bytes per voxel of the
     whole foreground (over 300 MB on a 512 x 512 x 300 study); per organ the temporaries
     stay at the size of the largest organ's box. cc3d never joins voxels of different
@@ -82,8 +84,12 @@ def clean_labels(
     min_voxels = rules.min_component_ml / voxel_volume_ml if voxel_volume_ml > 0 else 0.0
     largest_only = {spec.label(name).value for name in rules.keep_largest}
     removed = 0
-    for value in sorted({label.value for label in spec.labels}):
-        box = foreground_bbox(out == value)
+    values = sorted({label.value for label in spec.labels})
+    # Every label's box in one pass, before any edit: cleaning one label only zeroes
+    # voxels of that label, so the boxes of the others stay exact.
+    boxes = label_bboxes(out, max(values)) if values else []
+    for value in values:
+        box = boxes[value - 1] if value > 0 else None
         if box is None:
             continue
         region = out[box]  # a view: edits land in ``out``

@@ -22,12 +22,13 @@ from scipy import ndimage
 
 from radserve.domain import Finding, OrganMeasurement, Prediction, Volume
 from radserve.models.manifest import LabelSpec, ModelSpec
-from radserve.postprocess.components import foreground_bbox, label_components
+from radserve.postprocess.components import label_components
 from radserve.postprocess.diameters import FindingAxes, axial_diameters
+from radserve.preprocess.crop import bbox_of_values, grid_offset
 
 logger = logging.getLogger(__name__)
 
-_SLAB = 32  # slices per chunk when summing HU per organ: bounds float64 temporaries
+_SLAB = 8  # slices per chunk when summing HU per organ: float64 temporaries of 16 MB
 
 
 @dataclass(frozen=True)
@@ -108,26 +109,34 @@ def find_lesions(
 ) -> LesionFindings:
     """Turn the lesion labels of a prediction into measured, filtered, numbered findings.
 
+    The prediction may cover only a box of ``ct``'s grid (a model restricted to an ROI
+    returns its maps on that sub-grid): findings, axes and the label map are then given
+    on ``ct``'s full grid all the same. Without ``ct`` (or when the prediction is not on
+    a box of its grid) they are on the prediction's own grid.
+
     Args:
-        prediction: label map (and optional uint8 confidence map) in native geometry.
+        prediction: label map (and optional uint8 confidence map), on the input grid or
+            a box of it.
         ct: the input image, for mean HU (CT only; MR gives ``mean_hu=None``).
         spec: the manifest of the model that produced ``prediction``.
         organ_labels: upstream organ label map (any geometry in the same frame).
         organ_names: organ label value -> name, as used in ``LabelSpec.within``.
     """
-    grid = prediction.labels
+    pred_grid = prediction.labels
+    grid, origin = _reference_grid(pred_grid, ct)
     lesions = _lesion_specs(spec)
     warnings: list[str] = []
-    empty = LesionFindings([], grid.with_array(np.zeros(grid.shape, np.uint8)), [], warnings)
     if not lesions:
-        return empty
-    labels = grid.array
-    lesion_mask = np.isin(labels, np.fromiter(lesions, dtype=labels.dtype))
-    box = foreground_bbox(lesion_mask)
+        return _empty(grid, warnings)
+    labels = pred_grid.array
+    values = np.fromiter(lesions, dtype=np.int64)
+    box = bbox_of_values(labels, values)
     if box is None:
-        return empty
-    crop = np.where(lesion_mask[box], labels[box], 0)
+        return _empty(grid, warnings)
+    crop = labels[box]
+    crop = np.where(np.isin(crop, values), crop, 0).astype(labels.dtype, copy=False)
     components, component_label, counts = label_components(crop)
+    del crop
     offset = tuple(s.start for s in box)
     voxel_ml = grid.voxel_volume_ml
     rules = spec.postprocess
@@ -151,10 +160,12 @@ def find_lesions(
         label = lesions[int(component_label[cid])]
         cbox = stats[cid]
         mask = components[cbox] == cid
-        gbox = tuple(slice(s.start + o, s.stop + o) for s, o in zip(cbox, offset, strict=True))
+        # pbox: on the prediction's arrays; gbox: on the reference grid.
+        pbox = tuple(slice(s.start + o, s.stop + o) for s, o in zip(cbox, offset, strict=True))
+        gbox = tuple(slice(s.start + o, s.stop + o) for s, o in zip(pbox, origin, strict=True))
         confidence = 1.0
         if prediction.confidence is not None:
-            confidence = float(prediction.confidence.array[gbox][mask].mean()) / 255.0
+            confidence = float(prediction.confidence.array[pbox][mask].mean()) / 255.0
         if confidence < rules.min_confidence:
             dropped["confidence"] += 1
             continue
@@ -204,7 +215,21 @@ def find_lesions(
         len(candidates),
         dropped,
     )
-    return _number(candidates, grid, components, box, warnings)
+    where = tuple(slice(s.start + o, s.stop + o) for s, o in zip(box, origin, strict=True))
+    return _number(candidates, grid, components, where, warnings)
+
+
+def _reference_grid(pred_grid: Volume, ct: Volume | None) -> tuple[Volume, tuple[int, int, int]]:
+    """The grid findings are reported on, and where the prediction's voxel 0 sits in it."""
+    if ct is not None:
+        origin = grid_offset(pred_grid, ct)
+        if origin is not None:
+            return ct, origin
+    return pred_grid, (0, 0, 0)
+
+
+def _empty(grid: Volume, warnings: list[str]) -> LesionFindings:
+    return LesionFindings([], grid.with_array(np.zeros(grid.shape, np.uint8)), [], warnings)
 
 
 def _component_boxes(components: np.ndarray, n: int) -> list[tuple[slice, ...]]:
@@ -220,7 +245,8 @@ def _number(
     box: tuple[slice, ...],
     warnings: list[str],
 ) -> LesionFindings:
-    """Sort, assign ids 1..n and paint the finding label map."""
+    """Sort, assign ids 1..n and paint the finding label map (``box``: where
+    ``components`` lies on ``grid``)."""
 
     def order(c: _Candidate) -> tuple[float, float, tuple[float, float, float]]:
         organ = float(c.organ_value) if c.organ_value is not None else float("inf")

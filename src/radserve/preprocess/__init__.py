@@ -9,9 +9,13 @@ from radserve.preprocess.context import (
 from radserve.preprocess.crop import (
     BBox,
     bbox_of_mask,
+    bbox_of_values,
     body_bbox,
+    crop_volume,
     expand_bbox,
     full_bbox,
+    grid_offset,
+    label_bboxes,
     roi_bbox,
 )
 from radserve.preprocess.normalise import normalise, normalised_floor
@@ -26,15 +30,19 @@ from radserve.preprocess.resample import (
 __all__ = [
     "BBox",
     "bbox_of_mask",
+    "bbox_of_values",
     "body_bbox",
     "context_positions",
     "context_reach",
     "context_step",
+    "crop_volume",
     "expand_bbox",
     "full_bbox",
     "gather_context",
     "grid_coordinates",
+    "grid_offset",
     "interpolate_axis",
+    "label_bboxes",
     "normalise",
     "normalised_floor",
     "resample_inplane",

@@ -9,6 +9,7 @@ projection. The slice range is where that in-plane region holds any body voxels.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import ndimage
@@ -19,7 +20,18 @@ logger = logging.getLogger(__name__)
 
 BBox = tuple[slice, slice, slice]
 
-__all__ = ["BBox", "bbox_of_mask", "body_bbox", "expand_bbox", "full_bbox", "roi_bbox"]
+__all__ = [
+    "BBox",
+    "bbox_of_mask",
+    "bbox_of_values",
+    "body_bbox",
+    "crop_volume",
+    "expand_bbox",
+    "full_bbox",
+    "grid_offset",
+    "label_bboxes",
+    "roi_bbox",
+]
 
 
 def full_bbox(shape: tuple[int, ...]) -> BBox:
@@ -49,13 +61,75 @@ def bbox_of_mask(mask: np.ndarray) -> BBox | None:
     return tuple(out)  # type: ignore[return-value]
 
 
+def label_bboxes(labels: np.ndarray, max_value: int) -> list[BBox | None]:
+    """Tight box of every label value ``1..max_value`` of an integer label map, in one
+    pass and without a full-size temporary (``scipy.ndimage.find_objects``).
+
+    Index ``v - 1`` holds the box of value ``v``, ``None`` where the value is absent.
+    One pass over a 512 x 512 x 300 map costs about as much as one ``labels == v``, and
+    allocates nothing of the map's size, where a mask per value would (peak memory).
+    """
+    if labels.ndim != 3:
+        raise ValueError(f"labels must be 3-D, got shape {labels.shape}")
+    if max_value < 1 or labels.size == 0:
+        return [None] * max(0, max_value)
+    if labels.dtype.kind not in "iu" or labels.dtype == np.uint64:
+        labels = labels.astype(np.int64)
+    found = ndimage.find_objects(labels, max_label=max_value)
+    return [None if box is None else tuple(box) for box in found]  # type: ignore[misc]
+
+
+def bbox_of_values(labels: np.ndarray, values: Sequence[int]) -> BBox | None:
+    """Tight box around the voxels of ``labels`` holding any of ``values`` (``None`` if
+    none does); the same box as ``bbox_of_mask(np.isin(labels, values))`` without the
+    full-size mask."""
+    wanted = sorted({int(v) for v in values if int(v) > 0})
+    if not wanted:
+        return None
+    boxes = [b for b in (label_bboxes(labels, wanted[-1])[v - 1] for v in wanted) if b]
+    if not boxes:
+        return None
+    return tuple(  # type: ignore[return-value]
+        slice(min(b[a].start for b in boxes), max(b[a].stop for b in boxes)) for a in range(3)
+    )
+
+
 def roi_bbox(labels: Volume, values: list[int] | tuple[int, ...], margin_mm: float) -> BBox | None:
     """Box around the voxels of upstream ``labels`` holding any of ``values``, grown by
     ``margin_mm`` (``spec.input.roi_labels`` / ``roi_margin_mm``); ``None`` if absent."""
-    box = bbox_of_mask(np.isin(labels.array, values))
+    box = bbox_of_values(labels.array, values)
     if box is None:
         return None
     return expand_bbox(box, _margin_vox(labels.spacing, margin_mm), labels.shape)
+
+
+def crop_volume(volume: Volume, box: BBox) -> Volume:
+    """The sub-volume inside ``box`` (a view), with the affine that places it.
+
+    Outputs of a model restricted to a region live on this sub-grid, so nothing of the
+    whole volume's size is allocated for them; :func:`grid_offset` finds the box again.
+    """
+    start = np.array([s.start for s in box], dtype=np.float64)
+    affine = volume.affine.copy()
+    affine[:3, 3] = volume.index_to_patient(start)[0]
+    uids = volume.source_sop_instance_uids
+    return Volume(volume.array[box], affine, volume.frame_of_reference_uid, uids[box[0]])
+
+
+def grid_offset(sub: Volume, ref: Volume, tol: float = 1e-3) -> tuple[int, int, int] | None:
+    """Index of ``sub``'s first voxel in ``ref`` when ``sub`` is a box of ``ref``'s grid
+    (same axes and spacing, whole-voxel shift, inside ``ref``), else ``None``."""
+    if not np.allclose(sub.affine[:3, :3], ref.affine[:3, :3], atol=tol):
+        return None
+    index = ref.patient_to_index(sub.affine[:3, 3])[0]
+    whole = np.rint(index)
+    if np.abs(index - whole).max() > tol:
+        return None
+    offset = tuple(int(v) for v in whole)
+    inside = all(
+        o >= 0 and o + n <= m for o, n, m in zip(offset, sub.shape, ref.shape, strict=True)
+    )
+    return offset if inside else None  # type: ignore[return-value]
 
 
 def _margin_vox(spacing: tuple[float, float, float], margin_mm: float) -> tuple[int, int, int]:
