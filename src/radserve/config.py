@@ -185,6 +185,19 @@ class GatewaySettings(_Section):
     allowed_peers: tuple[DicomPeer, ...] = ()
 
 
+class DicomwebSettings(_Section):
+    """DICOMweb (STOW-RS in, WADO-RS of results out) under ``/dicomweb``.
+
+    ``completeness``: ``request`` makes each STOW-RS request a complete study (one job
+    per Study Instance UID in it, started at once); ``quiet`` files the instances and
+    starts the job once the study has had no new instance for ``quiet_s`` seconds (for
+    senders that split a study over several requests). A request may choose with
+    ``?complete=true|false``."""
+
+    completeness: Literal["request", "quiet"] = "request"
+    quiet_s: float = Field(default=10.0, gt=0)
+
+
 class FhirSettings(_Section):
     """Where each job's FHIR R4 Bundle is POSTed (a ``transaction`` to the server's base
     URL), retried through the durable outbox. No ``url``: nothing is sent; the Bundle is
@@ -236,6 +249,7 @@ class Settings(BaseSettings):
     pipelines: PipelinesSettings = PipelinesSettings()
     ingest: IngestSettings = IngestSettings()
     gateway: GatewaySettings = GatewaySettings()
+    dicomweb: DicomwebSettings = DicomwebSettings()
     fhir: FhirSettings = FhirSettings()
 
     @field_validator("data_dir")

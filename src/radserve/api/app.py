@@ -22,7 +22,7 @@ from radserve import __version__
 from radserve.api import errors
 from radserve.api.auth import SECURITY_SCHEMES, KeyVerifier
 from radserve.api.middleware import BodyLimitMiddleware, MetricsMiddleware, TimeoutMiddleware
-from radserve.api.routes import jobs, ops, studies
+from radserve.api.routes import dicomweb, jobs, ops, studies
 from radserve.service import Service
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,9 @@ logger = logging.getLogger(__name__)
 DESCRIPTION = """\
 On-premise radiology AI inference. Submit a study (DICOM files, a zip of them, or one
 NIfTI volume), poll its job, fetch the report as JSON, label maps, key images or a FHIR
-R4 Bundle. Every endpoint except `/healthz` needs an API key
+R4 Bundle. DICOMweb clients store studies with STOW-RS (`POST /dicomweb/studies`) and
+retrieve radserve's DICOM SEG and SR with WADO-RS (`GET /dicomweb/studies/{study}`).
+Every endpoint except `/healthz` needs an API key
 (`Authorization: Bearer <key>` or `X-API-Key: <key>`); keys have the roles read,
 submit and admin (`radserve keys create --role ...`). Errors are
 `{"error": {"code", "message", "retryable"}}`.
@@ -67,6 +69,7 @@ def create_app(
     errors.install(app, on_error=lambda code: service.metrics.errors.labels(code).inc())
     app.include_router(studies.router)
     app.include_router(jobs.router)
+    app.include_router(dicomweb.router)
     app.include_router(ops.router)
     ops.add_metrics_route(app.router, require_key=server.metrics_require_key)
 
@@ -98,7 +101,9 @@ def create_app(
         idle_timeout_s=server.request_timeout_s,
     )
     app.add_middleware(
-        TimeoutMiddleware, timeout_s=server.request_timeout_s, exempt=("/v1/studies",)
+        TimeoutMiddleware,
+        timeout_s=server.request_timeout_s,
+        exempt=("/v1/studies", "/dicomweb/studies"),
     )
     app.add_middleware(MetricsMiddleware, observe=observe)
     return app

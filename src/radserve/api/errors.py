@@ -54,6 +54,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "api_key_not_found": 404,
     "output_not_found": 404,
     "method_not_allowed": 405,
+    "not_acceptable": 406,
     "request_timeout": 408,
     "invalid_transition": 409,
     "result_not_ready": 409,

@@ -33,6 +33,8 @@ from radserve.service.jobs import JobAccess
 from radserve.service.mapping import priority_rules, scheduler_config
 from radserve.service.metrics import Metrics
 from radserve.service.results import ResultIndexer
+from radserve.service.stow import StowIntake
+from radserve.service.wado import WadoAccess
 from radserve.store import JobRecord, Store, init_store
 from radserve.store.files import remove_stale_staging
 from radserve.store.results import ResultIndex
@@ -92,6 +94,10 @@ class Service:
         )
         self.jobs = JobAccess(self.store, self.cache, self.scheduler, self.hooks)
         self.results = ResultIndex(self.store.engine)
+        self.stow = StowIntake(
+            self.intake, data_dir=settings.data_dir, quiet_s=settings.dicomweb.quiet_s
+        )
+        self.wado = WadoAccess(self.results)
         self.gateway: GatewayBridge | None = None
         if settings.gateway.enabled:
             self.gateway = GatewayBridge(
@@ -136,6 +142,7 @@ class Service:
             self.gateway_address = self.gateway.start()
         if self.fhir is not None:
             self.fhir.start()
+        self.stow.start()
         logger.info("service started: %d unfinished job(s) resumed", resumed)
 
     def stop(self) -> None:
@@ -143,6 +150,7 @@ class Service:
         the store and resume at the next start."""
         if self.gateway is not None:
             self.gateway.stop()
+        self.stow.stop()
         if self.fhir is not None:
             self.fhir.stop()
         self.executor.stop(wait=True)
@@ -214,7 +222,8 @@ class Service:
     # --- results out ------------------------------------------------------------------
     def wants_dicom_results(self, job: JobRecord) -> bool:
         """DICOM SEG + SR are written for studies that came over DICOMweb (a client that
-        retrieves them with WADO-RS) and for those the gateway sends back to a PACS."""
+        retrieves them with WADO-RS) and for those the gateway sends back to a PACS;
+        every written instance is then retrievable with WADO-RS."""
         if job.queue_meta.get("source") == DICOMWEB_SOURCE:
             return True
         return self.gateway is not None and self.gateway.wants_dicom_results(job)
