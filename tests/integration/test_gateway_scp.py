@@ -209,9 +209,9 @@ def test_concurrent_associations_and_duplicates(
 def test_htj2k_is_accepted_and_stored_as_received(
     scp: GatewaySCP, intake: Intake, tmp_path: Path
 ) -> None:
-    """No HTJ2K encoder is installed (pydicom 3.0 has none), so a JPEG 2000 codestream is
-    labelled HTJ2K Lossless: this checks negotiation and byte-exact pass-through, and
-    that the stored file decodes to the same pixels."""
+    """A JPEG 2000 codestream labelled HTJ2K Lossless (HTJ2K is a superset, so it decodes):
+    negotiation and byte-exact pass-through without an HTJ2K encoder. Real HTJ2K
+    (OpenJPH-encoded) is tested in test_htj2k.py when ojph_compress is installed."""
     [source] = small_study(tmp_path / "j2k", transfer_syntax="jpeg2000", slices=range(10, 11))
     ds = pydicom.dcmread(source)
     ds.file_meta.TransferSyntaxUID = HTJ2KLossless
