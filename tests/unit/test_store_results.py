@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, text
+from tests.factories.postgres import postgres_schema
 
-from radserve.store import init_store
+from radserve.store import Store, init_store
 from radserve.store.db import normalise_url
 from radserve.store.migrate import head_revision, upgrade
 from radserve.store.outbox import OutboxKind, OutboxStore
@@ -28,8 +31,18 @@ def _record(sop: str, series: str = "1.2.3.1", study: str = "1.2.3") -> ResultIn
     )
 
 
-def test_index_finds_by_study_series_and_instance_and_adds_once(tmp_path: Path) -> None:
-    store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        yield init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
+        return
+    with postgres_schema("radserve_results") as url:
+        opened = init_store(url)
+        yield opened
+        opened.close()
+
+
+def test_index_finds_by_study_series_and_instance_and_adds_once(store: Store) -> None:
     try:
         index = ResultIndex(store.engine)
         records = [_record("1.2.3.1.1"), _record("1.2.3.1.2"), _record("1.2.3.2.1", "1.2.3.2")]

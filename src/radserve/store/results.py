@@ -45,12 +45,14 @@ class ResultIndex(StoreBase):
             dialect = session.get_bind().dialect.name
             insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
             for record in records:
-                result = session.execute(
+                # RETURNING: rowcount is -1 on PostgreSQL for ON CONFLICT inserts
+                inserted = session.execute(
                     insert(ResultInstance)
                     .values(**_values(record), created=now)
                     .on_conflict_do_nothing()
-                )
-                added += int(getattr(result, "rowcount", 0) or 0)
+                    .returning(ResultInstance.sop_instance_uid)
+                ).first()
+                added += inserted is not None
         return added
 
     def find(
