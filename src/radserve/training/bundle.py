@@ -147,7 +147,7 @@ has never seen a real CT scan, and its numbers below say nothing about real pati
 ## Training
 `{log["command"]}` — seed {log["seed"]}, {log["steps"]} steps of batch
 {log["batch"]} × {log["patch"]}² patches, AdamW, cosine LR, {_loss_text(log)},
-{log["threads"]} CPU thread(s), {log["seconds"] / 60:.1f} min. Best checkpoint at step
+{_where_trained(log)}, {log["seconds"] / 60:.1f} min. Best checkpoint at step
 {log["best_step"]} by slice-level validation Dice.
 
 ## Validation (held-out phantoms {_val_seed_text(log)})
@@ -181,6 +181,15 @@ def _val_use_text(spec: ModelSpec, log: dict[str, Any]) -> str:
     if not tuning:
         return f"{checkpoint}, min_confidence tuning"
     return f"{checkpoint}; min_confidence / min_component_ml tuning: seeds {_val_seed_text(log)}"
+
+
+def _where_trained(log: dict) -> str:
+    """'on cuda (NVIDIA H200), 12 sampling processes' or '2 CPU thread(s)'."""
+    device = log.get("device", "cpu")
+    if device == "cpu" or device.startswith("cpu "):
+        return f"{log['threads']} CPU thread(s)"
+    workers = log.get("loader_workers") or 0
+    return f"torch {log['torch']} on {device}, {workers} batch-sampling processes"
 
 
 def _loss_text(log: dict[str, Any]) -> str:
