@@ -8,10 +8,14 @@ The stages follow the data flow: ingest -> (per model step) preprocess + inferen
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 import logging
+import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +43,32 @@ from radserve.progress import ProgressSink, StageTimer
 logger = logging.getLogger(__name__)
 
 _EMPTY_BOX: BBox = (slice(0, 0), slice(0, 0), slice(0, 0))
+
+
+def _load_malloc_trim() -> Callable[[int], int] | None:
+    if sys.platform != "linux":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc.malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # musl and others have no malloc_trim
+        return None
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def release_free_memory() -> None:
+    """Hand memory that is already freed back to the operating system (glibc only).
+
+    The stages allocate and free many arrays of a few MB on several threads (prepare,
+    merge, ONNX Runtime's pool); glibc keeps such freed blocks in per-thread arenas,
+    so without this the resident size after each stage stays at that stage's peak and
+    the next stage's peak lands on top of it. Called between model steps and before
+    the report; costs about a millisecond. Frees nothing that is still in use.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 class SessionPool:
@@ -222,6 +252,7 @@ class VolumeRun:
             raise PipelineError("no step is pending")
         spec = pending.bundle.spec
         t0 = time.perf_counter()
+        release_free_memory()  # what inference's threads freed, before post-processing
         labels = prediction.labels.with_array(
             clean_labels(prediction.labels.array, spec, self.ct.voxel_volume_ml, in_place=True)
         )
@@ -271,6 +302,7 @@ def run_volume(
         # Drop the raw task and prediction now: they hold full-volume arrays that the
         # next step's task would otherwise sit beside (peak memory).
         del pending, prediction
+        release_free_memory()
     result = run.result()
     return VolumeResult(steps=result.steps, timings={**result.timings, **timer.seconds})
 

@@ -22,7 +22,7 @@ from radserve.errors import StudyError
 from radserve.ingest import IngestPolicy, LoadedSeries, discover_series, load_series
 from radserve.models.manifest import Precision
 from radserve.models.registry import ModelRegistry
-from radserve.pipeline import SessionPool, VolumeResult, run_volume
+from radserve.pipeline import SessionPool, VolumeResult, release_free_memory, run_volume
 from radserve.pipelines.selection import select_series
 from radserve.pipelines.spec import PipelineSpec
 from radserve.progress import ProgressSink, StageTimer
@@ -131,6 +131,7 @@ def ingest_study(
             policy=policy or IngestPolicy(),
             required_modality=selected.modality,
         )
+    release_free_memory()  # the decoders' per-frame buffers
     return IngestedStudy(loaded, rejected)
 
 

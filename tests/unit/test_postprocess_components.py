@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from tests.factories.findings import label, spec
 
+import radserve.postprocess.components as components_module
 from radserve.postprocess import clean_labels
 
 LABELS = [label(1, "liver"), label(2, "spleen")]
@@ -50,6 +52,59 @@ def test_diagonal_neighbours_are_one_component() -> None:
     assert np.count_nonzero(out) == 3 and out[3, 0, 3] == 0
 
 
+def test_keep_largest_and_min_size_across_runs_of_slices() -> None:
+    a = np.zeros((12, 10, 10), np.uint8)
+    a[0:2, 0:3, 0:3] = 1  # 18 voxels, first run
+    a[5:9, 2:6, 2:6] = 1  # 64 voxels, a later run: the largest
+    a[11, 9, 9] = 1  # a speck in a third run
+    a[11, 0, 0] = 2  # a speck of another label
+    out = clean_labels(a, spec(LABELS, keep_largest=["liver"]), 0.001)
+    assert np.count_nonzero(out == 1) == 64 and out[5:9, 2:6, 2:6].all()
+    assert out[11, 0, 0] == 2
+    out = clean_labels(a, spec(LABELS, min_component_ml=0.010), 0.001)
+    assert np.count_nonzero(out == 1) == 18 + 64 and not out[11].any()
+
+
 def test_empty_map() -> None:
     a = np.zeros((3, 4, 5), np.uint8)
     assert not clean_labels(a, spec(LABELS, min_component_ml=1.0), 0.001).any()
+
+
+def test_component_counts_in_chunks_equal_one_bincount(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(3)
+    components = rng.integers(0, 7, size=(5, 6, 7)).astype(np.uint32)
+    monkeypatch.setattr(components_module, "_COUNT_CHUNK", 11)  # chunks cut through rows
+    counts = components_module.component_counts(components, 9)
+    np.testing.assert_array_equal(counts, np.bincount(components.ravel(), minlength=10))
+
+
+def _runs_to_ids(shape: tuple[int, ...], runs: list[components_module.ComponentRun]) -> np.ndarray:
+    ids = np.zeros(shape, np.int64)
+    for run in runs:
+        part = run.components.astype(np.int64)
+        ids[run.box] += np.where(part > 0, part + run.first - 1, 0)
+    return ids
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_component_runs_give_the_ids_of_one_whole_array_pass(seed: int) -> None:
+    import cc3d
+
+    rng = np.random.default_rng(seed)
+    labels = (rng.random((30, 24, 28)) > 0.93).astype(np.uint8) * rng.integers(1, 4, (30, 24, 28))
+    labels = labels.astype(np.uint8)
+    labels[10:13] = 0  # empty slices split the runs
+    labels[20, 5:9, 5:9] = 2  # a run of one slice
+    labels[21] = 0
+    for values in ([1, 2, 3], [1, 3], [2]):
+        selected = np.where(np.isin(labels, values), labels, 0)
+        want, n = cc3d.connected_components(selected, connectivity=26, return_N=True)
+        runs = components_module.component_runs(labels, values)
+        assert len(runs) >= 3 and sum(run.n for run in runs) == n
+        np.testing.assert_array_equal(_runs_to_ids(labels.shape, runs), want)
+        counts = np.concatenate([[0]] + [run.counts[1:] for run in runs])
+        np.testing.assert_array_equal(counts[1:], np.bincount(want.ravel(), minlength=n + 1)[1:])
+        label = np.concatenate([[0]] + [run.label[1:] for run in runs])
+        for cid in (1, n // 2, n):
+            assert label[cid] == selected[want == cid][0]
+    assert components_module.component_runs(np.zeros((3, 4, 5), np.uint8), [1]) == []

@@ -81,7 +81,8 @@ def check_extra_channels(
     return masks
 
 
-_MERGE_SLICES = 2  # slices mapped back to the native grid at once
+_MERGE_SLICES = 1  # slices mapped back to the native grid at once
+_PREPARE_SLICES = 2  # slices made into network input at once
 
 
 class SliceTask(BatchedTask):
@@ -170,20 +171,28 @@ class SliceTask(BatchedTask):
 
     # --- batches ------------------------------------------------------------------------
     def _inputs(self, items: tuple[int, ...]) -> np.ndarray:
-        """The network input for the native slices ``items``."""
+        """The network input for the native slices ``items``.
+
+        Built ``_PREPARE_SLICES`` slices at a time: the float32 native-crop stacks and
+        their resampling temporaries are the largest arrays of the prepare stage, and
+        every step is per slice, so the result is the same as one pass over the batch.
+        """
         _, ys, xs = self.box
         ctx = self.spec.input.context_slices
-        # (N, 2k+1, h, w), a copy; the same function makes the training data.
-        image = gather_context(self.volume.array, items, ctx, self._step, (ys, xs))
-        image = self._to_model_grid(image, order=1)
-        image = normalise(image, self.spec.input.normalisation)
         n_img = 2 * ctx + 1
         py = slice(self._pad_y, self._pad_y + self._rh)
         px = slice(self._pad_x, self._pad_x + self._rw)
         out = np.empty((len(items), *self.input_shape), np.float32)
         out[:, :n_img] = self._floor  # image padding is air
         out[:, n_img:] = 0.0  # mask padding is outside every label
-        out[:, :n_img, py, px] = image
+        for start in range(0, len(items), _PREPARE_SLICES):
+            part = items[start : start + _PREPARE_SLICES]
+            # (n, 2k+1, h, w), a copy; the same function makes the training data.
+            image = gather_context(self.volume.array, part, ctx, self._step, (ys, xs))
+            image = self._to_model_grid(image, order=1)
+            image = normalise(image, self.spec.input.normalisation)
+            out[start : start + len(part), :n_img, py, px] = image
+            del image
         rows = np.asarray(items)
         for j, mask in enumerate(self._extra):
             m = self._to_model_grid(mask[rows, ys, xs][:, None], order=0)

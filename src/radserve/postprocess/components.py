@@ -2,19 +2,22 @@
 
 Models leave small false-positive islands and fragment organs; the manifest's
 ``postprocess`` section says what to remove. Everything here is vectorised over
-components (cc3d + ``np.bincount``), and works inside the bounding box of the
-foreground so sparse lesion maps cost little even on 512 x 512 x 300 volumes.
+components (cc3d + ``np.bincount``), and works inside the bounding box of each run of
+occupied slices (:func:`component_runs`), so sparse lesion maps cost little even on
+512 x 512 x 300 volumes.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import cc3d
 import numpy as np
 
 from radserve.models.manifest import ModelSpec
-from radserve.preprocess.crop import label_bboxes
+from radserve.preprocess.crop import BBox, label_bboxes
 
 logger = logging.getLogger(__name__)
 
@@ -37,23 +40,120 @@ def foreground_bbox(mask: np.ndarray) -> tuple[slice, ...] | None:
     return tuple(boxes)
 
 
-def label_components(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Multi-label connected components (cc3d never joins voxels of different labels).
+_COUNT_CHUNK = 1 << 22  # voxels per bincount call: its int64 copy stays at 32 MB
 
-    Returns ``(components, component_label, counts)``: the component id of each voxel
-    (0 is background), and indexed by component id the label value it belongs to and
-    its voxel count. Counting runs over foreground voxels only: ``np.bincount`` over a
-    whole 78 M-voxel volume costs ~1 s, over its foreground a fraction of that.
+
+def component_counts(components: np.ndarray, n: int) -> np.ndarray:
+    """Voxels per component id ``0..n`` (int64), counted in chunks.
+
+    ``np.bincount`` first converts its input to int64: over an organ's box of 20 M
+    voxels that copy alone is 160 MB, the largest temporary of the clean-up.
     """
-    components, n = cc3d.connected_components(labels, connectivity=CONNECTIVITY, return_N=True)
-    component_label = np.zeros(n + 1, dtype=labels.dtype)
+    flat = components.reshape(-1)
     counts = np.zeros(n + 1, dtype=np.int64)
-    if n:
-        fg = np.flatnonzero(components)
-        ids = components.ravel()[fg]
-        component_label[ids] = labels.ravel()[fg]
-        counts = np.bincount(ids, minlength=n + 1)
-    return components, component_label, counts
+    for start in range(0, flat.size, _COUNT_CHUNK):
+        counts += np.bincount(flat[start : start + _COUNT_CHUNK], minlength=n + 1)
+    return counts
+
+
+@dataclass(frozen=True, eq=False)
+class ComponentRun:
+    """Connected components of one run of consecutive occupied slices.
+
+    ``components`` covers ``box`` (in the coordinates of the labelled array) and holds
+    local ids ``1..n`` (0 is background); local id ``i`` is component ``first + i - 1``
+    of the whole array. ``label`` and ``counts`` are indexed by local id.
+    """
+
+    box: BBox
+    components: np.ndarray
+    first: int
+    label: np.ndarray
+    counts: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.counts) - 1
+
+    def local_lut(self, by_global: np.ndarray) -> np.ndarray:
+        """Index by local id: ``by_global``'s value of each component, 0 for background."""
+        lut = np.zeros(self.n + 1, dtype=by_global.dtype)
+        lut[1:] = by_global[self.first : self.first + self.n]
+        return lut
+
+
+_OCCUPANCY_SLAB = 16  # slices compared at once while finding the occupied runs
+
+
+def _occupied_runs(labels: np.ndarray, values: Sequence[int]) -> list[BBox]:
+    """Tight boxes of the runs of consecutive slices holding any of ``values``.
+
+    No 26-connected component crosses a slice without such voxels, so each run can be
+    labelled on its own, inside its own box: a few small lesions far apart then cost
+    a few small boxes, not one box spanning them all. Per-slice row and column
+    occupancy is gathered a slab at a time (no mask of the whole array).
+    """
+    nz, ny, nx = labels.shape
+    rows = np.zeros((nz, ny), bool)
+    cols = np.zeros((nz, nx), bool)
+    for z0 in range(0, nz, _OCCUPANCY_SLAB):
+        part = labels[z0 : z0 + _OCCUPANCY_SLAB]
+        mask = part == values[0] if len(values) == 1 else np.isin(part, values)
+        rows[z0 : z0 + len(part)] = mask.any(axis=2)
+        cols[z0 : z0 + len(part)] = mask.any(axis=1)
+    occupied = rows.any(axis=1)
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], occupied, [False]]).astype(np.int8)))
+    boxes: list[BBox] = []
+    for start, stop in zip(edges[::2], edges[1::2], strict=True):
+        r = np.flatnonzero(rows[start:stop].any(axis=0))
+        c = np.flatnonzero(cols[start:stop].any(axis=0))
+        boxes.append(
+            (
+                slice(int(start), int(stop)),
+                slice(int(r[0]), int(r[-1]) + 1),
+                slice(int(c[0]), int(c[-1]) + 1),
+            )
+        )
+    return boxes
+
+
+def component_runs(labels: np.ndarray, values: Sequence[int]) -> list[ComponentRun]:
+    """26-connected components of the voxels holding any of ``values``, run by run.
+
+    Voxels of different values are never joined (cc3d's multi-label mode). Global ids
+    follow the runs in slice order and cc3d's raster order within each, which is the
+    raster order of the whole array: the ids one cc3d pass over the whole array would
+    give. Memory: the ids of the largest run's box, not of the whole foreground box.
+    """
+    wanted = [int(v) for v in values]
+    runs: list[ComponentRun] = []
+    first = 1
+    if not wanted or labels.size == 0:
+        return runs
+    for box in _occupied_runs(labels, wanted):
+        part = labels[box]
+        if len(wanted) == 1:
+            selected = part == wanted[0]
+        else:
+            selected = np.where(np.isin(part, wanted), part, 0).astype(part.dtype, copy=False)
+        components, n = cc3d.connected_components(
+            selected, connectivity=CONNECTIVITY, return_N=True
+        )
+        n = int(n)
+        counts = component_counts(components, n)
+        label = np.zeros(n + 1, dtype=labels.dtype)
+        if len(wanted) == 1:
+            label[1:] = wanted[0]
+        elif n:
+            ids, values_flat = components.reshape(-1), selected.reshape(-1)
+            for start in range(0, ids.size, _COUNT_CHUNK):
+                chunk = ids[start : start + _COUNT_CHUNK]
+                hit = chunk != 0
+                label[chunk[hit]] = values_flat[start : start + _COUNT_CHUNK][hit]
+        del selected
+        runs.append(ComponentRun(box, components, first, label, counts))
+        first += n
+    return runs
 
 
 def clean_labels(
@@ -65,11 +165,13 @@ def clean_labels(
     - labels named in ``postprocess.keep_largest`` keep only their largest component.
 
     One label at a time, inside that label's own bounding box (all boxes found in one
-    pass, with no mask of the whole map): component ids are uint32,
-    so labelling a whole multi-organ box at once would cost four bytes per voxel of the
-    whole foreground (over 300 MB on a 512 x 512 x 300 study); per organ the temporaries
-    stay at the size of the largest organ's box. cc3d never joins voxels of different
-    labels, so the result is the same as labelling all labels together.
+    pass, with no mask of the whole map), and there run by run of occupied slices
+    (:func:`component_runs`): component ids are uint32, so labelling a whole
+    multi-organ box at once would cost four bytes per voxel of the whole foreground
+    (over 300 MB on a 512 x 512 x 300 study); this way the temporaries stay at the size
+    of the largest organ's box, and of a few small boxes for scattered lesions. cc3d
+    never joins voxels of different labels, so the result is the same as labelling all
+    labels together.
 
     Args:
         labels: (slice, row, column) integer label map.
@@ -93,11 +195,13 @@ def clean_labels(
         if box is None:
             continue
         region = out[box]  # a view: edits land in ``out``
-        mask = region == value
-        components, n = cc3d.connected_components(mask, connectivity=CONNECTIVITY, return_N=True)
+        runs = component_runs(region, [value])
+        n = sum(run.n for run in runs)
         if n == 0:
             continue
-        counts = np.bincount(components.ravel(), minlength=n + 1)
+        counts = np.zeros(n + 1, dtype=np.int64)
+        for run in runs:
+            counts[run.first : run.first + run.n] = run.counts[1:]
         keep = counts >= min_voxels
         if value in largest_only and n > 1:
             keep[:] = False
@@ -105,8 +209,12 @@ def clean_labels(
         keep[0] = True  # background of the mask: voxels of other labels, untouched
         if keep.all():
             continue
-        drop = ~keep[components]
-        region[drop] = 0
+        for run in runs:
+            drop = np.logical_not(run.local_lut(keep))
+            drop[0] = False
+            if drop.any():
+                region[run.box][drop[run.components]] = 0
         removed += int(n + 1 - np.count_nonzero(keep))
+        del runs
     logger.debug("clean_labels: %d components removed", removed)
     return out

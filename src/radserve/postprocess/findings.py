@@ -15,6 +15,7 @@ uint8 up to 255 findings and uint16 beyond. SEG writers take segments from it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,7 +23,7 @@ from scipy import ndimage
 
 from radserve.domain import Finding, OrganMeasurement, Prediction, Volume
 from radserve.models.manifest import LabelSpec, ModelSpec
-from radserve.postprocess.components import label_components
+from radserve.postprocess.components import ComponentRun, component_runs
 from radserve.postprocess.diameters import FindingAxes, axial_diameters
 from radserve.preprocess.crop import bbox_of_values, grid_offset
 
@@ -129,15 +130,11 @@ def find_lesions(
     if not lesions:
         return _empty(grid, warnings)
     labels = pred_grid.array
-    values = np.fromiter(lesions, dtype=np.int64)
+    values = sorted(lesions)
     box = bbox_of_values(labels, values)
     if box is None:
         return _empty(grid, warnings)
-    crop = labels[box]
-    crop = np.where(np.isin(crop, values), crop, 0).astype(labels.dtype, copy=False)
-    components, component_label, counts = label_components(crop)
-    del crop
-    offset = tuple(s.start for s in box)
+    runs = component_runs(labels[box], values)
     voxel_ml = grid.voxel_volume_ml
     rules = spec.postprocess
     organ_names = organ_names or {}
@@ -147,20 +144,18 @@ def find_lesions(
         warnings.append(f"{spec.key}: no organ label map; 'within' rules not applied")
     use_hu = ct is not None and spec.modality == "CT"
 
-    stats = _component_boxes(components, counts.size - 1)
     candidates: list[_Candidate] = []
     dropped = {"size": 0, "confidence": 0, "within": 0}
-    for cid in range(1, counts.size):
-        if counts[cid] == 0:
-            continue
-        volume_ml = float(counts[cid]) * voxel_ml
+    for run, local, cbox in _components(runs):
+        cid = run.first + local - 1
+        volume_ml = float(run.counts[local]) * voxel_ml
         if volume_ml < rules.min_component_ml:
             dropped["size"] += 1
             continue
-        label = lesions[int(component_label[cid])]
-        cbox = stats[cid]
-        mask = components[cbox] == cid
-        # pbox: on the prediction's arrays; gbox: on the reference grid.
+        label = lesions[int(run.label[local])]
+        mask = run.components[cbox] == local
+        # cbox: on the run's box; pbox: on the prediction's arrays; gbox: on the grid.
+        offset = [b.start + r.start for b, r in zip(box, run.box, strict=True)]
         pbox = tuple(slice(s.start + o, s.stop + o) for s, o in zip(cbox, offset, strict=True))
         gbox = tuple(slice(s.start + o, s.stop + o) for s, o in zip(pbox, origin, strict=True))
         confidence = 1.0
@@ -211,12 +206,12 @@ def find_lesions(
     logger.info(
         "%s: %d lesion components, %d findings, dropped %s",
         spec.key,
-        counts.size - 1,
+        sum(run.n for run in runs),
         len(candidates),
         dropped,
     )
     where = tuple(slice(s.start + o, s.stop + o) for s, o in zip(box, origin, strict=True))
-    return _number(candidates, grid, components, where, warnings)
+    return _number(candidates, grid, runs, where, warnings)
 
 
 def _reference_grid(pred_grid: Volume, ct: Volume | None) -> tuple[Volume, tuple[int, int, int]]:
@@ -232,21 +227,27 @@ def _empty(grid: Volume, warnings: list[str]) -> LesionFindings:
     return LesionFindings([], grid.with_array(np.zeros(grid.shape, np.uint8)), [], warnings)
 
 
-def _component_boxes(components: np.ndarray, n: int) -> list[tuple[slice, ...]]:
-    """Bounding box of every component id (index 0 unused), in one pass."""
-    found = ndimage.find_objects(components, max_label=n)
-    return [(slice(0, 0),) * 3, *[b if b is not None else (slice(0, 0),) * 3 for b in found]]
+def _components(
+    runs: list[ComponentRun],
+) -> Iterator[tuple[ComponentRun, int, tuple[slice, ...]]]:
+    """Every component in id order: its run, local id and box on the run's box."""
+    for run in runs:
+        found = ndimage.find_objects(run.components, max_label=run.n)
+        for local, cbox in enumerate(found, start=1):
+            if cbox is not None:
+                yield run, local, cbox
 
 
 def _number(
     candidates: list[_Candidate],
     grid: Volume,
-    components: np.ndarray,
+    runs: list[ComponentRun],
     box: tuple[slice, ...],
     warnings: list[str],
 ) -> LesionFindings:
-    """Sort, assign ids 1..n and paint the finding label map (``box``: where
-    ``components`` lies on ``grid``)."""
+    """Sort, assign ids 1..n and paint the finding label map (``box``: where the runs'
+    array lies on ``grid``). Only runs holding a finding are painted, so the map's
+    untouched pages are never made resident."""
 
     def order(c: _Candidate) -> tuple[float, float, tuple[float, float, float]]:
         organ = float(c.organ_value) if c.organ_value is not None else float("inf")
@@ -254,7 +255,7 @@ def _number(
 
     candidates.sort(key=order)
     dtype = np.uint8 if len(candidates) <= 255 else np.uint16
-    lut = np.zeros(int(components.max()) + 1, dtype=dtype)
+    lut = np.zeros(sum(run.n for run in runs) + 1, dtype=dtype)
     findings: list[Finding] = []
     axes: list[FindingAxes] = []
     for i, c in enumerate(candidates, start=1):
@@ -262,8 +263,14 @@ def _number(
         findings.append(c.finding.model_copy(update={"finding_id": i, "label_value": i}))
         axes.append(c.axes.model_copy(update={"finding_id": i}))
     out = np.zeros(grid.shape, dtype=dtype)
-    if candidates:
-        out[box] = lut[components]
+    for run in runs:
+        local = run.local_lut(lut)
+        if local.any():
+            target = tuple(
+                slice(b.start + r.start, b.start + r.stop)
+                for b, r in zip(box, run.box, strict=True)
+            )
+            out[target] = local[run.components]
     return LesionFindings(findings, grid.with_array(out), axes, warnings)
 
 
