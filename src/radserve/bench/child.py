@@ -1,8 +1,20 @@
 """One benchmark contestant in its own process, so peak RSS is its own.
 
 ``python -m radserve.bench.child MODE STUDY WORKDIR`` warms up the model sessions, runs
-the study once, and writes ``result.json`` (stage times, peak RSS) and ``labels.npz``
+the study once, and writes ``result.json`` (stage times, memory) and ``labels.npz``
 (organ labels and the binary findings mask) into WORKDIR for the parent to compare.
+
+Memory, all in MiB: ``peak_rss_mb`` is this process's peak resident size (the kernel's
+own high-water mark, imports and loaded models included); ``rss_after_warmup_mb`` the
+resident size once imports, sessions and one warm-up batch are done, before the study;
+``pipeline_rss_mb`` the difference, what the study itself added. Helper processes
+(radserve's JPEG 2000 decoders) are not in those figures, so they are reported
+beside them: ``workers_peak_rss_mb`` the peak of their summed resident sizes and
+``tree_peak_rss_mb`` the peak of this process plus them (sampled every 20 ms; shared
+pages count once per process, so both are upper bounds).
+
+Heavy modules are imported inside the functions: decoder processes started by a run
+import this module as their ``__main__`` and should not load ONNX Runtime for nothing.
 """
 
 from __future__ import annotations
@@ -10,20 +22,19 @@ from __future__ import annotations
 import json
 import resource
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from radserve.models.registry import ModelRegistry
-from radserve.pipeline import SessionPool
-from radserve.pipelines.spec import load_pipeline
-
 if TYPE_CHECKING:
     import torch
 
     from radserve.bench.naive import Runner
+    from radserve.models.registry import ModelRegistry
+    from radserve.pipeline import SessionPool
 
 PIPELINE = "ct-chest-abdomen"
 
@@ -32,8 +43,66 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+class TreeMemory:
+    """Samples the resident size of this process and of its descendants (helpers)."""
+
+    def __init__(self, interval_s: float = 0.02) -> None:
+        import psutil
+
+        self._me = psutil.Process()
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self.workers_peak_mb = 0.0
+        self.tree_peak_mb = 0.0
+        self._thread = threading.Thread(target=self._run, name="bench-memory", daemon=True)
+
+    def __enter__(self) -> TreeMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._sample()
+
+    def _sample(self) -> None:
+        import psutil
+
+        workers = 0
+        for child in self._me.children(recursive=True):
+            try:
+                workers += child.memory_info().rss
+            except psutil.Error:  # exited between listing and reading
+                continue
+        own = self._me.memory_info().rss
+        self.workers_peak_mb = max(self.workers_peak_mb, workers / 2**20)
+        self.tree_peak_mb = max(self.tree_peak_mb, (own + workers) / 2**20)
+
+    def report(self, rss_warm_mb: float) -> dict[str, float]:
+        peak = _peak_rss_mb()
+        return {
+            "peak_rss_mb": peak,
+            "rss_after_warmup_mb": rss_warm_mb,
+            "pipeline_rss_mb": peak - rss_warm_mb,
+            "workers_peak_rss_mb": self.workers_peak_mb,
+            "tree_peak_rss_mb": max(self.tree_peak_mb, peak),
+        }
+
+
+def _rss_now_mb() -> float:
+    import psutil
+
+    return float(psutil.Process().memory_info().rss) / 2**20
+
+
 def _warm(pool: SessionPool, registry: ModelRegistry, precision: str) -> dict[str, object]:
     """Create every session and run one batch: servers are warm before studies arrive."""
+    from radserve.pipelines.spec import load_pipeline
+
     sessions = {}
     for step in load_pipeline(PIPELINE).steps:
         bundle = registry.get(step.model, step.version)
@@ -45,35 +114,51 @@ def _warm(pool: SessionPool, registry: ModelRegistry, precision: str) -> dict[st
 
 
 def run_radserve(study: Path, workdir: Path, precision: str) -> dict[str, object]:
+    from radserve.ingest.decode import shutdown_decode_workers
+    from radserve.models.registry import ModelRegistry
+    from radserve.pipeline import SessionPool, release_free_memory
+    from radserve.pipelines.spec import load_pipeline
     from radserve.study import run_study
 
     registry, pool = ModelRegistry(), SessionPool()
     _warm(pool, registry, precision)
-    rss_warm = _peak_rss_mb()
-    t0 = time.perf_counter()
-    result = run_study(
-        study,
-        pipeline=load_pipeline(PIPELINE),
-        out_dir=workdir / "out",
-        registry=registry,
-        sessions=pool,
-        precision=precision,  # type: ignore[arg-type]
-    )
-    elapsed = time.perf_counter() - t0
+    release_free_memory()
+    rss_warm = _rss_now_mb()
+    cpu0 = _cpu_seconds()
+    with TreeMemory() as memory:
+        t0 = time.perf_counter()
+        result = run_study(
+            study,
+            pipeline=load_pipeline(PIPELINE),
+            out_dir=workdir / "out",
+            registry=registry,
+            sessions=pool,
+            precision=precision,  # type: ignore[arg-type]
+        )
+        elapsed = time.perf_counter() - t0
+    cpu = _cpu_seconds() - cpu0
     vr = result.volume_result
     organs = vr.organ_step.labels.array if vr.organ_step else None
     lesion = vr.lesion_step
     findings = lesion.finding_labels.array > 0 if lesion and lesion.finding_labels else None
     _save(workdir, organs, findings)
+    shutdown_decode_workers()
     return {
         "seconds": elapsed,
+        "cpu_seconds": cpu,
         "stages": result.report.timings,
-        "peak_rss_mb": _peak_rss_mb(),
-        "rss_after_warmup_mb": rss_warm,
+        **memory.report(rss_warm),
         "n_findings": len(result.report.findings),
+        "models": [f"{m.name} {m.version}" for m in result.report.models],
         "providers": list(pool.runtime.providers),
         "threads": pool.runtime.intra_op_threads,
     }
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process (all threads), for how busy the cores were."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _torch_runners(registry: ModelRegistry, threads: int) -> dict[str, Runner]:
@@ -81,6 +166,7 @@ def _torch_runners(registry: ModelRegistry, threads: int) -> dict[str, Runner]:
     import torch
 
     from radserve.bench.torch_weights import torch_model
+    from radserve.pipelines.spec import load_pipeline
 
     torch.set_num_threads(threads)
     runners: dict[str, Runner] = {}
@@ -103,6 +189,9 @@ def run_baseline(
     """The naive baseline: PyTorch eager when torch is installed, else ONNX Runtime batch 1."""
     from radserve.bench.naive import run_naive
     from radserve.bench.torch_weights import torch_available
+    from radserve.models.registry import ModelRegistry
+    from radserve.pipeline import SessionPool
+    from radserve.pipelines.spec import load_pipeline
 
     registry, pool = ModelRegistry(), SessionPool()
     use_torch = runtime == "torch" or (runtime == "auto" and torch_available())
@@ -113,16 +202,16 @@ def run_baseline(
         sessions = _warm(pool, registry, precision)
         runners = {name: session.run for name, session in sessions.items()}
         engine = "onnxruntime-batch1"
-    rss_warm = _peak_rss_mb()
-    t0 = time.perf_counter()
-    result = run_naive(study, load_pipeline(PIPELINE), registry, runners, precision)
-    elapsed = time.perf_counter() - t0
+    rss_warm = _rss_now_mb()
+    with TreeMemory() as memory:
+        t0 = time.perf_counter()
+        result = run_naive(study, load_pipeline(PIPELINE), registry, runners, precision)
+        elapsed = time.perf_counter() - t0
     _save(workdir, result.organs, result.findings > 0)
     return {
         "seconds": elapsed,
         "stages": result.stages,
-        "peak_rss_mb": _peak_rss_mb(),
-        "rss_after_warmup_mb": rss_warm,
+        **memory.report(rss_warm),
         "engine": engine,
     }
 

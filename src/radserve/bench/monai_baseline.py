@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from radserve.bench.child import PIPELINE, _peak_rss_mb, _save
+from radserve.bench.child import PIPELINE, TreeMemory, _rss_now_mb, _save
 from radserve.bench.torch_weights import torch_model
 from radserve.domain import Prediction, Volume
 from radserve.errors import ModelError
@@ -317,19 +317,19 @@ def run_monai(
         with torch.no_grad():  # warm up, as the servers are before studies arrive
             model(torch.zeros((1, bundle.spec.input.in_channels, 256, 256)))
         models[bundle.spec.name] = model
-    rss_warm = _peak_rss_mb()
-    t0 = time.perf_counter()
-    organs, findings, stages = run_monai_pipeline(
-        study, pipeline, registry, models, crop_to_body=crop_to_body
-    )
-    elapsed = time.perf_counter() - t0
+    rss_warm = _rss_now_mb()
+    with TreeMemory() as memory:
+        t0 = time.perf_counter()
+        organs, findings, stages = run_monai_pipeline(
+            study, pipeline, registry, models, crop_to_body=crop_to_body
+        )
+        elapsed = time.perf_counter() - t0
     workdir.mkdir(parents=True, exist_ok=True)
     _save(workdir, organs, findings)
     return {
         "seconds": elapsed,
         "stages": stages,
-        "peak_rss_mb": _peak_rss_mb(),
-        "rss_after_warmup_mb": rss_warm,
+        **memory.report(rss_warm),
         "threads": threads,
         "precision": "fp32",
         "versions": _versions(),

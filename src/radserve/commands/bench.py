@@ -28,6 +28,15 @@ from rich.table import Table
     show_default=True,
     type=click.Choice(["explicit", "jpeg2000", "rle"]),
 )
+@click.option(
+    "--baseline",
+    "baselines",
+    multiple=True,
+    default=("naive", "naive-ort", "monai"),
+    show_default=True,
+    type=click.Choice(["naive", "naive-ort", "monai", "none"]),
+    help="Baselines to run beside radserve ('none': radserve alone, e.g. to repeat it).",
+)
 @click.option("--slices", default=300, show_default=True, help="Slices of the 512x512 study.")
 @click.option("--precision", default="fp32", show_default=True)
 @click.option(
@@ -43,6 +52,7 @@ def command(
     scenario: str,
     json_path: Path | None,
     syntaxes: tuple[str, ...],
+    baselines: tuple[str, ...],
     slices: int,
     precision: str,
     cache_dir: Path | None,
@@ -61,6 +71,7 @@ def command(
         cache_dir=cache_dir,
         n_slices=slices,
         precision=precision,
+        baselines=tuple(b for b in baselines if b != "none"),
         log=lambda msg: console.print(f"[dim]{msg}[/dim]"),
     )
     table = Table(title=f"radserve bench: 512x512x{slices} phantom CT, {precision}")
@@ -99,6 +110,24 @@ def command(
         table.add_row(
             "", "radserve peak RSS / int16 volume", fmt(e["peak_rss_over_int16_volume"]), "", "", ""
         )
+        table.add_row(
+            "",
+            "  above the warm process "
+            f"({fmt(e.get('rss_after_warmup_mb'), '.0f')} MiB) / int16 volume",
+            fmt(e.get("pipeline_rss_over_int16_volume")),
+            "",
+            "",
+            fmt(e.get("pipeline_rss_mb"), ".0f"),
+        )
+        if e.get("workers_peak_rss_mb"):
+            table.add_row(
+                "",
+                "  with decoder processes (tree peak)",
+                "",
+                "",
+                "",
+                fmt(e.get("tree_peak_rss_mb"), ".0f"),
+            )
     console.print(table)
     stages = Table(title="radserve stages (s), first syntax")
     stages.add_column("stage")

@@ -10,7 +10,6 @@ The choice is logged and is a plain frozen object the pipeline puts in its repor
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from radserve.errors import ModelError
+from radserve.host import usable_cores
 
 logger = logging.getLogger(__name__)
 
@@ -68,32 +68,6 @@ class RuntimeChoice:
         out = asdict(self)
         out["provider_options"] = [dict(o) for o in self.provider_options]
         return out
-
-
-def _cgroup_cpu_limit() -> float | None:
-    """cgroup v2 ``cpu.max`` quota in cores, if the process is limited."""
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-    except (OSError, ValueError):
-        return None
-    if quota == "max":
-        return None
-    try:
-        return float(quota) / float(period)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def usable_cores() -> int:
-    """Cores this process may run on: affinity mask, capped by a container quota."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    limit = _cgroup_cpu_limit()
-    if limit is not None:
-        cores = min(cores, max(1, math.floor(limit)))
-    return max(1, cores)
 
 
 def probe_host() -> DeviceInfo:

@@ -1,20 +1,37 @@
 """Decode frames in parallel straight into one preallocated array, in physical units.
 
-Decoding goes through pydicom's pixel-data plugins (pylibjpeg, pyjpegls, gdcm, pillow),
-which release the GIL, so threads scale. Each stored frame becomes
-``slope × stored + intercept`` with Pixel Padding Value replaced by air. The result is
-int16 when every slope and intercept is integral and the values fit (a 512×512×300 CT
-costs 157 MB), float32 otherwise; if an int16 decode meets a value it cannot hold, the
-stack is decoded again as float32 rather than wrapped around.
+Decoding goes through pydicom's pixel-data plugins (pylibjpeg, pyjpegls, gdcm, pillow).
+Most release the GIL, so threads scale. The JPEG 2000 family does not:
+pylibjpeg-openjpeg reads its input through Python file objects and GDCM's binding
+never lets go, so two threads decode no faster than one (measured: 29 ms a 512 x 512
+frame either way). Those syntaxes are decoded in worker processes instead
+(:func:`decode_stack` decides; ``processes=`` overrides), each worker returning its
+frames already converted, which the parent copies into place and drops.
+
+Each stored frame becomes ``slope × stored + intercept`` with Pixel Padding Value
+replaced by air. The result is int16 when every slope and intercept is integral and the
+values fit (a 512×512×300 CT costs 157 MB), float32 otherwise; if an int16 decode meets
+a value it cannot hold, the stack is decoded again as float32 rather than wrapped
+around.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import (
+    FIRST_COMPLETED,
+    FIRST_EXCEPTION,
+    Future,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+    wait,
+)
+from concurrent.futures.process import BrokenProcessPool
 from typing import BinaryIO
 
 import numpy as np
@@ -24,6 +41,7 @@ from pydicom.pixels import get_decoder, iter_pixels, pixel_array
 from pydicom.uid import UID, DeflatedExplicitVRLittleEndian
 
 from radserve.errors import DecodeError
+from radserve.host import usable_cores
 from radserve.ingest.headers import FrameRef
 from radserve.ingest.sources import SourceFile, SourceReader
 
@@ -44,6 +62,22 @@ _INSTALL_HINTS = {
     "1.2.840.10008.1.2.4.203": "pylibjpeg with pylibjpeg-openjpeg",
     "1.2.840.10008.1.2.5": "pylibjpeg-rle",
 }
+
+
+# Decoders of these hold the GIL for a whole frame (pylibjpeg-openjpeg, GDCM): JPEG 2000
+# lossless / lossy and HTJ2K lossless / RPCL / lossy.
+PROCESS_SYNTAXES = frozenset(
+    {
+        "1.2.840.10008.1.2.4.90",
+        "1.2.840.10008.1.2.4.91",
+        "1.2.840.10008.1.2.4.201",
+        "1.2.840.10008.1.2.4.202",
+        "1.2.840.10008.1.2.4.203",
+    }
+)
+_MIN_PROCESS_FRAMES = 8  # below this, handing frames to processes costs more than it saves
+_FRAMES_PER_TASK = 4  # frames one worker task decodes: amortises the round trip
+_TASKS_AHEAD = 2  # tasks queued per worker: bounds the finished frames awaiting copy
 
 
 class _NeedFloat(Exception):
@@ -76,14 +110,30 @@ def decode_stack(
     *,
     air: float,
     workers: int | None = None,
+    processes: bool | None = None,
 ) -> np.ndarray:
-    """Decode ``frames`` into slices 0..n-1 of a new (n, rows, columns) array."""
+    """Decode ``frames`` into slices 0..n-1 of a new (n, rows, columns) array.
+
+    ``workers`` threads or processes (default: the usable cores). ``processes``: decode
+    in worker processes (True), threads (False), or decide by transfer syntax (None:
+    processes for :data:`PROCESS_SYNTAXES`, when there are enough frames and cores).
+    """
     dtype = _output_dtype(frames)
+    if processes is None:
+        processes = use_processes(frames, workers)
+    decode = _decode_in_processes if processes else _decode
     try:
-        return _decode(frames, reader, dtype, air, workers)
+        return decode(frames, reader, dtype, air, workers)
     except _NeedFloat:
         log.info("values do not fit int16; decoding the stack again as float32")
-        return _decode(frames, reader, np.dtype(np.float32), air, workers)
+        return decode(frames, reader, np.dtype(np.float32), air, workers)
+
+
+def use_processes(frames: Sequence[FrameRef], workers: int | None = None) -> bool:
+    """Whether :func:`decode_stack` decodes ``frames`` in processes by default."""
+    cores = workers or usable_cores()
+    gil_bound = sum(f.pixel.transfer_syntax_uid in PROCESS_SYNTAXES for f in frames)
+    return cores > 1 and gil_bound >= _MIN_PROCESS_FRAMES
 
 
 def _output_dtype(frames: Sequence[FrameRef]) -> np.dtype:
@@ -115,6 +165,137 @@ def _decode(
         for future in done:
             future.result()  # re-raise the first failure
     return out
+
+
+class _DecodePool:
+    """The worker processes, started on first use and kept for the process's life.
+
+    ``forkserver`` (``spawn`` where there is none), never ``fork``: the server process
+    runs ONNX Runtime's and the scheduler's threads, and forking a threaded process can
+    leave a child holding a lock nobody will release. The fork server preloads the
+    decoding modules once, so each worker starts in milliseconds; idle workers hold
+    their imports (tens of MB each, reported by ``radserve bench``) and nothing else.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._executor: ProcessPoolExecutor | None = None
+        self._size = 0
+
+    def get(self, workers: int) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._executor is None or self._size != workers:
+                if self._executor is not None:
+                    self._executor.shutdown(wait=False, cancel_futures=True)
+                methods = multiprocessing.get_all_start_methods()
+                context = multiprocessing.get_context(
+                    "forkserver" if "forkserver" in methods else "spawn"
+                )
+                if context.get_start_method() == "forkserver":
+                    # "__main__": a script's main module is imported once, here, rather
+                    # than by every worker (``python -m`` mains are imported per worker
+                    # whatever we do, so they should import little at the top).
+                    context.set_forkserver_preload(
+                        ["__main__", "radserve.ingest.decode", "pydicom.pixels", "openjpeg"]
+                    )
+                self._executor = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+                self._size = workers
+            return self._executor
+
+    def discard(self, executor: ProcessPoolExecutor) -> None:
+        """Drop a broken pool, so the next call starts a fresh one."""
+        with self._lock:
+            if self._executor is executor:
+                self._executor = None
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+
+_POOL = _DecodePool()
+
+
+def shutdown_decode_workers() -> None:
+    """Stop the decoding worker processes (they start again when next needed)."""
+    _POOL.shutdown()
+
+
+def _decode_in_processes(
+    frames: Sequence[FrameRef],
+    reader: SourceReader,
+    dtype: np.dtype,
+    air: float,
+    workers: int | None,
+) -> np.ndarray:
+    """Like :func:`_decode`, in worker processes; at most ``_TASKS_AHEAD`` tasks per
+    worker are in flight, so finished frames never pile up beside the volume."""
+    rows, cols = frames[0].pixel.rows, frames[0].pixel.columns
+    out = np.empty((len(frames), rows, cols), dtype=dtype)
+    workers = max(1, workers or usable_cores())
+    executor = _POOL.get(workers)
+    tasks = iter(_process_tasks(frames, workers))
+    pending: dict[Future[np.ndarray], list[int]] = {}
+
+    def submit_next() -> bool:
+        task = next(tasks, None)
+        if task is None:
+            return False
+        slots = [k for k, _ in task]
+        pending[executor.submit(_decode_task, [f for _, f in task], dtype.str, air)] = slots
+        return True
+
+    try:
+        while len(pending) < workers * _TASKS_AHEAD and submit_next():
+            pass
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                slots = pending.pop(future)
+                out[slots] = future.result()  # re-raises the worker's DecodeError
+                del future
+                submit_next()
+    except BrokenProcessPool as exc:
+        _POOL.discard(executor)
+        raise DecodeError(
+            "a pixel-data decoding process died (out of memory, or a decoder crashed on "
+            f"damaged data) while decoding this series of {len(frames)} frames; retry, "
+            "or convert the study to an uncompressed syntax (gdcmconv --raw)"
+        ) from exc
+    finally:
+        for future in pending:
+            future.cancel()
+    return out
+
+
+def _process_tasks(
+    frames: Sequence[FrameRef], workers: int
+) -> Iterator[list[tuple[int, FrameRef]]]:
+    """Consecutive runs of up to ``_FRAMES_PER_TASK`` frames, in source-file order."""
+    items: list[tuple[int, FrameRef]] = []
+    for _, chunk in _jobs(frames, max(workers, len(frames) // _FRAMES_PER_TASK)):
+        for item in chunk:
+            items.append(item)
+            if len(items) == _FRAMES_PER_TASK:
+                yield items
+                items = []
+    if items:
+        yield items
+
+
+def _decode_task(frames: list[FrameRef], dtype: str, air: float) -> np.ndarray:
+    """In a worker process: ``frames`` decoded into a new (n, rows, columns) array."""
+    block = np.empty((len(frames), frames[0].pixel.rows, frames[0].pixel.columns), dtype)
+    by_source: dict[SourceFile, list[tuple[int, FrameRef]]] = defaultdict(list)
+    for k, frame in enumerate(frames):
+        by_source[frame.source].append((k, frame))
+    with SourceReader() as reader:
+        for src, items in by_source.items():
+            _decode_job(reader, src, items, block, air)
+    return block
 
 
 def _jobs(

@@ -1,0 +1,121 @@
+"""JPEG 2000 frames decoded in worker processes: the same volume as threads, clear errors.
+
+pylibjpeg-openjpeg holds the GIL, so ``decode_stack`` hands these syntaxes to processes;
+the volume must not depend on where a frame was decoded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pydicom
+import pytest
+from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless
+from tests.factories.dicom_series import make_ct_series, make_enhanced_series, ramp_hu, truncate
+
+from radserve.errors import DecodeError
+from radserve.ingest import IngestPolicy, discover_series, load_series
+from radserve.ingest.decode import decode_stack, shutdown_decode_workers, use_processes
+from radserve.ingest.geometry import plan_stack
+from radserve.ingest.headers import FrameRef
+from radserve.ingest.sources import SourceReader
+
+N = 12  # more than the minimum that goes to processes
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_workers() -> Iterator[None]:
+    yield
+    shutdown_decode_workers()
+
+
+def _series(folder: Path, syntax: str = JPEG2000Lossless, **kwargs: object) -> list[Path]:
+    try:
+        return make_ct_series(
+            folder, n_slices=N, rows=40, cols=36, transfer_syntax=syntax, **kwargs
+        )
+    except RuntimeError as exc:  # no JPEG 2000 encoder installed here
+        pytest.skip(f"cannot encode JPEG 2000 here: {exc}")
+
+
+def _ordered(folder: Path) -> list[FrameRef]:
+    header = discover_series(folder)[0]
+    layout = plan_stack(header.frames, IngestPolicy())
+    return [header.frames[i] for i in layout.order]
+
+
+def _decode(frames: list[FrameRef], **kwargs: object) -> np.ndarray:
+    with SourceReader() as reader:
+        return decode_stack(frames, reader, air=-1000.0, **kwargs)  # type: ignore[arg-type]
+
+
+def test_processes_threads_and_one_thread_give_the_same_volume(tmp_path: Path) -> None:
+    hu = ramp_hu(N, 40, 36)
+    _series(tmp_path, hu=hu, order="shuffled")
+    frames = _ordered(tmp_path)
+    in_processes = _decode(frames, processes=True, workers=2)
+    np.testing.assert_array_equal(in_processes, _decode(frames, processes=False, workers=2))
+    np.testing.assert_array_equal(in_processes, _decode(frames, processes=False, workers=1))
+    np.testing.assert_array_equal(in_processes, hu)
+    assert in_processes.dtype == np.int16
+    # And load_series picks processes by itself for this syntax.
+    np.testing.assert_array_equal(load_series(discover_series(tmp_path)[0]).volume.array, hu)
+
+
+def test_processes_are_chosen_for_jpeg2000_only(tmp_path: Path) -> None:
+    _series(tmp_path / "j2k")
+    make_ct_series(tmp_path / "raw", n_slices=N, rows=40, cols=36)
+    j2k, raw = _ordered(tmp_path / "j2k"), _ordered(tmp_path / "raw")
+    assert raw[0].pixel.transfer_syntax_uid == ExplicitVRLittleEndian
+    assert use_processes(j2k, workers=2)
+    assert not use_processes(j2k, workers=1)  # one core: nothing to win
+    assert not use_processes(j2k[:3], workers=2)  # too few frames to pay for the hand-off
+    assert not use_processes(raw, workers=2)  # uncompressed decoders release the GIL
+
+
+def test_multiframe_jpeg2000_in_processes(tmp_path: Path) -> None:
+    hu = ramp_hu(N, 40, 36)
+    try:
+        make_enhanced_series(
+            tmp_path,
+            n_frames=N,
+            rows=40,
+            cols=36,
+            hu=hu,
+            frame_order="shuffled",
+            transfer_syntax=JPEG2000Lossless,
+        )
+    except RuntimeError as exc:
+        pytest.skip(f"cannot encode JPEG 2000 here: {exc}")
+    frames = _ordered(tmp_path)
+    in_processes = _decode(frames, processes=True, workers=3)
+    np.testing.assert_array_equal(in_processes, _decode(frames, processes=False))
+    np.testing.assert_array_equal(in_processes, hu)
+
+
+def test_values_beyond_int16_fall_back_to_float32_in_processes(tmp_path: Path) -> None:
+    hu = np.full((N, 40, 36), 32000.0)
+    hu[:, :5] = 33500.0  # past int16 after the integral rescale
+    _series(tmp_path, hu=hu, rescale=(1.0, 30000.0))
+    frames = _ordered(tmp_path)
+    in_processes = _decode(frames, processes=True, workers=2)
+    assert in_processes.dtype == np.float32
+    np.testing.assert_array_equal(in_processes, _decode(frames, processes=False))
+    np.testing.assert_array_equal(in_processes, hu)
+
+
+def test_a_damaged_file_in_a_worker_is_named_and_the_workers_carry_on(tmp_path: Path) -> None:
+    paths = _series(tmp_path)
+    frames = _ordered(tmp_path)
+    bad = sorted(paths)[7]
+    uid = pydicom.dcmread(bad, stop_before_pixels=True).SOPInstanceUID
+    truncate(bad, keep_fraction=0.7)
+    with pytest.raises(DecodeError, match=rf"instance {uid} \(JPEG 2000 .*truncated or damaged"):
+        _decode(frames, processes=True, workers=2)
+    # The pool survived the error: other studies still decode.
+    _series(tmp_path / "next", hu=ramp_hu(N, 40, 36))
+    np.testing.assert_array_equal(
+        _decode(_ordered(tmp_path / "next"), processes=True, workers=2), ramp_hu(N, 40, 36)
+    )
