@@ -1,16 +1,20 @@
-"""What this machine lets the process use: cores (affinity mask, container quota).
+"""What this machine lets the process use: cores (affinity mask, container quota), and
+memory that costs nothing until it is written.
 
-Shared by the runtime (ONNX Runtime thread counts) and ingest (decoder processes), so
-both size themselves from the same number; imports nothing heavy.
+Shared by the runtime (ONNX Runtime thread counts), ingest (decoder processes) and the
+label maps of inference and post-processing; imports nothing heavy.
 """
 
 from __future__ import annotations
 
 import math
+import mmap
 import os
 from pathlib import Path
 
-__all__ = ["usable_cores"]
+import numpy as np
+
+__all__ = ["lazy_zeros", "usable_cores"]
 
 
 def _cgroup_cpu_limit() -> float | None:
@@ -37,3 +41,22 @@ def usable_cores() -> int:
     if limit is not None:
         cores = min(cores, max(1, math.floor(limit)))
     return max(1, cores)
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: np.typing.DTypeLike) -> np.ndarray:
+    """A zero-filled array whose pages become resident only when written.
+
+    ``np.zeros`` gives that only while glibc serves the request with a fresh ``mmap``;
+    below its (self-raising) threshold a recycled heap block is cleared, and every page
+    is resident at once. Label maps are mostly background: written only where a label
+    lands, a lesion map over a 20 MB region then costs a few pages. The mapping is
+    returned to the system when the array is freed.
+    """
+    dt = np.dtype(dtype)
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    if private is None:  # Windows: no private anonymous maps through this module
+        return np.zeros(shape, dt)
+    count = math.prod(shape)
+    # Private, so reading an unwritten page maps the shared zero page, not a new one.
+    buffer = mmap.mmap(-1, max(1, count * dt.itemsize), flags=private)
+    return np.frombuffer(buffer, dtype=dt, count=count).reshape(shape)

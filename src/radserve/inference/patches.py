@@ -24,6 +24,7 @@ import numpy as np
 
 from radserve.domain.volume import Volume
 from radserve.errors import ModelError
+from radserve.host import lazy_zeros
 from radserve.inference.slices import check_extra_channels, crop_box
 from radserve.inference.tasks import (
     Batch,
@@ -89,7 +90,7 @@ class PatchTask(BatchedTask):
         self.patch: tuple[int, int, int] = tuple(spec.input.patch_size)  # type: ignore[assignment]
         # Outputs at the ROI's size when there is one (see BatchedTask).
         self._out = self._output_grid(self.box, roi is not None)
-        self.labels = np.zeros(self.grid.shape, np.uint8)
+        self.labels = lazy_zeros(self.grid.shape, np.uint8)
         self.confidence = np.full(self.grid.shape, 255, np.uint8)
         empty = any(s.stop <= s.start for s in self.box)
         self._native_crop = tuple(s.stop - s.start for s in self.box)
@@ -177,7 +178,8 @@ class PatchTask(BatchedTask):
             part = interpolate_axis(part, 3, cx, order=1)
             labels, conf = decide(part, self.spec, axis=0)
             z = slice(zs.start + s, zs.start + s + len(coords))
-            self.labels[z, ys, xs] = labels
+            # Label voxels only: background pages of the map are never made resident.
+            np.copyto(self.labels[z, ys, xs], labels, where=labels != 0)
             self.confidence[z, ys, xs] = conf
         self._acc = self._norm = None
 

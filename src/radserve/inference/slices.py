@@ -28,6 +28,7 @@ import numpy as np
 
 from radserve.domain.volume import Volume
 from radserve.errors import ModelError, PipelineError
+from radserve.host import lazy_zeros
 from radserve.inference.tasks import (
     Batch,
     BatchedTask,
@@ -81,7 +82,6 @@ def check_extra_channels(
     return masks
 
 
-_MERGE_SLICES = 1  # slices mapped back to the native grid at once
 _PREPARE_SLICES = 2  # slices made into network input at once
 
 
@@ -130,7 +130,7 @@ class SliceTask(BatchedTask):
         # Outputs at the ROI's size when there is one (see BatchedTask).
         self._out = self._output_grid(self.box, roi is not None)
         self._out_z0 = self._out[0].start - zs.start
-        self.labels = np.zeros(self.grid.shape, np.uint8)
+        self.labels = lazy_zeros(self.grid.shape, np.uint8)
         # Confidence only matters where findings are measured: organ models skip it.
         self.confidence: np.ndarray | None = (
             np.full(self.grid.shape, 255, np.uint8)
@@ -217,20 +217,22 @@ class SliceTask(BatchedTask):
         ]
         self._check_first_output(logits)
         _, ys, xs = self._out
-        z = np.asarray(batch.items) + self._out_z0
-        # A few slices at a time: full-resolution class probabilities are the largest
+        # One slice at a time: full-resolution class probabilities are the largest
         # temporaries of the whole pipeline (classes x native crop x float32).
-        for start in range(0, n, _MERGE_SLICES):
-            part = slice(start, start + _MERGE_SLICES)
-            probs = activate(logits[part], self.spec.activation)
+        for j, item in enumerate(batch.items):
+            probs = activate(logits[j : j + 1], self.spec.activation)
             if self._rh != self._h:
                 probs = interpolate_axis(probs, 2, self._back_y, order=1)
             if self._rw != self._w:
                 probs = interpolate_axis(probs, 3, self._back_x, order=1)
             labels, conf = decide(probs, self.spec, axis=1)
-            self.labels[z[part], ys, xs] = labels
+            z = int(item) + self._out_z0
+            # Only label voxels are written: the map starts as untouched zero pages, and
+            # pages that only background would fill stay unallocated (most of a lesion
+            # map, the air and fat of an organ map).
+            np.copyto(self.labels[z, ys, xs], labels[0], where=labels[0] != 0)
             if self.confidence is not None:
-                self.confidence[z[part], ys, xs] = conf
+                self.confidence[z, ys, xs] = conf[0]
         self._accepted(t0)
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from scipy import ndimage
 
 from radserve.domain import Finding, OrganMeasurement, Prediction, Volume
+from radserve.host import lazy_zeros
 from radserve.models.manifest import LabelSpec, ModelSpec
 from radserve.postprocess.components import ComponentRun, component_runs
 from radserve.postprocess.diameters import FindingAxes, axial_diameters
@@ -224,7 +225,7 @@ def _reference_grid(pred_grid: Volume, ct: Volume | None) -> tuple[Volume, tuple
 
 
 def _empty(grid: Volume, warnings: list[str]) -> LesionFindings:
-    return LesionFindings([], grid.with_array(np.zeros(grid.shape, np.uint8)), [], warnings)
+    return LesionFindings([], grid.with_array(lazy_zeros(grid.shape, np.uint8)), [], warnings)
 
 
 def _components(
@@ -262,7 +263,7 @@ def _number(
         lut[c.component] = i
         findings.append(c.finding.model_copy(update={"finding_id": i, "label_value": i}))
         axes.append(c.axes.model_copy(update={"finding_id": i}))
-    out = np.zeros(grid.shape, dtype=dtype)
+    out = lazy_zeros(grid.shape, dtype)
     for run in runs:
         local = run.local_lut(lut)
         if local.any():
