@@ -17,7 +17,12 @@ from tests.factories.dicom_series import make_ct_series, make_enhanced_series, r
 
 from radserve.errors import DecodeError
 from radserve.ingest import IngestPolicy, discover_series, load_series
-from radserve.ingest.decode import decode_stack, shutdown_decode_workers, use_processes
+from radserve.ingest.decode import (
+    decode_stack,
+    shutdown_decode_workers,
+    start_decode_workers,
+    use_processes,
+)
 from radserve.ingest.geometry import plan_stack
 from radserve.ingest.headers import FrameRef
 from radserve.ingest.sources import SourceReader
@@ -119,3 +124,7 @@ def test_a_damaged_file_in_a_worker_is_named_and_the_workers_carry_on(tmp_path: 
     np.testing.assert_array_equal(
         _decode(_ordered(tmp_path / "next"), processes=True, workers=2), ramp_hu(N, 40, 36)
     )
+
+
+def test_workers_can_be_started_ahead_of_the_first_study() -> None:
+    assert start_decode_workers(2) == 2

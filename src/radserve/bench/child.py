@@ -13,6 +13,8 @@ beside them: ``workers_peak_rss_mb`` the peak of their summed resident sizes and
 ``tree_peak_rss_mb`` the peak of this process plus them (sampled every 20 ms; shared
 pages count once per process, so both are upper bounds).
 
+For a JPEG 2000 study the decoder processes are started during warm-up, as a server
+starts them with its model sessions (``radserve.ingest.decode.start_decode_workers``).
 Heavy modules are imported inside the functions: decoder processes started by a run
 import this module as their ``__main__`` and should not load ONNX Runtime for nothing.
 """
@@ -114,7 +116,7 @@ def _warm(pool: SessionPool, registry: ModelRegistry, precision: str) -> dict[st
 
 
 def run_radserve(study: Path, workdir: Path, precision: str) -> dict[str, object]:
-    from radserve.ingest.decode import shutdown_decode_workers
+    from radserve.ingest.decode import shutdown_decode_workers, start_decode_workers
     from radserve.models.registry import ModelRegistry
     from radserve.pipeline import SessionPool, release_free_memory
     from radserve.pipelines.spec import load_pipeline
@@ -122,6 +124,8 @@ def run_radserve(study: Path, workdir: Path, precision: str) -> dict[str, object
 
     registry, pool = ModelRegistry(), SessionPool()
     _warm(pool, registry, precision)
+    if _needs_decode_workers(study):  # started with the server, like its model sessions
+        start_decode_workers()
     release_free_memory()
     rss_warm = _rss_now_mb()
     cpu0 = _cpu_seconds()
@@ -153,6 +157,19 @@ def run_radserve(study: Path, workdir: Path, precision: str) -> dict[str, object
         "providers": list(pool.runtime.providers),
         "threads": pool.runtime.intra_op_threads,
     }
+
+
+def _needs_decode_workers(study: Path) -> bool:
+    """Whether the study's transfer syntax is decoded in worker processes."""
+    import pydicom
+
+    from radserve.ingest.decode import PROCESS_SYNTAXES
+
+    first = next(iter(sorted(study.rglob("*.dcm"))), None)
+    if first is None:
+        return False
+    meta = pydicom.dcmread(first, stop_before_pixels=True)
+    return str(meta.file_meta.TransferSyntaxUID) in PROCESS_SYNTAXES
 
 
 def _cpu_seconds() -> float:

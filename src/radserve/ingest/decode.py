@@ -219,6 +219,24 @@ class _DecodePool:
 _POOL = _DecodePool()
 
 
+def start_decode_workers(workers: int | None = None) -> int:
+    """Start the decoding worker processes now, as a server warms its models, so the
+    first compressed study does not wait for them; returns how many are running."""
+    workers = max(1, workers or usable_cores())
+    executor = _POOL.get(workers)
+    # One task per worker, each held until all have started: the pool starts a process
+    # per task it cannot hand to an idle one.
+    barrier = [executor.submit(_worker_ready) for _ in range(workers)]
+    return len({future.result() for future in barrier})
+
+
+def _worker_ready() -> int:
+    import time
+
+    time.sleep(0.05)  # keep this worker busy so the next task starts another
+    return os.getpid()
+
+
 def shutdown_decode_workers() -> None:
     """Stop the decoding worker processes (they start again when next needed)."""
     _POOL.shutdown()
