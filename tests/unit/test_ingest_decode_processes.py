@@ -128,3 +128,19 @@ def test_a_damaged_file_in_a_worker_is_named_and_the_workers_carry_on(tmp_path: 
 
 def test_workers_can_be_started_ahead_of_the_first_study() -> None:
     assert start_decode_workers(2) == 2
+
+
+def test_jpeg2000_prefers_pylibjpeg_and_falls_back_to_any_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pydicom.pixels import get_decoder
+
+    from radserve.ingest import decode
+
+    if "pylibjpeg" in get_decoder(JPEG2000Lossless).available_plugins:
+        assert decode.preferred_plugin(JPEG2000Lossless) == "pylibjpeg"
+    assert decode.preferred_plugin(ExplicitVRLittleEndian) == ""
+    hu = ramp_hu(N, 40, 36)
+    _series(tmp_path, hu=hu)
+    monkeypatch.setattr(decode, "preferred_plugin", lambda uid: "no-such-plugin")
+    np.testing.assert_array_equal(_decode(_ordered(tmp_path), processes=False), hu)
