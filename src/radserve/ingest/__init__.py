@@ -2,21 +2,49 @@
 
 The only package that reads DICOM pixel data. ``discover_series`` reads headers once and
 groups them; ``load_series`` decodes one series under an :class:`IngestPolicy`.
+
+The names below are imported on first use (PEP 562): the JPEG 2000 decoder processes
+import ``radserve.ingest.decode`` and should not load nibabel and SciPy with it.
 """
 
-from radserve.ingest.discover import SeriesHeader, discover_series
-from radserve.ingest.headers import FrameRef, PatientInfo
-from radserve.ingest.load import (
-    LoadedSeries,
-    LoadedStudy,
-    RejectedSeries,
-    SliceSource,
-    load_series,
-    load_study,
-)
-from radserve.ingest.nifti import load_nifti, save_nifti
-from radserve.ingest.policy import IngestPolicy
-from radserve.ingest.sources import ArchiveRejectedError, SkippedFile, SourceFile
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from radserve.ingest.discover import SeriesHeader, discover_series
+    from radserve.ingest.headers import FrameRef, PatientInfo
+    from radserve.ingest.load import (
+        LoadedSeries,
+        LoadedStudy,
+        RejectedSeries,
+        SliceSource,
+        load_series,
+        load_study,
+    )
+    from radserve.ingest.nifti import load_nifti, save_nifti
+    from radserve.ingest.policy import IngestPolicy
+    from radserve.ingest.sources import ArchiveRejectedError, SkippedFile, SourceFile
+
+_EXPORTS = {
+    "ArchiveRejectedError": "sources",
+    "FrameRef": "headers",
+    "IngestPolicy": "policy",
+    "LoadedSeries": "load",
+    "LoadedStudy": "load",
+    "PatientInfo": "headers",
+    "RejectedSeries": "load",
+    "SeriesHeader": "discover",
+    "SkippedFile": "sources",
+    "SliceSource": "load",
+    "SourceFile": "sources",
+    "discover_series": "discover",
+    "load_nifti": "nifti",
+    "load_series": "load",
+    "load_study": "load",
+    "save_nifti": "nifti",
+}
 
 __all__ = [
     "ArchiveRejectedError",
@@ -36,3 +64,16 @@ __all__ = [
     "load_study",
     "save_nifti",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
