@@ -185,6 +185,15 @@ class GatewaySettings(_Section):
     allowed_peers: tuple[DicomPeer, ...] = ()
 
 
+class ResultsSettings(_Section):
+    """What goes into the DICOM results (SEG + TID 1500 SR always, when any are written).
+
+    ``secondary_capture_key_images`` adds each PNG key image as an RGB Secondary Capture
+    in its own series of the source study, for viewers without SEG support."""
+
+    secondary_capture_key_images: bool = False
+
+
 class DicomwebSettings(_Section):
     """DICOMweb (STOW-RS in, WADO-RS of results out) under ``/dicomweb``.
 
@@ -251,6 +260,7 @@ class Settings(BaseSettings):
     gateway: GatewaySettings = GatewaySettings()
     dicomweb: DicomwebSettings = DicomwebSettings()
     fhir: FhirSettings = FhirSettings()
+    results: ResultsSettings = ResultsSettings()
 
     @field_validator("data_dir")
     @classmethod

@@ -148,9 +148,12 @@ class Orthanc:
         return True
 
 
-def study_with_results(root: Path, *, seed: int = 3) -> tuple[list[Path], list[Path]]:
-    """A small phantom CT study and radserve's SEG + SR for it, from the pipeline run with
-    tiny threshold models (about a second): ``(source files, result files)``."""
+def study_with_results(
+    root: Path, *, seed: int = 3, key_images: bool = False
+) -> tuple[list[Path], list[Path]]:
+    """A small phantom CT study and radserve's SEG + SR (+ Secondary Capture key images)
+    for it, from the pipeline run with tiny threshold models (about a second):
+    ``(source files, result files)``."""
     from radserve.models.registry import ModelRegistry
     from radserve.pipelines.spec import load_pipeline
     from radserve.report.dicom import write_dicom_results
@@ -164,6 +167,6 @@ def study_with_results(root: Path, *, seed: int = 3) -> tuple[list[Path], list[P
         pipeline=load_pipeline(write_test_pipeline(root)),
         out_dir=root / "out",
         registry=ModelRegistry(write_test_bundles(root / "models", organ_hu=90, lesion_hu=140)),
-        key_images=False,
+        key_images=key_images,
     )
-    return files, write_dicom_results(result.report, root / "out", files)
+    return files, write_dicom_results(result.report, root / "out", files, key_images=key_images)

@@ -35,16 +35,17 @@ def lesions_hu(points: np.ndarray) -> np.ndarray:
     return hu
 
 
-def run_test_pipeline(root: Path, **bundle_options: float) -> StudyResult:
+def run_test_pipeline(
+    root: Path, *, key_images: bool = False, **bundle_options: float
+) -> StudyResult:
     """Run ``root/study`` through the test pipeline and bundles (written under ``root``,
-    ``bundle_options`` as for :func:`write_test_bundles`); results in ``root/out``, no
-    key images."""
+    ``bundle_options`` as for :func:`write_test_bundles`); results in ``root/out``."""
     return run_study(
         root / "study",
         pipeline=load_pipeline(write_test_pipeline(root)),
         out_dir=root / "out",
         registry=ModelRegistry(write_test_bundles(root / "models", **bundle_options)),
-        key_images=False,
+        key_images=key_images,
     )
 
 

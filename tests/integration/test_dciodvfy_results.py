@@ -38,7 +38,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Report, list[Path],
     root = tmp_path_factory.mktemp("dciodvfy")
     phantom = generate_phantom(PhantomSpec.random(3, small=True))
     files = write_dicom_series(phantom, root / "study", patient_name="Müller^Jürgen")
-    result = run_test_pipeline(root, organ_hu=90, lesion_hu=140)
+    result = run_test_pipeline(root, key_images=True, organ_hu=90, lesion_hu=140)
     assert result.report.findings, "the phantom should give findings with these thresholds"
     return result.report, files, root / "out"
 
@@ -49,6 +49,41 @@ def test_seg_and_sr_pass_dciodvfy(study) -> None:
     assert len(paths) == 3
     for path in paths:
         assert dciodvfy_errors(path) == [], path.name
+
+
+def test_key_image_secondary_captures_pass_dciodvfy_and_reference_their_slice(
+    study, tmp_path: Path
+) -> None:
+    import numpy as np
+    from PIL import Image
+
+    report, files, out = study
+    assert report.outputs.key_images, "the run should have written key images"
+    result_dir = tmp_path / "out"
+    shutil.copytree(out, result_dir)
+    paths = write_dicom_results(report, result_dir, files, key_images=True)
+    scs = [p for p in paths if p.name.endswith("-sc.dcm")]
+    assert len(scs) == len(report.outputs.key_images)
+    by_uid = {str(pydicom.dcmread(f, stop_before_pixels=True).SOPInstanceUID): f for f in files}
+    series = set()
+    for path, key_image in zip(scs, report.outputs.key_images, strict=True):
+        assert dciodvfy_errors(path) == [], path.name
+        ds = pydicom.dcmread(path)
+        assert ds.SOPClassUID == "1.2.840.10008.5.1.4.1.1.7"  # Secondary Capture
+        assert ds.StudyInstanceUID == report.study.study_instance_uid
+        assert str(ds.PatientName) == "Müller^Jürgen"
+        assert ds.BurnedInAnnotation == "YES"
+        source_uid = ds.SourceImageSequence[0].ReferencedSOPInstanceUID
+        assert source_uid == report.geometry.source_sop_instance_uids[key_image.slice_index]
+        assert source_uid in by_uid
+        png = np.asarray(Image.open(result_dir / key_image.path).convert("RGB"))
+        assert np.array_equal(ds.pixel_array, png)
+        series.add(ds.SeriesInstanceUID)
+    assert len(series) == 1  # one key-image series, apart from the SEG and SR series
+    seg_sr_series = {
+        pydicom.dcmread(p, stop_before_pixels=True).SeriesInstanceUID for p in paths if p not in scs
+    }
+    assert series.isdisjoint(seg_sr_series)
 
 
 def test_sr_variants_pass_dciodvfy(study, tmp_path: Path) -> None:
@@ -72,6 +107,6 @@ def test_other_character_sets_pass_dciodvfy(study, tmp_path: Path, charset, name
     copies = relabel(files, tmp_path, name, charset=charset)
     result_dir = tmp_path / "out"
     shutil.copytree(out, result_dir)
-    for path in write_dicom_results(report, result_dir, copies):
+    for path in write_dicom_results(report, result_dir, copies, key_images=True):
         assert str(pydicom.dcmread(path, stop_before_pixels=True).PatientName) == name
         assert dciodvfy_errors(path) == [], path.name

@@ -95,6 +95,33 @@ def test_seg_and_sr_land_in_the_source_study(orthanc: Orthanc, rows: OutboxStore
             assert evidence["StudyInstanceUID"] == source.StudyInstanceUID
 
 
+def test_key_image_secondary_captures_land_in_the_source_study(
+    orthanc: Orthanc, rows: OutboxStore, tmp_path: Path
+) -> None:
+    sources, results = study_with_results(tmp_path / "sc", key_images=True)
+    scs = [p for p in results if p.name.endswith("-sc.dcm")]
+    assert scs
+    orthanc.start()
+    _send_source(orthanc, sources)
+    outbox = Outbox(rows, [_destination(orthanc)], StoreSCU())
+    outbox.enqueue(results, job_id="job-sc")
+    assert outbox.deliver_pending().sent == len(results)
+    source = pydicom.dcmread(sources[0], stop_before_pixels=True)
+    [study_id] = orthanc.get("/studies")
+    assert len(orthanc.get(f"/studies/{study_id}/series")) == 4  # CT, SEG, SR, key images
+    stored = {
+        i["MainDicomTags"]["SOPInstanceUID"]: orthanc.get(f"/instances/{i['ID']}/tags?simplify")
+        for i in orthanc.get(f"/studies/{study_id}/instances")
+    }
+    source_uids = {pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID for p in sources}
+    for path in scs:
+        tags = stored[pydicom.dcmread(path, stop_before_pixels=True).SOPInstanceUID]
+        assert tags["SOPClassUID"] == "1.2.840.10008.5.1.4.1.1.7"
+        assert tags["StudyInstanceUID"] == source.StudyInstanceUID
+        [ref] = tags["SourceImageSequence"]
+        assert ref["ReferencedSOPInstanceUID"] in source_uids
+
+
 def test_pacs_down_then_back_delivers_everything_exactly_once(
     orthanc: Orthanc, rows: OutboxStore, study
 ) -> None:

@@ -56,7 +56,9 @@ def test_environment_with_prefix_and_nesting(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("RADSERVE_SCHEDULER__TAT_S__INPATIENT", "120")
     monkeypatch.setenv("RADSERVE_SERVER__METRICS_REQUIRE_KEY", "true")
     monkeypatch.setenv("RADSERVE_DATA_DIR", "/srv/radserve")
+    monkeypatch.setenv("RADSERVE_RESULTS__SECONDARY_CAPTURE_KEY_IMAGES", "true")
     s = load_settings()
+    assert s.results.secondary_capture_key_images is True
     assert s.server.port == 9001 and s.server.metrics_require_key is True
     assert s.scheduler.tat_s.inpatient == 120
     assert s.data_dir == Path("/srv/radserve")

@@ -80,12 +80,16 @@ def summary_tables(report: Report) -> list[Table]:
     return [findings, organs, timings]
 
 
-def write_dicom_objects(result: StudyResult, console: Console) -> list[Path]:
-    """DICOM SEG + SR next to the report, from the study's own source files."""
+def write_dicom_objects(
+    result: StudyResult, console: Console, *, key_images: bool = False
+) -> list[Path]:
+    """DICOM SEG + SR (and Secondary Capture key images) next to the report."""
     from radserve.report.dicom import write_dicom_results
 
     if not result.source_files:
         console.print("DICOM SEG/SR skipped: the source slices are not plain files on disk")
         return []
     with console.status("writing DICOM SEG and SR"):
-        return write_dicom_results(result.report, result.out_dir, result.source_files)
+        return write_dicom_results(
+            result.report, result.out_dir, result.source_files, key_images=key_images
+        )

@@ -30,6 +30,11 @@ from radserve.commands._console import RichProgress, summary_tables, write_dicom
 @click.option(
     "--dicom/--no-dicom", default=True, show_default=True, help="Also write DICOM SEG and SR."
 )
+@click.option(
+    "--sc-key-images",
+    is_flag=True,
+    help="Also write the key images as DICOM Secondary Capture (viewers without SEG).",
+)
 def command(
     study: tuple[Path, ...],
     pipeline_name: str,
@@ -38,6 +43,7 @@ def command(
     models_dir: tuple[Path, ...],
     no_key_images: bool,
     dicom: bool,
+    sc_key_images: bool,
 ) -> None:
     """Run a study (folder, zip or DICOM files) through a pipeline; write the report to OUT."""
     from radserve.models.registry import ModelRegistry, bundled_model_dir
@@ -60,6 +66,6 @@ def command(
     for table in summary_tables(result.report):
         console.print(table)
     if dicom:
-        for path in write_dicom_objects(result, console):
+        for path in write_dicom_objects(result, console, key_images=sc_key_images):
             console.print(f"DICOM: {path}")
     console.print(f"report: {result.report_path}")

@@ -261,6 +261,7 @@ class Intake:
             sessions=self.catalog.sessions,
             policy=self.policy,
             dicom_results=self.dicom_results(record),
+            key_image_scs=self.settings.results.secondary_capture_key_images,
         )
         age = max(0.0, (dt.datetime.now(dt.UTC) - record.arrival).total_seconds())
         request = JobRequest(

@@ -66,8 +66,9 @@ class WithDicomResults:
     """``inner``'s stages, then one more: DICOM SEG and SR written into the result folder
     (for studies received over DICOM, whose results go back to the PACS)."""
 
-    def __init__(self, inner: StudyWork, sources: list[Path]) -> None:
+    def __init__(self, inner: StudyWork, sources: list[Path], *, key_images: bool = False) -> None:
         self.inner = inner
+        self.key_images = key_images
         self.sources = sources
         self.written: list[Path] = []
         self._state = "inner"
@@ -88,7 +89,9 @@ class WithDicomResults:
     def _write(self) -> None:
         result = self.inner.result()
         assert isinstance(result, StudyResult)
-        self.written = write_dicom_results(result.report, result.out_dir, self.sources)
+        self.written = write_dicom_results(
+            result.report, result.out_dir, self.sources, key_images=self.key_images
+        )
         self._state = "done"
 
     def result(self) -> object:
@@ -113,6 +116,7 @@ def build_work(
     sessions: SessionPool,
     policy: IngestPolicy | None,
     dicom_results: bool = False,
+    key_image_scs: bool = False,
 ) -> JobWork:
     """The work for one stored study (a content-addressed folder)."""
     study_dir = Path(study_dir)
@@ -131,7 +135,7 @@ def build_work(
     work = StudyWork(study_dir, **common)  # type: ignore[arg-type]
     if dicom_results:
         sources = sorted(p for p in study_dir.iterdir() if p.is_file())
-        return WithDicomResults(work, sources)
+        return WithDicomResults(work, sources, key_images=key_image_scs)
     return work
 
 

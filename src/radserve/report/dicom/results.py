@@ -18,6 +18,7 @@ from pydicom.dataset import Dataset
 
 from radserve.errors import ReportError
 from radserve.report.dicom import common
+from radserve.report.dicom.sc import write_key_image_scs
 from radserve.report.dicom.seg import build_seg
 from radserve.report.dicom.sr import build_sr
 from radserve.report.nifti import read_nifti
@@ -30,9 +31,14 @@ SR_FILE = "measurements-sr.dcm"
 
 
 def write_dicom_results(
-    report: Report, result_dir: Path, source_files: Sequence[Path]
+    report: Report,
+    result_dir: Path,
+    source_files: Sequence[Path],
+    *,
+    key_images: bool = False,
 ) -> list[Path]:
-    """Write ``organs-seg.dcm``, ``findings-seg.dcm`` and ``measurements-sr.dcm``.
+    """Write ``organs-seg.dcm``, ``findings-seg.dcm`` and ``measurements-sr.dcm``, and
+    with ``key_images`` one ``keyimage-NN-sc.dcm`` Secondary Capture per key image.
 
     The files go next to ``report.json`` in ``result_dir``; label maps are read from the
     paths the report names. A label map with no voxel of a described segment (no
@@ -65,4 +71,6 @@ def write_dicom_results(
     sr = build_sr(report, segs, sources)
     written.append(common.save_atomic(sr, result_dir / SR_FILE))
     logger.info("DICOM results written: %d SEG, 1 SR", len(segs))
+    if key_images:
+        written += write_key_image_scs(report, result_dir, sources)
     return written
