@@ -108,3 +108,13 @@ def test_component_runs_give_the_ids_of_one_whole_array_pass(seed: int) -> None:
         for cid in (1, n // 2, n):
             assert label[cid] == selected[want == cid][0]
     assert components_module.component_runs(np.zeros((3, 4, 5), np.uint8), [1]) == []
+
+
+def test_component_runs_on_a_thin_box_with_separate_runs() -> None:
+    """A 1x1x6 box holding two separate runs of one label: cc3d's bool path once failed
+    here ("maximum length exception") and took the whole study down with it."""
+    from radserve.postprocess.components import component_runs
+
+    labels = np.array([[[3, 0, 3, 3, 0, 3]]], dtype=np.uint8)
+    runs = component_runs(labels, [3])
+    assert sum(int(run.counts[1:].size) for run in runs) == 3

@@ -133,7 +133,9 @@ def component_runs(labels: np.ndarray, values: Sequence[int]) -> list[ComponentR
     for box in _occupied_runs(labels, wanted):
         part = labels[box]
         if len(wanted) == 1:
-            selected = part == wanted[0]
+            # uint8, not bool: cc3d 4.1's binary path under-sizes its union-find array on
+            # thin boxes (1x1x6 with two runs raises "maximum length exception").
+            selected = (part == wanted[0]).view(np.uint8)
         else:
             selected = np.where(np.isin(part, wanted), part, 0).astype(part.dtype, copy=False)
         components, n = cc3d.connected_components(
