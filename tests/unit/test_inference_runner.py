@@ -99,3 +99,25 @@ def test_a_failing_batch_surfaces_and_stops_the_workers(session: ModelSession) -
     with pytest.raises(InferenceError, match="device lost"):
         run_task_overlapped(SliceTask(_volume(), session.spec), Counting(session, fail_at=2))
     assert threading.active_count() == before
+
+
+class Releasing(Counting):
+    """Also records when the runner asks the session to release its arena."""
+
+    def __init__(self, inner: ModelSession) -> None:
+        super().__init__(inner)
+        self.released_after: list[int] = []
+
+    def release_memory(self) -> None:
+        self.released_after.append(self.calls)
+
+
+@pytest.mark.parametrize("runner", [run_task, run_task_overlapped])
+def test_the_arena_is_released_once_after_the_last_batch(
+    session: ModelSession, runner: Callable[..., Prediction]
+) -> None:
+    releasing = Releasing(session)
+    task = SliceTask(_volume(), session.spec)
+    runner(task, releasing)
+    assert releasing.calls == task.total_batches > 1
+    assert releasing.released_after == [task.total_batches]

@@ -58,6 +58,21 @@ def test_fp16_and_fixed_batch_graphs_give_float32_outputs(tmp_path: Path) -> Non
     np.testing.assert_allclose(fixed.run(x), want, atol=1e-5)
 
 
+def test_release_memory_leaves_the_session_working(tmp_path: Path) -> None:
+    x = np.random.default_rng(1).random((3, 1, 5, 7), dtype=np.float32)
+    for fp16, fixed in ((False, None), (True, None), (False, 2)):
+        session = ModelSession(
+            threshold_model(tmp_path / f"r{fp16}{fixed}.onnx", fp16_input=fp16, fixed_batch=fixed),
+            model_spec(divisible_by=8),
+            runtime=CPU,
+            precision="fp16" if fp16 else "fp32",
+        )
+        assert session._smallest_input_shape() == (fixed or 1, 1, 8, 8)
+        before = session.run(x)
+        session.release_memory()
+        np.testing.assert_array_equal(session.run(x), before)
+
+
 def test_provider_preference_and_thread_counts() -> None:
     gpu = choose_runtime(
         _host("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")

@@ -111,6 +111,7 @@ def _warm(pool: SessionPool, registry: ModelRegistry, precision: str) -> dict[st
         session = pool.get(bundle, precision)
         channels = bundle.spec.input.in_channels
         session.run(np.zeros((1, channels, 256, 256), np.float32))
+        session.release_memory()  # as after every task
         sessions[bundle.spec.name] = session
     return sessions
 

@@ -73,6 +73,9 @@ def run_task(
 
 
 def _finish(task: Task, session: Runs, t0: float) -> Prediction:
+    release = getattr(session, "release_memory", None)
+    if release is not None:  # the task's batches are done: let the arena shrink
+        release()
     prediction = task.finish(precision=session.precision)
     prediction.timings["wall"] = time.perf_counter() - t0
     return prediction

@@ -51,12 +51,9 @@ class ModelSession:
         # time; the arena is kept (it is what makes repeated batches cheap).
         options.enable_mem_pattern = False
         options.enable_cpu_mem_arena = True
-        # ... but shrunk back after every run: otherwise each loaded model holds its
-        # largest batch's activations (~60 MB per reference model) for good, beside the
-        # next model's and through post-processing. Measured here: batch time unchanged
-        # within noise, since a batch's own allocations are few and large.
-        self._run_options = ort.RunOptions()
-        self._run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        # ... within a task; release_memory() shrinks it when the task is done.
+        self._shrink = ort.RunOptions()
+        self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         options.log_severity_level = 3
         try:
             self._session = ort.InferenceSession(
@@ -127,9 +124,7 @@ class ModelSession:
         b = self.fixed_batch
         try:
             if b is None or len(x) == b:
-                out = self._session.run(
-                    [self.output_name], {self.input_name: x}, self._run_options
-                )[0]
+                out = self._session.run([self.output_name], {self.input_name: x})[0]
             else:
                 out = self._run_fixed(x, b)
         except Exception as exc:
@@ -146,9 +141,32 @@ class ModelSession:
             n = len(chunk)
             if n < b:
                 chunk = np.concatenate([chunk, np.repeat(chunk[-1:], b - n, axis=0)])
-            out = self._session.run([self.output_name], {self.input_name: chunk}, self._run_options)
-            parts.append(out[0][:n])
+            parts.append(self._session.run([self.output_name], {self.input_name: chunk})[0][:n])
         return np.concatenate(parts)
+
+    def release_memory(self) -> None:
+        """Hand the CPU arena's free chunks back to the system.
+
+        Without this a loaded model keeps its largest batch's activations (~60 MB for
+        each reference model) for good: beside the next model's during its step, and
+        through post-processing and the report. ONNX Runtime shrinks an arena only at
+        the end of a run asked to, so this runs the smallest valid input once that way
+        (a millisecond). Runners call it when a task's last batch is done; shrinking
+        after every batch instead costs a fresh set of page faults per batch (+0.5 s
+        over the 300-slice lesion step here).
+        """
+        x = np.zeros(self._smallest_input_shape(), dtype=self.input_dtype)
+        try:
+            self._session.run([self.output_name], {self.input_name: x}, self._shrink)
+        except Exception as exc:  # a graph that refuses the probe: keep the memory
+            logger.debug("%s: arena not shrunk (%s)", self.spec.key, exc)
+
+    def _smallest_input_shape(self) -> tuple[int, ...]:
+        k = self.spec.input.divisible_by
+        dims = self._session.get_inputs()[0].shape
+        batch = self.fixed_batch or 1
+        spatial = [_static(d) or k for d in dims[2:]]
+        return (batch, self.spec.input.in_channels, *spatial)
 
     def describe(self) -> dict[str, object]:
         """What ran: file, precision, providers actually used; for reports and logs."""

@@ -187,7 +187,8 @@ def _decode(
 
 
 class _DecodePool:
-    """The worker processes, started on first use and kept for the process's life.
+    """The worker processes, started on first use (sized by the first caller's
+    ``workers``, by default the usable cores) and kept for the process's life.
 
     ``forkserver`` (``spawn`` where there is none), never ``fork``: the server process
     runs ONNX Runtime's and the scheduler's threads, and forking a threaded process can
@@ -201,11 +202,14 @@ class _DecodePool:
         self._executor: ProcessPoolExecutor | None = None
         self._size = 0
 
-    def get(self, workers: int) -> ProcessPoolExecutor:
+    def get(self, workers: int) -> tuple[ProcessPoolExecutor, int]:
+        """The pool and its size; started with ``workers`` processes if none runs.
+
+        A running pool is never resized: another thread may be decoding with it, and
+        replacing it would cancel that thread's work.
+        """
         with self._lock:
-            if self._executor is None or self._size != workers:
-                if self._executor is not None:
-                    self._executor.shutdown(wait=False, cancel_futures=True)
+            if self._executor is None:
                 methods = multiprocessing.get_all_start_methods()
                 context = multiprocessing.get_context(
                     "forkserver" if "forkserver" in methods else "spawn"
@@ -219,7 +223,7 @@ class _DecodePool:
                     )
                 self._executor = ProcessPoolExecutor(max_workers=workers, mp_context=context)
                 self._size = workers
-            return self._executor
+            return self._executor, self._size
 
     def discard(self, executor: ProcessPoolExecutor) -> None:
         """Drop a broken pool, so the next call starts a fresh one."""
@@ -241,11 +245,10 @@ _POOL = _DecodePool()
 def start_decode_workers(workers: int | None = None) -> int:
     """Start the decoding worker processes now, as a server warms its models, so the
     first compressed study does not wait for them; returns how many are running."""
-    workers = max(1, workers or usable_cores())
-    executor = _POOL.get(workers)
+    executor, size = _POOL.get(max(1, workers or usable_cores()))
     # One task per worker, each held until all have started: the pool starts a process
     # per task it cannot hand to an idle one.
-    barrier = [executor.submit(_worker_ready) for _ in range(workers)]
+    barrier = [executor.submit(_worker_ready) for _ in range(size)]
     return len({future.result() for future in barrier})
 
 
@@ -272,8 +275,8 @@ def _decode_in_processes(
     worker are in flight, so finished frames never pile up beside the volume."""
     rows, cols = frames[0].pixel.rows, frames[0].pixel.columns
     out = np.empty((len(frames), rows, cols), dtype=dtype)
-    workers = max(1, workers or usable_cores())
-    executor = _POOL.get(workers)
+    executor, size = _POOL.get(max(1, workers or usable_cores()))
+    workers = min(size, workers or size)
     tasks = iter(_process_tasks(frames, workers))
     pending: dict[Future[np.ndarray], list[int]] = {}
 
