@@ -9,8 +9,13 @@ from radserve.domain.volume import Volume
 
 @dataclass(frozen=True, eq=False)
 class Prediction:
-    """Label map (uint8, same geometry as the input) and, optionally, the winning
-    class's probability scaled to uint8 (0..255) for per-finding confidence."""
+    """Label map (uint8) and, optionally, the winning class's probability scaled to
+    uint8 (0..255) for per-finding confidence.
+
+    Both lie on the input's grid, or, for a model restricted to an ROI
+    (``input.roi_labels``), on the ROI's sub-grid of it: each Volume carries its own
+    affine, and the post-processing maps findings back to the input grid.
+    """
 
     model: str
     model_version: str
