@@ -97,6 +97,15 @@ def _pad_to(img: np.ndarray, k: int, floor: float) -> tuple[np.ndarray, tuple[in
     return out, (oy, ox)
 
 
+def _sampled(slices: SliceSet, recipe: Recipe, rng: np.random.Generator, batch: int):
+    """Endless (images, labels) tensor batches from the recipe's patch sampler."""
+    sampler_class = LesionPatchSampler if recipe.train.sampling == "lesion" else PatchSampler
+    sampler = sampler_class(slices, recipe, rng)
+    while True:
+        x, y = sampler.batch(batch)
+        yield torch.from_numpy(x), torch.from_numpy(y)
+
+
 class _PatchStream(torch.utils.data.IterableDataset):
     """Endless training batches for a DataLoader worker, from its own seeded generator."""
 
@@ -107,13 +116,7 @@ class _PatchStream(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else 0
         rng = np.random.default_rng([self.seed, 7, worker])
-        sampler_class = (
-            LesionPatchSampler if self.recipe.train.sampling == "lesion" else PatchSampler
-        )
-        sampler = sampler_class(self.slices, self.recipe, rng)
-        while True:
-            x, y = sampler.batch(self.batch)
-            yield torch.from_numpy(x), torch.from_numpy(y)
+        yield from _sampled(self.slices, self.recipe, rng, self.batch)
 
 
 def _batches(
@@ -121,11 +124,7 @@ def _batches(
 ):
     """Training batches: sampled in this process, or by ``workers`` loader processes."""
     if workers <= 0:
-        sampler_class = LesionPatchSampler if recipe.train.sampling == "lesion" else PatchSampler
-        sampler = sampler_class(slices, recipe, rng)
-        while True:
-            x, y = sampler.batch(batch)
-            yield torch.from_numpy(x), torch.from_numpy(y)
+        yield from _sampled(slices, recipe, rng, batch)
     loader = torch.utils.data.DataLoader(
         _PatchStream(slices, recipe, seed, batch),
         batch_size=None,
