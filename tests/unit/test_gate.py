@@ -204,6 +204,17 @@ def test_gate_rejects_with_a_reason_naming_the_metric(changes, reason):
     assert any(re.search(reason, r) for r in decision.reasons), decision.reasons
 
 
+def test_gate_records_a_false_positive_rise_and_gates_it_when_asked():
+    fp32, variant = _summary(), _summary(variant="int8", fp_per_study=0.9)
+    default = gate_decision(fp32, variant, GateSpec())
+    assert default.accepted and default.fp_per_study_increase == pytest.approx(0.4)
+    assert any("0.50 -> 0.90 (not gated)" in n for n in default.notes), default.notes
+    strict = gate_decision(fp32, variant, GateSpec(max_fp_per_study_increase=0.25))
+    assert not strict.accepted
+    assert any("rose 0.40 > 0.25" in r for r in strict.reasons), strict.reasons
+    assert gate_decision(fp32, variant, GateSpec(max_fp_per_study_increase=0.5)).accepted
+
+
 # --- variants on the tiny model ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:

@@ -58,6 +58,7 @@ class GateDecision(_Frozen):
     notes: list[str] = Field(default_factory=list, description="checks that were skipped")
     dice_drop: float | None = None
     recall_drop_points: dict[str, float | None] = Field(default_factory=dict)
+    fp_per_study_increase: float | None = None
 
 
 def gate_decision(fp32: EvalSummary, variant: EvalSummary, spec: GateSpec) -> GateDecision:
@@ -99,12 +100,22 @@ def gate_decision(fp32: EvalSummary, variant: EvalSummary, spec: GateSpec) -> Ga
                 f"{spec.max_recall_drop_points} ({100 * before:.1f}% -> {100 * after:.1f}% "
                 f"of {n} lesions)"
             )
+    # False positives: a reader pays for each one, so the change is always on record,
+    # and gated when the model's gate asks for it.
+    fp_rise = variant.fp_per_study - fp32.fp_per_study
+    change = f"false positives per study {fp32.fp_per_study:.2f} -> {variant.fp_per_study:.2f}"
+    limit = spec.max_fp_per_study_increase
+    if limit is not None and fp_rise > limit + _EPS:
+        reasons.append(f"{change}: rose {fp_rise:.2f} > {limit}")
+    elif abs(fp_rise) > _EPS:
+        notes.append(change + (" (not gated)" if limit is None else f" (within +{limit})"))
     return GateDecision(
         accepted=not reasons,
         reasons=reasons,
         notes=notes,
         dice_drop=dice_drop,
         recall_drop_points=drops,
+        fp_per_study_increase=fp_rise,
     )
 
 

@@ -116,6 +116,9 @@ class GateSpec(_Strict):
 
     max_dice_drop: float = 0.01
     max_recall_drop_points: float = 2.0
+    # Optional: reject a variant whose false positives per study rise by more than this.
+    # None (the default, the gate) only records the change in the gate's notes.
+    max_fp_per_study_increase: float | None = Field(default=None, ge=0)
 
 
 class ModelSpec(_Strict):
