@@ -201,9 +201,23 @@ class Intake:
                 attributes = study_attributes(study_dir, self.rules.keywords)
             priority = self.rules.classify(attributes)
         self._check_room(priority)
-        job_id = str(uuid.uuid4())
+        record = self._new_job(
+            priority, resolved, study_dir, fingerprint, origin, job_id=str(uuid.uuid4())
+        )
+        position = self.schedule(record, resolved)
+        return Submission(self.cache.get(record.id) or record, cached=False, position=position)
+
+    def _new_job(
+        self,
+        priority: PriorityClass,
+        resolved: ResolvedPipeline,
+        study_dir: Path,
+        fingerprint: str,
+        origin: Origin,
+        **extra: str,
+    ) -> JobRecord:
+        """Persist a job row (and cache it) for a study in ``study_dir``."""
         record = self.store.create_job(
-            job_id=job_id,
             priority_class=to_settings_class(priority),
             deadline=dt.timedelta(seconds=self.scheduler.config.tat(priority)),
             pipeline_name=resolved.spec.name,
@@ -215,10 +229,10 @@ class Intake:
             api_key_id=origin.key_id,
             client_address=origin.client,
             queue_meta={"source": origin.source},
+            **extra,
         )
         self.cache.put(record)
-        position = self.schedule(record, resolved)
-        return Submission(self.cache.get(record.id) or record, cached=False, position=position)
+        return record
 
     def _from_cache(
         self,
@@ -230,21 +244,7 @@ class Intake:
         origin: Origin,
     ) -> Submission:
         cls = priority or PriorityClass.parse(str(hit.priority_class))
-        record = self.store.create_job(
-            priority_class=to_settings_class(cls),
-            deadline=dt.timedelta(seconds=self.scheduler.config.tat(cls)),
-            pipeline_name=resolved.spec.name,
-            pipeline_version=resolved.spec.version,
-            precision=resolved.precision,
-            fingerprint=fingerprint,
-            study_path=str(study_dir),
-            model_versions=resolved.model_versions,
-            api_key_id=origin.key_id,
-            client_address=origin.client,
-            queue_meta={"source": origin.source},
-            cached_from=hit.id,
-        )
-        self.cache.put(record)
+        record = self._new_job(cls, resolved, study_dir, fingerprint, origin, cached_from=hit.id)
         logger.info("job %s answered from the result cache (job %s)", record.id, hit.id)
         return Submission(record, cached=True)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 
 from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -48,7 +48,7 @@ class ResultIndex(StoreBase):
                 # RETURNING: rowcount is -1 on PostgreSQL for ON CONFLICT inserts
                 inserted = session.execute(
                     insert(ResultInstance)
-                    .values(**_values(record), created=now)
+                    .values(**asdict(record), created=now)
                     .on_conflict_do_nothing()
                     .returning(ResultInstance.sop_instance_uid)
                 ).first()
@@ -85,27 +85,10 @@ class ResultIndex(StoreBase):
             return [_record(row) for row in rows]
 
 
-def _values(record: ResultInstanceRecord) -> dict[str, str]:
-    return {
-        "sop_instance_uid": record.sop_instance_uid,
-        "study_instance_uid": record.study_instance_uid,
-        "series_instance_uid": record.series_instance_uid,
-        "sop_class_uid": record.sop_class_uid,
-        "transfer_syntax_uid": record.transfer_syntax_uid,
-        "job_id": record.job_id,
-        "path": record.path,
-    }
-
-
 def _record(row: ResultInstance) -> ResultInstanceRecord:
+    """The row's columns of the record's fields (the record names them once)."""
     return ResultInstanceRecord(
-        sop_instance_uid=row.sop_instance_uid,
-        study_instance_uid=row.study_instance_uid,
-        series_instance_uid=row.series_instance_uid,
-        sop_class_uid=row.sop_class_uid,
-        transfer_syntax_uid=row.transfer_syntax_uid,
-        job_id=row.job_id,
-        path=row.path,
+        **{f.name: getattr(row, f.name) for f in fields(ResultInstanceRecord)}
     )
 
 
