@@ -125,6 +125,7 @@ def _batches(
     """Training batches: sampled in this process, or by ``workers`` loader processes."""
     if workers <= 0:
         yield from _sampled(slices, recipe, rng, batch)
+        return
     loader = torch.utils.data.DataLoader(
         _PatchStream(slices, recipe, seed, batch),
         batch_size=None,
