@@ -10,9 +10,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 install: $(BIN)/python
+	$(BIN)/python tools/one_onnxruntime.py
 	$(BIN)/pip install --quiet -e .
 
 install-test: $(BIN)/python
+	$(BIN)/python tools/one_onnxruntime.py
 	$(BIN)/pip install --quiet -e ".[test]"
 
 ## Install, generate a phantom CT study, run the reference pipeline, print where the report is.

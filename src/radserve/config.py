@@ -139,7 +139,7 @@ DEFAULT_PRIORITY_RULES: tuple[PriorityRule, ...] = tuple(
 class ModelsSettings(_Section):
     # extra bundle roots, searched before the bundled models
     dirs: tuple[Path, ...] = ()
-    precision: Literal["fp32", "fp16", "int8"] | None = None
+    precision: Literal["fp32", "fp16", "int8", "bf16"] | None = None
 
 
 class PipelinesSettings(_Section):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["lazy_zeros", "usable_cores"]
+__all__ = ["cpu_bf16_support", "lazy_zeros", "usable_cores"]
 
 
 def _cgroup_cpu_limit() -> float | None:
@@ -41,6 +41,24 @@ def usable_cores() -> int:
     if limit is not None:
         cores = min(cores, max(1, math.floor(limit)))
     return max(1, cores)
+
+
+# CPU flags (Linux /proc/cpuinfo names) that run bfloat16 matrix arithmetic natively.
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_bf16_support(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The CPU's native bfloat16 instruction set (``amx_bf16``, ``avx512_bf16``), or
+    ``None``: without one, a bf16 hint is emulated and slower than float32."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            return next((f for f in BF16_CPU_FLAGS if f in flags), None)
+    return None
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: np.typing.DTypeLike) -> np.ndarray:

@@ -25,6 +25,7 @@ from radserve.evaluation.pipeline_runs import pipeline_predictor, record_model_i
 from radserve.evaluation.publish import to_json, to_markdown
 from radserve.evaluation.runner import GroundTruth, evaluate
 from radserve.evaluation.summary import EvalSummary
+from radserve.inference import choose_runtime
 from radserve.models.gate import GateDecision, gate_decision, read_gate_report
 from radserve.models.manifest import GateSpec, load_manifest
 from radserve.models.registry import ModelRegistry
@@ -289,6 +290,10 @@ def _write_bundle(root: Path) -> tuple[Path, Path]:
     return root, directory
 
 
+_RUNTIME = choose_runtime(threads=1)
+RUNS_BF16 = _RUNTIME.primary == "OpenVINOExecutionProvider" and _RUNTIME.host.cpu_bf16 is not None
+
+
 def test_build_and_gate_through_the_pipeline_writes_gate_json_and_serves_passing_variants(
     tmp_path,
 ):
@@ -338,6 +343,30 @@ def test_build_and_gate_through_the_pipeline_writes_gate_json_and_serves_passing
     tiny_seg_model(directory / "model.int8.onnx", lesion_gain=0.3)
     with pytest.raises(VariantRejectedError, match="changed since it was gated"):
         ModelRegistry([root]).get("tiny").onnx_path("int8")
+
+    if not RUNS_BF16:
+        return
+    # bf16 alone: no new file; the fp16 record (file unchanged) is kept, the swapped
+    # int8 file's record is dropped rather than carried over
+    tiny_seg_model(directory / "model.int8.onnx")
+    report = build_and_gate(
+        ModelRegistry([root]).get("tiny"),
+        evaluate_precisions=evaluate_precisions,
+        calibration=lambda: batches,
+        speed_batch=batches[0],
+        threads=1,
+        precisions=("bf16",),
+        repeats=2,
+    )
+    assert set(report.variants) == {"fp16", "bf16"}
+    bf16 = report.variants["bf16"]
+    assert bf16.accepted and bf16.file == "model.onnx"
+    assert bf16.providers == ["OpenVINOExecutionProvider"]
+    assert bf16.speed.provider == "OpenVINOExecutionProvider"
+    assert report.variants["fp16"] == read_gate_report(directory).variants["fp16"]
+    served = ModelRegistry([root]).get("tiny")
+    assert served.onnx_path("bf16") == directory / "model.onnx"
+    assert "was gated" not in (served.rejection("bf16") or "")
 
 
 @pytest.mark.parametrize(

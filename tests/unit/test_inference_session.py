@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ from tests.factories.onnx_models import model_spec, threshold_logits, threshold_
 
 from radserve.errors import ModelError
 from radserve.inference import DeviceInfo, ModelSession, choose_runtime
+from radserve.inference.providers import precision_options
 
 CPU = choose_runtime(prefer=["CPUExecutionProvider"], threads=1)
 
@@ -93,3 +95,68 @@ def test_asking_for_a_missing_provider_fails_loudly() -> None:
         choose_runtime(_host("CPUExecutionProvider"), prefer=["CUDAExecutionProvider"])
     with pytest.raises(ModelError, match="unknown execution providers"):
         choose_runtime(_host("CPUExecutionProvider"), prefer=["CudaProvider"])
+
+
+def test_openvino_runs_on_all_usable_cores_at_float32() -> None:
+    ov = choose_runtime(_host("OpenVINOExecutionProvider", "CPUExecutionProvider"))
+    assert ov.device == "openvino" and ov.intra_op_threads == 8
+    assert ov.provider_options[0] == {
+        "device_type": "CPU",
+        "precision": "FP32",
+        "num_of_threads": "8",
+    }
+
+
+def _bf16_host(flag: str | None) -> DeviceInfo:
+    return DeviceInfo(
+        "1.0",
+        ("OpenVINOExecutionProvider", "CPUExecutionProvider"),
+        usable_cores=2,
+        logical_cores=2,
+        ort_device="CPU",
+        cpu_bf16=flag,
+    )
+
+
+def test_bf16_needs_openvino_and_a_cpu_with_native_bfloat16() -> None:
+    with pytest.raises(ModelError, match="bf16 runs on OpenVINO's CPU plugin"):
+        precision_options(CPU, "bf16")
+    with pytest.raises(ModelError, match="AMX or AVX-512 BF16"):
+        precision_options(choose_runtime(_bf16_host(None)), "bf16")
+    runtime = choose_runtime(_bf16_host("amx_bf16"))
+    assert "available (amx_bf16)" in " ".join(runtime.notes)
+    options = precision_options(runtime, "bf16")
+    assert json.loads(options[0]["load_config"]) == {"CPU": {"INFERENCE_PRECISION_HINT": "bf16"}}
+    assert "load_config" not in runtime.provider_options[0]  # the runtime is not changed
+    assert precision_options(runtime, "fp32") == [dict(o) for o in runtime.provider_options]
+
+
+def test_bf16_session_refused_where_it_cannot_run(tmp_path: Path) -> None:
+    path = threshold_model(tmp_path / "t.onnx")
+    with pytest.raises(ModelError, match="serve fp32"):
+        ModelSession(path, model_spec(), runtime=CPU, precision="bf16")
+
+
+HOST = choose_runtime(threads=2)
+RUNS_BF16 = HOST.primary == "OpenVINOExecutionProvider" and HOST.host.cpu_bf16 is not None
+
+
+@pytest.mark.skipif(not RUNS_BF16, reason="needs onnxruntime-openvino and a bfloat16 CPU")
+def test_bf16_session_runs_the_fp32_graph_in_bfloat16(tmp_path: Path) -> None:
+    """A bf16 session rounds what fp32 computes exactly: same labels, ~3 significant digits."""
+    from tests.factories.onnx_models import conv_model
+
+    rng = np.random.default_rng(3)
+    w = rng.normal(0, 1, (2, 1, 3, 3)).astype(np.float32)
+    path = conv_model(tmp_path / "conv.onnx", w, np.array([0.1, -0.1], np.float32))
+    spec = model_spec()
+    x = rng.normal(0, 1, (4, 1, 32, 32)).astype(np.float32)
+    fp32 = ModelSession(path, spec, runtime=HOST)
+    bf16 = ModelSession(path, spec, runtime=HOST, precision="bf16")
+    assert fp32.providers_in_use[0] == bf16.providers_in_use[0] == "OpenVINOExecutionProvider"
+    reference = ModelSession(path, spec, runtime=CPU).run(x)
+    np.testing.assert_allclose(fp32.run(x), reference, rtol=1e-4, atol=1e-4)
+    out = bf16.run(x)
+    assert out.dtype == np.float32 and bf16.describe()["precision"] == "bf16"
+    assert not np.array_equal(out, reference)  # bfloat16 arithmetic really ran
+    np.testing.assert_allclose(out, reference, rtol=0.05, atol=0.05)

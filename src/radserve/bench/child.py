@@ -204,22 +204,27 @@ def _torch_runners(registry: ModelRegistry, threads: int) -> dict[str, Runner]:
 def run_baseline(
     study: Path, workdir: Path, precision: str, runtime: str = "auto"
 ) -> dict[str, object]:
-    """The naive baseline: PyTorch eager when torch is installed, else ONNX Runtime batch 1."""
+    """The naive baseline: PyTorch eager when torch is installed, else ONNX Runtime batch 1;
+    float32 whatever radserve is asked to run."""
     from radserve.bench.naive import run_naive
     from radserve.bench.torch_weights import torch_available
+    from radserve.inference import choose_runtime
     from radserve.models.registry import ModelRegistry
     from radserve.pipeline import SessionPool
     from radserve.pipelines.spec import load_pipeline
 
-    registry, pool = ModelRegistry(), SessionPool()
+    # What a plain `pip install onnxruntime` runs: the CPU provider, at fp32.
+    registry = ModelRegistry()
+    pool = SessionPool(choose_runtime(prefer=["CPUExecutionProvider"]))
+    precision = "fp32"
     use_torch = runtime == "torch" or (runtime == "auto" and torch_available())
     if use_torch:
         runners = _torch_runners(registry, pool.runtime.intra_op_threads)
-        precision, engine = "fp32", "pytorch-eager"
+        engine = "pytorch-eager"
     else:
         sessions = _warm(pool, registry, precision)
         runners = {name: session.run for name, session in sessions.items()}
-        engine = "onnxruntime-batch1"
+        engine = "onnxruntime-cpu-batch1"
     rss_warm = _rss_now_mb()
     with TreeMemory() as memory:
         t0 = time.perf_counter()

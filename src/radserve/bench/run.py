@@ -26,8 +26,11 @@ from radserve.evaluation.metrics import dice
 @dataclass
 class Contest:
     transfer_syntax: str
+    # radserve contestant -> the precision it ran at
+    precisions: dict[str, str] = field(default_factory=lambda: {"radserve": "fp32"})
     results: dict[str, dict[str, object]] = field(default_factory=dict)
-    dice: dict[str, dict[str, float]] = field(default_factory=dict)
+    # (radserve contestant, baseline) -> Dice per structure group
+    dice: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
 
 
 def monai_available() -> bool:
@@ -62,29 +65,40 @@ def run_bench(
     syntaxes: tuple[str, ...] = ("explicit", "jpeg2000"),
     cache_dir: Path | None = None,
     n_slices: int = 300,
-    precision: str = "fp32",
+    precisions: tuple[str, ...] = ("fp32",),
     baselines: tuple[str, ...] = ("naive", "naive-ort", "monai"),
     log: Callable[[str], None] = print,
 ) -> dict[str, object]:
+    """radserve at each of ``precisions`` (the first is the headline) against the
+    baselines, which always run the fp32 weights: a faster answer must still be theirs."""
     cache_dir = Path(cache_dir or Path(tempfile.gettempdir()) / "radserve-bench")
     contests = []
+    ours = [radserve_mode(p, first=i == 0) for i, p in enumerate(precisions)]
     with tempfile.TemporaryDirectory(prefix="radserve-bench-") as tmp:
         for syntax in syntaxes:
             log(f"[{syntax}] preparing {n_slices}-slice 512x512 phantom study")
             study = ensure_study(cache_dir, syntax, n_slices)
-            contest = Contest(syntax)
-            modes = ["radserve", *(b for b in baselines if b != "monai" or monai_available())]
-            for mode in modes:
+            contest = Contest(syntax, precisions=dict(zip(ours, precisions, strict=True)))
+            theirs = [b for b in baselines if b != "monai" or monai_available()]
+            for mode in ours + theirs:
                 log(f"[{syntax}] running {mode}")
+                precision = contest.precisions.get(mode, "fp32")
+                child = "radserve" if mode in contest.precisions else mode
                 contest.results[mode] = _run_child(
-                    mode, study, Path(tmp) / syntax / mode, precision
+                    child, study, Path(tmp) / syntax / mode, precision
                 )
-            for mode in modes[1:]:
-                contest.dice[mode] = _agreement(
-                    Path(tmp) / syntax / "radserve", Path(tmp) / syntax / mode
-                )
+            for mine in ours:
+                for mode in theirs:
+                    contest.dice[(mine, mode)] = _agreement(
+                        Path(tmp) / syntax / mine, Path(tmp) / syntax / mode
+                    )
             contests.append(contest)
     return summarise(contests, n_slices)
+
+
+def radserve_mode(precision: str, *, first: bool = True) -> str:
+    """Contestant name: ``radserve`` for the headline precision, ``radserve-bf16``..."""
+    return "radserve" if first else f"radserve-{precision}"
 
 
 _MEMORY_KEYS = (
@@ -107,32 +121,10 @@ def summarise(contests: list[Contest], n_slices: int) -> dict[str, object]:
     int16_mb = 512 * 512 * n_slices * 2 / 2**20
     per_syntax = {}
     for c in contests:
-        ours = c.results["radserve"]
-        rs = float(ours["seconds"])  # type: ignore[arg-type]
-        entry: dict[str, object] = {
-            "radserve_s": rs,
-            "radserve_cpu_s": ours.get("cpu_seconds"),
-            "peak_rss_mb": ours["peak_rss_mb"],
-            **{key: ours.get(key) for key in _MEMORY_KEYS},
-            "stages": ours["stages"],
-            "models": ours.get("models"),
-        }
-        for mode in ("naive", "naive-ort", "monai"):
-            name = mode.replace("-", "_")
-            if mode in c.results:
-                other = float(c.results[mode]["seconds"])  # type: ignore[arg-type]
-                entry[f"{name}_s"] = other
-                entry[f"speedup_vs_{name}"] = other / rs
-                entry[f"dice_vs_{name}"] = min(c.dice[mode].values()) if c.dice[mode] else None
-                entry[f"dice_vs_{name}_detail"] = c.dice[mode]
-                entry[f"{name}_peak_rss_mb"] = c.results[mode]["peak_rss_mb"]
-                entry[f"{name}_stages"] = c.results[mode]["stages"]
-                entry[f"{name}_engine"] = c.results[mode].get("engine")
-            else:
-                entry[f"{name}_s"] = entry[f"speedup_vs_{name}"] = entry[f"dice_vs_{name}"] = None
-        entry["peak_rss_over_int16_volume"] = float(entry["peak_rss_mb"]) / int16_mb  # type: ignore[arg-type]
-        own = entry.get("pipeline_rss_mb")
-        entry["pipeline_rss_over_int16_volume"] = None if own is None else float(own) / int16_mb  # type: ignore[arg-type]
+        by_precision = {p: _entry(c, mine, int16_mb) for mine, p in c.precisions.items()}
+        entry = dict(next(iter(by_precision.values())))
+        entry["precision"] = next(iter(c.precisions.values()))
+        entry["by_precision"] = by_precision
         per_syntax[c.transfer_syntax] = entry
     first = per_syntax[contests[0].transfer_syntax]
     summary: dict[str, object] = {
@@ -160,5 +152,40 @@ def summarise(contests: list[Contest], n_slices: int) -> dict[str, object]:
     summary["monai"] = (
         "ran" if monai_available() else "not installed (pip install monai onnx2torch)"
     )
+    summary["precision"] = first["precision"]
+    summary["by_precision"] = first["by_precision"]
     summary["by_transfer_syntax"] = per_syntax
     return summary
+
+
+def _entry(c: Contest, mine: str, int16_mb: float) -> dict[str, object]:
+    """One radserve contestant against every baseline of its contest."""
+    ours = c.results[mine]
+    rs = float(ours["seconds"])  # type: ignore[arg-type]
+    entry: dict[str, object] = {
+        "radserve_s": rs,
+        "radserve_cpu_s": ours.get("cpu_seconds"),
+        "peak_rss_mb": ours["peak_rss_mb"],
+        **{key: ours.get(key) for key in _MEMORY_KEYS},
+        "stages": ours["stages"],
+        "models": ours.get("models"),
+        "providers": ours.get("providers"),
+    }
+    for mode in ("naive", "naive-ort", "monai"):
+        name = mode.replace("-", "_")
+        if mode in c.results:
+            other = float(c.results[mode]["seconds"])  # type: ignore[arg-type]
+            agreement = c.dice[(mine, mode)]
+            entry[f"{name}_s"] = other
+            entry[f"speedup_vs_{name}"] = other / rs
+            entry[f"dice_vs_{name}"] = min(agreement.values()) if agreement else None
+            entry[f"dice_vs_{name}_detail"] = agreement
+            entry[f"{name}_peak_rss_mb"] = c.results[mode]["peak_rss_mb"]
+            entry[f"{name}_stages"] = c.results[mode]["stages"]
+            entry[f"{name}_engine"] = c.results[mode].get("engine")
+        else:
+            entry[f"{name}_s"] = entry[f"speedup_vs_{name}"] = entry[f"dice_vs_{name}"] = None
+    entry["peak_rss_over_int16_volume"] = float(entry["peak_rss_mb"]) / int16_mb  # type: ignore[arg-type]
+    own = entry.get("pipeline_rss_mb")
+    entry["pipeline_rss_over_int16_volume"] = None if own is None else float(own) / int16_mb  # type: ignore[arg-type]
+    return entry

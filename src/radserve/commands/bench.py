@@ -38,7 +38,13 @@ from rich.table import Table
     help="Baselines to run beside radserve ('none': radserve alone, e.g. to repeat it).",
 )
 @click.option("--slices", default=300, show_default=True, help="Slices of the 512x512 study.")
-@click.option("--precision", default="fp32", show_default=True)
+@click.option(
+    "--precision",
+    "precisions",
+    multiple=True,
+    help="radserve's precision(s); the first is the headline [default: fp32, then bf16 "
+    "where this host serves it]. Baselines always run fp32.",
+)
 @click.option(
     "--cache-dir", type=click.Path(path_type=Path), help="Where phantom studies are kept."
 )
@@ -54,7 +60,7 @@ def command(
     syntaxes: tuple[str, ...],
     baselines: tuple[str, ...],
     slices: int,
-    precision: str,
+    precisions: tuple[str, ...],
     cache_dir: Path | None,
     routine: int,
 ) -> None:
@@ -62,19 +68,22 @@ def command(
     or (--scenario priority) the scheduler's URGENT turnaround under load."""
     console = Console(width=max(Console().width, 120))
     if scenario == "priority":
-        _priority(console, json_path, slices, precision, cache_dir, routine)
+        _priority(
+            console, json_path, slices, precisions[0] if precisions else "fp32", cache_dir, routine
+        )
         return
-    from radserve.bench.run import run_bench
+    from radserve.bench.run import radserve_mode, run_bench
 
+    precisions = precisions or default_precisions(console)
     summary = run_bench(
         syntaxes=syntaxes,
         cache_dir=cache_dir,
         n_slices=slices,
-        precision=precision,
+        precisions=precisions,
         baselines=tuple(b for b in baselines if b != "none"),
         log=lambda msg: console.print(f"[dim]{msg}[/dim]"),
     )
-    table = Table(title=f"radserve bench: 512x512x{slices} phantom CT, {precision}")
+    table = Table(title=f"radserve bench: 512x512x{slices} phantom CT")
     for column in (
         "syntax",
         "contestant",
@@ -88,25 +97,33 @@ def command(
     def fmt(value: object, spec: str = ".2f") -> str:
         return "-" if value is None else format(value, spec)
 
-    for syntax, e in summary["by_transfer_syntax"].items():  # type: ignore[union-attr]
-        table.add_row(
-            syntax, "radserve", fmt(e["radserve_s"]), "", "", fmt(e["peak_rss_mb"], ".0f")
-        )
-        for name, label in (
-            ("naive", f"naive ({e.get('naive_engine') or '-'})"),
-            ("naive_ort", "naive (onnxruntime-batch1)"),
-            ("monai", "MONAI"),
-        ):
-            if e.get(f"{name}_s") is None:
-                continue
+    for syntax, first in summary["by_transfer_syntax"].items():  # type: ignore[union-attr]
+        for i, (precision, e) in enumerate(first["by_precision"].items()):
+            mine = radserve_mode(precision, first=i == 0)
             table.add_row(
+                syntax if i == 0 else "",
+                f"{mine} ({precision})",
+                fmt(e["radserve_s"]),
                 "",
-                label,
-                fmt(e[f"{name}_s"]),
-                fmt(e[f"speedup_vs_{name}"], ".1f") + "x",
-                fmt(e[f"dice_vs_{name}"], ".4f"),
-                fmt(e.get(f"{name}_peak_rss_mb"), ".0f"),
+                "",
+                fmt(e["peak_rss_mb"], ".0f"),
             )
+            for name, label in (
+                ("naive", f"naive ({e.get('naive_engine') or '-'})"),
+                ("naive_ort", f"naive ({e.get('naive_ort_engine') or '-'})"),
+                ("monai", "MONAI"),
+            ):
+                if e.get(f"{name}_s") is None:
+                    continue
+                table.add_row(
+                    "",
+                    f"  {label}",
+                    fmt(e[f"{name}_s"]),
+                    fmt(e[f"speedup_vs_{name}"], ".1f") + "x",
+                    fmt(e[f"dice_vs_{name}"], ".4f"),
+                    fmt(e.get(f"{name}_peak_rss_mb"), ".0f"),
+                )
+        e = first
         table.add_row(
             "", "radserve peak RSS / int16 volume", fmt(e["peak_rss_over_int16_volume"]), "", "", ""
         )
@@ -140,6 +157,25 @@ def command(
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(summary, indent=2))
         console.print(f"summary: {json_path}")
+
+
+def default_precisions(console: Console) -> tuple[str, ...]:
+    """fp32, then bf16 where this host runs it and both pipeline models' gates accept it."""
+    from radserve.bench.child import PIPELINE
+    from radserve.inference import choose_runtime
+    from radserve.models.registry import ModelRegistry
+    from radserve.pipelines.spec import load_pipeline
+
+    runtime = choose_runtime()
+    if runtime.primary != "OpenVINOExecutionProvider" or not runtime.host.cpu_bf16:
+        return ("fp32",)
+    registry = ModelRegistry()
+    for step in load_pipeline(PIPELINE).steps:
+        why = registry.get(step.model, step.version).rejection("bf16")
+        if why:
+            console.print(f"[dim]bf16 not benchmarked: {why}[/dim]")
+            return ("fp32",)
+    return ("fp32", "bf16")
 
 
 def _priority(

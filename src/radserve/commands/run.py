@@ -16,9 +16,10 @@ from radserve.commands._console import RichProgress, summary_tables, write_dicom
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path))
 @click.option(
     "--precision",
-    type=click.Choice(["fp32", "fp16", "int8"]),
+    type=click.Choice(["fp32", "fp16", "int8", "bf16"]),
     default=None,
-    help="Model precision (default: the pipeline's). Only gated variants are served.",
+    help="Model precision (default: the pipeline's). Only gated variants are served; "
+    "bf16 also needs OpenVINO and a CPU with AMX or AVX-512 BF16.",
 )
 @click.option(
     "--models-dir",

@@ -1,4 +1,5 @@
-"""``radserve models build-variants``: FP16/INT8 files, evaluated, timed and gated."""
+"""``radserve models build-variants``: FP16/INT8 files and the BF16 runtime precision,
+evaluated, timed and gated."""
 
 from __future__ import annotations
 
@@ -24,6 +25,15 @@ from radserve.models.registry import ModelRegistry, bundled_model_dir
 from radserve.models.variants import build_and_gate
 
 logger = logging.getLogger(__name__)
+
+
+def default_variants() -> str:
+    """fp16 and int8 everywhere; bf16 where it can run (OpenVINO, native bfloat16)."""
+    from radserve.inference import choose_runtime
+
+    runtime = choose_runtime()
+    bf16 = runtime.primary == "OpenVINOExecutionProvider" and runtime.host.cpu_bf16
+    return "fp16,int8,bf16" if bf16 else "fp16,int8"
 
 
 def _report_rows(table: Table, name: str, report: GateReport) -> None:
@@ -62,7 +72,12 @@ def _report_rows(table: Table, name: str, report: GateReport) -> None:
     help="Held-out phantom seeds the variants are evaluated on (< 1000).",
 )
 @click.option("--small", is_flag=True, help="Small phantoms (quick check).")
-@click.option("--precision", "precision_text", default="fp16,int8", show_default=True)
+@click.option(
+    "--precision",
+    "precision_text",
+    default=None,
+    help="Comma-separated variants [default: fp16,int8, and bf16 where this host runs it].",
+)
 @click.option(
     "--threads",
     type=int,
@@ -82,7 +97,7 @@ def command(
     calibration_seeds: str,
     seeds: str,
     small: bool,
-    precision_text: str,
+    precision_text: str | None,
     threads: int | None,
     pipeline: str,
     models_dir: Path | None,
@@ -102,7 +117,7 @@ def command(
         raise click.BadParameter(f"calibration and evaluation share seeds {overlap[:5]}")
     if any(s >= HELD_OUT_SEED_LIMIT for s in eval_seeds):
         raise click.BadParameter(f"evaluation seeds must be below {HELD_OUT_SEED_LIMIT}")
-    precisions = [p for p in parse_precisions(precision_text) if p != "fp32"]
+    precisions = [p for p in parse_precisions(precision_text or default_variants()) if p != "fp32"]
     threads = threads or probe_host().usable_cores
     root = models_dir or bundled_model_dir()
     specs = pipeline_specs(ModelRegistry([root]), pipeline)

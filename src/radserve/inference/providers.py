@@ -9,6 +9,7 @@ The choice is logged and is a plain frozen object the pipeline puts in its repor
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from radserve.errors import ModelError
-from radserve.host import usable_cores
+from radserve.host import cpu_bf16_support, usable_cores
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class DeviceInfo:
     usable_cores: int
     logical_cores: int
     ort_device: str
+    # The CPU's native bfloat16 instructions (amx_bf16, avx512_bf16), if any.
+    cpu_bf16: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ def probe_host() -> DeviceInfo:
         usable_cores=usable_cores(),
         logical_cores=os.cpu_count() or 1,
         ort_device=ort.get_device(),
+        cpu_bf16=cpu_bf16_support(),
     )
 
 
@@ -117,9 +121,12 @@ def choose_runtime(
     primary = chosen[0]
     kind = _DEVICE_KIND[primary]
     cores = threads or host.usable_cores
-    # With an accelerator the CPU mostly prepares batches: leave it cores for that.
-    intra = cores if kind == "cpu" else max(1, min(4, cores // 2))
-    options = tuple(_options(p, device_id, gpu_mem_limit_bytes, trt_cache_dir) for p in chosen)
+    # With a GPU the CPU mostly prepares batches: leave it cores for that. OpenVINO runs
+    # on this CPU, with all of it.
+    intra = max(1, min(4, cores // 2)) if kind == "cuda" else cores
+    options = tuple(
+        _options(p, device_id, gpu_mem_limit_bytes, trt_cache_dir, intra) for p in chosen
+    )
     skipped = [p for p in PREFERENCE if p not in available]
     reason = (
         f"{primary} is the most preferred of the providers onnxruntime {host.ort_version} "
@@ -129,6 +136,9 @@ def choose_runtime(
     notes: list[str] = []
     if primary == "TensorrtExecutionProvider":
         notes.append("TensorRT builds an engine per new input shape; engines are cached")
+    if primary == "OpenVINOExecutionProvider":
+        bf16 = f"available ({host.cpu_bf16})" if host.cpu_bf16 else "not available"
+        notes.append(f"bf16 precision: {bf16} (needs AMX or AVX-512 BF16)")
     choice = RuntimeChoice(
         providers=tuple(chosen),
         provider_options=options,
@@ -148,8 +158,37 @@ def choose_runtime(
     return choice
 
 
+def precision_options(runtime: RuntimeChoice, precision: str) -> list[dict[str, str]]:
+    """Provider options for sessions at ``precision``.
+
+    ``bf16`` is the fp32 graph run in bfloat16 by OpenVINO's CPU plugin (weights and
+    activations rounded to 8 mantissa bits, accumulation in float32); it needs that
+    provider and a CPU with native bfloat16, because emulated it is slower than float32.
+    """
+    options = [dict(o) for o in runtime.provider_options]
+    if precision != "bf16":
+        return options
+    if runtime.primary != "OpenVINOExecutionProvider":
+        raise ModelError(
+            f"bf16 runs on OpenVINO's CPU plugin, but this runtime uses {runtime.primary} "
+            f"({runtime.reason}); serve fp32, or install onnxruntime-openvino"
+        )
+    if runtime.host.cpu_bf16 is None:
+        raise ModelError(
+            "bf16 needs a CPU with native bfloat16 arithmetic (AMX or AVX-512 BF16) and this "
+            "one has neither, so it would be slower than fp32; serve fp32"
+        )
+    config = {"CPU": {"INFERENCE_PRECISION_HINT": "bf16"}}
+    options[0]["load_config"] = json.dumps(config)
+    return options
+
+
 def _options(
-    provider: str, device_id: int, mem_limit: int | None, trt_cache_dir: Path | None
+    provider: str,
+    device_id: int,
+    mem_limit: int | None,
+    trt_cache_dir: Path | None,
+    threads: int,
 ) -> dict[str, str]:
     if provider == "CUDAExecutionProvider":
         opts = {
@@ -169,8 +208,17 @@ def _options(
             opts["trt_engine_cache_path"] = str(trt_cache_dir)
         return opts
     if provider == "OpenVINOExecutionProvider":
-        return {"device_type": "CPU"}
+        # float32 unless a session asks for bf16 (precision_options): OpenVINO's own CPU
+        # default on AMX hardware is bf16, which must pass the accuracy gate first.
+        return {"device_type": "CPU", "precision": "FP32", "num_of_threads": str(threads)}
     return {}
 
 
-__all__ = ["PREFERENCE", "DeviceInfo", "RuntimeChoice", "choose_runtime", "probe_host"]
+__all__ = [
+    "PREFERENCE",
+    "DeviceInfo",
+    "RuntimeChoice",
+    "choose_runtime",
+    "precision_options",
+    "probe_host",
+]

@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 
 from radserve.errors import InferenceError, ModelError
-from radserve.inference.providers import RuntimeChoice, choose_runtime
+from radserve.inference.providers import RuntimeChoice, choose_runtime, precision_options
 from radserve.models.manifest import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -55,12 +55,13 @@ class ModelSession:
         self._shrink = ort.RunOptions()
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         options.log_severity_level = 3
+        provider_options = precision_options(self.runtime, precision)
         try:
             self._session = ort.InferenceSession(
                 str(self.path),
                 sess_options=options,
                 providers=list(self.runtime.providers),
-                provider_options=[dict(o) for o in self.runtime.provider_options],
+                provider_options=provider_options,
             )
         except Exception as exc:  # onnxruntime raises its own, untyped, exception family
             raise ModelError(

@@ -120,13 +120,16 @@ def gate_decision(fp32: EvalSummary, variant: EvalSummary, spec: GateSpec) -> Ga
 
 
 class SpeedResult(_Frozen):
-    """CPU speed of one model file on a representative preprocessed batch."""
+    """Speed of one model file on a representative preprocessed batch."""
 
     ms_per_batch: float
     ms_per_slice: float
     batch_size: int
     threads: int
     repeats: int
+    provider: str | None = Field(
+        default=None, description="execution provider it ran on (absent in older reports)"
+    )
     ratio_vs_fp32: float | None = Field(
         default=None, description="variant time / fp32 time; below 1 is faster"
     )
@@ -144,6 +147,10 @@ class VariantGate(_Frozen):
     recall_drop_points: dict[str, float | None] = Field(default_factory=dict)
     metrics: EvalSummary
     speed: SpeedResult | None = None
+    providers: list[str] = Field(
+        default_factory=list,
+        description="execution providers the evaluation ran on (absent in older reports)",
+    )
 
 
 class GateReport(_Frozen):

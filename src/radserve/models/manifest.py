@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from radserve.domain.findings import CodedConcept
 from radserve.errors import ModelError
 
-Precision = Literal["fp32", "fp16", "int8"]
+# bf16 is the fp32 file run in bfloat16 arithmetic (OpenVINO on a CPU with AMX or
+# AVX-512 BF16): declared as ``bf16: model.onnx`` and gated like the file variants.
+Precision = Literal["fp32", "fp16", "int8", "bf16"]
 
 
 class _Strict(BaseModel):

@@ -3,6 +3,8 @@
 * FP16: every float tensor and weight converted to float16 by
   ``onnxruntime.transformers.float16`` with ``keep_io_types=True``, so the model still
   takes and returns float32 and the runtime needs no change.
+* BF16: no new file. The fp32 graph run by OpenVINO's CPU plugin in bfloat16 (AMX or
+  AVX-512 BF16 hosts): declared as ``bf16: model.onnx`` and gated like the others.
 * INT8: static quantisation (``onnxruntime.quantization.quantize_static``) in QDQ format,
   unsigned 8-bit activations and signed 8-bit per-channel weights (U8S8, ONNX Runtime's
   default recommendation for CPUs), calibrated (min/max) on preprocessed slices.
@@ -45,6 +47,7 @@ from radserve.models.gate import (
 from radserve.models.manifest import ModelSpec
 
 if TYPE_CHECKING:
+    from radserve.inference.providers import RuntimeChoice
     from radserve.models.registry import ModelBundle
 
 logger = logging.getLogger(__name__)
@@ -223,9 +226,12 @@ def measure_speed(
     threads: int,
     repeats: int = 10,
     warmup: int = 2,
+    precision: str = "fp32",
+    runtime: RuntimeChoice | None = None,
 ) -> SpeedResult:
-    """Median wall time of one ``batch`` through ``path`` on the CPU, in a
-    :class:`~radserve.inference.ModelSession` configured as serving configures it.
+    """Median wall time of one ``batch`` through ``path`` in a
+    :class:`~radserve.inference.ModelSession` configured as serving configures it (the
+    host's preferred provider unless ``runtime`` says otherwise).
 
     Compare variants only with numbers measured in the same run, with the same batch
     and ``threads``; the absolute value depends on the host.
@@ -234,8 +240,8 @@ def measure_speed(
 
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    runtime = choose_runtime(prefer=["CPUExecutionProvider"], threads=threads)
-    session = ModelSession(path, spec, runtime=runtime)
+    runtime = runtime or choose_runtime(threads=threads)
+    session = ModelSession(path, spec, runtime=runtime, precision=precision)
     for _ in range(warmup):
         session.run(batch)
     times = []
@@ -246,7 +252,12 @@ def measure_speed(
     ms = 1000.0 * statistics.median(times)
     n = int(batch.shape[0])
     return SpeedResult(
-        ms_per_batch=ms, ms_per_slice=ms / n, batch_size=n, threads=threads, repeats=repeats
+        ms_per_batch=ms,
+        ms_per_slice=ms / n,
+        batch_size=n,
+        threads=threads,
+        repeats=repeats,
+        provider=session.providers_in_use[0],
     )
 
 
@@ -289,14 +300,17 @@ def build_and_gate(
     precision on held-out studies (the candidates are not gated yet, so it must use a
     registry with ``allow_ungated=True``) and return one summary per precision.
     """
-    bad = [p for p in precisions if p not in ("fp16", "int8")]
+    bad = [p for p in precisions if p not in ("fp16", "int8", "bf16")]
     if bad:
-        raise ModelError(f"can build fp16 and int8 variants, not {bad}")
+        raise ModelError(f"can build fp16, int8 and bf16 variants, not {bad}")
     spec = bundle.spec
     fp32_name = spec.files["fp32"]
     fp32_path = bundle.candidate_path("fp32")
     files: dict[str, str] = {"fp32": fp32_name}
     for precision in precisions:
+        if precision == "bf16":
+            files[precision] = fp32_name  # a runtime precision: the same graph
+            continue
         dst = bundle.directory / variant_filename(fp32_name, precision)
         if precision == "fp16":
             build_fp16(fp32_path, dst)
@@ -310,10 +324,12 @@ def build_and_gate(
     if missing:
         raise ModelError(f"evaluation of {spec.key} returned no summary for {missing}")
     fp32_speed = measure_speed(fp32_path, spec, speed_batch, threads=threads, repeats=repeats)
-    variants: dict[str, VariantGate] = {}
+    variants = _kept_records(bundle, summaries["fp32"].seeds, precisions)
     for precision in precisions:
         path = bundle.directory / files[precision]
-        speed = measure_speed(path, spec, speed_batch, threads=threads, repeats=repeats)
+        speed = measure_speed(
+            path, spec, speed_batch, threads=threads, repeats=repeats, precision=precision
+        )
         speed = speed.model_copy(
             update={"ratio_vs_fp32": speed.ms_per_batch / fp32_speed.ms_per_batch}
         )
@@ -328,6 +344,7 @@ def build_and_gate(
             recall_drop_points=decision.recall_drop_points,
             metrics=summaries[precision],
             speed=speed,
+            providers=[speed.provider] if speed.provider else [],
         )
         logger.info(
             "%s %s: %s (%.2fx fp32 time)%s",
@@ -351,3 +368,25 @@ def build_and_gate(
     )
     write_gate_report(bundle.directory, report)
     return report
+
+
+def _kept_records(
+    bundle: ModelBundle, seeds: Sequence[int], rebuilt: Sequence[str]
+) -> dict[str, VariantGate]:
+    """Records of variants not rebuilt now, kept from the bundle's gate.json while they
+    still describe the same fp32 file, variant file and evaluation seeds (so building
+    bf16 alone does not throw away the int8 gate)."""
+    try:
+        old = bundle.gate_report()
+    except ModelError:
+        return {}
+    if old is None or old.fp32_sha256 != bundle.sha256("fp32") or old.seeds != list(seeds):
+        return {}
+    kept: dict[str, VariantGate] = {}
+    for precision, record in old.variants.items():
+        if precision in rebuilt or precision not in bundle.spec.files:
+            continue
+        path = bundle.directory / bundle.spec.files[precision]  # type: ignore[index]
+        if path.is_file() and file_sha256(path) == record.sha256:
+            kept[precision] = record
+    return kept

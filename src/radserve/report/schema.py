@@ -58,7 +58,7 @@ class ModelRun(_Model):
 
     name: str
     version: str
-    precision: str = Field("fp32", description="fp32 | fp16 | int8")
+    precision: str = Field("fp32", description="fp32 | fp16 | int8 | bf16")
     onnx_sha256: str | None = Field(None, description="SHA-256 of the ONNX file that ran")
     execution_provider: str | None = Field(None, description="e.g. CUDAExecutionProvider")
 

@@ -38,6 +38,7 @@ def save(
         "torch": str(torch.__version__),
         "loader_workers": args.loader_workers,
         "batch": recipe.train.batch,
+        "autocast": result.autocast or "off",
         "slices": list(result.slices) if result.slices else None,
         "command": "python -m radserve.training " + " ".join(args.argv),
     }
@@ -69,6 +70,7 @@ def load(path: str | Path, recipe: Recipe) -> TrainResult:
         torch_version=payload["torch"],
         loader_workers=payload["loader_workers"],
         batch=payload["batch"],
+        autocast=payload.get("autocast", "off"),
         command=payload["command"],
         slices=tuple(payload["slices"]) if payload.get("slices") else None,
     )

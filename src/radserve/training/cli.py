@@ -80,7 +80,7 @@ def run_one(recipe: Recipe, args: argparse.Namespace) -> dict:
     from radserve.training.data import build_slices, load_phantom
     from radserve.training.train import train_model
 
-    overrides = {"batch": args.batch, "val_every": args.val_every}
+    overrides = {"batch": args.batch, "val_every": args.val_every, "autocast": args.autocast}
     if any(overrides.values()):
         changes = {k: v for k, v in overrides.items() if v}
         recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, **changes))
@@ -199,6 +199,7 @@ def run_one(recipe: Recipe, args: argparse.Namespace) -> dict:
         },
         "steps": result.steps,
         "batch": result.batch or settings.batch,
+        "autocast": result.autocast or settings.autocast,
         "patch": settings.patch,
         "lr": settings.lr,
         "seconds": round(result.seconds, 1),
@@ -311,6 +312,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="torch device to train on (cpu, cuda)")
     p.add_argument("--batch", type=int, default=None, help="override the recipe's batch size")
     p.add_argument("--val-every", type=int, default=None, help="steps between validations")
+    p.add_argument(
+        "--autocast",
+        choices=["off", "bf16"],
+        default=None,
+        help="override the recipe's autocast (bf16 forward pass, float32 weights)",
+    )
     p.add_argument(
         "--loader-workers",
         type=int,

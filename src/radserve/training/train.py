@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from radserve.host import cpu_bf16_support
 from radserve.preprocess import normalised_floor
 from radserve.training.data import LesionPatchSampler, PatchSampler, SliceSet
 from radserve.training.net import UNet2d, UNetConfig, count_parameters
@@ -45,6 +46,7 @@ class TrainResult:
     torch_version: str | None = None
     loader_workers: int = 0
     batch: int | None = None
+    autocast: str | None = None
     command: str | None = None
     slices: tuple[int, int] | None = None  # (train, validation) slice counts
 
@@ -201,6 +203,12 @@ def train_model(
     )
     total = steps or settings.max_steps
     warmup = 50
+    use_bf16 = settings.autocast == "bf16"
+    if use_bf16 and torch.device(device).type == "cpu" and cpu_bf16_support() is None:
+        # Emulated bfloat16 is slower than float32: the run would only lose.
+        logger.warning("%s: this CPU has no native bfloat16; training in float32", spec.name)
+        use_bf16 = False
+    amp = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=use_bf16)
     names = [label.name for label in sorted(spec.labels, key=lambda lab: lab.value)]
 
     def lr_at(step: int) -> float:
@@ -220,7 +228,9 @@ def train_model(
             group["lr"] = lr_at(step)
         x, y = next(batches)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        loss = loss_fn(net(x), y, weight)
+        with amp:
+            logits = net(x)
+        loss = loss_fn(logits.float(), y, weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -267,8 +277,12 @@ def train_model(
                 state = {k: v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()}
                 best = (score, step, state, per_class)
             if on_validation is not None:
-                on_validation(_result(net, best, step, t0, history, n_params, load=False))
-    return _result(net, best, step, t0, history, n_params, load=True)
+                partial = _result(net, best, step, t0, history, n_params, load=False)
+                partial.autocast = "bf16" if use_bf16 else "off"
+                on_validation(partial)
+    result = _result(net, best, step, t0, history, n_params, load=True)
+    result.autocast = "bf16" if use_bf16 else "off"
+    return result
 
 
 def _result(net, best, step, t0, history, n_params, *, load: bool) -> TrainResult:
