@@ -142,6 +142,15 @@ class ModelsSettings(_Section):
     precision: Literal["fp32", "fp16", "int8", "bf16"] | None = None
 
 
+class RuntimeSettings(_Section):
+    """Which ONNX Runtime providers serve, in order (empty: the host's best, TensorRT >
+    CUDA > OpenVINO > CPU), and the CPU threads (empty: the usable cores). A provider
+    named here that the installed onnxruntime lacks stops the server with a reason."""
+
+    providers: tuple[str, ...] = ()
+    threads: int | None = Field(default=None, ge=1)
+
+
 class PipelinesSettings(_Section):
     dirs: tuple[Path, ...] = ()
     default: str = "ct-chest-abdomen"
@@ -255,6 +264,7 @@ class Settings(BaseSettings):
     scheduler: SchedulerSettings = SchedulerSettings()
     priority_rules: tuple[PriorityRule, ...] = DEFAULT_PRIORITY_RULES
     models: ModelsSettings = ModelsSettings()
+    runtime: RuntimeSettings = RuntimeSettings()
     pipelines: PipelinesSettings = PipelinesSettings()
     ingest: IngestSettings = IngestSettings()
     gateway: GatewaySettings = GatewaySettings()

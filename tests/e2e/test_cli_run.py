@@ -65,3 +65,28 @@ def test_unknown_pipeline_names_the_available_ones(tmp_path: Path) -> None:
     done = _radserve("run", str(tmp_path / "study"), "--pipeline", "ct-chest", "--out", "x")
     assert done.returncode == 2
     assert "unknown pipeline 'ct-chest'" in done.stderr and "ct-chest-abdomen" in done.stderr
+
+
+def test_provider_choice_reaches_the_report_and_a_missing_one_is_refused(
+    bundles, tmp_path: Path
+) -> None:
+    models, pipeline = bundles
+    make_ct_series(
+        tmp_path / "study", n_slices=24, rows=48, cols=48, spacing=(2.0, 1.0, 1.0),
+        origin=(-20.0, -20.0, 0.0), hu=lesions_hu,
+    )  # fmt: skip
+    common = ("--pipeline", str(pipeline), "--models-dir", str(models), "--no-dicom")
+    done = _radserve(
+        "run", str(tmp_path / "study"), *common, "--out", str(tmp_path / "cpu"),
+        "--provider", "CPUExecutionProvider",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "cpu" / "report.json").read_text())
+    assert report["runtime"]["providers"] == ["CPUExecutionProvider"]
+    done = _radserve(
+        "run", str(tmp_path / "study"), *common, "--out", str(tmp_path / "gpu"),
+        "--provider", "CUDAExecutionProvider",
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "CUDAExecutionProvider" in done.stderr and "were asked for" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -206,3 +206,21 @@ def test_config_show(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert shown["database_url"] == "postgresql://u:***@h/db"
     assert "hunter2" not in result.output
     assert shown["priority_rules"][0]["class"] == "URGENT"
+
+
+def test_runtime_providers_choose_the_server_s_sessions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from radserve.errors import ModelError
+    from radserve.service.catalog import Catalog
+
+    assert load_settings().runtime.providers == ()
+    monkeypatch.setenv("RADSERVE_RUNTIME__PROVIDERS", '["CPUExecutionProvider"]')
+    monkeypatch.setenv("RADSERVE_RUNTIME__THREADS", "1")
+    settings = load_settings()
+    runtime = Catalog.from_settings(settings).sessions.runtime
+    assert runtime.providers == ("CPUExecutionProvider",) and runtime.intra_op_threads == 1
+    # a provider the installed onnxruntime lacks stops the server, naming what it has
+    monkeypatch.setenv("RADSERVE_RUNTIME__PROVIDERS", '["CUDAExecutionProvider"]')
+    with pytest.raises(ModelError, match=r"CUDAExecutionProvider.*were asked for"):
+        Catalog.from_settings(load_settings())

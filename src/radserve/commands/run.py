@@ -27,6 +27,13 @@ from radserve.commands._console import RichProgress, summary_tables, write_dicom
     multiple=True,
     help="Extra model bundle roots, searched before the bundled models.",
 )
+@click.option(
+    "--provider",
+    "providers",
+    multiple=True,
+    help="ONNX Runtime execution provider(s) to use, in order, e.g. CPUExecutionProvider "
+    "(default: the host's best: TensorRT > CUDA > OpenVINO > CPU).",
+)
 @click.option("--no-key-images", is_flag=True, help="Skip the PNG key images.")
 @click.option(
     "--dicom/--no-dicom", default=True, show_default=True, help="Also write DICOM SEG and SR."
@@ -42,12 +49,15 @@ def command(
     out_dir: Path,
     precision: str | None,
     models_dir: tuple[Path, ...],
+    providers: tuple[str, ...],
     no_key_images: bool,
     dicom: bool,
     sc_key_images: bool,
 ) -> None:
     """Run a study (folder, zip or DICOM files) through a pipeline; write the report to OUT."""
+    from radserve.inference import choose_runtime
     from radserve.models.registry import ModelRegistry, bundled_model_dir
+    from radserve.pipeline import SessionPool
     from radserve.pipelines.spec import load_pipeline
     from radserve.study import run_study
 
@@ -60,6 +70,7 @@ def command(
             pipeline=pipeline,
             out_dir=out_dir,
             registry=ModelRegistry([*models_dir, bundled_model_dir()]),
+            sessions=SessionPool(choose_runtime(prefer=providers or None)),
             precision=precision,  # type: ignore[arg-type]
             progress=progress,
             key_images=not no_key_images,

@@ -20,6 +20,7 @@ import numpy as np
 
 from radserve.config import Settings
 from radserve.errors import ModelError, PipelineError, RadserveError
+from radserve.inference import choose_runtime
 from radserve.models.registry import ModelRegistry, bundled_model_dir
 from radserve.pipeline import SessionPool
 from radserve.pipelines.spec import PipelineSpec, bundled_pipeline_dir, load_pipeline
@@ -79,7 +80,12 @@ class Catalog:
     @classmethod
     def from_settings(cls, settings: Settings, sessions: SessionPool | None = None) -> Catalog:
         registry = ModelRegistry([*settings.models.dirs, bundled_model_dir()])
-        return cls(settings, registry=registry, sessions=sessions or SessionPool())
+        if sessions is None:
+            runtime = choose_runtime(
+                prefer=settings.runtime.providers or None, threads=settings.runtime.threads
+            )
+            sessions = SessionPool(runtime)
+        return cls(settings, registry=registry, sessions=sessions)
 
     # --- pipelines --------------------------------------------------------------------
     def available(self) -> list[str]:
