@@ -9,9 +9,13 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from radserve.bench.child import PIPELINE
 from radserve.cli import cli
+from radserve.pipelines.spec import load_pipeline
 
 pytestmark = pytest.mark.slow
+
+LESIONS_VERSION = next(s.version for s in load_pipeline(PIPELINE).steps if s.model == "lesions")
 
 ISSUE_KEYS = (
     "radserve_s",
@@ -71,3 +75,21 @@ def test_memory_is_reported_against_the_int16_volume(summary):
     assert summary["peak_rss_over_int16_volume"] == pytest.approx(
         summary["peak_rss_mb"] / volume_mb
     )
+
+
+def test_providers_scenario_compares_each_model_with_the_cpu_provider() -> None:
+    from radserve.bench.providers import run_providers_bench
+    from radserve.inference import choose_runtime
+
+    summary = run_providers_bench(n_slices=40, repeats=1, log=lambda _msg: None)
+    assert set(summary["models"]) == {"organs/1.0.0", f"lesions/{LESIONS_VERSION}"}
+    best = choose_runtime().primary
+    for entry in summary["models"].values():
+        rows = entry["rows"]
+        assert (rows[0]["provider"], rows[0]["precision"]) == ("CPUExecutionProvider", "fp32")
+        assert rows[0]["label_agreement"] == 1.0
+        fp32 = [r for r in rows if r["precision"] == "fp32"]
+        assert {r["provider"] for r in fp32} == {"CPUExecutionProvider", best}
+        for row in fp32:
+            assert row["label_agreement"] >= 0.999, row
+        assert all(r["ms_per_batch"] > 0 and r["speedup_vs_cpu_fp32"] > 0 for r in rows)

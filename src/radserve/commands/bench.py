@@ -13,11 +13,12 @@ from rich.table import Table
 @click.command("bench")
 @click.option(
     "--scenario",
-    type=click.Choice(["pipeline", "priority"]),
+    type=click.Choice(["pipeline", "priority", "providers"]),
     default="pipeline",
     show_default=True,
     help="pipeline: radserve vs baselines on one study; priority: an URGENT study's "
-    "turnaround behind a queue of routine ones.",
+    "turnaround behind a queue of routine ones; providers: each model on ONNX Runtime's "
+    "CPU provider vs every provider and precision this host serves.",
 )
 @click.option("--json", "json_path", type=click.Path(path_type=Path), help="Write the summary.")
 @click.option(
@@ -67,6 +68,9 @@ def command(
     """Time the reference pipeline against a naive baseline (and MONAI) on a phantom study,
     or (--scenario priority) the scheduler's URGENT turnaround under load."""
     console = Console(width=max(Console().width, 120))
+    if scenario == "providers":
+        _providers(console, json_path, slices)
+        return
     if scenario == "priority":
         _priority(
             console, json_path, slices, precisions[0] if precisions else "fp32", cache_dir, routine
@@ -153,6 +157,32 @@ def command(
         stages.add_row(stage, f"{seconds:.2f}")
     console.print(stages)
     console.print(f"MONAI: {summary['monai']}")
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(summary, indent=2))
+        console.print(f"summary: {json_path}")
+
+
+def _providers(console: Console, json_path: Path | None, slices: int) -> None:
+    from radserve.bench.providers import run_providers_bench
+
+    summary = run_providers_bench(
+        n_slices=min(slices, 120), log=lambda msg: console.print(f"[dim]{msg}[/dim]")
+    )
+    table = Table(title="radserve bench --scenario providers (median of 10 batches)")
+    for column in ("model", "provider", "precision", "ms / slice", "x CPU fp32", "labels agree"):
+        table.add_column(column, justify="left" if column in ("model", "provider") else "right")
+    for key, entry in summary["models"].items():  # type: ignore[union-attr]
+        for i, row in enumerate(entry["rows"]):
+            table.add_row(
+                f"{key} {entry['batch_shape']}" if i == 0 else "",
+                row["provider"],
+                row["precision"],
+                f"{row['ms_per_slice']:.2f}",
+                f"{row['speedup_vs_cpu_fp32']:.2f}",
+                f"{row['label_agreement']:.5f}",
+            )
+    console.print(table)
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(summary, indent=2))
