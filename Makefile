@@ -33,8 +33,8 @@ bench: install-test
 evaluate: install
 	$(BIN)/radserve evaluate --json out/evaluate.json --markdown out/evaluate.md
 
-## Retrain the reference models with PyTorch on the CPU (organs ~40 min; the shipped
-## lesions 1.1.0 was trained on a GPU: see the README's accuracy section).
+## Retrain the reference models with PyTorch on the CPU (on two cores, each alone: organs
+## ~40 min, lesions ~1 h; together they share the cores: see the README's accuracy section).
 train: $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[train]"
 	$(BIN)/python -m radserve.training --model all --seed 0 --out src/radserve/assets/models

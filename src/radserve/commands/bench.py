@@ -44,7 +44,7 @@ from rich.table import Table
     "precisions",
     multiple=True,
     help="radserve's precision(s); the first is the headline [default: fp32, then bf16 "
-    "where this host serves it]. Baselines always run fp32.",
+    "and int8 where this host serves them]. Baselines always run fp32.",
 )
 @click.option(
     "--cache-dir", type=click.Path(path_type=Path), help="Where phantom studies are kept."
@@ -190,22 +190,28 @@ def _providers(console: Console, json_path: Path | None, slices: int) -> None:
 
 
 def default_precisions(console: Console) -> tuple[str, ...]:
-    """fp32, then bf16 where this host runs it and both pipeline models' gates accept it."""
+    """fp32, then bf16 and int8 where every pipeline model may serve them on this host
+    (fp16 is left out: no CPU here does float16 arithmetic faster than float32)."""
     from radserve.bench.child import PIPELINE
     from radserve.inference import choose_runtime
     from radserve.models.registry import ModelRegistry
     from radserve.pipelines.spec import load_pipeline
 
     runtime = choose_runtime()
-    if runtime.primary != "OpenVINOExecutionProvider" or not runtime.host.cpu_bf16:
-        return ("fp32",)
     registry = ModelRegistry()
-    for step in load_pipeline(PIPELINE).steps:
-        why = registry.get(step.model, step.version).rejection("bf16")
+    bundles = [registry.get(s.model, s.version) for s in load_pipeline(PIPELINE).steps]
+    chosen = ["fp32"]
+    for precision in ("bf16", "int8"):
+        if precision == "bf16" and not (
+            runtime.primary == "OpenVINOExecutionProvider" and runtime.host.cpu_bf16
+        ):
+            continue
+        why = next((w for b in bundles if (w := b.rejection(precision))), None)
         if why:
-            console.print(f"[dim]bf16 not benchmarked: {why}[/dim]")
-            return ("fp32",)
-    return ("fp32", "bf16")
+            console.print(f"[dim]{precision} not benchmarked: {why}[/dim]")
+            continue
+        chosen.append(precision)
+    return tuple(chosen)
 
 
 def _priority(

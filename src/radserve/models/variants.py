@@ -23,6 +23,7 @@ measured through :class:`radserve.inference.ModelSession`, exactly as serving ru
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import statistics
@@ -324,7 +325,7 @@ def build_and_gate(
     if missing:
         raise ModelError(f"evaluation of {spec.key} returned no summary for {missing}")
     fp32_speed = measure_speed(fp32_path, spec, speed_batch, threads=threads, repeats=repeats)
-    variants = _kept_records(bundle, summaries["fp32"].seeds, precisions)
+    variants = _kept_records(bundle, summaries["fp32"], precisions)
     for precision in precisions:
         path = bundle.directory / files[precision]
         speed = measure_speed(
@@ -371,16 +372,22 @@ def build_and_gate(
 
 
 def _kept_records(
-    bundle: ModelBundle, seeds: Sequence[int], rebuilt: Sequence[str]
+    bundle: ModelBundle, fp32: EvalSummary, rebuilt: Sequence[str]
 ) -> dict[str, VariantGate]:
     """Records of variants not rebuilt now, kept from the bundle's gate.json while they
-    still describe the same fp32 file, variant file and evaluation seeds (so building
-    bf16 alone does not throw away the int8 gate)."""
+    still describe the same fp32 file, variant file and fp32 evaluation (same seeds, same
+    metrics: the rest of the pipeline has not changed), so building bf16 alone does not
+    throw away an int8 gate that still holds."""
     try:
         old = bundle.gate_report()
     except ModelError:
         return {}
-    if old is None or old.fp32_sha256 != bundle.sha256("fp32") or old.seeds != list(seeds):
+    if old is None or old.fp32_sha256 != bundle.sha256("fp32"):
+        return {}
+    if _comparable(old.fp32_metrics) != _comparable(fp32):
+        logger.info(
+            "%s: fp32 evaluation changed since gate.json; its records are dropped", bundle.key
+        )
         return {}
     kept: dict[str, VariantGate] = {}
     for precision, record in old.variants.items():
@@ -390,3 +397,12 @@ def _kept_records(
         if path.is_file() and file_sha256(path) == record.sha256:
             kept[precision] = record
     return kept
+
+
+def _comparable(summary: EvalSummary) -> dict[str, object]:
+    """The metrics a gate compares against, rounded (timings and notes left out)."""
+    keys = ("seeds", "dice", "recall_by_size", "fp_per_study", "n_lesions_by_size")
+    data = summary.model_dump(include=set(keys))
+    return json.loads(
+        json.dumps(data, sort_keys=True, default=str), parse_float=lambda v: round(float(v), 6)
+    )

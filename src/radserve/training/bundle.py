@@ -184,12 +184,14 @@ def _val_use_text(spec: ModelSpec, log: dict[str, Any]) -> str:
 
 
 def _where_trained(log: dict) -> str:
-    """'on cuda (NVIDIA H200), 12 sampling processes' or '2 CPU thread(s)'."""
+    """'on cuda (NVIDIA H200), 12 sampling processes' or '2 CPU thread(s), bfloat16
+    autocast'."""
     device = log.get("device", "cpu")
+    amp = ", bfloat16 autocast" if log.get("autocast") == "bf16" else ""
     if device == "cpu" or device.startswith("cpu "):
-        return f"{log['threads']} CPU thread(s)"
+        return f"{log['threads']} CPU thread(s){amp}"
     workers = log.get("loader_workers") or 0
-    return f"torch {log['torch']} on {device}, {workers} batch-sampling processes"
+    return f"torch {log['torch']} on {device}, {workers} batch-sampling processes{amp}"
 
 
 def _loss_text(log: dict[str, Any]) -> str:
