@@ -290,8 +290,7 @@ def _write_bundle(root: Path) -> tuple[Path, Path]:
     return root, directory
 
 
-_RUNTIME = choose_runtime(threads=1)
-RUNS_BF16 = _RUNTIME.primary == "OpenVINOExecutionProvider" and _RUNTIME.host.cpu_bf16 is not None
+RUNS_BF16 = choose_runtime(threads=1).runs_bf16
 
 
 def test_build_and_gate_through_the_pipeline_writes_gate_json_and_serves_passing_variants(

@@ -123,8 +123,9 @@ def test_bf16_needs_openvino_and_a_cpu_with_native_bfloat16() -> None:
         precision_options(CPU, "bf16")
     with pytest.raises(ModelError, match="AMX or AVX-512 BF16"):
         precision_options(choose_runtime(_bf16_host(None)), "bf16")
+    assert not CPU.runs_bf16 and not choose_runtime(_bf16_host(None)).runs_bf16
     runtime = choose_runtime(_bf16_host("amx_bf16"))
-    assert "available (amx_bf16)" in " ".join(runtime.notes)
+    assert runtime.runs_bf16 and "available (amx_bf16)" in " ".join(runtime.notes)
     options = precision_options(runtime, "bf16")
     assert json.loads(options[0]["load_config"]) == {"CPU": {"INFERENCE_PRECISION_HINT": "bf16"}}
     assert "load_config" not in runtime.provider_options[0]  # the runtime is not changed
@@ -138,7 +139,7 @@ def test_bf16_session_refused_where_it_cannot_run(tmp_path: Path) -> None:
 
 
 HOST = choose_runtime(threads=2)
-RUNS_BF16 = HOST.primary == "OpenVINOExecutionProvider" and HOST.host.cpu_bf16 is not None
+RUNS_BF16 = HOST.runs_bf16
 
 
 @pytest.mark.skipif(not RUNS_BF16, reason="needs onnxruntime-openvino and a bfloat16 CPU")

@@ -46,7 +46,7 @@ def candidates(bundle: ModelBundle) -> list[tuple[str, RuntimeChoice, str]]:
         for runtime in {cpu.primary: cpu, best.primary: best}.values():
             if runtime is cpu and precision == "fp32":
                 continue
-            if precision == "bf16" and runtime.primary != "OpenVINOExecutionProvider":
+            if precision == "bf16" and not runtime.runs_bf16:
                 continue
             rows.append((f"{runtime.primary} {precision}", runtime, precision))
     return rows

@@ -202,9 +202,7 @@ def default_precisions(console: Console) -> tuple[str, ...]:
     bundles = [registry.get(s.model, s.version) for s in load_pipeline(PIPELINE).steps]
     chosen = ["fp32"]
     for precision in ("bf16", "int8"):
-        if precision == "bf16" and not (
-            runtime.primary == "OpenVINOExecutionProvider" and runtime.host.cpu_bf16
-        ):
+        if precision == "bf16" and not runtime.runs_bf16:
             continue
         why = next((w for b in bundles if (w := b.rejection(precision))), None)
         if why:

@@ -31,9 +31,7 @@ def default_variants() -> str:
     """fp16 and int8 everywhere; bf16 where it can run (OpenVINO, native bfloat16)."""
     from radserve.inference import choose_runtime
 
-    runtime = choose_runtime()
-    bf16 = runtime.primary == "OpenVINOExecutionProvider" and runtime.host.cpu_bf16
-    return "fp16,int8,bf16" if bf16 else "fp16,int8"
+    return "fp16,int8,bf16" if choose_runtime().runs_bf16 else "fp16,int8"
 
 
 def _report_rows(table: Table, name: str, report: GateReport) -> None:

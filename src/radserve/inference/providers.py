@@ -66,6 +66,11 @@ class RuntimeChoice:
     def primary(self) -> str:
         return self.providers[0]
 
+    @property
+    def runs_bf16(self) -> bool:
+        """Whether sessions may run at ``bf16`` here (see :func:`precision_options`)."""
+        return self.primary == "OpenVINOExecutionProvider" and self.host.cpu_bf16 is not None
+
     def as_report(self) -> dict[str, object]:
         """JSON-ready summary for job reports and ``/readyz``."""
         out = asdict(self)

@@ -209,6 +209,7 @@ def train_model(
         logger.warning("%s: this CPU has no native bfloat16; training in float32", spec.name)
         use_bf16 = False
     amp = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=use_bf16)
+    autocast = "bf16" if use_bf16 else "off"  # what this run did, for its log
     names = [label.name for label in sorted(spec.labels, key=lambda lab: lab.value)]
 
     def lr_at(step: int) -> float:
@@ -277,15 +278,11 @@ def train_model(
                 state = {k: v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()}
                 best = (score, step, state, per_class)
             if on_validation is not None:
-                partial = _result(net, best, step, t0, history, n_params, load=False)
-                partial.autocast = "bf16" if use_bf16 else "off"
-                on_validation(partial)
-    result = _result(net, best, step, t0, history, n_params, load=True)
-    result.autocast = "bf16" if use_bf16 else "off"
-    return result
+                on_validation(_result(net, best, step, t0, history, n_params, autocast, load=False))
+    return _result(net, best, step, t0, history, n_params, autocast, load=True)
 
 
-def _result(net, best, step, t0, history, n_params, *, load: bool) -> TrainResult:
+def _result(net, best, step, t0, history, n_params, autocast, *, load: bool) -> TrainResult:
     """The run so far; ``load`` puts the best state into ``net`` (on the CPU, eval mode)."""
     if load:
         net.to("cpu")
@@ -301,4 +298,5 @@ def _result(net, best, step, t0, history, n_params, *, load: bool) -> TrainResul
         val_per_class=best[3],
         parameters=n_params,
         best_state=best[2],
+        autocast=autocast,
     )
