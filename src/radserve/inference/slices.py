@@ -1,17 +1,19 @@
 """2D / 2.5D models: batches of native slices in, a native-grid label map out.
 
-Per batch: take the native slices (2.5d: ``context_slices`` neighbours each side, by
-:func:`radserve.preprocess.context.gather_context`: adjacent native slices, or every
-``context_mm`` along z interpolated between native slices; clamped at the volume's
-ends), crop in-plane to the ROI (or the body for
-CT), resample in-plane to ``spec.input.spacing`` (linear, on HU), normalise, pad
-symmetrically to ``divisible_by`` with the normalised floor (air). Extra channels (bool
-masks of upstream labels) go through the same crop and nearest-neighbour resampling
-and follow the image channels in ``spec.input.extra_channels`` order.
+Per batch: crop every native slice the batch reads in-plane to the ROI (or the body for
+CT) and resample it in-plane to ``spec.input.spacing`` (linear, on HU), once; take each
+slice's 2.5D context from those (``context_slices`` neighbours each side, by
+:func:`radserve.preprocess.context.context_positions`: adjacent native slices, or
+every ``context_mm`` along z interpolated between native slices; clamped at the
+volume's ends), normalise, pad symmetrically to ``divisible_by`` with the normalised
+floor (air). Extra channels (bool masks of upstream labels) go through the same crop
+and nearest-neighbour resampling and follow the image channels in
+``spec.input.extra_channels`` order.
 
 Back: drop the padding, apply the activation, resample the class probabilities
-linearly onto the native crop, take the winner, and write uint8 labels and confidences
-into preallocated arrays: native-size, or ROI-size on the ROI's sub-grid when the task
+linearly onto the native crop and take the winner (every class is interpolated only
+at label boundaries: :mod:`radserve.inference.upsample`), and write uint8 labels and
+confidences into preallocated arrays: native-size, or ROI-size on the ROI's sub-grid when the task
 has an ROI. Everything outside the crop is background (label 0, confidence 255). Only
 one batch of probabilities exists at a time per task.
 
@@ -34,11 +36,11 @@ from radserve.inference.tasks import (
     BatchedTask,
     activate,
     check_batch,
-    decide,
     pick_batch_size,
 )
+from radserve.inference.upsample import UpsampledDecision
 from radserve.models.manifest import ModelSpec
-from radserve.preprocess.context import context_step, gather_context
+from radserve.preprocess.context import context_positions, context_step, sample_slices
 from radserve.preprocess.crop import BBox, body_bbox
 from radserve.preprocess.normalise import normalise, normalised_floor
 from radserve.preprocess.resample import grid_coordinates, interpolate_axis, resampled_size
@@ -142,8 +144,16 @@ class SliceTask(BatchedTask):
         # Resampling coordinates, computed once: model grid <- native crop and back.
         self._fwd_y = grid_coordinates(self._h, self._rh) if n else None
         self._fwd_x = grid_coordinates(self._w, self._rw) if n else None
-        self._back_y = grid_coordinates(self._rh, self._h) if n else None
-        self._back_x = grid_coordinates(self._rw, self._w) if n else None
+        self._back = (
+            UpsampledDecision(
+                grid_coordinates(self._rh, self._h),
+                self._rh,
+                grid_coordinates(self._rw, self._w),
+                self._rw,
+            )
+            if n
+            else None
+        )
         self.add_timing("prepare", time.perf_counter() - t0)
         logger.debug(
             "slice task %s: %d slices, crop %s -> model %dx%d (padded %dx%d), batch %d",
@@ -173,26 +183,36 @@ class SliceTask(BatchedTask):
     def _inputs(self, items: tuple[int, ...]) -> np.ndarray:
         """The network input for the native slices ``items``.
 
-        Built ``_PREPARE_SLICES`` slices at a time: the float32 native-crop stacks and
-        their resampling temporaries are the largest arrays of the prepare stage, and
-        every step is per slice, so the result is the same as one pass over the batch.
+        Every native slice the batch reads (its own and its neighbours) is cropped and
+        resampled in-plane once, ``_PREPARE_SLICES`` at a time (the float32 crops and
+        their resampling temporaries are the largest arrays of this stage); the 2.5D
+        context is then gathered from the resampled stack, where a neighbour read by
+        several samples costs nothing more. Both steps are linear, so this is the
+        training order (gather, then resample) up to float rounding, and exactly it
+        for whole-slice neighbours.
         """
         _, ys, xs = self.box
-        ctx = self.spec.input.context_slices
-        n_img = 2 * ctx + 1
+        n_img = 2 * self.spec.input.context_slices + 1
         py = slice(self._pad_y, self._pad_y + self._rh)
         px = slice(self._pad_x, self._pad_x + self._rw)
         out = np.empty((len(items), *self.input_shape), np.float32)
         out[:, :n_img] = self._floor  # image padding is air
         out[:, n_img:] = 0.0  # mask padding is outside every label
-        for start in range(0, len(items), _PREPARE_SLICES):
-            part = items[start : start + _PREPARE_SLICES]
-            # (n, 2k+1, h, w), a copy; the same function makes the training data.
-            image = gather_context(self.volume.array, part, ctx, self._step, (ys, xs))
-            image = self._to_model_grid(image, order=1)
-            image = normalise(image, self.spec.input.normalisation)
-            out[start : start + len(part), :n_img, py, px] = image
-            del image
+        positions = context_positions(
+            items, self.spec.input.context_slices, self._step, self.volume.shape[0]
+        )
+        first = int(np.floor(positions.min()))
+        last = int(np.ceil(positions.max()))
+        stack = np.empty((last - first + 1, self._rh, self._rw), np.float32)
+        for z in range(first, last + 1, _PREPARE_SLICES):
+            part = self.volume.array[z : min(last + 1, z + _PREPARE_SLICES), ys, xs]
+            resampled = self._to_model_grid(part[:, None].astype(np.float32), order=1)
+            stack[z - first : z - first + len(part)] = resampled[:, 0]
+            del resampled
+        for j in range(len(items)):
+            image = sample_slices(stack, positions[j] - first)
+            out[j, :n_img, py, px] = normalise(image, self.spec.input.normalisation)
+        del stack
         rows = np.asarray(items)
         for j, mask in enumerate(self._extra):
             m = self._to_model_grid(mask[rows, ys, xs][:, None], order=0)
@@ -220,19 +240,15 @@ class SliceTask(BatchedTask):
         # One slice at a time: full-resolution class probabilities are the largest
         # temporaries of the whole pipeline (classes x native crop x float32).
         for j, item in enumerate(batch.items):
-            probs = activate(logits[j : j + 1], self.spec.activation)
-            if self._rh != self._h:
-                probs = interpolate_axis(probs, 2, self._back_y, order=1)
-            if self._rw != self._w:
-                probs = interpolate_axis(probs, 3, self._back_x, order=1)
-            labels, conf = decide(probs, self.spec, axis=1)
+            probs = activate(logits[j], self.spec.activation, axis=0)
+            labels, conf = self._back(probs, self.spec)
             z = int(item) + self._out_z0
             # Only label voxels are written: the map starts as untouched zero pages, and
             # pages that only background would fill stay unallocated (most of a lesion
             # map, the air and fat of an organ map).
-            np.copyto(self.labels[z, ys, xs], labels[0], where=labels[0] != 0)
+            np.copyto(self.labels[z, ys, xs], labels, where=labels != 0)
             if self.confidence is not None:
-                self.confidence[z, ys, xs] = conf[0]
+                self.confidence[z, ys, xs] = conf
         self._accepted(t0)
 
 

@@ -245,7 +245,8 @@ def activate(logits: np.ndarray, activation: str, axis: int = 1) -> np.ndarray:
         return x
     if activation == "sigmoid":
         x = -x
-        np.exp(x, out=x)
+        with np.errstate(over="ignore"):  # exp(-x) = inf for very negative x: p = 0
+            np.exp(x, out=x)
         x += 1.0
         np.reciprocal(x, out=x)
         return x
@@ -259,8 +260,15 @@ def decide(probs: np.ndarray, spec: ModelSpec, axis: int = 0) -> tuple[np.ndarra
     value c + 1; the most probable label wins where it reaches
     ``postprocess.threshold``, else background with confidence ``1 - max p``.
     """
-    # A running maximum over the (few) classes: much faster than argmax along a
-    # non-contiguous axis, and the first class wins ties, as with argmax.
+    return finish_decision(*running_winner(probs, axis), spec)
+
+
+def running_winner(probs: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(uint8 index of the most probable channel, its float32 probability).
+
+    A running maximum over the (few) classes: much faster than argmax along a
+    non-contiguous axis, and the first class wins ties, as with argmax.
+    """
     channels = np.moveaxis(probs, axis, 0)
     best = np.array(channels[0], dtype=np.float32, copy=True)
     winner = np.zeros(best.shape, np.uint8)
@@ -268,6 +276,16 @@ def decide(probs: np.ndarray, spec: ModelSpec, axis: int = 0) -> tuple[np.ndarra
         better = channels[c] > best
         winner[better] = c
         np.maximum(best, channels[c], out=best)
+    return winner, best
+
+
+def finish_decision(
+    winner: np.ndarray, best: np.ndarray, spec: ModelSpec
+) -> tuple[np.ndarray, np.ndarray]:
+    """Winning channel and probability -> (label values, confidence) per ``decide``.
+
+    Modifies ``winner`` and ``best`` in place.
+    """
     if spec.activation == "softmax":
         return winner, to_uint8(best)
     fg = best >= spec.postprocess.threshold

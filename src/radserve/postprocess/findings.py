@@ -30,7 +30,7 @@ from radserve.preprocess.crop import bbox_of_values, grid_offset
 
 logger = logging.getLogger(__name__)
 
-_SLAB = 8  # slices per chunk when summing HU per organ: float64 temporaries of 16 MB
+_SLAB = 8  # slices per chunk when summing HU per organ: temporaries of at most 16 MB
 
 
 @dataclass(frozen=True)
@@ -306,10 +306,14 @@ def organ_measurements(
         logger.warning("%s: CT and label map geometry differ; no mean HU", spec.key)
     for start in range(0, labels.shape[0], _SLAB):
         lab = labels.array[start : start + _SLAB].ravel()
+        # Only labelled voxels: organs fill a small part of a CT's box, and bincount
+        # converts all it is given to int64/float64 first.
+        where = np.flatnonzero(lab)
+        lab = lab[where]
         counts += np.bincount(lab, minlength=nbins)
         if use_hu:
             assert ct is not None
-            hu = ct.array[start : start + _SLAB].ravel()
+            hu = ct.array[start : start + _SLAB].ravel()[where]
             sums += np.bincount(lab, weights=hu, minlength=nbins)
     voxel_ml = labels.voxel_volume_ml
     out = []

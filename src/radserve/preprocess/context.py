@@ -24,7 +24,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["context_positions", "context_reach", "context_step", "gather_context"]
+__all__ = [
+    "context_positions",
+    "context_reach",
+    "context_step",
+    "gather_context",
+    "sample_slices",
+]
 
 # Positions this close to a whole slice are snapped to it, so a step such as
 # 2.5 mm / 1.2500000001 mm still reads native slices exactly.
@@ -71,16 +77,28 @@ def gather_context(
     float32 (float64 input stays float64, like ``interpolate_axis``); with ``step``
     ``None`` the values are exactly the native slices, clamped at the volume's ends.
     """
+    return sample_slices(array, context_positions(items, k, step, array.shape[0]), box_yx)
+
+
+def sample_slices(
+    array: np.ndarray, positions: np.ndarray, box_yx: tuple[slice, slice] | None = None
+) -> np.ndarray:
+    """``array`` (Z, Y, X) at fractional slice ``positions`` (any shape, inside
+    ``0..Z-1``), blended linearly between the two nearest slices: ``positions.shape +
+    (h, w)``, float32 (float64 stays float64). Whole positions are read exactly.
+
+    Callers that already resampled the slices in-plane (the slice engine resamples each
+    native slice of a batch once, not once per neighbour that reads it) pass the
+    resampled stack and positions shifted to it; in-plane resampling and this blend are
+    both linear, so the order changes nothing but float rounding.
+    """
     ys, xs = box_yx if box_yx is not None else (slice(None), slice(None))
     nz = array.shape[0]
     dtype = np.float64 if array.dtype == np.float64 else np.float32
-    if step is None:
-        z = np.clip(np.asarray(items, dtype=np.int64)[:, None] + np.arange(-k, k + 1), 0, nz - 1)
-        return array[z, ys, xs].astype(dtype, copy=False)  # fancy index: already a copy
-    pos = context_positions(items, k, step, nz)
+    pos = np.asarray(positions, dtype=np.float64)
     i0 = np.floor(pos).astype(np.intp)
+    out = array[i0, ys, xs].astype(dtype, copy=False)  # fancy index: already a copy
     weight = pos - i0
-    out = array[i0, ys, xs].astype(dtype, copy=False)
     blend = weight > 0
     if blend.any():
         i1 = np.minimum(i0[blend] + 1, nz - 1)

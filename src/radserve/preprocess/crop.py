@@ -86,7 +86,8 @@ def bbox_of_values(labels: np.ndarray, values: Sequence[int]) -> BBox | None:
     wanted = sorted({int(v) for v in values if int(v) > 0})
     if not wanted:
         return None
-    boxes = [b for b in (label_bboxes(labels, wanted[-1])[v - 1] for v in wanted) if b]
+    every = label_bboxes(labels, wanted[-1])  # one pass for all values
+    boxes = [b for b in (every[v - 1] for v in wanted) if b]
     if not boxes:
         return None
     return tuple(  # type: ignore[return-value]

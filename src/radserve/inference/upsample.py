@@ -1,0 +1,102 @@
+"""Labels of bilinearly upsampled class probabilities, interpolating only at boundaries.
+
+A 2D/2.5D model's class probabilities live on the model grid (e.g. 1.5 mm); the labels
+are wanted on the native grid (e.g. 0.7 mm). The plain way interpolates every class
+onto every native pixel, then takes the winner: for a ten-class organ model that was
+the largest single cost of the whole pipeline after the networks themselves.
+
+Each native pixel's interpolated probabilities are a convex combination of the four
+model-grid pixels around it (two rows, two columns; weights >= 0, summing to 1). If
+those four pixels share their winning class ``c`` (first class wins ties, as in
+:func:`radserve.inference.tasks.decide`), then ``c`` also wins the combination:
+``p[c] >= p[d]`` at every corner gives ``sum w p[c] >= sum w p[d]``, and strictly for
+``d < c``. The winner's interpolated probability is then the interpolated *maximum*
+probability, one channel instead of all. Only pixels whose corners disagree need
+every class interpolated, and there the arithmetic is the same float32 operations, in
+the same order, as :func:`radserve.preprocess.resample.interpolate_axis` along rows and
+then columns, so the result is that of the plain way. (Where two classes are within a
+float32 rounding of each other at every corner, rounding in the plain way could pick
+either; both are the same answer.)
+
+Sigmoid models work the same way: the most probable label is decided like a softmax
+winner, and the threshold is applied to the interpolated maximum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from radserve.inference.tasks import finish_decision, running_winner
+from radserve.models.manifest import ModelSpec
+from radserve.preprocess.resample import interpolate_axis
+
+__all__ = ["UpsampledDecision"]
+
+
+class _Axis:
+    """Lower/upper source index and float32 weight per output position (one axis)."""
+
+    def __init__(self, coords: np.ndarray, n_in: int) -> None:
+        self.coords = coords
+        c = np.clip(coords, 0.0, n_in - 1)
+        self.i0 = np.floor(c).astype(np.intp)
+        w = c - self.i0
+        # A zero weight reads only the lower sample; pointing the upper one at it too
+        # keeps exact grid points (and axes that are not resampled) from counting as
+        # boundaries.
+        self.i1 = np.where(w > 0, np.minimum(self.i0 + 1, n_in - 1), self.i0)
+        self.w = w.astype(np.float32)
+
+
+class UpsampledDecision:
+    """``decide(interpolate(probs))`` for one (rows, columns) mapping, done sparsely.
+
+    ``coords_y``/``coords_x`` are the fractional model-grid indices each native row and
+    column samples (:func:`radserve.preprocess.resample.grid_coordinates`).
+    """
+
+    def __init__(
+        self, coords_y: np.ndarray, n_in_y: int, coords_x: np.ndarray, n_in_x: int
+    ) -> None:
+        self._y = _Axis(coords_y, n_in_y)
+        self._x = _Axis(coords_x, n_in_x)
+        self.boundary_fraction = 0.0  # of the last call's pixels, for tests and tuning
+
+    def __call__(self, probs: np.ndarray, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+        """(classes, rows, cols) float32 probabilities -> native (uint8 labels, confidence)."""
+        y, x = self._y, self._x
+        winner, best = running_winner(probs)
+        # Corner winners: rows first (native rows x model columns), then columns.
+        top, bottom = winner[y.i0], winner[y.i1]
+        rows_agree = top == bottom
+        labels = top[:, x.i0]
+        uniform = rows_agree[:, x.i0] & rows_agree[:, x.i1] & (labels == top[:, x.i1])
+        # The winner's interpolated probability where the corners agree.
+        best = interpolate_axis(best, 0, y.coords, order=1)
+        best = interpolate_axis(best, 1, x.coords, order=1)
+        rr, cc = np.nonzero(~uniform)
+        self.boundary_fraction = rr.size / max(1, uniform.size)
+        if rr.size:
+            labels[rr, cc], best[rr, cc] = running_winner(self._interpolate_at(probs, rr, cc))
+        return finish_decision(labels, best, spec)
+
+    def _interpolate_at(self, probs: np.ndarray, rr: np.ndarray, cc: np.ndarray) -> np.ndarray:
+        """(classes, n) probabilities at native pixels (rr, cc), as interpolate_axis does."""
+        y, x = self._y, self._x
+        r0, r1, wy = y.i0[rr], y.i1[rr], y.w[rr]
+        c0, c1, wx = x.i0[cc], x.i1[cc], x.w[cc]
+
+        def along_rows(col: np.ndarray) -> np.ndarray:
+            lo = probs[:, r0, col]
+            hi = probs[:, r1, col]
+            hi -= lo
+            hi *= wy
+            hi += lo
+            return hi
+
+        left = along_rows(c0)
+        right = along_rows(c1)
+        right -= left
+        right *= wx
+        right += left
+        return right
