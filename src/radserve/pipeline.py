@@ -241,7 +241,13 @@ class VolumeRun:
         session = self._sessions.get(bundle, self.precision)
         self.timings[f"{spec.name}: load model"] = time.perf_counter() - t0
         organs = self._organs
-        task = make_task(self.ct, spec, _roi(spec, organs, self.ct), _extra_channels(spec, organs))
+        task = make_task(
+            self.ct,
+            spec,
+            _roi(spec, organs, self.ct),
+            _extra_channels(spec, organs),
+            max_batch_size=session.runtime.max_batch_size,
+        )
         self._pending = PendingStep(bundle, session, task)
         return self._pending
 

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -188,40 +189,56 @@ def _source_files(loaded: LoadedSeries) -> tuple[Path, ...]:
 
 
 def _write_outputs(out_dir: Path, ct: Volume, result: VolumeResult, *, key_images: bool) -> Outputs:
+    """Label maps and key images. The label maps are gzip-compressed on worker threads
+    (zlib lets go of the GIL) while the key images render here: on two cores the
+    report stage takes the time of its longest part rather than of all of them."""
     label_maps: list[LabelMapOutput] = []
+    writes: list[Future[None]] = []
     organ_step = result.organ_step
-    if organ_step is not None:
-        write_label_map(organ_step.labels, out_dir / "organs.nii.gz")
-        label_maps.append(
-            LabelMapOutput(
-                path="organs.nii.gz", kind="organs", segments=organ_segments(organ_step.bundle.spec)
-            )
-        )
     lesion_step = result.lesion_step
-    if lesion_step is not None and lesion_step.finding_labels is not None:
-        write_label_map(lesion_step.finding_labels, out_dir / "findings.nii.gz")
-        label_maps.append(
-            LabelMapOutput(
-                path="findings.nii.gz",
-                kind="findings",
-                segments=finding_segments(lesion_step.findings, lesion_step.bundle.spec),
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="label-map") as pool:
+        if organ_step is not None:
+            organs_path = out_dir / "organs.nii.gz"
+            writes.append(pool.submit(write_label_map, organ_step.labels, organs_path))
+            label_maps.append(
+                LabelMapOutput(
+                    path="organs.nii.gz",
+                    kind="organs",
+                    segments=organ_segments(organ_step.bundle.spec),
+                )
             )
-        )
-    images = []
-    if key_images and lesion_step is not None and lesion_step.finding_labels is not None:
-        spec = lesion_step.bundle.spec
-        organ_spec = organ_step.bundle.spec if organ_step else None
-        images = write_key_images(
-            out_dir,
-            ct,
-            lesion_step.findings,
-            lesion_step.finding_labels,
-            axes=lesion_step.finding_axes,
-            organ_labels=organ_step.labels if organ_step else None,
-            organ_colors={lb.value: lb.color for lb in organ_spec.labels} if organ_spec else None,
-            label_colors={lb.name: lb.color for lb in spec.labels},
-            modality=spec.modality,
-        )
+        if lesion_step is not None and lesion_step.finding_labels is not None:
+            writes.append(
+                pool.submit(
+                    write_label_map, lesion_step.finding_labels, out_dir / "findings.nii.gz"
+                )
+            )
+            label_maps.append(
+                LabelMapOutput(
+                    path="findings.nii.gz",
+                    kind="findings",
+                    segments=finding_segments(lesion_step.findings, lesion_step.bundle.spec),
+                )
+            )
+        images = []
+        if key_images and lesion_step is not None and lesion_step.finding_labels is not None:
+            spec = lesion_step.bundle.spec
+            organ_spec = organ_step.bundle.spec if organ_step else None
+            images = write_key_images(
+                out_dir,
+                ct,
+                lesion_step.findings,
+                lesion_step.finding_labels,
+                axes=lesion_step.finding_axes,
+                organ_labels=organ_step.labels if organ_step else None,
+                organ_colors={lb.value: lb.color for lb in organ_spec.labels}
+                if organ_spec
+                else None,
+                label_colors={lb.name: lb.color for lb in spec.labels},
+                modality=spec.modality,
+            )
+        for write in writes:
+            write.result()  # a failed write fails the report, as before
     return Outputs(label_maps=label_maps, key_images=images)
 
 

@@ -90,6 +90,19 @@ def test_provider_preference_and_thread_counts() -> None:
     assert cpu.as_report()["device"] == "cpu"
 
 
+def test_cpu_devices_cap_the_batch_and_gpus_take_model_yaml_s() -> None:
+    for providers in (
+        ("CPUExecutionProvider",),
+        ("OpenVINOExecutionProvider", "CPUExecutionProvider"),
+    ):
+        assert choose_runtime(_host(*providers)).max_batch_size == 2
+    for providers in (
+        ("CUDAExecutionProvider", "CPUExecutionProvider"),
+        ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
+    ):
+        assert choose_runtime(_host(*providers)).max_batch_size is None
+
+
 def test_asking_for_a_missing_provider_fails_loudly() -> None:
     with pytest.raises(ModelError, match="onnxruntime-gpu"):
         choose_runtime(_host("CPUExecutionProvider"), prefer=["CUDAExecutionProvider"])

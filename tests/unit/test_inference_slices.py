@@ -140,6 +140,8 @@ def test_sigmoid_threshold_and_memory_budget(tmp_path: Path) -> None:
     vol = phantom((5, 37, 53))
     task = SliceTask(vol, spec, memory_budget_bytes=3 * SliceTask(vol, spec).bytes_per_slice())
     assert task.batch_size == 3
+    assert SliceTask(vol, spec, max_batch_size=2).batch_size == 2  # the device's cap
+    assert SliceTask(vol, spec, max_batch_size=16).batch_size == 8  # model.yaml's
     pred = run_task(task, session)
     assert (pred.labels.array.astype(bool) == (vol.array > 500)).mean() > 0.97
     assert set(np.unique(pred.labels.array)) == {0, 1}

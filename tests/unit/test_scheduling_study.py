@@ -12,8 +12,10 @@ import pytest
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_series import make_ct_series
 
+from radserve.domain.volume import Volume
+from radserve.inference import choose_runtime
 from radserve.models.registry import ModelRegistry
-from radserve.pipeline import SessionPool
+from radserve.pipeline import SessionPool, VolumeRun
 from radserve.pipelines.spec import PipelineSpec, load_pipeline
 from radserve.scheduling import (
     InProcessExecutor,
@@ -120,3 +122,15 @@ def test_a_study_that_cannot_be_read_fails_with_its_code(setup, tmp_path: Path) 
     final = hooks.final("empty")
     assert final is not None and final.state is JobState.FAILED
     assert final.error_code not in (None, "internal_error")
+
+
+def test_pipeline_steps_batch_as_the_device_allows(setup) -> None:
+    """model.yaml's batch size is a ceiling; on a CPU device the runtime caps it."""
+    registry, pipeline, _ = setup
+    sessions = SessionPool(choose_runtime(prefer=["CPUExecutionProvider"], threads=1))
+    ct = Volume.from_geometry(np.full((16, 48, 48), 100, np.int16), spacing=(2.0, 1.0, 1.0))
+    run = VolumeRun(ct, pipeline, registry=registry, sessions=sessions)
+    pending = run.next_step()
+    assert pending is not None
+    assert pending.bundle.spec.input.batch_size > 2
+    assert pending.task.batch_size == sessions.runtime.max_batch_size == 2

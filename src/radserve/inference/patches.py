@@ -76,6 +76,7 @@ class PatchTask(BatchedTask):
         *,
         crop_to_body: bool = True,
         memory_budget_bytes: int | None = None,
+        max_batch_size: int | None = None,
         precision: str = "fp32",
     ) -> None:
         t0 = time.perf_counter()
@@ -103,7 +104,9 @@ class PatchTask(BatchedTask):
         ]
         k = spec.num_classes
         per_patch = 4 * int(np.prod(self.patch)) * (spec.input.in_channels + 3 * k)
-        self.batch_size = pick_batch_size(spec.input.batch_size, per_patch, memory_budget_bytes)
+        self.batch_size = pick_batch_size(
+            spec.input.batch_size, per_patch, memory_budget_bytes, max_batch_size
+        )
         self._plan(
             [] if empty else [(z, y, x) for z in starts[0] for y in starts[1] for x in starts[2]]
         )

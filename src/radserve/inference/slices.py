@@ -99,6 +99,7 @@ class SliceTask(BatchedTask):
         *,
         crop_to_body: bool = True,
         memory_budget_bytes: int | None = None,
+        max_batch_size: int | None = None,
         precision: str = "fp32",
     ) -> None:
         t0 = time.perf_counter()
@@ -125,7 +126,7 @@ class SliceTask(BatchedTask):
         self._pad_y = (self._ph - self._rh) // 2
         self._pad_x = (self._pw - self._rw) // 2
         self.batch_size = pick_batch_size(
-            spec.input.batch_size, self.bytes_per_slice(), memory_budget_bytes
+            spec.input.batch_size, self.bytes_per_slice(), memory_budget_bytes, max_batch_size
         )
         self._plan(range(zs.start, zs.stop) if self._h and self._w else [])
         n = len(self._items)

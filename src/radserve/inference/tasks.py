@@ -302,8 +302,13 @@ def to_uint8(p: np.ndarray) -> np.ndarray:
     return out.astype(np.uint8)
 
 
-def pick_batch_size(requested: int, per_item_bytes: int, budget_bytes: int | None) -> int:
-    """``requested`` reduced so one batch's working set fits ``budget_bytes`` (at least 1)."""
+def pick_batch_size(
+    requested: int, per_item_bytes: int, budget_bytes: int | None, device_max: int | None = None
+) -> int:
+    """``requested`` (at most ``device_max``: :attr:`RuntimeChoice.max_batch_size`)
+    reduced so one batch's working set fits ``budget_bytes`` (at least 1)."""
+    if device_max is not None:
+        requested = min(requested, device_max)
     budget = DEFAULT_MEMORY_BUDGET if budget_bytes is None else budget_bytes
     fits = max(1, budget // max(1, per_item_bytes))
     if fits < requested:
