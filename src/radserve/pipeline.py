@@ -34,7 +34,7 @@ from radserve.inference import (
 from radserve.models.manifest import ModelSpec, Precision
 from radserve.models.registry import ModelBundle, ModelRegistry
 from radserve.pipelines.spec import PipelineSpec
-from radserve.postprocess.components import clean_labels
+from radserve.postprocess.components import clean_label_map
 from radserve.postprocess.diameters import FindingAxes
 from radserve.postprocess.findings import find_lesions, organ_measurements
 from radserve.preprocess.crop import BBox, roi_bbox
@@ -112,6 +112,7 @@ class StepResult:
     finding_labels: Volume | None = None
     finding_axes: list[FindingAxes] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    label_boxes: tuple[BBox | None, ...] = ()  # of each value 1..max in ``labels``
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,8 @@ def _roi(spec: ModelSpec, organs: StepResult | None, volume: Volume) -> BBox | N
             f"model {spec.key} restricts to {sorted(missing)}, which "
             f"{organs.bundle.spec.key} does not produce"
         )
-    return roi_bbox(organs.labels, values, spec.input.roi_margin_mm) or _EMPTY_BOX
+    boxes = organs.label_boxes or None
+    return roi_bbox(organs.labels, values, spec.input.roi_margin_mm, boxes) or _EMPTY_BOX
 
 
 def _extra_channels(spec: ModelSpec, organs: StepResult | None) -> dict[str, np.ndarray] | None:
@@ -259,12 +261,20 @@ class VolumeRun:
         spec = pending.bundle.spec
         t0 = time.perf_counter()
         release_free_memory()  # what inference's threads freed, before post-processing
-        labels = prediction.labels.with_array(
-            clean_labels(prediction.labels.array, spec, self.ct.voxel_volume_ml, in_place=True)
+        cleaned = clean_label_map(
+            prediction.labels.array, spec, self.ct.voxel_volume_ml, in_place=True
         )
-        prediction = dataclasses.replace(prediction, labels=labels)
+        prediction = dataclasses.replace(
+            prediction, labels=prediction.labels.with_array(cleaned.labels)
+        )
         result = _step_result(
-            pending.bundle, self.precision, pending.session, prediction, self.ct, self._organs
+            pending.bundle,
+            self.precision,
+            pending.session,
+            prediction,
+            self.ct,
+            self._organs,
+            cleaned.boxes,
         )
         for name, seconds in prediction.timings.items():
             if name != "wall":
@@ -320,13 +330,22 @@ def _step_result(
     prediction: Prediction,
     ct: Volume,
     organs: StepResult | None,
+    boxes: tuple[BBox | None, ...],
 ) -> StepResult:
+    """Measurements of one cleaned prediction (``boxes``: of each of its label values)."""
     spec = bundle.spec
     kinds = {label.kind for label in spec.labels}
     labels = prediction.labels
-    organ_list = organ_measurements(labels, ct, spec) if "organ" in kinds else []
+    organ_list = organ_measurements(labels, ct, spec, boxes) if "organ" in kinds else []
     if "lesion" not in kinds:
-        return StepResult(bundle, precision, labels, session.providers_in_use[0], organs=organ_list)
+        return StepResult(
+            bundle,
+            precision,
+            labels,
+            session.providers_in_use[0],
+            organs=organ_list,
+            label_boxes=boxes,
+        )
     lesions = find_lesions(
         prediction,
         ct,
@@ -343,5 +362,6 @@ def _step_result(
         findings=lesions.findings,
         finding_labels=lesions.label_map,
         finding_axes=lesions.axes,
+        label_boxes=boxes,
         warnings=list(lesions.warnings),
     )

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy import ndimage
 from tests.factories.findings import label, spec
 
 import radserve.postprocess.components as components_module
 from radserve.postprocess import clean_labels
+from radserve.preprocess.crop import label_bboxes
 
 LABELS = [label(1, "liver"), label(2, "spleen")]
 
@@ -70,12 +72,24 @@ def test_empty_map() -> None:
     assert not clean_labels(a, spec(LABELS, min_component_ml=1.0), 0.001).any()
 
 
-def test_component_counts_in_chunks_equal_one_bincount(monkeypatch: pytest.MonkeyPatch) -> None:
-    rng = np.random.default_rng(3)
-    components = rng.integers(0, 7, size=(5, 6, 7)).astype(np.uint32)
-    monkeypatch.setattr(components_module, "_COUNT_CHUNK", 11)  # chunks cut through rows
-    counts = components_module.component_counts(components, 9)
-    np.testing.assert_array_equal(counts, np.bincount(components.ravel(), minlength=10))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_cleaned_boxes_are_the_boxes_of_the_cleaned_map(seed: int) -> None:
+    """The boxes handed to the next model's ROI: what find_objects on the result says."""
+    rng = np.random.default_rng(seed)
+    labels = np.zeros((20, 30, 30), np.uint8)
+    labels[4:12, 5:20, 6:18] = 1  # the organ
+    labels[15:17, 25:28, 2:4] = 1  # a smaller piece of it, far away: dropped
+    labels[2:5, 2:8, 20:29] = 2
+    for z, y, x in rng.integers(0, 30, (15, 3)) % [20, 30, 30]:
+        if labels[max(0, z - 1) : z + 2, max(0, y - 1) : y + 2, max(0, x - 1) : x + 2].any():
+            continue  # touching something: not a speck
+        labels[z, y, x] = rng.integers(1, 3)  # single voxels: dropped
+    organ_spec = spec(LABELS, keep_largest=["liver"], min_component_ml=0.002)
+    cleaned = components_module.clean_label_map(labels, organ_spec, 1e-3)
+    assert cleaned.labels[15:17, 25:28, 2:4].max() == 0  # the far piece went
+    assert np.count_nonzero(cleaned.labels) == 8 * 15 * 12 + 3 * 6 * 9
+    assert cleaned.boxes == tuple(label_bboxes(cleaned.labels, 2))
+    assert cleaned.boxes[0] == (slice(4, 12), slice(5, 20), slice(6, 18))
 
 
 def _runs_to_ids(shape: tuple[int, ...], runs: list[components_module.ComponentRun]) -> np.ndarray:
@@ -107,6 +121,9 @@ def test_component_runs_give_the_ids_of_one_whole_array_pass(seed: int) -> None:
         label = np.concatenate([[0]] + [run.label[1:] for run in runs])
         for cid in (1, n // 2, n):
             assert label[cid] == selected[want == cid][0]
+        for run in runs:
+            found = ndimage.find_objects(run.components, max_label=run.n)
+            assert [run.component_box(i) for i in range(1, run.n + 1)] == found
     assert components_module.component_runs(np.zeros((3, 4, 5), np.uint8), [1]) == []
 
 

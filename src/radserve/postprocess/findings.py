@@ -15,7 +15,7 @@ uint8 up to 255 findings and uint16 beyond. SEG writers take segments from it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,11 +26,9 @@ from radserve.host import lazy_zeros
 from radserve.models.manifest import LabelSpec, ModelSpec
 from radserve.postprocess.components import ComponentRun, component_runs
 from radserve.postprocess.diameters import FindingAxes, axial_diameters
-from radserve.preprocess.crop import bbox_of_values, grid_offset
+from radserve.preprocess.crop import BBox, bbox_of_values, grid_offset, label_bboxes
 
 logger = logging.getLogger(__name__)
-
-_SLAB = 8  # slices per chunk when summing HU per organ: temporaries of at most 16 MB
 
 
 @dataclass(frozen=True)
@@ -233,10 +231,8 @@ def _components(
 ) -> Iterator[tuple[ComponentRun, int, tuple[slice, ...]]]:
     """Every component in id order: its run, local id and box on the run's box."""
     for run in runs:
-        found = ndimage.find_objects(run.components, max_label=run.n)
-        for local, cbox in enumerate(found, start=1):
-            if cbox is not None:
-                yield run, local, cbox
+        for local in range(1, run.n + 1):
+            yield run, local, run.component_box(local)
 
 
 def _number(
@@ -287,45 +283,47 @@ def extract_findings(
 
 
 def organ_measurements(
-    labels: Volume, ct: Volume | None, spec: ModelSpec
+    labels: Volume,
+    ct: Volume | None,
+    spec: ModelSpec,
+    boxes: Sequence[BBox | None] | None = None,
 ) -> list[OrganMeasurement]:
     """Volume (ml) and mean HU of every ``kind: organ`` label, in manifest order.
 
     Every organ label is listed, an absent one with 0 ml and no mean HU, so "not
     found" is explicit and output-rate monitoring sees it. Mean HU needs CT in the
-    same geometry; it is summed in slabs to keep memory flat on large volumes.
+    same geometry. Each organ is counted inside its own box (``boxes``: of each value
+    ``1..max`` of ``labels``, as :func:`radserve.postprocess.components.clean_label_map`
+    returns them; found here when not given): organs fill a small part of a CT's box.
     """
     organs = [label for label in spec.labels if label.kind == "organ"]
     if not organs:
         return []
-    nbins = max(int(labels.array.max()), max(label.value for label in organs)) + 1
-    counts = np.zeros(nbins, dtype=np.int64)
-    sums = np.zeros(nbins, dtype=np.float64)
+    top = max(label.value for label in organs)
+    if boxes is None or len(boxes) < top:
+        boxes = label_bboxes(labels.array, top)
     use_hu = ct is not None and spec.modality == "CT" and ct.same_geometry(labels)
     if ct is not None and spec.modality == "CT" and not use_hu:
         logger.warning("%s: CT and label map geometry differ; no mean HU", spec.key)
-    for start in range(0, labels.shape[0], _SLAB):
-        lab = labels.array[start : start + _SLAB].ravel()
-        # Only labelled voxels: organs fill a small part of a CT's box, and bincount
-        # converts all it is given to int64/float64 first.
-        where = np.flatnonzero(lab)
-        lab = lab[where]
-        counts += np.bincount(lab, minlength=nbins)
-        if use_hu:
-            assert ct is not None
-            hu = ct.array[start : start + _SLAB].ravel()[where]
-            sums += np.bincount(lab, weights=hu, minlength=nbins)
     voxel_ml = labels.voxel_volume_ml
     out = []
     for label in organs:
-        n = int(counts[label.value])
+        box = boxes[label.value - 1]
+        n, mean_hu = 0, None
+        if box is not None:
+            mask = labels.array[box] == label.value
+            n = int(np.count_nonzero(mask))
+            if use_hu and n:
+                assert ct is not None
+                total = np.sum(ct.array[box], where=mask, dtype=np.float64)
+                mean_hu = float(total / n)
         out.append(
             OrganMeasurement(
                 label=label.name,
                 concept=label.concept,
                 label_value=label.value,
                 volume_ml=n * voxel_ml,
-                mean_hu=float(sums[label.value] / n) if use_hu and n else None,
+                mean_hu=mean_hu,
                 model=spec.name,
                 model_version=spec.version,
             )

@@ -79,26 +79,36 @@ def label_bboxes(labels: np.ndarray, max_value: int) -> list[BBox | None]:
     return [None if box is None else tuple(box) for box in found]  # type: ignore[misc]
 
 
-def bbox_of_values(labels: np.ndarray, values: Sequence[int]) -> BBox | None:
+def bbox_of_values(
+    labels: np.ndarray, values: Sequence[int], boxes: Sequence[BBox | None] | None = None
+) -> BBox | None:
     """Tight box around the voxels of ``labels`` holding any of ``values`` (``None`` if
     none does); the same box as ``bbox_of_mask(np.isin(labels, values))`` without the
-    full-size mask."""
+    full-size mask. ``boxes``: :func:`label_bboxes` of ``labels`` when already known
+    (index ``v - 1``), which saves the pass over the map."""
     wanted = sorted({int(v) for v in values if int(v) > 0})
     if not wanted:
         return None
-    every = label_bboxes(labels, wanted[-1])  # one pass for all values
-    boxes = [b for b in (every[v - 1] for v in wanted) if b]
-    if not boxes:
+    if boxes is None or len(boxes) < wanted[-1]:
+        boxes = label_bboxes(labels, wanted[-1])  # one pass for all values
+    found = [b for b in (boxes[v - 1] for v in wanted) if b]
+    if not found:
         return None
     return tuple(  # type: ignore[return-value]
-        slice(min(b[a].start for b in boxes), max(b[a].stop for b in boxes)) for a in range(3)
+        slice(min(b[a].start for b in found), max(b[a].stop for b in found)) for a in range(3)
     )
 
 
-def roi_bbox(labels: Volume, values: list[int] | tuple[int, ...], margin_mm: float) -> BBox | None:
+def roi_bbox(
+    labels: Volume,
+    values: list[int] | tuple[int, ...],
+    margin_mm: float,
+    boxes: Sequence[BBox | None] | None = None,
+) -> BBox | None:
     """Box around the voxels of upstream ``labels`` holding any of ``values``, grown by
-    ``margin_mm`` (``spec.input.roi_labels`` / ``roi_margin_mm``); ``None`` if absent."""
-    box = bbox_of_values(labels.array, values)
+    ``margin_mm`` (``spec.input.roi_labels`` / ``roi_margin_mm``); ``None`` if absent.
+    ``boxes`` as in :func:`bbox_of_values`."""
+    box = bbox_of_values(labels.array, values, boxes)
     if box is None:
         return None
     return expand_bbox(box, _margin_vox(labels.spacing, margin_mm), labels.shape)
