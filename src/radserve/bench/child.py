@@ -10,8 +10,9 @@ resident size once imports, sessions and one warm-up batch are done, before the 
 ``pipeline_rss_mb`` the difference, what the study itself added. Helper processes
 (radserve's JPEG 2000 decoders) are not in those figures, so they are reported
 beside them: ``workers_peak_rss_mb`` the peak of their summed resident sizes and
-``tree_peak_rss_mb`` the peak of this process plus them (sampled every 20 ms; shared
-pages count once per process, so both are upper bounds).
+``tree_peak_rss_mb`` the peak of this process plus them (sampled every 20 ms, the
+list of helpers renewed every 0.5 s; shared pages count once per process, so both are
+upper bounds).
 
 For a JPEG 2000 study the decoder processes are started during warm-up, as a server
 starts them with its model sessions (``radserve.ingest.decode.start_decode_workers``).
@@ -42,16 +43,32 @@ PIPELINE = "ct-chest-abdomen"
 
 
 def _peak_rss_mb() -> float:
+    """This process's resident high-water mark.
+
+    Linux's ``VmHWM`` belongs to the process's own memory map. ``ru_maxrss`` does not
+    start afresh at ``exec``: a child started by the bench inherits the bench's own
+    resident size at that moment as its floor (measured: a 9 MB child of a 425 MiB
+    parent reports 425 MiB), which overstated every contestant started after the bench
+    had loaded earlier results.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 class TreeMemory:
     """Samples the resident size of this process's descendants (decode workers, helpers).
 
-    This process's own peak comes from ``ru_maxrss`` (exact, free). Listing descendants
-    walks every process on the machine (psutil reads all of /proc); done every sample it
-    cost the measured run 6 % of its time on the 2-core machine, so the list is renewed
-    every ``relist_s`` and only the listed processes are read every ``interval_s``.
+    This process's own peak is the kernel's high-water mark (exact, free). Listing
+    descendants walks every process on the machine (psutil reads all of /proc); done
+    every sample it cost the measured run 6 % of its time on the 2-core machine, so the
+    list is renewed every ``relist_s`` and only the listed processes are read every
+    ``interval_s``.
     """
 
     def __init__(self, interval_s: float = 0.02, relist_s: float = 0.5) -> None:

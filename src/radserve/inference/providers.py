@@ -158,6 +158,8 @@ def choose_runtime(
         notes.append("TensorRT builds an engine per new input shape; engines are cached")
     if primary == "OpenVINOExecutionProvider":
         bf16 = f"available ({host.cpu_bf16})" if host.cpu_bf16 else "not available"
+        if host.cpu_bf16 and host.cpu_bf16 != "amx_bf16":
+            bf16 += ", but without AMX it ran slower than fp32 where measured"
         notes.append(f"bf16 precision: {bf16} (needs AMX or AVX-512 BF16)")
     choice = RuntimeChoice(
         providers=tuple(chosen),
