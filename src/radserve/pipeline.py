@@ -262,7 +262,11 @@ class VolumeRun:
         t0 = time.perf_counter()
         release_free_memory()  # what inference's threads freed, before post-processing
         cleaned = clean_label_map(
-            prediction.labels.array, spec, self.ct.voxel_volume_ml, in_place=True
+            prediction.labels.array,
+            spec,
+            self.ct.voxel_volume_ml,
+            in_place=True,
+            within=prediction.extent,
         )
         prediction = dataclasses.replace(
             prediction, labels=prediction.labels.with_array(cleaned.labels)

@@ -17,7 +17,7 @@ from radserve.domain.volume import Volume
 from radserve.errors import ModelError, PipelineError
 from radserve.inference import ModelSession, SliceTask, choose_runtime, run_task
 from radserve.inference.tasks import activate, decide
-from radserve.preprocess import grid_offset, normalise, resample_inplane
+from radserve.preprocess import bbox_of_mask, grid_offset, normalise, resample_inplane
 
 CPU = choose_runtime(prefer=["CPUExecutionProvider"], threads=1)
 
@@ -152,3 +152,5 @@ def test_organ_models_keep_no_confidence_map(tmp_path: Path) -> None:
     session = ModelSession(threshold_model(tmp_path / "t.onnx"), spec, runtime=CPU)
     pred = run_task(SliceTask(phantom(), spec), session)
     assert pred.confidence is None and pred.labels.array.any()
+    # The extent handed to post-processing is the tight box of what was written.
+    assert pred.extent == bbox_of_mask(pred.labels.array != 0)

@@ -86,6 +86,13 @@ def test_cleaned_boxes_are_the_boxes_of_the_cleaned_map(seed: int) -> None:
         labels[z, y, x] = rng.integers(1, 3)  # single voxels: dropped
     organ_spec = spec(LABELS, keep_largest=["liver"], min_component_ml=0.002)
     cleaned = components_module.clean_label_map(labels, organ_spec, 1e-3)
+    # Told where the labels are, it searches only there, with the same result.
+    within = (slice(1, 20), slice(0, 30), slice(1, 30))
+    labels[0], labels[:, :, 0] = 0, 0
+    assert components_module.clean_label_map(labels, organ_spec, 1e-3, within=within).boxes == (
+        components_module.clean_label_map(labels, organ_spec, 1e-3).boxes
+    )
+    cleaned = components_module.clean_label_map(labels, organ_spec, 1e-3)
     assert cleaned.labels[15:17, 25:28, 2:4].max() == 0  # the far piece went
     assert np.count_nonzero(cleaned.labels) == 8 * 15 * 12 + 3 * 6 * 9
     assert cleaned.boxes == tuple(label_bboxes(cleaned.labels, 2))

@@ -24,3 +24,6 @@ class Prediction:
     confidence: Volume | None = None
     timings: dict[str, float] = field(default_factory=dict)
     batches: int = 0
+    # Every non-zero label lies inside this box of ``labels`` (None: not known), so
+    # post-processing need not scan the rest of the grid.
+    extent: tuple[slice, slice, slice] | None = None

@@ -34,6 +34,7 @@ from radserve.host import lazy_zeros
 from radserve.inference.tasks import (
     Batch,
     BatchedTask,
+    ForegroundBox,
     activate,
     check_batch,
     pick_batch_size,
@@ -131,6 +132,8 @@ class SliceTask(BatchedTask):
         self._plan(range(zs.start, zs.stop) if self._h and self._w else [])
         n = len(self._items)
         # Outputs at the ROI's size when there is one (see BatchedTask).
+        self._foreground = ForegroundBox()  # the tight box of what accept() writes
+        self._extent = self._foreground
         self._out = self._output_grid(self.box, roi is not None)
         self._out_z0 = self._out[0].start - zs.start
         self.labels = lazy_zeros(self.grid.shape, np.uint8)
@@ -242,13 +245,15 @@ class SliceTask(BatchedTask):
         # temporaries of the whole pipeline (classes x native crop x float32).
         for j, item in enumerate(batch.items):
             probs = activate(logits[j], self.spec.activation, axis=0)
-            labels, conf = self._back(probs, self.spec)
+            labels, conf = self._back(probs, self.spec, confidence=self.confidence is not None)
             z = int(item) + self._out_z0
             # Only label voxels are written: the map starts as untouched zero pages, and
             # pages that only background would fill stay unallocated (most of a lesion
             # map, the air and fat of an organ map).
-            np.copyto(self.labels[z, ys, xs], labels, where=labels != 0)
-            if self.confidence is not None:
+            foreground = labels != 0
+            np.copyto(self.labels[z, ys, xs], labels, where=foreground)
+            self._foreground.add(z, foreground, ys.start, xs.start)
+            if self.confidence is not None and conf is not None:
                 self.confidence[z, ys, xs] = conf
         self._accepted(t0)
 

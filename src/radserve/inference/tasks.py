@@ -103,6 +103,33 @@ class TaskState:
         return self.accepted >= self.total
 
 
+class ForegroundBox:
+    """The running box of the non-zero labels a task has written (updated per slice by
+    :meth:`add`, which costs two ``any`` reductions of a mask the merge has anyway)."""
+
+    def __init__(self) -> None:
+        self._lo = [np.iinfo(np.int64).max] * 3
+        self._hi = [-1] * 3
+
+    def add(self, z: int, mask: np.ndarray, y0: int, x0: int) -> None:
+        """Slice ``z``'s non-zero ``mask`` (2-D), whose element [0, 0] is at (y0, x0)."""
+        rows = np.flatnonzero(mask.any(axis=1))
+        if rows.size == 0:
+            return
+        cols = np.flatnonzero(mask.any(axis=0))
+        for axis, lo, hi in ((0, z, z), (1, y0 + rows[0], y0 + rows[-1])):
+            self._lo[axis] = min(self._lo[axis], int(lo))
+            self._hi[axis] = max(self._hi[axis], int(hi))
+        self._lo[2] = min(self._lo[2], x0 + int(cols[0]))
+        self._hi[2] = max(self._hi[2], x0 + int(cols[-1]))
+
+    def box(self) -> BBox:
+        """The box so far (empty when nothing was written)."""
+        if self._hi[0] < 0:
+            return (slice(0, 0), slice(0, 0), slice(0, 0))
+        return tuple(slice(lo, hi + 1) for lo, hi in zip(self._lo, self._hi, strict=True))  # type: ignore[return-value]
+
+
 class BatchedTask:
     """What the concrete tasks share: batch counting, timings, the first-output check and
     :meth:`finish`.
@@ -127,15 +154,22 @@ class BatchedTask:
     labels: np.ndarray
     confidence: np.ndarray | None
     grid: Volume
+    # Where labels can be non-zero, on the output grid: the crop (set by
+    # _output_grid), or a tighter box a task tracks as it writes.
+    _extent: BBox | ForegroundBox | None = None
 
     def _output_grid(self, box: BBox, roi_sized: bool) -> BBox:
         """Set :attr:`grid` (the input, or its ``box`` when ``roi_sized``) and return
         ``box`` in the coordinates of the output maps."""
         if not roi_sized:
             self.grid = self.volume
-            return box
-        self.grid = crop_volume(self.volume, box)
-        return tuple(slice(0, max(0, s.stop - s.start)) for s in box)  # type: ignore[return-value]
+            out = box
+        else:
+            self.grid = crop_volume(self.volume, box)
+            out = tuple(slice(0, max(0, s.stop - s.start)) for s in box)  # type: ignore[assignment]
+        if self._extent is None:
+            self._extent = out
+        return out
 
     def _plan(self, items: Sequence[Any]) -> None:
         """Split ``items`` into batches of ``batch_size``."""
@@ -204,6 +238,7 @@ class BatchedTask:
             confidence=None if self.confidence is None else self.grid.with_array(self.confidence),
             timings=dict(self._state.timings),
             batches=self._state.total,
+            extent=self._extent.box() if isinstance(self._extent, ForegroundBox) else self._extent,
         )
 
 

@@ -62,22 +62,41 @@ class UpsampledDecision:
         self._x = _Axis(coords_x, n_in_x)
         self.boundary_fraction = 0.0  # of the last call's pixels, for tests and tuning
 
-    def __call__(self, probs: np.ndarray, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
-        """(classes, rows, cols) float32 probabilities -> native (uint8 labels, confidence)."""
+    def __call__(
+        self, probs: np.ndarray, spec: ModelSpec, *, confidence: bool = True
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """(classes, rows, cols) float32 probabilities -> native (uint8 labels, confidence).
+
+        ``confidence=False``: a softmax model's confidence map is not wanted (organ
+        models), so the winner's probability is not interpolated and ``None`` returned.
+        """
         y, x = self._y, self._x
         winner, best = running_winner(probs)
-        # Corner winners: rows first (native rows x model columns), then columns.
-        top, bottom = winner[y.i0], winner[y.i1]
-        rows_agree = top == bottom
-        labels = top[:, x.i0]
-        uniform = rows_agree[:, x.i0] & rows_agree[:, x.i1] & (labels == top[:, x.i1])
+        # A model-grid cell (samples i..i+1, j..j+1; the edge replicated past the last
+        # row and column, where interpolation reads only the edge) is uniform when its
+        # four samples share the winner. Every native pixel reads the samples of the
+        # cell at its lower corner (or a subset of them, at zero weight).
+        edged = np.pad(winner, ((0, 1), (0, 1)), mode="edge")
+        corner = edged[:-1, :-1]
+        cell = (corner == edged[1:, :-1]) & (corner == edged[:-1, 1:]) & (corner == edged[1:, 1:])
+        # np.take: C-ordered results (``a[:, idx]`` need not be), so the flat views below
+        # write into them.
+        labels = np.take(winner[y.i0], x.i0, axis=1)
+        uniform = np.take(cell[y.i0], x.i0, axis=1)
+        boundary = np.flatnonzero(~uniform)
+        self.boundary_fraction = boundary.size / max(1, uniform.size)
+        rr, cc = np.divmod(boundary, uniform.shape[1])
+        at_boundary = self._interpolate_at(probs, rr, cc) if boundary.size else None
+        flat_labels = labels.reshape(-1)
+        if not confidence and spec.activation == "softmax":
+            if at_boundary is not None:
+                flat_labels[boundary] = running_winner(at_boundary)[0]
+            return labels, None
         # The winner's interpolated probability where the corners agree.
         best = interpolate_axis(best, 0, y.coords, order=1)
         best = interpolate_axis(best, 1, x.coords, order=1)
-        rr, cc = np.nonzero(~uniform)
-        self.boundary_fraction = rr.size / max(1, uniform.size)
-        if rr.size:
-            labels[rr, cc], best[rr, cc] = running_winner(self._interpolate_at(probs, rr, cc))
+        if at_boundary is not None:
+            flat_labels[boundary], best.reshape(-1)[boundary] = running_winner(at_boundary)
         return finish_decision(labels, best, spec)
 
     def _interpolate_at(self, probs: np.ndarray, rr: np.ndarray, cc: np.ndarray) -> np.ndarray:

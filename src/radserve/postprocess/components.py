@@ -185,7 +185,12 @@ def clean_labels(
 
 
 def clean_label_map(
-    labels: np.ndarray, spec: ModelSpec, voxel_volume_ml: float, *, in_place: bool = False
+    labels: np.ndarray,
+    spec: ModelSpec,
+    voxel_volume_ml: float,
+    *,
+    in_place: bool = False,
+    within: BBox | None = None,
 ) -> CleanedLabels:
     """Apply the manifest's component rules; returns the cleaned map (same dtype) and
     every label's box after cleaning.
@@ -207,13 +212,17 @@ def clean_label_map(
         spec: the model whose output this is.
         voxel_volume_ml: volume of one voxel (``Volume.voxel_volume_ml``).
         in_place: clean ``labels`` itself instead of a copy.
+        within: a box holding every non-zero voxel (``Prediction.extent``), when known:
+            only it is searched for the labels' boxes.
     """
     rules = spec.postprocess
     out = labels if in_place else labels.copy()
     values = sorted({label.value for label in spec.labels})
     # Every label's box in one pass, before any edit: cleaning one label only zeroes
     # voxels of that label, so the boxes of the others stay exact.
-    boxes = label_bboxes(out, max(values)) if values else []
+    search = within or tuple(slice(0, n) for n in out.shape)
+    found = label_bboxes(out[search], max(values)) if values else []
+    boxes = [None if b is None else _shifted_union([b], search) for b in found]
     if rules.min_component_ml <= 0 and not rules.keep_largest:
         return CleanedLabels(out, tuple(boxes))
     min_voxels = rules.min_component_ml / voxel_volume_ml if voxel_volume_ml > 0 else 0.0
