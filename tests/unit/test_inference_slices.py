@@ -17,7 +17,14 @@ from radserve.domain.volume import Volume
 from radserve.errors import ModelError, PipelineError
 from radserve.inference import ModelSession, SliceTask, choose_runtime, run_task
 from radserve.inference.tasks import activate, decide
-from radserve.preprocess import bbox_of_mask, grid_offset, normalise, resample_inplane
+from radserve.preprocess import (
+    bbox_of_mask,
+    context_step,
+    gather_context,
+    grid_offset,
+    normalise,
+    resample_inplane,
+)
 
 CPU = choose_runtime(prefer=["CPUExecutionProvider"], threads=1)
 
@@ -113,6 +120,32 @@ def test_25d_neighbours_are_clamped_at_volume_ends(tmp_path: Path) -> None:
     # Slice 0 sees (1000, 1000, 0) -> mean 2/3 > 0.5; slice 1 sees (1000, 0, 0).
     assert [bool(pred.labels.array[i].all()) for i in range(4)] == [True, False, False, True]
     assert not pred.labels.array[1:3].any()
+
+
+@pytest.mark.parametrize("context_mm", [None, 2.5])
+def test_batches_reuse_resampled_slices_and_match_the_training_inputs(context_mm) -> None:
+    """Each batch's input equals the training-time construction (gather the context in
+    HU, then resample, normalise), whatever the previous batch left to reuse."""
+    spec = model_spec(mode="2.5d", context_slices=2, context_mm=context_mm, divisible_by=16)
+    vol = phantom((11, 37, 53))
+    vol = Volume.from_geometry(vol.array, spacing=(1.0, 0.7, 0.9))
+    task = SliceTask(vol, spec, max_batch_size=2)
+    zs, ys, xs = task.box
+    step = context_step(context_mm, vol.spacing[0])
+    n = 0
+    while (batch := task.next_batch()) is not None:
+        image = gather_context(vol.array, batch.items, 2, step, (ys, xs))
+        crop = Volume.from_geometry(image.reshape(-1, *image.shape[2:]), spacing=vol.spacing)
+        small = resample_inplane(crop, (1.5, 1.5), order=1).array
+        want = normalise(small, spec.input.normalisation)
+        want = want.reshape(len(batch.items), 5, *want.shape[1:])
+        py = slice(task._pad_y, task._pad_y + want.shape[2])
+        px = slice(task._pad_x, task._pad_x + want.shape[3])
+        np.testing.assert_allclose(batch.inputs[:, :, py, px], want, rtol=0, atol=1e-5)
+        if context_mm is None:  # whole-slice neighbours: bit for bit
+            np.testing.assert_array_equal(batch.inputs[:, :, py, px], want)
+        n += len(batch.items)
+    assert n == zs.stop - zs.start
 
 
 def test_extra_channels_follow_the_image(tmp_path: Path) -> None:

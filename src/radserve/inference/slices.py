@@ -144,6 +144,8 @@ class SliceTask(BatchedTask):
             else None
         )
         self._floor = normalised_floor(spec.input.normalisation)
+        # (first slice, stack) of the last batch's resampled native slices.
+        self._last_stack: tuple[int, np.ndarray] = (0, np.empty((0, 0, 0), np.float32))
         self._step = context_step(spec.input.context_mm, volume.spacing[0])
         # Resampling coordinates, computed once: model grid <- native crop and back.
         self._fwd_y = grid_coordinates(self._h, self._rh) if n else None
@@ -188,12 +190,11 @@ class SliceTask(BatchedTask):
         """The network input for the native slices ``items``.
 
         Every native slice the batch reads (its own and its neighbours) is cropped and
-        resampled in-plane once, ``_PREPARE_SLICES`` at a time (the float32 crops and
-        their resampling temporaries are the largest arrays of this stage); the 2.5D
-        context is then gathered from the resampled stack, where a neighbour read by
-        several samples costs nothing more. Both steps are linear, so this is the
-        training order (gather, then resample) up to float rounding, and exactly it
-        for whole-slice neighbours.
+        resampled in-plane once (:meth:`_resampled_stack`); the 2.5D context is then
+        gathered from the resampled stack, where a neighbour read by several samples
+        costs nothing more. Both steps are linear, so this is the training order
+        (gather, then resample) up to float rounding, and exactly it for whole-slice
+        neighbours.
         """
         _, ys, xs = self.box
         n_img = 2 * self.spec.input.context_slices + 1
@@ -206,22 +207,42 @@ class SliceTask(BatchedTask):
             items, self.spec.input.context_slices, self._step, self.volume.shape[0]
         )
         first = int(np.floor(positions.min()))
-        last = int(np.ceil(positions.max()))
-        stack = np.empty((last - first + 1, self._rh, self._rw), np.float32)
-        for z in range(first, last + 1, _PREPARE_SLICES):
-            part = self.volume.array[z : min(last + 1, z + _PREPARE_SLICES), ys, xs]
-            resampled = self._to_model_grid(part[:, None].astype(np.float32), order=1)
-            stack[z - first : z - first + len(part)] = resampled[:, 0]
-            del resampled
+        stack = self._resampled_stack(first, int(np.ceil(positions.max())))
         for j in range(len(items)):
             image = sample_slices(stack, positions[j] - first)
             out[j, :n_img, py, px] = normalise(image, self.spec.input.normalisation)
-        del stack
         rows = np.asarray(items)
         for j, mask in enumerate(self._extra):
             m = self._to_model_grid(mask[rows, ys, xs][:, None], order=0)
             out[:, n_img + j, py, px] = m[:, 0]
         return out
+
+    def _resampled_stack(self, first: int, last: int) -> np.ndarray:
+        """Native slices ``first..last``, cropped and resampled in-plane (float32).
+
+        Batches come in slice order and their context overlaps (a 2.5D batch of two
+        slices with +-2.5 mm of context on 1 mm slices reads eight), so the previous
+        batch's stack is kept and only slices it lacks are resampled,
+        ``_PREPARE_SLICES`` at a time (the float32 crops and their resampling
+        temporaries are the largest arrays of this stage).
+        """
+        _, ys, xs = self.box
+        stack = np.empty((last - first + 1, self._rh, self._rw), np.float32)
+        kept_first, kept = self._last_stack
+        lo, hi = max(first, kept_first), min(last, kept_first + len(kept) - 1)
+        if lo <= hi:
+            stack[lo - first : hi - first + 1] = kept[lo - kept_first : hi - kept_first + 1]
+            missing = [(first, lo - 1), (hi + 1, last)]
+        else:
+            missing = [(first, last)]
+        for start, stop in missing:
+            for z in range(start, stop + 1, _PREPARE_SLICES):
+                part = self.volume.array[z : min(stop + 1, z + _PREPARE_SLICES), ys, xs]
+                resampled = self._to_model_grid(part[:, None].astype(np.float32), order=1)
+                stack[z - first : z - first + len(part)] = resampled[:, 0]
+                del resampled
+        self._last_stack = (first, stack)
+        return stack
 
     def _to_model_grid(self, array: np.ndarray, *, order: int) -> np.ndarray:
         out = array
