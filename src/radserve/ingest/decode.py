@@ -174,7 +174,8 @@ def _decode(
 ) -> np.ndarray:
     rows, cols = frames[0].pixel.rows, frames[0].pixel.columns
     out = np.empty((len(frames), rows, cols), dtype=dtype)
-    workers = max(1, workers or min(16, os.cpu_count() or 1))
+    # The cores this process may use (affinity, container quota), not the host's count.
+    workers = max(1, workers or min(16, usable_cores()))
     jobs = list(_jobs(frames, workers))
     with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
         futures = [pool.submit(_decode_job, reader, src, items, out, air) for src, items in jobs]
