@@ -57,6 +57,10 @@ def test_settings_map_onto_the_scheduler(tmp_path: Path) -> None:
     assert config.rules.classify({"RequestedProcedurePriority": "STAT"}) is PriorityClass.OUTPATIENT
     urgent = scheduler_config(settings_for(tmp_path / "b", scheduler__tat_s__urgent=30))
     assert urgent.tat(PriorityClass.URGENT) == 30
+    # Dynamic batching: the settings' limit, capped by what the device is worth sending.
+    assert config.max_batch_size == 32
+    assert scheduler_config(settings, device_max_batch=2).max_batch_size == 2
+    assert scheduler_config(settings, device_max_batch=None).max_batch_size == 32
 
 
 def test_not_ready_until_warmed_up(tmp_path: Path) -> None:

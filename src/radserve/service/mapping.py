@@ -43,9 +43,17 @@ def priority_rules(settings: Settings) -> PriorityRules:
     )
 
 
-def scheduler_config(settings: Settings) -> SchedulerConfig:
-    """The scheduler's configuration for these settings."""
+def scheduler_config(settings: Settings, device_max_batch: int | None = None) -> SchedulerConfig:
+    """The scheduler's configuration for these settings.
+
+    ``device_max_batch`` (:attr:`RuntimeChoice.max_batch_size`) caps dynamic batching
+    too: on a CPU device, merging several studies' batches into one call is no faster
+    and its activations grow with it.
+    """
     sched = settings.scheduler
+    max_batch = sched.max_batch_size
+    if device_max_batch is not None:
+        max_batch = min(max_batch, device_max_batch)
     tat = {
         PriorityClass.INPATIENT: sched.tat_s.inpatient,
         PriorityClass.OUTPATIENT: sched.tat_s.outpatient,
@@ -61,7 +69,7 @@ def scheduler_config(settings: Settings) -> SchedulerConfig:
         tat_s=tat,
         queue_limits=limits,
         aging_fraction=sched.aging_fraction,
-        max_batch_size=sched.max_batch_size,
+        max_batch_size=max_batch,
         max_queue_delay_s=sched.max_queue_delay_ms / 1000.0,
         breaker_threshold=sched.breaker_threshold,
         max_retries=settings.jobs.max_retries,

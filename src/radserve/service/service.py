@@ -82,7 +82,10 @@ class Service:
         # the metrics read the scheduler when scraped; the scheduler reports to the hooks
         self.metrics = Metrics(lambda: self.scheduler.snapshot())
         self.hooks = ServiceHooks(self.store, self.cache, self.metrics)
-        self.scheduler = Scheduler(scheduler_config(settings), hooks=self.hooks)
+        self.scheduler = Scheduler(
+            scheduler_config(settings, self.catalog.sessions.runtime.max_batch_size),
+            hooks=self.hooks,
+        )
         self.intake = Intake(
             settings,
             store=self.store,
