@@ -144,3 +144,29 @@ def test_jpeg2000_prefers_pylibjpeg_and_falls_back_to_any_plugin(
     _series(tmp_path, hu=hu)
     monkeypatch.setattr(decode, "preferred_plugin", lambda uid: "no-such-plugin")
     np.testing.assert_array_equal(_decode(_ordered(tmp_path), processes=False), hu)
+
+
+@pytest.mark.parametrize("stored_dtype", [np.uint16, np.int16])
+def test_direct_rescale_equals_the_general_one(stored_dtype) -> None:
+    """Slope 1 without padding goes straight into the int16 volume; with padding (the
+    general path) the same values come out, and out-of-range values still ask for
+    float32 rather than wrap."""
+    import dataclasses
+
+    from radserve.ingest import decode
+    from radserve.ingest.headers import PixelFormat
+    from radserve.ingest.sources import SourceFile
+
+    rng = np.random.default_rng(1)
+    stored = rng.integers(0, 3000, (6, 7)).astype(stored_dtype)
+    fmt = PixelFormat(ExplicitVRLittleEndian, 6, 7, 1, "MONOCHROME2", 16, 16, 0)
+    frame = FrameRef(SourceFile(Path("x.dcm")), None, "1.2", "1.2.3", fmt, rescale_intercept=-1024)
+    padded = dataclasses.replace(frame, pixel=dataclasses.replace(fmt, padding=(65000, 65000)))
+    direct, general = np.zeros((1, 6, 7), np.int16), np.zeros((1, 6, 7), np.int16)
+    decode._store(direct, 0, stored, frame, air=-1000.0)
+    decode._store(general, 0, stored, padded, air=-1000.0)
+    np.testing.assert_array_equal(direct[0], stored.astype(np.int32) - 1024)
+    np.testing.assert_array_equal(direct, general)
+    high = dataclasses.replace(frame, rescale_intercept=32000)
+    with pytest.raises(decode._NeedFloat):
+        decode._store(direct, 0, stored, high, air=-1000.0)

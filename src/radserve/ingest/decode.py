@@ -416,11 +416,26 @@ def _store(out: np.ndarray, k: int, stored: np.ndarray, frame: FrameRef, air: fl
             f"a frame of instance {frame.sop_instance_uid} decoded to shape {stored.shape}, "
             f"expected ({fmt.rows}, {fmt.columns}) from Rows/Columns"
         )
+    slope, intercept = frame.rescale_slope, frame.rescale_intercept
+    if (
+        out.dtype.kind != "f"
+        and stored.dtype.kind in "iu"
+        and fmt.padding is None
+        and slope == 1.0
+        and stored.size
+    ):
+        # The common CT case (integer stored values, slope 1, no padding): check the
+        # range on the stored values and add the intercept straight into the volume,
+        # without a full-frame int32 copy.
+        shift = int(intercept)
+        if int(stored.min()) + shift < _INT16.min or int(stored.max()) + shift > _INT16.max:
+            raise _NeedFloat
+        np.add(stored, np.int32(shift), out=out[k], dtype=np.int32, casting="unsafe")
+        return
     padding = None
     if fmt.padding is not None:
         low, high = fmt.padding
         padding = (stored >= low) & (stored <= high)
-    slope, intercept = frame.rescale_slope, frame.rescale_intercept
     if out.dtype.kind == "f":
         values = stored.astype(np.float64)
         if slope != 1.0 or intercept != 0.0:
