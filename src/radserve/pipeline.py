@@ -340,14 +340,19 @@ def _step_result(
     spec = bundle.spec
     kinds = {label.kind for label in spec.labels}
     labels = prediction.labels
+    provider = session.providers_in_use[0]
+    uncovered = bundle.gate_coverage(precision, provider)
+    if uncovered:
+        logger.warning("%s", uncovered)
     organ_list = organ_measurements(labels, ct, spec, boxes) if "organ" in kinds else []
     if "lesion" not in kinds:
         return StepResult(
             bundle,
             precision,
             labels,
-            session.providers_in_use[0],
+            provider,
             organs=organ_list,
+            warnings=[uncovered] if uncovered else [],
             label_boxes=boxes,
         )
     lesions = find_lesions(
@@ -361,11 +366,11 @@ def _step_result(
         bundle,
         precision,
         labels,
-        session.providers_in_use[0],
+        provider,
         organs=organ_list,
         findings=lesions.findings,
         finding_labels=lesions.label_map,
         finding_axes=lesions.axes,
         label_boxes=boxes,
-        warnings=list(lesions.warnings),
+        warnings=([uncovered] if uncovered else []) + list(lesions.warnings),
     )

@@ -36,6 +36,7 @@ from radserve.models.variants import (
     declare_files,
     measure_speed,
 )
+from radserve.pipeline import SessionPool, run_volume
 from radserve.pipelines.spec import PipelineSpec, Step
 
 SIZES_MM = {"<5": 4, "5-10": 8, "10-20": 14, ">20": 24}
@@ -338,6 +339,18 @@ def test_build_and_gate_through_the_pipeline_writes_gate_json_and_serves_passing
     }
     assert served.available_precisions() == ["fp32", "fp16", "int8"]
     assert served.onnx_path("int8") == directory / "model.int8.onnx"
+
+    # Served through a provider its gate did not evaluate: allowed, said in the report.
+    gated_on = report.variants["int8"].providers
+    assert gated_on and served.gate_coverage("int8", gated_on[0]) is None
+    assert "does not cover" in (served.gate_coverage("int8", "CUDAExecutionProvider") or "")
+    assert served.gate_coverage("fp32", "CUDAExecutionProvider") is None
+    if gated_on != ["CPUExecutionProvider"]:
+        cpu = SessionPool(choose_runtime(prefer=["CPUExecutionProvider"], threads=1))
+        result = run_volume(
+            _case(0).ct, pipeline, registry=ModelRegistry([root]), sessions=cpu, precision="int8"
+        )
+        assert any("CPUExecutionProvider" in w and "does not cover" in w for w in result.warnings)
 
     # a file swapped after gating is refused
     tiny_seg_model(directory / "model.int8.onnx", lesion_gain=0.3)

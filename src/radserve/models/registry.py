@@ -182,6 +182,30 @@ class ModelBundle:
             )
         return None
 
+    def gate_coverage(self, precision: str, provider: str) -> str | None:
+        """Why the accuracy gate of ``precision`` does not cover ``provider`` (a warning
+        for the report), or ``None`` when it does or nothing says otherwise.
+
+        A reduced-precision file is computed differently by each provider (OpenVINO's
+        INT8 kernels are not the CPU provider's, bf16 exists only in OpenVINO), so its
+        gate speaks for the providers it was evaluated through. Serving it elsewhere is
+        allowed (a GPU site may trust a CPU gate) but said in every report.
+        """
+        if precision == "fp32":
+            return None
+        try:
+            report = self.gate_report()
+        except ModelError:
+            return None
+        record = report.variants.get(precision) if report else None
+        if record is None or not record.providers or provider in record.providers:
+            return None
+        return (
+            f"{self.key} {precision} was gated through {', '.join(record.providers)} and "
+            f"ran on {provider}, which its accuracy gate does not cover; run `radserve "
+            f"models build-variants {self.spec.name}` on this host to gate it here"
+        )
+
     def onnx_path(self, precision: str = "fp32") -> Path:
         """The file to serve at ``precision``; a variant only if its gate passed.
 
