@@ -13,9 +13,9 @@ and nearest-neighbour resampling and follow the image channels in
 Back: drop the padding, apply the activation, resample the class probabilities
 linearly onto the native crop and take the winner (every class is interpolated only
 at label boundaries: :mod:`radserve.inference.upsample`), and write uint8 labels and
-confidences into preallocated arrays: native-size, or ROI-size on the ROI's sub-grid when the task
-has an ROI. Everything outside the crop is background (label 0, confidence 255). Only
-one batch of probabilities exists at a time per task.
+confidences into preallocated arrays: native-size, or ROI-size on the ROI's sub-grid
+when the task has an ROI. Everything outside the crop is background (label 0,
+confidence 255). Only one batch of probabilities exists at a time per task.
 
 Through-plane spacing: 2D/2.5D models run on native slices; a model.yaml with a
 non-None slice spacing in these modes is refused (``ModelError``).
@@ -262,8 +262,8 @@ class SliceTask(BatchedTask):
         ]
         self._check_first_output(logits)
         _, ys, xs = self._out
-        # One slice at a time: full-resolution class probabilities are the largest
-        # temporaries of the whole pipeline (classes x native crop x float32).
+        # One slice at a time; class probabilities stay on the model grid (only boundary
+        # pixels get every class at full resolution: UpsampledDecision).
         for j, item in enumerate(batch.items):
             probs = activate(logits[j], self.spec.activation, axis=0)
             labels, conf = self._back(probs, self.spec, confidence=self.confidence is not None)
