@@ -113,6 +113,8 @@ class StepResult:
     finding_axes: list[FindingAxes] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     label_boxes: tuple[BBox | None, ...] = ()  # of each value 1..max in ``labels``
+    # The served variant's accuracy gate did not cover the provider it ran on.
+    gate_warning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,10 @@ class VolumeResult:
     @property
     def warnings(self) -> list[str]:
         return [w for s in self.steps for w in s.warnings]
+
+    @property
+    def gate_warnings(self) -> list[str]:
+        return [s.gate_warning for s in self.steps if s.gate_warning]
 
 
 def _organ_names(spec: ModelSpec) -> dict[int, str]:
@@ -352,8 +358,8 @@ def _step_result(
             labels,
             provider,
             organs=organ_list,
-            warnings=[uncovered] if uncovered else [],
             label_boxes=boxes,
+            gate_warning=uncovered,
         )
     lesions = find_lesions(
         prediction,
@@ -372,5 +378,6 @@ def _step_result(
         finding_labels=lesions.label_map,
         finding_axes=lesions.axes,
         label_boxes=boxes,
-        warnings=([uncovered] if uncovered else []) + list(lesions.warnings),
+        gate_warning=uncovered,
+        warnings=list(lesions.warnings),
     )

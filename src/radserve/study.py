@@ -266,6 +266,10 @@ def _build_report(
     ]
     warnings = [ReportWarning(code="ingest", message=w, stage="ingest") for w in loaded.warnings]
     warnings += [
+        ReportWarning(code="variant_not_gated_here", message=w, stage="inference")
+        for w in result.gate_warnings
+    ]
+    warnings += [
         ReportWarning(code="postprocess", message=w, stage="postprocess") for w in result.warnings
     ]
     return Report(
