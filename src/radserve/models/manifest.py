@@ -65,7 +65,14 @@ class InputSpec(_Strict):
         None, description="3d: sliding-window patch (z, y, x)"
     )
     divisible_by: int = Field(16, ge=1, description="in-plane size padded to a multiple")
-    batch_size: int = Field(8, ge=1)
+    batch_size: int = Field(
+        8,
+        ge=1,
+        description=(
+            "largest batch per device call; the runtime sends fewer where more gains "
+            "nothing (2 on a CPU) or memory does not allow"
+        ),
+    )
     overlap: float = Field(0.5, ge=0.0, lt=1.0, description="3d sliding-window overlap")
     roi_labels: tuple[str, ...] = Field(
         (), description="restrict inference to the bounding box of these upstream labels"
