@@ -105,7 +105,9 @@ _MEMORY_KEYS = (
     "rss_after_warmup_mb",
     "pipeline_rss_mb",
     "workers_peak_rss_mb",
+    "workers_peak_pss_mb",
     "tree_peak_rss_mb",
+    "tree_peak_pss_mb",
 )
 
 
@@ -116,7 +118,8 @@ def summarise(contests: list[Contest], n_slices: int) -> dict[str, object]:
     ``peak_rss_over_int16_volume`` is the process's whole peak (imports and loaded
     models included: ~160 MiB that do not grow with the study);
     ``pipeline_rss_over_int16_volume`` counts only what the study added above the warm
-    process. Helper processes (JPEG 2000 decoders) are in ``tree_peak_rss_mb``.
+    process. Helper processes (JPEG 2000 decoders) are in ``tree_peak_rss_mb`` (summed
+    RSS, an upper bound) and ``tree_peak_pss_mb`` (their proportional share).
     """
     int16_mb = 512 * 512 * n_slices * 2 / 2**20
     per_syntax = {}
@@ -145,6 +148,7 @@ def summarise(contests: list[Contest], n_slices: int) -> dict[str, object]:
             *_MEMORY_KEYS,
             "peak_rss_over_int16_volume",
             "pipeline_rss_over_int16_volume",
+            "tree_pss_over_int16_volume",
             "stages",
         )
     }
@@ -188,4 +192,6 @@ def _entry(c: Contest, mine: str, int16_mb: float) -> dict[str, object]:
     entry["peak_rss_over_int16_volume"] = float(entry["peak_rss_mb"]) / int16_mb  # type: ignore[arg-type]
     own = entry.get("pipeline_rss_mb")
     entry["pipeline_rss_over_int16_volume"] = None if own is None else float(own) / int16_mb  # type: ignore[arg-type]
+    tree = entry.get("tree_peak_pss_mb")
+    entry["tree_pss_over_int16_volume"] = None if tree is None else float(tree) / int16_mb  # type: ignore[arg-type]
     return entry

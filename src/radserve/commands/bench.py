@@ -143,11 +143,11 @@ def command(
         if e.get("workers_peak_rss_mb"):
             table.add_row(
                 "",
-                "  with decoder processes (tree peak)",
+                "  with decoder processes (tree peak: their PSS; RSS)",
+                fmt(e.get("tree_pss_over_int16_volume")),
                 "",
                 "",
-                "",
-                fmt(e.get("tree_peak_rss_mb"), ".0f"),
+                f"{fmt(e.get('tree_peak_pss_mb'), '.0f')}; {fmt(e.get('tree_peak_rss_mb'), '.0f')}",
             )
     console.print(table)
     stages = Table(title="radserve stages (s), first syntax")
