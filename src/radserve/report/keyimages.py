@@ -258,10 +258,16 @@ def render_finding(
     return image
 
 
+_COUNT_SLICES = 16  # slices counted at once: no boolean copy of a whole label map
+
+
 def _overview_slice(organ_labels: Volume | None, finding_labels: Volume | None, n: int) -> int:
     for labels in (organ_labels, finding_labels):
         if labels is not None:
-            per_slice = np.count_nonzero(labels.array.reshape(n, -1), axis=1)
+            per_slice = np.zeros(n, np.int64)
+            for z in range(0, n, _COUNT_SLICES):
+                part = labels.array[z : z + _COUNT_SLICES]
+                per_slice[z : z + len(part)] = np.count_nonzero(part.reshape(len(part), -1), 1)
             if per_slice.any():
                 return int(np.argmax(per_slice))
     return n // 2
