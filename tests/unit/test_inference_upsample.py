@@ -87,3 +87,20 @@ def test_single_pixel_islands_are_interpolated_not_lost() -> None:
     np.testing.assert_array_equal(labels, want_labels)
     np.testing.assert_array_equal(conf, want_conf)
     assert labels.sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("low", "native"), [((1, 9), (3, 20)), ((7, 1), (15, 2)), ((1, 1), (4, 3))]
+)
+def test_single_row_or_column_grids(low: tuple[int, int], native: tuple[int, int]) -> None:
+    spec = model_spec(labels=2, kind="lesion")
+    probs = activate(
+        np.random.default_rng(2).normal(0, 2, (3, *low)).astype(np.float32), "softmax", axis=0
+    )
+    upsample = UpsampledDecision(
+        grid_coordinates(low[0], native[0]), low[0], grid_coordinates(low[1], native[1]), low[1]
+    )
+    labels, conf = upsample(probs, spec)
+    want_labels, want_conf = plain(probs, *native, spec)
+    np.testing.assert_array_equal(labels, want_labels)
+    np.testing.assert_array_equal(conf, want_conf)
