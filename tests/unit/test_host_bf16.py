@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from radserve.host import cpu_bf16_support
+from radserve.host import bf16_slower_reason, cpu_bf16_support
 
 
 @pytest.mark.parametrize(
@@ -27,3 +27,9 @@ def test_cpu_bf16_support_is_none_without_cpuinfo(tmp_path: Path) -> None:
     assert cpu_bf16_support(tmp_path / "missing") is None
     (tmp_path / "arm").write_text("processor\t: 0\nFeatures\t: fp asimd bf16\n")
     assert cpu_bf16_support(tmp_path / "arm") is None
+
+
+def test_bf16_is_worth_it_only_with_amx() -> None:
+    assert bf16_slower_reason("amx_bf16") is None
+    assert "no AMX" in (bf16_slower_reason("avx512_bf16") or "")
+    assert "no native bfloat16" in (bf16_slower_reason(None) or "")

@@ -19,7 +19,7 @@ from pathlib import Path
 import onnxruntime as ort
 
 from radserve.errors import ModelError
-from radserve.host import cpu_bf16_support, usable_cores
+from radserve.host import bf16_slower_reason, cpu_bf16_support, usable_cores
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def choose_runtime(
         notes.append("TensorRT builds an engine per new input shape; engines are cached")
     if primary == "OpenVINOExecutionProvider":
         bf16 = f"available ({host.cpu_bf16})" if host.cpu_bf16 else "not available"
-        if host.cpu_bf16 and host.cpu_bf16 != "amx_bf16":
+        if host.cpu_bf16 and bf16_slower_reason(host.cpu_bf16):
             bf16 += ", but without AMX it ran slower than fp32 where measured"
         notes.append(f"bf16 precision: {bf16} (needs AMX or AVX-512 BF16)")
     choice = RuntimeChoice(

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from radserve.host import cpu_bf16_support
+from radserve.host import bf16_slower_reason, cpu_bf16_support
 from radserve.preprocess import normalised_floor
 from radserve.training.data import LesionPatchSampler, PatchSampler, SliceSet
 from radserve.training.net import UNet2d, UNetConfig, count_parameters
@@ -204,10 +204,11 @@ def train_model(
     total = steps or settings.max_steps
     warmup = 50
     use_bf16 = settings.autocast == "bf16"
-    if use_bf16 and torch.device(device).type == "cpu" and cpu_bf16_support() is None:
-        # Emulated bfloat16 is slower than float32: the run would only lose.
-        logger.warning("%s: this CPU has no native bfloat16; training in float32", spec.name)
-        use_bf16 = False
+    if use_bf16 and torch.device(device).type == "cpu":
+        slower = bf16_slower_reason(cpu_bf16_support())
+        if slower:  # the run would only lose time
+            logger.warning("%s: %s; training in float32", spec.name, slower)
+            use_bf16 = False
     amp = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=use_bf16)
     autocast = "bf16" if use_bf16 else "off"  # what this run did, for its log
     names = [label.name for label in sorted(spec.labels, key=lambda lab: lab.value)]
