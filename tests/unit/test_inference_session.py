@@ -142,6 +142,7 @@ def test_bf16_needs_openvino_and_a_cpu_with_native_bfloat16() -> None:
     assert "slower" not in " ".join(runtime.notes)
     avx512 = choose_runtime(_bf16_host("avx512_bf16"))
     assert avx512.runs_bf16 and "without AMX it ran slower" in " ".join(avx512.notes)
+    assert "not available" in " ".join(choose_runtime(_bf16_host(None)).notes)
     options = precision_options(runtime, "bf16")
     assert json.loads(options[0]["load_config"]) == {"CPU": {"INFERENCE_PRECISION_HINT": "bf16"}}
     assert "load_config" not in runtime.provider_options[0]  # the runtime is not changed

@@ -157,10 +157,15 @@ def choose_runtime(
     if primary == "TensorrtExecutionProvider":
         notes.append("TensorRT builds an engine per new input shape; engines are cached")
     if primary == "OpenVINOExecutionProvider":
-        bf16 = f"available ({host.cpu_bf16})" if host.cpu_bf16 else "not available"
-        if host.cpu_bf16 and bf16_slower_reason(host.cpu_bf16):
-            bf16 += ", but without AMX it ran slower than fp32 where measured"
-        notes.append(f"bf16 precision: {bf16} (needs AMX or AVX-512 BF16)")
+        if host.cpu_bf16 is None:
+            notes.append("bf16 precision: not available (needs AMX or AVX-512 BF16)")
+        elif bf16_slower_reason(host.cpu_bf16):
+            notes.append(
+                f"bf16 precision: available ({host.cpu_bf16}), but without AMX it ran "
+                "slower than fp32 where measured"
+            )
+        else:
+            notes.append(f"bf16 precision: available ({host.cpu_bf16})")
     choice = RuntimeChoice(
         providers=tuple(chosen),
         provider_options=options,
