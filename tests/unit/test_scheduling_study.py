@@ -13,7 +13,7 @@ from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_series import make_ct_series
 
 from radserve.domain.volume import Volume
-from radserve.inference import choose_runtime
+from radserve.inference import ModelSession, choose_runtime
 from radserve.models.registry import ModelRegistry
 from radserve.pipeline import SessionPool, VolumeRun
 from radserve.pipelines.spec import PipelineSpec, load_pipeline
@@ -48,9 +48,14 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelRegistry, Pipe
     return registry, load_pipeline(write_test_pipeline(root, min_slices=3)), root
 
 
-def test_scheduled_studies_match_run_study(setup, tmp_path: Path) -> None:
+def test_scheduled_studies_match_run_study(setup, tmp_path: Path, monkeypatch) -> None:
     registry, pipeline, _ = setup
     sessions = SessionPool()
+    released: list[str] = []
+    shrink = ModelSession.release_memory
+    monkeypatch.setattr(
+        ModelSession, "release_memory", lambda s: (released.append(s.spec.name), shrink(s))
+    )
     centres = {"a": (4.0, -3.0, 12.0), "b": (-5.0, 4.0, 16.0), "stat": (0.0, 0.0, 14.0)}
     for name, centre in centres.items():
         extra = {"RequestedProcedurePriority": "STAT"} if name == "stat" else None
@@ -77,6 +82,8 @@ def test_scheduled_studies_match_run_study(setup, tmp_path: Path) -> None:
         assert executor.wait_idle(60.0)
     finally:
         executor.stop()
+    # Each study's two model steps let their session's arena shrink once done.
+    assert sorted(released) == sorted(["organs-test", "lesions-test"] * len(centres))
     assert tickets["stat"].cls is PriorityClass.URGENT
     assert tickets["a"].cls is PriorityClass.OUTPATIENT
 

@@ -120,6 +120,12 @@ class StudyWork:
             name = pending.bundle.spec.name
             self._timer.seconds[f"{name}: inference"] = time.perf_counter() - self._step_started
             prediction = pending.task.finish(precision=pending.session.precision)
+            # The task's batches are done: let the session's arena shrink, as the
+            # single-study runners do (ONNX Runtime runs are safe beside the device
+            # thread's batches of other studies on the same session).
+            release = getattr(pending.session, "release_memory", None)
+            if release is not None:
+                release()
             self._run.complete_step(prediction)
             self._pending = None
         self._open_next_step()
