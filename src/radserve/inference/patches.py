@@ -90,7 +90,7 @@ class PatchTask(BatchedTask):
         self.box = crop_box(volume, spec, roi, crop_to_body)
         self.patch: tuple[int, int, int] = tuple(spec.input.patch_size)  # type: ignore[assignment]
         # Outputs at the ROI's size when there is one (see BatchedTask).
-        self._out = self._output_grid(self.box, roi is not None)
+        self._output_grid(self.box, roi is not None)
         self.labels = lazy_zeros(self.grid.shape, np.uint8)
         self.confidence = np.full(self.grid.shape, 255, np.uint8)
         empty = any(s.stop <= s.start for s in self.box)

@@ -133,8 +133,7 @@ class SliceTask(BatchedTask):
         n = len(self._items)
         # Outputs at the ROI's size when there is one (see BatchedTask).
         self._foreground = ForegroundBox()  # the tight box of what accept() writes
-        self._extent = self._foreground
-        self._out = self._output_grid(self.box, roi is not None)
+        self._output_grid(self.box, roi is not None)
         self._out_z0 = self._out[0].start - zs.start
         self.labels = lazy_zeros(self.grid.shape, np.uint8)
         # Confidence only matters where findings are measured: organ models skip it.
@@ -251,6 +250,9 @@ class SliceTask(BatchedTask):
         if self._rw != self._w:
             out = interpolate_axis(out, 3, self._fwd_x, order=order)
         return out
+
+    def _extent(self) -> BBox:
+        return self._foreground.box()
 
     def accept(self, batch: Batch, output: np.ndarray) -> None:
         """Map one batch's logits back onto the native grid, slice for slice."""

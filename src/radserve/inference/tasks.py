@@ -117,11 +117,10 @@ class ForegroundBox:
         if rows.size == 0:
             return
         cols = np.flatnonzero(mask.any(axis=0))
-        for axis, lo, hi in ((0, z, z), (1, y0 + rows[0], y0 + rows[-1])):
+        spans = ((z, z), (y0 + rows[0], y0 + rows[-1]), (x0 + cols[0], x0 + cols[-1]))
+        for axis, (lo, hi) in enumerate(spans):
             self._lo[axis] = min(self._lo[axis], int(lo))
             self._hi[axis] = max(self._hi[axis], int(hi))
-        self._lo[2] = min(self._lo[2], x0 + int(cols[0]))
-        self._hi[2] = max(self._hi[2], x0 + int(cols[-1]))
 
     def box(self) -> BBox:
         """The box so far (empty when nothing was written)."""
@@ -154,22 +153,18 @@ class BatchedTask:
     labels: np.ndarray
     confidence: np.ndarray | None
     grid: Volume
-    # Where labels can be non-zero, on the output grid: the crop (set by
-    # _output_grid), or a tighter box a task tracks as it writes.
-    _extent: BBox | ForegroundBox | None = None
+    _out: BBox  # the crop, in the coordinates of the output maps (set by _output_grid)
 
     def _output_grid(self, box: BBox, roi_sized: bool) -> BBox:
-        """Set :attr:`grid` (the input, or its ``box`` when ``roi_sized``) and return
-        ``box`` in the coordinates of the output maps."""
+        """Set :attr:`grid` (the input, or its ``box`` when ``roi_sized``) and ``_out``,
+        ``box`` in the coordinates of the output maps, and return the latter."""
         if not roi_sized:
             self.grid = self.volume
-            out = box
+            self._out = box
         else:
             self.grid = crop_volume(self.volume, box)
-            out = tuple(slice(0, max(0, s.stop - s.start)) for s in box)  # type: ignore[assignment]
-        if self._extent is None:
-            self._extent = out
-        return out
+            self._out = tuple(slice(0, max(0, s.stop - s.start)) for s in box)  # type: ignore[assignment]
+        return self._out
 
     def _plan(self, items: Sequence[Any]) -> None:
         """Split ``items`` into batches of ``batch_size``."""
@@ -219,6 +214,11 @@ class BatchedTask:
         self._state.mark_accepted()
         self._state.add_timing("merge", time.perf_counter() - started)
 
+    def _extent(self) -> BBox:
+        """Where the labels can be non-zero, on the output grid: the crop, unless a task
+        knows a tighter box."""
+        return self._out
+
     def _complete(self) -> None:
         """Work that needs every batch, run by :meth:`finish` (nothing by default)."""
 
@@ -238,7 +238,7 @@ class BatchedTask:
             confidence=None if self.confidence is None else self.grid.with_array(self.confidence),
             timings=dict(self._state.timings),
             batches=self._state.total,
-            extent=self._extent.box() if isinstance(self._extent, ForegroundBox) else self._extent,
+            extent=self._extent(),
         )
 
 
