@@ -350,17 +350,17 @@ def _step_result(
     uncovered = bundle.gate_coverage(precision, provider)
     if uncovered:
         logger.warning("%s", uncovered)
-    organ_list = organ_measurements(labels, ct, spec, boxes) if "organ" in kinds else []
+    result = StepResult(
+        bundle,
+        precision,
+        labels,
+        provider,
+        organs=organ_measurements(labels, ct, spec, boxes) if "organ" in kinds else [],
+        label_boxes=boxes,
+        gate_warning=uncovered,
+    )
     if "lesion" not in kinds:
-        return StepResult(
-            bundle,
-            precision,
-            labels,
-            provider,
-            organs=organ_list,
-            label_boxes=boxes,
-            gate_warning=uncovered,
-        )
+        return result
     lesions = find_lesions(
         prediction,
         ct,
@@ -368,16 +368,10 @@ def _step_result(
         organs.labels if organs else None,
         _organ_names(organs.bundle.spec) if organs else None,
     )
-    return StepResult(
-        bundle,
-        precision,
-        labels,
-        provider,
-        organs=organ_list,
+    return dataclasses.replace(
+        result,
         findings=lesions.findings,
         finding_labels=lesions.label_map,
         finding_axes=lesions.axes,
-        label_boxes=boxes,
-        gate_warning=uncovered,
         warnings=list(lesions.warnings),
     )

@@ -72,10 +72,16 @@ def run_task(
     return _finish(task, session, t0)
 
 
-def _finish(task: Task, session: Runs, t0: float) -> Prediction:
+def release_arena(session: Runs) -> None:
+    """A task's batches are done: let the session's arena shrink (sessions without one,
+    such as test doubles, are left alone)."""
     release = getattr(session, "release_memory", None)
-    if release is not None:  # the task's batches are done: let the arena shrink
+    if release is not None:
         release()
+
+
+def _finish(task: Task, session: Runs, t0: float) -> Prediction:
+    release_arena(session)
     prediction = task.finish(precision=session.precision)
     prediction.timings["wall"] = time.perf_counter() - t0
     return prediction
@@ -189,4 +195,4 @@ def run_task_overlapped(
     return _finish(task, session, t0)
 
 
-__all__ = ["Progress", "Runs", "run_task", "run_task_overlapped"]
+__all__ = ["Progress", "Runs", "release_arena", "run_task", "run_task_overlapped"]

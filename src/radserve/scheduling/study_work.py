@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
 
+from radserve.inference.runner import release_arena
 from radserve.ingest import IngestPolicy
 from radserve.models.manifest import Precision
 from radserve.models.registry import ModelRegistry
@@ -120,12 +121,9 @@ class StudyWork:
             name = pending.bundle.spec.name
             self._timer.seconds[f"{name}: inference"] = time.perf_counter() - self._step_started
             prediction = pending.task.finish(precision=pending.session.precision)
-            # The task's batches are done: let the session's arena shrink, as the
-            # single-study runners do (ONNX Runtime runs are safe beside the device
-            # thread's batches of other studies on the same session).
-            release = getattr(pending.session, "release_memory", None)
-            if release is not None:
-                release()
+            # As the single-study runners do (ONNX Runtime runs are safe beside the
+            # device thread's batches of other studies on the same session).
+            release_arena(pending.session)
             self._run.complete_step(prediction)
             self._pending = None
         self._open_next_step()
