@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-test lint bench evaluate train clean
+.PHONY: demo demo-serve test install install-test lint bench evaluate train clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,10 +21,17 @@ install-test: $(BIN)/python
 demo: install
 	$(BIN)/radserve demo --out out/demo
 
-## Install what the tests need and run lint + the test suite.
+## The demo, then the web console on it at http://127.0.0.1:8000/ (prints a demo admin key;
+## Ctrl-C stops it). PORT=0 takes any free port.
+PORT ?= 8000
+demo-serve: install
+	$(BIN)/radserve demo --out out/demo --serve --port $(PORT)
+
+## Install what the tests need and run lint (ruff, import layers) + the test suite.
 test: install-test
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 bench: install-test

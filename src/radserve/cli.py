@@ -9,6 +9,7 @@ import sys
 import click
 
 from radserve import __version__
+from radserve.error_table import lookup
 from radserve.errors import RadserveError
 
 # module name in radserve.commands -> attribute holding the click command (or group)
@@ -20,10 +21,15 @@ _COMMANDS: tuple[tuple[str, str], ...] = (
     ("evaluate", "command"),
     ("bench", "command"),
     ("keys", "group"),
+    ("outbox", "group"),
     ("audit", "group"),
+    ("export", "command"),
     ("config", "group"),
     ("gateway", "group"),
     ("serve", "command"),
+    ("doctor", "command"),
+    ("plan", "command"),
+    ("console", "group"),
 )
 
 
@@ -32,8 +38,10 @@ _COMMANDS: tuple[tuple[str, str], ...] = (
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
 def cli(verbose: int) -> None:
     """radserve: on-premise radiology AI inference."""
-    level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from radserve.security.logs import configure_logging
+
+    # plain text for a terminal; library warnings and header values redacted as in the server
+    configure_logging(logging.WARNING - 10 * min(verbose, 2), json_lines=False)
 
 
 for _module, _attr in _COMMANDS:
@@ -41,7 +49,8 @@ for _module, _attr in _COMMANDS:
 
 
 def main() -> None:
-    """Entry point: RadserveErrors become one clear line and exit status 2, not a traceback."""
+    """Entry point: RadserveErrors become one clear line and the exit status of their
+    row in :mod:`radserve.error_table` (2), not a traceback."""
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:
@@ -51,5 +60,7 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except RadserveError as exc:
-        click.secho(f"error [{exc.code}]: {exc.message}", fg="red", err=True)
-        sys.exit(2)
+        from radserve.security.logs import redact_names
+
+        click.secho(f"error [{exc.code}]: {redact_names(exc.message)}", fg="red", err=True)
+        sys.exit(lookup(exc).exit)

@@ -16,22 +16,25 @@ import os
 import re
 import tomllib
 from contextvars import ContextVar
-from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    RootModel,
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from radserve.domain.critical import CriticalRule
+from radserve.domain.priority import PriorityClass, PriorityRules
 from radserve.errors import RadserveError
 
 ENV_PREFIX = "RADSERVE_"
@@ -48,16 +51,30 @@ class ConfigError(RadserveError):
     code = "config_invalid"
 
 
-class PriorityClass(StrEnum):
-    """Clinical priority classes; the value is what the database and the API carry."""
-
-    URGENT = "URGENT"
-    INPATIENT = "INPATIENT"
-    OUTPATIENT = "OUTPATIENT"
-
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class TlsSettings(_Section):
+    """TLS for one endpoint (the DICOM gateway or the HTTP API): TLS 1.2 or later only.
+
+    ``cert`` + ``key``: this side's certificate chain and private key (PEM). ``ca``: the
+    CA bundle trusted for the other side's certificates. As a server with ``ca`` set,
+    clients must present a certificate signed by it (``require_client_cert``; false: a
+    certificate is verified only when offered); without ``ca`` none is asked for. As a
+    DICOM client (the outbox), ``ca`` verifies the PACS and ``cert`` + ``key`` are the
+    client certificate offered to it."""
+
+    cert: Path | None = None
+    key: Path | None = None
+    ca: Path | None = None
+    require_client_cert: bool = True
+
+    @model_validator(mode="after")
+    def _pairs(self) -> TlsSettings:
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("cert and key go together: set both or neither")
+        return self
 
 
 class ServerSettings(_Section):
@@ -66,14 +83,32 @@ class ServerSettings(_Section):
     metrics_require_key: bool = False
     max_upload_bytes: int = Field(default=2 * 1024**3, gt=0)
     request_timeout_s: float = Field(default=60.0, gt=0)
+    # HTTPS when set (cert + key required; ca: mutual TLS for API clients)
+    tls: TlsSettings | None = None
+
+    @field_validator("tls")
+    @classmethod
+    def _https_needs_a_certificate(cls, value: TlsSettings | None) -> TlsSettings | None:
+        if value is not None and value.cert is None:
+            raise ValueError("HTTPS needs server.tls.cert and server.tls.key")
+        return value
 
 
 class JobSettings(_Section):
-    # from the job's start
+    """Per-job limits the scheduler enforces (:class:`radserve.scheduling.Scheduler`)."""
+
+    # from the job's start; the job fails with job_timeout at its next batch boundary
     timeout_s: float = Field(default=900.0, gt=0)
     # extra attempts after a retryable failure (errors with ``retryable=True``)
     max_retries: int = Field(default=2, ge=0)
+    # how long a job waits before each retry (its other work pauses too; 0: at once)
     retry_backoff_s: float = Field(default=5.0, ge=0)
+    # replicas sharing one database (``outbox.replicas`` > 1, ``outbox.instance_id``):
+    # the accepting replica holds each unfinished job's lease for ``lease_s``, renewed
+    # every third of it; every ``lease_poll_s`` each replica takes over the jobs whose
+    # lease expired (their replica died). One server alone holds every lease.
+    lease_s: float = Field(default=60.0, gt=0)
+    lease_poll_s: float = Field(default=5.0, gt=0)
 
 
 class _PerClass(_Section):
@@ -83,11 +118,21 @@ class _PerClass(_Section):
 
 
 class ClassTats(_PerClass):
-    """Turnaround targets in seconds; deadline = arrival + the class's TAT."""
+    """Turnaround targets in seconds; deadline = arrival + the class's TAT.
 
-    urgent: float = Field(default=0.0, ge=0)
+    URGENT work starts at once whatever its TAT (ranking, ``urgent_exclusive``); its TAT
+    is the *completion* target a deadline miss is counted against (60 s: an emergency
+    CT read by AI within a minute). ``0`` (the former default, "start at once") is read
+    as 60 s, so a settings file written by an older ``config show`` keeps its meaning."""
+
+    urgent: float = Field(default=60.0, gt=0)
     inpatient: float = Field(default=300.0, ge=0)
     outpatient: float = Field(default=1800.0, ge=0)
+
+    @field_validator("urgent", mode="before")
+    @classmethod
+    def _zero_is_the_default_target(cls, value: object) -> object:
+        return 60.0 if value in (0, "0", 0.0) else value
 
 
 class QueueLimits(_PerClass):
@@ -109,31 +154,52 @@ class QueueLimits(_PerClass):
 
 
 class SchedulerSettings(_Section):
+    """What :class:`radserve.scheduling.Scheduler` decides with (it takes this object,
+    with :class:`JobSettings` and the :class:`PriorityRules`); times in seconds unless
+    the name says otherwise."""
+
     tat_s: ClassTats = ClassTats()
     queue_limits: QueueLimits = QueueLimits()
     # a routine job is promoted one class once its slack < aging_fraction x its TAT
     aging_fraction: float = Field(default=0.25, ge=0, le=1)
+    # items per device call (capped by what the runtime's device is worth sending)
     max_batch_size: int = Field(default=32, ge=1)
     # how long a routine batch may wait for a compatible one (URGENT never waits)
     max_queue_delay_ms: float = Field(default=5.0, ge=0)
     # consecutive device failures that open a model's circuit breaker
     breaker_threshold: int = Field(default=3, ge=1)
+    # while an URGENT job is unfinished, start no work of other classes (devices and CPU
+    # pool): right for CPU-bound hosts; with several GPUs it may be turned off
+    urgent_exclusive: bool = True
+    # while an URGENT job is unfinished, routine CPU stages already running pause at their
+    # next checkpoint (each header read, decoding job, label map: radserve.checkpoints)
+    yield_to_urgent: bool = True
+    # routine jobs started at once (each holds a loaded volume; URGENT may exceed it)
+    max_running: int = Field(default=4, ge=1)
+    # batches prepared ahead per job, and in total, while the device is busy
+    lookahead_batches: int = Field(default=2, ge=1)
+    max_prepared_batches: int = Field(default=6, ge=1)
+    # Retry-After of a full queue before any job has finished to estimate it from
+    default_retry_after_s: int = Field(default=30, ge=1)
 
+    @property
+    def max_queue_delay_s(self) -> float:
+        return self.max_queue_delay_ms / 1000.0
 
-class PriorityRule(_Section):
-    """Map a DICOM attribute value to a class, e.g. RequestedProcedurePriority STAT -> URGENT."""
+    def tat(self, priority_class: PriorityClass) -> float:
+        return float(self.tat_s.for_class(priority_class))
 
-    attribute: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9]*$")
-    values: tuple[str, ...] = Field(min_length=1)
-    priority_class: PriorityClass = Field(alias="class")
+    def queue_limit(self, priority_class: PriorityClass) -> int | None:
+        limit: int | None = self.queue_limits.for_class(priority_class)
+        return limit
 
-
-DEFAULT_PRIORITY_RULES: tuple[PriorityRule, ...] = tuple(
-    PriorityRule.model_validate(
-        {"attribute": "RequestedProcedurePriority", "values": [value], "class": klass}
-    )
-    for value, klass in (("STAT", "URGENT"), ("HIGH", "INPATIENT"))
-)
+    def capped(self, device_max_batch: int | None) -> SchedulerSettings:
+        """These settings with ``max_batch_size`` at most ``device_max_batch`` (on a CPU
+        device, merging studies' batches into one call is no faster and its activations
+        grow with it)."""
+        if device_max_batch is None or device_max_batch >= self.max_batch_size:
+            return self
+        return self.model_copy(update={"max_batch_size": device_max_batch})
 
 
 class ModelsSettings(_Section):
@@ -151,13 +217,51 @@ class RuntimeSettings(_Section):
     threads: int | None = Field(default=None, ge=1)
 
 
+class RaySettings(_Section):
+    """The cluster executor (``executor: ray``; needs ``pip install 'radserve[ray]'``).
+
+    ``address``: ``local`` starts a Ray instance inside the server (one host), anything
+    else is a running cluster's head (``HOST:6379``, or ``auto``). ``devices``: one
+    worker actor per entry: ``cpu:N`` a CPU slot with N threads, ``gpu`` a GPU, ``gpu:0.5``
+    half of one (two workers share it); ``@RESOURCE`` after an entry places that worker
+    on a node started with that Ray custom resource. A worker past ``batch_timeout_s``
+    on one batch is killed and restarted (at most ``max_restarts`` times, then
+    replaced); its batch runs on another worker."""
+
+    address: str = Field(default="local", min_length=1)
+    devices: tuple[
+        Annotated[str, Field(pattern=r"^(cpu|gpu)(:\d+(\.\d+)?)?(@[A-Za-z0-9_.-]+)?$")], ...
+    ] = Field(default=("cpu:1",), min_length=1)
+    num_cpus: int | None = Field(default=None, ge=1)  # address: local only
+    object_store_mb: int | None = Field(default=None, ge=64)  # address: local only
+    batch_timeout_s: float = Field(default=300.0, gt=0)
+    max_restarts: int = Field(default=3, ge=0)
+    startup_timeout_s: float = Field(default=120.0, gt=0)
+
+
+class StorageSettings(_Section):
+    """Watching the data folder (shared storage in a cluster: NFS and the like). A probe
+    writes, fsyncs and removes a small file under ``data_dir`` every
+    ``probe_interval_s``; one that fails, or does not finish within ``probe_timeout_s``
+    (a hung mount), makes ``/readyz`` say not ready until a probe succeeds again -- or,
+    with ``fallback_dir``, ready but degraded while studies and results go there."""
+
+    probe_interval_s: float = Field(default=5.0, gt=0)
+    probe_timeout_s: float = Field(default=10.0, gt=0)
+    # a local folder for studies and results while data_dir cannot be written; moved
+    # back when it can (radserve.service.failover). None: such uploads are refused (503)
+    fallback_dir: Path | None = None
+
+
 class PipelinesSettings(_Section):
     dirs: tuple[Path, ...] = ()
     default: str = "ct-chest-abdomen"
 
 
 class IngestSettings(_Section):
-    """Defaults for :class:`radserve.ingest.IngestPolicy` (same names, same meaning)."""
+    """Defaults for :class:`radserve.ingest.IngestPolicy`: every one of its fields, same
+    names, same meaning (a test keeps them equal); ``IngestPolicy.from_settings`` builds
+    it (config imports no stage code)."""
 
     missing_slices: Literal["reject", "flag", "resample"] = "reject"
     nonuniform_spacing: Literal["reject", "flag", "resample"] = "reject"
@@ -166,32 +270,144 @@ class IngestSettings(_Section):
     mixed_orientation: Literal["split", "reject"] = "split"
     mismatched_dimensions: Literal["split", "reject"] = "split"
     localizers: Literal["drop", "reject"] = "drop"
-    missing_slice_factor: float = 1.5
-    spacing_tolerance: float = 0.02
-    tilt_tolerance_deg: float = 0.5
+    # the same bounds IngestPolicy checks, so a bad value is refused at load, naming it
+    missing_slice_factor: float = Field(default=1.5, gt=1)
+    spacing_tolerance: float = Field(default=0.02, gt=0, lt=0.5)
+    tilt_tolerance_deg: float = Field(default=0.5, ge=0)
     ct_padding_hu: float = -1000.0
     other_padding_value: float = 0.0
+    # Bounds on what one ingest may read and build (see IngestPolicy for each)
+    max_voxels: int = Field(default=2**30, gt=0)
+    max_file_bytes: int = Field(default=4 * 2**30, gt=0)
+    max_header_bytes: int = Field(default=64 * 2**20, gt=0)
+    max_study_bytes: int = Field(default=16 * 2**30, gt=0)
+    max_frames: int = Field(default=50_000, gt=0)
+    min_spacing_mm: float = Field(default=0.01, gt=0)
+    max_pixel_spacing_mm: float = Field(default=20.0, gt=0)
+    max_slice_spacing_mm: float = Field(default=50.0, gt=0)
+    max_fov_mm: float = Field(default=2500.0, gt=0)
+    # a study outside a model's declared input_domain (model.yaml): a report warning, or refused
+    input_domain: Literal["flag", "refuse"] = "flag"
 
-    def to_policy(self) -> Any:
-        """The ingest policy these settings describe (imported lazily: ingest is heavy)."""
-        from radserve.ingest.policy import IngestPolicy
 
-        return IngestPolicy(**self.model_dump())
+# PS3.5 AE VR: 1-16 characters of the default repertoire, no backslash, not only spaces
+_AE_TITLE = re.compile(r"^[\x20-\x5b\x5d-\x7e]{1,16}$")
+ANY_HOST = "*"
+
+
+def check_ae_title(value: str) -> str:
+    """The AE title without padding; ValueError if DICOM would not carry it."""
+    if not isinstance(value, str) or not _AE_TITLE.match(value) or not value.strip():
+        raise ValueError(
+            f"{value!r} is not a valid DICOM AE title: 1-16 printable ASCII characters, "
+            "no backslash, not only spaces"
+        )
+    return value.strip()
 
 
 class DicomPeer(_Section):
-    ae_title: str = Field(min_length=1, max_length=16)
-    host: str
+    """A DICOM peer: allowed to associate with the SCP as ``ae_title`` from ``host``
+    (``"*"``: any address), and, with a ``port``, a destination for results (the
+    outbox, over TLS when ``tls``)."""
+
+    ae_title: str
+    host: str = ANY_HOST
     port: int | None = Field(default=None, ge=1, le=65535)
+    tls: bool = False
+
+    def __init__(self, /, *args: Any, **data: Any) -> None:
+        # positional (ae_title, host, port) for brevity in code: DicomPeer("PACS", "10.0.0.5")
+        data.update(zip(("ae_title", "host", "port"), args, strict=False))
+        super().__init__(**data)
+
+    @field_validator("ae_title")
+    @classmethod
+    def _valid_ae_title(cls, value: str) -> str:
+        return check_ae_title(value)
+
+    @model_validator(mode="after")
+    def _destination_has_a_host(self) -> DicomPeer:
+        if self.host == ANY_HOST and (self.port is not None or self.tls):
+            raise ValueError(f"peer {self.ae_title}: a port or tls needs a host to send to")
+        return self
 
 
 class GatewaySettings(_Section):
-    """DICOM network gateway (placeholder; its behaviour arrives with the gateway issue)."""
+    """The DICOM gateway: the storage SCP (studies in) and the outbox SCU (results out).
+
+    One set of knobs for ``radserve serve`` and ``radserve gateway scp`` (whose flags
+    override these). The SCP listens on ``host``:``port`` (``0.0.0.0``/``::``: every
+    interface), with TLS when ``tls`` has a certificate; results go to the allowed
+    peers that have a port. See docs/conformance.md for what each knob changes."""
 
     enabled: bool = False
-    ae_title: str = Field(default="RADSERVE", min_length=1, max_length=16, pattern=r"^[ -\[\]-~]+$")
-    port: int = Field(default=11112, ge=0, le=65535)
+    ae_title: str = "RADSERVE"
+    host: str = "127.0.0.1"
+    port: int = Field(default=11112, ge=0, le=65535)  # 0: any free port (tests)
+    # empty: any calling AE is accepted (logged as a warning at start)
     allowed_peers: tuple[DicomPeer, ...] = ()
+    require_called_ae_title: bool = True
+    # non-image storage classes: accept and keep aside, or refuse at association
+    unwanted: Literal["quarantine", "refuse"] = "quarantine"
+    # seconds without a new instance before a study is complete
+    quiet_s: float = Field(default=10.0, gt=0)
+    # a study whose association was cut off (abort, server crash) waits this long for
+    # the sender to resume before it is taken as complete
+    interrupted_quiet_s: float = Field(default=300.0, gt=0)
+    # instances after a study was handed over: run it again, or flag it
+    late_policy: Literal["rerun", "flag"] = "rerun"
+    # C-STORE answers 0xA700 when a write would leave less free space than this
+    min_free_bytes: int = Field(default=512 * 1024**2, ge=0)
+    # how a received instance is made durable before its C-STORE success: "per_instance"
+    # (each handler flushes its own file and folder) or "group" (one committer thread
+    # flushes every instance waiting at once, so concurrent associations share flushes);
+    # group_sync: "fsync" each file of a batch, or one "syncfs" of the file system per
+    # batch (fewer flushes, but it also writes back other processes' data on that file
+    # system: for a data folder on a file system of its own). See radserve.gateway.storage
+    # and the README's Performance section (group is not the default: not yet shown
+    # faster through the SCP on this machine)
+    durability: Literal["per_instance", "group"] = "per_instance"
+    group_sync: Literal["fsync", "syncfs"] = "fsync"
+    max_associations: int = Field(default=16, ge=1)
+    # connections at once from one source address (closed at accept beyond it)
+    max_associations_per_host: int = Field(default=8, ge=1)
+    # slots only addresses of allowed peers (with a concrete host) may use, so strangers
+    # holding connections open cannot lock the PACS out
+    reserved_for_peers: int = Field(default=4, ge=0)
+    # a PDU must arrive whole this long after its read began; longer ones are refused
+    pdu_timeout_s: float = Field(default=30.0, gt=0)
+    max_pdu_bytes: int = Field(default=1024**2, ge=16 * 1024)
+    # ACSE: waiting for an association request/answer (also: idle new connections);
+    # DIMSE: waiting for a message; network: an established association with no traffic
+    acse_timeout_s: float = Field(default=30.0, gt=0)
+    dimse_timeout_s: float = Field(default=60.0, gt=0)
+    network_timeout_s: float = Field(default=60.0, gt=0)
+    # the outbox SCU: TCP connect
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    # SCP: TLS when cert + key are set; outbox: ca (required) and cert + key for peers
+    # with ``tls: true``
+    tls: TlsSettings | None = None
+
+    @field_validator("ae_title")
+    @classmethod
+    def _valid_ae_title(cls, value: str) -> str:
+        return check_ae_title(value)
+
+    @model_validator(mode="after")
+    def _reserve_fits(self) -> GatewaySettings:
+        if self.reserved_for_peers >= self.max_associations:
+            raise ValueError("reserved_for_peers must be less than max_associations")
+        return self
+
+    @model_validator(mode="after")
+    def _tls_peers_need_a_ca(self) -> GatewaySettings:
+        tls_peers = [peer.ae_title for peer in self.allowed_peers if peer.tls]
+        if tls_peers and (self.tls is None or self.tls.ca is None):
+            raise ValueError(
+                f"peers {', '.join(tls_peers)} use TLS: set gateway.tls.ca, the CA that "
+                "signs their certificates (radserve never sends to an unverified peer)"
+            )
+        return self
 
 
 class ResultsSettings(_Section):
@@ -201,6 +417,12 @@ class ResultsSettings(_Section):
     in its own series of the source study, for viewers without SEG support."""
 
     secondary_capture_key_images: bool = False
+    # a job that fails after its study was accepted: "fhir" sends a DiagnosticReport
+    # with status cancelled through the FHIR outbox (when fhir.url is set); "sr" sends a
+    # Comprehensive 3D SR saying the analysis failed through the DICOM outbox (studies
+    # received by the gateway, when it has destinations); "both" (default) each channel
+    # that is configured; "none": only the job state, the log and the metrics say so
+    failure_notice: Literal["none", "fhir", "sr", "both"] = "both"
 
 
 class DicomwebSettings(_Section):
@@ -214,6 +436,9 @@ class DicomwebSettings(_Section):
 
     completeness: Literal["request", "quiet"] = "request"
     quiet_s: float = Field(default=10.0, gt=0)
+
+
+_SYSTEM_URI = r"^[A-Za-z][A-Za-z0-9+.-]*:\S+$"  # an absolute URI (urn:oid:…, https://…)
 
 
 class FhirSettings(_Section):
@@ -230,9 +455,305 @@ class FhirSettings(_Section):
     retry_first_s: float = Field(default=30.0, gt=0)
     retry_max_s: float = Field(default=3600.0, gt=0)
     give_up_after_s: float = Field(default=72 * 3600.0, gt=0)
+    # Patient.identifier.system of the DICOM Patient ID (radserve.report.fhir.patient):
+    # ``issuer_systems`` maps an Issuer of Patient ID (0010,0021) to a system URI (OIDs
+    # and URIs in the header are used as they are); ``patient_identifier_system`` is the
+    # system of Patient IDs that name no issuer. Neither: no system, no conditional create.
+    patient_identifier_system: str | None = Field(default=None, pattern=_SYSTEM_URI)
+    issuer_systems: dict[str, Annotated[str, Field(pattern=_SYSTEM_URI)]] = Field(
+        default_factory=dict
+    )
+
+
+class OutboxSettings(_Section):
+    """The durable outbox shared by the DICOM and FHIR deliveries.
+
+    A row being sent holds a 15-minute lease, so that when several servers (replicas)
+    share one database, a row whose sender died is taken over by another. ``replicas``
+    says how many do: with 1 (the default) a server reclaims at start every row left
+    ``sending``; with more, only the rows leased under its own ``instance_id`` (default:
+    the host name; give each replica a stable, distinct one). ``unreachable_after_s``:
+    ``/readyz`` reports a destination whose oldest retrying delivery was queued longer
+    ago (0: never): degraded (200), or not ready (503) with ``unreachable_is_not_ready``."""
+
+    replicas: int = Field(default=1, ge=1)
+    instance_id: str | None = Field(default=None, min_length=1, max_length=120)
+    # how long a row being sent is its sender's: after that another replica sends it
+    lease_s: float = Field(default=900.0, gt=0)
+    unreachable_after_s: float = Field(default=900.0, ge=0)
+    # False: /readyz stays 200 and says "degraded", naming the destination; True: 503
+    unreachable_is_not_ready: bool = False
+
+
+class SyslogSettings(_Section):
+    """An audit record collector (IHE ATNA Audit Record Repository): every audit event
+    is sent as RFC 5424 syslog over TLS (RFC 5425 octet counting) carrying a DICOM
+    PS3.15 A.5 audit message (``format: dicom``) or a FHIR AuditEvent (``fhir``).
+
+    ``tls.ca`` verifies the collector (system CAs when absent); ``tls.cert`` + ``key`` is
+    the client certificate offered to it. Delivery reads the chain from the database
+    after a cursor (``cursor_file``, default ``<data_dir>/audit/syslog.cursor``), so a
+    collector that is down delays delivery, never a request, and nothing is lost."""
+
+    host: str
+    port: int = Field(default=6514, ge=1, le=65535)
+    server_name: str | None = None  # TLS name to check (default: host)
+    tls: TlsSettings = TlsSettings()
+    format: Literal["dicom", "fhir"] = "dicom"
+    app_name: str = Field(default="radserve", pattern=r"^[!-~]{1,48}$")
+    cursor_file: Path | None = None
+    timeout_s: float = Field(default=10.0, gt=0)
+    retry_first_s: float = Field(default=1.0, gt=0)
+    retry_max_s: float = Field(default=60.0, gt=0)
+    poll_s: float = Field(default=2.0, gt=0)  # also picks up other processes' records
+
+
+class AuditSettings(_Section):
+    """Tamper evidence for the audit chain (see docs/security.md).
+
+    Records are HMAC-SHA256 chained with a key kept outside the database: ``key`` (64
+    hex digits, e.g. ``RADSERVE_AUDIT__KEY``) or ``key_file`` (default
+    ``<data_dir>/audit/audit.key``, created with mode 0600 at first start). Signed
+    checkpoints of the head (count + head MAC) are appended to ``checkpoint_file``
+    (default ``<data_dir>/audit/checkpoints.jsonl``) at most every
+    ``checkpoint_interval_s`` while records are added, and at stop."""
+
+    key: SecretStr | None = None
+    key_file: Path | None = None
+    checkpoint_file: Path | None = None
+    checkpoint_interval_s: float = Field(default=5.0, ge=0)
+    syslog: SyslogSettings | None = None
+
+    @field_validator("key")
+    @classmethod
+    def _hex_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", value.get_secret_value()):
+            raise ValueError("must be 64 hex digits (256 bits), e.g. `openssl rand -hex 32`")
+        return value
+
+
+class SecuritySettings(_Section):
+    """Who may read whose studies. ``visibility``: ``all`` (every read key sees every
+    job), ``own_submitter`` (a non-admin key sees the jobs submitted by keys with its
+    ``submitter``, or by itself), ``site`` (the jobs of keys with its ``site``). Admin
+    keys see everything; a job submitted over DICOM (no key) is seen by admins only
+    unless ``visibility`` is ``all``."""
+
+    visibility: Literal["all", "own_submitter", "site"] = "all"
+
+
+class ConsoleUser(_Section):
+    """One local console user: signs in with a user name and password instead of an API
+    key. ``password_hash``: from ``radserve console hash-password`` (scrypt, per-user
+    salt; radserve.passwords), never a clear password."""
+
+    username: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,26}$")
+    role: Literal["read", "submit", "admin"]
+    password_hash: SecretStr
+
+    @field_validator("password_hash")
+    @classmethod
+    def _scrypt_hash(cls, value: SecretStr) -> SecretStr:
+        from radserve.passwords import PasswordHash
+
+        PasswordHash.parse(value.get_secret_value())  # ValueError says what is wrong
+        return value
+
+
+class ConsoleSettings(_Section):
+    """The web console served at ``/`` (radserve.console). Sign-in with an API key, or
+    as one of ``users`` with a password, opens a server-side session (HttpOnly,
+    SameSite=Strict cookie) that ends after ``session_ttl_s`` or ``idle_timeout_s``
+    without a request, at sign-out, when the key is revoked, or when the server
+    restarts. A client with ``signin_max_failures`` failed sign-ins within
+    ``signin_window_s`` is refused (429) until the oldest leaves the window.
+    ``phi_roles``: roles whose sessions see patient name, ID and birth date (read from
+    the stored study, audited as phi.read)."""
+
+    enabled: bool = True
+    session_ttl_s: float = Field(default=8 * 3600.0, gt=0)
+    idle_timeout_s: float = Field(default=3600.0, gt=0)
+    phi_roles: tuple[Literal["read", "submit", "admin"], ...] = ("admin",)
+    # None: Secure cookies exactly when the API is served over HTTPS (server.tls)
+    secure_cookie: bool | None = None
+    users: tuple[ConsoleUser, ...] = ()
+    signin_max_failures: int = Field(default=5, ge=1)
+    signin_window_s: float = Field(default=300.0, gt=0)
+
+    @field_validator("users")
+    @classmethod
+    def _unique_users(cls, users: tuple[ConsoleUser, ...]) -> tuple[ConsoleUser, ...]:
+        names = [u.username.lower() for u in users]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"console user names must be unique (case-insensitive): {twice}")
+        return users
 
 
 _FILE_DATA: ContextVar[dict[str, Any] | None] = ContextVar("radserve_config_file", default=None)
+
+
+class GuardrailSettings(_Section):
+    """When a canary is rolled back automatically (radserve.lifecycle.guardrails)."""
+
+    auto_rollback: bool = True
+    min_studies: int = Field(default=5, ge=1)  # canary jobs finished before judging
+    max_failure_rate: float = Field(default=0.2, ge=0, le=1)
+    max_p95_ratio: float = Field(default=3.0, gt=0)  # canary p95 / stable p95 turnaround
+    min_comparisons: int = Field(default=3, ge=1)
+    min_lesion_agreement: float = Field(default=0.8, ge=0, le=1)
+    min_dice: float = Field(default=0.8, ge=0, le=1)
+
+
+class DriftSettings(_Section):
+    """Drift monitoring per model version (radserve.lifecycle.drift; docs/models.md).
+    ``reference``: ``auto`` uses a reference file (``drift_reference.json`` in the
+    bundle, else ``<data_dir>/drift/<model>/<version>.json``, e.g. built from phantoms by
+    ``radserve models drift-reference``) and otherwise collects the first
+    ``reference_studies`` studies served; ``file`` only the file; ``first_studies`` only
+    the collection. Judged after every study once ``min_window`` are in the window."""
+
+    enabled: bool = True
+    reference: Literal["auto", "file", "first_studies"] = "auto"
+    reference_studies: int = Field(default=30, ge=5)
+    window: int = Field(default=20, ge=5)
+    min_window: int = Field(default=20, ge=5)
+    psi_warn: float = Field(default=0.1, gt=0)
+    psi_alert: float = Field(default=0.25, gt=0)
+    p_warn: float = Field(default=0.01, gt=0, lt=1)  # Bonferroni-divided by the tests made
+    p_alert: float = Field(default=0.001, gt=0, lt=1)
+
+
+class VariantBuildSettings(_Section):
+    """``models install --build-variants`` (and ``POST /v1/models?build_variants=true``):
+    precision variants built and gated as ``radserve models build-variants`` builds the
+    shipped ones: INT8 calibrated on ``calibration_seeds`` phantoms, every precision
+    evaluated through ``pipeline`` (default: the configured pipeline, else the first that
+    runs the model) on the held-out ``seeds`` phantoms (full size unless ``small``)."""
+
+    precisions: tuple[Literal["fp16", "int8", "bf16"], ...] | None = None  # None: host's
+    seeds: str = "0-9"
+    calibration_seeds: str = "1000-1003"
+    small: bool = False
+    pipeline: str | None = None
+    threads: int | None = Field(default=None, ge=1)
+
+
+class LifecycleSettings(_Section):
+    """Model lifecycle in the running server (radserve.lifecycle; docs/models.md)."""
+
+    poll_s: float = Field(default=2.0, gt=0)  # how often the deployments table is read
+    # share (percent) of canary studies also run on stable afterwards, to compare them
+    compare_canary_percent: float = Field(default=100.0, ge=0, le=100)
+    max_pending_comparisons: int = Field(default=8, ge=1)
+    guardrails: GuardrailSettings = GuardrailSettings()
+    drift: DriftSettings = DriftSettings()
+    variants: VariantBuildSettings = VariantBuildSettings()
+
+
+class TurnaroundSettings(_Section):
+    """ETAs, deadline-risk events and the service-time model (radserve.turnaround)."""
+
+    # a job is at risk when its predicted finish passes its deadline minus this margin
+    risk_margin_s: float = Field(default=30.0, ge=0)
+    # what the scheduler does for a job at risk: nothing more than the alert, or run it
+    # ahead of the other work of its (effective) class
+    risk_policy: Literal["none", "promote"] = "none"
+    # optional alert receiver: a JSON POST per risk event (retried, never blocking)
+    risk_webhook_url: str | None = None
+    # ETAs are recomputed after scheduling events, at most this often
+    recompute_interval_s: float = Field(default=0.5, gt=0)
+    # succeeded jobs read back at start to learn service times from
+    history_jobs: int = Field(default=200, ge=0, le=1000)
+    # ETAs scaled per class by the median actual/predicted time to finish of this many
+    # recent finished jobs (radserve.turnaround.bias); 0: no correction
+    bias_window_jobs: int = Field(default=20, ge=0, le=1000)
+    # the service-time prior (before anything is measured): seconds = fixed + per_slice
+    # x slices for a job, device_share of it in model batches (README bench figures)
+    prior_fixed_s: float = Field(default=0.5, ge=0)
+    prior_per_slice_s: float = Field(default=0.017, ge=0)
+    prior_device_share: float = Field(default=0.5, ge=0, le=1)
+
+
+class CriticalReceiverSettings(_Section):
+    """One receiver of critical-finding notices (radserve.critical), by ``kind``:
+
+    - ``webhook`` (default): the JSON notice POSTed to ``url``; its 2xx acknowledges it.
+    - ``syslog``: the notice as an RFC 5424 message (severity alert) to ``host``:``port``
+      over TLS (RFC 5425; ``tls.ca`` verifies the collector) or, with ``transport: tcp``,
+      plain TCP; delivered = written to the connected stream (syslog has no
+      acknowledgement). No UDP: nothing would say a datagram arrived.
+    - ``fhir``: a FHIR R4 transaction Bundle (the job's Patient, ImagingStudy,
+      DiagnosticReport ... and a Communication, category alert, priority stat; with
+      ``flag: true`` also a Flag) POSTed to ``url`` (default: ``fhir.url``, its token
+      ``fhir.bearer_token``); its 2xx acknowledges it. It names the patient: send it only
+      to a clinical system."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    kind: Literal["webhook", "syslog", "fhir"] = "webhook"
+    url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    # sent as ``<auth_header>: <auth_scheme> <token>``; never logged, masked by ``config show``
+    token: SecretStr | None = None
+    auth_header: str = Field(default="Authorization", pattern=r"^[A-Za-z0-9-]{1,64}$")
+    auth_scheme: str = Field(default="Bearer", pattern=r"^[A-Za-z0-9-]{0,32}$")
+    timeout_s: float = Field(default=10.0, gt=0)
+    # syslog
+    host: str | None = Field(default=None, min_length=1)
+    port: int | None = Field(default=None, ge=1, le=65535)  # default 6514 (tls), 514 (tcp)
+    transport: Literal["tls", "tcp"] = "tls"
+    tls: TlsSettings = TlsSettings()
+    server_name: str | None = None
+    app_name: str = Field(default="radserve", pattern=r"^[!-~]{1,48}$")
+    facility: int = Field(default=16, ge=0, le=23)  # 16: local0
+    # fhir: also a Flag on the patient
+    flag: bool = False
+
+    @model_validator(mode="after")
+    def _fields_of_kind(self) -> CriticalReceiverSettings:
+        syslog_only = {"host", "port", "transport", "tls", "server_name", "app_name", "facility"}
+        own = {
+            "webhook": {"url", "token", "auth_header", "auth_scheme"},
+            "syslog": syslog_only,
+            "fhir": {"url", "token", "flag"},
+        }[self.kind]
+        stray = sorted((self.model_fields_set - own) - {"name", "kind", "timeout_s"})
+        if stray:
+            raise ValueError(
+                f"receiver {self.name!r} (kind {self.kind}) does not take {stray}; "
+                f"a {self.kind} receiver takes {sorted(own)}"
+            )
+        if self.kind == "webhook" and self.url is None:
+            raise ValueError(f"webhook receiver {self.name!r} needs a url")
+        if self.kind == "syslog" and self.host is None:
+            raise ValueError(f"syslog receiver {self.name!r} needs a host")
+        if self.transport == "tcp" and "tls" in self.model_fields_set:
+            raise ValueError(f"syslog receiver {self.name!r}: tls settings need transport tls")
+        return self
+
+    @property
+    def syslog_port(self) -> int:
+        return self.port or (6514 if self.transport == "tls" else 514)
+
+
+class CriticalSettings(_Section):
+    """Critical findings pushed to ``receivers`` the moment a job's result is recorded,
+    before its SEG/SR/FHIR deliveries, and re-sent until acknowledged (never given up by
+    age). A finding is critical when it meets one of ``rules`` or of its pipeline's own
+    ``critical:`` rules (radserve.domain.critical). No receivers: nothing is pushed."""
+
+    receivers: tuple[CriticalReceiverSettings, ...] = ()
+    rules: tuple[CriticalRule, ...] = ()
+    # back-off between attempts: first wait, doubling up to the cap
+    retry_first_s: float = Field(default=2.0, gt=0)
+    retry_max_s: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _unique_receivers(self) -> CriticalSettings:
+        names = [r.name for r in self.receivers]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"receiver names must be unique; repeated: {', '.join(twice)}")
+        return self
 
 
 class _FileSource(PydanticBaseSettingsSource):
@@ -262,21 +783,44 @@ class Settings(BaseSettings):
     server: ServerSettings = ServerSettings()
     jobs: JobSettings = JobSettings()
     scheduler: SchedulerSettings = SchedulerSettings()
-    priority_rules: tuple[PriorityRule, ...] = DEFAULT_PRIORITY_RULES
+    # first match wins, none: OUTPATIENT; default STAT -> URGENT, HIGH -> INPATIENT
+    # (radserve.domain.priority.DEFAULT_RULES); attributes checked against the dictionary
+    priority_rules: PriorityRules = PriorityRules()
     models: ModelsSettings = ModelsSettings()
     runtime: RuntimeSettings = RuntimeSettings()
+    # inprocess: worker threads of this process; ray: one Ray actor per device (RaySettings)
+    executor: Literal["inprocess", "ray"] = "inprocess"
+    ray: RaySettings = RaySettings()
+    storage: StorageSettings = StorageSettings()
     pipelines: PipelinesSettings = PipelinesSettings()
     ingest: IngestSettings = IngestSettings()
     gateway: GatewaySettings = GatewaySettings()
     dicomweb: DicomwebSettings = DicomwebSettings()
     fhir: FhirSettings = FhirSettings()
     results: ResultsSettings = ResultsSettings()
+    outbox: OutboxSettings = OutboxSettings()
+    audit: AuditSettings = AuditSettings()
+    security: SecuritySettings = SecuritySettings()
+    console: ConsoleSettings = ConsoleSettings()
+    lifecycle: LifecycleSettings = LifecycleSettings()
+    turnaround: TurnaroundSettings = TurnaroundSettings()
+    critical: CriticalSettings = CriticalSettings()
 
     @field_validator("data_dir")
     @classmethod
     def _absolute_data_dir(cls, value: Path) -> Path:
         # absolute once, so workers with another working directory see the same folder
         return value.expanduser().absolute()
+
+    @model_validator(mode="after")
+    def _critical_fhir_url(self) -> Settings:
+        for receiver in self.critical.receivers:
+            if receiver.kind == "fhir" and receiver.url is None and self.fhir.url is None:
+                raise ValueError(
+                    f"critical receiver {receiver.name!r} (kind fhir) needs a url, or "
+                    "fhir.url to fall back on"
+                )
+        return self
 
     @field_validator("database_url")
     @classmethod
@@ -394,14 +938,35 @@ def _did_you_mean(key: str, known: set[str] | list[str], prefix: str = "") -> st
 
 
 def _known_at(loc: tuple[Any, ...]) -> list[str]:
-    """Field names of the settings section at ``loc`` (for "did you mean")."""
+    """Field names of the settings section at ``loc`` (for "did you mean"); list items
+    (``priority_rules.0``) and root models (:class:`PriorityRules`) are looked through."""
     model: Any = Settings
     for part in loc:
+        model = _unwrap(model)
+        if isinstance(part, int):
+            args = [a for a in get_args(model) if a is not Ellipsis]
+            if not args:
+                return []
+            model = args[0]
+            continue
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return []
         model = field.annotation
+    model = _unwrap(model)
     return [f.alias or name for name, f in getattr(model, "model_fields", {}).items()]
+
+
+def _unwrap(model: Any) -> Any:
+    """A root model's root type (``PriorityRules`` -> ``tuple[PriorityRule, ...]``)."""
+    if isinstance(model, type) and issubclass(model, RootModel):
+        return model.model_fields["root"].annotation
+    return model
+
+
+# settings whose wrong values are not echoed in errors (a clear password typed where its
+# hash belongs, a URL with a password, a token or key): matched in the setting's name
+_SECRET_WORDS = ("database_url", "password", "token", "key", "secret")
 
 
 def _describe(exc: ValidationError, *, source: str | None) -> str:
@@ -416,6 +981,7 @@ def _describe(exc: ValidationError, *, source: str | None) -> str:
             hint = _did_you_mean(str(loc[-1]), _known_at(loc[:-1]), parent)
             lines.append(f"unknown setting {dotted!r}{hint}")
         else:
-            shown = "" if "database_url" in dotted else f" (got {error.get('input')!r})"
+            secret = any(word in str(loc[-1]) for word in _SECRET_WORDS) if loc else False
+            shown = "" if secret else f" (got {error.get('input')!r})"
             lines.append(f"invalid setting {dotted!r}: {error['msg']}{shown}")
     return f"configuration error{where}: " + "; ".join(lines)

@@ -50,6 +50,31 @@ class DecodeError(StudyError):
     code = "decode_failed"
 
 
+class EmptyUploadError(StudyError):
+    """An upload or request body that holds no file."""
+
+    code = "empty_upload"
+
+
+class InputDomainError(StudyError):
+    """The study lies outside a model's declared input domain and the ingest policy
+    (``ingest.input_domain: refuse``) refuses such studies."""
+
+    code = "outside_input_domain"
+
+
+class InvalidRequestError(RadserveError):
+    """A parameter has a value the server does not understand (HTTP, DICOMweb, CLI)."""
+
+    code = "invalid_request"
+
+
+class UnsupportedMediaError(StudyError):
+    """An uploaded file or body is not DICOM, a zip of DICOM, or NIfTI."""
+
+    code = "unsupported_media_type"
+
+
 class ModelError(RadserveError):
     """A model bundle is missing, malformed or not allowed to serve."""
 
@@ -64,6 +89,26 @@ class VariantRejectedError(ModelError):
     """A precision variant that failed its accuracy gate was asked for."""
 
     code = "variant_rejected"
+
+
+class BundleRejectedError(ModelError):
+    """A bundle offered for install is malformed, inconsistent with its ONNX graph, or
+    needs what this host cannot give (model lifecycle)."""
+
+    code = "bundle_rejected"
+
+
+class BundleExistsError(ModelError):
+    """That name and version is installed already (a version is never overwritten)."""
+
+    code = "bundle_exists"
+
+
+class DeploymentError(ModelError):
+    """A deployment change that cannot be made (no canary to promote, nothing to roll
+    back to, a version that may not serve)."""
+
+    code = "deployment_invalid"
 
 
 class PipelineError(RadserveError):

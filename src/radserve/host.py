@@ -14,7 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["cpu_bf16_support", "lazy_zeros", "usable_cores"]
+__all__ = ["cpu_bf16_support", "lazy_zeros", "process_rss_bytes", "usable_cores"]
+
+
+def process_rss_bytes() -> int | None:
+    """This process's resident memory now (Linux ``/proc/self/statm``; None elsewhere)."""
+    try:
+        resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
 
 
 def _cgroup_cpu_limit() -> float | None:

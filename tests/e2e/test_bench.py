@@ -5,13 +5,14 @@ asserted: speed is what the benchmark reports, not what a test can promise."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from radserve.bench.child import PIPELINE
 from radserve.cli import cli
-from radserve.pipelines.spec import load_pipeline
+from radserve.pipeline.spec import load_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -93,3 +94,37 @@ def test_providers_scenario_compares_each_model_with_the_cpu_provider() -> None:
         for row in fp32:
             assert row["label_agreement"] >= 0.999, row
         assert all(r["ms_per_batch"] > 0 and r["speedup_vs_cpu_fp32"] > 0 for r in rows)
+
+
+def test_scale_scenario_drains_one_queue_in_process_and_on_one_and_two_ray_workers(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    from radserve.bench.scale import run_scale_bench
+
+    summary = run_scale_bench(n_studies=2, n_slices=40, cache_dir=tmp_path / "cache")
+    runs = {r["executor"]: r for r in summary["runs"]}
+    assert list(runs) == ["inprocess", "ray-1", "ray-2"]
+    for run in runs.values():
+        assert run["studies"] == 2 and run["batches"] > 0 and run["studies_per_hour"] > 0
+        assert 0 < run["device_busy_fraction"] <= 1.0
+        assert set(run["tat_by_class"]) == {"URGENT", "OUTPATIENT"}
+    assert [w["worker"] for w in runs["ray-2"]["per_worker"]] == ["ray-cpu0", "ray-cpu1"]
+    assert all(w["batches"] > 0 for w in runs["ray-2"]["per_worker"])  # both used
+    assert isinstance(summary["ray_overhead_per_batch_ms"], float)
+
+
+def test_nnunet_scenario_times_radserve_and_nnunet_on_the_same_labels(tmp_path: Path) -> None:
+    pytest.importorskip("nnunetv2", reason="the nnunet extra is not installed")
+    from radserve.bench.nnunet import run_nnunet_bench
+
+    summary = run_nnunet_bench(size="ci", work_dir=tmp_path, log=lambda _msg: None)
+    assert summary["radserve_s"] > 0 and summary["nnunet_s"] > 0 and summary["patches"] > 1
+    assert summary["weights"] == "fitted"  # decisive logits (the head fitted to HU bands)
+    assert summary["label_agreement"] >= 0.999
+    # the same run's nnU-Net sliding window again, from its recorded patch logits, with
+    # float32 sums: radserve agrees with that too (no second network pass)
+    assert summary["label_agreement_nnunet_fp32_sums"] >= 0.999
+    assert len(summary["labels_present"]) >= 3  # not an all-background comparison
+    assert summary["nnunet_network_s"] > 0 and summary["radserve_stages_s"]["infer"] > 0
+    assert summary["radserve_peak_rss_mb"] >= 0 and summary["nnunet_peak_rss_mb"] >= 0

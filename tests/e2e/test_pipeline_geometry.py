@@ -13,10 +13,10 @@ from tests.factories.dicom_series import AXIAL, make_ct_series, make_mr_series, 
 
 from radserve.errors import UnsupportedModalityError
 from radserve.models.registry import ModelRegistry
-from radserve.pipelines.spec import load_pipeline
+from radserve.pipeline.spec import load_pipeline
+from radserve.pipeline.study import run_study
 from radserve.report.json_report import read_report
 from radserve.report.nifti import read_nifti
-from radserve.study import run_study
 
 LESION_CENTRE = np.array([6.0, -4.0, 21.0])  # LPS mm
 LESION_RADIUS = 6.0

@@ -13,16 +13,16 @@ import json
 
 import pytest
 
-from radserve.commands.evaluate import DEFAULT_PIPELINE, organ_label_values, pipeline_specs
-from radserve.evaluation.pipeline_runs import pipeline_predictor
-from radserve.evaluation.runner import evaluate
-from radserve.models.registry import ModelRegistry, bundled_model_dir
-from radserve.pipelines.spec import load_pipeline
-from radserve.training.recipes import (
+from radserve.commands.evaluate import DEFAULT_PIPELINE, pipeline_specs
+from radserve.domain.accuracy import (
     LESION_MAX_FP_PER_STUDY,
     LESION_RECALL_FLOORS,
     ORGAN_MEAN_DICE_FLOOR,
 )
+from radserve.evaluation.pipeline_runs import organ_label_values, pipeline_predictor
+from radserve.evaluation.runner import evaluate
+from radserve.models.registry import ModelRegistry, bundled_model_dir
+from radserve.pipeline.spec import load_pipeline
 
 SEEDS = (8, 10)
 

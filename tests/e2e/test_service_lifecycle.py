@@ -1,14 +1,17 @@
 """The service's life cycle: readiness only after warm-up, cancelling a running job at a
-batch boundary, restart recovery's limits, and the settings -> scheduler mapping."""
+batch boundary, restart recovery's limits, and the settings the scheduler takes."""
 
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from tests.factories.dicom_net import WAIT_SCALE
 from tests.factories.service import (
     ServerThread,
     auth,
@@ -22,7 +25,7 @@ from tests.factories.service import (
 
 from radserve.api import create_app
 from radserve.scheduling import PriorityClass
-from radserve.service import Service, scheduler_config
+from radserve.service import Service
 from radserve.store import JobState
 
 SLOW_GRID = {
@@ -34,33 +37,46 @@ SLOW_GRID = {
 }
 
 
-def test_settings_map_onto_the_scheduler(tmp_path: Path) -> None:
+def test_the_scheduler_takes_the_settings_sections(tmp_path: Path) -> None:
+    """No mapping layer: the service's scheduler holds the settings' own scheduler, jobs
+    and priority_rules objects (only the batch size is capped by the device)."""
     settings = settings_for(
         tmp_path,
         scheduler__tat_s__inpatient=120,
         scheduler__queue_limits__outpatient=7,
         scheduler__max_queue_delay_ms=20,
+        scheduler__max_running=2,
+        scheduler__urgent_exclusive=False,
         jobs__max_retries=4,
         jobs__timeout_s=60,
+        jobs__retry_backoff_s=1.5,
         priority_rules=[
             {"attribute": "CurrentPatientLocation", "values": ["ER"], "class": "URGENT"}
         ],
     )
-    config = scheduler_config(settings)
+    config = settings.scheduler
     assert config.tat(PriorityClass.INPATIENT) == 120
-    assert config.tat(PriorityClass.URGENT) == 60  # settings' 0 = start at once; target kept
+    assert config.tat(PriorityClass.URGENT) == 60  # the completion target; starts at once
     assert config.queue_limit(PriorityClass.OUTPATIENT) == 7
     assert config.queue_limit(PriorityClass.URGENT) is None
     assert config.max_queue_delay_s == pytest.approx(0.02)
-    assert (config.max_retries, config.job_timeout_s) == (4, 60)
-    assert config.rules.classify({"CurrentPatientLocation": "er"}) is PriorityClass.URGENT
-    assert config.rules.classify({"RequestedProcedurePriority": "STAT"}) is PriorityClass.OUTPATIENT
-    urgent = scheduler_config(settings_for(tmp_path / "b", scheduler__tat_s__urgent=30))
+    rules = settings.priority_rules
+    assert rules.classify({"CurrentPatientLocation": "er"}) is PriorityClass.URGENT
+    assert rules.classify({"RequestedProcedurePriority": "STAT"}) is PriorityClass.OUTPATIENT
+    urgent = settings_for(tmp_path / "b", scheduler__tat_s__urgent=30).scheduler
     assert urgent.tat(PriorityClass.URGENT) == 30
+    legacy = settings_for(tmp_path / "c", scheduler__tat_s__urgent=0).scheduler
+    assert legacy.tat(PriorityClass.URGENT) == 60  # the old "start at once" spelling
     # Dynamic batching: the settings' limit, capped by what the device is worth sending.
     assert config.max_batch_size == 32
-    assert scheduler_config(settings, device_max_batch=2).max_batch_size == 2
-    assert scheduler_config(settings, device_max_batch=None).max_batch_size == 32
+    assert config.capped(2).max_batch_size == 2
+    assert config.capped(None) is config and config.capped(64) is config
+    service = Service(settings)
+    scheduler = service.scheduler
+    assert scheduler.jobs is settings.jobs and scheduler.rules is settings.priority_rules
+    cap = service.catalog.sessions.runtime.max_batch_size
+    assert scheduler.config == config.capped(cap)
+    assert (scheduler.config.max_running, scheduler.config.urgent_exclusive) == (2, False)
 
 
 def test_not_ready_until_warmed_up(tmp_path: Path) -> None:
@@ -90,19 +106,35 @@ def test_cancel_a_running_job_stops_it_at_a_batch_boundary(tmp_path: Path) -> No
             "/v1/studies", files=upload(make_study(tmp_path / "a", **SLOW_GRID)), headers=auth(key)
         )
         job_id = first.json()["id"]
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 30 * WAIT_SCALE
         while c.get(f"/v1/jobs/{job_id}", headers=auth(key)).json()["state"] != "running":
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        t0 = time.monotonic()
+        # count the device batches started once the cancel is acknowledged (not wall
+        # time: on a loaded machine one batch takes seconds)
+        acknowledged, after_cancel = threading.Event(), []
+        for name in ("organs-test", "lesions-test"):
+            session = service.catalog.sessions.get(service.catalog.registry.get(name), "fp32")
+
+            def counted(batch: Any, run: Any = session.run) -> Any:
+                if acknowledged.is_set():
+                    after_cancel.append(len(batch))
+                return run(batch)
+
+            session.run = counted  # type: ignore[method-assign]
         cancel = c.delete(f"/v1/jobs/{job_id}", headers=auth(key))
         assert cancel.status_code == 202
+        acknowledged.set()
         job = wait_job(c, job_id, key)
         assert job["state"] == "cancelled" and job["error"]["code"] == "job_cancelled"
-        assert time.monotonic() - t0 < 5  # one batch, not the rest of the study
+        # a batch boundary: not the rest of the study (24 slices through two models in
+        # batches of 2 are 24 batches)
+        assert len(after_cancel) <= 1, after_cancel
+        stopped = len(after_cancel)
         assert service.store.get_job(job_id).result_path is None
         after = c.post("/v1/studies", files=upload(make_study(tmp_path / "b")), headers=auth(key))
         assert wait_job(c, after.json()["id"], key)["state"] == "succeeded"
+        assert len(after_cancel) > stopped  # the count does see the service's batches
 
 
 def test_restart_recovery_limits(tmp_path: Path) -> None:

@@ -34,3 +34,31 @@ def test_submissions_and_reads_over_loopback(tmp_path: Path) -> None:
 def test_only_loopback_is_loaded() -> None:
     with pytest.raises(SystemExit):
         load.main(["--url", "http://example.org:8000", "--duration", "1"])
+
+
+def test_server_cpu_is_split_into_the_event_loop_thread_and_the_rest() -> None:
+    import os
+    import threading
+
+    done = threading.Event()
+
+    def spin() -> None:
+        x = 0
+        while not done.is_set():
+            x += 1
+
+    worker = threading.Thread(target=spin)
+    worker.start()
+    try:
+        before = load.thread_cpu_s(os.getpid())
+        sum(i * i for i in range(2_000_000))  # CPU on this (the main) thread
+        after = load.thread_cpu_s(os.getpid())
+    finally:
+        done.set()
+        worker.join()
+    assert after[0] > before[0] and after[1] > before[1]
+
+
+def test_a_baseline_that_is_not_a_source_tree_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        load.main(["--spawn", "--baseline-src", str(tmp_path), "--duration", "1"])

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import httpx
 import pytest
 from tests.factories.dicom_net import free_port
+from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import (
     auth,
     config_file,
@@ -23,67 +21,23 @@ from tests.factories.service import (
     wait_job,
 )
 
+from radserve.config import load_settings
 from radserve.store import TERMINAL_STATES, init_store
+from radserve.store.audited import open_audited
 
 N_JOBS = 10
 # ~1 s of CPU per job with the slowed organ model, so jobs are caught mid-flight
 GRID = {"n_slices": 24, "rows": 128, "cols": 128, "spacing": (2.0, 1.5, 1.5), "background": -100.0}
 
 
-def _radserve(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from radserve.cli import main; main()", *args]
-
-
-def _start(config: Path, data: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
-    command = _radserve(
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--config",
-        str(config),
-        "--data-dir",
-        str(data),
-        "--cpu-workers",
-        "1",
-    )
-    with open(log, "ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"radserve serve exited with {process.returncode}: {log.read_text()[-3000:]}"
-            )
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("radserve serve did not answer /healthz within 90 s")
-
-
 @pytest.mark.slow
 def test_kill_9_with_jobs_in_flight_then_every_job_completes_once(tmp_path: Path) -> None:
     config, data, log = config_file(tmp_path), tmp_path / "data", tmp_path / "server.log"
     make_models_slow(tmp_path / "assets" / "models", layers=4, channels=32)
-    created = subprocess.run(
-        _radserve(
-            "keys", "create", "--role", "submit", "--config", str(config), "--data-dir", str(data)
-        ),
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    key = created.stdout.strip().splitlines()[-1]
+    key = create_key_cli(config, data)
     studies = [make_study(tmp_path / f"study-{i}", **GRID) for i in range(N_JOBS)]
     port = free_port()
-    server = _start(config, data, port, log)
+    server = start_server(config, data, port, log)
     url = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=url, timeout=60) as c:
@@ -106,7 +60,7 @@ def test_kill_9_with_jobs_in_flight_then_every_job_completes_once(tmp_path: Path
     unfinished = [job_id for job_id, state in at_kill.items() if state not in TERMINAL_STATES]
     assert unfinished, f"every job finished before the kill: {at_kill}"
 
-    server = _start(config, data, port, log)
+    server = start_server(config, data, port, log)
     try:
         with httpx.Client(base_url=url, timeout=60) as c:
             jobs = {job_id: wait_job(c, job_id, key, timeout=120) for job_id in ids}
@@ -121,10 +75,14 @@ def test_kill_9_with_jobs_in_flight_then_every_job_completes_once(tmp_path: Path
         if server.poll() is None:
             server.kill()
 
-    store = init_store(f"sqlite:///{data / 'radserve.db'}")
+    # the audit chain is keyed (HMAC): verify it with the server's key, as the CLI does
+    store, _ = open_audited(load_settings(config, data_dir=data))
     try:
         rows = {job_id: store.get_job(job_id) for job_id in ids}
-        results = Counter(r.subject for r in store.iter_audit() if r.action == "job.succeeded")
+        audit = list(store.iter_audit())
+        results = Counter(r.subject for r in audit if r.action == "job.succeeded")
+        started = Counter(r.subject for r in audit if r.action == "job.started")
+        requeued = {r.subject: r.payload for r in audit if r.action == "job.requeued"}
         assert store.verify_audit().ok
     finally:
         store.close()
@@ -132,6 +90,13 @@ def test_kill_9_with_jobs_in_flight_then_every_job_completes_once(tmp_path: Path
         assert row.result_path and Path(row.result_path, "report.json").is_file()
         assert Path(row.result_path).name == job_id
         assert results[job_id] == 1, f"job {job_id} has {results[job_id]} results"
+        # every run is audited (job.started per attempt), and so is the resumption
+        assert started[job_id] == row.attempts, (job_id, started[job_id], row.attempts)
+        if job_id in unfinished:
+            assert requeued[job_id]["reason"] == "restart_recovery"
+            assert requeued[job_id]["previous_state"] == at_kill[job_id]
+        else:
+            assert job_id not in requeued
         assert (
             row.attempts == (1 if at_kill[job_id] in ("queued", "received", "succeeded") else 2)
             or row.attempts <= 2

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from tests.factories.onnx_models import threshold_model
+from tests.factories.onnx_models import max_classifier_model, threshold_model
 
 _WINDOW = {"kind": "ct_window", "center": 500.0, "width": 1000.0}  # 0..1000 HU -> 0..1
 
@@ -84,6 +84,43 @@ def write_test_bundles(
     return root
 
 
+def write_classifier_bundle(
+    root: Path, name: str, level_hu: float, *, roi_labels: tuple[str, ...] = ("liver",)
+) -> Path:
+    """``root/<name>/1.0.0``: a classification model whose one class (label
+    ``<name>`` with "-" as "_") is present where a slice's brightest pixel passes
+    ``level_hu``: per study the maximum over the slices it reads (on the box of
+    ``roi_labels``), reported from probability 0.5. Returns the bundle's folder."""
+    folder = root / name / "1.0.0"
+    folder.mkdir(parents=True, exist_ok=True)
+    max_classifier_model(folder / "model.onnx", level=level_hu / 1000.0)
+    label = name.replace("-", "_")
+    manifest = {
+        "name": name,
+        "version": "1.0.0",
+        "task": "classification",
+        "modality": "CT",
+        "input": {
+            "mode": "2d",
+            "spacing": [None, 1.5, 1.5],
+            "normalisation": _WINDOW,
+            "roi_labels": list(roi_labels),
+        },
+        "classification": {"aggregate": "max", "min_probability": 0.5},
+        "labels": [
+            {
+                "value": 1,
+                "name": label,
+                "kind": "class",
+                "concept": _concept("52988006", label),
+                "category": _concept("49755003", "Morphologically Altered Structure"),
+            }
+        ],
+    }
+    (folder / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return folder
+
+
 def write_test_pipeline(folder: Path, *, min_slices: int = 3) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "test-pipeline.yaml"
@@ -93,7 +130,10 @@ def write_test_pipeline(folder: Path, *, min_slices: int = 3) -> Path:
                 "name": "test-pipeline",
                 "version": "0.0.1",
                 "series_selection": {"modalities": ["CT"], "min_slices": min_slices},
-                "steps": [{"model": "organs-test"}, {"model": "lesions-test"}],
+                "steps": [
+                    {"model": "organs-test", "output": "organs"},
+                    {"model": "lesions-test", "output": "findings"},
+                ],
             }
         )
     )

@@ -45,8 +45,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Every bound given to wait_until is multiplied by this (env RADSERVE_TEST_WAIT_SCALE): the
+# bounds are what a quiet machine needs with a margin, and CI's loaded 2-core runners are
+# several times slower. A wait that succeeds returns as soon as its condition holds, so
+# the scale costs time only when a test is failing, or in the few negative checks
+# (``assert not wait_until(...)``), which then watch a little longer.
+WAIT_SCALE = float(os.environ.get("RADSERVE_TEST_WAIT_SCALE", "3"))
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
+    """Poll ``predicate`` every ``step`` s until it holds; False after ``timeout`` x
+    :data:`WAIT_SCALE` seconds."""
+    deadline = time.monotonic() + timeout * WAIT_SCALE
     while time.monotonic() < deadline:
         if predicate():
             return True
@@ -71,10 +81,13 @@ def storescu(
     called: str = "RADSERVE",
     transfer_syntax: str = "explicit",
     timeout: float = 60.0,
+    extra: list[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """dcmtk's storescu; ``extra``: more options (e.g. ``+tls KEY CERT +cf CA``)."""
     tool = dcmtk_tool("storescu")
     assert tool is not None
     command = [tool, "-R", *STORESCU_SYNTAX_FLAGS[transfer_syntax], "-aet", calling, "-aec", called]
+    command += extra or []
     command += ["-to", "10", "-ta", "10", "-td", "30", host, str(port), *map(str, files)]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -140,6 +153,27 @@ class Orthanc:
         with urllib.request.urlopen(self.url + path, timeout=10) as response:
             return json.loads(response.read())
 
+    def post(self, path: str, body: bytes | dict[str, Any], timeout: float = 120.0) -> Any:
+        """POST raw bytes (``/instances``: a DICOM file) or JSON; the JSON answer."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method="POST")
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+
+    def upload(self, files: list[Path]) -> str:
+        """Store ``files`` (one study) over REST; the Orthanc ID of their study."""
+        answers = [self.post("/instances", Path(f).read_bytes()) for f in files]
+        studies = {a["ParentStudy"] for a in answers}
+        assert len(studies) == 1, studies
+        return studies.pop()
+
+    def push(self, modality: str, resources: list[str]) -> Any:
+        """``POST /modalities/{name}/store`` synchronously: every instance of
+        ``resources`` is C-STOREd (and answered) when this returns."""
+        return self.post(
+            f"/modalities/{modality}/store", {"Resources": resources, "Synchronous": True}
+        )
+
     def _up(self) -> bool:
         try:
             self.get("/system")
@@ -155,9 +189,9 @@ def study_with_results(
     for it, from the pipeline run with tiny threshold models (about a second):
     ``(source files, result files)``."""
     from radserve.models.registry import ModelRegistry
-    from radserve.pipelines.spec import load_pipeline
+    from radserve.pipeline.spec import load_pipeline
+    from radserve.pipeline.study import run_study
     from radserve.report.dicom import write_dicom_results
-    from radserve.study import run_study
     from tests.factories.bundles import write_test_bundles, write_test_pipeline
 
     phantom = generate_phantom(PhantomSpec.random(seed, small=True), range(10, 30))

@@ -129,3 +129,30 @@ def model_spec(
             },
         }
     )
+
+
+def max_classifier_model(
+    path: Path, *, in_channels: int = 1, scale: float = 20.0, level: float = 0.5
+) -> Path:
+    """A classification graph: each sample's brightest pixel decides.
+
+    (N, C, H, W) -> GlobalMaxPool -> 1x1 conv -> (N, 2) scores with
+    logit(class 1) - logit(class 0) = scale * (mean over channels of each channel's
+    maximum - level).
+    """
+    w = np.zeros((2, in_channels, 1, 1), np.float32)
+    w[1, :, 0, 0] = scale / in_channels
+    b = np.array([0.0, -scale * level], np.float32)
+    nodes = [
+        helper.make_node("GlobalMaxPool", ["x"], ["pooled"]),
+        helper.make_node("Conv", ["pooled", "w", "b"], ["scores4"], kernel_shape=[1, 1]),
+        helper.make_node("Flatten", ["scores4"], ["scores"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "radserve_test_classifier",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", in_channels, "H", "W"])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", 2])],
+        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    return _save(graph, path)

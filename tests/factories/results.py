@@ -16,10 +16,10 @@ import pydicom
 
 from radserve.domain import Volume
 from radserve.models.registry import ModelRegistry
-from radserve.pipelines.spec import load_pipeline
+from radserve.pipeline.spec import load_pipeline
+from radserve.pipeline.study import StudyResult, run_study
 from radserve.report.nifti import read_nifti
 from radserve.report.schema import LabelMapOutput, Report
-from radserve.study import StudyResult, run_study
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_series import make_ct_series
 
@@ -74,17 +74,28 @@ def lesion_study(root: Path) -> LesionStudy:
 
 
 def relabel(
-    files: list[Path], folder: Path, name: str, *, charset: str | list[str] | None = None
+    files: list[Path],
+    folder: Path,
+    name: str | bytes,
+    *,
+    charset: str | list[str] | None = None,
+    **extra: object,
 ) -> list[Path]:
     """Copies of ``files`` in ``folder`` with patient name ``name`` (and, when given,
-    Specific Character Set ``charset``)."""
+    Specific Character Set ``charset`` and other attributes ``extra``). A ``bytes`` name
+    is written as these bytes (ISO 2022 escape sequences exactly as given)."""
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for path in files:
         ds = pydicom.dcmread(path)
         if charset is not None:
             ds.SpecificCharacterSet = charset
-        ds.PatientName = name
+        if isinstance(name, bytes):
+            ds.add_new(0x00100010, "PN", name)
+        else:
+            ds.PatientName = name
+        for keyword, value in extra.items():
+            setattr(ds, keyword, value)
         ds.save_as(folder / path.name)
         out.append(folder / path.name)
     return out

@@ -3,7 +3,8 @@ bundles and a test pipeline on disk, SQLite in a temporary data folder."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import yaml
 from radserve.config import Settings, load_settings
 from radserve.store import Store
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
+from tests.factories.dicom_net import WAIT_SCALE
 from tests.factories.dicom_series import make_ct_series, new_uid
 
 GRID = {"n_slices": 12, "rows": 40, "cols": 40, "spacing": (2.0, 1.0, 1.0)}
@@ -113,7 +115,15 @@ class ServerThread:
         self._socket.bind(("127.0.0.1", 0))
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on")
+        from radserve.api.http_limits import BoundedHttpToolsProtocol
+
+        config = uvicorn.Config(
+            app,
+            http=BoundedHttpToolsProtocol,  # as radserve serve runs it
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+        )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True
@@ -136,6 +146,43 @@ class ServerThread:
         self._socket.close()
 
 
+@contextmanager
+def live_server(
+    settings: Settings,
+    *,
+    roles: Sequence[str] = ("submit", "read"),
+    warm: bool = True,
+    client_timeout: float = 60.0,
+    **app_options: Any,
+) -> Iterator[dict[str, Any]]:
+    """A :class:`~radserve.service.Service` for ``settings`` behind a real HTTP server,
+    an httpx client for it and an API key per role in ``roles``.
+
+    Yields ``{"service", "url", "port", "client", "keys": {role: key}, <role>: key ...}``.
+    ``warm``: wait until the workers have loaded the models (as a deployment would before
+    taking traffic); ``app_options`` go to :func:`radserve.api.create_app`. The server,
+    the client and (through the app) the service are shut down afterwards."""
+    import httpx
+
+    from radserve.api import create_app
+    from radserve.service import Service
+
+    service = Service(settings)
+    app = create_app(service, **app_options)
+    with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=client_timeout) as c:
+        if warm:
+            assert service.wait_warm(60 * WAIT_SCALE)
+        keys = {role: create_key(service.store, role) for role in roles}
+        yield {
+            "service": service,
+            "url": srv.url,
+            "port": srv.port,
+            "client": c,
+            "keys": keys,
+            **keys,
+        }
+
+
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 
 
@@ -143,7 +190,7 @@ def wait_job(client: Any, job_id: str, token: str, timeout: float = 60.0) -> dic
     """Poll ``GET /v1/jobs/{id}`` until the job is final; its last JSON."""
     import time
 
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout * WAIT_SCALE
     while True:
         job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}", headers=auth(token)).json()
         if job["state"] in FINAL_STATES or time.monotonic() > deadline:

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.factories.service import ServerThread, auth, create_key, settings_for
+from tests.factories.service import ServerThread, auth, create_key, live_server, settings_for
 
 from radserve.api import create_app
 from radserve.service import Service
@@ -20,15 +20,16 @@ PUBLIC = {("GET", "/healthz"), ("GET", "/metrics")}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    service = Service(settings_for(tmp_path_factory.mktemp("api-auth")))
-    app = create_app(service, manage_service=False, key_ttl_s=0.0)
-    with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
-        yield {
-            "client": c,
-            "service": service,
-            **{role: create_key(service.store, role) for role in ("read", "submit", "admin")},
-        }
-    service.store.close()
+    with live_server(
+        settings_for(tmp_path_factory.mktemp("api-auth")),
+        roles=("read", "submit", "admin"),
+        warm=False,
+        client_timeout=30,
+        manage_service=False,
+        key_ttl_s=0.0,
+    ) as live:
+        yield live
+    live["service"].store.close()
 
 
 def _routes(schema: dict[str, Any]) -> list[tuple[str, str]]:
@@ -78,6 +79,26 @@ def test_roles(server: dict[str, Any]) -> None:
         assert c.post("/v1/admin/models/organs-test/reset", headers=headers).status_code == 403
     assert c.post("/v1/admin/models/organs-test/reset", headers=admin).status_code == 200
     assert c.delete("/v1/jobs/x", headers=submit).status_code == 404  # past auth: no such job
+
+
+def test_resetting_a_model_that_does_not_exist_is_404_and_not_audited(
+    server: dict[str, Any],
+) -> None:
+    c, store = server["client"], server["service"].store
+    admin = auth(server["admin"])
+
+    def resets() -> list[str | None]:
+        return [r.subject for r in store.iter_audit() if r.action == "model.changed"]
+
+    before = resets()
+    for name in ("no-such-model", "organs-test.bak", "x" * 200):
+        r = c.post(f"/v1/admin/models/{name}/reset", headers=admin)
+        assert r.status_code == 404, (name, r.text)
+        assert r.json()["error"]["code"] == "model_not_found"
+        assert "organs-test" in r.json()["error"]["message"]  # says what is installed
+    assert resets() == before  # nothing happened, so nothing was audited
+    assert c.post("/v1/admin/models/organs-test/reset", headers=admin).status_code == 200
+    assert resets() == [*before, "organs-test"]
 
 
 def test_revoked_key_is_refused(server: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from tests.factories.service import (
     ServerThread,
     auth,
     create_key,
+    live_server,
     make_study,
     settings_for,
     upload,
@@ -34,15 +35,8 @@ LIMIT = 400_000
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("api-errors")
     settings = settings_for(root, server__max_upload_bytes=LIMIT, server__request_timeout_s=2.0)
-    service = Service(settings)
-    with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
-        assert service.wait_warm(60)
-        yield {
-            "client": c,
-            "service": service,
-            "port": srv.port,
-            "key": create_key(service.store, "admin"),
-        }
+    with live_server(settings, roles=("admin",)) as live:
+        yield {**live, "key": live["admin"]}
 
 
 def _count_jobs(service: Service) -> int:

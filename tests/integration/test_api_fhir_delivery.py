@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.factories.dicom_net import WAIT_SCALE
 from tests.factories.fhir_server import FhirServer
 from tests.factories.service import (
     ServerThread,
@@ -54,7 +55,9 @@ def test_bundle_reaches_the_fhir_server_once_after_it_comes_back(tmp_path: Path)
             job = wait_job(c, submitted["id"], key)
             assert job["state"] == "succeeded", job
 
-            deadline = time.monotonic() + 30
+            # the held Bundle falls due when the result is recorded, and the sender is woken
+            # then: two attempts well inside its 30 s idle interval
+            deadline = time.monotonic() + 15
             while time.monotonic() < deadline:  # the worker keeps retrying while it is down
                 rows = OutboxStore(service.store.engine).items(kind=OutboxKind.FHIR)
                 if rows and rows[0].attempts >= 2:
@@ -65,7 +68,7 @@ def test_bundle_reaches_the_fhir_server_once_after_it_comes_back(tmp_path: Path)
             assert row.attempts >= 2 and row.job_id == job["id"]
 
             fhir.up()
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 30 * WAIT_SCALE
             while time.monotonic() < deadline and _rows(service) != [OutboxState.SENT]:
                 time.sleep(0.1)
             assert _rows(service) == [OutboxState.SENT]

@@ -20,9 +20,10 @@ from tests.factories.service import (
 )
 
 from radserve.api import create_app
+from radserve.audit.digests import file_sha256
 from radserve.service import Service
 from radserve.service.logs import QUIET_LOGGERS, JsonFormatter, configure_logging
-from radserve.store import init_store
+from radserve.store.audited import open_audited
 
 PHI = {
     "PatientName": "Quixley^Marguerite^Anne",
@@ -107,10 +108,11 @@ def test_logs_metrics_and_audit_of_real_jobs(tmp_path: Path) -> None:
         assert family in metrics, family
 
     # the service's store closed when the server stopped: open the database again
-    store = init_store(service.settings.effective_database_url)
+    store, _ = open_audited(service.settings)
     try:
         assert store.verify_audit().ok
         records = list(store.iter_audit())
+        result_dir = Path(store.get_job(ids[0]).result_path or "")
     finally:
         store.close()
     actions = [r.action for r in records]
@@ -129,7 +131,11 @@ def test_logs_metrics_and_audit_of_real_jobs(tmp_path: Path) -> None:
     for value in PHI.values():
         assert value not in audit_text
     succeeded = [r for r in records if r.action == "job.succeeded" and r.subject == ids[0]]
-    assert len(succeeded) == 1 and succeeded[0].payload["outputs"] == {"findings": 1, "organs": 1}
+    assert len(succeeded) == 1
+    outputs = succeeded[0].payload["outputs"]
+    assert (outputs["findings"], outputs["organs"]) == (1, 1)
+    assert outputs["sha256"]["report.json"] == file_sha256(result_dir / "report.json")
+    assert outputs["model_sha256"] and all(len(h) == 64 for h in outputs["model_sha256"].values())
 
 
 def test_libraries_that_log_datasets_are_held_at_warning() -> None:

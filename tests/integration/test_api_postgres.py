@@ -21,7 +21,7 @@ from tests.factories.service import (
 
 from radserve.api import create_app
 from radserve.service import Service
-from radserve.store import init_store
+from radserve.store.audited import open_audited
 
 pytestmark = requires_postgres
 
@@ -46,7 +46,7 @@ def test_jobs_results_and_audit_on_postgres(tmp_path: Path, database_url: str) -
         assert cached.status_code == 200 and cached.json()["cached_from"] == first["id"]
         page = c.get("/v1/jobs", params={"limit": 2}, headers=auth(key)).json()
         assert len(page["items"]) == 2 and page["next_cursor"]
-    store = init_store(database_url)
+    store, _ = open_audited(service.settings)
     try:
         assert store.verify_audit().ok
         actions = [r.action for r in store.iter_audit()]

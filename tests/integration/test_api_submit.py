@@ -15,6 +15,7 @@ from tests.factories.service import (
     ServerThread,
     auth,
     create_key,
+    live_server,
     make_study,
     settings_for,
     upload,
@@ -30,16 +31,8 @@ from radserve.service import Service
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("api-submit")
-    service = Service(settings_for(root))
-    with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
-        assert service.wait_warm(60)
-        yield {
-            "client": c,
-            "service": service,
-            "root": root,
-            "submit": create_key(service.store, "submit"),
-            "read": create_key(service.store, "read"),
-        }
+    with live_server(settings_for(root)) as live:
+        yield {**live, "root": root}
 
 
 def test_submit_poll_and_fetch_every_result(server: dict[str, Any], tmp_path: Path) -> None:
@@ -93,6 +86,28 @@ def test_same_study_again_is_answered_from_the_cache(
     assert job["state"] == "succeeded" and job["id"] != first["id"]
     same = c.get(f"/v1/jobs/{job['id']}/report", headers=auth(key)).json()
     assert same["job_id"] == first["id"]  # the one result, not a second run
+
+
+def test_a_cached_answer_keeps_a_stated_urgent_priority(
+    server: dict[str, Any], tmp_path: Path
+) -> None:
+    """``PriorityClass.URGENT == 0``: a truthiness test once replaced it by the cached
+    job's class (issue 12, item 10). Every stated class must survive a cache hit."""
+    c, key = server["client"], server["submit"]
+    files = make_study(tmp_path / "study")
+    first = wait_job(
+        c, c.post("/v1/studies", files=upload(files), headers=auth(key)).json()["id"], key
+    )
+    assert first["state"] == "succeeded" and first["priority_class"] == "OUTPATIENT"
+    for stated, expected in (("urgent", "URGENT"), ("inpatient", "INPATIENT")):
+        again = c.post(
+            "/v1/studies", params={"priority": stated}, files=upload(files), headers=auth(key)
+        )
+        assert again.status_code == 200, again.text
+        job = again.json()
+        assert job["cached"] is True and job["priority_class"] == expected, job
+    unstated = c.post("/v1/studies", files=upload(files), headers=auth(key)).json()
+    assert unstated["cached"] is True and unstated["priority_class"] == "OUTPATIENT"
 
 
 def test_zip_upload_and_priority_from_dicom_rules(server: dict[str, Any], tmp_path: Path) -> None:

@@ -110,3 +110,81 @@ def test_other_character_sets_pass_dciodvfy(study, tmp_path: Path, charset, name
     for path in write_dicom_results(report, result_dir, copies, key_images=True):
         assert str(pydicom.dcmread(path, stop_before_pixels=True).PatientName) == name
         assert dciodvfy_errors(path) == [], path.name
+
+
+def dciodvfy_findings(path: Path) -> list[str]:
+    """dciodvfy's "Error" and "Warning" lines for one file."""
+    run = subprocess.run(
+        ["dciodvfy", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    return [
+        line for line in (run.stdout + run.stderr).splitlines() if "Error" in line or "Warn" in line
+    ]
+
+
+def _with_header(files: list[Path], folder: Path, **values: str | None) -> list[Path]:
+    """Copies of ``files`` with attributes set (None: removed)."""
+    folder.mkdir(parents=True)
+    out = []
+    for path in files:
+        ds = pydicom.dcmread(path)
+        for keyword, value in values.items():
+            if value is None:
+                if keyword in ds:
+                    delattr(ds, keyword)
+            else:
+                setattr(ds, keyword, value)
+        ds.save_as(folder / path.name)
+        out.append(folder / path.name)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("header", "laterality"),
+    [
+        ({}, None),  # CHEST: unpaired, no Laterality attribute
+        ({"BodyPartExamined": "BREAST", "Laterality": "L"}, "L"),  # paired: the source's side
+        ({"BodyPartExamined": None, "ImageLaterality": "B"}, None),
+    ],
+)
+def test_key_images_have_no_dciodvfy_warning_and_the_study_description(
+    study, tmp_path: Path, header, laterality
+) -> None:
+    """Issue 11 (8): SCs had an empty Laterality (a dciodvfy warning on every one) and
+    no Study Description (a Study IE that differed from the source's, per dcentvfy)."""
+    report, files, out = study
+    sources = _with_header(files, tmp_path / "study", **header)
+    result_dir = tmp_path / "out"
+    shutil.copytree(out, result_dir)
+    paths = write_dicom_results(report, result_dir, sources, key_images=True)
+    scs = [p for p in paths if p.name.endswith("-sc.dcm")]
+    assert scs
+    source = pydicom.dcmread(sources[0], stop_before_pixels=True)
+    assert source.StudyDescription
+    for path in scs:
+        assert dciodvfy_findings(path) == [], path.name
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        assert ds.StudyDescription == source.StudyDescription
+        assert ds.get("Laterality") == laterality
+    if shutil.which("dcentvfy"):
+        run = subprocess.run(
+            ["dcentvfy", *map(str, sources), *map(str, scs)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        lines = (run.stdout + run.stderr).splitlines()
+        differing = [line for line in lines if "present in one instance but not" in line]
+        assert differing == []
+
+
+def test_key_image_laterality_is_empty_only_when_the_source_says_nothing(
+    study, tmp_path: Path
+) -> None:
+    report, files, out = study
+    sources = _with_header(files, tmp_path / "study", BodyPartExamined=None)
+    result_dir = tmp_path / "out"
+    shutil.copytree(out, result_dir)
+    paths = write_dicom_results(report, result_dir, sources, key_images=True)
+    for path in (p for p in paths if p.name.endswith("-sc.dcm")):
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        assert ds.Laterality == ""  # Type 2C, and the side is really unknown
+        assert dciodvfy_errors(path) == [], path.name

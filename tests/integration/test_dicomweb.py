@@ -16,17 +16,16 @@ from typing import Any
 import httpx
 import pydicom
 import pytest
+from tests.factories.dicom_net import WAIT_SCALE
 from tests.factories.service import (
-    ServerThread,
     auth,
-    create_key,
+    live_server,
     make_study,
     settings_for,
     upload,
     wait_job,
 )
 
-from radserve.api import create_app
 from radserve.service import Service
 
 SEG = "1.2.840.10008.5.1.4.1.1.66.4"
@@ -41,15 +40,8 @@ PHI = {"PatientName": "Geheim^Gertrud", "PatientID": "PID-DW-7731", "PatientBirt
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("dicomweb")
-    service = Service(settings_for(root, dicomweb__quiet_s=0.5))
-    with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
-        assert service.wait_warm(60)
-        yield {
-            "client": c,
-            "service": service,
-            "submit": create_key(service.store, "submit"),
-            "read": create_key(service.store, "read"),
-        }
+    with live_server(settings_for(root, dicomweb__quiet_s=0.5)) as live:
+        yield live
 
 
 def related(
@@ -317,14 +309,22 @@ def test_stow_refuses_what_it_cannot_store(server: dict[str, Any], tmp_path: Pat
     video.SOPInstanceUID = video.file_meta.MediaStorageSOPInstanceUID = pydicom.uid.generate_uid()
     video.file_meta.TransferSyntaxUID = pydicom.uid.MPEG2MPML
     del video.PixelData  # the header is what is checked
+    jpeg12 = pydicom.dcmread(files[2])  # refused on purpose: no licence-fit 12-bit decoder
+    jpeg12.SOPInstanceUID = jpeg12.file_meta.MediaStorageSOPInstanceUID = pydicom.uid.generate_uid()
+    jpeg12.file_meta.TransferSyntaxUID = pydicom.uid.JPEGExtended12Bit
+    del jpeg12.PixelData
     encoded = []
-    for ds in (sr, video):
+    for ds in (sr, video, jpeg12):
         buffer = io.BytesIO()
         ds.save_as(buffer, enforce_file_format=True)
         encoded.append((buffer.getvalue(), "application/dicom"))
     r = stow(server, encoded)
     assert r.status_code == 409
-    assert failures(r) == [(str(sr.SOPInstanceUID), 0x0122), (str(video.SOPInstanceUID), 0xC122)]
+    assert failures(r) == [
+        (str(sr.SOPInstanceUID), 0x0122),
+        (str(video.SOPInstanceUID), 0xC122),
+        (str(jpeg12.SOPInstanceUID), 0xC122),
+    ]
 
     # no key: 401; a read key may not store: 403; an Accept without DICOM JSON: 406
     body, content_type = related(good)
@@ -357,7 +357,7 @@ def test_a_study_sent_in_several_requests_waits_for_the_quiet_period(
         assert sorted(referenced(r)) == sorted(sop_uids(half))
     r = stow(server, dicom_parts(files[:1]), params={"complete": "false", "priority": "urgent"})
     assert r.status_code == 400  # a priority needs a complete study
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 60 * WAIT_SCALE
     new: list[Any] = []
     while time.monotonic() < deadline:
         new = [j for j in service.store.list_jobs(limit=1000).items if j.id not in before]

@@ -13,8 +13,8 @@ import pytest
 from tests.factories.fhir_server import Answer, FhirServer
 from tests.factories.results import lesion_study
 
+from radserve.fhir.delivery import FhirDestination, FhirOutbox
 from radserve.gateway.outbox import RetryPolicy
-from radserve.gateway.outbox_fhir import FhirDestination, FhirOutbox
 from radserve.ingest import PatientInfo
 from radserve.report.schema import Report
 from radserve.store import Store, init_store

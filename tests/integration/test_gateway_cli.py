@@ -63,5 +63,5 @@ def test_standalone_scp_prints_each_completed_study(tmp_path: Path) -> None:
     reader.join(5)
     [line] = lines
     assert line.startswith("study ") and " complete: 3 instances in " in line
-    assert line.strip().endswith(str(tmp_path / "gw" / "incoming" / line.split()[1]))
+    assert line.strip().endswith(str(tmp_path / "gw" / "gateway" / "incoming" / line.split()[1]))
     assert process.returncode == 0

@@ -21,8 +21,9 @@ from radserve.gateway import (
     Peer,
     ScpConfig,
     StoreSCU,
-    TlsConfig,
+    TlsSettings,
 )
+from radserve.gateway.own_results import OwnResults
 from radserve.store import Store, init_store
 from radserve.store.outbox import OutboxState, OutboxStore
 
@@ -42,8 +43,17 @@ def rows(tmp_path: Path) -> Iterator[OutboxStore]:
     store.close()
 
 
+class _KeepEverything(OwnResults):
+    """The peer stands in for a PACS, which keeps radserve's results (radserve's own SCP
+    would acknowledge and drop them)."""
+
+    def check(self, dataset: object, intake: str) -> bool:
+        return False
+
+
 def _peer(tmp_path: Path, **kwargs) -> GatewaySCP:
-    return GatewaySCP(ScpConfig(data_dir=tmp_path / "peer", port=0, **kwargs), lambda _: None)
+    config = ScpConfig(data_dir=tmp_path / "peer", port=0, **kwargs)
+    return GatewaySCP(config, lambda _: None, own_results=_KeepEverything())
 
 
 def _destination(server: GatewaySCP, **kwargs) -> Destination:
@@ -121,11 +131,11 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_tls_echo_with_mutual_authentication(tmp_path: Path, certificate) -> None:
     cert, key = certificate
-    tls = TlsConfig(cert=cert, key=key, ca=cert)
+    tls = TlsSettings(cert=cert, key=key, ca=cert)
     with _peer(tmp_path, tls=tls) as server:
         scu = StoreSCU(connect_timeout_s=5, acse_timeout_s=5)
         assert scu.echo(_destination(server, tls=tls)).outcome is Outcome.SENT
         plain = scu.echo(_destination(server))
         assert plain.outcome is Outcome.RETRY
-        anonymous = scu.echo(_destination(server, tls=TlsConfig(ca=cert)))  # no client cert
+        anonymous = scu.echo(_destination(server, tls=TlsSettings(ca=cert)))  # no client cert
         assert anonymous.outcome is Outcome.RETRY

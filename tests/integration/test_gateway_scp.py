@@ -6,19 +6,28 @@ from __future__ import annotations
 import subprocess
 import threading
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pydicom
 import pytest
-from pydicom.uid import DeflatedExplicitVRLittleEndian, HTJ2KLossless, ImplicitVRLittleEndian
+from pydicom.pixels import pixel_array
+from pydicom.uid import (
+    DeflatedExplicitVRLittleEndian,
+    HTJ2KLossless,
+    ImplicitVRLittleEndian,
+    JPEGExtended12Bit,
+)
 from pynetdicom import AE
 from pynetdicom.sop_class import ComprehensiveSRStorage, CTImageStorage, Verification
 from tests.factories.dicom_net import dcmtk_tool, small_study, storescu, wait_until
 from tests.factories.dicom_series import dcmtk_compress
 
 from radserve.gateway import CompletedStudy, GatewaySCP, Peer, ScpConfig, UnwantedPolicy
-from radserve.gateway.conformance import Status
+from radserve.gateway.conformance import (
+    REFUSED_TRANSFER_SYNTAXES,
+    SCP_TRANSFER_SYNTAXES,
+    Status,
+)
 
 pytestmark = [
     pytest.mark.tools,
@@ -253,7 +262,6 @@ def test_implicit_and_deflated_arrive_in_that_syntax(
 
 DCMTK_SYNTAXES = {  # dcmtk_compress name -> (storescu proposal flag, transfer syntax UID)
     "jpeg-lossless-sv1": ("-xs", "1.2.840.10008.1.2.4.70"),
-    "jpeg-extended": ("-xx", "1.2.840.10008.1.2.4.51"),
     "jpeg-ls": ("-xt", "1.2.840.10008.1.2.4.80"),
     "jpeg-ls-near": ("-xu", "1.2.840.10008.1.2.4.81"),
 }
@@ -277,6 +285,29 @@ def test_jpeg_family_is_stored_as_sent(scp: GatewaySCP, tmp_path: Path, name: st
     assert back.PixelData == sent.PixelData
 
 
+def test_12_bit_jpeg_extended_is_refused_in_negotiation(scp: GatewaySCP, tmp_path: Path) -> None:
+    """Issue 11, item 4: radserve cannot decode 12-bit JPEG Extended with a decoder it
+    may ship, so it does not accept the syntax (it once answered success and failed the
+    job later). A sender offering only that syntax gets no presentation context."""
+    [plain] = small_study(tmp_path / "plain", slices=range(10, 11))
+    compressed = dcmtk_compress(plain, tmp_path / "jpeg12.dcm", "jpeg-extended")
+    sent = pydicom.dcmread(compressed)
+    assert sent.file_meta.TransferSyntaxUID == JPEGExtended12Bit and sent.BitsStored == 12
+    for plugin in ("gdcm", "pillow"):  # the premise: no licence-fit decoder reads it
+        with pytest.raises(RuntimeError, match="12-bit"):
+            pixel_array(sent, decoding_plugin=plugin)
+    assert JPEGExtended12Bit not in SCP_TRANSFER_SYNTAXES
+    assert "GPLv3" in REFUSED_TRANSFER_SYNTAXES[JPEGExtended12Bit]
+    tool = dcmtk_tool("storescu")
+    assert tool is not None
+    command = [tool, "-R", "-xx", "-aet", "STORESCU", "-aec", "RADSERVE", *map(str, scp.address)]
+    run = subprocess.run([*command, str(compressed)], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 or "no presentation context" in (run.stdout + run.stderr).lower()
+    assert not (
+        scp.instances.study_dir(sent.StudyInstanceUID) / f"{sent.SOPInstanceUID}.dcm"
+    ).exists()
+
+
 def test_a_restart_before_the_quiet_period_loses_no_study(tmp_path: Path) -> None:
     files = small_study(tmp_path / "sent", slices=range(10, 12))
     config = ScpConfig(data_dir=tmp_path / "gw", port=0, quiet_s=60.0)
@@ -285,7 +316,67 @@ def test_a_restart_before_the_quiet_period_loses_no_study(tmp_path: Path) -> Non
         assert _pynetdicom_store(server.address, files, CTImageStorage) == [0, 0]
     assert first.studies == []  # stopped (crashed) long before the study was quiet
     second = Intake()
-    with GatewaySCP(replace(config, quiet_s=0.5), second):
+    with GatewaySCP(config.model_copy(update={"quiet_s": 0.5}), second):
         assert wait_until(lambda: second.studies, timeout=10)
     [study] = second.studies
     assert len(study.instances) == 2 and study.generation == 1
+
+
+@pytest.mark.parametrize("durability", ["group", "per_instance"])
+def test_success_is_sent_only_for_durable_instances(
+    tmp_path: Path, intake: Intake, durability: str
+) -> None:
+    """Four concurrent associations; every success a sender receives is for an instance
+    the store had already reported durable (the hook runs before the handler answers),
+    and the file under its final name is the instance sent, whole."""
+    durable: set[Path] = set()
+    lock = threading.Lock()
+
+    def on_durable(paths: list[Path]) -> None:
+        with lock:
+            durable.update(paths)
+
+    config = ScpConfig(
+        data_dir=tmp_path / "gateway",
+        port=0,
+        quiet_s=60,
+        durability=durability,
+        allowed_peers=(Peer("PYNETDICOM"),),
+    )
+    studies = [small_study(tmp_path / f"s{k}", seed=k, slices=range(10, 16)) for k in range(4)]
+    unseen: list[Path] = []
+    with GatewaySCP(config, intake, on_durable=on_durable) as server:
+
+        def send(files: list[Path]) -> None:
+            ae = AE("PYNETDICOM")
+            ae.add_requested_context(CTImageStorage, ["1.2.840.10008.1.2.1"])
+            assoc = ae.associate(*server.address, ae_title="RADSERVE")
+            assert assoc.is_established
+            try:
+                for path in files:
+                    ds = pydicom.dcmread(path)
+                    assert int(assoc.send_c_store(ds).Status) == 0
+                    target = (
+                        server.instances.incoming / ds.StudyInstanceUID / f"{ds.SOPInstanceUID}.dcm"
+                    )
+                    with lock:
+                        if target not in durable:
+                            unseen.append(target)
+            finally:
+                assoc.release()
+
+        threads = [threading.Thread(target=send, args=(files,)) for files in studies]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        committer = server.instances.committer
+        if durability == "group":
+            assert committer is not None and committer.committed == 24
+    assert unseen == []
+    assert len(durable) == 24
+    for files in studies:
+        for path in files:
+            sent = pydicom.dcmread(path)
+            kept = server.instances.incoming / sent.StudyInstanceUID / f"{sent.SOPInstanceUID}.dcm"
+            assert _pixels(kept) == sent.PixelData

@@ -65,8 +65,8 @@ def test_every_pydicom_file_loads_or_fails_clearly(path: Path) -> None:
         try:
             loaded = load_series(header, IngestPolicy(missing_slices="flag"))
         except DecodeError as exc:
-            syntaxes = {UID(f.pixel.transfer_syntax_uid).name for f in header.frames}
-            assert any(name in exc.message for name in syntaxes), exc.message
+            # One line naming the file (and, when decoding failed, the syntax).
+            assert "\n" not in exc.message and exc.message.startswith(str(path)), exc.message
         except StudyError as exc:
             assert exc.message and exc.code
         else:
@@ -132,10 +132,12 @@ def test_mr_small_variants_equal_the_uncompressed_reference(name: str) -> None:
     assert loaded.volume.spacing[1:] == pytest.approx((0.3125, 0.3125))
 
 
-def test_truncated_pixel_data_names_the_syntax() -> None:
+def test_truncated_pixel_data_names_the_file() -> None:
     (header,) = discover_series(_testdata("MR_truncated.dcm"))
     with pytest.raises(
-        DecodeError, match=r"instance [\d.]+ \(Explicit VR Little Endian\).*truncated or damaged"
+        DecodeError,
+        match=r"MR_truncated.dcm: the file is truncated: Pixel Data declares 8192 bytes but "
+        "only 8130 follow",
     ):
         load_series(header)
 

@@ -17,7 +17,14 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from tests.factories.postgres import postgres_schema, requires_postgres
-from tests.unit import test_audit, test_keys, test_store_jobs
+from tests.unit import (
+    test_audit,
+    test_audit_batch,
+    test_key_verifier,
+    test_keys,
+    test_store_jobs,
+    test_store_leases,
+)
 
 from radserve.audit.chain import GENESIS_HASH
 from radserve.store import JobState, Store, init_store
@@ -27,7 +34,14 @@ from radserve.store.models import Base
 pytestmark = requires_postgres
 
 # The same tests as on SQLite: every test of these modules that needs only `store`.
-for _suite in (test_store_jobs, test_audit, test_keys):
+for _suite in (
+    test_store_jobs,
+    test_audit,
+    test_audit_batch,
+    test_key_verifier,
+    test_keys,
+    test_store_leases,
+):
     for _name, _test in vars(_suite).items():
         if _name.startswith("test_") and callable(_test):
             _args = _test.__code__.co_varnames[: _test.__code__.co_argcount]

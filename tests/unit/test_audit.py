@@ -93,11 +93,13 @@ def test_job_lifecycle_is_audited_without_patient_data(store: Store) -> None:
     records = list(store.iter_audit())
     assert [r.action for r in records] == [
         Action.JOB_SUBMITTED,
+        Action.JOB_STARTED,
         Action.JOB_SUCCEEDED,
         Action.JOB_SUBMITTED,
         Action.JOB_CANCELLED,
     ]
-    submitted, succeeded, _, cancelled = records
+    submitted, started, succeeded, _, cancelled = records
+    assert started.subject == job.id and started.payload["attempts"] == 1
     assert submitted.subject == job.id
     assert (submitted.actor_key_id, submitted.client_address) == ("k1", "10.1.2.3")
     assert submitted.payload["fingerprint"] == "f" * 64

@@ -1,13 +1,12 @@
 """The MONAI baseline of ``radserve bench`` agrees with radserve on a tiny study.
 
-Skips where MONAI, torch or onnx2torch (the optional ``[monai]`` extra) is not installed,
+Skips where MONAI or torch (the optional ``[monai]`` extra) is not installed,
 as in CI. Both run the models on the same crop and resampled grid, so the answers must
 agree voxel for voxel, whatever the slice order or where the origin lies.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -24,13 +23,11 @@ from tests.factories.dicom_series import (
 from radserve.evaluation.metrics import dice
 from radserve.ingest import load_study
 from radserve.models.registry import ModelRegistry
-from radserve.pipelines.spec import load_pipeline
-from radserve.study import run_study
+from radserve.pipeline.spec import load_pipeline
+from radserve.pipeline.study import run_study
 
 pytest.importorskip("monai")
 pytest.importorskip("torch")
-if importlib.util.find_spec("onnx2torch") is None:
-    pytest.skip("onnx2torch is not installed", allow_module_level=True)
 
 from radserve.bench.monai_baseline import load_ct, run_monai
 

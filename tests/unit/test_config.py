@@ -4,6 +4,7 @@ frozen, masking, and ``radserve config show``."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert s.effective_database_url == f"sqlite:///{tmp_path / 'data' / 'radserve.db'}"
     assert s.server.host == "127.0.0.1" and s.server.metrics_require_key is False
     tats = s.scheduler.tat_s
-    assert [tats.for_class(c) for c in PriorityClass] == [0, 300, 1800]
+    assert [tats.for_class(c) for c in PriorityClass] == [60, 300, 1800]
     assert s.scheduler.queue_limits.for_class("URGENT") is None
     rules = [(r.attribute, r.values, r.priority_class) for r in s.priority_rules]
     assert rules == [
@@ -111,12 +112,102 @@ def test_precedence_flags_over_env_over_file(
         ("server: {port: 70000}", "invalid setting 'server.port'"),
         ("ingest: {gantry_tilt: fix}", "invalid setting 'ingest.gantry_tilt'"),
         ("scheduler: {queue_limits: {urgent: 5}}", "URGENT work is never refused"),
+        (
+            "priority_rules: [{attribute: RequestedProcedurePriorty, values: [STAT], class: X}]",
+            "invalid setting 'priority_rules.0.attribute': Value error, "
+            "'RequestedProcedurePriorty' is not a DICOM keyword; "
+            "did you mean 'RequestedProcedurePriority'?",
+        ),
+        (
+            "priority_rules: [{attribute: AdmissionID, present: true, clas: URGENT}]",
+            "unknown setting 'priority_rules.0.clas'; did you mean 'priority_rules.0.class'?",
+        ),
+        (
+            "priority_rules: [{attribute: AdmissionID, class: URGENT}]",
+            "needs exactly one of values / matches / present",
+        ),
+        (
+            "priority_rules: [{attribute: AdmissionID, present: true, class: SOON}]",
+            "unknown priority class 'SOON'",
+        ),
     ],
 )
 def test_bad_keys_in_file_are_errors_naming_the_key(
     tmp_path: Path, text: str, message: str
 ) -> None:
-    with pytest.raises(ConfigError, match=message.replace("?", r"\?").replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_settings(write(tmp_path / "c.yaml", text))
+
+
+def test_priority_rules_take_every_matcher_from_file_and_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = (
+        "priority_rules:\n"
+        "  - {attribute: CurrentPatientLocation, matches: '\\b(ED|ER)\\b', class: urgent}\n"
+        "  - {attribute: AdmissionID, present: true, class: INPATIENT}\n"
+    )
+    rules = load_settings(write(tmp_path / "c.yaml", text)).priority_rules
+    assert rules.classify({"CurrentPatientLocation": "ED bay 2"}) is PriorityClass.URGENT
+    assert rules.classify({"AdmissionID": "A1"}) is PriorityClass.INPATIENT
+    assert rules.classify({"RequestedProcedurePriority": "STAT"}) is PriorityClass.OUTPATIENT
+    assert rules.keywords == ("CurrentPatientLocation", "AdmissionID")
+    monkeypatch.setenv(
+        "RADSERVE_PRIORITY_RULES",
+        '[{"attribute": "BodyPartExamined", "values": ["HEAD"], "class": "URGENT"}]',
+    )
+    assert (
+        load_settings().priority_rules.classify({"BodyPartExamined": "head"})
+        is PriorityClass.URGENT
+    )
+    monkeypatch.setenv("RADSERVE_PRIORITY_RULES", '[{"attribute": "BodyPartExamind"}]')
+    with pytest.raises(ConfigError, match="did you mean 'BodyPartExamined'"):
+        load_settings()
+
+
+def test_every_scheduler_knob_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The five knobs the scheduler had but settings could not set, and the job limits."""
+    defaults = load_settings().scheduler
+    assert (
+        defaults.urgent_exclusive,
+        defaults.max_running,
+        defaults.lookahead_batches,
+        defaults.max_prepared_batches,
+        defaults.default_retry_after_s,
+    ) == (True, 4, 2, 6, 30)
+    monkeypatch.setenv("RADSERVE_SCHEDULER__URGENT_EXCLUSIVE", "false")
+    monkeypatch.setenv("RADSERVE_SCHEDULER__MAX_RUNNING", "8")
+    monkeypatch.setenv("RADSERVE_SCHEDULER__LOOKAHEAD_BATCHES", "3")
+    monkeypatch.setenv("RADSERVE_SCHEDULER__MAX_PREPARED_BATCHES", "12")
+    monkeypatch.setenv("RADSERVE_SCHEDULER__DEFAULT_RETRY_AFTER_S", "45")
+    monkeypatch.setenv("RADSERVE_JOBS__RETRY_BACKOFF_S", "0")
+    s = load_settings()
+    assert (
+        s.scheduler.urgent_exclusive,
+        s.scheduler.max_running,
+        s.scheduler.lookahead_batches,
+        s.scheduler.max_prepared_batches,
+        s.scheduler.default_retry_after_s,
+        s.jobs.retry_backoff_s,
+    ) == (False, 8, 3, 12, 45, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("scheduler: {max_running: 0}", "invalid setting 'scheduler.max_running'"),
+        ("scheduler: {lookahead_batches: 0}", "invalid setting 'scheduler.lookahead_batches'"),
+        ("scheduler: {max_prepared_batches: 0}", "'scheduler.max_prepared_batches'"),
+        ("scheduler: {default_retry_after_s: 0}", "'scheduler.default_retry_after_s'"),
+        ("scheduler: {urgent_exclusive: maybe}", "'scheduler.urgent_exclusive'"),
+        ("scheduler: {max_runing: 2}", "did you mean 'scheduler.max_running'?"),
+        ("jobs: {retry_backof_s: 2}", "did you mean 'jobs.retry_backoff_s'?"),
+        ("jobs: {retry_backoff_s: -1}", "invalid setting 'jobs.retry_backoff_s'"),
+        ("scheduler: {tat_s: {urgent: -5}}", "invalid setting 'scheduler.tat_s.urgent'"),
+    ],
+)
+def test_scheduler_knobs_are_validated_at_load(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
         load_settings(write(tmp_path / "c.yaml", text))
 
 
@@ -160,7 +251,9 @@ def test_settings_are_frozen() -> None:
         s.server = s.server  # type: ignore[misc]
     with pytest.raises(ValidationError):
         s.server.port = 1  # type: ignore[misc]
-    assert isinstance(s.priority_rules, tuple)
+    assert isinstance(s.priority_rules.root, tuple)
+    with pytest.raises(ValidationError):
+        s.priority_rules.root = ()  # type: ignore[misc]
 
 
 def test_secrets_are_masked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -192,8 +285,11 @@ def test_fingerprint_tracks_changes() -> None:
 def test_ingest_settings_mirror_the_ingest_policy() -> None:
     from radserve.ingest.policy import IngestPolicy
 
-    assert Settings().ingest.to_policy() == IngestPolicy()
-    assert load_settings(ingest__gantry_tilt="flag").ingest.to_policy().gantry_tilt == "flag"
+    assert IngestPolicy.from_settings(Settings().ingest) == IngestPolicy()
+    assert (
+        IngestPolicy.from_settings(load_settings(ingest__gantry_tilt="flag").ingest).gantry_tilt
+        == "flag"
+    )
 
 
 def test_config_show(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,24 +20,25 @@ from onnx import TensorProto, helper, numpy_helper
 
 from radserve.domain.volume import Volume
 from radserve.errors import VariantRejectedError
+from radserve.evaluation.gate import GateDecision, gate_decision
 from radserve.evaluation.lesions import GtLesion
 from radserve.evaluation.pipeline_runs import pipeline_predictor, record_model_inputs
 from radserve.evaluation.publish import to_json, to_markdown
 from radserve.evaluation.runner import GroundTruth, evaluate
 from radserve.evaluation.summary import EvalSummary
 from radserve.inference import choose_runtime
-from radserve.models.gate import GateDecision, gate_decision, read_gate_report
+from radserve.models.gate import read_gate_report
 from radserve.models.manifest import GateSpec, load_manifest
 from radserve.models.registry import ModelRegistry
-from radserve.models.variants import (
+from radserve.pipeline import SessionPool, run_volume
+from radserve.pipeline.spec import PipelineSpec, Step
+from radserve.variants import (
     build_and_gate,
     build_fp16,
     build_int8,
     declare_files,
     measure_speed,
 )
-from radserve.pipeline import SessionPool, run_volume
-from radserve.pipelines.spec import PipelineSpec, Step
 
 SIZES_MM = {"<5": 4, "5-10": 8, "10-20": 14, ">20": 24}
 CENTRES = {"<5": (10, 10), "5-10": (10, 30), "10-20": (30, 12), ">20": (32, 33)}

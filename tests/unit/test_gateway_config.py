@@ -7,19 +7,21 @@ from pathlib import Path
 import pytest
 from pydicom.uid import ExplicitVRLittleEndian, ImplicitVRLittleEndian, JPEG2000Lossless
 
-from radserve.config import DicomPeer, GatewaySettings
+from radserve.config import ConfigError, DicomPeer, GatewaySettings, TlsSettings, load_settings
 from radserve.gateway import conformance
 from radserve.gateway.config import (
     AllowList,
     Destination,
     Peer,
     ScpConfig,
-    TlsConfig,
+    destinations,
     scp_config_from_settings,
 )
 from radserve.gateway.errors import GatewayConfigError
-from radserve.gateway.scp import build_ae
-from radserve.gateway.scu import OutgoingFile, _batches, _contexts
+from radserve.gateway.scp import GatewaySCP, build_ae
+from radserve.gateway.scu import OutgoingFile, StoreSCU, _batches, _contexts
+from radserve.gateway.transport import Admission
+from radserve.tls import TlsConfigError, client_context, server_context
 
 SEG, SR, CT = conformance.SEGMENTATION, conformance.COMPREHENSIVE_3D_SR, "1.2.840.10008.5.1.4.1.1.2"
 
@@ -59,11 +61,58 @@ def test_unresolvable_peer_host_is_a_config_error() -> None:
         AllowList([Peer("PACS", "no-such-host.invalid")])
 
 
-def test_tls_server_needs_cert_and_key(tmp_path: Path) -> None:
-    with pytest.raises(GatewayConfigError, match="needs both a certificate and a key"):
-        TlsConfig(cert=tmp_path / "c.pem").server_context()
-    with pytest.raises(GatewayConfigError, match="cannot load the TLS files"):
-        TlsConfig(cert=tmp_path / "missing.pem", key=tmp_path / "k.pem").server_context()
+def test_tls_settings_need_their_files(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cert and key go together"):
+        TlsSettings(cert=tmp_path / "c.pem")
+    with pytest.raises(TlsConfigError, match="needs both a certificate and a key"):
+        server_context(TlsSettings(ca=tmp_path / "ca.pem"))
+    with pytest.raises(TlsConfigError, match="cannot load the TLS files"):
+        server_context(TlsSettings(cert=tmp_path / "missing.pem", key=tmp_path / "k.pem"))
+    with pytest.raises(TlsConfigError, match="needs a CA to verify the server"):
+        client_context(TlsSettings())
+
+
+def test_tls_peers_need_a_ca_to_verify_them() -> None:
+    peer = {"ae_title": "PACS", "host": "10.0.0.5", "port": 104, "tls": True}
+    with pytest.raises(ConfigError, match=r"set gateway\.tls\.ca"):
+        load_settings(None, gateway__allowed_peers=[peer])
+    with pytest.raises(ConfigError, match="a port or tls needs a host"):
+        load_settings(None, gateway__allowed_peers=[{"ae_title": "PACS", "port": 104}])
+
+
+def test_every_gateway_knob_is_a_setting(tmp_path: Path) -> None:
+    """What `radserve serve` reads from the config file reaches the SCP and the SCU."""
+    peer = {"ae_title": "PACS", "host": "127.0.0.1", "port": 104, "tls": True}
+    settings = load_settings(
+        None,
+        data_dir=str(tmp_path),
+        gateway__host="0.0.0.0",
+        gateway__quiet_s=2.5,
+        gateway__late_policy="flag",
+        gateway__unwanted="refuse",
+        gateway__max_associations=5,
+        gateway__max_associations_per_host=2,
+        gateway__reserved_for_peers=1,
+        gateway__pdu_timeout_s=7,
+        gateway__acse_timeout_s=3,
+        gateway__dimse_timeout_s=4,
+        gateway__network_timeout_s=5,
+        gateway__tls={"ca": str(tmp_path / "ca.pem")},
+        gateway__allowed_peers=[peer, {"ae_title": "CT1"}],
+    )
+    config = scp_config_from_settings(settings.gateway, settings.data_dir)
+    assert config.host == "0.0.0.0" and config.data_dir == tmp_path / "gateway"
+    assert (config.quiet_s, config.late_policy, config.unwanted) == (2.5, "flag", "refuse")
+    ae = build_ae(config)
+    assert (ae.maximum_associations, ae.acse_timeout, ae.dimse_timeout) == (5, 3, 4)
+    assert ae.network_timeout == 5
+    scp = GatewaySCP(config, lambda _study: None)
+    assert (scp.admission.total, scp.admission.per_host, scp.admission.reserved) == (5, 2, 1)
+    assert scp.admission.known == {"127.0.0.1"} and config.pdu_timeout_s == 7
+    [pacs] = destinations(settings.gateway)
+    assert (pacs.host, pacs.port, pacs.tls) == ("127.0.0.1", 104, settings.gateway.tls)
+    scu = StoreSCU.from_settings(settings.gateway)
+    assert scu._timeouts == (10.0, 3, 4, 5)
 
 
 def test_config_from_the_server_settings(tmp_path: Path) -> None:
@@ -74,7 +123,7 @@ def test_config_from_the_server_settings(tmp_path: Path) -> None:
     )
     config = scp_config_from_settings(settings, tmp_path, quiet_s=2.0)
     assert (config.ae_title, config.port, config.quiet_s) == ("RS1", 4104, 2.0)
-    assert config.allowed_peers == (Peer("PACS", "127.0.0.1"),)
+    assert config.allowed_peers == (Peer("PACS", "127.0.0.1", 104),)
     assert config.data_dir == tmp_path / "gateway"
 
 
@@ -82,7 +131,11 @@ def test_config_from_the_server_settings(tmp_path: Path) -> None:
     ("policy", "expected"),
     [
         (conformance.UnwantedPolicy.QUARANTINE, set(conformance.ALL_STORAGE)),
-        (conformance.UnwantedPolicy.REFUSE, set(conformance.IMAGE_STORAGE)),
+        # SEG and Comprehensive 3D SR stay accepted: radserve's own results get success
+        (
+            conformance.UnwantedPolicy.REFUSE,
+            set(conformance.IMAGE_STORAGE + conformance.RESULT_STORAGE),
+        ),
     ],
 )
 def test_scp_negotiates_what_the_conformance_statement_lists(tmp_path, policy, expected) -> None:
@@ -92,7 +145,8 @@ def test_scp_negotiates_what_the_conformance_statement_lists(tmp_path, policy, e
     ct = by_class[CT]
     assert set(ct.transfer_syntax) == set(conformance.SCP_TRANSFER_SYNTAXES)
     assert "1.2.840.10008.1.2.4.201" in ct.transfer_syntax  # HTJ2K lossless
-    assert SEG in expected if policy == "quarantine" else SEG not in expected
+    assert SEG in expected  # both policies: radserve's own SEGs are acknowledged
+    assert ("1.2.840.10008.5.1.4.1.1.88.11" in expected) == (policy == "quarantine")  # Basic SR
 
 
 def _file(key: int, sop_class: str, syntax: str) -> OutgoingFile:
@@ -133,3 +187,33 @@ def test_scu_splits_batches_beyond_128_contexts() -> None:
 def test_store_status_classification(status: int, success: bool, retryable: bool) -> None:
     assert conformance.is_success(status) is success
     assert conformance.is_retryable_status(status) is retryable
+
+
+def test_admission_keeps_slots_for_allowed_peers() -> None:
+    admission = Admission(total=4, per_host=2, reserved=1, known_addresses=["10.0.0.5"])
+    assert admission.admit("192.0.2.1") and admission.admit("192.0.2.1")
+    assert not admission.admit("192.0.2.1")  # per address
+    assert admission.admit("192.0.2.2")
+    assert not admission.admit("192.0.2.3")  # the last slot is the PACS's
+    assert admission.admit("::ffff:10.0.0.5")  # the PACS, however it is spelt
+    assert not admission.admit("10.0.0.5")  # and now every slot is in use
+    admission.release("192.0.2.1")
+    assert admission.admit("192.0.2.3")
+    assert admission.open_connections() == {
+        "192.0.2.1": 1,
+        "192.0.2.2": 1,
+        "192.0.2.3": 1,
+        "10.0.0.5": 1,
+    }
+
+
+def test_without_known_addresses_nothing_is_reserved() -> None:
+    admission = Admission(total=2, per_host=2, reserved=1, known_addresses=[])
+    assert admission.admit("192.0.2.1") and admission.admit("192.0.2.1")
+    with pytest.raises(ConfigError, match="reserved_for_peers must be less"):
+        load_settings(None, gateway__max_associations=4, gateway__reserved_for_peers=4)
+
+
+def test_known_addresses_are_the_peers_with_a_host() -> None:
+    allow = AllowList([Peer("PACS", "127.0.0.1"), Peer("ANYWHERE")])
+    assert allow.addresses == {"127.0.0.1"}

@@ -14,11 +14,13 @@ from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless, generate_uid
 from sqlalchemy import text
 from tests.factories.postgres import postgres_schema
 
+from radserve.domain.priority import PriorityClass
 from radserve.gateway.config import Destination
 from radserve.gateway.errors import GatewayConfigError, GatewayError
 from radserve.gateway.outbox import Outbox, RetryPolicy
 from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult
 from radserve.store import Store, init_store
+from radserve.store.errors import StoreError
 from radserve.store.outbox import OutboxState, OutboxStore
 
 T0 = dt.datetime(2025, 1, 1, 8, 0, tzinfo=dt.UTC)
@@ -26,6 +28,7 @@ PACS = Destination(name="pacs", ae_title="PACS", host="127.0.0.1", port=104)
 ARCHIVE = Destination(name="archive", ae_title="ARCHIVE", host="127.0.0.1", port=105)
 SEG = "1.2.840.10008.5.1.4.1.1.66.4"
 SR = "1.2.840.10008.5.1.4.1.1.88.34"
+URG, INP, OUT = PriorityClass.URGENT, PriorityClass.INPATIENT, PriorityClass.OUTPATIENT
 
 
 class ScriptedSender:
@@ -197,6 +200,84 @@ def test_a_crash_while_sending_resends_once_after_the_lease(db, tmp_path) -> Non
     assert report.sent == 1 and rows.items()[0].attempts == 2
 
 
+def test_a_single_server_reclaims_its_own_sending_rows_at_restart(db, tmp_path) -> None:
+    """Issue 12, item 11: no 15-minute wait when no other server could be sending."""
+    store, rows = db
+    outbox = _outbox(rows, ScriptedSender())
+    outbox.enqueue(
+        [_result(tmp_path / "a"), _result(tmp_path / "b")], destinations=["pacs"], now=T0
+    )
+    claimed = rows.claim_due(T0)  # then the process dies mid-send
+    assert {c.lease_owner for c in claimed} == {rows.owner}
+    restarted = OutboxStore(store.engine)  # the next incarnation, same host
+    assert restarted.owner != rows.owner
+    assert restarted.reclaim(now=T0 + dt.timedelta(seconds=5), shared=False) == 2
+    again = restarted.items()
+    assert {r.state for r in again} == {OutboxState.PENDING}
+    assert all(r.attempts == 1 and "restart" in str(r.last_error) for r in again)
+    sender = ScriptedSender()
+    report = _outbox(restarted, sender).deliver_pending(T0 + dt.timedelta(seconds=5))
+    assert report.sent == 2 and len(sender.sent) == 2
+    assert {r.state for r in restarted.items()} == {OutboxState.SENT}
+    assert {r.lease_owner for r in restarted.items()} == {None}
+
+
+def test_replicas_reclaim_only_their_own_instance_rows(db, tmp_path) -> None:
+    store, _ = db
+    node_a = OutboxStore(store.engine, instance="node_a")
+    node_b = OutboxStore(store.engine, instance="nodeXa")  # '_' must not match as LIKE
+    outbox = _outbox(node_a, ScriptedSender())
+    outbox.enqueue(
+        [_result(tmp_path / "a"), _result(tmp_path / "b")], destinations=["pacs"], now=T0
+    )
+    [first] = node_a.claim_due(T0, limit=1)
+    [second] = node_b.claim_due(T0, limit=1)
+    restarted_a = OutboxStore(store.engine, instance="node_a")
+    assert restarted_a.reclaim(now=T0, shared=True) == 1
+    states = {r.id: (r.state, r.lease_owner) for r in restarted_a.items()}
+    assert states[first.id] == (OutboxState.PENDING, None)
+    assert states[second.id] == (OutboxState.SENDING, node_b.owner)  # may still be sending
+    assert [r.id for r in restarted_a.claim_due(T0)] == [first.id]
+    assert restarted_a.mark_sent(first.id, now=T0)
+    later = restarted_a.claim_due(T0 + dt.timedelta(minutes=15))  # its lease ran out
+    assert [r.id for r in later] == [second.id] and later[0].lease_owner == restarted_a.owner
+
+
+def test_status_per_destination_and_operator_retry(db, tmp_path) -> None:
+    _, rows = db
+    outbox = _outbox(rows, ScriptedSender(Outcome.RETRY, Outcome.PERMANENT))
+    outbox.enqueue(
+        [_result(tmp_path / "a"), _result(tmp_path / "b")], destinations=["pacs"], now=T0
+    )
+    outbox.enqueue([_result(tmp_path / "c")], destinations=["archive"], now=T0)
+    outbox.deliver_pending(T0)  # pacs: one retrying, one failed; archive: sent
+    status = {s.destination: s for s in rows.status()}
+    pacs, archive = status["pacs"], status["archive"]
+    assert (pacs.pending, pacs.retrying, pacs.failed_permanent, pacs.sending) == (1, 1, 1, 0)
+    assert pacs.oldest_pending == T0 and pacs.failing_since == T0
+    assert pacs.last_error == "scripted permanent"  # the most recent failure
+    assert (archive.pending, archive.retrying, archive.failed_permanent) == (0, 0, 0)
+    assert archive.oldest_pending is None and archive.failing_since is None
+
+    by_state = {r.state: r for r in rows.items(destination="pacs")}
+    failed, waiting = by_state[OutboxState.FAILED_PERMANENT], by_state[OutboxState.PENDING]
+    later = T0 + dt.timedelta(seconds=1)
+    item, previous = rows.retry(failed.id, now=later)
+    assert previous is OutboxState.FAILED_PERMANENT
+    assert (item.state, item.attempts, item.next_attempt_at) == (OutboxState.PENDING, 0, later)
+    item, previous = rows.retry(waiting.id, now=later)  # backing off: due now instead
+    assert previous is OutboxState.PENDING and item.next_attempt_at == later
+    assert item.attempts == 1
+    sent = next(r for r in rows.items(destination="archive"))
+    for refused in (sent.id, 999_999):
+        with pytest.raises(StoreError) as caught:
+            rows.retry(refused, now=later)
+        code = "outbox_not_retryable" if refused == sent.id else "outbox_item_not_found"
+        assert caught.value.code == code
+    report = _outbox(rows, ScriptedSender()).deliver_pending(later)
+    assert report.sent == 2 and {s.destination: s.pending for s in rows.status()}["pacs"] == 0
+
+
 def test_rows_survive_a_restart(db, tmp_path) -> None:
     store, rows = db
     _outbox(rows, ScriptedSender()).enqueue([_result(tmp_path)], now=T0)
@@ -244,3 +325,32 @@ def test_concurrent_workers_claim_disjoint_rows(db, tmp_path) -> None:
         thread.join(30)
     claimed = [item_id for ids in claims for item_id in ids]
     assert len(claimed) == len(set(claimed)) == 20
+
+
+def test_an_urgent_jobs_results_are_claimed_before_older_routine_ones(db, tmp_path) -> None:
+    """Class first, then oldest first: a backlog of routine results (and rows of no job)
+    does not hold back an URGENT study's SEG; within a class the oldest goes first."""
+    store, rows = db
+    outbox = _outbox(rows, ScriptedSender())
+
+    def job(cls: PriorityClass) -> str:
+        return store.create_job(
+            priority_class=cls,
+            deadline=dt.timedelta(seconds=1800),
+            pipeline_name="ct-chest-abdomen",
+            pipeline_version="1.0",
+            precision="fp32",
+            fingerprint="f" * 64,
+            study_path="studies/ff",
+        ).id
+
+    routine, inpatient, urgent = job(OUT), job(INP), job(URG)
+    at = [T0 + dt.timedelta(seconds=s) for s in range(6)]
+    [old] = outbox.enqueue([_result(tmp_path)], destinations=["pacs"], job_id=routine, now=at[0])
+    [loose] = outbox.enqueue([_result(tmp_path)], destinations=["pacs"], now=at[1])
+    [ward] = outbox.enqueue([_result(tmp_path)], destinations=["pacs"], job_id=inpatient, now=at[2])
+    [new] = outbox.enqueue([_result(tmp_path)], destinations=["pacs"], job_id=routine, now=at[3])
+    [stat] = outbox.enqueue([_result(tmp_path)], destinations=["pacs"], job_id=urgent, now=at[4])
+    [first, second] = rows.claim_due(at[5], limit=2)
+    assert (first.id, second.id) == (stat.id, ward.id)
+    assert [item.id for item in rows.claim_due(at[5])] == [old.id, loose.id, new.id]

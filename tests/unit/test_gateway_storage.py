@@ -108,3 +108,110 @@ def test_partial_writes_left_by_a_crash_are_removed(tmp_path: Path) -> None:
     partial.write_bytes(b"half")
     assert store.remove_partials() == 1
     assert not partial.exists() and stored.path.is_file()
+
+
+# -- group commit (gateway.durability: group) ------------------------------------------
+
+
+def _fd_path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+@pytest.mark.parametrize("group_sync", ["fsync", "syncfs"])
+def test_group_commit_returns_only_after_its_batch_is_durable(
+    tmp_path: Path, monkeypatch, group_sync: str
+) -> None:
+    """Every save returns after: its data synced (its own fsync, or the batch's syncfs),
+    its final name linked, its folder fsynced, the batch reported durable. The committer is
+    held inside the durable hook while the savers wait: none of them may have returned."""
+    log: list[tuple[str, object]] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (real_fsync(fd), log.append(("fsync", _fd_path(fd))))
+    )
+    held, release = threading.Event(), threading.Event()
+
+    def on_durable(paths: list[Path]) -> None:
+        log.append(("durable", tuple(paths)))
+        held.set()
+        assert release.wait(30)
+
+    store = InstanceStore(
+        tmp_path, durability="group", group_sync=group_sync, on_durable=on_durable
+    )
+    sops = [f"1.2.3.4.{k}" for k in range(8)]
+
+    def send(sop: str) -> None:
+        stored = _save(store, f"data {sop}".encode(), sop_instance_uid=sop)
+        assert stored.disposition is Disposition.STORED
+        log.append(("returned", stored.path))
+
+    threads = [threading.Thread(target=send, args=(sop,)) for sop in sops]
+    for thread in threads:
+        thread.start()
+    assert held.wait(30)
+    assert not [entry for entry in log if entry[0] == "returned"]  # the batch is held
+    release.set()
+    for thread in threads:
+        thread.join(30)
+    store.close()
+    folder = tmp_path / "incoming" / STUDY
+    assert [p.name for p in study_instances(folder)] == sorted(f"{s}.dcm" for s in sops)
+    assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary left
+    for sop in sops:
+        path = folder / f"{sop}.dcm"
+        assert path.read_bytes() == f"data {sop}".encode()
+        durable = next(i for i, e in enumerate(log) if e[0] == "durable" and path in e[1])
+        returned = log.index(("returned", path))
+        folder_synced = max(i for i, e in enumerate(log[:durable]) if e == ("fsync", str(folder)))
+        assert folder_synced < durable < returned
+        if group_sync == "fsync":  # its temporary file's own fsync came first
+            data_synced = next(
+                i for i, e in enumerate(log) if e[0] == "fsync" and f"/.{sop}.dcm." in str(e[1])
+            )
+            assert data_synced < folder_synced
+    assert store.committer is None  # closed
+
+
+def test_group_commit_keeps_one_of_concurrent_copies(tmp_path: Path) -> None:
+    store = InstanceStore(tmp_path, durability="group")
+    results = []
+    barrier = threading.Barrier(6)
+
+    def send(k: int) -> None:
+        barrier.wait()
+        results.append(_save(store, f"copy {k}".encode()).disposition)
+
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    store.close()
+    assert sorted(results).count(Disposition.STORED) == 1 and len(results) == 6
+    assert [p.name for p in (tmp_path / "incoming" / STUDY).iterdir()] == [f"{SOP}.dcm"]
+
+
+def test_group_commit_sync_error_is_out_of_resources_and_names_nothing(
+    tmp_path: Path, monkeypatch
+) -> None:
+    def broken(_fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", broken)
+    store = InstanceStore(tmp_path, durability="group")
+    with pytest.raises(OutOfResourcesError, match="EIO"):
+        _save(store)
+    monkeypatch.undo()
+    assert study_instances(tmp_path / "incoming" / STUDY) == []
+    assert not list((tmp_path / "incoming" / STUDY).iterdir())  # temporary removed too
+    assert _save(store).disposition is Disposition.STORED  # the sender's retry: stored
+    store.close()
+    again = _save(store, sop_instance_uid="1.2.3.4.6")  # a save after close starts another
+    assert again.disposition is Disposition.STORED and again.path.is_file()
+    store.close()
+
+
+def test_unknown_durability_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="durability"):
+        InstanceStore(tmp_path, durability="eventually")  # type: ignore[arg-type]

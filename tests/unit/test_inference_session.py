@@ -144,9 +144,14 @@ def test_bf16_needs_openvino_and_a_cpu_with_native_bfloat16() -> None:
     assert avx512.runs_bf16 and "without AMX it ran slower" in " ".join(avx512.notes)
     assert "not available" in " ".join(choose_runtime(_bf16_host(None)).notes)
     options = precision_options(runtime, "bf16")
-    assert json.loads(options[0]["load_config"]) == {"CPU": {"INFERENCE_PRECISION_HINT": "bf16"}}
+    assert json.loads(options[0]["load_config"]) == {
+        "CPU": {"INFERENCE_PRECISION_HINT": "bf16", "CPU_RUNTIME_CACHE_CAPACITY": "0"}
+    }
     assert "load_config" not in runtime.provider_options[0]  # the runtime is not changed
-    assert precision_options(runtime, "fp32") == [dict(o) for o in runtime.provider_options]
+    fp32 = precision_options(runtime, "fp32")
+    assert json.loads(fp32[0].pop("load_config")) == {"CPU": {"CPU_RUNTIME_CACHE_CAPACITY": "0"}}
+    assert fp32 == [dict(o) for o in runtime.provider_options]
+    assert precision_options(CPU, "fp32") == [dict(o) for o in CPU.provider_options]
 
 
 def test_bf16_session_refused_where_it_cannot_run(tmp_path: Path) -> None:

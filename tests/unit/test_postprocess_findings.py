@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tests.factories.findings import ellipsoid, label, oblique_affine, prediction, spec
 
-from radserve.domain import Prediction, Volume
+from radserve.domain import Finding, Prediction, Volume
 from radserve.postprocess import extract_findings, find_lesions, organ_measurements
 from radserve.postprocess.components import clean_label_map
 from radserve.preprocess import crop_volume
@@ -202,11 +202,41 @@ def test_organ_measurements_volume_and_mean_hu() -> None:
     assert out[0].volume_ml == pytest.approx(24 * 54 * 32 * voxel_ml)
     assert out[0].mean_hu == pytest.approx(55.0)
     assert out[1].mean_hu == pytest.approx(-800.0)
-    assert out[2].volume_ml == 0.0 and out[2].mean_hu is None
+    # Issue 11 (6): an absent organ is not found (no volume), not a measured 0 ml; these
+    # organs fill whole slices, so they reach the first and last slice, row and column.
+    assert (out[2].coverage, out[2].volume_ml, out[2].mean_hu) == ("not_found", None, None)
+    assert out[0].coverage == "partial"
+    assert out[0].edges == ("first_slice", "last_slice", "last_row", "first_column")
+    assert out[1].edges == ("first_slice", "last_slice", "last_row", "last_column")
     assert out[0].model == "organs" and out[0].concept.meaning == "liver"
     # The boxes clean-up hands over give the same numbers as finding them here.
     cleaned = clean_label_map(organs, ORGANS, voxel_ml)
     assert organ_measurements(volume, ct, ORGANS, cleaned.boxes) == out
+
+
+@pytest.mark.parametrize(
+    ("box", "edges"),
+    [
+        ((slice(3, 9), slice(10, 20), slice(5, 40)), ()),
+        ((slice(0, 9), slice(10, 20), slice(5, 40)), ("first_slice",)),
+        ((slice(3, 24), slice(10, 20), slice(5, 40)), ("last_slice",)),
+        ((slice(3, 9), slice(0, 64), slice(5, 40)), ("first_row", "last_row")),
+        ((slice(3, 9), slice(10, 20), slice(63, 64)), ("last_column",)),
+        ((slice(0, 24), slice(0, 64), slice(0, 64)), (
+            "first_slice", "last_slice", "first_row", "last_row", "first_column", "last_column"
+        )),
+    ],
+)  # fmt: skip
+def test_organ_coverage_follows_the_edges_it_reaches(box, edges) -> None:
+    """An organ that reaches an edge of the volume runs on outside it: partial, its
+    volume a lower bound; one wholly inside is complete."""
+    organs = np.zeros(SHAPE, np.uint8)
+    organs[box] = 3  # spleen
+    [_, _, spleen] = organ_measurements(Volume(organs, _affines()["flipped"]), None, ORGANS)
+    assert spleen.edges == edges
+    assert spleen.coverage == ("partial" if edges else "complete")
+    voxel_ml = np.prod(SPACING) / 1000
+    assert spleen.volume_ml == pytest.approx(np.count_nonzero(organs) * voxel_ml)
 
 
 def test_mr_has_no_hounsfield_units() -> None:
@@ -214,3 +244,35 @@ def test_mr_has_no_hounsfield_units() -> None:
     volume = Volume(_organ_map(), _affines()["axial"])
     [liver] = organ_measurements(volume, volume.with_array(np.ones(SHAPE)), mr_spec)
     assert liver.mean_hu is None and liver.volume_ml > 0
+
+
+def test_findings_touching_an_edge_of_the_volume_are_partial_with_their_edges() -> None:
+    """A lesion cut by the first or last slice or the in-plane border goes on outside
+    the scan: partial with that edge (its diameters and volume are lower bounds); one
+    wholly inside is complete. The edge is the full grid's, not an ROI box's."""
+    labels = np.zeros(SHAPE, np.uint8)
+    labels[0:3, 10:16, 10:16] = 1  # first slice
+    labels[21:24, 40:46, 10:16] = 1  # last slice
+    labels[8:12, 20:26, 58:64] = 1  # last column (in-plane border)
+    labels[10:14, 40:46, 20:26] = 1  # wholly inside
+    pred = prediction(labels, _affines()["axial"], labels * 200)
+    got = {
+        f.centroid_voxel: (f.coverage, f.edges)
+        for f in extract_findings(pred, None, _lesion_spec())
+    }
+    assert got == {
+        (1.0, 12.5, 12.5): ("partial", ("first_slice",)),
+        (22.0, 42.5, 12.5): ("partial", ("last_slice",)),
+        (9.5, 22.5, 60.5): ("partial", ("last_column",)),
+        (11.5, 42.5, 22.5): ("complete", ()),
+    }
+    # On a box of the CT's grid, touching the box's border is not touching the volume's.
+    ct = pred.labels.with_array(np.zeros(SHAPE, np.float32))
+    box = (slice(0, 24), slice(10, 46), slice(10, 64))
+    sub = Prediction("lesions", "1.0", "fp32", crop_volume(pred.labels, box))
+    assert [(f.coverage, f.edges) for f in extract_findings(sub, ct, _lesion_spec())] == [
+        (f.coverage, f.edges) for f in extract_findings(pred, ct, _lesion_spec())
+    ]
+    inside = extract_findings(pred, None, _lesion_spec())[-1]
+    with pytest.raises(ValueError, match="partial exactly when"):
+        Finding.model_validate({**inside.model_dump(), "coverage": "partial", "edges": []})

@@ -22,6 +22,7 @@ pytest.importorskip("fhir.resources")
 from fhir.resources.R4B.bundle import Bundle
 
 from radserve.report.fhir import build_fhir_bundle, check_bundle, validate_bundle
+from radserve.report.fhir.patient import IdentifierSystems
 
 PATIENT = PatientInfo(
     patient_name="Müller^Jürgen^^Dr.",
@@ -59,11 +60,16 @@ def test_bundle_validates_and_round_trips(written) -> None:
 def test_bundle_says_what_the_report_says(written) -> None:
     report, results = written
     bundle = build_fhir_bundle(
-        report, PATIENT, dicom_results=results, patient_identifier_system="urn:oid:1.2.3.4"
+        report,
+        PATIENT,
+        dicom_results=results,
+        identifier_systems=IdentifierSystems(default="urn:oid:1.2.3.4"),
     )
     urls = _by_url(bundle)
     (patient,) = _resources(bundle, "Patient")
-    assert patient["identifier"] == [{"system": "urn:oid:1.2.3.4", "value": "PID-0001"}]
+    (identifier,) = patient["identifier"]
+    assert (identifier["system"], identifier["value"]) == ("urn:oid:1.2.3.4", "PID-0001")
+    assert identifier["type"]["coding"][0]["code"] == "MR"
     assert patient["name"][0]["family"] == "Müller" and patient["name"][0]["given"] == ["Jürgen"]
     assert (patient["gender"], patient["birthDate"]) == ("male", "1970-01-01")
 
@@ -91,7 +97,10 @@ def test_bundle_says_what_the_report_says(written) -> None:
 
     results_of_report = [urls[r["reference"]] for r in diagnostic["result"]]
     organ, *lesions = results_of_report
+    # The liver block of lesion_study runs past the first and last slice: a lower bound.
+    assert report.organ_measurements[0].coverage == "partial"
     assert organ["valueQuantity"] == {
+        "comparator": ">=",
         "value": round(report.organ_measurements[0].volume_ml, 4),
         "unit": "mL",
         "system": "http://unitsofmeasure.org",
@@ -126,10 +135,15 @@ def test_bundle_says_what_the_report_says(written) -> None:
 
 def test_transaction_is_idempotent_and_collection_has_no_requests(written) -> None:
     report, _ = written
-    transaction = build_fhir_bundle(report, PATIENT)
+    systems = IdentifierSystems(default="https://hospital.example/mrn")
+    transaction = build_fhir_bundle(report, PATIENT, identifier_systems=systems)
     for entry in transaction["entry"]:
         assert entry["request"]["method"] == "POST"
         assert entry["request"]["ifNoneExist"].startswith("identifier=")
+    # Without a system the Patient is never matched by its bare ID (issue 11, 5).
+    first = build_fhir_bundle(report, PATIENT)["entry"][0]
+    assert first["resource"]["resourceType"] == "Patient"
+    assert "ifNoneExist" not in first["request"]
     collection = build_fhir_bundle(report, PATIENT, bundle_type="collection")
     assert collection["type"] == "collection"
     assert all("request" not in e for e in collection["entry"])
@@ -138,11 +152,13 @@ def test_transaction_is_idempotent_and_collection_has_no_requests(written) -> No
 def test_unicode_name_and_awkward_patient_id(written) -> None:
     report, _ = written
     patient = PatientInfo(patient_name="Wang^XiaoMing=王^小明", patient_id="A 1&2", patient_sex="")
-    bundle = build_fhir_bundle(report, patient)
+    bundle = build_fhir_bundle(
+        report, patient, identifier_systems=IdentifierSystems(default="urn:oid:1.2.3")
+    )
     (resource,) = _resources(bundle, "Patient")
     assert [n.get("family") for n in resource["name"]] == ["Wang", "王"]
     assert resource["gender"] == "unknown" and "birthDate" not in resource
-    assert bundle["entry"][0]["request"]["ifNoneExist"] == "identifier=A%201%262"
+    assert bundle["entry"][0]["request"]["ifNoneExist"] == "identifier=urn:oid:1.2.3|A%201%262"
 
 
 def test_no_findings_report(written) -> None:

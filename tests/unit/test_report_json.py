@@ -11,10 +11,11 @@ import pytest
 from pydantic import ValidationError
 from tests.factories.findings import ellipsoid, label, prediction, spec
 
-from radserve.domain import Volume
+from radserve.domain import OrganMeasurement, Volume
 from radserve.errors import ReportError
 from radserve.postprocess import find_lesions, organ_measurements
 from radserve.report import (
+    SCHEMA_VERSION,
     Geometry,
     LabelMapOutput,
     ModelRun,
@@ -109,10 +110,10 @@ def test_report_and_schema_carry_no_patient_identity(tmp_path: Path) -> None:
 
 def test_unknown_major_version_is_refused(tmp_path: Path) -> None:
     raw = json.loads(_report().model_dump_json())
-    raw["schema_version"] = "2.0"
+    raw["schema_version"] = "3.0"
     path = tmp_path / "r.json"
     path.write_text(json.dumps(raw))
-    with pytest.raises(ReportError, match=r"schema_version '2\.0' is not supported"):
+    with pytest.raises(ReportError, match=r"schema_version '3\.0' is not supported"):
         read_report(path)
     path.write_text("{not json")
     with pytest.raises(ReportError, match="not valid JSON"):
@@ -127,4 +128,60 @@ def test_schema_export_matches_docs(tmp_path: Path) -> None:
     assert committed.exists(), "run radserve.report.write_json_schema() to create it"
     assert json.loads(committed.read_text()) == schema, (
         "docs/report-schema.json is stale: regenerate with write_json_schema()"
+    )
+
+
+def test_organ_coverage_round_trips_and_absent_organs_have_no_volume() -> None:
+    """Issue 11 (6): the spleen of _report() is absent; 1.0 reported it as 0 ml."""
+    report = _report()
+    liver, spleen = report.organ_measurements
+    assert (liver.coverage, liver.edges) == ("complete", ())
+    assert liver.volume_ml is not None and liver.volume_ml > 0
+    assert (spleen.coverage, spleen.volume_ml, spleen.mean_hu) == ("not_found", None, None)
+    assert read_report_text(report) == report
+    with pytest.raises(ValidationError, match="volume_ml is None exactly"):
+        OrganMeasurement.model_validate({**spleen.model_dump(), "volume_ml": 0.0})
+
+
+def read_report_text(report: Report) -> Report:
+    from radserve.report.json_report import parse_report, report_json
+
+    return parse_report(report_json(report))
+
+
+def test_a_1_0_report_is_migrated_on_read(tmp_path: Path) -> None:
+    """Stored 1.0 reports stay readable: an organ at 0 ml becomes not found, the others
+    keep their volume with a warning that coverage was never checked."""
+    raw = json.loads(_report().model_dump_json())
+    raw["schema_version"] = "1.0"
+    for organ in raw["organ_measurements"]:
+        del organ["coverage"], organ["edges"]
+    raw["organ_measurements"][1]["volume_ml"] = 0.0
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(raw))
+    back = read_report(path)
+    assert back.schema_version == SCHEMA_VERSION
+    liver, spleen = back.organ_measurements
+    assert (
+        liver.coverage == "complete"
+        and liver.volume_ml == raw["organ_measurements"][0]["volume_ml"]
+    )
+    assert (spleen.coverage, spleen.volume_ml) == ("not_found", None)
+    assert back.warnings[-1].code == "coverage_not_checked"
+
+
+def test_a_2_0_report_reads_as_2_1_with_its_label_maps_unchanged(tmp_path: Path) -> None:
+    """2.1 only adds (a step per label map, the structures kind): a stored 2.0 report is
+    read as it was written, its label maps without a step."""
+    report = _report()
+    raw = json.loads(report.model_dump_json())
+    raw["schema_version"] = "2.0"
+    for label_map in raw["outputs"]["label_maps"]:
+        label_map.pop("step", None)
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(raw))
+    back = read_report(path)
+    assert back.schema_version == SCHEMA_VERSION == "2.3"
+    assert back.model_dump(exclude={"schema_version"}) == report.model_dump(
+        exclude={"schema_version"}
     )

@@ -12,7 +12,8 @@ import numpy as np
 import pydicom
 import pytest
 from pydicom.sr.codedict import codes
-from tests.factories.results import lesion_study, relabel
+from tests.factories.dicom_series import make_ct_series
+from tests.factories.results import lesion_study, lesions_hu, relabel, run_test_pipeline
 
 from radserve.errors import ReportError
 from radserve.report.dicom import common, write_dicom_results, write_sr
@@ -61,6 +62,8 @@ def test_sr_round_trip_matches_report(written) -> None:
     uids = report.geometry.source_sop_instance_uids
     groups = {g.tracking_uid: g for g in content.get_volumetric_roi_measurement_groups()}
     assert len(groups) == len(report.findings) + len(report.organ_measurements)
+    linear = {g.tracking_uid: g for g in content.get_image_measurement_groups()}
+    assert len(linear) == len(report.findings)
     for finding in report.findings:
         uid = common.tracking_uid(report, common.finding_key(finding.finding_id))
         group = groups[uid]
@@ -68,11 +71,16 @@ def test_sr_round_trip_matches_report(written) -> None:
         assert group.finding_type.value == finding.concept.value
         assert [s.value.value for s in group.finding_sites] == ["10200004"]  # liver
         assert _value(group, codes.SCT.Volume) == pytest.approx(finding.volume_ml, abs=1e-4)
-        assert _value(group, codes.SCT.LongAxis) == pytest.approx(
+        # The RECIST axes are in a TID 1501 group of the same lesion (TID 1411 forbids
+        # coordinates): test_sr_axes_carry_their_endpoints checks them.
+        assert linear[uid].tracking_identifier == group.tracking_identifier
+        assert _value(linear[uid], codes.SCT.LongAxis) == pytest.approx(
             finding.longest_diameter_mm, abs=1e-4
         )
-        assert _value(group, codes.SCT.ShortAxis) == pytest.approx(finding.short_axis_mm, abs=1e-4)
-        (long_axis,) = group.get_measurements(name=codes.SCT.LongAxis)
+        assert _value(linear[uid], codes.SCT.ShortAxis) == pytest.approx(
+            finding.short_axis_mm, abs=1e-4
+        )
+        (long_axis,) = linear[uid].get_measurements(name=codes.SCT.LongAxis)
         assert long_axis.unit.value == "mm"
         assert _ref_uid(long_axis.referenced_images[0]) == uids[finding.key_slice_index]
         # The segment reference points at the findings SEG segment with the same tracking UID.
@@ -110,21 +118,62 @@ def test_sr_names_radserve_and_lists_evidence(written) -> None:
     assert {e.ManufacturerModelName for e in radserve} == {"organs-test", "lesions-test"}
 
 
-def test_sr_without_seg_carries_axis_endpoints(written, tmp_path: Path) -> None:
-    report, files, _ = written
-    sr = hd.sr.srread(write_sr(report, None, files, tmp_path / "sr.dcm"))
+def _image_to_lps(image: pydicom.Dataset, xy: np.ndarray) -> np.ndarray:
+    """SCOORD image coordinates (column, row; (0, 0) = the top left pixel's corner) to
+    LPS, from the image's own Image Position/Orientation and Pixel Spacing only."""
+    position = np.asarray(image.ImagePositionPatient, float)
+    row_dir, col_dir = np.reshape(np.asarray(image.ImageOrientationPatient, float), (2, 3))
+    dr, dc = (float(v) for v in image.PixelSpacing)
+    c, r = xy[:, 0] - 0.5, xy[:, 1] - 0.5
+    return position + np.outer(c * dc, row_dir) + np.outer(r * dr, col_dir)
+
+
+def _check_axis_endpoints(report: Report, files: list[Path], sr_path: Path) -> int:
+    """Each lesion's long and short axis carries its two endpoints twice: SCOORD3D equal to
+    the report's LPS endpoints, SCOORD on the key slice that maps to the same points."""
+    sr = hd.sr.srread(sr_path)
+    headers = {
+        str(ds.SOPInstanceUID): ds
+        for ds in (pydicom.dcmread(f, stop_before_pixels=True) for f in files)
+    }
     groups = {g.tracking_uid: g for g in sr.content.get_image_measurement_groups()}
     axes = {a.finding_id: a for a in report.finding_axes}
+    checked = 0
     for finding in report.findings:
         group = groups[common.tracking_uid(report, common.finding_key(finding.finding_id))]
-        (long_axis,) = group.get_measurements(name=codes.SCT.LongAxis)
-        (scoord,) = long_axis.referenced_coordinates
-        assert scoord.ReferencedFrameOfReferenceUID == report.geometry.frame_of_reference_uid
-        np.testing.assert_allclose(
-            np.reshape(scoord.GraphicData, (-1, 3)),
-            axes[finding.finding_id].long_axis_lps,
-            atol=1e-3,
-        )
+        for name, lps, length in (
+            (codes.SCT.LongAxis, axes[finding.finding_id].long_axis_lps,
+             finding.longest_diameter_mm),
+            (codes.SCT.ShortAxis, axes[finding.finding_id].short_axis_lps,
+             finding.short_axis_mm),
+        ):  # fmt: skip
+            (axis,) = group.get_measurements(name=name)
+            assert {c.ValueType for c in axis.referenced_coordinates} == {"SCOORD", "SCOORD3D"}
+            scoord3d = next(c for c in axis.referenced_coordinates if c.ValueType == "SCOORD3D")
+            assert scoord3d.ReferencedFrameOfReferenceUID == report.geometry.frame_of_reference_uid
+            points = np.reshape(scoord3d.GraphicData, (-1, 3))
+            np.testing.assert_allclose(points, lps, atol=1e-3)
+            assert float(np.linalg.norm(points[1] - points[0])) == pytest.approx(length, abs=1e-3)
+            scoord = next(c for c in axis.referenced_coordinates if c.ValueType == "SCOORD")
+            assert (scoord.GraphicType, scoord3d.GraphicType) == ("POLYLINE", "POLYLINE")
+            image_uid = _ref_uid(scoord.ContentSequence[0])
+            assert image_uid == report.geometry.source_sop_instance_uids[finding.key_slice_index]
+            xy = np.reshape(scoord.GraphicData, (-1, 2))
+            np.testing.assert_allclose(_image_to_lps(headers[image_uid], xy), lps, atol=1e-3)
+            checked += 1
+    return checked
+
+
+def test_sr_axes_carry_their_endpoints(written) -> None:
+    """Issue 11 (7): with a SEG the axes had no coordinates, so a viewer could not draw them."""
+    report, files, paths = written
+    assert _check_axis_endpoints(report, files, paths[2]) == 2 * len(report.findings)
+
+
+def test_sr_without_seg_carries_axis_endpoints(written, tmp_path: Path) -> None:
+    report, files, _ = written
+    path = write_sr(report, None, files, tmp_path / "sr.dcm")
+    assert _check_axis_endpoints(report, files, path) == 2 * len(report.findings)
 
 
 def test_sr_without_findings(written, tmp_path: Path) -> None:
@@ -192,3 +241,20 @@ def test_results_without_findings_are_organ_seg_and_sr(written, tmp_path: Path) 
     )
     written_paths = write_dicom_results(empty, out, files)
     assert [p.name for p in written_paths] == ["organs-seg.dcm", "measurements-sr.dcm"]
+
+
+def test_axis_endpoints_on_an_oblique_series_with_non_square_pixels(tmp_path: Path) -> None:
+    """Image coordinates follow the source image's own rows and columns, whatever the
+    orientation, pixel shape and slice order."""
+    angle = np.deg2rad(25.0)
+    row_dir = (np.cos(angle), np.sin(angle), 0.0)
+    col_dir = (-np.sin(angle), np.cos(angle), 0.0)
+    files = make_ct_series(
+        tmp_path / "study", n_slices=30, rows=64, cols=64, spacing=(1.5, 1.0, 0.8),
+        orientation=(*row_dir, *col_dir), origin=(-8.0, -40.0, -0.75), hu=lesions_hu,
+        order="descending",
+    )  # fmt: skip
+    report = run_test_pipeline(tmp_path).report
+    assert report.findings
+    paths = write_dicom_results(report, tmp_path / "out", files)
+    assert _check_axis_endpoints(report, files, paths[-1]) == 2 * len(report.findings)

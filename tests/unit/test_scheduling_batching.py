@@ -3,6 +3,9 @@ their samples have the same shape; prepared batches stay bounded."""
 
 from __future__ import annotations
 
+from tests.factories.scheduling_fakes import FakeSession, RecordingHooks, fake_work
+
+from radserve.config import SchedulerSettings
 from radserve.scheduling import (
     BatchDispatch,
     FakeClock,
@@ -11,12 +14,10 @@ from radserve.scheduling import (
     PrepareDispatch,
     PriorityClass,
     Scheduler,
-    SchedulerConfig,
     StageDispatch,
     execute,
     run_serial,
 )
-from radserve.scheduling.fakes import FakeSession, RecordingHooks, fake_work
 
 URG, INP, OUT = PriorityClass.URGENT, PriorityClass.INPATIENT, PriorityClass.OUTPATIENT
 
@@ -57,7 +58,7 @@ def test_two_studies_on_one_model_share_a_device_call() -> None:
 
 
 def test_different_shapes_models_or_classes_do_not_mix() -> None:
-    config = SchedulerConfig(urgent_exclusive=False)
+    config = SchedulerSettings(urgent_exclusive=False)
     scheduler = Scheduler(config, clock=FakeClock())
     session = FakeSession()
     submit = scheduler.submit
@@ -72,7 +73,7 @@ def test_different_shapes_models_or_classes_do_not_mix() -> None:
 
 
 def test_mixed_batch_respects_max_batch_size() -> None:
-    scheduler = Scheduler(SchedulerConfig(max_batch_size=4), clock=FakeClock())
+    scheduler = Scheduler(SchedulerSettings(max_batch_size=4), clock=FakeClock())
     session = FakeSession()
     for job_id in ("a", "b", "c"):
         scheduler.submit(JobRequest(job_id, fake_work(session, 1, items=2), OUT))
@@ -82,7 +83,7 @@ def test_mixed_batch_respects_max_batch_size() -> None:
 
 def test_routine_batch_waits_briefly_for_a_compatible_one_urgent_never() -> None:
     clock = FakeClock()
-    config = SchedulerConfig(max_queue_delay_s=0.01, urgent_exclusive=False)
+    config = SchedulerSettings(max_queue_delay_ms=10, urgent_exclusive=False)
     scheduler = Scheduler(config, clock=clock)
     session = FakeSession()
     scheduler.submit(JobRequest("a", fake_work(session, 1), OUT))
@@ -116,7 +117,7 @@ def test_routine_batch_waits_briefly_for_a_compatible_one_urgent_never() -> None
 
 
 def test_prepared_batches_are_bounded_but_a_higher_class_job_gets_through() -> None:
-    config = SchedulerConfig(lookahead_batches=2, max_prepared_batches=4, urgent_exclusive=False)
+    config = SchedulerSettings(lookahead_batches=2, max_prepared_batches=4, urgent_exclusive=False)
     scheduler = Scheduler(config, clock=FakeClock())
     session = FakeSession()
     for job_id in ("a", "b", "c"):
@@ -148,7 +149,7 @@ def test_feeding_the_device_goes_before_long_cpu_stages_within_a_class() -> None
 
 
 def test_urgent_lane_takes_only_urgent_work() -> None:
-    scheduler = Scheduler(SchedulerConfig(urgent_exclusive=False), clock=FakeClock())
+    scheduler = Scheduler(SchedulerSettings(urgent_exclusive=False), clock=FakeClock())
     session = FakeSession()
     scheduler.submit(JobRequest("routine", fake_work(session, 2), OUT))
     assert scheduler.next_cpu_dispatch(urgent_only=True) is None

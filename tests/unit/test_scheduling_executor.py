@@ -7,7 +7,9 @@ import threading
 
 import numpy as np
 import pytest
+from tests.factories.scheduling_fakes import FakeSession, RecordingHooks, fake_work
 
+from radserve.config import SchedulerSettings
 from radserve.scheduling import (
     DeadlineMiss,
     FakeClock,
@@ -17,9 +19,7 @@ from radserve.scheduling import (
     JobState,
     PriorityClass,
     Scheduler,
-    SchedulerConfig,
 )
-from radserve.scheduling.fakes import FakeSession, RecordingHooks, fake_work
 
 URG, OUT = PriorityClass.URGENT, PriorityClass.OUTPATIENT
 WAIT = 20.0  # seconds; generous for a loaded CI machine, never reached when things work
@@ -66,7 +66,7 @@ def hooks() -> EventHooks:
 
 
 def test_many_jobs_on_two_devices_all_finish(hooks: EventHooks) -> None:
-    scheduler = Scheduler(SchedulerConfig(max_running=3), hooks=hooks)
+    scheduler = Scheduler(SchedulerSettings(max_running=3), hooks=hooks)
     executor = InProcessExecutor(scheduler, devices=("gpu0", "gpu1"), cpu_workers=2)
     session = FakeSession()
     works = [fake_work(session, 5, base=10.0 * n) for n in range(12)]
@@ -88,7 +88,7 @@ def test_many_jobs_on_two_devices_all_finish(hooks: EventHooks) -> None:
 
 def test_watchdog_sees_a_miss_while_the_device_is_busy(hooks: EventHooks) -> None:
     clock = FakeClock()
-    config = SchedulerConfig(tat_s={"outpatient": 5.0})
+    config = SchedulerSettings(tat_s={"outpatient": 5.0})
     scheduler = Scheduler(config, clock=clock, hooks=hooks)
     executor = InProcessExecutor(scheduler, watchdog_interval_s=0.05)
     session = BlockingSession()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from tests.factories.scheduling_fakes import FakeSession, FakeTask, RecordingHooks, fake_work
 
+from radserve.config import JobSettings, SchedulerSettings
 from radserve.errors import InferenceError, ModelError, StudyError
 from radserve.scheduling import (
     BatchDispatch,
@@ -15,11 +17,9 @@ from radserve.scheduling import (
     PriorityClass,
     QueueFullError,
     Scheduler,
-    SchedulerConfig,
     execute,
     run_serial,
 )
-from radserve.scheduling.fakes import FakeSession, FakeTask, RecordingHooks, fake_work
 
 URG, INP, OUT = PriorityClass.URGENT, PriorityClass.INPATIENT, PriorityClass.OUTPATIENT
 
@@ -41,7 +41,7 @@ def _state(hooks: RecordingHooks, job_id: str) -> tuple[JobState, str | None] | 
 
 # --- admission ----------------------------------------------------------------------------
 def test_routine_refused_when_full_urgent_never() -> None:
-    config = SchedulerConfig(queue_limits={"outpatient": 2, "inpatient": 1})
+    config = SchedulerSettings(queue_limits={"outpatient": 2, "inpatient": 1})
     scheduler = Scheduler(config, clock=FakeClock())
     session = FakeSession()
     for n in range(2):
@@ -65,7 +65,7 @@ def test_routine_refused_when_full_urgent_never() -> None:
 
 def test_retry_after_follows_observed_run_times() -> None:
     clock = FakeClock()
-    config = SchedulerConfig(queue_limits={"outpatient": 1})
+    config = SchedulerSettings(queue_limits={"outpatient": 1})
     scheduler = Scheduler(config, clock=clock)
     scheduler.submit(JobRequest("first", fake_work(FakeSession(clock, seconds_per_call=5), 2), OUT))
     run_serial(scheduler)  # ran 10 s
@@ -89,8 +89,9 @@ def test_device_errors_retried_only_when_retryable(
     errors: list[Exception], expected: tuple[JobState, str | None], retries: int
 ) -> None:
     hooks = RecordingHooks()
-    config = SchedulerConfig(max_retries=2, breaker_threshold=10)
-    scheduler = Scheduler(config, clock=FakeClock(), hooks=hooks)
+    config = SchedulerSettings(breaker_threshold=10)
+    jobs = JobSettings(max_retries=2, retry_backoff_s=0)
+    scheduler = Scheduler(config, jobs=jobs, clock=FakeClock(), hooks=hooks)
     session = FakeSession()
     session.errors = list(errors)
     work = fake_work(session, 2)
@@ -103,9 +104,33 @@ def test_device_errors_retried_only_when_retryable(
         assert work.log == ["ingest", "report"]
 
 
+def test_a_retry_waits_retry_backoff_s_while_other_jobs_run() -> None:
+    """``jobs.retry_backoff_s`` (a setting once read by nothing) delays the retry; the
+    job gets no work meanwhile, other jobs do."""
+    clock, hooks = FakeClock(), RecordingHooks()
+    config = SchedulerSettings(urgent_exclusive=False)
+    jobs = JobSettings(max_retries=2, retry_backoff_s=5)
+    scheduler = Scheduler(config, jobs=jobs, clock=clock, hooks=hooks)
+    flaky = FakeSession()
+    flaky.errors = [InferenceError("CUDA out of memory")]
+    scheduler.submit(JobRequest("flaky", fake_work(flaky, 1), URG))
+    run_serial(scheduler)
+    assert hooks.final("flaky") is None and len(flaky.calls) == 1  # backing off
+    other = FakeSession()
+    scheduler.submit(JobRequest("other", fake_work(other, 1, model=ModelKey("b", "1")), OUT))
+    run_serial(scheduler)
+    assert _state(hooks, "other") == (JobState.SUCCEEDED, None)
+    clock.advance(4.9)
+    assert run_serial(scheduler) == 0 and len(flaky.calls) == 1
+    clock.advance(0.2)
+    run_serial(scheduler)
+    assert _state(hooks, "flaky") == (JobState.SUCCEEDED, None)
+    assert len(flaky.calls) == 2 and hooks.final("flaky").retries == 1  # type: ignore[union-attr]
+
+
 def test_prepare_and_cpu_stage_errors() -> None:
     hooks = RecordingHooks()
-    scheduler = Scheduler(clock=FakeClock(), hooks=hooks)
+    scheduler = Scheduler(jobs=JobSettings(retry_backoff_s=0), clock=FakeClock(), hooks=hooks)
     session = FakeSession()
     flaky = fake_work(session, 2)
     flaky.steps[0].task = FakeTask(2, prepare_errors=[InferenceError("transient")])
@@ -127,8 +152,8 @@ def test_prepare_and_cpu_stage_errors() -> None:
 # --- circuit breaker --------------------------------------------------------------------
 def test_breaker_opens_after_n_failures_and_reset_closes_it() -> None:
     hooks = RecordingHooks()
-    config = SchedulerConfig(breaker_threshold=2, max_retries=0, max_running=1)
-    scheduler = Scheduler(config, clock=FakeClock(), hooks=hooks)
+    config = SchedulerSettings(breaker_threshold=2, max_running=1)
+    scheduler = Scheduler(config, jobs=JobSettings(max_retries=0), clock=FakeClock(), hooks=hooks)
     organs = FakeSession()
     organs.errors = [InferenceError("CUDA error"), InferenceError("CUDA error")]
     lesions = ModelKey("lesions", "1.0.0")
@@ -155,8 +180,8 @@ def test_breaker_opens_after_n_failures_and_reset_closes_it() -> None:
 
 
 def test_success_resets_the_failure_count() -> None:
-    config = SchedulerConfig(breaker_threshold=2, max_retries=0)
-    scheduler = Scheduler(config, clock=FakeClock())
+    config = SchedulerSettings(breaker_threshold=2)
+    scheduler = Scheduler(config, jobs=JobSettings(max_retries=0), clock=FakeClock())
     session = FakeSession()
     for n in range(4):  # fail, succeed, fail, succeed: never two in a row
         session.errors = [InferenceError("x")] if n % 2 == 0 else []
@@ -169,7 +194,7 @@ def test_success_resets_the_failure_count() -> None:
 def test_job_timeout_stops_it_at_the_next_batch_boundary() -> None:
     clock = FakeClock()
     hooks = RecordingHooks()
-    scheduler = Scheduler(SchedulerConfig(job_timeout_s=5), clock=clock, hooks=hooks)
+    scheduler = Scheduler(jobs=JobSettings(timeout_s=5), clock=clock, hooks=hooks)
     work = fake_work(FakeSession(), 3)
     scheduler.submit(JobRequest("j", work, OUT))
     batch = _until_batch(scheduler)

@@ -4,7 +4,9 @@ never starves, deadline misses seen by the watchdog within a second."""
 from __future__ import annotations
 
 import pytest
+from tests.factories.scheduling_fakes import FakeSession, RecordingHooks, fake_work
 
+from radserve.config import SchedulerSettings
 from radserve.scheduling import (
     BatchDispatch,
     Dispatch,
@@ -12,11 +14,9 @@ from radserve.scheduling import (
     JobRequest,
     PriorityClass,
     Scheduler,
-    SchedulerConfig,
     execute,
     run_serial,
 )
-from radserve.scheduling.fakes import FakeSession, RecordingHooks, fake_work
 
 URG, INP, OUT = PriorityClass.URGENT, PriorityClass.INPATIENT, PriorityClass.OUTPATIENT
 
@@ -48,7 +48,7 @@ def test_earliest_deadline_first_within_a_class() -> None:
 
 
 def test_class_goes_before_an_earlier_deadline() -> None:
-    config = SchedulerConfig(tat_s={"inpatient": 1000, "outpatient": 1800})
+    config = SchedulerSettings(tat_s={"inpatient": 1000, "outpatient": 1800})
     scheduler = Scheduler(config, clock=FakeClock())
     session = FakeSession()
     # The outpatient's deadline (800 s) is earlier than the inpatient's (1000 s), but its
@@ -62,7 +62,7 @@ def test_class_goes_before_an_earlier_deadline() -> None:
 def test_aging_promotes_routine_work_near_its_deadline(
     fraction: float, expected: list[str]
 ) -> None:
-    config = SchedulerConfig(tat_s={"outpatient": 1000}, aging_fraction=fraction)
+    config = SchedulerSettings(tat_s={"outpatient": 1000}, aging_fraction=fraction)
     clock = FakeClock()
     scheduler = Scheduler(config, clock=clock)
     session = FakeSession()
@@ -78,7 +78,7 @@ def test_aging_promotes_routine_work_near_its_deadline(
 
 def test_routine_stream_cannot_starve_an_old_job() -> None:
     """New inpatient work keeps arriving; the outpatient still runs before its deadline."""
-    config = SchedulerConfig(tat_s={"outpatient": 100, "inpatient": 50}, urgent_exclusive=False)
+    config = SchedulerSettings(tat_s={"outpatient": 100, "inpatient": 50}, urgent_exclusive=False)
     clock = FakeClock()
     hooks = RecordingHooks()
     scheduler = Scheduler(config, clock=clock, hooks=hooks)
@@ -101,7 +101,7 @@ def test_routine_stream_cannot_starve_an_old_job() -> None:
 
 
 def test_aged_inpatient_still_ranks_behind_a_genuine_urgent() -> None:
-    config = SchedulerConfig(urgent_exclusive=False)
+    config = SchedulerSettings(urgent_exclusive=False)
     clock = FakeClock()
     scheduler = Scheduler(config, clock=clock)
     session = FakeSession()
@@ -115,7 +115,7 @@ def test_aged_inpatient_still_ranks_behind_a_genuine_urgent() -> None:
 def test_deadline_miss_detected_by_the_watchdog_within_a_second() -> None:
     """The device is busy with one long batch: the miss is seen by tick(), not when the
     next batch forms."""
-    config = SchedulerConfig(tat_s={"outpatient": 10.0})
+    config = SchedulerSettings(tat_s={"outpatient": 10.0})
     clock = FakeClock()
     hooks = RecordingHooks()
     scheduler = Scheduler(config, clock=clock, hooks=hooks)
@@ -140,7 +140,7 @@ def test_deadline_miss_detected_by_the_watchdog_within_a_second() -> None:
 
 
 def test_late_finish_between_ticks_still_counts_as_a_miss() -> None:
-    config = SchedulerConfig(tat_s={"inpatient": 1.0})
+    config = SchedulerSettings(tat_s={"inpatient": 1.0})
     clock = FakeClock()
     hooks = RecordingHooks()
     scheduler = Scheduler(config, clock=clock, hooks=hooks)

@@ -9,28 +9,64 @@ import pytest
 from pydantic import ValidationError
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+from tests.factories.scheduling_fakes import FakeSession, fake_work
 
+from radserve.config import SchedulerSettings
+from radserve.ingest.attributes import priority_attributes, read_priority_attributes
 from radserve.scheduling import (
     JobRequest,
     PriorityClass,
     PriorityRule,
     PriorityRules,
     Scheduler,
-    SchedulerConfig,
-    priority_attributes,
-    read_priority_attributes,
 )
-from radserve.scheduling.fakes import FakeSession, fake_work
 
 URG, INP, OUT = PriorityClass.URGENT, PriorityClass.INPATIENT, PriorityClass.OUTPATIENT
+
+
+# The scheduler's former built-in rules, now an example of site rules in the README.
+SITE_RULES = PriorityRules(
+    (
+        PriorityRule(
+            attribute="RequestedProcedurePriority", values=("STAT", "HIGH"), **{"class": "urgent"}
+        ),
+        PriorityRule(
+            attribute="CurrentPatientLocation",
+            matches=r"\b(ED|ER|A&E|EMERG\w*|TRAUMA|RESUS\w*)\b",
+            priority_class=URG,
+        ),
+        PriorityRule(
+            attribute="CurrentPatientLocation",
+            matches=r"\b(ICU|ITU|CCU|WARD|INPATIENT|IP)\b",
+            priority_class=INP,
+        ),
+        PriorityRule(attribute="AdmissionID", present=True, priority_class=INP),
+    )
+)
 
 
 @pytest.mark.parametrize(
     ("attributes", "expected"),
     [
         ({"RequestedProcedurePriority": "STAT"}, URG),
-        ({"RequestedProcedurePriority": " high "}, URG),
+        ({"RequestedProcedurePriority": " stat "}, URG),
+        ({"RequestedProcedurePriority": "HIGH"}, INP),
         ({"RequestedProcedurePriority": "ROUTINE"}, OUT),
+        ({"CurrentPatientLocation": "ED bay 4"}, OUT),  # no location rule by default
+        ({}, OUT),
+    ],
+)
+def test_default_rules(attributes: dict[str, str], expected: PriorityClass) -> None:
+    """One default rule set (the settings' and the scheduler's): STAT -> URGENT, HIGH ->
+    INPATIENT, anything else OUTPATIENT."""
+    assert PriorityRules().classify(attributes) is expected
+    assert Scheduler().rules.classify(attributes) is expected
+
+
+@pytest.mark.parametrize(
+    ("attributes", "expected"),
+    [
+        ({"RequestedProcedurePriority": " high "}, URG),
         ({"CurrentPatientLocation": "Emergency Department"}, URG),
         ({"CurrentPatientLocation": "ED bay 4"}, URG),
         ({"CurrentPatientLocation": "Ward 7B"}, INP),
@@ -40,34 +76,48 @@ URG, INP, OUT = PriorityClass.URGENT, PriorityClass.INPATIENT, PriorityClass.OUT
         ({}, OUT),
     ],
 )
-def test_default_rules(attributes: dict[str, str], expected: PriorityClass) -> None:
-    assert PriorityRules().classify(attributes) is expected
+def test_site_rules_with_every_matcher(attributes: dict[str, str], expected: PriorityClass) -> None:
+    assert SITE_RULES.classify(attributes) is expected
 
 
-def test_first_matching_rule_wins_and_default_is_configurable() -> None:
+def test_first_matching_rule_wins() -> None:
     rules = PriorityRules(
-        rules=(
+        (
             PriorityRule(
-                attribute="InstitutionalDepartmentName", equals=("Oncology",), priority="inpatient"
+                attribute="InstitutionalDepartmentName", values=("Oncology",), priority_class=INP
             ),
-            PriorityRule(attribute="InstitutionalDepartmentName", matches="onc", priority="urgent"),
-        ),
-        default="inpatient",
+            PriorityRule(
+                attribute="InstitutionalDepartmentName", matches="onc", priority_class="urgent"
+            ),
+        )
     )
     assert rules.classify({"InstitutionalDepartmentName": "ONCOLOGY"}) is INP
     assert rules.classify({"InstitutionalDepartmentName": "paed-onc"}) is URG
-    assert rules.classify({}) is INP
+    assert rules.classify({}) is OUT
     assert rules.keywords == ("InstitutionalDepartmentName",)
 
 
 def test_rule_errors_name_what_is_wrong() -> None:
     with pytest.raises(ValidationError, match="not a DICOM keyword"):
-        PriorityRule(attribute="PatientLocation", equals=("ED",), priority="urgent")
-    with pytest.raises(ValidationError, match="exactly one of equals / matches / present"):
-        PriorityRule(attribute="AdmissionID", equals=("x",), present=True, priority="urgent")
+        PriorityRule(attribute="PatientLocation", values=("ED",), priority_class=URG)
+    with pytest.raises(ValidationError, match="did you mean 'CurrentPatientLocation'"):
+        PriorityRule(attribute="CurrentPatientLocaton", values=("ED",), priority_class=URG)
+    with pytest.raises(ValidationError, match="exactly one of values / matches / present"):
+        PriorityRule(attribute="AdmissionID", values=("x",), present=True, priority_class=URG)
+    with pytest.raises(ValidationError, match="not a regular expression"):
+        PriorityRule(attribute="AdmissionID", matches="(", priority_class=URG)
     with pytest.raises(ValueError, match="unknown priority class 'asap'"):
         PriorityClass.parse("asap")
     assert PriorityClass.parse("stat") is URG
+
+
+def test_one_class_type_for_api_database_and_scheduler() -> None:
+    """The value is the stored/served string; ``rank`` orders; every member is truthy
+    (so ``priority or default`` can never drop an URGENT request)."""
+    assert [c.value for c in PriorityClass] == ["URGENT", "INPATIENT", "OUTPATIENT"]
+    assert sorted(PriorityClass, key=lambda c: c.rank) == [URG, INP, OUT]
+    assert all(bool(c) for c in PriorityClass)
+    assert [c.promoted() for c in PriorityClass] == [URG, URG, INP]
 
 
 def test_request_class_wins_over_rules() -> None:
@@ -79,13 +129,13 @@ def test_request_class_wins_over_rules() -> None:
 
 
 def test_config_defaults_and_validation() -> None:
-    config = SchedulerConfig(tat_s={"outpatient": 600}, queue_limits={"outpatient": 3})
+    config = SchedulerSettings(tat_s={"outpatient": 600}, queue_limits={"outpatient": 3})
     assert config.tat(OUT) == 600 and config.tat(INP) == 300 and config.tat(URG) == 60
     assert config.queue_limit(OUT) == 3 and config.queue_limit(URG) is None
     with pytest.raises(ValidationError, match="URGENT work is never refused"):
-        SchedulerConfig(queue_limits={"urgent": 5})
+        SchedulerSettings(queue_limits={"urgent": 5})
     with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
-        SchedulerConfig(max_batchsize=8)  # type: ignore[call-arg]
+        SchedulerSettings(max_batchsize=8)  # type: ignore[call-arg]
 
 
 def _write_dicom(path: Path, **attributes: object) -> Path:
@@ -109,9 +159,9 @@ def test_attributes_read_from_a_study_folder(tmp_path: Path) -> None:
     _write_dicom(
         tmp_path / "x.dcm", CurrentPatientLocation="Ward 3", RequestAttributesSequence=[request]
     )
-    keywords = PriorityRules().keywords
+    keywords = SITE_RULES.keywords
     found = read_priority_attributes(tmp_path, keywords)
     assert found == {"RequestedProcedurePriority": "STAT", "CurrentPatientLocation": "Ward 3"}
-    assert PriorityRules().classify(found) is URG
+    assert SITE_RULES.classify(found) is URG
     assert read_priority_attributes(tmp_path / "notes.txt", keywords) == {}
     assert priority_attributes(Dataset(), keywords) == {}

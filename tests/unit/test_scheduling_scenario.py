@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from tests.factories.scheduling_fakes import FakeSession, RecordingHooks, fake_work
 
+from radserve.config import SchedulerSettings
 from radserve.scheduling import (
     BatchDispatch,
     Dispatch,
@@ -16,10 +18,8 @@ from radserve.scheduling import (
     JobState,
     PriorityClass,
     Scheduler,
-    SchedulerConfig,
     run_serial,
 )
-from radserve.scheduling.fakes import FakeSession, RecordingHooks, fake_work
 
 URG, OUT = PriorityClass.URGENT, PriorityClass.OUTPATIENT
 N_ROUTINE, BATCHES = 20, 4
@@ -33,7 +33,7 @@ class Entry:
 
 
 def _scenario(
-    config: SchedulerConfig, arrive_after: int
+    config: SchedulerSettings, arrive_after: int
 ) -> tuple[list[Entry], int, RecordingHooks]:
     clock = FakeClock()
     hooks = RecordingHooks()
@@ -63,7 +63,7 @@ def _scenario(
 
 @pytest.mark.parametrize("arrive_after", [1, 7, 23])
 def test_urgent_batches_all_go_before_any_further_outpatient_batch(arrive_after: int) -> None:
-    log, arrived, hooks = _scenario(SchedulerConfig(), arrive_after)
+    log, arrived, hooks = _scenario(SchedulerSettings(), arrive_after)
     after = log[arrived:]
     urgent_batches = [i for i, e in enumerate(after) if e.device and "urgent" in e.jobs]
     assert len(urgent_batches) >= 1
@@ -92,7 +92,7 @@ def test_urgent_batches_all_go_before_any_further_outpatient_batch(arrive_after:
 def test_without_exclusivity_urgent_still_wins_every_batch_boundary() -> None:
     """urgent_exclusive=False keeps the device busy with routine batches while the
     URGENT study is ingested; once its batches are ready, each one goes first."""
-    log, arrived, hooks = _scenario(SchedulerConfig(urgent_exclusive=False), 7)
+    log, arrived, hooks = _scenario(SchedulerSettings(urgent_exclusive=False), 7)
     after = log[arrived:]
     first_urgent = next(i for i, e in enumerate(after) if e.device and "urgent" in e.jobs)
     last_urgent = max(i for i, e in enumerate(after) if e.device and "urgent" in e.jobs)

@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_series import make_ct_series
+from tests.factories.scheduling_fakes import RecordingHooks
 
 from radserve.domain.volume import Volume
 from radserve.inference import ModelSession, choose_runtime
 from radserve.models.registry import ModelRegistry
-from radserve.pipeline import SessionPool, VolumeRun
-from radserve.pipelines.spec import PipelineSpec, load_pipeline
+from radserve.pipeline import SessionPool, StudyRequest, VolumeRun
+from radserve.pipeline.spec import PipelineSpec, load_pipeline
+from radserve.pipeline.study import StudyResult, run_study
 from radserve.scheduling import (
     InProcessExecutor,
     JobState,
@@ -25,9 +27,6 @@ from radserve.scheduling import (
     Scheduler,
     run_serial,
 )
-from radserve.scheduling.fakes import RecordingHooks
-from radserve.scheduling.study_work import study_request
-from radserve.study import StudyResult, run_study
 
 GRID = {"n_slices": 16, "rows": 48, "cols": 48, "spacing": (2.0, 1.0, 1.0)}
 
@@ -69,15 +68,13 @@ def test_scheduled_studies_match_run_study(setup, tmp_path: Path, monkeypatch) -
     executor.start()
     try:
         for name in centres:
-            request = study_request(
-                name,
-                tmp_path / name,
+            request = StudyRequest(
+                job_id=name,
+                source=tmp_path / name,
                 pipeline=pipeline,
                 out_dir=tmp_path / "out" / name,
-                registry=registry,
-                sessions=sessions,
                 rules=PriorityRules(),
-            )
+            ).job(registry=registry, sessions=sessions)
             tickets[name] = scheduler.submit(request)
         assert executor.wait_idle(60.0)
     finally:
@@ -115,15 +112,13 @@ def test_a_study_that_cannot_be_read_fails_with_its_code(setup, tmp_path: Path) 
     (tmp_path / "empty").mkdir()
     hooks = RecordingHooks()
     scheduler = Scheduler(hooks=hooks)
-    request = study_request(
-        "empty",
-        tmp_path / "empty",
+    request = StudyRequest(
+        job_id="empty",
+        source=tmp_path / "empty",
         pipeline=pipeline,
         out_dir=tmp_path / "out",
-        registry=registry,
-        sessions=SessionPool(),
         priority=PriorityClass.INPATIENT,
-    )
+    ).job(registry=registry, sessions=SessionPool())
     scheduler.submit(request)
     run_serial(scheduler)
     final = hooks.final("empty")

@@ -330,6 +330,21 @@ def test_restart_recovery_requeues_interrupted_jobs(store: Store) -> None:
         assert restarted.get_job(finished.id).state == JobState.FAILED
         assert restarted.get_job(cancelled.id).state == JobState.CANCELLED
         assert restarted.requeue_unfinished() == recovered  # idempotent
+        audit = list(restarted.iter_audit())
+        started = [r.subject for r in audit if r.action == "job.started"]
+        assert sorted(started) == sorted([running.id, finished.id])  # each run audited
+        requeued = [(r.subject, r.payload) for r in audit if r.action == "job.requeued"]
+        first = {subject: payload for subject, payload in requeued[:3]}
+        assert {s: p["previous_state"] for s, p in first.items()} == {
+            running.id: "running",
+            queued.id: "queued",
+            received.id: "received",
+        }
+        assert all(
+            p["reason"] == "restart_recovery" and p["state"] == "queued" for p in first.values()
+        )
+        assert len(requeued) == 6  # the second recovery resumed (and audited) them again
+        assert restarted.verify_audit().ok
     finally:
         restarted.close()
 

@@ -22,7 +22,7 @@ from radserve import __version__
 from radserve.api import errors
 from radserve.api.auth import SECURITY_SCHEMES, KeyVerifier
 from radserve.api.middleware import BodyLimitMiddleware, MetricsMiddleware, TimeoutMiddleware
-from radserve.api.routes import dicomweb, jobs, ops, studies
+from radserve.api.routes import dicomweb, jobs, models, ops, studies, turnaround
 from radserve.service import Service
 
 logger = logging.getLogger(__name__)
@@ -71,6 +71,8 @@ def create_app(
     app.include_router(jobs.router)
     app.include_router(dicomweb.router)
     app.include_router(ops.router)
+    app.include_router(models.router)
+    app.include_router(turnaround.router)
     ops.add_metrics_route(app.router, require_key=server.metrics_require_key)
 
     public = {"/healthz"} | (set() if server.metrics_require_key else {"/metrics"})
@@ -86,6 +88,7 @@ def create_app(
                 if path not in public:
                     for operation in operations.values():
                         operation["security"] = [{name: []} for name in SECURITY_SCHEMES]
+            _document_errors(schema, public)
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -107,6 +110,36 @@ def create_app(
     )
     app.add_middleware(MetricsMiddleware, observe=observe)
     return app
+
+
+_ERROR_OUT = {"$ref": "#/components/schemas/ErrorOut"}
+_FASTAPI_422 = "#/components/schemas/HTTPValidationError"
+
+
+def _error_response(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ERROR_OUT}}}
+
+
+def _document_errors(schema: dict[str, Any], public: set[str]) -> None:
+    """Make the document say what the handlers answer: a request that fails validation gets
+    **400** with the error body (errors.install), not FastAPI's 422 HTTPValidationError;
+    an operation behind a key answers 401 and 403."""
+    for path, operations in schema["paths"].items():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            fastapi_422 = responses.get("422", {})
+            if _FASTAPI_422 in str(fastapi_422):
+                del responses["422"]
+            validated = operation.get("parameters") or operation.get("requestBody")
+            if validated and "400" not in responses:
+                responses["400"] = _error_response("invalid request")
+            if path not in public:
+                responses.setdefault("401", _error_response("no valid API key"))
+                responses.setdefault("403", _error_response("the key's role does not allow this"))
+    components = schema.get("components", {}).get("schemas", {})
+    if _FASTAPI_422 not in str(schema["paths"]):
+        components.pop("HTTPValidationError", None)
+        components.pop("ValidationError", None)
 
 
 __all__ = ["create_app"]

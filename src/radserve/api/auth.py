@@ -8,6 +8,7 @@ stops working within ``ttl_s``. Unknown keys are not remembered.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import threading
 import time
@@ -18,8 +19,10 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from radserve.api.errors import ForbiddenError, UnauthenticatedError
+from radserve.errors import RadserveError
+from radserve.security.access import ReadAccess, Reader
 from radserve.security.keys import Role, role_allows
-from radserve.store import ApiKeyRecord, Store
+from radserve.store import ApiKeyRecord, JobNotFoundError, JobRecord, Store
 
 # documented in the OpenAPI schema (see radserve.api.app) and read by token_of()
 SECURITY_SCHEMES = {
@@ -35,22 +38,33 @@ _MAX_CACHED = 10_000
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the key's id and role, and the client address (audited)."""
+    """Who is calling: the key's id and role, and the client address (audited); the
+    key's name, site and submitter (the visibility rule)."""
 
     key_id: str
     role: Role
     client: str | None
+    name: str | None = None
+    site: str | None = None
+    submitter: str | None = None
 
     def allows(self, role: Role) -> bool:
         return role_allows(self.role, role)
+
+    @property
+    def reader(self) -> Reader:
+        return Reader(self.key_id, self.role, self.name, self.site, self.submitter, self.client)
 
 
 class KeyVerifier:
     """Token -> key record, with a short memory of verified tokens."""
 
-    def __init__(self, store: Store, *, ttl_s: float = 10.0) -> None:
+    def __init__(
+        self, store: Store, *, ttl_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.store = store
         self.ttl_s = ttl_s
+        self.clock = clock
         self._known: dict[str, tuple[float, ApiKeyRecord]] = {}
         self._lock = threading.Lock()
 
@@ -58,7 +72,7 @@ class KeyVerifier:
         digest = hashlib.sha256(token.encode()).hexdigest()
         with self._lock:
             hit = self._known.get(digest)
-        if hit is None or hit[0] < time.monotonic():
+        if hit is None or hit[0] < self.clock():
             return None
         return hit[1]
 
@@ -70,7 +84,7 @@ class KeyVerifier:
             with self._lock:
                 if len(self._known) >= _MAX_CACHED:
                     self._known.clear()
-                self._known[digest] = (time.monotonic() + self.ttl_s, record)
+                self._known[digest] = (self.clock() + self.ttl_s, record)
         return record
 
 
@@ -86,6 +100,28 @@ def token_of(request: Request) -> str | None:
     return credentials.strip() or None
 
 
+async def _key_principal(request: Request, token: str | None) -> Principal:
+    if not token:
+        raise UnauthenticatedError(
+            "this endpoint needs an API key: send `Authorization: Bearer <key>` or "
+            "`X-API-Key: <key>` (create one with `radserve keys create`)"
+        )
+    verifier: KeyVerifier = request.app.state.keys
+    record = verifier.remembered(token)
+    if record is None:
+        record = await run_in_threadpool(verifier.verify, token)
+    if record is None:
+        raise UnauthenticatedError("the API key is not valid (unknown, malformed or revoked)")
+    return Principal(
+        record.id,
+        Role(record.role),
+        request.client.host if request.client else None,
+        name=record.name,
+        site=record.site,
+        submitter=record.submitter,
+    )
+
+
 def require(role: Role) -> Callable[..., Awaitable[Principal]]:
     """A dependency that admits keys whose role grants ``role``.
 
@@ -94,20 +130,12 @@ def require(role: Role) -> Callable[..., Awaitable[Principal]]:
 
     async def dependency(request: Request) -> Principal:
         token = token_of(request)
-        if not token:
-            raise UnauthenticatedError(
-                "this endpoint needs an API key: send `Authorization: Bearer <key>` or "
-                "`X-API-Key: <key>` (create one with `radserve keys create`)"
-            )
-        verifier: KeyVerifier = request.app.state.keys
-        record = verifier.remembered(token)
-        if record is None:
-            record = await run_in_threadpool(verifier.verify, token)
-        if record is None:
-            raise UnauthenticatedError("the API key is not valid (unknown, malformed or revoked)")
-        principal = Principal(
-            record.id, Role(record.role), request.client.host if request.client else None
-        )
+        # no key: a console session cookie, when the console is installed (its CSRF
+        # check for state-changing requests included); see radserve.console.auth
+        resolver = getattr(request.app.state, "session_principal", None)
+        principal = await resolver(request) if not token and resolver is not None else None
+        if principal is None:
+            principal = await _key_principal(request, token)
         if not principal.allows(role):
             raise ForbiddenError(
                 f"this endpoint needs a key with the {role.value} role; this key has "
@@ -119,6 +147,77 @@ def require(role: Role) -> Callable[..., Awaitable[Principal]]:
     return dependency
 
 
+def read_access(request: Request) -> ReadAccess:
+    """The app's :class:`ReadAccess` (built on first use from the service's settings)."""
+    state = request.app.state
+    access: ReadAccess | None = getattr(state, "read_access", None)
+    if access is None:
+        service = state.service
+        access = ReadAccess(service.store, service.settings.security.visibility)
+        state.read_access = access
+    return access
+
+
+async def check_visible(request: Request, principal: Principal, job: JobRecord) -> None:
+    """404 (as if it did not exist) for a job the key may not see."""
+    access = read_access(request)
+    if access.visibility == "all" or principal.allows(Role.ADMIN):
+        return
+    if not await run_in_threadpool(access.visible, principal.reader, job.api_key_id):
+        raise JobNotFoundError(f"no job with id {job.id!r}")
+
+
+class AuditUnavailableError(RadserveError):
+    """A read of patient data could not be audited, so it is not answered."""
+
+    code = "store_error"
+    retryable = True
+
+
+async def audited_read(
+    request: Request,
+    principal: Principal,
+    job: JobRecord,
+    resource: str,
+    extra: dict[str, str] | None = None,
+) -> None:
+    """Visibility check, then the ``phi.read`` audit record, before any byte is sent."""
+    await check_visible(request, principal, job)
+    try:
+        # no worker-thread hop: the store's audit writer commits this record together
+        # with the other reads' and resolves the future on this loop
+        await asyncio.wrap_future(
+            read_access(request).submit_read(principal.reader, job.id, resource, extra)
+        )
+    except RadserveError as exc:
+        raise AuditUnavailableError(
+            f"the read could not be audited ({exc.code}); try again"
+        ) from exc
+
+
+async def audited_results(
+    request: Request,
+    principal: Principal,
+    study: str,
+    series: str | None,
+    instance: str | None,
+    resource: str,
+) -> None:
+    """DICOMweb results: every job that produced them must be visible (else 404, the
+    same answer as unknown UIDs), and each job's read is audited."""
+    service = request.app.state.service
+    records = await run_in_threadpool(service.results.find, study, series, instance)
+    for job_id in sorted({r.job_id for r in records}):
+        job = await run_in_threadpool(service.jobs.get, job_id)
+        try:
+            await check_visible(request, principal, job)
+        except JobNotFoundError:
+            from radserve.gateway.dicomweb.wado import DicomObjectNotFoundError
+
+            raise DicomObjectNotFoundError("no radserve result with these UIDs") from None
+        await audited_read(request, principal, job, resource, {"study": study})
+
+
 require_read = require(Role.READ)
 require_submit = require(Role.SUBMIT)
 require_admin = require(Role.ADMIN)
@@ -127,6 +226,10 @@ __all__ = [
     "SECURITY_SCHEMES",
     "KeyVerifier",
     "Principal",
+    "audited_read",
+    "audited_results",
+    "check_visible",
+    "read_access",
     "require",
     "require_admin",
     "require_read",

@@ -1,5 +1,6 @@
-"""Errors -> HTTP, in one table. Every failure leaves the API as
-``{"error": {"code", "message", "retryable"}}`` with the status the code maps to.
+"""Errors -> HTTP. Every failure leaves the API as
+``{"error": {"code", "message", "retryable"}}`` with the status of its class in the one
+error table (:mod:`radserve.error_table`, shared with STOW-RS, the DICOM SCP and the CLI).
 
 Handlers raise :class:`~radserve.errors.RadserveError` subclasses (their own or the
 core's); nothing else in the API chooses a status for an error.
@@ -16,8 +17,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from radserve.error_table import lookup
 from radserve.errors import RadserveError
-from radserve.errors import StudyError as _StudyError
 from radserve.scheduling import QueueFullError
 
 logger = logging.getLogger(__name__)
@@ -39,56 +40,10 @@ class UploadIncompleteError(RadserveError):
     code = "upload_incomplete"
 
 
-# The table: stable error code -> HTTP status.
-STATUS_BY_CODE: dict[str, int] = {
-    # who is asking
-    "unauthenticated": 401,
-    "forbidden": 403,
-    # what was asked
-    "invalid_request": 400,
-    "invalid_cursor": 400,
-    "empty_upload": 400,
-    "upload_incomplete": 400,
-    "not_found": 404,
-    "job_not_found": 404,
-    "api_key_not_found": 404,
-    "output_not_found": 404,
-    "method_not_allowed": 405,
-    "not_acceptable": 406,
-    "request_timeout": 408,
-    "invalid_transition": 409,
-    "result_not_ready": 409,
-    "upload_too_large": 413,
-    "unsupported_media_type": 415,
-    # what was sent (detectable at submission)
-    "study_invalid": 422,
-    "not_dicom": 422,
-    "unsupported_modality": 422,
-    "geometry_invalid": 422,
-    "decode_failed": 422,
-    "archive_rejected": 422,
-    "nifti_invalid": 422,
-    "pipeline_invalid": 422,
-    "model_unknown": 422,
-    "variant_rejected": 422,
-    # the server cannot take it now
-    "queue_full": 503,
-    "model_unavailable": 503,
-    "store_error": 503,
-    "model_invalid": 503,
-    "report_failed": 500,
-    "internal_error": 500,
-}
-
-
 def status_for(exc: RadserveError) -> int:
-    """The HTTP status of an error: the table, else 422 for study errors, else 500."""
-    status = STATUS_BY_CODE.get(exc.code)
-    if status is not None:
-        return status
-    if isinstance(exc, _StudyError):
-        return 422
-    return 503 if exc.retryable else 500
+    """The HTTP status of an error: its class's row in :mod:`radserve.error_table`
+    (looked up along the MRO, as Starlette finds a handler)."""
+    return lookup(exc).http
 
 
 def error_body(code: str, message: str, retryable: bool = False) -> dict[str, Any]:
@@ -157,7 +112,6 @@ def install(app: FastAPI, *, on_error: Any = None) -> None:
 
 
 __all__ = [
-    "STATUS_BY_CODE",
     "ForbiddenError",
     "RequestTimeoutError",
     "UnauthenticatedError",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from radserve.service.jobs import JobView
+from radserve.service.turnaround import JobEta
 from radserve.store import JobRecord
 
 
@@ -28,6 +30,37 @@ class ErrorOut(_Out):
 class JobError(_Out):
     code: str
     message: str
+
+
+class JobWarningOut(_Out):
+    code: str = Field(description="e.g. late_instances, study_maybe_incomplete")
+    message: str
+    stage: str | None = None
+
+
+class EtaOut(_Out):
+    """When a queued or running job is predicted to start and finish (UTC)."""
+
+    predicted_start: dt.datetime
+    predicted_finish: dt.datetime = Field(
+        description="with the work now in the queue, the learned service times, the work "
+        "of classes ranked ahead expected to arrive meanwhile (observed rates), scaled by "
+        "the class's learned ETA bias (GET /v1/ops/turnaround)"
+    )
+    predicted_finish_late: dt.datetime = Field(
+        description="pessimistic end of the band: arrivals of classes ranked ahead "
+        "(observed rates, 90th percentile) overtake; service-time noise"
+    )
+    order_position: int = Field(description="among unfinished jobs (running too), 0 = first")
+    deadline_risk: bool = Field(description="a deadline-risk event was raised for it")
+    computed_at: dt.datetime
+    basis: str = Field(description="service times: fitted | scaled-prior | prior")
+
+    @classmethod
+    def of(cls, eta: JobEta | None) -> EtaOut | None:
+        if eta is None:
+            return None
+        return cls(**dataclasses.asdict(eta))
 
 
 class JobOut(_Out):
@@ -51,14 +84,22 @@ class JobOut(_Out):
     attempts: int
     stage_timings: dict[str, float] = Field(description="seconds per stage (final jobs)")
     error: JobError | None = None
+    warnings: list[JobWarningOut] = Field(
+        default_factory=list,
+        description="what the gateway learnt about the job's input (late instances, a "
+        "transfer cut off); those recorded before the report was written are in it too",
+    )
+    eta: EtaOut | None = Field(None, description="queued and running jobs: predicted times")
     links: dict[str, str]
 
     @classmethod
     def of(cls, view: JobView) -> JobOut:
-        return cls.from_record(view.record, view.position)
+        return cls.from_record(view.record, view.position, view.eta)
 
     @classmethod
-    def from_record(cls, job: JobRecord, position: int | None = None) -> JobOut:
+    def from_record(
+        cls, job: JobRecord, position: int | None = None, eta: JobEta | None = None
+    ) -> JobOut:
         now = dt.datetime.now(dt.UTC)
         end = job.finished or now
         base = f"/v1/jobs/{job.id}"
@@ -90,8 +131,57 @@ class JobOut(_Out):
             error=JobError(code=job.error_code, message=job.error_message or job.error_code)
             if job.error_code
             else None,
+            warnings=[
+                JobWarningOut(
+                    code=str(w.get("code", "")),
+                    message=str(w.get("message", "")),
+                    stage=w.get("stage"),
+                )
+                for w in job.queue_meta.get("warnings") or []
+                if isinstance(w, dict)
+            ],
+            eta=EtaOut.of(eta),
             links=links,
         )
+
+
+class ServiceTimeLineOut(_Out):
+    pipeline: str
+    step: str = Field(
+        description="scheduler stage, e.g. 'ingest', 'organs: infer'; 'run' = whole job"
+    )
+    device: str
+    precision: str
+    on_device: bool
+    intercept_s: float
+    seconds_per_slice: float
+    samples: int
+    residual_s: float = Field(description="median absolute residual around the line")
+    source: str = Field(description="fitted | scaled-prior | prior")
+
+
+class ServiceTimesOut(_Out):
+    device: str
+    prior: dict[str, float] = Field(description="seconds = fixed_s + per_slice_s x slices")
+    typical_slices: int = Field(description="assumed for a study of unknown size")
+    lines: list[ServiceTimeLineOut]
+
+
+class TurnaroundOut(_Out):
+    jobs_with_eta: int
+    last_compute_ms: float = Field(description="the last ETA recomputation (order + walk)")
+    risk_margin_s: float
+    risk_policy: str
+    at_risk: list[str] = Field(description="unfinished jobs a deadline-risk event was raised for")
+    misses: dict[str, Any] = Field(
+        description="since start: misses, predicted (a risk event came first), "
+        "predicted_fraction, lead_s_p50 / lead_s_min (alert to deadline)"
+    )
+    eta_bias: dict[str, dict[str, float | int]] = Field(
+        default_factory=dict,
+        description="per class: recent finished jobs learned from and the factor that "
+        "scales new ETAs' time to finish (median actual / predicted, starts at 1)",
+    )
 
 
 class JobPageOut(_Out):
@@ -126,6 +216,13 @@ class ReadyOut(_Out):
     open_models: list[str] = Field(description="models whose circuit breaker is open")
     failed_models: dict[str, str]
     reasons: list[str]
+    degraded: bool = Field(
+        default=False, description="serving, but results do not reach some destination"
+    )
+    unreachable_peers: dict[str, str] = Field(
+        default_factory=dict,
+        description="outbox destinations failing past outbox.unreachable_after_s",
+    )
 
 
 class ModelResetOut(_Out):
@@ -133,9 +230,63 @@ class ModelResetOut(_Out):
     was_open: bool
 
 
+class OutboxItemOut(_Out):
+    """One delivery: a result file (DICOM) or a Bundle (FHIR) for one destination."""
+
+    id: int
+    kind: str
+    destination: str
+    state: str = Field(description="pending | sending | sent | failed_permanent")
+    job_id: str | None
+    study_instance_uid: str
+    sop_instance_uid: str = Field(description="the instance, or the Bundle id (FHIR)")
+    attempts: int
+    next_attempt_at: dt.datetime
+    last_error: str | None
+    created: dt.datetime
+    updated: dt.datetime
+    sent_at: dt.datetime | None
+
+    @classmethod
+    def from_item(cls, item: Any) -> OutboxItemOut:
+        return cls(
+            id=item.id,
+            kind=str(item.kind),
+            destination=item.destination,
+            state=str(item.state),
+            job_id=item.job_id,
+            study_instance_uid=item.study_instance_uid,
+            sop_instance_uid=item.sop_instance_uid,
+            attempts=item.attempts,
+            next_attempt_at=item.next_attempt_at,
+            last_error=item.last_error,
+            created=item.created,
+            updated=item.updated,
+            sent_at=item.sent_at,
+        )
+
+
+class DestinationStatusOut(_Out):
+    kind: str
+    destination: str
+    pending: int
+    sending: int
+    failed_permanent: int
+    retrying: int
+    oldest_pending: dt.datetime | None
+    failing_since: dt.datetime | None
+    last_error: str | None
+
+
+class OutboxOut(_Out):
+    destinations: list[DestinationStatusOut]
+    items: list[OutboxItemOut]
+
+
 __all__ = [
     "BatchItemOut",
     "BatchOut",
+    "DestinationStatusOut",
     "ErrorBody",
     "ErrorOut",
     "HealthOut",
@@ -143,5 +294,7 @@ __all__ = [
     "JobOut",
     "JobPageOut",
     "ModelResetOut",
+    "OutboxItemOut",
+    "OutboxOut",
     "ReadyOut",
 ]

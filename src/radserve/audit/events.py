@@ -20,10 +20,20 @@ class Action(StrEnum):
     JOB_SUCCEEDED = "job.succeeded"
     JOB_FAILED = "job.failed"
     JOB_CANCELLED = "job.cancelled"
+    JOB_REPRIORITISED = "job.reprioritised"  # an operator changed a waiting job's class
     KEY_CREATED = "key.created"
     KEY_REVOKED = "key.revoked"
     CONFIG_LOADED = "config.loaded"
     MODEL_CHANGED = "model.changed"
+    MODEL_DRIFT = "model.drift"  # a model version's drift state changed (ok/warn/alert)
+    OUTBOX_RETRIED = "outbox.retried"  # an operator re-armed a delivery
+    # a critical finding's notice queued for a receiver / acknowledged by it (2xx) /
+    # refused for good (a 4xx: the receiver's URL or token needs fixing)
+    CRITICAL_QUEUED = "critical.queued"
+    CRITICAL_ACKNOWLEDGED = "critical.acknowledged"
+    CRITICAL_FAILED = "critical.failed"
+    # a C-STORE data set passed ingest.max_file_bytes while arriving: association aborted
+    GATEWAY_OVERSIZE = "gateway.oversize_aborted"
 
 
 def job_event(

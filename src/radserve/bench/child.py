@@ -148,7 +148,7 @@ def _rss_now_mb() -> float:
 
 def _warm(pool: SessionPool, registry: ModelRegistry, precision: str) -> dict[str, object]:
     """Create every session and run one batch: servers are warm before studies arrive."""
-    from radserve.pipelines.spec import load_pipeline
+    from radserve.pipeline.spec import load_pipeline
 
     sessions = {}
     for step in load_pipeline(PIPELINE).steps:
@@ -161,12 +161,14 @@ def _warm(pool: SessionPool, registry: ModelRegistry, precision: str) -> dict[st
     return sessions
 
 
-def run_radserve(study: Path, workdir: Path, precision: str) -> dict[str, object]:
+def run_radserve(
+    study: Path, workdir: Path, precision: str, *, stream_decode: bool = True
+) -> dict[str, object]:
     from radserve.ingest.decode import shutdown_decode_workers, start_decode_workers
     from radserve.models.registry import ModelRegistry
     from radserve.pipeline import SessionPool, release_free_memory
-    from radserve.pipelines.spec import load_pipeline
-    from radserve.study import run_study
+    from radserve.pipeline.spec import load_pipeline
+    from radserve.pipeline.study import run_study
 
     registry, pool = ModelRegistry(), SessionPool()
     _warm(pool, registry, precision)
@@ -174,7 +176,7 @@ def run_radserve(study: Path, workdir: Path, precision: str) -> dict[str, object
         start_decode_workers()
     release_free_memory()
     rss_warm = _rss_now_mb()
-    cpu0 = _cpu_seconds()
+    cpu0, workers0 = _cpu_seconds(), _workers_cpu_seconds()
     with TreeMemory() as memory:
         t0 = time.perf_counter()
         result = run_study(
@@ -184,9 +186,11 @@ def run_radserve(study: Path, workdir: Path, precision: str) -> dict[str, object
             registry=registry,
             sessions=pool,
             precision=precision,  # type: ignore[arg-type]
+            stream_decode=stream_decode,
         )
         elapsed = time.perf_counter() - t0
     cpu = _cpu_seconds() - cpu0
+    workers_cpu = _workers_cpu_seconds() - workers0
     vr = result.volume_result
     organs = vr.organ_step.labels.array if vr.organ_step else None
     lesion = vr.lesion_step
@@ -196,6 +200,7 @@ def run_radserve(study: Path, workdir: Path, precision: str) -> dict[str, object
     return {
         "seconds": elapsed,
         "cpu_seconds": cpu,
+        "workers_cpu_seconds": workers_cpu,
         "stages": result.report.timings,
         **memory.report(rss_warm),
         "n_findings": len(result.report.findings),
@@ -218,6 +223,21 @@ def _needs_decode_workers(study: Path) -> bool:
     return str(meta.file_meta.TransferSyntaxUID) in PROCESS_SYNTAXES
 
 
+def _workers_cpu_seconds() -> float:
+    """CPU time of this process's live descendants (the decoder processes, which live
+    as long as the pool and are never reaped, so ``RUSAGE_CHILDREN`` misses them)."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def _cpu_seconds() -> float:
     """CPU time of this process (all threads), for how busy the cores were."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -225,11 +245,12 @@ def _cpu_seconds() -> float:
 
 
 def _torch_runners(registry: ModelRegistry, threads: int) -> dict[str, Runner]:
-    """PyTorch eager modules with the bundles' weights (onnx2torch), warmed like the rest."""
+    """PyTorch eager modules with the bundles' weights (radserve.bench.torch_weights),
+    warmed like the rest."""
     import torch
 
     from radserve.bench.torch_weights import torch_model
-    from radserve.pipelines.spec import load_pipeline
+    from radserve.pipeline.spec import load_pipeline
 
     torch.set_num_threads(threads)
     runners: dict[str, Runner] = {}
@@ -256,7 +277,7 @@ def run_baseline(
     from radserve.inference import choose_runtime
     from radserve.models.registry import ModelRegistry
     from radserve.pipeline import SessionPool
-    from radserve.pipelines.spec import load_pipeline
+    from radserve.pipeline.spec import load_pipeline
 
     # What a plain `pip install onnxruntime` runs: the CPU provider, at fp32.
     registry = ModelRegistry()
@@ -297,7 +318,57 @@ def _save(workdir: Path, organs: np.ndarray | None, findings: np.ndarray | None)
     np.savez(workdir / "labels.npz", **arrays)
 
 
-MODES = {"radserve": run_radserve, "naive": run_baseline, "naive-ort": run_baseline_ort}
+def run_radserve_whole(study: Path, workdir: Path, precision: str) -> dict[str, object]:
+    """radserve decoding a JPEG 2000 stack whole before the first model (as before the
+    streamed decode; what the server's scheduler still does)."""
+    return run_radserve(study, workdir, precision, stream_decode=False)
+
+
+def run_decode(study: Path, workdir: Path, precision: str) -> dict[str, object]:
+    """Decode only, the study's frames two ways: radserve's (warm pylibjpeg processes,
+    as in a run) and GDCM's own threaded decode one file after another (the naive
+    loop's load, through pydicom's gdcm plugin); wall and CPU seconds of each."""
+    from pydicom.pixels import pixel_array
+
+    from radserve.ingest import IngestPolicy, discover_series
+    from radserve.ingest.decode import (
+        decode_stack,
+        shutdown_decode_workers,
+        start_decode_workers,
+    )
+    from radserve.ingest.geometry import plan_stack
+    from radserve.ingest.sources import SourceReader
+
+    header = discover_series(study)[0]
+    frames = [header.frames[i] for i in plan_stack(header.frames, IngestPolicy()).order]
+    start_decode_workers()
+    out: dict[str, object] = {"frames": len(frames)}
+    cpu0, workers0, t0 = _cpu_seconds(), _workers_cpu_seconds(), time.perf_counter()
+    with SourceReader() as reader:
+        decode_stack(frames, reader, air=-1000.0)
+    out["radserve_s"] = time.perf_counter() - t0
+    out["radserve_cpu_s"] = _cpu_seconds() - cpu0 + _workers_cpu_seconds() - workers0
+    shutdown_decode_workers()
+    paths = sorted(study.rglob("*.dcm"))
+    cpu0, t0 = _cpu_seconds(), time.perf_counter()
+    for path in paths:
+        pixel_array(path, decoding_plugin="gdcm")
+    out["gdcm_s"] = time.perf_counter() - t0
+    out["gdcm_cpu_s"] = _cpu_seconds() - cpu0
+    out["seconds"] = out["radserve_s"]
+    out["stages"] = {}
+    out["peak_rss_mb"] = _peak_rss_mb()
+    np.savez(workdir / "labels.npz")
+    return out
+
+
+MODES = {
+    "radserve": run_radserve,
+    "radserve-whole": run_radserve_whole,
+    "decode": run_decode,
+    "naive": run_baseline,
+    "naive-ort": run_baseline_ort,
+}
 
 
 def main(argv: list[str]) -> None:

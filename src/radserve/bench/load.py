@@ -15,6 +15,18 @@ on a small host. Run it against a server you started, or let it start one (``--s
 
     python -m radserve.bench.load --spawn --duration 10 --connections 32 --submissions 50
 
+With ``--spawn`` it also reads the server's CPU time (Linux ``/proc``) over the read
+phase: the event loop's thread (HTTP parsing, routing, auth, serialisation) apart from
+all other threads (inference, the audit writer, worker-thread hops), per request.
+
+``--baseline-src DIR`` compares two builds side by side: each round spawns a server from
+``DIR`` (the ``src`` folder of another checkout, e.g. a ``git worktree`` of an older
+commit) and one from this tree, alternately, each with a fresh data folder and the same
+studies; the summary gives the medians and the ratio, with the load average::
+
+    git worktree add /tmp/rs-base <commit>
+    python -m radserve.bench.load --spawn --baseline-src /tmp/rs-base/src --rounds 3
+
 The server and this client share the machine's cores; the figures are for that setup.
 """
 
@@ -200,36 +212,56 @@ def _free_port() -> int:
 
 
 def spawn_server(
-    data_dir: Path, config: Path | None, extra: list[str] | None = None
+    data_dir: Path,
+    config: Path | None,
+    extra: list[str] | None = None,
+    *,
+    source: Path | None = None,
 ) -> tuple[subprocess.Popen[bytes], str, str]:
-    """``radserve serve`` on a free loopback port; its URL and a new admin key."""
-    from radserve.config import load_settings
-    from radserve.store import init_store
-
-    settings = load_settings(config, data_dir=data_dir)
-    store = init_store(settings.effective_database_url)
-    try:
-        _, key = store.create_api_key(name="load test", role="admin")
-    finally:
-        store.close()
+    """``radserve serve`` on a free loopback port; its URL and a new admin key. With
+    ``source`` the server imports radserve from that folder (another checkout's src)."""
+    env = None
+    if source is not None:
+        env = {**os.environ, "PYTHONPATH": str(source)}
+    # the key is made by the code that serves (its schema, its audit chain): a subprocess
+    make_key = (
+        "import sys; from pathlib import Path; from radserve.config import load_settings; "
+        "from radserve.store.audited import open_audited; "
+        "config = Path(sys.argv[2]) if sys.argv[2] else None; "
+        "store, _ = open_audited(load_settings(config, data_dir=Path(sys.argv[1]))); "
+        "print(store.create_api_key(name='load test', role='admin')[1]); store.close()"
+    )
+    made = subprocess.run(
+        [sys.executable, "-c", make_key, str(data_dir), str(config or "")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if made.returncode != 0:
+        raise SystemExit(f"could not create the API key: {made.stderr.strip()[-2000:]}")
+    key = made.stdout.strip().splitlines()[-1]
     port = _free_port()
     command = [sys.executable, "-c", "from radserve.cli import main; main()", "serve"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
     command += ["--config", str(config)] if config else []
     command += ["--log-level", "warning", *(extra or [])]
     log = open(data_dir / "server.log", "ab")  # noqa: SIM115 - closed with the process
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the server exited ({process.returncode}); see {log.name}")
-        try:
-            if httpx.get(f"{url}/readyz", headers={"X-API-Key": key}, timeout=2).is_success:
-                return process, url, key
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
+    # one client for the polls: httpx.get builds a TLS context (loads the CA bundle) per
+    # call, which cost this process ~14 CPU-s while a loaded machine started the server
+    with httpx.Client(timeout=2) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise SystemExit(f"the server exited ({process.returncode}); see {log.name}")
+            try:
+                if client.get(f"{url}/readyz", headers={"X-API-Key": key}).is_success:
+                    return process, url, key
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
     process.kill()
     raise SystemExit("the server did not become ready within 120 s")
 
@@ -258,27 +290,72 @@ def _wait_for_result(url: str, key: str, ids: list[str], timeout: float) -> str 
     return None
 
 
+def thread_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of process ``pid``'s main thread, which runs uvicorn's
+    event loop, and of all its other threads together (Linux; zeros elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    main = others = 0.0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0, 0.0
+    for tid in tasks:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue  # the thread ended
+        fields = stat.rsplit(")", 1)[1].split()
+        seconds = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        if int(tid) == pid:
+            main = seconds
+        else:
+            others += seconds
+    return main, others
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    files_dir = Path(tempfile.mkdtemp(prefix="radserve-load-study-"))
+    try:
+        files = sorted(args.study.glob("*.dcm")) if args.study else template_study(files_dir)
+        studies = distinct_copies(files, args.submissions)
+        if args.baseline_src is None:
+            return run_once(args, files, studies)
+        return compare(args, files, studies)
+    finally:
+        shutil.rmtree(files_dir, ignore_errors=True)
+
+
+def run_once(
+    args: argparse.Namespace,
+    files: list[Path],
+    studies: list[list[bytes]],
+    source: Path | None = None,
+) -> dict[str, Any]:
+    """One load run: spawn (from ``source``, if given) or use ``--url``; submit; read."""
     workdir = Path(tempfile.mkdtemp(prefix="radserve-load-"))
     process = None
     try:
         if args.spawn:
             extra = ["--worker-nice", str(args.worker_nice)] if args.worker_nice is not None else []
-            process, url, key = spawn_server(workdir / "data", args.config, extra)
+            process, url, key = spawn_server(workdir / "data", args.config, extra, source=source)
         else:
             url, key = args.url, args.key or os.environ.get("RADSERVE_KEY", "")
-        files = sorted(args.study.glob("*.dcm")) if args.study else template_study(workdir / "t")
-        studies = distinct_copies(files, args.submissions)
         submitted, ids = asyncio.run(submit_all(url, key, studies, args.submit_concurrency))
         done = _wait_for_result(url, key, ids, timeout=300)
         if done is None:
             raise SystemExit("no submitted study finished within 300 s: no report to read")
         paths = [f"/v1/jobs/{i}" for i in ids] + [f"/v1/jobs/{done}/report"] * len(ids)
         before = _job_counts(url, key)
+        cpu0 = thread_cpu_s(process.pid) if process else (0.0, 0.0)
+        load0 = os.getloadavg()[0]
         reads = asyncio.run(read_load(url, key, paths, args.duration, args.connections))
+        load1 = os.getloadavg()[0]
+        cpu1 = thread_cpu_s(process.pid) if process else (0.0, 0.0)
         after = _job_counts(url, key)
+        per_request = 1000 / reads.requests if reads.requests else 0.0
         return {
             "server": url,
+            "source": str(source) if source else "this tree",
             "study_files": len(files),
             "submit": asdict(submitted) | {"rate": round(submitted.rate, 1)},
             "read": asdict(reads) | {"rate": round(reads.rate, 1)},
@@ -287,17 +364,78 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "running_at_end": after["running"],
                 "studies_finished_during_reads": after["succeeded"] - before["succeeded"],
             },
+            "server_cpu": {
+                "event_loop_s": round(cpu1[0] - cpu0[0], 2),
+                "other_threads_s": round(cpu1[1] - cpu0[1], 2),
+                "event_loop_ms_per_request": round((cpu1[0] - cpu0[0]) * per_request, 3),
+            },
+            "load_average": [round(load0, 2), round(load1, 2)],
             "connections": args.connections,
             "cpus": os.cpu_count(),
         }
     finally:
-        if process is not None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_server(process)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def compare(
+    args: argparse.Namespace, files: list[Path], studies: list[list[bytes]]
+) -> dict[str, Any]:
+    """``--rounds`` rounds of (baseline, this tree), alternating; medians and ratios."""
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
+    for i in range(args.rounds):
+        order = [("baseline", args.baseline_src), ("this", None)]
+        for name, source in order if i % 2 == 0 else order[::-1]:
+            t0 = time.perf_counter()
+            result = run_once(args, files, studies, source)
+            result["wall_s"] = round(time.perf_counter() - t0, 1)
+            runs[name].append(result)
+            read = result["read"]
+            print(
+                f"round {i + 1} {name}: {read['rate']:.0f} req/s, p50 "
+                f"{read['latency_ms'].get('p50')} ms, p99 {read['latency_ms'].get('p99')} ms, "
+                f"loop {result['server_cpu']['event_loop_ms_per_request']} CPU-ms/req, "
+                f"load {result['load_average']}, run {result['wall_s']} s",
+                file=sys.stderr,
+            )
+
+    def median(name: str, pick: Any) -> float:
+        return float(statistics.median(pick(r) for r in runs[name]))
+
+    summary: dict[str, Any] = {}
+    for name in runs:
+        summary[name] = {
+            "rate": median(name, lambda r: r["read"]["rate"]),
+            "p50_ms": median(name, lambda r: r["read"]["latency_ms"].get("p50", 0.0)),
+            "p99_ms": median(name, lambda r: r["read"]["latency_ms"].get("p99", 0.0)),
+            "event_loop_ms_per_request": median(
+                name, lambda r: r["server_cpu"]["event_loop_ms_per_request"]
+            ),
+            "errors": sum(r["read"]["errors"] + r["submit"]["errors"] for r in runs[name]),
+            # a run whose studies had all finished (or not started) measured idle reads
+            "processing_throughout": all(
+                min(r["processing"]["running_at_start"], r["processing"]["running_at_end"]) > 0
+                for r in runs[name]
+            ),
+        }
+    base, this = summary["baseline"], summary["this"]
+    summary["rate_ratio"] = round(this["rate"] / base["rate"], 2) if base["rate"] else None
+    summary["p99_ratio"] = round(this["p99_ms"] / base["p99_ms"], 2) if base["p99_ms"] else None
+    loads = [x for r in runs["baseline"] + runs["this"] for x in r["load_average"]]
+    summary["load_average_range"] = [min(loads), max(loads)]
+    return {"summary": summary, "runs": runs, "baseline_src": str(args.baseline_src)}
+
+
+def stop_server(process: subprocess.Popen[bytes] | None) -> None:
+    """Stop a server :func:`spawn_server` started: SIGTERM (a clean stop), killed if it
+    has not exited within 60 s."""
+    if process is None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -316,6 +454,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--submit-concurrency", type=int, default=50)
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of reads")
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        default=None,
+        help="compare with a server from this src folder (another checkout), alternating",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the comparison")
     parser.add_argument("--check", action="store_true", help="exit 1 unless targets are met")
     parser.add_argument("--min-rate", type=float, default=1000.0)
     parser.add_argument("--max-p99-ms", type=float, default=100.0)
@@ -324,8 +469,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--duration must be in (0, 600] seconds")
     if urlsplit(args.url).hostname not in ("127.0.0.1", "localhost", "::1"):
         parser.error("the load test runs over loopback only")
+    if args.baseline_src is not None and not (args.baseline_src / "radserve").is_dir():
+        parser.error(f"--baseline-src {args.baseline_src}: no radserve package there")
+    if args.baseline_src is not None and not args.spawn:
+        parser.error("--baseline-src needs --spawn (it starts both servers)")
+    if args.baseline_src is not None and args.check:
+        parser.error("--check judges one server's run: not with --baseline-src")
     result = run(args)
     print(json.dumps(result, indent=2))
+    if "summary" in result:
+        summary = result["summary"]
+        base, this = summary["baseline"], summary["this"]
+        print(
+            f"baseline {base['rate']:.0f} req/s p99 {base['p99_ms']} ms; this tree "
+            f"{this['rate']:.0f} req/s p99 {this['p99_ms']} ms: {summary['rate_ratio']}x the "
+            f"rate (medians of {args.rounds}; load average {summary['load_average_range']})",
+            file=sys.stderr,
+        )
+        return 0
     reads, submit = result["read"], result["submit"]
     ok = (
         submit["errors"] == 0

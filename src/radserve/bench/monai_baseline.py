@@ -2,10 +2,11 @@
 
 ``LoadImage`` (MONAI's ``PydicomReader``) reads the DICOM folder; MONAI transforms crop,
 resample and normalise it; ``SliceInferer`` (``sliding_window_inference`` one slice at a
-time, the whole resampled slice as the window) runs the bundle's ONNX graph converted to
-torch by ``onnx2torch``; the class probabilities are resampled back onto the native grid
-and the winner taken. radserve's own post-processing (``clean_labels``, ``find_lesions``)
-then runs on the result, so the comparison isolates load + preprocess + inference.
+time, the whole resampled slice as the window) runs the bundle's ONNX graph as a torch
+module (:mod:`radserve.bench.torch_weights`: torch and MONAI are all it needs); the class
+probabilities are resampled back onto the native grid and the winner taken. radserve's
+own post-processing (``clean_labels``, ``find_lesions``) then runs on the result, so the
+comparison isolates load + preprocess + inference.
 
 Grid and order, so the answer is comparable voxel for voxel with radserve's:
 
@@ -66,7 +67,7 @@ from radserve.errors import ModelError
 from radserve.inference import choose_runtime
 from radserve.models.manifest import ClipZScore, ModelSpec
 from radserve.models.registry import ModelRegistry
-from radserve.pipelines.spec import PipelineSpec, load_pipeline
+from radserve.pipeline.spec import PipelineSpec, load_pipeline
 from radserve.postprocess.components import clean_labels
 from radserve.postprocess.findings import find_lesions
 from radserve.preprocess.context import context_reach, context_step, gather_context
@@ -216,7 +217,7 @@ def predict(
             )
         best, winner = probs.max(dim=1)
         if spec.activation == "sigmoid":
-            keep = best >= spec.postprocess.threshold
+            keep = best >= spec.threshold
             winner = torch.where(keep, winner + 1, 0)
             best = torch.where(keep, best, 1.0 - best)
         rows = slice(zs.start + start, zs.start + start + probs.shape[0])
@@ -268,7 +269,9 @@ def run_monai_pipeline(
             box = body_bbox(ct)
         pred = predict(ct, spec, models[spec.name], box, stages)
         t1 = time.perf_counter()
-        cleaned = pred.labels.with_array(clean_labels(pred.labels.array, spec, ct.voxel_volume_ml))
+        cleaned = pred.labels.with_array(
+            clean_labels(pred.labels.array, spec, ct.voxel_volume_ml, spacing=ct.spacing)
+        )
         pred = Prediction(
             model=pred.model,
             model_version=pred.model_version,
@@ -276,7 +279,7 @@ def run_monai_pipeline(
             labels=cleaned,
             confidence=pred.confidence,
         )
-        if any(label.kind == "lesion" for label in spec.labels):
+        if spec.finding_labels:
             names = {lb.value: lb.name for lb in organ_spec.labels} if organ_spec else None
             lesions = find_lesions(pred, ct, spec, organs.labels if organs else None, names)
             findings = (lesions.label_map.array > 0).astype(np.uint8)
@@ -339,4 +342,4 @@ def run_monai(
 def _versions() -> dict[str, str]:
     from importlib.metadata import version
 
-    return {name: version(name) for name in ("monai", "torch", "onnx2torch")}
+    return {name: version(name) for name in ("monai", "torch")}

@@ -24,7 +24,7 @@ from radserve.domain import Prediction, Volume
 from radserve.inference.slices import crop_box
 from radserve.models.manifest import ModelSpec
 from radserve.models.registry import ModelRegistry
-from radserve.pipelines.spec import PipelineSpec
+from radserve.pipeline.spec import PipelineSpec
 from radserve.postprocess.components import clean_labels
 from radserve.postprocess.findings import find_lesions
 from radserve.preprocess import context_step, gather_context, normalise
@@ -147,7 +147,9 @@ def run_naive(
         pred = predict_per_slice(ct, spec, runners[spec.name], precision, roi)
         stages[f"{spec.name}: inference"] = time.perf_counter() - t1
         t2 = time.perf_counter()
-        cleaned = pred.labels.with_array(clean_labels(pred.labels.array, spec, ct.voxel_volume_ml))
+        cleaned = pred.labels.with_array(
+            clean_labels(pred.labels.array, spec, ct.voxel_volume_ml, spacing=ct.spacing)
+        )
         pred = Prediction(
             model=pred.model,
             model_version=pred.model_version,
@@ -155,7 +157,7 @@ def run_naive(
             labels=cleaned,
             confidence=pred.confidence,
         )
-        if any(label.kind == "lesion" for label in spec.labels):
+        if spec.finding_labels:
             names = (
                 {lb.value: lb.name for lb in registry.get(organs.model).spec.labels}
                 if organs

@@ -1,47 +1,52 @@
 """``radserve bench --scenario priority``: an URGENT study's turnaround under load.
 
-One process, warm sessions, the same phantom studies in three runs:
+One process, warm sessions, the same phantom studies throughout:
 
-1. sequential: every study through :func:`~radserve.study.run_study`, one after
+1. sequential: every study through :func:`~radserve.pipeline.run_study`, one after
    another (a server without a queue) -> ``sequential_s``;
-2. solo: the URGENT study alone through the scheduler -> ``urgent_solo_s``;
-3. load: ``n_routine`` OUTPATIENT studies submitted, then, once the device has run a
-   routine batch, the URGENT one (its class comes from its DICOM Requested Procedure
-   Priority, STAT) -> ``urgent_tat_s`` (its submission to its report) and ``drain_s``
-   (first submission to last report).
+2. then ``repeats`` rounds of: solo, the URGENT study alone through the scheduler ->
+   ``urgent_solo_s``; load, ``n_routine`` OUTPATIENT studies submitted and, once the
+   device has run a routine batch, the URGENT one (its class comes from its DICOM
+   Requested Procedure Priority, STAT) -> ``urgent_tat_s`` (its submission to its
+   report), once per scheduler policy (:data:`POLICIES`: routine CPU stages running on
+   beside the URGENT study, ``before``, or pausing at their checkpoints, ``after``),
+   their order alternating between rounds. The last ``after`` run drains the queue ->
+   ``drain_s`` (first submission to last report).
 
-The goal is ``urgent_tat_ratio`` = urgent_tat_s / urgent_solo_s <= 1.3, with
-``drain_s`` no worse than ``sequential_s``. The scheduled reports are checked against
-the sequential ones (same findings and organ volumes).
+The goal is ``urgent_tat_ratio`` = urgent_tat_s / urgent_solo_s <= 1.3 (the median over
+rounds), with ``drain_s`` no worse than ``sequential_s``. The drained run's reports are
+checked against the sequential ones (same findings and organ volumes). Every load run
+also reports where the URGENT study's time went (:mod:`radserve.bench.priority_trace`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import statistics
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from radserve.bench.priority_trace import TracingExecutor, TracingScheduler, urgent_breakdown
+from radserve.config import SchedulerSettings
 from radserve.inference.providers import usable_cores
 from radserve.models.registry import ModelRegistry
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
-from radserve.pipeline import SessionPool
-from radserve.pipelines.spec import PipelineSpec, load_pipeline
+from radserve.pipeline import SessionPool, StudyRequest
+from radserve.pipeline.spec import PipelineSpec, load_pipeline
+from radserve.pipeline.study import StudyResult, run_study
 from radserve.scheduling import (
     BatchEvent,
     DeadlineMiss,
-    InProcessExecutor,
     JobEvent,
     JobState,
     JobTicket,
     PriorityClass,
-    Scheduler,
-    SchedulerConfig,
 )
-from radserve.scheduling.study_work import study_request
-from radserve.study import StudyResult, run_study
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +73,10 @@ def ensure_studies(cache_dir: Path, n_routine: int, n_slices: int) -> tuple[Path
 
 
 class _Stopwatch:
-    """Hooks that note when each job ended (``time.perf_counter``) and count batches."""
+    """Hooks that note when each job ended (scheduler clock) and count batches."""
 
     def __init__(self) -> None:
-        self.ended: dict[str, float] = {}
+        self.ended: dict[str, float] = {}  # scheduler clock
         self.results: dict[str, StudyResult] = {}
         self.failures: list[str] = []
         self.batches = 0
@@ -81,10 +86,10 @@ class _Stopwatch:
         if not event.state.terminal:
             return
         with self._cond:
-            self.ended[event.job_id] = time.perf_counter()
+            self.ended[event.job_id] = event.at
             if event.state is JobState.SUCCEEDED and isinstance(event.result, StudyResult):
                 self.results[event.job_id] = event.result
-            else:
+            elif event.state is not JobState.CANCELLED:  # the bench cancels what it not needs
                 self.failures.append(f"{event.job_id}: {event.error_code} {event.error_message}")
             self._cond.notify_all()
 
@@ -112,10 +117,11 @@ class _Run:
         out_dir: Path,
         precision: str,
         cpu_workers: int,
+        settings: SchedulerSettings | None = None,
     ) -> None:
         self.watch = _Stopwatch()
-        self.scheduler = Scheduler(SchedulerConfig(), hooks=self.watch)
-        self.executor = InProcessExecutor(
+        self.scheduler = TracingScheduler(settings, hooks=self.watch)
+        self.executor = TracingExecutor(
             self.scheduler, devices=(sessions.runtime.device,), cpu_workers=cpu_workers
         )
         self._args = (pipeline, registry, sessions, out_dir, precision)
@@ -123,19 +129,17 @@ class _Run:
 
     def submit(self, job_id: str, study: Path, priority: PriorityClass | None) -> JobTicket:
         pipeline, registry, sessions, out_dir, precision = self._args
-        request = study_request(
-            job_id,
-            study,
+        request = StudyRequest(
+            job_id=job_id,
+            source=study,
             pipeline=pipeline,
             out_dir=out_dir / job_id,
-            registry=registry,
-            sessions=sessions,
-            rules=self.scheduler.config.rules,
+            rules=self.scheduler.rules,
             priority=priority,
             precision=precision,  # type: ignore[arg-type]
             key_images=False,
-        )
-        self.submitted[job_id] = time.perf_counter()
+        ).job(registry=registry, sessions=sessions)
+        self.submitted[job_id] = self.scheduler.clock.now()
         return self.scheduler.submit(request)
 
     def __enter__(self) -> _Run:
@@ -154,12 +158,34 @@ class _Run:
     def tat(self, job_id: str) -> float:
         return self.watch.ended[job_id] - self.submitted[job_id]
 
+    def breakdown(self, job_id: str) -> dict[str, object]:
+        """Where ``job_id``'s turnaround went (:func:`urgent_breakdown`)."""
+        return urgent_breakdown(
+            self.scheduler.trace,
+            job_id,
+            self.submitted[job_id],
+            self.watch.ended[job_id],
+            self.executor.pauses,
+        )
+
 
 def _same_answer(a: StudyResult, b: StudyResult) -> bool:
     ra, rb = a.report, b.report
-    volumes_a = [round(m.volume_ml, 3) for m in ra.organ_measurements]
-    volumes_b = [round(m.volume_ml, 3) for m in rb.organ_measurements]
+    volumes_a = [(m.coverage, round(m.volume_ml or 0.0, 3)) for m in ra.organ_measurements]
+    volumes_b = [(m.coverage, round(m.volume_ml or 0.0, 3)) for m in rb.organ_measurements]
     return len(ra.findings) == len(rb.findings) and volumes_a == volumes_b
+
+
+POLICIES: dict[str, SchedulerSettings] = {
+    # the scheduler before issue 19's goal 7: routine CPU stages already running went on
+    "before": SchedulerSettings(yield_to_urgent=False),
+    # the default: they pause at their next checkpoint while the URGENT job is unfinished
+    "after": SchedulerSettings(),
+}
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
 
 
 def run_priority_bench(
@@ -171,10 +197,21 @@ def run_priority_bench(
     pipeline: str | Path = PIPELINE,
     registry: ModelRegistry | None = None,
     cpu_workers: int | None = None,
+    repeats: int = 1,
     timeout_s: float = 3600.0,
     log: Callable[[str], None] = logger.info,
-) -> dict[str, object]:
-    """Run the three measurements; returns the JSON summary."""
+) -> dict[str, Any]:
+    """Run the measurements; returns the JSON summary.
+
+    Each of ``repeats`` rounds measures the URGENT study alone, then under load with each
+    of :data:`POLICIES` (their order alternating from round to round), so before and after
+    are measured side by side on the same machine state. A load run ends once the URGENT
+    study is done (the routine ones are cancelled), except the last ``after`` run, which
+    drains the queue for ``drain_s`` and the check against the sequential results.
+    The headline ``urgent_tat_ratio`` is the median over rounds of ``after`` / solo.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     cache_dir = Path(cache_dir or Path(tempfile.gettempdir()) / "radserve-bench")
     registry = registry or ModelRegistry()
     spec = load_pipeline(pipeline)
@@ -182,6 +219,12 @@ def run_priority_bench(
     log(f"preparing {n_routine + 1} phantom studies of {n_slices} slices")
     urgent, routine = ensure_studies(cache_dir, n_routine, n_slices)
     sessions = SessionPool()
+    load_before = os.getloadavg()[0]
+    solo: list[float] = []
+    tats: dict[str, list[float]] = {name: [] for name in POLICIES}
+    breakdowns: dict[str, list[dict[str, object]]] = {name: [] for name in POLICIES}
+    drain_s = 0.0
+    finished_before_urgent, identical, urgent_class = 0, False, ""
     with tempfile.TemporaryDirectory(prefix="radserve-priority-") as tmp:
         out = Path(tmp)
 
@@ -204,39 +247,72 @@ def run_priority_bench(
         reference["urgent"] = sequential(urgent, "urgent")
         sequential_s = time.perf_counter() - t0
 
-        log("solo: the URGENT study alone through the scheduler")
-        with _Run(spec, registry, sessions, out / "solo", precision, workers) as run:
-            run.submit("urgent", urgent, None)
-            run.finish(timeout_s)
-            urgent_solo_s = run.tat("urgent")
+        def one_run(r: int, name: str | None) -> _Run:
+            settings = POLICIES[name] if name else None
+            return _Run(spec, registry, sessions, out / f"{r}-{name}", precision, workers, settings)
 
-        log(f"load: {n_routine} OUTPATIENT studies, then the URGENT one")
-        with _Run(spec, registry, sessions, out / "load", precision, workers) as run:
-            for n, study in enumerate(routine):
-                run.submit(f"routine-{n}", study, PriorityClass.OUTPATIENT)
-            if not run.watch.wait_for(lambda: run.watch.batches > 0, timeout_s):
-                raise RuntimeError("the device never started on the routine studies")
-            ticket = run.submit("urgent", urgent, None)  # class from its DICOM priority
-            run.finish(timeout_s)
-            urgent_tat_s = run.tat("urgent")
-            drain_s = max(run.watch.ended.values()) - min(run.submitted.values())
-            urgent_end = run.watch.ended["urgent"]
-            finished_before_urgent = sum(1 for t in run.watch.ended.values() if t < urgent_end)
-            identical = all(_same_answer(run.watch.results[k], v) for k, v in reference.items())
-    ratio = urgent_tat_s / urgent_solo_s
+        for r in range(repeats):
+            log(f"round {r + 1} of {repeats}: the URGENT study alone through the scheduler")
+            with one_run(r, None) as run:
+                run.submit("urgent", urgent, None)
+                run.finish(timeout_s)
+                solo.append(run.tat("urgent"))
+            order = list(POLICIES) if r % 2 == 0 else list(POLICIES)[::-1]
+            for name in order:
+                drain = r == repeats - 1 and name == "after"
+                log(f"round {r + 1}: {n_routine} OUTPATIENT studies, then the URGENT one ({name})")
+                with one_run(r, name) as run:
+                    for n, study in enumerate(routine):
+                        run.submit(f"routine-{n}", study, PriorityClass.OUTPATIENT)
+                    if not run.watch.wait_for(lambda: run.watch.batches > 0, timeout_s):
+                        raise RuntimeError("the device never started on the routine studies")
+                    ticket = run.submit("urgent", urgent, None)  # class from its DICOM priority
+                    urgent_class = ticket.cls.name
+                    if not drain:
+                        run.watch.wait_for(lambda: "urgent" in run.watch.ended, timeout_s)
+                        for n in range(n_routine):
+                            run.scheduler.cancel(f"routine-{n}")
+                    run.finish(timeout_s)
+                    tats[name].append(run.tat("urgent"))
+                    breakdowns[name].append(run.breakdown("urgent"))
+                    if drain:
+                        drain_s = max(run.watch.ended.values()) - min(run.submitted.values())
+                        urgent_end = run.watch.ended["urgent"]
+                        finished_before_urgent = sum(
+                            1 for t in run.watch.ended.values() if t < urgent_end
+                        )
+                        identical = all(
+                            _same_answer(run.watch.results[k], v) for k, v in reference.items()
+                        )
+    ratios = {name: [t / s for t, s in zip(tats[name], solo, strict=True)] for name in POLICIES}
+    ratio = _median(ratios["after"])
     return {
-        "urgent_tat_s": urgent_tat_s,
-        "urgent_solo_s": urgent_solo_s,
+        "urgent_tat_s": _median(tats["after"]),
+        "urgent_solo_s": _median(solo),
         "urgent_tat_ratio": ratio,
         "goal_ratio": GOAL_RATIO,
         "meets_goal": ratio <= GOAL_RATIO,
+        "before": {
+            "policy": "scheduler.yield_to_urgent: false",
+            "urgent_tat_s": _median(tats["before"]),
+            "urgent_tat_ratio": _median(ratios["before"]),
+        },
+        "rounds": {
+            "solo_s": solo,
+            **{f"{name}_tat_s": tats[name] for name in POLICIES},
+            **{f"{name}_ratio": ratios[name] for name in POLICIES},
+        },
+        # where the URGENT study's time went, per run (radserve.bench.priority_trace)
+        "urgent_breakdown": breakdowns,
         "drain_s": drain_s,
         "sequential_s": sequential_s,
         "drain_over_sequential": drain_s / sequential_s,
-        "urgent_class": ticket.cls.name,
+        "urgent_class": urgent_class,
         "routine_finished_before_urgent": finished_before_urgent,
         "results_match_sequential": identical,
         "n_routine": n_routine,
+        "repeats": repeats,
+        "load_average_1min": [load_before, os.getloadavg()[0]],
         "study": {"shape": [n_slices, 512, 512]},
         "device": sessions.runtime.device,
         "providers": list(sessions.runtime.providers),
@@ -246,4 +322,4 @@ def run_priority_bench(
     }
 
 
-__all__ = ["ensure_studies", "run_priority_bench"]
+__all__ = ["POLICIES", "ensure_studies", "run_priority_bench"]

@@ -21,7 +21,7 @@ from radserve.evaluation.pipeline_runs import record_model_inputs
 from radserve.inference import ModelSession, RuntimeChoice, choose_runtime
 from radserve.models.registry import ModelBundle, ModelRegistry
 from radserve.phantom import generate_phantom
-from radserve.pipelines.spec import load_pipeline
+from radserve.pipeline.spec import load_pipeline
 
 PIPELINE = "ct-chest-abdomen"
 

@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from radserve.pipeline.study import StudyResult
 from radserve.report.schema import Report
-from radserve.study import StudyResult
 
 
 class RichProgress:
@@ -55,13 +55,14 @@ def summary_tables(report: Report) -> list[Table]:
             column, justify="right" if column not in ("finding", "organ") else "left"
         )
     for f in report.findings:
+        least = ">= " if f.coverage == "partial" else ""  # cut by the edge: lower bounds
         findings.add_row(
             str(f.finding_id),
             f.label,
             f.containing_organ or "-",
-            f"{f.longest_diameter_mm:.1f}",
-            f"{f.short_axis_mm:.1f}",
-            f"{f.volume_ml:.2f}",
+            f"{least}{f.longest_diameter_mm:.1f}",
+            f"{least}{f.short_axis_mm:.1f}",
+            f"{least}{f.volume_ml:.2f}",
             "-" if f.mean_hu is None else f"{f.mean_hu:.0f}",
             f"{f.confidence:.2f}",
         )
@@ -69,9 +70,11 @@ def summary_tables(report: Report) -> list[Table]:
     for column in ("organ", "ml", "mean HU"):
         organs.add_column(column, justify="left" if column == "organ" else "right")
     for m in report.organ_measurements:
-        organs.add_row(
-            m.label, f"{m.volume_ml:.0f}", "-" if m.mean_hu is None else f"{m.mean_hu:.0f}"
-        )
+        if m.volume_ml is None:
+            ml = "not found"
+        else:
+            ml = f"{'>= ' if m.coverage == 'partial' else ''}{m.volume_ml:.0f}"
+        organs.add_row(m.label, ml, "-" if m.mean_hu is None else f"{m.mean_hu:.0f}")
     timings = Table(title="Timings (s)")
     timings.add_column("stage")
     timings.add_column("seconds", justify="right")

@@ -1,4 +1,5 @@
-"""``radserve audit verify|export``: check the audit hash chain; write it out as JSONL."""
+"""``radserve audit verify|export``: check the audit chain (HMACs, links, head, and the
+signed checkpoints kept outside the database); write it out as JSONL."""
 
 from __future__ import annotations
 
@@ -18,13 +19,42 @@ def group() -> None:
 
 
 @group.command("verify")
+@click.option(
+    "--expect-head",
+    "expect_heads",
+    multiple=True,
+    metavar="SEQ:HASH",
+    help="A head seen elsewhere (the syslog collector, an earlier verify): the chain must "
+    "still hold record SEQ with this hash. Repeatable.",
+)
+@click.option(
+    "--no-checkpoint",
+    is_flag=True,
+    help="Do not check against the checkpoint file (audit.checkpoint_file).",
+)
 @CONFIG_OPTION
 @DATA_DIR_OPTION
-def verify(config_file: Path | None, data_dir: Path | None) -> None:
-    """Recompute every record's hash; exit status 1 if any record was edited or deleted."""
+def verify(
+    expect_heads: tuple[str, ...],
+    no_checkpoint: bool,
+    config_file: Path | None,
+    data_dir: Path | None,
+) -> None:
+    """Recompute every record's HMAC and link, compare the head with the newest signed
+    checkpoint and every --expect-head; exit status 1 if records were edited, forged,
+    deleted, cut from the end or wiped."""
+    from radserve.audit.seal import CheckpointFile, ExpectedHead, checkpoint_path, verify_sealed
+    from radserve.config import load_settings
+
+    try:
+        expected = [ExpectedHead.parse(text) for text in expect_heads]
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--expect-head") from None
+    settings = load_settings(config_file, data_dir=data_dir)
+    checkpoints = None if no_checkpoint else CheckpointFile(checkpoint_path(settings))
     store = open_store(config_file, data_dir)
     try:
-        report = store.verify_audit()
+        report, checkpoint = verify_sealed(store, checkpoints, expected)
     finally:
         store.close()
     if report.ok:
@@ -32,6 +62,11 @@ def verify(config_file: Path | None, data_dir: Path | None) -> None:
             f"audit chain OK: {report.records} record(s); "
             f"head seq {report.head_seq} hash {report.head_hash}"
         )
+        if checkpoint is not None:
+            click.echo(f"matches the checkpoint of {checkpoint.ts} (seq {checkpoint.seq})")
+        elif checkpoints is not None:
+            click.echo(f"no checkpoint in {checkpoints.path} to compare with", err=True)
+        click.echo(f"head: {report.head_seq}:{report.head_hash}")
         return
     click.echo(f"audit chain BROKEN: {len(report.problems)} problem(s)", err=True)
     for problem in report.problems:

@@ -19,20 +19,46 @@ from radserve.commands._console import RichProgress, summary_tables, write_dicom
 @click.option(
     "--dicom/--no-dicom", default=True, show_default=True, help="Also write DICOM SEG and SR."
 )
-def command(out_dir: Path, seed: int, pipeline_name: str, dicom: bool) -> None:
-    """Generate a phantom CT study, run the reference pipeline, print where the report is."""
+@click.option("--small", is_flag=True, help="Small fast phantom (128x128, 40-60 slices).")
+@click.option(
+    "--serve",
+    "serve",
+    is_flag=True,
+    help="Then serve the web console, with the study submitted, until Ctrl-C "
+    "(data under OUT/server; prints the address and a demo admin key).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="With --serve: address.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="With --serve: port (0: any free one, printed).",
+)
+def command(
+    out_dir: Path,
+    seed: int,
+    pipeline_name: str,
+    dicom: bool,
+    small: bool,
+    serve: bool,
+    host: str,
+    port: int,
+) -> None:
+    """Generate a phantom CT study, run the reference pipeline, print where the report is
+    (with --serve, then open the web console on it)."""
     from radserve.phantom import (
         PhantomSpec,
         generate_phantom,
         write_dicom_series,
         write_ground_truth,
     )
-    from radserve.pipelines.spec import load_pipeline
-    from radserve.study import run_study
+    from radserve.pipeline.spec import load_pipeline
+    from radserve.pipeline.study import run_study
 
     console = Console()
     with console.status("generating phantom CT study"):
-        phantom = generate_phantom(PhantomSpec.random(seed))
+        phantom = generate_phantom(PhantomSpec.random(seed, small=small))
         study_dir = out_dir / "study"
         write_dicom_series(phantom, study_dir)
         write_ground_truth(phantom, out_dir / "ground_truth")
@@ -55,3 +81,7 @@ def command(out_dir: Path, seed: int, pipeline_name: str, dicom: bool) -> None:
             console.print(f"DICOM: {path}")
     console.print(f"ground truth: {out_dir / 'ground_truth'}")
     console.print(f"report: {result.report_path}")
+    if serve:
+        from radserve.commands.demo_serve import serve_demo
+
+        serve_demo(out_dir, study_dir, host, port)

@@ -10,9 +10,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from radserve.evaluation.gate import GateDecision, gate_decision
 from radserve.evaluation.publish import lesion_table, organ_table, to_json, to_markdown
 from radserve.evaluation.runner import evaluate, parse_seeds
-from radserve.models.gate import GateDecision, gate_decision
 from radserve.models.manifest import GateSpec, ModelSpec
 from radserve.models.registry import PRECISIONS, ModelRegistry, bundled_model_dir
 
@@ -23,16 +23,9 @@ DEFAULT_PIPELINE = "ct-chest-abdomen"
 
 def pipeline_specs(registry: ModelRegistry, pipeline: str) -> list[ModelSpec]:
     """The model specs of a pipeline's steps, in order."""
-    from radserve.pipelines.spec import load_pipeline
+    from radserve.pipeline.spec import load_pipeline
 
     return [registry.get(s.model, s.version).spec for s in load_pipeline(pipeline).steps]
-
-
-def organ_label_values(specs: Sequence[ModelSpec]) -> dict[str, int]:
-    """Organ name -> value in the label map, from the organ labels of ``specs``."""
-    return {
-        label.name: label.value for spec in specs for label in spec.labels if label.kind == "organ"
-    }
 
 
 def strictest_gate(specs: Sequence[ModelSpec]) -> GateSpec:
@@ -97,6 +90,18 @@ def _seeds(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int
     type=click.Path(path_type=Path, dir_okay=False),
     help="Write a Markdown report here.",
 )
+@click.option(
+    "--grid",
+    "grid_text",
+    help=(
+        "Evaluate across acquisitions instead: 'default' (each declared input_domain edge "
+        "and just outside it, plus noise and HU offset) or axes such as "
+        "'slice_thickness=1.25,5;pixel_spacing=0.6;matrix=448;coverage=250;noise=2.5;"
+        "hu_offset=40;fov=300;suv_scale=0.8' (one factor at a time around each phantom's "
+        "baseline); prints metric per cell, whether it meets the project floors and whether "
+        "it lies in the models' declared input_domain."
+    ),
+)
 def command(
     seeds: list[int],
     small: bool,
@@ -105,15 +110,19 @@ def command(
     models_dirs: tuple[Path, ...],
     json_path: Path | None,
     markdown_path: Path | None,
+    grid_text: str | None,
 ) -> None:
     """Evaluate the pipeline on held-out phantoms: organ Dice/HD95, lesion recall per
     size stratum, precision and false positives per study, for each precision."""
     precisions = parse_precisions(precision_text)
     registry = ModelRegistry([*models_dirs, bundled_model_dir()])
+    if grid_text is not None:
+        _grid(registry, pipeline, grid_text, seeds, small, json_path, markdown_path)
+        return
     specs = pipeline_specs(registry, pipeline)
-    organ_labels = organ_label_values(specs)
-    from radserve.evaluation.pipeline_runs import pipeline_predictor
+    from radserve.evaluation.pipeline_runs import organ_label_values, pipeline_predictor
 
+    organ_labels = organ_label_values(specs)
     predict = pipeline_predictor(registry, pipeline)
     summaries = evaluate(
         predict, seeds=seeds, organ_labels=organ_labels, precisions=precisions, small=small
@@ -134,3 +143,70 @@ def command(
     if markdown_path is not None:
         markdown_path.write_text(to_markdown(summaries, gates))
         console.print(f"wrote {markdown_path}")
+
+
+def _grid(
+    registry: ModelRegistry,
+    pipeline: str,
+    grid_text: str,
+    seeds: list[int],
+    small: bool,
+    json_path: Path | None,
+    markdown_path: Path | None,
+) -> None:
+    """``--grid``: one row per acquisition cell (radserve.evaluation.grid)."""
+    from rich.table import Table
+
+    from radserve.evaluation.grid import (
+        GRID_HEADER,
+        CellResult,
+        evaluate_grid,
+        grid_markdown,
+        grid_rows,
+        parse_grid,
+        tightest_domain,
+    )
+    from radserve.pipeline.spec import load_pipeline
+
+    spec = load_pipeline(pipeline)
+    specs = [registry.get(s.model, s.version).spec for s in spec.steps]
+    try:
+        cells = parse_grid(
+            grid_text,
+            pet=any(s.input.channels for s in specs),
+            domain=tightest_domain([s.input_domain for s in specs]),
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--grid") from exc
+    console = Console()
+    if not console.is_terminal:  # a log file or a pipe: the nine columns unabridged
+        console = Console(width=240)
+
+    def write(rows: list[CellResult]) -> None:
+        """The files so far: a long run that is stopped keeps the cells it finished."""
+        if json_path is not None:
+            payload = {"pipeline": spec.name, "seeds": seeds, "small": small}
+            payload["cells"] = [r.to_dict() for r in rows]  # type: ignore[assignment]
+            json_path.write_text(json.dumps(payload, indent=2) + "\n")
+        if markdown_path is not None:
+            markdown_path.write_text(grid_markdown(rows))
+
+    rows = evaluate_grid(
+        registry,
+        spec,
+        cells=cells,
+        seeds=seeds,
+        small=small,
+        progress=lambda line: console.print(line, highlight=False),
+        on_row=write,
+    )
+    table = Table(title=f"{spec.name}: accuracy per acquisition ({len(seeds)} phantoms a cell)")
+    for name in GRID_HEADER:
+        table.add_column(name)
+    for row in grid_rows(rows):
+        table.add_row(*row)
+    console.print(table)
+    write(rows)
+    for path in (json_path, markdown_path):
+        if path is not None:
+            console.print(f"wrote {path}")

@@ -3,7 +3,8 @@
 ``echo`` exits 0 when the peer answered, 1 when it cannot be reached or did not answer
 success (try again later), 2 when it rejected the association permanently (fix the AE
 configuration at one end). ``scp`` runs until interrupted and prints each completed
-study's folder; the server wires the same SCP to its intake.
+study's folder; it reads the same ``gateway.*`` settings as ``radserve serve`` (flags
+override them), and the server wires the same SCP to its intake.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from typing import Any
 
 import click
 
+from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
+from radserve.config import ANY_HOST, TlsSettings
 from radserve.gateway.completeness import CompletedStudy, LatePolicy
-from radserve.gateway.config import ANY_HOST, Destination, Peer, ScpConfig, TlsConfig
+from radserve.gateway.config import Destination, scp_config_from_settings
 from radserve.gateway.conformance import UnwantedPolicy
 from radserve.gateway.scp import GatewaySCP
 from radserve.gateway.scu import Outcome, StoreSCU
@@ -28,16 +31,16 @@ EXIT_UNREACHABLE = 1
 EXIT_REJECTED = 2
 
 
-def _tls(cert: Path | None, key: Path | None, ca: Path | None) -> TlsConfig | None:
+def _tls(cert: Path | None, key: Path | None, ca: Path | None) -> TlsSettings | None:
     if cert is None and key is None and ca is None:
         return None
-    return TlsConfig(cert=cert, key=key, ca=ca)
+    return TlsSettings(cert=cert, key=key, ca=ca)
 
 
-def _peer(text: str) -> Peer:
-    """``AE`` or ``AE@host`` (host ``*`` or absent: any address)."""
+def _peer(text: str) -> dict[str, str]:
+    """``AE`` or ``AE@host`` (host ``*`` or absent: any address) as a peer setting."""
     title, _, host = text.partition("@")
-    return Peer(ae_title=title, host=host or ANY_HOST)
+    return {"ae_title": title, "host": host or ANY_HOST}
 
 
 _EXISTING = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -56,7 +59,9 @@ def group() -> None:
 @click.option("--timeout", default=10.0, show_default=True, help="Seconds per network step.")
 @click.option("--tls-cert", type=_EXISTING, default=None, help="Client certificate (PEM).")
 @click.option("--tls-key", type=_EXISTING, default=None, help="Client key (PEM).")
-@click.option("--tls-ca", type=_EXISTING, default=None, help="CA that signs the peer (PEM).")
+@click.option(
+    "--tls-ca", type=_EXISTING, default=None, help="CA that signs the peer (PEM; needed for TLS)."
+)
 def echo(
     host: str,
     port: int,
@@ -87,71 +92,76 @@ def echo(
 
 
 @group.command("scp")
-@click.option("--port", default=11112, show_default=True, type=click.IntRange(0, 65535))
-@click.option("--ae-title", default="RADSERVE", show_default=True)
-@click.option(
-    "--data-dir",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Received instances go to DATA_DIR/incoming/<study>/ (quarantine/ for others).",
-)
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@CONFIG_OPTION
+@DATA_DIR_OPTION
+@click.option("--host", default=None, help="Address to listen on [gateway.host].")
+@click.option("--port", default=None, type=click.IntRange(0, 65535), help="[gateway.port]")
+@click.option("--ae-title", default=None, help="The SCP's AE title [gateway.ae_title].")
 @click.option(
     "--allow",
     "allowed",
     multiple=True,
     metavar="AE[@HOST]",
-    help="Calling AE allowed to store (repeat). None given: any AE is accepted.",
+    help="Calling AE allowed to store (repeat; replaces gateway.allowed_peers).",
 )
 @click.option(
     "--quiet",
     "quiet_s",
-    default=10.0,
-    show_default=True,
-    help="Seconds without a new instance before a study is complete.",
+    default=None,
+    type=float,
+    help="Seconds without a new instance before a study is complete [gateway.quiet_s].",
 )
 @click.option(
     "--unwanted",
     type=click.Choice([p.value for p in UnwantedPolicy]),
-    default=UnwantedPolicy.QUARANTINE.value,
-    show_default=True,
-    help="Non-image storage classes: keep aside, or refuse at association.",
+    default=None,
+    help="Non-image storage classes: keep aside, or refuse [gateway.unwanted].",
 )
 @click.option(
     "--late",
     type=click.Choice([p.value for p in LatePolicy]),
-    default=LatePolicy.RERUN.value,
-    show_default=True,
-    help="Instances after a study completed: hand it over again, or flag it.",
+    default=None,
+    help="Instances after a study completed: run again, or flag [gateway.late_policy].",
 )
-@click.option("--tls-cert", type=_EXISTING, default=None, help="Server certificate (PEM).")
-@click.option("--tls-key", type=_EXISTING, default=None, help="Server key (PEM).")
-@click.option("--tls-ca", type=_EXISTING, default=None, help="Require client certs from this CA.")
+@click.option("--tls-cert", type=_EXISTING, default=None, help="[gateway.tls.cert] (PEM)")
+@click.option("--tls-key", type=_EXISTING, default=None, help="[gateway.tls.key] (PEM)")
+@click.option("--tls-ca", type=_EXISTING, default=None, help="[gateway.tls.ca]: client CA.")
 def scp(
-    port: int,
-    ae_title: str,
-    data_dir: Path,
-    host: str,
+    config_file: Path | None,
+    data_dir: Path | None,
+    host: str | None,
+    port: int | None,
+    ae_title: str | None,
     allowed: tuple[str, ...],
-    quiet_s: float,
-    unwanted: str,
-    late: str,
+    quiet_s: float | None,
+    unwanted: str | None,
+    late: str | None,
     tls_cert: Path | None,
     tls_key: Path | None,
     tls_ca: Path | None,
 ) -> None:
-    """Run the storage SCP until interrupted; print each completed study's folder."""
-    config = ScpConfig(
+    """Run the storage SCP until interrupted; print each completed study's folder.
+
+    Reads the same ``gateway.*`` settings as ``radserve serve`` (config file,
+    ``RADSERVE_GATEWAY__*``); each flag overrides its setting. Received instances go to
+    DATA_DIR/gateway/incoming/<study>/ (quarantine/ for non-image classes)."""
+    from radserve.config import load_settings
+
+    settings = load_settings(
+        config_file,
         data_dir=data_dir,
-        ae_title=ae_title,
-        host=host,
-        port=port,
-        allowed_peers=tuple(_peer(text) for text in allowed),
-        quiet_s=quiet_s,
-        unwanted=UnwantedPolicy(unwanted),
-        late_policy=LatePolicy(late),
-        tls=_tls(tls_cert, tls_key, tls_ca),
+        gateway__host=host,
+        gateway__port=port,
+        gateway__ae_title=ae_title,
+        gateway__allowed_peers=[_peer(text) for text in allowed] if allowed else None,
+        gateway__quiet_s=quiet_s,
+        gateway__unwanted=unwanted,
+        gateway__late_policy=late,
+        gateway__tls__cert=tls_cert,
+        gateway__tls__key=tls_key,
+        gateway__tls__ca=tls_ca,
     )
+    config = scp_config_from_settings(settings.gateway, settings.data_dir, settings.ingest)
     server = GatewaySCP(config, _print_study)
 
     def _stop(*_: Any) -> None:
@@ -159,7 +169,8 @@ def scp(
 
     signal.signal(signal.SIGTERM, _stop)
     bound_host, bound_port = server.start()
-    click.echo(f"listening as {config.ae_title} on {bound_host}:{bound_port}", err=True)
+    tls = " with TLS" if server.tls else ""
+    click.echo(f"listening as {config.ae_title} on {bound_host}:{bound_port}{tls}", err=True)
     try:
         server.wait()
     except KeyboardInterrupt:

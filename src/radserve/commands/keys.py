@@ -15,11 +15,13 @@ if TYPE_CHECKING:
 
 
 def open_store(config_file: Path | None, data_dir: Path | None) -> Store:
-    """The store the server with these settings uses (no running server needed)."""
+    """The store the server with these settings uses (no running server needed), with
+    the audit key: records this command appends are keyed and checkpointed."""
     from radserve.config import load_settings
-    from radserve.store import init_store
+    from radserve.store.audited import open_audited
 
-    return init_store(load_settings(config_file, data_dir=data_dir).effective_database_url)
+    store, _trail = open_audited(load_settings(config_file, data_dir=data_dir))
+    return store
 
 
 @click.group("keys")
@@ -35,13 +37,26 @@ def group() -> None:
     help="admin ⊇ submit ⊇ read.",
 )
 @click.option("--name", default=None, help="A label for the key (default: the role).")
+@click.option("--site", default=None, help="Site of the key (security.visibility: site).")
+@click.option(
+    "--submitter", default=None, help="Submitter of the key (security.visibility: own_submitter)."
+)
 @CONFIG_OPTION
 @DATA_DIR_OPTION
-def create(role: str, name: str | None, config_file: Path | None, data_dir: Path | None) -> None:
+def create(
+    role: str,
+    name: str | None,
+    site: str | None,
+    submitter: str | None,
+    config_file: Path | None,
+    data_dir: Path | None,
+) -> None:
     """Create a key; the key itself is printed once, as the last line."""
     store = open_store(config_file, data_dir)
     try:
-        record, token = store.create_api_key(name=name or f"{role} key", role=role)
+        record, token = store.create_api_key(
+            name=name or f"{role} key", role=role, site=site, submitter=submitter
+        )
     finally:
         store.close()
     click.echo(f"created API key {record.id} (role {record.role}, name {record.name!r})", err=True)
@@ -84,6 +99,8 @@ def list_keys(as_json: bool, active: bool, config_file: Path | None, data_dir: P
                 "role": key.role,
                 "created": key.created.isoformat(),
                 "revoked": revoked,
+                "site": key.site,
+                "submitter": key.submitter,
             }
             click.echo(json.dumps(row))
         return

@@ -1,17 +1,82 @@
-"""``radserve models``: what is installed and which precision variants may serve."""
+"""``radserve models``: what is installed, where it is deployed, install bundles, change
+deployments (deploy / promote / rollback), build precision variants.
+
+Changes are written to the data dir's store (a row and an audit record each); a running
+server reads them within ``lifecycle.poll_s``, warms the new version and then switches.
+"""
 
 from __future__ import annotations
 
+import copy
+import getpass
+import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from radserve.domain.deployment import StepDeployment
+    from radserve.service.lifecycle import ModelLifecycle
+
 
 @click.group("models")
 def group() -> None:
-    """Model bundles: list, build precision variants."""
+    """Model bundles: list, install, deploy, promote, rollback, build precision variants."""
+
+
+def _lifecycle(config_file: Path | None, data_dir: Path | None) -> ModelLifecycle:
+    """The lifecycle over the store and models a server with these settings uses."""
+    from radserve.config import load_settings
+    from radserve.ingest import IngestPolicy
+    from radserve.service.catalog import Catalog
+    from radserve.service.lifecycle import ModelLifecycle
+    from radserve.store.audited import open_audited
+
+    settings = load_settings(config_file, data_dir=data_dir)
+    store, _trail = open_audited(settings)
+    catalog = Catalog.from_settings(settings)
+    return ModelLifecycle(
+        settings,
+        store=store,
+        catalog=catalog,
+        scheduler=None,
+        policy=IngestPolicy.from_settings(settings.ingest),
+        results_root=settings.data_dir / "results",
+    )
+
+
+def _actor() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"[:64]
+    except (KeyError, OSError):
+        return "cli"
+
+
+def _print_deployment(saved: Any) -> None:
+    canary = f", canary {saved.canary} {saved.canary_percent:g}%" if saved.canary else ""
+    shadow = f", shadow {saved.shadow} {saved.shadow_percent:g}%" if saved.shadow else ""
+    click.echo(f"{saved.step}: stable {saved.stable}{canary}{shadow} ({saved.action.value})")
+
+
+def _change(
+    config_file: Path | None,
+    data_dir: Path | None,
+    change: Callable[[ModelLifecycle], StepDeployment],
+) -> None:
+    """Make one deployment change on the store these settings name, then print its row."""
+    lifecycle = _lifecycle(config_file, data_dir)
+    try:
+        saved = change(lifecycle)
+    finally:
+        lifecycle.store.close()
+    _print_deployment(saved)
 
 
 @group.command("list")
@@ -19,36 +84,245 @@ def group() -> None:
     "--models-dir",
     type=click.Path(path_type=Path, file_okay=False),
     multiple=True,
-    help="Extra bundle roots, searched before the bundled models.",
+    help="Extra bundle roots, searched before the installed and bundled models.",
 )
-def list_models(models_dir: tuple[Path, ...]) -> None:
-    """List model bundles, their labels and servable precisions."""
-    from radserve.models.registry import ModelRegistry, bundled_model_dir
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@CONFIG_OPTION
+@DATA_DIR_OPTION
+def list_models(
+    models_dir: tuple[Path, ...], as_json: bool, config_file: Path | None, data_dir: Path | None
+) -> None:
+    """Every version: servable precisions, gate state, where it is deployed."""
+    lifecycle = _lifecycle(config_file, data_dir)
+    if models_dir:
+        from radserve.models.registry import ModelRegistry
 
-    registry = ModelRegistry([*models_dir, bundled_model_dir()])
-    table = Table(title="Model bundles")
-    for column in ("model", "version", "task", "input", "labels", "servable", "not servable"):
+        registry = lifecycle.catalog.registry
+        lifecycle.catalog.registry = ModelRegistry([*models_dir, *registry.roots])
+    lifecycle.refresh()
+    rows = lifecycle.status()
+    lifecycle.store.close()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    table = Table(title="Model versions")
+    for column in ("model", "version", "task", "deployed", "servable", "gate", "installed"):
         table.add_column(column)
-    for name in registry.names():
-        for version in registry.versions(name):
-            bundle = registry.get(name, version)
-            spec = bundle.spec
-            servable = bundle.available_precisions()
-            refused = [
-                f"{p}: {bundle.rejection(p)}"
-                for p in spec.files
-                if p not in servable and bundle.rejection(p)
-            ]
-            table.add_row(
-                name,
-                version,
-                spec.task,
-                f"{spec.input.mode} @ {spec.input.spacing[1]:g}x{spec.input.spacing[2]:g} mm",
-                ", ".join(label.name for label in spec.labels),
-                ", ".join(servable),
-                "\n".join(refused),
-            )
+    for row in rows:
+        if "error" in row:
+            table.add_row(row["name"], row["version"], "", "", "", row["error"], "")
+            continue
+        deployed = ", ".join(row["deployed"])
+        if row["canary_percent"] is not None:
+            deployed += f" ({row['canary_percent']:g}%)"
+        gate = "\n".join(f"{p}: {why}" for p, why in row["gate"].items())
+        table.add_row(
+            row["name"],
+            row["version"],
+            row["task"],
+            deployed,
+            ", ".join(row["servable"]),
+            gate,
+            "yes" if row["installed"] else "shipped/site",
+        )
     Console().print(table)
+
+
+@group.command("install")
+@click.argument("bundle", type=click.Path(path_type=Path, exists=True))
+@click.option(
+    "--build-variants",
+    is_flag=True,
+    help="Build and gate precision variants (fp16/int8[/bf16]) before installing.",
+)
+@click.option(
+    "--precision",
+    "precision_text",
+    default=None,
+    help="Variants to build, comma-separated [default: lifecycle.variants.precisions, "
+    "else fp16,int8 and bf16 where this host runs it].",
+)
+@click.option("--seeds", default=None, help="Held-out phantom seeds for the gate.")
+@click.option("--calibration-seeds", default=None, help="Phantom seeds for INT8 calibration.")
+@click.option("--small/--full-size", "small", default=None, help="Phantom size for the gate.")
+@CONFIG_OPTION
+@DATA_DIR_OPTION
+def install(
+    bundle: Path,
+    build_variants: bool,
+    precision_text: str | None,
+    seeds: str | None,
+    calibration_seeds: str | None,
+    small: bool | None,
+    config_file: Path | None,
+    data_dir: Path | None,
+) -> None:
+    """Validate BUNDLE (a folder or a zip) and install it into the data dir."""
+    from radserve.service.variant_install import VariantRequest, variant_gates
+
+    variants = None
+    if build_variants:
+        from radserve.commands.evaluate import parse_precisions
+
+        precisions = parse_precisions(precision_text)[1:] if precision_text else None
+        variants = VariantRequest(
+            precisions=tuple(precisions) if precisions else None,
+            seeds=seeds,
+            calibration_seeds=calibration_seeds,
+            small=small,
+        )
+    elif any(v is not None for v in (precision_text, seeds, calibration_seeds, small)):
+        raise click.UsageError(
+            "--precision, --seeds, --calibration-seeds, --small: only with --build-variants"
+        )
+    lifecycle = _lifecycle(config_file, data_dir)
+    try:
+        installed = lifecycle.install(bundle, actor=_actor(), variants=variants)
+    finally:
+        lifecycle.store.close()
+    click.echo(
+        f"installed {installed.name} {installed.version} ({len(installed.files)} files, "
+        f"sha256 recorded) in {installed.directory}"
+    )
+    for precision, gate in variant_gates(installed.directory).items():
+        state = "accepted" if gate["accepted"] else "REJECTED (not deployable)"
+        reasons = "".join(f"; {r}" for r in gate["reasons"])  # type: ignore[attr-defined]
+        click.echo(f"  {precision}: {state}{reasons}")
+
+
+@group.command("deploy")
+@click.argument("step")
+@click.argument("version")
+@click.option(
+    "--role", type=click.Choice(["stable", "canary", "shadow"]), default="stable", show_default=True
+)
+@click.option("--percent", type=click.FloatRange(0, 100), default=0.0, help="Canary/shadow share.")
+@click.option("--include-urgent", is_flag=True, help="Canary: route URGENT studies too.")
+@click.option("--reason", required=True, help="Why (audited).")
+@CONFIG_OPTION
+@DATA_DIR_OPTION
+def deploy(
+    step: str,
+    version: str,
+    role: str,
+    percent: float,
+    include_urgent: bool,
+    reason: str,
+    config_file: Path | None,
+    data_dir: Path | None,
+) -> None:
+    """Deploy VERSION of model STEP as stable, canary or shadow."""
+    from radserve.domain.deployment import Role
+
+    _change(
+        config_file,
+        data_dir,
+        lambda lifecycle: lifecycle.deploy(
+            step,
+            version,
+            role=Role(role),
+            percent=percent,
+            include_urgent=include_urgent,
+            actor=_actor(),
+            reason=reason,
+        ),
+    )
+
+
+@group.command("promote")
+@click.argument("step")
+@click.option("--reason", required=True, help="Why (audited).")
+@CONFIG_OPTION
+@DATA_DIR_OPTION
+def promote(step: str, reason: str, config_file: Path | None, data_dir: Path | None) -> None:
+    """Make STEP's canary its stable version."""
+    _change(config_file, data_dir, lambda lc: lc.promote(step, actor=_actor(), reason=reason))
+
+
+@group.command("rollback")
+@click.argument("step")
+@click.option("--reason", required=True, help="Why (audited).")
+@CONFIG_OPTION
+@DATA_DIR_OPTION
+def rollback(step: str, reason: str, config_file: Path | None, data_dir: Path | None) -> None:
+    """Drop STEP's canary, or go back to its previous stable version."""
+    _change(config_file, data_dir, lambda lc: lc.rollback(step, actor=_actor(), reason=reason))
+
+
+@group.group("import")
+def import_group() -> None:
+    """Import a model trained with another framework as a radserve bundle."""
+
+
+@import_group.command("nnunet")
+@click.argument("folder", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.option(
+    "--models-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    required=True,
+    help="Bundle root to write <name>/<version>/ into (pass it to run/serve as --models-dir).",
+)
+@click.option("--name", default=None, help="Bundle name (default: the dataset name).")
+@click.option("--version", "version", default="1.0.0", show_default=True)
+@click.option("--fold", "folds", multiple=True, help="Folds to ensemble (default: all found).")
+@click.option(
+    "--tta/--no-tta",
+    default=False,
+    show_default=True,
+    help="Bake mirroring test-time augmentation into the graph (2^axes passes per patch).",
+)
+def import_nnunet_command(
+    folder: Path,
+    models_dir: Path,
+    name: str | None,
+    version: str,
+    folds: tuple[str, ...],
+    tta: bool,
+) -> None:
+    """FOLDER: an nnU-Net v2 trainer folder (<Trainer>__<Plans>__<configuration>)."""
+    from radserve.importers import ImportRefusedError
+    from radserve.importers.nnunet import import_nnunet
+
+    try:
+        out = import_nnunet(
+            folder, models_dir, name=name, version=version, folds=folds or None, tta=tta
+        )
+    except ImportRefusedError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"imported {folder} -> {out}")
+
+
+@import_group.command("monai-bundle")
+@click.argument("folder", type=click.Path(path_type=Path, file_okay=False, exists=True))
+@click.option(
+    "--models-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    required=True,
+    help="Bundle root to write <name>/<version>/ into (pass it to run/serve as --models-dir).",
+)
+@click.option("--name", default=None, help="Bundle name (default: metadata.json's name).")
+@click.option("--version", "version", default="1.0.0", show_default=True)
+def import_monai_command(folder: Path, models_dir: Path, name: str | None, version: str) -> None:
+    """FOLDER: a MONAI Bundle (configs/inference.json, configs/metadata.json, models/model.pt)."""
+    from radserve.importers import ImportRefusedError
+    from radserve.importers.monai_bundle import import_monai
+
+    try:
+        out = import_monai(folder, models_dir, name=name, version=version)
+    except ImportRefusedError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"imported {folder} -> {out}")
+
+
+def _add_monai_alias() -> None:
+    """``import monai``: the first name of ``import monai-bundle``, kept so scripts still run."""
+    alias = copy.copy(import_monai_command)
+    alias.hidden = True
+    alias.help = "Alias of monai-bundle."
+    import_group.add_command(alias, "monai")
+
+
+_add_monai_alias()
 
 
 def _add_variant_commands() -> None:

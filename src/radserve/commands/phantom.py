@@ -42,6 +42,14 @@ logger = logging.getLogger(__name__)
 @click.option("--patient-name", help="Patient's Name (DICOM PN, e.g. 'Doe^Jane').")
 @click.option("--patient-id", help="Patient ID.")
 @click.option("--study-uid", help="Study Instance UID (default: derived from the seed).")
+@click.option(
+    "--pet",
+    is_flag=True,
+    help=(
+        "Also write a PET series (PT*.dcm in DIR/dicom: same patient, study and Frame of "
+        "Reference, hot lesions of known SUV) and its truth (ground_truth/suv.nii.gz, pet.json)."
+    ),
+)
 def command(
     seed: int,
     out_dir: Path,
@@ -55,6 +63,7 @@ def command(
     patient_name: str | None,
     patient_id: str | None,
     study_uid: str | None,
+    pet: bool,
 ) -> None:
     """Generate a synthetic chest/abdomen CT with exact organ and lesion ground truth."""
     from radserve.phantom import (
@@ -81,6 +90,18 @@ def command(
         study_uid=study_uid,
     )
     write_ground_truth(phantom, out_dir / "ground_truth")
+    if pet:
+        from radserve.phantom.pet import generate_pet, write_pet_ground_truth, write_pet_series
+
+        pet_phantom = generate_pet(phantom)
+        write_pet_series(
+            pet_phantom,
+            out_dir / "dicom",
+            patient_name=patient_name,
+            patient_id=patient_id,
+            study_uid=study_uid,
+        )
+        write_pet_ground_truth(pet_phantom, out_dir / "ground_truth")
     if nifti:
         write_nifti(phantom.ct, out_dir / "ct.nii.gz")
     logger.info(

@@ -1,83 +1,170 @@
-"""``radserve run STUDY --pipeline NAME --out DIR``."""
+"""``radserve run STUDY --out DIR``: one study through a pipeline, on this machine.
+
+It reads the same settings as ``radserve serve`` (``--config FILE`` or
+``$RADSERVE_CONFIG``, then ``RADSERVE_*`` environment variables): the ingest policy
+(``ingest.*``), model folders and precision (``models.*``), the ONNX Runtime providers
+and threads (``runtime.*``), pipeline folders and the default pipeline (``pipelines.*``)
+and whether Secondary Capture key images are written (``results.*``). Flags override
+settings; ``--ingest NAME=VALUE`` sets one ingest choice, as the ingest errors suggest.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 
 from radserve.commands._console import RichProgress, summary_tables, write_dicom_objects
+from radserve.commands.config import CONFIG_OPTION
+
+
+def _ingest_choices() -> str:
+    from radserve.config import IngestSettings
+
+    return ", ".join(IngestSettings.model_fields)
+
+
+def _parse_ingest(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> dict[str, str]:
+    """``NAME=VALUE`` pairs -> ``ingest__NAME`` overrides (validated with the settings)."""
+    from radserve.config import IngestSettings
+
+    overrides: dict[str, str] = {}
+    for item in values:
+        name, sep, value = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or not name or not value.strip():
+            raise click.BadParameter(f"{item!r} is not NAME=VALUE, e.g. missing_slices=resample")
+        if name not in IngestSettings.model_fields:
+            raise click.BadParameter(f"{name!r} is no ingest setting; one of: {_ingest_choices()}")
+        overrides[f"ingest__{name}"] = value.strip()
+    return overrides
 
 
 @click.command("run")
 @click.argument("study", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--pipeline", "pipeline_name", default="ct-chest-abdomen", show_default=True)
 @click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--pipeline",
+    "pipeline_name",
+    default=None,
+    help="Pipeline name, or path to its YAML file (default: pipelines.default, "
+    "ct-chest-abdomen unless configured).",
+)
+@CONFIG_OPTION
+@click.option(
+    "--ingest",
+    "ingest",
+    multiple=True,
+    metavar="NAME=VALUE",
+    callback=_parse_ingest,
+    help="One ingest choice, e.g. --ingest missing_slices=resample --ingest "
+    "gantry_tilt=correct (overrides ingest.* of the settings; repeatable).",
+)
 @click.option(
     "--precision",
     type=click.Choice(["fp32", "fp16", "int8", "bf16"]),
     default=None,
-    help="Model precision (default: the pipeline's). Only gated variants are served; "
-    "bf16 also needs OpenVINO and a CPU with AMX or AVX-512 BF16.",
+    help="Model precision (default: models.precision, else the pipeline's). Only gated "
+    "variants are served; bf16 also needs OpenVINO and a CPU with AMX or AVX-512 BF16.",
 )
 @click.option(
     "--models-dir",
     type=click.Path(path_type=Path, file_okay=False),
     multiple=True,
-    help="Extra model bundle roots, searched before the bundled models.",
+    help="Extra model bundle roots, searched before models.dirs and the bundled models.",
 )
 @click.option(
     "--provider",
     "providers",
     multiple=True,
     help="ONNX Runtime execution provider(s) to use, in order, e.g. CPUExecutionProvider "
-    "(default: the host's best: TensorRT > CUDA > OpenVINO > CPU).",
+    "(default: runtime.providers, else the host's best: TensorRT > CUDA > OpenVINO > CPU).",
 )
 @click.option("--no-key-images", is_flag=True, help="Skip the PNG key images.")
 @click.option(
     "--dicom/--no-dicom", default=True, show_default=True, help="Also write DICOM SEG and SR."
 )
 @click.option(
-    "--sc-key-images",
-    is_flag=True,
-    help="Also write the key images as DICOM Secondary Capture (viewers without SEG).",
+    "--sc-key-images/--no-sc-key-images",
+    default=None,
+    help="Also write the key images as DICOM Secondary Capture (viewers without SEG) "
+    "(default: results.secondary_capture_key_images).",
+)
+@click.option(
+    "--stream-decode/--no-stream-decode",
+    default=True,
+    show_default=True,
+    help="JPEG 2000: start the organ model while the later slices still decode (same "
+    "labels; --no-stream-decode decodes the whole stack first).",
 )
 def command(
     study: tuple[Path, ...],
-    pipeline_name: str,
     out_dir: Path,
+    pipeline_name: str | None,
+    config_file: Path | None,
+    ingest: dict[str, str],
     precision: str | None,
     models_dir: tuple[Path, ...],
     providers: tuple[str, ...],
     no_key_images: bool,
     dicom: bool,
-    sc_key_images: bool,
+    sc_key_images: bool | None,
+    stream_decode: bool,
 ) -> None:
     """Run a study (folder, zip or DICOM files) through a pipeline; write the report to OUT."""
+    from radserve.config import load_settings
     from radserve.inference import choose_runtime
+    from radserve.ingest.policy import IngestPolicy
     from radserve.models.registry import ModelRegistry, bundled_model_dir
     from radserve.pipeline import SessionPool
-    from radserve.pipelines.spec import load_pipeline
-    from radserve.study import run_study
+    from radserve.pipeline.study import run_study
 
+    overrides: dict[str, Any] = {
+        **ingest,
+        "models__precision": precision,
+        "runtime__providers": providers or None,
+        "results__secondary_capture_key_images": sc_key_images,
+    }
+    settings = load_settings(config_file, **overrides)
     console = Console()
-    pipeline = load_pipeline(pipeline_name)
+    pipeline = _pipeline(pipeline_name or settings.pipelines.default, settings.pipelines.dirs)
     sources = list(study) if len(study) > 1 else study[0]
+    runtime = choose_runtime(
+        prefer=settings.runtime.providers or None, threads=settings.runtime.threads
+    )
     with RichProgress(console) as progress:
         result = run_study(
             sources,
             pipeline=pipeline,
             out_dir=out_dir,
-            registry=ModelRegistry([*models_dir, bundled_model_dir()]),
-            sessions=SessionPool(choose_runtime(prefer=providers or None)),
-            precision=precision,  # type: ignore[arg-type]
+            registry=ModelRegistry([*models_dir, *settings.models.dirs, bundled_model_dir()]),
+            sessions=SessionPool(runtime),
+            precision=settings.models.precision,
+            policy=IngestPolicy.from_settings(settings.ingest),
             progress=progress,
             key_images=not no_key_images,
+            stream_decode=stream_decode,
         )
     for table in summary_tables(result.report):
         console.print(table)
     if dicom:
-        for path in write_dicom_objects(result, console, key_images=sc_key_images):
+        scs = settings.results.secondary_capture_key_images
+        for path in write_dicom_objects(result, console, key_images=scs):
             console.print(f"DICOM: {path}")
     console.print(f"report: {result.report_path}")
+
+
+def _pipeline(name: str, folders: tuple[Path, ...]) -> Any:
+    """A pipeline by path, or by name from the configured folders, then the bundled ones."""
+    from radserve.pipeline.spec import load_pipeline
+
+    if Path(name).suffix in (".yaml", ".yml"):
+        return load_pipeline(name)
+    for folder in folders:
+        if (Path(folder) / f"{name}.yaml").is_file():
+            return load_pipeline(name, Path(folder))
+    return load_pipeline(name)

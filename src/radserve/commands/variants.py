@@ -4,34 +4,20 @@ evaluated, timed and gated."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import click
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from radserve.commands.evaluate import (
-    DEFAULT_PIPELINE,
-    organ_label_values,
-    parse_precisions,
-    pipeline_specs,
-)
-from radserve.evaluation.runner import HELD_OUT_SEED_LIMIT, evaluate, parse_seeds
-from radserve.evaluation.summary import EvalSummary
+from radserve.commands.evaluate import DEFAULT_PIPELINE, parse_precisions, pipeline_specs
+from radserve.errors import ModelError
+from radserve.evaluation.runner import HELD_OUT_SEED_LIMIT, parse_seeds
 from radserve.models.gate import GateReport
 from radserve.models.registry import ModelRegistry, bundled_model_dir
-from radserve.models.variants import build_and_gate
+from radserve.variants import build_and_gate_on_phantoms, default_precisions
 
 logger = logging.getLogger(__name__)
-
-
-def default_variants() -> str:
-    """fp16 and int8 everywhere; bf16 where it can run (OpenVINO, native bfloat16)."""
-    from radserve.inference import choose_runtime
-
-    return "fp16,int8,bf16" if choose_runtime().runs_bf16 else "fp16,int8"
 
 
 def _report_rows(table: Table, name: str, report: GateReport) -> None:
@@ -102,9 +88,7 @@ def command(
 ) -> None:
     """Build FP16/INT8 variants, evaluate them against FP32 on held-out phantoms, time
     them on the CPU, and record the accuracy gate in gate.json next to model.yaml."""
-    from radserve.evaluation.pipeline_runs import pipeline_predictor, record_model_inputs
-    from radserve.evaluation.runner import phantom_truth
-    from radserve.inference import probe_host
+    from radserve.pipeline.spec import load_pipeline
 
     try:
         eval_seeds, calib_seeds = parse_seeds(seeds), parse_seeds(calibration_seeds)
@@ -115,48 +99,32 @@ def command(
         raise click.BadParameter(f"calibration and evaluation share seeds {overlap[:5]}")
     if any(s >= HELD_OUT_SEED_LIMIT for s in eval_seeds):
         raise click.BadParameter(f"evaluation seeds must be below {HELD_OUT_SEED_LIMIT}")
-    precisions = [p for p in parse_precisions(precision_text or default_variants()) if p != "fp32"]
-    threads = threads or probe_host().usable_cores
+    wanted = parse_precisions(precision_text) if precision_text else default_precisions()
+    precisions = [p for p in wanted if p != "fp32"]
     root = models_dir or bundled_model_dir()
+    spec = load_pipeline(pipeline)
     specs = pipeline_specs(ModelRegistry([root]), pipeline)
-    organ_labels = organ_label_values(specs)
     names = [s.name for s in specs] if model_choice == "all" else [model_choice]
-    calibration_cts = [phantom_truth(s, small=small).ct for s in calib_seeds]
 
     console = Console()
     table = Table(title="Precision variants vs fp32")
     for col in ("model", "variant", "gate", "ms/slice", "x fp32 time", "reasons"):
         table.add_column(col)
     for name in names:
-        registry = ModelRegistry([root])
-        bundle = registry.get(name)
-        batches = record_model_inputs(registry, pipeline, name, calibration_cts)
-        if not batches:
-            raise click.ClickException(f"the pipeline fed {name} no batches on calibration seeds")
-
-        def run_eval(wanted: Sequence[str], _name: str = name) -> Mapping[str, EvalSummary]:
-            ungated = ModelRegistry([root], allow_ungated=True)
-            predict = pipeline_predictor(ungated, pipeline, vary=_name)
-            return evaluate(
-                predict,
-                seeds=eval_seeds,
-                organ_labels=organ_labels,
-                precisions=wanted,
+        try:
+            report = build_and_gate_on_phantoms(
+                ModelRegistry([root]),
+                spec,
+                name,
+                eval_seeds=eval_seeds,
+                calibration_seeds=calib_seeds,
+                precisions=precisions,
                 small=small,
+                threads=threads,
             )
-
-        def calibration(_batches: list[np.ndarray] = batches) -> Iterator[np.ndarray]:
-            return iter(_batches)
-
-        report = build_and_gate(
-            bundle,
-            evaluate_precisions=run_eval,
-            calibration=calibration,
-            speed_batch=max(batches, key=len),
-            threads=threads,
-            precisions=precisions,
-            calibration_seeds=calib_seeds,
-        )
+        except ModelError as exc:
+            raise click.ClickException(exc.message) from exc
         _report_rows(table, name, report)
-        console.print(f"wrote {bundle.directory / 'gate.json'}")
+        directory = ModelRegistry([root]).get(name, report.version).directory
+        console.print(f"wrote {directory / 'gate.json'}")
     console.print(table)

@@ -27,3 +27,7 @@ class Prediction:
     # Every non-zero label lies inside this box of ``labels`` (None: not known), so
     # post-processing need not scan the rest of the grid.
     extent: tuple[slice, slice, slice] | None = None
+    # A classification model's answer instead of a label map (``labels`` stays all
+    # background): each output channel's probability aggregated over the slices read.
+    class_probabilities: tuple[float, ...] | None = None
+    slices: int = 0

@@ -17,6 +17,12 @@ import numpy as np
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 
 
+def spacing_of(affine: np.ndarray) -> tuple[float, float, float]:
+    """Voxel size in mm along (slice, row, column) of an index-to-patient affine."""
+    norms = np.linalg.norm(np.asarray(affine, dtype=np.float64)[:3, :3], axis=0)
+    return (float(norms[0]), float(norms[1]), float(norms[2]))
+
+
 @dataclass(frozen=True, eq=False)
 class Volume:
     """An image or label volume in patient space; operations return new volumes."""
@@ -81,8 +87,7 @@ class Volume:
     @property
     def spacing(self) -> tuple[float, float, float]:
         """Voxel size in mm along (slice, row, column)."""
-        norms = np.linalg.norm(self.affine[:3, :3], axis=0)
-        return (float(norms[0]), float(norms[1]), float(norms[2]))
+        return spacing_of(self.affine)
 
     @property
     def origin(self) -> np.ndarray:
@@ -107,10 +112,6 @@ class Volume:
         """(N, 3) LPS millimetres -> (N, 3) fractional voxel indices."""
         pts = np.atleast_2d(np.asarray(points, dtype=np.float64))
         return (pts - self.affine[:3, 3]) @ np.linalg.inv(self.affine[:3, :3]).T
-
-    def is_axis_aligned(self, tol: float = 1e-4) -> bool:
-        d = np.abs(self.direction)
-        return bool(np.all((d < tol) | (np.abs(d - 1) < tol)))
 
     def same_geometry(self, other: Volume, tol: float = 1e-3) -> bool:
         return self.shape == other.shape and bool(np.allclose(self.affine, other.affine, atol=tol))

@@ -1,8 +1,9 @@
-"""Accuracy on held-out phantoms: metrics, lesion matching, summaries, the runner.
+"""Accuracy on held-out phantoms: metrics, lesion matching, summaries, the runner, and
+the accuracy gate a reduced-precision variant must pass (:mod:`radserve.evaluation.gate`).
 
-``radserve.evaluation.publish`` (JSON / Markdown / rich tables) is imported from its
-module, not from here: it depends on ``radserve.models.gate``, which depends on this
-package.
+``radserve.evaluation.publish`` (JSON / Markdown / rich tables) and
+``radserve.evaluation.pipeline_runs`` are imported from their modules: they pull in the
+model registry and the pipeline, which the metrics alone do not need.
 """
 
 from radserve.evaluation.lesions import (

@@ -98,10 +98,6 @@ class StudyLesions:
     false_positive_components: tuple[int, ...]
 
     @property
-    def n_true_positive(self) -> int:
-        return sum(o.detected for o in self.outcomes)
-
-    @property
     def n_false_positive(self) -> int:
         return len(self.false_positive_components)
 

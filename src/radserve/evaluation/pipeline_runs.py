@@ -13,18 +13,26 @@ pipeline itself is unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from radserve.domain.volume import Volume
 from radserve.evaluation.runner import Predictor, StudyPrediction
+from radserve.models.manifest import ModelSpec
 from radserve.models.registry import ModelBundle, ModelRegistry
 from radserve.pipeline import SessionPool, run_volume
-from radserve.pipelines.spec import PipelineSpec, load_pipeline
+from radserve.pipeline.spec import PipelineSpec, load_pipeline
 
-__all__ = ["pipeline_predictor", "record_model_inputs"]
+__all__ = ["organ_label_values", "pipeline_predictor", "record_model_inputs"]
+
+
+def organ_label_values(specs: Sequence[ModelSpec]) -> dict[str, int]:
+    """Organ name -> value in the label map, from the organ labels of ``specs``."""
+    return {
+        label.name: label.value for spec in specs for label in spec.labels if label.kind == "organ"
+    }
 
 
 class _VaryOnePool(SessionPool):

@@ -11,9 +11,10 @@ from collections.abc import Mapping
 
 from rich.table import Table
 
+from radserve.evaluation.gate import GateDecision
 from radserve.evaluation.lesions import SIZE_STRATA
 from radserve.evaluation.summary import EvalSummary
-from radserve.models.gate import GateDecision, SpeedResult
+from radserve.models.gate import SpeedResult
 
 __all__ = ["lesion_table", "organ_table", "to_json", "to_markdown"]
 

@@ -12,8 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from radserve.domain.accuracy import EvalSummary
 from radserve.evaluation.lesions import LESION_TYPES, SIZE_STRATA, StudyLesions
 
 __all__ = ["EvalSummary", "StudyScores", "summarise"]
@@ -28,33 +27,6 @@ class StudyScores:
     hd95: Mapping[str, float]
     lesions: StudyLesions
     predict_seconds: float = 0.0
-
-
-class EvalSummary(BaseModel):
-    """Accuracy of one precision of a pipeline over held-out phantom studies."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    variant: str = Field("fp32", description="precision of the models evaluated")
-    n_studies: int
-    seeds: list[int]
-    dice_mean: float | None = Field(description="mean over organs of each organ's mean Dice")
-    dice: dict[str, float | None]
-    hd95: dict[str, float | None] = Field(
-        description="mm; mean over studies where both masks are non-empty"
-    )
-    recall_by_size: dict[str, float | None]
-    recall_by_type: dict[str, float | None]
-    n_lesions_by_size: dict[str, int]
-    n_detected_by_size: dict[str, int]
-    n_lesions_by_type: dict[str, int]
-    precision: float | None = Field(
-        default=None, description="lesions: matched components / predicted components"
-    )
-    fp_per_study: float
-    n_predicted: int = 0
-    mean_predict_seconds: float | None = None
-    notes: list[str] = Field(default_factory=list)
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -17,7 +17,8 @@ from radserve.gateway.config import (
     Destination,
     Peer,
     ScpConfig,
-    TlsConfig,
+    TlsSettings,
+    destinations,
     scp_config_from_settings,
 )
 from radserve.gateway.conformance import UnwantedPolicy
@@ -45,7 +46,8 @@ __all__ = [
     "StoreSCU",
     "StudyCallback",
     "StudyTracker",
-    "TlsConfig",
+    "TlsSettings",
     "UnwantedPolicy",
+    "destinations",
     "scp_config_from_settings",
 ]

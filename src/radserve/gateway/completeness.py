@@ -10,6 +10,21 @@ The tracker reads an injectable monotonic clock and does nothing on its own: a
 :class:`CompletenessMonitor` thread (or a test) calls :meth:`StudyTracker.poll`. After a
 successful hand-over it writes a small marker into the study folder, so a restart can
 tell finished studies from those still waiting (:meth:`StudyTracker.recover`).
+
+A study whose association was cut off — aborted, or the server crashed while receiving
+it (the SCP keeps a ``.radserve-receiving-*`` marker in the study folder for the length
+of each association) — is known to be incomplete. It waits ``interrupted_quiet_s``
+(default 5 min) instead of ``quiet_s`` after its last instance, so a sender that resumes
+or re-sends after a restart completes it; a later association that delivers instances
+to it and is released normally ends the interruption. After a restart the wait starts
+again from the restart.
+
+While an association that delivered instances to a study is still open, the study is not
+quiet however long the gap between its instances: the sender has not said it is done
+(a modality sending slices as they are reconstructed, or a loaded server whose receive
+threads stall for longer than ``quiet_s``, would otherwise have a partial study handed
+over and then re-run). Such a study, too, waits at most ``interrupted_quiet_s`` after its
+last instance; the quiet period proper starts when the association is released.
 """
 
 from __future__ import annotations
@@ -29,6 +44,8 @@ from radserve.gateway.storage import study_instances
 logger = logging.getLogger(__name__)
 
 HANDOVER_MARKER = ".radserve-handover.json"
+RECEIVING_PREFIX = ".radserve-receiving-"  # + association id: an association is open
+INTERRUPTED_MARKER = ".radserve-interrupted"  # an association was cut off mid-study
 _MAX_RETRY_S = 300.0
 
 
@@ -56,6 +73,8 @@ class CompletedStudy:
     instances: tuple[Path, ...]  # every instance now in the folder
     new_instances: int  # arrived since the previous hand-over
     calling_ae_titles: tuple[str, ...]
+    # handed over while still cut off: the sender did not resume within the wait
+    interrupted: bool = False
 
 
 StudyCallback = Callable[[CompletedStudy], None]
@@ -69,6 +88,8 @@ class _Open:
     calling_ae_titles: set[str] = field(default_factory=set)
     failures: int = 0
     retry_at: float = 0.0
+    interrupted: bool = False
+    associations: set[object] = field(default_factory=set)  # still open, delivering it
 
 
 @dataclass
@@ -86,12 +107,14 @@ class StudyTracker:
         on_complete: StudyCallback,
         *,
         quiet_s: float = 10.0,
+        interrupted_quiet_s: float | None = None,
         late_policy: LatePolicy = LatePolicy.RERUN,
         clock: Callable[[], float] = time.monotonic,
         forget_after_s: float = 7 * 24 * 3600.0,
     ) -> None:
         self._on_complete = on_complete
         self.quiet_s = quiet_s
+        self.interrupted_quiet_s = max(quiet_s, interrupted_quiet_s or quiet_s)
         self.late_policy = late_policy
         self._clock = clock
         self._forget_after_s = forget_after_s
@@ -101,10 +124,18 @@ class StudyTracker:
         self._poll_lock = threading.Lock()
 
     def arrived(
-        self, study_uid: str, folder: Path, *, calling_ae: str = "", new: bool = True
+        self,
+        study_uid: str,
+        folder: Path,
+        *,
+        calling_ae: str = "",
+        new: bool = True,
+        association: object | None = None,
     ) -> None:
         """An instance of ``study_uid`` is on disk in ``folder``. ``new=False`` for a
-        duplicate: it keeps an open study open but does not reopen a finished one."""
+        duplicate: it keeps an open study open but does not reopen a finished one.
+        ``association``: a key of the open association that delivered it; the study is
+        not quiet until that association ends (:meth:`resumed`, :meth:`interrupted`)."""
         now = self._clock()
         with self._lock:
             entry = self._open.get(study_uid)
@@ -116,8 +147,39 @@ class StudyTracker:
                     logger.info("late instance for handed-over study %s", study_uid)
             entry.last_arrival = now
             entry.new_instances += int(new)
+            if association is not None:
+                entry.associations.add(association)
             if calling_ae:
                 entry.calling_ae_titles.add(calling_ae)
+
+    def interrupted(self, study_uid: str, association: object | None = None) -> None:
+        """The association delivering ``study_uid`` was cut off: wait longer for it."""
+        with self._lock:
+            entry = self._open.get(study_uid)
+            if entry is not None:
+                entry.associations.discard(association)
+            if entry is not None and not entry.interrupted:
+                entry.interrupted = True
+                logger.warning(
+                    "study %s: its association was cut off; waiting up to %.0f s for the "
+                    "sender to resume",
+                    study_uid,
+                    self.interrupted_quiet_s,
+                )
+
+    def resumed(self, study_uid: str, association: object | None = None) -> None:
+        """An association that delivered instances to ``study_uid`` ended normally: its
+        quiet period runs from now on (or from its last instance, if later)."""
+        now = self._clock()
+        with self._lock:
+            entry = self._open.get(study_uid)
+            if entry is not None and association in entry.associations:
+                entry.associations.discard(association)
+                entry.last_arrival = max(entry.last_arrival, now)
+            if entry is not None and entry.interrupted:
+                entry.interrupted = False
+                _remove(entry.folder / INTERRUPTED_MARKER)
+                logger.info("study %s: the sender resumed; usual quiet period", study_uid)
 
     def touch(self, study_uid: str) -> None:
         """Activity that is not an instance for intake (a quarantined object): keeps an
@@ -139,7 +201,7 @@ class StudyTracker:
         with self._lock:
             if not self._open:
                 return None
-            due = min(max(e.last_arrival + self.quiet_s, e.retry_at) for e in self._open.values())
+            due = min(max(e.last_arrival + self._quiet(e), e.retry_at) for e in self._open.values())
         return max(0.0, due - now)
 
     def poll(self) -> list[CompletedStudy]:
@@ -153,7 +215,7 @@ class StudyTracker:
                 ready = [
                     (uid, self._open.pop(uid))
                     for uid, entry in list(self._open.items())
-                    if now - entry.last_arrival >= self.quiet_s and now >= entry.retry_at
+                    if now - entry.last_arrival >= self._quiet(entry) and now >= entry.retry_at
                 ]
                 self._forget(now)
             handed: list[CompletedStudy] = []
@@ -166,6 +228,7 @@ class StudyTracker:
                     self._reopen(uid, entry, now)
                     continue
                 _write_marker(entry.folder, study.generation, len(study.instances))
+                _remove(entry.folder / INTERRUPTED_MARKER)
                 with self._lock:
                     self._done[uid] = _Done(study.generation, len(study.instances), now)
                 logger.info(
@@ -187,16 +250,30 @@ class StudyTracker:
         for folder in sorted(p for p in Path(incoming).iterdir() if p.is_dir()):
             count = len(study_instances(folder))
             marker = _read_marker(folder)
+            cut_off = _cut_off(folder)  # the server stopped while receiving it
             with self._lock:
                 if marker is not None:
                     self._done[folder.name] = _Done(marker[0], marker[1], now)
                 if count > (marker[1] if marker else 0) and folder.name not in self._open:
                     new = count - (marker[1] if marker else 0)
-                    self._open[folder.name] = _Open(folder, now, new_instances=new)
+                    self._open[folder.name] = _Open(
+                        folder, now, new_instances=new, interrupted=cut_off
+                    )
                     reopened += 1
+            if cut_off:
+                logger.warning(
+                    "study %s was being received when the server stopped; waiting up to "
+                    "%.0f s for the sender to resume",
+                    folder.name,
+                    self.interrupted_quiet_s,
+                )
         if reopened:
             logger.info("%d received studies were not handed over yet; waiting again", reopened)
         return reopened
+
+    def _quiet(self, entry: _Open) -> float:
+        """An interrupted study, or one whose association is still open, waits longer."""
+        return self.interrupted_quiet_s if entry.interrupted or entry.associations else self.quiet_s
 
     def _completed(self, uid: str, entry: _Open) -> CompletedStudy:
         with self._lock:
@@ -216,6 +293,7 @@ class StudyTracker:
             instances=tuple(study_instances(entry.folder)),
             new_instances=entry.new_instances,
             calling_ae_titles=tuple(sorted(entry.calling_ae_titles)),
+            interrupted=entry.interrupted,
         )
 
     def _reopen(self, uid: str, entry: _Open, now: float) -> None:
@@ -227,6 +305,8 @@ class StudyTracker:
                 entry.last_arrival = max(entry.last_arrival, newer.last_arrival)
                 entry.new_instances += newer.new_instances
                 entry.calling_ae_titles |= newer.calling_ae_titles
+                entry.interrupted = entry.interrupted or newer.interrupted
+                entry.associations |= newer.associations
             self._open[uid] = entry
 
     def _forget(self, now: float) -> None:
@@ -271,6 +351,28 @@ def _write_marker(folder: Path, generation: int, instances: int) -> None:
         os.replace(temporary, folder / HANDOVER_MARKER)
     except OSError as exc:
         logger.warning("cannot write the hand-over marker of %s: %s", folder.name, exc)
+
+
+def _cut_off(folder: Path) -> bool:
+    """Whether an association was receiving into ``folder`` when the server stopped
+    (its ``.radserve-receiving-*`` marker remains) or had been cut off before; the
+    receiving markers become one interrupted marker."""
+    receiving = list(folder.glob(f"{RECEIVING_PREFIX}*"))
+    if receiving:
+        try:
+            (folder / INTERRUPTED_MARKER).touch()
+        except OSError as exc:
+            logger.warning("cannot mark %s as interrupted: %s", folder.name, exc)
+        for path in receiving:
+            _remove(path)
+    return bool(receiving) or (folder / INTERRUPTED_MARKER).exists()
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        logger.warning("cannot remove %s: %s", path.name, exc)
 
 
 def _read_marker(folder: Path) -> tuple[int, int] | None:

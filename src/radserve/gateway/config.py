@@ -1,105 +1,108 @@
-"""Gateway settings as frozen values: who may send, where results go, TLS, policies.
+"""What the gateway is configured with: the ``gateway.*`` settings themselves.
 
-These are plain dataclasses so the gateway is usable (and testable) without the server's
-settings object; :func:`scp_config_from_settings` builds one from
-:class:`radserve.config.GatewaySettings`.
+:class:`ScpConfig` is :class:`radserve.config.GatewaySettings` plus the folder received
+files go to, so ``radserve serve``, ``radserve gateway scp`` and tests configure the
+SCP with one set of knobs (no second mapping layer to forget a field in). Peers are
+:class:`radserve.config.DicomPeer`; :class:`Destination` is a peer results are sent to.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import re
 import socket
-import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from radserve.gateway.completeness import LatePolicy
-from radserve.gateway.conformance import UnwantedPolicy
-from radserve.gateway.errors import GatewayConfigError
+from pydantic import Field, ValidationError
 
-# PS3.5 AE VR: up to 16 characters of the default repertoire, no backslash, no control
-# characters, not only spaces.
-_AE_TITLE = re.compile(r"^[\x20-\x5b\x5d-\x7e]{1,16}$")
-ANY_HOST = "*"
+from radserve.config import (
+    ANY_HOST,
+    DicomPeer,
+    GatewaySettings,
+    IngestSettings,
+    TlsSettings,
+)
+from radserve.config import (
+    check_ae_title as _check_ae_title,
+)
+from radserve.gateway.errors import GatewayConfigError
+from radserve.ingest.policy import IngestPolicy
+
+# An allowed peer (calling AE title @ host) is the settings' DicomPeer itself.
+Peer = DicomPeer
+
+__all__ = [
+    "ANY_HOST",
+    "AllowList",
+    "Destination",
+    "Peer",
+    "ScpConfig",
+    "TlsSettings",
+    "check_ae_title",
+    "destinations",
+    "scp_config_from_settings",
+]
 
 
 def check_ae_title(value: str, what: str = "AE title") -> str:
-    """The title without padding; a clear error if DICOM would not carry it."""
-    title = value.strip()
-    if not title or not _AE_TITLE.match(value):
-        raise GatewayConfigError(
-            f"{what} {value!r} is not a valid DICOM AE title: 1-16 printable ASCII "
-            "characters, no backslash, not only spaces"
-        )
-    return title
+    """The title without padding; a :class:`GatewayConfigError` naming ``what``."""
+    try:
+        return _check_ae_title(value)
+    except ValueError as exc:
+        raise GatewayConfigError(f"{what} {exc}") from None
 
 
-@dataclass(frozen=True)
-class TlsConfig:
-    """DICOM TLS (PS3.15 B.1): our certificate and key, and the CA that signs peers.
+class ScpConfig(GatewaySettings):
+    """The gateway settings plus ``data_dir`` (received instances go to
+    ``data_dir/incoming/<study>/``, quarantine/ for others) and the bounds on reading a
+    received instance, from the ``ingest`` settings: ``max_file_bytes`` (the instance, and
+    a Deflated one inflated) and ``max_header_bytes`` (its header in memory)."""
 
-    With ``ca`` set, peers must present a certificate signed by it (mutual TLS on the
-    SCP, server verification on the SCU); without it the SCU does not verify the server.
-    """
+    data_dir: Path
+    max_file_bytes: int = Field(default=IngestPolicy.max_file_bytes, gt=0)
+    max_header_bytes: int = Field(default=IngestPolicy.max_header_bytes, gt=0)
 
-    cert: Path | None = None
-    key: Path | None = None
-    ca: Path | None = None
-    # SCU: the name the server's certificate must carry (default: the destination host)
-    server_hostname: str | None = None
-
-    def server_context(self) -> ssl.SSLContext:
-        if self.cert is None or self.key is None:
-            raise GatewayConfigError("the TLS SCP needs both a certificate and a key file")
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        self._load(context)
-        if self.ca is not None:
-            context.verify_mode = ssl.CERT_REQUIRED
-        return context
-
-    def client_context(self) -> ssl.SSLContext:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        if self.ca is None:
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-        self._load(context)
-        return context
-
-    def _load(self, context: ssl.SSLContext) -> None:
+    def __init__(self, /, **data: Any) -> None:
         try:
-            if self.cert is not None:
-                context.load_cert_chain(str(self.cert), None if self.key is None else str(self.key))
-            if self.ca is not None:
-                context.load_verify_locations(cafile=str(self.ca))
-        except (OSError, ssl.SSLError) as exc:
-            raise GatewayConfigError(f"cannot load the TLS files: {exc}") from exc
+            super().__init__(**data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'gateway'}: {e['msg']}" for e in exc.errors()
+            )
+            raise GatewayConfigError(f"invalid gateway configuration: {problems}") from None
 
 
-@dataclass(frozen=True)
-class Peer:
-    """A calling AE allowed to associate; ``host`` ``"*"`` accepts it from any address."""
-
-    ae_title: str
-    host: str = ANY_HOST
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "ae_title", check_ae_title(self.ae_title, "allowed peer"))
+def scp_config_from_settings(
+    gateway: GatewaySettings,
+    data_dir: Path,
+    ingest: IngestSettings | None = None,
+    **overrides: Any,
+) -> ScpConfig:
+    """The SCP's configuration from the ``gateway`` settings (files under
+    ``data_dir/gateway``) and the read bounds of the ``ingest`` settings, with
+    ``overrides`` (command-line flags, tests) applied."""
+    bounds = {}
+    if ingest is not None:
+        bounds = {
+            "max_file_bytes": ingest.max_file_bytes,
+            "max_header_bytes": ingest.max_header_bytes,
+        }
+    values = {**dict(gateway), "data_dir": Path(data_dir) / "gateway", **bounds, **overrides}
+    return ScpConfig(**values)
 
 
 @dataclass(frozen=True)
 class Destination:
-    """A DICOM peer radserve sends results to (C-STORE SCU), named for the outbox."""
+    """A DICOM peer radserve sends results to (C-STORE SCU), named for the outbox.
+    ``tls``: the client side of DICOM TLS (``ca`` verifies the peer)."""
 
     name: str
     ae_title: str
     host: str
     port: int
-    tls: TlsConfig | None = None
+    tls: TlsSettings | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ae_title", check_ae_title(self.ae_title, "destination"))
@@ -112,34 +115,20 @@ class Destination:
         return f"{self.name} ({self.ae_title}@{self.host}:{self.port})"
 
 
-@dataclass(frozen=True)
-class ScpConfig:
-    """Everything the storage SCP is configured with."""
-
-    data_dir: Path
-    ae_title: str = "RADSERVE"
-    host: str = "127.0.0.1"
-    port: int = 11112  # 0: any free port (tests)
-    # empty: any calling AE is accepted (logged as a warning at start)
-    allowed_peers: tuple[Peer, ...] = ()
-    require_called_ae_title: bool = True
-    unwanted: UnwantedPolicy = UnwantedPolicy.QUARANTINE
-    quiet_s: float = 10.0
-    late_policy: LatePolicy = LatePolicy.RERUN
-    # C-STORE answers 0xA700 when a write would leave less free space than this
-    min_free_bytes: int = 512 * 1024**2
-    max_associations: int = 16
-    acse_timeout_s: float = 30.0
-    dimse_timeout_s: float = 60.0
-    network_timeout_s: float = 60.0
-    tls: TlsConfig | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "ae_title", check_ae_title(self.ae_title, "the SCP's AE title"))
-        if self.quiet_s <= 0:
-            raise GatewayConfigError(f"quiet_s must be > 0 seconds, got {self.quiet_s}")
-        if not 0 <= self.port <= 65535:
-            raise GatewayConfigError(f"port {self.port} not in 0-65535")
+def destinations(gateway: GatewaySettings) -> list[Destination]:
+    """The allowed peers that have a port: where results go (the PACS that sends a study
+    is usually the one that wants its results), over TLS for peers with ``tls``."""
+    return [
+        Destination(
+            name=peer.ae_title,
+            ae_title=peer.ae_title,
+            host=peer.host,
+            port=peer.port,
+            tls=gateway.tls if peer.tls else None,
+        )
+        for peer in gateway.allowed_peers
+        if peer.port is not None
+    ]
 
 
 class AllowList:
@@ -147,7 +136,7 @@ class AllowList:
     start, so a DNS change needs a restart (and a slow resolver never delays an
     association)."""
 
-    def __init__(self, peers: Iterable[Peer]) -> None:
+    def __init__(self, peers: Iterable[DicomPeer]) -> None:
         self._peers: dict[str, set[str] | None] = {}
         for peer in peers:
             current = self._peers.get(peer.ae_title, set())
@@ -155,6 +144,11 @@ class AllowList:
                 self._peers[peer.ae_title] = None
             else:
                 self._peers[peer.ae_title] = current | _resolve(peer.host)
+
+    @property
+    def addresses(self) -> frozenset[str]:
+        """The addresses of peers listed with a host (not ``*``): known at the TCP level."""
+        return frozenset(a for hosts in self._peers.values() if hosts for a in hosts)
 
     @property
     def open(self) -> bool:
@@ -168,7 +162,7 @@ class AllowList:
         if title not in self._peers:
             return False
         addresses = self._peers[title]
-        return addresses is None or _normalise(address) in addresses
+        return addresses is None or normalise_address(address) in addresses
 
 
 def _resolve(host: str) -> set[str]:
@@ -176,10 +170,10 @@ def _resolve(host: str) -> set[str]:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except OSError as exc:
         raise GatewayConfigError(f"allowed peer host {host!r} cannot be resolved: {exc}") from exc
-    return {_normalise(str(info[4][0])) for info in infos}
+    return {normalise_address(str(info[4][0])) for info in infos}
 
 
-def _normalise(address: str) -> str:
+def normalise_address(address: str) -> str:
     """One spelling per address (IPv4-mapped IPv6 -> IPv4), so comparisons are exact."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
@@ -188,18 +182,3 @@ def _normalise(address: str) -> str:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return str(ip.ipv4_mapped)
     return str(ip)
-
-
-def scp_config_from_settings(gateway: Any, data_dir: Path, **overrides: Any) -> ScpConfig:
-    """An :class:`ScpConfig` from :class:`radserve.config.GatewaySettings` (its
-    ``ae_title``, ``port``, ``allowed_peers`` and any later field of the same name)."""
-    values: dict[str, Any] = {"data_dir": Path(data_dir) / "gateway"}
-    for name in ScpConfig.__dataclass_fields__:
-        if name not in ("data_dir", "allowed_peers") and hasattr(gateway, name):
-            values[name] = getattr(gateway, name)
-    values["allowed_peers"] = tuple(
-        Peer(ae_title=peer.ae_title, host=peer.host or ANY_HOST)
-        for peer in getattr(gateway, "allowed_peers", ())
-    )
-    values.update(overrides)
-    return ScpConfig(**values)

@@ -90,11 +90,24 @@ SCP_TRANSFER_SYNTAXES: tuple[UID, ...] = (
     HTJ2KLosslessRPCL,
     RLELossless,
     JPEGBaseline8Bit,
-    JPEGExtended12Bit,
     JPEGLSNearLossless,
     JPEG2000,
     HTJ2K,
 )
+
+# Transfer syntaxes refused on purpose, with the reason given to the sender (the SCP
+# does not accept them in negotiation; STOW-RS answers 0xC122 for each such instance).
+# JPEG Extended (process 2 & 4) carries 12-bit CT in practice, and no decoder radserve
+# may ship decodes that: python-gdcm 3.2 and Pillow refuse 12-bit precision, and
+# pylibjpeg-libjpeg is GPLv3. Accepting it meant C-STORE success and then a job that
+# failed at decode; refusing it makes a sender fall back to a syntax it also offers.
+REFUSED_TRANSFER_SYNTAXES: dict[UID, str] = {
+    JPEGExtended12Bit: (
+        "JPEG Extended (process 2 & 4) is not accepted: its 12-bit data cannot be decoded "
+        "with radserve's decoders (python-gdcm, Pillow; pylibjpeg-libjpeg is GPLv3); "
+        "send it uncompressed or lossless (e.g. JPEG Lossless SV1)"
+    ),
+}
 
 UNCOMPRESSED: tuple[UID, ...] = (ExplicitVRLittleEndian, ImplicitVRLittleEndian)
 VERIFICATION = UID(sc.Verification)
@@ -103,6 +116,10 @@ VERIFICATION = UID(sc.Verification)
 # transfer syntax) of the files in an association.
 SEGMENTATION = UID(sc.SegmentationStorage)
 COMPREHENSIVE_3D_SR = UID(sc.Comprehensive3DSRStorage)
+# The non-image classes radserve writes: the SCP accepts them under every policy, so a
+# PACS re-sending radserve's own results gets success (they are recognised and dropped,
+# see radserve.gateway.own_results); other objects of these classes follow the policy.
+RESULT_STORAGE: tuple[UID, ...] = (SEGMENTATION, COMPREHENSIVE_3D_SR)
 
 
 class UnwantedPolicy(StrEnum):

@@ -1,7 +1,7 @@
 """The durable outbox: result files -> DICOM destinations, retried until delivered.
 
 (The FHIR Bundle deliveries share the table, the retry policy, :func:`settle` and the
-worker: :mod:`radserve.gateway.outbox_fhir`.)
+worker: :mod:`radserve.fhir.delivery`.)
 
 Enqueue writes one row per (result instance, destination) and commits; nothing else
 needs to stay up. :meth:`Outbox.deliver_pending` sends what is due (testable with any
@@ -25,12 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import pydicom
-from pydicom.errors import InvalidDicomError
-
 from radserve.gateway.config import Destination
 from radserve.gateway.errors import GatewayConfigError, GatewayError
 from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult
+from radserve.ingest.headers import UnreadableHeaderError, read_header
 from radserve.store.outbox import NewDelivery, OutboxItem, OutboxState, OutboxStore
 
 logger = logging.getLogger(__name__)
@@ -116,6 +114,7 @@ class Outbox:
         destinations: Sequence[str] | None = None,
         job_id: str | None = None,
         now: dt.datetime | None = None,
+        held_for: str | None = None,
     ) -> list[OutboxItem]:
         """Queue each DICOM file for each destination (default: all configured).
 
@@ -129,7 +128,7 @@ class Outbox:
                 f"unknown destination(s) {unknown}; configured: {sorted(self.destinations)}"
             )
         deliveries = [
-            NewDelivery(destination=name, job_id=job_id, **_describe(Path(path)))
+            NewDelivery(destination=name, job_id=job_id, held_for=held_for, **_describe(Path(path)))
             for path in paths
             for name in names
         ]
@@ -240,7 +239,7 @@ def settle(
 def _describe(path: Path) -> dict[str, str]:
     """The UIDs an outbox row needs, from the file's header."""
     try:
-        header = pydicom.dcmread(path, stop_before_pixels=True)
+        header = read_header(path)
         return {
             "path": str(path.absolute()),
             "sop_class_uid": str(header.SOPClassUID),
@@ -248,7 +247,7 @@ def _describe(path: Path) -> dict[str, str]:
             "study_instance_uid": str(header.StudyInstanceUID),
             "transfer_syntax_uid": str(header.file_meta.TransferSyntaxUID),
         }
-    except (OSError, InvalidDicomError, AttributeError) as exc:
+    except (OSError, UnreadableHeaderError, AttributeError) as exc:
         raise GatewayError(f"cannot queue {path.name}: not a readable DICOM file ({exc})") from exc
 
 

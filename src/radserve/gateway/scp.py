@@ -2,39 +2,94 @@
 
 One pynetdicom AE, one thread per association. Each handler answers exactly one DICOM
 status, decided in one place (:meth:`GatewaySCP._on_store`): success only after the
-instance is fsynced; 0xA700 when it cannot be made durable; 0xC000 when it cannot be
-filed. The allow-list is checked on A-ASSOCIATE-RQ, before any data is accepted.
+instance is durable (per instance or by group commit: :mod:`radserve.gateway.storage`);
+0xA700 when it cannot be made durable; 0xC000 when it cannot be filed. The allow-list
+is checked on A-ASSOCIATE-RQ, before any data is accepted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pydicom.dataset import Dataset
-from pynetdicom import AE, evt
+from pynetdicom import AE, _config, evt
 from pynetdicom.events import Event
-from pynetdicom.transport import ThreadedAssociationServer
+from pynetdicom.pdu_primitives import MaximumLengthNotification
 
+from radserve import error_table
 from radserve.gateway import conformance
-from radserve.gateway.completeness import CompletenessMonitor, StudyCallback, StudyTracker
+from radserve.gateway.completeness import (
+    INTERRUPTED_MARKER,
+    RECEIVING_PREFIX,
+    CompletenessMonitor,
+    LatePolicy,
+    StudyCallback,
+    StudyTracker,
+)
 from radserve.gateway.config import AllowList, ScpConfig
 from radserve.gateway.conformance import Status, UnwantedPolicy
 from radserve.gateway.errors import InstanceRejectedError, OutOfResourcesError
+from radserve.gateway.own_results import OwnResults
+from radserve.gateway.receive_limit import Exceeded, StoreLimit, clear_spool, install
 from radserve.gateway.storage import Disposition, InstanceStore, check_uid
+from radserve.gateway.transport import Admission, GatewayServer, start_server
+from radserve.ingest.headers import read_header
+from radserve.ingest.sources import InputTooLargeError
+from radserve.tls import server_context
 
 logger = logging.getLogger(__name__)
 
+SPOOL_DIR = "receiving"
 _IMAGE_CLASSES = frozenset(conformance.IMAGE_STORAGE)
 # A-ASSOCIATE-RJ: rejected-permanent, service-user, calling AE title not recognised
 _REJECT_CALLING_AE = (conformance.REJECTED_PERMANENT, 0x01, 0x03)
+# A-ASSOCIATE-RJ: rejected-permanent, service-user, no reason given
+_REJECT_MALFORMED = (conformance.REJECTED_PERMANENT, 0x01, 0x01)
+
+
+class _OneLine(logging.Filter):
+    """pynetdicom logs peers' protocol errors with tracebacks (a reset connection, an
+    undecodable PDU): keep them one line, the message plus the exception's type, no
+    traceback (the server's log handler still redacts the message)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            name = record.exc_info[0].__name__ if record.exc_info[0] else "error"
+            record.msg, record.args = f"{record.getMessage()} ({name})", ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def quiet_pynetdicom() -> None:
+    """Once per process: no tracebacks from pynetdicom, and none of its debug-only
+    PDU/DIMSE dump handlers (one of them raises on an A-ASSOCIATE-RQ without user
+    information)."""
+    _config.LOG_HANDLER_LEVEL = "none"
+    # A C-STORE data set is written to a temporary file as its PDUs arrive (read in
+    # _on_store with bounded memory), not gathered in memory and decoded whole: a
+    # 256 MB private element, or a Deflated data set inflating to 256 MB, took the
+    # server's RSS up by 500 MB. It only changes how this process receives C-STOREs.
+    _config.STORE_RECV_CHUNKED_DATASET = True
+    # ... into the spool folder under the data dir, bounded as it arrives (receive_limit)
+    install()
+    # a logger's filters see only its own records, so each pynetdicom module's logger
+    names = [name for name in logging.root.manager.loggerDict if name.startswith("pynetdicom")]
+    for name in ["pynetdicom", *names]:
+        library = logging.getLogger(name)
+        if not any(isinstance(f, _OneLine) for f in library.filters):
+            library.addFilter(_OneLine())
 
 
 def build_ae(config: ScpConfig) -> AE:
     """The acceptor AE with exactly the contexts of the conformance statement."""
+    quiet_pynetdicom()
     ae = AE(ae_title=config.ae_title)
     ae.require_called_aet = config.require_called_ae_title
     ae.maximum_associations = config.max_associations
@@ -44,8 +99,8 @@ def build_ae(config: ScpConfig) -> AE:
     ae.add_supported_context(conformance.VERIFICATION, list(conformance.UNCOMPRESSED))
     accepted = (
         conformance.ALL_STORAGE
-        if config.unwanted is UnwantedPolicy.QUARANTINE
-        else conformance.IMAGE_STORAGE
+        if UnwantedPolicy(config.unwanted) is UnwantedPolicy.QUARANTINE
+        else conformance.IMAGE_STORAGE + conformance.RESULT_STORAGE
     )
     for sop_class in accepted:
         ae.add_supported_context(sop_class, list(conformance.SCP_TRANSFER_SYNTAXES))
@@ -75,17 +130,53 @@ class GatewaySCP:
         *,
         clock: Callable[[], float] = time.monotonic,
         run_monitor: bool = True,
+        own_results: OwnResults | None = None,
+        on_durable: Callable[[list[Path]], None] | None = None,
+        on_oversize: Callable[[Exceeded], None] | None = None,
     ) -> None:
         self.config = config
-        self.instances = InstanceStore(config.data_dir, min_free_bytes=config.min_free_bytes)
-        self.tracker = StudyTracker(
-            on_study, quiet_s=config.quiet_s, late_policy=config.late_policy, clock=clock
+        # C-STORE data sets being received (pynetdicom's temporary files): under the
+        # data dir, never past max_file_bytes; on_oversize audits a refused one
+        self.spool = config.data_dir / SPOOL_DIR
+        self.on_oversize = on_oversize
+        # radserve's own SEG/SR/SC re-sent by a PACS: acknowledged, never input
+        self.own_results = own_results or OwnResults()
+        self.instances = InstanceStore(
+            config.data_dir,
+            min_free_bytes=config.min_free_bytes,
+            durability=config.durability,
+            group_sync=config.group_sync,
+            on_durable=on_durable,
         )
+        self.tracker = StudyTracker(
+            on_study,
+            quiet_s=config.quiet_s,
+            interrupted_quiet_s=config.interrupted_quiet_s,
+            late_policy=LatePolicy(config.late_policy),
+            clock=clock,
+        )
+        self._receiving = _Receiving(self.tracker)
         self.allow_list = AllowList(config.allowed_peers)
+        self.admission = Admission(
+            total=config.max_associations,
+            per_host=config.max_associations_per_host,
+            reserved=config.reserved_for_peers,
+            known_addresses=self.allow_list.addresses,
+        )
         self._monitor = CompletenessMonitor(self.tracker) if run_monitor else None
         self._ae = build_ae(config)
-        self._server: ThreadedAssociationServer | None = None
+        # DICOM TLS when the gateway has a certificate; the files are checked here, so a
+        # bad path stops the server at start rather than at the first association
+        self._ssl_context = None
+        if config.tls is not None and config.tls.cert is not None:
+            self._ssl_context = server_context(config.tls, "the DICOM SCP")
+        self._server: GatewayServer | None = None
         self._stopped = threading.Event()
+
+    @property
+    def tls(self) -> bool:
+        """Whether the SCP accepts only TLS connections."""
+        return self._ssl_context is not None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -98,22 +189,31 @@ class GatewaySCP:
     def start(self) -> tuple[str, int]:
         """Pick up studies left from before a restart, then listen; returns the address."""
         self.instances.remove_partials()
+        self.spool.mkdir(parents=True, exist_ok=True)
+        clear_spool(self.spool)
         reopened = self.tracker.recover(self.instances.incoming)
         if self.allow_list.open:
             logger.warning("no calling-AE allow-list: any DICOM peer may store to radserve")
-        ssl_context = self.config.tls.server_context() if self.config.tls else None
+        ssl_context = self._ssl_context
         handlers: list[Any] = [
             (evt.EVT_REQUESTED, self._on_requested),
             (evt.EVT_C_STORE, self._on_store),
             (evt.EVT_C_ECHO, self._on_echo),
             (evt.EVT_ACCEPTED, self._on_accepted),
             (evt.EVT_ABORTED, self._on_aborted),
+            (evt.EVT_RELEASED, self._receiving.released),
+            (evt.EVT_CONN_CLOSE, self._receiving.closed),
         ]
-        self._server = self._ae.start_server(
+        self._server = start_server(
+            self._ae,
             (self.config.host, self.config.port),
-            block=False,
             evt_handlers=handlers,
             ssl_context=ssl_context,
+            admission=self.admission,
+            handshake_timeout_s=self.config.acse_timeout_s,
+            pdu_timeout_s=self.config.pdu_timeout_s,
+            max_pdu_bytes=self.config.max_pdu_bytes,
+            limit_store=self._limit_store,
         )
         if self._monitor is not None:
             self._monitor.start()
@@ -136,6 +236,7 @@ class GatewaySCP:
             self._server.shutdown()
             self._server = None
         self._ae.shutdown()
+        self.instances.close()
         if self._monitor is not None:
             self._monitor.stop()
         self._stopped.set()
@@ -154,11 +255,32 @@ class GatewaySCP:
 
     # -- handlers (association threads) ---------------------------------------------
 
+    def _limit_store(self, assoc: Any) -> StoreLimit:
+        return StoreLimit(
+            assoc,
+            max_bytes=self.config.max_file_bytes,
+            spool=self.spool,
+            on_exceeded=self.on_oversize,
+        )
+
     def _on_requested(self, event: Event) -> None:
-        """Allow-list: unknown (AE title, host) pairs get A-ASSOCIATE-RJ, reason 3."""
+        """Malformed requests get A-ASSOCIATE-RJ (no reason given); unknown (AE title,
+        host) pairs get A-ASSOCIATE-RJ, reason 3. One log line each."""
         assoc = event.assoc
-        calling = str(assoc.requestor.primitive.calling_ae_title or "").strip()
+        primitive = assoc.requestor.primitive
+        calling = str(primitive.calling_ae_title or "").strip()
         address = str(assoc.requestor.address)
+        items = primitive.user_information or []
+        if not any(isinstance(item, MaximumLengthNotification) for item in items):
+            # PS3.8 9.3.2.3: User Information with Maximum Length is mandatory
+            logger.warning(
+                "association from AE %r at %s rejected: no user information item "
+                "(maximum length) in the A-ASSOCIATE-RQ",
+                calling,
+                address,
+            )
+            self._reject(assoc, _REJECT_MALFORMED)
+            return
         if self.allow_list.allows(calling, address):
             return
         logger.warning(
@@ -166,7 +288,11 @@ class GatewaySCP:
             calling,
             address,
         )
-        assoc.acse.send_reject(*_REJECT_CALLING_AE)
+        self._reject(assoc, _REJECT_CALLING_AE)
+
+    @staticmethod
+    def _reject(assoc: Any, reason: tuple[int, int, int]) -> None:
+        assoc.acse.send_reject(*reason)
         assoc.kill()
 
     def _on_accepted(self, event: Event) -> None:
@@ -177,7 +303,9 @@ class GatewaySCP:
         )
 
     def _on_aborted(self, event: Event) -> None:
-        logger.info("association from %s aborted", event.assoc.requestor.ae_title)
+        requestor = event.assoc.requestor
+        logger.info("association from %r at %s aborted", requestor.ae_title, requestor.address)
+        self._receiving.cut_off(event)
 
     def _on_echo(self, event: Event) -> int:
         return Status.SUCCESS
@@ -188,24 +316,30 @@ class GatewaySCP:
         calling = str(event.assoc.requestor.ae_title).strip()
         quarantine = sop_class not in _IMAGE_CLASSES
         try:
-            dataset = event.dataset
+            received = Path(event.dataset_path)  # preamble, meta, data set as received
+            dataset = self._header(received)
+            if self.own_results.check(dataset, "C-STORE"):
+                return _status(Status.SUCCESS)  # the PACS must not retry it; never input
+            if quarantine and UnwantedPolicy(self.config.unwanted) is UnwantedPolicy.REFUSE:
+                # accepted at association only so that radserve's own results are
+                # acknowledged; anyone else's object of these classes is refused
+                return _status(Status.SOP_CLASS_NOT_SUPPORTED, "not an image storage object")
             study_uid = check_uid(dataset.get("StudyInstanceUID"), "Study Instance UID")
             sop_uid = check_uid(
                 dataset.get("SOPInstanceUID") or event.request.AffectedSOPInstanceUID,
                 "SOP Instance UID",
             )
             stored = self.instances.save(
-                event.encoded_dataset(),
+                received,
                 study_instance_uid=study_uid,
                 sop_instance_uid=sop_uid,
                 sop_class_uid=sop_class,
                 quarantine=quarantine,
             )
-        except OutOfResourcesError as exc:
-            return _status(Status.OUT_OF_RESOURCES, exc.message)
-        except InstanceRejectedError as exc:
-            logger.warning("instance from %s refused: %s", calling, exc.message)
-            return _status(Status.CANNOT_UNDERSTAND, exc.message)
+        except (OutOfResourcesError, InstanceRejectedError, InputTooLargeError) as exc:
+            if not isinstance(exc, OutOfResourcesError):
+                logger.warning("instance from %s refused: %s", calling, exc.message)
+            return _status(error_table.lookup(exc).dicom, exc.message)
         except Exception as exc:  # a failure, never a success that loses the instance
             # no traceback: parser messages may quote element values (patient data)
             logger.error("instance from %s not stored: %s", calling, type(exc).__name__)
@@ -216,10 +350,80 @@ class GatewaySCP:
             logger.info("instance %s of SOP class %s quarantined", sop_uid, sop_class)
             self.tracker.touch(study_uid)
         else:
+            # noted first: the study counts as being received before it counts as arrived
+            self._receiving.note(event, study_uid, stored.path.parent)
             self.tracker.arrived(
                 study_uid,
                 stored.path.parent,
                 calling_ae=calling,
                 new=stored.disposition is Disposition.STORED,
+                association=_Receiving.key(event),
             )
         return _status(Status.SUCCESS)
+
+    def _header(self, received: Path) -> Dataset:
+        """The received instance's header, read within the ingest bounds: the file at
+        most ``max_file_bytes``; at most ``max_header_bytes`` of header in memory (a
+        Deflated data set inflated only that far), never the pixel data."""
+        size = received.stat().st_size
+        if size > self.config.max_file_bytes:
+            raise InputTooLargeError(
+                f"the instance is {size} bytes, over ingest.max_file_bytes="
+                f"{self.config.max_file_bytes}"
+            )
+        return read_header(received, max_header_bytes=self.config.max_header_bytes)
+
+
+class _Receiving:
+    """Which studies each open association is delivering, on disk as a marker file per
+    (study, association): a study whose association ends without a release — an abort,
+    or a server crash (the marker survives it) — is marked interrupted and waits
+    ``interrupted_quiet_s`` for its sender (see :mod:`radserve.gateway.completeness`)."""
+
+    def __init__(self, tracker: StudyTracker) -> None:
+        self.tracker = tracker
+        self._open: dict[int, tuple[str, dict[str, Path]]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(event: Event) -> int:
+        """The open association of ``event``, as the tracker knows it."""
+        return id(event.assoc)
+
+    def note(self, event: Event, study_uid: str, folder: Path) -> None:
+        key = self.key(event)
+        with self._lock:
+            token, studies = self._open.setdefault(key, (uuid.uuid4().hex, {}))
+            if study_uid in studies:
+                return
+            studies[study_uid] = folder
+        try:
+            (folder / f"{RECEIVING_PREFIX}{token}").touch()
+        except OSError as exc:
+            logger.warning("cannot mark study %s as being received: %s", study_uid, exc)
+
+    def released(self, event: Event) -> None:
+        """A normal end: the sender finished what it meant to send in this association."""
+        for study_uid, _folder in self._end(event):
+            self.tracker.resumed(study_uid, self.key(event))
+
+    def cut_off(self, event: Event) -> None:
+        for study_uid, folder in self._end(event):
+            try:
+                (folder / INTERRUPTED_MARKER).touch()
+            except OSError as exc:
+                logger.warning("cannot mark study %s as interrupted: %s", study_uid, exc)
+            self.tracker.interrupted(study_uid, self.key(event))
+
+    def closed(self, event: Event) -> None:
+        """The connection closed: an association neither released nor aborted before
+        (a dropped connection, a timeout) was cut off too."""
+        self.cut_off(event)
+
+    def _end(self, event: Event) -> list[tuple[str, Path]]:
+        with self._lock:
+            token, studies = self._open.pop(self.key(event), ("", {}))
+        for folder in studies.values():
+            with contextlib.suppress(OSError):
+                (folder / f"{RECEIVING_PREFIX}{token}").unlink(missing_ok=True)
+        return list(studies.items())

@@ -28,8 +28,10 @@ from pynetdicom import AE, evt
 from pynetdicom.association import Association
 from pynetdicom.presentation import PresentationContext, build_context
 
+from radserve.config import GatewaySettings
 from radserve.gateway import conformance
 from radserve.gateway.config import Destination, check_ae_title
+from radserve.tls import TlsConfigError, client_context
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +81,24 @@ class StoreSCU:
         self.ae_title = check_ae_title(ae_title, "radserve's calling AE title")
         self._timeouts = (connect_timeout_s, acse_timeout_s, dimse_timeout_s, network_timeout_s)
 
+    @classmethod
+    def from_settings(cls, gateway: GatewaySettings) -> StoreSCU:
+        """The outbox SCU: calls as ``gateway.ae_title`` with the gateway's timeouts."""
+        return cls(
+            gateway.ae_title,
+            connect_timeout_s=gateway.connect_timeout_s,
+            acse_timeout_s=gateway.acse_timeout_s,
+            dimse_timeout_s=gateway.dimse_timeout_s,
+            network_timeout_s=gateway.network_timeout_s,
+        )
+
     def echo(self, destination: Destination) -> SendResult:
         """C-ECHO: can radserve associate with the destination, and does it answer?"""
         ae = self._ae()
         ae.add_requested_context(conformance.VERIFICATION)
         assoc, failure = self._associate(ae, destination)
-        if failure is not None:
-            return failure
+        if failure is not None or assoc is None:
+            return failure or SendResult(Outcome.RETRY, "no association")
         try:
             status = assoc.send_c_echo()
         finally:
@@ -110,9 +123,9 @@ class StoreSCU:
         for context in _contexts(files):
             ae.add_requested_context(context.abstract_syntax, context.transfer_syntax)
         assoc, failure = self._associate(ae, destination)
-        if failure is not None:
+        if failure is not None or assoc is None:
             for item in files:
-                on_result(item, failure)
+                on_result(item, failure or SendResult(Outcome.RETRY, "no association"))
             return
         accepted = {
             (str(cx.abstract_syntax), str(cx.transfer_syntax[0])) for cx in assoc.accepted_contexts
@@ -175,12 +188,18 @@ class StoreSCU:
         ae.network_timeout = network
         return ae
 
-    def _associate(self, ae: AE, destination: Destination) -> tuple[Association, SendResult | None]:
+    def _associate(
+        self, ae: AE, destination: Destination
+    ) -> tuple[Association | None, SendResult | None]:
         opened = threading.Event()
         tls_args = None
         if destination.tls is not None:
-            hostname = destination.tls.server_hostname or destination.host
-            tls_args = (destination.tls.client_context(), hostname)
+            try:
+                context = client_context(destination.tls, f"destination {destination.name}")
+            except TlsConfigError as exc:
+                return None, SendResult(Outcome.PERMANENT, exc.message)
+            # the peer's certificate must name the host radserve connects to
+            tls_args = (context, destination.host)
         assoc = ae.associate(
             destination.host,
             destination.port,

@@ -10,12 +10,29 @@ weights, resamples the probabilities linearly onto the native crop a slab of nat
 slices at a time, and takes the winner. Outside the crop is background; with an ROI the
 label and confidence maps are ROI-sized, on the ROI's sub-grid (see ``BatchedTask``).
 
-Memory: the resampled crop (float32, ``in_channels`` copies) and the class accumulator
-(float32, ``classes`` copies) at model spacing are held for the task's life.
+A model imported from nnU-Net declares ``input.resampling`` and ``input.sliding_window``
+(see :mod:`radserve.models.manifest`): the crop is then normalised first and resized as
+nnU-Net does (:mod:`radserve.preprocess.spline`), padded centred with zeros, weighted
+by nnU-Net's filtered Gaussian, and *logits* are averaged; the activation (softmax, or
+sigmoid regions) is applied after the logits are resampled back, slab by slab.
+
+A model declaring ``input.axes`` (:mod:`radserve.preprocess.axes`) sees the crop
+through a transposed/reversed view in its own axis order; spacing, patches and the
+accumulator are in that order, and labels are written back through the same view.
+
+Memory: the resampled crop (float32, ``in_channels`` copies) is held for the task's
+life; the class accumulator (float32, ``classes`` copies) is a rolling window of model
+slices along the network's first axis (one patch plus one window step deep, grown only
+if a batch spans more): once no pending patch touches a slice it is divided by the
+summed weights, the native slices that read only such slices are mapped back, and
+slices no later native slice reads are dropped. Each voxel sums the same patches in the
+same order as one whole-grid accumulator would, so the labels are the same
+(``tests/unit/test_inference_rolling.py`` checks them bit for bit).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -25,7 +42,7 @@ import numpy as np
 from radserve.domain.volume import Volume
 from radserve.errors import ModelError
 from radserve.host import lazy_zeros
-from radserve.inference.slices import check_extra_channels, crop_box
+from radserve.inference.slices import check_extra_channels, check_image_channels, crop_box
 from radserve.inference.tasks import (
     Batch,
     BatchedTask,
@@ -33,11 +50,15 @@ from radserve.inference.tasks import (
     check_batch,
     decide,
     pick_batch_size,
+    to_uint8,
 )
-from radserve.models.manifest import ModelSpec
+from radserve.models.manifest import ModelSpec, Normalisation
+from radserve.preprocess.axes import axis_map
 from radserve.preprocess.crop import BBox, crop_volume
+from radserve.preprocess.denoise import read_filtered
 from radserve.preprocess.normalise import normalise, normalised_floor
 from radserve.preprocess.resample import grid_coordinates, interpolate_axis, resample_to_spacing
+from radserve.preprocess.spline import nnunet_new_shape, resize_channels, separate_axis
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +72,30 @@ def window_starts(size: int, patch: int, overlap: float) -> list[int]:
     return [round(s) for s in np.linspace(0, size - patch, n)]
 
 
+def monai_window_starts(size: int, patch: int, overlap: float) -> list[int]:
+    """MONAI's ``dense_patch_slices`` starts (``size`` already padded to >= ``patch``): a
+    step of ``int(patch * (1 - overlap))`` (at least 1; a whole patch when it fits
+    exactly), the last start moved back so the patch ends at the far edge."""
+    if size <= patch:
+        return [0]
+    step = max(1, int(patch * (1 - overlap)))
+    n = next(d for d in range(math.ceil(size / step)) if d * step + patch >= size) + 1
+    return [min(d * step, size - patch) for d in range(n)]
+
+
+def monai_gaussian(patch: tuple[int, int, int], sigma_scale: float = 0.125) -> np.ndarray:
+    """MONAI's ``compute_importance_map(mode="gaussian")``: ``exp(-x^2 / (2 sigma^2))``
+    per axis (x from -(p-1)/2, sigma = p x ``sigma_scale``), multiplied in float32, not
+    rescaled, raised to ``max(min, 1e-3)``."""
+    g: np.ndarray | None = None
+    for i, p in enumerate(patch):
+        x = np.arange(-(p - 1) / 2.0, (p - 1) / 2.0 + 1, dtype=np.float32)[:p]
+        x = np.exp(x**2 / np.float32(-2 * (p * sigma_scale) ** 2)).astype(np.float32)
+        g = x if g is None else g[..., None] * x.reshape((1,) * i + (p,))
+    assert g is not None
+    return np.maximum(g, max(float(g.min()), 1e-3)).astype(np.float32)
+
+
 def gaussian_weights(patch: tuple[int, int, int], sigma_scale: float = 1 / 8) -> np.ndarray:
     """Importance map: 1 at the patch centre, small but never zero at its faces."""
     axes = []
@@ -60,6 +105,53 @@ def gaussian_weights(patch: tuple[int, int, int], sigma_scale: float = 1 / 8) ->
     g = axes[0][:, None, None] * axes[1][None, :, None] * axes[2][None, None, :]
     g /= g.max()
     return np.maximum(g, 1e-6).astype(np.float32)
+
+
+def filtered_gaussian(patch: tuple[int, int, int], sigma_scale: float = 1 / 8) -> np.ndarray:
+    """nnU-Net's importance map (``compute_gaussian``): a unit impulse at the patch
+    centre (index ``p // 2``) blurred with sigma = patch x ``sigma_scale`` (SciPy's
+    filter, truncated at 4 sigma), scaled to a maximum of 1; zeros are raised to the
+    smallest non-zero weight."""
+    from scipy.ndimage import gaussian_filter
+
+    impulse = np.zeros(patch, dtype=np.float64)
+    impulse[tuple(p // 2 for p in patch)] = 1.0
+    g = gaussian_filter(impulse, [p * sigma_scale for p in patch], 0, mode="constant", cval=0)
+    g /= g.max()
+    g = g.astype(np.float32)
+    g[g == 0] = g[g > 0].min()
+    return g
+
+
+def importance_map(spec: ModelSpec) -> np.ndarray:
+    """The per-voxel patch weight ``spec.input.sliding_window`` declares."""
+    window = spec.input.sliding_window
+    patch: tuple[int, int, int] = tuple(spec.input.patch_size)  # type: ignore[assignment,arg-type]
+    if window.importance == "gaussian_filter":
+        return filtered_gaussian(patch, window.sigma_scale)
+    if window.importance == "constant":
+        return np.ones(patch, np.float32)
+    if window.importance == "monai_gaussian":
+        return monai_gaussian(patch, window.sigma_scale)
+    return gaussian_weights(patch, window.sigma_scale)
+
+
+def decide_regions(probs: np.ndarray, spec: ModelSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Sigmoid region probabilities (channels, ...) -> (uint8 labels, confidence).
+
+    nnU-Net's ``convert_probabilities_to_segmentation`` for regions: channel ``i``
+    writes ``spec.channel_values[i]`` where its probability exceeds the threshold, later
+    channels over earlier ones. Confidence is the writing channel's probability, or
+    ``1 - max p`` for background.
+    """
+    threshold = spec.threshold
+    labels = np.zeros(probs.shape[1:], np.uint8)
+    best = 1.0 - probs.max(axis=0)
+    for i, value in enumerate(spec.channel_values):
+        hit = probs[i] > threshold
+        labels[hit] = value
+        best[hit] = probs[i][hit]
+    return labels, to_uint8(best)
 
 
 class PatchTask(BatchedTask):
@@ -78,6 +170,7 @@ class PatchTask(BatchedTask):
         memory_budget_bytes: int | None = None,
         max_batch_size: int | None = None,
         precision: str = "fp32",
+        image_channels: dict[str, np.ndarray] | None = None,
     ) -> None:
         t0 = time.perf_counter()
         if spec.input.mode != "3d" or spec.input.patch_size is None:
@@ -87,6 +180,7 @@ class PatchTask(BatchedTask):
         self.spec, self.volume, self.precision = spec, volume, precision
         self._budget = memory_budget_bytes
         masks = check_extra_channels(volume, spec, extra_channels)
+        self._images = check_image_channels(volume, spec, image_channels)
         self.box = crop_box(volume, spec, roi, crop_to_body)
         self.patch: tuple[int, int, int] = tuple(spec.input.patch_size)  # type: ignore[assignment]
         # Outputs at the ROI's size when there is one (see BatchedTask).
@@ -94,13 +188,20 @@ class PatchTask(BatchedTask):
         self.labels = lazy_zeros(self.grid.shape, np.uint8)
         self.confidence = np.full(self.grid.shape, 255, np.uint8)
         empty = any(s.stop <= s.start for s in self.box)
-        self._native_crop = tuple(s.stop - s.start for s in self.box)
+        # The network's axis order (input.axes): crop, grid and accumulator are in it.
+        self._axes = axis_map(spec.input.axes, volume.affine)
+        self._native_crop = self._axes.shape(tuple(s.stop - s.start for s in self.box))
         channels = [] if empty else self._model_grid_channels(volume, masks)
-        self._image = np.stack(channels) if channels else np.zeros((1, 0, 0, 0), np.float32)
+        if len(channels) == 0:
+            self._image = np.zeros((1, 0, 0, 0), np.float32)
+        else:
+            self._image = channels if isinstance(channels, np.ndarray) else np.stack(channels)
         self._grid = tuple(self._image.shape[1:])  # padded model grid (D, H, W)
+        place = (
+            monai_window_starts if spec.input.sliding_window.placement == "monai" else window_starts
+        )
         starts = [
-            window_starts(n, p, spec.input.overlap)
-            for n, p in zip(self._grid, self.patch, strict=True)
+            place(n, p, spec.input.overlap) for n, p in zip(self._grid, self.patch, strict=True)
         ]
         k = spec.num_classes
         per_patch = 4 * int(np.prod(self.patch)) * (spec.input.in_channels + 3 * k)
@@ -110,9 +211,10 @@ class PatchTask(BatchedTask):
         self._plan(
             [] if empty else [(z, y, x) for z in starts[0] for y in starts[1] for x in starts[2]]
         )
-        self._weights = gaussian_weights(self.patch)
-        self._acc = np.zeros((k, *self._grid), np.float32) if self._items else None
-        self._norm = np.zeros(self._grid, np.float32) if self._items else None
+        self._weights = importance_map(spec)
+        self._acc = self._norm = None
+        if self._items:
+            self._start_accumulator()
         self.add_timing("prepare", time.perf_counter() - t0)
         logger.debug(
             "patch task %s: crop %s -> model grid %s, %d patches of %s, batch %d",
@@ -124,22 +226,143 @@ class PatchTask(BatchedTask):
             self.batch_size,
         )
 
-    def _model_grid_channels(self, volume: Volume, masks: list[np.ndarray]) -> list[np.ndarray]:
+    _pad_before: tuple[int, int, int] = (0, 0, 0)
+    # False: one accumulator for the whole model grid, mapped back at the end (the
+    # reference the rolling window is tested against).
+    _rolling: bool = True
+    _native_spacing: tuple[float, float, float] = (1.0, 1.0, 1.0)
+
+    def _network_crop(self, volume: Volume) -> Volume:
+        """The crop (denoised where declared) in the network's axis order."""
         crop = crop_volume(volume, self.box)
+        if self.spec.preprocess:  # in-plane denoise (radserve.preprocess.denoise)
+            crop = crop.with_array(
+                read_filtered(volume.array, self.box, self.spec.preprocess, volume.spacing[1:])
+            )
+        crop = self._axes.volume(crop)
+        self._native_spacing = crop.spacing
+        return crop
+
+    def _model_grid_channels(
+        self, volume: Volume, masks: list[np.ndarray]
+    ) -> list[np.ndarray] | np.ndarray:
+        masks = [self._axes.view(mask[self.box]) for mask in masks]
+        rs = self.spec.input.resampling
+        if rs is not None and rs.grid == "first_voxel":
+            return self._first_voxel_channels(volume, masks)
+        if rs is not None:
+            return self._nnunet_channels(volume, masks)
+        crop = self._network_crop(volume)
         image = resample_to_spacing(crop, self.spec.input.spacing, order=1)
         self._resampled = image.shape
-        norm = self.spec.input.normalisation
-        channels = [normalise(image.array, norm)]
+        channels, floors = [], []
+        for array, norm in self._channel_arrays(crop):
+            if array is crop.array:  # the reference: already resampled
+                grid = image.array
+            else:
+                grid = resample_to_spacing(
+                    crop.with_array(array), self.spec.input.spacing, order=1
+                ).array
+            channels.append(normalise(grid, norm))
+            floors.append(normalised_floor(norm))
         for mask in masks:
             m = resample_to_spacing(
-                crop.with_array(mask[self.box].astype(np.uint8)), self.spec.input.spacing, order=0
+                crop.with_array(mask.astype(np.uint8)), self.spec.input.spacing, order=0
             )
             channels.append(m.array.astype(np.float32))
         # Pad (at the far end) up to one patch where the crop is smaller.
         pad = [(0, max(0, p - n)) for p, n in zip(self.patch, image.shape, strict=True)]
-        floor = normalised_floor(norm)
+        floors += [0.0] * len(masks)
+        return [np.pad(c, pad, constant_values=f) for c, f in zip(channels, floors, strict=True)]
+
+    def _nnunet_channels(self, volume: Volume, masks: list[np.ndarray]) -> np.ndarray:
+        """nnU-Net's order: crop, normalise, resize (spline), pad centred with zeros."""
+        rs = self.spec.input.resampling
+        assert rs is not None
+        crop = self._network_crop(volume)
+        target: tuple[float, float, float] = tuple(self.spec.input.spacing)  # type: ignore[assignment]
+        shape = nnunet_new_shape(crop.shape, crop.spacing, target)
+        self._resampled = shape
+        pairs = self._channel_arrays(crop)
+        data = [normalise(array, channel_norm) for array, channel_norm in pairs]
+        data += [mask.astype(np.float32) for mask in masks]
+        image = resize_channels(
+            np.stack(data),
+            shape,  # type: ignore[arg-type]
+            crop.spacing,
+            target,
+            order=rs.image_order,
+            order_z=rs.image_order_z,
+            separate=rs.separate_z == "auto",
+            threshold=rs.anisotropy_threshold,
+        )
+        return self._pad(image, [normalised_floor(n) for _, n in pairs])
+
+    def _first_voxel_channels(self, volume: Volume, masks: list[np.ndarray]) -> np.ndarray:
+        """MONAI's ``Spacing`` grid (see ``ResamplingSpec.grid``), intensities scaled
+        before or after it as the bundle's transforms are ordered."""
+        rs = self.spec.input.resampling
+        assert rs is not None
+        crop = self._network_crop(volume)
+        pairs = self._channel_arrays(crop)
+        data = [
+            normalise(array, norm) if rs.normalise_first else array.astype(np.float32)
+            for array, norm in pairs
+        ]
+        data += [mask.astype(np.float32) for mask in masks]
+        coords = self._first_voxel_coords(crop.shape, crop.spacing, forward=True)
+        self._resampled = tuple(len(c) for c in coords)  # type: ignore[assignment]
+        out = []
+        for i, c in enumerate(data):
+            order = rs.image_order if i < len(pairs) else 0
+            for axis, cs in enumerate(coords):
+                c = interpolate_axis(c, axis, np.rint(cs) if order == 0 else cs, order=order)
+            out.append(c.astype(np.float32, copy=False))
+        if not rs.normalise_first:
+            out[: len(pairs)] = [normalise(c, n) for c, (_, n) in zip(out, pairs, strict=False)]
+        return self._pad(np.stack(out), [normalised_floor(n) for _, n in pairs])
+
+    def _first_voxel_coords(
+        self, shape: tuple[int, ...], spacing: tuple[float, ...], *, forward: bool
+    ) -> list[np.ndarray]:
+        """MONAI ``Spacing`` index maps: model voxel j <- native ``j * t / s`` (forward;
+        ``round((n - 1) * s / t) + 1`` of them), native voxel i <- model ``i * s / t``."""
+        target: tuple[float, float, float] = tuple(self.spec.input.spacing)  # type: ignore[assignment]
+        if not forward:
+            return [np.arange(n) * (s / t) for n, s, t in zip(shape, spacing, target, strict=True)]
+        sizes = [
+            int(np.round((n - 1) * s / t + 1.0))
+            for n, s, t in zip(shape, spacing, target, strict=True)
+        ]
+        return [np.arange(m) * (t / s) for m, s, t in zip(sizes, spacing, target, strict=True)]
+
+    def _pad(self, image: np.ndarray, floors: list[float]) -> np.ndarray:
+        """Channels (c, d, h, w) padded up to a patch as ``sliding_window.pad`` says
+        (``end_floor``: image channel i with ``floors[i]``, extra channels with 0)."""
+        shape = image.shape[1:]
+        if self.spec.input.sliding_window.pad == "end_floor":
+            pad = [(0, max(0, p - n)) for p, n in zip(self.patch, shape, strict=True)]
+            floors = list(floors) + [0.0] * (len(image) - len(floors))
+            return np.stack(
+                [np.pad(c, pad, constant_values=f) for c, f in zip(image, floors, strict=True)]
+            )
+        diff = [max(0, p - n) for p, n in zip(self.patch, shape, strict=True)]
+        self._pad_before = tuple(d // 2 for d in diff)  # type: ignore[assignment]
+        pad = [(0, 0)] + [(d // 2, d - d // 2) for d in diff]
+        return np.pad(image, pad, constant_values=0.0) if any(diff) else image
+
+    def _channel_arrays(self, crop: Volume) -> list[tuple[np.ndarray, Normalisation]]:
+        """Each image channel's crop (native grid, the network's axis order) and its
+        normalisation, in channel order: the volume's own crop (``crop.array``, the
+        reference) and the other series'."""
+        if not self._images:
+            return [(crop.array, self.spec.input.normalisation)]
         return [
-            np.pad(c, pad, constant_values=floor if i == 0 else 0.0) for i, c in enumerate(channels)
+            (
+                crop.array if array is None else self._axes.view(array[self.box]),
+                channel.normalisation,
+            )
+            for channel, array in self._images
         ]
 
     def _inputs(self, items: tuple[tuple[int, int, int], ...]) -> np.ndarray:
@@ -148,50 +371,189 @@ class PatchTask(BatchedTask):
         return np.stack([self._image[:, z : z + pz, y : y + py, x : x + px] for z, y, x in items])
 
     def accept(self, batch: Batch, output: np.ndarray) -> None:
-        """Add one batch's Gaussian-weighted probabilities into the accumulator."""
+        """Add one batch's Gaussian-weighted outputs into the rolling accumulator, then
+        map back every native slice whose model slices no pending patch touches."""
         t0 = time.perf_counter()
         check_batch(self, batch, output, (len(batch.items), self.spec.num_classes, *self.patch))
-        self._check_first_output(output)
-        probs = activate(output, self.spec.activation)
+        if self.spec.input.sliding_window.accumulate == "logits":
+            probs = np.array(output, dtype=np.float32, copy=True)
+        else:
+            self._check_first_output(output)
+            probs = activate(output, self.spec.activation)
         probs *= self._weights
         pz, py, px = self.patch
         assert self._acc is not None and self._norm is not None
         for (z, y, x), p in zip(batch.items, probs, strict=True):
-            self._acc[:, z : z + pz, y : y + py, x : x + px] += p
-            self._norm[z : z + pz, y : y + py, x : x + px] += self._weights
+            r = z - self._base
+            self._reserve(r + pz)
+            self._acc[:, r : r + pz, y : y + py, x : x + px] += p
+            self._norm[r : r + pz, y : y + py, x : x + px] += self._weights
+            self._pending[z] -= 1
+        if self._rolling:
+            self._drain(next((z for z in sorted(self._pending) if self._pending[z]), None))
         self._accepted(t0)
 
-    def _map_back(self) -> None:
-        """Probabilities at model spacing -> native-grid labels, a slab at a time."""
+    # --- the rolling z-slab accumulator ------------------------------------------------
+    # ``_acc`` / ``_norm`` hold model-grid slices ``_base`` .. ``_base + rows`` (network
+    # axis 0, padded grid). A slice is final once no pending patch starts at or before
+    # it; final slices are divided by the summed weights (and activated where declared)
+    # once, native slices that need only final slices are mapped back and written, and
+    # slices no later native slice needs are dropped. Each voxel sums the same patches in
+    # the same order as a whole-volume accumulator, so the labels are the same.
+
+    def _start_accumulator(self) -> None:
+        """The window (one patch deep plus one step in z, grown if batches need more)
+        and the way back, computed once."""
+        k = self.spec.num_classes
+        d_grid, h_grid, w_grid = self._grid
+        zs = sorted({z for z, _, _ in self._items})
+        step = max((b - a for a, b in itertools.pairwise(zs)), default=0)
+        rows = d_grid if not self._rolling else min(d_grid, self.patch[0] + step)
+        self._acc = np.zeros((k, rows, h_grid, w_grid), np.float32)
+        self._norm = np.zeros((rows, h_grid, w_grid), np.float32)
+        self._base = 0  # model slice of window row 0
+        self._final = 0  # model slices below are final (divided)
+        self._next = 0  # next native slice (network axis 0) to map back
+        self._pending: dict[int, int] = {}
+        for z, _, _ in self._items:
+            self._pending[z] = self._pending.get(z, 0) + 1
+        self._peak_rows = rows
+        self._prepare_back()
+
+    def _reserve(self, rows: int) -> None:
+        """Grow the window to ``rows`` slices (batches spanning more z starts)."""
+        assert self._acc is not None and self._norm is not None
+        have = self._acc.shape[1]
+        if rows <= have:
+            return
+        acc = np.zeros((self._acc.shape[0], rows, *self._acc.shape[2:]), np.float32)
+        norm = np.zeros((rows, *self._norm.shape[1:]), np.float32)
+        acc[:, :have] = self._acc
+        norm[:have] = self._norm
+        self._acc, self._norm = acc, norm
+        self._peak_rows = max(self._peak_rows, rows)
+
+    def _prepare_back(self) -> None:
+        rd, rh, rw = self._resampled
+        d, h, w = self._native_crop
+        orders = self._output_orders()
+        rs = self.spec.input.resampling
+        if rs is not None and rs.grid == "first_voxel":
+            back = self._first_voxel_coords((d, h, w), self._native_spacing, forward=False)
+            # nearest: half to even (see ResamplingSpec.grid)
+            cz, cy, cx = (np.rint(c) if o == 0 else c for c, o in zip(back, orders, strict=True))
+        else:
+            cz, cy, cx = (
+                grid_coordinates(r, n) for r, n in zip((rd, rh, rw), (d, h, w), strict=True)
+            )
+        self._back = (cz, cy, cx, orders)
+        # the model slices (cropped grid) each native slice reads, from .. to (exclusive)
+        self._reads_from = np.maximum(0, np.floor(cz)).astype(np.int64)
+        self._reads_to = np.minimum(rd, np.floor(cz).astype(np.int64) + 2)
+
+    def _finalise(self, upto: int) -> None:
+        """Divide (and activate, where declared) model slices ``_final`` .. ``upto``."""
         assert self._acc is not None and self._norm is not None
         rd, rh, rw = self._resampled
-        acc = self._acc[:, :rd, :rh, :rw]
-        acc /= self._norm[None, :rd, :rh, :rw]
+        oz, oy, ox = self._pad_before
+        a, b = max(self._final, oz), min(upto, oz + rd)
+        if b > a:
+            r = slice(a - self._base, b - self._base)
+            acc = self._acc[:, r, oy : oy + rh, ox : ox + rw]
+            acc /= self._norm[None, r, oy : oy + rh, ox : ox + rw]
+            if self.spec.input.sliding_window.activate_on_model_grid:
+                acc[...] = activate(acc, self.spec.activation, axis=0)
+        self._final = max(self._final, upto)
+
+    def _drain(self, pending: int | None) -> None:
+        """Map back the native slices whose model slices are all final (every one when
+        nothing is ``pending``), then drop the slices no later native slice reads."""
+        assert self._acc is not None and self._norm is not None
+        d_grid = self._grid[0]
+        self._finalise(d_grid if pending is None else pending)
+        rd, rh, rw = self._resampled
+        oz, oy, ox = self._pad_before
+        cz, cy, cx, orders = self._back
         d, h, w = self._native_crop
-        cz, cy, cx = (grid_coordinates(r, n) for r, n in zip((rd, rh, rw), (d, h, w), strict=True))
+        window = self.spec.input.sliding_window
+        logits = window.accumulate == "logits" and not window.activate_on_model_grid
         k = self.spec.num_classes
         slab = max(1, (self._budget or 256 * 2**20) // (4 * 3 * k * h * w))
         zs, ys, xs = self._out
-        for s in range(0, d, slab):
-            coords = cz[s : s + slab]
+        # Native-grid outputs seen in the network's axis order (views: written through).
+        out_labels = self._axes.view(self.labels[zs, ys, xs])
+        out_conf = self._axes.view(self.confidence[zs, ys, xs])
+        ready = (
+            d
+            if pending is None
+            else int(np.searchsorted(self._reads_to + oz, self._final, "right"))
+        )
+        while self._next < ready:
+            s, e = self._next, min(ready, self._next + slab)
+            coords = cz[s:e]
             lo = max(0, int(np.floor(coords.min())))
             hi = min(rd, int(np.floor(coords.max())) + 2)
-            part = interpolate_axis(acc[:, lo:hi], 1, coords - lo, order=1)
-            part = interpolate_axis(part, 2, cy, order=1)
-            part = interpolate_axis(part, 3, cx, order=1)
-            labels, conf = decide(part, self.spec, axis=0)
-            z = slice(zs.start + s, zs.start + s + len(coords))
+            rows = slice(oz + lo - self._base, oz + hi - self._base)
+            acc = self._acc[:, rows, oy : oy + rh, ox : ox + rw]
+            part = interpolate_axis(acc, 1, coords - lo, order=orders[0])
+            part = interpolate_axis(part, 2, cy, order=orders[1])
+            part = interpolate_axis(part, 3, cx, order=orders[2])
+            if logits:
+                part = activate(part, self.spec.activation, axis=0)
+            if self.spec.channel_values:
+                labels, conf = decide_regions(part, self.spec)
+            else:
+                labels, conf = decide(part, self.spec, axis=0)
             # Label voxels only: background pages of the map are never made resident.
-            np.copyto(self.labels[z, ys, xs], labels, where=labels != 0)
-            self.confidence[z, ys, xs] = conf
-        self._acc = self._norm = None
+            np.copyto(out_labels[s:e], labels, where=labels != 0)
+            out_conf[s:e] = conf
+            self._next = e
+        if self._next >= d:
+            self._acc = self._norm = None
+            return
+        keep = min(oz + int(self._reads_from[self._next]), self._final)
+        self._drop(keep - self._base)
+
+    def _drop(self, rows: int) -> None:
+        """Forget the window's first ``rows`` slices (moving the rest to its start)."""
+        assert self._acc is not None and self._norm is not None
+        if rows <= 0:
+            return
+        n = self._acc.shape[1]
+        rows = min(rows, n)
+        for i in range(n - rows):  # a slice at a time: no copy of the window
+            self._acc[:, i] = self._acc[:, i + rows]
+            self._norm[i] = self._norm[i + rows]
+        self._acc[:, n - rows :] = 0.0
+        self._norm[n - rows :] = 0.0
+        self._base += rows
+
+    def _output_orders(self) -> tuple[int, int, int]:
+        """Interpolation order per axis bringing outputs back (linear unless declared)."""
+        rs = self.spec.input.resampling
+        if rs is None:
+            return (1, 1, 1)
+        orders = [rs.output_order] * 3
+        if rs.separate_z == "auto":
+            model: tuple[float, float, float] = tuple(self.spec.input.spacing)  # type: ignore[assignment]
+            axis = separate_axis(model, self._native_spacing, rs.anisotropy_threshold)
+            if axis is not None:
+                orders[axis] = rs.output_order_z
+        return tuple(orders)  # type: ignore[return-value]
 
     def _complete(self) -> None:
-        """Map the accumulated probabilities back (once)."""
+        """Map back whatever is left (everything, without the rolling window)."""
         if self._acc is not None:
             t0 = time.perf_counter()
-            self._map_back()
+            self._drain(None)
             self.add_timing("merge", time.perf_counter() - t0)
 
 
-__all__ = ["PatchTask", "gaussian_weights", "window_starts"]
+__all__ = [
+    "PatchTask",
+    "decide_regions",
+    "filtered_gaussian",
+    "gaussian_weights",
+    "importance_map",
+    "window_starts",
+]

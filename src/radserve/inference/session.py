@@ -9,26 +9,41 @@ graph is fed float16 and its output returned as float32, so callers see one dtyp
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
 from radserve.errors import InferenceError, ModelError
+from radserve.host import process_rss_bytes
 from radserve.inference.providers import RuntimeChoice, choose_runtime, precision_options
 from radserve.models.manifest import ModelSpec
 
 logger = logging.getLogger(__name__)
 
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+_STARTED_PROVIDERS: set[str] = set()
+_STARTED_LOCK = threading.Lock()
 
 
 def _static(dim: object) -> int | None:
     return dim if isinstance(dim, int) and dim > 0 else None
 
 
-class ModelSession:
-    """An ``ort.InferenceSession`` that knows the model's contract."""
+def _file_bytes(path: Path) -> int:
+    """The ONNX file plus any external-data files beside it that name it as a prefix
+    (``model.onnx.data``): the weights a session holds, as stored."""
+    total = path.stat().st_size
+    for extra in path.parent.glob(f"{path.name}.*"):
+        if extra.is_file():
+            total += extra.stat().st_size
+    return total
+
+
+class _ModelFile:
+    """What every handle on a model file knows without running it: file, contract,
+    precision, runtime (shared by the local session and the remote reference)."""
 
     def __init__(
         self,
@@ -42,6 +57,17 @@ class ModelSession:
         self.spec = spec
         self.precision = precision
         self.runtime = runtime or choose_runtime()
+        self._open()
+
+    def _open(self) -> None:
+        """Load what running needs; a reference to a remote session loads nothing."""
+
+
+class ModelSession(_ModelFile):
+    """An ``ort.InferenceSession`` that knows the model's contract."""
+
+    def _open(self) -> None:
+        spec, precision = self.spec, self.precision
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = self.runtime.intra_op_threads
@@ -56,6 +82,7 @@ class ModelSession:
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         options.log_severity_level = 3
         provider_options = precision_options(self.runtime, precision)
+        rss_before = process_rss_bytes()
         try:
             self._session = ort.InferenceSession(
                 str(self.path),
@@ -67,7 +94,18 @@ class ModelSession:
             raise ModelError(
                 f"cannot load ONNX model {self.path.name} for {spec.key}: {exc}"
             ) from exc
+        rss_after = process_rss_bytes()
+        # Host memory the session took while loading (weights, the provider's compiled
+        # graph); approximate: other threads allocate meanwhile, and a GPU provider's
+        # device memory is not in it. The first batch's activations come on top.
+        self.load_rss_bytes = (
+            max(0, rss_after - rss_before) if rss_before is not None and rss_after else None
+        )
+        self.weights_bytes = _file_bytes(self.path)
         self.providers_in_use = tuple(self._session.get_providers())
+        with _STARTED_LOCK:  # the first session of a provider also loads its libraries
+            self.first_of_provider = self.providers_in_use[0] not in _STARTED_PROVIDERS
+            _STARTED_PROVIDERS.add(self.providers_in_use[0])
         if self.providers_in_use[0] != self.runtime.primary:
             logger.warning(
                 "%s: asked for %s, onnxruntime is using %s",
@@ -107,7 +145,13 @@ class ModelSession:
                 f"{self.spec.input.context_slices} + 1 + extra_channels "
                 f"{list(self.spec.input.extra_channels)}); fix model.yaml or re-export"
             )
-        classes = _static(out.shape[1]) if len(out.shape) == rank else None
+        out_rank = 2 if self.spec.is_classifier else rank  # (N, classes): one vector each
+        if self.spec.is_classifier and len(out.shape) not in (0, out_rank):
+            raise ModelError(
+                f"model {self.spec.key} output {out.name!r} has shape {out.shape}; a "
+                "classification model answers each input with one score vector (N, classes)"
+            )
+        classes = _static(out.shape[1]) if len(out.shape) == out_rank else None
         if classes is not None and classes != self.spec.num_classes:
             raise ModelError(
                 f"model {self.spec.key} outputs {classes} channels but model.yaml labels "
@@ -181,4 +225,21 @@ class ModelSession:
         }
 
 
-__all__ = ["ModelSession"]
+class SessionRef(_ModelFile):
+    """A model file whose session runs in another process (a Ray worker actor): what
+    the serving process needs of it -- file, contract, precision, runtime -- without
+    loading it. The scheduler hands it to the executor, which runs its batches remotely;
+    running it here is a bug, not a fallback."""
+
+    @property
+    def providers_in_use(self) -> tuple[str, ...]:
+        return tuple(self.runtime.providers)
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        raise InferenceError(
+            f"{self.spec.key} runs on the executor's workers (executor: ray), not in the "
+            "serving process"
+        )
+
+
+__all__ = ["ModelSession", "SessionRef"]

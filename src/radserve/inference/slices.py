@@ -1,7 +1,8 @@
 """2D / 2.5D models: batches of native slices in, a native-grid label map out.
 
 Per batch: crop every native slice the batch reads in-plane to the ROI (or the body for
-CT) and resample it in-plane to ``spec.input.spacing`` (linear, on HU), once; take each
+CT), apply the model's ``preprocess`` ops (:mod:`radserve.preprocess.denoise`) and
+resample it in-plane to ``spec.input.spacing`` (linear, on HU), once; take each
 slice's 2.5D context from those (``context_slices`` neighbours each side, by
 :func:`radserve.preprocess.context.context_positions`: adjacent native slices, or
 every ``context_mm`` along z interpolated between native slices; clamped at the
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
+from typing import Protocol
 
 import numpy as np
 
@@ -40,9 +43,10 @@ from radserve.inference.tasks import (
     pick_batch_size,
 )
 from radserve.inference.upsample import UpsampledDecision
-from radserve.models.manifest import ModelSpec
+from radserve.models.manifest import ChannelSpec, ModelSpec
 from radserve.preprocess.context import context_positions, context_step, sample_slices
-from radserve.preprocess.crop import BBox, body_bbox
+from radserve.preprocess.crop import BBox, bbox_of_mask, body_bbox, body_sample_slices
+from radserve.preprocess.denoise import read_filtered
 from radserve.preprocess.normalise import normalise, normalised_floor
 from radserve.preprocess.resample import grid_coordinates, interpolate_axis, resampled_size
 
@@ -53,14 +57,41 @@ def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-def crop_box(volume: Volume, spec: ModelSpec, roi: BBox | None, crop_to_body: bool) -> BBox:
-    """The region a model runs on: the ROI if given, else the body for CT, else all."""
+class ArrivingSlices(Protocol):
+    """A volume still being decoded (:class:`radserve.ingest.arrival.SliceArrival`)."""
+
+    def wait(self, slices: Iterable[int]) -> None: ...
+
+    def wait_range(self, start: int, stop: int) -> None: ...
+
+    def wait_all(self) -> None: ...
+
+
+def crop_box(
+    volume: Volume,
+    spec: ModelSpec,
+    roi: BBox | None,
+    crop_to_body: bool,
+    arrival: ArrivingSlices | None = None,
+) -> BBox:
+    """The region a model runs on: the ROI if given, else the body for CT, else all.
+
+    ``arrival``: the volume is still being decoded; only the slices the box is made
+    from are waited for (all of them, but for the body box)."""
+    if arrival is not None and not (
+        roi is None and crop_to_body and spec.input.crop == "body" and spec.modality == "CT"
+    ):
+        arrival.wait_all()
     if roi is not None:
         return tuple(  # type: ignore[return-value]
             slice(max(0, s.start or 0), min(n, n if s.stop is None else s.stop))
             for s, n in zip(roi, volume.shape, strict=True)
         )
-    if crop_to_body and spec.modality == "CT":
+    if crop_to_body and spec.input.crop == "nonzero":
+        return bbox_of_mask(volume.array != 0) or (slice(0, 0), slice(0, 0), slice(0, 0))
+    if crop_to_body and spec.input.crop == "body" and spec.modality == "CT":
+        if arrival is not None:
+            arrival.wait(body_sample_slices(volume.shape, volume.spacing))
         return body_bbox(volume)
     return tuple(slice(0, n) for n in volume.shape)  # type: ignore[return-value]
 
@@ -88,6 +119,40 @@ def check_extra_channels(
 _PREPARE_SLICES = 2  # slices made into network input at once
 
 
+def check_image_channels(
+    volume: Volume, spec: ModelSpec, images: dict[str, np.ndarray] | None
+) -> list[tuple[ChannelSpec, np.ndarray | None]]:
+    """``spec.input.channels`` in order with their arrays on ``volume``'s grid (None for
+    the reference channel: ``volume`` itself); empty for a single-series model."""
+    channels = spec.input.channels
+    images = images or {}
+    if not channels:
+        if images:
+            raise ModelError(
+                f"model {spec.key} declares no input.channels but was given {sorted(images)}"
+            )
+        return []
+    reference = spec.input.reference_channel
+    out: list[tuple[ChannelSpec, np.ndarray | None]] = []
+    for channel in channels:
+        if reference is not None and channel.name == reference.name:
+            out.append((channel, None))
+            continue
+        array = images.get(channel.name)
+        if array is None:
+            raise ModelError(
+                f"model {spec.key} needs input channel {channel.name!r} ({channel.modality}) "
+                f"on the reference grid, got {sorted(images)}"
+            )
+        if array.shape != volume.shape:
+            raise ModelError(
+                f"input channel {channel.name!r} has shape {array.shape}, the reference "
+                f"volume is {volume.shape}: resample it onto the reference grid first"
+            )
+        out.append((channel, array))
+    return out
+
+
 class SliceTask(BatchedTask):
     """One study through one 2D/2.5D model, as a sequence of slice batches."""
 
@@ -102,6 +167,7 @@ class SliceTask(BatchedTask):
         memory_budget_bytes: int | None = None,
         max_batch_size: int | None = None,
         precision: str = "fp32",
+        arrival: ArrivingSlices | None = None,
     ) -> None:
         t0 = time.perf_counter()
         if spec.input.mode not in ("2d", "2.5d"):
@@ -114,8 +180,10 @@ class SliceTask(BatchedTask):
         self.spec = spec
         self.volume = volume
         self.precision = precision
+        # a volume still being decoded: each batch waits for the slices it reads
+        self._arrival = arrival
         self._extra = check_extra_channels(volume, spec, extra_channels)
-        self.box = crop_box(volume, spec, roi, crop_to_body)
+        self.box = crop_box(volume, spec, roi, crop_to_body, arrival)
         zs, ys, xs = self.box
         self._h, self._w = ys.stop - ys.start, xs.stop - xs.start
         native = volume.spacing
@@ -138,9 +206,7 @@ class SliceTask(BatchedTask):
         self.labels = lazy_zeros(self.grid.shape, np.uint8)
         # Confidence only matters where findings are measured: organ models skip it.
         self.confidence: np.ndarray | None = (
-            np.full(self.grid.shape, 255, np.uint8)
-            if any(label.kind == "lesion" for label in spec.labels)
-            else None
+            np.full(self.grid.shape, 255, np.uint8) if spec.finding_labels else None
         )
         self._floor = normalised_floor(spec.input.normalisation)
         # (first slice, stack) of the last batch's resampled native slices.
@@ -236,7 +302,14 @@ class SliceTask(BatchedTask):
             missing = [(first, last)]
         for start, stop in missing:
             for z in range(start, stop + 1, _PREPARE_SLICES):
-                part = self.volume.array[z : min(stop + 1, z + _PREPARE_SLICES), ys, xs]
+                if self._arrival is not None:
+                    self._arrival.wait_range(z, min(stop + 1, z + _PREPARE_SLICES))
+                part = read_filtered(
+                    self.volume.array,
+                    (slice(z, min(stop + 1, z + _PREPARE_SLICES)), ys, xs),
+                    self.spec.preprocess,
+                    self.volume.spacing[1:],
+                )
                 resampled = self._to_model_grid(part[:, None].astype(np.float32), order=1)
                 stack[z - first : z - first + len(part)] = resampled[:, 0]
                 del resampled
@@ -281,4 +354,10 @@ class SliceTask(BatchedTask):
         self._accepted(t0)
 
 
-__all__ = ["SliceTask", "check_extra_channels", "crop_box"]
+__all__ = [
+    "ArrivingSlices",
+    "SliceTask",
+    "check_extra_channels",
+    "check_image_channels",
+    "crop_box",
+]

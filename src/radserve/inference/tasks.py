@@ -323,7 +323,7 @@ def finish_decision(
     """
     if spec.activation == "softmax":
         return winner, to_uint8(best)
-    fg = best >= spec.postprocess.threshold
+    fg = best >= spec.threshold
     winner += 1
     winner[~fg] = 0
     best[~fg] = 1.0 - best[~fg]

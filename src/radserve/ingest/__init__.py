@@ -9,8 +9,9 @@ import ``radserve.ingest.decode`` and should not load nibabel and SciPy with it.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from radserve.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from radserve.ingest.discover import SeriesHeader, discover_series
@@ -25,11 +26,20 @@ if TYPE_CHECKING:
     )
     from radserve.ingest.nifti import load_nifti, save_nifti
     from radserve.ingest.policy import IngestPolicy
-    from radserve.ingest.sources import ArchiveRejectedError, SkippedFile, SourceFile
+    from radserve.ingest.sources import (
+        ArchiveRejectedError,
+        InputTooLargeError,
+        SkippedFile,
+        SourceFile,
+    )
+    from radserve.ingest.validate import InstanceError, SeriesAttributeError
 
 _EXPORTS = {
     "ArchiveRejectedError": "sources",
     "FrameRef": "headers",
+    "InputTooLargeError": "sources",
+    "InstanceError": "validate",
+    "SeriesAttributeError": "validate",
     "IngestPolicy": "policy",
     "LoadedSeries": "load",
     "LoadedStudy": "load",
@@ -50,10 +60,13 @@ __all__ = [
     "ArchiveRejectedError",
     "FrameRef",
     "IngestPolicy",
+    "InputTooLargeError",
+    "InstanceError",
     "LoadedSeries",
     "LoadedStudy",
     "PatientInfo",
     "RejectedSeries",
+    "SeriesAttributeError",
     "SeriesHeader",
     "SkippedFile",
     "SliceSource",
@@ -65,15 +78,4 @@ __all__ = [
     "save_nifti",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)

@@ -17,10 +17,16 @@ replaced by air. The result is int16 when every slope and intercept is integral 
 values fit (a 512×512×300 CT costs 157 MB), float32 otherwise; if an int16 decode meets
 a value it cannot hold, the stack is decoded again as float32 rather than wrapped
 around.
+
+Errors name the file and say what is wrong in one line; the decoder's own exception is
+logged at DEBUG. pydicom logs a full traceback for every plugin that fails before it
+tries the next one (4–6 per damaged frame); :class:`_QuietPluginFallbacks` keeps those
+to one DEBUG line each, since the final error already lists every plugin's message.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import multiprocessing
@@ -40,17 +46,51 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import BinaryIO
 
 import numpy as np
-import pydicom
-from pydicom.dataset import Dataset
 from pydicom.pixels import get_decoder, iter_pixels, pixel_array
-from pydicom.uid import UID, DeflatedExplicitVRLittleEndian
+from pydicom.uid import (
+    UID,
+    DeflatedExplicitVRLittleEndian,
+    ExplicitVRLittleEndian,
+    ImplicitVRLittleEndian,
+)
 
+from radserve.checkpoints import carry, checkpoint
 from radserve.errors import DecodeError
 from radserve.host import usable_cores
-from radserve.ingest.headers import FrameRef
+from radserve.ingest.arrival import SliceArrival
+from radserve.ingest.headers import FrameRef, part10_stream
+from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sources import SourceFile, SourceReader
+from radserve.log_routing import WorkerLogs, forward_worker_logs
 
 log = logging.getLogger(__name__)
+
+_DEFAULT_MAX_FILE_BYTES = IngestPolicy().max_file_bytes
+
+
+class _QuietPluginFallbacks(logging.Filter):
+    """Turns pydicom's per-plugin ``LOGGER.exception`` (a traceback on the terminal for
+    each decoder tried) into a DEBUG line without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and "decoders" in record.pathname.replace("\\", "/"):
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def _install_quiet_fallbacks() -> None:
+    # A logger's filters see only the records it creates: attach to the decoders' own.
+    from pydicom.pixels.decoders import base
+
+    for logger in {base.LOGGER, logging.getLogger("pydicom")}:
+        if not any(isinstance(f, _QuietPluginFallbacks) for f in logger.filters):
+            logger.addFilter(_QuietPluginFallbacks())
+
+
+_install_quiet_fallbacks()
 
 _INT16 = np.iinfo(np.int16)
 _INSTALL_HINTS = {
@@ -89,6 +129,11 @@ class _NeedFloat(Exception):
     """Internal signal: int16 cannot hold the values, decode as float32."""
 
 
+class StackNeedsFloatError(DecodeError):
+    """A stack decoded while it was being read (:func:`start_decode_stack`) met a value
+    int16 cannot hold: the reader must load it again with :func:`decode_stack`."""
+
+
 def ensure_decoders(transfer_syntaxes: Iterable[str]) -> None:
     """Fail before any work if a transfer syntax has no installed decoder."""
     for uid in sorted(set(transfer_syntaxes)):
@@ -116,22 +161,91 @@ def decode_stack(
     air: float,
     workers: int | None = None,
     processes: bool | None = None,
+    max_file_bytes: int = _DEFAULT_MAX_FILE_BYTES,
 ) -> np.ndarray:
     """Decode ``frames`` into slices 0..n-1 of a new (n, rows, columns) array.
 
     ``workers`` threads or processes (default: the usable cores). ``processes``: decode
     in worker processes (True), threads (False), or decide by transfer syntax (None:
     processes for :data:`PROCESS_SYNTAXES`, when there are enough frames and cores).
+    ``max_file_bytes`` bounds what is read from a zip member or inflated from a
+    Deflated file (``IngestPolicy.max_file_bytes``).
     """
     dtype = _output_dtype(frames)
     if processes is None:
         processes = use_processes(frames, workers)
     decode = _decode_in_processes if processes else _decode
     try:
-        return decode(frames, reader, dtype, air, workers)
+        return decode(frames, reader, dtype, air, workers, max_file_bytes)
     except _NeedFloat:
         log.info("values do not fit int16; decoding the stack again as float32")
-        return decode(frames, reader, np.dtype(np.float32), air, workers)
+        return decode(frames, reader, np.dtype(np.float32), air, workers, max_file_bytes)
+
+
+def start_decode_stack(
+    frames: Sequence[FrameRef],
+    *,
+    air: float,
+    first: Sequence[int] = (),
+    workers: int | None = None,
+    max_file_bytes: int = _DEFAULT_MAX_FILE_BYTES,
+) -> tuple[np.ndarray, SliceArrival] | None:
+    """Start decoding ``frames`` in the worker processes and return at once: the array
+    being filled and its :class:`SliceArrival` (slots in ``first`` land first).
+
+    ``None`` when this stack is not decoded that way: it would not go to processes
+    (:func:`use_processes`), or the header cannot promise that every value fits the
+    output type (the whole stack might have to be decoded again as float32, see
+    :func:`decode_stack`): the caller then decodes it with :func:`decode_stack`.
+    A decoding failure is raised by the arrival's waits.
+    """
+    if not frames or not use_processes(frames, workers):
+        return None
+    dtype = _output_dtype(frames)
+    if dtype == np.int16 and not all(_fits_int16(f) for f in frames):
+        return None
+    rows, cols = frames[0].pixel.rows, frames[0].pixel.columns
+    out = np.empty((len(frames), rows, cols), dtype=dtype)
+    arrival = SliceArrival(len(frames))
+
+    def run() -> None:
+        try:
+            _decode_in_processes(
+                frames,
+                SourceReader(),  # unused by the process path: each worker opens its own
+                dtype,
+                air,
+                workers,
+                max_file_bytes,
+                out=out,
+                first=first,
+                arrival=arrival,
+            )
+        except _NeedFloat:
+            arrival.fail(
+                StackNeedsFloatError(
+                    f"a decoded value lies outside the {frames[0].pixel.bits_stored}-bit "
+                    "range Bits Stored declares: decode the stack whole, as float32"
+                )
+            )
+        except BaseException as exc:  # handed to every reader, which raises it
+            arrival.fail(exc)
+
+    # carried: a routine study's streamed decoding yields to URGENT work as a whole one does
+    threading.Thread(target=carry(run), name="decode-stack", daemon=True).start()
+    return out, arrival
+
+
+def _fits_int16(frame: FrameRef) -> bool:
+    """Whether every value Bits Stored allows, rescaled, fits int16 (padding becomes
+    air, which the caller's policy keeps in range)."""
+    fmt = frame.pixel
+    if fmt.pixel_representation:
+        low, high = -(2 ** (fmt.bits_stored - 1)), 2 ** (fmt.bits_stored - 1) - 1
+    else:
+        low, high = 0, 2**fmt.bits_stored - 1
+    ends = [v * frame.rescale_slope + frame.rescale_intercept for v in (low, high)]
+    return _INT16.min <= min(ends) and max(ends) <= _INT16.max
 
 
 @functools.cache
@@ -171,14 +285,16 @@ def _decode(
     dtype: np.dtype,
     air: float,
     workers: int | None,
+    max_bytes: int,
 ) -> np.ndarray:
     rows, cols = frames[0].pixel.rows, frames[0].pixel.columns
     out = np.empty((len(frames), rows, cols), dtype=dtype)
     # The cores this process may use (affinity, container quota), not the host's count.
     workers = max(1, workers or min(16, usable_cores()))
     jobs = list(_jobs(frames, workers))
+    job = carry(_decode_job)  # a routine study's decoding yields to URGENT work, job by job
     with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        futures = [pool.submit(_decode_job, reader, src, items, out, air) for src, items in jobs]
+        futures = [pool.submit(job, reader, src, items, out, air, max_bytes) for src, items in jobs]
         done, pending = wait(futures, return_when=FIRST_EXCEPTION)
         for future in pending:
             future.cancel()
@@ -201,6 +317,7 @@ class _DecodePool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._executor: ProcessPoolExecutor | None = None
+        self._logs: WorkerLogs | None = None
         self._size = 0
 
     def get(self, workers: int) -> tuple[ProcessPoolExecutor, int]:
@@ -222,22 +339,37 @@ class _DecodePool:
                     context.set_forkserver_preload(
                         ["__main__", "radserve.ingest.decode", "pydicom.pixels", "openjpeg"]
                     )
-                self._executor = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+                # the workers' warnings and log records go through this process's
+                # logging (redacted, structured), not as plain lines to stderr
+                self._logs = WorkerLogs(context)
+                self._executor = ProcessPoolExecutor(
+                    max_workers=workers,
+                    mp_context=context,
+                    initializer=forward_worker_logs,
+                    initargs=self._logs.initargs(),
+                )
                 self._size = workers
             return self._executor, self._size
 
     def discard(self, executor: ProcessPoolExecutor) -> None:
         """Drop a broken pool, so the next call starts a fresh one."""
+        logs = None
         with self._lock:
             if self._executor is executor:
                 self._executor = None
+                logs, self._logs = self._logs, None
         executor.shutdown(wait=False, cancel_futures=True)
+        if logs is not None:
+            logs.stop()
 
     def shutdown(self) -> None:
         with self._lock:
             executor, self._executor = self._executor, None
+            logs, self._logs = self._logs, None
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
+        if logs is not None:
+            logs.stop()
 
 
 _POOL = _DecodePool()
@@ -260,9 +392,33 @@ def _worker_ready() -> int:
     return os.getpid()
 
 
-def shutdown_decode_workers() -> None:
-    """Stop the decoding worker processes (they start again when next needed)."""
+def shutdown_decode_workers(*, helpers: bool = False) -> None:
+    """Stop the decoding worker processes (they start again when next needed).
+
+    ``helpers``: also stop multiprocessing's fork server and resource tracker, which
+    outlive the pool and, when the server is ended by a signal, the server itself (a
+    stopping server passes it; both restart on demand)."""
     _POOL.shutdown()
+    if helpers:
+        _stop_multiprocessing_helpers()
+
+
+def _stop_multiprocessing_helpers() -> None:
+    """Stop the fork server and the resource tracker of this process, if running (the
+    stdlib keeps them for the process's life and has no public call to stop them)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    for name, helper in (
+        ("fork server", getattr(forkserver, "_forkserver", None)),
+        ("resource tracker", getattr(resource_tracker, "_resource_tracker", None)),
+    ):
+        stop = getattr(helper, "_stop", None)
+        if stop is None:
+            continue
+        try:
+            stop()
+        except (OSError, ChildProcessError) as exc:  # already gone
+            log.debug("stopping the %s: %s", name, exc)
 
 
 def _decode_in_processes(
@@ -271,22 +427,34 @@ def _decode_in_processes(
     dtype: np.dtype,
     air: float,
     workers: int | None,
+    max_bytes: int,
+    *,
+    out: np.ndarray | None = None,
+    first: Sequence[int] = (),
+    arrival: SliceArrival | None = None,
 ) -> np.ndarray:
     """Like :func:`_decode`, in worker processes; at most ``_TASKS_AHEAD`` tasks per
-    worker are in flight, so finished frames never pile up beside the volume."""
+    worker are in flight, so finished frames never pile up beside the volume.
+
+    ``first``: slots decoded before the others (which then follow in slot order);
+    ``arrival`` is told of every slot as it lands in ``out``."""
     rows, cols = frames[0].pixel.rows, frames[0].pixel.columns
-    out = np.empty((len(frames), rows, cols), dtype=dtype)
+    if out is None:
+        out = np.empty((len(frames), rows, cols), dtype=dtype)
     executor, size = _POOL.get(max(1, workers or usable_cores()))
     workers = min(size, workers or size)
-    tasks = iter(_process_tasks(frames, workers))
+    tasks = iter(_ordered_tasks(frames, first) if first else _process_tasks(frames, workers))
     pending: dict[Future[np.ndarray], list[int]] = {}
 
     def submit_next() -> bool:
+        checkpoint()  # a routine study hands the decoding processes no more while URGENT runs
         task = next(tasks, None)
         if task is None:
             return False
         slots = [k for k, _ in task]
-        pending[executor.submit(_decode_task, [f for _, f in task], dtype.str, air)] = slots
+        pending[executor.submit(_decode_task, [f for _, f in task], dtype.str, air, max_bytes)] = (
+            slots
+        )
         return True
 
     try:
@@ -297,6 +465,8 @@ def _decode_in_processes(
             for future in done:
                 slots = pending.pop(future)
                 out[slots] = future.result()  # re-raises the worker's DecodeError
+                if arrival is not None:
+                    arrival.mark(slots)
                 del future
                 submit_next()
     except BrokenProcessPool as exc:
@@ -327,7 +497,21 @@ def _process_tasks(
         yield items
 
 
-def _decode_task(frames: list[FrameRef], dtype: str, air: float) -> np.ndarray:
+def _ordered_tasks(
+    frames: Sequence[FrameRef], first: Sequence[int]
+) -> Iterator[list[tuple[int, FrameRef]]]:
+    """Runs of up to ``_FRAMES_PER_TASK`` slots: ``first`` in its order, then the rest
+    in slot order (a task may read several files, or scattered frames of one)."""
+    head = list(dict.fromkeys(first))
+    chosen = set(head)
+    order = head + [k for k in range(len(frames)) if k not in chosen]
+    for start in range(0, len(order), _FRAMES_PER_TASK):
+        yield [(k, frames[k]) for k in order[start : start + _FRAMES_PER_TASK]]
+
+
+def _decode_task(
+    frames: list[FrameRef], dtype: str, air: float, max_bytes: int = _DEFAULT_MAX_FILE_BYTES
+) -> np.ndarray:
     """In a worker process: ``frames`` decoded into a new (n, rows, columns) array."""
     block = np.empty((len(frames), frames[0].pixel.rows, frames[0].pixel.columns), dtype)
     by_source: dict[SourceFile, list[tuple[int, FrameRef]]] = defaultdict(list)
@@ -335,7 +519,8 @@ def _decode_task(frames: list[FrameRef], dtype: str, air: float) -> np.ndarray:
         by_source[frame.source].append((k, frame))
     with SourceReader() as reader:
         for src, items in by_source.items():
-            _decode_job(reader, src, items, block, air)
+            items.sort(key=lambda item: item[1].frame_index or 0)  # the file's order
+            _decode_job(reader, src, items, block, air, max_bytes)
     return block
 
 
@@ -359,13 +544,15 @@ def _decode_job(
     items: list[tuple[int, FrameRef]],
     out: np.ndarray,
     air: float,
+    max_bytes: int = _DEFAULT_MAX_FILE_BYTES,
 ) -> None:
+    checkpoint()  # on a thread (see _decode); a no-op in a decoding process
     uid = items[0][1].pixel.transfer_syntax_uid
     syntax = UID(uid).name
     plugin = preferred_plugin(uid)
     try:
         try:
-            _decode_frames(reader, src, items, out, air, plugin)
+            _decode_frames(reader, src, items, out, air, plugin, max_bytes)
         except (_NeedFloat, DecodeError):
             raise
         except Exception:
@@ -373,18 +560,20 @@ def _decode_job(
                 raise
             # The preferred plugin is a speed choice: any other installed one may do.
             log.debug("%s failed on a %s frame; trying every installed plugin", plugin, syntax)
-            _decode_frames(reader, src, items, out, air, "")
+            _decode_frames(reader, src, items, out, air, "", max_bytes)
     except (_NeedFloat, DecodeError):
         raise
     except Exception as exc:  # plugins raise many types on damaged or truncated data
+        log.debug("decoding %s failed: %s: %s", src, type(exc).__name__, exc)
         hint = _INSTALL_HINTS.get(uid)
-        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise DecodeError(
-            f"could not decode pixel data of instance {items[0][1].sop_instance_uid} "
-            f"({syntax}): {type(exc).__name__}: {detail}. The file may be truncated or "
-            "damaged, or no installed decoder supports it"
-            + (f"; decoders for this syntax: {hint}" if hint else "")
+            f"{src}: the pixel data ({syntax}) could not be decoded: the file is damaged, "
+            "or no installed decoder supports it"
+            + (f" (decoders for this syntax: {hint})" if hint else "")
         ) from exc
+
+
+_NATIVE_LITTLE = {ExplicitVRLittleEndian, ImplicitVRLittleEndian}
 
 
 def _decode_frames(
@@ -394,27 +583,35 @@ def _decode_frames(
     out: np.ndarray,
     air: float,
     plugin: str,
+    max_bytes: int,
 ) -> None:
     uid = items[0][1].pixel.transfer_syntax_uid
-    pixels: str | BinaryIO | Dataset = reader.pixel_source(src)
-    if uid == DeflatedExplicitVRLittleEndian:
-        # pydicom's file-based pixel path does not inflate: read the whole dataset.
-        pixels = pydicom.dcmread(pixels)
-    if items[0][1].frame_index is None:
-        arrays: Iterable[np.ndarray] = [pixel_array(pixels, decoding_plugin=plugin)]
-    else:
-        indices = [f.frame_index for _, f in items]
-        arrays = iter_pixels(pixels, indices=indices, decoding_plugin=plugin)
-    for (k, frame), stored in zip(items, arrays, strict=True):
-        _store(out, k, stored, frame, air)
+    with contextlib.ExitStack() as stack:
+        pixels: str | BinaryIO = stack.enter_context(reader.pixel_source(src, max_bytes))
+        if uid == DeflatedExplicitVRLittleEndian:
+            # pydicom would inflate the whole file in memory, unbounded: inflate it here
+            # into a spooled temporary file (Explicit VR Little Endian), bounded.
+            raw = stack.enter_context(open(pixels, "rb")) if isinstance(pixels, str) else pixels
+            size = os.fstat(raw.fileno()).st_size if isinstance(pixels, str) else 0
+            pixels = stack.enter_context(part10_stream(raw, size, False, max_bytes))[0]
+        # native data: the encoding the header reader found (a file may say Explicit VR
+        # and be Implicit VR: pydicom's file readers would trust the meta)
+        options = {"transfer_syntax_uid": uid} if uid in _NATIVE_LITTLE else {}
+        if items[0][1].frame_index is None:
+            arrays: Iterable[np.ndarray] = [pixel_array(pixels, decoding_plugin=plugin, **options)]
+        else:
+            indices = [f.frame_index for _, f in items]
+            arrays = iter_pixels(pixels, indices=indices, decoding_plugin=plugin, **options)
+        for (k, frame), stored in zip(items, arrays, strict=True):
+            _store(out, k, stored, frame, air)
 
 
 def _store(out: np.ndarray, k: int, stored: np.ndarray, frame: FrameRef, air: float) -> None:
     fmt = frame.pixel
     if stored.shape != (fmt.rows, fmt.columns):
         raise DecodeError(
-            f"a frame of instance {frame.sop_instance_uid} decoded to shape {stored.shape}, "
-            f"expected ({fmt.rows}, {fmt.columns}) from Rows/Columns"
+            f"{frame.source}: a frame decoded to {' × '.join(map(str, stored.shape))} pixels, "
+            f"but Rows × Columns say {fmt.rows} × {fmt.columns}"
         )
     slope, intercept = frame.rescale_slope, frame.rescale_intercept
     if (

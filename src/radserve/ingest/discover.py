@@ -15,10 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from radserve.checkpoints import checkpoint
 from radserve.errors import NotDicomError
 from radserve.ingest.headers import FrameRef, InstanceRecord, PatientInfo, SkipFile, read_instance
+from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sources import (
     DEFAULT_MAX_ARCHIVE_BYTES,
+    InputTooLargeError,
     SkippedFile,
     SourceFile,
     SourceReader,
@@ -63,6 +66,9 @@ class SeriesHeader:
     number_of_instances: int
     patient: PatientInfo
     frames: tuple[FrameRef, ...] = field(repr=False)
+    absent_type2: tuple[str, ...] = ()  # Type 2 attributes the outputs copy, absent somewhere
+    study_instance_uids: frozenset[str] = frozenset()  # of every instance of the part
+    frame_of_reference_uids: frozenset[str | None] = frozenset()
     part: int = 0
     split_reasons: frozenset[str] = frozenset()
     notes: tuple[str, ...] = ()
@@ -94,21 +100,33 @@ def discover_series(
     *,
     max_localizer_slices: int = DEFAULT_MAX_LOCALIZER_SLICES,
     max_archive_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
+    policy: IngestPolicy | None = None,
 ) -> list[SeriesHeader]:
     """Every image series (and split-off part) in ``sources``, in a stable order.
+
+    Reading is bounded by ``policy`` (its ``max_*`` limits): the total size of the files
+    before any is opened, each header as it is read, the frames as they are found.
 
     Raises:
         NotDicomError: no file in ``sources`` is a DICOM image; the message counts why.
         ArchiveRejectedError: a zip archive exceeds the size or member limits.
+        InputTooLargeError: the files or frames exceed ``policy.max_study_bytes`` /
+            ``max_frames``.
     """
-    files, skipped = expand_sources(sources, max_archive_bytes=max_archive_bytes)
+    policy = policy or IngestPolicy()
+    files, skipped = expand_sources(
+        sources, max_archive_bytes=min(max_archive_bytes, policy.max_study_bytes)
+    )
     total = len(files) + len(skipped)
     records: list[InstanceRecord] = []
     seen: set[str] = set()
+    n_frames = 0
     with SourceReader() as reader:
+        _check_study_bytes(reader, files, policy)
         for src in files:
+            checkpoint()  # a routine study's ingest lets URGENT work pass, file by file
             try:
-                record = read_instance(reader, src)
+                record = read_instance(reader, src, policy)
             except SkipFile as exc:
                 skipped.append(SkippedFile(src, exc.reason))
                 continue
@@ -119,6 +137,13 @@ def discover_series(
             if uid in seen:
                 skipped.append(SkippedFile(src, "another copy of an instance already found"))
                 continue
+            n_frames += len(record.frames)
+            if n_frames > policy.max_frames:
+                raise InputTooLargeError(
+                    f"the input holds more than ingest.max_frames={policy.max_frames} frames "
+                    f"(found {n_frames} in the first {len(records) + 1} instances); send one "
+                    "study at a time or raise the limit"
+                )
             seen.add(uid)
             records.append(record)
 
@@ -140,6 +165,23 @@ def discover_series(
     )
     frozen = tuple(skipped)
     return [replace(h, skipped=frozen) for h in headers]
+
+
+def _check_study_bytes(
+    reader: SourceReader, files: Sequence[SourceFile], policy: IngestPolicy
+) -> None:
+    total = 0
+    for src in files:
+        try:
+            total += reader.size(src)
+        except OSError:
+            continue  # judged when read
+        if total > policy.max_study_bytes:
+            raise InputTooLargeError(
+                f"the input holds more than ingest.max_study_bytes={policy.max_study_bytes} "
+                f"bytes (counted over {len(files)} files); send one study at a time or raise "
+                "the limit"
+            )
 
 
 def _summarise(skipped: Sequence[SkippedFile]) -> str:
@@ -232,6 +274,7 @@ def _header(
 ) -> SeriesHeader:
     record, first = pairs[idx[0]]
     frames = tuple(pairs[i][1] for i in idx)
+    records = {id(pairs[i][0]): pairs[i][0] for i in idx}.values()
     return SeriesHeader(
         series_instance_uid=record.series_instance_uid,
         study_instance_uid=record.study_instance_uid,
@@ -246,6 +289,9 @@ def _header(
         number_of_instances=len({f.sop_instance_uid for f in frames}),
         patient=record.patient,
         frames=frames,
+        absent_type2=tuple(sorted({kw for r in records for kw in r.absent_type2})),
+        study_instance_uids=frozenset(r.study_instance_uid for r in records),
+        frame_of_reference_uids=frozenset(r.frame_of_reference_uid for r in records),
         part=part,
         split_reasons=reasons,
         notes=tuple(notes),

@@ -10,6 +10,11 @@ median by more than ``spacing_tolerance`` × median is non-uniform spacing; a fi
 vector more than ``tilt_tolerance_deg`` off the normal is a gantry tilt; in-plane
 positions more than :data:`LINE_TOLERANCE_PX` pixels off the first→last line are a
 sheared (non-linear) stack.
+
+Before any of that, the values are bounded (``IngestPolicy`` ``min_spacing_mm``,
+``max_pixel_spacing_mm``, ``max_slice_spacing_mm``, ``max_fov_mm``; positions within
+:data:`MAX_POSITION_MM`): a Pixel Spacing of 1e4 or 1e30 is refused here, naming the
+attribute and its value, instead of asking resampling for a grid of TiBs later.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ import numpy as np
 
 from radserve.errors import GeometryError
 from radserve.ingest.headers import FrameRef
-from radserve.ingest.policy import IngestPolicy
+from radserve.ingest.policy import IngestPolicy, policy_hint
 
 DUPLICATE_TOLERANCE_MM = 0.01
 LINE_TOLERANCE_PX = 0.1
 _UNIT_TOLERANCE = 1e-2
+MAX_POSITION_MM = 1e6  # 1 km from the origin: beyond any patient coordinate system
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,9 +61,22 @@ def plan_stack(frames: Sequence[FrameRef], policy: IngestPolicy) -> StackLayout:
     _require_geometry(frames)
     row_dir, col_dir, normal = _axes(frames[0].orientation)  # type: ignore[arg-type]
     row_spacing, col_spacing = frames[0].pixel_spacing  # type: ignore[misc]
-    if row_spacing <= 0 or col_spacing <= 0:
-        raise GeometryError(f"Pixel Spacing must be positive, got {row_spacing}\\{col_spacing}")
+    _check_range(
+        "Pixel Spacing",
+        f"{row_spacing:g}\\{col_spacing:g}",
+        (row_spacing, col_spacing),
+        policy.min_spacing_mm,
+        policy.max_pixel_spacing_mm,
+        "ingest.min_spacing_mm / ingest.max_pixel_spacing_mm",
+    )
     positions = np.array([f.position for f in frames], dtype=np.float64)
+    far = np.abs(positions).max(axis=1) > MAX_POSITION_MM
+    if far.any():
+        shown = "\\".join(f"{v:g}" for v in positions[int(np.argmax(far))])
+        raise GeometryError(
+            f"Image Position (Patient) {shown} mm is more than {MAX_POSITION_MM:g} mm from the "
+            f"origin ({int(far.sum())} of {len(frames)} frames): not a patient position"
+        )
     along = positions @ normal
     tie = [(f.instance_number or 0, f.frame_index or 0) for f in frames]
     order = sorted(range(len(frames)), key=lambda i: (along[i], *tie[i]))
@@ -71,12 +90,23 @@ def plan_stack(frames: Sequence[FrameRef], policy: IngestPolicy) -> StackLayout:
     affine[:3, 1] = col_dir * row_spacing
     affine[:3, 2] = row_dir * col_spacing
     affine[:3, 3] = pts[0]
+    extent = (row_spacing * frames[0].pixel.rows, col_spacing * frames[0].pixel.columns)
     if len(order) == 1:
-        step = _single_slice_step(frames[order[0]], warnings)
+        step = _single_slice_step(frames[order[0]], policy, warnings)
         affine[:3, 0] = normal * step
+        _check_fov(extent, step, 1, policy)
         return StackLayout(tuple(order), duplicates, affine, offsets, None, None, tuple(warnings))
 
     target, step = _check_spacing(offsets, policy, warnings)
+    _check_range(
+        "slice spacing (from Image Position (Patient))",
+        f"{step:g}",
+        (step,),
+        policy.min_spacing_mm,
+        policy.max_slice_spacing_mm,
+        "ingest.min_spacing_mm / ingest.max_slice_spacing_mm",
+    )
+    _check_fov(extent, step, len(order) if target is None else len(target), policy)
     affine[:3, 0] = normal * step
 
     shifts = None
@@ -96,14 +126,14 @@ def plan_stack(frames: Sequence[FrameRef], policy: IngestPolicy) -> StackLayout:
             what += f"; slice positions leave the first→last line by up to {off_line:.2f} mm"
         if policy.gantry_tilt == "reject":
             raise GeometryError(
-                f"{what}. Set IngestPolicy(gantry_tilt='correct') to shift slices onto an "
-                "orthogonal grid, or 'flag' to keep the sheared affine"
+                f"{what}. To shift slices onto an orthogonal grid, "
+                f"{policy_hint('gantry_tilt', 'correct')} ('flag' keeps the sheared affine)"
             )
         if policy.gantry_tilt == "flag":
             if non_linear:
                 raise GeometryError(
-                    f"{what}, so no single affine describes the stack; use "
-                    "IngestPolicy(gantry_tilt='correct')"
+                    f"{what}, so no single affine describes the stack; "
+                    f"{policy_hint('gantry_tilt', 'correct')}"
                 )
             if target is not None:
                 raise GeometryError(
@@ -126,11 +156,42 @@ def _require_geometry(frames: Sequence[FrameRef]) -> None:
         ("orientation", "Image Orientation (Patient)"),
         ("pixel_spacing", "Pixel Spacing"),
     ):
-        missing = sum(getattr(f, attr) is None for f in frames)
-        if missing:
+        lacking = [f for f in frames if getattr(f, attr) is None]
+        if not lacking:
+            continue
+        shown = next((u for f in lacking for u in f.unusable if u.startswith(name)), None)
+        if shown is not None:
             raise GeometryError(
-                f"{missing} of {len(frames)} frames have no usable {name}: not a "
-                "cross-sectional image stack (projection, secondary capture or cine?)"
+                f"{len(lacking)} of {len(frames)} frames have an unusable {name} (e.g. "
+                f"{lacking[0].source.name}: {shown}); it must be finite numbers"
+            )
+        raise GeometryError(
+            f"{len(lacking)} of {len(frames)} frames have no {name}: not a "
+            "cross-sectional image stack (projection, secondary capture or cine?)"
+        )
+
+
+def _check_range(
+    name: str, shown: str, values: Sequence[float], low: float, high: float, settings: str
+) -> None:
+    if all(low <= v <= high for v in values):
+        return
+    raise GeometryError(
+        f"{name} {shown} mm is outside the accepted {low:g}–{high:g} mm ({settings}): "
+        "the header is damaged or not a patient image"
+    )
+
+
+def _check_fov(
+    extent: tuple[float, float], step: float, n_slices: int, policy: IngestPolicy
+) -> None:
+    sizes = {"slice": step * n_slices, "column": extent[0], "row": extent[1]}
+    for axis, size in sizes.items():
+        if size > policy.max_fov_mm:
+            raise GeometryError(
+                f"the volume would extend {size:g} mm along its {axis} axis, more than "
+                f"ingest.max_fov_mm={policy.max_fov_mm:g} (Pixel Spacing or slice positions "
+                "implausible for a patient)"
             )
 
 
@@ -165,8 +226,8 @@ def _drop_duplicates(
     if policy.duplicate_positions == "reject":
         raise GeometryError(
             f"{len(pairs)} slices share their position along the slice normal with another "
-            f"slice (first at {first:.2f} mm); set IngestPolicy(duplicate_positions="
-            "'drop_identical') to drop exact copies"
+            f"slice (first at {first:.2f} mm); to drop exact copies, "
+            f"{policy_hint('duplicate_positions', 'drop_identical')}"
         )
     if policy.duplicate_positions == "keep_first":
         warnings.append(
@@ -176,12 +237,12 @@ def _drop_duplicates(
     return kept, tuple(pairs)
 
 
-def _single_slice_step(frame: FrameRef, warnings: list[str]) -> float:
+def _single_slice_step(frame: FrameRef, policy: IngestPolicy, warnings: list[str]) -> float:
     for value, name in (
         (frame.spacing_between_slices, "Spacing Between Slices"),
         (frame.slice_thickness, "Slice Thickness"),
     ):
-        if value is not None and value > 0:
+        if value is not None and policy.min_spacing_mm <= value <= policy.max_slice_spacing_mm:
             warnings.append(f"single slice: slice spacing taken from {name} ({value:g} mm)")
             return value
     warnings.append("single slice: no slice spacing in the header, 1 mm assumed")
@@ -211,8 +272,8 @@ def _check_spacing(
         )
         if choice == "reject":
             raise GeometryError(
-                f"{detail}. Set IngestPolicy({field_name}='resample') to interpolate onto a "
-                "regular grid or 'flag' to proceed"
+                f"{detail}. To interpolate onto a regular grid, "
+                f"{policy_hint(field_name, 'resample')} ('flag' proceeds as it is)"
             )
         if choice == "resample":
             resample = True

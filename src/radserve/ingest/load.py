@@ -14,15 +14,17 @@ from pathlib import Path
 
 import numpy as np
 
-from radserve.domain.volume import Volume
+from radserve.domain.volume import Volume, spacing_of
 from radserve.errors import GeometryError, StudyError, UnsupportedModalityError
-from radserve.ingest.decode import decode_stack, ensure_decoders
+from radserve.ingest.arrival import SliceArrival
+from radserve.ingest.decode import decode_stack, ensure_decoders, start_decode_stack
 from radserve.ingest.discover import SeriesHeader, discover_series
 from radserve.ingest.geometry import StackLayout, plan_stack
 from radserve.ingest.headers import FrameRef
-from radserve.ingest.policy import IngestPolicy
+from radserve.ingest.policy import IngestPolicy, policy_hint
 from radserve.ingest.resample import resample_slices, shift_slices_in_plane
 from radserve.ingest.sources import SkippedFile, SourceFile, SourceReader
+from radserve.ingest.validate import check_series
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,15 @@ class LoadedSeries:
     header: SeriesHeader
     warnings: tuple[str, ...] = ()
     source_slices: tuple[SliceSource, ...] = field(default=(), repr=False)
+    arrival: SliceArrival | None = field(default=None, repr=False)
+    """Set when the volume is still being decoded (``load_series(decode_first=...)``):
+    wait on it before reading the array."""
+
+    def wait_decoded(self) -> None:
+        """Return once every slice of the volume is in place (at once when it was
+        decoded whole); raises the decode's error if it failed."""
+        if self.arrival is not None:
+            self.arrival.wait_all()
 
 
 @dataclass(frozen=True)
@@ -69,13 +80,24 @@ class LoadedStudy:
     skipped: tuple[SkippedFile, ...]
 
 
+# (shape, spacing) of the volume -> the slices a reader wants before the others
+DecodeFirst = Callable[[tuple[int, int, int], tuple[float, float, float]], Sequence[int]]
+
+
 def load_series(
     header: SeriesHeader,
     policy: IngestPolicy = IngestPolicy(),  # noqa: B008 - frozen, safe as a default
     required_modality: str | None = None,
     workers: int | None = None,
+    *,
+    decode_first: DecodeFirst | None = None,
 ) -> LoadedSeries:
     """Decode one series part into a volume in physical units (HU for CT).
+
+    ``decode_first``: return while the decoder processes still fill the volume, with
+    the slices it names decoded first and ``LoadedSeries.arrival`` set; readers wait
+    on it. Only stacks decoded in processes (JPEG 2000) and stored as they are (no
+    duplicate check, in-plane shift or resampling) load that way; others load whole.
 
     Raises:
         UnsupportedModalityError: ``required_modality`` is set and differs.
@@ -89,8 +111,9 @@ def load_series(
             "is required; send the matching series or choose a pipeline for this modality"
         )
     warnings = list(header.notes)
-    _apply_split_policy(header, policy, warnings)
     _check_pixels(header.frames, warnings)
+    check_series(header, warnings)
+    _apply_split_policy(header, policy, warnings)
 
     layout = plan_stack(header.frames, policy)
     warnings.extend(layout.warnings)
@@ -99,16 +122,36 @@ def load_series(
     ordered = [header.frames[i] for i in layout.order]
     air = policy.ct_padding_hu if header.modality == "CT" else policy.other_padding_value
 
+    if decode_first is not None and _streamable(layout, policy):
+        started = _start_streaming(header, layout, ordered, air, workers, policy, decode_first)
+        if started is not None:
+            return _loaded(header, layout, ordered, warnings, *started)
     with SourceReader() as reader:
-        array = decode_stack(ordered, reader, air=air, workers=workers)
+        array = decode_stack(
+            ordered, reader, air=air, workers=workers, max_file_bytes=policy.max_file_bytes
+        )
         if layout.duplicates and policy.duplicate_positions == "drop_identical":
-            _verify_identical(header, layout.order, layout.duplicates, array, reader, air, workers)
+            _verify_identical(
+                header, layout.order, layout.duplicates, array, reader, air, workers, policy
+            )
             warnings.append(f"dropped {len(layout.duplicates)} identical duplicate slices")
     if layout.in_plane_shifts is not None:
         shift_slices_in_plane(array, layout.in_plane_shifts, air)
-    slices = tuple(map(_slice_source, ordered))
     if layout.target_offsets is not None:
         array = resample_slices(array, layout.source_offsets, layout.target_offsets)
+    return _loaded(header, layout, ordered, warnings, array)
+
+
+def _loaded(
+    header: SeriesHeader,
+    layout: StackLayout,
+    ordered: list[FrameRef],
+    warnings: list[str],
+    array: np.ndarray,
+    arrival: SliceArrival | None = None,
+) -> LoadedSeries:
+    slices = tuple(map(_slice_source, ordered))
+    if layout.target_offsets is not None:
         slices = ()
     volume = Volume(
         array,
@@ -117,17 +160,48 @@ def load_series(
         tuple(s.sop_instance_uid for s in slices),
     )
     log.info(
-        "loaded %s series part %d: shape %s %s (%.1f MB), %d warnings",
+        "loaded %s series part %d: shape %s %s (%.1f MB)%s, %d warnings",
         header.modality,
         header.part,
         volume.shape,
         array.dtype,
         array.nbytes / 1e6,
+        " (still decoding)" if arrival is not None else "",
         len(warnings),
     )
     for warning in warnings:
         log.warning("ingest: %s", warning)
-    return LoadedSeries(volume, header, tuple(warnings), slices)
+    return LoadedSeries(volume, header, tuple(warnings), slices, arrival)
+
+
+def _streamable(layout: StackLayout, policy: IngestPolicy) -> bool:
+    """The stack goes into the volume as decoded: nothing compares or moves slices."""
+    return (
+        not (layout.duplicates and policy.duplicate_positions == "drop_identical")
+        and layout.in_plane_shifts is None
+        and layout.target_offsets is None
+    )
+
+
+def _start_streaming(
+    header: SeriesHeader,
+    layout: StackLayout,
+    ordered: list[FrameRef],
+    air: float,
+    workers: int | None,
+    policy: IngestPolicy,
+    decode_first: DecodeFirst,
+) -> tuple[np.ndarray, SliceArrival] | None:
+    first = ordered[0].pixel
+    shape = (len(ordered), first.rows, first.columns)
+    spacing = spacing_of(layout.affine)
+    return start_decode_stack(
+        ordered,
+        air=air,
+        first=decode_first(shape, spacing),
+        workers=workers,
+        max_file_bytes=policy.max_file_bytes,
+    )
 
 
 def load_study(
@@ -143,7 +217,7 @@ def load_study(
     Holds all volumes in memory at once: for large studies prefer
     :func:`discover_series` and :func:`load_series` one series at a time.
     """
-    headers = discover_series(sources)
+    headers = discover_series(sources, policy=policy)
     loaded: list[LoadedSeries] = []
     rejected: list[RejectedSeries] = []
     for header in headers:
@@ -165,15 +239,15 @@ def _apply_split_policy(header: SeriesHeader, policy: IngestPolicy, warnings: li
         if reason in header.split_reasons and choice == "reject":
             raise GeometryError(
                 f"series mixes images of {reason.replace('dimensions', 'different Rows/Columns')}"
-                f" ({'; '.join(header.notes)}); set IngestPolicy({field_name}='split') to load "
-                "each part on its own"
+                f" ({'; '.join(header.notes)}); to load each part on its own, "
+                f"{policy_hint(field_name, 'split')}"
             )
     if header.dropped:
         what = sorted({d.reason for d in header.dropped})
         if policy.localizers == "reject":
             raise GeometryError(
                 f"series contains {len(header.dropped)} localizer images ({'; '.join(what)}); "
-                "set IngestPolicy(localizers='drop') to drop them"
+                f"to drop them, {policy_hint('localizers', 'drop')}"
             )
         warnings.append(f"dropped {len(header.dropped)} localizer images: {'; '.join(what)}")
 
@@ -215,9 +289,14 @@ def _verify_identical(
     reader: SourceReader,
     air: float,
     workers: int | None,
+    policy: IngestPolicy,
 ) -> None:
     copies = decode_stack(
-        [header.frames[d] for d, _ in duplicates], reader, air=air, workers=workers
+        [header.frames[d] for d, _ in duplicates],
+        reader,
+        air=air,
+        workers=workers,
+        max_file_bytes=policy.max_file_bytes,
     )
     slot = {frame: k for k, frame in enumerate(order)}
     differ = sum(
@@ -227,6 +306,6 @@ def _verify_identical(
     if differ:
         raise GeometryError(
             f"{differ} of {len(duplicates)} slices at duplicate positions hold different pixel "
-            "data (several acquisitions or time points in one series?); set "
-            "IngestPolicy(duplicate_positions='keep_first') to keep one of each"
+            "data (several acquisitions or time points in one series?); to keep one of "
+            f"each, {policy_hint('duplicate_positions', 'keep_first')}"
         )

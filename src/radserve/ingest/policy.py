@@ -9,13 +9,25 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, fields
-from typing import Literal, get_args, get_type_hints
+from typing import TYPE_CHECKING, Literal, get_args, get_type_hints
+
+if TYPE_CHECKING:  # the settings section is read, never imported at run time
+    from radserve.config import IngestSettings
 
 GapChoice = Literal["reject", "flag", "resample"]
 TiltChoice = Literal["reject", "flag", "correct"]
 DuplicateChoice = Literal["reject", "drop_identical", "keep_first"]
 SplitChoice = Literal["split", "reject"]
 LocalizerChoice = Literal["drop", "reject"]
+
+
+def policy_hint(name: str, value: str) -> str:
+    """How a user changes one ingest choice, in the words of the settings and the CLI (the
+    one wording every "set ... to proceed" message uses)."""
+    return (
+        f"set ingest.{name}: {value} in the settings (RADSERVE_INGEST__{name.upper()}={value}),"
+        f" or pass --ingest {name}={value} to radserve run"
+    )
 
 
 @dataclass(frozen=True)
@@ -43,7 +55,24 @@ class IngestPolicy:
         ct_padding_hu: value written where CT pixels equal Pixel Padding Value (air).
         other_padding_value: same for other modalities.
         max_voxels: largest volume (slices × rows × columns) accepted, so a hostile or
-            broken header cannot ask for an allocation the host cannot make.
+            broken header cannot ask for an allocation the host cannot make (2**30 voxels:
+            2 GiB as int16, 4 GiB as float32).
+        max_file_bytes: largest single file (or zip member, or inflated Deflated file).
+            A member decoded for pixels is copied to a spooled temporary file, so this
+            bounds disk, not memory.
+        max_header_bytes: most bytes read into memory from one file's header (values over
+            64 KiB that radserve does not need are skipped unread and do not count).
+        max_study_bytes: largest total size of all files of one ingest (declared sizes for
+            zip members, which zipfile never exceeds), checked before any header is read.
+        max_frames: most frames (2-D images) one file may claim and one ingest may hold;
+            frame records are made only after the claim is checked against the pixel data.
+        min_spacing_mm / max_pixel_spacing_mm / max_slice_spacing_mm: accepted Pixel Spacing
+            and slice step; values outside (1e4, 1e30, 0, negative) are refused at ingest,
+            before they reach resampling.
+        max_fov_mm: largest extent of the volume along any axis (voxels × spacing).
+        input_domain: a study outside a model's declared ``input_domain`` (model.yaml):
+            ``flag`` runs it with an ``outside_input_domain`` report warning, ``refuse``
+            fails it with that code before any model runs.
     """
 
     missing_slices: GapChoice = "reject"
@@ -58,7 +87,22 @@ class IngestPolicy:
     tilt_tolerance_deg: float = 0.5
     ct_padding_hu: float = -1000.0
     other_padding_value: float = 0.0
-    max_voxels: int = 2**31
+    max_voxels: int = 2**30
+    max_file_bytes: int = 4 * 2**30
+    max_header_bytes: int = 64 * 2**20
+    max_study_bytes: int = 16 * 2**30
+    max_frames: int = 50_000
+    min_spacing_mm: float = 0.01
+    max_pixel_spacing_mm: float = 20.0
+    max_slice_spacing_mm: float = 50.0
+    max_fov_mm: float = 2500.0
+    input_domain: Literal["flag", "refuse"] = "flag"
+
+    @classmethod
+    def from_settings(cls, settings: IngestSettings) -> IngestPolicy:
+        """The policy the ``ingest`` settings section describes (same names, same
+        meaning; ``tests/unit/test_settings_coverage.py`` keeps the two equal)."""
+        return cls(**settings.model_dump())
 
     def __post_init__(self) -> None:
         hints = get_type_hints(IngestPolicy)
@@ -77,3 +121,16 @@ class IngestPolicy:
             raise ValueError("IngestPolicy.spacing_tolerance must be in (0, 0.5)")
         if self.tilt_tolerance_deg < 0.0:
             raise ValueError("IngestPolicy.tilt_tolerance_deg must be >= 0")
+        for name in (
+            "max_voxels",
+            "max_file_bytes",
+            "max_header_bytes",
+            "max_study_bytes",
+            "max_frames",
+            "min_spacing_mm",
+            "max_fov_mm",
+        ):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"IngestPolicy.{name} must be > 0")
+        if not self.min_spacing_mm < min(self.max_pixel_spacing_mm, self.max_slice_spacing_mm):
+            raise ValueError("IngestPolicy.min_spacing_mm must be below the largest spacings")

@@ -1,15 +1,19 @@
 """Where instances come from: files, folders (recursive) and zip archives.
 
-Zip members are read in memory, never extracted, so there is nothing to clean up and no
-path a member name could escape to. Members with unsafe names are still skipped (they
-signal a hostile or broken archive), and the declared uncompressed size is capped before
-anything is read: zipfile stops each member at its declared size and checks its CRC.
+Zip members are never extracted under their own names, so there is no path a member
+name could escape to. Members with unsafe names are still skipped (they signal a hostile
+or broken archive), and the declared uncompressed size is capped before anything is
+read. Declared sizes are not trusted for memory: every read goes through
+:class:`BoundedStream`, which counts the bytes actually returned and refuses a read that
+would pass its limit before making it, and a member decoded for pixels is copied to a
+spooled temporary file (on disk past :data:`SPOOL_BYTES`), never into one bytes object.
 """
 
 from __future__ import annotations
 
-import io
 import os
+import shutil
+import tempfile
 import threading
 import zipfile
 from collections.abc import Iterator, Sequence
@@ -24,6 +28,9 @@ DEFAULT_MAX_ARCHIVE_BYTES = 8 * 2**30
 """Largest total uncompressed size accepted from one zip archive."""
 
 DEFAULT_MAX_ARCHIVE_MEMBERS = 200_000
+
+SPOOL_BYTES = 16 * 2**20
+"""A zip member copied for decoding stays in memory up to this size, then goes to disk."""
 
 
 @dataclass(frozen=True, order=True)
@@ -54,6 +61,63 @@ class ArchiveRejectedError(StudyError):
     """A zip archive is unsafe to read (too large, too many members)."""
 
     code = "archive_rejected"
+
+
+class InputTooLargeError(StudyError):
+    """An input would need more bytes (of memory, disk or reading) than the ingest
+    limits allow: a file, a header, a study, a frame count."""
+
+    code = "input_too_large"
+
+
+class BoundedStream:
+    """A read-only view of a binary stream that refuses to read past ``limit`` bytes.
+
+    Reads are counted (seeks are free: skipping a large element costs no memory), and a
+    read that would pass the limit raises :class:`InputTooLargeError` *before* it is
+    made, so a header claiming a 2 GB element never allocates it. ``what`` names the
+    limit in the error (a setting the user can raise).
+    """
+
+    def __init__(self, raw: BinaryIO, limit: int, what: str) -> None:
+        self._raw = raw
+        self.limit = limit
+        self.what = what
+        self.count = 0
+
+    def read(self, size: int | None = -1) -> bytes:
+        remaining = self.limit - self.count
+        if size is None or size < 0:
+            data = self._raw.read(remaining + 1)
+        elif size > remaining:
+            raise self._error(self.count + size)
+        else:
+            data = self._raw.read(size)
+        self.count += len(data)
+        if self.count > self.limit:
+            raise self._error(self.count)
+        return data
+
+    def _error(self, wanted: int) -> InputTooLargeError:
+        return InputTooLargeError(
+            f"reading would need at least {wanted} bytes, more than {self.what}={self.limit}"
+        )
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
+        return bool(getattr(self._raw, "closed", False))
 
 
 def expand_sources(
@@ -177,16 +241,23 @@ class SourceReader:
         with lock, zf.open(src.member) as fh:
             yield cast(BinaryIO, fh)
 
-    def read_bytes(self, src: SourceFile) -> bytes:
-        """The whole file or member."""
+    def size(self, src: SourceFile) -> int:
+        """The file's size, or the member's declared uncompressed size (zipfile never
+        returns more than that, and checks the CRC when the member is read to its end)."""
         if src.member is None:
-            return src.path.read_bytes()
-        zf, lock = self._archive(src.path)
-        with lock:
-            return zf.read(src.member)
+            return src.path.stat().st_size
+        zf, _ = self._archive(src.path)
+        return zf.getinfo(src.member).file_size  # the central directory: no read, no lock
 
-    def pixel_source(self, src: SourceFile) -> str | BinaryIO:
-        """What pydicom's pixel functions accept: a path, or the member's bytes in memory."""
+    @contextmanager
+    def pixel_source(self, src: SourceFile, max_bytes: int) -> Iterator[str | BinaryIO]:
+        """What pydicom's pixel functions accept: the path of a plain file, or a member
+        copied into a spooled temporary file (counted against ``max_bytes`` as read)."""
         if src.member is None:
-            return str(src.path)
-        return io.BytesIO(self.read_bytes(src))
+            yield str(src.path)
+            return
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as copy:
+            with self.open(src) as fh:
+                shutil.copyfileobj(BoundedStream(fh, max_bytes, "ingest.max_file_bytes"), copy)
+            copy.seek(0)
+            yield cast(BinaryIO, copy)

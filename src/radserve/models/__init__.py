@@ -1,1 +1,1 @@
-"""Model bundles: the manifest (model.yaml), the registry and the precision gate."""
+"""Model bundles: the manifest (model.yaml), the registry and the gate record (gate.json)."""

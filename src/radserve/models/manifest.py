@@ -7,14 +7,38 @@ here, so a site can add an exported nnU-Net/MONAI model without writing Python.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from radserve.domain.critical import CriticalRule
 from radserve.domain.findings import CodedConcept
+from radserve.domain.input_domain import InputDomain
 from radserve.errors import ModelError
+from radserve.models.axes import DEFAULT_AXES, check_axes
+from radserve.models.ops import (
+    FINDING_OPS,
+    MAP_OPS,
+    POSTPROCESS_OPS,
+    PREPROCESS_OPS,
+    MinConfidence,
+    MinSize,
+    PostprocessOp,
+    PreprocessOp,
+    Threshold,
+    check_op_names,
+    legacy_postprocess,
+)
 
 # bf16 is the fp32 file run in bfloat16 arithmetic (OpenVINO on a CPU with AMX or
 # AVX-512 BF16): declared as ``bf16: model.onnx`` and gated like the file variants.
@@ -46,6 +70,134 @@ class ClipZScore(_Strict):
 Normalisation = Annotated[CtWindow | ClipZScore, Field(discriminator="kind")]
 
 
+class ResamplingSpec(_Strict):
+    """3d models: how the image goes onto the model grid and the outputs come back.
+
+    Absent (the default), radserve resamples the raw image linearly and normalises it
+    afterwards. Present, it states nnU-Net's ``resample_data_or_seg_to_shape`` exactly
+    (what ``radserve models import nnunet`` writes): the image is normalised first and
+    resampled with a spline of ``image_order`` (scikit-image's ``resize``: edge mode, no
+    anti-aliasing, clipped to the input's range); outputs (logits or probabilities) come
+    back with ``output_order``. With ``separate_z: auto`` an axis whose spacing is more
+    than ``anisotropy_threshold`` times the finest (in the source or the target spacing)
+    is resampled on its own with ``*_order_z`` after the other two.
+    """
+
+    image_order: Literal[0, 1, 3] = 1
+    output_order: Literal[0, 1] = 1
+    separate_z: Literal["never", "auto"] = "never"
+    image_order_z: Literal[0, 1] = 0
+    output_order_z: Literal[0, 1] = 0
+    anisotropy_threshold: float = Field(3.0, gt=1.0)
+    normalise_first: bool = True
+    # ``first_voxel`` (what ``radserve models import monai-bundle`` writes): MONAI's
+    # ``Spacing(pixdim)`` grid, which keeps the first voxel centre and exactly the target
+    # spacing (``round((n - 1) * s / t) + 1`` voxels; new voxel j samples old index
+    # ``j * t / s``, edges replicated (``padding_mode: border``), nearest rounds half to
+    # even; MONAI's grid_sample settles exact ties by float32 rounding instead, so the
+    # importer writes bilinear only); outputs come back on the inverse map (``Invertd``).
+    # ``normalise_first`` is honoured there (``ScaleIntensityRange`` before ``Spacing``).
+    grid: Literal["field_of_view", "first_voxel"] = "field_of_view"
+
+    @model_validator(mode="after")
+    def _check_grid(self) -> ResamplingSpec:
+        if self.grid == "first_voxel" and (self.image_order == 3 or self.separate_z != "never"):
+            raise ValueError(
+                "resampling.grid 'first_voxel' (MONAI Spacing) takes image_order 0 or 1 and "
+                "separate_z 'never'"
+            )
+        return self
+
+
+class SlidingWindowSpec(_Strict):
+    """3d models: how patches are weighted, padded and merged.
+
+    ``importance``: ``gaussian`` is radserve's analytic Gaussian (sigma = patch x
+    ``sigma_scale``); ``monai_gaussian`` is MONAI's ``compute_importance_map`` (the same
+    Gaussian unscaled, raised to at least 1e-3); ``gaussian_filter`` is nnU-Net's (a
+    unit impulse at the patch centre blurred by ``scipy.ndimage.gaussian_filter``,
+    truncated at 4 sigma, zeros raised to the smallest non-zero weight); ``constant``
+    weighs every voxel alike.
+    ``accumulate``: what is averaged over overlapping patches: ``probabilities`` (after
+    the activation) or ``logits`` (nnU-Net: the activation comes after averaging and
+    resampling back). ``pad``: a crop smaller than a patch is padded at its far end with
+    the normalised air value (``end_floor``) or on both sides with 0 (``centre_zero``,
+    nnU-Net's ``pad_nd_image``, MONAI's ``sliding_window_inference``). ``placement``:
+    patch starts spread evenly with at least ``overlap`` (``even``), or MONAI's
+    ``dense_patch_slices`` (``monai``: a step of ``int(patch x (1 - overlap))``, the last
+    patch moved back to the far edge). ``activate_on_model_grid`` (logits only): the
+    activation runs on the averaged logits at model spacing, before the outputs are
+    resampled back (a MONAI bundle's ``Activations`` before its ``Invertd``).
+    """
+
+    importance: Literal["gaussian", "monai_gaussian", "gaussian_filter", "constant"] = "gaussian"
+    sigma_scale: float = Field(0.125, gt=0)
+    accumulate: Literal["probabilities", "logits"] = "probabilities"
+    pad: Literal["end_floor", "centre_zero"] = "end_floor"
+    placement: Literal["even", "monai"] = "even"
+    activate_on_model_grid: bool = False
+
+    @model_validator(mode="after")
+    def _check_activation(self) -> SlidingWindowSpec:
+        if self.activate_on_model_grid and self.accumulate != "logits":
+            raise ValueError(
+                "sliding_window.activate_on_model_grid needs accumulate 'logits' (probabilities "
+                "are activated per patch)"
+            )
+        return self
+
+
+class TtaSpec(_Strict):
+    """Mirroring test-time augmentation baked into the ONNX graph (a record, not a switch).
+
+    ``enabled``: the graph averages the network over every flip combination of
+    ``mirror_axes`` (patch axes 0..2), ``cost_factor`` network passes per patch;
+    otherwise the axes are those the model allows, not used by this file.
+    """
+
+    mirror_axes: tuple[int, ...] = ()
+    enabled: bool = False
+
+    @property
+    def cost_factor(self) -> int:
+        return 2 ** len(self.mirror_axes) if self.enabled else 1
+
+
+class ChannelSpec(_Strict):
+    """One image channel of a multi-series model (``input.channels``: PET/CT,
+    multi-sequence MR), taken from the study's series of ``modality`` (and, where given,
+    a Series Description matching ``series_description``, a regular expression).
+
+    ``units: SUVbw`` converts a PT series to body-weight SUV from its DICOM headers
+    (:mod:`radserve.ingest.suv`; refused with the missing attribute named). Every
+    channel but the reference is resampled (trilinear) onto the reference series' grid,
+    which must share its Frame of Reference; each is normalised on its own.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
+    modality: str = Field(pattern=r"^[A-Z]{2,4}$", description="DICOM Modality, e.g. CT, PT, MR")
+    series_description: str | None = Field(
+        None, description="regular expression the Series Description must match (searched)"
+    )
+    units: Literal["native", "SUVbw"] = "native"
+    normalisation: Normalisation
+
+    @model_validator(mode="after")
+    def _check_units(self) -> ChannelSpec:
+        if self.units == "SUVbw" and self.modality != "PT":
+            raise ValueError(f"channel {self.name!r}: units SUVbw need modality PT")
+        if self.series_description is not None:
+            import re
+
+            try:
+                re.compile(self.series_description)
+            except re.error as exc:
+                raise ValueError(
+                    f"channel {self.name!r}: series_description is not a regular expression: {exc}"
+                ) from exc
+        return self
+
+
 class InputSpec(_Strict):
     mode: Literal["2d", "2.5d", "3d"]
     context_slices: int = Field(0, ge=0, description="2.5d: neighbours on each side")
@@ -62,7 +214,7 @@ class InputSpec(_Strict):
     )
     normalisation: Normalisation
     patch_size: tuple[int, ...] | None = Field(
-        None, description="3d: sliding-window patch (z, y, x)"
+        None, description="3d: sliding-window patch, in input.axes order (default z, y, x)"
     )
     divisible_by: int = Field(16, ge=1, description="in-plane size padded to a multiple")
     batch_size: int = Field(
@@ -81,9 +233,110 @@ class InputSpec(_Strict):
     extra_channels: tuple[str, ...] = Field(
         (), description="upstream label masks appended as input channels"
     )
+    crop: Literal["body", "nonzero", "none"] = Field(
+        "body",
+        description=(
+            "region inference runs on without an ROI: the body (CT; MR runs on all), the "
+            "bounding box of non-zero voxels (nnU-Net's crop_to_nonzero) or everything"
+        ),
+    )
+    resampling: ResamplingSpec | None = None
+    sliding_window: SlidingWindowSpec = SlidingWindowSpec()
+    test_time_augmentation: TtaSpec = TtaSpec()
+    axes: tuple[str, ...] = Field(
+        DEFAULT_AXES,
+        description=(
+            "3d: what the network's three axes are (radserve.preprocess.axes): index axes "
+            "z (slice), y (row), x (column) in any order, or patient directions as MONAI's "
+            "Orientation axcodes, e.g. [R, A, S]; spacing and patch_size follow this order"
+        ),
+    )
+
+    @field_validator("axes")
+    @classmethod
+    def _check_axes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return check_axes(value)
+
+    channels: tuple[ChannelSpec, ...] = Field(
+        (),
+        description=(
+            "multi-series models (3d): image channels in network order, each from its own "
+            "series; without it the one selected series is the only image channel"
+        ),
+    )
+    reference: str | None = Field(
+        None,
+        description=(
+            "the channel whose series gives the grid the others are resampled onto (and "
+            "the outputs are on); default: the first channel. The pipeline must select "
+            "that series (series_selection)"
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reference_normalisation(cls, data: object) -> object:
+        """With ``channels``, ``normalisation`` defaults to the reference channel's."""
+        if not isinstance(data, dict) or "normalisation" in data:
+            return data
+        channels = data.get("channels")
+        if not isinstance(channels, list | tuple) or not channels:
+            return data
+        wanted = data.get("reference")
+        named = [c for c in channels if isinstance(c, dict) and c.get("name") == wanted]
+        reference = named[0] if named else channels[0]  # an unknown name fails below
+        if isinstance(reference, dict) and "normalisation" in reference:
+            return {**data, "normalisation": reference["normalisation"]}
+        return data
+
+    @model_validator(mode="after")
+    def _check_channels(self) -> InputSpec:
+        if not self.channels:
+            if self.reference is not None:
+                raise ValueError("input.reference names a channel, but input.channels is empty")
+            return self
+        names = [c.name for c in self.channels]
+        if len(set(names)) != len(names):
+            raise ValueError(f"input.channels: names must be unique, got {names}")
+        if len(self.channels) < 2:
+            raise ValueError(
+                "input.channels declares one channel; leave it out for single-series models"
+            )
+        if self.mode != "3d":
+            raise ValueError(f"input.channels are for mode '3d' models, not {self.mode!r}")
+        if self.reference is not None and self.reference not in names:
+            raise ValueError(f"input.reference {self.reference!r} is not one of {names}")
+        return self
+
+    @property
+    def reference_channel(self) -> ChannelSpec | None:
+        """The channel whose series is the grid (None: a single-series model)."""
+        if not self.channels:
+            return None
+        wanted = self.reference or self.channels[0].name
+        return next(c for c in self.channels if c.name == wanted)
 
     @model_validator(mode="after")
     def _check_mode(self) -> InputSpec:
+        if self.axes != DEFAULT_AXES:
+            if self.mode != "3d":
+                raise ValueError(
+                    f"input.axes {list(self.axes)} is for 3d models; 2d/2.5d models take "
+                    "(slice, row, column) slices"
+                )
+            if self.spacing[0] is None:
+                raise ValueError(
+                    "input.spacing[0] null (keep native slices) needs the default input.axes "
+                    "[z, y, x]; give the spacing of the network's first axis"
+                )
+        if self.mode != "3d" and (
+            self.resampling is not None
+            or self.sliding_window != SlidingWindowSpec()
+            or self.crop == "nonzero"
+        ):
+            raise ValueError("input.resampling, sliding_window and crop 'nonzero' are for 3d")
+        if self.resampling is not None and self.spacing[0] is None:
+            raise ValueError("input.resampling needs a slice spacing (not null)")
         if self.mode == "3d" and (self.patch_size is None or len(self.patch_size) != 3):
             raise ValueError("input.mode '3d' needs a 3-element patch_size")
         if self.mode == "2d" and self.context_slices:
@@ -96,7 +349,31 @@ class InputSpec(_Strict):
 
     @property
     def in_channels(self) -> int:
-        return 2 * self.context_slices + 1 + len(self.extra_channels)
+        images = len(self.channels) if self.channels else 2 * self.context_slices + 1
+        return images + len(self.extra_channels)
+
+
+LabelKind = Literal["organ", "structure", "lesion", "finding", "class"]
+"""What a label is, which decides its post-processing (:mod:`radserve.pipeline.volume`):
+
+- ``organ`` / ``structure`` (region kinds): the label map is kept as the step's output,
+  each label is measured (volume, mean intensity, coverage: the report's
+  ``organ_measurements``), and later steps may name it in ``roi_labels``,
+  ``extra_channels`` and ``within``. ``structure`` is the same processing for anatomy
+  that is not an organ (vertebrae, vessels, a body-part mask).
+- ``lesion`` / ``finding`` (finding kinds): each connected component is one measured
+  finding (volume, RECIST diameters, confidence), filtered by ``min_component_ml``,
+  ``min_confidence`` and ``within``, numbered in a findings label map. ``finding`` is the
+  same processing for what is not a lesion (a nodule in another organ, a calcification).
+- ``class`` (the labels of a ``task: classification`` model): no label map; the
+  network's class scores, aggregated over the slices it read, name one class with its
+  probability (:class:`radserve.domain.Classification`), a finding when it reaches
+  ``classification.min_probability``.
+"""
+
+REGION_KINDS: frozenset[str] = frozenset({"organ", "structure"})
+FINDING_KINDS: frozenset[str] = frozenset({"lesion", "finding"})
+CLASS_KINDS: frozenset[str] = frozenset({"class"})
 
 
 class LabelSpec(_Strict):
@@ -104,14 +381,50 @@ class LabelSpec(_Strict):
     name: str
     concept: CodedConcept
     category: CodedConcept
-    kind: Literal["organ", "lesion"] = "organ"
+    kind: LabelKind | None = Field(
+        None,
+        description=(
+            "organ | structure | lesion | finding | class; default from the model's task: "
+            "'organ' for segmentation, 'lesion' for detection, 'class' for classification"
+        ),
+    )
     color: tuple[int, int, int] = (255, 0, 0)
     within: tuple[str, ...] = Field(
-        (), description="lesion labels: upstream organs a finding must lie in"
+        (), description="finding labels: upstream region labels a finding must lie in"
     )
+
+    @property
+    def is_region(self) -> bool:
+        return self.kind in REGION_KINDS
+
+    @property
+    def is_finding(self) -> bool:
+        return self.kind in FINDING_KINDS
+
+    @property
+    def is_class(self) -> bool:
+        return self.kind in CLASS_KINDS
+
+
+class ClassificationSpec(_Strict):
+    """``task: classification``: how per-slice class scores become one study-level class.
+
+    The network maps each (2D / 2.5D) input to one score per class, shape (N, classes):
+    softmax models have channel 0 for "none of the labels" and channel ``value`` for each
+    label, sigmoid models channel ``value - 1``. Each class's probability is aggregated
+    over every slice the model read (``mean``, or ``max`` for a focal sign seen on a few
+    slices); the most probable label is the step's class, reported as a finding when its
+    probability reaches ``min_probability``.
+    """
+
+    aggregate: Literal["mean", "max"] = "mean"
+    min_probability: float = Field(0.5, ge=0.0, le=1.0)
 
 
 class PostprocessSpec(_Strict):
+    """The ``postprocess`` mapping model.yaml had before ops (still read: a mapping with
+    these keys becomes the equivalent op list, :func:`radserve.models.ops.legacy_postprocess`)."""
+
     threshold: float = Field(0.5, ge=0.0, le=1.0)
     min_component_ml: float = Field(0.0, ge=0.0)
     min_confidence: float = Field(0.0, ge=0.0, le=1.0)
@@ -130,31 +443,241 @@ class GateSpec(_Strict):
     max_fp_per_study_increase: float | None = Field(default=None, ge=0)
 
 
+class RequiresSpec(_Strict):
+    """What the host must offer to serve this bundle (``requires:`` in model.yaml).
+
+    Checked at install, by ``radserve doctor`` and when the server starts
+    (:mod:`radserve.lifecycle.requirements`); a bundle whose needs the host cannot meet is
+    refused with the reason instead of failing on its first study.
+    """
+
+    onnxruntime: str | None = Field(
+        None, pattern=r"^\d+(\.\d+){0,2}$", description="minimum ONNX Runtime version"
+    )
+    opset: int | None = Field(None, ge=1, description="ONNX opset the graph needs")
+    providers: tuple[str, ...] = Field(
+        (), description="execution providers; at least one must be available"
+    )
+    precision: tuple[Precision, ...] = Field(
+        (), description="precisions this bundle must serve at (each must be declared)"
+    )
+    memory_mb: int | None = Field(None, ge=1, description="free memory one session needs")
+
+
 class ModelSpec(_Strict):
+    """A model bundle's manifest.
+
+    ``task`` decides the default ``kind`` of its labels (segmentation: ``organ``,
+    detection: ``lesion``, classification: ``class``), and a detection model may declare
+    only finding kinds: its output is findings, never a region a later step could rely
+    on. A classification model outputs class scores, not a label map (``classification``).
+    """
+
     name: str
     version: str
-    task: Literal["segmentation", "detection"]
-    modality: Literal["CT", "MR"]
+    task: Literal["segmentation", "detection", "classification"]
+    modality: Literal["CT", "MR", "PT"]  # with input.channels: the reference channel's
     description: str = ""
     input: InputSpec
     activation: Literal["softmax", "sigmoid"] = "softmax"
+    channel_values: tuple[int, ...] = Field(
+        (),
+        description=(
+            "sigmoid region models (nnU-Net regions_class_order): output channel i writes "
+            "label value channel_values[i] where its probability exceeds postprocess.threshold, "
+            "later channels over earlier ones"
+        ),
+    )
     labels: tuple[LabelSpec, ...]
-    postprocess: PostprocessSpec = PostprocessSpec()
+    classification: ClassificationSpec | None = Field(
+        None, description="task classification: how slice scores become the study's class"
+    )
+    preprocess: tuple[PreprocessOp, ...] = Field(
+        (), description="image ops before inference, in order (radserve.models.ops)"
+    )
+    postprocess: tuple[PostprocessOp, ...] = Field(
+        (), description="label-map and finding ops after inference, in order"
+    )
     files: dict[Precision, str] = Field(default_factory=lambda: {"fp32": "model.onnx"})
     gate: GateSpec = GateSpec()
+    requires: RequiresSpec = RequiresSpec()
+    # what it was trained on; a study outside: flagged or refused (ingest.input_domain)
+    input_domain: InputDomain | None = None
+    # findings of this model pushed at once to the critical-finding receivers (merged
+    # with the pipeline's and the site's rules: radserve.domain.critical)
+    critical: tuple[CriticalRule, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_kinds(cls, data: object) -> object:
+        """Labels without ``kind`` take the task's (segmentation: organ; detection: lesion)."""
+        if not isinstance(data, dict) or not isinstance(data.get("labels"), list | tuple):
+            return data
+        default = {"segmentation": "organ", "detection": "lesion", "classification": "class"}.get(
+            data.get("task", "")
+        )
+        if default is None:
+            return data
+        labels = [
+            {**label, "kind": default}
+            if isinstance(label, dict) and label.get("kind") is None
+            else label
+            for label in data["labels"]
+        ]
+        return {**data, "labels": labels}
+
+    @field_validator("preprocess", mode="before")
+    @classmethod
+    def _preprocess_ops(cls, value: Any) -> Any:
+        return check_op_names(value, "preprocess", PREPROCESS_OPS)
+
+    @field_validator("postprocess", mode="before")
+    @classmethod
+    def _postprocess_ops(cls, value: Any) -> Any:
+        """An op list; the older mapping (threshold, min_component_ml, ...) is read as
+        the op list that does the same."""
+        if isinstance(value, PostprocessSpec):
+            value = value.model_dump()
+        if isinstance(value, dict):
+            value = legacy_postprocess(value)
+        return check_op_names(value, "postprocess", POSTPROCESS_OPS)
+
+    @model_validator(mode="after")
+    def _check_ops(self) -> ModelSpec:
+        names = {label.name for label in self.labels}
+        findings = {label.name for label in self.finding_labels}
+        for i, op in enumerate(self.postprocess):
+            where = f"postprocess[{i}] ({op.op})"
+            if isinstance(op, Threshold) and i != 0:
+                raise ValueError(
+                    f"{where}: threshold decodes the probabilities, so it must be the "
+                    "first postprocess op (and appear once)"
+                )
+            labels = set(getattr(op, "labels", ()))
+            unknown = labels - names
+            if unknown:
+                raise ValueError(f"{where} names unknown labels {sorted(unknown)}")
+            if isinstance(op, FINDING_OPS):
+                if not findings:
+                    raise ValueError(
+                        f"{where} applies to findings, but the model has no finding "
+                        "labels (kind lesion/finding)"
+                    )
+                if labels - findings:
+                    raise ValueError(
+                        f"{where} applies to findings; labels {sorted(labels - findings)} "
+                        "are not of kind lesion/finding"
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _check_structure_volumes(self) -> ModelSpec:
+        """``input_domain.structure_volumes_ml`` names this model's region labels."""
+        declared = self.input_domain.structure_volumes_ml if self.input_domain else {}
+        regions = [label.name for label in self.labels if label.is_region]
+        for name in declared:
+            if name not in regions:
+                hint = difflib.get_close_matches(name, regions, n=1)
+                suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+                raise ValueError(
+                    f"input_domain.structure_volumes_ml names {name!r}, which is not a "
+                    f"region label (kind organ/structure) of this model{suggestion} "
+                    f"Its region labels: {regions or 'none'}"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _check_critical(self) -> ModelSpec:
+        findings = [label.name for label in self.finding_labels]
+        for i, rule in enumerate(self.critical):
+            if rule.label not in findings:
+                raise ValueError(
+                    f"rule 'critical labels': critical[{i}] names label {rule.label!r}, which "
+                    f"is not a finding label (kind lesion/finding) of this model; its finding "
+                    f"labels: {findings or 'none'}"
+                )
+            if rule.model not in (None, self.name):
+                raise ValueError(
+                    f"critical[{i}] names model {rule.model!r}: a model.yaml's rules apply "
+                    f"to its own findings; leave `model:` out (it is {self.name!r})"
+                )
+        return self
 
     @model_validator(mode="after")
     def _check_labels(self) -> ModelSpec:
+        if self.task == "detection":
+            regions = [label.name for label in self.labels if label.is_region]
+            if regions:
+                raise ValueError(
+                    f"task 'detection' declares findings only, but labels {regions} have a "
+                    "region kind (organ/structure); use task 'segmentation' or kind "
+                    "'lesion'/'finding'"
+                )
+        self._check_classification()
         values = [label.value for label in self.labels]
         if len(set(values)) != len(values):
             raise ValueError("label values must be unique")
-        names = {label.name for label in self.labels}
-        unknown = set(self.postprocess.keep_largest) - names
-        if unknown:
-            raise ValueError(f"postprocess.keep_largest names unknown labels {sorted(unknown)}")
         if "fp32" not in self.files:
             raise ValueError("files must name the fp32 model")
+        reference = self.input.reference_channel
+        if reference is not None and reference.modality != self.modality:
+            raise ValueError(
+                f"modality {self.modality} differs from the reference channel "
+                f"{reference.name!r} ({reference.modality}): the model runs on that series"
+            )
+        undeclared = set(self.requires.precision) - set(self.files)
+        if undeclared:
+            raise ValueError(f"requires.precision names undeclared files {sorted(undeclared)}")
+        if self.channel_values:
+            if self.activation != "sigmoid" or self.input.mode != "3d":
+                raise ValueError("channel_values need activation 'sigmoid' and input.mode '3d'")
+            unknown_values = set(self.channel_values) - set(values)
+            if unknown_values:
+                raise ValueError(
+                    f"channel_values name label values {sorted(unknown_values)} not in labels"
+                )
         return self
+
+    def _check_classification(self) -> None:
+        """A classification model has class labels only, reads slices, and has no label
+        map to post-process; class labels belong to classification models only."""
+        classes = [label.name for label in self.labels if label.is_class]
+        if self.task != "classification":
+            if classes:
+                raise ValueError(
+                    f"labels {classes} are of kind 'class', which only a model of task "
+                    "'classification' declares"
+                )
+            if self.classification is not None:
+                raise ValueError("the classification section is for task 'classification'")
+            return
+        others = [label.name for label in self.labels if not label.is_class]
+        if others:
+            raise ValueError(
+                f"task 'classification' declares class labels only, but labels {others} "
+                "have another kind; a classification model writes no label map"
+            )
+        if self.input.mode == "3d":
+            raise ValueError(
+                "task 'classification' reads 2d/2.5d slices (one score vector per slice); "
+                "input.mode '3d' is not supported for it"
+            )
+        if self.postprocess:
+            raise ValueError(
+                "task 'classification' has no label map to post-process; remove postprocess "
+                "(classification.min_probability decides when a class is reported)"
+            )
+        if self.channel_values:
+            raise ValueError("channel_values are for sigmoid region models, not classification")
+
+    @property
+    def is_classifier(self) -> bool:
+        return self.task == "classification"
+
+    @property
+    def classifying(self) -> ClassificationSpec:
+        """The classification rules (their defaults when model.yaml gives none)."""
+        return self.classification or ClassificationSpec()
 
     @property
     def key(self) -> str:
@@ -162,9 +685,74 @@ class ModelSpec(_Strict):
 
     @property
     def num_classes(self) -> int:
-        """Output channels including background (softmax) or one per label (sigmoid)."""
+        """Output channels including background (softmax) or one per label (sigmoid), or
+        one per region."""
+        if self.channel_values:
+            return len(self.channel_values)
         n = max(label.value for label in self.labels)
         return n + 1 if self.activation == "softmax" else n
+
+    @property
+    def region_labels(self) -> tuple[LabelSpec, ...]:
+        return tuple(label for label in self.labels if label.is_region)
+
+    @property
+    def finding_labels(self) -> tuple[LabelSpec, ...]:
+        return tuple(label for label in self.labels if label.is_finding)
+
+    @property
+    def threshold(self) -> float:
+        """The sigmoid decoding threshold (the ``threshold`` op, else 0.5)."""
+        first = self.postprocess[0] if self.postprocess else None
+        return first.p if isinstance(first, Threshold) else 0.5
+
+    @property
+    def map_ops(self) -> tuple[Any, ...]:
+        """The postprocess ops on the label map, in order."""
+        return tuple(op for op in self.postprocess if isinstance(op, MAP_OPS))
+
+    @property
+    def finding_ops(self) -> tuple[Any, ...]:
+        """The postprocess ops on findings (min_confidence, nms), in order."""
+        return tuple(op for op in self.postprocess if isinstance(op, FINDING_OPS))
+
+    def applies_to(self, op: Any, label: LabelSpec) -> bool:
+        """Whether ``op`` acts on ``label`` (its ``labels``, else every label it may:
+        finding ops every finding label)."""
+        if isinstance(op, FINDING_OPS) and not label.is_finding:
+            return False
+        return not op.labels or label.name in op.labels
+
+    def min_size_ml(self, label: LabelSpec) -> float:
+        """The largest ``min_size`` that applies to ``label`` (0: none)."""
+        sizes = [
+            op.ml
+            for op in self.postprocess
+            if isinstance(op, MinSize) and self.applies_to(op, label)
+        ]
+        return max(sizes, default=0.0)
+
+    def with_finding_rules(
+        self, *, min_confidence: float | None = None, min_size_ml: float | None = None
+    ) -> ModelSpec:
+        """This spec with its label-wide ``min_confidence`` / ``min_size`` ops set to the
+        given values (added at the end where absent; 0 removes them): what threshold
+        tuning writes back."""
+        ops: list[Any] = list(self.postprocess)
+        for kind, value, make in (
+            (MinConfidence, min_confidence, lambda v: MinConfidence(op="min_confidence", value=v)),
+            (MinSize, min_size_ml, lambda v: MinSize(op="min_size", ml=v)),
+        ):
+            if value is None:
+                continue
+            at = [i for i, op in enumerate(ops) if isinstance(op, kind) and not op.labels]
+            if value <= 0:
+                ops = [op for i, op in enumerate(ops) if i not in at]
+            elif at:
+                ops[at[0]] = make(value)
+            else:
+                ops.append(make(value))
+        return self.model_copy(update={"postprocess": tuple(ops)})
 
     def label(self, name: str) -> LabelSpec:
         for label in self.labels:

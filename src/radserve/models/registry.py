@@ -286,10 +286,9 @@ class ModelRegistry:
             self._found = found
         return self._found
 
-    def refresh(self) -> None:
-        """Forget what was found and parsed; the next call looks at the disk again."""
+    def rescan(self) -> None:
+        """Look at the roots again on next use (a bundle was installed)."""
         self._found = None
-        self._bundles.clear()
 
     def names(self) -> list[str]:
         return sorted(self._scan())

@@ -1,9 +1,17 @@
 """Prediction -> Findings (lesions) and OrganMeasurements (organs).
 
-Each connected component (26-connectivity) of a ``kind: lesion`` label becomes one
+Each connected component (26-connectivity) of a finding label (``kind: lesion`` or
+``finding``) becomes one
 :class:`~radserve.domain.Finding`, measured in the prediction's native geometry. The
-manifest's rules decide which survive: ``min_component_ml``, ``min_confidence`` and the
-label's ``within`` organs (looked up in the upstream organ model's label map).
+manifest's rules decide which survive: the ``min_size`` ops, the label's ``within``
+organs (looked up in the upstream organ model's label map), then the finding ops in
+their order: ``min_confidence`` and ``nms`` (non-maximum suppression over the
+findings' boxes, :func:`suppress`).
+
+A finding whose component reaches an edge of the reported grid (first/last slice, row
+or column; :mod:`radserve.postprocess.coverage`) is ``partial`` with those ``edges``:
+its volume and diameters are lower bounds. The edge is the grid's (``ct``'s when the
+prediction covers a box of it), not the box's.
 
 Finding order and ids: findings are sorted by containing organ (the upstream organ
 label value; findings outside any organ last), then volume (largest first), then
@@ -24,7 +32,9 @@ from scipy import ndimage
 from radserve.domain import Finding, OrganMeasurement, Prediction, Volume
 from radserve.host import lazy_zeros
 from radserve.models.manifest import LabelSpec, ModelSpec
+from radserve.models.ops import MinConfidence, Nms
 from radserve.postprocess.components import ComponentRun, component_runs
+from radserve.postprocess.coverage import coverage_of, edges_touched
 from radserve.postprocess.diameters import FindingAxes, axial_diameters
 from radserve.preprocess.crop import BBox, bbox_of_values, grid_offset, label_bboxes
 
@@ -52,6 +62,57 @@ class _Candidate:
     organ_value: int | None
     component: int
     axes: FindingAxes
+    box: tuple[slice, ...]  # on the reference grid
+    confidence: float  # unclipped mean, as the rules compare it
+
+
+def _finding_ops(
+    candidates: list[_Candidate], ops: Sequence[MinConfidence | Nms], dropped: dict[str, int]
+) -> list[_Candidate]:
+    """Finding ops (``min_confidence``, ``nms``) on the candidates, in order."""
+    for op in ops:
+        if isinstance(op, MinConfidence):
+            kept = [
+                c
+                for c in candidates
+                if c.confidence >= op.value or (op.labels and c.finding.label not in op.labels)
+            ]
+            dropped["confidence"] += len(candidates) - len(kept)
+        else:
+            kept = suppress(candidates, op)
+            dropped["nms"] += len(candidates) - len(kept)
+        candidates = kept
+    return candidates
+
+
+def box_iou(a: tuple[slice, ...], b: tuple[slice, ...]) -> float:
+    """Intersection over union of two voxel boxes (half-open slices)."""
+    inter = 1
+    for sa, sb in zip(a, b, strict=True):
+        inter *= max(0, min(sa.stop, sb.stop) - max(sa.start, sb.start))
+    if inter == 0:
+        return 0.0
+    size_a = int(np.prod([s.stop - s.start for s in a]))
+    size_b = int(np.prod([s.stop - s.start for s in b]))
+    return inter / (size_a + size_b - inter)
+
+
+def suppress(candidates: list[_Candidate], op: Nms) -> list[_Candidate]:
+    """Non-maximum suppression: most confident first (then larger), a candidate whose
+    box overlaps a kept one's by more than ``op.iou`` is dropped. Candidates of labels
+    ``op`` does not name pass untouched. Keeps the input order."""
+    subject = [c for c in candidates if not op.labels or c.finding.label in op.labels]
+    order = sorted(subject, key=lambda c: (-c.confidence, -c.finding.volume_ml, c.component))
+    kept: list[_Candidate] = []
+    for c in order:
+        if not any(
+            box_iou(c.box, k.box) > op.iou
+            for k in kept
+            if op.across_labels or k.finding.label == c.finding.label
+        ):
+            kept.append(c)
+    gone = {id(c) for c in subject} - {id(c) for c in kept}
+    return [c for c in candidates if id(c) not in gone]
 
 
 def _sample(volume: Volume, indices: np.ndarray, grid: Volume) -> np.ndarray:
@@ -97,7 +158,7 @@ def _containing_organ(
 
 
 def _lesion_specs(spec: ModelSpec) -> dict[int, LabelSpec]:
-    return {label.value: label for label in spec.labels if label.kind == "lesion"}
+    return {label.value: label for label in spec.finding_labels}
 
 
 def find_lesions(
@@ -135,7 +196,12 @@ def find_lesions(
         return _empty(grid, warnings)
     runs = component_runs(labels[box], values)
     voxel_ml = grid.voxel_volume_ml
-    rules = spec.postprocess
+    min_ml = {value: spec.min_size_ml(label) for value, label in lesions.items()}
+    # min_confidence ops before the first nms commute with everything before them: they
+    # are checked per component, before its costly measurements.
+    ops = spec.finding_ops
+    n_early = next((i for i, op in enumerate(ops) if isinstance(op, Nms)), len(ops))
+    early, late = ops[:n_early], ops[n_early:]
     organ_names = organ_names or {}
     if prediction.confidence is None:
         warnings.append(f"{spec.key}: no confidence map; finding confidence set to 1.0")
@@ -144,14 +210,14 @@ def find_lesions(
     use_hu = ct is not None and spec.modality == "CT"
 
     candidates: list[_Candidate] = []
-    dropped = {"size": 0, "confidence": 0, "within": 0}
+    dropped = {"size": 0, "confidence": 0, "within": 0, "nms": 0}
     for run, local, cbox in _components(runs):
         cid = run.first + local - 1
         volume_ml = float(run.counts[local]) * voxel_ml
-        if volume_ml < rules.min_component_ml:
+        label = lesions[int(run.label[local])]
+        if volume_ml < min_ml[label.value]:
             dropped["size"] += 1
             continue
-        label = lesions[int(run.label[local])]
         mask = run.components[cbox] == local
         # cbox: on the run's box; pbox: on the prediction's arrays; gbox: on the grid.
         offset = [b.start + r.start for b, r in zip(box, run.box, strict=True)]
@@ -160,7 +226,7 @@ def find_lesions(
         confidence = 1.0
         if prediction.confidence is not None:
             confidence = float(prediction.confidence.array[pbox][mask].mean()) / 255.0
-        if confidence < rules.min_confidence:
+        if any(confidence < op.value for op in early if not op.labels or label.name in op.labels):
             dropped["confidence"] += 1
             continue
         organ_value = None
@@ -177,6 +243,7 @@ def find_lesions(
             assert ct is not None
             mean_hu = float(_sample(ct, voxels, grid).astype(np.float64).mean())
         axes = axial_diameters(mask, grid.affine, tuple(s.start for s in gbox))
+        edges = edges_touched(gbox, grid.shape)
         candidates.append(
             _Candidate(
                 finding=Finding(
@@ -190,6 +257,8 @@ def find_lesions(
                     centroid_mm=_t3(grid.index_to_patient(centroid_voxel)[0]),
                     centroid_voxel=_t3(centroid_voxel),
                     key_slice_index=axes.slice_index,
+                    coverage="partial" if edges else "complete",
+                    edges=edges,
                     containing_organ=organ,
                     mean_hu=mean_hu,
                     confidence=min(max(confidence, 0.0), 1.0),
@@ -200,8 +269,11 @@ def find_lesions(
                 organ_value=organ_value,
                 component=cid,
                 axes=axes,
+                box=gbox,
+                confidence=confidence,
             )
         )
+    candidates = _finding_ops(candidates, late, dropped)
     logger.info(
         "%s: %d lesion components, %d findings, dropped %s",
         spec.key,
@@ -288,15 +360,18 @@ def organ_measurements(
     spec: ModelSpec,
     boxes: Sequence[BBox | None] | None = None,
 ) -> list[OrganMeasurement]:
-    """Volume (ml) and mean HU of every ``kind: organ`` label, in manifest order.
+    """Volume (ml) and mean HU of every region label (``kind: organ`` or ``structure``),
+    in manifest order.
 
-    Every organ label is listed, an absent one with 0 ml and no mean HU, so "not
-    found" is explicit and output-rate monitoring sees it. Mean HU needs CT in the
+    Every organ label is listed, so "not found" is explicit and output-rate monitoring
+    sees it: an absent one as ``not_found`` with no volume (not a measured 0 ml), one
+    that reaches an edge of the volume as ``partial`` (its volume a lower bound; see
+    :mod:`radserve.postprocess.coverage`). Mean HU needs CT in the
     same geometry. Each organ is counted inside its own box (``boxes``: of each value
     ``1..max`` of ``labels``, as :func:`radserve.postprocess.components.clean_label_map`
     returns them; found here when not given): organs fill a small part of a CT's box.
     """
-    organs = [label for label in spec.labels if label.kind == "organ"]
+    organs = list(spec.region_labels)
     if not organs:
         return []
     top = max(label.value for label in organs)
@@ -317,12 +392,15 @@ def organ_measurements(
                 assert ct is not None
                 total = np.sum(ct.array[box], where=mask, dtype=np.float64)
                 mean_hu = float(total / n)
+        coverage, edges = coverage_of(box if n else None, labels.shape)
         out.append(
             OrganMeasurement(
                 label=label.name,
                 concept=label.concept,
                 label_value=label.value,
-                volume_ml=n * voxel_ml,
+                coverage=coverage,
+                edges=edges,
+                volume_ml=n * voxel_ml if n else None,
                 mean_hu=mean_hu,
                 model=spec.name,
                 model_version=spec.version,

@@ -25,6 +25,7 @@ __all__ = [
     "bbox_of_mask",
     "bbox_of_values",
     "body_bbox",
+    "body_sample_slices",
     "crop_volume",
     "expand_bbox",
     "full_bbox",
@@ -147,6 +148,19 @@ def _margin_vox(spacing: tuple[float, float, float], margin_mm: float) -> tuple[
     return tuple(int(np.ceil(margin_mm / s)) for s in spacing)  # type: ignore[return-value]
 
 
+def body_sample_slices(
+    shape: tuple[int, int, int], spacing: tuple[float, float, float], step_mm: float = 3.0
+) -> range:
+    """The slices :func:`body_bbox` reads (every ``step_mm``): a volume still being
+    decoded (:class:`radserve.ingest.arrival.SliceArrival`) decodes these first, so the
+    body box is known, exactly, before the rest of the stack."""
+    return range(0, shape[0], _body_steps(spacing, step_mm)[0])
+
+
+def _body_steps(spacing: tuple[float, float, float], step_mm: float) -> tuple[int, int, int]:
+    return tuple(max(1, int(step_mm // s)) for s in spacing)  # type: ignore[return-value]
+
+
 def body_bbox(
     volume_hu: Volume,
     threshold: float = -500.0,
@@ -164,7 +178,7 @@ def body_bbox(
     """
     shape = volume_hu.shape
     spacing = volume_hu.spacing
-    steps = tuple(max(1, int(step_mm // s)) for s in spacing)
+    steps = _body_steps(spacing, step_mm)
     small = volume_hu.array[:: steps[0], :: steps[1], :: steps[2]] > threshold
     projection = small.any(axis=0)
     radius = [

@@ -15,19 +15,30 @@ Interpolation is separable (one axis at a time) with edge values replicated outs
 first/last centre: linear (``order=1``) for images and probabilities, nearest
 (``order=0``) for label maps. There is no anti-aliasing filter when downsampling, like
 nnU-Net's preprocessing; training data made with these functions sees the same images.
+
+The output grid is bounded (:data:`MAX_GRID_VOXELS`) before anything is allocated: ingest
+bounds spacings and field of view, and this guard makes sure no other path (a NIfTI
+volume, a model's target spacing) can ask for a grid of TiBs.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 
 from radserve.domain.volume import Volume
+from radserve.errors import GeometryError
 
 logger = logging.getLogger(__name__)
 
+MAX_GRID_VOXELS = 2**31
+"""Largest resampled grid (voxels): 8 GiB as float32, above any volume ingest accepts."""
+
 __all__ = [
+    "MAX_GRID_VOXELS",
+    "check_grid",
     "grid_coordinates",
     "interpolate_axis",
     "resample_inplane",
@@ -38,9 +49,25 @@ __all__ = [
 
 def resampled_size(n: int, spacing: float, target: float) -> int:
     """Voxels along an axis of ``n`` voxels at ``spacing`` once resampled to ``target``."""
-    if target <= 0 or spacing <= 0:
+    if not (math.isfinite(target) and math.isfinite(spacing)) or target <= 0 or spacing <= 0:
         raise ValueError(f"spacings must be positive, got {spacing} -> {target}")
-    return max(1, round(n * spacing / target))
+    size = n * spacing / target
+    if not size <= MAX_GRID_VOXELS:  # also catches inf from 1e308 / 1e-308
+        raise GeometryError(
+            f"resampling {n} voxels at {spacing:g} mm to {target:g} mm would need {size:.3g} "
+            f"voxels along one axis, more than {MAX_GRID_VOXELS}"
+        )
+    return max(1, round(size))
+
+
+def check_grid(shape: tuple[int, ...], what: str = "resampled grid") -> None:
+    """Refuse a grid of more than :data:`MAX_GRID_VOXELS` voxels before it is allocated."""
+    voxels = math.prod(shape)
+    if voxels > MAX_GRID_VOXELS:
+        raise GeometryError(
+            f"the {what} {' × '.join(map(str, shape))} would hold {voxels} voxels, more than "
+            f"{MAX_GRID_VOXELS}: the volume's spacing or field of view is implausible"
+        )
 
 
 def grid_coordinates(n_in: int, n_out: int) -> np.ndarray:
@@ -117,6 +144,7 @@ def resample_to_spacing(
         n if t is None else resampled_size(n, s, t)
         for n, s, t in zip(volume.shape, native, spacing, strict=True)
     )
+    check_grid(out_shape)
     if out_shape == volume.shape:
         array = volume.array
         if order == 1 and array.dtype not in (np.float32, np.float64):

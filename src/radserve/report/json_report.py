@@ -7,6 +7,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -50,15 +51,47 @@ def parse_report(text: str) -> Report:
     except json.JSONDecodeError as exc:
         raise ReportError(f"report is not valid JSON: {exc}") from exc
     version = str(raw.get("schema_version", "")) if isinstance(raw, dict) else ""
-    if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+    if version.split(".")[0] not in (SCHEMA_VERSION.split(".")[0], "1"):
         raise ReportError(
             f"report schema_version {version!r} is not supported; this radserve reads "
             f"{SCHEMA_VERSION}. Upgrade radserve or re-run the job."
         )
+    if version.split(".")[0] == "1":
+        raw = _from_1(raw)
+    elif version != SCHEMA_VERSION:  # an older 2.x: additive changes only
+        raw = {**raw, "schema_version": SCHEMA_VERSION}
     try:
         return Report.model_validate(raw)
     except ValidationError as exc:
         raise ReportError(f"report does not match schema {SCHEMA_VERSION}: {exc}") from exc
+
+
+def _from_1(raw: dict[str, Any]) -> dict[str, Any]:
+    """A 1.x report in 2.x form: an organ with 0 ml was not found (1.0 wrote no
+    coverage), and a warning says that the others' coverage was never checked."""
+    organs = []
+    for organ in raw.get("organ_measurements") or []:
+        organ = dict(organ)
+        if not organ.get("volume_ml"):
+            organ.update(volume_ml=None, coverage="not_found", edges=[])
+        organs.append(organ)
+    warnings = list(raw.get("warnings") or [])
+    if organs:
+        warnings.append(
+            {
+                "code": "coverage_not_checked",
+                "message": f"report schema {raw['schema_version']}: whether each organ lay "
+                "wholly inside the volume was not checked (organ volumes may be lower "
+                "bounds); re-run the job for coverage",
+                "stage": "report",
+            }
+        )
+    return {
+        **raw,
+        "schema_version": SCHEMA_VERSION,
+        "organ_measurements": organs,
+        "warnings": warnings,
+    }
 
 
 def read_report(path: Path) -> Report:

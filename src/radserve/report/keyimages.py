@@ -22,6 +22,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from scipy import ndimage
 
+from radserve.checkpoints import checkpoint
 from radserve.domain import Finding, Volume
 from radserve.errors import ReportError
 from radserve.postprocess.diameters import FindingAxes
@@ -341,6 +342,7 @@ def write_key_images(
     image.save(folder / "overview.png")
     outputs.append(KeyImageOutput(path=f"{subdir}/overview.png", kind="overview", slice_index=z))
     for f in findings:
+        checkpoint()  # a routine study's key images let URGENT work pass, image by image
         name = f"finding-{f.finding_id:03d}.png"
         render_finding(
             ct,

@@ -1,4 +1,4 @@
-"""The radserve JSON report, schema version 1.0: what was found, by which model, on what.
+"""The radserve JSON report, schema version 2.3: what was found, by which model, on what.
 
 One ``Report`` per job. It is the single source the other writers work from: DICOM SEG
 (``outputs.label_maps`` with their ``segments`` + the NIfTI label maps), DICOM SR TID
@@ -14,7 +14,19 @@ forbids unknown fields, so such data cannot slip in by accident.
 
 Versioning: ``schema_version`` changes its minor number for additive changes and its
 major number when a field is renamed, removed or changes meaning. Readers reject a
-major version they do not know. ``docs/report-schema.json`` is the JSON Schema export
+major version they do not know. 2.0: an organ measurement has ``coverage`` and
+``edges``, and ``volume_ml`` is null for an organ not found (1.0 wrote a measured 0);
+1.x reports are read by migrating them (:func:`radserve.report.json_report.parse_report`).
+2.1: one label map per pipeline step (``outputs.label_maps[].step`` names it), the
+``structures`` kind for maps of ``kind: structure`` labels, findings and organ
+measurements of every step (not only the last of each kind); 2.0 reports read as 2.1
+(nothing in them changes meaning).
+2.2: ``classifications``, the answer of each classification step (its most probable
+class, the probability, every label's probability); 2.0 and 2.1 reports read as 2.2.
+2.3: a finding has ``coverage`` (``partial`` when it touches an edge of the volume:
+its diameters and volume are lower bounds) and ``edges``; older 2.x reports read as
+2.3 with every finding ``complete`` (not checked then).
+``docs/report-schema.json`` is the JSON Schema export
 (:func:`radserve.report.json_report.write_json_schema`).
 """
 
@@ -27,11 +39,11 @@ import numpy as np
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from radserve import __version__
-from radserve.domain import CodedConcept, Finding, OrganMeasurement, Volume
+from radserve.domain import Classification, CodedConcept, Finding, OrganMeasurement, Volume
 from radserve.models.manifest import ModelSpec
 from radserve.postprocess.diameters import FindingAxes
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "2.3"
 
 
 class _Model(BaseModel):
@@ -122,11 +134,16 @@ class Segment(_Model):
 
 
 class LabelMapOutput(_Model):
-    """A NIfTI label map on the input grid (``geometry``) and what its values mean."""
+    """A NIfTI label map on the input grid (``geometry``) and what its values mean.
+
+    ``organs`` / ``structures``: values are the model's region labels (``structures`` when
+    any of them is ``kind: structure``); ``findings``: value ``i`` is finding ``i``.
+    """
 
     path: str = Field(description="POSIX path relative to the report's folder")
-    kind: Literal["findings", "organs"]
+    kind: Literal["findings", "organs", "structures"]
     segments: list[Segment] = Field(default_factory=list)
+    step: str | None = Field(None, description="the pipeline step that wrote it (2.1)")
 
 
 class KeyImageOutput(_Model):
@@ -149,10 +166,36 @@ class ReportWarning(_Model):
     stage: str | None = Field(None, description="ingest | inference | postprocess | ...")
 
 
+class ResultRef(_Model):
+    """A DICOM result instance radserve wrote (for Predecessor Documents references)."""
+
+    study_instance_uid: str
+    series_instance_uid: str
+    sop_class_uid: str
+    sop_instance_uid: str
+
+
+class Lineage(_Model):
+    """Where this result stands among the results for its study (same pipeline).
+
+    Generation 1 is the first; a later one supersedes the one before it (a study re-run
+    with more or changed instances): its SR references the predecessor's SR, its FHIR
+    DiagnosticReport amends the same report, and a lesion found again keeps its
+    tracking UID."""
+
+    generation: int = Field(1, ge=1)
+    supersedes_job_id: str | None = Field(None, description="the job of the previous result")
+    predecessor_sr: ResultRef | None = None
+    tracking_uids: dict[str, str] = Field(
+        default_factory=dict,
+        description="tracking UID per finding/organ key (finding:<id>, organ:<model>:<value>)",
+    )
+
+
 class Report(_Model):
     """A job's result. Findings are numbered 1..n; ``finding_id`` is the tracking id."""
 
-    schema_version: Literal["1.0"] = SCHEMA_VERSION
+    schema_version: Literal["2.3"] = SCHEMA_VERSION
     generated_at: AwareDatetime = Field(description="ISO 8601 with time zone (UTC)")
     radserve_version: str = __version__
     job_id: str | None = None
@@ -167,9 +210,13 @@ class Report(_Model):
         default_factory=list, description="RECIST endpoints per finding (by finding_id)"
     )
     organ_measurements: list[OrganMeasurement] = Field(default_factory=list)
+    classifications: list[Classification] = Field(
+        default_factory=list, description="one per classification step (2.2)"
+    )
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")
     warnings: list[ReportWarning] = Field(default_factory=list)
     outputs: Outputs = Outputs()
+    lineage: Lineage | None = None
 
 
 def finding_segments(findings: list[Finding], spec: ModelSpec) -> list[Segment]:
@@ -193,7 +240,7 @@ def finding_segments(findings: list[Finding], spec: ModelSpec) -> list[Segment]:
 
 
 def organ_segments(spec: ModelSpec) -> list[Segment]:
-    """Segments of an organ label map: the manifest's organ labels, by value."""
+    """Segments of a region label map: the manifest's organ/structure labels, by value."""
     return [
         Segment(
             value=label.value,
@@ -204,8 +251,7 @@ def organ_segments(spec: ModelSpec) -> list[Segment]:
             model=spec.name,
             model_version=spec.version,
         )
-        for label in spec.labels
-        if label.kind == "organ"
+        for label in spec.region_labels
     ]
 
 

@@ -2,18 +2,19 @@
 
 Independent of HTTP and of the database: the service submits :class:`JobRequest`\\ s to
 a :class:`Scheduler`, runs an :class:`InProcessExecutor` over it, and learns what
-happened through the :class:`JobHooks` it implements. :class:`StudyWork` turns a study
-on disk into the scheduler's stages (ingest, model batches, report).
+happened through the :class:`JobHooks` it implements. It dispatches :class:`JobWork`
+(stages: CPU callables and device batches) and knows nothing of studies: the study's
+work is :class:`radserve.pipeline.StudyWork`.
 """
 
+from radserve.domain.priority import PriorityClass, PriorityRule, PriorityRules
 from radserve.scheduling.clock import Clock, FakeClock, MonotonicClock
-from radserve.scheduling.config import SchedulerConfig
 from radserve.scheduling.core import Scheduler
 from radserve.scheduling.dispatch import (
     BatchDispatch,
     Dispatch,
+    DispatchOutcome,
     MergeDispatch,
-    Outcome,
     PrepareDispatch,
     StageDispatch,
     execute,
@@ -23,6 +24,7 @@ from radserve.scheduling.errors import (
     JobCancelledError,
     JobTimeoutError,
     ModelUnavailableError,
+    NotWaitingError,
     QueueFullError,
     SchedulingError,
 )
@@ -37,14 +39,9 @@ from radserve.scheduling.jobs import (
     JobState,
     JobTicket,
     NullHooks,
+    QueuedJob,
+    Reprioritised,
     SchedulerSnapshot,
-)
-from radserve.scheduling.priority import (
-    PriorityClass,
-    PriorityRule,
-    PriorityRules,
-    priority_attributes,
-    read_priority_attributes,
 )
 from radserve.scheduling.work import CpuStage, DeviceStage, JobWork, ModelKey, Stage
 
@@ -56,6 +53,7 @@ __all__ = [
     "DeadlineMiss",
     "DeviceStage",
     "Dispatch",
+    "DispatchOutcome",
     "DuplicateJobError",
     "Executor",
     "FakeClock",
@@ -73,21 +71,20 @@ __all__ = [
     "ModelKey",
     "ModelUnavailableError",
     "MonotonicClock",
+    "NotWaitingError",
     "NullHooks",
-    "Outcome",
     "PrepareDispatch",
     "PriorityClass",
     "PriorityRule",
     "PriorityRules",
     "QueueFullError",
+    "QueuedJob",
+    "Reprioritised",
     "Scheduler",
-    "SchedulerConfig",
     "SchedulerSnapshot",
     "SchedulingError",
     "Stage",
     "StageDispatch",
     "execute",
-    "priority_attributes",
-    "read_priority_attributes",
     "run_serial",
 ]

@@ -8,14 +8,16 @@ makes the calls after releasing its lock.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 from collections import Counter, deque
 from collections.abc import Callable
 
+from radserve.config import JobSettings, SchedulerSettings
+from radserve.domain.priority import PriorityClass
 from radserve.errors import RadserveError
 from radserve.scheduling.breaker import CircuitBreakers
-from radserve.scheduling.config import SchedulerConfig
 from radserve.scheduling.dispatch import CpuDispatch, MergeDispatch, PrepareDispatch, StageDispatch
 from radserve.scheduling.errors import JobTimeoutError, ModelUnavailableError
 from radserve.scheduling.jobs import (
@@ -24,11 +26,12 @@ from radserve.scheduling.jobs import (
     JobHooks,
     JobInfo,
     JobState,
+    QueuedJob,
     SchedulerSnapshot,
 )
-from radserve.scheduling.priority import PriorityClass
-from radserve.scheduling.selection import may_prepare
-from radserve.scheduling.state import Job, StepProgress
+from radserve.scheduling.rank_index import RankIndex
+from radserve.scheduling.selection import eligible, may_prepare
+from radserve.scheduling.state import ScheduledJob, StepProgress
 from radserve.scheduling.work import CpuStage
 
 logger = logging.getLogger(__name__)
@@ -37,11 +40,15 @@ _SERVICE_EWMA = 0.2
 
 
 class JobBook:
-    def __init__(self, config: SchedulerConfig, hooks: JobHooks) -> None:
+    def __init__(self, config: SchedulerSettings, jobs: JobSettings, hooks: JobHooks) -> None:
         self.config = config
+        self.limits = jobs
         self.hooks = hooks
         self.breakers = CircuitBreakers(config.breaker_threshold)
-        self.jobs: dict[str, Job] = {}
+        self.jobs: dict[str, ScheduledJob] = {}
+        # the active jobs in rank order: those waiting (start order) and those started
+        self.queue = RankIndex(config)
+        self.started = RankIndex(config)
         self.events: deque[Callable[[], None]] = deque()
         self.misses: Counter[PriorityClass] = Counter()
         self.prepared = 0  # batches prepared (or being prepared), not yet on a device
@@ -51,13 +58,21 @@ class JobBook:
         self.events.append(call)
 
     # --- transitions ------------------------------------------------------------------
-    def start(self, job: Job, now: float) -> None:
+    def add(self, job: ScheduledJob, now: float) -> None:
+        """Queue a new job (O(log n): the waiting index keeps start order)."""
+        self.jobs[job.id] = job
+        self.queue.add(job, now)
+        self.publish(job, JobState.QUEUED, now)
+
+    def start(self, job: ScheduledJob, now: float) -> None:
+        self.queue.discard(job)
+        self.started.add(job, now)
         job.state, job.started = JobState.RUNNING, now
         job.timings["queue"] = now - job.arrival
         self.publish(job, JobState.RUNNING, now)
         self.advance(job, now)
 
-    def advance(self, job: Job, now: float) -> None:
+    def advance(self, job: ScheduledJob, now: float) -> None:
         """Move a job to its next stage (skipping device stages with nothing to run)."""
         while True:
             try:
@@ -80,33 +95,38 @@ class JobBook:
                 return
             job.step = None
 
-    def step_done(self, job: Job, now: float) -> None:
+    def step_done(self, job: ScheduledJob, now: float) -> None:
         if job.active and job.step is not None and job.step.finished:
             job.step = None
             self.advance(job, now)
 
     def retry_or_fail(
-        self, job: Job, error: Exception, now: float, requeue: Callable[[], None]
+        self, job: ScheduledJob, error: Exception, now: float, requeue: Callable[[], None]
     ) -> None:
         """Re-run the failed unit (``requeue``) if the error is retryable and the job has
-        retries left; else fail the job."""
+        retries left, after ``retry_backoff_s`` (the job gets no work until then); else
+        fail the job."""
         if not job.active:
             return
         retryable = isinstance(error, RadserveError) and error.retryable
-        if retryable and job.retries < self.config.max_retries:
+        if retryable and job.retries < self.limits.max_retries:
             job.retries += 1
+            job.not_before = max(job.not_before, now + self.limits.retry_backoff_s)
             requeue()
             logger.warning(
-                "job %s: retryable %s, retry %d of %d",
+                "job %s: retryable %s, retry %d of %d in %.1f s",
                 job.id,
                 getattr(error, "code", type(error).__name__),
                 job.retries,
-                self.config.max_retries,
+                self.limits.max_retries,
+                self.limits.retry_backoff_s,
             )
             return
         self.stop(job, JobState.FAILED, now, error)
 
-    def stop(self, job: Job, state: JobState, now: float, error: Exception | None = None) -> None:
+    def stop(
+        self, job: ScheduledJob, state: JobState, now: float, error: Exception | None = None
+    ) -> None:
         """Mark a job for ``state``; it is final once nothing of it is in flight."""
         if not job.active:
             return
@@ -117,13 +137,15 @@ class JobBook:
             code, message = "internal_error", f"unexpected {type(error).__name__}: {error}"
             logger.error("job %s: unexpected %s", job.id, type(error).__name__, exc_info=error)
         job.stopping = (state, code, message)
+        self.queue.discard(job)
+        self.started.discard(job)
         if job.step is not None:
             self.prepared -= len(job.step.ready)
             job.step.ready.clear()
             job.step.to_merge.clear()
         self.settle(job, now)
 
-    def settle(self, job: Job, now: float) -> None:
+    def settle(self, job: ScheduledJob, now: float) -> None:
         """Publish a stopping job's terminal state once nothing of it is in flight."""
         if job.active or job.inflight or job.state.terminal:
             return
@@ -156,7 +178,7 @@ class JobBook:
 
     def publish(
         self,
-        job: Job,
+        job: ScheduledJob,
         state: JobState,
         now: float,
         *,
@@ -171,7 +193,9 @@ class JobBook:
         self.emit(lambda: self.hooks.on_state(event))
 
     # --- units of work (the job table is under the scheduler lock) -------------------
-    def stage_unit(self, jobs: list[Job], now: float, order: list[Job]) -> CpuDispatch | None:
+    def stage_unit(
+        self, jobs: list[ScheduledJob], now: float, order: list[ScheduledJob]
+    ) -> CpuDispatch | None:
         """A CPU stage of the best job that has one, starting waiting jobs as allowed."""
         started = self.routine_started()
         for job in jobs:
@@ -190,7 +214,9 @@ class JobBook:
                 return StageDispatch(job.id, job.stage, now)
         return None
 
-    def feed_unit(self, job: Job, now: float, order: list[Job]) -> CpuDispatch | None:
+    def feed_unit(
+        self, job: ScheduledJob, now: float, order: list[ScheduledJob]
+    ) -> CpuDispatch | None:
         """A merge (first: it frees memory) or a batch preparation for ``job``."""
         step = job.step
         if step is None or not job.active:
@@ -232,7 +258,7 @@ class JobBook:
             if job.active and (uses or model in job.work.models):
                 self.stop(job, JobState.FAILED, now, unavailable)
 
-    def miss(self, job: Job, now: float) -> DeadlineMiss:
+    def miss(self, job: ScheduledJob, now: float) -> DeadlineMiss:
         job.missed = True
         self.misses[job.cls] += 1
         miss = DeadlineMiss(job.id, job.cls, job.deadline, now)
@@ -247,7 +273,7 @@ class JobBook:
         return [self.miss(job, now) for job in late]
 
     def check_timeouts(self, now: float) -> list[str]:
-        limit = self.config.job_timeout_s
+        limit = self.limits.timeout_s
         expired = [
             j
             for j in self.jobs.values()
@@ -263,10 +289,43 @@ class JobBook:
         return [j.id for j in expired]
 
     # --- queue views ------------------------------------------------------------------
-    def waiting(self, now: float) -> list[Job]:
-        """Jobs not yet started, in the order they would start."""
-        jobs = [j for j in self.jobs.values() if j.active and j.state is JobState.QUEUED]
-        return sorted(jobs, key=lambda j: j.rank(now, self.config))
+    def changed(self, job: ScheduledJob, now: float) -> None:
+        """``job``'s class, deadline or promotion changed: its rank in the indexes too."""
+        self.queue.changed(job, now)
+        self.started.changed(job, now)
+
+    def waiting(self, now: float) -> list[ScheduledJob]:
+        """Jobs not yet started, in the order they would start (the waiting index: the
+        same order as sorting them by ``rank(now)``, without the sort)."""
+        return self.queue.ordered(now)
+
+    def active(self, now: float) -> list[ScheduledJob]:
+        """Every active job, best-ranked first: the two indexes merged (O(n), no sort;
+        the same order as sorting them by ``rank(now)``)."""
+        merged = heapq.merge(self.queue.entries(now), self.started.entries(now))
+        return [job for _, job in merged]
+
+    def ranked(self, now: float) -> list[ScheduledJob]:
+        """The active jobs eligible for work, best first (:func:`selection.eligible`)."""
+        urgent = self.queue.count(PriorityClass.URGENT) + self.started.count(PriorityClass.URGENT)
+        return eligible(self.active(now), now, self.config, urgent_unfinished=urgent > 0)
+
+    def order(self, now: float) -> list[QueuedJob]:
+        """Every active job, best-ranked first: the order work is handed out in (with
+        ``urgent_exclusive`` routine work also waits while an URGENT job is unfinished)."""
+        return [
+            QueuedJob(
+                j.id,
+                j.cls,
+                j.effective(now, self.config),
+                j.started is not None,
+                j.arrival,
+                j.deadline,
+                j.started,
+                j.promoted,
+            )
+            for j in self.active(now)
+        ]
 
     def routine_started(self) -> int:
         """Started, unfinished non-URGENT jobs (each may hold a loaded volume)."""
@@ -285,7 +344,6 @@ class JobBook:
         job = self.jobs.get(job_id)
         if job is None:
             return None
-        waiting = self.waiting(now)
         return JobInfo(
             job.id,
             job.state,
@@ -293,7 +351,7 @@ class JobBook:
             job.effective(now, self.config),
             job.deadline,
             job.deadline - now,
-            waiting.index(job) if job in waiting else None,
+            self.queue.position(job, now),
             job.missed,
             job.retries,
         )

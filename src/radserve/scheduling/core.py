@@ -9,10 +9,14 @@ when the next batch forms.
 - Every choice takes the best-ranked job that has work of the kind asked for, so an
   URGENT job overtakes routine ones at the next batch boundary
   (:mod:`radserve.scheduling.selection`).
-- Retryable errors re-run the failed unit, up to ``max_retries`` per job; consecutive
-  model failures open the model's circuit breaker, failing every job that needs it.
+- Retryable errors re-run the failed unit after ``jobs.retry_backoff_s``, up to
+  ``jobs.max_retries`` per job; consecutive model failures open the model's circuit
+  breaker, failing every job that needs it.
 - A job that must end (cancelled, failed, timed out) stops at its next batch boundary
   (:mod:`radserve.scheduling.book`).
+- While an URGENT job is unfinished (``yield_to_urgent``), routine CPU stages already
+  running pause at their next :func:`~radserve.checkpoints.checkpoint`: executors run a
+  routine unit with :meth:`Scheduler.wait_routine` as its waiter (:meth:`yields`).
 """
 
 from __future__ import annotations
@@ -25,21 +29,27 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from radserve.config import JobSettings, SchedulerSettings
+from radserve.domain.priority import PriorityClass, PriorityRules
 from radserve.errors import ModelError
 from radserve.scheduling.book import JobBook
 from radserve.scheduling.clock import Clock, MonotonicClock
-from radserve.scheduling.config import SchedulerConfig
 from radserve.scheduling.dispatch import (
     BatchDispatch,
     BatchPart,
     CpuDispatch,
     Dispatch,
+    DispatchOutcome,
     MergeDispatch,
-    Outcome,
     PrepareDispatch,
     StageDispatch,
 )
-from radserve.scheduling.errors import DuplicateJobError, JobCancelledError, QueueFullError
+from radserve.scheduling.errors import (
+    DuplicateJobError,
+    JobCancelledError,
+    NotWaitingError,
+    QueueFullError,
+)
 from radserve.scheduling.jobs import (
     BatchEvent,
     DeadlineMiss,
@@ -49,11 +59,12 @@ from radserve.scheduling.jobs import (
     JobState,
     JobTicket,
     NullHooks,
+    QueuedJob,
+    Reprioritised,
     SchedulerSnapshot,
 )
-from radserve.scheduling.priority import PriorityClass
-from radserve.scheduling.selection import plan_batch, ranked
-from radserve.scheduling.state import Job, ReadyBatch
+from radserve.scheduling.selection import plan_batch
+from radserve.scheduling.state import ReadyBatch, ScheduledJob
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +76,19 @@ class Scheduler:
 
     def __init__(
         self,
-        config: SchedulerConfig | None = None,
+        config: SchedulerSettings | None = None,
         *,
+        jobs: JobSettings | None = None,
+        rules: PriorityRules | None = None,
         clock: Clock | None = None,
         hooks: JobHooks | None = None,
     ) -> None:
-        self.config = config or SchedulerConfig()
+        # the settings sections themselves (scheduler, jobs, priority_rules): no mapping
+        self.config = config if config is not None else SchedulerSettings()
+        self.jobs = jobs if jobs is not None else JobSettings()
+        self.rules = rules if rules is not None else PriorityRules()
         self.clock: Clock = clock or MonotonicClock()
-        self._book = JobBook(self.config, hooks or NullHooks())
+        self._book = JobBook(self.config, self.jobs, hooks or NullHooks())
         self._lock = threading.RLock()
         self._emit_lock = threading.RLock()
         self._listeners: list[Callable[[], None]] = []
@@ -80,6 +96,10 @@ class Scheduler:
         # True while a routine batch is held for a compatible one being prepared: the
         # executor then asks again after ``max_queue_delay_s`` instead of sleeping.
         self.holding = False
+        # Set while routine work may run; cleared while an URGENT job is unfinished
+        # (``yield_to_urgent``): what routine units wait for at their checkpoints.
+        self._routine_gate = threading.Event()
+        self._routine_gate.set()
 
     # --- plumbing ---------------------------------------------------------------------
     def add_listener(self, listener: Callable[[], None]) -> None:
@@ -102,6 +122,8 @@ class Scheduler:
         """Make the queued hook calls in order, outside the scheduler lock; then tell the
         listeners, if anything changed (else idle workers would wake each other forever)."""
         events = self._book.events
+        with self._lock:
+            self._update_gate()
         with self._emit_lock:
             while True:
                 with self._lock:
@@ -128,6 +150,30 @@ class Scheduler:
         finally:
             self._flush(bool(handed))
 
+    def _update_gate(self) -> None:
+        """Close the routine checkpoints while an URGENT job is waiting or running (a job
+        aged into the URGENT class is routine here: it yields to a genuine one)."""
+        book = self._book
+        urgent = book.queue.count(URGENT) + book.started.count(URGENT)
+        if urgent and self.config.yield_to_urgent:
+            self._routine_gate.clear()
+        else:
+            self._routine_gate.set()
+
+    def yields(self, dispatch: Dispatch) -> bool:
+        """Whether ``dispatch`` is routine CPU work, which pauses at its checkpoints while
+        an URGENT job is unfinished (device batches never pause: they are one call)."""
+        if isinstance(dispatch, BatchDispatch):
+            return False
+        with self._lock:
+            job = self._book.jobs.get(dispatch.job_id)
+            return job is not None and job.cls is not URGENT
+
+    def wait_routine(self, timeout: float | None = None) -> bool:
+        """Block while routine work must yield to an URGENT job; True once it may run,
+        False if ``timeout`` passed first."""
+        return self._routine_gate.wait(timeout)
+
     @property
     def idle(self) -> bool:
         """No job is waiting, running or stopping."""
@@ -144,13 +190,13 @@ class Scheduler:
                 raise DuplicateJobError(f"job {request.job_id} is already scheduled")
             cls = request.priority
             if cls is None:
-                cls = self.config.rules.classify(request.attributes)
+                cls = self.rules.classify(request.attributes)
             for model in request.work.models:
                 if book.breakers.is_open(model):
                     raise book.unavailable(model)
             limit = self.config.queue_limit(cls)
             if limit is not None and not request.resume:
-                waiting = sum(1 for j in book.waiting(now) if j.cls is cls)
+                waiting = book.queue.count(cls)
                 if waiting >= limit:
                     retry_after = book.retry_after()
                     raise QueueFullError(
@@ -159,7 +205,7 @@ class Scheduler:
                         retry_after=retry_after,
                     )
             arrival = now - max(0.0, request.age_s)
-            job = Job(
+            job = ScheduledJob(
                 id=request.job_id,
                 cls=cls,
                 work=request.work,
@@ -167,12 +213,13 @@ class Scheduler:
                 deadline=arrival + self.config.tat(cls),
                 seq=next(self._seq),
             )
-            book.jobs[job.id] = job
-            book.publish(job, JobState.QUEUED, now)
+            book.add(job, now)
             logger.info(
                 "job %s queued as %s, deadline in %.0f s", job.id, cls.name, job.deadline - now
             )
-            return JobTicket(job.id, cls, job.deadline, book.waiting(now).index(job))
+            position = book.queue.position(job, now)
+            assert position is not None
+            return JobTicket(job.id, cls, job.deadline, position)
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a waiting or running job (running: at its next batch boundary)."""
@@ -183,6 +230,47 @@ class Scheduler:
             error = JobCancelledError("cancelled by request")
             self._book.stop(job, JobState.CANCELLED, now, error)
             return True
+
+    def reprioritise(self, job_id: str, cls: PriorityClass) -> Reprioritised:
+        """Re-file a waiting job under ``cls``: its deadline becomes arrival + ``cls``'s
+        TAT, and it takes its place among the waiting jobs by the usual rank.
+
+        The deadline is counted from the job's *arrival*, not from now: the turnaround
+        target is the time from the study's arrival to its result, whichever class it is
+        filed under, so a study raised to URGENT after 40 minutes is 40 minutes into its
+        URGENT window (possibly already late, and then counted as a miss), and one lowered
+        to OUTPATIENT gains no fresh window it never had. It is also what restart recovery
+        computes from the stored class and arrival, so a restart keeps the same deadline.
+
+        Queue limits are not applied (the job was admitted already). A miss already
+        counted stays counted; a deadline-risk promotion stays. Raises
+        :class:`NotWaitingError` unless the job is waiting (not started, not stopping).
+        """
+        with self._locked() as now:
+            job = self._book.jobs.get(job_id)
+            if job is None or not job.active or job.state is not JobState.QUEUED:
+                why = (
+                    "is not waiting in the queue (finished, or not yet handed over)"
+                    if job is None or not job.active
+                    else "has started: its class no longer changes where it runs"
+                )
+                raise NotWaitingError(
+                    f"job {job_id} {why}; only waiting jobs can be re-prioritised"
+                )
+            old_cls, old_deadline = job.cls, job.deadline
+            job.cls = cls
+            job.deadline = job.arrival + self.config.tat(cls)
+            self._book.changed(job, now)  # its rank key and per-class count
+            logger.info(
+                "job %s re-prioritised %s -> %s, deadline in %.0f s",
+                job.id,
+                old_cls.name,
+                cls.name,
+                job.deadline - now,
+            )
+            position = self._book.queue.position(job, now)
+            assert position is not None
+            return Reprioritised(job.id, old_cls, cls, old_deadline, job.deadline, position)
 
     def reset_model(self, name: str) -> bool:
         """Close ``name``'s circuit breaker (call after reloading it); True if it was open."""
@@ -212,10 +300,10 @@ class Scheduler:
         """
         book = self._book
         with self._dispatching() as (now, handed):
-            order = ranked(book.jobs.values(), now, self.config)
+            order = book.ranked(now)
             if urgent_only:
                 order = [j for j in order if j.cls is URGENT]
-            tiers: dict[PriorityClass, list[Job]] = {}
+            tiers: dict[PriorityClass, list[ScheduledJob]] = {}
             for job in order:
                 tiers.setdefault(job.effective(now, self.config), []).append(job)
             for jobs in tiers.values():
@@ -232,7 +320,7 @@ class Scheduler:
         """``device``'s next batch: the best-ranked ready batch plus compatible ones."""
         book = self._book
         with self._dispatching() as (now, handed):
-            order = ranked(book.jobs.values(), now, self.config)
+            order = book.ranked(now)
             plan = plan_batch(order, now, self.config, book.breakers)
             self.holding = plan is not None and plan.hold
             if plan is None or plan.hold:
@@ -252,7 +340,7 @@ class Scheduler:
             return dispatch
 
     # --- completion -------------------------------------------------------------------
-    def complete(self, dispatch: Dispatch, outcome: Outcome) -> None:
+    def complete(self, dispatch: Dispatch, outcome: DispatchOutcome) -> None:
         """Report a dispatched unit as done (``outcome.error`` None) or failed."""
         with self._locked() as now:
             if isinstance(dispatch, BatchDispatch):
@@ -270,7 +358,12 @@ class Scheduler:
             self._book.settle(job, now)
 
     def _complete_stage(
-        self, job: Job, d: StageDispatch, outcome: Outcome, elapsed: float, now: float
+        self,
+        job: ScheduledJob,
+        d: StageDispatch,
+        outcome: DispatchOutcome,
+        elapsed: float,
+        now: float,
     ) -> None:
         job.stage_busy = False
         job.add_time(d.stage.name, elapsed)
@@ -281,7 +374,12 @@ class Scheduler:
             self._book.advance(job, now)
 
     def _complete_prepare(
-        self, job: Job, d: PrepareDispatch, outcome: Outcome, elapsed: float, now: float
+        self,
+        job: ScheduledJob,
+        d: PrepareDispatch,
+        outcome: DispatchOutcome,
+        elapsed: float,
+        now: float,
     ) -> None:
         book, step = self._book, job.step
         assert step is not None
@@ -302,7 +400,12 @@ class Scheduler:
         book.step_done(job, now)
 
     def _complete_merge(
-        self, job: Job, d: MergeDispatch, outcome: Outcome, elapsed: float, now: float
+        self,
+        job: ScheduledJob,
+        d: MergeDispatch,
+        outcome: DispatchOutcome,
+        elapsed: float,
+        now: float,
     ) -> None:
         book, step = self._book, job.step
         assert step is not None
@@ -322,7 +425,7 @@ class Scheduler:
         step.merged += 1
         book.step_done(job, now)
 
-    def _complete_batch(self, d: BatchDispatch, outcome: Outcome, now: float) -> None:
+    def _complete_batch(self, d: BatchDispatch, outcome: DispatchOutcome, now: float) -> None:
         book = self._book
         elapsed = now - d.started
         jobs = [book.jobs[p.job_id] for p in d.parts]
@@ -369,6 +472,25 @@ class Scheduler:
         """Where an unfinished job stands (None once it is terminal, or unknown)."""
         with self._lock:
             return self._book.info(job_id, self.clock.now())
+
+    def queue_order(self) -> tuple[float, list[QueuedJob]]:
+        """The clock reading and every unfinished job in the order work goes to them
+        (the rank indexes merged, O(n)): what ETAs are walked over."""
+        with self._lock:
+            now = self.clock.now()
+            return now, self._book.order(now)
+
+    def promote(self, job_id: str) -> bool:
+        """Run an active job ahead of the other jobs of its effective class (never ahead
+        of a better class); True if it was not promoted already."""
+        with self._locked() as now:
+            job = self._book.jobs.get(job_id)
+            if job is None or not job.active or job.promoted:
+                return False
+            job.promoted = True
+            self._book.changed(job, now)
+            logger.info("job %s promoted within its class (deadline risk)", job.id)
+            return True
 
     def snapshot(self) -> SchedulerSnapshot:
         """Queue depth and running jobs per class, waiting positions, misses, open models."""

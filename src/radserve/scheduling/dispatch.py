@@ -1,7 +1,7 @@
 """Units of work the scheduler hands out, and how any executor runs one.
 
 The scheduler decides *what* runs next; an executor decides *where* (a thread of this
-process, or later a Ray actor) and reports back with an :class:`Outcome`. Keeping
+process, or later a Ray actor) and reports back with an :class:`DispatchOutcome`. Keeping
 :func:`execute` here means every executor runs a unit the same way.
 """
 
@@ -77,7 +77,7 @@ Dispatch = CpuDispatch | BatchDispatch
 
 
 @dataclass(frozen=True)
-class Outcome:
+class DispatchOutcome:
     """What running a dispatch gave: ``value`` (a Batch or None for a prepare, the
     per-part outputs for a device batch) or the ``error`` it raised."""
 
@@ -106,20 +106,20 @@ def run_batch(dispatch: BatchDispatch) -> list[np.ndarray]:
     return parts
 
 
-def execute(dispatch: Dispatch) -> Outcome:
+def execute(dispatch: Dispatch) -> DispatchOutcome:
     """Run one unit on the calling thread; exceptions become the outcome's error."""
     try:
         if isinstance(dispatch, BatchDispatch):
-            return Outcome(value=run_batch(dispatch))
+            return DispatchOutcome(value=run_batch(dispatch))
         if isinstance(dispatch, PrepareDispatch):
-            return Outcome(value=dispatch.stage.task.next_batch())
+            return DispatchOutcome(value=dispatch.stage.task.next_batch())
         if isinstance(dispatch, MergeDispatch):
             dispatch.stage.task.accept(dispatch.batch, dispatch.output)
-            return Outcome()
+            return DispatchOutcome()
         dispatch.stage.run()
-        return Outcome()
+        return DispatchOutcome()
     except Exception as exc:  # reported to the scheduler, which retries or fails the job
-        return Outcome(error=exc)
+        return DispatchOutcome(error=exc)
 
 
 __all__ = [
@@ -127,8 +127,8 @@ __all__ = [
     "BatchPart",
     "CpuDispatch",
     "Dispatch",
+    "DispatchOutcome",
     "MergeDispatch",
-    "Outcome",
     "PrepareDispatch",
     "StageDispatch",
     "execute",

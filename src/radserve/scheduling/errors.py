@@ -46,11 +46,19 @@ class JobCancelledError(SchedulingError):
     code = "job_cancelled"
 
 
+class NotWaitingError(SchedulingError):
+    """Re-prioritising a job that is not waiting in the scheduler (started, finished,
+    or not yet handed over by ingest): its class can no longer change where it runs."""
+
+    code = "job_not_waiting"
+
+
 __all__ = [
     "DuplicateJobError",
     "JobCancelledError",
     "JobTimeoutError",
     "ModelUnavailableError",
+    "NotWaitingError",
     "QueueFullError",
     "SchedulingError",
 ]

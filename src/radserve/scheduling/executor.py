@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Protocol
 
+from radserve.checkpoints import yielding_to
 from radserve.scheduling.core import Scheduler
 from radserve.scheduling.dispatch import Dispatch, execute
 
@@ -33,7 +34,121 @@ class Executor(Protocol):
     def stop(self, *, wait: bool = True) -> None: ...
 
 
-class InProcessExecutor:
+class WorkerThreads:
+    """What both executors share: threads of this process that pull dispatches from one
+    :class:`Scheduler`, sleep until it changes (or a held batch's delay passes), and a
+    watchdog that ticks it; ``stop`` ends them at a unit boundary. A routine job's CPU
+    unit runs with a waiter installed (:mod:`radserve.checkpoints`), so it pauses at its
+    next checkpoint while an URGENT job is unfinished (where an URGENT lane runs that
+    job's CPU work meanwhile). Subclasses build the loops in
+    ``start`` and hand them to :meth:`_start_threads`."""
+
+    def __init__(
+        self, scheduler: Scheduler, *, watchdog_interval_s: float, idle_wait_s: float
+    ) -> None:
+        self.scheduler = scheduler
+        self.watchdog_interval_s = watchdog_interval_s
+        # Workers are woken by every scheduler change; the timeout is only a safety net,
+        # except while a batch is held for dynamic batching.
+        self._idle_wait_s = idle_wait_s
+        self._hold_wait_s = scheduler.config.max_queue_delay_s or idle_wait_s
+        self._cond = threading.Condition()
+        self._generation = 0
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        # A thread that takes URGENT work only: set by subclasses that start one. Routine
+        # units pause at their checkpoints only beside it: a paused worker runs URGENT
+        # work only while it is itself at the checkpoint, not while it waits for its own
+        # decoding threads (paused there), so without the lane every CPU thread could be
+        # stuck and the URGENT job they wait for would never get one.
+        self.urgent_lane = False
+
+    def _start_threads(self, loops: Sequence[tuple[str, Callable[[], None]]]) -> None:
+        """Listen to the scheduler and start one daemon thread per (name, loop)."""
+        self._stopping.clear()
+        self.scheduler.add_listener(self._wake)
+        self._threads = [threading.Thread(target=f, name=n, daemon=True) for n, f in loops]
+        for thread in self._threads:
+            thread.start()
+
+    def _stop_threads(self, *, wait: bool) -> None:
+        self._stopping.set()
+        self._wake()
+        if wait:
+            for thread in self._threads:
+                thread.join()
+        self.scheduler.remove_listener(self._wake)
+        self._threads = []
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until the scheduler has no unfinished job; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.scheduler.idle, timeout)
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+
+    def _sleep(self, generation: int) -> None:
+        """Wait for a scheduler change after ``generation`` (none missed in between)."""
+        with self._cond:
+            if self._generation == generation and not self._stopping.is_set():
+                held = self.scheduler.holding
+                self._cond.wait(self._hold_wait_s if held else self._idle_wait_s)
+
+    def _work(self, fetch: Callable[[], Dispatch | None]) -> None:
+        """Run what ``fetch`` hands out on this thread until stopped."""
+        while not self._stopping.is_set():
+            with self._cond:
+                generation = self._generation
+            try:
+                dispatch = fetch()
+                if dispatch is not None:
+                    pause = self.urgent_lane and self.scheduler.yields(dispatch)
+                    waiter = partial(self._yield, threading.current_thread()) if pause else None
+                    with yielding_to(waiter):
+                        outcome = execute(dispatch)
+                    self.scheduler.complete(dispatch, outcome)
+                    continue
+            except Exception:  # a scheduler bug must not silently kill a worker
+                logger.exception("worker %s failed", threading.current_thread().name)
+            self._sleep(generation)
+
+    def _yield(self, owner: threading.Thread) -> None:
+        """A routine unit's checkpoint: wait while an URGENT job is unfinished (a stopping
+        executor lets it run on to its end, the unit boundary ``stop`` waits for).
+
+        On the worker thread that runs the unit (``owner``), the wait lends the thread to
+        URGENT CPU work meanwhile: the paused stage holds no lock at a checkpoint, and
+        URGENT units never pause, so they run to their end on top of it. Threads the
+        stage started (decoding pools) only wait.
+        """
+        lend = threading.current_thread() is owner
+        while not self._stopping.is_set():
+            with self._cond:
+                generation = self._generation
+            if self.scheduler.wait_routine(0.0 if lend else 0.25):
+                return
+            if not lend:
+                continue
+            dispatch = self.scheduler.next_cpu_dispatch(urgent_only=True)
+            if dispatch is None:
+                self._sleep(generation)  # woken by any change, the gate opening included
+                continue
+            with yielding_to(None):
+                outcome = execute(dispatch)
+            self.scheduler.complete(dispatch, outcome)
+
+    def _watchdog(self) -> None:
+        while not self._stopping.wait(self.watchdog_interval_s):
+            try:
+                self.scheduler.tick()
+            except Exception:
+                logger.exception("scheduler watchdog failed")
+
+
+class InProcessExecutor(WorkerThreads):
     """Worker threads in this process, driving one :class:`Scheduler`.
 
     ``stop`` lets every unit already running finish (a batch boundary) and leaves
@@ -59,25 +174,16 @@ class InProcessExecutor:
                 f"watchdog_interval_s must be in (0, 1] so deadline misses are seen within a "
                 f"second, got {watchdog_interval_s}"
             )
-        self.scheduler = scheduler
+        super().__init__(
+            scheduler, watchdog_interval_s=watchdog_interval_s, idle_wait_s=idle_wait_s
+        )
         self.devices = tuple(devices)
         self.cpu_workers = cpu_workers
         self.urgent_lane = urgent_lane
-        self.watchdog_interval_s = watchdog_interval_s
-        # Workers are woken by every scheduler change; the timeout is only a safety net,
-        # except while a batch is held for dynamic batching.
-        self._idle_wait_s = idle_wait_s
-        self._hold_wait_s = scheduler.config.max_queue_delay_s or idle_wait_s
-        self._cond = threading.Condition()
-        self._generation = 0
-        self._stopping = threading.Event()
-        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
         if self._threads:
             raise RuntimeError("executor already started")
-        self._stopping.clear()
-        self.scheduler.add_listener(self._wake)
         sched = self.scheduler
         loops: list[tuple[str, Callable[[], Dispatch | None]]] = []
         for device in self.devices:
@@ -90,15 +196,10 @@ class InProcessExecutor:
             loops.append(
                 ("radserve-cpu-urgent", partial(sched.next_cpu_dispatch, urgent_only=True))
             )
-        for name, fetch in loops:
-            self._threads.append(
-                threading.Thread(target=self._work, args=(fetch,), name=name, daemon=True)
-            )
-        self._threads.append(
-            threading.Thread(target=self._watchdog, name="radserve-watchdog", daemon=True)
+        self._start_threads(
+            [(name, partial(self._work, fetch)) for name, fetch in loops]
+            + [("radserve-watchdog", self._watchdog)]
         )
-        for thread in self._threads:
-            thread.start()
         logger.info(
             "executor started: devices %s, %d CPU workers%s",
             ", ".join(self.devices),
@@ -107,46 +208,7 @@ class InProcessExecutor:
         )
 
     def stop(self, *, wait: bool = True) -> None:
-        self._stopping.set()
-        self._wake()
-        if wait:
-            for thread in self._threads:
-                thread.join()
-        self.scheduler.remove_listener(self._wake)
-        self._threads = []
-
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        """Block until the scheduler has no unfinished job; False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self.scheduler.idle, timeout)
-
-    def _wake(self) -> None:
-        with self._cond:
-            self._generation += 1
-            self._cond.notify_all()
-
-    def _work(self, fetch: Callable[[], Dispatch | None]) -> None:
-        while not self._stopping.is_set():
-            with self._cond:
-                generation = self._generation
-            try:
-                dispatch = fetch()
-                if dispatch is not None:
-                    self.scheduler.complete(dispatch, execute(dispatch))
-                    continue
-            except Exception:  # a scheduler bug must not silently kill a worker
-                logger.exception("worker %s failed", threading.current_thread().name)
-            with self._cond:
-                if self._generation == generation and not self._stopping.is_set():
-                    held = self.scheduler.holding
-                    self._cond.wait(self._hold_wait_s if held else self._idle_wait_s)
-
-    def _watchdog(self) -> None:
-        while not self._stopping.wait(self.watchdog_interval_s):
-            try:
-                self.scheduler.tick()
-            except Exception:
-                logger.exception("scheduler watchdog failed")
+        self._stop_threads(wait=wait)
 
 
 def run_serial(
@@ -177,4 +239,4 @@ def run_serial(
     raise RuntimeError(f"run_serial: still busy after {max_dispatches} dispatches")
 
 
-__all__ = ["Executor", "InProcessExecutor", "run_serial"]
+__all__ = ["Executor", "InProcessExecutor", "WorkerThreads", "run_serial"]

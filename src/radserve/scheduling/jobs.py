@@ -10,25 +10,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Protocol
 
-from radserve.scheduling.priority import PriorityClass
+from radserve.domain.jobs import JobState
+from radserve.domain.priority import PriorityClass
 from radserve.scheduling.work import JobWork, ModelKey
 
 logger = logging.getLogger(__name__)
-
-
-class JobState(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -57,6 +45,19 @@ class JobTicket:
     cls: PriorityClass
     deadline: float
     position: int  # among waiting jobs, 0 = next to start
+
+
+@dataclass(frozen=True)
+class Reprioritised:
+    """What ``reprioritise`` did: the class and deadline before and after (scheduler
+    clock seconds) and the job's new place among the waiting jobs."""
+
+    job_id: str
+    old_cls: PriorityClass
+    new_cls: PriorityClass
+    old_deadline: float
+    deadline: float
+    position: int
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,20 @@ class JobInfo:
 
 
 @dataclass(frozen=True)
+class QueuedJob:
+    """One unfinished job in the scheduler's order (for ETAs: radserve.turnaround)."""
+
+    job_id: str
+    cls: PriorityClass
+    effective: PriorityClass  # after aging
+    running: bool  # started (its first unit was dispatched)
+    arrival: float
+    deadline: float
+    started: float | None
+    promoted: bool  # runs ahead of the rest of its class (deadline-risk policy)
+
+
+@dataclass(frozen=True)
 class SchedulerSnapshot:
     """Queue depths per class, waiting positions, misses and open breakers (/metrics, /readyz)."""
 
@@ -157,5 +172,7 @@ __all__ = [
     "JobState",
     "JobTicket",
     "NullHooks",
+    "QueuedJob",
+    "Reprioritised",
     "SchedulerSnapshot",
 ]

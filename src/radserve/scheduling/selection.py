@@ -1,11 +1,13 @@
 """Which job goes next, and which ready batches ride together: pure functions of the
 job table, the clock reading and the configuration (no locking, no side effects).
 
-Order: :meth:`Job.rank <radserve.scheduling.state.Job.rank>` (class after aging, then
-earliest deadline). With ``urgent_exclusive`` only URGENT jobs are eligible while one is
-unfinished. A device batch is led by the best-ranked job with a ready batch and filled
-with ready batches of jobs in the same effective class that use the same model version
-and session and whose samples have the same shape, up to ``max_batch_size`` items.
+Order: :meth:`ScheduledJob.rank <radserve.scheduling.state.ScheduledJob.rank>` (class
+after aging, then earliest deadline), kept by the scheduler's rank indexes
+(:mod:`radserve.scheduling.rank_index`). With ``urgent_exclusive`` only URGENT jobs are
+eligible while one is unfinished. A device batch is led by the best-ranked job with a
+ready batch and filled with ready batches of jobs in the same effective class that use
+the same model version and session and whose samples have the same shape, up to
+``max_batch_size`` items.
 """
 
 from __future__ import annotations
@@ -13,29 +15,36 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from radserve.config import SchedulerSettings
+from radserve.domain.priority import PriorityClass
 from radserve.scheduling.breaker import CircuitBreakers
-from radserve.scheduling.config import SchedulerConfig
-from radserve.scheduling.priority import PriorityClass
-from radserve.scheduling.state import Job, ReadyBatch, StepProgress
+from radserve.scheduling.state import ReadyBatch, ScheduledJob, StepProgress
 from radserve.scheduling.work import item_shape
 
 URGENT = PriorityClass.URGENT
 
 
-def ranked(jobs: Iterable[Job], now: float, config: SchedulerConfig) -> list[Job]:
-    """Active jobs eligible for work, best first."""
-    active = [j for j in jobs if j.active]
-    if config.urgent_exclusive and any(j.cls is URGENT for j in active):
-        active = [j for j in active if j.cls is URGENT]
-    return sorted(active, key=lambda j: j.rank(now, config))
+def eligible(
+    order: Iterable[ScheduledJob],
+    now: float,
+    config: SchedulerSettings,
+    *,
+    urgent_unfinished: bool,
+) -> list[ScheduledJob]:
+    """Of the active jobs in rank order (the scheduler's indexes), those eligible for
+    work, best first: with ``urgent_exclusive`` only URGENT ones while one is unfinished;
+    a job backing off after a retryable failure gets none until its ``not_before`` (an
+    URGENT one still holds the lane)."""
+    exclusive = config.urgent_exclusive and urgent_unfinished
+    return [j for j in order if j.not_before <= now and (not exclusive or j.cls is URGENT)]
 
 
 def may_prepare(
-    job: Job,
+    job: ScheduledJob,
     step: StepProgress,
-    order: list[Job],
+    order: list[ScheduledJob],
     prepared: int,
-    config: SchedulerConfig,
+    config: SchedulerSettings,
     breakers: CircuitBreakers,
 ) -> bool:
     """Prepare ahead up to the per-job lookahead; beyond the global cap only for a job that
@@ -59,14 +68,14 @@ def may_prepare(
 class BatchPlan:
     """Ready batches to run in one device call: ``(job, how many of its ready batches)``."""
 
-    lead: Job
-    take: list[tuple[Job, int]]
+    lead: ScheduledJob
+    take: list[tuple[ScheduledJob, int]]
     items: int
     hold: bool  # wait briefly: a compatible batch is being prepared
 
 
 def plan_batch(
-    order: list[Job], now: float, config: SchedulerConfig, breakers: CircuitBreakers
+    order: list[ScheduledJob], now: float, config: SchedulerSettings, breakers: CircuitBreakers
 ) -> BatchPlan | None:
     ready = [
         j
@@ -80,7 +89,7 @@ def plan_batch(
     stage, first = lead.step.stage, lead.step.ready[0]
     tier = lead.effective(now, config)
 
-    def compatible(job: Job) -> bool:
+    def compatible(job: ScheduledJob) -> bool:
         s = job.step
         return (
             s is not None
@@ -89,7 +98,7 @@ def plan_batch(
             and job.effective(now, config) is tier
         )
 
-    take: list[tuple[Job, int]] = []
+    take: list[tuple[ScheduledJob, int]] = []
     size = 0
     for job in filter(compatible, ready):
         assert job.step is not None
@@ -111,7 +120,7 @@ def plan_batch(
 
 
 def _worth_waiting(
-    tier: PriorityClass, size: int, first: ReadyBatch, now: float, config: SchedulerConfig
+    tier: PriorityClass, size: int, first: ReadyBatch, now: float, config: SchedulerSettings
 ) -> bool:
     """A routine batch below the size limit that has waited less than the queue delay."""
     delay = config.max_queue_delay_s
@@ -123,4 +132,4 @@ def _worth_waiting(
     )
 
 
-__all__ = ["BatchPlan", "may_prepare", "plan_batch", "ranked"]
+__all__ = ["BatchPlan", "eligible", "may_prepare", "plan_batch"]

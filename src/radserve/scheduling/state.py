@@ -1,10 +1,11 @@
 """The scheduler's private bookkeeping for one job, and the ranking rule.
 
-Rank = (effective class, aged-into-URGENT, deadline, arrival order): highest class
-first, earliest deadline first within it. A routine job is *aged* one class up once its
-slack (deadline - now) drops below ``aging_fraction`` of its TAT, so it then competes by
-deadline with the class above and cannot starve. A job aged into the URGENT class still
-ranks behind every genuine URGENT job: aging never makes an emergency wait.
+Rank = (effective class, aged-into-URGENT, not promoted, deadline, arrival order): highest
+class first, then a job promoted for deadline risk, then earliest deadline. A routine job
+is *aged* one class up once its slack (deadline - now) drops below ``aging_fraction`` of
+its TAT, so it then competes by deadline with the class above and cannot starve. A job
+aged into the URGENT class still ranks behind every genuine URGENT job: aging never makes
+an emergency wait.
 """
 
 from __future__ import annotations
@@ -14,23 +15,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from radserve.config import SchedulerSettings
+from radserve.domain.jobs import JobState
+from radserve.domain.priority import PriorityClass
 from radserve.inference.tasks import Batch
-from radserve.scheduling.config import SchedulerConfig
-from radserve.scheduling.jobs import JobState
-from radserve.scheduling.priority import PriorityClass
 from radserve.scheduling.work import CpuStage, DeviceStage, JobWork
 
-Rank = tuple[int, bool, float, int]
+Rank = tuple[int, bool, bool, float, int]
 
 
 def effective_class(
-    cls: PriorityClass, deadline: float, now: float, config: SchedulerConfig
+    cls: PriorityClass, deadline: float, now: float, config: SchedulerSettings
 ) -> PriorityClass:
     """``cls``, or one class higher when the job is close to (or past) its deadline."""
     if cls is PriorityClass.URGENT:
         return cls
     if deadline - now < config.aging_fraction * config.tat(cls):
-        return PriorityClass(cls - 1)
+        return cls.promoted()
     return cls
 
 
@@ -79,7 +80,10 @@ class StepProgress:
 
 
 @dataclass(eq=False)
-class Job:
+class ScheduledJob:
+    """The scheduler's live view of one unfinished job (the persisted row is
+    ``radserve.store.models.Job``, what the store hands out ``JobRecord``)."""
+
     id: str
     cls: PriorityClass
     work: JobWork
@@ -93,7 +97,10 @@ class Job:
     step: StepProgress | None = None
     inflight: int = 0  # dispatches of this job being executed
     retries: int = 0
+    not_before: float = float("-inf")  # backing off after a retryable failure until then
     missed: bool = False
+    # run ahead of the other jobs of its effective class (the deadline-risk policy)
+    promoted: bool = False
     # Set when the job must end (done, failed, cancelled, timed out); the terminal state
     # is published once nothing of it is in flight: the next batch boundary.
     stopping: tuple[JobState, str | None, str | None] | None = None
@@ -102,13 +109,13 @@ class Job:
     def add_time(self, stage: str, seconds: float) -> None:
         self.timings[stage] = self.timings.get(stage, 0.0) + seconds
 
-    def effective(self, now: float, config: SchedulerConfig) -> PriorityClass:
+    def effective(self, now: float, config: SchedulerSettings) -> PriorityClass:
         return effective_class(self.cls, self.deadline, now, config)
 
-    def rank(self, now: float, config: SchedulerConfig) -> Rank:
+    def rank(self, now: float, config: SchedulerSettings) -> Rank:
         eff = self.effective(now, config)
         aged_urgent = eff is PriorityClass.URGENT and self.cls is not PriorityClass.URGENT
-        return (int(eff), aged_urgent, self.deadline, self.seq)
+        return (eff.rank, aged_urgent, not self.promoted, self.deadline, self.seq)
 
     @property
     def active(self) -> bool:
@@ -116,4 +123,4 @@ class Job:
         return self.stopping is None
 
 
-__all__ = ["Job", "Rank", "ReadyBatch", "StepProgress", "effective_class"]
+__all__ = ["Rank", "ReadyBatch", "ScheduledJob", "StepProgress", "effective_class"]

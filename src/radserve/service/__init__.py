@@ -7,7 +7,6 @@ DICOM gateway); the HTTP API (:mod:`radserve.api`) calls it from worker threads.
 from radserve.service.catalog import Catalog, ResolvedPipeline
 from radserve.service.intake import Intake, Origin, Submission, parse_priority
 from radserve.service.jobs import JobAccess, JobView
-from radserve.service.mapping import priority_rules, scheduler_config
 from radserve.service.service import Readiness, Service
 
 __all__ = [
@@ -21,6 +20,4 @@ __all__ = [
     "Service",
     "Submission",
     "parse_priority",
-    "priority_rules",
-    "scheduler_config",
 ]

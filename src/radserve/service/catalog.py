@@ -13,8 +13,10 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +25,8 @@ from radserve.errors import ModelError, PipelineError, RadserveError
 from radserve.inference import choose_runtime
 from radserve.models.registry import ModelRegistry, bundled_model_dir
 from radserve.pipeline import SessionPool
-from radserve.pipelines.spec import PipelineSpec, bundled_pipeline_dir, load_pipeline
+from radserve.pipeline.checks import check_pipeline
+from radserve.pipeline.spec import PipelineSpec, bundled_pipeline_dir, load_pipeline
 from radserve.store import CacheKey
 
 logger = logging.getLogger(__name__)
@@ -38,10 +41,23 @@ class ResolvedPipeline:
     spec: PipelineSpec
     model_versions: dict[str, str]
     precision: str
+    # model -> deployment role that chose its version (stable | canary); empty: the
+    # pipeline file's versions, no deployment involved
+    roles: Mapping[str, str] = field(default_factory=dict)
+    # model -> version to run after the result is delivered, to compare (never sent)
+    shadows: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def pinned(self, versions: Mapping[str, str], roles: Mapping[str, str]) -> ResolvedPipeline:
+        """This pipeline with ``versions`` (model -> version) in its steps: what one job
+        runs, bound at submission so a deployment change never reaches it mid-flight."""
+        merged = {**self.model_versions, **versions}
+        steps = tuple(s.model_copy(update={"version": merged[s.model]}) for s in self.spec.steps)
+        spec = self.spec.model_copy(update={"steps": steps})
+        return ResolvedPipeline(spec, merged, self.precision, {**self.roles, **roles})
 
     def cache_key(self, fingerprint: str) -> CacheKey:
         return CacheKey(
@@ -74,18 +90,40 @@ class Catalog:
         self.sessions = sessions
         self.pipeline_dirs = (*settings.pipelines.dirs, bundled_pipeline_dir())
         self.warmup = WarmupState()
+        # runs a warm-up batch wherever the sessions run: here (default), or on every
+        # worker of an executor whose workers hold them (the Ray executor's warm_session)
+        self.warm_runner: WarmRunner = _run_here
+        self._local: SessionPool | None = None if getattr(sessions, "remote", False) else sessions
         self._resolved: dict[str, ResolvedPipeline] = {}
+        # model -> stable version set by a deployment (radserve.lifecycle); overrides
+        # the version a pipeline file names
+        self._deployed: dict[str, str] = {}
+        # model -> the latest version when a pipeline step without a version was first
+        # resolved (kept across rescans; a restart looks again)
+        self._baseline: dict[str, str] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings: Settings, sessions: SessionPool | None = None) -> Catalog:
-        registry = ModelRegistry([*settings.models.dirs, bundled_model_dir()])
+        # installed bundles (radserve models install) beside the site's and shipped ones
+        installed = settings.data_dir / "models"
+        registry = ModelRegistry([*settings.models.dirs, installed, bundled_model_dir()])
         if sessions is None:
             runtime = choose_runtime(
                 prefer=settings.runtime.providers or None, threads=settings.runtime.threads
             )
-            sessions = SessionPool(runtime)
+            # executor: ray -- the workers load and run the sessions, this process never
+            sessions = SessionPool(runtime, remote=settings.executor == "ray")
         return cls(settings, registry=registry, sessions=sessions)
+
+    def local_sessions(self) -> SessionPool:
+        """Sessions that run in this process (comparison runs of shadow and canary
+        versions): the pool itself, or, when the executor's workers run the pool's
+        sessions, a second pool made on first use."""
+        with self._lock:
+            if self._local is None:
+                self._local = SessionPool(self.sessions.runtime)
+            return self._local
 
     # --- pipelines --------------------------------------------------------------------
     def available(self) -> list[str]:
@@ -96,7 +134,8 @@ class Catalog:
         """The pipeline ``name`` (default: the configured one) with its models resolved.
 
         Raises:
-            PipelineError: unknown or invalid pipeline.
+            PipelineError: unknown or invalid pipeline (a rule of
+                :func:`~radserve.pipeline.checks.check_pipeline` broken).
             UnknownModelError: a step names a model (version) that is not installed.
         """
         name = name or self.settings.pipelines.default
@@ -106,14 +145,54 @@ class Catalog:
             return cached
         spec = load_pipeline(self._pipeline_path(name))
         versions: dict[str, str] = {}
-        for step in spec.steps:
-            bundle = self.registry.get(step.model, step.version)
+        roles: dict[str, str] = {}
+        with self._lock:
+            deployed = dict(self._deployed)
+        # a deployment's stable, else the pipeline file's version, else the latest version
+        # when this server first resolved it (installing a newer bundle never changes what
+        # serves without a deployment); then the rules
+        with self._lock:
+            baseline = dict(self._baseline)
+        spec = spec.model_copy(
+            update={
+                "steps": tuple(
+                    s.model_copy(
+                        update={
+                            "version": deployed.get(s.model) or s.version or baseline.get(s.model)
+                        }
+                    )
+                    for s in spec.steps
+                )
+            }
+        )
+        for step, bundle in zip(spec.steps, check_pipeline(spec, self.registry), strict=True):
+            if step.version is None:
+                with self._lock:
+                    self._baseline.setdefault(step.model, bundle.spec.version)
             versions[bundle.spec.name] = bundle.spec.version
+            if step.model in deployed:
+                roles[step.model] = "stable"
         precision = self.settings.models.precision or spec.precision
-        resolved = ResolvedPipeline(spec, versions, precision)
+        # every step pinned: a job never picks up a version installed while it runs
+        steps = tuple(s.model_copy(update={"version": versions[s.model]}) for s in spec.steps)
+        spec = spec.model_copy(update={"steps": steps})
+        resolved = ResolvedPipeline(spec, versions, precision, roles)
         with self._lock:
             self._resolved[name] = resolved
         return resolved
+
+    def set_deployed(self, stable: Mapping[str, str]) -> None:
+        """Serve ``stable`` (model -> version) from now on: new jobs resolve to it; jobs
+        already submitted keep the versions they were bound to."""
+        with self._lock:
+            self._deployed = dict(stable)
+            self._resolved.clear()
+
+    def rescan(self) -> None:
+        """See bundles installed since the registry last looked."""
+        self.registry.rescan()
+        with self._lock:
+            self._resolved.clear()
 
     def _pipeline_path(self, name: str) -> Path:
         if not _NAME.match(name) or name.endswith((".yaml", ".yml")):
@@ -165,6 +244,11 @@ class Catalog:
             logger.info("warm-up done in %.2f s", self.warmup.seconds)
         return self.warmup
 
+    def warm_model(self, name: str, version: str | None, precision: str | None = None) -> None:
+        """Load ``name`` at ``version`` and run one small batch (before it serves)."""
+        precision = precision or self.settings.models.precision or "fp32"
+        self._warm_model(name, version, precision)
+
     def _warm_model(self, name: str, version: str | None, precision: str) -> None:
         bundle = self.registry.get(name, version)
         session = self.sessions.get(bundle, precision)
@@ -175,10 +259,18 @@ class Catalog:
             side = max(32, spec.input.divisible_by)
             spatial = (side, side)
         dummy = np.zeros((1, spec.input.in_channels, *spatial), dtype=np.float32)
-        out = session.run(dummy)
-        if out.shape[0] != 1:
-            raise ModelError(f"{spec.key}: warm-up batch of 1 returned {out.shape[0]} outputs")
-        logger.info("warmed up %s (%s)", spec.key, precision)
+        outs = self.warm_runner(session, dummy)
+        for out in outs:
+            if out.shape[0] != 1:
+                raise ModelError(f"{spec.key}: warm-up batch of 1 returned {out.shape[0]} outputs")
+        logger.info("warmed up %s (%s) on %d worker(s)", spec.key, precision, len(outs))
+
+
+WarmRunner = Callable[[Any, np.ndarray], list[np.ndarray]]
+
+
+def _run_here(session: Any, batch: np.ndarray) -> list[np.ndarray]:
+    return [session.run(batch)]
 
 
 __all__ = ["Catalog", "ResolvedPipeline", "WarmupState"]

@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-from radserve.errors import RadserveError, StudyError
+from radserve.errors import InvalidRequestError, RadserveError, UnsupportedMediaError
 
-
-class InvalidRequestError(RadserveError):
-    """A parameter has a value the server does not understand."""
-
-    code = "invalid_request"
-
-
-class UnsupportedMediaError(StudyError):
-    """An uploaded file is not DICOM, a zip of DICOM, or NIfTI."""
-
-    code = "unsupported_media_type"
+# InvalidRequestError and UnsupportedMediaError are defined in radserve.errors (the
+# DICOMweb gateway raises them too) and re-exported here for the service's callers.
 
 
 class ResultNotReadyError(RadserveError):
@@ -29,8 +20,15 @@ class OutputNotFoundError(RadserveError):
     code = "output_not_found"
 
 
+class ModelNotFoundError(RadserveError):
+    """An admin action names a model that is not installed on this server."""
+
+    code = "model_not_found"
+
+
 __all__ = [
     "InvalidRequestError",
+    "ModelNotFoundError",
     "OutputNotFoundError",
     "ResultNotReadyError",
     "UnsupportedMediaError",

@@ -8,17 +8,20 @@ Without ``fhir.url`` nothing is built or sent.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from pathlib import Path
 
 from radserve.config import Settings
 from radserve.errors import RadserveError
+from radserve.fhir.delivery import FhirDestination, FhirOutbox
 from radserve.gateway.outbox import OutboxWorker, RetryPolicy
-from radserve.gateway.outbox_fhir import FhirDestination, FhirOutbox
+from radserve.ingest import IngestPolicy
+from radserve.pipeline.study import StudyResult
+from radserve.report.fhir.patient import IdentifierSystems
 from radserve.service.jobs import fhir_bundle_for
 from radserve.store import JobRecord, Store
 from radserve.store.outbox import OutboxStore
-from radserve.study import StudyResult
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +47,13 @@ class FhirDelivery:
     """Queue and send Bundles. Start after the store is open, stop before it closes."""
 
     def __init__(self, settings: Settings, destination: FhirDestination, *, store: Store) -> None:
+        self.identifier_systems = IdentifierSystems.from_settings(settings.fhir)
+        self.policy = IngestPolicy.from_settings(settings.ingest)
         self.outbox = FhirOutbox(
-            OutboxStore(store.engine), destination, policy=retry_policy(settings)
+            OutboxStore(store.engine, instance=settings.outbox.instance_id),
+            destination,
+            policy=retry_policy(settings),
+            lease=dt.timedelta(seconds=settings.outbox.lease_s),
         )
         self.worker = OutboxWorker(self.outbox, name="radserve-fhir-outbox")
 
@@ -60,7 +68,13 @@ class FhirDelivery:
         """Build the job's Bundle and queue it; a Bundle that cannot be built is logged
         (by its error code only) and not sent, the job's result stands."""
         try:
-            bundle = fhir_bundle_for(result.report, Path(job.study_path), result.out_dir)
+            bundle = fhir_bundle_for(
+                result.report,
+                Path(job.study_path),
+                result.out_dir,
+                self.identifier_systems,
+                policy=self.policy,
+            )
         except RadserveError as exc:
             logger.error("job %s: no FHIR bundle to send (%s)", job.id, exc.code)
             return
@@ -69,6 +83,7 @@ class FhirDelivery:
             folder=result.out_dir,
             job_id=job.id,
             study_instance_uid=result.report.study.study_instance_uid or "",
+            held_for=job.lease_owner,  # sent once this run's result is the recorded one
         )
         self.worker.wake()
 

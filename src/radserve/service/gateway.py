@@ -1,18 +1,29 @@
 """The DICOM gateway wired into the service: completed studies become jobs, and the
 results of those jobs (DICOM SEG + SR) go back through the durable outbox.
 
+Every knob is a ``gateway.*`` setting (bind address, policies, timeouts, TLS).
 Destinations are the allowed peers that have a port (``gateway.allowed_peers`` entries
-with ``port``): the PACS that sends a study is usually the one that wants the results.
-Without such a peer results stay on the server (JSON, FHIR and files over HTTP).
+with ``port``, over TLS with ``tls: true``): the PACS that sends a study is usually the
+one that wants the results. Without such a peer results stay on the server (JSON, FHIR
+and files over HTTP).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
+import json
 import logging
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+import pydicom
+
+from radserve.audit import Action, AuditEvent
 from radserve.config import Settings
+from radserve.errors import RadserveError
 from radserve.gateway import (
     CompletedStudy,
     CompletionKind,
@@ -23,22 +34,74 @@ from radserve.gateway import (
     StoreSCU,
     scp_config_from_settings,
 )
+from radserve.gateway import destinations as gateway_destinations
+from radserve.gateway.receive_limit import Exceeded
+from radserve.pipeline.study import StudyResult
+from radserve.report.wording import (
+    LATE_INSTANCES,
+    STUDY_MAYBE_INCOMPLETE,
+    late_instances_text,
+    maybe_incomplete_text,
+)
 from radserve.scheduling import QueueFullError
 from radserve.service.intake import Intake, Origin
+from radserve.service.job_warnings import warning
 from radserve.store import JobRecord, Store
-from radserve.store.files import store_study_files
 from radserve.store.outbox import OutboxStore
-from radserve.study import StudyResult
 
 logger = logging.getLogger(__name__)
 
 
+JOB_MARKER = ".radserve-job.json"  # in the incoming study folder: its job, what it got
+
+
+def _write_job_marker(study: CompletedStudy, job_id: str) -> None:
+    """Which job the study's hand-over became and which instance files it had, so late
+    instances (policy ``flag``) can be told apart and flagged on that job, also after a
+    restart. Best effort: without it late instances are only logged."""
+    temporary = study.folder / f"{JOB_MARKER}.tmp"
+    data = {"job_id": job_id, "instances": [p.name for p in study.instances]}
+    try:
+        temporary.write_text(json.dumps(data))
+        os.replace(temporary, study.folder / JOB_MARKER)
+    except OSError as exc:
+        logger.warning("cannot write the job marker of a received study: %s", exc.strerror)
+
+
+def _read_job_marker(folder: Path) -> tuple[str, set[str]] | None:
+    try:
+        data = json.loads((folder / JOB_MARKER).read_text())
+        return str(data["job_id"]), {str(name) for name in data["instances"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _series_uid(path: Path) -> str:
+    """The Series Instance UID of a received file ("" when unreadable: counted as one)."""
+    try:
+        header = pydicom.dcmread(path, specific_tags=["SeriesInstanceUID"])
+        return str(header.get("SeriesInstanceUID", "") or "")
+    except Exception:  # stored by the SCP, so readable; never fail the flagging on it
+        return ""
+
+
 def destinations(settings: Settings) -> list[Destination]:
-    return [
-        Destination(name=peer.ae_title, ae_title=peer.ae_title, host=peer.host, port=peer.port)
-        for peer in settings.gateway.allowed_peers
-        if peer.port is not None
-    ]
+    return gateway_destinations(settings.gateway)
+
+
+def audit_oversize(store: Store, exceeded: Exceeded) -> None:
+    """Record the peer of an aborted oversize C-STORE (sizes only, no patient data)."""
+    store.append_audit(
+        AuditEvent(
+            action=Action.GATEWAY_OVERSIZE,
+            subject=exceeded.calling_ae,
+            payload={
+                "received_bytes": exceeded.received_bytes,
+                "limit_bytes": exceeded.limit_bytes,
+            },
+            client_address=exceeded.address,
+        )
+    )
 
 
 class GatewayBridge:
@@ -55,15 +118,24 @@ class GatewayBridge:
         self.settings = settings
         self.intake = intake
         self.scp = GatewaySCP(
-            scp_config_from_settings(settings.gateway, settings.data_dir, **(scp_options or {})),
+            scp_config_from_settings(
+                settings.gateway, settings.data_dir, settings.ingest, **(scp_options or {})
+            ),
             self.on_study,
+            own_results=intake.own_results,
+            on_oversize=functools.partial(audit_oversize, store),
         )
         targets = destinations(settings)
         self.outbox: Outbox | None = None
         self.worker: OutboxWorker | None = None
         if targets:
-            scu = StoreSCU(settings.gateway.ae_title)
-            self.outbox = Outbox(OutboxStore(store.engine), targets, scu)
+            scu = StoreSCU.from_settings(settings.gateway)
+            self.outbox = Outbox(
+                OutboxStore(store.engine, instance=settings.outbox.instance_id),
+                targets,
+                scu,
+                lease=dt.timedelta(seconds=settings.outbox.lease_s),
+            )
             self.worker = OutboxWorker(self.outbox)
 
     def start(self) -> tuple[str, int]:
@@ -81,23 +153,72 @@ class GatewayBridge:
         """A received study went quiet: store it and queue a job. Raising makes the
         gateway offer the study again later (its files stay on disk)."""
         if study.kind is CompletionKind.LATE_FLAGGED:
+            self._flag_late(study)
+            return
+        warnings: tuple[dict[str, str], ...] = ()
+        if study.interrupted:
             logger.warning(
-                "study of %d instances got late instances; flagged, not re-run",
+                "study of %d instances handed over after its association was cut off and "
+                "the sender did not resume: it may be incomplete",
                 len(study.instances),
             )
-            return
-        stored = store_study_files(self.settings.data_dir, list(study.instances))
+            warnings = (warning(STUDY_MAYBE_INCOMPLETE, maybe_incomplete_text()),)
+        stored = self.intake.storage.store_study_files(list(study.instances))
         resolved = self.intake.catalog.resolve(None)
-        origin = Origin(client=",".join(study.calling_ae_titles) or None, source="dicom")
+        origin = Origin(
+            client=",".join(study.calling_ae_titles) or None, source="dicom", warnings=warnings
+        )
         try:
             submission = self.intake.submit_stored(
-                stored.path, stored.fingerprint, resolved=resolved, priority=None, origin=origin
+                stored.path,
+                stored.fingerprint,
+                resolved=resolved,
+                priority=None,
+                origin=origin,
+                reuse=True,  # re-sent unchanged: no new job, nothing sent again
             )
         except QueueFullError:
             logger.warning("queue full: a received study waits at the gateway for a retry")
             raise
-        logger.info(
-            "job %s from DICOM (%s)", submission.job.id, "cached" if submission.cached else "queued"
+        _write_job_marker(study, submission.job.id)
+        how = "queued"
+        if submission.cached:
+            how = "unchanged re-send" if submission.reused else "cached"
+        logger.info("job %s from DICOM (%s)", submission.job.id, how)
+
+    def _flag_late(self, study: CompletedStudy) -> None:
+        """Policy ``flag``: instances arrived after the study's job was created. No
+        re-run; the job gets a ``late_instances`` warning (how many instances in how many
+        series it does not include), which its report, SR and FHIR carry when it is
+        recorded before the report stage, and the job's API view always."""
+        marker = _read_job_marker(study.folder)
+        if marker is None:
+            logger.warning(
+                "study of %d instances got late instances; its job is unknown (no job "
+                "marker), so no result is flagged",
+                len(study.instances),
+            )
+            return
+        job_id, handed = marker
+        late = [p for p in study.instances if p.name not in handed]
+        if not late:
+            return
+        series = {_series_uid(p) for p in late}
+        message = late_instances_text(len(late), len(series))
+        try:
+            record = self.intake.store.add_job_warning(job_id, warning(LATE_INSTANCES, message))
+        except RadserveError as exc:
+            logger.error(
+                "job %s: the late-instance warning was not recorded (%s)", job_id, exc.code
+            )
+            raise
+        self.intake.cache.put(record)
+        logger.warning(
+            "job %s (%s): %d late instance(s) in %d series flagged, not re-run",
+            job_id,
+            record.state.value,
+            len(late),
+            len(series),
         )
 
     # --- results out ------------------------------------------------------------------
@@ -109,9 +230,17 @@ class GatewayBridge:
             return
         paths = sorted(result.out_dir.glob("*.dcm"))
         if paths:
-            self.outbox.enqueue(paths, job_id=job.id)
+            self.outbox.enqueue(paths, job_id=job.id, held_for=job.lease_owner)
             if self.worker is not None:
                 self.worker.wake()
+
+    def send(self, path: Path, *, job_id: str) -> None:
+        """Queue one more DICOM object of a job (the failure notice) for the destinations."""
+        if self.outbox is None:
+            return
+        self.outbox.enqueue([path], job_id=job_id)
+        if self.worker is not None:
+            self.worker.wake()
 
 
 __all__ = ["GatewayBridge", "destinations"]

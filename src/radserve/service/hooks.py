@@ -9,26 +9,27 @@ not be written stays ``running`` in the store, so restart recovery runs it again
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from radserve.scheduling import BatchEvent, DeadlineMiss, JobEvent, JobState
+from radserve.audit.digests import model_digests, output_digests
+from radserve.pipeline.study import StudyResult
+from radserve.scheduling import BatchEvent, DeadlineMiss, JobEvent, JobHooks, JobState
 from radserve.service.jobcache import JobCache
-from radserve.service.mapping import to_settings_class
 from radserve.service.metrics import Metrics
 from radserve.store import (
     CacheKey,
     InvalidTransitionError,
     JobRecord,
+    LeaseLostError,
     ResultAlreadyRecordedError,
     Store,
     StoreError,
 )
-from radserve.store import JobState as StoredState
-from radserve.study import StudyResult
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +53,21 @@ class ServiceHooks:
         self.cache = cache
         self.metrics = metrics
         self.on_result = on_result
+        # a job failed (after its study was accepted): tell the sender's side
+        self.on_failed: Callable[[JobRecord], None] | None = None
+        # a job succeeded or failed, its final row written (model lifecycle records)
+        self.on_finished: Callable[[JobRecord], None] | None = None
+        # a result was recorded, so the deliveries held for it are due: wake the senders
+        # (they slept on their idle interval, since a held row is not due)
+        self.on_recorded: Callable[[], None] | None = None
         # job id -> (key id, client address) of whoever asked to cancel it (for the audit)
         self._cancellers: dict[str, tuple[str | None, str | None]] = {}
         self._lock = threading.Lock()
+        # told of every state change and miss after the above (e.g. service.turnaround)
+        self.followers: list[JobHooks] = []
+        # this replica's job lease owner (radserve.store.leases): every write of a run is
+        # fenced by it, so a run whose job another replica took over writes nothing
+        self.owner: str | None = None
 
     def note_cancel(self, job_id: str, key_id: str | None, client: str | None) -> None:
         with self._lock:
@@ -62,29 +75,49 @@ class ServiceHooks:
 
     # --- JobHooks ---------------------------------------------------------------------
     def on_state(self, event: JobEvent) -> None:
-        cls = to_settings_class(event.cls).value
+        try:
+            self._on_state(event)
+        except LeaseLostError:
+            logger.warning(
+                "job %s: taken over by another replica (lease expired); this run's %s is "
+                "not recorded",
+                event.job_id,
+                event.state.value,
+            )
+        finally:
+            for follower in self.followers:
+                follower.on_state(event)
+
+    def _on_state(self, event: JobEvent) -> None:
+        cls = event.cls.value
         self.metrics.jobs.labels(event.state.value, cls).inc()
         if event.state is JobState.QUEUED:
             self._queued(event)
         elif event.state is JobState.RUNNING:
-            self._put(self._write(lambda: self.store.transition(event.job_id, StoredState.RUNNING)))
+            self._put(
+                self._write(
+                    lambda: self.store.transition(event.job_id, JobState.RUNNING, owner=self.owner)
+                )
+            )
         elif event.state is JobState.SUCCEEDED:
             self._succeeded(event)
             self.metrics.tat.labels(cls).observe(event.timings.get("total", 0.0))
             self.metrics.observe_stages(dict(event.timings))
         elif event.state is JobState.FAILED:
             self.metrics.errors.labels(event.error_code or "internal_error").inc()
-            self._put(
-                self._write(
-                    lambda: self.store.transition(
-                        event.job_id,
-                        StoredState.FAILED,
-                        error_code=event.error_code or "internal_error",
-                        error_message=event.error_message or "the job failed",
-                        stage_timings=dict(event.timings),
-                    )
+            failed = self._write(
+                lambda: self.store.transition(
+                    event.job_id,
+                    JobState.FAILED,
+                    error_code=event.error_code or "internal_error",
+                    error_message=event.error_message or "the job failed",
+                    stage_timings=dict(event.timings),
+                    owner=self.owner,
                 )
             )
+            self._put(failed)
+            if self.on_failed is not None:
+                self.on_failed(failed)  # the failure notice (its own errors are logged)
         elif event.state is JobState.CANCELLED:
             with self._lock:
                 key_id, client = self._cancellers.pop(event.job_id, (None, None))
@@ -92,7 +125,7 @@ class ServiceHooks:
                 self._write(
                     lambda: self.store.transition(
                         event.job_id,
-                        StoredState.CANCELLED,
+                        JobState.CANCELLED,
                         actor_key_id=key_id,
                         client_address=client,
                         error_code=event.error_code or "job_cancelled",
@@ -102,8 +135,18 @@ class ServiceHooks:
                 )
             )
 
+        if self.on_finished is not None and event.state in (JobState.SUCCEEDED, JobState.FAILED):
+            record = self.cache.get(event.job_id)
+            if record is not None and record.terminal:
+                try:
+                    self.on_finished(record)
+                except Exception:  # bookkeeping only: the job's outcome stands
+                    logger.exception("job %s: the finished-job listener failed", event.job_id)
+
     def on_deadline_miss(self, miss: DeadlineMiss) -> None:
-        self.metrics.deadline_misses.labels(to_settings_class(miss.cls).value).inc()
+        self.metrics.deadline_misses.labels(miss.cls.value).inc()
+        for follower in self.followers:
+            follower.on_deadline_miss(miss)
 
     def on_batch(self, event: BatchEvent) -> None:
         self.metrics.batch_size.labels(event.model.name).observe(event.items)
@@ -114,11 +157,13 @@ class ServiceHooks:
     # --- states -----------------------------------------------------------------------
     def _queued(self, event: JobEvent) -> None:
         record = self.cache.get(event.job_id)
-        if record is None or record.state is StoredState.RECEIVED:
+        if record is None or record.state is JobState.RECEIVED:
             try:
                 record = self._write(
-                    lambda: self.store.transition(event.job_id, StoredState.QUEUED)
+                    lambda: self.store.transition(event.job_id, JobState.QUEUED, owner=self.owner)
                 )
+            except LeaseLostError:
+                raise
             except InvalidTransitionError:  # resumed after a restart: queued already
                 record = self.store.get_job(event.job_id)
         self._put(record)
@@ -128,6 +173,8 @@ class ServiceHooks:
         if not isinstance(result, StudyResult):
             raise TypeError(f"job {event.job_id}: expected a StudyResult, got {type(result)}")
         job = self.cache.get(event.job_id) or self.store.get_job(event.job_id)
+        # its deliveries are held for this run's owner until its result is recorded
+        job = dataclasses.replace(job, lease_owner=self.owner)
         if self.on_result is not None:
             try:  # before the result is recorded: a crash in between loses no delivery
                 self.on_result(job, result)
@@ -143,7 +190,13 @@ class ServiceHooks:
             precision=job.precision,
         )
         report = result.report
-        outputs = {"findings": len(report.findings), "organs": len(report.organ_measurements)}
+        outputs = {
+            "findings": len(report.findings),
+            "organs": len(report.organ_measurements),
+            # what was produced, with which weights (radserve.audit.digests)
+            "sha256": output_digests(result.out_dir),
+            "model_sha256": model_digests(report),
+        }
         try:
             record = self._write(
                 lambda: self.store.record_result(
@@ -152,14 +205,20 @@ class ServiceHooks:
                     key,
                     stage_timings=dict(event.timings),
                     outputs=outputs,
+                    owner=self.owner,
                 )
             )
+        except LeaseLostError:
+            raise
         except ResultAlreadyRecordedError:
             logger.warning("job %s: a result was recorded already; this copy is discarded", job.id)
             record = self.store.get_job(event.job_id)
         except InvalidTransitionError as exc:  # cancelled while its report was written
             logger.info("job %s: result not recorded (%s)", job.id, exc.code)
             record = self.store.get_job(event.job_id)
+        else:
+            if self.on_recorded is not None:
+                self.on_recorded()
         self._put(record)
 
     # --- helpers ----------------------------------------------------------------------

@@ -5,24 +5,39 @@ fsynced into the content-addressed store (:func:`radserve.store.files.store_stud
 then the job row is committed, and only then is the job scheduled and acknowledged.
 A study whose (fingerprint, pipeline, model versions, precision) already has a result
 is answered from the result cache: a new job, born ``succeeded``, marked cached.
+
+Admission is exact under concurrency: a queue place is *reserved* (:class:`Admission`)
+before an upload's files are stored or its job row created, and the reservation turns
+into the scheduler's queue entry under the same lock. A request refused for a full
+queue therefore leaves no files, no job row and no audit record behind.
+
+radserve's own results (SEG/SR/SC a PACS or a client sends back with the study) are never
+input: the REST upload leaves them out (:mod:`radserve.service.own_uploads`) before the
+study is stored, as the SCP and STOW-RS do before filing. The gateways submit with
+``reuse=True``: a study re-sent unchanged (same fingerprint) while a job for it exists —
+succeeded or still running — gets no new job at all, so nothing is run or sent again.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import uuid
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
-
-import pydicom
+from typing import BinaryIO, Protocol
 
 from radserve.config import Settings
 from radserve.errors import RadserveError
+from radserve.gateway.own_results import OwnResults
 from radserve.ingest import IngestPolicy
+from radserve.ingest.attributes import priority_attributes, read_priority_attributes
+from radserve.ingest.headers import read_header
 from radserve.scheduling import (
     JobRequest,
     ModelUnavailableError,
@@ -30,17 +45,15 @@ from radserve.scheduling import (
     PriorityRules,
     QueueFullError,
     Scheduler,
-    priority_attributes,
-    read_priority_attributes,
 )
 from radserve.service.catalog import Catalog, ResolvedPipeline
 from radserve.service.errors import InvalidRequestError
+from radserve.service.failover import SharedStorage
 from radserve.service.jobcache import JobCache
-from radserve.service.mapping import to_settings_class
+from radserve.service.own_uploads import without_own_results
 from radserve.service.sniff import check_combination, sniff
-from radserve.service.work import build_work
-from radserve.store import JobRecord, JobState, Store
-from radserve.store.files import store_study
+from radserve.service.work import LineageStep, build_work
+from radserve.store import JobRecord, JobState, Lease, Store
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +70,8 @@ class Submission:
     job: JobRecord
     cached: bool = False
     position: int | None = None
+    # an existing job answers an unchanged re-send (``reuse=True``): no new job row
+    reused: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,8 @@ class Origin:
     key_id: str | None = None
     client: str | None = None
     source: str = "api"  # "api" | "dicom" | "dicomweb"
+    # known at submission, for the report: {"code", "message", "stage"} (no PHI)
+    warnings: tuple[Mapping[str, str], ...] = ()
 
 
 def parse_priority(value: str | None) -> PriorityClass | None:
@@ -86,18 +103,120 @@ def study_attributes(study_dir: Path, keywords: Sequence[str]) -> dict[str, str]
     for archive in sorted(Path(study_dir).glob("*.zip")):
         try:
             with zipfile.ZipFile(archive) as zf:
-                for info in zf.infolist()[:_ZIP_PROBE]:
-                    if info.is_dir() or info.file_size > _ZIP_PROBE_BYTES:
-                        continue
-                    try:
-                        with zf.open(info) as member:
-                            ds = pydicom.dcmread(member, stop_before_pixels=True)
-                    except Exception:  # not DICOM: try the next member
-                        continue
-                    return priority_attributes(ds, keywords)
+                found = _archive_attributes(zf, keywords)
+            if found is not None:
+                return found
         except (zipfile.BadZipFile, OSError):
             continue
     return {}
+
+
+def _archive_attributes(zf: zipfile.ZipFile, keywords: Sequence[str]) -> dict[str, str] | None:
+    """The attributes of the first readable DICOM member among the archive's first
+    ``_ZIP_PROBE`` (members over ``_ZIP_PROBE_BYTES`` skipped), or None."""
+    for info in zf.infolist()[:_ZIP_PROBE]:
+        if info.is_dir() or info.file_size > _ZIP_PROBE_BYTES:
+            continue
+        found = _member_attributes(zf, info, keywords)
+        if found is not None:
+            return found
+    return None
+
+
+def _member_attributes(
+    zf: zipfile.ZipFile, info: zipfile.ZipInfo, keywords: Sequence[str]
+) -> dict[str, str] | None:
+    """The attributes of one archive member, read while it is open (large values are
+    read on use), or None when it is not readable DICOM."""
+    try:
+        with zf.open(info) as member:
+            return priority_attributes(read_header(member), keywords)
+    except Exception:  # not DICOM: the caller tries the next member
+        return None
+
+
+def stream_attributes(streams: Sequence[BinaryIO], keywords: Sequence[str]) -> dict[str, str]:
+    """The attributes the priority rules read, from the first DICOM stream (or the first
+    DICOM member of a zip stream) of an upload, before anything is stored; header only,
+    large elements deferred. Every stream is left at its start."""
+    for stream in streams:
+        try:
+            if zipfile.is_zipfile(stream):
+                stream.seek(0)
+                with zipfile.ZipFile(stream) as zf:
+                    found = _archive_attributes(zf, keywords)
+                if found is not None:
+                    return found
+                continue
+            stream.seek(0)
+            ds = read_header(stream)
+            return priority_attributes(ds, keywords)
+        except Exception:  # not DICOM (NIfTI, garbage the sniffer let through): next
+            continue
+        finally:
+            stream.seek(0)
+    return {}
+
+
+class Slot:
+    """One reserved queue place of ``cls``; released exactly once."""
+
+    def __init__(self, admission: Admission, cls: PriorityClass) -> None:
+        self.admission = admission
+        self.cls = cls
+        self.held = True
+
+    def release(self) -> None:
+        """Give the place back (the study was answered from the cache, or failed)."""
+        with self.admission.lock:
+            self.release_locked()
+
+    def release_locked(self) -> None:
+        if self.held:
+            self.held = False
+            self.admission.reserved[self.cls] -= 1
+
+
+class Admission:
+    """Queue places reserved between the room check and the scheduler's queue entry.
+
+    Invariant (under :attr:`lock`): waiting jobs + reserved places <= the class's limit.
+    :meth:`reserve` refuses when no place is left; :meth:`entering` hands a job to the
+    scheduler and releases its place in one critical section, so a place is never
+    counted twice (spurious refusals) nor not at all (too many admitted)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.lock = threading.Lock()
+        self.reserved: Counter[PriorityClass] = Counter()
+
+    def reserve(self, cls: PriorityClass) -> Slot:
+        limit = self.scheduler.config.queue_limit(cls)
+        with self.lock:
+            if limit is not None:
+                waiting = self.scheduler.snapshot().queued.get(cls, 0)
+                taken = waiting + self.reserved[cls]
+                if taken >= limit:
+                    retry_after = self.scheduler.config.default_retry_after_s
+                    raise QueueFullError(
+                        f"the {cls.name.lower()} queue is full ({waiting} studies waiting, "
+                        f"{taken - waiting} being admitted, limit {limit}); retry after "
+                        f"{retry_after} s",
+                        retry_after=retry_after,
+                    )
+            self.reserved[cls] += 1
+        return Slot(self, cls)
+
+    @contextmanager
+    def entering(self, slot: Slot | None) -> Iterator[None]:
+        """Hold the admission lock while a job enters the scheduler; ``slot`` (if any)
+        is released as it does, whatever the outcome."""
+        with self.lock:
+            try:
+                yield
+            finally:
+                if slot is not None:
+                    slot.release_locked()
 
 
 class Intake:
@@ -114,6 +233,8 @@ class Intake:
         rules: PriorityRules,
         policy: IngestPolicy,
         dicom_results: Callable[[JobRecord], bool] = lambda job: False,
+        own_results: OwnResults | None = None,
+        storage: SharedStorage,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -123,6 +244,17 @@ class Intake:
         self.rules = rules
         self.policy = policy
         self.dicom_results = dicom_results
+        self.admission = Admission(scheduler)
+        self.own_results = own_results or OwnResults()
+        # where studies and results are written (the data folder, or a local fallback)
+        self.storage = storage
+        # the result generation step (radserve.service.lineage); set by the service
+        self.lineage: LineageStep | None = None
+        # model deployments (radserve.service.lifecycle): (resolved, routing key,
+        # priority) -> the versions this study runs; set by the service
+        self.router: Router | None = None
+        # this replica's job lease: a job it accepts is its own from creation on
+        self.lease: Lease | None = None
 
     @property
     def results_root(self) -> Path:
@@ -133,18 +265,24 @@ class Intake:
         """Refuse early what can be refused before reading the upload: an unknown
         pipeline or model, or a full queue for a stated class."""
         resolved = self.catalog.resolve(pipeline)
+        self._check_models(resolved)
+        if priority is not None:
+            self._check_room(priority)
+        return resolved
+
+    def _check_models(self, resolved: ResolvedPipeline) -> None:
+        open_models = self.scheduler.open_models()
         for model in resolved.model_versions:
-            if model in self.scheduler.open_models():
+            if model in open_models:
                 raise ModelUnavailableError(
                     f"model {model} is unavailable (its circuit breaker is open); "
                     "an administrator must reset it",
                     model=model,
                 )
-        if priority is not None:
-            self._check_room(priority)
-        return resolved
 
     def _check_room(self, cls: PriorityClass) -> None:
+        """An early, non-reserving look (before an upload is read); :meth:`reserve`
+        decides."""
         limit = self.scheduler.config.queue_limit(cls)
         if limit is None:
             return
@@ -166,17 +304,36 @@ class Intake:
         priority: PriorityClass | None,
         origin: Origin,
     ) -> Submission:
-        """Check, store durably and schedule one study made of ``files`` (streams)."""
+        """Check, store durably and schedule one study made of ``files`` (streams).
+
+        The queue place is reserved before a byte is stored: a refused upload leaves
+        nothing behind."""
         kinds = [sniff(stream, i + 1, len(files)) for i, stream in enumerate(files)]
         check_combination(kinds)
-        stored = store_study(
-            self.settings.data_dir,
-            [(f"upload{kind.suffix}", stream) for kind, stream in zip(kinds, files, strict=True)],
-            max_bytes=self.settings.server.max_upload_bytes,
-        )
-        return self.submit_stored(
-            stored.path, stored.fingerprint, resolved=resolved, priority=priority, origin=origin
-        )
+        if priority is None:
+            priority = self.rules.classify(stream_attributes(files, self.rules.keywords))
+        slot = self.reserve(priority, resolved)
+        try:
+            with without_own_results(files, kinds, self.own_results) as pairs:
+                stored = self.storage.store_study(
+                    pairs, max_bytes=self.settings.server.max_upload_bytes
+                )
+            return self.submit_stored(
+                stored.path,
+                stored.fingerprint,
+                resolved=resolved,
+                priority=priority,
+                origin=origin,
+                slot=slot,
+            )
+        finally:
+            slot.release()  # a no-op once the job entered the scheduler
+
+    def reserve(self, cls: PriorityClass, resolved: ResolvedPipeline) -> Slot:
+        """A queue place for a new job of ``cls`` (raises :class:`QueueFullError`), once
+        no model the pipeline needs has an open breaker (:class:`ModelUnavailableError`)."""
+        self._check_models(resolved)
+        return self.admission.reserve(cls)
 
     def submit_stored(
         self,
@@ -187,25 +344,66 @@ class Intake:
         priority: PriorityClass | None,
         origin: Origin,
         attributes: Mapping[str, str] | None = None,
+        slot: Slot | None = None,
+        reuse: bool = False,
     ) -> Submission:
-        """A study already in the content-addressed store -> a job (cached or queued)."""
+        """A study already in the content-addressed store -> a job (cached or queued).
+
+        ``slot``: a queue place reserved by the caller (else one is reserved here).
+        ``reuse``: when a job for exactly this input exists (succeeded, or still
+        running), answer with it and create nothing (see :meth:`unchanged`)."""
+        if self.router is not None and self.router.needs_routing():
+            if priority is None and slot is not None:
+                priority = slot.cls
+            if priority is None:
+                attributes = attributes or study_attributes(study_dir, self.rules.keywords)
+                priority = self.rules.classify(attributes)
+            uid = study_attributes(study_dir, ("StudyInstanceUID",)).get("StudyInstanceUID")
+            resolved = self.router.route(resolved, uid or fingerprint, priority)
+        if reuse:
+            existing = self.unchanged(resolved, fingerprint)
+            # same route, same outputs (a result made for an HTTP upload has no SEG/SR)
+            if existing is not None and existing.queue_meta.get("source") == origin.source:
+                logger.info(
+                    "study re-sent unchanged: job %s (%s) answers it; no new job",
+                    existing.id,
+                    existing.state.value,
+                )
+                if slot is not None:
+                    slot.release()
+                return Submission(existing, cached=True, reused=True)
         hit = self.store.find_cached_result(resolved.cache_key(fingerprint))
         if hit is not None and origin.source == DICOMWEB_SOURCE and not _has_dicom(hit):
             # a DICOMweb client retrieves SEG/SR, which a result made for an HTTP upload
             # lacks: run the study again (the earlier cache entry stays)
             hit = None
         if hit is not None:
+            if slot is not None:
+                slot.release()
             return self._from_cache(hit, resolved, study_dir, fingerprint, priority, origin)
-        if priority is None:
-            if attributes is None:
-                attributes = study_attributes(study_dir, self.rules.keywords)
-            priority = self.rules.classify(attributes)
-        self._check_room(priority)
-        record = self._new_job(
-            priority, resolved, study_dir, fingerprint, origin, job_id=str(uuid.uuid4())
-        )
-        position = self.schedule(record, resolved)
+        if slot is None:
+            if priority is None:
+                if attributes is None:
+                    attributes = study_attributes(study_dir, self.rules.keywords)
+                priority = self.rules.classify(attributes)
+            slot = self.reserve(priority, resolved)
+        else:
+            priority = slot.cls
+        try:
+            record = self._new_job(
+                priority, resolved, study_dir, fingerprint, origin, job_id=str(uuid.uuid4())
+            )
+            position = self.schedule(record, resolved, slot=slot)
+        finally:
+            slot.release()
         return Submission(self.cache.get(record.id) or record, cached=False, position=position)
+
+    def unchanged(self, resolved: ResolvedPipeline, fingerprint: str) -> JobRecord | None:
+        """The job that already answers this exact input (same instance content
+        fingerprint, pipeline, models and precision): a succeeded one, else one still
+        running. A cached job is followed to the job whose result it shares."""
+        key = resolved.cache_key(fingerprint)
+        return self.store.find_cached_result(key) or self.store.find_unfinished(key)
 
     def _new_job(
         self,
@@ -218,7 +416,7 @@ class Intake:
     ) -> JobRecord:
         """Persist a job row (and cache it) for a study in ``study_dir``."""
         record = self.store.create_job(
-            priority_class=to_settings_class(priority),
+            priority_class=priority,
             deadline=dt.timedelta(seconds=self.scheduler.config.tat(priority)),
             pipeline_name=resolved.spec.name,
             pipeline_version=resolved.spec.version,
@@ -228,7 +426,10 @@ class Intake:
             model_versions=resolved.model_versions,
             api_key_id=origin.key_id,
             client_address=origin.client,
-            queue_meta={"source": origin.source},
+            queue_meta={"source": origin.source}
+            | ({"warnings": [dict(w) for w in origin.warnings]} if origin.warnings else {})
+            | deployment_meta(resolved),
+            lease=self.lease,
             **extra,
         )
         self.cache.put(record)
@@ -243,25 +444,37 @@ class Intake:
         priority: PriorityClass | None,
         origin: Origin,
     ) -> Submission:
-        cls = priority or PriorityClass.parse(str(hit.priority_class))
+        cls = PriorityClass.parse(str(hit.priority_class)) if priority is None else priority
         record = self._new_job(cls, resolved, study_dir, fingerprint, origin, cached_from=hit.id)
         logger.info("job %s answered from the result cache (job %s)", record.id, hit.id)
         return Submission(record, cached=True)
 
     def schedule(
-        self, record: JobRecord, resolved: ResolvedPipeline, *, resume: bool = False
+        self,
+        record: JobRecord,
+        resolved: ResolvedPipeline,
+        *,
+        resume: bool = False,
+        slot: Slot | None = None,
+        folder: str | None = None,
     ) -> int | None:
-        """Hand a persisted job to the scheduler; a refusal fails the job row too."""
+        """Hand a persisted job to the scheduler, turning ``slot`` into its queue entry;
+        a refusal (possible only without a slot, or a breaker that opened meanwhile)
+        fails the job row too. ``folder``: the result folder's name under the results
+        root (default the job id; see radserve.store.leases.result_folder_name)."""
+        self.storage.built_from(Path(record.study_path), record.id)
         work = build_work(
             job_id=record.id,
             study_dir=Path(record.study_path),
             resolved=resolved,
-            out_dir=self.results_root / record.id,
+            out_dir=self.storage.result_dir(folder or record.id),
             registry=self.catalog.registry,
             sessions=self.catalog.sessions,
             policy=self.policy,
             dicom_results=self.dicom_results(record),
             key_image_scs=self.settings.results.secondary_capture_key_images,
+            lineage=self.lineage,
+            publish=self.storage if self.storage.enabled else None,
         )
         age = max(0.0, (dt.datetime.now(dt.UTC) - record.arrival).total_seconds())
         request = JobRequest(
@@ -272,7 +485,8 @@ class Intake:
             resume=resume,
         )
         try:
-            ticket = self.scheduler.submit(request)
+            with self.admission.entering(slot):
+                ticket = self.scheduler.submit(request)
         except RadserveError as exc:
             self.fail(record.id, exc.code, exc.message)
             raise
@@ -286,9 +500,39 @@ class Intake:
         return record
 
 
+class Router(Protocol):
+    """Chooses the model versions of one study (:class:`ModelLifecycle`)."""
+
+    def needs_routing(self) -> bool: ...
+
+    def route(
+        self, resolved: ResolvedPipeline, routing_key: str, priority: PriorityClass | None
+    ) -> ResolvedPipeline: ...
+
+
+def deployment_meta(resolved: ResolvedPipeline) -> dict[str, dict[str, str]]:
+    """What a job row keeps of its routing: the role that chose each model's version,
+    and the versions to compare it with after delivery."""
+    out: dict[str, dict[str, str]] = {}
+    if resolved.roles:
+        out["deployment"] = dict(resolved.roles)
+    if resolved.shadows:
+        out["shadows"] = dict(resolved.shadows)
+    return out
+
+
 def _has_dicom(job: JobRecord) -> bool:
     """Whether a succeeded job's result folder holds DICOM results (SEG/SR)."""
     return bool(job.result_path) and any(Path(str(job.result_path)).glob("*.dcm"))
 
 
-__all__ = ["DICOMWEB_SOURCE", "Intake", "Origin", "Submission", "parse_priority"]
+__all__ = [
+    "DICOMWEB_SOURCE",
+    "Admission",
+    "Intake",
+    "Origin",
+    "Slot",
+    "Submission",
+    "parse_priority",
+    "stream_attributes",
+]

@@ -10,10 +10,14 @@ API processes over one database would each need to read the store instead.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 from radserve.store import JobRecord
+
+logger = logging.getLogger(__name__)
 
 
 class JobCache:
@@ -27,6 +31,14 @@ class JobCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        # called with each record put here (after its commit): the console's live worklist
+        self._listeners: list[Callable[[JobRecord], None]] = []
+
+    def subscribe(self, listener: Callable[[JobRecord], None]) -> None:
+        """Call ``listener(record)`` for every newer record put here (on the writer's
+        thread; it must be quick and must not raise)."""
+        with self._lock:
+            self._listeners.append(listener)
 
     def get(self, job_id: str) -> JobRecord | None:
         with self._lock:
@@ -53,6 +65,12 @@ class JobCache:
             self._items.move_to_end(record.id)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
+            listeners = tuple(self._listeners)
+        for listener in listeners:
+            try:
+                listener(record)
+            except Exception:  # a listener never breaks a job's write path
+                logger.exception("job cache listener failed")
 
     def __len__(self) -> int:
         with self._lock:

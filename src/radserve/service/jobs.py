@@ -7,23 +7,28 @@ is kept in a small memory cache because results never change once recorded.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pydicom
-
-from radserve.ingest import PatientInfo, discover_series
+from radserve.domain.priority import PriorityClass
+from radserve.ingest import IngestPolicy, PatientInfo, discover_series
+from radserve.ingest.headers import read_header
 from radserve.report.fhir import build_fhir_bundle
+from radserve.report.fhir.bundle import ReportResources
+from radserve.report.fhir.patient import IdentifierSystems
 from radserve.report.json_report import parse_report
 from radserve.report.schema import Report
-from radserve.scheduling import Scheduler
+from radserve.scheduling import NotWaitingError, Scheduler
 from radserve.service.errors import OutputNotFoundError, ResultNotReadyError
 from radserve.service.hooks import ServiceHooks
 from radserve.service.jobcache import JobCache
+from radserve.service.turnaround import JobEta
 from radserve.service.work import input_kind
 from radserve.store import InvalidTransitionError, JobPage, JobRecord, JobState, Store
 
@@ -39,18 +44,30 @@ class JobView:
 
     record: JobRecord
     position: int | None  # among waiting jobs; None unless queued
+    eta: JobEta | None = None  # queued and running jobs (radserve.service.turnaround)
 
 
 class JobAccess:
     def __init__(
-        self, store: Store, cache: JobCache, scheduler: Scheduler, hooks: ServiceHooks
+        self,
+        store: Store,
+        cache: JobCache,
+        scheduler: Scheduler,
+        hooks: ServiceHooks,
+        identifier_systems: IdentifierSystems | None = None,
+        policy: IngestPolicy | None = None,
     ) -> None:
+        self.identifier_systems = identifier_systems or IdentifierSystems()
+        # the configured ingest bounds, also when re-reading a stored study's headers
+        self.policy = policy or IngestPolicy()
         self.store = store
         self.cache = cache
         self.scheduler = scheduler
         self.hooks = hooks
         self._reports: OrderedDict[str, bytes] = OrderedDict()
         self._lock = threading.Lock()
+        # job id -> its ETA (set by the service to its turnaround view)
+        self.eta_of: Callable[[str], JobEta | None] = lambda job_id: None
 
     # --- status -----------------------------------------------------------------------
     def cached(self, job_id: str) -> JobRecord | None:
@@ -70,7 +87,13 @@ class JobAccess:
         if record.state in (JobState.RECEIVED, JobState.QUEUED):
             info = self.scheduler.job_info(record.id)
             position = info.position if info is not None else None
-        return JobView(record, position)
+        return JobView(record, position, self.eta(record))
+
+    def eta(self, record: JobRecord) -> JobEta | None:
+        """The ETA of a queued or running job (None for others)."""
+        if record.state not in (JobState.QUEUED, JobState.RUNNING):
+            return None
+        return self.eta_of(record.id)
 
     def list(self, **filters: Any) -> JobPage:
         return self.store.list_jobs(**filters)
@@ -97,6 +120,35 @@ class JobAccess:
             client_address=client,
             error_code="job_cancelled",
             error_message="cancelled by request",
+        )
+        self.cache.put(record)
+        return record
+
+    # --- re-prioritise -----------------------------------------------------------------
+    def reprioritise(
+        self, job_id: str, cls: PriorityClass, *, key_id: str | None, client: str | None
+    ) -> JobRecord:
+        """File a waiting job under ``cls`` (see :meth:`Scheduler.reprioritise`: the
+        deadline is arrival + the class's TAT), then record it in its row with a
+        ``job.reprioritised`` audit record naming who, the old and the new class and
+        deadline. The cache put feeds the console's live worklist.
+
+        Raises :class:`NotWaitingError` (409) unless the job waits in the scheduler."""
+        record = self.get(job_id)
+        if record.terminal:
+            raise NotWaitingError(
+                f"job {job_id} is {record.state.value}; only waiting jobs can be re-prioritised"
+            )
+        done = self.scheduler.reprioritise(job_id, cls)
+        deadline = record.arrival + dt.timedelta(seconds=self.scheduler.config.tat(cls))
+        extra = {
+            "old_priority_class": done.old_cls.value,
+            "new_priority_class": done.new_cls.value,
+            "old_deadline": record.deadline.isoformat(),
+            "new_deadline": deadline.isoformat(),
+        }
+        record = self.store.reprioritise_job(
+            job_id, cls, deadline, actor_key_id=key_id, client_address=client, extra=extra
         )
         self.cache.put(record)
         return record
@@ -168,34 +220,71 @@ class JobAccess:
     def fhir_bundle(self, record: JobRecord) -> dict[str, Any]:
         """The FHIR R4 Bundle of the job's report (see :func:`fhir_bundle_for`)."""
         return fhir_bundle_for(
-            self.report(record), Path(record.study_path), self.result_dir(record)
+            self.report(record),
+            Path(record.study_path),
+            self.result_dir(record),
+            self.identifier_systems,
+            policy=self.policy,
         )
 
 
-def fhir_bundle_for(report: Report, study_path: Path, result_dir: Path) -> dict[str, Any]:
+def fhir_bundle_for(
+    report: Report,
+    study_path: Path,
+    result_dir: Path,
+    identifier_systems: IdentifierSystems | None = None,
+    *,
+    policy: IngestPolicy | None = None,
+) -> dict[str, Any]:
     """The FHIR R4 Bundle of ``report``; the patient is read from the stored study's
     headers (never from the de-identified report), and the job's DICOM SEG/SR, when it
     has them, are listed as series of the ImagingStudy. What ``GET /v1/jobs/{id}/fhir``
-    serves and what is POSTed to a configured FHIR server: one function, one Bundle."""
-    dicom_results = [
-        pydicom.dcmread(path, stop_before_pixels=True)
-        for path in sorted(Path(result_dir).glob("*.dcm"))
-    ]
+    serves and what is POSTed to a configured FHIR server: one function, one Bundle.
+    The study is read under ``policy``: the server's configured ingest bounds, the same
+    the job was read under (the default policy would refuse what a raised limit let in)."""
     return build_fhir_bundle(
         report,
-        _patient(study_path, report),  # type: ignore[arg-type]  # PatientInfo is frozen
-        dicom_results=dicom_results,
+        patient_for(report, study_path, policy),  # type: ignore[arg-type]
+        dicom_results=_result_headers(result_dir),
+        identifier_systems=identifier_systems,
     )
 
 
-def _patient(study: Path, report: Report) -> PatientInfo:
+def report_resources_for(
+    report: Report,
+    study_path: Path,
+    result_dir: Path,
+    identifier_systems: IdentifierSystems | None = None,
+    *,
+    policy: IngestPolicy | None = None,
+) -> ReportResources:
+    """The Patient, ImagingStudy (with the SEG/SR written so far), Devices and finding
+    Observations of ``report``, read the way :func:`fhir_bundle_for` reads them: what a
+    critical finding's FHIR push carries, without building and validating the whole
+    Bundle first."""
+    return ReportResources(
+        report,
+        patient_for(report, study_path, policy),  # type: ignore[arg-type]
+        identifier_systems=identifier_systems,
+        dicom_results=_result_headers(result_dir),
+    )
+
+
+def _result_headers(result_dir: Path) -> list[Any]:
+    return [read_header(path) for path in sorted(Path(result_dir).glob("*.dcm"))]
+
+
+def patient_for(report: Report, study: Path, policy: IngestPolicy | None = None) -> PatientInfo:
+    """The patient of ``report``'s series, read from the stored study's headers (never
+    from the de-identified report) under ``policy``."""
+    policy = policy or IngestPolicy()
     if not study.is_dir() or input_kind(study) == "nifti":
         return PatientInfo()
     wanted = report.study.series_instance_uid
-    for header in discover_series(study):
+    for header in discover_series(study, policy=policy):
         if header.series_instance_uid == wanted:
             return header.patient
     return PatientInfo()
 
 
-__all__ = ["JobAccess", "JobView", "fhir_bundle_for"]
+__all__ = ["JobAccess", "JobView", "fhir_bundle_for", "patient_for", "report_resources_for"]

@@ -11,6 +11,7 @@ and memory (``psutil``) describe the CPU device.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from radserve.scheduling import PriorityClass, SchedulerSnapshot
+from radserve.store.outbox import DestinationStatus
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +101,47 @@ class _LiveCollector(Collector):
         yield total
 
 
+class _OutboxCollector(Collector):
+    """Outbox deliveries per (kind, destination), read from the store at scrape."""
+
+    def __init__(self, status: Callable[[], list[DestinationStatus]]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterator[Any]:
+        labels = ["kind", "destination"]
+        pending = GaugeMetricFamily(
+            "radserve_outbox_pending",
+            "Deliveries not yet delivered (pending or being sent)",
+            labels=labels,
+        )
+        age = GaugeMetricFamily(
+            "radserve_outbox_oldest_pending_age_seconds",
+            "Age of the oldest undelivered delivery (0 when none)",
+            labels=labels,
+        )
+        failing = GaugeMetricFamily(
+            "radserve_outbox_failing",
+            "Deliveries that failed: retrying (will try again) or failed_permanent",
+            labels=[*labels, "state"],
+        )
+        try:
+            statuses = self._status()
+        except Exception:  # the database is away: /metrics still answers
+            logger.warning("metrics: cannot read the outbox")
+            statuses = []
+        now = dt.datetime.now(dt.UTC)
+        for st in statuses:
+            key = [st.kind.value, st.destination]
+            pending.add_metric(key, st.pending + st.sending)
+            oldest = 0.0 if st.oldest_pending is None else (now - st.oldest_pending).total_seconds()
+            age.add_metric(key, max(0.0, oldest))
+            failing.add_metric([*key, "retrying"], st.retrying)
+            failing.add_metric([*key, "failed_permanent"], st.failed_permanent)
+        yield pending
+        yield age
+        yield failing
+
+
 def _init_nvml() -> tuple[Any, int] | None:
     """NVML and the GPU count, or None (no nvidia-ml-py, no driver, no GPU)."""
     try:
@@ -116,7 +159,12 @@ def _init_nvml() -> tuple[Any, int] | None:
 class Metrics:
     """Every metric the server exports, in its own registry."""
 
-    def __init__(self, snapshot: Callable[[], SchedulerSnapshot]) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], SchedulerSnapshot],
+        *,
+        outbox: Callable[[], list[DestinationStatus]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
         self.tat = Histogram(
@@ -153,8 +201,20 @@ class Metrics:
         self.jobs = Counter(
             "radserve_jobs", "Jobs reaching a state", ["state", "cls"], registry=reg
         )
+        self.failure_notices = Counter(
+            "radserve_failure_notices",
+            "Notices of failed jobs queued for the sender's side, per channel",
+            ["channel"],
+            registry=reg,
+        )
         self.errors = Counter(
             "radserve_errors", "Errors by stable code (jobs and HTTP)", ["code"], registry=reg
+        )
+        self.own_results_ignored = Counter(
+            "radserve_own_results_ignored",
+            "radserve's own results received back (SEG/SR/SC) and not processed, per intake",
+            ["intake"],
+            registry=reg,
         )
         self.http_requests = Counter(
             "radserve_http_requests",
@@ -170,6 +230,8 @@ class Metrics:
             registry=reg,
         )
         reg.register(_LiveCollector(snapshot))
+        if outbox is not None:
+            reg.register(_OutboxCollector(outbox))
         ProcessCollector(registry=reg)
 
     def observe_stages(self, timings: dict[str, float]) -> None:

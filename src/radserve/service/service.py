@@ -10,6 +10,7 @@ synchronous; the API calls it from worker threads.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import threading
@@ -20,25 +21,46 @@ from typing import Any
 
 from radserve.audit import Action, AuditEvent
 from radserve.config import Settings
+from radserve.domain.critical import CriticalRule, declared_rules
 from radserve.errors import RadserveError
+from radserve.gateway.dicomweb.index import ResultIndexer
+from radserve.gateway.dicomweb.qido import QidoSearch
+from radserve.gateway.dicomweb.wado import WadoAccess
+from radserve.gateway.own_results import OwnResults
+from radserve.ingest.decode import shutdown_decode_workers
+from radserve.ingest.policy import IngestPolicy
 from radserve.pipeline import SessionPool
-from radserve.scheduling import InProcessExecutor, Scheduler
+from radserve.pipeline.study import StudyResult
+from radserve.report.fhir.patient import IdentifierSystems
+from radserve.scheduling import Scheduler
 from radserve.service.catalog import Catalog
+from radserve.service.critical import CriticalDelivery
+from radserve.service.dicomweb import StowBridge
+from radserve.service.drift import DriftCollector, DriftService
+from radserve.service.errors import ModelNotFoundError
+from radserve.service.executors import keep_signal_handlers, make_executor, warm_runner
+from radserve.service.failover import SharedStorage
+from radserve.service.failure_notice import FailureNotices
 from radserve.service.fhir import FhirDelivery, fhir_destination
 from radserve.service.gateway import GatewayBridge
 from radserve.service.hooks import ServiceHooks
 from radserve.service.intake import DICOMWEB_SOURCE, Intake
+from radserve.service.job_warnings import JobWarnings, chain
 from radserve.service.jobcache import JobCache
 from radserve.service.jobs import JobAccess
-from radserve.service.mapping import priority_rules, scheduler_config
+from radserve.service.leases import LeaseKeeper
+from radserve.service.lifecycle import LifecycleCollector, ModelLifecycle
+from radserve.service.lineage import ResultLineage
 from radserve.service.metrics import Metrics
-from radserve.service.results import ResultIndexer
-from radserve.service.stow import StowIntake
-from radserve.service.wado import WadoAccess
-from radserve.store import JobRecord, Store, init_store
+from radserve.service.outbox import OutboxOps
+from radserve.service.storage import StorageProbe
+from radserve.service.turnaround import Turnaround
+from radserve.store import Claimed, JobRecord, Lease, Store
+from radserve.store.audited import open_audited
 from radserve.store.files import remove_stale_staging
+from radserve.store.leases import result_folder_name
+from radserve.store.outbox import OutboxStore, instance_id
 from radserve.store.results import ResultIndex
-from radserve.study import StudyResult
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +72,18 @@ class Readiness:
     store_reachable: bool
     open_models: tuple[str, ...]
     failed_models: dict[str, str] = field(default_factory=dict)
+    # outbox destinations failing past ``outbox.unreachable_after_s``: name -> why
+    unreachable_peers: dict[str, str] = field(default_factory=dict)
+    # why the data folder cannot be written (radserve.service.storage), or None
+    storage_problem: str | None = None
+    # whether studies and results then go to a local fallback (storage.fallback_dir)
+    fallback: bool = False
+
+    @property
+    def degraded(self) -> bool:
+        """Serving, but results do not reach some destination, or the data folder is
+        away and the local fallback holds new studies and results."""
+        return bool(self.unreachable_peers) or self.storage_problem is not None
 
     @property
     def reasons(self) -> list[str]:
@@ -60,6 +94,12 @@ class Readiness:
         if not self.store_reachable:
             out.append("the database does not answer")
         out += [f"model {m} circuit breaker is open" for m in self.open_models]
+        out += list(self.unreachable_peers.values())
+        if self.storage_problem is not None:
+            out.append(
+                f"the data folder cannot be written: {self.storage_problem}"
+                + ("; writing to the local fallback" if self.fallback else "")
+            )
         return out
 
 
@@ -76,31 +116,75 @@ class Service:
         gateway_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = settings
-        self.store: Store = init_store(settings.effective_database_url)
+        # the audit chain's key, checkpoints and syslog export (radserve.audit.trail)
+        self.store: Store
+        self.store, self.audit = open_audited(settings, export=True)
         self.catalog = Catalog.from_settings(settings, sessions)
         self.cache = JobCache()
         # the metrics read the scheduler when scraped; the scheduler reports to the hooks
-        self.metrics = Metrics(lambda: self.scheduler.snapshot())
+        self.outbox = OutboxOps(settings, self.store, wake=self._wake_senders)
+        self.metrics = Metrics(lambda: self.scheduler.snapshot(), outbox=self.outbox.status)
         self.hooks = ServiceHooks(self.store, self.cache, self.metrics)
+        # this server's job lease (radserve.store.leases): held on the jobs it accepts
+        # and runs, renewed while it lives; with replicas, expired ones are taken over
+        self.lease = Lease.new(instance_id(settings.outbox.instance_id), settings.jobs.lease_s)
+        self.hooks.owner = self.lease.owner
+        # the settings sections are the scheduler's configuration (no mapping layer);
+        # only the batch size is capped by what the runtime's device is worth sending
         self.scheduler = Scheduler(
-            scheduler_config(settings, self.catalog.sessions.runtime.max_batch_size),
+            settings.scheduler.capped(self.catalog.sessions.runtime.max_batch_size),
+            jobs=settings.jobs,
+            rules=settings.priority_rules,
             hooks=self.hooks,
         )
+        self.results = ResultIndex(self.store.engine)
+        # radserve's own SEG/SR/SC coming back (a PACS re-sending the study): never input
+        self.own_results = OwnResults(
+            known=self.results.contains,
+            on_ignored=lambda intake, _reason: self.metrics.own_results_ignored.labels(
+                intake
+            ).inc(),
+        )
+        # whether the data folder can be written (shared storage): part of readiness; and
+        # where studies and results go meanwhile (storage.fallback_dir)
+        self.storage = StorageProbe(
+            settings.data_dir,
+            interval_s=settings.storage.probe_interval_s,
+            timeout_s=settings.storage.probe_timeout_s,
+        )
+        self.shared = SharedStorage(
+            settings.data_dir,
+            settings.storage.fallback_dir,
+            self.storage,
+            self.store,
+            on_moved=self._refresh_jobs,
+        )
+        if self.shared.enabled:
+            self.storage.on_healthy = self._reconcile_storage
         self.intake = Intake(
             settings,
             store=self.store,
             scheduler=self.scheduler,
             catalog=self.catalog,
             cache=self.cache,
-            rules=priority_rules(settings),
-            policy=settings.ingest.to_policy(),
+            rules=settings.priority_rules,
+            policy=IngestPolicy.from_settings(settings.ingest),
+            own_results=self.own_results,
+            storage=self.shared,
         )
-        self.jobs = JobAccess(self.store, self.cache, self.scheduler, self.hooks)
-        self.results = ResultIndex(self.store.engine)
-        self.stow = StowIntake(
+        self.jobs = JobAccess(
+            self.store,
+            self.cache,
+            self.scheduler,
+            self.hooks,
+            IdentifierSystems.from_settings(settings.fhir),
+            policy=IngestPolicy.from_settings(settings.ingest),
+        )
+        self.stow = StowBridge(
             self.intake, data_dir=settings.data_dir, quiet_s=settings.dicomweb.quiet_s
         )
         self.wado = WadoAccess(self.results)
+        self.qido = QidoSearch(self.results)
         self.gateway: GatewayBridge | None = None
         if settings.gateway.enabled:
             self.gateway = GatewayBridge(
@@ -108,12 +192,76 @@ class Service:
             )
         destination = fhir_destination(settings)
         self.fhir = FhirDelivery(settings, destination, store=self.store) if destination else None
+        # critical findings pushed to their receivers ahead of the other deliveries
+        self.critical: CriticalDelivery | None = None
+        if settings.critical.receivers:
+            self.critical = CriticalDelivery(
+                settings, store=self.store, metrics=self.metrics, rules_for=self._critical_rules
+            )
         self.hooks.on_result = self._on_result
-        self.intake.dicom_results = self.wants_dicom_results
-        device = self.catalog.sessions.runtime.device
-        self.executor = InProcessExecutor(
-            self.scheduler, devices=(device,), cpu_workers=cpu_workers
+        self.hooks.on_recorded = self._wake_senders
+        self.notices = FailureNotices(
+            settings,
+            metrics=self.metrics,
+            fhir=self.fhir,
+            results_root=self.intake.results_root,
+            gateway=self.gateway,
+            results=self.results,
         )
+        self.hooks.on_failed = self.notices.on_failed
+        self.intake.dicom_results = self.wants_dicom_results
+        # a re-run of a study supersedes its earlier result (SR predecessor, FHIR amended)
+        # ... and the job's gateway warnings (late instances, cut-off transfer) go into it
+        self.intake.lineage = chain(
+            ResultLineage(self.store, self.results).assign, JobWarnings(self.store).apply
+        )
+        # deployments per step: routing, hot swap, comparison runs, guardrails
+        self.lifecycle = ModelLifecycle(
+            settings,
+            store=self.store,
+            catalog=self.catalog,
+            scheduler=self.scheduler,
+            policy=IngestPolicy.from_settings(settings.ingest),
+            results_root=self.intake.results_root,
+        )
+        self.intake.router = self.lifecycle
+        self.intake.lease = self.lease
+        self.leases = LeaseKeeper(
+            self.store,
+            self.lease,
+            shared=settings.outbox.replicas > 1,
+            poll_s=settings.jobs.lease_poll_s,
+            on_claimed=self._resume_all,
+        )
+        self.metrics.registry.register(LifecycleCollector(self.lifecycle))
+        self.hooks.on_finished = self.lifecycle.on_finished
+        # drift of each model version's inputs and outputs against its reference
+        self.drift = DriftService(
+            settings.lifecycle.drift,
+            data_dir=settings.data_dir,
+            registry=self.catalog.registry,
+            store=self.store,
+        )
+        self.metrics.registry.register(DriftCollector(self.drift))
+        device = self.catalog.sessions.runtime.device
+        self.executor = make_executor(
+            settings, self.scheduler, device=device, cpu_workers=cpu_workers
+        )
+        runner = warm_runner(self.executor)
+        if runner is not None:  # warm-up loads and runs each model on every worker
+            self.catalog.warm_runner = runner
+        # service times, ETAs and deadline-risk events (radserve.service.turnaround)
+        self.turnaround = Turnaround(
+            settings,
+            store=self.store,
+            scheduler=self.scheduler,
+            metrics=self.metrics,
+            lookup=self._job_record,
+            device=device,
+            cpu_workers=cpu_workers,
+        )
+        self.hooks.followers.append(self.turnaround)
+        self.jobs.eta_of = self.turnaround.job_eta
         self.worker_nice = worker_nice
         self._started: float | None = None
         self._warmup_thread: threading.Thread | None = None
@@ -125,6 +273,9 @@ class Service:
             raise RuntimeError("the service is already started")
         self._started = time.monotonic()
         remove_stale_staging(self.settings.data_dir)
+        self.shared.reconcile(at_start=True)  # before resumed jobs are built from paths
+        self.storage.start()
+        self.audit.start()
         self.store.append_audit(
             AuditEvent(
                 action=Action.CONFIG_LOADED,
@@ -132,8 +283,10 @@ class Service:
                 payload={"fingerprint": self.settings.fingerprint()},
             )
         )
+        self.lifecycle.start()  # deployments first: resumed jobs keep their bound versions
         resumed = self.recover()
-        _in_lowered_thread(self.executor.start, self.worker_nice)
+        with keep_signal_handlers():  # a Ray executor's ray.init replaces them
+            _in_lowered_thread(self.executor.start, self.worker_nice)
         if warm_up:
             self._warmup_thread = threading.Thread(
                 target=_lowered(self._warm_up, self.worker_nice),
@@ -141,12 +294,28 @@ class Service:
                 daemon=True,
             )
             self._warmup_thread.start()
+        self._reclaim_outbox()
+        self.leases.start()
+        self.turnaround.start()
         if self.gateway is not None:
             self.gateway_address = self.gateway.start()
         if self.fhir is not None:
             self.fhir.start()
+        if self.critical is not None:
+            self.critical.start()
         self.stow.start()
         logger.info("service started: %d unfinished job(s) resumed", resumed)
+
+    def _reclaim_outbox(self) -> None:
+        """Deliveries a previous run of this server left ``sending`` (a crash mid-send)
+        go out again now rather than after their lease (see :class:`OutboxStore`)."""
+        outbox = self.settings.outbox
+        store = OutboxStore(self.store.engine, instance=outbox.instance_id)
+        taken = store.reclaim(now=dt.datetime.now(dt.UTC), shared=outbox.replicas > 1)
+        if taken:
+            logger.warning(
+                "outbox: %d delivery(ies) interrupted by the last stop are sent again", taken
+            )
 
     def stop(self) -> None:
         """Stop taking work; running units finish their batch; unfinished jobs stay in
@@ -156,9 +325,19 @@ class Service:
         self.stow.stop()
         if self.fhir is not None:
             self.fhir.stop()
+        if self.critical is not None:
+            self.critical.stop()
         self.executor.stop(wait=True)
+        self.leases.stop()
+        self.lifecycle.stop()
+        self.turnaround.stop()
         if self._warmup_thread is not None:
             self._warmup_thread.join(timeout=60)
+        # no job runs now: the decoding processes (and their fork server and resource
+        # tracker) go with the server instead of outliving it
+        shutdown_decode_workers(helpers=True)
+        self.storage.stop()
+        self.audit.stop()
         self.store.close()
         logger.info("service stopped")
 
@@ -188,12 +367,20 @@ class Service:
     def recover(self) -> int:
         """Restart recovery: jobs left received, queued or running are scheduled again,
         keeping their deadlines; a job interrupted more than ``jobs.max_retries`` times
-        fails instead of crashing the server in a loop."""
+        fails instead of crashing the server in a loop. With replicas (``outbox.replicas``
+        > 1) only the jobs no live replica holds: its own previous incarnation's, and
+        those whose lease expired (radserve.store.leases)."""
+        claimed = self.store.claim_jobs(self.lease, shared=self.settings.outbox.replicas > 1)
+        return self._resume_all(claimed)
+
+    def _resume_all(self, claimed: list[Claimed]) -> int:
+        """Schedule jobs this server just claimed; returns how many it resumed."""
         resumed = 0
-        for record in self.store.requeue_unfinished():
+        for item in claimed:
+            record = item.record
             self.cache.put(record)
             if record.attempts > self.settings.jobs.max_retries:
-                self.intake.fail(
+                self._fail(
                     record.id,
                     "job_interrupted",
                     f"the server stopped {record.attempts} times while this job ran; "
@@ -204,23 +391,45 @@ class Service:
                 resolved = self.catalog.resolve(record.pipeline_name)
                 if (
                     resolved.spec.version != record.pipeline_version
-                    or dict(resolved.model_versions) != dict(record.model_versions)
+                    or set(resolved.model_versions) != set(record.model_versions)
                     or resolved.precision != record.precision
+                    or not self._installed(record.model_versions)
                 ):
-                    self.intake.fail(
+                    self._fail(
                         record.id,
                         "pipeline_changed",
                         "the pipeline or its models changed while the server was down; "
                         "resubmit the study to run it with the models now installed",
                     )
                     continue
-                self.intake.schedule(record, resolved, resume=True)
+                # the versions it was bound to at submission, whatever serves now
+                roles = record.queue_meta.get("deployment", {}) or {}
+                resolved = resolved.pinned(record.model_versions, roles)
+                folder = result_folder_name(record.id, item, self.lease)
+                self.intake.schedule(record, resolved, resume=True, folder=folder)
                 resumed += 1
             except RadserveError as exc:
                 logger.error("job %s cannot resume: %s", record.id, exc.code)
                 if not self.jobs.get(record.id).terminal:
-                    self.intake.fail(record.id, exc.code, exc.message)
+                    self._fail(record.id, exc.code, exc.message)
         return resumed
+
+    def _installed(self, versions: Mapping[str, str]) -> bool:
+        try:
+            for name, version in versions.items():
+                self.catalog.registry.get(name, version)
+        except RadserveError:
+            return False
+        return True
+
+    def _job_record(self, job_id: str) -> JobRecord | None:
+        return self.cache.get(job_id) or self.store.get_job(job_id)
+
+    def _fail(self, job_id: str, code: str, message: str) -> JobRecord:
+        """Fail a job at restart recovery, with the failure notice a run's failure gets."""
+        record = self.intake.fail(job_id, code, message)
+        self.notices.on_failed(record)
+        return record
 
     # --- results out ------------------------------------------------------------------
     def wants_dicom_results(self, job: JobRecord) -> bool:
@@ -231,12 +440,43 @@ class Service:
             return True
         return self.gateway is not None and self.gateway.wants_dicom_results(job)
 
+    def _critical_rules(self, job: JobRecord) -> tuple[CriticalRule, ...]:
+        """The ``critical:`` rules of the job's pipeline (as this server resolves it now)
+        and of the model versions the job ran (their model.yaml), each model's scoped to
+        its findings; the site's ``critical.rules`` are added by the caller. A source
+        that no longer resolves gives none (logged by its error code); the others stand."""
+        pipeline: tuple[CriticalRule, ...] = ()
+        models: dict[str, tuple[CriticalRule, ...]] = {}
+        try:
+            pipeline = self.catalog.resolve(job.pipeline_name).spec.critical
+        except RadserveError as exc:
+            logger.warning(
+                "job %s: its pipeline's critical rules unavailable (%s)", job.id, exc.code
+            )
+        for name, version in job.model_versions.items():
+            try:
+                models[name] = self.catalog.registry.get(name, version).spec.critical
+            except RadserveError as exc:
+                logger.warning(
+                    "job %s: model %s %s critical rules unavailable (%s)",
+                    job.id, name, version, exc.code,
+                )  # fmt: skip
+        return declared_rules(pipeline=pipeline, models=models)
+
     def _on_result(self, job: JobRecord, result: StudyResult) -> None:
-        """A job's result is about to be recorded: index its DICOM results, queue them for
-        the PACS and its Bundle for the FHIR server. Each step fails on its own."""
-        steps: list[tuple[str, Callable[[JobRecord, StudyResult], None]]] = [
-            ("index", ResultIndexer(self.results).on_result)
-        ]
+        """A job's result is about to be recorded: queue its critical findings' notices,
+        index its DICOM results, queue them for the PACS and its Bundle for the FHIR
+        server. Each step fails on its own.
+        Its features feed the drift monitors first (never failing the result)."""
+        if result.features is not None:
+            try:
+                self.drift.observe(job.model_versions, result.features)
+            except Exception:  # monitoring only: the result stands
+                logger.exception("job %s: drift monitoring failed", job.id)
+        steps: list[tuple[str, Callable[[JobRecord, StudyResult], None]]] = []
+        if self.critical is not None:  # first: pushed before the SEG/SR and FHIR rows
+            steps.append(("critical", self.critical.on_result))
+        steps.append(("index", ResultIndexer(self.results).on_result))
         if self.gateway is not None:
             steps.append(("dicom", self.gateway.on_result))
         if self.fhir is not None:
@@ -261,11 +501,58 @@ class Service:
         warm = self.catalog.warmup
         open_models = self.scheduler.open_models()
         reachable = self.store.ping()
+        storage = self.storage.problem
         ready = warm.done and not warm.failed and reachable and not open_models
-        return Readiness(ready, warm.done, reachable, open_models, dict(warm.failed))
+        ready = ready and (storage is None or self.shared.enabled)
+        unreachable: dict[str, str] = {}
+        if reachable:
+            try:
+                unreachable = self.outbox.unreachable()
+            except RadserveError as exc:  # the database went away between the two reads
+                logger.warning("readiness: cannot read the outbox (%s)", exc.code)
+        if unreachable and self.settings.outbox.unreachable_is_not_ready:
+            ready = False
+        return Readiness(
+            ready,
+            warm.done,
+            reachable,
+            open_models,
+            dict(warm.failed),
+            unreachable,
+            storage,
+            fallback=self.shared.enabled,
+        )
+
+    def _refresh_jobs(self, job_ids: list[str]) -> None:
+        """Rows whose folders moved back from the storage fallback: re-read them."""
+        for job_id in job_ids:
+            self.cache.put(self.store.get_job(job_id))
+
+    def _reconcile_storage(self) -> None:
+        if self.shared.pending():
+            self.shared.reconcile()
+
+    def _wake_senders(self) -> None:
+        """A delivery was re-armed or a result recorded: the senders look at once."""
+        for worker in (
+            getattr(self.gateway, "worker", None) if self.gateway is not None else None,
+            self.fhir.worker if self.fhir is not None else None,
+        ):
+            if worker is not None:
+                worker.wake()
+        if self.critical is not None:
+            self.critical.wake()
 
     def reset_model(self, name: str, *, actor_key_id: str | None, client: str | None) -> bool:
-        """Close a model's circuit breaker (after fixing or reloading it); audited."""
+        """Close a model's circuit breaker (after fixing or reloading it); audited.
+
+        A name that is neither installed nor has a breaker raises
+        :class:`ModelNotFoundError` before anything is audited."""
+        known = set(self.catalog.registry.names()) | set(self.scheduler.open_models())
+        if name not in known:
+            raise ModelNotFoundError(
+                f"no model {name!r} on this server; installed: {', '.join(sorted(known)) or 'none'}"
+            )
         was_open = self.scheduler.reset_model(name)
         self.store.append_audit(
             AuditEvent(

@@ -1,72 +1,73 @@
-"""The scheduler work for one job: a DICOM study (the scheduling package's
-:class:`~radserve.scheduling.study_work.StudyWork`), a NIfTI volume, and the optional
-DICOM SEG/SR stage for studies that came in over DICOM and go back to the PACS.
+"""The scheduler work for one stored job: :class:`~radserve.pipeline.work.StudyWork` over
+the study's input (DICOM files or a NIfTI volume), then the service's own stages (the
+result's lineage, DICOM SEG/SR for studies that came in over DICOM and go back to the
+PACS).
 """
 
 from __future__ import annotations
 
 import logging
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from radserve.ingest import IngestPolicy, LoadedSeries, PatientInfo, SeriesHeader, load_nifti
+from radserve.ingest import IngestPolicy
 from radserve.models.registry import ModelRegistry
-from radserve.pipeline import SessionPool, VolumeRun
-from radserve.progress import StageTimer
+from radserve.pipeline.inputs import NIFTI_SUFFIXES, DicomInput, NiftiInput, StudyInput
+from radserve.pipeline.study import StudyResult
+from radserve.pipeline.volume import SessionPool
+from radserve.pipeline.work import StudyWork
 from radserve.report.dicom import write_dicom_results
 from radserve.scheduling import CpuStage, JobWork, Stage
-from radserve.scheduling.study_work import StudyWork
 from radserve.service.catalog import ResolvedPipeline
-from radserve.study import IngestedStudy, StudyResult
+from radserve.service.failover import SharedStorage, WithPublish
 
 logger = logging.getLogger(__name__)
 
-NIFTI_SUFFIXES = (".nii", ".nii.gz")
+
+LineageStep = Callable[[str, StudyResult], StudyResult]
 
 
-class NiftiStudyWork(StudyWork):
-    """A NIfTI volume through a pipeline: the same stages as a DICOM study, with an
-    ingest that reads one NIfTI file. NIfTI carries no modality: the pipeline's first
-    accepted modality is assumed (values must be in its physical units, HU for CT)."""
+class WithLineage:
+    """``inner``'s stages, then one more: the result's generation among the study's
+    results (see :mod:`radserve.service.lineage`), written into its report before any
+    DICOM result or FHIR Bundle is made from it."""
 
-    def _ingest(self) -> None:
-        self._started = time.perf_counter()
-        self._timer = StageTimer()
-        source = self.sources if isinstance(self.sources, Path) else self.sources[0]
-        with self._timer.stage("ingest: load"):
-            volume = load_nifti(source)
-        modality = (self.pipeline.series_selection.modalities or ("CT",))[0]
-        header = SeriesHeader(
-            series_instance_uid="",
-            study_instance_uid="",
-            modality=modality,
-            series_description="NIfTI upload",
-            series_number=None,
-            body_part_examined="",
-            frame_of_reference_uid=None,
-            sop_class_uid="",
-            image_type=(),
-            slice_thickness=None,
-            number_of_instances=1,
-            patient=PatientInfo(),
-            frames=(),
-        )
-        self._ingested = IngestedStudy(LoadedSeries(volume, header), [])
-        self._run = VolumeRun(
-            volume,
-            self.pipeline,
-            registry=self._registry,
-            sessions=self._sessions,
-            precision=self._precision,
-        )
-        self._open_next_step()
+    def __init__(self, inner: Any, job_id: str, step: LineageStep) -> None:
+        self.inner = inner
+        self.job_id = job_id
+        self.step = step
+        self._result: StudyResult | None = None
+        self._state = "inner"
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return self.inner.models  # type: ignore[no-any-return]
+
+    def next_stage(self) -> Stage | None:
+        if self._state == "inner":
+            stage = self.inner.next_stage()
+            if stage is not None:
+                return stage
+            self._state = "lineage"
+            return CpuStage("result lineage", self._assign)
+        return None
+
+    def _assign(self) -> None:
+        result = self.inner.result()
+        assert isinstance(result, StudyResult)
+        self._result = self.step(self.job_id, result)
+        self._state = "done"
+
+    def result(self) -> object:
+        return self._result if self._result is not None else self.inner.result()
 
 
 class WithDicomResults:
     """``inner``'s stages, then one more: DICOM SEG and SR written into the result folder
     (for studies received over DICOM, whose results go back to the PACS)."""
 
-    def __init__(self, inner: StudyWork, sources: list[Path], *, key_images: bool = False) -> None:
+    def __init__(self, inner: Any, sources: list[Path], *, key_images: bool = False) -> None:
         self.inner = inner
         self.key_images = key_images
         self.sources = sources
@@ -117,26 +118,36 @@ def build_work(
     policy: IngestPolicy | None,
     dicom_results: bool = False,
     key_image_scs: bool = False,
+    lineage: LineageStep | None = None,
+    publish: SharedStorage | None = None,
 ) -> JobWork:
-    """The work for one stored study (a content-addressed folder)."""
+    """The work for one stored study (a content-addressed folder); with ``publish`` its
+    result folder, written locally, is published into the data folder at the end."""
     study_dir = Path(study_dir)
-    common = {
-        "pipeline": resolved.spec,
-        "out_dir": out_dir,
-        "registry": registry,
-        "sessions": sessions,
-        "precision": resolved.precision,
-        "policy": policy,
-        "job_id": job_id,
-    }
+    source: StudyInput
     if input_kind(study_dir) == "nifti":
-        nifti = next(p for p in study_dir.iterdir() if p.is_file())
-        return NiftiStudyWork(nifti, **common)  # type: ignore[arg-type]
-    work = StudyWork(study_dir, **common)  # type: ignore[arg-type]
-    if dicom_results:
-        sources = sorted(p for p in study_dir.iterdir() if p.is_file())
-        return WithDicomResults(work, sources, key_images=key_image_scs)
-    return work
+        source = NiftiInput(next(p for p in study_dir.iterdir() if p.is_file()))
+    else:
+        source = DicomInput(study_dir)
+    work: Any = StudyWork(
+        source,
+        pipeline=resolved.spec,
+        out_dir=out_dir,
+        registry=registry,
+        sessions=sessions,
+        precision=resolved.precision,
+        policy=policy,
+        job_id=job_id,
+    )
+    if not isinstance(source, NiftiInput):
+        if lineage is not None:
+            work = WithLineage(work, job_id, lineage)
+        if dicom_results:
+            sources = sorted(p for p in study_dir.iterdir() if p.is_file())
+            work = WithDicomResults(work, sources, key_images=key_image_scs)
+    if publish is not None:
+        work = WithPublish(work, publish)
+    return work  # type: ignore[no-any-return]
 
 
-__all__ = ["NiftiStudyWork", "WithDicomResults", "build_work", "input_kind"]
+__all__ = ["WithDicomResults", "WithLineage", "build_work", "input_kind"]

@@ -13,6 +13,7 @@ from radserve.store.errors import (
     ResultAlreadyRecordedError,
     StoreError,
 )
+from radserve.store.leases import Claimed, Lease, LeaseLostError
 from radserve.store.records import (
     ALLOWED_TRANSITIONS,
     TERMINAL_STATES,
@@ -34,12 +35,15 @@ __all__ = [
     "ApiKeyRecord",
     "AuditRecord",
     "CacheKey",
+    "Claimed",
     "InvalidCursorError",
     "InvalidTransitionError",
     "JobNotFoundError",
     "JobPage",
     "JobRecord",
     "JobState",
+    "Lease",
+    "LeaseLostError",
     "PriorityClass",
     "ResultAlreadyRecordedError",
     "Store",

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from radserve.audit.chain import AuditEvent, AuditRecord, VerifyReport, verify_chain
 from radserve.audit.events import Action
 from radserve.security import keys as keycrypt
 from radserve.store import audit as audit_log
+from radserve.store.audit_batch import AuditBatcher
 from radserve.store.base import StoreBase
 from radserve.store.errors import ApiKeyNotFoundError
-from radserve.store.models import ApiKey
+from radserve.store.models import ApiKey, AuditEntry
 from radserve.store.records import ApiKeyRecord, utc_now
 
 logger = logging.getLogger(__name__)
@@ -25,9 +27,16 @@ class AccessMixin(StoreBase):
     # -- API keys -------------------------------------------------------------------
 
     def create_api_key(
-        self, *, name: str, role: keycrypt.Role | str, actor_key_id: str | None = None
+        self,
+        *,
+        name: str,
+        role: keycrypt.Role | str,
+        actor_key_id: str | None = None,
+        site: str | None = None,
+        submitter: str | None = None,
     ) -> tuple[ApiKeyRecord, str]:
-        """A new key: its record and the token, which exists only in this return value."""
+        """A new key: its record and the token, which exists only in this return value.
+        ``site`` / ``submitter`` scope what it may read under ``security.visibility``."""
         role = keycrypt.Role(role)
         new = keycrypt.generate_key()
         row = ApiKey(
@@ -37,6 +46,8 @@ class AccessMixin(StoreBase):
             salt=new.salt,
             hash=new.hash,
             created=utc_now(),
+            site=site,
+            submitter=submitter,
         )
         with self._write() as session:
             session.add(row)
@@ -46,7 +57,12 @@ class AccessMixin(StoreBase):
                 AuditEvent(
                     action=Action.KEY_CREATED,
                     subject=new.key_id,
-                    payload={"name": name, "role": role.value},
+                    payload={
+                        "name": name,
+                        "role": role.value,
+                        **({"site": site} if site else {}),
+                        **({"submitter": submitter} if submitter else {}),
+                    },
                     actor_key_id=actor_key_id,
                 ),
             )
@@ -71,6 +87,11 @@ class AccessMixin(StoreBase):
             record = _key_record(row)
         logger.info("API key %s revoked", key_id)
         return record
+
+    def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        with self._read() as session:
+            row = session.get(ApiKey, key_id)
+            return _key_record(row) if row is not None else None
 
     def list_api_keys(self, *, include_revoked: bool = True) -> list[ApiKeyRecord]:
         query = select(ApiKey).order_by(ApiKey.created, ApiKey.id)
@@ -98,22 +119,79 @@ class AccessMixin(StoreBase):
         with self._write() as session:
             return audit_log.append(session, event)
 
+    def submit_audit(self, event: AuditEvent) -> Future[AuditRecord]:
+        """Append ``event`` through the store's group commit (:mod:`radserve.store.audit_batch`):
+        the future resolves once the record is committed, sharing one commit with the
+        events other threads or requests submitted meanwhile. For appends on a hot path
+        (every read of patient data); resolves in a writer thread."""
+        with self._audit_batcher_lock:
+            if self._audit_batcher is None:
+                self._audit_batcher = AuditBatcher(self)
+            batcher = self._audit_batcher
+        return batcher.submit(event)
+
+    def append_audits(self, events: Sequence[AuditEvent]) -> list[AuditRecord]:
+        """Append ``events`` in order in one transaction: one commit (one WAL fsync on
+        SQLite) for all of them, so a burst of reads is audited at the cost of one.
+        All or none: if any fails, none is stored."""
+        with self._write() as session:
+            return audit_log.append_many(session, events)
+
     def verify_audit(self) -> VerifyReport:
-        """Recompute the whole chain and compare it with the head, in one snapshot."""
+        """Recompute the whole chain (HMACs with this store's key) and compare it with
+        the head, in one snapshot. Checkpoints are checked by :mod:`radserve.audit.seal`."""
         with self._read(snapshot=True) as session:
             head_seq, head_hash = audit_log.head(session)
             return verify_chain(
-                audit_log.iter_records(session), head_seq=head_seq, head_hash=head_hash
+                audit_log.iter_records(session),
+                head_seq=head_seq,
+                head_hash=head_hash,
+                key=self.audit_key,
             )
 
-    def iter_audit(self) -> Iterator[AuditRecord]:
-        """Every audit record by seq, streamed from one snapshot (for export)."""
+    def audit_head(self) -> tuple[int, str]:
+        """``(seq, hash)`` of the chain head as the database has it."""
+        with self._read() as session:
+            return audit_log.head(session)
+
+    def audit_record(self, seq: int) -> AuditRecord | None:
+        """The record ``seq`` as stored (None if there is none)."""
+        with self._read() as session:
+            row = session.get(AuditEntry, seq)
+            return audit_log.to_record(row)[1] if row is not None else None
+
+    def audit_keyed_from(self) -> int:
+        """The seq of the first keyed record; the next seq when none is keyed yet."""
+        with self._read() as session:
+            first = session.execute(
+                select(func.min(AuditEntry.seq)).where(AuditEntry.key_id.is_not(None))
+            ).scalar_one()
+            return int(first) if first is not None else audit_log.head(session)[0] + 1
+
+    def audit_unkeyed_from(self, seq: int) -> int | None:
+        """The first unkeyed record at or after ``seq`` (None: all keyed)."""
+        with self._read() as session:
+            found = session.execute(
+                select(func.min(AuditEntry.seq)).where(
+                    AuditEntry.seq >= seq, AuditEntry.key_id.is_(None)
+                )
+            ).scalar_one()
+            return int(found) if found is not None else None
+
+    def iter_audit(self, after: int = 0) -> Iterator[AuditRecord]:
+        """Every audit record by seq (after ``after``), streamed from one snapshot."""
         with self._read(snapshot=True) as session:
-            for _seq, _error, record in audit_log.iter_records(session):
+            for _seq, _error, record in audit_log.iter_records(session, after):
                 yield record
 
 
 def _key_record(row: ApiKey) -> ApiKeyRecord:
     return ApiKeyRecord(
-        id=row.id, name=row.name, role=row.role, created=row.created, revoked=row.revoked
+        id=row.id,
+        name=row.name,
+        role=row.role,
+        created=row.created,
+        revoked=row.revoked,
+        site=row.site,
+        submitter=row.submitter,
     )

@@ -9,41 +9,80 @@ sharing one database (API, workers, CLI) cannot link two records to one predeces
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from radserve.audit.chain import AuditEvent, AuditRecord, canonical_json, record_hash
+from radserve.audit.chain import AuditEvent, AuditKey, AuditRecord, canonical_json, record_hash
+from radserve.store.errors import StoreError
 from radserve.store.models import AuditEntry, AuditHead
 from radserve.store.records import utc_now
 
 _PAGE = 500
+# session.info keys: the store's audit key, and the records appended in the transaction
+KEY_INFO = "radserve_audit_key"
+APPENDED_INFO = "radserve_audit_appended"
+
+
+class AuditKeyMissingError(StoreError):
+    """This store has no audit key but the chain is keyed: its records would be forged."""
+
+    code = "audit_key_missing"
+    retryable = False
 
 
 def append(session: Session, event: AuditEvent) -> AuditRecord:
-    """Link ``event`` to the chain inside the caller's write transaction."""
+    """Link ``event`` to the chain inside the caller's write transaction.
+
+    The hash is keyed with the store's audit key (``session.info``); a store without
+    one may only extend an unkeyed chain."""
+    return append_many(session, [event])[0]
+
+
+def append_many(session: Session, events: Sequence[AuditEvent]) -> list[AuditRecord]:
+    """Link ``events``, in order, inside the caller's write transaction: the chain head
+    is locked, read and written once and the rows go in one flush, so a batch costs one
+    round of statements rather than one per record (each record's hash still links to
+    its predecessor's)."""
+    key: AuditKey | None = session.info.get(KEY_INFO)
     head = session.execute(
         select(AuditHead).where(AuditHead.id == 1).with_for_update()
     ).scalar_one()
-    # The hashed fields, stored as they are (the payload as canonical JSON in the table).
-    fields: dict[str, Any] = {
-        "seq": head.seq + 1,
-        "ts": utc_now(),
-        "actor_key_id": event.actor_key_id,
-        "client_address": event.client_address,
-        "action": event.action,
-        "subject": event.subject,
-        "payload": json.loads(canonical_json(dict(event.payload))),  # JSON-able, or raise here
-    }
-    prev_hash = head.hash
-    record = AuditRecord(**fields, prev_hash=prev_hash, hash=record_hash(prev_hash, **fields))
-    stored = {**fields, "payload": canonical_json(record.payload)}
-    session.add(AuditEntry(**stored, prev_hash=prev_hash, hash=record.hash))
-    head.seq, head.hash = record.seq, record.hash
+    if key is None and head.seq > 0:
+        last_key = session.execute(
+            select(AuditEntry.key_id).where(AuditEntry.seq == head.seq)
+        ).scalar_one_or_none()
+        if last_key is not None:
+            raise AuditKeyMissingError(
+                "the audit chain is keyed and this process has no audit key: set "
+                "audit.key_file or RADSERVE_AUDIT__KEY as the server does"
+            )
+    key_id = key.id if key is not None else None
+    seq, prev_hash = head.seq, head.hash
+    records: list[AuditRecord] = []
+    for event in events:
+        # The hashed fields, stored as they are (the payload as canonical JSON in the table).
+        fields: dict[str, Any] = {
+            "seq": seq + 1,
+            "ts": utc_now(),
+            "actor_key_id": event.actor_key_id,
+            "client_address": event.client_address,
+            "action": event.action,
+            "subject": event.subject,
+            "payload": json.loads(canonical_json(dict(event.payload))),  # JSON-able, or raise
+        }
+        digest = record_hash(prev_hash, key=key, **fields)
+        record = AuditRecord(**fields, prev_hash=prev_hash, hash=digest, key_id=key_id)
+        stored = {**fields, "payload": canonical_json(record.payload)}
+        session.add(AuditEntry(**stored, prev_hash=prev_hash, hash=record.hash, key_id=key_id))
+        records.append(record)
+        seq, prev_hash = record.seq, record.hash
+    head.seq, head.hash = seq, prev_hash
     session.flush()
-    return record
+    session.info.setdefault(APPENDED_INFO, []).extend(records)
+    return records
 
 
 def head(session: Session) -> tuple[int, str]:
@@ -51,9 +90,9 @@ def head(session: Session) -> tuple[int, str]:
     return row.seq, row.hash
 
 
-def iter_records(session: Session) -> Iterator[tuple[int, str | None, AuditRecord]]:
-    """Every stored record by seq, in pages, as ``(seq, unreadable reason or None, record)``."""
-    after = 0
+def iter_records(session: Session, after: int = 0) -> Iterator[tuple[int, str | None, AuditRecord]]:
+    """Every stored record by seq (after ``after``), in pages, as ``(seq, unreadable
+    reason or None, record)``."""
     while True:
         rows = (
             session.execute(
@@ -68,12 +107,12 @@ def iter_records(session: Session) -> Iterator[tuple[int, str | None, AuditRecor
         if not rows:
             return
         after = rows[-1].seq
-        converted = [(row.seq, *_to_record(row)) for row in rows]
+        converted = [(row.seq, *to_record(row)) for row in rows]
         session.expunge_all()  # keep memory flat on long chains
         yield from converted
 
 
-def _to_record(row: AuditEntry) -> tuple[str | None, AuditRecord]:
+def to_record(row: AuditEntry) -> tuple[str | None, AuditRecord]:
     error: str | None = None
     try:
         payload = json.loads(row.payload)
@@ -91,5 +130,6 @@ def _to_record(row: AuditEntry) -> tuple[str | None, AuditRecord]:
         payload=payload,
         prev_hash=row.prev_hash,
         hash=row.hash,
+        key_id=row.key_id,
     )
     return error, record

@@ -7,23 +7,43 @@ chain's appends queue in-process rather than in the database.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
+from radserve.audit.chain import AuditKey, AuditRecord
+from radserve.store.audit import APPENDED_INFO, KEY_INFO
 from radserve.store.db import writer
 from radserve.store.errors import StoreError
+
+if TYPE_CHECKING:
+    from radserve.store.audit_batch import AuditBatcher
+
+logger = logging.getLogger(__name__)
+AuditListener = Callable[[Sequence[AuditRecord]], None]
 
 
 class StoreBase:
     """Engine, sessions and health of a store."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        audit_key: AuditKey | None = None,
+        on_audit: AuditListener | None = None,
+    ) -> None:
         self.engine = engine
+        # HMAC key of the audit chain (outside the database); None: unkeyed (tests only)
+        self.audit_key = audit_key
+        # told of the records each committed transaction appended (checkpoints, export)
+        self.on_audit = on_audit
         self._writer = writer(engine)
         # PostgreSQL needs REPEATABLE READ for a snapshot; SQLite's WAL reads are snapshots
         self._snapshot_reader = (
@@ -32,8 +52,16 @@ class StoreBase:
             else engine
         )
         self._audit_lock = threading.Lock()
+        # group commit of hot-path audit appends (AccessMixin.submit_audit), made on first use
+        self._audit_batcher: AuditBatcher | None = None
+        self._audit_batcher_lock = threading.Lock()
 
     def close(self) -> None:
+        """Write the queued audit records, stop their writer, release the connections."""
+        with self._audit_batcher_lock:
+            batcher, self._audit_batcher = self._audit_batcher, None
+        if batcher is not None:
+            batcher.close()
         self.engine.dispose()
 
     @property
@@ -67,8 +95,16 @@ class StoreBase:
         try:
             if lock is not None:
                 lock.acquire()
-            with Session(self._writer, expire_on_commit=False) as session, session.begin():
-                yield session
+            with Session(self._writer, expire_on_commit=False) as session:
+                session.info[KEY_INFO] = self.audit_key
+                with session.begin():
+                    yield session
+                appended = session.info.pop(APPENDED_INFO, None)
+            if appended and self.on_audit is not None:
+                try:
+                    self.on_audit(appended)
+                except Exception:  # committed already: the listener's trouble is its own
+                    logger.exception("audit listener failed")
         except sa_exc.OperationalError as exc:
             raise StoreError(f"database unavailable: {exc.orig.__class__.__name__}") from exc
         finally:

@@ -35,6 +35,25 @@ class ResultAlreadyRecordedError(StoreError):
         self.existing_result_path = existing_result_path
 
 
+class JobExistsError(StoreError):
+    """A job with this id is already stored (ids are never reused)."""
+
+    code = "job_exists"
+    retryable = False
+
+
+class OutboxNotRetryableError(StoreError):
+    """An outbox row that is not pending or failed_permanent (or changed meanwhile)."""
+
+    code = "outbox_not_retryable"
+    retryable = False
+
+
+class OutboxItemNotFoundError(StoreError):
+    code = "outbox_item_not_found"
+    retryable = False
+
+
 class ApiKeyNotFoundError(StoreError):
     code = "api_key_not_found"
     retryable = False

@@ -11,6 +11,7 @@ the caller then commits the job and answers 202, the bytes are on disk.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from radserve.errors import StudyError
+from radserve.errors import EmptyUploadError, StudyError
+from radserve.store.errors import StoreError
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +36,14 @@ _KEPT_SUFFIXES = (".nii.gz", ".nii", ".dcm", ".zip")
 
 class UploadTooLargeError(StudyError):
     code = "upload_too_large"
+
+
+class StorageUnavailableError(StoreError):
+    """The data folder cannot be written (shared storage gone, read-only, full):
+    nothing was stored, nothing is acknowledged; the sender may retry later."""
+
+    code = "storage_unavailable"
+    retryable = True
 
 
 @dataclass(frozen=True)
@@ -85,15 +95,19 @@ def store_study(
     """
     data_dir = Path(data_dir)
     staging = data_dir / STAGING_DIR / uuid.uuid4().hex
-    staging.mkdir(parents=True)
     try:
+        staging.mkdir(parents=True)
         digests, total = _stage(staging, files, max_bytes)
         if not digests:
-            raise StudyError("the upload holds no files", code="empty_upload")
+            raise EmptyUploadError("the upload holds no files")
         _fsync_dir(staging)
         fingerprint = fingerprint_digests(digests)
         target = study_dir(data_dir, fingerprint)
         existed = _move_into_place(staging, target)
+    except OSError as exc:  # writing the data folder failed: nothing is acknowledged
+        raise StorageUnavailableError(
+            f"the data folder cannot be written ({_os_error(exc)}): nothing was stored; retry later"
+        ) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     instances = tuple(sorted(p for p in target.iterdir() if p.is_file()))
@@ -185,6 +199,12 @@ def _move_into_place(staging: Path, target: Path) -> bool:
         _fsync_dir(target.parent.parent)
         _fsync_dir(target.parent.parent.parent)
     return False
+
+
+def _os_error(exc: OSError) -> str:
+    """The error's errno name (``EROFS``, ``ENOSPC``, ...): never a path (paths may hold
+    what a sender named a file)."""
+    return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
 
 
 def _fsync_dir(path: Path) -> None:

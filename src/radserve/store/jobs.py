@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import Select, and_, or_, select
 
-from radserve.config import PriorityClass
+from radserve.domain.priority import PriorityClass
 from radserve.store.errors import InvalidCursorError
 from radserve.store.models import Job
 from radserve.store.records import JobRecord, JobState
@@ -58,6 +58,7 @@ def to_record(row: Job) -> JobRecord:
         client_address=row.client_address,
         stage_timings=dict(row.stage_timings or {}),
         queue_meta=dict(row.queue_meta or {}),
+        lease_owner=row.lease_owner,
     )
 
 

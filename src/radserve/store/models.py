@@ -12,7 +12,9 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     CheckConstraint,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -79,6 +81,10 @@ class Job(Base):
     client_address: Mapped[str | None] = mapped_column(String(128))
     stage_timings: Mapped[dict[str, float]] = mapped_column(JSON)
     queue_meta: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # the replica running an unfinished job: "<instance id>/<incarnation>", renewed while
+    # it runs; another replica takes the job over only once ``lease_expires`` has passed
+    lease_owner: Mapped[str | None] = mapped_column(String(200), index=True)
+    lease_expires: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
 
 
 class CachedResult(Base):
@@ -117,6 +123,9 @@ class ApiKey(Base):
     hash: Mapped[str] = mapped_column(String(64))
     created: Mapped[dt.datetime] = mapped_column(UtcDateTime())
     revoked: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+    # scope for security.visibility (own_submitter / site); None: none
+    site: Mapped[str | None] = mapped_column(String(128))
+    submitter: Mapped[str | None] = mapped_column(String(128))
 
 
 class AuditEntry(Base):
@@ -133,6 +142,8 @@ class AuditEntry(Base):
     payload: Mapped[str] = mapped_column(Text)
     prev_hash: Mapped[str] = mapped_column(String(64))
     hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # the HMAC key's id (radserve.audit.chain.AuditKey.id); None: an unkeyed sha256 record
+    key_id: Mapped[str | None] = mapped_column(String(16))
 
 
 class AuditHead(Base):
@@ -147,8 +158,8 @@ class AuditHead(Base):
     hash: Mapped[str] = mapped_column(String(64))
 
 
-OUTBOX_STATES = ("pending", "sending", "sent", "failed_permanent")
-OUTBOX_KINDS = ("dicom", "fhir")
+OUTBOX_STATES = ("pending", "sending", "sent", "failed_permanent", "held")
+OUTBOX_KINDS = ("dicom", "fhir", "critical")
 
 
 class OutboxDelivery(Base):
@@ -188,6 +199,9 @@ class OutboxDelivery(Base):
     created: Mapped[dt.datetime] = mapped_column(UtcDateTime())
     updated: Mapped[dt.datetime] = mapped_column(UtcDateTime())
     sent_at: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+    # who holds a ``sending`` row's lease: "<instance id>/<incarnation>", so a restarted
+    # server reclaims the rows its previous incarnation left without waiting the lease out
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
 
 
 class ResultInstance(Base):
@@ -207,3 +221,53 @@ class ResultInstance(Base):
     job_id: Mapped[str] = mapped_column(String(36), index=True)
     path: Mapped[str] = mapped_column(Text)
     created: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+
+
+class ResultLineage(Base):
+    """Generations of results per study and pipeline: a job that writes a result for a
+    study that already has one supersedes it (SR Predecessor Documents, FHIR amended)."""
+
+    __tablename__ = "result_lineage"
+    __table_args__ = (
+        UniqueConstraint("study_instance_uid", "pipeline_name", "generation"),
+        Index("ix_result_lineage_study_pipeline", "study_instance_uid", "pipeline_name"),
+    )
+
+    job_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    study_instance_uid: Mapped[str] = mapped_column(String(64))
+    pipeline_name: Mapped[str] = mapped_column(String(128))
+    generation: Mapped[int] = mapped_column(Integer)
+    created: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+
+
+DEPLOYMENT_ACTIONS = ("deploy", "promote", "rollback", "auto_rollback")
+
+
+class ModelDeployment(Base):
+    """One change of which model versions serve a pipeline step (append-only).
+
+    A row is the step's whole state after the change: the stable version, the canary
+    (with its share of routine studies) and the shadow (with its sampled share). The
+    step's newest row is what serves; older rows are its history.
+    """
+
+    __tablename__ = "model_deployments"
+    __table_args__ = (
+        CheckConstraint(_in("action", DEPLOYMENT_ACTIONS), name="action"),
+        CheckConstraint("canary_percent >= 0 AND canary_percent <= 100", name="canary_percent"),
+        CheckConstraint("shadow_percent >= 0 AND shadow_percent <= 100", name="shadow_percent"),
+        Index("ix_model_deployments_step_id", "step", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    step: Mapped[str] = mapped_column(String(128))
+    stable: Mapped[str] = mapped_column(String(64))
+    canary: Mapped[str | None] = mapped_column(String(64))
+    canary_percent: Mapped[float] = mapped_column(Float)
+    canary_urgent: Mapped[bool] = mapped_column(Boolean)
+    shadow: Mapped[str | None] = mapped_column(String(64))
+    shadow_percent: Mapped[float] = mapped_column(Float)
+    action: Mapped[str] = mapped_column(String(16))
+    actor: Mapped[str | None] = mapped_column(String(64))
+    reason: Mapped[str | None] = mapped_column(Text)

@@ -10,23 +10,37 @@ conditional UPDATE in its own committed transaction, so:
 - a row is marked ``sent`` right after the peer's success status, before the next send;
 - a worker that dies while ``sending`` leaves the row to be claimed again once its
   lease has expired, so the instance may be sent a second time (receivers treat a
-  repeated SOP Instance UID as the same instance) but is never lost.
+  repeated SOP Instance UID as the same instance) but is never lost;
+- each claim records its owner (``<instance id>/<incarnation>``): a restarted server
+  takes back at start (:meth:`OutboxStore.reclaim`) the rows its previous incarnation
+  left ``sending`` -- every such row when it is the only server on the database, the
+  rows of its own instance id when several replicas share it -- instead of waiting for
+  their leases (meant for replicas that may still be sending) to run out.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import socket
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import Engine, and_, case, func, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from radserve.domain.priority import PriorityClass
 from radserve.store.base import StoreBase
-from radserve.store.errors import StoreError
-from radserve.store.models import OutboxDelivery
+from radserve.store.errors import OutboxItemNotFoundError, OutboxNotRetryableError
+from radserve.store.models import Job, OutboxDelivery
+
+# A delivery's rank by its job's class (rows of no job, or of a purged one, as routine).
+_CLASS_ORDER = case(
+    *((Job.priority_class == cls.value, cls.rank) for cls in PriorityClass),
+    else_=PriorityClass.OUTPATIENT.rank,
+)
 
 
 class OutboxState(StrEnum):
@@ -34,11 +48,15 @@ class OutboxState(StrEnum):
     SENDING = "sending"
     SENT = "sent"
     FAILED_PERMANENT = "failed_permanent"
+    # a delivery of a result not yet recorded: recording it releases the row (pending),
+    # a take-over of its job by another replica deletes it (radserve.store.leases)
+    HELD = "held"
 
 
 class OutboxKind(StrEnum):
     DICOM = "dicom"  # a DICOM instance to a DICOM peer (C-STORE)
     FHIR = "fhir"  # a FHIR Bundle to a FHIR server (HTTP POST)
+    CRITICAL = "critical"  # a critical-finding notice to a webhook (JSON POST)
 
 
 @dataclass(frozen=True)
@@ -53,6 +71,9 @@ class NewDelivery:
     transfer_syntax_uid: str
     job_id: str | None = None
     kind: OutboxKind = OutboxKind.DICOM
+    # the job lease owner whose result this is: the row is ``held`` until that owner
+    # records the result (None: ``pending`` at once)
+    held_for: str | None = None
 
 
 @dataclass(frozen=True)
@@ -75,15 +96,46 @@ class OutboxItem:
     updated: dt.datetime
     sent_at: dt.datetime | None
     kind: OutboxKind = OutboxKind.DICOM
+    lease_owner: str | None = None
+
+
+@dataclass(frozen=True)
+class DestinationStatus:
+    """How deliveries to one destination stand (for operators: CLI, API, metrics)."""
+
+    kind: OutboxKind
+    destination: str
+    pending: int  # waiting for their (next) attempt
+    sending: int
+    failed_permanent: int
+    retrying: int  # pending rows that failed at least once
+    oldest_pending: dt.datetime | None  # queued time of the oldest pending/sending row
+    failing_since: dt.datetime | None  # queued time of the oldest retrying row
+    last_error: str | None  # of the most recently failed retrying or failed row
+
+
+def instance_id(configured: str | None = None) -> str:
+    """This server's stable name among replicas: the configured one, else the host name."""
+    return configured or socket.gethostname()
 
 
 class OutboxStore(StoreBase):
     """Typed access to ``outbox_deliveries``; share the engine of the main store:
-    ``OutboxStore(store.engine)``. Thread-safe."""
+    ``OutboxStore(store.engine)``. Thread-safe.
+
+    ``instance``: this server's instance id (:func:`instance_id`); each store object is a
+    new incarnation, recorded with it on every lease it takes (:attr:`owner`)."""
+
+    def __init__(self, engine: Engine, *, instance: str | None = None) -> None:
+        super().__init__(engine)
+        self.instance = instance_id(instance)
+        self.owner = f"{self.instance}/{uuid.uuid4().hex[:12]}"
 
     def add(self, deliveries: Sequence[NewDelivery], *, now: dt.datetime) -> list[OutboxItem]:
-        """Enqueue (state ``pending``, due ``now``); an existing (instance, destination)
-        row is kept as it is, so enqueueing twice never sends twice. Returns the rows."""
+        """Enqueue (state ``pending``, due ``now``; ``held`` with ``held_for``); an
+        existing (instance, destination) row is kept as it is, so enqueueing twice never
+        sends twice -- except a row still held for another lease owner, which the new
+        owner's result takes over. Returns the rows."""
         if not deliveries:
             return []
         with self._write(audited=False) as session:
@@ -97,7 +149,8 @@ class OutboxStore(StoreBase):
                     dialect_insert(OutboxDelivery)
                     .values(
                         **_new_values(new),
-                        state=OutboxState.PENDING.value,
+                        state=(OutboxState.HELD if new.held_for else OutboxState.PENDING).value,
+                        lease_owner=new.held_for,
                         attempts=0,
                         next_attempt_at=now,
                         created=now,
@@ -106,6 +159,14 @@ class OutboxStore(StoreBase):
                     .on_conflict_do_nothing()
                 )
             rows = [_find(session, new.sop_instance_uid, new.destination) for new in deliveries]
+            for new, row in zip(deliveries, rows, strict=True):
+                if (
+                    new.held_for
+                    and row.state == OutboxState.HELD.value
+                    and row.lease_owner != new.held_for
+                ):
+                    row.lease_owner, row.path, row.updated = new.held_for, new.path, now
+            session.flush()
             return [_record(row) for row in rows]
 
     def claim_due(
@@ -115,13 +176,20 @@ class OutboxStore(StoreBase):
         limit: int = 100,
         lease: dt.timedelta = dt.timedelta(minutes=15),
         kind: OutboxKind = OutboxKind.DICOM,
+        destination: str | None = None,
     ) -> list[OutboxItem]:
-        """Take up to ``limit`` due rows of ``kind`` for sending (oldest first): ``pending``
-        rows whose time has come, and ``sending`` rows whose worker vanished (lease
-        expired). Counts the attempt now, so a crash mid-send still counts."""
+        """Take up to ``limit`` due rows of ``kind`` for sending: ``pending`` rows whose
+        time has come, and ``sending`` rows whose worker vanished (lease expired). Counts
+        the attempt now, so a crash mid-send still counts. ``destination``: only that
+        destination's rows (a sender of its own per destination).
+
+        Best class first (the job's: URGENT, then INPATIENT, then OUTPATIENT and rows of
+        no job), then oldest first: an URGENT study's results do not queue behind a
+        backlog of routine ones."""
         stale = now - lease
         due = and_(
             OutboxDelivery.kind == OutboxKind(kind).value,
+            true() if destination is None else OutboxDelivery.destination == destination,
             or_(
                 and_(
                     OutboxDelivery.state == OutboxState.PENDING.value,
@@ -137,8 +205,9 @@ class OutboxStore(StoreBase):
         with self._write(audited=False) as session:
             ids = session.scalars(
                 select(OutboxDelivery.id)
+                .outerjoin(Job, Job.id == OutboxDelivery.job_id)
                 .where(due)
-                .order_by(OutboxDelivery.next_attempt_at, OutboxDelivery.id)
+                .order_by(_CLASS_ORDER, OutboxDelivery.next_attempt_at, OutboxDelivery.id)
                 .limit(limit)
             ).all()
             for item_id in ids:
@@ -149,11 +218,37 @@ class OutboxStore(StoreBase):
                         state=OutboxState.SENDING.value,
                         attempts=OutboxDelivery.attempts + 1,
                         updated=now,
+                        lease_owner=self.owner,
                     )
                 )
                 if getattr(result, "rowcount", 0) == 1:
                     claimed.append(_record(_get(session, item_id)))
         return claimed
+
+    def reclaim(self, *, now: dt.datetime, shared: bool) -> int:
+        """At start, before any sender runs: rows a previous incarnation left ``sending``
+        become ``pending`` and due ``now`` (their attempt still counts). ``shared``
+        (other replicas use this database): only rows leased under this instance id;
+        else every ``sending`` row, since no other server can be sending it."""
+        query = update(OutboxDelivery).where(
+            OutboxDelivery.state == OutboxState.SENDING.value,
+            or_(OutboxDelivery.lease_owner.is_(None), OutboxDelivery.lease_owner != self.owner),
+        )
+        if shared:
+            query = query.where(
+                OutboxDelivery.lease_owner.like(f"{_escape_like(self.instance)}/%", escape="\\")
+            )
+        with self._write(audited=False) as session:
+            result = session.execute(
+                query.values(
+                    state=OutboxState.PENDING.value,
+                    next_attempt_at=now,
+                    updated=now,
+                    lease_owner=None,
+                    last_error="interrupted by a restart while sending; sent again",
+                )
+            )
+            return int(getattr(result, "rowcount", 0))
 
     def mark_sent(self, item_id: int, *, now: dt.datetime) -> bool:
         """``sending -> sent``; False if the row was not ``sending`` (taken over after a
@@ -196,6 +291,95 @@ class OutboxStore(StoreBase):
             )
             return int(getattr(result, "rowcount", 0))
 
+    def retry(self, item_id: int, *, now: dt.datetime) -> tuple[OutboxItem, OutboxState]:
+        """An operator's "send it again": a ``failed_permanent`` row becomes ``pending``
+        (attempts reset, due now); a ``pending`` row becomes due now. Returns the row and
+        the state it had. Raises ``outbox_item_not_found`` or ``outbox_not_retryable``
+        (a row being sent, or already sent)."""
+        with self._write(audited=False) as session:
+            row = _get(session, item_id)
+            previous = OutboxState(row.state)
+            values: dict[str, object] = {"next_attempt_at": now, "updated": now}
+            if previous is OutboxState.FAILED_PERMANENT:
+                values.update(state=OutboxState.PENDING.value, attempts=0)
+            elif previous is not OutboxState.PENDING:
+                raise OutboxNotRetryableError(
+                    f"outbox row {item_id} is {previous.value}: only pending or "
+                    "failed_permanent deliveries can be retried"
+                )
+            result = session.execute(
+                update(OutboxDelivery)
+                .where(OutboxDelivery.id == item_id, OutboxDelivery.state == previous.value)
+                .values(**values)
+            )
+            if getattr(result, "rowcount", 0) != 1:
+                raise OutboxNotRetryableError(f"outbox row {item_id} changed meanwhile; look again")
+            session.expire_all()
+            return _record(_get(session, item_id)), previous
+
+    def status(self) -> list[DestinationStatus]:
+        """Per (kind, destination) that has undelivered rows or had any: counts, the
+        oldest undelivered row's queue time, since when deliveries fail, the last error."""
+        undelivered = (OutboxState.PENDING.value, OutboxState.SENDING.value)
+        failing = and_(
+            OutboxDelivery.state == OutboxState.PENDING.value,
+            OutboxDelivery.attempts > 0,
+            OutboxDelivery.last_error.is_not(None),
+        )
+        key = (OutboxDelivery.kind, OutboxDelivery.destination)
+        with self._read() as session:
+            counts = session.execute(
+                select(*key, OutboxDelivery.state, func.count()).group_by(
+                    *key, OutboxDelivery.state
+                )
+            ).all()
+            oldest = dict(
+                ((kind, name), created)
+                for kind, name, created in session.execute(
+                    select(*key, func.min(OutboxDelivery.created))
+                    .where(OutboxDelivery.state.in_(undelivered))
+                    .group_by(*key)
+                ).all()
+            )
+            retrying = {
+                (kind, name): (int(n), since)
+                for kind, name, n, since in session.execute(
+                    select(*key, func.count(), func.min(OutboxDelivery.created))
+                    .where(failing)
+                    .group_by(*key)
+                ).all()
+            }
+            by_key: dict[tuple[str, str], dict[str, int]] = {}
+            for kind, name, state, n in counts:
+                by_key.setdefault((kind, name), {})[state] = int(n)
+            out = []
+            for (kind, name), states in sorted(by_key.items()):
+                n_retrying, since = retrying.get((kind, name), (0, None))
+                last_error = session.scalar(
+                    select(OutboxDelivery.last_error)
+                    .where(
+                        OutboxDelivery.kind == kind,
+                        OutboxDelivery.destination == name,
+                        or_(failing, OutboxDelivery.state == OutboxState.FAILED_PERMANENT.value),
+                    )
+                    .order_by(OutboxDelivery.updated.desc(), OutboxDelivery.id.desc())
+                    .limit(1)
+                )
+                out.append(
+                    DestinationStatus(
+                        kind=OutboxKind(kind),
+                        destination=name,
+                        pending=states.get(OutboxState.PENDING.value, 0),
+                        sending=states.get(OutboxState.SENDING.value, 0),
+                        failed_permanent=states.get(OutboxState.FAILED_PERMANENT.value, 0),
+                        retrying=n_retrying,
+                        oldest_pending=oldest.get((kind, name)),
+                        failing_since=since,
+                        last_error=last_error,
+                    )
+                )
+            return out
+
     def get(self, item_id: int) -> OutboxItem:
         with self._read() as session:
             return _record(_get(session, item_id))
@@ -232,15 +416,19 @@ class OutboxStore(StoreBase):
         found = {str(state): int(count) for state, count in rows}
         return {state: int(found.get(state.value, 0)) for state in OutboxState}
 
-    def next_due(self, kind: OutboxKind = OutboxKind.DICOM) -> dt.datetime | None:
-        """When the earliest ``pending`` row of ``kind`` falls due (None: nothing pending)."""
+    def next_due(
+        self, kind: OutboxKind = OutboxKind.DICOM, destination: str | None = None
+    ) -> dt.datetime | None:
+        """When the earliest ``pending`` row of ``kind`` (of ``destination``, if given)
+        falls due (None: nothing pending)."""
+        where = [
+            OutboxDelivery.state == OutboxState.PENDING.value,
+            OutboxDelivery.kind == OutboxKind(kind).value,
+        ]
+        if destination is not None:
+            where.append(OutboxDelivery.destination == destination)
         with self._read() as session:
-            return session.scalar(
-                select(func.min(OutboxDelivery.next_attempt_at)).where(
-                    OutboxDelivery.state == OutboxState.PENDING.value,
-                    OutboxDelivery.kind == OutboxKind(kind).value,
-                )
-            )
+            return session.scalar(select(func.min(OutboxDelivery.next_attempt_at)).where(*where))
 
     def _move(
         self, item_id: int, state: OutboxState, *, now: dt.datetime, **values: object
@@ -252,9 +440,13 @@ class OutboxStore(StoreBase):
                     OutboxDelivery.id == item_id,
                     OutboxDelivery.state == OutboxState.SENDING.value,
                 )
-                .values(state=state.value, updated=now, **values)
+                .values(state=state.value, updated=now, lease_owner=None, **values)
             )
             return getattr(result, "rowcount", 0) == 1
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def _new_values(new: NewDelivery) -> dict[str, object]:
@@ -283,7 +475,7 @@ def _find(session: Session, sop_instance_uid: str, destination: str) -> OutboxDe
 def _get(session: Session, item_id: int) -> OutboxDelivery:
     row = session.get(OutboxDelivery, item_id)
     if row is None:
-        raise StoreError(f"no outbox row {item_id}", code="outbox_item_not_found")
+        raise OutboxItemNotFoundError(f"no outbox row {item_id}")
     return row
 
 
@@ -305,4 +497,5 @@ def _record(row: OutboxDelivery) -> OutboxItem:
         updated=row.updated,
         sent_at=row.sent_at,
         kind=OutboxKind(row.kind),
+        lease_owner=row.lease_owner,
     )

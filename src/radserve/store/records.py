@@ -6,11 +6,11 @@ import datetime as dt
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from radserve.audit.chain import AuditRecord
-from radserve.config import PriorityClass
+from radserve.domain.jobs import ALLOWED_TRANSITIONS, TERMINAL_STATES, JobState
+from radserve.domain.priority import PriorityClass
 
 __all__ = [
     "ALLOWED_TRANSITIONS",
@@ -28,31 +28,6 @@ __all__ = [
 
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-class JobState(StrEnum):
-    RECEIVED = "received"
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
-
-# The job state machine. RUNNING -> QUEUED is a retry or a restart re-queue; RUNNING ->
-# SUCCEEDED happens only through Store.record_result, so a result is recorded exactly once.
-ALLOWED_TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
-    JobState.RECEIVED: frozenset({JobState.QUEUED, JobState.FAILED, JobState.CANCELLED}),
-    JobState.QUEUED: frozenset({JobState.RUNNING, JobState.FAILED, JobState.CANCELLED}),
-    JobState.RUNNING: frozenset(
-        {JobState.QUEUED, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}
-    ),
-    JobState.SUCCEEDED: frozenset(),
-    JobState.FAILED: frozenset(),
-    JobState.CANCELLED: frozenset(),
-}
 
 
 @dataclass(frozen=True)
@@ -98,6 +73,8 @@ class JobRecord:
     client_address: str | None = None
     stage_timings: Mapping[str, float] = field(default_factory=dict)
     queue_meta: Mapping[str, Any] = field(default_factory=dict)
+    # the replica holding the job's lease (radserve.store.leases), None: no lease
+    lease_owner: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -121,6 +98,8 @@ class ApiKeyRecord:
     role: str
     created: dt.datetime
     revoked: dt.datetime | None = None
+    site: str | None = None
+    submitter: str | None = None
 
     @property
     def active(self) -> bool:

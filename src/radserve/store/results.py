@@ -1,4 +1,5 @@
-"""The index of DICOM result instances (SEG, SR) that DICOMweb retrieval answers from.
+"""The index of DICOM result instances (SEG, SR) that DICOMweb retrieval answers from,
+and the lineage of results per study (:class:`LineageIndex`).
 
 A row names one instance radserve wrote, by its study, series and SOP Instance UID, and
 where the file lies. Rows are added when a job's result is recorded; adding the same
@@ -11,11 +12,12 @@ import datetime as dt
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
-from sqlalchemy import select
+from sqlalchemy import exc as sa_exc
+from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from radserve.store.base import StoreBase
-from radserve.store.models import ResultInstance
+from radserve.store.models import ResultInstance, ResultLineage
 
 
 @dataclass(frozen=True)
@@ -57,14 +59,15 @@ class ResultIndex(StoreBase):
 
     def find(
         self,
-        study_instance_uid: str,
+        study_instance_uid: str | None,
         series_instance_uid: str | None = None,
         sop_instance_uid: str | None = None,
     ) -> list[ResultInstanceRecord]:
-        """The instances of a study (of one series, or one instance), in a stable order."""
-        query = select(ResultInstance).where(
-            ResultInstance.study_instance_uid == study_instance_uid
-        )
+        """The instances of a study (of one series, or one instance), in a stable order;
+        every indexed instance when ``study_instance_uid`` is None (QIDO-RS searches)."""
+        query = select(ResultInstance)
+        if study_instance_uid is not None:
+            query = query.where(ResultInstance.study_instance_uid == study_instance_uid)
         if series_instance_uid is not None:
             query = query.where(ResultInstance.series_instance_uid == series_instance_uid)
         if sop_instance_uid is not None:
@@ -74,6 +77,16 @@ class ResultIndex(StoreBase):
         )
         with self._read() as session:
             return [_record(row) for row in session.scalars(query).all()]
+
+    def contains(self, sop_instance_uid: str) -> bool:
+        """Whether radserve wrote (and indexed) the instance with this UID."""
+        with self._read() as session:
+            found = session.execute(
+                select(ResultInstance.sop_instance_uid).where(
+                    ResultInstance.sop_instance_uid == sop_instance_uid
+                )
+            ).first()
+            return found is not None
 
     def of_job(self, job_id: str) -> list[ResultInstanceRecord]:
         with self._read() as session:
@@ -85,6 +98,76 @@ class ResultIndex(StoreBase):
             return [_record(row) for row in rows]
 
 
+@dataclass(frozen=True)
+class LineageRecord:
+    """One generation of a study's results (by one pipeline), written by one job."""
+
+    job_id: str
+    study_instance_uid: str
+    pipeline_name: str
+    generation: int
+
+
+class LineageIndex(StoreBase):
+    """Typed access to ``result_lineage``; share the main store's engine. Thread-safe."""
+
+    def claim(
+        self, job_id: str, study_instance_uid: str, pipeline_name: str, *, now: dt.datetime
+    ) -> LineageRecord:
+        """The generation ``job_id`` writes for the study: the next one, or the one it
+        claimed before (a job resumed after a crash keeps its generation)."""
+        for _ in range(5):
+            existing = self.of_job(job_id)
+            if existing is not None:
+                return existing
+            try:
+                with self._write(audited=False) as session:
+                    latest = session.execute(
+                        select(func.max(ResultLineage.generation)).where(
+                            ResultLineage.study_instance_uid == study_instance_uid,
+                            ResultLineage.pipeline_name == pipeline_name,
+                        )
+                    ).scalar()
+                    session.add(
+                        ResultLineage(
+                            job_id=job_id,
+                            study_instance_uid=study_instance_uid,
+                            pipeline_name=pipeline_name,
+                            generation=(latest or 0) + 1,
+                            created=now,
+                        )
+                    )
+            except sa_exc.IntegrityError:  # another job took that generation: next one
+                continue
+        existing = self.of_job(job_id)
+        if existing is None:
+            raise RuntimeError(f"job {job_id}: no result generation could be claimed")
+        return existing
+
+    def of_job(self, job_id: str) -> LineageRecord | None:
+        with self._read() as session:
+            row = session.get(ResultLineage, job_id)
+            return _lineage(row) if row is not None else None
+
+    def earlier(self, record: LineageRecord) -> list[LineageRecord]:
+        """The study's earlier generations (same pipeline), newest first."""
+        with self._read() as session:
+            rows = session.scalars(
+                select(ResultLineage)
+                .where(
+                    ResultLineage.study_instance_uid == record.study_instance_uid,
+                    ResultLineage.pipeline_name == record.pipeline_name,
+                    ResultLineage.generation < record.generation,
+                )
+                .order_by(ResultLineage.generation.desc())
+            ).all()
+            return [_lineage(row) for row in rows]
+
+
+def _lineage(row: ResultLineage) -> LineageRecord:
+    return LineageRecord(row.job_id, row.study_instance_uid, row.pipeline_name, row.generation)
+
+
 def _record(row: ResultInstance) -> ResultInstanceRecord:
     """The row's columns of the record's fields (the record names them once)."""
     return ResultInstanceRecord(
@@ -92,4 +175,4 @@ def _record(row: ResultInstance) -> ResultInstanceRecord:
     )
 
 
-__all__ = ["ResultIndex", "ResultInstanceRecord"]
+__all__ = ["LineageIndex", "LineageRecord", "ResultIndex", "ResultInstanceRecord"]

@@ -20,20 +20,24 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from radserve.audit.chain import AuditKey
 from radserve.audit.events import Action, job_event
-from radserve.config import PriorityClass
+from radserve.domain.priority import PriorityClass
 from radserve.store import audit as audit_log
 from radserve.store import jobs as jobq
 from radserve.store.access import AccessMixin
+from radserve.store.base import AuditListener
 from radserve.store.db import make_engine
 from radserve.store.errors import (
     InvalidTransitionError,
+    JobExistsError,
     JobNotFoundError,
     ResultAlreadyRecordedError,
     StoreError,
 )
+from radserve.store.leases import HELD, Lease, LeaseLostError, LeaseMixin
 from radserve.store.migrate import upgrade
-from radserve.store.models import CachedResult, Job
+from radserve.store.models import CachedResult, Job, OutboxDelivery
 from radserve.store.records import (
     ALLOWED_TRANSITIONS,
     TERMINAL_STATES,
@@ -43,15 +47,26 @@ from radserve.store.records import (
     JobState,
     utc_now,
 )
+from radserve.store.relocate import RelocateMixin
 
 logger = logging.getLogger(__name__)
 
 UNFINISHED_STATES = (JobState.RECEIVED, JobState.QUEUED, JobState.RUNNING)
-_AUDITED_STATES = {JobState.FAILED: Action.JOB_FAILED, JobState.CANCELLED: Action.JOB_CANCELLED}
+_AUDITED_STATES = {
+    JobState.RUNNING: Action.JOB_STARTED,  # each attempt, so a re-run after a crash shows
+    JobState.FAILED: Action.JOB_FAILED,
+    JobState.CANCELLED: Action.JOB_CANCELLED,
+}
 
 
-def init_store(url: str) -> Store:
-    """Open the database at ``url``, creating or upgrading its schema to the latest version."""
+def init_store(
+    url: str, *, audit_key: AuditKey | None = None, on_audit: AuditListener | None = None
+) -> Store:
+    """Open the database at ``url``, creating or upgrading its schema to the latest version.
+
+    ``audit_key`` keys the audit chain's hashes (every writer of a keyed chain needs it:
+    see :func:`radserve.audit.seal.open_store`); ``on_audit`` is told of every appended
+    record after its transaction commits."""
     engine = make_engine(url)
     try:
         upgrade(engine)
@@ -60,10 +75,10 @@ def init_store(url: str) -> Store:
         raise StoreError(
             f"cannot open the database: {exc.orig.__class__.__name__}: {exc.orig}"
         ) from exc
-    return Store(engine)
+    return Store(engine, audit_key=audit_key, on_audit=on_audit)
 
 
-class Store(AccessMixin):
+class Store(AccessMixin, LeaseMixin, RelocateMixin):
     """Typed access to radserve's database. Thread-safe; share one per process."""
 
     # -- jobs -----------------------------------------------------------------------
@@ -85,12 +100,14 @@ class Store(AccessMixin):
         client_address: str | None = None,
         queue_meta: Mapping[str, Any] | None = None,
         cached_from: str | None = None,
+        lease: Lease | None = None,
     ) -> JobRecord:
         """Persist a new job (state ``received``) and its audit record; committed on return.
 
         ``deadline`` may be a TAT (timedelta from ``arrival``). With ``cached_from`` (a
         succeeded job with the same cache key) the job is born ``succeeded`` with that
-        job's result: a cache hit is answered without running anything.
+        job's result: a cache hit is answered without running anything. ``lease``: the
+        accepting replica holds the job from its first moment (radserve.store.leases).
         """
         now = utc_now()
         arrival = arrival or now
@@ -115,9 +132,11 @@ class Store(AccessMixin):
             stage_timings={},
             queue_meta=dict(queue_meta or {}),
         )
+        if lease is not None and cached_from is None:
+            row.lease_owner, row.lease_expires = lease.owner, lease.until(now)
         with self._write() as session:
             if session.get(Job, row.id) is not None:
-                raise StoreError(f"a job with id {row.id!r} exists already", code="job_exists")
+                raise JobExistsError(f"a job with id {row.id!r} exists already")
             action = Action.JOB_SUBMITTED
             if cached_from is not None:
                 source = session.get(Job, cached_from)
@@ -150,6 +169,7 @@ class Store(AccessMixin):
         *,
         actor_key_id: str | None = None,
         client_address: str | None = None,
+        owner: str | None = None,
         **fields: Any,
     ) -> JobRecord:
         """Move a job along the state machine, setting ``fields`` (see ``UPDATABLE_FIELDS``).
@@ -157,6 +177,8 @@ class Store(AccessMixin):
         Entering ``running`` stamps ``started`` and counts an attempt; entering a final
         state stamps ``finished``. ``succeeded`` is reached only via :meth:`record_result`.
         Failures and cancellations are audited (``actor_key_id``: who cancelled).
+        ``owner``: the write of a run, fenced by its lease (:class:`LeaseLostError` once
+        another replica holds the job); a cancellation by request passes none.
         """
         target = JobState(new_state)
         if target == JobState.SUCCEEDED:
@@ -175,16 +197,18 @@ class Store(AccessMixin):
         if target in TERMINAL_STATES:
             values["finished"] = now
         sources = [s.value for s, targets in ALLOWED_TRANSITIONS.items() if target in targets]
+        fence = [Job.lease_owner == owner] if owner is not None else []
         with self._write(audited=target in _AUDITED_STATES) as session:
             result = _execute_update(
                 session,
                 update(Job)
-                .where(Job.id == job_id, Job.state.in_(sources))
+                .where(Job.id == job_id, Job.state.in_(sources), *fence)
                 .values(**values)
                 .execution_options(synchronize_session=False),
             )
             row = self._reload(session, job_id)
             if result.rowcount == 0:
+                _check_owner(row, owner)
                 raise InvalidTransitionError(_refusal(job_id, JobState(row.state), target))
             record = jobq.to_record(row)
             if target in _AUDITED_STATES:
@@ -200,6 +224,63 @@ class Store(AccessMixin):
         logger.info("job %s -> %s", job_id, target)
         return record
 
+    def reprioritise_job(
+        self,
+        job_id: str,
+        priority_class: PriorityClass,
+        deadline: dt.datetime,
+        *,
+        actor_key_id: str | None,
+        client_address: str | None,
+        extra: Mapping[str, Any],
+    ) -> JobRecord:
+        """Record a job's new class and deadline (the scheduler re-filed it already), with
+        a ``job.reprioritised`` audit record (who, ``extra``: old and new) in the same
+        transaction. In any state: the job may have started since the scheduler's
+        change, which stands."""
+        with self._write() as session:
+            row = session.execute(
+                select(Job).where(Job.id == job_id).with_for_update()
+            ).scalar_one_or_none()
+            if row is None:
+                raise JobNotFoundError(f"no job with id {job_id!r}")
+            row.priority_class = PriorityClass(priority_class).value
+            row.deadline = deadline
+            row.updated = utc_now()
+            session.flush()
+            record = jobq.to_record(row)
+            audit_log.append(
+                session,
+                job_event(
+                    Action.JOB_REPRIORITISED,
+                    record,
+                    actor_key_id=actor_key_id,
+                    client_address=client_address,
+                    extra=extra,
+                ),
+            )
+        logger.info("job %s re-prioritised -> %s", job_id, record.priority_class)
+        return record
+
+    def add_job_warning(self, job_id: str, warning: Mapping[str, str]) -> JobRecord:
+        """Record a warning on a job (``queue_meta["warnings"]``, in any state); one of
+        the same ``code`` is replaced. For what is learnt about a job's input after it
+        was submitted (late instances at the gateway): the report stage copies the
+        warnings into the report if it has not run yet, and the API shows them."""
+        with self._write(audited=False) as session:
+            row = session.execute(
+                select(Job).where(Job.id == job_id).with_for_update()
+            ).scalar_one_or_none()
+            if row is None:
+                raise JobNotFoundError(f"no job with id {job_id!r}")
+            meta = dict(row.queue_meta or {})
+            kept = [w for w in meta.get("warnings") or [] if w.get("code") != warning["code"]]
+            meta["warnings"] = [*kept, dict(warning)]
+            row.queue_meta = meta
+            row.updated = utc_now()
+            session.flush()
+            return jobq.to_record(row)
+
     def record_result(
         self,
         job_id: str,
@@ -208,6 +289,7 @@ class Store(AccessMixin):
         *,
         stage_timings: Mapping[str, float] | None = None,
         outputs: Mapping[str, Any] | None = None,
+        owner: str | None = None,
     ) -> JobRecord:
         """Mark a running job succeeded with its result, exactly once, and cache it.
 
@@ -216,6 +298,11 @@ class Store(AccessMixin):
         :class:`InvalidTransitionError`. ``outputs`` is a summary for the audit record
         (counts, labels; no patient data). If another job already cached the same key,
         the earlier entry stays and this job's result is still recorded on the job.
+
+        ``owner`` fences the write by the job's lease (:class:`LeaseLostError` once
+        another replica took the job over) and releases the outbox rows that owner held
+        for this result (``held -> pending``) in the same transaction: a result's
+        deliveries go out if and only if the result is the recorded one.
         """
         now = utc_now()
         values: dict[str, Any] = {
@@ -226,6 +313,7 @@ class Store(AccessMixin):
         }
         if stage_timings is not None:
             values["stage_timings"] = dict(stage_timings)
+        fence = [Job.lease_owner == owner] if owner is not None else []
         with self._write() as session:
             result = _execute_update(
                 session,
@@ -234,12 +322,14 @@ class Store(AccessMixin):
                     Job.id == job_id,
                     Job.state == JobState.RUNNING.value,
                     Job.result_path.is_(None),
+                    *fence,
                 )
                 .values(**values)
                 .execution_options(synchronize_session=False),
             )
             row = self._reload(session, job_id)
             if result.rowcount == 0:
+                _check_owner(row, owner)
                 if row.result_path is not None:
                     raise ResultAlreadyRecordedError(
                         f"job {job_id} already has a result; results are recorded once",
@@ -252,6 +342,15 @@ class Store(AccessMixin):
                 if cache_key.fingerprint != row.fingerprint:
                     raise StoreError(f"job {job_id}: cache key fingerprint is not the job's input")
                 self._insert_cache_entry(session, cache_key, job_id, now)
+            held = [OutboxDelivery.job_id == job_id, OutboxDelivery.state == HELD]
+            if owner is not None:
+                held.append(OutboxDelivery.lease_owner == owner)
+            session.execute(
+                update(OutboxDelivery)
+                .where(*held)
+                .values(state="pending", next_attempt_at=now, updated=now, lease_owner=None)
+                .execution_options(synchronize_session=False)
+            )
             record = jobq.to_record(row)
             extra = {"outputs": dict(outputs)} if outputs else None
             audit_log.append(session, job_event(Action.JOB_SUCCEEDED, record, extra=extra))
@@ -304,6 +403,26 @@ class Store(AccessMixin):
         items = items[:limit]
         return JobPage(items=items, next_cursor=jobq.encode_cursor(items[-1]) if more else None)
 
+    def find_unfinished(self, key: CacheKey) -> JobRecord | None:
+        """An unfinished (received, queued or running) job for ``key``, oldest first: a
+        study sent again while its first job still runs is answered by that job."""
+        with self._read() as session:
+            rows = session.execute(
+                select(Job)
+                .where(
+                    Job.fingerprint == key.fingerprint,
+                    Job.pipeline_name == key.pipeline_name,
+                    Job.pipeline_version == key.pipeline_version,
+                    Job.precision == key.precision,
+                    Job.state.in_([s.value for s in UNFINISHED_STATES]),
+                )
+                .order_by(Job.arrival, Job.id)
+            ).scalars()
+            for row in rows:
+                if dict(row.model_versions or {}) == dict(key.model_versions):
+                    return jobq.to_record(row)
+        return None
+
     def unfinished_jobs(self) -> list[JobRecord]:
         """Jobs not yet in a final state, earliest deadline first (read-only)."""
         with self._read() as session:
@@ -317,19 +436,37 @@ class Store(AccessMixin):
     def requeue_unfinished(self) -> list[JobRecord]:
         """Restart recovery: received and running jobs go back to queued; all are returned.
 
+        Every unfinished job is resumed, so each gets a ``job.requeued`` audit record
+        (with the state the previous run left it in) in the same transaction.
         ``attempts`` is not reset, so a study that crashes the server every time it
         runs reaches the retry limit and fails instead of looping.
         """
-        with self._write(audited=False) as session:
-            result = _execute_update(
-                session,
-                update(Job)
-                .where(Job.state.in_([JobState.RECEIVED.value, JobState.RUNNING.value]))
-                .values(state=JobState.QUEUED.value, updated=utc_now())
-                .execution_options(synchronize_session=False),
+        now = utc_now()
+        moved = 0
+        with self._write() as session:
+            rows = session.scalars(
+                select(Job)
+                .where(Job.state.in_([s.value for s in UNFINISHED_STATES]))
+                .order_by(Job.deadline, Job.arrival, Job.id)
+            ).all()
+            for row in rows:
+                previous = row.state
+                if previous != JobState.QUEUED.value:
+                    row.state, row.updated = JobState.QUEUED.value, now
+                    moved += 1
+                session.flush()
+                audit_log.append(
+                    session,
+                    job_event(
+                        Action.JOB_REQUEUED,
+                        jobq.to_record(row),
+                        extra={"reason": "restart_recovery", "previous_state": previous},
+                    ),
+                )
+        if rows:
+            logger.warning(
+                "restart recovery: %d unfinished job(s) resumed (%d interrupted)", len(rows), moved
             )
-        if result.rowcount:
-            logger.warning("restart recovery: %d interrupted job(s) re-queued", result.rowcount)
         return self.unfinished_jobs()
 
     # -- helpers --------------------------------------------------------------------
@@ -367,6 +504,16 @@ class Store(AccessMixin):
 def _execute_update(session: Session, statement: Update) -> CursorResult[Any]:
     """Run an UPDATE; its result carries ``rowcount`` (how many rows matched)."""
     return cast(CursorResult[Any], session.execute(statement))
+
+
+def _check_owner(row: Job, owner: str | None) -> None:
+    """After a refused write of a run: raise :class:`LeaseLostError` if the job is no
+    longer ``owner``'s."""
+    if owner is not None and row.lease_owner != owner:
+        raise LeaseLostError(
+            f"job {row.id} is held by another replica now ({row.lease_owner}); "
+            "this run of it is discarded"
+        )
 
 
 def _refusal(job_id: str, current: JobState, target: JobState) -> str:

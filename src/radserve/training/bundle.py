@@ -14,11 +14,13 @@ from typing import Any
 
 import yaml
 
-from radserve.models.manifest import ModelSpec, load_manifest
-from radserve.training.recipes import (
+from radserve.domain.accuracy import (
     LESION_MAX_FP_PER_STUDY,
     LESION_RECALL_FLOORS,
     ORGAN_MEAN_DICE_FLOOR,
+)
+from radserve.models.manifest import ModelSpec, load_manifest
+from radserve.training.recipes import (
     TRAIN_SEED_RANGE,
     VAL_SEED_RANGE,
 )
@@ -297,18 +299,3 @@ def _validation_lines(spec: ModelSpec, val: dict[str, Any]) -> str:
         f"|---|---|---|---|\n"
         f"{rows}"
     )
-
-
-def record_evaluation(directory: Path, summary_json: Path, command: str) -> None:
-    """Add a ``radserve evaluate --json`` summary to a bundle's training log and card.
-
-    Held-out numbers belong in the card, but training never runs the evaluation: this
-    is run once after ``radserve evaluate`` on the pipeline that uses the bundle.
-    """
-    spec = load_manifest(directory / "model.yaml")
-    log = json.loads((directory / "training_log.json").read_text())
-    summary = json.loads(Path(summary_json).read_text())
-    summary.pop("variants", None)
-    log["evaluation"] = {"command": command, "summary": summary}
-    write_training_log(log, directory)
-    write_model_card(spec, log, directory)

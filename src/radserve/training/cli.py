@@ -163,8 +163,7 @@ def run_one(recipe: Recipe, args: argparse.Namespace) -> dict:
             "sweep": [sweep.row(i) for i in range(len(thresholds))],
             "max_fp_per_study_target": settings.max_fp_per_study,
         }
-        post = spec.postprocess.model_copy(update={"min_confidence": chosen["min_confidence"]})
-        spec = spec.model_copy(update={"postprocess": post})
+        spec = spec.with_finding_rules(min_confidence=chosen["min_confidence"])
         logger.info("%s: chose %s", spec.name, chosen)
     t_val = time.perf_counter() - t_val
 
@@ -275,13 +274,9 @@ def tune_detection(
 
 
 def _with_rules(spec: ModelSpec, chosen: dict) -> ModelSpec:
-    post = spec.postprocess.model_copy(
-        update={
-            "min_confidence": chosen["min_confidence"],
-            "min_component_ml": chosen["min_component_ml"],
-        }
+    return spec.with_finding_rules(
+        min_confidence=chosen["min_confidence"], min_size_ml=chosen["min_component_ml"]
     )
-    return spec.model_copy(update={"postprocess": post})
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -24,11 +24,6 @@ from radserve.models.manifest import (
 TRAIN_SEED_RANGE = (1000, 99999)
 VAL_SEED_RANGE = (900, 999)
 
-# Targets the reference models are held to on held-out phantoms (project floors).
-ORGAN_MEAN_DICE_FLOOR = 0.90
-LESION_RECALL_FLOORS: dict[str, float] = {">=10mm": 0.90, "5-10mm": 0.70}
-LESION_MAX_FP_PER_STUDY = 1.0
-
 ANATOMY = CodedConcept(value="123037004", meaning="Anatomical Structure")
 ALTERED = CodedConcept(value="49755003", meaning="Morphologically Altered Structure")
 

@@ -48,7 +48,9 @@ def organ_dice(path: Path, spec: ModelSpec, phantom: PhantomArrays, threads: int
     from radserve.postprocess.components import clean_labels
 
     pred = run_slices(path, spec, phantom.ct, threads=threads)
-    labels = clean_labels(pred.labels.array, spec, pred.labels.voxel_volume_ml)
+    labels = clean_labels(
+        pred.labels.array, spec, pred.labels.voxel_volume_ml, spacing=pred.labels.spacing
+    )
     return {
         label.name: dice(labels == label.value, phantom.organs == label.value)
         for label in spec.labels
@@ -108,9 +110,7 @@ def lesion_sweep(
     from radserve.evaluation.lesions import match_lesions
     from radserve.postprocess.findings import find_lesions
 
-    loose = spec.model_copy(
-        update={"postprocess": spec.postprocess.model_copy(update={"min_confidence": 0.0})}
-    )
+    loose = spec.with_finding_rules(min_confidence=0.0)
     sweep = LesionSweep(thresholds=thresholds)
     for phantom in phantoms:
         ct = phantom.ct
@@ -201,16 +201,10 @@ def pipeline_lesion_sweep(
     from radserve.inference import choose_runtime
     from radserve.models.registry import ModelRegistry
     from radserve.pipeline import SessionPool, run_volume
-    from radserve.pipelines.spec import PipelineSpec, Step
+    from radserve.pipeline.spec import PipelineSpec, Step
     from radserve.training.bundle import write_manifest
 
-    loose = spec.model_copy(
-        update={
-            "postprocess": spec.postprocess.model_copy(
-                update={"min_confidence": 0.0, "min_component_ml": 0.0}
-            )
-        }
-    )
+    loose = spec.with_finding_rules(min_confidence=0.0, min_size_ml=0.0)
     sweeps = [LesionSweep(thresholds=list(thresholds)) for _ in min_mls]
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="radserve-tune-") as tmp:

@@ -1,26 +1,40 @@
 """DICOMweb (PS3.18) under ``/dicomweb``: STOW-RS to submit studies, WADO-RS to retrieve
-the DICOM SEG and SR radserve wrote. API keys as everywhere: submit role to store, read
-role to retrieve.
+the DICOM results radserve wrote (SEG, SR, SC key images), QIDO-RS to search them. API
+keys as everywhere: submit role to store, read role to retrieve and search.
 
 STOW-RS answers the Store Instances Response in DICOM JSON with 200 (all stored), 202
 (some failed), 409 (none stored); 415 for another media type, 400 for a malformed body,
 406 when the client accepts no DICOM JSON. A ``Link`` header names each job started.
 WADO-RS serves instances, series and studies as ``multipart/related;
 type="application/dicom"`` and their metadata as ``application/dicom+json``; 404 for
-UIDs it does not know, 406 for an Accept it cannot satisfy.
+UIDs it does not know, 406 for an Accept it cannot satisfy. QIDO-RS answers
+``application/dicom+json`` (an empty array when nothing matches), 400 for a query it
+cannot run, with a ``Warning`` header for ignored fuzzy matching and for results past
+the server's maximum.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from radserve.api.auth import Principal, require_read, require_submit
-from radserve.api.multipart_related import (
+from radserve.api.auth import (
+    Principal,
+    audited_read,
+    audited_results,
+    read_access,
+    require_read,
+    require_submit,
+)
+from radserve.api.schemas import ErrorOut
+from radserve.api.state import service_of as _service
+from radserve.errors import InvalidRequestError
+from radserve.gateway.dicomweb.multipart import (
     MediaType,
     NotAcceptableError,
     accepted_types,
@@ -29,16 +43,18 @@ from radserve.api.multipart_related import (
     related_boundary,
     related_parts,
 )
-from radserve.api.schemas import ErrorOut
-from radserve.service import Origin, Service, parse_priority
-from radserve.service.errors import InvalidRequestError
+from radserve.gateway.dicomweb.qido import Level, parse_query
+from radserve.gateway.dicomweb.stow import DICOM_MEDIA, StowPart
+from radserve.gateway.dicomweb.wado import ResultFile
+from radserve.security.keys import Role
+from radserve.service import Origin, parse_priority
 from radserve.service.intake import DICOMWEB_SOURCE
-from radserve.service.stow import DICOM_MEDIA, StowPart
-from radserve.service.wado import ResultFile
+from radserve.store import JobNotFoundError
 
 router = APIRouter(prefix="/dicomweb", tags=["dicomweb"])
 
 DICOM_JSON = "application/dicom+json"
+_UID = re.compile(r"[0-9]+(\.[0-9]+)*")  # as the gateway checks (leading zeros tolerated)
 _JSON_RANGES = ("*/*", "application/*", DICOM_JSON, "application/json")
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut} for code in (400, 401, 403, 404, 406, 413, 415, 503)
@@ -58,6 +74,7 @@ _STOW_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"description": "all instances stored", "content": {DICOM_JSON: {}}},
     202: {"description": "some instances stored, some failed", "content": {DICOM_JSON: {}}},
     409: {"description": "no instance stored", "content": {DICOM_JSON: {}}},
+    422: {"description": "unknown or invalid pipeline", "model": ErrorOut},
     **{c: v for c, v in _ERRORS.items() if c not in (404,)},
 }
 _MULTIPART_DICOM = 'multipart/related; type="application/dicom"'
@@ -78,10 +95,6 @@ CompleteQuery = Annotated[
         "wait for the quiet period (default: dicomweb.completeness)"
     ),
 ]
-
-
-def _service(request: Request) -> Service:
-    return request.app.state.service  # type: ignore[no-any-return]
 
 
 def _check_json_accept(request: Request) -> None:
@@ -145,6 +158,10 @@ async def _stow(
 ) -> Response:
     service = _service(request)
     _check_json_accept(request)
+    if study is not None and not (len(study) <= 64 and _UID.fullmatch(study)):
+        raise InvalidRequestError(
+            "the study in the path is not a valid UID (digits and dots, at most 64 characters)"
+        )
     boundary, _ = related_boundary(request.headers.get("content-type"), root_types=(DICOM_MEDIA,))
     quiet = (
         not complete if complete is not None else service.settings.dicomweb.completeness == "quiet"
@@ -157,7 +174,7 @@ async def _stow(
     cls = parse_priority(priority)
     resolved = await run_in_threadpool(service.intake.precheck, pipeline, cls)
     origin = Origin(principal.key_id, principal.client, source=DICOMWEB_SOURCE)
-    async with read_related(request, boundary) as parts:
+    async with read_related(request.stream(), boundary) as parts:
         result = await run_in_threadpool(
             service.stow.store,
             [StowPart(p.media_type, p.file) for p in parts],
@@ -197,8 +214,13 @@ def _dicom_part_ok(media: MediaType, stored: set[str]) -> bool:
 
 
 async def _retrieve(
-    request: Request, study: str, series: str | None = None, instance: str | None = None
+    request: Request,
+    who: Principal,
+    study: str,
+    series: str | None = None,
+    instance: str | None = None,
 ) -> StreamingResponse:
+    await audited_results(request, who, study, series, instance, "wado_instances")  # audit
     files = await run_in_threadpool(_service(request).wado.files, study, series, instance)
     _check_dicom_accept(request, files)
     boundary = new_boundary()
@@ -208,9 +230,14 @@ async def _retrieve(
 
 
 async def _metadata(
-    request: Request, study: str, series: str | None = None, instance: str | None = None
+    request: Request,
+    who: Principal,
+    study: str,
+    series: str | None = None,
+    instance: str | None = None,
 ) -> Response:
     _check_json_accept(request)
+    await audited_results(request, who, study, series, instance, "wado_metadata")  # audit
     content = await run_in_threadpool(_service(request).wado.metadata, study, series, instance)
     return _dicom_json(content)
 
@@ -221,8 +248,8 @@ async def _metadata(
     response_class=StreamingResponse,
     responses=_RETRIEVE_RESPONSES,
 )
-async def retrieve_study(request: Request, study: str, _: Reader) -> StreamingResponse:
-    return await _retrieve(request, study)
+async def retrieve_study(request: Request, study: str, who: Reader) -> StreamingResponse:
+    return await _retrieve(request, who, study)
 
 
 @router.get(
@@ -230,8 +257,8 @@ async def retrieve_study(request: Request, study: str, _: Reader) -> StreamingRe
     summary="WADO-RS: metadata of the study's result instances",
     responses=_METADATA_RESPONSES,
 )
-async def study_metadata(request: Request, study: str, _: Reader) -> Response:
-    return await _metadata(request, study)
+async def study_metadata(request: Request, study: str, who: Reader) -> Response:
+    return await _metadata(request, who, study)
 
 
 @router.get(
@@ -241,9 +268,9 @@ async def study_metadata(request: Request, study: str, _: Reader) -> Response:
     responses=_RETRIEVE_RESPONSES,
 )
 async def retrieve_series(
-    request: Request, study: str, series: str, _: Reader
+    request: Request, study: str, series: str, who: Reader
 ) -> StreamingResponse:
-    return await _retrieve(request, study, series)
+    return await _retrieve(request, who, study, series)
 
 
 @router.get(
@@ -251,8 +278,8 @@ async def retrieve_series(
     summary="WADO-RS: metadata of a result series",
     responses=_METADATA_RESPONSES,
 )
-async def series_metadata(request: Request, study: str, series: str, _: Reader) -> Response:
-    return await _metadata(request, study, series)
+async def series_metadata(request: Request, study: str, series: str, who: Reader) -> Response:
+    return await _metadata(request, who, study, series)
 
 
 @router.get(
@@ -262,9 +289,9 @@ async def series_metadata(request: Request, study: str, series: str, _: Reader) 
     responses=_RETRIEVE_RESPONSES,
 )
 async def retrieve_instance(
-    request: Request, study: str, series: str, instance: str, _: Reader
+    request: Request, study: str, series: str, instance: str, who: Reader
 ) -> StreamingResponse:
-    return await _retrieve(request, study, series, instance)
+    return await _retrieve(request, who, study, series, instance)
 
 
 @router.get(
@@ -273,9 +300,140 @@ async def retrieve_instance(
     responses=_METADATA_RESPONSES,
 )
 async def instance_metadata(
-    request: Request, study: str, series: str, instance: str, _: Reader
+    request: Request, study: str, series: str, instance: str, who: Reader
 ) -> Response:
-    return await _metadata(request, study, series, instance)
+    return await _metadata(request, who, study, series, instance)
+
+
+# --- QIDO-RS -------------------------------------------------------------------------------
+_SEARCH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "the matching results (an empty array when none match)",
+        "content": {DICOM_JSON: {"schema": {"type": "array", "items": {"type": "object"}}}},
+    },
+    **{c: v for c, v in _ERRORS.items() if c not in (413, 415, 503)},
+}
+_MATCH_KEYS = (
+    "StudyInstanceUID", "SeriesInstanceUID", "SOPInstanceUID", "PatientID", "PatientName",
+    "AccessionNumber", "StudyDate", "StudyDescription", "ModalitiesInStudy", "Modality",
+    "SOPClassUID",
+)  # fmt: skip
+
+
+def _search_doc(level: str) -> dict[str, Any]:
+    """The query parameters in the OpenAPI document (any other DICOM keyword or tag
+    matches too; they are read from the query string, not declared one by one)."""
+    described = [
+        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+        {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+        {"name": "fuzzymatching", "in": "query", "schema": {"type": "boolean"}},
+        {
+            "name": "includefield",
+            "in": "query",
+            "description": "attribute keywords or tags, comma-separated, or all",
+            "schema": {"type": "array", "items": {"type": "string"}},
+        },
+    ]
+    described += [{"name": key, "in": "query", "schema": {"type": "string"}} for key in _MATCH_KEYS]
+    return {
+        "parameters": described,
+        "description": f"QIDO-RS search for {level} of radserve's results: match keys are "
+        "DICOM attribute keywords or tags (PS3.18 8.3.4, PS3.4 C.2.2.2).",
+    }
+
+
+async def _search(
+    request: Request,
+    who: Principal,
+    level: Level,
+    study: str | None = None,
+    series: str | None = None,
+) -> Response:
+    """A QIDO-RS search: only the results of jobs the key may see (``security.visibility``),
+    and a ``phi.read`` audit record for each job whose results are answered."""
+    _check_json_accept(request)
+    service = _service(request)
+    query = parse_query(request.query_params.multi_items(), level, study, series)
+    base = str(request.base_url).rstrip("/") + router.prefix
+    access = read_access(request)
+    visible = None
+    if access.visibility != "all" and not who.allows(Role.ADMIN):
+
+        def visible(job_id: str) -> bool:
+            try:
+                job = service.jobs.get(job_id)
+            except JobNotFoundError:
+                return False
+            return access.visible(who.reader, job.api_key_id)
+
+    answer = await run_in_threadpool(service.qido.search, query, base, visible)
+    for job_id in sorted(answer.job_ids):
+        job = await run_in_threadpool(service.jobs.get, job_id)
+        await audited_read(request, who, job, "qido_search", {"level": level})
+    headers = {"Warning": ", ".join(answer.warnings)} if answer.warnings else None
+    return _dicom_json(answer.results, headers=headers)
+
+
+@router.get(
+    "/studies",
+    summary="QIDO-RS: search for studies",
+    responses=_SEARCH_RESPONSES,
+    openapi_extra=_search_doc("studies"),
+)
+async def search_studies(request: Request, who: Reader) -> Response:
+    return await _search(request, who, "study")
+
+
+@router.get(
+    "/series",
+    summary="QIDO-RS: search for series (all studies)",
+    responses=_SEARCH_RESPONSES,
+    openapi_extra=_search_doc("series"),
+)
+async def search_all_series(request: Request, who: Reader) -> Response:
+    return await _search(request, who, "series")
+
+
+@router.get(
+    "/instances",
+    summary="QIDO-RS: search for instances (all studies)",
+    responses=_SEARCH_RESPONSES,
+    openapi_extra=_search_doc("instances"),
+)
+async def search_all_instances(request: Request, who: Reader) -> Response:
+    return await _search(request, who, "instance")
+
+
+@router.get(
+    "/studies/{study}/series",
+    summary="QIDO-RS: search for a study's series",
+    responses=_SEARCH_RESPONSES,
+    openapi_extra=_search_doc("series"),
+)
+async def search_series(request: Request, study: str, who: Reader) -> Response:
+    return await _search(request, who, "series", study)
+
+
+@router.get(
+    "/studies/{study}/instances",
+    summary="QIDO-RS: search for a study's instances",
+    responses=_SEARCH_RESPONSES,
+    openapi_extra=_search_doc("instances"),
+)
+async def search_study_instances(request: Request, study: str, who: Reader) -> Response:
+    return await _search(request, who, "instance", study)
+
+
+@router.get(
+    "/studies/{study}/series/{series}/instances",
+    summary="QIDO-RS: search for a series' instances",
+    responses=_SEARCH_RESPONSES,
+    openapi_extra=_search_doc("instances"),
+)
+async def search_series_instances(
+    request: Request, study: str, series: str, who: Reader
+) -> Response:
+    return await _search(request, who, "instance", study, series)
 
 
 __all__ = ["router"]

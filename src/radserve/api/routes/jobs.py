@@ -13,13 +13,22 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import FileResponse
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from radserve.api.auth import Principal, require_read, require_submit
+from radserve.api.auth import (
+    Principal,
+    audited_read,
+    check_visible,
+    read_access,
+    require_read,
+    require_submit,
+)
 from radserve.api.errors import ForbiddenError
 from radserve.api.schemas import ErrorOut, JobOut, JobPageOut
+from radserve.errors import InvalidRequestError
 from radserve.security.keys import Role
-from radserve.service import Service
+from radserve.service import Service, parse_priority
 from radserve.service.jobs import JobAccess
 from radserve.store import JobRecord
 
@@ -45,9 +54,11 @@ async def _record(jobs: JobAccess, job_id: str) -> JobRecord:
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobOut, responses=_ERRORS, summary="A job")
-async def get_job(request: Request, job_id: str, _: Reader) -> Response:
+async def get_job(request: Request, job_id: str, who: Reader) -> Response:
     jobs = _jobs(request)
-    out = JobOut.of(jobs.view(await _record(jobs, job_id)))
+    record = await _record(jobs, job_id)
+    await check_visible(request, who, record)  # status only: no patient data, not audited
+    out = JobOut.of(jobs.view(record))
     # serialised here: the model is already valid, FastAPI need not validate it again
     return Response(out.model_dump_json(), media_type="application/json")
 
@@ -55,7 +66,7 @@ async def get_job(request: Request, job_id: str, _: Reader) -> Response:
 @router.get("/v1/jobs", response_model=JobPageOut, responses=_ERRORS, summary="List jobs")
 async def list_jobs(
     request: Request,
-    _: Reader,
+    who: Reader,
     state: Annotated[list[StateName] | None, Query(description="repeat for several")] = None,
     priority_class: ClassName | None = None,
     pipeline: str | None = None,
@@ -74,9 +85,18 @@ async def list_jobs(
         limit=limit,
         cursor=cursor,
     )
-    return JobPageOut(
-        items=[JobOut.from_record(r) for r in page.items], next_cursor=page.next_cursor
-    )
+    items = page.items
+    access = read_access(request)
+    if access.visibility != "all" and not who.allows(Role.ADMIN):
+        # under a visibility rule a page may hold fewer than `limit` jobs; the cursor
+        # still continues where the unfiltered page ended
+        reader = who.reader
+        items = await run_in_threadpool(
+            lambda: [r for r in items if access.visible(reader, r.api_key_id)]
+        )
+    jobs = _jobs(request)
+    outs = await run_in_threadpool(lambda: [JobOut.from_record(r, eta=jobs.eta(r)) for r in items])
+    return JobPageOut(items=outs, next_cursor=page.next_cursor)
 
 
 def _aware(value: dt.datetime | None) -> dt.datetime | None:
@@ -105,14 +125,50 @@ async def cancel_job(request: Request, job_id: str, principal: Submitter) -> Job
     return JobOut.of(jobs.view(record))
 
 
+class PriorityIn(BaseModel):
+    priority_class: str = Field(
+        description="urgent | inpatient | outpatient (case-insensitive; stat = urgent)",
+        max_length=32,
+    )
+
+
+@router.post(
+    "/v1/jobs/{job_id}/priority",
+    response_model=JobOut,
+    responses=_ERRORS,
+    summary="Re-prioritise a waiting job",
+    description="File a job that is still waiting under another priority class. Its "
+    "deadline becomes its arrival + the new class's turnaround target (not now + the "
+    "target: the clock started when the study arrived), and it takes its place in the "
+    "queue at once. 409 once it has started or finished. Audited as job.reprioritised "
+    "(who, old and new class and deadline). Submit keys may re-prioritise the jobs they "
+    "submitted; admin keys any job.",
+)
+async def reprioritise_job(
+    request: Request, job_id: str, body: PriorityIn, principal: Submitter
+) -> JobOut:
+    jobs = _jobs(request)
+    cls = parse_priority(body.priority_class)
+    if cls is None:
+        raise InvalidRequestError("priority_class: give urgent, inpatient or outpatient")
+    record = await _record(jobs, job_id)
+    if not principal.allows(Role.ADMIN) and record.api_key_id != principal.key_id:
+        raise ForbiddenError("a submit key may re-prioritise only the jobs it submitted")
+    record = await run_in_threadpool(
+        jobs.reprioritise, job_id, cls, key_id=principal.key_id, client=principal.client
+    )
+    return JobOut.of(jobs.view(record))
+
+
 @router.get(
     "/v1/jobs/{job_id}/report",
     responses={200: {"content": {"application/json": {}}}, **_ERRORS},
     summary="The job's report (JSON)",
 )
-async def get_report(request: Request, job_id: str, _: Reader) -> Response:
+async def get_report(request: Request, job_id: str, who: Reader) -> Response:
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
+    await audited_read(request, who, record, "report")
     data = jobs.report_cached(record)
     if data is None:
         data = await run_in_threadpool(jobs.report_bytes, record)
@@ -128,11 +184,12 @@ async def get_report(request: Request, job_id: str, _: Reader) -> Response:
 async def get_labels(
     request: Request,
     job_id: str,
-    _: Reader,
-    kind: Annotated[Literal["organs", "findings"] | None, Query()] = None,
+    who: Reader,
+    kind: Annotated[Literal["organs", "structures", "findings"] | None, Query()] = None,
 ) -> FileResponse:
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
+    await audited_read(request, who, record, "labels", {"kind": kind or "default"})
     path = await run_in_threadpool(jobs.label_map, record, kind)
     return FileResponse(path, media_type="application/gzip", filename=f"{job_id}-{path.name}")
 
@@ -143,9 +200,10 @@ async def get_labels(
     responses={200: {"content": {"image/png": {}}}, **_ERRORS},
     summary="Key image number N (PNG, 1-based)",
 )
-async def get_image(request: Request, job_id: str, number: int, _: Reader) -> FileResponse:
+async def get_image(request: Request, job_id: str, number: int, who: Reader) -> FileResponse:
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
+    await audited_read(request, who, record, "key_image", {"number": str(number)})
     path = await run_in_threadpool(jobs.key_image, record, number)
     return FileResponse(path, media_type="image/png")
 
@@ -155,9 +213,10 @@ async def get_image(request: Request, job_id: str, number: int, _: Reader) -> Fi
     responses={200: {"content": {"application/fhir+json": {}}}, **_ERRORS},
     summary="The report as a FHIR R4 Bundle",
 )
-async def get_fhir(request: Request, job_id: str, _: Reader) -> Response:
+async def get_fhir(request: Request, job_id: str, who: Reader) -> Response:
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
+    await audited_read(request, who, record, "fhir_bundle")
     bundle = await run_in_threadpool(jobs.fhir_bundle, record)
     return Response(json.dumps(bundle), media_type="application/fhir+json")
 

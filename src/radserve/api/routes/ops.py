@@ -3,25 +3,32 @@ admin action that puts a model back in service after its circuit breaker opened.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from radserve import __version__
 from radserve.api.auth import Principal, require_admin, require_read
-from radserve.api.schemas import ErrorOut, HealthOut, ModelResetOut, ReadyOut
-from radserve.service import Service
+from radserve.api.schemas import (
+    DestinationStatusOut,
+    ErrorOut,
+    HealthOut,
+    ModelResetOut,
+    OutboxItemOut,
+    OutboxOut,
+    ReadyOut,
+)
+from radserve.api.state import service_of as _service
+from radserve.service.errors import InvalidRequestError
 from radserve.service.metrics import CONTENT_TYPE
+from radserve.store.outbox import OutboxKind, OutboxState
 
 router = APIRouter(tags=["operations"])
 _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorOut} for c in (401, 403)}
-
-
-def _service(request: Request) -> Service:
-    return request.app.state.service  # type: ignore[no-any-return]
 
 
 @router.get("/healthz", response_model=HealthOut, summary="Liveness (no key needed)")
@@ -49,6 +56,8 @@ async def readyz(request: Request, _: Annotated[Principal, Depends(require_read)
         open_models=list(state.open_models),
         failed_models=state.failed_models,
         reasons=state.reasons,
+        degraded=state.degraded,
+        unreachable_peers=state.unreachable_peers,
     )
     return JSONResponse(out.model_dump(), status_code=200 if state.ready else 503)
 
@@ -87,7 +96,7 @@ def add_metrics_route(router_: APIRouter, *, require_key: bool) -> None:
 @router.post(
     "/v1/admin/models/{name}/reset",
     response_model=ModelResetOut,
-    responses=_AUTH_ERRORS,
+    responses={404: {"model": ErrorOut}, **_AUTH_ERRORS},
     summary="Close a model's circuit breaker (after fixing or reloading it)",
 )
 async def reset_model(
@@ -97,6 +106,61 @@ async def reset_model(
         _service(request).reset_model, name, actor_key_id=principal.key_id, client=principal.client
     )
     return ModelResetOut(model=name, was_open=was_open)
+
+
+@router.get(
+    "/v1/ops/outbox",
+    response_model=OutboxOut,
+    responses={400: {"model": ErrorOut}, **_AUTH_ERRORS},
+    summary="Outbox: deliveries per destination and the rows themselves (admin)",
+)
+async def outbox_list(
+    request: Request,
+    _: Annotated[Principal, Depends(require_admin)],
+    state: Annotated[str | None, Query(description="pending|sending|sent|failed_permanent")] = None,
+    destination: str | None = None,
+    kind: Annotated[str | None, Query(description="dicom | fhir")] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> OutboxOut:
+    try:
+        state_ = OutboxState(state) if state is not None else None
+        kind_ = OutboxKind(kind) if kind is not None else None
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
+    ops = _service(request).outbox
+
+    def read() -> OutboxOut:
+        items = ops.items(state=state_, destination=destination, kind=kind_, limit=limit)
+        return OutboxOut(
+            destinations=[
+                DestinationStatusOut(**{**dataclasses.asdict(d), "kind": d.kind.value})
+                for d in ops.status()
+            ],
+            items=[OutboxItemOut.from_item(i) for i in items],
+        )
+
+    return await run_in_threadpool(read)
+
+
+@router.post(
+    "/v1/ops/outbox/{item_id}/retry",
+    response_model=OutboxItemOut,
+    responses={c: {"model": ErrorOut} for c in (401, 403, 404, 409)},
+    summary="Send a delivery again: failed_permanent -> pending, or a pending one now (audited)",
+)
+async def outbox_retry(
+    request: Request,
+    # database row ids are signed 64-bit: a larger number is a bad request, not a 500
+    item_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
+    principal: Annotated[Principal, Depends(require_admin)],
+) -> OutboxItemOut:
+    item = await run_in_threadpool(
+        _service(request).outbox.retry,
+        item_id,
+        actor_key_id=principal.key_id,
+        client=principal.client,
+    )
+    return OutboxItemOut.from_item(item)
 
 
 @router.get("/openapi.json", include_in_schema=False)

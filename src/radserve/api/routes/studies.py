@@ -17,7 +17,8 @@ from starlette.datastructures import FormData, UploadFile
 from radserve.api.auth import Principal, require_submit
 from radserve.api.errors import status_for
 from radserve.api.schemas import BatchItemOut, BatchOut, ErrorBody, ErrorOut, JobOut
-from radserve.errors import RadserveError
+from radserve.api.state import service_of as _service
+from radserve.errors import EmptyUploadError, RadserveError
 from radserve.scheduling import PriorityClass
 from radserve.service import Origin, ResolvedPipeline, Service, parse_priority
 from radserve.service.errors import UnsupportedMediaError
@@ -79,10 +80,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _service(request: Request) -> Service:
-    return request.app.state.service  # type: ignore[no-any-return]
-
-
 def _read_form(request: Request) -> AwaitableOrContextManager[FormData]:
     """The parsed multipart form; ``async with`` closes its temporary files."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
@@ -141,9 +138,7 @@ async def submit_study(
             resolved = await run_in_threadpool(service.intake.precheck, in_form[1], cls)
         files = [v for _, v in form.multi_items() if isinstance(v, UploadFile)]
         if not files:
-            raise RadserveError(
-                "the upload holds no files (use the `files` field)", code="empty_upload"
-            )
+            raise EmptyUploadError("the upload holds no files (use the `files` field)")
         origin = Origin(principal.key_id, principal.client)
         submission = await run_in_threadpool(
             service.intake.submit_upload,
@@ -187,7 +182,7 @@ async def submit_batch(
             if isinstance(value, UploadFile):
                 studies.setdefault(name, []).append(value)
         if not studies:
-            raise RadserveError("the upload holds no files", code="empty_upload")
+            raise EmptyUploadError("the upload holds no files")
         for name, files in studies.items():
             items.append(await _one(service, name, files, resolved, cls, origin))
     refused = sum(1 for i in items if i.job is None)

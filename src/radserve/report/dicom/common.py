@@ -97,9 +97,16 @@ def shield_patient_name(sources: Sequence[Dataset]) -> tuple[list[Dataset], obje
     UserWarning that quotes it, (2) refuses a Patient's Sex other than M/F/O and dates or
     times that are not valid DA/TM, failing the whole object. So highdicom sees a
     placeholder name, and malformed sex/date/time values become empty (Type 2; nothing
-    to carry that a reader could trust). :func:`restore_patient_name` puts the name back.
+    to carry that a reader could trust). Type 2 attributes absent from a non-conformant
+    source (ingest flags them) are added empty, as highdicom reads them unconditionally.
+    :func:`restore_patient_name` puts the name back.
     """
     first = copy.deepcopy(sources[0])
+    from radserve.ingest.headers import TYPE2_FOR_OUTPUTS  # flagged at ingest when absent
+
+    for keyword in TYPE2_FOR_OUTPUTS:  # Type 2: highdicom needs them present, maybe empty
+        if keyword not in first:
+            setattr(first, keyword, "")
     name = first.get("PatientName")
     if name is not None:
         first.PatientName = "PLACEHOLDER^NAME"
@@ -145,8 +152,35 @@ def organ_key(model: str, value: int) -> str:
     return f"organ:{model}:{value}"
 
 
+def classification_key(step: str) -> str:
+    return f"class:{step}"
+
+
 def tracking_uid(report: Report, key: str) -> str:
+    """The tracking UID of a finding or organ: the one its lineage assigned (stable across
+    re-runs of the study, see :mod:`radserve.service.lineage`), else one of this report."""
+    if report.lineage is not None and key in report.lineage.tracking_uids:
+        return report.lineage.tracking_uids[key]
     return report_uid(report, "tracking", key)
+
+
+# --- generations (a re-run supersedes the earlier result) -------------------------------------
+SERIES_NUMBER_STEP = 10  # generation g writes series 901 + 10 (g - 1), 902 + ..., 903 + ...
+
+
+def generation(report: Report) -> int:
+    return report.lineage.generation if report.lineage is not None else 1
+
+
+def series_number(base: int, report: Report) -> int:
+    """Distinct series numbers per generation, so a viewer lists each result apart."""
+    return base + SERIES_NUMBER_STEP * (generation(report) - 1)
+
+
+def series_description(text: str, report: Report) -> str:
+    """``text``, and for a re-run which version it is and that it replaces the one before."""
+    g = generation(report)
+    return text if g == 1 else lo(f"{text} v{g} (current; replaces v{g - 1})")
 
 
 def lesion_name(finding_id: int) -> str:
@@ -163,7 +197,7 @@ def organ_concepts(report: Report) -> dict[str, CodedConcept]:
     """Organ label -> SNOMED concept, from organ measurements and organ segments."""
     concepts = {m.label: m.concept for m in report.organ_measurements}
     for label_map in report.outputs.label_maps:
-        if label_map.kind == "organs":
+        if label_map.kind in ("organs", "structures"):
             for seg in label_map.segments:
                 concepts.setdefault(seg.label, seg.concept)
     return concepts

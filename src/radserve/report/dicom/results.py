@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from pydicom.dataset import Dataset
 
+from radserve.checkpoints import checkpoint
 from radserve.errors import ReportError
 from radserve.report.dicom import common
 from radserve.report.dicom.sc import write_key_image_scs
@@ -26,7 +27,7 @@ from radserve.report.schema import Report
 
 logger = logging.getLogger(__name__)
 
-SEG_FILE = "{kind}-seg.dcm"
+SEG_FILE = "{name}-seg.dcm"  # name: the label map's file stem (organs, findings, ...)
 SR_FILE = "measurements-sr.dcm"
 
 
@@ -37,7 +38,8 @@ def write_dicom_results(
     *,
     key_images: bool = False,
 ) -> list[Path]:
-    """Write ``organs-seg.dcm``, ``findings-seg.dcm`` and ``measurements-sr.dcm``, and
+    """Write one ``<label map>-seg.dcm`` per label map (``organs-seg.dcm``,
+    ``findings-seg.dcm`` for the reference pipeline) and ``measurements-sr.dcm``, and
     with ``key_images`` one ``keyimage-NN-sc.dcm`` Secondary Capture per key image.
 
     The files go next to ``report.json`` in ``result_dir``; label maps are read from the
@@ -50,10 +52,12 @@ def write_dicom_results(
     written: list[Path] = []
     segs: list[Dataset] = []
     for label_map in report.outputs.label_maps:
+        checkpoint()  # a routine study's DICOM results let URGENT work pass, object by object
         path = result_dir / label_map.path
         if not path.is_file():
             raise ReportError(f"label map {label_map.path} named by the report is missing")
         labels = read_nifti(path)
+        name = Path(label_map.path).name.removesuffix(".gz").removesuffix(".nii")
         described = [s.value for s in label_map.segments]
         if not described or not np.isin(labels.array, described).any():
             logger.info("no SEG for the %s label map: no segment has voxels", label_map.kind)
@@ -65,9 +69,11 @@ def write_dicom_results(
             sources,
             series_instance_uid=series_uid,
             instance_number=len(segs) + 1,
+            name=name,
         )
-        written.append(common.save_atomic(seg, result_dir / SEG_FILE.format(kind=label_map.kind)))
+        written.append(common.save_atomic(seg, result_dir / SEG_FILE.format(name=name)))
         segs.append(seg)
+    checkpoint()
     sr = build_sr(report, segs, sources)
     written.append(common.save_atomic(sr, result_dir / SR_FILE))
     logger.info("DICOM results written: %d SEG, 1 SR", len(segs))

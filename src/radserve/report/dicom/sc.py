@@ -84,7 +84,7 @@ def build_key_image_sc(
             bits_allocated=8,
             coordinate_system=hd.CoordinateSystemNames.PATIENT,
             series_instance_uid=series_instance_uid,
-            series_number=SC_SERIES_NUMBER,
+            series_number=common.series_number(SC_SERIES_NUMBER, report),
             sop_instance_uid=common.report_uid(report, "sc", key_image.path),
             instance_number=instance_number,
             manufacturer=common.MANUFACTURER,
@@ -96,11 +96,11 @@ def build_key_image_sc(
     except (ValueError, TypeError, AttributeError) as exc:
         raise ReportError(f"Secondary Capture key image could not be built: {exc}") from exc
     common.restore_patient_name(sc, patient_name)
-    sc.SeriesDescription = "radserve AI key images"
+    sc.SeriesDescription = common.series_description("radserve AI key images", report)
     sc.ImageComments = common.lo(f"radserve key image: {what}")
     sc.BurnedInAnnotation = "YES"
-    # Type 2C (paired body parts): empty = unknown, as the source CT carries none.
-    sc.Laterality = source.get("Laterality", "")
+    _copy_laterality(sc, source)
+    _copy_study_attributes(sc, source)
     sc.ImageType = ["DERIVED", "SECONDARY"]
     ref = Dataset()
     ref.ReferencedSOPClassUID = source.SOPClassUID
@@ -109,6 +109,40 @@ def build_key_image_sc(
     sc.DerivationDescription = "Axial source slice with AI finding outline and measurements"
     common.set_character_set(sc, common.output_character_set(source, [what]))
     return sc
+
+
+# Study-level attributes highdicom's SC does not copy from its reference dataset; each
+# instance of a study must carry the same Study IE values (dcentvfy compares them).
+_STUDY_ATTRIBUTES = ("StudyDescription",)
+
+
+def _copy_study_attributes(sc: Dataset, source: Dataset) -> None:
+    for keyword in _STUDY_ATTRIBUTES:
+        if keyword not in sc and source.get(keyword):
+            setattr(sc, keyword, source.get(keyword))
+
+
+def _copy_laterality(sc: Dataset, source: Dataset) -> None:
+    """Body part and laterality as the source slice has them.
+
+    Laterality is Type 2C (required for a paired body part without Image Laterality).
+    An empty value means "paired, side unknown", so it is written empty only when the
+    source names neither its body part nor a side: then that is the truth. Otherwise
+    the source's Body Part Examined, Laterality (R/L) and Image Laterality are copied:
+    the key image shows the source slice, so it shows the same part and side.
+    """
+    for keyword in ("BodyPartExamined", "ImageLaterality"):
+        value = str(source.get(keyword, "") or "").strip()
+        if value and keyword not in sc:
+            setattr(sc, keyword, value)
+    laterality = str(source.get("Laterality", "") or "").strip().upper()
+    if laterality in ("R", "L"):
+        sc.Laterality = laterality
+    elif "BodyPartExamined" in sc or "ImageLaterality" in sc:
+        if "Laterality" in sc:
+            del sc.Laterality
+    else:
+        sc.Laterality = ""
 
 
 def write_key_image_scs(report: Report, result_dir: Path, sources: Sequence[Dataset]) -> list[Path]:

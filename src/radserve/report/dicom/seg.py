@@ -30,7 +30,7 @@ from radserve.report.schema import Report, Segment
 
 logger = logging.getLogger(__name__)
 
-_CONTENT_LABEL = {"findings": "FINDINGS", "organs": "ORGANS"}
+_CONTENT_LABEL = {"findings": "FINDINGS", "organs": "ORGANS", "structures": "STRUCTURES"}
 
 
 def segment_key(segment: Segment) -> str:
@@ -49,8 +49,12 @@ def build_seg(
     series_instance_uid: str | None = None,
     series_number: int = common.SEG_SERIES_NUMBER,
     instance_number: int = 1,
+    name: str | None = None,
 ) -> hd.seg.Segmentation:
     """The Segmentation dataset; ``sources`` are the slice headers in slice order.
+
+    ``name`` (the label map's file stem) keeps the SOP Instance UIDs of two label maps of
+    one kind apart; the reference pipeline's ``organs`` / ``findings`` maps keep theirs.
 
     Raises:
         ReportError: the label map is not on the report's grid, or no described segment
@@ -85,8 +89,8 @@ def build_seg(
             segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
             segment_descriptions=descriptions,
             series_instance_uid=series_instance_uid or common.report_uid(report, "seg-series"),
-            series_number=series_number,
-            sop_instance_uid=common.report_uid(report, "seg", kind),
+            series_number=common.series_number(series_number, report),
+            sop_instance_uid=common.report_uid(report, "seg", name or kind),
             instance_number=instance_number,
             manufacturer=common.MANUFACTURER,
             manufacturer_model_name=common.MANUFACTURER,
@@ -96,7 +100,7 @@ def build_seg(
             content_description=common.lo(
                 f"radserve {kind}: " + ", ".join(dict.fromkeys(f"{m} {v}" for m, v in models))
             ),
-            series_description="radserve AI segmentation",
+            series_description=common.series_description("radserve AI segmentation", report),
             contributing_equipment=common.contributing_equipment(report, models, "Segmentation"),
             specific_character_set=None,  # set below: see common.set_character_set
         )

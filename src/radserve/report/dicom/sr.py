@@ -7,11 +7,25 @@ Content tree (highdicom templates):
 * one group per organ: volume (ml) and mean (HU, CT only), finding type and site = the
   organ. When a SEG of the organ is given, a Volumetric ROI group (TID 1411) referencing
   the segment; otherwise a plain Measurements group (TID 1501);
-* one Volumetric ROI group per finding: tracking identifier ``Lesion n`` + the tracking
-  UID its SEG segment carries, finding type, finding site = containing organ, algorithm
-  identification, the referenced segment, and measurements volume (ml), long axis and
-  short axis (mm; each references the key slice and carries its endpoints as an SCOORD3D
-  polyline in the frame of reference) and mean (HU).
+* per finding, two groups with its tracking identifier ``Lesion n`` + the tracking UID
+  its SEG segment carries, finding type, finding site = containing organ and algorithm
+  identification: a Volumetric ROI group (TID 1411) referencing the segment, with volume
+  (ml) and mean (HU), and a TID 1501 group with long and short axis (mm), each
+  referencing the key slice and carrying its endpoints as a POLYLINE SCOORD on that
+  image and a POLYLINE SCOORD3D in the frame of reference (TID 1411 forbids coordinates
+  on its measurements). Without a SEG, one TID 1501 group holds all four. A finding
+  that touches an edge of the volume (``coverage`` partial) has, like a partial organ,
+  the qualitative evaluation "Quality Issue" = "Anatomy coverage incomplete" in each
+  of its groups: its diameters and volume are lower bounds.
+* per positive classification (a classification step's class that reached its
+  ``min_probability``), a TID 1501 group: tracking identifier ``<step>: <class>``,
+  finding type = the class, algorithm identification, and "Probability" (DCM 122157,
+  unit UCUM ``1``) = the class's aggregated probability.
+
+A report warning that the study may hold images the result does not cover (late
+instances under the gateway's ``flag`` policy, a transfer cut off and never resumed:
+:data:`radserve.report.wording.COMPLETENESS_WARNINGS`) becomes a TEXT "Quality Issue"
+(DCM 113010) in TID 1500's Qualitative Evaluations container.
 
 Evidence (Current Requested Procedure Evidence) lists every source slice and each SEG.
 Flags: COMPLETE, UNVERIFIED, and FINAL (the algorithm will not amend it; a radiologist
@@ -32,11 +46,12 @@ from pydicom.sr.codedict import codes
 from pydicom.sr.coding import Code
 from pydicom.uid import SegmentationStorage
 
-from radserve.domain import Finding, OrganMeasurement
+from radserve.domain import Classification, Finding, OrganMeasurement
 from radserve.errors import ReportError
-from radserve.postprocess.diameters import FindingAxes
-from radserve.report.dicom import common
+from radserve.postprocess.diameters import FindingAxes, Point2, Point3
+from radserve.report.dicom import common, notes
 from radserve.report.schema import Report
+from radserve.report.wording import completeness_notes
 
 logger = logging.getLogger(__name__)
 
@@ -63,15 +78,20 @@ def build_sr(
     axes = {a.finding_id: a for a in report.finding_axes}
     for finding in report.findings:
         ref = segments.get(common.tracking_uid(report, common.finding_key(finding.finding_id)))
-        groups.append(
-            _finding_group(
+        groups.extend(
+            _finding_groups(
                 report, finding, axes.get(finding.finding_id), ref, sources, warn_missing=bool(segs)
             )
         )
         algorithms.add((finding.model, finding.model_version))
+    for classification in report.classifications:
+        if classification.positive:
+            groups.append(_classification_group(report, classification))
+            algorithms.add((classification.model, classification.model_version))
     texts = [common.lesion_name(f.finding_id) for f in report.findings]
+    texts += [_class_name(c) for c in report.classifications]
     texts += [m.label for m in report.organ_measurements] + [n for pair in algorithms for n in pair]
-    texts += common.software_versions(report)
+    texts += common.software_versions(report) + completeness_notes(report.warnings)
     shielded, patient_name = common.shield_patient_name(sources)
     try:
         content = hd.sr.MeasurementReport(
@@ -79,17 +99,24 @@ def build_sr(
             procedure_reported=common.procedure_code(report.study.modality),
             imaging_measurements=groups or None,  # type: ignore[arg-type]
         )
+        completeness = completeness_notes(report.warnings)
+        if completeness:  # the study may hold images this result does not cover
+            notes.append_to_root(
+                content[0],
+                notes.evaluations([notes.text(notes.QUALITY_ISSUE, n) for n in completeness]),
+            )
         sr = hd.sr.Comprehensive3DSR(
             evidence=[*shielded, *segs],
             content=content[0],
             series_instance_uid=series_instance_uid or common.report_uid(report, "sr-series"),
-            series_number=series_number,
+            series_number=common.series_number(series_number, report),
             sop_instance_uid=common.report_uid(report, "sr"),
             instance_number=instance_number,
             manufacturer=common.MANUFACTURER,
             is_complete=True,
             is_final=True,
-            series_description="radserve AI measurements",
+            series_description=common.series_description("radserve AI measurements", report),
+            previous_versions=predecessor_documents(report),
             manufacturer_model_name=common.MANUFACTURER,
             software_versions=common.software_versions(report),
             device_serial_number=common.device_serial_number(),
@@ -119,7 +146,7 @@ def write_sr(
     """Write the TID 1500 SR at ``out_path``; SEGs (paths or datasets) may be one, many or none.
 
     ``source_files`` are the files of the source study (other files are ignored). Without
-    a SEG, lesion groups are TID 1501 groups that carry the RECIST endpoints instead.
+    a SEG, each lesion is one TID 1501 group (with the RECIST endpoints, as always).
     """
     sources = common.slice_sources(report, common.read_headers(source_files))
     sr = build_sr(
@@ -134,13 +161,26 @@ def write_sr(
 
 
 # --- groups -----------------------------------------------------------------------------------
+# Coverage as qualitative evaluations of the organ's group (name, value). "Finding" is
+# taken: TID 1501/1411 name the finding type with it.
+NOT_ASSESSED = (codes.DCM.PresenceOfProperty, codes.DCM.PresenceUndetermined)
+COVERAGE_INCOMPLETE = (codes.DCM.QualityIssue, Code("130576", "DCM", "Anatomy coverage incomplete"))
+
+
 def _organ_group(report: Report, organ: OrganMeasurement, ref: SegRef | None) -> object:
+    """One organ's group. An organ not found gets no measurement at all (never a 0 ml
+    volume) but the evaluation "Presence of property" = "Presence Undetermined" (it may
+    lie outside the scanned range); a partial one keeps its volume (a lower bound) with
+    "Quality Issue" = "Anatomy coverage incomplete"."""
     algorithm = hd.sr.AlgorithmIdentification(name=organ.model, version=organ.model_version)
-    measurements = [_measurement(codes.SCT.Volume, organ.volume_ml, common.ML, algorithm)]
+    measurements = []
+    if organ.volume_ml is not None:
+        measurements.append(_measurement(codes.SCT.Volume, organ.volume_ml, common.ML, algorithm))
     if organ.mean_hu is not None and report.study.modality == "CT":
         measurements.append(
             _measurement(codes.SCT.Mean, organ.mean_hu, codes.UCUM.HounsfieldUnit, algorithm)
         )
+    evaluation = {"not_found": NOT_ASSESSED, "partial": COVERAGE_INCOMPLETE}.get(organ.coverage)
     common_args = {
         "tracking_identifier": hd.sr.TrackingIdentifier(
             uid=common.tracking_uid(report, _organ_key(organ)),
@@ -149,16 +189,19 @@ def _organ_group(report: Report, organ: OrganMeasurement, ref: SegRef | None) ->
         "finding_type": common.coded(organ.concept),
         "finding_sites": [hd.sr.FindingSite(common.coded(organ.concept))],
         "algorithm_id": algorithm,
-        "measurements": measurements,
+        "measurements": measurements or None,
+        "qualitative_evaluations": None
+        if evaluation is None
+        else [hd.sr.QualitativeEvaluation(*evaluation)],
     }
-    if ref is None:
+    if ref is None or organ.volume_ml is None:
         return hd.sr.MeasurementsAndQualitativeEvaluations(**common_args)
     return hd.sr.VolumetricROIMeasurementsAndQualitativeEvaluations(
         referenced_segment=_referenced_segment(ref), **common_args
     )
 
 
-def _finding_group(
+def _finding_groups(
     report: Report,
     finding: Finding,
     axes: FindingAxes | None,
@@ -166,7 +209,15 @@ def _finding_group(
     sources: Sequence[Dataset],
     *,
     warn_missing: bool,
-) -> object:
+) -> list[object]:
+    """A lesion's measurement groups, all with its tracking identifier and UID.
+
+    TID 1411 (the SEG segment as its region) forbids coordinates on its measurements,
+    so the RECIST axes go into a TID 1501 group of their own, each axis a POLYLINE of
+    its two endpoints: as SCOORD on the key slice (what 2-D viewers draw) and as
+    SCOORD3D in the frame of reference (the report's LPS endpoints). The volume and
+    mean stay with the segment. Without a segment, one TID 1501 group holds them all.
+    """
     algorithm = hd.sr.AlgorithmIdentification(name=finding.model, version=finding.model_version)
     if not 0 <= finding.key_slice_index < len(sources):
         raise ReportError(
@@ -174,37 +225,21 @@ def _finding_group(
             f"the {len(sources)} source slices"
         )
     key = sources[finding.key_slice_index]
-    key_image = hd.sr.SourceImageForMeasurement(str(key.SOPClassUID), str(key.SOPInstanceUID))
-    # TID 1411 allows no coordinates on its measurements: the endpoints stay in the JSON
-    # report; only the TID 1501 fallback (no segment) carries them as SCOORD3D.
-    frame_uid = report.geometry.frame_of_reference_uid if ref is None else None
-    long_points = axes.long_axis_lps if axes is not None and frame_uid else None
-    short_points = axes.short_axis_lps if axes is not None and frame_uid else None
-    measurements = [
-        _measurement(codes.SCT.Volume, finding.volume_ml, common.ML, algorithm),
-        _measurement(
-            codes.SCT.LongAxis,
-            finding.longest_diameter_mm,
-            codes.UCUM.Millimeter,
-            algorithm,
-            image=key_image,
-            points=long_points,
-            frame_uid=frame_uid,
-        ),
-        _measurement(
-            codes.SCT.ShortAxis,
-            finding.short_axis_mm,
-            codes.UCUM.Millimeter,
-            algorithm,
-            image=key_image,
-            points=short_points,
-            frame_uid=frame_uid,
-        ),
-    ]
+    region_measurements = [_measurement(codes.SCT.Volume, finding.volume_ml, common.ML, algorithm)]
     if finding.mean_hu is not None and report.study.modality == "CT":
-        measurements.append(
+        region_measurements.append(
             _measurement(codes.SCT.Mean, finding.mean_hu, codes.UCUM.HounsfieldUnit, algorithm)
         )
+    linear = [
+        _axis_measurement(
+            codes.SCT.LongAxis, finding.longest_diameter_mm, algorithm, key, report,
+            None if axes is None else (axes.long_axis, axes.long_axis_lps),
+        ),
+        _axis_measurement(
+            codes.SCT.ShortAxis, finding.short_axis_mm, algorithm, key, report,
+            None if axes is None else (axes.short_axis, axes.short_axis_lps),
+        ),
+    ]  # fmt: skip
     organ = common.organ_concepts(report).get(finding.containing_organ or "")
     args = {
         "tracking_identifier": hd.sr.TrackingIdentifier(
@@ -214,22 +249,107 @@ def _finding_group(
         "finding_type": common.coded(finding.concept),
         "finding_sites": [hd.sr.FindingSite(common.coded(organ))] if organ else None,
         "algorithm_id": algorithm,
-        "measurements": measurements,
+        # Cut by the edge of the volume: as for a partial organ, "Quality Issue" =
+        # "Anatomy coverage incomplete" on every group (its measurements are lower bounds).
+        "qualitative_evaluations": [hd.sr.QualitativeEvaluation(*COVERAGE_INCOMPLETE)]
+        if finding.coverage == "partial"
+        else None,
     }
+    key_images = [
+        hd.sr.SourceImageForMeasurementGroup(str(key.SOPClassUID), str(key.SOPInstanceUID))
+    ]
     if ref is not None:
-        return hd.sr.VolumetricROIMeasurementsAndQualitativeEvaluations(
-            referenced_segment=_referenced_segment(ref), **args
-        )
+        return [
+            hd.sr.VolumetricROIMeasurementsAndQualitativeEvaluations(
+                referenced_segment=_referenced_segment(ref),
+                measurements=region_measurements,
+                **args,
+            ),
+            hd.sr.MeasurementsAndQualitativeEvaluations(
+                source_images=key_images, measurements=linear, **args
+            ),
+        ]
     logger.log(
         logging.WARNING if warn_missing else logging.DEBUG,
         "finding %d has no SEG segment; SR group without a region",
         finding.finding_id,
     )
+    return [
+        hd.sr.MeasurementsAndQualitativeEvaluations(
+            source_images=key_images,
+            measurements=[region_measurements[0], *linear, *region_measurements[1:]],
+            **args,
+        )
+    ]
+
+
+def _class_name(classification: Classification) -> str:
+    return common.lo(f"{classification.step}: {classification.label}")
+
+
+def _classification_group(report: Report, classification: Classification) -> object:
+    """A positive classification as a finding: its class and the class's probability."""
+    algorithm = hd.sr.AlgorithmIdentification(
+        name=classification.model, version=classification.model_version
+    )
     return hd.sr.MeasurementsAndQualitativeEvaluations(
-        source_images=[
-            hd.sr.SourceImageForMeasurementGroup(str(key.SOPClassUID), str(key.SOPInstanceUID))
+        tracking_identifier=hd.sr.TrackingIdentifier(
+            uid=common.tracking_uid(report, common.classification_key(classification.step)),
+            identifier=_class_name(classification),
+        ),
+        finding_type=common.coded(classification.concept),
+        algorithm_id=algorithm,
+        measurements=[
+            _measurement(
+                codes.DCM.Probability, classification.probability, codes.UCUM.NoUnits, algorithm
+            )
         ],
-        **args,
+    )
+
+
+def _axis_measurement(
+    name: Code,
+    value: float,
+    algorithm: hd.sr.AlgorithmIdentification,
+    key: Dataset,
+    report: Report,
+    endpoints: tuple[tuple[Point2, Point2], tuple[Point3, Point3]] | None,
+) -> hd.sr.Measurement:
+    """A RECIST axis on the key slice: its length, the image, and its two endpoints.
+
+    Image coordinates are (column, row) with (0, 0) the top left corner of the top left
+    pixel (PS3.3 C.18.6.1.2), so a pixel centre at index (r, c) is (c + 0.5, r + 0.5).
+    """
+    image = hd.sr.SourceImageForMeasurement(str(key.SOPClassUID), str(key.SOPInstanceUID))
+    coordinates: list[object] = []
+    if endpoints is not None:
+        rows_cols, lps = endpoints
+        xy = np.asarray([(c + 0.5, r + 0.5) for r, c in rows_cols], dtype=float)
+        coordinates.append(
+            hd.sr.CoordinatesForMeasurement(
+                graphic_type=hd.sr.GraphicTypeValues.POLYLINE,
+                graphic_data=xy,
+                source_image=hd.sr.SourceImageForRegion(
+                    str(key.SOPClassUID), str(key.SOPInstanceUID)
+                ),
+            )
+        )
+        frame_uid = report.geometry.frame_of_reference_uid
+        if frame_uid:
+            coordinates.append(
+                hd.sr.CoordinatesForMeasurement3D(
+                    graphic_type=hd.sr.GraphicTypeValues3D.POLYLINE,
+                    graphic_data=np.asarray(lps, dtype=float),
+                    frame_of_reference_uid=frame_uid,
+                )
+            )
+    return hd.sr.Measurement(
+        name=name,
+        value=round(float(value), 4),
+        unit=codes.UCUM.Millimeter,
+        algorithm_id=algorithm,
+        referenced_images=[image],
+        referenced_coordinates=coordinates or None,  # type: ignore[arg-type]
     )
 
 
@@ -238,27 +358,9 @@ def _measurement(
     value: float,
     unit: Code,
     algorithm: hd.sr.AlgorithmIdentification,
-    *,
-    image: hd.sr.SourceImageForMeasurement | None = None,
-    points: Sequence[Sequence[float]] | None = None,
-    frame_uid: str | None = None,
 ) -> hd.sr.Measurement:
-    coordinates = None
-    if points is not None and frame_uid:
-        coordinates = [
-            hd.sr.CoordinatesForMeasurement3D(
-                graphic_type=hd.sr.GraphicTypeValues3D.POLYLINE,
-                graphic_data=np.asarray(points, dtype=float),
-                frame_of_reference_uid=frame_uid,
-            )
-        ]
     return hd.sr.Measurement(
-        name=name,
-        value=round(float(value), 4),
-        unit=unit,
-        algorithm_id=algorithm,
-        referenced_images=[image] if image is not None else None,
-        referenced_coordinates=coordinates,
+        name=name, value=round(float(value), 4), unit=unit, algorithm_id=algorithm
     )
 
 
@@ -289,6 +391,21 @@ def _referenced_segment(ref: SegRef) -> hd.sr.ReferencedSegment:
             hd.sr.SourceImageForSegmentation(sop_class, uid) for uid, sop_class in images.items()
         ],
     )
+
+
+def predecessor_documents(report: Report) -> list[Dataset] | None:
+    """The SR this one supersedes (a re-run of the study), as the minimal headers
+    highdicom needs for the Predecessor Documents Sequence; None for a first result."""
+    lineage = report.lineage
+    if lineage is None or lineage.predecessor_sr is None:
+        return None
+    ref = lineage.predecessor_sr
+    previous = Dataset()
+    previous.StudyInstanceUID = ref.study_instance_uid
+    previous.SeriesInstanceUID = ref.series_instance_uid
+    previous.SOPClassUID = ref.sop_class_uid
+    previous.SOPInstanceUID = ref.sop_instance_uid
+    return [previous]
 
 
 def _observation_context(report: Report) -> hd.sr.ObservationContext:

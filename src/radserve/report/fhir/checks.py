@@ -23,16 +23,25 @@ STATUS = {
         "cancelled", "entered-in-error", "unknown",
     },
     "ImagingStudy": {"registered", "available", "cancelled", "entered-in-error", "unknown"},
+    "Communication": {
+        "preparation", "in-progress", "not-done", "on-hold", "stopped", "completed",
+        "entered-in-error", "unknown",
+    },
+    "Flag": {"active", "inactive", "entered-in-error"},
 }  # fmt: skip
+PRIORITIES = {"routine", "urgent", "asap", "stat"}
 BUNDLE_TYPES = {"transaction", "collection", "batch", "document", "message", "searchset"}
 METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH"}
 GENDERS = {"male", "female", "other", "unknown"}
+COMPARATORS = ("<", "<=", ">=", ">")
 REQUIRED = {
     "Observation": ("status", "code", "subject"),
     "DiagnosticReport": ("status", "code", "subject"),
     "ImagingStudy": ("status", "subject"),
     "Device": (),
     "Patient": (),
+    "Communication": ("status",),
+    "Flag": ("status", "code", "subject"),
 }
 _OID = re.compile(r"^urn:oid:[0-2](\.(0|[1-9][0-9]*))+$")
 _UCUM = "http://unitsofmeasure.org"
@@ -70,6 +79,8 @@ def _check_resource(resource: dict[str, Any]) -> list[str]:
     status = resource.get("status")
     if kind in STATUS and status is not None and status not in STATUS[kind]:
         problems.append(f"status must be one of {sorted(STATUS[kind])}")
+    if kind == "Communication" and resource.get("priority") not in (None, *PRIORITIES):
+        problems.append(f"priority must be one of {sorted(PRIORITIES)}")
     if kind == "Patient" and resource.get("gender") not in (None, *GENDERS):
         problems.append(f"gender must be one of {sorted(GENDERS)}")
     if kind == "Observation" and not (
@@ -78,6 +89,12 @@ def _check_resource(resource: dict[str, Any]) -> list[str]:
         or resource.get("dataAbsentReason")
     ):
         problems.append("an Observation needs a value, members or a dataAbsentReason")
+    if (
+        kind == "Observation"
+        and resource.get("dataAbsentReason")
+        and any(k.startswith("value") for k in resource)
+    ):
+        problems.append("dataAbsentReason only where there is no value (obs-6)")
     for identifier in resource.get("identifier", []):
         value = identifier.get("value", "")
         if identifier.get("system") == "urn:dicom:uid" and not _OID.match(value):
@@ -110,6 +127,8 @@ def _check_values(node: Any) -> list[str]:
                 problems.append("a quantity needs a finite numeric value")
             if node.get("system") == _UCUM and not node.get("code"):
                 problems.append("a UCUM quantity needs a code")
+            if node.get("comparator") not in (None, *COMPARATORS):
+                problems.append(f"a quantity comparator must be one of {COMPARATORS}")
         for child in node.values():
             problems += _check_values(child)
     elif isinstance(node, list):

@@ -14,13 +14,24 @@ import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import quote
 
-from radserve.domain import CodedConcept, Finding, OrganMeasurement
+from pydicom.uid import generate_uid
+
+from radserve.domain import Classification, CodedConcept, Finding, OrganMeasurement
 from radserve.errors import ReportError
 from radserve.report.dicom import common
+from radserve.report.fhir.patient import (
+    IdentifierSystems,
+    PatientLike,
+    birth_date,
+    gender,
+    human_names,
+    patient_identifier,
+)
 from radserve.report.schema import Report
+from radserve.report.wording import coverage_note, finding_coverage_note
 
 JSON = dict[str, Any]
 
@@ -33,22 +44,13 @@ URI = "urn:ietf:rfc:3986"
 V2_0074 = "http://terminology.hl7.org/CodeSystem/v2-0074"
 V2_0203 = "http://terminology.hl7.org/CodeSystem/v2-0203"
 OBS_CATEGORY = "http://terminology.hl7.org/CodeSystem/observation-category"
+DATA_ABSENT = "http://terminology.hl7.org/CodeSystem/data-absent-reason"
 SYSTEMS = {"SCT": SNOMED, "SRT": SNOMED, "LN": LOINC, "DCM": DCM, "UCUM": UCUM}
 
 REPORT_CODE = {"system": LOINC, "code": "18748-4", "display": "Diagnostic imaging study"}
 VOLUME = {"system": SNOMED, "code": "118565006", "display": "Volume"}
 LONG_AXIS = {"system": SNOMED, "code": "103339001", "display": "Long axis"}
 SHORT_AXIS = {"system": SNOMED, "code": "103340004", "display": "Short axis"}
-_GENDER = {"M": "male", "F": "female", "O": "other"}
-
-
-class PatientLike(Protocol):
-    """What the writers need of :class:`radserve.ingest.PatientInfo`."""
-
-    patient_name: str
-    patient_id: str
-    patient_birth_date: str
-    patient_sex: str
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class Entry:
 
     resource: JSON
     if_none_exist: str | None = None
+    # conditional update (PUT <type>?<if_none_exist>): a re-run amends what is there
+    update: bool = False
 
     @property
     def full_url(self) -> str:
@@ -94,27 +98,31 @@ def _search(identifier: JSON) -> str:
     return f"identifier={token}"
 
 
+def identifier_search(identifier: JSON) -> str:
+    """The ``ifNoneExist`` query of ``identifier`` (for resources built elsewhere)."""
+    return _search(identifier)
+
+
 def instant(report: Report) -> str:
     """``generated_at`` as a FHIR instant in UTC (the form fhir.resources writes back)."""
     return report.generated_at.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
 
 
 # --- Patient, Device, ImagingStudy ------------------------------------------------------------
-def patient_entry(report: Report, patient: PatientLike, system: str | None) -> Entry:
+def patient_entry(report: Report, patient: PatientLike, systems: IdentifierSystems) -> Entry:
+    """The Patient; conditional create only for an identifier with a system (see
+    :mod:`radserve.report.fhir.patient`)."""
     resource: JSON = {"resourceType": "Patient", "id": local_id(report, "patient")}
     search = None
-    if patient.patient_id:
-        identifier: JSON = {"value": patient.patient_id}
-        if system:
-            identifier = {"system": system, **identifier}
+    identifier = patient_identifier(patient, systems)
+    if identifier is not None:
         resource["identifier"] = [identifier]
-        search = _search(identifier)
-    names = [n for n in (_human_name(g) for g in patient.patient_name.split("=")) if n]
-    if names:
-        names[0]["use"] = "official"
+        if identifier.get("system"):
+            search = _search(identifier)
+    if names := human_names(patient.patient_name):
         resource["name"] = names
-    resource["gender"] = _GENDER.get(patient.patient_sex.strip().upper(), "unknown")
-    if birth := _fhir_date(patient.patient_birth_date):
+    resource["gender"] = gender(patient)
+    if birth := birth_date(patient):
         resource["birthDate"] = birth
     return Entry(resource, search)
 
@@ -257,8 +265,31 @@ def organ_observation(
         report, key, VOLUME, f"{organ.concept.meaning} volume",
         subject=subject, study=study, device=device, body_site=organ.concept,
     )  # fmt: skip
-    obs["valueQuantity"] = quantity(organ.volume_ml, "mL")
+    _organ_value(obs, organ)
     return Entry(obs, _search(obs["identifier"][0]))
+
+
+def _organ_value(obs: JSON, organ: OrganMeasurement) -> None:
+    """The volume, as far as the scan shows it.
+
+    Complete: the value. Partial (the organ reaches an edge of the volume): the value
+    with comparator ``>=`` — a lower bound — and a note saying which edge. Not found:
+    no value but ``dataAbsentReason`` ``not-performed`` (the organ was not assessed) and
+    a note; the status stays ``final`` (this record is complete: it says "no value")."""
+    note = coverage_note(organ)
+    if note is not None:
+        obs["note"] = [{"text": note}]
+    if organ.volume_ml is None:
+        obs["dataAbsentReason"] = {
+            "coding": [
+                {"system": DATA_ABSENT, "code": "not-performed", "display": "Not Performed"}
+            ],
+            "text": "not assessed: not found in the scanned volume",
+        }
+        return
+    obs["valueQuantity"] = quantity(organ.volume_ml, "mL")
+    if organ.coverage == "partial":
+        obs["valueQuantity"] = {"comparator": ">=", **obs["valueQuantity"]}
 
 
 def finding_observations(
@@ -269,9 +300,14 @@ def finding_observations(
     study: Entry,
     device: Entry | None,
 ) -> list[Entry]:
-    """A lesion as a grouping Observation with one member Observation per measurement."""
+    """A lesion as a grouping Observation with one member Observation per measurement.
+
+    A finding cut by the edge of the volume (``coverage`` partial), like a partial
+    organ: each value has comparator ``>=`` (a lower bound) and every Observation a
+    note saying which edge."""
     key = common.finding_key(finding.finding_id)
     name = common.lesion_name(finding.finding_id)
+    note = finding_coverage_note(finding, name)
     members = []
     for part, code, value, unit in (
         ("long-axis", LONG_AXIS, finding.longest_diameter_mm, "mm"),
@@ -283,6 +319,9 @@ def finding_observations(
             subject=subject, study=study, device=device, body_site=organ,
         )  # fmt: skip
         obs["valueQuantity"] = quantity(value, unit)
+        if note is not None:
+            obs["valueQuantity"] = {"comparator": ">=", **obs["valueQuantity"]}
+            obs["note"] = [{"text": note}]
         members.append(Entry(obs, _search(obs["identifier"][0])))
     group = _observation(
         report, key, coding(finding.concept), f"{name}: {finding.concept.meaning}",
@@ -291,10 +330,52 @@ def finding_observations(
     tracking = common.tracking_uid(report, key)
     group["identifier"].append(oid_identifier(tracking, type={"text": "DICOM Tracking UID"}))
     group["hasMember"] = [m.ref for m in members]
+    if note is not None:
+        group["note"] = [{"text": note}]
     return [Entry(group, _search(group["identifier"][0])), *members]
 
 
+def classification_observation(
+    report: Report,
+    classification: Classification,
+    subject: Entry,
+    study: Entry,
+    device: Entry | None,
+) -> Entry:
+    """A positive classification: the class as the Observation's code, its aggregated
+    probability (UCUM ``1``) as the value, and how it was aggregated as the method."""
+    key = common.classification_key(classification.step)
+    concept = classification.concept
+    obs = _observation(
+        report, key, coding(concept), f"{classification.step}: {concept.meaning}",
+        subject=subject, study=study, device=device, body_site=None,
+    )  # fmt: skip
+    obs["valueQuantity"] = quantity(classification.probability, "1")
+    obs["method"] = {
+        "text": f"AI classification: {classification.aggregate} of the class probability "
+        f"over {classification.slices} slices"
+    }
+    tracking = common.tracking_uid(report, key)
+    obs["identifier"].append(oid_identifier(tracking, type={"text": "DICOM Tracking UID"}))
+    return Entry(obs, _search(obs["identifier"][0]))
+
+
 # --- DiagnosticReport -------------------------------------------------------------------------
+def diagnostic_report_uid(report: Report) -> str:
+    """The DiagnosticReport's identifier. With a lineage it names the AI report of this
+    study by this pipeline, the same for every generation, so a re-run amends it; without
+    one (no study UID: a NIfTI upload) it is this report's own."""
+    study = report.study.study_instance_uid
+    if report.lineage is None or not study:
+        return common.report_uid(report, "fhir-diagnostic-report")
+    return str(generate_uid(entropy_srcs=[study, report.pipeline.name, "fhir-diagnostic-report"]))
+
+
+def diagnostic_report_status(report: Report) -> str:
+    """``final`` for a first result, ``amended`` for a re-run that supersedes it."""
+    return "amended" if common.generation(report) > 1 else "final"
+
+
 def diagnostic_report_entry(
     report: Report,
     subject: Entry,
@@ -303,7 +384,7 @@ def diagnostic_report_entry(
     summary: str,
     report_json: str | None,
 ) -> Entry:
-    identifier = oid_identifier(common.report_uid(report, "fhir-diagnostic-report"))
+    identifier = oid_identifier(diagnostic_report_uid(report))
     forms = [_attachment("text/plain", summary, "radserve AI result summary")]
     if report_json is not None:
         forms.append(_attachment("application/json", report_json, "radserve report.json"))
@@ -311,7 +392,7 @@ def diagnostic_report_entry(
         "resourceType": "DiagnosticReport",
         "id": local_id(report, "diagnostic-report"),
         "identifier": [identifier],
-        "status": "final",
+        "status": diagnostic_report_status(report),
         "category": [{"coding": [{"system": V2_0074, "code": "RAD", "display": "Radiology"}]}],
         "code": {"coding": [REPORT_CODE], "text": "AI imaging result"},
         "subject": subject.ref,
@@ -324,10 +405,12 @@ def diagnostic_report_entry(
         resource["effectiveDateTime"] = report.study.study_date.isoformat()
     if results:
         resource["result"] = [r.ref for r in results]
-    codes = {(f.concept.scheme, f.concept.value): f.concept for f in report.findings}
+    concepts = [f.concept for f in report.findings]
+    concepts += [c.concept for c in report.classifications if c.positive]
+    codes = {(c.scheme, c.value): c for c in concepts}
     if codes:
         resource["conclusionCode"] = [{"coding": [coding(c)]} for c in codes.values()]
-    return Entry(resource, _search(identifier))
+    return Entry(resource, _search(identifier), update=common.generation(report) > 1)
 
 
 def _attachment(content_type: str, text: str, title: str) -> JSON:
@@ -340,27 +423,3 @@ def _attachment(content_type: str, text: str, title: str) -> JSON:
 
 
 # --- helpers ----------------------------------------------------------------------------------
-def _human_name(group: str) -> JSON | None:
-    """One DICOM PN component group (family^given^middle^prefix^suffix) as a HumanName."""
-    parts = [p.strip() for p in group.split("^")] + [""] * 5
-    family, given, middle, prefix, suffix = parts[:5]
-    if not any((family, given, middle, prefix, suffix)):
-        return None
-    name: JSON = {"text": " ".join(p for p in (prefix, given, middle, family, suffix) if p)}
-    if family:
-        name["family"] = family
-    if given_names := [g for g in (given, middle) if g]:
-        name["given"] = given_names
-    if prefix:
-        name["prefix"] = [prefix]
-    if suffix:
-        name["suffix"] = [suffix]
-    return name
-
-
-def _fhir_date(value: str) -> str | None:
-    """DICOM DA (YYYYMMDD) as a FHIR date; anything else is left out."""
-    try:
-        return dt.datetime.strptime(value.strip(), "%Y%m%d").date().isoformat()
-    except ValueError:
-        return None

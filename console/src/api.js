@@ -1,0 +1,57 @@
+// Calls to radserve with the session cookie; state-changing calls carry the CSRF token.
+export const session = { role: null, csrf: null, phi: false, keyName: null, user: null }
+
+const RANK = { read: 0, submit: 1, admin: 2 }
+export const can = (role) => session.role !== null && RANK[session.role] >= RANK[role]
+
+export class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message)
+    this.status = status
+    this.code = code
+  }
+}
+
+export async function api(path, { method = 'GET', body } = {}) {
+  const headers = { Accept: 'application/json' }
+  if (method !== 'GET' && session.csrf) headers['X-CSRF-Token'] = session.csrf
+  if (body !== undefined) headers['Content-Type'] = 'application/json'
+  const response = await fetch(path, {
+    method,
+    headers,
+    credentials: 'same-origin',
+    body: body === undefined ? undefined : JSON.stringify(body),
+  })
+  if (response.status === 204) return null
+  const text = await response.text()
+  let data = null
+  try {
+    data = text ? JSON.parse(text) : null
+  } catch {
+    data = null
+  }
+  if (!response.ok) {
+    const error = (data && data.error) || {}
+    if (response.status === 401 && !path.startsWith('/console/api/session')) {
+      window.dispatchEvent(new Event('radserve:signedout')) // the session ended
+    }
+    throw new ApiError(response.status, error.code || 'error', error.message || response.statusText)
+  }
+  return data
+}
+
+export function adopt(info) {
+  session.role = info.role
+  session.csrf = info.csrf
+  session.phi = info.phi
+  session.keyName = info.key_name
+  session.user = info.user || null
+}
+
+export function forget() {
+  session.role = null
+  session.csrf = null
+  session.phi = false
+  session.keyName = null
+  session.user = null
+}

@@ -1,0 +1,176 @@
+// Model lifecycle on the operations page: every installed version of every model with its
+// deployment (stable, canary with its share, shadow), precision gate, comparison record
+// and drift state, read from the lifecycle API (GET /v1/models, /v1/models/deployments,
+// /v1/models/drift). Promote and rollback are offered to admin sessions only, after a
+// confirmation that asks for the reason the server audits; the server refuses them to
+// other roles anyway (403).
+import { api, can } from './api.js'
+import { h, num, toast, when } from './util.js'
+
+export const GUARDRAIL_ACTOR = 'radserve-guardrail'
+
+export async function readLifecycle() {
+  const [models, history, drift] = await Promise.all([
+    api('/v1/models'),
+    api('/v1/models/deployments'),
+    api('/v1/models/drift'),
+  ])
+  return { ...models, history, drift }
+}
+
+function deployedText(v) {
+  return v.deployed.map((role) => {
+    if (role === 'canary' && v.canary_percent !== null) return `canary ${num(v.canary_percent, 0)} %`
+    if (role === 'shadow' && v.shadow_percent !== null) return `shadow ${num(v.shadow_percent, 0)} %`
+    return role
+  })
+}
+
+function gateCell(v) {
+  if (v.error) return h('td', { class: 'err' }, v.error)
+  const entries = Object.entries(v.gate || {})
+  const rejected = entries.filter(([, why]) => why !== 'accepted')
+  return h(
+    'td',
+    { class: 'gate' },
+    h('span', { class: 'ok' }, entries.filter(([, why]) => why === 'accepted').map(([p]) => p).join(', ') || 'none accepted'),
+    rejected.map(([p, why]) => h('div', { class: 'err', title: why }, `${p} rejected: ${why}`)),
+  )
+}
+
+function recordCell(record) {
+  if (!record || (!record.finished && !record.comparisons)) return h('td', { class: 'muted' }, '—')
+  const parts = [`${record.finished} job${record.finished === 1 ? '' : 's'}, ${record.failed} failed`]
+  if (record.comparisons) {
+    parts.push(`${record.comparisons} comparison${record.comparisons === 1 ? '' : 's'}`)
+    if (record.lesion_agreement !== null && record.lesion_agreement !== undefined) parts.push(`lesion agreement ${num(record.lesion_agreement, 2)}`)
+    if (record.mean_dice !== null && record.mean_dice !== undefined) parts.push(`Dice ${num(record.mean_dice, 3)}`)
+    if (record.mean_latency_diff_seconds !== null && record.mean_latency_diff_seconds !== undefined) parts.push(`${record.mean_latency_diff_seconds >= 0 ? '+' : ''}${num(record.mean_latency_diff_seconds, 1)} s`)
+  }
+  return h('td', { class: 'record' }, parts.join(' · '))
+}
+
+function driftCell(monitor) {
+  if (!monitor) return h('td', { class: 'muted' }, 'no studies yet')
+  if (monitor.collecting_reference) {
+    return h('td', { class: 'drift drift-collecting', 'data-drift': 'collecting' }, `collecting reference (${monitor.reference.studies} studies)`)
+  }
+  const worst = Object.entries(monitor.features || {}).filter(([, f]) => f.state && f.state !== 'ok')
+  return h(
+    'td',
+    { class: `drift drift-${monitor.state}`, 'data-drift': monitor.state },
+    h('span', { class: 'badge' }, monitor.state),
+    ` ${monitor.window.studies}/${monitor.window.size} in window`,
+    worst.length ? h('div', { class: 'muted' }, worst.map(([n, f]) => `${n}: ${f.state}`).join(', ')) : '',
+  )
+}
+
+// the step's latest guardrail verdict: an automatic rollback, or a live canary not rolled back
+function verdict(step, deployment, history) {
+  const auto = history.find((d) => d.step === step && d.action === 'auto_rollback')
+  const lines = []
+  if (deployment && deployment.canary) lines.push(h('div', { class: 'ok', 'data-verdict': 'live' }, `canary ${deployment.canary} live, not rolled back by the guardrails`))
+  if (auto) lines.push(h('div', { class: 'bad', 'data-verdict': 'rolled-back' }, `guardrails rolled back automatically ${when(auto.created)}: ${auto.reason || ''}`))
+  return lines
+}
+
+// Renders into `box`; `confirm(step, action, text)` asks before acting.
+export function renderLifecycle(box, data, confirm) {
+  const admin = can('admin')
+  const active = Object.fromEntries(data.deployments.map((d) => [d.step, d]))
+  const drift = new Map(data.drift.map((m) => [`${m.model} ${m.version}`, m]))
+  const names = [...new Set(data.versions.map((v) => v.name))]
+  const blocks = names.map((name) => {
+    const d = active[name]
+    const versions = data.versions.filter((v) => v.name === name)
+    const steps = data.history.filter((x) => x.step === name)
+    const last = steps[0]
+    const earlier = d && steps.some((x) => x.stable !== d.stable)
+    const actions = []
+    if (admin && d && d.canary) {
+      actions.push(h('button', { 'data-action': 'promote', onclick: () => confirm(name, 'promote', `Promote ${name} ${d.canary} (canary, ${num(d.canary_percent, 0)} %) to stable for every study?`) }, `Promote ${d.canary}`))
+    }
+    if (admin && d && (d.canary || earlier)) {
+      const target = d.canary ? `drop the canary ${d.canary}; ${d.stable} serves every study` : `return from ${d.stable} to the stable version before it`
+      actions.push(h('button', { 'data-action': 'rollback', class: 'danger', onclick: () => confirm(name, 'rollback', `Roll back ${name}: ${target}?`) }, 'Roll back'))
+    }
+    return h(
+      'div',
+      { class: 'step', 'data-step': name },
+      h(
+        'div',
+        { class: 'step-head' },
+        h('h3', {}, name),
+        h('span', { class: 'deployment' }, d ? [`stable ${d.stable}`, d.canary ? ` · canary ${d.canary} ${num(d.canary_percent, 0)} %${d.canary_urgent ? ' (URGENT too)' : ''}` : '', d.shadow ? ` · shadow ${d.shadow} ${num(d.shadow_percent, 0)} %` : ''].join('') : 'pipeline default (no deployment recorded)'),
+        h('span', { class: 'actions' }, actions),
+      ),
+      last ? h('div', { class: 'muted last-change' }, `last change: ${last.action} ${when(last.created)} by ${last.actor || '—'}${last.reason ? ` — ${last.reason}` : ''}`) : '',
+      verdict(name, d, data.history),
+      h(
+        'table',
+        { class: 'versions' },
+        h('thead', {}, h('tr', {}, ['version', 'deployed', 'gate (servable precisions)', 'record (jobs, comparisons)', 'drift'].map((t) => h('th', {}, t)))),
+        h(
+          'tbody',
+          {},
+          versions.map((v) =>
+            h(
+              'tr',
+              { 'data-model': v.name, 'data-version': v.version, 'data-deployed': v.deployed.join(' '), class: v.deployed.length ? 'deployed' : '' },
+              h('td', {}, v.version),
+              h('td', { class: 'roles' }, deployedText(v).map((t) => h('span', { class: `role role-${t.split(' ')[0]}` }, t))),
+              gateCell(v),
+              recordCell(v.record),
+              driftCell(drift.get(`${v.name} ${v.version}`)),
+            ),
+          ),
+        ),
+      ),
+    )
+  })
+  box.replaceChildren(h('h2', {}, 'Models'), ...(blocks.length ? blocks : [h('p', { class: 'muted' }, 'no models installed')]))
+}
+
+// One modal confirmation (outside the refreshed area, so a refresh does not close it):
+// the reason is required and audited with the change.
+export function confirmDialog(onDone) {
+  const text = h('p', { id: 'confirm-text' })
+  const reason = h('input', { id: 'confirm-reason', type: 'text', maxlength: 1000, required: true, placeholder: 'why (kept in the audit log)', 'aria-label': 'reason' })
+  const error = h('p', { class: 'error', role: 'alert' })
+  const ok = h('button', { type: 'submit', 'data-action': 'confirm' }, 'Confirm')
+  const cancel = h('button', { type: 'button', 'data-action': 'cancel-confirm' }, 'Cancel')
+  const form = h('form', { method: 'dialog' }, h('h2', {}, 'Confirm'), text, h('label', {}, 'Reason ', reason), error, h('div', { class: 'group' }, ok, cancel))
+  const dialog = h('dialog', { id: 'confirm-dialog' }, form)
+  document.body.append(dialog)
+  let pending = null
+  cancel.addEventListener('click', () => dialog.close())
+  form.addEventListener('submit', async (event) => {
+    event.preventDefault()
+    if (!pending || !reason.value.trim()) return
+    ok.disabled = true
+    const { step, action } = pending
+    try {
+      await api(`/v1/models/${encodeURIComponent(step)}/${action}`, { method: 'POST', body: { reason: reason.value.trim() } })
+      toast(`${step}: ${action} done`)
+      dialog.close()
+      onDone()
+    } catch (e) {
+      error.textContent = `${action} refused: ${e.message}`
+    } finally {
+      ok.disabled = false
+    }
+  })
+  return {
+    ask(step, action, question) {
+      pending = { step, action }
+      text.textContent = question
+      reason.value = ''
+      error.textContent = ''
+      dialog.showModal()
+      reason.focus()
+    },
+    remove() {
+      dialog.remove()
+    },
+  }
+}

@@ -1,0 +1,246 @@
+// The worklist: one list read, then live changes from server-sent events.
+import { api, can } from './api.js'
+import { duration, h, toast } from './util.js'
+
+const STATES = ['received', 'queued', 'running', 'succeeded', 'failed', 'cancelled']
+const CLASSES = ['URGENT', 'INPATIENT', 'OUTPATIENT']
+const FINAL = new Set(['succeeded', 'failed', 'cancelled'])
+
+// deadline risk: share of the turnaround target still left
+export function risk(job, now = Date.now()) {
+  const deadline = Date.parse(job.deadline)
+  // a failed or cancelled job met nothing: it has no result ('none') unless it missed
+  if (FINAL.has(job.state)) return job.deadline_missed ? 'missed' : job.state === 'succeeded' ? 'met' : 'none'
+  const total = deadline - Date.parse(job.arrival)
+  const left = deadline - now
+  if (left <= 0) return 'late'
+  if (total <= 0 || left / total < 0.25) return 'high'
+  if (left / total < 0.5) return 'medium'
+  return 'low'
+}
+
+// the ETA's band against the deadline: late (even the expected finish is after it),
+// risk (the pessimistic end is after it, or the server raised a deadline risk), ok
+export function etaRisk(job) {
+  const eta = job.eta
+  if (!eta || FINAL.has(job.state)) return null
+  const deadline = Date.parse(job.deadline)
+  if (Date.parse(eta.predicted_finish) > deadline) return 'late'
+  if (eta.deadline_risk || Date.parse(eta.predicted_finish_late) > deadline) return 'risk'
+  return 'ok'
+}
+
+const hhmm = (iso) => new Date(iso).toLocaleTimeString(undefined, { hour12: false })
+
+export function worklistPage(root) {
+  const filters = { state: '', cls: '', from: '', to: '', accession: '' }
+  const rows = new Map()
+  let source = null
+  let ticker = null
+  let loading = 0
+
+  const tbody = h('tbody')
+  const count = h('span', { class: 'count' })
+  const field = (name, el) => {
+    el.addEventListener('change', () => {
+      filters[name] = el.value
+      load()
+    })
+    return el
+  }
+  const search = h('input', {
+    type: 'search',
+    placeholder: 'accession',
+    'aria-label': 'search by accession',
+    id: 'f-accession',
+  })
+  let debounce = null
+  search.addEventListener('input', () => {
+    clearTimeout(debounce)
+    debounce = setTimeout(() => {
+      filters.accession = search.value.trim()
+      load()
+    }, 250)
+  })
+  const bar = h(
+    'div',
+    { class: 'filters' },
+    h('label', {}, 'Class ', field('cls', h('select', { id: 'f-class' }, h('option', { value: '' }, 'all'), CLASSES.map((c) => h('option', { value: c }, c))))),
+    h('label', {}, 'State ', field('state', h('select', { id: 'f-state' }, h('option', { value: '' }, 'all'), STATES.map((s) => h('option', { value: s }, s))))),
+    h('label', {}, 'From ', field('from', h('input', { type: 'date', id: 'f-from' }))),
+    h('label', {}, 'To ', field('to', h('input', { type: 'date', id: 'f-to' }))),
+    h('label', {}, 'Search ', search),
+    count,
+    h('span', { class: 'live', id: 'live' }, '● live'),
+  )
+  const table = h(
+    'table',
+    { class: 'worklist', id: 'worklist' },
+    h('thead', {}, h('tr', {}, ['Class', 'Accession', 'State', 'Queue', 'Deadline', 'Time left', 'ETA', 'Stage', 'Age', 'Pipeline', ''].map((t) => h('th', {}, t)))),
+    tbody,
+  )
+  root.replaceChildren(h('section', { class: 'page' }, h('h1', {}, 'Worklist'), bar, h('div', { class: 'scroll' }, table)))
+
+  function matches(job) {
+    if (filters.state && job.state !== filters.state) return false
+    if (filters.cls && job.priority_class !== filters.cls) return false
+    if (filters.accession && !(job.accession || '').toLowerCase().includes(filters.accession.toLowerCase())) return false
+    const day = job.arrival.slice(0, 10)
+    if (filters.from && day < filters.from) return false
+    if (filters.to && day > filters.to) return false
+    return true
+  }
+
+  async function cancel(job) {
+    if (!confirm(`Cancel job ${job.accession || job.id}?`)) return
+    try {
+      const out = await api(`/v1/jobs/${encodeURIComponent(job.id)}`, { method: 'DELETE' })
+      upsert({ ...job, state: out.state })
+      toast('cancel requested')
+    } catch (error) {
+      toast(`cancel refused: ${error.message}`, 'error')
+    }
+  }
+
+  async function reprioritise(job, select) {
+    const cls = select.value
+    select.value = ''
+    if (!cls || cls === job.priority_class) return
+    if (!confirm(`File ${job.accession || job.id} as ${cls}? Its deadline becomes arrival + the ${cls} turnaround target.`)) return
+    try {
+      const out = await api(`/v1/jobs/${encodeURIComponent(job.id)}/priority`, { method: 'POST', body: { priority_class: cls } })
+      upsert({ ...job, priority_class: out.priority_class, deadline: out.deadline, queue_position: out.queue_position })
+      toast(`${job.accession || job.id}: now ${out.priority_class}`)
+    } catch (error) {
+      toast(`re-prioritise refused: ${error.message}`, 'error')
+    }
+  }
+
+  function etaCell(job) {
+    const band = etaRisk(job)
+    if (!band) return h('td', { class: 'eta' }, '—')
+    const eta = job.eta
+    const spread = Math.max(0, (Date.parse(eta.predicted_finish_late) - Date.parse(eta.predicted_finish)) / 1000)
+    return h(
+      'td',
+      { class: 'eta', 'data-eta': band, title: `predicted finish ${hhmm(eta.predicted_finish)}, pessimistic ${hhmm(eta.predicted_finish_late)} (${eta.basis})` },
+      h('span', { class: `risk eta-${band}` }, hhmm(eta.predicted_finish)),
+      spread >= 1 ? h('span', { class: 'band' }, ` +${duration(spread)}`) : '',
+    )
+  }
+
+  function cells(tr, job, now) {
+    const left = (Date.parse(job.deadline) - now) / 1000
+    const level = risk(job, now)
+    tr.className = `state-${job.state} risk-${level}`
+    tr.dataset.state = job.state
+    tr.dataset.risk = level
+    // the actions cell is kept while the job's state and class stay (an open class
+    // menu must survive the once-a-second refresh)
+    const key = `${job.state}|${job.priority_class}`
+    let actions = tr._actions
+    if (!actions || tr._actionsKey !== key) {
+      actions = h('td', { class: 'actions' })
+      if (can('submit') && job.state === 'queued') {
+        const select = h('select', { class: 'reprioritise', 'data-action': 'reprioritise', 'aria-label': 'change priority class', title: 'change priority class', onclick: (e) => e.stopPropagation(), onkeydown: (e) => e.stopPropagation() }, h('option', { value: '' }, 'Class…'), CLASSES.filter((c) => c !== job.priority_class).map((c) => h('option', { value: c }, c)))
+        select.addEventListener('change', () => reprioritise(job, select))
+        actions.append(select, ' ')
+      }
+      if (can('submit') && !FINAL.has(job.state)) {
+        actions.append(h('button', { class: 'cancel', 'data-action': 'cancel', onclick: (e) => { e.stopPropagation(); cancel(job) } }, 'Cancel'))
+      }
+      tr._actions = actions
+      tr._actionsKey = key
+    }
+    const tds = [
+      h('td', {}, h('span', { class: `cls cls-${job.priority_class}` }, job.priority_class)),
+      h('td', {}, job.accession || '—'),
+      h('td', { class: 'state' }, job.state),
+      h('td', {}, job.queue_position === null || job.queue_position === undefined ? '—' : `#${job.queue_position + 1}`),
+      h('td', {}, new Date(job.deadline).toLocaleTimeString(undefined, { hour12: false })),
+      h('td', { class: 'left' }, h('span', { class: `risk risk-${level}` }, FINAL.has(job.state) ? { met: 'met', missed: 'missed', none: 'no result' }[level] : duration(left))),
+      etaCell(job),
+      h('td', {}, job.stage),
+      h('td', {}, duration((now - Date.parse(job.arrival)) / 1000)),
+      h('td', {}, job.pipeline),
+    ]
+    if (tr.lastChild === actions) {
+      while (tr.firstChild !== actions) tr.firstChild.remove()
+      actions.before(...tds)
+    } else tr.replaceChildren(...tds, actions)
+  }
+
+  function render() {
+    const now = Date.now()
+    const jobs = [...rows.values()].sort((a, b) => b.arrival.localeCompare(a.arrival) || b.id.localeCompare(a.id))
+    const existing = new Map([...tbody.children].map((tr) => [tr.dataset.id, tr]))
+    const ordered = jobs.map((job) => {
+      let tr = existing.get(job.id)
+      if (!tr) {
+        tr = h('tr', { dataset: { id: job.id }, tabindex: 0 })
+        tr.addEventListener('click', () => (location.hash = `#/job/${encodeURIComponent(job.id)}`))
+        tr.addEventListener('keydown', (e) => e.key === 'Enter' && (location.hash = `#/job/${encodeURIComponent(job.id)}`))
+      }
+      cells(tr, job, now)
+      return tr
+    })
+    const same = ordered.length === tbody.children.length && ordered.every((tr, i) => tbody.children[i] === tr)
+    if (!same) tbody.replaceChildren(...ordered)
+    count.textContent = `${jobs.length} job${jobs.length === 1 ? '' : 's'}`
+  }
+
+  function upsert(job) {
+    if (matches(job)) rows.set(job.id, { ...rows.get(job.id), ...job })
+    else rows.delete(job.id)
+    render()
+  }
+
+  function listen(seq) {
+    if (source) source.close()
+    source = new EventSource(`/console/api/events?since=${seq}`)
+    const live = document.getElementById('live')
+    source.addEventListener('open', () => live && (live.className = 'live on'))
+    source.addEventListener('error', () => live && (live.className = 'live off'))
+    source.addEventListener('job', (e) => upsert(JSON.parse(e.data)))
+    source.addEventListener('positions', (e) => {
+      const positions = JSON.parse(e.data)
+      for (const job of rows.values()) {
+        job.queue_position = job.state === 'queued' || job.state === 'received' ? (positions[job.id] ?? null) : null
+      }
+      render()
+    })
+    source.addEventListener('etas', (e) => {
+      const etas = JSON.parse(e.data)
+      for (const job of rows.values()) if (job.id in etas) job.eta = etas[job.id]
+      render()
+    })
+    source.addEventListener('reset', () => load())
+  }
+
+  async function load() {
+    const mine = ++loading
+    const params = new URLSearchParams()
+    if (filters.state) params.append('state', filters.state)
+    if (filters.cls) params.append('priority_class', filters.cls)
+    if (filters.from) params.set('date_from', filters.from)
+    if (filters.to) params.set('date_to', filters.to)
+    if (filters.accession) params.set('accession', filters.accession)
+    try {
+      const data = await api(`/console/api/worklist?${params}`)
+      if (mine !== loading) return
+      rows.clear()
+      for (const job of data.items) rows.set(job.id, job)
+      render()
+      listen(data.seq)
+    } catch (error) {
+      toast(`worklist: ${error.message}`, 'error')
+    }
+  }
+
+  load()
+  ticker = setInterval(render, 1000) // time left and age; no request
+  return () => {
+    clearInterval(ticker)
+    if (source) source.close()
+  }
+}

@@ -1,0 +1,298 @@
+"""Model lifecycle over HTTP: list versions and deployments (read), install a bundle and
+change deployments (admin). Every change is a ``model_deployments`` row and an audit
+record (who: the key, what, why: ``reason``)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from radserve.api.auth import Principal, require_admin, require_read
+from radserve.api.schemas import ErrorOut
+from radserve.api.state import service_of as _service
+from radserve.domain.deployment import Role, StepDeployment
+from radserve.errors import InvalidRequestError
+from radserve.service.variant_install import VariantRequest, variant_gates
+
+router = APIRouter(tags=["models"])
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 413, 422)
+}
+_MAX_BUNDLE_BYTES = 8 * 1024**3
+
+
+class DeploymentOut(BaseModel):
+    id: int | None
+    created: str | None
+    step: str
+    stable: str
+    canary: str | None
+    canary_percent: float
+    canary_urgent: bool
+    shadow: str | None
+    shadow_percent: float
+    action: str
+    actor: str | None
+    reason: str | None
+
+    @classmethod
+    def of(cls, d: StepDeployment) -> DeploymentOut:
+        return cls(
+            id=d.id,
+            created=d.created.isoformat() if d.created else None,
+            step=d.step,
+            stable=d.stable,
+            canary=d.canary,
+            canary_percent=d.canary_percent,
+            canary_urgent=d.canary_urgent,
+            shadow=d.shadow,
+            shadow_percent=d.shadow_percent,
+            action=d.action.value,
+            actor=d.actor,
+            reason=d.reason,
+        )
+
+
+class ModelsOut(BaseModel):
+    versions: list[dict[str, Any]] = Field(description="every installed version")
+    deployments: list[DeploymentOut] = Field(description="what serves each step now")
+
+
+class DeployIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: str = Field(min_length=1, max_length=64)
+    role: Literal["stable", "canary", "shadow"] = "stable"
+    percent: float = Field(0.0, ge=0, le=100, description="canary/shadow share of studies")
+    include_urgent: bool = Field(False, description="canary: route URGENT studies too")
+    reason: str = Field(min_length=1, max_length=1000, description="why (audited)")
+
+
+class ChangeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=1000, description="why (audited)")
+
+
+@router.get("/v1/models", response_model=ModelsOut, responses=_ERRORS, summary="Model versions")
+async def list_models(
+    request: Request, _: Annotated[Principal, Depends(require_read)]
+) -> ModelsOut:
+    lifecycle = _service(request).lifecycle
+
+    def read() -> ModelsOut:
+        return ModelsOut(
+            versions=lifecycle.status(),
+            deployments=[DeploymentOut.of(d) for d in lifecycle.active().values()],
+        )
+
+    return await run_in_threadpool(read)
+
+
+@router.post(
+    "/v1/models",
+    status_code=201,
+    responses=_ERRORS,
+    summary="Install a model bundle (body: a zip of the bundle folder; admin)",
+)
+async def install_model(
+    request: Request,
+    principal: Annotated[Principal, Depends(require_admin)],
+    build_variants: Annotated[
+        bool, Query(description="build and gate precision variants first (takes minutes)")
+    ] = False,
+    precisions: Annotated[
+        str | None,
+        Query(
+            pattern=r"^(fp16|int8|bf16)(,(fp16|int8|bf16))*$",
+            description="variants to build, comma-separated (default: lifecycle.variants)",
+        ),
+    ] = None,
+) -> dict[str, Any]:
+    """The answer names every file's SHA-256 and, per variant built, whether its gate
+    accepted it and why not (a rejected variant is installed but never served)."""
+    service = _service(request)
+    if precisions and not build_variants:
+        raise InvalidRequestError("precisions needs build_variants=true")
+    variants = (
+        VariantRequest(precisions=tuple(precisions.split(",")) if precisions else None)
+        if build_variants
+        else None
+    )
+    staging = service.settings.data_dir / "models" / ".uploads"
+    staging.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=staging, suffix=".zip", delete=False) as out:
+        path = Path(out.name)
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > _MAX_BUNDLE_BYTES:
+                path.unlink(missing_ok=True)
+                raise InvalidRequestError("the bundle is larger than 8 GiB")
+            out.write(chunk)
+    try:
+        if size == 0:
+            raise InvalidRequestError("send the bundle as a zip in the request body")
+        installed = await run_in_threadpool(
+            service.lifecycle.install,
+            path,
+            actor=principal.key_id,
+            client=principal.client,
+            variants=variants,
+        )
+    finally:
+        path.unlink(missing_ok=True)
+    return {
+        "name": installed.name,
+        "version": installed.version,
+        "files": installed.files,
+        "variants": variant_gates(installed.directory),
+    }
+
+
+@router.get(
+    "/v1/models/deployments",
+    response_model=list[DeploymentOut],
+    responses=_ERRORS,
+    summary="Deployment changes, newest first",
+)
+async def deployment_history(
+    request: Request, _: Annotated[Principal, Depends(require_read)], step: str | None = None
+) -> list[DeploymentOut]:
+    history = await run_in_threadpool(_service(request).lifecycle.deployments.history, step)
+    return [DeploymentOut.of(d) for d in history]
+
+
+@router.get(
+    "/v1/models/comparisons",
+    responses=_ERRORS,
+    summary="Running shadow/canary comparison and guardrail record per version",
+)
+async def comparisons(
+    request: Request, _: Annotated[Principal, Depends(require_read)]
+) -> list[dict[str, Any]]:
+    return [r.summary() for r in _service(request).lifecycle.records()]
+
+
+@router.get(
+    "/v1/models/drift",
+    responses=_ERRORS,
+    summary="Drift of each model version's inputs and outputs against its reference",
+)
+async def drift(
+    request: Request, _: Annotated[Principal, Depends(require_read)]
+) -> list[dict[str, Any]]:
+    """Per model version that served a study since the server started: its state (ok,
+    warn, alert), reference (how many studies, from where), window, and per feature the
+    test (psi, ks, chi2), statistic, p-value and state."""
+    return await run_in_threadpool(_service(request).drift.summary)
+
+
+async def _changed(change: Callable[[], StepDeployment]) -> DeploymentOut:
+    """Run one deployment change off the event loop (it warms models and writes the
+    database) and answer with the row it recorded."""
+    return DeploymentOut.of(await run_in_threadpool(change))
+
+
+@router.post(
+    "/v1/models/{step}/deploy",
+    response_model=DeploymentOut,
+    responses=_ERRORS,
+    summary="Deploy a version as the step's stable, canary or shadow (admin)",
+)
+async def deploy(
+    request: Request,
+    step: str,
+    body: DeployIn,
+    principal: Annotated[Principal, Depends(require_admin)],
+) -> DeploymentOut:
+    return await _changed(
+        lambda: _service(request).lifecycle.deploy(
+            step,
+            body.version,
+            role=Role(body.role),
+            percent=body.percent,
+            include_urgent=body.include_urgent,
+            actor=principal.key_id,
+            reason=body.reason,
+            client=principal.client,
+        )
+    )
+
+
+@router.post(
+    "/v1/models/{step}/promote",
+    response_model=DeploymentOut,
+    responses=_ERRORS,
+    summary="The canary becomes stable (admin)",
+)
+async def promote(
+    request: Request,
+    step: str,
+    body: ChangeIn,
+    principal: Annotated[Principal, Depends(require_admin)],
+) -> DeploymentOut:
+    return await _changed(
+        lambda: _service(request).lifecycle.promote(
+            step, actor=principal.key_id, reason=body.reason, client=principal.client
+        )
+    )
+
+
+@router.post(
+    "/v1/models/{step}/rollback",
+    response_model=DeploymentOut,
+    responses=_ERRORS,
+    summary="Drop the canary, or return to the previous stable version (admin)",
+)
+async def rollback(
+    request: Request,
+    step: str,
+    body: ChangeIn,
+    principal: Annotated[Principal, Depends(require_admin)],
+) -> DeploymentOut:
+    return await _changed(
+        lambda: _service(request).lifecycle.rollback(
+            step, actor=principal.key_id, reason=body.reason, client=principal.client
+        )
+    )
+
+
+@router.get(
+    "/v1/ops/doctor",
+    responses=_ERRORS,
+    summary="Environment check (radserve doctor; ports skipped: the server holds them; "
+    "the memory of every loaded session)",
+    tags=["operations"],
+)
+async def doctor(
+    request: Request, _: Annotated[Principal, Depends(require_admin)]
+) -> list[dict[str, Any]]:
+    from radserve.lifecycle.doctor import run_doctor
+
+    service = _service(request)
+
+    def check() -> list[dict[str, Any]]:
+        serving = {
+            (step, version)
+            for step, d in service.lifecycle.active().items()
+            for version in d.versions()
+        } | set(service.catalog.model_versions().items())
+        checks = run_doctor(
+            service.settings,
+            serving=serving,
+            check_ports=False,
+            sessions=service.catalog.sessions.loaded(),
+        )
+        return [c.as_json() for c in checks]
+
+    return await run_in_threadpool(check)
+
+
+__all__ = ["router"]

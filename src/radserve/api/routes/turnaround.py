@@ -1,0 +1,61 @@
+"""Turnaround operations: the learned service times, and the ETA / deadline-risk view
+(how many misses were predicted, how early, what an ETA walk costs)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
+
+from radserve.api.auth import Principal, require_read
+from radserve.api.schemas import ErrorOut, ServiceTimesOut, TurnaroundOut
+from radserve.api.state import service_of as _service
+
+router = APIRouter(tags=["operations"])
+_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorOut} for c in (401, 403)}
+
+
+@router.get(
+    "/v1/ops/service-times",
+    response_model=ServiceTimesOut,
+    responses=_AUTH_ERRORS,
+    summary="Learned service times per (pipeline, step, device, precision)",
+)
+async def service_times(
+    request: Request, _: Annotated[Principal, Depends(require_read)]
+) -> ServiceTimesOut:
+    turnaround = _service(request).turnaround
+    model = turnaround.model
+    lines = await run_in_threadpool(model.describe)
+    return ServiceTimesOut(
+        device=turnaround.device,
+        prior=model.to_json()["prior"],  # type: ignore[arg-type]
+        typical_slices=model.typical_size().slices,
+        lines=lines,
+    )
+
+
+@router.get(
+    "/v1/ops/turnaround",
+    response_model=TurnaroundOut,
+    responses=_AUTH_ERRORS,
+    summary="ETAs and deadline risk: jobs at risk, misses predicted and how early",
+)
+async def turnaround_view(
+    request: Request, _: Annotated[Principal, Depends(require_read)]
+) -> TurnaroundOut:
+    turnaround = _service(request).turnaround
+    settings = turnaround.settings
+    return TurnaroundOut(
+        jobs_with_eta=len(turnaround.etas()),
+        last_compute_ms=round(turnaround.last_compute_s * 1000, 3),
+        risk_margin_s=settings.risk_margin_s,
+        risk_policy=settings.risk_policy,
+        at_risk=sorted(r.job_id for r in turnaround.at_risk()),
+        misses=turnaround.miss_report().as_dict(),
+        eta_bias=turnaround.bias_view(),
+    )
+
+
+__all__ = ["router"]

@@ -1,0 +1,226 @@
+"""How right the ETAs were, and how close the planner's simulation came, for one trace
+that ran through a real server (``radserve bench --scenario eta``, radserve.bench.eta_trace).
+
+Pure functions over what the client recorded: each job's arrival, actual finish, and
+the ``predicted_finish`` it read from the job API at submission and afterwards. The ETA
+error of a reading is ``|predicted_finish - finished| / (finished - arrival)``: relative
+to the job's actual turnaround, as the issue states its goal (median ≤ 20 % for jobs
+queued behind ≥ 3 others at submission).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from radserve.config import SchedulerSettings
+from radserve.domain.priority import PriorityClass
+from radserve.turnaround.plan import ModelSampler, run_plan
+from radserve.turnaround.service_time import ServiceTimeModel
+from radserve.turnaround.simulate import Arrival
+
+GOAL_MEDIAN_ERROR = 0.20
+GOAL_PLANNER = 0.25
+BEHIND = 3  # the goal counts jobs with at least this many unfinished jobs ahead
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One ETA read from the job API: when (POSIX s), the job's state then, its
+    predicted finish and the pessimistic end of its band (POSIX s), and its order
+    position (0 = first among unfinished jobs)."""
+
+    at: float
+    state: str
+    predicted_finish: float
+    position: int
+    predicted_finish_late: float | None = None
+
+
+@dataclass
+class JobTrace:
+    job_id: str
+    cls: PriorityClass
+    arrival: float
+    finished: float | None = None
+    state: str = "queued"
+    readings: list[Reading] = field(default_factory=list)
+
+    @property
+    def tat(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+    def reading(self, point: str) -> Reading | None:
+        """The reading at ``submission`` (the first), ``start`` (the first while
+        running) or ``halfway`` (the one nearest arrival + TAT / 2)."""
+        if not self.readings:
+            return None
+        if point == "submission":
+            return self.readings[0]
+        if point == "start":
+            return next((r for r in self.readings if r.state == "running"), None)
+        if point == "halfway" and self.tat is not None:
+            middle = self.arrival + self.tat / 2
+            return min(self.readings, key=lambda r: abs(r.at - middle))
+        return None
+
+    def error(self, point: str, *, late: bool = False) -> tuple[float, float, float] | None:
+        """(absolute error s, error / TAT, signed error / TAT) of the reading at
+        ``point`` (``late``: of its band's pessimistic end); signed < 0: early."""
+        reading, tat = self.reading(point), self.tat
+        if reading is None or tat is None or tat <= 0 or self.finished is None:
+            return None
+        predicted = reading.predicted_finish_late if late else reading.predicted_finish
+        if predicted is None:
+            return None
+        signed = predicted - self.finished
+        return abs(signed), abs(signed) / tat, signed / tat
+
+
+def _summary(errors: Sequence[tuple[float, float, float]]) -> dict[str, object]:
+    if not errors:
+        return {"jobs": 0}
+    absolute = np.array([e[0] for e in errors])
+    relative = np.array([e[1] for e in errors])
+    return {
+        "jobs": len(errors),
+        "median_rel": round(float(np.median(relative)), 4),
+        "p90_rel": round(float(np.percentile(relative, 90)), 4),
+        "mean_abs_s": round(float(absolute.mean()), 3),
+        "median_abs_s": round(float(np.median(absolute)), 3),
+        # < 0: the ETAs were early (optimistic), > 0: late
+        "median_signed_rel": round(float(np.median([e[2] for e in errors])), 4),
+    }
+
+
+def eta_errors(jobs: Sequence[JobTrace], *, late: bool = False) -> dict[str, object]:
+    """Per reading point, over the succeeded jobs: all of them, and those queued behind
+    ≥ ``BEHIND`` others at submission (the issue's goal). ``late``: the error of the
+    band's pessimistic end (``predicted_finish_late``) instead of ``predicted_finish``."""
+    done = [j for j in jobs if j.state == "succeeded" and j.tat is not None]
+    out: dict[str, object] = {}
+    for point in ("submission", "start", "halfway"):
+        errors = [e for j in done if (e := j.error(point, late=late)) is not None]
+        behind = [
+            e
+            for j in done
+            if (first := j.reading("submission")) is not None
+            and first.position >= BEHIND
+            and (e := j.error(point, late=late)) is not None
+        ]
+        out[point] = {"all": _summary(errors), f"behind_{BEHIND}": _summary(behind)}
+    goal = out["submission"][f"behind_{BEHIND}"]  # type: ignore[index]
+    median = goal.get("median_rel")
+    out["goal_median_rel"] = GOAL_MEDIAN_ERROR
+    out["meets_goal"] = None if median is None else median <= GOAL_MEDIAN_ERROR
+    return out
+
+
+def measured_tats(jobs: Sequence[JobTrace]) -> dict[PriorityClass, tuple[float, float, int]]:
+    """Per class: (p50, p95, jobs) of the measured turnaround of succeeded jobs."""
+    out = {}
+    for cls in PriorityClass:
+        tats = [j.tat for j in jobs if j.cls is cls and j.state == "succeeded" and j.tat]
+        if tats:
+            out[cls] = (
+                float(np.percentile(tats, 50)),
+                float(np.percentile(tats, 95)),
+                len(tats),
+            )
+    return out
+
+
+def planner_check(
+    jobs: Sequence[JobTrace],
+    model: ServiceTimeModel,
+    group: tuple[str, str, str],
+    *,
+    scheduler: SchedulerSettings,
+    cpu_workers: int,
+    devices: int = 1,
+    seeds: int = 10,
+    cores_per_device: int | None = None,
+) -> dict[str, object]:
+    """``radserve plan``'s simulation of this trace (its arrivals and classes), with the
+    service times the server learned, against the measured per-class p50/p95 TAT. The
+    simulation's figures are medians over ``seeds`` seeds (service-time draws)."""
+    start = min(j.arrival for j in jobs)
+    trace = [Arrival(j.arrival - start, j.cls) for j in sorted(jobs, key=lambda j: j.arrival)]
+    sampler = ModelSampler(model, *group, batch_slices=scheduler.max_batch_size)
+    runs = [
+        run_plan(
+            trace,
+            sampler,
+            devices=devices,
+            cpu_workers=cpu_workers,
+            scheduler=scheduler,
+            seed=seed,
+            warmup_s=0.0,
+            cores_per_device=cores_per_device,
+        ).result
+        for seed in range(seeds)
+    ]
+    classes: dict[str, object] = {}
+    within = []
+    for cls, (p50, p95, n) in measured_tats(jobs).items():
+        sims = [r.classes[cls] for r in runs if cls in r.classes]
+        if not sims:
+            continue
+        s50 = statistics.median(c.tat_p50_s for c in sims)
+        s95 = statistics.median(c.tat_p95_s for c in sims)
+        d50, d95 = _rel(s50, p50), _rel(s95, p95)
+        within += [d50 <= GOAL_PLANNER, d95 <= GOAL_PLANNER]
+        classes[cls.value] = {
+            "jobs": n,
+            "measured_p50_s": round(p50, 3),
+            "predicted_p50_s": round(s50, 3),
+            "diff_p50": round(d50, 4),
+            "measured_p95_s": round(p95, 3),
+            "predicted_p95_s": round(s95, 3),
+            "diff_p95": round(d95, 4),
+        }
+    return {
+        "service_times": {"pipeline": group[0], "device": group[1], "precision": group[2]},
+        "jobs_learned_from": len(model.sizes()),
+        "devices": devices,
+        "cpu_workers": cpu_workers,
+        "host_cores_per_device": cores_per_device,
+        "seeds": seeds,
+        "classes": classes,
+        "goal_rel": GOAL_PLANNER,
+        "within_goal": all(within) if within else None,
+    }
+
+
+def _rel(predicted: float, measured: float) -> float:
+    return abs(predicted - measured) / measured if measured > 0 else float("inf")
+
+
+def group_of(model: ServiceTimeModel, pipeline: str, precision: str) -> tuple[str, str, str]:
+    """The model's (pipeline, device, precision) group the trace ran under."""
+    return next(
+        (g for g in model.groups() if g[0] == pipeline and g[2] == precision),
+        (pipeline, "cpu", precision),
+    )
+
+
+def classes_seen(jobs: Sequence[JobTrace]) -> Mapping[str, int]:
+    counts: dict[str, int] = {}
+    for j in jobs:
+        counts[j.cls.value] = counts.get(j.cls.value, 0) + 1
+    return counts
+
+
+__all__ = [
+    "BEHIND",
+    "JobTrace",
+    "Reading",
+    "classes_seen",
+    "eta_errors",
+    "group_of",
+    "measured_tats",
+    "planner_check",
+]

@@ -1,0 +1,391 @@
+"""``radserve bench --scenario eta``: ETA accuracy and the planner's prediction, measured
+on a mixed-class stream of phantom studies through a real server in this process.
+
+1. A server (:class:`~radserve.service.Service` + the HTTP API on uvicorn, loopback, a
+   temporary data dir) is started; one warm-up study per template size is run alone, so
+   the service-time model has measured something and the mean service time is known.
+2. ``n_studies`` distinct studies (fresh UIDs: none is answered from the cache) are
+   submitted over HTTP with a class drawn from ``mix`` (URGENT, INPATIENT, OUTPATIENT):
+   ``burst`` at once, then Poisson arrivals at ``load`` x the warm-up service rate, so a
+   queue forms. Right after each 202 the job's ETA is read (``GET /v1/jobs/{id}``: the
+   ETA *at submission*), and a poller reads every unfinished job's ETA from
+   ``GET /v1/jobs`` every ``poll_s`` (the first reading while running is the ETA *at
+   start*; the one nearest the middle of its turnaround, *halfway*).
+3. When all have finished (*the stream*), a burst of URGENT studies beyond capacity
+   (``miss_burst``: a mass-casualty morning): as many at once as take ``MISS_LOAD`` x the
+   URGENT TAT of work at the warm-up service time (at most ``miss_burst_max``), so
+   deadlines are missed and "how many misses a risk event announced, and how early"
+   has a figure. The stream's figures below do not include the burst's jobs.
+4. ETA errors of the stream (radserve.bench.eta_accuracy), the deadline misses (stream
+   and burst) and how many a risk event announced (``GET /v1/ops/turnaround``), and
+   ``radserve plan``'s simulation of the same arrivals with the service times learned
+   from the store (``radserve plan --replay N``; on a CPU device also with the host's
+   cores shared by batches and CPU stages, ``--host-cores``; and so with the warm-up
+   studies' solo service times), against the measured per-class p50/p95 turnaround.
+
+The server, its workers and this client share the host's cores: on a loaded host the
+figures include that load (the summary records the load average before and after).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from radserve.bench.eta_accuracy import (
+    JobTrace,
+    Reading,
+    classes_seen,
+    eta_errors,
+    group_of,
+    planner_check,
+)
+from radserve.bench.load import distinct_copies, template_study
+from radserve.domain.priority import PriorityClass
+from radserve.host import usable_cores
+from radserve.turnaround.eta import on_host_cores
+
+FINAL = ("succeeded", "failed", "cancelled")
+MIX = (0.2, 0.3, 0.5)  # URGENT, INPATIENT, OUTPATIENT
+MISS_LOAD = 2.0  # the burst brings this many URGENT TATs of work: about half miss
+_CLASSES = (PriorityClass.URGENT, PriorityClass.INPATIENT, PriorityClass.OUTPATIENT)
+
+
+class _Uvicorn:
+    """The app served by uvicorn on a free loopback port, in a daemon thread."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        from radserve.api.http_limits import BoundedHttpToolsProtocol
+
+        self._socket = socket.socket()
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        config = uvicorn.Config(
+            app, http=BoundedHttpToolsProtocol, log_config=None, access_log=False
+        )
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True
+        )
+
+    def __enter__(self) -> _Uvicorn:
+        self._thread.start()
+        deadline = time.monotonic() + 120
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the in-process server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.should_exit = True
+        self._thread.join(120)
+        self._socket.close()
+
+
+def _ts(value: str | None) -> float | None:
+    return dt.datetime.fromisoformat(value).timestamp() if value else None
+
+
+def _reading(job: dict[str, Any], at: float) -> Reading | None:
+    eta = job.get("eta")
+    if not eta:
+        return None
+    return Reading(
+        at,
+        job["state"],
+        _ts(eta["predicted_finish"]) or 0.0,
+        eta["order_position"],
+        _ts(eta["predicted_finish_late"]),
+    )
+
+
+def _arrivals(n: int, burst: int, gap_s: float, mix: Sequence[float], seed: int) -> list[Any]:
+    """(offset s, class) of each submission: ``burst`` at 0, then Poisson gaps."""
+    rng = np.random.default_rng(seed)
+    weights = np.asarray(mix, dtype=float) / float(sum(mix))
+    t, out = 0.0, []
+    for i in range(n):
+        if i >= burst:
+            t += float(rng.exponential(gap_s))
+        out.append((t, _CLASSES[int(rng.choice(3, p=weights))]))
+    return out
+
+
+def run_eta_trace(
+    *,
+    n_studies: int = 16,
+    burst: int = 4,
+    load: float = 1.5,
+    mix: Sequence[float] = MIX,
+    seed: int = 0,
+    cpu_workers: int = 2,
+    poll_s: float = 0.25,
+    templates: Sequence[Sequence[Path]] | None = None,
+    overrides: dict[str, Any] | None = None,
+    timeout_s: float = 1800.0,
+    miss_burst_max: int = 24,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the scenario; returns the JSON summary. ``templates`` (DICOM files of one
+    study each; default: three small phantoms of different sizes) and ``overrides``
+    (settings) let a test run it on its tiny models; ``miss_burst_max`` 0 leaves the
+    burst out."""
+    from radserve.api import create_app
+    from radserve.config import load_settings
+    from radserve.service import Service
+    from radserve.service.turnaround import learn_from_store, learn_records
+    from radserve.turnaround.service_time import Prior, ServiceTimeModel
+
+    if n_studies < 2 or load <= 0 or len(mix) != 3 or min(mix) < 0 or sum(mix) <= 0:
+        raise ValueError("eta scenario: n_studies >= 2, load > 0, three class weights >= 0")
+    workdir = Path(tempfile.mkdtemp(prefix="radserve-eta-"))
+    load_before = os.getloadavg()
+    try:
+        if templates is None:
+            log("writing three small phantom studies (templates)")
+            templates = [template_study(workdir / f"template-{s}", seed=s) for s in (1, 2, 3)]
+        total = n_studies + max(0, miss_burst_max)
+        per_template = -(-total // len(templates)) + 1
+        copies = [distinct_copies(list(t), per_template) for t in templates]
+        warmup = [c.pop() for c in copies]
+        studies = [copies[i % len(copies)].pop() for i in range(total)]
+        settings = load_settings(None, data_dir=workdir / "data", **(overrides or {}))
+        service = Service(settings, cpu_workers=cpu_workers, worker_nice=5)
+        with _Uvicorn(create_app(service)) as server:
+            _, key = service.store.create_api_key(name="bench eta", role="admin")
+            client = httpx.Client(
+                base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=300
+            )
+            with client:
+                if not service.wait_warm(600):
+                    raise RuntimeError("the server's models did not warm up")
+                service_s, warm_ids = _warm_up(client, warmup, timeout_s, log)
+                gap = service_s / load
+                plan = _arrivals(n_studies, burst, gap, mix, seed)
+                log(
+                    f"{n_studies} studies: {burst} at once, then one every {gap:.2f} s on "
+                    f"average (load {load:g} x the warm-up service time {service_s:.2f} s)"
+                )
+                jobs = _stream(client, studies[:n_studies], plan, poll_s, timeout_s, log)
+                stream_misses = client.get("/v1/ops/turnaround").json()["misses"]
+                urgent_tat = service.scheduler.config.tat(PriorityClass.URGENT)
+                n_burst = min(miss_burst_max, math.ceil(MISS_LOAD * urgent_tat / service_s))
+                surge: dict[str, JobTrace] = {}
+                if n_burst > 0:
+                    log(
+                        f"burst: {n_burst} URGENT studies at once "
+                        f"(~{n_burst * service_s:.0f} s of work, URGENT TAT {urgent_tat:g} s)"
+                    )
+                    surge = _stream(
+                        client,
+                        studies[n_studies : n_studies + n_burst],
+                        [(0.0, PriorityClass.URGENT)] * n_burst,
+                        poll_s,
+                        timeout_s,
+                        log,
+                    )
+                view = client.get("/v1/ops/turnaround").json()
+                misses, eta_bias = view["misses"], view.get("eta_bias")
+            done = [j for j in jobs.values() if j.state == "succeeded"]
+            if not done:
+                raise RuntimeError("no job of the trace succeeded")
+            first = service.store.get_job(done[0].job_id)
+            model = ServiceTimeModel(
+                Prior(
+                    settings.turnaround.prior_fixed_s,
+                    settings.turnaround.prior_per_slice_s,
+                    settings.turnaround.prior_device_share,
+                )
+            )
+            device = service.catalog.sessions.runtime.device
+            learn_from_store(model, service.store, device, 1000)
+            # the warm-up studies ran alone: their times are the host's solo service times
+            solo = ServiceTimeModel(model.prior)
+            warm = (r for i in warm_ids if (r := service.store.get_job(i)) is not None)
+            learn_records(solo, warm, device)
+            log("planner: simulating the same arrivals with the learned service times")
+            group = group_of(model, first.pipeline_name, first.precision)
+            shared = usable_cores() if on_host_cores(device) else None
+            # as radserve plan does by default (the device as separate hardware), with the
+            # device's batches sharing the host's cores (radserve plan --host-cores N),
+            # and that host model fed the solo service times of the warm-up studies (the
+            # trace's own times already include its cores' sharing: counted twice)
+            planner, shared_cores, host_model = (
+                planner_check(
+                    list(jobs.values()),
+                    times,
+                    group,
+                    scheduler=service.scheduler.config,
+                    cpu_workers=cpu_workers,
+                    cores_per_device=cores,
+                )
+                for times, cores in ((model, None), (model, shared), (solo, shared))
+            )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    start = min(j.arrival for j in jobs.values())
+    return {
+        "scenario": "eta",
+        "studies": n_studies,
+        "burst": burst,
+        "load": load,
+        "warmup_service_s": round(service_s, 3),
+        "mean_gap_s": round(gap, 3),
+        "classes": dict(classes_seen(list(jobs.values()))),
+        "seed": seed,
+        "cpu_workers": cpu_workers,
+        "device": device,
+        "pipeline": first.pipeline_name,
+        "host": {
+            "usable_cores": usable_cores(),
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        },
+        "failed_jobs": sum(j.state != "succeeded" for j in jobs.values()),
+        "eta_error": eta_errors(list(jobs.values())),
+        "eta_error_late": eta_errors(list(jobs.values()), late=True),
+        "deadline_misses": misses,
+        "deadline_misses_stream": stream_misses,
+        "miss_burst": {
+            "studies": len(surge),
+            "urgent_tat_s": urgent_tat,
+            "misses": misses["misses"] - stream_misses["misses"],
+            "predicted": misses["predicted"] - stream_misses["predicted"],
+            "failed_jobs": sum(j.state != "succeeded" for j in surge.values()),
+            "tat_s_max": max((j.tat or 0.0 for j in surge.values()), default=None),
+        },
+        "eta_bias": eta_bias,
+        "planner": planner,
+        "planner_shared_cores": shared_cores,
+        "planner_host_model": host_model,
+        "jobs": [_row(j, start) for j in sorted(jobs.values(), key=lambda j: j.arrival)],
+        # what the planner was given, to replay it offline (ServiceTimeModel.from_json)
+        "service_times": model.to_json(),
+        "service_times_solo": solo.to_json(),
+    }
+
+
+def _submit(client: httpx.Client, blobs: list[bytes], cls: PriorityClass | None) -> str:
+    files = [("files", (f"{i}.dcm", b, "application/dicom")) for i, b in enumerate(blobs)]
+    params = {"priority": cls.value} if cls is not None else {}
+    response = client.post("/v1/studies", files=files, params=params)
+    if response.status_code not in (200, 202):
+        raise RuntimeError(f"submission refused: HTTP {response.status_code} {response.text}")
+    return str(response.json()["id"])
+
+
+def _wait(client: httpx.Client, job_ids: Sequence[str], timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        jobs = {j: client.get(f"/v1/jobs/{j}").json() for j in job_ids}
+        if all(v["state"] in FINAL for v in jobs.values()):
+            return jobs
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"jobs did not finish within {timeout_s:.0f} s")
+        time.sleep(0.25)
+
+
+def _warm_up(
+    client: httpx.Client, studies: list[list[bytes]], timeout_s: float, log: Callable[[str], None]
+) -> tuple[float, list[str]]:
+    """Run each warm-up study alone; their mean service time (started -> finished) and
+    their job ids."""
+    seconds, ids = [], []
+    for n, blobs in enumerate(studies, start=1):
+        ids.append(_submit(client, blobs, PriorityClass.OUTPATIENT))
+        job = _wait(client, ids[-1:], timeout_s)
+        (record,) = job.values()
+        if record["state"] != "succeeded":
+            raise RuntimeError(f"the warm-up study failed: {record.get('error')}")
+        seconds.append((_ts(record["finished"]) or 0.0) - (_ts(record["started"]) or 0.0))
+        log(f"warm-up {n}/{len(studies)}: {seconds[-1]:.2f} s")
+    return float(np.mean(seconds)), ids
+
+
+def _stream(
+    client: httpx.Client,
+    studies: list[list[bytes]],
+    plan: list[Any],
+    poll_s: float,
+    timeout_s: float,
+    log: Callable[[str], None],
+) -> dict[str, JobTrace]:
+    jobs: dict[str, JobTrace] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            try:
+                page = client.get(
+                    "/v1/jobs", params={"state": ["queued", "running"], "limit": 1000}
+                ).json()
+            except httpx.HTTPError:
+                stop.wait(poll_s)
+                continue
+            now = time.time()
+            with lock:
+                for item in page["items"]:
+                    trace, reading = jobs.get(item["id"]), _reading(item, now)
+                    if trace is not None and reading is not None:
+                        trace.readings.append(reading)
+            stop.wait(poll_s)
+
+    poller = threading.Thread(target=poll, name="radserve-bench-eta-poll", daemon=True)
+    poller.start()
+    start = time.monotonic()
+    try:
+        for n, (blobs, (offset, cls)) in enumerate(zip(studies, plan, strict=True), start=1):
+            time.sleep(max(0.0, start + offset - time.monotonic()))
+            job_id = _submit(client, blobs, cls)
+            record = client.get(f"/v1/jobs/{job_id}").json()
+            trace = JobTrace(job_id, cls, _ts(record["arrival"]) or time.time())
+            first = _reading(record, time.time())
+            with lock:
+                if first is not None:
+                    trace.readings.insert(0, first)
+                jobs[job_id] = trace
+            position = first.position if first is not None else "-"
+            log(f"submitted {n}/{len(studies)} ({cls.value}, {position} ahead)")
+        final = _wait(client, list(jobs), timeout_s)
+    finally:
+        stop.set()
+        poller.join(30)
+    for job_id, record in final.items():
+        jobs[job_id].state = record["state"]
+        jobs[job_id].finished = _ts(record.get("finished"))
+        jobs[job_id].readings.sort(key=lambda r: r.at)
+    return jobs
+
+
+def _row(job: JobTrace, start: float) -> dict[str, Any]:
+    first, error = job.reading("submission"), job.error("submission")
+    return {
+        "id": job.job_id,
+        "class": job.cls.value,
+        "arrival_s": round(job.arrival - start, 3),
+        "state": job.state,
+        "tat_s": None if job.tat is None else round(job.tat, 3),
+        "ahead_at_submission": None if first is None else first.position,
+        "eta_error_at_submission_rel": None if error is None else round(error[1], 4),
+        "readings": len(job.readings),
+    }
+
+
+__all__ = ["run_eta_trace"]

@@ -1,0 +1,277 @@
+"""``radserve plan``: how the scheduling policy would cope with a load, and how many
+devices meet the turnaround targets (a SimPy simulation; radserve.turnaround)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
+
+
+@click.command("plan")
+@CONFIG_OPTION
+@DATA_DIR_OPTION
+@click.option(
+    "--rate",
+    "rates",
+    default=None,
+    help="Poisson arrivals per class, e.g. urgent=2/h,inpatient=10/h,outpatient=20/h "
+    "(units /s /min /h /d; default /h).",
+)
+@click.option(
+    "--replay",
+    type=click.IntRange(1, 100_000),
+    default=None,
+    help="Instead of --rate: replay the arrivals of the store's last N jobs.",
+)
+@click.option(
+    "--service-times",
+    "service_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A service-time model JSON (radserve bench --scenario eta writes one); "
+    "default: learned from the store's finished jobs.",
+)
+@click.option("--pipeline", default=None, help="Pipeline whose service times to use.")
+@click.option("--precision", default=None, help="Precision whose service times to use.")
+@click.option("--device", "device_name", default=None, help="Device key of the service times.")
+@click.option("--devices", type=click.IntRange(1, 1024), default=1, show_default=True)
+@click.option(
+    "--cpu-workers",
+    type=click.IntRange(1, 1024),
+    default=2,
+    show_default=True,
+    help="CPU-pool threads per device.",
+)
+@click.option(
+    "--host-cores",
+    type=click.IntRange(1, 4096),
+    default=None,
+    help="Cores per device when the device is the host's CPU: its batches (on every "
+    "core) and the CPU stages then share them as the OS does (processor sharing); give "
+    "it service times measured alone (--service-times), as times learned under load "
+    "already include that sharing [default: the device is simulated as separate "
+    "hardware] (README: planner validation).",
+)
+@click.option("--hours", type=click.FloatRange(0.01, 24 * 365), default=24.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--target",
+    "targets",
+    default=None,
+    help="p95 TAT targets, e.g. urgent=300s,inpatient=10min.",
+)
+@click.option(
+    "--find-devices", is_flag=True, help="Smallest device count meeting --target (1..64)."
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write TAT vs arrival rate: .png with matplotlib installed, else SVG.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+def command(
+    config_file: Path | None,
+    data_dir: Path | None,
+    rates: str | None,
+    replay: int | None,
+    service_file: Path | None,
+    pipeline: str | None,
+    precision: str | None,
+    device_name: str | None,
+    devices: int,
+    cpu_workers: int,
+    host_cores: int | None,
+    hours: float,
+    seed: int,
+    targets: str | None,
+    find_devices: bool,
+    plot: Path | None,
+    as_json: bool,
+) -> None:
+    """Simulate the scheduler under a load: per-class TAT p50/p95/p99 and deadline-miss
+    rate; with --find-devices the smallest number of devices meeting --target."""
+    from radserve.config import load_settings
+    from radserve.turnaround import plan as planner
+    from radserve.turnaround.service_time import Prior, ServiceTimeModel
+    from radserve.turnaround.simulate import Arrival, poisson_trace
+
+    if (rates is None) == (replay is None):
+        raise click.UsageError("give exactly one of --rate and --replay")
+    if find_devices and not targets:
+        raise click.UsageError("--find-devices needs --target")
+    try:
+        goal = planner.parse_targets(targets) if targets else {}
+        per_s = planner.parse_rates(rates) if rates else {}
+    except planner.PlanInputError as exc:
+        raise click.BadParameter(str(exc)) from None
+    settings = load_settings(config_file, data_dir=data_dir)
+    scheduler = settings.scheduler
+    t = settings.turnaround
+    duration = hours * 3600
+    store = None
+    if service_file is not None:
+        model = ServiceTimeModel.from_json(json.loads(service_file.read_text()))
+    else:
+        model = ServiceTimeModel(Prior(t.prior_fixed_s, t.prior_per_slice_s, t.prior_device_share))
+    if service_file is None or replay is not None:
+        from radserve.service.turnaround import history_arrivals, learn_from_store
+        from radserve.store.audited import open_audited
+
+        store, _trail = open_audited(settings)
+    try:
+        if service_file is None:
+            assert store is not None
+            learn_from_store(model, store, device_name or "cpu", 1000)
+        if replay is not None:
+            assert store is not None
+            trace = [Arrival(at, cls) for at, cls in history_arrivals(store, replay)]
+            if not trace:
+                raise click.ClickException("the store has no jobs to replay")
+            duration = trace[-1].at
+        else:
+            trace = poisson_trace(per_s, duration, seed)
+    finally:
+        if store is not None:
+            store.close()
+    groups = model.groups()
+    group = next(
+        (
+            g
+            for g in groups
+            if (pipeline is None or g[0] == pipeline)
+            and (device_name is None or g[1] == device_name)
+            and (precision is None or g[2] == precision)
+        ),
+        (pipeline or "", device_name or "cpu", precision or "fp32"),
+    )
+    sampler = planner.ModelSampler(
+        model, group[0], group[1], group[2], batch_slices=scheduler.max_batch_size
+    )
+    cores = _cores_per_device(group[1], host_cores)
+    warmup = min(3600.0, duration * 0.05)
+    report: dict[str, Any] = {
+        "service_times": {
+            "pipeline": group[0],
+            "device": group[1],
+            "precision": group[2],
+            "measured": bool(groups),
+            "jobs_seen": len(model.sizes()),
+            "host_cores_per_device": cores,
+        },
+        "arrivals": len(trace),
+        "hours": round(duration / 3600, 3),
+        "seed": seed,
+        "targets_p95_s": {c.value: v for c, v in goal.items()},
+    }
+    if find_devices:
+        best, tried, first = planner.find_devices(
+            trace,
+            sampler,
+            targets=goal,
+            cpu_workers_per_device=cpu_workers,
+            scheduler=scheduler,
+            seed=seed,
+            warmup_s=warmup,
+            cores_per_device=cores,
+        )
+        report["smallest_devices"] = best.devices if best is not None else None
+        # fewer devices than this could not keep up with the offered load at all
+        report["overloaded_below"] = first
+        report["plans"] = [p.as_dict() for p in tried]
+        devices = best.devices if best is not None else devices
+    else:
+        chosen = planner.run_plan(
+            trace,
+            sampler,
+            devices=devices,
+            cpu_workers=cpu_workers * devices,
+            scheduler=scheduler,
+            seed=seed,
+            warmup_s=warmup,
+            targets=goal or None,
+            cores_per_device=cores,
+        )
+        report["plans"] = [chosen.as_dict()]
+    if plot is not None:
+        curve_rates = per_s or _rates_of(trace, duration)
+        curve = planner.tat_curve(
+            curve_rates,
+            sampler,
+            devices=devices,
+            cpu_workers=cpu_workers * devices,
+            scheduler=scheduler,
+            duration_s=min(duration, 6 * 3600),
+            seed=seed,
+            cores_per_device=cores,
+        )
+        kind = planner.write_plot(curve, curve_rates, plot)
+        report["plot"] = {
+            "path": str(plot if kind == "png" else plot.with_suffix(".svg")),
+            "format": kind,
+            "devices": devices,
+        }
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    _print(report)
+
+
+def _cores_per_device(device: str, host_cores: int | None) -> int | None:
+    """Cores each simulated device shares with its CPU stages (``--host-cores`` on a CPU
+    device), or None: separate hardware."""
+    from radserve.turnaround.eta import on_host_cores
+
+    return host_cores if host_cores is not None and on_host_cores(device) else None
+
+
+def _rates_of(trace: list[Any], duration: float) -> dict[Any, float]:
+    out: dict[Any, float] = {}
+    for a in trace:
+        out[a.cls] = out.get(a.cls, 0.0) + 1.0 / max(duration, 1.0)
+    return out
+
+
+def _print(report: dict[str, Any]) -> None:
+    st = report["service_times"]
+    source = "measured" if st["measured"] else "prior (nothing measured yet)"
+    click.echo(
+        f"service times: {st['pipeline'] or '-'} on {st['device']} at {st['precision']}, "
+        f"{source}; {report['arrivals']} arrivals over {report['hours']} h, seed {report['seed']}"
+    )
+    if "smallest_devices" in report:
+        n = report["smallest_devices"]
+        if report["overloaded_below"] > 1:
+            click.echo(
+                f"fewer than {report['overloaded_below']} device(s): overloaded "
+                "(offered load >= 95 % of capacity), not simulated"
+            )
+        click.echo(
+            f"smallest device count meeting the targets: {n}"
+            if n is not None
+            else "no device count up to 64 meets the targets"
+        )
+    for plan in report["plans"]:
+        verdict = {True: " meets targets", False: " misses targets", None: ""}[
+            plan["meets_targets"]
+        ]
+        click.echo(
+            f"\n{plan['devices']} device(s): device busy {plan['device_utilisation']:.0%}, "
+            f"CPU busy {plan['cpu_utilisation']:.0%}{verdict}"
+        )
+        click.echo(
+            f"  {'class':<11} {'jobs':>6} {'p50 s':>9} {'p95 s':>9} {'p99 s':>9} {'missed':>7}"
+        )
+        for row in plan["classes"].values():
+            click.echo(
+                f"  {row['class']:<11} {row['jobs']:>6} {row['tat_p50_s']:>9.1f} "
+                f"{row['tat_p95_s']:>9.1f} {row['tat_p99_s']:>9.1f} "
+                f"{row['deadline_miss_rate']:>7.1%}"
+            )
+    if "plot" in report:
+        click.echo(f"\nplot ({report['plot']['format']}): {report['plot']['path']}")

@@ -1,0 +1,75 @@
+"""The web console: served at ``/`` by ``radserve serve`` (see the README's "Web console").
+
+:func:`install` adds it to the API app: the session table and sign-in limiter, the
+sign-in endpoints, the live job feed (fed by the job cache), the console's endpoints
+and the built front end (``static/``, made from ``console/`` in the repository by
+``npm run build``; no Node.js at run time).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, HTMLResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from radserve.console.auth import session_principal
+from radserve.console.events import JobFeed
+from radserve.console.ops import OpsHistory
+from radserve.console.routes import router
+from radserve.console.sessions import SessionTable
+from radserve.console.signin import limiter_for
+from radserve.console.signin import router as signin_router
+from radserve.console.studyinfo import StudyInfo
+from radserve.service import Service
+
+STATIC = Path(__file__).parent / "static"
+EVENTS_PATH = "/console/api/events"
+# the page: no inline script, nothing from other origins, no framing
+_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; connect-src 'self'; worker-src 'self' blob:; "
+    "frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+)
+_HEADERS = {
+    "Content-Security-Policy": _CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+def install(app: FastAPI, service: Service) -> None:
+    """Add the console to ``app`` (when ``console.enabled``)."""
+    settings = service.settings.console
+    if not settings.enabled:
+        return
+    app.state.console_sessions = SessionTable(
+        ttl_s=settings.session_ttl_s, idle_s=settings.idle_timeout_s
+    )
+    feed = JobFeed()
+    service.cache.subscribe(feed.publish)
+    app.state.console_feed = feed
+    app.state.console_info = StudyInfo()
+    app.state.console_ops = OpsHistory(service)
+    app.state.console_limiter = limiter_for(settings)
+    app.state.session_principal = session_principal
+    app.include_router(signin_router)
+    app.include_router(router)
+    index = STATIC / "index.html"
+
+    async def page(request: Request) -> Response:
+        if not index.is_file():
+            return HTMLResponse(
+                "<p>The console's front end is not built: run <code>make console</code>.</p>",
+                status_code=503,
+            )
+        return FileResponse(index, media_type="text/html", headers=_HEADERS)
+
+    app.add_api_route("/", page, methods=["GET"], include_in_schema=False, response_model=None)
+    if (STATIC / "assets").is_dir():
+        app.mount("/console/assets", StaticFiles(directory=STATIC / "assets"), name="console")
+
+
+__all__ = ["EVENTS_PATH", "install"]

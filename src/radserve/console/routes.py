@@ -1,0 +1,411 @@
+"""The console's own endpoints: the worklist and its live feed, a job's study view data,
+the CT as NIfTI, result downloads and the operations figures (the model lifecycle on
+that page is read from ``/v1/models`` and acted on through it). Sign-in and the session
+endpoints are in :mod:`radserve.console.signin`.
+
+Everything else the console does goes through the public API (``/v1/jobs``,
+``/v1/ops/outbox``...), authenticated by the session cookie (see
+:mod:`radserve.console.auth`). These endpoints use the same role dependencies, so a
+session and a key with the same role may do exactly the same things.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from sqlalchemy import func, select
+from starlette.concurrency import run_in_threadpool
+
+from radserve.api.auth import (
+    Principal,
+    audited_read,
+    read_access,
+    require_read,
+)
+from radserve.api.errors import ForbiddenError, error_body
+from radserve.api.schemas import EtaOut, JobOut
+from radserve.api.state import service_of as _service
+from radserve.console.events import STREAM_S, JobFeed
+from radserve.console.ops import OpsHistory, current
+from radserve.console.studyinfo import StudyInfo
+from radserve.console.volume import ct_volume
+from radserve.ingest.policy import IngestPolicy
+from radserve.security.keys import Role
+from radserve.service import Service
+from radserve.service.errors import OutputNotFoundError
+from radserve.store import JobRecord, JobState
+from radserve.store.models import AuditEntry, OutboxDelivery
+
+router = APIRouter(include_in_schema=False)
+Reader = Annotated[Principal, Depends(require_read)]
+_RESULT_FILE = re.compile(r"^[A-Za-z0-9_-]+(\.nii\.gz|\.dcm|\.json)$")
+_TRAIL_LIMIT = 500
+
+
+def _feed(request: Request) -> JobFeed:
+    return request.app.state.console_feed  # type: ignore[no-any-return]
+
+
+def _info(request: Request) -> StudyInfo:
+    return request.app.state.console_info  # type: ignore[no-any-return]
+
+
+def _history(request: Request) -> OpsHistory:
+    history: OpsHistory = request.app.state.console_ops
+    history.ensure_running()
+    return history
+
+
+def phi_allowed(request: Request, role: Role) -> bool:
+    """Whether sessions of ``role`` see patient details (``console.phi_roles``)."""
+    return role.value in _service(request).settings.console.phi_roles
+
+
+# --- worklist --------------------------------------------------------------------------
+def _stage(record: JobRecord, position: int | None) -> str:
+    if record.state is JobState.RECEIVED:
+        return "ingest"
+    if record.state is JobState.QUEUED:
+        return "waiting" if position is None else f"waiting (#{position + 1})"
+    if record.state is JobState.RUNNING:
+        return f"running (attempt {record.attempts})" if record.attempts > 1 else "running"
+    if record.state is JobState.SUCCEEDED:
+        return "cached result" if record.cached_from else "done"
+    return record.error_code or record.state.value
+
+
+def _row(request: Request, record: JobRecord) -> dict[str, Any]:
+    """One worklist row (call from a worker thread: may read the study header)."""
+    view = _service(request).jobs.view(record)
+    out = JobOut.of(view).model_dump(mode="json")
+    out["accession"] = _info(request).get(record.id, record.study_path).accession
+    out["stage"] = _stage(record, view.position)
+    out.pop("links", None)
+    return out
+
+
+def _visible(request: Request, who: Principal, records: list[JobRecord]) -> list[JobRecord]:
+    access = read_access(request)
+    if access.visibility == "all" or who.allows(Role.ADMIN):
+        return records
+    reader = who.reader
+    return [r for r in records if access.visible(reader, r.api_key_id)]
+
+
+@router.get("/console/api/worklist")
+async def worklist(
+    request: Request,
+    who: Reader,
+    state: Annotated[list[str] | None, Query()] = None,
+    priority_class: Annotated[list[str] | None, Query()] = None,
+    date_from: dt.date | None = None,
+    date_to: dt.date | None = None,
+    accession: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> Response:
+    _history(request)
+    service = _service(request)
+    feed = _feed(request)
+    seq = feed.seq  # before the read: a change after it arrives through the feed
+
+    def read() -> list[dict[str, Any]]:
+        created_after = (
+            dt.datetime.combine(date_from, dt.time(), dt.UTC) if date_from is not None else None
+        )
+        created_before = (
+            dt.datetime.combine(date_to + dt.timedelta(days=1), dt.time(), dt.UTC)
+            if date_to is not None
+            else None
+        )
+        scan = 1000 if accession else limit
+        page = service.jobs.list(
+            state=[JobState(s) for s in state] if state else None,
+            priority_class=None,
+            pipeline=None,
+            created_after=created_after,
+            created_before=created_before,
+            limit=scan,
+            cursor=None,
+        )
+        records = _visible(request, who, page.items)
+        if priority_class:
+            records = [r for r in records if r.priority_class.value in priority_class]
+        rows = [_row(request, r) for r in records]
+        if accession:
+            wanted = accession.strip().lower()
+            rows = [r for r in rows if wanted in (r["accession"] or "").lower()]
+        return rows[:limit]
+
+    try:
+        rows = await run_in_threadpool(read)
+    except ValueError as exc:
+        return JSONResponse(error_body("invalid_request", str(exc)), status_code=400)
+    return JSONResponse({"seq": seq, "items": rows, "now": dt.datetime.now(dt.UTC).isoformat()})
+
+
+def _etas(request: Request, who: Principal) -> dict[str, dict[str, Any]]:
+    """The ETAs of the unfinished jobs ``who`` may see, to the second (they move with
+    every scheduler event; the worklist gets them without re-reading rows)."""
+    service = _service(request)
+    _, order = service.scheduler.queue_order()
+    out: dict[str, dict[str, Any]] = {}
+    for queued in order:
+        record = service.jobs.cached(queued.job_id)
+        if record is None or not _visible(request, who, [record]):
+            continue
+        eta = EtaOut.of(service.jobs.eta(record))
+        if eta is not None:
+            body = eta.model_dump(mode="json")
+            body.pop("computed_at", None)
+            for name in ("predicted_start", "predicted_finish", "predicted_finish_late"):
+                body[name] = body[name][:19] + "Z" if body[name] else None
+            out[record.id] = body
+    return out
+
+
+@router.get("/console/api/events")
+async def events(
+    request: Request, who: Reader, since: Annotated[int | None, Query(ge=0)] = None
+) -> StreamingResponse:
+    """Server-sent events: ``job`` (a changed worklist row, ``id`` = its number),
+    ``positions`` (queue positions when they change), ``reset`` (reload the list)."""
+    _history(request)
+    feed = _feed(request)
+    last = request.headers.get("last-event-id")
+    start = int(last) if last and last.isdigit() else since
+    service = _service(request)
+    loop = asyncio.get_running_loop()
+
+    async def stream() -> AsyncIterator[bytes]:
+        wake, close = feed.waiter()
+        try:
+            yield b"retry: 500\n\n"
+            seq = feed.seq if start is None else start
+            if start is None:
+                yield f"id: {seq}\nevent: hello\ndata: {{}}\n\n".encode()
+            positions: dict[str, int] = {}
+            sent_etas: dict[str, dict[str, Any]] = {}
+            # shorter than server.request_timeout_s, so the timeout middleware never cuts
+            # a stream mid-event (a cut one would reconnect and lose nothing anyway)
+            ends = loop.time() + min(STREAM_S, 0.8 * service.settings.server.request_timeout_s)
+            while loop.time() < ends:
+                changes = feed.after(seq)
+                if changes is None:
+                    seq = feed.seq
+                    yield f"id: {seq}\nevent: reset\ndata: {{}}\n\n".encode()
+                    changes = []
+                if changes:
+                    seq = changes[-1][0]
+                    latest = {r.id: (n, r) for n, r in changes}
+                    records = [r for _, r in latest.values()]
+
+                    def rows(records: list[JobRecord] = records) -> list[dict[str, Any]]:
+                        return [_row(request, r) for r in _visible(request, who, records)]
+
+                    for row in await run_in_threadpool(rows):
+                        data = json.dumps(row)
+                        yield f"id: {seq}\nevent: job\ndata: {data}\n\n".encode()
+                now = await run_in_threadpool(lambda: dict(service.scheduler.snapshot().positions))
+                if now != positions:
+                    positions = now
+                    shown = {
+                        job_id: p
+                        for job_id, p in now.items()
+                        if (r := service.jobs.cached(job_id)) is not None
+                        and _visible(request, who, [r])
+                    }
+                    yield f"event: positions\ndata: {json.dumps(shown)}\n\n".encode()
+                etas = await run_in_threadpool(_etas, request, who)
+                if etas != sent_etas:
+                    sent_etas = etas
+                    yield f"event: etas\ndata: {json.dumps(etas)}\n\n".encode()
+                wake.clear()
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout=min(2.0, STREAM_S))
+                except TimeoutError:
+                    yield b": ping\n\n"
+                if await request.is_disconnected():
+                    return
+        finally:
+            close()
+
+    return StreamingResponse(
+        stream(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+# --- study view ------------------------------------------------------------------------
+def _trail(service: Service, job_id: str) -> list[dict[str, Any]]:
+    with service.store.engine.connect() as connection:
+        rows = connection.execute(
+            select(
+                AuditEntry.seq,
+                AuditEntry.ts,
+                AuditEntry.action,
+                AuditEntry.actor_key_id,
+                AuditEntry.client_address,
+                AuditEntry.payload,
+            )
+            .where(AuditEntry.subject == job_id)
+            .order_by(AuditEntry.seq)
+            .limit(_TRAIL_LIMIT)
+        ).all()
+    return [
+        {
+            "seq": r.seq,
+            "ts": r.ts.isoformat() if r.ts else None,
+            "action": r.action,
+            "actor_key_id": r.actor_key_id,
+            "client": r.client_address,
+            "payload": r.payload,
+        }
+        for r in rows
+    ]
+
+
+async def _job(request: Request, job_id: str, who: Principal) -> JobRecord:
+    from radserve.api.auth import check_visible
+
+    record = await run_in_threadpool(_service(request).jobs.get, job_id)
+    await check_visible(request, who, record)
+    return record
+
+
+@router.get("/console/api/jobs/{job_id}")
+async def job_detail(request: Request, job_id: str, who: Reader) -> Response:
+    service = _service(request)
+    record = await _job(request, job_id, who)
+    report: Any = None
+    files: list[str] = []
+    if record.state is JobState.SUCCEEDED:
+        await audited_read(request, who, record, "report", {"via": "console"})
+        data = await run_in_threadpool(service.jobs.report_bytes, record)
+        report = json.loads(data)
+        folder = Path(record.result_path or "")
+        files = await run_in_threadpool(
+            lambda: sorted(p.name for p in folder.iterdir() if _RESULT_FILE.match(p.name))
+        )
+    row = await run_in_threadpool(_row, request, record)
+    trail = await run_in_threadpool(_trail, service, job_id)
+    return JSONResponse(
+        {
+            "job": row,
+            "report": report,
+            "files": files,
+            "trail": trail,
+            "phi_allowed": phi_allowed(request, who.role),
+        }
+    )
+
+
+@router.get("/console/api/jobs/{job_id}/patient")
+async def job_patient(request: Request, job_id: str, who: Reader) -> Response:
+    """Patient name, ID, birth date and sex, for roles in ``console.phi_roles`` only."""
+    if not phi_allowed(request, who.role):
+        roles = ", ".join(_service(request).settings.console.phi_roles)
+        raise ForbiddenError(f"patient details are shown only to the roles: {roles}")
+    record = await _job(request, job_id, who)
+    await audited_read(request, who, record, "patient", {"via": "console"})
+    fields = await run_in_threadpool(_info(request).get, record.id, record.study_path)
+    return JSONResponse(
+        {
+            "name": fields.name,
+            "patient_id": fields.patient_id,
+            "birth_date": fields.birth_date,
+            "sex": fields.sex,
+        },
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+@router.get("/console/api/jobs/{job_id}/files/{name}")
+async def job_file(request: Request, job_id: str, name: str, who: Reader) -> FileResponse:
+    if not _RESULT_FILE.match(name):
+        raise OutputNotFoundError(f"no result file {name!r}")
+    record = await _job(request, job_id, who)
+    folder = _service(request).jobs.result_dir(record)
+    path = folder / name
+    if not path.is_file():
+        raise OutputNotFoundError(f"job {job_id} has no result file {name!r}")
+    await audited_read(request, who, record, "result_file", {"file": name})
+    media = "application/dicom" if name.endswith(".dcm") else "application/octet-stream"
+    return FileResponse(path, media_type=media, filename=f"{job_id}-{name}")
+
+
+@router.get("/v1/jobs/{job_id}/volume", include_in_schema=True, tags=["jobs"])
+async def job_volume(request: Request, job_id: str, who: Reader) -> FileResponse:
+    """The job's CT (the series it read) as NIfTI int16 HU on the label maps' grid;
+    audited as ``phi.read`` (resource ``volume``)."""
+    service = _service(request)
+    record = await _job(request, job_id, who)
+    report = await run_in_threadpool(service.jobs.report, record)  # 409 unless succeeded
+    await audited_read(request, who, record, "volume")
+    path = await run_in_threadpool(
+        ct_volume,
+        record,
+        report,
+        service.settings.data_dir,
+        IngestPolicy.from_settings(service.settings.ingest),
+    )
+    return FileResponse(path, media_type="application/gzip", filename=f"{job_id}-ct.nii.gz")
+
+
+# --- operations ------------------------------------------------------------------------
+def _peers(service: Service) -> list[dict[str, Any]]:
+    status = {s.destination: s for s in service.outbox.status()}
+    out = []
+    for peer in service.settings.gateway.allowed_peers:
+        st = status.get(peer.ae_title)
+        with service.store.engine.connect() as connection:
+            last = connection.execute(
+                select(func.max(OutboxDelivery.sent_at)).where(
+                    OutboxDelivery.destination == peer.ae_title
+                )
+            ).scalar_one_or_none()
+        out.append(
+            {
+                "ae_title": peer.ae_title,
+                "host": peer.host,
+                "port": peer.port,
+                "tls": peer.tls,
+                "last_delivery": last.isoformat() if last is not None else None,
+                "failing_since": st.failing_since.isoformat() if st and st.failing_since else None,
+                "last_error": st.last_error if st else None,
+                "pending": (st.pending + st.retrying) if st else 0,
+            }
+        )
+    return out
+
+
+@router.get("/console/api/ops")
+async def ops(request: Request, who: Reader) -> Response:
+    service = _service(request)
+    history = _history(request)
+
+    def read() -> dict[str, Any]:
+        return {
+            "now": current(service),
+            "history": history.history(),
+            "peers": _peers(service),
+            "gateway": {
+                "enabled": service.settings.gateway.enabled,
+                "ae_title": service.settings.gateway.ae_title,
+                "address": list(service.gateway_address) if service.gateway_address else None,
+            },
+            "admin": who.allows(Role.ADMIN),
+        }
+
+    return JSONResponse(await run_in_threadpool(read))
+
+
+__all__ = ["phi_allowed", "router"]

@@ -1,0 +1,240 @@
+"""Console sign-in: an API key, or a local user's name and password (``console.users``),
+exchanged for a session (:mod:`radserve.console.sessions`); both give the same cookie,
+CSRF token and role checks. Sign-out and the session's details for the page.
+
+Failed sign-ins are audited (``console.signin_failed``: the method and, only when it
+names a configured user, the user name, never what was typed as key or password) and
+counted per client address (:mod:`radserve.console.limits`): past the limit the client
+gets 429 and one ``console.signin_locked`` record.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.concurrency import run_in_threadpool
+
+from radserve.api.errors import ForbiddenError, UnauthenticatedError, error_body
+from radserve.api.state import service_of
+from radserve.audit.chain import AuditEvent
+from radserve.config import ConsoleSettings
+from radserve.console.auth import current_session, same_origin
+from radserve.console.limits import SignInLimiter
+from radserve.console.routes import phi_allowed
+from radserve.console.sessions import COOKIE, CSRF_HEADER, Session, SessionTable, csrf_ok
+from radserve.passwords import MAX_LENGTH, PasswordHash, verify_password
+from radserve.security.keys import Role
+
+logger = logging.getLogger(__name__)
+router = APIRouter(include_in_schema=False)
+USER_PREFIX = "user:"  # a local user's actor id in audit records and job rows
+
+
+class SignIn(BaseModel):
+    """Either ``key`` or ``username`` + ``password``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str | None = Field(None, min_length=1, max_length=512)
+    username: str | None = Field(None, min_length=1, max_length=64)
+    password: str | None = Field(None, min_length=1, max_length=MAX_LENGTH)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> SignIn:
+        by_user = self.username is not None or self.password is not None
+        if self.key is not None and by_user:
+            raise ValueError("send either an API key or a user name and password, not both")
+        if self.key is None and (self.username is None or self.password is None):
+            raise ValueError("send an API key, or a user name and a password")
+        return self
+
+
+@dataclass(frozen=True)
+class _Identity:
+    key_id: str
+    role: Role
+    name: str | None
+    site: str | None = None
+    submitter: str | None = None
+    user: str | None = None
+
+
+def _limiter(request: Request) -> SignInLimiter:
+    return request.app.state.console_limiter  # type: ignore[no-any-return]
+
+
+def limiter_for(settings: ConsoleSettings) -> SignInLimiter:
+    return SignInLimiter(
+        max_failures=settings.signin_max_failures, window_s=settings.signin_window_s
+    )
+
+
+def _audit(request: Request, action: str, key_id: str | None, payload: dict[str, Any]) -> None:
+    service_of(request).store.append_audit(
+        AuditEvent(
+            action=action,
+            subject="console",
+            payload=payload,
+            actor_key_id=key_id,
+            client_address=request.client.host if request.client else None,
+        )
+    )
+
+
+def _by_key(request: Request, key: str) -> _Identity | None:
+    record = request.app.state.keys.verify(key.strip())
+    if record is None:
+        return None
+    return _Identity(
+        record.id, Role(record.role), record.name, record.site, record.submitter, user=None
+    )
+
+
+def _by_password(request: Request, username: str, password: str) -> tuple[_Identity | None, str]:
+    """(the identity or None, the configured user name or "" for an unknown one)."""
+    users = {u.username.lower(): u for u in service_of(request).settings.console.users}
+    user = users.get(username.strip().lower())
+    stored = PasswordHash.parse(user.password_hash.get_secret_value()) if user else None
+    if not verify_password(password, stored) or user is None:
+        return None, user.username if user else ""
+    who = _Identity(
+        f"{USER_PREFIX}{user.username}", Role(user.role), user.username, user=user.username
+    )
+    return who, user.username
+
+
+def _session_body(request: Request, session: Session) -> dict[str, Any]:
+    table: SessionTable = request.app.state.console_sessions
+    return {
+        "role": session.role.value,
+        "key_name": session.key_name,
+        "user": session.user,
+        "csrf": session.csrf,
+        "phi": phi_allowed(request, session.role),
+        "expires_in_s": round(session.expires - table.clock()),
+        "idle_timeout_s": table.idle_s,
+    }
+
+
+@router.get("/console/api/signin")
+async def signin_methods(request: Request) -> Response:
+    """How this server lets people sign in (the sign-in page shows the matching forms)."""
+    users = service_of(request).settings.console.users
+    return JSONResponse({"methods": ["key", *(["password"] if users else [])]})
+
+
+@router.post("/console/api/session")
+async def sign_in(request: Request, body: SignIn) -> Response:
+    if not same_origin(request):
+        raise ForbiddenError("cross-origin sign-in refused")
+    settings = service_of(request).settings
+    client = request.client.host if request.client else "unknown"
+    limiter = _limiter(request)
+    wait = limiter.retry_after(client)
+    if wait is not None:
+        seconds = max(1, math.ceil(wait))
+        return JSONResponse(
+            error_body(
+                "too_many_signins",
+                f"too many failed sign-ins from this address; try again in {seconds} s",
+                retryable=True,
+            ),
+            status_code=429,
+            headers={"Retry-After": str(seconds)},
+        )
+    if body.key is not None:
+        method, who, user = "key", await run_in_threadpool(_by_key, request, body.key), ""
+    else:
+        if not settings.console.users:
+            return JSONResponse(
+                error_body(
+                    "invalid_request",
+                    "sign-in with a user name is not configured here (console.users)",
+                ),
+                status_code=400,
+            )
+        method = "password"
+        who, user = await run_in_threadpool(
+            _by_password, request, body.username or "", body.password or ""
+        )
+    if who is None:
+        # the user name only when it is a configured one: a password typed into the
+        # name field must not reach the audit log
+        payload: dict[str, Any] = {"method": method, **({"user": user} if user else {})}
+        await run_in_threadpool(_audit, request, "console.signin_failed", None, payload)
+        if limiter.failed(client):
+            window = settings.console.signin_window_s
+            logger.warning(
+                "console sign-in: %d failures from one client within %g s; refusing it",
+                limiter.max_failures,
+                window,
+            )
+            await run_in_threadpool(
+                _audit,
+                request,
+                "console.signin_locked",
+                None,
+                {"failures": limiter.max_failures, "window_s": window},
+            )
+        message = (
+            "this API key is not valid (unknown or revoked)"
+            if method == "key"
+            else "unknown user name or wrong password"
+        )
+        return JSONResponse(error_body("unauthenticated", message), status_code=401)
+    table: SessionTable = request.app.state.console_sessions
+    session_id, session = table.open(
+        who.key_id,
+        who.role,
+        key_name=who.name,
+        site=who.site,
+        submitter=who.submitter,
+        user=who.user,
+    )
+    payload = {"method": method, **({"user": who.user} if who.user else {"key_name": who.name})}
+    await run_in_threadpool(_audit, request, "console.signin", who.key_id, payload)
+    response = JSONResponse(_session_body(request, session))
+    secure = settings.console.secure_cookie
+    if secure is None:
+        secure = settings.server.tls is not None
+    response.set_cookie(
+        COOKIE,
+        session_id,
+        max_age=int(table.ttl_s),
+        httponly=True,
+        samesite="strict",
+        secure=secure,
+        path="/",
+    )
+    return response
+
+
+@router.get("/console/api/session")
+async def session_info(request: Request) -> Response:
+    found = await current_session(request)
+    if found is None:
+        raise UnauthenticatedError("not signed in (or the session ended)")
+    return JSONResponse(_session_body(request, found[1]))
+
+
+@router.delete("/console/api/session")
+async def sign_out(request: Request) -> Response:
+    found = await current_session(request)
+    if found is not None:
+        session_id, session = found
+        if not csrf_ok(session, request.headers.get(CSRF_HEADER)):
+            raise ForbiddenError("missing or wrong CSRF token")
+        request.app.state.console_sessions.close(session_id)
+        await run_in_threadpool(_audit, request, "console.signout", session.key_id, {})
+    response = Response(status_code=204)
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    return response
+
+
+__all__ = ["USER_PREFIX", "SignIn", "limiter_for", "router"]

@@ -1,0 +1,63 @@
+"""A job's CT as one NIfTI volume on the grid of its label maps, for the viewer.
+
+The series the job read (the report's ``series_instance_uid``) is loaded with the same
+ingest policy as the job and written as int16 HU with the volume's affine, exactly as
+the label maps are (``radserve.report.nifti``), so they overlay voxel for voxel. The
+file is kept under ``<data_dir>/console/volumes`` (the study itself is on the same disk)
+and made once per job; a NIfTI upload is served as it was stored.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from radserve.ingest import IngestPolicy, discover_series, load_series
+from radserve.report.nifti import write_nifti
+from radserve.report.schema import Report
+from radserve.service.errors import OutputNotFoundError
+from radserve.service.work import input_kind
+from radserve.store import JobRecord
+
+_locks: dict[str, threading.Lock] = {}
+_guard = threading.Lock()
+
+
+def _lock_for(job_id: str) -> threading.Lock:
+    with _guard:
+        if len(_locks) > 1000:
+            _locks.clear()
+        return _locks.setdefault(job_id, threading.Lock())
+
+
+def ct_volume(record: JobRecord, report: Report, data_dir: Path, policy: IngestPolicy) -> Path:
+    """The NIfTI file of the job's CT (made on first use), read under ``policy`` (the
+    server's configured ingest bounds) from discovery to pixels."""
+    study = Path(record.study_path)
+    if input_kind(study) == "nifti":
+        return next(p for p in study.iterdir() if p.is_file())
+    folder = Path(data_dir) / "console" / "volumes"
+    path = folder / f"{record.id}.nii.gz"
+    with _lock_for(record.id):
+        if path.is_file():
+            return path
+        wanted = report.study.series_instance_uid
+        found = discover_series(study, policy=policy)
+        headers = [h for h in found if h.series_instance_uid == wanted]
+        if not headers:
+            raise OutputNotFoundError(f"job {record.id}: its series is no longer stored")
+        slices = report.geometry.shape[0]
+        headers.sort(key=lambda h: len(h.frames) != slices)  # the part the job read first
+        loaded = load_series(headers[0], policy)
+        volume = loaded.volume
+        array = np.clip(np.rint(volume.array), -32768, 32767).astype(np.int16)
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".part.nii.gz")
+        write_nifti(volume.with_array(array), partial)
+        partial.replace(path)
+    return path
+
+
+__all__ = ["ct_volume"]

@@ -1,0 +1,1 @@
+"""Critical findings pushed to webhook receivers through the durable outbox."""

@@ -1,0 +1,312 @@
+"""Critical-finding notices -> receivers (webhook here; syslog and FHIR in
+:mod:`radserve.critical.receivers`), through the durable outbox (kind ``critical``),
+re-sent with back-off until acknowledged.
+
+For a webhook, acknowledgement is the receiver's 2xx answer to the JSON POST: the row is
+then ``sent`` and never posted again. 408/429/5xx, a refused or reset connection and a timeout are
+retried with back-off and, unlike other deliveries, never given up by age (the default
+policy's ``give_up_after_s`` is infinite): a critical finding is re-sent until a
+receiver takes it. Any other answer (400, 401, 404, a redirect) is ``failed_permanent``
+with its status: a person must fix the receiver's URL or token, then rearm the row.
+
+A notice carries the job, the study instance UID, the finding's label, size, volume and
+confidence and the rule it met; never a patient name, ID or birth date. Each notice is
+written as JSON beside the job's results (temporary file, fsync, rename) and its row is
+committed before the POST; ``result_at`` (when the result existed) and the time of the
+2xx give the result -> push latency.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import uuid
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+
+from radserve.critical.receivers import FhirReceiver, SyslogReceiver
+from radserve.domain.critical import CriticalRule
+from radserve.domain.findings import Finding
+from radserve.gateway.outbox import DeliveryReport, RetryPolicy, settle, utc_now
+from radserve.gateway.scu import Outcome, SendResult
+from radserve.store.outbox import NewDelivery, OutboxItem, OutboxKind, OutboxStore
+
+logger = logging.getLogger(__name__)
+
+NOTICE_FILE = "critical-{id}.json"
+FHIR_FILE = "critical-{id}.fhir.json"
+_RETRYABLE_STATUS = frozenset({408, 429})
+_NOTICE_NAMESPACE = uuid.UUID("8f2b7c1e-5d0a-4e8b-9a37-2c6f1d4e0b91")
+
+# first retry after 2 s, doubling to at most 60 s, never given up
+CRITICAL_RETRY = RetryPolicy(first_delay_s=2.0, max_delay_s=60.0, give_up_after_s=float("inf"))
+# (row, outcome recorded, the attempt's result, when it was recorded)
+SettledCallback = Callable[[OutboxItem, Outcome, SendResult, dt.datetime], None]
+
+
+@dataclass(frozen=True)
+class Receiver:
+    """A webhook that takes critical-finding notices (JSON POST). The token goes out as
+    ``<auth_header>: <auth_scheme> <token>`` (``Authorization: Bearer …`` by default;
+    an empty scheme sends the token alone, e.g. ``X-Api-Key: …``)."""
+
+    name: str
+    url: str
+    bearer_token: str | None = field(default=None, repr=False)
+    timeout_s: float = 10.0
+    auth_header: str = "Authorization"
+    auth_scheme: str = "Bearer"
+    payload: ClassVar[str] = "notice"
+
+    @property
+    def destination(self) -> str:
+        return f"critical:{self.name}"
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.bearer_token:
+            value = f"{self.auth_scheme} {self.bearer_token}".strip()
+            headers[self.auth_header] = value
+        return headers
+
+
+AnyReceiver = Receiver | SyslogReceiver | FhirReceiver
+
+
+def notice_id(job_id: str, finding: Finding) -> str:
+    """Stable per (job, finding): the same notice enqueued twice is one row."""
+    return str(uuid.uuid5(_NOTICE_NAMESPACE, f"{job_id}/{finding.finding_id}/{finding.label}"))
+
+
+def build_notice(
+    job_id: str,
+    study_instance_uid: str,
+    rule: CriticalRule,
+    finding: Finding,
+    result_at: dt.datetime,
+) -> dict[str, Any]:
+    return {
+        "id": notice_id(job_id, finding),
+        "type": "radserve.critical_finding",
+        "job_id": job_id,
+        "study_instance_uid": study_instance_uid,
+        "finding": {
+            "finding_id": finding.finding_id,
+            "label": finding.label,
+            "longest_diameter_mm": round(finding.longest_diameter_mm, 1),
+            "volume_ml": round(finding.volume_ml, 2),
+            "confidence": round(finding.confidence, 3),
+            "model": finding.model,
+            "model_version": finding.model_version,
+        },
+        "rule": rule.describe(),
+        "result_at": result_at.isoformat(),
+    }
+
+
+def classify(response: httpx.Response) -> SendResult:
+    status = response.status_code
+    if 200 <= status < 300:
+        return SendResult(Outcome.SENT, f"HTTP {status} (acknowledged)", status)
+    reason = f"HTTP {status} {response.reason_phrase}".strip()
+    if status in _RETRYABLE_STATUS or status >= 500:
+        return SendResult(Outcome.RETRY, reason, status)
+    return SendResult(Outcome.PERMANENT, reason, status)
+
+
+class CriticalOutbox:
+    """Enqueue notices for every receiver and POST the due ones; driven by
+    :class:`~radserve.gateway.outbox.OutboxWorker`."""
+
+    def __init__(
+        self,
+        store: OutboxStore,
+        receivers: Sequence[AnyReceiver],
+        *,
+        policy: RetryPolicy = CRITICAL_RETRY,
+        batch_size: int = 20,
+        lease: dt.timedelta = dt.timedelta(minutes=5),
+        on_settled: SettledCallback | None = None,
+    ) -> None:
+        self.store = store
+        # told of each attempt's recorded outcome (audit records, metrics)
+        self.on_settled = on_settled
+        self.receivers = {r.destination: r for r in receivers}
+        self.policy = policy
+        self.batch_size = batch_size
+        self.lease = lease
+        self._client = httpx.Client(follow_redirects=False)
+        self.pushed: list[tuple[str, dt.datetime]] = []  # (notice id, acknowledged at)
+
+    def enqueue(
+        self,
+        notice: dict[str, Any],
+        *,
+        folder: Path,
+        job_id: str | None = None,
+        now: dt.datetime | None = None,
+        held_for: str | None = None,
+        fhir_bundle: dict[str, Any] | None = None,
+        payloads: Collection[str] = ("notice", "fhir"),
+    ) -> list[OutboxItem]:
+        """Write ``notice`` (and ``fhir_bundle``, the FHIR receivers' payload) durably into
+        ``folder``; one committed row per receiver. Without ``fhir_bundle`` the FHIR
+        receivers get no row (the caller records why). ``payloads``: only the receivers
+        that take these (``notice``: webhook and syslog; ``fhir``)."""
+        return self.enqueue_all(
+            [(notice, fhir_bundle)], folder=folder, job_id=job_id, now=now,
+            held_for=held_for, payloads=payloads,
+        )  # fmt: skip
+
+    def enqueue_all(
+        self,
+        notices: Sequence[tuple[dict[str, Any], dict[str, Any] | None]],
+        *,
+        folder: Path,
+        job_id: str | None = None,
+        now: dt.datetime | None = None,
+        held_for: str | None = None,
+        payloads: Collection[str] = ("notice", "fhir"),
+    ) -> list[OutboxItem]:
+        """:meth:`enqueue` for a study's (notice, FHIR Bundle) pairs, committed in one
+        transaction: a study with many critical findings waits for one commit, not one
+        per finding, before the first is sent."""
+        deliveries = []
+        for notice, fhir_bundle in notices:
+            paths: dict[str, Path] = {}
+            if "notice" in payloads:
+                notice_path = Path(folder) / NOTICE_FILE.format(id=notice["id"])
+                paths["notice"] = _write_durably(notice_path, notice)
+            if fhir_bundle is not None and "fhir" in payloads:
+                fhir_path = Path(folder) / FHIR_FILE.format(id=notice["id"])
+                paths["fhir"] = _write_durably(fhir_path, fhir_bundle)
+            deliveries += [
+                NewDelivery(
+                    destination=destination,
+                    path=str(paths[receiver.payload].absolute()),
+                    sop_class_uid="",
+                    sop_instance_uid=notice["id"],
+                    study_instance_uid=notice.get("study_instance_uid", ""),
+                    transfer_syntax_uid="",
+                    job_id=job_id,
+                    kind=OutboxKind.CRITICAL,
+                    held_for=held_for,
+                )
+                for destination, receiver in self.receivers.items()
+                if receiver.payload in paths
+            ]
+        return self.store.add(deliveries, now=now or utc_now())
+
+    def deliver_pending(
+        self, now: dt.datetime | None = None, *, destination: str | None = None
+    ) -> DeliveryReport:
+        """Send the due notices (of one receiver's ``destination``, if given)."""
+        now = now or utc_now()
+        claimed = self.store.claim_due(
+            now, limit=self.batch_size, lease=self.lease, kind=OutboxKind.CRITICAL,
+            destination=destination,
+        )  # fmt: skip
+        tally = {Outcome.SENT: 0, Outcome.RETRY: 0, Outcome.PERMANENT: 0}
+        for item in claimed:
+            result = self._send(item)
+            outcome = settle(self.store, self.policy, item, result, utc_now())
+            settled_at = utc_now()
+            if outcome is Outcome.SENT:
+                self.pushed.append((item.sop_instance_uid, settled_at))
+            tally[outcome] += 1
+            if self.on_settled is not None:
+                try:
+                    self.on_settled(item, outcome, result, settled_at)
+                except Exception:  # bookkeeping only: the row's state is recorded
+                    logger.exception("critical push: the settled-push listener failed")
+        return DeliveryReport(
+            claimed=len(claimed),
+            sent=tally[Outcome.SENT],
+            retried=tally[Outcome.RETRY],
+            failed=tally[Outcome.PERMANENT],
+        )
+
+    def next_due(self, destination: str | None = None) -> dt.datetime | None:
+        return self.store.next_due(OutboxKind.CRITICAL, destination)
+
+    def close(self) -> None:
+        self._client.close()
+        for receiver in self.receivers.values():
+            if not isinstance(receiver, Receiver):
+                receiver.close()
+
+    def _send(self, item: OutboxItem) -> SendResult:
+        receiver = self.receivers.get(item.destination)
+        if receiver is None:
+            reason = f"receiver {item.destination!r} is no longer configured"
+            return SendResult(Outcome.PERMANENT, reason)
+        try:
+            body = Path(item.path).read_bytes()
+        except OSError:
+            return SendResult(Outcome.PERMANENT, f"notice file {item.path} is gone")
+        if not isinstance(receiver, Receiver):
+            try:
+                return receiver.send(body)
+            except Exception as exc:  # a sender's bug must not strand the row in "sending"
+                logger.exception("critical push to %s failed", item.destination)
+                return SendResult(Outcome.RETRY, f"internal error: {type(exc).__name__}")
+        try:
+            response = self._client.post(
+                receiver.url, content=body, headers=receiver.headers(), timeout=receiver.timeout_s
+            )
+        except httpx.TimeoutException:
+            return SendResult(Outcome.RETRY, f"no answer within {receiver.timeout_s:g} s")
+        except httpx.TransportError as exc:
+            return SendResult(Outcome.RETRY, f"cannot reach the receiver: {type(exc).__name__}")
+        return classify(response)
+
+
+class ReceiverLane:
+    """One receiver's notices of a :class:`CriticalOutbox`, for an
+    :class:`~radserve.gateway.outbox.OutboxWorker` of its own: with one sender per
+    receiver a slow one (a FHIR server taking seconds per transaction, a collector timing
+    out, a webhook retried with back-off) delays only its own notices, not the others'."""
+
+    def __init__(self, outbox: CriticalOutbox, destination: str) -> None:
+        self.outbox = outbox
+        self.destination = destination
+
+    @property
+    def batch_size(self) -> int:
+        return self.outbox.batch_size
+
+    def deliver_pending(self, now: dt.datetime | None = None) -> DeliveryReport:
+        return self.outbox.deliver_pending(now, destination=self.destination)
+
+    def next_due(self) -> dt.datetime | None:
+        return self.outbox.next_due(self.destination)
+
+
+def _write_durably(path: Path, notice: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(notice, handle, separators=(",", ":"))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    return path
+
+
+__all__ = [
+    "CRITICAL_RETRY",
+    "AnyReceiver",
+    "CriticalOutbox",
+    "Receiver",
+    "ReceiverLane",
+    "SettledCallback",
+    "build_notice",
+    "classify",
+    "notice_id",
+]

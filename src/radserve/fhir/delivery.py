@@ -1,0 +1,257 @@
+"""FHIR Bundles -> a FHIR server, through the same durable outbox as the DICOM results.
+
+Each job's Bundle (a ``transaction``, see :mod:`radserve.report.fhir.bundle`) is written
+as a JSON file beside the job's other results, and one outbox row of kind ``fhir`` is
+committed for it, keyed by the Bundle id. :class:`FhirOutbox` POSTs due rows to the
+server's base URL (the FHIR ``transaction`` interaction) and records each outcome with
+the same back-off and states as the DICOM deliveries (:func:`~radserve.gateway.outbox.settle`):
+
+- 2xx: ``sent``, committed at once, so a delivered Bundle is not sent again;
+- 408, 429, 5xx, connection refused or reset, timeout: retried with back-off;
+- any other answer (400, 401, 403, 404, 409, 412, 422, a redirect): ``failed_permanent``
+  with the status and the OperationOutcome's issue codes — a person must fix the Bundle,
+  the token or the URL, then ``rearm`` the row.
+
+A crash between the server's 2xx and the ``sent`` commit sends that Bundle once more
+after the row's lease expires. The Bundle creates every resource with ``ifNoneExist`` on
+its identifier, so a server that implements conditional create keeps one copy.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from radserve.gateway.errors import GatewayError
+from radserve.gateway.outbox import DeliveryReport, RetryPolicy, settle, utc_now
+from radserve.gateway.scu import Outcome, SendResult
+from radserve.store.outbox import NewDelivery, OutboxItem, OutboxKind, OutboxStore
+
+logger = logging.getLogger(__name__)
+
+FHIR_JSON = "application/fhir+json"
+BUNDLE_FILE = "fhir-bundle-{id}.json"
+_RETRYABLE_STATUS = frozenset({408, 429})
+_MAX_ISSUES = 3
+
+
+@dataclass(frozen=True)
+class FhirDestination:
+    """A FHIR server: its base URL, an optional bearer token, the request timeout."""
+
+    url: str
+    name: str = "fhir"
+    bearer_token: str | None = field(default=None, repr=False)
+    timeout_s: float = 30.0
+
+
+class BundlePoster(Protocol):
+    """What sends one Bundle (:class:`FhirClient`)."""
+
+    def post(self, destination: FhirDestination, body: bytes) -> SendResult: ...
+
+
+class FhirClient:
+    """POSTs a Bundle with httpx and classifies the answer into an outbox outcome."""
+
+    def __init__(self) -> None:
+        self._clients: dict[tuple[str, float], httpx.Client] = {}
+
+    def post(self, destination: FhirDestination, body: bytes) -> SendResult:
+        headers = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
+        if destination.bearer_token:
+            headers["Authorization"] = f"Bearer {destination.bearer_token}"
+        try:
+            response = self._client(destination).post(
+                destination.url, content=body, headers=headers
+            )
+        except httpx.TimeoutException:
+            return SendResult(
+                Outcome.RETRY, f"no answer within {destination.timeout_s:g} s (fhir.timeout_s)"
+            )
+        except httpx.TransportError as exc:
+            return SendResult(Outcome.RETRY, f"cannot reach the FHIR server: {type(exc).__name__}")
+        return classify(response)
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    def _client(self, destination: FhirDestination) -> httpx.Client:
+        key = (destination.url, destination.timeout_s)
+        client = self._clients.get(key)
+        if client is None:
+            # no redirects: a moved endpoint is a configuration error, not a detour
+            client = self._clients[key] = httpx.Client(
+                timeout=destination.timeout_s, follow_redirects=False
+            )
+        return client
+
+
+def classify(response: httpx.Response) -> SendResult:
+    """An HTTP answer -> sent, retry later, or a permanent failure with its reason.
+
+    The reason holds the status and the OperationOutcome's issue codes, never its
+    free-text diagnostics (a server may quote patient data there)."""
+    status = response.status_code
+    if 200 <= status < 300:
+        return SendResult(Outcome.SENT, f"HTTP {status}", status)
+    reason = f"HTTP {status} {response.reason_phrase}".strip() + _issues(response)
+    if status in _RETRYABLE_STATUS or status >= 500:
+        return SendResult(Outcome.RETRY, reason, status)
+    if 300 <= status < 400:
+        reason += "; the FHIR server moved: configure its final URL (fhir.url)"
+    return SendResult(Outcome.PERMANENT, reason, status)
+
+
+def _issues(response: httpx.Response) -> str:
+    try:
+        outcome = response.json()
+    except ValueError:
+        return ""
+    if not isinstance(outcome, dict) or outcome.get("resourceType") != "OperationOutcome":
+        return ""
+    parts = []
+    for issue in outcome.get("issue", [])[:_MAX_ISSUES]:
+        if isinstance(issue, dict):
+            codes = [
+                str(c.get("code"))
+                for c in (issue.get("details") or {}).get("coding", [])
+                if isinstance(c, dict) and c.get("code")
+            ]
+            detail = f" ({', '.join(codes)})" if codes else ""
+            parts.append(f"{issue.get('severity', '?')} {issue.get('code', '?')}{detail}")
+    return f"; OperationOutcome: {'; '.join(parts)}" if parts else ""
+
+
+class FhirOutbox:
+    """Enqueue Bundles for one FHIR server and deliver them; driven by
+    :class:`~radserve.gateway.outbox.OutboxWorker` like the DICOM outbox."""
+
+    def __init__(
+        self,
+        store: OutboxStore,
+        destination: FhirDestination,
+        poster: BundlePoster | None = None,
+        *,
+        policy: RetryPolicy | None = None,
+        batch_size: int = 20,
+        lease: dt.timedelta = dt.timedelta(minutes=15),
+    ) -> None:
+        self.store = store
+        self.destination = destination
+        self.poster = poster or FhirClient()
+        self.policy = policy or RetryPolicy()
+        self.batch_size = batch_size
+        self.lease = lease
+
+    def enqueue(
+        self,
+        bundle: Mapping[str, Any],
+        *,
+        folder: Path,
+        job_id: str | None = None,
+        study_instance_uid: str = "",
+        now: dt.datetime | None = None,
+        held_for: str | None = None,
+    ) -> OutboxItem:
+        """Write ``bundle`` durably into ``folder`` and queue it; committed on return.
+
+        The same Bundle (same id) queued again returns the existing row: a Bundle is
+        delivered once however often it is enqueued."""
+        bundle_id = str(bundle.get("id") or "")
+        if not bundle_id or bundle.get("resourceType") != "Bundle":
+            raise GatewayError("only a FHIR Bundle with an id can be queued for a FHIR server")
+        path = _write_durably(Path(folder) / BUNDLE_FILE.format(id=bundle_id), bundle)
+        delivery = NewDelivery(
+            destination=self.destination.name,
+            path=str(path.absolute()),
+            sop_class_uid="",
+            sop_instance_uid=bundle_id,
+            study_instance_uid=study_instance_uid,
+            transfer_syntax_uid="",
+            job_id=job_id,
+            kind=OutboxKind.FHIR,
+            held_for=held_for,
+        )
+        (item,) = self.store.add([delivery], now=now or utc_now())
+        logger.info("outbox: FHIR bundle %s queued for %s", bundle_id, self.destination.name)
+        return item
+
+    def deliver_pending(self, now: dt.datetime | None = None) -> DeliveryReport:
+        """POST every Bundle due at ``now``; each ends sent, rescheduled or failed."""
+        now = now or utc_now()
+        claimed = self.store.claim_due(
+            now, limit=self.batch_size, lease=self.lease, kind=OutboxKind.FHIR
+        )
+        tally = {Outcome.SENT: 0, Outcome.RETRY: 0, Outcome.PERMANENT: 0}
+        for item in claimed:
+            tally[settle(self.store, self.policy, item, self._send(item), now)] += 1
+        report = DeliveryReport(
+            claimed=len(claimed),
+            sent=tally[Outcome.SENT],
+            retried=tally[Outcome.RETRY],
+            failed=tally[Outcome.PERMANENT],
+        )
+        if claimed:
+            logger.info("outbox (FHIR): %s", report)
+        return report
+
+    def next_due(self) -> dt.datetime | None:
+        return self.store.next_due(OutboxKind.FHIR)
+
+    def close(self) -> None:
+        close = getattr(self.poster, "close", None)
+        if close is not None:
+            close()
+
+    def _send(self, item: OutboxItem) -> SendResult:
+        if item.destination != self.destination.name:
+            return SendResult(
+                Outcome.PERMANENT, f"FHIR destination {item.destination!r} is no longer configured"
+            )
+        try:
+            body = Path(item.path).read_bytes()
+        except OSError:
+            return SendResult(Outcome.PERMANENT, f"bundle file {item.path} is gone")
+        try:
+            return self.poster.post(self.destination, body)
+        except Exception as exc:  # the poster's bug must not strand the row in "sending"
+            logger.exception("outbox: posting FHIR bundle %s failed", item.sop_instance_uid)
+            return SendResult(Outcome.RETRY, f"internal error: {type(exc).__name__}")
+
+
+def _write_durably(path: Path, bundle: Mapping[str, Any]) -> Path:
+    """The Bundle as JSON at ``path``: temporary file, fsync, rename, folder fsync."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(bundle, handle, ensure_ascii=False, separators=(",", ":"))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    descriptor = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    return path
+
+
+__all__ = [
+    "BundlePoster",
+    "FhirClient",
+    "FhirDestination",
+    "FhirOutbox",
+    "classify",
+]

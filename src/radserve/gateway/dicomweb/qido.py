@@ -1,0 +1,436 @@
+"""DICOMweb QIDO-RS (PS3.18 10.6) over what radserve holds: the studies, series and
+instances of the DICOM results it wrote (SEG, SR, SC key images), found through the
+result index, so that a DICOMweb viewer can browse them and retrieve them by WADO-RS.
+
+Received source images are not listed: radserve keeps them to process, not as an
+archive, and WADO-RS does not serve them, so a listing would promise what a retrieve
+then refuses. A study is listed with the attributes of the source study (the results
+are written into it) and counts and modalities of the results alone.
+
+Matching follows PS3.4 C.2.2.2: single value, universal (empty), UID list (``,`` or
+``\\``), wildcard ``*``/``?`` on text VRs (case-insensitive for PN, as C.2.2.2.1
+allows), and date/time ranges ``a-b``, ``a-``, ``-b``. ``fuzzymatching=true`` is
+answered by literal matching with a Warning header. Header attributes come from the
+files, read once (no Pixel Data) and kept in a bounded cache; a search without UIDs
+reads the index in full, which is fine for the result volumes of one server.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydicom.datadict import dictionary_VR, keyword_for_tag, tag_for_keyword
+from pydicom.dataset import Dataset
+from pydicom.multival import MultiValue
+
+from radserve.errors import InvalidRequestError
+from radserve.ingest.headers import read_header
+from radserve.store.results import ResultIndex, ResultInstanceRecord
+
+Level = Literal["study", "series", "instance"]
+
+MAX_RESULTS = 1000
+CACHE_ENTRIES = 20_000
+
+STUDY_ATTRIBUTES = (
+    "SpecificCharacterSet",
+    "StudyDate",
+    "StudyTime",
+    "AccessionNumber",
+    "ReferringPhysicianName",
+    "PatientName",
+    "PatientID",
+    "IssuerOfPatientID",
+    "PatientBirthDate",
+    "PatientSex",
+    "StudyInstanceUID",
+    "StudyID",
+    "StudyDescription",
+)
+SERIES_ATTRIBUTES = (
+    "Modality",
+    "SeriesDescription",
+    "SeriesInstanceUID",
+    "SeriesNumber",
+    "SeriesDate",
+    "SeriesTime",
+    "Manufacturer",
+    "PerformedProcedureStepStartDate",
+    "PerformedProcedureStepStartTime",
+)
+INSTANCE_ATTRIBUTES = (
+    "SOPClassUID",
+    "SOPInstanceUID",
+    "InstanceNumber",
+    "ContentDate",
+    "ContentTime",
+    "TimezoneOffsetFromUTC",
+    "Rows",
+    "Columns",
+    "BitsAllocated",
+    "NumberOfFrames",
+)
+# computed per level from the index (not read from a header)
+STUDY_COMPUTED = (
+    "ModalitiesInStudy",
+    "NumberOfStudyRelatedSeries",
+    "NumberOfStudyRelatedInstances",
+)
+SERIES_COMPUTED = ("NumberOfSeriesRelatedInstances",)
+COMMON_COMPUTED = ("RetrieveURL", "InstanceAvailability")
+_READ = STUDY_ATTRIBUTES + SERIES_ATTRIBUTES + INSTANCE_ATTRIBUTES
+_LEVEL_ATTRIBUTES: dict[Level, tuple[str, ...]] = {
+    "study": STUDY_ATTRIBUTES + STUDY_COMPUTED,
+    "series": SERIES_ATTRIBUTES + SERIES_COMPUTED,
+    "instance": INSTANCE_ATTRIBUTES,
+}
+_RANGE_VRS = {"DA", "TM", "DT"}
+_TEXT_VRS = {"AE", "CS", "LO", "LT", "PN", "SH", "ST", "UC", "UT", "UR"}
+_NUMBER_VRS = {"IS", "DS", "US", "UL", "SS", "SL", "FL", "FD", "UV", "SV"}
+_PARAMETERS = {"limit", "offset", "fuzzymatching", "includefield"}
+FUZZY_WARNING = (
+    '299 radserve: "The fuzzymatching parameter is not supported. '
+    'Only literal matching has been performed."'
+)
+MORE_WARNING = (
+    '299 radserve: "The number of results exceeded the maximum supported by the server. '
+    'Additional results can be requested."'
+)
+
+
+@dataclass(frozen=True)
+class QidoQuery:
+    """One search: its level, the UIDs of its path, match keys and paging."""
+
+    level: Level
+    study: str | None = None
+    series: str | None = None
+    filters: dict[str, str] = field(default_factory=dict)
+    include: frozenset[str] = frozenset()
+    include_all: bool = False
+    limit: int | None = None
+    offset: int = 0
+    fuzzy: bool = False
+
+
+@dataclass(frozen=True)
+class QidoAnswer:
+    """The DICOM JSON results, the Warning header values to send with them, and the jobs
+    whose results they show (each a read of patient data, to audit)."""
+
+    results: list[dict[str, Any]]
+    warnings: list[str]
+    job_ids: frozenset[str] = frozenset()
+
+
+def parse_query(
+    items: Iterable[tuple[str, str]],
+    level: Level,
+    study: str | None = None,
+    series: str | None = None,
+) -> QidoQuery:
+    """A :class:`QidoQuery` from the request's query items; raises
+    :class:`InvalidRequestError` (400) for what cannot be searched."""
+    filters: dict[str, str] = {}
+    include: set[str] = set()
+    include_all = False
+    limit: int | None = None
+    offset = 0
+    fuzzy = False
+    for key, value in items:
+        if key == "limit":
+            limit = _count(key, value)
+        elif key == "offset":
+            offset = _count(key, value)
+        elif key == "fuzzymatching":
+            if value.lower() not in ("true", "false"):
+                raise InvalidRequestError("fuzzymatching must be true or false")
+            fuzzy = value.lower() == "true"
+        elif key == "includefield":
+            for name in filter(None, (v.strip() for v in value.split(","))):
+                if name == "all":
+                    include_all = True
+                else:
+                    include.add(_keyword(name))
+        else:
+            keyword = _keyword(key)
+            if keyword in filters:
+                raise InvalidRequestError(f"{keyword} is given more than once")
+            filters[keyword] = value
+    return QidoQuery(
+        level, study, series, filters, frozenset(include), include_all, limit, offset, fuzzy
+    )
+
+
+def _count(key: str, value: str) -> int:
+    if not value.isdigit() or len(value) > 9:
+        raise InvalidRequestError(f"{key} must be a non-negative integer, not {value[:20]!r}")
+    return int(value)
+
+
+def _keyword(name: str) -> str:
+    """The DICOM keyword of a query key (a keyword or 8 hex digits of a tag)."""
+    if "." in name:
+        raise InvalidRequestError(
+            f"{name[:60]!r}: radserve does not match or include attributes inside sequences"
+        )
+    if re.fullmatch(r"[0-9A-Fa-f]{8}", name):
+        keyword = keyword_for_tag(int(name, 16))
+    else:
+        keyword = name if tag_for_keyword(name) is not None else ""
+    if not keyword:
+        raise InvalidRequestError(
+            f"{name[:60]!r} is not a DICOM attribute keyword or tag, nor a QIDO-RS parameter "
+            f"({', '.join(sorted(_PARAMETERS))})"
+        )
+    if dictionary_VR(keyword) == "SQ":
+        raise InvalidRequestError(f"{keyword} is a sequence: radserve does not match on it")
+    return keyword
+
+
+class _HeaderCache:
+    """Small headers of result files (the attributes QIDO reads), by path; bounded LRU."""
+
+    def __init__(self, entries: int = CACHE_ENTRIES) -> None:
+        self._entries = entries
+        self._cache: OrderedDict[str, Dataset] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, path: str) -> Dataset:
+        with self._lock:
+            found = self._cache.get(path)
+            if found is not None:
+                self._cache.move_to_end(path)
+                return found
+        header = read_header(path, tags=list(_READ))
+        with self._lock:
+            self._cache[path] = header
+            while len(self._cache) > self._entries:
+                self._cache.popitem(last=False)
+        return header
+
+
+@dataclass
+class _Row:
+    """One result at the query's level: its representative header, its instances."""
+
+    header: Dataset
+    records: list[ResultInstanceRecord]
+    computed: Dataset
+
+
+class QidoSearch:
+    """QIDO-RS searches over the result index; synchronous (call from a worker thread)."""
+
+    def __init__(self, index: ResultIndex, *, max_results: int = MAX_RESULTS) -> None:
+        self.index = index
+        self.max_results = max_results
+        self._headers = _HeaderCache()
+
+    def search(
+        self, query: QidoQuery, base_url: str, visible: Callable[[str], bool] | None = None
+    ) -> QidoAnswer:
+        """The results of ``query``; ``base_url`` is the DICOMweb root for RetrieveURL;
+        ``visible(job_id)`` hides the results of jobs the caller may not see (the same
+        rule as every other read)."""
+        seen: dict[str, bool] = {}
+
+        def shown(record: ResultInstanceRecord) -> bool:
+            if visible is None:
+                return True
+            if record.job_id not in seen:
+                seen[record.job_id] = visible(record.job_id)
+            return seen[record.job_id]
+
+        records = [
+            r
+            for r in self.index.find(query.study, query.series)
+            if shown(r) and Path(r.path).is_file()
+        ]
+        rows = self._rows(records, query.level, base_url.rstrip("/"))
+        filters = query.filters.items()
+        matched = [row for row in rows if all(self._match(row, k, v) for k, v in filters)]
+        _sort(matched, query.level)
+        warnings = [FUZZY_WARNING] if query.fuzzy else []
+        limit = self.max_results if query.limit is None else min(query.limit, self.max_results)
+        if query.limit == 0:
+            limit = self.max_results
+        page = matched[query.offset : query.offset + limit]
+        if len(matched) > query.offset + limit and (
+            query.limit is None or query.limit == 0 or query.limit > self.max_results
+        ):
+            warnings.append(MORE_WARNING)
+        jobs = frozenset(r.job_id for row in page for r in row.records)
+        return QidoAnswer([self._json(row, query) for row in page], warnings, jobs)
+
+    # --- rows ----------------------------------------------------------------------------
+    def _rows(self, records: Sequence[ResultInstanceRecord], level: Level, base: str) -> list[_Row]:
+        groups: dict[tuple[str, ...], list[ResultInstanceRecord]] = {}
+        for record in records:
+            key: tuple[str, ...] = (record.study_instance_uid,)
+            if level != "study":
+                key += (record.series_instance_uid,)
+            if level == "instance":
+                key += (record.sop_instance_uid,)
+            groups.setdefault(key, []).append(record)
+        by_study: dict[str, list[ResultInstanceRecord]] = {}
+        for record in records:
+            by_study.setdefault(record.study_instance_uid, []).append(record)
+        rows = []
+        for key, members in groups.items():
+            header = self._headers.get(members[0].path)
+            computed = Dataset()
+            url = f"{base}/studies/{key[0]}"
+            if level == "study":
+                modalities = sorted(
+                    {str(self._headers.get(r.path).get("Modality", "")) for r in members} - {""}
+                )
+                computed.ModalitiesInStudy = modalities
+                computed.NumberOfStudyRelatedSeries = len({r.series_instance_uid for r in members})
+                computed.NumberOfStudyRelatedInstances = len(members)
+            else:
+                url += f"/series/{key[1]}"
+            if level == "series":
+                computed.NumberOfSeriesRelatedInstances = len(members)
+            if level == "instance":
+                url += f"/instances/{key[2]}"
+            computed.RetrieveURL = url
+            computed.InstanceAvailability = "ONLINE"
+            rows.append(_Row(header, members, computed))
+        return rows
+
+    def _element(self, row: _Row, keyword: str) -> Any:
+        """The row's value of ``keyword`` (computed, cached header, or read on demand)."""
+        for source in (row.computed, row.header):
+            if keyword in source:
+                return source[keyword]
+        path = row.records[0].path
+        extra = read_header(path, tags=[keyword])
+        return extra.get(keyword)
+
+    # --- matching (PS3.4 C.2.2.2) ---------------------------------------------------------
+    def _match(self, row: _Row, keyword: str, wanted: str) -> bool:
+        if wanted == "" or wanted == "*":
+            return True  # universal matching
+        element = self._element(row, keyword)
+        values = _values(element)
+        vr = dictionary_VR(keyword)
+        if vr == "UI" or keyword == "ModalitiesInStudy":
+            keys = {v.strip() for v in re.split(r"[,\\]", wanted) if v.strip()}
+            return any(v in keys for v in values)
+        if vr in _RANGE_VRS:
+            return any(_in_range(v, wanted, vr) for v in values)
+        if vr in _NUMBER_VRS:
+            try:
+                target = float(wanted)
+            except ValueError:
+                message = f"{keyword} must be a number, not {wanted[:20]!r}"
+                raise InvalidRequestError(message) from None
+            return any(_number(v) == target for v in values)
+        pattern = _wildcard(wanted, ignore_case=vr == "PN")
+        return any(pattern.fullmatch(v) for v in values)
+
+    # --- output ---------------------------------------------------------------------------
+    def _json(self, row: _Row, query: QidoQuery) -> dict[str, Any]:
+        keywords = list(_LEVEL_ATTRIBUTES[query.level])
+        if query.level == "instance" and query.series is None:
+            keywords += SERIES_ATTRIBUTES
+        if query.level != "study":
+            keywords += ("StudyInstanceUID",)
+            if query.study is None:
+                keywords += STUDY_ATTRIBUTES
+            if query.level == "instance" and query.series is not None:
+                keywords += ("SeriesInstanceUID",)
+        if query.include_all:
+            keywords += _READ
+        keywords += (*COMMON_COMPUTED, *sorted(query.include), *query.filters)
+        out = Dataset()
+        for keyword in dict.fromkeys(keywords):
+            element = self._element(row, keyword)
+            if element is not None:
+                out[element.tag] = element
+        return out.to_json_dict()
+
+
+def _values(element: Any) -> list[str]:
+    if element is None or element.value is None or element.value == "":
+        return []
+    value = element.value
+    items = list(value) if isinstance(value, MultiValue | list) else [value]
+    return [str(v) for v in items]
+
+
+def _wildcard(text: str, *, ignore_case: bool) -> re.Pattern[str]:
+    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in text)
+    return re.compile(regex, re.IGNORECASE | re.DOTALL if ignore_case else re.DOTALL)
+
+
+def _in_range(value: str, wanted: str, vr: str) -> bool:
+    low, dash, high = wanted.partition("-")
+    norm = _time if vr == "TM" else _date
+    if not dash:
+        return norm(value) == norm(low)
+    if not low and not high:
+        raise InvalidRequestError(f"a {vr} range needs at least one end: {wanted!r}")
+    if low and norm(value) < norm(low):
+        return False
+    # an open or shorter upper end covers everything it is a prefix of (e.g. a date's day)
+    return not high or norm(value)[: len(norm(high))] <= norm(high)
+
+
+def _date(text: str) -> str:
+    cleaned = text.replace(".", "").replace("-", "").strip()
+    if cleaned and not cleaned.replace("+", "").isdigit():
+        raise InvalidRequestError(f"not a DICOM date/time: {text[:30]!r}")
+    return cleaned
+
+
+def _time(text: str) -> str:
+    cleaned = text.replace(":", "").strip()
+    if cleaned and not re.fullmatch(r"\d{2,6}(\.\d{1,6})?", cleaned):
+        raise InvalidRequestError(f"not a DICOM time: {text[:30]!r}")
+    return cleaned
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _sort(rows: list[_Row], level: Level) -> None:
+    """Newest study first (StudyDate, StudyTime), then series and instance numbers."""
+
+    def within(row: _Row) -> tuple[Any, ...]:
+        header, record = row.header, row.records[0]
+        parts: tuple[Any, ...] = (record.study_instance_uid,)
+        if level != "study":
+            parts += (_number(str(header.get("SeriesNumber", ""))) or 0.0,)
+            parts += (record.series_instance_uid,)
+        if level == "instance":
+            parts += (_number(str(header.get("InstanceNumber", ""))) or 0.0,)
+            parts += (record.sop_instance_uid,)
+        return parts
+
+    rows.sort(key=within)
+    rows.sort(  # newest study first; a stable sort keeps the order within a study
+        key=lambda r: f"{r.header.get('StudyDate', '')}{r.header.get('StudyTime', '')}",
+        reverse=True,
+    )
+
+
+__all__ = [
+    "FUZZY_WARNING",
+    "MORE_WARNING",
+    "QidoAnswer",
+    "QidoQuery",
+    "QidoSearch",
+    "parse_query",
+]

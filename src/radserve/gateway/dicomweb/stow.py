@@ -1,0 +1,407 @@
+"""DICOMweb STOW-RS: instances from a ``multipart/related`` request -> durable studies
+-> jobs, and the Store Instances Response (PS3.18 10.5, Annex I) that says which
+instances were stored and why others were not.
+
+Every part is checked on its own (a DICOM Part-10 file, an image storage SOP class, a
+transfer syntax the SCP accepts, the target study, and a complete instance: the same
+bounded header read and pixel-data length checks ingest makes, so a truncated part is
+answered as a failure, 0xC000, instead of being stored), then the accepted instances are
+stored through the same paths as the other intakes (the server binds them:
+:mod:`radserve.service.dicomweb`):
+
+- completeness ``request`` (default): each Study Instance UID in the request is one
+  complete study; the server's ``submit`` (``Intake.submit_upload``) stores it (fsync,
+  content-addressed) and commits its job before the response, exactly as
+  ``POST /v1/studies`` does;
+- completeness ``quiet``: instances are filed like C-STORE instances (fsync, one file
+  per SOP Instance UID) and the study is handed to intake once no instance has arrived
+  for ``dicomweb.quiet_s`` — for senders that split a study over several requests.
+
+The response is built as a pydicom Dataset and serialised with ``to_json_dict``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import BinaryIO, Generic, TypeVar
+
+from pydicom.dataset import Dataset
+from pydicom.errors import InvalidDicomError
+
+from radserve import error_table
+from radserve.errors import RadserveError
+from radserve.gateway import conformance
+from radserve.gateway.completeness import (
+    CompletenessMonitor,
+    LatePolicy,
+    StudyCallback,
+    StudyTracker,
+)
+from radserve.gateway.errors import GatewayError, InstanceRejectedError
+from radserve.gateway.own_results import OwnResults
+from radserve.gateway.storage import Disposition, InstanceStore, check_uid
+from radserve.ingest.headers import SkipFile, UnreadableHeaderError, read_header, read_stream
+from radserve.ingest.policy import IngestPolicy
+from radserve.ingest.sources import SourceFile
+from radserve.scheduling import QueueFullError
+
+logger = logging.getLogger(__name__)
+S = TypeVar("S")  # what the server's submit callable returns for one study (its job)
+
+DICOM_MEDIA = "application/dicom"
+STOW_DIR = "dicomweb"
+_IMAGE_CLASSES = frozenset(str(uid) for uid in conformance.IMAGE_STORAGE)
+_SYNTAXES = frozenset(str(uid) for uid in conformance.SCP_TRANSFER_SYNTAXES)
+
+
+class FailureReason(IntEnum):
+    """Failure Reason (0008,1197) values (PS3.18 Table I.2-2, plus 0xC409)."""
+
+    PROCESSING_FAILURE = 0x0110
+    SOP_CLASS_NOT_SUPPORTED = 0x0122
+    OUT_OF_RESOURCES = 0xA700
+    CANNOT_UNDERSTAND = 0xC000
+    TRANSFER_SYNTAX_NOT_SUPPORTED = 0xC122
+    # implementation-specific (as dcm4chee): the instance is not of the target study
+    STUDY_UID_MISMATCH = 0xC409
+
+
+@dataclass(frozen=True)
+class StowPart:
+    """One body part: its media type (empty when the part had no Content-Type) and bytes."""
+
+    media_type: str
+    stream: BinaryIO
+
+
+@dataclass(frozen=True)
+class InstanceOutcome:
+    """What became of one part. ``reason`` is for the log (UIDs and rules, no PHI)."""
+
+    part: int  # 1-based
+    sop_class_uid: str = ""
+    sop_instance_uid: str = ""
+    study_instance_uid: str = ""
+    failure: FailureReason | None = None
+    reason: str = ""
+    # radserve's own result (SEG/SR/SC it wrote): answered as stored, not filed
+    own_result: bool = False
+
+    @property
+    def stored(self) -> bool:
+        return self.failure is None
+
+
+@dataclass(frozen=True)
+class StowResult(Generic[S]):
+    instances: tuple[InstanceOutcome, ...]
+    jobs: tuple[S, ...] = ()
+    # studies filed for the quiet period (their jobs start later)
+    waiting: tuple[str, ...] = ()
+    target_study: str | None = None
+
+    @property
+    def stored(self) -> int:
+        return sum(1 for i in self.instances if i.stored)
+
+    @property
+    def http_status(self) -> int:
+        """200 all stored, 202 some, 409 none (PS3.18 Table 10.5.3-1)."""
+        if self.stored == len(self.instances):
+            return 200
+        return 202 if self.stored else 409
+
+    def response(self) -> Dataset:
+        """The Store Instances Response Module as a Dataset."""
+        ds = Dataset()
+        if self.target_study:
+            ds.StudyInstanceUID = self.target_study
+        ds.FailedSOPSequence = [_item(i) for i in self.instances if not i.stored]
+        ds.ReferencedSOPSequence = [_item(i) for i in self.instances if i.stored]
+        return ds
+
+
+def _item(outcome: InstanceOutcome) -> Dataset:
+    item = Dataset()
+    if outcome.sop_class_uid:
+        item.ReferencedSOPClassUID = outcome.sop_class_uid
+    if outcome.sop_instance_uid:
+        item.ReferencedSOPInstanceUID = outcome.sop_instance_uid
+    if outcome.failure is not None:
+        item.FailureReason = int(outcome.failure)
+    return item
+
+
+@dataclass
+class _Accepted:
+    outcome: InstanceOutcome
+    stream: BinaryIO
+    duplicates: list[InstanceOutcome] = field(default_factory=list)
+
+
+class StowIntake(Generic[S]):
+    """STOW-RS requests -> checked instances -> studies handed to the server. Thread-safe;
+    ``start``/``stop`` run the quiet-period monitor.
+
+    The server binds it to its intake with two callables, as it binds the storage SCP:
+    ``submit`` (per request: store one complete study and commit its job, returning what
+    the response's ``Link`` names) and ``on_study`` (a study filed for the quiet period
+    has gone quiet). Either raises :class:`~radserve.errors.RadserveError` to refuse."""
+
+    def __init__(
+        self,
+        on_study: StudyCallback,
+        *,
+        data_dir: Path,
+        quiet_s: float = 10.0,
+        own_results: OwnResults | None = None,
+        policy: IngestPolicy | None = None,
+    ) -> None:
+        self.own_results = own_results
+        self.instances = InstanceStore(Path(data_dir) / STOW_DIR)
+        self.tracker = StudyTracker(on_study, quiet_s=quiet_s, late_policy=LatePolicy.RERUN)
+        self._monitor = CompletenessMonitor(self.tracker)
+        self.policy = policy or IngestPolicy()  # the completeness checks' read limits
+
+    def start(self) -> None:
+        """Studies filed for the quiet period before a restart wait again, then go on."""
+        self.instances.remove_partials()
+        self.tracker.recover(self.instances.incoming)
+        self._monitor.start()
+
+    def stop(self) -> None:
+        self._monitor.stop()
+
+    # --- requests ---------------------------------------------------------------------
+    def store(
+        self,
+        parts: Sequence[StowPart],
+        *,
+        target_study: str | None,
+        submit: Callable[[list[BinaryIO]], S] | None,
+        retry_after: int,
+    ) -> StowResult[S]:
+        """Check every part, then hand each study's accepted instances to ``submit``
+        (one call per Study Instance UID), or file them for the quiet period when
+        ``submit`` is None.
+
+        Raises :class:`QueueFullError` (``retry_after`` seconds) only when no instance
+        was stored because the queue is full (HTTP 503 with Retry-After tells the
+        sender to come back)."""
+        accepted: dict[str, _Accepted] = {}
+        outcomes: list[InstanceOutcome] = []
+        for number, part in enumerate(parts, start=1):
+            outcome = check_part(
+                number, part, target_study, own_results=self.own_results, policy=self.policy
+            )
+            if outcome.own_result:  # acknowledged as held, never filed as input
+                outcomes.append(outcome)
+            elif not outcome.stored:
+                logger.warning("STOW part %d not stored: %s", number, outcome.reason)
+                outcomes.append(outcome)
+            elif outcome.sop_instance_uid in accepted:  # the same instance twice: kept once
+                accepted[outcome.sop_instance_uid].duplicates.append(outcome)
+            else:
+                accepted[outcome.sop_instance_uid] = _Accepted(outcome, part.stream)
+        jobs: tuple[S, ...] = ()
+        waiting: tuple[str, ...] = ()
+        if submit is None:
+            stored = self._file_for_quiet_period(list(accepted.values()))
+            waiting = tuple(sorted({o.study_instance_uid for o in stored if o.stored}))
+        else:
+            stored, jobs = _submit_studies(list(accepted.values()), submit)
+        outcomes += stored
+        result = StowResult(
+            tuple(sorted(outcomes, key=lambda o: o.part)), jobs, waiting, target_study
+        )
+        if result.stored == 0 and outcomes and _all_queue_full(outcomes):
+            raise QueueFullError(
+                "the queue is full; no instance was stored: send the request again later",
+                retry_after=retry_after,
+            )
+        logger.info(
+            "STOW: %d of %d instance(s) stored, %d job(s)%s",
+            result.stored,
+            len(result.instances),
+            len(jobs),
+            f", {len(waiting)} study(ies) waiting for the quiet period" if waiting else "",
+        )
+        return result
+
+    def _file_for_quiet_period(self, accepted: list[_Accepted]) -> list[InstanceOutcome]:
+        outcomes: list[InstanceOutcome] = []
+        for entry in accepted:
+            outcome = entry.outcome
+            entry.stream.seek(0)
+            try:
+                saved = self.instances.save(
+                    entry.stream.read(),
+                    study_instance_uid=outcome.study_instance_uid,
+                    sop_instance_uid=outcome.sop_instance_uid,
+                    sop_class_uid=outcome.sop_class_uid,
+                )
+            except GatewayError as exc:  # out of resources: nothing kept
+                outcomes += [
+                    _failed(o, FailureReason.OUT_OF_RESOURCES, exc.code)
+                    for o in (outcome, *entry.duplicates)
+                ]
+                continue
+            self.tracker.arrived(
+                outcome.study_instance_uid,
+                saved.path.parent,
+                calling_ae="DICOMWEB",
+                new=saved.disposition is Disposition.STORED,
+            )
+            outcomes += [outcome, *entry.duplicates]
+        return outcomes
+
+
+def _submit_studies(
+    accepted: list[_Accepted], submit: Callable[[list[BinaryIO]], S]
+) -> tuple[list[InstanceOutcome], tuple[S, ...]]:
+    by_study: dict[str, list[_Accepted]] = {}
+    for entry in accepted:
+        by_study.setdefault(entry.outcome.study_instance_uid, []).append(entry)
+    outcomes: list[InstanceOutcome] = []
+    jobs: list[S] = []
+    for study_uid, entries in by_study.items():
+        for entry in entries:
+            entry.stream.seek(0)
+        try:
+            submission = submit([e.stream for e in entries])
+        except RadserveError as exc:
+            failure = _failure_for(exc)
+            logger.warning("STOW study %s not stored: %s", study_uid, exc.code)
+            for entry in entries:
+                outcomes += [
+                    _failed(o, failure, exc.code) for o in (entry.outcome, *entry.duplicates)
+                ]
+            continue
+        jobs.append(submission)
+        for entry in entries:
+            outcomes += [entry.outcome, *entry.duplicates]
+    return outcomes, tuple(jobs)
+
+
+def check_part(
+    number: int,
+    part: StowPart,
+    target_study: str | None,
+    *,
+    own_results: OwnResults | None = None,
+    policy: IngestPolicy | None = None,
+) -> InstanceOutcome:
+    """Whether one part can be stored: the checks of the conformance statement, in order.
+    Reads the header only (bounded by ``policy``); leaves the stream anywhere (callers
+    seek). radserve's own results come back ``own_result`` (listed as stored in the
+    response, never filed)."""
+    media = part.media_type.split(";", 1)[0].strip().lower()
+    if media and media != DICOM_MEDIA:
+        return InstanceOutcome(
+            number,
+            failure=FailureReason.CANNOT_UNDERSTAND,
+            reason=f"media type {media!r}; expected {DICOM_MEDIA}",
+        )
+    part.stream.seek(0)
+    try:
+        ds = read_header(part.stream)
+        sop_class = str(ds.get("SOPClassUID") or ds.file_meta.get("MediaStorageSOPClassUID", ""))
+        syntax = str(ds.file_meta.get("TransferSyntaxUID", ""))
+        sop_uid = check_uid(
+            ds.get("SOPInstanceUID") or ds.file_meta.get("MediaStorageSOPInstanceUID"),
+            "SOP Instance UID",
+        )
+        study_uid = check_uid(ds.get("StudyInstanceUID"), "Study Instance UID")
+    except InstanceRejectedError as exc:
+        return InstanceOutcome(number, failure=FailureReason.CANNOT_UNDERSTAND, reason=exc.message)
+    except UnreadableHeaderError as exc:
+        return InstanceOutcome(
+            number,
+            failure=FailureReason.CANNOT_UNDERSTAND,
+            reason=f"not a readable DICOM Part-10 file ({exc.cause_name})",
+        )
+    except (InvalidDicomError, AttributeError, EOFError, ValueError, TypeError, OSError) as exc:
+        # the parser's message may quote element values: name only its type
+        return InstanceOutcome(
+            number,
+            failure=FailureReason.CANNOT_UNDERSTAND,
+            reason=f"not a readable DICOM Part-10 file ({type(exc).__name__})",
+        )
+    outcome = InstanceOutcome(number, sop_class, sop_uid, study_uid)
+    if target_study is not None and study_uid != target_study:
+        return _failed(outcome, FailureReason.STUDY_UID_MISMATCH, "not of the target study")
+    if own_results is not None and own_results.check(ds, "STOW-RS"):
+        return InstanceOutcome(number, sop_class, sop_uid, study_uid, own_result=True)
+    if sop_class not in _IMAGE_CLASSES:
+        return _failed(
+            outcome,
+            FailureReason.SOP_CLASS_NOT_SUPPORTED,
+            f"SOP class {sop_class or '(none)'} is not an image storage class radserve reads",
+        )
+    if syntax not in _SYNTAXES:
+        return _failed(
+            outcome,
+            FailureReason.TRANSFER_SYNTAX_NOT_SUPPORTED,
+            conformance.REFUSED_TRANSFER_SYNTAXES.get(
+                syntax, f"transfer syntax {syntax or '(none)'} is not accepted"
+            ),
+        )
+    return _check_complete(outcome, part, policy or IngestPolicy())
+
+
+def _check_complete(
+    outcome: InstanceOutcome, part: StowPart, policy: IngestPolicy
+) -> InstanceOutcome:
+    """Whether the part is a whole, usable instance: ingest's own bounded header read,
+    with the pixel data's length checked against Rows, Columns and Number of Frames."""
+    stream = part.stream
+    size = stream.seek(0, 2)
+    stream.seek(0)
+    try:
+        record = read_stream(stream, size, SourceFile(Path(f"part {outcome.part}")), policy)
+    except SkipFile as exc:
+        return _failed(outcome, FailureReason.CANNOT_UNDERSTAND, exc.reason)
+    problem = next((f.problem for f in record.frames if f.problem is not None), None)
+    if problem is None:
+        return outcome
+    failure = (
+        FailureReason.OUT_OF_RESOURCES
+        if problem.code == "input_too_large"
+        else FailureReason.CANNOT_UNDERSTAND
+    )
+    return _failed(outcome, failure, problem.text)
+
+
+def _failed(outcome: InstanceOutcome, failure: FailureReason, reason: str) -> InstanceOutcome:
+    return InstanceOutcome(
+        outcome.part,
+        outcome.sop_class_uid,
+        outcome.sop_instance_uid,
+        outcome.study_instance_uid,
+        failure,
+        reason,
+    )
+
+
+def _failure_for(exc: RadserveError) -> FailureReason:
+    """The Failure Reason of a refused study's instances: the error table's row."""
+    return FailureReason(error_table.lookup(exc).stow)
+
+
+def _all_queue_full(outcomes: Sequence[InstanceOutcome]) -> bool:
+    return all(o.reason == "queue_full" for o in outcomes if not o.stored)
+
+
+__all__ = [
+    "DICOM_MEDIA",
+    "FailureReason",
+    "InstanceOutcome",
+    "StowIntake",
+    "StowPart",
+    "StowResult",
+    "check_part",
+]

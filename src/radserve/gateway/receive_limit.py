@@ -1,0 +1,164 @@
+"""The per-instance size limit, applied while a C-STORE's data set arrives.
+
+pynetdicom (with ``STORE_RECV_CHUNKED_DATASET``) writes each incoming data set to a
+``NamedTemporaryFile`` as its P-DATA fragments arrive, and radserve could only check the
+size once the whole instance was on disk: one hostile peer could fill the disk before
+being refused. Here, per association:
+
+- :class:`StoreLimit` wraps the association's ``dimse.receive_primitive`` (called by the
+  DUL thread for each P-DATA-TF PDU) and counts the data set bytes of the message being
+  received *before* pynetdicom writes them; a message that would exceed ``max_bytes``
+  has its temporary file removed and the association aborted (A-ABORT), so nothing past
+  the limit is ever written;
+- the temporary files go to ``spool`` (a folder under the data dir, so the disk budget
+  is the data dir's, not TMPDIR's): pynetdicom has no setting for that, so
+  :func:`install` routes its ``NamedTemporaryFile`` through :func:`_spooled`, which uses
+  the folder of the association whose DUL thread is decoding.
+
+Both hooks touch pynetdicom internals; :func:`install` refuses to start when they are
+missing, and tests/integration/test_gateway_store_limit.py fails if an upgrade moves them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pynetdicom import dimse_messages
+from pynetdicom.dimse import DIMSEServiceProvider
+
+logger = logging.getLogger(__name__)
+
+_local = threading.local()  # .spool: the folder of the association decoding in this thread
+_ORIGINAL = tempfile.NamedTemporaryFile
+
+
+def _spooled(*args: Any, **kwargs: Any) -> Any:
+    """``NamedTemporaryFile`` in the decoding association's spool folder, if any."""
+    folder = getattr(_local, "spool", None)
+    if folder is not None:
+        kwargs.setdefault("dir", folder)
+    return _ORIGINAL(*args, **kwargs)
+
+
+def install() -> None:
+    """Route pynetdicom's C-STORE temporary files through :func:`_spooled` (idempotent).
+    Raises RuntimeError when pynetdicom no longer has the hooked names."""
+    current = getattr(dimse_messages, "NamedTemporaryFile", None)
+    if current is not _ORIGINAL and current is not _spooled:
+        raise RuntimeError(
+            "pynetdicom.dimse_messages.NamedTemporaryFile is gone or changed: the C-STORE "
+            "size limit and spool folder cannot be applied with this pynetdicom version"
+        )
+    if not callable(getattr(DIMSEServiceProvider, "receive_primitive", None)):
+        raise RuntimeError("pynetdicom's DIMSEServiceProvider.receive_primitive is gone")
+    dimse_messages.NamedTemporaryFile = _spooled  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Exceeded:
+    """What is recorded about a refused instance: the peer and sizes, no patient data."""
+
+    calling_ae: str
+    address: str
+    received_bytes: int
+    limit_bytes: int
+
+
+class StoreLimit:
+    """One association's data set byte count and spool folder (see the module doc)."""
+
+    def __init__(
+        self,
+        assoc: Any,
+        *,
+        max_bytes: int,
+        spool: Path,
+        on_exceeded: Callable[[Exceeded], None] | None = None,
+    ) -> None:
+        self.assoc = assoc
+        self.max_bytes = max_bytes
+        self.spool = spool
+        self.on_exceeded = on_exceeded
+        self.received = 0
+        self.refused = False
+        self._receive = assoc.dimse.receive_primitive
+        assoc.dimse.receive_primitive = self.receive
+
+    def receive(self, primitive: Any) -> None:
+        if self.refused:
+            return  # aborting: nothing more is decoded or written
+        dimse = self.assoc.dimse
+        if dimse.message is None:  # a new DIMSE message begins
+            self.received = 0
+        incoming = sum(
+            len(data) - 1
+            for _cx, data in primitive.presentation_data_value_list
+            if data and not data[0] & 1  # a data set fragment, not the command set
+        )
+        if self.received + incoming > self.max_bytes:
+            self._refuse(self.received + incoming)
+            return
+        self.received += incoming
+        _local.spool = self.spool
+        try:
+            self._receive(primitive)
+        finally:
+            _local.spool = None
+
+    def discard(self) -> None:
+        """Remove the temporary file of a message left unfinished (refused, or the
+        connection ended mid-instance: pynetdicom would leave it behind)."""
+        message = self.assoc.dimse.message
+        handle = getattr(message, "_data_set_file", None) if message is not None else None
+        if handle is None:
+            return
+        with contextlib.suppress(OSError):
+            handle.close()
+        with contextlib.suppress(OSError):
+            Path(handle.name).unlink(missing_ok=True)
+        message._data_set_file = None
+        message._data_set_path = None
+
+    def _refuse(self, received: int) -> None:
+        self.refused = True
+        self.discard()
+        self.assoc.dimse.message = None
+        requestor = self.assoc.requestor
+        exceeded = Exceeded(
+            calling_ae=str(requestor.ae_title).strip(),
+            address=str(requestor.address),
+            received_bytes=received,
+            limit_bytes=self.max_bytes,
+        )
+        logger.warning(
+            "association from AE %r at %s aborted: a C-STORE data set passed %d bytes "
+            "(limit ingest.max_file_bytes=%d)",
+            exceeded.calling_ae,
+            exceeded.address,
+            received,
+            self.max_bytes,
+        )
+        if self.on_exceeded is not None:
+            try:
+                self.on_exceeded(exceeded)
+            except Exception as exc:  # the abort must happen whatever the audit does
+                logger.error("cannot record the refused instance: %s", type(exc).__name__)
+        # the DUL thread sends the A-ABORT after this returns; later PDUs are ignored
+        self.assoc.abort(block=False)
+
+
+def clear_spool(spool: Path) -> int:
+    """Delete temporary files left in ``spool`` by a crash (never acknowledged)."""
+    removed = 0
+    for leftover in spool.glob("*.dcm"):
+        with contextlib.suppress(FileNotFoundError):
+            leftover.unlink()
+            removed += 1
+    return removed

@@ -1,0 +1,289 @@
+"""The SCP's TCP edge: which connections get a thread, how long one may take.
+
+pynetdicom's :class:`ThreadedAssociationServer` does the TLS handshake inside its accept
+loop (one silent client stops every other connection) and reads each PDU with blocking
+``recv`` calls and no deadline (a client that sends part of a PDU and goes quiet holds
+its association slot forever: 21 such clients locked every PACS out). Here:
+
+- :class:`GatewayServer` accepts only; each connection's own thread does the TLS
+  handshake under a timeout;
+- :class:`Admission` decides at accept, before any thread or byte is spent, whether a
+  connection may have a slot: at most ``max_associations_per_host`` per source address,
+  and ``reserved_for_peers`` of the ``max_associations`` slots only for the addresses
+  of allowed peers, so strangers cannot take the last slot; refused connections are
+  closed at once;
+- :class:`BoundedSocket` reads each PDU under a deadline (``pdu_timeout_s``) and refuses
+  one announcing more than ``max_pdu_bytes`` before reading it, so nothing is allocated
+  for a claimed 4 GiB PDU; both end the connection with one log line;
+- ``limit_store`` (:class:`~radserve.gateway.receive_limit.StoreLimit`) bounds each
+  C-STORE's data set while it arrives; a partial one is removed when the connection ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pynetdicom import evt
+from pynetdicom.transport import AssociationSocket, RequestHandler, ThreadedAssociationServer
+
+from radserve.gateway.config import normalise_address
+from radserve.gateway.receive_limit import StoreLimit
+
+logger = logging.getLogger(__name__)
+
+
+class Admission:
+    """Connection slots per source address, with some kept for known peers. Thread-safe:
+    :meth:`admit` runs in the accept loop, :meth:`release` in connection threads."""
+
+    def __init__(
+        self,
+        *,
+        total: int,
+        per_host: int,
+        reserved: int,
+        known_addresses: Iterable[str],
+    ) -> None:
+        self.total = total
+        self.per_host = per_host
+        self.known = frozenset(normalise_address(a) for a in known_addresses)
+        # no known address (open allow-list, or only "*" hosts): nothing to reserve for
+        self.reserved = reserved if self.known else 0
+        self._open: Counter[str] = Counter()
+        self._refused: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def admit(self, address: str) -> bool:
+        host = normalise_address(address)
+        with self._lock:
+            in_use = sum(self._open.values())
+            strangers = sum(n for a, n in self._open.items() if a not in self.known)
+            if self._open[host] >= self.per_host:
+                reason = f"{self.per_host} connections from this address already"
+            elif in_use >= self.total:
+                reason = f"all {self.total} association slots in use"
+            elif host not in self.known and strangers >= self.total - self.reserved:
+                reason = f"the slots left are reserved for allowed peers ({self.reserved})"
+            else:
+                self._open[host] += 1
+                return True
+            self._refused[host] += 1
+            refused = self._refused[host]
+        # one line for the first refusal of an address and every 100th after it
+        if refused % 100 == 1:
+            logger.warning("connection from %s closed: %s (%d so far)", host, reason, refused)
+        return False
+
+    def release(self, address: str) -> None:
+        host = normalise_address(address)
+        with self._lock:
+            self._open[host] -= 1
+            if self._open[host] <= 0:
+                del self._open[host]
+
+    def open_connections(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._open)
+
+
+class BoundedSocket(AssociationSocket):
+    """pynetdicom's socket with a deadline on each PDU read and a cap on its size.
+
+    pynetdicom reads a PDU as ``recv(6)`` (type + length) then ``recv(length)``; a short
+    read makes it close the connection (event 17) with one error line, so giving up is
+    returning what arrived."""
+
+    pdu_timeout_s: float = 30.0
+    max_pdu_bytes: int = 1024**2
+
+    def recv(self, nr_bytes: int) -> bytearray:
+        sock = self.socket
+        data = bytearray()
+        if sock is None:
+            return data
+        peer = self._peer()
+        if nr_bytes > self.max_pdu_bytes:
+            logger.warning(
+                "connection from %s closed: a PDU of %d bytes announced (limit %d)",
+                peer,
+                nr_bytes,
+                self.max_pdu_bytes,
+            )
+            self._give_up()
+            return data
+        deadline = time.monotonic() + self.pdu_timeout_s
+        while len(data) < nr_bytes:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                logger.warning(
+                    "connection from %s closed: no complete PDU within %.0f s (%d of %d bytes)",
+                    peer,
+                    self.pdu_timeout_s,
+                    len(data),
+                    nr_bytes,
+                )
+                self._give_up()
+                return data
+            try:
+                sock.settimeout(remaining)
+                chunk = sock.recv(min(nr_bytes - len(data), 65536))
+            except TimeoutError:
+                continue
+            except OSError:  # reset by the peer, TLS error: a short read ends it
+                return data
+            if not chunk:
+                return data
+            data.extend(chunk)
+        # sends (answers) are bounded too: a peer that never reads cannot hold a thread
+        sock.settimeout(self.pdu_timeout_s)
+        return data
+
+    def _peer(self) -> str:
+        try:
+            return str(self.assoc.requestor.address)
+        except Exception:
+            return "?"
+
+    def _give_up(self) -> None:
+        """Close now: pynetdicom's reactor then sees no more data (no busy loop)."""
+        self.close()
+
+
+def _check_conversion(dul: Any) -> None:
+    """Make a PDU that decodes but cannot become a primitive (e.g. presentation context
+    ID 0) an invalid PDU (event 19: A-ABORT) at decoding, where pynetdicom handles
+    errors; left to its state machine, it kills the DUL thread with a traceback."""
+    decode = dul._decode_pdu
+
+    def decode_and_check(bytestream: bytearray) -> Any:
+        pdu, event = decode(bytestream)
+        pdu.to_primitive()
+        return pdu, event
+
+    dul._decode_pdu = decode_and_check
+
+
+class _Handler(RequestHandler):
+    """Runs the association in this connection's thread's lifetime: returns only when the
+    association has ended, so the server knows when the connection is gone."""
+
+    def _create_association(self) -> Any:
+        assoc = super()._create_association()
+        sock = assoc.dul.socket
+        sock.__class__ = BoundedSocket  # same state, bounded reads
+        sock.pdu_timeout_s = self.server.pdu_timeout_s
+        sock.max_pdu_bytes = self.server.max_pdu_bytes
+        _check_conversion(assoc.dul)
+        return assoc
+
+    def handle(self) -> None:
+        assoc = self._create_association()
+        limit = self.server.limit_store(assoc) if self.server.limit_store else None
+        evt.trigger(assoc, evt.EVT_CONN_OPEN, {"address": self.client_address})
+        try:
+            assoc.start()
+            assoc.join()
+        finally:
+            if limit is not None:
+                limit.discard()
+
+
+class GatewayServer(ThreadedAssociationServer):
+    """An association server whose accept loop never waits on a client."""
+
+    # association threads end on their own (timeouts); shutdown must not wait for them
+    block_on_close = False
+    daemon_threads = True
+
+    def __init__(
+        self,
+        *args: Any,
+        admission: Admission,
+        handshake_timeout_s: float,
+        pdu_timeout_s: float,
+        max_pdu_bytes: int,
+        limit_store: Callable[[Any], StoreLimit] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.admission = admission
+        self.limit_store = limit_store
+        self.handshake_timeout_s = handshake_timeout_s
+        self.pdu_timeout_s = pdu_timeout_s
+        self.max_pdu_bytes = max_pdu_bytes
+        super().__init__(*args, request_handler=_Handler, **kwargs)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        """At accept, before a thread: over-limit connections are closed at once."""
+        return self.admission.admit(str(client_address[0]))
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request(request, client_address)
+        except Exception:  # no thread started: give the slot back
+            self.admission.release(str(client_address[0]))
+            raise
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        """Accept only: TLS is negotiated in the connection's own thread."""
+        assert self.socket is not None
+        return self.socket.accept()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        host = str(client_address[0])
+        try:
+            if self.ssl_context is not None:
+                request = self._handshake(request, host)
+                if request is None:
+                    return
+            self.finish_request(request, client_address)  # returns when the association ends
+        except Exception as exc:  # one line, never a traceback (peer-controlled input)
+            logger.warning("connection from %s ended: %s", host, type(exc).__name__)
+            self.shutdown_request(request)
+        finally:
+            self.admission.release(host)
+
+    def _handshake(self, raw: socket.socket, host: str) -> ssl.SSLSocket | None:
+        assert self.ssl_context is not None
+        raw.settimeout(self.handshake_timeout_s)
+        try:
+            tls = self.ssl_context.wrap_socket(raw, server_side=True)
+        except (OSError, ssl.SSLError) as exc:
+            reason = getattr(exc, "reason", None) or type(exc).__name__
+            logger.warning("TLS handshake with %s failed: %s", host, reason)
+            self.shutdown_request(raw)
+            return None
+        tls.settimeout(None)  # pynetdicom polls with select, then reads blocking
+        return tls
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        logger.warning("connection from %s failed", client_address[0])
+
+
+def start_server(
+    ae: Any,
+    address: tuple[str, int],
+    *,
+    ssl_context: ssl.SSLContext | None,
+    evt_handlers: list[Any],
+    **options: Any,
+) -> GatewayServer:
+    """``AE.start_server(block=False)`` with :class:`GatewayServer` (``options``: its
+    keyword arguments)."""
+    server = ae.make_server(
+        address,
+        ssl_context=ssl_context,
+        evt_handlers=evt_handlers,
+        server_class=GatewayServer,
+        **options,
+    )
+    thread = threading.Thread(target=server.serve_forever, name="radserve-scp", daemon=True)
+    thread.start()
+    ae._servers.append(server)  # so AE.shutdown() stops it (as AE.start_server does)
+    return server

@@ -1,0 +1,425 @@
+"""``radserve models import nnunet DIR``: an nnU-Net v2 trained-model folder -> a bundle.
+
+``DIR`` is a trainer folder (``<Trainer>__<Plans>__<configuration>``) holding
+``dataset.json``, ``plans.json`` and ``fold_<k>/checkpoint_final.pth``. Reading the
+JSON and writing ``model.yaml`` needs no torch (:func:`manifest_from_nnunet`); the
+export (:func:`export_onnx`) rebuilds the network with nnU-Net's own predictor
+(``nnUNetPredictor.initialize_from_trained_model_folder``: the trainer's
+``build_network_architecture`` from the plans) and needs the ``nnunet`` extra.
+
+What the bundle states, as nnU-Net's inference does it (nnunetv2 2.x, default
+preprocessor): the array axes are SimpleITK's (= radserve's (slice, row, column)),
+transposed by ``transpose_forward``;
+crop to the bounding box of non-zero voxels; CT normalisation (clip to the dataset
+fingerprint's 0.5/99.5 percentiles, z-score with its foreground mean and std) before
+resampling; resampling to the configuration's spacing with its spline orders and the
+separate-z rule; sliding window with its patch, step 0.5, nnU-Net's filtered Gaussian,
+centred zero padding and logit averaging; logits resampled back with its order, then
+softmax (labels) or sigmoid regions in ``regions_class_order``. Folds are ensembled
+inside the ONNX graph (their logits averaged, as nnU-Net does); mirroring test-time
+augmentation is in the graph only with ``tta=True`` (2^axes network passes per patch).
+
+A ``transpose_forward`` becomes ``input.axes`` (index axes in nnU-Net's transposed order).
+
+Refused, with the reason: a transpose that is not a permutation, 2d configurations, cascades
+(``previous_stage``), another preprocessor or resampling function, a forced separate
+z, normalisations other than CTNormalization, more than one input channel.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from radserve.importers import ImportRefusedError
+from radserve.importers.common import export_checked, label_entry, sha256_file
+from radserve.models.axes import INDEX_AXES
+from radserve.models.manifest import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "NnunetSource",
+    "export_onnx",
+    "import_nnunet",
+    "manifest_from_nnunet",
+    "read_results_folder",
+]
+
+CHECKPOINT = "checkpoint_final.pth"
+_RESAMPLE_FN = "resample_data_or_seg_to_shape"
+
+
+@dataclass(frozen=True)
+class NnunetSource:
+    """What the JSON files of a trainer folder say (no checkpoint read yet)."""
+
+    folder: Path
+    dataset: dict[str, Any]
+    plans: dict[str, Any]
+    configuration_name: str
+    configuration: dict[str, Any]  # inheritance resolved
+    trainer_name: str
+    folds: tuple[str, ...]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ImportRefusedError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ImportRefusedError(f"{path} is not a JSON object")
+    return data
+
+
+def _resolve(plans: dict[str, Any], name: str) -> dict[str, Any]:
+    """A configuration with ``inherits_from`` applied (as nnU-Net's PlansManager does)."""
+    configs = plans.get("configurations") or {}
+    if name not in configs:
+        raise ImportRefusedError(
+            f"configuration {name!r} is not in plans.json (has {sorted(configs)})"
+        )
+    config = copy.deepcopy(configs[name])
+    parent = config.get("inherits_from")
+    if parent:
+        base = _resolve(plans, parent)
+        base.update(config)
+        config = base
+    return config
+
+
+def read_results_folder(
+    folder: Path, *, folds: tuple[str, ...] | None = None, checkpoint: str = CHECKPOINT
+) -> NnunetSource:
+    """Read ``dataset.json``, ``plans.json`` and find the folds with a checkpoint."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ImportRefusedError(f"{folder} is not a folder")
+    parts = folder.name.split("__")
+    if len(parts) != 3:
+        raise ImportRefusedError(
+            f"{folder.name!r} is not an nnU-Net trainer folder "
+            "(<Trainer>__<Plans>__<configuration>, e.g. nnUNetTrainer__nnUNetPlans__3d_fullres)"
+        )
+    trainer, _plans_name, configuration = parts
+    dataset = _read_json(folder / "dataset.json")
+    plans = _read_json(folder / "plans.json")
+    found = sorted(p.parent.name.removeprefix("fold_") for p in folder.glob(f"fold_*/{checkpoint}"))
+    chosen = tuple(folds) if folds else tuple(found)
+    missing = [f for f in chosen if f not in found]
+    if missing or not chosen:
+        raise ImportRefusedError(
+            f"no {checkpoint} for fold(s) {missing or 'any'} in {folder} (found {found})"
+        )
+    return NnunetSource(
+        folder, dataset, plans, configuration, _resolve(plans, configuration), trainer, chosen
+    )
+
+
+def _refuse(reason: str) -> None:
+    raise ImportRefusedError(f"nnU-Net model not importable: {reason}")
+
+
+def _resampling(config: dict[str, Any]) -> dict[str, Any]:
+    """Map the configuration's resampling functions onto ``input.resampling``."""
+    for key in ("resampling_fn_data", "resampling_fn_probabilities"):
+        if config.get(key) != _RESAMPLE_FN:
+            _refuse(f"{key} is {config.get(key)!r}; radserve reproduces only {_RESAMPLE_FN}")
+    data = config.get("resampling_fn_data_kwargs") or {}
+    probs = config.get("resampling_fn_probabilities_kwargs") or {}
+    if data.get("is_seg") or probs.get("is_seg"):
+        _refuse("image or probability resampling declared as segmentation resampling")
+    forced = {data.get("force_separate_z"), probs.get("force_separate_z")}
+    if True in forced:
+        _refuse("force_separate_z=True (always resample z apart) is not expressible")
+    separate = "never" if forced == {False} else "auto"
+    if None in forced and False in forced:
+        _refuse("force_separate_z differs between image and probability resampling")
+    checks = {
+        "image order": (data.get("order", 3), (0, 1, 3)),
+        "image order_z": (data.get("order_z", 0), (0, 1)),
+        "probability order": (probs.get("order", 1), (0, 1)),
+        "probability order_z": (probs.get("order_z", 0), (0, 1)),
+    }
+    for what, (value, allowed) in checks.items():
+        if value not in allowed:
+            _refuse(f"{what} {value} (radserve supports {list(allowed)})")
+    return {
+        "image_order": data.get("order", 3),
+        "image_order_z": data.get("order_z", 0),
+        "output_order": probs.get("order", 1),
+        "output_order_z": probs.get("order_z", 0),
+        "separate_z": separate,
+        "anisotropy_threshold": 3.0,  # nnunetv2.configuration.ANISO_THRESHOLD
+        "normalise_first": True,
+    }
+
+
+def _normalisation(source: NnunetSource) -> dict[str, Any]:
+    schemes = source.configuration.get("normalization_schemes") or []
+    if len(schemes) != 1:
+        _refuse(
+            f"{len(schemes)} input channels ({schemes}); the importer takes one-channel "
+            "models (multi-channel input is not yet expressible in model.yaml)"
+        )
+    if schemes[0] != "CTNormalization":
+        _refuse(
+            f"normalization {schemes[0]!r}: only CTNormalization (clip to the fingerprint's "
+            "percentiles + z-score) is expressible; per-image z-score is not"
+        )
+    props = (source.plans.get("foreground_intensity_properties_per_channel") or {}).get("0")
+    needed = ("percentile_00_5", "percentile_99_5", "mean", "std")
+    if not props or any(k not in props for k in needed):
+        _refuse(f"plans.json lacks foreground intensity properties {list(needed)} of channel 0")
+    return {
+        "kind": "clip_zscore",
+        "lower": float(props["percentile_00_5"]),
+        "upper": float(props["percentile_99_5"]),
+        "mean": float(props["mean"]),
+        "std": max(float(props["std"]), 1e-8),  # CTNormalization divides by max(std, 1e-8)
+    }
+
+
+def _labels(dataset: dict[str, Any]) -> tuple[list[dict[str, Any]], str, list[int]]:
+    """(labels, activation, regions) from dataset.json's ``labels``."""
+    raw = dataset.get("labels")
+    if not isinstance(raw, dict) or not raw:
+        _refuse("dataset.json has no 'labels' object")
+    entries = [(n, v) for n, v in raw.items() if n != "ignore"]  # the ignore label has no head
+    has_regions = any(isinstance(v, list | tuple) and len(v) > 1 for _, v in entries)
+    if not has_regions:
+        values = {n: int(v[0] if isinstance(v, list | tuple) else v) for n, v in entries}
+        ordered = sorted(values.values())
+        if ordered != list(range(len(ordered))) or ordered[0] != 0:
+            _refuse(f"label values {ordered} are not consecutive from 0 (background)")
+        if ordered[-1] > 255:
+            _refuse(f"{ordered[-1]} labels; radserve label maps are 8-bit")
+        labels = [label_entry(v, n) for n, v in values.items() if v != 0]
+        return sorted(labels, key=lambda x: x["value"]), "softmax", []
+    order = dataset.get("regions_class_order")
+    foreground = [(n, v) for n, v in entries if v not in (0, [0], (0,))]
+    if not isinstance(order, list) or len(order) != len(foreground):
+        _refuse("region labels without a regions_class_order of one value per region")
+    if len(set(order)) != len(order) or min(order) < 1 or max(order) > 255:
+        _refuse(f"regions_class_order {order} must be distinct values 1..255")
+    labels = [label_entry(int(v), n) for (n, _), v in zip(foreground, order, strict=True)]
+    return sorted(labels, key=lambda x: x["value"]), "sigmoid", [int(v) for v in order]
+
+
+def _modality(dataset: dict[str, Any]) -> str:
+    names = dataset.get("channel_names") or dataset.get("modality") or {}
+    first = str(names.get("0", "")).upper()
+    if first == "CT":
+        return "CT"
+    _refuse(f"channel 0 is {first or 'unnamed'!r}; the importer takes CT models (CTNormalization)")
+    return ""  # unreachable
+
+
+def manifest_from_nnunet(
+    source: NnunetSource,
+    *,
+    name: str,
+    version: str,
+    mirror_axes: tuple[int, ...] = (),
+    tta: bool = False,
+    batch_size: int = 2,
+) -> ModelSpec:
+    """The ``model.yaml`` stating nnU-Net's inference for ``source``, validated."""
+    plans, config = source.plans, source.configuration
+    forward = [int(a) for a in plans.get("transpose_forward", [0, 1, 2])]
+    backward = [int(a) for a in plans.get("transpose_backward", [0, 1, 2])]
+    if sorted(forward) != [0, 1, 2] or [forward[b] for b in backward] != [0, 1, 2]:
+        _refuse(
+            f"transpose_forward {forward} / transpose_backward {backward} are not a "
+            "permutation of the three axes and its inverse"
+        )
+    # nnU-Net transposes SimpleITK's (z, y, x) arrays by transpose_forward; the plans'
+    # spacing and patch size are in that order, as input.axes declares it.
+    axes = [INDEX_AXES[a] for a in forward]
+    patch = config.get("patch_size") or []
+    spacing = config.get("spacing") or []
+    if len(patch) != 3 or len(spacing) != 3:
+        _refuse(f"configuration {source.configuration_name!r} is not 3d (patch {patch})")
+    if config.get("previous_stage") or "cascade" in source.configuration_name:
+        _refuse("cascade configurations (a previous stage's segmentation as input)")
+    if config.get("preprocessor_name", "DefaultPreprocessor") != "DefaultPreprocessor":
+        _refuse(f"preprocessor {config.get('preprocessor_name')!r} (only DefaultPreprocessor)")
+    if any(config.get("use_mask_for_norm") or []):
+        _refuse("use_mask_for_norm=True (normalisation inside the non-zero mask only)")
+    labels, activation, regions = _labels(source.dataset)
+    if tta and not mirror_axes:
+        _refuse("test-time augmentation asked for, but the model allows no mirroring axes")
+    folds = ", ".join(source.folds)
+    raw = {
+        "name": name,
+        "version": version,
+        "task": "segmentation",
+        "modality": _modality(source.dataset),
+        "description": (
+            f"Imported from nnU-Net v2: {plans.get('dataset_name', '?')}, "
+            f"{source.folder.name}, fold(s) {folds} ensembled"
+            + (f", mirroring TTA over axes {list(mirror_axes)}" if tta else "")
+        ),
+        "input": {
+            "mode": "3d",
+            "axes": axes,
+            "spacing": [float(s) for s in spacing],
+            "normalisation": _normalisation(source),
+            "patch_size": [int(p) for p in patch],
+            "batch_size": batch_size,
+            "overlap": 0.5,  # nnUNetPredictor's default tile_step_size 0.5
+            "crop": "nonzero",
+            "resampling": _resampling(config),
+            "sliding_window": {
+                "importance": "gaussian_filter",
+                "sigma_scale": 0.125,
+                "accumulate": "logits",
+                "pad": "centre_zero",
+            },
+            "test_time_augmentation": {"mirror_axes": list(mirror_axes), "enabled": tta},
+        },
+        "activation": activation,
+        "channel_values": regions,
+        "labels": labels,
+        "postprocess": {"threshold": 0.5},
+        "files": {"fp32": "model.onnx"},
+    }
+    try:
+        return ModelSpec.model_validate(raw)
+    except ValueError as exc:
+        raise ImportRefusedError(f"the mapped model.yaml is invalid: {exc}") from exc
+
+
+def load_predictor(source: NnunetSource, checkpoint: str = CHECKPOINT):  # -> nnUNetPredictor
+    """nnU-Net's own predictor for ``source`` on the CPU (network built from the plans).
+
+    Loading unpickles the checkpoints (nnU-Net's loader does, ``weights_only=False``):
+    import only folders you trust. radserve serves the ONNX file, never the pickle.
+    """
+    try:
+        import torch
+        from nnunetv2.inference.predict_from_raw_data import nnUNetPredictor
+    except ImportError as exc:
+        raise ImportRefusedError(
+            "importing an nnU-Net model needs torch and nnunetv2: install the `nnunet` extra "
+            f"(tools/install_nnunet.sh) ({exc})"
+        ) from exc
+    predictor = nnUNetPredictor(
+        tile_step_size=0.5,
+        use_gaussian=True,
+        use_mirroring=False,
+        perform_everything_on_device=False,
+        device=torch.device("cpu"),
+        verbose=False,
+        allow_tqdm=False,
+    )
+    folds = tuple(f if f == "all" else int(f) for f in source.folds)
+    predictor.initialize_from_trained_model_folder(str(source.folder), folds, checkpoint)
+    return predictor
+
+
+def _ensemble(predictor, mirror_axes: tuple[int, ...]):  # -> torch.nn.Module
+    """The folds' networks averaged (and each mirrored over ``mirror_axes``), as
+    ``predict_logits_from_preprocessed_data`` and ``_internal_maybe_mirror_and_predict``
+    average them: per fold, the mean over flips; then the mean over folds."""
+    import itertools
+
+    import torch
+
+    nets = []
+    for params in predictor.list_of_parameters:
+        net = copy.deepcopy(predictor.network)
+        net.load_state_dict(params)
+        nets.append(net.eval())
+    flips = [
+        tuple(a + 2 for a in c)
+        for i in range(len(mirror_axes))
+        for c in itertools.combinations(mirror_axes, i + 1)
+    ]
+
+    class Ensemble(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.nets = torch.nn.ModuleList(nets)
+
+        def forward(self, x):
+            total = None
+            for net in self.nets:
+                out = net(x)
+                for axes in flips:
+                    out = out + torch.flip(net(torch.flip(x, axes)), axes)
+                out = out / (len(flips) + 1)
+                total = out if total is None else total + out
+            return total / len(self.nets)
+
+    return Ensemble().eval()
+
+
+def export_onnx(predictor, path: Path, *, mirror_axes: tuple[int, ...] = ()) -> float:
+    """Export the fold ensemble to ``path`` (opset 17, dynamic batch); return the max
+    |torch - ONNX Runtime| logit difference on two random patch batches (raises if large)."""
+    model = _ensemble(predictor, mirror_axes)
+    patch = tuple(predictor.configuration_manager.patch_size)
+    channels = len(predictor.configuration_manager.normalization_schemes)
+    return export_checked(model, path, channels, patch)
+
+
+def import_nnunet(
+    folder: Path,
+    models_dir: Path,
+    *,
+    name: str | None = None,
+    version: str = "1.0.0",
+    folds: tuple[str, ...] | None = None,
+    tta: bool = False,
+    checkpoint: str = CHECKPOINT,
+) -> Path:
+    """Write ``models_dir/<name>/<version>/`` (model.yaml, model.onnx, import.json)."""
+    source = read_results_folder(folder, folds=folds, checkpoint=checkpoint)
+    default = str(source.plans.get("dataset_name") or "nnunet").lower().replace("_", "-")
+    name = name or default
+    # Refuse what is inexpressible before spending time on torch.
+    manifest_from_nnunet(source, name=name, version=version)
+    predictor = load_predictor(source, checkpoint)
+    if predictor.configuration_manager.previous_stage_name:
+        _refuse("cascade configurations (a previous stage's segmentation as input)")
+    allowed = tuple(int(a) for a in (predictor.allowed_mirroring_axes or ()))
+    spec = manifest_from_nnunet(source, name=name, version=version, mirror_axes=allowed, tta=tta)
+    out = Path(models_dir) / name / version
+    if (out / "model.yaml").exists():
+        raise ImportRefusedError(f"{out} already holds a bundle; pick another --version")
+    out.mkdir(parents=True, exist_ok=True)
+    diff = export_onnx(predictor, out / "model.onnx", mirror_axes=allowed if tta else ())
+    header = (
+        f"# {spec.key}: imported by `radserve models import nnunet` from {source.folder.name}.\n"
+        "# The preprocessing below states nnU-Net's; see import.json for the source files.\n"
+    )
+    (out / "model.yaml").write_text(
+        header + yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    )
+    record = {
+        "framework": "nnunetv2",
+        "source": str(source.folder),
+        "configuration": source.configuration_name,
+        "trainer": source.trainer_name,
+        "folds": list(source.folds),
+        "checkpoints": {
+            f: sha256_file(source.folder / f"fold_{f}" / checkpoint) for f in source.folds
+        },
+        "onnx_max_abs_diff_vs_torch": diff,
+        "test_time_augmentation": {
+            "mirror_axes": list(allowed),
+            "enabled": tta,
+            "network_passes_per_patch": (2 ** len(allowed) if tta else 1) * len(source.folds),
+        },
+    }
+    (out / "import.json").write_text(json.dumps(record, indent=2) + "\n")
+    logger.info("imported %s -> %s (ONNX vs torch max |diff| %.2e)", source.folder, out, diff)
+    return out

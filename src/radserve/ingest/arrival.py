@@ -1,0 +1,75 @@
+"""Slices of a volume that is still being decoded: which are in place, and waiting for them.
+
+JPEG 2000 decoding costs more CPU than the whole pipeline's other work on the bench CT
+(docs/performance.md). When the caller asks for it, :func:`radserve.ingest.load_series`
+returns the volume while its decoder processes are still filling it, with a
+:class:`SliceArrival`; readers wait for the slices they need instead of for the whole
+stack, so the organ model can start on the first slabs while the rest decode.
+
+Readers must call :meth:`SliceArrival.wait` (some slices) or :meth:`wait_all` before
+they read the array: a slice not yet marked holds uninitialised memory.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+import numpy as np
+
+
+class SliceArrival:
+    """Which of ``n`` slices are decoded; a decoding failure is re-raised to waiters."""
+
+    def __init__(self, n: int) -> None:
+        self._done = np.zeros(n, dtype=bool)
+        self._left = n
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Every slice is in place (a failed decode is never complete)."""
+        with self._cond:
+            return self._left == 0 and self._error is None
+
+    def mark(self, slices: Iterable[int]) -> None:
+        """Slices ``slices`` are in place (called by the decoding thread)."""
+        with self._cond:
+            for k in slices:
+                if not self._done[k]:
+                    self._done[k] = True
+                    self._left -= 1
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        """The decode stopped: every waiter, now and later, raises ``error``."""
+        with self._cond:
+            self._error = error
+            self._cond.notify_all()
+
+    def wait(self, slices: Iterable[int]) -> None:
+        """Block until ``slices`` are in place; raise the decode's error if it failed."""
+        wanted = np.fromiter(slices, dtype=np.intp)
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                if self._done[wanted].all():
+                    return
+                self._cond.wait()
+
+    def wait_range(self, start: int, stop: int) -> None:
+        """:meth:`wait` for slices ``start..stop-1``."""
+        self.wait(range(max(0, start), min(len(self._done), stop)))
+
+    def wait_all(self) -> None:
+        """Block until the whole stack is in place (or raise the decode's error)."""
+        with self._cond:
+            while self._left and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise self._error
+
+
+__all__ = ["SliceArrival"]

@@ -1,0 +1,97 @@
+"""Everything the outputs will need from a series, checked before any pixel is decoded.
+
+Reports, DICOM SEG and SR are written after the models ran; a value they cannot use
+must fail the job at ingest, not after minutes of inference. Refused here: an instance
+:mod:`~radserve.ingest.headers` found unusable (truncated, frame count or pixel format
+inconsistent with the data, nonsense rescale), no or several Study Instance UIDs, no or
+several Frames of Reference, a SOP Class radserve does not read. Flagged (a warning on
+the loaded series, which reaches the report): Type 2 attributes the SEG/SR copy from the
+source but that are absent (they are written empty).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydicom.uid import UID
+
+from radserve.errors import DecodeError, StudyError
+from radserve.ingest.discover import SeriesHeader
+from radserve.ingest.headers import FrameRef
+from radserve.ingest.sources import InputTooLargeError
+
+
+class InstanceError(StudyError):
+    """One file of the series cannot be used; the message names the file and the reason."""
+
+    code = "instance_invalid"
+
+
+class SeriesAttributeError(StudyError):
+    """A series-level attribute the outputs need is missing or inconsistent."""
+
+    code = "attribute_invalid"
+
+
+def check_series(header: SeriesHeader, warnings: list[str]) -> None:
+    """Raise for what makes ``header`` unusable; append what is merely flagged."""
+    _check_instances(header.frames)
+    studies = {u for u in header.study_instance_uids if u}
+    if not studies:
+        raise SeriesAttributeError(
+            "the series has no Study Instance UID: its results could not be filed in a study"
+        )
+    if len(header.study_instance_uids) > 1:
+        raise SeriesAttributeError(
+            f"the instances of one series carry {len(header.study_instance_uids)} different "
+            "Study Instance UIDs (or some none): send each study's series on its own"
+        )
+    frames_of_reference = header.frame_of_reference_uids
+    if None in frames_of_reference or "" in frames_of_reference:
+        raise SeriesAttributeError(
+            "the series has no Frame of Reference UID on every instance: image positions "
+            "cannot be tied to the patient, and DICOM SEG/SR need it"
+        )
+    if len(frames_of_reference) > 1:
+        raise SeriesAttributeError(
+            f"the instances of one series use {len(frames_of_reference)} Frames of Reference: "
+            "their positions are not in one coordinate system"
+        )
+    sop_class = UID(header.sop_class_uid)
+    if not _is_image_storage(sop_class):
+        shown = sop_class.name if sop_class.name != sop_class else "an unknown SOP Class"
+        raise SeriesAttributeError(
+            f"the series is {shown}, not a standard image storage SOP Class (DICOM SEG/SR "
+            "can reference only those)",
+            code="sop_class_unsupported",
+        )
+    notes = list(dict.fromkeys(f"{f.source.name}: {f.note}" for f in header.frames if f.note))
+    if notes:
+        more = f" (and {len(notes) - 3} more files)" if len(notes) > 3 else ""
+        warnings.append("; ".join(notes[:3]) + more)
+    if header.absent_type2:
+        warnings.append(
+            "Type 2 attributes absent from the source headers (DICOM SEG/SR carry them "
+            f"empty): {', '.join(header.absent_type2)}"
+        )
+
+
+def _check_instances(frames: Sequence[FrameRef]) -> None:
+    bad = [f for f in frames if f.problem is not None]
+    if not bad:
+        return
+    first = bad[0]
+    assert first.problem is not None
+    others = len({f.source for f in bad}) - 1
+    more = f" (and {others} more files)" if others else ""
+    message = f"{first.source}: {first.problem.text}{more}"
+    error = {"decode_failed": DecodeError, "input_too_large": InputTooLargeError}.get(
+        first.problem.code, InstanceError
+    )
+    raise error(message)
+
+
+def _is_image_storage(uid: UID) -> bool:
+    """A standard image storage SOP Class (pydicom's UID dictionary; the conformance
+    statement's list is a subset): what highdicom can reference as a SEG/SR source."""
+    return uid.type == "SOP Class" and "Image Storage" in uid.name

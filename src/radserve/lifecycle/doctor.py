@@ -1,0 +1,242 @@
+"""``radserve doctor``: can this host serve? One check per line, each ok / warn / fail;
+a failing check marked *blocking* stops ``radserve serve`` from starting.
+
+Checks: Python and package versions, ONNX Runtime's package, version and providers, the
+OpenVINO version (the ``openvino`` package or the runtime onnxruntime-openvino carries),
+with a CUDA provider the CUDA / cuDNN versions it was built with beside the driver,
+runtime, cuDNN and TensorRT libraries installed (``no CUDA provider`` otherwise), every
+bundle's declared ``requires:`` and its install hashes, free memory against each
+model's needs, the memory of each loaded session, data-dir disk space, database
+reachability and migration head, the HTTP (and DICOM) port bindable, clock sanity.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import shutil
+import socket
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from typing import Any, Literal, Protocol
+
+from radserve.config import Settings
+from radserve.lifecycle.install import verify_install
+from radserve.lifecycle.requirements import HostFacts, host_facts, unmet_requirements
+from radserve.models.manifest import ModelSpec
+from radserve.models.registry import ModelRegistry, bundled_model_dir
+
+Status = Literal["ok", "warn", "fail"]
+PACKAGES = ("onnxruntime", "onnxruntime-openvino", "onnxruntime-gpu", "onnx", "numpy",
+            "pydicom", "highdicom", "fastapi", "sqlalchemy", "alembic", "scipy")  # fmt: skip
+MIN_FREE_DISK_BYTES = 1024**3
+_GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+class LoadedSession(Protocol):
+    """What doctor reads of a loaded session (:class:`radserve.inference.ModelSession`)."""
+
+    spec: ModelSpec
+    precision: str
+    providers_in_use: tuple[str, ...]
+    weights_bytes: int
+    load_rss_bytes: int | None
+    first_of_provider: bool
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    blocking: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _versions() -> list[Check]:
+    out = [Check("python", "ok" if sys.version_info >= (3, 11) else "fail",
+                 platform.python_version(), blocking=sys.version_info < (3, 11))]  # fmt: skip
+    found = []
+    for name in PACKAGES:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    out.append(Check("packages", "ok", ", ".join(found)))
+    return out
+
+
+def _runtime(host: HostFacts) -> list[Check]:
+    """ONNX Runtime's build and providers, OpenVINO, and the CUDA stack: what ONNX
+    Runtime was built against beside what the installed libraries say they are."""
+    from radserve.inference.build_info import runtime_build
+    from radserve.lifecycle.native_libs import nvidia_stack
+
+    build = runtime_build()
+    detail = f"{build.package} {build.version}; providers {', '.join(build.providers)}"
+    out = [Check("onnxruntime", "ok", detail + f"; opset <= {host.max_opset}")]
+    if build.openvino:
+        out.append(Check("openvino", "ok", build.openvino))
+    else:
+        out.append(Check("openvino", "ok", "no OpenVINO provider in this onnxruntime"))
+    nvidia = nvidia_stack()
+    found = [
+        f"{what} {version}"
+        for what, version in (
+            ("driver supports CUDA", nvidia.driver),
+            ("CUDA runtime", nvidia.runtime),
+            ("cuDNN", nvidia.cudnn),
+            ("TensorRT", nvidia.tensorrt),
+        )
+        if version
+    ]
+    gpu = [
+        p for p in build.providers if p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+    ]
+    if not gpu:
+        libs = f" (installed NVIDIA libraries: {', '.join(found)})" if found else ""
+        out.append(Check("cuda", "ok", f"no CUDA provider: CPU serving{libs}"))
+        return out
+    built = [f"built with CUDA {build.cuda_built or '?'}, cuDNN {build.cudnn_built or '?'}"]
+    missing = [
+        what
+        for what, version in (("CUDA driver", nvidia.driver), ("cuDNN", nvidia.cudnn))
+        if version is None
+    ]
+    if "TensorrtExecutionProvider" in gpu and nvidia.tensorrt is None:
+        missing.append("TensorRT")
+    installed = [f"installed: {', '.join(found)}"] if found else []
+    detail = "; ".join([", ".join(gpu), *built, *installed])
+    if missing:
+        detail += f"; not found: {', '.join(missing)} (the provider will fail to start)"
+    out.append(Check("cuda", "warn" if missing else "ok", detail))
+    return out
+
+
+def _sessions(sessions: Sequence[LoadedSession]) -> list[Check]:
+    """Memory of each loaded session: its weights as stored and the host memory the
+    process grew by while loading it (approximate; a GPU's device memory not counted)."""
+    out = []
+    for s in sessions:
+        provider = s.providers_in_use[0] if s.providers_in_use else "?"
+        if not hasattr(s, "weights_bytes"):  # a SessionRef: loaded by the executor's workers
+            detail = f"{provider}: runs on the executor's workers; memory not measured here"
+            out.append(Check(f"session {s.spec.key} {s.precision}", "ok", detail))
+            continue
+        parts = [f"{provider}: weights {s.weights_bytes / 2**20:.1f} MiB"]
+        if s.load_rss_bytes is not None:
+            first = ", with the provider's one-time start-up" if s.first_of_provider else ""
+            parts.append(
+                f"+{s.load_rss_bytes / 2**20:.0f} MiB resident at load (approximate{first})"
+            )
+        if provider in _GPU_PROVIDERS:
+            parts.append("device memory not measured")
+        out.append(Check(f"session {s.spec.key} {s.precision}", "ok", ", ".join(parts)))
+    return out
+
+
+def _bundles(settings: Settings, host: HostFacts, serving: set[tuple[str, str]]) -> list[Check]:
+    registry = ModelRegistry(
+        [*settings.models.dirs, settings.data_dir / "models", bundled_model_dir()]
+    )
+    out = []
+    for info in registry.list():
+        key = (info.name, info.version)
+        bundle = registry.get(info.name, info.version)
+        problems = unmet_requirements(bundle.spec, host) + verify_install(bundle.directory)
+        blocking = key in serving and bool(problems)
+        status: Status = "ok" if not problems else ("fail" if blocking else "warn")
+        detail = "; ".join(problems) or (
+            f"servable {', '.join(info.servable)}"
+            + (
+                f"; needs {bundle.spec.requires.memory_mb} MB"
+                if bundle.spec.requires.memory_mb
+                else ""
+            )
+        )
+        out.append(Check(f"model {info.name} {info.version}", status, detail, blocking))
+    return out
+
+
+def _disk(settings: Settings) -> Check:
+    folder = settings.data_dir if settings.data_dir.exists() else settings.data_dir.parent
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError as exc:
+        return Check("data dir disk", "fail", f"{folder}: {exc}", blocking=True)
+    status: Status = "ok" if free >= MIN_FREE_DISK_BYTES else "fail"
+    return Check("data dir disk", status, f"{free / 1024**3:.1f} GiB free in {folder}",
+                 blocking=status == "fail")  # fmt: skip
+
+
+def _database(settings: Settings) -> Check:
+    from radserve.store.db import make_engine
+    from radserve.store.migrate import current_revision, head_revision
+
+    try:
+        engine = make_engine(settings.effective_database_url)
+        try:
+            current = current_revision(engine)
+        finally:
+            engine.dispose()
+    except Exception as exc:  # any driver error means: not reachable
+        return Check("database", "fail", f"not reachable: {type(exc).__name__}", blocking=True)
+    head = head_revision()
+    if current is None:
+        return Check("database", "ok", f"reachable; empty (migrated to {head} at start)")
+    if current != head:
+        return Check("database", "warn", f"at {current}; {head} is applied at start")
+    return Check("database", "ok", f"reachable, migration head {head}")
+
+
+def _port(name: str, host: str, port: int) -> Check:
+    if port == 0:
+        return Check(name, "ok", "any free port")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return Check(name, "fail", f"{host}:{port} not bindable: {exc.strerror}", blocking=True)
+    return Check(name, "ok", f"{host}:{port} bindable")
+
+
+def _clock() -> Check:
+    now = dt.datetime.now(dt.UTC)
+    if now.year < 2024:
+        return Check("clock", "fail", f"system clock says {now.isoformat()}", blocking=True)
+    return Check("clock", "ok", now.isoformat(timespec="seconds"))
+
+
+def run_doctor(
+    settings: Settings,
+    *,
+    serving: set[tuple[str, str]] | None = None,
+    check_ports: bool = True,
+    sessions: Sequence[LoadedSession] = (),
+) -> list[Check]:
+    """Every check; ``serving`` (name, version) pairs make a failing bundle blocking;
+    ``sessions``: the loaded sessions whose memory to report."""
+    host = host_facts()
+    checks = [*_versions(), *_runtime(host)]
+    checks += _bundles(settings, host, serving or set())
+    checks += _sessions(sessions)
+    checks += [_disk(settings), _database(settings), _clock()]
+    if check_ports:
+        checks.append(_port("http port", settings.server.host, settings.server.port))
+        if settings.gateway.enabled:
+            checks.append(_port("dicom port", settings.gateway.host, settings.gateway.port))
+    if host.free_memory_mb is not None:
+        checks.append(Check("memory", "ok", f"{host.free_memory_mb} MB available"))
+    return checks
+
+
+def blocking(checks: list[Check]) -> list[Check]:
+    return [c for c in checks if c.blocking and c.status == "fail"]
+
+
+__all__ = ["Check", "LoadedSession", "blocking", "run_doctor"]

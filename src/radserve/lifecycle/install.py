@@ -1,0 +1,385 @@
+"""Install a model bundle (a folder or a zip of one) into the data dir's model store.
+
+What install checks, in order, refusing with every reason it found:
+
+1. the archive (zip): member count, total and per-member size counted as bytes are
+   written (never trusted from the header), compression ratio, no absolute path, no
+   ``..``, no link, no device file;
+2. exactly one ``model.yaml`` in the bundle, valid (:func:`load_manifest`);
+3. every file ``files:`` names exists inside the bundle and its ONNX graph (read with
+   ``load_external_data=False``: nothing outside the bundle is opened) has one input and
+   an output whose rank, channel count and element type match the manifest;
+4. ``requires:`` against this host (:mod:`radserve.lifecycle.requirements`);
+5. the name and version is not installed already (a version is never overwritten).
+
+An optional ``prepare`` step (``install --build-variants``: precision variants built
+and gated into the bundle) runs on the staged copy after these checks and before the
+hashes are taken, so the variants and their ``gate.json`` are part of what was
+installed; the ONNX checks run again on what it declared.
+
+The bundle is then copied to ``<data_dir>/models/<name>/<version>/`` (atomic rename from
+a staging folder on the same file system) with ``install.json``: the SHA-256 of every
+file, when, from where and by whom. :func:`verify_install` recomputes those hashes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from radserve.errors import BundleExistsError, BundleRejectedError, ModelError
+from radserve.lifecycle.requirements import HostFacts, host_facts, unmet_requirements
+from radserve.models.manifest import ModelSpec, load_manifest
+
+INSTALL_FILE = "install.json"
+MODELS_SUBDIR = "models"
+MANIFEST = "model.yaml"
+
+
+@dataclass(frozen=True)
+class ArchiveLimits:
+    """Bounds on a zip offered for install (a hostile zip is refused, not extracted)."""
+
+    max_members: int = 256
+    max_total_bytes: int = 8 * 1024**3
+    max_member_bytes: int = 4 * 1024**3
+    max_ratio: float = 200.0  # uncompressed / compressed, per member
+
+
+@dataclass(frozen=True)
+class InstalledBundle:
+    """What was installed (the content of ``install.json``)."""
+
+    name: str
+    version: str
+    directory: Path
+    files: dict[str, str] = field(default_factory=dict)  # relative path -> sha256
+    installed_at: str = ""
+    source: str = ""
+    actor: str | None = None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "files": dict(self.files),
+            "installed_at": self.installed_at,
+            "source": self.source,
+            "actor": self.actor,
+        }
+
+
+def models_root(data_dir: Path) -> Path:
+    """Where installed bundles live: ``<data_dir>/models``."""
+    return Path(data_dir) / MODELS_SUBDIR
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --- archive -------------------------------------------------------------------------------
+def _safe_member(name: str) -> PurePosixPath:
+    path = PurePosixPath(name.replace("\\", "/"))
+    if path.is_absolute() or ".." in path.parts or (path.parts and ":" in path.parts[0]):
+        raise BundleRejectedError(f"archive member {name!r} points outside the bundle")
+    return path
+
+
+def extract_zip(archive: Path, target: Path, limits: ArchiveLimits = ArchiveLimits()) -> None:
+    """Extract ``archive`` into ``target`` within ``limits``; refuse anything unsafe."""
+    try:
+        zf = zipfile.ZipFile(archive)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise BundleRejectedError(f"{archive.name} is not a readable zip: {exc}") from exc
+    with zf:
+        members = zf.infolist()
+        if len(members) > limits.max_members:
+            raise BundleRejectedError(
+                f"{archive.name} holds {len(members)} entries; at most {limits.max_members}"
+            )
+        total = 0
+        for info in members:
+            rel = _safe_member(info.filename)
+            kind = stat.S_IFMT(info.external_attr >> 16)  # 0: no Unix type recorded
+            if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
+                raise BundleRejectedError(
+                    f"archive member {info.filename!r} is a link or special file"
+                )
+            dest = target.joinpath(*rel.parts)
+            if info.is_dir():
+                dest.mkdir(parents=True, exist_ok=True)
+                continue
+            if info.file_size > limits.max_member_bytes:
+                raise BundleRejectedError(f"archive member {info.filename!r} is too large")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            written = 0
+            try:
+                with zf.open(info) as src, open(dest, "xb") as out:
+                    for chunk in iter(lambda src=src: src.read(1 << 20), b""):
+                        written += len(chunk)
+                        total += len(chunk)
+                        if written > limits.max_member_bytes or total > limits.max_total_bytes:
+                            raise BundleRejectedError(
+                                f"{archive.name} expands beyond {limits.max_total_bytes} bytes"
+                            )
+                        if written > max(info.compress_size, 1) * limits.max_ratio + (1 << 20):
+                            raise BundleRejectedError(
+                                f"archive member {info.filename!r} expands more than "
+                                f"{limits.max_ratio:g}x (a zip bomb?)"
+                            )
+                        out.write(chunk)
+            except FileExistsError as exc:
+                raise BundleRejectedError(
+                    f"archive member {info.filename!r} appears twice"
+                ) from exc
+            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                if isinstance(exc, BundleRejectedError):
+                    raise
+                raise BundleRejectedError(f"{archive.name}: cannot extract: {exc}") from exc
+
+
+def _bundle_dir(root: Path) -> Path:
+    """The one folder under ``root`` (itself, or up to 3 levels down) holding model.yaml."""
+    found = [p.parent for p in root.rglob(MANIFEST) if len(p.relative_to(root).parts) <= 4]
+    if not found:
+        raise BundleRejectedError("the bundle holds no model.yaml")
+    if len(found) > 1:
+        names = ", ".join(str(p.relative_to(root)) for p in found)
+        raise BundleRejectedError(f"the bundle holds several model.yaml ({names}); give one")
+    return found[0]
+
+
+# --- ONNX graph vs manifest ------------------------------------------------------------------
+def check_onnx(spec: ModelSpec, directory: Path) -> list[str]:
+    """Reasons the ONNX files ``spec.files`` names disagree with ``spec`` (empty: none)."""
+    import onnx
+
+    reasons: list[str] = []
+    rank = 5 if spec.input.mode == "3d" else 4
+    float_types = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
+    for precision, filename in spec.files.items():
+        path = directory / filename
+        label = f"{spec.key} {precision} ({filename})"
+        try:
+            path.resolve().relative_to(directory.resolve())
+        except ValueError:
+            reasons.append(f"{label}: the file lies outside the bundle")
+            continue
+        if not path.is_file():
+            reasons.append(f"{label}: file named in model.yaml is missing")
+            continue
+        try:
+            model = onnx.load(str(path), load_external_data=False)
+        except Exception as exc:  # onnx raises DecodeError, RuntimeError, ...
+            reasons.append(f"{label}: not a readable ONNX model ({type(exc).__name__})")
+            continue
+        for tensor in model.graph.initializer:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+                try:
+                    ext = (directory / location).resolve()
+                    ext.relative_to(directory.resolve())
+                    ok = ext.is_file()
+                except (ValueError, OSError):
+                    ok = False
+                if not ok:
+                    reasons.append(f"{label}: external data {location!r} missing or outside")
+                    break
+        weights = {t.name for t in model.graph.initializer}
+        inputs = [i for i in model.graph.input if i.name not in weights]
+        if len(inputs) != 1:
+            reasons.append(f"{label}: expected 1 graph input, found {len(inputs)}")
+            continue
+        if not model.graph.output:
+            reasons.append(f"{label}: the graph has no output")
+            continue
+        checks = (
+            ("input", inputs[0], spec.input.in_channels),
+            ("output", model.graph.output[0], spec.num_classes),
+        )
+        for role, value, channels in checks:
+            tensor_type = value.type.tensor_type
+            if tensor_type.elem_type not in float_types:
+                name = onnx.TensorProto.DataType.Name(tensor_type.elem_type)
+                reasons.append(f"{label}: {role} {value.name!r} is {name}, expected float")
+            dims = tensor_type.shape.dim
+            if len(dims) != rank:
+                reasons.append(
+                    f"{label}: {role} {value.name!r} has rank {len(dims)}; input.mode "
+                    f"{spec.input.mode!r} needs rank {rank} (N, C, spatial...)"
+                )
+                continue
+            if dims[1].HasField("dim_value") and dims[1].dim_value != channels:
+                what = "input channels" if role == "input" else "output classes"
+                reasons.append(
+                    f"{label}: {role} {value.name!r} has {dims[1].dim_value} channels; the "
+                    f"manifest implies {channels} {what}"
+                )
+    return reasons
+
+
+# --- install -----------------------------------------------------------------------------------
+def inspect_bundle(directory: Path, host: HostFacts | None = None) -> tuple[ModelSpec, list[str]]:
+    """The manifest of the bundle in ``directory`` and every reason to refuse it."""
+    try:
+        spec = load_manifest(directory / MANIFEST)
+    except ModelError as exc:
+        raise BundleRejectedError(exc.message) from exc
+    reasons = check_onnx(spec, directory)
+    reasons += unmet_requirements(spec, host or host_facts())
+    return spec, reasons
+
+
+def hash_tree(directory: Path) -> dict[str, str]:
+    """sha256 of every regular file under ``directory`` (install.json excluded)."""
+    out: dict[str, str] = {}
+    for path in sorted(directory.rglob("*")):
+        if path.is_symlink():
+            raise BundleRejectedError(f"{path.relative_to(directory)} is a link")
+        if path.is_file() and path.name != INSTALL_FILE:
+            out[path.relative_to(directory).as_posix()] = sha256_file(path)
+    return out
+
+
+def install_bundle(
+    source: Path,
+    data_dir: Path,
+    *,
+    actor: str | None = None,
+    host: HostFacts | None = None,
+    limits: ArchiveLimits = ArchiveLimits(),
+    existing: set[tuple[str, str]] | None = None,
+    prepare: Callable[[Path, ModelSpec], None] | None = None,
+) -> InstalledBundle:
+    """Validate ``source`` (a bundle folder or zip) and copy it into the model store.
+
+    ``existing``: (name, version) pairs served from elsewhere (the shipped models): also
+    refused, so one name and version always means one set of files.
+    ``prepare(root, spec)``: called with a model root holding only the staged bundle
+    (``root/<name>/<version>``) once it passed the checks; what it adds is installed.
+
+    Raises:
+        BundleRejectedError: every reason the bundle may not be installed.
+        BundleExistsError: the name and version is installed already.
+    """
+    source = Path(source)
+    root = models_root(data_dir)
+    staging_root = root / ".staging"
+    staging_root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=staging_root))
+    try:
+        if source.is_dir():
+            bundle = _bundle_dir(source)
+            copy = staging / "bundle"
+            shutil.copytree(bundle, copy, symlinks=True)
+            if any(p.is_symlink() for p in copy.rglob("*")):
+                raise BundleRejectedError("the bundle folder contains links; copy real files")
+        elif source.is_file() and zipfile.is_zipfile(source):
+            extract_zip(source, staging / "zip", limits)
+            copy = _bundle_dir(staging / "zip")
+        else:
+            raise BundleRejectedError(f"{source} is neither a bundle folder nor a zip of one")
+        spec, reasons = inspect_bundle(copy, host)
+        if reasons:
+            raise BundleRejectedError(f"{spec.key} cannot be installed: " + "; ".join(reasons))
+        target = root / spec.name / spec.version
+        if target.exists() or (spec.name, spec.version) in (existing or set()):
+            raise BundleExistsError(
+                f"{spec.key} is installed already; a version is never replaced: give the "
+                "new files a new version in model.yaml"
+            )
+        if prepare is not None:
+            tree = staging / "tree"
+            staged = tree / spec.name / spec.version
+            staged.parent.mkdir(parents=True)
+            os.rename(copy, staged)
+            copy = staged
+            prepare(tree, spec)
+            spec, reasons = inspect_bundle(copy, host)
+            if reasons:
+                raise BundleRejectedError(
+                    f"{spec.key}: what was built at install is unusable: " + "; ".join(reasons)
+                )
+        files = hash_tree(copy)
+        record = InstalledBundle(
+            name=spec.name,
+            version=spec.version,
+            directory=target,
+            files=files,
+            installed_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            source=source.name,
+            actor=actor,
+        )
+        (copy / INSTALL_FILE).write_text(json.dumps(record.as_json(), indent=2))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(copy, target)
+        except OSError as exc:
+            if target.exists():
+                raise BundleExistsError(f"{spec.key} is installed already") from exc
+            raise
+        return record
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def read_install(directory: Path) -> InstalledBundle | None:
+    """The bundle's ``install.json`` (None for a bundle that was not installed)."""
+    path = Path(directory) / INSTALL_FILE
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return InstalledBundle(
+        name=data["name"],
+        version=data["version"],
+        directory=Path(directory),
+        files=dict(data.get("files", {})),
+        installed_at=data.get("installed_at", ""),
+        source=data.get("source", ""),
+        actor=data.get("actor"),
+    )
+
+
+def verify_install(directory: Path) -> list[str]:
+    """Files of an installed bundle that changed, vanished or appeared since install."""
+    record = read_install(directory)
+    if record is None:
+        return []
+    now = hash_tree(Path(directory))
+    problems = [
+        f"{name} changed since install"
+        for name, sha in record.files.items()
+        if name in now and now[name] != sha
+    ]
+    problems += [f"{name} is missing" for name in record.files if name not in now]
+    problems += [f"{name} was added after install" for name in now if name not in record.files]
+    return problems
+
+
+__all__ = [
+    "INSTALL_FILE",
+    "ArchiveLimits",
+    "InstalledBundle",
+    "check_onnx",
+    "extract_zip",
+    "hash_tree",
+    "inspect_bundle",
+    "install_bundle",
+    "models_root",
+    "read_install",
+    "verify_install",
+]

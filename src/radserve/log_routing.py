@@ -1,0 +1,130 @@
+"""Python warnings and worker processes' log records, into this process's logging.
+
+``warnings.warn`` left alone prints a plain two-line ``UserWarning`` on stderr (pydicom
+warns with the offending header value); :func:`capture_warnings` makes each warning one
+record of the ``py.warnings`` logger instead, which :mod:`radserve.security.logs`
+redacts and formats like any other. Worker processes (the decode pool: forkserver or
+spawn) start with Python's defaults; :class:`WorkerLogs` and
+:func:`forward_worker_logs` carry their records and warnings to this process's loggers.
+
+No radserve imports: ingest's decode pool and the security package's log set-up both
+use it, and neither may import the other's package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import warnings
+from logging.handlers import QueueHandler, QueueListener
+from typing import Any, TextIO
+
+WARNINGS_LOGGER = "py.warnings"
+
+
+def _showwarning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """``warnings.showwarning`` replacement: one record on ``py.warnings`` (redacted by
+    the handler's filter), instead of a plain two-line text on stderr."""
+    logging.getLogger(WARNINGS_LOGGER).warning(
+        "%s: %s", category.__name__, message, extra={"source": _module_of(filename)}
+    )
+
+
+def _module_of(filename: str) -> str:
+    """``.../site-packages/pydicom/valuerep.py`` -> ``pydicom.valuerep`` (no home paths)."""
+    parts = re.split(r"[\\/]", filename)
+    for anchor in ("site-packages", "dist-packages", "src"):
+        if anchor in parts:
+            parts = parts[parts.index(anchor) + 1 :]
+            break
+    else:
+        parts = parts[-1:]
+    return ".".join(parts).removesuffix(".py")
+
+
+def capture_warnings() -> None:
+    """Send every Python warning through the logging system (see :func:`_showwarning`)."""
+    warnings.showwarning = _showwarning
+
+
+class WorkerLogs:
+    """Log records and warnings of worker processes, handled by this process's logging.
+
+    A worker process (forkserver or spawn) starts with Python's defaults: a pydicom
+    warning there (``Invalid value for VR IS: '1.0'`` while decoding a frame) is printed
+    as a plain two-line ``UserWarning`` on the inherited stderr, unredacted and not
+    JSON. Workers started with ``initializer=forward_worker_logs, initargs=
+    logs.initargs()`` send each record (and each warning, as one ``py.warnings`` record)
+    over a queue; a listener thread here hands it to the logger of the same name, so
+    it passes through this process's handlers: :class:`RedactingFilter`, the JSON or
+    plain format, the de-duplication of library messages. Call :meth:`stop` once no
+    worker is left.
+    """
+
+    def __init__(self, context: Any) -> None:
+        self.queue: Any = context.Queue()
+        self._listener: QueueListener | None = QueueListener(self.queue, _ToLogger())
+        self._listener.start()
+
+    def initargs(self) -> tuple[Any, int, tuple[str, ...]]:
+        """For the workers: the queue, this process's level, the loggers it holds at
+        WARNING (see :func:`radserve.security.logs.configure_logging`)."""
+        root = logging.getLogger()
+        quiet = tuple(
+            name
+            for name, logger in root.manager.loggerDict.items()
+            if isinstance(logger, logging.Logger) and logger.level >= logging.WARNING
+        )
+        return self.queue, root.getEffectiveLevel(), quiet
+
+    def stop(self) -> None:
+        """Handle what is queued, stop the listener, and let the queue go: its locks are
+        freed (and unregistered from the resource tracker) before a stopping server
+        stops the tracker, which would otherwise report them as leaked, on stderr."""
+        listener, self._listener = self._listener, None
+        queue, self.queue = self.queue, None
+        if listener is None or queue is None:
+            return
+        with contextlib.suppress(Exception):  # the listener thread already ended
+            listener.stop()
+        queue.close()
+        queue.join_thread()
+
+
+class _ToLogger(logging.Handler):
+    """The listener's handler: a worker's record goes to this process's logger of the
+    same name (its level and handlers, as if it had been logged here)."""
+
+    def handle(self, record: logging.LogRecord) -> bool:  # type: ignore[override]
+        logger = logging.getLogger(record.name)
+        if logger.isEnabledFor(record.levelno):
+            logger.handle(record)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:  # pragma: no cover - handle() does it
+        pass
+
+
+def forward_worker_logs(queue: Any, level: int, quiet: tuple[str, ...] = ()) -> None:
+    """A worker process's initializer (see :class:`WorkerLogs`): every record at
+    ``level`` or above (``quiet`` loggers: WARNING and above), and every warning, goes
+    to ``queue``; nothing to stderr."""
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(QueueHandler(queue))
+    root.setLevel(level)
+    for name in quiet:
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
+    capture_warnings()
+
+
+__all__ = ["WARNINGS_LOGGER", "WorkerLogs", "capture_warnings", "forward_worker_logs"]

@@ -1,0 +1,152 @@
+"""Several series in, one model: the other series a multi-channel model reads (PET/CT).
+
+A model with ``input.channels`` (:class:`~radserve.models.manifest.ChannelSpec`) takes
+its reference channel from the series the pipeline selected and every other channel
+from another series of the same study, chosen by modality (and Series Description):
+loaded, converted (PT to SUVbw where declared) and resampled onto the reference grid
+through patient coordinates. Refused, with the reason: a channel whose series the study
+does not have, a series in another Frame of Reference (radserve does not register
+series), a PET whose headers do not give an SUV.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from radserve.errors import StudyError
+from radserve.ingest import IngestPolicy, LoadedSeries, SeriesHeader, load_series
+from radserve.ingest.suv import series_to_suv
+from radserve.models.manifest import ChannelSpec, ModelSpec
+from radserve.models.registry import ModelRegistry
+from radserve.pipeline.spec import PipelineSpec
+from radserve.preprocess.onto_grid import resample_onto
+from radserve.progress import StageTimer
+
+if TYPE_CHECKING:  # inputs imports the volume run, which imports this module
+    from radserve.pipeline.inputs import IngestedStudy
+
+logger = logging.getLogger(__name__)
+
+
+class ChannelSeriesError(StudyError):
+    """A multi-channel model's series is missing from the study or cannot be used."""
+
+    code = "channel_series_unavailable"
+
+
+@dataclass(frozen=True)
+class ChannelInputs:
+    """Each multi-channel model's non-reference channels on the reference grid
+    (model key -> channel name -> float32 array), and the series they came from."""
+
+    arrays: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    series: dict[str, str] = field(default_factory=dict)  # "model key: channel" -> series UID
+
+    def for_model(self, spec: ModelSpec) -> dict[str, np.ndarray] | None:
+        """The arrays ``spec`` needs (None for a single-series model)."""
+        if not spec.input.channels:
+            return None
+        return self.arrays.get(spec.key, {})
+
+
+def matches(header: SeriesHeader, channel: ChannelSpec) -> bool:
+    """Whether ``header`` is a series ``channel`` may be taken from."""
+    if header.modality.upper() != channel.modality:
+        return False
+    if "LOCALIZER" in {t.upper() for t in header.image_type}:
+        return False
+    pattern = channel.series_description
+    return pattern is None or re.search(pattern, header.series_description or "") is not None
+
+
+def _pick(series: Sequence[SeriesHeader], channel: ChannelSpec, spec: ModelSpec) -> SeriesHeader:
+    candidates = [s for s in series if matches(s, channel)]
+    if not candidates:
+        have = ", ".join(sorted({s.modality or "?" for s in series})) or "no image series"
+        wanted = channel.modality + (
+            f" with a Series Description matching {channel.series_description!r}"
+            if channel.series_description
+            else ""
+        )
+        raise ChannelSeriesError(
+            f"model {spec.key} needs input channel {channel.name!r} from a {wanted} series, "
+            f"but the study has none (its series: {have}); send that series with the study"
+        )
+    return max(candidates, key=lambda s: (s.number_of_frames, -(s.slice_thickness or 1e9)))
+
+
+def _load(header: SeriesHeader, channel: ChannelSpec, policy: IngestPolicy | None) -> LoadedSeries:
+    loaded = load_series(header, policy or IngestPolicy(), required_modality=channel.modality)
+    if channel.units == "SUVbw":
+        volume, factors = series_to_suv(loaded)
+        logger.info("channel %s: SUVbw (%s)", channel.name, factors.rule)
+        loaded = dataclasses.replace(loaded, volume=volume)
+    return loaded
+
+
+def load_channels(
+    ingested: IngestedStudy,
+    pipeline: PipelineSpec,
+    registry: ModelRegistry,
+    policy: IngestPolicy | None = None,
+    timer: StageTimer | None = None,
+) -> tuple[IngestedStudy, ChannelInputs]:
+    """The other series the pipeline's multi-channel models read, on the reference grid.
+
+    Returns the study with those series taken off its list of series passed over, and the
+    channel arrays. A pipeline of single-series models costs nothing here.
+    """
+    specs = [registry.get(s.model, s.version).spec for s in pipeline.steps]
+    specs = [s for s in specs if s.input.channels]
+    if not specs:
+        return ingested, ChannelInputs()
+    timer = timer or StageTimer()
+    reference = ingested.loaded
+    ref_volume = reference.volume
+    cache: dict[tuple[str, str], np.ndarray] = {}
+    inputs = ChannelInputs()
+    with timer.stage("ingest: channels"):
+        for spec in specs:
+            ref_channel = spec.input.reference_channel
+            assert ref_channel is not None
+            if not matches(reference.header, ref_channel):
+                raise ChannelSeriesError(
+                    f"model {spec.key}'s reference channel {ref_channel.name!r} reads "
+                    f"{ref_channel.modality}, but the pipeline selected a "
+                    f"{reference.header.modality} series; set the pipeline's "
+                    "series_selection to select the reference series"
+                )
+            arrays: dict[str, np.ndarray] = {}
+            for channel in spec.input.channels:
+                if channel.name == ref_channel.name:
+                    continue
+                header = _pick(ingested.series, channel, spec)
+                key = (header.key, channel.units)
+                if key not in cache:
+                    loaded = _load(header, channel, policy)
+                    uid = loaded.volume.frame_of_reference_uid
+                    if not uid or uid != ref_volume.frame_of_reference_uid:
+                        raise ChannelSeriesError(
+                            f"model {spec.key}: the {channel.modality} series of channel "
+                            f"{channel.name!r} is not in the reference series' Frame of "
+                            "Reference; radserve does not register series, so it cannot "
+                            "place one on the other (send series acquired together, as a "
+                            "PET/CT is)"
+                        )
+                    cache[key] = resample_onto(loaded.volume, ref_volume).array
+                arrays[channel.name] = cache[key]
+                inputs.series[f"{spec.key}: {channel.name}"] = header.series_instance_uid
+            inputs.arrays[spec.key] = arrays
+    used = set(inputs.series.values())
+    rejected = [r for r in ingested.rejected if r.series_instance_uid not in used]
+    return dataclasses.replace(ingested, rejected=rejected), inputs
+
+
+__all__ = ["ChannelInputs", "ChannelSeriesError", "load_channels", "matches"]

@@ -1,0 +1,157 @@
+"""Where a study's volume comes from: the first stage of a run.
+
+A :class:`StudyInput` turns something stored (a DICOM folder or file list, one NIfTI
+file) into an :class:`IngestedStudy`: the selected series, loaded, and the series it
+passed over. :class:`~radserve.pipeline.work.StudyWork` and
+:func:`~radserve.pipeline.study.run_study` take any of them, so a new kind of input is
+a new class here, not a subclass of the work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from radserve.ingest import (
+    IngestPolicy,
+    LoadedSeries,
+    PatientInfo,
+    SeriesHeader,
+    discover_series,
+    load_nifti,
+    load_series,
+)
+from radserve.pipeline.selection import select_series
+from radserve.pipeline.spec import PipelineSpec
+from radserve.pipeline.volume import release_free_memory
+from radserve.preprocess.crop import body_sample_slices
+from radserve.progress import StageTimer
+from radserve.report.schema import SeriesRef
+
+NIFTI_SUFFIXES = (".nii", ".nii.gz")
+
+
+@dataclass(frozen=True)
+class IngestedStudy:
+    """The series the pipeline selected, loaded, and the series it passed over."""
+
+    loaded: LoadedSeries
+    rejected: list[SeriesRef]
+    # every series discovered (multi-channel models take their other series from here)
+    series: tuple[SeriesHeader, ...] = ()
+
+
+@runtime_checkable
+class StudyInput(Protocol):
+    """A stored study the pipeline can read: one method, run on the CPU pool."""
+
+    def ingest(
+        self, pipeline: PipelineSpec, *, policy: IngestPolicy | None, timer: StageTimer
+    ) -> IngestedStudy:
+        """Load the series ``pipeline`` runs on; timings go to ``timer``."""
+        ...
+
+
+def ingest_study(
+    sources: Path | Sequence[Path],
+    *,
+    pipeline: PipelineSpec,
+    policy: IngestPolicy | None = None,
+    timer: StageTimer | None = None,
+    stream: bool = False,
+) -> IngestedStudy:
+    """Discover the series at ``sources``, select one by the pipeline's rules, load it.
+
+    ``stream``: return while a JPEG 2000 stack is still being decoded, the slices the
+    body box is found on first (``loaded.arrival``; see
+    :func:`radserve.ingest.load_series`'s ``decode_first``)."""
+    timer = timer or StageTimer()
+    policy = policy or IngestPolicy()
+    with timer.stage("ingest: discover"):
+        headers = discover_series(sources, policy=policy)  # bounded by the policy's limits
+    selected, rejected = select_series(headers, pipeline.series_selection)
+    with timer.stage("ingest: load"):
+        loaded = load_series(
+            selected,
+            policy=policy,
+            required_modality=selected.modality,
+            decode_first=body_sample_slices if stream else None,
+        )
+    release_free_memory()  # the decoders' per-frame buffers
+    return IngestedStudy(loaded, rejected, tuple(headers))
+
+
+@dataclass(frozen=True)
+class DicomInput:
+    """DICOM files: a folder, a zip archive, or a list of files (every series is
+    discovered; the pipeline's selection rules pick one)."""
+
+    sources: Path | Sequence[Path]
+
+    def ingest(
+        self, pipeline: PipelineSpec, *, policy: IngestPolicy | None, timer: StageTimer
+    ) -> IngestedStudy:
+        return ingest_study(self.sources, pipeline=pipeline, policy=policy, timer=timer)
+
+
+@dataclass(frozen=True)
+class NiftiInput:
+    """One NIfTI volume. NIfTI carries no modality: the pipeline's first accepted
+    modality is assumed (values must be in its physical units, HU for CT)."""
+
+    path: Path
+
+    def ingest(
+        self, pipeline: PipelineSpec, *, policy: IngestPolicy | None, timer: StageTimer
+    ) -> IngestedStudy:
+        with timer.stage("ingest: load"):
+            volume = load_nifti(self.path)
+        modality = (pipeline.series_selection.modalities or ("CT",))[0]
+        header = SeriesHeader(
+            series_instance_uid="",
+            study_instance_uid="",
+            modality=modality,
+            series_description="NIfTI upload",
+            series_number=None,
+            body_part_examined="",
+            frame_of_reference_uid=None,
+            sop_class_uid="",
+            image_type=(),
+            slice_thickness=None,
+            number_of_instances=1,
+            patient=PatientInfo(),
+            frames=(),
+        )
+        return IngestedStudy(LoadedSeries(volume, header), [])
+
+
+def as_input(source: StudyInput | Path | Sequence[Path]) -> StudyInput:
+    """``source`` itself when it is a :class:`StudyInput`, else DICOM files at it."""
+    if isinstance(source, StudyInput):
+        return source
+    return DicomInput(source)
+
+
+def first_file(source: StudyInput | Path | Sequence[Path]) -> Path | None:
+    """The path a header-only read (priority attributes) looks at, if any."""
+    if isinstance(source, DicomInput):
+        source = source.sources
+    elif isinstance(source, StudyInput):  # NIfTI and others: no DICOM header to read
+        return None
+    if isinstance(source, str | Path):
+        return Path(source)
+    return Path(source[0]) if source else None
+
+
+__all__ = [
+    "NIFTI_SUFFIXES",
+    "DicomInput",
+    "IngestedStudy",
+    "NiftiInput",
+    "StudyInput",
+    "as_input",
+    "first_file",
+    "ingest_study",
+]

@@ -1,0 +1,251 @@
+"""What a study looked like and what the models said about it, as the drift monitor
+(:mod:`radserve.lifecycle.drift`) compares it, and the check of a study against each
+model's declared input domain.
+
+Features of one study (:func:`study_features`, a JSON-ready dict):
+
+* ``hist``: ``hu_body``, the HU histogram inside the body (fractions over
+  :data:`HU_EDGES`; the body is the largest connected region above -500 HU, on a strided
+  copy of the volume so a 500-slice study costs what a small one does);
+* ``num`` (continuous): in-plane pixel spacing, slice thickness, slice step, slice count,
+  mean body HU, noise (robust SD of neighbouring soft-tissue pixel differences);
+* ``cat`` (categorical): manufacturer, convolution kernel, kVp (from the first source
+  file; ``unknown`` for NIfTI input or when absent);
+* ``models``: per model, ``positive`` (cat), ``finding_count``, ``finding_size_mm`` (the
+  longest diameters, pooled), ``mean_confidence`` and ``volume_ml.<organ>`` (num).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from scipy import ndimage
+
+from radserve.domain import Volume
+from radserve.domain.input_domain import (
+    OUTSIDE_INPUT_DOMAIN,
+    AcquisitionFacts,
+    domain_violations,
+    output_violations,
+)
+from radserve.errors import InputDomainError
+from radserve.ingest.load import LoadedSeries
+from radserve.models.manifest import ModelSpec
+from radserve.pipeline.volume import VolumeResult
+
+logger = logging.getLogger(__name__)
+
+HU_EDGES = np.arange(-1000.0, 1501.0, 25.0)  # 100 bins; values outside clip to the ends
+_BODY_HU = -500.0
+_SOFT_TISSUE = (-150.0, 250.0)
+_MAX_VOXELS = 4_000_000  # the strided copy the features are measured on
+
+
+def acquisition_facts(loaded: LoadedSeries) -> AcquisitionFacts:
+    volume, header = loaded.volume, loaded.header
+    spacing = volume.spacing
+    thickness = header.slice_thickness if header.slice_thickness else spacing[0]
+    slices, rows, columns = volume.shape
+    return AcquisitionFacts(
+        modality=header.modality or "",
+        pixel_spacing_mm=max(spacing[1], spacing[2]),
+        slice_thickness_mm=float(thickness),
+        rows=rows,
+        columns=columns,
+        slices=slices,
+        body_part=(header.body_part_examined or "").strip(),
+        slice_spacing_mm=float(spacing[0]),
+    )
+
+
+def check_input_domain(
+    loaded: LoadedSeries, specs: list[ModelSpec], *, refuse: bool
+) -> list[tuple[str, str]]:
+    """(code, message) per model the study lies outside of; raises
+    :class:`InputDomainError` instead when ``refuse``."""
+    facts = acquisition_facts(loaded)
+    out: list[tuple[str, str]] = []
+    for spec in specs:
+        reasons = domain_violations(spec.input_domain, spec.modality, facts)
+        if reasons:
+            out.append(
+                (
+                    OUTSIDE_INPUT_DOMAIN,
+                    f"outside the input domain of {spec.key}: {'; '.join(reasons)}",
+                )
+            )
+    if refuse and out:
+        raise InputDomainError("; ".join(message for _, message in out))
+    return out
+
+
+def check_output_domain(result: VolumeResult, specs: list[ModelSpec]) -> list[tuple[str, str]]:
+    """(code, message) per model whose whole structures measured outside the volumes it
+    declares (``input_domain.structure_volumes_ml``): the study matched the declared
+    geometry but does not look like what the model learned. Flagged, never refused (the
+    model has run by then)."""
+    out: list[tuple[str, str]] = []
+    for spec in specs:
+        measured = [
+            (m.label, m.coverage, m.volume_ml)
+            for m in result.organ_measurements
+            if m.model == spec.name and m.model_version == spec.version
+        ]
+        reasons = output_violations(spec.input_domain, measured)
+        if reasons:
+            message = f"outside the input domain of {spec.key}: {'; '.join(reasons)}"
+            out.append((OUTSIDE_INPUT_DOMAIN, message))
+    return out
+
+
+_CHUNK = 1 << 18  # elements per step of the counts below: bounded temporaries
+
+
+def _chunked_bincount(ids: np.ndarray, length: int) -> np.ndarray:
+    """``np.bincount(ids, minlength=length)`` without widening all of ``ids`` to int64
+    at once (on a 300-slice study that copy was the report stage's peak, +23 MiB)."""
+    counts = np.zeros(length, np.int64)
+    for start in range(0, ids.size, _CHUNK):
+        counts += np.bincount(ids[start : start + _CHUNK], minlength=length)
+    return counts
+
+
+def _strided(array: np.ndarray) -> np.ndarray:
+    step = 1
+    while array[::step, ::step, ::step].size > _MAX_VOXELS:
+        step += 1
+    return array[::step, ::step, ::step]
+
+
+def input_features(loaded: LoadedSeries) -> dict[str, Any]:
+    """The ``hist``/``num``/``cat`` input features of one study."""
+    return volume_features(loaded.volume, acquisition_facts(loaded), _scanner(loaded))
+
+
+def volume_features(
+    volume: Volume, facts: AcquisitionFacts, scanner: Mapping[str, str]
+) -> dict[str, Any]:
+    """:func:`input_features` of a CT volume whose acquisition facts are known."""
+    array = _strided(np.asarray(volume.array))
+    mask = array > _BODY_HU
+    labels, n = ndimage.label(mask)
+    if n > 1:
+        sizes = _chunked_bincount(labels.reshape(-1), n + 1)
+        sizes[0] = 0
+        mask = labels == int(np.argmax(sizes))
+    del labels  # int32 ids of the strided volume: the largest array here
+    body = array[mask].astype(np.float32)
+    if body.size:
+        counts = np.zeros(len(HU_EDGES) - 1, np.int64)
+        for start in range(0, body.size, _CHUNK):
+            part = np.clip(body[start : start + _CHUNK], HU_EDGES[0], HU_EDGES[-1] - 1e-3)
+            counts += np.histogram(part, bins=HU_EDGES)[0]
+        hist = (counts / counts.sum()).tolist()
+    else:
+        hist = [0.0] * (len(HU_EDGES) - 1)
+    # noise: neighbouring soft-tissue pixels along a row, both inside the body
+    lo, hi = _SOFT_TISSUE
+    soft = mask & (array >= lo) & (array <= hi)
+    pair = soft[:, :, 1:] & soft[:, :, :-1]
+    del soft
+    # Only the selected pairs are widened to float32 (not two volume-sized copies): the
+    # same values, and the report stage's peak memory was this line's.
+    diffs = array[:, :, 1:][pair].astype(np.float32) - array[:, :, :-1][pair]
+    noise = (
+        float(1.4826 * np.median(np.abs(diffs - np.median(diffs))) / np.sqrt(2.0))
+        if diffs.size >= 100
+        else None
+    )
+    return {
+        "hist": {"hu_body": hist},
+        "num": {
+            "pixel_spacing_mm": facts.pixel_spacing_mm,
+            "slice_thickness_mm": facts.slice_thickness_mm,
+            "slice_spacing_mm": float(volume.spacing[0]),
+            "slices": float(facts.slices),
+            "hu_body_mean": float(body.mean()) if body.size else None,
+            "noise_hu": noise,
+        },
+        "cat": dict(scanner),
+    }
+
+
+def _scanner(loaded: LoadedSeries) -> dict[str, str]:
+    """Manufacturer, kernel and kVp of the first source file (not in the series header,
+    which carries only what the outputs need)."""
+    unknown = {"manufacturer": "unknown", "kernel": "unknown", "kvp": "unknown"}
+    sources = loaded.source_slices
+    if not sources or sources[0].source.member is not None:
+        return unknown
+    try:
+        import pydicom
+
+        ds = pydicom.dcmread(
+            sources[0].source.path,
+            stop_before_pixels=True,
+            specific_tags=["Manufacturer", "ConvolutionKernel", "KVP"],
+        )
+    except Exception:  # an unreadable header here only costs the categorical features
+        return unknown
+
+    def text(keyword: str) -> str:
+        value = ds.get(keyword)
+        if value is None or value == "":
+            return "unknown"
+        if not isinstance(value, str) and hasattr(value, "__iter__"):  # multi-valued
+            value = "\\".join(str(v) for v in value)
+        return str(value).strip()[:64] or "unknown"
+
+    return {
+        "manufacturer": text("Manufacturer"),
+        "kernel": text("ConvolutionKernel"),
+        "kvp": text("KVP"),
+    }
+
+
+def output_features(result: VolumeResult) -> dict[str, dict[str, Any]]:
+    """Per model: what it found (``num``/``cat``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for step in result.steps:
+        spec = step.bundle.spec
+        entry = out.setdefault(spec.name, {"num": {}, "cat": {}})
+        if step.classification is not None:  # the class it chose, and how sure it was
+            entry["cat"]["positive"] = "yes" if step.classification.positive else "no"
+            entry["cat"]["class"] = step.classification.label
+            entry["num"]["mean_confidence"] = float(step.classification.probability)
+            continue
+        if step.finding_labels is not None or any(not lb.is_region for lb in spec.labels):
+            findings = step.findings
+            entry["cat"]["positive"] = "yes" if findings else "no"
+            entry["num"]["finding_count"] = float(len(findings))
+            entry["num"]["finding_size_mm"] = [float(f.longest_diameter_mm) for f in findings]
+            entry["num"]["mean_confidence"] = (
+                float(np.mean([f.confidence for f in findings])) if findings else None
+            )
+        for m in step.organs:
+            entry["num"][f"volume_ml.{m.label}"] = (
+                float(m.volume_ml) if m.volume_ml is not None else None
+            )
+    return out
+
+
+def study_features(loaded: LoadedSeries, result: VolumeResult | None) -> dict[str, Any]:
+    """Every feature of one study (inputs, and per model its outputs)."""
+    features = input_features(loaded)
+    features["models"] = output_features(result) if result is not None else {}
+    return features
+
+
+__all__ = [
+    "HU_EDGES",
+    "acquisition_facts",
+    "check_input_domain",
+    "check_output_domain",
+    "input_features",
+    "output_features",
+    "study_features",
+    "volume_features",
+]

@@ -1,1 +1,0 @@
-"""Pipeline definitions (``pipelines/<name>.yaml``): which models run, on which series."""

@@ -1,0 +1,91 @@
+"""Resampling exactly as nnU-Net v2 does it (``resample_data_or_seg_to_shape``).
+
+A model trained by nnU-Net saw images made by its preprocessing: normalised first, then
+resized with a cubic spline (scikit-image ``resize``: ``scipy.ndimage.zoom`` with
+``grid_mode=True``, edge replication, no anti-aliasing, the result clipped to the
+input's range). An axis much coarser than the others (spacing ratio above 3, in the
+source or the target) is handled apart: the other two axes are resized slice by slice,
+then that axis with a lower order (nearest by default). The same rule, with linear
+interpolation, brings the network's logits back to the native grid. Serving such a
+model with radserve's own linear resampling would feed it slightly different numbers;
+this module reproduces nnU-Net's, using only SciPy (no nnU-Net, no torch at run time).
+
+The grid convention is the one of :mod:`radserve.preprocess.resample`: the field of
+view is kept, new voxel ``j`` samples old index ``(j + 0.5) * n_in / n_out - 0.5``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import ndimage
+
+__all__ = ["nnunet_new_shape", "resize_channels", "separate_axis", "spline_resize"]
+
+
+def nnunet_new_shape(
+    shape: tuple[int, ...], spacing: tuple[float, ...], target: tuple[float, ...]
+) -> tuple[int, ...]:
+    """nnU-Net's ``compute_new_shape``: ``round(old_spacing / new_spacing * n)`` per axis
+    (evaluated in that order, as nnU-Net does, so ties round the same way)."""
+    return tuple(round(s / t * n) for s, t, n in zip(spacing, target, shape, strict=True))
+
+
+def separate_axis(
+    current: tuple[float, ...], new: tuple[float, ...], threshold: float
+) -> int | None:
+    """The axis nnU-Net resamples on its own (``determine_do_sep_z_and_axis`` with
+    ``force_separate_z=None``), or ``None``: the coarsest axis of ``current`` if it is
+    anisotropic, else of ``new``; none when two or three axes tie for coarsest."""
+    for spacing in (current, new):
+        s = np.asarray(spacing, dtype=np.float64)
+        if s.max() / s.min() > threshold:
+            axes = np.where(s.max() / s == 1)[0]
+            return int(axes[0]) if len(axes) == 1 else None
+    return None
+
+
+def spline_resize(image: np.ndarray, shape: tuple[int, ...], order: int) -> np.ndarray:
+    """scikit-image ``resize(image, shape, order, mode='edge', anti_aliasing=False)`` on
+    float64 data: a spline of ``order`` on the kept-extent grid, clipped to the input's
+    range (a cubic spline overshoots at edges; scikit-image clips, so does this)."""
+    image = np.asarray(image, dtype=np.float64)
+    if tuple(image.shape) == tuple(shape):
+        return image
+    zoom = [o / i for o, i in zip(shape, image.shape, strict=True)]
+    out = ndimage.zoom(image, zoom, order=order, mode="nearest", grid_mode=True)
+    if order > 0:
+        np.clip(out, image.min(), image.max(), out=out)
+    return out
+
+
+def resize_channels(
+    data: np.ndarray,
+    shape: tuple[int, int, int],
+    current: tuple[float, float, float],
+    new: tuple[float, float, float],
+    *,
+    order: int,
+    order_z: int,
+    separate: bool,
+    threshold: float = 3.0,
+) -> np.ndarray:
+    """(C, D, H, W) float data -> (C, *shape) float32, as nnU-Net's
+    ``resample_data_or_seg(is_seg=False)`` with its separate-axis rule when ``separate``."""
+    if tuple(data.shape[1:]) == tuple(shape):
+        return np.asarray(data, dtype=np.float32)
+    axis = separate_axis(current, new, threshold) if separate else None
+    out = np.empty((data.shape[0], *shape), dtype=np.float32)
+    for c in range(data.shape[0]):
+        if axis is None:
+            out[c] = spline_resize(data[c], shape, order)
+            continue
+        inplane = tuple(n for a, n in enumerate(shape) if a != axis)
+        moved = np.moveaxis(np.asarray(data[c]), axis, 0)
+        here = np.stack([spline_resize(s, inplane, order) for s in moved])
+        here = np.moveaxis(here, 0, axis)
+        if here.shape[axis] != shape[axis]:
+            zoom = [1.0, 1.0, 1.0]
+            zoom[axis] = shape[axis] / here.shape[axis]
+            here = ndimage.zoom(here, zoom, order=order_z, mode="nearest", grid_mode=True)
+        out[c] = here
+    return out

@@ -1,0 +1,101 @@
+"""How radserve words an organ's or a finding's coverage, and a study's completeness,
+for people (conclusion text, FHIR notes, SR text, CLI).
+
+One place, so the DiagnosticReport conclusion, the Observation notes and the console
+say the same thing: a partial organ's volume is "at least" a value, an organ not found
+is "not assessed", never "0 ml"; a finding cut by the edge of the volume has diameters
+and a volume that are lower bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from radserve.domain import Finding, OrganMeasurement
+
+if TYPE_CHECKING:
+    from radserve.report.schema import ReportWarning
+
+_EDGE_WORDS = {
+    "first_slice": "the first slice",
+    "last_slice": "the last slice",
+    "first_row": "the first row",
+    "last_row": "the last row",
+    "first_column": "the first column",
+    "last_column": "the last column",
+}
+
+
+def edges_text(item: OrganMeasurement | Finding) -> str:
+    """e.g. "reaches the first slice and the last row of the scanned volume"."""
+    words = [_EDGE_WORDS[e] for e in item.edges]
+    joined = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+    return f"reaches {joined} of the scanned volume"
+
+
+def coverage_note(organ: OrganMeasurement) -> str | None:
+    """Why an organ's volume is a lower bound or absent; None when it is complete."""
+    name = organ.concept.meaning
+    if organ.coverage == "not_found":
+        return (
+            f"{name}: not assessed; no part of it was found in the scanned volume (outside "
+            "the scanned range, absent, or not detected). No volume is reported."
+        )
+    if organ.coverage == "partial":
+        return (
+            f"{name} is not wholly in the field of view (it {edges_text(organ)}); the "
+            "volume covers the scanned part only and is a lower bound."
+        )
+    return None
+
+
+def finding_coverage_note(finding: Finding, name: str) -> str | None:
+    """Why a finding's measurements are lower bounds; None when it lies wholly inside."""
+    if finding.coverage != "partial":
+        return None
+    return (
+        f"{name} is truncated by the edge of the scanned volume (it {edges_text(finding)}); "
+        "its diameters and volume cover the scanned part only and are lower bounds."
+    )
+
+
+def organ_volume_text(organ: OrganMeasurement, digits: int = 1) -> str:
+    """The conclusion line of one organ."""
+    name = organ.concept.meaning
+    if organ.volume_ml is None:
+        return f"{name}: not assessed (not found in the scanned volume)"
+    value = f"{organ.volume_ml:.{digits}f} ml"
+    if organ.coverage == "partial":
+        return f"{name} volume: at least {value} (partly outside the scanned volume)"
+    return f"{name} volume: {value}"
+
+
+# --- study completeness (gateway) -------------------------------------------------------------
+# Report warnings a reader of the SR and the FHIR DiagnosticReport must see (they say the
+# result may not cover the whole study); other warnings stay in the JSON report.
+LATE_INSTANCES = "late_instances"
+STUDY_MAYBE_INCOMPLETE = "study_maybe_incomplete"
+COMPLETENESS_WARNINGS = (LATE_INSTANCES, STUDY_MAYBE_INCOMPLETE)
+
+
+def late_instances_text(instances: int, series: int) -> str:
+    """The ``late_instances`` warning: what arrived after the analysis started."""
+    return (
+        f"{instances} instance{'s' if instances != 1 else ''} in {series} "
+        f"series arrived after this analysis started and {'are' if instances != 1 else 'is'} "
+        "not included in this result (gateway late policy 'flag')"
+    )
+
+
+def maybe_incomplete_text() -> str:
+    """The ``study_maybe_incomplete`` warning: the transfer was cut off, never resumed."""
+    return (
+        "the transfer of this study was cut off and the sender did not resume it; the "
+        "study may be incomplete and this result may not cover all of its images"
+    )
+
+
+def completeness_notes(warnings: Iterable[ReportWarning]) -> list[str]:
+    """The messages of the completeness warnings among ``warnings``, in order."""
+    return [w.message for w in warnings if w.code in COMPLETENESS_WARNINGS]

@@ -1,0 +1,106 @@
+"""Who may read which job's patient data, and the audit record of each read.
+
+``security.visibility``: ``all`` (any read key reads every job), ``own_submitter`` (a
+non-admin key reads the jobs submitted by itself or by a key with the same
+``submitter``), ``site`` (by a key with the same ``site``). Admin keys read everything.
+A job nobody's key submitted (DICOM gateway) is visible to admins only under a rule. A
+job a key may not see answers 404, as if it did not exist.
+
+Every read of patient data (report, FHIR Bundle, label maps, key images, DICOMweb
+results) appends a ``phi.read`` record: who (key id, name, address), which job (and
+study, for DICOMweb), what resource, when (the record's time). It is committed before
+the answer is sent (reads arriving together share one commit); a read that cannot be
+audited is refused (503).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from radserve.audit.chain import AuditEvent, AuditRecord
+from radserve.security.keys import Role, role_allows
+
+if TYPE_CHECKING:
+    from radserve.store import ApiKeyRecord, Store
+
+PHI_READ = "phi.read"
+Visibility = Literal["all", "own_submitter", "site"]
+_MAX_CACHED = 10_000
+
+
+@dataclass(frozen=True)
+class Reader:
+    """The calling key, as the visibility rule and the audit need it."""
+
+    key_id: str
+    role: Role
+    name: str | None = None
+    site: str | None = None
+    submitter: str | None = None
+    client: str | None = None
+
+
+class ReadAccess:
+    """Visibility checks (key scopes cached per process: they do not change after
+    creation) and ``phi.read`` audit records. Synchronous: call from a worker thread."""
+
+    def __init__(self, store: Store, visibility: Visibility = "all") -> None:
+        self.store = store
+        self.visibility = visibility
+        self._scopes: dict[str, ApiKeyRecord | None] = {}
+        self._lock = threading.Lock()
+
+    def _scope(self, key_id: str) -> ApiKeyRecord | None:
+        with self._lock:
+            if key_id in self._scopes:
+                return self._scopes[key_id]
+        record = self.store.get_api_key(key_id)
+        with self._lock:
+            if len(self._scopes) >= _MAX_CACHED:
+                self._scopes.clear()
+            self._scopes[key_id] = record
+        return record
+
+    def visible(self, reader: Reader, submitted_by: str | None) -> bool:
+        """Whether ``reader`` may see a job submitted by the key ``submitted_by``."""
+        if self.visibility == "all" or role_allows(reader.role, Role.ADMIN):
+            return True
+        if submitted_by is None:
+            return False
+        if submitted_by == reader.key_id:
+            return True
+        owner = self._scope(submitted_by)
+        if owner is None:
+            return False
+        if self.visibility == "own_submitter":
+            return reader.submitter is not None and owner.submitter == reader.submitter
+        return reader.site is not None and owner.site == reader.site
+
+    def submit_read(
+        self,
+        reader: Reader,
+        job_id: str,
+        resource: str,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Future[AuditRecord]:
+        """Queue the ``phi.read`` record; the future resolves once it is committed (one
+        commit shared by the reads that arrive together: :meth:`Store.submit_audit`).
+        Answer the read only after that."""
+        payload: dict[str, Any] = {"resource": resource, "key_name": reader.name}
+        payload.update(extra or {})
+        return self.store.submit_audit(
+            AuditEvent(
+                action=PHI_READ,
+                subject=job_id,
+                payload=payload,
+                actor_key_id=reader.key_id,
+                client_address=reader.client,
+            )
+        )
+
+
+__all__ = ["PHI_READ", "ReadAccess", "Reader", "Visibility"]

@@ -1,0 +1,244 @@
+"""When a job fails after its study was accepted, the sender's side hears of it.
+
+(``results.failure_notice``: ``none`` | ``fhir`` | ``sr`` | ``both``, default ``both``:
+each channel that is configured.) ``fhir``, with a FHIR server configured: a transaction
+Bundle goes out through the FHIR outbox: the Patient (conditional create on its
+identifier) and a DiagnosticReport with status ``cancelled``, the same identifier the
+study's AI report would have (so a later successful run amends it), and a conclusion
+naming the failure's error code. ``sr``, for a study the DICOM gateway received and
+with gateway destinations: a Comprehensive 3D SR saying the analysis failed
+(:mod:`radserve.report.dicom.failure`) is written into the job's result folder, indexed
+as radserve's own result and queued in the DICOM outbox for the destinations results go
+to. Operators see every failure anyway: the job's state and error code (API), a log
+line, and ``radserve_failure_notices{channel}`` / ``radserve_errors{code}`` in
+``/metrics``.
+
+The notice carries the error code and radserve's message, never header values.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import pydicom
+from pydicom.uid import generate_uid
+
+from radserve.config import Settings
+from radserve.gateway.dicomweb.index import describe
+from radserve.gateway.outbox import utc_now
+from radserve.ingest.headers import read_header
+from radserve.report.dicom.common import save_atomic
+from radserve.report.dicom.failure import FAILURE_SR_FILE, build_failure_sr
+from radserve.report.fhir.bundle import validate_bundle
+from radserve.report.fhir.resources import REPORT_CODE, V2_0074, oid_identifier
+from radserve.service.fhir import FhirDelivery
+from radserve.service.metrics import Metrics
+from radserve.store import JobRecord
+from radserve.store.results import ResultIndex
+
+if TYPE_CHECKING:
+    from radserve.service.gateway import GatewayBridge
+
+logger = logging.getLogger(__name__)
+
+FAILED_CODE = {
+    "system": "urn:radserve:error",
+    "display": "radserve could not analyse this study",
+}
+
+
+def study_header(study_path: Path) -> pydicom.Dataset | None:
+    """The header of the first readable DICOM file of a stored study (large elements
+    deferred; the study may be the hostile input that made the job fail)."""
+    folder = Path(study_path)
+    if not folder.is_dir():
+        return None
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        try:
+            return read_header(path)
+        except Exception:  # not DICOM (a zip, NIfTI, garbage): try the next file
+            continue
+    return None
+
+
+_HEADER_TAGS = (
+    "SpecificCharacterSet",
+    "PatientName",
+    "PatientID",
+    "IssuerOfPatientID",
+    "StudyInstanceUID",
+    "SeriesInstanceUID",
+    "SOPClassUID",
+    "SOPInstanceUID",
+    "StudyID",
+    "AccessionNumber",
+    "StudyDate",
+    "StudyTime",
+    "ReferringPhysicianName",
+    "Modality",
+)
+
+
+def study_headers(study_path: Path) -> list[pydicom.Dataset]:
+    """The identifying elements of every readable DICOM file of a stored study (only
+    those elements are read; files that are not DICOM are skipped)."""
+    folder = Path(study_path)
+    if not folder.is_dir():
+        return []
+    headers = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        try:
+            headers.append(read_header(path, tags=_HEADER_TAGS))
+        except Exception:  # not DICOM or damaged (it may be what made the job fail)
+            continue
+    return headers
+
+
+def failure_bundle(
+    job: JobRecord, header: pydicom.Dataset | None, now: dt.datetime
+) -> dict[str, Any]:
+    """A transaction Bundle: Patient (if the header names one) + a cancelled
+    DiagnosticReport, identified as the study's AI report of this pipeline."""
+    study_uid = str(getattr(header, "StudyInstanceUID", "") or "") if header else ""
+    report_uid = (
+        str(generate_uid(entropy_srcs=[study_uid, job.pipeline_name, "fhir-diagnostic-report"]))
+        if study_uid
+        else str(generate_uid(entropy_srcs=[job.id, "fhir-diagnostic-report"]))
+    )
+    identifier = oid_identifier(report_uid)
+    entries: list[dict[str, Any]] = []
+    report: dict[str, Any] = {
+        "resourceType": "DiagnosticReport",
+        "identifier": [identifier],
+        "status": "cancelled",
+        "category": [{"coding": [{"system": V2_0074, "code": "RAD", "display": "Radiology"}]}],
+        "code": {"coding": [REPORT_CODE], "text": "AI imaging result"},
+        "issued": now.astimezone(dt.UTC).isoformat().replace("+00:00", "Z"),
+        "conclusion": (
+            f"Automated analysis failed ({job.error_code}): {job.error_message}. "
+            "No AI result exists for this study."
+        ),
+        "conclusionCode": [{"coding": [{**FAILED_CODE, "code": str(job.error_code)}]}],
+    }
+    patient_id = str(getattr(header, "PatientID", "") or "") if header else ""
+    if patient_id:
+        patient_url = f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_OID, job.id + '/patient')}"
+        entries.append(
+            {
+                "fullUrl": patient_url,
+                "resource": {"resourceType": "Patient", "identifier": [{"value": patient_id}]},
+                "request": {
+                    "method": "POST",
+                    "url": "Patient",
+                    "ifNoneExist": f"identifier={quote(patient_id, safe=':.@-_')}",
+                },
+            }
+        )
+        report["subject"] = {"reference": patient_url}
+    search = f"identifier={quote(identifier['system'], safe=':/.-_')}|{identifier['value']}"
+    entries.append(
+        {
+            "fullUrl": f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_OID, job.id + '/report')}",
+            "resource": report,
+            "request": {"method": "PUT", "url": f"DiagnosticReport?{search}"},
+        }
+    )
+    bundle = {
+        "resourceType": "Bundle",
+        "id": str(uuid.uuid5(uuid.NAMESPACE_OID, job.id + "/failure-notice")),
+        "type": "transaction",
+        "timestamp": report["issued"],
+        "entry": entries,
+    }
+    validate_bundle(bundle)
+    return bundle
+
+
+class FailureNotices:
+    """Sends the configured notices for a failed job; never raises (logs instead)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        metrics: Metrics,
+        fhir: FhirDelivery | None,
+        results_root: Path,
+        gateway: GatewayBridge | None = None,
+        results: ResultIndex | None = None,
+    ) -> None:
+        self.mode = settings.results.failure_notice
+        self.metrics = metrics
+        self.fhir = fhir
+        self.results_root = results_root
+        self.gateway = gateway
+        self.results = results
+
+    def on_failed(self, job: JobRecord) -> None:
+        logger.error(
+            "job %s failed after its study was accepted (%s); failure notice: %s",
+            job.id,
+            job.error_code,
+            self.mode,
+        )
+        if self.mode == "none" or job.cached_from:
+            return
+        channels = []
+        if self.mode in ("fhir", "both") and self.fhir is not None:
+            channels.append(("FHIR", self._fhir))
+        if (
+            self.mode in ("sr", "both")
+            and self.gateway is not None
+            and self.gateway.wants_dicom_results(job)
+        ):
+            channels.append(("DICOM SR", self._sr))
+        for name, send in channels:
+            try:
+                send(job)
+            except Exception as exc:  # the job's failure stands; the notice is best effort
+                code = getattr(exc, "code", type(exc).__name__)
+                logger.error(
+                    "job %s: the %s failure notice was not queued (%s)", job.id, name, code
+                )
+                self.metrics.errors.labels("failure_notice_failed").inc()
+
+    def _fhir(self, job: JobRecord) -> None:
+        assert self.fhir is not None
+        header = study_header(Path(job.study_path))
+        bundle = failure_bundle(job, header, dt.datetime.now(dt.UTC))
+        study_uid = str(getattr(header, "StudyInstanceUID", "") or "") if header else ""
+        self.fhir.outbox.enqueue(
+            bundle,
+            folder=self.results_root / job.id,
+            job_id=job.id,
+            study_instance_uid=study_uid,
+        )
+        self.fhir.worker.wake()
+        self.metrics.failure_notices.labels("fhir").inc()
+        logger.info("job %s: FHIR failure notice queued (DiagnosticReport cancelled)", job.id)
+
+    def _sr(self, job: JobRecord) -> None:
+        """The failure SR into the job's result folder, indexed as radserve's own result
+        (a PACS re-sending it is recognised), queued for the gateway's destinations."""
+        assert self.gateway is not None
+        sr = build_failure_sr(
+            study_headers(Path(job.study_path)),
+            job_id=job.id,
+            error_code=str(job.error_code),
+            reason=str(job.error_message),
+            when=dt.datetime.now(dt.UTC),
+        )
+        path = save_atomic(sr, self.results_root / job.id / FAILURE_SR_FILE)
+        if self.results is not None:
+            self.results.add([describe(path, job.id)], now=utc_now())
+        self.gateway.send(path, job_id=job.id)
+        self.metrics.failure_notices.labels("sr").inc()
+        logger.info("job %s: DICOM failure notice queued (SR, analysis failed)", job.id)
+
+
+__all__ = ["FailureNotices", "failure_bundle", "study_header", "study_headers"]

@@ -1,0 +1,721 @@
+"""The server's side of the model lifecycle: which version serves each step now, how a
+study is routed, hot swap, canary/shadow comparison runs and automatic rollback.
+
+* **State** is the ``model_deployments`` table (:class:`DeploymentStore`). The server
+  reads it at start and every ``lifecycle.poll_s`` (so a change made with the CLI, or by
+  another replica, arrives too). A changed step's versions are loaded and warmed first;
+  only then do new jobs resolve to them (:meth:`Catalog.set_deployed`).
+* **Binding**: a job's versions are fixed when it is submitted (its pipeline steps are
+  pinned and stored in the job row): a study in flight finishes on the version it
+  started with; batches never mix versions (the scheduler batches by model version).
+* **Release**: sessions of versions no deployment serves and no unfinished job uses are
+  dropped from the pool after each change and each finished job.
+* **Comparison runs** (shadow, or stable re-run beside a canary) run after the primary
+  result was recorded, one at a time, only while no clinical job waits, into
+  ``<data_dir>/comparisons``; they are never delivered. Their comparison feeds the
+  version's record, the API and metrics; a canary crossing a guardrail is rolled back
+  (audited, logged as an alert, counted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from radserve.audit import Action, AuditEvent
+from radserve.config import Settings
+from radserve.domain.deployment import (
+    DeploymentAction,
+    Role,
+    StepDeployment,
+    bucket,
+    route,
+    shadow_for,
+)
+from radserve.domain.priority import PriorityClass
+from radserve.errors import DeploymentError, ModelError, RadserveError
+from radserve.ingest import IngestPolicy
+from radserve.lifecycle.compare import Comparison, compare_results
+from radserve.lifecycle.guardrails import VersionRecord, breach
+from radserve.lifecycle.install import InstalledBundle, install_bundle, verify_install
+from radserve.lifecycle.requirements import host_facts, unmet_requirements
+from radserve.scheduling import Scheduler
+from radserve.service.catalog import Catalog, ResolvedPipeline
+from radserve.service.variant_install import VariantRequest, variant_builder, variant_gates
+from radserve.store import JobRecord, JobState, Store
+from radserve.store.deployments import DeploymentStore
+
+logger = logging.getLogger(__name__)
+
+COMPARISONS_DIR = "comparisons"
+GUARDRAIL_ACTOR = "radserve-guardrail"
+
+
+@dataclass(frozen=True)
+class ComparisonTask:
+    job: JobRecord
+    step: str
+    serving_version: str
+    candidate_version: str
+    candidate_role: str  # shadow | stable
+    record_for: str  # the version whose record the comparison feeds
+
+
+class ModelLifecycle:
+    """Deployments of one server; thread-safe."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        store: Store,
+        catalog: Catalog,
+        scheduler: Scheduler | None,
+        policy: IngestPolicy | None,
+        results_root: Path,
+        on_rollback: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.config = settings.lifecycle
+        self.store = store
+        self.catalog = catalog
+        self.scheduler = scheduler
+        self.policy = policy
+        self.results_root = results_root
+        self.on_rollback = on_rollback
+        self.deployments = DeploymentStore(
+            store.engine, audit_key=store.audit_key, on_audit=store.on_audit
+        )
+        self._active: dict[str, StepDeployment] = {}
+        self._records: dict[tuple[str, str], VersionRecord] = {}
+        self._lock = threading.RLock()
+        self._change_lock = threading.Lock()
+        self._tasks: queue.Queue[ComparisonTask | None] = queue.Queue(
+            maxsize=self.config.max_pending_comparisons
+        )
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.skipped_comparisons = 0
+        self.rollbacks: dict[tuple[str, str], int] = {}
+        self.swaps = 0
+
+    # --- life cycle -------------------------------------------------------------------
+    def start(self) -> None:
+        """Read the deployments (warming what they serve), then watch for changes."""
+        try:
+            self.refresh()
+        except RadserveError as exc:
+            logger.error("model deployments could not be applied: %s", exc.message)
+        for name, target in (("watch", self._watch), ("compare", self._compare_loop)):
+            thread = threading.Thread(target=target, name=f"radserve-models-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(queue.Full):
+            self._tasks.put_nowait(None)
+        for thread in self._threads:
+            thread.join(timeout=30)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.config.poll_s):
+            try:
+                self.refresh()
+            except Exception:  # the next poll tries again; serving goes on unchanged
+                logger.exception("reading model deployments failed")
+
+    # --- state ------------------------------------------------------------------------
+    def active(self) -> dict[str, StepDeployment]:
+        with self._lock:
+            return dict(self._active)
+
+    def refresh(self) -> bool:
+        """Apply the store's deployments: warm changed steps' versions, then switch."""
+        with self._change_lock:
+            current = self.deployments.current()
+            active = self.active()
+            changed = {s: d for s, d in current.items() if not d.same_serving(active.get(s))}
+            if not changed and set(current) == set(active):
+                return False
+            self.catalog.rescan()
+            applied = dict(active)
+            for step, deployment in changed.items():
+                try:
+                    for version in deployment.versions():
+                        self.catalog.warm_model(step, version)
+                except Exception as exc:  # keep serving what served before
+                    why = getattr(exc, "message", str(exc))
+                    logger.error(
+                        "deployment %d of %s not applied: %s", deployment.id or 0, step, why
+                    )
+                    continue
+                applied[step] = deployment
+            for step in set(applied) - set(current):
+                del applied[step]
+            with self._lock:
+                self._active = applied
+            self.catalog.set_deployed({s: d.stable for s, d in applied.items()})
+            self.swaps += 1
+            for step, deployment in changed.items():
+                if applied.get(step) is deployment:
+                    logger.info(
+                        "model step %s now serves stable %s%s%s",
+                        step,
+                        deployment.stable,
+                        f", canary {deployment.canary} {deployment.canary_percent:g}%"
+                        if deployment.canary
+                        else "",
+                        f", shadow {deployment.shadow}" if deployment.shadow else "",
+                    )
+        self.release_unused()
+        return True
+
+    def release_unused(self) -> list[str]:
+        """Drop sessions no deployment serves and no unfinished job needs."""
+        keep: set[str] = set()
+        wanted: set[tuple[str, str]] = set()
+        for step, deployment in self.active().items():
+            wanted |= {(step, v) for v in deployment.versions()}
+        try:
+            resolved = self.catalog.resolve()
+            wanted |= set(resolved.model_versions.items())
+        except RadserveError:
+            pass
+        for job in self.store.unfinished_jobs():
+            wanted |= set(job.model_versions.items())
+        for name, version in wanted:
+            try:
+                keep.add(str(self.catalog.registry.get(name, version).directory))
+            except ModelError:
+                continue
+        dropped = self.catalog.sessions.release(keep)
+        if dropped:
+            logger.info("released %d model session(s) no longer in use", len(dropped))
+        return dropped
+
+    # --- routing ----------------------------------------------------------------------
+    def route(
+        self, resolved: ResolvedPipeline, routing_key: str, priority: PriorityClass | None
+    ) -> ResolvedPipeline:
+        """The versions this study runs: a canary by its bucket, else stable; plus the
+        shadow versions it is sampled for (run after its result is delivered)."""
+        versions: dict[str, str] = {}
+        roles: dict[str, str] = {}
+        shadows: dict[str, str] = {}
+        active = self.active()
+        for model in resolved.model_versions:
+            deployment = active.get(model)
+            if deployment is None:
+                continue
+            version, role = route(deployment, routing_key, priority)
+            versions[model], roles[model] = version, role.value
+            shadow = shadow_for(deployment, routing_key)
+            if shadow is not None and shadow != version:
+                shadows[model] = shadow
+            elif role is Role.CANARY and (
+                bucket(routing_key, model, salt="compare") < self.config.compare_canary_percent
+            ):
+                shadows[model] = deployment.stable
+        if not versions:
+            return resolved
+        pinned = resolved.pinned(versions, roles)
+        return replace(pinned, shadows=shadows)
+
+    def needs_routing(self) -> bool:
+        """Whether any step has a canary or shadow (else routing reads nothing)."""
+        return any(d.canary or d.shadow for d in self.active().values())
+
+    # --- install ----------------------------------------------------------------------
+    def install(
+        self,
+        source: Path,
+        *,
+        actor: str | None = None,
+        client: str | None = None,
+        variants: VariantRequest | None = None,
+    ) -> InstalledBundle:
+        """Validate and install a bundle folder or zip into ``<data_dir>/models``
+        (:func:`radserve.lifecycle.install.install_bundle`); audited. With ``variants``,
+        its precision variants are built and gated first
+        (:mod:`radserve.service.variant_install`)."""
+        existing = {
+            (name, version)
+            for name in self.catalog.registry.names()
+            for version in self.catalog.registry.versions(name)
+        }
+        prepare = (
+            variant_builder(self.settings, self.catalog, variants) if variants is not None else None
+        )
+        installed = install_bundle(
+            source, self.settings.data_dir, actor=actor, existing=existing, prepare=prepare
+        )
+        self.catalog.rescan()
+        gates = variant_gates(installed.directory)
+        self.store.append_audit(
+            AuditEvent(
+                action=Action.MODEL_CHANGED,
+                subject=f"{installed.name}/{installed.version}",
+                payload={"event": "installed", "files": installed.files, "variants": gates},
+                actor_key_id=actor,
+                client_address=client,
+            )
+        )
+        return installed
+
+    # --- changes ----------------------------------------------------------------------
+    def _base(self, step: str) -> StepDeployment:
+        current = self.deployments.current().get(step)
+        if current is not None:
+            return current
+        try:
+            stable = self.catalog.resolve().model_versions.get(step)
+        except RadserveError:
+            stable = None
+        if stable is None:
+            versions = self.catalog.registry.versions(step)
+            if not versions:
+                raise DeploymentError(f"no model {step!r} is installed")
+            stable = versions[-1]
+        return StepDeployment(step=step, stable=stable)
+
+    def check_servable(self, step: str, version: str) -> None:
+        """Refuse a version that is not installed, changed since install, may not serve
+        at the configured precision, or needs what this host lacks."""
+        self.catalog.rescan()
+        bundle = self.catalog.registry.get(step, version)
+        precision = self.settings.models.precision or "fp32"
+        why = bundle.rejection(precision)
+        if why is not None:
+            raise DeploymentError(f"{bundle.key} may not serve at {precision}: {why}")
+        changed = verify_install(bundle.directory)
+        if changed:
+            raise DeploymentError(
+                f"{bundle.key} changed since it was installed: {'; '.join(changed[:5])}"
+            )
+        unmet = unmet_requirements(bundle.spec, host_facts())
+        if unmet:
+            raise DeploymentError("; ".join(unmet))
+
+    def deploy(
+        self,
+        step: str,
+        version: str,
+        *,
+        role: Role = Role.STABLE,
+        percent: float = 0.0,
+        include_urgent: bool = False,
+        actor: str | None = None,
+        reason: str | None = None,
+        client: str | None = None,
+    ) -> StepDeployment:
+        """Make ``version`` the step's stable, canary (``percent`` of routine studies) or
+        shadow (``percent`` of studies sampled): warmed first, then recorded, then live."""
+        self.check_servable(step, version)
+        if role is not Role.STABLE and not 0 < percent <= 100:
+            raise DeploymentError(f"a {role.value} needs a percentage in (0, 100]")
+        self.catalog.warm_model(step, version)  # loads before anything routes to it
+        base = self._base(step)
+        if role is Role.STABLE:
+            new = replace(base, stable=version)
+            if new.canary == version:
+                new = replace(new, canary=None, canary_percent=0.0, canary_urgent=False)
+        elif role is Role.CANARY:
+            if version == base.stable:
+                raise DeploymentError(f"{step} {version} is the stable version already")
+            new = replace(
+                base, canary=version, canary_percent=percent, canary_urgent=include_urgent
+            )
+            self._reset_record(step, version)
+        else:
+            new = replace(base, shadow=version, shadow_percent=percent)
+            self._reset_record(step, version)
+        return self._record(new, DeploymentAction.DEPLOY, actor, reason, client)
+
+    def undeploy_shadow(
+        self, step: str, *, actor: str | None, reason: str | None, client: str | None = None
+    ) -> StepDeployment:
+        base = self._base(step)
+        if not base.shadow:
+            raise DeploymentError(f"{step} has no shadow")
+        new = replace(base, shadow=None, shadow_percent=0.0)
+        return self._record(new, DeploymentAction.DEPLOY, actor, reason, client)
+
+    def promote(
+        self, step: str, *, actor: str | None, reason: str | None, client: str | None = None
+    ) -> StepDeployment:
+        """The canary becomes stable (all studies)."""
+        base = self._base(step)
+        if not base.canary:
+            raise DeploymentError(f"{step} has no canary to promote")
+        self.check_servable(step, base.canary)
+        new = replace(
+            base, stable=base.canary, canary=None, canary_percent=0.0, canary_urgent=False
+        )
+        return self._record(new, DeploymentAction.PROMOTE, actor, reason, client)
+
+    def rollback(
+        self,
+        step: str,
+        *,
+        actor: str | None,
+        reason: str | None,
+        client: str | None = None,
+        auto: bool = False,
+    ) -> StepDeployment:
+        """Drop the canary; without one, go back to the stable version before this one."""
+        base = self._base(step)
+        if base.canary:
+            new = replace(base, canary=None, canary_percent=0.0, canary_urgent=False)
+        else:
+            earlier = next(
+                (d.stable for d in self.deployments.history(step) if d.stable != base.stable),
+                None,
+            )
+            if earlier is None:
+                raise DeploymentError(f"{step} has no canary and no earlier stable version")
+            self.catalog.warm_model(step, earlier)
+            new = replace(base, stable=earlier)
+        action = DeploymentAction.AUTO_ROLLBACK if auto else DeploymentAction.ROLLBACK
+        return self._record(new, action, actor, reason, client)
+
+    def _record(
+        self,
+        new: StepDeployment,
+        action: DeploymentAction,
+        actor: str | None,
+        reason: str | None,
+        client: str | None,
+    ) -> StepDeployment:
+        saved = self.deployments.record(
+            replace(new, action=action, actor=actor, reason=reason, id=None, created=None),
+            client_address=client,
+        )
+        self.refresh()
+        return saved
+
+    # --- what happened ----------------------------------------------------------------
+    def _reset_record(self, step: str, version: str) -> None:
+        with self._lock:
+            self._records[(step, version)] = VersionRecord(step, version)
+
+    def record(self, step: str, version: str) -> VersionRecord:
+        with self._lock:
+            found = self._records.get((step, version))
+            if found is None:
+                found = self._records[(step, version)] = VersionRecord(step, version)
+            return found
+
+    def records(self) -> list[VersionRecord]:
+        with self._lock:
+            return list(self._records.values())
+
+    def on_finished(self, job: JobRecord) -> None:
+        """A job finished (succeeded or failed): count it for its versions, queue its
+        comparison run, judge the canary."""
+        roles: Mapping[str, str] = job.queue_meta.get("deployment", {}) or {}
+        if not roles:
+            return
+        ok = job.state is JobState.SUCCEEDED
+        seconds = job.stage_timings.get("total") if job.stage_timings else None
+        for step, role in roles.items():
+            version = job.model_versions.get(step)
+            if version is None:
+                continue
+            self.record(step, version).add_job(ok, seconds)
+            if role == Role.CANARY.value:
+                self._judge(step)
+        shadows: Mapping[str, str] = job.queue_meta.get("shadows", {}) or {}
+        if ok and job.result_path and not job.cached_from:
+            for step, candidate in shadows.items():
+                serving = job.model_versions.get(step)
+                if serving is None:
+                    continue
+                canary = roles.get(step) == Role.CANARY.value
+                task = ComparisonTask(
+                    job=job,
+                    step=step,
+                    serving_version=serving,
+                    candidate_version=candidate,
+                    candidate_role=Role.STABLE.value if canary else Role.SHADOW.value,
+                    record_for=serving if canary else candidate,
+                )
+                try:
+                    self._tasks.put_nowait(task)
+                except queue.Full:
+                    self.skipped_comparisons += 1
+        self.release_unused()
+
+    def _judge(self, step: str) -> None:
+        deployment = self.active().get(step)
+        limits = self.config.guardrails
+        if deployment is None or not deployment.canary or not limits.auto_rollback:
+            return
+        canary = self.record(step, deployment.canary)
+        stable = self.record(step, deployment.stable)
+        why = breach(canary, stable, limits)
+        if why is None:
+            return
+        logger.error(
+            "ALERT: canary %s %s rolled back automatically: %s", step, deployment.canary, why
+        )
+        try:
+            self.rollback(step, actor=GUARDRAIL_ACTOR, reason=why, auto=True)
+        except RadserveError as exc:
+            logger.error("automatic rollback of %s failed: %s", step, exc.message)
+            return
+        key = (step, deployment.canary)
+        self.rollbacks[key] = self.rollbacks.get(key, 0) + 1
+        if self.on_rollback is not None:
+            self.on_rollback(step, why)
+
+    # --- comparison runs --------------------------------------------------------------
+    def _idle(self) -> bool:
+        if self.scheduler is None:
+            return True
+        snap = self.scheduler.snapshot()
+        return not any(snap.queued.values())
+
+    def _compare_loop(self) -> None:
+        while not self._stop.is_set():
+            task = self._tasks.get()
+            if task is None:
+                return
+            while not self._idle() and not self._stop.wait(0.2):
+                pass  # lowest priority: clinical work first
+            if self._stop.is_set():
+                return
+            try:
+                comparison = self.run_comparison(task)
+            except Exception as exc:
+                logger.warning(
+                    "comparison run for job %s (%s %s) failed: %s",
+                    task.job.id,
+                    task.step,
+                    task.candidate_version,
+                    getattr(exc, "code", type(exc).__name__),
+                )
+                continue
+            self.record(task.step, task.record_for).comparisons.append(comparison)
+            if task.candidate_role == Role.STABLE.value:
+                self._judge(task.step)
+
+    def run_comparison(self, task: ComparisonTask, *, reuse_upstream: bool = True) -> Comparison:
+        """Run the job's study with the candidate version of one step; compare.
+
+        Only that step and the steps after it run: the steps before it are read back
+        from the serving result (``reuse_upstream=False``, or a result they cannot be
+        read from, runs every step)."""
+        from radserve.pipeline.inputs import DicomInput, NiftiInput, StudyInput
+        from radserve.pipeline.reuse import ReuseUnavailableError
+        from radserve.pipeline.study import run_study
+        from radserve.service.work import input_kind
+
+        job = task.job
+        resolved = self.catalog.resolve(job.pipeline_name)
+        versions = {**job.model_versions, task.step: task.candidate_version}
+        pinned = resolved.pinned(versions, {})
+        study_dir = Path(job.study_path)
+        source: StudyInput
+        if input_kind(study_dir) == "nifti":
+            source = NiftiInput(next(p for p in study_dir.iterdir() if p.is_file()))
+        else:
+            source = DicomInput(study_dir)
+        out = self.settings.data_dir / COMPARISONS_DIR / job.id / task.candidate_version
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+
+        def run(reuse: tuple[Path, str] | None) -> None:
+            run_study(
+                source,
+                pipeline=pinned.spec,
+                out_dir=out,
+                registry=self.catalog.registry,
+                sessions=self.catalog.local_sessions(),
+                precision=pinned.precision,  # type: ignore[arg-type]
+                policy=self.policy,
+                key_images=False,
+                job_id=f"{job.id}-{task.candidate_role}",
+                reuse_upstream_of=reuse,
+            )
+
+        # Only the compared step and the steps after it run: the steps before it are
+        # read back from the serving result (same study, same versions).
+        reused = reuse_upstream
+        step = next(s.step_name for s in pinned.spec.steps if s.model == task.step)
+        try:
+            run((Path(str(job.result_path)), step) if reuse_upstream else None)
+        except ReuseUnavailableError as exc:
+            logger.info("comparison run for job %s runs every step: %s", job.id, exc.message)
+            reused = False
+            shutil.rmtree(out, ignore_errors=True)
+            run(None)
+        logger.info(
+            "comparison run %s %s for job %s took %.2f s (%s)",
+            task.step,
+            task.candidate_version,
+            job.id,
+            time.perf_counter() - t0,
+            "upstream steps reused" if reused else "every step",
+        )
+        comparison = compare_results(
+            Path(str(job.result_path)),
+            out,
+            job_id=job.id,
+            step=task.step,
+            serving_version=task.serving_version,
+            candidate_version=task.candidate_version,
+            candidate_role=task.candidate_role,
+        )
+        (out.parent / f"{task.candidate_version}.json").write_text(
+            json.dumps(comparison.as_json(), indent=2)
+        )
+        shutil.rmtree(out, ignore_errors=True)  # never delivered; the figures are kept
+        return comparison
+
+    # --- views ------------------------------------------------------------------------
+    def status(self) -> list[dict[str, Any]]:
+        """Every installed version of every model: where it is deployed, its gate state
+        and its record (``GET /v1/models``, ``radserve models list``)."""
+        self.catalog.rescan()
+        active = self.active()
+        registry = self.catalog.registry
+        out: list[dict[str, Any]] = []
+        try:
+            pipeline_versions = self.catalog.resolve().model_versions
+        except RadserveError:
+            pipeline_versions = {}
+        for name in registry.names():
+            deployment = active.get(name)
+            roles: dict[str, list[str]] = {}
+            if deployment is not None:
+                for version, role in deployment.versions().items():
+                    roles.setdefault(version, []).append(role.value)
+                shadow = deployment.shadow
+                if shadow and shadow in roles and "shadow" not in roles[shadow]:
+                    roles[shadow].append("shadow")
+            elif name in pipeline_versions:
+                roles[pipeline_versions[name]] = ["stable"]
+            for version in registry.versions(name):
+                try:
+                    bundle = registry.get(name, version)
+                except ModelError as exc:
+                    out.append({"name": name, "version": version, "error": exc.message})
+                    continue
+                gate = {p: (bundle.rejection(p) or "accepted") for p in bundle.spec.files}
+                record = self._records.get((name, version))
+                out.append(
+                    {
+                        "name": name,
+                        "version": version,
+                        "task": bundle.spec.task,
+                        "directory": str(bundle.directory),
+                        "installed": (bundle.directory / "install.json").is_file(),
+                        "servable": bundle.available_precisions(),
+                        "gate": gate,
+                        "deployed": roles.get(version, []),
+                        "canary_percent": deployment.canary_percent
+                        if deployment and deployment.canary == version
+                        else None,
+                        "shadow_percent": deployment.shadow_percent
+                        if deployment and deployment.shadow == version
+                        else None,
+                        "record": record.summary() if record else None,
+                    }
+                )
+        return out
+
+
+class LifecycleCollector(Collector):
+    """Deployments, comparisons and rollbacks, read at scrape."""
+
+    def __init__(self, lifecycle: ModelLifecycle) -> None:
+        self.lifecycle = lifecycle
+
+    def collect(self) -> Iterator[Any]:
+        info = GaugeMetricFamily(
+            "radserve_model_deployment_info",
+            "1 per version serving or shadowing a step, by role",
+            labels=["step", "version", "role"],
+        )
+        percent = GaugeMetricFamily(
+            "radserve_model_deployment_percent",
+            "Share of studies a canary serves or a shadow samples",
+            labels=["step", "version", "role"],
+        )
+        for step, d in self.lifecycle.active().items():
+            info.add_metric([step, d.stable, "stable"], 1)
+            if d.canary:
+                info.add_metric([step, d.canary, "canary"], 1)
+                percent.add_metric([step, d.canary, "canary"], d.canary_percent)
+            if d.shadow:
+                info.add_metric([step, d.shadow, "shadow"], 1)
+                percent.add_metric([step, d.shadow, "shadow"], d.shadow_percent)
+        yield info
+        yield percent
+        jobs = CounterMetricFamily(
+            "radserve_model_version_jobs",
+            "Jobs finished per step version since it was deployed",
+            labels=["step", "version", "outcome"],
+        )
+        comparisons = CounterMetricFamily(
+            "radserve_model_comparisons",
+            "Comparison runs (shadow, or stable beside a canary) per step version",
+            labels=["step", "version"],
+        )
+        agreement = GaugeMetricFamily(
+            "radserve_model_lesion_agreement_ratio",
+            "Mean lesion detection agreement with the version it was compared with",
+            labels=["step", "version"],
+        )
+        dice = GaugeMetricFamily(
+            "radserve_model_dice_ratio",
+            "Mean per-label Dice with the version it was compared with",
+            labels=["step", "version"],
+        )
+        p95 = GaugeMetricFamily(
+            "radserve_model_p95_seconds",
+            "p95 turnaround of the version's recent jobs",
+            labels=["step", "version"],
+        )
+        for record in self.lifecycle.records():
+            labels = [record.step, record.version]
+            jobs.add_metric([*labels, "succeeded"], record.finished - record.failed)
+            jobs.add_metric([*labels, "failed"], record.failed)
+            comparisons.add_metric(labels, len(record.comparisons))
+            if (value := record.mean_lesion_agreement()) is not None:
+                agreement.add_metric(labels, value)
+            if (value := record.mean_dice()) is not None:
+                dice.add_metric(labels, value)
+            if (value := record.p95()) is not None:
+                p95.add_metric(labels, value)
+        yield from (jobs, comparisons, agreement, dice, p95)
+        rollbacks = CounterMetricFamily(
+            "radserve_model_auto_rollbacks",
+            "Canaries rolled back by a guardrail",
+            labels=["step", "version"],
+        )
+        for (step, version), count in self.lifecycle.rollbacks.items():
+            rollbacks.add_metric([step, version], count)
+        yield rollbacks
+        skipped = CounterMetricFamily(
+            "radserve_model_comparisons_skipped",
+            "Comparison runs not made because too many were waiting",
+        )
+        skipped.add_metric([], self.lifecycle.skipped_comparisons)
+        yield skipped
+
+
+__all__ = ["COMPARISONS_DIR", "ComparisonTask", "LifecycleCollector", "ModelLifecycle"]

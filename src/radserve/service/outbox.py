@@ -1,0 +1,107 @@
+"""The outbox for operators: what is waiting or failing, per destination, and the
+"send it again" action (``radserve outbox``, ``/v1/ops/outbox``, metrics, ``/readyz``).
+
+A retry is audited (``outbox.retried``: who, which row, the state it had). A destination
+counts as unreachable once its oldest delivery that has failed and is still retrying was
+queued more than ``outbox.unreachable_after_s`` ago.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable
+
+from radserve.audit import Action, AuditEvent
+from radserve.config import Settings
+from radserve.store import Store
+from radserve.store.outbox import (
+    DestinationStatus,
+    OutboxItem,
+    OutboxKind,
+    OutboxState,
+    OutboxStore,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class OutboxOps:
+    """Read and re-arm the outbox of the store ``store``; ``wake`` nudges the senders."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        *,
+        wake: Callable[[], None] = lambda: None,
+        clock: Callable[[], dt.datetime] = utc_now,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.rows = OutboxStore(store.engine, instance=settings.outbox.instance_id)
+        self.wake = wake
+        self.clock = clock
+
+    def items(
+        self,
+        *,
+        state: OutboxState | str | None = None,
+        destination: str | None = None,
+        kind: OutboxKind | str | None = None,
+        limit: int = 100,
+    ) -> list[OutboxItem]:
+        return self.rows.items(state=state, destination=destination, kind=kind, limit=limit)
+
+    def status(self) -> list[DestinationStatus]:
+        return self.rows.status()
+
+    def retry(self, item_id: int, *, actor_key_id: str | None, client: str | None) -> OutboxItem:
+        """Re-arm one delivery (see :meth:`OutboxStore.retry`), audit it, wake senders."""
+        item, previous = self.rows.retry(item_id, now=self.clock())
+        self.store.append_audit(
+            AuditEvent(
+                action=Action.OUTBOX_RETRIED,
+                subject=str(item.id),
+                payload={
+                    "kind": item.kind.value,
+                    "destination": item.destination,
+                    "job_id": item.job_id,
+                    "previous_state": previous.value,
+                },
+                actor_key_id=actor_key_id,
+                client_address=client,
+            )
+        )
+        logger.info(
+            "outbox: row %d to %s re-armed (was %s)", item.id, item.destination, previous.value
+        )
+        self.wake()
+        return item
+
+    def unreachable(self, statuses: list[DestinationStatus] | None = None) -> dict[str, str]:
+        """Destinations failing for longer than ``outbox.unreachable_after_s``: name ->
+        what to tell an operator."""
+        threshold = self.settings.outbox.unreachable_after_s
+        if threshold <= 0:
+            return {}
+        now = self.clock()
+        out = {}
+        for status in self.status() if statuses is None else statuses:
+            if status.failing_since is None:
+                continue
+            age = (now - status.failing_since).total_seconds()
+            if age > threshold:
+                out[status.destination] = (
+                    f"{status.kind.value} destination {status.destination} unreachable: "
+                    f"{status.retrying} delivery(ies) failing for {age:.0f} s "
+                    f"(last error: {status.last_error})"
+                )
+        return out
+
+
+__all__ = ["OutboxOps"]

@@ -1,0 +1,678 @@
+"""The server's turnaround view: service times learned online, an ETA for every
+unfinished job, and deadline-risk events raised before a miss.
+
+- Every succeeded job teaches :class:`ServiceTimeModel` its stage timings and study size
+  (slices from the report's geometry); at start the last ``turnaround.history_jobs``
+  succeeded jobs are read back (their timings from the store, their size from the report
+  file), so a restart does not forget. The host's one device names the device key.
+- ETAs are recomputed on a thread of their own: scheduler events (the scheduler's
+  listener) only set a flag; the thread walks the queue order at most every
+  ``recompute_interval_s`` and every 2 s regardless (running jobs age); a newly queued
+  job is walked at once, so a risk present at submission is raised then. One walk is
+  O(n) after the scheduler's sort; its cost is exported (``radserve_eta_compute_seconds``).
+- Every ETA's time to finish is scaled by its class's learned bias
+  (:class:`~radserve.turnaround.bias.BiasCorrection`): each succeeded job teaches its
+  class actual / predicted time from its first walk (at submission) to its finish.
+- A job whose predicted finish passes ``deadline - turnaround.risk_margin_s`` raises one
+  risk event: an audit record ``job.deadline_risk``, ``radserve_deadline_risk_total``,
+  a JSON POST to ``turnaround.risk_webhook_url`` when set, and with ``risk_policy:
+  promote`` the scheduler runs it ahead of the rest of its class. When a deadline is
+  then missed, the miss counts as predicted (with how long before the deadline the
+  alert came) or not: ``radserve_deadline_misses_predicted_total`` and
+  ``GET /v1/ops/turnaround``.
+
+Queued studies' sizes are estimated from their stored instance count (one file per
+slice for single-frame DICOM); a NIfTI file or an unreadable folder gets the median
+size seen. Times inside are the scheduler's clock (monotonic seconds); :meth:`wall`
+converts for the API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from radserve.audit import AuditEvent
+from radserve.config import Settings
+from radserve.host import usable_cores
+from radserve.scheduling import DeadlineMiss, JobEvent, JobState, PriorityClass, Scheduler
+from radserve.service.metrics import Metrics
+from radserve.store import JobRecord, Store
+from radserve.store import JobState as StoredState
+from radserve.turnaround.bias import BiasCorrection
+from radserve.turnaround.eta import Arrivals, Capacity, Entry, Eta, on_host_cores, walk
+from radserve.turnaround.service_time import Prior, ServiceTimeModel, StudySize
+
+logger = logging.getLogger(__name__)
+
+DEADLINE_RISK = "job.deadline_risk"
+_REFRESH_S = 2.0  # recompute at least this often (running jobs' remaining time shrinks)
+_ARRIVAL_WINDOW_S = 3600.0  # arrival rates per class over the last hour
+_MIN_SPAN_S = 60.0  # ... or since start, but over no less than this
+_WEBHOOK_QUEUE = 1000
+_WEBHOOK_RETRIES = (1.0, 5.0, 30.0)
+_LEAD_BUCKETS = (0, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+@dataclass(frozen=True)
+class RiskEvent:
+    """A job predicted to finish past ``deadline - margin`` (scheduler clock)."""
+
+    job_id: str
+    cls: PriorityClass
+    raised_at: float
+    deadline: float
+    predicted_finish: float
+    predicted_finish_late: float
+
+    @property
+    def lead_s(self) -> float:
+        """How long before the deadline the alert came."""
+        return self.deadline - self.raised_at
+
+
+@dataclass(frozen=True)
+class MissReport:
+    """Deadline misses since start, and how many the risk events saw coming."""
+
+    misses: int
+    predicted: int
+    lead_s: tuple[float, ...]  # per predicted miss: deadline - alert time
+
+    def as_dict(self) -> dict[str, Any]:
+        lead = np.asarray(self.lead_s) if self.lead_s else None
+        return {
+            "misses": self.misses,
+            "predicted": self.predicted,
+            "predicted_fraction": round(self.predicted / self.misses, 4) if self.misses else None,
+            "lead_s_p50": round(float(np.median(lead)), 3) if lead is not None else None,
+            "lead_s_min": round(float(lead.min()), 3) if lead is not None else None,
+        }
+
+
+@dataclass(frozen=True)
+class JobEta:
+    """One job's ETA as the API shows it (UTC datetimes)."""
+
+    predicted_start: dt.datetime
+    predicted_finish: dt.datetime
+    predicted_finish_late: dt.datetime  # pessimistic: arrivals of classes ahead, noise
+    order_position: int  # among unfinished jobs (running ones included), 0 = first
+    deadline_risk: bool
+    computed_at: dt.datetime
+    basis: str  # the service-time source: fitted | scaled-prior | prior
+
+
+class Turnaround:
+    """Service-time learning, ETAs and deadline risk for one server."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        store: Store,
+        scheduler: Scheduler,
+        metrics: Metrics,
+        lookup: Callable[[str], JobRecord | None],
+        device: str,
+        cpu_workers: int,
+        devices: int = 1,
+    ) -> None:
+        self.settings = settings.turnaround
+        self.store = store
+        self.scheduler = scheduler
+        self.lookup = lookup
+        self.device = device
+        t = self.settings
+        self.model = ServiceTimeModel(
+            Prior(t.prior_fixed_s, t.prior_per_slice_s, t.prior_device_share)
+        )
+        self.capacity = Capacity(
+            cpu_workers=cpu_workers,
+            devices=devices,
+            max_running=scheduler.config.max_running,
+            urgent_exclusive=scheduler.config.urgent_exclusive,
+            tat_s=tuple(scheduler.config.tat(c) for c in PriorityClass),
+            aging_fraction=scheduler.config.aging_fraction,
+            # a CPU device's batches and the CPU pool's stages share the host's cores
+            host_cores=usable_cores() if on_host_cores(device) else None,
+        )
+        self._lock = threading.Lock()
+        self._etas: dict[str, Eta] = {}
+        self._sizes: dict[str, StudySize] = {}
+        self._records: dict[str, JobRecord] = {}  # unfinished jobs' (immutable) facts
+        self._basis: dict[str, str] = {}  # job id -> its estimate's source
+        # arrival times per class (the last hour's): the rates of overtaking arrivals
+        self._arrived: dict[PriorityClass, deque[float]] = {
+            c: deque(maxlen=10_000) for c in PriorityClass
+        }
+        self._since = scheduler.clock.now()  # rates are counted over min(hour, uptime)
+        self._risks: dict[str, RiskEvent] = {}
+        self.bias = BiasCorrection(window=t.bias_window_jobs)
+        self._first: dict[str, tuple[float, float]] = {}  # job -> (walked at, raw finish)
+        self._misses = 0
+        self._predicted_leads: list[float] = []
+        self.last_compute_s = 0.0
+        self.computed_at: float | None = None
+        self._dirty = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._webhook = _Webhook(self.settings.risk_webhook_url) if t.risk_webhook_url else None
+        self._metrics(metrics)
+        scheduler.add_listener(self._dirty.set)
+
+    def _metrics(self, metrics: Metrics) -> None:
+        reg = metrics.registry
+        self.risk_total = Counter(
+            "radserve_deadline_risk",
+            "Deadline-risk events: jobs predicted to finish past deadline minus the margin",
+            ["cls"],
+            registry=reg,
+        )
+        self.predicted_misses = Counter(
+            "radserve_deadline_misses_predicted",
+            "Deadline misses a risk event had announced, per class",
+            ["cls"],
+            registry=reg,
+        )
+        self.risk_lead = Histogram(
+            "radserve_deadline_risk_lead_seconds",
+            "For predicted misses: seconds between the risk event and the deadline",
+            buckets=_LEAD_BUCKETS,
+            registry=reg,
+        )
+        self.compute_seconds = Gauge(
+            "radserve_eta_compute_seconds",
+            "Wall time of the last ETA recomputation (queue order + walk)",
+            registry=reg,
+        )
+        reg.register(_EtaCollector(self))
+
+    # --- life cycle -------------------------------------------------------------------
+    def start(self) -> None:
+        """Learn from the store's recent history, then keep ETAs fresh on a thread."""
+        learned = self.learn_history(self.settings.history_jobs)
+        if learned:
+            logger.info("service times: learned from %d finished job(s)", learned)
+        self._thread = threading.Thread(target=self._run, name="radserve-eta", daemon=True)
+        self._thread.start()
+        if self._webhook is not None:
+            self._webhook.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._dirty.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self._webhook is not None:
+            self._webhook.stop()
+
+    def _run(self) -> None:
+        interval = self.settings.recompute_interval_s
+        while not self._stop.is_set():
+            self._dirty.wait(_REFRESH_S)
+            if self._stop.is_set():
+                return
+            self._dirty.clear()
+            try:
+                self.recompute()
+            except Exception:  # an ETA bug must not stop the server
+                logger.exception("ETA recomputation failed")
+            self._stop.wait(interval)
+
+    # --- learning ---------------------------------------------------------------------
+    def learn_history(self, limit: int) -> int:
+        """Teach the model the last ``limit`` succeeded jobs (oldest first)."""
+        return learn_from_store(self.model, self.store, self.device, limit)
+
+    def _observe(self, record: JobRecord, size: StudySize, timings: Any) -> None:
+        self.model.observe(
+            pipeline=record.pipeline_name,
+            device=self.device,
+            precision=record.precision,
+            size=size,
+            timings=dict(timings),
+        )
+
+    # --- the scheduler's events (called from ServiceHooks) ---------------------------
+    def on_state(self, event: JobEvent) -> None:
+        if event.state is JobState.QUEUED:
+            with self._lock:
+                self._arrived[event.cls].append(event.at)
+            # a new job: its ETA (and a risk already at submission) at once, O(n)
+            self._recompute_now()
+        if not event.state.terminal:
+            return
+        if event.state is JobState.SUCCEEDED:
+            record = self._record(event.job_id)
+            geometry = getattr(getattr(event.result, "report", None), "geometry", None)
+            if record is not None and geometry is not None and not record.cached_from:
+                self._observe(record, StudySize.from_shape(geometry.shape), event.timings)
+        with self._lock:
+            first = self._first.pop(event.job_id, None)
+            if first is not None and event.state is JobState.SUCCEEDED:
+                walked_at, predicted = first
+                self.bias.observe(event.cls.rank, predicted - walked_at, event.at - walked_at)
+            self._records.pop(event.job_id, None)
+            self._sizes.pop(event.job_id, None)
+            self._etas.pop(event.job_id, None)
+            self._risks.pop(event.job_id, None)
+        self._dirty.set()
+
+    def _recompute_now(self) -> None:
+        try:
+            self.recompute()
+        except Exception:  # an ETA bug must not fail a submission
+            logger.exception("ETA recomputation failed")
+
+    def on_batch(self, event: object) -> None:
+        pass
+
+    def on_deadline_miss(self, miss: DeadlineMiss) -> None:
+        with self._lock:
+            self._misses += 1
+            risk = self._risks.get(miss.job_id)
+            if risk is not None:
+                self._predicted_leads.append(risk.lead_s)
+        if risk is not None:
+            self.predicted_misses.labels(miss.cls.value).inc()
+            self.risk_lead.observe(max(0.0, risk.lead_s))
+
+    # --- ETAs -------------------------------------------------------------------------
+    def recompute(self) -> list[Eta]:
+        """Walk the scheduler's order once; raise risk events for jobs newly at risk."""
+        began = time.perf_counter()
+        now, order = self.scheduler.queue_order()
+        entries = []
+        for job in order:
+            record = self._record(job.job_id)
+            if record is None:
+                continue
+            size = self._size(job.job_id, record)
+            estimate = self.model.estimate(
+                pipeline=record.pipeline_name,
+                device=self.device,
+                precision=record.precision,
+                size=size,
+            )
+            entries.append(
+                Entry(job.job_id, job.cls.rank, job.running, job.deadline, job.started, estimate)
+            )
+        # walked outside the lock: job events and API readers wait on it
+        raw = walk(entries, now, self._capacity(now))
+        with self._lock:
+            etas = [
+                self._corrected(eta, entry.cls, now)
+                for eta, entry in zip(raw, entries, strict=True)
+            ]
+            self._etas = {e.job_id: e for e in etas}
+            self._basis = {e.job_id: e.estimate.source for e in entries}
+            self.computed_at = now
+        self.last_compute_s = time.perf_counter() - began
+        self.compute_seconds.set(self.last_compute_s)
+        self._check_risk(etas, {j.job_id: j.cls for j in order}, now)
+        return etas
+
+    def _corrected(self, eta: Eta, cls: int, now: float) -> Eta:
+        """``eta`` scaled by its class's learned bias; its first (raw) walk is kept to
+        learn from when the job finishes. Called under the lock."""
+        self._first.setdefault(eta.job_id, (now, eta.finish))
+        if self.bias.factor(cls) == 1.0:
+            return eta
+        return dataclasses.replace(
+            eta,
+            start=eta.start if eta.start <= now else self.bias.correct(cls, now, eta.start),
+            finish=self.bias.correct(cls, now, eta.finish),
+            finish_late=self.bias.correct(cls, now, eta.finish_late),
+        )
+
+    def bias_view(self) -> dict[str, dict[str, float | int]]:
+        """Per class: jobs the bias was learned from and the factor applied now."""
+        with self._lock:
+            seen = self.bias.describe()
+        return {cls.value: seen.get(cls.rank, {"jobs": 0, "factor": 1.0}) for cls in PriorityClass}
+
+    def _capacity(self, now: float) -> Capacity:
+        """The capacity with each class's arrival rate over the last hour (or since the
+        server started, at least ``_MIN_SPAN_S``: an hour's window read two minutes
+        after start would count a tenth of the true rate)."""
+        span = min(_ARRIVAL_WINDOW_S, max(_MIN_SPAN_S, now - self._since))
+        with self._lock:
+            counts = {}
+            for cls, times in self._arrived.items():
+                while times and times[0] < now - _ARRIVAL_WINDOW_S:
+                    times.popleft()
+                counts[cls] = len(times)
+        if not any(counts[c] for c in PriorityClass if c is not PriorityClass.OUTPATIENT):
+            return self.capacity
+        typical = self.model.estimate(
+            pipeline=self._any_pipeline(),
+            device=self.device,
+            precision="fp32",
+            size=self.model.typical_size(),
+        )
+        arrivals = tuple(
+            Arrivals(cls.rank, counts[cls] / span, typical) for cls in PriorityClass if counts[cls]
+        )
+        return dataclasses.replace(self.capacity, arrivals=arrivals)
+
+    def _any_pipeline(self) -> str:
+        lines = self.model.describe()
+        return str(lines[0]["pipeline"]) if lines else ""
+
+    def _record(self, job_id: str) -> JobRecord | None:
+        """The job's pipeline, precision and study folder (they never change)."""
+        with self._lock:
+            record = self._records.get(job_id)
+        if record is None:
+            try:
+                record = self.lookup(job_id)
+            except Exception:  # e.g. the database is briefly away: no ETA this round
+                return None
+            if record is not None:
+                with self._lock:
+                    self._records[job_id] = record
+        return record
+
+    def _size(self, job_id: str, record: JobRecord) -> StudySize:
+        with self._lock:
+            size = self._sizes.get(job_id)
+        if size is None:
+            size = _study_size(Path(record.study_path)) or self.model.typical_size()
+            with self._lock:
+                self._sizes[job_id] = size
+        return size
+
+    def eta(self, job_id: str) -> Eta | None:
+        with self._lock:
+            return self._etas.get(job_id)
+
+    def job_eta(self, job_id: str) -> JobEta | None:
+        """The job's ETA for the API; a job the last walk did not see (just submitted)
+        triggers a walk now."""
+        eta = self.eta(job_id)
+        if eta is None:
+            if self.scheduler.job_info(job_id) is None:
+                return None  # not (or no longer) in the scheduler
+            eta = next((e for e in self.recompute() if e.job_id == job_id), None)
+            if eta is None:
+                return None
+        with self._lock:
+            at_risk = job_id in self._risks
+            computed = self.computed_at
+            basis = self._basis.get(job_id, "prior")
+        offset = self.wall(0.0)  # one reading: the three times keep their order
+        return JobEta(
+            predicted_start=_utc(offset + eta.start),
+            predicted_finish=_utc(offset + eta.finish),
+            predicted_finish_late=_utc(offset + eta.finish_late),
+            order_position=eta.position,
+            deadline_risk=at_risk,
+            computed_at=_utc(offset + (computed if computed is not None else eta.start)),
+            basis=basis,
+        )
+
+    def etas(self) -> list[Eta]:
+        with self._lock:
+            return list(self._etas.values())
+
+    def wall(self, t: float) -> float:
+        """A scheduler clock reading -> POSIX seconds."""
+        return time.time() + (t - self.scheduler.clock.now())
+
+    # --- deadline risk ----------------------------------------------------------------
+    def _check_risk(self, etas: list[Eta], classes: dict[str, PriorityClass], now: float) -> None:
+        margin = self.settings.risk_margin_s
+        raised = []
+        with self._lock:
+            for eta in etas:
+                if eta.job_id in self._risks or eta.finish <= eta.deadline - margin:
+                    continue
+                if now > eta.deadline:  # already missed: a miss, not a prediction
+                    continue
+                risk = RiskEvent(
+                    eta.job_id,
+                    classes[eta.job_id],
+                    now,
+                    eta.deadline,
+                    eta.finish,
+                    eta.finish_late,
+                )
+                self._risks[eta.job_id] = risk
+                raised.append(risk)
+        for risk in raised:
+            self._raise(risk)
+
+    def _raise(self, risk: RiskEvent) -> None:
+        cls = risk.cls.value
+        self.risk_total.labels(cls).inc()
+        promoted = False
+        if self.settings.risk_policy == "promote":
+            promoted = self.scheduler.promote(risk.job_id)
+        offset = self.wall(0.0)
+        payload = {
+            "priority_class": cls,
+            "deadline": _iso(offset + risk.deadline),
+            "predicted_finish": _iso(offset + risk.predicted_finish),
+            "predicted_finish_late": _iso(offset + risk.predicted_finish_late),
+            "predicted_late_by_s": round(risk.predicted_finish - risk.deadline, 3),
+            "margin_s": self.settings.risk_margin_s,
+            "policy": self.settings.risk_policy,
+            "promoted": promoted,
+        }
+        late_by = risk.predicted_finish - risk.deadline
+        logger.warning(
+            "job %s (%s) at risk: predicted to finish %.0f s %s its deadline (margin %g s)",
+            risk.job_id,
+            cls,
+            abs(late_by),
+            "after" if late_by > 0 else "before",
+            self.settings.risk_margin_s,
+        )
+        try:
+            self.store.append_audit(
+                AuditEvent(action=DEADLINE_RISK, subject=risk.job_id, payload=payload)
+            )
+        except Exception as exc:  # the alert still goes out
+            logger.error("job %s: deadline risk not audited (%s)", risk.job_id, exc)
+        if self._webhook is not None:
+            self._webhook.send({"event": DEADLINE_RISK, "job_id": risk.job_id, **payload})
+
+    def miss_report(self) -> MissReport:
+        with self._lock:
+            return MissReport(
+                self._misses, len(self._predicted_leads), tuple(self._predicted_leads)
+            )
+
+    def at_risk(self) -> list[RiskEvent]:
+        with self._lock:
+            return list(self._risks.values())
+
+
+class _EtaCollector(Collector):
+    """Per class: jobs, the largest predicted finish from now, jobs at risk (at scrape)."""
+
+    def __init__(self, owner: Turnaround) -> None:
+        self.owner = owner
+
+    def collect(self) -> Iterator[Any]:
+        owner = self.owner
+        etas = owner.etas()
+        now = owner.scheduler.clock.now()
+        eta_max = GaugeMetricFamily(
+            "radserve_job_eta_seconds",
+            "Largest predicted time to finish among unfinished jobs, per class",
+            labels=["cls"],
+        )
+        at_risk = GaugeMetricFamily(
+            "radserve_jobs_at_deadline_risk",
+            "Unfinished jobs a deadline-risk event was raised for, per class",
+            labels=["cls"],
+        )
+        classes = {r.job_id: r.cls for r in owner.at_risk()}
+        by_class: dict[str, float] = {}
+        cls_of = {j.job_id: j.cls for j in owner.scheduler.queue_order()[1]}
+        for eta in etas:
+            cls = cls_of.get(eta.job_id)
+            if cls is None:
+                continue
+            name = cls.value
+            by_class[name] = max(by_class.get(name, 0.0), eta.finish - now)
+        for cls in PriorityClass:
+            name = cls.value
+            eta_max.add_metric([name], round(by_class.get(name, 0.0), 3))
+            at_risk.add_metric([name], sum(1 for c in classes.values() if c is cls))
+        yield eta_max
+        yield at_risk
+
+
+class _Webhook:
+    """JSON POSTs on a thread of their own: bounded queue, a few retries, never blocking
+    the scheduler (an alert that cannot be delivered is logged and counted as dropped)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.queue: queue.Queue[dict[str, Any] | None] = queue.Queue(_WEBHOOK_QUEUE)
+        self.thread: threading.Thread | None = None
+        self.sent = 0
+        self.dropped = 0
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="radserve-risk-webhook", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        with contextlib.suppress(queue.Full):
+            self.queue.put_nowait(None)
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+
+    def send(self, body: dict[str, Any]) -> None:
+        try:
+            self.queue.put_nowait(body)
+        except queue.Full:
+            self.dropped += 1
+            logger.error("deadline-risk webhook: queue full, alert for %s dropped", body["job_id"])
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=5.0) as client:
+            while (body := self.queue.get()) is not None:
+                for delay in (*_WEBHOOK_RETRIES, None):
+                    try:
+                        response = client.post(self.url, json=body)
+                        response.raise_for_status()
+                        self.sent += 1
+                        break
+                    except httpx.HTTPError as exc:
+                        if delay is None:
+                            self.dropped += 1
+                            logger.error("deadline-risk webhook failed: %s", type(exc).__name__)
+                            break
+                        time.sleep(delay)
+
+
+def learn_from_store(model: ServiceTimeModel, store: Store, device: str, limit: int) -> int:
+    """Teach ``model`` the last ``limit`` succeeded jobs in ``store`` (oldest first): their
+    stage timings, and their size from the report file; the jobs ran on ``device``."""
+    if limit <= 0:
+        return 0
+    try:
+        page = store.list_jobs(state=StoredState.SUCCEEDED, limit=limit)
+    except Exception as exc:  # the server runs without history
+        logger.warning("service times: no history read (%s)", type(exc).__name__)
+        return 0
+    return learn_records(model, reversed(page.items), device)
+
+
+def learn_records(model: ServiceTimeModel, records: Iterable[JobRecord], device: str) -> int:
+    """Teach ``model`` these succeeded jobs (in order): their stage timings, and their
+    size from the report file; the jobs ran on ``device``."""
+    learned = 0
+    for record in records:
+        if record.cached_from or not record.result_path or not record.stage_timings:
+            continue
+        size = _report_size(Path(record.result_path))
+        if size is None:
+            continue
+        model.observe(
+            pipeline=record.pipeline_name,
+            device=device,
+            precision=record.precision,
+            size=size,
+            timings=dict(record.stage_timings),
+        )
+        learned += 1
+    return learned
+
+
+def history_arrivals(store: Store, limit: int) -> list[tuple[float, PriorityClass]]:
+    """The last ``limit`` jobs' arrivals (seconds from the first) and classes, oldest
+    first, cache answers left out: a trace ``radserve plan --replay`` runs again."""
+    page = store.list_jobs(limit=min(limit, 1000))
+    items, cursor = list(page.items), page.next_cursor
+    while cursor is not None and len(items) < limit:
+        page = store.list_jobs(limit=min(1000, limit - len(items)), cursor=cursor)
+        items += page.items
+        cursor = page.next_cursor
+    jobs = sorted((r for r in items if not r.cached_from), key=lambda r: r.arrival)
+    if not jobs:
+        return []
+    first = jobs[0].arrival
+    return [((r.arrival - first).total_seconds(), r.priority_class) for r in jobs]
+
+
+def _study_size(folder: Path) -> StudySize | None:
+    """Slices of a stored study, counted as its instance files (None: unknown)."""
+    try:
+        with os.scandir(folder) as it:
+            count = sum(1 for entry in it if entry.is_file() and not entry.name.endswith(".gz"))
+    except OSError:
+        return None
+    return StudySize(count) if count > 1 else None
+
+
+def _report_size(result_dir: Path) -> StudySize | None:
+    """The study size a finished job's report states (its geometry's shape)."""
+    try:
+        data = json.loads((result_dir / "report.json").read_text())
+        return StudySize.from_shape(data["geometry"]["shape"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _utc(posix: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(posix, dt.UTC)
+
+
+def _iso(posix: float) -> str:
+    return _utc(posix).isoformat()
+
+
+__all__ = [
+    "DEADLINE_RISK",
+    "JobEta",
+    "MissReport",
+    "RiskEvent",
+    "Turnaround",
+    "history_arrivals",
+    "learn_from_store",
+    "learn_records",
+]

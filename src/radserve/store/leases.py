@@ -1,0 +1,192 @@
+"""Job leases: which replica runs an unfinished job, and for how long it may.
+
+Several radserve replicas share one database. The replica that accepts a job holds
+its lease from the job's creation (``jobs.lease_owner`` = ``<instance id>/<incarnation>``,
+``jobs.lease_expires``) and renews every lease it holds while it lives
+(:meth:`LeaseMixin.renew_leases`). Another replica takes a job over
+(:meth:`LeaseMixin.claim_jobs`, ``SELECT ... FOR UPDATE SKIP LOCKED`` on PostgreSQL)
+only once its lease has expired: the job goes back to ``queued`` under the new owner,
+and the outbox rows the old owner held for it (deliveries of a result it never
+recorded) are deleted in the same transaction.
+
+What makes a job produce exactly one result is the fence, not the clock: the writes of
+a run -- ``running``, ``failed``, the result -- carry the writer's owner and match only
+while the row still names it (:class:`LeaseLostError` otherwise), so a replica that was
+merely slow (paused, cut off) and comes back after a take-over writes nothing. Its
+result files went to a folder of its own (see :func:`result_folder_name`).
+
+With SQLite (one server, the embedded default) the server holds every lease: at start
+it claims every unfinished job, as restart recovery always did.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, or_, select, update
+
+from radserve.audit.events import Action, job_event
+from radserve.store import audit as audit_log
+from radserve.store import jobs as jobq
+from radserve.store.base import StoreBase
+from radserve.store.errors import InvalidTransitionError
+from radserve.store.models import Job, OutboxDelivery
+from radserve.store.records import JobRecord, JobState, utc_now
+
+logger = logging.getLogger(__name__)
+
+UNFINISHED = (JobState.RECEIVED.value, JobState.QUEUED.value, JobState.RUNNING.value)
+HELD = "held"  # outbox state of deliveries whose result is not recorded yet
+
+
+class LeaseLostError(InvalidTransitionError):
+    """The job's lease passed to another replica: this replica's run of it is void."""
+
+    code = "lease_lost"
+    retryable = False
+
+
+@dataclass(frozen=True)
+class Lease:
+    """This process's identity as a lease holder, and how long a lease lasts."""
+
+    owner: str  # "<instance id>/<incarnation>"
+    duration: dt.timedelta
+
+    @classmethod
+    def new(cls, instance: str, seconds: float) -> Lease:
+        """A new incarnation of ``instance`` (each server start is one)."""
+        return cls(f"{instance}/{uuid.uuid4().hex[:12]}", dt.timedelta(seconds=seconds))
+
+    @property
+    def instance(self) -> str:
+        return self.owner.rsplit("/", 1)[0]
+
+    @property
+    def incarnation(self) -> str:
+        return self.owner.rsplit("/", 1)[-1]
+
+    def until(self, now: dt.datetime) -> dt.datetime:
+        return now + self.duration
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A job this replica took (back) at start or over from a replica whose lease expired."""
+
+    record: JobRecord
+    previous_owner: str | None
+    previous_state: str
+
+    @property
+    def handed_over(self) -> bool:
+        """Whether it was another server's (not this instance's earlier incarnation)."""
+        if self.previous_owner is None:
+            return False
+        current = (self.record.lease_owner or "").rsplit("/", 1)[0]
+        return self.previous_owner.rsplit("/", 1)[0] != current
+
+
+def result_folder_name(job_id: str, claimed: Claimed | None, lease: Lease) -> str:
+    """The job's result folder name: ``<job id>``, or ``<job id>.<incarnation>`` for a
+    job taken over from another replica, which may still be writing into ``<job id>``."""
+    if claimed is not None and claimed.handed_over:
+        return f"{job_id}.{lease.incarnation}"
+    return job_id
+
+
+class LeaseMixin(StoreBase):
+    """Lease operations of :class:`radserve.store.Store`."""
+
+    def renew_leases(self, lease: Lease, *, now: dt.datetime | None = None) -> set[str]:
+        """Extend every lease ``lease.owner`` holds on an unfinished job; returns their ids
+        (a job this replica runs and that is not among them was taken over or finished
+        elsewhere)."""
+        now = now or utc_now()
+        with self._write(audited=False) as session:
+            rows = session.execute(
+                update(Job)
+                .where(Job.lease_owner == lease.owner, Job.state.in_(UNFINISHED))
+                .values(lease_expires=lease.until(now))
+                .returning(Job.id)
+                .execution_options(synchronize_session=False)
+            ).all()
+        return {row[0] for row in rows}
+
+    def claim_jobs(
+        self,
+        lease: Lease,
+        *,
+        shared: bool,
+        now: dt.datetime | None = None,
+        limit: int | None = None,
+    ) -> list[Claimed]:
+        """Take unfinished jobs for ``lease.owner``, earliest deadline first: received
+        and running ones go back to ``queued``; each is audited (``job.requeued`` with
+        the reason and the previous owner). ``attempts`` is kept, so a study that kills
+        every server that runs it reaches the retry limit instead of looping.
+
+        ``shared`` (other replicas use this database): only jobs whose lease expired or
+        that have none, and those of this instance's earlier incarnations; else every
+        unfinished job (a single server owns them all)."""
+        now = now or utc_now()
+        query = (
+            select(Job)
+            .where(
+                Job.state.in_(UNFINISHED),
+                or_(Job.lease_owner.is_(None), Job.lease_owner != lease.owner),
+            )
+            .order_by(Job.deadline, Job.arrival, Job.id)
+            .with_for_update(skip_locked=True)
+        )
+        if shared:
+            query = query.where(
+                or_(
+                    Job.lease_owner.is_(None),
+                    Job.lease_expires.is_(None),
+                    Job.lease_expires < now,
+                    Job.lease_owner.like(f"{_escape_like(lease.instance)}/%", escape="\\"),
+                )
+            )
+        if limit is not None:
+            query = query.limit(limit)
+        claimed: list[Claimed] = []
+        with self._write() as session:
+            for row in session.scalars(query).all():
+                previous_owner, previous_state = row.lease_owner, row.state
+                row.state = JobState.QUEUED.value
+                row.lease_owner, row.lease_expires = lease.owner, lease.until(now)
+                row.updated = now
+                session.flush()
+                session.execute(
+                    delete(OutboxDelivery).where(
+                        OutboxDelivery.job_id == row.id, OutboxDelivery.state == HELD
+                    )
+                )
+                record = jobq.to_record(row)
+                item = Claimed(record, previous_owner, previous_state)
+                reason = "lease_expired" if item.handed_over else "restart_recovery"
+                extra: dict[str, Any] = {"reason": reason, "previous_state": previous_state}
+                if previous_owner is not None:
+                    extra["previous_owner"] = previous_owner
+                audit_log.append(session, job_event(Action.JOB_REQUEUED, record, extra=extra))
+                claimed.append(item)
+        if claimed:
+            over = sum(1 for c in claimed if c.handed_over)
+            logger.warning(
+                "leases: %d unfinished job(s) claimed (%d taken over from other replicas)",
+                len(claimed),
+                over,
+            )
+        return claimed
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+__all__ = ["HELD", "Claimed", "Lease", "LeaseLostError", "LeaseMixin", "result_folder_name"]

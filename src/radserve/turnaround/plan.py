@@ -1,0 +1,374 @@
+"""Capacity planning on top of the simulation: service times from the learned model,
+arrival rates from the command line (or a replayed history), the smallest number of
+devices meeting per-class targets, and TAT against arrival rate as a plot.
+
+The plot is an SVG written here (no plotting library is a dependency); with matplotlib
+installed a ``.png`` path is drawn with it instead.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+import numpy as np
+
+from radserve.config import SchedulerSettings
+from radserve.domain.priority import PriorityClass
+from radserve.turnaround.service_time import DEVICE_SUFFIX, RUN, ServiceTimeModel, StudySize
+from radserve.turnaround.simulate import (
+    Arrival,
+    JobService,
+    ServiceSampler,
+    SimConfig,
+    SimResult,
+    poisson_trace,
+    simulate,
+    split_batches,
+)
+
+_PER = {"s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_RATE = re.compile(r"^\s*([0-9.]+(?:e-?[0-9]+)?)\s*(?:/\s*(s|min|m|h|d))?\s*$")
+_DURATION = re.compile(r"^\s*([0-9.]+)\s*(s|min|m|h)?\s*$")
+
+
+class PlanInputError(ValueError):
+    """A rate, target or duration the planner cannot read."""
+
+
+def parse_rates(text: str) -> dict[PriorityClass, float]:
+    """``urgent=2/h,inpatient=10/h,outpatient=0.5/min`` -> arrivals per second."""
+    out: dict[PriorityClass, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        match = _RATE.match(value)
+        if not match:
+            raise PlanInputError(f"rate {part!r}: expected CLASS=NUMBER/UNIT (s|min|h|d)")
+        cls = _class(name)
+        out[cls] = float(match.group(1)) / _PER[match.group(2) or "h"]
+    return out
+
+
+def parse_targets(text: str) -> dict[PriorityClass, float]:
+    """``urgent=300s,inpatient=10min`` -> p95 TAT targets in seconds."""
+    out: dict[PriorityClass, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        match = _DURATION.match(value)
+        if not match:
+            raise PlanInputError(f"target {part!r}: expected CLASS=NUMBER[s|min|h]")
+        out[_class(name)] = float(match.group(1)) * _PER[match.group(2) or "s"]
+    return out
+
+
+def _class(name: str) -> PriorityClass:
+    try:
+        return PriorityClass.parse(name)
+    except ValueError as exc:
+        raise PlanInputError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class ModelSampler:
+    """Job service drawn from a :class:`ServiceTimeModel`: the study size from the sizes
+    seen (else the typical one), the steps' lines at that size, lognormal noise with the
+    spread the model measured (at least ``min_cv``)."""
+
+    model: ServiceTimeModel
+    pipeline: str
+    device: str
+    precision: str
+    batch_slices: int = 32
+    min_cv: float = 0.05
+
+    def __call__(self, rng: np.random.Generator, cls: PriorityClass) -> JobService:
+        sizes = self.model.sizes()
+        slices = int(rng.choice(sizes)) if sizes else self.model.typical_size().slices
+        size = StudySize(slices)
+        steps = self.model.step_seconds(
+            pipeline=self.pipeline, device=self.device, precision=self.precision, size=size
+        )
+        est = self.model.estimate(
+            pipeline=self.pipeline, device=self.device, precision=self.precision, size=size
+        )
+        cv = max(self.min_cv, 1.4826 * est.spread_s / max(est.latency_s, 1e-9))
+        noise = float(rng.lognormal(-cv * cv / 2, cv))
+        if not steps:  # the prior only: its device share, ingest a third of the CPU work
+            return JobService(
+                est.cpu_s / 3 * noise,
+                split_batches(est.device_s * noise, slices, self.batch_slices),
+                est.cpu_s * 2 / 3 * noise,
+            )
+        pre = steps.get("ingest", 0.0)
+        device = sum(v for k, v in steps.items() if k.endswith(DEVICE_SUFFIX))
+        post = sum(v for k, v in steps.items() if k not in ("ingest", RUN)) - device
+        return JobService(
+            pre * noise,
+            split_batches(device * noise, slices, self.batch_slices),
+            max(0.0, post) * noise,
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One simulated configuration and whether it meets the targets."""
+
+    devices: int
+    result: SimResult
+    meets: bool | None  # None without targets
+
+    def as_dict(self) -> dict[str, object]:
+        return {"devices": self.devices, "meets_targets": self.meets, **self.result.as_dict()}
+
+
+def meets(result: SimResult, targets: Mapping[PriorityClass, float]) -> bool:
+    """Every targeted class's p95 TAT within its target (a class with no jobs passes)."""
+    for cls, target in targets.items():
+        got = result.classes.get(cls)
+        if got is not None and got.tat_p95_s > target:
+            return False
+    return True
+
+
+def run_plan(
+    trace: Sequence[Arrival],
+    sampler: ServiceSampler,
+    *,
+    devices: int,
+    cpu_workers: int,
+    scheduler: SchedulerSettings,
+    seed: int,
+    warmup_s: float,
+    targets: Mapping[PriorityClass, float] | None = None,
+    cores_per_device: int | None = None,
+) -> Plan:
+    result = simulate(
+        trace,
+        sampler,
+        _config(devices, cpu_workers, scheduler, cores_per_device),
+        seed=seed,
+        warmup_s=warmup_s,
+    )
+    return Plan(devices, result, meets(result, targets) if targets else None)
+
+
+def _config(
+    devices: int, cpu_workers: int, scheduler: SchedulerSettings, cores_per_device: int | None
+) -> SimConfig:
+    """The simulated host; ``cores_per_device``: each device is a CPU host of that many
+    cores, shared by its batches and its CPU stages (None: separate hardware)."""
+    cores = None if cores_per_device is None else cores_per_device * devices
+    return SimConfig(devices, cpu_workers, scheduler, host_cores=cores)
+
+
+def offered_load(
+    trace: Sequence[Arrival], sampler: ServiceSampler, seed: int, samples: int = 500
+) -> tuple[float, float]:
+    """(device, CPU) busy seconds per second the trace brings: a host with fewer devices
+    (or CPU workers) than that is overloaded and need not be simulated."""
+    if not trace:
+        return 0.0, 0.0
+    span = max(trace[-1].at - trace[0].at, 1.0)
+    rng = np.random.default_rng([seed, 7])
+    picks = rng.choice(len(trace), size=min(samples, len(trace)), replace=False)
+    device = cpu = 0.0
+    for i in picks:
+        job = sampler(rng, trace[int(i)].cls)
+        device += sum(job.batches_s)
+        cpu += job.cpu_pre_s + job.cpu_post_s
+    per_job = len(trace) / span / len(picks)
+    return device * per_job, cpu * per_job
+
+
+def find_devices(
+    trace: Sequence[Arrival],
+    sampler: ServiceSampler,
+    *,
+    targets: Mapping[PriorityClass, float],
+    cpu_workers_per_device: int,
+    scheduler: SchedulerSettings,
+    seed: int,
+    warmup_s: float,
+    max_devices: int = 64,
+    cores_per_device: int | None = None,
+) -> tuple[Plan | None, list[Plan], int]:
+    """The smallest device count (1..max_devices) whose simulation meets ``targets``;
+    CPU workers grow with the devices (``cpu_workers_per_device`` each). Counts whose
+    offered load is at or above 95 % of capacity are not simulated (the queue would
+    only grow); the third value is the first count simulated."""
+    device_load, cpu_load = offered_load(trace, sampler, seed)
+    first = max(
+        1,
+        math.floor(device_load / 0.95) + 1,
+        math.floor(cpu_load / (0.95 * cpu_workers_per_device)) + 1,
+    )
+    tried: list[Plan] = []
+    for n in range(first, max_devices + 1):
+        plan = run_plan(
+            trace,
+            sampler,
+            devices=n,
+            cpu_workers=cpu_workers_per_device * n,
+            scheduler=scheduler,
+            seed=seed,
+            warmup_s=warmup_s,
+            targets=targets,
+            cores_per_device=cores_per_device,
+        )
+        tried.append(plan)
+        if plan.meets:
+            return plan, tried, first
+    return None, tried, first
+
+
+@dataclass(frozen=True)
+class Curve:
+    """p50 / p95 TAT per class at each arrival-rate scale."""
+
+    scales: tuple[float, ...]
+    p50: dict[PriorityClass, list[float]]
+    p95: dict[PriorityClass, list[float]]
+
+
+def tat_curve(
+    rates: Mapping[PriorityClass, float],
+    sampler: ServiceSampler,
+    *,
+    devices: int,
+    cpu_workers: int,
+    scheduler: SchedulerSettings,
+    duration_s: float,
+    seed: int,
+    scales: Sequence[float] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0),
+    cores_per_device: int | None = None,
+) -> Curve:
+    p50: dict[PriorityClass, list[float]] = {c: [] for c in rates}
+    p95: dict[PriorityClass, list[float]] = {c: [] for c in rates}
+    for scale in scales:
+        trace = poisson_trace({c: r * scale for c, r in rates.items()}, duration_s, seed)
+        config = _config(devices, cpu_workers, scheduler, cores_per_device)
+        result = simulate(trace, sampler, config, seed=seed + 1)
+        for cls in rates:
+            got = result.classes.get(cls)
+            p50[cls].append(got.tat_p50_s if got else math.nan)
+            p95[cls].append(got.tat_p95_s if got else math.nan)
+    return Curve(tuple(scales), p50, p95)
+
+
+_COLOURS = {
+    PriorityClass.URGENT: "#c0392b",
+    PriorityClass.INPATIENT: "#d68910",
+    PriorityClass.OUTPATIENT: "#2471a3",
+}
+
+
+def write_plot(curve: Curve, rates: Mapping[PriorityClass, float], path: Path) -> str:
+    """TAT vs total arrival rate; PNG via matplotlib when asked for and installed, else
+    SVG. Returns what was written ("png" or "svg")."""
+    path = Path(path)
+    total_h = sum(rates.values()) * 3600
+    xs = [s * total_h for s in curve.scales]
+    if path.suffix.lower() == ".png":
+        try:
+            import matplotlib  # type: ignore[import-not-found]
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt  # type: ignore[import-not-found]
+        except ImportError:
+            path = path.with_suffix(".svg")
+        else:
+            fig, ax = plt.subplots(figsize=(7, 4.5))
+            for cls in curve.p95:
+                ax.plot(xs, curve.p95[cls], "-o", color=_COLOURS[cls], label=f"{cls.value} p95")
+                ax.plot(xs, curve.p50[cls], "--", color=_COLOURS[cls], label=f"{cls.value} p50")
+            ax.set_xlabel("arrivals per hour (all classes)")
+            ax.set_ylabel("turnaround (s)")
+            ax.set_yscale("log")
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            fig.savefig(path, dpi=120)
+            plt.close(fig)
+            return "png"
+    path.write_text(_svg(curve, xs))
+    return "svg"
+
+
+def _svg(curve: Curve, xs: list[float]) -> str:
+    width, height, left, bottom, top, right = 720, 440, 70, 50, 20, 160
+    values = [v for d in (curve.p50, curve.p95) for vs in d.values() for v in vs if v > 0]
+    lo = math.log10(min(values)) if values else 0.0
+    hi = math.log10(max(values)) if values else 1.0
+    if hi - lo < 1e-6:
+        hi = lo + 1
+    x0, x1 = min(xs), max(xs)
+
+    def px(x: float) -> float:
+        return left + (x - x0) / max(x1 - x0, 1e-9) * (width - left - right)
+
+    def py(y: float) -> float:
+        return height - bottom - (math.log10(y) - lo) / (hi - lo) * (height - top - bottom)
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" '
+        f'y2="{height - bottom}" stroke="black"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="black"/>',
+        f'<text x="{(width - right + left) / 2}" y="{height - 12}" text-anchor="middle">'
+        "arrivals per hour (all classes)</text>",
+        f'<text x="16" y="{(height - bottom + top) / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 16 {(height - bottom + top) / 2})">turnaround (s, log)</text>',
+    ]
+    for x in xs:
+        parts.append(
+            f'<text x="{px(x):.1f}" y="{height - bottom + 16}" text-anchor="middle">{x:.3g}</text>'
+        )
+    for exp in range(math.floor(lo), math.ceil(hi) + 1):
+        y = py(10.0**exp)
+        if top - 1 <= y <= height - bottom + 1:
+            parts.append(
+                f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{10.0**exp:g}</text>'
+            )
+    row = 0
+    for cls in curve.p95:
+        colour = _COLOURS[cls]
+        for label, series, dash in (("p95", curve.p95[cls], ""), ("p50", curve.p50[cls], "5,4")):
+            points = " ".join(
+                f"{px(x):.1f},{py(v):.1f}" for x, v in zip(xs, series, strict=True) if v > 0
+            )
+            parts.append(
+                f'<polyline fill="none" stroke="{colour}" stroke-width="2" '
+                f'stroke-dasharray="{dash}" points="{points}"/>'
+            )
+            ly = top + 14 + 18 * row
+            parts.append(
+                f'<line x1="{width - right + 10}" y1="{ly - 4}" x2="{width - right + 36}" '
+                f'y2="{ly - 4}" stroke="{colour}" stroke-width="2" stroke-dasharray="{dash}"/>'
+            )
+            parts.append(
+                f'<text x="{width - right + 42}" y="{ly}">{escape(cls.value)} {label}</text>'
+            )
+            row += 1
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+__all__ = [
+    "Curve",
+    "ModelSampler",
+    "Plan",
+    "PlanInputError",
+    "find_devices",
+    "meets",
+    "offered_load",
+    "parse_rates",
+    "parse_targets",
+    "run_plan",
+    "tat_curve",
+    "write_plot",
+]

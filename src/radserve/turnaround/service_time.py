@@ -1,0 +1,324 @@
+"""How long a job's steps take, learned from what the scheduler measured.
+
+Every finished job brings its stage timings (the scheduler's ``Job.timings``: ``ingest``,
+``<model>: prepare|infer|merge|postprocess``, ``report``, and ``run``, its start-to-finish
+wall time) and its study size (slices, voxels). Per (pipeline, step, device, precision)
+the model keeps the most recent samples and fits *seconds = intercept + slope x slices*
+robustly (Theil-Sen: the median of pairwise slopes, so one job slowed by a noisy
+neighbour does not tilt the line). Until a key has samples spread over sizes, the bench
+prior's shape is scaled to the samples it has (the median ratio measured / prior); with
+no sample at all the prior itself answers. Thread-safe; updating is O(window).
+
+The steps are wall times on a shared host: under load they include waiting for a CPU
+core, which is what a job will also see, so the ETA built on them is honest about it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# The step names that are not steps: waiting, and the totals the scheduler adds.
+_NOT_STEPS = frozenset({"queue", "total"})
+RUN = "run"  # started -> finished wall time of the whole job
+DEVICE_SUFFIX = ": infer"
+WINDOW = 200
+MIN_SPREAD = 1.25  # largest / smallest size before a slope is fitted from data
+
+
+@dataclass(frozen=True)
+class StudySize:
+    """What a study's service time scales with."""
+
+    slices: int
+    voxels: int | None = None
+
+    @classmethod
+    def from_shape(cls, shape: Iterable[int]) -> StudySize:
+        dims = [int(d) for d in shape]
+        return cls(slices=dims[0], voxels=math.prod(dims))
+
+
+@dataclass(frozen=True)
+class StepKey:
+    pipeline: str
+    step: str
+    device: str
+    precision: str
+
+    @property
+    def on_device(self) -> bool:
+        """Device time (the batches of a model), as opposed to CPU-pool stages."""
+        return self.step.endswith(DEVICE_SUFFIX)
+
+    def label(self) -> str:
+        return f"{self.pipeline}/{self.step}@{self.device}/{self.precision}"
+
+
+@dataclass(frozen=True)
+class Prior:
+    """Seconds = fixed + per_slice x slices for a whole job, before anything is measured.
+
+    Defaults from the README's bench figures: the reference pipeline (organs + lesions)
+    ran a 300-slice CT in 5.6 s at FP32 on this two-core host, 0.9 s of it ingest and
+    report overhead (0.5 s fixed + 0.017 s per slice). ``device_share``: the part of a
+    job spent in model batches (about 0.5 there: 2.8 s of 5.6 s)."""
+
+    fixed_s: float = 0.5
+    per_slice_s: float = 0.017
+    device_share: float = 0.5
+
+    def seconds(self, size: StudySize) -> float:
+        return self.fixed_s + self.per_slice_s * size.slices
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One key's current line and how much to trust it."""
+
+    intercept: float
+    slope: float  # seconds per slice
+    samples: int
+    spread: float  # median absolute residual (seconds): the noise around the line
+    source: str  # "fitted" | "scaled-prior" | "prior"
+
+    def seconds(self, size: StudySize) -> float:
+        return max(0.0, self.intercept + self.slope * size.slices)
+
+
+@dataclass(frozen=True)
+class JobEstimate:
+    """A job's predicted service: CPU-pool and device work, and its start-to-finish
+    wall time alone (``latency``)."""
+
+    cpu_s: float
+    device_s: float
+    latency_s: float
+    spread_s: float
+    source: str
+
+    @property
+    def work_s(self) -> float:
+        return self.cpu_s + self.device_s
+
+
+@dataclass
+class _Samples:
+    x: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    y: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    fit: Fit | None = None
+
+
+class ServiceTimeModel:
+    """Per-(pipeline, step, device, precision) service-time lines, updated online."""
+
+    def __init__(self, prior: Prior | None = None) -> None:
+        self.prior = prior or Prior()
+        self._keys: dict[StepKey, _Samples] = {}
+        self._steps: dict[tuple[str, str, str], list[str]] = {}  # pipeline group -> steps
+        self._sizes: deque[int] = deque(maxlen=WINDOW)
+        self._lock = threading.Lock()
+        # estimate() answers by (pipeline, device, precision, slices), cleared when the
+        # model learns: an ETA walk over 1,000 jobs asks for a handful of distinct ones
+        self._memo: dict[tuple[str, str, str, int], JobEstimate] = {}
+
+    # --- learning -----------------------------------------------------------------------
+    def observe(
+        self,
+        *,
+        pipeline: str,
+        device: str,
+        precision: str,
+        size: StudySize,
+        timings: Mapping[str, float],
+    ) -> None:
+        """One finished job: its stage timings (seconds) and study size."""
+        if size.slices <= 0:
+            return
+        group = (pipeline, device, precision)
+        with self._lock:
+            self._memo.clear()
+            self._sizes.append(size.slices)
+            steps = self._steps.setdefault(group, [])
+            for name, seconds in timings.items():
+                if name in _NOT_STEPS or not math.isfinite(seconds) or seconds < 0:
+                    continue
+                if name != RUN and name not in steps:
+                    steps.append(name)
+                key = StepKey(pipeline, name, device, precision)
+                samples = self._keys.setdefault(key, _Samples())
+                samples.x.append(float(size.slices))
+                samples.y.append(float(seconds))
+                samples.fit = _fit(samples, self._prior_step(key, steps))
+
+    def _prior_step(self, key: StepKey, steps: list[str]) -> Fit:
+        """The prior's share for one step: the whole-job line for ``run``, else split
+        evenly among the device steps (device_share) or the CPU steps (the rest)."""
+        p = self.prior
+        if key.step == RUN:
+            return Fit(p.fixed_s, p.per_slice_s, 0, 0.0, "prior")
+        device = [s for s in steps if s.endswith(DEVICE_SUFFIX)] or [key.step]
+        cpu = [s for s in steps if not s.endswith(DEVICE_SUFFIX)] or [key.step]
+        if key.on_device:
+            share = p.device_share / len(device)
+            return Fit(0.0, p.per_slice_s * share, 0, 0.0, "prior")
+        share = (1 - p.device_share) / len(cpu)
+        return Fit(p.fixed_s / len(cpu), p.per_slice_s * share, 0, 0.0, "prior")
+
+    # --- predicting ---------------------------------------------------------------------
+    def typical_size(self) -> StudySize:
+        """The median study seen (300 slices before any): for a study of unknown size."""
+        with self._lock:
+            sizes = list(self._sizes)
+        return StudySize(int(np.median(sizes)) if sizes else 300)
+
+    def sizes(self) -> list[int]:
+        """The study sizes (slices) of the jobs in the window, oldest first."""
+        with self._lock:
+            return list(self._sizes)
+
+    def groups(self) -> list[tuple[str, str, str]]:
+        """(pipeline, device, precision) groups that have measured steps."""
+        with self._lock:
+            return list(self._steps)
+
+    def step_seconds(
+        self, *, pipeline: str, device: str, precision: str, size: StudySize
+    ) -> dict[str, float]:
+        """Each measured step's predicted seconds at ``size`` (empty: nothing measured)."""
+        with self._lock:
+            steps = list(self._steps.get((pipeline, device, precision), ()))
+            fits = {s: self._fit_of(StepKey(pipeline, s, device, precision)) for s in steps}
+        return {s: f.seconds(size) for s, f in fits.items() if f is not None}
+
+    def estimate(
+        self, *, pipeline: str, device: str, precision: str, size: StudySize
+    ) -> JobEstimate:
+        """The predicted service of one job (the prior's when nothing was measured)."""
+        memo_key = (pipeline, device, precision, size.slices)
+        with self._lock:
+            known = self._memo.get(memo_key)
+            if known is not None:
+                return known
+            steps = list(self._steps.get((pipeline, device, precision), ()))
+            fits = {s: self._fit_of(StepKey(pipeline, s, device, precision)) for s in steps}
+            run = self._fit_of(StepKey(pipeline, RUN, device, precision))
+        if not steps:
+            total = self.prior.seconds(size)
+            device_s = total * self.prior.device_share
+            estimate = JobEstimate(total - device_s, device_s, total, 0.0, "prior")
+        else:
+            cpu = sum(f.seconds(size) for s, f in fits.items() if not s.endswith(DEVICE_SUFFIX))
+            dev = sum(f.seconds(size) for s, f in fits.items() if s.endswith(DEVICE_SUFFIX))
+            latency = run.seconds(size) if run is not None else cpu + dev
+            spread = run.spread if run is not None else 0.0
+            source = run.source if run is not None else "fitted"
+            estimate = JobEstimate(cpu, dev, max(latency, 1e-3), spread, source)
+        with self._lock:
+            if len(self._memo) < 10_000:
+                self._memo[memo_key] = estimate
+        return estimate
+
+    def _fit_of(self, key: StepKey) -> Fit | None:
+        samples = self._keys.get(key)
+        return samples.fit if samples is not None else None
+
+    # --- exposing -----------------------------------------------------------------------
+    def describe(self) -> list[dict[str, object]]:
+        """Every key's line (GET /v1/ops/service-times, ``radserve plan``)."""
+        with self._lock:
+            items = sorted(self._keys.items(), key=lambda kv: kv[0].label())
+            out = []
+            for key, samples in items:
+                fit = samples.fit
+                if fit is None:
+                    continue
+                out.append(
+                    {
+                        **asdict(key),
+                        "on_device": key.on_device,
+                        "intercept_s": round(fit.intercept, 6),
+                        "seconds_per_slice": round(fit.slope, 8),
+                        "samples": fit.samples,
+                        "residual_s": round(fit.spread, 6),
+                        "source": fit.source,
+                    }
+                )
+        return out
+
+    def to_json(self) -> dict[str, object]:
+        """The model as data: the prior, the lines, and the raw windows (for replay)."""
+        with self._lock:
+            samples = [
+                {**asdict(k), "slices": list(s.x), "seconds": list(s.y)}
+                for k, s in self._keys.items()
+            ]
+            steps = [
+                {"pipeline": g[0], "device": g[1], "precision": g[2], "steps": list(v)}
+                for g, v in self._steps.items()
+            ]
+        return {
+            "prior": asdict(self.prior),
+            "lines": self.describe(),
+            "samples": samples,
+            "steps": steps,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> ServiceTimeModel:
+        """A model rebuilt from :meth:`to_json`'s output (or a file holding it)."""
+        prior = Prior(**data.get("prior", {}))  # type: ignore[arg-type]
+        model = cls(prior)
+        order = {
+            (g["pipeline"], g["device"], g["precision"]): list(g["steps"])
+            for g in data.get("steps", [])  # type: ignore[union-attr]
+        }
+        for row in data.get("samples", []):  # type: ignore[union-attr]
+            key = StepKey(row["pipeline"], row["step"], row["device"], row["precision"])
+            group = (key.pipeline, key.device, key.precision)
+            steps = model._steps.setdefault(group, order.get(group, []))
+            if key.step != RUN and key.step not in steps:
+                steps.append(key.step)
+            samples = model._keys.setdefault(key, _Samples())
+            samples.x.extend(float(v) for v in row["slices"])
+            samples.y.extend(float(v) for v in row["seconds"])
+            model._sizes.extend(int(v) for v in row["slices"][-WINDOW:])
+        for key, samples in model._keys.items():
+            steps = model._steps[(key.pipeline, key.device, key.precision)]
+            samples.fit = _fit(samples, model._prior_step(key, steps))
+        return model
+
+    @classmethod
+    def load(cls, path: Path) -> ServiceTimeModel:
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+def _fit(samples: _Samples, prior: Fit) -> Fit:
+    """Theil-Sen over the window; the prior's shape scaled by the median ratio when the
+    sizes are too alike to give a slope."""
+    x = np.asarray(samples.x, dtype=float)
+    y = np.asarray(samples.y, dtype=float)
+    n = len(x)
+    if n >= 3 and x.max() >= MIN_SPREAD * max(x.min(), 1.0):
+        i, j = np.triu_indices(n, k=1)
+        dx = x[j] - x[i]
+        keep = dx != 0
+        slope = max(0.0, float(np.median((y[j] - y[i])[keep] / dx[keep])))
+        intercept = float(np.median(y - slope * x))
+        spread = float(np.median(np.abs(y - (intercept + slope * x))))
+        return Fit(intercept, slope, n, spread, "fitted")
+    base = prior.intercept + prior.slope * x
+    ratio = float(np.median(y / np.maximum(base, 1e-9)))
+    fitted = Fit(prior.intercept * ratio, prior.slope * ratio, n, 0.0, "scaled-prior")
+    spread = float(np.median(np.abs(y - (fitted.intercept + fitted.slope * x))))
+    return Fit(fitted.intercept, fitted.slope, n, spread, "scaled-prior")
+
+
+__all__ = ["RUN", "Fit", "JobEstimate", "Prior", "ServiceTimeModel", "StepKey", "StudySize"]

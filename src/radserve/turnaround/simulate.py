@@ -1,0 +1,370 @@
+"""A discrete-event simulation (SimPy) of radserve's scheduling policy, for planning.
+
+What is simulated is what :mod:`radserve.scheduling` does, at the grain that decides
+turnaround:
+
+- a job arrives (Poisson per class, or a replayed trace), gets ``deadline = arrival +
+  TAT``, and waits until it may start: URGENT at once, routine work while fewer than
+  ``max_running`` routine jobs are started, and (``urgent_exclusive``) no other work
+  while an URGENT job is unfinished;
+- a started job runs a CPU stage (ingest), its device work as batches of at most
+  ``batch_slices`` slices, then a CPU stage (post-processing and report); CPU stages
+  take one of ``cpu_workers`` threads (plus, with ``urgent_lane``, one thread that
+  takes URGENT work only, as the server's executor has), batches one of ``devices``;
+- when the devices are the host's own cores (``host_cores``: a CPU device, whose
+  runtime runs a batch on ``device_threads`` threads, every core by default), the
+  cores are *shared* as the operating system shares them: every running unit (a batch:
+  its threads, a CPU stage: one) progresses at ``min(1, cores / threads running)`` of
+  its speed alone (processor sharing, :class:`_SharedCores`), so a batch and a CPU
+  stage at once both slow down, neither waits for the other. (Until 2026-12-01 a batch
+  *held* every core and waited for running CPU stages to end: on a 2-core host that
+  over-predicted routine p50 TAT by 70-147 %, README);
+- every free worker takes the best-ranked job that has work of its kind, with the
+  scheduler's own ranking (:func:`radserve.scheduling.state.effective_class`: class
+  after aging, then earliest deadline), so URGENT overtakes at the next batch boundary.
+
+Not simulated: dynamic batching of several studies into one device call, batch
+preparation and merging as separate CPU units (they are folded into the stages),
+retries and failures, memory. Deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+
+from radserve.config import SchedulerSettings
+from radserve.domain.priority import PriorityClass
+from radserve.scheduling.state import effective_class
+
+URGENT = PriorityClass.URGENT
+
+
+@dataclass(frozen=True)
+class JobService:
+    """One job's work (seconds): CPU before the device, device batches, CPU after."""
+
+    cpu_pre_s: float
+    batches_s: tuple[float, ...]
+    cpu_post_s: float
+
+
+ServiceSampler = Callable[[np.random.Generator, PriorityClass], JobService]
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at: float  # seconds from the start of the simulation
+    cls: PriorityClass
+    service: JobService | None = None  # None: drawn from the sampler
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The host and policy simulated."""
+
+    devices: int = 1
+    cpu_workers: int = 2
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    # the devices run on the host's cores (a CPU device): how many cores in all
+    host_cores: int | None = None
+    # threads a batch runs on when the device is the host's cores (None: host_cores /
+    # devices, as the server's CPU runtime sets intra-op threads to the cores)
+    device_threads: int | None = None
+    # one more CPU thread that takes URGENT work only (the server's executor has one)
+    urgent_lane: bool = True
+
+
+@dataclass(frozen=True)
+class ClassResult:
+    cls: PriorityClass
+    jobs: int
+    tat_mean_s: float
+    tat_p50_s: float
+    tat_p95_s: float
+    tat_p99_s: float
+    wait_mean_s: float  # arrival -> start
+    miss_rate: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "class": self.cls.value,
+            "jobs": self.jobs,
+            "tat_mean_s": round(self.tat_mean_s, 3),
+            "tat_p50_s": round(self.tat_p50_s, 3),
+            "tat_p95_s": round(self.tat_p95_s, 3),
+            "tat_p99_s": round(self.tat_p99_s, 3),
+            "wait_mean_s": round(self.wait_mean_s, 3),
+            "deadline_miss_rate": round(self.miss_rate, 4),
+        }
+
+
+@dataclass(frozen=True)
+class SimResult:
+    classes: dict[PriorityClass, ClassResult]
+    device_utilisation: float
+    cpu_utilisation: float
+    unfinished: int  # jobs still in the system when the simulation ended
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "classes": {c.value: r.as_dict() for c, r in self.classes.items()},
+            "device_utilisation": round(self.device_utilisation, 4),
+            "cpu_utilisation": round(self.cpu_utilisation, 4),
+            "unfinished": self.unfinished,
+        }
+
+
+@dataclass(eq=False)
+class _Job:
+    cls: PriorityClass
+    arrival: float
+    deadline: float
+    seq: int
+    service: JobService
+    started: float | None = None
+    phase: str = "queued"  # queued | pre | device | post | done
+    busy: bool = False  # a unit of it is being served
+    next_batch: int = 0
+    finished: float | None = None
+
+
+class _SharedCores:
+    """The host's cores shared by the units running on them, as the OS shares them
+    (processor sharing): a unit with ``threads`` threads and ``seconds`` of work alone
+    progresses at ``min(1, cores / all running threads)`` of its solo speed."""
+
+    def __init__(self, env: simpy.Environment, cores: int) -> None:
+        self.env = env
+        self.cores = cores
+        self.running: list[list[Any]] = []  # [solo seconds left, threads, done event]
+        self.last = 0.0
+        self.version = 0
+
+    def run(self, seconds: float, threads: int) -> simpy.Event:
+        """An event that fires when ``seconds`` of solo work on ``threads`` is done."""
+        self._settle()
+        done = self.env.event()
+        self.running.append([seconds, threads, done])
+        self._schedule()
+        return done
+
+    def _speed(self) -> float:
+        threads = sum(u[1] for u in self.running)
+        return min(1.0, self.cores / threads) if threads else 1.0
+
+    def _settle(self) -> None:
+        elapsed, self.last = self.env.now - self.last, self.env.now
+        speed = self._speed()
+        for unit in self.running:
+            unit[0] -= elapsed * speed
+
+    def _schedule(self) -> None:
+        self.version += 1
+        if not self.running:
+            return
+        version = self.version
+        wait = max(0.0, min(u[0] for u in self.running) / self._speed())
+        self.env.timeout(wait).callbacks.append(lambda _: self._due(version))
+
+    def _due(self, version: int) -> None:
+        if version != self.version:  # a unit started or ended since: rescheduled
+            return
+        self._settle()
+        for unit in [u for u in self.running if u[0] <= 1e-9]:
+            self.running.remove(unit)
+            unit[2].succeed()
+        self._schedule()
+
+
+class _Sim:
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.env = simpy.Environment()
+        self.jobs: list[_Job] = []  # unfinished
+        self.done: list[_Job] = []
+        self.changed = self.env.event()
+        self.device_busy = 0.0
+        self.cpu_busy = 0.0
+        cores = config.host_cores
+        self.cores = None if cores is None else _SharedCores(self.env, cores)
+        # threads a batch runs on: its device's share of the host
+        default = 1 if cores is None else max(1, cores // max(1, config.devices))
+        self.batch_threads = config.device_threads or default
+
+    # --- the policy ---------------------------------------------------------------------
+    def _rank(self, job: _Job) -> tuple[int, bool, float, int]:
+        sched = self.config.scheduler
+        eff = effective_class(job.cls, job.deadline, self.env.now, sched)
+        return (eff.rank, eff is URGENT and job.cls is not URGENT, job.deadline, job.seq)
+
+    def _eligible(self) -> list[_Job]:
+        jobs = self.jobs
+        if self.config.scheduler.urgent_exclusive and any(j.cls is URGENT for j in jobs):
+            jobs = [j for j in jobs if j.cls is URGENT]
+        return sorted(jobs, key=self._rank)
+
+    def _start_waiting(self, order: list[_Job]) -> None:
+        limit = self.config.scheduler.max_running
+        started = sum(1 for j in self.jobs if j.started is not None and j.cls is not URGENT)
+        for job in order:
+            if job.phase != "queued":
+                continue
+            if job.cls is not URGENT:
+                if started >= limit:
+                    continue
+                started += 1
+            job.started, job.phase = self.env.now, "pre"
+
+    def _take(self, kind: str) -> _Job | None:
+        order = self._eligible()
+        self._start_waiting(order)
+        for job in order:
+            if job.busy or (kind == "urgent" and job.cls is not URGENT):
+                continue
+            if kind in ("cpu", "urgent") and job.phase in ("pre", "post"):
+                return job
+            if kind == "device" and job.phase == "device":
+                return job
+        return None
+
+    def _notify(self) -> None:
+        event, self.changed = self.changed, self.env.event()
+        event.succeed()
+
+    # --- processes ----------------------------------------------------------------------
+    def arrivals(self, trace: Sequence[Arrival], sampler: ServiceSampler, rng: np.random.Generator):  # type: ignore[no-untyped-def]
+        for seq, a in enumerate(trace):
+            if a.at > self.env.now:
+                yield self.env.timeout(a.at - self.env.now)
+            service = a.service or sampler(rng, a.cls)
+            tat = self.config.scheduler.tat(a.cls)
+            self.jobs.append(_Job(a.cls, self.env.now, self.env.now + tat, seq, service))
+            self._notify()
+
+    def worker(self, kind: str):  # type: ignore[no-untyped-def]
+        while True:
+            job = self._take(kind)
+            if job is None:
+                yield self.changed
+                continue
+            job.busy = True
+            if kind == "device":
+                seconds = job.service.batches_s[job.next_batch]
+            else:
+                seconds = job.service.cpu_pre_s if job.phase == "pre" else job.service.cpu_post_s
+            if self.cores is not None and seconds > 0:
+                threads = self.batch_threads if kind == "device" else 1
+                yield self.cores.run(seconds, threads)
+            elif seconds > 0:
+                yield self.env.timeout(seconds)
+            if kind == "device":
+                self.device_busy += seconds
+                job.next_batch += 1
+                if job.next_batch >= len(job.service.batches_s):
+                    job.phase = "post"
+            else:
+                self.cpu_busy += seconds
+                if job.phase == "pre":
+                    job.phase = "device" if job.service.batches_s else "post"
+                else:
+                    job.phase, job.finished = "done", self.env.now
+                    self.jobs.remove(job)
+                    self.done.append(job)
+            job.busy = False
+            self._notify()
+
+
+def simulate(
+    trace: Sequence[Arrival],
+    sampler: ServiceSampler,
+    config: SimConfig,
+    *,
+    seed: int = 0,
+    warmup_s: float = 0.0,
+    until: float | None = None,
+) -> SimResult:
+    """Run ``trace`` through the policy; statistics over jobs arriving after ``warmup_s``."""
+    rng = np.random.default_rng(seed)
+    sim = _Sim(config)
+    env = sim.env
+    env.process(sim.arrivals(sorted(trace, key=lambda a: a.at), sampler, rng))
+    for _ in range(config.devices):
+        env.process(sim.worker("device"))
+    for _ in range(config.cpu_workers):
+        env.process(sim.worker("cpu"))
+    if config.urgent_lane:
+        env.process(sim.worker("urgent"))
+    end = until if until is not None else (trace[-1].at if trace else 0.0) * 10 + 3600
+    env.run(until=end)
+    last = max((j.finished or 0.0 for j in sim.done), default=0.0)
+    span = max(last, trace[-1].at if trace else 0.0, 1e-9)
+    classes = {}
+    for cls in PriorityClass:
+        jobs = [j for j in sim.done if j.cls is cls and j.arrival >= warmup_s]
+        if not jobs:
+            continue
+        tat = np.array([j.finished - j.arrival for j in jobs])  # type: ignore[operator]
+        wait = np.array([j.started - j.arrival for j in jobs])  # type: ignore[operator]
+        late = np.array([j.finished > j.deadline for j in jobs])  # type: ignore[operator]
+        classes[cls] = ClassResult(
+            cls,
+            len(jobs),
+            float(tat.mean()),
+            float(np.percentile(tat, 50)),
+            float(np.percentile(tat, 95)),
+            float(np.percentile(tat, 99)),
+            float(wait.mean()),
+            float(late.mean()),
+        )
+    return SimResult(
+        classes,
+        sim.device_busy / (span * config.devices),
+        sim.cpu_busy / (span * config.cpu_workers),
+        len(sim.jobs),
+    )
+
+
+def poisson_trace(
+    rates_per_s: Mapping[PriorityClass, float], duration_s: float, seed: int
+) -> list[Arrival]:
+    """Independent Poisson arrivals per class over ``duration_s`` (deterministic)."""
+    rng = np.random.default_rng([seed, 1])
+    out: list[Arrival] = []
+    for cls in PriorityClass:  # a fixed order: the same seed gives the same trace
+        rate = rates_per_s.get(cls, 0.0)
+        if rate <= 0:
+            continue
+        t = 0.0
+        while True:
+            t += float(rng.exponential(1.0 / rate))
+            if t > duration_s:
+                break
+            out.append(Arrival(t, cls))
+    return sorted(out, key=lambda a: a.at)
+
+
+def split_batches(device_s: float, slices: int, batch_slices: int) -> tuple[float, ...]:
+    """A study's device time as batches of at most ``batch_slices`` slices."""
+    if device_s <= 0:
+        return ()
+    n = max(1, math.ceil(slices / max(1, batch_slices)))
+    return (device_s / n,) * n
+
+
+__all__ = [
+    "Arrival",
+    "ClassResult",
+    "JobService",
+    "ServiceSampler",
+    "SimConfig",
+    "SimResult",
+    "poisson_trace",
+    "simulate",
+    "split_batches",
+]

@@ -1,0 +1,477 @@
+"""Build reduced-precision variants of an FP32 ONNX model and time them against it.
+
+* FP16: every float tensor and weight converted to float16 by
+  ``onnxruntime.transformers.float16`` with ``keep_io_types=True``, so the model still
+  takes and returns float32 and the runtime needs no change.
+* BF16: no new file. The fp32 graph run by OpenVINO's CPU plugin in bfloat16 (AMX or
+  AVX-512 BF16 hosts): declared as ``bf16: model.onnx`` and gated like the others.
+* INT8: static quantisation (``onnxruntime.quantization.quantize_static``) in QDQ format,
+  unsigned 8-bit activations and signed 8-bit per-channel weights (U8S8, ONNX Runtime's
+  default recommendation for CPUs), calibrated (min/max) on preprocessed slices.
+  Softmax/Sigmoid/ArgMax and, by default, the node that produces each graph output (the
+  logits head) stay in float: there, rounding error turns straight into flipped labels,
+  and the head is a small share of the compute.
+
+Calibration data comes from a callable returning input batches, so tests pass tiny
+arrays and the command passes phantom slices. Neither builder decides whether a variant
+may serve: :func:`build_and_gate` asks :mod:`radserve.evaluation.gate` and records the
+answer in ``gate.json`` (:mod:`radserve.models.gate`), which the registry reads.
+
+Besides :mod:`radserve.inference`, this is the only module that imports onnxruntime
+(its quantiser and float16 converter are model-building tools, not the runtime); speed is
+measured through :class:`radserve.inference.ModelSession`, exactly as serving runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+
+from radserve.domain.accuracy import EvalSummary
+from radserve.errors import ModelError
+from radserve.evaluation.gate import gate_decision
+from radserve.models.gate import (
+    GateReport,
+    SpeedResult,
+    VariantGate,
+    file_sha256,
+    write_gate_report,
+)
+from radserve.models.manifest import ModelSpec
+
+if TYPE_CHECKING:
+    from radserve.inference.providers import RuntimeChoice
+    from radserve.models.registry import ModelBundle, ModelRegistry
+    from radserve.pipeline.spec import PipelineSpec
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CalibrationSource",
+    "build_and_gate",
+    "build_and_gate_on_phantoms",
+    "build_fp16",
+    "build_int8",
+    "declare_files",
+    "default_precisions",
+    "measure_speed",
+    "variant_filename",
+]
+
+CalibrationSource = Callable[[], Iterable[np.ndarray]]
+"""Returns float32 input batches shaped like the model's (first) input, e.g. (N, C, H, W)."""
+
+_FLOAT_ONLY_OPS = ("Softmax", "Sigmoid", "ArgMax", "LogSoftmax")
+
+
+def variant_filename(fp32_name: str, precision: str) -> str:
+    """``model.onnx`` -> ``model.fp16.onnx`` / ``model.int8.onnx``."""
+    stem = fp32_name[: -len(".onnx")] if fp32_name.endswith(".onnx") else fp32_name
+    return f"{stem}.{precision}.onnx"
+
+
+def _load(path: Path) -> onnx.ModelProto:
+    try:
+        return onnx.load(str(path))
+    except Exception as exc:  # onnx raises several unrelated types for a bad file
+        raise ModelError(f"cannot read ONNX model {path}: {exc}") from exc
+
+
+def _topologically_sorted(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Reorder the main graph's nodes so each follows its inputs' producers (the float16
+    converter appends its input Casts at the end, which the ONNX checker refuses)."""
+    graph = model.graph
+    ready = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending = list(graph.node)
+    ordered: list[onnx.NodeProto] = []
+    while pending:
+        still = [n for n in pending if not set(n.input) <= ready]
+        done = [n for n in pending if set(n.input) <= ready]
+        if not done:
+            missing = sorted({i for n in still for i in n.input} - ready)
+            raise ModelError(f"graph {graph.name!r} has a cycle or unknown inputs {missing[:5]}")
+        for node in done:
+            ordered.append(node)
+            ready.update(node.output)
+        pending = still
+    del graph.node[:]
+    graph.node.extend(ordered)
+    return model
+
+
+def build_fp16(src: Path, dst: Path) -> Path:
+    """Write an FP16 copy of ``src`` to ``dst`` keeping float32 inputs and outputs."""
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(_load(src), keep_io_types=True)
+    model = _topologically_sorted(model)
+    onnx.checker.check_model(model)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(dst))
+    logger.info("fp16 variant %s (%.1f kB)", dst, dst.stat().st_size / 1024)
+    return dst
+
+
+def _output_nodes(model: onnx.ModelProto) -> list[str]:
+    outputs = {o.name for o in model.graph.output}
+    return [n.name for n in model.graph.node if outputs.intersection(n.output)]
+
+
+def _named(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Give every node a unique name (exporters may leave them empty): exclusion lists
+    and quantisation reports refer to nodes by name."""
+    seen: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{i}"
+        seen.add(node.name)
+    return model
+
+
+class _Reader:
+    """``onnxruntime.quantization.CalibrationDataReader`` over a batch source."""
+
+    def __init__(self, input_name: str, source: CalibrationSource) -> None:
+        self._input_name = input_name
+        self._source = source
+        self._it: Iterator[np.ndarray] | None = None
+        self.batches = 0
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        if self._it is None:
+            self._it = iter(self._source())
+        batch = next(self._it, None)
+        if batch is None:
+            return None
+        self.batches += 1
+        return {self._input_name: np.ascontiguousarray(batch, dtype=np.float32)}
+
+    def __iter__(self) -> _Reader:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        item = self.get_next()
+        if item is None:
+            raise StopIteration
+        return item
+
+
+def build_int8(
+    src: Path,
+    dst: Path,
+    calibration: CalibrationSource,
+    *,
+    per_channel: bool = True,
+    keep_output_nodes_float: bool = True,
+    exclude_nodes: Sequence[str] = (),
+) -> Path:
+    """Write a statically quantised (QDQ, U8S8, per-channel) copy of ``src`` to ``dst``.
+
+    ``calibration`` is called once and must yield at least one batch.
+    """
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    model = _named(_load(src))
+    excluded = [n.name for n in model.graph.node if n.op_type in _FLOAT_ONLY_OPS]
+    if keep_output_nodes_float:
+        excluded += _output_nodes(model)
+    excluded += list(exclude_nodes)
+    input_name = model.graph.input[0].name
+
+    reader = _Reader(input_name, calibration)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    quantize_static(
+        model,
+        str(dst),
+        reader,  # type: ignore[arg-type]  # a CalibrationDataReader by its __subclasshook__
+        quant_format=QuantFormat.QDQ,
+        per_channel=per_channel,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        nodes_to_exclude=sorted(set(excluded)),
+        calibrate_method=CalibrationMethod.MinMax,
+        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
+    )
+    if reader.batches == 0:
+        dst.unlink(missing_ok=True)
+        raise ModelError(f"int8 calibration of {src} received no batches; check the data source")
+    onnx.checker.check_model(onnx.load(str(dst)))
+    logger.info(
+        "int8 variant %s (%.1f kB) calibrated on %d batches; float nodes: %s",
+        dst,
+        dst.stat().st_size / 1024,
+        reader.batches,
+        ", ".join(sorted(set(excluded))) or "none",
+    )
+    return dst
+
+
+def measure_speed(
+    path: Path,
+    spec: ModelSpec,
+    batch: np.ndarray,
+    *,
+    threads: int,
+    repeats: int = 10,
+    warmup: int = 2,
+    precision: str = "fp32",
+    runtime: RuntimeChoice | None = None,
+) -> SpeedResult:
+    """Median wall time of one ``batch`` through ``path`` in a
+    :class:`~radserve.inference.ModelSession` configured as serving configures it (the
+    host's preferred provider unless ``runtime`` says otherwise).
+
+    Compare variants only with numbers measured in the same run, with the same batch
+    and ``threads``; the absolute value depends on the host.
+    """
+    from radserve.inference import ModelSession, choose_runtime
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    runtime = runtime or choose_runtime(threads=threads)
+    session = ModelSession(path, spec, runtime=runtime, precision=precision)
+    for _ in range(warmup):
+        session.run(batch)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.run(batch)
+        times.append(time.perf_counter() - start)
+    ms = 1000.0 * statistics.median(times)
+    n = int(batch.shape[0])
+    return SpeedResult(
+        ms_per_batch=ms,
+        ms_per_slice=ms / n,
+        batch_size=n,
+        threads=threads,
+        repeats=repeats,
+        provider=session.providers_in_use[0],
+    )
+
+
+def declare_files(manifest: Path, files: Mapping[str, str]) -> None:
+    """Rewrite only the top-level ``files:`` block of a ``model.yaml`` (comments and
+    the rest of the file are kept), then check the result still parses."""
+    from radserve.models.manifest import load_manifest
+
+    lines = manifest.read_text().splitlines()
+    block = ["files:"] + [f"  {k}: {v}" for k, v in files.items()]
+    start = next((i for i, line in enumerate(lines) if re.match(r"files\s*:", line)), None)
+    if start is None:
+        lines += block
+    else:
+        end = start + 1
+        while end < len(lines) and (not lines[end].strip() or lines[end][0] in " \t#"):
+            end += 1
+        while end > start + 1 and not lines[end - 1].strip():
+            end -= 1  # keep blank lines that separate the next section
+        lines[start:end] = block
+    manifest.write_text("\n".join(lines) + "\n")
+    load_manifest(manifest)
+
+
+def build_and_gate(
+    bundle: ModelBundle,
+    *,
+    evaluate_precisions: Callable[[Sequence[str]], Mapping[str, EvalSummary]],
+    calibration: CalibrationSource,
+    speed_batch: np.ndarray,
+    threads: int,
+    precisions: Sequence[str] = ("fp16", "int8"),
+    calibration_seeds: Sequence[int] = (),
+    repeats: int = 10,
+) -> GateReport:
+    """Build ``precisions`` beside the bundle's FP32 file, declare them in model.yaml,
+    evaluate them against FP32, time them, gate them and write ``gate.json``.
+
+    ``evaluate_precisions(["fp32", ...])`` must run the pipeline with this bundle at each
+    precision on held-out studies (the candidates are not gated yet, so it must use a
+    registry with ``allow_ungated=True``) and return one summary per precision.
+    """
+    bad = [p for p in precisions if p not in ("fp16", "int8", "bf16")]
+    if bad:
+        raise ModelError(f"can build fp16, int8 and bf16 variants, not {bad}")
+    spec = bundle.spec
+    fp32_name = spec.files["fp32"]
+    fp32_path = bundle.candidate_path("fp32")
+    files: dict[str, str] = {"fp32": fp32_name}
+    for precision in precisions:
+        if precision == "bf16":
+            files[precision] = fp32_name  # a runtime precision: the same graph
+            continue
+        dst = bundle.directory / variant_filename(fp32_name, precision)
+        if precision == "fp16":
+            build_fp16(fp32_path, dst)
+        else:
+            build_int8(fp32_path, dst, calibration)
+        files[precision] = dst.name
+    declare_files(bundle.directory / "model.yaml", {**spec.files, **files})
+
+    summaries = evaluate_precisions(["fp32", *precisions])
+    missing = [p for p in ("fp32", *precisions) if p not in summaries]
+    if missing:
+        raise ModelError(f"evaluation of {spec.key} returned no summary for {missing}")
+    fp32_speed = measure_speed(fp32_path, spec, speed_batch, threads=threads, repeats=repeats)
+    variants = _kept_records(bundle, summaries["fp32"], precisions)
+    for precision in precisions:
+        path = bundle.directory / files[precision]
+        speed = measure_speed(
+            path, spec, speed_batch, threads=threads, repeats=repeats, precision=precision
+        )
+        speed = speed.model_copy(
+            update={"ratio_vs_fp32": speed.ms_per_batch / fp32_speed.ms_per_batch}
+        )
+        decision = gate_decision(summaries["fp32"], summaries[precision], spec.gate)
+        variants[precision] = VariantGate(
+            file=path.name,
+            sha256=file_sha256(path),
+            accepted=decision.accepted,
+            reasons=decision.reasons,
+            notes=decision.notes,
+            dice_drop=decision.dice_drop,
+            recall_drop_points=decision.recall_drop_points,
+            metrics=summaries[precision],
+            speed=speed,
+            providers=[speed.provider] if speed.provider else [],
+        )
+        logger.info(
+            "%s %s: %s (%.2fx fp32 time)%s",
+            spec.key,
+            precision,
+            "accepted" if decision.accepted else "REJECTED",
+            speed.ratio_vs_fp32,
+            "".join(f"; {r}" for r in decision.reasons),
+        )
+    report = GateReport(
+        model=spec.name,
+        version=spec.version,
+        gate=spec.gate,
+        seeds=summaries["fp32"].seeds,
+        calibration_seeds=list(calibration_seeds),
+        fp32_file=fp32_name,
+        fp32_sha256=file_sha256(fp32_path),
+        fp32_metrics=summaries["fp32"],
+        fp32_speed=fp32_speed,
+        variants=variants,
+    )
+    write_gate_report(bundle.directory, report)
+    return report
+
+
+def _kept_records(
+    bundle: ModelBundle, fp32: EvalSummary, rebuilt: Sequence[str]
+) -> dict[str, VariantGate]:
+    """Records of variants not rebuilt now, kept from the bundle's gate.json while they
+    still describe the same fp32 file, variant file and fp32 evaluation (same seeds, same
+    metrics: the rest of the pipeline has not changed), so building bf16 alone does not
+    throw away an int8 gate that still holds."""
+    try:
+        old = bundle.gate_report()
+    except ModelError:
+        return {}
+    if old is None or old.fp32_sha256 != bundle.sha256("fp32"):
+        return {}
+    if _comparable(old.fp32_metrics) != _comparable(fp32):
+        logger.info(
+            "%s: fp32 evaluation changed since gate.json; its records are dropped", bundle.key
+        )
+        return {}
+    kept: dict[str, VariantGate] = {}
+    for precision, record in old.variants.items():
+        if precision in rebuilt or precision not in bundle.spec.files:
+            continue
+        path = bundle.directory / bundle.spec.files[precision]  # type: ignore[index]
+        if path.is_file() and file_sha256(path) == record.sha256:
+            kept[precision] = record
+    return kept
+
+
+def _comparable(summary: EvalSummary) -> dict[str, object]:
+    """The metrics a gate compares against, rounded (timings and notes left out)."""
+    keys = ("seeds", "dice", "recall_by_size", "fp_per_study", "n_lesions_by_size")
+    data = summary.model_dump(include=set(keys))
+    return json.loads(
+        json.dumps(data, sort_keys=True, default=str), parse_float=lambda v: round(float(v), 6)
+    )
+
+
+def default_precisions() -> list[str]:
+    """fp16 and int8 everywhere; bf16 where it can run (OpenVINO, native bfloat16)."""
+    from radserve.inference import choose_runtime
+
+    return ["fp16", "int8", "bf16"] if choose_runtime().runs_bf16 else ["fp16", "int8"]
+
+
+def build_and_gate_on_phantoms(
+    registry: ModelRegistry,
+    pipeline: PipelineSpec,
+    model: str,
+    *,
+    eval_seeds: Sequence[int],
+    calibration_seeds: Sequence[int],
+    precisions: Sequence[str],
+    small: bool = False,
+    threads: int | None = None,
+    repeats: int = 10,
+) -> GateReport:
+    """:func:`build_and_gate` for the version of ``model`` that ``pipeline`` runs, the way
+    the shipped variants are made (``radserve models build-variants``): INT8 calibrated on
+    the batches the FP32 pipeline feeds the model on the ``calibration_seeds`` phantoms,
+    every precision evaluated through the whole pipeline (the other models at FP32) on
+    the held-out ``eval_seeds`` phantoms, timed, gated."""
+    from radserve.evaluation.pipeline_runs import (
+        organ_label_values,
+        pipeline_predictor,
+        record_model_inputs,
+    )
+    from radserve.evaluation.runner import evaluate, phantom_truth
+    from radserve.inference import probe_host
+    from radserve.models.registry import ModelRegistry
+
+    overlap = sorted(set(eval_seeds) & set(calibration_seeds))
+    if overlap:
+        raise ModelError(f"calibration and evaluation share phantom seeds {overlap[:5]}")
+    step = next((s for s in pipeline.steps if s.model == model), None)
+    if step is None:
+        raise ModelError(f"pipeline {pipeline.name!r} has no step running {model!r}")
+    bundle = registry.get(model, step.version)
+    specs = [registry.get(s.model, s.version).spec for s in pipeline.steps]
+    calibration_cts = [phantom_truth(s, small=small).ct for s in calibration_seeds]
+    batches = record_model_inputs(registry, pipeline, model, calibration_cts)
+    if not batches:
+        raise ModelError(f"the pipeline fed {bundle.key} no batches on the calibration phantoms")
+
+    def run_eval(wanted: Sequence[str]) -> Mapping[str, EvalSummary]:
+        ungated = ModelRegistry(registry.roots, allow_ungated=True)
+        return evaluate(
+            pipeline_predictor(ungated, pipeline, vary=model),
+            seeds=eval_seeds,
+            organ_labels=organ_label_values(specs),
+            precisions=wanted,
+            small=small,
+        )
+
+    return build_and_gate(
+        bundle,
+        evaluate_precisions=run_eval,
+        calibration=lambda: iter(batches),
+        speed_batch=max(batches, key=len),
+        threads=threads or probe_host().usable_cores,
+        precisions=precisions,
+        calibration_seeds=calibration_seeds,
+        repeats=repeats,
+    )

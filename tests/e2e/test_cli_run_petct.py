@@ -1,0 +1,71 @@
+"""``radserve run`` on a PET/CT phantom study with a two-channel model: a DICOM SEG out."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pydicom
+import pytest
+from tests.factories.petct import write_petct_bundle, write_petct_pipeline
+
+
+def _radserve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from radserve.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def petct(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    root = tmp_path_factory.mktemp("petct")
+    done = _radserve("phantom", "--seed", "0", "--small", "--pet", "--out", str(root / "study"))
+    assert done.returncode == 0, done.stderr
+    return root / "study" / "dicom", write_petct_bundle(root / "models"), write_petct_pipeline(root)
+
+
+def test_run_on_pet_ct_writes_a_seg_of_the_hot_lesions(petct, tmp_path: Path) -> None:
+    study, models, pipeline = petct
+    out = tmp_path / "out"
+    done = _radserve(
+        "run", str(study), "--pipeline", str(pipeline), "--out", str(out),
+        "--models-dir", str(models), "--no-key-images",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["findings"], "the hot lesions are findings"
+    assert report["series_selection"]["rejected"] == []
+    seg = pydicom.dcmread(out / "hot_lesions-seg.dcm")
+    assert seg.Modality == "SEG"
+    assert seg.SegmentSequence[0].SegmentLabel
+    ct_files = study.glob("CT*.dcm")
+    ct_uids = {pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID for p in ct_files}
+    referenced = {
+        ref.ReferencedSOPInstanceUID
+        for item in seg.ReferencedSeriesSequence
+        for ref in item.ReferencedInstanceSequence
+    }
+    assert referenced and referenced <= ct_uids, "the SEG lies on the CT (the reference grid)"
+
+
+def test_run_without_the_pet_fails_with_one_clear_line(petct, tmp_path: Path) -> None:
+    study, models, pipeline = petct
+    ct_only = tmp_path / "ct"
+    ct_only.mkdir()
+    for path in study.glob("CT*.dcm"):
+        shutil.copy(path, ct_only)
+    done = _radserve(
+        "run", str(ct_only), "--pipeline", str(pipeline), "--out", str(tmp_path / "o"),
+        "--models-dir", str(models),
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "error [channel_series_unavailable]" in done.stderr
+    assert "channel 'pet' from a PT series" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,73 @@
+"""Issue 16: signing in to the console as a local user (``console.users``, a scrypt hash
+from ``radserve console hash-password``) in Debian's chromium against a real ``radserve
+serve``: a wrong password is refused, a right one opens the same HttpOnly session as an
+API key with the user's role, and no password reaches the server's log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.factories.console import Page, browser, need_browser
+from tests.factories.dicom_net import free_port
+from tests.factories.server_process import start_server
+from tests.factories.service import config_file
+
+from radserve.passwords import hash_password
+
+pytestmark = pytest.mark.slow
+
+PASSWORDS = {"alice": "alice-wall-screen-1", "bob": "bob-reads-only-22"}
+ROLES = {"alice": "admin", "bob": "read"}
+
+
+def test_local_users_sign_in_with_their_password_and_role(tmp_path: Path) -> None:
+    need_browser()
+    users = [
+        {"username": n, "role": ROLES[n], "password_hash": hash_password(p)}
+        for n, p in PASSWORDS.items()
+    ]
+    config = config_file(tmp_path, console={"users": users})
+    data, port, log = tmp_path / "data", free_port(), tmp_path / "server.log"
+    process = start_server(config, data, port, log)
+    try:
+        with browser() as b:
+            p = Page(b, f"http://127.0.0.1:{port}", tmp_path / "shots")
+            page = p.goto("/")
+            page.wait_for_selector("#signin-user")
+            assert page.locator("#signin").count() == 1  # API keys still work
+            page.fill("#username", "bob")
+            page.fill("#password", "not-bobs-password")
+            page.click("#signin-user button[type=submit]")
+            page.wait_for_selector("#signin-user-error:has-text('wrong password')")
+            assert page.input_value("#password") == ""  # not kept in the page
+            assert p.page.context.cookies() == []
+            p.shot("signin-user-refused")
+            page.fill("#username", "bob")
+            page.fill("#password", PASSWORDS["bob"])
+            page.click("#signin-user button[type=submit]")
+            page.wait_for_selector("#worklist")
+            assert page.locator("#who").inner_text() == "bob · read"
+            [cookie] = p.page.context.cookies()
+            assert cookie["name"] == "radserve_session" and cookie["httpOnly"]
+            assert cookie["sameSite"] == "Strict"
+            assert PASSWORDS["bob"] not in cookie["value"]
+            assert page.locator("button[data-action=cancel]").count() == 0
+            page.click("#signout")
+            page.wait_for_selector("#signin-user")
+            page.fill("#username", "alice")
+            page.fill("#password", PASSWORDS["alice"])
+            page.click("#signin-user button[type=submit]")
+            page.wait_for_selector("#worklist")
+            assert page.locator("#who").inner_text() == "alice · admin"
+            p.goto("/#/ops")
+            page.wait_for_selector("#outbox h2:has-text('Outbox')")  # admin: the outbox
+            page.wait_for_selector("#outbox table")
+            assert p.errors == []
+            p.close()
+    finally:
+        process.terminate()
+        process.wait(60)
+    text = log.read_text()
+    for secret in [*PASSWORDS.values(), "not-bobs-password"]:
+        assert secret not in text

@@ -1,0 +1,102 @@
+"""Imported models served by a real ``radserve serve``.
+
+Each model is built in the test (a MONAI Bundle with a real inference.json and seeded
+random UNet weights; an nnU-Net v2 results folder with tiny plans and random weights),
+imported from the CLI (``radserve models import monai-bundle`` / ``nnunet``), zipped and
+installed into the running server over ``POST /v1/models``; a DICOM CT sent over STOW-RS
+runs a pipeline whose one step is that model, and the SEG the server wrote is read back
+with highdicom (tests/factories/imported_serve.py) and compared with the framework's own
+predictor on the same CT (MONAI's bundle run; ``nnUNetPredictor``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.factories.dicom_series import make_ct_series, new_uid
+from tests.factories.imported_serve import serve_and_read_seg
+from tests.factories.server_process import radserve_command
+
+from radserve.domain.volume import Volume
+
+SHAPE, SPACING, ORIGIN = (24, 64, 64), (2.5, 1.2, 1.2), (-38.0, -40.0, 5.0)
+
+
+def _hu() -> np.ndarray:
+    from scipy import ndimage
+
+    field = ndimage.gaussian_filter(np.random.default_rng(7).normal(size=SHAPE), 2.0)
+    return np.clip(np.round(50 + 1200 * field), -1024, 3071)
+
+
+def _import(*args: str) -> None:
+    done = subprocess.run(
+        radserve_command("models", "import", *args),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_imported_monai_bundle_serves_and_its_seg_reads_back(tmp_path: Path) -> None:
+    pytest.importorskip("monai")
+    pytest.importorskip("torch")
+    from tests.factories import monai_bundle as mb
+
+    bundle = mb.write_monai_bundle(tmp_path / "bundle")
+    imported = tmp_path / "imported"
+    _import("monai-bundle", str(bundle), "--models-dir", str(imported), "--name", "tiny-monai")
+
+    hu = _hu()
+    files = make_ct_series(tmp_path / "study", n_slices=SHAPE[0], rows=SHAPE[1], cols=SHAPE[2],
+                           spacing=SPACING, origin=ORIGIN, hu=hu, study_uid=new_uid())  # fmt: skip
+    served = serve_and_read_seg(tmp_path, imported / "tiny-monai" / "1.0.0", files)
+    assert served.segment_names == ["liver", "spleen"]
+
+    # MONAI's own run of the bundle on the same CT (its NIfTI, same geometry)
+    volume = Volume.from_geometry(hu.astype(np.float32), spacing=SPACING, origin=ORIGIN)
+    want = mb.run_monai_reference(bundle, mb.write_nifti(volume, tmp_path / "ct.nii.gz"))
+    counts = np.bincount(want.ravel(), minlength=3)
+    assert (counts > 0.005 * want.size).sum() >= 2, counts
+    agreement = float((served.labels == want).mean())
+    assert agreement >= 0.999, agreement
+
+
+@pytest.mark.slow
+def test_imported_nnunet_model_serves_and_agrees_with_nnunet_predictor(tmp_path: Path) -> None:
+    pytest.importorskip("nnunetv2", reason="the nnunet extra is not installed")
+    from tests.factories.nnunet_folder import make_results_folder
+    from tests.integration.test_nnunet_agreement import synthetic_ct
+
+    from radserve.importers.nnunet import load_predictor, read_results_folder
+    from radserve.models.manifest import load_manifest
+
+    folder = make_results_folder(tmp_path / "results", folds=(0,), spacing=(4.0, 2.5, 2.5))
+    imported = tmp_path / "imported"
+    _import("nnunet", str(folder), "--models-dir", str(imported), "--name", "tiny-nnunet")
+
+    ct = synthetic_ct((20, 64, 64), seed=5)
+    ct[ct == 0] = -1000.0  # DICOM CT: air outside the field of view
+    ct = np.clip(np.round(ct), -1024, 3071)
+    spacing = (3.0, 2.0, 2.0)
+    files = make_ct_series(tmp_path / "study", n_slices=20, rows=64, cols=64, spacing=spacing,
+                           hu=ct, study_uid=new_uid())  # fmt: skip
+    served = serve_and_read_seg(tmp_path, imported / "tiny-nnunet" / "1.0.0", files)
+
+    predictor = load_predictor(read_results_folder(folder))
+    theirs = predictor.predict_single_npy_array(
+        ct[None].astype(np.float32), {"spacing": list(spacing)}
+    )
+    counts = np.bincount(np.asarray(theirs).ravel())
+    assert (counts > 0.005 * theirs.size).sum() >= 2, counts  # not one class everywhere
+    spec = load_manifest(imported / "tiny-nnunet" / "1.0.0" / "model.yaml")
+    present = {lb.name for lb in spec.labels if lb.value in np.unique(served.labels)}
+    assert served.segment_names == sorted(present)
+    agreement = float((served.labels == theirs).mean())
+    assert agreement >= 0.999, agreement

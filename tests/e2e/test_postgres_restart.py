@@ -1,0 +1,193 @@
+"""Issue 15: PostgreSQL restarted under load. Two real ``radserve serve`` replicas share a
+private PostgreSQL server (never the machine's shared one) and one data folder; studies
+are submitted to both while jobs run, and the server is restarted twice, once with
+``pg_ctl restart -m fast`` (sessions cut, clean shutdown) and once with ``-m immediate``
+(a crash: recovery from the WAL at start).
+
+Checked: both replicas live through it and answer again afterwards; every submission
+answered 202 has its job in the database and it succeeds; every job in the database
+(including any whose answer was lost in the outage) succeeds exactly once (one
+``job.succeeded`` audit record, one result folder with its report) and its FHIR Bundle
+is delivered. A submission refused during the outage is not acknowledged, so it may be
+absent; that is the contract.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+from tests.factories.dicom_net import free_port
+from tests.factories.fhir_server import FhirServer
+from tests.factories.private_postgres import PrivatePostgres
+from tests.factories.server_process import create_key_cli, start_server
+from tests.factories.service import auth, config_file, make_models_slow, make_study, upload
+
+from radserve.store.db import normalise_url
+
+WAIT_S = 300.0
+N_STUDIES = 8
+SLOW_GRID = {"n_slices": 24, "rows": 96, "cols": 96, "spacing": (2.0, 1.5, 1.5)}
+
+
+def _until(condition, what: str, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _replica_config(root: Path, name: str, url: str, fhir_url: str) -> Path:
+    folder = root / name
+    folder.mkdir()
+    config = config_file(
+        folder,
+        database_url=url,
+        jobs={"lease_s": 6.0, "lease_poll_s": 0.5},
+        outbox={"replicas": 2, "instance_id": f"replica-{name}", "lease_s": 5.0},
+        fhir={"url": fhir_url, "timeout_s": 30},
+    )
+    make_models_slow(folder / "assets" / "models", layers=4, channels=32)
+    return config
+
+
+class Submitter(threading.Thread):
+    """Posts the studies one after another, alternating replicas, and keeps what each
+    answered: ids acknowledged with 202, and the refusals (status or error name)."""
+
+    def __init__(self, urls: list[str], key: str, studies: list[list[Path]]) -> None:
+        super().__init__(daemon=True)
+        self.urls, self.key, self.studies = urls, key, studies
+        self.acknowledged: list[str] = []
+        self.refused: list[str] = []
+        self.gap_s = 1.0
+
+    def run(self) -> None:
+        for i, study in enumerate(self.studies):
+            url = self.urls[i % len(self.urls)]
+            try:
+                r = httpx.post(
+                    f"{url}/v1/studies", files=upload(study), headers=auth(self.key), timeout=60
+                )
+            except httpx.HTTPError as exc:
+                self.refused.append(type(exc).__name__)
+            else:
+                if r.status_code == 202:
+                    self.acknowledged.append(r.json()["id"])
+                else:
+                    self.refused.append(str(r.status_code))
+            time.sleep(self.gap_s)
+
+
+@pytest.mark.slow
+def test_replicas_live_through_postgres_restarts_and_lose_nothing(tmp_path: Path) -> None:
+    studies = [
+        make_study(tmp_path / f"s{i}", background=-100.0, **SLOW_GRID) for i in range(N_STUDIES + 2)
+    ]
+    with PrivatePostgres() as pg, FhirServer() as fhir:
+        engine = create_engine(normalise_url(pg.url), pool_pre_ping=True)
+
+        def rows(query: str) -> list:
+            with engine.connect() as connection:
+                return list(connection.execute(text(query)).all())
+
+        def count(query: str) -> int:
+            try:
+                return int(rows(query)[0][0])
+            except Exception:  # the server is restarting
+                return 0
+
+        data = tmp_path / "data"
+        configs = [_replica_config(tmp_path, n, pg.url, fhir.url) for n in ("a", "b")]
+        logs = [tmp_path / "a.log", tmp_path / "b.log"]
+        ports = [free_port(), free_port()]
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        key = create_key_cli(configs[0], data)
+        servers: list[subprocess.Popen[bytes]] = []
+        try:
+            for config, port, log in zip(configs, ports, logs, strict=True):
+                servers.append(start_server(config, data, port, log))
+            submitter = Submitter(urls, key, studies[:N_STUDIES])
+            submitter.start()
+
+            for mode, running_before in (("fast", 1), ("immediate", 3)):
+                # jobs in flight: at least one running, and later ones submitted meanwhile
+                _until(
+                    lambda n=running_before: (
+                        count("SELECT count(*) FROM jobs WHERE state <> 'received'") >= n
+                        and count("SELECT count(*) FROM jobs WHERE state = 'running'") >= 1
+                    ),
+                    f"a job running before the {mode} restart",
+                )
+                pg.restart(mode)
+                for server in servers:
+                    assert server.poll() is None, "a replica exited on the restart"
+            submitter.join(WAIT_S)
+            assert not submitter.is_alive()
+
+            # both replicas answer and accept work again after the restarts
+            after = []
+            for url, study in zip(urls, studies[N_STUDIES:], strict=True):
+                r = httpx.post(f"{url}/v1/studies", files=upload(study), headers=auth(key))
+                assert r.status_code == 202, r.text
+                after.append(r.json()["id"])
+            acknowledged = submitter.acknowledged + after
+            assert len(submitter.acknowledged) >= N_STUDIES // 2, submitter.refused
+
+            final = ("succeeded", "failed", "cancelled")
+            _until(
+                lambda: (
+                    count(
+                        "SELECT count(*) FROM jobs WHERE state IN ('received', 'queued', 'running')"
+                    )
+                    == 0
+                    and count("SELECT count(*) FROM jobs") >= len(acknowledged)
+                ),
+                "every job to finish",
+            )
+            jobs = dict(rows("SELECT id, state FROM jobs"))
+            # nothing acknowledged is lost; whatever reached the database finished, once
+            assert set(acknowledged) <= set(jobs)
+            assert {s for s in jobs.values() if s in final} == {"succeeded"}, jobs
+            succeeded = rows(
+                "SELECT subject, count(*) FROM audit_records "
+                "WHERE action = 'job.succeeded' GROUP BY subject"
+            )
+            assert dict(succeeded) == dict.fromkeys(jobs, 1)
+            for _job_id, path in rows("SELECT id, result_path FROM jobs"):
+                assert (Path(path) / "report.json").is_file()
+            with httpx.Client(timeout=30) as client:
+                for i, job_id in enumerate(acknowledged):
+                    r = client.get(f"{urls[i % 2]}/v1/jobs/{job_id}", headers=auth(key))
+                    assert r.status_code == 200 and r.json()["state"] == "succeeded", r.text
+
+            _until(
+                lambda: (
+                    count("SELECT count(*) FROM outbox_deliveries WHERE state = 'sent'")
+                    == len(jobs)
+                ),
+                "every bundle to be sent",
+            )
+            assert len({r.json()["id"] for r in fhir.received}) == len(jobs)
+            assert sorted(r[0] for r in rows("SELECT job_id FROM outbox_deliveries")) == sorted(
+                jobs
+            )
+            for server in servers:
+                assert server.poll() is None
+        finally:
+            for server in servers:
+                if server.poll() is None:
+                    server.send_signal(signal.SIGTERM)
+                    try:
+                        server.wait(60)
+                    except subprocess.TimeoutExpired:
+                        server.kill()
+            engine.dispose()
+    # the replicas did meet the outage (and came through it, above)
+    assert "store_error" in "".join(log.read_text() for log in logs)

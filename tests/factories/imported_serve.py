@@ -1,0 +1,107 @@
+"""An imported model served by a real ``radserve serve``: installed over ``POST /v1/models``,
+a DICOM CT sent over STOW-RS to a one-step pipeline, the SEG read back with highdicom.
+
+Shared by the MONAI Bundle and nnU-Net serve tests (tests/e2e/test_imported_model_serve.py).
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pydicom
+import yaml
+
+from radserve.models.manifest import load_manifest
+from tests.factories.serve import free_port_on
+from tests.factories.server_process import create_key_cli, start_server
+from tests.factories.service import auth, config_file, wait_job
+from tests.integration.test_dicomweb import related, split_related
+
+SEG = "1.2.840.10008.5.1.4.1.1.66.4"
+
+
+@dataclass(frozen=True)
+class ServedSeg:
+    """The served SEG as a label map (the model's label values, slices ascending in z)."""
+
+    labels: np.ndarray
+    segment_names: list[str]
+
+
+def zip_bundle(folder: Path, root: str) -> bytes:
+    """``folder``'s files under ``root/`` in a zip, as ``POST /v1/models`` takes a bundle."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(folder.rglob("*")):
+            zf.write(path, f"{root}/{path.relative_to(folder).as_posix()}")
+    return buffer.getvalue()
+
+
+def serve_and_read_seg(tmp_path: Path, bundle: Path, files: list[Path]) -> ServedSeg:
+    """Install ``bundle`` (``<models>/<name>/<version>``) into a fresh server, run the
+    CT ``files`` through a pipeline of that one model, and decode the SEG it stored."""
+    import highdicom as hd
+
+    spec = load_manifest(bundle / "model.yaml")
+    study_uid = str(pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID)
+    config = config_file(tmp_path, dicomweb={"quiet_s": 0.5})
+    pipelines = tmp_path / "pipelines"
+    pipelines.mkdir()
+    (pipelines / f"{spec.name}.yaml").write_text(
+        f"name: {spec.name}\nversion: 1.0.0\nseries_selection: {{modalities: [CT]}}\n"
+        f"steps:\n  - model: {spec.name}\n"
+    )
+    settings = yaml.safe_load(config.read_text())
+    settings["pipelines"]["dirs"].append(str(pipelines))
+    config.write_text(yaml.safe_dump(settings))
+    data = tmp_path / "data"
+    admin = create_key_cli(config, data, role="admin")
+    submit = create_key_cli(config, data, role="submit")
+    port = free_port_on("127.0.0.1")
+    server = start_server(config, data, port, tmp_path / "serve.log")
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
+            r = c.post(
+                "/v1/models",
+                content=zip_bundle(bundle, f"{spec.name}/{spec.version}"),
+                headers=auth(admin),
+            )
+            assert r.status_code == 201, r.text
+            assert (r.json()["name"], r.json()["version"]) == (spec.name, spec.version)
+
+            body, media = related([(p.read_bytes(), "application/dicom") for p in files])
+            r = c.post(
+                f"/dicomweb/studies/{study_uid}",
+                content=body,
+                headers={"Content-Type": media, **auth(submit)},
+                params={"pipeline": spec.name},
+            )
+            assert r.status_code == 200, r.text
+            job_id = r.headers["link"][len("</v1/jobs/") : -len('>; rel="related"')]
+            job = wait_job(c, job_id, submit, timeout=600)
+            assert job["state"] == "succeeded", (job, (tmp_path / "serve.log").read_text()[-3000:])
+            parts = split_related(c.get(f"/dicomweb/studies/{study_uid}", headers=auth(submit)))
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+    segs = [d for d in (pydicom.dcmread(io.BytesIO(b)) for _, b in parts) if d.SOPClassUID == SEG]
+    assert len(segs) == 1
+    seg = hd.seg.Segmentation.from_dataset(segs[0])
+    names = {s.SegmentNumber: str(s.SegmentLabel) for s in seg.SegmentSequence}
+    # the source slices in ascending position, as radserve's volume holds them
+    headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in files]
+    headers.sort(key=lambda h: float(h.ImagePositionPatient[2]))
+    pixels = seg.get_pixels_by_source_instance(
+        [str(h.SOPInstanceUID) for h in headers], combine_segments=True
+    )
+    value = {label.name: label.value for label in spec.labels}
+    served = np.zeros(pixels.shape, np.uint8)
+    for number, name in names.items():
+        served[pixels == number] = value[name]
+    return ServedSeg(served, sorted(names.values()))

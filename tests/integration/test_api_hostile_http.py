@@ -1,0 +1,226 @@
+"""Malformed HTTP requests against the real server (uvicorn on loopback, raw sockets
+where a client library would refuse to send them): each gets a clear 4xx, never a 500,
+and the server goes on serving."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from tests.factories.service import live_server, make_study, settings_for
+
+STOW = 'multipart/related; type="application/dicom"; boundary='
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("hostile-http")
+    with live_server(settings_for(root)) as live:
+        yield {**live, "dicom": make_study(root / "study", n_slices=2)[0].read_bytes()}
+
+
+def send(live: dict[str, Any], raw: bytes, *, half_close: bool = False) -> tuple[int, bytes]:
+    """Send ``raw`` as it is; the status code and body of the answer (0: no answer)."""
+    with socket.create_connection(("127.0.0.1", live["port"]), timeout=30) as sock:
+        try:
+            sock.sendall(raw)
+            if half_close:
+                sock.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed before reading it all: read the answer
+        data = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not chunk:
+                break
+            data += chunk
+            head, sep, body = data.partition(b"\r\n\r\n")
+            length = [
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            ]
+            if sep and length and len(body) >= length[0]:
+                break
+    if not data.startswith(b"HTTP/1.1 "):
+        return 0, data
+    return int(data[9:12]), data.partition(b"\r\n\r\n")[2]
+
+
+def request(
+    live: dict[str, Any],
+    path: str,
+    *,
+    method: str = "POST",
+    content_type: str | None = None,
+    body: bytes = b"",
+    length: int | None = None,
+    key: str = "submit",
+    extra: bytes = b"",
+    half_close: bool = False,
+) -> tuple[int, bytes]:
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+    head += f"Authorization: Bearer {live[key]}\r\n"
+    if content_type is not None:
+        head += f"Content-Type: {content_type}\r\n"
+    head += f"Content-Length: {len(body) if length is None else length}\r\n"
+    return send(live, head.encode("latin-1") + extra + b"\r\n" + body, half_close=half_close)
+
+
+def part(data: bytes, boundary: str = "b") -> bytes:
+    return f"--{boundary}\r\nContent-Type: application/dicom\r\n\r\n".encode() + data + b"\r\n"
+
+
+def close(boundary: str = "b") -> bytes:
+    return f"--{boundary}--\r\n".encode()
+
+
+CASES: dict[str, tuple[dict[str, Any], set[int]]] = {}
+
+
+def case(name: str, allowed: set[int], **kwargs: Any) -> None:
+    CASES[name] = (kwargs, allowed)
+
+
+DICOM = b"DICM"  # replaced by the real file in the test
+case(
+    "stow: no boundary parameter",
+    {400},
+    content_type='multipart/related; type="application/dicom"',
+    body=part(DICOM) + close(),
+)
+case(
+    "stow: body framed with another boundary",
+    {400},
+    content_type=STOW + "other",
+    body=part(DICOM) + close(),
+)
+case(
+    "stow: 500-character boundary",
+    {400},
+    content_type=STOW + "x" * 500,
+    body=part(DICOM, "x" * 500) + close("x" * 500),
+)
+case(
+    "stow: non-ASCII boundary", {400}, content_type=STOW + "b\xe9", body=part(DICOM, "b") + close()
+)
+case("stow: empty boundary in quotes", {400}, content_type=STOW + '""', body=b"----\r\n")
+case("stow: text/plain", {415}, content_type="text/plain", body=b"hello")
+case("stow: no content type", {415}, body=part(DICOM) + close())
+case(
+    "stow: multipart/related of XML",
+    {415},
+    content_type='multipart/related; type="application/dicom+xml"; boundary=b',
+    body=part(DICOM) + close(),
+)
+case("stow: ends mid-part", {400}, content_type=STOW + "b", body=part(DICOM)[:-30])
+case(
+    "stow: 100 KiB of part headers",
+    {400},
+    content_type=STOW + "b",
+    body=b"--b\r\nX-Junk: " + b"j" * 100_000 + b"\r\n\r\nx\r\n" + close(),
+)
+case(
+    "stow: 1 MiB preamble and no delimiter",
+    {400},
+    content_type=STOW + "b",
+    body=b"preamble " * 120_000,
+)
+case("stow: only a close delimiter", {400}, content_type=STOW + "b", body=close())
+case(
+    "upload: form-data without boundary",
+    {400, 415},
+    content_type="multipart/form-data",
+    body=b"--x\r\n\r\n--x--\r\n",
+)
+case(
+    "upload: form-data with a broken header line",
+    {400, 415, 422},
+    content_type="multipart/form-data; boundary=x",
+    body=b"--x\r\nContent-Disposition form-data\r\n\r\nabc\r\n--x--\r\n",
+)
+case(
+    "upload: JSON instead of files",
+    {400, 415, 422},
+    content_type="application/json",
+    body=b'{"files": []}',
+)
+case(
+    "stow: body shorter than Content-Length, client gone",
+    {400, 0},
+    content_type=STOW + "b",
+    body=part(DICOM)[:200],
+    length=10_000_000,
+    half_close=True,
+)
+case("stow: negative Content-Length", {400, 0}, content_type=STOW + "b", body=b"", length=-5)
+case(
+    "qido: 64 KiB query", {400, 414, 431, 0}, method="GET", key="read", content_type=None, body=b""
+)  # path set in the test
+case(
+    "any: 100 KiB request header",
+    {431},
+    method="GET",
+    key="read",
+    extra=b"X-Junk: " + b"h" * 100_000 + b"\r\n",
+)
+case(
+    "any: 20 MiB request header",
+    {431, 0},
+    method="GET",
+    key="read",
+    extra=b"X-Junk: " + b"h" * (20 << 20) + b"\r\n",
+)
+case(
+    "any: 10,000 small headers",
+    {431},
+    method="GET",
+    key="read",
+    extra=b"".join(b"X-H%d: v\r\n" % i for i in range(10_000)),
+)
+case("wado: NUL and traversal in a UID", {400, 404}, method="GET", key="read")
+case("auth: Bearer without a token", {401}, method="GET", key="read")
+
+
+PATHS = {
+    "upload": "/v1/studies",
+    "qido: 64 KiB query": "/dicomweb/studies?PatientID=" + "a" * 65536,
+    "any: 100 KiB request header": "/dicomweb/studies",
+    "any: 20 MiB request header": "/dicomweb/studies",
+    "any: 10,000 small headers": "/dicomweb/studies",
+    "wado: NUL and traversal in a UID": "/dicomweb/studies/1.2%00.3%2F..%2F..%2Fetc/metadata",
+    "auth: Bearer without a token": "/dicomweb/studies",
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_malformed_request_gets_a_clear_4xx(
+    live: dict[str, Any], name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    kwargs, allowed = CASES[name]
+    kwargs = dict(kwargs)
+    kwargs["body"] = kwargs.get("body", b"").replace(DICOM, live["dicom"][:3000])
+    path = PATHS.get(name) or PATHS.get(name.split(":")[0], "/dicomweb/studies")
+    if name == "auth: Bearer without a token":
+        status, body = send(
+            live,
+            b"GET /dicomweb/studies HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer\r\n"
+            b"Connection: close\r\n\r\n",
+        )
+    else:
+        status, body = request(live, path, **kwargs)
+    assert status in allowed, (name, status, body[:300])
+    if status:
+        assert status < 500
+    if 400 <= status < 500 and body.startswith(b"{"):
+        assert b'"error"' in body and b'"message"' in body  # one clear error body
+    # the server is still there, and logged no unexpected error
+    assert send(live, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")[0] == 200
+    assert not [r for r in caplog.records if "unexpected" in r.getMessage()]

@@ -1,0 +1,91 @@
+"""``radserve bench --scenario eta`` at CI size: a real in-process server with the test
+models runs a mixed-class stream of tiny studies; the summary has every field, each
+succeeded job was read with an ETA at submission, and the planner compared every class
+that ran. No time is asserted (the host is shared)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.factories.service import make_study, write_assets
+
+from radserve.bench.eta_accuracy import JobTrace, Reading, eta_errors
+from radserve.bench.eta_trace import run_eta_trace
+from radserve.domain.priority import PriorityClass
+
+
+def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
+    templates = [make_study(tmp_path / "a"), make_study(tmp_path / "b", n_slices=20)]
+    summary = run_eta_trace(
+        n_studies=8,
+        burst=4,
+        load=2.0,
+        mix=(1, 1, 2),
+        seed=3,
+        templates=templates,
+        # a tight URGENT target, so the burst beyond capacity stays small on tiny models
+        overrides={**write_assets(tmp_path / "assets"), "scheduler__tat_s__urgent": 3.0},
+        timeout_s=300,
+        miss_burst_max=4,
+        log=lambda _: None,
+    )
+    assert summary["failed_jobs"] == 0
+    assert json.loads(json.dumps(summary))["burst"] == 4  # --json writes it as is
+    assert sum(summary["classes"].values()) == 8
+    jobs = summary["jobs"]
+    assert len(jobs) == 8 and all(j["state"] == "succeeded" for j in jobs)
+    # every job was read at submission; the burst queued some behind others
+    assert all(j["ahead_at_submission"] is not None for j in jobs)
+    assert max(j["ahead_at_submission"] for j in jobs) >= 3
+    errors = summary["eta_error"]
+    for point in ("submission", "start", "halfway"):
+        assert set(errors[point]) == {"all", "behind_3"}
+    stats = errors["submission"]["all"]
+    assert stats["jobs"] == 8
+    assert {"median_rel", "p90_rel", "mean_abs_s", "median_abs_s", "median_signed_rel"} <= set(
+        stats
+    )
+    assert stats["median_rel"] >= 0 and stats["p90_rel"] >= stats["median_rel"]
+    assert isinstance(errors["meets_goal"], bool)
+    late = summary["eta_error_late"]["submission"]["all"]
+    assert late["jobs"] == 8 and late["median_rel"] >= 0
+    assert set(summary["deadline_misses"]) >= {"misses", "predicted"}
+    # the burst of URGENT studies after the stream: its own jobs, not in the stream's figures
+    burst = summary["miss_burst"]
+    assert 1 <= burst["studies"] <= 4 and burst["failed_jobs"] == 0
+    assert burst["urgent_tat_s"] == 3.0
+    assert 0 <= burst["predicted"] <= burst["misses"] <= summary["deadline_misses"]["misses"]
+    assert set(summary["eta_bias"]) == {"URGENT", "INPATIENT", "OUTPATIENT"}
+    assert summary["planner"]["host_cores_per_device"] is None  # radserve plan's default
+    assert set(summary["planner_shared_cores"]["classes"]) == set(summary["classes"])
+    # the host model fed the warm-up studies' solo times; both models saved for replays
+    assert set(summary["planner_host_model"]["classes"]) == set(summary["classes"])
+    assert summary["planner_host_model"]["jobs_learned_from"] >= 1
+    assert {"service_times", "service_times_solo"} <= set(summary)
+    assert all(j["arrival_s"] >= 0 for j in jobs)
+    planner = summary["planner"]
+    assert set(planner["classes"]) == set(summary["classes"])
+    for row in planner["classes"].values():
+        assert row["predicted_p50_s"] > 0 and row["measured_p50_s"] > 0
+        assert row["diff_p50"] >= 0 and row["diff_p95"] >= 0
+    assert planner["jobs_learned_from"] >= 8  # the trace and the warm-up studies
+    assert len(summary["host"]["loadavg_before"]) == 3
+
+
+def test_eta_error_is_relative_to_the_actual_turnaround() -> None:
+    """Arithmetic of the figures: |predicted - actual| / TAT at each reading point."""
+    job = JobTrace("j", PriorityClass.URGENT, arrival=100.0, finished=110.0, state="succeeded")
+    job.readings = [
+        Reading(100.0, "queued", 112.0, 4, 115.0),  # submission: 2 s late on a 10 s TAT
+        Reading(103.0, "running", 109.0, 0),  # start
+        Reading(105.5, "running", 110.5, 0),  # nearest the middle (105)
+    ]
+    errors = eta_errors([job])
+    assert errors["submission"]["behind_3"]["median_rel"] == 0.2
+    assert errors["submission"]["all"]["median_signed_rel"] == 0.2  # late
+    assert errors["start"]["all"]["median_signed_rel"] == -0.1  # early
+    assert errors["start"]["all"]["median_rel"] == 0.1
+    assert errors["halfway"]["all"]["median_abs_s"] == 0.5
+    assert errors["meets_goal"] is True
+    assert eta_errors([job], late=True)["submission"]["all"]["median_rel"] == 0.5

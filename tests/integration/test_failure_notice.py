@@ -1,0 +1,113 @@
+"""Issue 11, item 4: a job that fails after its study was accepted is visible to the
+sender's side: a FHIR DiagnosticReport with status ``cancelled`` reaches the FHIR server
+(a real HTTP server), with the identifier the study's AI report has, so the successful
+re-run amends it; operators see the job state, a log line and a metric."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tests.factories.dicom_net import WAIT_SCALE
+from tests.factories.fhir_server import FhirServer
+from tests.factories.service import (
+    ServerThread,
+    auth,
+    create_key,
+    make_study,
+    settings_for,
+    upload,
+    wait_job,
+)
+
+from radserve.api import create_app
+from radserve.errors import InferenceError
+from radserve.report.fhir import check_bundle
+from radserve.service import Service
+
+
+def _report(bundle: dict[str, Any]) -> dict[str, Any]:
+    [report] = [e for e in bundle["entry"] if e["resource"]["resourceType"] == "DiagnosticReport"]
+    return report
+
+
+def _bundles(fhir: FhirServer, count: int) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + 60 * WAIT_SCALE
+    while len(fhir.received) < count:
+        assert time.monotonic() < deadline, f"{len(fhir.received)} of {count} bundles"
+        time.sleep(0.05)
+    return [r.json() for r in fhir.received]
+
+
+def test_a_failed_job_sends_a_cancelled_diagnostic_report(tmp_path: Path) -> None:
+    with FhirServer() as fhir:
+        service = Service(settings_for(tmp_path, fhir__url=fhir.url))
+        admin = create_key(service.store, "admin")
+        with (
+            ServerThread(create_app(service)) as srv,
+            httpx.Client(base_url=srv.url, timeout=30) as c,
+        ):
+            assert service.wait_warm(60)
+            catalog = service.catalog
+            session = catalog.sessions.get(catalog.registry.get("organs-test"), "fp32")
+
+            def broken(batch: Any) -> Any:
+                raise InferenceError("device lost (test)")
+
+            session.run = broken  # type: ignore[method-assign]
+            files = make_study(tmp_path / "s", extra={"PatientID": "PID-0815"})
+            r = c.post("/v1/studies", files=upload(files), headers=auth(admin))
+            assert r.status_code == 202, r.text
+            failed = wait_job(c, r.json()["id"], admin)
+            assert failed["state"] == "failed"
+            [notice] = _bundles(fhir, 1)
+            assert check_bundle(notice) == []
+            entry = _report(notice)
+            report = entry["resource"]
+            assert report["status"] == "cancelled"
+            assert entry["request"]["method"] == "PUT"  # amends what the server holds
+            code = failed["error"]["code"]
+            assert report["conclusionCode"][0]["coding"][0]["code"] == code
+            assert code in report["conclusion"]
+            [patient] = [e for e in notice["entry"] if e["resource"]["resourceType"] == "Patient"]
+            assert patient["resource"]["identifier"] == [{"value": "PID-0815"}]
+            assert report["subject"] == {"reference": patient["fullUrl"]}
+            metrics = c.get("/metrics").text
+            assert 'radserve_failure_notices_total{channel="fhir"} 1.0' in metrics
+
+            del session.run  # repaired: the same study runs again and succeeds
+            assert c.post("/v1/admin/models/organs-test/reset", headers=auth(admin)).is_success
+            again = c.post("/v1/studies", files=upload(files), headers=auth(admin))
+            assert wait_job(c, again.json()["id"], admin)["state"] == "succeeded"
+            _, result = _bundles(fhir, 2)
+            final = _report(result)["resource"]
+            assert final["status"] in ("final", "amended")
+            assert final["identifier"] == report["identifier"]  # the same report, now done
+            assert len(fhir.received) == 2
+
+
+def test_failure_notice_none_sends_nothing(tmp_path: Path) -> None:
+    with FhirServer() as fhir:
+        service = Service(
+            settings_for(tmp_path, fhir__url=fhir.url, results__failure_notice="none")
+        )
+        admin = create_key(service.store, "admin")
+        with (
+            ServerThread(create_app(service)) as srv,
+            httpx.Client(base_url=srv.url, timeout=30) as c,
+        ):
+            assert service.wait_warm(60)
+            catalog = service.catalog
+            session = catalog.sessions.get(catalog.registry.get("organs-test"), "fp32")
+
+            def broken(batch: Any) -> Any:
+                raise InferenceError("device lost (test)")
+
+            session.run = broken  # type: ignore[method-assign]
+            r = c.post("/v1/studies", files=upload(make_study(tmp_path / "s")), headers=auth(admin))
+            assert wait_job(c, r.json()["id"], admin)["state"] == "failed"
+            assert service.outbox.items(kind="fhir") == []
+            assert 'radserve_failure_notices_total{channel="fhir"}' not in c.get("/metrics").text
+    assert fhir.received == []

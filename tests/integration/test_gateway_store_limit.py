@@ -1,0 +1,192 @@
+"""The per-instance size limit holds while a C-STORE arrives (issue 12): dcmtk's storescu
+sends an instance far over ``max_file_bytes``; the association is aborted, the spool
+folder under the data dir never holds more than the limit (polled while sending),
+TMPDIR holds nothing, the peer is audited and logged without patient data, and a normal
+study sent right after is accepted. These tests also guard the two pynetdicom hooks of
+:mod:`radserve.gateway.receive_limit`: an upgrade that moves them fails here."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from io import BytesIO
+from pathlib import Path
+
+import pydicom
+import pytest
+from pydicom.uid import ExplicitVRLittleEndian
+from pynetdicom import AE, dimse_messages
+from pynetdicom.dimse_messages import C_STORE_RQ
+from pynetdicom.dimse_primitives import C_STORE
+from pynetdicom.dsutils import encode
+from pynetdicom.sop_class import CTImageStorage
+from tests.factories.dicom_net import dcmtk_tool, small_study, storescu, wait_until
+
+from radserve.audit import Action
+from radserve.audit.atna import dicom_audit_message
+from radserve.gateway import CompletedStudy, GatewaySCP, Peer, ScpConfig
+from radserve.gateway.receive_limit import Exceeded, install
+from radserve.service.gateway import audit_oversize
+from radserve.store import Store, init_store
+
+pytestmark = [
+    pytest.mark.tools,
+    pytest.mark.skipif(dcmtk_tool("storescu") is None, reason="dcmtk is not installed"),
+]
+LIMIT = 2 * 2**20
+META_SLACK = 4096  # preamble and file meta pynetdicom writes before the data set
+PHI = "Planted^Patient"
+
+
+def _bulky(source: Path, target: Path, size: int) -> Path:
+    """``source`` with a private OB element of ``size`` bytes and a planted name."""
+    ds = pydicom.dcmread(source)
+    ds.PatientName = PHI
+    block = ds.private_block(0x0009, "RADSERVE TEST", create=True)
+    block.add_new(0x00, "OB", b"\x5a" * size)
+    ds.save_as(target, enforce_file_format=True)
+    return target
+
+
+class _Watch(threading.Thread):
+    """Polls the largest total size of files in ``folders`` until stopped."""
+
+    def __init__(self, *folders: Path) -> None:
+        super().__init__(daemon=True)
+        self.folders = folders
+        self.largest = dict.fromkeys(folders, 0)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for folder in self.folders:
+                total = sum(p.stat().st_size for p in folder.glob("*") if p.is_file())
+                self.largest[folder] = max(self.largest[folder], total)
+            self.stop.wait(0.001)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
+    yield s
+    s.close()
+
+
+def test_an_oversize_instance_is_aborted_while_it_arrives(
+    tmp_path: Path,
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # where pynetdicom wrote before
+    studies: list[CompletedStudy] = []
+    refused: list[Exceeded] = []
+
+    def on_oversize(exceeded: Exceeded) -> None:
+        refused.append(exceeded)
+        audit_oversize(store, exceeded)
+
+    config = ScpConfig(
+        data_dir=tmp_path / "gateway",
+        port=0,
+        quiet_s=1.0,
+        max_file_bytes=LIMIT,
+        allowed_peers=(Peer("STORESCU", "127.0.0.1"),),
+    )
+    files = small_study(tmp_path / "study")
+    bulky = _bulky(files[0], tmp_path / "bulky.dcm", 12 * LIMIT)
+    with GatewaySCP(config, studies.append, on_oversize=on_oversize) as scp:
+        received_in: list[Path] = []
+        header = scp._header
+        monkeypatch.setattr(scp, "_header", lambda p: (received_in.append(p.parent), header(p))[1])
+        watch = _Watch(scp.spool, tmp)
+        watch.start()
+        try:
+            run = storescu(*scp.address, [bulky])
+        finally:
+            watch.stop.set()
+            watch.join()
+        assert run.returncode != 0 and "Peer aborted Association" in run.stderr
+        assert wait_until(lambda: not scp.admission.open_connections(), timeout=10)
+        assert watch.largest[scp.spool] <= LIMIT + META_SLACK
+        assert watch.largest[tmp] == 0
+        assert wait_until(lambda: not any(scp.spool.iterdir()), timeout=10)
+        assert [(r.calling_ae, r.address, r.limit_bytes) for r in refused] == [
+            ("STORESCU", "127.0.0.1", LIMIT)
+        ]
+        assert LIMIT < refused[0].received_bytes <= LIMIT + 2 * config.max_pdu_bytes
+        assert not received_in  # the handler never saw it
+        # a normal study right after: accepted, received through the spool folder
+        run = storescu(*scp.address, files)
+        assert run.returncode == 0, run.stderr
+        assert wait_until(lambda: len(studies) == 1, timeout=20)
+        assert len(studies[0].instances) == len(files)
+        assert set(received_in) == {scp.spool}
+        assert not any(scp.spool.iterdir()) and not any(tmp.iterdir())
+    records = [r for r in store.iter_audit() if r.action == Action.GATEWAY_OVERSIZE]
+    assert len(records) == 1
+    assert records[0].subject == "STORESCU" and records[0].client_address == "127.0.0.1"
+    assert records[0].payload["limit_bytes"] == LIMIT
+    atna = dicom_audit_message(records[0], source_id="radserve").decode()
+    assert 'EventOutcomeIndicator="4"' in atna and "110113" in atna  # ATNA Security Alert
+    text = caplog.text + "".join(str(r.to_json()) for r in store.iter_audit())
+    assert "aborted: a C-STORE data set passed" in caplog.text
+    assert PHI not in text and "Planted" not in text
+    assert not any(r.exc_info for r in caplog.records)
+
+
+def test_a_left_over_spool_file_is_removed_at_start(tmp_path: Path) -> None:
+    config = ScpConfig(data_dir=tmp_path / "gateway", port=0)
+    spool = config.data_dir / "receiving"
+    spool.mkdir(parents=True)
+    (spool / "tmpcrash.dcm").write_bytes(b"\0" * 1000)
+    with GatewaySCP(config, lambda _study: None) as scp:
+        assert scp.spool == spool and not any(spool.iterdir())
+
+
+def test_install_refuses_a_pynetdicom_without_the_hooked_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    install()  # the shipped pynetdicom: hooked
+    assert dimse_messages.NamedTemporaryFile.__module__ == "radserve.gateway.receive_limit"
+    monkeypatch.setattr(dimse_messages, "NamedTemporaryFile", lambda *a, **k: None)
+    with pytest.raises(RuntimeError, match="NamedTemporaryFile"):
+        install()
+
+
+def test_a_connection_dropped_mid_instance_leaves_no_spool_file(tmp_path: Path) -> None:
+    """pynetdicom leaves the partial temporary file of an unfinished C-STORE behind; the
+    connection's end removes it. The peer sends a few P-DATA PDUs, then closes."""
+    config = ScpConfig(
+        data_dir=tmp_path / "gateway", port=0, allowed_peers=(Peer("STORESCU", "127.0.0.1"),)
+    )
+    ds = pydicom.dcmread(_bulky(small_study(tmp_path / "s")[0], tmp_path / "b.dcm", LIMIT))
+    with GatewaySCP(config, lambda _study: None) as scp:
+        ae = AE("STORESCU")
+        ae.add_requested_context(CTImageStorage, ExplicitVRLittleEndian)
+        assoc = ae.associate(*scp.address, ae_title="RADSERVE")
+        assert assoc.is_established
+        request = C_STORE()
+        request.MessageID = 1
+        request.AffectedSOPClassUID = CTImageStorage
+        request.AffectedSOPInstanceUID = ds.SOPInstanceUID
+        request.Priority = 2
+        request.DataSet = BytesIO(encode(ds, False, True))
+        message = C_STORE_RQ()
+        message.primitive_to_message(request)
+        context_id = assoc.accepted_contexts[0].context_id
+        for count, primitive in enumerate(message.encode_msg(context_id, 16384)):
+            if count == 20:
+                break
+            assoc.dul.send_pdu(primitive)
+        assert wait_until(lambda: any(scp.spool.iterdir()), timeout=10)
+        assoc.dul.socket.socket.shutdown(socket.SHUT_RDWR)
+        assoc.kill()
+        assert wait_until(lambda: not any(scp.spool.iterdir()), timeout=20)
+        assert wait_until(lambda: not scp.admission.open_connections(), timeout=20)

@@ -1,0 +1,183 @@
+"""``models install --build-variants`` and ``POST /v1/models?build_variants=true``
+against a real server: the variants are built and gated through the pipeline on small
+phantoms, the gate state per variant is recorded (gate.json, install.json hashes),
+shown by ``GET /v1/models`` and ``models list``, and a variant that failed its gate is
+installed but refused for serving and deployment, with the gate's reason."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from tests.factories.onnx_models import threshold_model
+from tests.factories.server_process import radserve_command
+from tests.factories.service import ServerThread, auth, config_file, create_key
+
+from radserve.api import create_app
+from radserve.config import load_settings
+from radserve.errors import VariantRejectedError
+from radserve.lifecycle.install import verify_install
+from radserve.models.registry import ModelRegistry
+from radserve.service import Service
+
+STEP = "organs-test"
+# Small phantoms, two held-out seeds, one calibration seed: seconds, not minutes.
+VARIANTS = {"seeds": "0-1", "calibration_seeds": "1000", "small": True}
+
+
+def candidate(root: Path, shipped: Path, version: str, *, fp16_fragile: bool) -> Path:
+    """A copy of the organ test bundle as ``version``. ``fp16_fragile``: the same
+    threshold (50 HU) with logits scaled by 1e5, beyond float16's range: its bias
+    saturates at 65504 in the FP16 file, which then labels no organ at all (its gate
+    must reject it); the INT8 file keeps the logits head in float and stays exact."""
+    folder = root / STEP / version
+    shutil.copytree(shipped / STEP / "1.0.0", folder)
+    manifest = yaml.safe_load((folder / "model.yaml").read_text())
+    manifest["version"] = version
+    (folder / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    threshold_model(folder / "model.onnx", level=0.05, scale=2e6 if fp16_fragile else 20.0)
+    return folder
+
+
+def zipped(folder: Path) -> bytes:
+    target = folder.parent / f"{folder.name}.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in folder.rglob("*"):
+            zf.write(path, f"{STEP}/{folder.name}/{path.relative_to(folder).as_posix()}")
+    return target.read_bytes()
+
+
+class Server:
+    def __init__(self, tmp: Path) -> None:
+        self.config = config_file(tmp, lifecycle={"poll_s": 0.2, "variants": VARIANTS})
+        self.data = tmp / "data"
+        self.service = Service(load_settings(self.config, data_dir=self.data))
+        self.admin = create_key(self.service.store, "admin")
+        self.thread = ServerThread(create_app(self.service))
+        self.models = tmp / "assets" / "models"
+
+    def cli(self, *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            radserve_command(*args, "--config", str(self.config), "--data-dir", str(self.data)),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert (done.returncode == 0) == ok, done.stdout + done.stderr
+        return done
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    s = Server(tmp_path)
+    with s.thread:
+        s.service.wait_warm(60)
+        yield s
+
+
+def version_row(c: httpx.Client, token: str, version: str) -> dict[str, object]:
+    rows = c.get("/v1/models", headers=auth(token)).json()["versions"]
+    return next(r for r in rows if r["name"] == STEP and r["version"] == version)
+
+
+def test_install_builds_and_gates_variants_and_keeps_a_failed_one_off(
+    server: Server, tmp_path: Path
+) -> None:
+    fragile = candidate(tmp_path / "cand", server.models, "1.1.0", fp16_fragile=True)
+    good = candidate(tmp_path / "cand", server.models, "1.2.0", fp16_fragile=False)
+    admin = auth(server.admin)
+    with httpx.Client(base_url=server.thread.url, timeout=600) as c:
+        refused = c.post("/v1/models?precisions=fp16", content=zipped(fragile), headers=admin)
+        assert refused.status_code == 400, refused.text  # precisions without build_variants
+
+        r = c.post(
+            "/v1/models?build_variants=true&precisions=fp16,int8",
+            content=zipped(fragile),
+            headers=admin,
+        )
+        assert r.status_code == 201, r.text
+        answer = r.json()
+        assert answer["variants"]["int8"] == {"accepted": True, "reasons": []}
+        fp16 = answer["variants"]["fp16"]
+        assert fp16["accepted"] is False
+        assert any(why.startswith("mean Dice dropped") for why in fp16["reasons"]), fp16
+        # what was built is part of what was installed (hashed, unchanged since)
+        assert {"model.fp16.onnx", "model.int8.onnx", "gate.json"} <= set(answer["files"])
+
+        row = version_row(c, server.admin, "1.1.0")
+        assert row["servable"] == ["fp32", "int8"]
+        gate = row["gate"]
+        assert isinstance(gate, dict) and gate["int8"] == "accepted"
+        assert "rejected by its accuracy gate: mean Dice dropped" in gate["fp16"]
+
+        [event] = [
+            e
+            for e in server.service.store.iter_audit()
+            if e.subject == f"{STEP}/1.1.0" and e.payload.get("event") == "installed"
+        ]
+        assert event.payload["variants"]["fp16"]["accepted"] is False
+
+    directory = server.data / "models" / STEP / "1.1.0"
+    assert verify_install(directory) == []
+    bundle = ModelRegistry([server.data / "models"]).get(STEP, "1.1.0")
+    with pytest.raises(VariantRejectedError, match="mean Dice dropped"):
+        bundle.onnx_path("fp16")
+    gate_json = json.loads((directory / "gate.json").read_text())
+    assert gate_json["seeds"] == [0, 1] and gate_json["calibration_seeds"] == [1000]
+
+    # The CLI: a good bundle gets both variants accepted and `models list` shows them.
+    out = server.cli("models", "install", str(good), "--build-variants", "--precision", "fp16")
+    assert "installed organs-test 1.2.0" in out.stdout
+    assert "fp16: accepted" in out.stdout and "int8" not in out.stdout
+    listed = json.loads(server.cli("models", "list", "--json").stdout)
+    row = next(r for r in listed if r["name"] == STEP and r["version"] == "1.2.0")
+    assert row["gate"] == {"fp32": "accepted", "fp16": "accepted"}
+
+    # A server (or CLI) configured to serve fp16 refuses to deploy the rejected variant.
+    fp16_config = tmp_path / "fp16.yaml"
+    settings = yaml.safe_load(server.config.read_text())
+    fp16_config.write_text(
+        yaml.safe_dump({**settings, "models": {**settings["models"], "precision": "fp16"}})
+    )
+    done = subprocess.run(
+        radserve_command(
+            "models",
+            "deploy",
+            STEP,
+            "1.1.0",
+            "--reason",
+            "try fp16",
+            "--config",
+            str(fp16_config),
+            "--data-dir",
+            str(server.data),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "may not serve at fp16" in done.stderr and "mean Dice dropped" in done.stderr
+
+
+def test_install_refuses_variants_when_no_pipeline_runs_the_model(
+    server: Server, tmp_path: Path
+) -> None:
+    stray = candidate(tmp_path / "cand", server.models, "1.3.0", fp16_fragile=False)
+    manifest = yaml.safe_load((stray / "model.yaml").read_text())
+    manifest["name"] = "unused-organs"
+    target = tmp_path / "stray" / "unused-organs" / "1.3.0"
+    shutil.copytree(stray, target)
+    (target / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    done = server.cli("models", "install", str(target), "--build-variants", ok=False)
+    assert "evaluated through a pipeline that runs it, and none does" in done.stderr
+    assert not (server.data / "models" / "unused-organs").exists()
+    # without --build-variants the same bundle installs
+    assert "installed unused-organs 1.3.0" in server.cli("models", "install", str(target)).stdout

@@ -1,0 +1,194 @@
+"""``radserve models import monai-bundle``: labels agree with MONAI's own run of the bundle.
+
+A tiny MONAI Bundle is built in the test (a real inference.json in the shape of the
+model zoo's spleen_ct_segmentation, a 3D UNet with seeded random weights); MONAI runs it
+as its bundle workflow does (preprocessing, SlidingWindowInferer, postprocessing with
+Invertd) on a NIfTI written from the volume; radserve imports it and runs the bundle it
+wrote through the 3D sliding window. Then the things it cannot express are refused.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("monai")
+pytest.importorskip("torch")
+
+from tests.factories import monai_bundle as mb
+
+from radserve.domain.volume import Volume
+from radserve.importers import ImportRefusedError
+from radserve.importers.monai_bundle import import_monai
+from radserve.inference import ModelSession, PatchTask, choose_runtime, run_task
+from radserve.models.manifest import load_manifest
+
+CPU = choose_runtime(prefer=["CPUExecutionProvider"], threads=1)
+SAGITTAL = np.array([[1.0, 0, 0], [0, 0, 1.0], [0, -1.0, 0]])
+
+
+def _ct(shape: tuple[int, int, int], spacing: tuple[float, float, float], **geo: Any) -> Volume:
+    from scipy import ndimage
+
+    field = ndimage.gaussian_filter(np.random.default_rng(0).normal(size=shape), 2.0)
+    hu = (50 + 1200 * field).astype(np.int16)
+    return Volume.from_geometry(hu, spacing=spacing, origin=(10.0, -20.0, 30.0), **geo)
+
+
+def _post_activation_after_invert() -> list[dict[str, Any]]:
+    return [mb.POST[1], mb.POST[0], *mb.POST[2:]]
+
+
+CASES = {
+    # spleen-bundle shape: RAS, 1.5x1.5x2 mm bilinear, window clip, gaussian 0.5 overlap
+    "spleen_shape": ({}, ((40, 64, 72), (2.5, 0.9, 0.9), {})),
+    "intensity_before_spacing": (
+        {"pre": [*mb.PRE[:3], mb.PRE[4], mb.PRE[3], mb.PRE[5]]},
+        ((40, 64, 72), (2.5, 0.9, 0.9), {}),
+    ),
+    "axcodes_PLI": (
+        {"pre": [*mb.PRE[:2], {**mb.PRE[2], "axcodes": "PLI"}, *mb.PRE[3:]]},
+        ((40, 64, 72), (2.5, 0.9, 0.9), {}),
+    ),
+    "softmax_after_invertd": (
+        {"post": _post_activation_after_invert()},
+        ((40, 64, 72), (2.5, 0.9, 0.9), {}),
+    ),
+    "constant_blend_overlap_025": (
+        {"inferer": {**mb.INFERER, "mode": "constant", "overlap": 0.25}},
+        ((40, 64, 72), (2.5, 0.9, 0.9), {}),
+    ),
+    "smaller_than_patch_padded": ({}, ((12, 30, 50), (2.0, 1.1, 0.8), {})),
+    "sagittal_series": ({}, ((36, 50, 60), (1.2, 1.0, 1.3), {"direction": SAGITTAL})),
+    "segresnet_sigma_025": (
+        {
+            "network": {
+                "_target_": "SegResNet",
+                "spatial_dims": 3,
+                "in_channels": 1,
+                "out_channels": 3,
+                "init_filters": 8,
+                "blocks_down": [1, 1],
+                "blocks_up": [1],
+            },
+            "inferer": {**mb.INFERER, "sigma_scale": 0.25, "overlap": 0.6},
+        },
+        ((30, 48, 56), (1.7, 1.2, 1.2), {}),
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_labels_agree_with_monai_bundle_inference(tmp_path: Path, case: str) -> None:
+    config, (shape, spacing, geo) = CASES[case]
+    bundle = mb.write_monai_bundle(tmp_path / "bundle", **config)
+    volume = _ct(shape, spacing, **geo)
+    want = mb.run_monai_reference(bundle, mb.write_nifti(volume, tmp_path / "ct.nii.gz"))
+
+    out = import_monai(bundle, tmp_path / "models", name="tiny", version="1.0.0")
+    spec = load_manifest(out / "model.yaml")
+    got = run_task(PatchTask(volume, spec), ModelSession(out / "model.onnx", spec, runtime=CPU))
+
+    assert got.labels.same_geometry(volume)
+    counts = np.bincount(want.ravel(), minlength=3)
+    assert (counts > 0.005 * want.size).sum() >= 2, counts  # not one class everywhere
+    agreement = float((got.labels.array == want).mean())
+    assert agreement >= 0.999, agreement
+
+
+def test_imported_manifest_states_the_bundle(tmp_path: Path) -> None:
+    bundle = mb.write_monai_bundle(tmp_path / "bundle")
+    spec = load_manifest(import_monai(bundle, tmp_path / "models") / "model.yaml")
+    i = spec.input
+    assert spec.name == "tiny-ct-segmentation" and spec.modality == "CT"
+    assert i.axes == ("R", "A", "S") and i.spacing == (1.5, 1.5, 2.0)
+    assert i.patch_size == (32, 32, 32) and i.overlap == 0.5 and i.crop == "none"
+    assert i.normalisation.kind == "ct_window"
+    assert (i.normalisation.center, i.normalisation.width) == (53.5, 221.0)
+    assert i.resampling is not None and i.resampling.grid == "first_voxel"
+    assert (i.resampling.image_order, i.resampling.output_order) == (1, 1)
+    assert not i.resampling.normalise_first
+    w = i.sliding_window
+    assert (w.importance, w.sigma_scale, w.placement, w.pad) == (
+        "monai_gaussian",
+        0.125,
+        "monai",
+        "centre_zero",
+    )
+    assert w.accumulate == "logits" and w.activate_on_model_grid
+    assert [(lb.value, lb.name) for lb in spec.labels] == [(1, "liver"), (2, "spleen")]
+
+
+def _with(pre: dict[int, dict[str, Any] | None] | None = None, **config: Any) -> dict[str, Any]:
+    transforms = copy.deepcopy(mb.PRE)
+    for index, t in (pre or {}).items():
+        transforms[index] = t  # type: ignore[call-overload]
+    return {"pre": [t for t in transforms if t is not None], **config}
+
+
+_CROP_MARGIN = {
+    "_target_": "CropForegroundd",
+    "keys": "image",
+    "source_key": "image",
+    "margin": 4,
+    "allow_smaller": True,
+}
+REFUSALS = {
+    "CropForegroundd": (
+        _with({5: {"_target_": "CropForegroundd", "keys": "image", "source_key": "image"}}),
+        "preprocessing\\[5\\] CropForegroundd is not expressible: MONAI crops the resampled",
+    ),
+    "CropForegroundd_margin_before_intensity": (
+        {"pre": [*mb.PRE[:4], _CROP_MARGIN, *mb.PRE[4:]]},
+        "preprocessing\\[4\\] CropForegroundd is not expressible: .* crop 'nonzero' is nnU-Net's",
+    ),
+    "NormalizeIntensityd": (
+        _with({4: {"_target_": "NormalizeIntensityd", "keys": "image"}}),
+        "NormalizeIntensityd is not expressible",
+    ),
+    "clip_false": (_with({4: {**mb.PRE[4], "clip": False}}), "clip=False"),
+    "no_orientation": (_with({2: None}), "no Orientation\\(d\\)"),
+    "nearest_spacing": (_with({3: {**mb.PRE[3], "mode": "nearest"}}), "mode 'nearest'"),
+    "align_corners": (_with({3: {**mb.PRE[3], "align_corners": True}}), "align_corners True"),
+    "nearest_invert": (
+        {"post": [mb.POST[0], {**mb.POST[1], "nearest_interp": True}, *mb.POST[2:]]},
+        "nearest_interp=True",
+    ),
+    "no_invertd": ({"post": [mb.POST[0], mb.POST[2]]}, "no Invertd"),
+    "sigmoid": (
+        {"post": [{**mb.POST[0], "softmax": False, "sigmoid": True}, *mb.POST[1:]]},
+        "sigmoid",
+    ),
+    "keep_largest": (
+        {"post": [*mb.POST[:3], {"_target_": "KeepLargestConnectedComponentd", "keys": "pred"}]},
+        "KeepLargestConnectedComponentd is not expressible",
+    ),
+    "simple_inferer": ({"inferer": {"_target_": "SimpleInferer"}}, "SimpleInferer"),
+    "reflect_padding": (
+        {"inferer": {**mb.INFERER, "padding_mode": "reflect"}},
+        "padding_mode 'reflect'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_inexpressible_bundles_are_refused_by_name(tmp_path: Path, case: str) -> None:
+    config, message = REFUSALS[case]
+    bundle = mb.write_monai_bundle(tmp_path / "bundle", **config)
+    with pytest.raises(ImportRefusedError, match=message):
+        import_monai(bundle, tmp_path / "models")
+    assert not (tmp_path / "models").exists()  # refused before anything is written
+
+
+def test_missing_files_are_named(tmp_path: Path) -> None:
+    bundle = mb.write_monai_bundle(tmp_path / "bundle")
+    (bundle / "models" / "model.pt").unlink()
+    with pytest.raises(ImportRefusedError, match=r"no models/model\.pt or models/model\.ts"):
+        import_monai(bundle, tmp_path / "models")
+    with pytest.raises(ImportRefusedError, match="no configs/ folder"):
+        import_monai(tmp_path, tmp_path / "models")

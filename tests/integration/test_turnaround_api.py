@@ -1,0 +1,127 @@
+"""ETAs, learned service times and deadline-risk events, seen from a real server running
+real (tiny) studies, with a real HTTP receiver for the risk webhook."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tests.factories.service import (
+    ServerThread,
+    auth,
+    create_key,
+    make_models_slow,
+    make_study,
+    settings_for,
+    upload,
+    wait_job,
+)
+
+from radserve.api import create_app
+from radserve.service import Service
+
+
+class _Receiver:
+    """A loopback HTTP server that keeps the JSON bodies POSTed to it."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.got = threading.Event()
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers["Content-Length"])
+                owner.bodies.append(json.loads(self.rfile.read(length)))
+                owner.got.set()
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> _Receiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_eta_service_times_and_deadline_risk(tmp_path: Path) -> None:
+    make_models_slow_root = tmp_path / "assets" / "models"
+    with _Receiver() as receiver:
+        settings = settings_for(
+            tmp_path,
+            # a prior far slower than the test models: every new job is predicted late
+            turnaround__prior_per_slice_s=5.0,
+            turnaround__risk_margin_s=0.1,
+            turnaround__recompute_interval_s=0.05,
+            turnaround__risk_policy="promote",
+            turnaround__risk_webhook_url=receiver.url,
+            scheduler__tat_s__outpatient=0.3,  # each test job takes longer
+        )
+        make_models_slow(make_models_slow_root, layers=4, channels=32)
+        service = Service(settings)
+        key = create_key(service.store, "admin")
+        with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url) as c:
+            ids = []
+            for i in range(3):
+                study = make_study(tmp_path / f"s{i}")
+                answer = c.post("/v1/studies", files=upload(study), headers=auth(key))
+                assert answer.status_code == 202, answer.text
+                ids.append(answer.json()["id"])
+            # the last one waits behind two slow jobs: it has an ETA
+            job = c.get(f"/v1/jobs/{ids[-1]}", headers=auth(key)).json()
+            assert job["state"] in ("queued", "running")
+            eta = job["eta"]
+            assert eta["basis"] in ("prior", "scaled-prior", "fitted")
+            assert eta["predicted_start"] <= eta["predicted_finish"]
+            assert eta["predicted_finish"] <= eta["predicted_finish_late"]
+            listed = c.get("/v1/jobs", params={"state": ["queued", "running"]}, headers=auth(key))
+            assert any(item["eta"] for item in listed.json()["items"])
+
+            done = [wait_job(c, job_id, key) for job_id in ids]
+            assert [j["state"] for j in done] == ["succeeded"] * 3
+            assert all(j["eta"] is None for j in done)
+
+            times = c.get("/v1/ops/service-times", headers=auth(key)).json()
+            steps = {line["step"]: line for line in times["lines"]}
+            assert {"ingest", "run", "report"} <= set(steps)
+            assert any(line["on_device"] for line in times["lines"])
+            assert steps["run"]["samples"] == 3
+            # measured, the model no longer says 5 s per slice
+            assert steps["run"]["seconds_per_slice"] < 5.0
+
+            view = c.get("/v1/ops/turnaround", headers=auth(key)).json()
+            misses = view["misses"]
+            assert misses["misses"] >= 1
+            assert misses["predicted"] == misses["misses"]  # each one was flagged first
+            assert misses["lead_s_min"] > 0
+            # the finished jobs taught their class the ETAs' bias (actual / predicted)
+            bias = view["eta_bias"]
+            assert set(bias) == {"URGENT", "INPATIENT", "OUTPATIENT"}
+            assert bias["OUTPATIENT"]["jobs"] >= 1
+            assert 0.5 <= bias["OUTPATIENT"]["factor"] <= 3.0
+
+            metrics = c.get("/metrics", headers=auth(key)).text
+            assert 'radserve_deadline_risk_total{cls="OUTPATIENT"} 3.0' in metrics
+            assert "radserve_deadline_misses_predicted_total" in metrics
+            assert "radserve_eta_compute_seconds" in metrics
+
+            assert receiver.got.wait(15)
+        records = [r for r in service.store.iter_audit() if r.action == "job.deadline_risk"]
+        assert sorted(r.subject for r in records) == sorted(ids)
+        assert all(r.payload["policy"] == "promote" for r in records)
+        assert any(r.payload["promoted"] for r in records)
+        assert {b["job_id"] for b in receiver.bodies} <= set(ids)
+        assert receiver.bodies[0]["event"] == "job.deadline_risk"

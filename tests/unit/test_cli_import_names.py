@@ -1,0 +1,29 @@
+"""``models import monai-bundle`` is the documented name; ``monai`` still runs the same importer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from radserve.cli import cli
+
+
+def test_help_lists_monai_bundle_not_the_alias() -> None:
+    result = CliRunner().invoke(cli, ["models", "import", "--help"])
+    assert result.exit_code == 0, result.output
+    commands = result.output.split("Commands:")[1].split()
+    assert "monai-bundle" in commands and "nnunet" in commands
+    assert "monai" not in commands  # the alias is hidden
+
+
+@pytest.mark.parametrize("name", ["monai-bundle", "monai"])
+def test_both_names_run_the_monai_importer(tmp_path: Path, name: str) -> None:
+    """A folder that is not a bundle gets the importer's refusal under either name."""
+    (tmp_path / "not-a-bundle").mkdir()
+    args = ["models", "import", name, str(tmp_path / "not-a-bundle"), "--models-dir"]
+    result = CliRunner().invoke(cli, [*args, str(tmp_path / "models")])
+    assert result.exit_code == 1
+    assert "is not a MONAI bundle (no configs/ folder)" in result.output
+    assert not (tmp_path / "models").exists()

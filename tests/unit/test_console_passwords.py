@@ -1,0 +1,122 @@
+"""Local console users' password hashes (scrypt, per-user salt), their settings and the
+``radserve console hash-password`` command, and the per-client sign-in limiter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from pydantic import ValidationError
+
+from radserve.cli import cli
+from radserve.config import ConsoleSettings, ConsoleUser, load_settings
+from radserve.console.limits import SignInLimiter
+from radserve.errors import RadserveError
+from radserve.passwords import PasswordHash, hash_password, verify_password
+
+SECRET = "correct horse battery"
+
+
+def test_a_hash_verifies_its_password_only_and_each_has_its_own_salt() -> None:
+    one, two = hash_password(SECRET), hash_password(SECRET)
+    assert one != two  # fresh salt each time
+    assert SECRET not in one
+    parsed = PasswordHash.parse(one)
+    assert (parsed.log2_n, parsed.r, parsed.p, len(parsed.salt)) == (15, 8, 1, 16)
+    assert verify_password(SECRET, parsed)
+    assert not verify_password(SECRET + " ", parsed)
+    assert not verify_password("", parsed)
+    assert not verify_password(SECRET, None)  # an unknown user: refused after the same work
+    assert not verify_password("x" * 5000, parsed)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (SECRET, "never a clear password"),
+        ("scrypt$15$8$1$abc", "expected scrypt$"),
+        ("scrypt$15$8$1$!!$!!", "malformed"),
+        ("scrypt$30$8$1$" + "A" * 24 + "$" + "A" * 44, "out of range"),
+        ("scrypt$15$8$1$QUFB$" + "A" * 44, "too short"),
+    ],
+)
+def test_a_setting_that_is_not_a_hash_is_refused_saying_why(text: str, why: str) -> None:
+    with pytest.raises(ValidationError, match=why.replace("$", r"\$")):
+        ConsoleUser(username="alice", role="admin", password_hash=text)  # type: ignore[arg-type]
+
+
+def test_console_users_need_valid_unique_names() -> None:
+    encoded = hash_password(SECRET)
+    with pytest.raises(ValidationError, match="unique"):
+        ConsoleSettings(
+            users=[  # type: ignore[list-item]
+                {"username": "alice", "role": "admin", "password_hash": encoded},
+                {"username": "Alice", "role": "read", "password_hash": encoded},
+            ]
+        )
+    with pytest.raises(ValidationError, match="username"):
+        ConsoleUser(username="al ice", role="read", password_hash=encoded)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="role"):
+        ConsoleUser(username="alice", role="root", password_hash=encoded)  # type: ignore[arg-type]
+    user = ConsoleUser(username="alice", role="read", password_hash=encoded)  # type: ignore[arg-type]
+    assert encoded not in repr(user)  # a SecretStr: not shown by config show or logs
+
+
+def test_hash_password_command_reads_stdin_and_prints_a_users_entry() -> None:
+    runner = CliRunner()
+    done = runner.invoke(cli, ["console", "hash-password", "--stdin"], input=SECRET + "\n")
+    assert done.exit_code == 0, done.output
+    assert SECRET not in done.output
+    assert verify_password(SECRET, PasswordHash.parse(done.output.strip()))
+    entry = runner.invoke(
+        cli,
+        ["console", "hash-password", "--stdin", "--username", "bob", "--role", "submit"],
+        input=SECRET + "\n",
+    )
+    assert entry.exit_code == 0, entry.output
+    users = ConsoleSettings(**yaml.safe_load(entry.output)["console"]).users
+    assert (users[0].username, users[0].role) == ("bob", "submit")
+    assert verify_password(SECRET, PasswordHash.parse(users[0].password_hash.get_secret_value()))
+    short = runner.invoke(cli, ["console", "hash-password", "--stdin"], input="short\n")
+    assert short.exit_code == 2 and "8 to 1024 characters" in short.output
+    # at a terminal: asked twice, and a mismatch asks again
+    asked = runner.invoke(
+        cli, ["console", "hash-password"], input=f"{SECRET}\n{SECRET}x\n{SECRET}\n{SECRET}\n"
+    )
+    assert asked.exit_code == 0 and "do not match" in asked.output
+    assert verify_password(SECRET, PasswordHash.parse(asked.output.strip().splitlines()[-1]))
+
+
+def test_limiter_blocks_a_client_after_its_failures_until_they_leave_the_window() -> None:
+    now = [0.0]
+    limiter = SignInLimiter(max_failures=3, window_s=60, clock=lambda: now[0])
+    assert limiter.retry_after("10.0.0.1") is None
+    assert [limiter.failed("10.0.0.1") for _ in range(3)] == [False, False, True]
+    assert limiter.retry_after("10.0.0.1") == 60
+    assert limiter.retry_after("10.0.0.2") is None  # another client is not affected
+    now[0] = 59.0
+    assert limiter.retry_after("10.0.0.1") == pytest.approx(1.0)
+    now[0] = 60.0
+    assert limiter.retry_after("10.0.0.1") is None  # the failures left the window
+    assert limiter.failed("10.0.0.1") is False  # counting starts again
+    assert limiter.retry_after("10.0.0.1") is None
+    # a sliding window: failures at 60, 100 and 100 block until 120
+    now[0] = 100.0
+    limiter.failed("10.0.0.1")
+    assert limiter.failed("10.0.0.1") is True
+    assert limiter.retry_after("10.0.0.1") == pytest.approx(20.0)
+
+
+def test_a_clear_password_in_the_settings_file_is_refused_without_echoing_it(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "radserve.yaml"
+    users = [{"username": "alice", "role": "admin", "password_hash": "hunter2-in-clear"}]
+    config.write_text(yaml.safe_dump({"console": {"users": users}}))
+    with pytest.raises(RadserveError) as caught:
+        load_settings(config, data_dir=tmp_path / "data")
+    assert "console.users.0.password_hash" in caught.value.message
+    assert "hash-password" in caught.value.message
+    assert "hunter2-in-clear" not in caught.value.message

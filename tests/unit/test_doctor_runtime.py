@@ -1,0 +1,90 @@
+"""``radserve doctor``'s runtime lines: NVIDIA library version encodings, the OpenVINO
+version onnxruntime-openvino carries, and the CUDA line with and without a CUDA
+provider (this host has none: the GPU branch runs on a described build)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from radserve.inference.build_info import RuntimeBuild, openvino_version, runtime_build
+from radserve.lifecycle import doctor
+from radserve.lifecycle.native_libs import (
+    NvidiaStack,
+    cuda_version_text,
+    cudnn_version_text,
+    tensorrt_version_text,
+)
+from radserve.lifecycle.requirements import host_facts
+
+
+@pytest.mark.parametrize(
+    ("encode", "value", "text"),
+    [
+        (cuda_version_text, 12040, "12.4"),
+        (cuda_version_text, 11080, "11.8"),
+        (cuda_version_text, 13000, "13.0"),
+        (cudnn_version_text, 90100, "9.1.0"),
+        (cudnn_version_text, 91002, "9.10.2"),
+        (cudnn_version_text, 8902, "8.9.2"),
+        (tensorrt_version_text, 100300, "10.3.0"),
+        (tensorrt_version_text, 8601, "8.6.1"),
+    ],
+)
+def test_nvidia_version_numbers_are_decoded(encode, value: int, text: str) -> None:
+    assert encode(value) == text
+
+
+def test_openvino_version_from_the_library_onnxruntime_carries(tmp_path: Path) -> None:
+    try:
+        metadata.version("openvino")
+        pytest.skip("the openvino package is installed: its version wins")
+    except metadata.PackageNotFoundError:
+        pass
+    for name in ("libopenvino.so", "libopenvino.so.2541", "libopenvino.so.2025.4.1"):
+        (tmp_path / name).touch()
+    assert openvino_version(tmp_path) == f"2025.4.1 (bundled in onnxruntime's {tmp_path.name}/)"
+    assert openvino_version(tmp_path / "missing") is None
+
+
+def checks_for(build: RuntimeBuild, stack: NvidiaStack, monkeypatch) -> dict[str, doctor.Check]:
+    monkeypatch.setattr("radserve.inference.build_info.runtime_build", lambda: build)
+    monkeypatch.setattr("radserve.lifecycle.native_libs.nvidia_stack", lambda: stack)
+    return {c.name: c for c in doctor._runtime(host_facts())}
+
+
+def test_this_host_reports_its_build_and_no_cuda_provider() -> None:
+    checks = {c.name: c for c in doctor._runtime(host_facts())}
+    build = runtime_build()
+    assert checks["onnxruntime"].detail.startswith(f"{build.package} {build.version}")
+    assert "CUDAExecutionProvider" not in build.providers  # no GPU on this machine
+    assert checks["cuda"].status == "ok"
+    assert checks["cuda"].detail.startswith("no CUDA provider: CPU serving")
+    if "OpenVINOExecutionProvider" in build.providers:
+        assert checks["openvino"].detail[0].isdigit(), checks["openvino"]
+
+
+def test_a_cuda_build_reports_built_and_installed_versions_and_what_is_missing(
+    monkeypatch,
+) -> None:
+    build = RuntimeBuild(
+        package="onnxruntime-gpu",
+        version="1.24.1",
+        providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
+        openvino=None,
+        cuda_built="12.8",
+        cudnn_built="9.8.0",
+    )
+    complete = NvidiaStack(driver="12.9", runtime="12.8", cudnn="9.8.0", tensorrt=None)
+    cuda = checks_for(build, complete, monkeypatch)["cuda"]
+    assert cuda.status == "ok"
+    assert cuda.detail == (
+        "CUDAExecutionProvider; built with CUDA 12.8, cuDNN 9.8.0; installed: driver "
+        "supports CUDA 12.9, CUDA runtime 12.8, cuDNN 9.8.0"
+    )
+    no_cudnn = checks_for(build, replace(complete, cudnn=None), monkeypatch)["cuda"]
+    assert no_cudnn.status == "warn" and "not found: cuDNN" in no_cudnn.detail
+    assert checks_for(build, complete, monkeypatch)["openvino"].detail.startswith("no OpenVINO")

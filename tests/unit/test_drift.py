@@ -1,0 +1,99 @@
+"""Drift statistics and the server's monitors (issue 14): PSI / KS / chi-square states,
+state changes audited, a reference collected from the first studies and persisted, the
+metric. Records are drawn from seeded distributions (the phantom measurement is in
+tests/integration/test_drift_phantoms.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, generate_latest
+
+from radserve.audit import Action
+from radserve.config import DriftSettings
+from radserve.domain.input_domain import AcquisitionFacts, InputDomain, domain_violations
+from radserve.lifecycle.drift import DriftState, compare, psi
+from radserve.models.registry import ModelRegistry
+from radserve.service.drift import DriftCollector, DriftService, reference_path
+from radserve.store import init_store
+
+LIMITS = DriftSettings()
+
+
+def record(rng: np.random.Generator, *, shift: float = 0.0, vendor: str = "A") -> dict[str, Any]:
+    centre = 40 + shift
+    hist, _ = np.histogram(rng.normal(centre, 60, 5000), bins=np.arange(-300, 301, 25))
+    return {
+        "hist": {"hu_body": (hist / hist.sum()).tolist()},
+        "num": {"noise_hu": float(rng.normal(15 + shift / 4, 2)), "missing": None},
+        "cat": {"manufacturer": vendor},
+        "models": {"lesions": {"num": {"finding_count": float(rng.poisson(2))}, "cat": {}}},
+    }
+
+
+def test_same_population_is_ok_shifted_alerts() -> None:
+    rng = np.random.default_rng(0)
+    ref = [record(rng) for _ in range(30)]
+    same = compare(ref, [record(rng) for _ in range(20)], LIMITS)
+    assert {f.test for f in same.values()} == {"psi", "ks", "chi2"}
+    assert all(f.state is DriftState.OK for f in same.values())
+    moved = compare(ref, [record(rng, shift=60, vendor="B") for _ in range(20)], LIMITS)
+    assert moved["hu_body"].state is DriftState.ALERT and moved["hu_body"].p_value is None
+    assert moved["noise_hu"].state is DriftState.ALERT
+    assert moved["manufacturer"].state is DriftState.ALERT
+    assert "missing" not in moved  # no values: not judged
+
+
+def test_psi_is_zero_for_equal_histograms_and_grows_with_the_shift() -> None:
+    a = np.array([1.0, 2.0, 3.0, 4.0])
+    assert psi(a, a * 10) == 0.0
+    assert 0 < psi(a, a[::-1]) < psi(a, np.array([0.0, 0.0, 0.0, 1.0]))
+
+
+def test_domain_violations_name_each_reason() -> None:
+    domain = InputDomain.model_validate(
+        {
+            "pixel_spacing_mm": {"min": 0.6, "max": 0.9},
+            "matrix": {"min": 512, "max": 512},
+            "body_parts": ["CHEST"],
+        }
+    )
+    inside = AcquisitionFacts("CT", 0.7, 1.25, 512, 512, 300, "CHEST")
+    assert domain_violations(domain, "CT", inside) == []
+    outside = AcquisitionFacts("MR", 2.5, 5.0, 128, 512, 40, "HEAD")
+    reasons = domain_violations(domain, "CT", outside)
+    assert len(reasons) == 4 and any(r.startswith("rows 128") for r in reasons)
+    no_part = AcquisitionFacts("CT", 0.7, 1.25, 512, 512, 300, "")
+    assert domain_violations(domain, "CT", no_part) == []  # absent: not judged
+
+
+def test_service_collects_reference_then_audits_state_changes(tmp_path: Path) -> None:
+    store = init_store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    config = DriftSettings(reference_studies=10, window=10, min_window=10)
+    drift = DriftService(config, data_dir=tmp_path, registry=ModelRegistry(), store=store)
+    rng = np.random.default_rng(1)
+    versions = {"lesions": "9.9.9"}
+    for _ in range(10):
+        assert drift.observe(versions, record(rng)) == []
+    saved = reference_path(tmp_path, "lesions", "9.9.9")
+    assert saved.is_file()  # the collected reference survives a restart
+    for _ in range(10):
+        drift.observe(versions, record(rng))
+    assert drift.monitor("lesions", "9.9.9").state is DriftState.OK
+    changes = []
+    for _ in range(10):
+        changes += drift.observe(versions, record(rng, shift=80, vendor="B"))
+    assert any(c.feature == "" and c.after is DriftState.ALERT for c in changes)
+    audited = [e for e in store.iter_audit() if e.action == Action.MODEL_DRIFT]
+    assert len(audited) == len(changes) and audited[-1].subject == "lesions/9.9.9"
+    registry = CollectorRegistry()
+    registry.register(DriftCollector(drift))
+    text = generate_latest(registry).decode()
+    assert (
+        'radserve_model_drift_state{feature="overall",model="lesions",version="9.9.9"} 2.0' in text
+    )
+    # a new service (a restart) reads the reference back instead of collecting again
+    again = DriftService(config, data_dir=tmp_path, registry=ModelRegistry(), store=None)
+    assert not again.monitor("lesions", "9.9.9").collecting

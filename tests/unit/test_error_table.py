@@ -1,0 +1,159 @@
+"""The one error table (radserve.error_table): every RadserveError subclass answers a
+deliberate HTTP status, STOW-RS Failure Reason, DICOM status and CLI exit status."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+
+import radserve
+from radserve import error_table
+from radserve.error_table import (
+    CANNOT_UNDERSTAND,
+    OUT_OF_RESOURCES,
+    PROCESSING_FAILURE,
+    TABLE,
+    class_key,
+    lookup,
+    row_for,
+)
+from radserve.errors import RadserveError
+
+ROOT = class_key(RadserveError)
+
+
+def _import_everything() -> dict[str, str]:
+    """Import every module (so every error class is defined); the ones that fail."""
+    failed = {}
+    for module in pkgutil.walk_packages(radserve.__path__, "radserve.", onerror=lambda _: None):
+        if module.name.endswith("__main__") or ".migrations" in module.name:
+            continue  # command-line entry points and alembic scripts run on import
+        try:
+            importlib.import_module(module.name)
+        except ImportError as exc:
+            failed[module.name] = f"{type(exc).__name__}: {exc}"
+    return failed
+
+
+def _subclasses(cls: type) -> set[type]:
+    found = set()
+    for sub in cls.__subclasses__():
+        found |= {sub, *_subclasses(sub)}
+    return found
+
+
+IMPORT_FAILURES = _import_everything()
+ERRORS = sorted(_subclasses(RadserveError), key=class_key)
+
+
+def test_every_module_imports() -> None:
+    assert not IMPORT_FAILURES, f"error classes of these modules are not checked: {IMPORT_FAILURES}"
+
+
+def test_the_walk_finds_the_error_families() -> None:
+    keys = {class_key(c) for c in ERRORS}
+    assert "radserve.store.errors.JobNotFoundError" in keys
+    assert "radserve.scheduling.errors.QueueFullError" in keys
+    assert len(ERRORS) >= 40
+
+
+def test_every_row_names_a_radserve_error_class() -> None:
+    known = {class_key(c) for c in (RadserveError, *ERRORS)}
+    stale = sorted(set(TABLE) - known)
+    assert not stale, f"rows for classes that do not exist (moved or renamed?): {stale}"
+
+
+@pytest.mark.parametrize("cls", ERRORS, ids=class_key)
+def test_every_subclass_reaches_a_row_below_the_root(cls: type[RadserveError]) -> None:
+    assert row_for(cls) != ROOT, f"{class_key(cls)} falls through to the root row (500)"
+
+
+@pytest.mark.parametrize("cls", ERRORS, ids=class_key)
+def test_a_500_is_never_inherited(cls: type[RadserveError]) -> None:
+    if lookup(cls).http == 500:
+        assert row_for(cls) == class_key(cls), (
+            f"{class_key(cls)} answers {lookup(cls).http} only through {row_for(cls)}: "
+            "give it its own row if a server fault is what it means"
+        )
+
+
+@pytest.mark.parametrize("cls", ERRORS, ids=class_key)
+def test_every_row_is_a_valid_answer(cls: type[RadserveError]) -> None:
+    mapping = lookup(cls)
+    assert 400 <= mapping.http <= 599
+    assert mapping.stow in (PROCESSING_FAILURE, OUT_OF_RESOURCES, CANNOT_UNDERSTAND)
+    assert mapping.dicom in (OUT_OF_RESOURCES, CANNOT_UNDERSTAND)
+    assert mapping.exit == 2  # every RadserveError ends `radserve` with status 2
+
+
+@pytest.mark.parametrize(
+    ("key", "http"),
+    [
+        # the conflicts that once fell through to 500/503
+        ("radserve.scheduling.errors.DuplicateJobError", 409),
+        ("radserve.store.errors.JobExistsError", 409),
+        ("radserve.store.errors.OutboxNotRetryableError", 409),
+        ("radserve.store.errors.OutboxItemNotFoundError", 404),
+        ("radserve.errors.EmptyUploadError", 400),
+        ("radserve.errors.UnsupportedMediaError", 415),
+        ("radserve.store.files.UploadTooLargeError", 413),
+        ("radserve.errors.GeometryError", 422),
+        ("radserve.scheduling.errors.QueueFullError", 503),
+        ("radserve.store.errors.JobNotFoundError", 404),
+        ("radserve.gateway.dicomweb.wado.DicomObjectNotFoundError", 404),
+        ("radserve.gateway.dicomweb.multipart.NotAcceptableError", 406),
+        ("radserve.api.errors.UnauthenticatedError", 401),
+        ("radserve.errors.ReportError", 500),
+    ],
+)
+def test_specific_errors_answer_as_intended(key: str, http: int) -> None:
+    cls = next(c for c in ERRORS if class_key(c) == key)
+    assert lookup(cls).http == http
+
+
+def test_an_error_without_its_own_row_answers_as_its_family() -> None:
+    from radserve.ingest.headers import UnreadableHeaderError
+
+    assert row_for(UnreadableHeaderError) == "radserve.errors.NotDicomError"
+    assert lookup(UnreadableHeaderError(ValueError("x"))).stow == CANNOT_UNDERSTAND
+
+    class SiteSpecificStudyError(radserve.errors.StudyError):
+        code = "site_rule"
+
+    assert lookup(SiteSpecificStudyError("x")).http == 422
+
+
+@pytest.mark.parametrize(
+    ("key", "reason"),
+    [
+        ("radserve.scheduling.errors.QueueFullError", OUT_OF_RESOURCES),
+        ("radserve.store.files.UploadTooLargeError", OUT_OF_RESOURCES),
+        ("radserve.errors.UnsupportedMediaError", CANNOT_UNDERSTAND),
+        ("radserve.errors.NotDicomError", CANNOT_UNDERSTAND),
+        ("radserve.errors.StudyError", CANNOT_UNDERSTAND),
+        ("radserve.errors.EmptyUploadError", CANNOT_UNDERSTAND),
+        ("radserve.errors.GeometryError", PROCESSING_FAILURE),
+        ("radserve.service.own_uploads.OwnResultsOnlyError", PROCESSING_FAILURE),
+        ("radserve.scheduling.errors.ModelUnavailableError", PROCESSING_FAILURE),
+    ],
+)
+def test_stow_failure_reasons(key: str, reason: int) -> None:
+    cls = next(c for c in ERRORS if class_key(c) == key)
+    assert lookup(cls).stow == reason
+
+
+def test_dicom_statuses_of_the_storage_scp() -> None:
+    from radserve.gateway.errors import InstanceRejectedError, OutOfResourcesError
+
+    assert lookup(OutOfResourcesError("disk full")).dicom == OUT_OF_RESOURCES
+    assert lookup(InstanceRejectedError("bad uid")).dicom == CANNOT_UNDERSTAND
+
+
+def test_the_http_edge_reads_the_table() -> None:
+    from radserve.api.errors import status_for
+    from radserve.scheduling.errors import DuplicateJobError
+
+    assert status_for(DuplicateJobError("job j1 is already queued")) == 409
+    assert error_table.lookup(DuplicateJobError).http == 409

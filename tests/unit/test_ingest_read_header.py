@@ -1,0 +1,126 @@
+"""ingest.headers.read_header: the one DICOM header parser for code outside ingest
+(STOW-RS checks, priority attributes, result index, WADO-RS metadata, FHIR)."""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+import pydicom
+import pytest
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import DeflatedExplicitVRLittleEndian, ExplicitVRLittleEndian, generate_uid
+
+from radserve.errors import NotDicomError
+from radserve.ingest.headers import DEFER_BYTES, UnreadableHeaderError, read_header
+
+_BIG_PRIVATE = 0x00091010
+
+
+def _part10(tmp_path: Path, *, big: int = 0) -> Path:
+    ds = Dataset()
+    ds.SOPClassUID = "1.2.840.10008.5.1.4.1.1.2"
+    ds.SOPInstanceUID = generate_uid()
+    ds.StudyInstanceUID = generate_uid()
+    ds.PatientName = "Doe^Jane"
+    ds.add_new(0x00090010, "LO", "HOSTILE")
+    if big:
+        ds.add_new(_BIG_PRIVATE, "OB", b"\x00" * big)
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID
+    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+    path = tmp_path / "one.dcm"
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+def test_large_elements_are_deferred_until_used(tmp_path: Path) -> None:
+    size = 4 * DEFER_BYTES
+    path = _part10(tmp_path, big=size)
+    header = read_header(path)
+    # rewrite the large value on disk after parsing: what the header then holds was
+    # read on use, not while parsing
+    data = path.read_bytes()
+    at = data.rindex(b"\x00" * size)
+    path.write_bytes(data[:at] + b"\x01" * size + data[at + size :])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pydicom notes the changed modification time
+        assert header[_BIG_PRIVATE].value == b"\x01" * size
+    assert str(header.PatientName) == "Doe^Jane"
+
+
+def test_only_the_requested_tags_are_read(tmp_path: Path) -> None:
+    header = read_header(_part10(tmp_path), tags=["SOPInstanceUID"])
+    assert "SOPInstanceUID" in header
+    assert "PatientName" not in header
+
+
+def test_a_stream_is_read_like_a_file(tmp_path: Path) -> None:
+    path = _part10(tmp_path)
+    from_stream = read_header(io.BytesIO(path.read_bytes()))
+    assert from_stream.to_json_dict() == read_header(path).to_json_dict()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"not dicom at all" * 20],
+    ids=["empty", "text"],
+)
+def test_unreadable_input_is_a_not_dicom_error_naming_only_the_cause(content: bytes) -> None:
+    with pytest.raises(UnreadableHeaderError, match=r"unreadable DICOM header \(\w+\)") as info:
+        read_header(io.BytesIO(content))
+    assert isinstance(info.value, NotDicomError)
+    assert info.value.cause_name in info.value.message
+
+
+def test_a_missing_file_is_an_os_error_not_a_header_error(tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        read_header(tmp_path / "gone.dcm")
+
+
+def test_a_stream_is_read_within_the_header_bound(tmp_path: Path) -> None:
+    data = _part10(tmp_path).read_bytes()
+    with pytest.raises(UnreadableHeaderError, match=r"\(InputTooLargeError\)"):
+        read_header(io.BytesIO(data), max_header_bytes=64)
+    assert read_header(io.BytesIO(data)).PatientName == "Doe^Jane"  # the default bound
+
+
+def _deflated(tmp_path: Path, big: int) -> Path:
+    path = _part10(tmp_path, big=big)
+    ds = pydicom.dcmread(path)
+    ds.file_meta.TransferSyntaxUID = DeflatedExplicitVRLittleEndian
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+def _peak_mb() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(next(x for x in status.splitlines() if x.startswith("VmHWM:")).split()[1]) / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux peak RSS reset")
+def test_a_deflated_header_is_inflated_only_within_the_bound(tmp_path: Path) -> None:
+    """pydicom inflates a Deflated data set whole, in memory (a 2 MB file inflating to
+    256 MB took the server up by 500 MB); read_header inflates only as far as it
+    reads, at most max_header_bytes, from a path and from a stream alike."""
+    path = _deflated(tmp_path, big=128 * 2**20)
+    assert path.stat().st_size < 2**20
+    for source in (path, io.BytesIO(path.read_bytes())):
+        Path("/proc/self/clear_refs").write_text("5")  # peak RSS := RSS now
+        before = _peak_mb()
+        with pytest.raises(UnreadableHeaderError, match="InputTooLargeError"):
+            read_header(source, max_header_bytes=4 * 2**20)
+        assert _peak_mb() - before < 32  # the 128 MB element never inflated
+
+
+def test_a_deflated_header_reads_like_any_other(tmp_path: Path) -> None:
+    path = _deflated(tmp_path, big=1000)
+    for source in (path, io.BytesIO(path.read_bytes())):
+        ds = read_header(source)
+        assert str(ds.PatientName) == "Doe^Jane" and ds[_BIG_PRIVATE].value == b"\x00" * 1000
+        assert ds.file_meta.TransferSyntaxUID == DeflatedExplicitVRLittleEndian  # as stored
+        assert "PixelData" not in ds
+    ds = read_header(path, tags=["StudyInstanceUID"])
+    assert ds.StudyInstanceUID and "PatientName" not in ds

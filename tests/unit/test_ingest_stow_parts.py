@@ -1,0 +1,47 @@
+"""STOW-RS parts get ingest's completeness checks before they are stored (issue 12,
+item 8): a truncated part is a per-instance failure in the Store Instances Response."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from tests.factories.dicom_series import make_ct_series
+from tests.factories.hostile import set_raw
+
+from radserve.gateway.dicomweb.stow import FailureReason, StowPart, StowResult, check_part
+from radserve.ingest import IngestPolicy
+
+
+def _part(data: bytes) -> StowPart:
+    return StowPart("application/dicom", io.BytesIO(data))
+
+
+def test_truncated_part_fails_with_cannot_understand(tmp_path: Path) -> None:
+    (path,) = make_ct_series(tmp_path, n_slices=1, rows=64, cols=64)
+    data = path.read_bytes()
+    assert len(data) > 3000
+    whole = check_part(1, _part(data), None)
+    cut = check_part(2, _part(data[:3000]), None)
+    assert whole.stored
+    assert cut.failure is FailureReason.CANNOT_UNDERSTAND
+    assert "truncated" in cut.reason and cut.sop_instance_uid  # the failed item names it
+    result = StowResult((whole, cut))
+    assert result.http_status == 202
+    failed = result.response().FailedSOPSequence
+    assert [int(i.FailureReason) for i in failed] == [0xC000]
+    assert StowResult((cut,)).http_status == 409
+
+
+def test_frame_count_bomb_and_oversized_part(tmp_path: Path) -> None:
+    (path,) = make_ct_series(tmp_path, n_slices=1)
+    import pydicom
+
+    ds = pydicom.dcmread(path)
+    set_raw(ds, "NumberOfFrames", b"2147483647")
+    buffer = io.BytesIO()
+    ds.save_as(buffer, enforce_file_format=False)
+    bomb = check_part(1, _part(buffer.getvalue()), None)
+    assert bomb.failure is FailureReason.OUT_OF_RESOURCES  # above ingest.max_frames
+    big = check_part(2, _part(path.read_bytes()), None, policy=IngestPolicy(max_file_bytes=100))
+    assert big.failure is FailureReason.OUT_OF_RESOURCES and "max_file_bytes" in big.reason

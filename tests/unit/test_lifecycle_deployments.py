@@ -1,0 +1,130 @@
+"""Deployments: deterministic canary routing by Study Instance UID (URGENT excluded
+unless asked), shadow sampling, the append-only table with one audit record a change,
+shadow comparison figures and the guardrail rule."""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+
+from radserve.config import GuardrailSettings
+from radserve.domain.deployment import (
+    DeploymentAction,
+    Role,
+    StepDeployment,
+    route,
+    shadow_for,
+)
+from radserve.domain.priority import PriorityClass
+from radserve.lifecycle.compare import Comparison, StratumAgreement, lesion_agreement
+from radserve.lifecycle.guardrails import VersionRecord, breach
+from radserve.store import init_store
+from radserve.store.deployments import DeploymentStore
+
+
+def test_canary_share_is_deterministic_and_close_to_the_percentage() -> None:
+    d = StepDeployment(step="lesions", stable="1.0", canary="1.1", canary_percent=20)
+    uids = [f"1.2.826.0.1.{i}" for i in range(2000)]
+    first = [route(d, uid, PriorityClass.OUTPATIENT) for uid in uids]
+    assert first == [route(d, uid, PriorityClass.OUTPATIENT) for uid in uids]
+    share = sum(role is Role.CANARY for _, role in first) / len(uids)
+    assert 0.17 < share < 0.23
+    canary_uids = [u for u, (_, r) in zip(uids, first, strict=True) if r is Role.CANARY]
+    assert all(route(d, u, PriorityClass.URGENT) == ("1.0", Role.STABLE) for u in canary_uids)
+    urgent_too = StepDeployment(
+        step="lesions", stable="1.0", canary="1.1", canary_percent=20, canary_urgent=True
+    )
+    assert route(urgent_too, canary_uids[0], PriorityClass.URGENT) == ("1.1", Role.CANARY)
+    shadow = StepDeployment(step="lesions", stable="1.0", shadow="2.0", shadow_percent=50)
+    sampled = [shadow_for(shadow, uid) for uid in uids]
+    assert set(sampled) == {"2.0", None}
+    assert 0.45 < sampled.count("2.0") / len(uids) < 0.55
+
+
+def test_each_change_is_a_row_and_an_audit_record(tmp_path: Path) -> None:
+    store = init_store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    deployments = DeploymentStore(store.engine)
+    try:
+        deployments.record(StepDeployment(step="lesions", stable="1.0", actor="k1", reason="a"))
+        deployments.record(
+            StepDeployment(
+                step="lesions",
+                stable="1.0",
+                canary="1.1",
+                canary_percent=20,
+                actor="k1",
+                reason="try 1.1",
+            )
+        )
+        deployments.record(
+            StepDeployment(step="organs", stable="2.0", action=DeploymentAction.PROMOTE, reason="b")
+        )
+        current = deployments.current()
+        assert current["lesions"].canary == "1.1" and current["organs"].stable == "2.0"
+        assert [d.reason for d in deployments.history("lesions")] == ["try 1.1", "a"]
+        records = [r for r in store.iter_audit() if r.action == "model.changed"]
+        assert [r.payload["event"] for r in records] == [
+            "deployment.deploy",
+            "deployment.deploy",
+            "deployment.promote",
+        ]
+        assert records[1].actor_key_id == "k1" and records[1].payload["reason"] == "try 1.1"
+        assert store.verify_audit().ok
+    finally:
+        store.close()
+
+
+def _finding(label: str, at: tuple[float, float, float], diameter: float) -> dict[str, object]:
+    return {"label": label, "centroid_mm": at, "longest_diameter_mm": diameter}
+
+
+def test_lesion_agreement_by_size_stratum() -> None:
+    serving = [
+        _finding("liver_lesion", (0, 0, 0), 6),
+        _finding("liver_lesion", (30, 0, 0), 15),
+        _finding("liver_lesion", (60, 0, 0), 25),
+    ]
+    candidate = [_finding("liver_lesion", (1, 1, 0), 7), _finding("liver_lesion", (60, 3, 0), 24)]
+    strata = lesion_agreement(serving, candidate)
+    assert strata["<10mm"] == StratumAgreement(1, 0, 0)
+    assert strata["10-20mm"] == StratumAgreement(0, 1, 0)
+    assert strata[">=20mm"] == StratumAgreement(1, 0, 0)
+    extra = lesion_agreement([], [_finding("lung_nodule", (0, 0, 0), 4)])
+    assert extra["<10mm"] == StratumAgreement(0, 0, 1) and extra["<10mm"].agreement == 0.0
+
+
+def _comparison(agreement: float) -> Comparison:
+    both = round(agreement * 10)
+    return Comparison(
+        job_id="j",
+        step="lesions",
+        serving_version="1.1",
+        candidate_version="1.0",
+        candidate_role="stable",
+        dice={"liver_lesion": agreement},
+        lesions={"<10mm": StratumAgreement(both, 10 - both, 0)},
+    )
+
+
+def test_guardrails() -> None:
+    limits = GuardrailSettings(min_studies=4, min_comparisons=3)
+    canary, stable = VersionRecord("lesions", "1.1"), VersionRecord("lesions", "1.0")
+    for ok in (True, True, True):
+        canary.add_job(ok, 1.0)
+        stable.add_job(ok, 1.0)
+    assert breach(canary, stable, limits) is None
+    canary.add_job(False, None)
+    canary.add_job(False, None)
+    assert "failure rate 40%" in (breach(canary, stable, limits) or "")
+    slow = VersionRecord("lesions", "1.2", seconds=deque([10.0] * 5))
+    stable.add_job(True, 1.0)
+    stable.add_job(True, 1.0)
+    assert "p95 turnaround" in (breach(slow, stable, limits) or "")
+    damaged = VersionRecord("lesions", "1.3")
+    for _ in range(3):
+        damaged.comparisons.append(_comparison(0.5))
+    assert "lesion agreement with stable 50%" in (breach(damaged, stable, limits) or "")
+    good = VersionRecord("lesions", "1.4")
+    for _ in range(3):
+        good.comparisons.append(_comparison(1.0))
+    assert breach(good, stable, limits) is None

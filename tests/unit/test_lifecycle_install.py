@@ -1,0 +1,151 @@
+"""Model install: a bundle folder or zip is validated (manifest, ONNX graph against it,
+host requirements), hashed and copied; hostile zips and mismatched graphs are refused."""
+
+from __future__ import annotations
+
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from tests.factories.bundles import write_test_bundles
+from tests.factories.onnx_models import threshold_model
+
+from radserve.errors import BundleExistsError, BundleRejectedError
+from radserve.lifecycle.install import (
+    ArchiveLimits,
+    install_bundle,
+    read_install,
+    sha256_file,
+    verify_install,
+)
+from radserve.lifecycle.requirements import HostFacts, unmet_requirements
+from radserve.models.manifest import load_manifest
+from radserve.models.registry import ModelRegistry
+
+HOST = HostFacts(
+    ort_version="1.24.1",
+    providers=("CPUExecutionProvider",),
+    runs_bf16=False,
+    free_memory_mb=4096,
+)
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Path:
+    write_test_bundles(tmp_path / "src")
+    return tmp_path / "src" / "lesions-test" / "1.0.0"
+
+
+def _zip(folder: Path, target: Path, prefix: str = "lesions-test/1.0.0") -> Path:
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in folder.rglob("*"):
+            zf.write(path, f"{prefix}/{path.relative_to(folder).as_posix()}")
+    return target
+
+
+def test_install_a_folder_records_every_hash_and_the_registry_finds_it(
+    bundle: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    installed = install_bundle(bundle, data, actor="tester", host=HOST)
+    target = data / "models" / "lesions-test" / "1.0.0"
+    assert installed.directory == target
+    assert installed.files["model.onnx"] == sha256_file(bundle / "model.onnx")
+    assert set(installed.files) == {"model.onnx", "model.yaml"}
+    assert read_install(target) is not None and read_install(target).actor == "tester"  # type: ignore[union-attr]
+    assert verify_install(target) == []
+    assert ModelRegistry([data / "models"]).get("lesions-test").directory == target
+    (target / "model.onnx").write_bytes(b"changed")
+    assert verify_install(target) == ["model.onnx changed since install"]
+
+
+def test_a_version_is_never_replaced(bundle: Path, tmp_path: Path) -> None:
+    install_bundle(bundle, tmp_path / "data", host=HOST)
+    with pytest.raises(BundleExistsError, match="never replaced"):
+        install_bundle(bundle, tmp_path / "data", host=HOST)
+    with pytest.raises(BundleExistsError):
+        install_bundle(
+            _zip(bundle, tmp_path / "b.zip"),
+            tmp_path / "other",
+            host=HOST,
+            existing={("lesions-test", "1.0.0")},
+        )
+
+
+def test_install_a_zip(bundle: Path, tmp_path: Path) -> None:
+    installed = install_bundle(_zip(bundle, tmp_path / "b.zip"), tmp_path / "data", host=HOST)
+    assert (installed.directory / "model.onnx").is_file()
+    assert not any((tmp_path / "data" / "models" / ".staging").iterdir())
+
+
+@pytest.mark.parametrize("member", ["../evil.txt", "/abs/evil.txt", "a/../../evil.txt"])
+def test_zip_members_outside_the_bundle_are_refused(
+    bundle: Path, tmp_path: Path, member: str
+) -> None:
+    archive = _zip(bundle, tmp_path / "b.zip")
+    with zipfile.ZipFile(archive, "a") as zf:
+        zf.writestr(member, "x")
+    with pytest.raises(BundleRejectedError, match="outside the bundle"):
+        install_bundle(archive, tmp_path / "data", host=HOST)
+    assert not (tmp_path / "evil.txt").exists() and not Path("/abs/evil.txt").exists()
+
+
+def test_zip_bomb_and_symlink_are_refused(bundle: Path, tmp_path: Path) -> None:
+    bomb = _zip(bundle, tmp_path / "bomb.zip")
+    with zipfile.ZipFile(bomb, "a", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("lesions-test/1.0.0/zeros.bin", b"\0" * (8 << 20))
+    with pytest.raises(BundleRejectedError, match="expands"):
+        install_bundle(bomb, tmp_path / "data", host=HOST, limits=ArchiveLimits(max_ratio=10))
+    link = _zip(bundle, tmp_path / "link.zip")
+    with zipfile.ZipFile(link, "a") as zf:
+        info = zipfile.ZipInfo("lesions-test/1.0.0/link")
+        info.external_attr = 0o120777 << 16
+        zf.writestr(info, "/etc/passwd")
+    with pytest.raises(BundleRejectedError, match="link or special"):
+        install_bundle(link, tmp_path / "data", host=HOST)
+    too_many = _zip(bundle, tmp_path / "many.zip")
+    with pytest.raises(BundleRejectedError, match="entries"):
+        install_bundle(too_many, tmp_path / "data", host=HOST, limits=ArchiveLimits(max_members=1))
+    not_zip = tmp_path / "x.bin"
+    not_zip.write_bytes(b"garbage")
+    with pytest.raises(BundleRejectedError, match="neither"):
+        install_bundle(not_zip, tmp_path / "data", host=HOST)
+
+
+def test_onnx_graph_must_match_the_manifest(bundle: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(bundle, broken)
+    threshold_model(broken / "model.onnx", in_channels=1)  # manifest: 2.5d, 3 channels
+    with pytest.raises(BundleRejectedError, match="has 1 channels; the manifest implies 3"):
+        install_bundle(broken, tmp_path / "data", host=HOST)
+    (broken / "model.onnx").write_bytes(b"not onnx")
+    with pytest.raises(BundleRejectedError, match="not a readable ONNX model"):
+        install_bundle(broken, tmp_path / "data", host=HOST)
+    (broken / "model.onnx").unlink()
+    with pytest.raises(BundleRejectedError, match="missing"):
+        install_bundle(broken, tmp_path / "data", host=HOST)
+    assert not (tmp_path / "data" / "models" / "lesions-test").exists()
+
+
+def test_requirements_the_host_cannot_meet_are_refused_with_the_reason(
+    bundle: Path, tmp_path: Path
+) -> None:
+    manifest = yaml.safe_load((bundle / "model.yaml").read_text())
+    manifest["requires"] = {
+        "onnxruntime": "9.0",
+        "opset": 99,
+        "providers": ["TensorrtExecutionProvider"],
+        "memory_mb": 10**7,
+    }
+    (bundle / "model.yaml").write_text(yaml.safe_dump(manifest))
+    reasons = unmet_requirements(load_manifest(bundle / "model.yaml"), HOST)
+    assert len(reasons) == 4
+    with pytest.raises(BundleRejectedError) as info:
+        install_bundle(bundle, tmp_path / "data", host=HOST)
+    for text in ("ONNX Runtime >= 9.0", "opset 99", "TensorrtExecutionProvider", "MB of free"):
+        assert text in info.value.message
+    manifest["requires"] = {"onnxruntime": "1.17", "opset": 17}
+    (bundle / "model.yaml").write_text(yaml.safe_dump(manifest))
+    assert install_bundle(bundle, tmp_path / "data", host=HOST).version == "1.0.0"

@@ -1,0 +1,59 @@
+"""The drift features of a CT volume: the memory-lean extractor gives exactly what the
+straightforward one (two float32 copies of the strided volume) gave."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import ndimage
+
+from radserve.domain.input_domain import AcquisitionFacts
+from radserve.phantom import PhantomSpec, generate_phantom
+from radserve.pipeline import profile
+from radserve.pipeline.profile import _BODY_HU, _SOFT_TISSUE, HU_EDGES, _strided, volume_features
+
+SCANNER = {"manufacturer": "radserve phantom", "kernel": "STANDARD", "kvp": "120"}
+
+
+def _reference(array: np.ndarray) -> tuple[list[float], float, float]:
+    """Histogram, mean and noise as computed before the memory rework."""
+    array = _strided(array)
+    mask = array > _BODY_HU
+    labels, n = ndimage.label(mask)
+    if n > 1:
+        sizes = np.bincount(labels.ravel())
+        sizes[0] = 0
+        mask = labels == int(np.argmax(sizes))
+    body = array[mask].astype(np.float32)
+    counts, _ = np.histogram(np.clip(body, HU_EDGES[0], HU_EDGES[-1] - 1e-3), bins=HU_EDGES)
+    lo, hi = _SOFT_TISSUE
+    soft = mask & (array >= lo) & (array <= hi)
+    pair = soft[:, :, 1:] & soft[:, :, :-1]
+    diffs = (array[:, :, 1:].astype(np.float32) - array[:, :, :-1])[pair]
+    noise = float(1.4826 * np.median(np.abs(diffs - np.median(diffs))) / np.sqrt(2.0))
+    return (counts / counts.sum()).tolist(), float(body.mean()), noise
+
+
+def test_volume_features_match_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(profile, "_CHUNK", 4099)  # many chunks, a ragged last one
+    spec = PhantomSpec.random(3, small=True)
+    ct = generate_phantom(spec, range(0, spec.n_slices, 2)).ct
+    array = ct.array.copy()
+    array[:3, :4, :4] = 40  # a second component above -500 HU, apart from the body
+    ct = ct.with_array(array)
+    facts = AcquisitionFacts(
+        modality="CT",
+        pixel_spacing_mm=spec.pixel_spacing_mm,
+        slice_thickness_mm=spec.slice_thickness_mm,
+        rows=spec.rows,
+        columns=spec.columns,
+        slices=spec.n_slices,
+        body_part="CHEST",
+    )
+    got = volume_features(ct, facts, SCANNER)
+    hist, mean, noise = _reference(ct.array)
+    assert got["hist"]["hu_body"] == hist
+    assert got["num"]["hu_body_mean"] == mean
+    assert got["num"]["noise_hu"] == noise
+    assert noise > 0.0  # the phantom has noise: the comparison is not of two empties
+    assert ndimage.label(_strided(array) > _BODY_HU)[1] > 1  # the largest-component path

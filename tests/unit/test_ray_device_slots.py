@@ -1,0 +1,34 @@
+"""``ray.devices`` entries: CPU slots, GPU shares, and ``@RESOURCE`` placement on a node."""
+
+from __future__ import annotations
+
+import pytest
+
+from radserve.config import ConfigError, load_settings
+from radserve.scheduling.ray_worker import PLACE_SHARE, DeviceSlot
+
+
+@pytest.mark.parametrize(
+    ("entry", "options"),
+    [
+        ("cpu:2", {"num_cpus": 2}),
+        ("gpu:0.5", {"num_cpus": 1, "num_gpus": 0.5}),
+        ("cpu:1@node_b", {"num_cpus": 1, "resources": {"node_b": PLACE_SHARE}}),
+        ("gpu@Rack-2.a", {"num_cpus": 1, "num_gpus": 1.0, "resources": {"Rack-2.a": PLACE_SHARE}}),
+    ],
+)
+def test_a_device_entry_becomes_the_actor_s_ray_resources(
+    entry: str, options: dict[str, object]
+) -> None:
+    got = DeviceSlot.parse(entry, 0).actor_options(max_restarts=3)
+    assert got == {"max_restarts": 3, "max_task_retries": 0, **options}
+    assert load_settings(None, executor="ray", ray__devices=[entry]).ray.devices == (entry,)
+
+
+@pytest.mark.parametrize("entry", ["cpu@", "cpu:1@a b", "tpu", "gpu:1.5@x"])
+def test_a_bad_device_entry_is_refused(entry: str) -> None:
+    with pytest.raises(ValueError, match=r"ray\.devices entry|GPU share"):
+        DeviceSlot.parse(entry, 0)
+    if entry != "gpu:1.5@x":  # the settings check the shape; the share is checked at parse
+        with pytest.raises(ConfigError, match=r"ray\.devices"):
+            load_settings(None, executor="ray", ray__devices=[entry])

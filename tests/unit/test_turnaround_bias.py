@@ -1,0 +1,129 @@
+"""Online ETA bias correction: per class, learned from finished jobs, bounded, neutral
+at start; and the server's Turnaround learning it and applying it (fake clock)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+
+import pytest
+
+from radserve.config import QueueLimits, SchedulerSettings, load_settings
+from radserve.domain.priority import PriorityClass
+from radserve.scheduling import JobEvent, JobRequest, JobState, Scheduler
+from radserve.scheduling.clock import FakeClock
+from radserve.service.metrics import Metrics
+from radserve.service.turnaround import Turnaround
+from radserve.store import JobRecord, init_store
+from radserve.store import JobState as StoredState
+from radserve.turnaround.bias import BiasCorrection
+
+
+def test_a_new_correction_is_neutral_for_every_class() -> None:
+    bias = BiasCorrection()
+    assert bias.factor(0) == bias.factor(2) == 1.0
+    assert bias.correct(2, 100.0, 160.0) == 160.0
+    assert bias.describe() == {}
+
+
+def test_the_factor_moves_toward_the_median_ratio_as_jobs_finish() -> None:
+    bias = BiasCorrection(window=20, prior_jobs=3)
+    factors = []
+    for _ in range(12):
+        bias.observe(2, predicted_s=50.0, actual_s=100.0)  # twice as long as predicted
+        factors.append(bias.factor(2))
+    assert factors == sorted(factors)  # more evidence, more correction
+    assert factors[0] == pytest.approx(math.exp(math.log(2) * 1 / 4))  # shrunk: 1 of 1 + 3
+    assert factors[-1] == pytest.approx(math.exp(math.log(2) * 12 / 15))
+    assert bias.factor(1) == 1.0  # other classes are untouched
+    assert bias.correct(2, 100.0, 110.0) == pytest.approx(100.0 + 10.0 * factors[-1])
+    assert bias.describe() == {2: {"jobs": 12, "factor": round(factors[-1], 4)}}
+
+
+def test_one_outlier_does_not_swing_the_median_and_the_factor_is_bounded() -> None:
+    bias = BiasCorrection(window=5, prior_jobs=0, bounds=(0.5, 3.0))
+    for actual in (40.0, 40.0, 40.0, 40.0, 4000.0):  # one job stuck behind a burst
+        bias.observe(1, predicted_s=50.0, actual_s=actual)
+    assert bias.factor(1) == pytest.approx(0.8)
+    for _ in range(5):
+        bias.observe(1, predicted_s=10.0, actual_s=1000.0)
+    assert bias.factor(1) == 3.0  # the window has moved on; the bound holds
+    for _ in range(5):
+        bias.observe(1, predicted_s=100.0, actual_s=1.0)
+    assert bias.factor(1) == 0.5
+
+
+def test_predictions_under_a_second_teach_nothing_and_window_0_disables() -> None:
+    bias = BiasCorrection()
+    bias.observe(0, predicted_s=0.2, actual_s=5.0)
+    assert bias.factor(0) == 1.0
+    off = BiasCorrection(window=0)
+    off.observe(0, predicted_s=10.0, actual_s=50.0)
+    assert off.factor(0) == 1.0
+
+
+class _NeverRuns:
+    models: tuple[str, ...] = ()
+
+    def next_stage(self) -> None:
+        return None
+
+    def result(self) -> object:
+        return None
+
+
+def test_the_server_learns_the_bias_of_finished_jobs_and_scales_new_etas(
+    tmp_path: Path,
+) -> None:
+    """Jobs that took twice their first ETA teach OUTPATIENT a factor > 1; the next
+    OUTPATIENT ETA's time to finish is scaled by it; INPATIENT's factor stays 1."""
+    clock = FakeClock(1000.0)
+    config = SchedulerSettings(queue_limits=QueueLimits(inpatient=None, outpatient=None))
+    scheduler = Scheduler(config, clock=clock)
+    settings = load_settings(None, data_dir=tmp_path / "data")
+    store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
+    now = dt.datetime.now(dt.UTC)
+
+    def lookup(job_id: str) -> JobRecord:
+        return JobRecord(
+            job_id, StoredState.QUEUED, PriorityClass.OUTPATIENT, now, now, "ct", "1", "fp32",
+            "f", str(tmp_path / "no-such-study"),
+        )  # fmt: skip
+
+    turnaround = Turnaround(
+        settings,
+        store=store,
+        scheduler=scheduler,
+        metrics=Metrics(scheduler.snapshot),
+        lookup=lookup,
+        device="cpu",
+        cpu_workers=2,
+    )
+    try:
+        for i in range(6):
+            scheduler.submit(JobRequest(f"old-{i}", _NeverRuns(), PriorityClass.OUTPATIENT))
+        first = {e.job_id: e.finish for e in turnaround.recompute()}
+        clock.advance(5.0)
+        for i in range(6):
+            job_id = f"old-{i}"
+            took = 2 * (first[job_id] - 1000.0)  # twice the predicted time to finish
+            turnaround.on_state(
+                JobEvent(job_id, JobState.SUCCEEDED, PriorityClass.OUTPATIENT, 1000.0 + took, 0.0)
+            )
+            scheduler.cancel(job_id)
+        view = turnaround.bias_view()
+        factor = view["OUTPATIENT"]["factor"]
+        assert view["OUTPATIENT"]["jobs"] == 6
+        assert factor == pytest.approx(math.exp(math.log(2) * 6 / 9), rel=1e-3)
+        assert view["INPATIENT"] == {"jobs": 0, "factor": 1.0}
+
+        scheduler.submit(JobRequest("new-out", _NeverRuns(), PriorityClass.OUTPATIENT))
+        corrected = {e.job_id: e for e in turnaround.recompute()}["new-out"]
+        raw = turnaround._first["new-out"][1]
+        at = turnaround.computed_at
+        assert at is not None
+        assert corrected.finish - at == pytest.approx(factor * (raw - at))
+        assert corrected.finish_late >= corrected.finish
+    finally:
+        store.close()

@@ -1,0 +1,148 @@
+"""The ETA walk over the queue order."""
+
+from __future__ import annotations
+
+import pytest
+
+from radserve.turnaround.eta import Arrivals, Capacity, Entry, overtaking_delay, walk
+from radserve.turnaround.service_time import JobEstimate
+
+EST = JobEstimate(cpu_s=6.0, device_s=4.0, latency_s=10.0, spread_s=0.0, source="fitted")
+
+
+def _entry(
+    i: int,
+    cls: int = 2,
+    *,
+    running: bool = False,
+    started: float | None = None,
+    deadline: float = 1000.0,
+) -> Entry:
+    return Entry(f"j{i}", cls, running, deadline=deadline, started=started, estimate=EST)
+
+
+def test_single_job_takes_its_latency() -> None:
+    (eta,) = walk([_entry(0)], 100.0, Capacity())
+    assert (eta.start, eta.finish, eta.finish_late) == (100.0, 110.0, 110.0)
+
+
+def test_a_long_queue_is_bound_by_its_bottleneck_resource() -> None:
+    # one device, 4 device-seconds per job: one job every 4 s once the queue is long
+    jobs = [_entry(i) for i in range(100)]
+    etas = walk(jobs, 0.0, Capacity(cpu_workers=2, devices=1, max_running=4))
+    assert [e.position for e in etas] == list(range(100))
+    assert etas[-1].finish == 400.0
+    # two devices: the CPU pool (2 workers, 6 CPU-seconds per job) is then the bound
+    two = walk(jobs, 0.0, Capacity(cpu_workers=2, devices=2, max_running=4))
+    assert two[-1].finish == 300.0
+    finishes = [e.finish for e in etas]
+    assert finishes == sorted(finishes)
+    # the 5th routine job waits for a slot: the first to free
+    assert etas[4].start == etas[0].finish
+
+
+def test_running_jobs_hold_their_slots_and_their_remaining_work() -> None:
+    running = [_entry(i, running=True, started=95.0) for i in range(4)]
+    etas = walk([*running, _entry(9)], 100.0, Capacity(max_running=4))
+    assert all(e.start == 95.0 for e in etas[:4])
+    assert etas[0].finish == 105.0  # 10 s latency, 5 s run
+    assert etas[4].start >= 105.0  # a slot frees when a running job ends
+
+
+def test_urgent_exclusive_holds_routine_starts_behind_urgent_work() -> None:
+    etas = walk([_entry(0, cls=0), _entry(1, cls=2)], 0.0, Capacity(urgent_exclusive=True))
+    assert etas[1].start == etas[0].finish == 10.0
+    shared = walk([_entry(0, cls=0), _entry(1, cls=2)], 0.0, Capacity(urgent_exclusive=False))
+    assert shared[1].start == 0.0
+
+
+def test_later_urgent_arrivals_widen_only_routine_bands() -> None:
+    capacity = Capacity(arrivals=(Arrivals(0, 1 / 60, EST),))
+    etas = walk([_entry(0, cls=0), *[_entry(i) for i in range(1, 40)]], 0.0, capacity)
+    assert etas[0].finish_late == etas[0].finish  # URGENT is not overtaken by URGENT
+    bands = [e.finish_late - e.finish for e in etas[1:]]
+    assert all(b > 0 for b in bands)
+    assert bands[-1] > bands[0]  # a longer horizon, more URGENT arrivals in it
+
+
+def test_bench_eta_cost_walks_every_queued_job() -> None:
+    from radserve.bench.eta import eta_cost
+
+    row = eta_cost(50, repeats=2)  # it asserts one ETA per queued job; no time asserted
+    assert row["jobs"] == 50 and row["repeats"] == 2
+
+
+def test_a_cpu_device_shares_the_host_cores_with_the_cpu_pool() -> None:
+    """On a CPU device a batch uses every core: device and CPU-pool work take turns, so a
+    long queue drains at their sum per job, not at the larger of the two."""
+    from radserve.turnaround.eta import on_host_cores
+
+    jobs = [_entry(i) for i in range(100)]
+    separate = walk(jobs, 0.0, Capacity(cpu_workers=2, devices=1, max_running=4))
+    shared = walk(jobs, 0.0, Capacity(cpu_workers=2, devices=1, max_running=4, host_cores=2))
+    assert separate[-1].finish == 400.0  # max(600 / 2, 400 / 1)
+    assert shared[-1].finish == 700.0  # 600 / 2 + 400 / 1
+    assert shared[0].finish == separate[0].finish == 10.0  # one job: its own latency
+    assert on_host_cores("cpu") and on_host_cores("openvino")
+    assert not on_host_cores("cuda:0")
+
+
+def test_routine_finish_expects_the_mean_of_later_urgent_arrivals() -> None:
+    """A routine job's finish adds the URGENT work expected within its horizon (Poisson
+    mean), the band's end the 90th percentile; URGENT jobs are not delayed by them."""
+    jobs = [_entry(0, cls=0), *[_entry(i) for i in range(1, 20)]]
+    quiet = walk(jobs, 0.0, Capacity())
+    busy = walk(jobs, 0.0, Capacity(arrivals=(Arrivals(0, 1 / 100, EST),)))
+    assert busy[0].finish == quiet[0].finish  # URGENT
+    for q, b in zip(quiet[1:], busy[1:], strict=True):
+        horizon = q.finish
+        # one fixed-point step: arrivals over the horizon, then over horizon + their work
+        first = horizon / 100 * EST.latency_s
+        assert b.finish == pytest.approx(q.finish + (horizon + first) / 100 * EST.latency_s)
+        assert q.finish < b.finish <= b.finish_late
+
+
+TATS = (300.0, 300.0, 1800.0)  # URGENT, INPATIENT, OUTPATIENT (as configured by default)
+
+
+def test_every_class_ranked_ahead_overtakes_and_nothing_else_does() -> None:
+    """INPATIENT arrivals delay OUTPATIENT work as URGENT ones delay both; an INPATIENT
+    job is not delayed by INPATIENT (EDF: later arrivals have later deadlines) nor by
+    OUTPATIENT arrivals."""
+    inpatient_only = Capacity(arrivals=(Arrivals(1, 1 / 100, EST),), tat_s=TATS)
+    both = Capacity(arrivals=(Arrivals(0, 1 / 100, EST), Arrivals(1, 1 / 100, EST)), tat_s=TATS)
+    jobs = [_entry(0, cls=1, deadline=5000.0), _entry(1, cls=2, deadline=5000.0)]
+    quiet = walk(jobs, 0.0, Capacity(tat_s=TATS))
+    inp = walk(jobs, 0.0, inpatient_only)
+    two = walk(jobs, 0.0, both)
+    assert inp[0].finish == quiet[0].finish  # INPATIENT is not overtaken by INPATIENT
+    assert inp[1].finish > quiet[1].finish  # OUTPATIENT is
+    assert two[0].finish > quiet[0].finish  # URGENT overtakes INPATIENT
+    assert two[1].finish > inp[1].finish  # and OUTPATIENT, on top of INPATIENT arrivals
+    # INPATIENT arrivals do not stop other starts: each costs its share of throughput,
+    # not its latency (an URGENT one, under urgent_exclusive, costs its latency)
+    assert inpatient_only.hold_s(1, EST) == 4.0  # max(cpu 6 / 2 workers, device 4 / 1)
+    assert inpatient_only.hold_s(0, EST) == EST.latency_s
+
+
+def test_aging_ends_the_overtaking_window_of_lower_classes() -> None:
+    """An OUTPATIENT job is aged to INPATIENT once its slack is under 25 % of its TAT;
+    from then on INPATIENT arrivals overtake it only while their deadline (arrival + 300
+    s) comes before its own; URGENT arrivals overtake it throughout."""
+    capacity = Capacity(arrivals=(Arrivals(1, 1 / 10, EST),), tat_s=TATS)
+    hold = capacity.hold_s(1, EST)
+    far = _entry(0, cls=2, deadline=10_000.0)  # ages at 10,000 - 450: beyond the horizon
+    near = _entry(1, cls=2, deadline=400.0)  # aged already; EDF lets arrivals by until 100
+    gone = _entry(2, cls=2, deadline=250.0)  # aged; an arrival now is due after it
+    mean_far, _ = overtaking_delay(far, 50.0, 0.0, capacity)
+    assert mean_far == pytest.approx(0.1 * (50.0 + 0.1 * 50.0 * hold) * hold)
+    assert overtaking_delay(near, 1000.0, 0.0, capacity)[0] == pytest.approx(0.1 * 100 * hold)
+    assert overtaking_delay(gone, 1000.0, 0.0, capacity) == (0.0, 0.0)
+    urgent = Capacity(arrivals=(Arrivals(0, 1 / 10, EST),), tat_s=TATS)
+    assert overtaking_delay(gone, 100.0, 0.0, urgent)[0] > 0
+
+
+def test_the_band_end_is_the_90th_percentile_of_the_overtaking_work() -> None:
+    capacity = Capacity(arrivals=(Arrivals(0, 1 / 50, EST), Arrivals(1, 1 / 50, EST)), tat_s=TATS)
+    mean, high = overtaking_delay(_entry(0, cls=2, deadline=1e6), 100.0, 0.0, capacity)
+    assert 0 < mean < high

@@ -1,0 +1,112 @@
+"""``radserve plan``: rates and targets parsed, deterministic answers, the device search,
+and the plot file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from radserve.cli import cli
+from radserve.domain.priority import PriorityClass
+from radserve.turnaround.plan import PlanInputError, parse_rates, parse_targets
+from radserve.turnaround.service_time import ServiceTimeModel, StudySize
+
+
+def test_rates_and_targets_parse_with_units() -> None:
+    rates = parse_rates("urgent=2/h, inpatient=1/min,outpatient=0.5")
+    assert rates[PriorityClass.URGENT] == pytest.approx(2 / 3600)
+    assert rates[PriorityClass.INPATIENT] == pytest.approx(1 / 60)
+    assert rates[PriorityClass.OUTPATIENT] == pytest.approx(0.5 / 3600)  # default per hour
+    targets = parse_targets("stat=300s,inpatient=10min")
+    assert targets == {PriorityClass.URGENT: 300.0, PriorityClass.INPATIENT: 600.0}
+    for bad in ("urgent=fast", "nobody=1/h", "urgent=2/week"):
+        with pytest.raises(PlanInputError):
+            parse_rates(bad)
+
+
+def _model_file(path: Path) -> Path:
+    """A service-time model as a bench run would write it: 20 s jobs on one device."""
+    model = ServiceTimeModel()
+    for slices in (100, 200, 300, 400):
+        model.observe(
+            pipeline="ct",
+            device="cpu",
+            precision="fp32",
+            size=StudySize(slices),
+            timings={
+                "ingest": 0.01 * slices,
+                "organs: infer": 0.05 * slices,
+                "report": 1.0,
+                "run": 0.06 * slices + 1,
+            },
+        )
+    path.write_text(json.dumps(model.to_json()))
+    return path
+
+
+def _plan(tmp_path: Path, *args: str) -> dict:  # type: ignore[type-arg]
+    result = CliRunner().invoke(
+        cli,
+        [
+            "plan",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--service-times",
+            str(_model_file(tmp_path / "model.json")),
+            "--json",
+            *args,
+        ],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)  # type: ignore[no-any-return]
+
+
+def test_find_devices_is_deterministic_and_grows_with_the_load(tmp_path: Path) -> None:
+    args = ["--hours", "3", "--seed", "5", "--find-devices", "--target", "urgent=120s"]
+    light = _plan(tmp_path, "--rate", "urgent=6/h,outpatient=60/h", *args)
+    again = _plan(tmp_path, "--rate", "urgent=6/h,outpatient=60/h", *args)
+    assert light == again
+    assert light["service_times"]["measured"] is True
+    # ~15 s of device time per job: 66 jobs/h need one device; 600/h need several
+    heavy = _plan(tmp_path, "--rate", "urgent=60/h,outpatient=540/h", *args)
+    assert light["smallest_devices"] == 1
+    assert heavy["smallest_devices"] >= 3
+    chosen = heavy["plans"][-1]
+    assert chosen["meets_targets"] is True
+    assert chosen["classes"]["URGENT"]["tat_p95_s"] <= 120
+    assert all(p["meets_targets"] is False for p in heavy["plans"][:-1])
+    # ~2.5 device-erlangs offered: 1 and 2 devices are overloaded, not simulated
+    assert heavy["overloaded_below"] == 3
+    assert heavy["plans"][0]["devices"] == 3
+
+
+def test_plot_is_written(tmp_path: Path) -> None:
+    out = _plan(
+        tmp_path,
+        "--rate",
+        "urgent=6/h,outpatient=60/h",
+        "--hours",
+        "2",
+        "--plot",
+        str(tmp_path / "tat.svg"),
+    )
+    assert out["plot"]["format"] == "svg"
+    svg = (tmp_path / "tat.svg").read_text()
+    assert svg.startswith("<svg") and "URGENT p95" in svg and "<polyline" in svg
+
+
+def test_host_cores_make_a_cpu_device_share_them_with_the_cpu_stages(tmp_path: Path) -> None:
+    """Service times measured on the CPU: by default the device is simulated as separate
+    hardware; --host-cores N makes its batches and the CPU stages take turns on N cores,
+    which lengthens routine TAT."""
+    args = ["--rate", "outpatient=150/h", "--hours", "2", "--seed", "3"]
+    apart = _plan(tmp_path, *args)
+    shared = _plan(tmp_path, *args, "--host-cores", "2")
+    assert apart["service_times"]["host_cores_per_device"] is None
+    assert shared["service_times"]["host_cores_per_device"] == 2
+    tat = [p["plans"][0]["classes"]["OUTPATIENT"]["tat_p50_s"] for p in (shared, apart)]
+    assert tat[0] > tat[1]

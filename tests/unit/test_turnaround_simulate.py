@@ -1,0 +1,146 @@
+"""The planner's simulation against queueing theory (long runs, fixed seeds)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from radserve.config import ClassTats, SchedulerSettings
+from radserve.domain.priority import PriorityClass
+from radserve.turnaround.simulate import (
+    JobService,
+    SimConfig,
+    poisson_trace,
+    simulate,
+)
+
+U, OUT = PriorityClass.URGENT, PriorityClass.OUTPATIENT
+# no aging, no start limit, no URGENT exclusivity: a plain queue in front of the device
+PLAIN = SchedulerSettings(
+    tat_s=ClassTats(urgent=1e9, inpatient=1e9, outpatient=1e9),
+    aging_fraction=0.0,
+    max_running=1_000_000,
+    urgent_exclusive=False,
+)
+
+
+def _exponential(mean: float):  # type: ignore[no-untyped-def]
+    def sample(rng: np.random.Generator, cls: PriorityClass) -> JobService:
+        return JobService(0.0, (float(rng.exponential(mean)),), 0.0)
+
+    return sample
+
+
+def test_mm1_mean_time_in_system_matches_theory() -> None:
+    lam, mu = 0.5, 1.0  # rho 0.5: W = 1 / (mu - lam) = 2 s, Wq = rho / (mu - lam) = 1 s
+    trace = poisson_trace({OUT: lam}, 40_000, seed=3)
+    result = simulate(trace, _exponential(1 / mu), SimConfig(1, 1, PLAIN), seed=4, warmup_s=500)
+    out = result.classes[OUT]
+    assert out.jobs > 19_000
+    assert abs(out.tat_mean_s - 2.0) / 2.0 < 0.05
+    assert abs(out.wait_mean_s + (out.tat_mean_s - out.wait_mean_s) - 2.0) < 0.1
+    assert abs(result.device_utilisation - 0.5) < 0.02
+    # M/M/1 time in system is exponential with rate mu - lam: p95 = ln(20) / 0.5
+    assert abs(out.tat_p95_s - np.log(20) / 0.5) / (np.log(20) / 0.5) < 0.06
+
+
+def test_mm2_matches_erlang_c() -> None:
+    lam, mu, c = 1.4, 1.0, 2  # rho 0.7 per device
+    a = lam / mu
+    rho = a / c
+    p0 = 1 / (sum(a**k / math.factorial(k) for k in range(c)) + a**c / (2 * (1 - rho)))
+    erlang_c = a**c / (2 * (1 - rho)) * p0
+    expected = erlang_c / (c * mu - lam) + 1 / mu
+    trace = poisson_trace({OUT: lam}, 30_000, seed=5)
+    result = simulate(trace, _exponential(1 / mu), SimConfig(c, 1, PLAIN), seed=6, warmup_s=500)
+    assert abs(result.classes[OUT].tat_mean_s - expected) / expected < 0.06
+
+
+def test_two_classes_follow_non_preemptive_priority_theory() -> None:
+    """Cobham: class k waits W0 / ((1 - s_{k-1}) (1 - s_k)), W0 = sum lam_i E[S^2] / 2;
+    single-batch jobs make the device a non-preemptive priority queue."""
+    lam_u, lam_o, mean = 0.2, 0.3, 1.0
+    w0 = (lam_u + lam_o) * 2 * mean**2 / 2
+    s_u, s_all = lam_u * mean, (lam_u + lam_o) * mean
+    expect_u = w0 / (1 - s_u) + mean
+    expect_o = w0 / ((1 - s_u) * (1 - s_all)) + mean
+    trace = poisson_trace({U: lam_u, OUT: lam_o}, 60_000, seed=8)
+    result = simulate(trace, _exponential(mean), SimConfig(1, 1, PLAIN), seed=9, warmup_s=500)
+    assert abs(result.classes[U].tat_mean_s - expect_u) / expect_u < 0.06
+    assert abs(result.classes[OUT].tat_mean_s - expect_o) / expect_o < 0.06
+
+
+def test_same_seed_same_answer_and_urgent_overtakes_at_batch_boundaries() -> None:
+    def sample(rng: np.random.Generator, cls: PriorityClass) -> JobService:
+        return JobService(0.1, (0.2,) * 10, 0.1)  # 2 s of device time in 10 batches
+
+    config = SimConfig(1, 2, SchedulerSettings())
+    trace = poisson_trace({U: 0.05, OUT: 0.3}, 3_000, seed=1)
+    a = simulate(trace, sample, config, seed=2)
+    b = simulate(trace, sample, config, seed=2)
+    assert a.as_dict() == b.as_dict()
+    # a typical emergency waits at most for the routine batch and CPU stage in flight
+    assert a.classes[U].tat_p50_s <= 2.2 + 0.2 + 0.1 + 1e-6
+    assert a.classes[U].tat_mean_s < a.classes[OUT].tat_mean_s
+
+
+def test_a_cpu_device_shares_the_host_cores_with_the_cpu_stages() -> None:
+    """Four jobs at once, 2 s of CPU stages and 2 s of batches each. On separate hardware
+    the device works while the CPU pool does; on a 2-core CPU host a batch runs on both
+    cores, so the work adds up: 4 x (2 x 1 core-s + 2 x 2 core-s) / 2 cores = 12 s at
+    least before the last job is done, against 9 s apart."""
+    from radserve.turnaround.simulate import Arrival
+
+    def sample(rng: np.random.Generator, cls: PriorityClass) -> JobService:
+        return JobService(1.0, (1.0, 1.0), 1.0)
+
+    trace = [Arrival(0.0, OUT) for _ in range(4)]
+    separate = simulate(trace, sample, SimConfig(1, 2, PLAIN), seed=0)
+    shared = simulate(trace, sample, SimConfig(1, 2, PLAIN, host_cores=2), seed=0)
+    assert separate.classes[OUT].jobs == shared.classes[OUT].jobs == 4
+    # the last job: above the 99th percentile's interpolation, at least the work bound
+    assert shared.classes[OUT].tat_p99_s >= 11.9 > separate.classes[OUT].tat_p99_s
+    assert shared.classes[OUT].tat_mean_s > separate.classes[OUT].tat_mean_s
+
+
+def test_running_units_share_the_cores_as_the_os_does_not_in_turns() -> None:
+    """A 2-thread batch (2 s alone) and a 1-thread CPU stage (2 s alone) start together
+    on 2 cores: 3 threads, each unit at 2/3 of its speed, both done at 3 s; taking turns
+    (the batch waiting for the stage) would end at 4 s. A lone CPU stage on 2 cores runs
+    at full speed (it cannot use the second core)."""
+    import simpy
+
+    from radserve.turnaround.simulate import _SharedCores
+
+    env = simpy.Environment()
+    cores = _SharedCores(env, 2)
+    done: dict[str, float] = {}
+
+    def unit(name: str, seconds: float, threads: int, at: float = 0.0):  # type: ignore[no-untyped-def]
+        yield env.timeout(at)
+        yield cores.run(seconds, threads)
+        done[name] = env.now
+
+    env.process(unit("batch", 2.0, 2))
+    env.process(unit("stage", 2.0, 1))
+    env.process(unit("alone", 1.0, 1, at=10.0))
+    env.run()
+    assert done["batch"] == pytest.approx(3.0) and done["stage"] == pytest.approx(3.0)
+    assert done["alone"] == pytest.approx(11.0)
+
+
+def test_the_urgent_lane_runs_urgent_cpu_stages_while_the_pool_is_busy() -> None:
+    """One CPU worker busy with a long routine stage: an URGENT job's stage waits for it
+    without the lane, and starts at once with it (the server's executor has the lane)."""
+    from radserve.turnaround.simulate import Arrival
+
+    def sample(rng: np.random.Generator, cls: PriorityClass) -> JobService:
+        return JobService(1.0, (), 0.0) if cls is U else JobService(10.0, (), 0.0)
+
+    trace = [Arrival(0.0, OUT), Arrival(0.5, U)]
+    without = simulate(trace, sample, SimConfig(1, 1, PLAIN, urgent_lane=False), seed=0)
+    lane = simulate(trace, sample, SimConfig(1, 1, PLAIN), seed=0)
+    assert without.classes[U].tat_mean_s == pytest.approx(10.5)
+    assert lane.classes[U].tat_mean_s == pytest.approx(1.0)
