@@ -1,5 +1,7 @@
-"""``radserve bench --scenario cstore`` on a few instances: every mode stores every
-instance (the bench raises otherwise) and reports a rate and a ratio per row."""
+"""``radserve bench --scenario cstore`` on a few instances: every mode and both floors
+(the disk, a bare pynetdicom SCP) store every instance (the bench raises otherwise) and
+report a rate, a ratio and the CPU per row, and the floor summary names what is below
+the goal."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from radserve.bench.cstore import MODES, dcmtk_storescu, run_cstore_bench
+from radserve.bench.cstore import BARE, DISK, MODES, dcmtk_storescu, run_cstore_bench
 
 pytestmark = [
     pytest.mark.tools,
@@ -20,10 +22,24 @@ def test_cstore_bench_runs_every_mode(tmp_path: Path) -> None:
         n_instances=8, associations=(1, 2), repeats=1, cache_dir=tmp_path, log=lambda _: None
     )
     rows = summary["rows"]
+    labels = [label for label, _, _ in MODES] + [BARE, DISK]
     assert [(r["mode"], r["associations"]) for r in rows] == [
-        (label, n) for label, _, _ in MODES for n in (1, 2)
+        (label, n) for label in labels for n in (1, 2)
     ]
     assert all(r["instances_per_s"] > 0 and len(r["runs"]) == 1 for r in rows)
+    # os.times ticks are 10 ms: a cell of 8 instances may read 0, the whole run cannot
+    assert all(r["cpu_ms_per_instance"] >= 0 for r in rows)
+    assert sum(r["cpu_ms_per_instance"] for r in rows) > 0
     assert all(r["ratio_vs_per_instance"] == 1.0 for r in rows if r["mode"] == "per_instance")
-    assert all(r["mean_batch"] >= 1.0 for r in rows if r["mode"] != "per_instance")
+    grouped = [r for r in rows if r["mode"].startswith("group")]
+    assert all(r["mean_batch"] >= 1.0 and r["largest_batch"] >= 1 for r in grouped)
+    assert all(r["committer_busy"] > 0 for r in grouped)
+    assert all(r["mean_batch"] is None for r in rows if not r["mode"].startswith("group"))
     assert summary["instances"] == 8
+    floors = summary["floors"]
+    assert set(floors) == {"1", "2"}
+    for floor in floors.values():
+        assert floor["radserve_best_mode"] in labels[:3]
+        assert floor["bare_pynetdicom"] > 0 and floor["disk"] > 0
+        # 8 instances cannot reach 300/s through storescu's start-up: all below the goal
+        assert "radserve" in floor["below_goal"]

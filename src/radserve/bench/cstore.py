@@ -9,6 +9,22 @@ rate is instances / wall time from the first storescu start to the last one's ex
 (association set-up included); every instance must have been answered with success and
 be on disk. Medians per (mode, associations), and each mode's ratio to ``per_instance``
 (the old path) at the same concurrency.
+
+Floors, measured in the same run and alternated with the modes (issue 19 goal 6: what
+bounds the rate, with the measurement):
+
+* ``disk``: this file system's rate for the same durable sequence radserve performs per
+  instance (write the instance's bytes to a temporary file, fsync it, link it to its
+  final name, fsync the folder), with 1 and with N writer threads — what the device
+  allows with no DICOM at all;
+* ``bare pynetdicom``: a bare pynetdicom storage SCP (no allow-list, no admission, no
+  header read, no completeness tracking) that copies each received data set to its file,
+  fsyncs file and folder and only then answers success, fed by the same storescu
+  senders — what the DICOM stack radserve is built on allows here.
+
+Each run also reports the CPU it cost per instance (this process: SCP and committer
+threads; children: the storescu senders), and in ``group`` mode the committer's busy
+share: a committer idle most of the time cannot group, whatever the concurrency.
 """
 
 from __future__ import annotations
@@ -22,6 +38,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pydicom
 
 from radserve.bench.study import ensure_study
 from radserve.gateway import GatewaySCP, ScpConfig
@@ -47,6 +65,51 @@ def dcmtk_storescu() -> str | None:
     return None
 
 
+BARE = "bare pynetdicom"
+DISK = "disk"
+
+
+def _cpu() -> tuple[float, float]:
+    """CPU seconds of this process (all threads) and of its waited-for children."""
+    t = os.times()
+    return t.user + t.system, t.children_user + t.children_system
+
+
+def _send(tool: str, files: list[Path], host: str, port: int, aec: str, n_assoc: int) -> float:
+    """``n_assoc`` storescu processes, the files split between them; the wall seconds
+    from the first start to the last exit. Raises when a sender failed."""
+    chunks = [files[k::n_assoc] for k in range(n_assoc)]
+    start = time.perf_counter()
+    senders = [
+        subprocess.Popen(
+            [tool, "-aet", "BENCH", "-aec", aec, host, str(port), *map(str, chunk)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for chunk in chunks
+    ]
+    errors = [p.communicate(timeout=600)[1] for p in senders]
+    seconds = time.perf_counter() - start
+    failed = [
+        e.decode(errors="replace")[-300:]
+        for p, e in zip(senders, errors, strict=True)
+        if p.returncode
+    ]
+    if failed:
+        raise RuntimeError(f"storescu failed: {failed}")
+    return seconds
+
+
+def _measured(files: int, seconds: float, cpu0: tuple[float, float]) -> dict[str, Any]:
+    cpu1 = _cpu()
+    return {
+        "seconds": seconds,
+        "rate": files / seconds,
+        "cpu_ms_per_instance": 1000 * (cpu1[0] - cpu0[0]) / files,
+        "sender_cpu_ms_per_instance": 1000 * (cpu1[1] - cpu0[1]) / files,
+    }
+
+
 def _one_run(
     tool: str, files: list[Path], data_dir: Path, durability: str, group_sync: str, n_assoc: int
 ) -> dict[str, Any]:
@@ -55,42 +118,112 @@ def _one_run(
     )
     with GatewaySCP(config, lambda study: None, run_monitor=False) as scp:
         host, port = scp.address
-        chunks = [files[k::n_assoc] for k in range(n_assoc)]
-        start = time.perf_counter()
-        senders = [
-            subprocess.Popen(
-                [tool, "-aet", "BENCH", "-aec", "RADSERVE", host, str(port), *map(str, chunk)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-            )
-            for chunk in chunks
-        ]
-        errors = [p.communicate(timeout=600)[1] for p in senders]
-        seconds = time.perf_counter() - start
+        cpu0 = _cpu()
+        seconds = _send(tool, files, host, port, "RADSERVE", n_assoc)
+        result = _measured(len(files), seconds, cpu0)
         committer = scp.instances.committer
-        batches = committer.batches if committer is not None else None
-    failed = [
-        e.decode(errors="replace")[-300:]
-        for p, e in zip(senders, errors, strict=True)
-        if p.returncode
-    ]
+        if committer is not None and committer.batches:
+            result["mean_batch"] = len(files) / committer.batches
+            result["largest_batch"] = committer.largest_batch
+            result["committer_busy"] = committer.busy_s / seconds
     stored = sum(len(study_instances(d)) for d in (data_dir / "incoming").iterdir())
-    if failed or stored != len(files):
-        raise RuntimeError(f"{durability}: {stored}/{len(files)} stored; storescu: {failed}")
-    return {
-        "seconds": seconds,
-        "rate": len(files) / seconds,
-        "mean_batch": len(files) / batches if batches else None,
-    }
+    if stored != len(files):
+        raise RuntimeError(f"{durability}: {stored}/{len(files)} stored")
+    return result
+
+
+def _durable_copy(source: Path, folder: Path, name: str) -> None:
+    """The sequence radserve's per-instance path performs: temporary file, fsync, link
+    to the final name, folder fsync (the temporary name removed)."""
+    temporary = folder / f".{name}.part"
+    with open(source, "rb") as src, open(temporary, "xb") as handle:
+        shutil.copyfileobj(src, handle, 1 << 20)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.link(temporary, folder / name)
+    descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+    temporary.unlink()
+
+
+def _disk_run(files: list[Path], data_dir: Path, writers: int) -> dict[str, Any]:
+    """The file system's floor: the durable sequence for every instance file, from
+    ``writers`` threads (fsync releases the GIL), no DICOM."""
+    import threading
+
+    data_dir.mkdir(parents=True)
+    chunks = [files[k::writers] for k in range(writers)]
+    errors: list[BaseException] = []
+
+    def write(chunk: list[Path]) -> None:
+        try:
+            for path in chunk:
+                _durable_copy(path, data_dir, path.name)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(chunk,)) for chunk in chunks]
+    cpu0 = _cpu()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    result = _measured(len(files), time.perf_counter() - start, cpu0)
+    if errors:
+        raise RuntimeError(f"disk floor: {errors[0]!r}")
+    return result
+
+
+def _bare_run(tool: str, files: list[Path], data_dir: Path, n_assoc: int) -> dict[str, Any]:
+    """A bare pynetdicom storage SCP (pynetdicom's own server, its default PDU size, the
+    data set spooled to a temporary file as radserve has it) that answers success only
+    after a durable copy (:func:`_durable_copy`): the DICOM stack's floor."""
+    from pynetdicom import AE, _config, evt
+
+    data_dir.mkdir(parents=True)
+    _config.STORE_RECV_CHUNKED_DATASET = True  # as radserve receives (bounded memory)
+    classes = {str(pydicom.dcmread(p, stop_before_pixels=True).SOPClassUID) for p in files[:1]}
+    ae = AE(ae_title="BARE")
+    ae.maximum_associations = max(10, n_assoc)
+    for sop_class in classes:
+        ae.add_supported_context(sop_class, ["1.2.840.10008.1.2.1", "1.2.840.10008.1.2"])
+
+    def on_store(event: Any) -> int:
+        uid = str(event.request.AffectedSOPInstanceUID)
+        try:
+            _durable_copy(Path(event.dataset_path), data_dir, f"{uid}.dcm")
+        except OSError:
+            return 0xA700
+        return 0x0000
+
+    server = ae.start_server(
+        ("127.0.0.1", 0), block=False, evt_handlers=[(evt.EVT_C_STORE, on_store)]
+    )
+    try:
+        host, port = server.server_address[:2]
+        cpu0 = _cpu()
+        seconds = _send(tool, files, str(host), int(port), "BARE", n_assoc)
+        result = _measured(len(files), seconds, cpu0)
+    finally:
+        server.shutdown()
+    stored = len(list(data_dir.glob("*.dcm")))
+    if stored != len(files):
+        raise RuntimeError(f"bare pynetdicom SCP: {stored}/{len(files)} stored")
+    return result
 
 
 def run_cstore_bench(
     *,
     n_instances: int = 300,
-    associations: tuple[int, ...] = (1, 4),
+    associations: tuple[int, ...] = (1, 4, 8),
     repeats: int = 3,
     cache_dir: Path | None = None,
     work_dir: Path | None = None,
+    floors: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     tool = dcmtk_storescu()
@@ -102,42 +235,95 @@ def run_cstore_bench(
     size = statistics.fmean(p.stat().st_size for p in files)
     log(f"{len(files)} instances of {size / 1024:.0f} KiB from {study}")
     root = Path(tempfile.mkdtemp(prefix="radserve-cstore-", dir=work_dir))
+    labels = [m[0] for m in MODES] + ([BARE, DISK] if floors else [])
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {
-        m[0]: {n: [] for n in associations} for m in MODES
+        label: {n: [] for n in associations} for label in labels
     }
+    load0 = os.getloadavg()[0]
     try:
         for repeat in range(repeats):
             for n_assoc in associations:
-                for label, durability, group_sync in MODES:
-                    data_dir = root / f"{repeat}-{n_assoc}-{durability}-{group_sync}"
-                    result = _one_run(tool, files, data_dir, durability, group_sync, n_assoc)
+                order = list(labels) if repeat % 2 == 0 else labels[::-1]
+                for label in order:
+                    data_dir = root / f"{repeat}-{n_assoc}-{labels.index(label)}"
+                    if label == DISK:
+                        result = _disk_run(files, data_dir, n_assoc)
+                    elif label == BARE:
+                        result = _bare_run(tool, files, data_dir, n_assoc)
+                    else:
+                        _, durability, group_sync = next(m for m in MODES if m[0] == label)
+                        result = _one_run(tool, files, data_dir, durability, group_sync, n_assoc)
                     runs[label][n_assoc].append(result)
                     shutil.rmtree(data_dir, ignore_errors=True)
-                    rate = result["rate"]
-                    log(f"repeat {repeat + 1}: {label}, {n_assoc} association(s): {rate:.0f}/s")
+                    log(
+                        f"repeat {repeat + 1}: {label}, {n_assoc} "
+                        f"{'writer' if label == DISK else 'association'}(s): "
+                        f"{result['rate']:.0f}/s, {result['cpu_ms_per_instance']:.1f} CPU-ms "
+                        f"an instance (+{result['sender_cpu_ms_per_instance']:.1f} senders)"
+                    )
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    load1 = os.getloadavg()[0]
     rows = []
-    for label, _durability, _sync in MODES:
+    for label in labels:
         for n_assoc in associations:
-            rates = [r["rate"] for r in runs[label][n_assoc]]
+            cell = runs[label][n_assoc]
+            rates = [r["rate"] for r in cell]
             base = statistics.median(r["rate"] for r in runs["per_instance"][n_assoc])
-            batches = [r["mean_batch"] for r in runs[label][n_assoc] if r["mean_batch"]]
-            rows.append(
-                {
-                    "mode": label,
-                    "associations": n_assoc,
-                    "instances_per_s": statistics.median(rates),
-                    "runs": [round(r, 1) for r in rates],
-                    "ratio_vs_per_instance": statistics.median(rates) / base,
-                    "mean_batch": statistics.median(batches) if batches else None,
-                }
-            )
-    return {
+            row: dict[str, Any] = {
+                "mode": label,
+                "associations": n_assoc,
+                "instances_per_s": statistics.median(rates),
+                "runs": [round(r, 1) for r in rates],
+                "ratio_vs_per_instance": statistics.median(rates) / base,
+                "cpu_ms_per_instance": statistics.median(r["cpu_ms_per_instance"] for r in cell),
+                "sender_cpu_ms_per_instance": statistics.median(
+                    r["sender_cpu_ms_per_instance"] for r in cell
+                ),
+                "mean_batch": None,
+                "largest_batch": None,
+                "committer_busy": None,
+            }
+            if any("mean_batch" in r for r in cell):
+                grouped = [r for r in cell if "mean_batch" in r]
+                row["mean_batch"] = statistics.median(r["mean_batch"] for r in grouped)
+                row["largest_batch"] = max(r["largest_batch"] for r in grouped)
+                row["committer_busy"] = statistics.median(r["committer_busy"] for r in grouped)
+            rows.append(row)
+    summary: dict[str, Any] = {
         "instances": len(files),
         "instance_kib": size / 1024,
         "repeats": repeats,
         "file_system_of": str(root.parent),
         "goal_instances_per_s": GOAL_RATE,
+        "load_average": [round(load0, 2), round(load1, 2)],
+        "cpus": os.cpu_count(),
         "rows": rows,
     }
+    if floors:
+        summary["floors"] = _floor_summary(rows, associations)
+    return summary
+
+
+def _floor_summary(rows: list[dict[str, Any]], associations: tuple[int, ...]) -> dict[str, Any]:
+    """Per concurrency: the best radserve mode against the bare SCP and the disk, and
+    which of the three is below the goal."""
+    by = {(r["mode"], r["associations"]): r["instances_per_s"] for r in rows}
+    out: dict[str, Any] = {}
+    for n in associations:
+        best_label = max((m[0] for m in MODES), key=lambda label: by[(label, n)])
+        best, bare, disk = by[(best_label, n)], by[(BARE, n)], by[(DISK, n)]
+        out[str(n)] = {
+            "radserve_best_mode": best_label,
+            "radserve": best,
+            "bare_pynetdicom": bare,
+            "disk": disk,
+            "radserve_vs_bare": best / bare if bare else None,
+            "bare_vs_disk": bare / disk if disk else None,
+            "below_goal": [
+                name
+                for name, rate in (("radserve", best), (BARE, bare), (DISK, disk))
+                if rate < GOAL_RATE
+            ],
+        }
+    return out

@@ -501,24 +501,49 @@ def _cstore(
     )
     table = Table(
         title=f"radserve bench --scenario cstore: {summary['instances']} instances of "
-        f"{summary['instance_kib']:.0f} KiB by storescu, median of {repeats} alternating runs"
+        f"{summary['instance_kib']:.0f} KiB by storescu, median of {repeats} alternating runs, "
+        f"{summary['cpus']} cores, load average {summary['load_average'][0]:.1f} -> "
+        f"{summary['load_average'][1]:.1f}"
     )
-    for column in ("durability", "associations", "instances/s", "runs", "x per_instance", "batch"):
+    columns = (
+        "durability",
+        "associations",
+        "instances/s",
+        "runs",
+        "x per_instance",
+        "CPU-ms/instance",
+        "batch (largest)",
+        "committer busy",
+    )
+    for column in columns:
         table.add_column(column, justify="left" if column == "durability" else "right")
     for row in summary["rows"]:
+        batch = "-"
+        if row["mean_batch"] is not None:
+            batch = f"{row['mean_batch']:.1f} ({row['largest_batch']})"
+        busy = "-" if row["committer_busy"] is None else f"{row['committer_busy']:.0%}"
         table.add_row(
-            row["mode"],
+            row["mode"] + (" (writers)" if row["mode"] == "disk" else ""),
             str(row["associations"]),
             f"{row['instances_per_s']:.0f}",
             " ".join(f"{r:.0f}" for r in row["runs"]),
             f"{row['ratio_vs_per_instance']:.2f}",
-            "-" if row["mean_batch"] is None else f"{row['mean_batch']:.1f}",
+            f"{row['cpu_ms_per_instance']:.1f} + {row['sender_cpu_ms_per_instance']:.1f}",
+            batch,
+            busy,
         )
     console.print(table)
+    for n, floor in summary.get("floors", {}).items():
+        console.print(
+            f"{n} association(s): radserve ({floor['radserve_best_mode']}) "
+            f"{floor['radserve']:.0f}/s = {floor['radserve_vs_bare']:.2f}x the bare pynetdicom "
+            f"SCP ({floor['bare_pynetdicom']:.0f}/s); the disk's durable writes "
+            f"{floor['disk']:.0f}/s; below the goal: {', '.join(floor['below_goal']) or 'none'}"
+        )
     console.print(
         f"[dim]goal: >= {summary['goal_instances_per_s']:.0f}/s; every success was sent after "
-        "the instance was durable; data on the file system of "
-        f"{summary['file_system_of']}[/dim]"
+        "the instance was durable; CPU-ms: this process + the storescu senders; data on the "
+        f"file system of {summary['file_system_of']}[/dim]"
     )
     _save_summary(console, json_path, summary)
 

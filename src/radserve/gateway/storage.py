@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -282,6 +283,8 @@ class GroupCommitter:
         self.on_durable = on_durable
         self.batches = 0  # committed batches (the bench reports instances per batch)
         self.committed = 0
+        self.largest_batch = 0
+        self.busy_s = 0.0  # time spent committing (the bench reports the busy share)
         self._root = root
         self._queue: list[_Pending] = []
         self._wake = threading.Condition()
@@ -325,7 +328,10 @@ class GroupCommitter:
                 batch, self._queue = self._queue, []
                 if not batch and self._closed:
                     return
+            start = time.perf_counter()
             self._commit(batch)
+            self.busy_s += time.perf_counter() - start
+            self.largest_batch = max(self.largest_batch, len(batch))
 
     def _commit(self, batch: list[_Pending]) -> None:
         try:
