@@ -32,6 +32,8 @@ def replay(summary: dict[str, Any], cores: int | None) -> dict[str, Any]:
         )
         for row in summary["jobs"]
     ]
+    # the unmeasured arrivals that kept the stream going (runs before they existed: none)
+    fillers = [(t, PriorityClass.parse(c)) for t, c in summary.get("fillers", [])]
     if cores is None and on_host_cores(summary["device"]):
         cores = summary["host"]["usable_cores"]
     out = {}
@@ -49,6 +51,7 @@ def replay(summary: dict[str, Any], cores: int | None) -> dict[str, Any]:
             scheduler=SchedulerSettings(),
             cpu_workers=summary["cpu_workers"],
             cores_per_device=shared,
+            fillers=fillers,
         )
     return out
 

@@ -13,6 +13,8 @@ from tests.factories.service import make_study, write_assets
 from radserve.bench.eta_accuracy import JobTrace, Reading, eta_errors
 from radserve.bench.eta_trace import run_eta_trace
 from radserve.domain.priority import PriorityClass
+from radserve.turnaround.replay import Variant, replay
+from radserve.turnaround.replay import errors as errors_of
 
 
 def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
@@ -35,10 +37,13 @@ def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
     assert sum(summary["classes"].values()) == 8
     jobs = summary["jobs"]
     assert len(jobs) == 8 and all(j["state"] == "succeeded" for j in jobs)
-    # every job was read at submission; the burst queued some behind others
-    assert all(j["ahead_at_submission"] is not None for j in jobs)
-    assert max(j["ahead_at_submission"] for j in jobs) >= 3
+    # every job was read at submission; how deep the queue was depends on the host's
+    # speed (tiny models may finish before the next submission), so only that the
+    # behind-3 figure counts exactly the jobs read behind >= 3 others
+    assert all(j["ahead_at_submission"] >= 0 for j in jobs)
+    deep = sum(j["ahead_at_submission"] >= 3 for j in jobs)
     errors = summary["eta_error"]
+    assert errors["submission"]["behind_3"]["jobs"] == deep
     for point in ("submission", "start", "halfway"):
         assert set(errors[point]) == {"all", "behind_3"}
     stats = errors["submission"]["all"]
@@ -47,7 +52,7 @@ def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
         stats
     )
     assert stats["median_rel"] >= 0 and stats["p90_rel"] >= stats["median_rel"]
-    assert isinstance(errors["meets_goal"], bool)
+    assert isinstance(errors["meets_goal"], bool) if deep else errors["meets_goal"] is None
     late = summary["eta_error_late"]["submission"]["all"]
     assert late["jobs"] == 8 and late["median_rel"] >= 0
     assert set(summary["deadline_misses"]) >= {"misses", "predicted"}
@@ -71,6 +76,16 @@ def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
         assert row["diff_p50"] >= 0 and row["diff_p95"] >= 0
     assert planner["jobs_learned_from"] >= 8  # the trace and the warm-up studies
     assert len(summary["host"]["loadavg_before"]) == 3
+    # the stream went on (fillers) only while a measured job was unfinished, and the
+    # server's walks were recorded: the offline replay sees every measured job end
+    assert len(summary["fillers"]) <= 8
+    assert all(offset >= 0 for offset, _ in summary["fillers"])
+    assert sorted(summary["measured_ids"]) == sorted(j["id"] for j in jobs)
+    replayed = {j.job_id: j for j in replay(summary["eta_records"], Variant())}
+    for job_id in summary["measured_ids"]:
+        assert replayed[job_id].state == "succeeded"
+        assert replayed[job_id].end > replayed[job_id].arrival
+    assert errors_of(list(replayed.values()), summary["measured_ids"])["all"]["jobs"] == 8
 
 
 def test_eta_error_is_relative_to_the_actual_turnaround() -> None:

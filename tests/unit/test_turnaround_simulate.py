@@ -10,6 +10,7 @@ import pytest
 from radserve.config import ClassTats, SchedulerSettings
 from radserve.domain.priority import PriorityClass
 from radserve.turnaround.simulate import (
+    Arrival,
     JobService,
     SimConfig,
     poisson_trace,
@@ -144,3 +145,18 @@ def test_the_urgent_lane_runs_urgent_cpu_stages_while_the_pool_is_busy() -> None
     lane = simulate(trace, sample, SimConfig(1, 1, PLAIN), seed=0)
     assert without.classes[U].tat_mean_s == pytest.approx(10.5)
     assert lane.classes[U].tat_mean_s == pytest.approx(1.0)
+
+
+def test_measure_jobs_counts_the_first_arrivals_while_the_rest_still_load_the_host() -> None:
+    """A benchmark's unmeasured fillers keep the stream going: they delay the measured
+    jobs (one device, FIFO), but their own turnaround is not in the statistics."""
+    fixed = JobService(0.0, (10.0,), 0.0)
+    measured = [Arrival(0.0, OUT, fixed), Arrival(5.0, OUT, fixed)]
+    fillers = [Arrival(6.0, U, fixed)]  # URGENT: served before the second measured job
+    alone = simulate(measured, _exponential(1.0), SimConfig(1, 1, PLAIN), seed=0)
+    config = SimConfig(1, 1, SchedulerSettings(urgent_exclusive=False, max_running=1000))
+    both = simulate(measured + fillers, _exponential(1.0), config, seed=0, measure_jobs=2)
+    assert set(both.classes) == {OUT}  # the URGENT filler is not counted
+    assert both.classes[OUT].jobs == 2
+    assert alone.classes[OUT].tat_p50_s == 12.5  # TATs 10 and 15
+    assert both.classes[OUT].tat_p50_s == 17.5  # TATs 10 and 25: the filler went first

@@ -143,12 +143,17 @@ def planner_check(
     devices: int = 1,
     seeds: int = 10,
     cores_per_device: int | None = None,
+    fillers: Sequence[tuple[float, PriorityClass]] = (),
 ) -> dict[str, object]:
-    """``radserve plan``'s simulation of this trace (its arrivals and classes), with the
-    service times the server learned, against the measured per-class p50/p95 TAT. The
-    simulation's figures are medians over ``seeds`` seeds (service-time draws)."""
+    """``radserve plan``'s simulation of this trace (its arrivals and classes, and the
+    unmeasured ``fillers`` that kept the stream going after them: POSIX arrival, class),
+    with the service times the server learned, against the measured per-class p50/p95
+    TAT of the measured jobs. The simulation's figures are medians over ``seeds`` seeds
+    (service-time draws) and count only the measured jobs."""
     start = min(j.arrival for j in jobs)
     trace = [Arrival(j.arrival - start, j.cls) for j in sorted(jobs, key=lambda j: j.arrival)]
+    last = trace[-1].at
+    trace += [Arrival(max(last, t - start), c) for t, c in sorted(fillers, key=lambda f: f[0])]
     sampler = ModelSampler(model, *group, batch_slices=scheduler.max_batch_size)
     runs = [
         run_plan(
@@ -160,6 +165,7 @@ def planner_check(
             seed=seed,
             warmup_s=0.0,
             cores_per_device=cores_per_device,
+            measure_jobs=len(jobs),
         ).result
         for seed in range(seeds)
     ]

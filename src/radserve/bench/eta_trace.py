@@ -30,6 +30,7 @@ figures include that load (the summary records the load average before and after
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
 import os
 import shutil
@@ -37,7 +38,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,16 +116,18 @@ def _reading(job: dict[str, Any], at: float) -> Reading | None:
     )
 
 
-def _arrivals(n: int, burst: int, gap_s: float, mix: Sequence[float], seed: int) -> list[Any]:
-    """(offset s, class) of each submission: ``burst`` at 0, then Poisson gaps."""
+def _arrivals(burst: int, gap_s: float, mix: Sequence[float], seed: int) -> Iterator[Any]:
+    """(offset s, class) of each submission, without end: ``burst`` at 0, then Poisson
+    gaps. The first ``n_studies`` are measured; the rest keep the same stream arriving
+    (unmeasured filler) until every measured job has finished."""
     rng = np.random.default_rng(seed)
     weights = np.asarray(mix, dtype=float) / float(sum(mix))
-    t, out = 0.0, []
-    for i in range(n):
+    t, i = 0.0, 0
+    while True:
         if i >= burst:
             t += float(rng.exponential(gap_s))
-        out.append((t, _CLASSES[int(rng.choice(3, p=weights))]))
-    return out
+        yield (t, _CLASSES[int(rng.choice(3, p=weights))])
+        i += 1
 
 
 def run_eta_trace(
@@ -140,12 +143,13 @@ def run_eta_trace(
     overrides: dict[str, Any] | None = None,
     timeout_s: float = 1800.0,
     miss_burst_max: int = 24,
+    fillers: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the scenario; returns the JSON summary. ``templates`` (DICOM files of one
     study each; default: three small phantoms of different sizes) and ``overrides``
     (settings) let a test run it on its tiny models; ``miss_burst_max`` 0 leaves the
-    burst out."""
+    burst out; ``fillers`` False ends the arrivals with the last measured study."""
     from radserve.api import create_app
     from radserve.config import load_settings
     from radserve.service import Service
@@ -160,13 +164,16 @@ def run_eta_trace(
         if templates is None:
             log("writing three small phantom studies (templates)")
             templates = [template_study(workdir / f"template-{s}", seed=s) for s in (1, 2, 3)]
-        total = n_studies + max(0, miss_burst_max)
+        max_fillers = n_studies if fillers else 0
+        total = n_studies + max(0, miss_burst_max) + max_fillers
         per_template = -(-total // len(templates)) + 1
         copies = [distinct_copies(list(t), per_template) for t in templates]
         warmup = [c.pop() for c in copies]
         studies = [copies[i % len(copies)].pop() for i in range(total)]
+        spare = studies[n_studies + max(0, miss_burst_max) :]
         settings = load_settings(None, data_dir=workdir / "data", **(overrides or {}))
         service = Service(settings, cpu_workers=cpu_workers, worker_nice=5)
+        records: list[dict[str, Any]] = []  # every ETA walk's inputs, every job's end
         with _Uvicorn(create_app(service)) as server:
             _, key = service.store.create_api_key(name="bench eta", role="admin")
             client = httpx.Client(
@@ -177,12 +184,22 @@ def run_eta_trace(
                     raise RuntimeError("the server's models did not warm up")
                 service_s, warm_ids = _warm_up(client, warmup, timeout_s, log)
                 gap = service_s / load
-                plan = _arrivals(n_studies, burst, gap, mix, seed)
+                plan = _arrivals(burst, gap, mix, seed)
+                service.turnaround.recorder = records.append
                 log(
                     f"{n_studies} studies: {burst} at once, then one every {gap:.2f} s on "
                     f"average (load {load:g} x the warm-up service time {service_s:.2f} s)"
                 )
-                jobs = _stream(client, studies[:n_studies], plan, poll_s, timeout_s, log)
+                jobs, filled = _stream(
+                    client,
+                    studies[:n_studies],
+                    plan,
+                    poll_s,
+                    timeout_s,
+                    log,
+                    filler=spare.pop,
+                    max_fillers=max_fillers,
+                )
                 stream_misses = client.get("/v1/ops/turnaround").json()["misses"]
                 urgent_tat = service.scheduler.config.tat(PriorityClass.URGENT)
                 n_burst = min(miss_burst_max, math.ceil(MISS_LOAD * urgent_tat / service_s))
@@ -192,14 +209,15 @@ def run_eta_trace(
                         f"burst: {n_burst} URGENT studies at once "
                         f"(~{n_burst * service_s:.0f} s of work, URGENT TAT {urgent_tat:g} s)"
                     )
-                    surge = _stream(
+                    surge, _ = _stream(
                         client,
                         studies[n_studies : n_studies + n_burst],
-                        [(0.0, PriorityClass.URGENT)] * n_burst,
+                        itertools.repeat((0.0, PriorityClass.URGENT)),
                         poll_s,
                         timeout_s,
                         log,
                     )
+                service.turnaround.recorder = None
                 view = client.get("/v1/ops/turnaround").json()
                 misses, eta_bias = view["misses"], view.get("eta_bias")
             done = [j for j in jobs.values() if j.state == "succeeded"]
@@ -234,6 +252,7 @@ def run_eta_trace(
                     scheduler=service.scheduler.config,
                     cpu_workers=cpu_workers,
                     cores_per_device=cores,
+                    fillers=filled,
                 )
                 for times, cores in ((model, None), (model, shared), (solo, shared))
             )
@@ -275,6 +294,12 @@ def run_eta_trace(
         "planner_shared_cores": shared_cores,
         "planner_host_model": host_model,
         "jobs": [_row(j, start) for j in sorted(jobs.values(), key=lambda j: j.arrival)],
+        # unmeasured arrivals of the same stream after the last measured one, until every
+        # measured job had finished (then cancelled): [offset s, class]
+        "fillers": [[round(t - start, 3), c.value] for t, c in filled],
+        # the server's ETA walks and job ends, for radserve.turnaround.replay
+        "eta_records": records,
+        "measured_ids": sorted(jobs),
         # what the planner was given, to replay it offline (ServiceTimeModel.from_json)
         "service_times": model.to_json(),
         "service_times_solo": solo.to_json(),
@@ -321,11 +346,17 @@ def _warm_up(
 def _stream(
     client: httpx.Client,
     studies: list[list[bytes]],
-    plan: list[Any],
+    plan: Iterator[Any],
     poll_s: float,
     timeout_s: float,
     log: Callable[[str], None],
-) -> dict[str, JobTrace]:
+    filler: Callable[[], list[bytes]] | None = None,
+    max_fillers: int = 0,
+) -> tuple[dict[str, JobTrace], list[tuple[float, PriorityClass]]]:
+    """Submit ``studies`` at ``plan``'s offsets (measured), then, with ``filler``, keep
+    ``plan``'s arrivals coming with filler studies (at most ``max_fillers``) until every
+    measured job has finished; unfinished fillers are then cancelled. The measured jobs'
+    traces, and the fillers' (submission time, POSIX s; class)."""
     jobs: dict[str, JobTrace] = {}
     lock = threading.Lock()
     stop = threading.Event()
@@ -350,8 +381,10 @@ def _stream(
     poller = threading.Thread(target=poll, name="radserve-bench-eta-poll", daemon=True)
     poller.start()
     start = time.monotonic()
+    fillers: list[tuple[float, PriorityClass]] = []
+    filler_ids: list[str] = []
     try:
-        for n, (blobs, (offset, cls)) in enumerate(zip(studies, plan, strict=True), start=1):
+        for n, (blobs, (offset, cls)) in enumerate(zip(studies, plan, strict=False), start=1):
             time.sleep(max(0.0, start + offset - time.monotonic()))
             job_id = _submit(client, blobs, cls)
             record = client.get(f"/v1/jobs/{job_id}").json()
@@ -363,7 +396,20 @@ def _stream(
                 jobs[job_id] = trace
             position = first.position if first is not None else "-"
             log(f"submitted {n}/{len(studies)} ({cls.value}, {position} ahead)")
+        deadline = time.monotonic() + timeout_s
+        while filler is not None and len(fillers) < max_fillers:
+            offset, cls = next(plan)
+            while not _all_final(client, jobs) and time.monotonic() < start + offset:
+                time.sleep(min(0.5, max(0.0, start + offset - time.monotonic())))
+            if _all_final(client, jobs) or time.monotonic() > deadline:
+                break
+            filler_ids.append(_submit(client, filler(), cls))
+            fillers.append((time.time(), cls))
+            log(f"filler {len(fillers)} ({cls.value}): the stream goes on")
         final = _wait(client, list(jobs), timeout_s)
+        for job_id in filler_ids:  # the measured jobs are done: the rest is not needed
+            client.delete(f"/v1/jobs/{job_id}")
+        _wait(client, filler_ids, timeout_s)
     finally:
         stop.set()
         poller.join(30)
@@ -371,7 +417,13 @@ def _stream(
         jobs[job_id].state = record["state"]
         jobs[job_id].finished = _ts(record.get("finished"))
         jobs[job_id].readings.sort(key=lambda r: r.at)
-    return jobs
+    return jobs, fillers
+
+
+def _all_final(client: httpx.Client, jobs: dict[str, JobTrace]) -> bool:
+    states = ["received", "queued", "running"]
+    page = client.get("/v1/jobs", params={"state": states, "limit": 1000}).json()
+    return not any(item["id"] in jobs for item in page["items"])
 
 
 def _row(job: JobTrace, start: float) -> dict[str, Any]:

@@ -135,6 +135,13 @@ from rich.table import Table
     "warm-up service rate (> 1: a queue forms).",
 )
 @click.option(
+    "--seed",
+    "eta_seed",
+    default=0,
+    show_default=True,
+    help="eta scenario: seed of the arrival trace (classes and gaps).",
+)
+@click.option(
     "--repeats",
     default=3,
     show_default=True,
@@ -157,6 +164,7 @@ def command(
     interval: float,
     load: float,
     provider: str,
+    eta_seed: int,
 ) -> None:
     """Time the reference pipeline against a naive baseline (and MONAI) on a phantom study,
     or (--scenario priority) the scheduler's URGENT turnaround under load."""
@@ -165,7 +173,7 @@ def command(
         _critical(console, json_path, studies, concurrency=max(1, min(routine, 4)))
         return
     if scenario == "eta":
-        _eta(console, json_path, studies, load)
+        _eta(console, json_path, studies, load, eta_seed)
         return
     if scenario == "j2k":
         _j2k(console, json_path, slices, repeats, precisions, cache_dir)
@@ -591,11 +599,11 @@ def _critical(console: Console, json_path: Path | None, studies: int, *, concurr
     _save_summary(console, json_path, summary)
 
 
-def _eta(console: Console, json_path: Path | None, studies: int, load: float) -> None:
+def _eta(console: Console, json_path: Path | None, studies: int, load: float, seed: int) -> None:
     from radserve.bench.eta import eta_cost
     from radserve.bench.eta_trace import run_eta_trace
 
-    summary = run_eta_trace(n_studies=studies, load=load, log=_progress(console))
+    summary = run_eta_trace(n_studies=studies, load=load, seed=seed, log=_progress(console))
     _eta_tables(console, summary)
     rows = [eta_cost(n) for n in (100, 1000, 5000)]
     table = Table(title="radserve bench --scenario eta: one ETA recomputation (order + walk)")

@@ -59,6 +59,7 @@ from radserve.store import JobRecord, Store
 from radserve.store import JobState as StoredState
 from radserve.turnaround.bias import BiasCorrection
 from radserve.turnaround.eta import Arrivals, Capacity, Entry, Eta, on_host_cores, walk
+from radserve.turnaround.replay import walk_record
 from radserve.turnaround.service_time import Prior, ServiceTimeModel, StudySize
 
 logger = logging.getLogger(__name__)
@@ -172,6 +173,9 @@ class Turnaround:
         self._predicted_leads: list[float] = []
         self.last_compute_s = 0.0
         self.computed_at: float | None = None
+        # a benchmark's recorder (radserve bench --scenario eta): every walk's inputs and
+        # every job's end, to replay ETA variants offline (radserve.turnaround.replay)
+        self.recorder: Callable[[dict[str, Any]], None] | None = None
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -261,6 +265,10 @@ class Turnaround:
             self._recompute_now()
         if not event.state.terminal:
             return
+        if self.recorder is not None:
+            self.recorder(
+                {"kind": "end", "at": event.at, "job": event.job_id, "state": event.state.value}
+            )
         if event.state is JobState.SUCCEEDED:
             record = self._record(event.job_id)
             geometry = getattr(getattr(event.result, "report", None), "geometry", None)
@@ -317,7 +325,10 @@ class Turnaround:
                 Entry(job.job_id, job.cls.rank, job.running, job.deadline, job.started, estimate)
             )
         # walked outside the lock: job events and API readers wait on it
-        raw = walk(entries, now, self._capacity(now))
+        capacity = self._capacity(now)
+        raw = walk(entries, now, capacity)
+        if self.recorder is not None:
+            self.recorder(walk_record(now, entries, capacity))
         with self._lock:
             etas = [
                 self._corrected(eta, entry.cls, now)

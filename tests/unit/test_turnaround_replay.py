@@ -1,0 +1,95 @@
+"""Offline replay of the server's ETA walks on a recorded trace (radserve.turnaround.replay)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from radserve.turnaround.eta import Arrivals, Capacity, Entry, walk
+from radserve.turnaround.replay import Variant, errors, replay, walk_inputs, walk_record
+from radserve.turnaround.service_time import JobEstimate
+
+EST = JobEstimate(cpu_s=6.0, device_s=4.0, latency_s=10.0, spread_s=1.0, source="fitted")
+
+
+def _entry(job: str, cls: int = 2, deadline: float = 1000.0) -> Entry:
+    return Entry(job, cls, False, deadline=deadline, started=None, estimate=EST)
+
+
+def _end(job: str, at: float, state: str = "succeeded") -> dict[str, object]:
+    return {"kind": "end", "at": at, "job": job, "state": state}
+
+
+def test_a_walk_record_survives_json_and_gives_back_the_same_inputs() -> None:
+    capacity = Capacity(
+        cpu_workers=2,
+        devices=1,
+        arrivals=(Arrivals(0, 0.01, EST),),
+        tat_s=(300.0, 3600.0, 86400.0),
+        host_cores=2,
+    )
+    entries = [_entry("a", 0), Entry("b", 2, True, 900.0, 95.0, EST)]
+    record = json.loads(json.dumps(walk_record(100.0, entries, capacity)))
+    assert walk_inputs(record) == (100.0, entries, capacity)
+
+
+def test_replay_without_correction_gives_the_walks_own_etas_and_the_recorded_ends() -> None:
+    capacity = Capacity(max_running=1)
+    first = walk([_entry("a"), _entry("b")], 0.0, capacity)
+    records = [
+        walk_record(0.0, [_entry("a"), _entry("b")], capacity),
+        walk_record(5.0, [_entry("b")], capacity),
+        _end("a", 4.0),
+        _end("b", 30.0),
+    ]
+    jobs = {j.job_id: j for j in replay(records, Variant(bias="off"))}
+    assert jobs["b"].first == first[1].finish == 20.0  # its first walk, at submission
+    assert jobs["b"].position == 1 and jobs["b"].end == 30.0
+    assert jobs["b"].readings == [(0.0, 20.0), (5.0, 15.0)]
+    # halfway (15 s) is nearest the reading at 5 s; error = |15 - 30| / 30
+    figures = errors(list(jobs.values()), measured={"b"}, behind=1)
+    assert figures["all"]["jobs"] == 1
+    assert figures["behind_1"]["submission"] == {"median_rel": 0.3333, "median_signed_rel": -0.3333}
+    assert figures["behind_1"]["halfway"]["median_rel"] == 0.5
+
+
+def test_the_class_correction_learns_from_ends_before_the_walk_and_not_after() -> None:
+    capacity = Capacity(max_running=4)
+    records = [
+        walk_record(0.0, [_entry("a")], capacity),  # predicted 10 s, took 20 s
+        _end("a", 20.0),
+        walk_record(30.0, [_entry("b")], capacity),  # one job learned: factor 2 ** (1/4)
+        walk_record(31.0, [_entry("c", cls=1)], capacity),  # another class: untouched
+        _end("b", 45.0),
+        _end("c", 41.0),
+    ]
+    jobs = {j.job_id: j for j in replay(records, Variant(bias="class"))}
+    assert jobs["a"].first == 10.0
+    assert jobs["b"].first == pytest.approx(30.0 + 10.0 * math.exp(math.log(2) / 4))
+    assert jobs["c"].first == 41.0
+    off = {j.job_id: j for j in replay(records, Variant(bias="off"))}
+    assert off["b"].first == 40.0
+
+
+def test_the_depth_correction_keeps_apart_jobs_queued_at_different_depths() -> None:
+    capacity = Capacity(max_running=4, cpu_workers=100, devices=100)
+    deep = [_entry(f"q{i}") for i in range(3)] + [_entry("d")]  # d: 3 ahead
+    records = [
+        walk_record(0.0, [_entry("a")], capacity),  # alone: depth 0, twice as long
+        _end("a", 20.0),
+        walk_record(30.0, [_entry("b")], capacity),
+        walk_record(30.0, deep, capacity),
+    ]
+    jobs = {j.job_id: j for j in replay(records, Variant(bias="depth"))}
+    assert jobs["b"].first > 40.0  # depth 0 learned from a
+    assert jobs["d"].first == walk(deep, 30.0, capacity)[3].finish  # depth 3: nothing yet
+
+
+def test_replay_without_the_allowance_drops_later_arrivals() -> None:
+    busy = Capacity(arrivals=(Arrivals(0, 0.1, EST),))
+    records = [walk_record(0.0, [_entry("a")], busy), _end("a", 10.0)]
+    (with_allowance,) = replay(records, Variant(bias="off"))
+    (without,) = replay(records, Variant(allowance=False, bias="off"))
+    assert without.first == 10.0 < with_allowance.first

@@ -1,0 +1,77 @@
+"""Replay the ETAs of saved ``radserve bench --scenario eta --json`` runs offline
+(radserve.turnaround.replay): the server's recorded walks again under each variant of
+the allowance and the bias correction, errors over the measured jobs only. Several
+files: one row per file and variant, then the median over the files.
+
+    PYTHONPATH=src python tools/eta_replay.py out/eta-seed0.json out/eta-seed1.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from radserve.turnaround.replay import Variant, errors, replay
+
+VARIANTS = {
+    "allowance, class bias": Variant(allowance=True, bias="class"),
+    "allowance, no bias": Variant(allowance=True, bias="off"),
+    "allowance, depth bias": Variant(allowance=True, bias="depth"),
+    "no allowance, no bias": Variant(allowance=False, bias="off"),
+    "no allowance, class bias": Variant(allowance=False, bias="class"),
+}
+
+
+def evaluate(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    measured = set(summary["measured_ids"])
+    return {
+        name: errors(replay(summary["eta_records"], variant), measured)
+        for name, variant in VARIANTS.items()
+    }
+
+
+def _cell(row: dict[str, Any], point: str) -> tuple[float, float] | None:
+    got = row.get(point)
+    return None if got is None else (got["median_rel"], got["median_signed_rel"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("summaries", type=Path, nargs="+")
+    args = parser.parse_args()
+    table: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
+    for path in args.summaries:
+        result = evaluate(json.loads(path.read_text()))
+        for name, figures in result.items():
+            deep, every = figures["behind_3"], figures["all"]
+            sub, half, all_sub = (
+                _cell(deep, "submission"),
+                _cell(deep, "halfway"),
+                _cell(every, "submission"),
+            )
+
+            def fmt(c: tuple[float, float] | None) -> str:
+                return "-" if c is None else f"{c[0]:6.1%} ({c[1]:+.1%})"
+
+            print(
+                f"{path.name:24} {name:26} behind>=3 ({deep['jobs']:2}) at submission "
+                f"{fmt(sub)}, halfway {fmt(half)}; all ({every['jobs']}) {fmt(all_sub)}"
+            )
+            if sub is not None:
+                table[name].append(sub)
+    if len(args.summaries) > 1:
+        for name, cells in table.items():
+            if cells:
+                median = statistics.median(c[0] for c in cells)
+                worst = max(c[0] for c in cells)
+                print(
+                    f"{name:26} behind>=3 at submission: median over runs {median:.1%}, "
+                    f"worst {worst:.1%}"
+                )
+
+
+if __name__ == "__main__":
+    main()
