@@ -376,20 +376,32 @@ def test_a_study_sent_in_several_requests_waits_for_the_quiet_period(
     )
 
 
-def test_a_study_uploaded_over_rest_is_run_again_for_dicomweb(
+def test_a_study_uploaded_over_rest_is_answered_from_the_cache_for_dicomweb(
     server: dict[str, Any], tmp_path: Path
 ) -> None:
-    """A cached result without SEG/SR cannot answer a DICOMweb client: the STOW job runs."""
-    c = server["client"]
+    """A cached result made for an HTTP upload (no SEG/SR) answers a DICOMweb client
+    too: its SEG and SR are written from the cached report and label maps, no model
+    runs again, and WADO-RS serves them (the same instances however often asked)."""
+    c, reader = server["client"], auth(server["read"])
     files = make_study(tmp_path / "study")
     first = c.post("/v1/studies", files=upload(files), headers=auth(server["submit"])).json()
     assert wait_job(c, first["id"], server["submit"])["state"] == "succeeded"
+    first_dir = Path(server["service"].jobs.get(first["id"]).result_path or "")
+    assert not list(first_dir.glob("*.dcm"))
     r = stow(server, dicom_parts(files))
     assert r.status_code == 200
     job = wait_job(c, job_of(r), server["submit"])
-    assert job["state"] == "succeeded" and job["cached"] is False
+    assert job["state"] == "succeeded" and job["cached_from"] == first["id"], job
     study = str(pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID)
-    assert (
-        c.get(f"/dicomweb/studies/{study}/metadata", headers=auth(server["read"])).status_code
-        == 200
-    )
+    metadata = c.get(f"/dicomweb/studies/{study}/metadata", headers=reader)
+    assert metadata.status_code == 200
+    served = sorted(pydicom.Dataset.from_json(d).SOPInstanceUID for d in metadata.json())
+    assert {str(pydicom.Dataset.from_json(d).SOPClassUID) for d in metadata.json()} == {
+        SEG,
+        SR_3D,
+    }
+    # the same study stored again: the same result, the same instances, nothing new
+    again = wait_job(c, job_of(stow(server, dicom_parts(files))), server["submit"])
+    assert again["cached_from"] == first["id"]
+    metadata = c.get(f"/dicomweb/studies/{study}/metadata", headers=reader)
+    assert sorted(pydicom.Dataset.from_json(d).SOPInstanceUID for d in metadata.json()) == served

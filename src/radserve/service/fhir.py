@@ -14,11 +14,12 @@ from pathlib import Path
 
 from radserve.config import Settings
 from radserve.errors import RadserveError
-from radserve.fhir.delivery import FhirDestination, FhirOutbox
+from radserve.fhir.delivery import BUNDLE_FILE, FhirDestination, FhirOutbox
 from radserve.gateway.outbox import OutboxWorker, RetryPolicy
 from radserve.ingest import IngestPolicy
 from radserve.pipeline.study import StudyResult
 from radserve.report.fhir.patient import IdentifierSystems
+from radserve.report.schema import Report
 from radserve.service.jobs import fhir_bundle_for
 from radserve.store import JobRecord, Store
 from radserve.store.outbox import OutboxStore
@@ -67,25 +68,44 @@ class FhirDelivery:
     def on_result(self, job: JobRecord, result: StudyResult) -> None:
         """Build the job's Bundle and queue it; a Bundle that cannot be built is logged
         (by its error code only) and not sent, the job's result stands."""
+        self.enqueue_report(
+            job.id,
+            result.report,
+            study_path=Path(job.study_path),
+            folder=result.out_dir,
+            held_for=job.lease_owner,  # sent once this run's result is the recorded one
+        )
+
+    def enqueue_report(
+        self,
+        job_id: str,
+        report: Report,
+        *,
+        study_path: Path,
+        folder: Path,
+        held_for: str | None = None,
+    ) -> None:
+        """Queue the Bundle of ``report`` (result folder ``folder``) for job ``job_id``.
+        The Bundle's id comes from the report, so queueing it again adds nothing."""
         try:
             bundle = fhir_bundle_for(
-                result.report,
-                Path(job.study_path),
-                result.out_dir,
-                self.identifier_systems,
-                policy=self.policy,
+                report, study_path, folder, self.identifier_systems, policy=self.policy
             )
         except RadserveError as exc:
-            logger.error("job %s: no FHIR bundle to send (%s)", job.id, exc.code)
+            logger.error("job %s: no FHIR bundle to send (%s)", job_id, exc.code)
             return
         self.outbox.enqueue(
             bundle,
-            folder=result.out_dir,
-            job_id=job.id,
-            study_instance_uid=result.report.study.study_instance_uid or "",
-            held_for=job.lease_owner,  # sent once this run's result is the recorded one
+            folder=folder,
+            job_id=job_id,
+            study_instance_uid=report.study.study_instance_uid or "",
+            held_for=held_for,
         )
         self.worker.wake()
+
+    def queued_for(self, folder: Path) -> bool:
+        """Whether a Bundle of the result in ``folder`` was queued already."""
+        return any(Path(folder).glob(BUNDLE_FILE.format(id="*")))
 
 
 __all__ = ["FhirDelivery", "fhir_destination", "retry_policy"]

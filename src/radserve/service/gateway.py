@@ -236,9 +236,14 @@ class GatewayBridge:
 
     def send(self, path: Path, *, job_id: str) -> None:
         """Queue one more DICOM object of a job (the failure notice) for the destinations."""
-        if self.outbox is None:
+        self.send_all([path], job_id=job_id)
+
+    def send_all(self, paths: list[Path], *, job_id: str) -> None:
+        """Queue DICOM objects of a job for the destinations (an instance queued for a
+        destination before is not queued again)."""
+        if self.outbox is None or not paths:
             return
-        self.outbox.enqueue([path], job_id=job_id)
+        self.outbox.enqueue(paths, job_id=job_id)
         if self.worker is not None:
             self.worker.wake()
 

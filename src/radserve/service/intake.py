@@ -14,8 +14,14 @@ queue therefore leaves no files, no job row and no audit record behind.
 radserve's own results (SEG/SR/SC a PACS or a client sends back with the study) are never
 input: the REST upload leaves them out (:mod:`radserve.service.own_uploads`) before the
 study is stored, as the SCP and STOW-RS do before filing. The gateways submit with
-``reuse=True``: a study re-sent unchanged (same fingerprint) while a job for it exists —
-succeeded or still running — gets no new job at all, so nothing is run or sent again.
+``reuse=True``: a study re-sent unchanged (same fingerprint) over the same route while a
+job for it exists — succeeded (run or cached) or still running — gets no new job at all,
+so nothing is run or sent again.
+
+A result reused from the cache by a job of another route still gets that route's
+deliveries: a study first uploaded over HTTP and then pushed by the PACS gets its SEG/SR
+(written from the cached report and label maps, no model run) sent to the PACS, once;
+see :attr:`Intake.cached_delivery`.
 """
 
 from __future__ import annotations
@@ -255,6 +261,11 @@ class Intake:
         self.router: Router | None = None
         # this replica's job lease: a job it accepts is its own from creation on
         self.lease: Lease | None = None
+        # a result reused from the cache for another route: (new job id, route, the job
+        # whose result it reuses, the stored study) -> that route's deliveries written
+        # and queued from the cached result, idempotently (raises when they cannot be);
+        # set by the service (Service.deliver_cached)
+        self.cached_delivery: Callable[[str, str, JobRecord, Path], None] | None = None
 
     @property
     def results_root(self) -> Path:
@@ -350,8 +361,9 @@ class Intake:
         """A study already in the content-addressed store -> a job (cached or queued).
 
         ``slot``: a queue place reserved by the caller (else one is reserved here).
-        ``reuse``: when a job for exactly this input exists (succeeded, or still
-        running), answer with it and create nothing (see :meth:`unchanged`)."""
+        ``reuse``: when a job of the same route for exactly this input exists
+        (succeeded, or still running), answer with it and create nothing
+        (:meth:`Store.find_answered`)."""
         if self.router is not None and self.router.needs_routing():
             if priority is None and slot is not None:
                 priority = slot.cls
@@ -361,9 +373,10 @@ class Intake:
             uid = study_attributes(study_dir, ("StudyInstanceUID",)).get("StudyInstanceUID")
             resolved = self.router.route(resolved, uid or fingerprint, priority)
         if reuse:
-            existing = self.unchanged(resolved, fingerprint)
-            # same route, same outputs (a result made for an HTTP upload has no SEG/SR)
-            if existing is not None and existing.queue_meta.get("source") == origin.source:
+            # same input, same route (a result made for an HTTP upload went nowhere): the
+            # job that answered it -- run or cached -- answers the re-send too
+            existing = self.store.find_answered(resolved.cache_key(fingerprint), origin.source)
+            if existing is not None:
                 logger.info(
                     "study re-sent unchanged: job %s (%s) answers it; no new job",
                     existing.id,
@@ -373,14 +386,15 @@ class Intake:
                     slot.release()
                 return Submission(existing, cached=True, reused=True)
         hit = self.store.find_cached_result(resolved.cache_key(fingerprint))
-        if hit is not None and origin.source == DICOMWEB_SOURCE and not _has_dicom(hit):
-            # a DICOMweb client retrieves SEG/SR, which a result made for an HTTP upload
-            # lacks: run the study again (the earlier cache entry stays)
-            hit = None
+        job_id = str(uuid.uuid4())
+        if hit is not None and not self._deliver_cached(job_id, origin, hit, study_dir):
+            hit = None  # run the study again (the earlier cache entry stays)
         if hit is not None:
             if slot is not None:
                 slot.release()
-            return self._from_cache(hit, resolved, study_dir, fingerprint, priority, origin)
+            return self._from_cache(
+                hit, resolved, study_dir, fingerprint, priority, origin, job_id=job_id
+            )
         if slot is None:
             if priority is None:
                 if attributes is None:
@@ -391,19 +405,34 @@ class Intake:
             priority = slot.cls
         try:
             record = self._new_job(
-                priority, resolved, study_dir, fingerprint, origin, job_id=str(uuid.uuid4())
+                priority, resolved, study_dir, fingerprint, origin, job_id=job_id
             )
             position = self.schedule(record, resolved, slot=slot)
         finally:
             slot.release()
         return Submission(self.cache.get(record.id) or record, cached=False, position=position)
 
-    def unchanged(self, resolved: ResolvedPipeline, fingerprint: str) -> JobRecord | None:
-        """The job that already answers this exact input (same instance content
-        fingerprint, pipeline, models and precision): a succeeded one, else one still
-        running. A cached job is followed to the job whose result it shares."""
-        key = resolved.cache_key(fingerprint)
-        return self.store.find_cached_result(key) or self.store.find_unfinished(key)
+    def _deliver_cached(self, job_id: str, origin: Origin, hit: JobRecord, study_dir: Path) -> bool:
+        """Whether the result of ``hit`` can answer a new job ``job_id`` of ``origin``'s
+        route: what that route sends on (the SEG/SR to the PACS, ...) is written from the
+        cached result and queued *before* the job row exists (see
+        :attr:`cached_delivery`), so a crash in between loses nothing and a re-send
+        queues nothing twice. False (logged): it cannot, and the study runs again."""
+        if self.cached_delivery is None:
+            return True
+        try:
+            self.cached_delivery(job_id, origin.source, hit, study_dir)
+        except Exception as exc:  # the study is run instead: nothing is lost
+            code = getattr(exc, "code", type(exc).__name__)
+            logger.warning(
+                "the cached result of job %s cannot be delivered on route %s (%s); the "
+                "study runs again",
+                hit.id,
+                origin.source,
+                code,
+            )
+            return False
+        return True
 
     def _new_job(
         self,
@@ -443,9 +472,13 @@ class Intake:
         fingerprint: str,
         priority: PriorityClass | None,
         origin: Origin,
+        *,
+        job_id: str,
     ) -> Submission:
         cls = PriorityClass.parse(str(hit.priority_class)) if priority is None else priority
-        record = self._new_job(cls, resolved, study_dir, fingerprint, origin, cached_from=hit.id)
+        record = self._new_job(
+            cls, resolved, study_dir, fingerprint, origin, cached_from=hit.id, job_id=job_id
+        )
         logger.info("job %s answered from the result cache (job %s)", record.id, hit.id)
         return Submission(record, cached=True)
 
@@ -519,11 +552,6 @@ def deployment_meta(resolved: ResolvedPipeline) -> dict[str, dict[str, str]]:
     if resolved.shadows:
         out["shadows"] = dict(resolved.shadows)
     return out
-
-
-def _has_dicom(job: JobRecord) -> bool:
-    """Whether a succeeded job's result folder holds DICOM results (SEG/SR)."""
-    return bool(job.result_path) and any(Path(str(job.result_path)).glob("*.dcm"))
 
 
 __all__ = [

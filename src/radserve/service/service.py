@@ -33,6 +33,7 @@ from radserve.pipeline import SessionPool
 from radserve.pipeline.study import StudyResult
 from radserve.report.fhir.patient import IdentifierSystems
 from radserve.scheduling import Scheduler
+from radserve.service.cached import CachedDelivery
 from radserve.service.catalog import Catalog
 from radserve.service.critical import CriticalDelivery
 from radserve.service.dicomweb import StowBridge
@@ -210,6 +211,11 @@ class Service:
         )
         self.hooks.on_failed = self.notices.on_failed
         self.intake.dicom_results = self.wants_dicom_results
+        # a result reused from the cache by a job of another route: that route's SEG/SR
+        # (and FHIR) made from the cached result and queued, no model run
+        self.intake.cached_delivery = CachedDelivery(
+            settings, results=self.results, gateway=self.gateway, fhir=self.fhir
+        )
         # a re-run of a study supersedes its earlier result (SR predecessor, FHIR amended)
         # ... and the job's gateway warnings (late instances, cut-off transfer) go into it
         self.intake.lineage = chain(

@@ -403,6 +403,33 @@ class Store(AccessMixin, LeaseMixin, RelocateMixin):
         items = items[:limit]
         return JobPage(items=items, next_cursor=jobq.encode_cursor(items[-1]) if more else None)
 
+    def find_answered(self, key: CacheKey, source: str) -> JobRecord | None:
+        """The job that already answers ``key`` for the route ``source`` (its
+        ``queue_meta["source"]``): a succeeded one -- one that ran, or one answered from
+        the result cache -- oldest first, else an unfinished one. A study re-sent over
+        the same route is answered by it, so what that route was sent is not sent again."""
+        states = [JobState.SUCCEEDED.value, *(s.value for s in UNFINISHED_STATES)]
+        with self._read() as session:
+            rows = session.execute(
+                select(Job)
+                .where(
+                    Job.fingerprint == key.fingerprint,
+                    Job.pipeline_name == key.pipeline_name,
+                    Job.pipeline_version == key.pipeline_version,
+                    Job.precision == key.precision,
+                    Job.state.in_(states),
+                )
+                .order_by(Job.arrival, Job.id)
+            ).scalars()
+            found = [
+                jobq.to_record(row)
+                for row in rows
+                if dict(row.model_versions or {}) == dict(key.model_versions)
+                and (row.queue_meta or {}).get("source") == source
+            ]
+        succeeded = [job for job in found if job.state is JobState.SUCCEEDED]
+        return (succeeded or found or [None])[0]
+
     def find_unfinished(self, key: CacheKey) -> JobRecord | None:
         """An unfinished (received, queued or running) job for ``key``, oldest first: a
         study sent again while its first job still runs is answered by that job."""
