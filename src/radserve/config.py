@@ -168,11 +168,14 @@ class SchedulerSettings(_Section):
     max_queue_delay_ms: float = Field(default=5.0, ge=0)
     # consecutive device failures that open a model's circuit breaker
     breaker_threshold: int = Field(default=3, ge=1)
-    # while an URGENT job is unfinished, start no work of other classes (devices and CPU
-    # pool): right for CPU-bound hosts; with several GPUs it may be turned off
+    # while URGENT work can run (an URGENT job waiting or running; not one backing off
+    # after a retryable failure or held at an open breaker), start no work of other
+    # classes (devices and CPU pool): right for CPU-bound hosts; with several GPUs it may
+    # be turned off
     urgent_exclusive: bool = True
-    # while an URGENT job is unfinished, routine CPU stages already running pause at their
-    # next checkpoint (each header read, decoding job, label map: radserve.checkpoints)
+    # while URGENT work can run (as for urgent_exclusive), routine CPU stages already
+    # running pause at their next checkpoint (each header read, decoding job, label map:
+    # radserve.checkpoints)
     yield_to_urgent: bool = True
     # routine jobs started at once (each holds a loaded volume; URGENT may exceed it)
     max_running: int = Field(default=4, ge=1)

@@ -15,7 +15,8 @@ from tests.factories.dicom_series import make_ct_series
 from tests.factories.scheduling_fakes import FakeSession, RecordingHooks, fake_work
 
 from radserve.checkpoints import carry, checkpoint, yielding_to
-from radserve.config import SchedulerSettings
+from radserve.config import JobSettings, SchedulerSettings
+from radserve.errors import InferenceError
 from radserve.ingest import discover_series, load_series
 from radserve.scheduling import (
     BatchDispatch,
@@ -25,6 +26,7 @@ from radserve.scheduling import (
     JobEvent,
     JobRequest,
     JobState,
+    ModelKey,
     PriorityClass,
     Scheduler,
     Stage,
@@ -101,6 +103,66 @@ def test_yield_to_urgent_off_keeps_the_gate_open() -> None:
     scheduler = Scheduler(SchedulerSettings(yield_to_urgent=False), clock=FakeClock())
     scheduler.submit(JobRequest("u", fake_work(FakeSession(), 1), URG))
     assert scheduler.wait_routine(0)
+
+
+def _backing_off_urgent(
+    clock: FakeClock, config: SchedulerSettings | None = None
+) -> tuple[Scheduler, RecordingHooks]:
+    """A scheduler whose URGENT job ``u`` hit a retryable device error and now backs off
+    for ``retry_backoff_s`` = 5 s (a PACS or device hiccup), with a routine job ``r``."""
+    hooks = RecordingHooks()
+    jobs = JobSettings(max_retries=3, retry_backoff_s=5)
+    scheduler = Scheduler(config or SchedulerSettings(), jobs=jobs, clock=clock, hooks=hooks)
+    flaky = FakeSession()
+    flaky.errors = [InferenceError("device hiccup")]
+    scheduler.submit(JobRequest("u", fake_work(flaky, 1), URG))
+    run_serial(scheduler)  # ingest, the failed batch: now backing off
+    assert hooks.final("u") is None and len(flaky.calls) == 1
+    other = FakeSession()
+    scheduler.submit(JobRequest("r", fake_work(other, 1, model=ModelKey("b", "1")), OUT))
+    return scheduler, hooks
+
+
+def test_an_urgent_job_backing_off_does_not_hold_the_routine_gate() -> None:
+    """Only URGENT work that can run now closes the gate: not a job waiting out its
+    retry back-off; the gate closes again once the back-off ends."""
+    clock = FakeClock()
+    scheduler, hooks = _backing_off_urgent(clock)
+    assert scheduler.wait_routine(0)  # open while the URGENT job cannot run
+    clock.advance(5.1)
+    scheduler.tick()  # the watchdog's round sees the back-off end
+    assert not scheduler.wait_routine(0)
+    run_serial(scheduler)
+    assert hooks.final("u").state is JobState.SUCCEEDED  # type: ignore[union-attr]
+    assert scheduler.wait_routine(0)
+
+
+def test_urgent_exclusive_lets_routine_work_run_while_the_urgent_job_backs_off() -> None:
+    """``urgent_exclusive`` (the default) reads the same definition: the routine job runs
+    to its end during the URGENT job's back-off instead of waiting for it."""
+    clock = FakeClock()
+    scheduler, hooks = _backing_off_urgent(clock)
+    run_serial(scheduler)
+    assert hooks.final("r").state is JobState.SUCCEEDED  # type: ignore[union-attr]
+    assert hooks.final("u") is None  # still backing off: the retry is not due
+    clock.advance(5.1)
+    run_serial(scheduler)
+    assert hooks.final("u").state is JobState.SUCCEEDED  # type: ignore[union-attr]
+
+
+def test_urgent_exclusive_still_holds_routine_work_back_while_urgent_work_can_run() -> None:
+    clock = FakeClock()
+    scheduler, _ = _backing_off_urgent(clock)
+    clock.advance(5.1)  # the back-off is over: URGENT work is due again
+    order: list[str] = []
+    run_serial(scheduler, on_dispatch=lambda d: order.append(_job_of(d)))
+    assert order.index("r") > max(i for i, job in enumerate(order) if job == "u")
+
+
+def _job_of(dispatch: object) -> str:
+    if isinstance(dispatch, BatchDispatch):
+        return dispatch.parts[0].job_id
+    return dispatch.job_id  # type: ignore[attr-defined,no-any-return]
 
 
 # --- the executor: routine stages pause mid-way ---------------------------------------

@@ -307,12 +307,40 @@ class JobBook:
 
     def ranked(self, now: float) -> list[ScheduledJob]:
         """The active jobs eligible for work, best first (:func:`selection.eligible`)."""
-        urgent = self.queue.count(PriorityClass.URGENT) + self.started.count(PriorityClass.URGENT)
-        return eligible(self.active(now), now, self.config, urgent_unfinished=urgent > 0)
+        return eligible(self.active(now), now, self.config, urgent_active=self.urgent_active(now))
+
+    def urgent_active(self, now: float) -> bool:
+        """Whether URGENT work can run now: the one definition behind both
+        ``yield_to_urgent`` (routine CPU units pause) and ``urgent_exclusive`` (routine
+        jobs get no new work). A genuine URGENT job counts while it has work in flight,
+        or is waiting or started with work it could be given now; one backing off after
+        a retryable failure (until its ``not_before``) or held at a model whose breaker
+        is open does not, so a PACS outage or a broken URGENT model never stalls the
+        routine queue. A job aged into the URGENT class never counts.
+
+        Cheap: the genuine URGENT jobs are a prefix of each rank index."""
+        urgent = PriorityClass.URGENT
+        if not self.queue.count(urgent) + self.started.count(urgent):
+            return False
+        for index in (self.queue, self.started):
+            for _, job in index.entries(now):
+                if job.cls is not urgent:
+                    break  # an aged routine job, then the routine ones: no more URGENT
+                if self._can_run(job, now):
+                    return True
+        return False
+
+    def _can_run(self, job: ScheduledJob, now: float) -> bool:
+        if job.inflight:
+            return True
+        if job.not_before > now:
+            return False
+        step = job.step
+        return not (step is not None and self.breakers.is_open(step.stage.model.name))
 
     def order(self, now: float) -> list[QueuedJob]:
         """Every active job, best-ranked first: the order work is handed out in (with
-        ``urgent_exclusive`` routine work also waits while an URGENT job is unfinished)."""
+        ``urgent_exclusive`` routine work also waits while URGENT work can run)."""
         return [
             QueuedJob(
                 j.id,

@@ -14,7 +14,8 @@ when the next batch forms.
   breaker, failing every job that needs it.
 - A job that must end (cancelled, failed, timed out) stops at its next batch boundary
   (:mod:`radserve.scheduling.book`).
-- While an URGENT job is unfinished (``yield_to_urgent``), routine CPU stages already
+- While URGENT work can run (``yield_to_urgent``; an URGENT job waiting or running, not
+  one backing off or held at an open breaker), routine CPU stages already
   running pause at their next :func:`~radserve.checkpoints.checkpoint`: executors run a
   routine unit with :meth:`Scheduler.wait_routine` as its waiter (:meth:`yields`).
 """
@@ -96,7 +97,7 @@ class Scheduler:
         # True while a routine batch is held for a compatible one being prepared: the
         # executor then asks again after ``max_queue_delay_s`` instead of sleeping.
         self.holding = False
-        # Set while routine work may run; cleared while an URGENT job is unfinished
+        # Set while routine work may run; cleared while URGENT work can run
         # (``yield_to_urgent``): what routine units wait for at their checkpoints.
         self._routine_gate = threading.Event()
         self._routine_gate.set()
@@ -151,18 +152,19 @@ class Scheduler:
             self._flush(bool(handed))
 
     def _update_gate(self) -> None:
-        """Close the routine checkpoints while an URGENT job is waiting or running (a job
-        aged into the URGENT class is routine here: it yields to a genuine one)."""
-        book = self._book
-        urgent = book.queue.count(URGENT) + book.started.count(URGENT)
-        if urgent and self.config.yield_to_urgent:
+        """Close the routine checkpoints while URGENT work can run
+        (:meth:`JobBook.urgent_active`: not while the URGENT job backs off after a
+        retryable failure or waits at an open breaker; a job aged into the URGENT class
+        is routine here: it yields to a genuine one). Updated on every scheduling event
+        and at least every watchdog tick, so a back-off that ends closes it again."""
+        if self.config.yield_to_urgent and self._book.urgent_active(self.clock.now()):
             self._routine_gate.clear()
         else:
             self._routine_gate.set()
 
     def yields(self, dispatch: Dispatch) -> bool:
         """Whether ``dispatch`` is routine CPU work, which pauses at its checkpoints while
-        an URGENT job is unfinished (device batches never pause: they are one call)."""
+        URGENT work can run (device batches never pause: they are one call)."""
         if isinstance(dispatch, BatchDispatch):
             return False
         with self._lock:

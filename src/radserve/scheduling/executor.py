@@ -39,7 +39,7 @@ class WorkerThreads:
     :class:`Scheduler`, sleep until it changes (or a held batch's delay passes), and a
     watchdog that ticks it; ``stop`` ends them at a unit boundary. A routine job's CPU
     unit runs with a waiter installed (:mod:`radserve.checkpoints`), so it pauses at its
-    next checkpoint while an URGENT job is unfinished (where an URGENT lane runs that
+    next checkpoint while URGENT work can run (where an URGENT lane runs that
     job's CPU work meanwhile). Subclasses build the loops in
     ``start`` and hand them to :meth:`_start_threads`."""
 
@@ -116,7 +116,7 @@ class WorkerThreads:
             self._sleep(generation)
 
     def _yield(self, owner: threading.Thread) -> None:
-        """A routine unit's checkpoint: wait while an URGENT job is unfinished (a stopping
+        """A routine unit's checkpoint: wait while URGENT work can run (a stopping
         executor lets it run on to its end, the unit boundary ``stop`` waits for).
 
         On the worker thread that runs the unit (``owner``), the wait lends the thread to

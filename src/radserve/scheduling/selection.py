@@ -4,7 +4,8 @@ job table, the clock reading and the configuration (no locking, no side effects)
 Order: :meth:`ScheduledJob.rank <radserve.scheduling.state.ScheduledJob.rank>` (class
 after aging, then earliest deadline), kept by the scheduler's rank indexes
 (:mod:`radserve.scheduling.rank_index`). With ``urgent_exclusive`` only URGENT jobs are
-eligible while one is unfinished. A device batch is led by the best-ranked job with a
+eligible while URGENT work can run (one waiting or running, not one backing off or held
+at an open breaker). A device batch is led by the best-ranked job with a
 ready batch and filled with ready batches of jobs in the same effective class that use
 the same model version and session and whose samples have the same shape, up to
 ``max_batch_size`` items.
@@ -29,13 +30,13 @@ def eligible(
     now: float,
     config: SchedulerSettings,
     *,
-    urgent_unfinished: bool,
+    urgent_active: bool,
 ) -> list[ScheduledJob]:
     """Of the active jobs in rank order (the scheduler's indexes), those eligible for
-    work, best first: with ``urgent_exclusive`` only URGENT ones while one is unfinished;
-    a job backing off after a retryable failure gets none until its ``not_before`` (an
-    URGENT one still holds the lane)."""
-    exclusive = config.urgent_exclusive and urgent_unfinished
+    work, best first: with ``urgent_exclusive`` only URGENT ones while URGENT work can
+    run (``urgent_active``: :meth:`JobBook.urgent_active`); a job backing off after a
+    retryable failure gets none until its ``not_before`` (nor does it hold the lane)."""
+    exclusive = config.urgent_exclusive and urgent_active
     return [j for j in order if j.not_before <= now and (not exclusive or j.cls is URGENT)]
 
 
