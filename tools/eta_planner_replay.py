@@ -29,11 +29,15 @@ def replay(summary: dict[str, Any], cores: int | None) -> dict[str, Any]:
             row["arrival_s"],
             None if row["tat_s"] is None else row["arrival_s"] + row["tat_s"],
             row["state"],
+            slices=row.get("slices"),
         )
         for row in summary["jobs"]
     ]
     # the unmeasured arrivals that kept the stream going (runs before they existed: none)
-    fillers = [(t, PriorityClass.parse(c)) for t, c in summary.get("fillers", [])]
+    fillers = [
+        (f[0], PriorityClass.parse(f[1]), f[2] if len(f) > 2 else None)
+        for f in summary.get("fillers", [])
+    ]
     if cores is None and on_host_cores(summary["device"]):
         cores = summary["host"]["usable_cores"]
     out = {}

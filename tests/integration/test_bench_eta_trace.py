@@ -10,11 +10,13 @@ from pathlib import Path
 
 from tests.factories.service import make_study, write_assets
 
-from radserve.bench.eta_accuracy import JobTrace, Reading, eta_errors
+from radserve.bench.eta_accuracy import JobTrace, Reading, eta_errors, planner_check
 from radserve.bench.eta_trace import run_eta_trace
+from radserve.config import SchedulerSettings
 from radserve.domain.priority import PriorityClass
 from radserve.turnaround.replay import Variant, replay
 from radserve.turnaround.replay import errors as errors_of
+from radserve.turnaround.service_time import ServiceTimeModel, StudySize
 
 
 def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
@@ -79,7 +81,8 @@ def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
     # the stream went on (fillers) only while a measured job was unfinished, and the
     # server's walks were recorded: the offline replay sees every measured job end
     assert len(summary["fillers"]) <= 8
-    assert all(offset >= 0 for offset, _ in summary["fillers"])
+    assert all(offset >= 0 and slices > 0 for offset, _, slices in summary["fillers"])
+    assert all(j["slices"] in (12, 20) for j in jobs)  # the two templates
     assert sorted(summary["measured_ids"]) == sorted(j["id"] for j in jobs)
     replayed = {j.job_id: j for j in replay(summary["eta_records"], Variant())}
     for job_id in summary["measured_ids"]:
@@ -104,3 +107,36 @@ def test_eta_error_is_relative_to_the_actual_turnaround() -> None:
     assert errors["halfway"]["all"]["median_abs_s"] == 0.5
     assert errors["meets_goal"] is True
     assert eta_errors([job], late=True)["submission"]["all"]["median_rel"] == 0.5
+
+
+def test_the_planner_check_draws_each_job_at_its_own_study_size() -> None:
+    """Known sizes: a class of 400-slice studies is planned slower than one of 100-slice
+    studies (drawn sizes would mix them), and the fillers load the host unmeasured."""
+    model = ServiceTimeModel()
+    for slices in (100, 400) * 10:
+        model.observe(
+            pipeline="ct",
+            device="cpu",
+            precision="fp32",
+            size=StudySize(slices),
+            timings={"ingest": 0.01 * slices, "organs: infer": 0.05 * slices, "run": 0.06 * slices},
+        )
+    jobs = []
+    for i in range(6):
+        cls = PriorityClass.URGENT if i % 2 else PriorityClass.OUTPATIENT
+        job = JobTrace(f"j{i}", cls, 1000.0 + 100 * i, 1010.0 + 100 * i, "succeeded")
+        job.slices = 100 if cls is PriorityClass.URGENT else 400
+        jobs.append(job)
+    check = planner_check(
+        jobs,
+        model,
+        ("ct", "cpu", "fp32"),
+        scheduler=SchedulerSettings(),
+        cpu_workers=2,
+        seeds=3,
+        fillers=[(1600.0, PriorityClass.INPATIENT, 100)],
+    )
+    assert check["sizes"] == "per job"
+    classes = check["classes"]
+    assert set(classes) == {"URGENT", "OUTPATIENT"}  # the INPATIENT filler is not measured
+    assert classes["OUTPATIENT"]["predicted_p50_s"] > 3 * classes["URGENT"]["predicted_p50_s"]

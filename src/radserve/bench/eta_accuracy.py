@@ -48,6 +48,7 @@ class JobTrace:
     finished: float | None = None
     state: str = "queued"
     readings: list[Reading] = field(default_factory=list)
+    slices: int | None = None  # the study's size, when the client knows it
 
     @property
     def tat(self) -> float | None:
@@ -143,21 +144,33 @@ def planner_check(
     devices: int = 1,
     seeds: int = 10,
     cores_per_device: int | None = None,
-    fillers: Sequence[tuple[float, PriorityClass]] = (),
+    fillers: Sequence[tuple[float, PriorityClass, int | None]] = (),
 ) -> dict[str, object]:
     """``radserve plan``'s simulation of this trace (its arrivals and classes, and the
-    unmeasured ``fillers`` that kept the stream going after them: POSIX arrival, class),
-    with the service times the server learned, against the measured per-class p50/p95
-    TAT of the measured jobs. The simulation's figures are medians over ``seeds`` seeds
-    (service-time draws) and count only the measured jobs."""
+    unmeasured ``fillers`` that kept the stream going after them: POSIX arrival, class,
+    slices), with the service times the server learned, against the measured per-class
+    p50/p95 TAT of the measured jobs. Each job's work is drawn at its own study's size
+    when every size is known (else at sizes drawn from those the model saw). The
+    simulation's figures are medians over ``seeds`` seeds (service-time draws) and count
+    only the measured jobs."""
     start = min(j.arrival for j in jobs)
-    trace = [Arrival(j.arrival - start, j.cls) for j in sorted(jobs, key=lambda j: j.arrival)]
-    last = trace[-1].at
-    trace += [Arrival(max(last, t - start), c) for t, c in sorted(fillers, key=lambda f: f[0])]
+    ordered = sorted(jobs, key=lambda j: j.arrival)
+    arrivals = [(j.arrival - start, j.cls, j.slices) for j in ordered]
+    last = arrivals[-1][0]
+    arrivals += [(max(last, t - start), c, n) for t, c, n in sorted(fillers, key=lambda f: f[0])]
     sampler = ModelSampler(model, *group, batch_slices=scheduler.max_batch_size)
+    sized = all(n is not None for _, _, n in arrivals)
+
+    def trace(seed: int) -> list[Arrival]:
+        rng = np.random.default_rng([seed, 1])
+        return [
+            Arrival(at, cls, sampler.service(rng, n) if sized and n is not None else None)
+            for at, cls, n in arrivals
+        ]
+
     runs = [
         run_plan(
-            trace,
+            trace(seed),
             sampler,
             devices=devices,
             cpu_workers=cpu_workers,
@@ -195,6 +208,7 @@ def planner_check(
         "cpu_workers": cpu_workers,
         "host_cores_per_device": cores_per_device,
         "seeds": seeds,
+        "sizes": "per job" if sized else "drawn",
         "classes": classes,
         "goal_rel": GOAL_PLANNER,
         "within_goal": all(within) if within else None,

@@ -295,8 +295,8 @@ def run_eta_trace(
         "planner_host_model": host_model,
         "jobs": [_row(j, start) for j in sorted(jobs.values(), key=lambda j: j.arrival)],
         # unmeasured arrivals of the same stream after the last measured one, until every
-        # measured job had finished (then cancelled): [offset s, class]
-        "fillers": [[round(t - start, 3), c.value] for t, c in filled],
+        # measured job had finished (then cancelled): [offset s, class, slices]
+        "fillers": [[round(t - start, 3), c.value, n] for t, c, n in filled],
         # the server's ETA walks and job ends, for radserve.turnaround.replay
         "eta_records": records,
         "measured_ids": sorted(jobs),
@@ -352,11 +352,11 @@ def _stream(
     log: Callable[[str], None],
     filler: Callable[[], list[bytes]] | None = None,
     max_fillers: int = 0,
-) -> tuple[dict[str, JobTrace], list[tuple[float, PriorityClass]]]:
+) -> tuple[dict[str, JobTrace], list[tuple[float, PriorityClass, int]]]:
     """Submit ``studies`` at ``plan``'s offsets (measured), then, with ``filler``, keep
     ``plan``'s arrivals coming with filler studies (at most ``max_fillers``) until every
     measured job has finished; unfinished fillers are then cancelled. The measured jobs'
-    traces, and the fillers' (submission time, POSIX s; class)."""
+    traces, and the fillers' (submission time, POSIX s; class; slices)."""
     jobs: dict[str, JobTrace] = {}
     lock = threading.Lock()
     stop = threading.Event()
@@ -381,7 +381,7 @@ def _stream(
     poller = threading.Thread(target=poll, name="radserve-bench-eta-poll", daemon=True)
     poller.start()
     start = time.monotonic()
-    fillers: list[tuple[float, PriorityClass]] = []
+    fillers: list[tuple[float, PriorityClass, int]] = []
     filler_ids: list[str] = []
     try:
         for n, (blobs, (offset, cls)) in enumerate(zip(studies, plan, strict=False), start=1):
@@ -389,6 +389,7 @@ def _stream(
             job_id = _submit(client, blobs, cls)
             record = client.get(f"/v1/jobs/{job_id}").json()
             trace = JobTrace(job_id, cls, _ts(record["arrival"]) or time.time())
+            trace.slices = len(blobs)  # one single-frame instance per slice
             first = _reading(record, time.time())
             with lock:
                 if first is not None:
@@ -403,8 +404,9 @@ def _stream(
                 time.sleep(min(0.5, max(0.0, start + offset - time.monotonic())))
             if _all_final(client, jobs) or time.monotonic() > deadline:
                 break
-            filler_ids.append(_submit(client, filler(), cls))
-            fillers.append((time.time(), cls))
+            blobs = filler()
+            filler_ids.append(_submit(client, blobs, cls))
+            fillers.append((time.time(), cls, len(blobs)))
             log(f"filler {len(fillers)} ({cls.value}): the stream goes on")
         final = _wait(client, list(jobs), timeout_s)
         for job_id in filler_ids:  # the measured jobs are done: the rest is not needed
@@ -437,6 +439,7 @@ def _row(job: JobTrace, start: float) -> dict[str, Any]:
         "ahead_at_submission": None if first is None else first.position,
         "eta_error_at_submission_rel": None if error is None else round(error[1], 4),
         "readings": len(job.readings),
+        "slices": job.slices,
     }
 
 

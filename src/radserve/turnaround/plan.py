@@ -88,6 +88,10 @@ class ModelSampler:
     def __call__(self, rng: np.random.Generator, cls: PriorityClass) -> JobService:
         sizes = self.model.sizes()
         slices = int(rng.choice(sizes)) if sizes else self.model.typical_size().slices
+        return self.service(rng, slices)
+
+    def service(self, rng: np.random.Generator, slices: int) -> JobService:
+        """One job of ``slices`` slices (a replayed trace knows its studies' sizes)."""
         size = StudySize(slices)
         steps = self.model.step_seconds(
             pipeline=self.pipeline, device=self.device, precision=self.precision, size=size
