@@ -7,7 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.factories.onnx_models import model_spec, threshold_logits, threshold_model
+from tests.factories.onnx_models import (
+    blur3d_model,
+    model_spec,
+    threshold_logits,
+    threshold_model,
+)
 
 from radserve.errors import ModelError
 from radserve.inference import DeviceInfo, ModelSession, choose_runtime
@@ -75,6 +80,44 @@ def test_release_memory_leaves_the_session_working(tmp_path: Path) -> None:
         np.testing.assert_array_equal(session.run(x), before)
 
 
+class _RunLog:
+    """The real onnxruntime session, with each run's run options written down."""
+
+    def __init__(self, session: object) -> None:
+        self._session = session
+        self.runs: list[object] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._session, name)
+
+    def run(self, outputs: object, feed: object, options: object = None) -> object:
+        self.runs.append(options)
+        return self._session.run(outputs, feed, options)  # type: ignore[attr-defined]
+
+
+def test_a_3d_session_shrinks_its_arena_with_each_patch_not_with_a_probe(
+    tmp_path: Path,
+) -> None:
+    """release_memory's probe is a whole patch for a graph with a fixed patch size (a
+    128^3 nnU-Net patch: seconds); a 3D session shrinks the arena as each patch ends."""
+    spec = model_spec(mode="3d", spacing=(2.0, 1.0, 1.0), patch_size=(4, 8, 8))
+    session = ModelSession(blur3d_model(tmp_path / "b.onnx"), spec, runtime=CPU)
+    log = _RunLog(session._session)
+    session._session = log  # type: ignore[assignment]
+    x = np.random.default_rng(2).random((2, 1, 4, 8, 8), dtype=np.float32)
+    before = session.run(x)
+    session.release_memory()
+    assert log.runs == [session._shrink]  # one run, the batch itself, with the shrink
+    np.testing.assert_array_equal(session.run(x), before)
+
+    slices = ModelSession(threshold_model(tmp_path / "t.onnx"), model_spec(), runtime=CPU)
+    log2 = _RunLog(slices._session)
+    slices._session = log2  # type: ignore[assignment]
+    slices.run(np.zeros((2, 1, 8, 8), np.float32))
+    slices.release_memory()  # slice batches keep the arena; the task's end shrinks it
+    assert log2.runs == [None, slices._shrink]
+
+
 def test_provider_preference_and_thread_counts() -> None:
     gpu = choose_runtime(
         _host("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
@@ -95,12 +138,15 @@ def test_cpu_devices_cap_the_batch_and_gpus_take_model_yaml_s() -> None:
         ("CPUExecutionProvider",),
         ("OpenVINOExecutionProvider", "CPUExecutionProvider"),
     ):
-        assert choose_runtime(_host(*providers)).max_batch_size == 2
+        runtime = choose_runtime(_host(*providers))
+        assert runtime.max_batch_size == runtime.batch_cap("2d") == 2
+        assert runtime.batch_cap("3d") == 1  # a 3D patch alone (nnU-Net's 128^3: seconds)
     for providers in (
         ("CUDAExecutionProvider", "CPUExecutionProvider"),
         ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
     ):
-        assert choose_runtime(_host(*providers)).max_batch_size is None
+        runtime = choose_runtime(_host(*providers))
+        assert runtime.max_batch_size is runtime.batch_cap("3d") is None
 
 
 def test_asking_for_a_missing_provider_fails_loudly() -> None:

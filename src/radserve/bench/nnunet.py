@@ -148,9 +148,8 @@ def run_nnunet_bench(
     log("radserve ...")
     with _PeakRss() as ours_mem:
         t0 = time.perf_counter()
-        task = make_task(
-            ct, model, max_batch_size=session.runtime.max_batch_size, precision=precision
-        )
+        cap = session.runtime.batch_cap(model.input.mode)
+        task = make_task(ct, model, max_batch_size=cap, precision=precision)
         prediction = run_task_overlapped(task, session)
         ours = prediction.labels.array
         ours_s = time.perf_counter() - t0

@@ -30,6 +30,7 @@ PREFERENCE = (
     "CPUExecutionProvider",
 )
 CPU_MAX_BATCH = 2  # see RuntimeChoice.max_batch_size
+CPU_MAX_PATCH_BATCH = 1  # see RuntimeChoice.batch_cap
 
 _DEVICE_KIND = {
     "TensorrtExecutionProvider": "cuda",
@@ -80,6 +81,20 @@ class RuntimeChoice:
         need the batch to fill the device.
         """
         return None if _DEVICE_KIND[self.primary] == "cuda" else CPU_MAX_BATCH
+
+    def batch_cap(self, mode: str) -> int | None:
+        """:attr:`max_batch_size` for a model of input ``mode`` (``2d``, ``2.5d``, ``3d``).
+
+        On a CPU a 3D patch is sent alone: one patch (nnU-Net's 128^3) already gives
+        every core millions of voxels per operator, and a second one only doubles the
+        network's activations (gigabytes at that size) and the share of the cores the
+        merge of the previous batch takes from the network. Measured on the 2-core
+        development machine (issue 18, nnU-Net's default network, 4 patches of 128^3):
+        see the README's nnU-Net section.
+        """
+        if _DEVICE_KIND[self.primary] == "cuda":
+            return None
+        return CPU_MAX_PATCH_BATCH if mode == "3d" else CPU_MAX_BATCH
 
     @property
     def runs_bf16(self) -> bool:

@@ -362,7 +362,7 @@ class VolumeRun:
             spec,
             roi,
             extra,
-            max_batch_size=session.runtime.max_batch_size,
+            max_batch_size=session.runtime.batch_cap(spec.input.mode),
             **({"image_channels": images} if images is not None else {}),
             **({"arrival": self._arrival} if self._arrival is not None else {}),
         )
