@@ -7,6 +7,7 @@ counted."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from tests.factories.dicom_net import WAIT_SCALE, free_port
-from tests.factories.fhir_server import FhirServer
+from tests.factories.fhir_server import Answer, FhirServer
 from tests.factories.service import (
     ServerThread,
     auth,
@@ -241,3 +242,74 @@ def test_receiver_settings_are_validated_and_the_token_is_masked(tmp_path: Path)
     for section in bad:
         with pytest.raises(Exception, match="critical"):
             load_settings(None, **{f"critical__{k}": v for k, v in section.items()})
+
+
+def test_fhir_notices_that_can_never_succeed_stop_audited_and_counted(tmp_path: Path) -> None:
+    """A FHIR critical-finding notice that cannot ever succeed is not retried forever:
+    a Bundle file that is not JSON, a 5xx whose OperationOutcome refuses the content,
+    a 4xx. Each ends ``failed_permanent`` at its first attempt, is audited
+    (``critical.failed``), counted (``outcome="failed"``) and shown in the outbox
+    status operators read (``/v1/ops/outbox``, metrics), as the other receivers' are."""
+    ehr = FhirServer()
+    settings = settings_for(
+        tmp_path,
+        critical__receivers=[{"name": "ehr", "kind": "fhir", "url": ehr.url}],
+        critical__retry_first_s=0.2,
+        critical__retry_max_s=0.5,
+    )
+    service = Service(settings)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)  # due for this test's sends only
+    box = service.critical.outbox  # type: ignore[union-attr]
+    bundle = {"resourceType": "Bundle", "type": "transaction", "entry": []}
+    service.start(warm_up=False)
+    try:
+        ehr.up()
+        cases = {"not-json": None, "refused-500": refused_content(), "refused-422": Answer(422)}
+        for name, answer in cases.items():
+            notice = {"id": name, "study_instance_uid": "1.2.3"}
+            (row,) = box.enqueue(
+                notice, folder=tmp_path / "out", job_id="job-1", now=later, fhir_bundle=bundle
+            )
+            if answer is None:  # a file that is not JSON (truncated by a bad disk, edited)
+                Path(row.path).write_bytes(b'{"resourceType": "Bundle", "entr')
+            else:
+                ehr.script(answer)
+            report = box.deliver_pending(later + dt.timedelta(seconds=1))
+            assert (report.claimed, report.failed) == (1, 1), (name, _rows_of(service))
+        rows = {r.sop_instance_uid: r for r in _rows_of(service)}
+        assert {r.state for r in rows.values()} == {OutboxState.FAILED_PERMANENT}
+        assert all(r.attempts == 1 for r in rows.values())
+        assert "not a FHIR JSON Bundle" in (rows["not-json"].last_error or "")
+        assert "refuses the content" in (rows["refused-500"].last_error or "")
+        assert "HTTP 422" in (rows["refused-422"].last_error or "")
+        assert len(ehr.received) == 2  # the file that is not JSON was never POSTed
+        # nothing due any more, however long one waits
+        far = later + dt.timedelta(days=30)
+        assert box.deliver_pending(far).claimed == 0
+        (status,) = [s for s in service.outbox.status() if s.destination == "critical:ehr"]
+        assert status.failed_permanent == 3 and status.pending == 0
+        failed = service.metrics.registry.get_sample_value(
+            "radserve_critical_pushes_total", {"receiver": "ehr", "outcome": "failed"}
+        )
+        assert failed == 3
+        deadline = time.monotonic() + 10 * WAIT_SCALE
+        while time.monotonic() < deadline:
+            audited = [r for r in service.store.iter_audit() if r.action == "critical.failed"]
+            if len(audited) == 3:
+                break
+            time.sleep(0.1)
+        assert sorted(r.payload["notice_id"] for r in audited) == sorted(cases)
+    finally:
+        service.stop()
+        ehr.down()
+
+
+def refused_content() -> Answer:
+    """A 500 whose OperationOutcome says the Bundle could not be parsed (as some servers
+    answer a payload they cannot read)."""
+    issue = {"severity": "fatal", "code": "structure", "diagnostics": "not valid JSON"}
+    return Answer(500, {"resourceType": "OperationOutcome", "issue": [issue]})
+
+
+def _rows_of(service: Service) -> list[OutboxItem]:
+    return OutboxStore(service.store.engine).items(kind=OutboxKind.CRITICAL)

@@ -12,7 +12,10 @@ Each takes the bytes the outbox row points at and says what became of them, as a
 - :class:`FhirReceiver`: a transaction Bundle (the job's resources + Communication [+
   Flag], :mod:`radserve.report.fhir.critical`) POSTed with the FHIR delivery's client
   (:class:`~radserve.fhir.delivery.FhirClient`: bearer token, no redirects, answers
-  classified with OperationOutcome issue codes); the server's 2xx acknowledges it.
+  classified with OperationOutcome issue codes); the server's 2xx acknowledges it. A file
+  that is not a JSON Bundle, a 4xx other than 408/429, or a 5xx whose OperationOutcome
+  refuses the content (``invalid``, ``structure``...) is permanent: it stops, and is
+  audited and counted like every receiver's permanent failure.
 """
 
 from __future__ import annotations
@@ -107,16 +110,40 @@ class FhirReceiver:
         return f"critical:{self.name}"
 
     def send(self, body: bytes) -> SendResult:
+        """POST the Bundle file's ``body`` (without its Flag unless ``flag``). A file that
+        is not a JSON Bundle can never be taken: permanent, as the syslog receiver does."""
+        bundle = _bundle(body)
+        if bundle is None:
+            return SendResult(Outcome.PERMANENT, "the notice file is not a FHIR JSON Bundle")
         if not self.flag:  # the file carries a Flag when any FHIR receiver wants one
-            bundle = json.loads(body)
-            entries = bundle.get("entry", [])
-            kept = [e for e in entries if e.get("resource", {}).get("resourceType") != "Flag"]
+            entries = bundle.get("entry") or []
+            kept = [e for e in entries if _resource_type(e) != "Flag"]
             if len(kept) != len(entries):
                 body = json.dumps({**bundle, "entry": kept}, separators=(",", ":")).encode()
         return self._client.post(self.server, body)
 
     def close(self) -> None:
         self._client.close()
+
+
+def _bundle(body: bytes) -> dict[str, object] | None:
+    """``body`` as a FHIR Bundle (a JSON object, resourceType Bundle, a list of entries
+    that are objects), or None."""
+    try:
+        bundle = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(bundle, dict) or bundle.get("resourceType") != "Bundle":
+        return None
+    entries = bundle.get("entry", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        return None
+    return bundle
+
+
+def _resource_type(entry: dict[str, object]) -> object:
+    resource = entry.get("resource")
+    return resource.get("resourceType") if isinstance(resource, dict) else None
 
 
 __all__ = ["MSGID", "FhirReceiver", "SyslogReceiver"]

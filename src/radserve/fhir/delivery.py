@@ -107,11 +107,36 @@ def classify(response: httpx.Response) -> SendResult:
     if 200 <= status < 300:
         return SendResult(Outcome.SENT, f"HTTP {status}", status)
     reason = f"HTTP {status} {response.reason_phrase}".strip() + _issues(response)
+    if status >= 500 and _content_refused(response):
+        # the server read the Bundle and refuses its content (some answer a parse or
+        # validation error with a 5xx): the same bytes can never succeed
+        return SendResult(Outcome.PERMANENT, reason + "; the server refuses the content", status)
     if status in _RETRYABLE_STATUS or status >= 500:
         return SendResult(Outcome.RETRY, reason, status)
     if 300 <= status < 400:
         reason += "; the FHIR server moved: configure its final URL (fhir.url)"
     return SendResult(Outcome.PERMANENT, reason, status)
+
+
+# OperationOutcome issue codes that say the request's content is wrong, not the server
+_CONTENT_ISSUES = frozenset({"invalid", "structure", "required", "value", "invariant"})
+
+
+def _content_refused(response: httpx.Response) -> bool:
+    """Whether an error answer's OperationOutcome has only error issues about the
+    request's content (``invalid`` and its sub-codes), so resending cannot help."""
+    try:
+        outcome = response.json()
+    except ValueError:
+        return False
+    if not isinstance(outcome, dict) or outcome.get("resourceType") != "OperationOutcome":
+        return False
+    codes = {
+        str(issue.get("code"))
+        for issue in outcome.get("issue", [])
+        if isinstance(issue, dict) and issue.get("severity") in ("error", "fatal")
+    }
+    return bool(codes) and codes <= _CONTENT_ISSUES
 
 
 def _issues(response: httpx.Response) -> str:
