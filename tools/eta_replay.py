@@ -17,11 +17,14 @@ from typing import Any
 from radserve.turnaround.replay import Variant, errors, replay
 
 VARIANTS = {
-    "allowance, class bias": Variant(allowance=True, bias="class"),
-    "allowance, no bias": Variant(allowance=True, bias="off"),
-    "allowance, depth bias": Variant(allowance=True, bias="depth"),
-    "no allowance, no bias": Variant(allowance=False, bias="off"),
-    "no allowance, class bias": Variant(allowance=False, bias="class"),
+    "allowance, class bias": Variant(allowance=True, bias="class", drain=False),
+    "allowance, no bias": Variant(allowance=True, bias="off", drain=False),
+    "allowance, depth bias": Variant(allowance=True, bias="depth", drain=False),
+    "no allowance, no bias": Variant(allowance=False, bias="off", drain=False),
+    "drain, allowance, no bias": Variant(allowance=True, bias="off", drain=True),
+    "drain, allowance, class bias": Variant(allowance=True, bias="class", drain=True),
+    "drain, no allowance, no bias": Variant(allowance=False, bias="off", drain=True),
+    "as recorded (server default)": Variant(),
 }
 
 

@@ -32,6 +32,7 @@ def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
         overrides={**write_assets(tmp_path / "assets"), "scheduler__tat_s__urgent": 3.0},
         timeout_s=300,
         miss_burst_max=4,
+        lead_in=2,
         log=lambda _: None,
     )
     assert summary["failed_jobs"] == 0
@@ -78,10 +79,13 @@ def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
         assert row["diff_p50"] >= 0 and row["diff_p95"] >= 0
     assert planner["jobs_learned_from"] >= 8  # the trace and the warm-up studies
     assert len(summary["host"]["loadavg_before"]) == 3
-    # the stream went on (fillers) only while a measured job was unfinished, and the
-    # server's walks were recorded: the offline replay sees every measured job end
-    assert len(summary["fillers"]) <= 8
-    assert all(offset >= 0 and slices > 0 for offset, _, slices in summary["fillers"])
+    # two unmeasured arrivals came first (the lead-in), and the stream went on (fillers)
+    # only while a measured job was unfinished; the server's walks were recorded: the
+    # offline replay sees every measured job end
+    assert summary["lead_in"] == 2 and 2 <= len(summary["fillers"]) <= 2 + 8
+    assert [offset < 0 for offset, _, _ in summary["fillers"][:2]] == [True, True]
+    assert all(offset >= 0 for offset, _, _ in summary["fillers"][2:])
+    assert all(slices in (12, 20) for _, _, slices in summary["fillers"])
     assert all(j["slices"] in (12, 20) for j in jobs)  # the two templates
     assert sorted(summary["measured_ids"]) == sorted(j["id"] for j in jobs)
     replayed = {j.job_id: j for j in replay(summary["eta_records"], Variant())}

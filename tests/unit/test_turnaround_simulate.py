@@ -147,15 +147,15 @@ def test_the_urgent_lane_runs_urgent_cpu_stages_while_the_pool_is_busy() -> None
     assert lane.classes[U].tat_mean_s == pytest.approx(1.0)
 
 
-def test_measure_jobs_counts_the_first_arrivals_while_the_rest_still_load_the_host() -> None:
+def test_unmeasured_arrivals_load_the_host_but_are_not_counted() -> None:
     """A benchmark's unmeasured fillers keep the stream going: they delay the measured
     jobs (one device, FIFO), but their own turnaround is not in the statistics."""
     fixed = JobService(0.0, (10.0,), 0.0)
     measured = [Arrival(0.0, OUT, fixed), Arrival(5.0, OUT, fixed)]
-    fillers = [Arrival(6.0, U, fixed)]  # URGENT: served before the second measured job
+    fillers = [Arrival(6.0, U, fixed, measured=False)]  # served before the 2nd measured
     alone = simulate(measured, _exponential(1.0), SimConfig(1, 1, PLAIN), seed=0)
     config = SimConfig(1, 1, SchedulerSettings(urgent_exclusive=False, max_running=1000))
-    both = simulate(measured + fillers, _exponential(1.0), config, seed=0, measure_jobs=2)
+    both = simulate(measured + fillers, _exponential(1.0), config, seed=0)
     assert set(both.classes) == {OUT}  # the URGENT filler is not counted
     assert both.classes[OUT].jobs == 2
     assert alone.classes[OUT].tat_p50_s == 12.5  # TATs 10 and 15

@@ -147,25 +147,31 @@ def planner_check(
     fillers: Sequence[tuple[float, PriorityClass, int | None]] = (),
 ) -> dict[str, object]:
     """``radserve plan``'s simulation of this trace (its arrivals and classes, and the
-    unmeasured ``fillers`` that kept the stream going after them: POSIX arrival, class,
-    slices), with the service times the server learned, against the measured per-class
-    p50/p95 TAT of the measured jobs. Each job's work is drawn at its own study's size
-    when every size is known (else at sizes drawn from those the model saw). The
-    simulation's figures are medians over ``seeds`` seeds (service-time draws) and count
-    only the measured jobs."""
-    start = min(j.arrival for j in jobs)
-    ordered = sorted(jobs, key=lambda j: j.arrival)
-    arrivals = [(j.arrival - start, j.cls, j.slices) for j in ordered]
-    last = arrivals[-1][0]
-    arrivals += [(max(last, t - start), c, n) for t, c, n in sorted(fillers, key=lambda f: f[0])]
+    unmeasured ``fillers`` that kept the stream going before and after them: POSIX
+    arrival, class, slices), with the service times the server learned, against the
+    measured per-class p50/p95 TAT of the measured jobs. Each job's work is drawn at its
+    own study's size when every size is known (else at sizes drawn from those the model
+    saw). The simulation's figures are medians over ``seeds`` seeds (service-time draws)
+    and count only the measured jobs."""
+    events = sorted(
+        [(j.arrival, j.cls, j.slices, True) for j in jobs]
+        + [(t, c, n, False) for t, c, n in fillers],
+        key=lambda e: e[0],
+    )
+    start = events[0][0]
     sampler = ModelSampler(model, *group, batch_slices=scheduler.max_batch_size)
-    sized = all(n is not None for _, _, n in arrivals)
+    sized = all(e[2] is not None for e in events)
 
     def trace(seed: int) -> list[Arrival]:
         rng = np.random.default_rng([seed, 1])
         return [
-            Arrival(at, cls, sampler.service(rng, n) if sized and n is not None else None)
-            for at, cls, n in arrivals
+            Arrival(
+                at - start,
+                cls,
+                sampler.service(rng, n) if sized and n is not None else None,
+                measured,
+            )
+            for at, cls, n, measured in events
         ]
 
     runs = [
@@ -178,7 +184,6 @@ def planner_check(
             seed=seed,
             warmup_s=0.0,
             cores_per_device=cores_per_device,
-            measure_jobs=len(jobs),
         ).result
         for seed in range(seeds)
     ]

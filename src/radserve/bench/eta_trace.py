@@ -116,15 +116,19 @@ def _reading(job: dict[str, Any], at: float) -> Reading | None:
     )
 
 
-def _arrivals(burst: int, gap_s: float, mix: Sequence[float], seed: int) -> Iterator[Any]:
-    """(offset s, class) of each submission, without end: ``burst`` at 0, then Poisson
-    gaps. The first ``n_studies`` are measured; the rest keep the same stream arriving
-    (unmeasured filler) until every measured job has finished."""
+def _arrivals(
+    burst: int, gap_s: float, mix: Sequence[float], seed: int, lead_in: int = 0
+) -> Iterator[Any]:
+    """(offset s, class) of each submission, without end: ``lead_in`` Poisson arrivals,
+    then ``burst`` at once, then Poisson gaps. The lead-in is unmeasured (the server
+    has seen the stream before the measured jobs come), the next ``n_studies`` are
+    measured, and the rest keep the same stream arriving (unmeasured filler) until
+    every measured job has finished."""
     rng = np.random.default_rng(seed)
     weights = np.asarray(mix, dtype=float) / float(sum(mix))
     t, i = 0.0, 0
     while True:
-        if i >= burst:
+        if i > 0 and not lead_in < i < lead_in + burst:
             t += float(rng.exponential(gap_s))
         yield (t, _CLASSES[int(rng.choice(3, p=weights))])
         i += 1
@@ -144,12 +148,14 @@ def run_eta_trace(
     timeout_s: float = 1800.0,
     miss_burst_max: int = 24,
     fillers: bool = True,
+    lead_in: int = 8,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the scenario; returns the JSON summary. ``templates`` (DICOM files of one
     study each; default: three small phantoms of different sizes) and ``overrides``
     (settings) let a test run it on its tiny models; ``miss_burst_max`` 0 leaves the
-    burst out; ``fillers`` False ends the arrivals with the last measured study."""
+    burst out; ``fillers`` False ends the arrivals with the last measured study, and
+    ``lead_in`` unmeasured arrivals of the same stream come before the measured ones."""
     from radserve.api import create_app
     from radserve.config import load_settings
     from radserve.service import Service
@@ -165,7 +171,7 @@ def run_eta_trace(
             log("writing three small phantom studies (templates)")
             templates = [template_study(workdir / f"template-{s}", seed=s) for s in (1, 2, 3)]
         max_fillers = n_studies if fillers else 0
-        total = n_studies + max(0, miss_burst_max) + max_fillers
+        total = n_studies + max(0, miss_burst_max) + max_fillers + max(0, lead_in)
         per_template = -(-total // len(templates)) + 1
         copies = [distinct_copies(list(t), per_template) for t in templates]
         warmup = [c.pop() for c in copies]
@@ -184,7 +190,7 @@ def run_eta_trace(
                     raise RuntimeError("the server's models did not warm up")
                 service_s, warm_ids = _warm_up(client, warmup, timeout_s, log)
                 gap = service_s / load
-                plan = _arrivals(burst, gap, mix, seed)
+                plan = _arrivals(burst, gap, mix, seed, max(0, lead_in))
                 service.turnaround.recorder = records.append
                 log(
                     f"{n_studies} studies: {burst} at once, then one every {gap:.2f} s on "
@@ -199,6 +205,7 @@ def run_eta_trace(
                     log,
                     filler=spare.pop,
                     max_fillers=max_fillers,
+                    lead_in=max(0, lead_in),
                 )
                 stream_misses = client.get("/v1/ops/turnaround").json()["misses"]
                 urgent_tat = service.scheduler.config.tat(PriorityClass.URGENT)
@@ -263,6 +270,7 @@ def run_eta_trace(
         "scenario": "eta",
         "studies": n_studies,
         "burst": burst,
+        "lead_in": max(0, lead_in),
         "load": load,
         "warmup_service_s": round(service_s, 3),
         "mean_gap_s": round(gap, 3),
@@ -294,8 +302,9 @@ def run_eta_trace(
         "planner_shared_cores": shared_cores,
         "planner_host_model": host_model,
         "jobs": [_row(j, start) for j in sorted(jobs.values(), key=lambda j: j.arrival)],
-        # unmeasured arrivals of the same stream after the last measured one, until every
-        # measured job had finished (then cancelled): [offset s, class, slices]
+        # unmeasured arrivals of the same stream: the lead-in before the measured ones
+        # (offsets < 0) and after the last, until every measured job had finished (then
+        # cancelled): [offset s, class, slices]
         "fillers": [[round(t - start, 3), c.value, n] for t, c, n in filled],
         # the server's ETA walks and job ends, for radserve.turnaround.replay
         "eta_records": records,
@@ -352,8 +361,11 @@ def _stream(
     log: Callable[[str], None],
     filler: Callable[[], list[bytes]] | None = None,
     max_fillers: int = 0,
+    lead_in: int = 0,
 ) -> tuple[dict[str, JobTrace], list[tuple[float, PriorityClass, int]]]:
-    """Submit ``studies`` at ``plan``'s offsets (measured), then, with ``filler``, keep
+    """Submit ``lead_in`` filler studies at ``plan``'s first offsets (unmeasured: the
+    server sees the stream before the measured jobs), then ``studies`` (measured), then,
+    with ``filler``, keep
     ``plan``'s arrivals coming with filler studies (at most ``max_fillers``) until every
     measured job has finished; unfinished fillers are then cancelled. The measured jobs'
     traces, and the fillers' (submission time, POSIX s; class; slices)."""
@@ -384,6 +396,14 @@ def _stream(
     fillers: list[tuple[float, PriorityClass, int]] = []
     filler_ids: list[str] = []
     try:
+        for _ in range(lead_in if filler is not None else 0):
+            offset, cls = next(plan)
+            time.sleep(max(0.0, start + offset - time.monotonic()))
+            blobs = filler()
+            filler_ids.append(_submit(client, blobs, cls))
+            fillers.append((time.time(), cls, len(blobs)))
+            log(f"lead-in {len(fillers)}/{lead_in} ({cls.value}): unmeasured")
+        lead = len(fillers)
         for n, (blobs, (offset, cls)) in enumerate(zip(studies, plan, strict=False), start=1):
             time.sleep(max(0.0, start + offset - time.monotonic()))
             job_id = _submit(client, blobs, cls)
@@ -398,7 +418,7 @@ def _stream(
             position = first.position if first is not None else "-"
             log(f"submitted {n}/{len(studies)} ({cls.value}, {position} ahead)")
         deadline = time.monotonic() + timeout_s
-        while filler is not None and len(fillers) < max_fillers:
+        while filler is not None and len(fillers) - lead < max_fillers:
             offset, cls = next(plan)
             while not _all_final(client, jobs) and time.monotonic() < start + offset:
                 time.sleep(min(0.5, max(0.0, start + offset - time.monotonic())))
@@ -407,7 +427,7 @@ def _stream(
             blobs = filler()
             filler_ids.append(_submit(client, blobs, cls))
             fillers.append((time.time(), cls, len(blobs)))
-            log(f"filler {len(fillers)} ({cls.value}): the stream goes on")
+            log(f"filler {len(fillers) - lead} ({cls.value}): the stream goes on")
         final = _wait(client, list(jobs), timeout_s)
         for job_id in filler_ids:  # the measured jobs are done: the rest is not needed
             client.delete(f"/v1/jobs/{job_id}")

@@ -78,10 +78,19 @@ class Capacity:
     aging_fraction: float = 0.25
     # the device's work runs on the host's cores (a CPU device): how many there are
     host_cores: int | None = None
+    # wall seconds the server has measured it takes per second of this model's work
+    # while saturated (radserve.turnaround.drain: a shared host drains its queue slower
+    # than the per-job times imply; 1.0: the model as it is)
+    drain: float = 1.0
 
     def work_s(self, cpu_s: float, device_s: float) -> float:
         """Seconds this capacity needs for ``cpu_s`` of CPU-pool and ``device_s`` of
-        device work, done in parallel as far as the hardware allows."""
+        device work, done in parallel as far as the hardware allows, at the measured
+        drain rate."""
+        return self.drain * self.model_work_s(cpu_s, device_s)
+
+    def model_work_s(self, cpu_s: float, device_s: float) -> float:
+        """:meth:`work_s` by the service-time model alone (no measured drain)."""
         workers, devices = max(1, self.cpu_workers), max(1, self.devices)
         if self.host_cores is None:
             return max(cpu_s / workers, device_s / devices)

@@ -149,7 +149,6 @@ def run_plan(
     warmup_s: float,
     targets: Mapping[PriorityClass, float] | None = None,
     cores_per_device: int | None = None,
-    measure_jobs: int | None = None,
 ) -> Plan:
     result = simulate(
         trace,
@@ -157,7 +156,6 @@ def run_plan(
         _config(devices, cpu_workers, scheduler, cores_per_device),
         seed=seed,
         warmup_s=warmup_s,
-        measure_jobs=measure_jobs,
     )
     return Plan(devices, result, meets(result, targets) if targets else None)
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radserve.turnaround.bias import BiasCorrection
+from radserve.turnaround.drain import DrainMeter
 from radserve.turnaround.eta import Arrivals, Capacity, Entry, walk
 from radserve.turnaround.service_time import JobEstimate
 
@@ -71,11 +72,15 @@ class Variant:
     """What the replay changes: the allowance for later arrivals of classes ranked ahead
     (``allowance``), and the online bias correction (``bias``: ``off``; ``class``, the
     server's, one factor per class; ``depth``, one factor per class and queue depth at
-    the walk, :class:`radserve.turnaround.bias.BiasCorrection` keyed by both)."""
+    the walk, :class:`radserve.turnaround.bias.BiasCorrection` keyed by both), and the
+    measured drain rate (``drain``: True, learned from the recorded walks and ends as
+    the server learns it, :class:`radserve.turnaround.drain.DrainMeter`; False, the
+    model's alone; None, as recorded)."""
 
     allowance: bool = True
     bias: str = "class"
     window: int = 20
+    drain: bool | None = None
 
 
 @dataclass
@@ -107,6 +112,9 @@ def _depth(position: int) -> int:
 def replay(records: Iterable[Mapping[str, Any]], variant: Variant = Variant()) -> list[Replayed]:
     """Walk every recorded snapshot again under ``variant``; each job's ETAs."""
     bias = BiasCorrection(window=variant.window if variant.bias != "off" else 0)
+    meter = DrainMeter()
+    saturated = False
+    work: dict[str, float] = {}  # job -> its model work as the walk counts it
     jobs: dict[str, Replayed] = {}
     learn: dict[str, tuple[int, float, float]] = {}  # job -> (key, walked at, raw finish)
     for record in sorted(records, key=lambda r: (r["at"], r["kind"] != "end")):
@@ -115,6 +123,8 @@ def replay(records: Iterable[Mapping[str, Any]], variant: Variant = Variant()) -
             if job is None:
                 continue
             job.end, job.state = float(record["at"]), str(record["state"])
+            if job.state == "succeeded" and job.job_id in work:
+                meter.completed(job.end, work[job.job_id], saturated)
             first = learn.pop(job.job_id, None)
             if first is not None and job.state == "succeeded":
                 key, walked_at, raw = first
@@ -123,6 +133,13 @@ def replay(records: Iterable[Mapping[str, Any]], variant: Variant = Variant()) -
         now, entries, capacity = walk_inputs(record)
         if not variant.allowance:
             capacity = dataclasses.replace(capacity, arrivals=())
+        saturated = any(not e.running for e in entries)
+        meter.saturation(now, saturated)
+        for e in entries:
+            work[e.job_id] = capacity.model_work_s(e.estimate.cpu_s, e.estimate.device_s)
+        if variant.drain is not None:
+            drain = meter.factor() if variant.drain else 1.0
+            capacity = dataclasses.replace(capacity, drain=drain)
         for eta, entry in zip(walk(entries, now, capacity), entries, strict=True):
             key = entry.cls if variant.bias != "depth" else entry.cls * 10 + _depth(eta.position)
             learn.setdefault(eta.job_id, (key, now, eta.finish))

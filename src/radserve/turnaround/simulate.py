@@ -62,6 +62,9 @@ class Arrival:
     at: float  # seconds from the start of the simulation
     cls: PriorityClass
     service: JobService | None = None  # None: drawn from the sampler
+    # counted in the statistics (False: a benchmark's unmeasured arrival that only keeps
+    # the stream going around the measured ones)
+    measured: bool = True
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class _Job:
     deadline: float
     seq: int
     service: JobService
+    measured: bool = True
     started: float | None = None
     phase: str = "queued"  # queued | pre | device | post | done
     busy: bool = False  # a unit of it is being served
@@ -244,7 +248,9 @@ class _Sim:
                 yield self.env.timeout(a.at - self.env.now)
             service = a.service or sampler(rng, a.cls)
             tat = self.config.scheduler.tat(a.cls)
-            self.jobs.append(_Job(a.cls, self.env.now, self.env.now + tat, seq, service))
+            self.jobs.append(
+                _Job(a.cls, self.env.now, self.env.now + tat, seq, service, a.measured)
+            )
             self._notify()
 
     def worker(self, kind: str):  # type: ignore[no-untyped-def]
@@ -288,11 +294,9 @@ def simulate(
     seed: int = 0,
     warmup_s: float = 0.0,
     until: float | None = None,
-    measure_jobs: int | None = None,
 ) -> SimResult:
-    """Run ``trace`` through the policy; statistics over jobs arriving after ``warmup_s``
-    (and with ``measure_jobs``, over the first that many arrivals only: the rest keep
-    the stream going while they are served, as a benchmark's unmeasured fillers do)."""
+    """Run ``trace`` through the policy; statistics over its ``measured`` jobs arriving
+    after ``warmup_s``."""
     rng = np.random.default_rng(seed)
     sim = _Sim(config)
     env = sim.env
@@ -309,13 +313,7 @@ def simulate(
     span = max(last, trace[-1].at if trace else 0.0, 1e-9)
     classes = {}
     for cls in PriorityClass:
-        jobs = [
-            j
-            for j in sim.done
-            if j.cls is cls
-            and j.arrival >= warmup_s
-            and (measure_jobs is None or j.seq < measure_jobs)
-        ]
+        jobs = [j for j in sim.done if j.cls is cls and j.arrival >= warmup_s and j.measured]
         if not jobs:
             continue
         tat = np.array([j.finished - j.arrival for j in jobs])  # type: ignore[operator]
