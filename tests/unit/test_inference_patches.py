@@ -10,7 +10,7 @@ from tests.factories.onnx_models import blur3d_model, model_spec
 
 from radserve.domain.volume import Volume
 from radserve.inference import ModelSession, PatchTask, choose_runtime, run_task
-from radserve.inference.patches import gaussian_weights, window_starts
+from radserve.inference.patches import filtered_gaussian, gaussian_weights, window_starts
 from radserve.inference.tasks import activate
 from radserve.preprocess import normalise
 
@@ -76,3 +76,19 @@ def test_resampled_3d_output_lands_on_the_native_grid(blur_path: Path) -> None:
     # The box's centroid is where it was, within a voxel.
     got = np.argwhere(pred.labels.array).mean(axis=0)
     np.testing.assert_allclose(got, np.argwhere(truth).mean(axis=0), atol=1.0)
+
+
+def test_nnunet_importance_map_is_computed_once_per_patch_size() -> None:
+    """A 128^3 filtered Gaussian is seconds of SciPy: every task of a model shares one
+    read-only copy (equal to a fresh one), as nnU-Net caches its own."""
+    spec = model_spec(
+        mode="3d",
+        spacing=(2.0, 1.0, 1.0),
+        patch_size=(8, 16, 16),
+        sliding_window={"importance": "gaussian_filter"},
+    )
+    vol = Volume.from_geometry(_smooth_volume((10, 20, 20)), spacing=(2.0, 1.0, 1.0))
+    first = PatchTask(vol, spec, crop_to_body=False)._weights
+    again = PatchTask(vol, spec, crop_to_body=False)._weights
+    assert first is again and not first.flags.writeable
+    np.testing.assert_array_equal(first, filtered_gaussian((8, 16, 16), 1 / 8))
