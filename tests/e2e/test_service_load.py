@@ -4,6 +4,7 @@ speed is measured by running ``python -m radserve.bench.load``, not by tests).""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import httpx
@@ -62,3 +63,70 @@ def test_server_cpu_is_split_into_the_event_loop_thread_and_the_rest() -> None:
 def test_a_baseline_that_is_not_a_source_tree_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         load.main(["--spawn", "--baseline-src", str(tmp_path), "--duration", "1"])
+
+
+def test_the_floor_servers_answer_constant_bodies_of_radserve_sizes() -> None:
+    from radserve.bench.load_floor import build_app, constant_json
+
+    assert len(constant_json(12)) == 12 and len(constant_json(4321)) == 4321
+    sizes = {"status": 700, "report": 5000}
+
+    async def fetch(framework: str) -> list[httpx.Response]:
+        app = build_app(framework, constant_json(sizes["status"]), constant_json(sizes["report"]))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://floor") as client:
+            return [await client.get("/v1/jobs/j1"), await client.get("/v1/jobs/j1/report")]
+
+    for framework in ("fastapi", "starlette"):
+        status, report = asyncio.run(fetch(framework))
+        assert (status.status_code, len(status.content)) == (200, 700)
+        assert (report.status_code, len(report.content)) == (200, 5000)
+        assert report.headers["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize(
+    ("framework", "processes", "threads"), [("fastapi", False, True), ("starlette", True, False)]
+)
+def test_a_floor_read_phase_over_loopback(framework: str, processes: bool, threads: bool) -> None:
+    import argparse
+
+    args = argparse.Namespace(duration=0.5, connections=4, worker_nice=None)
+    result = load.run_floor(
+        args,
+        framework,
+        {"status": 600, "report": 3000},
+        8,
+        busy_processes=processes,
+        busy_threads=threads,
+    )
+    assert result["read"]["requests"] > 0 and result["read"]["errors"] == 0
+    assert result["busy_processes"] == (os.cpu_count() if processes else 0)
+    assert result["busy_threads"] == (os.cpu_count() if threads else 0)
+    assert result["server_cpu"]["event_loop_s"] >= 0
+
+
+def test_the_floor_needs_a_spawned_server() -> None:
+    with pytest.raises(SystemExit):
+        load.main(["--floor", "--duration", "1"])
+    with pytest.raises(SystemExit):
+        load.main(["--floor", "--spawn", "--check", "--duration", "1"])
+
+
+def test_the_switch_interval_setting_sets_the_gil_switch_interval() -> None:
+    import sys
+
+    from radserve.commands.serve import apply_switch_interval
+    from radserve.config import Settings
+
+    before = sys.getswitchinterval()
+    try:
+        apply_switch_interval(None)
+        assert sys.getswitchinterval() == before
+        apply_switch_interval(
+            Settings(server={"switch_interval_ms": 0.5}).server.switch_interval_ms
+        )
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)
+    with pytest.raises(ValueError):
+        Settings(server={"switch_interval_ms": 0})

@@ -27,6 +27,15 @@ studies; the summary gives the medians and the ratio, with the load average::
     git worktree add /tmp/rs-base <commit>
     python -m radserve.bench.load --spawn --baseline-src /tmp/rs-base/src --rounds 3
 
+``--floor`` measures, in the same run and with the same load generator, what a server that
+does nothing but answer gets (:mod:`radserve.bench.load_floor`: uvicorn with a bare
+FastAPI or Starlette app answering constant JSON of the sizes radserve answered), alone,
+beside busy processes that take the cores as inference does, and with busy threads in its
+own process that hold its GIL as radserve's in-process inference threads do; rounds
+alternate radserve and the floors, and the summary gives radserve / each floor::
+
+    python -m radserve.bench.load --spawn --floor --rounds 2 --duration 10 --submissions 20
+
 The server and this client share the machine's cores; the figures are for that setup.
 """
 
@@ -318,6 +327,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         files = sorted(args.study.glob("*.dcm")) if args.study else template_study(files_dir)
         studies = distinct_copies(files, args.submissions)
+        if args.floor:
+            return with_floors(args, files, studies)
         if args.baseline_src is None:
             return run_once(args, files, studies)
         return compare(args, files, studies)
@@ -345,6 +356,7 @@ def run_once(
         if done is None:
             raise SystemExit("no submitted study finished within 300 s: no report to read")
         paths = [f"/v1/jobs/{i}" for i in ids] + [f"/v1/jobs/{done}/report"] * len(ids)
+        sizes = _body_sizes(url, key, ids[0], done)
         before = _job_counts(url, key)
         cpu0 = thread_cpu_s(process.pid) if process else (0.0, 0.0)
         load0 = os.getloadavg()[0]
@@ -372,10 +384,163 @@ def run_once(
             "load_average": [round(load0, 2), round(load1, 2)],
             "connections": args.connections,
             "cpus": os.cpu_count(),
+            "body_bytes": sizes,
+            "paths": len(paths),
         }
     finally:
         stop_server(process)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _body_sizes(url: str, key: str, job_id: str, done: str) -> dict[str, int]:
+    """The sizes of one job-status body and of the report body radserve answers."""
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
+        status = client.get(f"/v1/jobs/{job_id}", timeout=30)
+        report = client.get(f"/v1/jobs/{done}/report", timeout=30)
+    return {"status": len(status.content), "report": len(report.content)}
+
+
+# --- the floor: a server that only answers, same generator, same run ---------------------------
+# (name, framework, busy processes beside the server, busy threads in the server's process)
+FLOORS: tuple[tuple[str, str, bool, bool], ...] = (
+    ("bare FastAPI", "fastapi", False, False),
+    ("bare FastAPI + busy processes", "fastapi", True, False),
+    ("bare FastAPI + busy threads (GIL)", "fastapi", False, True),
+    ("bare Starlette", "starlette", False, False),
+)
+
+
+def run_floor(
+    args: argparse.Namespace,
+    framework: str,
+    sizes: dict[str, int],
+    n_paths: int,
+    *,
+    busy_processes: bool,
+    busy_threads: bool,
+) -> dict[str, Any]:
+    """One read phase against a bare server (:mod:`radserve.bench.load_floor`) answering
+    bodies of ``sizes``: ``n_paths`` paths, half status and half report, as radserve's."""
+    neighbours = os.cpu_count() or 2
+    nice = args.worker_nice if args.worker_nice is not None else 5
+    port = _free_port()
+    command = [sys.executable, "-m", "radserve.bench.load_floor", "--port", str(port)]
+    command += ["--framework", framework, "--nice", str(nice)]
+    command += ["--status-bytes", str(sizes["status"]), "--report-bytes", str(sizes["report"])]
+    command += ["--busy-threads", str(neighbours if busy_threads else 0)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    others: list[subprocess.Popen[bytes]] = []
+    try:
+        deadline = time.monotonic() + 60
+        with httpx.Client(timeout=2) as client:
+            while True:
+                if process.poll() is not None:
+                    _, err = process.communicate()
+                    raise SystemExit(f"the floor server exited: {err.decode()[-2000:]}")
+                try:
+                    if client.get(f"{url}/v1/jobs/ready").is_success:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise SystemExit("the floor server did not start within 60 s")
+                time.sleep(0.1)
+        if busy_processes:
+            from radserve.bench.load_floor import busy_neighbours
+
+            others = busy_neighbours(neighbours, nice)
+        half = max(1, n_paths // 2)
+        paths = [f"/v1/jobs/job-{i}" for i in range(half)]
+        paths += ["/v1/jobs/job-0/report"] * half
+        cpu0 = thread_cpu_s(process.pid)
+        load0 = os.getloadavg()[0]
+        reads = asyncio.run(read_load(url, "", paths, args.duration, args.connections))
+        load1 = os.getloadavg()[0]
+        cpu1 = thread_cpu_s(process.pid)
+    finally:
+        for other in others:
+            other.kill()
+            other.wait()
+        stop_server(process)
+    per_request = 1000 / reads.requests if reads.requests else 0.0
+    return {
+        "framework": framework,
+        "busy_processes": neighbours if busy_processes else 0,
+        "busy_threads": neighbours if busy_threads else 0,
+        "body_bytes": sizes,
+        "read": asdict(reads) | {"rate": round(reads.rate, 1)},
+        "server_cpu": {
+            "event_loop_s": round(cpu1[0] - cpu0[0], 2),
+            "other_threads_s": round(cpu1[1] - cpu0[1], 2),
+            "event_loop_ms_per_request": round((cpu1[0] - cpu0[0]) * per_request, 3),
+        },
+        "load_average": [round(load0, 2), round(load1, 2)],
+        "connections": args.connections,
+        "cpus": os.cpu_count(),
+    }
+
+
+def with_floors(
+    args: argparse.Namespace, files: list[Path], studies: list[list[bytes]]
+) -> dict[str, Any]:
+    """``--rounds`` rounds of radserve (this tree) and every floor, alternating the order
+    (the first round runs radserve first: the floors answer the body sizes it served)."""
+    names = ["radserve", *(f[0] for f in FLOORS)]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    sizes: dict[str, int] | None = None
+    n_paths = 2 * len(studies)
+    for i in range(args.rounds):
+        for name in names if i % 2 == 0 else names[::-1]:
+            if name == "radserve":
+                result = run_once(args, files, studies)
+                sizes, n_paths = result["body_bytes"], result["paths"]
+            else:
+                assert sizes is not None  # round 1 ran radserve first
+                _, framework, processes, threads = next(f for f in FLOORS if f[0] == name)
+                result = run_floor(
+                    args,
+                    framework,
+                    sizes,
+                    n_paths,
+                    busy_processes=processes,
+                    busy_threads=threads,
+                )
+            runs[name].append(result)
+            read = result["read"]
+            print(
+                f"round {i + 1} {name}: {read['rate']:.0f} req/s, p50 "
+                f"{read['latency_ms'].get('p50')} ms, p99 {read['latency_ms'].get('p99')} ms, "
+                f"{read['errors']} errors, loop {result['server_cpu']['event_loop_ms_per_request']}"
+                f" CPU-ms/req, load {result['load_average']}",
+                file=sys.stderr,
+            )
+    summary: dict[str, Any] = {}
+    for name in names:
+        cell = runs[name]
+        summary[name] = {
+            "rate": float(statistics.median(r["read"]["rate"] for r in cell)),
+            "p50_ms": float(statistics.median(r["read"]["latency_ms"].get("p50", 0) for r in cell)),
+            "p99_ms": float(statistics.median(r["read"]["latency_ms"].get("p99", 0) for r in cell)),
+            "event_loop_ms_per_request": float(
+                statistics.median(r["server_cpu"]["event_loop_ms_per_request"] for r in cell)
+            ),
+            "errors": sum(r["read"]["errors"] for r in cell),
+        }
+    radserve = summary["radserve"]
+    radserve["processing_throughout"] = all(
+        min(r["processing"]["running_at_start"], r["processing"]["running_at_end"]) > 0
+        for r in runs["radserve"]
+    )
+    radserve["submit_errors"] = sum(r["submit"]["errors"] for r in runs["radserve"])
+    summary["radserve_vs_floor"] = {
+        name: round(radserve["rate"] / summary[name]["rate"], 3) if summary[name]["rate"] else None
+        for name in names[1:]
+    }
+    loads = [x for cell in runs.values() for r in cell for x in r["load_average"]]
+    summary["load_average_range"] = [min(loads), max(loads)]
+    summary["body_bytes"] = sizes
+    return {"summary": summary, "runs": runs}
 
 
 def compare(
@@ -461,6 +626,12 @@ def main(argv: list[str] | None = None) -> int:
         help="compare with a server from this src folder (another checkout), alternating",
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the comparison")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also measure bare FastAPI/Starlette servers (alone, beside busy processes, "
+        "with busy threads in-process) with the same generator, alternating (--spawn)",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 unless targets are met")
     parser.add_argument("--min-rate", type=float, default=1000.0)
     parser.add_argument("--max-p99-ms", type=float, default=100.0)
@@ -473,10 +644,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--baseline-src {args.baseline_src}: no radserve package there")
     if args.baseline_src is not None and not args.spawn:
         parser.error("--baseline-src needs --spawn (it starts both servers)")
+    if args.floor and (not args.spawn or args.baseline_src is not None or args.check):
+        parser.error("--floor needs --spawn, and not --baseline-src or --check")
     if args.baseline_src is not None and args.check:
         parser.error("--check judges one server's run: not with --baseline-src")
     result = run(args)
     print(json.dumps(result, indent=2))
+    if args.floor:
+        summary = result["summary"]
+        ours = summary["radserve"]
+        print(
+            f"radserve {ours['rate']:.0f} req/s p99 {ours['p99_ms']} ms (studies processing "
+            f"throughout: {ours['processing_throughout']}); "
+            + "; ".join(
+                f"{name} {summary[name]['rate']:.0f} req/s p99 {summary[name]['p99_ms']} ms "
+                f"(radserve {ratio}x)"
+                for name, ratio in summary["radserve_vs_floor"].items()
+            )
+            + f" (medians of {args.rounds}; load average {summary['load_average_range']})",
+            file=sys.stderr,
+        )
+        return 0
     if "summary" in result:
         summary = result["summary"]
         base, this = summary["baseline"], summary["this"]
