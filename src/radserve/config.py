@@ -673,8 +673,11 @@ class TurnaroundSettings(_Section):
     # succeeded jobs read back at start to learn service times from
     history_jobs: int = Field(default=200, ge=0, le=1000)
     # ETAs scaled per class by the median actual/predicted time to finish of this many
-    # recent finished jobs (radserve.turnaround.bias); 0: no correction
-    bias_window_jobs: int = Field(default=20, ge=0, le=1000)
+    # recent finished jobs (radserve.turnaround.bias); 0 (default): no correction. Off
+    # since 2026-12-02: replayed on three recorded traces it made the halfway ETAs of
+    # jobs queued behind >= 3 others 2-3x worse and helped at submission in one of three
+    # (README, issue 17)
+    bias_window_jobs: int = Field(default=0, ge=0, le=1000)
     # the service-time prior (before anything is measured): seconds = fixed + per_slice
     # x slices for a job, device_share of it in model batches (README bench figures)
     prior_fixed_s: float = Field(default=0.5, ge=0)

@@ -68,6 +68,7 @@ def test_eta_service_times_and_deadline_risk(tmp_path: Path) -> None:
             turnaround__recompute_interval_s=0.05,
             turnaround__risk_policy="promote",
             turnaround__risk_webhook_url=receiver.url,
+            turnaround__bias_window_jobs=20,  # off by default; its learning is tested here
             scheduler__tat_s__outpatient=0.3,  # each test job takes longer
         )
         make_models_slow(make_models_slow_root, layers=4, channels=32)

@@ -81,7 +81,8 @@ def test_the_server_learns_the_bias_of_finished_jobs_and_scales_new_etas(
     clock = FakeClock(1000.0)
     config = SchedulerSettings(queue_limits=QueueLimits(inpatient=None, outpatient=None))
     scheduler = Scheduler(config, clock=clock)
-    settings = load_settings(None, data_dir=tmp_path / "data")
+    # off by default (README, issue 17): switched on to test what it learns
+    settings = load_settings(None, data_dir=tmp_path / "data", turnaround__bias_window_jobs=20)
     store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
     now = dt.datetime.now(dt.UTC)
 
@@ -127,3 +128,13 @@ def test_the_server_learns_the_bias_of_finished_jobs_and_scales_new_etas(
         assert corrected.finish_late >= corrected.finish
     finally:
         store.close()
+
+
+def test_the_correction_is_off_by_default(tmp_path: Path) -> None:
+    """Replayed on recorded traces it did not help (README, issue 17): a finished job
+    teaches the server nothing unless turnaround.bias_window_jobs is set."""
+    settings = load_settings(None, data_dir=tmp_path / "data")
+    assert settings.turnaround.bias_window_jobs == 0
+    bias = BiasCorrection(window=settings.turnaround.bias_window_jobs)
+    bias.observe(2, predicted_s=50.0, actual_s=100.0)
+    assert bias.factor(2) == 1.0 and bias.describe() == {}

@@ -71,8 +71,10 @@ def walk_inputs(record: Mapping[str, Any]) -> tuple[float, list[Entry], Capacity
 class Variant:
     """What the replay changes: the allowance for later arrivals of classes ranked ahead
     (``allowance``), and the online bias correction (``bias``: ``off``; ``class``, the
-    server's, one factor per class; ``depth``, one factor per class and queue depth at
-    the walk, :class:`radserve.turnaround.bias.BiasCorrection` keyed by both), and the
+    server's, one factor per class; ``queued``, the class factor applied to queued jobs
+    only, as it was learned from queued jobs; ``depth``, one factor per class and queue
+    depth at the walk, :class:`radserve.turnaround.bias.BiasCorrection` keyed by both),
+    and the
     measured drain rate (``drain``: True, learned from the recorded walks and ends as
     the server learns it, :class:`radserve.turnaround.drain.DrainMeter`; False, the
     model's alone; None, as recorded)."""
@@ -143,7 +145,9 @@ def replay(records: Iterable[Mapping[str, Any]], variant: Variant = Variant()) -
         for eta, entry in zip(walk(entries, now, capacity), entries, strict=True):
             key = entry.cls if variant.bias != "depth" else entry.cls * 10 + _depth(eta.position)
             learn.setdefault(eta.job_id, (key, now, eta.finish))
-            finish = bias.correct(learn[eta.job_id][0], now, eta.finish)
+            finish = eta.finish
+            if variant.bias != "queued" or not entry.running:
+                finish = bias.correct(learn[eta.job_id][0], now, eta.finish)
             job = jobs.get(eta.job_id)
             if job is None:
                 job = jobs[eta.job_id] = Replayed(eta.job_id, entry.cls, now, eta.position, finish)
