@@ -83,10 +83,6 @@ class ServerSettings(_Section):
     metrics_require_key: bool = False
     max_upload_bytes: int = Field(default=2 * 1024**3, gt=0)
     request_timeout_s: float = Field(default=60.0, gt=0)
-    # the interpreter's GIL switch interval in the serving process (sys.setswitchinterval),
-    # in ms; None keeps Python's 5 ms. The event loop shares the GIL with the in-process
-    # inference threads: a shorter interval bounds how long a request waits for it.
-    switch_interval_ms: float | None = Field(default=None, gt=0, le=100)
     # HTTPS when set (cert + key required; ca: mutual TLS for API clients)
     tls: TlsSettings | None = None
 

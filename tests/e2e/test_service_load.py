@@ -111,22 +111,3 @@ def test_the_floor_needs_a_spawned_server() -> None:
     with pytest.raises(SystemExit):
         load.main(["--floor", "--spawn", "--check", "--duration", "1"])
 
-
-def test_the_switch_interval_setting_sets_the_gil_switch_interval() -> None:
-    import sys
-
-    from radserve.commands.serve import apply_switch_interval
-    from radserve.config import Settings
-
-    before = sys.getswitchinterval()
-    try:
-        apply_switch_interval(None)
-        assert sys.getswitchinterval() == before
-        apply_switch_interval(
-            Settings(server={"switch_interval_ms": 0.5}).server.switch_interval_ms
-        )
-        assert sys.getswitchinterval() == pytest.approx(0.0005)
-    finally:
-        sys.setswitchinterval(before)
-    with pytest.raises(ValueError):
-        Settings(server={"switch_interval_ms": 0})

@@ -11,7 +11,6 @@ one event loop answers them fast enough (see ``python -m radserve.bench.load``).
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,7 +100,6 @@ def run_server(
     from radserve.tls import server_context
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    apply_switch_interval(settings.server.switch_interval_ms)
     # HTTPS: the context is built (and its files read) before anything starts
     https = None if settings.server.tls is None else server_context(settings.server.tls, "HTTPS")
     scheme = "http" if https is None else "https"
@@ -141,14 +139,6 @@ def run_server(
             self.should_exit = True
 
     _Server(config).run()
-
-
-def apply_switch_interval(milliseconds: float | None) -> None:
-    """``server.switch_interval_ms``: the GIL switch interval of this process (None: leave
-    Python's). The event loop shares the GIL with the in-process inference threads; with
-    Python's 5 ms a request can wait that long for it each time the loop wakes."""
-    if milliseconds is not None:
-        sys.setswitchinterval(milliseconds / 1000)
 
 
 def _doctor(settings: Any, service: Any) -> None:
