@@ -110,4 +110,3 @@ def test_the_floor_needs_a_spawned_server() -> None:
         load.main(["--floor", "--duration", "1"])
     with pytest.raises(SystemExit):
         load.main(["--floor", "--spawn", "--check", "--duration", "1"])
-
