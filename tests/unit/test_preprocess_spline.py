@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from radserve.preprocess.spline import nnunet_new_shape, resize_channels, separate_axis
+from radserve.preprocess.spline import (
+    nnunet_new_shape,
+    resize_channels,
+    separate_axis,
+    spline_resize,
+)
 
 
 def test_separate_axis_follows_nnunets_rule() -> None:
@@ -26,6 +31,7 @@ def test_new_shape_rounds_like_nnunet() -> None:
         ((1, 8, 40, 36), (5.0, 0.9, 0.9), (4.0, 1.0, 1.0), 3, 0),  # z apart, nearest
         ((2, 8, 40, 36), (5.0, 0.9, 0.9), (2.0, 1.0, 1.0), 1, 1),  # z apart, linear
         ((1, 10, 20, 20), (1.0, 1.0, 1.0), (1.0, 1.0, 1.0), 3, 0),  # nothing to do
+        ((1, 14, 18, 22), (1.2, 0.8, 2.0), (1.5, 1.5, 1.5), 3, 0),  # up and down at once
     ],
 )
 def test_resize_channels_matches_nnunets_resampling(shape, current, new, order, order_z) -> None:
@@ -43,3 +49,23 @@ def test_resize_channels_matches_nnunets_resampling(shape, current, new, order, 
     )  # fmt: skip
     assert ours.shape == theirs.shape
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("shape", "target"),
+    [((12, 30, 28), (15, 24, 24)), ((20, 40, 36), (31, 57, 20)), ((3, 40, 40), (1, 60, 10)),
+     ((30, 50), (41, 17))],
+)  # fmt: skip
+def test_cubic_resize_one_axis_at_a_time_is_scipys_3d_zoom(shape, target) -> None:
+    """The separable cubic spline (4 taps per axis) is ndimage.zoom's tensor-product one
+    (4^3 taps), up and down, in 2 and 3 dimensions, to float64 rounding."""
+    from scipy import ndimage
+
+    rng = np.random.default_rng(1)
+    x = ndimage.gaussian_filter(rng.normal(size=shape), 1.0) * 100 + rng.normal(size=shape)
+    zoom = [o / i for o, i in zip(target, shape, strict=True)]
+    want = ndimage.zoom(x, zoom, order=3, mode="nearest", grid_mode=True)
+    np.clip(want, x.min(), x.max(), out=want)
+    got = spline_resize(x, target, 3)
+    assert got.shape == want.shape and got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-11)
