@@ -19,9 +19,11 @@ from pydicom.uid import JPEG2000Lossless
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_series import make_ct_series, make_enhanced_series, ramp_hu, truncate
 
+from radserve.checkpoints import yielding_to
 from radserve.errors import DecodeError
+from radserve.inference.tasks import InferenceCancelledError
 from radserve.ingest import IngestPolicy, discover_series, load_series
-from radserve.ingest.arrival import SliceArrival
+from radserve.ingest.arrival import DecodeAbandonedError, SliceArrival
 from radserve.ingest.decode import (
     _FRAMES_PER_TASK,
     _ordered_tasks,
@@ -175,3 +177,89 @@ def test_values_past_bits_stored_fall_back_to_a_whole_float32_decode(
     assert "decoding the study whole, as float32" in caplog.text
     assert result.report.geometry.shape == hu.shape
     assert result.volume_result.steps[0].labels.array.all()  # every voxel above 50 HU
+
+
+class _HeldDecoder:
+    """A checkpoint waiter that holds the ``decode-stack`` thread at its checkpoint
+    before handing the processes task ``hold_at`` (the tasks before it fill the pool),
+    until :meth:`release`; it counts the tasks the thread came to hand out."""
+
+    def __init__(self, hold_at: int, hold_s: float = 60.0) -> None:
+        self.hold_at = hold_at
+        self.hold_s = hold_s
+        self.calls = 0
+        self.held = threading.Event()
+        self.gate = threading.Event()
+
+    def __call__(self) -> None:
+        if threading.current_thread().name != "decode-stack":
+            return
+        self.calls += 1
+        if self.calls >= self.hold_at:
+            self.held.set()
+            self.gate.wait(self.hold_s)
+
+    def release(self) -> None:
+        self.gate.set()
+
+
+def _decode_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "decode-stack"]
+
+
+MANY = 96  # 24 tasks of 4 frames; 2 workers x 2 tasks ahead fill the pool with 4
+# checkpoints the decode thread can pass once abandoned: one per task that had finished
+# alongside the one it was held at, each then handing out nothing
+AFTER = 2 * 2 - 1
+
+
+def test_an_abandoned_stack_hands_its_processes_no_more_work(tmp_path: Path) -> None:
+    """The reader's run ended (cancelled, failed): the decoder gives the processes
+    nothing more of the stack, drops what is in flight, and readers get the reason."""
+    try:
+        make_ct_series(tmp_path, n_slices=MANY, rows=40, cols=36, transfer_syntax=JPEG2000Lossless)
+    except RuntimeError as exc:
+        pytest.skip(f"cannot encode JPEG 2000 here: {exc}")
+    held = _HeldDecoder(hold_at=5)
+    with yielding_to(held):
+        started = start_decode_stack(_ordered(tmp_path), air=-1000.0, workers=2)
+    assert started is not None
+    _, arrival = started
+    # the pool was filled, a task landed, the next one waits at its checkpoint
+    assert held.held.wait(60)
+    arrival.abandon()
+    held.release()
+    assert arrival.wait_stopped(60)
+    assert held.calls <= 5 + AFTER  # no task after the abandonment (24 without it)
+    landed = int(np.count_nonzero(arrival._done))
+    assert 0 < landed <= (5 + AFTER) * _FRAMES_PER_TASK < MANY
+    with pytest.raises(DecodeAbandonedError, match="abandoned"):
+        arrival.wait_all()
+    assert not arrival.complete
+
+
+def test_a_cancelled_streamed_run_stops_its_decoder(tmp_path: Path) -> None:
+    """``run_study(cancel=...)`` on a JPEG 2000 study: the cancelled run raises, and its
+    stack's decoder stops handing out work instead of decoding the study to its end."""
+    try:
+        make_ct_series(
+            tmp_path / "study", n_slices=MANY, rows=40, cols=36,
+            transfer_syntax=JPEG2000Lossless,
+        )  # fmt: skip
+    except RuntimeError as exc:
+        pytest.skip(f"cannot encode JPEG 2000 here: {exc}")
+    registry = ModelRegistry(write_test_bundles(tmp_path / "models"))
+    pipeline = load_pipeline(write_test_pipeline(tmp_path))
+    cancel = threading.Event()
+    cancel.set()  # e.g. DELETE /v1/jobs/{id} (or a server stopping) as it starts
+    # held until the run ended, or 5 s if the run waits for slices past the held task
+    held = _HeldDecoder(hold_at=5, hold_s=5.0)
+    with yielding_to(held), pytest.raises((InferenceCancelledError, DecodeAbandonedError)):
+        run_study(
+            tmp_path / "study", pipeline=pipeline, out_dir=tmp_path / "out",
+            registry=registry, key_images=False, stream_decode=True, cancel=cancel,
+        )  # fmt: skip
+    held.release()
+    for thread in _decode_threads():
+        thread.join(60)
+    assert held.calls <= 5 + AFTER  # 24 tasks when the decode ran on to its end

@@ -8,6 +8,11 @@ stack, so the organ model can start on the first slabs while the rest decode.
 
 Readers must call :meth:`SliceArrival.wait` (some slices) or :meth:`wait_all` before
 they read the array: a slice not yet marked holds uninitialised memory.
+
+A run that ends before the stack is in place (cancelled, failed, shut down) abandons it
+(:meth:`SliceArrival.abandon`, or the cancel event it :meth:`watches
+<SliceArrival.watch>`): the decoder hands its processes no more of this stack, drops what
+is in flight and stops (:meth:`SliceArrival.wait_stopped`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,12 @@ import threading
 from collections.abc import Iterable
 
 import numpy as np
+
+from radserve.errors import DecodeError
+
+
+class DecodeAbandonedError(DecodeError):
+    """A streamed stack's decoding stopped because its reader's run ended."""
 
 
 class SliceArrival:
@@ -26,6 +37,40 @@ class SliceArrival:
         self._left = n
         self._cond = threading.Condition()
         self._error: BaseException | None = None
+        self._abandoned = False
+        self._cancel: threading.Event | None = None
+        self._stopped = threading.Event()  # the decoder is done with this stack
+
+    @property
+    def abandoned(self) -> bool:
+        """Nobody will read the rest: :meth:`abandon` was called, or the watched cancel
+        event is set. The decoder polls this between tasks."""
+        cancel = self._cancel
+        return self._abandoned or (cancel is not None and cancel.is_set())
+
+    def watch(self, cancel: threading.Event | None) -> None:
+        """Abandon the stack once ``cancel`` is set (a job cancelled, a server stopping)."""
+        self._cancel = cancel
+
+    def abandon(self, error: BaseException | None = None) -> None:
+        """The run reading this stack ended: decode no more of it. Waiters (and later
+        readers) raise ``error`` (default: a :class:`DecodeAbandonedError`) unless the
+        decode failed or completed already."""
+        with self._cond:
+            self._abandoned = True
+            if self._error is None and self._left:
+                self._error = error or DecodeAbandonedError(
+                    "the run reading this stack ended; its decoding was abandoned"
+                )
+            self._cond.notify_all()
+
+    def stopped(self) -> None:
+        """Called by the decoder when it hands out and copies nothing more."""
+        self._stopped.set()
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """Block until the decoder is done with this stack; False on timeout."""
+        return self._stopped.wait(timeout)
 
     @property
     def complete(self) -> bool:
@@ -72,4 +117,4 @@ class SliceArrival:
                 raise self._error
 
 
-__all__ = ["SliceArrival"]
+__all__ = ["DecodeAbandonedError", "SliceArrival"]

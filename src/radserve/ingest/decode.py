@@ -57,7 +57,7 @@ from pydicom.uid import (
 from radserve.checkpoints import carry, checkpoint
 from radserve.errors import DecodeError
 from radserve.host import usable_cores
-from radserve.ingest.arrival import SliceArrival
+from radserve.ingest.arrival import DecodeAbandonedError, SliceArrival
 from radserve.ingest.headers import FrameRef, part10_stream
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sources import SourceFile, SourceReader
@@ -123,6 +123,7 @@ PROCESS_SYNTAXES = frozenset(
 _MIN_PROCESS_FRAMES = 8  # below this, handing frames to processes costs more than it saves
 _FRAMES_PER_TASK = 4  # frames one worker task decodes: amortises the round trip
 _TASKS_AHEAD = 2  # tasks queued per worker: bounds the finished frames awaiting copy
+_ABANDON_POLL_S = 0.1  # how often a streamed decode looks whether its run was abandoned
 
 
 class _NeedFloat(Exception):
@@ -230,6 +231,8 @@ def start_decode_stack(
             )
         except BaseException as exc:  # handed to every reader, which raises it
             arrival.fail(exc)
+        finally:
+            arrival.stopped()
 
     # carried: a routine study's streamed decoding yields to URGENT work as a whole one does
     threading.Thread(target=carry(run), name="decode-stack", daemon=True).start()
@@ -448,6 +451,8 @@ def _decode_in_processes(
 
     def submit_next() -> bool:
         checkpoint()  # a routine study hands the decoding processes no more while URGENT runs
+        if arrival is not None and arrival.abandoned:
+            return False  # its run ended: nothing more of this stack to the processes
         task = next(tasks, None)
         if task is None:
             return False
@@ -461,7 +466,11 @@ def _decode_in_processes(
         while len(pending) < workers * _TASKS_AHEAD and submit_next():
             pass
         while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            # a streamed stack looks up now and then: an abandoned one stops at once
+            poll = None if arrival is None else _ABANDON_POLL_S
+            done, _ = wait(pending, timeout=poll, return_when=FIRST_COMPLETED)
+            if arrival is not None and arrival.abandoned:
+                break  # what is in flight is dropped (the finally cancels what waits)
             for future in done:
                 slots = pending.pop(future)
                 out[slots] = future.result()  # re-raises the worker's DecodeError
@@ -469,6 +478,11 @@ def _decode_in_processes(
                     arrival.mark(slots)
                 del future
                 submit_next()
+        if arrival is not None and arrival.abandoned and not arrival.complete:
+            raise DecodeAbandonedError(
+                f"the run reading this stack of {len(frames)} frames ended; its decoding "
+                "was abandoned"
+            )
     except BrokenProcessPool as exc:
         _POOL.discard(executor)
         raise DecodeError(

@@ -187,6 +187,45 @@ def _run_study(
         )
     else:
         ingested = study_input.ingest(pipeline, policy=policy, timer=timer)
+    arrival = ingested.loaded.arrival
+    if arrival is None:
+        return _run_ingested(
+            ingested, pipeline, out_dir, registry, sessions, precision, policy, cancel,
+            progress, timer, t_start, key_images=key_images, job_id=job_id,
+            reuse_upstream_of=reuse_upstream_of,
+        )  # fmt: skip
+    # a stack still decoding: a cancel stops its decoder at once, and so does any end of
+    # this run before the stack is in place (a failure, an interrupt): no decoder
+    # process is kept busy for a result nobody will read
+    arrival.watch(cancel)
+    try:
+        return _run_ingested(
+            ingested, pipeline, out_dir, registry, sessions, precision, policy, cancel,
+            progress, timer, t_start, key_images=key_images, job_id=job_id,
+            reuse_upstream_of=reuse_upstream_of,
+        )  # fmt: skip
+    except BaseException as exc:
+        arrival.abandon(exc)
+        raise
+
+
+def _run_ingested(
+    ingested: IngestedStudy,
+    pipeline: PipelineSpec,
+    out_dir: Path,
+    registry: ModelRegistry,
+    sessions: SessionPool,
+    precision: Precision | None,
+    policy: IngestPolicy | None,
+    cancel: threading.Event | None,
+    progress: ProgressSink | None,
+    timer: StageTimer,
+    t_start: float,
+    *,
+    key_images: bool,
+    job_id: str | None,
+    reuse_upstream_of: tuple[Path, str] | None,
+) -> StudyResult:
     refuse_outside_domain(ingested, pipeline, registry, policy)
     ingested, channels = load_channels(ingested, pipeline, registry, policy, timer)
     reused: list[StepResult] = []
