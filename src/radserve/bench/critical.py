@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import ssl
 import subprocess
 import tempfile
 import threading
@@ -37,8 +35,9 @@ from typing import Any
 import httpx
 import numpy as np
 
-from radserve.bench.eta_trace import _Uvicorn
+from radserve.bench.eta_trace import _submit, _Uvicorn
 from radserve.bench.load import distinct_copies, template_study
+from radserve.bench.syslog_collector import Collector, make_certificate
 from radserve.host import usable_cores
 
 FINAL = ("succeeded", "failed", "cancelled")
@@ -72,52 +71,12 @@ class _Http:
         self.server.server_close()
 
 
-class _Collector:
-    """A loopback syslog collector (TLS when given a certificate) that reads and drops."""
-
-    def __init__(self, cert: Path | None, key: Path | None) -> None:
-        self.context = None
-        if cert is not None and key is not None:
-            self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            self.context.load_cert_chain(str(cert), str(key))
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.received = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                raw, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._read, args=(raw,), daemon=True).start()
-
-    def _read(self, raw: socket.socket) -> None:
-        try:
-            conn = self.context.wrap_socket(raw, server_side=True) if self.context else raw
-            with conn:
-                while chunk := conn.recv(65536):
-                    self.received += len(chunk)
-        except OSError:
-            raw.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def _certificate(folder: Path) -> tuple[Path, Path] | None:
-    cert, key = folder / "collector.pem", folder / "collector.key"
+    """The collector's certificate; None without a working ``openssl`` command."""
     try:
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-             "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj",
-             "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
-            check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
+        return make_certificate(folder)
     except (OSError, subprocess.SubprocessError):
         return None
-    return cert, key
 
 
 def _stats(values: list[float]) -> dict[str, Any]:
@@ -159,7 +118,7 @@ def run_critical_bench(
         copies = [distinct_copies(list(t), per) for t in templates]
         studies = [copies[i % len(copies)].pop() for i in range(n_studies)]
         pem = _certificate(workdir)
-        collector = _Collector(*(pem or (None, None)))
+        collector = Collector(0, *(pem or (None, None)))
         syslog: dict[str, Any] = {"name": "siem", "kind": "syslog", "host": "127.0.0.1",
                                   "port": collector.port}  # fmt: skip
         if pem is not None:
@@ -267,12 +226,7 @@ def _run(
     deadline = time.monotonic() + timeout_s
     while pending or running:
         while pending and len(running) < concurrency:
-            blobs = pending.pop(0)
-            files = [("files", (f"{i}.dcm", b, "application/dicom")) for i, b in enumerate(blobs)]
-            response = client.post("/v1/studies", files=files)
-            if response.status_code not in (200, 202):
-                raise RuntimeError(f"submission refused: HTTP {response.status_code}")
-            running.append(str(response.json()["id"]))
+            running.append(_submit(client, pending.pop(0), None))
         for job_id in list(running):
             state = client.get(f"/v1/jobs/{job_id}").json()["state"]
             if state in FINAL:
