@@ -16,6 +16,7 @@ from typing import Any
 
 from radserve.turnaround.replay import Variant, errors, replay
 
+# "allowance, no bias, no drain" is the server's default since 2026-12-02
 VARIANTS = {
     "allowance, class bias": Variant(allowance=True, bias="class", drain=False),
     "allowance, no bias": Variant(allowance=True, bias="off", drain=False),
@@ -24,7 +25,6 @@ VARIANTS = {
     "drain, allowance, no bias": Variant(allowance=True, bias="off", drain=True),
     "drain, allowance, class bias": Variant(allowance=True, bias="class", drain=True),
     "drain, no allowance, no bias": Variant(allowance=False, bias="off", drain=True),
-    "as recorded (server default)": Variant(),
 }
 
 

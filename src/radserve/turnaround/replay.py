@@ -80,7 +80,7 @@ class Variant:
     model's alone; None, as recorded)."""
 
     allowance: bool = True
-    bias: str = "class"
+    bias: str = "off"  # the server's default (turnaround.bias_window_jobs 0)
     window: int = 20
     drain: bool | None = None
 
