@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from radserve.config import Settings
@@ -36,14 +37,11 @@ from radserve.report.dicom import write_dicom_results
 from radserve.report.dicom.results import SR_FILE
 from radserve.report.json_report import read_report
 from radserve.service.fhir import FhirDelivery
-from radserve.service.gateway import GatewayBridge
-from radserve.service.intake import DICOMWEB_SOURCE
+from radserve.service.gateway import GATEWAY_SOURCE, GatewayBridge
 from radserve.store import JobRecord
 from radserve.store.results import ResultIndex
 
 logger = logging.getLogger(__name__)
-
-GATEWAY_SOURCE = "dicom"  # Origin.source of studies received by the DICOM gateway
 
 
 class CachedDelivery:
@@ -56,23 +54,16 @@ class CachedDelivery:
         results: ResultIndex,
         gateway: GatewayBridge | None,
         fhir: FhirDelivery | None,
+        sends_dicom: Callable[[str], bool],
     ) -> None:
         self.settings = settings
         self.results = results
         self.gateway = gateway
         self.fhir = fhir
+        # whether jobs of an intake route get DICOM results: the service's definition
+        # for jobs that run (Service.route_wants_dicom)
+        self.sends_dicom = sends_dicom
         self._lock = threading.Lock()  # one writer of a cached result's DICOM files
-
-    def sends_dicom(self, source: str) -> bool:
-        """Whether jobs of route ``source`` get DICOM results (as the service's
-        ``wants_dicom_results`` decides for a job that runs)."""
-        if source == DICOMWEB_SOURCE:
-            return True
-        return (
-            source == GATEWAY_SOURCE
-            and self.gateway is not None
-            and self.gateway.outbox is not None
-        )
 
     def __call__(self, job_id: str, source: str, hit: JobRecord, study_dir: Path) -> None:
         if not self.sends_dicom(source):

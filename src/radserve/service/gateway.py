@@ -52,6 +52,7 @@ from radserve.store.outbox import OutboxStore
 logger = logging.getLogger(__name__)
 
 
+GATEWAY_SOURCE = "dicom"  # Origin.source of the studies received here
 JOB_MARKER = ".radserve-job.json"  # in the incoming study folder: its job, what it got
 
 
@@ -166,7 +167,9 @@ class GatewayBridge:
         stored = self.intake.storage.store_study_files(list(study.instances))
         resolved = self.intake.catalog.resolve(None)
         origin = Origin(
-            client=",".join(study.calling_ae_titles) or None, source="dicom", warnings=warnings
+            client=",".join(study.calling_ae_titles) or None,
+            source=GATEWAY_SOURCE,
+            warnings=warnings,
         )
         try:
             submission = self.intake.submit_stored(
@@ -223,7 +226,12 @@ class GatewayBridge:
 
     # --- results out ------------------------------------------------------------------
     def wants_dicom_results(self, job: JobRecord) -> bool:
-        return self.outbox is not None and job.queue_meta.get("source") == "dicom"
+        return self.sends_dicom(str(job.queue_meta.get("source")))
+
+    def sends_dicom(self, source: str) -> bool:
+        """Whether jobs of the intake route ``source`` get their SEG/SR sent to the
+        destinations: those received here, when a destination is configured."""
+        return self.outbox is not None and source == GATEWAY_SOURCE
 
     def on_result(self, job: JobRecord, result: StudyResult) -> None:
         if self.outbox is None or not self.wants_dicom_results(job):
@@ -248,4 +256,4 @@ class GatewayBridge:
             self.worker.wake()
 
 
-__all__ = ["GatewayBridge", "destinations"]
+__all__ = ["GATEWAY_SOURCE", "GatewayBridge", "destinations"]

@@ -214,7 +214,11 @@ class Service:
         # a result reused from the cache by a job of another route: that route's SEG/SR
         # (and FHIR) made from the cached result and queued, no model run
         self.intake.cached_delivery = CachedDelivery(
-            settings, results=self.results, gateway=self.gateway, fhir=self.fhir
+            settings,
+            results=self.results,
+            gateway=self.gateway,
+            fhir=self.fhir,
+            sends_dicom=self.route_wants_dicom,
         )
         # a re-run of a study supersedes its earlier result (SR predecessor, FHIR amended)
         # ... and the job's gateway warnings (late instances, cut-off transfer) go into it
@@ -442,9 +446,14 @@ class Service:
         """DICOM SEG + SR are written for studies that came over DICOMweb (a client that
         retrieves them with WADO-RS) and for those the gateway sends back to a PACS;
         every written instance is then retrievable with WADO-RS."""
-        if job.queue_meta.get("source") == DICOMWEB_SOURCE:
+        return self.route_wants_dicom(str(job.queue_meta.get("source")))
+
+    def route_wants_dicom(self, source: str) -> bool:
+        """:meth:`wants_dicom_results` for the jobs of intake route ``source`` (one
+        definition for jobs that run and for results reused from the cache)."""
+        if source == DICOMWEB_SOURCE:
             return True
-        return self.gateway is not None and self.gateway.wants_dicom_results(job)
+        return self.gateway is not None and self.gateway.sends_dicom(source)
 
     def _critical_rules(self, job: JobRecord) -> tuple[CriticalRule, ...]:
         """The ``critical:`` rules of the job's pipeline (as this server resolves it now)
