@@ -30,6 +30,7 @@ from tests.factories.service import (
 )
 
 from radserve.api import create_app
+from radserve.inference.tasks import InferenceCancelledError
 from radserve.models.registry import ModelBundle
 from radserve.pipeline import SessionPool
 from radserve.pipeline.reuse import ReuseUnavailableError, upstream_steps
@@ -165,3 +166,25 @@ def test_upstream_steps_come_back_as_the_serving_run_made_them(
     (result / "organs.nii.gz").unlink()
     with pytest.raises(ReuseUnavailableError, match=r"organs\.nii\.gz"):
         upstream_steps(result, spec, service.catalog.registry, ct, LESIONS)
+
+
+def test_a_comparison_run_ends_when_the_server_stops(
+    served: tuple[Service, CountingPool, Any],
+) -> None:
+    """A comparison run is the lowest-priority work: a server that stops ends it at its
+    next batch boundary (and so stops a JPEG 2000 decode streaming into it) instead of
+    running it to its end."""
+    service, pool, job = served
+    task = ComparisonTask(
+        job=job,
+        step=LESIONS,
+        serving_version="1.0.0",
+        candidate_version="1.1.0",
+        candidate_role="shadow",
+        record_for="1.1.0",
+    )
+    service.lifecycle.stop()
+    pool.batches.clear()
+    with pytest.raises(InferenceCancelledError):
+        service.lifecycle.run_comparison(task, reuse_upstream=False)
+    assert pool.batches[f"{LESIONS}/1.1.0"] == 0  # the candidate never ran

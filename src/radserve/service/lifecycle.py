@@ -549,6 +549,9 @@ class ModelLifecycle:
                 key_images=False,
                 job_id=f"{job.id}-{task.candidate_role}",
                 reuse_upstream_of=reuse,
+                # the server stopping ends the run at its next batch, and with it the
+                # decoding of a JPEG 2000 study still streaming into it
+                cancel=self._stop,
             )
 
         # Only the compared step and the steps after it run: the steps before it are
