@@ -36,10 +36,11 @@ N_STUDIES = 8
 SLOW_GRID = {"n_slices": 24, "rows": 96, "cols": 96, "spacing": (2.0, 1.5, 1.5)}
 
 
-def _until(condition, what: str, timeout: float = WAIT_S) -> None:
+def _until(condition, what: str, timeout: float = WAIT_S, state=lambda: "") -> None:
+    """Wait for ``condition``; on time-out say what ``state`` shows (rows of the store)."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {state()}"
         time.sleep(0.2)
 
 
@@ -173,6 +174,10 @@ def test_replicas_live_through_postgres_restarts_and_lose_nothing(tmp_path: Path
                     == len(jobs)
                 ),
                 "every bundle to be sent",
+                state=lambda: rows(
+                    "SELECT job_id, state, attempts, lease_owner, last_error "
+                    "FROM outbox_deliveries WHERE state <> 'sent'"
+                ),
             )
             assert len({r.json()["id"] for r in fhir.received}) == len(jobs)
             assert sorted(r[0] for r in rows("SELECT job_id FROM outbox_deliveries")) == sorted(

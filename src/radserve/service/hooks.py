@@ -35,6 +35,26 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _STORE_RETRIES = (0.1, 0.5, 2.0)
+# A result's deliveries are queued before the result is recorded, and the result is
+# recorded only once they are: each delivery step is retried this long (~60 s) while the
+# database is unavailable, which covers a PostgreSQL restart.
+OUTAGE_RETRIES = (0.1, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+
+
+def retry_store(call: Callable[[], T], delays: tuple[float, ...] = _STORE_RETRIES) -> T:
+    """``call()``, retried after each of ``delays`` while the database is unavailable
+    (a retryable :class:`StoreError`); the last error is raised."""
+    for delay in (*delays, None):
+        try:
+            return call()
+        except StoreError as exc:
+            if not exc.retryable or delay is None:
+                raise
+            logger.warning("store unavailable (%s); retrying in %.1f s", exc.code, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
 ResultCallback = Callable[[JobRecord, StudyResult], None]
 
 
@@ -178,6 +198,21 @@ class ServiceHooks:
         if self.on_result is not None:
             try:  # before the result is recorded: a crash in between loses no delivery
                 self.on_result(job, result)
+            except StoreError as exc:
+                if not exc.retryable:
+                    raise
+                # The database stayed unavailable through the retries: recording the
+                # result now would leave it without its deliveries, for good. Left
+                # unrecorded, the job stays unfinished and runs again (lease take-over,
+                # or restart recovery).
+                logger.error(
+                    "job %s: its results could not be queued for delivery (%s); the result "
+                    "is not recorded",
+                    job.id,
+                    exc.code,
+                )
+                self.metrics.errors.labels("delivery_enqueue_failed").inc()
+                raise
             except Exception as exc:  # the result stands; only its delivery failed
                 code = getattr(exc, "code", type(exc).__name__)
                 logger.error("job %s: queueing its results for delivery failed (%s)", job.id, code)
@@ -229,15 +264,7 @@ class ServiceHooks:
     @staticmethod
     def _write(call: Callable[[], T]) -> T:
         """``call()``, retried while the database is briefly unavailable."""
-        for delay in (*_STORE_RETRIES, None):
-            try:
-                return call()
-            except StoreError as exc:
-                if not exc.retryable or delay is None:
-                    raise
-                logger.warning("store unavailable (%s); retrying in %.1f s", exc.code, delay)
-                time.sleep(delay)
-        raise AssertionError("unreachable")
+        return retry_store(call)
 
 
-__all__ = ["ResultCallback", "ServiceHooks"]
+__all__ = ["OUTAGE_RETRIES", "ResultCallback", "ServiceHooks", "retry_store"]

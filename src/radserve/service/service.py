@@ -44,7 +44,7 @@ from radserve.service.failover import SharedStorage
 from radserve.service.failure_notice import FailureNotices
 from radserve.service.fhir import FhirDelivery, fhir_destination
 from radserve.service.gateway import GatewayBridge
-from radserve.service.hooks import ServiceHooks
+from radserve.service.hooks import OUTAGE_RETRIES, ServiceHooks, retry_store
 from radserve.service.intake import DICOMWEB_SOURCE, Intake
 from radserve.service.job_warnings import JobWarnings, chain
 from radserve.service.jobcache import JobCache
@@ -56,7 +56,7 @@ from radserve.service.metrics import Metrics
 from radserve.service.outbox import OutboxOps
 from radserve.service.storage import StorageProbe
 from radserve.service.turnaround import Turnaround
-from radserve.store import Claimed, JobRecord, Lease, Store
+from radserve.store import Claimed, JobRecord, Lease, Store, StoreError
 from radserve.store.audited import open_audited
 from radserve.store.files import remove_stale_staging
 from radserve.store.leases import result_folder_name
@@ -497,14 +497,19 @@ class Service:
         if self.fhir is not None:
             steps.append(("fhir", self.fhir.on_result))
         failed = []
+        unavailable: StoreError | None = None
         for name, step in steps:
-            try:
-                step(job, result)
-            except Exception as exc:  # the others still run; the result stands
+            try:  # a database restart is waited out: a step's rows are idempotent
+                retry_store(lambda step=step: step(job, result), OUTAGE_RETRIES)
+            except Exception as exc:  # the others still run
                 code = getattr(exc, "code", type(exc).__name__)
                 logger.error("job %s: %s delivery step failed (%s)", job.id, name, code)
                 failed.append(name)
-        if failed:
+                if isinstance(exc, StoreError) and exc.retryable:
+                    unavailable = exc
+        if unavailable is not None:  # the result must not be recorded without them
+            raise unavailable
+        if failed:  # the result stands
             raise RuntimeError(f"result steps failed: {', '.join(failed)}")
 
     # --- operations -------------------------------------------------------------------
