@@ -18,6 +18,7 @@ import pytest
 from tests.factories.dicom_net import Orthanc, free_port, wait_until
 from tests.factories.service import make_study, settings_for
 
+from radserve.audit.digests import file_sha256
 from radserve.service import Service
 from radserve.service.intake import Origin
 from radserve.store import JobState
@@ -151,6 +152,13 @@ def test_cached_result_from_another_route_sends_seg_and_sr_to_the_pacs_once(
     assert _batches(service) == batches  # answered without running a model
     study_uid = pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID
     assert {i.study_instance_uid for i in sent} == {study_uid}
+    # the audit chain names what was sent, by digest, in the cached job's record
+    (record,) = [
+        r for r in service.store.iter_audit() if r.action == "job.cached" and r.subject == cached.id
+    ]
+    assert record.payload["outputs"]["sha256"] == {
+        Path(i.path).name: file_sha256(Path(i.path)) for i in sent
+    }
 
     # the PACS pushes the study again (with radserve's results): nothing new at all
     answer = orthanc.push("radserve", [study])

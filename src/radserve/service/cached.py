@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from radserve.audit.digests import file_sha256
 from radserve.config import Settings
 from radserve.errors import ReportError
 from radserve.gateway.dicomweb.index import describe
@@ -65,9 +66,11 @@ class CachedDelivery:
         self.sends_dicom = sends_dicom
         self._lock = threading.Lock()  # one writer of a cached result's DICOM files
 
-    def __call__(self, job_id: str, source: str, hit: JobRecord, study_dir: Path) -> None:
+    def __call__(self, job_id: str, source: str, hit: JobRecord, study_dir: Path) -> dict[str, str]:
+        """Deliver (see the module doc); ``{file name: sha256}`` of the DICOM results
+        sent on or served (none for a route that gets none)."""
         if not self.sends_dicom(source):
-            return
+            return {}
         folder = Path(str(hit.result_path))
         with self._lock:
             paths = self._dicom_results(hit, folder, Path(study_dir))
@@ -89,6 +92,7 @@ class CachedDelivery:
             hit.id,
             source,
         )
+        return {path.name: file_sha256(path) for path in paths}
 
     def _dicom_results(self, hit: JobRecord, folder: Path, study_dir: Path) -> list[Path]:
         """The cached result's SEG/SR/SC, written from its report if it has none."""

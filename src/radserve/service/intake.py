@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from radserve.config import Settings
 from radserve.errors import RadserveError
@@ -264,8 +264,9 @@ class Intake:
         # a result reused from the cache for another route: (new job id, route, the job
         # whose result it reuses, the stored study) -> that route's deliveries written
         # and queued from the cached result, idempotently (raises when they cannot be);
-        # set by the service (Service.deliver_cached)
-        self.cached_delivery: Callable[[str, str, JobRecord, Path], None] | None = None
+        # set by the service (radserve.service.cached); returns {file name: sha256} of
+        # what it delivered
+        self.cached_delivery: Callable[[str, str, JobRecord, Path], dict[str, str]] | None = None
 
     @property
     def results_root(self) -> Path:
@@ -387,14 +388,15 @@ class Intake:
                 return Submission(existing, cached=True, reused=True)
         hit = self.store.find_cached_result(resolved.cache_key(fingerprint))
         job_id = str(uuid.uuid4())
-        if hit is not None and not self._deliver_cached(job_id, origin, hit, study_dir):
-            hit = None  # run the study again (the earlier cache entry stays)
-        if hit is not None:
+        delivered = None if hit is None else self._deliver_cached(job_id, origin, hit, study_dir)
+        if hit is not None and delivered is not None:
             if slot is not None:
                 slot.release()
             return self._from_cache(
-                hit, resolved, study_dir, fingerprint, priority, origin, job_id=job_id
-            )
+                hit, resolved, study_dir, fingerprint, priority, origin, job_id=job_id,
+                delivered=delivered,
+            )  # fmt: skip
+        # else: a hit whose result cannot go this route is run again (its entry stays)
         if slot is None:
             if priority is None:
                 if attributes is None:
@@ -412,16 +414,19 @@ class Intake:
             slot.release()
         return Submission(self.cache.get(record.id) or record, cached=False, position=position)
 
-    def _deliver_cached(self, job_id: str, origin: Origin, hit: JobRecord, study_dir: Path) -> bool:
+    def _deliver_cached(
+        self, job_id: str, origin: Origin, hit: JobRecord, study_dir: Path
+    ) -> dict[str, str] | None:
         """Whether the result of ``hit`` can answer a new job ``job_id`` of ``origin``'s
         route: what that route sends on (the SEG/SR to the PACS, ...) is written from the
         cached result and queued *before* the job row exists (see
         :attr:`cached_delivery`), so a crash in between loses nothing and a re-send
-        queues nothing twice. False (logged): it cannot, and the study runs again."""
+        queues nothing twice. Returns ``{file name: sha256}`` of what was delivered (for
+        the job's audit record); None (logged): it cannot, and the study runs again."""
         if self.cached_delivery is None:
-            return True
+            return {}
         try:
-            self.cached_delivery(job_id, origin.source, hit, study_dir)
+            return self.cached_delivery(job_id, origin.source, hit, study_dir)
         except Exception as exc:  # the study is run instead: nothing is lost
             code = getattr(exc, "code", type(exc).__name__)
             logger.warning(
@@ -431,8 +436,7 @@ class Intake:
                 origin.source,
                 code,
             )
-            return False
-        return True
+            return None
 
     def _new_job(
         self,
@@ -441,7 +445,7 @@ class Intake:
         study_dir: Path,
         fingerprint: str,
         origin: Origin,
-        **extra: str,
+        **extra: Any,
     ) -> JobRecord:
         """Persist a job row (and cache it) for a study in ``study_dir``."""
         record = self.store.create_job(
@@ -474,11 +478,15 @@ class Intake:
         origin: Origin,
         *,
         job_id: str,
+        delivered: Mapping[str, str],
     ) -> Submission:
         cls = PriorityClass.parse(str(hit.priority_class)) if priority is None else priority
+        # what this route was sent from the cached result, by digest, in the audit chain
+        extra = {"outputs": {"sha256": dict(delivered)}} if delivered else None
         record = self._new_job(
-            cls, resolved, study_dir, fingerprint, origin, cached_from=hit.id, job_id=job_id
-        )
+            cls, resolved, study_dir, fingerprint, origin, cached_from=hit.id, job_id=job_id,
+            audit_extra=extra,
+        )  # fmt: skip
         logger.info("job %s answered from the result cache (job %s)", record.id, hit.id)
         return Submission(record, cached=True)
 

@@ -101,6 +101,7 @@ class Store(AccessMixin, LeaseMixin, RelocateMixin):
         queue_meta: Mapping[str, Any] | None = None,
         cached_from: str | None = None,
         lease: Lease | None = None,
+        audit_extra: Mapping[str, Any] | None = None,
     ) -> JobRecord:
         """Persist a new job (state ``received``) and its audit record; committed on return.
 
@@ -108,6 +109,7 @@ class Store(AccessMixin, LeaseMixin, RelocateMixin):
         succeeded job with the same cache key) the job is born ``succeeded`` with that
         job's result: a cache hit is answered without running anything. ``lease``: the
         accepting replica holds the job from its first moment (radserve.store.leases).
+        ``audit_extra``: added to its audit record (identifiers, counts, digests only).
         """
         now = utc_now()
         arrival = arrival or now
@@ -151,7 +153,7 @@ class Store(AccessMixin, LeaseMixin, RelocateMixin):
             session.add(row)
             session.flush()
             record = jobq.to_record(row)
-            audit_log.append(session, job_event(action, record))
+            audit_log.append(session, job_event(action, record, extra=audit_extra))
         logger.info("job %s created (%s, %s)", record.id, record.priority_class, record.state)
         return record
 
