@@ -93,6 +93,9 @@ def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
         assert replayed[job_id].state == "succeeded"
         assert replayed[job_id].end > replayed[job_id].arrival
     assert errors_of(list(replayed.values()), summary["measured_ids"])["all"]["jobs"] == 8
+    # each succeeded job's end carries what the service-time model learned from it
+    ends = [r for r in summary["eta_records"] if r["kind"] == "end" and r["state"] == "succeeded"]
+    assert ends and all(r["slices"] in (12, 20) and "run" in r["timings"] for r in ends)
 
 
 def test_eta_error_is_relative_to_the_actual_turnaround() -> None:

@@ -265,13 +265,15 @@ class Turnaround:
             self._recompute_now()
         if not event.state.terminal:
             return
-        if self.recorder is not None:
-            self.recorder(
-                {"kind": "end", "at": event.at, "job": event.job_id, "state": event.state.value}
-            )
+        geometry = getattr(getattr(event.result, "report", None), "geometry", None)
+        if self.recorder is not None:  # with what the model learns, to replay it too
+            end = {"kind": "end", "at": event.at, "job": event.job_id, "state": event.state.value}
+            if geometry is not None:
+                end["slices"] = StudySize.from_shape(geometry.shape).slices
+                end["timings"] = dict(event.timings)
+            self.recorder(end)
         if event.state is JobState.SUCCEEDED:
             record = self._record(event.job_id)
-            geometry = getattr(getattr(event.result, "report", None), "geometry", None)
             if record is not None and geometry is not None and not record.cached_from:
                 self._observe(record, StudySize.from_shape(geometry.shape), event.timings)
         with self._lock:
