@@ -123,9 +123,12 @@ def test_submit_to_result_on_two_cpu_workers(tmp_path: Path) -> None:
 
 
 def test_urgent_overtakes_routine_work_and_cancel_stops_a_job(tmp_path: Path) -> None:
-    service = ray_service(tmp_path, jobs__max_retries=0)
+    # one routine job at a time, so routine[1] is still queued when the URGENT study
+    # arrives (with room for more, it may have started, and be near its end, on a slow host)
+    service = ray_service(tmp_path, jobs__max_retries=0, scheduler__max_running=1)
     successes = count_successes(service)
     key = create_key(service.store, "submit")
+    urgent_study = upload(make_study(tmp_path / "u", **SLOW_GRID))  # ready before the wait
     with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
         routine = [
             c.post(
@@ -138,10 +141,7 @@ def test_urgent_overtakes_routine_work_and_cancel_stops_a_job(tmp_path: Path) ->
         first = f"/v1/jobs/{routine[0]}"
         wait_for(lambda: c.get(first, headers=auth(key)).json()["state"] == "running")
         urgent = c.post(
-            "/v1/studies",
-            params={"priority": "urgent"},
-            files=upload(make_study(tmp_path / "u", **SLOW_GRID)),
-            headers=auth(key),
+            "/v1/studies", params={"priority": "urgent"}, files=urgent_study, headers=auth(key)
         ).json()["id"]
         assert c.delete(f"/v1/jobs/{routine[2]}", headers=auth(key)).status_code == 202
         done = {j: wait_job(c, j, key, timeout=240) for j in [urgent, *routine]}
