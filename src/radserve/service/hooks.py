@@ -23,32 +23,33 @@ from radserve.service.jobcache import JobCache
 from radserve.service.metrics import Metrics
 from radserve.store import (
     CacheKey,
+    DatabaseUnavailableError,
     InvalidTransitionError,
     JobRecord,
     LeaseLostError,
     ResultAlreadyRecordedError,
     Store,
-    StoreError,
 )
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_STORE_RETRIES = (0.1, 0.5, 2.0)
-# A result's deliveries are queued before the result is recorded, and the result is
-# recorded only once they are: each delivery step is retried this long (~60 s) while the
-# database is unavailable, which covers a PostgreSQL restart.
-OUTAGE_RETRIES = (0.1, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
+# Every write of a job's progress (queued, running, its deliveries, its result, failed)
+# waits out a database restart: ~2 min of retries. A write given up leaves the store
+# behind the scheduler (a result recorded without its deliveries, a job left "queued"
+# that ran), so the window is generous; the retries run on the scheduler's event thread,
+# in order, so later events of a job never overtake an earlier one.
+OUTAGE_RETRIES = (0.1, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 30.0, 30.0)
 
 
-def retry_store(call: Callable[[], T], delays: tuple[float, ...] = _STORE_RETRIES) -> T:
+def retry_store(call: Callable[[], T], delays: tuple[float, ...] = OUTAGE_RETRIES) -> T:
     """``call()``, retried after each of ``delays`` while the database is unavailable
-    (a retryable :class:`StoreError`); the last error is raised."""
+    (:class:`DatabaseUnavailableError`); the last error is raised."""
     for delay in (*delays, None):
         try:
             return call()
-        except StoreError as exc:
-            if not exc.retryable or delay is None:
+        except DatabaseUnavailableError as exc:
+            if delay is None:
                 raise
             logger.warning("store unavailable (%s); retrying in %.1f s", exc.code, delay)
             time.sleep(delay)
@@ -198,9 +199,7 @@ class ServiceHooks:
         if self.on_result is not None:
             try:  # before the result is recorded: a crash in between loses no delivery
                 self.on_result(job, result)
-            except StoreError as exc:
-                if not exc.retryable:
-                    raise
+            except DatabaseUnavailableError as exc:
                 # The database stayed unavailable through the retries: recording the
                 # result now would leave it without its deliveries, for good. Left
                 # unrecorded, the job stays unfinished and runs again (lease take-over,
@@ -263,7 +262,7 @@ class ServiceHooks:
 
     @staticmethod
     def _write(call: Callable[[], T]) -> T:
-        """``call()``, retried while the database is briefly unavailable."""
+        """``call()``, retried while the database is unavailable."""
         return retry_store(call)
 
 

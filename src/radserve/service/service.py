@@ -56,7 +56,7 @@ from radserve.service.metrics import Metrics
 from radserve.service.outbox import OutboxOps
 from radserve.service.storage import StorageProbe
 from radserve.service.turnaround import Turnaround
-from radserve.store import Claimed, JobRecord, Lease, Store, StoreError
+from radserve.store import Claimed, DatabaseUnavailableError, JobRecord, Lease, Store
 from radserve.store.audited import open_audited
 from radserve.store.files import remove_stale_staging
 from radserve.store.leases import result_folder_name
@@ -497,7 +497,7 @@ class Service:
         if self.fhir is not None:
             steps.append(("fhir", self.fhir.on_result))
         failed = []
-        unavailable: StoreError | None = None
+        unavailable: DatabaseUnavailableError | None = None
         for name, step in steps:
             try:  # a database restart is waited out: a step's rows are idempotent
                 retry_store(lambda step=step: step(job, result), OUTAGE_RETRIES)
@@ -505,7 +505,7 @@ class Service:
                 code = getattr(exc, "code", type(exc).__name__)
                 logger.error("job %s: %s delivery step failed (%s)", job.id, name, code)
                 failed.append(name)
-                if isinstance(exc, StoreError) and exc.retryable:
+                if isinstance(exc, DatabaseUnavailableError):
                     unavailable = exc
         if unavailable is not None:  # the result must not be recorded without them
             raise unavailable

@@ -7,6 +7,7 @@ Open it with :func:`init_store` (creates/upgrades the schema) and share the
 
 from radserve.store.errors import (
     ApiKeyNotFoundError,
+    DatabaseUnavailableError,
     InvalidCursorError,
     InvalidTransitionError,
     JobNotFoundError,
@@ -36,6 +37,7 @@ __all__ = [
     "AuditRecord",
     "CacheKey",
     "Claimed",
+    "DatabaseUnavailableError",
     "InvalidCursorError",
     "InvalidTransitionError",
     "JobNotFoundError",

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from radserve.audit.chain import AuditKey, AuditRecord
 from radserve.store.audit import APPENDED_INFO, KEY_INFO
 from radserve.store.db import writer
-from radserve.store.errors import StoreError
+from radserve.store.errors import DatabaseUnavailableError
 
 if TYPE_CHECKING:
     from radserve.store.audit_batch import AuditBatcher
@@ -87,7 +87,9 @@ class StoreBase:
             with Session(bind) as session:
                 yield session
         except sa_exc.OperationalError as exc:
-            raise StoreError(f"database unavailable: {exc.orig.__class__.__name__}") from exc
+            raise DatabaseUnavailableError(
+                f"database unavailable: {exc.orig.__class__.__name__}"
+            ) from exc
 
     @contextmanager
     def _write(self, *, audited: bool = True) -> Iterator[Session]:
@@ -106,7 +108,9 @@ class StoreBase:
                 except Exception:  # committed already: the listener's trouble is its own
                     logger.exception("audit listener failed")
         except sa_exc.OperationalError as exc:
-            raise StoreError(f"database unavailable: {exc.orig.__class__.__name__}") from exc
+            raise DatabaseUnavailableError(
+                f"database unavailable: {exc.orig.__class__.__name__}"
+            ) from exc
         finally:
             if lock is not None:
                 lock.release()

@@ -12,6 +12,14 @@ class StoreError(RadserveError):
     retryable = True
 
 
+class DatabaseUnavailableError(StoreError):
+    """The database did not answer (down, restarting, locked past its timeout, cut off):
+    the one store error worth waiting out."""
+
+    code = "store_error"
+    retryable = True
+
+
 class JobNotFoundError(StoreError):
     code = "job_not_found"
     retryable = False
