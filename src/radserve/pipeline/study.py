@@ -187,17 +187,12 @@ def _run_study(
         )
     else:
         ingested = study_input.ingest(pipeline, policy=policy, timer=timer)
-    arrival = ingested.loaded.arrival
-    if arrival is None:
-        return _run_ingested(
-            ingested, pipeline, out_dir, registry, sessions, precision, policy, cancel,
-            progress, timer, t_start, key_images=key_images, job_id=job_id,
-            reuse_upstream_of=reuse_upstream_of,
-        )  # fmt: skip
     # a stack still decoding: a cancel stops its decoder at once, and so does any end of
     # this run before the stack is in place (a failure, an interrupt): no decoder
     # process is kept busy for a result nobody will read
-    arrival.watch(cancel)
+    arrival = ingested.loaded.arrival
+    if arrival is not None:
+        arrival.watch(cancel)
     try:
         return _run_ingested(
             ingested, pipeline, out_dir, registry, sessions, precision, policy, cancel,
@@ -205,7 +200,8 @@ def _run_study(
             reuse_upstream_of=reuse_upstream_of,
         )  # fmt: skip
     except BaseException as exc:
-        arrival.abandon(exc)
+        if arrival is not None:
+            arrival.abandon(exc)
         raise
 
 

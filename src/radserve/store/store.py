@@ -411,6 +411,21 @@ class Store(AccessMixin, LeaseMixin, RelocateMixin):
         the result cache -- oldest first, else an unfinished one. A study re-sent over
         the same route is answered by it, so what that route was sent is not sent again."""
         states = [JobState.SUCCEEDED.value, *(s.value for s in UNFINISHED_STATES)]
+        found = [
+            job for job in self._jobs_for(key, states) if job.queue_meta.get("source") == source
+        ]
+        succeeded = [job for job in found if job.state is JobState.SUCCEEDED]
+        return (succeeded or found or [None])[0]
+
+    def find_unfinished(self, key: CacheKey) -> JobRecord | None:
+        """An unfinished (received, queued or running) job for ``key``, oldest first: a
+        study sent again while its first job still runs is answered by that job."""
+        found = self._jobs_for(key, [s.value for s in UNFINISHED_STATES])
+        return found[0] if found else None
+
+    def _jobs_for(self, key: CacheKey, states: list[str]) -> list[JobRecord]:
+        """Jobs in ``states`` whose input, pipeline, precision and models are ``key``'s,
+        oldest first."""
         with self._read() as session:
             rows = session.execute(
                 select(Job)
@@ -423,34 +438,11 @@ class Store(AccessMixin, LeaseMixin, RelocateMixin):
                 )
                 .order_by(Job.arrival, Job.id)
             ).scalars()
-            found = [
+            return [
                 jobq.to_record(row)
                 for row in rows
                 if dict(row.model_versions or {}) == dict(key.model_versions)
-                and (row.queue_meta or {}).get("source") == source
             ]
-        succeeded = [job for job in found if job.state is JobState.SUCCEEDED]
-        return (succeeded or found or [None])[0]
-
-    def find_unfinished(self, key: CacheKey) -> JobRecord | None:
-        """An unfinished (received, queued or running) job for ``key``, oldest first: a
-        study sent again while its first job still runs is answered by that job."""
-        with self._read() as session:
-            rows = session.execute(
-                select(Job)
-                .where(
-                    Job.fingerprint == key.fingerprint,
-                    Job.pipeline_name == key.pipeline_name,
-                    Job.pipeline_version == key.pipeline_version,
-                    Job.precision == key.precision,
-                    Job.state.in_([s.value for s in UNFINISHED_STATES]),
-                )
-                .order_by(Job.arrival, Job.id)
-            ).scalars()
-            for row in rows:
-                if dict(row.model_versions or {}) == dict(key.model_versions):
-                    return jobq.to_record(row)
-        return None
 
     def unfinished_jobs(self) -> list[JobRecord]:
         """Jobs not yet in a final state, earliest deadline first (read-only)."""
