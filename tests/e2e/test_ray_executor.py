@@ -149,8 +149,10 @@ def test_urgent_overtakes_routine_work_and_cancel_stops_a_job(tmp_path: Path) ->
     assert done[routine[2]]["state"] == "cancelled"
     assert done[routine[2]]["error"]["code"] == "job_cancelled"
     finished = {j: service.store.get_job(j).finished for j in done}
-    # submitted after routine[0] had started and routine[1] was queued: done before both
-    assert finished[urgent] < finished[routine[0]] and finished[urgent] < finished[routine[1]]
+    # submitted while routine[1] was queued: done before it. routine[0] had already started,
+    # and work handed out before the URGENT study arrived is not taken back: on a loaded
+    # host it finished first in 2 of ~6 runs (by 0.6 s), so it is not compared
+    assert finished[urgent] < finished[routine[1]]
     assert dict(successes) == {urgent: 1, routine[0]: 1, routine[1]: 1}
     assert service.store.get_job(routine[2]).result_path is None
 
