@@ -26,36 +26,15 @@ from sqlalchemy import create_engine, text
 from tests.factories.dicom_net import free_port
 from tests.factories.fhir_server import FhirServer
 from tests.factories.private_postgres import PrivatePostgres
+from tests.factories.replicas import replica_config, until
 from tests.factories.server_process import create_key_cli, start_server
-from tests.factories.service import auth, config_file, make_models_slow, make_study, upload
+from tests.factories.service import auth, make_study, upload
 
 from radserve.store.db import normalise_url
 
 WAIT_S = 300.0
 N_STUDIES = 8
 SLOW_GRID = {"n_slices": 24, "rows": 96, "cols": 96, "spacing": (2.0, 1.5, 1.5)}
-
-
-def _until(condition, what: str, timeout: float = WAIT_S, state=lambda: "") -> None:
-    """Wait for ``condition``; on time-out say what ``state`` shows (rows of the store)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {state()}"
-        time.sleep(0.2)
-
-
-def _replica_config(root: Path, name: str, url: str, fhir_url: str) -> Path:
-    folder = root / name
-    folder.mkdir()
-    config = config_file(
-        folder,
-        database_url=url,
-        jobs={"lease_s": 6.0, "lease_poll_s": 0.5},
-        outbox={"replicas": 2, "instance_id": f"replica-{name}", "lease_s": 5.0},
-        fhir={"url": fhir_url, "timeout_s": 30},
-    )
-    make_models_slow(folder / "assets" / "models", layers=4, channels=32)
-    return config
 
 
 class Submitter(threading.Thread):
@@ -105,7 +84,10 @@ def test_replicas_live_through_postgres_restarts_and_lose_nothing(tmp_path: Path
                 return 0
 
         data = tmp_path / "data"
-        configs = [_replica_config(tmp_path, n, pg.url, fhir.url) for n in ("a", "b")]
+        configs = [
+            replica_config(tmp_path, n, pg.url, fhir.url, job_lease_s=6.0, outbox_lease_s=5.0)
+            for n in ("a", "b")
+        ]
         logs = [tmp_path / "a.log", tmp_path / "b.log"]
         ports = [free_port(), free_port()]
         urls = [f"http://127.0.0.1:{p}" for p in ports]
@@ -119,12 +101,13 @@ def test_replicas_live_through_postgres_restarts_and_lose_nothing(tmp_path: Path
 
             for mode, running_before in (("fast", 1), ("immediate", 3)):
                 # jobs in flight: at least one running, and later ones submitted meanwhile
-                _until(
+                until(
                     lambda n=running_before: (
                         count("SELECT count(*) FROM jobs WHERE state <> 'received'") >= n
                         and count("SELECT count(*) FROM jobs WHERE state = 'running'") >= 1
                     ),
                     f"a job running before the {mode} restart",
+                    WAIT_S,
                 )
                 pg.restart(mode)
                 for server in servers:
@@ -142,7 +125,7 @@ def test_replicas_live_through_postgres_restarts_and_lose_nothing(tmp_path: Path
             assert len(submitter.acknowledged) >= N_STUDIES // 2, submitter.refused
 
             final = ("succeeded", "failed", "cancelled")
-            _until(
+            until(
                 lambda: (
                     count(
                         "SELECT count(*) FROM jobs WHERE state IN ('received', 'queued', 'running')"
@@ -151,6 +134,7 @@ def test_replicas_live_through_postgres_restarts_and_lose_nothing(tmp_path: Path
                     and count("SELECT count(*) FROM jobs") >= len(acknowledged)
                 ),
                 "every job to finish",
+                WAIT_S,
             )
             jobs = dict(rows("SELECT id, state FROM jobs"))
             # nothing acknowledged is lost; whatever reached the database finished, once
@@ -168,12 +152,13 @@ def test_replicas_live_through_postgres_restarts_and_lose_nothing(tmp_path: Path
                     r = client.get(f"{urls[i % 2]}/v1/jobs/{job_id}", headers=auth(key))
                     assert r.status_code == 200 and r.json()["state"] == "succeeded", r.text
 
-            _until(
+            until(
                 lambda: (
                     count("SELECT count(*) FROM outbox_deliveries WHERE state = 'sent'")
                     == len(jobs)
                 ),
                 "every bundle to be sent",
+                WAIT_S,
                 state=lambda: rows(
                     "SELECT job_id, state, attempts, lease_owner, last_error "
                     "FROM outbox_deliveries WHERE state <> 'sent'"

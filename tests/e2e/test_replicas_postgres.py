@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +20,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from tests.factories.dicom_net import free_port
 from tests.factories.fhir_server import FhirServer
+from tests.factories.replicas import replica_config, until
 from tests.factories.server_process import create_key_cli, start_server
-from tests.factories.service import auth, config_file, make_models_slow, make_study, upload
+from tests.factories.service import auth, make_study, upload
 
 from radserve.store.db import normalise_url
 
@@ -54,27 +54,6 @@ def database_url() -> Iterator[str]:
             connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def _until(condition, what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
-def _replica_config(root: Path, name: str, url: str, fhir_url: str) -> Path:
-    folder = root / name
-    folder.mkdir()
-    config = config_file(
-        folder,
-        database_url=url,
-        jobs={"lease_s": 15.0, "lease_poll_s": 0.5},
-        outbox={"replicas": 2, "instance_id": f"replica-{name}", "lease_s": 20.0},
-        fhir={"url": fhir_url, "timeout_s": 30},
-    )
-    make_models_slow(folder / "assets" / "models", layers=4, channels=32)
-    return config
-
-
 @pytest.mark.slow
 def test_a_killed_replica_s_jobs_are_finished_once_by_the_other(
     tmp_path: Path, database_url: str
@@ -86,8 +65,12 @@ def test_a_killed_replica_s_jobs_are_finished_once_by_the_other(
             return list(connection.execute(text(query)).all())
 
     with FhirServer() as fhir:
-        config_a = _replica_config(tmp_path, "a", database_url, fhir.url)
-        config_b = _replica_config(tmp_path, "b", database_url, fhir.url)
+        config_a = replica_config(
+            tmp_path, "a", database_url, fhir.url, job_lease_s=15.0, outbox_lease_s=20.0
+        )
+        config_b = replica_config(
+            tmp_path, "b", database_url, fhir.url, job_lease_s=15.0, outbox_lease_s=20.0
+        )
         data = tmp_path / "data"  # the shared data folder
         log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
         port_a, port_b = free_port(), free_port()
@@ -106,9 +89,10 @@ def test_a_killed_replica_s_jobs_are_finished_once_by_the_other(
             owners = {r[0] for r in rows("SELECT lease_owner FROM jobs")}
             assert len(owners) == 1 and next(iter(owners)).startswith("replica-a/")
             # A is mid-run: a job running, and (most likely) none finished yet
-            _until(
+            until(
                 lambda: rows("SELECT count(*) FROM jobs WHERE state = 'running'")[0][0] >= 1,
                 "a job to run on replica A",
+                WAIT_S,
             )
             os.kill(a.pid, signal.SIGKILL)
             a.wait(30)
@@ -126,7 +110,7 @@ def test_a_killed_replica_s_jobs_are_finished_once_by_the_other(
                     ]
                     return all(s in ("succeeded", "failed", "cancelled") for s in states)
 
-                _until(all_done, "replica B to finish replica A's jobs")
+                until(all_done, "replica B to finish replica A's jobs", WAIT_S)
                 final = {i: client.get(f"/v1/jobs/{i}", headers=auth(key)).json() for i in ids}
             assert {i: j["state"] for i, j in final.items()} == dict.fromkeys(ids, "succeeded")
 
@@ -148,12 +132,13 @@ def test_a_killed_replica_s_jobs_are_finished_once_by_the_other(
                 assert (Path(path).name != job_id) == (job_id in unfinished)
 
             # each job's Bundle delivered once, by one replica
-            _until(
+            until(
                 lambda: (
                     rows("SELECT count(*) FROM outbox_deliveries WHERE state = 'sent'")[0][0]
                     == N_JOBS
                 ),
                 "every bundle to be sent",
+                WAIT_S,
             )
             outbox = rows("SELECT job_id, state, attempts FROM outbox_deliveries")
             assert sorted(r[0] for r in outbox) == sorted(ids)
