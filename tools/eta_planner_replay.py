@@ -1,10 +1,24 @@
 """Replay the planner check of a saved ``radserve bench --scenario eta --json`` run with
-the simulation in this tree: the same arrivals and classes, the service times the run
-learned (``service_times``, and the warm-up studies' solo times ``service_times_solo``),
-against the run's measured per-class p50/p95 TAT. Lets a change to the host model be
-judged on a trace already measured, without running the server again.
+the simulation in this tree: the same arrivals and classes, against the run's measured
+per-class p50/p95 TAT, under several models of the host. Lets a change to the host model
+be judged on a trace already measured, without running the server again.
 
-    PYTHONPATH=src python tools/eta_planner_replay.py out/eta.json [--cores N]
+Models (service times / host):
+- ``trace times, separate hardware``: the times the run learned (``service_times``), the
+  device simulated as hardware apart from the CPU pool (``radserve plan`` before
+  2026-12-02);
+- ``trace times, shared cores``: the same times on processor-shared cores (counts the
+  sharing twice: the times include it);
+- ``warm-up solo times, shared cores``: the warm-up studies' times (run alone);
+- ``solo times from the trace, shared cores``: the trace's own jobs (end records) with the
+  concurrency they ran under divided out (:mod:`radserve.turnaround.solo`), ``radserve
+  plan``'s default on a CPU device since 2026-12-02.
+
+Each runs with the scheduler the server had (batches capped at the CPU device's
+``CPU_MAX_BATCH`` slices, ``yield_to_urgent``); ``--as-before`` adds the first two as
+session 8 ran them (batches of 32 slices, routine stages not pausing for URGENT work).
+
+    PYTHONPATH=src python tools/eta_planner_replay.py out/eta.json [--cores N] [--as-before]
 """
 
 from __future__ import annotations
@@ -17,11 +31,13 @@ from typing import Any
 from radserve.bench.eta_accuracy import JobTrace, group_of, planner_check
 from radserve.config import SchedulerSettings
 from radserve.domain.priority import PriorityClass
+from radserve.inference.providers import CPU_MAX_BATCH
 from radserve.turnaround.eta import on_host_cores
 from radserve.turnaround.service_time import ServiceTimeModel
+from radserve.turnaround.solo import runs_from_end_records, solo_model
 
 
-def replay(summary: dict[str, Any], cores: int | None) -> dict[str, Any]:
+def replay(summary: dict[str, Any], cores: int | None, as_before: bool) -> dict[str, Any]:
     jobs = [
         JobTrace(
             row["id"],
@@ -38,47 +54,82 @@ def replay(summary: dict[str, Any], cores: int | None) -> dict[str, Any]:
         (f[0], PriorityClass.parse(f[1]), f[2] if len(f) > 2 else None)
         for f in summary.get("fillers", [])
     ]
-    if cores is None and on_host_cores(summary["device"]):
+    host = on_host_cores(summary["device"])
+    if cores is None and host:
         cores = summary["host"]["usable_cores"]
-    out = {}
-    for name, key, shared in (
-        ("default (separate hardware, trace times)", "service_times", None),
-        ("shared cores, trace times", "service_times", cores),
-        ("shared cores, solo times", "service_times_solo", cores),
-    ):
-        model = ServiceTimeModel.from_json(summary[key])
-        group = group_of(model, summary["pipeline"], "fp32")
-        out[name] = planner_check(
+    server = SchedulerSettings().capped(CPU_MAX_BATCH if host else None)
+    before = SchedulerSettings(yield_to_urgent=False)
+    trace = ServiceTimeModel.from_json(summary["service_times"])
+    group = group_of(trace, summary["pipeline"], "fp32")
+    models = {
+        "trace": trace,
+        "warm-up solo": ServiceTimeModel.from_json(summary["service_times_solo"]),
+    }
+    if "eta_records" in summary and cores is not None:
+        models["solo from the trace"] = solo_model(
+            runs_from_end_records(summary["eta_records"]),
+            cores,
+            model=ServiceTimeModel(trace.prior),
+            pipeline=group[0],
+            device=group[1],
+            precision=group[2],
+            # the server's CPU workers, its URGENT lane and a batch on every core
+            max_threads=summary["cpu_workers"] + 1 + cores,
+        )
+    variants: list[tuple[str, str, int | None, SchedulerSettings]] = []
+    if as_before:
+        variants += [
+            ("session 8: trace times, separate hardware", "trace", None, before),
+            ("session 8: trace times, shared cores", "trace", cores, before),
+            ("session 8: warm-up solo times, shared cores", "warm-up solo", cores, before),
+        ]
+    variants += [
+        ("trace times, separate hardware", "trace", None, server),
+        ("trace times, shared cores", "trace", cores, server),
+        ("warm-up solo times, shared cores", "warm-up solo", cores, server),
+    ]
+    if "solo from the trace" in models:
+        variants.append(
+            ("solo times from the trace, shared cores", "solo from the trace", cores, server)
+        )
+    return {
+        name: planner_check(
             jobs,
-            model,
+            models[key],
             group,
-            scheduler=SchedulerSettings(),
+            scheduler=scheduler,
             cpu_workers=summary["cpu_workers"],
             cores_per_device=shared,
             fillers=fillers,
         )
-    return out
+        for name, key, shared, scheduler in variants
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("summary", type=Path)
+    parser.add_argument("summary", type=Path, nargs="+")
     parser.add_argument("--cores", type=int, default=None)
+    parser.add_argument("--as-before", action="store_true", help="add session 8's models")
     args = parser.parse_args()
-    result = replay(json.loads(args.summary.read_text()), args.cores)
-    for name, check in result.items():
-        cells = [
-            f"{cls} p50 {r['predicted_p50_s']:.1f}/{r['measured_p50_s']:.1f} ({r['diff_p50']:.0%}) "
-            f"p95 {r['predicted_p95_s']:.1f}/{r['measured_p95_s']:.1f} ({r['diff_p95']:.0%})"
-            for cls, r in check["classes"].items()
-        ]
-        within = sum(
-            (r["diff_p50"] <= check["goal_rel"]) + (r["diff_p95"] <= check["goal_rel"])
-            for r in check["classes"].values()
-        )
-        print(f"{name}: {within} of {2 * len(cells)} cells within 25 %")
-        for cell in cells:
-            print(f"  {cell} (planned/measured)")
+    for path in args.summary:
+        summary = json.loads(path.read_text())
+        load = summary["host"]["loadavg_before"][0], summary["host"]["loadavg_after"][0]
+        print(f"{path} (seed {summary.get('seed')}, load average {load[0]} -> {load[1]})")
+        for name, check in replay(summary, args.cores, args.as_before).items():
+            cells = [
+                f"{cls:<10} p50 {r['predicted_p50_s']:6.1f}/{r['measured_p50_s']:6.1f} "
+                f"({r['diff_p50']:4.0%})  p95 {r['predicted_p95_s']:6.1f}/"
+                f"{r['measured_p95_s']:6.1f} ({r['diff_p95']:4.0%})"
+                for cls, r in check["classes"].items()
+            ]
+            within = sum(
+                (r["diff_p50"] <= check["goal_rel"]) + (r["diff_p95"] <= check["goal_rel"])
+                for r in check["classes"].values()
+            )
+            print(f"  {name}: {within} of {2 * len(cells)} cells within 25 %")
+            for cell in cells:
+                print(f"    {cell} (planned/measured)")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ def _plan(tmp_path: Path, *args: str) -> dict:  # type: ignore[type-arg]
 
 def test_find_devices_is_deterministic_and_grows_with_the_load(tmp_path: Path) -> None:
     args = ["--hours", "3", "--seed", "5", "--find-devices", "--target", "urgent=120s"]
+    args += ["--host-cores", "0"]  # the device as separate hardware: the counts below
     light = _plan(tmp_path, "--rate", "urgent=6/h,outpatient=60/h", *args)
     again = _plan(tmp_path, "--rate", "urgent=6/h,outpatient=60/h", *args)
     assert light == again
@@ -100,13 +101,32 @@ def test_plot_is_written(tmp_path: Path) -> None:
 
 
 def test_host_cores_make_a_cpu_device_share_them_with_the_cpu_stages(tmp_path: Path) -> None:
-    """Service times measured on the CPU: by default the device is simulated as separate
-    hardware; --host-cores N makes its batches and the CPU stages take turns on N cores,
-    which lengthens routine TAT."""
+    """Service times of a CPU device: by default its batches and the CPU stages share
+    this host's cores (--host-cores N: N cores), which lengthens routine TAT against the
+    device simulated as separate hardware (--host-cores 0)."""
+    from radserve.host import usable_cores
+
     args = ["--rate", "outpatient=150/h", "--hours", "2", "--seed", "3"]
-    apart = _plan(tmp_path, *args)
+    apart = _plan(tmp_path, *args, "--host-cores", "0")
+    default = _plan(tmp_path, *args)
     shared = _plan(tmp_path, *args, "--host-cores", "2")
     assert apart["service_times"]["host_cores_per_device"] is None
+    assert apart["service_times"]["solo"] is False
+    assert default["service_times"]["host_cores_per_device"] == usable_cores()
     assert shared["service_times"]["host_cores_per_device"] == 2
+    assert shared["service_times"]["solo"] is True
     tat = [p["plans"][0]["classes"]["OUTPATIENT"]["tat_p50_s"] for p in (shared, apart)]
     assert tat[0] > tat[1]
+
+
+def test_an_empty_store_plans_with_the_prior(tmp_path: Path) -> None:
+    """No finished job to learn from (nor to divide the sharing out of): the prior."""
+    result = CliRunner().invoke(
+        cli,
+        ["plan", "--data-dir", str(tmp_path / "data"), "--rate", "urgent=2/h", "--json"],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)  # stderr: the new audit key's warning
+    assert out["service_times"]["measured"] is False
+    assert out["plans"][0]["classes"]["URGENT"]["jobs"] > 20

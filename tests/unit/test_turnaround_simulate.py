@@ -18,12 +18,14 @@ from radserve.turnaround.simulate import (
 )
 
 U, OUT = PriorityClass.URGENT, PriorityClass.OUTPATIENT
-# no aging, no start limit, no URGENT exclusivity: a plain queue in front of the device
+# no aging, no start limit, no URGENT exclusivity nor yielding: a plain queue in front
+# of the device
 PLAIN = SchedulerSettings(
     tat_s=ClassTats(urgent=1e9, inpatient=1e9, outpatient=1e9),
     aging_fraction=0.0,
     max_running=1_000_000,
     urgent_exclusive=False,
+    yield_to_urgent=False,
 )
 
 
@@ -160,3 +162,31 @@ def test_unmeasured_arrivals_load_the_host_but_are_not_counted() -> None:
     assert both.classes[OUT].jobs == 2
     assert alone.classes[OUT].tat_p50_s == 12.5  # TATs 10 and 15
     assert both.classes[OUT].tat_p50_s == 17.5  # TATs 10 and 25: the filler went first
+
+
+def test_a_routine_cpu_stage_pauses_while_urgent_work_runs() -> None:
+    """yield_to_urgent: a routine 4 s CPU stage (one core of two) is running when a 2 s
+    URGENT stage arrives at 1 s. Paused, it leaves the URGENT stage alone and ends
+    2 s late (at 6 s); without yielding both run at full speed (2 cores, 2 threads)."""
+
+    def sample(rng: np.random.Generator, cls: PriorityClass) -> JobService:
+        return JobService(2.0, (), 0.0) if cls is U else JobService(4.0, (), 0.0)
+
+    trace = [Arrival(0.0, OUT), Arrival(1.0, U)]
+    config = SchedulerSettings(urgent_exclusive=False)
+    yields = simulate(trace, sample, SimConfig(1, 1, config, host_cores=2), seed=0)
+    plain = SchedulerSettings(urgent_exclusive=False, yield_to_urgent=False)
+    runs_on = simulate(trace, sample, SimConfig(1, 1, plain, host_cores=2), seed=0)
+    assert yields.classes[U].tat_mean_s == pytest.approx(2.0)
+    assert yields.classes[OUT].tat_mean_s == pytest.approx(6.0)
+    assert runs_on.classes[OUT].tat_mean_s == pytest.approx(4.0)
+
+
+def test_two_equal_jobs_sharing_one_core_finish_at_twice_their_time() -> None:
+    def sample(rng: np.random.Generator, cls: PriorityClass) -> JobService:
+        return JobService(3.0, (), 0.0)
+
+    trace = [Arrival(0.0, OUT), Arrival(0.0, OUT)]
+    result = simulate(trace, sample, SimConfig(1, 2, PLAIN, host_cores=1), seed=0)
+    assert result.classes[OUT].tat_p50_s == pytest.approx(6.0)
+    assert result.classes[OUT].tat_p95_s == pytest.approx(6.0)

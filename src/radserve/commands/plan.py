@@ -49,13 +49,15 @@ from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
 )
 @click.option(
     "--host-cores",
-    type=click.IntRange(1, 4096),
+    type=click.IntRange(0, 4096),
     default=None,
-    help="Cores per device when the device is the host's CPU: its batches (on every "
-    "core) and the CPU stages then share them as the OS does (processor sharing); give "
-    "it service times measured alone (--service-times), as times learned under load "
-    "already include that sharing [default: the device is simulated as separate "
-    "hardware] (README: planner validation).",
+    help="Cores per device when the device is the host's CPU (cpu, openvino): its "
+    "batches (on every core) and the CPU stages share them as the OS does (processor "
+    "sharing), with service times alone: those learned from the store have the sharing "
+    "they ran under divided out; a --service-times file is taken as times alone. "
+    "0: the device as separate hardware with the times as measured (before "
+    "2026-12-02) [default: this host's usable cores on a CPU device] "
+    "(README: planner validation).",
 )
 @click.option("--hours", type=click.FloatRange(0.01, 24 * 365), default=24.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -120,14 +122,15 @@ def command(
     else:
         model = ServiceTimeModel(Prior(t.prior_fixed_s, t.prior_per_slice_s, t.prior_device_share))
     if service_file is None or replay is not None:
-        from radserve.service.turnaround import history_arrivals, learn_from_store
+        from radserve.service.turnaround import history_arrivals
         from radserve.store.audited import open_audited
 
         store, _trail = open_audited(settings)
+    cores = _cores_per_device(device_name or "cpu", host_cores)
     try:
         if service_file is None:
             assert store is not None
-            learn_from_store(model, store, device_name or "cpu", 1000)
+            model = _learn(model, store, device_name or "cpu", cores, cpu_workers)
         if replay is not None:
             assert store is not None
             trace = [Arrival(at, cls) for at, cls in history_arrivals(store, replay)]
@@ -150,10 +153,11 @@ def command(
         ),
         (pipeline or "", device_name or "cpu", precision or "fp32"),
     )
+    cores = _cores_per_device(group[1], host_cores)
+    scheduler = _as_served(scheduler, group[1])
     sampler = planner.ModelSampler(
         model, group[0], group[1], group[2], batch_slices=scheduler.max_batch_size
     )
-    cores = _cores_per_device(group[1], host_cores)
     warmup = min(3600.0, duration * 0.05)
     report: dict[str, Any] = {
         "service_times": {
@@ -163,6 +167,8 @@ def command(
             "measured": bool(groups),
             "jobs_seen": len(model.sizes()),
             "host_cores_per_device": cores,
+            # times alone (the sharing divided out) or as measured
+            "solo": cores is not None,
         },
         "arrivals": len(trace),
         "hours": round(duration / 3600, 3),
@@ -223,11 +229,63 @@ def command(
 
 
 def _cores_per_device(device: str, host_cores: int | None) -> int | None:
-    """Cores each simulated device shares with its CPU stages (``--host-cores`` on a CPU
-    device), or None: separate hardware."""
+    """Cores each simulated device shares with its CPU stages on a CPU device
+    (``--host-cores``, default this host's usable cores), or None: separate hardware."""
+    from radserve.host import usable_cores
     from radserve.turnaround.eta import on_host_cores
 
-    return host_cores if host_cores is not None and on_host_cores(device) else None
+    if not on_host_cores(device) or host_cores == 0:
+        return None
+    return host_cores if host_cores is not None else usable_cores()
+
+
+def _as_served(scheduler: Any, device: str) -> Any:
+    """The scheduler settings as the server runs them on ``device``: on a CPU device its
+    batches are capped (RuntimeChoice.max_batch_size), so URGENT work overtakes sooner."""
+    from radserve.inference.providers import CPU_MAX_BATCH
+    from radserve.turnaround.eta import on_host_cores
+
+    return scheduler.capped(CPU_MAX_BATCH if on_host_cores(device) else None)
+
+
+def _learn(model: Any, store: Any, device: str, cores: int | None, cpu_workers: int) -> Any:
+    """The service times of the store's last 1,000 succeeded jobs: as measured, or with
+    the sharing of ``cores`` they ran under divided out (radserve.turnaround.solo)."""
+    from radserve.service.turnaround import _report_size, learn_from_store
+    from radserve.store import JobState as StoredState
+    from radserve.turnaround.service_time import ServiceTimeModel
+    from radserve.turnaround.solo import JobRun, solo_model
+
+    if cores is None:
+        learn_from_store(model, store, device, 1000)
+        return model
+    runs = []
+    for r in reversed(store.list_jobs(state=StoredState.SUCCEEDED, limit=1000).items):
+        if r.cached_from or not (r.started and r.finished and r.stage_timings):
+            continue
+        size = _report_size(Path(r.result_path)) if r.result_path else None
+        if size is not None:
+            times = (r.arrival.timestamp(), r.started.timestamp(), r.finished.timestamp())
+            runs.append(
+                JobRun(
+                    r.priority_class,
+                    *times,
+                    size.slices,
+                    dict(r.stage_timings),
+                    r.pipeline_name,
+                    r.precision,
+                )
+            )
+    return solo_model(
+        runs,
+        cores,
+        model=ServiceTimeModel(model.prior),
+        pipeline="",
+        device=device,
+        precision="",
+        # the server's CPU workers, its URGENT lane and a batch on every core
+        max_threads=cpu_workers + 1 + cores,
+    )
 
 
 def _rates_of(trace: list[Any], duration: float) -> dict[Any, float]:

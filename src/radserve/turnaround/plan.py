@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from xml.sax.saxutils import escape
 
@@ -33,6 +34,7 @@ from radserve.turnaround.simulate import (
 
 _PER = {"s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RATE = re.compile(r"^\s*([0-9.]+(?:e-?[0-9]+)?)\s*(?:/\s*(s|min|m|h|d))?\s*$")
+MIN_RATIOS = 10  # measured jobs before their own noise is drawn
 _DURATION = re.compile(r"^\s*([0-9.]+)\s*(s|min|m|h)?\s*$")
 
 
@@ -75,7 +77,10 @@ def _class(name: str) -> PriorityClass:
 @dataclass(frozen=True)
 class ModelSampler:
     """Job service drawn from a :class:`ServiceTimeModel`: the study size from the sizes
-    seen (else the typical one), the steps' lines at that size, lognormal noise with the
+    seen (else the typical one), the steps' lines at that size, times a noise factor
+    drawn from the measured jobs' own ratios to their lines (:attr:`ratios`), so the
+    simulated work has the mean and the tail that was measured (the lines are medians:
+    Theil-Sen); with fewer than ``MIN_RATIOS`` jobs, lognormal noise of mean 1 with the
     spread the model measured (at least ``min_cv``)."""
 
     model: ServiceTimeModel
@@ -90,17 +95,47 @@ class ModelSampler:
         slices = int(rng.choice(sizes)) if sizes else self.model.typical_size().slices
         return self.service(rng, slices)
 
+    @cached_property
+    def ratios(self) -> np.ndarray:
+        """Each measured job's work (the sum of its steps) over the steps' lines at its
+        size; empty with fewer than ``MIN_RATIOS`` jobs, or steps not measured for the
+        same jobs. Not ``run`` (start to finish): it holds the job's waits for a worker,
+        which the simulation makes itself."""
+        group = (self.pipeline, self.device, self.precision)
+        rows = [
+            r
+            for r in self.model.to_json()["samples"]  # type: ignore[attr-defined]
+            if (r["pipeline"], r["device"], r["precision"]) == group and r["step"] != RUN
+        ]
+        counts = {len(r["seconds"]) for r in rows}
+        if len(counts) != 1 or counts.pop() < MIN_RATIOS:
+            return np.array([], dtype=float)
+        slices = np.asarray(rows[0]["slices"], dtype=int)
+        work = np.sum([r["seconds"] for r in rows], axis=0)
+        lines = np.array([sum(self._steps(int(n)).values()) for n in slices])
+        keep = lines > 0
+        return np.asarray(work[keep] / lines[keep], dtype=float)
+
+    def _steps(self, slices: int) -> dict[str, float]:
+        return self.model.step_seconds(
+            pipeline=self.pipeline,
+            device=self.device,
+            precision=self.precision,
+            size=StudySize(slices),
+        )
+
     def service(self, rng: np.random.Generator, slices: int) -> JobService:
         """One job of ``slices`` slices (a replayed trace knows its studies' sizes)."""
         size = StudySize(slices)
-        steps = self.model.step_seconds(
-            pipeline=self.pipeline, device=self.device, precision=self.precision, size=size
-        )
+        steps = self._steps(slices)
         est = self.model.estimate(
             pipeline=self.pipeline, device=self.device, precision=self.precision, size=size
         )
-        cv = max(self.min_cv, 1.4826 * est.spread_s / max(est.latency_s, 1e-9))
-        noise = float(rng.lognormal(-cv * cv / 2, cv))
+        if len(self.ratios):
+            noise = float(rng.choice(self.ratios))
+        else:
+            cv = max(self.min_cv, 1.4826 * est.spread_s / max(est.latency_s, 1e-9))
+            noise = float(rng.lognormal(-cv * cv / 2, cv))
         if not steps:  # the prior only: its device share, ingest a third of the CPU work
             return JobService(
                 est.cpu_s / 3 * noise,

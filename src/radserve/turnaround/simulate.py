@@ -19,6 +19,9 @@ turnaround:
   stage at once both slow down, neither waits for the other. (Until 2026-12-01 a batch
   *held* every core and waited for running CPU stages to end: on a 2-core host that
   over-predicted routine p50 TAT by 70-147 %, README);
+- while URGENT work can run (``yield_to_urgent``), a routine CPU stage already running
+  pauses (no progress, no core) until no URGENT job is unfinished, as the server's
+  routine units wait at their checkpoints; device batches never pause;
 - every free worker takes the best-ranked job that has work of its kind, with the
   scheduler's own ranking (:func:`radserve.scheduling.state.effective_class`: class
   after aging, then earliest deadline), so URGENT overtakes at the next batch boundary.
@@ -141,46 +144,64 @@ class _Job:
 class _SharedCores:
     """The host's cores shared by the units running on them, as the OS shares them
     (processor sharing): a unit with ``threads`` threads and ``seconds`` of work alone
-    progresses at ``min(1, cores / all running threads)`` of its solo speed."""
+    progresses at ``min(1, cores / all running threads)`` of its solo speed (``cores``
+    None: separate hardware, every unit at its solo speed). A unit run with ``yields``
+    (a routine CPU stage) makes no progress and takes no core while :meth:`hold` is on,
+    as the server's routine stages pause at their checkpoints (``yield_to_urgent``)."""
 
-    def __init__(self, env: simpy.Environment, cores: int) -> None:
+    def __init__(self, env: simpy.Environment, cores: int | None) -> None:
         self.env = env
         self.cores = cores
-        self.running: list[list[Any]] = []  # [solo seconds left, threads, done event]
+        # [solo seconds left, threads, done event, yields]
+        self.running: list[list[Any]] = []
         self.last = 0.0
         self.version = 0
+        self.held = False
 
-    def run(self, seconds: float, threads: int) -> simpy.Event:
+    def run(self, seconds: float, threads: int, *, yields: bool = False) -> simpy.Event:
         """An event that fires when ``seconds`` of solo work on ``threads`` is done."""
         self._settle()
         done = self.env.event()
-        self.running.append([seconds, threads, done])
+        self.running.append([seconds, threads, done, yields])
         self._schedule()
         return done
 
+    def hold(self, held: bool) -> None:
+        """Pause (True) or resume the yielding units."""
+        if held != self.held:
+            self._settle()
+            self.held = held
+            self._schedule()
+
+    def _moving(self) -> list[list[Any]]:
+        return [u for u in self.running if not (self.held and u[3])]
+
     def _speed(self) -> float:
-        threads = sum(u[1] for u in self.running)
-        return min(1.0, self.cores / threads) if threads else 1.0
+        threads = sum(u[1] for u in self._moving())
+        if self.cores is None or not threads:
+            return 1.0
+        return min(1.0, self.cores / threads)
 
     def _settle(self) -> None:
         elapsed, self.last = self.env.now - self.last, self.env.now
         speed = self._speed()
-        for unit in self.running:
+        for unit in self._moving():
             unit[0] -= elapsed * speed
 
     def _schedule(self) -> None:
         self.version += 1
-        if not self.running:
+        moving = self._moving()
+        if not moving:
             return
         version = self.version
-        wait = max(0.0, min(u[0] for u in self.running) / self._speed())
+        wait = max(0.0, min(u[0] for u in moving) / self._speed())
         self.env.timeout(wait).callbacks.append(lambda _: self._due(version))
 
     def _due(self, version: int) -> None:
         if version != self.version:  # a unit started or ended since: rescheduled
             return
         self._settle()
-        for unit in [u for u in self.running if u[0] <= 1e-9]:
+        for unit in [u for u in self._moving() if u[0] <= 1e-9]:
             self.running.remove(unit)
             unit[2].succeed()
         self._schedule()
@@ -196,7 +217,7 @@ class _Sim:
         self.device_busy = 0.0
         self.cpu_busy = 0.0
         cores = config.host_cores
-        self.cores = None if cores is None else _SharedCores(self.env, cores)
+        self.cores = _SharedCores(self.env, cores)
         # threads a batch runs on: its device's share of the host
         default = 1 if cores is None else max(1, cores // max(1, config.devices))
         self.batch_threads = config.device_threads or default
@@ -238,6 +259,9 @@ class _Sim:
         return None
 
     def _notify(self) -> None:
+        sched = self.config.scheduler
+        if sched.yield_to_urgent:  # routine CPU stages pause while URGENT work can run
+            self.cores.hold(any(j.cls is URGENT for j in self.jobs))
         event, self.changed = self.changed, self.env.event()
         event.succeed()
 
@@ -264,11 +288,10 @@ class _Sim:
                 seconds = job.service.batches_s[job.next_batch]
             else:
                 seconds = job.service.cpu_pre_s if job.phase == "pre" else job.service.cpu_post_s
-            if self.cores is not None and seconds > 0:
+            if seconds > 0:
                 threads = self.batch_threads if kind == "device" else 1
-                yield self.cores.run(seconds, threads)
-            elif seconds > 0:
-                yield self.env.timeout(seconds)
+                routine = kind == "cpu" and job.cls is not URGENT
+                yield self.cores.run(seconds, threads, yields=routine)
             if kind == "device":
                 self.device_busy += seconds
                 job.next_batch += 1

@@ -1,0 +1,236 @@
+"""Service times alone, learned from jobs that ran together on a host's shared cores.
+
+A finished job's stage timings are wall times: on a CPU device, whose batches run on
+every core, they include the slowdown from the other jobs' units running at the same
+time, and a routine stage's time includes its pauses while URGENT work ran
+(``scheduler.yield_to_urgent``). The planner's host model (:mod:`.simulate`, processor-
+shared cores) applies that sharing itself, so fed those times it counts the sharing
+twice. :func:`solo_timings` divides it out, per job, from what the store keeps of every
+job (arrival, start, finish, class, stage timings):
+
+- the job's *active* time is its run (start to finish) less, for a routine job, the
+  time URGENT work was unfinished (waiting or running: the routine job was held then),
+  and the CPU stage time it spent paused is taken off as the share of that held time
+  its CPU stages covered on average;
+- every job demands ``demand = (cores x device s + CPU s) / active s`` threads on average
+  while active (a batch runs on every core, a CPU stage on one);
+- a job's stages ran at ``1 / slowdown`` of their solo speed, with ``slowdown =
+  max(1, (own threads + the others' mean demand over its active time) / cores)``: own
+  threads 1 for CPU stages, ``cores`` for batches.
+
+This is a mean-field estimate (each job's demand spread evenly over its active time), not
+an exact reconstruction of which stage overlapped which; it counts only radserve's own
+jobs (other processes on the host are not seen).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from radserve.domain.priority import PriorityClass
+from radserve.turnaround.service_time import (
+    DEVICE_SUFFIX,
+    RUN,
+    ServiceTimeModel,
+    StudySize,
+)
+
+URGENT = PriorityClass.URGENT
+_TOTALS = frozenset({RUN, "queue", "total"})
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """One finished job: when it arrived, started and finished (seconds, one clock), its
+    class, study size and stage timings (``Job.timings``)."""
+
+    cls: PriorityClass
+    arrival: float
+    started: float
+    finished: float
+    slices: int
+    timings: Mapping[str, float]
+    pipeline: str = ""  # "": the one solo_model is given
+    precision: str = ""
+
+    @property
+    def device_s(self) -> float:
+        return sum(v for k, v in self.timings.items() if k.endswith(DEVICE_SUFFIX))
+
+    @property
+    def cpu_s(self) -> float:
+        return sum(
+            v for k, v in self.timings.items() if k not in _TOTALS and not k.endswith(DEVICE_SUFFIX)
+        )
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """How much slower than alone one job's stages ran, and the CPU seconds it spent
+    paused for URGENT work."""
+
+    cpu: float
+    device: float
+    paused_cpu_s: float
+
+
+def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for lo, hi in sorted(i for i in intervals if i[1] > i[0]):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return out
+
+
+def _overlap(lo: float, hi: float, spans: Sequence[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in spans)
+
+
+def slowdowns(
+    runs: Sequence[JobRun],
+    cores: int,
+    *,
+    urgent_holds: bool = True,
+    max_threads: int | None = None,
+) -> list[Slowdown]:
+    """Each run's :class:`Slowdown` on a host of ``cores`` shared by CPU stages (one
+    thread) and device batches (every core). ``urgent_holds``: routine work made no
+    progress while URGENT work was unfinished (``urgent_exclusive`` /
+    ``yield_to_urgent``, the defaults). ``max_threads``: at most this many threads run
+    at once (the server's CPU workers, its URGENT lane and a batch's threads), however
+    many jobs are started (URGENT jobs all start at once)."""
+    if cores < 1:
+        raise ValueError("cores must be >= 1")
+    held = _union((r.arrival, r.finished) for r in runs if r.cls is URGENT) if urgent_holds else []
+    n = len(runs)
+    bounds = np.unique(
+        np.array(
+            [t for r in runs for t in (r.started, r.finished)] + [t for s in held for t in s],
+            dtype=float,
+        )
+    )
+    if n == 0 or len(bounds) < 2:
+        return [Slowdown(1.0, 1.0, 0.0) for _ in runs]
+    lo, hi = bounds[:-1], bounds[1:]
+    mid, length = (lo + hi) / 2, hi - lo
+    in_held = np.zeros(len(mid), dtype=bool)
+    for a, b in held:
+        in_held |= (mid > a) & (mid < b)
+    # active[j, s]: job j ran in segment s and was not held there
+    active = np.zeros((n, len(mid)), dtype=bool)
+    demand = np.zeros(n)
+    paused = np.zeros(n)
+    for j, r in enumerate(runs):
+        inside = (mid > r.started) & (mid < r.finished)
+        active[j] = inside & ~in_held if r.cls is not URGENT else inside
+        run = max(r.finished - r.started, 1e-9)
+        was_held = float(length[inside & ~active[j]].sum())
+        paused[j] = min(r.cpu_s, was_held * min(1.0, r.cpu_s / run))
+        busy = max(float(length[active[j]].sum()), 1e-9)
+        demand[j] = (cores * r.device_s + r.cpu_s - paused[j]) / busy
+    load = demand @ active  # threads demanded in each segment, all jobs
+    if max_threads is not None:
+        load = np.minimum(load, max_threads)
+    out = []
+    for j in range(n):
+        seg = active[j]
+        busy = float(length[seg].sum())
+        others = float(((load[seg] - demand[j]) * length[seg]).sum()) / busy if busy > 0 else 0.0
+        others = max(0.0, others)
+        cpu_others = device_others = others
+        if max_threads is not None:  # the unit's own threads are among the cap's
+            cpu_others = min(others, max_threads - 1)
+            device_others = min(others, max(0, max_threads - cores))
+        out.append(
+            Slowdown(
+                max(1.0, (1 + cpu_others) / cores),
+                max(1.0, (cores + device_others) / cores),
+                float(paused[j]),
+            )
+        )
+    return out
+
+
+def solo_timings(run: JobRun, slowdown: Slowdown) -> dict[str, float]:
+    """``run``'s stage timings alone: CPU stages less their paused time (spread over
+    them by size) and divided by the CPU slowdown, batches by the device slowdown;
+    ``run`` (start to finish) becomes their sum."""
+    cpu = run.cpu_s
+    keep = max(0.0, cpu - slowdown.paused_cpu_s) / cpu if cpu > 0 else 1.0
+    out: dict[str, float] = {}
+    for name, seconds in run.timings.items():
+        if name in _TOTALS:
+            continue
+        if name.endswith(DEVICE_SUFFIX):
+            out[name] = seconds / slowdown.device
+        else:
+            out[name] = seconds * keep / slowdown.cpu
+    out[RUN] = sum(out.values())
+    return out
+
+
+def solo_model(
+    runs: Sequence[JobRun],
+    cores: int,
+    *,
+    model: ServiceTimeModel,
+    pipeline: str,
+    device: str,
+    precision: str,
+    urgent_holds: bool = True,
+    max_threads: int | None = None,
+) -> ServiceTimeModel:
+    """Teach ``model`` (a fresh one, its prior kept) the solo timings of ``runs`` (every
+    job that ran on the host, oldest first; a run's own pipeline and precision, else
+    these); returns it."""
+    factors = slowdowns(runs, cores, urgent_holds=urgent_holds, max_threads=max_threads)
+    for run, slow in zip(runs, factors, strict=True):
+        if run.slices > 0 and run.timings:
+            model.observe(
+                pipeline=run.pipeline or pipeline,
+                device=device,
+                precision=run.precision or precision,
+                size=StudySize(run.slices),
+                timings=solo_timings(run, slow),
+            )
+    return model
+
+
+def runs_from_end_records(records: Iterable[Mapping[str, object]]) -> list[JobRun]:
+    """The succeeded jobs of a recorded run (``radserve bench --scenario eta --json``:
+    ``eta_records``; end records with timings and slices, classes from the walks), in
+    order of finish."""
+    classes: dict[str, PriorityClass] = {}
+    by_rank = {c.rank: c for c in PriorityClass}
+    ends = []
+    for rec in records:
+        if rec.get("kind") == "walk":
+            for entry in rec["entries"]:  # type: ignore[attr-defined]
+                classes.setdefault(str(entry[0]), by_rank[int(entry[1])])
+        elif rec.get("kind") == "end" and rec.get("state") == "succeeded" and "timings" in rec:
+            ends.append(rec)
+    out = []
+    for rec in sorted(ends, key=lambda r: float(r["at"])):  # type: ignore[arg-type]
+        timings = {str(k): float(v) for k, v in rec["timings"].items()}  # type: ignore[attr-defined]
+        cls = classes.get(str(rec["job"]))
+        if cls is None or RUN not in timings or "total" not in timings:
+            continue
+        at = float(rec["at"])  # type: ignore[arg-type]
+        slices = int(rec["slices"])  # type: ignore[call-overload]
+        out.append(JobRun(cls, at - timings["total"], at - timings[RUN], at, slices, timings))
+    return out
+
+
+__all__ = [
+    "JobRun",
+    "Slowdown",
+    "runs_from_end_records",
+    "slowdowns",
+    "solo_model",
+    "solo_timings",
+]

@@ -1,0 +1,99 @@
+"""Solo service times divided out of jobs that shared the host's cores (known answers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from radserve.domain.priority import PriorityClass
+from radserve.turnaround.service_time import RUN, ServiceTimeModel, StudySize
+from radserve.turnaround.solo import (
+    JobRun,
+    runs_from_end_records,
+    slowdowns,
+    solo_model,
+    solo_timings,
+)
+
+U, OUT = PriorityClass.URGENT, PriorityClass.OUTPATIENT
+
+
+def _run(cls: PriorityClass, start: float, end: float, **timings: float) -> JobRun:
+    named = {k.replace("_", ": ") if k.endswith("_infer") else k: v for k, v in timings.items()}
+    return JobRun(cls, start, start, end, 40, {**named, RUN: end - start})
+
+
+def test_a_job_alone_keeps_its_times() -> None:
+    run = _run(OUT, 0.0, 5.0, ingest=1.0, organs_infer=3.0, report=1.0)
+    [slow] = slowdowns([run], cores=2)
+    assert (slow.cpu, slow.device, slow.paused_cpu_s) == (1.0, 1.0, 0.0)
+    solo = solo_timings(run, slow)
+    assert solo == {"ingest": 1.0, "organs: infer": 3.0, "report": 1.0, RUN: 5.0}
+
+
+def test_two_equal_jobs_on_one_core_ran_at_half_speed() -> None:
+    runs = [_run(OUT, 0.0, 6.0, ingest=6.0), _run(OUT, 0.0, 6.0, ingest=6.0)]
+    for run, slow in zip(runs, slowdowns(runs, cores=1), strict=True):
+        assert slow.cpu == pytest.approx(2.0)
+        assert solo_timings(run, slow)["ingest"] == pytest.approx(3.0)
+
+
+def test_a_batch_and_a_cpu_stage_sharing_two_cores_are_undone() -> None:
+    """The simulation's own case (test_turnaround_simulate): a 2 s batch on both cores
+    and a 2 s CPU stage start together and both end at 3 s; measured 3 s each, the
+    normalisation gives back 2 s each."""
+    batch = _run(OUT, 0.0, 3.0, organs_infer=3.0)
+    stage = _run(OUT, 0.0, 3.0, ingest=3.0)
+    slow = slowdowns([batch, stage], cores=2)
+    assert solo_timings(batch, slow[0])["organs: infer"] == pytest.approx(2.0)
+    assert solo_timings(stage, slow[1])["ingest"] == pytest.approx(2.0)
+
+
+def test_a_routine_job_held_for_urgent_work_loses_the_held_time_not_speed() -> None:
+    """A routine CPU-only job runs 0-10 s, held 2-4 s while an URGENT job ran: its
+    10 s of stage time hold 2 s of pause; it ran alone otherwise (solo 8 s), and the
+    URGENT job ran alone (the routine one was held)."""
+    routine = _run(OUT, 0.0, 10.0, ingest=10.0)
+    urgent = _run(U, 2.0, 4.0, ingest=2.0)
+    slow = slowdowns([routine, urgent], cores=2)
+    assert slow[0].paused_cpu_s == pytest.approx(2.0)
+    assert solo_timings(routine, slow[0])["ingest"] == pytest.approx(8.0)
+    assert solo_timings(urgent, slow[1])["ingest"] == pytest.approx(2.0)
+    # without the URGENT hold (urgent_exclusive and yield_to_urgent off) they shared
+    free = slowdowns([routine, urgent], cores=1, urgent_holds=False)
+    assert free[0].paused_cpu_s == 0.0 and free[1].cpu == pytest.approx(2.0)
+
+
+def test_the_solo_model_learns_the_divided_times() -> None:
+    runs = [_run(OUT, 0.0, 6.0, ingest=6.0), _run(OUT, 0.0, 6.0, ingest=6.0)]
+    model = solo_model(
+        runs, 1, model=ServiceTimeModel(), pipeline="p", device="cpu", precision="fp32"
+    )
+    steps = model.step_seconds(pipeline="p", device="cpu", precision="fp32", size=StudySize(40))
+    assert steps["ingest"] == pytest.approx(3.0)
+
+
+def test_runs_are_read_from_a_bench_s_end_records() -> None:
+    records = [
+        {"kind": "walk", "at": 1.0, "entries": [["a", 0, False, 9.0, None]]},
+        {
+            "kind": "end",
+            "at": 10.0,
+            "job": "a",
+            "state": "succeeded",
+            "slices": 40,
+            "timings": {"queue": 1.0, "ingest": 2.0, RUN: 4.0, "total": 5.0},
+        },
+        {"kind": "end", "at": 11.0, "job": "b", "state": "cancelled"},
+    ]
+    [run] = runs_from_end_records(records)
+    assert (run.cls, run.arrival, run.started, run.finished, run.slices) == (U, 5.0, 6.0, 10.0, 40)
+    assert run.cpu_s == 2.0 and run.device_s == 0.0
+
+
+def test_no_more_threads_share_the_cores_than_the_server_runs() -> None:
+    """Ten URGENT jobs started together, one CPU thread each all along, on one core: the
+    mean field says each shared with nine others, but the server runs at most 3 threads
+    (2 CPU workers and the URGENT lane), so each ran at a third of its speed at worst."""
+    runs = [_run(U, 0.0, 10.0, ingest=10.0) for _ in range(10)]
+    assert slowdowns(runs, cores=1)[0].cpu == pytest.approx(10.0)
+    assert slowdowns(runs, cores=1, max_threads=3)[0].cpu == pytest.approx(3.0)
