@@ -83,6 +83,10 @@ class ServerSettings(_Section):
     metrics_require_key: bool = False
     max_upload_bytes: int = Field(default=2 * 1024**3, gt=0)
     request_timeout_s: float = Field(default=60.0, gt=0)
+    # API reader processes (radserve.api.readers): > 0 answers job status and report
+    # reads on the public port from processes that run no inference, and forwards every
+    # other request to the serving process; 0: one process serves everything
+    read_processes: int = Field(default=0, ge=0, le=32)
     # HTTPS when set (cert + key required; ca: mutual TLS for API clients)
     tls: TlsSettings | None = None
 

@@ -104,6 +104,7 @@ TABLE: dict[str, ErrorMapping] = {
         503, stow=OUT_OF_RESOURCES, dicom=OUT_OF_RESOURCES
     ),
     "radserve.api.auth.AuditUnavailableError": _BUSY,
+    "radserve.api.proxy.ServingUnavailableError": _BUSY,  # an API reader's upstream
     "radserve.gateway.errors.OutOfResourcesError": ErrorMapping(503, dicom=OUT_OF_RESOURCES),
     # --- radserve's own failures and misconfiguration (deliberately 500) -------------
     "radserve.errors.ReportError": _SERVER_FAULT,

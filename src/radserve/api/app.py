@@ -21,8 +21,14 @@ from starlette.concurrency import run_in_threadpool
 from radserve import __version__
 from radserve.api import errors
 from radserve.api.auth import SECURITY_SCHEMES, KeyVerifier
-from radserve.api.middleware import BodyLimitMiddleware, MetricsMiddleware, TimeoutMiddleware
+from radserve.api.middleware import (
+    BodyLimitMiddleware,
+    MetricsMiddleware,
+    Observe,
+    TimeoutMiddleware,
+)
 from radserve.api.routes import dicomweb, jobs, models, ops, studies, turnaround
+from radserve.config import ServerSettings
 from radserve.service import Service
 
 logger = logging.getLogger(__name__)
@@ -94,10 +100,13 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
 
-    def observe(method: str, route: str, status: int, seconds: float) -> None:
-        service.metrics.http_requests.labels(method, route, str(status)).inc()
-        service.metrics.http_seconds.labels(method, route).observe(seconds)
+    add_limits(app, server, service.metrics.observe_http)
+    return app
 
+
+def add_limits(app: FastAPI, server: ServerSettings, observe: Observe) -> None:
+    """The request stack of every radserve app (the serving process's and the reader
+    processes'): HTTP metrics -> request timeout -> body limit."""
     app.add_middleware(
         BodyLimitMiddleware,
         max_bytes=server.max_upload_bytes,
@@ -109,7 +118,6 @@ def create_app(
         exempt=("/v1/studies", "/dicomweb/studies"),
     )
     app.add_middleware(MetricsMiddleware, observe=observe)
-    return app
 
 
 _ERROR_OUT = {"$ref": "#/components/schemas/ErrorOut"}
@@ -142,4 +150,4 @@ def _document_errors(schema: dict[str, Any], public: set[str]) -> None:
         components.pop("ValidationError", None)
 
 
-__all__ = ["create_app"]
+__all__ = ["add_limits", "create_app"]

@@ -2,10 +2,13 @@
 when ``gateway.enabled``) in one process. HTTPS when ``server.tls`` has a certificate
 (TLS 1.2+; with ``server.tls.ca``, API clients need a certificate signed by it).
 
-One process on purpose: the scheduler, its job table and the in-memory job cache live
-in it, so it is not forked into several uvicorn workers (two schedulers over one store
-would both resume the same unfinished jobs). Status reads are served from memory, so
-one event loop answers them fast enough (see ``python -m radserve.bench.load``).
+One serving process: the scheduler, its job table and the in-memory job cache live in
+it, so it is not forked into several uvicorn workers (two schedulers over one store
+would both resume the same unfinished jobs). With ``server.read_processes`` > 0 it binds
+the public socket and hands it to that many API reader processes
+(:mod:`radserve.api.reader`), which answer job status and report reads without sharing
+the inference's GIL and forward everything else to this process, which then listens on
+a private Unix socket only.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ def run_server(
     path for ``radserve serve`` and ``radserve demo --serve``: ``on_started`` gets the
     base URL once the socket is bound (the real port when ``server.port`` is 0), on the
     event loop, so it must not block."""
+    import asyncio
     import signal
     from types import FrameType
 
@@ -107,23 +111,35 @@ def run_server(
     _doctor(settings, service)
     app = create_app(service)
     install_console(app, service)  # the web console at / (console.enabled)
-    config = uvicorn.Config(
-        app,
-        http=BoundedHttpToolsProtocol,  # a bound on request heads (uvicorn's has none)
-        host=settings.server.host,
-        port=settings.server.port,
-        log_config=None,
-        access_log=access_log,
-        timeout_keep_alive=30,
-        server_header=False,
-        ssl_context_factory=None if https is None else (lambda _config, _default: https),
-    )
+    common: dict[str, Any] = {
+        "http": BoundedHttpToolsProtocol,  # a bound on request heads (uvicorn's has none)
+        "log_config": None,
+        "access_log": access_log,
+        "timeout_keep_alive": 30,
+        "server_header": False,
+    }
+    readers = _Readers.of(settings, service, access_log) if settings.server.read_processes else None
+    if readers is None:
+        config = uvicorn.Config(
+            app,
+            host=settings.server.host,
+            port=settings.server.port,
+            ssl_context_factory=None if https is None else (lambda _config, _default: https),
+            **common,
+        )
+    else:  # the readers' upstream: X-Forwarded-* are theirs, so trusted on this socket
+        config = uvicorn.Config(
+            app, uds=readers.spec.socket_path, forwarded_allow_ips="*", **common
+        )
     log = logging.getLogger(__name__)
 
     class _Server(uvicorn.Server):
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
-            port = int(self.servers[0].sockets[0].getsockname()[1])
+            if readers is None:
+                port = int(self.servers[0].sockets[0].getsockname()[1])
+            else:
+                port = readers.start()
             url = f"{scheme}://{settings.server.host}:{port}"
             log.info("radserve serving on %s (data in %s)", url, settings.data_dir)
             if settings.console.enabled:
@@ -138,7 +154,77 @@ def run_server(
                 self.force_exit = True
             self.should_exit = True
 
-    _Server(config).run()
+        async def shutdown(self, sockets: Any = None) -> None:
+            if readers is not None:  # no new reads or forwarded requests first
+                await asyncio.to_thread(readers.stop)
+            await super().shutdown(sockets)
+
+    try:
+        _Server(config).run()
+    finally:
+        if readers is not None:
+            readers.close()
+
+
+class _Readers:
+    """The public socket, the job snapshot and the reader processes of one server."""
+
+    def __init__(self, settings: Settings, service: Any, spec: Any, run_dir: Path) -> None:
+        import uvicorn
+
+        from radserve.api.job_snapshot import SnapshotWriter
+
+        self.settings = settings
+        self.service = service
+        self.spec = spec
+        self.run_dir = run_dir
+        bind = uvicorn.Config(None, host=settings.server.host, port=settings.server.port)  # type: ignore[arg-type]
+        self.sock = bind.bind_socket()
+        self.sock.listen(2048)  # connections wait here until a reader accepts them
+        self.snapshot = SnapshotWriter(service.jobs, service.cache, spec.snapshot_path)
+        self.pool: Any = None
+
+    @classmethod
+    def of(cls, settings: Settings, service: Any, access_log: bool) -> _Readers:
+        import tempfile
+
+        from radserve.api.reader import ReaderSpec
+        from radserve.security.logs import JsonFormatter
+
+        # a private folder (0700) for this process's socket and the job snapshot
+        run_dir = Path(tempfile.mkdtemp(prefix="radserve-api-"))
+        root = logging.getLogger()
+        spec = ReaderSpec(
+            settings,
+            socket_path=str(run_dir / "api.sock"),
+            snapshot_path=run_dir / "jobs.snapshot",
+            log_level=root.level,
+            json_logs=any(isinstance(h.formatter, JsonFormatter) for h in root.handlers),
+            access_log=access_log,
+        )
+        return cls(settings, service, spec, run_dir)
+
+    def start(self) -> int:
+        """Publish the jobs, start the readers; the public port."""
+        from radserve.api.reader_pool import ReaderPool, metrics_sink
+
+        self.snapshot.start()
+        count = self.settings.server.read_processes
+        self.pool = ReaderPool(self.spec, self.sock, count, metrics_sink(self.service.metrics))
+        self.pool.start()
+        logging.getLogger(__name__).info("%d API reader processes started", count)
+        return int(self.sock.getsockname()[1])
+
+    def stop(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()
+        self.snapshot.stop()
+
+    def close(self) -> None:
+        import shutil
+
+        self.sock.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 def _doctor(settings: Any, service: Any) -> None:

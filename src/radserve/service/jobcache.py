@@ -72,6 +72,11 @@ class JobCache:
             except Exception:  # a listener never breaks a job's write path
                 logger.exception("job cache listener failed")
 
+    def records(self) -> list[JobRecord]:
+        """Every record held now (oldest use first)."""
+        with self._lock:
+            return list(self._items.values())
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)

@@ -234,6 +234,11 @@ class Metrics:
             reg.register(_OutboxCollector(outbox))
         ProcessCollector(registry=reg)
 
+    def observe_http(self, method: str, route: str, status: int, seconds: float) -> None:
+        """One HTTP request, by route template (whichever API process answered it)."""
+        self.http_requests.labels(method, route, str(status)).inc()
+        self.http_seconds.labels(method, route).observe(seconds)
+
     def observe_stages(self, timings: dict[str, float]) -> None:
         """Stage timings of a finished job (``queue``, ``ingest``, ``<model>: infer``...;
         bounded by the installed models)."""

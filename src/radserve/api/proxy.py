@@ -1,0 +1,112 @@
+"""Forwarding to the serving process: what an API reader process does not answer itself.
+
+The serving process listens on a Unix socket only the readers reach; a reader passes
+each other request on (httpx over that socket), streaming the body both ways, with
+``X-Forwarded-For`` / ``X-Forwarded-Proto`` set from its own connection (the serving
+process trusts them on that socket only), so the audit records the real client. Body
+limits, timeouts, error bodies and metrics of forwarded requests are the serving
+process's own. When it cannot be reached the client gets a retryable 503.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+from starlette.types import Receive, Scope, Send
+
+from radserve.api.errors import error_response
+from radserve.errors import RadserveError
+
+logger = logging.getLogger(__name__)
+
+# per connection, never forwarded (RFC 9110 7.6.1), plus what the reader sets itself
+_HOP = {
+    b"connection",
+    b"keep-alive",
+    b"proxy-connection",
+    b"te",
+    b"trailer",
+    b"transfer-encoding",
+    b"upgrade",
+    b"x-forwarded-for",
+    b"x-forwarded-proto",
+}
+
+
+class ServingUnavailableError(RadserveError):
+    """The serving process did not take a forwarded request (starting or stopping)."""
+
+    code = "server_unavailable"
+    retryable = True
+
+
+class Upstream:
+    """An ASGI app that forwards HTTP requests to the serving process's socket."""
+
+    def __init__(self, socket_path: str) -> None:
+        self.client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=socket_path),
+            base_url="http://radserve",
+            timeout=httpx.Timeout(None),  # the serving process applies its own time-outs
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # no websockets in the API
+            return
+        headers = [(k, v) for k, v in scope["headers"] if k not in _HOP]
+        client = scope.get("client")
+        headers.append((b"x-forwarded-for", (client[0] if client else "unknown").encode()))
+        headers.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))
+        query = scope.get("query_string", b"")
+        target = scope["raw_path"] if scope.get("raw_path") else scope["path"].encode()
+        request = self.client.build_request(
+            scope["method"],
+            (target + (b"?" + query if query else b"")).decode("latin-1"),
+            headers=headers,
+            content=_body(receive) if _has_body(scope) else None,
+        )
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            logger.warning("serving process unreachable: %s", type(exc).__name__)
+            message = "the server is starting or stopping; try again"
+            await error_response(ServingUnavailableError(message))(scope, receive, send)
+            return
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status_code,
+                    "headers": [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP],
+                }
+            )
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await response.aclose()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _has_body(scope: Scope) -> bool:
+    return any(k in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"])
+
+
+async def _body(receive: Receive) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise httpx.ReadError("the client closed the connection")
+        body = message.get("body", b"")
+        if body:
+            yield body
+        if not message.get("more_body", False):
+            return
+
+
+__all__ = ["ServingUnavailableError", "Upstream"]

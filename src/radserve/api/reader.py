@@ -1,0 +1,213 @@
+"""An API reader process: job status and report reads on the public port, no inference.
+
+``server.read_processes`` > 0 runs this many of them beside the serving process (see
+:mod:`radserve.api.reader_pool`). Each accepts on the shared listening socket and answers
+``GET /v1/jobs/{id}`` and ``GET /v1/jobs/{id}/report`` with an API key through the same
+route functions, key check, visibility rule, audit (the ``phi.read`` record committed to
+the shared store's chain before the answer), limits and error table as the serving
+process; every other request (and a console session's, which carries no key) is
+forwarded to the serving process (:mod:`radserve.api.proxy`). Why: inference in the
+serving process holds its GIL, and reads sharing it were bounded by that, not by the
+cores (docs/api-performance.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from radserve.api import errors
+from radserve.api.app import add_limits
+from radserve.api.auth import KeyVerifier
+from radserve.api.job_snapshot import SnapshotReader
+from radserve.api.routes import jobs as job_routes
+from radserve.config import Settings
+from radserve.service.jobcache import JobCache
+from radserve.service.jobs import JobAccess, JobView
+from radserve.store import JobRecord, JobState, Store
+
+logger = logging.getLogger(__name__)
+
+_READS = re.compile(r"/v1/jobs/[^/]+(/report)?")
+Event = tuple[Any, ...]  # ("http", method, route, status, seconds) | ("error", code)
+
+
+class ReaderJobs(JobAccess):
+    """Jobs as a reader process sees them: the serving process's published views
+    (position, ETA), else the store; finished records are kept (they never change)."""
+
+    def __init__(self, store: Store, snapshot: SnapshotReader) -> None:
+        super().__init__(store, JobCache(), scheduler=None, hooks=None)  # type: ignore[arg-type]
+        self.snapshot = snapshot
+
+    def cached(self, job_id: str) -> JobRecord | None:
+        view = self.snapshot.get(job_id)
+        return view.record if view is not None else self.cache.get(job_id)
+
+    def get(self, job_id: str) -> JobRecord:
+        record = self.cached(job_id)
+        return record if record is not None else self._read(job_id)
+
+    def _read(self, job_id: str) -> JobRecord:
+        record = self.store.get_job(job_id)
+        if record.terminal:
+            self.cache.put(record)
+        return record
+
+    def view(self, record: JobRecord) -> JobView:
+        view = self.snapshot.get(record.id)  # the newest published, else what the store says
+        return view if view is not None else JobView(record, None)
+
+    def report_cached(self, record: JobRecord) -> bytes | None:
+        # a published view may lag the store by a moment: report_bytes asks the store
+        return super().report_cached(record) if record.state is JobState.SUCCEEDED else None
+
+    def report_bytes(self, record: JobRecord) -> bytes:
+        if record.state is not JobState.SUCCEEDED:
+            record = self._read(record.id)
+        return super().report_bytes(record)
+
+
+@dataclass(frozen=True)
+class ReaderState:
+    """What the shared route functions read from ``app.state.service`` in a reader."""
+
+    settings: Settings
+    store: Store
+    jobs: ReaderJobs
+
+
+def reader_app(
+    settings: Settings,
+    store: Store,
+    snapshot: SnapshotReader,
+    upstream: ASGIApp,
+    emit: Any,
+) -> ASGIApp:
+    """The reads answered here, everything else sent to ``upstream``; ``emit(event)``
+    passes each metric event on to the serving process."""
+    reads = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    reads.state.service = ReaderState(settings, store, ReaderJobs(store, snapshot))
+    reads.state.keys = KeyVerifier(store)
+    errors.install(reads, on_error=lambda code: emit(("error", code)))
+    for path, endpoint in (
+        ("/v1/jobs/{job_id}", job_routes.get_job),
+        ("/v1/jobs/{job_id}/report", job_routes.get_report),
+    ):
+        reads.add_api_route(path, endpoint, methods=["GET"])
+    add_limits(reads, settings.server, lambda *event: emit(("http", *event)))
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan" or (
+            scope["type"] == "http"
+            and scope["method"] == "GET"
+            and _READS.fullmatch(scope["path"])
+            and any(k in (b"x-api-key", b"authorization") for k, _ in scope["headers"])
+        ):
+            await reads(scope, receive, send)
+        else:
+            await upstream(scope, receive, send)
+
+    return app
+
+
+class EventLink:
+    """Metric events to the serving process, sent in batches every ``interval_s``; when
+    the serving process is gone (the pipe breaks) this reader stops itself."""
+
+    def __init__(self, conn: Connection, *, interval_s: float = 0.25) -> None:
+        self.conn = conn
+        self.interval_s = interval_s
+        self._events: list[Event] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reader-events", daemon=True)
+        self._thread.start()
+
+    def emit(self, event: Event) -> None:
+        self._events.append(event)  # atomic under the GIL; swapped out by the sender
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            events, self._events = self._events, []
+            try:
+                self.conn.send(events)  # also the heartbeat: empty when idle
+            except OSError:
+                logger.warning("the serving process is gone; this API reader stops")
+                signal.raise_signal(signal.SIGTERM)
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        events, self._events = self._events, []
+        try:
+            if events:
+                self.conn.send(events)
+            self.conn.close()
+        except OSError:
+            pass
+
+
+@dataclass(frozen=True)
+class ReaderSpec:
+    """How the serving process starts each reader (pickled into the child)."""
+
+    settings: Settings
+    socket_path: str  # the serving process's Unix socket
+    snapshot_path: Path
+    log_level: int
+    json_logs: bool
+    access_log: bool
+
+
+def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> None:
+    """The reader process's main: serve on ``sock`` until SIGTERM/SIGINT."""
+    import asyncio
+
+    import uvicorn
+
+    from radserve.api.http_limits import BoundedHttpToolsProtocol
+    from radserve.api.proxy import Upstream
+    from radserve.service.logs import configure_logging
+    from radserve.store.audited import open_audited
+    from radserve.tls import server_context
+
+    configure_logging(spec.log_level, json_lines=spec.json_logs)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per forwarded request
+    settings = spec.settings
+    tls = None if settings.server.tls is None else server_context(settings.server.tls, "HTTPS")
+    store, trail = open_audited(settings)
+    trail.start()
+    link = EventLink(conn)
+    upstream = Upstream(spec.socket_path)
+    app = reader_app(settings, store, SnapshotReader(spec.snapshot_path), upstream, link.emit)
+    config = uvicorn.Config(
+        app,
+        http=BoundedHttpToolsProtocol,
+        log_config=None,
+        access_log=spec.access_log,
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=5,  # a console event stream would hold a stop forever
+        server_header=False,
+        ssl_context_factory=None if tls is None else (lambda _config, _default: tls),
+    )
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        link.close()
+        asyncio.run(upstream.aclose())
+        trail.stop()
+        store.close()
+
+
+__all__ = ["ReaderJobs", "ReaderSpec", "reader_app", "serve_reader"]

@@ -1,0 +1,128 @@
+"""The serving process's API reader processes: started on the bound public socket,
+restarted when one dies, stopped before the service stops.
+
+Each reader gets the listening socket (the kernel hands each new connection to one of
+them), the serving process's Unix socket to forward to, and a pipe on which it sends
+its metric events; the serving process adds those to its own metrics, so ``/metrics``
+counts every request whichever process answered it.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from radserve.api.reader import Event, ReaderSpec, serve_reader
+from radserve.service.metrics import Metrics
+
+logger = logging.getLogger(__name__)
+
+
+class ReaderPool:
+    """``count`` reader processes on ``sock``, kept alive until :meth:`stop`."""
+
+    def __init__(
+        self,
+        spec: ReaderSpec,
+        sock: socket.socket,
+        count: int,
+        on_events: Callable[[Iterable[Event]], None],
+        *,
+        check_s: float = 0.5,
+    ) -> None:
+        self.spec = spec
+        self.sock = sock
+        self.count = count
+        self.on_events = on_events
+        self.check_s = check_s
+        self.restarts = 0
+        self._context = multiprocessing.get_context("spawn")  # no fork of a threaded process
+        self._processes: list[BaseProcess | None] = [None] * count
+        self._stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="api-readers", daemon=True)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._processes if p is not None and p.pid is not None]
+
+    def start(self) -> None:
+        for index in range(self.count):
+            self._spawn(index)
+        self._watcher.start()
+
+    def _spawn(self, index: int) -> None:
+        receiving, sending = self._context.Pipe(duplex=False)
+        process = self._context.Process(
+            target=serve_reader,
+            args=(self.spec, self.sock, sending),
+            name=f"radserve-api-reader-{index}",
+            daemon=True,
+        )
+        process.start()
+        sending.close()
+        self._processes[index] = process
+        threading.Thread(
+            target=self._receive, args=(receiving,), name=f"reader-{index}-events", daemon=True
+        ).start()
+
+    def _receive(self, conn: Connection) -> None:
+        while True:
+            try:
+                events = conn.recv()
+            except (EOFError, OSError):
+                conn.close()
+                return
+            if events:
+                try:
+                    self.on_events(events)
+                except Exception:  # a bad event never stops the metrics of the others
+                    logger.exception("API reader metric events failed")
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.check_s):
+            for index, process in enumerate(self._processes):
+                if process is not None and not process.is_alive() and not self._stop.is_set():
+                    logger.warning(
+                        "API reader %d (pid %s) exited with %s; starting another",
+                        index,
+                        process.pid,
+                        process.exitcode,
+                    )
+                    self.restarts += 1
+                    self._spawn(index)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM each reader (it finishes its requests), then SIGKILL what is left."""
+        self._stop.set()
+        if self._watcher.is_alive():
+            self._watcher.join()
+        for process in self._processes:
+            if process is not None and process.is_alive():
+                process.terminate()
+        for process in self._processes:
+            if process is not None:
+                process.join(timeout_s)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+
+
+def metrics_sink(metrics: Metrics) -> Callable[[Iterable[Event]], None]:
+    """Readers' events -> the serving process's HTTP and error metrics."""
+
+    def apply(events: Iterable[Event]) -> None:
+        for event in events:
+            if event[0] == "http":
+                metrics.observe_http(*event[1:])
+            elif event[0] == "error":
+                metrics.errors.labels(event[1]).inc()
+
+    return apply
+
+
+__all__ = ["ReaderPool", "metrics_sink"]

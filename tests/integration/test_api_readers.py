@@ -1,0 +1,124 @@
+"""``server.read_processes``: a real ``radserve serve`` whose job status and report reads
+are answered by reader processes on the public port while studies process; every report
+read is in the audit chain, the metrics count them, and a killed reader is replaced."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.factories.dicom_net import WAIT_SCALE, free_port
+from tests.factories.server_process import create_key_cli, start_server
+from tests.factories.service import auth, config_file, make_study, upload, wait_job
+
+from radserve.config import load_settings
+from radserve.store.audited import open_audited
+
+N_JOBS = 4
+
+
+def readers_of(pid: int) -> set[int]:
+    """The server's reader processes (multiprocessing's spawned children, listed under
+    the thread that started each)."""
+    children = [
+        child
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]
+    return {
+        int(child)
+        for child in children
+        if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()
+    }
+
+
+def wait_for(predicate: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout * WAIT_SCALE
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_reads_from_reader_processes_are_audited_and_a_killed_reader_is_replaced(
+    tmp_path: Path,
+) -> None:
+    config = config_file(tmp_path, server={"read_processes": 2})
+    data, log = tmp_path / "data", tmp_path / "server.log"
+    key = create_key_cli(config, data)
+    studies = [make_study(tmp_path / f"study-{i}") for i in range(N_JOBS)]
+    port = free_port()
+    server = start_server(config, data, port, log)
+    url = f"http://127.0.0.1:{port}"
+    report_reads = 0
+    states_seen: set[str] = set()
+    try:
+        assert len(readers_of(server.pid)) == 2
+        with httpx.Client(base_url=url, timeout=60) as c:
+            ids = []
+            for files in studies:  # submissions are forwarded to the serving process
+                r = c.post("/v1/studies", files=upload(files), headers=auth(key))
+                assert r.status_code == 202, r.text
+                ids.append(r.json()["id"])
+            deadline = time.monotonic() + 120 * WAIT_SCALE
+            while time.monotonic() < deadline:  # reads while the studies process
+                jobs = [c.get(f"/v1/jobs/{i}", headers=auth(key)) for i in ids]
+                assert all(r.status_code == 200 for r in jobs), [r.text for r in jobs]
+                states = {r.json()["id"]: r.json()["state"] for r in jobs}
+                states_seen |= set(states.values())
+                for job_id, state in states.items():
+                    if state == "succeeded":
+                        r = c.get(f"/v1/jobs/{job_id}/report", headers=auth(key))
+                        assert r.status_code == 200, r.text
+                        assert r.json()["job_id"] == job_id
+                        report_reads += 1
+                if all(s == "succeeded" for s in states.values()):
+                    break
+            assert report_reads >= N_JOBS
+            # the same behaviour as the serving process: no key, an unknown job
+            assert c.get(f"/v1/jobs/{ids[0]}").status_code == 401
+            missing = c.get("/v1/jobs/nope/report", headers=auth(key))
+            assert missing.status_code == 404
+            assert missing.json()["error"]["code"] == "job_not_found"
+            # the readers' requests reach the serving process's /metrics (sent in batches)
+            wait_for(lambda: _reports_counted(c) >= report_reads, 10)
+
+            killed = next(iter(readers_of(server.pid)))
+            os.kill(killed, signal.SIGKILL)
+            wait_for(lambda: killed not in readers_of(server.pid), 30)
+            wait_for(lambda: len(readers_of(server.pid)) == 2, 60)
+            for job_id in ids:  # new connections: whichever reader takes them answers
+                with httpx.Client(base_url=url, timeout=60) as fresh:
+                    assert wait_job(fresh, job_id, key)["state"] == "succeeded"
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(60) in (0, -signal.SIGTERM)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert "starting another" in log.read_text()
+    assert "queued" in states_seen or "running" in states_seen  # read while processing
+
+    store, _ = open_audited(load_settings(config, data_dir=data))
+    try:
+        reads = [r for r in store.iter_audit() if r.action == "phi.read"]
+        assert store.verify_audit().ok
+    finally:
+        store.close()
+    assert len([r for r in reads if r.subject in ids]) == report_reads
+
+
+def _reports_counted(client: httpx.Client) -> float:
+    """``radserve_http_requests_total`` of report reads answered 200."""
+    total = 0.0
+    for line in client.get("/metrics").text.splitlines():
+        if (
+            line.startswith("radserve_http_requests_total{")
+            and 'route="/v1/jobs/{job_id}/report"' in line
+            and 'status="200"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
