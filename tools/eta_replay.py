@@ -1,7 +1,9 @@
 """Replay the ETAs of saved ``radserve bench --scenario eta --json`` runs offline
 (radserve.turnaround.replay): the server's recorded walks again under each variant of
-the allowance and the bias correction, errors over the measured jobs only. Several
-files: one row per file and variant, then the median over the files.
+the allowance, the bias correction, the drain rate and the service-time model (refitted
+from the recorded ends: window, recency half-life, latency lanes), errors over the
+measured jobs only. Several files: one row per file and variant, then the median over
+the files at submission and halfway.
 
     PYTHONPATH=src python tools/eta_replay.py out/eta-seed0.json out/eta-seed1.json
 """
@@ -10,13 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
 
-from radserve.turnaround.replay import Variant, errors, replay
+from radserve.turnaround.replay import Refit, Variant, errors, replay
 
-# "allowance, no bias, no drain" is the server's default since 2026-12-02
+# "allowance, no bias" (no drain, the model as the server had it) is the server's default
+# since 2026-12-02; the "refit" rows rebuild the service-time model from the warm-up's
+# and the recorded ends under other settings (session 9)
 VARIANTS = {
     "allowance, class bias": Variant(allowance=True, bias="class", drain=False),
     "allowance, no bias": Variant(allowance=True, bias="off", drain=False),
@@ -25,14 +30,29 @@ VARIANTS = {
     "drain, allowance, no bias": Variant(allowance=True, bias="off", drain=True),
     "drain, allowance, class bias": Variant(allowance=True, bias="class", drain=True),
     "drain, no allowance, no bias": Variant(allowance=False, bias="off", drain=True),
+    "refit 200 (= the recording)": Variant(drain=False, refit=Refit()),
+    "refit 20": Variant(drain=False, refit=Refit(window=20)),
+    "refit 200, half-life 20": Variant(drain=False, refit=Refit(half_life_jobs=20)),
+    "refit 200, half-life 10": Variant(drain=False, refit=Refit(half_life_jobs=10)),
+    "refit lanes class": Variant(drain=False, refit=Refit(lanes="class")),
+    "refit lanes exclusive": Variant(drain=False, refit=Refit(lanes="exclusive")),
+    "refit lanes class, hl 20": Variant(drain=False, refit=Refit(half_life_jobs=20, lanes="class")),
+    "refit lanes exclusive, hl 20": Variant(
+        drain=False, refit=Refit(half_life_jobs=20, lanes="exclusive")
+    ),
+    "refit lanes exclusive, hl 10": Variant(
+        drain=False, refit=Refit(half_life_jobs=10, lanes="exclusive")
+    ),
 }
 
 
 def evaluate(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     measured = set(summary["measured_ids"])
+    base = summary.get("service_times_solo")  # the model when the recording began
     return {
-        name: errors(replay(summary["eta_records"], variant), measured)
+        name: errors(replay(summary["eta_records"], variant, base), measured)
         for name, variant in VARIANTS.items()
+        if variant.refit is None or base is not None
     }
 
 
@@ -46,6 +66,7 @@ def main() -> None:
     parser.add_argument("summaries", type=Path, nargs="+")
     args = parser.parse_args()
     table: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
+    halfway: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for path in args.summaries:
         result = evaluate(json.loads(path.read_text()))
         for name, figures in result.items():
@@ -60,19 +81,22 @@ def main() -> None:
                 return "-" if c is None else f"{c[0]:6.1%} ({c[1]:+.1%})"
 
             print(
-                f"{path.name:24} {name:26} behind>=3 ({deep['jobs']:2}) at submission "
+                f"{path.name:24} {name:30} behind>=3 ({deep['jobs']:2}) at submission "
                 f"{fmt(sub)}, halfway {fmt(half)}; all ({every['jobs']}) {fmt(all_sub)}"
             )
             if sub is not None:
                 table[name].append(sub)
+            if half is not None:
+                halfway[name].append(half[0])
     if len(args.summaries) > 1:
         for name, cells in table.items():
             if cells:
                 median = statistics.median(c[0] for c in cells)
                 worst = max(c[0] for c in cells)
+                half_median = statistics.median(halfway[name]) if halfway[name] else math.nan
                 print(
-                    f"{name:26} behind>=3 at submission: median over runs {median:.1%}, "
-                    f"worst {worst:.1%}"
+                    f"{name:30} behind>=3 at submission: median over runs {median:.1%}, "
+                    f"worst {worst:.1%}; halfway: median {half_median:.1%}"
                 )
 
 

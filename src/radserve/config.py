@@ -678,6 +678,13 @@ class TurnaroundSettings(_Section):
     # jobs queued behind >= 3 others 2-3x worse and helped at submission in one of three
     # (README, issue 17)
     bias_window_jobs: int = Field(default=0, ge=0, le=1000)
+    # the service-time model: the last this many succeeded jobs per step, each weighted
+    # by recency (a job half_life_jobs old counts half; 0: all alike), and the job's
+    # start-to-finish time learned per lane (radserve.turnaround.eta.latency_lane): none, per
+    # class, or exclusive (URGENT alone under urgent_exclusive, routine work sharing)
+    window_jobs: int = Field(default=200, ge=1, le=1000)
+    half_life_jobs: float = Field(default=0.0, ge=0)
+    latency_lanes: Literal["none", "class", "exclusive"] = "none"
     # the service-time prior (before anything is measured): seconds = fixed + per_slice
     # x slices for a job, device_share of it in model batches (README bench figures)
     prior_fixed_s: float = Field(default=0.5, ge=0)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from radserve.turnaround.eta import Arrivals, Capacity, Entry, overtaking_delay, walk
+from radserve.turnaround.eta import (
+    Arrivals,
+    Capacity,
+    Entry,
+    latency_lane,
+    overtaking_delay,
+    walk,
+)
 from radserve.turnaround.service_time import JobEstimate
 
 EST = JobEstimate(cpu_s=6.0, device_s=4.0, latency_s=10.0, spread_s=0.0, source="fitted")
@@ -146,3 +153,13 @@ def test_the_band_end_is_the_90th_percentile_of_the_overtaking_work() -> None:
     capacity = Capacity(arrivals=(Arrivals(0, 1 / 50, EST), Arrivals(1, 1 / 50, EST)), tat_s=TATS)
     mean, high = overtaking_delay(_entry(0, cls=2, deadline=1e6), 100.0, 0.0, capacity)
     assert 0 < mean < high
+
+
+def test_latency_lanes_name_a_jobs_class_or_whether_it_runs_alone() -> None:
+    assert [latency_lane(c, "none") for c in (0, 1, 2)] == [None, None, None]
+    assert [latency_lane(c, "class") for c in (0, 1, 2)] == ["urgent", "inpatient", "outpatient"]
+    assert [latency_lane(c, "exclusive") for c in (0, 1, 2)] == ["alone", "shared", "shared"]
+    # without urgent_exclusive an URGENT job shares the cores too
+    assert latency_lane(0, "exclusive", urgent_exclusive=False) == "shared"
+    with pytest.raises(ValueError, match="unknown service-time lanes 'per-job'"):
+        latency_lane(0, "per-job")

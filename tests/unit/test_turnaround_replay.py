@@ -8,8 +8,8 @@ import math
 import pytest
 
 from radserve.turnaround.eta import Arrivals, Capacity, Entry, walk
-from radserve.turnaround.replay import Variant, errors, replay, walk_inputs, walk_record
-from radserve.turnaround.service_time import JobEstimate
+from radserve.turnaround.replay import Refit, Variant, errors, replay, walk_inputs, walk_record
+from radserve.turnaround.service_time import JobEstimate, ServiceTimeModel, StudySize
 
 EST = JobEstimate(cpu_s=6.0, device_s=4.0, latency_s=10.0, spread_s=1.0, source="fitted")
 
@@ -93,3 +93,61 @@ def test_replay_without_the_allowance_drops_later_arrivals() -> None:
     (with_allowance,) = replay(records, Variant(bias="off"))
     (without,) = replay(records, Variant(allowance=False, bias="off"))
     assert without.first == 10.0 < with_allowance.first
+
+
+def _learned(model: ServiceTimeModel, job: str, slices: int, run: float, at: float) -> dict:
+    """A succeeded job's end as the server records it, taught to ``model`` as well."""
+    timings = {"ingest": 0.25 * run, "organs: infer": 0.5 * run, "report": 0.25 * run, "run": run}
+    model.observe(
+        pipeline="ct", device="cpu", precision="fp32", size=StudySize(slices), timings=timings
+    )
+    return {**_end(job, at), "slices": slices, "timings": timings}
+
+
+def _estimate(model: ServiceTimeModel, slices: int) -> JobEstimate:
+    return model.estimate(pipeline="ct", device="cpu", precision="fp32", size=StudySize(slices))
+
+
+def test_a_refit_with_the_servers_settings_gives_back_the_recorded_estimates() -> None:
+    server = ServiceTimeModel()
+    records: list[dict] = []
+    for i, slices in enumerate((100, 200, 300)):  # the warm-up: the replay's base
+        _learned(server, f"w{i}", slices, 0.01 * slices, float(i))
+    base = server.to_json()
+    capacity = Capacity(max_running=2)
+    for i, (slices, run) in enumerate(((100, 3.0), (200, 4.0), (300, 9.0), (100, 2.0))):
+        now = 10.0 * (i + 1)
+        queued = Entry(f"j{i}", 2, False, 1e4, None, _estimate(server, slices))
+        later = Entry(f"k{i}", 2, False, 1e4, None, _estimate(server, 200))  # never ends
+        records.append(walk_record(now, [queued, later], capacity, {f"j{i}": slices}))
+        records.append(_learned(server, f"j{i}", slices, run, now + 5.0))
+    recorded = {j.job_id: j.readings for j in replay(records, Variant(bias="off"))}
+    again = {j.job_id: j.readings for j in replay(records, Variant(refit=Refit()), base)}
+    assert again == recorded  # k* sized by the estimate it shared with j1 (200 slices)
+    # a one-job window forgets the warm-up: j3 (100 slices) is predicted from j2 alone
+    # (9 s at 300 slices: the prior's line, 0.5 s + 0.017 s per slice, scaled to it)
+    short = {j.job_id: j for j in replay(records, Variant(refit=Refit(window=1)), base)}
+    assert short["j3"].first == pytest.approx(40.0 + 9.0 * (0.5 + 1.7) / (0.5 + 5.1))
+
+
+def test_a_refit_per_lane_predicts_urgent_work_from_urgent_jobs() -> None:
+    server = ServiceTimeModel()
+    _learned(server, "w", 100, 1.0, 0.0)
+    base = server.to_json()
+    capacity = Capacity(max_running=4, cpu_workers=100, devices=100)
+    records = [
+        walk_record(1.0, [_entry("u", cls=0)], capacity, {"u": 100}),
+        _learned(server, "u", 100, 2.0, 3.0),
+        walk_record(4.0, [_entry("r", cls=2)], capacity, {"r": 100}),
+        _learned(server, "r", 100, 20.0, 24.0),
+        walk_record(
+            30.0, [_entry("u2", cls=0), _entry("r2", cls=2)], capacity, {"u2": 100, "r2": 100}
+        ),
+    ]
+    by_class = Variant(refit=Refit(lanes="class"))
+    lanes = {j.job_id: j.first for j in replay(records, by_class, base)}
+    assert lanes["u2"] == pytest.approx(32.0)  # URGENT's own run: 2 s
+    assert lanes["r2"] == pytest.approx(52.0)  # after it (urgent_exclusive), then 20 s
+    pooled = {j.job_id: j.first for j in replay(records, Variant(refit=Refit()), base)}
+    # one run line for all: the median of the runs so far (1; 1, 2; 1, 2, 20 s)
+    assert pooled == {"u": 2.0, "r": 5.5, "u2": 32.0, "r2": 34.0}

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from radserve.turnaround.service_time import Prior, ServiceTimeModel, StudySize
+from radserve.turnaround.service_time import (
+    Prior,
+    ServiceTimeModel,
+    StudySize,
+    recency_weights,
+    weighted_median,
+)
 
 
 def _job(model: ServiceTimeModel, slices: int, ingest: float, infer: float, **kw: str) -> None:
@@ -86,3 +93,70 @@ def test_round_trip_through_json() -> None:
     b = again.estimate(pipeline="ct", device="cpu", precision="fp32", size=size)
     assert a == b
     assert again.typical_size() == model.typical_size()
+
+
+def _run(model: ServiceTimeModel, slices: int, run: float, lane: str | None = None) -> None:
+    model.observe(
+        pipeline="ct",
+        device="cpu",
+        precision="fp32",
+        size=StudySize(slices),
+        timings={"ingest": 0.2 * run, "organs: infer": 0.8 * run, "run": run},
+        lane=lane,
+    )
+
+
+def _latency(model: ServiceTimeModel, slices: int, lane: str | None = None) -> float:
+    return model.estimate(
+        pipeline="ct", device="cpu", precision="fp32", size=StudySize(slices), lane=lane
+    ).latency_s
+
+
+def test_weighted_median_is_the_median_when_weights_are_equal_and_leans_to_heavy_ones() -> None:
+    values = np.array([5.0, 1.0, 3.0, 2.0])
+    assert weighted_median(values, np.ones(4)) == np.median(values) == 2.5
+    assert weighted_median(values[:3], np.ones(3)) == 3.0
+    assert weighted_median(values, np.array([1.0, 1.0, 1.0, 10.0])) == 2.0
+    assert list(recency_weights(3, 1.0)) == [0.25, 0.5, 1.0]  # oldest first
+
+
+def test_a_half_life_follows_a_host_that_got_faster_where_the_plain_window_lags() -> None:
+    plain, recent = ServiceTimeModel(), ServiceTimeModel(half_life_jobs=5)
+    for model in (plain, recent):
+        for i in range(30):  # 30 jobs at 3x the speed they ran later ...
+            _run(model, 100 + 50 * (i % 3), 3.0 * (1.0 + 0.01 * (100 + 50 * (i % 3))))
+        for i in range(12):  # ... then 12 at 1x: 2 s at 100 slices, 3 s at 200
+            _run(model, 100 + 50 * (i % 3), 1.0 + 0.01 * (100 + 50 * (i % 3)))
+    assert _latency(plain, 200) == pytest.approx(9.0)  # still the old majority
+    assert _latency(recent, 200) == pytest.approx(3.0)
+
+
+def test_a_short_window_forgets_all_but_its_last_jobs() -> None:
+    model = ServiceTimeModel(window=5)
+    for run in (9.0,) * 20 + (2.0,) * 5:
+        _run(model, 100, run)
+    assert _latency(model, 100) == pytest.approx(2.0)
+    assert model.sizes() == [100] * 5
+
+
+def test_a_lane_has_its_own_latency_and_shares_the_work_lines() -> None:
+    model = ServiceTimeModel()
+    for slices in (100, 200, 300):
+        _run(model, slices, 0.01 * slices, lane="alone")  # 1-3 s alone
+        _run(model, slices, 0.04 * slices, lane="shared")  # 4x that beside others
+    assert _latency(model, 200, "alone") == pytest.approx(2.0)
+    assert _latency(model, 200, "shared") == pytest.approx(8.0)
+    assert _latency(model, 200, "never seen") == _latency(model, 200)  # the pooled run line
+    alone = model.estimate(
+        pipeline="ct", device="cpu", precision="fp32", size=StudySize(200), lane="alone"
+    )
+    pooled = model.estimate(pipeline="ct", device="cpu", precision="fp32", size=StudySize(200))
+    assert (alone.cpu_s, alone.device_s) == (pooled.cpu_s, pooled.device_s)
+    assert "run alone" not in model.step_seconds(
+        pipeline="ct", device="cpu", precision="fp32", size=StudySize(200)
+    )  # a lane is a whole job's time, not a step
+
+
+def test_a_bad_window_is_refused() -> None:
+    with pytest.raises(ValueError, match="window >= 1"):
+        ServiceTimeModel(window=0)

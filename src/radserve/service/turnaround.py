@@ -58,7 +58,15 @@ from radserve.service.metrics import Metrics
 from radserve.store import JobRecord, Store
 from radserve.store import JobState as StoredState
 from radserve.turnaround.bias import BiasCorrection
-from radserve.turnaround.eta import Arrivals, Capacity, Entry, Eta, on_host_cores, walk
+from radserve.turnaround.eta import (
+    Arrivals,
+    Capacity,
+    Entry,
+    Eta,
+    latency_lane,
+    on_host_cores,
+    walk,
+)
 from radserve.turnaround.replay import walk_record
 from radserve.turnaround.service_time import Prior, ServiceTimeModel, StudySize
 
@@ -144,7 +152,9 @@ class Turnaround:
         self.device = device
         t = self.settings
         self.model = ServiceTimeModel(
-            Prior(t.prior_fixed_s, t.prior_per_slice_s, t.prior_device_share)
+            Prior(t.prior_fixed_s, t.prior_per_slice_s, t.prior_device_share),
+            window=t.window_jobs,
+            half_life_jobs=t.half_life_jobs,
         )
         self.capacity = Capacity(
             cpu_workers=cpu_workers,
@@ -245,7 +255,11 @@ class Turnaround:
     # --- learning ---------------------------------------------------------------------
     def learn_history(self, limit: int) -> int:
         """Teach the model the last ``limit`` succeeded jobs (oldest first)."""
-        return learn_from_store(self.model, self.store, self.device, limit)
+        return learn_from_store(self.model, self.store, self.device, limit, self.lane)
+
+    def lane(self, cls: PriorityClass) -> str | None:
+        """A job's service-time lane (turnaround.latency_lanes)."""
+        return latency_lane(cls.rank, self.settings.latency_lanes, self.capacity.urgent_exclusive)
 
     def _observe(self, record: JobRecord, size: StudySize, timings: Any) -> None:
         self.model.observe(
@@ -254,6 +268,7 @@ class Turnaround:
             precision=record.precision,
             size=size,
             timings=dict(timings),
+            lane=self.lane(record.priority_class),
         )
 
     # --- the scheduler's events (called from ServiceHooks) ---------------------------
@@ -312,6 +327,7 @@ class Turnaround:
         began = time.perf_counter()
         now, order = self.scheduler.queue_order()
         entries = []
+        slices: dict[str, int] = {}
         for job in order:
             record = self._record(job.job_id)
             if record is None:
@@ -322,15 +338,17 @@ class Turnaround:
                 device=self.device,
                 precision=record.precision,
                 size=size,
+                lane=self.lane(job.cls),
             )
             entries.append(
                 Entry(job.job_id, job.cls.rank, job.running, job.deadline, job.started, estimate)
             )
+            slices[job.job_id] = size.slices
         # walked outside the lock: job events and API readers wait on it
         capacity = self._capacity(now)
         raw = walk(entries, now, capacity)
         if self.recorder is not None:
-            self.recorder(walk_record(now, entries, capacity))
+            self.recorder(walk_record(now, entries, capacity, slices))
         with self._lock:
             etas = [
                 self._corrected(eta, entry.cls, now)
@@ -376,14 +394,21 @@ class Turnaround:
                 counts[cls] = len(times)
         if not any(counts[c] for c in PriorityClass if c is not PriorityClass.OUTPATIENT):
             return self.capacity
-        typical = self.model.estimate(
-            pipeline=self._any_pipeline(),
-            device=self.device,
-            precision="fp32",
-            size=self.model.typical_size(),
-        )
+        pipeline, size = self._any_pipeline(), self.model.typical_size()
         arrivals = tuple(
-            Arrivals(cls.rank, counts[cls] / span, typical) for cls in PriorityClass if counts[cls]
+            Arrivals(
+                cls.rank,
+                counts[cls] / span,
+                self.model.estimate(
+                    pipeline=pipeline,
+                    device=self.device,
+                    precision="fp32",
+                    size=size,
+                    lane=self.lane(cls),
+                ),
+            )
+            for cls in PriorityClass
+            if counts[cls]
         )
         return dataclasses.replace(self.capacity, arrivals=arrivals)
 
@@ -602,9 +627,16 @@ class _Webhook:
                         time.sleep(delay)
 
 
-def learn_from_store(model: ServiceTimeModel, store: Store, device: str, limit: int) -> int:
+def learn_from_store(
+    model: ServiceTimeModel,
+    store: Store,
+    device: str,
+    limit: int,
+    lane: Callable[[PriorityClass], str | None] | None = None,
+) -> int:
     """Teach ``model`` the last ``limit`` succeeded jobs in ``store`` (oldest first): their
-    stage timings, and their size from the report file; the jobs ran on ``device``."""
+    stage timings, and their size from the report file; the jobs ran on ``device``;
+    ``lane``: each job's service-time lane by its class."""
     if limit <= 0:
         return 0
     try:
@@ -612,12 +644,18 @@ def learn_from_store(model: ServiceTimeModel, store: Store, device: str, limit: 
     except Exception as exc:  # the server runs without history
         logger.warning("service times: no history read (%s)", type(exc).__name__)
         return 0
-    return learn_records(model, reversed(page.items), device)
+    return learn_records(model, reversed(page.items), device, lane)
 
 
-def learn_records(model: ServiceTimeModel, records: Iterable[JobRecord], device: str) -> int:
+def learn_records(
+    model: ServiceTimeModel,
+    records: Iterable[JobRecord],
+    device: str,
+    lane: Callable[[PriorityClass], str | None] | None = None,
+) -> int:
     """Teach ``model`` these succeeded jobs (in order): their stage timings, and their
-    size from the report file; the jobs ran on ``device``."""
+    size from the report file; the jobs ran on ``device`` (``lane``: as
+    :func:`learn_from_store`)."""
     learned = 0
     for record in records:
         if record.cached_from or not record.result_path or not record.stage_timings:
@@ -631,6 +669,7 @@ def learn_records(model: ServiceTimeModel, records: Iterable[JobRecord], device:
             precision=record.precision,
             size=size,
             timings=dict(record.stage_timings),
+            lane=None if lane is None else lane(record.priority_class),
         )
         learned += 1
     return learned

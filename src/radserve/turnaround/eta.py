@@ -35,9 +35,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from radserve.domain.priority import PriorityClass
 from radserve.turnaround.service_time import JobEstimate
 
 URGENT = 0  # PriorityClass.URGENT.rank (the walk needs only the order of classes)
+LANES = ("none", "class", "exclusive")
 _Z90 = 1.2816  # standard normal 90th percentile
 _MAD_SIGMA = 1.4826  # median absolute deviation -> standard deviation (normal noise)
 
@@ -103,6 +105,20 @@ class Capacity:
         if cls == URGENT and self.urgent_exclusive:
             return estimate.latency_s
         return self.work_s(estimate.cpu_s, estimate.device_s)
+
+
+def latency_lane(cls: int, lanes: str, urgent_exclusive: bool = True) -> str | None:
+    """The service-time lane (:meth:`ServiceTimeModel.estimate`) of a job of class rank
+    ``cls``: ``none``, one latency for every job; ``class``, one per class (its name);
+    ``exclusive``, ``alone`` for URGENT under ``urgent_exclusive`` (it runs alone) and
+    ``shared`` for the rest (they share the cores with up to ``max_running`` jobs)."""
+    if lanes == "none":
+        return None
+    if lanes == "class":
+        return next(c for c in PriorityClass if c.rank == cls).value.lower()
+    if lanes == "exclusive":
+        return "alone" if cls == URGENT and urgent_exclusive else "shared"
+    raise ValueError(f"unknown service-time lanes {lanes!r}; expected one of {', '.join(LANES)}")
 
 
 def on_host_cores(device: str) -> bool:
@@ -229,4 +245,14 @@ def _window(entry: Entry, ahead: int, horizon: float, now: float, capacity: Capa
     return min(horizon, max(0.0, until - now))
 
 
-__all__ = ["Arrivals", "Capacity", "Entry", "Eta", "on_host_cores", "overtaking_delay", "walk"]
+__all__ = [
+    "LANES",
+    "Arrivals",
+    "Capacity",
+    "Entry",
+    "Eta",
+    "latency_lane",
+    "on_host_cores",
+    "overtaking_delay",
+    "walk",
+]

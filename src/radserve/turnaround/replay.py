@@ -24,17 +24,25 @@ from typing import Any
 
 from radserve.turnaround.bias import BiasCorrection
 from radserve.turnaround.drain import DrainMeter
-from radserve.turnaround.eta import Arrivals, Capacity, Entry, walk
-from radserve.turnaround.service_time import JobEstimate
+from radserve.turnaround.eta import Arrivals, Capacity, Entry, latency_lane, walk
+from radserve.turnaround.service_time import WINDOW, JobEstimate, ServiceTimeModel, StudySize
 
 
-def walk_record(now: float, entries: Sequence[Entry], capacity: Capacity) -> dict[str, Any]:
-    """One walk's inputs as JSON-ready data (compact: entries as lists)."""
+def walk_record(
+    now: float,
+    entries: Sequence[Entry],
+    capacity: Capacity,
+    slices: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """One walk's inputs as JSON-ready data (compact: entries as lists; with ``slices``,
+    each job's study size last, for a replay that refits the service times)."""
+    sizes = slices or {}
     return {
         "kind": "walk",
         "at": now,
         "entries": [
             [e.job_id, e.cls, e.running, e.deadline, e.started, *_estimate(e.estimate)]
+            + ([sizes[e.job_id]] if e.job_id in sizes else [])
             for e in entries
         ],
         "capacity": {
@@ -68,6 +76,17 @@ def walk_inputs(record: Mapping[str, Any]) -> tuple[float, list[Entry], Capacity
 
 
 @dataclass(frozen=True)
+class Refit:
+    """A service-time model learned again from the recorded ends: ``window`` jobs per
+    key, weighted by recency (``half_life_jobs``, 0: equal weights), with a latency per
+    lane (``lanes``: :func:`radserve.turnaround.eta.latency_lane`)."""
+
+    window: int = WINDOW
+    half_life_jobs: float = 0.0
+    lanes: str = "none"
+
+
+@dataclass(frozen=True)
 class Variant:
     """What the replay changes: the allowance for later arrivals of classes ranked ahead
     (``allowance``), and the online bias correction (``bias``: ``off``; ``class``, the
@@ -83,6 +102,7 @@ class Variant:
     bias: str = "off"  # the server's default (turnaround.bias_window_jobs 0)
     window: int = 20
     drain: bool | None = None
+    refit: Refit | None = None
 
 
 @dataclass
@@ -106,21 +126,107 @@ class Replayed:
         return min(self.readings, key=lambda r: abs(r[0] - middle))[1]
 
 
+class _Refitted:
+    """The service-time model of a :class:`Refit` variant as the recording goes on."""
+
+    def __init__(
+        self, refit: Refit, base: Mapping[str, Any] | None, records: Sequence[Mapping[str, Any]]
+    ) -> None:
+        options = {"window": refit.window, "half_life_jobs": refit.half_life_jobs}
+        self.model = (
+            ServiceTimeModel.from_json(base, **options)
+            if base is not None
+            else ServiceTimeModel(**options)  # type: ignore[arg-type]
+        )
+        groups = self.model.groups()
+        if not groups:
+            raise ValueError("a refit replay needs the base model's (pipeline, device, precision)")
+        self.pipeline, self.device, self.precision = groups[0]
+        self.lanes = refit.lanes
+        self.classes, self.slices = _job_facts(records)
+
+    def observe(self, end: Mapping[str, Any]) -> None:
+        """A recorded end: a succeeded job's timings and size teach the model, as the
+        server's model learned them."""
+        if end["state"] != "succeeded" or "timings" not in end or not end.get("slices"):
+            return
+        cls = self.classes.get(str(end["job"]))
+        self.model.observe(
+            pipeline=self.pipeline,
+            device=self.device,
+            precision=self.precision,
+            size=StudySize(int(end["slices"])),
+            timings=end["timings"],
+            lane=None if cls is None else latency_lane(cls, self.lanes),
+        )
+
+    def _estimate(self, cls: int, slices: int | None) -> JobEstimate:
+        size = StudySize(slices) if slices else self.model.typical_size()
+        return self.model.estimate(
+            pipeline=self.pipeline,
+            device=self.device,
+            precision=self.precision,
+            size=size,
+            lane=latency_lane(cls, self.lanes),
+        )
+
+    def estimated(self, entries: list[Entry], capacity: Capacity) -> tuple[list[Entry], Capacity]:
+        """The walk's entries and arrivals with this model's estimates."""
+        again = [
+            dataclasses.replace(e, estimate=self._estimate(e.cls, self.slices.get(e.job_id)))
+            for e in entries
+        ]
+        arrivals = tuple(
+            dataclasses.replace(a, estimate=self._estimate(a.cls, None)) for a in capacity.arrivals
+        )
+        return again, dataclasses.replace(capacity, arrivals=arrivals)
+
+
+def _job_facts(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, int], dict[str, int]]:
+    """Each recorded job's class, and its size (slices): from the walk (recorded since
+    2026-12-02 session 9), else its end, else a job with the same estimate in the same
+    walk (the estimate is a function of the size), else unknown (the typical size)."""
+    classes: dict[str, int] = {}
+    slices = {str(r["job"]): int(r["slices"]) for r in records if r.get("slices")}
+    walks = [r["entries"] for r in records if r["kind"] == "walk"]
+    for rows in walks:
+        for row in rows:
+            classes[str(row[0])] = int(row[1])
+            if len(row) > 10 and row[10]:
+                slices[str(row[0])] = int(row[10])
+    for rows in walks:
+        by_estimate = {tuple(r[5:10]): slices[r[0]] for r in rows if r[0] in slices}
+        for row in rows:
+            if row[0] not in slices and tuple(row[5:10]) in by_estimate:
+                slices[str(row[0])] = by_estimate[tuple(row[5:10])]
+    return classes, slices
+
+
 def _depth(position: int) -> int:
     """Queue-depth bucket for the ``depth`` bias: 0, 1-2, 3-6, 7+ jobs ahead."""
     return 0 if position == 0 else 1 if position <= 2 else 2 if position <= 6 else 3
 
 
-def replay(records: Iterable[Mapping[str, Any]], variant: Variant = Variant()) -> list[Replayed]:
-    """Walk every recorded snapshot again under ``variant``; each job's ETAs."""
+def replay(
+    records: Iterable[Mapping[str, Any]],
+    variant: Variant = Variant(),
+    base: Mapping[str, Any] | None = None,
+) -> list[Replayed]:
+    """Walk every recorded snapshot again under ``variant``; each job's ETAs. ``base``:
+    the service-time model (``ServiceTimeModel.to_json``) the server had when the
+    recording began, for a variant that refits it."""
+    records = sorted(records, key=lambda r: (r["at"], r["kind"] != "end"))
+    refit = None if variant.refit is None else _Refitted(variant.refit, base, records)
     bias = BiasCorrection(window=variant.window if variant.bias != "off" else 0)
     meter = DrainMeter()
     saturated = False
     work: dict[str, float] = {}  # job -> its model work as the walk counts it
     jobs: dict[str, Replayed] = {}
     learn: dict[str, tuple[int, float, float]] = {}  # job -> (key, walked at, raw finish)
-    for record in sorted(records, key=lambda r: (r["at"], r["kind"] != "end")):
+    for record in records:
         if record["kind"] == "end":
+            if refit is not None:
+                refit.observe(record)
             job = jobs.get(record["job"])
             if job is None:
                 continue
@@ -133,6 +239,8 @@ def replay(records: Iterable[Mapping[str, Any]], variant: Variant = Variant()) -
                 bias.observe(key, raw - walked_at, job.end - walked_at)
             continue
         now, entries, capacity = walk_inputs(record)
+        if refit is not None:
+            entries, capacity = refit.estimated(entries, capacity)
         if not variant.allowance:
             capacity = dataclasses.replace(capacity, arrivals=())
         saturated = any(not e.running for e in entries)
@@ -198,4 +306,4 @@ def log_ratio_spread(jobs: Sequence[Replayed]) -> float:
     return statistics.median(logs) if logs else float("nan")
 
 
-__all__ = ["Replayed", "Variant", "errors", "replay", "walk_inputs", "walk_record"]
+__all__ = ["Refit", "Replayed", "Variant", "errors", "replay", "walk_inputs", "walk_record"]

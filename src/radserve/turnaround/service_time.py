@@ -9,6 +9,15 @@ neighbour does not tilt the line). Until a key has samples spread over sizes, th
 prior's shape is scaled to the samples it has (the median ratio measured / prior); with
 no sample at all the prior itself answers. Thread-safe; updating is O(window).
 
+A shared host's speed drifts with its load, so the window (``window`` jobs) can be short
+and its samples weighted by recency (``half_life_jobs``: a sample that many jobs old
+counts half; the medians become weighted medians). A job's start-to-finish time also
+depends on what it runs beside: under ``urgent_exclusive`` an URGENT job runs alone,
+routine jobs share the cores with up to ``max_running`` others, so a caller may name a
+*lane* (e.g. the job's class) when it reports a job and when it asks for one: the
+``run`` time is then also learned per lane (``run <lane>``), and a lane's estimate takes
+its latency from it once the lane has samples (CPU-pool and device work stay pooled).
+
 The steps are wall times on a shared host: under load they include waiting for a CPU
 core, which is what a job will also see, so the ETA built on them is honest about it.
 """
@@ -20,14 +29,14 @@ import math
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 # The step names that are not steps: waiting, and the totals the scheduler adds.
 _NOT_STEPS = frozenset({"queue", "total"})
-RUN = "run"  # started -> finished wall time of the whole job
+RUN = "run"  # started -> finished wall time of the whole job (``run <lane>``: per lane)
 DEVICE_SUFFIX = ": infer"
 WINDOW = 200
 MIN_SPREAD = 1.25  # largest / smallest size before a slope is fitted from data
@@ -111,23 +120,40 @@ class JobEstimate:
 
 @dataclass
 class _Samples:
-    x: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
-    y: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    x: deque[float]
+    y: deque[float]
     fit: Fit | None = None
+
+    @classmethod
+    def of(cls, window: int) -> _Samples:
+        return cls(deque(maxlen=window), deque(maxlen=window))
+
+
+def _lane_step(lane: str) -> str:
+    return f"{RUN} {lane}"
 
 
 class ServiceTimeModel:
     """Per-(pipeline, step, device, precision) service-time lines, updated online."""
 
-    def __init__(self, prior: Prior | None = None) -> None:
+    def __init__(
+        self, prior: Prior | None = None, *, window: int = WINDOW, half_life_jobs: float = 0.0
+    ) -> None:
+        if window < 1 or half_life_jobs < 0:
+            raise ValueError(
+                f"service-time model: window >= 1 and half_life_jobs >= 0, got {window} "
+                f"and {half_life_jobs}"
+            )
         self.prior = prior or Prior()
+        self.window = window
+        self.half_life_jobs = half_life_jobs
         self._keys: dict[StepKey, _Samples] = {}
         self._steps: dict[tuple[str, str, str], list[str]] = {}  # pipeline group -> steps
-        self._sizes: deque[int] = deque(maxlen=WINDOW)
+        self._sizes: deque[int] = deque(maxlen=window)
         self._lock = threading.Lock()
-        # estimate() answers by (pipeline, device, precision, slices), cleared when the
-        # model learns: an ETA walk over 1,000 jobs asks for a handful of distinct ones
-        self._memo: dict[tuple[str, str, str, int], JobEstimate] = {}
+        # estimate() answers by (pipeline, device, precision, slices, lane), cleared when
+        # the model learns: an ETA walk over 1,000 jobs asks for a handful of distinct ones
+        self._memo: dict[tuple[str, str, str, int, str | None], JobEstimate] = {}
 
     # --- learning -----------------------------------------------------------------------
     def observe(
@@ -138,11 +164,16 @@ class ServiceTimeModel:
         precision: str,
         size: StudySize,
         timings: Mapping[str, float],
+        lane: str | None = None,
     ) -> None:
-        """One finished job: its stage timings (seconds) and study size."""
+        """One finished job: its stage timings (seconds) and study size; with ``lane``,
+        its ``run`` time is also learned for that lane."""
         if size.slices <= 0:
             return
         group = (pipeline, device, precision)
+        timings = dict(timings)
+        if lane is not None and RUN in timings:
+            timings[_lane_step(lane)] = timings[RUN]
         with self._lock:
             self._memo.clear()
             self._sizes.append(size.slices)
@@ -150,19 +181,20 @@ class ServiceTimeModel:
             for name, seconds in timings.items():
                 if name in _NOT_STEPS or not math.isfinite(seconds) or seconds < 0:
                     continue
-                if name != RUN and name not in steps:
+                if not _is_run(name) and name not in steps:
                     steps.append(name)
                 key = StepKey(pipeline, name, device, precision)
-                samples = self._keys.setdefault(key, _Samples())
+                samples = self._keys.setdefault(key, _Samples.of(self.window))
                 samples.x.append(float(size.slices))
                 samples.y.append(float(seconds))
-                samples.fit = _fit(samples, self._prior_step(key, steps))
+                samples.fit = _fit(samples, self._prior_step(key, steps), self.half_life_jobs)
 
     def _prior_step(self, key: StepKey, steps: list[str]) -> Fit:
-        """The prior's share for one step: the whole-job line for ``run``, else split
-        evenly among the device steps (device_share) or the CPU steps (the rest)."""
+        """The prior's share for one step: the whole-job line for ``run`` (and its
+        lanes), else split evenly among the device steps (device_share) or the CPU
+        steps (the rest)."""
         p = self.prior
-        if key.step == RUN:
+        if _is_run(key.step):
             return Fit(p.fixed_s, p.per_slice_s, 0, 0.0, "prior")
         device = [s for s in steps if s.endswith(DEVICE_SUFFIX)] or [key.step]
         cpu = [s for s in steps if not s.endswith(DEVICE_SUFFIX)] or [key.step]
@@ -199,17 +231,29 @@ class ServiceTimeModel:
         return {s: f.seconds(size) for s, f in fits.items() if f is not None}
 
     def estimate(
-        self, *, pipeline: str, device: str, precision: str, size: StudySize
+        self,
+        *,
+        pipeline: str,
+        device: str,
+        precision: str,
+        size: StudySize,
+        lane: str | None = None,
     ) -> JobEstimate:
-        """The predicted service of one job (the prior's when nothing was measured)."""
-        memo_key = (pipeline, device, precision, size.slices)
+        """The predicted service of one job (the prior's when nothing was measured); with
+        ``lane``, its latency is the lane's ``run`` line once the lane has samples."""
+        memo_key = (pipeline, device, precision, size.slices, lane)
         with self._lock:
             known = self._memo.get(memo_key)
             if known is not None:
                 return known
             steps = list(self._steps.get((pipeline, device, precision), ()))
             fits = {s: self._fit_of(StepKey(pipeline, s, device, precision)) for s in steps}
-            run = self._fit_of(StepKey(pipeline, RUN, device, precision))
+            run = (
+                None
+                if lane is None
+                else self._fit_of(StepKey(pipeline, _lane_step(lane), device, precision))
+            )
+            run = run or self._fit_of(StepKey(pipeline, RUN, device, precision))
         if not steps:
             total = self.prior.seconds(size)
             device_s = total * self.prior.device_share
@@ -272,10 +316,12 @@ class ServiceTimeModel:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, object]) -> ServiceTimeModel:
+    def from_json(
+        cls, data: Mapping[str, object], *, window: int = WINDOW, half_life_jobs: float = 0.0
+    ) -> ServiceTimeModel:
         """A model rebuilt from :meth:`to_json`'s output (or a file holding it)."""
         prior = Prior(**data.get("prior", {}))  # type: ignore[arg-type]
-        model = cls(prior)
+        model = cls(prior, window=window, half_life_jobs=half_life_jobs)
         order = {
             (g["pipeline"], g["device"], g["precision"]): list(g["steps"])
             for g in data.get("steps", [])  # type: ignore[union-attr]
@@ -284,15 +330,15 @@ class ServiceTimeModel:
             key = StepKey(row["pipeline"], row["step"], row["device"], row["precision"])
             group = (key.pipeline, key.device, key.precision)
             steps = model._steps.setdefault(group, order.get(group, []))
-            if key.step != RUN and key.step not in steps:
+            if not _is_run(key.step) and key.step not in steps:
                 steps.append(key.step)
-            samples = model._keys.setdefault(key, _Samples())
+            samples = model._keys.setdefault(key, _Samples.of(window))
             samples.x.extend(float(v) for v in row["slices"])
             samples.y.extend(float(v) for v in row["seconds"])
-            model._sizes.extend(int(v) for v in row["slices"][-WINDOW:])
+            model._sizes.extend(int(v) for v in row["slices"][-window:])
         for key, samples in model._keys.items():
             steps = model._steps[(key.pipeline, key.device, key.precision)]
-            samples.fit = _fit(samples, model._prior_step(key, steps))
+            samples.fit = _fit(samples, model._prior_step(key, steps), half_life_jobs)
         return model
 
     @classmethod
@@ -300,25 +346,67 @@ class ServiceTimeModel:
         return cls.from_json(json.loads(Path(path).read_text()))
 
 
-def _fit(samples: _Samples, prior: Fit) -> Fit:
-    """Theil-Sen over the window; the prior's shape scaled by the median ratio when the
-    sizes are too alike to give a slope."""
+def _is_run(step: str) -> bool:
+    """``run`` or one of its lanes (``run <lane>``): a whole job's time, not a step."""
+    return step == RUN or step.startswith(RUN + " ")
+
+
+def _fit(samples: _Samples, prior: Fit, half_life_jobs: float = 0.0) -> Fit:
+    """Theil-Sen over the window (weighted by recency with a half-life: the weighted
+    median of pairwise slopes, each pair weighted by the product of its samples'
+    weights); the prior's shape scaled by the median ratio when the sizes are too alike
+    to give a slope."""
     x = np.asarray(samples.x, dtype=float)
     y = np.asarray(samples.y, dtype=float)
     n = len(x)
+    w = recency_weights(n, half_life_jobs) if half_life_jobs > 0 else None
     if n >= 3 and x.max() >= MIN_SPREAD * max(x.min(), 1.0):
         i, j = np.triu_indices(n, k=1)
         dx = x[j] - x[i]
         keep = dx != 0
-        slope = max(0.0, float(np.median((y[j] - y[i])[keep] / dx[keep])))
-        intercept = float(np.median(y - slope * x))
-        spread = float(np.median(np.abs(y - (intercept + slope * x))))
+        pair_slopes = (y[j] - y[i])[keep] / dx[keep]
+        pair_w = None if w is None else (w[i] * w[j])[keep]
+        slope = max(0.0, _median(pair_slopes, pair_w))
+        intercept = _median(y - slope * x, w)
+        spread = _median(np.abs(y - (intercept + slope * x)), w)
         return Fit(intercept, slope, n, spread, "fitted")
     base = prior.intercept + prior.slope * x
-    ratio = float(np.median(y / np.maximum(base, 1e-9)))
+    ratio = _median(y / np.maximum(base, 1e-9), w)
     fitted = Fit(prior.intercept * ratio, prior.slope * ratio, n, 0.0, "scaled-prior")
-    spread = float(np.median(np.abs(y - (fitted.intercept + fitted.slope * x))))
+    spread = _median(np.abs(y - (fitted.intercept + fitted.slope * x)), w)
     return Fit(fitted.intercept, fitted.slope, n, spread, "scaled-prior")
 
 
-__all__ = ["RUN", "Fit", "JobEstimate", "Prior", "ServiceTimeModel", "StepKey", "StudySize"]
+def _median(values: np.ndarray, weights: np.ndarray | None) -> float:
+    return float(np.median(values)) if weights is None else weighted_median(values, weights)
+
+
+def recency_weights(n: int, half_life: float) -> np.ndarray:
+    """Weights of ``n`` samples, oldest first: 1 for the newest, halving every
+    ``half_life`` samples back."""
+    return np.power(0.5, np.arange(n - 1, -1, -1) / half_life)
+
+
+def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    """The value where the cumulative weight reaches half the total (the ordinary
+    median, the mean of the two middle values, when all weights are equal)."""
+    order = np.argsort(values, kind="stable")
+    v, cum = values[order], np.cumsum(weights[order])
+    half = cum[-1] / 2
+    low = int(np.searchsorted(cum, half, side="left"))
+    if np.isclose(cum[low], half) and low + 1 < len(v):  # the halves meet between two
+        return float((v[low] + v[low + 1]) / 2)
+    return float(v[low])
+
+
+__all__ = [
+    "RUN",
+    "Fit",
+    "JobEstimate",
+    "Prior",
+    "ServiceTimeModel",
+    "StepKey",
+    "StudySize",
+    "recency_weights",
+    "weighted_median",
+]
