@@ -384,6 +384,15 @@ class GatewaySettings(_Section):
     # a PDU must arrive whole this long after its read began; longer ones are refused
     pdu_timeout_s: float = Field(default=30.0, gt=0)
     max_pdu_bytes: int = Field(default=1024**2, ge=16 * 1024)
+    # the maximum P-DATA PDU the SCP advertises (capped at max_pdu_bytes): senders such
+    # as dcmtk's storescu cut each instance into PDUs of this size, each one a round of
+    # Python in the receiving process (pynetdicom's default, 16382: ~32 a 512 KiB image)
+    advertised_pdu_bytes: int = Field(default=16382, ge=4096)
+    # processes that receive associations (1: this process). More than 1: this process
+    # accepts and admits connections (the limits above stay exact) and hands each to
+    # the receiving process with the fewest open, which stores and reports every
+    # instance back (radserve.gateway.receivers); one that dies is started again
+    receivers: int = Field(default=1, ge=1, le=64)
     # ACSE: waiting for an association request/answer (also: idle new connections);
     # DIMSE: waiting for a message; network: an established association with no traffic
     acse_timeout_s: float = Field(default=30.0, gt=0)

@@ -77,13 +77,7 @@ class WorkerLogs:
     def initargs(self) -> tuple[Any, int, tuple[str, ...]]:
         """For the workers: the queue, this process's level, the loggers it holds at
         WARNING (see :func:`radserve.security.logs.configure_logging`)."""
-        root = logging.getLogger()
-        quiet = tuple(
-            name
-            for name, logger in root.manager.loggerDict.items()
-            if isinstance(logger, logging.Logger) and logger.level >= logging.WARNING
-        )
-        return self.queue, root.getEffectiveLevel(), quiet
+        return self.queue, *levels()
 
     def stop(self) -> None:
         """Handle what is queued, stop the listener, and let the queue go: its locks are
@@ -97,6 +91,18 @@ class WorkerLogs:
             listener.stop()
         queue.close()
         queue.join_thread()
+
+
+def levels() -> tuple[int, tuple[str, ...]]:
+    """This process's level and the loggers it holds at WARNING, for a worker's
+    :func:`forward_worker_logs`."""
+    root = logging.getLogger()
+    quiet = tuple(
+        name
+        for name, logger in root.manager.loggerDict.items()
+        if isinstance(logger, logging.Logger) and logger.level >= logging.WARNING
+    )
+    return root.getEffectiveLevel(), quiet
 
 
 class _ToLogger(logging.Handler):
@@ -113,6 +119,14 @@ class _ToLogger(logging.Handler):
         pass
 
 
+_ROUTER = _ToLogger()
+
+
+def route_record(record: logging.LogRecord) -> None:
+    """A worker's record, handled here as if it had been logged in this process."""
+    _ROUTER.handle(record)
+
+
 def forward_worker_logs(queue: Any, level: int, quiet: tuple[str, ...] = ()) -> None:
     """A worker process's initializer (see :class:`WorkerLogs`): every record at
     ``level`` or above (``quiet`` loggers: WARNING and above), and every warning, goes
@@ -127,4 +141,11 @@ def forward_worker_logs(queue: Any, level: int, quiet: tuple[str, ...] = ()) -> 
     capture_warnings()
 
 
-__all__ = ["WARNINGS_LOGGER", "WorkerLogs", "capture_warnings", "forward_worker_logs"]
+__all__ = [
+    "WARNINGS_LOGGER",
+    "WorkerLogs",
+    "capture_warnings",
+    "forward_worker_logs",
+    "levels",
+    "route_record",
+]

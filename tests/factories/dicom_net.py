@@ -15,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from radserve.gateway.completeness import CompletedStudy
+from radserve.gateway.config import Peer, ScpConfig
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
 
 # storescu proposes only uncompressed syntaxes unless told; -R: only what the files need
@@ -62,6 +65,29 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, step: float
             return True
         time.sleep(step)
     return predicate()
+
+
+class Intake:
+    """Collects completed studies (the service's callback in gateway tests)."""
+
+    def __init__(self) -> None:
+        self.studies: list[CompletedStudy] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, study: CompletedStudy) -> None:
+        with self.lock:
+            self.studies.append(study)
+
+
+def loopback_scp_config(data_dir: Path, quiet_s: float, **overrides: Any) -> ScpConfig:
+    """The gateway tests' SCP: any free port, STORESCU@127.0.0.1 and PYNETDICOM allowed."""
+    return ScpConfig(
+        data_dir=data_dir,
+        port=0,
+        quiet_s=quiet_s,
+        allowed_peers=(Peer("STORESCU", "127.0.0.1"), Peer("PYNETDICOM")),
+        **overrides,
+    )
 
 
 def small_study(

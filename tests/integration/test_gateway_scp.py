@@ -19,10 +19,17 @@ from pydicom.uid import (
 )
 from pynetdicom import AE
 from pynetdicom.sop_class import ComprehensiveSRStorage, CTImageStorage, Verification
-from tests.factories.dicom_net import dcmtk_tool, small_study, storescu, wait_until
+from tests.factories.dicom_net import (
+    Intake,
+    dcmtk_tool,
+    loopback_scp_config,
+    small_study,
+    storescu,
+    wait_until,
+)
 from tests.factories.dicom_series import dcmtk_compress
 
-from radserve.gateway import CompletedStudy, GatewaySCP, Peer, ScpConfig, UnwantedPolicy
+from radserve.gateway import GatewaySCP, Peer, ScpConfig, UnwantedPolicy
 from radserve.gateway.conformance import (
     REFUSED_TRANSFER_SYNTAXES,
     SCP_TRANSFER_SYNTAXES,
@@ -36,18 +43,6 @@ pytestmark = [
 QUIET_S = 1.5
 
 
-class Intake:
-    """Collects completed studies (the service's callback in these tests)."""
-
-    def __init__(self) -> None:
-        self.studies: list[CompletedStudy] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, study: CompletedStudy) -> None:
-        with self.lock:
-            self.studies.append(study)
-
-
 @pytest.fixture
 def intake() -> Intake:
     return Intake()
@@ -55,13 +50,7 @@ def intake() -> Intake:
 
 @pytest.fixture
 def scp(tmp_path: Path, intake: Intake) -> Iterator[GatewaySCP]:
-    config = ScpConfig(
-        data_dir=tmp_path / "gateway",
-        port=0,
-        quiet_s=QUIET_S,
-        allowed_peers=(Peer("STORESCU", "127.0.0.1"), Peer("PYNETDICOM")),
-    )
-    with GatewaySCP(config, intake) as server:
+    with GatewaySCP(loopback_scp_config(tmp_path / "gateway", QUIET_S), intake) as server:
         yield server
 
 

@@ -9,10 +9,13 @@ import pytest
 
 from radserve.gateway.completeness import (
     HANDOVER_MARKER,
+    INTERRUPTED_MARKER,
+    RECEIVING_PREFIX,
     CompletedStudy,
     CompletionKind,
     LatePolicy,
     StudyTracker,
+    receiving_token,
 )
 
 STUDY = "1.2.3.4"
@@ -165,3 +168,26 @@ def test_recover_reopens_studies_not_handed_over(tmp_path: Path) -> None:
     assert by_uid["1.1.1"].kind is CompletionKind.RERUN and by_uid["1.1.1"].generation == 2
     third, _, _ = _tracker(tmp_path)
     assert third.recover(incoming) == 0
+
+
+def test_rescan_after_a_receiver_died_reopens_unreported_studies_and_spares_live_ones(
+    tmp_path: Path,
+) -> None:
+    """gateway.receivers: a receiving process died after storing (its report lost);
+    another still receives a study (its receiving marker must stay)."""
+    incoming = tmp_path / "incoming"
+    tracker, clock, _ = _tracker(tmp_path)
+    live = incoming / "3.3.3"
+    live.mkdir(parents=True)
+    (live / "7.1.dcm").write_bytes(b"x")
+    tracker.arrived("3.3.3", live, association="open")  # reported: open already
+    marker = live / f"{RECEIVING_PREFIX}{receiving_token()}"
+    marker.touch()
+    lost = incoming / "4.4.4"
+    lost.mkdir(parents=True)
+    (lost / "8.1.dcm").write_bytes(b"x")  # stored and acknowledged, never reported
+    assert tracker.recover(incoming, others_receiving=True) == 1
+    assert marker.exists() and not (live / INTERRUPTED_MARKER).exists()
+    assert tracker.pending() == ["3.3.3", "4.4.4"]
+    clock.now += 10
+    assert {s.study_instance_uid for s in tracker.poll()} == {"3.3.3", "4.4.4"}

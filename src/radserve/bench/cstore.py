@@ -1,9 +1,10 @@
-"""``radserve bench --scenario cstore``: C-STORE ingest rate, per durability mode.
+"""``radserve bench --scenario cstore``: C-STORE ingest rate, per gateway configuration.
 
 The bench's 512x512 phantom study (explicit VR little endian, ~512 KB an instance) is
 sent by dcmtk's ``storescu`` to a :class:`~radserve.gateway.GatewaySCP` in this process,
 from 1 and from ``associations`` concurrent associations (the files split between
-them), for each ``gateway.durability`` mode in turn, ``repeats`` times alternating the
+them), for each configuration of :data:`MODES` in turn (the ``gateway.durability`` modes, a
+larger advertised PDU, several receiving processes), ``repeats`` times alternating the
 modes, each run into a fresh data folder on the file system of ``work_dir``. A run's
 rate is instances / wall time from the first storescu start to the last one's exit
 (association set-up included); every instance must have been answered with success and
@@ -22,9 +23,10 @@ bounds the rate, with the measurement):
   fsyncs file and folder and only then answers success, fed by the same storescu
   senders — what the DICOM stack radserve is built on allows here.
 
-Each run also reports the CPU it cost per instance (this process: SCP and committer
-threads; children: the storescu senders), and in ``group`` mode the committer's busy
-share: a committer idle most of the time cannot group, whatever the concurrency.
+Each run also reports the CPU it cost per instance (the SCP: this process's SCP and
+committer threads, plus its receiving processes; children: the storescu senders), and
+in ``group`` mode the committer's busy share: a committer idle most of the time cannot
+group, whatever the concurrency.
 """
 
 from __future__ import annotations
@@ -45,11 +47,17 @@ from radserve.bench.study import ensure_study
 from radserve.gateway import GatewaySCP, ScpConfig
 from radserve.gateway.storage import study_instances
 
-# (label, gateway.durability, gateway.group_sync)
-MODES: tuple[tuple[str, str, str], ...] = (
-    ("per_instance", "per_instance", "fsync"),
-    ("group (fsync)", "group", "fsync"),
-    ("group (syncfs)", "group", "syncfs"),
+BIG_PDU = 1024**2  # the largest P-DATA PDU gateway.max_pdu_bytes (default 1 MiB) lets in
+# (label, the gateway settings it changes): the durability modes; the cheap per-process
+# cut (a larger advertised PDU: dcmtk's storescu follows it, ~1 PDU an instance instead
+# of ~32); several receiving processes behind the one port (radserve.gateway.receivers)
+MODES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("per_instance", {"durability": "per_instance"}),
+    ("group (fsync)", {"durability": "group", "group_sync": "fsync"}),
+    ("group (syncfs)", {"durability": "group", "group_sync": "syncfs"}),
+    ("per_instance, 1 MiB PDU", {"advertised_pdu_bytes": BIG_PDU}),
+    ("2 receivers", {"receivers": 2}),
+    ("2 receivers, 1 MiB PDU", {"receivers": 2, "advertised_pdu_bytes": BIG_PDU}),
 )
 GOAL_RATE = 300.0
 
@@ -110,17 +118,29 @@ def _measured(files: int, seconds: float, cpu0: tuple[float, float]) -> dict[str
     }
 
 
+def _process_cpu(pids: list[int]) -> float:
+    """CPU seconds so far of running processes (the receiving ones: not waited for yet,
+    so ``os.times`` has not counted them)."""
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def _one_run(
-    tool: str, files: list[Path], data_dir: Path, durability: str, group_sync: str, n_assoc: int
+    tool: str, files: list[Path], data_dir: Path, settings: dict[str, Any], n_assoc: int
 ) -> dict[str, Any]:
-    config = ScpConfig(
-        data_dir=data_dir, port=0, quiet_s=3600, durability=durability, group_sync=group_sync
-    )
+    config = ScpConfig(data_dir=data_dir, port=0, quiet_s=3600, **settings)
     with GatewaySCP(config, lambda study: None, run_monitor=False) as scp:
         host, port = scp.address
-        cpu0 = _cpu()
+        pids = scp.receiver_pids()
+        cpu0, receivers0 = _cpu(), _process_cpu(pids)
         seconds = _send(tool, files, host, port, "RADSERVE", n_assoc)
         result = _measured(len(files), seconds, cpu0)
+        # the receiving processes' CPU is the SCP's too
+        result["cpu_ms_per_instance"] += 1000 * (_process_cpu(pids) - receivers0) / len(files)
         committer = scp.instances.committer
         if committer is not None and committer.batches:
             result["mean_batch"] = len(files) / committer.batches
@@ -128,7 +148,7 @@ def _one_run(
             result["committer_busy"] = committer.busy_s / seconds
     stored = sum(len(study_instances(d)) for d in (data_dir / "incoming").iterdir())
     if stored != len(files):
-        raise RuntimeError(f"{durability}: {stored}/{len(files)} stored")
+        raise RuntimeError(f"{settings}: {stored}/{len(files)} stored")
     return result
 
 
@@ -251,8 +271,8 @@ def run_cstore_bench(
                     elif label == BARE:
                         result = _bare_run(tool, files, data_dir, n_assoc)
                     else:
-                        _, durability, group_sync = next(m for m in MODES if m[0] == label)
-                        result = _one_run(tool, files, data_dir, durability, group_sync, n_assoc)
+                        settings = dict(MODES)[label]
+                        result = _one_run(tool, files, data_dir, settings, n_assoc)
                     runs[label][n_assoc].append(result)
                     shutil.rmtree(data_dir, ignore_errors=True)
                     log(

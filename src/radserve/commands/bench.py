@@ -36,8 +36,9 @@ from rich.table import Table
     "turnaround behind a queue of routine ones; providers: each model on ONNX Runtime's "
     "CPU provider vs every provider and precision this host serves; scale: one queue "
     "of studies drained in process, by 1 and by 2 Ray workers (--studies, --slices); "
-    "cstore: C-STORE ingest rate (storescu, --slices instances) per gateway.durability "
-    "mode; "
+    "cstore: C-STORE ingest rate (storescu, --slices instances) per gateway "
+    "configuration (durability modes, a 1 MiB advertised PDU, 2 receiving processes) "
+    "beside a bare pynetdicom SCP and the disk; "
     "eta: ETA accuracy on a mixed-class stream of small phantom studies through a real "
     "in-process server (--studies, --load), the planner's simulation of the same trace "
     "against the measured TATs, and the cost of one ETA recomputation with 100 / 1,000 / "
@@ -514,7 +515,7 @@ def _cstore(
         f"{summary['load_average'][1]:.1f}"
     )
     columns = (
-        "durability",
+        "configuration",
         "associations",
         "instances/s",
         "runs",
@@ -524,7 +525,7 @@ def _cstore(
         "committer busy",
     )
     for column in columns:
-        table.add_column(column, justify="left" if column == "durability" else "right")
+        table.add_column(column, justify="left" if column == "configuration" else "right")
     for row in summary["rows"]:
         batch = "-"
         if row["mean_batch"] is not None:
@@ -550,7 +551,8 @@ def _cstore(
         )
     console.print(
         f"[dim]goal: >= {summary['goal_instances_per_s']:.0f}/s; every success was sent after "
-        "the instance was durable; CPU-ms: this process + the storescu senders; data on the "
+        "the instance was durable; CPU-ms: the SCP (this process and its receiving processes) "
+        "+ the storescu senders; data on the "
         f"file system of {summary['file_system_of']}[/dim]"
     )
     _save_summary(console, json_path, summary)

@@ -123,6 +123,12 @@ def echo(
     default=None,
     help="Instances after a study completed: run again, or flag [gateway.late_policy].",
 )
+@click.option(
+    "--receivers",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Processes that receive associations behind the one port [gateway.receivers].",
+)
 @click.option("--tls-cert", type=_EXISTING, default=None, help="[gateway.tls.cert] (PEM)")
 @click.option("--tls-key", type=_EXISTING, default=None, help="[gateway.tls.key] (PEM)")
 @click.option("--tls-ca", type=_EXISTING, default=None, help="[gateway.tls.ca]: client CA.")
@@ -136,6 +142,7 @@ def scp(
     quiet_s: float | None,
     unwanted: str | None,
     late: str | None,
+    receivers: int | None,
     tls_cert: Path | None,
     tls_key: Path | None,
     tls_ca: Path | None,
@@ -157,6 +164,7 @@ def scp(
         gateway__quiet_s=quiet_s,
         gateway__unwanted=unwanted,
         gateway__late_policy=late,
+        gateway__receivers=receivers,
         gateway__tls__cert=tls_cert,
         gateway__tls__key=tls_key,
         gateway__tls__ca=tls_ca,

@@ -34,10 +34,12 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any, Protocol
 
 from radserve.gateway.storage import study_instances
 
@@ -47,6 +49,14 @@ HANDOVER_MARKER = ".radserve-handover.json"
 RECEIVING_PREFIX = ".radserve-receiving-"  # + association id: an association is open
 INTERRUPTED_MARKER = ".radserve-interrupted"  # an association was cut off mid-study
 _MAX_RETRY_S = 300.0
+
+
+def receiving_token(pid: int | None = None) -> str:
+    """The suffix of one association's receiving marker; with ``pid``, the prefix every
+    marker of that process starts with (a parent tells a dead receiver's markers)."""
+    if pid is not None:
+        return f"{pid}-"
+    return f"{os.getpid()}-{uuid.uuid4().hex}"
 
 
 class LatePolicy(StrEnum):
@@ -78,6 +88,20 @@ class CompletedStudy:
 
 
 StudyCallback = Callable[[CompletedStudy], None]
+
+
+class Arrivals(Protocol):
+    """What the SCP's handlers report: :class:`StudyTracker` itself, or in a receiving
+    process the relay to the tracker of the parent (:mod:`radserve.gateway.receivers`)."""
+
+    def arrived(self, study_uid: str, folder: Path, **details: Any) -> None:
+        """``details``: ``calling_ae``, ``new``, ``association`` (:meth:`StudyTracker.arrived`)."""
+
+    def interrupted(self, study_uid: str, association: object | None = None) -> None: ...
+
+    def resumed(self, study_uid: str, association: object | None = None) -> None: ...
+
+    def touch(self, study_uid: str) -> None: ...
 
 
 @dataclass
@@ -242,17 +266,26 @@ class StudyTracker:
                 handed.append(study)
             return handed
 
-    def recover(self, incoming: Path) -> int:
+    def recover(self, incoming: Path, *, others_receiving: bool = False) -> int:
         """After a restart: every study folder with instances not yet handed over starts
-        its quiet period now. Returns how many studies were reopened."""
+        its quiet period now. Returns how many studies were reopened.
+
+        ``others_receiving``: a receiving process died while others still receive (see
+        :mod:`radserve.gateway.receivers`): their receiving markers are left alone, only
+        folders not open already are reopened (instances whose report the dead process
+        never sent)."""
         reopened = 0
         now = self._clock()
         for folder in sorted(p for p in Path(incoming).iterdir() if p.is_dir()):
             count = len(study_instances(folder))
             marker = _read_marker(folder)
-            cut_off = _cut_off(folder)  # the server stopped while receiving it
+            if others_receiving:
+                cut_off = (folder / INTERRUPTED_MARKER).exists()
+            else:
+                cut_off = _cut_off(folder)  # the server stopped while receiving it
+            opened = False
             with self._lock:
-                if marker is not None:
+                if marker is not None and folder.name not in self._done:
                     self._done[folder.name] = _Done(marker[0], marker[1], now)
                 if count > (marker[1] if marker else 0) and folder.name not in self._open:
                     new = count - (marker[1] if marker else 0)
@@ -260,7 +293,8 @@ class StudyTracker:
                         folder, now, new_instances=new, interrupted=cut_off
                     )
                     reopened += 1
-            if cut_off:
+                    opened = True
+            if cut_off and (opened or not others_receiving):
                 logger.warning(
                     "study %s was being received when the server stopped; waiting up to "
                     "%.0f s for the sender to resume",

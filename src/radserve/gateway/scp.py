@@ -13,7 +13,6 @@ import contextlib
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,16 +27,19 @@ from radserve.gateway import conformance
 from radserve.gateway.completeness import (
     INTERRUPTED_MARKER,
     RECEIVING_PREFIX,
+    Arrivals,
     CompletenessMonitor,
     LatePolicy,
     StudyCallback,
     StudyTracker,
+    receiving_token,
 )
 from radserve.gateway.config import AllowList, ScpConfig
 from radserve.gateway.conformance import Status, UnwantedPolicy
 from radserve.gateway.errors import InstanceRejectedError, OutOfResourcesError
 from radserve.gateway.own_results import OwnResults
 from radserve.gateway.receive_limit import Exceeded, StoreLimit, clear_spool, install
+from radserve.gateway.receivers import ReceiverPool
 from radserve.gateway.storage import Disposition, InstanceStore, check_uid
 from radserve.gateway.transport import Admission, GatewayServer, start_server
 from radserve.ingest.headers import read_header
@@ -96,6 +98,9 @@ def build_ae(config: ScpConfig) -> AE:
     ae.acse_timeout = config.acse_timeout_s
     ae.dimse_timeout = config.dimse_timeout_s
     ae.network_timeout = config.network_timeout_s
+    # what a peer may send in one P-DATA PDU: fewer, larger PDUs cost the receiving
+    # Python less per instance (never above the cap BoundedSocket enforces)
+    ae.maximum_pdu_size = min(config.advertised_pdu_bytes, config.max_pdu_bytes)
     ae.add_supported_context(conformance.VERIFICATION, list(conformance.UNCOMPRESSED))
     accepted = (
         conformance.ALL_STORAGE
@@ -121,6 +126,10 @@ class GatewaySCP:
     ``on_study`` runs on the completeness thread, once per study per generation (see
     :class:`~radserve.gateway.completeness.CompletedStudy`); if it raises, the study is
     offered again later. Use as a context manager or call :meth:`start` / :meth:`stop`.
+    With ``receivers`` > 1 this process accepts and admits connections and runs the
+    tracker, and receiving processes run the associations
+    (:mod:`radserve.gateway.receivers`). ``arrivals`` and ``spool`` are for such a
+    receiving process: where its stored instances are reported, its own spool folder.
     """
 
     def __init__(
@@ -133,11 +142,14 @@ class GatewaySCP:
         own_results: OwnResults | None = None,
         on_durable: Callable[[list[Path]], None] | None = None,
         on_oversize: Callable[[Exceeded], None] | None = None,
+        arrivals: Arrivals | None = None,
+        spool: Path | None = None,
     ) -> None:
         self.config = config
         # C-STORE data sets being received (pynetdicom's temporary files): under the
         # data dir, never past max_file_bytes; on_oversize audits a refused one
-        self.spool = config.data_dir / SPOOL_DIR
+        self.spool = spool or config.data_dir / SPOOL_DIR
+        self.on_durable = on_durable
         self.on_oversize = on_oversize
         # radserve's own SEG/SR/SC re-sent by a PACS: acknowledged, never input
         self.own_results = own_results or OwnResults()
@@ -155,7 +167,8 @@ class GatewaySCP:
             late_policy=LatePolicy(config.late_policy),
             clock=clock,
         )
-        self._receiving = _Receiving(self.tracker)
+        self.arrivals: Arrivals = arrivals or self.tracker
+        self._receiving = _Receiving(self.arrivals)
         self.allow_list = AllowList(config.allowed_peers)
         self.admission = Admission(
             total=config.max_associations,
@@ -171,6 +184,7 @@ class GatewaySCP:
         if config.tls is not None and config.tls.cert is not None:
             self._ssl_context = server_context(config.tls, "the DICOM SCP")
         self._server: GatewayServer | None = None
+        self._pool: ReceiverPool | None = None
         self._stopped = threading.Event()
 
     @property
@@ -195,26 +209,22 @@ class GatewaySCP:
         if self.allow_list.open:
             logger.warning("no calling-AE allow-list: any DICOM peer may store to radserve")
         ssl_context = self._ssl_context
-        handlers: list[Any] = [
-            (evt.EVT_REQUESTED, self._on_requested),
-            (evt.EVT_C_STORE, self._on_store),
-            (evt.EVT_C_ECHO, self._on_echo),
-            (evt.EVT_ACCEPTED, self._on_accepted),
-            (evt.EVT_ABORTED, self._on_aborted),
-            (evt.EVT_RELEASED, self._receiving.released),
-            (evt.EVT_CONN_CLOSE, self._receiving.closed),
-        ]
-        self._server = start_server(
-            self._ae,
-            (self.config.host, self.config.port),
-            evt_handlers=handlers,
-            ssl_context=ssl_context,
-            admission=self.admission,
-            handshake_timeout_s=self.config.acse_timeout_s,
-            pdu_timeout_s=self.config.pdu_timeout_s,
-            max_pdu_bytes=self.config.max_pdu_bytes,
-            limit_store=self._limit_store,
-        )
+        options = self.server_options(self.admission)
+        if self.config.receivers > 1:
+            # this process accepts and admits; the receiving processes run associations
+            # (TLS, handlers, receive limits), each with its own interpreter
+            self._pool = ReceiverPool(self, self.config.receivers)
+            self._pool.start()
+            options.update(
+                evt_handlers=[], ssl_context=None, limit_store=None, hand_over=self._pool.hand
+            )
+        try:
+            self._server = start_server(self._ae, (self.config.host, self.config.port), **options)
+        except BaseException:
+            if self._pool is not None:
+                self._pool.stop()
+                self._pool = None
+            raise
         if self._monitor is not None:
             self._monitor.start()
         host, port = self.address
@@ -223,7 +233,8 @@ class GatewaySCP:
             self.config.ae_title,
             host,
             port,
-            " with TLS" if ssl_context else "",
+            (" with TLS" if ssl_context else "")
+            + (f", {self.config.receivers} receiving processes" if self._pool else ""),
             self.config.quiet_s,
             reopened,
         )
@@ -235,6 +246,9 @@ class GatewaySCP:
         if self._server is not None:
             self._server.shutdown()
             self._server = None
+        if self._pool is not None:
+            self._pool.stop()
+            self._pool = None
         self._ae.shutdown()
         self.instances.close()
         if self._monitor is not None:
@@ -252,6 +266,36 @@ class GatewaySCP:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+    def server_options(self, admission: Any) -> dict[str, Any]:
+        """What an association server of this SCP runs with: the handlers, TLS, the
+        bounds (this process's, or a receiving process's, with ``admission`` relayed)."""
+        handlers: list[Any] = [
+            (evt.EVT_REQUESTED, self._on_requested),
+            (evt.EVT_C_STORE, self._on_store),
+            (evt.EVT_C_ECHO, self._on_echo),
+            (evt.EVT_ACCEPTED, self._on_accepted),
+            (evt.EVT_ABORTED, self._on_aborted),
+            (evt.EVT_RELEASED, self._receiving.released),
+            (evt.EVT_CONN_CLOSE, self._receiving.closed),
+        ]
+        return {
+            "evt_handlers": handlers,
+            "ssl_context": self._ssl_context,
+            "admission": admission,
+            "handshake_timeout_s": self.config.acse_timeout_s,
+            "pdu_timeout_s": self.config.pdu_timeout_s,
+            "max_pdu_bytes": self.config.max_pdu_bytes,
+            "limit_store": self._limit_store,
+        }
+
+    def receiver_pids(self) -> list[int]:
+        """The receiving processes' ids (none with ``receivers: 1``)."""
+        return self._pool.pids() if self._pool is not None else []
+
+    @property
+    def ae(self) -> AE:
+        return self._ae
 
     # -- handlers (association threads) ---------------------------------------------
 
@@ -348,11 +392,11 @@ class GatewaySCP:
             )
         if quarantine:
             logger.info("instance %s of SOP class %s quarantined", sop_uid, sop_class)
-            self.tracker.touch(study_uid)
+            self.arrivals.touch(study_uid)
         else:
             # noted first: the study counts as being received before it counts as arrived
             self._receiving.note(event, study_uid, stored.path.parent)
-            self.tracker.arrived(
+            self.arrivals.arrived(
                 study_uid,
                 stored.path.parent,
                 calling_ae=calling,
@@ -380,7 +424,7 @@ class _Receiving:
     or a server crash (the marker survives it) — is marked interrupted and waits
     ``interrupted_quiet_s`` for its sender (see :mod:`radserve.gateway.completeness`)."""
 
-    def __init__(self, tracker: StudyTracker) -> None:
+    def __init__(self, tracker: Arrivals) -> None:
         self.tracker = tracker
         self._open: dict[int, tuple[str, dict[str, Path]]] = {}
         self._lock = threading.Lock()
@@ -393,7 +437,8 @@ class _Receiving:
     def note(self, event: Event, study_uid: str, folder: Path) -> None:
         key = self.key(event)
         with self._lock:
-            token, studies = self._open.setdefault(key, (uuid.uuid4().hex, {}))
+            # the process id first: a parent tells a dead receiving process's markers
+            token, studies = self._open.setdefault(key, (receiving_token(), {}))
             if study_uid in studies:
                 return
             studies[study_uid] = folder

@@ -17,6 +17,11 @@ its association slot forever: 21 such clients locked every PACS out). Here:
   for a claimed 4 GiB PDU; both end the connection with one log line;
 - ``limit_store`` (:class:`~radserve.gateway.receive_limit.StoreLimit`) bounds each
   C-STORE's data set while it arrives; a partial one is removed when the connection ends.
+
+With several receiving processes (:mod:`radserve.gateway.receivers`) the parent's
+:class:`GatewayServer` accepts and admits as above, then hands each admitted socket over
+(``hand_over``) instead of starting a thread; a receiving process runs it in a
+:class:`HandedServer`, a server with no listening socket of its own.
 """
 
 from __future__ import annotations
@@ -210,10 +215,12 @@ class GatewayServer(ThreadedAssociationServer):
         pdu_timeout_s: float,
         max_pdu_bytes: int,
         limit_store: Callable[[Any], StoreLimit] | None = None,
+        hand_over: Callable[[socket.socket, Any], None] | None = None,
         **kwargs: Any,
     ) -> None:
         self.admission = admission
         self.limit_store = limit_store
+        self.hand_over = hand_over
         self.handshake_timeout_s = handshake_timeout_s
         self.pdu_timeout_s = pdu_timeout_s
         self.max_pdu_bytes = max_pdu_bytes
@@ -225,8 +232,12 @@ class GatewayServer(ThreadedAssociationServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         try:
-            super().process_request(request, client_address)
-        except Exception:  # no thread started: give the slot back
+            if self.hand_over is None:
+                super().process_request(request, client_address)
+                return
+            self.hand_over(request, client_address)  # the receiving process releases
+            request.close()  # this process's copy; the receiving process has its own
+        except Exception:  # no thread started, nothing handed over: give the slot back
             self.admission.release(str(client_address[0]))
             raise
 
@@ -266,23 +277,32 @@ class GatewayServer(ThreadedAssociationServer):
         logger.warning("connection from %s failed", client_address[0])
 
 
-def start_server(
-    ae: Any,
-    address: tuple[str, int],
-    *,
-    ssl_context: ssl.SSLContext | None,
-    evt_handlers: list[Any],
-    **options: Any,
-) -> GatewayServer:
+class HandedServer(GatewayServer):
+    """A :class:`GatewayServer` that listens nowhere: a receiving process passes each
+    socket handed over to :meth:`process_request` (which starts its thread)."""
+
+    def server_bind(self) -> None:
+        """No socket of its own: connections come from the parent."""
+
+    def server_activate(self) -> None:
+        """Nothing to listen on."""
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        return True  # admitted by the parent at accept
+
+
+def make_server(ae: Any, address: tuple[str, int], **options: Any) -> GatewayServer:
+    """``AE.make_server`` with a :class:`GatewayServer` (``server_class`` may name a
+    subclass; ``options``: its keyword arguments)."""
+    options.setdefault("server_class", GatewayServer)
+    server: GatewayServer = ae.make_server(address, **options)
+    return server
+
+
+def start_server(ae: Any, address: tuple[str, int], **options: Any) -> GatewayServer:
     """``AE.start_server(block=False)`` with :class:`GatewayServer` (``options``: its
-    keyword arguments)."""
-    server = ae.make_server(
-        address,
-        ssl_context=ssl_context,
-        evt_handlers=evt_handlers,
-        server_class=GatewayServer,
-        **options,
-    )
+    keyword arguments, ``ssl_context`` and ``evt_handlers`` included)."""
+    server = make_server(ae, address, **options)
     thread = threading.Thread(target=server.serve_forever, name="radserve-scp", daemon=True)
     thread.start()
     ae._servers.append(server)  # so AE.shutdown() stops it (as AE.start_server does)

@@ -1,0 +1,116 @@
+"""``gateway.receivers: 2``: dcmtk's storescu against several receiving processes behind
+one port; every instance stored once, studies handed over once by the parent, and a
+receiving process killed right after its successes is replaced with nothing
+acknowledged lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pydicom
+import pytest
+from pynetdicom import AE
+from pynetdicom.sop_class import CTImageStorage
+from tests.factories.dicom_net import (
+    Intake,
+    dcmtk_tool,
+    loopback_scp_config,
+    small_study,
+    storescu,
+    wait_until,
+)
+
+from radserve.gateway import GatewaySCP
+from radserve.gateway.completeness import INTERRUPTED_MARKER
+from radserve.gateway.storage import study_instances
+
+pytestmark = [
+    pytest.mark.tools,
+    pytest.mark.slow,
+    pytest.mark.skipif(dcmtk_tool("storescu") is None, reason="dcmtk is not installed"),
+]
+
+QUIET_S = 1.5
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[tuple[GatewaySCP, Intake]]:
+    """Two receiving processes; a killed one's study waits for its sender (120 s)."""
+    intake = Intake()
+    config = loopback_scp_config(
+        tmp_path / "gateway", QUIET_S, interrupted_quiet_s=120, receivers=2
+    )
+    with GatewaySCP(config, intake) as scp:
+        yield scp, intake
+
+
+def _uids(files: list[Path]) -> set[str]:
+    return {str(pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID) for p in files}
+
+
+def test_two_studies_over_concurrent_associations_are_stored_once_and_complete_once(
+    gateway: tuple[GatewaySCP, Intake], tmp_path: Path
+) -> None:
+    scp, intake = gateway
+    first = small_study(tmp_path / "a", seed=1, slices=range(10, 18))
+    second = small_study(tmp_path / "b", seed=2, slices=range(10, 18))
+    runs: list[int] = []
+    senders = [
+        threading.Thread(target=lambda f=files: runs.append(storescu(*scp.address, f).returncode))
+        for files in (first, first[:3], second)  # first[:3] again: duplicates, kept once
+    ]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join(120)
+    assert runs == [0, 0, 0]
+    assert wait_until(lambda: len(intake.studies) == 2, timeout=30)
+    assert not wait_until(lambda: len(intake.studies) > 2, timeout=QUIET_S * 1.5)
+    by_study = {s.study_instance_uid: s for s in intake.studies}
+    for files in (first, second):
+        uid = str(pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID)
+        study = by_study[uid]
+        assert {p.stem for p in study.instances} == _uids(files)
+        assert study.calling_ae_titles == ("STORESCU",)
+    assert scp.admission.open_connections() == {}  # every slot given back by the children
+
+
+def test_a_killed_receiver_is_replaced_and_loses_nothing_it_acknowledged(
+    gateway: tuple[GatewaySCP, Intake], tmp_path: Path
+) -> None:
+    scp, intake = gateway
+    pool = scp._pool
+    assert pool is not None
+    before = set(pool.pids())
+    assert len(before) == 2
+    files = small_study(tmp_path / "sent", slices=range(10, 18))
+    ae = AE("PYNETDICOM")
+    ae.add_requested_context(CTImageStorage, ["1.2.840.10008.1.2.1"])
+    assoc = ae.associate(*scp.address, ae_title="RADSERVE")
+    assert assoc.is_established
+    sent = [pydicom.dcmread(path) for path in files[:4]]
+    statuses = [int(assoc.send_c_store(ds).Status) for ds in sent]
+    assert statuses == [0, 0, 0, 0]
+    # the receiving process running this association: the one whose slot is taken
+    [victim] = [s.pid for s in pool._slots.values() if s.open]
+    os.kill(victim, signal.SIGKILL)  # at once after the last success
+    assert wait_until(lambda: not assoc.is_established, timeout=15)
+    assert wait_until(lambda: len(pool.pids()) == 2 and victim not in pool.pids(), timeout=60)
+    assert pool.restarts == 1
+    assert scp.admission.open_connections() == {}
+    folder = scp.instances.incoming / str(sent[0].StudyInstanceUID)
+    assert (folder / INTERRUPTED_MARKER).exists()
+    # the rest of the study, resent by the sender over a new association, to a new child
+    assert storescu(*scp.address, files).returncode == 0
+    assert wait_until(lambda: intake.studies, timeout=30)
+    [study] = intake.studies
+    assert {p.stem for p in study.instances} == _uids(files)
+    assert not study.interrupted  # the resent association was released normally
+    for ds in sent:
+        again = pydicom.dcmread(folder / f"{ds.SOPInstanceUID}.dcm")
+        assert again.PixelData == ds.PixelData
+    assert len(study_instances(folder)) == len(files)
