@@ -15,10 +15,11 @@ Models (service times / host):
   plan``'s default on a CPU device since 2026-12-02.
 
 Each runs with the scheduler the server had (batches capped at the CPU device's
-``CPU_MAX_BATCH`` slices, ``yield_to_urgent``); ``--as-before`` adds the first two as
-session 8 ran them (batches of 32 slices, routine stages not pausing for URGENT work).
+``CPU_MAX_BATCH`` slices, ``yield_to_urgent``). The checks the bench itself made when it
+ran (``planner``, ``planner_shared_cores``, ``planner_host_model``: the code of that
+commit) are printed first.
 
-    PYTHONPATH=src python tools/eta_planner_replay.py out/eta.json [--cores N] [--as-before]
+    PYTHONPATH=src python tools/eta_planner_replay.py out/eta.json [more.json ...] [--cores N]
 """
 
 from __future__ import annotations
@@ -36,8 +37,14 @@ from radserve.turnaround.eta import on_host_cores
 from radserve.turnaround.service_time import ServiceTimeModel
 from radserve.turnaround.solo import runs_from_end_records, solo_model
 
+RECORDED = {
+    "planner": "as run: trace times, separate hardware",
+    "planner_shared_cores": "as run: trace times, shared cores",
+    "planner_host_model": "as run: warm-up solo times, shared cores",
+}
 
-def replay(summary: dict[str, Any], cores: int | None, as_before: bool) -> dict[str, Any]:
+
+def replay(summary: dict[str, Any], cores: int | None) -> dict[str, Any]:
     jobs = [
         JobTrace(
             row["id"],
@@ -58,7 +65,6 @@ def replay(summary: dict[str, Any], cores: int | None, as_before: bool) -> dict[
     if cores is None and host:
         cores = summary["host"]["usable_cores"]
     server = SchedulerSettings().capped(CPU_MAX_BATCH if host else None)
-    before = SchedulerSettings(yield_to_urgent=False)
     trace = ServiceTimeModel.from_json(summary["service_times"])
     group = group_of(trace, summary["pipeline"], "fp32")
     models = {
@@ -69,21 +75,14 @@ def replay(summary: dict[str, Any], cores: int | None, as_before: bool) -> dict[
         models["solo from the trace"] = solo_model(
             runs_from_end_records(summary["eta_records"]),
             cores,
-            model=ServiceTimeModel(trace.prior),
+            prior=trace.prior,
             pipeline=group[0],
             device=group[1],
             precision=group[2],
             # the server's CPU workers, its URGENT lane and a batch on every core
             max_threads=summary["cpu_workers"] + 1 + cores,
         )
-    variants: list[tuple[str, str, int | None, SchedulerSettings]] = []
-    if as_before:
-        variants += [
-            ("session 8: trace times, separate hardware", "trace", None, before),
-            ("session 8: trace times, shared cores", "trace", cores, before),
-            ("session 8: warm-up solo times, shared cores", "warm-up solo", cores, before),
-        ]
-    variants += [
+    variants = [
         ("trace times, separate hardware", "trace", None, server),
         ("trace times, shared cores", "trace", cores, server),
         ("warm-up solo times, shared cores", "warm-up solo", cores, server),
@@ -92,7 +91,8 @@ def replay(summary: dict[str, Any], cores: int | None, as_before: bool) -> dict[
         variants.append(
             ("solo times from the trace, shared cores", "solo from the trace", cores, server)
         )
-    return {
+    recorded = {RECORDED[k]: summary[k] for k in RECORDED if summary.get(k)}
+    return recorded | {
         name: planner_check(
             jobs,
             models[key],
@@ -110,13 +110,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("summary", type=Path, nargs="+")
     parser.add_argument("--cores", type=int, default=None)
-    parser.add_argument("--as-before", action="store_true", help="add session 8's models")
     args = parser.parse_args()
     for path in args.summary:
         summary = json.loads(path.read_text())
         load = summary["host"]["loadavg_before"][0], summary["host"]["loadavg_after"][0]
         print(f"{path} (seed {summary.get('seed')}, load average {load[0]} -> {load[1]})")
-        for name, check in replay(summary, args.cores, args.as_before).items():
+        for name, check in replay(summary, args.cores).items():
             cells = [
                 f"{cls:<10} p50 {r['predicted_p50_s']:6.1f}/{r['measured_p50_s']:6.1f} "
                 f"({r['diff_p50']:4.0%})  p95 {r['predicted_p95_s']:6.1f}/"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from radserve.domain.priority import PriorityClass
-from radserve.turnaround.service_time import RUN, ServiceTimeModel, StudySize
+from radserve.turnaround.service_time import RUN, StudySize
 from radserve.turnaround.solo import (
     JobRun,
     runs_from_end_records,
@@ -65,9 +65,7 @@ def test_a_routine_job_held_for_urgent_work_loses_the_held_time_not_speed() -> N
 
 def test_the_solo_model_learns_the_divided_times() -> None:
     runs = [_run(OUT, 0.0, 6.0, ingest=6.0), _run(OUT, 0.0, 6.0, ingest=6.0)]
-    model = solo_model(
-        runs, 1, model=ServiceTimeModel(), pipeline="p", device="cpu", precision="fp32"
-    )
+    model = solo_model(runs, 1, pipeline="p", device="cpu", precision="fp32")
     steps = model.step_seconds(pipeline="p", device="cpu", precision="fp32", size=StudySize(40))
     assert steps["ingest"] == pytest.approx(3.0)
 
@@ -97,3 +95,22 @@ def test_no_more_threads_share_the_cores_than_the_server_runs() -> None:
     runs = [_run(U, 0.0, 10.0, ingest=10.0) for _ in range(10)]
     assert slowdowns(runs, cores=1)[0].cpu == pytest.approx(10.0)
     assert slowdowns(runs, cores=1, max_threads=3)[0].cpu == pytest.approx(3.0)
+
+
+def test_times_alone_draw_their_noise_from_their_own_jobs() -> None:
+    """Ten jobs of one size alone, 2 s of work but one at 6 s: the line is the median
+    (2 s), and the planner's draws are the jobs' own ratios to it (1 or 3), so the
+    simulated mean work is the measured mean (2.4 s), not the median's."""
+    import numpy as np
+
+    from radserve.turnaround.plan import ModelSampler
+
+    runs = [_run(OUT, 10.0 * i, 10.0 * i + 2.0, ingest=2.0) for i in range(9)]
+    runs.append(_run(OUT, 100.0, 106.0, ingest=6.0))
+    model = solo_model(runs, 2, pipeline="p", device="cpu", precision="fp32")
+    sampler = ModelSampler(model, "p", "cpu", "fp32")
+    assert sorted(set(np.round(sampler.ratios, 6))) == [1.0, 3.0]
+    rng = np.random.default_rng(0)
+    works = [sampler.service(rng, 40).cpu_pre_s for _ in range(2000)]
+    assert set(np.round(works, 6)) == {2.0, 6.0}
+    assert np.mean(works) == pytest.approx(2.4, rel=0.1)

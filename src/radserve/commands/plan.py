@@ -253,7 +253,6 @@ def _learn(model: Any, store: Any, device: str, cores: int | None, cpu_workers: 
     the sharing of ``cores`` they ran under divided out (radserve.turnaround.solo)."""
     from radserve.service.turnaround import _report_size, learn_from_store
     from radserve.store import JobState as StoredState
-    from radserve.turnaround.service_time import ServiceTimeModel
     from radserve.turnaround.solo import JobRun, solo_model
 
     if cores is None:
@@ -279,7 +278,7 @@ def _learn(model: Any, store: Any, device: str, cores: int | None, cpu_workers: 
     return solo_model(
         runs,
         cores,
-        model=ServiceTimeModel(model.prior),
+        prior=model.prior,
         pipeline="",
         device=device,
         precision="",

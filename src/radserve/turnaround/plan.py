@@ -31,6 +31,7 @@ from radserve.turnaround.simulate import (
     simulate,
     split_batches,
 )
+from radserve.turnaround.solo import SoloTimes
 
 _PER = {"s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RATE = re.compile(r"^\s*([0-9.]+(?:e-?[0-9]+)?)\s*(?:/\s*(s|min|m|h|d))?\s*$")
@@ -77,11 +78,12 @@ def _class(name: str) -> PriorityClass:
 @dataclass(frozen=True)
 class ModelSampler:
     """Job service drawn from a :class:`ServiceTimeModel`: the study size from the sizes
-    seen (else the typical one), the steps' lines at that size, times a noise factor
-    drawn from the measured jobs' own ratios to their lines (:attr:`ratios`), so the
-    simulated work has the mean and the tail that was measured (the lines are medians:
-    Theil-Sen); with fewer than ``MIN_RATIOS`` jobs, lognormal noise of mean 1 with the
-    spread the model measured (at least ``min_cv``)."""
+    seen (else the typical one), the steps' lines at that size, times a noise factor.
+    Times alone (:class:`SoloTimes`) draw it from their jobs' own ratios to the lines
+    (:attr:`ratios`), so the simulated work has the mean and the tail that was measured
+    (the lines are medians: Theil-Sen); times as measured, or fewer than ``MIN_RATIOS``
+    jobs, lognormal noise of mean 1 with the spread the model measured (at least
+    ``min_cv``): their ratios hold the contention the simulation adds itself."""
 
     model: ServiceTimeModel
     pipeline: str
@@ -131,7 +133,7 @@ class ModelSampler:
         est = self.model.estimate(
             pipeline=self.pipeline, device=self.device, precision=self.precision, size=size
         )
-        if len(self.ratios):
+        if isinstance(self.model, SoloTimes) and len(self.ratios):
             noise = float(rng.choice(self.ratios))
         else:
             cv = max(self.min_cv, 1.4826 * est.spread_s / max(est.latency_s, 1e-9))

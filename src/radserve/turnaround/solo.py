@@ -34,6 +34,7 @@ from radserve.domain.priority import PriorityClass
 from radserve.turnaround.service_time import (
     DEVICE_SUFFIX,
     RUN,
+    Prior,
     ServiceTimeModel,
     StudySize,
 )
@@ -65,6 +66,13 @@ class JobRun:
         return sum(
             v for k, v in self.timings.items() if k not in _TOTALS and not k.endswith(DEVICE_SUFFIX)
         )
+
+
+class SoloTimes(ServiceTimeModel):
+    """Service times with the sharing they ran under divided out. What is left around
+    their lines is the work's own spread (and what the division misses), which the
+    planner draws its noise from (:class:`radserve.turnaround.plan.ModelSampler`);
+    times as measured hold the contention the simulation adds itself."""
 
 
 @dataclass(frozen=True)
@@ -178,16 +186,16 @@ def solo_model(
     runs: Sequence[JobRun],
     cores: int,
     *,
-    model: ServiceTimeModel,
+    prior: Prior | None = None,
     pipeline: str,
     device: str,
     precision: str,
     urgent_holds: bool = True,
     max_threads: int | None = None,
-) -> ServiceTimeModel:
-    """Teach ``model`` (a fresh one, its prior kept) the solo timings of ``runs`` (every
-    job that ran on the host, oldest first; a run's own pipeline and precision, else
-    these); returns it."""
+) -> SoloTimes:
+    """The solo timings of ``runs`` (every job that ran on the host, oldest first; a
+    run's own pipeline and precision, else these) as a model."""
+    model = SoloTimes(prior)
     factors = slowdowns(runs, cores, urgent_holds=urgent_holds, max_threads=max_threads)
     for run, slow in zip(runs, factors, strict=True):
         if run.slices > 0 and run.timings:
@@ -229,6 +237,7 @@ def runs_from_end_records(records: Iterable[Mapping[str, object]]) -> list[JobRu
 __all__ = [
     "JobRun",
     "Slowdown",
+    "SoloTimes",
     "runs_from_end_records",
     "slowdowns",
     "solo_model",
