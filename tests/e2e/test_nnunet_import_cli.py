@@ -1,7 +1,9 @@
-"""An nnU-Net folder imported from the CLI and served by ``radserve run`` on a DICOM CT.
+"""nnU-Net folders imported from the CLI and served by ``radserve run`` on DICOM studies.
 
-The labels ``radserve run`` writes (organs.nii.gz, DICOM SEG) are compared with
-``nnUNetPredictor`` on the same CT and weights; the folder is made in the test.
+A one-channel CT model on a DICOM CT, and a CT + PET model on the PET/CT phantom (the PET
+found, converted to SUVbw and put on the CT grid). The labels ``radserve run`` writes
+(NIfTI, DICOM SEG) are compared with ``nnUNetPredictor`` on the same arrays and weights;
+the folders are made in the test.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pydicom
 import pytest
 
 pytest.importorskip("nnunetv2", reason="the nnunet extra is not installed")
@@ -21,7 +24,10 @@ from tests.factories.nnunet_folder import make_results_folder
 from tests.integration.test_nnunet_agreement import synthetic_ct
 
 from radserve.importers.nnunet import load_predictor, read_results_folder
+from radserve.ingest import discover_series, load_series
 from radserve.ingest.nifti import load_nifti
+from radserve.ingest.suv import series_to_suv
+from radserve.preprocess.onto_grid import resample_onto
 
 
 def _radserve(*args: str) -> subprocess.CompletedProcess[str]:
@@ -74,3 +80,52 @@ def test_imported_model_serves_through_radserve_run(tmp_path: Path) -> None:
     assert len(np.unique(theirs)) >= 2
     # radserve's post-processing (no min size, no keep-largest declared) leaves labels as is.
     assert float((labels.array == theirs).mean()) >= 0.999
+
+
+@pytest.mark.slow
+def test_imported_pet_ct_model_runs_on_the_pet_ct_phantom(tmp_path: Path) -> None:
+    folder = make_results_folder(
+        tmp_path / "results",
+        folds=(0,),
+        spacing=(4.0, 3.0, 3.0),
+        schemes=("CTNormalization", "ZScoreNormalization"),
+        channel_names=("CT", "noNorm"),  # says no series: named on the command line
+    )
+    models = tmp_path / "models"
+    args = ["models", "import", "nnunet", str(folder), "--models-dir", str(models)]
+    refused = _radserve(*args, "--name", "petct")
+    assert refused.returncode != 0 and "channel 1 is named 'noNorm'" in refused.stderr
+    done = _radserve(*args, "--name", "petct", "--channel", "1=PT")
+    assert done.returncode == 0, done.stderr
+
+    done = _radserve("phantom", "--seed", "0", "--small", "--pet", "--out", str(tmp_path / "p"))
+    assert done.returncode == 0, done.stderr
+    study = tmp_path / "p" / "dicom"
+    pipeline = tmp_path / "petct.yaml"
+    pipeline.write_text(
+        "name: petct-nnunet\nversion: 1.0.0\nseries_selection: {modalities: [CT]}\n"
+        "steps:\n  - model: petct\n"
+    )
+    out = tmp_path / "out"
+    done = _radserve("run", str(study), "--pipeline", str(pipeline), "--out", str(out),
+                     "--models-dir", str(models), "--no-key-images")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert [m["name"] for m in report["models"]] == ["petct"]
+    assert report["series_selection"]["rejected"] == [], "the PET is used, not passed over"
+    seg = pydicom.dcmread(out / "petct-seg.dcm")
+    assert seg.Modality == "SEG"
+
+    # nnU-Net's predictor on the CT and the SUV on the CT grid (radserve's ingest).
+    headers = {h.modality: h for h in discover_series(study)}
+    ct = load_series(headers["CT"]).volume
+    suv, _ = series_to_suv(load_series(headers["PT"]))
+    pet = resample_onto(suv, ct).array
+    predictor = load_predictor(read_results_folder(folder))
+    theirs = predictor.predict_single_npy_array(
+        np.stack([ct.array, pet]).astype(np.float32), {"spacing": list(ct.spacing)}
+    )
+    ours = load_nifti(out / "petct.nii.gz").array
+    assert ours.shape == theirs.shape == ct.shape
+    assert len(np.unique(theirs)) >= 2
+    assert float((ours == theirs).mean()) >= 0.999

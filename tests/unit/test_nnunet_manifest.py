@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from tests.factories.nnunet_folder import CONFIG, FOLDER, tiny_dataset, tiny_plans
 
 from radserve.importers import ImportRefusedError
 from radserve.importers.nnunet import manifest_from_nnunet, read_results_folder
+from radserve.importers.nnunet_channels import SeriesRule, parse_channel_option
+from radserve.models.manifest import ModelSpec
 
 
 def _folder(tmp_path, plans=None, dataset=None, folds=(0,)):
@@ -63,8 +66,13 @@ def _plans(**config):
         ({**tiny_plans(), "transpose_forward": [2, 1, 1]}, None, "transpose_forward"),
         ({**tiny_plans(), "transpose_forward": [1, 2, 0]}, None, "transpose_backward"),
         (_plans(patch_size=[64, 64]), None, "not 3d"),
-        (_plans(normalization_schemes=["ZScoreNormalization"]), None, "ZScoreNormalization"),
-        (_plans(normalization_schemes=["CTNormalization"] * 2), None, "2 input channels"),
+        (_plans(normalization_schemes=["RGBTo01Normalization"]), None, "'RGBTo01Normalization'"),
+        (_plans(normalization_schemes=["MyNormalization"]), None, "channel 0 normalization 'My"),
+        (
+            _plans(normalization_schemes=["CTNormalization"] * 2),
+            None,
+            "names 1 channel\\(s\\), the plans normalise 2",
+        ),
         (_plans(previous_stage="3d_lowres"), None, "cascade"),
         (_plans(preprocessor_name="MyPreprocessor"), None, "MyPreprocessor"),
         (_plans(resampling_fn_data="resample_torch_fornnunet"), None, "resample_torch_fornnunet"),
@@ -74,8 +82,8 @@ def _plans(**config):
             None,
             "force_separate_z=True",
         ),
-        (_plans(use_mask_for_norm=[True]), None, "use_mask_for_norm"),
-        (None, {**tiny_dataset(), "channel_names": {"0": "T2"}}, "'T2'"),
+        (None, {**tiny_dataset(), "channel_names": {"0": "noNorm"}}, "channel 0 is named 'noNorm'"),
+        (None, {**tiny_dataset(), "channel_names": {"0": "PET"}}, "one-channel PET model"),
         (None, {**tiny_dataset(), "labels": {"background": 0, "a": 2}}, "consecutive"),
     ],
 )  # fmt: skip
@@ -97,3 +105,109 @@ def test_transpose_forward_becomes_the_network_axes(tmp_path):
     spec = _spec(tmp_path, plans=plans)
     assert spec.input.axes == ("y", "x", "z")
     assert spec.input.spacing == tuple(plans["configurations"][CONFIG]["spacing"])
+
+
+def _two_channel(names=("CT", "PET"), schemes=("CTNormalization", "ZScoreNormalization")):
+    plans = tiny_plans(schemes=schemes)
+    return plans, tiny_dataset(channels=len(names), channel_names=names)
+
+
+def test_a_ct_pet_model_maps_each_channel_to_its_series_and_normalisation(tmp_path):
+    plans, dataset = _two_channel()
+    spec = _spec(tmp_path, plans=plans, dataset=dataset)
+    ct, pet = spec.input.channels
+    assert spec.modality == "CT" and spec.input.reference_channel.name == "ct"
+    assert (ct.modality, ct.units, ct.normalisation.kind) == ("CT", "native", "clip_zscore")
+    assert (ct.normalisation.lower, ct.normalisation.mean) == (-900.0, 40.0)
+    assert (pet.modality, pet.units, pet.normalisation.kind) == ("PT", "SUVbw", "zscore")
+    assert spec.input.in_channels == 2 and spec.input.crop == "nonzero"
+
+
+def test_a_pet_first_model_keeps_its_channel_order_on_the_ct_grid(tmp_path):
+    plans, dataset = _two_channel(
+        names=("PET", "CT"), schemes=("NoNormalization", "CTNormalization")
+    )
+    spec = _spec(tmp_path, plans=plans, dataset=dataset)
+    assert [c.name for c in spec.input.channels] == ["pet", "ct"]
+    assert spec.input.reference == "ct" and spec.modality == "CT"
+    assert spec.input.channels[0].normalisation.kind == "none"
+    # channel 1's CT normalisation reads channel 1's fingerprint
+    assert spec.input.channels[1].normalisation.mean == 50.0
+
+
+def test_mr_sequences_are_told_apart_by_their_series_description(tmp_path):
+    names = ("T2", "ADC", "FLAIR", "T1Gd")
+    plans = tiny_plans(schemes=("ZScoreNormalization",) * 4, use_mask=(True, False, True, False))
+    dataset = tiny_dataset(channels=4, channel_names=names)
+    spec = _spec(tmp_path, plans=plans, dataset=dataset)
+    rules = {c.name: re.compile(c.series_description) for c in spec.input.channels}
+    assert spec.modality == "MR" and list(rules) == ["t2", "adc", "flair", "t1gd"]
+    assert [c.normalisation.use_mask for c in spec.input.channels] == [True, False, True, False]
+    picks = {
+        "t2": ["T2 TSE AX"],
+        "adc": ["ep2d_diff ADC"],
+        "flair": ["AX T2 FLAIR"],
+        "t1gd": ["T1 MPRAGE post Gd"],
+    }
+    series = ["T2 TSE AX", "ep2d_diff ADC", "AX T2 FLAIR", "T1 MPRAGE post Gd", "T1 MPRAGE"]
+    for name, rule in rules.items():
+        assert [d for d in series if rule.search(d)] == picks[name], name
+
+
+def test_a_one_channel_mr_zscore_model_with_the_nonzero_mask(tmp_path):
+    plans = tiny_plans(schemes=("ZScoreNormalization",), use_mask=(True,))
+    spec = _spec(tmp_path, plans=plans, dataset=tiny_dataset(channel_names=("T2",)))
+    assert spec.modality == "MR" and not spec.input.channels
+    assert spec.input.normalisation.kind == "zscore" and spec.input.normalisation.use_mask
+
+
+@pytest.mark.parametrize(
+    ("names", "channels", "reason"),
+    [
+        (("CT", "noNorm"), None, r"channel 1 is named 'noNorm'.*--channel 1=PT"),
+        (("T1", "T1w"), None, r"channels 0 and 1 would both be read from the MR series"),
+        (("PET", "SUV"), {1: SeriesRule("PT", "(?i)ac")}, "every channel is a PET"),
+        (("CT", "PET"), {2: SeriesRule("PT")}, r"channel\(s\) \[2\]"),
+    ],
+)
+def test_channels_that_say_no_series_are_refused_naming_the_option(
+    tmp_path, names, channels, reason
+):
+    plans, dataset = _two_channel(names=names)
+    source = read_results_folder(_folder(tmp_path, plans=plans, dataset=dataset))
+    with pytest.raises(ImportRefusedError, match=reason):
+        manifest_from_nnunet(source, name="t", version="1", channels=channels)
+
+
+def test_the_channel_option_names_the_series(tmp_path):
+    plans, dataset = _two_channel(names=("CT", "noNorm"))
+    source = read_results_folder(_folder(tmp_path, plans=plans, dataset=dataset))
+    rules = dict(parse_channel_option(t) for t in ["1=MR:(?i)flair"])
+    spec = manifest_from_nnunet(source, name="t", version="1", channels=rules)
+    assert spec.input.channels[1].modality == "MR"
+    assert spec.input.channels[1].series_description == "(?i)flair"
+    for bad in ("x=PT", "1=pet", "1", "1=MR:(unclosed"):
+        with pytest.raises(ImportRefusedError, match="--channel"):
+            parse_channel_option(bad)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (
+            {"mode": "2d", "patch_size": None, "resampling": None, "crop": "none",
+             "sliding_window": {}, "axes": ["z", "y", "x"]},
+            "normalisation 'zscore' takes its numbers from the whole image",
+        ),
+        ({"crop": "none"}, "zscore use_mask .* needs crop 'nonzero'"),
+        ({"resampling": None}, "zscore use_mask .* needs crop 'nonzero'"),
+    ],
+)  # fmt: skip
+def test_per_image_normalisations_are_refused_where_they_cannot_be_exact(tmp_path, change, reason):
+    plans = tiny_plans(schemes=("ZScoreNormalization",), use_mask=(True,))
+    spec = _spec(tmp_path, plans=plans, dataset=tiny_dataset(channel_names=("T2",)))
+    raw = spec.model_dump(mode="json")
+    raw["input"].update(change)
+    raw["input"].pop("test_time_augmentation")
+    with pytest.raises(ValueError, match=reason):
+        ModelSpec.model_validate(raw)

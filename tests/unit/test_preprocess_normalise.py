@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from radserve.domain.volume import Volume
-from radserve.models.manifest import ClipZScore, CtWindow
+from radserve.models.manifest import ClipZScore, CtWindow, NoNormalisation, RescaleUnit, ZScore
 from radserve.preprocess import bbox_of_mask, body_bbox, normalise, normalised_floor, roi_bbox
+from radserve.preprocess.crop import nonzero_mask
 
 
 def test_ct_window_clips_and_scales_to_unit_range() -> None:
@@ -59,3 +60,53 @@ def test_roi_bbox_grows_by_the_margin_in_mm() -> None:
     vol = Volume.from_geometry(labels, spacing=(2.0, 0.5, 1.0))
     assert roi_bbox(vol, (2,), margin_mm=2.0) == (slice(3, 7), slice(4, 14), slice(1, 7))
     assert roi_bbox(vol, (3,), margin_mm=2.0) is None
+
+
+def _mr_like(seed: int = 0) -> np.ndarray:
+    """An MR-like crop: a bright ellipsoid with a zero-valued hole and a zero frame."""
+    rng = np.random.default_rng(seed)
+    z, y, x = np.ogrid[:12, :30, :28]
+    image = np.zeros((12, 30, 28), np.float32)
+    inside = ((z - 6) / 5.0) ** 2 + ((y - 15) / 12.0) ** 2 + ((x - 14) / 11.0) ** 2 < 1
+    image[inside] = rng.normal(300, 40, int(inside.sum())).astype(np.float32)
+    image[5:7, 14:16, 13:15] = 0.0  # a hole inside: in nnU-Net's filled mask
+    return image
+
+
+@pytest.mark.parametrize("use_mask", [False, True])
+def test_zscore_repeats_nnunets_zscore_normalization(use_mask: bool) -> None:
+    """The same float32 numbers as nnU-Net's own class, given its non-zero mask."""
+    norm = pytest.importorskip("nnunetv2.preprocessing.normalization.default_normalization_schemes")
+    cropping = pytest.importorskip("nnunetv2.preprocessing.cropping.cropping")
+    image = _mr_like()
+    other = np.zeros_like(image)
+    other[0, 0, 0] = 1.0  # a second channel non-zero where the first is not: the union
+    data, seg, _ = cropping.crop_to_nonzero(np.stack([image, other]))
+    theirs = norm.ZScoreNormalization(use_mask_for_norm=use_mask, intensityproperties={}).run(
+        data[0].copy(), seg[0]
+    )
+    mask = nonzero_mask([data[0], data[1]])
+    np.testing.assert_array_equal(mask, seg[0] >= 0)
+    ours = normalise(data[0], ZScore(use_mask=use_mask), mask)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)
+    if use_mask:
+        assert (ours[~mask] == 0).all() and abs(float(ours[mask].mean())) < 1e-4
+
+
+def test_rescale_and_none_repeat_nnunet() -> None:
+    norm = pytest.importorskip("nnunetv2.preprocessing.normalization.default_normalization_schemes")
+    image = _mr_like(1) - 50.0
+    for ours_kind, theirs_cls in (
+        (RescaleUnit(), norm.RescaleTo01Normalization),
+        (NoNormalisation(), norm.NoNormalization),
+    ):
+        theirs = theirs_cls(use_mask_for_norm=False, intensityproperties={}).run(image.copy())
+        np.testing.assert_array_equal(normalise(image, ours_kind), theirs)
+        assert normalised_floor(ours_kind) == 0.0
+
+
+def test_zscore_with_use_mask_needs_the_mask() -> None:
+    with pytest.raises(ValueError, match="needs the non-zero mask"):
+        normalise(_mr_like(), ZScore(use_mask=True))
+    flat = np.full((2, 3, 4), 7.0, np.float32)  # std 0: divided by nnU-Net's 1e-8, no NaN
+    assert np.isfinite(normalise(flat, ZScore())).all()

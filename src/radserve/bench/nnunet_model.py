@@ -38,7 +38,13 @@ def tiny_plans(
     features: tuple[int, ...] = (8, 16, 32),
     kernels: tuple[tuple[int, int, int], ...] = ((1, 3, 3), (3, 3, 3), (3, 3, 3)),
     strides: tuple[tuple[int, int, int], ...] = ((1, 1, 1), (1, 2, 2), (2, 2, 2)),
+    schemes: tuple[str, ...] | None = None,
+    use_mask: tuple[bool, ...] | None = None,
 ) -> dict:
+    """``schemes``: each channel's nnU-Net normalization (default CTNormalization);
+    ``use_mask``: its use_mask_for_norm (default False); ``channels`` is then their count."""
+    if schemes is not None:
+        channels = len(schemes)
     intensity = {
         str(c): {
             "max": 1500.0, "mean": 40.0 + 10 * c, "median": 45.0, "min": -1024.0,
@@ -65,8 +71,8 @@ def tiny_plans(
                 "patch_size": list(patch),
                 "median_image_size_in_voxels": [40, 64, 64],
                 "spacing": list(spacing),
-                "normalization_schemes": ["CTNormalization"] * channels,
-                "use_mask_for_norm": [False] * channels,
+                "normalization_schemes": list(schemes or ["CTNormalization"] * channels),
+                "use_mask_for_norm": list(use_mask or [False] * channels),
                 "resampling_fn_data": "resample_data_or_seg_to_shape",
                 "resampling_fn_seg": "resample_data_or_seg_to_shape",
                 "resampling_fn_data_kwargs": {
@@ -135,8 +141,14 @@ def hu_band_target(hu: np.ndarray) -> np.ndarray:
     return target
 
 
-def tiny_dataset(*, regions: bool = False, channels: int = 1, bands: bool = False) -> dict:
-    names = {"0": "CT", "1": "PET"}
+def tiny_dataset(
+    *,
+    regions: bool = False,
+    channels: int = 1,
+    bands: bool = False,
+    channel_names: tuple[str, ...] | None = None,
+) -> dict:
+    names = {str(c): n for c, n in enumerate(channel_names or ("CT", "PET"))}
     if bands:
         labels, extra = dict(HU_BANDS), {}
     elif regions:
@@ -162,6 +174,7 @@ def make_results_folder(
     seed: int = 0,
     plans: dict | None = None,
     train_on: np.ndarray | None = None,
+    channel_names: tuple[str, ...] | None = None,
     **plan_options,
 ) -> Path:
     """Write ``root/<trainer folder>`` with dataset.json, plans.json and checkpoints
@@ -178,7 +191,9 @@ def make_results_folder(
     folder.mkdir(parents=True)
     plans = plans or tiny_plans(**plan_options)
     channels = len(plans["configurations"][CONFIG]["normalization_schemes"])
-    dataset = tiny_dataset(regions=regions, channels=channels, bands=train_on is not None)
+    dataset = tiny_dataset(
+        regions=regions, channels=channels, bands=train_on is not None, channel_names=channel_names
+    )
     (folder / "plans.json").write_text(json.dumps(plans, indent=2))
     (folder / "dataset.json").write_text(json.dumps(dataset, indent=2))
     manager = PlansManager(plans)

@@ -271,6 +271,17 @@ def import_group() -> None:
     show_default=True,
     help="Bake mirroring test-time augmentation into the graph (2^axes passes per patch).",
 )
+@click.option(
+    "--channel",
+    "channels",
+    multiple=True,
+    metavar="INDEX=MODALITY[:REGEX]",
+    help=(
+        "The series input channel INDEX is read from, where its dataset.json name does not "
+        "say: a DICOM Modality (PT: a PET in SUVbw) and optionally a regular expression the "
+        "Series Description must match, e.g. 1=PT or 2=MR:(?i)flair. Repeatable."
+    ),
+)
 def import_nnunet_command(
     folder: Path,
     models_dir: Path,
@@ -278,14 +289,23 @@ def import_nnunet_command(
     version: str,
     folds: tuple[str, ...],
     tta: bool,
+    channels: tuple[str, ...],
 ) -> None:
     """FOLDER: an nnU-Net v2 trainer folder (<Trainer>__<Plans>__<configuration>)."""
     from radserve.importers import ImportRefusedError
     from radserve.importers.nnunet import import_nnunet
+    from radserve.importers.nnunet_channels import parse_channel_option
 
     try:
+        rules = dict(parse_channel_option(c) for c in channels)
         out = import_nnunet(
-            folder, models_dir, name=name, version=version, folds=folds or None, tta=tta
+            folder,
+            models_dir,
+            name=name,
+            version=version,
+            folds=folds or None,
+            tta=tta,
+            channels=rules or None,
         )
     except ImportRefusedError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -9,21 +9,28 @@ export (:func:`export_onnx`) rebuilds the network with nnU-Net's own predictor
 
 What the bundle states, as nnU-Net's inference does it (nnunetv2 2.x, default
 preprocessor): the array axes are SimpleITK's (= radserve's (slice, row, column)),
-transposed by ``transpose_forward``;
-crop to the bounding box of non-zero voxels; CT normalisation (clip to the dataset
-fingerprint's 0.5/99.5 percentiles, z-score with its foreground mean and std) before
-resampling; resampling to the configuration's spacing with its spline orders and the
-separate-z rule; sliding window with its patch, step 0.5, nnU-Net's filtered Gaussian,
-centred zero padding and logit averaging; logits resampled back with its order, then
-softmax (labels) or sigmoid regions in ``regions_class_order``. Folds are ensembled
-inside the ONNX graph (their logits averaged, as nnU-Net does); mirroring test-time
-augmentation is in the graph only with ``tta=True`` (2^axes network passes per patch).
+transposed by ``transpose_forward``; crop to the bounding box of voxels non-zero in any
+channel; each channel's normalisation before resampling (CTNormalization: clip to the
+dataset fingerprint's 0.5/99.5 percentiles of that channel, z-score with its foreground
+mean and std; per-image ZScoreNormalization, with ``use_mask_for_norm`` over the filled
+non-zero mask; RescaleTo01Normalization; NoNormalization); resampling to the
+configuration's spacing with its spline orders and the separate-z rule; sliding window
+with its patch, step 0.5, nnU-Net's filtered Gaussian, centred zero padding and logit
+averaging; logits resampled back with its order, then softmax (labels) or sigmoid
+regions in ``regions_class_order``. Folds are ensembled inside the ONNX graph (their
+logits averaged, as nnU-Net does); mirroring test-time augmentation is in the graph only
+with ``tta=True`` (2^axes network passes per patch).
 
 A ``transpose_forward`` becomes ``input.axes`` (index axes in nnU-Net's transposed order).
+A model of several input channels (PET/CT, multi-sequence MR) becomes ``input.channels``:
+each channel's series from its dataset.json name or ``--channel``, the first CT/MR
+channel the grid (:mod:`radserve.importers.nnunet_channels`).
 
 Refused, with the reason: a transpose that is not a permutation, 2d configurations, cascades
 (``previous_stage``), another preprocessor or resampling function, a forced separate
-z, normalisations other than CTNormalization, more than one input channel.
+z, other normalisations (e.g. RGBTo01Normalization), a channel whose name says no series
+and no ``--channel`` names one, two channels read from the same series, a PET-only model
+(one channel or all channels PET).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import yaml
 
 from radserve.importers import ImportRefusedError
 from radserve.importers.common import export_checked, label_entry, sha256_file
+from radserve.importers.nnunet_channels import SeriesRule, channel_declarations
 from radserve.models.axes import INDEX_AXES
 from radserve.models.manifest import ModelSpec
 
@@ -162,28 +170,26 @@ def _resampling(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _normalisation(source: NnunetSource) -> dict[str, Any]:
-    schemes = source.configuration.get("normalization_schemes") or []
-    if len(schemes) != 1:
-        _refuse(
-            f"{len(schemes)} input channels ({schemes}); the importer takes one-channel "
-            "models (multi-channel input is not yet expressible in model.yaml)"
-        )
-    if schemes[0] != "CTNormalization":
-        _refuse(
-            f"normalization {schemes[0]!r}: only CTNormalization (clip to the fingerprint's "
-            "percentiles + z-score) is expressible; per-image z-score is not"
-        )
-    props = (source.plans.get("foreground_intensity_properties_per_channel") or {}).get("0")
-    needed = ("percentile_00_5", "percentile_99_5", "mean", "std")
-    if not props or any(k not in props for k in needed):
-        _refuse(f"plans.json lacks foreground intensity properties {list(needed)} of channel 0")
+def _inputs(source: NnunetSource, overrides: dict[int, SeriesRule] | None) -> dict[str, Any]:
+    """``modality`` and the ``input`` fields of the image channels (one, or ``channels``)."""
+    channels = channel_declarations(source.dataset, source.plans, source.configuration, overrides)
+    if len(channels) == 1:
+        (only,) = channels
+        if only["modality"] == "PT":
+            _refuse(
+                "a one-channel PET model: radserve converts a PET to SUVbw (what nnU-Net PET "
+                "models are trained on) only as a channel beside a CT or MR (input.channels)"
+            )
+        return {"modality": only["modality"], "input": {"normalisation": only["normalisation"]}}
+    # The first channel is the grid the others are resampled onto, but a PET: radserve
+    # converts only the other channels to SUVbw, so the first CT/MR channel is the grid.
+    reference = next((c for c in channels if c["modality"] != "PT"), None)
+    if reference is None:
+        _refuse("every channel is a PET; radserve needs a CT or MR channel as the grid")
+    assert reference is not None
     return {
-        "kind": "clip_zscore",
-        "lower": float(props["percentile_00_5"]),
-        "upper": float(props["percentile_99_5"]),
-        "mean": float(props["mean"]),
-        "std": max(float(props["std"]), 1e-8),  # CTNormalization divides by max(std, 1e-8)
+        "modality": reference["modality"],
+        "input": {"channels": channels, "reference": reference["name"]},
     }
 
 
@@ -213,15 +219,6 @@ def _labels(dataset: dict[str, Any]) -> tuple[list[dict[str, Any]], str, list[in
     return sorted(labels, key=lambda x: x["value"]), "sigmoid", [int(v) for v in order]
 
 
-def _modality(dataset: dict[str, Any]) -> str:
-    names = dataset.get("channel_names") or dataset.get("modality") or {}
-    first = str(names.get("0", "")).upper()
-    if first == "CT":
-        return "CT"
-    _refuse(f"channel 0 is {first or 'unnamed'!r}; the importer takes CT models (CTNormalization)")
-    return ""  # unreachable
-
-
 def manifest_from_nnunet(
     source: NnunetSource,
     *,
@@ -230,8 +227,13 @@ def manifest_from_nnunet(
     mirror_axes: tuple[int, ...] = (),
     tta: bool = False,
     batch_size: int = 2,
+    channels: dict[int, SeriesRule] | None = None,
 ) -> ModelSpec:
-    """The ``model.yaml`` stating nnU-Net's inference for ``source``, validated."""
+    """The ``model.yaml`` stating nnU-Net's inference for ``source``, validated.
+
+    ``channels``: series rules by channel index (``--channel``), for channels whose
+    dataset.json name does not say their series (:mod:`radserve.importers.nnunet_channels`).
+    """
     plans, config = source.plans, source.configuration
     forward = [int(a) for a in plans.get("transpose_forward", [0, 1, 2])]
     backward = [int(a) for a in plans.get("transpose_backward", [0, 1, 2])]
@@ -251,17 +253,16 @@ def manifest_from_nnunet(
         _refuse("cascade configurations (a previous stage's segmentation as input)")
     if config.get("preprocessor_name", "DefaultPreprocessor") != "DefaultPreprocessor":
         _refuse(f"preprocessor {config.get('preprocessor_name')!r} (only DefaultPreprocessor)")
-    if any(config.get("use_mask_for_norm") or []):
-        _refuse("use_mask_for_norm=True (normalisation inside the non-zero mask only)")
     labels, activation, regions = _labels(source.dataset)
     if tta and not mirror_axes:
         _refuse("test-time augmentation asked for, but the model allows no mirroring axes")
     folds = ", ".join(source.folds)
+    images = _inputs(source, channels)
     raw = {
         "name": name,
         "version": version,
         "task": "segmentation",
-        "modality": _modality(source.dataset),
+        "modality": images["modality"],
         "description": (
             f"Imported from nnU-Net v2: {plans.get('dataset_name', '?')}, "
             f"{source.folder.name}, fold(s) {folds} ensembled"
@@ -271,7 +272,7 @@ def manifest_from_nnunet(
             "mode": "3d",
             "axes": axes,
             "spacing": [float(s) for s in spacing],
-            "normalisation": _normalisation(source),
+            **images["input"],
             "patch_size": [int(p) for p in patch],
             "batch_size": batch_size,
             "overlap": 0.5,  # nnUNetPredictor's default tile_step_size 0.5
@@ -380,18 +381,22 @@ def import_nnunet(
     folds: tuple[str, ...] | None = None,
     tta: bool = False,
     checkpoint: str = CHECKPOINT,
+    channels: dict[int, SeriesRule] | None = None,
 ) -> Path:
-    """Write ``models_dir/<name>/<version>/`` (model.yaml, model.onnx, import.json)."""
+    """Write ``models_dir/<name>/<version>/`` (model.yaml, model.onnx, import.json);
+    ``channels``: series rules by channel index, as :func:`manifest_from_nnunet`."""
     source = read_results_folder(folder, folds=folds, checkpoint=checkpoint)
     default = str(source.plans.get("dataset_name") or "nnunet").lower().replace("_", "-")
     name = name or default
     # Refuse what is inexpressible before spending time on torch.
-    manifest_from_nnunet(source, name=name, version=version)
+    manifest_from_nnunet(source, name=name, version=version, channels=channels)
     predictor = load_predictor(source, checkpoint)
     if predictor.configuration_manager.previous_stage_name:
         _refuse("cascade configurations (a previous stage's segmentation as input)")
     allowed = tuple(int(a) for a in (predictor.allowed_mirroring_axes or ()))
-    spec = manifest_from_nnunet(source, name=name, version=version, mirror_axes=allowed, tta=tta)
+    spec = manifest_from_nnunet(
+        source, name=name, version=version, mirror_axes=allowed, tta=tta, channels=channels
+    )
     out = Path(models_dir) / name / version
     if (out / "model.yaml").exists():
         raise ImportRefusedError(f"{out} already holds a bundle; pick another --version")

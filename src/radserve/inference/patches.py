@@ -53,9 +53,9 @@ from radserve.inference.tasks import (
     pick_batch_size,
     to_uint8,
 )
-from radserve.models.manifest import ModelSpec, Normalisation
+from radserve.models.manifest import ModelSpec, Normalisation, ZScore
 from radserve.preprocess.axes import axis_map
-from radserve.preprocess.crop import BBox, crop_volume
+from radserve.preprocess.crop import BBox, crop_volume, nonzero_mask
 from radserve.preprocess.denoise import read_filtered
 from radserve.preprocess.normalise import normalise, normalised_floor
 from radserve.preprocess.resample import grid_coordinates, interpolate_axis, resample_to_spacing
@@ -167,6 +167,16 @@ def decide_regions(probs: np.ndarray, spec: ModelSpec) -> tuple[np.ndarray, np.n
     return labels, to_uint8(best)
 
 
+def normalised_channels(pairs: list[tuple[np.ndarray, Normalisation]]) -> list[np.ndarray]:
+    """Each image channel of the native crop normalised as declared; a ``use_mask``
+    z-score over nnU-Net's non-zero mask of all of them (holes filled), which it takes
+    on its crop, as radserve's crop (``crop: nonzero``) is the same box."""
+    mask = None
+    if any(isinstance(n, ZScore) and n.use_mask for _, n in pairs):
+        mask = nonzero_mask([array for array, _ in pairs])
+    return [normalise(array, norm, mask) for array, norm in pairs]
+
+
 class PatchTask(BatchedTask):
     """One study through one 3D model, as a sequence of patch batches."""
 
@@ -194,7 +204,8 @@ class PatchTask(BatchedTask):
         self._budget = memory_budget_bytes
         masks = check_extra_channels(volume, spec, extra_channels)
         self._images = check_image_channels(volume, spec, image_channels)
-        self.box = crop_box(volume, spec, roi, crop_to_body)
+        others = [array for _, array in self._images if array is not None]
+        self.box = crop_box(volume, spec, roi, crop_to_body, others=others)
         self.patch: tuple[int, int, int] = tuple(spec.input.patch_size)  # type: ignore[assignment]
         # Outputs at the ROI's size when there is one (see BatchedTask).
         self._output_grid(self.box, roi is not None)
@@ -297,7 +308,7 @@ class PatchTask(BatchedTask):
         shape = nnunet_new_shape(crop.shape, crop.spacing, target)
         self._resampled = shape
         pairs = self._channel_arrays(crop)
-        data = [normalise(array, channel_norm) for array, channel_norm in pairs]
+        data = normalised_channels(pairs)
         data += [mask.astype(np.float32) for mask in masks]
         image = resize_channels(
             np.stack(data),
@@ -318,10 +329,11 @@ class PatchTask(BatchedTask):
         assert rs is not None
         crop = self._network_crop(volume)
         pairs = self._channel_arrays(crop)
-        data = [
-            normalise(array, norm) if rs.normalise_first else array.astype(np.float32)
-            for array, norm in pairs
-        ]
+        data = (
+            normalised_channels(pairs)
+            if rs.normalise_first
+            else [array.astype(np.float32) for array, _ in pairs]
+        )
         data += [mask.astype(np.float32) for mask in masks]
         coords = self._first_voxel_coords(crop.shape, crop.spacing, forward=True)
         self._resampled = tuple(len(c) for c in coords)  # type: ignore[assignment]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -45,7 +45,13 @@ from radserve.inference.tasks import (
 from radserve.inference.upsample import UpsampledDecision
 from radserve.models.manifest import ChannelSpec, ModelSpec
 from radserve.preprocess.context import context_positions, context_step, sample_slices
-from radserve.preprocess.crop import BBox, bbox_of_mask, body_bbox, body_sample_slices
+from radserve.preprocess.crop import (
+    BBox,
+    bbox_of_mask,
+    body_bbox,
+    body_sample_slices,
+    nonzero_mask,
+)
 from radserve.preprocess.denoise import read_filtered
 from radserve.preprocess.normalise import normalise, normalised_floor
 from radserve.preprocess.resample import grid_coordinates, interpolate_axis, resampled_size
@@ -73,11 +79,14 @@ def crop_box(
     roi: BBox | None,
     crop_to_body: bool,
     arrival: ArrivingSlices | None = None,
+    others: Sequence[np.ndarray] = (),
 ) -> BBox:
     """The region a model runs on: the ROI if given, else the body for CT, else all.
 
     ``arrival``: the volume is still being decoded; only the slices the box is made
-    from are waited for (all of them, but for the body box)."""
+    from are waited for (all of them, but for the body box). ``others``: the model's
+    other image channels on the volume's grid; ``crop: nonzero`` boxes the voxels
+    non-zero in any channel, as nnU-Net's ``crop_to_nonzero`` does."""
     if arrival is not None and not (
         roi is None and crop_to_body and spec.input.crop == "body" and spec.modality == "CT"
     ):
@@ -88,7 +97,8 @@ def crop_box(
             for s, n in zip(roi, volume.shape, strict=True)
         )
     if crop_to_body and spec.input.crop == "nonzero":
-        return bbox_of_mask(volume.array != 0) or (slice(0, 0), slice(0, 0), slice(0, 0))
+        mask = nonzero_mask([volume.array, *others], fill_holes=False)
+        return bbox_of_mask(mask) or (slice(0, 0), slice(0, 0), slice(0, 0))
     if crop_to_body and spec.input.crop == "body" and spec.modality == "CT":
         if arrival is not None:
             arrival.wait(body_sample_slices(volume.shape, volume.spacing))

@@ -67,7 +67,35 @@ class ClipZScore(_Strict):
     std: float = Field(gt=0)
 
 
-Normalisation = Annotated[CtWindow | ClipZScore, Field(discriminator="kind")]
+class ZScore(_Strict):
+    """Per image: ``(x - mean) / max(std, 1e-8)`` with the mean and std of the float32
+    region the model runs on (its crop, before resampling where ``input.resampling`` is
+    declared): nnU-Net's ``ZScoreNormalization``. ``use_mask``: the mean and std over
+    nnU-Net's non-zero mask (every image channel's non-zero voxels, holes filled) and only
+    those voxels normalised, the others left at 0 (nnU-Net's ``use_mask_for_norm``)."""
+
+    kind: Literal["zscore"] = "zscore"
+    use_mask: bool = False
+
+
+class RescaleUnit(_Strict):
+    """Per image: ``(x - min) / max(max - min, 1e-8)`` over the region the model runs on
+    (nnU-Net's ``RescaleTo01Normalization``)."""
+
+    kind: Literal["rescale_01"] = "rescale_01"
+
+
+class NoNormalisation(_Strict):
+    """The intensities as they are, in float32 (nnU-Net's ``NoNormalization``)."""
+
+    kind: Literal["none"] = "none"
+
+
+Normalisation = Annotated[
+    CtWindow | ClipZScore | ZScore | RescaleUnit | NoNormalisation, Field(discriminator="kind")
+]
+PER_IMAGE_NORMALISATIONS = (ZScore, RescaleUnit)
+"""Normalisations whose numbers come from the image itself: for whole 3d crops only."""
 
 
 class ResamplingSpec(_Strict):
@@ -306,6 +334,25 @@ class InputSpec(_Strict):
             raise ValueError(f"input.channels are for mode '3d' models, not {self.mode!r}")
         if self.reference is not None and self.reference not in names:
             raise ValueError(f"input.reference {self.reference!r} is not one of {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_per_image(self) -> InputSpec:
+        norms = [self.normalisation, *(c.normalisation for c in self.channels)]
+        per_image = [n.kind for n in norms if isinstance(n, PER_IMAGE_NORMALISATIONS)]
+        if per_image and self.mode != "3d":
+            raise ValueError(
+                f"normalisation {per_image[0]!r} takes its numbers from the whole image: it "
+                f"is for mode '3d' models, not {self.mode!r} (slices are normalised one by one)"
+            )
+        if any(isinstance(n, ZScore) and n.use_mask for n in norms):
+            rs = self.resampling
+            if self.crop != "nonzero" or self.roi_labels or rs is None or not rs.normalise_first:
+                raise ValueError(
+                    "zscore use_mask (nnU-Net's use_mask_for_norm) needs crop 'nonzero', no "
+                    "roi_labels, and input.resampling with normalise_first: the mask is the "
+                    "non-zero region of the native crop"
+                )
         return self
 
     @property

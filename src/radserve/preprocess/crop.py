@@ -31,6 +31,7 @@ __all__ = [
     "full_bbox",
     "grid_offset",
     "label_bboxes",
+    "nonzero_mask",
     "roi_bbox",
 ]
 
@@ -60,6 +61,19 @@ def bbox_of_mask(mask: np.ndarray) -> BBox | None:
             return None
         out.append(slice(int(hits[0]), int(hits[-1]) + 1))
     return tuple(out)  # type: ignore[return-value]
+
+
+def nonzero_mask(arrays: Sequence[np.ndarray], *, fill_holes: bool = True) -> np.ndarray:
+    """nnU-Net's ``create_nonzero_mask``: where any of the (same-shaped) channel arrays
+    is non-zero, holes filled (SciPy, 6-connected background). Its bounding box is
+    nnU-Net's crop (filling holes does not change the box: ``fill_holes=False`` saves
+    the fill); inside it, the voxels a ``use_mask`` z-score is taken over."""
+    if not arrays:
+        raise ValueError("nonzero_mask needs at least one array")
+    mask = np.asarray(arrays[0]) != 0
+    for array in arrays[1:]:
+        mask |= np.asarray(array) != 0
+    return ndimage.binary_fill_holes(mask) if fill_holes else mask
 
 
 def label_bboxes(labels: np.ndarray, max_value: int) -> list[BBox | None]:
