@@ -21,8 +21,10 @@ import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -158,6 +160,16 @@ class EventLink:
             pass
 
 
+class CleanStopServer(uvicorn.Server):
+    """uvicorn, minus its re-raise of SIGTERM/SIGINT after the stop (which would end the
+    process before its own clean-up ran); a second SIGINT forces the stop."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        self.should_exit = True
+
+
 @dataclass(frozen=True)
 class ReaderSpec:
     """How the serving process starts each reader (pickled into the child)."""
@@ -173,8 +185,6 @@ class ReaderSpec:
 def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> None:
     """The reader process's main: serve on ``sock`` until SIGTERM/SIGINT."""
     import asyncio
-
-    import uvicorn
 
     from radserve.api.http_limits import BoundedHttpToolsProtocol
     from radserve.api.proxy import Upstream
@@ -202,7 +212,7 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
         ssl_context_factory=None if tls is None else (lambda _config, _default: tls),
     )
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        CleanStopServer(config).run(sockets=[sock])
     finally:
         link.close()
         asyncio.run(upstream.aclose())
@@ -210,4 +220,4 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
         store.close()
 
 
-__all__ = ["ReaderJobs", "ReaderSpec", "reader_app", "serve_reader"]
+__all__ = ["CleanStopServer", "ReaderJobs", "ReaderSpec", "reader_app", "serve_reader"]

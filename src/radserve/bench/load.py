@@ -36,6 +36,11 @@ alternate radserve and the floors, and the summary gives radserve / each floor::
 
     python -m radserve.bench.load --spawn --floor --rounds 2 --duration 10 --submissions 20
 
+``--floor`` also runs *radserve readers*: the same server with ``server.read_processes``
+= ``--read-processes`` (default 2), whose reads are answered by processes that run no
+inference (:mod:`radserve.api.reader`); its CPU per request is the readers' and the
+serving process's together.
+
 The server and this client share the machine's cores; the figures are for that setup.
 """
 
@@ -226,12 +231,16 @@ def spawn_server(
     extra: list[str] | None = None,
     *,
     source: Path | None = None,
+    read_processes: int | None = None,
 ) -> tuple[subprocess.Popen[bytes], str, str]:
     """``radserve serve`` on a free loopback port; its URL and a new admin key. With
-    ``source`` the server imports radserve from that folder (another checkout's src)."""
-    env = None
+    ``source`` the server imports radserve from that folder (another checkout's src);
+    ``read_processes`` sets ``server.read_processes``."""
+    env = dict(os.environ)
     if source is not None:
-        env = {**os.environ, "PYTHONPATH": str(source)}
+        env["PYTHONPATH"] = str(source)
+    if read_processes is not None:
+        env["RADSERVE_SERVER__READ_PROCESSES"] = str(read_processes)
     # the key is made by the code that serves (its schema, its audit chain): a subprocess
     make_key = (
         "import sys; from pathlib import Path; from radserve.config import load_settings; "
@@ -322,6 +331,23 @@ def thread_cpu_s(pid: int) -> tuple[float, float]:
     return main, others
 
 
+def children_cpu_s(pid: int) -> float:
+    """CPU seconds of process ``pid``'s child processes (the API readers), all threads."""
+    total = 0.0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tasks:
+        try:
+            children = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            total += sum(thread_cpu_s(int(child)))
+    return total
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     files_dir = Path(tempfile.mkdtemp(prefix="radserve-load-study-"))
     try:
@@ -330,7 +356,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.floor:
             return with_floors(args, files, studies)
         if args.baseline_src is None:
-            return run_once(args, files, studies)
+            return run_once(args, files, studies, read_processes=args.read_processes)
         return compare(args, files, studies)
     finally:
         shutil.rmtree(files_dir, ignore_errors=True)
@@ -341,14 +367,18 @@ def run_once(
     files: list[Path],
     studies: list[list[bytes]],
     source: Path | None = None,
+    read_processes: int | None = None,
 ) -> dict[str, Any]:
-    """One load run: spawn (from ``source``, if given) or use ``--url``; submit; read."""
+    """One load run: spawn (from ``source``, if given; ``read_processes``, if given) or use
+    ``--url``; submit; read."""
     workdir = Path(tempfile.mkdtemp(prefix="radserve-load-"))
     process = None
     try:
         if args.spawn:
             extra = ["--worker-nice", str(args.worker_nice)] if args.worker_nice is not None else []
-            process, url, key = spawn_server(workdir / "data", args.config, extra, source=source)
+            process, url, key = spawn_server(
+                workdir / "data", args.config, extra, source=source, read_processes=read_processes
+            )
         else:
             url, key = args.url, args.key or os.environ.get("RADSERVE_KEY", "")
         submitted, ids = asyncio.run(submit_all(url, key, studies, args.submit_concurrency))
@@ -359,10 +389,12 @@ def run_once(
         sizes = _body_sizes(url, key, ids[0], done)
         before = _job_counts(url, key)
         cpu0 = thread_cpu_s(process.pid) if process else (0.0, 0.0)
+        readers0 = children_cpu_s(process.pid) if process else 0.0
         load0 = os.getloadavg()[0]
         reads = asyncio.run(read_load(url, key, paths, args.duration, args.connections))
         load1 = os.getloadavg()[0]
         cpu1 = thread_cpu_s(process.pid) if process else (0.0, 0.0)
+        readers_s = (children_cpu_s(process.pid) if process else 0.0) - readers0
         after = _job_counts(url, key)
         per_request = 1000 / reads.requests if reads.requests else 0.0
         return {
@@ -380,6 +412,9 @@ def run_once(
                 "event_loop_s": round(cpu1[0] - cpu0[0], 2),
                 "other_threads_s": round(cpu1[1] - cpu0[1], 2),
                 "event_loop_ms_per_request": round((cpu1[0] - cpu0[0]) * per_request, 3),
+                # the API reader processes (server.read_processes), all their threads
+                "readers_s": round(readers_s, 2),
+                "readers_ms_per_request": round(readers_s * per_request, 3),
             },
             "load_average": [round(load0, 2), round(load1, 2)],
             "connections": args.connections,
@@ -401,6 +436,7 @@ def _body_sizes(url: str, key: str, job_id: str, done: str) -> dict[str, int]:
 
 
 # --- the floor: a server that only answers, same generator, same run ---------------------------
+READERS = "radserve readers"  # the contestant with server.read_processes (radserve.api.reader)
 # (name, framework, busy processes beside the server, busy threads in the server's process)
 FLOORS: tuple[tuple[str, str, bool, bool], ...] = (
     ("bare FastAPI", "fastapi", False, False),
@@ -486,15 +522,17 @@ def with_floors(
 ) -> dict[str, Any]:
     """``--rounds`` rounds of radserve (this tree) and every floor, alternating the order
     (the first round runs radserve first: the floors answer the body sizes it served)."""
-    names = ["radserve", *(f[0] for f in FLOORS)]
+    names = ["radserve", READERS, *(f[0] for f in FLOORS)]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     sizes: dict[str, int] | None = None
     n_paths = 2 * len(studies)
     for i in range(args.rounds):
         for name in names if i % 2 == 0 else names[::-1]:
             if name == "radserve":
-                result = run_once(args, files, studies)
+                result = run_once(args, files, studies, read_processes=0)
                 sizes, n_paths = result["body_bytes"], result["paths"]
+            elif name == READERS:
+                result = run_once(args, files, studies, read_processes=args.read_processes or 2)
             else:
                 assert sizes is not None  # round 1 ran radserve first
                 _, framework, processes, threads = next(f for f in FLOORS if f[0] == name)
@@ -512,6 +550,7 @@ def with_floors(
                 f"round {i + 1} {name}: {read['rate']:.0f} req/s, p50 "
                 f"{read['latency_ms'].get('p50')} ms, p99 {read['latency_ms'].get('p99')} ms, "
                 f"{read['errors']} errors, loop {result['server_cpu']['event_loop_ms_per_request']}"
+                f" CPU-ms/req, readers {result['server_cpu'].get('readers_ms_per_request', 0)}"
                 f" CPU-ms/req, load {result['load_average']}",
                 file=sys.stderr,
             )
@@ -525,17 +564,26 @@ def with_floors(
             "event_loop_ms_per_request": float(
                 statistics.median(r["server_cpu"]["event_loop_ms_per_request"] for r in cell)
             ),
+            "readers_ms_per_request": float(
+                statistics.median(r["server_cpu"].get("readers_ms_per_request", 0) for r in cell)
+            ),
             "errors": sum(r["read"]["errors"] for r in cell),
         }
-    radserve = summary["radserve"]
-    radserve["processing_throughout"] = all(
-        min(r["processing"]["running_at_start"], r["processing"]["running_at_end"]) > 0
-        for r in runs["radserve"]
-    )
-    radserve["submit_errors"] = sum(r["submit"]["errors"] for r in runs["radserve"])
+    for ours in ("radserve", READERS):
+        summary[ours]["processing_throughout"] = all(
+            min(r["processing"]["running_at_start"], r["processing"]["running_at_end"]) > 0
+            for r in runs[ours]
+        )
+        summary[ours]["submit_errors"] = sum(r["submit"]["errors"] for r in runs[ours])
     summary["radserve_vs_floor"] = {
-        name: round(radserve["rate"] / summary[name]["rate"], 3) if summary[name]["rate"] else None
-        for name in names[1:]
+        ours: {
+            name: round(summary[ours]["rate"] / summary[name]["rate"], 3)
+            if summary[name]["rate"]
+            else None
+            for name in names
+            if name != ours
+        }
+        for ours in ("radserve", READERS)
     }
     loads = [x for cell in runs.values() for r in cell for x in r["load_average"]]
     summary["load_average_range"] = [min(loads), max(loads)]
@@ -552,7 +600,8 @@ def compare(
         order = [("baseline", args.baseline_src), ("this", None)]
         for name, source in order if i % 2 == 0 else order[::-1]:
             t0 = time.perf_counter()
-            result = run_once(args, files, studies, source)
+            readers = args.read_processes if source is None else None  # this tree's setting
+            result = run_once(args, files, studies, source, read_processes=readers)
             result["wall_s"] = round(time.perf_counter() - t0, 1)
             runs[name].append(result)
             read = result["read"]
@@ -632,6 +681,13 @@ def main(argv: list[str] | None = None) -> int:
         help="also measure bare FastAPI/Starlette servers (alone, beside busy processes, "
         "with busy threads in-process) with the same generator, alternating (--spawn)",
     )
+    parser.add_argument(
+        "--read-processes",
+        type=int,
+        default=None,
+        help="server.read_processes of the spawned server (--floor: of the 'radserve "
+        "readers' contestant, default 2)",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 unless targets are met")
     parser.add_argument("--min-rate", type=float, default=1000.0)
     parser.add_argument("--max-p99-ms", type=float, default=100.0)
@@ -652,14 +708,16 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, indent=2))
     if args.floor:
         summary = result["summary"]
-        ours = summary["radserve"]
         print(
-            f"radserve {ours['rate']:.0f} req/s p99 {ours['p99_ms']} ms (studies processing "
-            f"throughout: {ours['processing_throughout']}); "
-            + "; ".join(
-                f"{name} {summary[name]['rate']:.0f} req/s p99 {summary[name]['p99_ms']} ms "
-                f"(radserve {ratio}x)"
-                for name, ratio in summary["radserve_vs_floor"].items()
+            "; ".join(
+                f"{name} {summary[name]['rate']:.0f} req/s p99 {summary[name]['p99_ms']} ms"
+                + (
+                    f" (studies processing throughout: {summary[name]['processing_throughout']})"
+                    if name in ("radserve", READERS)
+                    else f" (radserve {summary['radserve_vs_floor']['radserve'][name]}x, "
+                    f"readers {summary['radserve_vs_floor'][READERS][name]}x)"
+                )
+                for name in ("radserve", READERS, *(f[0] for f in FLOORS))
             )
             + f" (medians of {args.rounds}; load average {summary['load_average_range']})",
             file=sys.stderr,

@@ -92,13 +92,12 @@ def run_server(
     base URL once the socket is bound (the real port when ``server.port`` is 0), on the
     event loop, so it must not block."""
     import asyncio
-    import signal
-    from types import FrameType
 
     import uvicorn
 
     from radserve.api import create_app
     from radserve.api.http_limits import BoundedHttpToolsProtocol
+    from radserve.api.reader import CleanStopServer
     from radserve.console import install as install_console
     from radserve.service import Service
     from radserve.tls import server_context
@@ -133,7 +132,7 @@ def run_server(
         )
     log = logging.getLogger(__name__)
 
-    class _Server(uvicorn.Server):
+    class _Server(CleanStopServer):
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
             if readers is None:
@@ -147,12 +146,6 @@ def run_server(
                 log.info("console: %s/", url)
             if on_started is not None:
                 on_started(url)
-
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            # uvicorn's own re-raises the signal after the clean stop (exit -15 / 130)
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True
-            self.should_exit = True
 
         async def shutdown(self, sockets: Any = None) -> None:
             if readers is not None:  # no new reads or forwarded requests first
