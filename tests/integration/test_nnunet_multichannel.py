@@ -10,6 +10,8 @@ importer's function; radserve (ONNX Runtime, ``PatchTask``) and ``nnUNetPredicto
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -69,25 +71,39 @@ def nnunet_labels(folder, stacked: np.ndarray, spacing) -> np.ndarray:
     return predictor.predict_single_npy_array(stacked.astype(np.float32), {"spacing": spacing})
 
 
-@pytest.mark.slow
-def test_ct_pet_model_labels_agree_with_nnunet_predictor(tmp_path):
+def ct_pet_case(root: Path) -> tuple[Path, np.ndarray, np.ndarray, np.ndarray, tuple]:
+    """The CT + PET model imported under ``root``; (bundle, ct, pet, nnU-Net's labels, spacing)."""
     folder = make_results_folder(
-        tmp_path / "results",
+        root / "results",
         folds=(0,),
         schemes=("CTNormalization", "ZScoreNormalization"),
         channel_names=("CT", "PET"),
     )
-    bundle = import_nnunet(folder, tmp_path / "models", name="tiny-petct")
+    bundle = import_nnunet(folder, root / "models", name="tiny-petct")
+    ct = synthetic_ct((20, 56, 52), seed=7)
+    pet, spacing = synthetic_pet(ct), (2.5, 1.3, 1.4)
+    return bundle, ct, pet, nnunet_labels(folder, np.stack([ct, pet]), spacing), spacing
+
+
+def mr_case(root: Path) -> tuple[Path, np.ndarray, np.ndarray, tuple]:
+    """The MR ZScore (use_mask_for_norm) model under ``root``; (bundle, mr, nnU-Net's labels,
+    spacing)."""
+    plans = tiny_plans(schemes=("ZScoreNormalization",), use_mask=(True,))
+    folder = make_results_folder(root / "results", folds=(0,), plans=plans, channel_names=("T2",))
+    bundle = import_nnunet(folder, root / "models", name="tiny-mr")
+    mr, spacing = synthetic_mr((22, 60, 54)), (2.4, 1.2, 1.3)
+    return bundle, mr, nnunet_labels(folder, mr[None], spacing), spacing
+
+
+@pytest.mark.slow
+def test_ct_pet_model_labels_agree_with_nnunet_predictor(tmp_path):
+    bundle, ct, pet, theirs, spacing = ct_pet_case(tmp_path)
     spec = load_manifest(bundle / "model.yaml")
     assert [(c.name, c.modality, c.units) for c in spec.input.channels] == [
         ("ct", "CT", "native"),
         ("pet", "PT", "SUVbw"),
     ]
-    ct = synthetic_ct((20, 56, 52), seed=7)
-    pet = synthetic_pet(ct)
-    spacing = (2.5, 1.3, 1.4)
     ours = radserve_labels(bundle, ct, spacing, {"pet": pet})
-    theirs = nnunet_labels(folder, np.stack([ct, pet]), spacing)
     assert len(np.unique(theirs)) >= 2
     assert agreement(ours, theirs) >= 0.999, agreement(ours, theirs)
     # The PET channel counts: without its hot sphere the labels change.
@@ -97,16 +113,10 @@ def test_ct_pet_model_labels_agree_with_nnunet_predictor(tmp_path):
 
 @pytest.mark.slow
 def test_mr_zscore_model_with_the_nonzero_mask_agrees_with_nnunet_predictor(tmp_path):
-    plans = tiny_plans(schemes=("ZScoreNormalization",), use_mask=(True,))
-    folder = make_results_folder(
-        tmp_path / "results", folds=(0,), plans=plans, channel_names=("T2",)
-    )
-    bundle = import_nnunet(folder, tmp_path / "models", name="tiny-mr")
+    bundle, mr, theirs, spacing = mr_case(tmp_path)
     spec = load_manifest(bundle / "model.yaml")
     assert spec.modality == "MR" and spec.input.normalisation.use_mask
-    mr, spacing = synthetic_mr((22, 60, 54)), (2.4, 1.2, 1.3)
     ours = radserve_labels(bundle, mr, spacing)
-    theirs = nnunet_labels(folder, mr[None], spacing)
     assert len(np.unique(theirs)) >= 2
     assert agreement(ours, theirs) >= 0.999, agreement(ours, theirs)
 
