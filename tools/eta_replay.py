@@ -19,9 +19,9 @@ from typing import Any
 
 from radserve.turnaround.replay import Refit, Variant, errors, replay
 
-# "allowance, no bias" (no drain, the model as the server had it) is the server's default
-# since 2026-12-02; the "refit" rows rebuild the service-time model from the warm-up's
-# and the recorded ends under other settings (session 9)
+# "allowance, no bias" (no drain, the model as the server had it) replays the server's
+# defaults of the recording; the "refit" rows rebuild the service-time model from the
+# one the recording began with and the recorded ends under other settings (session 9)
 VARIANTS = {
     "allowance, class bias": Variant(allowance=True, bias="class", drain=False),
     "allowance, no bias": Variant(allowance=True, bias="off", drain=False),
@@ -30,25 +30,20 @@ VARIANTS = {
     "drain, allowance, no bias": Variant(allowance=True, bias="off", drain=True),
     "drain, allowance, class bias": Variant(allowance=True, bias="class", drain=True),
     "drain, no allowance, no bias": Variant(allowance=False, bias="off", drain=True),
-    "refit 200 (= the recording)": Variant(drain=False, refit=Refit()),
+    "refit 200 (session 8's model)": Variant(drain=False, refit=Refit()),
     "refit 20": Variant(drain=False, refit=Refit(window=20)),
-    "refit 200, half-life 20": Variant(drain=False, refit=Refit(half_life_jobs=20)),
-    "refit 200, half-life 10": Variant(drain=False, refit=Refit(half_life_jobs=10)),
+    "refit 50, half-life 20": Variant(drain=False, refit=Refit(50, 20)),
     "refit lanes class": Variant(drain=False, refit=Refit(lanes="class")),
     "refit lanes exclusive": Variant(drain=False, refit=Refit(lanes="exclusive")),
-    "refit lanes class, hl 20": Variant(drain=False, refit=Refit(half_life_jobs=20, lanes="class")),
-    "refit lanes exclusive, hl 20": Variant(
-        drain=False, refit=Refit(half_life_jobs=20, lanes="exclusive")
-    ),
-    "refit lanes exclusive, hl 10": Variant(
-        drain=False, refit=Refit(half_life_jobs=10, lanes="exclusive")
-    ),
+    "refit 50, hl 20, lanes class": Variant(drain=False, refit=Refit(50, 20, "class")),
+    "refit 50, hl 20, lanes exclusive": Variant(drain=False, refit=Refit(50, 20, "exclusive")),
 }
 
 
 def evaluate(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     measured = set(summary["measured_ids"])
-    base = summary.get("service_times_solo")  # the model when the recording began
+    # the server's model when the recording began (before session 9: the warm-up's)
+    base = summary.get("service_times_at_start", summary.get("service_times_solo"))
     return {
         name: errors(replay(summary["eta_records"], variant, base), measured)
         for name, variant in VARIANTS.items()

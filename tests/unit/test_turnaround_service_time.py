@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -160,3 +162,17 @@ def test_a_lane_has_its_own_latency_and_shares_the_work_lines() -> None:
 def test_a_bad_window_is_refused() -> None:
     with pytest.raises(ValueError, match="window >= 1"):
         ServiceTimeModel(window=0)
+
+
+def test_lanes_survive_json_apart_from_the_per_job_samples() -> None:
+    model = ServiceTimeModel(window=50, half_life_jobs=20)
+    for i, slices in enumerate((100, 200, 300, 150)):
+        _run(model, slices, 0.01 * slices, lane="alone" if i % 2 else "shared")
+    data = json.loads(json.dumps(model.to_json()))
+    # every row of "samples" has one sample per job (radserve plan reads them so)
+    assert {len(r["seconds"]) for r in data["samples"]} == {4}
+    assert {r["step"] for r in data["lane_samples"]} == {"run alone", "run shared"}
+    again = ServiceTimeModel.from_json(data, window=50, half_life_jobs=20)
+    for lane in (None, "alone", "shared"):
+        assert _latency(again, 250, lane) == _latency(model, 250, lane)
+    assert again.sizes() == model.sizes() == [100, 200, 300, 150]

@@ -192,6 +192,8 @@ def run_eta_trace(
                 gap = service_s / load
                 plan = _arrivals(burst, gap, mix, seed, max(0, lead_in))
                 service.turnaround.recorder = records.append
+                # the model the recorded walks start from: a replay refits it (replay.Refit)
+                model_at_start = service.turnaround.model.to_json()
                 log(
                     f"{n_studies} studies: {burst} at once, then one every {gap:.2f} s on "
                     f"average (load {load:g} x the warm-up service time {service_s:.2f} s)"
@@ -312,6 +314,7 @@ def run_eta_trace(
         # what the planner was given, to replay it offline (ServiceTimeModel.from_json)
         "service_times": model.to_json(),
         "service_times_solo": solo.to_json(),
+        "service_times_at_start": model_at_start,
     }
 
 

@@ -143,6 +143,8 @@ class _Refitted:
             raise ValueError("a refit replay needs the base model's (pipeline, device, precision)")
         self.pipeline, self.device, self.precision = groups[0]
         self.lanes = refit.lanes
+        walks = [r for r in records if r["kind"] == "walk"]
+        self.exclusive = bool(walks[0]["capacity"]["urgent_exclusive"]) if walks else True
         self.classes, self.slices = _job_facts(records)
 
     def observe(self, end: Mapping[str, Any]) -> None:
@@ -157,7 +159,7 @@ class _Refitted:
             precision=self.precision,
             size=StudySize(int(end["slices"])),
             timings=end["timings"],
-            lane=None if cls is None else latency_lane(cls, self.lanes),
+            lane=None if cls is None else latency_lane(cls, self.lanes, self.exclusive),
         )
 
     def _estimate(self, cls: int, slices: int | None) -> JobEstimate:
@@ -167,7 +169,7 @@ class _Refitted:
             device=self.device,
             precision=self.precision,
             size=size,
-            lane=latency_lane(cls, self.lanes),
+            lane=latency_lane(cls, self.lanes, self.exclusive),
         )
 
     def estimated(self, entries: list[Entry], capacity: Capacity) -> tuple[list[Entry], Capacity]:

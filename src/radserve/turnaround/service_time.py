@@ -300,7 +300,7 @@ class ServiceTimeModel:
     def to_json(self) -> dict[str, object]:
         """The model as data: the prior, the lines, and the raw windows (for replay)."""
         with self._lock:
-            samples = [
+            rows = [
                 {**asdict(k), "slices": list(s.x), "seconds": list(s.y)}
                 for k, s in self._keys.items()
             ]
@@ -308,11 +308,15 @@ class ServiceTimeModel:
                 {"pipeline": g[0], "device": g[1], "precision": g[2], "steps": list(v)}
                 for g, v in self._steps.items()
             ]
+            sizes = list(self._sizes)
         return {
             "prior": asdict(self.prior),
             "lines": self.describe(),
-            "samples": samples,
+            # per step (and ``run``) one sample per job; the lanes' runs apart (some jobs)
+            "samples": [r for r in rows if not _is_lane(str(r["step"]))],
+            "lane_samples": [r for r in rows if _is_lane(str(r["step"]))],
             "steps": steps,
+            "sizes": sizes,
         }
 
     @classmethod
@@ -326,7 +330,8 @@ class ServiceTimeModel:
             (g["pipeline"], g["device"], g["precision"]): list(g["steps"])
             for g in data.get("steps", [])  # type: ignore[union-attr]
         }
-        for row in data.get("samples", []):  # type: ignore[union-attr]
+        rows = [*data.get("samples", []), *data.get("lane_samples", [])]  # type: ignore[misc]
+        for row in rows:
             key = StepKey(row["pipeline"], row["step"], row["device"], row["precision"])
             group = (key.pipeline, key.device, key.precision)
             steps = model._steps.setdefault(group, order.get(group, []))
@@ -335,7 +340,11 @@ class ServiceTimeModel:
             samples = model._keys.setdefault(key, _Samples.of(window))
             samples.x.extend(float(v) for v in row["slices"])
             samples.y.extend(float(v) for v in row["seconds"])
-            model._sizes.extend(int(v) for v in row["slices"][-window:])
+            if not _is_lane(key.step):  # a lane holds some jobs only
+                model._sizes.extend(int(v) for v in row["slices"][-window:])
+        if "sizes" in data:  # saved since session 9: the jobs' sizes, oldest first
+            model._sizes.clear()
+            model._sizes.extend(int(v) for v in data["sizes"])  # type: ignore[attr-defined]
         for key, samples in model._keys.items():
             steps = model._steps[(key.pipeline, key.device, key.precision)]
             samples.fit = _fit(samples, model._prior_step(key, steps), half_life_jobs)
@@ -347,8 +356,13 @@ class ServiceTimeModel:
 
 
 def _is_run(step: str) -> bool:
-    """``run`` or one of its lanes (``run <lane>``): a whole job's time, not a step."""
-    return step == RUN or step.startswith(RUN + " ")
+    """``run`` or one of its lanes: a whole job's time, not a step."""
+    return step == RUN or _is_lane(step)
+
+
+def _is_lane(step: str) -> bool:
+    """``run <lane>``: the whole-job time of one lane's jobs."""
+    return step.startswith(RUN + " ")
 
 
 def _fit(samples: _Samples, prior: Fit, half_life_jobs: float = 0.0) -> Fit:
