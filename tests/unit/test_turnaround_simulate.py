@@ -190,3 +190,21 @@ def test_two_equal_jobs_sharing_one_core_finish_at_twice_their_time() -> None:
     result = simulate(trace, sample, SimConfig(1, 2, PLAIN, host_cores=1), seed=0)
     assert result.classes[OUT].tat_p50_s == pytest.approx(6.0)
     assert result.classes[OUT].tat_p95_s == pytest.approx(6.0)
+
+
+def test_a_paused_worker_lends_its_thread_to_urgent_cpu_work() -> None:
+    """One CPU thread, no URGENT lane: a routine 10 s stage runs when a 1 s URGENT stage
+    arrives at 1 s. The routine stage pauses and its thread runs the URGENT stage
+    (done at 2 s), then resumes (done at 11 s), as the server's workers do at a
+    checkpoint; without yielding the URGENT stage waits for the thread (done at 11 s)."""
+
+    def sample(rng: np.random.Generator, cls: PriorityClass) -> JobService:
+        return JobService(1.0, (), 0.0) if cls is U else JobService(10.0, (), 0.0)
+
+    trace = [Arrival(0.0, OUT), Arrival(1.0, U)]
+    lends = SchedulerSettings(urgent_exclusive=False)
+    result = simulate(trace, sample, SimConfig(1, 1, lends, urgent_lane=False), seed=0)
+    assert result.classes[U].tat_mean_s == pytest.approx(1.0)
+    assert result.classes[OUT].tat_mean_s == pytest.approx(11.0)
+    waits = simulate(trace, sample, SimConfig(1, 1, PLAIN, urgent_lane=False), seed=0)
+    assert waits.classes[U].tat_mean_s == pytest.approx(10.0)

@@ -21,7 +21,8 @@ turnaround:
   over-predicted routine p50 TAT by 70-147 %, README);
 - while URGENT work can run (``yield_to_urgent``), a routine CPU stage already running
   pauses (no progress, no core) until no URGENT job is unfinished, as the server's
-  routine units wait at their checkpoints; device batches never pause;
+  routine units wait at their checkpoints, and its thread runs URGENT CPU units
+  meanwhile; device batches never pause;
 - every free worker takes the best-ranked job that has work of its kind, with the
   scheduler's own ranking (:func:`radserve.scheduling.state.effective_class`: class
   after aging, then earliest deadline), so URGENT overtakes at the next batch boundary.
@@ -278,35 +279,60 @@ class _Sim:
             self._notify()
 
     def worker(self, kind: str):  # type: ignore[no-untyped-def]
+        """A device or CPU-pool thread (``kind``: device | cpu | urgent, the URGENT
+        lane). A CPU thread whose routine stage is paused for URGENT work lends itself
+        to URGENT CPU work meanwhile, as the server's workers do at their checkpoints
+        (:meth:`lender`)."""
+        me = self.env.event()  # this thread's lender, woken while its stage is paused
         while True:
             job = self._take(kind)
             if job is None:
                 yield self.changed
                 continue
-            job.busy = True
-            if kind == "device":
-                seconds = job.service.batches_s[job.next_batch]
+            routine = kind == "cpu" and job.cls is not URGENT
+            if routine:
+                self.env.process(self.lender(me))
+            yield from self._serve(kind, job, yields=routine)
+            if routine:
+                me.succeed()  # the lender stops once its unit ends
+                me = self.env.event()
+
+    def lender(self, done: simpy.Event):  # type: ignore[no-untyped-def]
+        """URGENT CPU units run on a worker thread while its routine stage is paused
+        (until ``done``: the stage ended; it cannot resume while the URGENT job the
+        thread works for is unfinished, so the two never run at once)."""
+        while not done.triggered:
+            job = self._take("urgent") if self.cores.held else None
+            if job is None:
+                yield self.changed | done
+                continue
+            yield from self._serve("urgent", job, yields=False)
+
+    def _serve(self, kind: str, job: _Job, *, yields: bool):  # type: ignore[no-untyped-def]
+        """Run one unit of ``job`` and move it on."""
+        job.busy = True
+        if kind == "device":
+            seconds = job.service.batches_s[job.next_batch]
+        else:
+            seconds = job.service.cpu_pre_s if job.phase == "pre" else job.service.cpu_post_s
+        if seconds > 0:
+            threads = self.batch_threads if kind == "device" else 1
+            yield self.cores.run(seconds, threads, yields=yields)
+        if kind == "device":
+            self.device_busy += seconds
+            job.next_batch += 1
+            if job.next_batch >= len(job.service.batches_s):
+                job.phase = "post"
+        else:
+            self.cpu_busy += seconds
+            if job.phase == "pre":
+                job.phase = "device" if job.service.batches_s else "post"
             else:
-                seconds = job.service.cpu_pre_s if job.phase == "pre" else job.service.cpu_post_s
-            if seconds > 0:
-                threads = self.batch_threads if kind == "device" else 1
-                routine = kind == "cpu" and job.cls is not URGENT
-                yield self.cores.run(seconds, threads, yields=routine)
-            if kind == "device":
-                self.device_busy += seconds
-                job.next_batch += 1
-                if job.next_batch >= len(job.service.batches_s):
-                    job.phase = "post"
-            else:
-                self.cpu_busy += seconds
-                if job.phase == "pre":
-                    job.phase = "device" if job.service.batches_s else "post"
-                else:
-                    job.phase, job.finished = "done", self.env.now
-                    self.jobs.remove(job)
-                    self.done.append(job)
-            job.busy = False
-            self._notify()
+                job.phase, job.finished = "done", self.env.now
+                self.jobs.remove(job)
+                self.done.append(job)
+        job.busy = False
+        self._notify()
 
 
 def simulate(
