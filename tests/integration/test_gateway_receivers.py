@@ -1,10 +1,12 @@
 """``gateway.receivers: 2``: dcmtk's storescu against several receiving processes behind
-one port; every instance stored once, studies handed over once by the parent, and a
+one port; every instance stored once, studies handed over once by the parent, a
 receiving process killed right after its successes is replaced with nothing
-acknowledged lost."""
+acknowledged lost, and the receive limit's audit, the own-result index and the log
+lines of a receiving process are the SCP process's."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from pydicom.uid import generate_uid
 from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage
 from tests.factories.dicom_net import (
@@ -26,6 +29,8 @@ from tests.factories.dicom_net import (
 
 from radserve.gateway import GatewaySCP
 from radserve.gateway.completeness import INTERRUPTED_MARKER
+from radserve.gateway.own_results import OwnResults
+from radserve.gateway.receive_limit import Exceeded
 from radserve.gateway.storage import study_instances
 
 pytestmark = [
@@ -114,3 +119,41 @@ def test_a_killed_receiver_is_replaced_and_loses_nothing_it_acknowledged(
         again = pydicom.dcmread(folder / f"{ds.SOPInstanceUID}.dcm")
         assert again.PixelData == ds.PixelData
     assert len(study_instances(folder)) == len(files)
+
+
+def _padded(source: Path, target: Path, size: int) -> Path:
+    """``source`` as a new instance with a private element of ``size`` bytes."""
+    ds = pydicom.dcmread(source)
+    ds.SOPInstanceUID = generate_uid()
+    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+    ds.add_new(0x00090010, "LO", "RADSERVE TEST")
+    ds.add_new(0x00091010, "OB", b"\0" * size)
+    ds.save_as(target, enforce_file_format=True)
+    return target
+
+
+def test_a_receiving_process_refuses_audits_and_filters_through_the_parent(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The oversize audit, the result-index question and its count, and the log line
+    of a receiving process all happen in the SCP process."""
+    caplog.set_level(logging.INFO)
+    files = small_study(tmp_path / "sent", slices=range(10, 14))
+    known = {str(pydicom.dcmread(files[-1], stop_before_pixels=True).SOPInstanceUID)}
+    refused: list[Exceeded] = []
+    own = OwnResults(known=known.__contains__)
+    limit = 256 * 1024
+    config = loopback_scp_config(tmp_path / "gateway", 60, receivers=2, max_file_bytes=limit)
+    with GatewaySCP(config, Intake(), own_results=own, on_oversize=refused.append) as scp:
+        bulky = _padded(files[0], tmp_path / "bulky.dcm", 4 * limit)
+        run = storescu(*scp.address, [bulky])
+        assert run.returncode != 0 and "Peer aborted Association" in run.stderr
+        assert wait_until(lambda: refused, timeout=15)
+        assert (refused[0].calling_ae, refused[0].limit_bytes) == ("STORESCU", limit)
+        assert storescu(*scp.address, files).returncode == 0  # the last one is radserve's
+        assert wait_until(lambda: own.counts() == {"C-STORE": 1}, timeout=15)
+        assert wait_until(lambda: not scp.admission.open_connections(), timeout=15)
+        folder = scp.instances.incoming / str(pydicom.dcmread(files[0]).StudyInstanceUID)
+        assert {p.stem for p in study_instances(folder)} == _uids(files) - known
+    assert "aborted: a C-STORE data set passed" in caplog.text  # a child's record, here
+    assert "radserve's own result (in the result index)" in caplog.text

@@ -38,9 +38,13 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-def _scp(tmp_path: Path, pki: Pki, studies: list[CompletedStudy], **tls: bool) -> GatewaySCP:
+def _scp(
+    tmp_path: Path, pki: Pki, studies: list[CompletedStudy], receivers: int = 1, **tls: bool
+) -> GatewaySCP:
     settings = TlsSettings(cert=pki.server_cert, key=pki.server_key, ca=pki.ca, **tls)
-    config = ScpConfig(data_dir=tmp_path / "gw", port=0, quiet_s=0.5, tls=settings)
+    config = ScpConfig(
+        data_dir=tmp_path / "gw", port=0, quiet_s=0.5, tls=settings, receivers=receivers
+    )
     return GatewaySCP(config, studies.append)
 
 
@@ -81,6 +85,22 @@ def test_dcmtk_with_a_certificate_from_the_ca_stores_over_tls(
     assert store.returncode == 0, store.stderr
     assert wait_until(lambda: studies, timeout=15)
     assert len(studies[0].instances) == 3
+
+
+def test_receiving_processes_do_the_handshake_and_refuse_untrusted_clients(
+    tmp_path: Path, pki: Pki, studies: list[CompletedStudy]
+) -> None:
+    """gateway.receivers: the SCP process hands the raw socket over; TLS is the
+    receiving process's (the same context, the same client-certificate rule)."""
+    files = small_study(tmp_path / "sent", slices=range(10, 12))
+    with _scp(tmp_path, pki, studies, receivers=2) as scp:
+        plain = _dcmtk("storescu", scp, files=files)
+        assert plain.returncode != 0
+        stored = _dcmtk("storescu", scp, "-R", *_tls(pki), files=files)
+        assert stored.returncode == 0, stored.stderr
+        assert wait_until(lambda: studies, timeout=15)
+        assert wait_until(lambda: not scp.admission.open_connections(), timeout=15)
+    assert len(studies[0].instances) == 2
 
 
 def test_clients_without_a_trusted_certificate_are_refused(
