@@ -80,7 +80,10 @@ def test_reads_from_reader_processes_are_audited_and_a_killed_reader_is_replaced
                     break
             assert report_reads >= N_JOBS
             # the same behaviour as the serving process: no key, an unknown job
-            assert c.get(f"/v1/jobs/{ids[0]}").status_code == 401
+            assert c.get(f"/v1/jobs/{ids[0]}").status_code == 401  # forwarded: no key
+            refused = c.get(f"/v1/jobs/{ids[0]}/report", headers=auth("rsk_not-a-key"))
+            assert refused.status_code == 401
+            assert refused.json()["error"]["code"] == "unauthenticated"
             missing = c.get("/v1/jobs/nope/report", headers=auth(key))
             assert missing.status_code == 404
             assert missing.json()["error"]["code"] == "job_not_found"

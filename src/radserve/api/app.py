@@ -104,20 +104,25 @@ def create_app(
     return app
 
 
-def add_limits(app: FastAPI, server: ServerSettings, observe: Observe) -> None:
+def limits(server: ServerSettings, observe: Observe) -> list[tuple[Any, dict[str, Any]]]:
     """The request stack of every radserve app (the serving process's and the reader
-    processes'): HTTP metrics -> request timeout -> body limit."""
-    app.add_middleware(
-        BodyLimitMiddleware,
-        max_bytes=server.max_upload_bytes,
-        idle_timeout_s=server.request_timeout_s,
-    )
-    app.add_middleware(
-        TimeoutMiddleware,
-        timeout_s=server.request_timeout_s,
-        exempt=("/v1/studies", "/dicomweb/studies"),
-    )
-    app.add_middleware(MetricsMiddleware, observe=observe)
+    processes'), innermost first: body limit, request timeout, HTTP metrics."""
+    return [
+        (
+            BodyLimitMiddleware,
+            {"max_bytes": server.max_upload_bytes, "idle_timeout_s": server.request_timeout_s},
+        ),
+        (
+            TimeoutMiddleware,
+            {"timeout_s": server.request_timeout_s, "exempt": ("/v1/studies", "/dicomweb/studies")},
+        ),
+        (MetricsMiddleware, {"observe": observe}),
+    ]
+
+
+def add_limits(app: FastAPI, server: ServerSettings, observe: Observe) -> None:
+    for middleware, options in limits(server, observe):
+        app.add_middleware(middleware, **options)
 
 
 _ERROR_OUT = {"$ref": "#/components/schemas/ErrorOut"}
@@ -150,4 +155,4 @@ def _document_errors(schema: dict[str, Any], public: set[str]) -> None:
         components.pop("ValidationError", None)
 
 
-__all__ = ["add_limits", "create_app"]
+__all__ = ["add_limits", "create_app", "limits"]

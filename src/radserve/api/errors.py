@@ -106,9 +106,14 @@ def install(app: FastAPI, *, on_error: Any = None) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         count("internal_error")
-        logger.error("unexpected %s in %s", type(exc).__name__, request.url.path, exc_info=exc)
-        message = "internal error; the server log has the details"
-        return JSONResponse(error_body("internal_error", message), status_code=500)
+        return unexpected_response(request, exc)
+
+
+def unexpected_response(request: Request, exc: Exception) -> JSONResponse:
+    """500 for an exception no handler knows (logged with its traceback)."""
+    logger.error("unexpected %s in %s", type(exc).__name__, request.url.path, exc_info=exc)
+    message = "internal error; the server log has the details"
+    return JSONResponse(error_body("internal_error", message), status_code=500)
 
 
 __all__ = [
@@ -120,4 +125,5 @@ __all__ = [
     "error_response",
     "install",
     "status_for",
+    "unexpected_response",
 ]

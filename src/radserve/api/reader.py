@@ -18,6 +18,7 @@ import re
 import signal
 import socket
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -25,22 +26,25 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.datastructures import State
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radserve.api import errors
-from radserve.api.app import add_limits
-from radserve.api.auth import KeyVerifier
+from radserve.api.app import limits
+from radserve.api.auth import KeyVerifier, Principal, require_read
 from radserve.api.job_snapshot import SnapshotReader
 from radserve.api.routes import jobs as job_routes
 from radserve.config import Settings
+from radserve.errors import RadserveError
 from radserve.service.jobcache import JobCache
 from radserve.service.jobs import JobAccess, JobView
 from radserve.store import JobRecord, JobState, Store
 
 logger = logging.getLogger(__name__)
 
-_READS = re.compile(r"/v1/jobs/[^/]+(/report)?")
+_READS = re.compile(r"/v1/jobs/(?P<job_id>[^/]+)(?P<report>/report)?")
 Event = tuple[Any, ...]  # ("http", method, route, status, seconds) | ("error", code)
 
 
@@ -98,22 +102,18 @@ def reader_app(
 ) -> ASGIApp:
     """The reads answered here, everything else sent to ``upstream``; ``emit(event)``
     passes each metric event on to the serving process."""
-    reads = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    reads.state.service = ReaderState(settings, store, ReaderJobs(store, snapshot))
-    reads.state.keys = KeyVerifier(store)
-    errors.install(reads, on_error=lambda code: emit(("error", code)))
-    for path, endpoint in (
-        ("/v1/jobs/{job_id}", job_routes.get_job),
-        ("/v1/jobs/{job_id}/report", job_routes.get_report),
-    ):
-        reads.add_api_route(path, endpoint, methods=["GET"])
-    add_limits(reads, settings.server, lambda *event: emit(("http", *event)))
+    state = State()
+    state.service = ReaderState(settings, store, ReaderJobs(store, snapshot))
+    state.keys = KeyVerifier(store)
+    reads: ASGIApp = _Reads(_Holder(state), lambda code: emit(("error", code)))
+    for middleware, options in limits(settings.server, lambda *event: emit(("http", *event))):
+        reads = middleware(reads, **options)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan" or (
+        if (
             scope["type"] == "http"
             and scope["method"] == "GET"
-            and _READS.fullmatch(scope["path"])
+            and _route_of(scope["path"]) is not None
             and any(k in (b"x-api-key", b"authorization") for k, _ in scope["headers"])
         ):
             await reads(scope, receive, send)
@@ -121,6 +121,61 @@ def reader_app(
             await upstream(scope, receive, send)
 
     return app
+
+
+@dataclass(frozen=True)
+class _Route:
+    """A read route: its template (the metrics label, as FastAPI's route's ``path``)."""
+
+    path: str
+    endpoint: Callable[[Request, str, Principal], Awaitable[Response]]
+
+
+_ROUTES = {
+    False: _Route("/v1/jobs/{job_id}", job_routes.get_job),
+    True: _Route("/v1/jobs/{job_id}/report", job_routes.get_report),
+}
+
+
+def _route_of(path: str) -> tuple[_Route, str] | None:
+    match = _READS.fullmatch(path)
+    if match is None:
+        return None
+    return _ROUTES[match["report"] is not None], match["job_id"]
+
+
+@dataclass(frozen=True)
+class _Holder:
+    """``scope["app"]``: what ``request.app.state`` reads in the shared route code."""
+
+    state: State
+
+
+class _Reads:
+    """The two reads without FastAPI's routing and dependency solving, which took most
+    of a read's CPU in a reader (docs/api-performance.md): the same route functions,
+    the same key dependency (:func:`require_read`) and the same error table."""
+
+    def __init__(self, holder: _Holder, count: Callable[[str], None]) -> None:
+        self.holder = holder
+        self.count = count
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = _route_of(scope["path"])
+        assert found is not None  # the dispatcher sent only these paths
+        route, job_id = found
+        scope["app"], scope["route"] = self.holder, route
+        request = Request(scope, receive)
+        try:
+            who = await require_read(request)
+            response = await route.endpoint(request, job_id, who)
+        except RadserveError as exc:
+            self.count(exc.code)
+            response = errors.error_response(exc)
+        except Exception as exc:  # the serving process's last-resort handler, same body
+            self.count("internal_error")
+            response = errors.unexpected_response(request, exc)
+        await response(scope, receive, send)
 
 
 class EventLink:
@@ -208,6 +263,7 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
         access_log=spec.access_log,
         timeout_keep_alive=30,
         timeout_graceful_shutdown=5,  # a console event stream would hold a stop forever
+        lifespan="off",  # nothing to start: the store is open already
         server_header=False,
         ssl_context_factory=None if tls is None else (lambda _config, _default: tls),
     )
