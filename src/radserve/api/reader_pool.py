@@ -96,6 +96,10 @@ class ReaderPool:
                     self.restarts += 1
                     self._spawn(index)
 
+    def stopping(self) -> None:
+        """Restart no reader from now on (the server is stopping)."""
+        self._stop.set()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM each reader (it finishes its requests), then SIGKILL what is left."""
         self._stop.set()

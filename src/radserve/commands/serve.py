@@ -92,6 +92,7 @@ def run_server(
     base URL once the socket is bound (the real port when ``server.port`` is 0), on the
     event loop, so it must not block."""
     import asyncio
+    from types import FrameType
 
     import uvicorn
 
@@ -146,6 +147,12 @@ def run_server(
                 log.info("console: %s/", url)
             if on_started is not None:
                 on_started(url)
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # a Ctrl-C reaches the readers too: they stop, and are not started again
+            if readers is not None and readers.pool is not None:
+                readers.pool.stopping()
+            super().handle_exit(sig, frame)
 
         async def shutdown(self, sockets: Any = None) -> None:
             if readers is not None:  # no new reads or forwarded requests first
