@@ -113,6 +113,10 @@ class JobSettings(_Section):
     # lease expired (their replica died). One server alone holds every lease.
     lease_s: float = Field(default=60.0, gt=0)
     lease_poll_s: float = Field(default=5.0, gt=0)
+    # how long a job's progress write (running, its result and deliveries, failed) waits
+    # for a database that does not answer (a restart); past it the write is held and
+    # made, in order, when the database answers again (radserve.service.deferred)
+    store_outage_wait_s: float = Field(default=120.0, ge=0)
 
 
 class _PerClass(_Section):

@@ -13,6 +13,9 @@ class RadserveError(Exception):
 
     code: str = "radserve_error"
     retryable: bool = False
+    # a dependency is away (the database): not the job's fault, so a job waits it out
+    # (retried with back-off until its timeout) without using up its retries
+    outage: bool = False
 
     def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)

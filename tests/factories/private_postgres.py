@@ -40,7 +40,8 @@ def postgres_bin() -> Path | None:
 
 
 class PrivatePostgres:
-    """One throw-away PostgreSQL server; :meth:`restart` with ``pg_ctl -m fast|immediate``."""
+    """One throw-away PostgreSQL server; :meth:`restart` with ``pg_ctl -m fast|immediate``,
+    or an outage as long as the test wants (:meth:`shut_down`, :meth:`start_again`)."""
 
     def __init__(self) -> None:
         binaries = postgres_bin()
@@ -99,6 +100,13 @@ class PrivatePostgres:
         if mode not in ("fast", "immediate"):
             raise ValueError(f"restart mode must be 'fast' or 'immediate', not {mode!r}")
         self._pg_ctl("restart", "-m", mode)
+
+    def shut_down(self) -> None:
+        """Stop the server (``-m fast``) and keep its data, for :meth:`start_again`."""
+        self._pg_ctl("stop", "-m", "fast")
+
+    def start_again(self) -> None:
+        self._pg_ctl("start")
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():

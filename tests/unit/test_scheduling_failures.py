@@ -20,6 +20,7 @@ from radserve.scheduling import (
     execute,
     run_serial,
 )
+from radserve.store.errors import DatabaseUnavailableError
 
 URG, INP, OUT = PriorityClass.URGENT, PriorityClass.INPATIENT, PriorityClass.OUTPATIENT
 
@@ -126,6 +127,34 @@ def test_a_retry_waits_retry_backoff_s_while_other_jobs_run() -> None:
     run_serial(scheduler)
     assert _state(hooks, "flaky") == (JobState.SUCCEEDED, None)
     assert len(flaky.calls) == 2 and hooks.final("flaky").retries == 1  # type: ignore[union-attr]
+
+
+def test_a_database_outage_is_waited_out_without_using_up_retries() -> None:
+    """A stage that needs the database while it is away (``outage`` errors) is tried
+    again after the back-off for as long as the outage lasts, and does not count as one
+    of the job's retries; the job timeout still bounds it."""
+    clock, hooks = FakeClock(), RecordingHooks()
+    jobs = JobSettings(max_retries=1, retry_backoff_s=5, timeout_s=60)
+    scheduler = Scheduler(jobs=jobs, clock=clock, hooks=hooks)
+    waits = fake_work(FakeSession(), 1)
+    waits.cpu_errors = [DatabaseUnavailableError("database unavailable")] * 4
+    scheduler.submit(JobRequest("waits", waits, OUT))
+    for _ in range(4):  # four outages in a row: more than max_retries
+        run_serial(scheduler)
+        assert hooks.final("waits") is None
+        clock.advance(5.1)
+    run_serial(scheduler)
+    final = hooks.final("waits")
+    assert final is not None and (final.state, final.retries) == (JobState.SUCCEEDED, 0)
+
+    endless = fake_work(FakeSession(), 1)
+    endless.cpu_errors = [DatabaseUnavailableError("database unavailable")] * 100
+    scheduler.submit(JobRequest("endless", endless, OUT))
+    for _ in range(14):
+        run_serial(scheduler)
+        clock.advance(5.1)
+        scheduler.tick()
+    assert _state(hooks, "endless") == (JobState.FAILED, "job_timeout")
 
 
 def test_prepare_and_cpu_stage_errors() -> None:

@@ -351,6 +351,8 @@ class AuditSeal:
             self.checkpoint()
         except OSError as exc:
             logger.error("cannot write the audit checkpoint %s: %s", self.checkpoints.path, exc)
+        except RadserveError as exc:  # the database is away: the next round checkpoints
+            logger.error("cannot read the audit chain for its checkpoint (%s)", exc.code)
 
 
 __all__ = [

@@ -108,6 +108,17 @@ class JobBook:
         fail the job."""
         if not job.active:
             return
+        if isinstance(error, RadserveError) and error.outage:  # bounded by the job timeout
+            job.not_before = max(job.not_before, now + max(self.limits.retry_backoff_s, 1.0))
+            requeue()
+            logger.warning(
+                "job %s: %s (%s); its step is tried again in %.1f s",
+                job.id,
+                error.message,
+                error.code,
+                job.not_before - now,
+            )
+            return
         retryable = isinstance(error, RadserveError) and error.retryable
         if retryable and job.retries < self.limits.max_retries:
             job.retries += 1

@@ -3,8 +3,9 @@
 The scheduler calls these hooks outside its lock, in event order, on its worker
 threads. Every store write commits before the in-memory job cache is updated. A result
 is recorded exactly once (:meth:`Store.record_result` refuses a second one); a write the
-database refuses for a moment is retried a few times, and a job whose final state could
-not be written stays ``running`` in the store, so restart recovery runs it again.
+database refuses for a moment is retried out a restart, and an event whose write an
+outage outlasts is held and written in order when the database answers
+(:mod:`radserve.service.deferred`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TypeVar
 from radserve.audit.digests import model_digests, output_digests
 from radserve.pipeline.study import StudyResult
 from radserve.scheduling import BatchEvent, DeadlineMiss, JobEvent, JobHooks, JobState
+from radserve.service.deferred import DeferredWrites
 from radserve.service.jobcache import JobCache
 from radserve.service.metrics import Metrics
 from radserve.store import (
@@ -35,11 +37,23 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # Every write of a job's progress (queued, running, its deliveries, its result, failed)
-# waits out a database restart: ~2 min of retries. A write given up leaves the store
-# behind the scheduler (a result recorded without its deliveries, a job left "queued"
-# that ran), so the window is generous; the retries run on the scheduler's event thread,
-# in order, so later events of a job never overtake an earlier one.
+# waits out a database restart (``jobs.store_outage_wait_s``, ~2 min); the retries run on
+# the scheduler's event thread, in order, so later events of a job never overtake an
+# earlier one. Past the wait the event is held (radserve.service.deferred).
 OUTAGE_RETRIES = (0.1, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 30.0, 30.0)
+
+
+def outage_delays(wait_s: float) -> tuple[float, ...]:
+    """The retry delays of :data:`OUTAGE_RETRIES` (then 30 s each) that fit in ``wait_s``,
+    the last one shortened to end there."""
+    delays: list[float] = []
+    left = wait_s
+    for delay in (*OUTAGE_RETRIES, *(30.0,) * int(wait_s // 30.0)):
+        if left <= 0:
+            break
+        delays.append(min(delay, left))
+        left -= delay
+    return tuple(delays)
 
 
 def retry_store(call: Callable[[], T], delays: tuple[float, ...] = OUTAGE_RETRIES) -> T:
@@ -69,8 +83,10 @@ class ServiceHooks:
         metrics: Metrics,
         *,
         on_result: ResultCallback | None = None,
+        outage_wait_s: float = sum(OUTAGE_RETRIES),
     ) -> None:
         self.store = store
+        self.outage_delays = outage_delays(outage_wait_s)
         self.cache = cache
         self.metrics = metrics
         self.on_result = on_result
@@ -89,6 +105,8 @@ class ServiceHooks:
         # this replica's job lease owner (radserve.store.leases): every write of a run is
         # fenced by it, so a run whose job another replica took over writes nothing
         self.owner: str | None = None
+        # events whose write an outage outlasted, written in order when it ends
+        self.deferred = DeferredWrites(self._apply_held)
 
     def note_cancel(self, job_id: str, key_id: str | None, client: str | None) -> None:
         with self._lock:
@@ -97,7 +115,9 @@ class ServiceHooks:
     # --- JobHooks ---------------------------------------------------------------------
     def on_state(self, event: JobEvent) -> None:
         try:
-            self._on_state(event)
+            self._count(event)
+            if not self.deferred.hold_if_behind(event):  # a held event of its job goes first
+                self._on_state(event)
         except LeaseLostError:
             logger.warning(
                 "job %s: taken over by another replica (lease expired); this run's %s is "
@@ -105,13 +125,29 @@ class ServiceHooks:
                 event.job_id,
                 event.state.value,
             )
+        except DatabaseUnavailableError as exc:  # written once the database answers
+            self.deferred.hold(event, exc)
         finally:
             for follower in self.followers:
                 follower.on_state(event)
 
-    def _on_state(self, event: JobEvent) -> None:
+    def _count(self, event: JobEvent) -> None:
+        """The event's metrics: counted when it happens, once, whenever it is written."""
         cls = event.cls.value
         self.metrics.jobs.labels(event.state.value, cls).inc()
+        if event.state is JobState.SUCCEEDED:
+            self.metrics.tat.labels(cls).observe(event.timings.get("total", 0.0))
+            self.metrics.observe_stages(dict(event.timings))
+        elif event.state is JobState.FAILED:
+            self.metrics.errors.labels(event.error_code or "internal_error").inc()
+
+    def _apply_held(self, event: JobEvent) -> None:
+        try:
+            self._on_state(event)
+        except LeaseLostError:  # another replica runs it now: nothing of this run counts
+            logger.warning("job %s: taken over while its %s was held", event.job_id, event.state)
+
+    def _on_state(self, event: JobEvent) -> None:
         if event.state is JobState.QUEUED:
             self._queued(event)
         elif event.state is JobState.RUNNING:
@@ -122,10 +158,7 @@ class ServiceHooks:
             )
         elif event.state is JobState.SUCCEEDED:
             self._succeeded(event)
-            self.metrics.tat.labels(cls).observe(event.timings.get("total", 0.0))
-            self.metrics.observe_stages(dict(event.timings))
         elif event.state is JobState.FAILED:
-            self.metrics.errors.labels(event.error_code or "internal_error").inc()
             failed = self._write(
                 lambda: self.store.transition(
                     event.job_id,
@@ -199,18 +232,11 @@ class ServiceHooks:
         if self.on_result is not None:
             try:  # before the result is recorded: a crash in between loses no delivery
                 self.on_result(job, result)
-            except DatabaseUnavailableError as exc:
+            except DatabaseUnavailableError:
                 # The database stayed unavailable through the retries: recording the
-                # result now would leave it without its deliveries, for good. Left
-                # unrecorded, the job stays unfinished and runs again (lease take-over,
-                # or restart recovery).
-                logger.error(
-                    "job %s: its results could not be queued for delivery (%s); the result "
-                    "is not recorded",
-                    job.id,
-                    exc.code,
-                )
-                self.metrics.errors.labels("delivery_enqueue_failed").inc()
+                # result now would leave it without its deliveries, for good. The whole
+                # event is held (DeferredWrites) and written, deliveries first, when the
+                # database answers; if this process stops first, the job runs again.
                 raise
             except Exception as exc:  # the result stands; only its delivery failed
                 code = getattr(exc, "code", type(exc).__name__)
@@ -260,10 +286,14 @@ class ServiceHooks:
         if record is not None:
             self.cache.put(record)
 
-    @staticmethod
-    def _write(call: Callable[[], T]) -> T:
+    def write_delays(self) -> tuple[float, ...]:
+        """How long a job's write waits for the database: out a restart, unless it is
+        already known to be down (events held), when the write joins the held ones."""
+        return () if self.deferred.active else self.outage_delays
+
+    def _write(self, call: Callable[[], T]) -> T:
         """``call()``, retried while the database is unavailable."""
-        return retry_store(call)
+        return retry_store(call, self.write_delays())
 
 
-__all__ = ["OUTAGE_RETRIES", "ResultCallback", "ServiceHooks", "retry_store"]
+__all__ = ["OUTAGE_RETRIES", "ResultCallback", "ServiceHooks", "outage_delays", "retry_store"]

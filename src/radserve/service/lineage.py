@@ -34,7 +34,7 @@ from radserve.pipeline.study import StudyResult
 from radserve.report.dicom import common
 from radserve.report.json_report import read_report, write_report
 from radserve.report.schema import Lineage, Report, ResultRef
-from radserve.store import JobState, Store
+from radserve.store import DatabaseUnavailableError, JobState, Store
 from radserve.store.results import LineageIndex, LineageRecord, ResultIndex
 
 logger = logging.getLogger(__name__)
@@ -128,6 +128,8 @@ class ResultLineage:
         for earlier in self.index.earlier(record):
             try:
                 job = self.store.get_job(earlier.job_id)
+            except DatabaseUnavailableError:  # not "no predecessor": the step is retried
+                raise
             except RadserveError:
                 continue
             if job.state is not JobState.SUCCEEDED or not job.result_path:

@@ -44,7 +44,7 @@ from radserve.service.failover import SharedStorage
 from radserve.service.failure_notice import FailureNotices
 from radserve.service.fhir import FhirDelivery, fhir_destination
 from radserve.service.gateway import GatewayBridge
-from radserve.service.hooks import OUTAGE_RETRIES, ServiceHooks, retry_store
+from radserve.service.hooks import ServiceHooks, retry_store
 from radserve.service.intake import DICOMWEB_SOURCE, Intake
 from radserve.service.job_warnings import JobWarnings, chain
 from radserve.service.jobcache import JobCache
@@ -125,7 +125,9 @@ class Service:
         # the metrics read the scheduler when scraped; the scheduler reports to the hooks
         self.outbox = OutboxOps(settings, self.store, wake=self._wake_senders)
         self.metrics = Metrics(lambda: self.scheduler.snapshot(), outbox=self.outbox.status)
-        self.hooks = ServiceHooks(self.store, self.cache, self.metrics)
+        self.hooks = ServiceHooks(
+            self.store, self.cache, self.metrics, outage_wait_s=settings.jobs.store_outage_wait_s
+        )
         # this server's job lease (radserve.store.leases): held on the jobs it accepts
         # and runs, renewed while it lives; with replicas, expired ones are taken over
         self.lease = Lease.new(instance_id(settings.outbox.instance_id), settings.jobs.lease_s)
@@ -222,6 +224,8 @@ class Service:
         )
         # a re-run of a study supersedes its earlier result (SR predecessor, FHIR amended)
         # ... and the job's gateway warnings (late instances, cut-off transfer) go into it
+        # (both need the database: while it is away the job waits at this step,
+        # radserve.errors.RadserveError.outage)
         self.intake.lineage = chain(
             ResultLineage(self.store, self.results).assign, JobWarnings(self.store).apply
         )
@@ -338,6 +342,7 @@ class Service:
         if self.critical is not None:
             self.critical.stop()
         self.executor.stop(wait=True)
+        self.hooks.deferred.stop()
         self.leases.stop()
         self.lifecycle.stop()
         self.turnaround.stop()
@@ -500,7 +505,7 @@ class Service:
         unavailable: DatabaseUnavailableError | None = None
         for name, step in steps:
             try:  # a database restart is waited out: a step's rows are idempotent
-                retry_store(lambda step=step: step(job, result), OUTAGE_RETRIES)
+                retry_store(lambda step=step: step(job, result), self.hooks.write_delays())
             except Exception as exc:  # the others still run
                 code = getattr(exc, "code", type(exc).__name__)
                 logger.error("job %s: %s delivery step failed (%s)", job.id, name, code)

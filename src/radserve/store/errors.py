@@ -18,6 +18,7 @@ class DatabaseUnavailableError(StoreError):
 
     code = "store_error"
     retryable = True
+    outage = True
 
 
 class JobNotFoundError(StoreError):

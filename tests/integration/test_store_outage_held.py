@@ -1,0 +1,117 @@
+"""A database outage longer than the job writes' wait (``jobs.store_outage_wait_s``),
+on a real PostgreSQL server that the test stops and starts (radserve is not restarted):
+
+- a job that has run waits at its first step that needs the database (the result
+  lineage) for as long as the outage lasts, without using up its retries, instead of
+  failing with ``store_error`` after two;
+- a state change whose write the outage outlasts (here a cancel) is held, and written
+  in order when the database answers; before, the job stayed ``queued`` in the store
+  for good while its server kept renewing the lease, until a restart;
+- afterwards the finished job is recorded once (one ``job.succeeded``, never
+  requeued) and the server takes new work.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+from sqlalchemy import create_engine, text
+from tests.factories.private_postgres import PrivatePostgres
+from tests.factories.replicas import until
+from tests.factories.service import (
+    ServerThread,
+    auth,
+    create_key,
+    make_models_slow,
+    make_study,
+    settings_for,
+    upload,
+    wait_job,
+)
+
+from radserve.api import create_app
+from radserve.scheduling import JobState
+from radserve.service import Service
+from radserve.store.db import normalise_url
+
+WAIT_S = 180.0
+# the first study runs for seconds with the slow model; the second uploads in a moment
+SIZES = ({"n_slices": 96, "rows": 256, "cols": 256}, {})
+
+
+def _actions(url: str, job_id: str) -> list[str]:
+    engine = create_engine(normalise_url(url))
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(
+                text("SELECT action FROM audit_records WHERE subject = :id ORDER BY seq"),
+                {"id": job_id},
+            )
+            return [row[0] for row in rows]
+    finally:
+        engine.dispose()
+
+
+def test_jobs_wait_out_a_long_database_outage_and_held_writes_land_after(tmp_path: Path) -> None:
+    with PrivatePostgres() as pg:
+        settings = settings_for(
+            tmp_path,
+            database_url=pg.url,
+            jobs__store_outage_wait_s=1.0,
+            jobs__retry_backoff_s=1.0,
+            scheduler__max_running=1,  # the second job waits while the first runs
+        )
+        make_models_slow(tmp_path / "assets" / "models", layers=10, channels=64)
+        service = Service(settings)
+        key = create_key(service.store, "admin")
+        with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url) as c:
+            assert service.wait_warm(120)
+            ids = []
+            for name, size in zip(("a", "b"), SIZES, strict=True):
+                study = make_study(tmp_path / name, **size)
+                answer = c.post("/v1/studies", files=upload(study), headers=auth(key))
+                assert answer.status_code == 202, answer.text
+                ids.append(answer.json()["id"])
+            first, second = ids
+            until(
+                lambda: service.jobs.get(first).state is not JobState.QUEUED,
+                "the first job to start",
+                WAIT_S,
+            )
+
+            pg.shut_down()
+            info = service.scheduler.job_info(first)
+            assert info is not None, "the first job finished before the outage: make it slower"
+            # the waiting job is cancelled during the outage: its write is held
+            service.jobs.cancel(second, key_id=None, client=None)
+            deferred = service.hooks.deferred
+            until(
+                lambda: deferred.held().get(second) == ["cancelled"],
+                "the cancel's write to be held",
+                WAIT_S,
+            )
+            # the first job waits at its lineage step, longer than its two retries
+            time.sleep(6.0 + 2 * settings.jobs.retry_backoff_s)
+            info = service.scheduler.job_info(first)
+            assert info is not None and info.state is JobState.RUNNING, info
+            assert info.retries == 0, info
+            assert deferred.held().get(second) == ["cancelled"], "a held write was dropped"
+
+            pg.start_again()
+            until(lambda: not deferred.active, "the held writes to be made", WAIT_S)
+            assert wait_job(c, first, key, timeout=WAIT_S)["state"] == "succeeded"
+            assert service.store.get_job(second).state is JobState.CANCELLED
+            assert Path(service.store.get_job(first).result_path or "", "report.json").is_file()
+            actions = _actions(pg.url, first)
+            assert actions.count("job.succeeded") == 1, actions
+            assert "job.requeued" not in actions, actions
+            assert "job.cancelled" in _actions(pg.url, second)
+
+            # and the server takes new work as before
+            study = make_study(tmp_path / "c")
+            again = c.post("/v1/studies", files=upload(study), headers=auth(key))
+            assert again.status_code == 202, again.text
+            assert wait_job(c, again.json()["id"], key, timeout=WAIT_S)["state"] == "succeeded"
+        service.stop()
