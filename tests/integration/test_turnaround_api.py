@@ -70,6 +70,7 @@ def test_eta_service_times_and_deadline_risk(tmp_path: Path) -> None:
             turnaround__risk_policy="promote",
             turnaround__risk_webhook_url=receiver.url,
             turnaround__bias_window_jobs=20,  # off by default; its learning is tested here
+            turnaround__latency_lanes="exclusive",  # likewise: routine jobs' runs apart
             scheduler__tat_s__outpatient=0.3,  # each test job takes longer
         )
         make_models_slow(make_models_slow_root, layers=4, channels=32)
@@ -101,6 +102,8 @@ def test_eta_service_times_and_deadline_risk(tmp_path: Path) -> None:
             assert {"ingest", "run", "report"} <= set(steps)
             assert any(line["on_device"] for line in times["lines"])
             assert steps["run"]["samples"] == 3
+            assert steps["run shared"]["samples"] == 3  # the three (routine) jobs' lane
+            assert "run alone" not in steps  # no URGENT job ran
             # measured, the model no longer says 5 s per slice
             assert steps["run"]["seconds_per_slice"] < 5.0
 
