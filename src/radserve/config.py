@@ -694,10 +694,13 @@ class TurnaroundSettings(_Section):
     # the service-time model: the last this many succeeded jobs per step, each weighted
     # by recency (a job half_life_jobs old counts half; 0: all alike), and the job's
     # start-to-finish time learned per lane (radserve.turnaround.eta.latency_lane): none, per
-    # class, or exclusive (URGENT alone under urgent_exclusive, routine work sharing)
+    # class, or exclusive (default since 2026-12-02 session 9: URGENT runs alone under
+    # urgent_exclusive, routine work shares the cores; replayed on five loaded-host traces
+    # it had the lowest median error of the variants not worse halfway, but was worse on
+    # two of them: README, issue 17)
     window_jobs: int = Field(default=200, ge=1, le=1000)
     half_life_jobs: float = Field(default=0.0, ge=0)
-    latency_lanes: Literal["none", "class", "exclusive"] = "none"
+    latency_lanes: Literal["none", "class", "exclusive"] = "exclusive"
     # the service-time prior (before anything is measured): seconds = fixed + per_slice
     # x slices for a job, device_share of it in model batches (README bench figures)
     prior_fixed_s: float = Field(default=0.5, ge=0)
