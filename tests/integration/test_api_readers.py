@@ -7,11 +7,14 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from tests.factories.dicom_net import WAIT_SCALE, free_port
+from tests.factories.postgres import postgres_schema
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file, make_study, upload, wait_job
 
@@ -43,11 +46,21 @@ def wait_for(predicate: object, timeout: float) -> None:
         time.sleep(0.1)
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """The store every process shares: SQLite (WAL) by default, or PostgreSQL."""
+    if request.param == "sqlite":
+        yield {}
+    else:
+        with postgres_schema("radserve_readers") as url:
+            yield {"database_url": url}
+
+
 @pytest.mark.slow
 def test_reads_from_reader_processes_are_audited_and_a_killed_reader_is_replaced(
-    tmp_path: Path,
+    tmp_path: Path, database: dict[str, Any]
 ) -> None:
-    config = config_file(tmp_path, server={"read_processes": 2})
+    config = config_file(tmp_path, server={"read_processes": 2}, **database)
     data, log = tmp_path / "data", tmp_path / "server.log"
     key = create_key_cli(config, data)
     studies = [make_study(tmp_path / f"study-{i}") for i in range(N_JOBS)]
