@@ -186,13 +186,15 @@ class _Readers:
 
     @classmethod
     def of(cls, settings: Settings, service: Any, access_log: bool) -> _Readers:
+        import os
         import tempfile
 
         from radserve.api.reader import ReaderSpec
         from radserve.security.logs import JsonFormatter
 
         # a private folder (0700) for this process's socket and the job snapshot
-        run_dir = Path(tempfile.mkdtemp(prefix="radserve-api-"))
+        run_dir = Path(tempfile.mkdtemp(prefix=f"radserve-api-{os.getpid()}-"))
+        remove_stale_run_dirs(run_dir.parent)
         root = logging.getLogger()
         spec = ReaderSpec(
             settings,
@@ -244,3 +246,21 @@ def _doctor(settings: Any, service: Any) -> None:
     if failed:
         service.store.close()
         raise click.ClickException("radserve doctor found problems that block serving")
+
+
+def remove_stale_run_dirs(parent: Path) -> None:
+    """The private folders of serving processes that no longer run (a kill -9 leaves its
+    socket and job snapshot behind); the creator's process id is in each name."""
+    import os
+    import shutil
+
+    for folder in parent.glob("radserve-api-*-*"):
+        pid = folder.name.split("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            continue
