@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from radserve.bench.cstore import BARE, DISK, MODES, dcmtk_storescu, run_cstore_bench
+from radserve.bench.cstore import BARE_VARIANTS, DISK, MODES, dcmtk_storescu, run_cstore_bench
 
 pytestmark = [
     pytest.mark.tools,
@@ -22,7 +22,7 @@ def test_cstore_bench_runs_every_mode(tmp_path: Path) -> None:
         n_instances=8, associations=(1, 2), repeats=1, cache_dir=tmp_path, log=lambda _: None
     )
     rows = summary["rows"]
-    labels = [label for label, _ in MODES] + [BARE, DISK]
+    labels = [label for label, _ in MODES] + [label for label, _ in BARE_VARIANTS] + [DISK]
     assert [(r["mode"], r["associations"]) for r in rows] == [
         (label, n) for label in labels for n in (1, 2)
     ]

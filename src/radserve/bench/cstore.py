@@ -21,7 +21,8 @@ bounds the rate, with the measurement):
 * ``bare pynetdicom``: a bare pynetdicom storage SCP (no allow-list, no admission, no
   header read, no completeness tracking) that copies each received data set to its file,
   fsyncs file and folder and only then answers success, fed by the same storescu
-  senders — what the DICOM stack radserve is built on allows here.
+  senders — what the DICOM stack radserve is built on allows here; beside it, the same
+  SCP gathering the data set in memory (no spool file) and advertising a 1 MiB PDU.
 
 Each run also reports the CPU it cost per instance (the SCP: this process's SCP and
 committer threads, plus its receiving processes; children: the storescu senders), and
@@ -75,6 +76,14 @@ def dcmtk_storescu() -> str | None:
 
 BARE = "bare pynetdicom"
 DISK = "disk"
+# the bare SCP's cheap per-process cuts, measured beside it (label, variant settings):
+# the data set gathered in memory instead of spooled to a file (what radserve gives up
+# for bounded memory), and the larger advertised PDU
+BARE_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (BARE, {}),
+    (f"{BARE}, in memory", {"chunked": False}),
+    (f"{BARE}, 1 MiB PDU", {"max_pdu": BIG_PDU}),
+)
 
 
 def _cpu() -> tuple[float, float]:
@@ -155,9 +164,18 @@ def _one_run(
 def _durable_copy(source: Path, folder: Path, name: str) -> None:
     """The sequence radserve's per-instance path performs: temporary file, fsync, link
     to the final name, folder fsync (the temporary name removed)."""
+    with open(source, "rb") as src:
+        _durable_write(src, folder, name)
+
+
+def _durable_write(data: bytes | Any, folder: Path, name: str) -> None:
+    """:func:`_durable_copy` of ``data`` (bytes, or a file object to copy)."""
     temporary = folder / f".{name}.part"
-    with open(source, "rb") as src, open(temporary, "xb") as handle:
-        shutil.copyfileobj(src, handle, 1 << 20)
+    with open(temporary, "xb") as handle:
+        if isinstance(data, bytes):
+            handle.write(data)
+        else:
+            shutil.copyfileobj(data, handle, 1 << 20)
         handle.flush()
         os.fsync(handle.fileno())
     os.link(temporary, folder / name)
@@ -198,16 +216,29 @@ def _disk_run(files: list[Path], data_dir: Path, writers: int) -> dict[str, Any]
     return result
 
 
-def _bare_run(tool: str, files: list[Path], data_dir: Path, n_assoc: int) -> dict[str, Any]:
+def _bare_run(
+    tool: str,
+    files: list[Path],
+    data_dir: Path,
+    n_assoc: int,
+    *,
+    chunked: bool = True,
+    max_pdu: int | None = None,
+) -> dict[str, Any]:
     """A bare pynetdicom storage SCP (pynetdicom's own server, its default PDU size, the
     data set spooled to a temporary file as radserve has it) that answers success only
-    after a durable copy (:func:`_durable_copy`): the DICOM stack's floor."""
+    after a durable copy (:func:`_durable_copy`): the DICOM stack's floor. ``chunked``
+    False: the data set gathered in memory and written from there; ``max_pdu``: the
+    maximum PDU it advertises."""
     from pynetdicom import AE, _config, evt
 
     data_dir.mkdir(parents=True)
-    _config.STORE_RECV_CHUNKED_DATASET = True  # as radserve receives (bounded memory)
+    spooled = _config.STORE_RECV_CHUNKED_DATASET
+    _config.STORE_RECV_CHUNKED_DATASET = chunked  # True: as radserve receives
     classes = {str(pydicom.dcmread(p, stop_before_pixels=True).SOPClassUID) for p in files[:1]}
     ae = AE(ae_title="BARE")
+    if max_pdu is not None:
+        ae.maximum_pdu_size = max_pdu
     ae.maximum_associations = max(10, n_assoc)
     for sop_class in classes:
         ae.add_supported_context(sop_class, ["1.2.840.10008.1.2.1", "1.2.840.10008.1.2"])
@@ -215,7 +246,10 @@ def _bare_run(tool: str, files: list[Path], data_dir: Path, n_assoc: int) -> dic
     def on_store(event: Any) -> int:
         uid = str(event.request.AffectedSOPInstanceUID)
         try:
-            _durable_copy(Path(event.dataset_path), data_dir, f"{uid}.dcm")
+            if chunked:
+                _durable_copy(Path(event.dataset_path), data_dir, f"{uid}.dcm")
+            else:
+                _durable_write(event.encoded_dataset(), data_dir, f"{uid}.dcm")
         except OSError:
             return 0xA700
         return 0x0000
@@ -230,6 +264,7 @@ def _bare_run(tool: str, files: list[Path], data_dir: Path, n_assoc: int) -> dic
         result = _measured(len(files), seconds, cpu0)
     finally:
         server.shutdown()
+        _config.STORE_RECV_CHUNKED_DATASET = spooled
     stored = len(list(data_dir.glob("*.dcm")))
     if stored != len(files):
         raise RuntimeError(f"bare pynetdicom SCP: {stored}/{len(files)} stored")
@@ -255,7 +290,8 @@ def run_cstore_bench(
     size = statistics.fmean(p.stat().st_size for p in files)
     log(f"{len(files)} instances of {size / 1024:.0f} KiB from {study}")
     root = Path(tempfile.mkdtemp(prefix="radserve-cstore-", dir=work_dir))
-    labels = [m[0] for m in MODES] + ([BARE, DISK] if floors else [])
+    bares = dict(BARE_VARIANTS)
+    labels = [m[0] for m in MODES] + ([*bares, DISK] if floors else [])
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {
         label: {n: [] for n in associations} for label in labels
     }
@@ -268,8 +304,8 @@ def run_cstore_bench(
                     data_dir = root / f"{repeat}-{n_assoc}-{labels.index(label)}"
                     if label == DISK:
                         result = _disk_run(files, data_dir, n_assoc)
-                    elif label == BARE:
-                        result = _bare_run(tool, files, data_dir, n_assoc)
+                    elif label in bares:
+                        result = _bare_run(tool, files, data_dir, n_assoc, **bares[label])
                     else:
                         settings = dict(MODES)[label]
                         result = _one_run(tool, files, data_dir, settings, n_assoc)
