@@ -100,3 +100,56 @@ def test_imported_nnunet_model_serves_and_agrees_with_nnunet_predictor(tmp_path:
     assert served.segment_names == sorted(present)
     agreement = float((served.labels == theirs).mean())
     assert agreement >= 0.999, agreement
+
+
+@pytest.mark.slow
+def test_imported_pet_ct_nnunet_model_serves_on_a_pet_ct_study(tmp_path: Path) -> None:
+    """A CT + PET nnU-Net model (channel 1 named "PET": read from the PT series in SUVbw)
+    on the PET/CT phantom sent over STOW-RS: the server uses both series, and its SEG
+    matches ``nnUNetPredictor`` fed the CT and the SUV on the CT grid, not the CT alone."""
+    pytest.importorskip("nnunetv2", reason="the nnunet extra is not installed")
+    from tests.factories.nnunet_folder import make_results_folder
+
+    from radserve.importers.nnunet import load_predictor, read_results_folder
+    from radserve.ingest import discover_series, load_series
+    from radserve.ingest.suv import series_to_suv
+    from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
+    from radserve.phantom.pet import generate_pet, write_pet_series
+    from radserve.preprocess.onto_grid import resample_onto
+
+    folder = make_results_folder(
+        tmp_path / "results",
+        folds=(0,),
+        spacing=(4.0, 3.0, 3.0),
+        schemes=("CTNormalization", "ZScoreNormalization"),
+        channel_names=("CT", "PET"),
+    )
+    imported = tmp_path / "imported"
+    _import("nnunet", str(folder), "--models-dir", str(imported), "--name", "petct-nnunet")
+
+    # the study `radserve phantom --seed 0 --small --pet` writes
+    phantom = generate_phantom(PhantomSpec.random(0, small=True))
+    study = tmp_path / "study"
+    files = write_dicom_series(phantom, study) + write_pet_series(generate_pet(phantom), study)
+    served = serve_and_read_seg(tmp_path, imported / "petct-nnunet" / "1.0.0", files)
+    assert served.report["series_selection"]["selected"]["modality"] == "CT"
+    assert served.report["series_selection"]["rejected"] == [], "the PET is used, not passed over"
+
+    headers = {h.modality: h for h in discover_series(study)}
+    ct = load_series(headers["CT"]).volume
+    suv, _ = series_to_suv(load_series(headers["PT"]))
+    predictor = load_predictor(read_results_folder(folder))
+
+    def theirs(pet: np.ndarray) -> np.ndarray:
+        image = np.stack([ct.array, pet]).astype(np.float32)
+        return np.asarray(predictor.predict_single_npy_array(image, {"spacing": list(ct.spacing)}))
+
+    want = theirs(resample_onto(suv, ct).array)
+    assert served.labels.shape == want.shape == ct.shape
+    assert len(np.unique(want)) >= 2
+    agreement = float((served.labels == want).mean())
+    assert agreement >= 0.999, agreement
+    # the PET channel changes the labels: without it they would not agree this well
+    without_pet = float((served.labels == theirs(np.zeros(ct.shape, np.float32))).mean())
+    print(f"agreement {agreement:.5f}; with the PET channel zeroed {without_pet:.5f}")
+    assert without_pet < agreement - 0.001, (agreement, without_pet)

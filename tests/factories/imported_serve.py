@@ -10,6 +10,7 @@ import io
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -27,10 +28,12 @@ SEG = "1.2.840.10008.5.1.4.1.1.66.4"
 
 @dataclass(frozen=True)
 class ServedSeg:
-    """The served SEG as a label map (the model's label values, slices ascending in z)."""
+    """The served SEG as a label map (the model's label values, slices ascending in z),
+    and the job's report."""
 
     labels: np.ndarray
     segment_names: list[str]
+    report: dict[str, Any]
 
 
 def zip_bundle(folder: Path, root: str) -> bytes:
@@ -44,7 +47,8 @@ def zip_bundle(folder: Path, root: str) -> bytes:
 
 def serve_and_read_seg(tmp_path: Path, bundle: Path, files: list[Path]) -> ServedSeg:
     """Install ``bundle`` (``<models>/<name>/<version>``) into a fresh server, run the
-    CT ``files`` through a pipeline of that one model, and decode the SEG it stored."""
+    study ``files`` (a CT, and the other series a multi-channel model reads) through a
+    pipeline of that one model, and decode the SEG it stored on the CT."""
     import highdicom as hd
 
     spec = load_manifest(bundle / "model.yaml")
@@ -85,6 +89,7 @@ def serve_and_read_seg(tmp_path: Path, bundle: Path, files: list[Path]) -> Serve
             job_id = r.headers["link"][len("</v1/jobs/") : -len('>; rel="related"')]
             job = wait_job(c, job_id, submit, timeout=600)
             assert job["state"] == "succeeded", (job, (tmp_path / "serve.log").read_text()[-3000:])
+            report = c.get(f"/v1/jobs/{job_id}/report", headers=auth(submit)).json()
             parts = split_related(c.get(f"/dicomweb/studies/{study_uid}", headers=auth(submit)))
     finally:
         server.terminate()
@@ -96,6 +101,7 @@ def serve_and_read_seg(tmp_path: Path, bundle: Path, files: list[Path]) -> Serve
     names = {s.SegmentNumber: str(s.SegmentLabel) for s in seg.SegmentSequence}
     # the source slices in ascending position, as radserve's volume holds them
     headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in files]
+    headers = [h for h in headers if h.Modality == "CT"]
     headers.sort(key=lambda h: float(h.ImagePositionPatient[2]))
     pixels = seg.get_pixels_by_source_instance(
         [str(h.SOPInstanceUID) for h in headers], combine_segments=True
@@ -104,4 +110,4 @@ def serve_and_read_seg(tmp_path: Path, bundle: Path, files: list[Path]) -> Serve
     served = np.zeros(pixels.shape, np.uint8)
     for number, name in names.items():
         served[pixels == number] = value[name]
-    return ServedSeg(served, sorted(names.values()))
+    return ServedSeg(served, sorted(names.values()), report)
