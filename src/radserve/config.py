@@ -671,16 +671,55 @@ class LifecycleSettings(_Section):
     variants: VariantBuildSettings = VariantBuildSettings()
 
 
+class SyslogTargetSettings(_Section):
+    """An alert collector's syslog settings (a critical receiver of kind syslog,
+    ``turnaround.risk_syslog``): RFC 5424 over TLS (RFC 5425; ``tls.ca`` verifies the
+    collector) or, with ``transport: tcp``, plain TCP (RFC 6587 octet counting); no UDP:
+    nothing would say a datagram arrived."""
+
+    timeout_s: float = Field(default=10.0, gt=0)
+    port: int | None = Field(default=None, ge=1, le=65535)  # default 6514 (tls), 514 (tcp)
+    transport: Literal["tls", "tcp"] = "tls"
+    tls: TlsSettings = TlsSettings()
+    server_name: str | None = None
+    app_name: str = Field(default="radserve", pattern=r"^[!-~]{1,48}$")
+    facility: int = Field(default=16, ge=0, le=23)  # 16: local0
+
+    @property
+    def syslog_port(self) -> int:
+        return self.port or (6514 if self.transport == "tls" else 514)
+
+
+class RiskSyslogSettings(SyslogTargetSettings):
+    """A syslog collector for deadline-risk alerts (``turnaround.risk_syslog``), set as a
+    critical-finding syslog receiver is. Each raised or cleared risk is one message (job
+    id, class, times; no patient data), sent on a thread of its own from a bounded queue,
+    retried a few times."""
+
+    host: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _tls_needs_tls(self) -> RiskSyslogSettings:
+        if self.transport == "tcp" and "tls" in self.model_fields_set:
+            raise ValueError("risk_syslog: tls settings need transport tls")
+        return self
+
+
 class TurnaroundSettings(_Section):
     """ETAs, deadline-risk events and the service-time model (radserve.turnaround)."""
 
     # a job is at risk when its predicted finish passes its deadline minus this margin
     risk_margin_s: float = Field(default=30.0, ge=0)
+    # a risk is cleared when the predicted finish is back before deadline - margin - this
+    # (hysteresis: a prediction hovering at the threshold neither raises nor clears again)
+    risk_clear_s: float = Field(default=15.0, ge=0)
     # what the scheduler does for a job at risk: nothing more than the alert, or run it
     # ahead of the other work of its (effective) class
     risk_policy: Literal["none", "promote"] = "none"
     # optional alert receiver: a JSON POST per risk event (retried, never blocking)
     risk_webhook_url: str | None = None
+    # optional alert receiver: an RFC 5424 syslog message per risk event (likewise)
+    risk_syslog: RiskSyslogSettings | None = None
     # ETAs are recomputed after scheduling events, at most this often
     recompute_interval_s: float = Field(default=0.5, gt=0)
     # succeeded jobs read back at start to learn service times from
@@ -708,7 +747,7 @@ class TurnaroundSettings(_Section):
     prior_device_share: float = Field(default=0.5, ge=0, le=1)
 
 
-class CriticalReceiverSettings(_Section):
+class CriticalReceiverSettings(SyslogTargetSettings):
     """One receiver of critical-finding notices (radserve.critical), by ``kind``:
 
     - ``webhook`` (default): the JSON notice POSTed to ``url``; its 2xx acknowledges it.
@@ -729,15 +768,8 @@ class CriticalReceiverSettings(_Section):
     token: SecretStr | None = None
     auth_header: str = Field(default="Authorization", pattern=r"^[A-Za-z0-9-]{1,64}$")
     auth_scheme: str = Field(default="Bearer", pattern=r"^[A-Za-z0-9-]{0,32}$")
-    timeout_s: float = Field(default=10.0, gt=0)
-    # syslog
+    # syslog: host, and the fields of SyslogTargetSettings
     host: str | None = Field(default=None, min_length=1)
-    port: int | None = Field(default=None, ge=1, le=65535)  # default 6514 (tls), 514 (tcp)
-    transport: Literal["tls", "tcp"] = "tls"
-    tls: TlsSettings = TlsSettings()
-    server_name: str | None = None
-    app_name: str = Field(default="radserve", pattern=r"^[!-~]{1,48}$")
-    facility: int = Field(default=16, ge=0, le=23)  # 16: local0
     # fhir: also a Flag on the patient
     flag: bool = False
 
@@ -762,10 +794,6 @@ class CriticalReceiverSettings(_Section):
         if self.transport == "tcp" and "tls" in self.model_fields_set:
             raise ValueError(f"syslog receiver {self.name!r}: tls settings need transport tls")
         return self
-
-    @property
-    def syslog_port(self) -> int:
-        return self.port or (6514 if self.transport == "tls" else 514)
 
 
 class CriticalSettings(_Section):

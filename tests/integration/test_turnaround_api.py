@@ -128,6 +128,9 @@ def test_eta_service_times_and_deadline_risk(tmp_path: Path) -> None:
             assert raised is not None
             risks = int(raised.group(1))  # one per job flagged before its deadline
             assert misses["predicted"] <= risks <= 3
+            # every raise counted; one cleared only if its prediction recovered in time
+            assert view["risk_events"]["raised"] >= 1
+            assert view["risk_events"]["cleared"] <= view["risk_events"]["raised"]
             assert "radserve_deadline_misses_predicted_total" in metrics
             assert "radserve_eta_compute_seconds" in metrics
 

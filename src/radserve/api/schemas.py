@@ -173,7 +173,11 @@ class TurnaroundOut(_Out):
     last_compute_ms: float = Field(description="the last ETA recomputation (order + walk)")
     risk_margin_s: float
     risk_policy: str
-    at_risk: list[str] = Field(description="unfinished jobs a deadline-risk event was raised for")
+    at_risk: list[str] = Field(description="unfinished jobs a deadline-risk event stands for")
+    risk_events: dict[str, int] = Field(
+        default_factory=dict,
+        description="since start: risk events raised, and cleared (prediction recovered)",
+    )
     misses: dict[str, Any] = Field(
         description="since start: misses, predicted (a risk event came first), "
         "predicted_fraction, lead_s_p50 / lead_s_min (alert to deadline)"

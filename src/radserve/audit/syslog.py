@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from radserve.audit.atna import dicom_audit_message, fhir_audit_event
 from radserve.audit.chain import GENESIS_HASH, AuditKey, AuditRecord
@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 FACILITY_AUTHPRIV = 10  # security/authorization messages (RFC 5424 table 1)
 FACILITY_LOCAL0 = 16
-NOTICE, CRITICAL, ALERT = 5, 2, 1
+NOTICE, WARNING, CRITICAL, ALERT = 5, 4, 2, 1
 SD_ID = "radserve@32473"  # 32473: the enterprise number RFC 5612 reserves for examples
 MSGID = {"dicom": "IHE+RFC-3881", "fhir": "IHE+FHIR"}
 _BOM = b"\xef\xbb\xbf"
@@ -105,6 +105,24 @@ def checkpoint_message(checkpoint: Checkpoint, key: AuditKey, *, app_name: str) 
     )
 
 
+class SyslogTarget(Protocol):
+    """The settings of an alert collector (config: a syslog critical receiver,
+    ``turnaround.risk_syslog``)."""
+
+    @property
+    def host(self) -> str | None: ...
+    @property
+    def syslog_port(self) -> int: ...
+    @property
+    def transport(self) -> str: ...
+    @property
+    def tls(self) -> TlsSettings: ...
+    @property
+    def server_name(self) -> str | None: ...
+    @property
+    def timeout_s(self) -> float: ...
+
+
 @dataclass(frozen=True)
 class SyslogEndpoint:
     """Where a syslog stream goes: ``tls`` set: RFC 5425 (TLS 1.2+, ``tls.ca`` verifies
@@ -123,6 +141,15 @@ class SyslogEndpoint:
         return cls(
             settings.host, settings.port, settings.tls, settings.server_name, settings.timeout_s
         )
+
+    @classmethod
+    def of_target(cls, target: SyslogTarget) -> SyslogEndpoint:
+        """An alert collector (a critical-finding receiver, the deadline-risk one): TLS
+        unless its ``transport`` is tcp."""
+        if target.host is None:
+            raise ValueError("a syslog collector needs a host")
+        tls = target.tls if target.transport == "tls" else None
+        return cls(target.host, target.syslog_port, tls, target.server_name, target.timeout_s)
 
     def describe(self) -> str:
         return f"{'tls' if self.tls is not None else 'tcp'}://{self.host}:{self.port}"
@@ -396,6 +423,7 @@ __all__ = [
     "SyslogClient",
     "SyslogEndpoint",
     "SyslogExporter",
+    "SyslogTarget",
     "checkpoint_message",
     "frame",
     "record_message",

@@ -67,10 +67,8 @@ def receivers(settings: Settings) -> list[AnyReceiver]:
     out: list[AnyReceiver] = []
     for r in settings.critical.receivers:
         token = r.token.get_secret_value() if r.token else None
-        if r.kind == "syslog":
-            assert r.host is not None  # the settings validator requires it
-            tls = r.tls if r.transport == "tls" else None
-            endpoint = SyslogEndpoint(r.host, r.syslog_port, tls, r.server_name, r.timeout_s)
+        if r.kind == "syslog":  # the settings validator requires its host
+            endpoint = SyslogEndpoint.of_target(r)
             out.append(SyslogReceiver(r.name, endpoint, r.app_name, r.facility))
         elif r.kind == "fhir":
             fhir = settings.fhir

@@ -16,8 +16,11 @@ unfinished job, and deadline-risk events raised before a miss.
 - A job whose predicted finish passes ``deadline - turnaround.risk_margin_s`` raises one
   risk event: an audit record ``job.deadline_risk``, ``radserve_deadline_risk_total``,
   a JSON POST to ``turnaround.risk_webhook_url`` when set, and with ``risk_policy:
-  promote`` the scheduler runs it ahead of the rest of its class. When a deadline is
-  then missed, the miss counts as predicted (with how long before the deadline the
+  promote`` the scheduler runs it ahead of the rest of its class. A risk whose prediction
+  recovers (back before ``deadline - risk_margin_s - risk_clear_s``: hysteresis) is
+  cleared: ``job.deadline_risk_cleared``, ``radserve_deadline_risk_cleared_total``, the
+  same alert receivers; it may be raised again (:mod:`radserve.turnaround.risk`). When a
+  deadline is then missed, the miss counts as predicted (with how long before the deadline the
   alert came) or not: ``radserve_deadline_misses_predicted_total`` and
   ``GET /v1/ops/turnaround``.
 
@@ -51,7 +54,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from radserve.audit import AuditEvent
-from radserve.config import Settings
+from radserve.audit.syslog import NOTICE, WARNING, SyslogClient, SyslogEndpoint, frame, rfc5424
+from radserve.config import RiskSyslogSettings, Settings
 from radserve.host import usable_cores
 from radserve.scheduling import DeadlineMiss, JobEvent, JobState, PriorityClass, Scheduler
 from radserve.service.metrics import Metrics
@@ -68,34 +72,20 @@ from radserve.turnaround.eta import (
     walk,
 )
 from radserve.turnaround.replay import walk_record
+from radserve.turnaround.risk import RiskCleared, RiskEvent, RiskTracker
 from radserve.turnaround.service_time import Prior, ServiceTimeModel, StudySize
 
 logger = logging.getLogger(__name__)
 
 DEADLINE_RISK = "job.deadline_risk"
+DEADLINE_RISK_CLEARED = "job.deadline_risk_cleared"
 _REFRESH_S = 2.0  # recompute at least this often (running jobs' remaining time shrinks)
 _ARRIVAL_WINDOW_S = 3600.0  # arrival rates per class over the last hour
 _MIN_SPAN_S = 60.0  # ... or since start, but over no less than this
-_WEBHOOK_QUEUE = 1000
-_WEBHOOK_RETRIES = (1.0, 5.0, 30.0)
+RISK_MSGID = "RADSERVE-RISK"
+_ALERT_QUEUE = 1000
+_ALERT_RETRIES = (1.0, 5.0, 30.0)
 _LEAD_BUCKETS = (0, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
-
-
-@dataclass(frozen=True)
-class RiskEvent:
-    """A job predicted to finish past ``deadline - margin`` (scheduler clock)."""
-
-    job_id: str
-    cls: PriorityClass
-    raised_at: float
-    deadline: float
-    predicted_finish: float
-    predicted_finish_late: float
-
-    @property
-    def lead_s(self) -> float:
-        """How long before the deadline the alert came."""
-        return self.deadline - self.raised_at
 
 
 @dataclass(frozen=True)
@@ -176,7 +166,7 @@ class Turnaround:
             c: deque(maxlen=10_000) for c in PriorityClass
         }
         self._since = scheduler.clock.now()  # rates are counted over min(hour, uptime)
-        self._risks: dict[str, RiskEvent] = {}
+        self._risk = RiskTracker(t.risk_margin_s, t.risk_clear_s)  # under the lock
         self.bias = BiasCorrection(window=t.bias_window_jobs)
         self._first: dict[str, tuple[float, float]] = {}  # job -> (walked at, raw finish)
         self._misses = 0
@@ -189,7 +179,11 @@ class Turnaround:
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._webhook = _Webhook(self.settings.risk_webhook_url) if t.risk_webhook_url else None
+        self._alerts: list[_Alerts] = []
+        if t.risk_webhook_url:
+            self._alerts.append(_Alerts(_WebhookTarget(t.risk_webhook_url)))
+        if t.risk_syslog is not None:
+            self._alerts.append(_Alerts(_SyslogTarget(t.risk_syslog)))
         self._metrics(metrics)
         scheduler.add_listener(self._dirty.set)
 
@@ -198,6 +192,12 @@ class Turnaround:
         self.risk_total = Counter(
             "radserve_deadline_risk",
             "Deadline-risk events: jobs predicted to finish past deadline minus the margin",
+            ["cls"],
+            registry=reg,
+        )
+        self.risk_cleared = Counter(
+            "radserve_deadline_risk_cleared",
+            "Deadline-risk events cleared: the predicted finish recovered before the deadline",
             ["cls"],
             registry=reg,
         )
@@ -228,16 +228,16 @@ class Turnaround:
             logger.info("service times: learned from %d finished job(s)", learned)
         self._thread = threading.Thread(target=self._run, name="radserve-eta", daemon=True)
         self._thread.start()
-        if self._webhook is not None:
-            self._webhook.start()
+        for alerts in self._alerts:
+            alerts.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._dirty.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        if self._webhook is not None:
-            self._webhook.stop()
+        for alerts in self._alerts:
+            alerts.stop()
 
     def _run(self) -> None:
         interval = self.settings.recompute_interval_s
@@ -299,7 +299,7 @@ class Turnaround:
             self._records.pop(event.job_id, None)
             self._sizes.pop(event.job_id, None)
             self._etas.pop(event.job_id, None)
-            self._risks.pop(event.job_id, None)
+            self._risk.forget(event.job_id)
         self._dirty.set()
 
     def _recompute_now(self) -> None:
@@ -314,7 +314,7 @@ class Turnaround:
     def on_deadline_miss(self, miss: DeadlineMiss) -> None:
         with self._lock:
             self._misses += 1
-            risk = self._risks.get(miss.job_id)
+            risk = self._risk.get(miss.job_id)  # the one standing at the miss
             if risk is not None:
                 self._predicted_leads.append(risk.lead_s)
         if risk is not None:
@@ -454,7 +454,7 @@ class Turnaround:
             if eta is None:
                 return None
         with self._lock:
-            at_risk = job_id in self._risks
+            at_risk = job_id in self._risk
             computed = self.computed_at
             basis = self._basis.get(job_id, "prior")
         offset = self.wall(0.0)  # one reading: the three times keep their order
@@ -478,61 +478,78 @@ class Turnaround:
 
     # --- deadline risk ----------------------------------------------------------------
     def _check_risk(self, etas: list[Eta], classes: dict[str, PriorityClass], now: float) -> None:
-        margin = self.settings.risk_margin_s
-        raised = []
         with self._lock:
-            for eta in etas:
-                if eta.job_id in self._risks or eta.finish <= eta.deadline - margin:
-                    continue
-                if now > eta.deadline:  # already missed: a miss, not a prediction
-                    continue
-                risk = RiskEvent(
-                    eta.job_id,
-                    classes[eta.job_id],
-                    now,
-                    eta.deadline,
-                    eta.finish,
-                    eta.finish_late,
-                )
-                self._risks[eta.job_id] = risk
-                raised.append(risk)
+            raised, cleared = self._risk.update(etas, classes, now)
         for risk in raised:
             self._raise(risk)
+        for recovered in cleared:
+            self._clear(recovered)
 
     def _raise(self, risk: RiskEvent) -> None:
-        cls = risk.cls.value
-        self.risk_total.labels(cls).inc()
+        self.risk_total.labels(risk.cls.value).inc()
         promoted = False
         if self.settings.risk_policy == "promote":
             promoted = self.scheduler.promote(risk.job_id)
-        offset = self.wall(0.0)
-        payload = {
-            "priority_class": cls,
-            "deadline": _iso(offset + risk.deadline),
-            "predicted_finish": _iso(offset + risk.predicted_finish),
-            "predicted_finish_late": _iso(offset + risk.predicted_finish_late),
-            "predicted_late_by_s": round(risk.predicted_finish - risk.deadline, 3),
-            "margin_s": self.settings.risk_margin_s,
-            "policy": self.settings.risk_policy,
-            "promoted": promoted,
-        }
         late_by = risk.predicted_finish - risk.deadline
         logger.warning(
             "job %s (%s) at risk: predicted to finish %.0f s %s its deadline (margin %g s)",
             risk.job_id,
-            cls,
+            risk.cls.value,
             abs(late_by),
             "after" if late_by > 0 else "before",
             self.settings.risk_margin_s,
         )
+        payload = self._payload(risk, risk.predicted_finish, risk.predicted_finish_late)
+        payload |= {
+            "predicted_late_by_s": round(late_by, 3),
+            "policy": self.settings.risk_policy,
+            "promoted": promoted,
+        }
+        self._announce(DEADLINE_RISK, risk.job_id, payload)
+
+    def _clear(self, cleared: RiskCleared) -> None:
+        risk = cleared.risk
+        self.risk_cleared.labels(risk.cls.value).inc()
+        early_by = risk.deadline - cleared.predicted_finish
+        logger.info(
+            "job %s (%s) no longer at risk: predicted to finish %.0f s before its deadline",
+            risk.job_id,
+            risk.cls.value,
+            early_by,
+        )
+        payload = self._payload(risk, cleared.predicted_finish, cleared.predicted_finish_late)
+        payload |= {
+            "predicted_early_by_s": round(early_by, 3),
+            "raised_at": _iso(self.wall(risk.raised_at)),
+            "at_risk_s": round(cleared.held_s, 3),
+            "clear_s": self.settings.risk_clear_s,
+        }
+        self._announce(DEADLINE_RISK_CLEARED, risk.job_id, payload)
+
+    def _payload(self, risk: RiskEvent, finish: float, finish_late: float) -> dict[str, Any]:
+        """What a risk record and alert say (job times and class: no patient data)."""
+        offset = self.wall(0.0)
+        return {
+            "priority_class": risk.cls.value,
+            "deadline": _iso(offset + risk.deadline),
+            "predicted_finish": _iso(offset + finish),
+            "predicted_finish_late": _iso(offset + finish_late),
+            "margin_s": self.settings.risk_margin_s,
+        }
+
+    def _announce(self, action: str, job_id: str, payload: dict[str, Any]) -> None:
+        """The audit record, then the alerts (queued to every receiver: never blocks)."""
         try:
-            self.store.append_audit(
-                AuditEvent(action=DEADLINE_RISK, subject=risk.job_id, payload=payload)
-            )
+            self.store.append_audit(AuditEvent(action=action, subject=job_id, payload=payload))
         except Exception as exc:  # the alert still goes out
-            logger.error("job %s: deadline risk not audited (%s)", risk.job_id, exc)
-        if self._webhook is not None:
-            self._webhook.send({"event": DEADLINE_RISK, "job_id": risk.job_id, **payload})
+            logger.error("job %s: %s not audited (%s)", job_id, action, exc)
+        for alerts in self._alerts:
+            alerts.send({"event": action, "job_id": job_id, **payload})
+
+    def risk_counts(self) -> dict[str, int]:
+        """Risk events raised and cleared since start."""
+        with self._lock:
+            return {"raised": self._risk.raised, "cleared": self._risk.cleared}
 
     def miss_report(self) -> MissReport:
         with self._lock:
@@ -542,7 +559,7 @@ class Turnaround:
 
     def at_risk(self) -> list[RiskEvent]:
         with self._lock:
-            return list(self._risks.values())
+            return self._risk.standing()
 
 
 class _EtaCollector(Collector):
@@ -582,49 +599,115 @@ class _EtaCollector(Collector):
         yield at_risk
 
 
-class _Webhook:
-    """JSON POSTs on a thread of their own: bounded queue, a few retries, never blocking
-    the scheduler (an alert that cannot be delivered is logged and counted as dropped)."""
+class _Alerts:
+    """Risk alerts delivered on a thread of their own: bounded queue, a few retries,
+    never blocking the scheduler (an alert that cannot be delivered is logged and counted
+    as dropped; not the durable outbox: an alert is worth less once late). One per
+    receiver, so a collector that is down does not delay the webhook."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.queue: queue.Queue[dict[str, Any] | None] = queue.Queue(_WEBHOOK_QUEUE)
+    def __init__(self, target: _WebhookTarget | _SyslogTarget) -> None:
+        self.target = target
+        self.queue: queue.Queue[dict[str, Any] | None] = queue.Queue(_ALERT_QUEUE)
         self.thread: threading.Thread | None = None
+        self._stop = threading.Event()  # ends a retry's wait: stopping never waits 30 s
         self.sent = 0
         self.dropped = 0
 
     def start(self) -> None:
-        self.thread = threading.Thread(target=self._run, name="radserve-risk-webhook", daemon=True)
+        name = f"radserve-risk-{self.target.kind}"
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
     def stop(self) -> None:
+        """Alerts not delivered by now are dropped (an alert is worth less once late)."""
+        self._stop.set()
         with contextlib.suppress(queue.Full):
             self.queue.put_nowait(None)
         if self.thread is not None:
-            self.thread.join(timeout=10)
+            self.thread.join(timeout=15)
 
     def send(self, body: dict[str, Any]) -> None:
         try:
             self.queue.put_nowait(body)
         except queue.Full:
             self.dropped += 1
-            logger.error("deadline-risk webhook: queue full, alert for %s dropped", body["job_id"])
+            logger.error(
+                "deadline-risk %s: queue full, alert for %s dropped",
+                self.target.kind,
+                body["job_id"],
+            )
 
     def _run(self) -> None:
-        with httpx.Client(timeout=5.0) as client:
-            while (body := self.queue.get()) is not None:
-                for delay in (*_WEBHOOK_RETRIES, None):
+        try:
+            while (body := self.queue.get()) is not None and not self._stop.is_set():
+                for delay in (*_ALERT_RETRIES, None):
                     try:
-                        response = client.post(self.url, json=body)
-                        response.raise_for_status()
+                        self.target.deliver(body)
                         self.sent += 1
                         break
-                    except httpx.HTTPError as exc:
-                        if delay is None:
+                    except (httpx.HTTPError, OSError) as exc:  # ssl.SSLError is an OSError
+                        if delay is None or self._stop.wait(delay):
                             self.dropped += 1
-                            logger.error("deadline-risk webhook failed: %s", type(exc).__name__)
+                            logger.error(
+                                "deadline-risk %s failed: %s", self.target.kind, type(exc).__name__
+                            )
                             break
-                        time.sleep(delay)
+        finally:
+            self.target.close()
+
+
+class _WebhookTarget:
+    """A JSON POST per alert; a 2xx delivers it."""
+
+    kind = "webhook"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.client: httpx.Client | None = None  # opened on the alerts' thread
+
+    def deliver(self, body: dict[str, Any]) -> None:
+        if self.client is None:
+            self.client = httpx.Client(timeout=5.0)
+        self.client.post(self.url, json=body).raise_for_status()
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+class _SyslogTarget:
+    """An RFC 5424 message per alert through the audit exporter's syslog client (MSGID
+    ``RADSERVE-RISK``, severity warning for a risk, notice for a clearing; the event and
+    job id also in its structured data); written in full to the stream delivers it
+    (syslog has no acknowledgement)."""
+
+    kind = "syslog"
+
+    def __init__(self, settings: RiskSyslogSettings) -> None:
+        self.settings = settings
+        self.client = SyslogClient(SyslogEndpoint.of_target(settings))
+
+    def message(self, body: dict[str, Any]) -> bytes:
+        event = str(body["event"])
+        return rfc5424(
+            json.dumps(body, separators=(",", ":")).encode(),
+            msgid=RISK_MSGID,
+            ts=dt.datetime.now(dt.UTC),
+            app_name=self.settings.app_name,
+            structured={
+                "event": event,
+                "job": str(body["job_id"]),
+                "cls": str(body["priority_class"]),
+            },
+            severity=WARNING if event == DEADLINE_RISK else NOTICE,
+            facility=self.settings.facility,
+        )
+
+    def deliver(self, body: dict[str, Any]) -> None:
+        self.client.send([frame(self.message(body))])
+
+    def close(self) -> None:
+        self.client.close()
 
 
 def learn_from_store(
@@ -720,6 +803,8 @@ def _iso(posix: float) -> str:
 
 __all__ = [
     "DEADLINE_RISK",
+    "DEADLINE_RISK_CLEARED",
+    "RISK_MSGID",
     "JobEta",
     "MissReport",
     "RiskEvent",

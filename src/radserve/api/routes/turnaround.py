@@ -53,6 +53,7 @@ async def turnaround_view(
         risk_margin_s=settings.risk_margin_s,
         risk_policy=settings.risk_policy,
         at_risk=sorted(r.job_id for r in turnaround.at_risk()),
+        risk_events=turnaround.risk_counts(),
         misses=turnaround.miss_report().as_dict(),
         eta_bias=turnaround.bias_view(),
     )

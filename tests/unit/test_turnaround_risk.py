@@ -1,0 +1,82 @@
+"""Deadline-risk transitions: raised past deadline - margin, cleared only once the
+prediction is back before deadline - margin - clear_s (no flapping in the band), raised
+again as a new event, frozen after the deadline, forgotten when the job ends."""
+
+from __future__ import annotations
+
+import pytest
+
+from radserve.domain.priority import PriorityClass
+from radserve.turnaround.eta import Eta
+from radserve.turnaround.risk import RiskTracker
+
+OUT = PriorityClass.OUTPATIENT
+DEADLINE = 1000.0
+MARGIN, CLEAR = 30.0, 15.0
+
+
+def _eta(finish: float, job_id: str = "j") -> Eta:
+    return Eta(job_id, 0, 0.0, finish, finish + 20.0, DEADLINE)
+
+
+def _update(tracker: RiskTracker, finish: float, now: float) -> tuple[list[str], list[str]]:
+    raised, cleared = tracker.update([_eta(finish)], {"j": OUT}, now)
+    return [r.job_id for r in raised], [c.risk.job_id for c in cleared]
+
+
+def test_raised_past_the_margin_and_once_only() -> None:
+    tracker = RiskTracker(MARGIN, CLEAR)
+    assert _update(tracker, DEADLINE - MARGIN, 100.0) == ([], [])  # on the threshold: fine
+    assert _update(tracker, DEADLINE - MARGIN + 1, 110.0) == (["j"], [])
+    assert _update(tracker, DEADLINE + 50, 120.0) == ([], [])  # still the same risk
+    risk = tracker.get("j")
+    assert risk is not None and risk.raised_at == 110.0 and risk.lead_s == DEADLINE - 110.0
+    assert risk.cls is OUT and "j" in tracker and tracker.raised == 1
+
+
+def test_no_flapping_inside_the_band_then_cleared_and_raised_again() -> None:
+    tracker = RiskTracker(MARGIN, CLEAR)
+    assert _update(tracker, DEADLINE - 10, 100.0) == (["j"], [])
+    # back under the raising threshold, but not under it by the band: still at risk
+    for now, finish in [(101.0, DEADLINE - MARGIN - 1), (102.0, DEADLINE - MARGIN - CLEAR + 1)]:
+        assert _update(tracker, finish, now) == ([], [])
+        assert "j" in tracker
+    raised, cleared = tracker.update([_eta(DEADLINE - MARGIN - CLEAR)], {"j": OUT}, 130.0)
+    assert raised == [] and [c.risk.job_id for c in cleared] == ["j"]
+    assert cleared[0].held_s == 30.0 and cleared[0].predicted_finish == DEADLINE - 45
+    assert "j" not in tracker and tracker.standing() == []
+    # recovered predictions inside the band do not raise it again ...
+    assert _update(tracker, DEADLINE - MARGIN - 1, 140.0) == ([], [])
+    # ... passing the threshold does: a second event, with its own time
+    assert _update(tracker, DEADLINE - MARGIN + 5, 150.0) == (["j"], [])
+    risk = tracker.get("j")
+    assert risk is not None and risk.raised_at == 150.0
+    assert (tracker.raised, tracker.cleared) == (2, 1)
+
+
+def test_nothing_changes_after_the_deadline() -> None:
+    tracker = RiskTracker(MARGIN, CLEAR)
+    assert _update(tracker, DEADLINE + 100, DEADLINE + 1) == ([], [])  # a miss, not a risk
+    assert _update(tracker, DEADLINE + 100, 900.0) == (["j"], [])
+    # the deadline passed: a good prediction now does not clear the risk the miss counts
+    assert _update(tracker, DEADLINE + 2, DEADLINE + 1) == ([], [])
+    assert "j" in tracker
+
+
+def test_jobs_not_walked_keep_their_state_and_ended_jobs_are_forgotten() -> None:
+    tracker = RiskTracker(MARGIN, CLEAR)
+    tracker.update([_eta(DEADLINE, "a"), _eta(DEADLINE, "b")], {"a": OUT, "b": OUT}, 100.0)
+    assert {r.job_id for r in tracker.standing()} == {"a", "b"}
+    assert tracker.update([_eta(0.0, "b")], {"b": OUT}, 110.0)[1][0].risk.job_id == "b"
+    assert [r.job_id for r in tracker.standing()] == ["a"]
+    tracker.forget("a")
+    tracker.forget("unknown")
+    assert tracker.standing() == [] and tracker.cleared == 1
+
+
+def test_zero_band_clears_at_the_threshold_and_negative_values_are_refused() -> None:
+    tracker = RiskTracker(MARGIN, 0.0)
+    assert _update(tracker, DEADLINE, 100.0) == (["j"], [])
+    assert _update(tracker, DEADLINE - MARGIN, 101.0) == ([], ["j"])
+    with pytest.raises(ValueError, match="seconds >= 0"):
+        RiskTracker(-1.0, 0.0)
