@@ -713,9 +713,11 @@ class TurnaroundSettings(_Section):
     # a risk is cleared when the predicted finish is back before deadline - margin - this
     # (hysteresis: a prediction hovering at the threshold neither raises nor clears again)
     risk_clear_s: float = Field(default=15.0, ge=0)
-    # what the scheduler does for a job at risk: nothing more than the alert, or run it
-    # ahead of the other work of its (effective) class
-    risk_policy: Literal["none", "promote"] = "none"
+    # what the scheduler does for a job at risk: nothing more than the alert; promote: run
+    # it ahead of the other work of its (effective) class; reserve: also hold the next
+    # free routine slot for it while it waits, ahead of every job of its own class or a
+    # lower one (aged or not), never of a better class or URGENT (Scheduler.reserve)
+    risk_policy: Literal["none", "promote", "reserve"] = "none"
     # optional alert receiver: a JSON POST per risk event (retried, never blocking)
     risk_webhook_url: str | None = None
     # optional alert receiver: an RFC 5424 syslog message per risk event (likewise)

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
+from tests.factories.scheduling_fakes import FakeSession, fake_work
 from tests.factories.syslog import Collector, make_certificate
 
-from radserve.config import ConfigError, load_settings
+from radserve.config import ConfigError, SchedulerSettings, load_settings
 from radserve.domain.priority import PriorityClass
-from radserve.scheduling import Scheduler
+from radserve.scheduling import JobRequest, Scheduler
 from radserve.scheduling.clock import FakeClock
 from radserve.service.metrics import Metrics
 from radserve.service.turnaround import RISK_MSGID, Turnaround
@@ -30,13 +31,14 @@ FACILITY, WARNING, NOTICE = 16, 4, 5
 
 
 def _turnaround(
-    tmp_path: Path, clock: FakeClock, **syslog: object
+    tmp_path: Path, clock: FakeClock, policy: str = "none", **syslog: object
 ) -> tuple[Turnaround, CollectorRegistry]:
     settings = load_settings(
         None,
         data_dir=tmp_path / "data",
         turnaround__risk_margin_s=30.0,
         turnaround__risk_clear_s=15.0,
+        turnaround__risk_policy=policy,
         **{f"turnaround__risk_syslog__{k}": v for k, v in syslog.items()},
     )
     now = dt.datetime.now(dt.UTC)
@@ -47,7 +49,7 @@ def _turnaround(
             str(tmp_path / "no-such-study"),
         )  # fmt: skip
 
-    scheduler = Scheduler(clock=clock)
+    scheduler = Scheduler(SchedulerSettings(max_running=1), clock=clock)
     store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
     metrics = Metrics(scheduler.snapshot)
     turnaround = Turnaround(
@@ -146,6 +148,7 @@ def test_raised_cleared_raised_again_audited_counted_and_sent_to_syslog(
         assert set(body) == {
             "event", "job_id", "priority_class", "deadline", "predicted_finish",
             "predicted_finish_late", "predicted_late_by_s", "margin_s", "policy", "promoted",
+            "reserved",
         }  # fmt: skip
         assert body["predicted_late_by_s"] == -20.0
     finally:
@@ -187,3 +190,20 @@ def test_risk_syslog_settings_are_checked(tmp_path: Path) -> None:
         syslog(host="collector", transport="tcp", tls__ca=str(tmp_path / "ca.pem"))
     with pytest.raises(ConfigError, match="host"):
         syslog(port=514)
+
+
+def test_policy_reserve_holds_the_next_routine_slot_for_the_job_at_risk(tmp_path: Path) -> None:
+    turnaround, _ = _turnaround(tmp_path, FakeClock(1000.0), policy="reserve")
+    scheduler = turnaround.scheduler
+    session = FakeSession()
+    for job_id in ("running", "j"):
+        scheduler.submit(JobRequest(job_id, fake_work(session, 1), OUT))
+    try:
+        assert scheduler.next_cpu_dispatch() is not None  # "running" takes the one slot
+        _walk(turnaround, finish=1490.0)
+        record = [r for r in turnaround.store.iter_audit() if r.action == "job.deadline_risk"]
+        assert [(r.subject, r.payload["policy"]) for r in record] == [("j", "reserve")]
+        assert record[0].payload["reserved"] and record[0].payload["promoted"]
+        assert list(scheduler._book.reserved) == ["j"]
+    finally:
+        turnaround.store.close()

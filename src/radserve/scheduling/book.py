@@ -51,6 +51,9 @@ class JobBook:
         self.started = RankIndex(config)
         self.events: deque[Callable[[], None]] = deque()
         self.misses: Counter[PriorityClass] = Counter()
+        # waiting routine jobs holding the next free routine slot (deadline-risk policy
+        # ``reserve``: Scheduler.reserve); a job leaves when it starts or stops
+        self.reserved: dict[str, ScheduledJob] = {}
         self.prepared = 0  # batches prepared (or being prepared), not yet on a device
         self.service_s: float | None = None  # EWMA of the run time of finished jobs
 
@@ -66,6 +69,7 @@ class JobBook:
 
     def start(self, job: ScheduledJob, now: float) -> None:
         self.queue.discard(job)
+        self.reserved.pop(job.id, None)
         self.started.add(job, now)
         job.state, job.started = JobState.RUNNING, now
         job.timings["queue"] = now - job.arrival
@@ -149,6 +153,7 @@ class JobBook:
             logger.error("job %s: unexpected %s", job.id, type(error).__name__, exc_info=error)
         job.stopping = (state, code, message)
         self.queue.discard(job)
+        self.reserved.pop(job.id, None)
         self.started.discard(job)
         if job.step is not None:
             self.prepared -= len(job.step.ready)
@@ -207,11 +212,16 @@ class JobBook:
     def stage_unit(
         self, jobs: list[ScheduledJob], now: float, order: list[ScheduledJob]
     ) -> CpuDispatch | None:
-        """A CPU stage of the best job that has one, starting waiting jobs as allowed."""
+        """A CPU stage of the best job that has one, starting waiting jobs as allowed:
+        URGENT at once; a routine job while fewer than ``max_running`` routine jobs run,
+        and no slot is held for a job of its class or a better one (:meth:`held_for`)."""
         started = self.routine_started()
+        holder = self.slot_holder()
         for job in jobs:
             if job.state is JobState.QUEUED:
-                if job.cls is not PriorityClass.URGENT and started >= self.config.max_running:
+                if job.cls is not PriorityClass.URGENT and (
+                    started >= self.config.max_running or self.held_for(job, holder)
+                ):
                     continue
                 started += job.cls is not PriorityClass.URGENT
                 self.start(job, now)
@@ -365,6 +375,19 @@ class JobBook:
             )
             for j in self.active(now)
         ]
+
+    def slot_holder(self) -> ScheduledJob | None:
+        """The reserved waiting job the next free routine slot is held for: of the best
+        class among them (its own class, not an aged one), the earliest deadline."""
+        routine = [j for j in self.reserved.values() if j.cls is not PriorityClass.URGENT]
+        return min(routine, key=lambda j: (j.cls.rank, j.deadline, j.seq), default=None)
+
+    @staticmethod
+    def held_for(job: ScheduledJob, holder: ScheduledJob | None) -> bool:
+        """Whether waiting ``job`` may not start because the slot is ``holder``'s: it is
+        another job of the holder's class or a lower one (aged or not). A better class's
+        job and URGENT work are never held back."""
+        return holder is not None and holder is not job and job.cls.rank >= holder.cls.rank
 
     def routine_started(self) -> int:
         """Started, unfinished non-URGENT jobs (each may hold a loaded volume)."""

@@ -494,6 +494,34 @@ class Scheduler:
             logger.info("job %s promoted within its class (deadline risk)", job.id)
             return True
 
+    def reserve(self, job_id: str) -> bool:
+        """Hold the next free routine slot (``max_running``) for a waiting routine job:
+        until it starts, no other job of its class or a lower one starts, aged into a
+        better class or not; a better class's job and URGENT work still do. It is also
+        promoted (:meth:`promote`), so once started it runs ahead of its class's work.
+        True if the slot was not held for it already; a started, URGENT or unknown job:
+        False (promote a started one instead).
+
+        Where :meth:`promote` only moves the job to the front of its *effective* class,
+        so a job of its own class that aged one class up still starts first, a
+        reservation puts it ahead of every job of its own class and the lower ones."""
+        with self._locked() as now:
+            job = self._book.jobs.get(job_id)
+            if (
+                job is None
+                or not job.active
+                or job.state is not JobState.QUEUED
+                or job.cls is URGENT
+                or job_id in self._book.reserved
+            ):
+                return False
+            self._book.reserved[job.id] = job
+            if not job.promoted:
+                job.promoted = True
+                self._book.changed(job, now)
+            logger.info("job %s holds the next free routine slot (deadline risk)", job.id)
+            return True
+
     def snapshot(self) -> SchedulerSnapshot:
         """Queue depth and running jobs per class, waiting positions, misses, open models."""
         with self._lock:

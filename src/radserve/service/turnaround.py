@@ -16,7 +16,8 @@ unfinished job, and deadline-risk events raised before a miss.
 - A job whose predicted finish passes ``deadline - turnaround.risk_margin_s`` raises one
   risk event: an audit record ``job.deadline_risk``, ``radserve_deadline_risk_total``,
   a JSON POST to ``turnaround.risk_webhook_url`` when set, and with ``risk_policy:
-  promote`` the scheduler runs it ahead of the rest of its class. A risk whose prediction
+  promote`` the scheduler runs it ahead of the rest of its class; with ``reserve`` a
+  waiting job also holds the next free routine slot (:meth:`Scheduler.reserve`). A risk whose prediction
   recovers (back before ``deadline - risk_margin_s - risk_clear_s``: hysteresis) is
   cleared: ``job.deadline_risk_cleared``, ``radserve_deadline_risk_cleared_total``, the
   same alert receivers; it may be raised again (:mod:`radserve.turnaround.risk`). When a
@@ -487,9 +488,9 @@ class Turnaround:
 
     def _raise(self, risk: RiskEvent) -> None:
         self.risk_total.labels(risk.cls.value).inc()
-        promoted = False
-        if self.settings.risk_policy == "promote":
-            promoted = self.scheduler.promote(risk.job_id)
+        policy = self.settings.risk_policy
+        reserved = policy == "reserve" and self.scheduler.reserve(risk.job_id)
+        promoted = reserved or (policy != "none" and self.scheduler.promote(risk.job_id))
         late_by = risk.predicted_finish - risk.deadline
         logger.warning(
             "job %s (%s) at risk: predicted to finish %.0f s %s its deadline (margin %g s)",
@@ -502,8 +503,9 @@ class Turnaround:
         payload = self._payload(risk, risk.predicted_finish, risk.predicted_finish_late)
         payload |= {
             "predicted_late_by_s": round(late_by, 3),
-            "policy": self.settings.risk_policy,
+            "policy": policy,
             "promoted": promoted,
+            "reserved": reserved,  # the next free routine slot is held for it
         }
         self._announce(DEADLINE_RISK, risk.job_id, payload)
 
