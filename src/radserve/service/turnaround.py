@@ -15,14 +15,15 @@ unfinished job, and deadline-risk events raised before a miss.
   class actual / predicted time from its first walk (at submission) to its finish.
 - A job whose predicted finish passes ``deadline - turnaround.risk_margin_s`` raises one
   risk event: an audit record ``job.deadline_risk``, ``radserve_deadline_risk_total``,
-  a JSON POST to ``turnaround.risk_webhook_url`` when set, and with ``risk_policy:
-  promote`` the scheduler runs it ahead of the rest of its class; with ``reserve`` a
-  waiting job also holds the next free routine slot (:meth:`Scheduler.reserve`). A risk whose prediction
-  recovers (back before ``deadline - risk_margin_s - risk_clear_s``: hysteresis) is
-  cleared: ``job.deadline_risk_cleared``, ``radserve_deadline_risk_cleared_total``, the
-  same alert receivers; it may be raised again (:mod:`radserve.turnaround.risk`). When a
-  deadline is then missed, the miss counts as predicted (with how long before the deadline the
-  alert came) or not: ``radserve_deadline_misses_predicted_total`` and
+  a JSON POST to ``turnaround.risk_webhook_url`` and a syslog message to
+  ``turnaround.risk_syslog`` when set, and with ``risk_policy: promote`` the scheduler
+  runs it ahead of the rest of its class; with ``reserve`` a waiting job also holds the
+  next free routine slot (:meth:`Scheduler.reserve`). A risk whose prediction recovers
+  (back before ``deadline - risk_margin_s - risk_clear_s``: hysteresis) is cleared:
+  ``job.deadline_risk_cleared``, ``radserve_deadline_risk_cleared_total``, the same
+  alert receivers; it may be raised again (:mod:`radserve.turnaround.risk`). When a
+  deadline is then missed, the miss counts as predicted (with how long before the
+  deadline the alert came) or not: ``radserve_deadline_misses_predicted_total`` and
   ``GET /v1/ops/turnaround``.
 
 Queued studies' sizes are estimated from their stored instance count (one file per
