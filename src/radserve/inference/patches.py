@@ -57,6 +57,7 @@ from radserve.models.manifest import ModelSpec, Normalisation, ZScore
 from radserve.preprocess.axes import axis_map
 from radserve.preprocess.crop import BBox, crop_volume, nonzero_mask
 from radserve.preprocess.denoise import read_filtered
+from radserve.preprocess.foreground import foreground_window
 from radserve.preprocess.normalise import normalise, normalised_floor
 from radserve.preprocess.resample import grid_coordinates, interpolate_axis, resample_to_spacing
 from radserve.preprocess.spline import nnunet_new_shape, resize_channels, separate_axis
@@ -224,8 +225,10 @@ class PatchTask(BatchedTask):
         place = (
             monai_window_starts if spec.input.sliding_window.placement == "monai" else window_starts
         )
+        origin, size = self._windows or ((0, 0, 0), self._grid)
         starts = [
-            place(n, p, spec.input.overlap) for n, p in zip(self._grid, self.patch, strict=True)
+            [o + z for z in place(n, p, spec.input.overlap)]
+            for o, n, p in zip(origin, size, self.patch, strict=True)
         ]
         k = spec.num_classes
         per_patch = 4 * int(np.prod(self.patch)) * (spec.input.in_channels + 3 * k)
@@ -255,6 +258,10 @@ class PatchTask(BatchedTask):
     # reference the rolling window is tested against).
     _rolling: bool = True
     _native_spacing: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    # input.crop_foreground: the windows' region (start, size) and the box (start, end)
+    # on the padded grid (radserve.preprocess.foreground); None: the whole grid.
+    _windows: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
+    _box: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
 
     def _network_crop(self, volume: Volume) -> Volume:
         """The crop (denoised where declared) in the network's axis order."""
@@ -345,6 +352,14 @@ class PatchTask(BatchedTask):
             out.append(c.astype(np.float32, copy=False))
         if not rs.normalise_first:
             out[: len(pairs)] = [normalise(c, n) for c, (_, n) in zip(out, pairs, strict=False)]
+        fg = self.spec.input.crop_foreground
+        if fg is not None:
+            # MONAI's CropForeground: the windows inside the box, one accumulator for the
+            # padded grid (outputs outside the box are zeroed in _finalise).
+            window = foreground_window(np.stack(out), fg, self.patch)
+            self._pad_before, self._box, self._windows = window.origin, window.box, window.windows
+            self._rolling = False
+            return window.image
         return self._pad(np.stack(out), [normalised_floor(n) for _, n in pairs])
 
     def _first_voxel_coords(
@@ -485,10 +500,29 @@ class PatchTask(BatchedTask):
         if b > a:
             r = slice(a - self._base, b - self._base)
             acc = self._acc[:, r, oy : oy + rh, ox : ox + rw]
-            acc /= self._norm[None, r, oy : oy + rh, ox : ox + rw]
+            norm = self._norm[None, r, oy : oy + rh, ox : ox + rw]
+            inside = None if self._box is None else self._inside_box(a, b)
+            if inside is None:
+                acc /= norm
+            else:  # Invertd pads the cropped outputs with zeros
+                np.divide(acc, norm, out=acc, where=inside)
+                acc *= inside
             if self.spec.input.sliding_window.activate_on_model_grid:
                 acc[...] = activate(acc, self.spec.activation, axis=0)
+                if inside is not None:
+                    acc *= inside
         self._final = max(self._final, upto)
+
+    def _inside_box(self, a: int, b: int) -> np.ndarray:
+        """Whether each voxel of padded-grid slices ``a`` .. ``b`` (the model grid's
+        columns and rows) lies in the foreground box."""
+        assert self._box is not None
+        start, end = self._box
+        _, rh, rw = self._resampled
+        _, oy, ox = self._pad_before
+        axes = [np.arange(a, b), np.arange(rh) + oy, np.arange(rw) + ox]
+        inside = [(c >= s) & (c < e) for c, s, e in zip(axes, start, end, strict=True)]
+        return inside[0][:, None, None] & inside[1][None, :, None] & inside[2][None, None, :]
 
     def _drain(self, pending: int | None) -> None:
         """Map back the native slices whose model slices are all final (every one when

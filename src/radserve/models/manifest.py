@@ -137,6 +137,31 @@ class ResamplingSpec(_Strict):
         return self
 
 
+class CropForegroundSpec(_Strict):
+    """3d models on MONAI's grid: MONAI's ``CropForeground(d)`` after ``Spacing`` and
+    ``ScaleIntensityRange`` (what ``radserve models import monai-bundle`` writes).
+
+    On the model grid, after intensity scaling: the box of voxels above ``threshold``
+    (MONAI's default ``select_fn``, ``x > 0``), widened by ``margin`` (clamped to the
+    image when ``allow_smaller``), then grown to a multiple of ``k_divisible`` around its
+    centre (MONAI's ``compute_bounding_box``); outside the image the box is zero. The
+    windows are placed inside that box; outputs outside it are zero on the model grid
+    before they come back (``Invertd``'s zero padding), then resampled as declared.
+    Axes follow ``input.axes``. An image with no voxel above the threshold is an error
+    (MONAI's box would be empty)."""
+
+    threshold: float = 0.0
+    margin: tuple[int, int, int] = Field((0, 0, 0))
+    k_divisible: tuple[int, int, int] = Field((1, 1, 1))
+    allow_smaller: bool = False
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> CropForegroundSpec:
+        if min(self.margin) < 0 or min(self.k_divisible) < 1:
+            raise ValueError("crop_foreground: margin >= 0 and k_divisible >= 1 per axis")
+        return self
+
+
 class SlidingWindowSpec(_Strict):
     """3d models: how patches are weighted, padded and merged.
 
@@ -269,6 +294,7 @@ class InputSpec(_Strict):
         ),
     )
     resampling: ResamplingSpec | None = None
+    crop_foreground: CropForegroundSpec | None = None
     sliding_window: SlidingWindowSpec = SlidingWindowSpec()
     test_time_augmentation: TtaSpec = TtaSpec()
     axes: tuple[str, ...] = Field(
@@ -382,6 +408,20 @@ class InputSpec(_Strict):
             or self.crop == "nonzero"
         ):
             raise ValueError("input.resampling, sliding_window and crop 'nonzero' are for 3d")
+        if self.crop_foreground is not None and (
+            self.resampling is None
+            or self.resampling.grid != "first_voxel"
+            or self.crop != "none"
+            or self.sliding_window.pad != "centre_zero"
+            or self.roi_labels
+            or self.extra_channels
+            or self.channels
+        ):
+            raise ValueError(
+                "input.crop_foreground (MONAI's CropForeground) needs resampling.grid "
+                "'first_voxel', crop 'none', sliding_window.pad 'centre_zero', one image "
+                "channel and no roi_labels"
+            )
         if self.resampling is not None and self.spacing[0] is None:
             raise ValueError("input.resampling needs a slice spacing (not null)")
         if self.mode == "3d" and (self.patch_size is None or len(self.patch_size) != 3):
