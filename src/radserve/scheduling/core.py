@@ -470,6 +470,11 @@ class Scheduler:
             return misses
 
     # --- introspection ----------------------------------------------------------------
+    def runs(self, job_id: str) -> bool:
+        """Whether ``job_id`` is unfinished here (cheaper than :meth:`job_info`)."""
+        with self._lock:
+            return job_id in self._book.jobs
+
     def job_info(self, job_id: str) -> JobInfo | None:
         """Where an unfinished job stands (None once it is terminal, or unknown)."""
         with self._lock:

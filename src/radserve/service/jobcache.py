@@ -4,8 +4,9 @@ round trip.
 Every writer of a job row in this process (intake, the scheduler hooks, cancellation)
 puts the record the store returned here *after* the commit, so the cache is never ahead
 of the database; a miss (an old job, or one evicted) falls back to the store. This holds
-because one server process owns the jobs it runs (the in-process scheduler); several
-API processes over one database would each need to read the store instead.
+for the jobs this process's scheduler runs and for finished ones; an unfinished job it
+does not run (replicas: another may have taken it over) is read from the store
+(:meth:`radserve.service.jobs.JobAccess.cached`).
 """
 
 from __future__ import annotations

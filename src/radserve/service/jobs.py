@@ -71,12 +71,18 @@ class JobAccess:
 
     # --- status -----------------------------------------------------------------------
     def cached(self, job_id: str) -> JobRecord | None:
-        """The job from memory only (no database round trip); None on a miss."""
-        return self.cache.get(job_id)
+        """The job from memory only (no database round trip); None on a miss, and for an
+        unfinished job this server's scheduler does not run: another replica may have
+        taken it over and finished it (its lease ran out here in a database outage),
+        so only the store knows."""
+        record = self.cache.get(job_id)
+        if record is not None and (record.terminal or self.scheduler.runs(job_id)):
+            return record
+        return None
 
     def get(self, job_id: str) -> JobRecord:
         """The job (memory, else the store). Raises :class:`JobNotFoundError`."""
-        record = self.cache.get(job_id)
+        record = self.cached(job_id)
         if record is None:
             record = self.store.get_job(job_id)
             self.cache.put(record)
