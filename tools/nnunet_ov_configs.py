@@ -4,7 +4,8 @@ Compares, through ONNX Runtime's OpenVINO provider as radserve uses it, the serv
 configuration (one request at a time, the ONNX graph's dynamic batch, all cores) with:
 two requests in flight (two threads calling ``run`` on one session: the provider keeps
 ``num_of_threads`` infer requests) at NUM_STREAMS 2 with one thread each, a static
-1 x C x 128^3 input shape (``reshape_input``), and single CPU-plugin properties (not
+1 x C x 128^3 input shape (``reshape_input``), single CPU-plugin properties, and, for
+comparison, ONNX Runtime's own CPU provider (not
 tried: SCHEDULING_CORE_TYPE, this CPU has one core type; dynamic quantization, which
 OpenVINO's CPU plugin applies to fully connected layers, and this network has none). Each
 round builds every configuration afresh, in turn (A/B alternated, ``ROUNDS`` rounds), runs
@@ -103,6 +104,7 @@ CONFIGS: dict[str, tuple[dict[str, str], int]] = {  # options, requests in fligh
     "static, 2 in flight, NUM_STREAMS 2": ({**cpu(**one_thread_each), "reshape_input": static}, 2),
     "CPU_DENORMALS_OPTIMIZATION YES": (cpu(CPU_DENORMALS_OPTIMIZATION="YES"), 1),
     "ENABLE_CPU_PINNING YES": (cpu(ENABLE_CPU_PINNING="YES"), 1),
+    "ONNX Runtime CPU provider (not OpenVINO)": ({}, 1),
     "CPU_RUNTIME_CACHE_CAPACITY default": (
         {**base[0], "load_config": json.dumps({"CPU": {}})},
         1,
@@ -116,6 +118,8 @@ def session(options: dict[str, str]) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.log_severity_level = 3
+    if not options:  # the comparison: ONNX Runtime's own CPU kernels
+        return ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
     return ort.InferenceSession(
         str(model), so, providers=["OpenVINOExecutionProvider"], provider_options=[options]
     )
