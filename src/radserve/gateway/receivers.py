@@ -213,6 +213,7 @@ class ReceiverPool:
         self._slots: dict[int, _Slot] = {}
         self._lock = threading.Condition()
         self._stopping = False
+        self._started = False  # every process was ready once: restart the ones that die
         self._thread = threading.Thread(target=self._run, name="radserve-receivers", daemon=True)
 
     def start(self) -> None:
@@ -222,15 +223,18 @@ class ReceiverPool:
         self._thread.start()
         deadline = time.monotonic() + _READY_TIMEOUT_S
         with self._lock:
-            while not self._all_ready():
+            # a process that ends before it is ready is not replaced: start fails at once
+            while not self._all_ready() and len(self._slots) == self.count:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._lock.wait(left)
-            ready = self._all_ready()
+            self._started = ready = self._all_ready()
         if not ready:
             self.stop()
-            raise RuntimeError(f"the {self.count} receiving processes did not start")
+            raise RuntimeError(
+                f"the {self.count} receiving processes did not start (see the log above)"
+            )
 
     def pids(self) -> list[int]:
         """The running receiving processes (tests, the bench)."""
@@ -403,9 +407,10 @@ class ReceiverPool:
         slot.process.join(_STOP_TIMEOUT_S)
         with self._lock:
             del self._slots[slot.index]
-            stopping = self._stopping
+            stopping = self._stopping or not self._started
             opened = list(slot.open.elements())
             slot.open.clear()
+            self._lock.notify_all()
         for host in opened:
             self.scp.admission.release(host)
         self._cut_off(slot)
