@@ -1,14 +1,14 @@
 """MONAI's CropForegroundd against radserve's crops: label agreement with MONAI's own
 bundle run, on a tiny bundle with seeded random weights (``none`` and ``nonzero`` are not
-MONAI's crop; ``input.crop_foreground``, what the importer writes, is).
+MONAI's crop; ``input.crop_foreground``, set by hand, is but for ties: docs/model-ops.md).
 
 The bundle is the test factory's spleen-shaped one with ``CropForegroundd(source_key=image)``
 (default ``select_fn`` x > 0, margin 0) after ``ScaleIntensityRanged``; the CT is the
 nnU-Net tests' synthetic body (air -1000 HU, soft tissue, a zero-valued frame, which is
 above a_min and so foreground for MONAI). radserve runs the same bundle imported without
 the crop, with ``input.crop`` set to ``none`` and to ``nonzero`` (nnU-Net's crop); then
-again with air in place of the frame; and the cropped bundle imported as it is
-(``input.crop_foreground``). Why none/nonzero are not MONAI's crop: docs/model-ops.md.
+again with air in place of the frame; and with ``input.crop_foreground`` set on the
+plain import. Why none/nonzero are not MONAI's crop: docs/model-ops.md.
 
 Usage: PYTHONPATH=src:. python tools/measure_monai_crop_foreground.py
 """
@@ -26,7 +26,7 @@ def main(air: bool) -> None:
     from radserve.domain.volume import Volume
     from radserve.importers.monai_bundle import import_monai
     from radserve.inference import ModelSession, PatchTask, choose_runtime, run_task
-    from radserve.models.manifest import load_manifest
+    from radserve.models.manifest import CropForegroundSpec, load_manifest
 
     crop = {"_target_": "CropForegroundd", "keys": "image", "source_key": "image"}
     cpu = choose_runtime(prefer=["CPUExecutionProvider"], threads=1)
@@ -52,9 +52,10 @@ def main(air: bool) -> None:
             )
             print(f"radserve crop {kind!r} vs MONAI with CropForegroundd: "
                   f"{float((got.labels.array == want).mean()):.5f}")  # fmt: skip
-        # the cropped bundle imported as it is: input.crop_foreground
-        out = import_monai(cropped, t / "models", name="tiny-cropped")
+        # input.crop_foreground set by hand (the importer refuses the crop: ties)
         spec = load_manifest(out / "model.yaml")
+        crop = spec.input.model_copy(update={"crop_foreground": CropForegroundSpec()})
+        spec = spec.model_copy(update={"input": crop})
         got = run_task(PatchTask(volume, spec), ModelSession(out / "model.onnx", spec, runtime=cpu))
         print(f"radserve crop_foreground vs MONAI with CropForegroundd: "
               f"{float((got.labels.array == want).mean()):.5f}")  # fmt: skip
