@@ -61,6 +61,10 @@ class ScpConfig(GatewaySettings):
     a Deflated one inflated) and ``max_header_bytes`` (its header in memory)."""
 
     data_dir: Path
+    # built directly (an SCP embedded in a process, the in-process tests), it receives in
+    # that process unless asked; from the settings (radserve serve / gateway), the
+    # gateway.receivers default applies (scp_config_from_settings)
+    receivers: int = Field(default=1, ge=1, le=64)
     max_file_bytes: int = Field(default=IngestPolicy.max_file_bytes, gt=0)
     max_header_bytes: int = Field(default=IngestPolicy.max_header_bytes, gt=0)
 
