@@ -6,13 +6,21 @@ each other request on (httpx over that socket), streaming the body both ways, wi
 process trusts them on that socket only), so the audit records the real client. Body
 limits, timeouts, error bodies and metrics of forwarded requests are the serving
 process's own. When it cannot be reached the client gets a retryable 503.
+
+The forwarding client keeps no cookies (each client's own ``Cookie`` header goes through
+as it came): a console session cookie kept by a shared client went out with every later
+client's requests, signing them in as the first user. A client that goes away ends its
+forwarded response (the console's event stream would otherwise run on upstream).
 """
 
 from __future__ import annotations
 
+import http.cookiejar
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
+import anyio
 import httpx
 from starlette.types import Receive, Scope, Send
 
@@ -42,6 +50,16 @@ class ServingUnavailableError(RadserveError):
     retryable = True
 
 
+class _NoCookies(http.cookiejar.CookieJar):
+    """A cookie jar that never keeps one: a proxy shared by every client must not."""
+
+    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
+        return None
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
+
+
 class Upstream:
     """An ASGI app that forwards HTTP requests to the serving process's socket."""
 
@@ -51,6 +69,7 @@ class Upstream:
             base_url="http://radserve",
             timeout=httpx.Timeout(None),  # the serving process applies its own time-outs
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            cookies=_NoCookies(),  # httpx copies a Cookies object into a new jar
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -83,9 +102,21 @@ class Upstream:
                     "headers": [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP],
                 }
             )
-            async for chunk in response.aiter_raw():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b""})
+            async with anyio.create_task_group() as group:
+
+                async def relay() -> None:
+                    async for chunk in response.aiter_raw():
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    await send({"type": "http.response.body", "body": b""})
+                    group.cancel_scope.cancel()
+
+                async def until_gone() -> None:  # the request body was read to its end
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    group.cancel_scope.cancel()
+
+                group.start_soon(relay)
+                group.start_soon(until_gone)
         finally:
             await response.aclose()
 
