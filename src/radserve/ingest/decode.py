@@ -408,8 +408,16 @@ def shutdown_decode_workers(*, helpers: bool = False) -> None:
 
 def _stop_multiprocessing_helpers() -> None:
     """Stop the fork server and the resource tracker of this process, if running (the
-    stdlib keeps them for the process's life and has no public call to stop them)."""
+    stdlib keeps them for the process's life and has no public call to stop them).
+
+    Not while other child processes live (another service's receiving processes, say):
+    they hold the tracker's pipe open, and stopping it would wait for them forever."""
+    import multiprocessing
     from multiprocessing import forkserver, resource_tracker
+
+    if multiprocessing.active_children():
+        log.debug("multiprocessing helpers left running: other child processes use them")
+        return
 
     for name, helper in (
         ("fork server", getattr(forkserver, "_forkserver", None)),
