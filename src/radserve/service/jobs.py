@@ -117,7 +117,9 @@ class JobAccess:
             )
         self.hooks.note_cancel(job_id, key_id, client)
         if self.scheduler.cancel(job_id) or self.scheduler.job_info(job_id) is not None:
-            return self.get(job_id)  # cancelled, or already on its way out
+            # cancelled, or already on its way out: what this server last wrote of it
+            # (its cancel is being written; the store need not answer now)
+            return self.cache.get(job_id) or record
         # not in the scheduler (between its row and its scheduling): cancel the row
         record = self.store.transition(
             job_id,
