@@ -58,7 +58,7 @@ from radserve.checkpoints import carry, checkpoint
 from radserve.errors import DecodeError
 from radserve.host import usable_cores
 from radserve.ingest.arrival import DecodeAbandonedError, SliceArrival
-from radserve.ingest.headers import FrameRef, part10_stream
+from radserve.ingest.headers import FrameRef, native_pixel_value, part10_stream
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sources import SourceFile, SourceReader
 from radserve.log_routing import WorkerLogs, forward_worker_logs
@@ -619,13 +619,51 @@ def _decode_frames(
         # native data: the encoding the header reader found (a file may say Explicit VR
         # and be Implicit VR: pydicom's file readers would trust the meta)
         options = {"transfer_syntax_uid": uid} if uid in _NATIVE_LITTLE else {}
-        if items[0][1].frame_index is None:
-            arrays: Iterable[np.ndarray] = [pixel_array(pixels, decoding_plugin=plugin, **options)]
+        if len(items) == 1 and (native := _native_frame(pixels, items[0][1])) is not None:
+            arrays: Iterable[np.ndarray] = [native]
+        elif items[0][1].frame_index is None:
+            arrays = [pixel_array(pixels, decoding_plugin=plugin, **options)]
         else:
             indices = [f.frame_index for _, f in items]
             arrays = iter_pixels(pixels, indices=indices, decoding_plugin=plugin, **options)
         for (k, frame), stored in zip(items, arrays, strict=True):
             _store(out, k, stored, frame, air)
+
+
+def _native_frame(pixels: str | BinaryIO, frame: FrameRef) -> np.ndarray | None:
+    """A single-frame native monochrome image read at the offset the header reader
+    recorded and decoded by pydicom's own native decoder, as :func:`pixel_array` would
+    decode it, without parsing the header again (~1 CPU-ms a 512² slice); None when
+    this path does not apply and the caller reads the file the general way."""
+    fmt = frame.pixel
+    if (
+        frame.pixel_offset is None
+        or not isinstance(pixels, str)
+        or fmt.transfer_syntax_uid not in _NATIVE_LITTLE
+        or fmt.samples_per_pixel != 1
+        or fmt.photometric_interpretation not in ("MONOCHROME1", "MONOCHROME2")
+        or fmt.bits_allocated not in (8, 16, 32)
+    ):
+        return None
+    with open(pixels, "rb") as raw:
+        data = native_pixel_value(
+            raw, frame.pixel_offset, fmt.rows * fmt.columns * fmt.bits_allocated // 8
+        )
+    if data is None:
+        return None
+    array, _ = get_decoder(fmt.transfer_syntax_uid).as_array(
+        data,
+        rows=fmt.rows,
+        columns=fmt.columns,
+        samples_per_pixel=1,
+        bits_allocated=fmt.bits_allocated,
+        bits_stored=fmt.bits_stored,
+        pixel_representation=fmt.pixel_representation,
+        photometric_interpretation=fmt.photometric_interpretation,
+        number_of_frames=1,
+        pixel_keyword="PixelData",
+    )
+    return array
 
 
 def _store(out: np.ndarray, k: int, stored: np.ndarray, frame: FrameRef, air: float) -> None:

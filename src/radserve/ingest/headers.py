@@ -165,6 +165,10 @@ class FrameRef:
     problem: Problem | None = None  # the instance is unusable; its series fails on load
     note: str | None = None  # tolerated but flagged (e.g. padding after the pixel data)
     unusable: tuple[str, ...] = ()  # geometry values present but not numbers, as shown
+    # Where the Pixel Data element of a single-frame native little-endian file starts,
+    # as the header reader found it: the pixel reader reads the value there instead of
+    # parsing the header a second time (checked again before it is trusted).
+    pixel_offset: int | None = None
 
 
 @dataclass(frozen=True)
@@ -330,6 +334,9 @@ def _record(
         frames = _enhanced_frames(ds, common, image_type, n_frames or 1)
     else:
         frames = _classic_frames(ds, common, image_type, n_frames)
+        offset = getattr(fh, "pixel_offset", None)
+        if offset is not None and not deflated and len(frames) == 1 and problem is None:
+            frames = (replace(frames[0], pixel_offset=offset),)
     return InstanceRecord(
         series_instance_uid=series_uid,
         study_instance_uid=_text(ds, "StudyInstanceUID"),
@@ -419,6 +426,7 @@ def _pixel_data_problem(
     """Whether the Pixel Data element (``fh`` is at its tag) holds what the header says."""
     _implicit, little = ds.original_encoding
     endian = "<" if little is not False else ">"
+    element_at = fh.tell()
     header = fh.read(8)
     if len(header) < 8:
         return Problem("decode_failed", "the file has no Pixel Data (truncated after the header?)")
@@ -426,18 +434,40 @@ def _pixel_data_problem(
     name = _PIXEL_TAGS.get(group << 16 | element)
     if name is None:
         return Problem("decode_failed", "the header is not followed by Pixel Data")
-    if _implicit_header(header):  # the element's own bytes decide (see _found_implicit)
-        (length,) = struct.unpack(endian + "L", header[4:])
-    elif header[4:6] in _LONG_VRS:
-        (length,) = struct.unpack(endian + "L", fh.read(4))
-    else:
-        (length,) = struct.unpack(endian + "H", header[6:])
+    length = _element_length(header, fh, endian)
     start = fh.tell()
     available = size - start
     if length != 0xFFFFFFFF:
         fh.pixel_length = length  # type: ignore[attr-defined]  # for _excess_padding
+        if name == "Pixel Data" and endian == "<":
+            fh.pixel_offset = element_at  # type: ignore[attr-defined]  # for native_pixel_value
         return _native_problem(name, length, available, pixel, n_frames)
     return _encapsulated_problem(ds, fh, endian, size, n_frames)
+
+
+def native_pixel_value(raw: BinaryIO, offset: int, nbytes: int) -> bytes | None:
+    """The first ``nbytes`` of the little-endian native Pixel Data value whose element
+    starts at ``offset`` (:attr:`FrameRef.pixel_offset`), or None when the element found
+    there is not that: then the caller reads the file the general way."""
+    raw.seek(offset)
+    header = raw.read(8)
+    if len(header) < 8 or struct.unpack("<HH", header[:4]) != (0x7FE0, 0x0010):
+        return None
+    length = _element_length(header, raw, "<")
+    if length == 0xFFFFFFFF or length < nbytes:
+        return None
+    data = raw.read(nbytes)
+    return data if len(data) == nbytes else None
+
+
+def _element_length(header: bytes, fh: BinaryIO, endian: str) -> int:
+    """The value length of the element whose first 8 bytes are ``header`` (``fh`` just
+    after them; a long explicit VR's length is read from it)."""
+    if _implicit_header(header):  # the element's own bytes decide (see _found_implicit)
+        return int(struct.unpack(endian + "L", header[4:])[0])
+    if header[4:6] in _LONG_VRS:
+        return int(struct.unpack(endian + "L", fh.read(4))[0])
+    return int(struct.unpack(endian + "H", header[6:])[0])
 
 
 def _native_problem(
