@@ -104,30 +104,50 @@ def test_labels_agree_with_monai_bundle_inference(tmp_path: Path, case: str) -> 
 _CROP = {"_target_": "CropForegroundd", "keys": "image", "source_key": "image"}
 # MONAI's CropForegroundd after ScaleIntensityRanged (spleen_ct_segmentation's place), on
 # a body in air (-1000 HU: below a_min, so outside MONAI's box); (crop options, other
-# config, CT shape, spacing, air in the first two slices too). The importer refuses the
-# crop; radserve runs the plain bundle with input.crop_foreground set by hand.
+# config, CT shape, spacing, air in the first two slices too, direction).
 CROP_CASES: dict[
-    str, tuple[dict[str, Any], dict[str, Any], tuple[int, ...], tuple[float, ...], bool]
+    str,
+    tuple[dict[str, Any], dict[str, Any], tuple[int, ...], tuple[float, ...], bool, Any],
 ] = {
-    "default": ({}, {}, (40, 64, 72), (2.5, 0.9, 0.9), False),
+    "default": ({}, {}, (40, 64, 72), (2.5, 0.9, 0.9), False, None),
     "margin_k_divisible_softmax_after_invertd": (
         {"margin": [3, 0, 5], "k_divisible": [16, 16, 8]},
         {"post": _post_activation_after_invert()},
         (40, 64, 72),
         (2.5, 0.9, 0.9),
         False,
+        None,
     ),
-    "margin_past_the_image": ({"margin": 20}, {}, (40, 64, 72), (2.5, 0.9, 0.9), False),
+    "margin_past_the_image": ({"margin": 20}, {}, (40, 64, 72), (2.5, 0.9, 0.9), False, None),
     "margin_allow_smaller": (
         {"margin": [2, 20, 4], "allow_smaller": True},  # 20: clamped to the image
         {},
         (40, 64, 72),
         (2.5, 0.9, 0.9),
         False,
+        None,
     ),
-    "box_smaller_than_patch": ({}, {}, (12, 30, 50), (2.0, 1.1, 0.8), False),
-    # 1.2 -> 1.5 mm: every 5th native row maps exactly onto a model voxel (the ties)
-    "exact_ties": ({}, {}, (24, 64, 64), (2.5, 1.2, 1.2), True),
+    "box_smaller_than_patch": ({}, {}, (12, 30, 50), (2.0, 1.1, 0.8), False, None),
+    # 1.2 -> 1.5 mm: every 5th native row maps exactly onto a model voxel (the ties);
+    # 2.5 -> 2 mm: every 4th slice, the box starting beside one (session 9: 0.98666)
+    "exact_ties": ({}, {}, (24, 64, 64), (2.5, 1.2, 1.2), True, None),
+    "exact_ties_softmax_after_invertd": (
+        {},
+        {"post": _post_activation_after_invert()},
+        (24, 64, 64),
+        (2.5, 1.2, 1.2),
+        True,
+        None,
+    ),
+    # 1.0 -> 1.5 mm (every 3rd row) and 3.0 -> 2.0 mm (every 2nd slice) on a sagittal series
+    "exact_ties_sagittal_k_divisible": (
+        {"k_divisible": 4},
+        {},
+        (30, 48, 45),
+        (1.0, 1.0, 3.0),
+        True,
+        SAGITTAL,
+    ),
 }
 
 
@@ -149,34 +169,31 @@ def _crop_spec(options: dict[str, Any]) -> Any:
 def test_crop_foreground_vs_monai(tmp_path: Path, case: str) -> None:
     from tests.integration.test_nnunet_agreement import synthetic_ct
 
-    options, config, shape, spacing, air_slices = CROP_CASES[case]
+    options, config, shape, spacing, air_slices, direction = CROP_CASES[case]
     cropped = [*mb.PRE[:5], {**_CROP, **options}, mb.PRE[5]]
     bundle = mb.write_monai_bundle(tmp_path / "bundle", pre=cropped, **config)
-    with pytest.raises(ImportRefusedError, match="CropForegroundd is not expressible exactly"):
-        import_monai(bundle, tmp_path / "refused")
     ct = synthetic_ct(shape, seed=3)
     ct[:, :, :3] = -1000.0  # air beside the body
     if air_slices:
         ct[:2] = -1000.0
-    volume = Volume.from_geometry(ct, spacing=spacing, origin=(0.0, 0.0, 0.0))
+    geo = {} if direction is None else {"direction": direction}
+    volume = Volume.from_geometry(ct, spacing=spacing, origin=(0.0, 0.0, 0.0), **geo)
     want = mb.run_monai_reference(bundle, mb.write_nifti(volume, tmp_path / "ct.nii.gz"))
 
-    plain = mb.write_monai_bundle(tmp_path / "plain", **config)  # same seed: same weights
-    out = import_monai(plain, tmp_path / "models", name="tiny", version="1.0.0")
+    out = import_monai(bundle, tmp_path / "models", name="tiny", version="1.0.0")
     spec = load_manifest(out / "model.yaml")
+    assert spec.input.crop_foreground == _crop_spec(options)
     session = ModelSession(out / "model.onnx", spec, runtime=CPU)
-    crop = spec.input.model_copy(update={"crop_foreground": _crop_spec(options)})
-    got = run_task(PatchTask(volume, spec.model_copy(update={"input": crop})), session)
-    agreement = float((got.labels.array == want).mean())
-    uncropped = float((run_task(PatchTask(volume, spec), session).labels.array == want).mean())
-    print(f"{case}: agreement {agreement:.5f}; without crop_foreground {uncropped:.5f}")
-    assert uncropped < agreement - 0.01  # the crop is exercised
-    if case != "exact_ties":
-        assert agreement >= 0.999, agreement
-        return
-    # MONAI labels all-zero outputs by grid_sample's rounding: radserve says background
-    differ = got.labels.array != want
-    assert agreement < 0.999 and (got.labels.array[differ] == 0).all(), agreement
+    got = run_task(PatchTask(volume, spec), session).labels.array
+    uncropped = spec.model_copy(
+        update={"input": spec.input.model_copy(update={"crop_foreground": None})}
+    )
+    without = float((run_task(PatchTask(volume, uncropped), session).labels.array == want).mean())
+    differ = int((got != want).sum())
+    agreement = 1.0 - differ / want.size
+    print(f"{case}: agreement {agreement:.5f} ({differ} differ); without the crop {without:.5f}")
+    assert without < agreement - 0.01  # the crop is exercised
+    assert agreement >= 0.999, agreement
 
 
 def test_imported_manifest_states_the_bundle(tmp_path: Path) -> None:
@@ -209,21 +226,19 @@ def _with(pre: dict[int, dict[str, Any] | None] | None = None, **config: Any) ->
     return {"pre": [t for t in transforms if t is not None], **config}
 
 
-_CROP_MARGIN = {
-    "_target_": "CropForegroundd",
-    "keys": "image",
-    "source_key": "image",
-    "margin": 4,
-    "allow_smaller": True,
-}
+_CROP_MARGIN = {**_CROP, "margin": 4, "allow_smaller": True}
 REFUSALS = {
-    "CropForegroundd": (
-        _with({5: {"_target_": "CropForegroundd", "keys": "image", "source_key": "image"}}),
-        "preprocessing\\[5\\] CropForegroundd is not expressible exactly: Invertd pads",
-    ),
-    "CropForegroundd_margin_before_intensity": (
+    "CropForegroundd_before_intensity": (
         {"pre": [*mb.PRE[:4], _CROP_MARGIN, *mb.PRE[4:]]},
-        "preprocessing\\[4\\] CropForegroundd is not expressible exactly: .* grid_sample",
+        "preprocessing\\[4\\] CropForeground before Spacing or ScaleIntensityRange",
+    ),
+    "CropForegroundd_select_fn": (
+        _with({5: {**_CROP, "select_fn": "$lambda x: x > 0.5"}}),
+        "CropForegroundd: select_fn <lambda> \\(only MONAI's default is_positive",
+    ),
+    "CropForegroundd_edge_padding": (
+        _with({5: {**_CROP, "mode": "edge"}}),
+        "CropForegroundd: padding mode 'edge'",
     ),
     "NormalizeIntensityd": (
         _with({4: {"_target_": "NormalizeIntensityd", "keys": "image"}}),

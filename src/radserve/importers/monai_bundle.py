@@ -15,6 +15,11 @@ What the bundle states, mapped onto ``model.yaml``:
   ``normalise_first`` when the intensity transform comes first.
 * ``ScaleIntensityRange(d)(a_min, a_max, b_min, b_max, clip=True)`` -> ``ct_window``
   (b 0..1) or the equivalent ``clip_zscore``.
+* ``CropForeground(d)(margin, k_divisible, allow_smaller)`` after both ->
+  ``input.crop_foreground`` (the box of the scaled model grid > 0; MONAI's default
+  ``select_fn``, constant 0 padding); the way back repeats ``Invertd``'s float64
+  coordinates bit for bit (:mod:`radserve.preprocess.monai_grid`), so the voxels landing
+  exactly on a model voxel beside the box get MONAI's labels.
 * ``SlidingWindowInferer(roi_size, overlap, mode, sigma_scale)`` -> ``patch_size``,
   ``overlap``, MONAI's window placement and Gaussian (``monai_gaussian``) or ``constant``
   weights, centred zero padding, logits averaged.
@@ -24,8 +29,10 @@ What the bundle states, mapped onto ``model.yaml``:
   names from ``metadata.json``'s ``channel_def`` (channel 0 is background, as argmax 0).
 
 Refused, by name: nearest resampling (``Spacing`` mode nearest, ``Invertd`` with
-``nearest_interp=True`` or after argmax: see ``_NEAREST``), ``CropForeground(d)`` (see
-``_CROP_FOREGROUND``), any other transform (e.g. ``NormalizeIntensityd``,
+``nearest_interp=True`` or after argmax: see ``_NEAREST``), ``CropForeground(d)`` before
+Spacing or ScaleIntensityRange, with another ``select_fn``, ``channel_indices``, another
+``source_key``, non-zero or non-constant padding or ``lazy`` (see ``_crop_foreground``),
+any other transform (e.g. ``NormalizeIntensityd``,
 ``KeepLargestConnectedComponentd``), ``clip=False``, Spacing options that move the grid
 (``diagonal``, ``scale_extent``, ``min_pixdim``/``max_pixdim``, ``align_corners``,
 ``padding_mode`` other than border), a missing Orientation or Spacing (the network's axes
@@ -67,14 +74,11 @@ _NEUTRAL = {
 }
 _MODES = {"bilinear": 1, "nearest": 0}
 _RAS_LABELS = (("L", "R"), ("P", "A"), ("I", "S"))
-# Why CropForeground(d) is refused (docs/model-ops.md "MONAI's CropForeground"): the box,
-# windows and zero padding are reproduced (input.crop_foreground), the labels at ties not.
+# Why CropForeground(d) is refused before Spacing/ScaleIntensityRange (docs/model-ops.md
+# "MONAI's CropForeground")
 _CROP_FOREGROUND = (
-    "Invertd pads the cropped outputs with zeros, so a native voxel that maps exactly onto a "
-    "model voxel outside the box gets all-zero probabilities, and MONAI's label there "
-    "(background or the class inside the box) follows the rounding of grid_sample's "
-    "coordinates, which radserve does not reproduce (1.3 % of the voxels differed on a "
-    "1.2 -> 1.5 mm grid); input.crop_foreground states the rest of the crop"
+    "radserve states MONAI's crop only on the resampled, scaled image (input.crop_foreground: "
+    "select_fn x > 0 on the model grid); a box of the native or unscaled image is not mapped"
 )
 # Why nearest resampling is refused (measured: 6 % of voxels differed on a 2.5 -> 2 mm grid)
 _NEAREST = (
@@ -220,7 +224,10 @@ def _preprocessing(transforms: list[Any], image_key: str) -> dict[str, Any]:
             out["intensity"] = (float(s.a_min), float(s.a_max), float(s.b_min), float(s.b_max))
             out["intensity_at"] = i
         elif name in ("CropForegroundd", "CropForeground"):
-            _refuse(f"preprocessing[{i}] {name} is not expressible exactly: {_CROP_FOREGROUND}")
+            if "crop_foreground" in out:
+                _refuse(f"preprocessing[{i}] a second {name}")
+            out["crop_foreground"] = _crop_foreground(t, i, name, image_key)
+            out["crop_at"] = i
         else:
             _refuse(f"preprocessing[{i}] {name} is not expressible in a radserve bundle")
     for key, what in (("axes", "Orientation(d)"), ("spacing", "Spacing(d)")):
@@ -230,7 +237,54 @@ def _preprocessing(transforms: list[Any], image_key: str) -> dict[str, Any]:
         _refuse("no ScaleIntensityRange(d) in preprocessing")
     if out["orientation_at"] > out["spacing_at"]:
         _refuse("Spacing before Orientation (pixdim would follow the file's axes)")
+    crop_at = out.get("crop_at", -1)
+    if crop_at >= 0 and crop_at < max(out["spacing_at"], out["intensity_at"]):
+        _refuse(
+            f"preprocessing[{crop_at}] CropForeground before Spacing or ScaleIntensityRange: "
+            f"{_CROP_FOREGROUND}"
+        )
     return out
+
+
+def _crop_foreground(t: Any, i: int, name: str, image_key: str) -> dict[str, Any]:
+    """``CropForeground(d)`` after Spacing and ScaleIntensityRange -> ``crop_foreground``
+    (MONAI's defaults and the model zoo's settings; anything else refused by name)."""
+    from monai.transforms.utils import is_positive
+
+    cropper = getattr(t, "cropper", t)
+    source = getattr(t, "source_key", image_key)
+    mode = _value(_one(getattr(t, "mode", cropper.padder.mode), f"{name} mode"))
+    pad_value = cropper.padder.kwargs.get("value", 0)
+    if cropper.select_fn is not is_positive:
+        _refuse(
+            f"preprocessing[{i}] {name}: select_fn {getattr(cropper.select_fn, '__name__', '?')} "
+            "(only MONAI's default is_positive, x > 0: radserve cannot read a function's "
+            "threshold)"
+        )
+    if cropper.channel_indices is not None:
+        _refuse(f"preprocessing[{i}] {name}: channel_indices (one image channel here)")
+    if source != image_key:
+        _refuse(f"preprocessing[{i}] {name}: source_key {source!r} (the box of the image only)")
+    if mode != "constant" or pad_value != 0:
+        _refuse(
+            f"preprocessing[{i}] {name}: padding mode {mode!r} value {pad_value} (constant 0 "
+            "only: Invertd's zero padding is what radserve reproduces)"
+        )
+    if cropper.lazy:
+        _refuse(f"preprocessing[{i}] {name}: lazy=True (MONAI then fuses the crop into Spacing)")
+
+    def per_axis(v: Any, what: str) -> list[int]:
+        vals = [int(x) for x in v] if isinstance(v, list | tuple) else [int(v)] * 3
+        if len(vals) != 3:
+            _refuse(f"preprocessing[{i}] {name} {what} {v} (one value or three)")
+        return vals
+
+    return {
+        "threshold": 0.0,
+        "margin": per_axis(cropper.margin, "margin"),
+        "k_divisible": per_axis(cropper.k_divisible, "k_divisible"),
+        "allow_smaller": bool(cropper.allow_smaller),
+    }
 
 
 def _normalisation(a_min: float, a_max: float, b_min: float, b_max: float) -> dict[str, Any]:
@@ -367,6 +421,7 @@ def manifest_from_monai(source: MonaiSource, *, name: str, version: str) -> Mode
             "batch_size": window["batch_size"],
             "overlap": window["overlap"],
             "crop": "none",
+            "crop_foreground": pre.get("crop_foreground"),
             "resampling": {
                 "grid": "first_voxel",
                 "image_order": pre["image_order"],

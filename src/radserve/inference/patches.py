@@ -58,6 +58,7 @@ from radserve.preprocess.axes import axis_map
 from radserve.preprocess.crop import BBox, crop_volume, nonzero_mask
 from radserve.preprocess.denoise import read_filtered
 from radserve.preprocess.foreground import foreground_window
+from radserve.preprocess.monai_grid import back_coordinates
 from radserve.preprocess.normalise import normalise, normalised_floor
 from radserve.preprocess.resample import grid_coordinates, interpolate_axis, resample_to_spacing
 from radserve.preprocess.spline import nnunet_new_shape, resize_channels, separate_axis
@@ -262,6 +263,8 @@ class PatchTask(BatchedTask):
     # on the padded grid (radserve.preprocess.foreground); None: the whole grid.
     _windows: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
     _box: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
+    # With the box: MONAI's own back-coordinates (None: i * s / t, see _prepare_back).
+    _monai_back: list[np.ndarray] | None = None
 
     def _network_crop(self, volume: Volume) -> Volume:
         """The crop (denoised where declared) in the network's axis order."""
@@ -359,8 +362,37 @@ class PatchTask(BatchedTask):
             window = foreground_window(np.stack(out), fg, self.patch)
             self._pad_before, self._box, self._windows = window.origin, window.box, window.windows
             self._rolling = False
+            self._monai_back = self._monai_back_coordinates(volume)
             return window.image
         return self._pad(np.stack(out), [normalised_floor(n) for _, n in pairs])
+
+    def _monai_back_coordinates(self, volume: Volume) -> list[np.ndarray] | None:
+        """Where MONAI's ``Invertd`` reads the model grid for each native voxel, to the
+        last bit (:mod:`radserve.preprocess.monai_grid`): after ``CropForeground`` the
+        labels of voxels landing exactly on a model voxel beside the box follow it.
+        None for index axes (no ``Orientation`` to repeat)."""
+        axes = self.spec.input.axes
+        if axes is None or any(a not in "RLAPSI" for a in axes):
+            return None
+        assert self._box is not None
+        crop = crop_volume(volume, self.box)
+        box = tuple(
+            tuple(int(v) - o for v, o in zip(edge, self._pad_before, strict=True))
+            for edge in self._box
+        )
+        coords, shape = back_coordinates(
+            crop.nifti_affine(),
+            crop.shape[::-1],  # type: ignore[arg-type]
+            "".join(axes),
+            self.spec.input.spacing,  # type: ignore[arg-type]
+            box,  # type: ignore[arg-type]
+        )
+        if shape != tuple(self._resampled):
+            raise ModelError(
+                f"crop_foreground: MONAI's Spacing grid {shape} is not radserve's "
+                f"{tuple(self._resampled)} (a size at an exact half voxel)"
+            )
+        return coords
 
     def _first_voxel_coords(
         self, shape: tuple[int, ...], spacing: tuple[float, ...], *, forward: bool
@@ -479,7 +511,9 @@ class PatchTask(BatchedTask):
         orders = self._output_orders()
         rs = self.spec.input.resampling
         if rs is not None and rs.grid == "first_voxel":
-            back = self._first_voxel_coords((d, h, w), self._native_spacing, forward=False)
+            back = self._monai_back or self._first_voxel_coords(
+                (d, h, w), self._native_spacing, forward=False
+            )
             # nearest: half to even (see ResamplingSpec.grid)
             cz, cy, cx = (np.rint(c) if o == 0 else c for c, o in zip(back, orders, strict=True))
         else:
@@ -537,7 +571,8 @@ class PatchTask(BatchedTask):
         window = self.spec.input.sliding_window
         logits = window.accumulate == "logits" and not window.activate_on_model_grid
         k = self.spec.num_classes
-        slab = max(1, (self._budget or 256 * 2**20) // (4 * 3 * k * h * w))
+        width = 4 if self._box is None else 8  # float64 on the crop_foreground way back
+        slab = max(1, (self._budget or 256 * 2**20) // (width * 3 * k * h * w))
         zs, ys, xs = self._out
         # Native-grid outputs seen in the network's axis order (views: written through).
         out_labels = self._axes.view(self.labels[zs, ys, xs])
@@ -554,9 +589,15 @@ class PatchTask(BatchedTask):
             hi = min(rd, int(np.floor(coords.max())) + 2)
             rows = slice(oz + lo - self._base, oz + hi - self._base)
             acc = self._acc[:, rows, oy : oy + rh, ox : ox + rw]
-            part = interpolate_axis(acc, 1, coords - lo, order=orders[0])
-            part = interpolate_axis(part, 2, cy, order=orders[1])
-            part = interpolate_axis(part, 3, cx, order=orders[2])
+            if self._box is not None:
+                # Invertd: float64 weights of both neighbours (a weight of 1e-16 on an
+                # in-box voxel beside the zeros decides the label there), then float32.
+                acc = acc.astype(np.float64)
+            both = self._box is not None
+            part = interpolate_axis(acc, 1, coords - lo, order=orders[0], both_weights=both)
+            part = interpolate_axis(part, 2, cy, order=orders[1], both_weights=both)
+            part = interpolate_axis(part, 3, cx, order=orders[2], both_weights=both)
+            part = part.astype(np.float32, copy=False)
             if logits:
                 part = activate(part, self.spec.activation, axis=0)
             if self.spec.channel_values:

@@ -139,9 +139,10 @@ class ResamplingSpec(_Strict):
 
 class CropForegroundSpec(_Strict):
     """3d models on MONAI's grid: MONAI's ``CropForeground(d)`` after ``Spacing`` and
-    ``ScaleIntensityRange``, written by hand: the importer refuses the transform, because
-    MONAI's labels at native voxels that map exactly onto a model voxel outside the box
-    (all-zero outputs) follow grid_sample's coordinate rounding (docs/model-ops.md).
+    ``ScaleIntensityRange``, as ``radserve models import monai-bundle`` writes it. MONAI's
+    labels at native voxels that map exactly onto a model voxel outside the box (all-zero
+    outputs) follow the last bit of ``Invertd``'s coordinates; with patient-direction
+    ``axes`` radserve computes them as MONAI does (:mod:`radserve.preprocess.monai_grid`).
 
     On the model grid, after intensity scaling: the box of voxels above ``threshold``
     (MONAI's default ``select_fn``, ``x > 0``), widened by ``margin`` (clamped to the

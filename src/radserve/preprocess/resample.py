@@ -75,11 +75,16 @@ def grid_coordinates(n_in: int, n_out: int) -> np.ndarray:
     return (np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5
 
 
-def interpolate_axis(array: np.ndarray, axis: int, coords: np.ndarray, *, order: int) -> np.ndarray:
+def interpolate_axis(
+    array: np.ndarray, axis: int, coords: np.ndarray, *, order: int, both_weights: bool = False
+) -> np.ndarray:
     """Sample ``array`` along one axis at fractional ``coords`` (edge values replicated).
 
     ``order=1`` blends the two neighbours and returns float32 (float64 stays float64);
     ``order=0`` picks the nearest and keeps the dtype, so label values are never mixed.
+    ``both_weights``: ``lo * (i0 + 1 - c) + hi * (c - i0)`` as ``grid_sample`` weighs
+    them, so a weight far below float32's epsilon on ``lo`` survives (``lo + w * (hi -
+    lo)`` with ``w`` rounded to 1 loses it).
     """
     n = array.shape[axis]
     if order == 0:
@@ -97,6 +102,11 @@ def interpolate_axis(array: np.ndarray, axis: int, coords: np.ndarray, *, order:
     w = w.reshape(shape)
     lo = np.take(array, i0, axis=axis).astype(dtype, copy=False)
     hi = np.take(array, i1, axis=axis).astype(dtype, copy=False)
+    if both_weights:
+        lo *= (i0 + 1 - c).astype(dtype).reshape(shape)
+        hi *= w
+        hi += lo
+        return hi
     # lo + w * (hi - lo), in place to keep one temporary.
     hi -= lo
     hi *= w

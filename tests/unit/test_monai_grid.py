@@ -1,0 +1,120 @@
+"""radserve.preprocess.monai_grid: MONAI's Invertd coordinates, bit for bit.
+
+MONAI (preprocessing with CropForegroundd, then Invertd) runs on NIfTI files of random
+axis-aligned geometries (spacings, origins, flips, permutations, axcodes, boxes past the
+image); ``grid_sample``'s grid is captured and unnormalised as ATen does, and compared
+with :func:`back_coordinates` without tolerance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from radserve.errors import ModelError
+from radserve.preprocess.monai_grid import back_coordinates, torch_linspace_base
+
+SPACINGS = [0.5, 0.625, 0.7, 0.703125, 0.75, 0.78125, 0.8, 0.9, 0.9765625, 1.0, 1.1, 1.2]
+SPACINGS += [1.25, 1.5, 1.6, 2.0, 2.5, 3.0, 5.0]
+
+
+def test_linspace_base_is_torchs() -> None:
+    torch = pytest.importorskip("torch")
+    for n in range(1, 700):
+        want = (torch.linspace(-1, 1, n, dtype=torch.float64) * (n - 1) / n).numpy()
+        assert np.array_equal(torch_linspace_base(n), want), n
+
+
+def _monai_grid(
+    nifti: Path, axcodes: str, pixdim: list[float], margin: int, k: int, monkeypatch: Any
+) -> tuple[np.ndarray | None, tuple[int, int, int], Any]:
+    """MONAI's Invertd grid (unnormalised, clipped), the model shape and MONAI's box."""
+    import torch
+    from monai.transforms import (
+        Compose,
+        CropForeground,
+        CropForegroundd,
+        EnsureChannelFirstd,
+        Invertd,
+        LoadImaged,
+        Orientationd,
+        ScaleIntensityRanged,
+        Spacingd,
+    )
+
+    grids: list[Any] = []
+    sample = torch.nn.functional.grid_sample
+
+    def capture(input: Any, grid: Any, **kw: Any) -> Any:
+        grids.append((tuple(input.shape[2:]), grid[0].numpy().copy()))
+        return sample(input, grid, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "grid_sample", capture)
+    pre = [
+        LoadImaged("image"),
+        EnsureChannelFirstd("image"),
+        Orientationd("image", axcodes=axcodes),
+        Spacingd("image", pixdim=pixdim, mode="bilinear"),
+        ScaleIntensityRanged("image", a_min=-57, a_max=164, b_min=0.0, b_max=1.0, clip=True),
+    ]
+    scaled = Compose(pre)({"image": str(nifti)})["image"]
+    box = CropForeground(margin=margin, k_divisible=k).compute_bounding_box(scaled)
+    crop = CropForegroundd("image", source_key="image", margin=margin, k_divisible=k)
+    compose = Compose([*pre, crop])
+    data = compose({"image": str(nifti)})
+    data["pred"] = data["image"].clone()
+    grids.clear()
+    Invertd("pred", transform=compose, orig_keys="image", nearest_interp=False)(data)
+    if not grids:
+        return None, tuple(scaled.shape[1:]), box  # type: ignore[return-value]
+    sizes, grid = grids[-1]
+    coords = []
+    for axis in range(3):  # grid[..., 0] is the last axis (x), as torch orders it
+        u = ((grid[..., 2 - axis] + 1) * sizes[axis] - 1) / 2
+        u = np.minimum(sizes[axis] - 1, np.maximum(u, 0))
+        coords.append(np.moveaxis(u, axis, 0).reshape(u.shape[axis], -1))
+    return coords, sizes, box  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_back_coordinates_are_monais(tmp_path: Path, seed: int, monkeypatch: Any) -> None:
+    pytest.importorskip("monai")
+    import nibabel as nib
+
+    rng = np.random.default_rng(seed)
+    for trial in range(6):
+        shape = tuple(int(x) for x in rng.integers(6, 48, 3))
+        spacing = [float(rng.choice(SPACINGS)) for _ in range(3)]
+        pixdim = [float(rng.choice([0.8, 1.0, 1.2, 1.5, 2.0, 3.0])) for _ in range(3)]
+        affine = np.eye(4)
+        affine[:3, :3] = 0.0
+        for j, (i, sign) in enumerate(zip(rng.permutation(3), rng.choice([-1, 1], 3), strict=True)):
+            affine[i, j] = sign * spacing[j]
+        affine[:3, 3] = np.round(rng.uniform(-200, 200, 3), int(rng.integers(0, 4)))
+        axcodes = str(rng.choice(["RAS", "PLI", "LPS", "SAR"]))
+        data = np.zeros(shape, np.float32)
+        lo = [int(rng.integers(0, n // 2)) for n in shape]
+        hi = [int(rng.integers(n // 2 + 1, n + 1)) for n in shape]
+        data[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]] = 100.0
+        nifti = tmp_path / f"{trial}.nii.gz"
+        nib.save(nib.Nifti1Image(data, affine), nifti)
+        margin, k = int(rng.choice([0, 2, 20])), int(rng.choice([1, 8, 16]))
+        want, sizes, box = _monai_grid(nifti, axcodes, pixdim, margin, k, monkeypatch)
+        got, model_shape = back_coordinates(affine, shape, axcodes, pixdim, box)  # type: ignore[arg-type]
+        assert model_shape == tuple(sizes)
+        if want is None:  # MONAI found the grids equal and did not resample
+            assert all(np.array_equal(c, np.arange(len(c))) for c in got)
+            continue
+        for axis in range(3):
+            assert (want[axis] == want[axis][:, :1]).all()  # one coordinate per native row
+            assert np.array_equal(got[axis], want[axis][:, 0]), (seed, trial, axis)
+
+
+def test_oblique_series_is_refused() -> None:
+    c, s = np.cos(0.1), np.sin(0.1)
+    affine = np.array([[c, -s, 0, 0], [s, c, 0, 0], [0, 0, 2.5, 0], [0, 0, 0, 1]])
+    with pytest.raises(ModelError, match="oblique series"):
+        back_coordinates(affine, (20, 20, 10), "RAS", (1.5, 1.5, 2.0), ((0, 0, 0), (5, 5, 5)))
