@@ -1,0 +1,102 @@
+"""GDCM is loaded when a study needs it, and pydicom then chooses among its plugins as if
+it had been loaded at import. Each check runs in a fresh interpreter: in the test process
+pydicom is already imported, so nothing is deferred there."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.factories.dicom_series import dcmtk_compress, make_ct_series
+
+_PLUGIN_ORDER = """
+import json, sys
+{first}
+import pydicom
+from pydicom.pixels.decoders.base import _PIXEL_DATA_DECODERS
+from pydicom.pixels.encoders.base import _PIXEL_DATA_ENCODERS
+before = "gdcm" in sys.modules
+{then}
+order = {{
+    uid: [list(c._available), sorted(c._unavailable)]
+    for table in (_PIXEL_DATA_DECODERS, _PIXEL_DATA_ENCODERS)
+    for uid, (c, _) in table.items()
+}}
+print(json.dumps({{"gdcm_at_import": before, "order": order}}))
+"""
+
+
+def _run(code: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120
+    )
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_radserve_imports_pydicom_without_gdcm_and_enabling_restores_pydicoms_order() -> None:
+    plain = _run(_PLUGIN_ORDER.format(first="", then=""))
+    deferred = _run(_PLUGIN_ORDER.format(first="import radserve", then=""))
+    enabled = _run(
+        _PLUGIN_ORDER.format(
+            first="import radserve",
+            then="from radserve.pydicom_plugins import enable_gdcm; enable_gdcm()",
+        )
+    )
+    assert plain["gdcm_at_import"] is True
+    assert deferred["gdcm_at_import"] is False
+    gdcm_coders = [uid for uid, (available, _) in plain["order"].items() if "gdcm" in available]
+    assert gdcm_coders  # GDCM decodes the JPEG family here
+    assert all("gdcm" not in deferred["order"][uid][0] for uid in gdcm_coders)
+    assert enabled["order"] == plain["order"]
+
+
+_LOAD = """
+import sys, hashlib
+import radserve
+from radserve.ingest import discover_series, load_series
+(header,) = discover_series(sys.argv[1])
+volume = load_series(header).volume.array
+print(hashlib.sha256(volume.tobytes()).hexdigest(), "gdcm" in sys.modules)
+"""
+
+
+@pytest.mark.tools
+def test_a_jpeg_lossless_study_loads_gdcm_on_demand_with_the_same_pixels(tmp_path: Path) -> None:
+    if shutil.which("dcmcjpeg") is None:
+        pytest.skip("dcmtk's dcmcjpeg is not installed")
+    native = make_ct_series(tmp_path / "native", n_slices=3, rows=32, cols=32)
+    (tmp_path / "jpeg").mkdir()
+    for path in native:
+        dcmtk_compress(path, tmp_path / "jpeg" / path.name, "jpeg-lossless-sv1")
+    from radserve.ingest import discover_series, load_series
+
+    (header,) = discover_series(tmp_path / "native")
+    expected = load_series(header).volume.array
+    out = subprocess.run(
+        [sys.executable, "-c", _LOAD, str(tmp_path / "jpeg")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    digest, gdcm_loaded = out.stdout.split()
+    assert digest == hashlib.sha256(np.ascontiguousarray(expected).tobytes()).hexdigest()
+    assert gdcm_loaded == "True"
+
+
+def test_a_native_study_loads_without_gdcm(tmp_path: Path) -> None:
+    make_ct_series(tmp_path, n_slices=3, rows=16, cols=16)
+    out = subprocess.run(
+        [sys.executable, "-c", _LOAD, str(tmp_path)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.stdout.split()[1] == "False"
