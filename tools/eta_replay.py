@@ -37,6 +37,19 @@ VARIANTS = {
     "refit lanes exclusive": Variant(drain=False, refit=Refit(lanes="exclusive")),
     "refit 50, hl 20, lanes class": Variant(drain=False, refit=Refit(50, 20, "class")),
     "refit 50, hl 20, lanes exclusive": Variant(drain=False, refit=Refit(50, 20, "exclusive")),
+    # session 10: the throughput bound from each job's measured share of wall time
+    "refit lanes exclusive, shares": Variant(
+        drain=False, refit=Refit(lanes="exclusive", shares=True)
+    ),
+    "refit lanes exclusive, shares, no allowance": Variant(
+        allowance=False, drain=False, refit=Refit(lanes="exclusive", shares=True)
+    ),
+    "refit lanes exclusive, shares, drain": Variant(
+        drain=True, refit=Refit(lanes="exclusive", shares=True)
+    ),
+    "refit 50, lanes exclusive, shares": Variant(
+        drain=False, refit=Refit(50, 0, "exclusive", shares=True)
+    ),
 }
 
 

@@ -163,3 +163,38 @@ def test_latency_lanes_name_a_jobs_class_or_whether_it_runs_alone() -> None:
     assert latency_lane(0, "exclusive", urgent_exclusive=False) == "shared"
     with pytest.raises(ValueError, match="unknown service-time lanes 'per-job'"):
         latency_lane(0, "per-job")
+
+
+def test_measured_shares_bound_the_throughput_instead_of_the_stage_timings() -> None:
+    """Five routine jobs, 10 s latency, 5 s share of the server's wall time each, four
+    slots: the first two finish at their latency (10 s), the third and fourth when the
+    server has spent 15 and 20 s on the jobs so far; the fifth starts when the first
+    slot frees (10 s), runs 10 s and the shares ahead of it with its own add up to 25 s.
+    Without shares the stage timings bound it: max(6 k / 2, 4 k) = 4 k for k jobs."""
+    shared = JobEstimate(6.0, 4.0, 10.0, 0.0, "fitted", share_s=5.0)
+    jobs = [Entry(f"j{i}", 2, False, 1000.0, None, shared) for i in range(5)]
+    capacity = Capacity(cpu_workers=2, devices=1, max_running=4)
+    assert [e.finish for e in walk(jobs, 0.0, capacity)] == [10.0, 10.0, 15.0, 20.0, 25.0]
+    assert walk(jobs, 0.0, capacity)[4].start == 10.0
+    plain = [_entry(i) for i in range(5)]
+    assert [e.finish for e in walk(plain, 0.0, capacity)] == [10.0, 10.0, 12.0, 16.0, 20.0]
+
+
+def test_a_running_jobs_share_counts_for_the_part_of_its_latency_left() -> None:
+    """Started 4 s into a 10 s latency: 60 % of its 5 s share is left (3 s); the queued
+    job behind it adds its 5 s: max(its latency 10 s, 3 + 5) = 10 s, and with a 20 s
+    share 3 + 20 = 23 s."""
+    running = Entry("r", 2, True, 1000.0, 96.0, JobEstimate(6.0, 4.0, 10.0, 0.0, "f", 5.0))
+    queued = Entry("q", 2, False, 1000.0, None, JobEstimate(6.0, 4.0, 10.0, 0.0, "f", 5.0))
+    heavy = Entry("h", 2, False, 1000.0, None, JobEstimate(6.0, 4.0, 10.0, 0.0, "f", 20.0))
+    capacity = Capacity(max_running=4)
+    assert walk([running, queued], 100.0, capacity)[1].finish == pytest.approx(110.0)
+    assert walk([running, heavy], 100.0, capacity)[1].finish == pytest.approx(123.0)
+
+
+def test_an_overtaking_routine_arrival_holds_its_share_and_urgent_its_latency() -> None:
+    shared = JobEstimate(6.0, 4.0, 10.0, 0.0, "fitted", share_s=2.5)
+    capacity = Capacity(cpu_workers=2, devices=1, urgent_exclusive=True)
+    assert capacity.hold_s(1, shared) == 2.5
+    assert capacity.hold_s(0, shared) == 10.0
+    assert capacity.hold_s(1, EST) == 4.0  # no share: max(6 / 2, 4 / 1)

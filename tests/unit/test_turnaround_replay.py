@@ -151,3 +151,29 @@ def test_a_refit_per_lane_predicts_urgent_work_from_urgent_jobs() -> None:
     pooled = {j.job_id: j.first for j in replay(records, Variant(refit=Refit()), base)}
     # one run line for all: the median of the runs so far (1; 1, 2; 1, 2, 20 s)
     assert pooled == {"u": 2.0, "r": 5.5, "u2": 32.0, "r2": 34.0}
+
+
+def test_shares_are_measured_again_from_the_recorded_starts_and_ends() -> None:
+    """a runs 0-6 and b 2-10 (their starts read from the walks that saw them running):
+    a 2 + 4 / 2 = 4 s, b 4 / 2 + 4 = 6 s; a share the server recorded is taken as it is."""
+    from radserve.turnaround.replay import shares_of
+
+    capacity = Capacity(max_running=4)
+    a, b = (Entry(j, 2, True, 1e4, s, EST) for j, s in (("a", 0.0), ("b", 2.0)))
+    records = [
+        walk_record(1.0, [a], capacity),
+        walk_record(3.0, [a, b], capacity),
+        _end("a", 6.0),
+        _end("b", 10.0),
+    ]
+    assert shares_of(records, urgent_holds=True) == pytest.approx({"a": 4.0, "b": 6.0})
+    records[-1] = {**_end("b", 10.0), "share": 7.0}
+    assert shares_of(records, urgent_holds=True)["b"] == 7.0
+
+
+def test_a_walk_record_keeps_the_estimates_shares() -> None:
+    shared = JobEstimate(6.0, 4.0, 10.0, 1.0, "fitted", share_s=2.5)
+    capacity = Capacity(arrivals=(Arrivals(0, 0.01, shared),))
+    entries = [Entry("a", 2, False, 900.0, None, shared), _entry("b")]
+    record = json.loads(json.dumps(walk_record(100.0, entries, capacity, {"b": 40})))
+    assert walk_inputs(record) == (100.0, entries, capacity)

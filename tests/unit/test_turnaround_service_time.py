@@ -176,3 +176,40 @@ def test_lanes_survive_json_apart_from_the_per_job_samples() -> None:
     for lane in (None, "alone", "shared"):
         assert _latency(again, 250, lane) == _latency(model, 250, lane)
     assert again.sizes() == model.sizes() == [100, 200, 300, 150]
+
+
+def test_shares_of_wall_time_are_learned_per_lane_and_are_not_steps() -> None:
+    """Three jobs of 100 slices shared 2 s each, three alone 6 s each: the lanes answer
+    their own, the pooled line the median (4 s); a model never told a share has none."""
+    model = ServiceTimeModel()
+
+    def ask(lane: str | None = None) -> float | None:
+        size = StudySize(100)
+        est = model.estimate(pipeline="ct", device="cpu", precision="fp32", size=size, lane=lane)
+        return est.share_s
+
+    timings = {"ingest": 1.0, "organs: infer": 2.0, "run": 3.0}
+    for _ in range(3):
+        model.observe(
+            pipeline="ct", device="cpu", precision="fp32", size=StudySize(100), timings=timings
+        )
+    assert ask() is None
+    for lane, share in (("shared", 2.0), ("alone", 6.0)) * 3:
+        model.observe(
+            pipeline="ct",
+            device="cpu",
+            precision="fp32",
+            size=StudySize(100),
+            timings=timings,
+            lane=lane,
+            share_s=share,
+        )
+    assert ask("shared") == pytest.approx(2.0)
+    assert ask("alone") == pytest.approx(6.0)
+    assert ask() == pytest.approx(4.0)
+    steps = model.step_seconds(pipeline="ct", device="cpu", precision="fp32", size=StudySize(100))
+    assert set(steps) == {"ingest", "organs: infer"}
+    again = ServiceTimeModel.from_json(json.loads(json.dumps(model.to_json())))
+    assert again.estimate(
+        pipeline="ct", device="cpu", precision="fp32", size=StudySize(100), lane="alone"
+    ).share_s == pytest.approx(6.0)

@@ -114,3 +114,30 @@ def test_times_alone_draw_their_noise_from_their_own_jobs() -> None:
     works = [sampler.service(rng, 40).cpu_pre_s for _ in range(2000)]
     assert set(np.round(works, 6)) == {2.0, 6.0}
     assert np.mean(works) == pytest.approx(2.4, rel=0.1)
+
+
+def test_each_class_draws_its_noise_from_its_own_jobs() -> None:
+    """Eleven OUTPATIENT jobs alone with 3 s of work and ten URGENT ones with 1 s, one
+    after another (nothing shared): the pooled line is the median, 3 s; URGENT jobs draw
+    their own ratio 1/3 (1 s of work), OUTPATIENT 1 (3 s), and INPATIENT, with no jobs
+    of its own, the pooled ratios (1 or 1/3)."""
+    import numpy as np
+
+    from radserve.turnaround.plan import ModelSampler
+
+    runs = [_run(OUT, 10.0 * i, 10.0 * i + 3.0, ingest=3.0) for i in range(11)]
+    runs += [_run(U, 200.0 + 10.0 * i, 201.0 + 10.0 * i, ingest=1.0) for i in range(10)]
+    model = solo_model(runs, 2, pipeline="p", device="cpu", precision="fp32")
+    sampler = ModelSampler(model, "p", "cpu", "fp32")
+    assert sum(sampler._steps(40).values()) == pytest.approx(3.0)
+    assert {c: sorted(set(np.round(r, 6))) for c, r in sampler.class_ratios.items()} == {
+        OUT: [1.0],
+        U: [0.333333],
+    }
+    rng = np.random.default_rng(0)
+    assert {round(sampler.service(rng, 40, U).cpu_pre_s, 6) for _ in range(50)} == {1.0}
+    assert {round(sampler(rng, OUT).cpu_pre_s, 6) for _ in range(50)} == {3.0}
+    pooled = {
+        round(sampler.service(rng, 40, PriorityClass.INPATIENT).cpu_pre_s, 6) for _ in range(200)
+    }
+    assert pooled == {1.0, 3.0}

@@ -168,7 +168,7 @@ def planner_check(
             Arrival(
                 at - start,
                 cls,
-                sampler.service(rng, n) if sized and n is not None else None,
+                sampler.service(rng, n, cls) if sized and n is not None else None,
                 measured,
             )
             for at, cls, n, measured in events

@@ -5,6 +5,11 @@ unfinished job, and deadline-risk events raised before a miss.
   (slices from the report's geometry); at start the last ``turnaround.history_jobs``
   succeeded jobs are read back (their timings from the store, their size from the report
   file), so a restart does not forget. The host's one device names the device key.
+- Every job's share of the server's wall time (:class:`~radserve.turnaround.share.
+  ShareMeter`: wall time split among the jobs running together, from the scheduler's
+  start and end events) is learned with it; the walk's throughput bound adds those up
+  once measured (not kept in the store: after a restart, until new jobs finish, the
+  bound falls back to the stage timings).
 - ETAs are recomputed on a thread of their own: scheduler events (the scheduler's
   listener) only set a flag; the thread walks the queue order at most every
   ``recompute_interval_s`` and every 2 s regardless (running jobs age); a newly queued
@@ -76,6 +81,7 @@ from radserve.turnaround.eta import (
 from radserve.turnaround.replay import walk_record
 from radserve.turnaround.risk import RiskCleared, RiskEvent, RiskTracker
 from radserve.turnaround.service_time import Prior, ServiceTimeModel, StudySize
+from radserve.turnaround.share import ShareMeter
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +175,7 @@ class Turnaround:
         }
         self._since = scheduler.clock.now()  # rates are counted over min(hour, uptime)
         self._risk = RiskTracker(t.risk_margin_s, t.risk_clear_s)  # under the lock
+        self._shares = ShareMeter(urgent_holds=scheduler.config.urgent_exclusive)  # lock
         self.bias = BiasCorrection(window=t.bias_window_jobs)
         self._first: dict[str, tuple[float, float]] = {}  # job -> (walked at, raw finish)
         self._misses = 0
@@ -263,7 +270,9 @@ class Turnaround:
         """A job's service-time lane (turnaround.latency_lanes)."""
         return latency_lane(cls.rank, self.settings.latency_lanes, self.capacity.urgent_exclusive)
 
-    def _observe(self, record: JobRecord, size: StudySize, timings: Any) -> None:
+    def _observe(
+        self, record: JobRecord, size: StudySize, timings: Any, share_s: float | None
+    ) -> None:
         self.model.observe(
             pipeline=record.pipeline_name,
             device=self.device,
@@ -271,6 +280,7 @@ class Turnaround:
             size=size,
             timings=dict(timings),
             lane=self.lane(record.priority_class),
+            share_s=share_s,
         )
 
     # --- the scheduler's events (called from ServiceHooks) ---------------------------
@@ -280,19 +290,27 @@ class Turnaround:
                 self._arrived[event.cls].append(event.at)
             # a new job: its ETA (and a risk already at submission) at once, O(n)
             self._recompute_now()
+        elif event.state is JobState.RUNNING:
+            with self._lock:
+                self._shares.started(event.job_id, event.at, event.cls is PriorityClass.URGENT)
         if not event.state.terminal:
             return
+        with self._lock:
+            share = self._shares.finished(event.job_id, event.at)
         geometry = getattr(getattr(event.result, "report", None), "geometry", None)
         if self.recorder is not None:  # with what the model learns, to replay it too
             end = {"kind": "end", "at": event.at, "job": event.job_id, "state": event.state.value}
             if geometry is not None:
                 end["slices"] = StudySize.from_shape(geometry.shape).slices
                 end["timings"] = dict(event.timings)
+            if share is not None:
+                end["share"] = share
             self.recorder(end)
         if event.state is JobState.SUCCEEDED:
             record = self._record(event.job_id)
             if record is not None and geometry is not None and not record.cached_from:
-                self._observe(record, StudySize.from_shape(geometry.shape), event.timings)
+                size = StudySize.from_shape(geometry.shape)
+                self._observe(record, size, event.timings, share)
         with self._lock:
             first = self._first.pop(event.job_id, None)
             if first is not None and event.state is JobState.SUCCEEDED:

@@ -4,12 +4,17 @@ The scheduler hands out work to the best-ranked job first (class after aging, th
 earliest deadline), so a job's finish depends on the work ranked ahead of it. The walk
 visits jobs in that order once and keeps three running figures:
 
-- *throughput*: CPU-pool seconds and device seconds of every job so far, spread over
-  the CPU workers and the devices; a job cannot finish before the work ranked ahead of it
-  has been done (``now + max(cpu / workers, device / devices)``). When the "device" is
-  the host's own cores (``host_cores``: the CPU or OpenVINO-on-CPU provider, which uses
-  every core for a batch), device and CPU-pool work take turns on the same cores, so the
-  bound is their sum (``cpu / min(workers, cores) + device / devices``), not the larger;
+- *throughput*: a job cannot finish before the work ranked ahead of it has been done.
+  Once the server has measured jobs' *shares* of its wall time
+  (:mod:`radserve.turnaround.share`: wall time split among the jobs running together),
+  the bound is ``now`` plus the shares of every job so far: what the server really
+  spent per job at the concurrency it runs (session 10: stage timings summed counted
+  the sharing twice, ETAs late; times measured alone, early). Before that, CPU-pool
+  seconds and device seconds spread over the CPU workers and the devices
+  (``now + max(cpu / workers, device / devices)``); when the "device" is the host's own
+  cores (``host_cores``: the CPU or OpenVINO-on-CPU provider, which uses every core for
+  a batch), device and CPU-pool work take turns on the same cores, so the bound is
+  their sum (``cpu / min(workers, cores) + device / devices``), not the larger;
 - *latency*: a job takes at least its own start-to-finish time (``run``), once started;
 - *slots*: a routine job starts when one of ``max_running`` routine slots frees (a heap
   of the slots' free times); URGENT starts at once, and with ``urgent_exclusive`` no
@@ -104,7 +109,14 @@ class Capacity:
         (its latency), any other job takes its share of the throughput."""
         if cls == URGENT and self.urgent_exclusive:
             return estimate.latency_s
-        return self.work_s(estimate.cpu_s, estimate.device_s)
+        return self.through_s(estimate)
+
+    def through_s(self, estimate: JobEstimate, fraction: float = 1.0) -> float:
+        """Seconds of the server's wall time ``fraction`` of one job takes: its measured
+        share when there is one, else its work spread over this capacity."""
+        if estimate.share_s is not None:
+            return self.drain * estimate.share_s * fraction
+        return self.work_s(estimate.cpu_s * fraction, estimate.device_s * fraction)
 
 
 def latency_lane(cls: int, lanes: str, urgent_exclusive: bool = True) -> str | None:
@@ -155,22 +167,25 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
             slots.append((free, free))
     slots += [(now, now)] * max(0, capacity.max_running - len(slots))
     heapq.heapify(slots)
-    cpu = device = 0.0
+    cpu = device = shared = 0.0  # work ranked so far: unmeasured (cpu, device), shares
     urgent_until = now
     out: list[Eta] = []
     for position, e in enumerate(entries):
         est = e.estimate
+        fraction = 1.0
         if e.running:
             left = _remaining(e, now)
-            share = left / max(est.latency_s, 1e-9)
-            cpu += est.cpu_s * share
-            device += est.device_s * share
+            fraction = left / max(est.latency_s, 1e-9)
             start = e.started if e.started is not None else now
             own = now + left
         else:
-            cpu += est.cpu_s
-            device += est.device_s
             start = own_start = now
+        if est.share_s is not None:
+            shared += capacity.through_s(est, fraction)
+        else:
+            cpu += est.cpu_s * fraction
+            device += est.device_s * fraction
+        if not e.running:
             if e.cls != URGENT:
                 if slots:
                     chain, free = heapq.heappop(slots)
@@ -178,7 +193,7 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
                 if capacity.urgent_exclusive:
                     own_start, start = max(own_start, urgent_until), max(start, urgent_until)
             own = own_start + est.latency_s
-        walked = max(own, now + capacity.work_s(cpu, device))
+        walked = max(own, now + capacity.work_s(cpu, device) + shared)
         if e.cls == URGENT:
             urgent_until = max(urgent_until, walked)
         elif not e.running:

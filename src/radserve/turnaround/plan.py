@@ -20,7 +20,13 @@ import numpy as np
 
 from radserve.config import SchedulerSettings
 from radserve.domain.priority import PriorityClass
-from radserve.turnaround.service_time import DEVICE_SUFFIX, RUN, ServiceTimeModel, StudySize
+from radserve.turnaround.service_time import (
+    DEVICE_SUFFIX,
+    RUN,
+    SHARE,
+    ServiceTimeModel,
+    StudySize,
+)
 from radserve.turnaround.simulate import (
     Arrival,
     JobService,
@@ -81,9 +87,11 @@ class ModelSampler:
     seen (else the typical one), the steps' lines at that size, times a noise factor.
     Times alone (:class:`SoloTimes`) draw it from their jobs' own ratios to the lines
     (:attr:`ratios`), so the simulated work has the mean and the tail that was measured
-    (the lines are medians: Theil-Sen); times as measured, or fewer than ``MIN_RATIOS``
-    jobs, lognormal noise of mean 1 with the spread the model measured (at least
-    ``min_cv``): their ratios hold the contention the simulation adds itself."""
+    (the lines are medians: Theil-Sen), from the job's own class's ratios when that
+    class has at least ``MIN_RATIOS`` jobs (:attr:`class_ratios`); times as measured, or
+    fewer than ``MIN_RATIOS`` jobs, lognormal noise of mean 1 with the spread the model
+    measured (at least ``min_cv``): their ratios hold the contention the simulation
+    adds itself."""
 
     model: ServiceTimeModel
     pipeline: str
@@ -95,7 +103,7 @@ class ModelSampler:
     def __call__(self, rng: np.random.Generator, cls: PriorityClass) -> JobService:
         sizes = self.model.sizes()
         slices = int(rng.choice(sizes)) if sizes else self.model.typical_size().slices
-        return self.service(rng, slices)
+        return self.service(rng, slices, cls)
 
     @cached_property
     def ratios(self) -> np.ndarray:
@@ -107,7 +115,8 @@ class ModelSampler:
         rows = [
             r
             for r in self.model.to_json()["samples"]  # type: ignore[attr-defined]
-            if (r["pipeline"], r["device"], r["precision"]) == group and r["step"] != RUN
+            if (r["pipeline"], r["device"], r["precision"]) == group
+            and r["step"] not in (RUN, SHARE)
         ]
         counts = {len(r["seconds"]) for r in rows}
         if len(counts) != 1 or counts.pop() < MIN_RATIOS:
@@ -118,6 +127,20 @@ class ModelSampler:
         keep = lines > 0
         return np.asarray(work[keep] / lines[keep], dtype=float)
 
+    @cached_property
+    def class_ratios(self) -> dict[PriorityClass, np.ndarray]:
+        """Per class with at least ``MIN_RATIOS`` jobs of this group in the solo times:
+        each job's solo work over the lines at its size."""
+        if not isinstance(self.model, SoloTimes):
+            return {}
+        group = (self.pipeline, self.device, self.precision)
+        by_class: dict[PriorityClass, list[float]] = {}
+        for job in self.model.work:
+            line = sum(self._steps(job.slices).values()) if job.group == group else 0.0
+            if line > 0:
+                by_class.setdefault(job.cls, []).append(job.seconds / line)
+        return {c: np.asarray(r) for c, r in by_class.items() if len(r) >= MIN_RATIOS}
+
     def _steps(self, slices: int) -> dict[str, float]:
         return self.model.step_seconds(
             pipeline=self.pipeline,
@@ -126,14 +149,20 @@ class ModelSampler:
             size=StudySize(slices),
         )
 
-    def service(self, rng: np.random.Generator, slices: int) -> JobService:
-        """One job of ``slices`` slices (a replayed trace knows its studies' sizes)."""
+    def service(
+        self, rng: np.random.Generator, slices: int, cls: PriorityClass | None = None
+    ) -> JobService:
+        """One job of ``slices`` slices (a replayed trace knows its studies' sizes) of
+        class ``cls`` (None: any class's noise)."""
         size = StudySize(slices)
         steps = self._steps(slices)
         est = self.model.estimate(
             pipeline=self.pipeline, device=self.device, precision=self.precision, size=size
         )
-        if isinstance(self.model, SoloTimes) and len(self.ratios):
+        own = self.class_ratios.get(cls) if cls is not None else None
+        if own is not None:
+            noise = float(rng.choice(own))
+        elif isinstance(self.model, SoloTimes) and len(self.ratios):
             noise = float(rng.choice(self.ratios))
         else:
             cv = max(self.min_cv, 1.4826 * est.spread_s / max(est.latency_s, 1e-9))

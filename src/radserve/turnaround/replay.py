@@ -24,8 +24,9 @@ from typing import Any
 
 from radserve.turnaround.bias import BiasCorrection
 from radserve.turnaround.drain import DrainMeter
-from radserve.turnaround.eta import Arrivals, Capacity, Entry, latency_lane, walk
+from radserve.turnaround.eta import URGENT, Arrivals, Capacity, Entry, latency_lane, walk
 from radserve.turnaround.service_time import WINDOW, JobEstimate, ServiceTimeModel, StudySize
+from radserve.turnaround.share import ShareMeter
 
 
 def walk_record(
@@ -35,19 +36,28 @@ def walk_record(
     slices: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """One walk's inputs as JSON-ready data (compact: entries as lists; with ``slices``,
-    each job's study size last, for a replay that refits the service times)."""
+    each job's study size, for a replay that refits the service times; then the
+    estimate's share of wall time when it has one, since 2026-12-02 session 10)."""
     sizes = slices or {}
+    rows = []
+    for e in entries:
+        row = [e.job_id, e.cls, e.running, e.deadline, e.started, *_estimate(e.estimate)]
+        if e.job_id in sizes or e.estimate.share_s is not None:
+            row.append(sizes.get(e.job_id))
+        if e.estimate.share_s is not None:
+            row.append(e.estimate.share_s)
+        rows.append(row)
     return {
         "kind": "walk",
         "at": now,
-        "entries": [
-            [e.job_id, e.cls, e.running, e.deadline, e.started, *_estimate(e.estimate)]
-            + ([sizes[e.job_id]] if e.job_id in sizes else [])
-            for e in entries
-        ],
+        "entries": rows,
         "capacity": {
             **{f.name: getattr(capacity, f.name) for f in dataclasses.fields(capacity)},
-            "arrivals": [[a.cls, a.rate_per_s, *_estimate(a.estimate)] for a in capacity.arrivals],
+            "arrivals": [
+                [a.cls, a.rate_per_s, *_estimate(a.estimate)]
+                + ([] if a.estimate.share_s is None else [a.estimate.share_s])
+                for a in capacity.arrivals
+            ],
             "tat_s": list(capacity.tat_s),
         },
     }
@@ -57,19 +67,29 @@ def _estimate(e: JobEstimate) -> list[Any]:
     return [e.cpu_s, e.device_s, e.latency_s, e.spread_s, e.source]
 
 
-def _job_estimate(values: Sequence[Any]) -> JobEstimate:
-    return JobEstimate(*(float(v) for v in values[:4]), str(values[4]))
+def _job_estimate(values: Sequence[Any], share: Any = None) -> JobEstimate:
+    return JobEstimate(
+        *(float(v) for v in values[:4]), str(values[4]), None if share is None else float(share)
+    )
 
 
 def walk_inputs(record: Mapping[str, Any]) -> tuple[float, list[Entry], Capacity]:
     """The inverse of :func:`walk_record`."""
     entries = [
-        Entry(str(r[0]), int(r[1]), bool(r[2]), float(r[3]), r[4], _job_estimate(r[5:]))
+        Entry(
+            str(r[0]),
+            int(r[1]),
+            bool(r[2]),
+            float(r[3]),
+            r[4],
+            _job_estimate(r[5:10], r[11] if len(r) > 11 else None),
+        )
         for r in record["entries"]
     ]
     raw = dict(record["capacity"])
     raw["arrivals"] = tuple(
-        Arrivals(int(a[0]), float(a[1]), _job_estimate(a[2:])) for a in raw["arrivals"]
+        Arrivals(int(a[0]), float(a[1]), _job_estimate(a[2:7], a[7] if len(a) > 7 else None))
+        for a in raw["arrivals"]
     )
     raw["tat_s"] = tuple(raw["tat_s"])
     return float(record["at"]), entries, Capacity(**raw)
@@ -79,11 +99,14 @@ def walk_inputs(record: Mapping[str, Any]) -> tuple[float, list[Entry], Capacity
 class Refit:
     """A service-time model learned again from the recorded ends: ``window`` jobs per
     key, weighted by recency (``half_life_jobs``, 0: equal weights), with a latency per
-    lane (``lanes``: :func:`radserve.turnaround.eta.latency_lane`)."""
+    lane (``lanes``: :func:`radserve.turnaround.eta.latency_lane`), and with each job's
+    share of wall time (``shares``: as recorded, or measured again from the recorded
+    starts and ends for a recording made before the server measured them)."""
 
     window: int = WINDOW
     half_life_jobs: float = 0.0
     lanes: str = "none"
+    shares: bool = False
 
 
 @dataclass(frozen=True)
@@ -146,6 +169,7 @@ class _Refitted:
         walks = [r for r in records if r["kind"] == "walk"]
         self.exclusive = bool(walks[0]["capacity"]["urgent_exclusive"]) if walks else True
         self.classes, self.slices = _job_facts(records)
+        self.shares = shares_of(records, self.exclusive) if refit.shares else {}
 
     def observe(self, end: Mapping[str, Any]) -> None:
         """A recorded end: a succeeded job's timings and size teach the model, as the
@@ -160,6 +184,7 @@ class _Refitted:
             size=StudySize(int(end["slices"])),
             timings=end["timings"],
             lane=None if cls is None else latency_lane(cls, self.lanes, self.exclusive),
+            share_s=self.shares.get(str(end["job"])),
         )
 
     def _estimate(self, cls: int, slices: int | None) -> JobEstimate:
@@ -182,6 +207,30 @@ class _Refitted:
             dataclasses.replace(a, estimate=self._estimate(a.cls, None)) for a in capacity.arrivals
         )
         return again, dataclasses.replace(capacity, arrivals=arrivals)
+
+
+def shares_of(records: Sequence[Mapping[str, Any]], urgent_holds: bool) -> dict[str, float]:
+    """Each recorded job's share of wall time: as the server recorded it at its end, else
+    measured from the recorded starts (a running entry's ``started``) and ends."""
+    recorded = {str(r["job"]): float(r["share"]) for r in records if r.get("share") is not None}
+    events: list[tuple[float, int, str, bool]] = []
+    seen: set[str] = set()
+    for r in records:
+        if r["kind"] == "walk":
+            for row in r["entries"]:
+                if row[2] and row[4] is not None and row[0] not in seen:
+                    seen.add(row[0])
+                    events.append((float(row[4]), 0, str(row[0]), int(row[1]) == URGENT))
+        else:
+            events.append((float(r["at"]), 1, str(r["job"]), False))
+    meter = ShareMeter(urgent_holds=urgent_holds)
+    measured: dict[str, float] = {}
+    for at, kind, job, urgent in sorted(events, key=lambda e: (e[0], e[1])):
+        if kind == 0:
+            meter.started(job, at, urgent)
+        elif (share := meter.finished(job, at)) is not None:
+            measured[job] = share
+    return measured | recorded
 
 
 def _job_facts(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, int], dict[str, int]]:
@@ -308,4 +357,13 @@ def log_ratio_spread(jobs: Sequence[Replayed]) -> float:
     return statistics.median(logs) if logs else float("nan")
 
 
-__all__ = ["Refit", "Replayed", "Variant", "errors", "replay", "walk_inputs", "walk_record"]
+__all__ = [
+    "Refit",
+    "Replayed",
+    "Variant",
+    "errors",
+    "replay",
+    "shares_of",
+    "walk_inputs",
+    "walk_record",
+]

@@ -17,6 +17,9 @@ routine jobs share the cores with up to ``max_running`` others, so a caller may 
 *lane* (e.g. the job's class) when it reports a job and when it asks for one: the
 ``run`` time is then also learned per lane (``run <lane>``), and a lane's estimate takes
 its latency from it once the lane has samples (CPU-pool and device work stay pooled).
+A caller may also report each job's *share* of the server's wall time
+(:mod:`radserve.turnaround.share`), learned the same way (``share``, ``share <lane>``):
+the ETA walk's throughput bound adds those up.
 
 The steps are wall times on a shared host: under load they include waiting for a CPU
 core, which is what a job will also see, so the ETA built on them is honest about it.
@@ -37,6 +40,7 @@ import numpy as np
 # The step names that are not steps: waiting, and the totals the scheduler adds.
 _NOT_STEPS = frozenset({"queue", "total"})
 RUN = "run"  # started -> finished wall time of the whole job (``run <lane>``: per lane)
+SHARE = "share"  # the job's share of the server's wall time (``share <lane>``: per lane)
 DEVICE_SUFFIX = ": infer"
 WINDOW = 200
 MIN_SPREAD = 1.25  # largest / smallest size before a slope is fitted from data
@@ -104,14 +108,16 @@ class Fit:
 
 @dataclass(frozen=True)
 class JobEstimate:
-    """A job's predicted service: CPU-pool and device work, and its start-to-finish
-    wall time alone (``latency``)."""
+    """A job's predicted service: CPU-pool and device work, its start-to-finish wall
+    time (``latency``), and its share of the server's wall time (``share``: None until
+    one was measured)."""
 
     cpu_s: float
     device_s: float
     latency_s: float
     spread_s: float
     source: str
+    share_s: float | None = None
 
     @property
     def work_s(self) -> float:
@@ -129,8 +135,8 @@ class _Samples:
         return cls(deque(maxlen=window), deque(maxlen=window))
 
 
-def _lane_step(lane: str) -> str:
-    return f"{RUN} {lane}"
+def _lane_step(lane: str, measure: str = RUN) -> str:
+    return f"{measure} {lane}"
 
 
 class ServiceTimeModel:
@@ -165,15 +171,20 @@ class ServiceTimeModel:
         size: StudySize,
         timings: Mapping[str, float],
         lane: str | None = None,
+        share_s: float | None = None,
     ) -> None:
-        """One finished job: its stage timings (seconds) and study size; with ``lane``,
-        its ``run`` time is also learned for that lane."""
+        """One finished job: its stage timings (seconds) and study size, and its share of
+        the server's wall time when measured; with ``lane``, its ``run`` time and share
+        are also learned for that lane."""
         if size.slices <= 0:
             return
         group = (pipeline, device, precision)
         timings = dict(timings)
-        if lane is not None and RUN in timings:
-            timings[_lane_step(lane)] = timings[RUN]
+        if share_s is not None:
+            timings[SHARE] = share_s
+        for measure in (RUN, SHARE):
+            if lane is not None and measure in timings:
+                timings[_lane_step(lane, measure)] = timings[measure]
         with self._lock:
             self._memo.clear()
             self._sizes.append(size.slices)
@@ -254,17 +265,24 @@ class ServiceTimeModel:
                 else self._fit_of(StepKey(pipeline, _lane_step(lane), device, precision))
             )
             run = run or self._fit_of(StepKey(pipeline, RUN, device, precision))
+            shared = (
+                None
+                if lane is None
+                else self._fit_of(StepKey(pipeline, _lane_step(lane, SHARE), device, precision))
+            )
+            shared = shared or self._fit_of(StepKey(pipeline, SHARE, device, precision))
+        share_s = None if shared is None else shared.seconds(size)
         if not steps:
             total = self.prior.seconds(size)
             device_s = total * self.prior.device_share
-            estimate = JobEstimate(total - device_s, device_s, total, 0.0, "prior")
+            estimate = JobEstimate(total - device_s, device_s, total, 0.0, "prior", share_s)
         else:
             cpu = sum(f.seconds(size) for s, f in fits.items() if not s.endswith(DEVICE_SUFFIX))
             dev = sum(f.seconds(size) for s, f in fits.items() if s.endswith(DEVICE_SUFFIX))
             latency = run.seconds(size) if run is not None else cpu + dev
             spread = run.spread if run is not None else 0.0
             source = run.source if run is not None else "fitted"
-            estimate = JobEstimate(cpu, dev, max(latency, 1e-3), spread, source)
+            estimate = JobEstimate(cpu, dev, max(latency, 1e-3), spread, source, share_s)
         with self._lock:
             if len(self._memo) < 10_000:
                 self._memo[memo_key] = estimate
@@ -356,13 +374,13 @@ class ServiceTimeModel:
 
 
 def _is_run(step: str) -> bool:
-    """``run`` or one of its lanes: a whole job's time, not a step."""
-    return step == RUN or _is_lane(step)
+    """``run``, ``share`` or one of their lanes: a whole job's time, not a step."""
+    return step in (RUN, SHARE) or _is_lane(step)
 
 
 def _is_lane(step: str) -> bool:
-    """``run <lane>``: the whole-job time of one lane's jobs."""
-    return step.startswith(RUN + " ")
+    """``run <lane>``, ``share <lane>``: the whole-job time of one lane's jobs."""
+    return step.startswith((RUN + " ", SHARE + " "))
 
 
 def _fit(samples: _Samples, prior: Fit, half_life_jobs: float = 0.0) -> Fit:
@@ -415,6 +433,7 @@ def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
 
 __all__ = [
     "RUN",
+    "SHARE",
     "Fit",
     "JobEstimate",
     "Prior",

@@ -1,0 +1,68 @@
+"""Each job's share of the server's wall time, measured: what the ETA walk's throughput
+bound adds up.
+
+The walk (:mod:`radserve.turnaround.eta`) bounds a job's finish by the work ranked ahead
+of it. Summing the stage timings for that counts the sharing twice: a stage's wall time
+already includes the other jobs that ran beside it (four routine jobs on two cores each
+report a ``report`` stage 2-3x its time alone), so on a busy server the bound ran late
+(README, issue 17, session 10); alone-measured times, at a cold start, made it early.
+Neither is the time the server *spends* on a job. This meter splits wall time among the
+jobs running at each moment, equally, as the scheduler's events say (start, finish):
+over any busy stretch the shares add up to exactly its wall time, so summing the shares
+of the jobs ahead is how long the server takes to get through them at the concurrency
+it really runs, whatever the cores, the GIL, or other processes on the host do to it.
+While URGENT work runs under ``urgent_exclusive``, routine jobs are held (no batch of
+theirs is dispatched, their CPU stages yield): the time is split among the URGENT jobs
+alone. Pure: no clock, no threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ShareMeter:
+    """Running jobs and the wall time each has been given so far."""
+
+    urgent_holds: bool = True
+    _urgent: dict[str, float] = field(default_factory=dict)  # job -> seconds so far
+    _routine: dict[str, float] = field(default_factory=dict)
+    _at: float | None = None
+
+    def _advance(self, at: float) -> None:
+        if self._at is not None and at > self._at:
+            elapsed = at - self._at
+            sharing = self._urgent if (self._urgent and self.urgent_holds) else None
+            if sharing is None:
+                sharing = {**self._urgent, **self._routine}
+            if sharing:
+                each = elapsed / len(sharing)
+                for job in sharing:
+                    if job in self._urgent:
+                        self._urgent[job] += each
+                    else:
+                        self._routine[job] += each
+        self._at = at if self._at is None else max(self._at, at)
+
+    def started(self, job_id: str, at: float, urgent: bool) -> None:
+        """The job started running at ``at``."""
+        self._advance(at)
+        if job_id not in self._urgent and job_id not in self._routine:
+            (self._urgent if urgent else self._routine)[job_id] = 0.0
+
+    def finished(self, job_id: str, at: float) -> float | None:
+        """The job ended at ``at`` (any end): its share of wall time, None if its start
+        was not seen."""
+        self._advance(at)
+        share = self._urgent.pop(job_id, None)
+        return self._routine.pop(job_id, None) if share is None else share
+
+    def so_far(self, job_id: str, at: float) -> float | None:
+        """A running job's share up to ``at`` (None: not running)."""
+        self._advance(at)
+        share = self._urgent.get(job_id)
+        return self._routine.get(job_id) if share is None else share
+
+
+__all__ = ["ShareMeter"]
