@@ -16,8 +16,8 @@ Models (service times / host):
 
 Each runs with the scheduler the server had (batches capped at the CPU device's
 ``CPU_MAX_BATCH`` slices, ``yield_to_urgent``). The checks the bench itself made when it
-ran (``planner``, ``planner_shared_cores``, ``planner_host_model``: the code of that
-commit) are printed first.
+ran (``planner``, ``planner_separate_hardware``, ``planner_shared_cores``,
+``planner_host_model``: the code of that commit) are printed first.
 
     PYTHONPATH=src python tools/eta_planner_replay.py out/eta.json [more.json ...] [--cores N]
 """
@@ -38,10 +38,23 @@ from radserve.turnaround.service_time import ServiceTimeModel
 from radserve.turnaround.solo import runs_from_end_records, solo_model
 
 RECORDED = {
-    "planner": "as run: trace times, separate hardware",
+    "planner": "as run: trace times, separate hardware",  # before session 10: see below
+    "planner_separate_hardware": "as run: trace times, separate hardware",
     "planner_shared_cores": "as run: trace times, shared cores",
     "planner_host_model": "as run: warm-up solo times, shared cores",
 }
+
+
+def _recorded(summary: dict[str, Any]) -> dict[str, Any]:
+    """The checks the bench made when it ran, by the model each used (``planner`` is
+    radserve plan's default since session 10, named by ``planner_model``)."""
+    out = {}
+    for key, name in RECORDED.items():
+        if key == "planner" and "planner_model" in summary:
+            name = f"as run: {summary['planner_model']}"
+        if summary.get(key):
+            out[name] = summary[key]
+    return out
 
 
 def replay(summary: dict[str, Any], cores: int | None) -> dict[str, Any]:
@@ -91,8 +104,11 @@ def replay(summary: dict[str, Any], cores: int | None) -> dict[str, Any]:
         variants.append(
             ("solo times from the trace, shared cores", "solo from the trace", cores, server)
         )
-    recorded = {RECORDED[k]: summary[k] for k in RECORDED if summary.get(k)}
-    return recorded | {
+        # session 10: each class's noise from its own jobs' ratios (not the default)
+        variants.append(
+            ("solo from the trace, noise per class", "solo from the trace", cores, server)
+        )
+    return _recorded(summary) | {
         name: planner_check(
             jobs,
             models[key],
@@ -101,6 +117,7 @@ def replay(summary: dict[str, Any], cores: int | None) -> dict[str, Any]:
             cpu_workers=summary["cpu_workers"],
             cores_per_device=shared,
             fillers=fillers,
+            noise_per_class=name.endswith("noise per class"),
         )
         for name, key, shared, scheduler in variants
     }

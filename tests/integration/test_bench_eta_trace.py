@@ -65,7 +65,13 @@ def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
     assert burst["urgent_tat_s"] == 3.0
     assert 0 <= burst["predicted"] <= burst["misses"] <= summary["deadline_misses"]["misses"]
     assert set(summary["eta_bias"]) == {"URGENT", "INPATIENT", "OUTPATIENT"}
-    assert summary["planner"]["host_cores_per_device"] is None  # radserve plan's default
+    # radserve plan's default on a CPU device: shared cores, the trace's times alone;
+    # the older models beside it
+    assert summary["device"] == "cpu"
+    assert summary["planner_model"] == "solo times from the trace, shared cores"
+    assert summary["planner"]["host_cores_per_device"] == summary["host"]["usable_cores"]
+    assert summary["planner_separate_hardware"]["host_cores_per_device"] is None
+    assert set(summary["planner_separate_hardware"]["classes"]) == set(summary["classes"])
     assert set(summary["planner_shared_cores"]["classes"]) == set(summary["classes"])
     # the host model fed the warm-up studies' solo times; both models saved for replays
     assert set(summary["planner_host_model"]["classes"]) == set(summary["classes"])
@@ -96,6 +102,10 @@ def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
     # each succeeded job's end carries what the service-time model learned from it
     ends = [r for r in summary["eta_records"] if r["kind"] == "end" and r["state"] == "succeeded"]
     assert ends and all(r["slices"] in (12, 20) and "run" in r["timings"] for r in ends)
+    # and its share of the server's wall time, which the later walks' estimates carry
+    assert all(0 < r["share"] <= r["timings"]["run"] + 1e-3 for r in ends)
+    last = [r for r in summary["eta_records"] if r["kind"] == "walk"][-1]
+    assert all(len(row) == 12 and row[11] > 0 for row in last["entries"])
     # so the model the recording began with, refitted from the ends under the server's
     # own settings, gives back the recorded ETAs (a replay of other settings starts so);
     # not every one: a walk reads its clock, then the estimates, and a job's end learned

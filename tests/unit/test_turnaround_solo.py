@@ -128,7 +128,8 @@ def test_each_class_draws_its_noise_from_its_own_jobs() -> None:
     runs = [_run(OUT, 10.0 * i, 10.0 * i + 3.0, ingest=3.0) for i in range(11)]
     runs += [_run(U, 200.0 + 10.0 * i, 201.0 + 10.0 * i, ingest=1.0) for i in range(10)]
     model = solo_model(runs, 2, pipeline="p", device="cpu", precision="fp32")
-    sampler = ModelSampler(model, "p", "cpu", "fp32")
+    assert ModelSampler(model, "p", "cpu", "fp32").class_ratios == {}  # not the default
+    sampler = ModelSampler(model, "p", "cpu", "fp32", per_class=True)
     assert sum(sampler._steps(40).values()) == pytest.approx(3.0)
     assert {c: sorted(set(np.round(r, 6))) for c, r in sampler.class_ratios.items()} == {
         OUT: [1.0],

@@ -145,6 +145,7 @@ def planner_check(
     seeds: int = 10,
     cores_per_device: int | None = None,
     fillers: Sequence[tuple[float, PriorityClass, int | None]] = (),
+    noise_per_class: bool = False,
 ) -> dict[str, object]:
     """``radserve plan``'s simulation of this trace (its arrivals and classes, and the
     unmeasured ``fillers`` that kept the stream going before and after them: POSIX
@@ -152,14 +153,17 @@ def planner_check(
     measured per-class p50/p95 TAT of the measured jobs. Each job's work is drawn at its
     own study's size when every size is known (else at sizes drawn from those the model
     saw). The simulation's figures are medians over ``seeds`` seeds (service-time draws)
-    and count only the measured jobs."""
+    and count only the measured jobs; ``noise_per_class``: times alone draw each job's
+    noise from its own class's jobs (:class:`ModelSampler`)."""
     events = sorted(
         [(j.arrival, j.cls, j.slices, True) for j in jobs]
         + [(t, c, n, False) for t, c, n in fillers],
         key=lambda e: e[0],
     )
     start = events[0][0]
-    sampler = ModelSampler(model, *group, batch_slices=scheduler.max_batch_size)
+    sampler = ModelSampler(
+        model, *group, batch_slices=scheduler.max_batch_size, per_class=noise_per_class
+    )
     sized = all(e[2] is not None for e in events)
 
     def trace(seed: int) -> list[Arrival]:

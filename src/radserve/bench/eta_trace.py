@@ -18,10 +18,12 @@ on a mixed-class stream of phantom studies through a real server in this process
    has a figure. The stream's figures below do not include the burst's jobs.
 4. ETA errors of the stream (radserve.bench.eta_accuracy), the deadline misses (stream
    and burst) and how many a risk event announced (``GET /v1/ops/turnaround``), and
-   ``radserve plan``'s simulation of the same arrivals with the service times learned
-   from the store (``radserve plan --replay N``; on a CPU device also with the host's
-   cores shared by batches and CPU stages, ``--host-cores``; and so with the warm-up
-   studies' solo service times), against the measured per-class p50/p95 turnaround.
+   ``radserve plan``'s simulation of the same arrivals against the measured per-class
+   p50/p95 turnaround: as ``radserve plan`` runs by default (``planner``: on a CPU
+   device the host's cores shared by batches and CPU stages, with the trace's own
+   service times with that sharing divided out, :mod:`radserve.turnaround.solo`), and
+   beside it the older models (the times as measured on separate hardware; shared
+   cores with the times as measured; shared cores with the warm-up studies' times).
 
 The server, its workers and this client share the host's cores: on a loaded host the
 figures include that load (the summary records the load average before and after).
@@ -60,6 +62,7 @@ from radserve.turnaround.eta import on_host_cores
 
 FINAL = ("succeeded", "failed", "cancelled")
 MIX = (0.2, 0.3, 0.5)  # URGENT, INPATIENT, OUTPATIENT
+PLANNER_DEFAULT = "solo times from the trace, shared cores"
 MISS_LOAD = 2.0  # the burst brings this many URGENT TATs of work: about half miss
 _CLASSES = (PriorityClass.URGENT, PriorityClass.INPATIENT, PriorityClass.OUTPATIENT)
 
@@ -249,11 +252,16 @@ def run_eta_trace(
             log("planner: simulating the same arrivals with the learned service times")
             group = group_of(model, first.pipeline_name, first.precision)
             shared = usable_cores() if on_host_cores(device) else None
-            # as radserve plan does by default (the device as separate hardware), with the
-            # device's batches sharing the host's cores (radserve plan --host-cores N),
-            # and that host model fed the solo service times of the warm-up studies (the
-            # trace's own times already include its cores' sharing: counted twice)
-            planner, shared_cores, host_model = (
+            # radserve plan's default: on a CPU device shared cores, fed the trace's own
+            # times with the sharing they ran under divided out (as radserve plan learns
+            # them from the store); without host cores, the times as measured
+            default = (
+                model if shared is None else _solo_from(records, model, group, shared, cpu_workers)
+            )
+            # older models beside it: the device as separate hardware (radserve plan's
+            # default before session 9), shared cores with the times as measured (the
+            # sharing counted twice), and with the warm-up studies' solo times
+            planner, separate, shared_cores, host_model = (
                 planner_check(
                     list(jobs.values()),
                     times,
@@ -263,7 +271,12 @@ def run_eta_trace(
                     cores_per_device=cores,
                     fillers=filled,
                 )
-                for times, cores in ((model, None), (model, shared), (solo, shared))
+                for times, cores in (
+                    (default, shared),
+                    (model, None),
+                    (model, shared),
+                    (solo, shared),
+                )
             )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -300,7 +313,11 @@ def run_eta_trace(
             "tat_s_max": max((j.tat or 0.0 for j in surge.values()), default=None),
         },
         "eta_bias": eta_bias,
+        # radserve plan's default (since 2026-12-02 session 10 here; before, "planner"
+        # was the separate-hardware model)
         "planner": planner,
+        "planner_model": PLANNER_DEFAULT if shared is not None else "trace times",
+        "planner_separate_hardware": separate,
         "planner_shared_cores": shared_cores,
         "planner_host_model": host_model,
         "jobs": [_row(j, start) for j in sorted(jobs.values(), key=lambda j: j.arrival)],
@@ -316,6 +333,29 @@ def run_eta_trace(
         "service_times_solo": solo.to_json(),
         "service_times_at_start": model_at_start,
     }
+
+
+def _solo_from(
+    records: Sequence[dict[str, Any]],
+    model: Any,
+    group: tuple[str, str, str],
+    cores: int,
+    cpu_workers: int,
+) -> Any:
+    """The trace's own jobs' times alone (their end records), as ``radserve plan`` learns
+    them from the store on a CPU device (radserve.turnaround.solo)."""
+    from radserve.turnaround.solo import runs_from_end_records, solo_model
+
+    return solo_model(
+        runs_from_end_records(records),
+        cores,
+        prior=model.prior,
+        pipeline=group[0],
+        device=group[1],
+        precision=group[2],
+        # the server's CPU workers, its URGENT lane and a batch on every core
+        max_threads=cpu_workers + 1 + cores,
+    )
 
 
 def _submit(client: httpx.Client, blobs: list[bytes], cls: PriorityClass | None) -> str:

@@ -653,43 +653,48 @@ def _eta_tables(console: Console, summary: dict[str, Any]) -> None:
         f"predicted ahead {misses['predicted']} (lead p50 {misses['lead_s_p50']} s, "
         f"min {misses['lead_s_min']} s); ETA bias factors {summary['eta_bias']}[/dim]"
     )
-    planner, shared = summary["planner"], summary["planner_shared_cores"]
+    planner = summary["planner"]
+    others = {
+        "separate": summary.get("planner_separate_hardware") or {},
+        "measured, shared": summary.get("planner_shared_cores") or {},
+        "warm-up, shared": summary.get("planner_host_model") or {},
+    }
     table = Table(
         title=f"planner (radserve plan's simulation of this trace, median of "
-        f"{planner['seeds']} seeds) vs measured TAT; 'shared': the device's batches "
-        "sharing the host's cores (radserve plan --host-cores N)"
+        f"{planner['seeds']} seeds) vs measured TAT: 'planned', radserve plan's default "
+        f"({summary.get('planner_model', 'trace times')}); older models: the trace's "
+        "times as measured on separate hardware, and on shared cores; the warm-up's "
+        "times on shared cores"
     )
-    columns = ("class", "jobs", "p50 measured", "p50 planned", "p50 shared")
-    for column in (*columns, "p95 measured", "p95 planned", "p95 shared"):
-        table.add_column(column, justify="left" if column == "class" else "right")
+    table.add_column("class")
+    table.add_column("jobs", justify="right")
+    for q in ("p50", "p95"):
+        for column in ("measured", "planned", *others):
+            table.add_column(f"{q} {column}", justify="right")
+
+    def fmt(r: dict[str, Any], q: str) -> str:
+        return f"{r[f'predicted_{q}_s']:.1f} s ({r[f'diff_{q}']:.0%})" if r else "-"
+
     for cls, row in planner["classes"].items():
-        other = (shared or {}).get("classes", {}).get(cls, {})
-
-        def fmt(r: dict[str, Any], q: str) -> str:
-            return f"{r[f'predicted_{q}_s']:.1f} s ({r[f'diff_{q}']:.0%})" if r else "-"
-
-        table.add_row(
-            cls,
-            str(row["jobs"]),
-            f"{row['measured_p50_s']:.1f} s",
-            fmt(row, "p50"),
-            fmt(other, "p50"),
-            f"{row['measured_p95_s']:.1f} s",
-            fmt(row, "p95"),
-            fmt(other, "p95"),
-        )
+        cells = [cls, str(row["jobs"])]
+        for q in ("p50", "p95"):
+            cells += [f"{row[f'measured_{q}_s']:.1f} s", fmt(row, q)]
+            cells += [fmt(o.get("classes", {}).get(cls, {}), q) for o in others.values()]
+        table.add_row(*cells)
     console.print(table)
     console.print(
-        f"[dim]planner within 25 %: {planner['within_goal']}; with shared cores: "
-        f"{(shared or {}).get('within_goal')}[/dim]"
+        f"[dim]planner within 25 % (every class's p50 and p95, radserve plan's default): "
+        f"{planner['within_goal']}, {_cells_within(planner)}; "
+        + "; ".join(f"{name}: {_cells_within(o)}" for name, o in others.items() if o)
+        + "[/dim]"
     )
-    host = summary.get("planner_host_model") or {}
-    for cls, row in host.get("classes", {}).items():
-        console.print(
-            f"[dim]shared cores with the warm-up's solo times, {cls}: p50 "
-            f"{row['predicted_p50_s']:.1f} s ({row['diff_p50']:.0%}), p95 "
-            f"{row['predicted_p95_s']:.1f} s ({row['diff_p95']:.0%})[/dim]"
-        )
+
+
+def _cells_within(check: dict[str, Any]) -> str:
+    rows = check.get("classes", {}).values()
+    goal = check.get("goal_rel", 0.25)
+    within = sum((r["diff_p50"] <= goal) + (r["diff_p95"] <= goal) for r in rows)
+    return f"{within} of {2 * len(rows)} cells"
 
 
 def default_precisions(console: Console) -> tuple[str, ...]:

@@ -87,8 +87,9 @@ class ModelSampler:
     seen (else the typical one), the steps' lines at that size, times a noise factor.
     Times alone (:class:`SoloTimes`) draw it from their jobs' own ratios to the lines
     (:attr:`ratios`), so the simulated work has the mean and the tail that was measured
-    (the lines are medians: Theil-Sen), from the job's own class's ratios when that
-    class has at least ``MIN_RATIOS`` jobs (:attr:`class_ratios`); times as measured, or
+    (the lines are medians: Theil-Sen); with ``per_class``, from the job's own class's
+    ratios when that class has at least ``MIN_RATIOS`` jobs (:attr:`class_ratios`: not
+    the default, it did not help on the traces of session 10, README); times as measured, or
     fewer than ``MIN_RATIOS`` jobs, lognormal noise of mean 1 with the spread the model
     measured (at least ``min_cv``): their ratios hold the contention the simulation
     adds itself."""
@@ -99,6 +100,7 @@ class ModelSampler:
     precision: str
     batch_slices: int = 32
     min_cv: float = 0.05
+    per_class: bool = False
 
     def __call__(self, rng: np.random.Generator, cls: PriorityClass) -> JobService:
         sizes = self.model.sizes()
@@ -131,7 +133,7 @@ class ModelSampler:
     def class_ratios(self) -> dict[PriorityClass, np.ndarray]:
         """Per class with at least ``MIN_RATIOS`` jobs of this group in the solo times:
         each job's solo work over the lines at its size."""
-        if not isinstance(self.model, SoloTimes):
+        if not self.per_class or not isinstance(self.model, SoloTimes):
             return {}
         group = (self.pipeline, self.device, self.precision)
         by_class: dict[PriorityClass, list[float]] = {}
