@@ -50,6 +50,7 @@ def _model() -> ServiceTimeModel:
                 "report": 0.2,
                 "run": 0.019 * slices + 0.7,
             },
+            share_s=0.005 * slices + 0.2,  # the walk's throughput bound adds these up
         )
     return model
 
