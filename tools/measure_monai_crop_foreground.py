@@ -1,14 +1,18 @@
-"""MONAI's CropForegroundd against radserve's crops: label agreement with MONAI's own
-bundle run, on a tiny bundle with seeded random weights (``none`` and ``nonzero`` are not
-MONAI's crop; ``input.crop_foreground``, set by hand, is but for ties: docs/model-ops.md).
+"""MONAI's CropForegroundd imported by radserve: label agreement with MONAI's own bundle
+run, and what the crop costs, on a tiny bundle with seeded random weights.
 
 The bundle is the test factory's spleen-shaped one with ``CropForegroundd(source_key=image)``
 (default ``select_fn`` x > 0, margin 0) after ``ScaleIntensityRanged``; the CT is the
-nnU-Net tests' synthetic body (air -1000 HU, soft tissue, a zero-valued frame, which is
-above a_min and so foreground for MONAI). radserve runs the same bundle imported without
-the crop, with ``input.crop`` set to ``none`` and to ``nonzero`` (nnU-Net's crop); then
-again with air in place of the frame; and with ``input.crop_foreground`` set on the
-plain import. Why none/nonzero are not MONAI's crop: docs/model-ops.md.
+nnU-Net tests' synthetic body. Three volumes: ``zero frame`` (a 0 HU frame round the
+body: above a_min, so MONAI's box is the whole image), ``air`` (-1000 HU round the body)
+and ``ties`` (24x64x64 at 2.5x1.2x1.2 mm, air beside the body and in the first slices:
+every 5th row and 4th slice lands exactly on a model voxel, some beside the box). For
+each: MONAI's cropped bundle vs MONAI without the crop; radserve's import of the plain
+bundle with ``crop: none`` / ``nonzero`` (not MONAI's crop); radserve's import of the
+cropped bundle (``input.crop_foreground``); the same with the way back at ``i * s / t``
+instead of MONAI's own coordinates (session 9's arithmetic, as a control); seconds per
+run (radserve's ``run_task``, MONAI's preprocessing + inferer + postprocessing), one
+thread each, to compare within one run only.
 
 Usage: PYTHONPATH=src:. python tools/measure_monai_crop_foreground.py
 """
@@ -16,51 +20,78 @@ Usage: PYTHONPATH=src:. python tools/measure_monai_crop_foreground.py
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 
-def main(air: bool) -> None:
+def _timed(fn: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def main(kind: str) -> None:
+    import numpy as np
+    import torch
     from tests.factories import monai_bundle as mb
     from tests.integration.test_nnunet_agreement import synthetic_ct
 
     from radserve.domain.volume import Volume
     from radserve.importers.monai_bundle import import_monai
     from radserve.inference import ModelSession, PatchTask, choose_runtime, run_task
-    from radserve.models.manifest import CropForegroundSpec, load_manifest
+    from radserve.inference.patches import PatchTask as Task
+    from radserve.models.manifest import load_manifest
 
+    torch.set_num_threads(1)
     crop = {"_target_": "CropForegroundd", "keys": "image", "source_key": "image"}
     cpu = choose_runtime(prefer=["CPUExecutionProvider"], threads=1)
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
-        ct = synthetic_ct((40, 64, 72), seed=3)
-        if air:
+        shape, spacing = (40, 64, 72), (2.5, 0.9, 0.9)
+        if kind == "ties":
+            shape, spacing = (24, 64, 64), (2.5, 1.2, 1.2)
+        ct = synthetic_ct(shape, seed=3)
+        if kind == "air":
             ct[ct == 0] = -1000.0  # air, not a zero frame, outside the body
-        volume = Volume.from_geometry(ct, spacing=(2.5, 0.9, 0.9), origin=(0, 0, 0))
+        if kind == "ties":
+            ct[:, :, :3] = -1000.0
+            ct[:2] = -1000.0
+        volume = Volume.from_geometry(ct, spacing=spacing, origin=(0, 0, 0))
         nifti = mb.write_nifti(volume, t / "ct.nii.gz")
         cropped = mb.write_monai_bundle(t / "cropped", pre=[*mb.PRE[:5], crop, mb.PRE[5]])
         plain = mb.write_monai_bundle(t / "plain")  # same seed: same weights
-        want = mb.run_monai_reference(cropped, nifti)
-        print(f"{'air' if air else 'zero frame'} outside the body:")
-        print(f"MONAI with vs without CropForegroundd: "
+        want, monai_s = _timed(lambda: mb.run_monai_reference(cropped, nifti))
+        print(f"{kind} ({shape[0]}x{shape[1]}x{shape[2]} at {spacing} mm):")
+        print(f"  MONAI with vs without CropForegroundd: "
               f"{float((want == mb.run_monai_reference(plain, nifti)).mean()):.5f}")  # fmt: skip
-        out = import_monai(plain, t / "models", name="tiny")
-        for kind in ("none", "nonzero"):
+
+        def agree(out: Path, update: dict[str, Any] | None = None) -> tuple[str, float]:
             spec = load_manifest(out / "model.yaml")
-            spec = spec.model_copy(update={"input": spec.input.model_copy(update={"crop": kind})})
-            got = run_task(
-                PatchTask(volume, spec), ModelSession(out / "model.onnx", spec, runtime=cpu)
-            )
-            print(f"radserve crop {kind!r} vs MONAI with CropForegroundd: "
-                  f"{float((got.labels.array == want).mean()):.5f}")  # fmt: skip
-        # input.crop_foreground set by hand (the importer refuses the crop: ties)
-        spec = load_manifest(out / "model.yaml")
-        crop = spec.input.model_copy(update={"crop_foreground": CropForegroundSpec()})
-        spec = spec.model_copy(update={"input": crop})
-        got = run_task(PatchTask(volume, spec), ModelSession(out / "model.onnx", spec, runtime=cpu))
-        print(f"radserve crop_foreground vs MONAI with CropForegroundd: "
-              f"{float((got.labels.array == want).mean()):.5f}")  # fmt: skip
+            if update:
+                spec = spec.model_copy(update={"input": spec.input.model_copy(update=update)})
+            session = ModelSession(out / "model.onnx", spec, runtime=cpu)
+            got, secs = _timed(lambda: run_task(PatchTask(volume, spec), session))
+            differ = int((got.labels.array != want).sum())
+            return f"{1 - differ / want.size:.5f} ({differ} voxels differ)", secs
+
+        plain_out = import_monai(plain, t / "models", name="plain")
+        for crop_kind in ("none", "nonzero"):
+            text, secs = agree(plain_out, {"crop": crop_kind})
+            print(f"  radserve plain import, crop {crop_kind!r}: {text}, {secs:.2f} s")
+        out = import_monai(cropped, t / "models", name="cropped")
+        text, secs = agree(out)
+        print(f"  radserve imported CropForegroundd: {text}, {secs:.2f} s; MONAI {monai_s:.2f} s")
+        keep = Task._monai_back_coordinates
+        Task._monai_back_coordinates = lambda self, volume: None  # type: ignore[method-assign]
+        try:
+            text, _ = agree(out)
+        finally:
+            Task._monai_back_coordinates = keep  # type: ignore[method-assign]
+        print(f"  control, way back at i * s / t (session 9): {text}")
+        assert np.asarray(want).size == volume.array.size
 
 
 if __name__ == "__main__":
-    main(air=False)
-    main(air=True)
+    for kind in ("zero frame", "air", "ties"):
+        main(kind)

@@ -103,8 +103,11 @@ def serve_and_read_seg(tmp_path: Path, bundle: Path, files: list[Path]) -> Serve
     headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in files]
     headers = [h for h in headers if h.Modality == "CT"]
     headers.sort(key=lambda h: float(h.ImagePositionPatient[2]))
+    # a slice with no segment has no frame in the SEG: background
     pixels = seg.get_pixels_by_source_instance(
-        [str(h.SOPInstanceUID) for h in headers], combine_segments=True
+        [str(h.SOPInstanceUID) for h in headers],
+        combine_segments=True,
+        assert_missing_frames_are_empty=True,
     )
     value = {label.name: label.value for label in spec.labels}
     served = np.zeros(pixels.shape, np.uint8)
