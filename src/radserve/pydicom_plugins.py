@@ -1,13 +1,15 @@
-"""GDCM loaded only when a study needs it.
+"""GDCM loaded only when a study needs it; requests and tqdm not at all.
 
 pydicom imports every installed pixel-data plugin the first time it is imported, and
-GDCM's costs ~21 MiB of resident memory (its DICOM dictionary and libraries) in every
+GDCM's costs ~20 MiB of resident memory (its DICOM dictionary and libraries) in every
 radserve process: the server, its decoding and receiving processes. Most studies never
-need it (native data is read by pydicom itself, JPEG 2000 by pylibjpeg). So when
-``radserve`` is imported before pydicom, pydicom's own first import runs with ``gdcm``
-hidden: its GDCM plugins register as unavailable. :func:`enable_gdcm` puts them back,
-with pydicom's own plugin calls and in pydicom's plugin order, before the first decode
-that may use GDCM (``radserve.ingest.decode`` calls it). Imports nothing of radserve.
+need it (native data is read by pydicom itself, JPEG 2000 by pylibjpeg). pydicom also
+imports requests and tqdm (~7 MiB, ~0.5 s) for downloading its own test files, which
+radserve never does (pydicom falls back to urllib without them). So when ``radserve``
+is imported before pydicom, pydicom's own first import runs with these hidden: its GDCM
+plugins register as unavailable. :func:`enable_gdcm` puts them back, first in each
+coder's plugin table as pydicom registers them, before the first decode that may use
+GDCM (``radserve.ingest.decode`` calls it). Imports nothing of radserve.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ _lock = threading.Lock()
 _deferred = False
 
 
-class _HideGdcmDuringPydicomImport(importlib.abc.MetaPathFinder):
+class _HideDuringPydicomImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself: wraps the loader of the ``pydicom`` package so that its
-    first import sees no ``gdcm`` module, then removes itself."""
+    first import sees none of ``hidden``, then removes itself."""
+
+    def __init__(self, hidden: tuple[str, ...]) -> None:
+        self.hidden = hidden
 
     def find_spec(
         self, fullname: str, path: Any, target: ModuleType | None = None
@@ -42,36 +47,40 @@ class _HideGdcmDuringPydicomImport(importlib.abc.MetaPathFinder):
         loader = spec.loader
         exec_module = loader.exec_module
 
-        def exec_without_gdcm(module: ModuleType) -> None:
+        hidden = self.hidden
+
+        def exec_hiding(module: ModuleType) -> None:
             global _deferred
-            sys.modules["gdcm"] = None  # type: ignore[assignment]  # import gdcm -> ImportError
+            for name in hidden:
+                sys.modules[name] = None  # type: ignore[assignment]  # import -> ImportError
             try:
                 exec_module(module)
             finally:
-                del sys.modules["gdcm"]
-            for name in _GDCM_MODULES:  # imported again, with gdcm, by enable_gdcm
-                sys.modules.pop(name, None)
-            _deferred = True
+                for name in hidden:
+                    del sys.modules[name]
+            if "gdcm" in hidden:
+                for name in _GDCM_MODULES:  # imported again, with gdcm, by enable_gdcm
+                    sys.modules.pop(name, None)
+                _deferred = True
 
-        loader.exec_module = exec_without_gdcm  # type: ignore[method-assign]
+        loader.exec_module = exec_hiding  # type: ignore[method-assign]
         return spec
 
 
 def defer_gdcm() -> None:
-    """Hide ``gdcm`` from pydicom's first import, if pydicom is not imported yet and GDCM
-    is installed (``import radserve`` calls this)."""
-    if "pydicom" in sys.modules or "gdcm" in sys.modules:
+    """Hide GDCM, requests and tqdm (those installed and not yet imported) from
+    pydicom's first import, if it has not happened yet (``import radserve`` calls this)."""
+    if "pydicom" in sys.modules:
         return
-    if any(isinstance(f, _HideGdcmDuringPydicomImport) for f in sys.meta_path):
+    if any(isinstance(f, _HideDuringPydicomImport) for f in sys.meta_path):
         return
-    if importlib.util.find_spec("gdcm") is None:
-        return
-    sys.meta_path.insert(0, _HideGdcmDuringPydicomImport())
-
-
-def gdcm_deferred() -> bool:
-    """Whether pydicom's GDCM plugins are still waiting for :func:`enable_gdcm`."""
-    return _deferred
+    hidden = tuple(
+        name
+        for name in ("gdcm", "requests", "tqdm")
+        if name not in sys.modules and importlib.util.find_spec(name) is not None
+    )
+    if hidden:
+        sys.meta_path.insert(0, _HideDuringPydicomImport(hidden))
 
 
 def enable_gdcm_for(transfer_syntax_uid: str) -> None:

@@ -22,13 +22,14 @@ import pydicom
 from pydicom.pixels.decoders.base import _PIXEL_DATA_DECODERS
 from pydicom.pixels.encoders.base import _PIXEL_DATA_ENCODERS
 before = "gdcm" in sys.modules
+downloads = "requests" in sys.modules or "tqdm" in sys.modules
 {then}
 order = {{
     uid: [list(c._available), sorted(c._unavailable)]
     for table in (_PIXEL_DATA_DECODERS, _PIXEL_DATA_ENCODERS)
     for uid, (c, _) in table.items()
 }}
-print(json.dumps({{"gdcm_at_import": before, "order": order}}))
+print(json.dumps({{"gdcm_at_import": before, "downloads": downloads, "order": order}}))
 """
 
 
@@ -50,6 +51,8 @@ def test_radserve_imports_pydicom_without_gdcm_and_enabling_restores_pydicoms_or
     )
     assert plain["gdcm_at_import"] is True
     assert deferred["gdcm_at_import"] is False
+    assert plain["downloads"] is True
+    assert deferred["downloads"] is False  # pydicom's test-data download modules
     gdcm_coders = [uid for uid, (available, _) in plain["order"].items() if "gdcm" in available]
     assert gdcm_coders  # GDCM decodes the JPEG family here
     assert all("gdcm" not in deferred["order"][uid][0] for uid in gdcm_coders)
