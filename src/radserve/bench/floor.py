@@ -49,7 +49,9 @@ IMPORT_STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("python", ()),
     ("numpy", ("numpy",)),
     ("scipy.ndimage", ("scipy.ndimage",)),
-    ("pydicom (+ its decoder plugins)", ("pydicom",)),
+    # after radserve, as in a served process: GDCM, requests and tqdm deferred
+    # (radserve.pydicom_plugins)
+    ("pydicom (+ its decoder plugins)", ("radserve", "pydicom")),
     ("onnxruntime", ("onnxruntime",)),
     ("radserve run path", ("radserve.pipeline.study", "radserve.models.registry")),
     ("report writers (nibabel, PIL)", ("radserve.report.nifti", "radserve.report.keyimages")),
