@@ -23,7 +23,7 @@ from pynetdicom.events import Event
 from pynetdicom.pdu_primitives import MaximumLengthNotification
 
 from radserve import error_table
-from radserve.gateway import conformance
+from radserve.gateway import conformance, reactor
 from radserve.gateway.completeness import (
     INTERRUPTED_MARKER,
     RECEIVING_PREFIX,
@@ -81,6 +81,8 @@ def quiet_pynetdicom() -> None:
     _config.STORE_RECV_CHUNKED_DATASET = True
     # ... into the spool folder under the data dir, bounded as it arrives (receive_limit)
     install()
+    # each association's two threads block instead of polling (radserve.gateway.reactor)
+    reactor.check()
     # a logger's filters see only its own records, so each pynetdicom module's logger
     names = [name for name in logging.root.manager.loggerDict if name.startswith("pynetdicom")]
     for name in ["pynetdicom", *names]:
@@ -462,8 +464,12 @@ class _Receiving:
 
     def closed(self, event: Event) -> None:
         """The connection closed: an association neither released nor aborted before
-        (a dropped connection, a timeout) was cut off too."""
-        self.cut_off(event)
+        (a dropped connection, a timeout) was cut off too. One whose peer asked for the
+        release was not: the peer may close before EVT_RELEASED reaches us."""
+        if reactor.release_requested(event.assoc):
+            self.released(event)
+        else:
+            self.cut_off(event)
 
     def _end(self, event: Event) -> list[tuple[str, Path]]:
         with self._lock:

@@ -6,7 +6,8 @@ Layout under the SCP's data folder::
     quarantine/<Study Instance UID>/<SOP Instance UID>.dcm  other storage classes, kept aside
 
 Folder and file names are UIDs checked to be digits and dots, so nothing a sender typed
-(a patient name) ends up in a path. Each file is written to a private temporary name,
+(a patient name) ends up in a path. Each file is written to a private temporary name
+(a C-STORE's spool file, already on this file system, is linked there instead of copied),
 fsynced, then linked to its final name (a link fails if the name exists, so of two
 concurrent copies of one instance exactly one is kept) and the folder is fsynced. A final
 name therefore only ever names complete, durable bytes, and ``save`` returns (the C-STORE
@@ -51,6 +52,7 @@ logger = logging.getLogger(__name__)
 INCOMING_DIR = "incoming"
 QUARANTINE_DIR = "quarantine"
 INSTANCE_SUFFIX = ".dcm"
+_FILE_MODE = 0o644
 _UID = re.compile(r"^[0-9]+(\.[0-9]+)*$")
 
 
@@ -150,7 +152,9 @@ class InstanceStore:
         quarantine: bool = False,
     ) -> StoredInstance:
         """Make ``encoded`` (a DICOM file: preamble, meta, dataset; its bytes, or a file
-        holding them, copied in chunks so an instance of any size costs no memory) durable.
+        holding them) durable. A file is handed over: linked where the file system allows
+        (so the caller must not write to it afterwards; removing its name is fine), else
+        copied in chunks, so an instance of any size costs no memory.
 
         Raises :class:`OutOfResourcesError` when it cannot (disk full, I/O error): the
         caller must then answer a failure, never success.
@@ -226,14 +230,56 @@ def _write_all(descriptor: int, encoded: bytes | Path) -> None:
         view = view[os.write(descriptor, view) :]
 
 
+# link(2) cannot give the file a second name here: another file system, or one without
+# hard links; the bytes are copied instead
+_NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.ENOSYS})
+
+
+def _place(encoded: bytes | Path, temporary: Path) -> int:
+    """``encoded`` under the new name ``temporary``; returns a descriptor of it (to fsync,
+    then close); on failure nothing is left under that name. A file on this file system
+    (the C-STORE spool file under the data folder) is linked, not copied: its bytes were
+    written once, as they arrived (~0.3 CPU-ms and a second 0.5 MB in the page cache
+    less per instance). Anything else is copied."""
+    linked = False
+    if isinstance(encoded, Path):
+        try:
+            os.link(encoded, temporary)
+            linked = True
+        except OSError as exc:
+            if exc.errno not in _NO_LINK:
+                raise
+    try:
+        if linked:
+            descriptor = os.open(temporary, os.O_RDONLY)
+        else:
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+    except BaseException:
+        if linked:
+            temporary.unlink()
+        raise
+    try:
+        if linked:
+            os.fchmod(descriptor, _FILE_MODE)  # pynetdicom's spool files are private (0600)
+        else:
+            _write_all(descriptor, encoded)
+    except BaseException:
+        os.close(descriptor)
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+        raise
+    return descriptor
+
+
 def _write_new(folder: Path, target: Path, encoded: bytes | Path) -> bool:
-    """Write, fsync, link into place; False if another writer got there first."""
+    """Place, fsync, link into place; False if another writer got there first."""
     temporary = folder / f".{target.name}.{uuid.uuid4().hex}.part"
     try:
-        with open(temporary, "xb") as handle:
-            _write_all(handle.fileno(), encoded)
-            handle.flush()
-            os.fsync(handle.fileno())
+        descriptor = _place(encoded, temporary)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
         try:
             os.link(temporary, target)
         except FileExistsError:
@@ -295,10 +341,9 @@ class GroupCommitter:
     def commit(self, folder: Path, target: Path, encoded: bytes | Path) -> bool:
         """Durably store ``encoded`` as ``target``; False if that name already existed."""
         temporary = folder / f".{target.name}.{uuid.uuid4().hex}.part"
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        descriptor = _place(encoded, temporary)
         pending = _Pending(folder, target, temporary, descriptor)
         try:
-            _write_all(descriptor, encoded)
             with self._wake:
                 if self._closed:
                     raise OSError(errno.ESHUTDOWN, "the instance store is closed")
