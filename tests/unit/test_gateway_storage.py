@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -108,6 +109,82 @@ def test_partial_writes_left_by_a_crash_are_removed(tmp_path: Path) -> None:
     partial.write_bytes(b"half")
     assert store.remove_partials() == 1
     assert not partial.exists() and stored.path.is_file()
+
+
+# -- a file handed over (the C-STORE spool file) -----------------------------------------
+
+
+def _spool_file(folder: Path, data: bytes) -> Path:
+    """A file as pynetdicom leaves a received data set: private (0600), in a folder of the
+    same file system."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spooled = folder / "tmp1234.dcm"
+    spooled.write_bytes(data)
+    spooled.chmod(0o600)
+    return spooled
+
+
+@pytest.mark.parametrize("durability", ["per_instance", "group"])
+def test_a_file_on_the_same_file_system_is_linked_not_copied(
+    tmp_path: Path, monkeypatch, durability: str
+) -> None:
+    """Its bytes are written once (no second copy), made durable before the final name
+    exists, readable as any stored instance, and stay when the spool name goes."""
+    data = os.urandom(300_000)
+    spooled = _spool_file(tmp_path / "receiving", data)
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: (synced.append(os.fstat(fd).st_ino), real_fsync(fd))
+    )
+    store = InstanceStore(tmp_path, durability=durability)
+    try:
+        stored = _save(store, spooled)
+    finally:
+        store.close()
+    assert stored.disposition is Disposition.STORED
+    assert stored.path.stat().st_ino == spooled.stat().st_ino  # one inode: no copy
+    assert spooled.stat().st_ino in synced  # its data made durable
+    assert stat.S_IMODE(stored.path.stat().st_mode) == 0o644
+    spooled.unlink()  # what pynetdicom does after the handler
+    assert stored.path.read_bytes() == data
+    assert study_instances(stored.path.parent) == [stored.path]  # no temporary left
+
+
+def test_a_file_that_cannot_be_linked_is_copied(tmp_path: Path, monkeypatch) -> None:
+    """Another file system (EXDEV): the bytes are copied, the handed file left alone."""
+    data = os.urandom(100_000)
+    spooled = _spool_file(tmp_path / "elsewhere", data)
+
+    def cross_device(_source: object, _target: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    real_link = os.link
+    monkeypatch.setattr(
+        os,
+        "link",
+        lambda source, target: (
+            cross_device(source, target) if Path(source) == spooled else real_link(source, target)
+        ),
+    )
+    stored = _save(InstanceStore(tmp_path), spooled)
+    assert stored.path.read_bytes() == data
+    assert stored.path.stat().st_ino != spooled.stat().st_ino
+    assert spooled.read_bytes() == data and stat.S_IMODE(spooled.stat().st_mode) == 0o600
+    assert study_instances(stored.path.parent) == [stored.path]
+
+
+def test_a_failed_link_leaves_nothing_and_is_out_of_resources(tmp_path: Path, monkeypatch) -> None:
+    spooled = _spool_file(tmp_path / "receiving", b"DICM-data")
+
+    def full(_fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OutOfResourcesError, match="EIO"):
+        _save(InstanceStore(tmp_path), spooled)
+    assert list((tmp_path / "incoming" / STUDY).iterdir()) == []
+    assert spooled.read_bytes() == b"DICM-data"
 
 
 # -- group commit (gateway.durability: group) ------------------------------------------

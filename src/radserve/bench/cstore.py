@@ -37,6 +37,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -79,10 +80,13 @@ DISK = "disk"
 # the bare SCP's cheap per-process cuts, measured beside it (label, variant settings):
 # the data set gathered in memory instead of spooled to a file (what radserve gives up
 # for bounded memory), and the larger advertised PDU
+# radserve's receive path on the same stack minus radserve's own work: the 1 MiB PDU and
+# the association threads that wait instead of polling (radserve.gateway.reactor)
 BARE_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     (BARE, {}),
     (f"{BARE}, in memory", {"chunked": False}),
     (f"{BARE}, 1 MiB PDU", {"max_pdu": BIG_PDU}),
+    (f"{BARE}, 1 MiB PDU, waiting threads", {"max_pdu": BIG_PDU, "waiting": True}),
 )
 
 
@@ -190,8 +194,6 @@ def _durable_write(data: bytes | Any, folder: Path, name: str) -> None:
 def _disk_run(files: list[Path], data_dir: Path, writers: int) -> dict[str, Any]:
     """The file system's floor: the durable sequence for every instance file, from
     ``writers`` threads (fsync releases the GIL), no DICOM."""
-    import threading
-
     data_dir.mkdir(parents=True)
     chunks = [files[k::writers] for k in range(writers)]
     errors: list[BaseException] = []
@@ -224,13 +226,24 @@ def _bare_run(
     *,
     chunked: bool = True,
     max_pdu: int | None = None,
+    waiting: bool = False,
 ) -> dict[str, Any]:
     """A bare pynetdicom storage SCP (pynetdicom's own server, its default PDU size, the
     data set spooled to a temporary file as radserve has it) that answers success only
     after a durable copy (:func:`_durable_copy`): the DICOM stack's floor. ``chunked``
     False: the data set gathered in memory and written from there; ``max_pdu``: the
-    maximum PDU it advertises."""
+    maximum PDU it advertises; ``waiting``: each association's threads wait instead of
+    polling, as radserve's do."""
     from pynetdicom import AE, _config, evt
+    from pynetdicom.transport import RequestHandler, ThreadedAssociationServer
+
+    from radserve.gateway import reactor
+
+    class WaitingHandler(RequestHandler):
+        def _create_association(self) -> Any:
+            assoc = super()._create_association()
+            reactor.wait_instead_of_polling(assoc)
+            return assoc
 
     data_dir.mkdir(parents=True)
     spooled = _config.STORE_RECV_CHUNKED_DATASET
@@ -254,9 +267,18 @@ def _bare_run(
             return 0xA700
         return 0x0000
 
-    server = ae.start_server(
-        ("127.0.0.1", 0), block=False, evt_handlers=[(evt.EVT_C_STORE, on_store)]
-    )
+    handlers = [(evt.EVT_C_STORE, on_store)]
+    if waiting:
+        server = ae.make_server(
+            ("127.0.0.1", 0),
+            evt_handlers=handlers,
+            server_class=ThreadedAssociationServer,
+            request_handler=WaitingHandler,
+        )
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        ae._servers.append(server)  # as AE.start_server does
+    else:
+        server = ae.start_server(("127.0.0.1", 0), block=False, evt_handlers=handlers)
     try:
         host, port = server.server_address[:2]
         cpu0 = _cpu()
