@@ -7,6 +7,7 @@ label maps of inference and post-processing; imports nothing heavy.
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 import os
@@ -14,7 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["cpu_bf16_support", "lazy_zeros", "process_rss_bytes", "usable_cores"]
+__all__ = [
+    "cpu_bf16_support",
+    "cpu_flags",
+    "cpu_kernel",
+    "kernel_family",
+    "lazy_zeros",
+    "process_rss_bytes",
+    "usable_cores",
+]
 
 
 def process_rss_bytes() -> int | None:
@@ -54,23 +63,84 @@ def usable_cores() -> int:
 
 # CPU flags (Linux /proc/cpuinfo names) that run bfloat16 matrix arithmetic natively.
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+# The instruction sets int8 convolutions run on, best first. With AMX or VNNI the 8-bit
+# products are summed exactly into 32 bits; with only AVX-512 BW or AVX2 (vpmaddubsw)
+# pairs of products are summed into 16 bits first, which saturates, so kernels there
+# compute differently (ONNX Runtime quantizes with ``reduce_range`` for such CPUs).
+INT8_CPU_FLAGS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx512bw", "avx2")
+# Kernels that compute the same numbers for a precision: a gate measured on one holds
+# for the others of its family. An fp16 file is computed in float32 by both CPU
+# providers (OpenVINO's plugin at ONNX Runtime's default FP32 precision; the CPU
+# provider casts), so it depends on no CPU flag.
+_KERNEL_FAMILY = {
+    "amx_int8": "exact 32-bit sums of int8 products, AMX or VNNI",
+    "avx512_vnni": "exact 32-bit sums of int8 products, AMX or VNNI",
+    "avx_vnni": "exact 32-bit sums of int8 products, AMX or VNNI",
+    "avx512bw": "16-bit sums of int8 product pairs that can saturate, no VNNI",
+    "avx2": "16-bit sums of int8 product pairs that can saturate, no VNNI",
+    "amx_bf16": "native bfloat16",
+    "avx512_bf16": "native bfloat16",
+    "float32": "float32",
+}
 
 
-def cpu_bf16_support(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+# Where the CPU's flags are read (a test points it at a file of another CPU's flags).
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_flags(cpuinfo: Path | None = None) -> frozenset[str]:
+    """The first CPU's flags from ``/proc/cpuinfo`` (empty where there is none); read
+    once per path: a registry asks on every model file it hands out."""
+    return _flags(cpuinfo or CPUINFO)
+
+
+@functools.lru_cache(maxsize=8)
+def _flags(cpuinfo: Path) -> frozenset[str]:
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def cpu_bf16_support(cpuinfo: Path | None = None) -> str | None:
     """The CPU's native bfloat16 instruction set (``amx_bf16``, ``avx512_bf16``), or
     ``None``: without one, a bf16 hint is emulated and slower than float32.
 
     Only AMX made bf16 faster where measured (:func:`bf16_slower_reason`); either way
     the numbers are bfloat16's, so both may serve it."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.partition(":")[2].split())
-            return next((f for f in BF16_CPU_FLAGS if f in flags), None)
+    flags = cpu_flags(cpuinfo)
+    return next((f for f in BF16_CPU_FLAGS if f in flags), None)
+
+
+def cpu_kernel(precision: str, cpuinfo: Path | None = None) -> str | None:
+    """The instruction set this CPU computes ``precision`` with through a CPU provider
+    (an ``INT8_CPU_FLAGS`` or ``BF16_CPU_FLAGS`` name, or ``float32`` for fp16);
+    ``None`` for fp32 (the reference everything is gated against) or where nothing
+    listed is present.
+
+    Why it matters: a variant's accuracy gate measured the numbers one kind of kernel
+    computes; on this development machine's AVX2-only CPU the INT8 lesion model, gated
+    on an AMX CPU, missed the lesion a float32 run found (README, "Precision gates and
+    the CPU")."""
+    flags = cpu_flags(cpuinfo)
+    if precision == "int8":
+        return next((f for f in INT8_CPU_FLAGS if f in flags), None)
+    if precision == "bf16":
+        return next((f for f in BF16_CPU_FLAGS if f in flags), None)
+    if precision == "fp16":
+        return "float32"
     return None
+
+
+def kernel_family(kernel: str | None) -> str:
+    """What a kernel from :func:`cpu_kernel` computes; equal families, equal numbers."""
+    if kernel is None:
+        return "no vector kernel"
+    return _KERNEL_FAMILY.get(kernel, kernel)
 
 
 def bf16_slower_reason(native: str | None) -> str | None:

@@ -39,7 +39,9 @@ import onnx
 from radserve.domain.accuracy import EvalSummary
 from radserve.errors import ModelError
 from radserve.evaluation.gate import gate_decision
+from radserve.host import cpu_kernel
 from radserve.models.gate import (
+    CPU_PROVIDERS,
     GateReport,
     SpeedResult,
     VariantGate,
@@ -347,6 +349,7 @@ def build_and_gate(
             metrics=summaries[precision],
             speed=speed,
             providers=[speed.provider] if speed.provider else [],
+            cpu_kernel=cpu_kernel(precision) if speed.provider in CPU_PROVIDERS else None,
         )
         logger.info(
             "%s %s: %s (%.2fx fp32 time)%s",

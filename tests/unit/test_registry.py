@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from radserve import host
 from radserve.errors import ModelError, UnknownModelError, VariantRejectedError
 from radserve.evaluation.summary import EvalSummary
+from radserve.host import cpu_kernel
 from radserve.models.gate import GateReport, VariantGate, file_sha256, write_gate_report
 from radserve.models.manifest import GateSpec
 from radserve.models.registry import ModelRegistry, bundled_model_dir, version_key
@@ -60,7 +62,15 @@ def _metrics(variant: str) -> EvalSummary:
     )
 
 
-def write_gate(directory: Path, *, accepted: bool, reasons=()) -> None:
+def write_gate(
+    directory: Path,
+    *,
+    accepted: bool,
+    reasons=(),
+    providers=("OpenVINOExecutionProvider",),
+    kernel: str | None = None,
+) -> None:
+    """An int8 gate record; by default measured through OpenVINO on this very CPU."""
     path = directory / "model.int8.onnx"
     write_gate_report(
         directory,
@@ -79,6 +89,8 @@ def write_gate(directory: Path, *, accepted: bool, reasons=()) -> None:
                     accepted=accepted,
                     reasons=list(reasons),
                     metrics=_metrics("int8"),
+                    providers=list(providers),
+                    cpu_kernel=kernel if kernel is not None else cpu_kernel("int8"),
                 )
             },
         ),
@@ -165,6 +177,84 @@ def test_accepted_variant_serves_until_its_file_changes(root):
     (directory / "model.int8.onnx").write_bytes(b"retrained")
     with pytest.raises(VariantRejectedError, match="changed since it was gated"):
         ModelRegistry([root]).get("lesions").onnx_path("int8")
+
+
+def _cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: str) -> None:
+    """This process's CPU, as /proc/cpuinfo would describe one with ``flags``."""
+    info = tmp_path / f"cpuinfo-{len(flags)}-{abs(hash(flags))}"
+    info.write_text(f"processor\t: 0\nflags\t\t: fpu sse2 {flags}\n\n")
+    monkeypatch.setattr(host, "CPUINFO", info)
+
+
+VNNI = "avx2 avx512f avx512bw avx512_vnni"
+AMX = "avx2 avx512f avx512bw avx512_vnni amx_tile amx_int8 amx_bf16 avx512_bf16"
+AVX2 = "avx2 fma"
+
+
+@pytest.mark.parametrize(
+    ("gated_on", "served_on", "serves"),
+    [
+        (AMX, VNNI, True),  # both sum int8 products exactly into 32 bits
+        (VNNI, AMX, True),
+        (AMX, AVX2, False),  # AVX2 sums product pairs into 16 bits: other numbers
+        (AVX2, AMX, False),
+        (AVX2, "avx2 avx512f avx512bw", True),  # both without VNNI
+    ],
+)
+def test_a_cpu_gate_holds_only_where_the_cpu_computes_the_same_int8_numbers(
+    root, tmp_path, monkeypatch, gated_on, served_on, serves
+):
+    directory = root / "lesions" / "1.0.0"
+    _cpu(tmp_path, monkeypatch, gated_on)
+    write_gate(directory, accepted=True)
+    _cpu(tmp_path, monkeypatch, served_on)
+    bundle = ModelRegistry([root]).get("lesions")
+    if serves:
+        assert bundle.onnx_path("int8") == directory / "model.int8.onnx"
+        return
+    assert bundle.available_precisions() == ["fp32"]
+    with pytest.raises(VariantRejectedError) as caught:
+        bundle.onnx_path("int8")
+    message = str(caught.value)
+    assert cpu_kernel("int8") in message and "build-variants --model lesions" in message
+    assert message.count("no VNNI") == 1 and message.count("AMX or VNNI") == 1
+
+
+def test_an_older_cpu_gate_without_its_kernel_serves_int8_nowhere_but_fp16_everywhere(
+    root, tmp_path, monkeypatch
+):
+    """A record from before kernels were recorded cannot say which int8 numbers it
+    measured; fp16 is computed in float32 by the CPU providers, whatever the CPU."""
+    directory = root / "lesions" / "1.0.0"
+    _cpu(tmp_path, monkeypatch, AMX)
+    write_gate(directory, accepted=True, providers=(), kernel="")
+    report = json.loads((directory / "gate.json").read_text())
+    del report["variants"]["int8"]["cpu_kernel"]
+    (directory / "gate.json").write_text(json.dumps(report))
+    with pytest.raises(VariantRejectedError, match="before radserve recorded which CPU kernels"):
+        ModelRegistry([root]).get("lesions").onnx_path("int8")
+
+
+def test_a_gpu_gate_is_left_to_the_coverage_warning(root, tmp_path, monkeypatch):
+    directory = root / "lesions" / "1.0.0"
+    _cpu(tmp_path, monkeypatch, AVX2)
+    write_gate(directory, accepted=True, providers=("CUDAExecutionProvider",), kernel="")
+    bundle = ModelRegistry([root]).get("lesions")
+    assert bundle.onnx_path("int8") == directory / "model.int8.onnx"
+    assert "CUDAExecutionProvider" in (
+        bundle.gate_coverage("int8", "OpenVINOExecutionProvider") or ""
+    )
+
+
+def test_the_shipped_variants_name_the_cpu_they_were_gated_on():
+    """organs 1.0.0 and lesions 1.2.0 were gated through OpenVINO on an AMX CPU (their
+    bf16 ran at 0.36-0.38x fp32's time, which only AMX gave)."""
+    registry = ModelRegistry([bundled_model_dir()])
+    for name, version in (("organs", "1.0.0"), ("lesions", "1.2.0")):
+        report = registry.get(name, version).gate_report()
+        assert report is not None
+        kernels = {p: v.cpu_kernel for p, v in report.variants.items()}
+        assert kernels == {"fp16": "float32", "int8": "amx_int8", "bf16": "amx_bf16"}
 
 
 def test_corrupt_gate_report_refuses_variants_not_fp32(root):

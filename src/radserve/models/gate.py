@@ -25,6 +25,7 @@ from radserve.models.manifest import GateSpec
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "CPU_PROVIDERS",
     "GATE_FILE",
     "GateReport",
     "SpeedResult",
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 GATE_FILE = "gate.json"
+# Providers whose arithmetic is the host CPU's: a gate through them holds for CPUs whose
+# kernels compute the same numbers (radserve.host.kernel_family).
+CPU_PROVIDERS = ("OpenVINOExecutionProvider", "CPUExecutionProvider")
 
 
 class _Frozen(BaseModel):
@@ -72,6 +76,13 @@ class VariantGate(_Frozen):
     providers: list[str] = Field(
         default_factory=list,
         description="execution providers the evaluation ran on (absent in older reports)",
+    )
+    cpu_kernel: str | None = Field(
+        default=None,
+        description=(
+            "the CPU instruction set that computed this precision when it was gated "
+            "(radserve.host.cpu_kernel: e.g. amx_int8, avx2); absent in older reports"
+        ),
     )
 
 

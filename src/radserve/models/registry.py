@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import get_args
 
 from radserve.errors import ModelError, UnknownModelError, VariantRejectedError
-from radserve.models.gate import GATE_FILE, GateReport, file_sha256, read_gate_report
+from radserve.host import cpu_kernel, kernel_family
+from radserve.models.gate import (
+    CPU_PROVIDERS,
+    GATE_FILE,
+    GateReport,
+    VariantGate,
+    file_sha256,
+    read_gate_report,
+)
 from radserve.models.manifest import ModelSpec, Precision, load_manifest
 
 logger = logging.getLogger(__name__)
@@ -180,7 +188,32 @@ class ModelBundle:
                 f"(gate.json records {record.file} sha256 {record.sha256[:12]}...); "
                 + _BUILD_HINT.format(name=self.spec.name)
             )
-        return None
+        return self._other_cpu(precision, record)
+
+    def _other_cpu(self, precision: str, record: VariantGate) -> str | None:
+        """Why a gate measured through a CPU provider does not hold for this CPU: its
+        kernels for ``precision`` compute other numbers (:func:`radserve.host.kernel_family`).
+        A variant gated on a GPU is left to :meth:`gate_coverage`; a record naming no
+        provider is an older CPU gate (`build-variants` gates on the CPU)."""
+        if record.providers and not any(p in CPU_PROVIDERS for p in record.providers):
+            return None
+        here = cpu_kernel(precision)
+        gated = record.cpu_kernel
+        if gated is None and precision == "fp16":
+            gated = "float32"  # gated before kernels were recorded: no CPU then had fp16
+        if gated is not None and kernel_family(gated) == kernel_family(here):
+            return None
+        then = (
+            f"on a CPU computing it with {gated} ({kernel_family(gated)})"
+            if gated is not None
+            else "before radserve recorded which CPU kernels it measured"
+        )
+        return (
+            f"{self.key} {precision} was gated {then}, and this CPU computes it with "
+            f"{here or 'no vector kernel'} ({kernel_family(here)}): numbers that gate did "
+            f"not measure; gate it on this host with `radserve models build-variants "
+            f"--model {self.spec.name}`, or serve fp32"
+        )
 
     def gate_coverage(self, precision: str, provider: str) -> str | None:
         """Why the accuracy gate of ``precision`` does not cover ``provider`` (a warning
