@@ -15,7 +15,11 @@ import numpy as np
 import pytest
 
 from radserve.errors import ModelError
-from radserve.preprocess.monai_grid import back_coordinates, torch_linspace_base
+from radserve.preprocess.monai_grid import (
+    back_coordinates,
+    forward_coordinates,
+    torch_linspace_base,
+)
 
 SPACINGS = [0.5, 0.625, 0.7, 0.703125, 0.75, 0.78125, 0.8, 0.9, 0.9765625, 1.0, 1.1, 1.2]
 SPACINGS += [1.25, 1.5, 1.6, 2.0, 2.5, 3.0, 5.0]
@@ -30,8 +34,9 @@ def test_linspace_base_is_torchs() -> None:
 
 def _monai_grid(
     nifti: Path, axcodes: str, pixdim: list[float], margin: int, k: int, monkeypatch: Any
-) -> tuple[np.ndarray | None, tuple[int, int, int], Any]:
-    """MONAI's Invertd grid (unnormalised, clipped), the model shape and MONAI's box."""
+) -> tuple[Any, Any, tuple[int, ...], Any]:
+    """MONAI's Spacing and Invertd grids (unnormalised, clipped; None where MONAI does
+    not resample), the model grid's shape and MONAI's box."""
     import torch
     from monai.transforms import (
         Compose,
@@ -61,6 +66,7 @@ def _monai_grid(
         ScaleIntensityRanged("image", a_min=-57, a_max=164, b_min=0.0, b_max=1.0, clip=True),
     ]
     scaled = Compose(pre)({"image": str(nifti)})["image"]
+    forward = _unnormalised(*grids[-1]) if grids else None  # Spacing's own grid
     box = CropForeground(margin=margin, k_divisible=k).compute_bounding_box(scaled)
     crop = CropForegroundd("image", source_key="image", margin=margin, k_divisible=k)
     compose = Compose([*pre, crop])
@@ -68,15 +74,27 @@ def _monai_grid(
     data["pred"] = data["image"].clone()
     grids.clear()
     Invertd("pred", transform=compose, orig_keys="image", nearest_interp=False)(data)
-    if not grids:
-        return None, tuple(scaled.shape[1:]), box  # type: ignore[return-value]
-    sizes, grid = grids[-1]
+    back = _unnormalised(*grids[-1]) if grids else None
+    return forward, back, tuple(scaled.shape[1:]), box
+
+
+def _unnormalised(sizes: tuple[int, ...], grid: np.ndarray) -> list[np.ndarray]:
+    """Per axis, (output voxels along it, the rest) of ``grid_sample``'s source index."""
     coords = []
     for axis in range(3):  # grid[..., 0] is the last axis (x), as torch orders it
         u = ((grid[..., 2 - axis] + 1) * sizes[axis] - 1) / 2
         u = np.minimum(sizes[axis] - 1, np.maximum(u, 0))
         coords.append(np.moveaxis(u, axis, 0).reshape(u.shape[axis], -1))
-    return coords, sizes, box  # type: ignore[return-value]
+    return coords
+
+
+def _same(got: list[np.ndarray], want: list[np.ndarray] | None, where: Any) -> None:
+    if want is None:  # MONAI found the grids equal and did not resample
+        assert all(np.array_equal(c, np.arange(len(c))) for c in got), where
+        return
+    for axis in range(3):
+        assert (want[axis] == want[axis][:, :1]).all()  # one coordinate per row
+        assert np.array_equal(got[axis], want[axis][:, 0]), (where, axis)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -102,15 +120,13 @@ def test_back_coordinates_are_monais(tmp_path: Path, seed: int, monkeypatch: Any
         nifti = tmp_path / f"{trial}.nii.gz"
         nib.save(nib.Nifti1Image(data, affine), nifti)
         margin, k = int(rng.choice([0, 2, 20])), int(rng.choice([1, 8, 16]))
-        want, sizes, box = _monai_grid(nifti, axcodes, pixdim, margin, k, monkeypatch)
+        forward, back, sizes, box = _monai_grid(nifti, axcodes, pixdim, margin, k, monkeypatch)
+        got, model_shape = forward_coordinates(affine, shape, axcodes, pixdim)  # type: ignore[arg-type]
+        assert model_shape == sizes
+        _same(got, forward, ("forward", seed, trial))
         got, model_shape = back_coordinates(affine, shape, axcodes, pixdim, box)  # type: ignore[arg-type]
-        assert model_shape == tuple(sizes)
-        if want is None:  # MONAI found the grids equal and did not resample
-            assert all(np.array_equal(c, np.arange(len(c))) for c in got)
-            continue
-        for axis in range(3):
-            assert (want[axis] == want[axis][:, :1]).all()  # one coordinate per native row
-            assert np.array_equal(got[axis], want[axis][:, 0]), (seed, trial, axis)
+        assert model_shape == sizes
+        _same(got, back, ("back", seed, trial))
 
 
 def test_oblique_series_is_refused() -> None:

@@ -37,6 +37,8 @@ import itertools
 import logging
 import math
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -58,12 +60,14 @@ from radserve.preprocess.axes import axis_map
 from radserve.preprocess.crop import BBox, crop_volume, nonzero_mask
 from radserve.preprocess.denoise import read_filtered
 from radserve.preprocess.foreground import foreground_window
-from radserve.preprocess.monai_grid import back_coordinates
+from radserve.preprocess.monai_grid import back_coordinates, forward_coordinates
 from radserve.preprocess.normalise import normalise, normalised_floor
 from radserve.preprocess.resample import grid_coordinates, interpolate_axis, resample_to_spacing
 from radserve.preprocess.spline import nnunet_new_shape, resize_channels, separate_axis
 
 logger = logging.getLogger(__name__)
+# per network axis, sampling coordinates; MONAI's model grid shape (preprocess.monai_grid)
+_Grid = tuple[list[np.ndarray], tuple[int, int, int]]
 
 
 def window_starts(size: int, patch: int, overlap: float) -> list[int]:
@@ -345,7 +349,12 @@ class PatchTask(BatchedTask):
             else [array.astype(np.float32) for array, _ in pairs]
         )
         data += [mask.astype(np.float32) for mask in masks]
-        coords = self._first_voxel_coords(crop.shape, crop.spacing, forward=True)
+        fg = self.spec.input.crop_foreground
+        monai_axes = fg is not None and self._monai_axes() is not None
+        if monai_axes:  # MONAI's Spacing coordinates, to the last bit (as the way back)
+            coords, _ = self._monai_geometry(volume, forward_coordinates)
+        else:
+            coords = self._first_voxel_coords(crop.shape, crop.spacing, forward=True)
         self._resampled = tuple(len(c) for c in coords)  # type: ignore[assignment]
         out = []
         for i, c in enumerate(data):
@@ -355,42 +364,50 @@ class PatchTask(BatchedTask):
             out.append(c.astype(np.float32, copy=False))
         if not rs.normalise_first:
             out[: len(pairs)] = [normalise(c, n) for c, (_, n) in zip(out, pairs, strict=False)]
-        fg = self.spec.input.crop_foreground
         if fg is not None:
             # MONAI's CropForeground: the windows inside the box, one accumulator for the
             # padded grid (outputs outside the box are zeroed in _finalise).
             window = foreground_window(np.stack(out), fg, self.patch)
             self._pad_before, self._box, self._windows = window.origin, window.box, window.windows
             self._rolling = False
-            self._monai_back = self._monai_back_coordinates(volume)
+            if monai_axes:
+                self._monai_back = self._monai_back_coordinates(volume)
             return window.image
         return self._pad(np.stack(out), [normalised_floor(n) for _, n in pairs])
 
-    def _monai_back_coordinates(self, volume: Volume) -> list[np.ndarray] | None:
-        """Where MONAI's ``Invertd`` reads the model grid for each native voxel, to the
-        last bit (:mod:`radserve.preprocess.monai_grid`): after ``CropForeground`` the
-        labels of voxels landing exactly on a model voxel beside the box follow it.
-        None for index axes (no ``Orientation`` to repeat)."""
+    def _monai_axes(self) -> str | None:
+        """``Orientation``'s axcodes for MONAI's arithmetic; None for index axes."""
         axes = self.spec.input.axes
         if axes is None or any(a not in "RLAPSI" for a in axes):
             return None
-        assert self._box is not None
+        return "".join(axes)
+
+    def _monai_geometry(self, volume: Volume, what: Callable[..., _Grid], *args: Any) -> _Grid:
+        """``what`` (:mod:`radserve.preprocess.monai_grid`) on the crop as MONAI reads it
+        from NIfTI: (per network axis, coordinates; MONAI's model grid shape)."""
         crop = crop_volume(volume, self.box)
+        return what(
+            crop.nifti_affine(),
+            crop.shape[::-1],
+            self._monai_axes(),
+            self.spec.input.spacing,
+            *args,
+        )
+
+    def _monai_back_coordinates(self, volume: Volume) -> list[np.ndarray] | None:
+        """Where MONAI's ``Invertd`` reads the model grid for each native voxel, to the
+        last bit: after ``CropForeground`` the labels of voxels landing exactly on a
+        model voxel beside the box follow it (docs/model-ops.md)."""
+        assert self._box is not None
         box = tuple(
             tuple(int(v) - o for v, o in zip(edge, self._pad_before, strict=True))
             for edge in self._box
         )
-        coords, shape = back_coordinates(
-            crop.nifti_affine(),
-            crop.shape[::-1],  # type: ignore[arg-type]
-            "".join(axes),
-            self.spec.input.spacing,  # type: ignore[arg-type]
-            box,  # type: ignore[arg-type]
-        )
+        coords, shape = self._monai_geometry(volume, back_coordinates, box)
         if shape != tuple(self._resampled):
             raise ModelError(
                 f"crop_foreground: MONAI's Spacing grid {shape} is not radserve's "
-                f"{tuple(self._resampled)} (a size at an exact half voxel)"
+                f"{tuple(self._resampled)}"
             )
         return coords
 

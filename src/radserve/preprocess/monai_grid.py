@@ -16,7 +16,10 @@ nibabel and dcm2niix write it):
   inverses, as MONAI's ``track_transform_meta`` composes them;
 * the inverse ``Spacing``: ``solve(model, original)``, ``to_norm_affine`` and, per axis,
   torch's ``linspace`` (fused multiply-add, as ATen's CPU kernel is compiled), the
-  ``affine_grid`` product and ``grid_sample``'s unnormalisation and border clip.
+  ``affine_grid`` product and ``grid_sample``'s unnormalisation and border clip
+  (:func:`back_coordinates`); the same for ``Spacing`` itself, from
+  ``solve(original, target)`` (:func:`forward_coordinates`: the model grid's values
+  then come from MONAI's sampling points too, so the box sees MONAI's image).
 
 Matrix products use NumPy: every product here has at most two non-zero terms per entry
 (axis-aligned affines), so MKL, OpenBLAS and NumPy round them alike. An oblique series
@@ -28,6 +31,7 @@ Checked bit for bit against MONAI's own grid (tests/unit/test_monai_grid.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -126,6 +130,70 @@ def _is_axis_aligned(affine: np.ndarray) -> bool:
     return bool((nz.sum(axis=0) == 1).all() and (nz.sum(axis=1) == 1).all())
 
 
+@dataclass(frozen=True)
+class _Geometry:
+    """MONAI's affines and shapes for one series: after ``Orientation`` (``oriented``,
+    ``native``), ``Spacing``'s target and the model grid's affine as ``Spacing`` leaves
+    it on the image (``model``, ``model_shape``)."""
+
+    oriented: np.ndarray
+    native: tuple[int, int, int]
+    target: np.ndarray
+    model: np.ndarray
+    model_shape: tuple[int, int, int]
+
+
+def _geometry(
+    ras: np.ndarray, shape: tuple[int, int, int], axcodes: str, pixdim: Sequence[float]
+) -> _Geometry:
+    """MONAI's ``Orientation`` and ``Spacing`` arithmetic; an oblique series refused."""
+    ras = nifti_affine(ras)
+    if not _is_axis_aligned(ras):
+        raise ModelError(
+            "crop_foreground: an oblique series (direction cosines off the axes): MONAI's "
+            "resampling sums several rounded terms per coordinate in its BLAS library's "
+            "order, which radserve does not reproduce; the labels at the crop box's edge "
+            "would not be MONAI's"
+        )
+    oriented, native = _oriented(ras, shape, axcodes)
+    target, model_shape = _spacing_target(oriented, native, pixdim)
+    xform = np.linalg.solve(oriented, target)
+    if model_shape == native and np.allclose(xform, np.eye(4), atol=_AFFINE_TOL):
+        model = oriented  # MONAI keeps the image and its affine
+    else:
+        model = oriented @ xform
+    return _Geometry(oriented, native, target, model, model_shape)
+
+
+def _sampled_at(
+    xform: np.ndarray, src: tuple[int, int, int], dst: tuple[int, int, int]
+) -> list[np.ndarray]:
+    """Per axis, where ``spatial_resample`` reads ``src`` for each ``dst`` voxel
+    (``AffineTransform``: ``to_norm_affine``, ``affine_grid``, ``grid_sample``'s
+    unnormalisation, border clip); a voxel grid when MONAI skips the resampling."""
+    if src == dst and np.allclose(xform, np.eye(4), atol=_AFFINE_TOL):
+        return [np.arange(n, dtype=np.float64) for n in dst]
+    theta = _normalize(src) @ xform @ np.linalg.inv(_normalize(dst))
+    coords = []
+    for axis, (n_dst, n_src) in enumerate(zip(dst, src, strict=True)):
+        g = torch_linspace_base(n_dst) * theta[axis, axis] + theta[axis, 3]
+        u = ((g + 1.0) * float(n_src) - 1.0) / 2.0
+        coords.append(np.minimum(float(n_src - 1), np.maximum(u, 0.0)))
+    return coords
+
+
+def forward_coordinates(
+    ras: np.ndarray, shape: tuple[int, int, int], axcodes: str, pixdim: Sequence[float]
+) -> tuple[list[np.ndarray], tuple[int, int, int]]:
+    """(per network axis, the native coordinate each model voxel is read from; the
+    model grid's shape) as MONAI's ``Spacing`` computes them (arguments: see
+    :func:`back_coordinates`)."""
+    g = _geometry(ras, shape, axcodes, pixdim)
+    return _sampled_at(
+        np.linalg.solve(g.oriented, g.target), g.native, g.model_shape
+    ), g.model_shape
+
+
 def back_coordinates(
     ras: np.ndarray,
     shape: tuple[int, int, int],
@@ -139,40 +207,18 @@ def back_coordinates(
     ``ras``: the series' RAS affine over its file axes (NIfTI order) of ``shape``;
     ``axcodes``: ``Orientation``'s; ``pixdim``: ``Spacing``'s (network order); ``box``:
     the crop box (start, end) on the model grid, possibly past it."""
-    ras = nifti_affine(ras)
-    if not _is_axis_aligned(ras):
-        raise ModelError(
-            "crop_foreground: an oblique series (direction cosines off the axes): MONAI's "
-            "way back sums several rounded terms per coordinate in its BLAS library's "
-            "order, which radserve does not reproduce; the labels at the crop box's edge "
-            "would not be MONAI's"
-        )
-    oriented, native = _oriented(ras, shape, axcodes)
-    target, model_shape = _spacing_target(oriented, native, pixdim)
-    model = oriented @ np.linalg.solve(oriented, target)
+    g = _geometry(ras, shape, axcodes, pixdim)
+    oriented, native, model, model_shape = g.oriented, g.native, g.model, g.model_shape
     start, end = np.asarray(box[0]), np.asarray(box[1])
     lo, hi = np.maximum(start, 0), np.minimum(end, model_shape)
     pad_before, pad_after = np.maximum(-start, 0), np.maximum(end - np.asarray(model_shape), 0)
-    padded = bool(pad_before.any() or pad_after.any())
     cropped = model @ _translate(lo)  # CropForeground: crop, then pad
-    if padded:
+    if pad_before.any() or pad_after.any():
         cropped = cropped @ _translate(-pad_before)
     back = cropped @ _translate(pad_before)  # Invertd: the pad's inverse crops
     if lo.any() or (np.asarray(model_shape) - hi).any():
         back = back @ _translate(-lo)  # the crop's inverse pads
-    xform = np.linalg.solve(back, oriented)
-    if np.allclose(xform, np.eye(4), atol=_AFFINE_TOL):  # MONAI skips the resampling
-        return [np.arange(n, dtype=np.float64) for n in native], model_shape
-    src = _normalize(model_shape)
-    dst_inv = np.linalg.inv(_normalize(native))
-    theta = src @ xform @ dst_inv
-    coords = []
-    for axis, (n_native, n_model) in enumerate(zip(native, model_shape, strict=True)):
-        base = torch_linspace_base(n_native)
-        g = base * theta[axis, axis] + theta[axis, 3]
-        u = ((g + 1.0) * float(n_model) - 1.0) / 2.0
-        coords.append(np.minimum(float(n_model - 1), np.maximum(u, 0.0)))
-    return coords, model_shape
+    return _sampled_at(np.linalg.solve(back, oriented), model_shape, native), model_shape
 
 
 def _normalize(shape: Sequence[int]) -> np.ndarray:
