@@ -655,39 +655,42 @@ def _eta_tables(console: Console, summary: dict[str, Any]) -> None:
     )
     planner = summary["planner"]
     others = {
-        "separate": summary.get("planner_separate_hardware") or {},
-        "measured, shared": summary.get("planner_shared_cores") or {},
-        "warm-up, shared": summary.get("planner_host_model") or {},
+        "trace times, separate hardware": summary.get("planner_separate_hardware"),
+        "trace times, shared cores": summary.get("planner_shared_cores"),
+        "warm-up times, shared cores": summary.get("planner_host_model"),
     }
     table = Table(
-        title=f"planner (radserve plan's simulation of this trace, median of "
-        f"{planner['seeds']} seeds) vs measured TAT: 'planned', radserve plan's default "
-        f"({summary.get('planner_model', 'trace times')}); older models: the trace's "
-        "times as measured on separate hardware, and on shared cores; the warm-up's "
-        "times on shared cores"
+        title=f"planner: radserve plan's simulation of this trace by its default model "
+        f"({summary.get('planner_model', 'trace times')}), median of {planner['seeds']} "
+        "seeds, vs measured TAT"
     )
-    table.add_column("class")
-    table.add_column("jobs", justify="right")
-    for q in ("p50", "p95"):
-        for column in ("measured", "planned", *others):
-            table.add_column(f"{q} {column}", justify="right")
+    for column in ("class", "jobs", "p50 measured", "p50 planned", "p95 measured", "p95 planned"):
+        table.add_column(column, justify="left" if column == "class" else "right")
 
     def fmt(r: dict[str, Any], q: str) -> str:
-        return f"{r[f'predicted_{q}_s']:.1f} s ({r[f'diff_{q}']:.0%})" if r else "-"
+        return f"{r[f'predicted_{q}_s']:.1f} s ({r[f'diff_{q}']:.0%})"
 
     for cls, row in planner["classes"].items():
-        cells = [cls, str(row["jobs"])]
-        for q in ("p50", "p95"):
-            cells += [f"{row[f'measured_{q}_s']:.1f} s", fmt(row, q)]
-            cells += [fmt(o.get("classes", {}).get(cls, {}), q) for o in others.values()]
-        table.add_row(*cells)
+        table.add_row(
+            cls,
+            str(row["jobs"]),
+            f"{row['measured_p50_s']:.1f} s",
+            fmt(row, "p50"),
+            f"{row['measured_p95_s']:.1f} s",
+            fmt(row, "p95"),
+        )
     console.print(table)
     console.print(
-        f"[dim]planner within 25 % (every class's p50 and p95, radserve plan's default): "
-        f"{planner['within_goal']}, {_cells_within(planner)}; "
-        + "; ".join(f"{name}: {_cells_within(o)}" for name, o in others.items() if o)
-        + "[/dim]"
+        f"[dim]planner within 25 % (every class's p50 and p95, the default model): "
+        f"{planner['within_goal']}, {_cells_within(planner)}[/dim]"
     )
+    for name, other in others.items():
+        if other:
+            cells = ", ".join(
+                f"{cls} p50 {fmt(r, 'p50')}, p95 {fmt(r, 'p95')}"
+                for cls, r in other["classes"].items()
+            )
+            console.print(f"[dim]older model, {name}: {_cells_within(other)}; {cells}[/dim]")
 
 
 def _cells_within(check: dict[str, Any]) -> str:
