@@ -14,7 +14,12 @@ instead of MONAI's own coordinates (session 9's arithmetic, as a control); secon
 run (radserve's ``run_task``, MONAI's preprocessing + inferer + postprocessing), one
 thread each, to compare within one run only.
 
-Usage: PYTHONPATH=src:. python tools/measure_monai_crop_foreground.py
+``--cost``: what the crop costs radserve at a larger size: the bundle imported without
+and with ``CropForegroundd`` on a 120x320x320 CT at 2.5x0.8x0.8 mm (air on two sides),
+each in a fresh process (one thread): seconds per stage and peak RSS. The crop keeps one
+accumulator for the whole model grid and maps back in float64.
+
+Usage: PYTHONPATH=src:. python tools/measure_monai_crop_foreground.py [--cost]
 """
 
 from __future__ import annotations
@@ -92,6 +97,46 @@ def main(kind: str) -> None:
         assert np.asarray(want).size == volume.array.size
 
 
+def cost(kind: str) -> None:
+    """One run of the ``kind`` ('plain' or 'crop') import on the larger CT."""
+    import resource
+
+    from tests.factories import monai_bundle as mb
+    from tests.integration.test_nnunet_agreement import synthetic_ct
+
+    from radserve.domain.volume import Volume
+    from radserve.importers.monai_bundle import import_monai
+    from radserve.inference import ModelSession, PatchTask, choose_runtime, run_task
+    from radserve.models.manifest import load_manifest
+
+    crop = {"_target_": "CropForegroundd", "keys": "image", "source_key": "image"}
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        pre = [*mb.PRE[:5], crop, mb.PRE[5]] if kind == "crop" else None
+        out = import_monai(mb.write_monai_bundle(t / "b", pre=pre), t / "m", name=kind)
+        spec = load_manifest(out / "model.yaml")
+        ct = synthetic_ct((120, 320, 320), seed=3)
+        ct[:, :, :20] = -1000.0
+        ct[:, :20] = -1000.0
+        volume = Volume.from_geometry(ct, spacing=(2.5, 0.8, 0.8), origin=(0, 0, 0))
+        cpu = choose_runtime(prefer=["CPUExecutionProvider"], threads=1)
+        session = ModelSession(out / "model.onnx", spec, runtime=cpu)
+        task = PatchTask(volume, spec)
+        _, wall = _timed(lambda: run_task(task, session))
+        stages = ", ".join(f"{k} {v:.2f} s" for k, v in task._state.timings.items())
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"{kind}: {wall:.2f} s ({stages}), peak RSS {peak:.0f} MiB")
+
+
 if __name__ == "__main__":
-    for kind in ("zero frame", "air", "ties"):
-        main(kind)
+    import subprocess
+    import sys
+
+    if sys.argv[1:2] == ["--cost"]:
+        for kind in ("plain", "crop"):
+            subprocess.run([sys.executable, __file__, "--cost-one", kind], check=True)
+    elif sys.argv[1:2] == ["--cost-one"]:
+        cost(sys.argv[2])
+    else:
+        for kind in ("zero frame", "air", "ties"):
+            main(kind)
