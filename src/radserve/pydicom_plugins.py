@@ -57,7 +57,7 @@ class _HideDuringPydicomImport(importlib.abc.MetaPathFinder):
                 exec_module(module)
             finally:
                 for name in hidden:
-                    del sys.modules[name]
+                    sys.modules.pop(name, None)
             if "gdcm" in hidden:
                 for name in _GDCM_MODULES:  # imported again, with gdcm, by enable_gdcm
                     sys.modules.pop(name, None)
