@@ -196,6 +196,22 @@ def test_crop_foreground_vs_monai(tmp_path: Path, case: str) -> None:
     assert agreement >= 0.999, agreement
 
 
+def test_crop_foreground_refuses_an_oblique_series(tmp_path: Path) -> None:
+    """MONAI's coordinates on an oblique grid are sums in BLAS order: refused by name."""
+    from radserve.errors import ModelError
+
+    bundle = mb.write_monai_bundle(tmp_path / "bundle", pre=[*mb.PRE[:5], _CROP, mb.PRE[5]])
+    out = import_monai(bundle, tmp_path / "models", name="tiny", version="1.0.0")
+    spec = load_manifest(out / "model.yaml")
+    c, s = np.cos(0.2), np.sin(0.2)  # a 11.5 degree gantry tilt
+    tilted = np.array([[1.0, 0, 0], [0, c, -s], [0, s, c]])
+    volume = _ct((20, 40, 40), (2.5, 0.9, 0.9), direction=tilted)
+    with pytest.raises(ModelError, match="crop_foreground: an oblique series"):
+        run_task(PatchTask(volume, spec), ModelSession(out / "model.onnx", spec, runtime=CPU))
+    axial = _ct((20, 40, 40), (2.5, 0.9, 0.9))
+    assert run_task(PatchTask(axial, spec), ModelSession(out / "model.onnx", spec, runtime=CPU))
+
+
 def test_imported_manifest_states_the_bundle(tmp_path: Path) -> None:
     bundle = mb.write_monai_bundle(tmp_path / "bundle")
     spec = load_manifest(import_monai(bundle, tmp_path / "models") / "model.yaml")
