@@ -143,3 +143,24 @@ def test_fitted_head_model_agrees(tmp_path):
     theirs = nnunet_labels(read_results_folder(folder), ct, spacing, mirroring=False)
     assert len(np.unique(theirs)) >= 2
     assert agreement(radserve_labels(bundle, ct, spacing), theirs) >= 0.999
+
+
+@pytest.mark.slow
+def test_briefly_trained_model_learns_and_agrees(tmp_path):
+    """The benchmark's ``--weights trained`` model (radserve.bench.nnunet_model.
+    train_briefly: the whole network trained a few Adam steps to the CT's intensity
+    classes) as a tiny folder: it labels most voxels with their intensity class (it
+    learned; a random network's labels match about a quarter), and radserve's labels
+    equal nnU-Net's."""
+    from radserve.bench.nnunet_model import hu_band_target
+
+    ct, spacing = synthetic_ct((24, 72, 72), seed=5), (2.0, 1.5, 1.5)
+    folder = make_results_folder(
+        tmp_path / "results", folds=(0,), train_on=ct, train_steps=30, train_lr=1e-2
+    )
+    theirs = nnunet_labels(read_results_folder(folder), ct, spacing, mirroring=False)
+    inside = ct != 0  # the zero frame is outside nnU-Net's crop (background)
+    learned = float((theirs[inside] == hu_band_target(ct)[inside]).mean())
+    assert learned > 0.8, learned
+    bundle = import_nnunet(folder, tmp_path / "models", name="tiny-trained")
+    assert agreement(radserve_labels(bundle, ct, spacing), theirs) >= 0.999

@@ -12,9 +12,13 @@ Random weights make logits that are nearly tied almost everywhere (a deep random
 network's classes differ by a small fraction of their size), so any rounding
 anywhere flips labels: nnU-Net's own float16 logit accumulation does (see the README's
 issue 18 section). ``train_on`` gives a model with decisive logits instead, still
-built here: its segmentation head (the last 1x1x1 convolution) is fitted by least
-squares to intensity classes of a CT patch (:func:`hu_band_target`) on the random
-body's features -- a briefly trained model, the rest of the network as initialised.
+built here, taught the intensity classes of a CT (:func:`hu_band_target`) in one of two
+ways: ``train_steps`` > 0 trains the whole network briefly (:func:`train_briefly`:
+Adam, cross-entropy, random crops); otherwise only its segmentation head (the last
+1x1x1 convolution) is fitted by least squares on the random body's features
+(:func:`fit_head`). The second is cheap but stays close to random: the random body's
+features are chaotic enough that two float32 implementations (OpenVINO, torch) differ
+by ~2% of their spread, which no linear head rises above (issue 18, session 10).
 """
 
 from __future__ import annotations
@@ -174,15 +178,18 @@ def make_results_folder(
     seed: int = 0,
     plans: dict | None = None,
     train_on: np.ndarray | None = None,
+    train_steps: int = 0,
+    train_lr: float = 1e-3,
     channel_names: tuple[str, ...] | None = None,
     **plan_options,
 ) -> Path:
     """Write ``root/<trainer folder>`` with dataset.json, plans.json and checkpoints
     (``plans``: a whole plans dict, else :func:`tiny_plans` with ``plan_options``).
 
-    ``train_on``: a CT patch in HU (D, H, W, about the model's spacing, at least one
-    patch in size): each fold's head is fitted to :func:`hu_band_target` of it and the
-    labels are :data:`HU_BANDS`."""
+    ``train_on``: a CT in HU (D, H, W, about the model's spacing, at least one patch in
+    size); the labels are then :data:`HU_BANDS`, and each fold is trained for
+    ``train_steps`` steps at ``train_lr`` on it (:func:`train_briefly`) or, with none, has its head
+    fitted to it (:func:`fit_head`)."""
     import torch
     from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
     from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
@@ -204,7 +211,9 @@ def make_results_folder(
         net = nnUNetTrainer.build_network_architecture(
             manager, config, len(dataset["channel_names"]), heads, enable_deep_supervision=False
         )
-        if train_on is not None:
+        if train_on is not None and train_steps > 0:
+            train_briefly(net, train_on, plans, steps=train_steps, seed=seed + fold, lr=train_lr)
+        elif train_on is not None:
             fit_head(net, train_on, plans, config.patch_size)
         (folder / f"fold_{fold}").mkdir()
         torch.save(
@@ -220,6 +229,56 @@ def make_results_folder(
     return folder
 
 
+def _normalised(hu: np.ndarray, plans: dict) -> np.ndarray:
+    """``hu`` as the plans' CT normalisation makes it (clip to the percentiles, z-score)."""
+    props = plans["foreground_intensity_properties_per_channel"]["0"]
+    x = np.clip(hu, props["percentile_00_5"], props["percentile_99_5"])
+    return ((x - props["mean"]) / max(props["std"], 1e-8)).astype(np.float32)
+
+
+def train_crop(plans: dict, edge: int = 64) -> tuple[int, ...]:
+    """The training crop: ``edge`` voxels per axis (at most the patch), a multiple of
+    the network's total stride so every stage sees whole voxels."""
+    config = plans["configurations"][CONFIG]
+    strides = config["architecture"]["arch_kwargs"]["strides"]
+    total = [int(np.prod([s[a] for s in strides])) for a in range(3)]
+    return tuple(
+        max(t, min(p, edge) // t * t) for p, t in zip(config["patch_size"], total, strict=True)
+    )
+
+
+def train_briefly(
+    net, hu: np.ndarray, plans: dict, *, steps: int, seed: int = 0, lr: float = 1e-3
+) -> list[float]:
+    """Train ``net`` for ``steps`` Adam steps of cross-entropy against
+    :func:`hu_band_target` of ``hu``, one random :func:`train_crop` per step (the
+    plans' CT normalisation; torch's CPU threads). What a short training run gives a
+    network: features that separate the classes, so logits decide well away from the
+    class edges. Deterministic for a seed (on one torch build and thread count).
+    Returns the loss per step."""
+    import torch
+
+    x, target = _normalised(hu, plans), hu_band_target(hu)
+    crop = train_crop(plans)
+    if any(n < c for n, c in zip(x.shape, crop, strict=True)):
+        raise ValueError(f"train_on {x.shape} is smaller than the training crop {crop}")
+    rng = np.random.default_rng(seed)
+    optimiser = torch.optim.Adam(net.parameters(), lr=lr)
+    losses = []
+    net.train()
+    for _ in range(steps):
+        starts = [int(rng.integers(0, n - c + 1)) for n, c in zip(x.shape, crop, strict=True)]
+        box = tuple(slice(s, s + c) for s, c in zip(starts, crop, strict=True))
+        image = torch.from_numpy(np.ascontiguousarray(x[box]))[None, None]
+        loss = torch.nn.functional.cross_entropy(net(image), torch.from_numpy(target[box])[None])
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        losses.append(float(loss.detach()))
+    net.eval()
+    return losses
+
+
 def fit_head(net, hu: np.ndarray, plans: dict, patch: list[int], per_class: int = 20000) -> None:
     """Fit ``net``'s last 1x1x1 convolution to :func:`hu_band_target` of ``hu``.
 
@@ -230,10 +289,8 @@ def fit_head(net, hu: np.ndarray, plans: dict, patch: list[int], per_class: int 
     Deterministic (fixed sampling seed)."""
     import torch
 
-    props = plans["foreground_intensity_properties_per_channel"]["0"]
     block = _most_mixed_block(hu, patch)
-    x = np.clip(block, props["percentile_00_5"], props["percentile_99_5"])
-    x = ((x - props["mean"]) / max(props["std"], 1e-8)).astype(np.float32)
+    x = _normalised(block, plans)
     head = net.decoder.seg_layers[-1]
     seen: list = []
     hook = head.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))

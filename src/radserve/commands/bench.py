@@ -46,7 +46,8 @@ from rich.table import Table
     "swap: a model version deployed mid-run under steady submissions and status "
     "reads against a spawned server (--studies, --interval); "
     "nnunet: an imported nnU-Net 3d_fullres model, radserve vs nnUNetPredictor "
-    "(--size full|medium|ci, --weights fitted|random, --precision; needs the nnunet extra); "
+    "(--size full|medium|ci, --weights fitted|random|trained, --precision; needs the "
+    "nnunet extra); "
     "floor: where the memory (per import, per model, per stage) and the CPU-seconds "
     "(per stage, against each stage's lower bound) of the explicit study go, per "
     "--precision [default: fp32, int8] (--provider); "
@@ -67,11 +68,12 @@ from rich.table import Table
 )
 @click.option(
     "--weights",
-    type=click.Choice(["fitted", "random"]),
+    type=click.Choice(["fitted", "random", "trained"]),
     default="fitted",
     show_default=True,
     help="nnunet scenario: random weights with the segmentation head fitted to CT "
-    "intensity classes (decisive logits), or all random (nearly tied logits).",
+    "intensity classes, all random (nearly tied logits), or the whole network trained "
+    "briefly to those classes (40 Adam steps before timing; decisive logits).",
 )
 @click.option(
     "--provider",
@@ -790,7 +792,8 @@ def _nnunet(
         title=f"radserve bench --scenario nnunet --size {size} --weights {weights}: "
         f"CT {s['volume']} at "
         f"{s['spacing_mm']} mm, model {s['model_spacing_mm']} mm, patch {s['patch']} "
-        f"({s['patches']} patches), {s['cores']} cores"
+        f"({s['patches']} patches), {s['cores']} cores; weights made in "
+        f"{s['model_build_s']:.0f} s ({s['train_steps']} training steps)"
     )
     for column in ("contestant", "seconds", "peak RSS MB (above start)", "labels"):
         table.add_column(column, justify="left" if column == "contestant" else "right")
