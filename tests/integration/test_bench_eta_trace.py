@@ -5,13 +5,16 @@ that ran. No time is asserted (the host is shared)."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
+from rich.console import Console
 from tests.factories.service import make_study, write_assets
 
 from radserve.bench.eta_accuracy import JobTrace, Reading, eta_errors, planner_check
 from radserve.bench.eta_trace import run_eta_trace
+from radserve.commands.bench import _eta_tables
 from radserve.config import SchedulerSettings, TurnaroundSettings
 from radserve.domain.priority import PriorityClass
 from radserve.turnaround.eta import on_host_cores
@@ -123,6 +126,14 @@ def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
         for pair in zip(j.readings, again[j.job_id], strict=True)  # the same walks
     ]
     assert sum(recorded == refitted for recorded, refitted in pairs) >= 0.75 * len(pairs)
+    # the command's tables read every field: the planner's default and the older models
+    out = io.StringIO()
+    _eta_tables(Console(file=out, width=200), summary)
+    cells = sum(
+        (r["diff_p50"] <= 0.25) + (r["diff_p95"] <= 0.25) for r in planner["classes"].values()
+    )
+    assert f"{cells} of {2 * len(planner['classes'])} cells" in out.getvalue()
+    assert "older model, trace times, separate hardware" in out.getvalue()
 
 
 def test_eta_error_is_relative_to_the_actual_turnaround() -> None:
