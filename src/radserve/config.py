@@ -750,6 +750,11 @@ class TurnaroundSettings(_Section):
     window_jobs: int = Field(default=200, ge=1, le=1000)
     half_life_jobs: float = Field(default=0.0, ge=0)
     latency_lanes: Literal["none", "class", "exclusive"] = "exclusive"
+    # the ETA walk's throughput bound: "shares", the jobs' measured shares of the server's
+    # wall time (radserve.turnaround.share; default since 2026-12-02 session 10), or
+    # "stages", their stage timings over the workers and cores (before; on five loaded
+    # traces: better on three, worse on two, README, issue 17)
+    throughput: Literal["shares", "stages"] = "shares"
     # the service-time prior (before anything is measured): seconds = fixed + per_slice
     # x slices for a job, device_share of it in model batches (README bench figures)
     prior_fixed_s: float = Field(default=0.5, ge=0)

@@ -105,6 +105,8 @@ def test_eta_service_times_and_deadline_risk(tmp_path: Path) -> None:
             assert steps["run"]["samples"] == 3
             assert steps["run shared"]["samples"] == 3  # the three (routine) jobs' lane
             assert "run alone" not in steps  # no URGENT job ran
+            # each job's share of the server's wall time, per lane too: the walk's bound
+            assert steps["share"]["samples"] == steps["share shared"]["samples"] == 3
             # measured, the model no longer says 5 s per slice
             assert steps["run"]["seconds_per_slice"] < 5.0
 

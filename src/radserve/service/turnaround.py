@@ -7,9 +7,9 @@ unfinished job, and deadline-risk events raised before a miss.
   file), so a restart does not forget. The host's one device names the device key.
 - Every job's share of the server's wall time (:class:`~radserve.turnaround.share.
   ShareMeter`: wall time split among the jobs running together, from the scheduler's
-  start and end events) is learned with it; the walk's throughput bound adds those up
-  once measured (not kept in the store: after a restart, until new jobs finish, the
-  bound falls back to the stage timings).
+  start and end events) is learned with it (``turnaround.throughput: shares``); the
+  walk's throughput bound adds those up once measured (not kept in the store: after a
+  restart, until new jobs finish, the bound falls back to the stage timings).
 - ETAs are recomputed on a thread of their own: scheduler events (the scheduler's
   listener) only set a flag; the thread walks the queue order at most every
   ``recompute_interval_s`` and every 2 s regardless (running jobs age); a newly queued
@@ -310,7 +310,8 @@ class Turnaround:
             record = self._record(event.job_id)
             if record is not None and geometry is not None and not record.cached_from:
                 size = StudySize.from_shape(geometry.shape)
-                self._observe(record, size, event.timings, share)
+                learned = share if self.settings.throughput == "shares" else None
+                self._observe(record, size, event.timings, learned)
         with self._lock:
             first = self._first.pop(event.job_id, None)
             if first is not None and event.state is JobState.SUCCEEDED:
