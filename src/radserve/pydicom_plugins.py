@@ -1,4 +1,4 @@
-"""GDCM loaded only when a study needs it; requests and tqdm not at all.
+"""GDCM loaded only when pydicom decodes with it; requests and tqdm not at all.
 
 pydicom imports every installed pixel-data plugin the first time it is imported, and
 GDCM's costs ~20 MiB of resident memory (its DICOM dictionary and libraries) in every
@@ -6,26 +6,28 @@ radserve process: the server, its decoding and receiving processes. Most studies
 need it (native data is read by pydicom itself, JPEG 2000 by pylibjpeg). pydicom also
 imports requests and tqdm (~7 MiB, ~0.5 s) for downloading its own test files, which
 radserve never does (pydicom falls back to urllib without them). So when ``radserve``
-is imported before pydicom, pydicom's own first import runs with these hidden: its GDCM
-plugins register as unavailable. :func:`enable_gdcm` puts them back, first in each
-coder's plugin table as pydicom registers them, before the first decode that may use
-GDCM (``radserve.ingest.decode`` calls it). Imports nothing of radserve.
+is imported before pydicom, pydicom's own first import runs with these hidden, and each
+coder's GDCM plugin is then put back, in its place (first, as pydicom registers it), as
+a stand-in that imports GDCM's real plugin the first time pydicom calls it. pydicom
+therefore chooses among the same plugins in the same order as with a plain import,
+whoever in the process decodes. Imports nothing of radserve.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
 import threading
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 _GDCM_MODULES = ("pydicom.pixels.decoders.gdcm", "pydicom.pixels.encoders.gdcm")
 _lock = threading.Lock()
-_deferred = False
 
 
 class _HideDuringPydicomImport(importlib.abc.MetaPathFinder):
@@ -50,7 +52,6 @@ class _HideDuringPydicomImport(importlib.abc.MetaPathFinder):
         hidden = self.hidden
 
         def exec_hiding(module: ModuleType) -> None:
-            global _deferred
             for name in hidden:
                 sys.modules[name] = None  # type: ignore[assignment]  # import -> ImportError
             try:
@@ -59,9 +60,9 @@ class _HideDuringPydicomImport(importlib.abc.MetaPathFinder):
                 for name in hidden:
                     sys.modules.pop(name, None)
             if "gdcm" in hidden:
-                for name in _GDCM_MODULES:  # imported again, with gdcm, by enable_gdcm
+                for name in _GDCM_MODULES:  # imported again, with gdcm, on first use
                     sys.modules.pop(name, None)
-                _deferred = True
+                _install_stand_ins()
 
         loader.exec_module = exec_hiding  # type: ignore[method-assign]
         return spec
@@ -83,46 +84,61 @@ def defer_gdcm() -> None:
         sys.meta_path.insert(0, _HideDuringPydicomImport(hidden))
 
 
-def enable_gdcm_for(transfer_syntax_uid: str) -> None:
-    """:func:`enable_gdcm` if GDCM is one of pydicom's decoders for this syntax."""
-    if not _deferred:
-        return
+def _install_stand_ins() -> None:
+    """GDCM's plugin back first in every coder that pydicom's import found it missing
+    from, as a stand-in that loads the real one when first called."""
     from pydicom.pixels.decoders.base import _PIXEL_DATA_DECODERS
+    from pydicom.pixels.encoders.base import _PIXEL_DATA_ENCODERS
 
-    entry = _PIXEL_DATA_DECODERS.get(transfer_syntax_uid)
-    if entry is not None and "gdcm" in entry[0]._unavailable:
-        enable_gdcm()
+    for table, import_path in (
+        (_PIXEL_DATA_DECODERS, ("pydicom.pixels.decoders.gdcm", "_decode_frame")),
+        (_PIXEL_DATA_ENCODERS, ("pydicom.pixels.encoders.gdcm", "encode_pixel_data")),
+    ):
+        for coder, _ in table.values():
+            if "gdcm" in coder._unavailable:
+                stand_in = _stand_in(coder, import_path)
+                # one assignment: a decode on another thread never sees a half table
+                coder._available = {"gdcm": stand_in, **coder._available}
+                del coder._unavailable["gdcm"]
+                _stand_ins.append((coder, import_path, stand_in))
 
 
-def enable_gdcm() -> None:
-    """Register pydicom's GDCM plugins that :func:`defer_gdcm` kept out, first among each
-    coder's plugins as pydicom registers them. Cheap once done; thread-safe."""
-    global _deferred
-    if not _deferred:
-        return
+_stand_ins: list[tuple[Any, tuple[str, str], Callable[..., Any]]] = []
+
+
+def _stand_in(coder: Any, import_path: tuple[str, str]) -> Callable[..., Any]:
+    def gdcm_plugin(*args: Any, **kwargs: Any) -> Any:
+        return _load(coder, import_path)(*args, **kwargs)
+
+    return gdcm_plugin
+
+
+def _load(coder: Any, import_path: tuple[str, str]) -> Callable[..., Any]:
+    """GDCM's real plugin function for ``coder``, put in the stand-in's place (the same
+    key keeps its position); a coder the real plugin does not serve loses the entry,
+    and the call fails so that pydicom tries its next plugin."""
     with _lock:
-        if not _deferred:
-            return
-        from pydicom.pixels.decoders.base import _PIXEL_DATA_DECODERS
-        from pydicom.pixels.encoders.base import _PIXEL_DATA_ENCODERS
+        module = importlib.import_module(import_path[0])
+        if module.is_available(coder.UID):
+            function: Callable[..., Any] = getattr(module, import_path[1])
+            coder._available["gdcm"] = function
+            return function
+        coder._available.pop("gdcm", None)
+        coder._unavailable["gdcm"] = getattr(
+            module, "DECODER_DEPENDENCIES", getattr(module, "ENCODER_DEPENDENCIES", {})
+        ).get(coder.UID, ())
+    raise RuntimeError(f"GDCM does not serve transfer syntax {coder.UID}")
 
-        for decoder, _ in _PIXEL_DATA_DECODERS.values():
-            _put_first(decoder, ("pydicom.pixels.decoders.gdcm", "_decode_frame"))
-        for encoder, _ in _PIXEL_DATA_ENCODERS.values():
-            _put_first(encoder, ("pydicom.pixels.encoders.gdcm", "encode_pixel_data"))
-        _deferred = False
+
+def gdcm_loaded() -> bool:
+    """Whether GDCM's real plugin has been loaded in this process."""
+    return "gdcm" in sys.modules
 
 
-def _put_first(coder: Any, import_path: tuple[str, str]) -> None:
-    """GDCM's plugin back in a coder that lists it as unavailable, first, where pydicom
-    registers it (tests/unit/test_pydicom_plugins.py checks the order against a process
-    that imported pydicom plainly). What ``Coder.add_plugin`` does, but the plugin table
-    is replaced in one assignment, so a decode on another thread never sees it half
-    rebuilt."""
-    if "gdcm" not in coder._unavailable:
-        return
-    module = importlib.import_module(import_path[0])
-    if not module.is_available(coder.UID):
-        return
-    coder._available = {"gdcm": getattr(module, import_path[1]), **coder._available}
-    del coder._unavailable["gdcm"]
+def load_gdcm() -> None:
+    """Load GDCM's real plugin into every coder still holding a stand-in (the benchmark
+    baselines: their timings should not include the first use's import)."""
+    for coder, import_path, stand_in in _stand_ins:
+        if coder._available.get("gdcm") is stand_in:
+            with contextlib.suppress(RuntimeError):  # a coder GDCM turns out not to serve
+                _load(coder, import_path)

@@ -1,6 +1,6 @@
-"""GDCM is loaded when a study needs it, and pydicom then chooses among its plugins as if
-it had been loaded at import. Each check runs in a fresh interpreter: in the test process
-pydicom is already imported, so nothing is deferred there."""
+"""GDCM is loaded when pydicom first decodes with it, and pydicom chooses among the same
+plugins in the same order as with a plain import. Each check runs in a fresh interpreter,
+whose first import of pydicom comes after radserve's (or not, for the reference)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,10 @@ order = {{
     for table in (_PIXEL_DATA_DECODERS, _PIXEL_DATA_ENCODERS)
     for uid, (c, _) in table.items()
 }}
-print(json.dumps({{"gdcm_at_import": before, "downloads": downloads, "order": order}}))
+print(json.dumps({{
+    "gdcm_at_import": before, "downloads": downloads, "order": order,
+    "gdcm_loaded": "gdcm" in sys.modules,
+}}))
 """
 
 
@@ -40,23 +43,24 @@ def _run(code: str) -> dict:
     return json.loads(out.stdout.splitlines()[-1])
 
 
-def test_radserve_imports_pydicom_without_gdcm_and_enabling_restores_pydicoms_order() -> None:
+def test_radserve_imports_pydicom_without_gdcm_and_pydicoms_plugin_order_is_kept() -> None:
     plain = _run(_PLUGIN_ORDER.format(first="", then=""))
     deferred = _run(_PLUGIN_ORDER.format(first="import radserve", then=""))
-    enabled = _run(
+    loaded = _run(
         _PLUGIN_ORDER.format(
             first="import radserve",
-            then="from radserve.pydicom_plugins import enable_gdcm; enable_gdcm()",
+            then="from radserve.pydicom_plugins import load_gdcm; load_gdcm()",
         )
     )
     assert plain["gdcm_at_import"] is True
-    assert deferred["gdcm_at_import"] is False
     assert plain["downloads"] is True
+    assert deferred["gdcm_at_import"] is False
+    assert deferred["gdcm_loaded"] is False
     assert deferred["downloads"] is False  # pydicom's test-data download modules
-    gdcm_coders = [uid for uid, (available, _) in plain["order"].items() if "gdcm" in available]
-    assert gdcm_coders  # GDCM decodes the JPEG family here
-    assert all("gdcm" not in deferred["order"][uid][0] for uid in gdcm_coders)
-    assert enabled["order"] == plain["order"]
+    assert any("gdcm" in available for available, _ in plain["order"].values())
+    assert deferred["order"] == plain["order"]  # the stand-ins hold GDCM's places
+    assert loaded["gdcm_loaded"] is True
+    assert loaded["order"] == plain["order"]
 
 
 _LOAD = """
@@ -66,6 +70,14 @@ from radserve.ingest import discover_series, load_series
 (header,) = discover_series(sys.argv[1])
 volume = load_series(header).volume.array
 print(hashlib.sha256(volume.tobytes()).hexdigest(), "gdcm" in sys.modules)
+"""
+
+_PYDICOM_ONLY = """
+import sys, hashlib
+import radserve
+from pydicom import dcmread
+arrays = [dcmread(path).pixel_array for path in sorted(sys.argv[1:])]
+print(hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest(), "gdcm" in sys.modules)
 """
 
 
@@ -91,6 +103,19 @@ def test_a_jpeg_lossless_study_loads_gdcm_on_demand_with_the_same_pixels(tmp_pat
     digest, gdcm_loaded = out.stdout.split()
     assert digest == hashlib.sha256(np.ascontiguousarray(expected).tobytes()).hexdigest()
     assert gdcm_loaded == "True"
+    # pydicom alone, in a process where radserve came first, decodes them with GDCM too
+    jpeg = sorted(str(p) for p in (tmp_path / "jpeg").iterdir())
+    direct = subprocess.run(
+        [sys.executable, "-c", _PYDICOM_ONLY, *jpeg],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    from pydicom import dcmread
+
+    stored = b"".join(dcmread(path).pixel_array.tobytes() for path in jpeg)
+    assert direct.stdout.split() == [hashlib.sha256(stored).hexdigest(), "True"]
 
 
 def test_a_native_study_loads_without_gdcm(tmp_path: Path) -> None:

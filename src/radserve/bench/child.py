@@ -375,9 +375,9 @@ def main(argv: list[str]) -> None:
     mode, study, workdir = argv[0], Path(argv[1]), Path(argv[2])
     precision = argv[3] if len(argv) > 3 else "fp32"
     if not mode.startswith("radserve"):
-        from radserve.pydicom_plugins import enable_gdcm
+        from radserve.pydicom_plugins import load_gdcm
 
-        enable_gdcm()  # the baselines decode with pydicom's plugins as installed
+        load_gdcm()  # the baselines decode with pydicom as installed, GDCM loaded
     if mode == "monai":
         from radserve.bench.monai_baseline import run_monai
 

@@ -62,7 +62,6 @@ from radserve.ingest.headers import FrameRef, native_pixel_value, part10_stream
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sources import SourceFile, SourceReader
 from radserve.log_routing import WorkerLogs, forward_worker_logs
-from radserve.pydicom_plugins import enable_gdcm_for
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +138,6 @@ class StackNeedsFloatError(DecodeError):
 def ensure_decoders(transfer_syntaxes: Iterable[str]) -> None:
     """Fail before any work if a transfer syntax has no installed decoder."""
     for uid in sorted(set(transfer_syntaxes)):
-        if not preferred_plugin(uid):
-            enable_gdcm_for(uid)  # pydicom may choose GDCM for it
         name = f"{UID(uid).name} ({uid})" if UID(uid).name != uid else uid
         try:
             decoder = get_decoder(uid)
@@ -575,8 +572,6 @@ def _decode_job(
     uid = items[0][1].pixel.transfer_syntax_uid
     syntax = UID(uid).name
     plugin = preferred_plugin(uid)
-    if not plugin:
-        enable_gdcm_for(uid)  # pydicom may choose GDCM for it
     try:
         try:
             _decode_frames(reader, src, items, out, air, plugin, max_bytes)
@@ -587,7 +582,6 @@ def _decode_job(
                 raise
             # The preferred plugin is a speed choice: any other installed one may do.
             log.debug("%s failed on a %s frame; trying every installed plugin", plugin, syntax)
-            enable_gdcm_for(uid)
             _decode_frames(reader, src, items, out, air, "", max_bytes)
     except (_NeedFloat, DecodeError):
         raise
