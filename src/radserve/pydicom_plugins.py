@@ -52,14 +52,18 @@ class _HideDuringPydicomImport(importlib.abc.MetaPathFinder):
         hidden = self.hidden
 
         def exec_hiding(module: ModuleType) -> None:
-            for name in hidden:
+            # Only what is not being imported by now: pydicom may be imported from
+            # inside another package's import of requests, whose entry must stay.
+            hiding = [name for name in hidden if name not in sys.modules]
+            for name in hiding:
                 sys.modules[name] = None  # type: ignore[assignment]  # import -> ImportError
             try:
                 exec_module(module)
             finally:
-                for name in hidden:
-                    sys.modules.pop(name, None)
-            if "gdcm" in hidden:
+                for name in hiding:
+                    if name in sys.modules and sys.modules[name] is None:
+                        del sys.modules[name]
+            if "gdcm" in hiding:
                 for name in _GDCM_MODULES:  # imported again, with gdcm, on first use
                     sys.modules.pop(name, None)
                 _install_stand_ins()

@@ -128,3 +128,27 @@ def test_a_native_study_loads_without_gdcm(tmp_path: Path) -> None:
         timeout=120,
     )
     assert out.stdout.split()[1] == "False"
+
+
+def test_pydicom_imported_inside_an_import_of_requests_leaves_requests_whole() -> None:
+    """dicomweb-client imports requests, which (through this package) may import pydicom
+    for the first time: the requests being imported must not be hidden from itself."""
+    code = """
+import sys, importlib.abc, importlib.util
+import radserve
+
+class ImportPydicomInsideRequests(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "requests.models":
+            return None
+        import pydicom  # first import of pydicom, while requests is half imported
+        return None
+
+sys.meta_path.insert(0, ImportPydicomInsideRequests())
+import requests
+print(requests.models.Response.__name__, "gdcm" in sys.modules)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.split() == ["Response", "False"]
