@@ -46,7 +46,7 @@ from rich.table import Table
     "swap: a model version deployed mid-run under steady submissions and status "
     "reads against a spawned server (--studies, --interval); "
     "nnunet: an imported nnU-Net 3d_fullres model, radserve vs nnUNetPredictor "
-    "(--size full|medium|ci, --weights fitted|random|trained, --precision; needs the "
+    "(--size full|medium|ci, --weights trained|fitted|random, --precision; needs the "
     "nnunet extra); "
     "floor: where the memory (per import, per model, per stage) and the CPU-seconds "
     "(per stage, against each stage's lower bound) of the explicit study go, per "
@@ -68,12 +68,12 @@ from rich.table import Table
 )
 @click.option(
     "--weights",
-    type=click.Choice(["fitted", "random", "trained"]),
-    default="fitted",
+    type=click.Choice(["trained", "fitted", "random"]),
+    default="trained",
     show_default=True,
-    help="nnunet scenario: random weights with the segmentation head fitted to CT "
-    "intensity classes, all random (nearly tied logits), or the whole network trained "
-    "briefly to those classes (40 Adam steps before timing; decisive logits).",
+    help="nnunet scenario: the whole network trained briefly to CT intensity classes "
+    "(10 Adam steps before timing; decisive logits), only the segmentation head fitted "
+    "to them on random weights, or all random (the last two: nearly tied logits).",
 )
 @click.option(
     "--provider",
