@@ -34,7 +34,11 @@ function gateCell(v) {
     'td',
     { class: 'gate' },
     h('span', { class: 'ok' }, entries.filter(([, why]) => why === 'accepted').map(([p]) => p).join(', ') || 'none accepted'),
-    rejected.map(([p, why]) => h('div', { class: 'err', title: why }, `${p} rejected: ${why}`)),
+    // One line per precision that may not serve; the gate's reason (which can run to a
+    // paragraph: a CPU it was not gated on, a failed stratum) opens on a click.
+    rejected.map(([p, why]) =>
+      h('details', { class: 'err rejected', 'data-precision': p }, h('summary', { title: why }, `${p} not servable here`), h('div', {}, why)),
+    ),
   )
 }
 
