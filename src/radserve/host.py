@@ -112,8 +112,7 @@ def cpu_bf16_support(cpuinfo: Path | None = None) -> str | None:
 
     Only AMX made bf16 faster where measured (:func:`bf16_slower_reason`); either way
     the numbers are bfloat16's, so both may serve it."""
-    flags = cpu_flags(cpuinfo)
-    return next((f for f in BF16_CPU_FLAGS if f in flags), None)
+    return cpu_kernel("bf16", cpuinfo)
 
 
 def cpu_kernel(precision: str, cpuinfo: Path | None = None) -> str | None:

@@ -208,11 +208,11 @@ class ModelBundle:
             if gated is not None
             else "before radserve recorded which CPU kernels it measured"
         )
+        now = f"{here} ({kernel_family(here)})" if here is not None else kernel_family(here)
         return (
             f"{self.key} {precision} was gated {then}, and this CPU computes it with "
-            f"{here or 'no vector kernel'} ({kernel_family(here)}): numbers that gate did "
-            f"not measure; gate it on this host with `radserve models build-variants "
-            f"--model {self.spec.name}`, or serve fp32"
+            f"{now}: numbers that gate did not measure; gate it on this host with "
+            f"`radserve models build-variants --model {self.spec.name}`, or serve fp32"
         )
 
     def gate_coverage(self, precision: str, provider: str) -> str | None:
