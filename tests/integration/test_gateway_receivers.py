@@ -6,6 +6,7 @@ lines of a receiving process are the SCP process's."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -31,7 +32,7 @@ from radserve.gateway import GatewaySCP
 from radserve.gateway.completeness import INTERRUPTED_MARKER
 from radserve.gateway.own_results import OwnResults
 from radserve.gateway.receive_limit import Exceeded
-from radserve.gateway.storage import study_instances
+from radserve.gateway.storage import partial_path, study_instances
 
 pytestmark = [
     pytest.mark.tools,
@@ -119,6 +120,69 @@ def test_a_killed_receiver_is_replaced_and_loses_nothing_it_acknowledged(
         again = pydicom.dcmread(folder / f"{ds.SOPInstanceUID}.dcm")
         assert again.PixelData == ds.PixelData
     assert len(study_instances(folder)) == len(files)
+
+
+def test_a_receiver_killed_mid_c_store_leaves_no_partial_file_and_spares_the_live_ones(
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the receiving process while an instance's data set is arriving: its
+    spool file and its temporary instance files go when it is replaced; the temporary
+    files of the live processes (the other receiver, the parent) stay; the study stored
+    before is intact."""
+    intake = Intake()
+    # 16 KiB PDUs: a large instance arrives slowly enough to be killed mid-way
+    config = loopback_scp_config(
+        tmp_path / "gateway", QUIET_S, receivers=2, advertised_pdu_bytes=16384
+    )
+    with GatewaySCP(config, intake) as scp:
+        _kill_mid_c_store(scp, intake, tmp_path)
+
+
+def _kill_mid_c_store(scp: GatewaySCP, intake: Intake, tmp_path: Path) -> None:
+    pool = scp._pool
+    assert pool is not None
+    done = small_study(tmp_path / "done", seed=3, slices=range(10, 14))
+    assert storescu(*scp.address, done).returncode == 0
+    assert wait_until(lambda: intake.studies, timeout=30)
+    kept = scp.instances.incoming / str(pydicom.dcmread(done[0]).StudyInstanceUID)
+    before = {p.name: p.read_bytes() for p in study_instances(kept)}
+    assert wait_until(lambda: not scp.admission.open_connections(), timeout=15)
+    # a large instance, so that its data set is still arriving when the kill comes
+    bulky = pydicom.dcmread(_padded(done[0], tmp_path / "bulky.dcm", 128 * 1024 * 1024))
+    ae = AE("PYNETDICOM")
+    ae.add_requested_context(CTImageStorage, ["1.2.840.10008.1.2.1"])
+    assoc = ae.associate(*scp.address, ae_title="RADSERVE")
+    assert assoc.is_established
+    sender = threading.Thread(target=lambda: assoc.send_c_store(bulky), daemon=True)
+    sender.start()
+    [victim] = [s for s in pool._slots.values() if s.open]
+    [survivor] = [s.pid for s in pool._slots.values() if s is not victim]
+    spool = scp.spool / f"receiver-{victim.index}"
+    assert wait_until(lambda: _spooled_bytes(spool) > 0, timeout=30)
+    # what it would leave had the kill come while its instance was being made durable,
+    # beside what the live processes are writing now
+    target = kept / "1.2.3.4.dcm"
+    dead = partial_path(kept, target, pid=victim.pid)
+    live = [partial_path(kept, target, pid=pid) for pid in (survivor, os.getpid())]
+    for partial in (dead, *live):
+        partial.write_bytes(b"half")
+    os.kill(victim.pid, signal.SIGKILL)  # mid-C-STORE
+    assert wait_until(lambda: len(pool.pids()) == 2 and victim.pid not in pool.pids(), 60)
+    assert not dead.exists()
+    assert all(p.exists() for p in live)
+    assert not list(spool.glob("*.dcm"))
+    assert {p.name: p.read_bytes() for p in study_instances(kept)} == before
+    sender.join(30)
+    assoc.abort()
+
+
+def _spooled_bytes(spool: Path) -> int:
+    """The bytes of the data sets arriving in a receiving process's spool folder."""
+    total = 0
+    for path in spool.glob("*.dcm"):
+        with contextlib.suppress(FileNotFoundError):
+            total += path.stat().st_size
+    return total
 
 
 def _padded(source: Path, target: Path, size: int) -> Path:

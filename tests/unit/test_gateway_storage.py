@@ -5,13 +5,20 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
 from radserve.gateway.errors import InstanceRejectedError, OutOfResourcesError
-from radserve.gateway.storage import Disposition, InstanceStore, study_instances
+from radserve.gateway.storage import (
+    Disposition,
+    InstanceStore,
+    partial_owner_alive,
+    partial_path,
+    study_instances,
+)
 
 STUDY, SOP, CT = "1.2.3", "1.2.3.4.5", "1.2.840.10008.5.1.4.1.1.2"
 
@@ -105,10 +112,39 @@ def test_unusable_uids_are_refused(tmp_path: Path, field: str, value: str) -> No
 def test_partial_writes_left_by_a_crash_are_removed(tmp_path: Path) -> None:
     store = InstanceStore(tmp_path)
     stored = _save(store)
-    partial = stored.path.parent / f".{SOP}.dcm.0123.part"
+    partial = stored.path.parent / f".{SOP}.dcm.0123.part"  # no owner in its name
     partial.write_bytes(b"half")
     assert store.remove_partials() == 1
     assert not partial.exists() and stored.path.is_file()
+
+
+def test_only_the_partial_writes_of_stopped_processes_are_removed(tmp_path: Path) -> None:
+    """A live writer's temporary file (another receiving process's association) stays;
+    a dead one's goes; another host's cannot be judged here and stays."""
+    store = InstanceStore(tmp_path)
+    folder = _save(store).path.parent
+    target = folder / f"{SOP}.dcm"
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    running = subprocess.Popen(["sleep", "60"])
+    try:
+        dead = partial_path(folder, target, pid=ended.pid)
+        live = partial_path(folder, target, pid=running.pid)
+        mine = partial_path(folder, target)
+        host = dead.name.split(".")[-2].split("-")[0]  # .<final>.<host>-<pid>-<nonce>.part
+        elsewhere = "0" * 8 if host != "0" * 8 else "1" * 8
+        other_host = folder / dead.name.replace(f".{host}-", f".{elsewhere}-")
+        for partial in (dead, live, mine, other_host):
+            partial.write_bytes(b"half")
+        assert not partial_owner_alive(dead) and partial_owner_alive(live)
+        assert store.remove_partials() == 1
+        assert not dead.exists()
+        assert live.exists() and mine.exists() and other_host.exists()
+    finally:
+        running.kill()
+        running.wait()
+    assert store.remove_partials() == 1  # its writer ended
+    assert not live.exists() and mine.exists()
 
 
 # -- a file handed over (the C-STORE spool file) -----------------------------------------

@@ -20,8 +20,10 @@ How the work is split:
   process's result index over a second pipe;
 - a receiving process that dies: what it sent is handled, its slots are released, the
   studies of its open associations are marked interrupted (as a crash of a single SCP
-  process would leave them), ``incoming`` is rescanned for instances whose report never
-  came (durable before their success, so on disk), and another process is started.
+  process would leave them), the temporary instance files it was writing are deleted
+  (by the owner in their names: the live processes' stay), ``incoming`` is rescanned for
+  instances whose report never came (durable before their success, so on disk), and
+  another process is started (its spool folder cleared first).
 
 Limits across processes: association slots are the parent's; the free-space reserve is
 read from the file system at each save; ``max_file_bytes`` applies per instance; each
@@ -414,6 +416,8 @@ class ReceiverPool:
         for host in opened:
             self.scp.admission.release(host)
         self._cut_off(slot)
+        # its temporary instance files (the other processes' are left: theirs are alive)
+        swept = self.scp.instances.remove_partials()
         reopened = self.scp.tracker.recover(self.scp.instances.incoming, others_receiving=True)
         self._close(slot)
         if stopping:
@@ -421,11 +425,12 @@ class ReceiverPool:
         self.restarts += 1
         logger.warning(
             "receiving process %d (pid %d) ended with exit code %s: %d connections closed, "
-            "%d studies found unreported; starting another",
+            "%d partial files removed, %d studies found unreported; starting another",
             slot.index,
             slot.pid,
             slot.process.exitcode,
             len(opened),
+            swept,
             reopened,
         )
         if time.monotonic() - slot.started < _RESTART_PAUSE_S:

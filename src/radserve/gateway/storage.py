@@ -13,6 +13,12 @@ concurrent copies of one instance exactly one is kept) and the folder is fsynced
 name therefore only ever names complete, durable bytes, and ``save`` returns (the C-STORE
 success goes out) only after the link is durable too.
 
+A temporary name says who writes it (``.<final>.<host>-<pid>-<nonce>.part``): a process
+killed mid-write (a receiving process of ``gateway.receivers``, the whole server) leaves
+it behind, and :meth:`InstanceStore.remove_partials` (at start, and when a dead receiving
+process is replaced) deletes exactly those whose process is gone, never one a live
+association is still writing (another receiving process, another SCP on the same folder).
+
 Durability modes (``gateway.durability``):
 
 * ``per_instance`` (default): the C-STORE handler's thread does write, fsync, link, folder fsync.
@@ -32,10 +38,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import hashlib
 import logging
 import os
 import re
 import shutil
+import socket
 import threading
 import time
 import uuid
@@ -54,6 +62,10 @@ QUARANTINE_DIR = "quarantine"
 INSTANCE_SUFFIX = ".dcm"
 _FILE_MODE = 0o644
 _UID = re.compile(r"^[0-9]+(\.[0-9]+)*$")
+PARTIAL_SUFFIX = ".part"
+# this host, in the temporary names: a process id means something only on its own host
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+_OWNED = re.compile(r"\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{32}\.part$")
 
 
 class Disposition(StrEnum):
@@ -190,12 +202,20 @@ class InstanceStore:
         return stored
 
     def remove_partials(self) -> int:
-        """Delete temporary files a crash left mid-write (never acknowledged)."""
+        """Delete the temporary files of writers that died mid-write (never
+        acknowledged): those of a process of this host that no longer runs, and those
+        without an owner in their name (written before names had one). A live
+        process's (another receiving process's association) and another host's are
+        left alone. Returns how many were deleted."""
         removed = 0
-        for partial in self.root.glob("*/*/.*.part"):
+        for partial in self.root.glob(f"*/*/.*{PARTIAL_SUFFIX}"):
+            if partial_owner_alive(partial):
+                continue
             with contextlib.suppress(FileNotFoundError):
                 partial.unlink()
                 removed += 1
+        if removed:
+            logger.info("removed %d partial instance file(s) of stopped writers", removed)
         return removed
 
     def _make_folder(self, folder: Path) -> None:
@@ -210,6 +230,36 @@ class InstanceStore:
         free = shutil.disk_usage(self.root).free
         if free - size < self.min_free_bytes:
             raise OSError(errno.ENOSPC, "free space below the configured reserve")
+
+
+def partial_path(folder: Path, target: Path, *, pid: int | None = None) -> Path:
+    """A new temporary name for ``target`` in ``folder``, owned by ``pid`` (this process)."""
+    owner = os.getpid() if pid is None else pid
+    return folder / f".{target.name}.{_HOST}-{owner}-{uuid.uuid4().hex}{PARTIAL_SUFFIX}"
+
+
+def partial_owner_alive(partial: Path) -> bool:
+    """Whether the writer of the temporary file ``partial`` may still be writing it: its
+    owner is a running process of this host, or a process of another host (which this
+    one cannot see). A name without an owner has none left."""
+    owned = _OWNED.search(partial.name)
+    if owned is None:
+        return False
+    if owned["host"] != _HOST:
+        return True
+    return _running(int(owned["pid"]))
+
+
+def _running(pid: int) -> bool:
+    if pid <= 0:  # kill(0 or -n) would ask about a process group, not a process
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: running
+        return True
+    return True
 
 
 def _size(encoded: bytes | Path) -> int:
@@ -273,7 +323,7 @@ def _place(encoded: bytes | Path, temporary: Path) -> int:
 
 def _write_new(folder: Path, target: Path, encoded: bytes | Path) -> bool:
     """Place, fsync, link into place; False if another writer got there first."""
-    temporary = folder / f".{target.name}.{uuid.uuid4().hex}.part"
+    temporary = partial_path(folder, target)
     try:
         descriptor = _place(encoded, temporary)
         try:
@@ -340,7 +390,7 @@ class GroupCommitter:
 
     def commit(self, folder: Path, target: Path, encoded: bytes | Path) -> bool:
         """Durably store ``encoded`` as ``target``; False if that name already existed."""
-        temporary = folder / f".{target.name}.{uuid.uuid4().hex}.part"
+        temporary = partial_path(folder, target)
         descriptor = _place(encoded, temporary)
         pending = _Pending(folder, target, temporary, descriptor)
         try:
