@@ -196,17 +196,140 @@ def test_crop_foreground_vs_monai(tmp_path: Path, case: str) -> None:
     assert agreement >= 0.999, agreement
 
 
-def test_crop_foreground_refuses_an_oblique_series(tmp_path: Path) -> None:
+_NEAREST_POST = [mb.POST[0], {**mb.POST[1], "nearest_interp": True}, *mb.POST[2:]]
+_NEAREST_PRE = [*mb.PRE[:3], {**mb.PRE[3], "mode": "nearest"}, *mb.PRE[4:]]
+# MONAI's nearest resampling with pixdim (1.5, 1.5, 2.0) RAS: (config, CT shape, spacing
+# (z, y, x), direction, CropForegroundd). Half-voxel ties (native voxel i reads model
+# voxel k + 1/2): 2.5 -> 2 mm every 4th slice, 3 -> 2 mm and 1 -> 2 mm every 2nd slice,
+# 0.75 -> 1.5 mm every 2nd row/column; Spacing itself (model voxel j reads native
+# j + 1/2) at 1 -> 1.5 mm every 2nd row/column.
+NEAREST_CASES: dict[str, tuple[dict[str, Any], tuple[int, ...], tuple[float, ...], Any, bool]] = {
+    "invertd_ties_2p5_to_2mm": (
+        {"post": _NEAREST_POST},
+        (40, 48, 56),
+        (2.5, 1.2, 1.2),
+        None,
+        False,
+    ),
+    "invertd_ties_every_axis": (
+        {"post": _NEAREST_POST},
+        (24, 64, 64),
+        (3.0, 0.75, 0.75),
+        None,
+        False,
+    ),
+    # Invertd(nearest_interp=False) resamples back with Spacing's own mode: nearest
+    "spacing_nearest_ties_both_ways": (
+        {"pre": _NEAREST_PRE},
+        (30, 40, 40),
+        (1.0, 1.0, 1.0),
+        None,
+        False,
+    ),
+    "softmax_after_invertd": (
+        {"post": [_NEAREST_POST[1], _NEAREST_POST[0], *_NEAREST_POST[2:]]},
+        (24, 64, 64),
+        (3.0, 0.75, 0.75),
+        None,
+        False,
+    ),
+    # MONAI's label inversion: argmax on the model grid, the label map back by nearest
+    "argmax_before_invertd": (
+        {"post": [_NEAREST_POST[0], _NEAREST_POST[2], _NEAREST_POST[1], _NEAREST_POST[3]]},
+        (24, 64, 64),
+        (3.0, 0.75, 0.75),
+        None,
+        False,
+    ),
+    "axcodes_PLI": (
+        {"pre": [*mb.PRE[:2], {**mb.PRE[2], "axcodes": "PLI"}, *mb.PRE[3:]], "post": _NEAREST_POST},
+        (24, 64, 64),
+        (3.0, 0.75, 0.75),
+        None,
+        False,
+    ),
+    "sagittal_series": ({"post": _NEAREST_POST}, (30, 48, 45), (1.0, 1.0, 3.0), SAGITTAL, False),
+    "smaller_than_patch": ({"post": _NEAREST_POST}, (12, 30, 50), (2.0, 0.75, 1.0), None, False),
+    # the box's zero padding and the half-voxel ties together
+    "crop_foreground": ({"post": _NEAREST_POST}, (24, 64, 64), (2.5, 0.75, 0.75), None, True),
+}
+
+
+def _ties(volume: Volume, spec: Any) -> tuple[int, int, int]:
+    """Native voxels reading the model grid, on some axis, at MONAI's coordinates: exactly
+    at k + 1/2; within 1e-9 of it (where nearest's pick is decided by the last bits); and
+    picking another voxel than the exact value (rounded to 1e-6) would, half to even."""
+    from radserve.preprocess.monai_grid import back_coordinates, forward_coordinates
+
+    args = (volume.nifti_affine(), volume.shape[::-1], "".join(spec.input.axes))
+    _, shape = forward_coordinates(*args, spec.input.spacing)
+    coords, _ = back_coordinates(*args, spec.input.spacing, ((0, 0, 0), shape))
+    exact = [np.abs(c - np.floor(c) - 0.5) == 0 for c in coords]
+    near = [np.abs(c - np.floor(c) - 0.5) < 1e-9 for c in coords]
+    flipped = [np.rint(c) != np.rint(np.round(c, 6)) for c in coords]
+
+    def count(per_axis: list[np.ndarray]) -> int:
+        hit = per_axis[0][:, None, None] | per_axis[1][None, :, None] | per_axis[2][None, None, :]
+        return int(hit.sum())
+
+    return count(exact), count(near), count(flipped)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(NEAREST_CASES))
+def test_nearest_resampling_vs_monai(tmp_path: Path, case: str) -> None:
+    """MONAI's nearest ``Invertd`` (and ``Spacing``): radserve picks the voxel
+    ``grid_sample`` picks, half-voxel ties included."""
+    from tests.integration.test_nnunet_agreement import synthetic_ct
+
+    config, shape, spacing, direction, crop = NEAREST_CASES[case]
+    if crop:
+        config = {**config, "pre": [*mb.PRE[:5], _CROP, mb.PRE[5]]}
+    bundle = mb.write_monai_bundle(tmp_path / "bundle", **config)
+    geo = {} if direction is None else {"direction": direction}
+    if crop:
+        ct = synthetic_ct(shape, seed=3)
+        ct[:, :, :3] = -1000.0  # air beside the body: the box inside the image
+        ct[:2] = -1000.0
+        volume = Volume.from_geometry(ct, spacing=spacing, origin=(0.0, 0.0, 0.0), **geo)
+    else:
+        volume = _ct(shape, spacing, **geo)
+    want = mb.run_monai_reference(bundle, mb.write_nifti(volume, tmp_path / "ct.nii.gz"))
+
+    out = import_monai(bundle, tmp_path / "models", name="tiny", version="1.0.0")
+    spec = load_manifest(out / "model.yaml")
+    assert spec.input.resampling is not None and spec.input.resampling.output_order == 0
+    assert (spec.input.crop_foreground is not None) == crop
+    got = run_task(PatchTask(volume, spec), ModelSession(out / "model.onnx", spec, runtime=CPU))
+
+    counts = np.bincount(want.ravel(), minlength=3)
+    assert (counts > 0.005 * want.size).sum() >= 2, counts  # not one class everywhere
+    exact, near, flipped = _ties(volume, spec)
+    differ = int((got.labels.array != want).sum())
+    agreement = 1.0 - differ / want.size
+    print(
+        f"{case}: agreement {agreement:.5f} ({differ} differ); ties {exact} exact, "
+        f"{near} within 1e-9, {flipped} picked off the exact value's voxel"
+    )
+    assert near > 0.05 * want.size  # the ties are exercised
+    assert agreement >= 0.999, agreement
+
+
+@pytest.mark.parametrize("nearest", [False, True], ids=["crop_foreground", "nearest"])
+def test_exact_grid_refuses_an_oblique_series(tmp_path: Path, nearest: bool) -> None:
     """MONAI's coordinates on an oblique grid are sums in BLAS order: refused by name."""
     from radserve.errors import ModelError
 
-    bundle = mb.write_monai_bundle(tmp_path / "bundle", pre=[*mb.PRE[:5], _CROP, mb.PRE[5]])
+    config: dict[str, Any] = {"post": _NEAREST_POST} if nearest else {}
+    if not nearest:
+        config["pre"] = [*mb.PRE[:5], _CROP, mb.PRE[5]]
+    bundle = mb.write_monai_bundle(tmp_path / "bundle", **config)
     out = import_monai(bundle, tmp_path / "models", name="tiny", version="1.0.0")
     spec = load_manifest(out / "model.yaml")
     c, s = np.cos(0.2), np.sin(0.2)  # a 11.5 degree gantry tilt
     tilted = np.array([[1.0, 0, 0], [0, c, -s], [0, s, c]])
     volume = _ct((20, 40, 40), (2.5, 0.9, 0.9), direction=tilted)
-    with pytest.raises(ModelError, match="crop_foreground: an oblique series"):
+    with pytest.raises(ModelError, match="nearest resampling\\): an oblique series"):
         run_task(PatchTask(volume, spec), ModelSession(out / "model.onnx", spec, runtime=CPU))
     axial = _ct((20, 40, 40), (2.5, 0.9, 0.9))
     assert run_task(PatchTask(axial, spec), ModelSession(out / "model.onnx", spec, runtime=CPU))
@@ -262,11 +385,11 @@ REFUSALS = {
     ),
     "clip_false": (_with({4: {**mb.PRE[4], "clip": False}}), "clip=False"),
     "no_orientation": (_with({2: None}), "no Orientation\\(d\\)"),
-    "nearest_spacing": (_with({3: {**mb.PRE[3], "mode": "nearest"}}), "mode 'nearest'"),
+    "spline_spacing": (_with({3: {**mb.PRE[3], "mode": 3}}), "mode 3 \\(bilinear or nearest"),
     "align_corners": (_with({3: {**mb.PRE[3], "align_corners": True}}), "align_corners True"),
-    "nearest_invert": (
-        {"post": [mb.POST[0], {**mb.POST[1], "nearest_interp": True}, *mb.POST[2:]]},
-        "nearest_interp=True",
+    "argmax_before_bilinear_invertd": (
+        {"post": [mb.POST[0], mb.POST[2], mb.POST[1], mb.POST[3]]},
+        "AsDiscrete\\(argmax\\) before a bilinear Invertd",
     ),
     "no_invertd": ({"post": [mb.POST[0], mb.POST[2]]}, "no Invertd"),
     "sigmoid": (

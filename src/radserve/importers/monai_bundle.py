@@ -10,9 +10,12 @@ expressions (``$...``) resolve exactly as MONAI resolves them.
 What the bundle states, mapped onto ``model.yaml``:
 
 * ``Orientation(d)(axcodes)`` -> ``input.axes`` (the patient directions, MONAI's sense).
-* ``Spacing(d)(pixdim, mode="bilinear")`` -> ``input.spacing`` in the network's order
-  and ``input.resampling`` with ``grid: first_voxel`` (MONAI's grid), ``image_order`` 1;
-  ``normalise_first`` when the intensity transform comes first.
+* ``Spacing(d)(pixdim, mode="bilinear" or "nearest")`` -> ``input.spacing`` in the
+  network's order and ``input.resampling`` with ``grid: first_voxel`` (MONAI's grid),
+  ``image_order`` 1 or 0; ``normalise_first`` when the intensity transform comes first.
+  Nearest picks the voxel ``grid_sample`` picks: radserve samples at MONAI's own float64
+  coordinates (:mod:`radserve.preprocess.monai_grid`) and rounds half to even as ATen's
+  ``nearbyint`` does, so exact half-voxel ties (2.5 -> 2 mm) fall the same way.
 * ``ScaleIntensityRange(d)(a_min, a_max, b_min, b_max, clip=True)`` -> ``ct_window``
   (b 0..1) or the equivalent ``clip_zscore``.
 * ``CropForeground(d)(margin, k_divisible, allow_smaller)`` after both ->
@@ -24,12 +27,17 @@ What the bundle states, mapped onto ``model.yaml``:
   ``overlap``, MONAI's window placement and Gaussian (``monai_gaussian``) or ``constant``
   weights, centred zero padding, logits averaged.
 * Post-processing: ``Activations(d)(softmax)`` before ``Invertd`` -> the softmax on the
-  model grid (``activate_on_model_grid``); ``Invertd(nearest_interp=False)`` -> outputs
-  back bilinearly; ``AsDiscrete(d)(argmax)`` -> labels; the label
-  names from ``metadata.json``'s ``channel_def`` (channel 0 is background, as argmax 0).
+  model grid (``activate_on_model_grid``); ``Invertd`` -> outputs back bilinearly
+  (``nearest_interp=False`` after a bilinear ``Spacing``) or nearest (``output_order`` 0:
+  ``nearest_interp=True``, MONAI's default, or a nearest ``Spacing``), at MONAI's own
+  coordinates; ``AsDiscrete(d)(argmax)`` -> labels, before a nearest ``Invertd`` too (the
+  picked label is the argmax of the picked outputs); the label names from
+  ``metadata.json``'s ``channel_def`` (channel 0 is background, as argmax 0). At run
+  time, MONAI's exact coordinates are refused on an oblique series (see
+  :mod:`radserve.preprocess.monai_grid`).
 
-Refused, by name: nearest resampling (``Spacing`` mode nearest, ``Invertd`` with
-``nearest_interp=True`` or after argmax: see ``_NEAREST``), ``CropForeground(d)`` before
+Refused, by name: argmax before a bilinear ``Invertd`` (MONAI would blend label
+values, see ``_LABELS_BLENDED``), ``CropForeground(d)`` before
 Spacing or ScaleIntensityRange, with another ``select_fn``, ``channel_indices``, another
 ``source_key``, non-zero or non-constant padding or ``lazy`` (see ``_crop_foreground``),
 any other transform (e.g. ``NormalizeIntensityd``,
@@ -80,11 +88,10 @@ _CROP_FOREGROUND = (
     "radserve states MONAI's crop only on the resampled, scaled image (input.crop_foreground: "
     "select_fn x > 0 on the model grid); a box of the native or unscaled image is not mapped"
 )
-# Why nearest resampling is refused (measured: 6 % of voxels differed on a 2.5 -> 2 mm grid)
-_NEAREST = (
-    "MONAI's nearest-neighbour resampling (grid_sample) decides exact half-voxel ties by "
-    "float32 rounding of its normalised coordinates, which radserve does not reproduce; "
-    "set nearest_interp=false so Invertd interpolates the probabilities"
+# Why argmax before a bilinear Invertd is refused
+_LABELS_BLENDED = (
+    "MONAI would interpolate label values bilinearly (1 beside 3 gives 2); set "
+    "nearest_interp=true, or put AsDiscrete after Invertd"
 )
 
 
@@ -202,8 +209,8 @@ def _preprocessing(transforms: list[Any], image_key: str) -> dict[str, Any]:
             align = _one(getattr(t, "align_corners", s.sp_resample.align_corners), "align")
             extent = _one(getattr(t, "scale_extent", s.scale_extent), "scale_extent")
             pixdim = [float(p) for p in s.pixdim]
-            if mode != "bilinear":
-                _refuse(f"preprocessing[{i}] {name} mode {mode!r} (bilinear only: {_NEAREST})")
+            if mode not in _MODES:
+                _refuse(f"preprocessing[{i}] {name} mode {mode!r} (bilinear or nearest only)")
             if pad != "border" or align or extent or s.diagonal or s.recompute_affine:
                 _refuse(
                     f"preprocessing[{i}] {name}: padding_mode {pad!r}, align_corners {align}, "
@@ -361,10 +368,15 @@ def _postprocessing(transforms: list[Any], pred_key: str, image_order: int) -> d
     if argmax_at is None:
         _refuse("no AsDiscrete(d)(argmax=True) in postprocessing")
     assert invert_at is not None and argmax_at is not None
-    if nearest or argmax_at < invert_at:
-        _refuse(f"Invertd with nearest_interp=True or after argmax: {_NEAREST}")
+    # Invertd resamples with the forward Spacing's mode unless nearest_interp says nearest
+    output_order = 0 if nearest else image_order
+    if argmax_at < invert_at:
+        if output_order != 0:
+            _refuse(f"AsDiscrete(argmax) before a bilinear Invertd: {_LABELS_BLENDED}")
+        if act_at is not None and act_at > argmax_at:
+            _refuse("Activations after AsDiscrete(argmax) (a softmax of labels)")
     on_grid = act_at is not None and act_at < invert_at
-    return {"activate_on_model_grid": on_grid, "output_order": image_order}
+    return {"activate_on_model_grid": on_grid, "output_order": output_order}
 
 
 def _labels(metadata: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str]:

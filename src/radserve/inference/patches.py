@@ -37,7 +37,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -267,7 +267,8 @@ class PatchTask(BatchedTask):
     # on the padded grid (radserve.preprocess.foreground); None: the whole grid.
     _windows: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
     _box: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
-    # With the box: MONAI's own back-coordinates (None: i * s / t, see _prepare_back).
+    # With the box or nearest: MONAI's own back-coordinates (None: i * s / t, see
+    # _prepare_back).
     _monai_back: list[np.ndarray] | None = None
 
     def _network_crop(self, volume: Volume) -> Volume:
@@ -350,8 +351,11 @@ class PatchTask(BatchedTask):
         )
         data += [mask.astype(np.float32) for mask in masks]
         fg = self.spec.input.crop_foreground
-        monai_axes = fg is not None and self._monai_axes() is not None
-        if monai_axes:  # MONAI's Spacing coordinates, to the last bit (as the way back)
+        # MONAI's Spacing coordinates, to the last bit (and the way back): where its last
+        # bit decides a label (the box's zero padding; nearest's half-voxel ties)
+        exact = fg is not None or 0 in (rs.image_order, rs.output_order)
+        monai_axes = exact and self._monai_axes() is not None
+        if monai_axes:
             coords, _ = self._monai_geometry(volume, forward_coordinates)
         else:
             coords = self._first_voxel_coords(crop.shape, crop.spacing, forward=True)
@@ -371,8 +375,15 @@ class PatchTask(BatchedTask):
             self._pad_before, self._box, self._windows = window.origin, window.box, window.windows
             self._rolling = False
             if monai_axes:
-                self._monai_back = self._monai_back_coordinates(volume)
+                (start, end), pad = window.box, window.origin
+                box = (
+                    [a - o for a, o in zip(start, pad, strict=True)],
+                    [b - o for b, o in zip(end, pad, strict=True)],
+                )
+                self._monai_back = self._monai_back_coordinates(volume, box)
             return window.image
+        if monai_axes:  # no crop: the whole model grid is the box
+            self._monai_back = self._monai_back_coordinates(volume, ([0] * 3, self._resampled))
         return self._pad(np.stack(out), [normalised_floor(n) for _, n in pairs])
 
     def _monai_axes(self) -> str | None:
@@ -394,19 +405,17 @@ class PatchTask(BatchedTask):
             *args,
         )
 
-    def _monai_back_coordinates(self, volume: Volume) -> list[np.ndarray] | None:
+    def _monai_back_coordinates(
+        self, volume: Volume, box: tuple[Sequence[int], Sequence[int]]
+    ) -> list[np.ndarray]:
         """Where MONAI's ``Invertd`` reads the model grid for each native voxel, to the
-        last bit: after ``CropForeground`` the labels of voxels landing exactly on a
-        model voxel beside the box follow it (docs/model-ops.md)."""
-        assert self._box is not None
-        box = tuple(
-            tuple(int(v) - o for v, o in zip(edge, self._pad_before, strict=True))
-            for edge in self._box
-        )
+        last bit (``box``: the crop box on the unpadded model grid): after
+        ``CropForeground`` the labels of voxels landing exactly on a model voxel beside
+        the box follow it, and nearest settles half-voxel ties by it (docs/model-ops.md)."""
         coords, shape = self._monai_geometry(volume, back_coordinates, box)
         if shape != tuple(self._resampled):
             raise ModelError(
-                f"crop_foreground: MONAI's Spacing grid {shape} is not radserve's "
+                f"MONAI's exact grid: its Spacing grid {shape} is not radserve's "
                 f"{tuple(self._resampled)}"
             )
         return coords
@@ -531,7 +540,7 @@ class PatchTask(BatchedTask):
             back = self._monai_back or self._first_voxel_coords(
                 (d, h, w), self._native_spacing, forward=False
             )
-            # nearest: half to even (see ResamplingSpec.grid)
+            # nearest: half to even, as ATen's grid_sample (nearbyint)
             cz, cy, cx = (np.rint(c) if o == 0 else c for c, o in zip(back, orders, strict=True))
         else:
             cz, cy, cx = (

@@ -122,8 +122,10 @@ class ResamplingSpec(_Strict):
     # ``Spacing(pixdim)`` grid, which keeps the first voxel centre and exactly the target
     # spacing (``round((n - 1) * s / t) + 1`` voxels; new voxel j samples old index
     # ``j * t / s``, edges replicated (``padding_mode: border``), nearest rounds half to
-    # even; MONAI's grid_sample settles exact ties by float32 rounding instead, so the
-    # importer writes bilinear only); outputs come back on the inverse map (``Invertd``).
+    # even as grid_sample's nearbyint; with patient-direction ``axes`` and order 0 (or
+    # ``crop_foreground``) at MONAI's own float64 coordinates, so exact half-voxel ties
+    # fall as in MONAI, :mod:`radserve.preprocess.monai_grid`); outputs come back on the
+    # inverse map (``Invertd``).
     # ``normalise_first`` is honoured there (``ScaleIntensityRange`` before ``Spacing``).
     grid: Literal["field_of_view", "first_voxel"] = "field_of_view"
 

@@ -150,10 +150,11 @@ def _geometry(
     ras = nifti_affine(ras)
     if not _is_axis_aligned(ras):
         raise ModelError(
-            "crop_foreground: an oblique series (direction cosines off the axes): MONAI's "
-            "resampling sums several rounded terms per coordinate in its BLAS library's "
-            "order, which radserve does not reproduce; the labels at the crop box's edge "
-            "would not be MONAI's"
+            "MONAI's exact grid (crop_foreground, nearest resampling): an oblique series "
+            "(direction cosines off the axes): MONAI's resampling sums several rounded terms "
+            "per coordinate in its BLAS library's order, which radserve does not reproduce; "
+            "the labels at the crop box's edge and at nearest's half-voxel ties would not "
+            "be MONAI's"
         )
     oriented, native = _oriented(ras, shape, axcodes)
     target, model_shape = _spacing_target(oriented, native, pixdim)
