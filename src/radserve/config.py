@@ -730,6 +730,9 @@ class TurnaroundSettings(_Section):
     risk_webhook_url: str | None = None
     # optional alert receiver: an RFC 5424 syslog message per risk event (likewise)
     risk_syslog: RiskSyslogSettings | None = None
+    # at stop, alerts still queued get this long to go out (one attempt each); the rest
+    # are counted (radserve_deadline_risk_alerts_dropped_total), logged and audited
+    risk_alert_grace_s: float = Field(default=3.0, ge=0, le=60)
     # ETAs are recomputed after scheduling events, at most this often
     recompute_interval_s: float = Field(default=0.5, gt=0)
     # succeeded jobs read back at start to learn service times from

@@ -39,6 +39,7 @@ converts for the API.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
@@ -87,12 +88,15 @@ logger = logging.getLogger(__name__)
 
 DEADLINE_RISK = "job.deadline_risk"
 DEADLINE_RISK_CLEARED = "job.deadline_risk_cleared"
+# alerts that never reached a receiver by the server's stop (count per receiver and reason)
+RISK_ALERTS_DROPPED = "turnaround.risk_alerts_dropped"
 _REFRESH_S = 2.0  # recompute at least this often (running jobs' remaining time shrinks)
 _ARRIVAL_WINDOW_S = 3600.0  # arrival rates per class over the last hour
 _MIN_SPAN_S = 60.0  # ... or since start, but over no less than this
 RISK_MSGID = "RADSERVE-RISK"
 _ALERT_QUEUE = 1000
 _ALERT_RETRIES = (1.0, 5.0, 30.0)
+_ALERT_ATTEMPT_S = 5.0  # one delivery attempt's timeout (the webhook's; syslog's own)
 _LEAD_BUCKETS = (0, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
 
 
@@ -188,12 +192,12 @@ class Turnaround:
         self._dirty = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._metrics(metrics)
         self._alerts: list[_Alerts] = []
         if t.risk_webhook_url:
-            self._alerts.append(_Alerts(_WebhookTarget(t.risk_webhook_url)))
+            self._alerts.append(_Alerts(_WebhookTarget(t.risk_webhook_url), self.alerts_dropped))
         if t.risk_syslog is not None:
-            self._alerts.append(_Alerts(_SyslogTarget(t.risk_syslog)))
-        self._metrics(metrics)
+            self._alerts.append(_Alerts(_SyslogTarget(t.risk_syslog), self.alerts_dropped))
         scheduler.add_listener(self._dirty.set)
 
     def _metrics(self, metrics: Metrics) -> None:
@@ -222,6 +226,14 @@ class Turnaround:
             buckets=_LEAD_BUCKETS,
             registry=reg,
         )
+        self.alerts_dropped = Counter(
+            "radserve_deadline_risk_alerts_dropped",
+            "Deadline-risk alerts a receiver never got: queue_full, failed (retries "
+            "exhausted, or the one attempt at stop), stopped (still queued after the "
+            "stop's grace)",
+            ["receiver", "reason"],
+            registry=reg,
+        )
         self.compute_seconds = Gauge(
             "radserve_eta_compute_seconds",
             "Wall time of the last ETA recomputation (queue order + walk)",
@@ -241,12 +253,36 @@ class Turnaround:
             alerts.start()
 
     def stop(self) -> None:
+        """Stop the ETA thread; alerts still queued get ``risk_alert_grace_s`` to be
+        delivered (one attempt each), and those that are not are counted, logged and
+        audited (``turnaround.risk_alerts_dropped``), never lost silently."""
         self._stop.set()
         self._dirty.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        for alerts in self._alerts:
-            alerts.stop()
+        grace = self.settings.risk_alert_grace_s
+        grace_end = time.monotonic() + grace
+        for alerts in self._alerts:  # every receiver's grace runs at once
+            alerts.begin_stop(grace_end)
+        dropped = {alerts.target.kind: alerts.finish_stop() for alerts in self._alerts}
+        dropped = {receiver: counts for receiver, counts in dropped.items() if counts}
+        if not dropped:
+            return
+        total = sum(sum(counts.values()) for counts in dropped.values())
+        logger.warning(
+            "deadline-risk alerts: %d not delivered by the stop (grace %g s): %s",
+            total,
+            grace,
+            "; ".join(
+                f"{receiver} " + ", ".join(f"{n} {why}" for why, n in sorted(counts.items()))
+                for receiver, counts in sorted(dropped.items())
+            ),
+        )
+        payload = {"dropped": dropped, "total": total, "grace_s": grace}
+        try:
+            self.store.append_audit(AuditEvent(action=RISK_ALERTS_DROPPED, payload=payload))
+        except Exception as exc:  # the count is in the log and the metric
+            logger.error("%s not audited (%s)", RISK_ALERTS_DROPPED, type(exc).__name__)
 
     def _run(self) -> None:
         interval = self.settings.recompute_interval_s
@@ -623,59 +659,104 @@ class _EtaCollector(Collector):
 
 class _Alerts:
     """Risk alerts delivered on a thread of their own: bounded queue, a few retries,
-    never blocking the scheduler (an alert that cannot be delivered is logged and counted
-    as dropped; not the durable outbox: an alert is worth less once late). One per
-    receiver, so a collector that is down does not delay the webhook."""
+    never blocking the scheduler (not the durable outbox: an alert is worth less once
+    late). An alert that does not reach its receiver is logged and counted by reason
+    (``radserve_deadline_risk_alerts_dropped_total``): the queue was full, its retries
+    ran out, or the server stopped before it went out. One per receiver, so a collector
+    that is down does not delay the webhook."""
 
-    def __init__(self, target: _WebhookTarget | _SyslogTarget) -> None:
+    def __init__(self, target: _WebhookTarget | _SyslogTarget, dropped: Counter) -> None:
         self.target = target
         self.queue: queue.Queue[dict[str, Any] | None] = queue.Queue(_ALERT_QUEUE)
         self.thread: threading.Thread | None = None
         self._stop = threading.Event()  # ends a retry's wait: stopping never waits 30 s
+        self._grace_end: float | None = None  # monotonic; set by begin_stop
+        self._before_stop: collections.Counter[str] = collections.Counter()
+        self._metric = dropped
+        self._lock = threading.Lock()
         self.sent = 0
-        self.dropped = 0
+        self.dropped: collections.Counter[str] = collections.Counter()  # by reason
 
     def start(self) -> None:
         name = f"radserve-risk-{self.target.kind}"
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
-    def stop(self) -> None:
-        """Alerts not delivered by now are dropped (an alert is worth less once late)."""
+    def begin_stop(self, grace_end: float) -> None:
+        """Alerts queued now may go out until ``grace_end`` (monotonic), one attempt
+        each, no retry waits; later ones are only counted (:meth:`finish_stop`)."""
+        with self._lock:
+            self._before_stop = collections.Counter(self.dropped)
+        self._grace_end = grace_end
         self._stop.set()
-        with contextlib.suppress(queue.Full):
+        with contextlib.suppress(queue.Full):  # full: the thread ends once it is empty
             self.queue.put_nowait(None)
+
+    def finish_stop(self) -> dict[str, int]:
+        """Wait for the thread (the grace, plus one attempt in flight), count what it
+        did not take as dropped; returns what was dropped during the stop, by reason
+        (empty: everything queued went out)."""
+        grace_end = self._grace_end if self._grace_end is not None else time.monotonic()
         if self.thread is not None:
-            self.thread.join(timeout=15)
+            self.thread.join(max(0.0, grace_end - time.monotonic()) + 2 * _ALERT_ATTEMPT_S)
+        left = 0  # the thread never started, or did not end in time
+        while True:
+            try:
+                body = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            left += body is not None
+        if left:
+            self._drop("stopped", left)
+        with self._lock:
+            return dict(self.dropped - self._before_stop)
 
     def send(self, body: dict[str, Any]) -> None:
         try:
             self.queue.put_nowait(body)
         except queue.Full:
-            self.dropped += 1
+            self._drop("queue_full")
             logger.error(
                 "deadline-risk %s: queue full, alert for %s dropped",
                 self.target.kind,
                 body["job_id"],
             )
 
+    def _drop(self, reason: str, count: int = 1) -> None:
+        with self._lock:
+            self.dropped[reason] += count
+        self._metric.labels(self.target.kind, reason).inc(count)
+
     def _run(self) -> None:
         try:
-            while (body := self.queue.get()) is not None and not self._stop.is_set():
-                for delay in (*_ALERT_RETRIES, None):
-                    try:
-                        self.target.deliver(body)
-                        self.sent += 1
-                        break
-                    except (httpx.HTTPError, OSError) as exc:  # ssl.SSLError is an OSError
-                        if delay is None or self._stop.wait(delay):
-                            self.dropped += 1
-                            logger.error(
-                                "deadline-risk %s failed: %s", self.target.kind, type(exc).__name__
-                            )
-                            break
+            while True:
+                try:  # stopping: the marker may not fit a full queue, so also when empty
+                    body = self.queue.get(timeout=None if self._grace_end is None else 0.1)
+                except queue.Empty:
+                    return  # stopping, and nothing is left
+                if body is None:
+                    return
+                grace_end = self._grace_end
+                if grace_end is not None and time.monotonic() >= grace_end:
+                    self._drop("stopped")  # the stop's grace is over: counted, not sent
+                    continue
+                self._deliver(body)
         finally:
             self.target.close()
+
+    def _deliver(self, body: dict[str, Any]) -> None:
+        for delay in (*_ALERT_RETRIES, None):
+            try:
+                self.target.deliver(body)
+                self.sent += 1
+                return
+            except (httpx.HTTPError, OSError) as exc:  # ssl.SSLError is an OSError
+                if delay is None or self._stop.wait(delay):  # stopping: no second try
+                    self._drop("failed")
+                    logger.error(
+                        "deadline-risk %s failed: %s", self.target.kind, type(exc).__name__
+                    )
+                    return
 
 
 class _WebhookTarget:
@@ -689,7 +770,7 @@ class _WebhookTarget:
 
     def deliver(self, body: dict[str, Any]) -> None:
         if self.client is None:
-            self.client = httpx.Client(timeout=5.0)
+            self.client = httpx.Client(timeout=_ALERT_ATTEMPT_S)
         self.client.post(self.url, json=body).raise_for_status()
 
     def close(self) -> None:
@@ -826,6 +907,7 @@ def _iso(posix: float) -> str:
 __all__ = [
     "DEADLINE_RISK",
     "DEADLINE_RISK_CLEARED",
+    "RISK_ALERTS_DROPPED",
     "RISK_MSGID",
     "JobEta",
     "MissReport",
