@@ -179,8 +179,10 @@ class TurnaroundOut(_Out):
         description="since start: risk events raised, and cleared (prediction recovered)",
     )
     misses: dict[str, Any] = Field(
-        description="since start: misses, predicted (a risk event came first), "
-        "predicted_fraction, lead_s_p50 / lead_s_min (alert to deadline)"
+        description="jobs that arrived since `since` (window_h, default 24 h), from the "
+        "store (the same after a restart and on every replica): misses, predicted (a risk "
+        "event stood at the deadline), predicted_fraction, lead_s_p50 / lead_s_min (alert "
+        "to deadline)"
     )
     eta_bias: dict[str, dict[str, float | int]] = Field(
         default_factory=dict,

@@ -21,6 +21,10 @@ class Action(StrEnum):
     JOB_FAILED = "job.failed"
     JOB_CANCELLED = "job.cancelled"
     JOB_REPRIORITISED = "job.reprioritised"  # an operator changed a waiting job's class
+    # a job predicted to finish past its deadline minus the margin / back before it
+    # (radserve.service.turnaround; the store derives predicted misses from them)
+    JOB_DEADLINE_RISK = "job.deadline_risk"
+    JOB_DEADLINE_RISK_CLEARED = "job.deadline_risk_cleared"
     KEY_CREATED = "key.created"
     KEY_REVOKED = "key.revoked"
     CONFIG_LOADED = "config.loaded"

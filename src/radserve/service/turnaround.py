@@ -28,8 +28,10 @@ unfinished job, and deadline-risk events raised before a miss.
   ``job.deadline_risk_cleared``, ``radserve_deadline_risk_cleared_total``, the same
   alert receivers; it may be raised again (:mod:`radserve.turnaround.risk`). When a
   deadline is then missed, the miss counts as predicted (with how long before the
-  deadline the alert came) or not: ``radserve_deadline_misses_predicted_total`` and
-  ``GET /v1/ops/turnaround``.
+  deadline the alert came) or not: ``radserve_deadline_misses_predicted_total`` (this
+  process) and ``GET /v1/ops/turnaround`` (from the store: the jobs' deadlines and ends
+  and the risk events' audit records, so it survives a restart and every replica says
+  the same; :mod:`radserve.store.misses`).
 
 Queued studies' sizes are estimated from their stored instance count (one file per
 slice for single-frame DICOM); a NIfTI file or an unreadable folder gets the median
@@ -62,6 +64,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from radserve.audit import AuditEvent
+from radserve.audit.events import Action
 from radserve.audit.syslog import NOTICE, WARNING, SyslogClient, SyslogEndpoint, frame, rfc5424
 from radserve.config import RiskSyslogSettings, Settings
 from radserve.host import usable_cores
@@ -86,8 +89,9 @@ from radserve.turnaround.share import ShareMeter
 
 logger = logging.getLogger(__name__)
 
-DEADLINE_RISK = "job.deadline_risk"
-DEADLINE_RISK_CLEARED = "job.deadline_risk_cleared"
+DEADLINE_RISK = Action.JOB_DEADLINE_RISK.value
+DEADLINE_RISK_CLEARED = Action.JOB_DEADLINE_RISK_CLEARED.value
+MISS_WINDOW_S = 24 * 3600.0  # the miss report's default window: jobs of the last day
 # alerts that never reached a receiver by the server's stop (count per receiver and reason)
 RISK_ALERTS_DROPPED = "turnaround.risk_alerts_dropped"
 _REFRESH_S = 2.0  # recompute at least this often (running jobs' remaining time shrinks)
@@ -102,15 +106,18 @@ _LEAD_BUCKETS = (0, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
 
 @dataclass(frozen=True)
 class MissReport:
-    """Deadline misses since start, and how many the risk events saw coming."""
+    """Deadline misses of the jobs that arrived since ``since``, and how many the risk
+    events saw coming (from the store: :meth:`radserve.store.Store.deadline_misses`)."""
 
     misses: int
     predicted: int
     lead_s: tuple[float, ...]  # per predicted miss: deadline - alert time
+    since: dt.datetime
 
     def as_dict(self) -> dict[str, Any]:
         lead = np.asarray(self.lead_s) if self.lead_s else None
         return {
+            "since": self.since.isoformat(),
             "misses": self.misses,
             "predicted": self.predicted,
             "predicted_fraction": round(self.predicted / self.misses, 4) if self.misses else None,
@@ -182,8 +189,6 @@ class Turnaround:
         self._shares = ShareMeter(urgent_holds=scheduler.config.urgent_exclusive)  # lock
         self.bias = BiasCorrection(window=t.bias_window_jobs)
         self._first: dict[str, tuple[float, float]] = {}  # job -> (walked at, raw finish)
-        self._misses = 0
-        self._predicted_leads: list[float] = []
         self.last_compute_s = 0.0
         self.computed_at: float | None = None
         # a benchmark's recorder (radserve bench --scenario eta): every walk's inputs and
@@ -369,11 +374,9 @@ class Turnaround:
         pass
 
     def on_deadline_miss(self, miss: DeadlineMiss) -> None:
+        """This process's metrics; the report (:meth:`miss_report`) reads the store."""
         with self._lock:
-            self._misses += 1
             risk = self._risk.get(miss.job_id)  # the one standing at the miss
-            if risk is not None:
-                self._predicted_leads.append(risk.lead_s)
         if risk is not None:
             self.predicted_misses.labels(miss.cls.value).inc()
             self.risk_lead.observe(max(0.0, risk.lead_s))
@@ -609,11 +612,14 @@ class Turnaround:
         with self._lock:
             return {"raised": self._risk.raised, "cleared": self._risk.cleared}
 
-    def miss_report(self) -> MissReport:
-        with self._lock:
-            return MissReport(
-                self._misses, len(self._predicted_leads), tuple(self._predicted_leads)
-            )
+    def miss_report(self, window_s: float = MISS_WINDOW_S) -> MissReport:
+        """The misses of the jobs that arrived in the last ``window_s``, from the store
+        (the same after a restart and on every replica); blocking: a database read."""
+        now = dt.datetime.now(dt.UTC)
+        since = now - dt.timedelta(seconds=window_s)
+        misses = self.store.deadline_misses(since=since, now=now)
+        leads = tuple(m.lead_s for m in misses if m.lead_s is not None)
+        return MissReport(len(misses), len(leads), leads, since)
 
     def at_risk(self) -> list[RiskEvent]:
         with self._lock:

@@ -37,6 +37,7 @@ from radserve.store.errors import (
 )
 from radserve.store.leases import HELD, Lease, LeaseLostError, LeaseMixin
 from radserve.store.migrate import upgrade
+from radserve.store.misses import MissMixin
 from radserve.store.models import CachedResult, Job, OutboxDelivery
 from radserve.store.records import (
     ALLOWED_TRANSITIONS,
@@ -78,7 +79,7 @@ def init_store(
     return Store(engine, audit_key=audit_key, on_audit=on_audit)
 
 
-class Store(AccessMixin, LeaseMixin, RelocateMixin):
+class Store(AccessMixin, LeaseMixin, MissMixin, RelocateMixin):
     """Typed access to radserve's database. Thread-safe; share one per process."""
 
     # -- jobs -----------------------------------------------------------------------

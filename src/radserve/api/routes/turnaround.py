@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from radserve.api.auth import Principal, require_read
 from radserve.api.schemas import ErrorOut, ServiceTimesOut, TurnaroundOut
 from radserve.api.state import service_of as _service
+from radserve.service.turnaround import MISS_WINDOW_S
 
 router = APIRouter(tags=["operations"])
 _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorOut} for c in (401, 403)}
@@ -43,10 +44,16 @@ async def service_times(
     summary="ETAs and deadline risk: jobs at risk, misses predicted and how early",
 )
 async def turnaround_view(
-    request: Request, _: Annotated[Principal, Depends(require_read)]
+    request: Request,
+    _: Annotated[Principal, Depends(require_read)],
+    window_h: Annotated[
+        float,
+        Query(gt=0, le=24 * 366, description="misses of the jobs that arrived in these hours"),
+    ] = MISS_WINDOW_S / 3600,
 ) -> TurnaroundOut:
     turnaround = _service(request).turnaround
     settings = turnaround.settings
+    misses = await run_in_threadpool(turnaround.miss_report, window_h * 3600)
     return TurnaroundOut(
         jobs_with_eta=len(turnaround.etas()),
         last_compute_ms=round(turnaround.last_compute_s * 1000, 3),
@@ -54,7 +61,7 @@ async def turnaround_view(
         risk_policy=settings.risk_policy,
         at_risk=sorted(r.job_id for r in turnaround.at_risk()),
         risk_events=turnaround.risk_counts(),
-        misses=turnaround.miss_report().as_dict(),
+        misses=misses.as_dict(),
         eta_bias=turnaround.bias_view(),
     )
 
