@@ -251,8 +251,9 @@ def _as_served(scheduler: Any, device: str) -> Any:
 def _learn(model: Any, store: Any, device: str, cores: int | None, cpu_workers: int) -> Any:
     """The service times of the store's last 1,000 succeeded jobs: as measured, or with
     the sharing of ``cores`` they ran under divided out (radserve.turnaround.solo)."""
-    from radserve.service.turnaround import _report_size, learn_from_store
+    from radserve.service.turnaround import learn_from_store
     from radserve.store import JobState as StoredState
+    from radserve.turnaround.service_time import StudySize
     from radserve.turnaround.solo import JobRun, solo_model
 
     if cores is None:
@@ -262,7 +263,7 @@ def _learn(model: Any, store: Any, device: str, cores: int | None, cpu_workers: 
     for r in reversed(store.list_jobs(state=StoredState.SUCCEEDED, limit=1000).items):
         if r.cached_from or not (r.started and r.finished and r.stage_timings):
             continue
-        size = _report_size(Path(r.result_path)) if r.result_path else None
+        size = StudySize.of_report(Path(r.result_path)) if r.result_path else None
         if size is not None:
             times = (r.arrival.timestamp(), r.started.timestamp(), r.finished.timestamp())
             runs.append(

@@ -29,6 +29,7 @@ __all__ = [
     "LesionOutcome",
     "StudyLesions",
     "gt_lesions_from",
+    "instance_overlaps",
     "match_lesions",
     "size_stratum",
 ]
@@ -102,7 +103,7 @@ class StudyLesions:
         return len(self.false_positive_components)
 
 
-def _overlaps(gt: np.ndarray, pred: np.ndarray) -> dict[tuple[int, int], int]:
+def instance_overlaps(gt: np.ndarray, pred: np.ndarray) -> dict[tuple[int, int], int]:
     both = (gt > 0) & (pred > 0)
     if not both.any():
         return {}
@@ -131,7 +132,7 @@ def match_lesions(
             f"{grid.shape} must have one shape"
         )
     pred_ids = [int(v) for v in np.unique(pred_instances) if v != 0]
-    overlap = _overlaps(gt_instances, pred_instances)
+    overlap = instance_overlaps(gt_instances, pred_instances)
     if pred_ids:
         centroids_vox = np.asarray(
             ndimage.center_of_mass(pred_instances > 0, pred_instances, pred_ids), dtype=float

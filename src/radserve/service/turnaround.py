@@ -852,7 +852,7 @@ def learn_records(
     for record in records:
         if record.cached_from or not record.result_path or not record.stage_timings:
             continue
-        size = _report_size(Path(record.result_path))
+        size = StudySize.of_report(Path(record.result_path))
         if size is None:
             continue
         model.observe(
@@ -891,15 +891,6 @@ def _study_size(folder: Path) -> StudySize | None:
     except OSError:
         return None
     return StudySize(count) if count > 1 else None
-
-
-def _report_size(result_dir: Path) -> StudySize | None:
-    """The study size a finished job's report states (its geometry's shape)."""
-    try:
-        data = json.loads((result_dir / "report.json").read_text())
-        return StudySize.from_shape(data["geometry"]["shape"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def _utc(posix: float) -> dt.datetime:

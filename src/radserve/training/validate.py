@@ -274,10 +274,10 @@ class MatchTable:
     ) -> MatchTable:
         from scipy import ndimage
 
-        from radserve.evaluation.lesions import _overlaps
+        from radserve.evaluation.lesions import instance_overlaps
 
         ids = [int(v) for v in np.unique(pred) if v != 0]
-        overlap = _overlaps(gt, pred)
+        overlap = instance_overlaps(gt, pred)
         centroids = (
             grid.index_to_patient(
                 np.asarray(ndimage.center_of_mass(pred > 0, pred, ids), float).reshape(-1, 3)

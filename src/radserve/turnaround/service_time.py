@@ -58,6 +58,17 @@ class StudySize:
         dims = [int(d) for d in shape]
         return cls(slices=dims[0], voxels=math.prod(dims))
 
+    @classmethod
+    def of_report(cls, result_dir: Path) -> StudySize | None:
+        """The size a finished job's report states (its geometry's shape), read from
+        ``result_dir/report.json`` without validating the rest; None when unreadable.
+        What the server learns from at start and ``radserve plan`` learns from."""
+        try:
+            data = json.loads((result_dir / "report.json").read_text())
+            return cls.from_shape(data["geometry"]["shape"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
 
 @dataclass(frozen=True)
 class StepKey:
