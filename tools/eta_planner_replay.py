@@ -25,11 +25,10 @@ ran (``planner``, ``planner_separate_hardware``, ``planner_shared_cores``,
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-from radserve.bench.eta_accuracy import JobTrace, group_of, planner_check
+from radserve.bench.eta_accuracy import JobTrace, group_of, planner_check, read_summary
 from radserve.config import SchedulerSettings
 from radserve.domain.priority import PriorityClass
 from radserve.inference.providers import CPU_MAX_BATCH
@@ -129,7 +128,7 @@ def main() -> None:
     parser.add_argument("--cores", type=int, default=None)
     args = parser.parse_args()
     for path in args.summary:
-        summary = json.loads(path.read_text())
+        summary = read_summary(path)
         load = summary["host"]["loadavg_before"][0], summary["host"]["loadavg_after"][0]
         print(f"{path} (seed {summary.get('seed')}, load average {load[0]} -> {load[1]})")
         for name, check in replay(summary, args.cores).items():

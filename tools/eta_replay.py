@@ -1,9 +1,10 @@
 """Replay the ETAs of saved ``radserve bench --scenario eta --json`` runs offline
 (radserve.turnaround.replay): the server's recorded walks again under each variant of
 the allowance, the bias correction, the drain rate and the service-time model (refitted
-from the recorded ends: window, recency half-life, latency lanes), errors over the
-measured jobs only. Several files: one row per file and variant, then the median over
-the files at submission and halfway.
+from the recorded ends: window, recency half-life, latency lanes), the walk's options
+(a running job's share left, the running jobs ranked behind) and the arrival rates
+counted again (session 11), errors over the measured jobs only. Several files: one row
+per file and variant, then the median over the files at submission and halfway.
 
     PYTHONPATH=src python tools/eta_replay.py out/eta-seed0.json out/eta-seed1.json
 """
@@ -11,17 +12,20 @@ the files at submission and halfway.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
+from radserve.bench.eta_accuracy import arrivals_before, read_summary
+from radserve.turnaround.rates import ArrivalRates
 from radserve.turnaround.replay import Refit, Variant, errors, replay
 
 # "allowance, no bias" (no drain, the model as the server had it) replays the server's
 # defaults of the recording; the "refit" rows rebuild the service-time model from the
 # one the recording began with and the recorded ends under other settings (session 9)
+SESSION_10_WALK = (("share_left", "latency"), ("running_behind", False))
+SESSION_11_WALK = (("share_left", "measured"), ("running_behind", True))
 VARIANTS = {
     "allowance, class bias": Variant(allowance=True, bias="class", drain=False),
     "allowance, no bias": Variant(allowance=True, bias="off", drain=False),
@@ -50,6 +54,18 @@ VARIANTS = {
     "refit 50, lanes exclusive, shares": Variant(
         drain=False, refit=Refit(50, 0, "exclusive", shares=True)
     ),
+    # session 11: a running job's share left as measured, the running jobs ranked behind
+    # a queued one, the arrival rates since the first arrival (counted again: a trace
+    # recorded before session 11 has the old rates)
+    "session 10's walk": Variant(drain=False, capacity=SESSION_10_WALK),
+    "share left, running behind": Variant(drain=False, capacity=SESSION_11_WALK),
+    "share left": Variant(drain=False, capacity=(("share_left", "measured"),)),
+    "running behind": Variant(drain=False, capacity=(("running_behind", True),)),
+    "rates since first arrival": Variant(drain=False, rates=ArrivalRates()),
+    "session 11 (default)": Variant(drain=False, capacity=SESSION_11_WALK, rates=ArrivalRates()),
+    "session 11, rates without prior": Variant(
+        drain=False, capacity=SESSION_11_WALK, rates=ArrivalRates(prior_arrivals=0.0)
+    ),
 }
 
 
@@ -57,8 +73,9 @@ def evaluate(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     measured = set(summary["measured_ids"])
     # the server's model when the recording began (before session 9: the warm-up's)
     base = summary.get("service_times_at_start", summary.get("service_times_solo"))
+    before = arrivals_before(summary)
     return {
-        name: errors(replay(summary["eta_records"], variant, base), measured)
+        name: errors(replay(summary["eta_records"], variant, base, before), measured)
         for name, variant in VARIANTS.items()
         if variant.refit is None or base is not None
     }
@@ -76,7 +93,7 @@ def main() -> None:
     table: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
     halfway: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for path in args.summaries:
-        result = evaluate(json.loads(path.read_text()))
+        result = evaluate(read_summary(path))
         for name, figures in result.items():
             deep, every = figures["behind_3"], figures["all"]
             sub, half, all_sub = (

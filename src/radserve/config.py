@@ -758,6 +758,19 @@ class TurnaroundSettings(_Section):
     # "stages", their stage timings over the workers and cores (before; on five loaded
     # traces: better on three, worse on two, README, issue 17)
     throughput: Literal["shares", "stages"] = "shares"
+    # a running job's share left in the walk's throughput bound: its estimated share less
+    # the share it has had ("measured", default since session 11), or in proportion to its
+    # latency left ("latency", before); and whether a queued job also counts the shares
+    # left of running jobs ranked behind it (they are not preempted; since session 11).
+    # Replayed on two quiet-host traces: 42.2 / 32.6 % -> 31.1 / 21.8 % error (README)
+    share_left: Literal["measured", "latency"] = "measured"
+    running_behind: bool = True
+    # the allowance's arrival rates per class: counted over the last hour, or while the
+    # server has seen less, since its first arrival (at least arrival_min_span_s), with
+    # arrival_prior pseudo-arrivals per class (radserve.turnaround.rates; since session
+    # 11: the span since the server's start, at least 60 s, made the rates 3-7x low)
+    arrival_min_span_s: float = Field(default=10.0, gt=0)
+    arrival_prior: float = Field(default=1.0, ge=0)
     # the service-time prior (before anything is measured): seconds = fixed + per_slice
     # x slices for a job, device_share of it in model batches (README bench figures)
     prior_fixed_s: float = Field(default=0.5, ge=0)

@@ -198,3 +198,30 @@ def test_an_overtaking_routine_arrival_holds_its_share_and_urgent_its_latency() 
     assert capacity.hold_s(1, shared) == 2.5
     assert capacity.hold_s(0, shared) == 10.0
     assert capacity.hold_s(1, EST) == 4.0  # no share: max(6 / 2, 4 / 1)
+
+
+def test_a_running_jobs_share_left_is_its_share_less_what_it_has_had() -> None:
+    """A cold start learned a 4 s latency; the job has run 6 s beside three others and
+    had 1.5 s of its 5 s share: 3.5 s of the server's time are left, where its latency
+    left (at least 5 % of 4 s) made it look done. The queued job behind it (20 s share)
+    finishes when both are through: 100 + 3.5 + 20."""
+    running = Entry("r", 2, True, 1000.0, 94.0, JobEstimate(2, 2, 4.0, 0, "f", 5.0), 1.5)
+    heavy = Entry("h", 2, False, 1000.0, None, JobEstimate(2, 2, 4.0, 0, "f", 20.0))
+    measured = walk([running, heavy], 100.0, Capacity(max_running=4))
+    assert measured[1].finish == pytest.approx(123.5)
+    by_latency = walk([running, heavy], 100.0, Capacity(max_running=4, share_left="latency"))
+    assert by_latency[1].finish == pytest.approx(100.0 + 0.05 * 5.0 + 20.0)
+
+
+def test_running_jobs_ranked_behind_a_queued_job_still_take_their_share() -> None:
+    """An INPATIENT job queued ahead of a running OUTPATIENT job (4 s of its share left)
+    waits through that share too: 100 + 8 + 4 s (its own latency, 10 s, is shorter). An
+    URGENT job does not: under urgent_exclusive routine work is held while it runs."""
+    behind = Entry("o", 2, True, 1000.0, 98.0, JobEstimate(2, 2, 10.0, 0, "f", 5.0), 1.0)
+    inpatient = Entry("i", 1, False, 1000.0, None, JobEstimate(2, 2, 10.0, 0, "f", 8.0))
+    urgent = Entry("u", 0, False, 1000.0, None, JobEstimate(2, 2, 10.0, 0, "f", 12.0))
+    capacity = Capacity(max_running=4)
+    assert walk([inpatient, behind], 100.0, capacity)[0].finish == pytest.approx(112.0)
+    alone = Capacity(max_running=4, running_behind=False)
+    assert walk([inpatient, behind], 100.0, alone)[0].finish == pytest.approx(110.0)
+    assert walk([urgent, behind], 100.0, capacity)[0].finish == pytest.approx(112.0)

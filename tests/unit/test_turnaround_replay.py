@@ -177,3 +177,43 @@ def test_a_walk_record_keeps_the_estimates_shares() -> None:
     entries = [Entry("a", 2, False, 900.0, None, shared), _entry("b")]
     record = json.loads(json.dumps(walk_record(100.0, entries, capacity, {"b": 40})))
     assert walk_inputs(record) == (100.0, entries, capacity)
+
+
+def test_a_walk_recorded_before_session_11_replays_the_walk_that_server_had() -> None:
+    record = walk_record(0.0, [_entry("a")], Capacity())
+    for name in ("share_left", "running_behind"):
+        del record["capacity"][name]
+    _, _, capacity = walk_inputs(record)
+    assert (capacity.share_left, capacity.running_behind) == ("latency", False)
+    assert walk_inputs(walk_record(0.0, [_entry("a")], Capacity()))[2] == Capacity()
+
+
+def test_a_running_jobs_share_so_far_is_measured_again_when_not_recorded() -> None:
+    """a runs from 0, b from 2 (seen running in the walks at 1 and 3): at 5 s a has had
+    2 + 3 / 2 = 3.5 s and b 1.5 s; a share the server recorded is kept."""
+    from radserve.turnaround.replay import SharesSoFar
+
+    capacity = Capacity(max_running=4)
+    a, b = (Entry(j, 2, True, 1e4, s, EST) for j, s in (("a", 0.0), ("b", 2.0)))
+    records = [walk_record(1.0, [a], capacity), walk_record(3.0, [a, b], capacity)]
+    filled = SharesSoFar(records, urgent_holds=True).fill([a, b], 5.0)
+    assert [e.share_so_far for e in filled] == pytest.approx([3.5, 1.5])
+    kept = Entry("a", 2, True, 1e4, 0.0, EST, 9.0)
+    assert SharesSoFar(records, urgent_holds=True).fill([kept], 5.0)[0].share_so_far == 9.0
+
+
+def test_the_arrival_rates_are_counted_again_from_each_jobs_first_walk() -> None:
+    """Five URGENT jobs first walked at 0, 2 .. 8 s (the recording's capacity had no
+    rates): counted again since the first arrival, 0.5 a second at 10 s, and the routine
+    job queued then is allowed for them as a capacity with that rate would be."""
+    from radserve.turnaround.rates import ArrivalRates
+
+    capacity = Capacity(max_running=4)
+    records = [walk_record(2.0 * i, [_entry(f"u{i}", cls=0)], capacity) for i in range(5)]
+    records.append(walk_record(10.0, [_entry("r")], capacity))
+    rates = ArrivalRates(min_span_s=1.0, prior_arrivals=0.0)
+    (routine,) = (j for j in replay(records, Variant(rates=rates)) if j.job_id == "r")
+    expected = walk([_entry("r")], 10.0, Capacity(max_running=4, arrivals=(Arrivals(0, 0.5, EST),)))
+    assert routine.first == pytest.approx(expected[0].finish)
+    (as_recorded,) = (j for j in replay(records) if j.job_id == "r")
+    assert as_recorded.first == 20.0 < routine.first

@@ -10,21 +10,26 @@ queued behind ≥ 3 others at submission).
 
 from __future__ import annotations
 
+import gzip
+import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from radserve.config import SchedulerSettings
 from radserve.domain.priority import PriorityClass
 from radserve.turnaround.plan import ModelSampler, run_plan
-from radserve.turnaround.service_time import ServiceTimeModel
+from radserve.turnaround.service_time import RUN, ServiceTimeModel
 from radserve.turnaround.simulate import Arrival
 
 GOAL_MEDIAN_ERROR = 0.20
 GOAL_PLANNER = 0.25
 BEHIND = 3  # the goal counts jobs with at least this many unfinished jobs ahead
+_WARMUP_POLL_S = 0.3  # the bench's warm-up polls every 0.25 s, then submits the next
 
 
 @dataclass(frozen=True)
@@ -224,6 +229,34 @@ def planner_check(
     }
 
 
+def read_summary(path: Path) -> dict[str, Any]:
+    """A saved ``radserve bench --scenario eta --json`` run (gzipped if it ends .gz, as
+    the traces kept in ``tests/data/eta-traces/``)."""
+    data = Path(path).read_bytes()
+    return dict(json.loads(gzip.decompress(data) if str(path).endswith(".gz") else data))
+
+
+def arrivals_before(summary: Mapping[str, Any]) -> list[tuple[int, float]]:
+    """The arrivals (class rank, scheduler clock s) the server had counted when a saved
+    run's recording began: recorded since 2026-12-02 session 11 (``arrivals_at_start``);
+    before, the warm-up studies (OUTPATIENT, one at a time) taken to have arrived back to
+    back just before the first recorded walk, each its run (from the model saved at the
+    start) and 0.3 s of polling before the next: an approximation, so a replay that
+    counts the rates again is not exactly what that server would have counted."""
+    if "arrivals_at_start" in summary:
+        return [(int(cls), float(at)) for cls, at in summary["arrivals_at_start"]]
+    walks = [r["at"] for r in summary.get("eta_records", []) if r["kind"] == "walk"]
+    model = summary.get("service_times_at_start") or {}
+    runs = next((r["seconds"] for r in model.get("samples", []) if r["step"] == RUN), [])
+    if not walks:
+        return []
+    at, out = float(min(walks)), []
+    for run in reversed(runs):
+        at -= float(run) + _WARMUP_POLL_S
+        out.append((PriorityClass.OUTPATIENT.rank, at))
+    return out[::-1]
+
+
 def _rel(predicted: float, measured: float) -> float:
     return abs(predicted - measured) / measured if measured > 0 else float("inf")
 
@@ -247,9 +280,11 @@ __all__ = [
     "BEHIND",
     "JobTrace",
     "Reading",
+    "arrivals_before",
     "classes_seen",
     "eta_errors",
     "group_of",
     "measured_tats",
     "planner_check",
+    "read_summary",
 ]

@@ -195,6 +195,8 @@ def run_eta_trace(
                 gap = service_s / load
                 plan = _arrivals(burst, gap, mix, seed, max(0, lead_in))
                 service.turnaround.recorder = records.append
+                # the arrivals the rates had counted (the warm-up's): a replay counts on
+                arrivals_at_start = service.turnaround.arrivals_seen()
                 # the model the recorded walks start from: a replay refits it (replay.Refit)
                 model_at_start = service.turnaround.model.to_json()
                 log(
@@ -332,6 +334,8 @@ def run_eta_trace(
         "service_times": model.to_json(),
         "service_times_solo": solo.to_json(),
         "service_times_at_start": model_at_start,
+        # [class rank, scheduler clock s] (since 2026-12-02 session 11)
+        "arrivals_at_start": [list(a) for a in arrivals_at_start],
     }
 
 

@@ -51,7 +51,6 @@ import os
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +81,7 @@ from radserve.turnaround.eta import (
     on_host_cores,
     walk,
 )
+from radserve.turnaround.rates import ArrivalRates
 from radserve.turnaround.replay import walk_record
 from radserve.turnaround.risk import RiskCleared, RiskEvent, RiskTracker
 from radserve.turnaround.service_time import Prior, ServiceTimeModel, StudySize
@@ -95,8 +95,6 @@ MISS_WINDOW_S = 24 * 3600.0  # the miss report's default window: jobs of the las
 # alerts that never reached a receiver by the server's stop (count per receiver and reason)
 RISK_ALERTS_DROPPED = "turnaround.risk_alerts_dropped"
 _REFRESH_S = 2.0  # recompute at least this often (running jobs' remaining time shrinks)
-_ARRIVAL_WINDOW_S = 3600.0  # arrival rates per class over the last hour
-_MIN_SPAN_S = 60.0  # ... or since start, but over no less than this
 RISK_MSGID = "RADSERVE-RISK"
 _ALERT_QUEUE = 1000
 _ALERT_RETRIES = (1.0, 5.0, 30.0)
@@ -174,6 +172,8 @@ class Turnaround:
             aging_fraction=scheduler.config.aging_fraction,
             # a CPU device's batches and the CPU pool's stages share the host's cores
             host_cores=usable_cores() if on_host_cores(device) else None,
+            share_left=t.share_left,
+            running_behind=t.running_behind,
         )
         self._lock = threading.Lock()
         self._etas: dict[str, Eta] = {}
@@ -181,10 +181,11 @@ class Turnaround:
         self._records: dict[str, JobRecord] = {}  # unfinished jobs' (immutable) facts
         self._basis: dict[str, str] = {}  # job id -> its estimate's source
         # arrival times per class (the last hour's): the rates of overtaking arrivals
-        self._arrived: dict[PriorityClass, deque[float]] = {
-            c: deque(maxlen=10_000) for c in PriorityClass
-        }
-        self._since = scheduler.clock.now()  # rates are counted over min(hour, uptime)
+        self._rates = ArrivalRates(  # under the lock
+            classes=tuple(c.rank for c in PriorityClass),
+            min_span_s=t.arrival_min_span_s,
+            prior_arrivals=t.arrival_prior,
+        )
         self._risk = RiskTracker(t.risk_margin_s, t.risk_clear_s)  # under the lock
         self._shares = ShareMeter(urgent_holds=scheduler.config.urgent_exclusive)  # lock
         self.bias = BiasCorrection(window=t.bias_window_jobs)
@@ -328,7 +329,7 @@ class Turnaround:
     def on_state(self, event: JobEvent) -> None:
         if event.state is JobState.QUEUED:
             with self._lock:
-                self._arrived[event.cls].append(event.at)
+                self._rates.arrived(event.cls.rank, event.at)
             # a new job: its ETA (and a risk already at submission) at once, O(n)
             self._recompute_now()
         elif event.state is JobState.RUNNING:
@@ -388,6 +389,8 @@ class Turnaround:
         now, order = self.scheduler.queue_order()
         entries = []
         slices: dict[str, int] = {}
+        with self._lock:  # each running job's share of the wall time so far
+            so_far = {j.job_id: self._shares.so_far(j.job_id, now) for j in order if j.running}
         for job in order:
             record = self._record(job.job_id)
             if record is None:
@@ -401,7 +404,15 @@ class Turnaround:
                 lane=self.lane(job.cls),
             )
             entries.append(
-                Entry(job.job_id, job.cls.rank, job.running, job.deadline, job.started, estimate)
+                Entry(
+                    job.job_id,
+                    job.cls.rank,
+                    job.running,
+                    job.deadline,
+                    job.started,
+                    estimate,
+                    so_far.get(job.job_id),
+                )
             )
             slices[job.job_id] = size.slices
         # walked outside the lock: job events and API readers wait on it
@@ -442,35 +453,35 @@ class Turnaround:
         return {cls.value: seen.get(cls.rank, {"jobs": 0, "factor": 1.0}) for cls in PriorityClass}
 
     def _capacity(self, now: float) -> Capacity:
-        """The capacity with each class's arrival rate over the last hour (or since the
-        server started, at least ``_MIN_SPAN_S``: an hour's window read two minutes
-        after start would count a tenth of the true rate)."""
-        span = min(_ARRIVAL_WINDOW_S, max(_MIN_SPAN_S, now - self._since))
+        """The capacity with each class's arrival rate over the last hour, or since the
+        first arrival (:class:`~radserve.turnaround.rates.ArrivalRates`)."""
         with self._lock:
-            counts = {}
-            for cls, times in self._arrived.items():
-                while times and times[0] < now - _ARRIVAL_WINDOW_S:
-                    times.popleft()
-                counts[cls] = len(times)
-        if not any(counts[c] for c in PriorityClass if c is not PriorityClass.OUTPATIENT):
+            rates = self._rates.rates(now)
+        by_rank = {c.rank: c for c in PriorityClass}
+        if not any(r > 0 for c, r in rates.items() if by_rank[c] is not PriorityClass.OUTPATIENT):
             return self.capacity
         pipeline, size = self._any_pipeline(), self.model.typical_size()
         arrivals = tuple(
             Arrivals(
-                cls.rank,
-                counts[cls] / span,
+                rank,
+                rate,
                 self.model.estimate(
                     pipeline=pipeline,
                     device=self.device,
                     precision="fp32",
                     size=size,
-                    lane=self.lane(cls),
+                    lane=self.lane(by_rank[rank]),
                 ),
             )
-            for cls in PriorityClass
-            if counts[cls]
+            for rank, rate in sorted(rates.items())
         )
         return dataclasses.replace(self.capacity, arrivals=arrivals)
+
+    def arrivals_seen(self) -> list[tuple[int, float]]:
+        """Every arrival counted for the rates (class rank, scheduler clock), oldest
+        first: what a replay of a recording started now needs to count them again."""
+        with self._lock:
+            return self._rates.seen()
 
     def _any_pipeline(self) -> str:
         lines = self.model.describe()

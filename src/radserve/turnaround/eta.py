@@ -9,8 +9,14 @@ visits jobs in that order once and keeps three running figures:
   (:mod:`radserve.turnaround.share`: wall time split among the jobs running together),
   the bound is ``now`` plus the shares of every job so far: what the server really
   spent per job at the concurrency it runs (session 10: stage timings summed counted
-  the sharing twice, ETAs late; times measured alone, early). Before that, CPU-pool
-  seconds and device seconds spread over the CPU workers and the devices
+  the sharing twice, ETAs late; times measured alone, early). A running job counts the
+  part of its estimated share it has not had yet (``share_left: measured``, session
+  11: by its latency left, a latency learned alone made a job 3 s into a 10 s run look
+  done), and a queued job also counts the shares left of the running jobs ranked
+  *behind* it (``running_behind``): a routine job is not preempted, so an OUTPATIENT job
+  already running takes its share of the wall time an INPATIENT job queued ahead of it
+  waits through (quiet host, session 11: 4-10 s of a 7-17 s turnaround). Before
+  that, CPU-pool seconds and device seconds spread over the CPU workers and the devices
   (``now + max(cpu / workers, device / devices)``); when the "device" is the host's own
   cores (``host_cores``: the CPU or OpenVINO-on-CPU provider, which uses every core for
   a batch), device and CPU-pool work take turns on the same cores, so the bound is
@@ -45,6 +51,7 @@ from radserve.turnaround.service_time import JobEstimate
 
 URGENT = 0  # PriorityClass.URGENT.rank (the walk needs only the order of classes)
 LANES = ("none", "class", "exclusive")
+SHARE_LEFT = ("measured", "latency")
 _Z90 = 1.2816  # standard normal 90th percentile
 _MAD_SIGMA = 1.4826  # median absolute deviation -> standard deviation (normal noise)
 
@@ -59,6 +66,8 @@ class Entry:
     deadline: float
     started: float | None
     estimate: JobEstimate
+    # a running job's share of the server's wall time so far (ShareMeter.so_far)
+    share_so_far: float | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,14 @@ class Capacity:
     # while saturated (radserve.turnaround.drain: a shared host drains its queue slower
     # than the per-job times imply; 1.0: the model as it is)
     drain: float = 1.0
+    # a running job's share left (session 11): its estimated share less the share it has
+    # had so far (``measured``), or the share in proportion to its latency left
+    # (``latency``, before: a latency learned at a cold start or at another concurrency
+    # made running jobs look done)
+    share_left: str = "measured"
+    # a queued job's throughput bound also counts the shares left of the running jobs
+    # ranked behind it (session 11): they go on running, only URGENT work holds them
+    running_behind: bool = True
 
     def work_s(self, cpu_s: float, device_s: float) -> float:
         """Seconds this capacity needs for ``cpu_s`` of CPU-pool and ``device_s`` of
@@ -168,6 +185,7 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
     slots += [(now, now)] * max(0, capacity.max_running - len(slots))
     heapq.heapify(slots)
     cpu = device = shared = 0.0  # work ranked so far: unmeasured (cpu, device), shares
+    behind = _running_behind(entries, now, capacity)
     urgent_until = now
     out: list[Eta] = []
     for position, e in enumerate(entries):
@@ -181,7 +199,7 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
         else:
             start = own_start = now
         if est.share_s is not None:
-            shared += capacity.through_s(est, fraction)
+            shared += _share_left(e, now, capacity, fraction)
         else:
             cpu += est.cpu_s * fraction
             device += est.device_s * fraction
@@ -193,7 +211,10 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
                 if capacity.urgent_exclusive:
                     own_start, start = max(own_start, urgent_until), max(start, urgent_until)
             own = own_start + est.latency_s
-        walked = max(own, now + capacity.work_s(cpu, device) + shared)
+        beside = 0.0
+        if not e.running and (e.cls != URGENT or not capacity.urgent_exclusive):
+            beside = behind[position + 1]  # running jobs ranked behind it go on
+        walked = max(own, now + capacity.work_s(cpu, device) + shared + beside)
         if e.cls == URGENT:
             urgent_until = max(urgent_until, walked)
         elif not e.running:
@@ -204,6 +225,34 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
             mean, high = overtaking_delay(e, walked - now, now, capacity)
             finish, late = finish + mean, late + high
         out.append(Eta(e.job_id, position, start, finish, late, e.deadline))
+    return out
+
+
+def _share_left(e: Entry, now: float, capacity: Capacity, fraction: float) -> float:
+    """Seconds of the server's wall time a job with a measured share still takes: all
+    of it while queued; once running, its estimate less what it has had so far
+    (``share_left: measured``, at least 5 % of it) or ``fraction`` of it (its latency
+    left over its latency)."""
+    est = e.estimate
+    if e.running and capacity.share_left == "measured" and e.share_so_far is not None:
+        share = est.share_s or 0.0
+        return capacity.drain * max(share - e.share_so_far, 0.05 * share)
+    return capacity.through_s(est, fraction)
+
+
+def _running_behind(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[float]:
+    """For each position, the shares left of the running jobs ranked at or after it
+    (one more entry: 0), when ``capacity.running_behind``; else zeros."""
+    out = [0.0] * (len(entries) + 1)
+    if not capacity.running_behind:
+        return out
+    for i in range(len(entries) - 1, -1, -1):
+        e = entries[i]
+        left = 0.0
+        if e.running and e.estimate.share_s is not None:
+            fraction = _remaining(e, now) / max(e.estimate.latency_s, 1e-9)
+            left = _share_left(e, now, capacity, fraction)
+        out[i] = out[i + 1] + left
     return out
 
 
@@ -262,6 +311,7 @@ def _window(entry: Entry, ahead: int, horizon: float, now: float, capacity: Capa
 
 __all__ = [
     "LANES",
+    "SHARE_LEFT",
     "Arrivals",
     "Capacity",
     "Entry",

@@ -25,8 +25,12 @@ from typing import Any
 from radserve.turnaround.bias import BiasCorrection
 from radserve.turnaround.drain import DrainMeter
 from radserve.turnaround.eta import URGENT, Arrivals, Capacity, Entry, latency_lane, walk
+from radserve.turnaround.rates import ArrivalRates
 from radserve.turnaround.service_time import WINDOW, JobEstimate, ServiceTimeModel, StudySize
 from radserve.turnaround.share import ShareMeter
+
+# the walk's options a recording made before session 11 lacks: what that server did
+_BEFORE_SESSION_11 = {"share_left": "latency", "running_behind": False}
 
 
 def walk_record(
@@ -42,10 +46,12 @@ def walk_record(
     rows = []
     for e in entries:
         row = [e.job_id, e.cls, e.running, e.deadline, e.started, *_estimate(e.estimate)]
-        if e.job_id in sizes or e.estimate.share_s is not None:
+        if e.job_id in sizes or e.estimate.share_s is not None or e.share_so_far is not None:
             row.append(sizes.get(e.job_id))
-        if e.estimate.share_s is not None:
+        if e.estimate.share_s is not None or e.share_so_far is not None:
             row.append(e.estimate.share_s)
+        if e.share_so_far is not None:  # since 2026-12-02 session 11
+            row.append(e.share_so_far)
         rows.append(row)
     return {
         "kind": "walk",
@@ -83,6 +89,7 @@ def walk_inputs(record: Mapping[str, Any]) -> tuple[float, list[Entry], Capacity
             float(r[3]),
             r[4],
             _job_estimate(r[5:10], r[11] if len(r) > 11 else None),
+            None if len(r) <= 12 or r[12] is None else float(r[12]),
         )
         for r in record["entries"]
     ]
@@ -92,6 +99,8 @@ def walk_inputs(record: Mapping[str, Any]) -> tuple[float, list[Entry], Capacity
         for a in raw["arrivals"]
     )
     raw["tat_s"] = tuple(raw["tat_s"])
+    for name, before in _BEFORE_SESSION_11.items():  # recorded by a server without them
+        raw.setdefault(name, before)
     return float(record["at"]), entries, Capacity(**raw)
 
 
@@ -126,6 +135,12 @@ class Variant:
     window: int = 20
     drain: bool | None = None
     refit: Refit | None = None
+    # the walk's options changed from those recorded (Capacity fields: share_left,
+    # running_behind, own_bound), as (name, value) pairs
+    capacity: tuple[tuple[str, Any], ...] = ()
+    # the allowance's arrival rates: as recorded (None), or counted again from the
+    # recorded arrivals (each job's first walk, after ``before``) by this estimator
+    rates: ArrivalRates | None = None
 
 
 @dataclass
@@ -233,6 +248,44 @@ def shares_of(records: Sequence[Mapping[str, Any]], urgent_holds: bool) -> dict[
     return measured | recorded
 
 
+class SharesSoFar:
+    """Each running job's share of wall time up to a walk, measured again from the
+    recorded starts and ends, for walks recorded before the server recorded it (session
+    11): a walk's running entries get it when they lack it."""
+
+    def __init__(self, records: Sequence[Mapping[str, Any]], urgent_holds: bool) -> None:
+        starts: dict[str, tuple[float, bool]] = {}
+        for r in records:
+            if r["kind"] == "walk":
+                for row in r["entries"]:
+                    if row[2] and row[4] is not None:
+                        starts.setdefault(str(row[0]), (float(row[4]), int(row[1]) == URGENT))
+        for r in records:  # a succeeded job's start is exact in its end record
+            run = (r.get("timings") or {}).get("run") if r["kind"] == "end" else None
+            if run is not None and str(r["job"]) in starts:
+                starts[str(r["job"])] = (float(r["at"]) - float(run), starts[str(r["job"])][1])
+        events = [(at, 0, job, urgent) for job, (at, urgent) in starts.items()]
+        events += [(float(r["at"]), 1, str(r["job"]), False) for r in records if r["kind"] == "end"]
+        self._events = sorted(events, key=lambda e: (e[0], e[1]))
+        self._next = 0
+        self._meter = ShareMeter(urgent_holds=urgent_holds)
+
+    def fill(self, entries: list[Entry], now: float) -> list[Entry]:
+        while self._next < len(self._events) and self._events[self._next][0] <= now:
+            at, kind, job, urgent = self._events[self._next]
+            if kind == 0:
+                self._meter.started(job, at, urgent)
+            else:
+                self._meter.finished(job, at)
+            self._next += 1
+        return [
+            dataclasses.replace(e, share_so_far=self._meter.so_far(e.job_id, now))
+            if e.running and e.share_so_far is None
+            else e
+            for e in entries
+        ]
+
+
 def _job_facts(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, int], dict[str, int]]:
     """Each recorded job's class, and its size (slices): from the walk (recorded since
     2026-12-02 session 9), else its end, else a job with the same estimate in the same
@@ -258,18 +311,54 @@ def _depth(position: int) -> int:
     return 0 if position == 0 else 1 if position <= 2 else 2 if position <= 6 else 3
 
 
+class _Recounted:
+    """The allowance's arrival rates counted again (:attr:`Variant.rates`): every job
+    arrives at its first walk (the server walks at once on a submission)."""
+
+    def __init__(self, rates: ArrivalRates, before: Iterable[tuple[int, float]]) -> None:
+        self.rates = dataclasses.replace(rates, _times={}, _first=None)
+        self.rates.extend(before)
+        self.seen: set[str] = set()
+        self.estimates: dict[int, JobEstimate] = {}
+
+    def capacity(self, now: float, entries: Sequence[Entry], capacity: Capacity) -> Capacity:
+        for e in entries:
+            if e.job_id not in self.seen:
+                self.seen.add(e.job_id)
+                self.rates.arrived(e.cls, now)
+        for e in entries:  # before any is recorded: a queued job's of the same class
+            self.estimates.setdefault(e.cls, e.estimate)
+        for a in capacity.arrivals:  # each class's typical estimate, as last recorded
+            self.estimates[a.cls] = a.estimate
+        arrivals = []
+        for cls, rate in sorted(self.rates.rates(now).items()):
+            # a class never recorded: another class's of the same lane (routine: shared)
+            estimate = self.estimates.get(cls) or next(
+                (v for c, v in self.estimates.items() if (c == URGENT) == (cls == URGENT)), None
+            )
+            if estimate is not None:
+                arrivals.append(Arrivals(cls, rate, estimate))
+        return dataclasses.replace(capacity, arrivals=tuple(arrivals))
+
+
 def replay(
     records: Iterable[Mapping[str, Any]],
     variant: Variant = Variant(),
     base: Mapping[str, Any] | None = None,
+    before: Iterable[tuple[int, float]] = (),
 ) -> list[Replayed]:
     """Walk every recorded snapshot again under ``variant``; each job's ETAs. ``base``:
     the service-time model (``ServiceTimeModel.to_json``) the server had when the
-    recording began, for a variant that refits it."""
+    recording began, for a variant that refits it; ``before``: the arrivals (class rank,
+    time) the server had counted when the recording began, for a variant that counts
+    the rates again."""
     records = sorted(records, key=lambda r: (r["at"], r["kind"] != "end"))
+    recount = None if variant.rates is None else _Recounted(variant.rates, before)
     refit = None if variant.refit is None else _Refitted(variant.refit, base, records)
     bias = BiasCorrection(window=variant.window if variant.bias != "off" else 0)
     meter = DrainMeter()
+    walks = [r for r in records if r["kind"] == "walk"]
+    so_far = SharesSoFar(records, bool(walks[0]["capacity"]["urgent_exclusive"]) if walks else True)
     saturated = False
     work: dict[str, float] = {}  # job -> its model work as the walk counts it
     jobs: dict[str, Replayed] = {}
@@ -290,6 +379,11 @@ def replay(
                 bias.observe(key, raw - walked_at, job.end - walked_at)
             continue
         now, entries, capacity = walk_inputs(record)
+        entries = so_far.fill(entries, now)
+        if recount is not None:
+            capacity = recount.capacity(now, entries, capacity)
+        if variant.capacity:
+            capacity = dataclasses.replace(capacity, **dict(variant.capacity))
         if refit is not None:
             entries, capacity = refit.estimated(entries, capacity)
         if not variant.allowance:
@@ -360,6 +454,7 @@ def log_ratio_spread(jobs: Sequence[Replayed]) -> float:
 __all__ = [
     "Refit",
     "Replayed",
+    "SharesSoFar",
     "Variant",
     "errors",
     "replay",

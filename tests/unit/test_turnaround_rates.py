@@ -1,0 +1,38 @@
+"""Arrival rates per class for the ETA walk's allowance (radserve.turnaround.rates)."""
+
+from __future__ import annotations
+
+import pytest
+
+from radserve.turnaround.rates import ArrivalRates
+
+
+def test_nothing_arrived_gives_no_rates() -> None:
+    rates = ArrivalRates()
+    assert rates.rates(100.0) == {}
+    assert rates.span(100.0) is None
+
+
+def test_rates_count_from_the_first_arrival_not_from_the_start() -> None:
+    """A server started at 0 that saw its first arrival at 300 s: 10 arrivals of class 0
+    in the 20 s since are 0.5 a second (counted since start, 0.03)."""
+    rates = ArrivalRates(prior_arrivals=0.0)
+    rates.extend((0, 300.0 + 2.0 * i) for i in range(10))
+    assert rates.rates(320.0) == {0: pytest.approx(10 / 20)}
+
+
+def test_a_young_span_has_a_floor_and_every_class_a_pseudo_arrival() -> None:
+    rates = ArrivalRates(min_span_s=10.0, prior_arrivals=1.0)
+    rates.arrived(2, 50.0)
+    rates.arrived(2, 51.0)
+    # 1 s since the first arrival: over the 10 s floor; a class not seen may still come
+    assert rates.rates(51.0) == {0: 0.1, 1: 0.1, 2: pytest.approx(0.3)}
+
+
+def test_an_hour_old_server_counts_the_last_hour_and_the_prior_fades() -> None:
+    rates = ArrivalRates(window_s=3600.0, prior_arrivals=1.0)
+    rates.extend((1, float(t)) for t in range(0, 7200, 60))  # one a minute for two hours
+    got = rates.rates(7200.0)
+    assert got[1] == pytest.approx(61 / 3600)  # the last hour's 60 (and the one at 3600 s)
+    assert got[0] == pytest.approx(1 / 3600)
+    assert rates.seen()[0] == (1, 3600.0)  # older arrivals were dropped

@@ -1,0 +1,178 @@
+"""Why each ETA was early or late: per measured job of a saved ``radserve bench
+--scenario eta --json`` run, the server's wall time between its submission and its end
+split by who had it, against what the walk predicted for each part.
+
+Over any stretch the shares of wall time (:mod:`radserve.turnaround.share`: split
+equally among the running jobs, among the URGENT ones alone while they run) add up to
+the stretch, so a job's turnaround is exactly the shares spent in it by the jobs ranked
+ahead of it at submission, by itself, by later arrivals that overtook it, by jobs ranked
+behind it that ran beside it, plus idle time. The walk predicts the first three: the
+shares of the jobs ahead (a running job: the part of its latency left) and its own
+(:func:`radserve.turnaround.eta.walk`), bounded below by its own latency chain through
+the routine slots, plus the allowance for overtaking arrivals
+(:func:`radserve.turnaround.eta.overtaking_delay`).
+
+    PYTHONPATH=src python tools/eta_decompose.py out/eta.json [--variant NAME] [--all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from radserve.bench.eta_accuracy import read_summary
+from radserve.turnaround.eta import URGENT, walk
+from radserve.turnaround.replay import SharesSoFar, walk_inputs
+
+CLASS = {0: "U", 1: "I", 2: "O"}
+
+
+def spans(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[int, float, float]]:
+    """Every job's (class, start, end) in the scheduler's clock: a succeeded job's start
+    from its end record's ``run`` timing, else the first walk that saw it running."""
+    classes: dict[str, int] = {}
+    started: dict[str, float] = {}
+    for r in records:
+        if r["kind"] == "walk":
+            for row in r["entries"]:
+                classes.setdefault(str(row[0]), int(row[1]))
+                if row[2] and row[4] is not None:
+                    started.setdefault(str(row[0]), float(row[4]))
+    out = {}
+    for r in records:
+        if r["kind"] != "end":
+            continue
+        job, at = str(r["job"]), float(r["at"])
+        run = (r.get("timings") or {}).get("run")
+        start = at - float(run) if run is not None else started.get(job)
+        if start is not None and job in classes:
+            out[job] = (classes[job], start, at)
+    return out
+
+
+def shares_between(
+    jobs: Mapping[str, tuple[int, float, float]], lo: float, hi: float, urgent_holds: bool
+) -> tuple[dict[str, float], float]:
+    """Each job's share of the wall time in [lo, hi], and the idle time there."""
+    cuts = sorted({lo, hi, *(t for _, s, e in jobs.values() for t in (s, e) if lo < t < hi)})
+    got: dict[str, float] = {}
+    idle = 0.0
+    for a, b in itertools.pairwise(cuts):
+        mid = (a + b) / 2
+        running = [j for j, (_, s, e) in jobs.items() if s < mid < e]
+        urgent = [j for j in running if jobs[j][0] == URGENT]
+        sharing = urgent if (urgent and urgent_holds) else running
+        if not sharing:
+            idle += b - a
+            continue
+        for j in sharing:
+            got[j] = got.get(j, 0.0) + (b - a) / len(sharing)
+    return got, idle
+
+
+def decompose(
+    summary: Mapping[str, Any], all_jobs: bool = False, options: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    records = sorted(summary["eta_records"], key=lambda r: (r["at"], r["kind"] != "end"))
+    measured = set(summary["measured_ids"])
+    jobs = spans(records)
+    first: dict[str, Mapping[str, Any]] = {}
+    walked: dict[str, tuple[float, list[Any], Any]] = {}
+    walks = [r for r in records if r["kind"] == "walk"]
+    so_far = SharesSoFar(records, bool(walks[0]["capacity"]["urgent_exclusive"]))
+    for r in walks:
+        now, entries, capacity = walk_inputs(r)
+        entries = so_far.fill(entries, now)
+        for row in r["entries"]:
+            if str(row[0]) not in first:
+                first[str(row[0])] = r
+                walked[str(row[0])] = (now, entries, capacity)
+    t0 = min(float(r["at"]) for r in records)
+    out = []
+    for job_id in first:
+        if job_id not in measured or job_id not in jobs:
+            continue
+        cls, _, end = jobs[job_id]
+        now, entries, capacity = walked[job_id]
+        capacity = dataclasses.replace(capacity, **dict(options or {}))
+        index = next(i for i, e in enumerate(entries) if e.job_id == job_id)
+        if index < 3 and not all_jobs:
+            continue
+        eta = walk(entries, now, capacity)[index]
+        bare = walk(entries, now, dataclasses.replace(capacity, arrivals=()))[index]
+        ahead = {e.job_id for e in entries[:index]}
+        behind = {e.job_id for e in entries[index + 1 :]}
+        pred_ahead = 0.0
+        for e in entries[:index]:
+            share = e.estimate.share_s if e.estimate.share_s is not None else 0.0
+            if e.running and capacity.share_left == "measured" and e.share_so_far is not None:
+                share = max(share - e.share_so_far, 0.05 * share)
+            elif e.running:
+                left = max(
+                    e.estimate.latency_s - (now - (e.started or now)), 0.05 * e.estimate.latency_s
+                )
+                share *= left / max(e.estimate.latency_s, 1e-9)
+            pred_ahead += share
+        own = entries[index].estimate
+        got, idle = shares_between(jobs, now, end, bool(capacity.urgent_exclusive))
+        over = {j: s for j, s in got.items() if j not in ahead and j not in behind and j != job_id}
+        overtook = sum(s for j, s in over.items() if jobs[j][0] < cls)
+        later_behind = sum(s for j, s in over.items() if jobs[j][0] >= cls)
+        tat = end - now
+        out.append(
+            {
+                "job": job_id[:8],
+                "cls": CLASS.get(cls, str(cls)),
+                "t": round(now - t0, 1),
+                "pos": index,
+                "tat": round(tat, 1),
+                "err": round((eta.finish - end) / tat, 3),
+                "pred_ahead": round(pred_ahead, 1),
+                "act_ahead": round(sum(got.get(j, 0.0) for j in ahead), 1),
+                "pred_own": round(own.share_s or 0.0, 1),
+                "act_own": round(got.get(job_id, 0.0), 1),
+                "lat": round(own.latency_s, 1),
+                "walk": round(bare.finish - now, 1),
+                "pred_over": round(eta.finish - bare.finish, 1),
+                "act_over": round(overtook, 1),
+                "n_over": sum(1 for j in over if jobs[j][0] < cls),
+                "behind_ran": round(sum(got.get(j, 0.0) for j in behind) + later_behind, 1),
+                "idle": round(idle, 1),
+                "rates": [round(a.rate_per_s * 60, 2) for a in capacity.arrivals if a.cls < cls],
+            }
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("summaries", type=Path, nargs="+")
+    parser.add_argument("--all", action="store_true", help="every measured job, not behind >= 3")
+    parser.add_argument(
+        "--set", action="append", default=[], help="a walk option, e.g. share_left=measured"
+    )
+    args = parser.parse_args()
+    options: dict[str, Any] = {}
+    for item in args.set:
+        name, value = item.split("=", 1)
+        options[name] = {"true": True, "false": False}.get(value.lower(), value)
+    for path in args.summaries:
+        rows = decompose(read_summary(path), args.all, options)
+        print(path.name)
+        if not rows:
+            continue
+        keys = list(rows[0])
+        print("  " + " ".join(f"{k:>10}" for k in keys))
+        for row in sorted(rows, key=lambda r: r["t"]):
+            print("  " + " ".join(f"{row[k]!s:>10}" for k in keys))
+        errs = [abs(r["err"]) for r in rows]
+        print(f"  median |err| {statistics.median(errs):.1%} over {len(rows)} jobs")
+
+
+if __name__ == "__main__":
+    main()
