@@ -403,17 +403,8 @@ class Turnaround:
                 size=size,
                 lane=self.lane(job.cls),
             )
-            entries.append(
-                Entry(
-                    job.job_id,
-                    job.cls.rank,
-                    job.running,
-                    job.deadline,
-                    job.started,
-                    estimate,
-                    so_far.get(job.job_id),
-                )
-            )
+            facts = (job.job_id, job.cls.rank, job.running, job.deadline, job.started)
+            entries.append(Entry(*facts, estimate, so_far.get(job.job_id)))
             slices[job.job_id] = size.slices
         # walked outside the lock: job events and API readers wait on it
         capacity = self._capacity(now)
