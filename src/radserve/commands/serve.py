@@ -23,6 +23,8 @@ import click
 from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
 
 if TYPE_CHECKING:
+    import socket
+
     from radserve.config import Settings
 
 
@@ -170,17 +172,13 @@ class _Readers:
     """The public socket, the job snapshot and the reader processes of one server."""
 
     def __init__(self, settings: Settings, service: Any, spec: Any, run_dir: Path) -> None:
-        import uvicorn
-
         from radserve.api.job_snapshot import SnapshotWriter
 
         self.settings = settings
         self.service = service
         self.spec = spec
         self.run_dir = run_dir
-        bind = uvicorn.Config(None, host=settings.server.host, port=settings.server.port)  # type: ignore[arg-type]
-        self.sock = bind.bind_socket()
-        self.sock.listen(2048)  # connections wait here until a reader accepts them
+        self.sock = bind_public_socket(settings.server.host, settings.server.port)
         self.snapshot = SnapshotWriter(service.jobs, service.cache, spec.snapshot_path)
         self.pool: Any = None
 
@@ -246,6 +244,21 @@ def _doctor(settings: Any, service: Any) -> None:
     if failed:
         service.store.close()
         raise click.ClickException("radserve doctor found problems that block serving")
+
+
+def bind_public_socket(host: str, port: int) -> socket.socket:
+    """The public listening socket the reader processes share, bound as uvicorn binds.
+
+    ``log_config=None``: a ``uvicorn.Config`` built with uvicorn's default logging
+    configuration re-installs uvicorn's own stderr handlers on its loggers, so every
+    uvicorn line of the serving process after it (start, stop, errors, the access log)
+    would skip radserve's JSON format and its redacting filter."""
+    import uvicorn
+
+    bind = uvicorn.Config(None, host=host, port=port, log_config=None)  # type: ignore[arg-type]
+    sock = bind.bind_socket()
+    sock.listen(2048)  # connections wait here until a reader accepts them
+    return sock
 
 
 def remove_stale_run_dirs(parent: Path) -> None:
