@@ -307,9 +307,11 @@ def running_winner(probs: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.nda
     channels = np.moveaxis(probs, axis, 0)
     best = np.array(channels[0], dtype=np.float32, copy=True)
     winner = np.zeros(best.shape, np.uint8)
+    better = np.empty(best.shape, bool)
     for c in range(1, channels.shape[0]):
-        better = channels[c] > best
-        winner[better] = c
+        # copyto(where=) and out=: no boolean-index scatter and no new mask per class
+        np.greater(channels[c], best, out=better)
+        np.copyto(winner, np.uint8(c), where=better)
         np.maximum(best, channels[c], out=best)
     return winner, best
 
