@@ -11,7 +11,7 @@ from tests.factories.findings import ellipsoid, label, prediction, spec
 
 from radserve.domain import Volume
 from radserve.postprocess import find_lesions
-from radserve.report import render_finding, write_key_images
+from radserve.report import render_finding, render_overview, write_key_images
 from radserve.report.keyimages import DisplayTransform
 
 SHAPE, SPACING = (10, 48, 64), (2.5, 0.9, 0.6)  # non-square pixels: 43.2 x 38.4 mm
@@ -88,3 +88,19 @@ def test_write_key_images(tmp_path: Path) -> None:
     for o in outputs:
         with Image.open(tmp_path / o.path) as image:
             assert image.mode == "RGB" and max(image.size) == 200
+
+
+def test_overview_shows_the_slice_with_most_organ_voxels_else_findings_else_the_middle() -> None:
+    ct = Volume.from_geometry(np.zeros(SHAPE, np.float32), spacing=SPACING)
+    organs = np.zeros(SHAPE, np.uint8)
+    organs[3, :5, :5] = 2  # 25 voxels
+    organs[7, :6, :6] = 1  # 36 voxels: the most
+    findings = np.zeros(SHAPE, np.uint8)
+    findings[1, :2, :2] = 1
+    _, z = render_overview(ct, organ_labels=ct.with_array(organs), size=64)
+    assert z == 7
+    empty = ct.with_array(np.zeros(SHAPE, np.uint8))
+    _, z = render_overview(ct, organ_labels=empty, finding_labels=ct.with_array(findings), size=64)
+    assert z == 1
+    _, z = render_overview(ct, organ_labels=empty, finding_labels=empty, size=64)
+    assert z == SHAPE[0] // 2
