@@ -129,9 +129,7 @@ def volume_features(
     volume: Volume, facts: AcquisitionFacts, scanner: Mapping[str, str]
 ) -> dict[str, Any]:
     """:func:`input_features` of a CT volume whose acquisition facts are known."""
-    # One contiguous copy of the strided view (a few MB): the passes below then read
-    # it, not every third voxel of the whole volume's memory each time.
-    array = np.ascontiguousarray(_strided(np.asarray(volume.array)))
+    array = _strided(np.asarray(volume.array))
     mask = array > _BODY_HU
     labels, n = ndimage.label(mask)
     if n > 1:
