@@ -19,6 +19,7 @@ an attacker who can also write the checkpoint file *and* read the key.
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import json
 import logging
 import os
@@ -124,20 +125,32 @@ class Checkpoint:
 
 
 class CheckpointFile:
-    """An append-only JSON-lines file of signed checkpoints."""
+    """An append-only JSON-lines file of signed checkpoints, shared by every process that
+    appends to the chain (the server, each of its reader processes, the CLI).
+
+    Safe across processes: an append holds an exclusive ``flock`` while it writes its
+    whole line (looping over short writes) and fsyncs; a line left unfinished by a writer
+    that died mid-write (a short write, disk full) is ended first, so it cannot swallow
+    the next checkpoint; a read holds a shared lock, so it never sees half a line."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
     def append(self, checkpoint: Checkpoint, key: AuditKey) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        line = json.dumps(checkpoint.signed(key), sort_keys=True) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        line = (json.dumps(checkpoint.signed(key), sort_keys=True) + "\n").encode()
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            os.write(fd, line.encode())
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line  # an unfinished line: end it, keep it (it is evidence)
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
-            os.close(fd)
+            os.close(fd)  # releases the lock
 
     def newest(self, key: AuditKey) -> tuple[Checkpoint | None, list[str]]:
         """The valid checkpoint with the highest seq, and what is wrong with the others."""
@@ -146,6 +159,7 @@ class CheckpointFile:
         best: Checkpoint | None = None
         problems: list[str] = []
         with open(self.path, encoding="utf-8", errors="replace") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_SH)  # no writer is mid-line
             for number, line in enumerate(handle, 1):
                 if not line.strip():
                     continue
