@@ -3,7 +3,8 @@
 MONAI (preprocessing with CropForegroundd, then Invertd) runs on NIfTI files of random
 axis-aligned geometries (spacings, origins, flips, permutations, axcodes, boxes past the
 image); ``grid_sample``'s grid is captured and unnormalised as ATen does, and compared
-with :func:`back_coordinates` without tolerance.
+with :func:`back_coordinates` without tolerance. On random oblique geometries (tilted
+about one or two axes) what the coordinates decide is compared at every voxel.
 """
 
 from __future__ import annotations
@@ -129,8 +130,79 @@ def test_back_coordinates_are_monais(tmp_path: Path, seed: int, monkeypatch: Any
         _same(got, back, ("back", seed, trial))
 
 
-def test_oblique_series_is_refused() -> None:
-    c, s = np.cos(0.1), np.sin(0.1)
-    affine = np.array([[c, -s, 0, 0], [s, c, 0, 0], [0, 0, 2.5, 0], [0, 0, 0, 1]])
-    with pytest.raises(ModelError, match="oblique series"):
-        back_coordinates(affine, (20, 20, 10), "RAS", (1.5, 1.5, 2.0), ((0, 0, 0), (5, 5, 5)))
+def _tilted(rng: np.random.Generator) -> np.ndarray:
+    """A RAS affine tilted about one patient axis (a gantry tilt) or two."""
+    angles = rng.uniform(-0.35, 0.35, 2) * (rng.random(2) < [1.0, 0.4])
+    c, s = np.cos(angles), np.sin(angles)
+    about_x = np.array([[1, 0, 0], [0, c[0], -s[0]], [0, s[0], c[0]]])
+    about_z = np.array([[c[1], -s[1], 0], [s[1], c[1], 0], [0, 0, 1]])
+    affine = np.eye(4)
+    spacing = [float(rng.choice(SPACINGS)) for _ in range(3)]
+    affine[:3, :3] = about_z @ about_x @ np.diag(spacing)
+    affine[:3, 3] = np.round(rng.uniform(-200, 200, 3), 2)
+    return affine
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_oblique_coordinates_decide_as_monais(tmp_path: Path, seed: int, monkeypatch: Any) -> None:
+    """On an oblique series MONAI's grid varies by ulps across a row; wherever that can
+    matter (a row near a half voxel for nearest, near a zero voxel beside the box for
+    bilinear) radserve takes MONAI's coordinate voxel by voxel, so nearest's pick and
+    bilinear's non-zero neighbours there are MONAI's at every voxel (or the series is
+    refused by name)."""
+    pytest.importorskip("monai")
+    import nibabel as nib
+
+    from radserve.preprocess.monai_grid import _decisions
+
+    rng = np.random.default_rng(100 + seed)
+    compared = refused = 0
+    for trial in range(5):
+        shape = tuple(int(x) for x in rng.integers(8, 40, 3))
+        affine = _tilted(rng)
+        pixdim = [float(rng.choice([0.75, 1.0, 1.5, 2.0])) for _ in range(3)]
+        data = np.zeros(shape, np.float32)
+        data[2:-2, 3:-1, 1:-3] = 100.0
+        nifti = tmp_path / f"{trial}.nii.gz"
+        nib.save(nib.Nifti1Image(data, affine), nifti)
+        forward, back, sizes, box = _monai_grid(nifti, "RAS", pixdim, 0, 1, monkeypatch)
+        assert forward is not None and back is not None
+        checks = [(back, 0), (back, 1), (forward, 0)]  # the grid, what it decides
+        for k, (want, order) in enumerate(checks):
+            try:
+                if k < 2:
+                    got, model_shape = back_coordinates(
+                        affine, shape, "RAS", pixdim, box, order=order
+                    )  # type: ignore[arg-type]
+                else:
+                    got, model_shape = forward_coordinates(affine, shape, "RAS", pixdim, order=0)  # type: ignore[arg-type]
+            except ModelError as exc:
+                assert "straddles a tie across the slice" in str(exc)
+                refused += 1
+                continue
+            assert model_shape == sizes
+            compared += 1
+            for axis in range(3):
+                decided = _decisions(want[axis], order)
+                same = decided == _decisions(got[axis], order)[:, None]
+                if order == 1:  # bilinear: only the zero voxels beside the box matter
+                    lo, hi = max(int(box[0][axis]), 0), min(int(box[1][axis]), sizes[axis])
+                    same |= ~np.isin(np.rint(want[axis]), [lo - 1, hi])
+                assert same.all(), (trial, k, axis)
+    print(f"seed {seed}: {compared} grids decide as MONAI's, {refused} refused")
+    assert compared >= 5
+
+
+def test_a_row_straddling_a_tie_is_refused() -> None:
+    """A row whose voxels fall on both sides of a whole voxel (an off-axis term far
+    above rounding noise) would give MONAI's labels only at some voxels: refused."""
+    from radserve.preprocess.monai_grid import _exact_rows
+
+    bases = [torch_linspace_base(n) for n in (4, 6, 6)]
+    theta = np.zeros((3, 4))
+    theta[0, 0], theta[0, 1] = 1.0, 1e-3  # axis 0 leans on axis 1
+    u = ((bases[0] + 1.0) * 4 - 1.0) / 2.0  # 0, 1, 2, 3: whole voxels
+    with pytest.raises(ModelError, match="voxel 0, straddles a tie across the slice"):
+        _exact_rows(u, 0, theta, bases, 4, order=1)
+    theta[0, 1] = 1e-17  # rounding noise: the rows decide alike
+    assert np.array_equal(_exact_rows(u, 0, theta, bases, 4, order=1), u)

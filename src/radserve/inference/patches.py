@@ -267,7 +267,7 @@ class PatchTask(BatchedTask):
     # on the padded grid (radserve.preprocess.foreground); None: the whole grid.
     _windows: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
     _box: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
-    # With the box or nearest: MONAI's own back-coordinates (None: i * s / t, see
+    # With patient-direction axes: MONAI's own back-coordinates (None: i * s / t, see
     # _prepare_back).
     _monai_back: list[np.ndarray] | None = None
 
@@ -351,12 +351,14 @@ class PatchTask(BatchedTask):
         )
         data += [mask.astype(np.float32) for mask in masks]
         fg = self.spec.input.crop_foreground
-        # MONAI's Spacing coordinates, to the last bit (and the way back): where its last
-        # bit decides a label (the box's zero padding; nearest's half-voxel ties)
-        exact = fg is not None or 0 in (rs.image_order, rs.output_order)
-        monai_axes = exact and self._monai_axes() is not None
+        # MONAI's Spacing coordinates, to the last bit, and the way back (with patient-
+        # direction axes, as the importer writes them): their last bit decides labels at
+        # the box's zero padding and nearest's half-voxel ties, and MONAI's float32 affine
+        # the grid's size (0.75 mm pixels tilted: 32.5 voxels rounds up to 33)
+        monai_axes = self._monai_axes() is not None
         if monai_axes:
-            coords, _ = self._monai_geometry(volume, forward_coordinates)
+            image_order = 0 if rs.image_order == 0 else None  # what the coordinates decide
+            coords, _ = self._monai_geometry(volume, forward_coordinates, order=image_order)
         else:
             coords = self._first_voxel_coords(crop.shape, crop.spacing, forward=True)
         self._resampled = tuple(len(c) for c in coords)  # type: ignore[assignment]
@@ -393,7 +395,9 @@ class PatchTask(BatchedTask):
             return None
         return "".join(axes)
 
-    def _monai_geometry(self, volume: Volume, what: Callable[..., _Grid], *args: Any) -> _Grid:
+    def _monai_geometry(
+        self, volume: Volume, what: Callable[..., _Grid], *args: Any, **kwargs: Any
+    ) -> _Grid:
         """``what`` (:mod:`radserve.preprocess.monai_grid`) on the crop as MONAI reads it
         from NIfTI: (per network axis, coordinates; MONAI's model grid shape)."""
         crop = crop_volume(volume, self.box)
@@ -403,6 +407,7 @@ class PatchTask(BatchedTask):
             self._monai_axes(),
             self.spec.input.spacing,
             *args,
+            **kwargs,
         )
 
     def _monai_back_coordinates(
@@ -412,7 +417,12 @@ class PatchTask(BatchedTask):
         last bit (``box``: the crop box on the unpadded model grid): after
         ``CropForeground`` the labels of voxels landing exactly on a model voxel beside
         the box follow it, and nearest settles half-voxel ties by it (docs/model-ops.md)."""
-        coords, shape = self._monai_geometry(volume, back_coordinates, box)
+        rs = self.spec.input.resampling
+        assert rs is not None
+        # what the coordinates decide: bilinear weights matter only beside the box's zeros
+        fg = self.spec.input.crop_foreground
+        order = rs.output_order if fg is not None or rs.output_order == 0 else None
+        coords, shape = self._monai_geometry(volume, back_coordinates, box, order=order)
         if shape != tuple(self._resampled):
             raise ModelError(
                 f"MONAI's exact grid: its Spacing grid {shape} is not radserve's "

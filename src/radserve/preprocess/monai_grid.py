@@ -21,10 +21,14 @@ nibabel and dcm2niix write it):
   ``solve(original, target)`` (:func:`forward_coordinates`: the model grid's values
   then come from MONAI's sampling points too, so the box sees MONAI's image).
 
-Matrix products use NumPy: every product here has at most two non-zero terms per entry
-(axis-aligned affines), so MKL, OpenBLAS and NumPy round them alike. An oblique series
-(direction cosines off the axes) makes every entry a sum of several terms whose order
-is the BLAS library's own; :func:`back_coordinates` refuses it rather than guess.
+Matrix products use NumPy: on axis-aligned affines every product has at most two
+non-zero terms per entry, so MKL, OpenBLAS and NumPy round them alike. On an oblique
+series (direction cosines off the axes) the entries are sums of several terms; NumPy's
+products were measured to give MONAI's ``theta`` bit for bit on tilted series (MONAI
+1.6.1, torch 2.13, x86-64 AVX2: tools/measure_monai_oblique.py), and ``theta``'s
+off-axis entries are then rounding noise, so a coordinate varies by ulps across a row of
+MONAI's grid: :func:`_exact_rows` takes the rows near a tie voxel by voxel, in ATen's
+summation order, and refuses a row whose voxels decide differently.
 Checked bit for bit against MONAI's own grid (tests/unit/test_monai_grid.py).
 """
 
@@ -118,16 +122,12 @@ def _spacing_target(
         if np.allclose(np.min(all_dist - all_dist[:, i : i + 1], 1), 0.0, rtol=_AFFINE_TOL):
             offset = world[:-1, i]
             break
-    if offset is None:  # no corner is the smallest (MONAI centres the grids instead)
-        raise ModelError("MONAI Spacing: the grids are centred, not corner-aligned")
+    if offset is None:  # no corner is the smallest: MONAI centres the grids
+        offset = (
+            affine[:-1, :-1] @ (dims / 2.0) + affine[:-1, -1] - new[:-1, :-1] @ (out_shape / 2.0)
+        )
     new[:-1, -1] = offset
     return new, tuple(int(v) for v in out_shape)  # type: ignore[return-value]
-
-
-def _is_axis_aligned(affine: np.ndarray) -> bool:
-    """One non-zero per row and column of the 3x3 part (flips and permutations only)."""
-    nz = affine[:3, :3] != 0
-    return bool((nz.sum(axis=0) == 1).all() and (nz.sum(axis=1) == 1).all())
 
 
 @dataclass(frozen=True)
@@ -146,16 +146,8 @@ class _Geometry:
 def _geometry(
     ras: np.ndarray, shape: tuple[int, int, int], axcodes: str, pixdim: Sequence[float]
 ) -> _Geometry:
-    """MONAI's ``Orientation`` and ``Spacing`` arithmetic; an oblique series refused."""
+    """MONAI's ``Orientation`` and ``Spacing`` arithmetic."""
     ras = nifti_affine(ras)
-    if not _is_axis_aligned(ras):
-        raise ModelError(
-            "MONAI's exact grid (crop_foreground, nearest resampling): an oblique series "
-            "(direction cosines off the axes): MONAI's resampling sums several rounded terms "
-            "per coordinate in its BLAS library's order, which radserve does not reproduce; "
-            "the labels at the crop box's edge and at nearest's half-voxel ties would not "
-            "be MONAI's"
-        )
     oriented, native = _oriented(ras, shape, axcodes)
     target, model_shape = _spacing_target(oriented, native, pixdim)
     xform = np.linalg.solve(oriented, target)
@@ -167,31 +159,107 @@ def _geometry(
 
 
 def _sampled_at(
-    xform: np.ndarray, src: tuple[int, int, int], dst: tuple[int, int, int]
+    xform: np.ndarray,
+    src: tuple[int, int, int],
+    dst: tuple[int, int, int],
+    order: int | None,
+    edges: list[list[int]] | None = None,
 ) -> list[np.ndarray]:
     """Per axis, where ``spatial_resample`` reads ``src`` for each ``dst`` voxel
     (``AffineTransform``: ``to_norm_affine``, ``affine_grid``, ``grid_sample``'s
-    unnormalisation, border clip); a voxel grid when MONAI skips the resampling."""
+    unnormalisation, border clip); a voxel grid when MONAI skips the resampling.
+
+    ``order`` says what the coordinates decide (see :func:`_decisions`): 0 nearest's
+    pick, 1 which neighbours get a non-zero weight (the crop box's zero padding), None
+    nothing beyond the value (a bilinear ``Spacing``: ulps do not move a label).
+    ``edges``: per axis, the only ``src`` voxels where order 1's weights matter (the
+    zero voxels beside the crop box)."""
     if src == dst and np.allclose(xform, np.eye(4), atol=_AFFINE_TOL):
         return [np.arange(n, dtype=np.float64) for n in dst]
     theta = _normalize(src) @ xform @ np.linalg.inv(_normalize(dst))
+    bases = [torch_linspace_base(n) for n in dst]
     coords = []
-    for axis, (n_dst, n_src) in enumerate(zip(dst, src, strict=True)):
-        g = torch_linspace_base(n_dst) * theta[axis, axis] + theta[axis, 3]
+    for axis, n_src in enumerate(src):
+        g = bases[axis] * theta[axis, axis] + theta[axis, 3]
         u = ((g + 1.0) * float(n_src) - 1.0) / 2.0
-        coords.append(np.minimum(float(n_src - 1), np.maximum(u, 0.0)))
+        u = np.minimum(float(n_src - 1), np.maximum(u, 0.0))
+        off_axis = [k for k in range(3) if k != axis and theta[axis, k] != 0.0]
+        if off_axis and order is not None:  # an oblique series: see _exact_rows
+            only = None if edges is None else edges[axis]
+            u = _exact_rows(u, axis, theta, bases, n_src, order, only)
+        coords.append(u)
     return coords
 
 
+def _decisions(u: np.ndarray, order: int) -> np.ndarray:
+    """What a coordinate decides: nearest's pick (half to even, ATen's ``nearbyint``);
+    for bilinear, the lower neighbour and whether the upper one gets any weight."""
+    if order == 0:
+        return np.rint(u)
+    return np.floor(u) * 2 + (u != np.floor(u))
+
+
+def _exact_rows(
+    u: np.ndarray,
+    axis: int,
+    theta: np.ndarray,
+    bases: list[np.ndarray],
+    n_src: int,
+    order: int,
+    only: list[int] | None = None,
+) -> np.ndarray:
+    """On an oblique series ``theta``'s off-axis entries are rounding noise (~1e-17), so
+    MONAI's coordinate along ``axis`` varies by ulps across a row of the grid. That only
+    matters at a tie (a whole or half voxel); for each row near one, the coordinate at
+    every voxel of the row, as ATen's ``affine_grid`` sums it (x, y, z, then the
+    translation: measured equal to MONAI's grid on tilted series, tools/
+    measure_monai_oblique.py), replaces the separable value if it decides the same
+    everywhere in the row; otherwise MONAI's labels differ within the row, so refused."""
+    # how far the off-axis terms move a row's coordinate (|base| <= 1), plus rounding
+    spread = sum(abs(theta[axis, k]) for k in range(3) if k != axis) * n_src / 2.0
+    spread += 1e-9 * max(1.0, float(n_src))
+    near = np.abs(u * 2 - np.rint(u * 2)) / 2 <= spread
+    if only is not None:  # bilinear: only the zero voxels beside the box decide a label
+        near &= np.isin(np.rint(u), only)
+    if not near.any():
+        return u
+    others = [k for k in range(3) if k != axis]
+    a, b = (bases[k] for k in others)
+    # ATen sums the network's last axis first (affine_grid's x), then y, then z
+    terms = {k: bases[k] * theta[axis, k] for k in range(3)}
+    out = u.copy()
+    for row in np.flatnonzero(near):
+        parts = {others[0]: terms[others[0]][:, None], others[1]: terms[others[1]][None, :]}
+        parts[axis] = np.full((1, 1), terms[axis][row])
+        g = ((parts[2] + parts[1]) + parts[0]) + theta[axis, 3]
+        plane = ((g + 1.0) * float(n_src) - 1.0) / 2.0
+        plane = np.minimum(float(n_src - 1), np.maximum(plane, 0.0))
+        decided = _decisions(plane, order)
+        if (decided != decided.flat[0]).any():
+            raise ModelError(
+                "MONAI's exact grid on this oblique series: Invertd/Spacing's coordinate "
+                f"along network axis {axis}, voxel {row}, straddles a tie across the slice "
+                f"({len(a)}x{len(b)} voxels), so MONAI's labels there depend on the "
+                "position in the slice; radserve does not reproduce that"
+            )
+        out[row] = plane.flat[0]
+    return out
+
+
 def forward_coordinates(
-    ras: np.ndarray, shape: tuple[int, int, int], axcodes: str, pixdim: Sequence[float]
+    ras: np.ndarray,
+    shape: tuple[int, int, int],
+    axcodes: str,
+    pixdim: Sequence[float],
+    *,
+    order: int | None = None,
 ) -> tuple[list[np.ndarray], tuple[int, int, int]]:
     """(per network axis, the native coordinate each model voxel is read from; the
     model grid's shape) as MONAI's ``Spacing`` computes them (arguments: see
-    :func:`back_coordinates`)."""
+    :func:`back_coordinates`; ``order`` 0 for a nearest ``Spacing``)."""
     g = _geometry(ras, shape, axcodes, pixdim)
     return _sampled_at(
-        np.linalg.solve(g.oriented, g.target), g.native, g.model_shape
+        np.linalg.solve(g.oriented, g.target), g.native, g.model_shape, order
     ), g.model_shape
 
 
@@ -201,13 +269,16 @@ def back_coordinates(
     axcodes: str,
     pixdim: Sequence[float],
     box: tuple[Sequence[int], Sequence[int]],
+    *,
+    order: int | None = 1,
 ) -> tuple[list[np.ndarray], tuple[int, int, int]]:
     """(per network axis, the model-grid coordinate each native voxel is read from; the
     model grid's shape) as MONAI's ``Invertd`` computes them after ``CropForeground``.
 
     ``ras``: the series' RAS affine over its file axes (NIfTI order) of ``shape``;
     ``axcodes``: ``Orientation``'s; ``pixdim``: ``Spacing``'s (network order); ``box``:
-    the crop box (start, end) on the model grid, possibly past it."""
+    the crop box (start, end) on the model grid, possibly past it; ``order``: 0 for a
+    nearest ``Invertd``, 1 bilinear (onto the box's zero padding)."""
     g = _geometry(ras, shape, axcodes, pixdim)
     oriented, native, model, model_shape = g.oriented, g.native, g.model, g.model_shape
     start, end = np.asarray(box[0]), np.asarray(box[1])
@@ -219,7 +290,13 @@ def back_coordinates(
     back = cropped @ _translate(pad_before)  # Invertd: the pad's inverse crops
     if lo.any() or (np.asarray(model_shape) - hi).any():
         back = back @ _translate(-lo)  # the crop's inverse pads
-    return _sampled_at(np.linalg.solve(back, oriented), model_shape, native), model_shape
+    # bilinear: a label follows the last bit only at a zero voxel beside the box
+    edges = [
+        [k for k in (a - 1, b) if 0 <= k < n] for a, b, n in zip(lo, hi, model_shape, strict=True)
+    ]
+    xform = np.linalg.solve(back, oriented)
+    coords = _sampled_at(xform, model_shape, native, order, edges if order == 1 else None)
+    return coords, model_shape
 
 
 def _normalize(shape: Sequence[int]) -> np.ndarray:
