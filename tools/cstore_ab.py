@@ -49,7 +49,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", type=Path, required=True, help="a source tree (has src/)")
     parser.add_argument("--after", type=Path, default=Path(__file__).resolve().parents[1])
-    parser.add_argument("--modes", nargs="+", default=["per_instance", "2 receivers"])
+    # labels as radserve.bench.cstore.mode_label writes them (trees before 2026-12-02
+    # session 11 named modes "per_instance", "2 receivers", ...: pass those for them)
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["per_instance, 1 MiB PDU, 1 process", "per_instance, 1 MiB PDU, 2 receivers"],
+    )
     parser.add_argument("--associations", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--slices", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=3)

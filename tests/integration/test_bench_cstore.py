@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from radserve.bench.cstore import BARE_VARIANTS, DISK, MODES, dcmtk_storescu, run_cstore_bench
+from radserve.bench.cstore import (
+    BARE_VARIANTS,
+    DEFAULT_MODE,
+    DISK,
+    MODES,
+    dcmtk_storescu,
+    run_cstore_bench,
+)
 
 pytestmark = [
     pytest.mark.tools,
@@ -30,7 +37,7 @@ def test_cstore_bench_runs_every_mode(tmp_path: Path) -> None:
     # os.times ticks are 10 ms: a cell of 8 instances may read 0, the whole run cannot
     assert all(r["cpu_ms_per_instance"] >= 0 for r in rows)
     assert sum(r["cpu_ms_per_instance"] for r in rows) > 0
-    assert all(r["ratio_vs_per_instance"] == 1.0 for r in rows if r["mode"] == "per_instance")
+    assert all(r["ratio_vs_default"] == 1.0 for r in rows if r["mode"] == DEFAULT_MODE)
     grouped = [r for r in rows if r["mode"].startswith("group")]
     assert all(r["mean_batch"] >= 1.0 and r["largest_batch"] >= 1 for r in grouped)
     assert all(r["committer_busy"] > 0 for r in grouped)
