@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from tests.factories.service import (
     ServerThread,
     auth,
@@ -24,6 +25,8 @@ from tests.factories.service import (
 
 from radserve.api import create_app
 from radserve.service import Service
+from radserve.service.turnaround import learn_from_store
+from radserve.turnaround.service_time import ServiceTimeModel
 
 
 class _Receiver:
@@ -145,3 +148,25 @@ def test_eta_service_times_and_deadline_risk(tmp_path: Path) -> None:
         assert any(r.payload["promoted"] for r in records)
         assert {b["job_id"] for b in receiver.bodies} <= set(ids)
         assert receiver.bodies[0]["event"] == "job.deadline_risk"
+        # a restarted server learns the shares again from the store's starts and finishes
+        # (the store keeps none): over the jobs' runs they add up to the busy wall time
+        restarted = ServiceTimeModel()
+        device = service.turnaround.device
+        lane = service.turnaround.lane
+        assert learn_from_store(
+            restarted, service.store, device, 200, lane, shares_urgent_holds=True
+        )
+        lines = {line["step"]: line for line in restarted.describe()}
+        assert lines["share"]["samples"] == lines["share shared"]["samples"] == 3
+        stored = [service.store.get_job(i) for i in ids]
+        runs = sorted((r.started.timestamp(), r.finished.timestamp()) for r in stored if r)
+        busy, end = 0.0, float("-inf")
+        for lo, hi in runs:
+            busy += max(0.0, hi - max(lo, end))
+            end = max(end, hi)
+        shares = restarted.to_json()["samples"]
+        (share_row,) = (row for row in shares if row["step"] == "share")
+        assert sum(share_row["seconds"]) == pytest.approx(busy)
+        plain = ServiceTimeModel()
+        learn_from_store(plain, service.store, device, 200)  # radserve plan: no shares
+        assert "share" not in {line["step"] for line in plain.describe()}

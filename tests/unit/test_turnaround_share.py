@@ -41,3 +41,16 @@ def test_idle_time_is_nobodys_and_an_unseen_start_has_no_share() -> None:
     meter.started("c", 9.0, urgent=False)
     meter.started("c", 9.5, urgent=False)  # a second start event (a retry) changes nothing
     assert meter.finished("c", 10.0) == pytest.approx(1.0)
+
+
+def test_shares_of_runs_split_each_stretch_among_the_runs_in_it() -> None:
+    """a 0-6, b 2-10, u (URGENT) 3-4 holding the routine ones: a 2 + 1 / 2 + 2 / 2 = 3.5,
+    b 1 / 2 + 2 / 2 + 4 = 5.5, u 1; together the busy 10 s."""
+    from radserve.turnaround.share import shares_of_runs
+
+    runs = [("a", 0.0, 6.0, False), ("b", 2.0, 10.0, False), ("u", 3.0, 4.0, True)]
+    shares = shares_of_runs(runs, urgent_holds=True)
+    assert shares == pytest.approx({"a": 3.5, "b": 5.5, "u": 1.0})
+    assert sum(shares.values()) == pytest.approx(10.0)
+    # without the hold the URGENT stretch is split three ways
+    assert shares_of_runs(runs, urgent_holds=False)["u"] == pytest.approx(1 / 3)

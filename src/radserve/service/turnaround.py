@@ -51,7 +51,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,7 +85,7 @@ from radserve.turnaround.rates import ArrivalRates
 from radserve.turnaround.replay import walk_record
 from radserve.turnaround.risk import RiskCleared, RiskEvent, RiskTracker
 from radserve.turnaround.service_time import Prior, ServiceTimeModel, StudySize
-from radserve.turnaround.share import ShareMeter
+from radserve.turnaround.share import ShareMeter, shares_of_runs
 
 logger = logging.getLogger(__name__)
 
@@ -305,8 +305,12 @@ class Turnaround:
 
     # --- learning ---------------------------------------------------------------------
     def learn_history(self, limit: int) -> int:
-        """Teach the model the last ``limit`` succeeded jobs (oldest first)."""
-        return learn_from_store(self.model, self.store, self.device, limit, self.lane)
+        """Teach the model the last ``limit`` succeeded jobs (oldest first), with their
+        shares of wall time measured again from the store's start and finish times."""
+        holds = None if self.settings.throughput != "shares" else self.capacity.urgent_exclusive
+        return learn_from_store(
+            self.model, self.store, self.device, limit, self.lane, shares_urgent_holds=holds
+        )
 
     def lane(self, cls: PriorityClass) -> str | None:
         """A job's service-time lane (turnaround.latency_lanes)."""
@@ -827,18 +831,39 @@ def learn_from_store(
     device: str,
     limit: int,
     lane: Callable[[PriorityClass], str | None] | None = None,
+    *,
+    shares_urgent_holds: bool | None = None,
 ) -> int:
     """Teach ``model`` the last ``limit`` succeeded jobs in ``store`` (oldest first): their
     stage timings, and their size from the report file; the jobs ran on ``device``;
-    ``lane``: each job's service-time lane by its class."""
+    ``lane``: each job's service-time lane by its class. With ``shares_urgent_holds``
+    (the server's ``urgent_exclusive``), also each job's share of the server's wall time,
+    measured again from the start and finish of the last ``limit`` jobs of any end
+    (:func:`~radserve.turnaround.share.shares_of_runs`): the store keeps no shares, and
+    without them a restarted server's throughput bound fell back to the stage timings
+    until new jobs finished (session 10)."""
     if limit <= 0:
         return 0
+    shares: dict[str, float] = {}
     try:
         page = store.list_jobs(state=StoredState.SUCCEEDED, limit=limit)
+        if shares_urgent_holds is not None:
+            every = store.list_jobs(limit=limit).items
+            shares = shares_of_runs(_runs(every), shares_urgent_holds)
     except Exception as exc:  # the server runs without history
         logger.warning("service times: no history read (%s)", type(exc).__name__)
         return 0
-    return learn_records(model, reversed(page.items), device, lane)
+    return learn_records(model, reversed(page.items), device, lane, shares)
+
+
+def _runs(records: Iterable[JobRecord]) -> list[tuple[str, float, float, bool]]:
+    """The stored jobs that ran: (id, started, finished POSIX s, URGENT or not)."""
+    urgent = PriorityClass.URGENT
+    return [
+        (r.id, r.started.timestamp(), r.finished.timestamp(), r.priority_class is urgent)
+        for r in records
+        if r.started is not None and r.finished is not None and not r.cached_from
+    ]
 
 
 def learn_records(
@@ -846,10 +871,11 @@ def learn_records(
     records: Iterable[JobRecord],
     device: str,
     lane: Callable[[PriorityClass], str | None] | None = None,
+    shares: Mapping[str, float] | None = None,
 ) -> int:
     """Teach ``model`` these succeeded jobs (in order): their stage timings, and their
     size from the report file; the jobs ran on ``device`` (``lane``: as
-    :func:`learn_from_store`)."""
+    :func:`learn_from_store`; ``shares``: job id -> its share of wall time, if known)."""
     learned = 0
     for record in records:
         if record.cached_from or not record.result_path or not record.stage_timings:
@@ -864,6 +890,7 @@ def learn_records(
             size=size,
             timings=dict(record.stage_timings),
             lane=None if lane is None else lane(record.priority_class),
+            share_s=None if shares is None else shares.get(record.id),
         )
         learned += 1
     return learned

@@ -27,7 +27,7 @@ from radserve.turnaround.drain import DrainMeter
 from radserve.turnaround.eta import URGENT, Arrivals, Capacity, Entry, latency_lane, walk
 from radserve.turnaround.rates import ArrivalRates
 from radserve.turnaround.service_time import WINDOW, JobEstimate, ServiceTimeModel, StudySize
-from radserve.turnaround.share import ShareMeter
+from radserve.turnaround.share import ShareMeter, shares_of_runs
 
 # the walk's options a recording made before session 11 lacks: what that server did
 _BEFORE_SESSION_11 = {"share_left": "latency", "running_behind": False}
@@ -228,24 +228,15 @@ def shares_of(records: Sequence[Mapping[str, Any]], urgent_holds: bool) -> dict[
     """Each recorded job's share of wall time: as the server recorded it at its end, else
     measured from the recorded starts (a running entry's ``started``) and ends."""
     recorded = {str(r["job"]): float(r["share"]) for r in records if r.get("share") is not None}
-    events: list[tuple[float, int, str, bool]] = []
-    seen: set[str] = set()
+    starts: dict[str, tuple[float, bool]] = {}
     for r in records:
         if r["kind"] == "walk":
             for row in r["entries"]:
-                if row[2] and row[4] is not None and row[0] not in seen:
-                    seen.add(row[0])
-                    events.append((float(row[4]), 0, str(row[0]), int(row[1]) == URGENT))
-        else:
-            events.append((float(r["at"]), 1, str(r["job"]), False))
-    meter = ShareMeter(urgent_holds=urgent_holds)
-    measured: dict[str, float] = {}
-    for at, kind, job, urgent in sorted(events, key=lambda e: (e[0], e[1])):
-        if kind == 0:
-            meter.started(job, at, urgent)
-        elif (share := meter.finished(job, at)) is not None:
-            measured[job] = share
-    return measured | recorded
+                if row[2] and row[4] is not None:
+                    starts.setdefault(str(row[0]), (float(row[4]), int(row[1]) == URGENT))
+    ends = {str(r["job"]): float(r["at"]) for r in records if r["kind"] == "end"}
+    runs = [(job, at, ends[job], urgent) for job, (at, urgent) in starts.items() if job in ends]
+    return shares_of_runs(runs, urgent_holds) | recorded
 
 
 class SharesSoFar:

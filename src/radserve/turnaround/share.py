@@ -18,6 +18,7 @@ alone. Pure: no clock, no threads.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -65,4 +66,24 @@ class ShareMeter:
         return self._routine.get(job_id) if share is None else share
 
 
-__all__ = ["ShareMeter"]
+def shares_of_runs(
+    runs: Iterable[tuple[str, float, float, bool]], urgent_holds: bool = True
+) -> dict[str, float]:
+    """Each job's share of wall time from its run (job, start, end, URGENT or not; one
+    clock): the meter fed the starts and ends in time order (a start before an end at
+    the same instant). Jobs that ran beside the ones given and are not among them are
+    not seen, so give every job that ran over the stretch, whatever its end."""
+    events = []
+    for job, start, end, urgent in runs:
+        events += [(start, 0, job, urgent), (end, 1, job, urgent)]
+    meter = ShareMeter(urgent_holds=urgent_holds)
+    out: dict[str, float] = {}
+    for at, kind, job, urgent in sorted(events, key=lambda e: (e[0], e[1])):
+        if kind == 0:
+            meter.started(job, at, urgent)
+        elif (share := meter.finished(job, at)) is not None:
+            out[job] = share
+    return out
+
+
+__all__ = ["ShareMeter", "shares_of_runs"]
