@@ -4,13 +4,14 @@ real store."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from radserve.api.auth import KeyVerifier
-from radserve.store import Store, init_store
+from radserve.store import ApiKeyRecord, Store, init_store
 
 
 @pytest.fixture
@@ -61,3 +62,29 @@ def test_a_zero_ttl_checks_the_store_on_every_request(store: Store) -> None:
     assert verifier.verify(token) == record
     clock.now += 1e-6
     assert verifier.remembered(token) is None
+
+
+class CountingVerifier(KeyVerifier):
+    """The real verifier, counting its store checks."""
+
+    checks = 0
+
+    def verify(self, token: str) -> ApiKeyRecord | None:
+        self.checks += 1
+        return super().verify(token)
+
+
+def test_requests_that_miss_together_check_the_store_once(store: Store) -> None:
+    """The connections of one poller whose remembered key ran out miss at once: one
+    store check answers all of them (and is remembered for the next)."""
+    verifier = CountingVerifier(store, ttl_s=60.0, clock=FakeClock())
+    record, token = store.create_api_key(name="poller", role="read")
+
+    async def together() -> list[ApiKeyRecord | None]:
+        return await asyncio.gather(*(verifier.checked(token) for _ in range(16)))
+
+    assert asyncio.run(together()) == [record] * 16
+    assert verifier.checks == 1
+    assert verifier.remembered(token) == record
+    assert asyncio.run(verifier.checked("rsk_nonsense")) is None  # a refusal: its own check
+    assert verifier.checks == 2

@@ -66,6 +66,7 @@ class KeyVerifier:
         self.ttl_s = ttl_s
         self.clock = clock
         self._known: dict[str, tuple[float, ApiKeyRecord]] = {}
+        self._checking: dict[str, asyncio.Future[ApiKeyRecord | None]] = {}
         self._lock = threading.Lock()
 
     def remembered(self, token: str) -> ApiKeyRecord | None:
@@ -75,6 +76,19 @@ class KeyVerifier:
         if hit is None or hit[0] < self.clock():
             return None
         return hit[1]
+
+    async def checked(self, token: str) -> ApiKeyRecord | None:
+        """:meth:`verify` in a worker thread, once for all the requests that ask about
+        the same token while it runs: when a poller's memory runs out, its many
+        connections miss together, and each used to read the store (on the running
+        loop; a cancelled caller leaves the check to the others)."""
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        running = self._checking.get(digest)
+        if running is None:
+            running = asyncio.ensure_future(run_in_threadpool(self.verify, token))
+            self._checking[digest] = running
+            running.add_done_callback(lambda _: self._checking.pop(digest, None))
+        return await asyncio.shield(running)
 
     def verify(self, token: str) -> ApiKeyRecord | None:
         """Check the token against the store (a database read; call from a thread)."""
@@ -109,7 +123,7 @@ async def _key_principal(request: Request, token: str | None) -> Principal:
     verifier: KeyVerifier = request.app.state.keys
     record = verifier.remembered(token)
     if record is None:
-        record = await run_in_threadpool(verifier.verify, token)
+        record = await verifier.checked(token)
     if record is None:
         raise UnauthenticatedError("the API key is not valid (unknown, malformed or revoked)")
     return Principal(

@@ -36,6 +36,7 @@ from radserve.api.app import limits
 from radserve.api.auth import KeyVerifier, Principal, require_read
 from radserve.api.job_snapshot import SnapshotReader
 from radserve.api.routes import jobs as job_routes
+from radserve.api.status_bodies import StatusBodies
 from radserve.config import Settings
 from radserve.errors import RadserveError
 from radserve.service.jobcache import JobCache
@@ -105,6 +106,7 @@ def reader_app(
     state = State()
     state.service = ReaderState(settings, store, ReaderJobs(store, snapshot))
     state.keys = KeyVerifier(store)
+    state.status_bodies = StatusBodies()
     reads: ASGIApp = _Reads(_Holder(state), lambda code: emit(("error", code)))
     for middleware, options in limits(settings.server, lambda *event: emit(("http", *event))):
         reads = middleware(reads, **options)

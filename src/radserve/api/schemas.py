@@ -64,6 +64,13 @@ class EtaOut(_Out):
         return cls(**{f.name: getattr(eta, f.name) for f in dataclasses.fields(eta)})
 
 
+def deadline_missed(job: JobRecord, now: dt.datetime) -> bool:
+    """Whether ``job`` finished after its deadline, or is unfinished at ``now`` after it
+    (a cancelled job missed nothing): the only part of a status answer that changes
+    while the job's record does not."""
+    return job.state.value != "cancelled" and (job.finished or now) > job.deadline
+
+
 class JobOut(_Out):
     id: str
     state: Literal["received", "queued", "running", "succeeded", "failed", "cancelled"]
@@ -94,15 +101,19 @@ class JobOut(_Out):
     links: dict[str, str]
 
     @classmethod
-    def of(cls, view: JobView) -> JobOut:
-        return cls.from_record(view.record, view.position, view.eta)
+    def of(cls, view: JobView, now: dt.datetime | None = None) -> JobOut:
+        return cls.from_record(view.record, view.position, view.eta, now=now)
 
     @classmethod
     def from_record(
-        cls, job: JobRecord, position: int | None = None, eta: JobEta | None = None
+        cls,
+        job: JobRecord,
+        position: int | None = None,
+        eta: JobEta | None = None,
+        *,
+        now: dt.datetime | None = None,
     ) -> JobOut:
-        now = dt.datetime.now(dt.UTC)
-        end = job.finished or now
+        """``now`` (default: the clock) decides ``deadline_missed`` of an unfinished job."""
         base = f"/v1/jobs/{job.id}"
         links = {"self": base}
         if job.state.value == "succeeded":
@@ -120,7 +131,7 @@ class JobOut(_Out):
             started=job.started,
             finished=job.finished,
             queue_position=position,
-            deadline_missed=job.state.value != "cancelled" and end > job.deadline,
+            deadline_missed=deadline_missed(job, now or dt.datetime.now(dt.UTC)),
             pipeline=job.pipeline_name,
             pipeline_version=job.pipeline_version,
             precision=job.precision,

@@ -163,15 +163,19 @@ class JobAccess:
 
     # --- results ----------------------------------------------------------------------
     def result_dir(self, record: JobRecord) -> Path:
+        return Path(self._result_path(record))
+
+    def _result_path(self, record: JobRecord) -> str:
+        """The result folder as stored (the report cache's key: no Path built per read)."""
         if record.state is not JobState.SUCCEEDED or not record.result_path:
             state = record.state.value
             hint = f" ({record.error_code})" if record.error_code else ""
             raise ResultNotReadyError(f"job {record.id} is {state}{hint}; it has no result")
-        return Path(record.result_path)
+        return record.result_path
 
     def report_cached(self, record: JobRecord) -> bytes | None:
         """The report JSON if it is in memory (no file read), else None."""
-        key = str(self.result_dir(record))
+        key = self._result_path(record)
         with self._lock:
             data = self._reports.get(key)
             if data is not None:
@@ -179,8 +183,8 @@ class JobAccess:
             return data
 
     def report_bytes(self, record: JobRecord) -> bytes:
-        folder = self.result_dir(record)
-        key = str(folder)
+        key = self._result_path(record)
+        folder = Path(key)
         with self._lock:
             data = self._reports.get(key)
             if data is not None:

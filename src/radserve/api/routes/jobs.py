@@ -26,6 +26,7 @@ from radserve.api.auth import (
 )
 from radserve.api.errors import ForbiddenError
 from radserve.api.schemas import ErrorOut, JobOut, JobPageOut
+from radserve.api.status_bodies import StatusBodies, status_body
 from radserve.errors import InvalidRequestError
 from radserve.security.keys import Role
 from radserve.service import Service, parse_priority
@@ -58,9 +59,12 @@ async def get_job(request: Request, job_id: str, who: Reader) -> Response:
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
     await check_visible(request, who, record)  # status only: no patient data, not audited
-    out = JobOut.of(jobs.view(record))
-    # serialised here: the model is already valid, FastAPI need not validate it again
-    return Response(out.model_dump_json(), media_type="application/json")
+    view = jobs.view(record)
+    # serialised here: the model is already valid, FastAPI need not validate it again;
+    # a reader process reuses the body while the published view is unchanged
+    bodies: StatusBodies | None = getattr(request.app.state, "status_bodies", None)
+    body = status_body(view) if bodies is None else bodies.body(view)
+    return Response(body, media_type="application/json")
 
 
 @router.get("/v1/jobs", response_model=JobPageOut, responses=_ERRORS, summary="List jobs")
