@@ -110,3 +110,5 @@ def test_the_floor_needs_a_spawned_server() -> None:
         load.main(["--floor", "--duration", "1"])
     with pytest.raises(SystemExit):
         load.main(["--floor", "--spawn", "--check", "--duration", "1"])
+    with pytest.raises(SystemExit):  # --only picks among the floor run's contestants
+        load.main(["--spawn", "--only", "bare FastAPI", "--duration", "1"])

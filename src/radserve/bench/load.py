@@ -39,7 +39,13 @@ alternate radserve and the floors, and the summary gives radserve / each floor::
 ``--floor`` also runs *radserve readers*: the same server with ``server.read_processes``
 = ``--read-processes`` (default 2), whose reads are answered by processes that run no
 inference (:mod:`radserve.api.reader`); its CPU per request is the readers' and the
-serving process's together.
+serving process's together. With ``--baseline-src`` too, both layouts also run from that
+tree in the same rounds (``baseline radserve``, ``baseline radserve readers``): a
+before/after with the floors beside it; ``--only NAME`` (repeatable) keeps the named
+contestants only::
+
+    python -m radserve.bench.load --spawn --floor --baseline-src /tmp/rs-base/src \
+        --only "radserve readers" --only "bare FastAPI" --rounds 2
 
 The server and this client share the machine's cores; the figures are for that setup.
 """
@@ -437,6 +443,7 @@ def _body_sizes(url: str, key: str, job_id: str, done: str) -> dict[str, int]:
 
 # --- the floor: a server that only answers, same generator, same run ---------------------------
 READERS = "radserve readers"  # the contestant with server.read_processes (radserve.api.reader)
+BASELINE = "baseline"  # --floor --baseline-src: the other tree's contestants are named so
 # (name, framework, busy processes beside the server, busy threads in the server's process)
 FLOORS: tuple[tuple[str, str, bool, bool], ...] = (
     ("bare FastAPI", "fastapi", False, False),
@@ -522,17 +529,23 @@ def with_floors(
 ) -> dict[str, Any]:
     """``--rounds`` rounds of radserve (this tree) and every floor, alternating the order
     (the first round runs radserve first: the floors answer the body sizes it served)."""
-    names = ["radserve", READERS, *(f[0] for f in FLOORS)]
+    ours = [n for n in ("radserve", READERS) if not args.only or n in args.only]
+    if args.baseline_src is not None:  # the same two layouts from another tree, same run
+        ours += [f"{BASELINE} {n}" for n in ours]
+    floors = [f[0] for f in FLOORS if not args.only or f[0] in args.only]
+    if not ours:
+        raise SystemExit("--only: name at least one of 'radserve', 'radserve readers'")
+    names = [*ours, *floors]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     sizes: dict[str, int] | None = None
     n_paths = 2 * len(studies)
     for i in range(args.rounds):
         for name in names if i % 2 == 0 else names[::-1]:
-            if name == "radserve":
-                result = run_once(args, files, studies, read_processes=0)
-                sizes, n_paths = result["body_bytes"], result["paths"]
-            elif name == READERS:
-                result = run_once(args, files, studies, read_processes=args.read_processes or 2)
+            if name in ours:
+                source = args.baseline_src if name.startswith(BASELINE) else None
+                readers = (args.read_processes or 2) if name.endswith(READERS) else 0
+                result = run_once(args, files, studies, source, read_processes=readers)
+                sizes, n_paths = sizes or result["body_bytes"], result["paths"]
             else:
                 assert sizes is not None  # round 1 ran radserve first
                 _, framework, processes, threads = next(f for f in FLOORS if f[0] == name)
@@ -560,7 +573,9 @@ def with_floors(
         summary[name] = {
             "rate": float(statistics.median(r["read"]["rate"] for r in cell)),
             "p50_ms": float(statistics.median(r["read"]["latency_ms"].get("p50", 0) for r in cell)),
-            "p99_ms": float(statistics.median(r["read"]["latency_ms"].get("p99", 0) for r in cell)),
+            "p99_ms": round(
+                float(statistics.median(r["read"]["latency_ms"].get("p99", 0) for r in cell)), 2
+            ),
             "event_loop_ms_per_request": float(
                 statistics.median(r["server_cpu"]["event_loop_ms_per_request"] for r in cell)
             ),
@@ -569,25 +584,26 @@ def with_floors(
             ),
             "errors": sum(r["read"]["errors"] for r in cell),
         }
-    for ours in ("radserve", READERS):
-        summary[ours]["processing_throughout"] = all(
+    for one in ours:
+        summary[one]["processing_throughout"] = all(
             min(r["processing"]["running_at_start"], r["processing"]["running_at_end"]) > 0
-            for r in runs[ours]
+            for r in runs[one]
         )
-        summary[ours]["submit_errors"] = sum(r["submit"]["errors"] for r in runs[ours])
+        summary[one]["submit_errors"] = sum(r["submit"]["errors"] for r in runs[one])
     summary["radserve_vs_floor"] = {
-        ours: {
-            name: round(summary[ours]["rate"] / summary[name]["rate"], 3)
+        one: {
+            name: round(summary[one]["rate"] / summary[name]["rate"], 3)
             if summary[name]["rate"]
             else None
             for name in names
-            if name != ours
+            if name != one
         }
-        for ours in ("radserve", READERS)
+        for one in ours
     }
     loads = [x for cell in runs.values() for r in cell for x in r["load_average"]]
     summary["load_average_range"] = [min(loads), max(loads)]
     summary["body_bytes"] = sizes
+    summary["contestants"] = names
     return {"summary": summary, "runs": runs}
 
 
@@ -688,6 +704,13 @@ def main(argv: list[str] | None = None) -> int:
         help="server.read_processes of the spawned server (--floor: of the 'radserve "
         "readers' contestant, default 2)",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        help="--floor: run only this contestant (repeat; e.g. 'radserve readers', 'bare "
+        "FastAPI'); with --baseline-src each radserve layout also runs from that tree",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 unless targets are met")
     parser.add_argument("--min-rate", type=float, default=1000.0)
     parser.add_argument("--max-p99-ms", type=float, default=100.0)
@@ -700,24 +723,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--baseline-src {args.baseline_src}: no radserve package there")
     if args.baseline_src is not None and not args.spawn:
         parser.error("--baseline-src needs --spawn (it starts both servers)")
-    if args.floor and (not args.spawn or args.baseline_src is not None or args.check):
-        parser.error("--floor needs --spawn, and not --baseline-src or --check")
+    if args.floor and (not args.spawn or args.check):
+        parser.error("--floor needs --spawn, and not --check")
+    if args.only and not args.floor:
+        parser.error("--only chooses among --floor's contestants")
     if args.baseline_src is not None and args.check:
         parser.error("--check judges one server's run: not with --baseline-src")
     result = run(args)
     print(json.dumps(result, indent=2))
     if args.floor:
         summary = result["summary"]
+        ratios = summary["radserve_vs_floor"]
         print(
             "; ".join(
                 f"{name} {summary[name]['rate']:.0f} req/s p99 {summary[name]['p99_ms']} ms"
                 + (
                     f" (studies processing throughout: {summary[name]['processing_throughout']})"
-                    if name in ("radserve", READERS)
-                    else f" (radserve {summary['radserve_vs_floor']['radserve'][name]}x, "
-                    f"readers {summary['radserve_vs_floor'][READERS][name]}x)"
+                    if name in ratios
+                    else " (" + ", ".join(f"{one} {ratios[one][name]}x" for one in ratios) + ")"
                 )
-                for name in ("radserve", READERS, *(f[0] for f in FLOORS))
+                for name in summary["contestants"]
             )
             + f" (medians of {args.rounds}; load average {summary['load_average_range']})",
             file=sys.stderr,
