@@ -235,13 +235,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     process, url, key = load.spawn_server(data / "data", None, read_processes=args.read_processes)
     try:
         ids = asyncio.run(load.submit_all(url, key, studies, 50))[1]
-        done = load._wait_for_result(url, key, ids, timeout=300)
+        done = load.wait_for_result(url, key, ids, timeout=300)
         if done is None:
             raise SystemExit("no study finished within 300 s")
         if args.idle:  # nothing processing during the reads
             _wait_all_finished(url, key, ids)
         paths = [f"/v1/jobs/{i}" for i in ids] + [f"/v1/jobs/{done}/report"] * len(ids)
-        before = load._job_counts(url, key)
+        before = load.job_counts(url, key)
         pids = _pids(process.pid)
         load0 = os.getloadavg()[0]
         for pid in pids:
@@ -251,7 +251,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             os.kill(pid, signal.SIGUSR1)
         load1 = os.getloadavg()[0]
         time.sleep(1.0)  # the loop profiles are written by the signal handlers
-        after = load._job_counts(url, key)
+        after = load.job_counts(url, key)
     finally:
         load.stop_server(process)  # the audit writers' profiles are written at their stop
     summary = summarise(args.out, reads.requests, process.pid)

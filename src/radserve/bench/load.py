@@ -290,7 +290,7 @@ def spawn_server(
     raise SystemExit("the server did not become ready within 120 s")
 
 
-def _job_counts(url: str, key: str) -> dict[str, float]:
+def job_counts(url: str, key: str) -> dict[str, float]:
     """Jobs running now and jobs succeeded so far, from ``/metrics``."""
     text = httpx.get(f"{url}/metrics", headers={"X-API-Key": key}, timeout=10).text
     counts = {"running": 0.0, "succeeded": 0.0}
@@ -302,7 +302,7 @@ def _job_counts(url: str, key: str) -> dict[str, float]:
     return counts
 
 
-def _wait_for_result(url: str, key: str, ids: list[str], timeout: float) -> str | None:
+def wait_for_result(url: str, key: str, ids: list[str], timeout: float) -> str | None:
     """The first job of ``ids`` to succeed (its report is the report read in phase 2)."""
     deadline = time.monotonic() + timeout
     with httpx.Client(base_url=url, headers={"X-API-Key": key}, timeout=10) as client:
@@ -388,12 +388,12 @@ def run_once(
         else:
             url, key = args.url, args.key or os.environ.get("RADSERVE_KEY", "")
         submitted, ids = asyncio.run(submit_all(url, key, studies, args.submit_concurrency))
-        done = _wait_for_result(url, key, ids, timeout=300)
+        done = wait_for_result(url, key, ids, timeout=300)
         if done is None:
             raise SystemExit("no submitted study finished within 300 s: no report to read")
         paths = [f"/v1/jobs/{i}" for i in ids] + [f"/v1/jobs/{done}/report"] * len(ids)
         sizes = _body_sizes(url, key, ids[0], done)
-        before = _job_counts(url, key)
+        before = job_counts(url, key)
         cpu0 = thread_cpu_s(process.pid) if process else (0.0, 0.0)
         readers0 = children_cpu_s(process.pid) if process else 0.0
         load0 = os.getloadavg()[0]
@@ -401,7 +401,7 @@ def run_once(
         load1 = os.getloadavg()[0]
         cpu1 = thread_cpu_s(process.pid) if process else (0.0, 0.0)
         readers_s = (children_cpu_s(process.pid) if process else 0.0) - readers0
-        after = _job_counts(url, key)
+        after = job_counts(url, key)
         per_request = 1000 / reads.requests if reads.requests else 0.0
         return {
             "server": url,
