@@ -33,8 +33,8 @@ What the bundle states, mapped onto ``model.yaml``:
   coordinates; ``AsDiscrete(d)(argmax)`` -> labels, before a nearest ``Invertd`` too (the
   picked label is the argmax of the picked outputs); the label names from
   ``metadata.json``'s ``channel_def`` (channel 0 is background, as argmax 0). At run
-  time, MONAI's exact coordinates are refused on an oblique series (see
-  :mod:`radserve.preprocess.monai_grid`).
+  time an oblique series is refused where a row of MONAI's grid falls on both sides of
+  a tie (see :mod:`radserve.preprocess.monai_grid`).
 
 Refused, by name: argmax before a bilinear ``Invertd`` (MONAI would blend label
 values, see ``_LABELS_BLENDED``), ``CropForeground(d)`` before
