@@ -4,7 +4,6 @@ logged and audited when they cannot be, never lost silently."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import socket
 import threading
@@ -16,15 +15,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 from tests.factories.dicom_net import wait_until
+from tests.factories.turnaround import standalone_turnaround
 
-from radserve.config import SchedulerSettings, load_settings
 from radserve.domain.priority import PriorityClass
-from radserve.scheduling import Scheduler
 from radserve.scheduling.clock import FakeClock
-from radserve.service.metrics import Metrics
 from radserve.service.turnaround import RISK_ALERTS_DROPPED, Turnaround
-from radserve.store import JobRecord, init_store
-from radserve.store import JobState as StoredState
 from radserve.turnaround.eta import Eta
 
 OUT = PriorityClass.OUTPATIENT
@@ -72,32 +67,12 @@ def _webhook() -> Iterator[_Webhook]:
 
 
 def _turnaround(tmp_path: Path, url: str, grace_s: float) -> tuple[Turnaround, CollectorRegistry]:
-    settings = load_settings(
-        None,
-        data_dir=tmp_path / "data",
+    return standalone_turnaround(
+        tmp_path,
+        FakeClock(1000.0),
         turnaround__risk_webhook_url=url,
         turnaround__risk_alert_grace_s=grace_s,
     )
-    now = dt.datetime.now(dt.UTC)
-
-    def lookup(job_id: str) -> JobRecord:
-        return JobRecord(
-            job_id, StoredState.QUEUED, OUT, now, now, "ct", "1", "fp32", "f",
-            str(tmp_path / "no-such-study"),
-        )  # fmt: skip
-
-    scheduler = Scheduler(SchedulerSettings(max_running=1), clock=FakeClock(1000.0))
-    metrics = Metrics(scheduler.snapshot)
-    turnaround = Turnaround(
-        settings,
-        store=init_store(f"sqlite:///{tmp_path / 'radserve.db'}"),
-        scheduler=scheduler,
-        metrics=metrics,
-        lookup=lookup,
-        device="cpu",
-        cpu_workers=2,
-    )
-    return turnaround, metrics.registry
 
 
 def _raise_risks(turnaround: Turnaround) -> None:

@@ -5,7 +5,6 @@ down and comes back still gets the alert, and the scheduler's thread never waits
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import subprocess
 import time
@@ -15,15 +14,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from tests.factories.scheduling_fakes import FakeSession, fake_work
 from tests.factories.syslog import Collector, make_certificate
+from tests.factories.turnaround import standalone_turnaround
 
-from radserve.config import ConfigError, SchedulerSettings, load_settings
+from radserve.config import ConfigError, load_settings
 from radserve.domain.priority import PriorityClass
-from radserve.scheduling import JobRequest, Scheduler
+from radserve.scheduling import JobRequest
 from radserve.scheduling.clock import FakeClock
-from radserve.service.metrics import Metrics
 from radserve.service.turnaround import RISK_MSGID, Turnaround
-from radserve.store import JobRecord, init_store
-from radserve.store import JobState as StoredState
 from radserve.turnaround.eta import Eta
 
 OUT = PriorityClass.OUTPATIENT
@@ -33,35 +30,14 @@ FACILITY, WARNING, NOTICE = 16, 4, 5
 def _turnaround(
     tmp_path: Path, clock: FakeClock, policy: str = "none", **syslog: object
 ) -> tuple[Turnaround, CollectorRegistry]:
-    settings = load_settings(
-        None,
-        data_dir=tmp_path / "data",
+    return standalone_turnaround(
+        tmp_path,
+        clock,
         turnaround__risk_margin_s=30.0,
         turnaround__risk_clear_s=15.0,
         turnaround__risk_policy=policy,
         **{f"turnaround__risk_syslog__{k}": v for k, v in syslog.items()},
     )
-    now = dt.datetime.now(dt.UTC)
-
-    def lookup(job_id: str) -> JobRecord:
-        return JobRecord(
-            job_id, StoredState.QUEUED, OUT, now, now, "ct", "1", "fp32", "f",
-            str(tmp_path / "no-such-study"),
-        )  # fmt: skip
-
-    scheduler = Scheduler(SchedulerSettings(max_running=1), clock=clock)
-    store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
-    metrics = Metrics(scheduler.snapshot)
-    turnaround = Turnaround(
-        settings,
-        store=store,
-        scheduler=scheduler,
-        metrics=metrics,
-        lookup=lookup,
-        device="cpu",
-        cpu_workers=2,
-    )
-    return turnaround, metrics.registry
 
 
 def _walk(turnaround: Turnaround, finish: float, deadline: float = 1500.0) -> None:
