@@ -25,7 +25,8 @@ from radserve.turnaround.replay import Refit, Variant, errors, replay
 # defaults of the recording; the "refit" rows rebuild the service-time model from the
 # one the recording began with and the recorded ends under other settings (session 9)
 SESSION_10_WALK = (("share_left", "latency"), ("running_behind", False))
-SESSION_11_WALK = (("share_left", "measured"), ("running_behind", True))
+SESSION_11_WALK = (("share_left", "measured"), ("running_behind", False))
+WITH_RUNNING_BEHIND = (("share_left", "measured"), ("running_behind", True))
 VARIANTS = {
     "allowance, class bias": Variant(allowance=True, bias="class", drain=False),
     "allowance, no bias": Variant(allowance=True, bias="off", drain=False),
@@ -58,13 +59,20 @@ VARIANTS = {
     # a queued one, the arrival rates since the first arrival (counted again: a trace
     # recorded before session 11 has the old rates)
     "session 10's walk": Variant(drain=False, capacity=SESSION_10_WALK),
-    "share left, running behind": Variant(drain=False, capacity=SESSION_11_WALK),
-    "share left": Variant(drain=False, capacity=(("share_left", "measured"),)),
-    "running behind": Variant(drain=False, capacity=(("running_behind", True),)),
-    "rates since first arrival": Variant(drain=False, rates=ArrivalRates()),
+    "share left": Variant(drain=False, capacity=SESSION_11_WALK),
+    "share left, running behind": Variant(drain=False, capacity=WITH_RUNNING_BEHIND),
+    "rates since first arrival": Variant(
+        drain=False, capacity=SESSION_10_WALK, rates=ArrivalRates()
+    ),
     "session 11 (default)": Variant(drain=False, capacity=SESSION_11_WALK, rates=ArrivalRates()),
+    "session 11, running behind": Variant(
+        drain=False, capacity=WITH_RUNNING_BEHIND, rates=ArrivalRates()
+    ),
     "session 11, rates without prior": Variant(
         drain=False, capacity=SESSION_11_WALK, rates=ArrivalRates(prior_arrivals=0.0)
+    ),
+    "session 11, rates from 60 s": Variant(
+        drain=False, capacity=SESSION_11_WALK, rates=ArrivalRates(min_span_s=60.0)
     ),
 }
 

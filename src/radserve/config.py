@@ -761,10 +761,11 @@ class TurnaroundSettings(_Section):
     # a running job's share left in the walk's throughput bound: its estimated share less
     # the share it has had ("measured", default since session 11), or in proportion to its
     # latency left ("latency", before); and whether a queued job also counts the shares
-    # left of running jobs ranked behind it (they are not preempted; since session 11).
-    # Replayed on two quiet-host traces: 42.2 / 32.6 % -> 31.1 / 21.8 % error (README)
+    # left of running jobs ranked behind it (they are not preempted; off: on four traces
+    # better on one, worse on two). With the rates below, replayed on two quiet-host
+    # traces: 42.2 / 32.6 % -> 20.0 / 23.5 % error behind >= 3 (README, issue 17)
     share_left: Literal["measured", "latency"] = "measured"
-    running_behind: bool = True
+    running_behind: bool = False
     # the allowance's arrival rates per class: counted over the last hour, or while the
     # server has seen less, since its first arrival (at least arrival_min_span_s), with
     # arrival_prior pseudo-arrivals per class (radserve.turnaround.rates; since session

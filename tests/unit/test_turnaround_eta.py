@@ -220,8 +220,8 @@ def test_running_jobs_ranked_behind_a_queued_job_still_take_their_share() -> Non
     behind = Entry("o", 2, True, 1000.0, 98.0, JobEstimate(2, 2, 10.0, 0, "f", 5.0), 1.0)
     inpatient = Entry("i", 1, False, 1000.0, None, JobEstimate(2, 2, 10.0, 0, "f", 8.0))
     urgent = Entry("u", 0, False, 1000.0, None, JobEstimate(2, 2, 10.0, 0, "f", 12.0))
-    capacity = Capacity(max_running=4)
+    capacity = Capacity(max_running=4, running_behind=True)
     assert walk([inpatient, behind], 100.0, capacity)[0].finish == pytest.approx(112.0)
-    alone = Capacity(max_running=4, running_behind=False)
+    alone = Capacity(max_running=4)  # the default: not counted
     assert walk([inpatient, behind], 100.0, alone)[0].finish == pytest.approx(110.0)
     assert walk([urgent, behind], 100.0, capacity)[0].finish == pytest.approx(112.0)

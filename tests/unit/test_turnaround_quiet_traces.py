@@ -50,14 +50,14 @@ def _behind_3(seed: int, variant: Variant) -> dict[str, float]:
 
 def test_the_walk_defaults_are_what_the_figures_below_were_measured_with() -> None:
     capacity = Capacity()
-    assert (capacity.share_left, capacity.running_behind) == ("measured", True)
-    assert (DEFAULTS.share_left, DEFAULTS.running_behind) == ("measured", True)
+    assert (capacity.share_left, capacity.running_behind) == ("measured", False)
+    assert (DEFAULTS.share_left, DEFAULTS.running_behind) == ("measured", False)
     assert (DEFAULTS.arrival_min_span_s, DEFAULTS.arrival_prior) == (10.0, 1.0)
 
 
 @pytest.mark.parametrize(
     ("seed", "jobs", "as_run", "this_tree"),
-    [(0, 16, 0.4221, 0.2417), (1, 14, 0.3262, 0.2268)],
+    [(0, 16, 0.4221, 0.2003), (1, 14, 0.3262, 0.2351)],
 )
 def test_the_quiet_traces_replay_to_the_figures_measured(
     seed: int, jobs: int, as_run: float, this_tree: float

@@ -12,15 +12,17 @@ visits jobs in that order once and keeps three running figures:
   the sharing twice, ETAs late; times measured alone, early). A running job counts the
   part of its estimated share it has not had yet (``share_left: measured``, session
   11: by its latency left, a latency learned alone made a job 3 s into a 10 s run look
-  done), and a queued job also counts the shares left of the running jobs ranked
-  *behind* it (``running_behind``): a routine job is not preempted, so an OUTPATIENT job
-  already running takes its share of the wall time an INPATIENT job queued ahead of it
-  waits through (quiet host, session 11: 4-10 s of a 7-17 s turnaround). Before
-  that, CPU-pool seconds and device seconds spread over the CPU workers and the devices
-  (``now + max(cpu / workers, device / devices)``); when the "device" is the host's own
-  cores (``host_cores``: the CPU or OpenVINO-on-CPU provider, which uses every core for
-  a batch), device and CPU-pool work take turns on the same cores, so the bound is
-  their sum (``cpu / min(workers, cores) + device / devices``), not the larger;
+  done). Optionally (``running_behind``, off by default) a queued job also counts the
+  shares left of the running jobs ranked *behind* it: a routine job is not preempted,
+  so an OUTPATIENT job already running takes its share of the wall time an INPATIENT
+  job queued ahead of it waits through (quiet host, session 11: 4-10 s of a 7-17 s
+  turnaround), but the shares learned are high on a loaded host and it did not help
+  there. Before that, CPU-pool seconds and device seconds spread over the CPU workers
+  and the devices (``now + max(cpu / workers, device / devices)``); when the "device"
+  is the host's own cores (``host_cores``: the CPU or OpenVINO-on-CPU provider, which
+  uses every core for a batch), device and CPU-pool work take turns on the same cores,
+  so the bound is their sum (``cpu / min(workers, cores) + device / devices``), not the
+  larger;
 - *latency*: a job takes at least its own start-to-finish time (``run``), once started;
 - *slots*: a routine job starts when one of ``max_running`` routine slots frees (a heap
   of the slots' free times); URGENT starts at once, and with ``urgent_exclusive`` no
@@ -104,8 +106,9 @@ class Capacity:
     # made running jobs look done)
     share_left: str = "measured"
     # a queued job's throughput bound also counts the shares left of the running jobs
-    # ranked behind it (session 11): they go on running, only URGENT work holds them
-    running_behind: bool = True
+    # ranked behind it: they go on running, only URGENT work holds them (session 11: not
+    # the default; on four traces it helped on one, tied on one, worse on two, README)
+    running_behind: bool = False
 
     def work_s(self, cpu_s: float, device_s: float) -> float:
         """Seconds this capacity needs for ``cpu_s`` of CPU-pool and ``device_s`` of
