@@ -224,16 +224,22 @@ class _Refitted:
         return again, dataclasses.replace(capacity, arrivals=arrivals)
 
 
-def shares_of(records: Sequence[Mapping[str, Any]], urgent_holds: bool) -> dict[str, float]:
-    """Each recorded job's share of wall time: as the server recorded it at its end, else
-    measured from the recorded starts (a running entry's ``started``) and ends."""
-    recorded = {str(r["job"]): float(r["share"]) for r in records if r.get("share") is not None}
+def _walk_starts(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float, bool]]:
+    """Each job's start (a walk that saw it running) and whether it is URGENT."""
     starts: dict[str, tuple[float, bool]] = {}
     for r in records:
         if r["kind"] == "walk":
             for row in r["entries"]:
                 if row[2] and row[4] is not None:
                     starts.setdefault(str(row[0]), (float(row[4]), int(row[1]) == URGENT))
+    return starts
+
+
+def shares_of(records: Sequence[Mapping[str, Any]], urgent_holds: bool) -> dict[str, float]:
+    """Each recorded job's share of wall time: as the server recorded it at its end, else
+    measured from the recorded starts (a running entry's ``started``) and ends."""
+    recorded = {str(r["job"]): float(r["share"]) for r in records if r.get("share") is not None}
+    starts = _walk_starts(records)
     ends = {str(r["job"]): float(r["at"]) for r in records if r["kind"] == "end"}
     runs = [(job, at, ends[job], urgent) for job, (at, urgent) in starts.items() if job in ends]
     return shares_of_runs(runs, urgent_holds) | recorded
@@ -245,12 +251,7 @@ class SharesSoFar:
     11): a walk's running entries get it when they lack it."""
 
     def __init__(self, records: Sequence[Mapping[str, Any]], urgent_holds: bool) -> None:
-        starts: dict[str, tuple[float, bool]] = {}
-        for r in records:
-            if r["kind"] == "walk":
-                for row in r["entries"]:
-                    if row[2] and row[4] is not None:
-                        starts.setdefault(str(row[0]), (float(row[4]), int(row[1]) == URGENT))
+        starts = _walk_starts(records)
         for r in records:  # a succeeded job's start is exact in its end record
             run = (r.get("timings") or {}).get("run") if r["kind"] == "end" else None
             if run is not None and str(r["job"]) in starts:
