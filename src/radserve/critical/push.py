@@ -19,9 +19,7 @@ committed before the POST; ``result_at`` (when the result existed) and the time 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
-import os
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +28,7 @@ from typing import Any, ClassVar
 
 import httpx
 
+from radserve import durable
 from radserve.critical.receivers import FhirReceiver, SyslogReceiver
 from radserve.domain.critical import CriticalRule
 from radserve.domain.findings import Finding
@@ -289,14 +288,8 @@ class ReceiverLane:
 
 
 def _write_durably(path: Path, notice: dict[str, Any]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(notice, handle, separators=(",", ":"))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    return path
+    """The notice (or its Bundle) as compact JSON at ``path``, durably."""
+    return durable.write_json(path, notice, separators=(",", ":"))
 
 
 __all__ = [

@@ -20,10 +20,7 @@ its identifier, so a server that implements conditional create keeps one copy.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
-import os
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +28,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from radserve import durable
 from radserve.gateway.errors import GatewayError
 from radserve.gateway.outbox import DeliveryReport, RetryPolicy, settle, utc_now
 from radserve.gateway.scu import Outcome, SendResult
@@ -257,20 +255,8 @@ class FhirOutbox:
 
 
 def _write_durably(path: Path, bundle: Mapping[str, Any]) -> Path:
-    """The Bundle as JSON at ``path``: temporary file, fsync, rename, folder fsync."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(bundle, handle, ensure_ascii=False, separators=(",", ":"))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    descriptor = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-    return path
+    """The Bundle as compact JSON at ``path``, durably (:mod:`radserve.durable`)."""
+    return durable.write_json(path, bundle, ensure_ascii=False, separators=(",", ":"))
 
 
 __all__ = [

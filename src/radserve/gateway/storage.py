@@ -38,21 +38,22 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import hashlib
 import logging
 import os
 import re
 import shutil
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
+from radserve.durable import TEMPORARY_SUFFIX as PARTIAL_SUFFIX
+from radserve.durable import fsync_dir as _fsync_dir
+from radserve.durable import owner_alive as partial_owner_alive
+from radserve.durable import temporary_path
 from radserve.gateway.errors import InstanceRejectedError, OutOfResourcesError
 
 logger = logging.getLogger(__name__)
@@ -62,10 +63,6 @@ QUARANTINE_DIR = "quarantine"
 INSTANCE_SUFFIX = ".dcm"
 _FILE_MODE = 0o644
 _UID = re.compile(r"^[0-9]+(\.[0-9]+)*$")
-PARTIAL_SUFFIX = ".part"
-# this host, in the temporary names: a process id means something only on its own host
-_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-_OWNED = re.compile(r"\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{32}\.part$")
 
 
 class Disposition(StrEnum):
@@ -234,32 +231,7 @@ class InstanceStore:
 
 def partial_path(folder: Path, target: Path, *, pid: int | None = None) -> Path:
     """A new temporary name for ``target`` in ``folder``, owned by ``pid`` (this process)."""
-    owner = os.getpid() if pid is None else pid
-    return folder / f".{target.name}.{_HOST}-{owner}-{uuid.uuid4().hex}{PARTIAL_SUFFIX}"
-
-
-def partial_owner_alive(partial: Path) -> bool:
-    """Whether the writer of the temporary file ``partial`` may still be writing it: its
-    owner is a running process of this host, or a process of another host (which this
-    one cannot see). A name without an owner has none left."""
-    owned = _OWNED.search(partial.name)
-    if owned is None:
-        return False
-    if owned["host"] != _HOST:
-        return True
-    return _running(int(owned["pid"]))
-
-
-def _running(pid: int) -> bool:
-    if pid <= 0:  # kill(0 or -n) would ask about a process group, not a process
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: running
-        return True
-    return True
+    return temporary_path(folder / target.name, pid=pid)
 
 
 def _size(encoded: bytes | Path) -> int:
@@ -511,14 +483,6 @@ def _duplicate(stored: StoredInstance) -> StoredInstance:
         path=stored.path,
         disposition=Disposition.DUPLICATE,
     )
-
-
-def _fsync_dir(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def study_instances(folder: Path) -> list[Path]:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from radserve import durable
 from radserve.errors import ReportError
 from radserve.report.schema import SCHEMA_VERSION, Report
 
@@ -20,16 +19,9 @@ SCHEMA_PATH = Path("docs/report-schema.json")
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    """Readers (the API, the outbox) never see a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Readers (the API, the outbox) never see a half-written file, and a written
+    report survives a power cut (:mod:`radserve.durable`)."""
+    durable.write_text(path, text)
 
 
 def report_json(report: Report) -> str:

@@ -1,0 +1,143 @@
+"""Write a file atomically and durably: the one definition radserve uses.
+
+A reader (the API, another process, the server after a power cut) must see either the
+old file or the whole new one, never half of it. So a file is written to a temporary
+name in its own folder, fsynced, renamed over its final name (``os.replace``), and the
+folder is fsynced so that the rename itself survives a power cut.
+
+The temporary's name says that it is one and who writes it
+(``.<final>.<host>-<pid>-<nonce>.part``): a process killed mid-write leaves it behind,
+and :func:`sweep` (at server start) deletes exactly those whose process is gone, never
+one a live process (another replica on this host, another host on shared storage) is
+still writing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import socket
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+logger = logging.getLogger(__name__)
+
+TEMPORARY_SUFFIX = ".part"
+# this host, in the temporary names: a process id means something only on its own host
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+_OWNED = re.compile(r"\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{32}\.part$")
+# results hold patient data: only the service user (its API and worker processes) reads them
+_FILE_MODE = 0o600
+
+
+def temporary_path(target: Path, *, pid: int | None = None) -> Path:
+    """A new temporary name for ``target``, beside it, owned by ``pid`` (this process)."""
+    owner = os.getpid() if pid is None else pid
+    return target.parent / f".{target.name}.{_HOST}-{owner}-{uuid.uuid4().hex}{TEMPORARY_SUFFIX}"
+
+
+def owner_alive(temporary: Path) -> bool:
+    """Whether the writer of ``temporary`` may still be writing it: its owner is a
+    running process of this host, or a process of another host (which this one cannot
+    see). A name without an owner (written before names had one) has none left."""
+    owned = _OWNED.search(temporary.name)
+    if owned is None:
+        return False
+    if owned["host"] != _HOST:
+        return True
+    return _running(int(owned["pid"]))
+
+
+def _running(pid: int) -> bool:
+    if pid <= 0:  # kill(0 or -n) would ask about a process group, not a process
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: running
+        return True
+    return True
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the names in folder ``path`` (a rename, a new file) durable."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_with(
+    path: Path,
+    write: Callable[[IO[bytes]], None],
+    *,
+    sync: bool = True,
+    mode: int = _FILE_MODE,
+) -> Path:
+    """Replace ``path`` with what ``write`` writes to the binary handle it is given
+    (a file of permissions ``mode``, owner-only by default).
+
+    ``sync=False`` keeps the replace atomic but skips both fsyncs: only for a file that
+    is rebuilt from durable state anyway after a crash (the job snapshot, rewritten every
+    few tens of milliseconds, where two device flushes each time would cost more than
+    the file is worth). Anything a client or a restart relies on keeps the default.
+    Nothing is left under the temporary name when ``write`` or a step fails.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = temporary_path(path)
+    try:
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(descriptor, "wb") as handle:
+            write(handle)
+            handle.flush()
+            if sync:
+                os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+        raise
+    if sync:
+        fsync_dir(path.parent)
+    return path
+
+
+def write_bytes(path: Path, data: bytes, *, sync: bool = True) -> Path:
+    """Replace ``path`` with ``data`` (see :func:`write_with`)."""
+    return write_with(path, lambda handle: handle.write(data), sync=sync)
+
+
+def write_text(path: Path, text: str, *, encoding: str = "utf-8", sync: bool = True) -> Path:
+    """Replace ``path`` with ``text`` (see :func:`write_with`)."""
+    return write_bytes(path, text.encode(encoding), sync=sync)
+
+
+def write_json(path: Path, value: Any, *, sync: bool = True, **dumps: Any) -> Path:
+    """Replace ``path`` with ``value`` as UTF-8 JSON (``dumps``: :func:`json.dumps`'s
+    options; see :func:`write_with`)."""
+    return write_text(path, json.dumps(value, **dumps), sync=sync)
+
+
+def sweep(root: Path, pattern: str = f".*{TEMPORARY_SUFFIX}") -> int:
+    """Delete the temporaries under ``root`` matching the glob ``pattern`` whose writer
+    died mid-write (see :func:`owner_alive`): nothing under such a name was ever
+    acknowledged. Returns how many were deleted."""
+    removed = 0
+    for temporary in Path(root).glob(pattern):
+        if owner_alive(temporary):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+            removed += 1
+    if removed:
+        logger.info("removed %d temporary file(s) of stopped writers under %s", removed, root)
+    return removed
