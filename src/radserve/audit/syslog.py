@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from radserve import durable
 from radserve.audit.atna import dicom_audit_message, fhir_audit_event
 from radserve.audit.chain import GENESIS_HASH, AuditKey, AuditRecord
 
@@ -410,12 +411,7 @@ class SyslogExporter:
 
     def write_cursor(self, seq: int, digest: str) -> None:
         self.cursor_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = self.cursor_file.with_name(self.cursor_file.name + ".tmp")
-        with open(tmp, "w", encoding="ascii") as handle:
-            handle.write(f"{seq} {digest}\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, self.cursor_file)
+        durable.write_text(self.cursor_file, f"{seq} {digest}\n", encoding="ascii")
 
 
 __all__ = [

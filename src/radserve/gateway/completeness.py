@@ -41,6 +41,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from radserve import durable
 from radserve.gateway.storage import study_instances
 
 logger = logging.getLogger(__name__)
@@ -379,10 +380,10 @@ class CompletenessMonitor:
 
 def _write_marker(folder: Path, generation: int, instances: int) -> None:
     """Atomically record the hand-over (best effort: a lost marker means a re-run)."""
-    temporary = folder / f"{HANDOVER_MARKER}.tmp"
     try:
-        temporary.write_text(json.dumps({"generation": generation, "instances": instances}))
-        os.replace(temporary, folder / HANDOVER_MARKER)
+        durable.write_json(
+            folder / HANDOVER_MARKER, {"generation": generation, "instances": instances}
+        )
     except OSError as exc:
         logger.warning("cannot write the hand-over marker of %s: %s", folder.name, exc)
 

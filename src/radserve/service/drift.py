@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from radserve import durable
 from radserve.audit import Action, AuditEvent
 from radserve.config import DriftSettings
 from radserve.errors import RadserveError
@@ -45,13 +45,11 @@ def reference_path(data_dir: Path, model: str, version: str) -> Path:
 
 
 def write_reference(path: Path, model: str, version: str, source: str, records: list[Any]) -> None:
-    """Write a reference profile atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps({"model": model, "version": version, "source": source, "records": records})
+    """Write a reference profile durably (a reader never sees half a file; a restart
+    finds it)."""
+    durable.write_json(
+        path, {"model": model, "version": version, "source": source, "records": records}
     )
-    os.replace(tmp, path)
 
 
 def read_reference(path: Path) -> tuple[str, list[dict[str, Any]]] | None:

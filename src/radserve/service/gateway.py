@@ -14,13 +14,13 @@ import datetime as dt
 import functools
 import json
 import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pydicom
 
+from radserve import durable
 from radserve.audit import Action, AuditEvent
 from radserve.config import Settings
 from radserve.errors import RadserveError
@@ -60,11 +60,9 @@ def _write_job_marker(study: CompletedStudy, job_id: str) -> None:
     """Which job the study's hand-over became and which instance files it had, so late
     instances (policy ``flag``) can be told apart and flagged on that job, also after a
     restart. Best effort: without it late instances are only logged."""
-    temporary = study.folder / f"{JOB_MARKER}.tmp"
     data = {"job_id": job_id, "instances": [p.name for p in study.instances]}
     try:
-        temporary.write_text(json.dumps(data))
-        os.replace(temporary, study.folder / JOB_MARKER)
+        durable.write_json(study.folder / JOB_MARKER, data)
     except OSError as exc:
         logger.warning("cannot write the job marker of a received study: %s", exc.strerror)
 

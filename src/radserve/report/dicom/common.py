@@ -11,9 +11,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import logging
-import os
 import socket
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from pydicom.sr.coding import Code
 from pydicom.uid import generate_uid
 from pydicom.valuerep import DA, TM
 
+from radserve import durable
 from radserve.domain import CodedConcept
 from radserve.errors import ReportError
 from radserve.report.schema import Report
@@ -307,20 +306,16 @@ def _encodable(text: str, encodings: Sequence[str]) -> bool:
 
 # --- files ------------------------------------------------------------------------------------
 def save_atomic(dataset: Dataset, path: Path) -> Path:
-    """Write ``dataset`` as a DICOM file; readers never see a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    """Write ``dataset`` as a DICOM file, durably (:mod:`radserve.durable`): readers
+    never see a half-written file, and a written result survives a power cut."""
     try:
-        dataset.save_as(tmp, enforce_file_format=True)
-        os.replace(tmp, path)
+        return durable.write_with(
+            Path(path), lambda handle: dataset.save_as(handle, enforce_file_format=True)
+        )
     except Exception as exc:
-        Path(tmp).unlink(missing_ok=True)
         # The exception text may quote attribute values (patient name): OS reason or type only.
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
         raise ReportError(f"cannot write a DICOM result file ({reason})") from exc
-    return path
 
 
 def same_grid(report: Report, affine: np.ndarray, shape: tuple[int, int, int]) -> bool:
