@@ -135,9 +135,14 @@ def sweep(root: Path, pattern: str = f".*{TEMPORARY_SUFFIX}") -> int:
     for temporary in Path(root).glob(pattern):
         if owner_alive(temporary):
             continue
-        with contextlib.suppress(FileNotFoundError):
+        try:
             temporary.unlink()
-            removed += 1
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # a sweep must not stop a start; the next start retries
+            logger.warning("cannot remove a stale temporary under %s: %s", root, exc.strerror)
+            continue
+        removed += 1
     if removed:
         logger.info("removed %d temporary file(s) of stopped writers under %s", removed, root)
     return removed

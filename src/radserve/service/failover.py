@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from radserve import durable
 from radserve.service.storage import StorageProbe
 from radserve.store import Store
 from radserve.store.files import (
@@ -150,9 +151,20 @@ class SharedStorage:
         if kept.exists():  # an earlier, unrecorded attempt of the same run
             shutil.rmtree(kept)
         local.rename(kept)
-        _fsync_dir(kept.parent)
+        durable.fsync_dir(kept.parent)
         logger.warning("storage: result %s kept in the local fallback", local.name)
         return kept
+
+    def remove_stale_temporaries(self) -> int:
+        """Delete the temporaries (:mod:`radserve.durable`) that writers killed mid-write
+        left in result folders (reports, DICOM results, FHIR Bundles, critical notices):
+        nothing under them was acknowledged, and nothing else ever removes them. Call at
+        start, before :meth:`reconcile` copies the fallback's results back. A live
+        writer's (another replica's) are kept. Returns how many were deleted."""
+        roots = [self.data_dir / RESULTS_DIR]
+        if self.fallback is not None:
+            roots.append(self.fallback / RESULTS_DIR)
+        return sum(durable.sweep(root, f"*/.*{durable.TEMPORARY_SUFFIX}") for root in roots)
 
     # --- reconcile --------------------------------------------------------------------
     def pending(self) -> bool:
@@ -278,12 +290,12 @@ def _copy_into(folder: Path, parent: Path) -> Path:
             if path.is_file():
                 _fsync_file(path)
             else:
-                _fsync_dir(path)
-        _fsync_dir(staging)
+                durable.fsync_dir(path)
+        durable.fsync_dir(staging)
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
-        _fsync_dir(parent)
+        durable.fsync_dir(parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
@@ -312,10 +324,6 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    _fsync_file(path)  # O_RDONLY on a folder: fsync makes its entries durable
 
 
 def _errno_name(exc: OSError) -> str:

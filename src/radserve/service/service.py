@@ -287,6 +287,7 @@ class Service:
             raise RuntimeError("the service is already started")
         self._started = time.monotonic()
         remove_stale_staging(self.settings.data_dir)
+        self.shared.remove_stale_temporaries()
         self.shared.reconcile(at_start=True)  # before resumed jobs are built from paths
         self.storage.start()
         self.audit.start()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from radserve import durable
 from radserve.errors import EmptyUploadError, StudyError
 from radserve.store.errors import StoreError
 
@@ -100,7 +101,7 @@ def store_study(
         digests, total = _stage(staging, files, max_bytes)
         if not digests:
             raise EmptyUploadError("the upload holds no files")
-        _fsync_dir(staging)
+        durable.fsync_dir(staging)
         fingerprint = fingerprint_digests(digests)
         target = study_dir(data_dir, fingerprint)
         existed = _move_into_place(staging, target)
@@ -194,10 +195,10 @@ def _move_into_place(staging: Path, target: Path) -> bool:
         if target.is_dir():  # a concurrent upload of the same study won the rename
             return True
         raise
-    _fsync_dir(target.parent)
+    durable.fsync_dir(target.parent)
     if created_parent:  # studies/<ab>/ is new: its own entry (and studies/'s) must persist
-        _fsync_dir(target.parent.parent)
-        _fsync_dir(target.parent.parent.parent)
+        durable.fsync_dir(target.parent.parent)
+        durable.fsync_dir(target.parent.parent.parent)
     return False
 
 
@@ -205,12 +206,3 @@ def _os_error(exc: OSError) -> str:
     """The error's errno name (``EROFS``, ``ENOSPC``, ...): never a path (paths may hold
     what a sender named a file)."""
     return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a folder's entries (new files, renames) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
