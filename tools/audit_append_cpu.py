@@ -17,18 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from radserve.audit.chain import AuditEvent, AuditKey
+from radserve.audit.chain import AuditKey
+from radserve.bench.audit_reads import read_event
 from radserve.store import init_store
-
-
-def _event(i: int) -> AuditEvent:
-    return AuditEvent(
-        action="phi.read",
-        subject=f"job-{i}",
-        payload={"resource": "report", "key_name": "load"},
-        actor_key_id="k1",
-        client_address="127.0.0.1",
-    )
 
 
 def main() -> None:
@@ -39,7 +30,7 @@ def main() -> None:
         for batch in (1, 8, 32):
             n, c0 = 0, time.thread_time()
             for _ in range(max(20, 320 // batch)):
-                store.append_audits([_event(i) for i in range(batch)])
+                store.append_audits([read_event(i) for i in range(batch)])
                 n += batch
             out[batch] = round((time.thread_time() - c0) * 1e6 / n, 1)
         assert store.verify_audit().ok

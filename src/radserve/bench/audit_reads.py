@@ -36,7 +36,7 @@ from radserve.audit.chain import AuditEvent, AuditKey
 from radserve.store import Store, init_store
 
 
-def _event(task: int) -> AuditEvent:
+def read_event(task: int) -> AuditEvent:
     return AuditEvent(
         action="phi.read",
         subject=f"job-{task}",
@@ -48,12 +48,12 @@ def _event(task: int) -> AuditEvent:
 
 async def _per_read(store: Store, task: int, reads: int) -> None:
     for _ in range(reads):
-        await run_in_threadpool(store.append_audit, _event(task))
+        await run_in_threadpool(store.append_audit, read_event(task))
 
 
 async def _grouped(store: Store, task: int, reads: int) -> None:
     for _ in range(reads):
-        await asyncio.wrap_future(store.submit_audit(_event(task)))
+        await asyncio.wrap_future(store.submit_audit(read_event(task)))
 
 
 async def _one(store: Store, mode: str, tasks: int, reads: int) -> dict[str, Any]:
