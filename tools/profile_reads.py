@@ -17,8 +17,10 @@ and each API reader):
 
 Both are switched on and off by SIGUSR1 through a ``sitecustomize`` module put on the
 spawned server's ``PYTHONPATH`` (nothing in radserve itself changes). The summary prints
-per-request CPU by thread and the inclusive CPU-µs of the parts of a read. cProfile adds
-its own overhead to the profiled threads (compare their CPU with ``--no-profile``).
+per-request CPU by thread, the inclusive CPU-µs of a read's plain functions, and the
+event loop's CPU by package (exclusive, in %: async functions are timed per resumption,
+so only shares add up). cProfile adds its own overhead to the profiled threads (about
+3× here: compare their CPU with ``--no-profile``).
 """
 
 from __future__ import annotations
@@ -100,41 +102,53 @@ if _PROFILE:
     threading.Thread.run = _profiled_run
 """
 
-# (label, file suffix, function name): inclusive CPU of these functions, per request
+# (label, file suffix, function name): inclusive CPU of these plain functions, per
+# request (coroutines are left out: cProfile times each resumption of one apart)
 PARTS: tuple[tuple[str, str, str], ...] = (
-    ("reader dispatch + app (everything under uvicorn's cycle)", "api/reader.py", "app"),
-    (
-        "serving-process app (FastAPI, everything under uvicorn's cycle)",
-        "fastapi/applications.py",
-        "__call__",
-    ),
-    ("metrics middleware (incl. all below)", "api/middleware.py", "__call__"),
-    ("key check (require_read)", "api/auth.py", "dependency"),
-    ("status route (get_job)", "routes/jobs.py", "get_job"),
-    ("  JobOut built (pydantic)", "api/schemas.py", "of"),
-    ("  JobOut serialised (model_dump_json)", "pydantic/main.py", "model_dump_json"),
-    ("  job from the snapshot / cache", "api/reader.py", "cached"),
-    ("report route (get_report)", "routes/jobs.py", "get_report"),
-    ("  audited_read (visibility, queue the record, await)", "api/auth.py", "audited_read"),
-    ("  report bytes from memory", "service/jobs.py", "report_cached"),
-    ("Response sent (headers, body, send wrappers)", "starlette/responses.py", "__call__"),
+    ("status JSON: JobOut built", "api/schemas.py", "from_record"),
+    ("status JSON: serialised", "pydantic/main.py", "model_dump_json"),
+    ("job from the snapshot / cache", "api/reader.py", "cached"),
+    ("report bytes from memory", "service/jobs.py", "report_cached"),
+    ("key remembered (sha256, lock)", "api/auth.py", "remembered"),
+    ("audit record queued (submit_read)", "security/access.py", "submit_read"),
     ("Response built", "starlette/responses.py", "__init__"),
     ("uvicorn: bytes received and parsed", "protocols/http/httptools_impl.py", "data_received"),
-    ("uvicorn: run_asgi (one task per request)", "protocols/http/httptools_impl.py", "run_asgi"),
-    ("asyncio: loop iteration (select + callbacks)", "asyncio/base_events.py", "_run_once"),
-    ("asyncio: select (epoll)", "selectors.py", "select"),
-    (
-        "futures: wrap_future / call_soon_threadsafe",
-        "asyncio/base_events.py",
-        "call_soon_threadsafe",
-    ),
     ("audit writer: append_audits (one transaction)", "store/access.py", "append_audits"),
-    ("  append_many (head, hashes, ORM rows, flush)", "store/audit.py", "append_many"),
-    ("  session commit", "orm/session.py", "commit"),
+    ("  append_many (head, hashes, rows)", "store/audit.py", "append_many"),
     ("  record_hash (canonical JSON + HMAC)", "audit/chain.py", "record_hash"),
     ("  futures resolved", "concurrent/futures/_base.py", "set_result"),
-    ("  on_audit (checkpoint listener)", "audit/trail.py", "appended"),
 )
+# (label, what a profiled function's file or name contains): exclusive CPU by package
+PACKAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("uvicorn: parsing, one task per request, send", ("uvicorn",)),
+    ("asyncio: select, callbacks, tasks, futures", ("asyncio", "selectors", "epoll")),
+    ("anyio: the request timeout's cancel scope, thread hops", ("anyio",)),
+    ("Starlette: Request, headers, Response", ("starlette",)),
+    ("status JSON: JobOut, pydantic", ("pydantic", "schemas.py", "status_bodies")),
+    ("key check, visibility, audit record queued", ("api/auth.py", "security/", "sha256")),
+    ("radserve middlewares: metrics, timeout, body limit", ("middleware.py",)),
+    ("job snapshot: stat, reloads", ("job_snapshot", "pickle", "posix.stat")),
+    ("reader dispatch and route functions", ("reader.py", "routes/jobs.py", "service/jobs.py")),
+    ("audit queue and futures", ("audit_batch", "concurrent/futures", "queue")),
+)
+
+
+def _package(filename: str, name: str) -> str:
+    for label, needles in PACKAGES:
+        if any(n in filename or n in name for n in needles):
+            return label
+    return "other"
+
+
+def loop_shares(files: list[Path]) -> dict[str, float]:
+    """Exclusive CPU of the profiled event loops by package, in % of their total."""
+    stats = pstats.Stats(*map(str, files))
+    by: dict[str, float] = {}
+    for (filename, _line, name), (_cc, _nc, tt, _ct, _c) in stats.stats.items():  # type: ignore[attr-defined]
+        label = _package(filename, name)
+        by[label] = by.get(label, 0.0) + tt
+    total = sum(by.values()) or 1.0
+    return {k: round(100 * v / total, 1) for k, v in sorted(by.items(), key=lambda x: -x[1])}
 
 
 def _inclusive(stats: pstats.Stats, suffix: str, name: str) -> tuple[float, int]:
@@ -180,7 +194,14 @@ def summarise(out: Path, requests: int, serving_pid: int) -> dict[str, Any]:
                     "us_per_request": round(1e6 * seconds / requests, 1),
                     "calls": calls,
                 }
-    return {"cpu_us_per_request_by_thread": per_request, "parts_us_per_request": parts}
+    loops = [f for f in out.glob("loop-*.pstats") if f.stem != f"loop-{serving_pid}"]
+    loops = loops or sorted(out.glob(f"loop-{serving_pid}.pstats"))  # the one-process layout
+    shares = loop_shares(loops) if loops else {}
+    return {
+        "cpu_us_per_request_by_thread": per_request,
+        "parts_us_per_request": parts,
+        "event_loop_percent_by_package": shares,
+    }
 
 
 def _pids(root: int) -> list[int]:
