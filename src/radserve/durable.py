@@ -111,20 +111,24 @@ def write_with(
     return path
 
 
-def write_bytes(path: Path, data: bytes, *, sync: bool = True) -> Path:
+def write_bytes(path: Path, data: bytes, *, sync: bool = True, mode: int = _FILE_MODE) -> Path:
     """Replace ``path`` with ``data`` (see :func:`write_with`)."""
-    return write_with(path, lambda handle: handle.write(data), sync=sync)
+    return write_with(path, lambda handle: handle.write(data), sync=sync, mode=mode)
 
 
-def write_text(path: Path, text: str, *, encoding: str = "utf-8", sync: bool = True) -> Path:
+def write_text(
+    path: Path, text: str, *, encoding: str = "utf-8", sync: bool = True, mode: int = _FILE_MODE
+) -> Path:
     """Replace ``path`` with ``text`` (see :func:`write_with`)."""
-    return write_bytes(path, text.encode(encoding), sync=sync)
+    return write_bytes(path, text.encode(encoding), sync=sync, mode=mode)
 
 
-def write_json(path: Path, value: Any, *, sync: bool = True, **dumps: Any) -> Path:
+def write_json(
+    path: Path, value: Any, *, sync: bool = True, mode: int = _FILE_MODE, **dumps: Any
+) -> Path:
     """Replace ``path`` with ``value`` as UTF-8 JSON (``dumps``: :func:`json.dumps`'s
     options; see :func:`write_with`)."""
-    return write_text(path, json.dumps(value, **dumps), sync=sync)
+    return write_text(path, json.dumps(value, **dumps), sync=sync, mode=mode)
 
 
 def sweep(root: Path, pattern: str = f".*{TEMPORARY_SUFFIX}") -> int:

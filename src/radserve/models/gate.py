@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from radserve import durable
 from radserve.domain.accuracy import EvalSummary
 from radserve.errors import ModelError
 from radserve.models.manifest import GateSpec
@@ -112,11 +113,11 @@ def file_sha256(path: Path) -> str:
 
 
 def write_gate_report(directory: Path, report: GateReport) -> Path:
-    """Write ``gate.json`` into a bundle folder (atomically: temp file, then rename)."""
+    """Write ``gate.json`` into a bundle folder, durably (:mod:`radserve.durable`); readable
+    by all, like the rest of the bundle (an administrator's gate, the service's reads)."""
     path = directory / GATE_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report.model_dump(mode="json"), indent=2) + "\n")
-    tmp.replace(path)
+    text = json.dumps(report.model_dump(mode="json"), indent=2) + "\n"
+    durable.write_text(path, text, mode=0o644)
     logger.info("wrote %s", path)
     return path
 

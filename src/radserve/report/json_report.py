@@ -18,20 +18,15 @@ logger = logging.getLogger(__name__)
 SCHEMA_PATH = Path("docs/report-schema.json")
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Readers (the API, the outbox) never see a half-written file, and a written
-    report survives a power cut (:mod:`radserve.durable`)."""
-    durable.write_text(path, text)
-
-
 def report_json(report: Report) -> str:
     """The report as indented JSON text (what ``write_report`` stores and the API serves)."""
     return report.model_dump_json(indent=2)
 
 
 def write_report(report: Report, path: Path) -> Path:
-    """Write ``report`` as UTF-8 JSON, atomically; returns ``path``."""
-    _atomic_write(Path(path), report_json(report) + "\n")
+    """Write ``report`` as UTF-8 JSON, durably (:mod:`radserve.durable`: readers, the API
+    and the outbox, never see half a file, and a written report survives a power cut)."""
+    durable.write_text(Path(path), report_json(report) + "\n")
     logger.info("report written: %d findings", len(report.findings))
     return Path(path)
 
@@ -103,5 +98,6 @@ def report_json_schema() -> dict[str, object]:
 
 def write_json_schema(path: Path = SCHEMA_PATH) -> Path:
     """Export the schema (default ``docs/report-schema.json``); the CLI wires this."""
-    _atomic_write(Path(path), json.dumps(report_json_schema(), indent=2, sort_keys=True) + "\n")
+    text = json.dumps(report_json_schema(), indent=2, sort_keys=True) + "\n"
+    durable.write_text(Path(path), text, mode=0o644)  # a published document, not a result
     return Path(path)

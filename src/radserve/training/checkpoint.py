@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from radserve import durable
 from radserve.training.net import UNet2d, UNetConfig
 from radserve.training.recipes import Recipe
 from radserve.training.train import TrainResult
@@ -42,9 +43,7 @@ def save(
         "slices": list(result.slices) if result.slices else None,
         "command": "python -m radserve.training " + " ".join(args.argv),
     }
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
+    durable.write_with(Path(path), lambda handle: torch.save(payload, handle), mode=0o644)
 
 
 def load(path: str | Path, recipe: Recipe) -> TrainResult:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from radserve import durable
 from radserve.domain.volume import Volume
 from radserve.models.manifest import ModelSpec
 from radserve.preprocess import (
@@ -334,14 +335,13 @@ def _cache_path(recipe: Recipe, seed: int, small: bool, cache_dir: Path | None) 
 
 
 def _save(part: SliceSet, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {f"img{i}": a for i, a in enumerate(part.images)}
     payload.update({f"lab{i}": a for i, a in enumerate(part.labels)})
     payload.update({f"ins{i}": a for i, a in enumerate(part.instances)})
     payload.update({f"hrd{i}": a for i, a in enumerate(part.hard)})
-    tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, n=len(part.images), **payload)
-    tmp.replace(path)
+    durable.write_with(
+        path, lambda handle: np.savez(handle, n=len(part.images), **payload), mode=0o644
+    )
 
 
 def _load(path: Path, seed: int) -> SliceSet:
