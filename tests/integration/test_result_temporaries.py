@@ -3,10 +3,10 @@ folders (report, DICOM results, FHIR Bundle, critical notice), and only those.""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from tests.factories.service import settings_for
+from tests.factories.writers import ended_and_running
 
 from radserve import durable
 from radserve.service import Service
@@ -16,12 +16,9 @@ def test_a_start_sweeps_dead_writers_temporaries_from_result_folders(tmp_path: P
     settings = settings_for(tmp_path)
     folder = settings.data_dir / "results" / "job-1"
     folder.mkdir(parents=True)
-    ended = subprocess.Popen(["true"])
-    ended.wait()
-    running = subprocess.Popen(["sleep", "60"])
-    try:
+    with ended_and_running() as (ended, running):
         dead = [
-            durable.temporary_path(folder / name, pid=ended.pid)
+            durable.temporary_path(folder / name, pid=ended)
             for name in ("report.json", "measurements-sr.dcm", "bundle-1.json")
         ]
         live = durable.temporary_path(folder / "critical-1.json", pid=running.pid)
@@ -35,6 +32,3 @@ def test_a_start_sweeps_dead_writers_temporaries_from_result_folders(tmp_path: P
             assert live.exists() and result.read_bytes() == b"{}"
         finally:
             service.stop()
-    finally:
-        running.kill()
-        running.wait()

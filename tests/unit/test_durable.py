@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import stat
-import subprocess
 from pathlib import Path
 from typing import IO
 
 import pytest
+from tests.factories.writers import ended_and_running
 
 from radserve import durable
 
@@ -48,11 +48,8 @@ def test_a_dead_writers_temporary_is_swept_and_a_live_ones_kept(tmp_path: Path) 
     folder = tmp_path / "results" / "job-1"
     folder.mkdir(parents=True)
     target = folder / "critical-1.json"
-    ended = subprocess.Popen(["true"])
-    ended.wait()
-    running = subprocess.Popen(["sleep", "60"])
-    try:
-        dead = durable.temporary_path(target, pid=ended.pid)
+    with ended_and_running() as (ended, running):
+        dead = durable.temporary_path(target, pid=ended)
         live = durable.temporary_path(target, pid=running.pid)
         ownerless = folder / ".critical-2.json.0123456789abcdef.part"  # an older writer's
         kept = folder / "critical-1.json"
@@ -61,8 +58,7 @@ def test_a_dead_writers_temporary_is_swept_and_a_live_ones_kept(tmp_path: Path) 
         assert durable.sweep(tmp_path / "results", f"*/.*{durable.TEMPORARY_SUFFIX}") == 2
         assert not dead.exists() and not ownerless.exists()
         assert live.exists() and kept.exists()
-    finally:
         running.kill()
         running.wait()
-    assert durable.sweep(folder) == 1  # its writer ended
-    assert [p.name for p in folder.iterdir()] == ["critical-1.json"]
+        assert durable.sweep(folder) == 1  # its writer ended
+        assert [p.name for p in folder.iterdir()] == ["critical-1.json"]

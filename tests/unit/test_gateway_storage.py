@@ -5,11 +5,11 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import subprocess
 import threading
 from pathlib import Path
 
 import pytest
+from tests.factories.writers import ended_and_running
 
 from radserve.gateway.errors import InstanceRejectedError, OutOfResourcesError
 from radserve.gateway.storage import (
@@ -124,11 +124,8 @@ def test_only_the_partial_writes_of_stopped_processes_are_removed(tmp_path: Path
     store = InstanceStore(tmp_path)
     folder = _save(store).path.parent
     target = folder / f"{SOP}.dcm"
-    ended = subprocess.Popen(["true"])
-    ended.wait()
-    running = subprocess.Popen(["sleep", "60"])
-    try:
-        dead = partial_path(folder, target, pid=ended.pid)
+    with ended_and_running() as (ended, running):
+        dead = partial_path(folder, target, pid=ended)
         live = partial_path(folder, target, pid=running.pid)
         mine = partial_path(folder, target)
         host = dead.name.split(".")[-2].split("-")[0]  # .<final>.<host>-<pid>-<nonce>.part
@@ -140,11 +137,10 @@ def test_only_the_partial_writes_of_stopped_processes_are_removed(tmp_path: Path
         assert store.remove_partials() == 1
         assert not dead.exists()
         assert live.exists() and mine.exists() and other_host.exists()
-    finally:
         running.kill()
         running.wait()
-    assert store.remove_partials() == 1  # its writer ended
-    assert not live.exists() and mine.exists()
+        assert store.remove_partials() == 1  # its writer ended
+        assert not live.exists() and mine.exists()
 
 
 # -- a file handed over (the C-STORE spool file) -----------------------------------------
