@@ -30,6 +30,7 @@ import asyncio
 import json
 import os
 import pstats
+import shutil
 import signal
 import sys
 import tempfile
@@ -250,7 +251,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     os.environ["READS_PROFILE_DIR"] = str(args.out)
     os.environ["READS_PROFILE_CODE"] = "0" if args.no_profile else "1"
     os.environ["READS_PROFILE_WRITER_WALL"] = "1" if args.writer_wall else "0"
-    files = load.template_study(Path(tempfile.mkdtemp(prefix="radserve-reads-study-")))
+    study = Path(tempfile.mkdtemp(prefix="radserve-reads-study-"))
+    files = load.template_study(study)
     studies = load.distinct_copies(files, args.submissions)
     data = Path(tempfile.mkdtemp(prefix="radserve-reads-data-"))
     process, url, key = load.spawn_server(data / "data", None, read_processes=args.read_processes)
@@ -275,6 +277,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         after = load.job_counts(url, key)
     finally:
         load.stop_server(process)  # the audit writers' profiles are written at their stop
+        for folder in (site, study, data):
+            shutil.rmtree(folder, ignore_errors=True)
     summary = summarise(args.out, reads.requests, process.pid)
     return {
         "read_processes": args.read_processes,
