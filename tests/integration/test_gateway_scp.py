@@ -173,7 +173,9 @@ def test_refuse_policy_rejects_the_presentation_context(tmp_path: Path, intake: 
 
 
 def test_disk_below_reserve_answers_out_of_resources(tmp_path: Path, intake: Intake) -> None:
-    config = ScpConfig(data_dir=tmp_path / "gw", port=0, min_free_bytes=1 << 62)
+    # receivers=1: the reserve is lowered below in this process's store; receiving
+    # processes (gateway.receivers > 1) would keep their own copy of it
+    config = ScpConfig(data_dir=tmp_path / "gw", port=0, min_free_bytes=1 << 62, receivers=1)
     files = small_study(tmp_path / "sent", slices=range(10, 12))
     with GatewaySCP(config, intake) as server:
         statuses = _pynetdicom_store(server.address, files, CTImageStorage)
@@ -331,6 +333,10 @@ def test_success_is_sent_only_for_durable_instances(
         quiet_s=60,
         durability=durability,
         allowed_peers=(Peer("PYNETDICOM"),),
+        # receivers=1: this process's committer is read below, and on_durable runs before
+        # the answer only where the instance is received; with receiving processes it is
+        # relayed to this process and may run after the sender has its success
+        receivers=1,
     )
     studies = [small_study(tmp_path / f"s{k}", seed=k, slices=range(10, 16)) for k in range(4)]
     unseen: list[Path] = []
