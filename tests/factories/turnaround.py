@@ -5,6 +5,7 @@ scheduler under a fake clock, every job an OUTPATIENT job whose study folder is 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,8 @@ from radserve.store import JobRecord, init_store
 from radserve.store import JobState as StoredState
 
 
-def standalone_turnaround(
-    tmp_path: Path, clock: FakeClock, **settings: Any
-) -> tuple[Turnaround, CollectorRegistry]:
-    """The turnaround with ``settings`` (``turnaround__...`` keys), and its metrics."""
-    loaded = load_settings(None, data_dir=tmp_path / "data", **settings)
+def missing_study_lookup(tmp_path: Path) -> Callable[[str], JobRecord]:
+    """Every job a queued OUTPATIENT job whose study folder is missing (the typical size)."""
     now = dt.datetime.now(dt.UTC)
 
     def lookup(job_id: str) -> JobRecord:
@@ -33,6 +31,15 @@ def standalone_turnaround(
             "f", str(tmp_path / "no-such-study"),
         )  # fmt: skip
 
+    return lookup
+
+
+def standalone_turnaround(
+    tmp_path: Path, clock: FakeClock, **settings: Any
+) -> tuple[Turnaround, CollectorRegistry]:
+    """The turnaround with ``settings`` (``turnaround__...`` keys), and its metrics."""
+    loaded = load_settings(None, data_dir=tmp_path / "data", **settings)
+    lookup = missing_study_lookup(tmp_path)
     scheduler = Scheduler(SchedulerSettings(max_running=1), clock=clock)
     metrics = Metrics(scheduler.snapshot)
     turnaround = Turnaround(

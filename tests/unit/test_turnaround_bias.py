@@ -3,11 +3,11 @@ at start; and the server's Turnaround learning it and applying it (fake clock)."
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from pathlib import Path
 
 import pytest
+from tests.factories.turnaround import missing_study_lookup
 
 from radserve.config import QueueLimits, SchedulerSettings, load_settings
 from radserve.domain.priority import PriorityClass
@@ -15,8 +15,7 @@ from radserve.scheduling import JobEvent, JobRequest, JobState, Scheduler
 from radserve.scheduling.clock import FakeClock
 from radserve.service.metrics import Metrics
 from radserve.service.turnaround import Turnaround
-from radserve.store import JobRecord, init_store
-from radserve.store import JobState as StoredState
+from radserve.store import init_store
 from radserve.turnaround.bias import BiasCorrection
 
 
@@ -84,14 +83,7 @@ def test_the_server_learns_the_bias_of_finished_jobs_and_scales_new_etas(
     # off by default (README, issue 17): switched on to test what it learns
     settings = load_settings(None, data_dir=tmp_path / "data", turnaround__bias_window_jobs=20)
     store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
-    now = dt.datetime.now(dt.UTC)
-
-    def lookup(job_id: str) -> JobRecord:
-        return JobRecord(
-            job_id, StoredState.QUEUED, PriorityClass.OUTPATIENT, now, now, "ct", "1", "fp32",
-            "f", str(tmp_path / "no-such-study"),
-        )  # fmt: skip
-
+    lookup = missing_study_lookup(tmp_path)
     turnaround = Turnaround(
         settings,
         store=store,
