@@ -26,16 +26,24 @@ N_JOBS = 4
 
 def readers_of(pid: int) -> set[int]:
     """The server's reader processes (multiprocessing's spawned children, listed under
-    the thread that started each)."""
+    the thread that started each). A thread or child may end between the listing and the
+    read (a killed reader being reaped, a short-lived helper): it is not a reader then."""
+
+    def read(path: Path) -> bytes:
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, ProcessLookupError):
+            return b""
+
     children = [
         child
         for task in Path(f"/proc/{pid}/task").iterdir()
-        for child in (task / "children").read_text().split()
+        for child in read(task / "children").split()
     ]
     return {
         int(child)
         for child in children
-        if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"spawn_main" in read(Path(f"/proc/{child.decode()}/cmdline"))
     }
 
 
