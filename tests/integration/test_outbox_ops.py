@@ -76,9 +76,10 @@ def test_unreachable_fhir_server_is_reported_and_a_failed_bundle_is_re_armed(
         assert any("fhir destination fhir unreachable" in why for why in ready["reasons"])
         metrics = c.get("/metrics").text
         assert 'radserve_outbox_pending{destination="fhir",kind="fhir"} 1.0' in metrics
-        assert 'radserve_outbox_failing{destination="fhir",kind="fhir",state="retrying"} 1.0' in (
-            metrics
-        )
+        # retried every 0.1-0.2 s, the row is 'sending' at some scrapes: wait for a scrape
+        # that sees it between attempts
+        retrying = 'radserve_outbox_failing{destination="fhir",kind="fhir",state="retrying"} 1.0'
+        _until(lambda: retrying in c.get("/metrics").text, "the retrying gauge")
         assert "radserve_outbox_oldest_pending_age_seconds{" in metrics
         assert c.get("/v1/ops/outbox", headers=auth(read)).status_code == 403
         bad = c.get("/v1/ops/outbox", params={"state": "lost"}, headers=auth(admin))
