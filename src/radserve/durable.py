@@ -10,6 +10,11 @@ The temporary's name says that it is one and who writes it
 and :func:`sweep` (at server start) deletes exactly those whose process is gone, never
 one a live process (another replica on this host, another host on shared storage) is
 still writing.
+
+A job that writes several files into one folder (a SEG per label map, the SR, the key
+image Secondary Captures) writes them inside :func:`batch`: each file is still fsynced and
+renamed on its own, but the folder is fsynced once, when the block ends, and the block
+does not end before that fsync (the folder fsync costs as much as the file's own).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,6 +40,8 @@ _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 _OWNED = re.compile(r"\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{32}\.part$")
 # results hold patient data: only the service user (its API and worker processes) reads them
 _FILE_MODE = 0o600
+# the folders whose fsync the current batch owes (None: no batch, each write syncs its own)
+_OWED: ContextVar[set[Path] | None] = ContextVar("radserve_durable_owed", default=None)
 
 
 def temporary_path(target: Path, *, pid: int | None = None) -> Path:
@@ -75,6 +83,39 @@ def fsync_dir(path: Path) -> None:
         os.close(descriptor)
 
 
+@contextlib.contextmanager
+def batch() -> Iterator[None]:
+    """Durable writes in this block leave their folder fsync to the block's end, where each
+    folder written into is fsynced once, before the ``with`` statement returns.
+
+    Inside the block a file written by :func:`write_with` is whole under its final name
+    (atomic, its data fsynced) but its name is not yet durable: nothing may announce it
+    (acknowledge, record, send) before the block ends. Writes on other threads (which do
+    not share this context) sync their own folder, as outside a block. An inner block
+    leaves its folders to the outer one. When the block raises, the folders are still
+    fsynced (what was renamed stays renamed), and a failing fsync there is logged, not
+    raised over the block's own error.
+    """
+    if _OWED.get() is not None:
+        yield
+        return
+    owed: set[Path] = set()
+    token = _OWED.set(owed)
+    raised = True
+    try:
+        yield
+        raised = False
+    finally:
+        _OWED.reset(token)
+        for folder in sorted(owed):
+            try:
+                fsync_dir(folder)
+            except OSError as exc:
+                if not raised:
+                    raise
+                logger.warning("cannot fsync %s after a failed batch: %s", folder, exc.strerror)
+
+
 def write_with(
     path: Path,
     write: Callable[[IO[bytes]], None],
@@ -85,6 +126,7 @@ def write_with(
     """Replace ``path`` with what ``write`` writes to the binary handle it is given
     (a file of permissions ``mode``, owner-only by default).
 
+    Inside :func:`batch` the folder fsync is left to the block's end.
     ``sync=False`` keeps the replace atomic but skips both fsyncs: only for a file that
     is rebuilt from durable state anyway after a crash (the job snapshot, rewritten every
     few tens of milliseconds, where two device flushes each time would cost more than
@@ -107,7 +149,11 @@ def write_with(
             temporary.unlink()
         raise
     if sync:
-        fsync_dir(path.parent)
+        owed = _OWED.get()
+        if owed is None:
+            fsync_dir(path.parent)
+        else:
+            owed.add(path.parent)
     return path
 
 

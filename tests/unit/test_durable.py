@@ -4,7 +4,9 @@ temporaries are swept."""
 from __future__ import annotations
 
 import json
+import os
 import stat
+import threading
 from pathlib import Path
 from typing import IO
 
@@ -62,3 +64,75 @@ def test_a_dead_writers_temporary_is_swept_and_a_live_ones_kept(tmp_path: Path) 
         running.wait()
         assert durable.sweep(folder) == 1  # its writer ended
         assert [p.name for p in folder.iterdir()] == ["critical-1.json"]
+
+
+def _logged_syncs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """("fsync", path) and ("replace", final path) in the order they happen (the real
+    calls still run)."""
+    log: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        log.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+
+    def replace(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+        real_replace(source, target)
+        log.append(("replace", str(target)))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return log
+
+
+def test_a_batch_fsyncs_each_folder_once_after_its_last_rename_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seg_dir, other = tmp_path / "job-1", tmp_path / "job-2"
+    seg_dir.mkdir()
+    other.mkdir()
+    log = _logged_syncs(monkeypatch)
+    with durable.batch():
+        for name in ("organs-seg.dcm", "findings-seg.dcm", "measurements-sr.dcm"):
+            durable.write_bytes(seg_dir / name, name.encode())
+        durable.write_text(other / "report.json", "{}")
+        log.append(("block", "ends"))
+    folder_syncs = [e for e in log if e[0] == "fsync" and Path(e[1]).is_dir()]
+    assert sorted(folder_syncs) == [("fsync", str(seg_dir)), ("fsync", str(other))]
+    end = log.index(("block", "ends"))
+    last_rename = max(i for i, e in enumerate(log) if e == ("replace", str(seg_dir / name)))
+    assert all(log.index(sync) > end > last_rename for sync in folder_syncs)
+    file_syncs = [e for e in log if e[0] == "fsync" and not Path(e[1]).is_dir()]
+    assert len(file_syncs) == 4  # each file's data is still fsynced before its rename
+    assert sorted(p.name for p in seg_dir.iterdir()) == [
+        "findings-seg.dcm",
+        "measurements-sr.dcm",
+        "organs-seg.dcm",
+    ]
+
+
+def test_a_batch_that_fails_still_fsyncs_the_folder_of_what_it_renamed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _logged_syncs(monkeypatch)
+    with pytest.raises(ValueError, match="second object"), durable.batch():
+        durable.write_bytes(tmp_path / "organs-seg.dcm", b"seg")
+        with durable.batch():  # an inner block leaves its folder to the outer one
+            durable.write_bytes(tmp_path / "findings-seg.dcm", b"seg")
+        assert ("fsync", str(tmp_path)) not in log
+        raise ValueError("the second object could not be built")
+    assert log.count(("fsync", str(tmp_path))) == 1
+    assert (tmp_path / "organs-seg.dcm").read_bytes() == b"seg"
+
+
+def test_outside_a_batch_and_on_another_thread_each_write_fsyncs_its_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _logged_syncs(monkeypatch)
+    durable.write_bytes(tmp_path / "a.json", b"{}")
+    assert log[-1] == ("fsync", str(tmp_path))
+    with durable.batch():
+        worker = threading.Thread(target=durable.write_bytes, args=(tmp_path / "b.json", b"{}"))
+        worker.start()
+        worker.join()
+        assert log[-1] == ("fsync", str(tmp_path))  # the thread's write did not wait

@@ -5,6 +5,9 @@ and overlap (lesions lie in organs), so each map stays one non-overlapping BINAR
 with one model in its Contributing Equipment, built from a label array without a
 per-segment stack in memory. Both SEGs share one new series (instances 1 and 2); the SR
 is in a second new series (a series holds one modality) and references both.
+
+The files are written in one :func:`radserve.durable.batch`: each is fsynced and renamed
+on its own, the folder once at the end (one folder fsync a job instead of one a file).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from pydicom.dataset import Dataset
 
+from radserve import durable
 from radserve.checkpoints import checkpoint
 from radserve.errors import ReportError
 from radserve.report.dicom import common
@@ -48,6 +52,13 @@ def write_dicom_results(
     """
     result_dir = Path(result_dir)
     sources = common.slice_sources(report, common.read_headers(source_files))
+    with durable.batch():  # the folder fsynced once, before this returns
+        return _write_all(report, result_dir, sources, key_images=key_images)
+
+
+def _write_all(
+    report: Report, result_dir: Path, sources: Sequence[Dataset], *, key_images: bool
+) -> list[Path]:
     series_uid = common.report_uid(report, "seg-series")
     written: list[Path] = []
     segs: list[Dataset] = []
