@@ -9,7 +9,9 @@ The temporary's name says that it is one and who writes it
 (``.<final>.<host>-<pid>-<nonce>.part``): a process killed mid-write leaves it behind,
 and :func:`sweep` (at server start) deletes exactly those whose process is gone, never
 one a live process (another replica on this host, another host on shared storage) is
-still writing.
+still writing. Older versions named their temporaries ``<name>.tmp`` or
+``.<name>.<random>.tmp``, which do not say who writes them: :func:`sweep_unowned` deletes
+those that no process of this host holds open and nobody has touched for a while.
 
 A job that writes several files into one folder (a SEG per label map, the SR, the key
 image Secondary Captures) writes them inside :func:`batch`: each file is still fsynced and
@@ -26,6 +28,7 @@ import logging
 import os
 import re
 import socket
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -38,6 +41,11 @@ TEMPORARY_SUFFIX = ".part"
 # this host, in the temporary names: a process id means something only on its own host
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 _OWNED = re.compile(r"\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{32}\.part$")
+# the temporaries of versions before owned names, and how long one must lie untouched to
+# count as left behind: a result file is written in well under a second, and a writer of
+# another host (shared storage, an older replica mid-upgrade) cannot be asked
+UNOWNED_SUFFIX = ".tmp"
+UNOWNED_IDLE_S = 15 * 60.0
 # results hold patient data: only the service user (its API and worker processes) reads them
 _FILE_MODE = 0o600
 # the folders whose fsync the current batch owes (None: no batch, each write syncs its own)
@@ -181,9 +189,51 @@ def sweep(root: Path, pattern: str = f".*{TEMPORARY_SUFFIX}") -> int:
     """Delete the temporaries under ``root`` matching the glob ``pattern`` whose writer
     died mid-write (see :func:`owner_alive`): nothing under such a name was ever
     acknowledged. Returns how many were deleted."""
+    return _remove(root, pattern, lambda temporary: not owner_alive(temporary))
+
+
+def sweep_unowned(
+    root: Path, pattern: str = f"*{UNOWNED_SUFFIX}", *, idle_s: float = UNOWNED_IDLE_S
+) -> int:
+    """Delete the temporaries of older versions (``*.tmp``, named before temporaries said
+    who writes them) under ``root`` matching ``pattern`` whose writer is gone: held open
+    by no process of this host and unmodified for ``idle_s`` seconds (a writer of another
+    host can only be judged by that). Returns how many were deleted."""
+    now = time.time()
+    held: set[str] | None = None
+
+    def left_behind(temporary: Path) -> bool:
+        nonlocal held
+        try:
+            if now - temporary.stat().st_mtime < idle_s:
+                return False
+        except FileNotFoundError:
+            return False
+        if held is None:  # read once, and only when a candidate is found
+            held = _held_open()
+        return os.path.realpath(temporary) not in held
+
+    return _remove(root, pattern, left_behind)
+
+
+def _held_open() -> set[str]:
+    """The files the processes of this host hold open (those this user may look into)."""
+    held: set[str] = set()
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            entries = os.listdir(fd_dir)
+        except OSError:  # another user's process, or one that just ended
+            continue
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                held.add(os.readlink(fd_dir / entry))
+    return held
+
+
+def _remove(root: Path, pattern: str, stale: Callable[[Path], bool]) -> int:
     removed = 0
     for temporary in Path(root).glob(pattern):
-        if owner_alive(temporary):
+        if not stale(temporary):
             continue
         try:
             temporary.unlink()

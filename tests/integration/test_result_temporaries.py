@@ -3,6 +3,8 @@ folders (report, DICOM results, FHIR Bundle, critical notice), and only those.""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 from tests.factories.service import settings_for
@@ -23,12 +25,16 @@ def test_a_start_sweeps_dead_writers_temporaries_from_result_folders(tmp_path: P
         ]
         live = durable.temporary_path(folder / "critical-1.json", pid=running.pid)
         result = folder / "report.json"
-        for path in (*dead, live, result):
+        older = folder / ".measurements-sr.dcm.q7z1xw.tmp"  # an older version's, left
+        recent = folder / "report.json.tmp"  # an older version's, maybe still written
+        for path in (*dead, live, result, older, recent):
             path.write_bytes(b"{}")
+        hour_ago = time.time() - 3600
+        os.utime(older, (hour_ago, hour_ago))
         service = Service(settings)
         service.start(warm_up=False)
         try:
-            assert not any(path.exists() for path in dead)
-            assert live.exists() and result.read_bytes() == b"{}"
+            assert not any(path.exists() for path in (*dead, older))
+            assert live.exists() and recent.exists() and result.read_bytes() == b"{}"
         finally:
             service.stop()

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import IO
 
@@ -136,3 +138,28 @@ def test_outside_a_batch_and_on_another_thread_each_write_fsyncs_its_folder(
         worker.start()
         worker.join()
         assert log[-1] == ("fsync", str(tmp_path))  # the thread's write did not wait
+
+
+def test_an_older_versions_tmp_is_swept_once_no_writer_can_hold_it(tmp_path: Path) -> None:
+    folder = tmp_path / "results" / "job-1"
+    folder.mkdir(parents=True)
+    hour_ago = time.time() - 3600
+    left = folder / ".report.json.k2j4h8.tmp"  # tempfile.mkstemp's name, writer gone
+    held = folder / ".organs-seg.dcm.x81kq0.tmp"  # as old, but a process has it open
+    fresh = folder / "report.json.tmp"  # written a moment ago: its writer may be busy
+    result = folder / "report.json"
+    for path in (left, held, fresh, result):
+        path.write_bytes(b"{}")
+    for path in (left, held, result):
+        os.utime(path, (hour_ago, hour_ago))
+    with open(held, "rb") as handle:
+        holder = subprocess.Popen(["sleep", "60"], stdin=handle)
+    try:
+        assert durable.sweep_unowned(tmp_path / "results", "*/*.tmp") == 1
+        assert not left.exists()
+        assert held.exists() and fresh.exists() and result.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert durable.sweep_unowned(tmp_path / "results", "*/*.tmp") == 1  # its holder ended
+    assert sorted(p.name for p in folder.iterdir()) == ["report.json", "report.json.tmp"]
