@@ -58,7 +58,8 @@ def _run_readers(settings: Settings, checkpoints: CheckpointFile, store: Store) 
     seen: list[str] = []
     assert store.audit_key is not None
     while any(r.is_alive() for r in readers):
-        seen += checkpoints.newest(store.audit_key)[1]
+        scan = checkpoints.newest(store.audit_key)
+        seen += scan.problems + scan.torn  # the shared lock: never half a line
     for reader in readers:
         reader.join(60)
         assert reader.exitcode == 0
@@ -71,8 +72,9 @@ def test_two_reader_processes_share_the_checkpoint_file_safely(
     checkpoints = CheckpointFile(checkpoint_path(settings))
     assert _run_readers(settings, checkpoints, store) == []
     assert store.audit_key is not None
-    newest, problems = checkpoints.newest(store.audit_key)
-    assert problems == []
+    scan = checkpoints.newest(store.audit_key)
+    assert scan.problems == scan.torn == []
+    newest = scan.newest
     head_seq, head_hash = store.audit_head()
     assert newest is not None and (newest.seq, newest.head) == (head_seq, head_hash)
     assert head_seq >= 2 * RECORDS
@@ -101,6 +103,9 @@ def test_a_line_left_unfinished_does_not_swallow_the_next_checkpoint(
     writer.join(60)
     assert writer.exitcode == 0
     assert store.audit_key is not None
-    newest, problems = CheckpointFile(path).newest(store.audit_key)
-    assert newest is not None and newest.seq == store.audit_head()[0] == 2
-    assert problems == ["checkpoint line 2 is unreadable (edited)"]  # kept, as evidence
+    scan = CheckpointFile(path).newest(store.audit_key)
+    assert scan.newest is not None and scan.newest.seq == store.audit_head()[0] == 2
+    assert scan.problems == []
+    assert scan.torn == [  # kept, as evidence, and said for what it is
+        "checkpoint line 2 is a torn append (ended by the next append): a writer stopped mid-line"
+    ]

@@ -260,6 +260,41 @@ def test_checkpoint_file_edits_are_reported(store: Store, settings: Settings) ->
     assert "checkpoint line 4 is unreadable (edited)" in found
 
 
+def test_a_checkpoint_append_a_crash_cut_short_is_torn_not_edited(
+    store: Store, settings: Settings
+) -> None:
+    fill(store, 3)
+    path = checkpoint_path(settings)
+    data = path.read_bytes()
+    last = data.rstrip(b"\n").rfind(b"\n") + 1
+    path.write_bytes(data[: last + 40])  # the trail cut 40 bytes into its last line
+    lines = len(path.read_text().splitlines())
+    report, checkpoint = verify_sealed(store, CheckpointFile(path))
+    assert report.problems == []  # the checkpoint before it holds
+    assert checkpoint is not None and checkpoint.seq == 2
+    assert report.notes == [
+        f"checkpoint line {lines} is a torn final append: a writer stopped mid-line"
+    ]
+    code, out = cli_verify(settings)
+    assert code == 0 and "torn final append" in out and "edited" not in out
+
+
+def test_what_follows_a_torn_append_is_still_verified(store: Store, settings: Settings) -> None:
+    fill(store, 2)
+    path = checkpoint_path(settings)
+    lines = path.read_text().splitlines()
+    forged = json.loads(lines[-1]) | {"seq": 1}
+    swallowed = lines[-1][:30] + lines[-1]  # an append cut short, then run into the next
+    path.write_text("\n".join([*lines, lines[-1][:30], json.dumps(forged), swallowed]) + "\n")
+    found = verify(store, settings)
+    assert found == [
+        "checkpoint line 4 has a wrong MAC (forged or edited)",
+        "checkpoint line 5 is unreadable (edited)",
+    ]
+    code, out = cli_verify(settings)
+    assert code == 1 and "checkpoint line 3 is a torn append (ended by the next append)" in out
+
+
 def test_expect_head_that_the_chain_does_not_hold(store: Store, settings: Settings) -> None:
     fill(store, 2)
     code, out = cli_verify(settings, "--expect-head", f"2:{'ab' * 32}")

@@ -149,10 +149,14 @@ class AuditProblem:
 
 @dataclass(frozen=True)
 class VerifyReport:
+    """``problems`` fail verification; ``notes`` are found and said, and fail nothing
+    (a checkpoint append a crash cut short)."""
+
     records: int
     head_seq: int
     head_hash: str
     problems: list[AuditProblem]
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -28,7 +28,7 @@ import secrets
 import stat
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -152,16 +152,22 @@ class CheckpointFile:
         finally:
             os.close(fd)  # releases the lock
 
-    def newest(self, key: AuditKey) -> tuple[Checkpoint | None, list[str]]:
-        """The valid checkpoint with the highest seq, and what is wrong with the others."""
+    def newest(self, key: AuditKey) -> CheckpointScan:
+        """The valid checkpoint with the highest seq, what is wrong with the other lines,
+        and which lines are torn appends (see :func:`torn_append`)."""
+        scan = CheckpointScan()
         if not self.path.exists():
-            return None, []
+            return scan
         best: Checkpoint | None = None
-        problems: list[str] = []
+        problems = scan.problems
         with open(self.path, encoding="utf-8", errors="replace") as handle:
             fcntl.flock(handle.fileno(), fcntl.LOCK_SH)  # no writer is mid-line
             for number, line in enumerate(handle, 1):
                 if not line.strip():
+                    continue
+                torn = torn_append(line, number)
+                if torn is not None:
+                    scan.torn.append(torn)
                     continue
                 try:
                     data = json.loads(line)
@@ -187,7 +193,34 @@ class CheckpointFile:
                     continue
                 if best is None or checkpoint.seq >= best.seq:
                     best = checkpoint
-        return best, problems
+        scan.newest = best
+        return scan
+
+
+@dataclass
+class CheckpointScan:
+    """What :meth:`CheckpointFile.newest` found: the newest valid checkpoint, the lines
+    that fail verification (edited, forged, another key), the torn appends."""
+
+    newest: Checkpoint | None = None
+    problems: list[str] = field(default_factory=list)
+    torn: list[str] = field(default_factory=list)
+
+
+def torn_append(line: str, number: int) -> str | None:
+    """What line ``number`` is when a writer stopped in the middle of appending it (power
+    cut, full disk), else None: the start of a checkpoint object that ends before its
+    closing brace, either the file's last line (no newline) or ended by the next append.
+
+    Not an edit, and not a checkpoint (the one before it is checked). Anything after it
+    on its own line is no torn append (a line that swallowed the next checkpoint is
+    unreadable), and the lines after it are checked as any other.
+    """
+    text = line.rstrip("\n")
+    if not text.startswith("{") or "}" in text:
+        return None
+    where = "final append" if text == line else "append (ended by the next append)"
+    return f"checkpoint line {number} is a torn {where}: a writer stopped mid-line"
 
 
 # --- verification against what is kept outside the database ---------------------------------
@@ -221,10 +254,12 @@ def verify_sealed(
     report = store.verify_audit()
     problems = list(report.problems)
     checkpoint: Checkpoint | None = None
+    notes: list[str] = []
     anchors = list(expected)
     if checkpoints is not None:
-        checkpoint, bad_lines = checkpoints.newest(key)
-        problems += [AuditProblem(None, line) for line in bad_lines]
+        scan = checkpoints.newest(key)
+        checkpoint, notes = scan.newest, scan.torn
+        problems += [AuditProblem(None, line) for line in scan.problems]
         if checkpoint is not None:
             anchors.append(
                 ExpectedHead(checkpoint.seq, checkpoint.head, f"the checkpoint of {checkpoint.ts}")
@@ -247,6 +282,7 @@ def verify_sealed(
             head_seq=report.head_seq,
             head_hash=report.head_hash,
             problems=problems,
+            notes=notes,
         ),
         checkpoint,
     )
@@ -374,9 +410,11 @@ __all__ = [
     "AuditSeal",
     "Checkpoint",
     "CheckpointFile",
+    "CheckpointScan",
     "ExpectedHead",
     "checkpoint_path",
     "key_file_path",
     "load_key",
+    "torn_append",
     "verify_sealed",
 ]

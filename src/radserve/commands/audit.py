@@ -42,7 +42,8 @@ def verify(
 ) -> None:
     """Recompute every record's HMAC and link, compare the head with the newest signed
     checkpoint and every --expect-head; exit status 1 if records were edited, forged,
-    deleted, cut from the end or wiped."""
+    deleted, cut from the end or wiped. A checkpoint line a crash cut short (a torn
+    append) is said and fails nothing: the checkpoint before it is checked instead."""
     from radserve.audit.seal import CheckpointFile, ExpectedHead, checkpoint_path, verify_sealed
     from radserve.config import load_settings
 
@@ -57,6 +58,8 @@ def verify(
         report, checkpoint = verify_sealed(store, checkpoints, expected)
     finally:
         store.close()
+    for note in report.notes:
+        click.echo(f"note: {note}", err=True)
     if report.ok:
         click.echo(
             f"audit chain OK: {report.records} record(s); "
