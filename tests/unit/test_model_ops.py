@@ -17,6 +17,7 @@ from radserve.models.ops import Gaussian, Median
 from radserve.postprocess.components import clean_label_map, clean_labels
 from radserve.postprocess.findings import box_iou, find_lesions
 from radserve.postprocess.morphology import ball
+from radserve.preprocess.crop import label_bboxes
 from radserve.preprocess.denoise import apply_image_ops, read_filtered
 
 NORM = {"kind": "ct_window", "center": 40, "width": 400}
@@ -258,6 +259,26 @@ def test_min_size_and_keep_largest_match_scipy_on_random_blobs(seed: int, order:
     out = clean_labels(a, s, 0.001)
     np.testing.assert_array_equal(out == 1, _reference_component_rules(a, 1, 4, True))
     np.testing.assert_array_equal(out == 2, _reference_component_rules(a, 2, 4, False))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_boxes_after_dropped_specks_are_the_tight_boxes_of_what_is_left(seed: int) -> None:
+    """The clean-up shrinks a label's box past the faces its dropped specks held (it
+    reads the faces, not cc3d's per-component boxes): specks are put on every face
+    and corner of the organ's box, and the boxes must be a fresh search's."""
+    rng = np.random.default_rng(seed)
+    a = np.zeros((20, 30, 30), np.uint8)
+    a[ndimage.binary_opening(rng.random(a.shape) < 0.35)] = 1
+    a[:, :, 20:][a[:, :, 20:] == 1] = 2  # a second label beside the first
+    for z, y, x in rng.integers(0, 2, (8, 3)) * [19, 29, 29]:
+        a[max(0, z - 1) : z + 2, max(0, y - 1) : y + 2, max(0, x - 1) : x + 2] = 0
+        a[z, y, x] = rng.integers(1, 3)  # an isolated voxel at a corner of the array
+    a[10, 0, 5], a[10, 1, 4:7], a[9:12, 1, 5] = 1, 0, 0
+    ops = [{"op": "min_size", "ml": 0.004}, {"op": "keep_largest", "labels": ["liver"]}]
+    cleaned = clean_label_map(a, ops_spec(ORGANS, *ops), 0.001)
+    np.testing.assert_array_equal(cleaned.labels == 1, _reference_component_rules(a, 1, 4, True))
+    np.testing.assert_array_equal(cleaned.labels == 2, _reference_component_rules(a, 2, 4, False))
+    assert cleaned.boxes == tuple(label_bboxes(cleaned.labels, len(cleaned.boxes)))
 
 
 def test_ops_run_in_the_order_written() -> None:

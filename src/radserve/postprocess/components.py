@@ -31,6 +31,7 @@ CONNECTIVITY = 26
 
 
 _COUNT_CHUNK = 1 << 22  # voxels per step when reading component labels: bounded temporaries
+_COUNT_SLAB = 8  # slices per step when counting component voxels: bounded temporaries
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,7 +41,8 @@ class ComponentRun:
     ``components`` covers ``box`` (in the coordinates of the labelled array) and holds
     local ids ``1..n`` (0 is background); local id ``i`` is component ``first + i - 1``
     of the whole array. ``label``, ``counts`` and ``extents`` (first and last index
-    along each axis, on ``box``: ``[z0, z1, y0, y1, x0, x1]``) are indexed by local id.
+    along each axis, on ``box``: ``[z0, z1, y0, y1, x0, x1]``; ``None`` when not asked
+    for) are indexed by local id.
     """
 
     box: BBox
@@ -48,27 +50,19 @@ class ComponentRun:
     first: int
     label: np.ndarray
     counts: np.ndarray
-    extents: np.ndarray
+    extents: np.ndarray | None
 
     @property
     def n(self) -> int:
         return len(self.counts) - 1
 
     def component_box(self, local: int) -> BBox:
-        """Tight box of component ``local`` on the run's box."""
+        """Tight box of component ``local`` on the run's box (a run labelled with
+        ``extents=True``)."""
+        if self.extents is None:
+            raise ValueError("the run was labelled without extents: component_runs(extents=True)")
         e = self.extents[local]
         return (slice(e[0], e[1] + 1), slice(e[2], e[3] + 1), slice(e[4], e[5] + 1))
-
-    def kept_box(self, keep: np.ndarray) -> BBox | None:
-        """Box of the components with ``keep[local]`` true, on the labelled array."""
-        kept = np.flatnonzero(keep[1:]) + 1
-        if kept.size == 0:
-            return None
-        e = self.extents[kept]
-        return tuple(  # type: ignore[return-value]
-            slice(s.start + int(e[:, 2 * a].min()), s.start + int(e[:, 2 * a + 1].max()) + 1)
-            for a, s in enumerate(self.box)
-        )
 
     def local_lut(self, by_global: np.ndarray) -> np.ndarray:
         """Index by local id: ``by_global``'s value of each component, 0 for background."""
@@ -112,13 +106,20 @@ def _occupied_runs(labels: np.ndarray, values: Sequence[int]) -> list[BBox]:
     return boxes
 
 
-def component_runs(labels: np.ndarray, values: Sequence[int]) -> list[ComponentRun]:
+def component_runs(
+    labels: np.ndarray, values: Sequence[int], *, extents: bool = True
+) -> list[ComponentRun]:
     """26-connected components of the voxels holding any of ``values``, run by run.
 
     Voxels of different values are never joined (cc3d's multi-label mode). Global ids
     follow the runs in slice order and cc3d's raster order within each, which is the
     raster order of the whole array: the ids one cc3d pass over the whole array would
     give. Memory: the ids of the largest run's box, not of the whole foreground box.
+
+    ``extents=False``: no component boxes, and the counts are taken over the selected
+    voxels only (:func:`_selected_counts`), about 7x cheaper than ``cc3d.statistics``'s
+    pass over every voxel of the box (its boxes and centroids are per-voxel work too):
+    on a 300-slice organ map 0.03-0.04 against 0.25-0.29 CPU-s.
     """
     wanted = [int(v) for v in values]
     runs: list[ComponentRun] = []
@@ -137,11 +138,14 @@ def component_runs(labels: np.ndarray, values: Sequence[int]) -> list[ComponentR
             selected, connectivity=CONNECTIVITY, return_N=True
         )
         n = int(n)
-        # Voxel count and extent of every component in one pass of cc3d's (faster than
-        # np.bincount, which first widens the ids to int64).
-        stats = cc3d.statistics(components, no_slice_conversion=True)
-        counts = stats["voxel_counts"].astype(np.int64)
-        extents = stats["bounding_boxes"].astype(np.int64)
+        boxes: np.ndarray | None = None
+        if extents:
+            # Voxel count and extent of every component in one pass of cc3d's.
+            stats = cc3d.statistics(components, no_slice_conversion=True)
+            counts = stats["voxel_counts"].astype(np.int64)
+            boxes = stats["bounding_boxes"].astype(np.int64)
+        else:
+            counts = _selected_counts(components, selected, n)
         label = np.zeros(n + 1, dtype=labels.dtype)
         if len(wanted) == 1:
             label[1:] = wanted[0]
@@ -152,9 +156,22 @@ def component_runs(labels: np.ndarray, values: Sequence[int]) -> list[ComponentR
                 hit = chunk != 0
                 label[chunk[hit]] = values_flat[start : start + _COUNT_CHUNK][hit]
         del selected
-        runs.append(ComponentRun(box, components, first, label, counts, extents))
+        runs.append(ComponentRun(box, components, first, label, counts, boxes))
         first += n
     return runs
+
+
+def _selected_counts(components: np.ndarray, selected: np.ndarray, n: int) -> np.ndarray:
+    """Voxels per component id (index 0, the background, left 0), counted over the
+    selected voxels only, a slab at a time: an organ fills a fraction of its box, and
+    ``np.bincount`` widens what it counts to int64 (bounded temporaries here)."""
+    counts = np.zeros(n + 1, np.int64)
+    mask = selected.view(bool) if selected.dtype == np.uint8 else selected != 0
+    for z0 in range(0, len(components), _COUNT_SLAB):
+        ids = components[z0 : z0 + _COUNT_SLAB][mask[z0 : z0 + _COUNT_SLAB]]
+        counts += np.bincount(ids, minlength=n + 1)
+    counts[0] = 0
+    return counts
 
 
 @dataclass(frozen=True, eq=False)
@@ -281,7 +298,7 @@ def _component_rules(
             continue
         min_voxels = min_ml / voxel_volume_ml if voxel_volume_ml > 0 else 0.0
         region = out[box]  # a view: edits land in ``out``
-        runs = component_runs(region, [value])
+        runs = component_runs(region, [value], extents=False)
         n = sum(run.n for run in runs)
         if n == 0:
             continue
@@ -297,19 +314,37 @@ def _component_rules(
         keep[0] = True  # background of the mask: voxels of other labels, untouched
         if keep.all():
             continue
-        kept: list[BBox] = []
         for run in runs:
-            keep_local = run.local_lut(keep)
-            drop = np.logical_not(keep_local)
+            drop = np.logical_not(run.local_lut(keep))
             drop[0] = False
             if drop.any():
                 region[run.box][drop[run.components]] = 0
-            if (run_box := run.kept_box(keep_local)) is not None:
-                kept.append(run_box)
-        boxes[value - 1] = _shifted_union(kept, box)
-        removed += int(n + 1 - np.count_nonzero(keep))
         del runs
+        kept = _tight_box(region, value)
+        boxes[value - 1] = None if kept is None else _shifted_union([kept], box)
+        removed += int(n + 1 - np.count_nonzero(keep))
     return removed
+
+
+def _tight_box(region: np.ndarray, value: int) -> BBox | None:
+    """The tight box of ``value`` in ``region``, which was tight before components were
+    dropped from it: each side moves inward past the planes left without ``value``.
+
+    Dropped components are specks, rarely at the box's faces, so this reads six planes
+    where a search of the whole box (or cc3d's per-component boxes) reads every voxel.
+    """
+    lo, hi = [0, 0, 0], list(region.shape)
+    for axis in range(3):
+        view = np.moveaxis(region[tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))], axis, 0)
+        first, last = 0, view.shape[0]
+        while first < last and not (view[first] == value).any():
+            first += 1
+        if first == last:
+            return None
+        while not (view[last - 1] == value).any():
+            last -= 1
+        lo[axis], hi[axis] = lo[axis] + first, lo[axis] + last
+    return tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))  # type: ignore[return-value]
 
 
 def _shifted_union(boxes: list[BBox], origin: BBox) -> BBox | None:
