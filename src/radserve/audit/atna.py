@@ -5,7 +5,10 @@ Each radserve action maps onto a DICOM event (DCM code system, PS3.16 CID 400-40
 job submissions are instances received (110104 DICOM Instances Transferred, Create),
 results are instances created (110103, Create), reads of patient data are 110110 Patient
 Record / 110103 Instances Accessed (Read), de-identified exports 110106 Export, key and
-model changes 110113 Security Alert, the rest 110100 Application Activity. The record's
+model changes 110113 Security Alert, console sign-in and sign-out 110114 User
+Authentication (Login / Logout), critical notices acknowledged or refused 110106 Export,
+alerts dropped at the stop 110100 Application Activity (Application Stop), the rest 110100
+Application Activity. The record's
 seq, hash and prev_hash travel as ParticipantObjectDetail of the audit log object, so a
 collector can rebuild and check the chain head. Payload values are identifiers, counts
 and hashes (never patient data), also carried as details.
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radserve.audit.chain import AuditRecord, canonical_json
+from radserve.audit.events import Action
 
 
 @dataclass(frozen=True)
@@ -32,25 +36,54 @@ class EventCode:
 _APP = EventCode("110100", "Application Activity", "E")
 _SECURITY_CONFIG = ("110129", "Security Configuration")
 _APP_START = ("110120", "Application Start")
+_APP_STOP = ("110121", "Application Stop")
 _SOFTWARE_CONFIG = ("110131", "Software Configuration")
+_LOGIN = ("110122", "Login")
+_LOGOUT = ("110123", "Logout")
+_RECEIVED = EventCode("110104", "DICOM Instances Transferred", "C")
+_EXPORT = EventCode("110106", "Export", "R")
+_SIGN_IN = EventCode("110114", "User Authentication", "E", _LOGIN)
+_SECURITY_ALERT = EventCode("110113", "Security Alert", "E")
+# every Action, explicitly (tests/unit/test_audit_atna.py holds this to the enum)
 EVENTS: dict[str, EventCode] = {
-    "job.submitted": EventCode("110104", "DICOM Instances Transferred", "C"),
-    "job.cached": EventCode("110104", "DICOM Instances Transferred", "C"),
-    "job.started": _APP,
-    "job.requeued": _APP,
-    "job.succeeded": EventCode("110103", "DICOM Instances Accessed", "C"),
-    "job.failed": _APP,
-    "job.cancelled": _APP,
-    "phi.read": EventCode("110110", "Patient Record", "R"),
-    "export.deidentified": EventCode("110106", "Export", "R"),
-    "key.created": EventCode("110113", "Security Alert", "E", _SECURITY_CONFIG),
-    "key.revoked": EventCode("110113", "Security Alert", "E", _SECURITY_CONFIG),
-    "config.loaded": EventCode("110100", "Application Activity", "E", _APP_START),
-    "model.changed": EventCode("110113", "Security Alert", "E", _SOFTWARE_CONFIG),
-    "gateway.oversize_aborted": EventCode("110113", "Security Alert", "E"),
+    Action.JOB_SUBMITTED: _RECEIVED,
+    Action.JOB_CACHED: _RECEIVED,
+    Action.JOB_STARTED: _APP,
+    Action.JOB_REQUEUED: _APP,
+    Action.JOB_SUCCEEDED: EventCode("110103", "DICOM Instances Accessed", "C"),
+    Action.JOB_FAILED: _APP,
+    Action.JOB_CANCELLED: _APP,
+    Action.JOB_REPRIORITISED: _APP,
+    Action.JOB_DEADLINE_RISK: _APP,
+    Action.JOB_DEADLINE_RISK_CLEARED: _APP,
+    Action.KEY_CREATED: EventCode("110113", "Security Alert", "E", _SECURITY_CONFIG),
+    Action.KEY_REVOKED: EventCode("110113", "Security Alert", "E", _SECURITY_CONFIG),
+    Action.CONFIG_LOADED: EventCode("110100", "Application Activity", "E", _APP_START),
+    Action.MODEL_CHANGED: EventCode("110113", "Security Alert", "E", _SOFTWARE_CONFIG),
+    Action.MODEL_DRIFT: _APP,
+    Action.OUTBOX_RETRIED: _APP,
+    # a critical notice carries the study's identifiers out of radserve to a receiver
+    Action.CRITICAL_QUEUED: _APP,
+    Action.CRITICAL_ACKNOWLEDGED: _EXPORT,
+    Action.CRITICAL_FAILED: _EXPORT,
+    Action.GATEWAY_OVERSIZE: _SECURITY_ALERT,
+    Action.PHI_READ: EventCode("110110", "Patient Record", "R"),
+    Action.EXPORT_DEIDENTIFIED: _EXPORT,
+    Action.CONSOLE_SIGNIN: _SIGN_IN,
+    Action.CONSOLE_SIGNIN_FAILED: _SIGN_IN,
+    Action.CONSOLE_SIGNIN_LOCKED: _SIGN_IN,
+    Action.CONSOLE_SIGNOUT: EventCode("110114", "User Authentication", "E", _LOGOUT),
+    Action.RISK_ALERTS_DROPPED: EventCode("110100", "Application Activity", "E", _APP_STOP),
 }  # fmt: skip
-# 0 success, 4 minor failure
-_OUTCOME = {"job.failed": "4", "critical.failed": "4", "gateway.oversize_aborted": "4"}
+# 0 success, 4 minor failure (PS3.15 A.5.3 EventOutcomeIndicator)
+_OUTCOME = {
+    Action.JOB_FAILED: "4",
+    Action.CRITICAL_FAILED: "4",
+    Action.GATEWAY_OVERSIZE: "4",
+    Action.CONSOLE_SIGNIN_FAILED: "4",
+    Action.CONSOLE_SIGNIN_LOCKED: "4",
+    Action.RISK_ALERTS_DROPPED: "4",  # alerts lost at the stop
+}
 
 
 def event_code(action: str) -> EventCode:

@@ -1,4 +1,8 @@
-"""The actions radserve audits and the payloads it records for jobs (no patient data)."""
+"""The actions radserve audits and the payloads it records for jobs (no patient data).
+
+Every action is a member of :class:`Action` (one definition); each has its DICOM audit
+event (PS3.15 A.5, for ATNA) in :data:`radserve.audit.atna.EVENTS`.
+"""
 
 from __future__ import annotations
 
@@ -38,6 +42,15 @@ class Action(StrEnum):
     CRITICAL_FAILED = "critical.failed"
     # a C-STORE data set passed ingest.max_file_bytes while arriving: association aborted
     GATEWAY_OVERSIZE = "gateway.oversize_aborted"
+    PHI_READ = "phi.read"  # a report, result file or study view read (radserve.security)
+    EXPORT_DEIDENTIFIED = "export.deidentified"  # `radserve export --deidentify`
+    # console sign-in: succeeded / refused / refused while the client is locked out; sign-out
+    CONSOLE_SIGNIN = "console.signin"
+    CONSOLE_SIGNIN_FAILED = "console.signin_failed"
+    CONSOLE_SIGNIN_LOCKED = "console.signin_locked"
+    CONSOLE_SIGNOUT = "console.signout"
+    # deadline-risk alerts still queued at the server's stop that never reached a receiver
+    RISK_ALERTS_DROPPED = "turnaround.risk_alerts_dropped"
 
 
 def job_event(

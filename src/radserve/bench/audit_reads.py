@@ -33,12 +33,13 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from radserve.audit.chain import AuditEvent, AuditKey
+from radserve.audit.events import Action
 from radserve.store import Store, init_store
 
 
 def read_event(task: int) -> AuditEvent:
     return AuditEvent(
-        action="phi.read",
+        action=Action.PHI_READ,
         subject=f"job-{task}",
         payload={"resource": "report", "key_name": "load"},
         actor_key_id="k1",

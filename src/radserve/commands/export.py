@@ -35,6 +35,7 @@ def command(
         write_report,
     )
     from radserve.audit.digests import file_sha256
+    from radserve.audit.events import Action
     from radserve.config import load_settings
     from radserve.errors import RadserveError
     from radserve.store.audited import open_audited
@@ -68,7 +69,7 @@ def command(
             written[target.name] = file_sha256(target)
         store.append_audit(
             AuditEvent(
-                action="export.deidentified",
+                action=Action.EXPORT_DEIDENTIFIED,
                 subject=job_id,
                 payload={
                     "profile": "113100",

@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from radserve.api.errors import ForbiddenError, UnauthenticatedError, error_body
 from radserve.api.state import service_of
 from radserve.audit.chain import AuditEvent
+from radserve.audit.events import Action
 from radserve.config import ConsoleSettings
 from radserve.console.auth import current_session, same_origin
 from radserve.console.limits import SignInLimiter
@@ -75,7 +76,7 @@ def limiter_for(settings: ConsoleSettings) -> SignInLimiter:
     )
 
 
-def _audit(request: Request, action: str, key_id: str | None, payload: dict[str, Any]) -> None:
+def _audit(request: Request, action: Action, key_id: str | None, payload: dict[str, Any]) -> None:
     service_of(request).store.append_audit(
         AuditEvent(
             action=action,
@@ -167,7 +168,7 @@ async def sign_in(request: Request, body: SignIn) -> Response:
         # the user name only when it is a configured one: a password typed into the
         # name field must not reach the audit log
         payload: dict[str, Any] = {"method": method, **({"user": user} if user else {})}
-        await run_in_threadpool(_audit, request, "console.signin_failed", None, payload)
+        await run_in_threadpool(_audit, request, Action.CONSOLE_SIGNIN_FAILED, None, payload)
         if limiter.failed(client):
             window = settings.console.signin_window_s
             logger.warning(
@@ -178,7 +179,7 @@ async def sign_in(request: Request, body: SignIn) -> Response:
             await run_in_threadpool(
                 _audit,
                 request,
-                "console.signin_locked",
+                Action.CONSOLE_SIGNIN_LOCKED,
                 None,
                 {"failures": limiter.max_failures, "window_s": window},
             )
@@ -198,7 +199,7 @@ async def sign_in(request: Request, body: SignIn) -> Response:
         user=who.user,
     )
     payload = {"method": method, **({"user": who.user} if who.user else {"key_name": who.name})}
-    await run_in_threadpool(_audit, request, "console.signin", who.key_id, payload)
+    await run_in_threadpool(_audit, request, Action.CONSOLE_SIGNIN, who.key_id, payload)
     response = JSONResponse(_session_body(request, session))
     secure = settings.console.secure_cookie
     if secure is None:
@@ -231,7 +232,7 @@ async def sign_out(request: Request) -> Response:
         if not csrf_ok(session, request.headers.get(CSRF_HEADER)):
             raise ForbiddenError("missing or wrong CSRF token")
         request.app.state.console_sessions.close(session_id)
-        await run_in_threadpool(_audit, request, "console.signout", session.key_id, {})
+        await run_in_threadpool(_audit, request, Action.CONSOLE_SIGNOUT, session.key_id, {})
     response = Response(status_code=204)
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
     return response

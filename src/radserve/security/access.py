@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from radserve.audit.chain import AuditEvent, AuditRecord
+from radserve.audit.events import Action
 from radserve.security.keys import Role, role_allows
 
 if TYPE_CHECKING:
     from radserve.store import ApiKeyRecord, Store
 
-PHI_READ = "phi.read"
+PHI_READ = Action.PHI_READ.value
 Visibility = Literal["all", "own_submitter", "site"]
 _MAX_CACHED = 10_000
 

@@ -93,7 +93,7 @@ DEADLINE_RISK = Action.JOB_DEADLINE_RISK.value
 DEADLINE_RISK_CLEARED = Action.JOB_DEADLINE_RISK_CLEARED.value
 MISS_WINDOW_S = 24 * 3600.0  # the miss report's default window: jobs of the last day
 # alerts that never reached a receiver by the server's stop (count per receiver and reason)
-RISK_ALERTS_DROPPED = "turnaround.risk_alerts_dropped"
+RISK_ALERTS_DROPPED = Action.RISK_ALERTS_DROPPED.value
 _REFRESH_S = 2.0  # recompute at least this often (running jobs' remaining time shrinks)
 RISK_MSGID = "RADSERVE-RISK"
 _ALERT_QUEUE = 1000
