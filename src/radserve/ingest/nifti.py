@@ -7,6 +7,7 @@ file whose scaling is integral and fits int16 is read back as int16.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 import nibabel as nib
 import numpy as np
@@ -54,12 +55,17 @@ def load_nifti(path: Path | str) -> Volume:
     return Volume.from_nifti_arrays(data, affine)
 
 
-def save_nifti(volume: Volume, path: Path | str, *, label_map: bool = False) -> Path:
+def save_nifti(
+    volume: Volume, path: Path | str, *, label_map: bool = False, fileobj: BinaryIO | None = None
+) -> Path:
     """Write ``volume`` as NIfTI-1 (``.nii`` or ``.nii.gz``) with sform and, when the
     affine has no shear, qform set to the same scanner-space affine.
 
     The one NIfTI writer of the package (ingest round trips, report label maps, phantom
     ground truth). ``label_map`` marks the file NIFTI_INTENT_LABEL for viewers.
+    ``fileobj``: the bytes of the single-file image go there (already compressing, for
+    ``.nii.gz``: the report's label maps use :mod:`radserve.report.sparse_gzip`)
+    instead of to a file nibabel opens at ``path``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -76,7 +82,10 @@ def save_nifti(volume: Volume, path: Path | str, *, label_map: bool = False) -> 
         image.header.set_slope_inter(1.0, 0.0)
     if label_map:
         image.header.set_intent("label")
-    nib.save(image, str(path))
+    if fileobj is None:
+        nib.save(image, str(path))
+    else:
+        image.to_file_map({"image": nib.FileHolder(str(path), fileobj)})
     return path
 
 

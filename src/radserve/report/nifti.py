@@ -15,6 +15,7 @@ import numpy as np
 from radserve.domain import Volume
 from radserve.errors import ReportError, StudyError
 from radserve.ingest.nifti import load_nifti, save_nifti
+from radserve.report.sparse_gzip import SparseGzipWriter
 
 logger = logging.getLogger(__name__)
 
@@ -22,9 +23,17 @@ _SCANNER = 1  # NIfTI xform code "scanner anatomical"
 
 
 def write_nifti(volume: Volume, path: Path, *, label_map: bool = False) -> Path:
-    """Write ``volume`` (any dtype nibabel supports) to ``path`` (.nii or .nii.gz)."""
+    """Write ``volume`` (any dtype nibabel supports) to ``path`` (.nii or .nii.gz).
+
+    A ``.nii.gz`` label map goes through :class:`SparseGzipWriter`, which skips
+    compressing the map's all-zero stretches (most of it): the same bytes when read.
+    """
     try:
-        return save_nifti(volume, path, label_map=label_map)
+        if not (label_map and str(path).endswith(".gz")):
+            return save_nifti(volume, path, label_map=label_map)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with SparseGzipWriter(path) as out:
+            return save_nifti(volume, path, label_map=True, fileobj=out)
     except OSError as exc:
         raise ReportError(f"cannot write NIfTI {path}: {exc}") from exc
 
