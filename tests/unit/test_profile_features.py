@@ -10,7 +10,14 @@ from scipy import ndimage
 from radserve.domain.input_domain import AcquisitionFacts
 from radserve.phantom import PhantomSpec, generate_phantom
 from radserve.pipeline import profile
-from radserve.pipeline.profile import _BODY_HU, _SOFT_TISSUE, HU_EDGES, _strided, volume_features
+from radserve.pipeline.profile import (
+    _BODY_HU,
+    _SOFT_TISSUE,
+    HU_EDGES,
+    _hu_counts,
+    _strided,
+    volume_features,
+)
 
 SCANNER = {"manufacturer": "radserve phantom", "kernel": "STANDARD", "kvp": "120"}
 
@@ -57,3 +64,15 @@ def test_volume_features_match_the_reference(monkeypatch: pytest.MonkeyPatch) ->
     assert got["num"]["noise_hu"] == noise
     assert noise > 0.0  # the phantom has noise: the comparison is not of two empties
     assert ndimage.label(_strided(array) > _BODY_HU)[1] > 1  # the largest-component path
+
+
+def test_whole_hu_are_binned_as_numpys_histogram_of_the_edges() -> None:
+    """The integer volumes' counting (bin by integer division) gives np.histogram's
+    counts, edges, the ends and values beyond them included."""
+    rng = np.random.default_rng(0)
+    hu = rng.integers(-1100, 1600, 500_000).astype(np.float32)
+    hu[:200] = HU_EDGES[rng.integers(0, len(HU_EDGES), 200)]  # exactly on an edge
+    clipped = np.clip(hu, HU_EDGES[0], HU_EDGES[-1] - 1e-3)
+    want = np.histogram(clipped, bins=HU_EDGES)[0]
+    np.testing.assert_array_equal(_hu_counts(hu, integral=True), want)
+    np.testing.assert_array_equal(_hu_counts(hu, integral=False), want)

@@ -113,6 +113,26 @@ def _chunked_bincount(ids: np.ndarray, length: int) -> np.ndarray:
     return counts
 
 
+def _hu_counts(body: np.ndarray, *, integral: bool) -> np.ndarray:
+    """Voxels per ``HU_EDGES`` bin, values outside clipped to the end bins.
+
+    ``integral``: every value is a whole HU (an integer volume's), so a value's bin is
+    ``(hu - first edge) // width`` exactly, counted by ``np.bincount``: the counts of
+    ``np.histogram``, which searches the edges (sorting each chunk) at ~4x the cost.
+    """
+    counts = np.zeros(len(HU_EDGES) - 1, np.int64)
+    first, width = HU_EDGES[0], HU_EDGES[1] - HU_EDGES[0]
+    for start in range(0, body.size, _CHUNK):
+        chunk = body[start : start + _CHUNK]
+        if integral:
+            offset = np.clip(chunk, first, HU_EDGES[-1] - 1.0) - first
+            counts += np.bincount((offset // width).astype(np.intp), minlength=len(counts))
+        else:
+            part = np.clip(chunk, first, HU_EDGES[-1] - 1e-3)
+            counts += np.histogram(part, bins=HU_EDGES)[0]
+    return counts
+
+
 def _strided(array: np.ndarray) -> np.ndarray:
     step = 1
     while array[::step, ::step, ::step].size > _MAX_VOXELS:
@@ -139,10 +159,7 @@ def volume_features(
     del labels  # int32 ids of the strided volume: the largest array here
     body = array[mask].astype(np.float32)
     if body.size:
-        counts = np.zeros(len(HU_EDGES) - 1, np.int64)
-        for start in range(0, body.size, _CHUNK):
-            part = np.clip(body[start : start + _CHUNK], HU_EDGES[0], HU_EDGES[-1] - 1e-3)
-            counts += np.histogram(part, bins=HU_EDGES)[0]
+        counts = _hu_counts(body, integral=np.issubdtype(array.dtype, np.integer))
         hist = (counts / counts.sum()).tolist()
     else:
         hist = [0.0] * (len(HU_EDGES) - 1)
