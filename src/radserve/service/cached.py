@@ -74,7 +74,7 @@ class CachedDelivery:
         folder = Path(str(hit.result_path))
         with self._lock:
             paths = self._dicom_results(hit, folder, Path(study_dir))
-        records = [describe(path, hit.id) for path in paths]
+        records = [describe(path, hit.id, self.results.patient_key) for path in paths]
         self.results.add(records, now=utc_now())
         if source == GATEWAY_SOURCE and self.gateway is not None:
             self.gateway.send_all(paths, job_id=job_id)

@@ -235,7 +235,7 @@ class FailureNotices:
         )
         path = save_atomic(sr, self.results_root / job.id / FAILURE_SR_FILE)
         if self.results is not None:
-            self.results.add([describe(path, job.id)], now=utc_now())
+            self.results.add([describe(path, job.id, self.results.patient_key)], now=utc_now())
         self.gateway.send(path, job_id=job.id)
         self.metrics.failure_notices.labels("sr").inc()
         logger.info("job %s: DICOM failure notice queued (SR, analysis failed)", job.id)

@@ -140,7 +140,7 @@ class Service:
             rules=settings.priority_rules,
             hooks=self.hooks,
         )
-        self.results = ResultIndex(self.store.engine)
+        self.results = ResultIndex(self.store.engine, audit_key=self.store.audit_key)
         # radserve's own SEG/SR/SC coming back (a PACS re-sending the study): never input
         self.own_results = OwnResults(
             known=self.results.contains,

@@ -221,6 +221,12 @@ class ResultInstance(Base):
     job_id: Mapped[str] = mapped_column(String(36), index=True)
     path: Mapped[str] = mapped_column(Text)
     created: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    # what bounds a QIDO-RS search by patient or date (radserve.store.results.PatientKey):
+    # the Patient ID only as a keyed hash (HMAC; the key is derived from the audit key and
+    # is never in the database), the key's id it was made with, the Study Date (YYYYMMDD)
+    patient_key: Mapped[str | None] = mapped_column(String(64), index=True)
+    match_key_id: Mapped[str | None] = mapped_column(String(16), index=True)
+    study_date: Mapped[str | None] = mapped_column(String(8), index=True)
 
 
 class ResultLineage(Base):

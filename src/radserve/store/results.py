@@ -9,15 +9,17 @@ instance again changes nothing, so a job resumed after a crash indexes idempoten
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from radserve.store.base import StoreBase
 from radserve.store.models import ResultInstance, ResultLineage
+from radserve.store.result_match import MatchBounds, PatientKey
 
 
 @dataclass(frozen=True)
@@ -31,11 +33,21 @@ class ResultInstanceRecord:
     transfer_syntax_uid: str
     job_id: str
     path: str
+    # what bounds a QIDO-RS search (radserve.store.result_match): no Patient ID in clear
+    patient_key: str | None = None
+    match_key_id: str | None = None
+    study_date: str | None = None
 
 
 class ResultIndex(StoreBase):
-    """Typed access to ``result_instances``; share the main store's engine:
-    ``ResultIndex(store.engine)``. Thread-safe."""
+    """Typed access to ``result_instances``; share the main store's engine and audit key:
+    ``ResultIndex(store.engine, audit_key=store.audit_key)`` (without a key no row gets a
+    Patient ID hash, and no search is bounded by one). Thread-safe."""
+
+    @functools.cached_property
+    def patient_key(self) -> PatientKey | None:
+        """The key of the Patient ID hashes (derived from the audit key), or None."""
+        return None if self.audit_key is None else PatientKey.from_audit_key(self.audit_key)
 
     def add(self, records: Sequence[ResultInstanceRecord], *, now: dt.datetime) -> int:
         """Index ``records``; instances indexed already are left as they are. Returns
@@ -62,10 +74,22 @@ class ResultIndex(StoreBase):
         study_instance_uid: str | None,
         series_instance_uid: str | None = None,
         sop_instance_uid: str | None = None,
+        *,
+        bounds: MatchBounds | None = None,
     ) -> list[ResultInstanceRecord]:
         """The instances of a study (of one series, or one instance), in a stable order;
-        every indexed instance when ``study_instance_uid`` is None (QIDO-RS searches)."""
+        every indexed instance when ``study_instance_uid`` is None (QIDO-RS searches),
+        or those within ``bounds`` (rows filled in by :meth:`fill_match` before)."""
         query = select(ResultInstance)
+        if bounds is not None and bounds.patient_key is not None:
+            query = query.where(ResultInstance.patient_key == bounds.patient_key)
+        if bounds is not None and (bounds.date_from or bounds.date_to):
+            within = ResultInstance.study_date.is_not(None)
+            if bounds.date_from:
+                within &= ResultInstance.study_date >= bounds.date_from
+            if bounds.date_to:
+                within &= ResultInstance.study_date <= bounds.date_to
+            query = query.where(ResultInstance.study_date.is_(None) | within)
         if study_instance_uid is not None:
             query = query.where(ResultInstance.study_instance_uid == study_instance_uid)
         if series_instance_uid is not None:
@@ -77,6 +101,30 @@ class ResultIndex(StoreBase):
         )
         with self._read() as session:
             return [_record(row) for row in session.scalars(query).all()]
+
+    def unmatched(self, key_id: str, *, only_unset: bool = False) -> list[tuple[str, str]]:
+        """(SOP Instance UID, path) of the rows without match columns of key ``key_id``:
+        indexed before them, without a key, or under another audit key; ``only_unset``:
+        only those without any (an indexed lookup)."""
+        unset = ResultInstance.match_key_id.is_(None)
+        stale = unset if only_unset else unset | (ResultInstance.match_key_id != key_id)
+        with self._read() as session:
+            rows = session.execute(
+                select(ResultInstance.sop_instance_uid, ResultInstance.path).where(stale)
+            ).all()
+            return [(sop, path) for sop, path in rows]
+
+    def fill_match(self, rows: Sequence[tuple[str, str | None, str | None]], key_id: str) -> None:
+        """Set (SOP Instance UID, patient_key, study_date) of each row, made with ``key_id``."""
+        if not rows:
+            return
+        with self._write(audited=False) as session:
+            for sop, patient_key, study_date in rows:
+                session.execute(
+                    update(ResultInstance)
+                    .where(ResultInstance.sop_instance_uid == sop)
+                    .values(patient_key=patient_key, study_date=study_date, match_key_id=key_id)
+                )
 
     def contains(self, sop_instance_uid: str) -> bool:
         """Whether radserve wrote (and indexed) the instance with this UID."""

@@ -1,7 +1,9 @@
 """A job's DICOM results (SEG, SR) -> the result index that DICOMweb retrieval reads.
 
 Indexed when the job's result is recorded, from the files' own headers (pydicom reads
-only the header), so WADO-RS finds them by study, series and SOP Instance UID.
+only the header), so WADO-RS finds them by study, series and SOP Instance UID, and
+QIDO-RS narrows a search by patient (a keyed hash of the Patient ID) or Study Date
+(:mod:`radserve.store.result_match`).
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ from radserve.gateway.outbox import utc_now
 from radserve.ingest.headers import UnreadableHeaderError, read_header
 from radserve.pipeline.study import StudyResult
 from radserve.store import JobRecord
+from radserve.store.result_match import PatientKey, match_columns
 from radserve.store.results import ResultIndex, ResultInstanceRecord
 
 logger = logging.getLogger(__name__)
 
 
-def describe(path: Path, job_id: str) -> ResultInstanceRecord:
-    """The index row of one result file (its header's UIDs)."""
+def describe(path: Path, job_id: str, key: PatientKey | None = None) -> ResultInstanceRecord:
+    """The index row of one result file (its header's UIDs; with ``key``, the keyed hash
+    of its Patient ID and its Study Date)."""
     header = read_header(path)
+    patient_key, study_date = match_columns(header, key)
     return ResultInstanceRecord(
         sop_instance_uid=str(header.SOPInstanceUID),
         study_instance_uid=str(header.StudyInstanceUID),
@@ -29,6 +34,9 @@ def describe(path: Path, job_id: str) -> ResultInstanceRecord:
         transfer_syntax_uid=str(header.file_meta.TransferSyntaxUID),
         job_id=job_id,
         path=str(Path(path).absolute()),
+        patient_key=patient_key,
+        match_key_id=key.id if key is not None else None,
+        study_date=study_date,
     )
 
 
@@ -42,7 +50,7 @@ class ResultIndexer:
         records = []
         for path in sorted(Path(result.out_dir).glob("*.dcm")):
             try:
-                records.append(describe(path, job.id))
+                records.append(describe(path, job.id, self.index.patient_key))
             except (OSError, UnreadableHeaderError, AttributeError) as exc:
                 logger.error("job %s: result %s not indexed (%s)", job.id, path.name, exc)
         added = self.index.add(records, now=utc_now())

@@ -11,8 +11,13 @@ Matching follows PS3.4 C.2.2.2: single value, universal (empty), UID list (``,``
 ``\\``), wildcard ``*``/``?`` on text VRs (case-insensitive for PN, as C.2.2.2.1
 allows), and date/time ranges ``a-b``, ``a-``, ``-b``. ``fuzzymatching=true`` is
 answered by literal matching with a Warning header. Header attributes come from the
-files, read once (no Pixel Data) and kept in a bounded cache; a search without UIDs
-reads the index in full, which is fine for the result volumes of one server.
+files, read once (no Pixel Data) and kept in a bounded cache.
+
+A search without a Study Instance UID reads the index in full, unless it matches an exact
+Patient ID or a Study Date (or range): then the index hands only the rows of that
+patient's hash and within those dates (:mod:`radserve.store.result_match`), and the
+headers of those alone are matched. Rows indexed before those columns (or under another
+audit key) get theirs from their headers before the first such search of a process.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
 from radserve.errors import InvalidRequestError
-from radserve.ingest.headers import read_header
+from radserve.ingest.headers import UnreadableHeaderError, read_header
+from radserve.store.result_match import MatchBounds, PatientKey, date_bounds, match_columns
 from radserve.store.results import ResultIndex, ResultInstanceRecord
 
 Level = Literal["study", "series", "instance"]
@@ -232,6 +238,8 @@ class QidoSearch:
         self.index = index
         self.max_results = max_results
         self._headers = _HeaderCache()
+        self._filled = False  # every row's match columns made with this process's key
+        self._fill_lock = threading.Lock()
 
     def search(
         self, query: QidoQuery, base_url: str, visible: Callable[[str], bool] | None = None
@@ -250,7 +258,7 @@ class QidoSearch:
 
         records = [
             r
-            for r in self.index.find(query.study, query.series)
+            for r in self.index.find(query.study, query.series, bounds=self._bounds(query))
             if shown(r) and Path(r.path).is_file()
         ]
         rows = self._rows(records, query.level, base_url.rstrip("/"))
@@ -268,6 +276,39 @@ class QidoSearch:
             warnings.append(MORE_WARNING)
         jobs = frozenset(r.job_id for row in page for r in row.records)
         return QidoAnswer([self._json(row, query) for row in page], warnings, jobs)
+
+    # --- index bounds --------------------------------------------------------------------
+    def _bounds(self, query: QidoQuery) -> MatchBounds | None:
+        """What the index narrows a search without a study by: an exact PatientID (no
+        wildcard, no list), a StudyDate or range; None: the index is read whole."""
+        key = self.index.patient_key
+        if query.study is not None or key is None:
+            return None
+        patient = query.filters.get("PatientID", "")
+        exact = patient not in ("", "*") and not any(c in patient for c in "*?\\")
+        bounds = MatchBounds(
+            key.of(patient) if exact else None, *date_bounds(query.filters.get("StudyDate", ""))
+        )
+        if not bounds.any:
+            return None
+        self._fill(key)
+        return bounds
+
+    def _fill(self, key: PatientKey) -> None:
+        """Give the rows without match columns of ``key`` theirs, from their headers: all
+        such rows the first time in this process (indexed before the columns, or under
+        another audit key), then those indexed since without a key (an indexed lookup)."""
+        with self._fill_lock:
+            rows = self.index.unmatched(key.id, only_unset=self._filled)
+            filled = []
+            for sop, path in rows:
+                try:
+                    header = read_header(path, tags=["PatientID", "StudyDate"])
+                except (OSError, UnreadableHeaderError):
+                    header = Dataset()  # gone or unreadable: no search can show it
+                filled.append((sop, *match_columns(header, key)))
+            self.index.fill_match(filled, key.id)
+            self._filled = True
 
     # --- rows ----------------------------------------------------------------------------
     def _rows(self, records: Sequence[ResultInstanceRecord], level: Level, base: str) -> list[_Row]:
