@@ -18,10 +18,12 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 
+from radserve.store import Store, init_store
 from radserve.store.db import normalise_url
 
 TEST_DATABASE_URL = os.environ.get("RADSERVE_TEST_DATABASE_URL")
@@ -49,3 +51,23 @@ def postgres_schema(prefix: str) -> Iterator[str]:
         with admin.begin() as connection:
             connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@contextmanager
+def store_on(kind: str, folder: Path, prefix: str) -> Iterator[Store]:
+    """A migrated store on ``kind`` (``sqlite``: a file in ``folder``; ``postgresql``: a
+    throw-away schema ``<prefix>_…``, skipped without a server), closed at the end: the
+    body of a fixture parametrised over both databases."""
+    if kind == "sqlite":
+        store = init_store(f"sqlite:///{folder / 'radserve.db'}")
+        try:
+            yield store
+        finally:
+            store.close()
+        return
+    with postgres_schema(prefix) as url:
+        store = init_store(url)
+        try:
+            yield store
+        finally:
+            store.close()

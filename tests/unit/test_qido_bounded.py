@@ -15,12 +15,12 @@ import pytest
 from pydicom.dataset import FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, generate_uid
 from sqlalchemy import select
-from tests.factories.postgres import postgres_schema
+from tests.factories.postgres import store_on
 
 from radserve.audit.chain import AuditKey
 from radserve.gateway.dicomweb.index import describe
 from radserve.gateway.dicomweb.qido import QidoSearch, parse_query
-from radserve.store import Store, init_store
+from radserve.store import Store
 from radserve.store.models import ResultInstance
 from radserve.store.result_match import MatchBounds, date_bounds
 from radserve.store.results import ResultIndex
@@ -33,15 +33,8 @@ STUDIES = (("P-1", "20240115"), ("P-1", "20250620"), ("P-2", "20250620"), ("P-3"
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        s = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
-        yield s
-        s.close()
-        return
-    with postgres_schema("radserve_qido_bounded") as url:
-        s = init_store(url)
-        yield s
-        s.close()
+    with store_on(request.param, tmp_path, "radserve_qido_bounded") as opened:
+        yield opened
 
 
 def result_file(folder: Path, patient_id: str, study_date: str) -> Path:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.factories.postgres import postgres_schema
+from tests.factories.postgres import store_on
 
 from radserve.audit import AuditEvent
 from radserve.audit.events import Action
@@ -21,15 +21,8 @@ RAISED, CLEARED = Action.JOB_DEADLINE_RISK.value, Action.JOB_DEADLINE_RISK_CLEAR
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        opened = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
+    with store_on(request.param, tmp_path, "radserve_misses") as opened:
         yield opened
-        opened.close()
-        return
-    with postgres_schema("radserve_misses") as url:
-        opened = init_store(url)
-        yield opened
-        opened.close()
 
 
 def _job(store: Store, job_id: str, arrival: dt.datetime, deadline: dt.datetime) -> None:
