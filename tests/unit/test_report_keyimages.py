@@ -104,3 +104,28 @@ def test_overview_shows_the_slice_with_most_organ_voxels_else_findings_else_the_
     assert z == 1
     _, z = render_overview(ct, organ_labels=empty, finding_labels=empty, size=64)
     assert z == SHAPE[0] // 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_overlay_drawn_in_its_box_is_the_whole_image_overlay(seed: int) -> None:
+    """The overlay works inside the mask's box: the same image as blending and
+    outlining over the whole canvas, masks at the image's edges too."""
+    from scipy import ndimage
+
+    from radserve.report.keyimages import _Canvas
+
+    rng = np.random.default_rng(seed)
+    t = DisplayTransform.for_volume(Volume(np.zeros(SHAPE), _standard()), 96)
+    canvas = _Canvas(t, rng.integers(0, 256, (SHAPE[1], SHAPE[2])).astype(np.uint8))
+    want = canvas.rgb.copy()
+    for alpha, outline in ((0.3, True), (0.0, True), (0.5, False)):
+        mask = ndimage.binary_opening(rng.random(canvas.rgb.shape[:2]) < 0.5)
+        mask[: rng.integers(0, 30)] = False  # a box that touches some edges, not others
+        color = tuple(int(c) for c in rng.integers(0, 256, 3))
+        canvas.overlay(mask, color, alpha, outline)
+        col = np.asarray(color, dtype=np.float32)
+        if alpha > 0:
+            want[mask] = (1 - alpha) * want[mask] + alpha * col
+        if outline:
+            want[mask & ~ndimage.binary_erosion(mask, iterations=1, border_value=0)] = col
+        np.testing.assert_array_equal(canvas.rgb, want)

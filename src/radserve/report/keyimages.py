@@ -154,14 +154,21 @@ class _Canvas:
         return np.asarray(image.resize(size, Image.Resampling.NEAREST))
 
     def overlay(self, mask: np.ndarray, color: Color, alpha: float, outline: bool) -> None:
-        if not mask.any():
+        """Blend ``color`` over ``mask`` and draw its outline, inside the mask's tight
+        box, not over the whole image (an organ covers a small part of it): every pixel
+        outside the box is outside the mask, as the erosion's border value says."""
+        rows = np.flatnonzero(mask.any(axis=1))
+        if rows.size == 0:
             return
+        cols = np.flatnonzero(mask.any(axis=0))
+        box = (slice(rows[0], rows[-1] + 1), slice(cols[0], cols[-1] + 1))
+        mask, rgb = mask[box], self.rgb[box]  # views: the writes land in self.rgb
         col = np.asarray(color, dtype=np.float32)
         if alpha > 0:
-            self.rgb[mask] = (1 - alpha) * self.rgb[mask] + alpha * col
+            rgb[mask] = (1 - alpha) * rgb[mask] + alpha * col
         if outline:
             edge = mask & ~ndimage.binary_erosion(mask, iterations=1, border_value=0)
-            self.rgb[edge] = col
+            rgb[edge] = col
 
     def image(self) -> Image.Image:
         return Image.fromarray(np.clip(self.rgb + 0.5, 0, 255).astype(np.uint8), "RGB")
