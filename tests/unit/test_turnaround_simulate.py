@@ -208,3 +208,30 @@ def test_a_paused_worker_lends_its_thread_to_urgent_cpu_work() -> None:
     assert result.classes[OUT].tat_mean_s == pytest.approx(11.0)
     waits = simulate(trace, sample, SimConfig(1, 1, PLAIN, urgent_lane=False), seed=0)
     assert waits.classes[U].tat_mean_s == pytest.approx(10.0)
+
+
+def test_urgent_work_runs_at_its_solo_speed_while_routine_cpu_stages_pause() -> None:
+    """The scheduler's ``yield_to_urgent`` on a 2-core host with two CPU workers and the
+    URGENT lane: two routine 10 s CPU stages hold both cores when a 2 s URGENT stage
+    arrives at 1 s. Paused at their checkpoints, they leave the URGENT stage the cores
+    (done in 2 s, as alone) and end 2 s late (12 s); without yielding, three threads
+    share two cores (URGENT 3 s, routine 11 s). A routine device batch is not a
+    checkpointed stage: it runs on, and the URGENT stage shares the cores with it."""
+
+    def stages(rng: np.random.Generator, cls: PriorityClass) -> JobService:
+        return JobService(2.0, (), 0.0) if cls is U else JobService(10.0, (), 0.0)
+
+    def batch(rng: np.random.Generator, cls: PriorityClass) -> JobService:
+        return JobService(2.0, (), 0.0) if cls is U else JobService(0.0, (10.0,), 0.0)
+
+    trace = [Arrival(0.0, OUT), Arrival(0.0, OUT), Arrival(1.0, U)]
+    host = SimConfig(1, 2, SchedulerSettings(), host_cores=2)
+    paused = simulate(trace, stages, host, seed=0)
+    assert paused.classes[U].tat_mean_s == pytest.approx(2.0)
+    assert paused.classes[OUT].tat_mean_s == pytest.approx(12.0)
+    plain = SchedulerSettings(urgent_exclusive=False, yield_to_urgent=False)
+    shared = simulate(trace, stages, SimConfig(1, 2, plain, host_cores=2), seed=0)
+    assert shared.classes[U].tat_mean_s == pytest.approx(3.0)
+    assert shared.classes[OUT].tat_mean_s == pytest.approx(11.0)
+    beside_batch = simulate(trace[1:], batch, host, seed=0)
+    assert beside_batch.classes[U].tat_mean_s == pytest.approx(3.0)  # 3 threads, 2 cores

@@ -142,3 +142,49 @@ def test_each_class_draws_its_noise_from_its_own_jobs() -> None:
         round(sampler.service(rng, 40, PriorityClass.INPATIENT).cpu_pre_s, 6) for _ in range(200)
     }
     assert pooled == {1.0, 3.0}
+
+
+def test_a_study_draws_its_noise_from_the_jobs_of_its_own_size() -> None:
+    """Ten 40-slice jobs alone with 1 s of work, ten 47-slice ones with 4 s: the sizes
+    are too close for a slope (service_time.MIN_SPREAD), so both sizes share one flat
+    line, and pooled ratios would give a 40-slice study 4 s of work half the time (the
+    quiet traces' URGENT p50 miss, 2026-12-02). Drawn by size, each study gets its own
+    size's work."""
+    import numpy as np
+
+    from radserve.turnaround.plan import ModelSampler
+
+    runs = [
+        JobRun(OUT, 10.0 * i, 10.0 * i, 10.0 * i + work, slices, {"ingest": work, RUN: work})
+        for i, (slices, work) in enumerate([(40, 1.0), (47, 4.0)] * 10)
+    ]
+    model = solo_model(runs, 2, pipeline="p", device="cpu", precision="fp32")
+    steps = ModelSampler(model, "p", "cpu", "fp32")._steps
+    assert steps(40)["ingest"] == pytest.approx(steps(47)["ingest"], rel=0.2)  # one line
+    rng = np.random.default_rng(0)
+    for slices, work in ((40, 1.0), (47, 4.0)):
+        by_size = ModelSampler(model, "p", "cpu", "fp32")
+        assert {round(by_size.service(rng, slices).cpu_pre_s, 6) for _ in range(50)} == {work}
+    pooled = ModelSampler(model, "p", "cpu", "fp32", by_size=False)
+    drawn = {round(pooled.service(rng, 40).cpu_pre_s, 1) for _ in range(200)}
+    assert len(drawn) == 2 and max(drawn) > 2.0  # the 47-slice jobs' work drawn too
+
+
+def test_jobs_that_shared_the_host_count_less_than_jobs_alone() -> None:
+    """Ten jobs of one size, five alone (2 s of work) and five that ran in pairs on one
+    core (each 4 s of wall time, 2 s alone: one thread of the other running beside
+    it): the draws weigh each by exp(-threads of others / SHARED_THREADS)."""
+    import numpy as np
+
+    from radserve.turnaround.plan import SHARED_THREADS, ModelSampler
+
+    alone = [_run(OUT, 10.0 * i, 10.0 * i + 2.0, ingest=2.0) for i in range(5)]
+    pairs = [
+        _run(OUT, 100.0 + 10.0 * (i // 2), 104.0 + 10.0 * (i // 2), ingest=4.0) for i in range(6)
+    ]
+    model = solo_model(alone + pairs, 1, pipeline="p", device="cpu", precision="fp32")
+    assert [round(w.shared, 6) for w in model.work] == [0.0] * 5 + [1.0] * 6
+    ratios, p = ModelSampler(model, "p", "cpu", "fp32").size_ratios(40)
+    assert ratios == pytest.approx(np.ones(11))  # 2 s of work each, alone or divided out
+    assert p[0] / p[-1] == pytest.approx(np.exp(1.0 / SHARED_THREADS))
+    assert p.sum() == pytest.approx(1.0)

@@ -151,6 +151,7 @@ def planner_check(
     cores_per_device: int | None = None,
     fillers: Sequence[tuple[float, PriorityClass, int | None]] = (),
     noise_per_class: bool = False,
+    noise_by_size: bool = True,
 ) -> dict[str, object]:
     """``radserve plan``'s simulation of this trace (its arrivals and classes, and the
     unmeasured ``fillers`` that kept the stream going before and after them: POSIX
@@ -159,7 +160,8 @@ def planner_check(
     own study's size when every size is known (else at sizes drawn from those the model
     saw). The simulation's figures are medians over ``seeds`` seeds (service-time draws)
     and count only the measured jobs; ``noise_per_class``: times alone draw each job's
-    noise from its own class's jobs (:class:`ModelSampler`)."""
+    noise from its own class's jobs, ``noise_by_size`` (the default): from the jobs
+    nearest its size, else from all (:class:`ModelSampler`)."""
     events = sorted(
         [(j.arrival, j.cls, j.slices, True) for j in jobs]
         + [(t, c, n, False) for t, c, n in fillers],
@@ -167,7 +169,11 @@ def planner_check(
     )
     start = events[0][0]
     sampler = ModelSampler(
-        model, *group, batch_slices=scheduler.max_batch_size, per_class=noise_per_class
+        model,
+        *group,
+        batch_slices=scheduler.max_batch_size,
+        per_class=noise_per_class,
+        by_size=noise_by_size,
     )
     sized = all(e[2] is not None for e in events)
 

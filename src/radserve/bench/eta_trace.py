@@ -55,6 +55,7 @@ from radserve.bench.eta_accuracy import (
     group_of,
     planner_check,
 )
+from radserve.bench.eta_planner import DEFAULT, solo_from_records
 from radserve.bench.load import distinct_copies, template_study
 from radserve.domain.priority import PriorityClass
 from radserve.host import usable_cores
@@ -62,7 +63,6 @@ from radserve.turnaround.eta import on_host_cores
 
 FINAL = ("succeeded", "failed", "cancelled")
 MIX = (0.2, 0.3, 0.5)  # URGENT, INPATIENT, OUTPATIENT
-PLANNER_DEFAULT = "solo times from the trace, shared cores"
 MISS_LOAD = 2.0  # the burst brings this many URGENT TATs of work: about half miss
 _CLASSES = (PriorityClass.URGENT, PriorityClass.INPATIENT, PriorityClass.OUTPATIENT)
 
@@ -258,7 +258,9 @@ def run_eta_trace(
             # times with the sharing they ran under divided out (as radserve plan learns
             # them from the store); without host cores, the times as measured
             default = (
-                model if shared is None else _solo_from(records, model, group, shared, cpu_workers)
+                model
+                if shared is None
+                else solo_from_records(records, model, group, shared, cpu_workers)
             )
             # older models beside it: the device as separate hardware (radserve plan's
             # default before session 9), shared cores with the times as measured (the
@@ -318,7 +320,7 @@ def run_eta_trace(
         # radserve plan's default (since 2026-12-02 session 10 here; before, "planner"
         # was the separate-hardware model)
         "planner": planner,
-        "planner_model": PLANNER_DEFAULT if shared is not None else "trace times",
+        "planner_model": DEFAULT if shared is not None else "trace times",
         "planner_separate_hardware": separate,
         "planner_shared_cores": shared_cores,
         "planner_host_model": host_model,
@@ -337,29 +339,6 @@ def run_eta_trace(
         # [class rank, scheduler clock s] (since 2026-12-02 session 11)
         "arrivals_at_start": [list(a) for a in arrivals_at_start],
     }
-
-
-def _solo_from(
-    records: Sequence[dict[str, Any]],
-    model: Any,
-    group: tuple[str, str, str],
-    cores: int,
-    cpu_workers: int,
-) -> Any:
-    """The trace's own jobs' times alone (their end records), as ``radserve plan`` learns
-    them from the store on a CPU device (radserve.turnaround.solo)."""
-    from radserve.turnaround.solo import runs_from_end_records, solo_model
-
-    return solo_model(
-        runs_from_end_records(records),
-        cores,
-        prior=model.prior,
-        pipeline=group[0],
-        device=group[1],
-        precision=group[2],
-        # the server's CPU workers, its URGENT lane and a batch on every core
-        max_threads=cpu_workers + 1 + cores,
-    )
 
 
 def _submit(client: httpx.Client, blobs: list[bytes], cls: PriorityClass | None) -> str:

@@ -5,7 +5,8 @@ The ETA walk's throughput bound (:meth:`radserve.turnaround.eta.Capacity.work_s`
 up the model's per-job times and spreads them over the workers and cores. On a host
 shared with other processes (or whose cores the stages share unevenly) the queue drains
 slower, or faster, than that: measured through a real server on a loaded 2-core host,
-jobs queued behind >= 3 others finished 2-5x later than the walk said (README, issue 17).
+jobs queued behind >= 3 others finished 2-5x later than the walk said
+(docs/history/turnaround.md).
 So the server measures it: while a job is *waiting* (the server is saturated: every slot
 it may use is busy), each completion adds (wall seconds since the previous completion or
 since saturation began, the model's work seconds of the completed job as the walk

@@ -34,7 +34,8 @@ ahead of all routine work, INPATIENT ahead of OUTPATIENT), so a job's *finish* a
 work those classes are expected to bring, at their observed arrival rates, within its
 horizon (:func:`overtaking_delay`: the Poisson mean; measured through a real server,
 leaving out every arrival made routine ETAs ~70 % early, and allowing for URGENT ones
-only left jobs queued behind >= 3 others 38 % early on a 32-study trace, README), and
+only left jobs queued behind >= 3 others 38 % early on a 32-study trace:
+docs/history/turnaround.md), and
 the *pessimistic* finish the 90th percentile of that work plus the noise of the job's
 own service time. Aging bounds the window: a routine job aged one class up is overtaken
 by arrivals of that class only while their deadlines come before its own (EDF), and by a
@@ -107,7 +108,8 @@ class Capacity:
     share_left: str = "measured"
     # a queued job's throughput bound also counts the shares left of the running jobs
     # ranked behind it: they go on running, only URGENT work holds them (session 11: not
-    # the default; on four traces it helped on one, tied on one, worse on two, README)
+    # the default; on four traces it helped on one, tied on one, worse on two: README,
+    # Turnaround)
     running_behind: bool = False
 
     def work_s(self, cpu_s: float, device_s: float) -> float:

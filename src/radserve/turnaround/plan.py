@@ -23,7 +23,6 @@ from radserve.domain.priority import PriorityClass
 from radserve.turnaround.service_time import (
     DEVICE_SUFFIX,
     RUN,
-    SHARE,
     ServiceTimeModel,
     StudySize,
 )
@@ -42,6 +41,9 @@ from radserve.turnaround.solo import SoloTimes
 _PER = {"s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RATE = re.compile(r"^\s*([0-9.]+(?:e-?[0-9]+)?)\s*(?:/\s*(s|min|m|h|d))?\s*$")
 MIN_RATIOS = 10  # measured jobs before their own noise is drawn
+# a job that shared the host with this many threads of others on average counts 1/e of
+# one that ran alone in the noise drawn for its size (ModelSampler.size_ratios)
+SHARED_THREADS = 1.0
 _DURATION = re.compile(r"^\s*([0-9.]+)\s*(s|min|m|h)?\s*$")
 
 
@@ -81,15 +83,32 @@ def _class(name: str) -> PriorityClass:
         raise PlanInputError(str(exc)) from None
 
 
+def _nearest(distance: np.ndarray) -> np.ndarray:
+    """Indices of the ``MIN_RATIOS`` smallest ``distance`` values and every one tied
+    with the largest of them (all when there are fewer)."""
+    if len(distance) <= MIN_RATIOS:
+        return np.arange(len(distance))
+    cut = np.partition(distance, MIN_RATIOS - 1)[MIN_RATIOS - 1]
+    return np.flatnonzero(distance <= cut + 1e-12)
+
+
 @dataclass(frozen=True)
 class ModelSampler:
     """Job service drawn from a :class:`ServiceTimeModel`: the study size from the sizes
     seen (else the typical one), the steps' lines at that size, times a noise factor.
     Times alone (:class:`SoloTimes`) draw it from their jobs' own ratios to the lines
     (:attr:`ratios`), so the simulated work has the mean and the tail that was measured
-    (the lines are medians: Theil-Sen); with ``per_class``, from the job's own class's
-    ratios when that class has at least ``MIN_RATIOS`` jobs (:attr:`class_ratios`: not
-    the default, it did not help on the traces of session 10, README); times as measured, or
+    (the lines are medians: Theil-Sen). With ``by_size`` (the default) only the ratios
+    of the jobs nearest the study's size count, weighted by how alone they ran
+    (:meth:`size_ratios`): what a study's work depends on besides its slices (its
+    findings make the report) travels with the study, and the lines cannot show it when
+    the sizes seen are too close to fit a slope (``service_time.MIN_SPREAD``): on the
+    quiet traces of 2026-12-02 the 40-slice phantom worked about 1.7 s alone and the
+    47-slice one about 4.3 s, both on a 2.7-2.9 s line, so pooled ratios planned URGENT
+    p50 at 2.8 s against 1.7 s measured (docs/history/turnaround.md, session 12). With
+    ``per_class``, from the job's own class's ratios when that class has at least
+    ``MIN_RATIOS`` jobs (:attr:`class_ratios`: not the default, it did not help on the
+    traces of session 10); times as measured, or
     fewer than ``MIN_RATIOS`` jobs, lognormal noise of mean 1 with the spread the model
     measured (at least ``min_cv``): their ratios hold the contention the simulation
     adds itself."""
@@ -101,6 +120,7 @@ class ModelSampler:
     batch_slices: int = 32
     min_cv: float = 0.05
     per_class: bool = False
+    by_size: bool = True
 
     def __call__(self, rng: np.random.Generator, cls: PriorityClass) -> JobService:
         sizes = self.model.sizes()
@@ -108,26 +128,59 @@ class ModelSampler:
         return self.service(rng, slices, cls)
 
     @cached_property
-    def ratios(self) -> np.ndarray:
-        """Each measured job's work (the sum of its steps) over the steps' lines at its
-        size; empty with fewer than ``MIN_RATIOS`` jobs, or steps not measured for the
-        same jobs. Not ``run`` (start to finish): it holds the job's waits for a worker,
-        which the simulation makes itself."""
+    def _measured(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(slices, ratio, shared) of each job of the group in the times alone (the last
+        ``model.window``): its work (the sum of its steps) over the steps' lines at its
+        size, and how much it shared the host (:attr:`SoloWork.shared`); empty with
+        fewer than ``MIN_RATIOS`` jobs, or times as measured. Not ``run`` (start to
+        finish): it holds the job's waits for a worker, which the simulation makes
+        itself."""
         group = (self.pipeline, self.device, self.precision)
-        rows = [
-            r
-            for r in self.model.to_json()["samples"]  # type: ignore[attr-defined]
-            if (r["pipeline"], r["device"], r["precision"]) == group
-            and r["step"] not in (RUN, SHARE)
-        ]
-        counts = {len(r["seconds"]) for r in rows}
-        if len(counts) != 1 or counts.pop() < MIN_RATIOS:
-            return np.array([], dtype=float)
-        slices = np.asarray(rows[0]["slices"], dtype=int)
-        work = np.sum([r["seconds"] for r in rows], axis=0)
-        lines = np.array([sum(self._steps(int(n)).values()) for n in slices])
-        keep = lines > 0
-        return np.asarray(work[keep] / lines[keep], dtype=float)
+        work = [w for w in getattr(self.model, "work", ()) if w.group == group]
+        work = work[-self.model.window :]
+        lines = np.array([sum(self._steps(w.slices).values()) for w in work])
+        keep = [w for w, line in zip(work, lines, strict=True) if line > 0]
+        if len(keep) < MIN_RATIOS:
+            return np.array([], dtype=int), np.array([], dtype=float), np.array([])
+        return (
+            np.array([w.slices for w in keep], dtype=int),
+            np.array([w.seconds for w in keep]) / lines[lines > 0],
+            np.array([w.shared for w in keep]),
+        )
+
+    @property
+    def ratios(self) -> np.ndarray:
+        """Every measured job's work over the lines at its size (:attr:`_measured`)."""
+        return self._measured[1]
+
+    @cached_property
+    def _by_size(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        return {}
+
+    def size_ratios(self, slices: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ratios a study of ``slices`` slices draws from, and their probabilities:
+        the jobs nearest it in size (relative distance: at least ``MIN_RATIOS``, and
+        every job as near as the farthest of them), each weighted by ``exp(-shared /
+        SHARED_THREADS)``. A study of a size seen draws from the jobs of that size once
+        there are ``MIN_RATIOS``. The weight is trust: a job that ran alone was
+        measured, one that ran beside others is the mean-field division's estimate,
+        off by up to 30 % either way on the quiet traces of 2026-12-02 (an URGENT burst
+        kept some sharing, routine jobs lost too much)."""
+        cached = self._by_size.get(slices)
+        if cached is not None:
+            return cached
+        sizes, ratios, shared = self._measured
+        near = _nearest(np.abs(np.log(np.maximum(sizes, 1) / max(slices, 1))))
+        weights = np.exp(-shared[near] / SHARED_THREADS)
+        self._by_size[slices] = (ratios[near], weights / weights.sum())
+        return self._by_size[slices]
+
+    def _noise(self, rng: np.random.Generator, slices: int) -> float:
+        """A ratio drawn for a study of ``slices`` slices (times alone, measured jobs)."""
+        if not self.by_size:
+            return float(rng.choice(self.ratios))
+        ratios, p = self.size_ratios(slices)
+        return float(rng.choice(ratios, p=p))
 
     @cached_property
     def class_ratios(self) -> dict[PriorityClass, np.ndarray]:
@@ -165,7 +218,7 @@ class ModelSampler:
         if own is not None:
             noise = float(rng.choice(own))
         elif isinstance(self.model, SoloTimes) and len(self.ratios):
-            noise = float(rng.choice(self.ratios))
+            noise = self._noise(rng, slices)
         else:
             cv = max(self.min_cv, 1.4826 * est.spread_s / max(est.latency_s, 1e-9))
             noise = float(rng.lognormal(-cv * cv / 2, cv))

@@ -8,7 +8,7 @@ server started, at least 60 s, so the first minutes after a start (a restart, a 
 counted arrivals over time in which none could come, and a class not seen yet counted as
 never coming. On the quiet traces of session 11 that made the routine ETAs of jobs queued
 behind >= 3 others early: the INPATIENT and URGENT jobs that overtook them arrived 3-7x
-faster than the rates the server had counted (README, issue 17). Each class also gets
+faster than the rates the server had counted (README, Turnaround). Each class also gets
 ``prior_arrivals`` pseudo-arrivals over the span (a class not seen yet may still come;
 after an hour one pseudo-arrival is one an hour, next to nothing). Pure: no clock, no
 threads.

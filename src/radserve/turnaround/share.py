@@ -5,7 +5,7 @@ The walk (:mod:`radserve.turnaround.eta`) bounds a job's finish by the work rank
 of it. Summing the stage timings for that counts the sharing twice: a stage's wall time
 already includes the other jobs that ran beside it (four routine jobs on two cores each
 report a ``report`` stage 2-3x its time alone), so on a busy server the bound ran late
-(README, issue 17, session 10); alone-measured times, at a cold start, made it early.
+(docs/history/turnaround.md, session 10); alone-measured times, at a cold start, made it early.
 Neither is the time the server *spends* on a job. This meter splits wall time among the
 jobs running at each moment, equally, as the scheduler's events say (start, finish):
 over any busy stretch the shares add up to exactly its wall time, so summing the shares

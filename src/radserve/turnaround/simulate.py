@@ -18,7 +18,7 @@ turnaround:
   its speed alone (processor sharing, :class:`_SharedCores`), so a batch and a CPU
   stage at once both slow down, neither waits for the other. (Until 2026-12-01 a batch
   *held* every core and waited for running CPU stages to end: on a 2-core host that
-  over-predicted routine p50 TAT by 70-147 %, README);
+  over-predicted routine p50 TAT by 70-147 %: docs/history/turnaround.md);
 - while URGENT work can run (``yield_to_urgent``), a routine CPU stage already running
   pauses (no progress, no core) until no URGENT job is unfinished, as the server's
   routine units wait at their checkpoints, and its thread runs URGENT CPU units

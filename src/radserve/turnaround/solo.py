@@ -76,6 +76,10 @@ class SoloWork:
     group: tuple[str, str, str]  # (pipeline, device, precision)
     slices: int
     seconds: float
+    # the other jobs' mean thread demand while it ran (:attr:`Slowdown.others`): 0, it
+    # ran alone and ``seconds`` is what was measured; the more, the more of ``seconds``
+    # is the mean-field division's guess
+    shared: float = 0.0
 
 
 class SoloTimes(ServiceTimeModel):
@@ -101,6 +105,7 @@ class Slowdown:
     cpu: float
     device: float
     paused_cpu_s: float
+    others: float = 0.0  # the other jobs' mean thread demand while it was active
 
 
 def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -177,6 +182,7 @@ def slowdowns(
                 max(1.0, (1 + cpu_others) / cores),
                 max(1.0, (cores + device_others) / cores),
                 float(paused[j]),
+                others,
             )
         )
     return out
@@ -227,7 +233,7 @@ def solo_model(
                 timings=timings,
             )
             work = sum(v for k, v in timings.items() if k != RUN)
-            model.work.append(SoloWork(run.cls, group, run.slices, work))
+            model.work.append(SoloWork(run.cls, group, run.slices, work, slow.others))
     return model
 
 
