@@ -1,7 +1,8 @@
 """``radserve bench --scenario cstore`` on a few instances: every mode and both floors
 (the disk, a bare pynetdicom SCP) store every instance (the bench raises otherwise) and
-report a rate, a ratio and the CPU per row, and the floor summary names what is below
-the goal."""
+report a rate, a ratio, the CPU and its bound per row, the receiving CPU split where the
+SCP receives in the bench's process, and the floor summary names what is below the
+goal."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from radserve.bench.cstore import (
     DEFAULT_MODE,
     DISK,
     MODES,
+    SPLIT,
     dcmtk_storescu,
     run_cstore_bench,
 )
@@ -50,3 +52,29 @@ def test_cstore_bench_runs_every_mode(tmp_path: Path) -> None:
         assert floor["bare_pynetdicom"] > 0 and floor["disk"] > 0
         # 8 instances cannot reach 300/s through storescu's start-up: all below the goal
         assert "radserve" in floor["below_goal"]
+
+
+def test_cstore_bench_reports_the_cpu_bound_and_the_receiving_split(tmp_path: Path) -> None:
+    summary = run_cstore_bench(
+        n_instances=12, associations=(2,), repeats=1, cache_dir=tmp_path, log=lambda _: None
+    )
+    cores = summary["cpus"]
+    for row in summary["rows"]:
+        spent = row["cpu_ms_per_instance"] + row["sender_cpu_ms_per_instance"]
+        assert row["cpu_bound_instances_per_s"] == pytest.approx(cores * 1000 / spent)
+    one_process = [
+        r for r in summary["rows"] if r["mode"] in dict(MODES) and r["mode"].endswith("1 process")
+    ]
+    assert one_process
+    for row in one_process:
+        split = row["cpu_split_ms"]
+        assert list(split) == list(SPLIT)
+        # the parts are measured (thread CPU clocks) or the remainder: they sum to the total
+        assert sum(split.values()) == pytest.approx(row["cpu_ms_per_instance"])
+        # pynetdicom decoded every PDU and radserve read and stored every instance
+        assert split["pynetdicom_receive"] > 0
+        assert split["parse"] > 0 and split["durable"] > 0 and split["handler_other"] > 0
+    # receiving processes and the floors keep their ledgers elsewhere, or have none
+    others = [r for r in summary["rows"] if r not in one_process]
+    assert others and all(r["cpu_split_ms"] is None for r in others)
+    assert summary["floors"]["2"]["radserve_cpu_bound"] > 0

@@ -29,6 +29,15 @@ Each run also reports the CPU it cost per instance (the SCP: this process's SCP 
 committer threads, plus its receiving processes; children: the storescu senders), and
 in ``group`` mode the committer's busy share: a committer idle most of the time cannot
 group, whatever the concurrency.
+
+From those, each row's CPU bound: the rate the machine's cores allow when the senders
+share them (``cores x 1000 / (SCP + sender CPU-ms an instance)``, :func:`cpu_bound`), so
+a rate comes with what bounds it from the same run. Where the SCP receives in this
+process, its CPU an instance is split too (:data:`SPLIT`, from the SCP's
+:class:`~radserve.gateway.cpu_ledger.CpuLedger`): pynetdicom's DUL threads (socket reads,
+PDU decoding, the data set written to the spool file), the rest of pynetdicom (the
+association threads' DIMSE work: command set, response, events; association set-up),
+the header read, the durable save and radserve's other handler work.
 """
 
 from __future__ import annotations
@@ -113,10 +122,52 @@ BARE_VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
+# the parts of the SCP's CPU an instance, in the order they happen to an instance
+SPLIT = ("pynetdicom_receive", "pynetdicom_dimse_and_rest", "parse", "durable", "handler_other")
+
+
+def cpu_bound(cores: int, scp_ms: float, sender_ms: float) -> float | None:
+    """Instances a second the cores allow at these CPU-ms an instance (None at 0 ms)."""
+    spent = scp_ms + sender_ms
+    return cores * 1000 / spent if spent > 0 else None
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
 def _cpu() -> tuple[float, float]:
-    """CPU seconds of this process (all threads) and of its waited-for children."""
+    """CPU seconds of this process (all threads, the kernel's nanosecond clock) and of
+    its waited-for children (clock ticks: what the kernel keeps for them)."""
     t = os.times()
-    return t.user + t.system, t.children_user + t.children_system
+    return time.process_time(), t.children_user + t.children_system
+
+
+def _split(total_ms: float, ledger: dict[str, float], files: int) -> dict[str, float]:
+    """The SCP's CPU-ms an instance in :data:`SPLIT`'s parts (summing to ``total_ms``)."""
+    ms = {name: 1000 * seconds / files for name, seconds in ledger.items()}
+    return {
+        "pynetdicom_receive": ms["receive"],
+        "pynetdicom_dimse_and_rest": total_ms - ms["receive"] - ms["handler"],
+        "parse": ms["parse"],
+        "durable": ms["durable"],
+        "handler_other": ms["handler"] - ms["parse"] - ms["durable"],
+    }
+
+
+def _settled(scp: GatewaySCP, timeout_s: float = 10.0) -> None:
+    """Wait until every association's threads have ended (a DUL thread's CPU is counted
+    when it ends), at most ``timeout_s``."""
+    from pynetdicom.association import Association
+    from pynetdicom.dul import DULServiceProvider
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not scp.admission.open_connections() and not any(
+            isinstance(t, Association | DULServiceProvider) for t in threading.enumerate()
+        ):
+            return
+        time.sleep(0.01)
 
 
 def _send(tool: str, files: list[Path], host: str, port: int, aec: str, n_assoc: int) -> float:
@@ -172,11 +223,15 @@ def _one_run(
     with GatewaySCP(config, lambda study: None, run_monitor=False) as scp:
         host, port = scp.address
         pids = scp.receiver_pids()
-        cpu0, receivers0 = _cpu(), _process_cpu(pids)
+        cpu0, receivers0, ledger0 = _cpu(), _process_cpu(pids), scp.cpu.snapshot()
         seconds = _send(tool, files, host, port, "RADSERVE", n_assoc)
+        _settled(scp)
         result = _measured(len(files), seconds, cpu0)
         # the receiving processes' CPU is the SCP's too
         result["cpu_ms_per_instance"] += 1000 * (_process_cpu(pids) - receivers0) / len(files)
+        if not pids:  # received here: the ledger saw every association
+            ledger = {k: v - ledger0[k] for k, v in scp.cpu.snapshot().items()}
+            result["cpu_split_ms"] = _split(result["cpu_ms_per_instance"], ledger, len(files))
         committer = scp.instances.committer
         if committer is not None and committer.batches:
             result["mean_batch"] = len(files) / committer.batches
@@ -365,6 +420,7 @@ def run_cstore_bench(
     finally:
         shutil.rmtree(root, ignore_errors=True)
     load1 = os.getloadavg()[0]
+    cores = _cores()
     rows = []
     for label in labels:
         for n_assoc in associations:
@@ -384,7 +440,15 @@ def run_cstore_bench(
                 "mean_batch": None,
                 "largest_batch": None,
                 "committer_busy": None,
+                "cpu_split_ms": None,
             }
+            row["cpu_bound_instances_per_s"] = cpu_bound(
+                cores, row["cpu_ms_per_instance"], row["sender_cpu_ms_per_instance"]
+            )
+            if all("cpu_split_ms" in r for r in cell):
+                row["cpu_split_ms"] = {
+                    part: statistics.median(r["cpu_split_ms"][part] for r in cell) for part in SPLIT
+                }
             if any("mean_batch" in r for r in cell):
                 grouped = [r for r in cell if "mean_batch" in r]
                 row["mean_batch"] = statistics.median(r["mean_batch"] for r in grouped)
@@ -398,7 +462,7 @@ def run_cstore_bench(
         "file_system_of": str(root.parent),
         "goal_instances_per_s": GOAL_RATE,
         "load_average": [round(load0, 2), round(load1, 2)],
-        "cpus": os.cpu_count(),
+        "cpus": cores,
         "rows": rows,
     }
     if floors:
@@ -410,6 +474,7 @@ def _floor_summary(rows: list[dict[str, Any]], associations: tuple[int, ...]) ->
     """Per concurrency: the best radserve mode against the bare SCP and the disk, and
     which of the three is below the goal."""
     by = {(r["mode"], r["associations"]): r["instances_per_s"] for r in rows}
+    bounds = {(r["mode"], r["associations"]): r["cpu_bound_instances_per_s"] for r in rows}
     out: dict[str, Any] = {}
     for n in associations:
         best_label = max((m[0] for m in MODES), key=lambda label: by[(label, n)])
@@ -417,6 +482,7 @@ def _floor_summary(rows: list[dict[str, Any]], associations: tuple[int, ...]) ->
         out[str(n)] = {
             "radserve_best_mode": best_label,
             "radserve": best,
+            "radserve_cpu_bound": bounds[(best_label, n)],
             "bare_pynetdicom": bare,
             "disk": disk,
             "radserve_vs_bare": best / bare if bare else None,

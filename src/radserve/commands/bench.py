@@ -523,6 +523,7 @@ def _cstore(
         "runs",
         "x default",
         "CPU-ms/instance",
+        "CPU bound/s",
         "batch (largest)",
         "committer busy",
     )
@@ -533,6 +534,7 @@ def _cstore(
         if row["mean_batch"] is not None:
             batch = f"{row['mean_batch']:.1f} ({row['largest_batch']})"
         busy = "-" if row["committer_busy"] is None else f"{row['committer_busy']:.0%}"
+        bound = row["cpu_bound_instances_per_s"]
         table.add_row(
             row["mode"] + (" (writers)" if row["mode"] == "disk" else ""),
             str(row["associations"]),
@@ -540,10 +542,15 @@ def _cstore(
             " ".join(f"{r:.0f}" for r in row["runs"]),
             f"{row['ratio_vs_default']:.2f}",
             f"{row['cpu_ms_per_instance']:.1f} + {row['sender_cpu_ms_per_instance']:.1f}",
+            "-" if bound is None else f"{bound:.0f}",
             batch,
             busy,
         )
     console.print(table)
+    for row in summary["rows"]:
+        if row["cpu_split_ms"] is not None:
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in row["cpu_split_ms"].items())
+            console.print(f"{row['mode']}, {row['associations']}: SCP CPU-ms an instance: {parts}")
     for n, floor in summary.get("floors", {}).items():
         console.print(
             f"{n} association(s): radserve ({floor['radserve_best_mode']}) "
@@ -554,7 +561,8 @@ def _cstore(
     console.print(
         f"[dim]goal: >= {summary['goal_instances_per_s']:.0f}/s; every success was sent after "
         "the instance was durable; CPU-ms: the SCP (this process and its receiving processes) "
-        "+ the storescu senders; data on the "
+        f"+ the storescu senders; CPU bound: {summary['cpus']} cores x 1000 / (SCP + senders "
+        "CPU-ms an instance); data on the "
         f"file system of {summary['file_system_of']}[/dim]"
     )
     _save_summary(console, json_path, summary)

@@ -29,12 +29,15 @@ import queue
 import select
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from pynetdicom.dimse import DIMSEServiceProvider
 from pynetdicom.dul import DULServiceProvider
 from pynetdicom.pdu_primitives import A_RELEASE
+
+from radserve.gateway.cpu_ledger import CpuLedger
 
 POLL_S = 0.05  # the longest either thread blocks before pynetdicom's own checks
 
@@ -88,6 +91,7 @@ class _WaitingDUL(DULServiceProvider):
 
     _waker: _Waker
     _release_requested: bool = False
+    _ledger: CpuLedger | None = None
 
     def _to_user(self, primitive: Any) -> None:
         """The DUL thread handed ``primitive`` to the association thread: wake it."""
@@ -128,11 +132,17 @@ class _WaitingDUL(DULServiceProvider):
         super().kill_dul()
         self._waker.wake()
 
-    def run_reactor(self) -> None:
+    def run(self) -> None:
+        """The thread's life (pynetdicom's reactor), its CPU counted in ``_ledger`` when
+        set. ``run``, not ``run_reactor``: the thread's target was bound to pynetdicom's
+        own ``run_reactor`` before this class was set, so an override there never ran."""
+        start = time.thread_time()
         try:
-            super().run_reactor()
+            super().run()
         finally:
             self._waker.close()
+            if self._ledger is not None:
+                self._ledger.add("receive", time.thread_time() - start)
 
 
 class _WaitingDIMSE(DIMSEServiceProvider):
@@ -162,9 +172,10 @@ def check() -> None:
             )
 
 
-def wait_instead_of_polling(assoc: Any) -> None:
+def wait_instead_of_polling(assoc: Any, ledger: CpuLedger | None = None) -> None:
     """Make one acceptor association's two threads block instead of poll (call before
-    ``assoc.start()``, when nothing is queued yet)."""
+    ``assoc.start()``, when nothing is queued yet); ``ledger``: where the DUL thread's
+    CPU is counted (``receive``)."""
     dul, dimse = assoc.dul, assoc.dimse
     for name in ("to_provider_queue", "to_user_queue"):
         if not getattr(dul, name).empty():
@@ -173,6 +184,7 @@ def wait_instead_of_polling(assoc: Any) -> None:
         raise RuntimeError("pynetdicom's DIMSE message queue is not a queue.Queue")
     dul.__class__ = _WaitingDUL
     dul._waker = waker = _Waker()
+    dul._ledger = ledger
     dul.to_provider_queue = _CallingQueue(lambda _primitive: waker.wake())
     dul.to_user_queue = _CallingQueue(dul._to_user)
     dimse.__class__ = _WaitingDIMSE

@@ -36,6 +36,7 @@ from radserve.gateway.completeness import (
 )
 from radserve.gateway.config import AllowList, ScpConfig
 from radserve.gateway.conformance import Status, UnwantedPolicy
+from radserve.gateway.cpu_ledger import CpuLedger
 from radserve.gateway.errors import InstanceRejectedError, OutOfResourcesError
 from radserve.gateway.own_results import OwnResults
 from radserve.gateway.receive_limit import Exceeded, StoreLimit, clear_spool, install
@@ -185,6 +186,8 @@ class GatewaySCP:
         self._ssl_context = None
         if config.tls is not None and config.tls.cert is not None:
             self._ssl_context = server_context(config.tls, "the DICOM SCP")
+        # this process's receiving CPU by section (the bench's split; radserve.gateway.cpu_ledger)
+        self.cpu = CpuLedger()
         self._server: GatewayServer | None = None
         self._pool: ReceiverPool | None = None
         self._stopped = threading.Event()
@@ -289,6 +292,7 @@ class GatewaySCP:
             "pdu_timeout_s": self.config.pdu_timeout_s,
             "max_pdu_bytes": self.config.max_pdu_bytes,
             "limit_store": self._limit_store,
+            "cpu_ledger": self.cpu,
         }
 
     def receiver_pids(self) -> list[int]:
@@ -358,12 +362,17 @@ class GatewaySCP:
 
     def _on_store(self, event: Event) -> Dataset:
         """File one instance; the returned status is the only answer the sender gets."""
+        with self.cpu.section("handler"):
+            return self._store(event)
+
+    def _store(self, event: Event) -> Dataset:
         sop_class = str(event.request.AffectedSOPClassUID or "")
         calling = str(event.assoc.requestor.ae_title).strip()
         quarantine = sop_class not in _IMAGE_CLASSES
         try:
             received = Path(event.dataset_path)  # preamble, meta, data set as received
-            dataset = self._header(received)
+            with self.cpu.section("parse"):
+                dataset = self._header(received)
             if self.own_results.check(dataset, "C-STORE"):
                 return _status(Status.SUCCESS)  # the PACS must not retry it; never input
             if quarantine and UnwantedPolicy(self.config.unwanted) is UnwantedPolicy.REFUSE:
@@ -375,13 +384,14 @@ class GatewaySCP:
                 dataset.get("SOPInstanceUID") or event.request.AffectedSOPInstanceUID,
                 "SOP Instance UID",
             )
-            stored = self.instances.save(
-                received,
-                study_instance_uid=study_uid,
-                sop_instance_uid=sop_uid,
-                sop_class_uid=sop_class,
-                quarantine=quarantine,
-            )
+            with self.cpu.section("durable"):
+                stored = self.instances.save(
+                    received,
+                    study_instance_uid=study_uid,
+                    sop_instance_uid=sop_uid,
+                    sop_class_uid=sop_class,
+                    quarantine=quarantine,
+                )
         except (OutOfResourcesError, InstanceRejectedError, InputTooLargeError) as exc:
             if not isinstance(exc, OutOfResourcesError):
                 logger.warning("instance from %s refused: %s", calling, exc.message)

@@ -40,6 +40,7 @@ from pynetdicom.transport import AssociationSocket, RequestHandler, ThreadedAsso
 
 from radserve.gateway import reactor
 from radserve.gateway.config import normalise_address
+from radserve.gateway.cpu_ledger import CpuLedger
 from radserve.gateway.receive_limit import StoreLimit
 
 logger = logging.getLogger(__name__)
@@ -200,7 +201,8 @@ class _Handler(RequestHandler):
         sock.pdu_timeout_s = self.server.pdu_timeout_s
         sock.max_pdu_bytes = self.server.max_pdu_bytes
         _check_conversion(assoc.dul)
-        reactor.wait_instead_of_polling(assoc)  # no 1 ms polls: ~2,000 wake-ups a second
+        # no 1 ms polls (~2,000 wake-ups a second); the DUL thread's CPU counted
+        reactor.wait_instead_of_polling(assoc, self.server.cpu_ledger)
         return assoc
 
     def handle(self) -> None:
@@ -233,9 +235,11 @@ class GatewayServer(ThreadedAssociationServer):
         max_pdu_bytes: int,
         limit_store: Callable[[Any], StoreLimit] | None = None,
         hand_over: Callable[[socket.socket, Any], None] | None = None,
+        cpu_ledger: CpuLedger | None = None,
         **kwargs: Any,
     ) -> None:
         self.admission = admission
+        self.cpu_ledger = cpu_ledger
         self.limit_store = limit_store
         self.hand_over = hand_over
         self.handshake_timeout_s = handshake_timeout_s
