@@ -26,24 +26,39 @@ N_JOBS = 4
 
 def readers_of(pid: int) -> set[int]:
     """The server's reader processes (multiprocessing's spawned children, listed under
-    the thread that started each). A thread or child may end between the listing and the
-    read (a killed reader being reaped, a short-lived helper): it is not a reader then."""
+    the thread that started each, but the readers' audit writer). A thread or child may
+    end between the listing and the read (a killed reader being reaped, a short-lived
+    helper): it is not a reader then."""
+    return {child for child in spawned_by(pid) if child not in audit_writers_of(pid)}
 
-    def read(path: Path) -> bytes:
-        try:
-            return path.read_bytes()
-        except (FileNotFoundError, ProcessLookupError):
-            return b""
 
+def audit_writers_of(pid: int) -> set[int]:
+    """The readers' audit writer process (it names itself in ``/proc/PID/comm``)."""
+    return {
+        child
+        for child in spawned_by(pid)
+        if _read(Path(f"/proc/{child}/comm")).strip() == b"radserve-auditw"
+    }
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
+def spawned_by(pid: int) -> set[int]:
+    """multiprocessing's spawned children of ``pid``."""
     children = [
         child
         for task in Path(f"/proc/{pid}/task").iterdir()
-        for child in read(task / "children").split()
+        for child in _read(task / "children").split()
     ]
     return {
         int(child)
         for child in children
-        if b"spawn_main" in read(Path(f"/proc/{child.decode()}/cmdline"))
+        if b"spawn_main" in _read(Path(f"/proc/{child.decode()}/cmdline"))
     }
 
 
@@ -79,6 +94,7 @@ def test_reads_from_reader_processes_are_audited_and_a_killed_reader_is_replaced
     states_seen: set[str] = set()
     try:
         assert len(readers_of(server.pid)) == 2
+        assert len(audit_writers_of(server.pid)) == 1  # one for all readers
         with httpx.Client(base_url=url, timeout=60) as c:
             ids = []
             for files in studies:  # submissions are forwarded to the serving process

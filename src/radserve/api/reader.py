@@ -19,6 +19,7 @@ import signal
 import socket
 import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -37,8 +38,10 @@ from radserve.api.auth import KeyVerifier, Principal, require_read
 from radserve.api.job_snapshot import SnapshotReader
 from radserve.api.routes import jobs as job_routes
 from radserve.api.status_bodies import StatusBodies
+from radserve.audit.chain import AuditEvent, AuditRecord
 from radserve.config import Settings
 from radserve.errors import RadserveError
+from radserve.security.access import ReadAccess
 from radserve.service.jobcache import JobCache
 from radserve.service.jobs import JobAccess, JobView
 from radserve.store import JobRecord, JobState, Store
@@ -100,11 +103,15 @@ def reader_app(
     snapshot: SnapshotReader,
     upstream: ASGIApp,
     emit: Any,
+    audit: Callable[[AuditEvent], Future[AuditRecord]] | None = None,
 ) -> ASGIApp:
     """The reads answered here, everything else sent to ``upstream``; ``emit(event)``
-    passes each metric event on to the serving process."""
+    passes each metric event on to the serving process; ``audit`` commits the
+    ``phi.read`` records (default: this process's store, else the audit writer's
+    :meth:`AuditWriterClient.submit`)."""
     state = State()
     state.service = ReaderState(settings, store, ReaderJobs(store, snapshot))
+    state.read_access = ReadAccess(store, settings.security.visibility, audit=audit)
     state.keys = KeyVerifier(store)
     state.status_bodies = StatusBodies()
     reads: ASGIApp = _Reads(_Holder(state), lambda code: emit(("error", code)))
@@ -238,11 +245,17 @@ class ReaderSpec:
     json_logs: bool
     access_log: bool
 
+    @property
+    def audit_socket_path(self) -> str:
+        """The audit writer process's socket, beside the serving process's."""
+        return str(Path(self.socket_path).with_name("audit.sock"))
+
 
 def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> None:
     """The reader process's main: serve on ``sock`` until SIGTERM/SIGINT."""
     import asyncio
 
+    from radserve.api.audit_writer import AuditWriterClient
     from radserve.api.http_limits import BoundedHttpToolsProtocol
     from radserve.api.proxy import Upstream
     from radserve.service.logs import configure_logging
@@ -257,7 +270,9 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
     trail.start()
     link = EventLink(conn)
     upstream = Upstream(spec.socket_path)
-    app = reader_app(settings, store, SnapshotReader(spec.snapshot_path), upstream, link.emit)
+    audit = AuditWriterClient(spec.audit_socket_path)
+    snapshot = SnapshotReader(spec.snapshot_path)
+    app = reader_app(settings, store, snapshot, upstream, link.emit, audit.submit)
     config = uvicorn.Config(
         app,
         http=BoundedHttpToolsProtocol,
@@ -273,6 +288,7 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
         CleanStopServer(config).run(sockets=[sock])
     finally:
         link.close()
+        audit.close()
         asyncio.run(upstream.aclose())
         trail.stop()
         store.close()

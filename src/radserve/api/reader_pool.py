@@ -1,10 +1,11 @@
 """The serving process's API reader processes: started on the bound public socket,
-restarted when one dies, stopped before the service stops.
+restarted when one dies, stopped before the service stops; and the one audit writer
+process that commits their ``phi.read`` records (:mod:`radserve.api.audit_writer`).
 
 Each reader gets the listening socket (the kernel hands each new connection to one of
-them), the serving process's Unix socket to forward to, and a pipe on which it sends
-its metric events; the serving process adds those to its own metrics, so ``/metrics``
-counts every request whichever process answered it.
+them), the serving process's Unix socket to forward to, the audit writer's socket, and
+a pipe on which it sends its metric events; the serving process adds those to its own
+metrics, so ``/metrics`` counts every request whichever process answered it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
+from radserve.api.audit_writer import serve_audit_writer
 from radserve.api.reader import Event, ReaderSpec, serve_reader
 from radserve.service.metrics import Metrics
 
@@ -43,6 +45,8 @@ class ReaderPool:
         self.restarts = 0
         self._context = multiprocessing.get_context("spawn")  # no fork of a threaded process
         self._processes: list[BaseProcess | None] = [None] * count
+        self._writer: BaseProcess | None = None
+        self._writer_pipe: Connection | None = None
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="api-readers", daemon=True)
 
@@ -50,10 +54,34 @@ class ReaderPool:
     def pids(self) -> list[int]:
         return [p.pid for p in self._processes if p is not None and p.pid is not None]
 
+    @property
+    def writer_pid(self) -> int | None:
+        return self._writer.pid if self._writer is not None else None
+
     def start(self) -> None:
+        self._spawn_writer()
         for index in range(self.count):
             self._spawn(index)
         self._watcher.start()
+
+    def _spawn_writer(self, ready_timeout_s: float = 60.0) -> None:
+        """The audit writer, listening before this returns (the readers' first report
+        reads find it), or an error."""
+        mine, theirs = self._context.Pipe(duplex=True)
+        spec = self.spec
+        process = self._context.Process(
+            target=serve_audit_writer,
+            args=(spec.settings, spec.audit_socket_path, theirs, spec.log_level, spec.json_logs),
+            name="radserve-api-audit-writer",
+            daemon=True,
+        )
+        process.start()
+        theirs.close()
+        if not mine.poll(ready_timeout_s):
+            process.kill()
+            raise RuntimeError(f"the API audit writer did not start within {ready_timeout_s} s")
+        mine.recv()
+        self._writer, self._writer_pipe = process, mine
 
     def _spawn(self, index: int) -> None:
         receiving, sending = self._context.Pipe(duplex=False)
@@ -85,6 +113,18 @@ class ReaderPool:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.check_s):
+            writer = self._writer
+            if writer is not None and not writer.is_alive() and not self._stop.is_set():
+                logger.warning(
+                    "the API audit writer (pid %s) exited with %s; starting another",
+                    writer.pid,
+                    writer.exitcode,
+                )
+                self.restarts += 1
+                try:
+                    self._spawn_writer()
+                except Exception:  # tried again at the next check
+                    logger.exception("could not start the API audit writer")
             for index, process in enumerate(self._processes):
                 if process is not None and not process.is_alive() and not self._stop.is_set():
                     logger.warning(
@@ -101,19 +141,23 @@ class ReaderPool:
         self._stop.set()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM each reader (it finishes its requests), then SIGKILL what is left."""
+        """SIGTERM each reader (it finishes its requests), then the audit writer (it
+        commits and answers what they sent); SIGKILL what is left after ``timeout_s``."""
         self._stop.set()
         if self._watcher.is_alive():
             self._watcher.join()
-        for process in self._processes:
-            if process is not None and process.is_alive():
-                process.terminate()
-        for process in self._processes:
-            if process is not None:
-                process.join(timeout_s)
-                if process.is_alive():
-                    process.kill()
-                    process.join()
+        for group in (self._processes, [self._writer]):
+            for process in group:
+                if process is not None and process.is_alive():
+                    process.terminate()
+            for process in group:
+                if process is not None:
+                    process.join(timeout_s)
+                    if process.is_alive():
+                        process.kill()
+                        process.join()
+        if self._writer_pipe is not None:
+            self._writer_pipe.close()
 
 
 def metrics_sink(metrics: Metrics) -> Callable[[Iterable[Event]], None]:

@@ -83,6 +83,8 @@ class PhaseResult:
     seconds: float = 0.0
     statuses: dict[str, int] = field(default_factory=dict)
     latency_ms: dict[str, float] = field(default_factory=dict)
+    # the same percentiles per kind of read ("status", "report"): where the wait is
+    latency_ms_by_kind: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -172,10 +174,10 @@ async def submit_all(
 async def _reader(
     host: str,
     port: int,
-    requests: list[bytes],
+    requests: list[tuple[str, bytes]],
     start: int,
     deadline: float,
-    latencies: list[float],
+    latencies: dict[str, list[float]],
     statuses: Counter[str],
 ) -> None:
     reader, writer = await asyncio.open_connection(host, port)
@@ -183,7 +185,8 @@ async def _reader(
     try:
         while time.perf_counter() < deadline:
             t0 = time.perf_counter()
-            writer.write(requests[index % len(requests)])
+            kind, request = requests[index % len(requests)]
+            writer.write(request)
             index += 1
             head = await reader.readuntil(b"\r\n\r\n")
             status = head[9:12].decode()
@@ -192,7 +195,7 @@ async def _reader(
                 if line[:15].lower() == b"content-length:":
                     length = int(line[15:])
             await reader.readexactly(length)
-            latencies.append(time.perf_counter() - t0)
+            latencies[kind].append(time.perf_counter() - t0)
             statuses[status] += 1
     except (ConnectionError, asyncio.IncompleteReadError) as exc:
         statuses[type(exc).__name__] += 1
@@ -206,10 +209,13 @@ async def read_load(
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     requests = [
-        f"GET {p} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
+        (
+            "report" if p.endswith("/report") else "status",
+            f"GET {p} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key}\r\n\r\n".encode(),
+        )
         for p in paths
     ]
-    latencies: list[float] = []
+    latencies: dict[str, list[float]] = {kind: [] for kind, _ in requests}
     statuses: Counter[str] = Counter()
     t0 = time.perf_counter()
     deadline = t0 + duration
@@ -221,7 +227,9 @@ async def read_load(
     )
     seconds = time.perf_counter() - t0
     errors = sum(v for k, v in statuses.items() if k != "200")
-    return PhaseResult(len(latencies), errors, seconds, dict(statuses), _percentiles(latencies))
+    every = [t for samples in latencies.values() for t in samples]
+    by_kind = {kind: _percentiles(samples) for kind, samples in latencies.items()}
+    return PhaseResult(len(every), errors, seconds, dict(statuses), _percentiles(every), by_kind)
 
 
 # --- the server ---------------------------------------------------------------------------
@@ -562,6 +570,7 @@ def with_floors(
             print(
                 f"round {i + 1} {name}: {read['rate']:.0f} req/s, p50 "
                 f"{read['latency_ms'].get('p50')} ms, p99 {read['latency_ms'].get('p99')} ms, "
+                f"({_by_kind(read)}), "
                 f"{read['errors']} errors, loop {result['server_cpu']['event_loop_ms_per_request']}"
                 f" CPU-ms/req, readers {result['server_cpu'].get('readers_ms_per_request', 0)}"
                 f" CPU-ms/req, load {result['load_average']}",
@@ -583,6 +592,13 @@ def with_floors(
                 statistics.median(r["server_cpu"].get("readers_ms_per_request", 0) for r in cell)
             ),
             "errors": sum(r["read"]["errors"] for r in cell),
+            "p50_p99_ms_by_kind": {
+                kind: [
+                    float(statistics.median(r["read"]["latency_ms_by_kind"][kind][q] for r in cell))
+                    for q in ("p50", "p99")
+                ]
+                for kind in cell[0]["read"].get("latency_ms_by_kind", {})
+            },
         }
     for one in ours:
         summary[one]["processing_throughout"] = all(
@@ -605,6 +621,14 @@ def with_floors(
     summary["body_bytes"] = sizes
     summary["contestants"] = names
     return {"summary": summary, "runs": runs}
+
+
+def _by_kind(read: dict[str, Any]) -> str:
+    """``status p50/p99 …, report p50/p99 …`` of one read phase."""
+    return ", ".join(
+        f"{kind} p50/p99 {q.get('p50')}/{q.get('p99')} ms"
+        for kind, q in read.get("latency_ms_by_kind", {}).items()
+    )
 
 
 def compare(

@@ -16,7 +16,7 @@ audited is refused (503).
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -49,9 +49,18 @@ class ReadAccess:
     """Visibility checks (key scopes cached per process: they do not change after
     creation) and ``phi.read`` audit records. Synchronous: call from a worker thread."""
 
-    def __init__(self, store: Store, visibility: Visibility = "all") -> None:
+    def __init__(
+        self,
+        store: Store,
+        visibility: Visibility = "all",
+        *,
+        audit: Callable[[AuditEvent], Future[AuditRecord]] | None = None,
+    ) -> None:
         self.store = store
         self.visibility = visibility
+        # what commits a phi.read record: the store's group commit, or (an API reader
+        # process) the one audit writer of all readers (radserve.api.audit_writer)
+        self._audit = audit if audit is not None else store.submit_audit
         self._scopes: dict[str, ApiKeyRecord | None] = {}
         self._lock = threading.Lock()
 
@@ -93,7 +102,7 @@ class ReadAccess:
         Answer the read only after that."""
         payload: dict[str, Any] = {"resource": resource, "key_name": reader.name}
         payload.update(extra or {})
-        return self.store.submit_audit(
+        return self._audit(
             AuditEvent(
                 action=PHI_READ,
                 subject=job_id,

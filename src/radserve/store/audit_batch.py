@@ -66,6 +66,15 @@ class AuditBatcher:
             self._queue.put((event, future))
         return future
 
+    def commit(self, events: list[AuditEvent]) -> list[Future[AuditRecord]]:
+        """Append ``events`` now, in the calling thread, as the writer thread appends a
+        batch (one transaction; one by one if it fails, so a bad event refuses only
+        itself); a resolved future per event. For a process whose only work is this
+        (:mod:`radserve.api.audit_writer`): no thread to hand the batch to."""
+        batch: list[_Item] = [(event, Future()) for event in events]
+        self._commit(batch)
+        return [future for _, future in batch]
+
     def append(self, event: AuditEvent) -> AuditRecord:
         """:meth:`submit` and wait (for synchronous callers)."""
         return self.submit(event).result()
