@@ -7,7 +7,10 @@ the study once, and writes ``result.json`` (stage times, memory) and ``labels.np
 Memory, all in MiB: ``peak_rss_mb`` is this process's peak resident size (the kernel's
 own high-water mark, imports and loaded models included); ``rss_after_warmup_mb`` the
 resident size once imports, sessions and one warm-up batch are done, before the study;
-``pipeline_rss_mb`` the difference, what the study itself added. Helper processes
+``pipeline_rss_mb`` the difference, what the study itself added; all read when the run
+returns, before the bench's own label comparison arrays (its full-size boolean findings
+mask, 75 MiB on the 300-slice study, could set the peak: 491 against the run's 487 MiB in
+one profiled run). Helper processes
 (radserve's JPEG 2000 decoders) are not in those figures, so they are reported
 beside them: ``workers_peak_rss_mb`` the peak of their summed resident sizes and
 ``tree_peak_rss_mb`` the peak of this process plus them (shared pages count once per
@@ -191,6 +194,7 @@ def run_radserve(
         elapsed = time.perf_counter() - t0
     cpu = _cpu_seconds() - cpu0
     workers_cpu = _workers_cpu_seconds() - workers0
+    used = memory.report(rss_warm)  # before the bench's own comparison arrays below
     vr = result.volume_result
     organs = vr.organ_step.labels.array if vr.organ_step else None
     lesion = vr.lesion_step
@@ -202,7 +206,7 @@ def run_radserve(
         "cpu_seconds": cpu,
         "workers_cpu_seconds": workers_cpu,
         "stages": result.report.timings,
-        **memory.report(rss_warm),
+        **used,
         "n_findings": len(result.report.findings),
         "models": [f"{m.name} {m.version}" for m in result.report.models],
         "providers": list(pool.runtime.providers),
@@ -296,11 +300,12 @@ def run_baseline(
         t0 = time.perf_counter()
         result = run_naive(study, load_pipeline(PIPELINE), registry, runners, precision)
         elapsed = time.perf_counter() - t0
+    used = memory.report(rss_warm)
     _save(workdir, result.organs, result.findings > 0)
     return {
         "seconds": elapsed,
         "stages": result.stages,
-        **memory.report(rss_warm),
+        **used,
         "engine": engine,
     }
 
