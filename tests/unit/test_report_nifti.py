@@ -42,3 +42,29 @@ def test_many_findings_use_uint16_and_bad_labels_are_refused(tmp_path: Path) -> 
         write_label_map(Volume(labels.astype(float), np.eye(4)), tmp_path / "f.nii")
     with pytest.raises(ReportError, match=r"0\.\.65535"):
         write_label_map(Volume(labels - 400, np.eye(4)), tmp_path / "n.nii")
+
+
+class _TornArray(np.ndarray):
+    """A label array whose bytes fail while nibabel writes them out (after the header):
+    what a full disk does midway through a map."""
+
+    def tobytes(self, order: str = "C") -> bytes:  # type: ignore[override]
+        raise OSError(28, "No space left on device")
+
+
+@pytest.mark.parametrize("name", ["labels.nii.gz", "labels.nii"])
+def test_a_label_map_is_complete_or_absent(tmp_path: Path, name: str) -> None:
+    """A write that fails midway leaves nothing under the map's name nor a temporary;
+    the same map written again is whole and reads back with nibabel."""
+    labels = np.zeros((40, 64, 64), np.uint8)
+    labels[10:30, 5:60, 5:60] = 2
+    good = tmp_path / name
+    good.write_bytes(b"an older map")  # a previous result stays until the new one is whole
+
+    with pytest.raises(ReportError, match="No space left"):
+        write_label_map(Volume(labels.view(_TornArray), np.eye(4)), good)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+    assert good.read_bytes() == b"an older map"
+    write_label_map(Volume(labels, np.eye(4)), good)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+    assert np.array_equal(np.asanyarray(nib.load(good).dataobj), labels.transpose(2, 1, 0))

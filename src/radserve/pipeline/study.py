@@ -16,12 +16,14 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextvars import copy_context
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from radserve import durable
 from radserve.checkpoints import checkpoint
 from radserve.domain import Volume
 from radserve.errors import StudyError
@@ -276,22 +278,24 @@ def finish_study(
     timer.seconds.update(result.timings)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with timer.stage("report"):
-        outputs = _write_outputs(out_dir, ingested.loaded.volume, result, key_images=key_images)
-    if started is not None:
-        timer.seconds["total"] = time.perf_counter() - started
-    report = _build_report(
-        ingested.loaded,
-        pipeline,
-        result,
-        sessions,
-        ingested.rejected,
-        outputs,
-        timer.seconds,
-        job_id,
-    )
-    features = _features(ingested, result)
-    report_path = write_report(report, out_dir / "report.json")
+    # the label maps and report.json: each whole or absent, their folder fsynced once
+    with durable.batch():
+        with timer.stage("report"):
+            outputs = _write_outputs(out_dir, ingested.loaded.volume, result, key_images=key_images)
+        if started is not None:
+            timer.seconds["total"] = time.perf_counter() - started
+        report = _build_report(
+            ingested.loaded,
+            pipeline,
+            result,
+            sessions,
+            ingested.rejected,
+            outputs,
+            timer.seconds,
+            job_id,
+        )
+        features = _features(ingested, result)
+        report_path = write_report(report, out_dir / "report.json")
     logger.info(
         "study done: %d findings, %d organs, %.1f s",
         len(report.findings),
@@ -337,6 +341,8 @@ def _write_outputs(out_dir: Path, ct: Volume, result: VolumeResult, *, key_image
     """One label map per step and the key images. The label maps are gzip-compressed on
     worker threads (zlib lets go of the GIL) while the key images render here: on two
     cores the report stage takes the time of its longest part rather than of all of them.
+    Each runs in a copy of this thread's context, so it joins the caller's
+    :func:`radserve.durable.batch` (one folder fsync) rather than syncing the folder alone.
 
     A step's map is ``<output>.nii.gz`` (its region labels, or its numbered findings); a
     step with both writes its findings to ``<output>-findings.nii.gz``.
@@ -350,7 +356,9 @@ def _write_outputs(out_dir: Path, ct: Volume, result: VolumeResult, *, key_image
             if step.has_regions:
                 path = f"{step.output}.nii.gz"
                 labels = _on_grid(step.labels, ct)
-                writes.append(pool.submit(write_label_map, labels, out_dir / path))
+                writes.append(
+                    pool.submit(copy_context().run, write_label_map, labels, out_dir / path)
+                )
                 kinds = {label.kind for label in spec.region_labels}
                 label_maps.append(
                     LabelMapOutput(
@@ -363,7 +371,11 @@ def _write_outputs(out_dir: Path, ct: Volume, result: VolumeResult, *, key_image
             if step.finding_labels is not None:
                 stem = f"{step.output}-findings" if step.has_regions else step.output
                 path = f"{stem}.nii.gz"
-                writes.append(pool.submit(write_label_map, step.finding_labels, out_dir / path))
+                writes.append(
+                    pool.submit(
+                        copy_context().run, write_label_map, step.finding_labels, out_dir / path
+                    )
+                )
                 label_maps.append(
                     LabelMapOutput(
                         path=path,

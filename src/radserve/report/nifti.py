@@ -7,15 +7,18 @@ input exactly; :func:`read_nifti` inverts it (``Volume.from_nifti_arrays``).
 
 from __future__ import annotations
 
+import gzip
 import logging
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
+from radserve import durable
 from radserve.domain import Volume
 from radserve.errors import ReportError, StudyError
 from radserve.ingest.nifti import load_nifti, save_nifti
-from radserve.report.sparse_gzip import SparseGzipWriter
+from radserve.report.sparse_gzip import LEVEL, SparseGzipWriter
 
 logger = logging.getLogger(__name__)
 
@@ -25,15 +28,28 @@ _SCANNER = 1  # NIfTI xform code "scanner anatomical"
 def write_nifti(volume: Volume, path: Path, *, label_map: bool = False) -> Path:
     """Write ``volume`` (any dtype nibabel supports) to ``path`` (.nii or .nii.gz).
 
-    A ``.nii.gz`` label map goes through :class:`SparseGzipWriter`, which skips
-    compressing the map's all-zero stretches (most of it): the same bytes when read.
+    The file is written through :func:`radserve.durable.write_with` (a temporary named
+    by its writer, fsynced, renamed, the folder fsynced, or left to the enclosing
+    :func:`radserve.durable.batch`): a crash mid-write leaves no torn map under ``path``,
+    which a reader would take for the job's result. A ``.nii.gz`` label map goes through
+    :class:`SparseGzipWriter`, which skips compressing the map's all-zero stretches (most
+    of it); other ``.nii.gz`` images through :mod:`gzip` at the same level: the same
+    bytes when read.
     """
+    path = Path(path)
+
+    def write(handle: IO[bytes]) -> None:
+        if not path.name.endswith(".gz"):
+            save_nifti(volume, path, label_map=label_map, fileobj=handle)
+        elif label_map:
+            with SparseGzipWriter(handle) as sparse:
+                save_nifti(volume, path, label_map=True, fileobj=sparse)
+        else:
+            with gzip.GzipFile(fileobj=handle, mode="wb", compresslevel=LEVEL, mtime=0) as out:
+                save_nifti(volume, path, fileobj=out)
+
     try:
-        if not (label_map and str(path).endswith(".gz")):
-            return save_nifti(volume, path, label_map=label_map)
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with SparseGzipWriter(path) as out:
-            return save_nifti(volume, path, label_map=True, fileobj=out)
+        return durable.write_with(path, write)
     except OSError as exc:
         raise ReportError(f"cannot write NIfTI {path}: {exc}") from exc
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 import io
 import struct
 import zlib
-from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 import numpy as np
 
@@ -49,15 +49,19 @@ _ZERO_BLOCK = _zero_block()
 
 
 class SparseGzipWriter(io.IOBase):
-    """A write-only binary file that gzip-compresses what is written to ``path``.
+    """A write-only binary file that gzip-compresses what is written into ``file``.
 
     ``write`` accepts bytes-like objects; ``tell`` is the count of bytes written (what
     a reader will decompress), and ``seek`` moves forward only, by writing zeros, which
-    is how nibabel reaches a header's data offset.
+    is how nibabel reaches a header's data offset. ``close`` ends the gzip member but
+    leaves ``file`` open: its owner (:func:`radserve.durable.write_with`, which writes a
+    temporary and renames it only when whole) decides what becomes of it. A block that
+    raises ends the stream without its trailer.
     """
 
-    def __init__(self, path: Path | str) -> None:
-        self._file = open(path, "wb")  # noqa: SIM115 - closed by close()/__exit__
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file
+        self._closed = False
         self._file.write(_HEADER)
         self._deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
         self._crc = 0
@@ -100,18 +104,16 @@ class SparseGzipWriter(io.IOBase):
         """Nothing to do before close: blocks go out as they fill (nibabel calls this)."""
 
     def close(self) -> None:
-        if self._file.closed:
+        if self._closed:
             return
-        try:
-            tail = self._deflate.compress(bytes(self._pending)) + self._deflate.flush()
-            self._file.write(tail)
-            self._file.write(struct.pack("<II", self._crc, self._size & 0xFFFFFFFF))
-        finally:
-            self._file.close()
+        self._closed = True
+        tail = self._deflate.compress(bytes(self._pending)) + self._deflate.flush()
+        self._file.write(tail)
+        self._file.write(struct.pack("<II", self._crc, self._size & 0xFFFFFFFF))
 
     @property
     def closed(self) -> bool:  # type: ignore[override]
-        return self._file.closed
+        return self._closed
 
     def __enter__(self) -> SparseGzipWriter:
         return self
@@ -125,9 +127,7 @@ class SparseGzipWriter(io.IOBase):
         if exc is None:
             self.close()
             return
-        # A write that failed leaves no file that reads as a whole one.
-        self._file.close()
-        Path(self._file.name).unlink(missing_ok=True)
+        self._closed = True  # no trailer: what was written never reads as a whole member
 
     # -- the work --------------------------------------------------------------------
     def _blocks(self, view: memoryview) -> None:
