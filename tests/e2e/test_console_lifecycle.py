@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.factories.console import Page, browser, lesion_bundle_zip, need_browser
-from tests.factories.dicom_net import free_port, wait_until
+from tests.factories.dicom_net import free_port
 from tests.factories.dicom_series import make_ct_series, new_uid
 from tests.factories.server_process import create_key_cli, radserve_command, start_server
 from tests.factories.service import (
@@ -27,6 +27,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
+from tests.factories.waits import wait_until
 
 from radserve.domain.deployment import bucket
 

@@ -15,9 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 from tests.factories.console import Page, browser, need_browser
-from tests.factories.dicom_net import free_port, wait_until
+from tests.factories.dicom_net import free_port
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file, make_models_slow, make_study, upload
+from tests.factories.waits import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from PIL import Image
 from tests.factories.console import Page, browser, need_browser
-from tests.factories.dicom_net import dcmtk_tool, free_port, storescu, wait_until
+from tests.factories.dicom_net import dcmtk_tool, free_port, storescu
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file, make_study, upload, wait_job
+from tests.factories.waits import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ from typing import IO
 
 import httpx
 import pytest
-from tests.factories.dicom_net import WAIT_SCALE
 from tests.factories.server_process import radserve_command
+from tests.factories.waits import WAIT_SCALE
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from tests.factories.dicom_net import Orthanc, free_port, wait_until
+from tests.factories.dicom_net import Orthanc, free_port
 from tests.factories.service import make_study, settings_for
+from tests.factories.waits import wait_until
 
 from radserve.audit.digests import file_sha256
 from radserve.service import Service

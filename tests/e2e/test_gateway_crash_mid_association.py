@@ -16,8 +16,9 @@ import pydicom
 import pytest
 from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage
-from tests.factories.dicom_net import free_port, wait_until
+from tests.factories.dicom_net import free_port
 from tests.factories.service import config_file, make_study
+from tests.factories.waits import wait_until
 
 from radserve.report.json_report import read_report
 from radserve.store import JobState, init_store

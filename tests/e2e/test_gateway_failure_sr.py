@@ -19,8 +19,9 @@ from typing import Any
 import highdicom as hd
 import pydicom
 import pytest
-from tests.factories.dicom_net import Orthanc, free_port, wait_until
+from tests.factories.dicom_net import Orthanc, free_port
 from tests.factories.service import make_study, settings_for
+from tests.factories.waits import wait_until
 
 from radserve.errors import InferenceError
 from radserve.report.dicom import notes

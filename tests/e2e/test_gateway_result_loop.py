@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from tests.factories.dicom_net import Orthanc, free_port, wait_until
+from tests.factories.dicom_net import Orthanc, free_port
 from tests.factories.service import make_study, settings_for
+from tests.factories.waits import wait_until
 
 from radserve.service import Service
 from radserve.store import JobState

@@ -30,9 +30,10 @@ import pytest
 from pydicom.uid import generate_uid
 from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage
-from tests.factories.dicom_net import Orthanc, free_port, storescu, wait_until
+from tests.factories.dicom_net import Orthanc, free_port, storescu
 from tests.factories.fhir_server import FhirServer
 from tests.factories.service import make_study, settings_for
+from tests.factories.waits import wait_until
 
 from radserve.api.schemas import JobOut
 from radserve.report.json_report import read_report

@@ -21,9 +21,10 @@ import pytest
 from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
-from tests.factories.dicom_net import WAIT_SCALE, free_port
+from tests.factories.dicom_net import free_port
 from tests.factories.phi import PROCESSABLE, UIDS, VALUE, leaks, plant
 from tests.factories.service import auth, config_file, make_study, wait_job
+from tests.factories.waits import WAIT_SCALE
 
 from radserve.security.logs import (
     JsonFormatter,

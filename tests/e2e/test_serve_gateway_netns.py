@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from tests.factories.dicom_net import dcmtk_tool, free_port, wait_until
+from tests.factories.dicom_net import dcmtk_tool, free_port
 from tests.factories.netns import VethLink, netns_unavailable
 from tests.factories.serve import RadserveServe, listening
 from tests.factories.service import config_file, make_study
+from tests.factories.waits import wait_until
 
 from radserve.store import init_store
 

@@ -39,10 +39,11 @@ from pydicom.uid import (
 )
 from pynetdicom import AE, _config
 from pynetdicom.sop_class import CTImageStorage, EnhancedCTImageStorage
-from tests.factories.dicom_net import free_port, wait_until
+from tests.factories.dicom_net import free_port
 from tests.factories.hostile import cases
 from tests.factories.server_process import start_server
 from tests.factories.service import config_file, make_study
+from tests.factories.waits import wait_until
 
 from radserve.store import init_store
 

@@ -10,8 +10,9 @@ from typing import Any
 import pydicom
 from pynetdicom import AE, evt
 from pynetdicom.sop_class import CTImageStorage, Verification
-from tests.factories.dicom_net import free_port, wait_until
+from tests.factories.dicom_net import free_port
 from tests.factories.service import make_study, settings_for
+from tests.factories.waits import wait_until
 
 from radserve.gateway.conformance import ALL_STORAGE
 from radserve.service import Service

@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.factories.dicom_net import WAIT_SCALE
 from tests.factories.service import (
     ServerThread,
     auth,
@@ -22,6 +21,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
+from tests.factories.waits import WAIT_SCALE
 
 from radserve.api import create_app
 from radserve.scheduling import PriorityClass

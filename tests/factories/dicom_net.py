@@ -16,16 +16,15 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from radserve.gateway.completeness import CompletedStudy
 from radserve.gateway.config import Peer, ScpConfig
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
+from tests.factories.waits import wait_until
 
 # storescu proposes only uncompressed syntaxes unless told; -R: only what the files need
 STORESCU_SYNTAX_FLAGS = {"explicit": [], "jpeg2000": ["-xv"], "rle": ["-xr"]}
@@ -46,25 +45,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-# Every bound given to wait_until is multiplied by this (env RADSERVE_TEST_WAIT_SCALE): the
-# bounds are what a quiet machine needs with a margin, and CI's loaded 2-core runners are
-# several times slower. A wait that succeeds returns as soon as its condition holds, so
-# the scale costs time only when a test is failing, or in the few negative checks
-# (``assert not wait_until(...)``), which then watch a little longer.
-WAIT_SCALE = float(os.environ.get("RADSERVE_TEST_WAIT_SCALE", "3"))
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, step: float = 0.05) -> bool:
-    """Poll ``predicate`` every ``step`` s until it holds; False after ``timeout`` x
-    :data:`WAIT_SCALE` seconds."""
-    deadline = time.monotonic() + timeout * WAIT_SCALE
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 class Intake:

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from tests.factories.dicom_net import WAIT_SCALE
+from tests.factories.waits import WAIT_SCALE
 
 
 def radserve_command(*args: str) -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.factories.dicom_net import WAIT_SCALE
+from tests.factories.waits import WAIT_SCALE
 
 
 def radserve_command(*args: str) -> list[str]:

@@ -14,8 +14,8 @@ import yaml
 from radserve.config import Settings, load_settings
 from radserve.store import Store
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
-from tests.factories.dicom_net import WAIT_SCALE
 from tests.factories.dicom_series import make_ct_series, new_uid
+from tests.factories.waits import WAIT_SCALE
 
 GRID = {"n_slices": 12, "rows": 40, "cols": 40, "spacing": (2.0, 1.0, 1.0)}
 ORIGIN = (-19.5, -19.5, 0.0)

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from tests.factories.dicom_net import WAIT_SCALE, free_port
+from tests.factories.dicom_net import free_port
 from tests.factories.fhir_server import Answer, FhirServer
 from tests.factories.service import (
     ServerThread,
@@ -30,6 +30,7 @@ from tests.factories.service import (
     wait_job,
 )
 from tests.factories.syslog import Collector, make_certificate
+from tests.factories.waits import WAIT_SCALE
 
 from radserve.api import create_app
 from radserve.config import load_settings

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.factories.dicom_net import WAIT_SCALE
 from tests.factories.fhir_server import FhirServer
 from tests.factories.service import (
     ServerThread,
@@ -20,6 +19,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
+from tests.factories.waits import WAIT_SCALE
 
 from radserve.api import create_app
 from radserve.service import Service

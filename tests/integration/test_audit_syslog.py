@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.factories.dicom_net import free_port, wait_until
+from tests.factories.dicom_net import free_port
 from tests.factories.syslog import Collector, make_certificate
+from tests.factories.waits import wait_until
 
 from radserve.audit import AuditEvent
 from radserve.config import Settings, load_settings

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from tests.factories.dicom_net import free_port, wait_until
+from tests.factories.dicom_net import free_port
 from tests.factories.fhir_server import Answer, FhirServer
 from tests.factories.results import lesion_study
 from tests.factories.syslog import Collector
+from tests.factories.waits import wait_until
 
 from radserve.audit.syslog import SyslogEndpoint
 from radserve.critical.push import CriticalOutbox, Receiver, ReceiverLane, build_notice

@@ -16,7 +16,6 @@ from typing import Any
 import httpx
 import pydicom
 import pytest
-from tests.factories.dicom_net import WAIT_SCALE
 from tests.factories.service import (
     auth,
     live_server,
@@ -25,6 +24,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
+from tests.factories.waits import WAIT_SCALE
 
 from radserve.service import Service
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from tests.factories.dicom_net import WAIT_SCALE
 from tests.factories.fhir_server import FhirServer
 from tests.factories.service import (
     ServerThread,
@@ -21,6 +20,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
+from tests.factories.waits import WAIT_SCALE
 
 from radserve.api import create_app
 from radserve.errors import InferenceError

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from tests.factories.dicom_net import dcmtk_tool, free_port, small_study, storescu, wait_until
+from tests.factories.dicom_net import dcmtk_tool, free_port, small_study, storescu
+from tests.factories.waits import wait_until
 
 from radserve.commands.gateway import EXIT_REJECTED, EXIT_UNREACHABLE, group
 from radserve.gateway import GatewaySCP, Peer, ScpConfig

@@ -16,7 +16,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from tests.factories.dicom_net import dcmtk_tool, wait_until
+from tests.factories.dicom_net import dcmtk_tool
+from tests.factories.waits import wait_until
 
 from radserve.gateway import GatewaySCP, Peer, ScpConfig
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from tests.factories.dicom_net import Orthanc, study_with_results, wait_until
+from tests.factories.dicom_net import Orthanc, study_with_results
+from tests.factories.waits import wait_until
 
 from radserve.gateway import Destination, Outbox, OutboxWorker, RetryPolicy, StoreSCU
 from radserve.gateway.scu import OutgoingFile, SendResult

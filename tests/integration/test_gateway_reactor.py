@@ -15,14 +15,8 @@ import pytest
 from pynetdicom import AE
 from pynetdicom.dul import DULServiceProvider
 from pynetdicom.sop_class import CTImageStorage, Verification
-from tests.factories.dicom_net import (
-    Intake,
-    dcmtk_tool,
-    loopback_scp_config,
-    small_study,
-    storescu,
-    wait_until,
-)
+from tests.factories.dicom_net import Intake, dcmtk_tool, loopback_scp_config, small_study, storescu
+from tests.factories.waits import wait_until
 
 from radserve.gateway import GatewaySCP, reactor
 from radserve.gateway.conformance import Status

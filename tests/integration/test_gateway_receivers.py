@@ -19,14 +19,8 @@ import pytest
 from pydicom.uid import generate_uid
 from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage
-from tests.factories.dicom_net import (
-    Intake,
-    dcmtk_tool,
-    loopback_scp_config,
-    small_study,
-    storescu,
-    wait_until,
-)
+from tests.factories.dicom_net import Intake, dcmtk_tool, loopback_scp_config, small_study, storescu
+from tests.factories.waits import wait_until
 
 from radserve.gateway import GatewaySCP
 from radserve.gateway.completeness import INTERRUPTED_MARKER

@@ -19,15 +19,9 @@ from pydicom.uid import (
 )
 from pynetdicom import AE
 from pynetdicom.sop_class import ComprehensiveSRStorage, CTImageStorage, Verification
-from tests.factories.dicom_net import (
-    Intake,
-    dcmtk_tool,
-    loopback_scp_config,
-    small_study,
-    storescu,
-    wait_until,
-)
+from tests.factories.dicom_net import Intake, dcmtk_tool, loopback_scp_config, small_study, storescu
 from tests.factories.dicom_series import dcmtk_compress
+from tests.factories.waits import wait_until
 
 from radserve.gateway import GatewaySCP, Peer, ScpConfig, UnwantedPolicy
 from radserve.gateway.conformance import (

@@ -23,7 +23,8 @@ from pynetdicom.dimse_messages import C_STORE_RQ
 from pynetdicom.dimse_primitives import C_STORE
 from pynetdicom.dsutils import encode
 from pynetdicom.sop_class import CTImageStorage
-from tests.factories.dicom_net import dcmtk_tool, small_study, storescu, wait_until
+from tests.factories.dicom_net import dcmtk_tool, small_study, storescu
+from tests.factories.waits import wait_until
 
 from radserve.audit import Action
 from radserve.audit.atna import dicom_audit_message

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from tests.factories.dicom_net import dcmtk_tool, free_port, small_study, wait_until
+from tests.factories.dicom_net import dcmtk_tool, free_port, small_study
 from tests.factories.tls import HAVE_OPENSSL, Pki, handshake, make_pki, tls_1_1_is_possible_here
+from tests.factories.waits import wait_until
 
 from radserve.config import TlsSettings, load_settings
 from radserve.gateway import CompletedStudy, GatewaySCP, Outcome, ScpConfig, StoreSCU

@@ -12,9 +12,10 @@ import pytest
 from pydicom.uid import HTJ2K, HTJ2KLossless
 from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage
-from tests.factories.dicom_net import small_study, wait_until
+from tests.factories.dicom_net import small_study
 from tests.factories.dicom_series import make_ct_series
 from tests.factories.htj2k import CAP, OJPH_COMPRESS, SOC_SIZ, to_htj2k
+from tests.factories.waits import wait_until
 
 from radserve.gateway import CompletedStudy, GatewaySCP, Peer, ScpConfig
 from radserve.gateway.conformance import SCP_TRANSFER_SYNTAXES, Status

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
-from tests.factories.dicom_net import wait_until
 from tests.factories.turnaround import standalone_turnaround
+from tests.factories.waits import wait_until
 
 from radserve.domain.priority import PriorityClass
 from radserve.scheduling.clock import FakeClock
