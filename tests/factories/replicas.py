@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from tests.factories.service import config_file, make_models_slow
-
-
-def until(
-    condition: Callable[[], bool],
-    what: str,
-    timeout: float,
-    state: Callable[[], object] = lambda: "",
-) -> None:
-    """Wait for ``condition``; on time-out say what ``state`` shows (rows of the store)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}: {state()}"
-        time.sleep(0.2)
 
 
 def replica_config(

@@ -13,10 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.factories.dicom_net import WAIT_SCALE, free_port
+from tests.factories.dicom_net import free_port
 from tests.factories.postgres import postgres_schema
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file, make_study, upload, wait_job
+from tests.factories.waits import WAIT_SCALE, until
 
 from radserve.config import load_settings
 from radserve.store.audited import open_audited
@@ -60,13 +61,6 @@ def spawned_by(pid: int) -> set[int]:
         for child in children
         if b"spawn_main" in _read(Path(f"/proc/{child.decode()}/cmdline"))
     }
-
-
-def wait_for(predicate: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout * WAIT_SCALE
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -125,12 +119,24 @@ def test_reads_from_reader_processes_are_audited_and_a_killed_reader_is_replaced
             assert missing.status_code == 404
             assert missing.json()["error"]["code"] == "job_not_found"
             # the readers' requests reach the serving process's /metrics (sent in batches)
-            wait_for(lambda: _reports_counted(c) >= report_reads, 10)
+            until(
+                lambda: _reports_counted(c) >= report_reads,
+                "the readers' report requests in /metrics",
+                10,
+                state=lambda: _reports_counted(c),
+            )
 
             killed = next(iter(readers_of(server.pid)))
             os.kill(killed, signal.SIGKILL)
-            wait_for(lambda: killed not in readers_of(server.pid), 30)
-            wait_for(lambda: len(readers_of(server.pid)) == 2, 60)
+            until(
+                lambda: killed not in readers_of(server.pid), "the killed reader to be reaped", 30
+            )
+            until(
+                lambda: len(readers_of(server.pid)) == 2,
+                "a reader started in the killed one's place",
+                60,
+                state=lambda: readers_of(server.pid),
+            )
             for job_id in ids:  # new connections: whichever reader takes them answers
                 with httpx.Client(base_url=url, timeout=60) as fresh:
                     assert wait_job(fresh, job_id, key)["state"] == "succeeded"

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +21,12 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
+from tests.factories.waits import until
 
 from radserve.api import create_app
 from radserve.cli import cli
 from radserve.service import Service
 from radserve.store.outbox import NewDelivery, OutboxKind, OutboxState, OutboxStore
-
-
-def _until(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 def test_unreachable_fhir_server_is_reported_and_a_failed_bundle_is_re_armed(
@@ -61,7 +52,7 @@ def test_unreachable_fhir_server_is_reported_and_a_failed_bundle_is_re_armed(
             assert answer.status_code == 200, answer.text
             return answer.json()
 
-        _until(lambda: outbox()["items"][0]["attempts"] >= 2, "failed attempts")
+        until(lambda: outbox()["items"][0]["attempts"] >= 2, "failed attempts")
         [item] = outbox()["items"]
         assert item["state"] in ("pending", "sending") and item["kind"] == "fhir"
         assert "cannot reach the FHIR server" in str(outbox()["destinations"][0]["last_error"])
@@ -70,7 +61,7 @@ def test_unreachable_fhir_server_is_reported_and_a_failed_bundle_is_re_armed(
             answer = c.get("/readyz", headers=auth(read))
             return answer.json() if answer.json()["degraded"] else None
 
-        ready = _until(degraded, "/readyz to report the FHIR server")
+        ready = until(degraded, "/readyz to report the FHIR server")
         assert ready["ready"] is True  # degraded by default: still serving (200)
         assert list(ready["unreachable_peers"]) == ["fhir"]
         assert any("fhir destination fhir unreachable" in why for why in ready["reasons"])
@@ -79,7 +70,7 @@ def test_unreachable_fhir_server_is_reported_and_a_failed_bundle_is_re_armed(
         # retried every 0.1-0.2 s, the row is 'sending' at some scrapes: wait for a scrape
         # that sees it between attempts
         retrying = 'radserve_outbox_failing{destination="fhir",kind="fhir",state="retrying"} 1.0'
-        _until(lambda: retrying in c.get("/metrics").text, "the retrying gauge")
+        until(lambda: retrying in c.get("/metrics").text, "the retrying gauge")
         assert "radserve_outbox_oldest_pending_age_seconds{" in metrics
         assert c.get("/v1/ops/outbox", headers=auth(read)).status_code == 403
         bad = c.get("/v1/ops/outbox", params={"state": "lost"}, headers=auth(admin))
@@ -88,8 +79,8 @@ def test_unreachable_fhir_server_is_reported_and_a_failed_bundle_is_re_armed(
         fhir.script(Answer(422))  # now up, and refusing the Bundle: a permanent failure
         fhir.up()
         try:
-            _until(lambda: outbox()["items"][0]["state"] == "failed_permanent", "the 422")
-            _until(lambda: not c.get("/readyz", headers=auth(read)).json()["degraded"], "ok")
+            until(lambda: outbox()["items"][0]["state"] == "failed_permanent", "the 422")
+            until(lambda: not c.get("/readyz", headers=auth(read)).json()["degraded"], "ok")
             failing = 'radserve_outbox_failing{destination="fhir",kind="fhir",state="failed_'
             assert failing + 'permanent"} 1.0' in c.get("/metrics").text
 
@@ -98,8 +89,8 @@ def test_unreachable_fhir_server_is_reported_and_a_failed_bundle_is_re_armed(
             retried = c.post(url, headers=auth(admin))
             assert retried.status_code == 200, retried.text
             assert retried.json()["attempts"] == 0
-            _until(lambda: outbox()["items"][0]["state"] == "sent", "the re-armed Bundle")
-            assert len(fhir.received) == _until(lambda: len(fhir.received), "posts")
+            until(lambda: outbox()["items"][0]["state"] == "sent", "the re-armed Bundle")
+            assert len(fhir.received) == until(lambda: len(fhir.received), "posts")
             again = c.post(url, headers=auth(admin))
             assert again.status_code == 409
             assert again.json()["error"]["code"] == "outbox_not_retryable"

@@ -19,7 +19,6 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, text
 from tests.factories.private_postgres import PrivatePostgres
-from tests.factories.replicas import until
 from tests.factories.service import (
     ServerThread,
     auth,
@@ -30,6 +29,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
+from tests.factories.waits import until
 
 from radserve.api import create_app
 from radserve.scheduling import JobState
