@@ -5,11 +5,11 @@ one; one bad event does not refuse the others. Real SQLite store, real writer th
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from tests.factories.waits import until
 
 from radserve.audit.chain import AuditEvent, AuditRecord
 from radserve.store import Store, init_store
@@ -27,14 +27,6 @@ def _event(i: int) -> AuditEvent:
     return AuditEvent(action="phi.read", subject=f"job{i}", payload={"resource": "report"})
 
 
-def _until(predicate: object, what: str) -> None:
-    """Poll (not a timing assertion: the limit only keeps a broken run from hanging)."""
-    deadline = time.monotonic() + 30
-    while not predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
-
-
 def _stored_subjects(store: Store) -> list[str | None]:
     return [r.subject for r in store.iter_audit() if r.action == "phi.read"]
 
@@ -43,7 +35,7 @@ def test_a_future_resolves_only_after_its_record_is_committed(store: Store) -> N
     batcher = AuditBatcher(store)
     with store._audit_lock:  # a commit in progress elsewhere holds the chain
         future = batcher.submit(_event(0))
-        _until(batcher._queue.empty, "the writer to take the event")
+        until(batcher._queue.empty, "the writer to take the event", 30, step=0.005)
         assert not future.done()
         assert _stored_subjects(store) == []
     record = future.result(timeout=30)
@@ -55,7 +47,7 @@ def test_events_that_arrive_during_a_commit_share_the_next_one(store: Store) -> 
     batcher = AuditBatcher(store)
     with store._audit_lock:
         first = batcher.submit(_event(0))
-        _until(batcher._queue.empty, "the writer to take the first event")
+        until(batcher._queue.empty, "the writer to take the first event", 30, step=0.005)
         rest = [batcher.submit(_event(i)) for i in range(1, 41)]
     records = [f.result(timeout=30) for f in [first, *rest]]
     assert batcher.batches == 2 and batcher.appended == 41  # 41 records, 2 commits
@@ -114,7 +106,7 @@ def test_one_failing_event_does_not_refuse_the_rest_of_its_batch(store: Store) -
     batcher = AuditBatcher(picky)
     with store._audit_lock, picky._audit_lock:
         head = batcher.submit(_event(0))
-        _until(batcher._queue.empty, "the writer to take the first event")
+        until(batcher._queue.empty, "the writer to take the first event", 30, step=0.005)
         good = batcher.submit(_event(1))
         bad = batcher.submit(AuditEvent(action="phi.read", subject="job-bad"))
         after = batcher.submit(_event(2))
@@ -131,7 +123,7 @@ def test_a_cancelled_request_is_not_audited(store: Store) -> None:
     batcher = AuditBatcher(store)
     with store._audit_lock:
         head = batcher.submit(_event(0))
-        _until(batcher._queue.empty, "the writer to take the first event")
+        until(batcher._queue.empty, "the writer to take the first event", 30, step=0.005)
         gone = batcher.submit(_event(1))
         assert gone.cancel()  # the client went away before the writer took it
         kept = batcher.submit(_event(2))

@@ -9,25 +9,16 @@ from __future__ import annotations
 import datetime as dt
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from tests.factories import syslog as factory
+from tests.factories.waits import until
 
 from radserve.audit.syslog import SyslogClient, SyslogEndpoint, frame, rfc5424
 from radserve.bench import critical, eta_trace
 from radserve.bench.syslog_collector import Collector, make_certificate
 from radserve.config import TlsSettings
-
-
-def _until(condition: object, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def _message(n: int) -> bytes:
@@ -55,7 +46,7 @@ def test_collector_takes_radserve_messages_and_closes_cleanly(tls: bool, tmp_pat
     client = SyslogClient(SyslogEndpoint("127.0.0.1", collector.port, tls=tls_settings))
     try:
         client.send([_message(1), _message(2)])
-        assert _until(lambda: len(collector.parsed()) == 2)
+        until(lambda: len(collector.parsed()) == 2, "both messages parsed", 20)
         first, second = collector.parsed()
         assert (first["msgid"], first["sd"], first["body"]) == (
             "RADSERVE-CRITICAL", {"notice": "1"}, b'{"n": 1}'
@@ -68,7 +59,7 @@ def test_collector_takes_radserve_messages_and_closes_cleanly(tls: bool, tmp_pat
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("127.0.0.1", collector.port))
-    assert _until(lambda: not (set(threading.enumerate()) - before), timeout=5)
+    until(lambda: not (set(threading.enumerate()) - before), "the collector's threads to end", 5)
 
 
 def test_a_connection_that_breaks_the_framing_is_dropped_and_counted() -> None:
@@ -76,10 +67,10 @@ def test_a_connection_that_breaks_the_framing_is_dropped_and_counted() -> None:
     try:
         with socket.create_connection(("127.0.0.1", collector.port)) as raw:
             raw.sendall(b"<13>1 not octet-counted\n")
-            assert _until(lambda: collector.framing_errors == 1)
+            until(lambda: collector.framing_errors == 1, "the framing error counted", 20)
         assert collector.messages == []
         with socket.create_connection(("127.0.0.1", collector.port)) as raw:
             raw.sendall(_message(7))  # the next connection is served as usual
-            assert _until(lambda: len(collector.messages) == 1)
+            until(lambda: len(collector.messages) == 1, "the one message received", 20)
     finally:
         collector.close()
