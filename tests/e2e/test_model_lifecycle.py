@@ -9,7 +9,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from tests.factories.dicom_series import make_ct_series, new_uid
 from tests.factories.onnx_models import threshold_model
 from tests.factories.server_process import radserve_command
 from tests.factories.service import GRID, ORIGIN, ServerThread, auth, config_file, create_key
+from tests.factories.waits import until
 
 from radserve.api import create_app
 from radserve.config import load_settings
@@ -101,16 +101,6 @@ def server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Server]:
     with s.thread:
         s.service.wait_warm(60)
         yield s
-
-
-def wait_for(check: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def deployed(c: httpx.Client, token: str, version: str) -> list[str]:
@@ -215,7 +205,7 @@ def test_install_canary_shadow_promote_rollback_under_load(server: Server, tmp_p
             "models", "deploy", STEP, "1.3.0", "--role", "shadow", "--percent", "50",
             "--reason", "compare 1.3",
         )  # fmt: skip
-        wait_for(lambda: deployed(c, server.admin, "1.3.0") == ["shadow"])
+        until(lambda: deployed(c, server.admin, "1.3.0") == ["shadow"], "1.3.0 deployed as shadow")
         for files in shadow_studies:
             send(c, files)
         r = c.post(f"/v1/models/{STEP}/promote", json={"reason": "canary fine"}, headers=admin)
@@ -226,7 +216,9 @@ def test_install_canary_shadow_promote_rollback_under_load(server: Server, tmp_p
     assert load.failures == [] and load.requests > len(load.jobs) > 0
     jobs = load.jobs + own_jobs
     with httpx.Client(base_url=server.thread.url, timeout=60) as c:
-        finals = [wait_for(lambda j=j: _final(c, j, server.submit), timeout=120) for j in jobs]
+        finals = [
+            until(lambda j=j: _final(c, j, server.submit), f"job {j} to end", 120) for j in jobs
+        ]
         assert [j["state"] for j in finals] == ["succeeded"] * len(jobs)
         ran = {}
         for job in finals:
@@ -238,13 +230,14 @@ def test_install_canary_shadow_promote_rollback_under_load(server: Server, tmp_p
             ran[job["id"]] = (version, meta.get("deployment", {}).get(STEP))
         assert ("1.1.0", "canary") in ran.values()
         assert {v for v, _ in ran.values()} <= {"1.0.0", "1.1.0"}
-        comparisons = wait_for(
+        comparisons = until(
             lambda: [
                 r
                 for r in c.get("/v1/models/comparisons", headers=admin).json()
                 if r["version"] == "1.3.0" and r["comparisons"]
             ],
-            timeout=120,
+            "the shadow comparisons of 1.3.0",
+            120,
         )
         assert comparisons[0]["lesion_agreement"] == 1.0
     events = [
@@ -292,9 +285,9 @@ def test_damaged_canary_is_rolled_back_and_a_good_one_is_not(
                 files = study(tmp_path / f"{version}-{i}")
                 body = [("files", (p.name, p.read_bytes(), "application/dicom")) for p in files]
                 job = c.post("/v1/studies", files=body, headers=auth(server.submit)).json()
-                done = wait_for(lambda j=job["id"]: _final(c, j, server.submit))
+                done = until(lambda j=job["id"]: _final(c, j, server.submit), "the job to end")
                 assert done["state"] == "succeeded"
-            record = wait_for(
+            record = until(
                 lambda v=version: next(
                     (
                         r
@@ -303,17 +296,19 @@ def test_damaged_canary_is_rolled_back_and_a_good_one_is_not(
                     ),
                     None,
                 ),
-                timeout=120,
+                f"two comparisons of {version}",
+                120,
             )
             if label == "damaged":
                 assert record["lesion_agreement"] == pytest.approx(0.5)
                 assert record["lesions_by_stratum"]["<10mm"]["candidate_only"] >= 2
-                history = wait_for(
+                history = until(
                     lambda: [
                         d
                         for d in c.get("/v1/models/deployments", headers=admin).json()
                         if d["action"] == "auto_rollback"
-                    ]
+                    ],
+                    "the guardrail's auto rollback",
                 )
                 assert history[0]["actor"] == "radserve-guardrail"
                 assert "lesion agreement" in history[0]["reason"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import httpx
@@ -15,6 +14,7 @@ from tests.factories.dicom_net import free_port
 from tests.factories.fhir_server import Answer, FhirServer
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file, make_study, upload, wait_job
+from tests.factories.waits import until
 
 from radserve.store import init_store
 from radserve.store.outbox import OutboxKind, OutboxState, OutboxStore
@@ -28,13 +28,6 @@ def _rows(data: Path) -> list:
         return OutboxStore(store.engine).items(kind=OutboxKind.FHIR)
     finally:
         store.close()
-
-
-def _until(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @pytest.mark.slow
@@ -52,7 +45,7 @@ def test_a_row_left_sending_by_kill_9_is_sent_again_right_after_restart(tmp_path
                 )
                 assert r.status_code == 202, r.text
                 assert wait_job(c, r.json()["id"], key)["state"] == "succeeded"
-            _until(lambda: len(fhir.received) == 1, "the first POST")
+            until(lambda: len(fhir.received) == 1, "the first POST", WAIT_S)
             os.kill(server.pid, signal.SIGKILL)
             server.wait(30)
         finally:
@@ -64,8 +57,8 @@ def test_a_row_left_sending_by_kill_9_is_sent_again_right_after_restart(tmp_path
 
         server = start_server(config, data, port, log)
         try:
-            _until(lambda: len(fhir.received) == 2, "the bundle to be sent again")
-            _until(lambda: _rows(data)[0].state is OutboxState.SENT, "the row to be sent")
+            until(lambda: len(fhir.received) == 2, "the bundle to be sent again", WAIT_S)
+            until(lambda: _rows(data)[0].state is OutboxState.SENT, "the row to be sent", WAIT_S)
             server.send_signal(signal.SIGTERM)
             server.wait(60)
         finally:

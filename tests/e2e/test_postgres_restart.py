@@ -26,9 +26,10 @@ from sqlalchemy import create_engine, text
 from tests.factories.dicom_net import free_port
 from tests.factories.fhir_server import FhirServer
 from tests.factories.private_postgres import PrivatePostgres
-from tests.factories.replicas import replica_config, until
+from tests.factories.replicas import replica_config
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, make_study, upload
+from tests.factories.waits import until
 
 from radserve.store.db import normalise_url
 

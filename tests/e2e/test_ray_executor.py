@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
+from tests.factories.waits import until
 
 from radserve.api import create_app
 from radserve.inference import SessionRef
@@ -92,13 +92,6 @@ def executor(service: Service) -> RayExecutor:
     return service.executor
 
 
-def wait_for(condition: Any, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-
-
 def test_submit_to_result_on_two_cpu_workers(tmp_path: Path) -> None:
     service = ray_service(tmp_path, slow=False)
     successes = count_successes(service)
@@ -139,7 +132,10 @@ def test_urgent_overtakes_routine_work_and_cancel_stops_a_job(tmp_path: Path) ->
             for i in range(3)
         ]
         first = f"/v1/jobs/{routine[0]}"
-        wait_for(lambda: c.get(first, headers=auth(key)).json()["state"] == "running")
+        until(
+            lambda: c.get(first, headers=auth(key)).json()["state"] == "running",
+            "the first routine job to run",
+        )
         urgent = c.post(
             "/v1/studies", params={"priority": "urgent"}, files=urgent_study, headers=auth(key)
         ).json()["id"]
@@ -176,13 +172,17 @@ def test_a_lost_worker_s_batch_runs_on_another_and_the_job_has_one_result(
         ex = executor(service)
         victim = ex.workers[0]
         old_pid = victim.pid
-        wait_for(lambda: victim.current is not None)
+        until(lambda: victim.current is not None, "a batch on the victim worker")
         os.kill(old_pid, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
         job = wait_job(c, job_id, key, timeout=240)
         assert job["state"] == "succeeded", job
-        wait_for(lambda: victim.pid != old_pid, timeout=120)  # restarted by Ray
+        until(lambda: victim.pid != old_pid, "Ray to restart the worker", 120)  # restarted by Ray
         # ... and it loads the warmed-up models again before its next batch
-        wait_for(lambda: victim.loaded == set(ex.warmed) != set(), timeout=120)
+        until(
+            lambda: victim.loaded == set(ex.warmed) != set(),
+            "the restarted worker to load the warmed models",
+            120,
+        )
         assert ray.get(victim.actor.ping.remote())["sessions"]
     assert victim.lost >= 1 and ex.requeued >= 1
     assert ex.workers[1].batches > 0  # the other worker carried on
@@ -200,7 +200,11 @@ def test_workers_load_their_sessions_at_start_and_readiness_waits_for_them(
     service = ray_service(tmp_path, slow=False)
     key = create_key(service.store, "submit")
     with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
-        wait_for(lambda: c.get("/readyz", headers=auth(key)).status_code == 200, timeout=120)
+        until(
+            lambda: c.get("/readyz", headers=auth(key)).status_code == 200,
+            "/readyz to say ready",
+            120,
+        )
         ex = executor(service)
         loaded = [ray.get(w.actor.ping.remote())["sessions"] for w in ex.workers]
         assert all(s["batches"] == 0 for s in ex.stats())  # no study has run

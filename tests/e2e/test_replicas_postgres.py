@@ -20,9 +20,10 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from tests.factories.dicom_net import free_port
 from tests.factories.fhir_server import FhirServer
-from tests.factories.replicas import replica_config, until
+from tests.factories.replicas import replica_config
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, make_study, upload
+from tests.factories.waits import until
 
 from radserve.store.db import normalise_url
 

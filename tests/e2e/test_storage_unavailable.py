@@ -33,6 +33,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
+from tests.factories.waits import until
 
 SLOW_GRID = {"n_slices": 24, "rows": 96, "cols": 96, "spacing": (2.0, 1.5, 1.5)}
 
@@ -56,14 +57,6 @@ def shared(tmp_path: Path) -> Iterator[Path]:
 
 def _remount(path: Path, mode: str) -> None:
     subprocess.run(["mount", "-o", f"remount,bind,{mode}", str(path)], check=True)
-
-
-def _until(condition, what: str, timeout: float = 60.0) -> float:
-    t0 = time.monotonic()
-    while not condition():
-        assert time.monotonic() - t0 < timeout, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return time.monotonic() - t0
 
 
 @pytest.mark.slow
@@ -91,14 +84,16 @@ def test_an_unwritable_data_folder_makes_the_server_unready_and_refuses_uploads(
             def jobs() -> int:
                 return len(c.get("/v1/jobs", headers=auth(key)).json()["items"])
 
-            _until(lambda: ready() == 200, "the server to be ready")
+            until(lambda: ready() == 200, "the server to be ready")
             r = submit("before")
             assert r.status_code == 202, r.text
             assert wait_job(c, r.json()["id"], key, timeout=120)["state"] == "succeeded"
             studies = sorted((shared / "studies").rglob("*"))
 
             _remount(shared, "ro")
-            down_s = _until(lambda: ready() == 503, "/readyz to say not ready")
+            t0 = time.monotonic()
+            until(lambda: ready() == 503, "/readyz to say not ready")
+            down_s = time.monotonic() - t0
             body = c.get("/readyz", headers=auth(key)).json()
             assert not body["ready"]
             assert "the data folder cannot be written: EROFS" in body["reasons"]
@@ -110,7 +105,9 @@ def test_an_unwritable_data_folder_makes_the_server_unready_and_refuses_uploads(
             assert sorted((shared / "studies").rglob("*")) == studies
 
             _remount(shared, "rw")
-            up_s = _until(lambda: ready() == 200, "/readyz to say ready again")
+            t0 = time.monotonic()
+            until(lambda: ready() == 200, "/readyz to say ready again")
+            up_s = time.monotonic() - t0
             r = submit("after")
             assert r.status_code == 202, r.text
             assert wait_job(c, r.json()["id"], key, timeout=120)["state"] == "succeeded"
@@ -171,11 +168,11 @@ def test_with_a_fallback_studies_and_results_go_local_and_move_back(
                 def state(job_id: str) -> str:
                     return str(c.get(f"/v1/jobs/{job_id}", headers=auth(key)).json()["state"])
 
-                _until(lambda: c.get("/readyz", headers=auth(key)).status_code == 200, "ready")
+                until(lambda: c.get("/readyz", headers=auth(key)).status_code == 200, "ready")
                 before = submit("before")
                 assert wait_job(c, before, key, timeout=120)["state"] == "succeeded"
                 across = submit("across")
-                _until(lambda: state(across) == "running", "a job to run")
+                until(lambda: state(across) == "running", "a job to run")
 
                 _remount(shared, "ro")
                 t0 = time.monotonic()
@@ -199,13 +196,13 @@ def test_with_a_fallback_studies_and_results_go_local_and_move_back(
                 def fallback_empty() -> bool:
                     return not any(p.is_file() for p in fallback.rglob("*"))
 
-                _until(fallback_empty, "the fallback to move back", timeout=120)
+                until(fallback_empty, "the fallback to move back", timeout=120)
                 back_s = time.monotonic() - t1
                 ids = [before, across, during]
                 for job_id in ids:
                     report = c.get(f"/v1/jobs/{job_id}/report", headers=auth(key))
                     assert report.status_code == 200, report.text
-                _until(
+                until(
                     lambda: (
                         rows("SELECT count(*) FROM outbox_deliveries WHERE state = 'sent'")[0][0]
                         == len(ids)
