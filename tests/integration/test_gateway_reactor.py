@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from pynetdicom import AE
 from pynetdicom.dul import DULServiceProvider
+from pynetdicom.pdu import A_ASSOCIATE_RQ, A_RELEASE_RQ, P_DATA_TF
 from pynetdicom.sop_class import CTImageStorage, Verification
 from tests.factories.dicom_net import Intake, dcmtk_tool, loopback_scp_config, small_study, storescu
 from tests.factories.waits import wait_until
@@ -88,6 +89,36 @@ def test_associations_leave_no_descriptor_behind(scp: GatewaySCP) -> None:
             assoc.release()
     assert wait_until(lambda: len(scp.admission.open_connections()) == 0, timeout=10)
     assert wait_until(lambda: len(os.listdir("/proc/self/fd")) <= before, timeout=10)
+
+
+def test_each_received_pdu_is_converted_once_and_its_threads_cpu_counted(
+    scp: GatewaySCP, monkeypatch
+) -> None:
+    """The SCP checks that a PDU converts to a primitive as it decodes it (a bad one is an
+    invalid PDU there); the state machine then gets that primitive instead of converting
+    again (a 128-context A-ASSOCIATE-RQ: ~1.5 CPU-ms). The DUL thread's CPU reaches the
+    ledger when the association ends."""
+    converted: list[object] = []  # the PDUs themselves: their ids stay unique
+    for pdu_class in (A_ASSOCIATE_RQ, P_DATA_TF, A_RELEASE_RQ):
+        real = pdu_class.__dict__["to_primitive"]  # a method or a staticmethod
+
+        def counted(self, real=real):
+            converted.append(self)
+            return real.__get__(self, type(self))()
+
+        monkeypatch.setattr(pdu_class, "to_primitive", counted)
+    assoc = _associate(scp)
+    assert int(assoc.send_c_echo().Status) == Status.SUCCESS
+    assoc.release()
+    assert assoc.is_released
+    assert wait_until(lambda: len(scp.admission.open_connections()) == 0, timeout=10)
+    # received by the SCP: the request, the echo's P-DATA and the release request; by
+    # this test's requestor: the echo response's P-DATA
+    pdus = {id(pdu): pdu for pdu in converted}
+    kinds = sorted(type(pdu).__name__ for pdu in pdus.values())
+    assert kinds == ["A_ASSOCIATE_RQ", "A_RELEASE_RQ", "P_DATA_TF", "P_DATA_TF"]
+    assert len(converted) == len(pdus)  # none twice
+    assert wait_until(lambda: scp.cpu.snapshot()["receive"] > 0, timeout=10)
 
 
 def _snapshot(contexts) -> list[tuple]:

@@ -166,12 +166,17 @@ class BoundedSocket(AssociationSocket):
 def _check_conversion(dul: Any) -> None:
     """Make a PDU that decodes but cannot become a primitive (e.g. presentation context
     ID 0) an invalid PDU (event 19: A-ABORT) at decoding, where pynetdicom handles
-    errors; left to its state machine, it kills the DUL thread with a traceback."""
+    errors; left to its state machine, it kills the DUL thread with a traceback.
+
+    The primitive made here is the one the state machine gets (its ``to_primitive``
+    returns it): converted twice, a PACS's A-ASSOCIATE-RQ proposing ~120 contexts cost
+    twice its UID checks, and every P-DATA-TF PDU twice its conversion."""
     decode = dul._decode_pdu
 
     def decode_and_check(bytestream: bytearray) -> Any:
         pdu, event = decode(bytestream)
-        pdu.to_primitive()
+        primitive = pdu.to_primitive()
+        pdu.to_primitive = lambda: primitive  # each PDU is converted once, by one caller
         return pdu, event
 
     dul._decode_pdu = decode_and_check
