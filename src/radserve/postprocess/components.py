@@ -31,7 +31,7 @@ CONNECTIVITY = 26
 
 
 _COUNT_CHUNK = 1 << 22  # voxels per step when reading component labels: bounded temporaries
-_COUNT_SLAB = 8  # slices per step when counting component voxels: bounded temporaries
+_COUNT_SLAB = 4  # slices per step when counting component voxels: bounded temporaries
 
 
 @dataclass(frozen=True, eq=False)
