@@ -55,6 +55,8 @@ IMPORT_STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("onnxruntime", ("onnxruntime",)),
     ("radserve run path", ("radserve.pipeline.study", "radserve.models.registry")),
     ("report writers (nibabel, PIL)", ("radserve.report.nifti", "radserve.report.keyimages")),
+    # `radserve run`: the click group imports the run command alone (radserve.cli)
+    ("radserve run command (click, rich)", ("radserve.cli", "radserve.commands.run")),
 )
 
 
