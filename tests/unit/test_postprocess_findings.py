@@ -104,6 +104,13 @@ def test_ids_follow_organ_then_volume_and_label_map_uses_ids() -> None:
         assert f.mean_hu is None  # no CT given
     assert [a.finding_id for a in result.axes] == [1, 2, 3]
     assert np.count_nonzero(result.label_map.array) == np.count_nonzero(labels)
+    # The boxes the clean-up hands over give the same findings as finding them here.
+    cleaned = clean_label_map(labels, _lesion_spec(), 1.0)  # 1 ml voxels: nothing dropped
+    np.testing.assert_array_equal(cleaned.labels, labels)
+    boxes = cleaned.boxes
+    handed = find_lesions(pred, None, _lesion_spec(), organs, ORGAN_NAMES, boxes=boxes)
+    assert handed.findings == result.findings
+    np.testing.assert_array_equal(handed.label_map.array, result.label_map.array)
 
 
 @pytest.mark.parametrize("name", ["axial", "flipped", "oblique"])

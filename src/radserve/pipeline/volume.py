@@ -523,6 +523,7 @@ def _step_result(
         spec,
         context.labels if context else None,
         _region_names(context.bundle.spec) if context else None,
+        boxes=boxes,
     )
     findings, label_map, axes = lesions.findings, lesions.label_map, lesions.axes
     if first_finding > 1:

@@ -167,6 +167,7 @@ def find_lesions(
     spec: ModelSpec,
     organ_labels: Volume | None = None,
     organ_names: dict[int, str] | None = None,
+    boxes: Sequence[BBox | None] | None = None,
 ) -> LesionFindings:
     """Turn the lesion labels of a prediction into measured, filtered, numbered findings.
 
@@ -182,6 +183,9 @@ def find_lesions(
         spec: the manifest of the model that produced ``prediction``.
         organ_labels: upstream organ label map (any geometry in the same frame).
         organ_names: organ label value -> name, as used in ``LabelSpec.within``.
+        boxes: the tight box of each value ``1..max`` of the prediction's label map
+            (index ``v - 1``), when known (``CleanedLabels.boxes`` of
+            :mod:`radserve.postprocess.components`): saves a pass over the map.
     """
     pred_grid = prediction.labels
     grid, origin = _reference_grid(pred_grid, ct)
@@ -191,7 +195,7 @@ def find_lesions(
         return _empty(grid, warnings)
     labels = pred_grid.array
     values = sorted(lesions)
-    box = bbox_of_values(labels, values)
+    box = bbox_of_values(labels, values, boxes)
     if box is None:
         return _empty(grid, warnings)
     runs = component_runs(labels[box], values)
