@@ -88,6 +88,16 @@ def test_write_key_images(tmp_path: Path) -> None:
     for o in outputs:
         with Image.open(tmp_path / o.path) as image:
             assert image.mode == "RGB" and max(image.size) == 200
+    # the files hold the rendered pixels (PNG is lossless at any zlib level)
+    overview, _ = render_overview(
+        ct,
+        organ_labels=organs,
+        organ_colors={1: (0, 200, 0)},
+        finding_labels=lesions.label_map,
+        size=200,
+    )
+    with Image.open(tmp_path / outputs[0].path) as image:
+        np.testing.assert_array_equal(np.asarray(image), np.asarray(overview))
 
 
 def test_overview_shows_the_slice_with_most_organ_voxels_else_findings_else_the_middle() -> None:
