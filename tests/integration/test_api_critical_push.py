@@ -30,11 +30,12 @@ from tests.factories.service import (
     wait_job,
 )
 from tests.factories.syslog import Collector, make_certificate
-from tests.factories.waits import WAIT_SCALE
+from tests.factories.waits import until
 
 from radserve.api import create_app
 from radserve.config import load_settings
 from radserve.service import Service
+from radserve.store import AuditRecord
 from radserve.store.outbox import OutboxItem, OutboxKind, OutboxState, OutboxStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,13 +114,11 @@ def test_critical_finding_reaches_each_receiver_once_after_it_comes_back(
             assert len(lesions) == 1, report["findings"]
 
             # held until the result was recorded, then tried at once and retried while down
-            deadline = time.monotonic() + 15 * WAIT_SCALE
-            while time.monotonic() < deadline:
+            def tried_twice() -> list[OutboxItem] | None:
                 rows = _rows(service)
-                if len(rows) == 3 and all(r.attempts >= 2 for r in rows):
-                    break
-                time.sleep(0.1)
-            rows = _rows(service)
+                return rows if len(rows) == 3 and all(r.attempts >= 2 for r in rows) else None
+
+            rows = until(tried_twice, "three rows tried twice", 15, state=lambda: _rows(service))
             assert [r.destination for r in rows] == list(RECEIVERS)
             for row in rows:
                 assert row.state in (OutboxState.PENDING, OutboxState.SENDING), row
@@ -131,12 +130,12 @@ def test_critical_finding_reaches_each_receiver_once_after_it_comes_back(
             receiver.up()
             ehr.up()
             collector = Collector(syslog_port, cert, key)
-            deadline = time.monotonic() + 30 * WAIT_SCALE
-            while time.monotonic() < deadline and any(
-                r.state != OutboxState.SENT for r in _rows(service)
-            ):
-                time.sleep(0.1)
-            assert [r.state for r in _rows(service)] == [OutboxState.SENT] * 3
+            until(
+                lambda: [r.state for r in _rows(service)] == [OutboxState.SENT] * 3,
+                "the three pushes sent",
+                30,
+                state=lambda: _rows(service),
+            )
             time.sleep(1.5)  # a second push, were there one, would have happened by now
             (received,) = receiver.received
             notice = received.json()
@@ -147,7 +146,12 @@ def test_critical_finding_reaches_each_receiver_once_after_it_comes_back(
             assert notice["rule"] == "label liver_lesion, model lesions-test"
             assert "Doe" not in received.body.decode()  # no patient name in a notice
 
-            (message,) = [m for m in collector.parsed() if m["msgid"] == "RADSERVE-CRITICAL"]
+            # sent is written to the socket: the collector's thread parses it on its own time
+            (message,) = until(
+                lambda: [m for m in collector.parsed() if m["msgid"] == "RADSERVE-CRITICAL"],
+                "the collector to parse the notice",
+                15,
+            )
             assert message["pri"] == 16 * 8 + 1  # local0.alert
             assert message["sd"] == {"notice": notice["id"], "job": job["id"],
                                      "label": "liver_lesion"}  # fmt: skip
@@ -157,7 +161,13 @@ def test_critical_finding_reaches_each_receiver_once_after_it_comes_back(
             assert posted.headers["Authorization"] == "Bearer ehr-tok"
             _check_communication(posted.json(), notice, tmp_path)
 
-            records = list(service.store.iter_audit())
+            # acknowledgements are audited through the group commit, after the row is sent
+            def acknowledged() -> list[AuditRecord] | None:
+                records = list(service.store.iter_audit())
+                acks = sum(r.action == "critical.acknowledged" for r in records)
+                return records if acks >= len(RECEIVERS) else None
+
+            records = until(acknowledged, "an acknowledgement audited per receiver", 15)
             queued = [r for r in records if r.action == "critical.queued"]
             acked = [r for r in records if r.action == "critical.acknowledged"]
             assert sorted(r.payload["receiver"] for r in queued) == sorted(RECEIVERS)
@@ -293,12 +303,12 @@ def test_fhir_notices_that_can_never_succeed_stop_audited_and_counted(tmp_path: 
             "radserve_critical_pushes_total", {"receiver": "ehr", "outcome": "failed"}
         )
         assert failed == 3
-        deadline = time.monotonic() + 10 * WAIT_SCALE
-        while time.monotonic() < deadline:
+
+        def failures() -> list[AuditRecord] | None:
             audited = [r for r in service.store.iter_audit() if r.action == "critical.failed"]
-            if len(audited) == 3:
-                break
-            time.sleep(0.1)
+            return audited if len(audited) >= len(cases) else None
+
+        audited = until(failures, "a failure audited per notice", 10)
         assert sorted(r.payload["notice_id"] for r in audited) == sorted(cases)
     finally:
         service.stop()
