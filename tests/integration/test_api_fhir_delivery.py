@@ -19,11 +19,11 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
-from tests.factories.waits import WAIT_SCALE
+from tests.factories.waits import until
 
 from radserve.api import create_app
 from radserve.service import Service
-from radserve.store.outbox import OutboxKind, OutboxState, OutboxStore
+from radserve.store.outbox import OutboxItem, OutboxKind, OutboxState, OutboxStore
 
 pytest.importorskip("fhir.resources")
 
@@ -57,21 +57,22 @@ def test_bundle_reaches_the_fhir_server_once_after_it_comes_back(tmp_path: Path)
 
             # the held Bundle falls due when the result is recorded, and the sender is woken
             # then: two attempts well inside its 30 s idle interval
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline:  # the worker keeps retrying while it is down
-                rows = OutboxStore(service.store.engine).items(kind=OutboxKind.FHIR)
-                if rows and rows[0].attempts >= 2:
-                    break
-                time.sleep(0.1)
-            (row,) = OutboxStore(service.store.engine).items(kind=OutboxKind.FHIR)
+            def fhir_rows() -> list[OutboxItem]:
+                return OutboxStore(service.store.engine).items(kind=OutboxKind.FHIR)
+
+            # the worker keeps retrying while it is down
+            until(lambda: (rows := fhir_rows()) and rows[0].attempts >= 2, "two attempts", 15)
+            (row,) = fhir_rows()
             assert row.state in (OutboxState.PENDING, OutboxState.SENDING), row
             assert row.attempts >= 2 and row.job_id == job["id"]
 
             fhir.up()
-            deadline = time.monotonic() + 30 * WAIT_SCALE
-            while time.monotonic() < deadline and _rows(service) != [OutboxState.SENT]:
-                time.sleep(0.1)
-            assert _rows(service) == [OutboxState.SENT]
+            until(
+                lambda: _rows(service) == [OutboxState.SENT],
+                "the Bundle sent",
+                30,
+                state=lambda: _rows(service),
+            )
             served = c.get(f"/v1/jobs/{job['id']}/fhir", headers=auth(key)).json()
             time.sleep(1.0)  # a second delivery, were there one, would have happened by now
             (received,) = fhir.received

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import logging
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
-from tests.factories.waits import WAIT_SCALE
+from tests.factories.waits import until
 
 from radserve.service import Service
 
@@ -357,14 +356,16 @@ def test_a_study_sent_in_several_requests_waits_for_the_quiet_period(
         assert sorted(referenced(r)) == sorted(sop_uids(half))
     r = stow(server, dicom_parts(files[:1]), params={"complete": "false", "priority": "urgent"})
     assert r.status_code == 400  # a priority needs a complete study
-    deadline = time.monotonic() + 60 * WAIT_SCALE
-    new: list[Any] = []
-    while time.monotonic() < deadline:
-        new = [j for j in service.store.list_jobs(limit=1000).items if j.id not in before]
-        if new and new[0].state.value in ("succeeded", "failed"):
-            break
-        time.sleep(0.1)
-    (job,) = new  # one job for the whole study
+
+    def new_jobs() -> list[Any]:
+        return [j for j in service.store.list_jobs(limit=1000).items if j.id not in before]
+
+    (job,) = until(  # one job for the whole study
+        lambda: (new := new_jobs()) and new[0].state.value in ("succeeded", "failed") and new,
+        "the study's job to end",
+        60,
+        state=new_jobs,
+    )
     assert job.state.value == "succeeded", job
     assert job.queue_meta["source"] == "dicomweb"
     stored = {p.name for p in Path(job.study_path).iterdir()}

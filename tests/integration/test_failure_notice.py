@@ -5,7 +5,6 @@ re-run amends it; operators see the job state, a log line and a metric."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
-from tests.factories.waits import WAIT_SCALE
+from tests.factories.waits import until
 
 from radserve.api import create_app
 from radserve.errors import InferenceError
@@ -34,10 +33,12 @@ def _report(bundle: dict[str, Any]) -> dict[str, Any]:
 
 
 def _bundles(fhir: FhirServer, count: int) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 60 * WAIT_SCALE
-    while len(fhir.received) < count:
-        assert time.monotonic() < deadline, f"{len(fhir.received)} of {count} bundles"
-        time.sleep(0.05)
+    until(
+        lambda: len(fhir.received) >= count,
+        f"{count} bundles",
+        60,
+        state=lambda: f"{len(fhir.received)} received",
+    )
     return [r.json() for r in fhir.received]
 
 
