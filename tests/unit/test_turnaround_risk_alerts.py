@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from tests.factories.scheduling_fakes import FakeSession, fake_work
 from tests.factories.syslog import Collector, make_certificate
 from tests.factories.turnaround import standalone_turnaround
+from tests.factories.waits import until
 
 from radserve.config import ConfigError, load_settings
 from radserve.domain.priority import PriorityClass
@@ -48,11 +48,13 @@ def _walk(turnaround: Turnaround, finish: float, deadline: float = 1500.0) -> No
 
 
 def _wait_messages(collector: Collector, count: int) -> list[dict[str, object]]:
-    """The collector's messages once it has ``count`` (or after ~15 s: then fewer)."""
-    for _ in range(150):
-        if len(collector.messages) >= count:
-            break
-        time.sleep(0.1)
+    """The collector's messages once it has ``count`` (its thread receives them)."""
+    until(
+        lambda: len(collector.messages) >= count,
+        f"{count} risk message(s) at the collector",
+        15,
+        state=lambda: len(collector.messages),
+    )
     return collector.parsed()
 
 
