@@ -316,10 +316,9 @@ def test_damaged_canary_is_rolled_back_and_a_good_one_is_not(
             else:
                 assert record["lesion_agreement"] == 1.0 and record["mean_dice"] == 1.0
                 assert deployed(c, server.admin, "1.1.0") == ["canary"]
-        metrics = c.get("/metrics").text
-        assert 'radserve_model_auto_rollbacks_total{step="lesions-test",version="1.2.0"} 1.0' in (
-            metrics
-        )
+        # counted after the rollback is recorded (and shown above): wait for the scrape
+        counted = 'radserve_model_auto_rollbacks_total{step="lesions-test",version="1.2.0"} 1.0'
+        until(lambda: counted in c.get("/metrics").text, "the auto rollback in /metrics")
     rollbacks = [
         r
         for r in server.service.store.iter_audit()

@@ -24,7 +24,7 @@ from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_net import free_port
 from tests.factories.phi import PROCESSABLE, UIDS, VALUE, leaks, plant
 from tests.factories.service import auth, config_file, make_study, wait_job
-from tests.factories.waits import WAIT_SCALE
+from tests.factories.waits import WAIT_SCALE, until
 
 from radserve.security.logs import (
     JsonFormatter,
@@ -235,12 +235,12 @@ def test_server_logs_no_planted_value_over_c_store_and_reads(tmp_path: Path) -> 
         assert all(status != 0 for status in refused)  # not UIDs: refused, one by one
         assert set(_c_store(studies[2], gateway_port)) == {0}
         with httpx.Client(base_url=url, timeout=60) as c:
-            deadline = time.monotonic() + 60 * WAIT_SCALE
-            items: list[dict[str, object]] = []
-            while not items and time.monotonic() < deadline:
-                items = c.get("/v1/jobs", headers=auth(key)).json()["items"]
-                time.sleep(0.1)
-            assert items, log.read_text()[-3000:]
+            items = until(
+                lambda: c.get("/v1/jobs", headers=auth(key)).json()["items"],
+                "the stored study's job",
+                60,
+                state=lambda: log.read_text()[-3000:],
+            )
             job = wait_job(c, str(items[0]["id"]), key)
             assert job["state"] == "succeeded", job
             for path in ("report", "fhir", "labels"):

@@ -18,6 +18,7 @@ import pytest
 from tests.factories.dicom_net import free_port
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file, make_study, upload, wait_job
+from tests.factories.waits import until
 
 pytest.importorskip("ray", reason="the ray extra is not installed")
 
@@ -40,11 +41,12 @@ def test_an_idle_ray_server_keeps_its_cluster_and_still_runs_studies(tmp_path: P
     url = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=url, timeout=60) as c:
-            deadline = time.monotonic() + 180
-            while c.get("/readyz", headers=auth(key)).status_code != 200:
+
+            def ready() -> bool:
                 assert server.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline, "never ready"
-                time.sleep(0.5)
+                return c.get("/readyz", headers=auth(key)).status_code == 200
+
+            until(ready, "the server to be ready", 180, step=0.5)
         # no request at all meanwhile: the pool's threads go idle and exit
         time.sleep(IDLE_S)
         assert server.poll() is None, f"exited {server.returncode}: {log.read_text()[-3000:]}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
-from tests.factories.waits import WAIT_SCALE
+from tests.factories.waits import until
 
 from radserve.api import create_app
 from radserve.scheduling import PriorityClass
@@ -106,10 +105,12 @@ def test_cancel_a_running_job_stops_it_at_a_batch_boundary(tmp_path: Path) -> No
             "/v1/studies", files=upload(make_study(tmp_path / "a", **SLOW_GRID)), headers=auth(key)
         )
         job_id = first.json()["id"]
-        deadline = time.monotonic() + 30 * WAIT_SCALE
-        while c.get(f"/v1/jobs/{job_id}", headers=auth(key)).json()["state"] != "running":
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        until(
+            lambda: c.get(f"/v1/jobs/{job_id}", headers=auth(key)).json()["state"] == "running",
+            "the first job to run",
+            30,
+            step=0.01,
+        )
         # count the device batches started once the cancel is acknowledged (not wall
         # time: on a loaded machine one batch takes seconds)
         acknowledged, after_cancel = threading.Event(), []
