@@ -140,6 +140,23 @@ def test_reads_from_reader_processes_are_audited_and_a_killed_reader_is_replaced
             for job_id in ids:  # new connections: whichever reader takes them answers
                 with httpx.Client(base_url=url, timeout=60) as fresh:
                     assert wait_job(fresh, job_id, key)["state"] == "succeeded"
+
+            writer = next(iter(audit_writers_of(server.pid)))
+            os.kill(writer, signal.SIGKILL)  # nothing in flight: no read half-audited
+            until(
+                lambda: audit_writers_of(server.pid) - {writer},
+                "an audit writer started in the killed one's place",
+                60,
+            )
+            for job_id in ids:  # refused (503, retryable) until the new writer listens
+                with httpx.Client(base_url=url, timeout=60) as fresh:
+                    answered = until(
+                        lambda job_id=job_id, fresh=fresh: _audited_report(fresh, job_id, key),
+                        "a report read audited by the new audit writer",
+                        60,
+                    )
+                    assert answered.json()["job_id"] == job_id
+                    report_reads += 1
         server.send_signal(signal.SIGTERM)
         assert server.wait(60) in (0, -signal.SIGTERM)
     finally:
@@ -155,6 +172,15 @@ def test_reads_from_reader_processes_are_audited_and_a_killed_reader_is_replaced
     finally:
         store.close()
     assert len([r for r in reads if r.subject in ids]) == report_reads
+
+
+def _audited_report(client: httpx.Client, job_id: str, key: str) -> httpx.Response | None:
+    """The report, or None while the read is refused as retryable (no audit writer yet)."""
+    r = client.get(f"/v1/jobs/{job_id}/report", headers=auth(key))
+    if r.status_code == 503 and r.json()["error"]["retryable"]:
+        return None
+    assert r.status_code == 200, r.text
+    return r
 
 
 def _reports_counted(client: httpx.Client) -> float:

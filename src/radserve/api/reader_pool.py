@@ -81,6 +81,8 @@ class ReaderPool:
             process.kill()
             raise RuntimeError(f"the API audit writer did not start within {ready_timeout_s} s")
         mine.recv()
+        if self._writer_pipe is not None:  # the pipe of a writer that died
+            self._writer_pipe.close()
         self._writer, self._writer_pipe = process, mine
 
     def _spawn(self, index: int) -> None:
