@@ -129,3 +129,6 @@ def test_nnunet_scenario_times_radserve_and_nnunet_on_the_same_labels(tmp_path: 
     assert len(summary["labels_present"]) >= 3  # not an all-background comparison
     assert summary["nnunet_network_s"] > 0 and summary["radserve_stages_s"]["infer"] > 0
     assert summary["radserve_peak_rss_mb"] >= 0 and summary["nnunet_peak_rss_mb"] >= 0
+    # what each cost in CPU seconds (the figure a loaded host does not move much)
+    assert summary["radserve_cpu_s"] > 0 and summary["nnunet_cpu_s"] > 0
+    assert summary["cpu_speedup"] == summary["nnunet_cpu_s"] / summary["radserve_cpu_s"]

@@ -57,7 +57,10 @@ __all__ = ["run_nnunet_bench"]
 
 
 class _PeakRss:
-    """Peak RSS above the value at entry, sampled on a thread."""
+    """Peak RSS above the value at entry, sampled on a thread; also the process's CPU
+    seconds (all threads) and the 1-minute load average at entry and exit. On a shared
+    host the CPU seconds say what each contestant cost where wall seconds say what the
+    other work left it (issue 18, session 12: load average 8-12 on 2 cores)."""
 
     def __init__(self, every_s: float = 0.02) -> None:
         self._proc = psutil.Process()
@@ -66,6 +69,8 @@ class _PeakRss:
         self.peak_mb = 0.0
 
     def __enter__(self) -> _PeakRss:
+        self.load = [os.getloadavg()[0]]
+        self._cpu0 = time.process_time()
         self._base = self._proc.memory_info().rss
         self._peak = self._base
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -81,6 +86,16 @@ class _PeakRss:
         self._thread.join()
         self._peak = max(self._peak, self._proc.memory_info().rss)
         self.peak_mb = (self._peak - self._base) / 2**20
+        self.cpu_s = time.process_time() - self._cpu0
+        self.load.append(os.getloadavg()[0])
+
+    def line(self, who: str, seconds: float) -> str:
+        """A progress line with this contestant's figures (kept if the run is cut short)."""
+        load = " -> ".join(f"{v:.1f}" for v in self.load)
+        return (
+            f"{who}: {seconds:.1f} s, {self.cpu_s:.1f} CPU-s, peak RSS +{self.peak_mb:.0f} MB, "
+            f"load average {load}"
+        )
 
 
 def _plans(size: str) -> dict:
@@ -165,6 +180,8 @@ def run_nnunet_bench(
         ours_s = time.perf_counter() - t0
     n_patches = len(task._items)
     del task
+    stages = {k: round(v, 2) for k, v in prediction.timings.items()}
+    log(f"{ours_mem.line('radserve', ours_s)}; {n_patches} patches, stages {stages}")
     log("nnU-Net ...")
     recorder = PatchLogits(predictor.network, work / "patch-logits.f32")
     predictor.network = recorder
@@ -173,6 +190,7 @@ def run_nnunet_bench(
         t0 = time.perf_counter()
         theirs = np.asarray(predictor.predict_single_npy_array(image, props))
         theirs_s = time.perf_counter() - t0
+    log(f"{theirs_mem.line('nnUNetPredictor', theirs_s)}; network {recorder.network_s:.1f} s")
     log("nnU-Net again from its recorded patch logits, float32 sums (untimed) ...")
     recorder.replay()
     float32_accumulation(predictor)
@@ -199,10 +217,16 @@ def run_nnunet_bench(
         "speedup": theirs_s / ours_s,
         # where the time goes: network (infer, on the calling thread), preparing patches
         # (incl. resampling the crop, in make_task) and merging (accumulate, map back)
-        "radserve_stages_s": {k: round(v, 2) for k, v in prediction.timings.items()},
+        "radserve_stages_s": stages,
         "nnunet_network_s": recorder.network_s,
         "radserve_peak_rss_mb": ours_mem.peak_mb,
         "nnunet_peak_rss_mb": theirs_mem.peak_mb,
+        # CPU seconds of the process while each ran (every thread): the cost on a busy
+        # host, where the wall seconds depend on the other work
+        "radserve_cpu_s": ours_mem.cpu_s,
+        "nnunet_cpu_s": theirs_mem.cpu_s,
+        "cpu_speedup": theirs_mem.cpu_s / ours_mem.cpu_s,
+        "load_average_1min": {"radserve": ours_mem.load, "nnunet": theirs_mem.load},
         "label_agreement": float((ours == theirs).mean()),
         "label_agreement_nnunet_fp32_sums": float((ours == theirs32).mean()),
         "nnunet_fp16_vs_fp32_sums": float((theirs == theirs32).mean()),
