@@ -49,7 +49,6 @@ def main(kind: str) -> None:
     from radserve.models.manifest import load_manifest
 
     torch.set_num_threads(1)
-    crop = {"_target_": "CropForegroundd", "keys": "image", "source_key": "image"}
     cpu = choose_runtime(prefer=["CPUExecutionProvider"], threads=1)
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
@@ -64,7 +63,7 @@ def main(kind: str) -> None:
             ct[:2] = -1000.0
         volume = Volume.from_geometry(ct, spacing=spacing, origin=(0, 0, 0))
         nifti = mb.write_nifti(volume, t / "ct.nii.gz")
-        cropped = mb.write_monai_bundle(t / "cropped", pre=[*mb.PRE[:5], crop, mb.PRE[5]])
+        cropped = mb.write_monai_bundle(t / "cropped", pre=mb.cropped_pre())
         plain = mb.write_monai_bundle(t / "plain")  # same seed: same weights
         want, monai_s = _timed(lambda: mb.run_monai_reference(cropped, nifti))
         print(f"{kind} ({shape[0]}x{shape[1]}x{shape[2]} at {spacing} mm):")
@@ -109,10 +108,9 @@ def cost(kind: str) -> None:
     from radserve.inference import ModelSession, PatchTask, choose_runtime, run_task
     from radserve.models.manifest import load_manifest
 
-    crop = {"_target_": "CropForegroundd", "keys": "image", "source_key": "image"}
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
-        pre = [*mb.PRE[:5], crop, mb.PRE[5]] if kind == "crop" else None
+        pre = mb.cropped_pre() if kind == "crop" else None
         out = import_monai(mb.write_monai_bundle(t / "b", pre=pre), t / "m", name=kind)
         spec = load_manifest(out / "model.yaml")
         ct = synthetic_ct((120, 320, 320), seed=3)

@@ -131,9 +131,8 @@ def grid_report(volume: Any, tmp: Path, name: str) -> None:
     from radserve.preprocess import monai_grid
     from radserve.preprocess import monai_grid as mg
 
-    crop = {"_target_": "CropForegroundd", "keys": "image", "source_key": "image"}
     nifti = mb.write_nifti(volume, tmp / f"{name}.nii.gz")
-    cap = _monai_invert(nifti, ConfigParser({"p": [*mb.PRE[:5], crop]}).get_parsed_content("p"))
+    cap = _monai_invert(nifti, ConfigParser({"p": [*mb.PRE[:5], mb.CROP]}).get_parsed_content("p"))
     theta, grid, src = cap["theta"], cap["grid"], cap["src"]
     scaled = Compose(ConfigParser({"p": mb.PRE[:5]}).get_parsed_content("p"))
     box = CropForeground().compute_bounding_box(scaled({"image": str(nifti)})["image"])
@@ -194,10 +193,9 @@ def label_report(volume: Any, tmp: Path, name: str) -> None:
     from radserve.models.manifest import load_manifest
 
     cpu = choose_runtime(prefer=["CPUExecutionProvider"], threads=1)
-    crop = {"_target_": "CropForegroundd", "keys": "image", "source_key": "image"}
     nearest = [mb.POST[0], {**mb.POST[1], "nearest_interp": True}, *mb.POST[2:]]
     variants = {
-        "crop_foreground": {"pre": [*mb.PRE[:5], crop, mb.PRE[5]]},
+        "crop_foreground": {"pre": mb.cropped_pre()},
         "nearest": {"post": nearest},
         "bilinear": {},
     }

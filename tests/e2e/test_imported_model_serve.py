@@ -25,11 +25,17 @@ from radserve.domain.volume import Volume
 SHAPE, SPACING, ORIGIN = (24, 64, 64), (2.5, 1.2, 1.2), (-38.0, -40.0, 5.0)
 
 
-def _hu() -> np.ndarray:
+def served_hu(*, air: bool) -> np.ndarray:
+    """The CT the MONAI serve cases send (HU at SHAPE, SPACING, ORIGIN); ``air``: air
+    beside the body and in the first slices (1.2 -> 1.5 mm ties at the crop box)."""
     from scipy import ndimage
 
     field = ndimage.gaussian_filter(np.random.default_rng(7).normal(size=SHAPE), 2.0)
-    return np.clip(np.round(50 + 1200 * field), -1024, 3071)
+    hu = np.clip(np.round(50 + 1200 * field), -1024, 3071)
+    if air:
+        hu[:, :, :3] = -1000.0
+        hu[:2] = -1000.0
+    return hu
 
 
 def _import(*args: str) -> None:
@@ -55,18 +61,14 @@ def test_imported_monai_bundle_serves_and_its_seg_reads_back(tmp_path: Path, var
     crop = variant == "crop_foreground"
     pre, post = None, None
     if crop:  # spleen_ct_segmentation's CropForegroundd, after ScaleIntensityRanged
-        crop_t = {"_target_": "CropForegroundd", "keys": "image", "source_key": "image"}
-        pre = [*mb.PRE[:5], crop_t, mb.PRE[5]]
+        pre = mb.cropped_pre()
     if variant == "nearest":
         post = [mb.POST[0], {**mb.POST[1], "nearest_interp": True}, *mb.POST[2:]]
     bundle = mb.write_monai_bundle(tmp_path / "bundle", pre=pre, post=post)
     imported = tmp_path / "imported"
     _import("monai-bundle", str(bundle), "--models-dir", str(imported), "--name", "tiny-monai")
 
-    hu = _hu()
-    if crop:  # air beside the body and in the first slices: 1.2 -> 1.5 mm ties at the box
-        hu[:, :, :3] = -1000.0
-        hu[:2] = -1000.0
+    hu = served_hu(air=crop)
     files = make_ct_series(tmp_path / "study", n_slices=SHAPE[0], rows=SHAPE[1], cols=SHAPE[2],
                            spacing=SPACING, origin=ORIGIN, hu=hu, study_uid=new_uid())  # fmt: skip
     served = serve_and_read_seg(tmp_path, imported / "tiny-monai" / "1.0.0", files)
@@ -74,12 +76,20 @@ def test_imported_monai_bundle_serves_and_its_seg_reads_back(tmp_path: Path, var
 
     # MONAI's own run of the bundle on the same CT (its NIfTI, same geometry)
     volume = Volume.from_geometry(hu.astype(np.float32), spacing=SPACING, origin=ORIGIN)
-    want = mb.run_monai_reference(bundle, mb.write_nifti(volume, tmp_path / "ct.nii.gz"))
+    monai = mb.run_monai_bundle(bundle, mb.write_nifti(volume, tmp_path / "ct.nii.gz"))
+    want = monai.labels
     counts = np.bincount(want.ravel(), minlength=3)
     assert (counts > 0.005 * want.size).sum() >= 2, counts
-    agreement = float((served.labels == want).mean())
-    print(f"served vs MONAI: {agreement:.5f} ({int((served.labels != want).sum())} differ)")
+    differ = served.labels != want
+    agreement = float(1.0 - differ.mean())
+    print(f"served vs MONAI: {agreement:.5f} ({int(differ.sum())} differ)")
     assert agreement >= 0.999, agreement
+    # a voxel may differ only where MONAI's two leading classes are a float32 rounding
+    # apart (crop case: 1 voxel, 0.33744258 vs 0.33744260; MONAI's own label there
+    # flips with torch's thread count): never at the box's zero padding or a nearest tie
+    assert monai.scores is not None
+    ties = mb.float_ties(monai.scores)
+    assert not (differ & ~ties).any(), np.argwhere(differ & ~ties)[:5]
     if variant == "nearest":
         ran = _run_cli(tmp_path, imported, "tiny-monai", files[0].parent)
         print(f"radserve run vs MONAI: {float((ran == want).mean()):.5f}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,16 @@ PRE: list[dict[str, Any]] = [
     },
     {"_target_": "EnsureTyped", "keys": "image"},
 ]
+# spleen_ct_segmentation's CropForegroundd (default select_fn x > 0, margin 0)
+CROP: dict[str, Any] = {"_target_": "CropForegroundd", "keys": "image", "source_key": "image"}
+
+
+def cropped_pre(**options: Any) -> list[dict[str, Any]]:
+    """PRE with ``CropForegroundd(**options)`` after ``ScaleIntensityRanged``, in
+    spleen_ct_segmentation's place."""
+    return [*PRE[:5], {**CROP, **options}, PRE[5]]
+
+
 POST: list[dict[str, Any]] = [
     {"_target_": "Activationsd", "keys": "pred", "softmax": True},
     {
@@ -131,8 +142,19 @@ def write_nifti(volume: Volume, path: Path) -> Path:
     return path
 
 
-def run_monai_reference(bundle: Path, nifti: Path) -> np.ndarray:
-    """MONAI's own run of the bundle on ``nifti``: labels in radserve's (z, y, x) order."""
+@dataclass(frozen=True)
+class MonaiRun:
+    """MONAI's own run of a bundle: its labels, and the class scores its
+    ``AsDiscreted(argmax)`` took (``(k, z, y, x)``; None when the argmax is not the last
+    step, e.g. before a nearest ``Invertd``), both in radserve's (z, y, x) order."""
+
+    labels: np.ndarray
+    scores: np.ndarray | None
+
+
+def run_monai_bundle(bundle: Path, nifti: Path, network: Any = None) -> MonaiRun:
+    """MONAI's own run of the bundle on ``nifti``, as its bundle workflow runs it
+    (``network``: a callable run in place of the bundle's torch network)."""
     import torch
     from monai.bundle import ConfigParser
 
@@ -148,8 +170,28 @@ def run_monai_reference(bundle: Path, nifti: Path) -> np.ndarray:
     post = parser.get_parsed_content("postprocessing")
     data = pre({"image": str(nifti)})
     with torch.no_grad():
-        data["pred"] = inferer(data["image"][None], net)[0]
+        data["pred"] = inferer(data["image"][None], network or net)[0]
     # SaveImaged would write a file: the check needs only the array
-    post.transforms = tuple(t for t in post.transforms if type(t).__name__ != "SaveImaged")
-    out = post(data)["pred"]
-    return np.asarray(out[0]).transpose(2, 1, 0).astype(np.uint8)
+    steps = [t for t in post.transforms if type(t).__name__ != "SaveImaged"]
+    scores = None
+    for i, step in enumerate(steps):
+        if type(step).__name__ == "AsDiscreted" and i == len(steps) - 1:
+            scores = np.asarray(data["pred"]).transpose(0, 3, 2, 1).astype(np.float32)
+        data = step(data)
+    labels = np.asarray(data["pred"][0]).transpose(2, 1, 0).astype(np.uint8)
+    return MonaiRun(labels, scores)
+
+
+def run_monai_reference(bundle: Path, nifti: Path) -> np.ndarray:
+    """MONAI's own run of the bundle on ``nifti``: labels in radserve's (z, y, x) order."""
+    return run_monai_bundle(bundle, nifti).labels
+
+
+def float_ties(scores: np.ndarray, rel: float = 1e-6) -> np.ndarray:
+    """Voxels whose two leading class scores are within ``rel`` of the leading one (a
+    float32 ulp is 6e-8 of it): there the argmax follows the last bits of the scores,
+    which MONAI's own run changes with torch's thread count (docs/model-ops.md). Voxels
+    whose scores are all 0 (outside a CropForeground box) are not ties: the label there
+    is decided exactly."""
+    top = np.sort(scores, axis=0)[-2:].astype(np.float64)
+    return (top[1] > 0) & (top[1] - top[0] <= rel * top[1])

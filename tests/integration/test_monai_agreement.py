@@ -103,7 +103,7 @@ def test_labels_agree_with_monai_bundle_inference(tmp_path: Path, case: str) -> 
     assert agreement >= 0.999, agreement
 
 
-_CROP = {"_target_": "CropForegroundd", "keys": "image", "source_key": "image"}
+_CROP = mb.CROP
 # MONAI's CropForegroundd after ScaleIntensityRanged (spleen_ct_segmentation's place), on
 # a body in air (-1000 HU: below a_min, so outside MONAI's box); (crop options, other
 # config, CT shape, spacing, air in the first two slices too, direction).
@@ -174,7 +174,7 @@ def test_crop_foreground_vs_monai(tmp_path: Path, case: str) -> None:
     from tests.integration.test_nnunet_agreement import synthetic_ct
 
     options, config, shape, spacing, air_slices, direction = CROP_CASES[case]
-    cropped = [*mb.PRE[:5], {**_CROP, **options}, mb.PRE[5]]
+    cropped = mb.cropped_pre(**options)
     bundle = mb.write_monai_bundle(tmp_path / "bundle", pre=cropped, **config)
     ct = synthetic_ct(shape, seed=3)
     ct[:, :, :3] = -1000.0  # air beside the body
@@ -298,7 +298,7 @@ def test_nearest_resampling_vs_monai(tmp_path: Path, case: str) -> None:
 
     config, shape, spacing, direction, crop = NEAREST_CASES[case]
     if crop:
-        config = {**config, "pre": [*mb.PRE[:5], _CROP, mb.PRE[5]]}
+        config = {**config, "pre": mb.cropped_pre()}
     bundle = mb.write_monai_bundle(tmp_path / "bundle", **config)
     geo = {} if direction is None else {"direction": direction}
     if crop:
