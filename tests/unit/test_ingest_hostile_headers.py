@@ -25,6 +25,8 @@ from radserve.ingest import (
     discover_series,
     load_series,
 )
+from radserve.ingest.headers import SkipFile, read_stream
+from radserve.ingest.sources import SourceFile
 from radserve.preprocess.resample import resample_to_spacing
 
 
@@ -322,3 +324,24 @@ def test_decoder_fallbacks_print_no_tracebacks(
     assert "Traceback" not in stream.getvalue()
     assert not [r for r in caplog.records if r.exc_info and r.levelno >= logging.INFO]
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_deflated_data_set_without_preamble_is_inflated_within_the_bound(
+    tmp_path: Path,
+) -> None:
+    """pydicom inflates a Deflated data set whole, in memory, when it finds one: also in a
+    file without the 128-byte preamble and 'DICM' (read as a legacy stream), which is
+    inflated by radserve, bounded, like any other Deflated file."""
+    path = _series(tmp_path)[0]
+    ds = pydicom.dcmread(path)
+    ds.add_new(0x00090010, "LO", "RADSERVE TEST")
+    ds.add_new(0x00091000, "OB", bytes(16 * 2**20))
+    ds.file_meta.TransferSyntaxUID = DeflatedExplicitVRLittleEndian
+    ds.save_as(path, enforce_file_format=True)
+    bare = path.read_bytes()[132:]  # group 0002 first, as a legacy stream starts
+    src = SourceFile(path)
+    with pytest.raises(SkipFile, match="max_file_bytes"):
+        read_stream(io.BytesIO(bare), len(bare), src, IngestPolicy(max_file_bytes=4 * 2**20))
+    record = read_stream(io.BytesIO(bare), len(bare), src, IngestPolicy())
+    assert record.frames[0].pixel.transfer_syntax_uid == DeflatedExplicitVRLittleEndian
+    assert record.frames[0].problem is None

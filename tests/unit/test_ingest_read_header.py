@@ -124,3 +124,18 @@ def test_a_deflated_header_reads_like_any_other(tmp_path: Path) -> None:
         assert "PixelData" not in ds
     ds = read_header(path, tags=["StudyInstanceUID"])
     assert ds.StudyInstanceUID and "PatientName" not in ds
+
+
+@pytest.mark.parametrize(
+    "syntax", [ExplicitVRLittleEndian, DeflatedExplicitVRLittleEndian], ids=["explicit", "deflated"]
+)
+def test_a_known_transfer_syntax_reads_what_the_file_meta_would_say(
+    tmp_path: Path, syntax: str
+) -> None:
+    """The C-STORE SCP passes the presentation context's syntax (pynetdicom wrote the
+    file's meta from it): the header read is the one a parse of the meta would give."""
+    path = _deflated(tmp_path, big=1000) if syntax == DeflatedExplicitVRLittleEndian else None
+    path = path or _part10(tmp_path, big=1000)
+    known = read_header(path, transfer_syntax=syntax)
+    assert known.to_json_dict() == read_header(path).to_json_dict()
+    assert known.file_meta.TransferSyntaxUID == syntax and str(known.PatientName) == "Doe^Jane"

@@ -372,7 +372,7 @@ class GatewaySCP:
         try:
             received = Path(event.dataset_path)  # preamble, meta, data set as received
             with self.cpu.section("parse"):
-                dataset = self._header(received)
+                dataset = self._header(received, str(event.context.transfer_syntax))
             if self.own_results.check(dataset, "C-STORE"):
                 return _status(Status.SUCCESS)  # the PACS must not retry it; never input
             if quarantine and UnwantedPolicy(self.config.unwanted) is UnwantedPolicy.REFUSE:
@@ -417,17 +417,23 @@ class GatewaySCP:
             )
         return _status(Status.SUCCESS)
 
-    def _header(self, received: Path) -> Dataset:
+    def _header(self, received: Path, transfer_syntax: str) -> Dataset:
         """The received instance's header, read within the ingest bounds: the file at
         most ``max_file_bytes``; at most ``max_header_bytes`` of header in memory (a
-        Deflated data set inflated only that far), never the pixel data."""
+        Deflated data set inflated only that far), never the pixel data. pynetdicom
+        wrote the file's meta with the context's ``transfer_syntax``: it is not parsed
+        again to tell whether the data set is Deflated."""
         size = received.stat().st_size
         if size > self.config.max_file_bytes:
             raise InputTooLargeError(
                 f"the instance is {size} bytes, over ingest.max_file_bytes="
                 f"{self.config.max_file_bytes}"
             )
-        return read_header(received, max_header_bytes=self.config.max_header_bytes)
+        return read_header(
+            received,
+            max_header_bytes=self.config.max_header_bytes,
+            transfer_syntax=transfer_syntax,
+        )
 
 
 class _Receiving:
