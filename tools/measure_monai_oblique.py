@@ -13,7 +13,9 @@ the test factory's tiny bundle (seeded random UNet):
    axis, how many grid rows are not one value (off-axis noise), at how many voxels the
    separable coordinate differs from MONAI's, and at how many voxels monai_grid's
    coordinate (the rows near a tie taken voxel by voxel, :func:`_exact_rows`) decides
-   differently from MONAI's (nearest's pick; bilinear's neighbours with a weight).
+   differently from MONAI's (nearest's pick; bilinear's neighbours with a weight), and
+   how many it would decide differently taken voxel by voxel on its own ``theta`` with
+   no row refused (what lifting the refusal would give).
 2. **The labels.** MONAI's bundle run vs radserve's import for ``crop_foreground``, a
    nearest ``Invertd`` and the plain bilinear bundle: voxel agreement.
 
@@ -172,6 +174,9 @@ def grid_report(volume: Any, tmp: Path, name: str) -> None:
             else "refused"
             for o in (0, 1)
         ]
+        # voxel by voxel on monai_grid's theta (no row refused): what lifting the
+        # refusal would decide, where theta is not MONAI's to the last bit
+        per_voxel = [int((mg._decisions(f, o) != mg._decisions(rows, o)).sum()) for o in (0, 1)]
         whole = float((np.abs(rows - np.rint(rows)) < 1e-9).mean())
         half = float((np.abs(np.abs(rows - np.floor(rows)) - 0.5) < 1e-9).mean())
         print(
@@ -179,7 +184,8 @@ def grid_report(volume: Any, tmp: Path, name: str) -> None:
             f"differs at {differ:.5f} of voxels (nearest pick {pick:.6f}); full-theta NumPy "
             f"differs at {float((f != rows).mean()):.5f}; within 1e-9 of whole {whole:.4f}, "
             f"of half {half:.4f}; monai_grid decides differently at {decide[0]} voxels "
-            f"(nearest), {decide[1]} (bilinear neighbours)"
+            f"(nearest), {decide[1]} (bilinear neighbours); voxel by voxel on its theta "
+            f"{per_voxel[0]} (nearest), {per_voxel[1]} (bilinear neighbours)"
         )
 
 
