@@ -21,7 +21,7 @@ from tests.factories.results import LesionStudy, lesion_study, relabel
 from radserve.domain import Volume
 from radserve.errors import ReportError
 from radserve.report.dicom import common, write_seg
-from radserve.report.dicom.seg import segment_key
+from radserve.report.dicom.seg import _number_segments, segment_key
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +158,31 @@ def test_undescribed_and_empty_segments_are_left_out(study: LesionStudy, tmp_pat
     )  # fmt: skip
     ds = pydicom.dcmread(path)
     assert [s.SegmentLabel for s in ds.SegmentSequence] == ["Lesion 1", "Lesion 2"]
+
+
+def test_renumbered_values_give_the_same_seg(study: LesionStudy, tmp_path: Path) -> None:
+    """Values already 1..n are handed to highdicom as a view of the label map (no
+    full-volume copy: issue 19, goal 4); other values are renumbered into a copy of the
+    occupied slab. Both paths must write the same frames, pixels and functional groups."""
+    output, labels = study.label_map("findings")
+    assert sorted(s.value for s in output.segments) == [1, 2]
+    kept, slab, first = _number_segments(labels.array, output.segments)
+    assert np.shares_memory(slab, labels.array) and len(kept) == 2
+    assert slab.shape[0] < labels.shape[0]  # only the slices from first to last lesion
+    shifted = labels.with_array((labels.array * 3 + 4) * (labels.array > 0))  # 1, 2 -> 7, 10
+    moved = [s.model_copy(update={"value": s.value * 3 + 4}) for s in output.segments]
+    kept_moved, numbered, first_moved = _number_segments(shifted.array, moved)
+    assert [s.value for s in kept_moved] == [7, 10]
+    assert not np.shares_memory(numbered, shifted.array) and first_moved == first
+    np.testing.assert_array_equal(numbered, slab)
+
+    same = write_seg(study.report, labels, output.segments, study.files, tmp_path / "a.dcm")
+    renumbered = write_seg(study.report, shifted, moved, study.files, tmp_path / "b.dcm")
+    a, b = pydicom.dcmread(same), pydicom.dcmread(renumbered)
+    assert int(a.NumberOfFrames) == len(_frames(a)) > 0
+    assert a.PixelData == b.PixelData
+    assert a.PerFrameFunctionalGroupsSequence == b.PerFrameFunctionalGroupsSequence
+    assert a.SegmentSequence == b.SegmentSequence
 
 
 CHARSETS = {

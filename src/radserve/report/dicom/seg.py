@@ -69,12 +69,10 @@ def build_seg(
             f"label map grid {label_map.shape} does not match the report geometry "
             f"{tuple(report.geometry.shape)}; write the SEG from the label maps of this report"
         )
-    kept, numbered = _number_segments(label_map.array, segments)
-    if not kept or not numbered.any():
+    kept, numbered, first = _number_segments(label_map.array, segments)
+    if not kept:
         raise ReportError("nothing to encode: no described segment has a voxel in the label map")
-    occupied = np.flatnonzero(numbered.reshape(numbered.shape[0], -1).any(axis=1))
-    # A contiguous slab keeps the frames regularly spaced (Dimension Organization 3D).
-    slices = np.arange(occupied[0], occupied[-1] + 1)
+    slices = np.arange(first, first + numbered.shape[0])
     kind = "findings" if any(s.finding_id is not None for s in kept) else "organs"
     descriptions = [_description(report, i, s) for i, s in enumerate(kept, start=1)]
     texts = [d.SegmentLabel for d in descriptions] + [s.model for s in kept]
@@ -85,7 +83,7 @@ def build_seg(
     try:
         seg = hd.seg.Segmentation(
             source_images=shielded,
-            pixel_array=numbered[slices],
+            pixel_array=numbered,
             segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
             segment_descriptions=descriptions,
             series_instance_uid=series_instance_uid or common.report_uid(report, "seg-series"),
@@ -150,17 +148,30 @@ def write_seg(
 
 def _number_segments(
     labels: np.ndarray, segments: Sequence[Segment]
-) -> tuple[list[Segment], np.ndarray]:
-    """Keep described segments that have voxels; map their values to 1..n in value order."""
+) -> tuple[list[Segment], np.ndarray, int]:
+    """Keep described segments that have voxels; map their values to 1..n in value order.
+
+    Returns the kept segments, the numbered slab from the first to the last slice holding
+    one of them (contiguous, so the frames stay regularly spaced: Dimension Organization
+    3D), and the slab's first slice. Only the slab is numbered, and where the label map
+    already holds 1..n and nothing else the slab is a view of it: highdicom keeps the
+    array it is given for the whole build, beside every frame packed twice, so a
+    full-volume copy here was the SEG's largest cost (issue 19, goal 4).
+    """
     if len({s.value for s in segments}) != len(segments):
         raise ReportError("two segment descriptions share one label value")
     if labels.size and (labels.min() < 0 or not np.issubdtype(labels.dtype, np.integer)):
         raise ReportError(f"a label map must hold non-negative integers, got {labels.dtype}")
-    counts = np.zeros(int(labels.max(initial=0)) + 1, dtype=np.int64)
-    for plane in labels:  # slice by slice: bincount would copy the whole map as int64
-        counts += np.bincount(plane.ravel(), minlength=len(counts))
+    size = int(labels.max(initial=0)) + 1
     ordered = sorted(segments, key=lambda s: s.value)
-    kept = [s for s in ordered if s.value < len(counts) and counts[s.value] > 0]
+    values = [s.value for s in ordered if s.value < size]
+    counts = np.zeros(size, dtype=np.int64)
+    occupied = np.zeros((labels.shape[0], len(values)), dtype=bool)  # slice x described value
+    for k, plane in enumerate(labels):  # slice by slice: bincount would copy the map as int64
+        plane_counts = np.bincount(plane.ravel(), minlength=size)
+        counts += plane_counts
+        occupied[k] = plane_counts[values] > 0
+    kept = [s for s in ordered if s.value < size and counts[s.value] > 0]
     for s in ordered:
         if s not in kept:
             logger.info("segment value %d has no voxels; left out of the SEG", s.value)
@@ -168,10 +179,17 @@ def _number_segments(
     undescribed = [v for v in np.flatnonzero(counts)[1:] if int(v) not in described]
     if undescribed:
         logger.warning("label values %s have no description; left out of the SEG", undescribed)
-    lut = np.zeros(len(counts), dtype=np.uint8 if len(kept) < 256 else np.uint16)
+    lut = np.zeros(size, dtype=np.uint8 if len(kept) < 256 else np.uint16)
     for number, s in enumerate(kept, start=1):
         lut[s.value] = number
-    return kept, lut[labels]
+    if not kept:
+        return kept, labels[:0], 0
+    planes = np.flatnonzero(occupied.any(axis=1))  # described values with voxels are kept
+    slab = labels[planes[0] : planes[-1] + 1]
+    present = np.flatnonzero(counts)
+    if slab.dtype in (np.uint8, np.uint16) and np.array_equal(lut[present], present):
+        return kept, slab, int(planes[0])
+    return kept, lut[slab], int(planes[0])
 
 
 def _description(report: Report, number: int, segment: Segment) -> hd.seg.SegmentDescription:
