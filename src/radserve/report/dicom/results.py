@@ -67,10 +67,13 @@ def _write_all(
         path = result_dir / label_map.path
         if not path.is_file():
             raise ReportError(f"label map {label_map.path} named by the report is missing")
-        labels = read_nifti(path)
         name = Path(label_map.path).name.removesuffix(".gz").removesuffix(".nii")
         described = [s.value for s in label_map.segments]
-        if not described or not np.isin(labels.array, described).any():
+        # Read only a map with described segments, checked slice by slice: the SEGs
+        # already built stay in memory for the SR, so a full-volume temporary here set
+        # radserve run's peak (issue 19, goal 4).
+        labels = read_nifti(path) if described else None
+        if labels is None or not any(np.isin(plane, described).any() for plane in labels.array):
             logger.info("no SEG for the %s label map: no segment has voxels", label_map.kind)
             continue
         seg = build_seg(
@@ -82,6 +85,7 @@ def _write_all(
             instance_number=len(segs) + 1,
             name=name,
         )
+        del labels  # not held while the next map is read
         written.append(common.save_atomic(seg, result_dir / SEG_FILE.format(name=name)))
         segs.append(seg)
     checkpoint()
