@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from tests.factories.dicom_net import dcmtk_tool, free_port, storescu
-from tests.factories.serve import RadserveServe, free_port_on, listening
+from tests.factories.ports import free_port_on
+from tests.factories.serve import RadserveServe, listening
 from tests.factories.service import config_file, make_study
 from tests.factories.tls import HAVE_OPENSSL, make_pki
 from tests.factories.waits import wait_until

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import urllib.error
@@ -24,6 +23,7 @@ from typing import Any
 from radserve.gateway.completeness import CompletedStudy
 from radserve.gateway.config import Peer, ScpConfig
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
+from tests.factories.ports import free_port
 from tests.factories.waits import wait_until
 
 # storescu proposes only uncompressed syntaxes unless told; -R: only what the files need
@@ -39,12 +39,6 @@ def dcmtk_tool(name: str) -> str | None:
                 if handle.read(4) == b"\x7fELF":
                     return str(candidate)
     return None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Intake:

@@ -5,13 +5,14 @@ down and come back on the same port."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.factories.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,7 @@ class FhirServer:
     restart it on the same port; ``script(Answer(...), ...)`` sets the next answers."""
 
     def __init__(self) -> None:
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = probe.getsockname()[1]
-        probe.close()
+        self.port = free_port()  # restarts bind it again: never an ephemeral port
         self.url = f"http://127.0.0.1:{self.port}/fhir"
         self._state = _State()
         self._server: ThreadingHTTPServer | None = None

@@ -18,7 +18,7 @@ import pydicom
 import yaml
 
 from radserve.models.manifest import load_manifest
-from tests.factories.serve import free_port_on
+from tests.factories.ports import free_port_on
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file, wait_job
 from tests.integration.test_dicomweb import related, split_related

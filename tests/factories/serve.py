@@ -19,12 +19,6 @@ def radserve_command(*args: str) -> list[str]:
     return [sys.executable, "-c", "from radserve.cli import main; main()", *args]
 
 
-def free_port_on(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def listening(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=1):

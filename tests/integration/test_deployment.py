@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from tests.factories.ports import free_port
 
 from radserve.config import load_settings
 
@@ -107,12 +107,6 @@ def test_the_image_settings_file_is_valid() -> None:
     assert settings.data_dir == Path("/data") and settings.database_url is None  # from env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _entrypoint_env(data: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RADSERVE_")}
     env.update(
@@ -148,7 +142,7 @@ def test_entrypoint_serves_with_the_image_settings_on_a_local_ray(tmp_path: Path
     pytest.importorskip("ray", reason="the ray extra is not installed")
     data = tmp_path / "data"
     data.mkdir()
-    port = _free_port()
+    port = free_port()
     env = _entrypoint_env(data)
     env.update(
         {
