@@ -54,9 +54,8 @@ def ct_volume(record: JobRecord, report: Report, data_dir: Path, policy: IngestP
         volume = loaded.volume
         array = np.clip(np.rint(volume.array), -32768, 32767).astype(np.int16)
         folder.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".part.nii.gz")
-        write_nifti(volume.with_array(array), partial)
-        partial.replace(path)
+        # whole or absent under its name (radserve.durable, inside write_nifti)
+        write_nifti(volume.with_array(array), path)
     return path
 
 
