@@ -58,6 +58,7 @@ import pydicom
 from radserve.bench.study import ensure_study
 from radserve.gateway import GatewaySCP, ScpConfig
 from radserve.gateway.storage import study_instances
+from radserve.host import usable_cores
 
 BIG_PDU = 1024**2  # the largest P-DATA PDU gateway.max_pdu_bytes (default 1 MiB) lets in
 SMALL_PDU = 16 * 1024  # pynetdicom's own maximum PDU (radserve advertised it before 1 MiB)
@@ -130,10 +131,6 @@ def cpu_bound(cores: int, scp_ms: float, sender_ms: float) -> float | None:
     """Instances a second the cores allow at these CPU-ms an instance (None at 0 ms)."""
     spent = scp_ms + sender_ms
     return cores * 1000 / spent if spent > 0 else None
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0))
 
 
 def _cpu() -> tuple[float, float]:
@@ -420,7 +417,7 @@ def run_cstore_bench(
     finally:
         shutil.rmtree(root, ignore_errors=True)
     load1 = os.getloadavg()[0]
-    cores = _cores()
+    cores = usable_cores()  # what the SCP and its senders share
     rows = []
     for label in labels:
         for n_assoc in associations:
