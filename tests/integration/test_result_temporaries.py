@@ -1,5 +1,5 @@
 """A server start deletes the temporaries that writers killed mid-write left in result
-folders (report, DICOM results, FHIR Bundle, critical notice), and only those."""
+folders (report, DICOM results, FHIR Bundle, critical notice, key images), and only those."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ def test_a_start_sweeps_dead_writers_temporaries_from_result_folders(tmp_path: P
             durable.temporary_path(folder / name, pid=ended)
             for name in ("report.json", "measurements-sr.dcm", "bundle-1.json")
         ]
+        keyimages = folder / "keyimages"  # a job's key images, one folder down
+        keyimages.mkdir()
+        dead.append(durable.temporary_path(keyimages / "finding-001.png", pid=ended))
         live = durable.temporary_path(folder / "critical-1.json", pid=running.pid)
         result = folder / "report.json"
         older = folder / ".measurements-sr.dcm.q7z1xw.tmp"  # an older version's, left

@@ -139,3 +139,27 @@ def test_an_overlay_drawn_in_its_box_is_the_whole_image_overlay(seed: int) -> No
         if outline:
             want[mask & ~ndimage.binary_erosion(mask, iterations=1, border_value=0)] = col
         np.testing.assert_array_equal(canvas.rgb, want)
+
+
+def test_key_images_replace_their_files_whole_and_leave_no_temporaries(tmp_path: Path) -> None:
+    """A reader that opened a key image (the console, WADO) keeps reading the whole old
+    file while a new one is written: the PNG goes to a temporary that is renamed over its
+    name, never truncated and rewritten in place."""
+    ct, organs, lesions = _case(_standard())
+    args = (ct, lesions.findings, lesions.label_map)
+    write_key_images(tmp_path, *args, axes=lesions.axes, organ_labels=organs, size=200)
+    folder = tmp_path / "keyimages"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    held = {name: open(folder / name, "rb") for name in before}  # noqa: SIM115
+    try:
+        write_key_images(tmp_path, *args, axes=lesions.axes, organ_labels=organs, size=120)
+        for name, handle in held.items():
+            assert handle.read() == before[name], f"{name} changed under an open reader"
+    finally:
+        for handle in held.values():
+            handle.close()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(before)  # no temporaries
+    for name in before:
+        with Image.open(folder / name) as image:
+            image.load()  # whole: decodes to the end
+            assert max(image.size) == 120

@@ -22,6 +22,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from scipy import ndimage
 
+from radserve import durable
 from radserve.checkpoints import checkpoint
 from radserve.domain import Finding, Volume
 from radserve.errors import ReportError
@@ -347,12 +348,12 @@ def write_key_images(
         modality=modality,
         size=size,
     )
-    image.save(folder / "overview.png", compress_level=PNG_LEVEL)
+    _save_png(image, folder / "overview.png")
     outputs.append(KeyImageOutput(path=f"{subdir}/overview.png", kind="overview", slice_index=z))
     for f in findings:
         checkpoint()  # a routine study's key images let URGENT work pass, image by image
         name = f"finding-{f.finding_id:03d}.png"
-        render_finding(
+        finding_image = render_finding(
             ct,
             f,
             finding_labels,
@@ -362,7 +363,8 @@ def write_key_images(
             color=colors.get(f.label, (255, 0, 0)),
             modality=modality,
             size=size,
-        ).save(folder / name, compress_level=PNG_LEVEL)
+        )
+        _save_png(finding_image, folder / name)
         outputs.append(
             KeyImageOutput(
                 path=f"{subdir}/{name}",
@@ -373,3 +375,13 @@ def write_key_images(
         )
     logger.info("key images written: %d", len(outputs))
     return outputs
+
+
+def _save_png(image: Image.Image, path: Path) -> None:
+    """Write ``image`` through :mod:`radserve.durable`: the console and WADO serve these
+    files by name, so a crash mid-write must leave the old file or none, never a
+    truncated PNG (inside the caller's :func:`radserve.durable.batch` the folder is
+    fsynced once, with the job's other results)."""
+    durable.write_with(
+        path, lambda handle: image.save(handle, format="PNG", compress_level=PNG_LEVEL)
+    )

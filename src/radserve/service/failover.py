@@ -157,19 +157,21 @@ class SharedStorage:
 
     def remove_stale_temporaries(self) -> int:
         """Delete the temporaries (:mod:`radserve.durable`) that writers killed mid-write
-        left in result folders (reports, DICOM results, FHIR Bundles, critical notices),
-        and the ``*.tmp`` ones of older versions that no writer holds
-        (:func:`radserve.durable.sweep_unowned`): nothing under them was acknowledged, and
-        nothing else ever removes them. Call at start, before :meth:`reconcile` copies the
-        fallback's results back. A live writer's (another replica's) are kept. Returns how
-        many were deleted."""
+        left in result folders (reports, DICOM results, FHIR Bundles, critical notices,
+        and key images one folder down), and the ``*.tmp`` ones of older versions that no
+        writer holds (:func:`radserve.durable.sweep_unowned`): nothing under them was
+        acknowledged, and nothing else ever removes them. Call at start, before
+        :meth:`reconcile` copies the fallback's results back. A live writer's (another
+        replica's) are kept. Returns how many were deleted."""
         roots = [self.data_dir / RESULTS_DIR]
         if self.fallback is not None:
             roots.append(self.fallback / RESULTS_DIR)
+        # a job's folder and its subfolders (key images under keyimages/)
         return sum(
-            durable.sweep(root, f"*/.*{durable.TEMPORARY_SUFFIX}")
-            + durable.sweep_unowned(root, f"*/*{durable.UNOWNED_SUFFIX}")
+            durable.sweep(root, f"{folder}.*{durable.TEMPORARY_SUFFIX}")
+            + durable.sweep_unowned(root, f"{folder}*{durable.UNOWNED_SUFFIX}")
             for root in roots
+            for folder in ("*/", "*/*/")
         )
 
     # --- reconcile --------------------------------------------------------------------
