@@ -3,7 +3,8 @@
 the allowance, the bias correction, the drain rate and the service-time model (refitted
 from the recorded ends: window, recency half-life, latency lanes), the walk's options
 (a running job's share left, the running jobs ranked behind) and the arrival rates
-counted again (session 11), errors over the measured jobs only. Several files: one row
+counted again (session 11), the shares of the jobs ahead per class
+(session 13), errors over the measured jobs only. Several files: one row
 per file and variant, then the median over the files at submission and halfway.
 
     PYTHONPATH=src python tools/eta_replay.py out/eta-seed0.json out/eta-seed1.json
@@ -73,6 +74,14 @@ VARIANTS = {
     ),
     "session 11, rates from 60 s": Variant(
         drain=False, capacity=SESSION_11_WALK, rates=ArrivalRates(min_span_s=60.0)
+    ),
+    # session 13: the shares of the jobs ahead learned per class (once a class has 5 jobs;
+    # an OUTPATIENT job running beside INPATIENT work is charged wall time it waits through)
+    "session 13, shares per class ahead": Variant(
+        drain=False,
+        capacity=SESSION_11_WALK,
+        rates=ArrivalRates(),
+        refit=Refit(lanes="exclusive", shares=True, class_shares=5),
     ),
 }
 

@@ -217,3 +217,30 @@ def test_the_arrival_rates_are_counted_again_from_each_jobs_first_walk() -> None
     assert routine.first == pytest.approx(expected[0].finish)
     (as_recorded,) = (j for j in replay(records) if j.job_id == "r")
     assert as_recorded.first == 20.0 < routine.first
+
+
+def test_shares_per_class_give_each_queued_job_its_own_classs_share_once_learned() -> None:
+    """Two INPATIENT jobs spent 1 s of wall time each, two OUTPATIENT jobs 3 s (an
+    OUTPATIENT job beside INPATIENT work waits at the device through its equal split):
+    pooled, every routine job ahead counts the median, 2 s; per class (2 jobs each), the
+    INPATIENT job queued first counts 1 s and the OUTPATIENT job after it 3 s more. With
+    fewer jobs of its class than asked for, a job keeps the pooled share."""
+    server = ServiceTimeModel()
+    _learned(server, "w", 100, 0.5, 0.0)
+    base = server.to_json()
+    capacity = Capacity(max_running=8)
+    done = [("i1", 1, 1.0), ("i2", 1, 1.0), ("o1", 2, 3.0), ("o2", 2, 3.0)]
+    records = [walk_record(1.0, [_entry(j, cls) for j, cls, _ in done], capacity)]
+    for n, (job, _, share) in enumerate(done):
+        records.append({**_learned(server, job, 100, 0.5, 10.0 + n), "share": share})
+    sizes = {"i9": 100, "o9": 100}
+    records.append(walk_record(100.0, [_entry("i9", 1), _entry("o9", 2)], capacity, sizes))
+
+    def firsts(class_shares: int) -> dict[str, float]:
+        refit = Refit(lanes="exclusive", shares=True, class_shares=class_shares)
+        jobs = replay(records, Variant(refit=refit), base)
+        return {j.job_id: j.first for j in jobs if j.job_id.endswith("9")}
+
+    assert firsts(0) == pytest.approx({"i9": 102.0, "o9": 104.0})
+    assert firsts(2) == pytest.approx({"i9": 101.0, "o9": 104.0})
+    assert firsts(3) == firsts(0)

@@ -116,6 +116,13 @@ class Refit:
     half_life_jobs: float = 0.0
     lanes: str = "none"
     shares: bool = False
+    # a queued or running job's share from its own class's jobs once that class has this
+    # many (0: off, the lane's line for every class). Session 13: under priority an
+    # OUTPATIENT job running beside INPATIENT work waits at the device while it is
+    # charged its equal split, so OUTPATIENT jobs ahead spent 1.2-2.5x the pooled share
+    # and INPATIENT ones 0.3-0.9x (docs/history/turnaround.md); arrivals keep the pooled
+    # share, the cost of one arrival to the work it overtakes
+    class_shares: int = 0
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,9 @@ class _Refitted:
         self.exclusive = bool(walks[0]["capacity"]["urgent_exclusive"]) if walks else True
         self.classes, self.slices = _job_facts(records)
         self.shares = shares_of(records, self.exclusive) if refit.shares else {}
+        self.class_shares = refit.class_shares
+        self.by_class = ServiceTimeModel(window=refit.window)  # shares per class lane
+        self.counts: dict[int, int] = {}
 
     def observe(self, end: Mapping[str, Any]) -> None:
         """A recorded end: a succeeded job's timings and size teach the model, as the
@@ -201,21 +211,47 @@ class _Refitted:
             lane=None if cls is None else latency_lane(cls, self.lanes, self.exclusive),
             share_s=self.shares.get(str(end["job"])),
         )
+        share = self.shares.get(str(end["job"]))
+        if self.class_shares and cls is not None and share is not None:
+            self.by_class.observe(
+                pipeline=self.pipeline,
+                device=self.device,
+                precision=self.precision,
+                size=StudySize(int(end["slices"])),
+                timings={},
+                lane=latency_lane(cls, "class"),
+                share_s=share,
+            )
+            self.counts[cls] = self.counts.get(cls, 0) + 1
 
-    def _estimate(self, cls: int, slices: int | None) -> JobEstimate:
+    def _estimate(self, cls: int, slices: int | None, own_class: bool = False) -> JobEstimate:
         size = StudySize(slices) if slices else self.model.typical_size()
-        return self.model.estimate(
+        estimate = self.model.estimate(
             pipeline=self.pipeline,
             device=self.device,
             precision=self.precision,
             size=size,
             lane=latency_lane(cls, self.lanes, self.exclusive),
         )
+        enough = self.class_shares and self.counts.get(cls, 0) >= self.class_shares
+        if own_class and enough and estimate.share_s is not None:
+            of_class = self.by_class.estimate(
+                pipeline=self.pipeline,
+                device=self.device,
+                precision=self.precision,
+                size=size,
+                lane=latency_lane(cls, "class"),
+            )
+            estimate = dataclasses.replace(estimate, share_s=of_class.share_s)
+        return estimate
 
     def estimated(self, entries: list[Entry], capacity: Capacity) -> tuple[list[Entry], Capacity]:
-        """The walk's entries and arrivals with this model's estimates."""
+        """The walk's entries and arrivals with this model's estimates (the entries' shares
+        per class with :attr:`Refit.class_shares`)."""
         again = [
-            dataclasses.replace(e, estimate=self._estimate(e.cls, self.slices.get(e.job_id)))
+            dataclasses.replace(
+                e, estimate=self._estimate(e.cls, self.slices.get(e.job_id), own_class=True)
+            )
             for e in entries
         ]
         arrivals = tuple(

@@ -1,0 +1,62 @@
+"""The ETA walk replayed on the four quiet traces of a Zen 4 host (session 12's 2bd52b1
+and session 13's 7130cc0, seeds 0 and 1, ``radserve bench --scenario eta --studies 24``,
+kept in ``tests/data/eta-traces/``), and on the Zen 5 quiet traces (5cb504f) beside them.
+
+Deterministic (:mod:`radserve.turnaround.replay`): a regression check of the walk, not a
+measurement of time. The goal (median error at submission of jobs queued behind >= 3
+others <= 20 %) is missed on these traces with the tree's defaults, the ETAs early; the
+shares of the jobs ahead learned per class (``Refit.class_shares``, session 13) help on
+two of the four and cost a Zen 5 trace its goal, so they stay a replay variant
+(docs/history/turnaround.md, session 13).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from radserve.bench.eta_accuracy import arrivals_before, read_summary
+from radserve.turnaround.replay import Refit, Variant, errors, replay
+
+TRACES = Path(__file__).parent.parent / "data" / "eta-traces"
+PER_CLASS = Variant(refit=Refit(lanes="exclusive", shares=True, class_shares=5))
+
+
+def _behind_3(name: str, variant: Variant) -> dict[str, float]:
+    summary = read_summary(TRACES / f"eta-{name}.json.gz")
+    jobs = replay(
+        summary["eta_records"],
+        variant,
+        summary["service_times_at_start"],
+        arrivals_before(summary),
+    )
+    deep = errors(jobs, set(summary["measured_ids"]))["behind_3"]
+    return {"jobs": deep["jobs"], **deep["submission"]}
+
+
+@pytest.mark.parametrize(
+    ("name", "jobs", "as_run", "per_class"),
+    [
+        ("quiet-zen4-2bd52b1-s0", 12, 0.2830, 0.2320),
+        ("quiet-zen4-2bd52b1-s1", 16, 0.2617, 0.2617),
+        ("quiet-zen4-7130cc0-s0", 12, 0.3320, 0.1910),
+        ("quiet-zen4-7130cc0-s1", 15, 0.3250, 0.3250),
+        ("quiet-5cb504f-s0", 13, 0.1820, 0.1500),
+        ("quiet-5cb504f-s1", 14, 0.1880, 0.2060),
+    ],
+)
+def test_the_quiet_traces_replay_to_the_figures_measured(
+    name: str, jobs: int, as_run: float, per_class: float
+) -> None:
+    recorded = _behind_3(name, Variant())
+    assert recorded["jobs"] == jobs
+    # as the server ran (these recordings are of this walk: share left, rates since the
+    # first arrival); the bench's own tables said 28.3, 26.1, 33.2, 32.5, 18.2, 18.8 %
+    assert recorded["median_rel"] == pytest.approx(as_run, abs=0.002)
+    assert _behind_3(name, PER_CLASS)["median_rel"] == pytest.approx(per_class, abs=0.002)
+
+
+def test_the_zen4_etas_are_early() -> None:
+    for name in ("quiet-zen4-2bd52b1-s0", "quiet-zen4-2bd52b1-s1", "quiet-zen4-7130cc0-s0"):
+        assert _behind_3(name, Variant())["median_signed_rel"] < -0.1
