@@ -13,17 +13,14 @@ approximated, :func:`radserve.bench.eta_accuracy.arrivals_before`).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from tests.factories.eta_traces import behind_3
 
-from radserve.bench.eta_accuracy import arrivals_before, read_summary
 from radserve.config import TurnaroundSettings
 from radserve.turnaround.eta import Capacity
 from radserve.turnaround.rates import ArrivalRates
-from radserve.turnaround.replay import Variant, errors, replay
+from radserve.turnaround.replay import Variant
 
-TRACES = Path(__file__).parent.parent / "data" / "eta-traces"
 DEFAULTS = TurnaroundSettings()
 THIS_TREE = Variant(
     capacity=(
@@ -34,18 +31,6 @@ THIS_TREE = Variant(
         min_span_s=DEFAULTS.arrival_min_span_s, prior_arrivals=DEFAULTS.arrival_prior
     ),
 )
-
-
-def _behind_3(seed: int, variant: Variant) -> dict[str, float]:
-    summary = read_summary(TRACES / f"eta-quiet-s{seed}.json.gz")
-    jobs = replay(
-        summary["eta_records"],
-        variant,
-        summary["service_times_at_start"],
-        arrivals_before(summary),
-    )
-    deep = errors(jobs, set(summary["measured_ids"]))["behind_3"]
-    return {"jobs": deep["jobs"], **deep["submission"]}
 
 
 def test_the_walk_defaults_are_what_the_figures_below_were_measured_with() -> None:
@@ -62,10 +47,10 @@ def test_the_walk_defaults_are_what_the_figures_below_were_measured_with() -> No
 def test_the_quiet_traces_replay_to_the_figures_measured(
     seed: int, jobs: int, as_run: float, this_tree: float
 ) -> None:
-    recorded = _behind_3(seed, Variant())
+    recorded = behind_3(f"quiet-s{seed}", Variant())
     assert recorded["jobs"] == jobs
     # as the server ran: the bench's own table said 42.2 % and 32.5 % (read from the API)
     assert recorded["median_rel"] == pytest.approx(as_run, abs=0.002)
-    now = _behind_3(seed, THIS_TREE)
+    now = behind_3(f"quiet-s{seed}", THIS_TREE)
     assert now["median_rel"] == pytest.approx(this_tree, abs=0.002)
     assert now["median_rel"] < recorded["median_rel"]

@@ -12,27 +12,12 @@ two of the four and cost a Zen 5 trace its goal, so they stay a replay variant
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from tests.factories.eta_traces import behind_3
 
-from radserve.bench.eta_accuracy import arrivals_before, read_summary
-from radserve.turnaround.replay import Refit, Variant, errors, replay
+from radserve.turnaround.replay import Refit, Variant
 
-TRACES = Path(__file__).parent.parent / "data" / "eta-traces"
 PER_CLASS = Variant(refit=Refit(lanes="exclusive", shares=True, class_shares=5))
-
-
-def _behind_3(name: str, variant: Variant) -> dict[str, float]:
-    summary = read_summary(TRACES / f"eta-{name}.json.gz")
-    jobs = replay(
-        summary["eta_records"],
-        variant,
-        summary["service_times_at_start"],
-        arrivals_before(summary),
-    )
-    deep = errors(jobs, set(summary["measured_ids"]))["behind_3"]
-    return {"jobs": deep["jobs"], **deep["submission"]}
 
 
 @pytest.mark.parametrize(
@@ -49,14 +34,14 @@ def _behind_3(name: str, variant: Variant) -> dict[str, float]:
 def test_the_quiet_traces_replay_to_the_figures_measured(
     name: str, jobs: int, as_run: float, per_class: float
 ) -> None:
-    recorded = _behind_3(name, Variant())
+    recorded = behind_3(name, Variant())
     assert recorded["jobs"] == jobs
     # as the server ran (these recordings are of this walk: share left, rates since the
     # first arrival); the bench's own tables said 28.3, 26.1, 33.2, 32.5, 18.2, 18.8 %
     assert recorded["median_rel"] == pytest.approx(as_run, abs=0.002)
-    assert _behind_3(name, PER_CLASS)["median_rel"] == pytest.approx(per_class, abs=0.002)
+    assert behind_3(name, PER_CLASS)["median_rel"] == pytest.approx(per_class, abs=0.002)
 
 
 def test_the_zen4_etas_are_early() -> None:
     for name in ("quiet-zen4-2bd52b1-s0", "quiet-zen4-2bd52b1-s1", "quiet-zen4-7130cc0-s0"):
-        assert _behind_3(name, Variant())["median_signed_rel"] < -0.1
+        assert behind_3(name, Variant())["median_signed_rel"] < -0.1
