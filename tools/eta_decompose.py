@@ -12,7 +12,7 @@ shares of the jobs ahead (a running job: the part of its latency left) and its o
 the routine slots, plus the allowance for overtaking arrivals
 (:func:`radserve.turnaround.eta.overtaking_delay`).
 
-    PYTHONPATH=src python tools/eta_decompose.py out/eta.json [--variant NAME] [--all]
+    PYTHONPATH=src python tools/eta_decompose.py out/eta.json [--all] [--oracle] [--by-class]
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import argparse
 import dataclasses
 import itertools
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from radserve.bench.eta_accuracy import read_summary
 from radserve.turnaround.eta import URGENT, walk
-from radserve.turnaround.replay import SharesSoFar, walk_inputs
+from radserve.turnaround.replay import SharesSoFar, shares_of, walk_inputs
 
 CLASS = {0: "U", 1: "I", 2: "O"}
 
@@ -149,10 +149,111 @@ def decompose(
     return out
 
 
+def oracle(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Median |error| with a predicted part replaced by what it really took (session 13:
+    which part's misprediction the error is made of): the overtaking arrivals, the jobs
+    ahead, both, and also the job's own share and the running jobs ranked behind; the
+    arrivals allowed for (rate x the predicted horizon) and those that came, and the
+    mean hold of each."""
+
+    def median_abs(errs: Iterable[float]) -> float:
+        return statistics.median(abs(e) for e in errs)
+
+    def err(r: Mapping[str, Any], ahead: bool, over: bool, rest: bool = False) -> float:
+        got = r["walk"] + (r["act_over"] if over else r["pred_over"])
+        if ahead:
+            got += r["act_ahead"] - r["pred_ahead"]
+        if rest:
+            got += r["act_own"] - r["pred_own"] + r["behind_ran"]
+        return (got - r["tat"]) / r["tat"]
+
+    allowed = sum(sum(r["rates"]) / 60 * (r["walk"] + r["pred_over"]) for r in rows)
+    came = sum(r["n_over"] for r in rows)
+    return {
+        "as_run": median_abs(r["err"] for r in rows),
+        "overtaking_as_spent": median_abs(err(r, False, True) for r in rows),
+        "ahead_as_spent": median_abs(err(r, True, False) for r in rows),
+        "both": median_abs(err(r, True, True) for r in rows),
+        "both_bias": statistics.median(err(r, True, True) for r in rows),
+        "all_parts": median_abs(err(r, True, True, True) for r in rows),
+        "arrivals_allowed": allowed,
+        "arrivals_came": came,
+        "hold_allowed_s": sum(r["pred_over"] for r in rows) / max(allowed, 1e-9),
+        "hold_came_s": sum(r["act_over"] for r in rows) / max(came, 1),
+    }
+
+
+def offered_load(summary: Mapping[str, Any]) -> tuple[float, float]:
+    """The load the measured stream offered, sum over classes of (arrivals per second
+    between the first and the last measured arrival) x (the class's mean measured share
+    of wall time): above 1 the queue grows; and the measured jobs' mean share over the
+    warm-up study's run alone (the bench's ``--load`` yardstick)."""
+    records = sorted(summary["eta_records"], key=lambda r: (r["at"], r["kind"] != "end"))
+    walks = [r for r in records if r["kind"] == "walk"]
+    shares = shares_of(records, bool(walks[0]["capacity"]["urgent_exclusive"]))
+    first: dict[str, tuple[float, int]] = {}
+    for r in walks:
+        for row in r["entries"]:
+            first.setdefault(str(row[0]), (float(r["at"]), int(row[1])))
+    measured = [j for j in summary["measured_ids"] if j in first and j in shares]
+    lo = min(first[j][0] for j in measured)
+    hi = max(first[j][0] for j in measured)
+    load = 0.0
+    for cls in {first[j][1] for j in measured}:
+        arrived = sum(1 for at, c in first.values() if c == cls and lo <= at <= hi)
+        mean = statistics.mean(shares[j] for j in measured if first[j][1] == cls)
+        load += arrived / max(hi - lo, 1e-9) * mean
+    mean_share = statistics.mean(shares[j] for j in measured)
+    return load, mean_share / float(summary["warmup_service_s"])
+
+
+def ahead_by_class(summary: Mapping[str, Any]) -> dict[tuple[int, bool], tuple[int, float, float]]:
+    """Per class of a job ranked ahead of a measured job behind >= 3 at its submission,
+    and whether it was running: (times seen, mean share predicted, mean share it really
+    took from then on). A share is learned pooled over the routine classes, but under
+    priority an OUTPATIENT job running beside INPATIENT work is charged wall time it
+    waits through (session 13)."""
+    records = sorted(summary["eta_records"], key=lambda r: (r["at"], r["kind"] != "end"))
+    measured = set(summary["measured_ids"])
+    walks = [r for r in records if r["kind"] == "walk"]
+    exclusive = bool(walks[0]["capacity"]["urgent_exclusive"])
+    total = shares_of(records, exclusive)
+    so_far = SharesSoFar(records, exclusive)
+    seen: set[str] = set()
+    sums: dict[tuple[int, bool], list[float]] = {}
+    for r in walks:
+        now, entries, _ = walk_inputs(r)
+        entries = so_far.fill(entries, now)
+        for index, e in enumerate(entries):
+            if e.job_id in seen:
+                continue
+            seen.add(e.job_id)
+            if e.job_id not in measured or index < 3:
+                continue
+            for a in entries[:index]:
+                share = a.estimate.share_s
+                if a.job_id not in total or share is None:
+                    continue
+                had = (a.share_so_far or 0.0) if a.running else 0.0
+                row = sums.setdefault((a.cls, a.running), [0, 0.0, 0.0])
+                row[0] += 1
+                row[1] += max(share - had, 0.05 * share)
+                row[2] += total[a.job_id] - had
+    return {k: (int(n), p / n, s / n) for k, (n, p, s) in sorted(sums.items())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("summaries", type=Path, nargs="+")
     parser.add_argument("--all", action="store_true", help="every measured job, not behind >= 3")
+    parser.add_argument(
+        "--oracle",
+        action="store_true",
+        help="also the median error with each predicted part replaced by what it took",
+    )
+    parser.add_argument(
+        "--by-class", action="store_true", help="also the jobs ahead's shares per class"
+    )
     parser.add_argument(
         "--set", action="append", default=[], help="a walk option, e.g. share_left=measured"
     )
@@ -162,7 +263,8 @@ def main() -> None:
         name, value = item.split("=", 1)
         options[name] = {"true": True, "false": False}.get(value.lower(), value)
     for path in args.summaries:
-        rows = decompose(read_summary(path), args.all, options)
+        summary = read_summary(path)
+        rows = decompose(summary, args.all, options)
         print(path.name)
         if not rows:
             continue
@@ -172,6 +274,25 @@ def main() -> None:
             print("  " + " ".join(f"{row[k]!s:>10}" for k in keys))
         errs = [abs(r["err"]) for r in rows]
         print(f"  median |err| {statistics.median(errs):.1%} over {len(rows)} jobs")
+        if args.oracle:
+            o = oracle(rows)
+            print(
+                f"  with overtaking as spent {o['overtaking_as_spent']:.1%}, ahead as spent "
+                f"{o['ahead_as_spent']:.1%}, both {o['both']:.1%} (bias {o['both_bias']:+.1%}),"
+                f" also own and behind {o['all_parts']:.1%}; arrivals allowed for "
+                f"{o['arrivals_allowed']:.0f}, came {o['arrivals_came']}, hold "
+                f"{o['hold_allowed_s']:.2f} / {o['hold_came_s']:.2f} s"
+            )
+        if args.oracle:
+            load, ratio = offered_load(summary)
+            print(f"  offered load {load:.2f}; mean share / warm-up study {ratio:.2f}")
+        if args.by_class:
+            for (cls, running), (n, pred, spent) in ahead_by_class(summary).items():
+                state = "running" if running else "queued"
+                print(
+                    f"  ahead {CLASS.get(cls, cls)} {state:7} x{n:3}: share {pred:.2f} s "
+                    f"predicted, {spent:.2f} s spent ({spent / pred:.2f}x)"
+                )
 
 
 if __name__ == "__main__":
