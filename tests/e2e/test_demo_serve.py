@@ -10,14 +10,13 @@ import re
 import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 import pytest
 from tests.factories.server_process import radserve_command
-from tests.factories.waits import WAIT_SCALE
+from tests.factories.waits import WAIT_SCALE, until
 
 pytestmark = pytest.mark.slow
 
@@ -30,19 +29,25 @@ def _lines(stream: IO[str], into: queue.Queue[str]) -> None:
 
 
 def _console_line(lines: queue.Queue[str], process: subprocess.Popen[str]) -> re.Match[str]:
+    """The demo's console line, read as the demo prints it; fails at once if the demo
+    exits without it, and names what it printed either way."""
     seen: list[str] = []
-    deadline = time.monotonic() + 600 * WAIT_SCALE
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=1)
-        except queue.Empty:
-            if process.poll() is not None:
-                raise AssertionError(f"demo exited {process.returncode}: {seen}") from None
-            continue
-        seen.append(line)
-        if match := CONSOLE_LINE.match(line):
-            return match
-    raise AssertionError(f"no console line: {seen}")
+
+    def printed() -> re.Match[str] | None:
+        exited = process.poll() is not None  # before draining: its last lines are queued
+        while True:
+            try:
+                line = lines.get_nowait()
+            except queue.Empty:
+                break
+            seen.append(line)
+            if match := CONSOLE_LINE.match(line):
+                return match
+        if exited:
+            raise AssertionError(f"demo exited {process.returncode}: {seen}")
+        return None
+
+    return until(printed, "the demo's console line", 600, state=lambda: seen, step=0.2)
 
 
 def test_demo_serve_prints_the_console_with_its_study_and_stops_on_sigterm(
@@ -72,15 +77,15 @@ def test_demo_serve_prints_the_console_with_its_study_and_stops_on_sigterm(
             assert signed.json()["role"] == "admin"
             assert c.get("/console/api/worklist").status_code == 200  # the session works
             # the demo's phantom study went through the normal intake and runs to the end
-            deadline = time.monotonic() + 600 * WAIT_SCALE
-            while True:
-                jobs = c.get("/v1/jobs", headers={"Authorization": f"Bearer {key}"}).json()
+            jobs: dict[str, Any] = {}
+
+            def succeeded() -> bool:
+                jobs.update(c.get("/v1/jobs", headers={"Authorization": f"Bearer {key}"}).json())
                 states = [j["state"] for j in jobs["items"]]
-                if states == ["succeeded"] or time.monotonic() > deadline:
-                    break
                 assert len(states) == 1 and states[0] not in ("failed", "cancelled"), jobs
-                time.sleep(0.5)
-            assert states == ["succeeded"], jobs
+                return states == ["succeeded"]
+
+            until(succeeded, "the demo's one job to succeed", 600, state=lambda: jobs, step=0.5)
         process.send_signal(signal.SIGTERM)
         assert process.wait(60 * WAIT_SCALE) == 0, (tmp_path / "demo.err").read_text()[-3000:]
     finally:

@@ -11,7 +11,6 @@ import logging
 import signal
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -23,8 +22,9 @@ from pynetdicom.sop_class import CTImageStorage
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_net import free_port
 from tests.factories.phi import PROCESSABLE, UIDS, VALUE, leaks, plant
+from tests.factories.server_process import wait_healthy
 from tests.factories.service import auth, config_file, make_study, wait_job
-from tests.factories.waits import WAIT_SCALE, until
+from tests.factories.waits import until
 
 from radserve.security.logs import (
     JsonFormatter,
@@ -163,20 +163,6 @@ def test_radserve_run_prints_no_planted_value(
 
 
 # --- radserve serve, C-STORE in, results read back ---------------------------------------------
-def _wait_healthy(process: subprocess.Popen[bytes], url: str, log: Path) -> None:
-    deadline = time.monotonic() + 90 * WAIT_SCALE
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"radserve serve exited: {log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("radserve serve did not start")
-
-
 def _c_store(files: list[Path], port: int) -> list[int]:
     """Send ``files`` on one association; the C-STORE statuses."""
     ae = AE(ae_title="PACS")
@@ -230,7 +216,7 @@ def test_server_logs_no_planted_value_over_c_store_and_reads(tmp_path: Path) -> 
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(server, url, log)
+        wait_healthy(server, url, log)
         refused = _c_store(studies[0], gateway_port) + _c_store(studies[1], gateway_port)
         assert all(status != 0 for status in refused)  # not UIDs: refused, one by one
         assert set(_c_store(studies[2], gateway_port)) == {0}

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from tests.factories.dicom_net import free_port
 from tests.factories.netns import StartStop, VethLink
+from tests.factories.waits import until
 
 RESOURCE = "radserve_netns"
 _READY = "will now block forever"
@@ -95,11 +96,15 @@ class TwoHostRay(StartStop):
                 command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
         self.processes.append(process)
-        deadline = time.monotonic() + 120
-        while _READY not in log.read_text(errors="replace"):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"ray start ({name}) did not come up: {log.read_text()[-3000:]}")
-            time.sleep(0.5)
+
+        def ready() -> bool:
+            text = log.read_text(errors="replace")
+            assert _READY in text or process.poll() is None, (
+                f"ray start ({name}) exited: {text[-3000:]}"
+            )
+            return _READY in text
+
+        until(ready, f"ray start ({name}) to come up", 120, state=lambda: _tail(log), step=0.5)
 
     # --- teardown -------------------------------------------------------------------------
     def stop(self) -> None:
@@ -113,6 +118,10 @@ class TwoHostRay(StartStop):
             process.wait(30)
         self.link.stop()  # kills what is left in the namespace, deletes it and the link
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-3000:]
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -5,18 +5,10 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from tests.factories.waits import WAIT_SCALE
-
-
-def radserve_command(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from radserve.cli import main; main()", *args]
+from tests.factories.server_process import radserve_command, wait_healthy
 
 
 def listening(host: str, port: int) -> bool:
@@ -47,19 +39,12 @@ class RadserveServe:
     def __enter__(self) -> RadserveServe:
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 90 * WAIT_SCALE
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"radserve serve exited: {self.log.read_text()[-3000:]}")
-            try:
-                kwargs = {"verify": self.verify} if self.verify is not None else {}
-                if httpx.get(f"{self.url}/healthz", timeout=1, **kwargs).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        self.__exit__()
-        raise RuntimeError(f"radserve serve did not answer /healthz: {self.log.read_text()}")
+        try:
+            wait_healthy(self.process, self.url, self.log, verify=self.verify)
+        except AssertionError:
+            self.__exit__()
+            raise
+        return self
 
     def __exit__(self, *_: object) -> None:
         if self.process is not None and self.process.poll() is None:

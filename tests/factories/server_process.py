@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from tests.factories.waits import WAIT_SCALE
+from tests.factories.waits import WAIT_SCALE, until
 
 
 def radserve_command(*args: str) -> list[str]:
@@ -50,18 +50,37 @@ def start_server(
     )
     with open(log, "ab") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90 * WAIT_SCALE
-    while time.monotonic() < deadline:
+    try:
+        wait_healthy(process, f"http://127.0.0.1:{port}", log)
+    except AssertionError:
+        process.kill()
+        raise
+    return process
+
+
+def wait_healthy(
+    process: subprocess.Popen[bytes],
+    url: str,
+    log: Path,
+    timeout: float = 90.0,
+    *,
+    verify: Any = None,
+) -> None:
+    """Wait (:func:`tests.factories.waits.until`) until the server ``process`` started
+    answers ``url``/healthz with 200; fail at once, with the tail of its ``log``, if it
+    exits first (``verify``: httpx's, for HTTPS)."""
+    options = {} if verify is None else {"verify": verify}
+
+    def answers() -> bool:
         if process.poll() is not None:
-            raise RuntimeError(
-                f"radserve serve exited with {process.returncode}: {log.read_text()[-3000:]}"
-            )
+            raise AssertionError(f"the server exited with {process.returncode}: {_tail(log)}")
         try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return process
+            return httpx.get(f"{url}/healthz", timeout=2, **options).status_code == 200
         except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("radserve serve did not answer /healthz within 90 s")
+            return False
+
+    until(answers, f"{url}/healthz to answer 200", timeout, state=lambda: _tail(log), step=0.1)
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-3000:]

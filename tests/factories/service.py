@@ -15,7 +15,7 @@ from radserve.config import Settings, load_settings
 from radserve.store import Store
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_series import make_ct_series, new_uid
-from tests.factories.waits import WAIT_SCALE
+from tests.factories.waits import WAIT_SCALE, until, wait_until
 
 GRID = {"n_slices": 12, "rows": 40, "cols": 40, "spacing": (2.0, 1.0, 1.0)}
 ORIGIN = (-19.5, -19.5, 0.0)
@@ -130,14 +130,13 @@ class ServerThread:
         )
 
     def __enter__(self) -> ServerThread:
-        import time
-
         self._thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.02)
+
+        def started() -> bool:
+            assert self._thread.is_alive() or self.server.started, "the test server's thread ended"
+            return self.server.started
+
+        until(started, "the test server to start", 60, step=0.02)
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -187,15 +186,18 @@ FINAL_STATES = ("succeeded", "failed", "cancelled")
 
 
 def wait_job(client: Any, job_id: str, token: str, timeout: float = 60.0) -> dict[str, Any]:
-    """Poll ``GET /v1/jobs/{id}`` until the job is final; its last JSON."""
-    import time
+    """Poll ``GET /v1/jobs/{id}`` until the job is final; its last JSON, final or not
+    (after ``timeout`` x :data:`~tests.factories.waits.WAIT_SCALE` s): the caller asserts
+    the state it expects, and a time-out then shows the job as it stood."""
+    job: dict[str, Any] = {}
 
-    deadline = time.monotonic() + timeout * WAIT_SCALE
-    while True:
-        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}", headers=auth(token)).json()
-        if job["state"] in FINAL_STATES or time.monotonic() > deadline:
-            return job
-        time.sleep(0.05)
+    def final() -> bool:
+        job.clear()
+        job.update(client.get(f"/v1/jobs/{job_id}", headers=auth(token)).json())
+        return job["state"] in FINAL_STATES
+
+    wait_until(final, timeout)
+    return job
 
 
 def make_models_slow(models_root: Path, *, layers: int = 3, channels: int = 16) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from tests.factories.dicom_net import free_port
 from tests.factories.postgres import postgres_schema
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file, make_study, upload, wait_job
-from tests.factories.waits import WAIT_SCALE, until
+from tests.factories.waits import until
 
 from radserve.config import load_settings
 from radserve.store.audited import open_audited
@@ -95,20 +94,23 @@ def test_reads_from_reader_processes_are_audited_and_a_killed_reader_is_replaced
                 r = c.post("/v1/studies", files=upload(files), headers=auth(key))
                 assert r.status_code == 202, r.text
                 ids.append(r.json()["id"])
-            deadline = time.monotonic() + 120 * WAIT_SCALE
-            while time.monotonic() < deadline:  # reads while the studies process
+            states: dict[str, str] = {}
+
+            def all_succeeded() -> bool:  # reads while the studies process
+                nonlocal report_reads
                 jobs = [c.get(f"/v1/jobs/{i}", headers=auth(key)) for i in ids]
                 assert all(r.status_code == 200 for r in jobs), [r.text for r in jobs]
-                states = {r.json()["id"]: r.json()["state"] for r in jobs}
-                states_seen |= set(states.values())
+                states.update({r.json()["id"]: r.json()["state"] for r in jobs})
+                states_seen.update(states.values())
                 for job_id, state in states.items():
                     if state == "succeeded":
                         r = c.get(f"/v1/jobs/{job_id}/report", headers=auth(key))
                         assert r.status_code == 200, r.text
                         assert r.json()["job_id"] == job_id
                         report_reads += 1
-                if all(s == "succeeded" for s in states.values()):
-                    break
+                return all(s == "succeeded" for s in states.values())
+
+            until(all_succeeded, "every study's job to succeed", 120, state=lambda: states, step=0)
             assert report_reads >= N_JOBS
             # the same behaviour as the serving process: no key, an unknown job
             assert c.get(f"/v1/jobs/{ids[0]}").status_code == 401  # forwarded: no key

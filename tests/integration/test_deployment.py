@@ -14,13 +14,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 from tests.factories.ports import free_port
+from tests.factories.server_process import wait_healthy
 
 from radserve.config import load_settings
 
@@ -165,17 +164,7 @@ def test_entrypoint_serves_with_the_image_settings_on_a_local_ray(tmp_path: Path
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, log.read_text()[-3000:]
-            try:
-                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
-                if health.status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+        wait_healthy(process, f"http://127.0.0.1:{port}", log, timeout=120)
         assert "Ray executor started: ray-cpu0" in log.read_text()
         assert (data / "radserve.db").exists()  # everything written lands in the data dir
     finally:
