@@ -102,17 +102,21 @@ class ResultIndex(StoreBase):
         with self._read() as session:
             return [_record(row) for row in session.scalars(query).all()]
 
-    def unmatched(self, key_id: str, *, only_unset: bool = False) -> list[tuple[str, str]]:
-        """(SOP Instance UID, path) of the rows without match columns of key ``key_id``:
-        indexed before them, without a key, or under another audit key; ``only_unset``:
-        only those without any (an indexed lookup)."""
+    def unmatched(self, key_id: str, *, only_unset: bool = False) -> list[tuple[str, str, str]]:
+        """(SOP Instance UID, path, Transfer Syntax UID) of the rows without match columns
+        of key ``key_id``: indexed before them, without a key, or under another audit key;
+        ``only_unset``: only those without any (an indexed lookup)."""
         unset = ResultInstance.match_key_id.is_(None)
         stale = unset if only_unset else unset | (ResultInstance.match_key_id != key_id)
         with self._read() as session:
             rows = session.execute(
-                select(ResultInstance.sop_instance_uid, ResultInstance.path).where(stale)
+                select(
+                    ResultInstance.sop_instance_uid,
+                    ResultInstance.path,
+                    ResultInstance.transfer_syntax_uid,
+                ).where(stale)
             ).all()
-            return [(sop, path) for sop, path in rows]
+            return [(sop, path, syntax) for sop, path, syntax in rows]
 
     def fill_match(self, rows: Sequence[tuple[str, str | None, str | None]], key_id: str) -> None:
         """Set (SOP Instance UID, patient_key, study_date) of each row, made with ``key_id``."""

@@ -200,6 +200,13 @@ def _keyword(name: str) -> str:
     return keyword
 
 
+def _read_indexed(path: str, transfer_syntax: str, tags: list[str]) -> Dataset:
+    """``tags`` of an indexed result file: the index row holds its Transfer Syntax (read
+    from the file when it was indexed), so the File Meta is not parsed a second time to
+    tell whether the file is Deflated before pydicom parses it."""
+    return read_header(path, tags=tags, transfer_syntax=transfer_syntax or None)
+
+
 class _HeaderCache:
     """Small headers of result files (the attributes QIDO reads), by path; bounded LRU."""
 
@@ -208,13 +215,14 @@ class _HeaderCache:
         self._cache: OrderedDict[str, Dataset] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, path: str) -> Dataset:
+    def get(self, record: ResultInstanceRecord) -> Dataset:
+        path = record.path
         with self._lock:
             found = self._cache.get(path)
             if found is not None:
                 self._cache.move_to_end(path)
                 return found
-        header = read_header(path, tags=list(_READ))
+        header = _read_indexed(path, record.transfer_syntax_uid, list(_READ))
         with self._lock:
             self._cache[path] = header
             while len(self._cache) > self._entries:
@@ -301,9 +309,9 @@ class QidoSearch:
         with self._fill_lock:
             rows = self.index.unmatched(key.id, only_unset=self._filled)
             filled = []
-            for sop, path in rows:
+            for sop, path, syntax in rows:
                 try:
-                    header = read_header(path, tags=["PatientID", "StudyDate"])
+                    header = _read_indexed(path, syntax, ["PatientID", "StudyDate"])
                 except (OSError, UnreadableHeaderError):
                     header = Dataset()  # gone or unreadable: no search can show it
                 filled.append((sop, *match_columns(header, key)))
@@ -325,12 +333,12 @@ class QidoSearch:
             by_study.setdefault(record.study_instance_uid, []).append(record)
         rows = []
         for key, members in groups.items():
-            header = self._headers.get(members[0].path)
+            header = self._headers.get(members[0])
             computed = Dataset()
             url = f"{base}/studies/{key[0]}"
             if level == "study":
                 modalities = sorted(
-                    {str(self._headers.get(r.path).get("Modality", "")) for r in members} - {""}
+                    {str(self._headers.get(r).get("Modality", "")) for r in members} - {""}
                 )
                 computed.ModalitiesInStudy = modalities
                 computed.NumberOfStudyRelatedSeries = len({r.series_instance_uid for r in members})
@@ -351,9 +359,8 @@ class QidoSearch:
         for source in (row.computed, row.header):
             if keyword in source:
                 return source[keyword]
-        path = row.records[0].path
-        extra = read_header(path, tags=[keyword])
-        return extra.get(keyword)
+        record = row.records[0]
+        return _read_indexed(record.path, record.transfer_syntax_uid, [keyword]).get(keyword)
 
     # --- matching (PS3.4 C.2.2.2) ---------------------------------------------------------
     def _match(self, row: _Row, keyword: str, wanted: str) -> bool:

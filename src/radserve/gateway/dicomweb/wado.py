@@ -63,7 +63,10 @@ class WadoAccess:
         self, study: str, series: str | None = None, instance: str | None = None
     ) -> list[dict[str, Any]]:
         """DICOM JSON of each instance's header (no Pixel Data)."""
-        return [read_header(f.path).to_json_dict() for f in self.files(study, series, instance)]
+        return [
+            read_header(f.path, transfer_syntax=f.transfer_syntax_uid or None).to_json_dict()
+            for f in self.files(study, series, instance)
+        ]
 
 
 def _present(record: ResultInstanceRecord) -> bool:
