@@ -49,6 +49,25 @@ def test_results_are_two_segs_in_one_series_and_an_sr(written) -> None:
         assert ds.StudyInstanceUID == report.study.study_instance_uid
 
 
+def test_the_sr_needs_only_the_segs_headers(written, tmp_path: Path) -> None:
+    """write_dicom_results keeps a written SEG for the SR only as its header (no frames):
+    its SR is the one write_sr builds from the SEG files read back without pixels."""
+    report, files, paths = written
+    again = write_sr(report, paths[:2], files, tmp_path / "sr.dcm")
+    built, rebuilt = (pydicom.dcmread(p) for p in (paths[2], again))
+    for ds in (built, rebuilt):  # the build's time stamps: the values that may differ
+        for keyword in (
+            "ContentDate",
+            "ContentTime",
+            "InstanceCreationDate",
+            "InstanceCreationTime",
+        ):
+            setattr(ds, keyword, "")
+        for item in ds.ContributingEquipmentSequence:
+            item.ContributionDateTime = ""
+    assert built == rebuilt
+
+
 def test_sr_round_trip_matches_report(written) -> None:
     report, _, paths = written
     seg = pydicom.dcmread(paths[1], stop_before_pixels=True)

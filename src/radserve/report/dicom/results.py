@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 from pydicom.dataset import Dataset
+from pydicom.tag import Tag
 
 from radserve import durable
 from radserve.checkpoints import checkpoint
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 SEG_FILE = "{name}-seg.dcm"  # name: the label map's file stem (organs, findings, ...)
 SR_FILE = "measurements-sr.dcm"
+PIXEL_DATA = Tag("PixelData")
 
 
 def write_dicom_results(
@@ -69,9 +71,8 @@ def _write_all(
             raise ReportError(f"label map {label_map.path} named by the report is missing")
         name = Path(label_map.path).name.removesuffix(".gz").removesuffix(".nii")
         described = [s.value for s in label_map.segments]
-        # Read only a map with described segments, checked slice by slice: the SEGs
-        # already built stay in memory for the SR, so a full-volume temporary here set
-        # radserve run's peak (issue 19, goal 4).
+        # Read only a map with described segments, checked slice by slice: a
+        # full-volume temporary here set radserve run's peak (issue 19, goal 4).
         labels = read_nifti(path) if described else None
         if labels is None or not any(np.isin(plane, described).any() for plane in labels.array):
             logger.info("no SEG for the %s label map: no segment has voxels", label_map.kind)
@@ -87,7 +88,8 @@ def _write_all(
         )
         del labels  # not held while the next map is read
         written.append(common.save_atomic(seg, result_dir / SEG_FILE.format(name=name)))
-        segs.append(seg)
+        segs.append(_sr_reference(seg))
+        del seg  # written: its frames and highdicom's tables not held while the next is built
     checkpoint()
     sr = build_sr(report, segs, sources)
     written.append(common.save_atomic(sr, result_dir / SR_FILE))
@@ -95,3 +97,15 @@ def _write_all(
     if key_images:
         written += write_key_image_scs(report, result_dir, sources)
     return written
+
+
+def _sr_reference(seg: Dataset) -> Dataset:
+    """What the SR needs of a written SEG (its UIDs, segments and per-frame source
+    references): every attribute but the Pixel Data, in a plain :class:`Dataset`. The
+    highdicom ``Segmentation`` itself also holds its frames and frame look-up tables,
+    which kept each SEG's memory until the SR was built."""
+    header = Dataset()
+    for element in seg:
+        if element.tag != PIXEL_DATA:
+            header.add(element)
+    return header
