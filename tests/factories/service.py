@@ -115,11 +115,13 @@ class ServerThread:
         self._socket.bind(("127.0.0.1", 0))
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        from radserve.api.http_limits import BoundedHttpToolsProtocol
+        from radserve.api.http_limits import bounded_protocol
 
+        service = getattr(app.state, "service", None)
+        head_timeout_s = service.settings.server.request_timeout_s if service else 60.0
         config = uvicorn.Config(
             app,
-            http=BoundedHttpToolsProtocol,  # as radserve serve runs it
+            http=bounded_protocol(head_timeout_s),  # as radserve serve runs it
             log_config=None,
             access_log=False,
             lifespan="on",
@@ -152,6 +154,7 @@ def live_server(
     roles: Sequence[str] = ("submit", "read"),
     warm: bool = True,
     client_timeout: float = 60.0,
+    console: bool = False,
     **app_options: Any,
 ) -> Iterator[dict[str, Any]]:
     """A :class:`~radserve.service.Service` for ``settings`` behind a real HTTP server,
@@ -159,7 +162,8 @@ def live_server(
 
     Yields ``{"service", "url", "port", "client", "keys": {role: key}, <role>: key ...}``.
     ``warm``: wait until the workers have loaded the models (as a deployment would before
-    taking traffic); ``app_options`` go to :func:`radserve.api.create_app`. The server,
+    taking traffic); ``console``: add the web console as ``radserve serve`` does;
+    ``app_options`` go to :func:`radserve.api.create_app`. The server,
     the client and (through the app) the service are shut down afterwards."""
     import httpx
 
@@ -168,6 +172,10 @@ def live_server(
 
     service = Service(settings)
     app = create_app(service, **app_options)
+    if console:
+        from radserve.console import install as install_console
+
+        install_console(app, service)
     with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=client_timeout) as c:
         if warm:
             assert service.wait_warm(60 * WAIT_SCALE)

@@ -4,6 +4,7 @@ and never another study's data lost."""
 
 from __future__ import annotations
 
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -137,6 +138,29 @@ def test_truncated_and_stalled_uploads(server: dict[str, Any], tmp_path: Path) -
     assert 1.5 < time.monotonic() - t0 < 10
     assert c.get("/healthz").status_code == 200
     assert _count_jobs(service) == before
+
+
+def test_a_request_head_that_trickles_in_or_never_comes_gets_408(server: dict[str, Any]) -> None:
+    """Slowloris: connections that send their head a line at a time, or nothing, are
+    answered 408 and closed after ``server.request_timeout_s`` (2 s here); they were
+    held open for as long as the client liked."""
+    with (
+        socket.create_connection(("127.0.0.1", server["port"]), timeout=30) as trickle,
+        socket.create_connection(("127.0.0.1", server["port"]), timeout=30) as silent,
+    ):
+        trickle.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: radserve\r\n")
+        answer = b""
+        for _ in range(120):  # a header line every 0.25 s until the server answers
+            try:
+                trickle.sendall(b"X-Slow: 1\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if select.select([trickle], [], [], 0.25)[0]:
+                break
+        answer = trickle.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
+        assert silent.recv(4096).startswith(b"HTTP/1.1 408")  # the socket's 30 s bound it
+    assert server["client"].get("/healthz").status_code == 200
 
 
 def test_bad_studies_fail_with_a_code_and_others_are_unharmed(

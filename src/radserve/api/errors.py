@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from radserve.api.server_paths import without_server_paths
 from radserve.error_table import lookup
 from radserve.errors import RadserveError
 from radserve.scheduling import QueueFullError
@@ -47,6 +48,8 @@ def status_for(exc: RadserveError) -> int:
 
 
 def error_body(code: str, message: str, retryable: bool = False) -> dict[str, Any]:
+    """The one error body; the message without the server's file paths."""
+    message = without_server_paths(message)
     return {"error": {"code": code, "message": message, "retryable": retryable}}
 
 

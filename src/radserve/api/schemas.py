@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from radserve.api.server_paths import without_server_paths
 from radserve.service.jobs import JobView
 from radserve.service.turnaround import JobEta
 from radserve.store import JobRecord
@@ -140,7 +141,10 @@ class JobOut(_Out):
             cached_from=job.cached_from,
             attempts=job.attempts,
             stage_timings={k: round(v, 4) for k, v in job.stage_timings.items()},
-            error=JobError(code=job.error_code, message=job.error_message or job.error_code)
+            error=JobError(
+                code=job.error_code,
+                message=without_server_paths(job.error_message or job.error_code),
+            )
             if job.error_code
             else None,
             warnings=[

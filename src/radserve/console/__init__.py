@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from radserve.console.auth import session_principal
 from radserve.console.events import JobFeed
 from radserve.console.ops import OpsHistory
-from radserve.console.routes import router
+from radserve.console.routes import api_router, router
 from radserve.console.sessions import SessionTable
 from radserve.console.signin import limiter_for
 from radserve.console.signin import router as signin_router
@@ -57,6 +57,7 @@ def install(app: FastAPI, service: Service) -> None:
     app.state.session_principal = session_principal
     app.include_router(signin_router)
     app.include_router(router)
+    app.include_router(api_router)
     index = STATIC / "index.html"
 
     async def page(request: Request) -> Response:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
@@ -31,7 +31,8 @@ from radserve.api.auth import (
     require_read,
 )
 from radserve.api.errors import ForbiddenError, error_body
-from radserve.api.schemas import EtaOut, JobOut
+from radserve.api.files import RANGE_RESPONSES, FileAnswer
+from radserve.api.schemas import ErrorOut, EtaOut, JobOut
 from radserve.api.state import service_of as _service
 from radserve.console.events import STREAM_S, JobFeed
 from radserve.console.ops import OpsHistory, current
@@ -45,6 +46,9 @@ from radserve.store import JobRecord, JobState
 from radserve.store.models import AuditEntry, OutboxDelivery
 
 router = APIRouter(include_in_schema=False)
+# the console's routes that are public API too, in the OpenAPI document (a route cannot
+# opt back in on a router that leaves its routes out)
+api_router = APIRouter(tags=["jobs"])
 Reader = Annotated[Principal, Depends(require_read)]
 _RESULT_FILE = re.compile(r"^[A-Za-z0-9_-]+(\.nii\.gz|\.dcm|\.json)$")
 _TRAIL_LIMIT = 500
@@ -267,7 +271,9 @@ def _trail(service: Service, job_id: str) -> list[dict[str, Any]]:
             "action": r.action,
             "actor_key_id": r.actor_key_id,
             "client": r.client_address,
-            "payload": r.payload,
+            # the stored canonical JSON text, as the object it is (as text the page
+            # showed it JSON-encoded twice: every quote escaped)
+            "payload": json.loads(r.payload),
         }
         for r in rows
     ]
@@ -329,7 +335,7 @@ async def job_patient(request: Request, job_id: str, who: Reader) -> Response:
 
 
 @router.get("/console/api/jobs/{job_id}/files/{name}")
-async def job_file(request: Request, job_id: str, name: str, who: Reader) -> FileResponse:
+async def job_file(request: Request, job_id: str, name: str, who: Reader) -> FileAnswer:
     if not _RESULT_FILE.match(name):
         raise OutputNotFoundError(f"no result file {name!r}")
     record = await _job(request, job_id, who)
@@ -339,11 +345,20 @@ async def job_file(request: Request, job_id: str, name: str, who: Reader) -> Fil
         raise OutputNotFoundError(f"job {job_id} has no result file {name!r}")
     await audited_read(request, who, record, "result_file", {"file": name})
     media = "application/dicom" if name.endswith(".dcm") else "application/octet-stream"
-    return FileResponse(path, media_type=media, filename=f"{job_id}-{name}")
+    return FileAnswer(path, media_type=media, filename=f"{job_id}-{name}")
 
 
-@router.get("/v1/jobs/{job_id}/volume", include_in_schema=True, tags=["jobs"])
-async def job_volume(request: Request, job_id: str, who: Reader) -> FileResponse:
+@api_router.get(
+    "/v1/jobs/{job_id}/volume",
+    response_class=FileAnswer,
+    responses={
+        200: {"content": {"application/gzip": {}}},
+        **RANGE_RESPONSES,
+        **{c: {"model": ErrorOut} for c in (401, 403, 404, 409)},
+    },
+    summary="The job's CT (NIfTI)",
+)
+async def job_volume(request: Request, job_id: str, who: Reader) -> FileAnswer:
     """The job's CT (the series it read) as NIfTI int16 HU on the label maps' grid;
     audited as ``phi.read`` (resource ``volume``)."""
     service = _service(request)
@@ -357,7 +372,7 @@ async def job_volume(request: Request, job_id: str, who: Reader) -> FileResponse
         service.settings.data_dir,
         IngestPolicy.from_settings(service.settings.ingest),
     )
-    return FileResponse(path, media_type="application/gzip", filename=f"{job_id}-ct.nii.gz")
+    return FileAnswer(path, media_type="application/gzip", filename=f"{job_id}-ct.nii.gz")
 
 
 # --- operations ------------------------------------------------------------------------
@@ -408,4 +423,4 @@ async def ops(request: Request, who: Reader) -> Response:
     return JSONResponse(await run_in_threadpool(read))
 
 
-__all__ = ["phi_allowed", "router"]
+__all__ = ["api_router", "phi_allowed", "router"]

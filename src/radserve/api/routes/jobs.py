@@ -12,7 +12,6 @@ import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -25,6 +24,7 @@ from radserve.api.auth import (
     require_submit,
 )
 from radserve.api.errors import ForbiddenError
+from radserve.api.files import RANGE_RESPONSES, FileAnswer
 from radserve.api.schemas import ErrorOut, JobOut, JobPageOut
 from radserve.api.status_bodies import StatusBodies, status_body
 from radserve.errors import InvalidRequestError
@@ -181,8 +181,8 @@ async def get_report(request: Request, job_id: str, who: Reader) -> Response:
 
 @router.get(
     "/v1/jobs/{job_id}/labels",
-    response_class=FileResponse,
-    responses={200: {"content": {"application/gzip": {}}}, **_ERRORS},
+    response_class=FileAnswer,
+    responses={200: {"content": {"application/gzip": {}}}, **RANGE_RESPONSES, **_ERRORS},
     summary="A label map (NIfTI)",
 )
 async def get_labels(
@@ -190,26 +190,26 @@ async def get_labels(
     job_id: str,
     who: Reader,
     kind: Annotated[Literal["organs", "structures", "findings"] | None, Query()] = None,
-) -> FileResponse:
+) -> FileAnswer:
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
     await audited_read(request, who, record, "labels", {"kind": kind or "default"})
     path = await run_in_threadpool(jobs.label_map, record, kind)
-    return FileResponse(path, media_type="application/gzip", filename=f"{job_id}-{path.name}")
+    return FileAnswer(path, media_type="application/gzip", filename=f"{job_id}-{path.name}")
 
 
 @router.get(
     "/v1/jobs/{job_id}/images/{number}",
-    response_class=FileResponse,
-    responses={200: {"content": {"image/png": {}}}, **_ERRORS},
+    response_class=FileAnswer,
+    responses={200: {"content": {"image/png": {}}}, **RANGE_RESPONSES, **_ERRORS},
     summary="Key image number N (PNG, 1-based)",
 )
-async def get_image(request: Request, job_id: str, number: int, who: Reader) -> FileResponse:
+async def get_image(request: Request, job_id: str, number: int, who: Reader) -> FileAnswer:
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
     await audited_read(request, who, record, "key_image", {"number": str(number)})
     path = await run_in_threadpool(jobs.key_image, record, number)
-    return FileResponse(path, media_type="image/png")
+    return FileAnswer(path, media_type="image/png")
 
 
 @router.get(

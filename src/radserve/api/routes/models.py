@@ -5,6 +5,7 @@ record (who: the key, what, why: ``reason``)."""
 from __future__ import annotations
 
 import tempfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -17,7 +18,7 @@ from radserve.api.auth import Principal, require_admin, require_read
 from radserve.api.schemas import ErrorOut
 from radserve.api.state import service_of as _service
 from radserve.domain.deployment import Role, StepDeployment
-from radserve.errors import InvalidRequestError
+from radserve.errors import BundleRejectedError, InvalidRequestError
 from radserve.service.variant_install import VariantRequest, variant_gates
 
 router = APIRouter(tags=["models"])
@@ -139,6 +140,11 @@ async def install_model(
     try:
         if size == 0:
             raise InvalidRequestError("send the bundle as a zip in the request body")
+        if not zipfile.is_zipfile(path):
+            raise BundleRejectedError(
+                f"the request body ({size} bytes) is not a zip archive; send the bundle "
+                "folder (model.yaml and its ONNX files) zipped"
+            )
         installed = await run_in_threadpool(
             service.lifecycle.install,
             path,

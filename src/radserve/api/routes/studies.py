@@ -17,6 +17,7 @@ from starlette.datastructures import FormData, UploadFile
 from radserve.api.auth import Principal, require_submit
 from radserve.api.errors import status_for
 from radserve.api.schemas import BatchItemOut, BatchOut, ErrorBody, ErrorOut, JobOut
+from radserve.api.server_paths import without_server_paths
 from radserve.api.state import service_of as _service
 from radserve.errors import EmptyUploadError, RadserveError
 from radserve.scheduling import PriorityClass
@@ -208,7 +209,8 @@ async def _one(
         )
     except RadserveError as exc:
         service.metrics.errors.labels(exc.code).inc()
-        error = ErrorBody(code=exc.code, message=exc.message, retryable=exc.retryable)
+        message = without_server_paths(exc.message)
+        error = ErrorBody(code=exc.code, message=message, retryable=exc.retryable)
         return BatchItemOut(study=name, status=status_for(exc), error=error)
     job = JobOut.from_record(submission.job, submission.position)
     return BatchItemOut(study=name, status=200 if submission.cached else 202, job=job)
