@@ -117,3 +117,16 @@ def test_paths_on_this_host_are_shortened_urls_and_media_types_kept(tmp_path: Pa
     ]
     assert {m: without_server_paths(m) for m in shortened} == shortened
     assert [without_server_paths(m) for m in kept] == kept
+
+
+@pytest.mark.parametrize("path", ("/healthz", "/v1/jobs/{job}", "/v1/jobs/{job}/report", *FILES))
+def test_head_answers_like_get_without_a_body(live: dict[str, Any], path: str) -> None:
+    c, reader = live["client"], auth(live["read"])
+    url = path.format(job=live["job"])
+    get, head = c.get(url, headers=reader), c.head(url, headers=reader)
+    assert (head.status_code, get.status_code) == (200, 200)
+    assert head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
+    assert int(head.headers["content-length"]) == len(get.content)
+    unknown = c.head("/v1/jobs/no-such-job", headers=reader)
+    assert unknown.status_code == 404 and unknown.content == b""

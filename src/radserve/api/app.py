@@ -4,7 +4,8 @@
 the middleware around one :class:`~radserve.service.Service`. The app's lifespan starts
 and stops the service unless the caller manages it (``manage_service=False``).
 
-Middleware, outermost first: HTTP metrics -> request timeout -> body limit -> app.
+Middleware, outermost first: HTTP metrics -> request timeout -> body limit -> HEAD as
+GET -> app.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from radserve.api import errors
 from radserve.api.auth import SECURITY_SCHEMES, KeyVerifier
 from radserve.api.middleware import (
     BodyLimitMiddleware,
+    HeadAsGetMiddleware,
     MetricsMiddleware,
     Observe,
     TimeoutMiddleware,
@@ -106,8 +108,9 @@ def create_app(
 
 def limits(server: ServerSettings, observe: Observe) -> list[tuple[Any, dict[str, Any]]]:
     """The request stack of every radserve app (the serving process's and the reader
-    processes'), innermost first: body limit, request timeout, HTTP metrics."""
+    processes'), innermost first: HEAD as GET, body limit, request timeout, HTTP metrics."""
     return [
+        (HeadAsGetMiddleware, {}),
         (
             BodyLimitMiddleware,
             {"max_bytes": server.max_upload_bytes, "idle_timeout_s": server.request_timeout_s},

@@ -11,6 +11,7 @@ is a few attribute lookups.
 - Timeouts: a request body that stalls for ``request_timeout_s`` is dropped (408); any
   other request that takes longer gets 504 (uploads are exempt: storing a large study
   takes the time it takes, but only while its bytes keep coming).
+- HEAD: answered as the GET of the same URL without its body.
 """
 
 from __future__ import annotations
@@ -99,6 +100,30 @@ class BodyLimitMiddleware:
             return message
 
         await self.app(scope, limited, send)
+
+
+class HeadAsGetMiddleware:
+    """HEAD answered as GET, headers only (RFC 9110 9.3.2: a server that supports GET
+    MUST support HEAD). FastAPI's ``@router.get`` routes take GET alone, so ``curl -I``
+    on a report, a monitor's ``HEAD /healthz`` or a download manager's size check got
+    405. The app sees a GET; the body is replaced by an empty one here (uvicorn drops it
+    as well, from its own scope, which still says HEAD). The GET's side effects happen
+    (a HEAD of patient data is audited as a read, like the GET)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def headers_only(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
 class TimeoutMiddleware:
