@@ -26,6 +26,7 @@ from radserve.pipeline.spec import PipelineSpec
 from radserve.pipeline.study import StudyResult, finish_study, refuse_outside_domain
 from radserve.pipeline.volume import PendingStep, SessionPool, VolumeRun
 from radserve.progress import StageTimer
+from radserve.report.dicom.common import check_slice_references
 from radserve.scheduling.work import CpuStage, DeviceStage, ModelKey, Stage
 
 
@@ -57,8 +58,12 @@ class StudyWork:
         policy: IngestPolicy | None = None,
         key_images: bool = True,
         job_id: str | None = None,
+        dicom_references: bool = False,
     ) -> None:
         self.source: StudyInput = as_input(source)
+        # the results go back as DICOM SEG/SR: a volume whose slices they cannot reference
+        # (multi-frame source, resampled on ingest) is refused at ingest, before inference
+        self._dicom_references = dicom_references
         self.pipeline = pipeline
         self.out_dir = Path(out_dir)
         self._registry, self._sessions = registry, sessions
@@ -104,6 +109,8 @@ class StudyWork:
         self._timer = StageTimer()
         self._ingested = self.source.ingest(self.pipeline, policy=self._policy, timer=self._timer)
         refuse_outside_domain(self._ingested, self.pipeline, self._registry, self._policy)
+        if self._dicom_references:
+            check_slice_references(self._ingested.loaded.volume.source_sop_instance_uids)
         self._ingested, channels = load_channels(
             self._ingested, self.pipeline, self._registry, self._policy, self._timer
         )

@@ -138,6 +138,7 @@ def build_work(
         precision=resolved.precision,
         policy=policy,
         job_id=job_id,
+        dicom_references=dicom_results and not isinstance(source, NiftiInput),
     )
     if not isinstance(source, NiftiInput):
         if lineage is not None:

@@ -57,6 +57,27 @@ def read_headers(source_files: Sequence[Path]) -> list[Dataset]:
     return headers
 
 
+def check_slice_references(uids: Sequence[str]) -> None:
+    """Refuse slices that DICOM SEG/SR cannot reference: one single-frame instance each.
+
+    Called again before inference for studies whose results go back as DICOM (see
+    :class:`radserve.pipeline.work.StudyWork`), so an Enhanced (multi-frame) series is
+    refused in seconds instead of after the whole pipeline has run for nothing.
+    """
+    if not uids:
+        raise ReportError(
+            "the volume has no source SOP Instance UIDs per slice (the series was resampled "
+            "on ingest), so DICOM SEG/SR cannot reference source frames; turn resampling off"
+        )
+    if len(set(uids)) != len(uids):
+        raise ReportError(
+            "the series is multi-frame (Enhanced CT/MR: its slices share one SOP Instance "
+            "UID); DICOM SEG/SR results reference single-frame source series only, so it "
+            "is refused before inference; send the series as single-frame images (CT/MR "
+            "Image Storage, the scanner's classic export)"
+        )
+
+
 def slice_sources(report: Report, headers: Sequence[Dataset]) -> list[Dataset]:
     """The source header of every volume slice, in slice order (``geometry`` index order).
 
@@ -64,16 +85,7 @@ def slice_sources(report: Report, headers: Sequence[Dataset]) -> list[Dataset]:
     folder can be passed.
     """
     uids = report.geometry.source_sop_instance_uids
-    if not uids:
-        raise ReportError(
-            "the report has no source SOP Instance UIDs per slice (the series was resampled "
-            "on ingest), so DICOM SEG/SR cannot reference source frames; turn resampling off"
-        )
-    if len(set(uids)) != len(uids):
-        raise ReportError(
-            "slices of the report share SOP Instance UIDs (a multi-frame source); "
-            "DICOM SEG/SR output supports single-frame source series only"
-        )
+    check_slice_references(uids)
     by_uid = {str(ds.SOPInstanceUID): ds for ds in headers if "SOPInstanceUID" in ds}
     missing = [u for u in uids if u not in by_uid]
     if missing:
