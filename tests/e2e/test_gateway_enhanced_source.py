@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.factories.dicom_net import Orthanc, free_port
+from tests.factories.dicom_net import Orthanc
 from tests.factories.dicom_series import make_enhanced_series, new_uid
-from tests.factories.service import GRID, ORIGIN, lesion_hu, make_study, settings_for
+from tests.factories.pacs import pacs_and_gateway, terminal_jobs
+from tests.factories.service import GRID, ORIGIN, lesion_hu, make_study
 from tests.factories.waits import wait_until
 
 from radserve.service import Service
@@ -32,27 +33,8 @@ SR_3D = "1.2.840.10008.5.1.4.1.1.88.34"
 
 @pytest.fixture
 def pacs_and_server(tmp_path: Path) -> Iterator[tuple[Orthanc, Service]]:
-    gateway_port = free_port()
-    orthanc = Orthanc(
-        tmp_path / "orthanc", peers={"radserve": ["RADSERVE", "127.0.0.1", gateway_port]}
-    )
-    settings = settings_for(
-        tmp_path,
-        gateway__enabled=True,
-        gateway__port=gateway_port,
-        gateway__allowed_peers=[
-            {"ae_title": "ORTHANC", "host": "127.0.0.1", "port": orthanc.dicom_port}
-        ],
-    )
-    service = Service(settings, gateway_options={"quiet_s": 0.5})
-    orthanc.start()
-    service.start()
-    try:
-        assert service.wait_warm(60)
-        yield orthanc, service
-    finally:
-        service.stop()
-        orthanc.stop()
+    with pacs_and_gateway(tmp_path, warm=True) as peers:
+        yield peers
 
 
 def _count_model_runs(service: Service) -> list[int]:
@@ -67,15 +49,6 @@ def _count_model_runs(service: Service) -> list[int]:
 
     session.run = counted  # type: ignore[method-assign]
     return calls
-
-
-def _terminal_jobs(service: Service, count: int) -> list[Any]:
-    def done() -> bool:
-        jobs = service.store.list_jobs(limit=10).items
-        return len(jobs) >= count and all(j.terminal for j in jobs)
-
-    assert wait_until(done, 90)
-    return list(reversed(service.store.list_jobs(limit=10).items))  # oldest first
 
 
 def _classes(orthanc: Orthanc, study_id: str) -> list[str]:
@@ -102,7 +75,7 @@ def test_enhanced_ct_is_refused_before_inference_and_the_next_study_runs(
     )
     enhanced_study = orthanc.upload([enhanced])
     orthanc.push("radserve", [enhanced_study])
-    [refused] = _terminal_jobs(service, 1)
+    [refused] = terminal_jobs(service, 1)
     assert refused.state is JobState.FAILED
     assert refused.error_code == "report_failed"
     assert "multi-frame" in refused.error_message and "before inference" in refused.error_message
@@ -112,7 +85,7 @@ def test_enhanced_ct_is_refused_before_inference_and_the_next_study_runs(
 
     classic = orthanc.upload(make_study(tmp_path / "classic"))
     orthanc.push("radserve", [classic])
-    jobs = _terminal_jobs(service, 2)
+    jobs = terminal_jobs(service, 2)
     assert jobs[1].state is JobState.SUCCEEDED, (jobs[1].error_code, jobs[1].error_message)
     assert runs[0] > 0
     assert wait_until(lambda: {SEG, SR_3D} <= set(_classes(orthanc, classic)), 60)

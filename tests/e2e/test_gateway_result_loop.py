@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from tests.factories.dicom_net import Orthanc, free_port
-from tests.factories.service import make_study, settings_for
+from tests.factories.dicom_net import Orthanc
+from tests.factories.pacs import pacs_and_gateway
+from tests.factories.service import make_study
 from tests.factories.waits import wait_until
 
 from radserve.service import Service
@@ -32,27 +33,8 @@ SC = "1.2.840.10008.5.1.4.1.1.7"
 
 @pytest.fixture
 def pacs_and_server(tmp_path: Path) -> Iterator[tuple[Orthanc, Service]]:
-    gateway_port = free_port()
-    orthanc = Orthanc(
-        tmp_path / "orthanc", peers={"radserve": ["RADSERVE", "127.0.0.1", gateway_port]}
-    )
-    settings = settings_for(
-        tmp_path,
-        gateway__enabled=True,
-        gateway__port=gateway_port,
-        gateway__allowed_peers=[
-            {"ae_title": "ORTHANC", "host": "127.0.0.1", "port": orthanc.dicom_port}
-        ],
-        results__secondary_capture_key_images=True,
-    )
-    service = Service(settings, gateway_options={"quiet_s": 0.5})
-    orthanc.start()
-    service.start()
-    try:
-        yield orthanc, service
-    finally:
-        service.stop()
-        orthanc.stop()
+    with pacs_and_gateway(tmp_path, results__secondary_capture_key_images=True) as peers:
+        yield peers
 
 
 def _jobs(service: Service) -> list:

@@ -1,0 +1,59 @@
+"""A PACS (a private Orthanc) and radserve's full service (gateway, scheduler, outbox)
+wired to each other on loopback ports, for end-to-end gateway tests: Orthanc pushes to
+radserve's SCP (modality ``radserve``), radserve's outbox sends results back to Orthanc."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from radserve.service import Service
+from tests.factories.dicom_net import Orthanc
+from tests.factories.ports import free_port
+from tests.factories.service import settings_for
+from tests.factories.waits import WAIT_SCALE, wait_until
+
+
+@contextmanager
+def pacs_and_gateway(
+    root: Path, *, quiet_s: float = 0.5, warm: bool = False, **settings: Any
+) -> Iterator[tuple[Orthanc, Service]]:
+    """Orthanc in ``root/orthanc`` and a started :class:`Service` whose only allowed
+    peer is that Orthanc; ``settings`` are further overrides for :func:`settings_for`;
+    ``warm``: wait until the workers have loaded the models."""
+    gateway_port = free_port()
+    orthanc = Orthanc(root / "orthanc", peers={"radserve": ["RADSERVE", "127.0.0.1", gateway_port]})
+    service = Service(
+        settings_for(
+            root,
+            gateway__enabled=True,
+            gateway__port=gateway_port,
+            gateway__allowed_peers=[
+                {"ae_title": "ORTHANC", "host": "127.0.0.1", "port": orthanc.dicom_port}
+            ],
+            **settings,
+        ),
+        gateway_options={"quiet_s": quiet_s},
+    )
+    orthanc.start()
+    service.start()
+    try:
+        if warm:
+            assert service.wait_warm(60 * WAIT_SCALE)
+        yield orthanc, service
+    finally:
+        service.stop()
+        orthanc.stop()
+
+
+def terminal_jobs(service: Service, count: int, timeout: float = 90.0) -> list[Any]:
+    """The service's jobs, oldest first, once there are ``count`` and all are final."""
+
+    def done() -> bool:
+        jobs = service.store.list_jobs(limit=max(10, count)).items
+        return len(jobs) >= count and all(j.terminal for j in jobs)
+
+    assert wait_until(done, timeout)
+    return list(reversed(service.store.list_jobs(limit=max(10, count)).items))
