@@ -1,5 +1,6 @@
 """A server start deletes the temporaries that writers killed mid-write left in result
-folders (report, DICOM results, FHIR Bundle, critical notice, key images), and only those."""
+folders (report, DICOM results, FHIR Bundle, critical notice, key images) and comparison
+folders, and only those."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def test_a_start_sweeps_dead_writers_temporaries_from_result_folders(tmp_path: P
         keyimages = folder / "keyimages"  # a job's key images, one folder down
         keyimages.mkdir()
         dead.append(durable.temporary_path(keyimages / "finding-001.png", pid=ended))
+        compared = settings.data_dir / "comparisons" / "job-1"  # a comparison's figures
+        compared.mkdir(parents=True)
+        dead.append(durable.temporary_path(compared / "2.0.0.json", pid=ended))
         live = durable.temporary_path(folder / "critical-1.json", pid=running.pid)
         result = folder / "report.json"
         older = folder / ".measurements-sr.dcm.q7z1xw.tmp"  # an older version's, left

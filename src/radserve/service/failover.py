@@ -60,6 +60,8 @@ from radserve.store.records import JobState
 logger = logging.getLogger(__name__)
 
 RESULTS_DIR = "results"
+# the figures of the shadow comparisons, one <version>.json per job folder (models.md)
+COMPARISONS_DIR = "comparisons"
 WORK_DIR = "work"
 _FINAL = {s.value for s in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)}
 
@@ -158,20 +160,21 @@ class SharedStorage:
     def remove_stale_temporaries(self) -> int:
         """Delete the temporaries (:mod:`radserve.durable`) that writers killed mid-write
         left in result folders (reports, DICOM results, FHIR Bundles, critical notices,
-        and key images one folder down), and the ``*.tmp`` ones of older versions that no
-        writer holds (:func:`radserve.durable.sweep_unowned`): nothing under them was
-        acknowledged, and nothing else ever removes them. Call at start, before
-        :meth:`reconcile` copies the fallback's results back. A live writer's (another
-        replica's) are kept. Returns how many were deleted."""
+        key images one folder down) and comparison folders, and the ``*.tmp`` ones of
+        older versions that no writer holds (:func:`radserve.durable.sweep_unowned`):
+        nothing under them was acknowledged, and nothing else ever removes them. Call at
+        start, before :meth:`reconcile` copies the fallback's results back. A live
+        writer's (another replica's) are kept. Returns how many were deleted."""
+        # a job's folder and its subfolders (key images under keyimages/)
         roots = [self.data_dir / RESULTS_DIR]
         if self.fallback is not None:
             roots.append(self.fallback / RESULTS_DIR)
-        # a job's folder and its subfolders (key images under keyimages/)
+        folders = [(root, folder) for root in roots for folder in ("*/", "*/*/")]
+        folders.append((self.data_dir / COMPARISONS_DIR, "*/"))
         return sum(
             durable.sweep(root, f"{folder}.*{durable.TEMPORARY_SUFFIX}")
             + durable.sweep_unowned(root, f"{folder}*{durable.UNOWNED_SUFFIX}")
-            for root in roots
-            for folder in ("*/", "*/*/")
+            for root, folder in folders
         )
 
     # --- reconcile --------------------------------------------------------------------

@@ -20,7 +20,6 @@ study is routed, hot swap, canary/shadow comparison runs and automatic rollback.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import queue
 import shutil
@@ -34,6 +33,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from radserve import durable
 from radserve.audit import Action, AuditEvent
 from radserve.config import Settings
 from radserve.domain.deployment import (
@@ -53,13 +53,13 @@ from radserve.lifecycle.install import InstalledBundle, install_bundle, verify_i
 from radserve.lifecycle.requirements import host_facts, unmet_requirements
 from radserve.scheduling import Scheduler
 from radserve.service.catalog import Catalog, ResolvedPipeline
+from radserve.service.failover import COMPARISONS_DIR
 from radserve.service.variant_install import VariantRequest, variant_builder, variant_gates
 from radserve.store import JobRecord, JobState, Store
 from radserve.store.deployments import DeploymentStore
 
 logger = logging.getLogger(__name__)
 
-COMPARISONS_DIR = "comparisons"
 GUARDRAIL_ACTOR = "radserve-guardrail"
 
 
@@ -582,8 +582,9 @@ class ModelLifecycle:
             candidate_version=task.candidate_version,
             candidate_role=task.candidate_role,
         )
-        (out.parent / f"{task.candidate_version}.json").write_text(
-            json.dumps(comparison.as_json(), indent=2)
+        # durable: the file stays (models.md) and is the only record of the figures
+        durable.write_json(
+            out.parent / f"{task.candidate_version}.json", comparison.as_json(), indent=2
         )
         shutil.rmtree(out, ignore_errors=True)  # never delivered; the figures are kept
         return comparison
