@@ -19,6 +19,9 @@ bound the body of a request already has between two of its chunks.
 from __future__ import annotations
 
 import asyncio
+import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -45,6 +48,31 @@ _SLOW = (
     b'{"error":{"code":"request_timeout","message":"the request line and headers did not '
     b'arrive within %d s (server.request_timeout_s)","retryable":true}}'
 )
+
+
+class _SlowHeadLog:
+    """At most one warning line per ``every_s`` for heads cut for time, each with the
+    number cut since the line before (the rest of a burst is counted in the next line):
+    a client that opens thousands of slow connections would otherwise choose how many
+    lines the server writes (300 connections: 300 identical lines in one second)."""
+
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self.clock = clock
+        self._last = -math.inf
+        self._cut = 0
+
+    def count(self, logger: Any, timeout_s: float) -> None:
+        self._cut += 1
+        now = self.clock()
+        if now - self._last >= self.every_s:
+            logger.warning(
+                "%d request head(s) not complete after %.0f s: 408", self._cut, timeout_s
+            )
+            self._last, self._cut = now, 0
+
+
+_slow_heads = _SlowHeadLog()
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -79,7 +107,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def _head_timed_out(self) -> None:
         self._head_timer = None
         if self._in_head and not self.transport.is_closing():
-            self.logger.warning("request head not complete after %.0f s: 408", self.head_timeout_s)
+            _slow_heads.count(self.logger, self.head_timeout_s)
             body = _SLOW % self.head_timeout_s
             self.transport.write(_408 % (len(body), body))
             self.transport.close()
