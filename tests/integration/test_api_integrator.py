@@ -127,6 +127,9 @@ def test_head_answers_like_get_without_a_body(live: dict[str, Any], path: str) -
     assert (head.status_code, get.status_code) == (200, 200)
     assert head.content == b""
     assert head.headers["content-type"] == get.headers["content-type"]
-    assert int(head.headers["content-length"]) == len(get.content)
+    if path in FILES or path.endswith("/report"):  # the same bytes each time
+        assert int(head.headers["content-length"]) == len(get.content)
+    else:  # /healthz's uptime and a job's figures change between the two requests
+        assert int(head.headers["content-length"]) > 0
     unknown = c.head("/v1/jobs/no-such-job", headers=reader)
     assert unknown.status_code == 404 and unknown.content == b""
