@@ -152,6 +152,7 @@ def planner_check(
     fillers: Sequence[tuple[float, PriorityClass, int | None]] = (),
     noise_per_class: bool = False,
     noise_by_size: bool = True,
+    fine_units: bool = False,
 ) -> dict[str, object]:
     """``radserve plan``'s simulation of this trace (its arrivals and classes, and the
     unmeasured ``fillers`` that kept the stream going before and after them: POSIX
@@ -161,7 +162,8 @@ def planner_check(
     saw). The simulation's figures are medians over ``seeds`` seeds (service-time draws)
     and count only the measured jobs; ``noise_per_class``: times alone draw each job's
     noise from its own class's jobs, ``noise_by_size`` (the default): from the jobs
-    nearest its size, else from all (:class:`ModelSampler`)."""
+    nearest its size, else from all; ``fine_units``: each job in the server's units per
+    model (:class:`ModelSampler`)."""
     events = sorted(
         [(j.arrival, j.cls, j.slices, True) for j in jobs]
         + [(t, c, n, False) for t, c, n in fillers],
@@ -174,6 +176,7 @@ def planner_check(
         batch_slices=scheduler.max_batch_size,
         per_class=noise_per_class,
         by_size=noise_by_size,
+        fine=fine_units,
     )
     sized = all(e[2] is not None for e in events)
 

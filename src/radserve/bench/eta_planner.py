@@ -19,22 +19,26 @@ from radserve.turnaround.service_time import ServiceTimeModel
 from radserve.turnaround.solo import SoloTimes, runs_from_end_records, solo_model
 
 DEFAULT = "solo times from the trace, shared cores"  # radserve plan's on a CPU device
-# name: (service times, shared cores, per-class noise, noise by size)
-MODELS: dict[str, tuple[str, bool, bool, bool]] = {
+FINE = "solo times from the trace, shared cores, server's units"
+# name: (service times, shared cores, per-class noise, noise by size, server's units)
+MODELS: dict[str, tuple[str, bool, bool, bool, bool]] = {
     # the times the run learned, the device as hardware apart from the CPU pool
     # (radserve plan before 2026-12-02)
-    "trace times, separate hardware": ("trace", False, False, True),
+    "trace times, separate hardware": ("trace", False, False, True, False),
     # the same on processor-shared cores: the sharing counted twice (the times hold it)
-    "trace times, shared cores": ("trace", True, False, True),
+    "trace times, shared cores": ("trace", True, False, True, False),
     # the warm-up studies' times (run alone)
-    "warm-up solo times, shared cores": ("warm-up solo", True, False, True),
+    "warm-up solo times, shared cores": ("warm-up solo", True, False, True, False),
     # the trace's own jobs with the sharing divided out (radserve.turnaround.solo); each
     # job's noise from the jobs nearest its size, weighted by how alone they ran
-    DEFAULT: ("solo from the trace", True, False, True),
+    DEFAULT: ("solo from the trace", True, False, True, False),
     # session 10: each class's noise from its own jobs' ratios (not the default)
-    "solo from the trace, noise per class": ("solo from the trace", True, True, True),
+    "solo from the trace, noise per class": ("solo from the trace", True, True, True, False),
     # before 2026-12-02 session 12: every job's noise from all jobs' ratios
-    "solo from the trace, pooled noise": ("solo from the trace", True, False, False),
+    "solo from the trace, pooled noise": ("solo from the trace", True, False, False, False),
+    # the default with each job as the server's units per model (prepare, infer, merge
+    # per batch, feed work first; post-processing; report): radserve.turnaround.units
+    FINE: ("solo from the trace", True, False, True, True),
 }
 
 
@@ -105,7 +109,7 @@ def replay_planner(
     jobs = recorded_jobs(summary)
     out = {}
     for name in names if names is not None else MODELS:
-        key, shared, per_class, by_size = MODELS[name]
+        key, shared, per_class, by_size, fine = MODELS[name]
         if key not in models:
             continue
         out[name] = planner_check(
@@ -118,6 +122,7 @@ def replay_planner(
             fillers=fillers,
             noise_per_class=per_class,
             noise_by_size=by_size,
+            fine_units=fine,
         )
     return out
 
@@ -131,6 +136,7 @@ def cells_within(check: Mapping[str, Any]) -> tuple[int, int]:
 
 __all__ = [
     "DEFAULT",
+    "FINE",
     "MODELS",
     "cells_within",
     "recorded_jobs",

@@ -37,6 +37,7 @@ from radserve.turnaround.simulate import (
     split_batches,
 )
 from radserve.turnaround.solo import SoloTimes
+from radserve.turnaround.units import fine_service
 
 _PER = {"s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RATE = re.compile(r"^\s*([0-9.]+(?:e-?[0-9]+)?)\s*(?:/\s*(s|min|m|h|d))?\s*$")
@@ -121,6 +122,9 @@ class ModelSampler:
     min_cv: float = 0.05
     per_class: bool = False
     by_size: bool = True
+    # each job as the server's units per model (radserve.turnaround.units), not one CPU
+    # stage, its batches, one CPU stage
+    fine: bool = False
 
     def __call__(self, rng: np.random.Generator, cls: PriorityClass) -> JobService:
         sizes = self.model.sizes()
@@ -228,6 +232,8 @@ class ModelSampler:
                 split_batches(est.device_s * noise, slices, self.batch_slices),
                 est.cpu_s * 2 / 3 * noise,
             )
+        if self.fine:
+            return fine_service(steps, slices, self.batch_slices, noise)
         pre = steps.get("ingest", 0.0)
         device = sum(v for k, v in steps.items() if k.endswith(DEVICE_SUFFIX))
         post = sum(v for k, v in steps.items() if k not in ("ingest", RUN)) - device

@@ -27,9 +27,20 @@ turnaround:
   scheduler's own ranking (:func:`radserve.scheduling.state.effective_class`: class
   after aging, then earliest deadline), so URGENT overtakes at the next batch boundary.
 
-Not simulated: dynamic batching of several studies into one device call, batch
-preparation and merging as separate CPU units (they are folded into the stages),
-retries and failures, memory. Deterministic for a seed.
+A job is, by default, that coarse sequence: batch preparation and merging are folded into
+the last CPU stage. A :class:`JobService` with ``models`` (:func:`radserve.turnaround.units
+.fine_service`, ``ModelSampler(fine=True)``) is the server's own units instead: per model
+each batch prepared (CPU), run (device) and merged (CPU), the model's post-processing,
+then the report; a CPU thread takes, per effective class best first, *feed* work
+(merges, then preparations up to ``lookahead_batches`` per job and
+``max_prepared_batches`` in all) of the best job that has some before any CPU stage
+(``feed_first``), as ``Scheduler.next_cpu_dispatch`` does. Not the default: on the
+recorded traces it fitted the Zen 4 host (2bd52b1, 7130cc0) better and session
+11's (8b6d7eb, 1edb762, 5cb504f) worse, fewer
+cells in all (docs/history/turnaround.md, session 13).
+
+Not simulated: dynamic batching of several studies into one device call, retries and
+failures, memory. Deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -50,12 +61,46 @@ URGENT = PriorityClass.URGENT
 
 
 @dataclass(frozen=True)
+class ModelWork:
+    """One model's part of a job in the server's own units (``JobBook.feed_unit`` /
+    ``stage_unit``): per batch a CPU preparation, the device call and a CPU merge (the
+    two CPU ones *feed* work, handed out before any stage of the same class), then the
+    model's post-processing as one CPU stage. ``prepare_s`` / ``merge_s`` empty: the
+    batches are ready at once and need no merge (the coarse model, which folds that
+    work into the job's last stage)."""
+
+    batches_s: tuple[float, ...]
+    prepare_s: tuple[float, ...] = ()
+    merge_s: tuple[float, ...] = ()
+    post_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class JobService:
-    """One job's work (seconds): CPU before the device, device batches, CPU after."""
+    """One job's work (seconds): CPU before the device, device batches, CPU after.
+
+    With ``models`` (:func:`fine_service`) the device work is those models' units in
+    order, ``batches_s`` their device batches all together (for the load and the
+    busy counts), ``cpu_post_s`` the report stage after the last model."""
 
     cpu_pre_s: float
     batches_s: tuple[float, ...]
     cpu_post_s: float
+    models: tuple[ModelWork, ...] = ()
+
+    def segments(self) -> list[float | ModelWork]:
+        """The job's sequence: CPU stages (seconds) and models' device steps."""
+        if not self.models:
+            steps: list[float | ModelWork] = [self.cpu_pre_s]
+            if self.batches_s:
+                steps.append(ModelWork(self.batches_s))
+            return [*steps, self.cpu_post_s]
+        out: list[float | ModelWork] = [self.cpu_pre_s]
+        for model in self.models:
+            if model.batches_s:
+                out.append(model)
+            out.append(model.post_s)
+        return [*out, self.cpu_post_s]
 
 
 ServiceSampler = Callable[[np.random.Generator, PriorityClass], JobService]
@@ -85,6 +130,9 @@ class SimConfig:
     device_threads: int | None = None
     # one more CPU thread that takes URGENT work only (the server's executor has one)
     urgent_lane: bool = True
+    # within a class, work that feeds a device (preparing, merging batches) before CPU
+    # stages, as the server hands it out (False: one order, best job first)
+    feed_first: bool = True
 
 
 @dataclass(frozen=True)
@@ -128,6 +176,29 @@ class SimResult:
 
 
 @dataclass(eq=False)
+class _Step:
+    """A model's device step under way: its batches prepared, on a device, merged."""
+
+    work: ModelWork
+    prepared: int = 0  # batches prepared or being prepared
+    preparing: bool = False
+    ready: int = 0  # prepared, not yet on a device
+    sent: int = 0  # handed to a device
+    on_device: int = 0
+    to_merge: int = 0
+    merging: bool = False
+    merged: int = 0  # done (merged, or run where the model has no merges)
+
+    def __post_init__(self) -> None:
+        if not self.work.prepare_s:  # coarse: every batch ready at once
+            self.prepared = self.ready = len(self.work.batches_s)
+
+    @property
+    def finished(self) -> bool:
+        return self.merged >= len(self.work.batches_s)
+
+
+@dataclass(eq=False)
 class _Job:
     cls: PriorityClass
     arrival: float
@@ -136,10 +207,20 @@ class _Job:
     service: JobService
     measured: bool = True
     started: float | None = None
-    phase: str = "queued"  # queued | pre | device | post | done
-    busy: bool = False  # a unit of it is being served
-    next_batch: int = 0
+    queued: bool = True
+    segments: list[float | ModelWork] = field(default_factory=list)
+    at: int = 0  # the segment under way
+    stage_busy: bool = False
+    step: _Step | None = None
     finished: float | None = None
+
+    @property
+    def stage(self) -> float | None:
+        """The CPU stage's seconds when the job is at one (None: at a device step)."""
+        if self.queued or self.at >= len(self.segments) or self.step is not None:
+            return None
+        seg = self.segments[self.at]
+        return None if isinstance(seg, ModelWork) else seg
 
 
 class _SharedCores:
@@ -217,6 +298,7 @@ class _Sim:
         self.changed = self.env.event()
         self.device_busy = 0.0
         self.cpu_busy = 0.0
+        self.prepared = 0  # batches prepared (or being prepared), not yet on a device
         cores = config.host_cores
         self.cores = _SharedCores(self.env, cores)
         # threads a batch runs on: its device's share of the host
@@ -239,24 +321,71 @@ class _Sim:
         limit = self.config.scheduler.max_running
         started = sum(1 for j in self.jobs if j.started is not None and j.cls is not URGENT)
         for job in order:
-            if job.phase != "queued":
+            if not job.queued:
                 continue
             if job.cls is not URGENT:
                 if started >= limit:
                     continue
                 started += 1
-            job.started, job.phase = self.env.now, "pre"
+            job.started, job.queued = self.env.now, False
 
-    def _take(self, kind: str) -> _Job | None:
+    def _may_prepare(self, job: _Job, step: _Step, order: list[_Job]) -> bool:
+        """:func:`radserve.scheduling.selection.may_prepare`: up to the per-job lookahead,
+        beyond the global cap only for a job outranking every one holding ready ones."""
+        sched = self.config.scheduler
+        if step.preparing or step.prepared >= len(step.work.batches_s):
+            return False
+        if step.ready >= sched.lookahead_batches:
+            return False
+        if self.prepared < sched.max_prepared_batches:
+            return True
+        for other in order:
+            if other is job:
+                return True
+            if other.step is not None and other.step.ready:
+                return False
+        return False
+
+    def _feed(self, job: _Job, order: list[_Job]) -> str | None:
+        """``JobBook.feed_unit``: a merge first (it frees memory), else a preparation."""
+        step = job.step
+        if step is None:
+            return None
+        if step.to_merge and not step.merging:
+            return "merge"
+        if self._may_prepare(job, step, order):
+            return "prepare"
+        return None
+
+    def _take(self, kind: str) -> tuple[_Job, str] | None:
+        """The next unit for a worker of ``kind`` (device | cpu | urgent), as the
+        scheduler hands them out: the device the best-ranked ready batch; a CPU thread,
+        per effective class best first, feed work of the best job that has some, else
+        the stage of the best job at one (``Scheduler.next_cpu_dispatch``)."""
         order = self._eligible()
         self._start_waiting(order)
+        if kind == "device":
+            for job in order:
+                step = job.step
+                if step is not None and step.ready and not step.on_device:
+                    return job, "batch"
+            return None
+        if kind == "urgent":
+            order = [j for j in order if j.cls is URGENT]
+        now, sched = self.env.now, self.config.scheduler
+        tiers: dict[PriorityClass, list[_Job]] = {}
         for job in order:
-            if job.busy or (kind == "urgent" and job.cls is not URGENT):
-                continue
-            if kind in ("cpu", "urgent") and job.phase in ("pre", "post"):
-                return job
-            if kind == "device" and job.phase == "device":
-                return job
+            tiers.setdefault(effective_class(job.cls, job.deadline, now, sched), []).append(job)
+        feed_first = self.config.feed_first
+        for jobs in tiers.values():
+            for job in jobs if feed_first else ():
+                if (unit := self._feed(job, order)) is not None:
+                    return job, unit
+            for job in jobs:
+                if not feed_first and (unit := self._feed(job, order)) is not None:
+                    return job, unit
+                if job.stage is not None and not job.stage_busy:
+                    return job, "stage"
         return None
 
     def _notify(self) -> None:
@@ -273,66 +402,97 @@ class _Sim:
                 yield self.env.timeout(a.at - self.env.now)
             service = a.service or sampler(rng, a.cls)
             tat = self.config.scheduler.tat(a.cls)
-            self.jobs.append(
-                _Job(a.cls, self.env.now, self.env.now + tat, seq, service, a.measured)
-            )
+            job = _Job(a.cls, self.env.now, self.env.now + tat, seq, service, a.measured)
+            job.segments = service.segments()
+            self.jobs.append(job)
             self._notify()
 
     def worker(self, kind: str):  # type: ignore[no-untyped-def]
         """A device or CPU-pool thread (``kind``: device | cpu | urgent, the URGENT
-        lane). A CPU thread whose routine stage is paused for URGENT work lends itself
+        lane). A CPU thread whose routine unit is paused for URGENT work lends itself
         to URGENT CPU work meanwhile, as the server's workers do at their checkpoints
         (:meth:`lender`)."""
-        me = self.env.event()  # this thread's lender, woken while its stage is paused
+        me = self.env.event()  # this thread's lender, woken while its unit is paused
         while True:
-            job = self._take(kind)
-            if job is None:
+            taken = self._take(kind)
+            if taken is None:
                 yield self.changed
                 continue
+            job, unit = taken
             routine = kind == "cpu" and job.cls is not URGENT
             if routine:
                 self.env.process(self.lender(me))
-            yield from self._serve(kind, job, yields=routine)
+            yield from self._serve(job, unit, yields=routine)
             if routine:
                 me.succeed()  # the lender stops once its unit ends
                 me = self.env.event()
 
     def lender(self, done: simpy.Event):  # type: ignore[no-untyped-def]
-        """URGENT CPU units run on a worker thread while its routine stage is paused
-        (until ``done``: the stage ended; it cannot resume while the URGENT job the
+        """URGENT CPU units run on a worker thread while its routine unit is paused
+        (until ``done``: the unit ended; it cannot resume while the URGENT job the
         thread works for is unfinished, so the two never run at once)."""
         while not done.triggered:
-            job = self._take("urgent") if self.cores.held else None
-            if job is None:
+            taken = self._take("urgent") if self.cores.held else None
+            if taken is None:
                 yield self.changed | done
                 continue
-            yield from self._serve("urgent", job, yields=False)
+            yield from self._serve(*taken, yields=False)
 
-    def _serve(self, kind: str, job: _Job, *, yields: bool):  # type: ignore[no-untyped-def]
-        """Run one unit of ``job`` and move it on."""
-        job.busy = True
-        if kind == "device":
-            seconds = job.service.batches_s[job.next_batch]
+    def _serve(self, job: _Job, unit: str, *, yields: bool):  # type: ignore[no-untyped-def]
+        """Run one unit of ``job`` (stage | prepare | batch | merge) and move it on."""
+        step = job.step
+        if unit == "stage":
+            job.stage_busy = True
+            seconds = job.stage or 0.0
         else:
-            seconds = job.service.cpu_pre_s if job.phase == "pre" else job.service.cpu_post_s
+            assert step is not None
+            if unit == "prepare":
+                seconds = step.work.prepare_s[step.prepared]
+                step.preparing, step.prepared = True, step.prepared + 1
+                self.prepared += 1
+            elif unit == "batch":
+                seconds = step.work.batches_s[step.sent]
+                step.sent, step.ready, step.on_device = step.sent + 1, step.ready - 1, 1
+                self.prepared -= bool(step.work.prepare_s)
+            else:
+                seconds = step.work.merge_s[step.merged]
+                step.to_merge, step.merging = step.to_merge - 1, True
         if seconds > 0:
-            threads = self.batch_threads if kind == "device" else 1
+            threads = self.batch_threads if unit == "batch" else 1
             yield self.cores.run(seconds, threads, yields=yields)
-        if kind == "device":
+        if unit == "batch":
             self.device_busy += seconds
-            job.next_batch += 1
-            if job.next_batch >= len(job.service.batches_s):
-                job.phase = "post"
         else:
             self.cpu_busy += seconds
-            if job.phase == "pre":
-                job.phase = "device" if job.service.batches_s else "post"
+        if unit == "stage":
+            job.stage_busy = False
+            self._next_segment(job)
+        elif step is not None:
+            if unit == "prepare":
+                step.preparing, step.ready = False, step.ready + 1
+            elif unit == "batch":
+                step.on_device = 0
+                if step.work.merge_s:
+                    step.to_merge += 1
+                else:
+                    step.merged += 1
             else:
-                job.phase, job.finished = "done", self.env.now
-                self.jobs.remove(job)
-                self.done.append(job)
-        job.busy = False
+                step.merging, step.merged = False, step.merged + 1
+            if step.finished:
+                job.step = None
+                self._next_segment(job)
         self._notify()
+
+    def _next_segment(self, job: _Job) -> None:
+        job.at += 1
+        if job.at >= len(job.segments):
+            job.finished = self.env.now
+            self.jobs.remove(job)
+            self.done.append(job)
+            return
+        seg = job.segments[job.at]
+        if isinstance(seg, ModelWork):
+            job.step = _Step(seg)
 
 
 def simulate(
@@ -417,6 +577,7 @@ __all__ = [
     "Arrival",
     "ClassResult",
     "JobService",
+    "ModelWork",
     "ServiceSampler",
     "SimConfig",
     "SimResult",

@@ -1,0 +1,90 @@
+"""The simulation's jobs in the server's own units (radserve.turnaround.units):
+per model, batches prepared, run and merged, feed work before stages. Constructed
+traces on separate hardware, so every time is exact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from radserve.config import ClassTats, SchedulerSettings
+from radserve.domain.priority import PriorityClass
+from radserve.turnaround.simulate import Arrival, JobService, ModelWork, SimConfig, simulate
+from radserve.turnaround.units import fine_service
+
+OUT = PriorityClass.OUTPATIENT
+PLAIN = SchedulerSettings(
+    tat_s=ClassTats(urgent=1e9, inpatient=1e9, outpatient=1e9),
+    aging_fraction=0.0,
+    max_running=1_000_000,
+    urgent_exclusive=False,
+    yield_to_urgent=False,
+)
+
+
+def _none(rng: np.random.Generator, cls: PriorityClass) -> JobService:
+    raise AssertionError("every arrival brings its work")
+
+
+def _tats(jobs: list[JobService], workers: int, *, feed_first: bool = True) -> list[float]:
+    """Each job's TAT, all arriving at 0 as OUTPATIENT jobs in this order (their rank):
+    one simulation per job, counting that job only."""
+    config = SimConfig(1, workers, PLAIN, urgent_lane=False, feed_first=feed_first)
+    out = []
+    for i in range(len(jobs)):
+        trace = [Arrival(0.0, OUT, job, measured=i == j) for j, job in enumerate(jobs)]
+        out.append(simulate(trace, _none, config).classes[OUT].tat_p50_s)
+    return out
+
+
+def test_fine_service_follows_the_steps_per_model_and_batch() -> None:
+    steps = {
+        "queue": 9.0,
+        "ingest": 0.3,
+        "organs: prepare": 0.2,
+        "organs: infer": 1.0,
+        "organs: merge": 0.4,
+        "organs: postprocess": 0.1,
+        "lesions: infer": 0.5,
+        "report": 1.2,
+        "result lineage": 0.1,
+        "run": 5.0,
+    }
+    job = fine_service(steps, slices=3, batch_slices=2, scale=2.0)
+    assert job.cpu_pre_s == pytest.approx(0.6)
+    assert job.cpu_post_s == pytest.approx(2.6)  # report and lineage: not queue nor run
+    organs, lesions = job.models
+    assert organs.batches_s == pytest.approx((1.0, 1.0))
+    assert organs.prepare_s == pytest.approx((0.2, 0.2))
+    assert organs.merge_s == pytest.approx((0.4, 0.4))
+    assert organs.post_s == pytest.approx(0.2)
+    assert lesions.batches_s == pytest.approx((0.5, 0.5))
+    assert lesions.prepare_s == lesions.merge_s == (0.0, 0.0)  # units of no work
+    assert job.batches_s == pytest.approx((1.0, 1.0, 0.5, 0.5))
+
+
+def test_a_job_alone_prepares_and_merges_beside_its_batches() -> None:
+    """Prepare 0.1, run 1.0 (the second preparation meanwhile), run 1.0 (the first
+    merge meanwhile), merge 0.1, report 0.5: 2.7 s. The coarse job, its preparations
+    and merges after its batches, takes 2.9 s."""
+    model = ModelWork((1.0, 1.0), (0.1, 0.1), (0.1, 0.1))
+    fine = JobService(0.0, model.batches_s, 0.5, (model,))
+    coarse = JobService(0.0, model.batches_s, 0.9)
+    assert _tats([fine], 2) == pytest.approx([2.7])
+    assert _tats([coarse], 2) == pytest.approx([2.9])
+
+
+def test_feed_work_goes_before_a_better_ranked_jobs_stage() -> None:
+    """Two CPU threads, three jobs of one class. A (best ranked) ingests 0.9 s, then
+    reports 1.0 s; B's two batches (0.1 s preparations, 0.5 s runs, 0.1 s merges) run
+    meanwhile; C's 1.0 s ingest holds the other thread from 0.2 to 1.2 s. When A's
+    ingest ends (0.9 s) B's first merge is waiting: the thread merges it first (feed
+    before stage, as the server's ``next_cpu_dispatch``), A's report runs 1.0-2.0 s, B's
+    second merge 1.2-1.3 s, then C's empty report. Stages first would have run A's
+    report at 0.9 s and B's merges after 1.2 s (A 1.9 s, B 1.4 s)."""
+    model = ModelWork((0.5, 0.5), (0.1, 0.1), (0.1, 0.1))
+    a = JobService(0.9, (), 1.0)
+    b = JobService(0.0, model.batches_s, 0.0, (model,))
+    c = JobService(1.0, (), 0.0)
+    assert _tats([a, b, c], 2) == pytest.approx([2.0, 1.3, 1.3])
+    assert _tats([a, b, c], 2, feed_first=False) == pytest.approx([1.9, 1.4, 1.4])
