@@ -6,8 +6,9 @@ import math
 
 import numpy as np
 import pytest
+from tests.factories.simulation import PLAIN
 
-from radserve.config import ClassTats, SchedulerSettings
+from radserve.config import SchedulerSettings
 from radserve.domain.priority import PriorityClass
 from radserve.turnaround.simulate import (
     Arrival,
@@ -18,15 +19,6 @@ from radserve.turnaround.simulate import (
 )
 
 U, OUT = PriorityClass.URGENT, PriorityClass.OUTPATIENT
-# no aging, no start limit, no URGENT exclusivity nor yielding: a plain queue in front
-# of the device
-PLAIN = SchedulerSettings(
-    tat_s=ClassTats(urgent=1e9, inpatient=1e9, outpatient=1e9),
-    aging_fraction=0.0,
-    max_running=1_000_000,
-    urgent_exclusive=False,
-    yield_to_urgent=False,
-)
 
 
 def _exponential(mean: float):  # type: ignore[no-untyped-def]

@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tests.factories.simulation import PLAIN
 
-from radserve.config import ClassTats, SchedulerSettings
 from radserve.domain.priority import PriorityClass
 from radserve.turnaround.simulate import Arrival, JobService, ModelWork, SimConfig, simulate
 from radserve.turnaround.units import fine_service
 
 OUT = PriorityClass.OUTPATIENT
-PLAIN = SchedulerSettings(
-    tat_s=ClassTats(urgent=1e9, inpatient=1e9, outpatient=1e9),
-    aging_fraction=0.0,
-    max_running=1_000_000,
-    urgent_exclusive=False,
-    yield_to_urgent=False,
-)
 
 
 def _none(rng: np.random.Generator, cls: PriorityClass) -> JobService:
