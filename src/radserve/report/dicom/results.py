@@ -88,7 +88,7 @@ def _write_all(
         )
         del labels  # not held while the next map is read
         written.append(common.save_atomic(seg, result_dir / SEG_FILE.format(name=name)))
-        segs.append(_sr_reference(seg))
+        segs.append(sr_reference(seg))
         del seg  # written: its frames and highdicom's tables not held while the next is built
     checkpoint()
     sr = build_sr(report, segs, sources)
@@ -99,7 +99,7 @@ def _write_all(
     return written
 
 
-def _sr_reference(seg: Dataset) -> Dataset:
+def sr_reference(seg: Dataset) -> Dataset:
     """What the SR needs of a written SEG (its UIDs, segments and per-frame source
     references): every attribute but the Pixel Data, in a plain :class:`Dataset`. The
     highdicom ``Segmentation`` itself also holds its frames and frame look-up tables,
