@@ -133,3 +133,23 @@ def test_head_answers_like_get_without_a_body(live: dict[str, Any], path: str) -
         assert int(head.headers["content-length"]) > 0
     unknown = c.head("/v1/jobs/no-such-job", headers=reader)
     assert unknown.status_code == 404 and unknown.content == b""
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "StudyDate=2020-abc",
+        "StudyDate=-",
+        "StudyTime=25h",
+        "NumberOfStudyRelatedInstances=many",
+    ],
+)
+def test_a_qido_value_that_cannot_be_compared_is_400_even_with_nothing_to_match(
+    live: dict[str, Any], query: str
+) -> None:
+    """This server's DICOMweb index is empty (its job came over REST): the value used to
+    be checked only against a row, so junk answered 200 [] here and 400 elsewhere."""
+    r = live["client"].get(f"/dicomweb/studies?{query}", headers=auth(live["read"]))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text
+    ok = live["client"].get("/dicomweb/studies?StudyDate=20200101-", headers=auth(live["read"]))
+    assert ok.status_code == 200 and ok.json() == []

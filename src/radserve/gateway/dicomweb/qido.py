@@ -168,10 +168,32 @@ def parse_query(
             keyword = _keyword(key)
             if keyword in filters:
                 raise InvalidRequestError(f"{keyword} is given more than once")
+            _check_value(keyword, value)
             filters[keyword] = value
     return QidoQuery(
         level, study, series, filters, frozenset(include), include_all, limit, offset, fuzzy
     )
+
+
+def _check_value(keyword: str, value: str) -> None:
+    """Refuse (400) a date, time or number the matching could not compare, here, whether
+    or not a row is there to compare it with: checked only while matching, a bad value
+    answered 200 with no matches from an empty index and 400 from a full one."""
+    if value in ("", "*"):
+        return
+    vr = dictionary_VR(keyword)
+    if vr in _RANGE_VRS:
+        low, dash, high = value.partition("-")
+        if dash and not low and not high:
+            raise InvalidRequestError(f"a {vr} range needs at least one end: {value!r}")
+        norm = _time if vr == "TM" else _date
+        for end in (low, high):
+            norm(end)  # raises for what is no date/time
+    elif vr in _NUMBER_VRS:
+        try:
+            float(value)
+        except ValueError:
+            raise InvalidRequestError(f"{keyword} must be a number, not {value[:20]!r}") from None
 
 
 def _count(key: str, value: str) -> int:
