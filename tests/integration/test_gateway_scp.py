@@ -3,6 +3,7 @@ pynetdicom associations. Studies are a dozen slices of a small phantom."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -270,10 +271,15 @@ def test_jpeg_family_is_stored_as_sent(scp: GatewaySCP, tmp_path: Path, name: st
     assert back.PixelData == sent.PixelData
 
 
-def test_12_bit_jpeg_extended_is_refused_in_negotiation(scp: GatewaySCP, tmp_path: Path) -> None:
+def test_12_bit_jpeg_extended_is_refused_in_negotiation(
+    scp: GatewaySCP, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Issue 11, item 4: radserve cannot decode 12-bit JPEG Extended with a decoder it
     may ship, so it does not accept the syntax (it once answered success and failed the
-    job later). A sender offering only that syntax gets no presentation context."""
+    job later). A sender offering only that syntax gets no presentation context, and the
+    server's log says why (it said nothing: the modality's "no presentation context" was
+    the only trace)."""
+    caplog.set_level(logging.WARNING, logger="radserve.gateway.scp")
     [plain] = small_study(tmp_path / "plain", slices=range(10, 11))
     compressed = dcmtk_compress(plain, tmp_path / "jpeg12.dcm", "jpeg-extended")
     sent = pydicom.dcmread(compressed)
@@ -291,6 +297,10 @@ def test_12_bit_jpeg_extended_is_refused_in_negotiation(scp: GatewaySCP, tmp_pat
     assert not (
         scp.instances.study_dir(sent.StudyInstanceUID) / f"{sent.SOPInstanceUID}.dcm"
     ).exists()
+    [line] = [r.getMessage() for r in caplog.records if "presentation context" in r.getMessage()]
+    assert "'STORESCU'" in line
+    assert "CT Image Storage in JPEG Extended" in line and "transfer syntaxes not supported" in line
+    assert REFUSED_TRANSFER_SYNTAXES[JPEGExtended12Bit] in line
 
 
 def test_a_restart_before_the_quiet_period_loses_no_study(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ negotiates exactly them, so the document and the code cannot drift apart.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 
 from pydicom.uid import (
@@ -171,3 +172,27 @@ REJECT_REASONS: dict[tuple[int, int], str] = {
 }
 REJECTED_PERMANENT = 0x01
 REJECTED_TRANSIENT = 0x02
+
+
+# Presentation context results other than acceptance (PS3.8 9.3.3.2), as the SCP's log
+# names them.
+CONTEXT_RESULTS: dict[int, str] = {
+    0x01: "refused by radserve",
+    0x02: "refused (no reason)",
+    0x03: "SOP class not supported",
+    0x04: "transfer syntaxes not supported",
+}
+
+
+def refused_context(abstract_syntax: str, proposed: Sequence[str], result: int) -> str:
+    """One refused presentation context in words: its SOP class, what the sender
+    proposed, DICOM's result reason and radserve's own reason for a syntax it refuses
+    on purpose, so the log says why a modality reports "no presentation context"."""
+    syntaxes = ", ".join(UID(s).name for s in proposed) or "none"
+    text = f"{UID(abstract_syntax).name} in {syntaxes}: {CONTEXT_RESULTS.get(result, hex(result))}"
+    reasons = [
+        REFUSED_TRANSFER_SYNTAXES[UID(s)] for s in proposed if s in REFUSED_TRANSFER_SYNTAXES
+    ]
+    if result == 0x04 and not reasons:
+        reasons = ["accepted are those of docs/conformance.md section 2.4"]
+    return text + "".join(f" ({reason})" for reason in reasons)

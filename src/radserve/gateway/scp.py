@@ -48,6 +48,8 @@ from radserve.ingest.sources import InputTooLargeError
 from radserve.tls import server_context
 
 logger = logging.getLogger(__name__)
+# refused presentation contexts named in one log line (senders may propose 100+)
+_REFUSED_SHOWN = 5
 
 SPOOL_DIR = "receiving"
 _IMAGE_CLASSES = frozenset(conformance.IMAGE_STORAGE)
@@ -346,10 +348,42 @@ class GatewaySCP:
         assoc.kill()
 
     def _on_accepted(self, event: Event) -> None:
+        assoc = event.assoc
         logger.debug(
-            "association accepted from %s at %s",
-            event.assoc.requestor.ae_title,
-            event.assoc.requestor.address,
+            "association accepted from %s at %s", assoc.requestor.ae_title, assoc.requestor.address
+        )
+        self._log_refused_contexts(assoc)
+
+    @staticmethod
+    def _log_refused_contexts(assoc: Any) -> None:
+        """The sender sees only "no presentation context" for what the SCP refused in
+        negotiation; the operator sees why here: a warning when a transfer syntax was
+        refused or nothing was accepted, else (SOP classes a ``refuse`` policy keeps
+        out, routine for senders that propose every class) at debug level."""
+        rejected = list(assoc.rejected_contexts)
+        if not rejected:
+            return
+        proposed = {
+            cx.context_id: list(cx.transfer_syntax)
+            for cx in assoc.requestor.primitive.presentation_context_definition_list or []
+        }
+        phrases = [
+            conformance.refused_context(
+                str(cx.abstract_syntax), proposed.get(cx.context_id, cx.transfer_syntax), cx.result
+            )
+            for cx in rejected
+        ]
+        nothing = not assoc.accepted_contexts
+        serious = nothing or any(cx.result == 0x04 for cx in rejected)
+        logger.log(
+            logging.WARNING if serious else logging.DEBUG,
+            "association from AE %r at %s: %d presentation context(s) refused%s: %s%s",
+            str(assoc.requestor.ae_title).strip(),
+            assoc.requestor.address,
+            len(rejected),
+            " and none accepted, so it can store nothing" if nothing else "",
+            "; ".join(phrases[:_REFUSED_SHOWN]),
+            f"; and {len(phrases) - _REFUSED_SHOWN} more" if len(phrases) > _REFUSED_SHOWN else "",
         )
 
     def _on_aborted(self, event: Event) -> None:
