@@ -108,6 +108,10 @@ def append_many(session: Session, events: Sequence[AuditEvent]) -> list[AuditRec
     bookkeeping per row cost more CPU than the hash and the insert together
     (docs/api-performance.md), and nothing reads these rows back in the transaction."""
     key: AuditKey | None = session.info.get(KEY_INFO)
+    # what the transaction changed through the ORM goes first, as Session.execute's
+    # autoflush did: row locks are then taken in the same order as before (the job's
+    # row, then the chain head), and a failing row fails here
+    session.flush()
     connection = session.connection()  # the write transaction (BEGIN IMMEDIATE) is begun
     dialect = connection.dialect
     sql = _DRIVER.get(dialect.name)
