@@ -20,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.factories.serve import free_port_on, listening
+from tests.factories.ports import free_port_on
+from tests.factories.serve import listening
 from tests.factories.server_process import start_server
 from tests.factories.service import config_file
 
