@@ -187,7 +187,7 @@ def offered_load(summary: Mapping[str, Any]) -> tuple[float, float]:
     """The load the measured stream offered, sum over classes of (arrivals per second
     between the first and the last measured arrival) x (the class's mean measured share
     of wall time): above 1 the queue grows; and the measured jobs' mean share over the
-    warm-up study's run alone (the yardstick of ``--load-basis solo``, before session 13)."""
+    warm-up study's run alone (the bench's ``--load`` yardstick)."""
     records = sorted(summary["eta_records"], key=lambda r: (r["at"], r["kind"] != "end"))
     walks = [r for r in records if r["kind"] == "walk"]
     shares = shares_of(records, bool(walks[0]["capacity"]["urgent_exclusive"]))
