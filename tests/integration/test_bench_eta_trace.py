@@ -41,9 +41,6 @@ def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
     )
     assert summary["failed_jobs"] == 0
     assert json.loads(json.dumps(summary))["burst"] == 4  # --json writes it as is
-    # the arrivals were paced by the drain probe's measured rate, not the solo warm-up's
-    assert summary["load_basis"] == "drain" and summary["drain_s"] > 0
-    assert abs(summary["mean_gap_s"] - summary["drain_s"] / 2.0) < 2e-3
     assert sum(summary["classes"].values()) == 8
     jobs = summary["jobs"]
     assert len(jobs) == 8 and all(j["state"] == "succeeded" for j in jobs)

@@ -6,16 +6,8 @@ on a mixed-class stream of phantom studies through a real server in this process
    the service-time model has measured something and the mean service time is known.
 2. ``n_studies`` distinct studies (fresh UIDs: none is answered from the cache) are
    submitted over HTTP with a class drawn from ``mix`` (URGENT, INPATIENT, OUTPATIENT):
-   ``burst`` at once, then Poisson arrivals at ``load`` x the rate at which the server
-   *drains* a full queue (``load_basis: drain``, measured first by a probe: ``PROBE``
-   OUTPATIENT studies at once, the mean gap between their finishes), so a queue forms.
-   Until session 13 the rate was ``load`` x the warm-up studies' rate *alone*
-   (``load_basis: solo``): how much more than one study at a time a server drains
-   depends on the CPU, so the same command offered each host a different load (1.5x
-   the solo rate was 0.99-1.44x what 2 cores of a Zen 5 host drained, median 1.08, and
-   1.13-1.33x on a Zen 4 host, median 1.29: docs/history/turnaround.md, session 13),
-   and past 1 a deep job's turnaround is mostly the overtaking arrivals no ETA knows.
-   Right after each 202 the job's ETA is read (``GET /v1/jobs/{id}``: the
+   ``burst`` at once, then Poisson arrivals at ``load`` x the warm-up service rate, so a
+   queue forms. Right after each 202 the job's ETA is read (``GET /v1/jobs/{id}``: the
    ETA *at submission*), and a poller reads every unfinished job's ETA from
    ``GET /v1/jobs`` every ``poll_s`` (the first reading while running is the ETA *at
    start*; the one nearest the middle of its turnaround, *halfway*).
@@ -127,14 +119,6 @@ def _reading(job: dict[str, Any], at: float) -> Reading | None:
     )
 
 
-# studies of the drain probe (load_basis drain): enough to keep every routine slot
-# (max_running 4) full past the first finishes
-PROBE = 8
-# the default load of each basis: arrivals 10 % faster than the server drains (a queue
-# forms and grows slowly, on any host); 1.5x the warm-up rate alone (before session 13)
-LOADS = {"drain": 1.1, "solo": 1.5}
-
-
 def _arrivals(
     burst: int, gap_s: float, mix: Sequence[float], seed: int, lead_in: int = 0
 ) -> Iterator[Any]:
@@ -157,8 +141,7 @@ def run_eta_trace(
     *,
     n_studies: int = 16,
     burst: int = 4,
-    load: float | None = None,
-    load_basis: str = "drain",
+    load: float = 1.5,
     mix: Sequence[float] = MIX,
     seed: int = 0,
     cpu_workers: int = 2,
@@ -175,17 +158,13 @@ def run_eta_trace(
     study each; default: three small phantoms of different sizes) and ``overrides``
     (settings) let a test run it on its tiny models; ``miss_burst_max`` 0 leaves the
     burst out; ``fillers`` False ends the arrivals with the last measured study, and
-    ``lead_in`` unmeasured arrivals of the same stream come before the measured ones;
-    ``load`` (default :data:`LOADS` of ``load_basis``) x the drain or solo rate."""
+    ``lead_in`` unmeasured arrivals of the same stream come before the measured ones."""
     from radserve.api import create_app
     from radserve.config import load_settings
     from radserve.service import Service
     from radserve.service.turnaround import learn_from_store, learn_records
     from radserve.turnaround.service_time import Prior, ServiceTimeModel
 
-    if load_basis not in LOADS:
-        raise ValueError(f"eta scenario: load basis {load_basis!r}, expected one of {list(LOADS)}")
-    load = LOADS[load_basis] if load is None else load
     if n_studies < 2 or load <= 0 or len(mix) != 3 or min(mix) < 0 or sum(mix) <= 0:
         raise ValueError("eta scenario: n_studies >= 2, load > 0, three class weights >= 0")
     workdir = Path(tempfile.mkdtemp(prefix="radserve-eta-"))
@@ -195,13 +174,11 @@ def run_eta_trace(
             log("writing three small phantom studies (templates)")
             templates = [template_study(workdir / f"template-{s}", seed=s) for s in (1, 2, 3)]
         max_fillers = n_studies if fillers else 0
-        probes = PROBE if load_basis == "drain" else 0
-        total = n_studies + max(0, miss_burst_max) + max_fillers + max(0, lead_in) + probes
+        total = n_studies + max(0, miss_burst_max) + max_fillers + max(0, lead_in)
         per_template = -(-total // len(templates)) + 1
         copies = [distinct_copies(list(t), per_template) for t in templates]
         warmup = [c.pop() for c in copies]
         studies = [copies[i % len(copies)].pop() for i in range(total)]
-        probe = [studies.pop() for _ in range(probes)]
         spare = studies[n_studies + max(0, miss_burst_max) :]
         settings = load_settings(None, data_dir=workdir / "data", **(overrides or {}))
         service = Service(settings, cpu_workers=cpu_workers, worker_nice=5)
@@ -215,9 +192,7 @@ def run_eta_trace(
                 if not service.wait_warm(600):
                     raise RuntimeError("the server's models did not warm up")
                 service_s, warm_ids = _warm_up(client, warmup, timeout_s, log)
-                drain_s = _drain(client, probe, timeout_s, log) if probe else None
-                basis_s = service_s if drain_s is None else drain_s
-                gap = basis_s / load
+                gap = service_s / load
                 plan = _arrivals(burst, gap, mix, seed, max(0, lead_in))
                 service.turnaround.recorder = records.append
                 # the arrivals the rates had counted (the warm-up's): a replay counts on
@@ -226,12 +201,7 @@ def run_eta_trace(
                 model_at_start = service.turnaround.model.to_json()
                 log(
                     f"{n_studies} studies: {burst} at once, then one every {gap:.2f} s on "
-                    f"average (load {load:g} x the "
-                    + (
-                        f"warm-up service time {service_s:.2f} s)"
-                        if drain_s is None
-                        else f"drain time {drain_s:.2f} s a study; alone {service_s:.2f} s)"
-                    )
+                    f"average (load {load:g} x the warm-up service time {service_s:.2f} s)"
                 )
                 jobs, filled = _stream(
                     client,
@@ -321,9 +291,7 @@ def run_eta_trace(
         "burst": burst,
         "lead_in": max(0, lead_in),
         "load": load,
-        "load_basis": load_basis,
         "warmup_service_s": round(service_s, 3),
-        "drain_s": None if drain_s is None else round(drain_s, 3),
         "mean_gap_s": round(gap, 3),
         "classes": dict(classes_seen(list(jobs.values()))),
         "seed": seed,
@@ -408,23 +376,6 @@ def _warm_up(
         seconds.append((_ts(record["finished"]) or 0.0) - (_ts(record["started"]) or 0.0))
         log(f"warm-up {n}/{len(studies)}: {seconds[-1]:.2f} s")
     return float(np.mean(seconds)), ids
-
-
-def _drain(
-    client: httpx.Client, studies: list[list[bytes]], timeout_s: float, log: Callable[[str], None]
-) -> float:
-    """Seconds a study the server takes while its queue is full: ``studies`` submitted
-    at once as OUTPATIENT, the mean gap between their finishes, the last one left out
-    (it ran with the cores part idle)."""
-    ids = [_submit(client, blobs, PriorityClass.OUTPATIENT) for blobs in studies]
-    jobs = _wait(client, ids, timeout_s)
-    failed = [j for j in jobs.values() if j["state"] != "succeeded"]
-    if failed:
-        raise RuntimeError(f"a drain probe study failed: {failed[0].get('error')}")
-    ends = sorted(_ts(j["finished"]) or 0.0 for j in jobs.values())
-    seconds = (ends[-2] - ends[0]) / (len(ends) - 2)
-    log(f"drain probe: {len(ids)} studies at once, one finished every {seconds:.2f} s")
-    return seconds
 
 
 def _stream(

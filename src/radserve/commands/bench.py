@@ -131,19 +131,11 @@ from rich.table import Table
 )
 @click.option(
     "--load",
-    default=None,
-    type=click.FloatRange(min=0.05),
-    help="eta scenario: arrival rate after the first burst, as a multiple of the rate "
-    "the server drains a full queue at (--load-basis drain, default 1.1) or of the "
-    "warm-up studies' rate alone (--load-basis solo, default 1.5; before session 13).",
-)
-@click.option(
-    "--load-basis",
-    type=click.Choice(["drain", "solo"]),
-    default="drain",
+    default=1.5,
     show_default=True,
-    help="eta scenario: what --load multiplies (drain: measured by a probe of 8 studies "
-    "at once, the same offered load on any host).",
+    type=click.FloatRange(min=0.05),
+    help="eta scenario: arrival rate after the first burst, as a multiple of the "
+    "warm-up service rate (> 1: a queue forms).",
 )
 @click.option(
     "--seed",
@@ -173,8 +165,7 @@ def command(
     size: str,
     weights: str,
     interval: float,
-    load: float | None,
-    load_basis: str,
+    load: float,
     provider: str,
     eta_seed: int,
 ) -> None:
@@ -185,7 +176,7 @@ def command(
         _critical(console, json_path, studies, concurrency=max(1, min(routine, 4)))
         return
     if scenario == "eta":
-        _eta(console, json_path, studies, load, load_basis, eta_seed)
+        _eta(console, json_path, studies, load, eta_seed)
         return
     if scenario == "j2k":
         _j2k(console, json_path, slices, repeats, precisions, cache_dir)
@@ -620,20 +611,11 @@ def _critical(console: Console, json_path: Path | None, studies: int, *, concurr
     _save_summary(console, json_path, summary)
 
 
-def _eta(
-    console: Console,
-    json_path: Path | None,
-    studies: int,
-    load: float | None,
-    load_basis: str,
-    seed: int,
-) -> None:
+def _eta(console: Console, json_path: Path | None, studies: int, load: float, seed: int) -> None:
     from radserve.bench.eta import eta_cost
     from radserve.bench.eta_trace import run_eta_trace
 
-    summary = run_eta_trace(
-        n_studies=studies, load=load, load_basis=load_basis, seed=seed, log=_progress(console)
-    )
+    summary = run_eta_trace(n_studies=studies, load=load, seed=seed, log=_progress(console))
     _eta_tables(console, summary)
     rows = [eta_cost(n) for n in (100, 1000, 5000)]
     table = Table(title="radserve bench --scenario eta: one ETA recomputation (order + walk)")
@@ -652,8 +634,7 @@ def _eta_tables(console: Console, summary: dict[str, Any]) -> None:
     host = summary["host"]
     table = Table(
         title=f"radserve bench --scenario eta: {summary['studies']} studies "
-        f"{summary['classes']}, load {summary['load']:g} x {summary.get('load_basis', 'solo')}, "
-        f"{host['usable_cores']} cores, "
+        f"{summary['classes']}, load {summary['load']:g}, {host['usable_cores']} cores, "
         f"load average {host['loadavg_before'][0]:.1f} -> {host['loadavg_after'][0]:.1f}"
     )
     for column in ("ETA read", "jobs", "median |err|/TAT", "p90", "median |err| s", "bias"):
