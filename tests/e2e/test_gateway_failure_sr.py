@@ -13,14 +13,16 @@ import shutil
 import subprocess
 import urllib.request
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import highdicom as hd
 import pydicom
 import pytest
-from tests.factories.dicom_net import Orthanc, free_port
-from tests.factories.service import make_study, settings_for
+from tests.factories.dicom_net import Orthanc
+from tests.factories.pacs import pacs_and_gateway
+from tests.factories.service import make_study
 from tests.factories.waits import wait_until
 
 from radserve.errors import InferenceError
@@ -40,35 +42,12 @@ SR_3D = "1.2.840.10008.5.1.4.1.1.88.34"
 
 @pytest.fixture
 def make_peers(tmp_path: Path) -> Iterator[Any]:
-    started: list[tuple[Orthanc, Service]] = []
+    with ExitStack() as stack:
 
-    def start(**settings: Any) -> tuple[Orthanc, Service]:
-        gateway_port = free_port()
-        orthanc = Orthanc(
-            tmp_path / "orthanc", peers={"radserve": ["RADSERVE", "127.0.0.1", gateway_port]}
-        )
-        service = Service(
-            settings_for(
-                tmp_path,
-                gateway__enabled=True,
-                gateway__port=gateway_port,
-                gateway__allowed_peers=[
-                    {"ae_title": "ORTHANC", "host": "127.0.0.1", "port": orthanc.dicom_port}
-                ],
-                **settings,
-            ),
-            gateway_options={"quiet_s": 0.5},
-        )
-        orthanc.start()
-        service.start()
-        started.append((orthanc, service))
-        assert service.wait_warm(60)
-        return orthanc, service
+        def start(**settings: Any) -> tuple[Orthanc, Service]:
+            return stack.enter_context(pacs_and_gateway(tmp_path, warm=True, **settings))
 
-    yield start
-    for orthanc, service in started:
-        service.stop()
-        orthanc.stop()
+        yield start
 
 
 def _break_model(service: Service) -> None:

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,10 @@ import pytest
 from pydicom.uid import generate_uid
 from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage
-from tests.factories.dicom_net import Orthanc, free_port, storescu
+from tests.factories.dicom_net import Orthanc, storescu
 from tests.factories.fhir_server import FhirServer
-from tests.factories.service import make_study, settings_for
+from tests.factories.pacs import pacs_and_gateway
+from tests.factories.service import make_study
 from tests.factories.waits import wait_until
 
 from radserve.api.schemas import JobOut
@@ -55,39 +57,23 @@ WAIT_S = 120.0
 
 @pytest.fixture
 def make_peers(tmp_path: Path) -> Iterator[Any]:
-    started: list[Any] = []
+    with ExitStack() as stack:
 
-    def start(**settings: Any) -> tuple[Service, Orthanc, FhirServer, int]:
-        gateway_port = free_port()
-        orthanc = Orthanc(tmp_path / "orthanc")
-        fhir = FhirServer()
-        fhir.__enter__()
-        service = Service(
-            settings_for(
-                tmp_path,
-                gateway__enabled=True,
-                gateway__port=gateway_port,
-                gateway__allowed_peers=[
-                    {"ae_title": "ORTHANC", "host": "127.0.0.1", "port": orthanc.dicom_port}
-                ],
-                fhir__url=fhir.url,
-                fhir__retry_first_s=0.2,
-                fhir__retry_max_s=0.5,
-                **settings,
-            ),
-            gateway_options={"quiet_s": 0.5},
-        )
-        orthanc.start()
-        service.start()
-        started.append((service, orthanc, fhir))
-        assert service.wait_warm(WAIT_S)
-        return service, orthanc, fhir, gateway_port
+        def start(**settings: Any) -> tuple[Service, Orthanc, FhirServer, int]:
+            fhir = stack.enter_context(FhirServer())
+            orthanc, service = stack.enter_context(
+                pacs_and_gateway(
+                    tmp_path,
+                    fhir__url=fhir.url,
+                    fhir__retry_first_s=0.2,
+                    fhir__retry_max_s=0.5,
+                    **settings,
+                )
+            )
+            assert service.wait_warm(WAIT_S)
+            return service, orthanc, fhir, service.settings.gateway.port
 
-    yield start
-    for service, orthanc, fhir in started:
-        service.stop()
-        orthanc.stop()
-        fhir.__exit__(None, None, None)
+        yield start
 
 
 def _late_series(files: list[Path], folder: Path, count: int) -> list[Path]:
