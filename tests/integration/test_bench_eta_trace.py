@@ -106,13 +106,18 @@ def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
     # each succeeded job's end carries what the service-time model learned from it
     ends = [r for r in summary["eta_records"] if r["kind"] == "end" and r["state"] == "succeeded"]
     assert ends and all(r["slices"] in (12, 20) and "run" in r["timings"] for r in ends)
-    # and its share of the server's wall time, which the later walks' estimates carry
+    # and its share of the server's wall time, which the later walks' estimates carry: at
+    # most its run (the meter splits the same start-to-end wall time), and 0 only for a
+    # routine job whose whole run fell while URGENT work held the routine ones (the meter
+    # gives them none then; tiny test jobs can: 1 run in 14 failed on a strict 0 <)
     odd = [
         (r["share"], r["timings"]["run"])
         for r in ends
-        if not 0 < r["share"] <= r["timings"]["run"] + 1e-3
+        if not 0 <= r["share"] <= r["timings"]["run"] + 1e-3
     ]
-    assert not odd, f"shares outside (0, run]: {odd}"
+    assert not odd, f"shares outside [0, run]: {odd}"
+    held = sum(r["share"] == 0 for r in ends)
+    assert held < len(ends), "every job's share was 0"
     last = [r for r in summary["eta_records"] if r["kind"] == "walk"][-1]
     # a queued job's row ends with its estimated share; a running one's (the last walk can
     # come while a job still runs) adds the share it already had, when the meter has it
