@@ -71,6 +71,8 @@ export function studyPage(root, jobId) {
     const slider = h('input', { type: 'range', min: 0, max: report.geometry.shape[0] - 1, value: 0, id: 'slice', 'aria-label': 'slice' })
     const left = h('div', { class: 'viewer-col' }, viewer, h('div', { class: 'slicebar' }, slider, sliceLabel), controls)
     const right = h('div', { class: 'info-col' })
+    const refused = refusedSeries(report)
+    if (refused) section.append(refused)
     section.append(h('div', { class: 'study-grid' }, left, right))
 
     right.append(findingsTable(report, (finding) => goToSlice(finding.key_slice_index, finding)))
@@ -85,7 +87,8 @@ export function studyPage(root, jobId) {
       crosshairColor: [0.2, 0.8, 1, 0.35],
       isColorbar: false,
       dragAndDropEnabled: false,
-      loadingText: 'loading CT…',
+      // NiiVue's own font has no '…' glyph (each draw warned in the console)
+      loadingText: 'loading CT...',
       textHeight: 0.03,
     })
     await nv.attachToCanvas(canvas)
@@ -194,6 +197,31 @@ function findingsTable(report, onPick) {
   )
 }
 
+function refusedSeries(report) {
+  // The other series of the study that the pipeline did not run on, with the selection
+  // rule each broke (report.series_selection.rejected): above the viewer, so nobody takes
+  // a study for fully analysed when only one of its series was. The report carries no
+  // series description (free text may hold names) nor, apart from the reason, a count.
+  const rejected = (report.series_selection && report.series_selection.rejected) || []
+  if (!rejected.length) return null
+  const rows = rejected.map((s) =>
+    h(
+      'tr',
+      { 'data-series': s.series_instance_uid, title: `Series Instance UID ${s.series_instance_uid}` },
+      h('td', { class: 'n' }, s.series_number ?? '—'),
+      h('td', {}, s.modality || '—'),
+      h('td', { class: 'reason' }, s.reason || 'no reason given'),
+    ),
+  )
+  const n = rejected.length
+  return h(
+    'div',
+    { class: 'card refused', id: 'refused' },
+    h('h2', {}, `Not analysed: ${n} other series in this study`),
+    h('table', { id: 'refused-series' }, h('thead', {}, h('tr', {}, ['series', 'modality', 'why not analysed'].map((t) => h('th', {}, t)))), h('tbody', {}, rows)),
+  )
+}
+
 function organTable(report) {
   return h(
     'div',
@@ -223,7 +251,7 @@ function downloads(jobId, report, files) {
 function trailTable(trail) {
   return h(
     'div',
-    { class: 'card wide' },
+    { class: 'card wide', id: 'trail-card' },
     h('h2', {}, 'Audit trail'),
     h('table', { id: 'trail' }, h('thead', {}, h('tr', {}, ['seq', 'time', 'action', 'key', 'client', 'details'].map((t) => h('th', {}, t)))), h('tbody', {}, trail.map((r) => h('tr', {}, h('td', {}, r.seq), h('td', {}, when(r.ts)), h('td', {}, r.action), h('td', {}, r.actor_key_id || '—'), h('td', {}, r.client || '—'), h('td', { class: 'details' }, JSON.stringify(r.payload).slice(0, 160)))))),
   )
