@@ -20,7 +20,7 @@ from radserve.domain import JobState, PriorityClass
 from radserve.ingest import IngestPolicy
 from radserve.ingest.sources import InputTooLargeError
 from radserve.service import Service
-from radserve.service.jobs import fhir_bundle_for
+from radserve.service.job_fhir import fhir_bundle_for
 from radserve.store import JobRecord
 
 pytest.importorskip("fhir.resources")

@@ -22,7 +22,7 @@ from radserve.report.fhir.patient import (
 
 pytest.importorskip("fhir.resources")
 from radserve.report.fhir import build_fhir_bundle
-from radserve.service.jobs import fhir_bundle_for
+from radserve.service.job_fhir import fhir_bundle_for
 
 SYSTEMS = IdentifierSystems(
     default="https://hospital.example/mrn", by_issuer={"HOSP_B": "https://b.example/pid"}

@@ -22,15 +22,8 @@ from starlette.concurrency import run_in_threadpool
 from radserve import __version__
 from radserve.api import errors
 from radserve.api.auth import SECURITY_SCHEMES, KeyVerifier
-from radserve.api.middleware import (
-    BodyLimitMiddleware,
-    HeadAsGetMiddleware,
-    MetricsMiddleware,
-    Observe,
-    TimeoutMiddleware,
-)
+from radserve.api.limits import add_limits
 from radserve.api.routes import dicomweb, jobs, models, ops, studies, turnaround
-from radserve.config import ServerSettings
 from radserve.service import Service
 
 logger = logging.getLogger(__name__)
@@ -106,28 +99,6 @@ def create_app(
     return app
 
 
-def limits(server: ServerSettings, observe: Observe) -> list[tuple[Any, dict[str, Any]]]:
-    """The request stack of every radserve app (the serving process's and the reader
-    processes'), innermost first: HEAD as GET, body limit, request timeout, HTTP metrics."""
-    return [
-        (HeadAsGetMiddleware, {}),
-        (
-            BodyLimitMiddleware,
-            {"max_bytes": server.max_upload_bytes, "idle_timeout_s": server.request_timeout_s},
-        ),
-        (
-            TimeoutMiddleware,
-            {"timeout_s": server.request_timeout_s, "exempt": ("/v1/studies", "/dicomweb/studies")},
-        ),
-        (MetricsMiddleware, {"observe": observe}),
-    ]
-
-
-def add_limits(app: FastAPI, server: ServerSettings, observe: Observe) -> None:
-    for middleware, options in limits(server, observe):
-        app.add_middleware(middleware, **options)
-
-
 _ERROR_OUT = {"$ref": "#/components/schemas/ErrorOut"}
 _FASTAPI_422 = "#/components/schemas/HTTPValidationError"
 
@@ -158,4 +129,4 @@ def _document_errors(schema: dict[str, Any], public: set[str]) -> None:
         components.pop("ValidationError", None)
 
 
-__all__ = ["add_limits", "create_app", "limits"]
+__all__ = ["create_app"]

@@ -19,8 +19,9 @@ from collections import OrderedDict
 from pathlib import Path
 
 from radserve import durable
+from radserve.service.job_view import JobView
 from radserve.service.jobcache import JobCache
-from radserve.service.jobs import JobAccess, JobView
+from radserve.service.jobs import JobAccess
 from radserve.store import JobRecord
 
 logger = logging.getLogger(__name__)

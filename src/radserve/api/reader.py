@@ -33,17 +33,18 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radserve.api import errors
-from radserve.api.app import limits
 from radserve.api.auth import KeyVerifier, Principal, require_read
 from radserve.api.job_snapshot import SnapshotReader
+from radserve.api.limits import limits
 from radserve.api.routes import jobs as job_routes
 from radserve.api.status_bodies import StatusBodies
 from radserve.audit.chain import AuditEvent, AuditRecord
 from radserve.config import Settings
 from radserve.errors import RadserveError
 from radserve.security.access import ReadAccess
+from radserve.service.job_view import JobView
 from radserve.service.jobcache import JobCache
-from radserve.service.jobs import JobAccess, JobView
+from radserve.service.jobs import JobAccess
 from radserve.store import JobRecord, JobState, Store
 
 logger = logging.getLogger(__name__)

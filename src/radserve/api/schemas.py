@@ -9,8 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from radserve.api.server_paths import without_server_paths
-from radserve.service.jobs import JobView
-from radserve.service.turnaround import JobEta
+from radserve.service.job_view import JobEta, JobView
 from radserve.store import JobRecord
 
 

@@ -22,7 +22,7 @@ import datetime as dt
 from collections.abc import Callable
 
 from radserve.api.schemas import JobOut, deadline_missed
-from radserve.service.jobs import JobView
+from radserve.service.job_view import JobView
 
 _MAX_KEPT = 4096  # jobs; past that the cache starts over (a poll rebuilds one body)
 

@@ -50,7 +50,7 @@ from radserve.pipeline.study import StudyResult
 from radserve.report.fhir.bundle import ReportResources
 from radserve.report.fhir.critical import critical_bundle
 from radserve.report.fhir.patient import IdentifierSystems
-from radserve.service.jobs import report_resources_for
+from radserve.service.job_fhir import report_resources_for
 from radserve.service.metrics import Metrics
 from radserve.store import JobRecord, Store
 from radserve.store.outbox import OutboxItem, OutboxStore

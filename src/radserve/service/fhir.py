@@ -20,7 +20,7 @@ from radserve.ingest import IngestPolicy
 from radserve.pipeline.study import StudyResult
 from radserve.report.fhir.patient import IdentifierSystems
 from radserve.report.schema import Report
-from radserve.service.jobs import fhir_bundle_for
+from radserve.service.job_fhir import fhir_bundle_for
 from radserve.store import JobRecord, Store
 from radserve.store.outbox import OutboxStore
 

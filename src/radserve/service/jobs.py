@@ -12,39 +12,26 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from radserve.domain.priority import PriorityClass
-from radserve.ingest import IngestPolicy, PatientInfo, discover_series
-from radserve.ingest.headers import read_header
-from radserve.report.fhir import build_fhir_bundle
-from radserve.report.fhir.bundle import ReportResources
-from radserve.report.fhir.patient import IdentifierSystems
-from radserve.report.json_report import parse_report
-from radserve.report.schema import Report
-from radserve.scheduling import NotWaitingError, Scheduler
 from radserve.service.errors import OutputNotFoundError, ResultNotReadyError
-from radserve.service.hooks import ServiceHooks
+from radserve.service.job_view import JobEta, JobView
 from radserve.service.jobcache import JobCache
-from radserve.service.turnaround import JobEta
-from radserve.service.work import input_kind
 from radserve.store import InvalidTransitionError, JobPage, JobRecord, JobState, Store
+
+if TYPE_CHECKING:
+    from radserve.domain.priority import PriorityClass
+    from radserve.ingest import IngestPolicy
+    from radserve.report.fhir.patient import IdentifierSystems
+    from radserve.report.schema import Report
+    from radserve.scheduling import Scheduler
+    from radserve.service.hooks import ServiceHooks
 
 logger = logging.getLogger(__name__)
 
 REPORT_FILE = "report.json"
 _REPORT_CACHE = 256
-
-
-@dataclass(frozen=True)
-class JobView:
-    """A job record plus what only the running scheduler knows."""
-
-    record: JobRecord
-    position: int | None  # among waiting jobs; None unless queued
-    eta: JobEta | None = None  # queued and running jobs (radserve.service.turnaround)
 
 
 class JobAccess:
@@ -57,9 +44,11 @@ class JobAccess:
         identifier_systems: IdentifierSystems | None = None,
         policy: IngestPolicy | None = None,
     ) -> None:
-        self.identifier_systems = identifier_systems or IdentifierSystems()
+        # None: the defaults (IdentifierSystems(), IngestPolicy()), built where they are
+        # used: a reader process (radserve.api.reader) never imports report or ingest code
+        self.identifier_systems = identifier_systems
         # the configured ingest bounds, also when re-reading a stored study's headers
-        self.policy = policy or IngestPolicy()
+        self.policy = policy
         self.store = store
         self.cache = cache
         self.scheduler = scheduler
@@ -142,6 +131,8 @@ class JobAccess:
         deadline. The cache put feeds the console's live worklist.
 
         Raises :class:`NotWaitingError` (409) unless the job waits in the scheduler."""
+        from radserve.scheduling import NotWaitingError
+
         record = self.get(job_id)
         if record.terminal:
             raise NotWaitingError(
@@ -201,6 +192,8 @@ class JobAccess:
         return data
 
     def report(self, record: JobRecord) -> Report:
+        from radserve.report.json_report import parse_report
+
         return parse_report(self.report_bytes(record).decode())
 
     def label_map(self, record: JobRecord, kind: str | None) -> Path:
@@ -230,7 +223,9 @@ class JobAccess:
         return path
 
     def fhir_bundle(self, record: JobRecord) -> dict[str, Any]:
-        """The FHIR R4 Bundle of the job's report (see :func:`fhir_bundle_for`)."""
+        """The FHIR R4 Bundle of the job's report (:mod:`radserve.service.job_fhir`)."""
+        from radserve.service.job_fhir import fhir_bundle_for
+
         return fhir_bundle_for(
             self.report(record),
             Path(record.study_path),
@@ -240,63 +235,4 @@ class JobAccess:
         )
 
 
-def fhir_bundle_for(
-    report: Report,
-    study_path: Path,
-    result_dir: Path,
-    identifier_systems: IdentifierSystems | None = None,
-    *,
-    policy: IngestPolicy | None = None,
-) -> dict[str, Any]:
-    """The FHIR R4 Bundle of ``report``; the patient is read from the stored study's
-    headers (never from the de-identified report), and the job's DICOM SEG/SR, when it
-    has them, are listed as series of the ImagingStudy. What ``GET /v1/jobs/{id}/fhir``
-    serves and what is POSTed to a configured FHIR server: one function, one Bundle.
-    The study is read under ``policy``: the server's configured ingest bounds, the same
-    the job was read under (the default policy would refuse what a raised limit let in)."""
-    return build_fhir_bundle(
-        report,
-        patient_for(report, study_path, policy),  # type: ignore[arg-type]
-        dicom_results=_result_headers(result_dir),
-        identifier_systems=identifier_systems,
-    )
-
-
-def report_resources_for(
-    report: Report,
-    study_path: Path,
-    result_dir: Path,
-    identifier_systems: IdentifierSystems | None = None,
-    *,
-    policy: IngestPolicy | None = None,
-) -> ReportResources:
-    """The Patient, ImagingStudy (with the SEG/SR written so far), Devices and finding
-    Observations of ``report``, read the way :func:`fhir_bundle_for` reads them: what a
-    critical finding's FHIR push carries, without building and validating the whole
-    Bundle first."""
-    return ReportResources(
-        report,
-        patient_for(report, study_path, policy),  # type: ignore[arg-type]
-        identifier_systems=identifier_systems,
-        dicom_results=_result_headers(result_dir),
-    )
-
-
-def _result_headers(result_dir: Path) -> list[Any]:
-    return [read_header(path) for path in sorted(Path(result_dir).glob("*.dcm"))]
-
-
-def patient_for(report: Report, study: Path, policy: IngestPolicy | None = None) -> PatientInfo:
-    """The patient of ``report``'s series, read from the stored study's headers (never
-    from the de-identified report) under ``policy``."""
-    policy = policy or IngestPolicy()
-    if not study.is_dir() or input_kind(study) == "nifti":
-        return PatientInfo()
-    wanted = report.study.series_instance_uid
-    for header in discover_series(study, policy=policy):
-        if header.series_instance_uid == wanted:
-            return header.patient
-    return PatientInfo()
-
-
-__all__ = ["JobAccess", "JobView", "fhir_bundle_for", "patient_for", "report_resources_for"]
+__all__ = ["JobAccess", "JobView"]

@@ -68,6 +68,7 @@ from radserve.audit.syslog import NOTICE, WARNING, SyslogClient, SyslogEndpoint,
 from radserve.config import RiskSyslogSettings, Settings
 from radserve.host import usable_cores
 from radserve.scheduling import DeadlineMiss, JobEvent, JobState, PriorityClass, Scheduler
+from radserve.service.job_view import JobEta
 from radserve.service.metrics import Metrics
 from radserve.store import JobRecord, Store
 from radserve.store import JobState as StoredState
@@ -122,19 +123,6 @@ class MissReport:
             "lead_s_p50": round(float(np.median(lead)), 3) if lead is not None else None,
             "lead_s_min": round(float(lead.min()), 3) if lead is not None else None,
         }
-
-
-@dataclass(frozen=True)
-class JobEta:
-    """One job's ETA as the API shows it (UTC datetimes)."""
-
-    predicted_start: dt.datetime
-    predicted_finish: dt.datetime
-    predicted_finish_late: dt.datetime  # pessimistic: arrivals of classes ahead, noise
-    order_position: int  # among unfinished jobs (running ones included), 0 = first
-    deadline_risk: bool
-    computed_at: dt.datetime
-    basis: str  # the service-time source: fitted | scaled-prior | prior
 
 
 class Turnaround:

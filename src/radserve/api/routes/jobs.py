@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
@@ -29,9 +29,13 @@ from radserve.api.schemas import ErrorOut, JobOut, JobPageOut
 from radserve.api.status_bodies import StatusBodies, status_body
 from radserve.errors import InvalidRequestError
 from radserve.security.keys import Role
-from radserve.service import Service, parse_priority
 from radserve.service.jobs import JobAccess
 from radserve.store import JobRecord
+
+if TYPE_CHECKING:
+    # not imported at run time: an API reader process (radserve.api.reader) imports this
+    # module for its two reads and never runs the service
+    from radserve.service import Service
 
 router = APIRouter(tags=["jobs"])
 
@@ -151,6 +155,8 @@ class PriorityIn(BaseModel):
 async def reprioritise_job(
     request: Request, job_id: str, body: PriorityIn, principal: Submitter
 ) -> JobOut:
+    from radserve.service.intake import parse_priority  # not with the module: see above
+
     jobs = _jobs(request)
     cls = parse_priority(body.priority_class)
     if cls is None:

@@ -1,0 +1,49 @@
+"""The request stack every radserve app runs under: HEAD as GET, body limit, request
+timeout, HTTP metrics.
+
+A module of its own, not part of :mod:`radserve.api.app`: an API reader process
+(:mod:`radserve.api.reader`) wraps its two reads in the same stack, and importing the app
+factory for it pulled in every router and, through them, the whole service (inference
+runtimes, DICOM and NIfTI writers: ~115 MiB a reader never runs; docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from radserve.api.middleware import (
+    BodyLimitMiddleware,
+    HeadAsGetMiddleware,
+    MetricsMiddleware,
+    Observe,
+    TimeoutMiddleware,
+)
+from radserve.config import ServerSettings
+
+
+def limits(server: ServerSettings, observe: Observe) -> list[tuple[Any, dict[str, Any]]]:
+    """The request stack of every radserve app (the serving process's and the reader
+    processes'), innermost first: HEAD as GET, body limit, request timeout, HTTP metrics."""
+    return [
+        (HeadAsGetMiddleware, {}),
+        (
+            BodyLimitMiddleware,
+            {"max_bytes": server.max_upload_bytes, "idle_timeout_s": server.request_timeout_s},
+        ),
+        (
+            TimeoutMiddleware,
+            {"timeout_s": server.request_timeout_s, "exempt": ("/v1/studies", "/dicomweb/studies")},
+        ),
+        (MetricsMiddleware, {"observe": observe}),
+    ]
+
+
+def add_limits(app: FastAPI, server: ServerSettings, observe: Observe) -> None:
+    """Install :func:`limits` on ``app`` (Starlette adds each one outside the last)."""
+    for middleware, options in limits(server, observe):
+        app.add_middleware(middleware, **options)
+
+
+__all__ = ["add_limits", "limits"]

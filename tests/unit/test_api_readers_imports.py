@@ -1,0 +1,87 @@
+"""What an API reader process leaves unimported (issue 19, goal 4): each reader is a
+spawned interpreter that answers two reads (job status, report JSON), and every module it
+loads stays resident in every reader. It used to import the app factory (every router)
+and, through the job reads, the report writers, the ingest code and the inference
+runtime: ~115 MiB of its ~188 MiB it never ran (docs/scaling.md). Checked in fresh
+interpreters, with the snapshot a reader unpickles and what ``serve_reader`` imports."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import pickle
+import subprocess
+import sys
+
+from radserve.domain.jobs import JobState
+from radserve.domain.priority import PriorityClass
+from radserve.service.job_view import JobEta, JobView
+from radserve.store import JobRecord
+
+T0 = dt.datetime(2026, 12, 3, 3, 0, tzinfo=dt.UTC)
+
+# what only the serving process runs: inference, DICOM/NIfTI reading and writing, FHIR,
+# the scheduler's and the service's own modules, every other router
+NOT_IN_A_READER = (
+    "onnxruntime",
+    "highdicom",
+    "scipy",
+    "nibabel",
+    "radserve.inference",
+    "radserve.ingest",
+    "radserve.report",
+    "radserve.pipeline",
+    "radserve.service.service",
+    "radserve.service.turnaround",
+    "radserve.api.app",
+    "radserve.api.routes.studies",
+)
+
+# the reader module and what serve_reader imports when the process starts
+READER_MODULES = (
+    "radserve.api.reader",
+    "radserve.api.audit_writer",
+    "radserve.api.http_limits",
+    "radserve.api.proxy",
+    "radserve.service.logs",
+    "radserve.store.audited",
+    "radserve.tls",
+)
+
+_PROBE = """
+import importlib, json, pickle, sys
+for name in sys.argv[2:]:
+    importlib.import_module(name)
+view = pickle.loads(sys.stdin.buffer.read())  # a published snapshot entry
+assert view.eta.order_position == 3, view
+print(json.dumps(sorted(m for m in json.loads(sys.argv[1]) if m in sys.modules)))
+"""
+
+
+def _loaded(*modules: str) -> list[str]:
+    record = JobRecord(
+        id="job-1",
+        state=JobState.RUNNING,
+        priority_class=PriorityClass.URGENT,
+        arrival=T0,
+        deadline=T0 + dt.timedelta(minutes=30),
+        pipeline_name="ct-organs",
+        pipeline_version="1",
+        precision="fp32",
+        fingerprint="f" * 64,
+        study_path="/nowhere",
+    )
+    view = JobView(record, None, JobEta(T0, T0, T0, 3, False, T0, "prior"))
+    args = [sys.executable, "-c", _PROBE, json.dumps(NOT_IN_A_READER), *modules]
+    out = subprocess.run(args, input=pickle.dumps(view), capture_output=True, check=True)
+    return json.loads(out.stdout.decode().strip().splitlines()[-1])
+
+
+def test_a_reader_process_loads_no_inference_report_or_ingest_code() -> None:
+    assert _loaded(*READER_MODULES) == []
+
+
+def test_the_probe_sees_what_the_serving_process_loads() -> None:
+    """The check above can fail: the serving process's app does load them."""
+    loaded = _loaded("radserve.api.app")
+    assert {"onnxruntime", "highdicom", "radserve.service.service"} <= set(loaded)
