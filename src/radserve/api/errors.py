@@ -20,7 +20,6 @@ from starlette.requests import ClientDisconnect
 from radserve.api.server_paths import without_server_paths
 from radserve.error_table import lookup
 from radserve.errors import RadserveError
-from radserve.scheduling import QueueFullError
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +55,10 @@ def error_body(code: str, message: str, retryable: bool = False) -> dict[str, An
 def error_response(exc: RadserveError) -> JSONResponse:
     status = status_for(exc)
     headers: dict[str, str] = {}
-    if isinstance(exc, QueueFullError):
-        headers["Retry-After"] = str(exc.retry_after)
+    # by its code, not its class: importing radserve.scheduling here loaded the scheduler's
+    # dispatch and with it the inference runtime into every API reader process
+    if exc.code == "queue_full":  # radserve.scheduling.QueueFullError
+        headers["Retry-After"] = str(exc.retry_after)  # type: ignore[attr-defined]
     elif exc.code == "model_unavailable":
         headers["Retry-After"] = "60"
     if status == 401:
