@@ -60,16 +60,7 @@ print(json.dumps(sorted(m for m in json.loads(sys.argv[1]) if m in sys.modules))
 
 def _loaded(*modules: str) -> list[str]:
     record = JobRecord(
-        id="job-1",
-        state=JobState.RUNNING,
-        priority_class=PriorityClass.URGENT,
-        arrival=T0,
-        deadline=T0 + dt.timedelta(minutes=30),
-        pipeline_name="ct-organs",
-        pipeline_version="1",
-        precision="fp32",
-        fingerprint="f" * 64,
-        study_path="/nowhere",
+        "job-1", JobState.RUNNING, PriorityClass.URGENT, T0, T0, "ct", "1", "fp32", "f", "/nowhere"
     )
     view = JobView(record, None, JobEta(T0, T0, T0, 3, False, T0, "prior"))
     args = [sys.executable, "-c", _PROBE, json.dumps(NOT_IN_A_READER), *modules]
