@@ -26,7 +26,6 @@ from radserve.pipeline.spec import PipelineSpec
 from radserve.pipeline.study import StudyResult, finish_study, refuse_outside_domain
 from radserve.pipeline.volume import PendingStep, SessionPool, VolumeRun
 from radserve.progress import StageTimer
-from radserve.report.dicom.common import check_slice_references
 from radserve.scheduling.work import CpuStage, DeviceStage, ModelKey, Stage
 
 
@@ -110,6 +109,9 @@ class StudyWork:
         self._ingested = self.source.ingest(self.pipeline, policy=self._policy, timer=self._timer)
         refuse_outside_domain(self._ingested, self.pipeline, self._registry, self._policy)
         if self._dicom_references:
+            # here only: the DICOM writers load highdicom, which the run path does not
+            from radserve.report.dicom.common import check_slice_references
+
             check_slice_references(self._ingested.loaded.volume.source_sop_instance_uids)
         self._ingested, channels = load_channels(
             self._ingested, self.pipeline, self._registry, self._policy, self._timer
