@@ -42,6 +42,9 @@ _NOT_STEPS = frozenset({"queue", "total"})
 RUN = "run"  # started -> finished wall time of the whole job (``run <lane>``: per lane)
 SHARE = "share"  # the job's share of the server's wall time (``share <lane>``: per lane)
 DEVICE_SUFFIX = ": infer"
+# a job's timings that are not work: its wait, and the totals (start to finish, arrival
+# to finish) the scheduler adds beside the steps
+NOT_WORK = frozenset({RUN, *_NOT_STEPS})
 WINDOW = 200
 MIN_SPREAD = 1.25  # largest / smallest size before a slope is fitted from data
 
@@ -443,6 +446,7 @@ def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
 
 
 __all__ = [
+    "NOT_WORK",
     "RUN",
     "SHARE",
     "Fit",

@@ -33,6 +33,7 @@ import numpy as np
 from radserve.domain.priority import PriorityClass
 from radserve.turnaround.service_time import (
     DEVICE_SUFFIX,
+    NOT_WORK,
     RUN,
     Prior,
     ServiceTimeModel,
@@ -40,7 +41,6 @@ from radserve.turnaround.service_time import (
 )
 
 URGENT = PriorityClass.URGENT
-_TOTALS = frozenset({RUN, "queue", "total"})
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,9 @@ class JobRun:
     @property
     def cpu_s(self) -> float:
         return sum(
-            v for k, v in self.timings.items() if k not in _TOTALS and not k.endswith(DEVICE_SUFFIX)
+            v
+            for k, v in self.timings.items()
+            if k not in NOT_WORK and not k.endswith(DEVICE_SUFFIX)
         )
 
 
@@ -196,7 +198,7 @@ def solo_timings(run: JobRun, slowdown: Slowdown) -> dict[str, float]:
     keep = max(0.0, cpu - slowdown.paused_cpu_s) / cpu if cpu > 0 else 1.0
     out: dict[str, float] = {}
     for name, seconds in run.timings.items():
-        if name in _TOTALS:
+        if name in NOT_WORK:
             continue
         if name.endswith(DEVICE_SUFFIX):
             out[name] = seconds / slowdown.device

@@ -14,12 +14,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from radserve.turnaround.service_time import RUN
+from radserve.turnaround.service_time import NOT_WORK
 from radserve.turnaround.simulate import JobService, ModelWork
 
 INGEST = "ingest"
-# timings an end record holds that are not work (waits, sums)
-NOT_WORK = frozenset({RUN, "queue", "total"})
 
 
 def fine_service(
