@@ -8,10 +8,9 @@ interpreters, with the snapshot a reader unpickles and what ``serve_reader`` imp
 from __future__ import annotations
 
 import datetime as dt
-import json
 import pickle
-import subprocess
-import sys
+
+from tests.factories.imports import loaded_after
 
 from radserve.domain.jobs import JobState
 from radserve.domain.priority import PriorityClass
@@ -48,24 +47,19 @@ READER_MODULES = (
     "radserve.tls",
 )
 
-_PROBE = """
-import importlib, json, pickle, sys
-for name in sys.argv[2:]:
-    importlib.import_module(name)
-view = pickle.loads(sys.stdin.buffer.read())  # a published snapshot entry
-assert view.eta.order_position == 3, view
-print(json.dumps(sorted(m for m in json.loads(sys.argv[1]) if m in sys.modules)))
-"""
-
 
 def _loaded(*modules: str) -> list[str]:
     record = JobRecord(
         "job-1", JobState.RUNNING, PriorityClass.URGENT, T0, T0, "ct", "1", "fp32", "f", "/nowhere"
     )
     view = JobView(record, None, JobEta(T0, T0, T0, 3, False, T0, "prior"))
-    args = [sys.executable, "-c", _PROBE, json.dumps(NOT_IN_A_READER), *modules]
-    out = subprocess.run(args, input=pickle.dumps(view), capture_output=True, check=True)
-    return json.loads(out.stdout.decode().strip().splitlines()[-1])
+    # then the reader unpickles a published snapshot entry, as it does for every read
+    then = (
+        "import pickle\n"
+        f"view = pickle.loads({pickle.dumps(view)!r})\n"
+        "assert view.eta.order_position == 3, view\n"
+    )
+    return loaded_after(NOT_IN_A_READER, modules, then)
 
 
 def test_a_reader_process_loads_no_inference_report_or_ingest_code() -> None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from tests.factories.imports import loaded_after
 
 # Loaded by other commands (server, gateway, store, DICOM and FHIR writers), by
 # training, or only when a study has findings (scipy.spatial's convex hull).
@@ -26,18 +27,9 @@ NOT_ON_THE_RUN_PATH = (
     "scipy.spatial",
 )
 
-_PROBE = """
-import importlib, json, sys
-for name in sys.argv[2:]:
-    importlib.import_module(name)
-print(json.dumps(sorted(m for m in json.loads(sys.argv[1]) if m in sys.modules)))
-"""
-
 
 def _loaded(*modules: str) -> list[str]:
-    args = [sys.executable, "-c", _PROBE, json.dumps(NOT_ON_THE_RUN_PATH), *modules]
-    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return loaded_after(NOT_ON_THE_RUN_PATH, modules)
 
 
 @pytest.mark.parametrize(
