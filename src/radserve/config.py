@@ -673,6 +673,8 @@ class LifecycleSettings(_Section):
     poll_s: float = Field(default=2.0, gt=0)  # how often the deployments table is read
     # share (percent) of canary studies also run on stable afterwards, to compare them
     compare_canary_percent: float = Field(default=100.0, ge=0, le=100)
+    # comparison runs waiting for an idle server, per version whose record they feed
+    # (a canary's stable re-runs never crowd out a shadow's); later ones are skipped
     max_pending_comparisons: int = Field(default=8, ge=1)
     guardrails: GuardrailSettings = GuardrailSettings()
     drift: DriftSettings = DriftSettings()

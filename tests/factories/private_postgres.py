@@ -11,7 +11,7 @@ Example::
 
     with PrivatePostgres() as pg:
         url = pg.url          # postgresql+psycopg://postgres@127.0.0.1:PORT/postgres
-        pg.restart("fast")    # or "immediate": crash + recovery
+        pg.restart("fast", down_s=3.0)  # or "immediate": crash + recovery
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -94,12 +95,18 @@ class PrivatePostgres:
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8")
         self._pg_ctl("start")
 
-    def restart(self, mode: str) -> None:
-        """``pg_ctl restart -m fast`` (clean shutdown, sessions cut) or ``-m immediate``
-        (no shutdown checkpoint: crash recovery at start)."""
+    def restart(self, mode: str, *, down_s: float = 0.0) -> None:
+        """Stop with ``-m fast`` (clean shutdown, sessions cut) or ``-m immediate`` (no
+        shutdown checkpoint: crash recovery at start), stay down ``down_s`` seconds, start.
+
+        A bare ``pg_ctl restart`` is down for well under a second, so whether a client
+        meets the outage at all is luck; ``down_s`` longer than a client's polling
+        interval makes it meet it."""
         if mode not in ("fast", "immediate"):
             raise ValueError(f"restart mode must be 'fast' or 'immediate', not {mode!r}")
-        self._pg_ctl("restart", "-m", mode)
+        self._pg_ctl("stop", "-m", mode)
+        time.sleep(down_s)
+        self._pg_ctl("start")
 
     def shut_down(self) -> None:
         """Stop the server (``-m fast``) and keep its data, for :meth:`start_again`."""

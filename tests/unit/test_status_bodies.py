@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.factories.records import T0, job_record
 
 from radserve.api.job_snapshot import SnapshotReader, SnapshotWriter
 from radserve.api.reader import reader_app
@@ -27,21 +28,13 @@ from radserve.service.jobcache import JobCache
 from radserve.service.jobs import JobAccess, JobView
 from radserve.store import JobRecord, Store, init_store
 
-T0 = dt.datetime(2026, 12, 2, 12, 0, tzinfo=dt.UTC)
-
 
 def _job(state: JobState, *, updated_s: int = 0, finished: dt.datetime | None = None) -> JobRecord:
-    return JobRecord(
-        id="job-1",
+    return job_record(
         state=state,
         priority_class=PriorityClass.URGENT,
-        arrival=T0,
         deadline=T0 + dt.timedelta(minutes=30),
         pipeline_name="ct-organs",
-        pipeline_version="1",
-        precision="fp32",
-        fingerprint="f" * 64,
-        study_path="/nowhere",
         started=T0 + dt.timedelta(seconds=5) if state is not JobState.QUEUED else None,
         finished=finished,
         updated=T0 + dt.timedelta(seconds=updated_s),

@@ -19,9 +19,7 @@ study is routed, hot swap, canary/shadow comparison runs and automatic rollback.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
 import shutil
 import threading
 import time
@@ -50,6 +48,7 @@ from radserve.ingest import IngestPolicy
 from radserve.lifecycle.compare import Comparison, compare_results
 from radserve.lifecycle.guardrails import VersionRecord, breach
 from radserve.lifecycle.install import InstalledBundle, install_bundle, verify_install
+from radserve.lifecycle.pending import FairPending
 from radserve.lifecycle.requirements import host_facts, unmet_requirements
 from radserve.scheduling import Scheduler
 from radserve.service.catalog import Catalog, ResolvedPipeline
@@ -102,12 +101,14 @@ class ModelLifecycle:
         self._records: dict[tuple[str, str], VersionRecord] = {}
         self._lock = threading.RLock()
         self._change_lock = threading.Lock()
-        self._tasks: queue.Queue[ComparisonTask | None] = queue.Queue(
-            maxsize=self.config.max_pending_comparisons
+        # per (step, version whose record the run feeds): one deployment's comparisons
+        # never crowd out another's
+        self._tasks: FairPending[tuple[str, str], ComparisonTask] = FairPending(
+            self.config.max_pending_comparisons
         )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.skipped_comparisons = 0
+        self.skipped_comparisons: dict[tuple[str, str], int] = {}
         self.rollbacks: dict[tuple[str, str], int] = {}
         self.swaps = 0
 
@@ -125,8 +126,7 @@ class ModelLifecycle:
 
     def stop(self) -> None:
         self._stop.set()
-        with contextlib.suppress(queue.Full):
-            self._tasks.put_nowait(None)
+        self._tasks.close()
         for thread in self._threads:
             thread.join(timeout=30)
 
@@ -418,6 +418,11 @@ class ModelLifecycle:
                 found = self._records[(step, version)] = VersionRecord(step, version)
             return found
 
+    def skipped(self) -> dict[tuple[str, str], int]:
+        """Comparison runs not made, per (step, version whose record they feed)."""
+        with self._lock:
+            return dict(self.skipped_comparisons)
+
     def records(self) -> list[VersionRecord]:
         with self._lock:
             return list(self._records.values())
@@ -452,10 +457,10 @@ class ModelLifecycle:
                     candidate_role=Role.STABLE.value if canary else Role.SHADOW.value,
                     record_for=serving if canary else candidate,
                 )
-                try:
-                    self._tasks.put_nowait(task)
-                except queue.Full:
-                    self.skipped_comparisons += 1
+                key = (step, task.record_for)
+                if not self._tasks.put(key, task):
+                    with self._lock:
+                        self.skipped_comparisons[key] = self.skipped_comparisons.get(key, 0) + 1
         self.release_unused()
 
     def _judge(self, step: str) -> None:
@@ -716,9 +721,12 @@ class LifecycleCollector(Collector):
         yield rollbacks
         skipped = CounterMetricFamily(
             "radserve_model_comparisons_skipped",
-            "Comparison runs not made because too many were waiting",
+            "Comparison runs not made because max_pending_comparisons for the version "
+            "they feed were already waiting",
+            labels=["step", "version"],
         )
-        skipped.add_metric([], self.lifecycle.skipped_comparisons)
+        for (step, version), count in self.lifecycle.skipped().items():
+            skipped.add_metric([step, version], count)
         yield skipped
 
 
