@@ -1,9 +1,16 @@
-"""The outbox's SCU against radserve's own SCP as the peer (no Orthanc needed): SEG and
-SR contexts, a rejected association is permanent, 0xA700 is retried, TLS."""
+"""The outbox's SCU against real peers on loopback (no Orthanc needed): radserve's own
+SCP (SEG and SR contexts, a rejected association is permanent, 0xA700 is retried, TLS),
+and peers that answer the way real PACSs sometimes do: warning statuses count as stored
+and failure statuses do not; a peer that does not take SEG gets the SR and a clear
+permanent error for the SEG (never retried forever); an association limit, an abort
+mid-store and a peer that never answers are retried and then delivered; a peer taking
+only Implicit VR Little Endian with a 4 KiB PDU gets every result intact. dcmtk's
+storescp where it can play the part, a scripted pynetdicom acceptor where it cannot."""
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -11,7 +18,10 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from tests.factories.dicom_net import study_with_results
+from pydicom.uid import ImplicitVRLittleEndian
+from pynetdicom import AE
+from tests.factories.awkward_peer import scripted_peer, storescp
+from tests.factories.dicom_net import dcmtk_tool, study_with_results
 
 from radserve.gateway import (
     Destination,
@@ -19,10 +29,12 @@ from radserve.gateway import (
     Outbox,
     Outcome,
     Peer,
+    RetryPolicy,
     ScpConfig,
     StoreSCU,
     TlsSettings,
 )
+from radserve.gateway.conformance import COMPREHENSIVE_3D_SR, SEGMENTATION, VERIFICATION
 from radserve.gateway.own_results import OwnResults
 from radserve.store import Store, init_store
 from radserve.store.outbox import OutboxState, OutboxStore
@@ -139,3 +151,136 @@ def test_tls_echo_with_mutual_authentication(tmp_path: Path, certificate) -> Non
         assert plain.outcome is Outcome.RETRY
         anonymous = scu.echo(_destination(server, tls=TlsSettings(ca=cert)))  # no client cert
         assert anonymous.outcome is Outcome.RETRY
+
+
+LATER = T0 + dt.timedelta(days=1)
+needs_storescp = pytest.mark.skipif(dcmtk_tool("storescp") is None, reason="no dcmtk storescp")
+
+
+def _outbox(rows: OutboxStore, destination: Destination, **timeouts: float) -> Outbox:
+    return Outbox(rows, [destination], StoreSCU(**timeouts), policy=RetryPolicy())
+
+
+@pytest.mark.parametrize(
+    ("status", "state"),
+    [
+        (0xB000, OutboxState.SENT),  # coercion of data elements
+        (0xB006, OutboxState.SENT),  # elements discarded
+        (0xB007, OutboxState.SENT),  # data set does not match SOP class
+        (0xB123, OutboxState.SENT),  # a vendor's own warning
+        (0xA700, OutboxState.PENDING),  # out of resources
+        (0xA7FE, OutboxState.PENDING),
+        (0x0110, OutboxState.PENDING),  # processing failure
+        (0xA900, OutboxState.FAILED_PERMANENT),  # data set does not match SOP class
+        (0xA9FF, OutboxState.FAILED_PERMANENT),
+        (0xC000, OutboxState.FAILED_PERMANENT),  # cannot understand
+        (0xC123, OutboxState.FAILED_PERMANENT),
+    ],
+)
+def test_warning_statuses_count_as_stored_and_failures_do_not(
+    rows: OutboxStore, results: list[Path], status: int, state: OutboxState, caplog
+) -> None:
+    with scripted_peer(statuses=(status,)) as peer:
+        outbox = _outbox(rows, peer.destination)
+        outbox.enqueue(results[:1], now=T0)
+        with caplog.at_level(logging.INFO, logger="radserve.gateway.outbox"):
+            outbox.deliver_pending(T0)
+    [item] = rows.items()
+    assert item.state is state and item.attempts == 1 and len(peer.received) == 1
+    code = f"0x{status:04X}"
+    if state is OutboxState.SENT:
+        assert item.last_error is None
+        [warned] = [r for r in caplog.records if "with a warning" in r.getMessage()]
+        assert code in warned.getMessage() and warned.levelno == logging.WARNING
+    else:
+        assert code in (item.last_error or "")
+
+
+def test_a_peer_without_seg_gets_the_sr_and_a_clear_permanent_error_for_the_seg(
+    rows: OutboxStore, results: list[Path]
+) -> None:
+    with scripted_peer(sop_classes=[COMPREHENSIVE_3D_SR]) as peer:
+        outbox = _outbox(rows, peer.destination)
+        outbox.enqueue(results, now=T0)
+        outbox.deliver_pending(T0)
+        assert outbox.deliver_pending(LATER).claimed == 0  # not retried: a person must act
+    by_class: dict[str, list] = {}
+    for item in rows.items():
+        by_class.setdefault(item.sop_class_uid, []).append(item)
+    assert set(by_class) == {SEGMENTATION, COMPREHENSIVE_3D_SR}
+    assert {i.state for i in by_class[COMPREHENSIVE_3D_SR]} == {OutboxState.SENT}
+    for seg in by_class[SEGMENTATION]:
+        assert seg.state is OutboxState.FAILED_PERMANENT and seg.attempts == 1
+        assert "accepted no presentation context for Segmentation Storage" in seg.last_error
+        assert "enable this SOP class at the destination" in seg.last_error
+    assert {d.SOPClassUID for d in peer.received} == {COMPREHENSIVE_3D_SR}
+
+
+def test_the_peers_association_limit_is_retried_then_delivered(
+    rows: OutboxStore, results: list[Path]
+) -> None:
+    with scripted_peer(max_associations=1) as peer:
+        other = AE(ae_title="OTHER-SCU")
+        other.add_requested_context(VERIFICATION)
+        host, port = peer.destination.host, peer.destination.port
+        held = other.associate(host, port, ae_title="AWKWARD")  # the one it allows
+        assert held.is_established
+        outbox = _outbox(rows, peer.destination)
+        outbox.enqueue(results, now=T0)
+        assert outbox.deliver_pending(T0).retried == len(results)
+        assert {i.state for i in rows.items()} == {OutboxState.PENDING}
+        [error] = {i.last_error for i in rows.items()}
+        assert "rejected the association for now: local limit exceeded" in (error or "")
+        held.release()
+        assert outbox.deliver_pending(LATER).sent == len(results)
+    assert len(peer.received) == len(results)
+
+
+@needs_storescp
+def test_a_peer_aborting_mid_store_is_retried_and_gets_everything(
+    tmp_path: Path, rows: OutboxStore, results: list[Path]
+) -> None:
+    with storescp(tmp_path / "aborting", "--abort-after") as destination:
+        outbox = _outbox(rows, destination)
+        outbox.enqueue(results, now=T0)
+        assert outbox.deliver_pending(T0).retried == len(results)
+    errors = sorted(i.last_error or "" for i in rows.items())
+    assert any("no C-STORE response" in e for e in errors), errors
+    assert all("no C-STORE response" in e or "was lost" in e for e in errors), errors
+    with storescp(tmp_path / "back", port=destination.port):
+        assert outbox.deliver_pending(LATER).sent == len(results)
+    stored = {pydicom.dcmread(p).SOPInstanceUID for p in (tmp_path / "back").iterdir()}
+    assert stored == {pydicom.dcmread(p).SOPInstanceUID for p in results}
+
+
+@needs_storescp
+def test_a_peer_that_never_answers_times_out_and_is_retried(
+    tmp_path: Path, rows: OutboxStore, results: list[Path]
+) -> None:
+    with storescp(tmp_path / "silent", "--sleep-during", "30") as destination:
+        outbox = _outbox(rows, destination, dimse_timeout_s=1)
+        outbox.enqueue(results[:1], now=T0)
+        assert outbox.deliver_pending(T0).retried == 1
+    [item] = rows.items()
+    assert item.state is OutboxState.PENDING
+    assert "no C-STORE response" in (item.last_error or "")
+
+
+@needs_storescp
+def test_an_implicit_vr_only_peer_with_a_4k_pdu_gets_every_result_intact(
+    tmp_path: Path, rows: OutboxStore, results: list[Path]
+) -> None:
+    with storescp(tmp_path / "implicit", "+xi", "-pdu", "4096") as destination:
+        outbox = _outbox(rows, destination)
+        outbox.enqueue(results, now=T0)
+        assert outbox.deliver_pending(T0).sent == len(results)
+    sent = {(d := pydicom.dcmread(p)).SOPInstanceUID: d for p in results}
+    received = [pydicom.dcmread(p) for p in (tmp_path / "implicit").iterdir()]
+    assert {d.SOPInstanceUID for d in received} == set(sent)
+    for dataset in received:
+        assert dataset.file_meta.TransferSyntaxUID == ImplicitVRLittleEndian
+        original = sent[dataset.SOPInstanceUID]
+        assert dataset.get("PixelData") == original.get("PixelData")  # OB arrives as OW
+        for both in (dataset, original):
+            both.pop("PixelData", None)
+        assert dataset.to_json_dict() == original.to_json_dict()

@@ -176,12 +176,18 @@ def test_scu_splits_batches_beyond_128_contexts() -> None:
         (0x0000, True, False),
         (0xB000, True, False),
         (0xB007, True, False),
+        (0xB006, True, False),
+        (0xB123, True, False),  # a vendor's own warning: stored all the same
+        (0x0001, True, False),
+        (0x0107, True, False),
         (0xA700, False, True),
         (0xA7FF, False, True),
         (0x0110, False, True),
         (0xA900, False, False),
         (0xC000, False, False),
         (0x0122, False, False),
+        (0xA801, False, False),
+        (0xFE00, False, False),
     ],
 )
 def test_store_status_classification(status: int, success: bool, retryable: bool) -> None:

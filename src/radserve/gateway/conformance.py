@@ -29,6 +29,7 @@ from pydicom.uid import (
 )
 from pynetdicom import AllStoragePresentationContexts
 from pynetdicom import sop_class as sc
+from pynetdicom.status import STATUS_SUCCESS, STATUS_WARNING, code_to_category
 
 # Image storage: what radserve files into a study folder and hands to intake. The
 # cross-sectional classes feed the pipelines; the rest travel with CT/MR studies when a
@@ -145,13 +146,14 @@ RETRYABLE_FAILURES = (
     (0x0110, 0x0110),  # processing failure (Orthanc, dcmtk answer it for disk trouble)
     (0x0213, 0x0213),  # resource limitation
 )
-# Warning statuses mean "stored" (coercion, elements discarded, dataset mismatch).
-WARNINGS = (0x0001, 0xB000, 0xB006, 0xB007)
 
 
 def is_success(status: int) -> bool:
-    """Stored by the receiver: success or one of the storage warnings."""
-    return status == Status.SUCCESS or status in WARNINGS
+    """Stored by the receiver: success or any warning (PS3.7 C: 0x0001, 0x0107, 0x0116,
+    0xBxxx, e.g. 0xB000 coercion, 0xB006 elements discarded, 0xB007 data set does not
+    match the SOP class). By category, as pynetdicom classifies them, not by a list of
+    known codes: a PACS's own 0xBxxx warning also means it kept the instance."""
+    return code_to_category(status) in (STATUS_SUCCESS, STATUS_WARNING)
 
 
 def is_retryable_status(status: int) -> bool:

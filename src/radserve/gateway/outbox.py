@@ -209,7 +209,15 @@ def settle(
     outcome = result.outcome
     if outcome is Outcome.SENT:
         store.mark_sent(item.id, now=now)
-        logger.info("outbox: %s sent to %s", item.sop_instance_uid, item.destination)
+        if result.warning:  # stored, but maybe not as sent (e.g. coerced)
+            logger.warning(
+                "outbox: %s stored by %s with a warning: %s",
+                item.sop_instance_uid,
+                item.destination,
+                result.message,
+            )
+        else:
+            logger.info("outbox: %s sent to %s", item.sop_instance_uid, item.destination)
     elif outcome is Outcome.RETRY and not policy.gives_up(item, now):
         due = now + policy.delay(item.attempts)
         store.reschedule(item.id, now=now, next_attempt_at=due, error=result.message)

@@ -2,7 +2,8 @@
 
 A send's result is one of three outcomes, which the outbox turns into row states:
 
-- ``SENT``: success or a storage warning (0xB000/0xB006/0xB007): the peer has it;
+- ``SENT``: success or any warning status (0xB000 coercion, 0xB006, 0xB007, a vendor's
+  0xBxxx, 0x0001): the peer has it;
 - ``RETRY``: nothing is wrong here, try later — cannot connect, association aborted or
   rejected *transient*, status 0xA7xx (out of resources), 0x0110 processing failure;
 - ``PERMANENT``: retrying cannot help until a person changes something — association
@@ -49,6 +50,7 @@ class SendResult:
     outcome: Outcome
     message: str
     status: int | None = None
+    warning: bool = False  # SENT with a warning status: stored, maybe not as sent
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,7 @@ class StoreSCU:
             f": {comment}" if comment else ""
         )
         if conformance.is_success(code):
-            return SendResult(Outcome.SENT, text, code)
+            return SendResult(Outcome.SENT, text, code, warning=code != conformance.Status.SUCCESS)
         if conformance.is_retryable_status(code):
             return SendResult(Outcome.RETRY, text, code)
         return SendResult(Outcome.PERMANENT, text, code)
