@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -155,6 +157,46 @@ def test_payload_must_be_json(store: Store) -> None:
     with pytest.raises(TypeError):
         store.append_audit(AuditEvent(action="x", payload={"v": object()}))
     assert store.verify_audit().ok and store.verify_audit().records == 0
+
+
+def _closed(cursor: Any) -> bool:
+    """psycopg's cursor says whether it is closed; sqlite3's refuses to fetch once it is."""
+    if hasattr(cursor, "closed"):
+        return bool(cursor.closed)
+    try:
+        cursor.fetchone()
+    except sqlite3.ProgrammingError:
+        return True
+    return False
+
+
+def _append_cursor(failure: pytest.ExceptionInfo[BaseException]) -> Any:
+    """The driver cursor of the failed append, from its frame in the traceback."""
+    return next(e.frame.f_locals["cursor"] for e in failure.traceback if e.name == "append_many")
+
+
+def test_an_append_failing_half_way_closes_its_cursor_and_leaves_the_chain_whole(
+    store: Store,
+) -> None:
+    fill(store, 2)
+    # after the head is locked: a payload that is not JSON, then a constraint in the insert
+    # (a stray row where the next record goes)
+    with pytest.raises(ValueError) as not_json:
+        store.append_audit(AuditEvent(action="x", payload={"v": float("nan")}))
+    raw(
+        store,
+        "INSERT INTO audit_records (seq, ts, action, payload, prev_hash, hash) "
+        "VALUES (3, '2025-03-01 08:00:00', 'stray', '{}', '-', 'stray')",
+    )
+    integrity_error = store.engine.dialect.loaded_dbapi.IntegrityError
+    with pytest.raises(integrity_error) as constraint:
+        store.append_audit(AuditEvent(action="test.event", subject="s2"))
+    assert _closed(_append_cursor(not_json)) and _closed(_append_cursor(constraint))
+    raw(store, "DELETE FROM audit_records WHERE seq = 3")
+    third = store.append_audit(AuditEvent(action="test.event", subject="s2"))
+    assert third.seq == 3 and third.prev_hash == list(store.iter_audit())[1].hash
+    report = store.verify_audit()
+    assert report.ok and report.records == 3
 
 
 def test_concurrent_appends_from_two_stores_keep_one_chain(store: Store) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,18 +118,39 @@ def append_many(session: Session, events: Sequence[AuditEvent]) -> list[AuditRec
     sql = _DRIVER.get(dialect.name)
     if sql is None:
         sql = _DRIVER[dialect.name] = _DriverStatements.of(dialect)
-    cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-    cursor.execute(sql.lock)
-    seq, prev_hash = cursor.fetchone()
-    if key is None and seq > 0:
-        last_key = session.execute(
-            select(AuditEntry.key_id).where(AuditEntry.seq == seq)
-        ).scalar_one_or_none()
-        if last_key is not None:
-            raise AuditKeyMissingError(
-                "the audit chain is keyed and this process has no audit key: set "
-                "audit.key_file or RADSERVE_AUDIT__KEY as the server does"
-            )
+    # closed however the append ends: a lock time-out, a constraint or an outage must not
+    # leave a driver cursor open on the pooled connection
+    dbapi = connection.connection.dbapi_connection
+    with closing(dbapi.cursor()) as cursor:  # type: ignore[union-attr]
+        cursor.execute(sql.lock)
+        seq, prev_hash = cursor.fetchone()
+        if key is None and seq > 0:
+            _refuse_unkeyed_link(session, seq)
+        records, rows = _linked(events, seq, prev_hash, key)
+        if rows:
+            cursor.executemany(sql.insert, [sql.params(sql.insert_keys, row) for row in rows])
+            moved = {"new_seq": records[-1].seq, "new_hash": records[-1].hash}
+            cursor.execute(sql.move, sql.params(sql.move_keys, moved))
+    session.info.setdefault(APPENDED_INFO, []).extend(records)
+    return records
+
+
+def _refuse_unkeyed_link(session: Session, seq: int) -> None:
+    """A store without a key may not extend a chain whose newest record is keyed."""
+    last_key = session.execute(
+        select(AuditEntry.key_id).where(AuditEntry.seq == seq)
+    ).scalar_one_or_none()
+    if last_key is not None:
+        raise AuditKeyMissingError(
+            "the audit chain is keyed and this process has no audit key: set "
+            "audit.key_file or RADSERVE_AUDIT__KEY as the server does"
+        )
+
+
+def _linked(
+    events: Sequence[AuditEvent], seq: int, prev_hash: str, key: AuditKey | None
+) -> tuple[list[AuditRecord], list[dict[str, Any]]]:
+    """``events`` as records linked after ``(seq, prev_hash)``, and as the rows to insert."""
     key_id = key.id if key is not None else None
     records: list[AuditRecord] = []
     rows: list[dict[str, Any]] = []
@@ -151,13 +173,7 @@ def append_many(session: Session, events: Sequence[AuditEvent]) -> list[AuditRec
             | {"hash": digest, "key_id": key_id}
         )
         seq, prev_hash = seq + 1, digest
-    if rows:
-        cursor.executemany(sql.insert, [sql.params(sql.insert_keys, row) for row in rows])
-        moved = {"new_seq": seq, "new_hash": prev_hash}
-        cursor.execute(sql.move, sql.params(sql.move_keys, moved))
-    cursor.close()
-    session.info.setdefault(APPENDED_INFO, []).extend(records)
-    return records
+    return records, rows
 
 
 def head(session: Session) -> tuple[int, str]:
