@@ -95,7 +95,15 @@ def storescu(
 class Orthanc:
     """A private Orthanc in ``folder`` on loopback ports; start/stop as often as needed."""
 
-    def __init__(self, folder: Path, *, aet: str = "ORTHANC", peers: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        aet: str = "ORTHANC",
+        peers: dict[str, Any] | None = None,
+        options: dict[str, Any] | None = None,
+    ):
+        """``options``: more Orthanc configuration (e.g. ``AcceptedTransferSyntaxes``)."""
         self.binary = shutil.which("Orthanc")
         self.folder = folder
         self.aet = aet
@@ -117,6 +125,7 @@ class Orthanc:
             "Plugins": [],
             "StableAge": 1,
             "DicomModalities": peers or {},
+            **(options or {}),
         }
         self.config = folder / "config.json"
         self.config.write_text(json.dumps(config, indent=1))

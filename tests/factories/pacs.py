@@ -18,13 +18,23 @@ from tests.factories.waits import WAIT_SCALE, wait_until
 
 @contextmanager
 def pacs_and_gateway(
-    root: Path, *, quiet_s: float = 0.5, warm: bool = False, **settings: Any
+    root: Path,
+    *,
+    quiet_s: float = 0.5,
+    warm: bool = False,
+    orthanc_options: dict[str, Any] | None = None,
+    **settings: Any,
 ) -> Iterator[tuple[Orthanc, Service]]:
     """Orthanc in ``root/orthanc`` and a started :class:`Service` whose only allowed
-    peer is that Orthanc; ``settings`` are further overrides for :func:`settings_for`;
-    ``warm``: wait until the workers have loaded the models."""
+    peer is that Orthanc; ``settings`` are further overrides for :func:`settings_for`,
+    ``orthanc_options`` for Orthanc's configuration; ``warm``: wait until the workers
+    have loaded the models."""
     gateway_port = free_port()
-    orthanc = Orthanc(root / "orthanc", peers={"radserve": ["RADSERVE", "127.0.0.1", gateway_port]})
+    orthanc = Orthanc(
+        root / "orthanc",
+        peers={"radserve": ["RADSERVE", "127.0.0.1", gateway_port]},
+        options=orthanc_options,
+    )
     service = Service(
         settings_for(
             root,

@@ -19,6 +19,8 @@ from radserve.gateway.scu import OutgoingFile, SendResult
 from radserve.store import init_store
 from radserve.store.outbox import OutboxState, OutboxStore
 
+IMPLICIT = "1.2.840.10008.1.2"
+
 pytestmark = [
     pytest.mark.tools,
     pytest.mark.slow,
@@ -146,3 +148,24 @@ def test_pacs_down_then_back_delivers_everything_exactly_once(
     later = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
     assert outbox.deliver_pending(later).claimed == 0
     assert len(orthanc.get("/instances")) == len(results)
+
+
+def test_a_pacs_accepting_only_implicit_vr_stores_every_result(
+    rows: OutboxStore, study, tmp_path: Path
+) -> None:
+    _, results = study
+    orthanc = Orthanc(tmp_path / "implicit", options={"AcceptedTransferSyntaxes": [IMPLICIT]})
+    orthanc.start()
+    try:
+        outbox = Outbox(rows, [_destination(orthanc)], StoreSCU())
+        outbox.enqueue(results)
+        assert outbox.deliver_pending().sent == len(results), rows.items()
+        stored = orthanc.get("/instances")
+        syntaxes = {
+            orthanc.get(f"/instances/{i}/metadata?expand")["TransferSyntax"] for i in stored
+        }
+        uids = {orthanc.get(f"/instances/{i}/simplified-tags")["SOPInstanceUID"] for i in stored}
+    finally:
+        orthanc.stop()
+    assert syntaxes == {IMPLICIT}
+    assert uids == {pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID for p in results}
