@@ -18,6 +18,11 @@ image Secondary Captures) writes them inside :func:`batch`: each file is still f
 renamed on its own, but the folder is fsynced once, when the block ends, and the block
 does not end before that fsync: one folder flush a job instead of one a file (what that
 saves depends on the disk: ``tools/durable_cost.py`` times a job both ways).
+
+A folder copied or extracted whole (an installed model bundle, a published result
+folder) is staged under another name and moved with :func:`rename_tree`: every file and
+folder in it is fsynced before the rename, the folder it lands in after, so a power cut
+leaves the final name absent or whole.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import logging
 import os
 import re
 import socket
+import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -90,6 +96,50 @@ def fsync_dir(path: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def fsync_file(path: Path) -> None:
+    """Make the data of the file at ``path`` durable (one a copy or an extract wrote)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def fsync_tree(root: Path) -> None:
+    """Make every file's data and every folder's names under ``root`` durable, ``root``'s
+    own names last: a copied or extracted tree, before it is renamed into place. Links are
+    not followed (their names are in their folder)."""
+    for path in sorted(Path(root).rglob("*"), reverse=True):  # children before parents
+        kind = stat.S_IFMT(path.lstat().st_mode)
+        if kind == stat.S_IFDIR:
+            fsync_dir(path)
+        elif kind == stat.S_IFREG:
+            fsync_file(path)
+    fsync_dir(root)
+
+
+def rename_tree(staged: Path, target: Path) -> None:
+    """Move folder ``staged`` to the free name ``target`` (same file system) so that after
+    a power cut ``target`` is absent or whole: the tree is fsynced, renamed, and
+    ``target``'s folder fsynced, in that order, before this returns. Raises what
+    :func:`os.rename` raises (``target`` taken: ``EEXIST`` or ``ENOTEMPTY``)."""
+    fsync_tree(staged)
+    os.rename(staged, target)
+    fsync_dir(Path(target).parent)
+
+
+def make_dirs(path: Path) -> None:
+    """Create folder ``path`` and its missing parents, each new name made durable."""
+    missing: list[Path] = []
+    folder = Path(path)
+    while not folder.is_dir():
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):
+        folder.mkdir(exist_ok=True)
+        fsync_dir(folder.parent)
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO
 
 import pytest
+from tests.factories.syncs import logged_syncs
 from tests.factories.writers import ended_and_running
 
 from radserve import durable
@@ -68,32 +69,13 @@ def test_a_dead_writers_temporary_is_swept_and_a_live_ones_kept(tmp_path: Path) 
         assert [p.name for p in folder.iterdir()] == ["critical-1.json"]
 
 
-def _logged_syncs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """("fsync", path) and ("replace", final path) in the order they happen (the real
-    calls still run)."""
-    log: list[tuple[str, str]] = []
-    real_fsync, real_replace = os.fsync, os.replace
-
-    def fsync(fd: int) -> None:
-        real_fsync(fd)
-        log.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
-
-    def replace(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
-        real_replace(source, target)
-        log.append(("replace", str(target)))
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "replace", replace)
-    return log
-
-
 def test_a_batch_fsyncs_each_folder_once_after_its_last_rename_before_it_returns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seg_dir, other = tmp_path / "job-1", tmp_path / "job-2"
     seg_dir.mkdir()
     other.mkdir()
-    log = _logged_syncs(monkeypatch)
+    log = logged_syncs(monkeypatch)
     with durable.batch():
         for name in ("organs-seg.dcm", "findings-seg.dcm", "measurements-sr.dcm"):
             durable.write_bytes(seg_dir / name, name.encode())
@@ -116,7 +98,7 @@ def test_a_batch_fsyncs_each_folder_once_after_its_last_rename_before_it_returns
 def test_a_batch_that_fails_still_fsyncs_the_folder_of_what_it_renamed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log = _logged_syncs(monkeypatch)
+    log = logged_syncs(monkeypatch)
     with pytest.raises(ValueError, match="second object"), durable.batch():
         durable.write_bytes(tmp_path / "organs-seg.dcm", b"seg")
         with durable.batch():  # an inner block leaves its folder to the outer one
@@ -130,7 +112,7 @@ def test_a_batch_that_fails_still_fsyncs_the_folder_of_what_it_renamed(
 def test_outside_a_batch_and_on_another_thread_each_write_fsyncs_its_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log = _logged_syncs(monkeypatch)
+    log = logged_syncs(monkeypatch)
     durable.write_bytes(tmp_path / "a.json", b"{}")
     assert log[-1] == ("fsync", str(tmp_path))
     with durable.batch():

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from tests.factories.bundles import write_test_bundles
 from tests.factories.onnx_models import threshold_model
+from tests.factories.syncs import logged_syncs
 
 from radserve.errors import BundleExistsError, BundleRejectedError
 from radserve.lifecycle.install import (
@@ -72,6 +73,24 @@ def test_a_version_is_never_replaced(bundle: Path, tmp_path: Path) -> None:
             host=HOST,
             existing={("lesions-test", "1.0.0")},
         )
+
+
+@pytest.mark.parametrize("given", ["folder", "zip"])
+def test_every_staged_file_and_folder_is_fsynced_before_the_rename_and_its_folder_after(
+    given: str, bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = bundle if given == "folder" else _zip(bundle, tmp_path / "b.zip")
+    log = logged_syncs(monkeypatch)
+    target = install_bundle(source, tmp_path / "data", host=HOST).directory
+    moved = next(i for i, e in enumerate(log) if e[0] == "rename" and e[2] == str(target))
+    staged = log[moved][1]
+    whole = {staged} | {f"{staged}/{p.relative_to(target)}" for p in target.rglob("*")}
+    assert len(whole) == 4  # the folder, model.yaml, model.onnx, install.json
+    assert whole <= {e[1] for e in log[:moved] if e[0] == "fsync"}
+    assert ("fsync", str(target.parent)) in log[moved + 1 :]
+    # the bundle's new name folder (lesions-test/) is itself a durable name in models/
+    new_name = log.index(("fsync", str(target.parent.parent)))
+    assert new_name < moved
 
 
 def test_install_a_zip(bundle: Path, tmp_path: Path) -> None:

@@ -18,13 +18,16 @@ hashes are taken, so the variants and their ``gate.json`` are part of what was
 installed; the ONNX checks run again on what it declared.
 
 The bundle is then copied to ``<data_dir>/models/<name>/<version>/`` (atomic rename from
-a staging folder on the same file system) with ``install.json``: the SHA-256 of every
-file, when, from where and by whom. :func:`verify_install` recomputes those hashes.
+a staging folder on the same file system, every file and folder fsynced before it and
+the parent folder after: :func:`radserve.durable.rename_tree`) with ``install.json``: the
+SHA-256 of every file, when, from where and by whom. :func:`verify_install` recomputes
+those hashes.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import hashlib
 import json
 import os
@@ -36,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from radserve import durable
 from radserve.errors import BundleExistsError, BundleRejectedError, ModelError
 from radserve.lifecycle.requirements import HostFacts, host_facts, unmet_requirements
 from radserve.models.manifest import ModelSpec, load_manifest
@@ -325,11 +329,11 @@ def install_bundle(
             actor=actor,
         )
         (copy / INSTALL_FILE).write_text(json.dumps(record.as_json(), indent=2))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.rename(copy, target)
+        durable.make_dirs(target.parent)
+        try:  # what "installed" announces survives a power cut, whole
+            durable.rename_tree(copy, target)
         except OSError as exc:
-            if target.exists():
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
                 raise BundleExistsError(f"{spec.key} is installed already") from exc
             raise
         return record

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
-import os
 import shutil
 import threading
 import time
@@ -297,16 +296,9 @@ def _copy_into(folder: Path, parent: Path) -> Path:
     target = parent / folder.name
     try:
         shutil.copytree(folder, staging)
-        for path in sorted(staging.rglob("*"), reverse=True):
-            if path.is_file():
-                _fsync_file(path)
-            else:
-                durable.fsync_dir(path)
-        durable.fsync_dir(staging)
         if target.exists():
             shutil.rmtree(target)
-        staging.rename(target)
-        durable.fsync_dir(parent)
+        durable.rename_tree(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
@@ -327,14 +319,6 @@ def _prune(folder: Path) -> None:
     with_nothing = folder.is_dir() and not any(folder.iterdir())
     if with_nothing:
         folder.rmdir()
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _errno_name(exc: OSError) -> str:
