@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -108,8 +107,7 @@ def test_failed_job_sends_an_sr_to_the_pacs(make_peers: Any, tmp_path: Path) -> 
     assert wait_until(lambda: len(_orthanc_srs(orthanc, study_id)) == 1, 60)
     [sr_id] = _orthanc_srs(orthanc, study_id)
     path = tmp_path / "notice.dcm"
-    with urllib.request.urlopen(f"{orthanc.url}/instances/{sr_id}/file", timeout=10) as answer:
-        path.write_bytes(answer.read())
+    path.write_bytes(orthanc.file(sr_id))
     check = subprocess.run(["dciodvfy", str(path)], capture_output=True, text=True, timeout=60)
     errors = [line for line in (check.stdout + check.stderr).splitlines() if "Error" in line]
     assert errors == [], errors

@@ -162,6 +162,11 @@ class Orthanc:
         with urllib.request.urlopen(self.url + path, timeout=10) as response:
             return json.loads(response.read())
 
+    def file(self, instance_id: str) -> bytes:
+        """The DICOM file Orthanc stores for one instance (its Orthanc ID)."""
+        with urllib.request.urlopen(f"{self.url}/instances/{instance_id}/file", timeout=10) as r:
+            return bytes(r.read())
+
     def post(self, path: str, body: bytes | dict[str, Any], timeout: float = 120.0) -> Any:
         """POST raw bytes (``/instances``: a DICOM file) or JSON; the JSON answer."""
         data = body if isinstance(body, bytes) else json.dumps(body).encode()

@@ -2,7 +2,8 @@
 the report, label maps and source files the result writers read are the real thing.
 
 :func:`lesion_study` is a small CT series with a 'liver' block and two 'lesions' at known
-places; :func:`run_test_pipeline` runs whatever study lies in ``root/study``;
+places (:func:`enhanced_lesion_study`: the same as one Enhanced CT instance);
+:func:`run_test_pipeline` runs whatever study lies in ``root/study``;
 :func:`relabel` copies source files under another patient name or character set.
 """
 
@@ -21,7 +22,7 @@ from radserve.pipeline.study import StudyResult, run_study
 from radserve.report.nifti import read_nifti
 from radserve.report.schema import LabelMapOutput, Report
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
-from tests.factories.dicom_series import make_ct_series
+from tests.factories.dicom_series import make_ct_series, make_enhanced_series
 
 LESIONS = (((6.0, -4.0, 21.0), 6.0), ((-12.0, 10.0, 10.0), 4.0))  # LPS centre, radius mm
 
@@ -63,14 +64,26 @@ class LesionStudy:
         return output, read_nifti(self.out / output.path)
 
 
+LESION_GRID = {"rows": 64, "cols": 64, "spacing": (1.5, 1.0, 1.0), "origin": (-31.5, -31.5, -0.75)}
+LESION_SLICES = 30
+
+
 def lesion_study(root: Path) -> LesionStudy:
     """30 slices of 64 x 64 (1.5 x 1 x 1 mm) with :func:`lesions_hu` in ``root/study``, run
     through the test pipeline; the threshold models find the two lesions."""
-    files = make_ct_series(
-        root / "study", n_slices=30, rows=64, cols=64, spacing=(1.5, 1.0, 1.0),
-        origin=(-31.5, -31.5, -0.75), hu=lesions_hu,
-    )  # fmt: skip
+    files = make_ct_series(root / "study", n_slices=LESION_SLICES, hu=lesions_hu, **LESION_GRID)
     return LesionStudy(run_test_pipeline(root).report, root / "out", files)
+
+
+def enhanced_lesion_study(root: Path, *, key_images: bool = False) -> LesionStudy:
+    """:func:`lesion_study`'s series as one Enhanced CT instance whose frames are stored
+    shuffled (frame number != slice + 1), run through the test pipeline."""
+    path = make_enhanced_series(
+        root / "study", n_frames=LESION_SLICES, hu=lesions_hu, frame_order="shuffled", seed=5,
+        **LESION_GRID,
+    )  # fmt: skip
+    result = run_test_pipeline(root, key_images=key_images)
+    return LesionStudy(result.report, root / "out", [path])
 
 
 def relabel(

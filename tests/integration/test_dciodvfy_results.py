@@ -188,3 +188,31 @@ def test_key_image_laterality_is_empty_only_when_the_source_says_nothing(
         ds = pydicom.dcmread(path, stop_before_pixels=True)
         assert ds.Laterality == ""  # Type 2C, and the side is really unknown
         assert dciodvfy_errors(path) == [], path.name
+
+
+def test_results_of_an_enhanced_source_pass_dciodvfy(tmp_path: Path) -> None:
+    """The phantom series converted by highdicom into one Legacy Converted Enhanced CT
+    instance (a conformant multi-frame source): SEG, SR and key images reference its
+    frames and pass dciodvfy, as those of the classic series do."""
+    import highdicom as hd
+    from pydicom.uid import generate_uid
+
+    phantom = generate_phantom(PhantomSpec.random(3, small=True))
+    classic = [pydicom.dcmread(f) for f in write_dicom_series(phantom, tmp_path / "classic")]
+    enhanced = hd.legacy.LegacyConvertedEnhancedCTImage(
+        legacy_datasets=classic,
+        series_instance_uid=str(generate_uid()),
+        series_number=2,
+        sop_instance_uid=str(generate_uid()),
+        instance_number=1,
+    )
+    (tmp_path / "study").mkdir()
+    source = tmp_path / "study" / "enhanced.dcm"
+    enhanced.save_as(source)
+    result = run_test_pipeline(tmp_path, key_images=True, organ_hu=90, lesion_hu=140)
+    assert result.report.findings
+    assert len(result.report.geometry.source_frame_numbers) == len(classic)
+    paths = write_dicom_results(result.report, tmp_path / "out", [source], key_images=True)
+    assert {p.name for p in paths} >= {"measurements-sr.dcm", "keyimage-01-sc.dcm"}
+    for path in paths:
+        assert dciodvfy_errors(path) == [], path.name

@@ -181,7 +181,7 @@ def test_a_2_0_report_reads_as_2_1_with_its_label_maps_unchanged(tmp_path: Path)
     path = tmp_path / "r.json"
     path.write_text(json.dumps(raw))
     back = read_report(path)
-    assert back.schema_version == SCHEMA_VERSION == "2.3"
+    assert back.schema_version == SCHEMA_VERSION == "2.4"
     assert back.model_dump(exclude={"schema_version"}) == report.model_dump(
         exclude={"schema_version"}
     )

@@ -164,6 +164,9 @@ class FrameRef:
     instance_number: int | None = None
     is_localizer: bool = False
     stack_key: tuple[str, ...] = ()  # temporal position / echo / b-value / stack id
+    # a frame of an Enhanced (functional-group) instance: DICOM outputs name it by frame
+    # number; a classic instance that merely has Number of Frames 1 is no such frame
+    enhanced: bool = False
     problem: Problem | None = None  # the instance is unusable; its series fails on load
     note: str | None = None  # tolerated but flagged (e.g. padding after the pixel data)
     unusable: tuple[str, ...] = ()  # geometry values present but not numbers, as shown
@@ -701,6 +704,7 @@ def _enhanced_frames(
             FrameRef(
                 **common,
                 frame_index=i,
+                enhanced=True,
                 position=_geometry(position, "ImagePositionPatient", 3, unusable),  # type: ignore[arg-type]
                 orientation=_geometry(orientation, "ImageOrientationPatient", 6, unusable),  # type: ignore[arg-type]
                 pixel_spacing=_geometry(measures, "PixelSpacing", 2, unusable),  # type: ignore[arg-type]

@@ -35,7 +35,7 @@ class SliceSource:
 
     sop_instance_uid: str
     sop_class_uid: str
-    frame_number: int | None  # 1-based Referenced Frame Number; None for single-frame
+    frame_number: int | None  # 1-based Referenced Frame Number in an Enhanced instance, else None
     source: SourceFile
 
 
@@ -253,7 +253,7 @@ def _apply_split_policy(header: SeriesHeader, policy: IngestPolicy, warnings: li
 
 
 def _slice_source(frame: FrameRef) -> SliceSource:
-    number = None if frame.frame_index is None else frame.frame_index + 1
+    number = frame.frame_index + 1 if frame.enhanced and frame.frame_index is not None else None
     return SliceSource(frame.sop_instance_uid, frame.sop_class_uid, number, frame.source)
 
 

@@ -503,7 +503,9 @@ def _build_report(
             ),
             rejected=rejected,
         ),
-        geometry=Geometry.from_volume(loaded.volume),
+        geometry=Geometry.from_volume(
+            loaded.volume, [s.frame_number for s in loaded.source_slices]
+        ),
         findings=result.findings,
         finding_axes=result.finding_axes,
         organ_measurements=result.organ_measurements,

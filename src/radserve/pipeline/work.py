@@ -61,7 +61,8 @@ class StudyWork:
     ) -> None:
         self.source: StudyInput = as_input(source)
         # the results go back as DICOM SEG/SR: a volume whose slices they cannot reference
-        # (multi-frame source, resampled on ingest) is refused at ingest, before inference
+        # (resampled on ingest, several Enhanced instances, frames of differing orientation)
+        # is refused at ingest, before inference
         self._dicom_references = dicom_references
         self.pipeline = pipeline
         self.out_dir = Path(out_dir)
@@ -110,9 +111,9 @@ class StudyWork:
         refuse_outside_domain(self._ingested, self.pipeline, self._registry, self._policy)
         if self._dicom_references:
             # here only: the DICOM writers load highdicom, which the run path does not
-            from radserve.report.dicom.common import check_slice_references
+            from radserve.report.dicom.frames import check_loaded_references
 
-            check_slice_references(self._ingested.loaded.volume.source_sop_instance_uids)
+            check_loaded_references(self._ingested.loaded)
         self._ingested, channels = load_channels(
             self._ingested, self.pipeline, self._registry, self._policy, self._timer
         )

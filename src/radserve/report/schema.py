@@ -1,4 +1,4 @@
-"""The radserve JSON report, schema version 2.3: what was found, by which model, on what.
+"""The radserve JSON report, schema version 2.4: what was found, by which model, on what.
 
 One ``Report`` per job. It is the single source the other writers work from: DICOM SEG
 (``outputs.label_maps`` with their ``segments`` + the NIfTI label maps), DICOM SR TID
@@ -26,6 +26,9 @@ class, the probability, every label's probability); 2.0 and 2.1 reports read as 
 2.3: a finding has ``coverage`` (``partial`` when it touches an edge of the volume:
 its diameters and volume are lower bounds) and ``edges``; older 2.x reports read as
 2.3 with every finding ``complete`` (not checked then).
+2.4: ``geometry.source_frame_numbers``, the frame of each slice when the series is one
+Enhanced (multi-frame) instance, so DICOM SEG/SR reference frames; older 2.x reports
+read as 2.4 without it (single-frame sources).
 ``docs/report-schema.json`` is the JSON Schema export
 (:func:`radserve.report.json_report.write_json_schema`).
 """
@@ -33,6 +36,7 @@ its diameters and volume are lower bounds) and ``edges``; older 2.x reports read
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -43,7 +47,7 @@ from radserve.domain import Classification, CodedConcept, Finding, OrganMeasurem
 from radserve.models.manifest import ModelSpec
 from radserve.postprocess.diameters import FindingAxes
 
-SCHEMA_VERSION = "2.3"
+SCHEMA_VERSION = "2.4"
 
 
 class _Model(BaseModel):
@@ -108,15 +112,25 @@ class Geometry(_Model):
         default_factory=list,
         description="SOP Instance UID of each slice, index = slice (SR/SEG references)",
     )
+    source_frame_numbers: list[int | None] = Field(
+        default_factory=list,
+        description="1-based frame number of each slice in its Enhanced (multi-frame) "
+        "instance, index = slice, null for a single-frame instance; empty when no slice is "
+        "a frame (2.4)",
+    )
 
     @classmethod
-    def from_volume(cls, volume: Volume) -> Geometry:
+    def from_volume(cls, volume: Volume, frame_numbers: Sequence[int | None] = ()) -> Geometry:
+        """``frame_numbers``: each slice's frame in its Enhanced instance (None: single-frame)."""
         return cls(
             shape=volume.shape,
             spacing=volume.spacing,
             affine=np.asarray(volume.affine, dtype=float).tolist(),
             frame_of_reference_uid=volume.frame_of_reference_uid,
             source_sop_instance_uids=list(volume.source_sop_instance_uids),
+            source_frame_numbers=list(frame_numbers)
+            if any(n is not None for n in frame_numbers)
+            else [],
         )
 
 
@@ -195,7 +209,7 @@ class Lineage(_Model):
 class Report(_Model):
     """A job's result. Findings are numbered 1..n; ``finding_id`` is the tracking id."""
 
-    schema_version: Literal["2.3"] = SCHEMA_VERSION
+    schema_version: Literal["2.4"] = SCHEMA_VERSION
     generated_at: AwareDatetime = Field(description="ISO 8601 with time zone (UTC)")
     radserve_version: str = __version__
     job_id: str | None = None

@@ -28,6 +28,11 @@ from pydicom.valuerep import DA, TM
 from radserve import durable
 from radserve.domain import CodedConcept
 from radserve.errors import ReportError
+from radserve.report.dicom.frames import (
+    SliceSources,
+    check_multiframe_source,
+    check_slice_references,
+)
 from radserve.report.schema import Report
 
 logger = logging.getLogger(__name__)
@@ -57,47 +62,33 @@ def read_headers(source_files: Sequence[Path]) -> list[Dataset]:
     return headers
 
 
-def check_slice_references(uids: Sequence[str]) -> None:
-    """Refuse slices that DICOM SEG/SR cannot reference: one single-frame instance each.
-
-    Called again before inference for studies whose results go back as DICOM (see
-    :class:`radserve.pipeline.work.StudyWork`), so an Enhanced (multi-frame) series is
-    refused in seconds instead of after the whole pipeline has run for nothing.
-    """
-    if not uids:
-        raise ReportError(
-            "the volume has no source SOP Instance UIDs per slice (the series was resampled "
-            "on ingest), so DICOM SEG/SR cannot reference source frames; turn resampling off"
-        )
-    if len(set(uids)) != len(uids):
-        raise ReportError(
-            "the series is multi-frame (Enhanced CT/MR: its slices share one SOP Instance "
-            "UID); DICOM SEG/SR results reference single-frame source series only, so it "
-            "is refused before inference; send the series as single-frame images (CT/MR "
-            "Image Storage, the scanner's classic export)"
-        )
-
-
-def slice_sources(report: Report, headers: Sequence[Dataset]) -> list[Dataset]:
-    """The source header of every volume slice, in slice order (``geometry`` index order).
+def slice_sources(report: Report, headers: Sequence[Dataset]) -> SliceSources:
+    """The source header (and Enhanced frame) of every volume slice, in slice order
+    (``geometry`` index order); refuses what DICOM SEG/SR cannot reference
+    (:mod:`radserve.report.dicom.frames`).
 
     Extra headers (other series, SEG/SR already in the study) are ignored, so a whole study
     folder can be passed.
     """
     uids = report.geometry.source_sop_instance_uids
-    check_slice_references(uids)
+    frame_numbers = report.geometry.source_frame_numbers
+    check_slice_references(uids, frame_numbers)
     by_uid = {str(ds.SOPInstanceUID): ds for ds in headers if "SOPInstanceUID" in ds}
-    missing = [u for u in uids if u not in by_uid]
+    instances = list(dict.fromkeys(uids))  # an Enhanced series: one instance, many slices
+    missing = [u for u in instances if u not in by_uid]
     if missing:
         raise ReportError(
-            f"{len(missing)} of {len(uids)} source instances of the report were not among the "
+            f"{len(missing)} of {len(instances)} source instances of the report were not among the "
             f"{len(headers)} files given; pass the files of the series the report was made from"
         )
     sources = [by_uid[u] for u in uids]
     study = report.study.study_instance_uid
     if study and any(str(ds.get("StudyInstanceUID", "")) != study for ds in sources):
         raise ReportError("source instances belong to another study than the report")
-    return sources
+    if not frame_numbers:
+        return SliceSources(tuple(sources))
+    check_multiframe_source(sources[0])
+    return SliceSources(tuple(sources), tuple(n for n in frame_numbers if n is not None))
 
 
 def shield_patient_name(sources: Sequence[Dataset]) -> tuple[list[Dataset], object]:

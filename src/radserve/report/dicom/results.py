@@ -24,6 +24,7 @@ from radserve import durable
 from radserve.checkpoints import checkpoint
 from radserve.errors import ReportError
 from radserve.report.dicom import common
+from radserve.report.dicom.frames import SliceSources
 from radserve.report.dicom.sc import write_key_image_scs
 from radserve.report.dicom.seg import build_seg
 from radserve.report.dicom.sr import build_sr
@@ -59,7 +60,7 @@ def write_dicom_results(
 
 
 def _write_all(
-    report: Report, result_dir: Path, sources: Sequence[Dataset], *, key_images: bool
+    report: Report, result_dir: Path, sources: SliceSources, *, key_images: bool
 ) -> list[Path]:
     series_uid = common.report_uid(report, "seg-series")
     written: list[Path] = []

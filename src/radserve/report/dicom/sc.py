@@ -3,7 +3,8 @@
 Each PNG key image of the report (the axial slice through a finding, with its outline,
 RECIST axes, scale bar and caption burnt in) becomes one RGB Secondary Capture instance
 in a third new series of the source study. It references the source slice it was
-rendered from (Source Image Sequence), so a viewer can jump to it. Burnt-in text holds
+rendered from (Source Image Sequence; with its frame number in an Enhanced source), so a
+viewer can jump to it. Burnt-in text holds
 no patient data (finding number, label, sizes, slice number), so Burned In Annotation
 is YES without any identifying content.
 """
@@ -11,7 +12,6 @@ is YES without any identifying content.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 
 import highdicom as hd
@@ -22,6 +22,7 @@ from pydicom.dataset import Dataset
 from radserve.domain.volume import Volume
 from radserve.errors import ReportError
 from radserve.report.dicom import common
+from radserve.report.dicom.frames import SliceSources
 from radserve.report.keyimages import DisplayTransform
 from radserve.report.schema import KeyImageOutput, Report
 
@@ -57,7 +58,7 @@ def build_key_image_sc(
     report: Report,
     key_image: KeyImageOutput,
     pixels: np.ndarray,
-    sources: Sequence[Dataset],
+    sources: SliceSources,
     *,
     series_instance_uid: str,
     instance_number: int,
@@ -105,6 +106,9 @@ def build_key_image_sc(
     ref = Dataset()
     ref.ReferencedSOPClassUID = source.SOPClassUID
     ref.ReferencedSOPInstanceUID = source.SOPInstanceUID
+    frames = sources.frames_of(key_image.slice_index)
+    if frames:  # an Enhanced source: the frame the key image was rendered from
+        ref.ReferencedFrameNumber = frames[0]
     sc.SourceImageSequence = [ref]
     sc.DerivationDescription = "Axial source slice with AI finding outline and measurements"
     common.set_character_set(sc, common.output_character_set(source, [what]))
@@ -145,7 +149,7 @@ def _copy_laterality(sc: Dataset, source: Dataset) -> None:
         sc.Laterality = ""
 
 
-def write_key_image_scs(report: Report, result_dir: Path, sources: Sequence[Dataset]) -> list[Path]:
+def write_key_image_scs(report: Report, result_dir: Path, sources: SliceSources) -> list[Path]:
     """``keyimage-NN-sc.dcm`` for every key image the report lists, in its order."""
     series_uid = common.report_uid(report, "sc-series")
     orientation = patient_orientation(report)

@@ -5,7 +5,9 @@ dciodvfy 2022 and Orthanc 1.10 do not know the newer SOP class. One segment per 
 label value; values are renumbered 1..n in value order (DICOM wants consecutive segment
 numbers) and segments with no voxels are left out. Only slices holding a segment become
 source frames, and highdicom drops each segment's empty frames, so a 300-slice series
-with a small lesion costs a handful of bit-packed frames.
+with a small lesion costs a handful of bit-packed frames. An Enhanced (multi-frame)
+source is the SEG's one source image, its frames referenced by number
+(:mod:`radserve.report.dicom.frames`).
 
 Each segment carries the model as Segmentation Algorithm Identification, a tracking ID
 (``Lesion 3`` or the organ label) and a tracking UID that the SR writer derives the same
@@ -20,12 +22,12 @@ from pathlib import Path
 
 import highdicom as hd
 import numpy as np
-from pydicom.dataset import Dataset
 from pydicom.sr.codedict import codes
 
 from radserve.domain import CodedConcept, Volume
 from radserve.errors import ReportError
-from radserve.report.dicom import common
+from radserve.report.dicom import common, frames
+from radserve.report.dicom.frames import SliceSources
 from radserve.report.schema import Report, Segment
 
 logger = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ def build_seg(
     report: Report,
     label_map: Volume,
     segments: Sequence[Segment],
-    sources: Sequence[Dataset],
+    sources: SliceSources,
     *,
     series_instance_uid: str | None = None,
     series_number: int = common.SEG_SERIES_NUMBER,
@@ -52,6 +54,10 @@ def build_seg(
     name: str | None = None,
 ) -> hd.seg.Segmentation:
     """The Segmentation dataset; ``sources`` are the slice headers in slice order.
+
+    Single-frame sources: the slab's instances are the source images, one a frame. An
+    Enhanced source: the instance is the one source image and each SEG frame carries its
+    source frame's own plane position, which highdicom matches to that frame number.
 
     ``name`` (the label map's file stem) keeps the SOP Instance UIDs of two label maps of
     one kind apart; the reference pipeline's ``organs`` / ``findings`` maps keep theirs.
@@ -79,11 +85,18 @@ def build_seg(
     texts += [s.model_version for s in kept] + [s.concept.meaning for s in kept]
     texts += [s.category.meaning for s in kept] + common.software_versions(report)
     models = [(s.model, s.model_version) for s in kept]
-    shielded, patient_name = common.shield_patient_name([sources[k] for k in slices])
+    positions = None
+    if sources.frame_numbers:  # frames of one Enhanced instance: it is the one source image
+        shielded, patient_name = common.shield_patient_name([sources[0]])
+        frames.share_frame_geometry(shielded[0])
+        positions = frames.plane_positions(shielded[0], [sources.frame_numbers[k] for k in slices])
+    else:
+        shielded, patient_name = common.shield_patient_name([sources[k] for k in slices])
     try:
         seg = hd.seg.Segmentation(
             source_images=shielded,
             pixel_array=numbered,
+            plane_positions=positions,
             segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
             segment_descriptions=descriptions,
             series_instance_uid=series_instance_uid or common.report_uid(report, "seg-series"),

@@ -27,7 +27,9 @@ instances under the gateway's ``flag`` policy, a transfer cut off and never resu
 :data:`radserve.report.wording.COMPLETENESS_WARNINGS`) becomes a TEXT "Quality Issue"
 (DCM 113010) in TID 1500's Qualitative Evaluations container.
 
-Evidence (Current Requested Procedure Evidence) lists every source slice and each SEG.
+Evidence (Current Requested Procedure Evidence) lists every source instance and each SEG.
+When the source is an Enhanced (multi-frame) instance, every image reference (key slice,
+SCOORD, the segment's source images) names its frame (Referenced Frame Number).
 Flags: COMPLETE, UNVERIFIED, and FINAL (the algorithm will not amend it; a radiologist
 has not verified it).
 """
@@ -42,6 +44,7 @@ import highdicom as hd
 import numpy as np
 import pydicom
 from pydicom.dataset import Dataset
+from pydicom.multival import MultiValue
 from pydicom.sr.codedict import codes
 from pydicom.sr.coding import Code
 from pydicom.uid import SegmentationStorage
@@ -50,6 +53,7 @@ from radserve.domain import Classification, Finding, OrganMeasurement
 from radserve.errors import ReportError
 from radserve.postprocess.diameters import FindingAxes, Point2, Point3
 from radserve.report.dicom import common, notes
+from radserve.report.dicom.frames import SliceSources
 from radserve.report.schema import Report
 from radserve.report.wording import completeness_notes
 
@@ -62,7 +66,7 @@ SegInput = Path | Dataset | Sequence[Path | Dataset] | None
 def build_sr(
     report: Report,
     segs: Sequence[Dataset],
-    sources: Sequence[Dataset],
+    sources: SliceSources,
     *,
     series_instance_uid: str | None = None,
     series_number: int = common.SR_SERIES_NUMBER,
@@ -92,7 +96,7 @@ def build_sr(
     texts += [_class_name(c) for c in report.classifications]
     texts += [m.label for m in report.organ_measurements] + [n for pair in algorithms for n in pair]
     texts += common.software_versions(report) + completeness_notes(report.warnings)
-    shielded, patient_name = common.shield_patient_name(sources)
+    shielded, patient_name = common.shield_patient_name(sources.instances())
     try:
         content = hd.sr.MeasurementReport(
             observation_context=_observation_context(report),
@@ -206,7 +210,7 @@ def _finding_groups(
     finding: Finding,
     axes: FindingAxes | None,
     ref: SegRef | None,
-    sources: Sequence[Dataset],
+    sources: SliceSources,
     *,
     warn_missing: bool,
 ) -> list[object]:
@@ -225,6 +229,7 @@ def _finding_groups(
             f"the {len(sources)} source slices"
         )
     key = sources[finding.key_slice_index]
+    key_frames = sources.frames_of(finding.key_slice_index)  # an Enhanced source's frame
     region_measurements = [_measurement(codes.SCT.Volume, finding.volume_ml, common.ML, algorithm)]
     if finding.mean_hu is not None and report.study.modality == "CT":
         region_measurements.append(
@@ -232,12 +237,12 @@ def _finding_groups(
         )
     linear = [
         _axis_measurement(
-            codes.SCT.LongAxis, finding.longest_diameter_mm, algorithm, key, report,
-            None if axes is None else (axes.long_axis, axes.long_axis_lps),
+            codes.SCT.LongAxis, finding.longest_diameter_mm, algorithm, key, key_frames,
+            report, None if axes is None else (axes.long_axis, axes.long_axis_lps),
         ),
         _axis_measurement(
-            codes.SCT.ShortAxis, finding.short_axis_mm, algorithm, key, report,
-            None if axes is None else (axes.short_axis, axes.short_axis_lps),
+            codes.SCT.ShortAxis, finding.short_axis_mm, algorithm, key, key_frames,
+            report, None if axes is None else (axes.short_axis, axes.short_axis_lps),
         ),
     ]  # fmt: skip
     organ = common.organ_concepts(report).get(finding.containing_organ or "")
@@ -256,7 +261,9 @@ def _finding_groups(
         else None,
     }
     key_images = [
-        hd.sr.SourceImageForMeasurementGroup(str(key.SOPClassUID), str(key.SOPInstanceUID))
+        hd.sr.SourceImageForMeasurementGroup(
+            str(key.SOPClassUID), str(key.SOPInstanceUID), referenced_frame_numbers=key_frames
+        )
     ]
     if ref is not None:
         return [
@@ -312,15 +319,19 @@ def _axis_measurement(
     value: float,
     algorithm: hd.sr.AlgorithmIdentification,
     key: Dataset,
+    key_frames: list[int] | None,
     report: Report,
     endpoints: tuple[tuple[Point2, Point2], tuple[Point3, Point3]] | None,
 ) -> hd.sr.Measurement:
-    """A RECIST axis on the key slice: its length, the image, and its two endpoints.
+    """A RECIST axis on the key slice: its length, the image (and its frame, in an
+    Enhanced source), and its two endpoints.
 
     Image coordinates are (column, row) with (0, 0) the top left corner of the top left
     pixel (PS3.3 C.18.6.1.2), so a pixel centre at index (r, c) is (c + 0.5, r + 0.5).
     """
-    image = hd.sr.SourceImageForMeasurement(str(key.SOPClassUID), str(key.SOPInstanceUID))
+    image = hd.sr.SourceImageForMeasurement(
+        str(key.SOPClassUID), str(key.SOPInstanceUID), referenced_frame_numbers=key_frames
+    )
     coordinates: list[object] = []
     if endpoints is not None:
         rows_cols, lps = endpoints
@@ -330,7 +341,9 @@ def _axis_measurement(
                 graphic_type=hd.sr.GraphicTypeValues.POLYLINE,
                 graphic_data=xy,
                 source_image=hd.sr.SourceImageForRegion(
-                    str(key.SOPClassUID), str(key.SOPInstanceUID)
+                    str(key.SOPClassUID),
+                    str(key.SOPInstanceUID),
+                    referenced_frame_numbers=key_frames,
                 ),
             )
         )
@@ -365,7 +378,8 @@ def _measurement(
 
 
 def _referenced_segment(ref: SegRef) -> hd.sr.ReferencedSegment:
-    """The segment and the source images of its frames.
+    """The segment and the source images of its frames (with their frame numbers when the
+    source is an Enhanced instance).
 
     Built here rather than with ``ReferencedSegment.from_segmentation``: highdicom 0.28
     expects the Segment Identification per frame, but puts it in the shared functional
@@ -373,14 +387,17 @@ def _referenced_segment(ref: SegRef) -> hd.sr.ReferencedSegment:
     """
     seg, number = ref
     shared = seg.SharedFunctionalGroupsSequence[0].get("SegmentIdentificationSequence")
-    images: dict[str, str] = {}
+    images: dict[str, tuple[str, set[int]]] = {}  # SOP Instance UID -> class, frames
     for frame in seg.get("PerFrameFunctionalGroupsSequence", []):
         ident = frame.get("SegmentIdentificationSequence") or shared
         if not ident or int(ident[0].ReferencedSegmentNumber) != number:
             continue
         for derivation in frame.get("DerivationImageSequence", []):
             for src in derivation.get("SourceImageSequence", []):
-                images[str(src.ReferencedSOPInstanceUID)] = str(src.ReferencedSOPClassUID)
+                _, numbers = images.setdefault(
+                    str(src.ReferencedSOPInstanceUID), (str(src.ReferencedSOPClassUID), set())
+                )
+                numbers.update(_frame_numbers(src))
     if not images:
         raise ReportError(f"SEG segment {number} has no frames with source image references")
     return hd.sr.ReferencedSegment(
@@ -388,9 +405,21 @@ def _referenced_segment(ref: SegRef) -> hd.sr.ReferencedSegment:
         sop_instance_uid=str(seg.SOPInstanceUID),
         segment_number=number,
         source_images=[
-            hd.sr.SourceImageForSegmentation(sop_class, uid) for uid, sop_class in images.items()
+            hd.sr.SourceImageForSegmentation(
+                sop_class, uid, referenced_frame_numbers=sorted(numbers) or None
+            )
+            for uid, (sop_class, numbers) in images.items()
         ],
     )
+
+
+def _frame_numbers(item: Dataset) -> list[int]:
+    """Referenced Frame Number (VM 1-n) of a Source Image Sequence item; [] when absent."""
+    value = item.get("ReferencedFrameNumber")
+    if value is None or value == "":
+        return []
+    values = value if isinstance(value, MultiValue) else [value]
+    return [int(v) for v in values]
 
 
 def predecessor_documents(report: Report) -> list[Dataset] | None:

@@ -183,7 +183,8 @@ def _source_series(report: Report) -> JSON:
     series: JSON = {
         "uid": report.study.series_instance_uid,
         "modality": {"system": DCM, "code": report.study.modality or "OT"},
-        "numberOfInstances": len(report.geometry.source_sop_instance_uids),
+        # distinct instances: an Enhanced series is one instance holding every slice
+        "numberOfInstances": len(set(report.geometry.source_sop_instance_uids)),
     }
     if selected is not None and selected.series_number is not None:
         series["number"] = selected.series_number
