@@ -412,6 +412,11 @@ class GatewaySettings(_Section):
     network_timeout_s: float = Field(default=60.0, gt=0)
     # the outbox SCU: TCP connect
     connect_timeout_s: float = Field(default=10.0, gt=0)
+    # the outbox's back-off for results to the PACS: first wait, doubling up to the
+    # cap, then failed_permanent this long after the result was queued
+    retry_first_s: float = Field(default=30.0, gt=0)
+    retry_max_s: float = Field(default=3600.0, gt=0)
+    give_up_after_s: float = Field(default=72 * 3600.0, gt=0)
     # SCP: TLS when cert + key are set; outbox: ca (required) and cert + key for peers
     # with ``tls: true``
     tls: TlsSettings | None = None

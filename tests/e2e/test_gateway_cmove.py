@@ -7,28 +7,19 @@ and reaches radserve not at all. Skips without Orthanc or dcmtk's movescu."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pydicom
-import pytest
 from tests.factories.dicom_net import dcmtk_tool
-from tests.factories.pacs import pacs_and_gateway, terminal_jobs
+from tests.factories.pacs import pacs_and_gateway, pacs_marks, terminal_jobs
 from tests.factories.service import make_study
 from tests.factories.waits import wait_until
 
 from radserve.store import JobState
 from radserve.store.outbox import OutboxState, OutboxStore
 
-pytestmark = [
-    pytest.mark.tools,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        shutil.which("Orthanc") is None or dcmtk_tool("movescu") is None,
-        reason="Orthanc or dcmtk's movescu is not installed",
-    ),
-]
+pytestmark = pacs_marks("movescu")
 
 
 def _movescu(port: int, destination: str, study_uid: str) -> subprocess.CompletedProcess[str]:

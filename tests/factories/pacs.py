@@ -4,16 +4,28 @@ radserve's SCP (modality ``radserve``), radserve's outbox sends results back to 
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from radserve.service import Service
-from tests.factories.dicom_net import Orthanc
+from tests.factories.dicom_net import Orthanc, dcmtk_tool
 from tests.factories.ports import free_port
 from tests.factories.service import settings_for
 from tests.factories.waits import WAIT_SCALE, wait_until
+
+
+def pacs_marks(*dcmtk: str) -> list[pytest.MarkDecorator]:
+    """A PACS test's marks: ``tools``, ``slow``, and a skip without Orthanc or one of
+    the dcmtk tools ``dcmtk``."""
+    missing = ["Orthanc"] if shutil.which("Orthanc") is None else []
+    missing += [name for name in dcmtk if dcmtk_tool(name) is None]
+    reason = f"not installed: {', '.join(missing)}"
+    return [pytest.mark.tools, pytest.mark.slow, pytest.mark.skipif(bool(missing), reason=reason)]
 
 
 @contextmanager

@@ -56,6 +56,14 @@ class Sender(Protocol):
     ) -> None: ...
 
 
+class RetrySettings(Protocol):
+    """A settings section with a back-off (``gateway``, ``fhir``)."""
+
+    retry_first_s: float
+    retry_max_s: float
+    give_up_after_s: float
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Exponential back-off: 30 s, 1 min, 2 min ... capped at 1 h, for up to 3 days."""
@@ -65,6 +73,15 @@ class RetryPolicy:
     max_delay_s: float = 3600.0
     give_up_after_s: float = 72 * 3600.0
     max_attempts: int | None = None
+
+    @classmethod
+    def of(cls, section: RetrySettings) -> RetryPolicy:
+        """The back-off a settings section configures."""
+        return cls(
+            first_delay_s=section.retry_first_s,
+            max_delay_s=section.retry_max_s,
+            give_up_after_s=section.give_up_after_s,
+        )
 
     def delay(self, attempts: int) -> dt.timedelta:
         """Wait after the ``attempts``-th failed attempt (1-based)."""

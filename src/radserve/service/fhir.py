@@ -36,12 +36,7 @@ def fhir_destination(settings: Settings) -> FhirDestination | None:
 
 
 def retry_policy(settings: Settings) -> RetryPolicy:
-    fhir = settings.fhir
-    return RetryPolicy(
-        first_delay_s=fhir.retry_first_s,
-        max_delay_s=fhir.retry_max_s,
-        give_up_after_s=fhir.give_up_after_s,
-    )
+    return RetryPolicy.of(settings.fhir)
 
 
 class FhirDelivery:

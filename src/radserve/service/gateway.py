@@ -31,6 +31,7 @@ from radserve.gateway import (
     GatewaySCP,
     Outbox,
     OutboxWorker,
+    RetryPolicy,
     StoreSCU,
     scp_config_from_settings,
 )
@@ -133,6 +134,7 @@ class GatewayBridge:
                 OutboxStore(store.engine, instance=settings.outbox.instance_id),
                 targets,
                 scu,
+                policy=RetryPolicy.of(settings.gateway),
                 lease=dt.timedelta(seconds=settings.outbox.lease_s),
             )
             self.worker = OutboxWorker(self.outbox)
