@@ -13,8 +13,9 @@ on a real PostgreSQL server that the test stops and starts (radserve is not rest
 
 from __future__ import annotations
 
-import time
+import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlalchemy import create_engine, text
@@ -23,13 +24,12 @@ from tests.factories.service import (
     ServerThread,
     auth,
     create_key,
-    make_models_slow,
     make_study,
     settings_for,
     upload,
     wait_job,
 )
-from tests.factories.waits import until
+from tests.factories.waits import WAIT_SCALE, until
 
 from radserve.api import create_app
 from radserve.scheduling import JobState
@@ -37,8 +37,6 @@ from radserve.service import Service
 from radserve.store.db import normalise_url
 
 WAIT_S = 180.0
-# the first study runs for seconds with the slow model; the second uploads in a moment
-SIZES = ({"n_slices": 96, "rows": 256, "cols": 256}, {})
 
 
 def _actions(url: str, job_id: str) -> list[str]:
@@ -63,27 +61,49 @@ def test_jobs_wait_out_a_long_database_outage_and_held_writes_land_after(tmp_pat
             jobs__retry_backoff_s=1.0,
             scheduler__max_running=1,  # the second job waits while the first runs
         )
-        make_models_slow(tmp_path / "assets" / "models", layers=10, channels=64)
         service = Service(settings)
         key = create_key(service.store, "admin")
-        with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url) as c:
-            assert service.wait_warm(120)
-            ids = []
-            for name, size in zip(("a", "b"), SIZES, strict=True):
-                study = make_study(tmp_path / name, **size)
-                answer = c.post("/v1/studies", files=upload(study), headers=auth(key))
-                assert answer.status_code == 202, answer.text
-                ids.append(answer.json()["id"])
-            first, second = ids
-            until(
-                lambda: service.jobs.get(first).state is not JobState.QUEUED,
-                "the first job to start",
-                WAIT_S,
-            )
+        # each try of the result lineage step (the first step after inference that needs
+        # the database), counted: the job must outlast more tries than its retries allow
+        lineage, tries = service.intake.lineage, []
+        assert lineage is not None
 
-            pg.shut_down()
+        def counted(job_id: str, result: Any) -> Any:
+            tries.append(job_id)
+            return lineage(job_id, result)
+
+        service.intake.lineage = counted
+        with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url) as c:
+            assert service.wait_warm(120 * WAIT_SCALE)
+            # the first job is held in inference until the database is down (a gate, not
+            # a slow model: it is mid-flight at the outage however fast the machine is)
+            session = service.catalog.sessions.get(
+                service.catalog.registry.get("organs-test"), "fp32"
+            )
+            run, in_inference, outage = session.run, threading.Event(), threading.Event()
+
+            def gated(batch: Any) -> Any:
+                in_inference.set()
+                outage.wait(WAIT_S * WAIT_SCALE)
+                return run(batch)
+
+            session.run = gated  # type: ignore[method-assign]
+            try:
+                ids = []
+                for name in ("a", "b"):
+                    answer = c.post(
+                        "/v1/studies", files=upload(make_study(tmp_path / name)), headers=auth(key)
+                    )
+                    assert answer.status_code == 202, answer.text
+                    ids.append(answer.json()["id"])
+                first, second = ids
+                until(in_inference.is_set, "the first job to reach inference", WAIT_S)
+
+                pg.shut_down()
+            finally:
+                outage.set()
             info = service.scheduler.job_info(first)
-            assert info is not None, "the first job finished before the outage: make it slower"
+            assert info is not None and info.state is JobState.RUNNING, info
             # the waiting job is cancelled during the outage: its write is held
             service.jobs.cancel(second, key_id=None, client=None)
             deferred = service.hooks.deferred
@@ -92,8 +112,15 @@ def test_jobs_wait_out_a_long_database_outage_and_held_writes_land_after(tmp_pat
                 "the cancel's write to be held",
                 WAIT_S,
             )
-            # the first job waits at its lineage step, longer than its two retries
-            time.sleep(6.0 + 2 * settings.jobs.retry_backoff_s)
+            # the first job waits at its lineage step: tried more often than a failing
+            # job would be (once and max_retries more), its retries untouched
+            enough = settings.jobs.max_retries + 2
+            until(
+                lambda: tries.count(first) >= enough,
+                f"{enough} tries of the first job's lineage step",
+                WAIT_S,
+                state=lambda: (tries, service.scheduler.job_info(first)),
+            )
             info = service.scheduler.job_info(first)
             assert info is not None and info.state is JobState.RUNNING, info
             assert info.retries == 0, info
