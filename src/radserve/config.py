@@ -83,6 +83,11 @@ class ServerSettings(_Section):
     metrics_require_key: bool = False
     max_upload_bytes: int = Field(default=2 * 1024**3, gt=0)
     request_timeout_s: float = Field(default=60.0, gt=0)
+    # a request body must arrive at this average rate or faster, after a head start of
+    # request_timeout_s (Apache's mod_reqtimeout rule): a client trickling an upload is
+    # answered 408 and closed. 1 KiB/s is ~100x below a slow 1 Mbit/s hospital link, so
+    # a real upload is never cut (a 300-slice CT, ~160 MB, would need over 40 h)
+    min_body_rate_bytes_s: int = Field(default=1024, gt=0)
     # API reader processes (radserve.api.readers): > 0 answers job status and report
     # reads on the public port from processes that run no inference, and forwards every
     # other request to the serving process; 0: one process serves everything. 2 measured

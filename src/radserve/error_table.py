@@ -81,7 +81,7 @@ TABLE: dict[str, ErrorMapping] = {
     "radserve.service.errors.OutputNotFoundError": ErrorMapping(404),
     "radserve.service.errors.ModelNotFoundError": ErrorMapping(404),
     "radserve.gateway.dicomweb.wado.DicomObjectNotFoundError": ErrorMapping(404),
-    "radserve.gateway.dicomweb.multipart.NotAcceptableError": ErrorMapping(406),
+    "radserve.media_types.NotAcceptableError": ErrorMapping(406),
     "radserve.api.errors.RequestTimeoutError": ErrorMapping(408),
     # conflicts with the state of a job or row
     "radserve.store.errors.InvalidTransitionError": ErrorMapping(409),

@@ -116,12 +116,13 @@ class ServerThread:
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         from radserve.api.http_limits import bounded_protocol
+        from radserve.config import ServerSettings
 
         service = getattr(app.state, "service", None)
-        head_timeout_s = service.settings.server.request_timeout_s if service else 60.0
+        server = service.settings.server if service else ServerSettings()
         config = uvicorn.Config(
             app,
-            http=bounded_protocol(head_timeout_s),  # as radserve serve runs it
+            http=bounded_protocol(server),  # as radserve serve runs it
             log_config=None,
             access_log=False,
             lifespan="on",

@@ -4,6 +4,7 @@ and never another study's data lost."""
 
 from __future__ import annotations
 
+import json
 import select
 import socket
 import time
@@ -161,6 +162,97 @@ def test_a_request_head_that_trickles_in_or_never_comes_gets_408(server: dict[st
         assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
         assert silent.recv(4096).startswith(b"HTTP/1.1 408")  # the socket's 30 s bound it
     assert server["client"].get("/healthz").status_code == 200
+
+
+def _read_to_close(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            return data
+        if not chunk:
+            return data
+        data += chunk
+
+
+def _trickle(sock: socket.socket, seconds: float) -> bool:
+    """Send a byte every 0.2 s until the server answers or closes (True), or for
+    ``seconds`` (False)."""
+    for _ in range(int(seconds / 0.2)):
+        try:
+            sock.sendall(b"x")
+        except (BrokenPipeError, ConnectionResetError):
+            return True
+        if select.select([sock], [], [], 0.2)[0]:
+            return True
+    return False
+
+
+def test_a_body_that_trickles_in_gets_408_and_the_connection_closed(
+    server: dict[str, Any],
+) -> None:
+    """A byte every 0.2 s never passed the idle bound between chunks, so the upload was
+    read for as long as it came. Under ``server.min_body_rate_bytes_s`` (1 KiB/s) after a
+    head start of ``server.request_timeout_s`` (2 s here) it is answered 408 with the
+    JSON error body and closed; a route that answered without reading the body has its
+    connection closed too."""
+    c, key, service = server["client"], server["key"], server["service"]
+    before = _count_jobs(service)
+    upload_head = (
+        "POST /v1/studies HTTP/1.1\r\nHost: radserve\r\n"
+        f"Authorization: Bearer {key}\r\n"
+        "Content-Type: multipart/form-data; boundary=b\r\nContent-Length: 100000\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server["port"]), timeout=30) as sock:
+        sock.sendall(upload_head + b"--b\r\n")
+        assert _trickle(sock, 60), "the trickling upload was never answered"
+        answer = _read_to_close(sock)  # and then closed
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and b"application/json" in head
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+    assert "server.min_body_rate_bytes_s" in json.loads(body)["error"]["message"]
+
+    read_head = (
+        f"GET /v1/jobs HTTP/1.1\r\nHost: radserve\r\nAuthorization: Bearer {key}\r\n"
+        "Content-Length: 100000\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server["port"]), timeout=30) as sock:
+        sock.sendall(read_head)
+        answered = sock.recv(65536)  # answered without reading the body
+        assert answered.startswith(b"HTTP/1.1 200")
+        assert _trickle(sock, 60), "the connection was held while the body trickled on"
+        _read_to_close(sock)
+    assert c.get("/healthz").status_code == 200
+    assert _count_jobs(service) == before
+
+
+def test_an_upload_with_pauses_is_not_cut_while_its_rate_holds(
+    server: dict[str, Any], tmp_path: Path
+) -> None:
+    """The rate bound is an average with credit, not a deadline: an upload that pauses
+    three times for 1.5 s (4.5 s in all, over the 2 s head start, each pause under the
+    2 s idle bound) after sending most of its bytes at once is stored (202)."""
+    c, key = server["client"], server["key"]
+    request = c.build_request("POST", "/v1/studies", files=upload(make_study(tmp_path / "s")))
+    body = request.read()
+    head = (
+        "POST /v1/studies HTTP/1.1\r\nHost: radserve\r\nConnection: close\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: {request.headers['content-type']}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    cuts = [len(body) // 2, len(body) * 3 // 4, len(body) - 10]
+    with socket.create_connection(("127.0.0.1", server["port"]), timeout=60) as sock:
+        sent = 0
+        sock.sendall(head)
+        for cut in cuts:
+            sock.sendall(body[sent:cut])
+            sent = cut
+            time.sleep(1.5)
+        sock.sendall(body[sent:])
+        answer = _read_to_close(sock)
+    assert answer.startswith(b"HTTP/1.1 202"), answer[:300]
 
 
 def test_bad_studies_fail_with_a_code_and_others_are_unharmed(

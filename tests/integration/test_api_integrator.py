@@ -52,7 +52,54 @@ def test_file_routes_serve_ranges_and_ignore_a_range_header_they_cannot_parse(
     part = c.get(url, headers={**reader, "Range": "bytes=0-9"})
     assert part.status_code == 206 and part.content == whole.content[:10]
     past = c.get(url, headers={**reader, "Range": f"bytes={len(whole.content) + 10}-"})
-    assert past.status_code == 416
+    assert past.status_code == 416 and past.json()["error"]["code"] == "range_not_satisfiable"
+    assert past.headers["content-range"] == f"bytes */{len(whole.content)}"
+
+
+READS = (
+    "/v1/jobs/{job}",
+    "/v1/jobs/{job}/report",
+    "/v1/jobs/{job}/fhir",
+    "/v1/jobs/{job}/labels",
+    "/v1/jobs/{job}/images/1",
+    "/v1/jobs",
+    "/v1/models",
+    "/v1/ops/turnaround",
+    "/healthz",
+    "/metrics",
+)
+
+
+@pytest.mark.parametrize("path", READS)
+def test_a_read_refuses_an_accept_it_cannot_serve_with_406_naming_what_it_serves(
+    live: dict[str, Any], path: str
+) -> None:
+    """One negotiation rule for every route with one representation (api.negotiation):
+    an Accept header that allows none of it gets 406 naming the type the route serves,
+    and a header that allows it, among others, is served."""
+    c, admin = live["client"], auth(live["admin"])
+    url = path.format(job=live["job"])
+    served = c.get(url, headers=admin)
+    assert served.status_code == 200, served.text[:300]
+    media = served.headers["content-type"].split(";")[0]
+    refused = c.get(url, headers={**admin, "Accept": "application/x-nothing"})
+    assert refused.status_code == 406 and refused.json()["error"]["code"] == "not_acceptable"
+    assert media in refused.json()["error"]["message"]
+    among = c.get(url, headers={**admin, "Accept": f"application/x-nothing, {media};q=0.2"})
+    assert among.status_code == 200
+
+
+def test_the_fhir_bundle_is_json_only_and_says_so(live: dict[str, Any]) -> None:
+    """``Accept: application/fhir+xml`` was answered with JSON; radserve writes the
+    Bundle as JSON only, so XML gets 406; ``application/json`` (the FHIR JSON's
+    structured-syntax parent) is served."""
+    c, reader = live["client"], auth(live["read"])
+    url = f"/v1/jobs/{live['job']}/fhir"
+    xml = c.get(url, headers={**reader, "Accept": "application/fhir+xml"})
+    assert xml.status_code == 406 and "application/fhir+json" in xml.json()["error"]["message"]
+    as_json = c.get(url, headers={**reader, "Accept": "application/json"})
+    assert as_json.status_code == 200
+    assert as_json.headers["content-type"].startswith("application/fhir+json")
 
 
 def _zip(files: dict[str, str]) -> bytes:

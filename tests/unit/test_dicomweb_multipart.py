@@ -12,12 +12,11 @@ from radserve.gateway.dicomweb.multipart import (
     MAX_PART_HEADERS,
     MAX_PREAMBLE,
     MalformedMultipartError,
-    MediaType,
     RelatedParser,
-    accepted_types,
     related_boundary,
     related_parts,
 )
+from radserve.media_types import MediaType, accepted_types
 from radserve.service.errors import UnsupportedMediaError
 
 ROOT = ("application/dicom",)

@@ -116,7 +116,7 @@ def test_every_row_is_a_valid_answer(cls: type[RadserveError]) -> None:
         ("radserve.scheduling.errors.QueueFullError", 503),
         ("radserve.store.errors.JobNotFoundError", 404),
         ("radserve.gateway.dicomweb.wado.DicomObjectNotFoundError", 404),
-        ("radserve.gateway.dicomweb.multipart.NotAcceptableError", 406),
+        ("radserve.media_types.NotAcceptableError", 406),
         ("radserve.api.errors.UnauthenticatedError", 401),
         ("radserve.errors.ReportError", 500),
     ],

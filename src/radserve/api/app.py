@@ -4,8 +4,8 @@
 the middleware around one :class:`~radserve.service.Service`. The app's lifespan starts
 and stops the service unless the caller manages it (``manage_service=False``).
 
-Middleware, outermost first: HTTP metrics -> request timeout -> body limit -> HEAD as
-GET -> app.
+Middleware, outermost first: JSON error bodies -> HTTP metrics -> request timeout -> body
+limit -> HEAD as GET -> app.
 """
 
 from __future__ import annotations

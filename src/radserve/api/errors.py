@@ -40,6 +40,27 @@ class UploadIncompleteError(RadserveError):
     code = "upload_incomplete"
 
 
+# the error code of an answer that no RadserveError made (Starlette's and the framework's
+# own 4xx/5xx), by its status
+_STATUS_CODES = {
+    400: "invalid_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    408: "request_timeout",
+    413: "upload_too_large",
+    415: "unsupported_media_type",
+    416: "range_not_satisfiable",
+}
+
+
+def code_for_status(status: int) -> str:
+    """The error code for an HTTP error status that no radserve error chose."""
+    return _STATUS_CODES.get(status) or ("invalid_request" if status < 500 else "internal_error")
+
+
 def status_for(exc: RadserveError) -> int:
     """The HTTP status of an error: its class's row in :mod:`radserve.error_table`
     (looked up along the MRO, as Starlette finds a handler)."""
@@ -92,8 +113,7 @@ def install(app: FastAPI, *, on_error: Any = None) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        code = code or ("invalid_request" if exc.status_code < 500 else "internal_error")
+        code = code_for_status(exc.status_code)
         count(code)
         return JSONResponse(
             error_body(code, str(exc.detail)),
@@ -125,6 +145,7 @@ __all__ = [
     "RequestTimeoutError",
     "UnauthenticatedError",
     "UploadIncompleteError",
+    "code_for_status",
     "error_body",
     "error_response",
     "install",

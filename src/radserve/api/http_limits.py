@@ -1,5 +1,5 @@
 """Bounds on the size and the arrival time of an HTTP request's head (request line and
-header fields).
+header fields) and on the arrival rate of its body; uvicorn's own answers as JSON.
 
 uvicorn's httptools protocol has neither. Size: a client sending one 20 MB header had it
 buffered whole (68 MB of server memory) and answered 200. This protocol counts the bytes
@@ -14,11 +14,24 @@ that is not complete ``head_timeout_s`` after the connection opened, or after it
 byte on a kept-alive connection, is answered **408 Request Timeout** and the connection
 closed. :func:`bounded_protocol` sets that time from ``server.request_timeout_s``, the
 bound the body of a request already has between two of its chunks.
+
+Body rate: a body trickling in (one byte every 2 s) was read for as long as it came,
+each byte resetting the idle bound. As Apache's ``mod_reqtimeout`` (``body=20,MinRate=500``)
+does, a body gets ``request_timeout_s`` from the end of its head, plus one second for each
+``server.min_body_rate_bytes_s`` bytes that arrive; past that it is answered **408** (if
+nothing was answered yet) and the connection closed. Time in which the server, not the
+client, is behind (uvicorn paused reading: the app has not taken what arrived) is not
+counted. A fast upload banks time, so a real upload over a slow link that stalls for a
+while is not cut by this rule (the idle bound between chunks still applies).
+
+uvicorn answers a request its parser refuses (a bad request line, a path that is not
+ASCII, a malformed header) with a text/plain 400; here it is the API's JSON error body.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import Callable
@@ -26,66 +39,72 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from radserve.api.errors import error_body
+from radserve.config import ServerSettings
+
 MAX_REQUEST_HEAD = 64 * 1024  # nginx's default is 4 x 8 KiB; Apache's 8 KiB a line
 
-_431 = (
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-    b"content-type: application/json\r\n"
-    b"connection: close\r\n"
-    b"content-length: %d\r\n\r\n%s"
-)
-_BODY = (
-    b'{"error":{"code":"invalid_request","message":"the request line and headers exceed '
-    b'%d bytes","retryable":false}}' % MAX_REQUEST_HEAD
-)
-_408 = (
-    b"HTTP/1.1 408 Request Timeout\r\n"
-    b"content-type: application/json\r\n"
-    b"connection: close\r\n"
-    b"content-length: %d\r\n\r\n%s"
-)
-_SLOW = (
-    b'{"error":{"code":"request_timeout","message":"the request line and headers did not '
-    b'arrive within %d s (server.request_timeout_s)","retryable":true}}'
+
+def _answer(status: bytes, code: str, message: str, retryable: bool = False) -> bytes:
+    """A whole HTTP/1.1 error answer with the API's JSON error body, closing."""
+    body = json.dumps(error_body(code, message, retryable)).encode()
+    return (
+        b"HTTP/1.1 %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        b"content-length: %d\r\n\r\n%s" % (status, len(body), body)
+    )
+
+
+_431 = _answer(
+    b"431 Request Header Fields Too Large",
+    "invalid_request",
+    f"the request line and headers exceed {MAX_REQUEST_HEAD} bytes",
 )
 
 
-class _SlowHeadLog:
-    """At most one warning line per ``every_s`` for heads cut for time, each with the
+class _CutLog:
+    """At most one warning line per ``every_s`` for requests cut for time, each with the
     number cut since the line before (the rest of a burst is counted in the next line):
     a client that opens thousands of slow connections would otherwise choose how many
-    lines the server writes (300 connections: 300 identical lines in one second)."""
+    lines the server writes (300 connections: 300 identical lines in one second).
+    ``what`` is the line after the count, with one ``%`` field for the bound."""
 
-    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, what: str, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.what = what
         self.every_s = every_s
         self.clock = clock
         self._last = -math.inf
         self._cut = 0
 
-    def count(self, logger: Any, timeout_s: float) -> None:
+    def count(self, logger: Any, bound: float) -> None:
         self._cut += 1
         now = self.clock()
         if now - self._last >= self.every_s:
-            logger.warning(
-                "%d request head(s) not complete after %.0f s: 408", self._cut, timeout_s
-            )
+            logger.warning("%d " + self.what + ": 408", self._cut, bound)
             self._last, self._cut = now, 0
 
 
-_slow_heads = _SlowHeadLog()
+_slow_heads = _CutLog("request head(s) not complete after %.0f s")
+_slow_bodies = _CutLog("request body(ies) slower than %d bytes/s")
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with :data:`MAX_REQUEST_HEAD` on each request head and
-    ``head_timeout_s`` for it to arrive."""
+    """uvicorn's httptools protocol with :data:`MAX_REQUEST_HEAD` on each request head,
+    ``head_timeout_s`` for it to arrive, ``min_body_rate`` (bytes/s) for its body after a
+    head start of ``head_timeout_s``, and JSON for the parser's 400."""
 
     head_timeout_s: float = 60.0  # server.request_timeout_s's default
+    min_body_rate: float = 1024.0  # server.min_body_rate_bytes_s's default
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._in_head = True
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
+        self._in_body = False
+        self._body_deadline = 0.0  # loop time; moved on by each body byte
+        self._body_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -93,6 +112,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
+        self._in_body = False
+        self._disarm_body_timer()
         super().connection_lost(exc)
 
     def _arm_head_timer(self) -> None:
@@ -104,13 +125,64 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer.cancel()
             self._head_timer = None
 
+    def _disarm_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
     def _head_timed_out(self) -> None:
         self._head_timer = None
         if self._in_head and not self.transport.is_closing():
             _slow_heads.count(self.logger, self.head_timeout_s)
-            body = _SLOW % self.head_timeout_s
-            self.transport.write(_408 % (len(body), body))
-            self.transport.close()
+            self._cut(
+                _answer(
+                    b"408 Request Timeout",
+                    "request_timeout",
+                    f"the request line and headers did not arrive within "
+                    f"{self.head_timeout_s:.0f} s (server.request_timeout_s)",
+                    retryable=True,
+                )
+            )
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if not self._in_body or self.transport.is_closing():
+            return
+        now = self.loop.time()
+        if self.flow.read_paused:  # the app has not taken what came: the server is behind
+            self._body_deadline = max(self._body_deadline, now + self.head_timeout_s)
+        if now < self._body_deadline:
+            self._body_timer = self.loop.call_at(self._body_deadline, self._body_timed_out)
+            return
+        _slow_bodies.count(self.logger, self.min_body_rate)
+        self._in_body = False
+        answered = self.cycle is not None and self.cycle.response_started
+        self._cut(
+            b""
+            if answered
+            else _answer(
+                b"408 Request Timeout",
+                "request_timeout",
+                f"the request body arrived slower than {self.min_body_rate:.0f} bytes/s "
+                "(server.min_body_rate_bytes_s); the request was dropped",
+                retryable=True,
+            )
+        )
+
+    def _cut(self, answer: bytes) -> None:
+        """Send ``answer`` (if any) and close; the app's request, if one runs, sees the
+        client gone (its later answer is dropped, as for a client that went away)."""
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        if answer:
+            self.transport.write(answer)
+        self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request its parser refuses, with the JSON error body."""
+        self.transport.write(_answer(b"400 Bad Request", "invalid_request", msg))
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self._in_head:
@@ -118,10 +190,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._head_bytes += len(data) if end < 0 else end
             if self._head_bytes > MAX_REQUEST_HEAD:
                 self.logger.warning("request head over %d bytes: 431", MAX_REQUEST_HEAD)
-                self.transport.write(_431 % (len(_BODY), _BODY))
+                self.transport.write(_431)
                 self.transport.close()
                 return
         super().data_received(data)
+        # armed here, not per request: a request without a body has ended by now
+        if self._in_body and self._body_timer is None and not self.transport.is_closing():
+            self._body_timer = self.loop.call_at(self._body_deadline, self._body_timed_out)
 
     def on_message_begin(self) -> None:
         self._in_head = True
@@ -132,16 +207,31 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._disarm_head_timer()
+        # a WebSocket upgrade's bytes after the head are the other protocol's
+        self._in_body = not (self.parser.should_upgrade() and self._should_upgrade())
+        self._body_deadline = self.loop.time() + self.head_timeout_s
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        self._body_deadline += len(body) / self.min_body_rate
+        super().on_body(body)
 
-def bounded_protocol(head_timeout_s: float) -> type[BoundedHttpToolsProtocol]:
-    """The protocol class for uvicorn's ``http=`` with ``head_timeout_s`` (uvicorn builds
-    one instance per connection from the class, so the time is a class attribute)."""
+    def on_message_complete(self) -> None:
+        self._in_body = False
+        self._disarm_body_timer()
+        super().on_message_complete()
+
+
+def bounded_protocol(server: ServerSettings) -> type[BoundedHttpToolsProtocol]:
+    """The protocol class for uvicorn's ``http=`` with ``server``'s bounds (uvicorn builds
+    one instance per connection from the class, so they are class attributes)."""
     return type(
         "BoundedHttpToolsProtocol",
         (BoundedHttpToolsProtocol,),
-        {"head_timeout_s": float(head_timeout_s)},
+        {
+            "head_timeout_s": float(server.request_timeout_s),
+            "min_body_rate": float(server.min_body_rate_bytes_s),
+        },
     )
 
 

@@ -1,5 +1,5 @@
 """The request stack every radserve app runs under: HEAD as GET, body limit, request
-timeout, HTTP metrics.
+timeout, HTTP metrics, JSON error bodies.
 
 A module of its own, not part of :mod:`radserve.api.app`: an API reader process
 (:mod:`radserve.api.reader`) wraps its two reads in the same stack, and importing the app
@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from radserve.api.middleware import (
     BodyLimitMiddleware,
     HeadAsGetMiddleware,
+    JsonErrorsMiddleware,
     MetricsMiddleware,
     Observe,
     TimeoutMiddleware,
@@ -25,7 +26,8 @@ from radserve.config import ServerSettings
 
 def limits(server: ServerSettings, observe: Observe) -> list[tuple[Any, dict[str, Any]]]:
     """The request stack of every radserve app (the serving process's and the reader
-    processes'), innermost first: HEAD as GET, body limit, request timeout, HTTP metrics."""
+    processes'), innermost first: HEAD as GET, body limit, request timeout, HTTP metrics,
+    JSON error bodies."""
     return [
         (HeadAsGetMiddleware, {}),
         (
@@ -37,6 +39,7 @@ def limits(server: ServerSettings, observe: Observe) -> list[tuple[Any, dict[str
             {"timeout_s": server.request_timeout_s, "exempt": ("/v1/studies", "/dicomweb/studies")},
         ),
         (MetricsMiddleware, {"observe": observe}),
+        (JsonErrorsMiddleware, {}),
     ]
 
 

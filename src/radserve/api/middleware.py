@@ -12,6 +12,7 @@ is a few attribute lookups.
   other request that takes longer gets 504 (uploads are exempt: storing a large study
   takes the time it takes, but only while its bytes keep coming).
 - HEAD: answered as the GET of the same URL without its body.
+- Error bodies: every 4xx/5xx leaves with the API's JSON error body, whoever wrote it.
 """
 
 from __future__ import annotations
@@ -19,12 +20,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radserve.api.errors import RequestTimeoutError, UploadIncompleteError, error_body
+from radserve.api.errors import (
+    RequestTimeoutError,
+    UploadIncompleteError,
+    code_for_status,
+    error_body,
+)
 from radserve.store.files import UploadTooLargeError
 
 Observe = Callable[[str, str, int, float], None]
@@ -154,6 +161,65 @@ class TimeoutMiddleware:
             )
 
 
+class JsonErrorsMiddleware:
+    """Every error answer in the API's JSON error body, whoever wrote it: Starlette's
+    ``FileResponse`` answers a range past the end with an empty text/plain 416 (and an
+    unparsable one with a text/plain 400), and a framework default may answer text. An
+    error that is not JSON (``application/json`` or ``+json``) is rewritten: the status
+    and headers kept (``Content-Range``, ``Allow``, ``Retry-After``), its text (at most
+    :data:`_KEPT_TEXT` bytes, printable) or the status's phrase as the message."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        held: Message | None = None
+        text = b""
+
+        async def uniform(message: Message) -> None:
+            nonlocal held, text
+            if message["type"] == "http.response.start":
+                if message["status"] >= 400 and not _json_typed(message.get("headers", ())):
+                    held = message
+                    return
+            elif held is not None and message["type"] == "http.response.body":
+                text = (text + message.get("body", b""))[:_KEPT_TEXT]
+                if not message.get("more_body", False):
+                    await _send_rewritten(send, held, text)
+                return
+            await send(message)
+
+        await self.app(scope, receive, uniform)
+
+
+_KEPT_TEXT = 512
+_MESSAGES = {416: "the Range header asks for bytes past the end; Content-Range gives the size"}
+_DROPPED = (b"content-type", b"content-length", b"transfer-encoding")
+
+
+def _json_typed(headers: Any) -> bool:
+    for name, value in headers:
+        if bytes(name).lower() == b"content-type":
+            media = bytes(value).split(b";")[0].strip().lower()
+            return media == b"application/json" or media.endswith(b"+json")
+    return False
+
+
+async def _send_rewritten(send: Send, start: Message, text: bytes) -> None:
+    status = start["status"]
+    said = text.decode("utf-8", "replace").strip()
+    if not said or not said.isprintable():
+        said = _MESSAGES.get(status) or HTTPStatus(status).phrase
+    body = json.dumps(error_body(code_for_status(status), said)).encode()
+    headers = [(k, v) for k, v in start.get("headers", ()) if bytes(k).lower() not in _DROPPED]
+    headers += [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({**start, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 class MetricsMiddleware:
     """Counts and times every request by route *template* (bounded label values)."""
 
@@ -204,4 +270,9 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-__all__ = ["BodyLimitMiddleware", "MetricsMiddleware", "TimeoutMiddleware"]
+__all__ = [
+    "BodyLimitMiddleware",
+    "JsonErrorsMiddleware",
+    "MetricsMiddleware",
+    "TimeoutMiddleware",
+]

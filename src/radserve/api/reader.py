@@ -36,6 +36,7 @@ from radserve.api import errors
 from radserve.api.auth import KeyVerifier, Principal, require_read
 from radserve.api.job_snapshot import SnapshotReader
 from radserve.api.limits import limits
+from radserve.api.negotiation import check_acceptable, offered_types
 from radserve.api.routes import jobs as job_routes
 from radserve.api.status_bodies import StatusBodies
 from radserve.audit.chain import AuditEvent, AuditRecord
@@ -135,16 +136,20 @@ def reader_app(
 
 @dataclass(frozen=True)
 class _Route:
-    """A read route: its template (the metrics label, as FastAPI's route's ``path``)."""
+    """A read route: its template (the metrics label, as FastAPI's route's ``path``) and
+    the media types it answers with (as the serving process's route declares them)."""
 
     path: str
     endpoint: Callable[[Request, str, Principal], Awaitable[Response]]
+    offered: tuple[str, ...]
+
+    @classmethod
+    def of(cls, path: str) -> _Route:
+        route = next(r for r in job_routes.router.routes if getattr(r, "path", None) == path)
+        return cls(path, route.endpoint, offered_types(route))  # type: ignore[arg-type]
 
 
-_ROUTES = {
-    False: _Route("/v1/jobs/{job_id}", job_routes.get_job),
-    True: _Route("/v1/jobs/{job_id}/report", job_routes.get_report),
-}
+_ROUTES = {False: _Route.of("/v1/jobs/{job_id}"), True: _Route.of("/v1/jobs/{job_id}/report")}
 
 
 def _route_of(path: str) -> tuple[_Route, str] | None:
@@ -177,6 +182,7 @@ class _Reads:
         scope["app"], scope["route"] = self.holder, route
         request = Request(scope, receive)
         try:
+            check_acceptable(request.headers.get("accept"), route.offered)
             who = await require_read(request)
             response = await route.endpoint(request, job_id, who)
         except RadserveError as exc:
@@ -276,7 +282,7 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
     app = reader_app(settings, store, snapshot, upstream, link.emit, audit.submit)
     config = uvicorn.Config(
         app,
-        http=bounded_protocol(settings.server.request_timeout_s),
+        http=bounded_protocol(settings.server),
         log_config=None,
         access_log=spec.access_log,
         timeout_keep_alive=30,

@@ -115,7 +115,7 @@ def run_server(
     install_console(app, service)  # the web console at / (console.enabled)
     common: dict[str, Any] = {
         # bounds on request heads' size and time (uvicorn's has neither)
-        "http": bounded_protocol(settings.server.request_timeout_s),
+        "http": bounded_protocol(settings.server),
         "log_config": None,
         "access_log": access_log,
         "timeout_keep_alive": 30,

@@ -31,13 +31,11 @@ from radserve.api.auth import (
     require_read,
     require_submit,
 )
+from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import ErrorOut
 from radserve.api.state import service_of as _service
 from radserve.errors import InvalidRequestError
 from radserve.gateway.dicomweb.multipart import (
-    MediaType,
-    NotAcceptableError,
-    accepted_types,
     new_boundary,
     read_related,
     related_boundary,
@@ -46,12 +44,13 @@ from radserve.gateway.dicomweb.multipart import (
 from radserve.gateway.dicomweb.qido import Level, parse_query
 from radserve.gateway.dicomweb.stow import DICOM_MEDIA, StowPart
 from radserve.gateway.dicomweb.wado import ResultFile
+from radserve.media_types import MediaType, NotAcceptableError, accepted_types
 from radserve.security.keys import Role
 from radserve.service import Origin, parse_priority
 from radserve.service.intake import DICOMWEB_SOURCE
 from radserve.store import JobNotFoundError
 
-router = APIRouter(prefix="/dicomweb", tags=["dicomweb"])
+router = APIRouter(prefix="/dicomweb", tags=["dicomweb"], route_class=NegotiatedRoute)
 
 DICOM_JSON = "application/dicom+json"
 _UID = re.compile(r"[0-9]+(\.[0-9]+)*")  # as the gateway checks (leading zeros tolerated)

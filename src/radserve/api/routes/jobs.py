@@ -25,6 +25,7 @@ from radserve.api.auth import (
 )
 from radserve.api.errors import ForbiddenError
 from radserve.api.files import RANGE_RESPONSES, FileAnswer
+from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import ErrorOut, JobOut, JobPageOut
 from radserve.api.status_bodies import StatusBodies, status_body
 from radserve.errors import InvalidRequestError
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     # module for its two reads and never runs the service
     from radserve.service import Service
 
-router = APIRouter(tags=["jobs"])
+router = APIRouter(tags=["jobs"], route_class=NegotiatedRoute)
 
 Reader = Annotated[Principal, Depends(require_read)]
 Submitter = Annotated[Principal, Depends(require_submit)]

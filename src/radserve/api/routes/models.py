@@ -15,13 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from radserve.api.auth import Principal, require_admin, require_read
+from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import ErrorOut
 from radserve.api.state import service_of as _service
 from radserve.domain.deployment import Role, StepDeployment
 from radserve.errors import BundleRejectedError, InvalidRequestError
 from radserve.service.variant_install import VariantRequest, variant_gates
 
-router = APIRouter(tags=["models"])
+router = APIRouter(tags=["models"], route_class=NegotiatedRoute)
 _ERRORS: dict[int | str, dict[str, Any]] = {
     c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 413, 422)
 }

@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from radserve import __version__
 from radserve.api.auth import Principal, require_admin, require_read
+from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import (
     DestinationStatusOut,
     ErrorOut,
@@ -27,7 +28,7 @@ from radserve.service.errors import InvalidRequestError
 from radserve.service.metrics import CONTENT_TYPE
 from radserve.store.outbox import OutboxKind, OutboxState
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], route_class=NegotiatedRoute)
 _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorOut} for c in (401, 403)}
 
 
@@ -90,6 +91,7 @@ def add_metrics_route(router_: APIRouter, *, require_key: bool) -> None:
         summary="Prometheus metrics",
         responses={200: {"content": {CONTENT_TYPE: {}}}, **responses},
         tags=["operations"],
+        route_class_override=NegotiatedRoute,
     )
 
 
@@ -168,7 +170,7 @@ async def openapi(request: Request, _: Annotated[Principal, Depends(require_read
     return JSONResponse(request.app.openapi())
 
 
-@router.get("/docs", include_in_schema=False)
+@router.get("/docs", include_in_schema=False, response_class=HTMLResponse)
 async def docs(request: Request, _: Annotated[Principal, Depends(require_read)]) -> HTMLResponse:
     return get_swagger_ui_html(openapi_url="/openapi.json", title="radserve API")
 

@@ -16,6 +16,7 @@ from starlette.datastructures import FormData, UploadFile
 
 from radserve.api.auth import Principal, require_submit
 from radserve.api.errors import status_for
+from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import BatchItemOut, BatchOut, ErrorBody, ErrorOut, JobOut
 from radserve.api.server_paths import without_server_paths
 from radserve.api.state import service_of as _service
@@ -27,7 +28,7 @@ from radserve.service.errors import UnsupportedMediaError
 if TYPE_CHECKING:
     from starlette._utils import AwaitableOrContextManager
 
-router = APIRouter(tags=["studies"])
+router = APIRouter(tags=["studies"], route_class=NegotiatedRoute)
 
 MAX_FILES = 100_000  # instances in one request (a thin-slice CT has thousands)
 _MULTIPART_DOC: dict[str, Any] = {

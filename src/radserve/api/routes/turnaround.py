@@ -9,11 +9,12 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from radserve.api.auth import Principal, require_read
+from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import ErrorOut, ServiceTimesOut, TurnaroundOut
 from radserve.api.state import service_of as _service
 from radserve.service.turnaround import MISS_WINDOW_S
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], route_class=NegotiatedRoute)
 _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorOut} for c in (401, 403)}
 
 

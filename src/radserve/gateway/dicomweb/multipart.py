@@ -1,5 +1,5 @@
 """``multipart/related`` bodies (RFC 2387) for DICOMweb: reading STOW-RS requests and
-writing WADO-RS responses, plus the media-type negotiation both need.
+writing WADO-RS responses (media types and the Accept header: :mod:`radserve.media_types`).
 
 Reading is a small streaming parser of RFC 2046 section 5.1.1, written here because
 neither multipart library at hand reads what DICOMweb clients send:
@@ -22,13 +22,14 @@ import contextlib
 import tempfile
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from anyio import to_thread
 
 from radserve.errors import RadserveError, UnsupportedMediaError
+from radserve.media_types import MediaType
 
 SPOOL_BYTES = 1 << 20
 _CHUNK = 1 << 20
@@ -42,63 +43,6 @@ class MalformedMultipartError(RadserveError):
     """The body is not the multipart/related it says it is (PS3.18: 400)."""
 
     code = "invalid_request"
-
-
-class NotAcceptableError(RadserveError):
-    """No representation the client accepts can be produced (HTTP 406)."""
-
-    code = "not_acceptable"
-
-
-@dataclass(frozen=True)
-class MediaType:
-    """A media type with lower-cased type and parameters (quotes removed)."""
-
-    type: str
-    params: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, text: str) -> MediaType:
-        head, *rest = _split(text, ";")
-        params: dict[str, str] = {}
-        for item in rest:
-            key, sep, value = item.partition("=")
-            if sep:
-                params[key.strip().lower()] = value.strip().strip('"').strip()
-        return cls(head.strip().lower(), params)
-
-
-def _split(text: str, separator: str) -> list[str]:
-    """Split on ``separator`` outside double quotes."""
-    out, current, quoted = [], [], False
-    for char in text:
-        if char == '"':
-            quoted = not quoted
-        if char == separator and not quoted:
-            out.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    out.append("".join(current))
-    return out
-
-
-def accepted_types(header: str | None) -> list[MediaType]:
-    """The media ranges of an Accept header, q=0 ranges dropped; ``*/*`` when absent."""
-    if not header or not header.strip():
-        return [MediaType("*/*")]
-    ranges = []
-    for item in _split(header, ","):
-        if not item.strip():
-            continue
-        media = MediaType.parse(item)
-        try:
-            if float(media.params.get("q", "1")) <= 0:
-                continue
-        except ValueError:
-            continue
-        ranges.append(media)
-    return ranges
 
 
 # --- reading (STOW-RS) --------------------------------------------------------------------
@@ -383,11 +327,8 @@ def related_parts(
 __all__ = [
     "MAX_PARTS",
     "MalformedMultipartError",
-    "MediaType",
-    "NotAcceptableError",
     "Part",
     "RelatedParser",
-    "accepted_types",
     "new_boundary",
     "read_related",
     "related_boundary",
