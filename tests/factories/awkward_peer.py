@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,9 +39,11 @@ def scripted_peer(
     statuses: Sequence[int] = (0x0000,),
     sop_classes: Sequence[str] | None = None,
     max_associations: int = 10,
+    comment: Callable[[Dataset], str] | None = None,
 ) -> Iterator[ScriptedPeer]:
-    """A peer answering the n-th C-STORE with ``statuses[n]`` (the last one repeats);
-    ``sop_classes``: the only storage classes it accepts (default: all)."""
+    """A peer answering the n-th C-STORE with ``statuses[n]`` (the last one repeats),
+    with the Error Comment ``comment(data set)`` if given; ``sop_classes``: the only
+    storage classes it accepts (default: all)."""
     ae = AE(ae_title="AWKWARD")
     ae.maximum_associations = max_associations
     if sop_classes is None:
@@ -51,9 +53,13 @@ def scripted_peer(
     ae.add_supported_context("1.2.840.10008.1.1")  # Verification
     peer = ScriptedPeer(Destination("awkward", "AWKWARD", "127.0.0.1", free_port()))
 
-    def store(event: evt.Event) -> int:
+    def store(event: evt.Event) -> Dataset:
         peer.received.append(event.dataset)
-        return statuses[min(len(peer.received), len(statuses)) - 1]
+        answer = Dataset()
+        answer.Status = statuses[min(len(peer.received), len(statuses)) - 1]
+        if comment is not None:
+            answer.ErrorComment = comment(event.dataset)
+        return answer
 
     server = ae.start_server(
         ("127.0.0.1", peer.destination.port),

@@ -284,3 +284,27 @@ def test_an_implicit_vr_only_peer_with_a_4k_pdu_gets_every_result_intact(
         for both in (dataset, original):
             both.pop("PixelData", None)
         assert dataset.to_json_dict() == original.to_json_dict()
+
+
+def test_the_peers_error_comment_is_kept_without_the_patients_identifiers(
+    rows: OutboxStore, results: list[Path], caplog
+) -> None:
+    """A PACS may quote the patient in its Error Comment; radserve's logs never do."""
+
+    def comment(dataset: pydicom.Dataset) -> str:
+        name = str(dataset.PatientName).replace("^", " ").upper()
+        return f"ID {dataset.PatientID} is {name} here; conflict"
+
+    with scripted_peer(statuses=(0xA900,), comment=comment) as peer:
+        outbox = _outbox(rows, peer.destination)
+        outbox.enqueue(results[:1], now=T0)
+        with caplog.at_level(logging.INFO):
+            outbox.deliver_pending(T0)
+    [item] = rows.items()
+    sent = pydicom.dcmread(results[0], stop_before_pixels=True)
+    name = [part for part in str(sent.PatientName).split("^") if len(part) > 1]
+    secrets = [sent.PatientID, *name]
+    assert len(peer.received) == 1 and name, sent.PatientName
+    for text in [item.last_error or "", *(r.getMessage() for r in caplog.records)]:
+        assert not any(secret.lower() in text.lower() for secret in secrets), text
+    assert "0xA900" in (item.last_error or "") and "conflict" in (item.last_error or "")

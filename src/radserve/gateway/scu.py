@@ -18,12 +18,15 @@ SEG and Comprehensive 3D SR are proposed although they are rarely among defaults
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+import pydicom
+from pydicom.errors import InvalidDicomError
 from pydicom.uid import UID
 from pynetdicom import AE, evt
 from pynetdicom.association import Association
@@ -32,6 +35,7 @@ from pynetdicom.presentation import PresentationContext, build_context
 from radserve.config import GatewaySettings
 from radserve.gateway import conformance
 from radserve.gateway.config import Destination, check_ae_title
+from radserve.security.logs import REDACTED, redact
 from radserve.tls import TlsConfigError, client_context
 
 logger = logging.getLogger(__name__)
@@ -171,7 +175,7 @@ class StoreSCU:
                 Outcome.RETRY, f"no C-STORE response from {destination} (timeout or abort)"
             )
         code = int(status.Status)
-        comment = str(status.get("ErrorComment", "") or "")
+        comment = peer_comment(str(status.get("ErrorComment", "") or ""), item.path)
         text = f"C-STORE status 0x{code:04X} from {destination}" + (
             f": {comment}" if comment else ""
         )
@@ -212,6 +216,32 @@ class StoreSCU:
         if assoc.is_established:
             return assoc, None
         return assoc, _association_failure(assoc, destination, self.ae_title, opened.is_set())
+
+
+# Values of the sent file that a PACS may quote in its Error Comment ("Patient ID X does
+# not match ..."): removed before the comment is logged or stored
+_PATIENT_KEYWORDS = ("PatientName", "PatientID", "PatientBirthDate", "IssuerOfPatientID")
+
+
+def peer_comment(comment: str, path: Path) -> str:
+    """The peer's Error Comment as radserve may log and store it: the comment is the
+    peer's free text, so the sent file's patient name (and each of its components), ID
+    and birth date are cut out, then whatever else looks like a value (quoted text, dates,
+    digit runs: :func:`radserve.security.logs.redact`), as for third-party log lines."""
+    if not comment:
+        return comment
+    try:
+        header = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=_PATIENT_KEYWORDS)
+    except (OSError, InvalidDicomError):
+        header = pydicom.Dataset()
+    values: set[str] = set()
+    for keyword in _PATIENT_KEYWORDS:
+        value = str(header.get(keyword, "") or "").strip()
+        values.add(value)
+        values.update(re.split(r"[\^=\s]+", value) if keyword == "PatientName" else ())
+    for value in sorted((v for v in values if len(v) > 1), key=len, reverse=True):
+        comment = re.sub(re.escape(value), REDACTED, comment, flags=re.IGNORECASE)
+    return redact(comment)
 
 
 def _association_failure(
