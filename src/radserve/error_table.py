@@ -72,6 +72,7 @@ TABLE: dict[str, ErrorMapping] = {
     "radserve.errors.InvalidRequestError": ErrorMapping(400),
     "radserve.gateway.dicomweb.multipart.MalformedMultipartError": ErrorMapping(400),
     "radserve.store.errors.InvalidCursorError": ErrorMapping(400),
+    "radserve.store.errors.UnstorableValueError": ErrorMapping(400),
     "radserve.api.errors.UploadIncompleteError": ErrorMapping(400),
     "radserve.api.errors.UnauthenticatedError": ErrorMapping(401),
     "radserve.api.errors.ForbiddenError": ErrorMapping(403),

@@ -115,14 +115,14 @@ class ServerThread:
         self._socket.bind(("127.0.0.1", 0))
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        from radserve.api.http_limits import bounded_protocol
+        from radserve.api.http_limits import uvicorn_protocols
         from radserve.config import ServerSettings
 
         service = getattr(app.state, "service", None)
         server = service.settings.server if service else ServerSettings()
         config = uvicorn.Config(
             app,
-            http=bounded_protocol(server),  # as radserve serve runs it
+            **uvicorn_protocols(server),  # as radserve serve runs it
             log_config=None,
             access_log=False,
             lifespan="on",

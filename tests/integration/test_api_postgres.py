@@ -20,8 +20,10 @@ from tests.factories.service import (
 )
 
 from radserve.api import create_app
+from radserve.api.errors import status_for
 from radserve.service import Service
 from radserve.store.audited import open_audited
+from radserve.store.errors import UnstorableValueError
 
 pytestmark = requires_postgres
 
@@ -53,3 +55,22 @@ def test_jobs_results_and_audit_on_postgres(tmp_path: Path, database_url: str) -
         assert actions.count("job.succeeded") == 2 and actions.count("job.cached") == 1
     finally:
         store.close()
+
+
+def test_a_nul_character_is_a_400_never_a_database_error(tmp_path: Path, database_url: str) -> None:
+    """PostgreSQL refuses NUL in a text: ``GET /v1/jobs/%00`` and ``?pipeline=%00`` were
+    500s (psycopg's DataError). The edge refuses control characters in a path or query
+    (400), and below it the store names a value it cannot hold as the caller's error."""
+    service = Service(settings_for(tmp_path, database_url=database_url))
+    admin = create_key(service.store, "admin")
+    with (
+        ServerThread(create_app(service, manage_service=False)) as srv,
+        httpx.Client(base_url=srv.url, timeout=60) as c,
+    ):
+        for path in ("/v1/jobs/a%00b", "/v1/jobs?pipeline=%00", "/dicomweb/studies/%00/series"):
+            r = c.get(path, headers=auth(admin))
+            assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", path
+    with pytest.raises(UnstorableValueError, match="cannot be stored or searched"):
+        service.store.get_job("a\x00b")
+    assert status_for(UnstorableValueError("x")) == 400
+    service.store.close()

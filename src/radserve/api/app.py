@@ -5,7 +5,7 @@ the middleware around one :class:`~radserve.service.Service`. The app's lifespan
 and stops the service unless the caller manages it (``manage_service=False``).
 
 Middleware, outermost first: JSON error bodies -> HTTP metrics -> request timeout -> body
-limit -> HEAD as GET -> app.
+limit -> control characters -> HEAD as GET -> app.
 """
 
 from __future__ import annotations

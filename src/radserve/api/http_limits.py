@@ -235,4 +235,13 @@ def bounded_protocol(server: ServerSettings) -> type[BoundedHttpToolsProtocol]:
     )
 
 
-__all__ = ["MAX_REQUEST_HEAD", "BoundedHttpToolsProtocol", "bounded_protocol"]
+def uvicorn_protocols(server: ServerSettings) -> dict[str, Any]:
+    """uvicorn's ``http=`` and ``ws=`` for every radserve server (the serving process,
+    the API readers, the tests' servers): the bounded protocol, and no WebSocket (the API
+    has no WebSocket route; with one enabled, a request with ``Upgrade: websocket`` was
+    answered by the WebSocket layer, a 403 with an empty body instead of the API's
+    answer)."""
+    return {"http": bounded_protocol(server), "ws": "none"}
+
+
+__all__ = ["MAX_REQUEST_HEAD", "BoundedHttpToolsProtocol", "bounded_protocol", "uvicorn_protocols"]

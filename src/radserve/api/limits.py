@@ -1,5 +1,5 @@
-"""The request stack every radserve app runs under: HEAD as GET, body limit, request
-timeout, HTTP metrics, JSON error bodies.
+"""The request stack every radserve app runs under: HEAD as GET, control characters, body
+limit, request timeout, HTTP metrics, JSON error bodies.
 
 A module of its own, not part of :mod:`radserve.api.app`: an API reader process
 (:mod:`radserve.api.reader`) wraps its two reads in the same stack, and importing the app
@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from radserve.api.middleware import (
     BodyLimitMiddleware,
+    ControlCharactersMiddleware,
     HeadAsGetMiddleware,
     JsonErrorsMiddleware,
     MetricsMiddleware,
@@ -26,10 +27,11 @@ from radserve.config import ServerSettings
 
 def limits(server: ServerSettings, observe: Observe) -> list[tuple[Any, dict[str, Any]]]:
     """The request stack of every radserve app (the serving process's and the reader
-    processes'), innermost first: HEAD as GET, body limit, request timeout, HTTP metrics,
-    JSON error bodies."""
+    processes'), innermost first: HEAD as GET, control characters, body limit, request timeout,
+    HTTP metrics, JSON error bodies."""
     return [
         (HeadAsGetMiddleware, {}),
+        (ControlCharactersMiddleware, {}),
         (
             BodyLimitMiddleware,
             {"max_bytes": server.max_upload_bytes, "idle_timeout_s": server.request_timeout_s},

@@ -13,15 +13,18 @@ is a few attribute lookups.
   takes the time it takes, but only while its bytes keep coming).
 - HEAD: answered as the GET of the same URL without its body.
 - Error bodies: every 4xx/5xx leaves with the API's JSON error body, whoever wrote it.
+- Request targets: a path or query with a control character is refused (400).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -161,6 +164,36 @@ class TimeoutMiddleware:
             )
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_BYTES = re.compile(rb"[\x00-\x1f\x7f]")
+
+
+class ControlCharactersMiddleware:
+    """400 for a request whose path or query holds a control character once decoded
+    (``%00``, ``%0d%0a``, ...): none belongs in a job id, UID, model name or filter, and
+    each reached the database as it came (PostgreSQL refuses NUL in a text: a job id of
+    ``%00`` or ``?pipeline=%00`` was a 500 there)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            query = scope.get("query_string", b"")
+            if _CONTROL.search(scope["path"]) or (
+                b"%" in query and _CONTROL_BYTES.search(unquote_to_bytes(query))
+            ):
+                await _send_error(
+                    send,
+                    400,
+                    "invalid_request",
+                    "the path or query holds a control character (such as %00 or %0A); "
+                    "ids, UIDs and filters never do",
+                )
+                return
+        await self.app(scope, receive, send)
+
+
 class JsonErrorsMiddleware:
     """Every error answer in the API's JSON error body, whoever wrote it: Starlette's
     ``FileResponse`` answers a range past the end with an empty text/plain 416 (and an
@@ -272,6 +305,7 @@ def _content_length(scope: Scope) -> int | None:
 
 __all__ = [
     "BodyLimitMiddleware",
+    "ControlCharactersMiddleware",
     "JsonErrorsMiddleware",
     "MetricsMiddleware",
     "TimeoutMiddleware",

@@ -263,7 +263,7 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
     import asyncio
 
     from radserve.api.audit_writer import AuditWriterClient
-    from radserve.api.http_limits import bounded_protocol
+    from radserve.api.http_limits import uvicorn_protocols
     from radserve.api.proxy import Upstream
     from radserve.service.logs import configure_logging
     from radserve.store.audited import open_audited
@@ -282,7 +282,7 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
     app = reader_app(settings, store, snapshot, upstream, link.emit, audit.submit)
     config = uvicorn.Config(
         app,
-        http=bounded_protocol(settings.server),
+        **uvicorn_protocols(settings.server),
         log_config=None,
         access_log=spec.access_log,
         timeout_keep_alive=30,

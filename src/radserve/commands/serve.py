@@ -99,7 +99,7 @@ def run_server(
     import uvicorn
 
     from radserve.api import create_app
-    from radserve.api.http_limits import bounded_protocol
+    from radserve.api.http_limits import uvicorn_protocols
     from radserve.api.reader import CleanStopServer
     from radserve.console import install as install_console
     from radserve.service import Service
@@ -114,8 +114,8 @@ def run_server(
     app = create_app(service)
     install_console(app, service)  # the web console at / (console.enabled)
     common: dict[str, Any] = {
-        # bounds on request heads' size and time (uvicorn's has neither)
-        "http": bounded_protocol(settings.server),
+        # bounds on request heads' size and time, bodies' rate (uvicorn's has none)
+        **uvicorn_protocols(settings.server),
         "log_config": None,
         "access_log": access_log,
         "timeout_keep_alive": 30,

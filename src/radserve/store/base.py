@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from radserve.audit.chain import AuditKey, AuditRecord
 from radserve.store.audit import APPENDED_INFO, KEY_INFO
 from radserve.store.db import writer
-from radserve.store.errors import DatabaseUnavailableError
+from radserve.store.errors import DatabaseUnavailableError, UnstorableValueError
 
 if TYPE_CHECKING:
     from radserve.store.audit_batch import AuditBatcher
@@ -90,6 +90,8 @@ class StoreBase:
             raise DatabaseUnavailableError(
                 f"database unavailable: {exc.orig.__class__.__name__}"
             ) from exc
+        except sa_exc.DataError as exc:
+            raise _unstorable(exc) from exc
 
     @contextmanager
     def _write(self, *, audited: bool = True) -> Iterator[Session]:
@@ -111,6 +113,16 @@ class StoreBase:
             raise DatabaseUnavailableError(
                 f"database unavailable: {exc.orig.__class__.__name__}"
             ) from exc
+        except sa_exc.DataError as exc:
+            raise _unstorable(exc) from exc
         finally:
             if lock is not None:
                 lock.release()
+
+
+def _unstorable(exc: sa_exc.DataError) -> UnstorableValueError:
+    """Named by the driver's error class only: its message may quote the value."""
+    return UnstorableValueError(
+        f"a value cannot be stored or searched ({type(exc.orig).__name__}: a NUL "
+        "character, a text too long or a number out of range); correct the request"
+    )

@@ -21,6 +21,15 @@ class DatabaseUnavailableError(StoreError):
     outage = True
 
 
+class UnstorableValueError(StoreError):
+    """A value the database cannot hold or compare (a NUL character in a text for
+    PostgreSQL, a string past its column's length, a number out of range): the caller's
+    input, not the database's state."""
+
+    code = "invalid_request"
+    retryable = False
+
+
 class JobNotFoundError(StoreError):
     code = "job_not_found"
     retryable = False
