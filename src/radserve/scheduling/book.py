@@ -247,7 +247,16 @@ class JobBook:
             step.merging = True
             job.inflight += 1
             return MergeDispatch(job.id, step.stage, batch, output, now)
-        if may_prepare(job, step, order, self.prepared, self.config, self.breakers):
+        if may_prepare(
+            job,
+            preparing=step.preparing,
+            exhausted=step.exhausted,
+            ready=len(step.ready),
+            blocked=self.breakers.is_open(step.stage.model.name),
+            prepared=self.prepared,
+            holding=((o, o.step is not None and bool(o.step.ready)) for o in order),
+            config=self.config,
+        ):
             step.preparing = True
             self.prepared += 1
             job.inflight += 1

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from radserve.config import SchedulerSettings
 from radserve.domain.priority import PriorityClass
 from radserve.scheduling.breaker import CircuitBreakers
-from radserve.scheduling.state import ReadyBatch, ScheduledJob, StepProgress
+from radserve.scheduling.state import ReadyBatch, ScheduledJob
 from radserve.scheduling.work import item_shape
 
 URGENT = PriorityClass.URGENT
@@ -41,26 +41,34 @@ def eligible(
 
 
 def may_prepare(
-    job: ScheduledJob,
-    step: StepProgress,
-    order: list[ScheduledJob],
+    job: object,
+    *,
+    preparing: bool,
+    exhausted: bool,
+    ready: int,
+    blocked: bool,
     prepared: int,
+    holding: Iterable[tuple[object, bool]],
     config: SchedulerSettings,
-    breakers: CircuitBreakers,
 ) -> bool:
     """Prepare ahead up to the per-job lookahead; beyond the global cap only for a job that
     outranks every job holding prepared batches (so memory stays bounded, and a newly
-    arrived higher-class job is not stuck behind routine batches prepared earlier)."""
-    if step.preparing or step.exhausted or len(step.ready) >= config.lookahead_batches:
-        return False
-    if breakers.is_open(step.stage.model.name):
+    arrived higher-class job is not stuck behind routine batches prepared earlier).
+
+    Plain values, so the scheduler (:meth:`JobBook.feed_unit`) and its simulation
+    (:mod:`radserve.turnaround.simulate`) apply one rule: ``job``'s step is ``preparing``
+    a batch, has none left to prepare (``exhausted``), holds ``ready`` prepared ones, its
+    model is ``blocked`` (breaker open); ``prepared``: batches prepared host-wide;
+    ``holding``: the eligible jobs in rank order, each with whether it holds ready
+    batches (read only once the cap is reached)."""
+    if preparing or exhausted or ready >= config.lookahead_batches or blocked:
         return False
     if prepared < config.max_prepared_batches:
         return True
-    for other in order:
+    for other, holds in holding:
         if other is job:
             return True
-        if other.step is not None and other.step.ready:
+        if holds:
             return False
     return False
 

@@ -55,6 +55,7 @@ import simpy
 
 from radserve.config import SchedulerSettings
 from radserve.domain.priority import PriorityClass
+from radserve.scheduling.selection import may_prepare
 from radserve.scheduling.state import effective_class
 
 URGENT = PriorityClass.URGENT
@@ -329,23 +330,6 @@ class _Sim:
                 started += 1
             job.started, job.queued = self.env.now, False
 
-    def _may_prepare(self, job: _Job, step: _Step, order: list[_Job]) -> bool:
-        """:func:`radserve.scheduling.selection.may_prepare`: up to the per-job lookahead,
-        beyond the global cap only for a job outranking every one holding ready ones."""
-        sched = self.config.scheduler
-        if step.preparing or step.prepared >= len(step.work.batches_s):
-            return False
-        if step.ready >= sched.lookahead_batches:
-            return False
-        if self.prepared < sched.max_prepared_batches:
-            return True
-        for other in order:
-            if other is job:
-                return True
-            if other.step is not None and other.step.ready:
-                return False
-        return False
-
     def _feed(self, job: _Job, order: list[_Job]) -> str | None:
         """``JobBook.feed_unit``: a merge first (it frees memory), else a preparation."""
         step = job.step
@@ -353,7 +337,17 @@ class _Sim:
             return None
         if step.to_merge and not step.merging:
             return "merge"
-        if self._may_prepare(job, step, order):
+        prepare = may_prepare(
+            job,
+            preparing=step.preparing,
+            exhausted=step.prepared >= len(step.work.batches_s),
+            ready=step.ready,
+            blocked=False,  # no circuit breakers here: no model fails
+            prepared=self.prepared,
+            holding=((o, o.step is not None and o.step.ready > 0) for o in order),
+            config=self.config.scheduler,
+        )
+        if prepare:
             return "prepare"
         return None
 
