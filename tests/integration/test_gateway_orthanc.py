@@ -169,3 +169,24 @@ def test_a_pacs_accepting_only_implicit_vr_stores_every_result(
         orthanc.stop()
     assert syntaxes == {IMPLICIT}
     assert uids == {pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID for p in results}
+
+
+def test_a_pacs_that_does_not_know_radserve_is_retried_with_a_reason_that_says_so(
+    rows: OutboxStore, study, tmp_path: Path
+) -> None:
+    _, results = study
+    # Orthanc 1.10.1 accepts the association, then aborts it at the C-STORE
+    strict = {"DicomAlwaysAllowStore": False}
+    orthanc = Orthanc(tmp_path / "strict", options=strict)  # no modality: RADSERVE unknown
+    orthanc.start()
+    try:
+        outbox = Outbox(rows, [_destination(orthanc)], StoreSCU())
+        outbox.enqueue(results)
+        report = outbox.deliver_pending()
+        instances = orthanc.get("/instances")
+    finally:
+        orthanc.stop()
+    assert instances == [] and report.retried == len(results)  # it may be a passing fault
+    errors = [i.last_error or "" for i in rows.items()]
+    assert "aborted the association instead of answering the C-STORE" in errors[0], errors
+    assert "refuses radserve's calling AE title 'RADSERVE'" in errors[0]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -166,14 +167,14 @@ class StoreSCU:
                 f"{destination} accepted no presentation context for {name} in {syntax}: "
                 "enable this SOP class at the destination",
             )
+        started = time.monotonic()
         try:
             status = assoc.send_c_store(str(item.path))
         except (OSError, ValueError, AttributeError) as exc:
             return SendResult(Outcome.PERMANENT, f"cannot send {item.path.name}: {exc}")
         if "Status" not in status:
-            return SendResult(
-                Outcome.RETRY, f"no C-STORE response from {destination} (timeout or abort)"
-            )
+            waited = time.monotonic() - started
+            return SendResult(Outcome.RETRY, self._no_response(destination, waited))
         code = int(status.Status)
         comment = peer_comment(str(status.get("ErrorComment", "") or ""), item.path)
         text = f"C-STORE status 0x{code:04X} from {destination}" + (
@@ -184,6 +185,23 @@ class StoreSCU:
         if conformance.is_retryable_status(code):
             return SendResult(Outcome.RETRY, text, code)
         return SendResult(Outcome.PERMANENT, text, code)
+
+    def _no_response(self, destination: Destination, waited: float) -> str:
+        """Why a C-STORE got no status after ``waited`` s: the peer ended the association
+        (an A-ABORT or a dropped connection) before the DIMSE timeout, or it did not
+        answer within it (pynetdicom then aborts). Told apart by the time waited: which
+        side aborted is not reliably known to pynetdicom's caller once it returns."""
+        if waited < self._timeouts[2]:
+            return (
+                f"{destination} aborted the association instead of answering the C-STORE "
+                f"(a PACS may do so when it refuses radserve's calling AE title "
+                f"{self.ae_title!r}, its address or the SOP class: check the destination's "
+                "configuration)"
+            )
+        return (
+            f"no C-STORE response from {destination} within {self._timeouts[2]:g} s "
+            "(gateway.dimse_timeout_s); radserve aborted the association"
+        )
 
     def _ae(self) -> AE:
         ae = AE(ae_title=self.ae_title)
