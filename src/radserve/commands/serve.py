@@ -80,6 +80,22 @@ def command(
     run_server(settings, cpu_workers=cpu_workers, worker_nice=worker_nice, access_log=access_log)
 
 
+def _raise_open_files_limit() -> None:
+    """The soft limit of open files up to the hard one (1024 under systemd's default): an
+    upload's files past its in-memory budget each hold a temporary file until the request
+    ends (:mod:`radserve.spool`), and a study has thousands of slices."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        logging.getLogger(__name__).warning("could not raise the open-files limit %d", soft)
+
+
 def run_server(
     settings: Settings,
     *,
@@ -106,6 +122,7 @@ def run_server(
     from radserve.tls import server_context
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    _raise_open_files_limit()
     # HTTPS: the context is built (and its files read) before anything starts
     https = None if settings.server.tls is None else server_context(settings.server.tls, "HTTPS")
     scheme = "http" if https is None else "https"

@@ -1,14 +1,16 @@
 """``POST /v1/studies`` (one study) and ``POST /v1/studies/batch`` (several).
 
 Multipart uploads are parsed by Starlette, which spools each file to a temporary file
-past 1 MiB (memory stays bounded whatever the upload size); the body limit middleware
-stops an upload past ``server.max_upload_bytes``. The service then stores the study
-durably, commits its job row and schedules it, on a worker thread, before the 202.
+past 1 MiB, or from its first byte once the request's files in memory reach 64 MiB
+(:mod:`radserve.api.forms`); the body limit middleware stops an upload past
+``server.max_upload_bytes``. The service then stores the study durably, commits its job
+row and schedules it, on a worker thread, before the 202.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from contextlib import AbstractAsyncContextManager
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -16,21 +18,22 @@ from starlette.datastructures import FormData, UploadFile
 
 from radserve.api.auth import Principal, require_submit
 from radserve.api.errors import status_for
+from radserve.api.forms import read_form
 from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import BatchItemOut, BatchOut, ErrorBody, ErrorOut, JobOut
 from radserve.api.server_paths import without_server_paths
 from radserve.api.state import service_of as _service
-from radserve.errors import EmptyUploadError, RadserveError
+from radserve.errors import EmptyUploadError, InvalidRequestError, RadserveError
 from radserve.scheduling import PriorityClass
 from radserve.service import Origin, ResolvedPipeline, Service, parse_priority
 from radserve.service.errors import UnsupportedMediaError
 
-if TYPE_CHECKING:
-    from starlette._utils import AwaitableOrContextManager
-
 router = APIRouter(tags=["studies"], route_class=NegotiatedRoute)
 
 MAX_FILES = 100_000  # instances in one request (a thin-slice CT has thousands)
+# studies in one batch: each is stored and admitted in turn before the answer (2,000
+# one-file studies kept a request busy past a client's 20 s time-out)
+MAX_BATCH_STUDIES = 100
 _MULTIPART_DOC: dict[str, Any] = {
     "requestBody": {
         "required": True,
@@ -82,13 +85,13 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _read_form(request: Request) -> AwaitableOrContextManager[FormData]:
+def _read_form(request: Request) -> AbstractAsyncContextManager[FormData]:
     """The parsed multipart form; ``async with`` closes its temporary files."""
     if not request.headers.get("content-type", "").startswith("multipart/form-data"):
         raise UnsupportedMediaError(
             "send the study as multipart/form-data (files in the `files` field)"
         )
-    return request.form(max_files=MAX_FILES, max_fields=100)
+    return read_form(request, max_files=MAX_FILES, max_fields=100)
 
 
 def _options(
@@ -159,7 +162,8 @@ async def submit_study(
     status_code=202,
     summary="Submit several studies",
     description=(
-        "Each form field is one study (its files share the field name). Every study is "
+        f"Each form field is one study (its files share the field name), at most "
+        f"{MAX_BATCH_STUDIES} per batch. Every study is "
         "admitted on its own: 202 when all were accepted, 207 when some were refused "
         "(each item carries the status a single submission would have had)."
     ),
@@ -185,6 +189,11 @@ async def submit_batch(
                 studies.setdefault(name, []).append(value)
         if not studies:
             raise EmptyUploadError("the upload holds no files")
+        if len(studies) > MAX_BATCH_STUDIES:
+            raise InvalidRequestError(
+                f"the batch holds {len(studies)} studies (form fields with files); at most "
+                f"{MAX_BATCH_STUDIES} go in one batch: send the rest in another"
+            )
         for name, files in studies.items():
             items.append(await _one(service, name, files, resolved, cls, origin))
     refused = sum(1 for i in items if i.job is None)

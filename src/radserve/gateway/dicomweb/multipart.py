@@ -11,9 +11,10 @@ standard library's ``email`` parser reads the whole body into memory. This one a
 a preamble (up to :data:`MAX_PREAMBLE` bytes) and an epilogue (ignored), transport
 padding (spaces/tabs) after any delimiter, and LF-only line endings (the first
 delimiter line decides CRLF or LF for the body), and streams each part into its own
-spooled temporary file (a part past 1 MiB goes to disk, written from a worker thread),
-so memory stays bounded whatever the part sizes. A body that ends without its close
-delimiter is refused, never stored as shorter instances.
+spooled temporary file (a part past 1 MiB, or any part once the request's parts in
+memory reach :data:`radserve.spool.REQUEST_MEMORY_BYTES`, goes to disk, written from a
+worker thread), so memory stays bounded whatever the part sizes and counts. A body
+that ends without its close delimiter is refused, never stored as shorter instances.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from anyio import to_thread
 
 from radserve.errors import RadserveError, UnsupportedMediaError
 from radserve.media_types import MediaType
+from radserve.spool import SpoolBudget
 
-SPOOL_BYTES = 1 << 20
 _CHUNK = 1 << 20
 MAX_PARTS = 100_000
 MAX_PREAMBLE = 64 << 10
@@ -79,6 +80,8 @@ class RelatedParser:
         except UnicodeEncodeError:
             raise MalformedMultipartError("the multipart boundary is not ASCII") from None
         self.parts: list[Part] = []
+        self._budget = SpoolBudget()  # the request's parts in memory, at most
+        self._limit = 0  # the last part's spool size
         self._state = _PREAMBLE
         self._buffer = b""
         self._seen = 0  # bytes of preamble skipped
@@ -175,8 +178,11 @@ class RelatedParser:
             headers[name] = value.strip()
         if len(self.parts) >= MAX_PARTS:
             raise MalformedMultipartError(f"more than {MAX_PARTS} parts in one request")
+        if self.parts:
+            self._budget.ended(self.parts[-1].file.tell(), self._limit)
+        self._limit = self._budget.next_limit()
         # closed by close(), when the request is done with its parts
-        spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115
+        spool = tempfile.SpooledTemporaryFile(max_size=self._limit)  # noqa: SIM115
         self.parts.append(Part(headers, spool))
         self._buffer = buffer[end + skip :]
         self._state = _BODY
