@@ -6,11 +6,20 @@ pipeline's own peak is lower: docs/benchmarking.md).
     radserve run /tmp/ph300/dicom --out /tmp/run300
     PYTHONPATH=src python tools/dicom_results_memory.py /tmp/run300 /tmp/ph300/dicom
 
-Prints, for the whole call, the process's peak resident size above its resident size at
-the call (``VmHWM`` reset through ``/proc/self/clear_refs``), and for each SEG, the
-memory (tracemalloc) its build peaked at and what the built ``Segmentation`` holds
-against the header the SR is given (what a job keeps until the SR is built). The
-results are written to a scratch copy of the run folder, never over the run's own.
+The same series as one Enhanced (Legacy Converted) CT instance, for the multi-frame path:
+
+    PYTHONPATH=src:. python -c "import sys, pathlib; from tests.factories.dicom_series \
+    import make_legacy_enhanced as m; m(sorted(pathlib.Path(sys.argv[1]).iterdir()), \
+    pathlib.Path(sys.argv[2]))" /tmp/ph300/dicom /tmp/enh300/enhanced.dcm
+    radserve run /tmp/enh300 --out /tmp/run300e
+    PYTHONPATH=src python tools/dicom_results_memory.py /tmp/run300e /tmp/enh300
+
+Prints, for the whole call, its wall time and the process's peak resident size above
+its resident size at the call (``VmHWM`` reset through ``/proc/self/clear_refs``), and
+for each SEG, the memory (tracemalloc) its build peaked at and what the built
+``Segmentation`` holds against the header the SR is given (what a job keeps until the
+SR is built). The results are written to a scratch copy of the run folder, never over
+the run's own.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import argparse
 import gc
 import shutil
 import tempfile
+import time
 import tracemalloc
 from pathlib import Path
 
@@ -45,10 +55,15 @@ def whole_call(run: Path, sources: list[Path], scratch: Path) -> None:
     report = read_report(out / "report.json")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
     start = status_mib("VmRSS")
+    began = time.perf_counter()
     write_dicom_results(report, out, sources)
+    seconds = time.perf_counter() - began
     peak = status_mib("VmHWM")
     rise = peak - start
-    print(f"write_dicom_results: RSS {start:.1f} MiB at the call, peak {peak:.1f} (+{rise:.1f})")
+    print(
+        f"write_dicom_results: RSS {start:.1f} MiB at the call, peak {peak:.1f} (+{rise:.1f}), "
+        f"{seconds:.2f} s"
+    )
 
 
 def per_seg(run: Path, sources: list[Path]) -> None:

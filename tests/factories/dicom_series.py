@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import pydicom
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.sequence import Sequence as DicomSequence
 from pydicom.uid import (
@@ -321,6 +322,24 @@ def make_enhanced_series(
     _set_pixels(ds, stored[perm], bits_stored, signed, None)
     path = directory / filename
     _save(ds, path, transfer_syntax)
+    return path
+
+
+def make_legacy_enhanced(files: Sequence[Path], path: Path) -> Path:
+    """One Legacy Converted Enhanced CT instance at ``path`` made by highdicom from the
+    classic CT ``files`` (as a PACS or converter would): a conformant multi-frame source,
+    geometry in its functional groups."""
+    import highdicom as hd  # only the tests that convert need it
+
+    image = hd.legacy.LegacyConvertedEnhancedCTImage(
+        legacy_datasets=[pydicom.dcmread(f) for f in files],
+        series_instance_uid=new_uid(),
+        series_number=2,
+        sop_instance_uid=new_uid(),
+        instance_number=1,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save_as(path)
     return path
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from tests.factories.dicom_series import make_legacy_enhanced
 from tests.factories.results import relabel, run_test_pipeline
 
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
@@ -194,21 +195,9 @@ def test_results_of_an_enhanced_source_pass_dciodvfy(tmp_path: Path) -> None:
     """The phantom series converted by highdicom into one Legacy Converted Enhanced CT
     instance (a conformant multi-frame source): SEG, SR and key images reference its
     frames and pass dciodvfy, as those of the classic series do."""
-    import highdicom as hd
-    from pydicom.uid import generate_uid
-
     phantom = generate_phantom(PhantomSpec.random(3, small=True))
-    classic = [pydicom.dcmread(f) for f in write_dicom_series(phantom, tmp_path / "classic")]
-    enhanced = hd.legacy.LegacyConvertedEnhancedCTImage(
-        legacy_datasets=classic,
-        series_instance_uid=str(generate_uid()),
-        series_number=2,
-        sop_instance_uid=str(generate_uid()),
-        instance_number=1,
-    )
-    (tmp_path / "study").mkdir()
-    source = tmp_path / "study" / "enhanced.dcm"
-    enhanced.save_as(source)
+    classic = write_dicom_series(phantom, tmp_path / "classic")
+    source = make_legacy_enhanced(classic, tmp_path / "study" / "enhanced.dcm")
     result = run_test_pipeline(tmp_path, key_images=True, organ_hu=90, lesion_hu=140)
     assert result.report.findings
     assert len(result.report.geometry.source_frame_numbers) == len(classic)
