@@ -40,7 +40,7 @@ export function studyPage(root, jobId) {
   async function load() {
     const data = await api(`/console/api/jobs/${encodeURIComponent(jobId)}`)
     if (closed) return
-    const { job, report, files, trail } = data
+    const { job, report, files, trail, refused } = data
     const header = h(
       'div',
       { class: 'study-head' },
@@ -61,6 +61,8 @@ export function studyPage(root, jobId) {
     section.replaceChildren(header, patient)
     if (!report) {
       section.append(h('p', {}, job.error ? `${job.error.code}: ${job.error.message}` : `No result yet (${job.state}).`))
+      // failed because its pipeline refused every series: which, and why, as for a result
+      if (refused && refused.length) section.append(refusedSeries(refused, `Not analysed: none of the ${refused.length} series in this study met the pipeline's rules`))
       section.append(trailTable(trail))
       return
     }
@@ -71,8 +73,8 @@ export function studyPage(root, jobId) {
     const slider = h('input', { type: 'range', min: 0, max: report.geometry.shape[0] - 1, value: 0, id: 'slice', 'aria-label': 'slice' })
     const left = h('div', { class: 'viewer-col' }, viewer, h('div', { class: 'slicebar' }, slider, sliceLabel), controls)
     const right = h('div', { class: 'info-col' })
-    const refused = refusedSeries(report)
-    if (refused) section.append(refused)
+    const rejected = (report.series_selection && report.series_selection.rejected) || []
+    if (rejected.length) section.append(refusedSeries(rejected, `Not analysed: ${rejected.length} other series in this study`))
     section.append(h('div', { class: 'study-grid' }, left, right))
 
     right.append(findingsTable(report, (finding) => goToSlice(finding.key_slice_index, finding)))
@@ -197,28 +199,27 @@ function findingsTable(report, onPick) {
   )
 }
 
-function refusedSeries(report) {
-  // The other series of the study that the pipeline did not run on, with the selection
-  // rule each broke (report.series_selection.rejected): above the viewer, so nobody takes
-  // a study for fully analysed when only one of its series was. The report carries no
-  // series description (free text may hold names) nor, apart from the reason, a count.
-  const rejected = (report.series_selection && report.series_selection.rejected) || []
-  if (!rejected.length) return null
+function refusedSeries(rejected, heading) {
+  // The series of the study that the pipeline did not run on, with the selection rule
+  // each broke and its instance count (report.series_selection.rejected, or for a job
+  // that failed because all were refused, the console's reading of them): above the
+  // viewer, so nobody takes a study for fully analysed when only one of its series was.
+  // No series description (free text may hold names).
   const rows = rejected.map((s) =>
     h(
       'tr',
       { 'data-series': s.series_instance_uid, title: `Series Instance UID ${s.series_instance_uid}` },
       h('td', { class: 'n' }, s.series_number ?? '—'),
       h('td', {}, s.modality || '—'),
+      h('td', { class: 'n' }, s.instance_count ?? '—'),
       h('td', { class: 'reason' }, s.reason || 'no reason given'),
     ),
   )
-  const n = rejected.length
   return h(
     'div',
     { class: 'card refused', id: 'refused' },
-    h('h2', {}, `Not analysed: ${n} other series in this study`),
-    h('table', { id: 'refused-series' }, h('thead', {}, h('tr', {}, ['series', 'modality', 'why not analysed'].map((t) => h('th', {}, t)))), h('tbody', {}, rows)),
+    h('h2', {}, heading),
+    h('table', { id: 'refused-series' }, h('thead', {}, h('tr', {}, ['series', 'modality', 'instances', 'why not analysed'].map((t) => h('th', {}, t)))), h('tbody', {}, rows)),
   )
 }
 

@@ -13,7 +13,7 @@ import pydicom
 import pytest
 from tests.factories.console import Page, browser, need_browser
 from tests.factories.dicom_net import free_port
-from tests.factories.dicom_series import make_ct_series, make_mr_series
+from tests.factories.dicom_series import make_ct_series, make_mr_series, new_uid
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file, make_study, upload, wait_job
 
@@ -37,6 +37,16 @@ def test_the_study_view_lists_the_series_not_analysed_and_why(tmp_path: Path) ->
             job_id = r.json()["id"]
             assert wait_job(c, job_id, admin)["state"] == "succeeded"
             report = c.get(f"/v1/jobs/{job_id}/report", headers=auth(admin)).json()
+            # another study: only the 2-slice CT and the MR, neither of which qualifies
+            uid = new_uid()
+            alone = [
+                *make_ct_series(tmp_path / "s2", n_slices=2, series_number=2, study_uid=uid),
+                *make_mr_series(tmp_path / "m2", series_number=3, study_uid=uid),
+            ]
+            r = c.post("/v1/studies", files=upload(alone), headers=auth(admin))
+            failed_id = r.json()["id"]
+            failed = wait_job(c, failed_id, admin)
+            assert (failed["state"], failed["error"]["code"]) == ("failed", "study_invalid")
         rejected = report["series_selection"]["rejected"]
         assert sorted((s["series_number"], s["modality"]) for s in rejected) == [
             (2, "CT"),
@@ -56,9 +66,11 @@ def test_the_study_view_lists_the_series_not_analysed_and_why(tmp_path: Path) ->
             rows.first.wait_for()
             shown = [[td.inner_text() for td in row.locator("td").all()] for row in rows.all()]
             assert shown == [
-                [str(s["series_number"]), s["modality"], s["reason"]] for s in rejected
+                [str(s["series_number"]), s["modality"], str(s["instance_count"]), s["reason"]]
+                for s in rejected
             ]
-            assert any("2 images, fewer than the 3 required" in row[2] for row in shown), shown
+            assert sorted(row[2] for row in shown) == ["2", "8"]  # the short CT, the MR
+            assert any("2 images, fewer than the 3 required" in row[3] for row in shown), shown
             assert "2 other series" in p.page.inner_text("#refused h2")
             # above the viewer, not below the fold
             refused_box = p.page.locator("#refused").bounding_box()
@@ -72,6 +84,21 @@ def test_the_study_view_lists_the_series_not_analysed_and_why(tmp_path: Path) ->
             p.page.wait_for_selector("#viewer[data-slice]", timeout=60_000)  # volumes loaded
             assert glyphs == []
             p.shot("refused-series")
+            # a study none of whose series the pipeline takes: the job fails, with no report,
+            # and its page shows the same card under the error
+            p.goto("/")
+            p.page.click(f"#worklist tr[data-id='{failed_id}']")
+            rows = p.page.locator("#refused-series tbody tr")
+            rows.first.wait_for()
+            shown = [[td.inner_text() for td in row.locator("td").all()] for row in rows.all()]
+            assert sorted(shown) == [
+                ["2", "CT", "2", "2 images, fewer than the 3 required"],
+                ["3", "MR", "8", "modality MR is not one of ['CT']"],
+            ]
+            assert "none of the 2 series" in p.page.inner_text("#refused h2")
+            assert failed["error"]["code"] in p.page.inner_text("section.study")
+            assert p.page.locator("#viewer").count() == 0
+            p.shot("refused-series-failed")
             assert p.errors == []
             p.close()
     finally:

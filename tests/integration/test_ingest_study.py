@@ -6,6 +6,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 from tests.factories.dicom_series import (
     make_ct_series,
     make_enhanced_series,
@@ -17,7 +18,10 @@ from tests.factories.dicom_series import (
     write_not_dicom,
 )
 
+from radserve.errors import StudyError
 from radserve.ingest import IngestPolicy, discover_series, load_series, load_study
+from radserve.pipeline.selection import refusals, select_series
+from radserve.pipeline.spec import SeriesRules
 
 
 def test_zip_upload_loads_like_the_folder(tmp_path: Path) -> None:
@@ -67,3 +71,25 @@ def test_load_study_records_every_rejection(tmp_path: Path) -> None:
     )
     assert [s.volume.shape for s in lenient.series] == [(8, 16, 12), (8, 16, 12)]
     assert lenient.rejected == ()
+
+
+def test_each_series_not_selected_is_named_with_its_instance_count(tmp_path: Path) -> None:
+    study = new_uid()
+    make_ct_series(tmp_path / "study" / "ct", n_slices=5, series_number=1, study_uid=study)
+    make_ct_series(tmp_path / "study" / "short", n_slices=2, series_number=2, study_uid=study)
+    make_mr_series(tmp_path / "study" / "mr", n_slices=4, series_number=3, study_uid=study)
+    rules = SeriesRules(min_slices=3)
+    headers = discover_series(tmp_path / "study")
+    selected, rejected = select_series(headers, rules)
+    assert selected.series_number == 1
+    assert sorted((r.series_number, r.instance_count) for r in rejected) == [(2, 2), (3, 4)]
+    assert refusals(headers, rules) == []  # the CT qualifies: the study was not refused
+    refused = [h for h in headers if h.series_number != 1]
+    with pytest.raises(StudyError, match="no series meets"):
+        select_series(refused, rules)
+    assert sorted(
+        (r.series_number, r.instance_count, r.reason) for r in refusals(refused, rules)
+    ) == [
+        (2, 2, "2 images, fewer than the 3 required"),
+        (3, 4, "modality MR is not one of ['CT']"),
+    ]

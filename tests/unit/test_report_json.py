@@ -64,7 +64,9 @@ def _report() -> Report:
         runtime=RuntimeInfo(providers=["CPUExecutionProvider"], threads=2, device="cpu"),
         series_selection=SeriesSelection(
             selected=SeriesRef(series_instance_uid="1.2.3.4", series_number=3, modality="CT"),
-            rejected=[SeriesRef(series_instance_uid="1.2.3.5", reason="localizer")],
+            rejected=[
+                SeriesRef(series_instance_uid="1.2.3.5", reason="localizer", instance_count=2)
+            ],
         ),
         geometry=Geometry.from_volume(ct),
         findings=lesions.findings,
@@ -181,7 +183,21 @@ def test_a_2_0_report_reads_as_2_1_with_its_label_maps_unchanged(tmp_path: Path)
     path = tmp_path / "r.json"
     path.write_text(json.dumps(raw))
     back = read_report(path)
-    assert back.schema_version == SCHEMA_VERSION == "2.4"
+    assert back.schema_version == SCHEMA_VERSION == "2.5"
     assert back.model_dump(exclude={"schema_version"}) == report.model_dump(
         exclude={"schema_version"}
     )
+
+
+def test_a_2_4_report_reads_as_2_5_without_instance_counts(tmp_path: Path) -> None:
+    """2.5 only adds a series' ``instance_count``: a 2.4 report reads with it null."""
+    raw = json.loads(_report().model_dump_json())
+    raw["schema_version"] = "2.4"
+    del raw["series_selection"]["rejected"][0]["instance_count"]
+    del raw["series_selection"]["selected"]["instance_count"]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(raw))
+    back = read_report(path)
+    assert back.schema_version == "2.5"
+    assert back.series_selection.rejected[0].instance_count is None
+    assert back.series_selection.rejected[0].reason == "localizer"

@@ -36,6 +36,7 @@ from radserve.api.schemas import ErrorOut, EtaOut, JobOut
 from radserve.api.state import service_of as _service
 from radserve.console.events import STREAM_S, JobFeed
 from radserve.console.ops import OpsHistory, current
+from radserve.console.refused import refused_series
 from radserve.console.studyinfo import StudyInfo
 from radserve.console.volume import ct_volume
 from radserve.ingest.policy import IngestPolicy
@@ -301,12 +302,20 @@ async def job_detail(request: Request, job_id: str, who: Reader) -> Response:
         files = await run_in_threadpool(
             lambda: sorted(p.name for p in folder.iterdir() if _RESULT_FILE.match(p.name))
         )
+    refused = await run_in_threadpool(
+        refused_series,
+        record,
+        service.catalog,
+        IngestPolicy.from_settings(service.settings.ingest),
+    )
     row = await run_in_threadpool(_row, request, record)
     trail = await run_in_threadpool(_trail, service, job_id)
     return JSONResponse(
         {
             "job": row,
             "report": report,
+            # a failed job's series, all refused by its pipeline (no report says so)
+            "refused": [s.model_dump(mode="json") for s in refused],
             "files": files,
             "trail": trail,
             "phi_allowed": phi_allowed(request, who.role),

@@ -26,6 +26,8 @@ class SeriesLike(Protocol):
     @property
     def number_of_frames(self) -> int: ...
     @property
+    def number_of_instances(self) -> int: ...
+    @property
     def image_type(self) -> tuple[str, ...]: ...
 
 
@@ -87,10 +89,24 @@ def select_series(series: Sequence[S], rules: SeriesRules) -> tuple[S, list[Seri
     return best, rejected
 
 
+def refusals(series: Sequence[SeriesLike], rules: SeriesRules) -> list[SeriesRef]:
+    """Each of ``series`` with the first rule it breaks when ``rules`` refuse every one
+    (what made :func:`select_series` fail), else none: a study one of whose series
+    qualifies was not refused."""
+    refused = []
+    for s in series:
+        reason = rejection_reason(s, rules)
+        if reason is None:
+            return []
+        refused.append(_ref(s, reason))
+    return refused
+
+
 def _ref(series: SeriesLike, reason: str) -> SeriesRef:
     return SeriesRef(
         series_instance_uid=series.series_instance_uid,
         series_number=series.series_number,
         modality=series.modality,
         reason=reason,
+        instance_count=series.number_of_instances,
     )

@@ -500,6 +500,7 @@ def _build_report(
                 series_instance_uid=header.series_instance_uid,
                 series_number=header.series_number,
                 modality=header.modality,
+                instance_count=header.number_of_instances,
             ),
             rejected=rejected,
         ),

@@ -1,4 +1,4 @@
-"""The radserve JSON report, schema version 2.4: what was found, by which model, on what.
+"""The radserve JSON report, schema version 2.5: what was found, by which model, on what.
 
 One ``Report`` per job. It is the single source the other writers work from: DICOM SEG
 (``outputs.label_maps`` with their ``segments`` + the NIfTI label maps), DICOM SR TID
@@ -29,6 +29,9 @@ its diameters and volume are lower bounds) and ``edges``; older 2.x reports read
 2.4: ``geometry.source_frame_numbers``, the frame of each slice when the series is one
 Enhanced (multi-frame) instance, so DICOM SEG/SR reference frames; older 2.x reports
 read as 2.4 without it (single-frame sources).
+2.5: a series reference (``series_selection.selected``, ``.rejected[]``) has
+``instance_count``, the DICOM instances (files) of the series as received; older 2.x
+reports read as 2.5 with it null (not recorded then).
 ``docs/report-schema.json`` is the JSON Schema export
 (:func:`radserve.report.json_report.write_json_schema`).
 """
@@ -47,7 +50,7 @@ from radserve.domain import Classification, CodedConcept, Finding, OrganMeasurem
 from radserve.models.manifest import ModelSpec
 from radserve.postprocess.diameters import FindingAxes
 
-SCHEMA_VERSION = "2.4"
+SCHEMA_VERSION = "2.5"
 
 
 class _Model(BaseModel):
@@ -92,6 +95,9 @@ class SeriesRef(_Model):
     series_number: int | None = None
     modality: str | None = None
     reason: str | None = None
+    instance_count: int | None = Field(
+        None, ge=0, description="DICOM instances (files) of the series as received (2.5)"
+    )
 
 
 class SeriesSelection(_Model):
@@ -209,7 +215,7 @@ class Lineage(_Model):
 class Report(_Model):
     """A job's result. Findings are numbered 1..n; ``finding_id`` is the tracking id."""
 
-    schema_version: Literal["2.4"] = SCHEMA_VERSION
+    schema_version: Literal["2.5"] = SCHEMA_VERSION
     generated_at: AwareDatetime = Field(description="ISO 8601 with time zone (UTC)")
     radserve_version: str = __version__
     job_id: str | None = None
