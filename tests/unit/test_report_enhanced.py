@@ -156,15 +156,19 @@ def test_fhir_imaging_study_counts_one_source_instance(
     enhanced: LesionStudy, written: list[Path]
 ) -> None:
     pytest.importorskip("fhir.resources")
+    from fhir.resources.R4B.bundle import Bundle
+
     from radserve.ingest import PatientInfo
     from radserve.report.fhir import build_fhir_bundle, check_bundle
 
     results = [pydicom.dcmread(p, stop_before_pixels=True) for p in written]
     bundle = build_fhir_bundle(enhanced.report, PatientInfo(patient_id="P1"), dicom_results=results)
+    Bundle.model_validate(bundle)  # fhir.resources raises on an invalid resource
     assert check_bundle(bundle) == []
-    [study] = [
-        e["resource"] for e in bundle["entry"] if e["resource"]["resourceType"] == "ImagingStudy"
-    ]
+    by_url = {e["fullUrl"]: e["resource"] for e in bundle["entry"]}
+    [diagnostic] = [r for r in by_url.values() if r["resourceType"] == "DiagnosticReport"]
+    [study] = [r for r in by_url.values() if r["resourceType"] == "ImagingStudy"]
+    assert by_url[diagnostic["imagingStudy"][0]["reference"]] is study
     source = next(
         s for s in study["series"] if s["uid"] == enhanced.report.study.series_instance_uid
     )
