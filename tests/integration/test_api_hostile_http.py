@@ -204,6 +204,7 @@ case(
     body=b"0\r\n\r\n",
 )
 case("any: unknown path", {404}, method="GET", key="read")
+case("any: trailing slash (no redirect to the Host sent)", {404}, method="GET", key="read")
 case(
     "batch: 101 studies in one request",
     {400},
@@ -234,6 +235,7 @@ PATHS = {
     "any: non-ASCII byte in the path": "/v1/jobs/\xe9",
     "any: obsolete header folding": "/v1/jobs",
     "any: unknown path": "/v2/nothing",
+    "any: trailing slash (no redirect to the Host sent)": "/v1/jobs/",
     "batch: 101 studies in one request": "/v1/studies/batch",
 }
 

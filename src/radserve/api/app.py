@@ -63,6 +63,9 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         openapi_url=None,  # served by ops.openapi, behind a key
+        # no 307 from /v1/jobs/ to /v1/jobs: Starlette built its Location from the
+        # client's Host header (a forged Host was sent back as the redirect's host)
+        redirect_slashes=False,
     )
     app.state.service = service
     app.state.keys = KeyVerifier(service.store, ttl_s=key_ttl_s)
