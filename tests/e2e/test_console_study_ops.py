@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -26,69 +27,78 @@ def _pixels(png: bytes) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
 
 
-@pytest.mark.parametrize("size", ["laptop", "wall"])
-def test_study_view_shows_the_ct_with_its_overlay_and_jumps_to_a_finding(
-    tmp_path: Path, size: str
-) -> None:
+@pytest.fixture(scope="module")
+def served_study(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """One server with one finished study, shown at both screen sizes (the view only
+    reads it)."""
     need_browser()
-    config = config_file(tmp_path)
-    data, port = tmp_path / "data", free_port()
+    root = tmp_path_factory.mktemp("study-view")
+    config = config_file(root)
+    data, port = root / "data", free_port()
     admin = create_key_cli(config, data, "admin")
-    process = start_server(config, data, port, tmp_path / "server.log")
+    process = start_server(config, data, port, root / "server.log")
     try:
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, timeout=60) as c:
-            r = c.post("/v1/studies", files=upload(make_study(tmp_path / "s")), headers=auth(admin))
+            r = c.post("/v1/studies", files=upload(make_study(root / "s")), headers=auth(admin))
             job_id = r.json()["id"]
             assert wait_job(c, job_id, admin)["state"] == "succeeded"
-        with browser() as b:
-            p = Page(b, base, tmp_path / "shots", size=size)
-            p.sign_in(admin)
-            p.page.wait_for_selector(f"#worklist tr[data-id='{job_id}']")
-            p.page.click(f"#worklist tr[data-id='{job_id}']")
-            p.page.wait_for_selector("#viewer[data-slice]", timeout=60_000)  # volumes loaded
-            p.page.wait_for_selector("#patient:has-text('Patient:')")  # admin: a PHI role
-            viewer = p.page.locator("#viewer")
-            on = _pixels(viewer.screenshot())
-            p.shot(f"study-{size}")
-            p.page.uncheck("[data-overlay=organs]")
-            p.page.uncheck("[data-overlay=findings]")
-            p.page.wait_for_timeout(300)  # one frame; nothing to wait on in WebGL
-            off = _pixels(viewer.screenshot())
-            # the liver block fills the middle of the field; air around it
-            h, w, _ = on.shape
-            centre = (slice(int(0.3 * h), int(0.7 * h)), slice(int(0.3 * w), int(0.7 * w)))
-            corner = (slice(int(0.9 * h), h), slice(0, int(0.1 * w)))  # air, no crosshair
-            changed = np.abs(on - off).sum(-1) > 30
-            assert changed[centre].mean() > 0.5, changed[centre].mean()
-            assert changed[corner].mean() < 0.02
-            # the overlay is the liver's red: redder where it is shown
-            redness = lambda img: (img[..., 0] - img[..., 1])[centre][changed[centre]].mean()  # noqa: E731
-            assert redness(on) > redness(off) + 40
-            # CT rendered under it: grey soft tissue (not black) with the overlay off
-            assert off[centre].mean() > 60
-            # window presets change the CT's grey levels
-            p.page.click("[data-window=bone]")
-            p.page.wait_for_timeout(300)
-            assert np.abs(_pixels(viewer.screenshot()) - off).sum(-1)[centre].mean() > 10
-
-            finding = p.page.locator("#findings tr.finding").first
-            key_slice = int(finding.get_attribute("data-slice"))
-            p.page.evaluate("window.__radserveViewer.goToSlice(0)")
-            assert viewer.get_attribute("data-slice") == "0"
-            finding.click()
-            assert viewer.get_attribute("data-slice") == str(key_slice)
-            assert key_slice != 0
-            links = p.page.locator("#downloads a")
-            hrefs = [links.nth(i).get_attribute("href") for i in range(links.count())]
-            for wanted in ("/report", "/fhir", "/volume", "kind=organs", "kind=findings"):
-                assert any(h.endswith(wanted) for h in hrefs), (wanted, hrefs)
-            assert p.page.locator("#trail tr:has-text('phi.read')").count() >= 1  # this view's
-            assert p.errors == []
-            p.close()
+        yield {"base": base, "admin": admin, "job_id": job_id}
     finally:
         process.terminate()
         process.wait(60)
+
+
+@pytest.mark.parametrize("size", ["laptop", "wall"])
+def test_study_view_shows_the_ct_with_its_overlay_and_jumps_to_a_finding(
+    served_study: dict[str, str], tmp_path: Path, size: str
+) -> None:
+    base, admin, job_id = served_study["base"], served_study["admin"], served_study["job_id"]
+    with browser() as b:
+        p = Page(b, base, tmp_path / "shots", size=size)
+        p.sign_in(admin)
+        p.page.wait_for_selector(f"#worklist tr[data-id='{job_id}']")
+        p.page.click(f"#worklist tr[data-id='{job_id}']")
+        p.page.wait_for_selector("#viewer[data-slice]", timeout=60_000)  # volumes loaded
+        p.page.wait_for_selector("#patient:has-text('Patient:')")  # admin: a PHI role
+        viewer = p.page.locator("#viewer")
+        on = _pixels(viewer.screenshot())
+        p.shot(f"study-{size}")
+        p.page.uncheck("[data-overlay=organs]")
+        p.page.uncheck("[data-overlay=findings]")
+        p.page.wait_for_timeout(300)  # one frame; nothing to wait on in WebGL
+        off = _pixels(viewer.screenshot())
+        # the liver block fills the middle of the field; air around it
+        h, w, _ = on.shape
+        centre = (slice(int(0.3 * h), int(0.7 * h)), slice(int(0.3 * w), int(0.7 * w)))
+        corner = (slice(int(0.9 * h), h), slice(0, int(0.1 * w)))  # air, no crosshair
+        changed = np.abs(on - off).sum(-1) > 30
+        assert changed[centre].mean() > 0.5, changed[centre].mean()
+        assert changed[corner].mean() < 0.02
+        # the overlay is the liver's red: redder where it is shown
+        redness = lambda img: (img[..., 0] - img[..., 1])[centre][changed[centre]].mean()  # noqa: E731
+        assert redness(on) > redness(off) + 40
+        # CT rendered under it: grey soft tissue (not black) with the overlay off
+        assert off[centre].mean() > 60
+        # window presets change the CT's grey levels
+        p.page.click("[data-window=bone]")
+        p.page.wait_for_timeout(300)
+        assert np.abs(_pixels(viewer.screenshot()) - off).sum(-1)[centre].mean() > 10
+
+        finding = p.page.locator("#findings tr.finding").first
+        key_slice = int(finding.get_attribute("data-slice"))
+        p.page.evaluate("window.__radserveViewer.goToSlice(0)")
+        assert viewer.get_attribute("data-slice") == "0"
+        finding.click()
+        assert viewer.get_attribute("data-slice") == str(key_slice)
+        assert key_slice != 0
+        links = p.page.locator("#downloads a")
+        hrefs = [links.nth(i).get_attribute("href") for i in range(links.count())]
+        for wanted in ("/report", "/fhir", "/volume", "kind=organs", "kind=findings"):
+            assert any(h.endswith(wanted) for h in hrefs), (wanted, hrefs)
+        assert p.page.locator("#trail tr:has-text('phi.read')").count() >= 1  # the views' reads
+        assert p.errors == []
+        p.close()
 
 
 def test_outbox_page_shows_a_failed_delivery_and_re_arm_delivers_it(tmp_path: Path) -> None:

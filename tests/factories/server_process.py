@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from tests.factories.waits import WAIT_SCALE, until
+from tests.factories.waits import until
 
 
 def radserve_command(*args: str) -> list[str]:
@@ -18,15 +18,16 @@ def radserve_command(*args: str) -> list[str]:
 
 
 def create_key_cli(config: Path, data: Path, role: str = "submit") -> str:
-    created = subprocess.run(
-        radserve_command(
-            "keys", "create", "--role", role, "--config", str(config), "--data-dir", str(data)
-        ),
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60 * WAIT_SCALE,  # a CLI start on a loaded runner
-    )
+    """A new API key from ``radserve keys create`` (the command itself, run in this
+    process by click's runner: a fresh interpreter per key cost seconds of imports on a
+    loaded runner, and the servers the tests start are fresh ones)."""
+    from click.testing import CliRunner
+
+    from radserve.commands.keys import group
+
+    args = ["create", "--role", role, "--config", str(config), "--data-dir", str(data)]
+    created = CliRunner().invoke(group, args, catch_exceptions=False)
+    assert created.exit_code == 0, created.output
     return created.stdout.strip().splitlines()[-1]
 
 
