@@ -9,7 +9,8 @@ The temporary's name says that it is one and who writes it
 (``.<final>.<host>-<pid>-<nonce>.part``): a process killed mid-write leaves it behind,
 and :func:`sweep` (at server start) deletes exactly those whose process is gone, never
 one a live process (another replica on this host, another host on shared storage) is
-still writing. Older versions named their temporaries ``<name>.tmp`` or
+still writing; a staging folder (:func:`temporary_dir`) is named and swept the same way,
+with all it holds. Older versions named their temporaries ``<name>.tmp`` or
 ``.<name>.<random>.tmp``, which do not say who writes them: :func:`sweep_unowned` deletes
 those that no process of this host holds open and nobody has touched for a while.
 
@@ -33,6 +34,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import stat
 import time
@@ -53,6 +55,8 @@ _OWNED = re.compile(r"\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{32}\.part
 # another host (shared storage, an older replica mid-upgrade) cannot be asked
 UNOWNED_SUFFIX = ".tmp"
 UNOWNED_IDLE_S = 15 * 60.0
+# how many removed names a sweep's log line lists (their writers' names: no patient data)
+_NAMES_LOGGED = 10
 # results hold patient data: only the service user (its API and worker processes) reads them
 _FILE_MODE = 0o600
 # the folders whose fsync the current batch owes (None: no batch, each write syncs its own)
@@ -63,6 +67,15 @@ def temporary_path(target: Path, *, pid: int | None = None) -> Path:
     """A new temporary name for ``target``, beside it, owned by ``pid`` (this process)."""
     owner = os.getpid() if pid is None else pid
     return target.parent / f".{target.name}.{_HOST}-{owner}-{uuid.uuid4().hex}{TEMPORARY_SUFFIX}"
+
+
+def temporary_dir(parent: Path, stem: str) -> Path:
+    """Create a new owned staging folder in ``parent`` (a name :func:`sweep` judges by
+    its owner, like a temporary file's) and return it."""
+    Path(parent).mkdir(parents=True, exist_ok=True)
+    folder = temporary_path(Path(parent) / stem)
+    folder.mkdir(mode=0o700)
+    return folder
 
 
 def owner_alive(temporary: Path) -> bool:
@@ -249,20 +262,23 @@ def sweep_unowned(
     """Delete the temporaries of older versions (``*.tmp``, named before temporaries said
     who writes them) under ``root`` matching ``pattern`` whose writer is gone: held open
     by no process of this host and unmodified for ``idle_s`` seconds (a writer of another
-    host can only be judged by that). Returns how many were deleted."""
+    host can only be judged by that). A folder counts as one temporary: nothing in it
+    held open or modified. Returns how many were deleted."""
     now = time.time()
     held: set[str] | None = None
 
     def left_behind(temporary: Path) -> bool:
         nonlocal held
         try:
-            if now - temporary.stat().st_mtime < idle_s:
+            members = [temporary, *temporary.rglob("*")] if _is_dir(temporary) else [temporary]
+            if any(now - m.lstat().st_mtime < idle_s for m in members):
                 return False
         except FileNotFoundError:
             return False
         if held is None:  # read once, and only when a candidate is found
             held = _held_open()
-        return os.path.realpath(temporary) not in held
+        inside = os.path.realpath(temporary)
+        return not any(h == inside or h.startswith(inside + os.sep) for h in held)
 
     return _remove(root, pattern, left_behind)
 
@@ -281,19 +297,34 @@ def _held_open() -> set[str]:
     return held
 
 
+def _is_dir(path: Path) -> bool:
+    return stat.S_ISDIR(path.lstat().st_mode)  # a link to a folder is a file to remove
+
+
 def _remove(root: Path, pattern: str, stale: Callable[[Path], bool]) -> int:
-    removed = 0
+    """Delete what matches ``pattern`` under ``root`` and ``stale`` judges left behind
+    (a staging folder with all it holds); log the names removed."""
+    removed: list[str] = []
     for temporary in Path(root).glob(pattern):
         if not stale(temporary):
             continue
         try:
-            temporary.unlink()
+            if _is_dir(temporary):
+                shutil.rmtree(temporary)
+            else:
+                temporary.unlink()
         except FileNotFoundError:
             continue
         except OSError as exc:  # a sweep must not stop a start; the next start retries
             logger.warning("cannot remove a stale temporary under %s: %s", root, exc.strerror)
             continue
-        removed += 1
+        removed.append(temporary.relative_to(root).as_posix())
     if removed:
-        logger.info("removed %d temporary file(s) of stopped writers under %s", removed, root)
-    return removed
+        shown = ", ".join(removed[:_NAMES_LOGGED]) + (", ..." if removed[_NAMES_LOGGED:] else "")
+        logger.info(
+            "removed %d temporary file(s) or folder(s) of stopped writers under %s: %s",
+            len(removed),
+            root,
+            shown,
+        )
+    return len(removed)

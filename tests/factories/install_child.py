@@ -3,7 +3,9 @@
 Run as ``python -m tests.factories.install_child BUNDLE DATA_DIR KILL_AT``. The real
 :func:`radserve.lifecycle.install.install_bundle` runs with ``os.fsync`` and
 ``os.rename`` counted: the KILL_AT-th of those calls SIGKILLs the process before it is
-made (0: none is). Prints how many calls the install made.
+made (0: none is). Prints how many calls the install made. KILL_AT ``hold``: the install
+prints its staged bundle's folder once it is staged and waits there until stdin closes
+(a live install beside another process).
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ HOST = HostFacts(
 )
 
 
+def hold(root: Path, _spec: object) -> None:
+    """The ``prepare`` step of a held install: say where it is staged, wait for stdin."""
+    print(root, flush=True)
+    sys.stdin.read()
+
+
 def main(bundle: Path, data_dir: Path, kill_at: int) -> None:
     calls = 0
 
@@ -45,4 +53,7 @@ def main(bundle: Path, data_dir: Path, kill_at: int) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))
+    if sys.argv[3] == "hold":
+        install_bundle(Path(sys.argv[1]), Path(sys.argv[2]), host=HOST, prepare=hold)
+    else:
+        main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))

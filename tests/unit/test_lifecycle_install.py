@@ -3,7 +3,10 @@ host requirements), hashed and copied; hostile zips and mismatched graphs are re
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import time
 import zipfile
 from pathlib import Path
 
@@ -12,13 +15,17 @@ import yaml
 from tests.factories.bundles import write_test_bundles
 from tests.factories.onnx_models import threshold_model
 from tests.factories.syncs import logged_syncs
+from tests.factories.writers import ended_and_running
 
+from radserve import durable
 from radserve.errors import BundleExistsError, BundleRejectedError
 from radserve.lifecycle.install import (
     ArchiveLimits,
     install_bundle,
     read_install,
+    remove_interrupted_installs,
     sha256_file,
+    upload_path,
     verify_install,
 )
 from radserve.lifecycle.requirements import HostFacts, unmet_requirements
@@ -168,3 +175,43 @@ def test_requirements_the_host_cannot_meet_are_refused_with_the_reason(
     manifest["requires"] = {"onnxruntime": "1.17", "opset": 17}
     (bundle / "model.yaml").write_text(yaml.safe_dump(manifest))
     assert install_bundle(bundle, tmp_path / "data", host=HOST).version == "1.0.0"
+
+
+def test_the_start_sweep_removes_what_stopped_installs_left_and_keeps_the_rest(
+    tmp_path: Path,
+) -> None:
+    models = tmp_path / "models"
+    hour_ago = time.time() - 3600
+    with ended_and_running() as (ended, running):
+        # this version's: named by their owner (a dead one's go, a running one's stay)
+        dead = durable.temporary_path(models / ".staging" / "install", pid=ended)
+        live = durable.temporary_path(models / ".staging" / "install", pid=running.pid)
+        dead_upload = upload_path(tmp_path).with_name(
+            durable.temporary_path(models / ".uploads" / "bundle.zip", pid=ended).name
+        )
+        # an older version's (tempfile's names): gone once untouched and held by nobody
+        old, fresh, held = (models / ".staging" / n for n in ("tmpold", "tmpnew", "tmpheld"))
+        old_upload, fresh_upload = (
+            models / ".uploads" / "tmpa.zip",
+            models / ".uploads" / "tmpb.zip",
+        )
+        for folder in (dead, live, old, fresh, held):
+            (folder / "zip" / "b").mkdir(parents=True)
+            (folder / "zip" / "b" / "model.yaml").write_text("name: x\n")
+        for path in (dead_upload, old_upload, fresh_upload):
+            path.write_bytes(b"PK")
+        for path in (old, held, old_upload):
+            for member in (path, *path.rglob("*")):
+                os.utime(member, (hour_ago, hour_ago))
+        with open(held / "zip" / "b" / "model.yaml", "rb") as handle:
+            holder = subprocess.Popen(["sleep", "60"], stdin=handle)
+        try:
+            assert remove_interrupted_installs(tmp_path) == 4
+        finally:
+            holder.kill()
+            holder.wait()
+        assert sorted(p.name for p in (models / ".staging").iterdir()) == sorted(
+            [live.name, "tmpheld", "tmpnew"]
+        )
+        assert [p.name for p in (models / ".uploads").iterdir()] == ["tmpb.zip"]
+        assert remove_interrupted_installs(tmp_path) == 1  # the held one's holder ended

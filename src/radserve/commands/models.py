@@ -158,6 +158,7 @@ def install(
     data_dir: Path | None,
 ) -> None:
     """Validate BUNDLE (a folder or a zip) and install it into the data dir."""
+    from radserve.lifecycle.install import remove_interrupted_installs
     from radserve.service.variant_install import VariantRequest, variant_gates
 
     variants = None
@@ -176,6 +177,7 @@ def install(
             "--precision, --seeds, --calibration-seeds, --small: only with --build-variants"
         )
     lifecycle = _lifecycle(config_file, data_dir)
+    remove_interrupted_installs(lifecycle.settings.data_dir)
     try:
         installed = lifecycle.install(bundle, actor=_actor(), variants=variants)
     finally:

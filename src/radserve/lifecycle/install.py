@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import stat
-import tempfile
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +45,9 @@ from radserve.models.manifest import ModelSpec, load_manifest
 
 INSTALL_FILE = "install.json"
 MODELS_SUBDIR = "models"
+# under models/: installs being staged, and bundle zips uploaded to the API being installed
+STAGING_DIR = ".staging"
+UPLOADS_DIR = ".uploads"
 MANIFEST = "model.yaml"
 
 
@@ -85,6 +87,31 @@ class InstalledBundle:
 def models_root(data_dir: Path) -> Path:
     """Where installed bundles live: ``<data_dir>/models``."""
     return Path(data_dir) / MODELS_SUBDIR
+
+
+def upload_path(data_dir: Path) -> Path:
+    """A new name for an uploaded bundle zip, owned by this process (see
+    :func:`remove_interrupted_installs`); its folder is created."""
+    uploads = models_root(data_dir) / UPLOADS_DIR
+    uploads.mkdir(parents=True, exist_ok=True)
+    return durable.temporary_path(uploads / "bundle.zip")
+
+
+def remove_interrupted_installs(data_dir: Path) -> int:
+    """Delete the staging folders and uploaded zips that installs killed mid-way left
+    (nothing else removes them); call at server start and at a CLI install's start.
+
+    Their names say which process owns them (:func:`radserve.durable.temporary_path`):
+    one whose owner still runs on this host (the server's install beside a CLI one, or
+    the other way round) is kept. Those of versions before owned names (``tmp*``) go
+    once nothing in them is held open or changed for a while
+    (:func:`radserve.durable.sweep_unowned`). Returns how many were deleted."""
+    root = models_root(data_dir)
+    removed = 0
+    for folder, unowned in ((STAGING_DIR, "tmp*"), (UPLOADS_DIR, "tmp*.zip")):
+        if (root / folder).is_dir():
+            removed += durable.sweep(root / folder) + durable.sweep_unowned(root / folder, unowned)
+    return removed
 
 
 def sha256_file(path: Path) -> str:
@@ -282,9 +309,7 @@ def install_bundle(
     """
     source = Path(source)
     root = models_root(data_dir)
-    staging_root = root / ".staging"
-    staging_root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=staging_root))
+    staging = durable.temporary_dir(root / STAGING_DIR, "install")
     try:
         if source.is_dir():
             bundle = _bundle_dir(source)
@@ -385,5 +410,7 @@ __all__ = [
     "install_bundle",
     "models_root",
     "read_install",
+    "remove_interrupted_installs",
+    "upload_path",
     "verify_install",
 ]

@@ -29,6 +29,7 @@ from radserve.gateway.dicomweb.wado import WadoAccess
 from radserve.gateway.own_results import OwnResults
 from radserve.ingest.decode import shutdown_decode_workers
 from radserve.ingest.policy import IngestPolicy
+from radserve.lifecycle.install import remove_interrupted_installs
 from radserve.pipeline import SessionPool
 from radserve.pipeline.study import StudyResult
 from radserve.report.fhir.patient import IdentifierSystems
@@ -287,6 +288,7 @@ class Service:
             raise RuntimeError("the service is already started")
         self._started = time.monotonic()
         remove_stale_staging(self.settings.data_dir)
+        remove_interrupted_installs(self.settings.data_dir)
         self.shared.remove_stale_temporaries()
         self.shared.reconcile(at_start=True)  # before resumed jobs are built from paths
         self.storage.start()

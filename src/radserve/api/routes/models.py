@@ -4,10 +4,8 @@ record (who: the key, what, why: ``reason``)."""
 
 from __future__ import annotations
 
-import tempfile
 import zipfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -20,6 +18,7 @@ from radserve.api.schemas import ErrorOut
 from radserve.api.state import service_of as _service
 from radserve.domain.deployment import Role, StepDeployment
 from radserve.errors import BundleRejectedError, InvalidRequestError
+from radserve.lifecycle.install import upload_path
 from radserve.service.variant_install import VariantRequest, variant_gates
 
 router = APIRouter(tags=["models"], route_class=NegotiatedRoute)
@@ -127,10 +126,8 @@ async def install_model(
         if build_variants
         else None
     )
-    staging = service.settings.data_dir / "models" / ".uploads"
-    staging.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=staging, suffix=".zip", delete=False) as out:
-        path = Path(out.name)
+    path = upload_path(service.settings.data_dir)
+    with open(path, "xb") as out:
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
