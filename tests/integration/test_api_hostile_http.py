@@ -315,3 +315,20 @@ def test_many_parts_under_the_spool_size_do_not_all_stay_in_memory(
     grew = _peak_rss_mb() - before
     assert answer.startswith((b"HTTP/1.1 415", b"HTTP/1.1 409")), answer[:300]  # all parsed
     assert grew < 160, f"the server's peak RSS rose {grew} MB for 300 MB of parts"
+
+
+def test_a_burst_of_refused_requests_is_counted_not_logged_line_by_line(
+    live: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """uvicorn logged a warning per request its parser refused, and two per Upgrade header
+    (one telling to install a WebSocket library): a client chose how many lines the server
+    wrote. Now at most one line per 10 s per kind, with the count."""
+    caplog.set_level(logging.WARNING)
+    for _ in range(30):
+        assert send(live, b"FOO / HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 400
+        upgrade = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, close\r\n"
+        assert send(live, upgrade + b"Upgrade: h2c\r\n\r\n")[0] == 200
+    lines = [r.getMessage() for r in caplog.records]
+    assert len([m for m in lines if "parser refused" in m]) <= 1, lines
+    assert len([m for m in lines if "upgrade the protocol" in m]) <= 1, lines
+    assert not [m for m in lines if "WebSocket library" in m or "Invalid HTTP" in m], lines

@@ -12,7 +12,9 @@ from radserve.api.http_limits import _CutLog
 
 def test_a_burst_of_slow_heads_is_one_line_then_a_count(caplog: pytest.LogCaptureFixture) -> None:
     now = [100.0]
-    log = _CutLog("request head(s) not complete after %.0f s", every_s=10.0, clock=lambda: now[0])
+    log = _CutLog(
+        "request head(s) not complete after %.0f s: 408", every_s=10.0, clock=lambda: now[0]
+    )
     logger = logging.getLogger("test.slow_heads")
     with caplog.at_level(logging.WARNING, logger="test.slow_heads"):
         for _ in range(300):  # one burst: the first is logged, the rest counted

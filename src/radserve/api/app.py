@@ -113,7 +113,7 @@ def _error_response(description: str) -> dict[str, Any]:
 def _document_errors(schema: dict[str, Any], public: set[str]) -> None:
     """Make the document say what the handlers answer: a request that fails validation gets
     **400** with the error body (errors.install), not FastAPI's 422 HTTPValidationError;
-    an operation behind a key answers 401 and 403."""
+    every operation may answer 406 (api.negotiation); one behind a key 401 and 403."""
     for path, operations in schema["paths"].items():
         for operation in operations.values():
             responses = operation.setdefault("responses", {})
@@ -123,6 +123,9 @@ def _document_errors(schema: dict[str, Any], public: set[str]) -> None:
             validated = operation.get("parameters") or operation.get("requestBody")
             if validated and "400" not in responses:
                 responses["400"] = _error_response("invalid request")
+            responses.setdefault(  # api.negotiation, for every operation
+                "406", _error_response("the Accept header allows none of the types answered")
+            )
             if path not in public:
                 responses.setdefault("401", _error_response("no valid API key"))
                 responses.setdefault("403", _error_response("the key's role does not allow this"))

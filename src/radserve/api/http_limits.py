@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from radserve.api.errors import error_body
@@ -66,7 +67,7 @@ class _CutLog:
     number cut since the line before (the rest of a burst is counted in the next line):
     a client that opens thousands of slow connections would otherwise choose how many
     lines the server writes (300 connections: 300 identical lines in one second).
-    ``what`` is the line after the count, with one ``%`` field for the bound."""
+    ``what`` is the line after the count, with one ``%`` field for the bound or reason."""
 
     def __init__(
         self, what: str, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic
@@ -77,16 +78,19 @@ class _CutLog:
         self._last = -math.inf
         self._cut = 0
 
-    def count(self, logger: Any, bound: float) -> None:
+    def count(self, logger: Any, bound: float | str) -> None:
         self._cut += 1
         now = self.clock()
         if now - self._last >= self.every_s:
-            logger.warning("%d " + self.what + ": 408", self._cut, bound)
+            logger.warning("%d " + self.what, self._cut, bound)
             self._last, self._cut = now, 0
 
 
-_slow_heads = _CutLog("request head(s) not complete after %.0f s")
-_slow_bodies = _CutLog("request body(ies) slower than %d bytes/s")
+_slow_heads = _CutLog("request head(s) not complete after %.0f s: 408")
+_slow_bodies = _CutLog("request body(ies) slower than %d bytes/s: 408")
+_big_heads = _CutLog("request head(s) over %d bytes: 431")
+_refused = _CutLog("request(s) the HTTP parser refused (last: %s): 400")
+_upgrades = _CutLog("request(s) asking to upgrade the protocol (%s): answered as HTTP/1.1")
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -189,11 +193,25 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             end = data.find(b"\r\n\r\n")  # the head may end inside this chunk
             self._head_bytes += len(data) if end < 0 else end
             if self._head_bytes > MAX_REQUEST_HEAD:
-                self.logger.warning("request head over %d bytes: 431", MAX_REQUEST_HEAD)
+                _big_heads.count(self.logger, MAX_REQUEST_HEAD)
                 self.transport.write(_431)
                 self.transport.close()
                 return
-        super().data_received(data)
+        # uvicorn's own data_received, its lines per refused request counted instead (a
+        # client chose how many the server wrote; with ws="none" every Upgrade header
+        # logged two, one telling to install a WebSocket library)
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                _upgrades.count(self.logger, (self._get_upgrade() or b"?").decode("latin-1"))
+        except httptools.HttpParserError as exc:
+            _refused.count(self.logger, str(exc) or type(exc).__name__)
+            self.send_400_response(f"the request is not valid HTTP/1.1: {exc}")
+            return
         # armed here, not per request: a request without a body has ended by now
         if self._in_body and self._body_timer is None and not self.transport.is_closing():
             self._body_timer = self.loop.call_at(self._body_deadline, self._body_timed_out)
