@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pydicom
 import pytest
-from tests.factories.console import Page, browser, need_browser
+from tests.factories.console import Page, browser, ms, need_browser
 from tests.factories.dicom_net import free_port
 from tests.factories.dicom_series import make_ct_series, make_mr_series, new_uid
 from tests.factories.server_process import create_key_cli, start_server
@@ -81,7 +81,7 @@ def test_the_study_view_lists_the_series_not_analysed_and_why(tmp_path: Path) ->
             card = "#trail-card"
             overflow = p.page.eval_on_selector(card, "c => c.scrollWidth - c.clientWidth")
             assert overflow <= 0, overflow
-            p.page.wait_for_selector("#viewer[data-slice]", timeout=60_000)  # volumes loaded
+            p.page.wait_for_selector("#viewer[data-slice]", timeout=ms(60))  # volumes loaded
             assert glyphs == []
             p.shot("refused-series")
             # a study none of whose series the pipeline takes: the job fails, with no report,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.factories.console import Page, browser, need_browser
+from tests.factories.console import Page, browser, ms, need_browser
 from tests.factories.dicom_net import free_port
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file, make_models_slow, make_study, upload
@@ -98,7 +98,7 @@ def test_admin_reprioritises_a_waiting_job_and_a_read_session_cannot(tmp_path: P
                 navigations: list[str] = []
                 p.page.on("framenavigated", lambda frame: navigations.append(frame.url))
                 p.page.select_option(f"{row} select[data-action=reprioritise]", "URGENT")
-                p.page.wait_for_selector(f"{row} .cls-URGENT", timeout=10_000)
+                p.page.wait_for_selector(f"{row} .cls-URGENT", timeout=ms(10))
                 # the new queue place itself is checked in the scheduler's unit tests
                 # (test_scheduling_reprioritise): here the blocker may finish at any moment
                 assert p.page.locator(f"#worklist tr[data-id='{ward}'] .cls").inner_text() == (

@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from PIL import Image
-from tests.factories.console import Page, browser, need_browser
+from tests.factories.console import Page, browser, ms, need_browser
 from tests.factories.dicom_net import dcmtk_tool, free_port, storescu
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file, make_study, upload, wait_job
@@ -59,7 +59,7 @@ def test_study_view_shows_the_ct_with_its_overlay_and_jumps_to_a_finding(
         p.sign_in(admin)
         p.page.wait_for_selector(f"#worklist tr[data-id='{job_id}']")
         p.page.click(f"#worklist tr[data-id='{job_id}']")
-        p.page.wait_for_selector("#viewer[data-slice]", timeout=60_000)  # volumes loaded
+        p.page.wait_for_selector("#viewer[data-slice]", timeout=ms(60))  # volumes loaded
         p.page.wait_for_selector("#patient:has-text('Patient:')")  # admin: a PHI role
         viewer = p.page.locator("#viewer")
         on = _pixels(viewer.screenshot())
@@ -156,7 +156,7 @@ def test_outbox_page_shows_a_failed_delivery_and_re_arm_delivers_it(tmp_path: Pa
                     f"#outbox-items tr[data-outbox='{item}'] button[data-action=rearm]",
                     state="detached",
                 )
-            p.page.wait_for_selector("#outbox-items tr[data-state=sent]", timeout=60_000)
+            p.page.wait_for_selector("#outbox-items tr[data-state=sent]", timeout=ms(60))
             assert wait_until(
                 lambda: p.page.locator("#outbox-items tr.ob-error").count() == 0, timeout=30
             )

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.factories.console import Page, browser, lesion_bundle_zip, need_browser
+from tests.factories.console import Page, browser, lesion_bundle_zip, ms, need_browser
 from tests.factories.dicom_net import free_port
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file, make_study, upload
@@ -126,11 +126,11 @@ def test_worklist_and_operations_on_a_4k_wall_screen(tmp_path: Path) -> None:
             p.sign_in(admin)
             # the event feed connects while the server works through 100 studies: on a
             # loaded 2-core host that took over 30 s (the default wait)
-            p.page.wait_for_selector("#live.on", timeout=120_000)
+            p.page.wait_for_selector("#live.on", timeout=ms(120))
             p.page.wait_for_function(
                 f"document.querySelectorAll('#worklist tbody tr[data-id]').length >= {JOBS}"
             )
-            p.page.wait_for_selector("#worklist tr[data-state=succeeded]", timeout=60_000)
+            p.page.wait_for_selector("#worklist tr[data-state=succeeded]", timeout=ms(60))
             m = measure(p, ["#top", ".filters", ".scroll"], "wall-worklist")
             # the list scrolls inside its box: a wall screen shows dozens of rows at once
             rows = p.page.evaluate(
@@ -166,7 +166,7 @@ def test_worklist_and_operations_on_a_4k_wall_screen(tmp_path: Path) -> None:
             p.goto("/#/ops")
             p.page.wait_for_selector("#lifecycle tr[data-version='1.1.0'][data-deployed=canary]")
             p.page.wait_for_selector("#outbox table")
-            p.page.wait_for_selector(".chart svg path", state="attached", timeout=30_000)
+            p.page.wait_for_selector(".chart svg path", state="attached", timeout=ms(30))
             panels = ["#top", ".stat", ".chart", "#lifecycle", "#outbox", "#peers"]
             ops = measure(p, panels, "wall-ops")
             assert p.errors == []

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.factories.console import Page, browser, need_browser
+from tests.factories.console import Page, browser, ms, need_browser
 from tests.factories.dicom_net import free_port
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file, make_study, upload
@@ -112,8 +112,8 @@ def test_a_submitted_job_appears_and_turns_green_without_reload(
         p.page.on("framenavigated", lambda frame: navigations.append(frame.url))
         job_id = _submit(server, tmp_path / "study")
         row = f"#worklist tr[data-id='{job_id}']"
-        p.page.wait_for_selector(row, timeout=30_000)
-        p.page.wait_for_selector(f"{row}[data-state=succeeded]", timeout=60_000)
+        p.page.wait_for_selector(row, timeout=ms(30))
+        p.page.wait_for_selector(f"{row}[data-state=succeeded]", timeout=ms(60))
         colour = p.page.eval_on_selector(row, "el => getComputedStyle(el).backgroundColor")
         r, g, b_ = (int(v) for v in colour[colour.index("(") + 1 :].split(",")[:3])
         assert g > r and g > b_, colour  # green

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.factories.waits import WAIT_SCALE
+
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
     "--headless",
@@ -30,6 +32,12 @@ FLAGS = [
     "--enable-unsafe-swiftshader",
 ]
 SIZES = {"laptop": (1280, 800), "wall": (3840, 2160)}
+
+
+def ms(seconds: float) -> float:
+    """A Playwright bound (milliseconds) for ``seconds`` on a quiet machine, x
+    :data:`~tests.factories.waits.WAIT_SCALE` like every other wait of the tests."""
+    return seconds * 1000 * WAIT_SCALE
 
 
 def need_browser() -> None:
@@ -59,6 +67,8 @@ class Page:
         self.context = browser_.new_context(
             viewport={"width": width, "height": height}, device_scale_factor=1
         )
+        # Playwright's own 30 s default, scaled like the tests' other waits
+        self.context.set_default_timeout(ms(30))
         self.page = self.context.new_page()
         self.base = base
         self.shots = shots

@@ -30,7 +30,7 @@ from tests.factories.service import (
     wait_job,
 )
 from tests.factories.syslog import Collector, make_certificate
-from tests.factories.waits import until
+from tests.factories.waits import WAIT_SCALE, until
 
 from radserve.api import create_app
 from radserve.config import load_settings
@@ -102,7 +102,7 @@ def test_critical_finding_reaches_each_receiver_once_after_it_comes_back(
             ServerThread(create_app(service)) as srv,
             httpx.Client(base_url=srv.url, timeout=60) as c,
         ):
-            assert service.wait_warm(60)
+            assert service.wait_warm(60 * WAIT_SCALE)
             key_ = create_key(service.store, "submit")
             admin = create_key(service.store, "admin")
             files = make_study(tmp_path / "study", extra={"PatientName": "Doe^Critical"})

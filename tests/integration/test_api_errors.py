@@ -25,6 +25,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
+from tests.factories.waits import WAIT_SCALE
 
 from radserve.api import create_app
 from radserve.errors import InferenceError
@@ -334,7 +335,7 @@ def test_circuit_breaker_shows_in_readyz_until_reset(tmp_path: Path) -> None:
     service = Service(settings_for(tmp_path, jobs__max_retries=5, scheduler__breaker_threshold=2))
     admin = create_key(service.store, "admin")
     with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
-        assert service.wait_warm(60)
+        assert service.wait_warm(60 * WAIT_SCALE)
         assert c.get("/readyz", headers=auth(admin)).status_code == 200
         catalog = service.catalog
         session = catalog.sessions.get(catalog.registry.get("organs-test"), "fp32")

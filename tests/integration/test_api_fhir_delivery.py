@@ -19,7 +19,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
-from tests.factories.waits import until
+from tests.factories.waits import WAIT_SCALE, until
 
 from radserve.api import create_app
 from radserve.service import Service
@@ -48,7 +48,7 @@ def test_bundle_reaches_the_fhir_server_once_after_it_comes_back(tmp_path: Path)
             ServerThread(create_app(service)) as srv,
             httpx.Client(base_url=srv.url, timeout=60) as c,
         ):
-            assert service.wait_warm(60)
+            assert service.wait_warm(60 * WAIT_SCALE)
             key = create_key(service.store, "submit")
             files = make_study(tmp_path / "study", extra={"PatientID": "PID-FHIR-1"})
             submitted = c.post("/v1/studies", files=upload(files), headers=auth(key)).json()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 from tests.factories.petct import write_petct_bundle, write_petct_pipeline
 from tests.factories.service import ServerThread, auth, create_key, settings_for, upload, wait_job
+from tests.factories.waits import WAIT_SCALE
 
 from radserve.api import create_app
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
@@ -26,7 +27,7 @@ def test_server_runs_a_two_channel_model_on_an_uploaded_pet_ct_study(tmp_path):
     )
     service = Service(settings)
     with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
-        assert service.wait_warm(60)
+        assert service.wait_warm(60 * WAIT_SCALE)
         key = create_key(service.store, "submit")
         r = c.post("/v1/studies", files=upload(files), headers=auth(key))
         assert r.status_code == 202, r.text

@@ -20,6 +20,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
+from tests.factories.waits import WAIT_SCALE
 
 from radserve.api import create_app
 from radserve.service import Service
@@ -62,7 +63,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[dict[st
         "admin": _key(service, "admin"),
     }
     with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
-        assert service.wait_warm(60)
+        assert service.wait_warm(60 * WAIT_SCALE)
         job = c.post(
             "/v1/studies", files=upload(make_study(root / "rest")), headers=auth(keys["submit_a"])
         ).json()

@@ -21,6 +21,7 @@ from tests.factories.service import (
     settings_for,
     wait_job,
 )
+from tests.factories.waits import WAIT_SCALE
 
 from radserve.api import create_app
 from radserve.gateway.dicomweb.qido import MORE_WARNING, QidoSearch, parse_query
@@ -37,7 +38,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         settings_for(root, dicomweb__quiet_s=0.5, results__secondary_capture_key_images=True)
     )
     with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
-        assert service.wait_warm(60)
+        assert service.wait_warm(60 * WAIT_SCALE)
         submit, read = create_key(service.store, "submit"), create_key(service.store, "read")
         yield {
             "url": srv.url,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 from tests.factories.service import ServerThread, auth, create_key, settings_for
+from tests.factories.waits import WAIT_SCALE
 
 from radserve.api import create_app
 from radserve.service import Service
@@ -17,7 +18,7 @@ def test_doctor_over_http_reports_runtime_and_loaded_sessions(tmp_path: Path) ->
     service = Service(settings_for(tmp_path))
     admin, reader = create_key(service.store, "admin"), create_key(service.store, "read")
     with ServerThread(create_app(service)) as thread:
-        assert service.wait_warm(60)
+        assert service.wait_warm(60 * WAIT_SCALE)
         with httpx.Client(base_url=thread.url, timeout=60) as c:
             assert c.get("/v1/ops/doctor", headers=auth(reader)).status_code == 403
             r = c.get("/v1/ops/doctor", headers=auth(admin))

@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 from tests.factories.service import ServerThread, auth, config_file, create_key, upload, wait_job
+from tests.factories.waits import WAIT_SCALE
 
 from radserve.api import create_app
 from radserve.config import load_settings
@@ -46,7 +47,7 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Service, str]]:
     service = Service(load_settings(config, data_dir=tmp_path / "data"))
     token = create_key(service.store, "admin")
     with ServerThread(create_app(service)) as thread:
-        service.wait_warm(60)
+        service.wait_warm(60 * WAIT_SCALE)
         yield thread.url, service, token
 
 

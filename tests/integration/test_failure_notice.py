@@ -19,7 +19,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
-from tests.factories.waits import until
+from tests.factories.waits import WAIT_SCALE, until
 
 from radserve.api import create_app
 from radserve.errors import InferenceError
@@ -50,7 +50,7 @@ def test_a_failed_job_sends_a_cancelled_diagnostic_report(tmp_path: Path) -> Non
             ServerThread(create_app(service)) as srv,
             httpx.Client(base_url=srv.url, timeout=30) as c,
         ):
-            assert service.wait_warm(60)
+            assert service.wait_warm(60 * WAIT_SCALE)
             catalog = service.catalog
             session = catalog.sessions.get(catalog.registry.get("organs-test"), "fp32")
 
@@ -99,7 +99,7 @@ def test_failure_notice_none_sends_nothing(tmp_path: Path) -> None:
             ServerThread(create_app(service)) as srv,
             httpx.Client(base_url=srv.url, timeout=30) as c,
         ):
-            assert service.wait_warm(60)
+            assert service.wait_warm(60 * WAIT_SCALE)
             catalog = service.catalog
             session = catalog.sessions.get(catalog.registry.get("organs-test"), "fp32")
 

@@ -19,6 +19,7 @@ import yaml
 from tests.factories.onnx_models import threshold_model
 from tests.factories.server_process import radserve_command
 from tests.factories.service import ServerThread, auth, config_file, create_key
+from tests.factories.waits import WAIT_SCALE
 
 from radserve.api import create_app
 from radserve.config import load_settings
@@ -78,7 +79,7 @@ class Server:
 def server(tmp_path: Path) -> Iterator[Server]:
     s = Server(tmp_path)
     with s.thread:
-        s.service.wait_warm(60)
+        s.service.wait_warm(60 * WAIT_SCALE)
         yield s
 
 

@@ -21,7 +21,7 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
-from tests.factories.waits import until
+from tests.factories.waits import WAIT_SCALE, until
 
 from radserve.api import create_app
 from radserve.cli import cli
@@ -43,7 +43,7 @@ def test_unreachable_fhir_server_is_reported_and_a_failed_bundle_is_re_armed(
     service = Service(settings)
     admin, read = create_key(service.store, "admin"), create_key(service.store, "read")
     with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
-        assert service.wait_warm(60)
+        assert service.wait_warm(60 * WAIT_SCALE)
         r = c.post("/v1/studies", files=upload(make_study(tmp_path / "s")), headers=auth(admin))
         assert wait_job(c, r.json()["id"], admin)["state"] == "succeeded"
 
@@ -132,7 +132,7 @@ def test_not_ready_mode_and_the_cli(tmp_path: Path) -> None:
     rows.reschedule(claimed.id, now=old, next_attempt_at=old, error="association rejected")
     service.start()
     try:
-        assert service.wait_warm(60)
+        assert service.wait_warm(60 * WAIT_SCALE)
         state = service.readiness()
         assert not state.ready and state.degraded
         assert "association rejected" in state.unreachable_peers["PACS"]
