@@ -11,6 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pydicom
+import pytest
+from pydicom.uid import generate_uid
 from tests.factories.dicom_net import dcmtk_tool
 from tests.factories.pacs import pacs_and_gateway, pacs_marks, terminal_jobs
 from tests.factories.service import make_study
@@ -20,6 +22,8 @@ from radserve.store import JobState
 from radserve.store.outbox import OutboxState, OutboxStore
 
 pytestmark = pacs_marks("movescu")
+BASIC_TEXT_SR = "1.2.840.10008.5.1.4.1.1.88.11"
+SIEMENS_CSA = "1.3.12.2.1107.5.9.1"  # Siemens CSA Non-Image Storage (private)
 
 
 def _movescu(port: int, destination: str, study_uid: str) -> subprocess.CompletedProcess[str]:
@@ -55,3 +59,46 @@ def test_a_study_moved_by_the_pacs_to_radserve_comes_back_as_seg_and_sr(tmp_path
         # Orthanc 1.10.1 answers "Failed: UnableToProcess", not 0xA801 (PS3.4 C.4.2.1.5)
         assert "Received Final Move Response (Failed" in unknown.stderr, unknown.stderr
         assert len(terminal_jobs(service, 1)) == 1
+
+
+def _foreign_object(source: Path, folder: Path, sop_class: str) -> Path:
+    """Another vendor's non-image object of class ``sop_class`` in the study of ``source``."""
+    dataset = pydicom.dcmread(source)
+    del dataset.PixelData
+    dataset.SOPClassUID = dataset.file_meta.MediaStorageSOPClassUID = sop_class
+    dataset.SOPInstanceUID = dataset.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+    dataset.SeriesInstanceUID, dataset.Modality, dataset.SeriesNumber = generate_uid(), "OT", 77
+    folder.mkdir(parents=True, exist_ok=True)
+    dataset.save_as(folder / "other.dcm")
+    return folder / "other.dcm"
+
+
+@pytest.mark.parametrize(
+    ("policy", "sop_class"), [("quarantine", SIEMENS_CSA), ("refuse", BASIC_TEXT_SR)]
+)
+def test_a_study_with_a_non_image_object_moves_whole_unless_refused(
+    tmp_path: Path, policy: str, sop_class: str
+) -> None:
+    """Orthanc 1.10.1 fails a whole move (and sends nothing) when radserve rejects one of
+    its presentation contexts: under ``quarantine`` (default) radserve takes in private
+    and newer storage classes too (quarantined, never processed), so a Siemens study
+    with its CSA Non-Image object runs; under ``refuse`` nothing of such a study arrives."""
+    options = {"DicomAlwaysAllowMove": True}
+    settings = {"gateway__unwanted": policy}
+    with pacs_and_gateway(tmp_path, orthanc_options=options, **settings) as (orthanc, service):
+        files = make_study(tmp_path / "study")
+        other = _foreign_object(files[0], tmp_path / "foreign", sop_class)
+        orthanc.upload([*files, other])
+        study_uid = pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID
+        moved = _movescu(orthanc.dicom_port, "RADSERVE", study_uid)
+        received = tmp_path / "data" / "gateway"
+        if policy == "refuse":
+            assert "Received Final Move Response (Failed" in moved.stderr, moved.stderr
+            assert not [p for p in received.rglob("*.dcm")]
+            assert not service.store.list_jobs(limit=10).items
+            return
+        assert "Received Final Move Response (Success)" in moved.stderr, moved.stderr
+        [job] = terminal_jobs(service, 1)
+        assert job.state is JobState.SUCCEEDED, (job.error_code, job.error_message)
+        other_uid = pydicom.dcmread(other, stop_before_pixels=True).SOPInstanceUID
+        assert [p.stem for p in (received / "quarantine").rglob("*.dcm")] == [other_uid]

@@ -223,3 +223,21 @@ def test_without_known_addresses_nothing_is_reserved() -> None:
 def test_known_addresses_are_the_peers_with_a_host() -> None:
     allow = AllowList([Peer("PACS", "127.0.0.1"), Peer("ANYWHERE")])
     assert allow.addresses == {"127.0.0.1"}
+
+
+def test_quarantine_takes_in_private_and_newer_storage_classes_only() -> None:
+    proposed = [
+        "1.3.12.2.1107.5.9.1",  # Siemens CSA Non-Image Storage (private)
+        "1.2.840.10008.5.1.4.1.1.2",  # CT Image Storage: listed already
+        "1.2.840.10008.5.1.4.1.1.999",  # a storage class newer than pynetdicom
+        "1.2.840.10008.1.20.1",  # Storage Commitment: a service, not storage
+        "1.2.840.10008.1.2",  # a transfer syntax
+        "1.3.12.2.1107.5.9.1",  # proposed twice
+        "1.2.04.5",  # not a UID
+        "Smith^Jane",
+    ]
+    listed = ["1.2.840.10008.5.1.4.1.1.2"]
+    assert conformance.unlisted_storage(proposed, listed) == [
+        "1.3.12.2.1107.5.9.1",
+        "1.2.840.10008.5.1.4.1.1.999",
+    ]

@@ -6,7 +6,8 @@ negotiates exactly them, so the document and the code cannot drift apart.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from enum import StrEnum
 
 from pydicom.uid import (
@@ -122,6 +123,30 @@ COMPREHENSIVE_3D_SR = UID(sc.Comprehensive3DSRStorage)
 # PACS re-sending radserve's own results gets success (they are recognised and dropped,
 # see radserve.gateway.own_results); other objects of these classes follow the policy.
 RESULT_STORAGE: tuple[UID, ...] = (SEGMENTATION, COMPREHENSIVE_3D_SR)
+
+
+# Where standard storage SOP classes live (PS3.6 A.1); ones newer than pynetdicom too
+STORAGE_ROOT = "1.2.840.10008.5.1.4.1.1."
+_UID_TEXT = re.compile(r"(0|[1-9][0-9]*)(\.(0|[1-9][0-9]*))*")
+
+
+def unlisted_storage(proposed: Iterable[str], listed: Iterable[str]) -> list[UID]:
+    """The proposed SOP classes the SCP takes in under ``quarantine`` beyond its list:
+    private ones (e.g. Siemens CSA Non-Image Storage, 1.3.12.2.1107.5.9.1, in most
+    Siemens CT and MR studies) and standard storage classes pynetdicom does not know.
+    Rejecting one context can fail a PACS's whole transfer: Orthanc 1.10.1 then sends
+    none of the study's instances (its C-MOVE answers "Failed: UnableToProcess")."""
+    known = set(listed)
+    extra: list[UID] = []
+    for value in proposed:
+        if not _UID_TEXT.fullmatch(str(value)):
+            continue
+        uid = UID(str(value))
+        if uid in known or uid in extra or uid.is_transfer_syntax:
+            continue
+        if uid.is_private or uid.startswith(STORAGE_ROOT):
+            extra.append(uid)
+    return extra
 
 
 class UnwantedPolicy(StrEnum):

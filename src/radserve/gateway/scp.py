@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from pydicom.dataset import Dataset
-from pynetdicom import AE, _config, evt
+from pynetdicom import AE, _config, build_context, evt, register_uid
 from pynetdicom.events import Event
 from pynetdicom.pdu_primitives import MaximumLengthNotification
+from pynetdicom.service_class import StorageServiceClass
+from pynetdicom.sop_class import uid_to_service_class
 
 from radserve import error_table
 from radserve.gateway import conformance, reactor
@@ -115,6 +117,35 @@ def build_ae(config: ScpConfig) -> AE:
     for sop_class in accepted:
         ae.add_supported_context(sop_class, list(conformance.SCP_TRANSFER_SYNTAXES))
     return ae
+
+
+def _accept_unlisted_storage(assoc: Any) -> None:
+    """Add this association's proposed private / newer storage classes to what it
+    accepts (:func:`conformance.unlisted_storage`); they are quarantined on arrival."""
+    proposed = assoc.requestor.primitive.presentation_context_definition_list or []
+    supported = assoc.acceptor.supported_contexts
+    extra = conformance.unlisted_storage(
+        (cx.abstract_syntax for cx in proposed), (cx.abstract_syntax for cx in supported)
+    )
+    if extra:
+        for uid in extra:
+            _register_storage(uid)
+        syntaxes = list(conformance.SCP_TRANSFER_SYNTAXES)
+        assoc.acceptor.supported_contexts = [
+            *supported,
+            *(build_context(uid, syntaxes) for uid in extra),
+        ]
+
+
+_REGISTERING = threading.Lock()
+
+
+def _register_storage(uid: str) -> None:
+    """Tell pynetdicom ``uid`` is a storage class, once per process: it dispatches a
+    C-STORE only for SOP classes it knows to belong to the Storage Service Class."""
+    with _REGISTERING:
+        if uid_to_service_class(uid) is not StorageServiceClass:
+            register_uid(uid, "RadserveUnlisted_" + uid.replace(".", "_"), StorageServiceClass)
 
 
 def _status(code: int, comment: str | None = None) -> Dataset:
@@ -334,6 +365,8 @@ class GatewaySCP:
             self._reject(assoc, _REJECT_MALFORMED)
             return
         if self.allow_list.allows(calling, address):
+            if UnwantedPolicy(self.config.unwanted) is UnwantedPolicy.QUARANTINE:
+                _accept_unlisted_storage(assoc)
             return
         logger.warning(
             "association from AE %r at %s rejected: calling AE title not recognised",
