@@ -241,3 +241,11 @@ def test_quarantine_takes_in_private_and_newer_storage_classes_only() -> None:
         "1.3.12.2.1107.5.9.1",
         "1.2.840.10008.5.1.4.1.1.999",
     ]
+
+
+def test_unlisted_classes_taken_in_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from radserve.gateway import scp
+
+    monkeypatch.setattr(scp, "MAX_UNLISTED_CLASSES", len(scp._registered))
+    assert scp._register_storage("1.2.840.10008.5.1.4.1.1.2")  # known: always
+    assert not scp._register_storage("1.3.6.1.4.1.99999.1.2.3")  # one more: refused

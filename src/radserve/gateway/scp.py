@@ -127,9 +127,8 @@ def _accept_unlisted_storage(assoc: Any) -> None:
     extra = conformance.unlisted_storage(
         (cx.abstract_syntax for cx in proposed), (cx.abstract_syntax for cx in supported)
     )
+    extra = [uid for uid in extra if _register_storage(uid)]
     if extra:
-        for uid in extra:
-            _register_storage(uid)
         syntaxes = list(conformance.SCP_TRANSFER_SYNTAXES)
         assoc.acceptor.supported_contexts = [
             *supported,
@@ -138,14 +137,27 @@ def _accept_unlisted_storage(assoc: Any) -> None:
 
 
 _REGISTERING = threading.Lock()
+_registered: set[str] = set()
+# pynetdicom keeps every registered class for the life of the process: a peer proposing
+# ever new UIDs must not grow it without bound (sites see a handful of private classes)
+MAX_UNLISTED_CLASSES = 256
 
 
-def _register_storage(uid: str) -> None:
-    """Tell pynetdicom ``uid`` is a storage class, once per process: it dispatches a
-    C-STORE only for SOP classes it knows to belong to the Storage Service Class."""
+def _register_storage(uid: str) -> bool:
+    """Tell pynetdicom ``uid`` is a storage class, once per process (it dispatches a
+    C-STORE only for SOP classes it knows to belong to the Storage Service Class);
+    False, and the context stays rejected, past :data:`MAX_UNLISTED_CLASSES`."""
     with _REGISTERING:
-        if uid_to_service_class(uid) is not StorageServiceClass:
-            register_uid(uid, "RadserveUnlisted_" + uid.replace(".", "_"), StorageServiceClass)
+        if uid in _registered or uid_to_service_class(uid) is StorageServiceClass:
+            return True
+        if len(_registered) >= MAX_UNLISTED_CLASSES:
+            logger.warning(
+                "SOP class %s not accepted: %d unlisted classes taken in", uid, MAX_UNLISTED_CLASSES
+            )
+            return False
+        register_uid(uid, "RadserveUnlisted_" + uid.replace(".", "_"), StorageServiceClass)
+        _registered.add(uid)
+        return True
 
 
 def _status(code: int, comment: str | None = None) -> Dataset:
