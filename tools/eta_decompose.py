@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from radserve.bench.eta_accuracy import read_summary
-from radserve.turnaround.eta import URGENT, walk
+from radserve.turnaround.eta import URGENT, Capacity, Entry, walk
 from radserve.turnaround.replay import SharesSoFar, shares_of, walk_inputs
 
 CLASS = {0: "U", 1: "I", 2: "O"}
@@ -75,30 +75,40 @@ def shares_between(
     return got, idle
 
 
-def decompose(
-    summary: Mapping[str, Any], all_jobs: bool = False, options: Mapping[str, Any] | None = None
-) -> list[dict[str, Any]]:
-    records = sorted(summary["eta_records"], key=lambda r: (r["at"], r["kind"] != "end"))
-    measured = set(summary["measured_ids"])
-    jobs = spans(records)
-    first: dict[str, Mapping[str, Any]] = {}
-    walked: dict[str, tuple[float, list[Any], Any]] = {}
+def first_walks(
+    records: Sequence[Mapping[str, Any]],
+) -> dict[str, tuple[float, list[Entry], Capacity]]:
+    """Each job's first walk (its ETA at submission): the clock, the entries with their
+    shares so far, the capacity; in the order the jobs were first seen."""
+    walked: dict[str, tuple[float, list[Entry], Capacity]] = {}
     walks = [r for r in records if r["kind"] == "walk"]
     so_far = SharesSoFar(records, bool(walks[0]["capacity"]["urgent_exclusive"]))
     for r in walks:
         now, entries, capacity = walk_inputs(r)
         entries = so_far.fill(entries, now)
         for row in r["entries"]:
-            if str(row[0]) not in first:
-                first[str(row[0])] = r
-                walked[str(row[0])] = (now, entries, capacity)
+            walked.setdefault(str(row[0]), (now, entries, capacity))
+    return walked
+
+
+def sorted_records(summary: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The recorded walks and ends in clock order, an end before a walk at its instant."""
+    return sorted(summary["eta_records"], key=lambda r: (r["at"], r["kind"] != "end"))
+
+
+def decompose(
+    summary: Mapping[str, Any], all_jobs: bool = False, options: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    records = sorted_records(summary)
+    measured = set(summary["measured_ids"])
+    jobs = spans(records)
+    walked = first_walks(records)
     t0 = min(float(r["at"]) for r in records)
     out = []
-    for job_id in first:
+    for job_id, (now, entries, capacity) in walked.items():
         if job_id not in measured or job_id not in jobs:
             continue
         cls, _, end = jobs[job_id]
-        now, entries, capacity = walked[job_id]
         capacity = dataclasses.replace(capacity, **dict(options or {}))
         index = next(i for i, e in enumerate(entries) if e.job_id == job_id)
         if index < 3 and not all_jobs:
@@ -188,7 +198,7 @@ def offered_load(summary: Mapping[str, Any]) -> tuple[float, float]:
     between the first and the last measured arrival) x (the class's mean measured share
     of wall time): above 1 the queue grows; and the measured jobs' mean share over the
     warm-up study's run alone (the bench's ``--load`` yardstick)."""
-    records = sorted(summary["eta_records"], key=lambda r: (r["at"], r["kind"] != "end"))
+    records = sorted_records(summary)
     walks = [r for r in records if r["kind"] == "walk"]
     shares = shares_of(records, bool(walks[0]["capacity"]["urgent_exclusive"]))
     first: dict[str, tuple[float, int]] = {}
@@ -213,7 +223,7 @@ def ahead_by_class(summary: Mapping[str, Any]) -> dict[tuple[int, bool], tuple[i
     took from then on). A share is learned pooled over the routine classes, but under
     priority an OUTPATIENT job running beside INPATIENT work is charged wall time it
     waits through (session 13)."""
-    records = sorted(summary["eta_records"], key=lambda r: (r["at"], r["kind"] != "end"))
+    records = sorted_records(summary)
     measured = set(summary["measured_ids"])
     walks = [r for r in records if r["kind"] == "walk"]
     exclusive = bool(walks[0]["capacity"]["urgent_exclusive"])

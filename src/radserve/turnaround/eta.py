@@ -278,7 +278,7 @@ def overtaking_delay(
     Each class ``k`` ahead arrives as a Poisson stream (rate ``r_k``) and each arrival
     holds the job back ``hold_k`` seconds (:meth:`Capacity.hold_s`), so the delay is a
     compound Poisson sum: mean ``sum r_k w_k hold_k``, variance ``sum r_k w_k hold_k^2``
-    over each class's overtaking window ``w_k`` (:func:`_window`); the 90th percentile
+    over each class's overtaking window ``w_k`` (:func:`overtaking_window`); the 90th percentile
     is the normal approximation. The delay lengthens the horizon, so it is applied twice
     (one fixed-point step).
     """
@@ -290,7 +290,7 @@ def overtaking_delay(
             for a in capacity.arrivals:
                 if a.cls >= entry.cls or a.rate_per_s <= 0:
                     continue
-                n = a.rate_per_s * _window(entry, a.cls, horizon + total, now, capacity)
+                n = a.rate_per_s * overtaking_window(entry, a.cls, horizon + total, now, capacity)
                 hold = capacity.hold_s(a.cls, a.estimate)
                 mean += n * hold
                 var += n * hold * hold
@@ -300,7 +300,9 @@ def overtaking_delay(
     return delay(0.0), delay(_Z90)
 
 
-def _window(entry: Entry, ahead: int, horizon: float, now: float, capacity: Capacity) -> float:
+def overtaking_window(
+    entry: Entry, ahead: int, horizon: float, now: float, capacity: Capacity
+) -> float:
     """Seconds from ``now`` during which an arrival of class rank ``ahead`` still ranks
     before ``entry``: its whole horizon for URGENT; for a routine class, until the job
     is aged one class up (``deadline - aging_fraction x TAT``), and if that lifts it to
@@ -324,5 +326,6 @@ __all__ = [
     "latency_lane",
     "on_host_cores",
     "overtaking_delay",
+    "overtaking_window",
     "walk",
 ]
