@@ -42,6 +42,7 @@ CONFIG_ENV = "RADSERVE_CONFIG"
 # RADSERVE_* variables that are not settings: the config file path, test and training tools.
 _NOT_SETTINGS = re.compile(r"^RADSERVE_(CONFIG|TEST_.*|TRAIN_.*)$", re.IGNORECASE)
 SQLITE_FILE_NAME = "radserve.db"
+AUTO_READ_PROCESSES = 2  # server.read_processes "auto" on a host with >= 2 usable cores
 _DB_URL = re.compile(r"^(sqlite|postgres|postgresql)(\+\w+)?://", re.IGNORECASE)
 
 
@@ -88,15 +89,26 @@ class ServerSettings(_Section):
     # answered 408 and closed. 1 KiB/s is ~100x below a slow 1 Mbit/s hospital link, so
     # a real upload is never cut (a 300-slice CT, ~160 MB, would need over 40 h)
     min_body_rate_bytes_s: int = Field(default=1024, gt=0)
-    # API reader processes (radserve.api.readers): > 0 answers job status and report
-    # reads on the public port from processes that run no inference, and forwards every
-    # other request to the serving process; 0: one process serves everything. 2 measured
-    # on the idle 2-core machine, studies processing: 2,963 req/s p99 91 ms against
-    # 1,586 req/s p99 157 ms in one process (docs/api-performance.md); not the default
-    # until the whole suite has passed with it (its first run found two defects, fixed)
-    read_processes: int = Field(default=0, ge=0, le=32)
+    # API reader processes (radserve.api.reader): job status and report reads on the
+    # public port answered by processes that run no inference, every other request
+    # forwarded to the serving process; 0: one process serves everything. "auto" (the
+    # default): 2 where this process may use >= 2 cores, else 0 (reader_count). On the
+    # quiet 2-core host, studies processing: 3,024 / 2,866 req/s p99 35-36 ms with 2
+    # against 852-911 req/s p99 ~210 ms in one process, for ~290 MiB PSS more
+    # (docs/api-performance.md, docs/scaling.md)
+    read_processes: Annotated[int, Field(ge=0, le=32)] | Literal["auto"] = "auto"
     # HTTPS when set (cert + key required; ca: mutual TLS for API clients)
     tls: TlsSettings | None = None
+
+    def reader_count(self) -> int:
+        """``read_processes`` on this host: "auto" is 2 with >= 2 usable cores (the
+        layout measured best on 2 cores), else 0 (a reader would only take the one core
+        from the inference)."""
+        if self.read_processes != "auto":
+            return self.read_processes
+        from radserve.host import usable_cores
+
+        return AUTO_READ_PROCESSES if usable_cores() >= 2 else 0
 
     @field_validator("tls")
     @classmethod

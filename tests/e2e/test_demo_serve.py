@@ -1,6 +1,8 @@
 """Issue 16: ``radserve demo --serve`` runs the demo, then serves the web console on a
 data dir under ``--out`` with the demo study submitted, prints the address (the real
-port for ``--port 0``) and a demo admin key, and stops cleanly on SIGTERM."""
+port for ``--port 0``) and a demo admin key, and stops cleanly on SIGTERM; with the default
+settings, so on a host with >= 2 cores its job reads are answered by API reader processes
+(``server.read_processes`` "auto")."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from typing import IO, Any
 
 import httpx
 import pytest
-from tests.factories.server_process import radserve_command
+from tests.factories.server_process import radserve_command, spawned_by
 from tests.factories.waits import WAIT_SCALE, until
+
+from radserve.host import usable_cores
 
 pytestmark = pytest.mark.slow
 
@@ -86,6 +90,11 @@ def test_demo_serve_prints_the_console_with_its_study_and_stops_on_sigterm(
                 return states == ["succeeded"]
 
             until(succeeded, "the demo's one job to succeed", 600, state=lambda: jobs, step=0.5)
+            job_id = jobs["items"][0]["id"]  # a read a reader answers (the default layout)
+            read = c.get(f"/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {key}"})
+            assert read.status_code == 200 and read.json()["state"] == "succeeded", read.text
+        spawned = spawned_by(process.pid)  # 2 readers and their audit writer
+        assert len(spawned) == (3 if usable_cores() >= 2 else 0), spawned
         process.send_signal(signal.SIGTERM)
         assert process.wait(60 * WAIT_SCALE) == 0, (tmp_path / "demo.err").read_text()[-3000:]
     finally:

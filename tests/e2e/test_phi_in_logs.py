@@ -189,6 +189,7 @@ def test_server_logs_no_planted_value_over_c_store_and_reads(tmp_path: Path) -> 
             "port": gateway_port,
             "allowed_peers": [{"ae_title": "PACS", "host": "127.0.0.1"}],
         },
+        server={"read_processes": 2},  # the default on 2 cores: the readers log the reads
     )
     data, log = tmp_path / "data", tmp_path / "server.log"
     created = subprocess.run(

@@ -1,6 +1,7 @@
 """`radserve serve` over HTTPS from ``server.tls`` settings, checked with httpx against the
 test's own CA: TLS 1.2+ only, and with ``server.tls.ca`` mutual TLS (API clients without a
-certificate signed by that CA are refused)."""
+certificate signed by that CA are refused). Mutual TLS is served by 2 API reader processes
+(the default layout on 2 cores), TLS without client certificates by one process."""
 
 from __future__ import annotations
 
@@ -32,8 +33,11 @@ def _client_context(ca: Path, cert: Path | None = None, key: Path | None = None)
     return context
 
 
-def _serve(tmp_path: Path, tls: dict[str, object], verify: ssl.SSLContext, port: int):
-    config = config_file(tmp_path, server={"tls": tls})
+def _serve(
+    tmp_path: Path, tls: dict[str, object], verify: ssl.SSLContext, port: int, readers: int = 0
+):
+    """``readers``: API reader processes, which then terminate TLS on the public port."""
+    config = config_file(tmp_path, server={"tls": tls, "read_processes": readers})
     return RadserveServe(config, tmp_path / "data", port, tmp_path / "serve.log", verify=verify)
 
 
@@ -41,7 +45,7 @@ def test_https_with_client_certificates(tmp_path: Path, pki: Pki) -> None:
     tls = {"cert": str(pki.server_cert), "key": str(pki.server_key), "ca": str(pki.ca)}
     trusted = _client_context(pki.ca, pki.client_cert, pki.client_key)
     port = free_port()
-    with _serve(tmp_path, tls, trusted, port) as server:
+    with _serve(tmp_path, tls, trusted, port, readers=2) as server:  # the default on 2 cores
         assert "radserve serving on https://" in server.log.read_text()
         response = httpx.get(f"{server.url}/healthz", verify=trusted, timeout=10)
         assert response.status_code == 200

@@ -1,5 +1,6 @@
 """``radserve serve`` as a real subprocess for crash tests: start it (waiting for
-``/healthz``), create an API key with the CLI, kill it however the test needs."""
+``/healthz``), create an API key with the CLI, kill it however the test needs, find its
+API reader processes and their audit writer."""
 
 from __future__ import annotations
 
@@ -85,3 +86,41 @@ def wait_healthy(
 
 def _tail(log: Path) -> str:
     return log.read_text(errors="replace")[-3000:]
+
+
+def readers_of(pid: int) -> set[int]:
+    """The server's reader processes (multiprocessing's spawned children, listed under
+    the thread that started each, but the readers' audit writer). A thread or child may
+    end between the listing and the read (a killed reader being reaped, a short-lived
+    helper): it is not a reader then."""
+    return {child for child in spawned_by(pid) if child not in audit_writers_of(pid)}
+
+
+def audit_writers_of(pid: int) -> set[int]:
+    """The readers' audit writer process (it names itself in ``/proc/PID/comm``)."""
+    return {
+        child
+        for child in spawned_by(pid)
+        if _read(Path(f"/proc/{child}/comm")).strip() == b"radserve-auditw"
+    }
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
+def spawned_by(pid: int) -> set[int]:
+    """multiprocessing's spawned children of ``pid``."""
+    children = [
+        child
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for child in _read(task / "children").split()
+    ]
+    return {
+        int(child)
+        for child in children
+        if b"spawn_main" in _read(Path(f"/proc/{child.decode()}/cmdline"))
+    }

@@ -58,6 +58,11 @@ def config_file(root: Path, **sections: Any) -> Path:
     data: dict[str, Any] = {
         "models": {"dirs": assets["models__dirs"]},
         "pipelines": {"dirs": assets["pipelines__dirs"], "default": "test-pipeline"},
+        # one serving process: the default ("auto") spawns 2 API readers and their audit
+        # writer on CI's 2 cores, seconds more at each server start and stop; the tests
+        # of the readers ask for them (server={"read_processes": 2}) and
+        # RADSERVE_SERVER__READ_PROCESSES=2 runs every server test with them
+        "server": {"read_processes": 0},
     }
     for key, value in sections.items():
         data.setdefault(key, {}).update(value) if isinstance(value, dict) else data.update(

@@ -1,6 +1,7 @@
 """``server.read_processes``: a real ``radserve serve`` whose job status and report reads
 are answered by reader processes on the public port while studies process; every report
-read is in the audit chain, the metrics count them, and a killed reader is replaced."""
+read is in the audit chain, the metrics count them, a killed reader is replaced, and no
+reader or audit writer outlives the serving process (stopped or killed)."""
 
 from __future__ import annotations
 
@@ -11,55 +12,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 from tests.factories.dicom_net import free_port
 from tests.factories.postgres import postgres_schema
-from tests.factories.server_process import create_key_cli, start_server
+from tests.factories.server_process import (
+    audit_writers_of,
+    create_key_cli,
+    readers_of,
+    start_server,
+)
 from tests.factories.service import auth, config_file, make_study, upload, wait_job
-from tests.factories.waits import until
+from tests.factories.waits import WAIT_SCALE, until
 
 from radserve.config import load_settings
 from radserve.store.audited import open_audited
 
 N_JOBS = 4
-
-
-def readers_of(pid: int) -> set[int]:
-    """The server's reader processes (multiprocessing's spawned children, listed under
-    the thread that started each, but the readers' audit writer). A thread or child may
-    end between the listing and the read (a killed reader being reaped, a short-lived
-    helper): it is not a reader then."""
-    return {child for child in spawned_by(pid) if child not in audit_writers_of(pid)}
-
-
-def audit_writers_of(pid: int) -> set[int]:
-    """The readers' audit writer process (it names itself in ``/proc/PID/comm``)."""
-    return {
-        child
-        for child in spawned_by(pid)
-        if _read(Path(f"/proc/{child}/comm")).strip() == b"radserve-auditw"
-    }
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except (FileNotFoundError, ProcessLookupError):
-        return b""
-
-
-def spawned_by(pid: int) -> set[int]:
-    """multiprocessing's spawned children of ``pid``."""
-    children = [
-        child
-        for task in Path(f"/proc/{pid}/task").iterdir()
-        for child in _read(task / "children").split()
-    ]
-    return {
-        int(child)
-        for child in children
-        if b"spawn_main" in _read(Path(f"/proc/{child.decode()}/cmdline"))
-    }
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -174,6 +143,35 @@ def test_reads_from_reader_processes_are_audited_and_a_killed_reader_is_replaced
     finally:
         store.close()
     assert len([r for r in reads if r.subject in ids]) == report_reads
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
+def test_no_reader_or_audit_writer_outlives_the_serving_process(
+    tmp_path: Path, stop: signal.Signals
+) -> None:
+    """A stop (SIGTERM) or a crash (kill -9) of the serving process leaves no reader, no
+    audit writer and no resource tracker behind: on a crash their pipes to the serving
+    process break and each stops itself (what a restart on the same port relies on)."""
+    config = config_file(tmp_path, server={"read_processes": 2})
+    data, port = tmp_path / "data", free_port()
+    server = start_server(config, data, port, tmp_path / "server.log")
+    try:
+        until(
+            lambda: len(readers_of(server.pid)) == 2 and audit_writers_of(server.pid),
+            "2 readers and their audit writer",
+            60,
+        )
+        children = psutil.Process(server.pid).children(recursive=True)
+        assert len(children) >= 3, [p.cmdline()[:3] for p in children]
+        server.send_signal(stop)
+        assert server.wait(60) in ((0, -stop) if stop == signal.SIGTERM else (-stop,))
+        _, alive = psutil.wait_procs(children, timeout=30 * WAIT_SCALE)
+        survivors = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not survivors, [(p.pid, p.cmdline()) for p in survivors]
+    finally:
+        if server.poll() is None:
+            server.kill()
 
 
 def _audited_report(client: httpx.Client, job_id: str, key: str) -> httpx.Response | None:

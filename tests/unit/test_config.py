@@ -320,3 +320,49 @@ def test_runtime_providers_choose_the_server_s_sessions(
     monkeypatch.setenv("RADSERVE_RUNTIME__PROVIDERS", '["CUDAExecutionProvider"]')
     with pytest.raises(ModelError, match=r"CUDAExecutionProvider.*were asked for"):
         Catalog.from_settings(load_settings())
+
+
+def _reader_count_with_cores(cores: set[int]) -> int:
+    """``server.read_processes`` "auto" resolved in a child process whose CPU affinity
+    is ``cores`` (the real mask :func:`radserve.host.usable_cores` reads)."""
+    import subprocess
+    import sys
+
+    code = (
+        f"import os; os.sched_setaffinity(0, {sorted(cores)!r}); "
+        "from radserve.config import load_settings; "
+        "print(load_settings().server.reader_count())"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RADSERVE_SERVER__")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    return int(done.stdout)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity (Linux)")
+def test_read_processes_auto_is_two_readers_on_two_cores_and_none_on_one() -> None:
+    assert load_settings().server.read_processes == "auto"
+    assert _reader_count_with_cores({min(os.sched_getaffinity(0))}) == 0
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert _reader_count_with_cores(set(sorted(os.sched_getaffinity(0))[:2])) == 2
+
+
+@pytest.mark.parametrize(("value", "count"), [("0", 0), ("3", 3), ("auto", None)])
+def test_read_processes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, value: str, count: int | None
+) -> None:
+    monkeypatch.setenv("RADSERVE_SERVER__READ_PROCESSES", value)
+    server = load_settings().server
+    assert server.read_processes == (value if count is None else count)
+    if count is not None:
+        assert server.reader_count() == count
+
+
+@pytest.mark.parametrize("value", ["many", "-1", "33"])
+def test_read_processes_other_than_a_count_or_auto_is_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("RADSERVE_SERVER__READ_PROCESSES", value)
+    with pytest.raises(ConfigError, match="read_processes"):
+        load_settings()

@@ -725,8 +725,8 @@ def main(argv: list[str] | None = None) -> int:
         "--read-processes",
         type=int,
         default=None,
-        help="server.read_processes of the spawned server (--floor: of the 'radserve "
-        "readers' contestant, default 2)",
+        help="server.read_processes of the spawned server (default: the setting's, 'auto'; "
+        "--floor: of the 'radserve readers' contestant, default 2)",
     )
     parser.add_argument(
         "--only",

@@ -4,7 +4,8 @@ when ``gateway.enabled``) in one process. HTTPS when ``server.tls`` has a certif
 
 One serving process: the scheduler, its job table and the in-memory job cache live in
 it, so it is not forked into several uvicorn workers (two schedulers over one store
-would both resume the same unfinished jobs). With ``server.read_processes`` > 0 it binds
+would both resume the same unfinished jobs). With API reader processes
+(``server.read_processes``: "auto", the default, is 2 on a host with >= 2 cores) it binds
 the public socket and hands it to that many API reader processes
 (:mod:`radserve.api.reader`), which answer job status and report reads without sharing
 the inference's GIL and forward everything else to this process, which then listens on
@@ -138,7 +139,8 @@ def run_server(
         "timeout_keep_alive": 30,
         "server_header": False,
     }
-    readers = _Readers.of(settings, service, access_log) if settings.server.read_processes else None
+    count = settings.server.reader_count()
+    readers = _Readers.of(settings, service, access_log, count) if count else None
     if readers is None:
         config = uvicorn.Config(
             app,
@@ -189,10 +191,13 @@ def run_server(
 class _Readers:
     """The public socket, the job snapshot and the reader processes of one server."""
 
-    def __init__(self, settings: Settings, service: Any, spec: Any, run_dir: Path) -> None:
+    def __init__(
+        self, settings: Settings, service: Any, spec: Any, run_dir: Path, count: int
+    ) -> None:
         from radserve.api.job_snapshot import SnapshotWriter
 
         self.settings = settings
+        self.count = count
         self.service = service
         self.spec = spec
         self.run_dir = run_dir
@@ -201,7 +206,7 @@ class _Readers:
         self.pool: Any = None
 
     @classmethod
-    def of(cls, settings: Settings, service: Any, access_log: bool) -> _Readers:
+    def of(cls, settings: Settings, service: Any, access_log: bool, count: int) -> _Readers:
         import os
         import tempfile
 
@@ -220,17 +225,16 @@ class _Readers:
             json_logs=any(isinstance(h.formatter, JsonFormatter) for h in root.handlers),
             access_log=access_log,
         )
-        return cls(settings, service, spec, run_dir)
+        return cls(settings, service, spec, run_dir, count)
 
     def start(self) -> int:
         """Publish the jobs, start the readers; the public port."""
         from radserve.api.reader_pool import ReaderPool, metrics_sink
 
         self.snapshot.start()
-        count = self.settings.server.read_processes
-        self.pool = ReaderPool(self.spec, self.sock, count, metrics_sink(self.service.metrics))
+        self.pool = ReaderPool(self.spec, self.sock, self.count, metrics_sink(self.service.metrics))
         self.pool.start()
-        logging.getLogger(__name__).info("%d API reader processes started", count)
+        logging.getLogger(__name__).info("%d API reader processes started", self.count)
         return int(self.sock.getsockname()[1])
 
     def stop(self) -> None:
