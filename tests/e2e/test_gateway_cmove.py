@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from pydicom.uid import generate_uid
+from pydicom.encaps import encapsulate
+from pydicom.uid import MPEG4HP41, generate_uid
 from tests.factories.dicom_net import dcmtk_tool
 from tests.factories.pacs import pacs_and_gateway, pacs_marks, terminal_jobs
 from tests.factories.service import make_study
@@ -24,6 +25,7 @@ from radserve.store.outbox import OutboxState, OutboxStore
 pytestmark = pacs_marks("movescu")
 BASIC_TEXT_SR = "1.2.840.10008.5.1.4.1.1.88.11"
 SIEMENS_CSA = "1.3.12.2.1107.5.9.1"  # Siemens CSA Non-Image Storage (private)
+VIDEO_ENDOSCOPIC = "1.2.840.10008.5.1.4.1.1.77.1.1.1"
 
 
 def _movescu(port: int, destination: str, study_uid: str) -> subprocess.CompletedProcess[str]:
@@ -62,9 +64,14 @@ def test_a_study_moved_by_the_pacs_to_radserve_comes_back_as_seg_and_sr(tmp_path
 
 
 def _foreign_object(source: Path, folder: Path, sop_class: str) -> Path:
-    """Another vendor's non-image object of class ``sop_class`` in the study of ``source``."""
+    """Another vendor's non-image object of class ``sop_class`` in the study of ``source``
+    (a video's in MPEG-4)."""
     dataset = pydicom.dcmread(source)
     del dataset.PixelData
+    if sop_class == VIDEO_ENDOSCOPIC:  # stand-in MPEG-4 bytes: nobody can transcode them
+        dataset.file_meta.TransferSyntaxUID = MPEG4HP41
+        dataset.PixelData = encapsulate([bytes(range(256)) * 4])
+        dataset["PixelData"].VR = "OB"
     dataset.SOPClassUID = dataset.file_meta.MediaStorageSOPClassUID = sop_class
     dataset.SOPInstanceUID = dataset.file_meta.MediaStorageSOPInstanceUID = generate_uid()
     dataset.SeriesInstanceUID, dataset.Modality, dataset.SeriesNumber = generate_uid(), "OT", 77
@@ -74,15 +81,17 @@ def _foreign_object(source: Path, folder: Path, sop_class: str) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("policy", "sop_class"), [("quarantine", SIEMENS_CSA), ("refuse", BASIC_TEXT_SR)]
+    ("policy", "sop_class"),
+    [("quarantine", SIEMENS_CSA), ("quarantine", VIDEO_ENDOSCOPIC), ("refuse", BASIC_TEXT_SR)],
 )
 def test_a_study_with_a_non_image_object_moves_whole_unless_refused(
     tmp_path: Path, policy: str, sop_class: str
 ) -> None:
     """Orthanc 1.10.1 fails a whole move (and sends nothing) when radserve rejects one of
     its presentation contexts: under ``quarantine`` (default) radserve takes in private
-    and newer storage classes too (quarantined, never processed), so a Siemens study
-    with its CSA Non-Image object runs; under ``refuse`` nothing of such a study arrives."""
+    and newer storage classes, and non-image objects in any transfer syntax (quarantined,
+    never decoded), so a Siemens study with its CSA Non-Image object, or one with an
+    MPEG-4 video, runs; under ``refuse`` nothing of such a study arrives."""
     options = {"DicomAlwaysAllowMove": True}
     settings = {"gateway__unwanted": policy}
     with pacs_and_gateway(tmp_path, orthanc_options=options, **settings) as (orthanc, service):

@@ -139,7 +139,7 @@ def unlisted_storage(proposed: Iterable[str], listed: Iterable[str]) -> list[UID
     known = set(listed)
     extra: list[UID] = []
     for value in proposed:
-        if not _UID_TEXT.fullmatch(str(value)):
+        if not is_uid(value):
             continue
         uid = UID(str(value))
         if uid in known or uid in extra or uid.is_transfer_syntax:
@@ -147,6 +147,12 @@ def unlisted_storage(proposed: Iterable[str], listed: Iterable[str]) -> list[UID
         if uid.is_private or uid.startswith(STORAGE_ROOT):
             extra.append(uid)
     return extra
+
+
+def is_uid(value: object) -> bool:
+    """Digits and dots as PS3.5 9.1 spells a UID (no leading zeros, at most 64)."""
+    text = str(value)
+    return len(text) <= 64 and _UID_TEXT.fullmatch(text) is not None
 
 
 class UnwantedPolicy(StrEnum):

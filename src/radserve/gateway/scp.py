@@ -120,20 +120,30 @@ def build_ae(config: ScpConfig) -> AE:
 
 
 def _accept_unlisted_storage(assoc: Any) -> None:
-    """Add this association's proposed private / newer storage classes to what it
-    accepts (:func:`conformance.unlisted_storage`); they are quarantined on arrival."""
+    """Widen what this association accepts to every object quarantine can keep: the
+    proposed private / newer storage classes (:func:`conformance.unlisted_storage`), and
+    for every class that is not an image, each transfer syntax proposed for it (a
+    quarantined object is stored as received and never decoded: an MPEG-4 video, say).
+    A rejected context can make a PACS send none of the study (Orthanc 1.10.1)."""
     proposed = assoc.requestor.primitive.presentation_context_definition_list or []
-    supported = assoc.acceptor.supported_contexts
-    extra = conformance.unlisted_storage(
-        (cx.abstract_syntax for cx in proposed), (cx.abstract_syntax for cx in supported)
-    )
-    extra = [uid for uid in extra if _register_storage(uid)]
-    if extra:
-        syntaxes = list(conformance.SCP_TRANSFER_SYNTAXES)
-        assoc.acceptor.supported_contexts = [
-            *supported,
-            *(build_context(uid, syntaxes) for uid in extra),
-        ]
+    supported = {
+        cx.abstract_syntax: list(cx.transfer_syntax) for cx in assoc.acceptor.supported_contexts
+    }
+    extra = conformance.unlisted_storage((cx.abstract_syntax for cx in proposed), supported)
+    for uid in extra:
+        if _register_storage(uid):
+            supported[uid] = list(conformance.SCP_TRANSFER_SYNTAXES)
+    changed = bool(extra)
+    for cx in proposed:
+        syntaxes = supported.get(cx.abstract_syntax)
+        if syntaxes is None or cx.abstract_syntax in _IMAGE_CLASSES:
+            continue
+        for syntax in cx.transfer_syntax:
+            if syntax not in syntaxes and conformance.is_uid(syntax):
+                syntaxes.append(syntax)
+                changed = True
+    if changed:
+        assoc.acceptor.supported_contexts = [build_context(a, ts) for a, ts in supported.items()]
 
 
 _REGISTERING = threading.Lock()
