@@ -4,7 +4,8 @@ the allowance, the bias correction, the drain rate and the service-time model (r
 from the recorded ends: window, recency half-life, latency lanes), the walk's options
 (a running job's share left, the running jobs ranked behind) and the arrival rates
 counted again (session 11), the shares of the jobs ahead per class
-(session 13), errors over the measured jobs only. Several files: one row
+(session 13), the later arrivals that run beside a job (session 14), errors over the
+measured jobs only; ``--variant NAME`` (repeatable) replays only those. Several files: one row
 per file and variant, then the median over the files at submission and halfway.
 
     PYTHONPATH=src python tools/eta_replay.py out/eta-seed0.json out/eta-seed1.json
@@ -28,6 +29,19 @@ from radserve.turnaround.replay import Refit, Variant, errors, replay
 SESSION_10_WALK = (("share_left", "latency"), ("running_behind", False))
 SESSION_11_WALK = (("share_left", "measured"), ("running_behind", False))
 WITH_RUNNING_BEHIND = (("share_left", "measured"), ("running_behind", True))
+PER_CLASS = Refit(lanes="exclusive", shares=True, class_shares=5)
+
+
+def _server(
+    walk: tuple[tuple[str, Any], ...] = SESSION_11_WALK,
+    refit: Refit | None = None,
+    beside: str = "",
+) -> Variant:
+    """The server's walk since session 11 (rates since the first arrival) with ``walk``'s
+    options, the model refitted by ``refit``, and the allowance beside (``beside``)."""
+    return Variant(drain=False, capacity=walk, rates=ArrivalRates(), refit=refit, beside=beside)
+
+
 VARIANTS = {
     "allowance, class bias": Variant(allowance=True, bias="class", drain=False),
     "allowance, no bias": Variant(allowance=True, bias="off", drain=False),
@@ -83,10 +97,24 @@ VARIANTS = {
         rates=ArrivalRates(),
         refit=Refit(lanes="exclusive", shares=True, class_shares=5),
     ),
+    # session 14: the later arrivals ranked with or behind a job that run beside it once
+    # it starts (Capacity.beside_s from the BesideMeter: the wall time per job started
+    # beside, or per arrival during the run), alone and with the running jobs ranked
+    # behind and the shares per class ahead
+    "session 14, beside": _server(beside="start"),
+    "session 14, beside per arrival": _server(beside="arrival"),
+    "session 14, beside, running behind": _server(WITH_RUNNING_BEHIND, beside="start"),
+    "session 14, beside per arrival, running behind": _server(
+        WITH_RUNNING_BEHIND, beside="arrival"
+    ),
+    "session 14, beside, per class": _server(refit=PER_CLASS, beside="start"),
+    "session 14, beside per arrival, per class": _server(refit=PER_CLASS, beside="arrival"),
+    "session 14, running behind, per class": _server(WITH_RUNNING_BEHIND, PER_CLASS),
+    "session 14, beside, behind, per class": _server(WITH_RUNNING_BEHIND, PER_CLASS, "start"),
 }
 
 
-def evaluate(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def evaluate(summary: dict[str, Any], names: list[str] | None = None) -> dict[str, dict[str, Any]]:
     measured = set(summary["measured_ids"])
     # the server's model when the recording began (before session 9: the warm-up's)
     base = summary.get("service_times_at_start", summary.get("service_times_solo"))
@@ -94,7 +122,7 @@ def evaluate(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {
         name: errors(replay(summary["eta_records"], variant, base, before), measured)
         for name, variant in VARIANTS.items()
-        if variant.refit is None or base is not None
+        if (variant.refit is None or base is not None) and (not names or name in names)
     }
 
 
@@ -106,11 +134,14 @@ def _cell(row: dict[str, Any], point: str) -> tuple[float, float] | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("summaries", type=Path, nargs="+")
+    parser.add_argument(
+        "--variant", action="append", choices=list(VARIANTS), help="only these (repeatable)"
+    )
     args = parser.parse_args()
     table: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
     halfway: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for path in args.summaries:
-        result = evaluate(read_summary(path))
+        result = evaluate(read_summary(path), args.variant)
         for name, figures in result.items():
             deep, every = figures["behind_3"], figures["all"]
             sub, half, all_sub = (

@@ -225,3 +225,17 @@ def test_running_jobs_ranked_behind_a_queued_job_still_take_their_share() -> Non
     alone = Capacity(max_running=4)  # the default: not counted
     assert walk([inpatient, behind], 100.0, alone)[0].finish == pytest.approx(110.0)
     assert walk([urgent, behind], 100.0, capacity)[0].finish == pytest.approx(112.0)
+
+
+def test_later_arrivals_ranked_with_or_behind_a_routine_job_take_time_beside_its_run() -> None:
+    """OUTPATIENT arrivals at 0.1/s during a 10 s run, each taking 2 s of the wall time
+    beside it (Capacity.beside_s): 2 s more for an OUTPATIENT or INPATIENT job (they rank
+    with or behind both), none for an URGENT one (it runs alone) or with beside_s 0."""
+    own = JobEstimate(2, 2, 10.0, 0, "f", 10.0)
+    arrivals = (Arrivals(2, 0.1, own),)
+    capacity = Capacity(max_running=4, arrivals=arrivals, beside_s=2.0)
+    for cls, expected in ((2, 112.0), (1, 112.0), (0, 110.0)):
+        job = Entry("j", cls, False, 1000.0, None, own)
+        assert walk([job], 100.0, capacity)[0].finish == pytest.approx(expected)
+    none = Capacity(max_running=4, arrivals=arrivals)
+    assert walk([Entry("j", 2, False, 1000.0, None, own)], 100.0, none)[0].finish == 110.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from radserve.turnaround.share import ShareMeter
+from radserve.turnaround.share import BesideMeter, ShareMeter
 
 
 def test_jobs_running_together_split_the_wall_time_and_the_shares_add_up_to_it() -> None:
@@ -54,3 +54,37 @@ def test_shares_of_runs_split_each_stretch_among_the_runs_in_it() -> None:
     assert sum(shares.values()) == pytest.approx(10.0)
     # without the hold the URGENT stretch is split three ways
     assert shares_of_runs(runs, urgent_holds=False)["u"] == pytest.approx(1 / 3)
+
+
+def test_the_beside_meter_counts_what_later_jobs_ranked_with_or_behind_took_of_a_run() -> None:
+    """INPATIENT A runs 0-10. OUTPATIENT B (queued at 1) runs 2-6, INPATIENT C (queued
+    at 3) from 4 on, OUTPATIENT E is queued at 7 and never starts. The wall time split:
+    B 1 + 2/3 s, C 2/3 + 2 s by A's end, 13/3 s beside A in all: 13/6 per job started
+    beside it, 13/9 per arrival during its run. B's own run had nothing ranked with or
+    behind it start (C ranks ahead), nor did the URGENT job's, which is not counted."""
+    shares = ShareMeter()
+    meters = {per: BesideMeter(per=per) for per in ("start", "arrival")}
+    events = [
+        (0.0, "start", "a", 1), (1.0, "queued", "b", 2), (2.0, "start", "b", 2),
+        (3.0, "queued", "c", 1), (4.0, "start", "c", 1), (6.0, "end", "b", 2),
+        (7.0, "queued", "e", 2), (10.0, "end", "a", 1),
+    ]  # fmt: skip
+    for at, kind, job, cls in events:
+        for meter in meters.values():
+            if kind == "queued":
+                meter.arrived(cls)
+        if kind == "start":
+            shares.started(job, at, urgent=False)
+            for meter in meters.values():
+                meter.started(job, cls)
+        elif kind == "end":
+            share = shares.finished(job, at)
+            for meter in meters.values():
+                meter.finished(job, share, lambda k, at=at: shares.so_far(k, at))
+    assert meters["start"].mean_s() == pytest.approx(13 / 3 / 2)
+    assert meters["arrival"].mean_s() == pytest.approx(13 / 3 / 3)
+    urgent = BesideMeter()
+    urgent.started("u", 0)
+    urgent.started("r", 2)
+    urgent.finished("u", 3.0, lambda _: None)
+    assert urgent.mean_s() is None  # nothing ended beside which a job could start

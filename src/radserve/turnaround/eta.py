@@ -111,6 +111,10 @@ class Capacity:
     # the default; on four traces it helped on one, tied on one, worse on two: README,
     # Turnaround)
     running_behind: bool = False
+    # seconds of wall time each later arrival ranked with or behind a routine job takes
+    # beside it once it runs (radserve.turnaround.share.BesideMeter, session 14; 0: none
+    # allowed, as before)
+    beside_s: float = 0.0
 
     def work_s(self, cpu_s: float, device_s: float) -> float:
         """Seconds this capacity needs for ``cpu_s`` of CPU-pool and ``device_s`` of
@@ -227,8 +231,10 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
         noise = _Z90 * _MAD_SIGMA * est.spread_s
         finish, late = walked, walked + noise
         if e.cls != URGENT and capacity.arrivals:  # the chain stays arrival-free
-            mean, high = overtaking_delay(e, walked - now, now, capacity)
-            finish, late = finish + mean, late + high
+            run = _remaining(e, now) if e.running else est.latency_s
+            extra = beside_delay(e.cls, run, capacity)
+            mean, high = overtaking_delay(e, walked + extra - now, now, capacity)
+            finish, late = finish + extra + mean, late + extra + high
         out.append(Eta(e.job_id, position, start, finish, late, e.deadline))
     return out
 
@@ -267,6 +273,17 @@ def _remaining(e: Entry, now: float) -> float:
     latency = e.estimate.latency_s
     ran = now - (e.started if e.started is not None else now)
     return max(latency - ran, 0.05 * latency)
+
+
+def beside_delay(cls: int, run_s: float, capacity: Capacity) -> float:
+    """Expected seconds the later arrivals ranked with or behind a routine job of class
+    rank ``cls`` add to its finish by running beside it: those that arrive during its
+    run (``run_s``) at their classes' rates, each taking ``capacity.beside_s`` of the
+    wall time (the arrivals' own share is theirs, but the server's wall time is split)."""
+    if capacity.beside_s <= 0:
+        return 0.0
+    rate = sum(a.rate_per_s for a in capacity.arrivals if a.cls >= cls)
+    return rate * run_s * capacity.beside_s
 
 
 def overtaking_delay(
@@ -323,6 +340,7 @@ __all__ = [
     "Capacity",
     "Entry",
     "Eta",
+    "beside_delay",
     "latency_lane",
     "on_host_cores",
     "overtaking_delay",

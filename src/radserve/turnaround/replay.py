@@ -27,7 +27,7 @@ from radserve.turnaround.drain import DrainMeter
 from radserve.turnaround.eta import URGENT, Arrivals, Capacity, Entry, latency_lane, walk
 from radserve.turnaround.rates import ArrivalRates
 from radserve.turnaround.service_time import WINDOW, JobEstimate, ServiceTimeModel, StudySize
-from radserve.turnaround.share import ShareMeter, shares_of_runs
+from radserve.turnaround.share import BesideMeter, ShareMeter, shares_of_runs
 
 # the walk's options a recording made before session 11 lacks: what that server did
 _BEFORE_SESSION_11 = {"share_left": "latency", "running_behind": False}
@@ -148,6 +148,9 @@ class Variant:
     # the allowance's arrival rates: as recorded (None), or counted again from the
     # recorded arrivals (each job's first walk, after ``before``) by this estimator
     rates: ArrivalRates | None = None
+    # allow for later arrivals ranked with or behind a job running beside it (session
+    # 14): Capacity.beside_s as the server's BesideMeter learns it from the recorded runs
+    beside: str = ""  # "start" or "arrival": BesideMeter.per
 
 
 @dataclass
@@ -284,27 +287,38 @@ def shares_of(records: Sequence[Mapping[str, Any]], urgent_holds: bool) -> dict[
 class SharesSoFar:
     """Each running job's share of wall time up to a walk, measured again from the
     recorded starts and ends, for walks recorded before the server recorded it (session
-    11): a walk's running entries get it when they lack it."""
+    11): a walk's running entries get it when they lack it. With them, what a job
+    started beside a running one took of its run (:class:`BesideMeter`, session 14) as
+    the server learns it from the same events."""
 
-    def __init__(self, records: Sequence[Mapping[str, Any]], urgent_holds: bool) -> None:
+    def __init__(
+        self, records: Sequence[Mapping[str, Any]], urgent_holds: bool, beside_per: str = "start"
+    ) -> None:
         starts = _walk_starts(records)
         for r in records:  # a succeeded job's start is exact in its end record
             run = (r.get("timings") or {}).get("run") if r["kind"] == "end" else None
             if run is not None and str(r["job"]) in starts:
                 starts[str(r["job"])] = (float(r["at"]) - float(run), starts[str(r["job"])][1])
         events = [(at, 0, job, urgent) for job, (at, urgent) in starts.items()]
+        events += [(at, -1, job, False) for job, at in _arrivals(records).items()]
         events += [(float(r["at"]), 1, str(r["job"]), False) for r in records if r["kind"] == "end"]
         self._events = sorted(events, key=lambda e: (e[0], e[1]))
         self._next = 0
         self._meter = ShareMeter(urgent_holds=urgent_holds)
+        self._classes = _job_facts(records)[0]
+        self.beside = BesideMeter(per=beside_per)
 
     def fill(self, entries: list[Entry], now: float) -> list[Entry]:
         while self._next < len(self._events) and self._events[self._next][0] <= now:
             at, kind, job, urgent = self._events[self._next]
-            if kind == 0:
+            if kind == -1:
+                self.beside.arrived(self._classes.get(job, 2))
+            elif kind == 0:
                 self._meter.started(job, at, urgent)
+                self.beside.started(job, self._classes.get(job, URGENT if urgent else 2))
             else:
-                self._meter.finished(job, at)
+                share = self._meter.finished(job, at)
+                self.beside.finished(job, share, lambda k, at=at: self._meter.so_far(k, at))
             self._next += 1
         return [
             dataclasses.replace(e, share_so_far=self._meter.so_far(e.job_id, now))
@@ -312,6 +326,16 @@ class SharesSoFar:
             else e
             for e in entries
         ]
+
+
+def _arrivals(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Each job's arrival: its first walk (the server walks at once on a submission)."""
+    seen: dict[str, float] = {}
+    for r in records:
+        if r["kind"] == "walk":
+            for row in r["entries"]:
+                seen.setdefault(str(row[0]), float(r["at"]))
+    return seen
 
 
 def _job_facts(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, int], dict[str, int]]:
@@ -386,7 +410,8 @@ def replay(
     bias = BiasCorrection(window=variant.window if variant.bias != "off" else 0)
     meter = DrainMeter()
     walks = [r for r in records if r["kind"] == "walk"]
-    so_far = SharesSoFar(records, bool(walks[0]["capacity"]["urgent_exclusive"]) if walks else True)
+    exclusive = bool(walks[0]["capacity"]["urgent_exclusive"]) if walks else True
+    so_far = SharesSoFar(records, exclusive, variant.beside or "start")
     saturated = False
     work: dict[str, float] = {}  # job -> its model work as the walk counts it
     jobs: dict[str, Replayed] = {}
@@ -412,6 +437,8 @@ def replay(
             capacity = recount.capacity(now, entries, capacity)
         if variant.capacity:
             capacity = dataclasses.replace(capacity, **dict(variant.capacity))
+        if variant.beside:
+            capacity = dataclasses.replace(capacity, beside_s=so_far.beside.mean_s() or 0.0)
         if refit is not None:
             entries, capacity = refit.estimated(entries, capacity)
         if not variant.allowance:
