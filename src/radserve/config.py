@@ -24,6 +24,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    IPvAnyNetwork,
     RootModel,
     SecretStr,
     ValidationError,
@@ -97,6 +98,10 @@ class ServerSettings(_Section):
     # against 852-911 req/s p99 ~210 ms in one process, for ~290 MiB PSS more
     # (docs/api-performance.md, docs/scaling.md)
     read_processes: Annotated[int, Field(ge=0, le=32)] | Literal["auto"] = "auto"
+    # proxies (addresses or CIDRs) whose X-Forwarded-For/-Proto are believed: the audit
+    # and the job keep the client address they name. Empty: believe none (any client
+    # could otherwise set the address radserve audits); docs/deployment.md
+    trusted_proxies: list[IPvAnyNetwork] = Field(default_factory=list)
     # HTTPS when set (cert + key required; ca: mutual TLS for API clients)
     tls: TlsSettings | None = None
 

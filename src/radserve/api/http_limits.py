@@ -262,4 +262,19 @@ def uvicorn_protocols(server: ServerSettings) -> dict[str, Any]:
     return {"http": bounded_protocol(server), "ws": "none"}
 
 
-__all__ = ["MAX_REQUEST_HEAD", "BoundedHttpToolsProtocol", "bounded_protocol", "uvicorn_protocols"]
+def forwarded_trust(server: ServerSettings) -> dict[str, Any]:
+    """uvicorn's options for a socket clients reach: ``X-Forwarded-For``/``-Proto``
+    believed from ``server.trusted_proxies`` only. uvicorn's own default believed them
+    from 127.0.0.1 (or whatever ``FORWARDED_ALLOW_IPS`` said), so any local process could
+    set the client address radserve audits; with no proxy trusted the middleware is off."""
+    trusted = [str(network) for network in server.trusted_proxies]
+    return {"proxy_headers": bool(trusted), "forwarded_allow_ips": trusted}
+
+
+__all__ = [
+    "MAX_REQUEST_HEAD",
+    "BoundedHttpToolsProtocol",
+    "bounded_protocol",
+    "forwarded_trust",
+    "uvicorn_protocols",
+]

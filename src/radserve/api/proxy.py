@@ -2,8 +2,11 @@
 
 The serving process listens on a Unix socket only the readers reach; a reader passes
 each other request on (httpx over that socket), streaming the body both ways, with
-``X-Forwarded-For`` / ``X-Forwarded-Proto`` set from its own connection (the serving
-process trusts them on that socket only), so the audit records the real client. Body
+``X-Forwarded-For`` / ``X-Forwarded-Proto`` set from its own connection, or from what a
+proxy in ``server.trusted_proxies`` told it (the serving process trusts them on that
+socket only), so the audit records the real client. Whatever ``X-Forwarded-*`` or
+``Forwarded`` header the client sent is dropped, never passed on or appended to: the
+serving process believes these headers, the client must not be able to set them. Body
 limits, timeouts, error bodies and metrics of forwarded requests are the serving
 process's own. When it cannot be reached the client gets a retryable 503.
 
@@ -29,7 +32,7 @@ from radserve.errors import RadserveError
 
 logger = logging.getLogger(__name__)
 
-# per connection, never forwarded (RFC 9110 7.6.1), plus what the reader sets itself
+# per connection, never forwarded (RFC 9110 7.6.1)
 _HOP = {
     b"connection",
     b"keep-alive",
@@ -38,9 +41,13 @@ _HOP = {
     b"trailer",
     b"transfer-encoding",
     b"upgrade",
-    b"x-forwarded-for",
-    b"x-forwarded-proto",
 }
+
+
+def _passed_on(name: bytes) -> bool:
+    """A request header the reader forwards: not per connection, and no client's claim
+    about who sent the request (the reader sets ``X-Forwarded-*`` itself)."""
+    return name not in _HOP and name != b"forwarded" and not name.startswith(b"x-forwarded-")
 
 
 class ServingUnavailableError(RadserveError):
@@ -75,7 +82,7 @@ class Upstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # no websockets in the API
             return
-        headers = [(k, v) for k, v in scope["headers"] if k not in _HOP]
+        headers = [(k, v) for k, v in scope["headers"] if _passed_on(k)]
         client = scope.get("client")
         headers.append((b"x-forwarded-for", (client[0] if client else "unknown").encode()))
         headers.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))

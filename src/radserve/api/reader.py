@@ -263,7 +263,7 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
     import asyncio
 
     from radserve.api.audit_writer import AuditWriterClient
-    from radserve.api.http_limits import uvicorn_protocols
+    from radserve.api.http_limits import forwarded_trust, uvicorn_protocols
     from radserve.api.proxy import Upstream
     from radserve.service.logs import configure_logging
     from radserve.store.audited import open_audited
@@ -283,6 +283,7 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
     config = uvicorn.Config(
         app,
         **uvicorn_protocols(settings.server),
+        **forwarded_trust(settings.server),
         log_config=None,
         access_log=spec.access_log,
         timeout_keep_alive=30,

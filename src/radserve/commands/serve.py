@@ -116,7 +116,7 @@ def run_server(
     import uvicorn
 
     from radserve.api import create_app
-    from radserve.api.http_limits import uvicorn_protocols
+    from radserve.api.http_limits import forwarded_trust, uvicorn_protocols
     from radserve.api.reader import CleanStopServer
     from radserve.console import install as install_console
     from radserve.service import Service
@@ -146,10 +146,12 @@ def run_server(
             app,
             host=settings.server.host,
             port=settings.server.port,
+            **forwarded_trust(settings.server),
             ssl_context_factory=None if https is None else (lambda _config, _default: https),
             **common,
         )
-    else:  # the readers' upstream: X-Forwarded-* are theirs, so trusted on this socket
+    else:  # the readers' upstream: they replace any client's X-Forwarded-* with what they
+        # saw (radserve.api.proxy), and only this user reaches the socket (a 0700 folder)
         config = uvicorn.Config(
             app, uds=readers.spec.socket_path, forwarded_allow_ips="*", **common
         )
