@@ -60,6 +60,7 @@ TABLE: dict[str, ErrorMapping] = {
     "radserve.ingest.sources.InputTooLargeError": _STUDY,
     "radserve.service.own_uploads.OwnResultsOnlyError": _STUDY,
     "radserve.store.files.UploadTooLargeError": ErrorMapping(413, stow=OUT_OF_RESOURCES),
+    "radserve.spool.TooManyPartsOnDiskError": ErrorMapping(413, stow=OUT_OF_RESOURCES),
     "radserve.errors.PipelineError": ErrorMapping(422),
     "radserve.errors.UnknownModelError": ErrorMapping(422),
     "radserve.errors.VariantRejectedError": ErrorMapping(422),

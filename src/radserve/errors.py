@@ -7,6 +7,20 @@ arrived and how to fix it, and never contain patient data.
 
 from __future__ import annotations
 
+QUOTED_CHARS = 64
+
+
+def quoted(value: object) -> str:
+    """``value`` as an error message quotes it: its repr, cut to its first
+    :data:`QUOTED_CHARS` characters and "…". What a client sent (a job id in the path, a
+    query value, a header line) can be as long as the request head allows (64 KiB): a
+    message that echoes it whole is a 64 KiB answer, log line and stored error. Nothing
+    (None, empty) is "(none)"."""
+    if value is None or value == "":
+        return "(none)"
+    text = str(value)
+    return repr(text if len(text) <= QUOTED_CHARS else text[:QUOTED_CHARS] + "…")
+
 
 class RadserveError(Exception):
     """Base class: a failure radserve understands and can report."""

@@ -332,3 +332,28 @@ def test_a_burst_of_refused_requests_is_counted_not_logged_line_by_line(
     assert len([m for m in lines if "parser refused" in m]) <= 1, lines
     assert len([m for m in lines if "upgrade the protocol" in m]) <= 1, lines
     assert not [m for m in lines if "WebSocket library" in m or "Invalid HTTP" in m], lines
+
+
+LONG = "j" * 60_000  # a request head holds up to 64 KiB
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        f"/v1/jobs/{LONG}",  # no job with id '…'
+        f"/v1/jobs/{LONG}/report",
+        f"/dicomweb/studies?StudyDate={LONG}",  # not a DICOM date
+        f"/dicomweb/studies?{LONG}=1",  # not a DICOM keyword
+        f"/dicomweb/studies?limit={LONG}",  # not a non-negative integer
+    ],
+)
+def test_error_messages_quote_at_most_64_characters_of_the_request(
+    live: dict[str, Any], path: str
+) -> None:
+    """A message that quotes what the client sent quotes its first 64 characters and
+    "…" (radserve.errors.quoted): a 60,000-character job id came back whole."""
+    status, body = request(live, path, method="GET", key="read")
+    assert 400 <= status < 500, (status, body[:300])
+    message = json.loads(body)["error"]["message"]
+    assert f"'{LONG[:64]}…'" in message
+    assert len(message) < 400, message

@@ -38,7 +38,7 @@ def test_related_boundary(header: str, boundary: str) -> None:
     ("header", "error", "match"),
     [
         (None, UnsupportedMediaError, r"\(none\) is not supported"),
-        ("application/dicom", UnsupportedMediaError, "application/dicom is not supported"),
+        ("application/dicom", UnsupportedMediaError, "'application/dicom' is not supported"),
         ("multipart/form-data; boundary=x", UnsupportedMediaError, "multipart/form-data"),
         ('multipart/related; type="application/dicom+json"; boundary=x', UnsupportedMediaError,
          "'application/dicom\\+json' is not supported"),

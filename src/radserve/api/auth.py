@@ -19,7 +19,7 @@ from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from radserve.api.errors import ForbiddenError, UnauthenticatedError
-from radserve.errors import RadserveError
+from radserve.errors import RadserveError, quoted
 from radserve.security.access import ReadAccess, Reader
 from radserve.security.keys import Role, role_allows
 from radserve.store import ApiKeyRecord, JobNotFoundError, JobRecord, Store
@@ -178,7 +178,7 @@ async def check_visible(request: Request, principal: Principal, job: JobRecord) 
     if access.visibility == "all" or principal.allows(Role.ADMIN):
         return
     if not await run_in_threadpool(access.visible, principal.reader, job.api_key_id):
-        raise JobNotFoundError(f"no job with id {job.id!r}")
+        raise JobNotFoundError(f"no job with id {quoted(job.id)}")
 
 
 class AuditUnavailableError(RadserveError):

@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect
 
 from radserve.api.server_paths import without_server_paths
 from radserve.error_table import lookup
-from radserve.errors import RadserveError
+from radserve.errors import RadserveError, quoted
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,8 @@ class UploadIncompleteError(RadserveError):
 
 # the error code of an answer that no RadserveError made (Starlette's and the framework's
 # own 4xx/5xx), by its status
+_PROBLEMS_NAMED = 5
+
 _STATUS_CODES = {
     400: "invalid_request",
     401: "unauthenticated",
@@ -106,9 +108,15 @@ def install(app: FastAPI, *, on_error: Any = None) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         count("invalid_request")
+        # a location may be the client's own key (an unknown JSON field): quoted, bounded;
+        # and at most a few problems named (a body can hold thousands of unknown keys)
+        errors = exc.errors()
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            f"{quoted('.'.join(str(p) for p in e['loc']))}: {e['msg']}"
+            for e in errors[:_PROBLEMS_NAMED]
         )
+        if len(errors) > _PROBLEMS_NAMED:
+            problems += f"; and {len(errors) - _PROBLEMS_NAMED} more"
         return JSONResponse(error_body("invalid_request", problems), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)

@@ -26,6 +26,7 @@ class _BudgetedParser(MultiPartParser):
         self._part_bytes = 0
 
     def on_headers_finished(self) -> None:
+        # may raise TooManyPartsOnDiskError (413): Starlette closes the files parsed so far
         self.spool_max_size = self._budget.next_limit()
         self._part_bytes = 0
         super().on_headers_finished()

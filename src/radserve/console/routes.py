@@ -39,6 +39,7 @@ from radserve.console.ops import OpsHistory, current
 from radserve.console.refused import refused_series
 from radserve.console.studyinfo import StudyInfo
 from radserve.console.volume import ct_volume
+from radserve.errors import quoted
 from radserve.ingest.policy import IngestPolicy
 from radserve.security.keys import Role
 from radserve.service import Service
@@ -346,12 +347,12 @@ async def job_patient(request: Request, job_id: str, who: Reader) -> Response:
 @router.get("/console/api/jobs/{job_id}/files/{name}")
 async def job_file(request: Request, job_id: str, name: str, who: Reader) -> FileAnswer:
     if not _RESULT_FILE.match(name):
-        raise OutputNotFoundError(f"no result file {name!r}")
+        raise OutputNotFoundError(f"no result file {quoted(name)}")
     record = await _job(request, job_id, who)
     folder = _service(request).jobs.result_dir(record)
     path = folder / name
     if not path.is_file():
-        raise OutputNotFoundError(f"job {job_id} has no result file {name!r}")
+        raise OutputNotFoundError(f"job {job_id} has no result file {quoted(name)}")
     await audited_read(request, who, record, "result_file", {"file": name})
     media = "application/dicom" if name.endswith(".dcm") else "application/octet-stream"
     return FileAnswer(path, media_type=media, filename=f"{job_id}-{name}")

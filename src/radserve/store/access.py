@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 
 from radserve.audit.chain import AuditEvent, AuditRecord, VerifyReport, verify_chain
 from radserve.audit.events import Action
+from radserve.errors import quoted
 from radserve.security import keys as keycrypt
 from radserve.store import audit as audit_log
 from radserve.store.audit_batch import AuditBatcher
@@ -75,7 +76,7 @@ class AccessMixin(StoreBase):
         with self._write() as session:
             row = session.get(ApiKey, key_id)
             if row is None:
-                raise ApiKeyNotFoundError(f"no API key with id {key_id!r}")
+                raise ApiKeyNotFoundError(f"no API key with id {quoted(key_id)}")
             if row.revoked is None:
                 row.revoked = utc_now()
                 audit_log.append(

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from radserve.audit.chain import AuditKey
 from radserve.audit.events import Action, job_event
 from radserve.domain.priority import PriorityClass
+from radserve.errors import quoted
 from radserve.store import audit as audit_log
 from radserve.store import jobs as jobq
 from radserve.store.access import AccessMixin
@@ -139,7 +140,7 @@ class Store(AccessMixin, LeaseMixin, MissMixin, RelocateMixin):
             row.lease_owner, row.lease_expires = lease.owner, lease.until(now)
         with self._write() as session:
             if session.get(Job, row.id) is not None:
-                raise JobExistsError(f"a job with id {row.id!r} exists already")
+                raise JobExistsError(f"a job with id {quoted(row.id)} exists already")
             action = Action.JOB_SUBMITTED
             if cached_from is not None:
                 source = session.get(Job, cached_from)
@@ -162,7 +163,7 @@ class Store(AccessMixin, LeaseMixin, MissMixin, RelocateMixin):
         with self._read() as session:
             row = session.get(Job, job_id)
             if row is None:
-                raise JobNotFoundError(f"no job with id {job_id!r}")
+                raise JobNotFoundError(f"no job with id {quoted(job_id)}")
             return jobq.to_record(row)
 
     def transition(
@@ -246,7 +247,7 @@ class Store(AccessMixin, LeaseMixin, MissMixin, RelocateMixin):
                 select(Job).where(Job.id == job_id).with_for_update()
             ).scalar_one_or_none()
             if row is None:
-                raise JobNotFoundError(f"no job with id {job_id!r}")
+                raise JobNotFoundError(f"no job with id {quoted(job_id)}")
             row.priority_class = PriorityClass(priority_class).value
             row.deadline = deadline
             row.updated = utc_now()
@@ -275,7 +276,7 @@ class Store(AccessMixin, LeaseMixin, MissMixin, RelocateMixin):
                 select(Job).where(Job.id == job_id).with_for_update()
             ).scalar_one_or_none()
             if row is None:
-                raise JobNotFoundError(f"no job with id {job_id!r}")
+                raise JobNotFoundError(f"no job with id {quoted(job_id)}")
             meta = dict(row.queue_meta or {})
             kept = [w for w in meta.get("warnings") or [] if w.get("code") != warning["code"]]
             meta["warnings"] = [*kept, dict(warning)]
@@ -499,7 +500,7 @@ class Store(AccessMixin, LeaseMixin, MissMixin, RelocateMixin):
             select(Job).where(Job.id == job_id).execution_options(populate_existing=True)
         ).scalar_one_or_none()
         if row is None:
-            raise JobNotFoundError(f"no job with id {job_id!r}")
+            raise JobNotFoundError(f"no job with id {quoted(job_id)}")
         return row
 
     @staticmethod

@@ -29,7 +29,7 @@ from typing import BinaryIO
 
 from anyio import to_thread
 
-from radserve.errors import RadserveError, UnsupportedMediaError
+from radserve.errors import RadserveError, UnsupportedMediaError, quoted
 from radserve.media_types import MediaType
 from radserve.spool import SpoolBudget
 
@@ -172,7 +172,7 @@ class RelatedParser:
             key, colon, value = line.partition(":")
             if not colon or not key.strip():
                 raise MalformedMultipartError(
-                    f"a part header line is not 'Name: value' ({line[:40]!r})"
+                    f"a part header line is not 'Name: value' ({quoted(line)})"
                 )
             name = key.strip().lower()
             headers[name] = value.strip()
@@ -278,13 +278,13 @@ def related_boundary(content_type: str | None, *, root_types: Sequence[str]) -> 
     media = MediaType.parse(content_type or "")
     if media.type != "multipart/related":
         raise UnsupportedMediaError(
-            f"Content-Type {media.type or '(none)'} is not supported; send "
+            f"Content-Type {quoted(media.type)} is not supported; send "
             f'multipart/related; type="{root_types[0]}" with one DICOM instance per part'
         )
     root = media.params.get("type", root_types[0]).lower()
     if root not in root_types:
         raise UnsupportedMediaError(
-            f"multipart/related of type {root!r} is not supported; radserve stores "
+            f"multipart/related of type {quoted(root)} is not supported; radserve stores "
             f"{', '.join(root_types)} parts (DICOM Part-10 files)"
         )
     boundary = media.params.get("boundary", "")

@@ -34,7 +34,7 @@ from pydicom.datadict import dictionary_VR, keyword_for_tag, tag_for_keyword
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
-from radserve.errors import InvalidRequestError
+from radserve.errors import InvalidRequestError, quoted
 from radserve.ingest.headers import UnreadableHeaderError, read_header
 from radserve.store.result_match import MatchBounds, PatientKey, date_bounds, match_columns
 from radserve.store.results import ResultIndex, ResultInstanceRecord
@@ -185,7 +185,7 @@ def _check_value(keyword: str, value: str) -> None:
     if vr in _RANGE_VRS:
         low, dash, high = value.partition("-")
         if dash and not low and not high:
-            raise InvalidRequestError(f"a {vr} range needs at least one end: {value!r}")
+            raise InvalidRequestError(f"a {vr} range needs at least one end: {quoted(value)}")
         norm = _time if vr == "TM" else _date
         for end in (low, high):
             norm(end)  # raises for what is no date/time
@@ -193,12 +193,12 @@ def _check_value(keyword: str, value: str) -> None:
         try:
             float(value)
         except ValueError:
-            raise InvalidRequestError(f"{keyword} must be a number, not {value[:20]!r}") from None
+            raise InvalidRequestError(f"{keyword} must be a number, not {quoted(value)}") from None
 
 
 def _count(key: str, value: str) -> int:
     if not value.isdigit() or len(value) > 9:
-        raise InvalidRequestError(f"{key} must be a non-negative integer, not {value[:20]!r}")
+        raise InvalidRequestError(f"{key} must be a non-negative integer, not {quoted(value)}")
     return int(value)
 
 
@@ -206,7 +206,7 @@ def _keyword(name: str) -> str:
     """The DICOM keyword of a query key (a keyword or 8 hex digits of a tag)."""
     if "." in name:
         raise InvalidRequestError(
-            f"{name[:60]!r}: radserve does not match or include attributes inside sequences"
+            f"{quoted(name)}: radserve does not match or include attributes inside sequences"
         )
     if re.fullmatch(r"[0-9A-Fa-f]{8}", name):
         keyword = keyword_for_tag(int(name, 16))
@@ -214,7 +214,7 @@ def _keyword(name: str) -> str:
         keyword = name if tag_for_keyword(name) is not None else ""
     if not keyword:
         raise InvalidRequestError(
-            f"{name[:60]!r} is not a DICOM attribute keyword or tag, nor a QIDO-RS parameter "
+            f"{quoted(name)} is not a DICOM attribute keyword or tag, nor a QIDO-RS parameter "
             f"({', '.join(sorted(_PARAMETERS))})"
         )
     if dictionary_VR(keyword) == "SQ":
@@ -400,7 +400,7 @@ class QidoSearch:
             try:
                 target = float(wanted)
             except ValueError:
-                message = f"{keyword} must be a number, not {wanted[:20]!r}"
+                message = f"{keyword} must be a number, not {quoted(wanted)}"
                 raise InvalidRequestError(message) from None
             return any(_number(v) == target for v in values)
         pattern = _wildcard(wanted, ignore_case=vr == "PN")
@@ -447,7 +447,7 @@ def _in_range(value: str, wanted: str, vr: str) -> bool:
     if not dash:
         return norm(value) == norm(low)
     if not low and not high:
-        raise InvalidRequestError(f"a {vr} range needs at least one end: {wanted!r}")
+        raise InvalidRequestError(f"a {vr} range needs at least one end: {quoted(wanted)}")
     if low and norm(value) < norm(low):
         return False
     # an open or shorter upper end covers everything it is a prefix of (e.g. a date's day)
@@ -457,14 +457,14 @@ def _in_range(value: str, wanted: str, vr: str) -> bool:
 def _date(text: str) -> str:
     cleaned = text.replace(".", "").replace("-", "").strip()
     if cleaned and not cleaned.replace("+", "").isdigit():
-        raise InvalidRequestError(f"not a DICOM date/time: {text[:30]!r}")
+        raise InvalidRequestError(f"not a DICOM date/time: {quoted(text)}")
     return cleaned
 
 
 def _time(text: str) -> str:
     cleaned = text.replace(":", "").strip()
     if cleaned and not re.fullmatch(r"\d{2,6}(\.\d{1,6})?", cleaned):
-        raise InvalidRequestError(f"not a DICOM time: {text[:30]!r}")
+        raise InvalidRequestError(f"not a DICOM time: {quoted(text)}")
     return cleaned
 
 

@@ -33,7 +33,7 @@ from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 
 from radserve import error_table
-from radserve.errors import RadserveError
+from radserve.errors import RadserveError, quoted
 from radserve.gateway import conformance
 from radserve.gateway.completeness import (
     CompletenessMonitor,
@@ -304,7 +304,7 @@ def check_part(
         return InstanceOutcome(
             number,
             failure=FailureReason.CANNOT_UNDERSTAND,
-            reason=f"media type {media!r}; expected {DICOM_MEDIA}",
+            reason=f"media type {quoted(media)}; expected {DICOM_MEDIA}",
         )
     part.stream.seek(0)
     try:
@@ -340,14 +340,14 @@ def check_part(
         return _failed(
             outcome,
             FailureReason.SOP_CLASS_NOT_SUPPORTED,
-            f"SOP class {sop_class or '(none)'} is not an image storage class radserve reads",
+            f"SOP class {quoted(sop_class)} is not an image storage class radserve reads",
         )
     if syntax not in _SYNTAXES:
         return _failed(
             outcome,
             FailureReason.TRANSFER_SYNTAX_NOT_SUPPORTED,
             conformance.REFUSED_TRANSFER_SYNTAXES.get(
-                syntax, f"transfer syntax {syntax or '(none)'} is not accepted"
+                syntax, f"transfer syntax {quoted(syntax)} is not accepted"
             ),
         )
     return _check_complete(outcome, part, policy or IngestPolicy())
