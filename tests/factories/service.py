@@ -120,7 +120,7 @@ class ServerThread:
         self._socket.bind(("127.0.0.1", 0))
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        from radserve.api.http_limits import uvicorn_protocols
+        from radserve.api.http_limits import forwarded_trust, uvicorn_protocols
         from radserve.config import ServerSettings
 
         service = getattr(app.state, "service", None)
@@ -128,6 +128,7 @@ class ServerThread:
         config = uvicorn.Config(
             app,
             **uvicorn_protocols(server),  # as radserve serve runs it
+            **forwarded_trust(server),
             log_config=None,
             access_log=False,
             lifespan="on",
