@@ -40,7 +40,7 @@ from eta_decompose import first_walks, shares_between, sorted_records, spans
 from radserve.bench.eta_accuracy import read_summary
 from radserve.bench.eta_trace import MIX
 from radserve.turnaround.eta import overtaking_window, walk
-from radserve.turnaround.replay import shares_of
+from radserve.turnaround.replay import first_seen, shares_of
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def stream_of(summary: Mapping[str, Any], deep: Sequence[Deep]) -> Stream:
     measured = set(summary["measured_ids"])
     last = max(float(r["at"]) for r in records if r["kind"] == "end" and r["job"] in measured)
     by_class: list[list[float]] = [[] for _ in MIX]
-    for job, (cls, at) in _first_seen(records).items():
+    for job, (cls, at) in first_seen(records).items():
         if job in share and at <= last:
             by_class[cls].append(share[job])
     beside: dict[tuple[int, int], list[float]] = {}
@@ -106,16 +106,6 @@ def _exclusive(records: Sequence[Mapping[str, Any]]) -> bool:
     return bool(next(r for r in records if r["kind"] == "walk")["capacity"]["urgent_exclusive"])
 
 
-def _first_seen(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[int, float]]:
-    """Each job's class and the clock of the first walk that saw it (its arrival)."""
-    seen: dict[str, tuple[int, float]] = {}
-    for r in records:
-        if r["kind"] == "walk":
-            for row in r["entries"]:
-                seen.setdefault(str(row[0]), (int(row[1]), float(r["at"])))
-    return seen
-
-
 def deep_jobs(summary: Mapping[str, Any]) -> list[Deep]:
     """The measured jobs behind >= 3 at their first walk, with what the floor's
     predictor is told and what really came after."""
@@ -123,7 +113,7 @@ def deep_jobs(summary: Mapping[str, Any]) -> list[Deep]:
     exclusive = _exclusive(records)
     jobs = spans(records)
     share = shares_of(records, exclusive)
-    seen = _first_seen(records)
+    seen = first_seen(records)
     measured = set(summary["measured_ids"])
     out = []
     for job_id, (now, entries, capacity) in first_walks(records).items():

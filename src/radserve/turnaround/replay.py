@@ -300,7 +300,7 @@ class SharesSoFar:
             if run is not None and str(r["job"]) in starts:
                 starts[str(r["job"])] = (float(r["at"]) - float(run), starts[str(r["job"])][1])
         events = [(at, 0, job, urgent) for job, (at, urgent) in starts.items()]
-        events += [(at, -1, job, False) for job, at in _arrivals(records).items()]
+        events += [(at, -1, job, False) for job, (_, at) in first_seen(records).items()]
         events += [(float(r["at"]), 1, str(r["job"]), False) for r in records if r["kind"] == "end"]
         self._events = sorted(events, key=lambda e: (e[0], e[1]))
         self._next = 0
@@ -328,13 +328,14 @@ class SharesSoFar:
         ]
 
 
-def _arrivals(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Each job's arrival: its first walk (the server walks at once on a submission)."""
-    seen: dict[str, float] = {}
+def first_seen(records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[int, float]]:
+    """Each recorded job's class rank and its arrival: the clock of the first walk that
+    saw it (the server walks at once on a submission)."""
+    seen: dict[str, tuple[int, float]] = {}
     for r in records:
         if r["kind"] == "walk":
             for row in r["entries"]:
-                seen.setdefault(str(row[0]), float(r["at"]))
+                seen.setdefault(str(row[0]), (int(row[1]), float(r["at"])))
     return seen
 
 
@@ -512,6 +513,7 @@ __all__ = [
     "SharesSoFar",
     "Variant",
     "errors",
+    "first_seen",
     "replay",
     "shares_of",
     "walk_inputs",
