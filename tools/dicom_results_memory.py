@@ -16,10 +16,14 @@ The same series as one Enhanced (Legacy Converted) CT instance, for the multi-fr
 
 Prints, for the whole call, its wall time and the process's peak resident size above
 its resident size at the call (``VmHWM`` reset through ``/proc/self/clear_refs``), and
-for each SEG, the memory (tracemalloc) its build peaked at and what the built
-``Segmentation`` holds against the header the SR is given (what a job keeps until the
-SR is built). The results are written to a scratch copy of the run folder, never over
-the run's own.
+for each SEG (not with ``--call-only``), the memory (tracemalloc) its build peaked at
+and what the built ``Segmentation`` holds against the header the SR is given (what a
+job keeps until the SR is built). The results are written to a scratch copy of the run
+folder, never over the run's own. Before/after a change, alternating, one process at a time:
+
+    git archive main src | tar -x -C /tmp/before
+    for i in 1 2 3; do for s in /tmp/before/src src; do PYTHONPATH=$s python \
+      tools/dicom_results_memory.py --call-only /tmp/run300 /tmp/ph300/dicom; done; done
 """
 
 from __future__ import annotations
@@ -73,7 +77,9 @@ def per_seg(run: Path, sources: list[Path]) -> None:
         labels = read_nifti(run / label_map.path)
         gc.collect()
         tracemalloc.start()
-        seg = build_seg(report, labels, label_map.segments, headers, name=label_map.kind)
+        seg = build_seg(
+            report, labels, label_map.segments, headers, name=label_map.kind, renumber_in_place=True
+        )
         _, peak = tracemalloc.get_traced_memory()
         del labels
         gc.collect()
@@ -95,11 +101,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a finished radserve run --out folder")
     parser.add_argument("study", type=Path, help="the run's source DICOM folder")
+    parser.add_argument(
+        "--call-only",
+        action="store_true",
+        help="the whole call's figures alone (also with an older radserve on PYTHONPATH)",
+    )
     args = parser.parse_args()
     sources = sorted(args.study.glob("*.dcm"))
     with tempfile.TemporaryDirectory() as scratch:
         whole_call(args.run, sources, Path(scratch))
-    per_seg(args.run, sources)
+    if not args.call_only:
+        per_seg(args.run, sources)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from tests.factories.results import LesionStudy, lesion_study, relabel
 from radserve.domain import Volume
 from radserve.errors import ReportError
 from radserve.report.dicom import common, write_seg
-from radserve.report.dicom.seg import _number_segments, segment_key
+from radserve.report.dicom.seg import _number_segments, build_seg, segment_key
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,8 @@ def test_undescribed_and_empty_segments_are_left_out(study: LesionStudy, tmp_pat
 def test_renumbered_values_give_the_same_seg(study: LesionStudy, tmp_path: Path) -> None:
     """Values already 1..n are handed to highdicom as a view of the label map (no
     full-volume copy: issue 19, goal 4); other values are renumbered into a copy of the
-    occupied slab. Both paths must write the same frames, pixels and functional groups."""
+    occupied slab, or in the caller's map where it is the caller's to discard. Every path
+    must write the same frames, pixels and functional groups."""
     output, labels = study.label_map("findings")
     assert sorted(s.value for s in output.segments) == [1, 2]
     kept, slab, first = _number_segments(labels.array, output.segments)
@@ -175,6 +176,10 @@ def test_renumbered_values_give_the_same_seg(study: LesionStudy, tmp_path: Path)
     assert [s.value for s in kept_moved] == [7, 10]
     assert not np.shares_memory(numbered, shifted.array) and first_moved == first
     np.testing.assert_array_equal(numbered, slab)
+    scratch = shifted.array.copy()  # a map read for one SEG: renumbered where it lies
+    _kept, in_place, _first = _number_segments(scratch, moved, in_place=True)
+    assert np.shares_memory(in_place, scratch)
+    np.testing.assert_array_equal(in_place, slab)
 
     same = write_seg(study.report, labels, output.segments, study.files, tmp_path / "a.dcm")
     renumbered = write_seg(study.report, shifted, moved, study.files, tmp_path / "b.dcm")
@@ -183,6 +188,11 @@ def test_renumbered_values_give_the_same_seg(study: LesionStudy, tmp_path: Path)
     assert a.PixelData == b.PixelData
     assert a.PerFrameFunctionalGroupsSequence == b.PerFrameFunctionalGroupsSequence
     assert a.SegmentSequence == b.SegmentSequence
+    sources = common.slice_sources(study.report, common.read_headers(study.files))
+    built = build_seg(study.report, shifted, moved, sources, renumber_in_place=True)
+    c = pydicom.dcmread(common.save_atomic(built, tmp_path / "c.dcm"))
+    assert c.PixelData == a.PixelData and c.SegmentSequence == a.SegmentSequence
+    assert c.PerFrameFunctionalGroupsSequence == a.PerFrameFunctionalGroupsSequence
 
 
 CHARSETS = {

@@ -9,14 +9,11 @@ studies'); :func:`run_volume` is the same loop on the calling thread (CLI, evalu
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import dataclasses
 import logging
-import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +21,7 @@ import numpy as np
 
 from radserve.domain import Classification, Finding, OrganMeasurement, Prediction, Volume
 from radserve.errors import PipelineError
+from radserve.heap import release_free_memory
 from radserve.inference import (
     ArrivingSlices,
     ModelSession,
@@ -49,32 +47,6 @@ from radserve.progress import ProgressSink, StageTimer
 logger = logging.getLogger(__name__)
 
 _EMPTY_BOX: BBox = (slice(0, 0), slice(0, 0), slice(0, 0))
-
-
-def _load_malloc_trim() -> Callable[[int], int] | None:
-    if sys.platform != "linux":
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim  # type: ignore[no-any-return]
-    except (OSError, AttributeError):  # musl and others have no malloc_trim
-        return None
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-def release_free_memory() -> None:
-    """Hand memory that is already freed back to the operating system (glibc only).
-
-    The stages allocate and free many arrays of a few MB on several threads (prepare,
-    merge, ONNX Runtime's pool); glibc keeps such freed blocks in per-thread arenas,
-    so without this the resident size after each stage stays at that stage's peak and
-    the next stage's peak lands on top of it. Called between model steps and before
-    the report; costs about a millisecond. Frees nothing that is still in use.
-    """
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
 
 
 class SessionPool:

@@ -23,6 +23,7 @@ from pydicom.tag import Tag
 from radserve import durable
 from radserve.checkpoints import checkpoint
 from radserve.errors import ReportError
+from radserve.heap import release_free_memory
 from radserve.report.dicom import common
 from radserve.report.dicom.frames import SliceSources
 from radserve.report.dicom.sc import write_key_image_scs
@@ -86,11 +87,13 @@ def _write_all(
             series_instance_uid=series_uid,
             instance_number=len(segs) + 1,
             name=name,
+            renumber_in_place=True,  # read for this SEG alone
         )
         del labels  # not held while the next map is read
         written.append(common.save_atomic(seg, result_dir / SEG_FILE.format(name=name)))
         segs.append(sr_reference(seg))
         del seg  # written: its frames and highdicom's tables not held while the next is built
+        release_free_memory()  # else the next map is read on top of this build's freed heap
     checkpoint()
     sr = build_sr(report, segs, sources)
     written.append(common.save_atomic(sr, result_dir / SR_FILE))

@@ -52,6 +52,7 @@ def build_seg(
     series_number: int = common.SEG_SERIES_NUMBER,
     instance_number: int = 1,
     name: str | None = None,
+    renumber_in_place: bool = False,
 ) -> hd.seg.Segmentation:
     """The Segmentation dataset; ``sources`` are the slice headers in slice order.
 
@@ -61,6 +62,10 @@ def build_seg(
 
     ``name`` (the label map's file stem) keeps the SOP Instance UIDs of two label maps of
     one kind apart; the reference pipeline's ``organs`` / ``findings`` maps keep theirs.
+
+    ``renumber_in_place``: the label map's array is the caller's to discard (read for
+    this SEG alone), so values that need renumbering are renumbered in it, plane by
+    plane, rather than in a copy of the slab (75 MiB for a 300-slice organ map).
 
     Raises:
         ReportError: the label map is not on the report's grid, or no described segment
@@ -75,7 +80,7 @@ def build_seg(
             f"label map grid {label_map.shape} does not match the report geometry "
             f"{tuple(report.geometry.shape)}; write the SEG from the label maps of this report"
         )
-    kept, numbered, first = _number_segments(label_map.array, segments)
+    kept, numbered, first = _number_segments(label_map.array, segments, in_place=renumber_in_place)
     if not kept:
         raise ReportError("nothing to encode: no described segment has a voxel in the label map")
     slices = np.arange(first, first + numbered.shape[0])
@@ -160,7 +165,7 @@ def write_seg(
 
 
 def _number_segments(
-    labels: np.ndarray, segments: Sequence[Segment]
+    labels: np.ndarray, segments: Sequence[Segment], *, in_place: bool = False
 ) -> tuple[list[Segment], np.ndarray, int]:
     """Keep described segments that have voxels; map their values to 1..n in value order.
 
@@ -169,7 +174,9 @@ def _number_segments(
     3D), and the slab's first slice. Only the slab is numbered, and where the label map
     already holds 1..n and nothing else the slab is a view of it: highdicom keeps the
     array it is given for the whole build, beside every frame packed twice, so a
-    full-volume copy here was the SEG's largest cost (issue 19, goal 4).
+    full-volume copy here was the SEG's largest cost (issue 19, goal 4). Where they need
+    renumbering (a described value without voxels, an undescribed one), ``in_place``
+    renumbers the slab inside ``labels`` when the numbers fit its type.
     """
     if len({s.value for s in segments}) != len(segments):
         raise ReportError("two segment descriptions share one label value")
@@ -201,6 +208,10 @@ def _number_segments(
     slab = labels[planes[0] : planes[-1] + 1]
     present = np.flatnonzero(counts)
     if slab.dtype in (np.uint8, np.uint16) and np.array_equal(lut[present], present):
+        return kept, slab, int(planes[0])
+    if in_place and slab.dtype == lut.dtype and slab.flags.writeable:
+        for plane in slab:  # a plane's temporary, not the slab's
+            plane[...] = lut[plane]
         return kept, slab, int(planes[0])
     return kept, lut[slab], int(planes[0])
 
