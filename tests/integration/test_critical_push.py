@@ -21,12 +21,12 @@ from tests.factories.syslog import Collector
 from tests.factories.waits import until, wait_until
 
 from radserve.audit.syslog import SyslogEndpoint
-from radserve.critical.push import CriticalOutbox, Receiver, ReceiverLane, build_notice
+from radserve.critical.push import CriticalOutbox, Receiver, build_notice
 from radserve.critical.receivers import FhirReceiver, SyslogReceiver
 from radserve.domain.critical import CriticalRule, critical_findings
 from radserve.errors import ReportError
 from radserve.fhir.delivery import FhirDestination
-from radserve.gateway.outbox import OutboxWorker, utc_now
+from radserve.gateway.outbox import Lane, OutboxWorker, utc_now
 from radserve.ingest import PatientInfo
 from radserve.pipeline.spec import PipelineSpec
 from radserve.report.fhir import build_fhir_bundle
@@ -233,7 +233,7 @@ def test_each_receiver_has_its_own_sender_a_slow_one_delays_no_other(
         box = CriticalOutbox(rows, [Receiver("slow", slow.url), Receiver("fast", fast.url)])
         box.enqueue(notice, folder=tmp_path, job_id="job-1")
         workers = [
-            OutboxWorker(ReceiverLane(box, destination), name=f"lane-{destination}")
+            OutboxWorker(Lane(box, destination), name=f"lane-{destination}")
             for destination in box.receivers
         ]
 

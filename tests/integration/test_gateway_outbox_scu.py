@@ -3,7 +3,8 @@ SCP (SEG and SR contexts, a rejected association is permanent, 0xA700 is retried
 and peers that answer the way real PACSs sometimes do: warning statuses count as stored
 and failure statuses do not; a peer that does not take SEG gets the SR and a clear
 permanent error for the SEG (never retried forever); an association limit, an abort
-mid-store and a peer that never answers are retried and then delivered; a peer taking
+mid-store and a peer that never answers are retried and then delivered (and delay no
+other destination); a peer taking
 only Implicit VR Little Endian with a 4 KiB PDU gets every result intact. dcmtk's
 storescp where it can play the part, a scripted pynetdicom acceptor where it cannot."""
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from pydicom.uid import ImplicitVRLittleEndian
 from pynetdicom import AE
 from tests.factories.awkward_peer import scripted_peer, storescp
 from tests.factories.dicom_net import dcmtk_tool, study_with_results
+from tests.factories.waits import until
 
 from radserve.gateway import (
     Destination,
@@ -35,6 +38,7 @@ from radserve.gateway import (
     TlsSettings,
 )
 from radserve.gateway.conformance import COMPREHENSIVE_3D_SR, SEGMENTATION, VERIFICATION
+from radserve.gateway.outbox import LaneWorkers
 from radserve.gateway.own_results import OwnResults
 from radserve.store import Store, init_store
 from radserve.store.outbox import OutboxState, OutboxStore
@@ -310,3 +314,32 @@ def test_the_peers_error_comment_is_kept_without_the_patients_identifiers(
     for text in [item.last_error or "", *(r.getMessage() for r in caplog.records)]:
         assert not any(secret.lower() in text.lower() for secret in secrets), text
     assert "0xA900" in (item.last_error or "") and "conflict" in (item.last_error or "")
+
+
+@needs_storescp
+def test_a_dead_destination_delays_no_other_destination(
+    tmp_path: Path, rows: OutboxStore, results: list[Path]
+) -> None:
+    """Two PACS: one a socket that takes the connection and never speaks (a hung or
+    SIGSTOPped peer: each association waits out ``acse_timeout_s``), queued first; the
+    other dcmtk's storescp. One sender for both would reach storescp only after the dead
+    peer's timeout; with a sender per destination storescp has every result while the
+    dead peer's rows are still being sent."""
+    with socket.create_server(("127.0.0.1", 0)) as silent, storescp(tmp_path / "ok") as ok:
+        dead = Destination("dead", "DEAD", "127.0.0.1", silent.getsockname()[1])
+        outbox = Outbox(rows, [dead, ok], StoreSCU("RS-OUT", acse_timeout_s=600))
+        outbox.enqueue(results, destinations=["dead", "storescp"])
+        lanes = LaneWorkers(outbox, outbox.destinations, prefix="test-outbox")
+        lanes.start()
+        try:
+
+            def states(name: str) -> set[OutboxState]:
+                return {item.state for item in rows.items(destination=name)}
+
+            until(lambda: states("storescp") == {OutboxState.SENT}, "storescp has all", 20)
+            assert states("dead") == {OutboxState.SENDING}  # still waiting for an answer
+        finally:
+            silent.close()  # the waiting association is reset: its lane can stop
+            lanes.stop()
+    assert len(list((tmp_path / "ok").iterdir())) == len(results)  # exactly once
+    assert states("dead") == {OutboxState.PENDING}  # retried later

@@ -17,11 +17,11 @@ from tests.factories.postgres import postgres_schema
 from radserve.domain.priority import PriorityClass
 from radserve.gateway.config import Destination
 from radserve.gateway.errors import GatewayConfigError, GatewayError
-from radserve.gateway.outbox import Outbox, RetryPolicy
+from radserve.gateway.outbox import Lane, Outbox, RetryPolicy
 from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult
 from radserve.store import Store, init_store
 from radserve.store.errors import StoreError
-from radserve.store.outbox import OutboxState, OutboxStore
+from radserve.store.outbox import OutboxState, OutboxStore, Scope
 
 T0 = dt.datetime(2025, 1, 1, 8, 0, tzinfo=dt.UTC)
 PACS = Destination(name="pacs", ae_title="PACS", host="127.0.0.1", port=104)
@@ -187,6 +187,26 @@ def test_missing_file_and_unconfigured_destination_fail_permanently(db, tmp_path
     errors = sorted(i.last_error or "" for i in rows.items(state="failed_permanent"))
     assert sum("no longer configured" in e for e in errors) == 2
     assert sum("is gone" in e for e in errors) == 1
+
+
+def test_each_lane_claims_only_its_destination_and_leftovers_only_unconfigured_ones(
+    db, tmp_path
+) -> None:
+    """One sender per destination (a dead peer stalls only its own lane); the rows of a
+    destination no longer configured have a lane of their own that fails them."""
+    _, rows = db
+    outbox = _outbox(rows, ScriptedSender())
+    outbox.enqueue([_result(tmp_path), _result(tmp_path)], destinations=["pacs", "archive"], now=T0)
+    reconfigured = Outbox(rows, [PACS], ScriptedSender())  # "archive" was removed
+    leftovers = Lane(reconfigured, Scope(other_than=("pacs",)))
+    assert leftovers.next_due() == T0
+    report = leftovers.deliver_pending(T0)
+    assert (report.claimed, report.failed) == (2, 2)
+    assert {i.destination for i in rows.items(state="failed_permanent")} == {"archive"}
+    assert leftovers.next_due() is None
+    pacs = Lane(reconfigured, "pacs")
+    assert pacs.deliver_pending(T0).sent == 2
+    assert {i.destination for i in rows.items(state="sent")} == {"pacs"}
 
 
 def test_a_crash_while_sending_resends_once_after_the_lease(db, tmp_path) -> None:

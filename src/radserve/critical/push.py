@@ -34,7 +34,7 @@ from radserve.domain.critical import CriticalRule
 from radserve.domain.findings import Finding
 from radserve.gateway.outbox import DeliveryReport, RetryPolicy, settle, utc_now
 from radserve.gateway.scu import Outcome, SendResult
-from radserve.store.outbox import NewDelivery, OutboxItem, OutboxKind, OutboxStore
+from radserve.store.outbox import NewDelivery, OutboxItem, OutboxKind, OutboxStore, Scope
 
 logger = logging.getLogger(__name__)
 
@@ -203,13 +203,13 @@ class CriticalOutbox:
         return self.store.add(deliveries, now=now or utc_now())
 
     def deliver_pending(
-        self, now: dt.datetime | None = None, *, destination: str | None = None
+        self, now: dt.datetime | None = None, scope: Scope | None = None
     ) -> DeliveryReport:
-        """Send the due notices (of one receiver's ``destination``, if given)."""
+        """Send the due notices (of the receivers in ``scope``, if given)."""
         now = now or utc_now()
         claimed = self.store.claim_due(
             now, limit=self.batch_size, lease=self.lease, kind=OutboxKind.CRITICAL,
-            destination=destination,
+            scope=scope,
         )  # fmt: skip
         tally = {Outcome.SENT: 0, Outcome.RETRY: 0, Outcome.PERMANENT: 0}
         for item in claimed:
@@ -231,8 +231,8 @@ class CriticalOutbox:
             failed=tally[Outcome.PERMANENT],
         )
 
-    def next_due(self, destination: str | None = None) -> dt.datetime | None:
-        return self.store.next_due(OutboxKind.CRITICAL, destination)
+    def next_due(self, scope: Scope | None = None) -> dt.datetime | None:
+        return self.store.next_due(OutboxKind.CRITICAL, scope)
 
     def close(self) -> None:
         self._client.close()
@@ -266,27 +266,6 @@ class CriticalOutbox:
         return classify(response)
 
 
-class ReceiverLane:
-    """One receiver's notices of a :class:`CriticalOutbox`, for an
-    :class:`~radserve.gateway.outbox.OutboxWorker` of its own: with one sender per
-    receiver a slow one (a FHIR server taking seconds per transaction, a collector timing
-    out, a webhook retried with back-off) delays only its own notices, not the others'."""
-
-    def __init__(self, outbox: CriticalOutbox, destination: str) -> None:
-        self.outbox = outbox
-        self.destination = destination
-
-    @property
-    def batch_size(self) -> int:
-        return self.outbox.batch_size
-
-    def deliver_pending(self, now: dt.datetime | None = None) -> DeliveryReport:
-        return self.outbox.deliver_pending(now, destination=self.destination)
-
-    def next_due(self) -> dt.datetime | None:
-        return self.outbox.next_due(self.destination)
-
-
 def _write_durably(path: Path, notice: dict[str, Any]) -> Path:
     """The notice (or its Bundle) as compact JSON at ``path``, durably."""
     return durable.write_json(path, notice, separators=(",", ":"))
@@ -297,7 +276,6 @@ __all__ = [
     "AnyReceiver",
     "CriticalOutbox",
     "Receiver",
-    "ReceiverLane",
     "SettledCallback",
     "build_notice",
     "classify",

@@ -5,7 +5,9 @@ worker: :mod:`radserve.fhir.delivery`.)
 
 Enqueue writes one row per (result instance, destination) and commits; nothing else
 needs to stay up. :meth:`Outbox.deliver_pending` sends what is due (testable with any
-``now``); :class:`OutboxWorker` calls it from a background thread. Delivery semantics:
+``now``); :class:`OutboxWorker` calls it from a background thread, one per destination
+(:class:`LaneWorkers`), so a peer that never answers holds only its own deliveries for
+its timeouts, never another destination's. Delivery semantics:
 
 - nothing lost: rows live in the database, so a restart resumes where it stopped;
 - nothing sent twice in normal operation: a row is marked ``sent`` in its own committed
@@ -29,7 +31,14 @@ from radserve.gateway.config import Destination
 from radserve.gateway.errors import GatewayConfigError, GatewayError
 from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult
 from radserve.ingest.headers import UnreadableHeaderError, read_header
-from radserve.store.outbox import NewDelivery, OutboxItem, OutboxState, OutboxStore
+from radserve.store.outbox import (
+    NewDelivery,
+    OutboxItem,
+    OutboxKind,
+    OutboxState,
+    OutboxStore,
+    Scope,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +55,18 @@ class Deliverer(Protocol):
     def deliver_pending(self, now: dt.datetime | None = None) -> DeliveryReport: ...
 
     def next_due(self) -> dt.datetime | None: ...
+
+
+class LanedDeliverer(Protocol):
+    """An outbox whose deliveries can be sent per destination (DICOM, critical push)."""
+
+    batch_size: int
+
+    def deliver_pending(
+        self, now: dt.datetime | None = None, scope: Scope | None = None
+    ) -> DeliveryReport: ...
+
+    def next_due(self, scope: Scope | None = None) -> dt.datetime | None: ...
 
 
 class Sender(Protocol):
@@ -153,10 +174,13 @@ class Outbox:
         logger.info("outbox: %d deliveries queued for %s", len(items), ", ".join(names) or "-")
         return items
 
-    def deliver_pending(self, now: dt.datetime | None = None) -> DeliveryReport:
-        """Send every row due at ``now``; each ends ``sent``, rescheduled or failed."""
+    def deliver_pending(
+        self, now: dt.datetime | None = None, scope: Scope | None = None
+    ) -> DeliveryReport:
+        """Send every row due at ``now`` (in ``scope`` only, if given); each ends
+        ``sent``, rescheduled or failed."""
         now = now or utc_now()
-        claimed = self.store.claim_due(now, limit=self.batch_size, lease=self.lease)
+        claimed = self.store.claim_due(now, limit=self.batch_size, lease=self.lease, scope=scope)
         if not claimed:
             return DeliveryReport()
         tally = {Outcome.SENT: 0, Outcome.RETRY: 0, Outcome.PERMANENT: 0}
@@ -174,8 +198,8 @@ class Outbox:
         logger.info("outbox: %s", report)
         return report
 
-    def next_due(self) -> dt.datetime | None:
-        return self.store.next_due()
+    def next_due(self, scope: Scope | None = None) -> dt.datetime | None:
+        return self.store.next_due(OutboxKind.DICOM, scope)
 
     def _deliver(
         self, name: str, items: list[OutboxItem], now: dt.datetime, tally: dict[Outcome, int]
@@ -313,10 +337,14 @@ class OutboxWorker:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop after the current delivery (rows being sent finish or keep their lease)."""
-        self._stop.set()
-        self._wake.set()
+        self.ask_to_stop()
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+    def ask_to_stop(self) -> None:
+        """Stop after the current delivery, without waiting for it."""
+        self._stop.set()
+        self._wake.set()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -339,9 +367,67 @@ class OutboxWorker:
         return min(self.interval_s, max(seconds, 0.05))
 
 
+class Lane:
+    """One destination's deliveries of an outbox, for an :class:`OutboxWorker` of its
+    own: a destination that is slow or never answers (a stopped PACS holds each
+    association for ``gateway.acse_timeout_s`` / ``dimse_timeout_s``) delays only its own
+    deliveries. ``destination`` may also be a :class:`Scope`: the rows of destinations
+    no longer configured (failed at once, nothing is sent)."""
+
+    def __init__(self, outbox: LanedDeliverer, destination: str | Scope) -> None:
+        self.outbox = outbox
+        self.scope = destination if isinstance(destination, Scope) else Scope(destination)
+
+    @property
+    def batch_size(self) -> int:
+        return self.outbox.batch_size
+
+    def deliver_pending(self, now: dt.datetime | None = None) -> DeliveryReport:
+        return self.outbox.deliver_pending(now, self.scope)
+
+    def next_due(self) -> dt.datetime | None:
+        return self.outbox.next_due(self.scope)
+
+
+class LaneWorkers:
+    """A worker thread per destination of ``outbox`` (each keeps its destination's order:
+    best class, then oldest), and one for the rows of destinations no longer configured.
+    Across replicas the rows' leases keep each delivery to one sender at a time."""
+
+    def __init__(self, outbox: LanedDeliverer, destinations: Iterable[str], *, prefix: str) -> None:
+        names = list(destinations)
+        self.workers = {
+            name: OutboxWorker(Lane(outbox, name), name=f"{prefix}-{name}") for name in names
+        }
+        self.leftovers = OutboxWorker(
+            Lane(outbox, Scope(other_than=tuple(names))), name=f"{prefix}-unconfigured"
+        )
+
+    def _all(self) -> list[OutboxWorker]:
+        return [*self.workers.values(), self.leftovers]
+
+    def start(self) -> None:
+        for worker in self._all():
+            worker.start()
+
+    def wake(self) -> None:
+        for worker in self._all():
+            worker.wake()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every lane after its current delivery (all asked first, then joined)."""
+        for worker in self._all():
+            worker.ask_to_stop()
+        for worker in self._all():
+            worker.stop(timeout)
+
+
 __all__ = [
     "Deliverer",
     "DeliveryReport",
+    "Lane",
+    "LaneWorkers",
+    "LanedDeliverer",
     "Outbox",
     "OutboxState",
     "OutboxWorker",

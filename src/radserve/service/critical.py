@@ -35,7 +35,6 @@ from radserve.critical.push import (
     AnyReceiver,
     CriticalOutbox,
     Receiver,
-    ReceiverLane,
     build_notice,
 )
 from radserve.critical.receivers import FhirReceiver, SyslogReceiver
@@ -43,7 +42,7 @@ from radserve.domain.critical import CriticalRule, critical_findings, declared_r
 from radserve.domain.findings import Finding
 from radserve.errors import RadserveError
 from radserve.fhir.delivery import FhirDestination
-from radserve.gateway.outbox import OutboxWorker, RetryPolicy, utc_now
+from radserve.gateway.outbox import Lane, OutboxWorker, RetryPolicy, utc_now
 from radserve.gateway.scu import Outcome, SendResult
 from radserve.ingest import IngestPolicy
 from radserve.pipeline.study import StudyResult
@@ -110,7 +109,7 @@ class CriticalDelivery:
         # seconds per transaction, a syslog collector timing out) delays only its own
         # notices, never another receiver's
         self.workers = {
-            d: OutboxWorker(ReceiverLane(self.outbox, d), name=f"radserve-{d.replace(':', '-')}")
+            d: OutboxWorker(Lane(self.outbox, d), name=f"radserve-{d.replace(':', '-')}")
             for d in self.outbox.receivers
         }
         self.fhir_receivers = [

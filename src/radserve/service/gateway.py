@@ -30,12 +30,12 @@ from radserve.gateway import (
     Destination,
     GatewaySCP,
     Outbox,
-    OutboxWorker,
     RetryPolicy,
     StoreSCU,
     scp_config_from_settings,
 )
 from radserve.gateway import destinations as gateway_destinations
+from radserve.gateway.outbox import LaneWorkers
 from radserve.gateway.receive_limit import Exceeded
 from radserve.pipeline.study import StudyResult
 from radserve.report.wording import (
@@ -127,7 +127,7 @@ class GatewayBridge:
         )
         targets = destinations(settings)
         self.outbox: Outbox | None = None
-        self.worker: OutboxWorker | None = None
+        self.workers: LaneWorkers | None = None
         if targets:
             scu = StoreSCU.from_settings(settings.gateway)
             self.outbox = Outbox(
@@ -137,17 +137,20 @@ class GatewayBridge:
                 policy=RetryPolicy.of(settings.gateway),
                 lease=dt.timedelta(seconds=settings.outbox.lease_s),
             )
-            self.worker = OutboxWorker(self.outbox)
+            # a sender per destination: a dead PACS stalls only its own deliveries
+            self.workers = LaneWorkers(
+                self.outbox, self.outbox.destinations, prefix="radserve-outbox"
+            )
 
     def start(self) -> tuple[str, int]:
-        if self.worker is not None:
-            self.worker.start()
+        if self.workers is not None:
+            self.workers.start()
         return self.scp.start()
 
     def stop(self) -> None:
         self.scp.stop()
-        if self.worker is not None:
-            self.worker.stop()
+        if self.workers is not None:
+            self.workers.stop()
 
     # --- studies in -------------------------------------------------------------------
     def on_study(self, study: CompletedStudy) -> None:
@@ -239,8 +242,8 @@ class GatewayBridge:
         paths = sorted(result.out_dir.glob("*.dcm"))
         if paths:
             self.outbox.enqueue(paths, job_id=job.id, held_for=job.lease_owner)
-            if self.worker is not None:
-                self.worker.wake()
+            if self.workers is not None:
+                self.workers.wake()
 
     def send(self, path: Path, *, job_id: str) -> None:
         """Queue one more DICOM object of a job (the failure notice) for the destinations."""
@@ -252,8 +255,8 @@ class GatewayBridge:
         if self.outbox is None or not paths:
             return
         self.outbox.enqueue(paths, job_id=job_id)
-        if self.worker is not None:
-            self.worker.wake()
+        if self.workers is not None:
+            self.workers.wake()
 
 
 __all__ = ["GATEWAY_SOURCE", "GatewayBridge", "destinations"]

@@ -563,7 +563,7 @@ class Service:
     def _wake_senders(self) -> None:
         """A delivery was re-armed or a result recorded: the senders look at once."""
         for worker in (
-            getattr(self.gateway, "worker", None) if self.gateway is not None else None,
+            self.gateway.workers if self.gateway is not None else None,
             self.fhir.worker if self.fhir is not None else None,
         ):
             if worker is not None:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import Engine, and_, case, func, or_, select, true, update
+from sqlalchemy import ColumnElement, Engine, and_, case, func, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -97,6 +97,22 @@ class OutboxItem:
     sent_at: dt.datetime | None
     kind: OutboxKind = OutboxKind.DICOM
     lease_owner: str | None = None
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which destinations' rows a sender takes: ``destination``'s (any if None), none
+    of ``other_than`` (the lane of destinations no longer configured)."""
+
+    destination: str | None = None
+    other_than: tuple[str, ...] = ()
+
+    def clause(self) -> ColumnElement[bool]:
+        column = OutboxDelivery.destination
+        return and_(
+            true() if self.destination is None else column == self.destination,
+            column.not_in(self.other_than) if self.other_than else true(),
+        )
 
 
 @dataclass(frozen=True)
@@ -176,12 +192,12 @@ class OutboxStore(StoreBase):
         limit: int = 100,
         lease: dt.timedelta = dt.timedelta(minutes=15),
         kind: OutboxKind = OutboxKind.DICOM,
-        destination: str | None = None,
+        scope: Scope | None = None,
     ) -> list[OutboxItem]:
         """Take up to ``limit`` due rows of ``kind`` for sending: ``pending`` rows whose
         time has come, and ``sending`` rows whose worker vanished (lease expired). Counts
-        the attempt now, so a crash mid-send still counts. ``destination``: only that
-        destination's rows (a sender of its own per destination).
+        the attempt now, so a crash mid-send still counts. ``scope``: only those
+        destinations' rows (a sender of its own per destination).
 
         Best class first (the job's: URGENT, then INPATIENT, then OUTPATIENT and rows of
         no job), then oldest first: an URGENT study's results do not queue behind a
@@ -189,7 +205,7 @@ class OutboxStore(StoreBase):
         stale = now - lease
         due = and_(
             OutboxDelivery.kind == OutboxKind(kind).value,
-            true() if destination is None else OutboxDelivery.destination == destination,
+            (scope or Scope()).clause(),
             or_(
                 and_(
                     OutboxDelivery.state == OutboxState.PENDING.value,
@@ -417,16 +433,15 @@ class OutboxStore(StoreBase):
         return {state: int(found.get(state.value, 0)) for state in OutboxState}
 
     def next_due(
-        self, kind: OutboxKind = OutboxKind.DICOM, destination: str | None = None
+        self, kind: OutboxKind = OutboxKind.DICOM, scope: Scope | None = None
     ) -> dt.datetime | None:
-        """When the earliest ``pending`` row of ``kind`` (of ``destination``, if given)
-        falls due (None: nothing pending)."""
+        """When the earliest ``pending`` row of ``kind`` (in ``scope``, if given) falls
+        due (None: nothing pending)."""
         where = [
             OutboxDelivery.state == OutboxState.PENDING.value,
             OutboxDelivery.kind == OutboxKind(kind).value,
+            (scope or Scope()).clause(),
         ]
-        if destination is not None:
-            where.append(OutboxDelivery.destination == destination)
         with self._read() as session:
             return session.scalar(select(func.min(OutboxDelivery.next_attempt_at)).where(*where))
 
