@@ -7,6 +7,7 @@ installed but refused for serving and deployment, with the gate's reason."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import zipfile
@@ -20,7 +21,9 @@ from tests.factories.onnx_models import threshold_model
 from tests.factories.server_process import radserve_command
 from tests.factories.service import ServerThread, auth, config_file, create_key
 from tests.factories.waits import WAIT_SCALE
+from tests.factories.writers import ended_and_running
 
+from radserve import durable
 from radserve.api import create_app
 from radserve.config import load_settings
 from radserve.errors import VariantRejectedError
@@ -180,5 +183,13 @@ def test_install_refuses_variants_when_no_pipeline_runs_the_model(
     done = server.cli("models", "install", str(target), "--build-variants", ok=False)
     assert "evaluated through a pipeline that runs it, and none does" in done.stderr
     assert not (server.data / "models" / "unused-organs").exists()
-    # without --build-variants the same bundle installs
+    # without --build-variants the same bundle installs; the CLI's install first sweeps what
+    # a killed install left, never what the server beside it (this process) is staging
+    staging = server.data / "models" / ".staging"
+    with ended_and_running() as (ended, _running):
+        killed = durable.temporary_path(staging / "install", pid=ended)
+    serving = durable.temporary_path(staging / "install", pid=os.getpid())
+    for folder in (killed, serving):
+        (folder / "bundle").mkdir(parents=True)
     assert "installed unused-organs 1.3.0" in server.cli("models", "install", str(target)).stdout
+    assert [p.name for p in staging.iterdir()] == [serving.name]
