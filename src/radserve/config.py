@@ -95,8 +95,8 @@ class ServerSettings(_Section):
     # forwarded to the serving process; 0: one process serves everything. "auto" (the
     # default): 2 where this process may use >= 2 cores, else 0 (reader_count). On the
     # quiet 2-core host, studies processing: 3,024 / 2,866 req/s p99 35-36 ms with 2
-    # against 852-911 req/s p99 ~210 ms in one process, for ~290 MiB PSS more
-    # (docs/api-performance.md, docs/scaling.md)
+    # against 852-911 req/s p99 ~210 ms in one process, for ~260 MiB PSS more and a
+    # few seconds more to start and stop (docs/api-performance.md, docs/scaling.md)
     read_processes: Annotated[int, Field(ge=0, le=32)] | Literal["auto"] = "auto"
     # proxies (addresses or CIDRs) whose X-Forwarded-For/-Proto are believed: the audit
     # and the job keep the client address they name. Empty: believe none (any client
