@@ -89,6 +89,10 @@ def test_reads_from_reader_processes_are_audited_and_a_killed_reader_is_replaced
             missing = c.get("/v1/jobs/nope/report", headers=auth(key))
             assert missing.status_code == 404
             assert missing.json()["error"]["code"] == "job_not_found"
+            # a job's deliveries: forwarded to the serving process (no destination here)
+            sent = c.get(f"/v1/jobs/{ids[0]}/deliveries", headers=auth(key))
+            assert sent.status_code == 200, sent.text
+            assert sent.json() == {"job_id": ids[0], "deliveries": []}
             # the readers' requests reach the serving process's /metrics (sent in batches)
             until(
                 lambda: _reports_counted(c) >= report_reads,

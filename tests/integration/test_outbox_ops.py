@@ -54,6 +54,16 @@ def test_unreachable_fhir_server_is_reported_and_a_failed_bundle_is_re_armed(
 
         until(lambda: outbox()["items"][0]["attempts"] >= 2, "failed attempts")
         [item] = outbox()["items"]
+        job_url = f"/v1/jobs/{r.json()['id']}/deliveries"
+        mine = c.get(job_url, headers=auth(read))  # a reader sees the job's deliveries
+        assert mine.status_code == 200, mine.text
+        [delivery] = mine.json()["deliveries"]
+        assert (delivery["id"], delivery["kind"], delivery["destination"]) == (
+            item["id"], "fhir", "fhir",
+        )  # fmt: skip
+        assert delivery["attempts"] >= 2
+        assert "cannot reach the FHIR server" in str(delivery["last_error"])
+        assert c.get("/v1/jobs/nope/deliveries", headers=auth(read)).status_code == 404
         assert item["state"] in ("pending", "sending") and item["kind"] == "fhir"
         assert "cannot reach the FHIR server" in str(outbox()["destinations"][0]["last_error"])
 
@@ -90,6 +100,8 @@ def test_unreachable_fhir_server_is_reported_and_a_failed_bundle_is_re_armed(
             assert retried.status_code == 200, retried.text
             assert retried.json()["attempts"] == 0
             until(lambda: outbox()["items"][0]["state"] == "sent", "the re-armed Bundle")
+            [sent] = c.get(job_url, headers=auth(read)).json()["deliveries"]
+            assert sent["state"] == "sent" and sent["sent_at"] is not None
             assert len(fhir.received) == until(lambda: len(fhir.received), "posts")
             again = c.post(url, headers=auth(admin))
             assert again.status_code == 409

@@ -287,6 +287,16 @@ class OutboxItemOut(_Out):
         )
 
 
+class JobDeliveriesOut(_Out):
+    """Where a job's results went: one row per (result, destination), every kind."""
+
+    job_id: str
+    deliveries: list[OutboxItemOut] = Field(
+        description="DICOM SEG/SR per PACS, the FHIR Bundle, critical-finding notices, "
+        "in the order they were queued; none while the job has no result to send"
+    )
+
+
 class DestinationStatusOut(_Out):
     kind: str
     destination: str

@@ -52,10 +52,13 @@ class OutboxOps:
         *,
         state: OutboxState | str | None = None,
         destination: str | None = None,
+        job_id: str | None = None,
         kind: OutboxKind | str | None = None,
         limit: int = 100,
     ) -> list[OutboxItem]:
-        return self.rows.items(state=state, destination=destination, kind=kind, limit=limit)
+        return self.rows.items(
+            state=state, destination=destination, job_id=job_id, kind=kind, limit=limit
+        )
 
     def status(self) -> list[DestinationStatus]:
         return self.rows.status()

@@ -26,7 +26,7 @@ from radserve.api.auth import (
 from radserve.api.errors import ForbiddenError
 from radserve.api.files import RANGE_RESPONSES, FileAnswer
 from radserve.api.negotiation import NegotiatedRoute
-from radserve.api.schemas import ErrorOut, JobOut, JobPageOut
+from radserve.api.schemas import ErrorOut, JobDeliveriesOut, JobOut, JobPageOut, OutboxItemOut
 from radserve.api.status_bodies import StatusBodies, status_body
 from radserve.errors import InvalidRequestError
 from radserve.security.keys import Role
@@ -230,6 +230,23 @@ async def get_fhir(request: Request, job_id: str, who: Reader) -> Response:
     await audited_read(request, who, record, "fhir_bundle")
     bundle = await run_in_threadpool(jobs.fhir_bundle, record)
     return Response(json.dumps(bundle), media_type="application/fhir+json")
+
+
+@router.get(
+    "/v1/jobs/{job_id}/deliveries",
+    response_model=JobDeliveriesOut,
+    responses=_ERRORS,
+    summary="Which results reached which destination: state, attempts, last error",
+)
+async def get_deliveries(request: Request, job_id: str, who: Reader) -> JobDeliveriesOut:
+    record = await _record(_jobs(request), job_id)
+    # like the status, not audited: UIDs and the peers' redacted errors, no patient data
+    await check_visible(request, who, record)
+    service: Service = request.app.state.service
+    items = await run_in_threadpool(service.outbox.items, job_id=record.id, limit=1000)
+    return JobDeliveriesOut(
+        job_id=record.id, deliveries=[OutboxItemOut.from_item(i) for i in items]
+    )
 
 
 __all__ = ["router"]
