@@ -35,10 +35,12 @@ def pacs_and_gateway(
     quiet_s: float = 0.5,
     warm: bool = False,
     orthanc_options: dict[str, Any] | None = None,
+    peers_before: tuple[dict[str, Any], ...] = (),
     **settings: Any,
 ) -> Iterator[tuple[Orthanc, Service]]:
     """Orthanc in ``root/orthanc`` and a started :class:`Service` whose only allowed
-    peer is that Orthanc; ``settings`` are further overrides for :func:`settings_for`,
+    peer is that Orthanc (after ``peers_before``, further ``gateway.allowed_peers``
+    entries); ``settings`` are further overrides for :func:`settings_for`,
     ``orthanc_options`` for Orthanc's configuration; ``warm``: wait until the workers
     have loaded the models."""
     gateway_port = free_port()
@@ -53,7 +55,8 @@ def pacs_and_gateway(
             gateway__enabled=True,
             gateway__port=gateway_port,
             gateway__allowed_peers=[
-                {"ae_title": "ORTHANC", "host": "127.0.0.1", "port": orthanc.dicom_port}
+                *peers_before,
+                {"ae_title": "ORTHANC", "host": "127.0.0.1", "port": orthanc.dicom_port},
             ],
             **settings,
         ),
