@@ -21,6 +21,7 @@ from tests.factories.syslog import Collector
 from tests.factories.waits import until, wait_until
 
 from radserve.audit.syslog import SyslogEndpoint
+from radserve.config import load_settings
 from radserve.critical.push import CriticalOutbox, Receiver, build_notice
 from radserve.critical.receivers import FhirReceiver, SyslogReceiver
 from radserve.domain.critical import CriticalRule, critical_findings
@@ -32,8 +33,10 @@ from radserve.pipeline.spec import PipelineSpec
 from radserve.report.fhir import build_fhir_bundle
 from radserve.report.fhir.bundle import ReportResources
 from radserve.report.fhir.critical import critical_bundle
+from radserve.service.critical import CriticalDelivery
+from radserve.service.metrics import Metrics
 from radserve.store import Store, init_store
-from radserve.store.outbox import OutboxKind, OutboxState, OutboxStore
+from radserve.store.outbox import OutboxItem, OutboxKind, OutboxState, OutboxStore
 
 _NOTICE_KINDS = ("Communication", "Flag")
 _REPORT = "DiagnosticReport"
@@ -254,3 +257,43 @@ def test_each_receiver_has_its_own_sender_a_slow_one_delays_no_other(
                 worker.stop()
             box.close()
         assert len(slow.received) == 1 and len(fast.received) == 1  # exactly once each
+
+
+def test_notices_for_a_receiver_no_longer_configured_are_failed_not_left_pending(
+    tmp_path: Path,
+) -> None:
+    """A receiver removed from the config between a notice's queueing and its push (a
+    restart with the new config): the server's critical delivery fails its row with the
+    reason and sends the kept receiver's. With a sender per configured receiver only, the
+    row stayed pending for good."""
+    store: Store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
+    rows = OutboxStore(store.engine)
+    study = lesion_study(tmp_path / "run")
+    finding = study.report.findings[0]
+    notice = build_notice("job-1", "1.2.3", CriticalRule(label=finding.label), finding, utc_now())
+    with FhirServer() as kept, FhirServer() as gone:
+        before = CriticalOutbox(rows, [Receiver("kept", kept.url), Receiver("gone", gone.url)])
+        before.enqueue(notice, folder=tmp_path, job_id="job-1")
+        before.close()
+        settings = load_settings(
+            None,
+            data_dir=tmp_path / "data",
+            critical__receivers=[{"name": "kept", "url": kept.url}],
+        )
+        delivery = CriticalDelivery(
+            settings, store=store, metrics=Metrics(lambda: None), rules_for=lambda _job: ()
+        )
+
+        def row(name: str) -> OutboxItem:
+            (item,) = rows.items(destination=f"critical:{name}", kind=OutboxKind.CRITICAL)
+            return item
+
+        try:
+            delivery.start()
+            until(lambda: row("gone").state == OutboxState.FAILED_PERMANENT, "the row failed", 30)
+            until(lambda: row("kept").state == OutboxState.SENT, "the kept notice sent", 30)
+        finally:
+            delivery.stop()
+            store.close()
+        assert "no longer configured" in (row("gone").last_error or "")
+        assert gone.received == [] and len(kept.received) == 1

@@ -410,9 +410,13 @@ class LaneWorkers:
         for worker in self._all():
             worker.start()
 
-    def wake(self) -> None:
-        for worker in self._all():
-            worker.wake()
+    def wake(self, only: Callable[[str], bool] | None = None) -> None:
+        """The lanes look at once: every lane, or only the destinations ``only`` accepts."""
+        for name, worker in self.workers.items():
+            if only is None or only(name):
+                worker.wake()
+        if only is None:
+            self.leftovers.wake()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop every lane after its current delivery (all asked first, then joined)."""

@@ -42,7 +42,7 @@ from radserve.domain.critical import CriticalRule, critical_findings, declared_r
 from radserve.domain.findings import Finding
 from radserve.errors import RadserveError
 from radserve.fhir.delivery import FhirDestination
-from radserve.gateway.outbox import Lane, OutboxWorker, RetryPolicy, utc_now
+from radserve.gateway.outbox import LaneWorkers, RetryPolicy, utc_now
 from radserve.gateway.scu import Outcome, SendResult
 from radserve.ingest import IngestPolicy
 from radserve.pipeline.study import StudyResult
@@ -107,11 +107,9 @@ class CriticalDelivery:
         )
         # one sender per receiver: a slow or unreachable receiver (a FHIR server taking
         # seconds per transaction, a syslog collector timing out) delays only its own
-        # notices, never another receiver's
-        self.workers = {
-            d: OutboxWorker(Lane(self.outbox, d), name=f"radserve-{d.replace(':', '-')}")
-            for d in self.outbox.receivers
-        }
+        # notices, never another receiver's; and one failing the notices of receivers
+        # no longer configured (they stayed pending for good)
+        self.lanes = LaneWorkers(self.outbox, self.outbox.receivers, prefix="radserve-critical")
         self.fhir_receivers = [
             r for r in self.outbox.receivers.values() if isinstance(r, FhirReceiver)
         ]
@@ -139,19 +137,18 @@ class CriticalDelivery:
         )
 
     def start(self) -> None:
-        for worker in self.workers.values():
-            worker.start()
+        self.lanes.start()
 
     def wake(self, payload: str | None = None) -> None:
         """The senders look at once (a notice was queued or a row re-armed); only the
         receivers taking ``payload`` (``notice`` or ``fhir``), if given."""
-        for destination, worker in self.workers.items():
-            if payload is None or self.outbox.receivers[destination].payload == payload:
-                worker.wake()
+        if payload is None:
+            self.lanes.wake()
+        else:
+            self.lanes.wake(lambda name: self.outbox.receivers[name].payload == payload)
 
     def stop(self) -> None:
-        for worker in self.workers.values():
-            worker.stop()
+        self.lanes.stop()
         self.outbox.close()
 
     def on_result(self, job: JobRecord, result: StudyResult) -> None:
