@@ -132,6 +132,10 @@ def test_reads_from_reader_processes_are_audited_and_a_killed_reader_is_replaced
                     )
                     assert answered.json()["job_id"] == job_id
                     report_reads += 1
+            with httpx.Client(base_url=url, timeout=60) as fresh:
+                metrics = fresh.get("/metrics").text
+            for process in ("reader", "audit_writer"):
+                assert f'radserve_api_process_restarts_total{{process="{process}"}} 1.0' in metrics
         server.send_signal(signal.SIGTERM)
         assert server.wait(60) in (0, -signal.SIGTERM)
     finally:

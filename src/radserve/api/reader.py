@@ -51,7 +51,8 @@ from radserve.store import JobRecord, JobState, Store
 logger = logging.getLogger(__name__)
 
 _READS = re.compile(r"/v1/jobs/(?P<job_id>[^/]+)(?P<report>/report)?")
-Event = tuple[Any, ...]  # ("http", method, route, status, seconds) | ("error", code)
+# ("http", method, route, status, seconds) | ("error", code); the pool adds ("restart", process)
+Event = tuple[Any, ...]
 
 
 class ReaderJobs(JobAccess):

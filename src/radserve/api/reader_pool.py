@@ -123,6 +123,7 @@ class ReaderPool:
                     writer.exitcode,
                 )
                 self.restarts += 1
+                self._count_restart("audit_writer")
                 try:
                     self._spawn_writer()
                 except Exception:  # tried again at the next check
@@ -136,7 +137,14 @@ class ReaderPool:
                         process.exitcode,
                     )
                     self.restarts += 1
+                    self._count_restart("reader")
                     self._spawn(index)
+
+    def _count_restart(self, process: str) -> None:
+        try:
+            self.on_events([("restart", process)])
+        except Exception:  # counting never stops the restart
+            logger.exception("API process restart not counted")
 
     def stopping(self) -> None:
         """Restart no reader from now on (the server is stopping)."""
@@ -171,6 +179,8 @@ def metrics_sink(metrics: Metrics) -> Callable[[Iterable[Event]], None]:
                 metrics.observe_http(*event[1:])
             elif event[0] == "error":
                 metrics.errors.labels(event[1]).inc()
+            elif event[0] == "restart":  # the pool's own: a reader or the audit writer
+                metrics.api_process_restarts.labels(event[1]).inc()
 
     return apply
 

@@ -210,6 +210,12 @@ class Metrics:
         self.errors = Counter(
             "radserve_errors", "Errors by stable code (jobs and HTTP)", ["code"], registry=reg
         )
+        self.api_process_restarts = Counter(
+            "radserve_api_process_restarts",
+            "API reader processes and audit writer processes started again after one died",
+            ["process"],
+            registry=reg,
+        )
         self.own_results_ignored = Counter(
             "radserve_own_results_ignored",
             "radserve's own results received back (SEG/SR/SC) and not processed, per intake",
