@@ -50,6 +50,13 @@ def split_unquoted(text: str, separator: str) -> list[str]:
     return out
 
 
+def is_json(media: str) -> bool:
+    """Whether media type ``media`` (lower-cased, no parameters) is JSON: ``application/json``
+    or a ``+json`` structured syntax suffix (RFC 6839: ``application/fhir+json``,
+    ``application/dicom+json``)."""
+    return media == "application/json" or media.endswith("+json")
+
+
 def accepted_types(header: str | None) -> list[MediaType]:
     """The media ranges of an Accept header, q=0 ranges dropped; ``*/*`` when absent."""
     if not header or not header.strip():
@@ -68,4 +75,4 @@ def accepted_types(header: str | None) -> list[MediaType]:
     return ranges
 
 
-__all__ = ["MediaType", "NotAcceptableError", "accepted_types", "split_unquoted"]
+__all__ = ["MediaType", "NotAcceptableError", "accepted_types", "is_json", "split_unquoted"]

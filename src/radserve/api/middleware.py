@@ -35,6 +35,7 @@ from radserve.api.errors import (
     code_for_status,
     error_body,
 )
+from radserve.media_types import MediaType, is_json
 from radserve.store.files import UploadTooLargeError
 
 Observe = Callable[[str, str, int, float], None]
@@ -236,8 +237,7 @@ _DROPPED = (b"content-type", b"content-length", b"transfer-encoding")
 def _json_typed(headers: Any) -> bool:
     for name, value in headers:
         if bytes(name).lower() == b"content-type":
-            media = bytes(value).split(b";")[0].strip().lower()
-            return media == b"application/json" or media.endswith(b"+json")
+            return is_json(MediaType.parse(bytes(value).decode("latin-1")).type)
     return False
 
 

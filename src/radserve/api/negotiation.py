@@ -26,7 +26,7 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 
-from radserve.media_types import MediaType, NotAcceptableError, accepted_types
+from radserve.media_types import MediaType, NotAcceptableError, accepted_types, is_json
 
 _CACHED_HEADER = 256  # characters; longer Accept headers are parsed each time
 
@@ -52,7 +52,7 @@ def _matches(media_range: str, media: str) -> bool:
     kind, _, subtype = media_range.partition("/")
     if subtype == "*":
         return media.startswith(kind + "/")
-    return media_range == "application/json" and media.endswith("+json")
+    return media_range == "application/json" and is_json(media)
 
 
 def _acceptable(accept: str, offered: tuple[str, ...]) -> bool:
