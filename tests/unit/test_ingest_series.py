@@ -212,6 +212,57 @@ def test_colour_images_are_refused_clearly(tmp_path: Path) -> None:
     assert info.value.code == "unsupported_pixel_format"
 
 
+def _rewrite(path: Path, **values: object) -> None:
+    import pydicom
+
+    ds = pydicom.dcmread(path)
+    for key, value in values.items():
+        setattr(ds, key, value)
+    for colour in ("Red", "Green", "Blue") if "PALETTE" in str(values) else ():
+        setattr(ds, f"{colour}PaletteColorLookupTableDescriptor", [256, 0, 16])
+        ds[f"{colour}PaletteColorLookupTableDescriptor"].VR = "US"
+        setattr(ds, f"{colour}PaletteColorLookupTableData", bytes(512))
+    ds.save_as(path, enforce_file_format=True)
+
+
+@pytest.mark.parametrize(
+    ("slices", "values", "message"),
+    [
+        # one RGB slice in a grey series failed at decode, "decoded to 40 x 40 x 3 pixels"
+        (
+            [3],
+            {"SamplesPerPixel": 3, "PhotometricInterpretation": "RGB", "BitsAllocated": 8,
+             "BitsStored": 8, "HighBit": 7, "PixelData": bytes(16 * 12 * 3)},
+            "colour images (Samples per Pixel 3, RGB) cannot form an intensity volume "
+            "(1 of the series' 8 images, e.g. ct1_0004.dcm)",
+        ),
+        # palette colour and 1-bit series ran, as intensities (1-bit: no finding at all)
+        (
+            range(8),
+            {"PhotometricInterpretation": "PALETTE COLOR"},
+            "images of Photometric Interpretation 'PALETTE COLOR' cannot form an intensity volume",
+        ),
+        (
+            range(8),
+            {"BitsAllocated": 1, "BitsStored": 1, "HighBit": 0, "PixelData": bytes(24)},
+            "1-bit images (Bits Allocated 1: a bitmap, not intensities) cannot form",
+        ),
+    ],
+)  # fmt: skip
+def test_pixels_that_are_not_intensities_are_refused_in_any_slice(
+    tmp_path: Path, slices: object, values: dict[str, object], message: str
+) -> None:
+    """Found by tools/edge_probe.py: every slice's pixel format is checked, not the first's."""
+    paths = make_ct_series(tmp_path, n_slices=8)
+    for k in slices:  # type: ignore[attr-defined]
+        _rewrite(paths[k], **values)
+    (header,) = discover_series(tmp_path)
+    with pytest.raises(StudyError) as info:
+        load_series(header)
+    assert info.value.code == "unsupported_pixel_format"
+    assert message in info.value.message
+
+
 def test_no_patient_data_in_logs_or_errors(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from radserve.domain.volume import Volume, spacing_of
-from radserve.errors import GeometryError, StudyError, UnsupportedModalityError
+from radserve.errors import GeometryError, StudyError, UnsupportedModalityError, quoted
 from radserve.ingest.arrival import SliceArrival
 from radserve.ingest.decode import decode_stack, ensure_decoders, start_decode_stack
 from radserve.ingest.discover import SeriesHeader, discover_series
 from radserve.ingest.geometry import StackLayout, plan_stack
-from radserve.ingest.headers import FrameRef
+from radserve.ingest.headers import FrameRef, PixelFormat
 from radserve.ingest.policy import IngestPolicy, policy_hint
 from radserve.ingest.resample import resample_slices, shift_slices_in_plane
 from radserve.ingest.sources import SkippedFile, SourceFile, SourceReader
@@ -269,15 +269,42 @@ def _check_size(first: FrameRef, layout: StackLayout, policy: IngestPolicy) -> N
         )
 
 
-def _check_pixels(frames: Sequence[FrameRef], warnings: list[str]) -> None:
-    fmt = frames[0].pixel
+_GREYSCALE = frozenset({"MONOCHROME1", "MONOCHROME2"})
+
+
+def _not_intensity(fmt: PixelFormat) -> str | None:
+    """Why pixels of format ``fmt`` are not intensities a volume can hold (None: they are)."""
     if fmt.samples_per_pixel != 1:
-        raise StudyError(
+        return (
             f"colour images (Samples per Pixel {fmt.samples_per_pixel}, "
-            f"{fmt.photometric_interpretation}) cannot form an intensity volume",
-            code="unsupported_pixel_format",
+            f"{fmt.photometric_interpretation})"
         )
-    if fmt.photometric_interpretation == "MONOCHROME1":
+    if fmt.photometric_interpretation not in _GREYSCALE:
+        # PALETTE COLOR: stored values index a colour table, they are no intensities
+        return f"images of Photometric Interpretation {quoted(fmt.photometric_interpretation)}"
+    if fmt.bits_allocated == 1:
+        return "1-bit images (Bits Allocated 1: a bitmap, not intensities)"
+    return None
+
+
+def _check_pixels(frames: Sequence[FrameRef], warnings: list[str]) -> None:
+    """Every frame's pixels must be intensities (one sample, MONOCHROME1/2, not 1-bit):
+    a series mixing in one colour or palette slice is refused naming it, not decoded
+    into a shape error."""
+    refused = [(frame, why) for frame in frames if (why := _not_intensity(frame.pixel))]
+    if refused:
+        frame, why = refused[0]
+        where = (
+            ""
+            if len(refused) == len(frames)
+            else (
+                f" ({len(refused)} of the series' {len(frames)} images, e.g. {frame.source.name})"
+            )
+        )
+        raise StudyError(
+            f"{why} cannot form an intensity volume{where}", code="unsupported_pixel_format"
+        )
+    if any(f.pixel.photometric_interpretation == "MONOCHROME1" for f in frames):
         warnings.append("MONOCHROME1 pixels: low values display bright; values kept as stored")
 
 
