@@ -240,7 +240,7 @@ def _rewrite(path: Path, **values: object) -> None:
         (
             range(8),
             {"PhotometricInterpretation": "PALETTE COLOR"},
-            "images of Photometric Interpretation 'PALETTE COLOR' cannot form an intensity volume",
+            "images of Photometric Interpretation PALETTE COLOR cannot form an intensity volume",
         ),
         (
             range(8),
@@ -261,6 +261,35 @@ def test_pixels_that_are_not_intensities_are_refused_in_any_slice(
         load_series(header)
     assert info.value.code == "unsupported_pixel_format"
     assert message in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value", "code", "message"),
+    [
+        # was "Bits Allocated is not a number (7 characters)": the word 'missing' measured
+        ("BitsAllocated", None, "instance_invalid",
+         "Bits Allocated is missing: the pixel format is not consistent"),
+        ("PhotometricInterpretation", "XYZZY", "unsupported_pixel_format",
+         "images of Photometric Interpretation unknown (5 characters) cannot form"),
+    ],
+)  # fmt: skip
+def test_a_bad_pixel_format_is_described_as_what_it_is(
+    tmp_path: Path, keyword: str, value: str | None, code: str, message: str
+) -> None:
+    import pydicom
+
+    for path in make_ct_series(tmp_path, n_slices=4):
+        ds = pydicom.dcmread(path)
+        if value is None:
+            delattr(ds, keyword)
+        else:
+            setattr(ds, keyword, value)
+        ds.save_as(path, enforce_file_format=True)
+    with pytest.raises(StudyError) as info:
+        load_series(discover_series(tmp_path)[0])
+    assert info.value.code == code
+    assert message in info.value.message
+    assert "XYZZY" not in info.value.message  # described, never quoted
 
 
 def test_no_patient_data_in_logs_or_errors(

@@ -460,9 +460,14 @@ def _format_problem(ds: Dataset, pixel: PixelFormat, rows: int, cols: int) -> Pr
     elif photometric in _COLOUR and spp != 3:
         why = f"Photometric Interpretation {photometric} with Samples per Pixel {spp} (3 expected)"
     elif photometric not in _MONOCHROME | _COLOUR:
-        why = f"Photometric Interpretation is {_shown(photometric) if photometric else 'missing'}"
+        # a code string, not a number: described, never quoted (it may hold anything)
+        known = ", ".join(sorted(_MONOCHROME | _COLOUR))
+        why = "Photometric Interpretation is " + (
+            f"none of {known} ({len(photometric)} characters)" if photometric else "missing"
+        )
     elif pixel.bits_allocated not in (1, 8, 16, 32, 64):
-        why = f"Bits Allocated is {_shown(_raw(ds, 'BitsAllocated') or 'missing')}"
+        raw = _raw(ds, "BitsAllocated")
+        why = f"Bits Allocated is {_shown(raw) if raw else 'missing'}"
     elif not 1 <= pixel.bits_stored <= pixel.bits_allocated:
         why = f"Bits Stored {pixel.bits_stored} does not fit Bits Allocated {pixel.bits_allocated}"
     elif pixel.pixel_representation not in (0, 1):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from radserve.domain.volume import Volume, spacing_of
-from radserve.errors import GeometryError, StudyError, UnsupportedModalityError, quoted
+from radserve.errors import GeometryError, StudyError, UnsupportedModalityError
 from radserve.ingest.arrival import SliceArrival
 from radserve.ingest.decode import decode_stack, ensure_decoders, start_decode_stack
 from radserve.ingest.discover import SeriesHeader, discover_series
@@ -270,6 +270,12 @@ def _check_size(first: FrameRef, layout: StackLayout, policy: IngestPolicy) -> N
 
 
 _GREYSCALE = frozenset({"MONOCHROME1", "MONOCHROME2"})
+# PS3.3 C.7.6.3.1.2's defined terms (retired ones too): named in messages; any other
+# value is only described, as a hostile sender may have put anything in it
+_PHOTOMETRIC_TERMS = _GREYSCALE | {
+    "PALETTE COLOR", "RGB", "HSV", "ARGB", "CMYK", "YBR_FULL", "YBR_FULL_422",
+    "YBR_PARTIAL_422", "YBR_PARTIAL_420", "YBR_ICT", "YBR_RCT", "XYB",
+}  # fmt: skip
 
 
 def _not_intensity(fmt: PixelFormat) -> str | None:
@@ -281,7 +287,9 @@ def _not_intensity(fmt: PixelFormat) -> str | None:
         )
     if fmt.photometric_interpretation not in _GREYSCALE:
         # PALETTE COLOR: stored values index a colour table, they are no intensities
-        return f"images of Photometric Interpretation {quoted(fmt.photometric_interpretation)}"
+        value = fmt.photometric_interpretation
+        shown = value if value in _PHOTOMETRIC_TERMS else f"unknown ({len(value)} characters)"
+        return f"images of Photometric Interpretation {shown}"
     if fmt.bits_allocated == 1:
         return "1-bit images (Bits Allocated 1: a bitmap, not intensities)"
     return None
