@@ -527,7 +527,9 @@ class OutboxSettings(_Section):
     share one database, a row whose sender died is taken over by another. ``replicas``
     says how many do: with 1 (the default) a server reclaims at start every row left
     ``sending``; with more, only the rows leased under its own ``instance_id`` (default:
-    the host name; give each replica a stable, distinct one). ``unreachable_after_s``:
+    the host name; give each replica a stable, distinct one). On PostgreSQL one server
+    at a time sends to each destination (a lock per destination, taken over when its
+    holder stops or dies; ``lane_poll_s``). ``unreachable_after_s``:
     ``/readyz`` reports a destination whose oldest retrying delivery was queued longer
     ago (0: never): degraded (200), or not ready (503) with ``unreachable_is_not_ready``."""
 
@@ -535,6 +537,9 @@ class OutboxSettings(_Section):
     instance_id: str | None = Field(default=None, min_length=1, max_length=120)
     # how long a row being sent is its sender's: after that another replica sends it
     lease_s: float = Field(default=900.0, gt=0)
+    # with replicas > 1: how often a destination's sender looks for deliveries other
+    # replicas queued, and a replica not sending to it tries to take it over
+    lane_poll_s: float = Field(default=5.0, gt=0)
     unreachable_after_s: float = Field(default=900.0, ge=0)
     # False: /readyz stays 200 and says "degraded", naming the destination; True: 503
     unreachable_is_not_ready: bool = False

@@ -14,7 +14,6 @@ absent; that is the contract.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import threading
 import time
@@ -22,12 +21,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 from tests.factories.dicom_net import free_port
 from tests.factories.fhir_server import FhirServer
 from tests.factories.private_postgres import PrivatePostgres
-from tests.factories.replicas import replica_config
-from tests.factories.server_process import create_key_cli, start_server
+from tests.factories.replicas import replica_config, rows_of
+from tests.factories.server_process import create_key_cli, start_server, stop_servers
 from tests.factories.service import auth, make_study, upload
 from tests.factories.waits import until
 
@@ -76,9 +75,7 @@ def test_replicas_live_through_postgres_restarts_and_lose_nothing(tmp_path: Path
     with PrivatePostgres() as pg, FhirServer() as fhir:
         engine = create_engine(normalise_url(pg.url), pool_pre_ping=True)
 
-        def rows(query: str) -> list:
-            with engine.connect() as connection:
-                return list(connection.execute(text(query)).all())
+        rows = rows_of(engine)
 
         def count(query: str) -> int:
             try:
@@ -178,13 +175,7 @@ def test_replicas_live_through_postgres_restarts_and_lose_nothing(tmp_path: Path
             for server in servers:
                 assert server.poll() is None
         finally:
-            for server in servers:
-                if server.poll() is None:
-                    server.send_signal(signal.SIGTERM)
-                    try:
-                        server.wait(60)
-                    except subprocess.TimeoutExpired:
-                        server.kill()
+            stop_servers(servers)
             engine.dispose()
     # each replica did meet the outage (and came through it, above)
     for log in logs:

@@ -10,24 +10,21 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import create_engine
 from tests.factories.dicom_net import free_port
 from tests.factories.fhir_server import FhirServer
-from tests.factories.replicas import replica_config
-from tests.factories.server_process import create_key_cli, start_server
+from tests.factories.replicas import fresh_database, replica_config, rows_of
+from tests.factories.server_process import create_key_cli, start_server, stop_servers
 from tests.factories.service import auth, make_study, upload
 from tests.factories.waits import until
 
 from radserve.store.db import normalise_url
 
-TEST_DATABASE_URL = os.environ.get("RADSERVE_TEST_DATABASE_URL")
 # Bounds for waiting on conditions, generous for a loaded 2-core CI machine (a pass takes
 # a minute or two). The leases are short enough to keep the test quick and long enough
 # that a live replica starved of CPU for seconds still renews them (every third).
@@ -38,21 +35,8 @@ SLOW_GRID = {"n_slices": 24, "rows": 96, "cols": 96, "spacing": (2.0, 1.5, 1.5)}
 
 @pytest.fixture
 def database_url() -> Iterator[str]:
-    """A new database ``radserve_t_<hex>`` on the test server, dropped afterwards."""
-    if not TEST_DATABASE_URL:
-        pytest.skip("RADSERVE_TEST_DATABASE_URL is not set")
-    import psycopg
-
-    base = make_url(normalise_url(TEST_DATABASE_URL))
-    name = f"radserve_t_{uuid.uuid4().hex[:12]}"
-    conninfo = base.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(conninfo, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(conninfo, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_database() as url:
+        yield url
 
 
 @pytest.mark.slow
@@ -61,9 +45,7 @@ def test_a_killed_replica_s_jobs_are_finished_once_by_the_other(
 ) -> None:
     engine = create_engine(normalise_url(database_url))
 
-    def rows(query: str) -> list:
-        with engine.connect() as connection:
-            return list(connection.execute(text(query)).all())
+    rows = rows_of(engine)
 
     with FhirServer() as fhir:
         config_a = replica_config(
@@ -152,12 +134,6 @@ def test_a_killed_replica_s_jobs_are_finished_once_by_the_other(
             assert N_JOBS <= len(fhir.received) <= N_JOBS + extra_attempts
             assert len({r.json()["id"] for r in fhir.received}) == N_JOBS
         finally:
-            for process in (a, b):
-                if process is not None and process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
-                    try:
-                        process.wait(60)
-                    except subprocess.TimeoutExpired:
-                        process.kill()
+            stop_servers((a, b))
             engine.dispose()
     assert "taken over from other replicas" in log_b.read_text()

@@ -4,8 +4,10 @@ API reader processes and their audit writer."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,18 @@ def start_server(
         process.kill()
         raise
     return process
+
+
+def stop_servers(servers: Iterable[subprocess.Popen[bytes] | None], wait_s: float = 60) -> None:
+    """SIGTERM each server still running and wait for it; kill one that does not stop."""
+    for server in servers:
+        if server is not None and server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(wait_s)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(10)
 
 
 def wait_healthy(

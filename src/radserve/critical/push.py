@@ -123,6 +123,8 @@ class CriticalOutbox:
     """Enqueue notices for every receiver and POST the due ones; driven by
     :class:`~radserve.gateway.outbox.OutboxWorker`."""
 
+    kind = OutboxKind.CRITICAL
+
     def __init__(
         self,
         store: OutboxStore,

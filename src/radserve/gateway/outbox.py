@@ -31,6 +31,7 @@ from radserve.gateway.config import Destination
 from radserve.gateway.errors import GatewayConfigError, GatewayError
 from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult
 from radserve.ingest.headers import UnreadableHeaderError, read_header
+from radserve.store.lane_lock import LaneHold, LaneLock, lane_lock
 from radserve.store.outbox import (
     NewDelivery,
     OutboxItem,
@@ -61,6 +62,8 @@ class LanedDeliverer(Protocol):
     """An outbox whose deliveries can be sent per destination (DICOM, critical push)."""
 
     batch_size: int
+    kind: OutboxKind
+    store: OutboxStore
 
     def deliver_pending(
         self, now: dt.datetime | None = None, scope: Scope | None = None
@@ -127,6 +130,8 @@ class DeliveryReport:
 
 class Outbox:
     """Enqueue results for destinations and deliver them."""
+
+    kind = OutboxKind.DICOM
 
     def __init__(
         self,
@@ -341,6 +346,10 @@ class OutboxWorker:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def ask_to_stop(self) -> None:
         """Stop after the current delivery, without waiting for it."""
         self._stop.set()
@@ -372,32 +381,102 @@ class Lane:
     own: a destination that is slow or never answers (a stopped PACS holds each
     association for ``gateway.acse_timeout_s`` / ``dimse_timeout_s``) delays only its own
     deliveries. ``destination`` may also be a :class:`Scope`: the rows of destinations
-    no longer configured (failed at once, nothing is sent)."""
+    no longer configured (failed at once, nothing is sent).
 
-    def __init__(self, outbox: LanedDeliverer, destination: str | Scope) -> None:
+    ``lock`` (PostgreSQL, :func:`radserve.store.lane_lock.lane_lock`): the lane sends
+    only while it holds its destination's lock, so one server at a time sends to it
+    among replicas sharing the database; a lane that takes the lock first re-queues
+    the rows its previous holder left ``sending``."""
+
+    def __init__(
+        self, outbox: LanedDeliverer, destination: str | Scope, *, lock: LaneLock | None = None
+    ) -> None:
         self.outbox = outbox
         self.scope = destination if isinstance(destination, Scope) else Scope(destination)
+        self.lock = lock
+        self.taken_over = 0  # rows re-queued from a previous holder, since start
+        self._take_over = False  # the lock was taken; its rows not re-queued yet
 
     @property
     def batch_size(self) -> int:
         return self.outbox.batch_size
 
+    @property
+    def sending_here(self) -> bool:
+        """Whether this server sends this lane's deliveries (always, without a lock)."""
+        return self.lock is None or self.lock.held
+
     def deliver_pending(self, now: dt.datetime | None = None) -> DeliveryReport:
+        if self.lock is not None:
+            hold = self.lock.hold()
+            if hold is LaneHold.ELSEWHERE:
+                return DeliveryReport()
+            self._take_over |= hold is LaneHold.TAKEN
+            if self._take_over:  # until it succeeds (the database may be away)
+                moved = self.outbox.store.take_over_lane(
+                    kind=self.outbox.kind, scope=self.scope, now=now or utc_now()
+                )
+                self._take_over = False
+                self.taken_over += moved
+                if moved:
+                    logger.warning(
+                        "outbox: %d %s deliveries to %s left sending by a previous sender "
+                        "are sent again",
+                        moved,
+                        self.outbox.kind.value,
+                        self.scope.destination,
+                    )
         return self.outbox.deliver_pending(now, self.scope)
 
     def next_due(self) -> dt.datetime | None:
+        if not self.sending_here:
+            return None  # another server sends them: look again after the interval
         return self.outbox.next_due(self.scope)
+
+    def close(self) -> None:
+        """Give the destination up (after this lane's worker stopped)."""
+        if self.lock is not None:
+            self.lock.release()
+
+
+@dataclass(frozen=True)
+class LaneState:
+    """One destination's sender as this server sees it (metrics)."""
+
+    kind: str
+    destination: str
+    sending_here: bool
+    taken_over: int
 
 
 class LaneWorkers:
     """A worker thread per destination of ``outbox`` (each keeps its destination's order:
     best class, then oldest), and one for the rows of destinations no longer configured.
-    Across replicas the rows' leases keep each delivery to one sender at a time."""
 
-    def __init__(self, outbox: LanedDeliverer, destinations: Iterable[str], *, prefix: str) -> None:
+    On PostgreSQL each destination's lane holds that destination's lock
+    (:mod:`radserve.store.lane_lock`): among replicas sharing the database one sender
+    at a time per destination, the others' lanes wait and take it over when its holder
+    stops or dies. ``interval_s``: how often an idle lane looks for rows (other
+    replicas enqueue without waking it) and a waiting lane tries to take over."""
+
+    def __init__(
+        self,
+        outbox: LanedDeliverer,
+        destinations: Iterable[str],
+        *,
+        prefix: str,
+        interval_s: float = 30.0,
+    ) -> None:
         names = list(destinations)
+        owner = outbox.store.owner
+        engine = outbox.store.engine
+        self.lanes = {
+            name: Lane(outbox, name, lock=lane_lock(engine, outbox.kind.value, name, owner=owner))
+            for name in names
+        }
         self.workers = {
-            name: OutboxWorker(Lane(outbox, name), name=f"{prefix}-{name}") for name in names
+            name: OutboxWorker(lane, interval_s=interval_s, name=f"{prefix}-{name}")
+            for name, lane in self.lanes.items()
         }
         self.leftovers = OutboxWorker(
             Lane(outbox, Scope(other_than=tuple(names))), name=f"{prefix}-unconfigured"
@@ -418,18 +497,31 @@ class LaneWorkers:
         if only is None:
             self.leftovers.wake()
 
+    def senders(self) -> list[LaneState]:
+        """Per destination: whether this server is its sender now, and how many rows it
+        re-queued on taking it over."""
+        return [
+            LaneState(lane.outbox.kind.value, name, lane.sending_here, lane.taken_over)
+            for name, lane in self.lanes.items()
+        ]
+
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop every lane after its current delivery (all asked first, then joined)."""
+        """Stop every lane after its current delivery (all asked first, then joined),
+        then give the destinations up."""
         for worker in self._all():
             worker.ask_to_stop()
         for worker in self._all():
             worker.stop(timeout)
+        for name, lane in self.lanes.items():
+            if not self.workers[name].alive:  # one still sending keeps it until exit
+                lane.close()
 
 
 __all__ = [
     "Deliverer",
     "DeliveryReport",
     "Lane",
+    "LaneState",
     "LaneWorkers",
     "LanedDeliverer",
     "Outbox",

@@ -51,6 +51,7 @@ from radserve.report.fhir.critical import critical_bundle
 from radserve.report.fhir.patient import IdentifierSystems
 from radserve.service.job_fhir import report_resources_for
 from radserve.service.metrics import Metrics
+from radserve.service.outbox import lane_interval_s
 from radserve.store import JobRecord, Store
 from radserve.store.outbox import OutboxItem, OutboxStore
 
@@ -109,7 +110,12 @@ class CriticalDelivery:
         # seconds per transaction, a syslog collector timing out) delays only its own
         # notices, never another receiver's; and one failing the notices of receivers
         # no longer configured (they stayed pending for good)
-        self.lanes = LaneWorkers(self.outbox, self.outbox.receivers, prefix="radserve-critical")
+        self.lanes = LaneWorkers(
+            self.outbox,
+            self.outbox.receivers,
+            prefix="radserve-critical",
+            interval_s=lane_interval_s(settings),
+        )
         self.fhir_receivers = [
             r for r in self.outbox.receivers.values() if isinstance(r, FhirReceiver)
         ]

@@ -47,6 +47,7 @@ from radserve.report.wording import (
 from radserve.scheduling import QueueFullError
 from radserve.service.intake import Intake, Origin
 from radserve.service.job_warnings import warning
+from radserve.service.outbox import lane_interval_s
 from radserve.store import JobRecord, Store
 from radserve.store.outbox import OutboxStore
 
@@ -139,7 +140,10 @@ class GatewayBridge:
             )
             # a sender per destination: a dead PACS stalls only its own deliveries
             self.workers = LaneWorkers(
-                self.outbox, self.outbox.destinations, prefix="radserve-outbox"
+                self.outbox,
+                self.outbox.destinations,
+                prefix="radserve-outbox",
+                interval_s=lane_interval_s(settings),
             )
 
     def start(self) -> tuple[str, int]:

@@ -17,11 +17,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from radserve.gateway.outbox import LaneState
 from radserve.scheduling import PriorityClass, SchedulerSnapshot
 from radserve.store.outbox import DestinationStatus
 
@@ -142,6 +143,34 @@ class _OutboxCollector(Collector):
         yield failing
 
 
+class SenderCollector(Collector):
+    """Which destinations this server sends to (replicas: one sender per destination)."""
+
+    def __init__(self, senders: Callable[[], list[LaneState]]) -> None:
+        self._senders = senders
+
+    def collect(self) -> Iterator[Any]:
+        labels = ["kind", "destination"]
+        sender = GaugeMetricFamily(
+            "radserve_outbox_sender",
+            "1 while this server sends the destination's deliveries, 0 while another "
+            "replica does (one sender per destination on a shared PostgreSQL)",
+            labels=labels,
+        )
+        taken = CounterMetricFamily(
+            "radserve_outbox_taken_over",
+            "Deliveries a previous sender left being sent, queued again when this server "
+            "took the destination over",
+            labels=labels,
+        )
+        for lane in self._senders():
+            key = [lane.kind, lane.destination]
+            sender.add_metric(key, 1 if lane.sending_here else 0)
+            taken.add_metric(key, lane.taken_over)
+        yield sender
+        yield taken
+
+
 def _init_nvml() -> tuple[Any, int] | None:
     """NVML and the GPU count, or None (no nvidia-ml-py, no driver, no GPU)."""
     try:
@@ -256,4 +285,4 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["CONTENT_TYPE", "Metrics", "SenderCollector"]

@@ -30,6 +30,19 @@ def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+# how often a destination's sender looks for due rows when nothing wakes it (one server)
+LANE_INTERVAL_S = 30.0
+
+
+def lane_interval_s(settings: Settings) -> float:
+    """How often each destination's sender looks without being woken: with replicas,
+    ``outbox.lane_poll_s`` (rows other replicas queued wake no sender here, and a
+    replica not sending to a destination tries to take it over that often)."""
+    if settings.outbox.replicas > 1:
+        return settings.outbox.lane_poll_s
+    return LANE_INTERVAL_S
+
+
 class OutboxOps:
     """Read and re-arm the outbox of the store ``store``; ``wake`` nudges the senders."""
 

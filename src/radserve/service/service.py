@@ -26,6 +26,7 @@ from radserve.errors import RadserveError
 from radserve.gateway.dicomweb.index import ResultIndexer
 from radserve.gateway.dicomweb.qido import QidoSearch
 from radserve.gateway.dicomweb.wado import WadoAccess
+from radserve.gateway.outbox import LaneState
 from radserve.gateway.own_results import OwnResults
 from radserve.ingest.decode import shutdown_decode_workers
 from radserve.ingest.policy import IngestPolicy
@@ -53,7 +54,7 @@ from radserve.service.jobs import JobAccess
 from radserve.service.leases import LeaseKeeper
 from radserve.service.lifecycle import LifecycleCollector, ModelLifecycle
 from radserve.service.lineage import ResultLineage
-from radserve.service.metrics import Metrics
+from radserve.service.metrics import Metrics, SenderCollector
 from radserve.service.outbox import OutboxOps
 from radserve.service.storage import StorageProbe
 from radserve.service.turnaround import Turnaround
@@ -248,6 +249,7 @@ class Service:
             poll_s=settings.jobs.lease_poll_s,
             on_claimed=self._resume_all,
         )
+        self.metrics.registry.register(SenderCollector(self._senders))
         self.metrics.registry.register(LifecycleCollector(self.lifecycle))
         self.hooks.on_finished = self.lifecycle.on_finished
         # drift of each model version's inputs and outputs against its reference
@@ -462,6 +464,18 @@ class Service:
         if source == DICOMWEB_SOURCE:
             return True
         return self.gateway is not None and self.gateway.sends_dicom(source)
+
+    def _senders(self) -> list[LaneState]:
+        """The destinations' senders of this server (DICOM, critical push)."""
+        lanes = [
+            part
+            for part in (
+                self.gateway.workers if self.gateway is not None else None,
+                self.critical.lanes if self.critical is not None else None,
+            )
+            if part is not None
+        ]
+        return [state for part in lanes for state in part.senders()]
 
     def _critical_rules(self, job: JobRecord) -> tuple[CriticalRule, ...]:
         """The ``critical:`` rules of the job's pipeline (as this server resolves it now)

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import ColumnElement, Engine, and_, case, func, or_, select, true, update
+from sqlalchemy import ColumnElement, Engine, Update, and_, case, func, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -254,6 +254,25 @@ class OutboxStore(StoreBase):
             query = query.where(
                 OutboxDelivery.lease_owner.like(f"{_escape_like(self.instance)}/%", escape="\\")
             )
+        return self._requeue(query, now, "interrupted by a restart while sending; sent again")
+
+    def take_over_lane(self, *, kind: OutboxKind, scope: Scope, now: dt.datetime) -> int:
+        """A lane that has just taken its destination's lock
+        (:mod:`radserve.store.lane_lock`): the rows of ``scope`` left ``sending`` under
+        another owner become ``pending``, due ``now`` (their attempt still counts). Only
+        the lock's holder sends them, so whoever claimed them is gone (killed, or cut off
+        from the database and stopped). Returns how many rows."""
+        query = update(OutboxDelivery).where(
+            OutboxDelivery.kind == OutboxKind(kind).value,
+            scope.clause(),
+            OutboxDelivery.state == OutboxState.SENDING.value,
+            or_(OutboxDelivery.lease_owner.is_(None), OutboxDelivery.lease_owner != self.owner),
+        )
+        why = "its sender stopped while sending (destination taken over); sent again"
+        return self._requeue(query, now, why)
+
+    def _requeue(self, query: Update, now: dt.datetime, why: str) -> int:
+        """The ``sending`` rows ``query`` selects become ``pending``, due ``now``."""
         with self._write(audited=False) as session:
             result = session.execute(
                 query.values(
@@ -261,7 +280,7 @@ class OutboxStore(StoreBase):
                     next_attempt_at=now,
                     updated=now,
                     lease_owner=None,
-                    last_error="interrupted by a restart while sending; sent again",
+                    last_error=why,
                 )
             )
             return int(getattr(result, "rowcount", 0))
