@@ -21,7 +21,6 @@ After all cases, a legitimate study still becomes a succeeded job.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
 from pydicom.errors import InvalidDicomError
 from pydicom.uid import (
@@ -41,7 +39,12 @@ from pynetdicom import AE, _config
 from pynetdicom.sop_class import CTImageStorage, EnhancedCTImageStorage
 from tests.factories.dicom_net import free_port
 from tests.factories.hostile import cases
-from tests.factories.server_process import start_server
+from tests.factories.server_process import (
+    gateway_pending,
+    peak_rss_mb,
+    reset_peak_rss,
+    start_server,
+)
 from tests.factories.service import config_file, make_study
 from tests.factories.waits import wait_until
 
@@ -58,25 +61,6 @@ CALLING = "HOSTILE"
 FINAL = {"succeeded", "failed", "cancelled"}
 
 
-def _peak_mb(pid: int) -> float:
-    """Peak RSS (VmHWM) of ``pid`` and its children since the last :func:`_reset_peak`."""
-    total = 0.0
-    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
-        try:
-            status = Path(f"/proc/{proc.pid}/status").read_text()
-        except OSError:  # a child that ended
-            continue
-        line = next(x for x in status.splitlines() if x.startswith("VmHWM:"))
-        total += int(line.split()[1]) / 1024
-    return total
-
-
-def _reset_peak(pid: int) -> None:
-    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
-        with contextlib.suppress(OSError):  # a child that ended
-            Path(f"/proc/{proc.pid}/clear_refs").write_text("5")  # resets VmHWM to RSS
-
-
 class Server:
     """The running server's state as seen from outside: its jobs, the gateway's folders."""
 
@@ -89,12 +73,7 @@ class Server:
 
     def pending_studies(self) -> list[Path]:
         """Study folders received but not yet turned into a job (no job marker)."""
-        incoming = self.data / "gateway" / "incoming"
-        if not incoming.is_dir():
-            return []
-        return [
-            f for f in incoming.iterdir() if f.is_dir() and not (f / ".radserve-job.json").exists()
-        ]
+        return gateway_pending(self.data)
 
     def settled(self) -> bool:
         return not self.pending_studies() and all(j.state.value in FINAL for j in self.jobs())
@@ -179,9 +158,9 @@ def test_hostile_instances_over_c_store_to_a_running_server(
         assert wait_until(lambda: "listening on" in log.read_text(), 30)
         for k in range(2):  # warm up: models loaded, caches and allocator settled
             _warm_study(ae, gateway_port, server, make_study_folder(tmp_path / f"warm{k}"))
-        _reset_peak(process.pid)
+        reset_peak_rss(process.pid)
         _warm_study(ae, gateway_port, server, make_study_folder(tmp_path / "baseline"))
-        baseline = _peak_mb(process.pid)
+        baseline = peak_rss_mb(process.pid)
 
         results = []
         for case in cases(CASES, SEED):
@@ -192,13 +171,13 @@ def test_hostile_instances_over_c_store_to_a_running_server(
             folder.mkdir()
             case.write(folder)
             mark = log.stat().st_size
-            _reset_peak(process.pid)
+            reset_peak_rss(process.pid)
             outcome = _send(ae, gateway_port, folder)
             assert not outcome["unanswered"], (name, outcome)
             assert wait_until(server.settled, SETTLE_S), (name, server.pending_studies())
             assert process.poll() is None, (name, log.read_text()[-3000:])
             assert server.healthy(), name
-            grown = _peak_mb(process.pid) - baseline
+            grown = peak_rss_mb(process.pid) - baseline
             lines = _log_lines(log, mark)
             assert not [x for x in lines if "Traceback" in x], (name, lines[-20:])
             for line in lines:

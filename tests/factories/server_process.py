@@ -4,6 +4,7 @@ API reader processes and their audit writer."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -138,3 +139,37 @@ def spawned_by(pid: int) -> set[int]:
         for child in children
         if b"spawn_main" in _read(Path(f"/proc/{child.decode()}/cmdline"))
     }
+
+
+def _tree(pid: int) -> list[int]:
+    import psutil
+
+    return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+
+
+def peak_rss_mb(pid: int) -> float:
+    """Peak RSS (``VmHWM``) of ``pid`` and its children since :func:`reset_peak_rss`."""
+    total = 0.0
+    for member in _tree(pid):
+        try:
+            status = Path(f"/proc/{member}/status").read_text()
+        except OSError:  # a child that ended
+            continue
+        line = next(x for x in status.splitlines() if x.startswith("VmHWM:"))
+        total += int(line.split()[1]) / 1024
+    return total
+
+
+def reset_peak_rss(pid: int) -> None:
+    """Reset the ``VmHWM`` of ``pid`` and its children to their present RSS."""
+    for member in _tree(pid):
+        with contextlib.suppress(OSError):  # a child that ended
+            Path(f"/proc/{member}/clear_refs").write_text("5")
+
+
+def gateway_pending(data: Path) -> list[Path]:
+    """The gateway's study folders under ``data`` received but not yet a job (no marker)."""
+    incoming = data / "gateway" / "incoming"
+    if not incoming.is_dir():
+        return []
+    return [f for f in incoming.iterdir() if f.is_dir() and not (f / ".radserve-job.json").exists()]

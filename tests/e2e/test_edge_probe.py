@@ -1,0 +1,45 @@
+"""``tools/edge_probe.py --ci`` against a real ``radserve serve``: a few of its hostile DICOM
+variants (those that found defects, and one per kind of door) each through one door
+(C-STORE from dcmtk's storescu, STOW-RS, the upload form, ``radserve run``), with a good
+study beside it. Every case must pass the probe's checks (docs/hostile-input.md, "Probed
+at every door"): a specific error or a success with the good study's findings, the good
+study beside it unharmed, the server alive, no traceback, no patient name in the log,
+peak RSS and open files bounded."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.factories.dicom_net import dcmtk_tool
+
+pytestmark = [pytest.mark.slow, pytest.mark.tools]
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "edge_probe.py"
+
+
+def _tool() -> Any:
+    spec = importlib.util.spec_from_file_location("edge_probe", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(dcmtk_tool("storescu") is None, reason="dcmtk's storescu is not installed")
+def test_edge_probe_ci_mode_passes_at_every_door(tmp_path: Path) -> None:
+    probe = _tool()
+    out = tmp_path / "cases.json"
+    rc = probe.main(["--ci", "--json", str(out)])
+    cases = json.loads(out.read_text())
+    failed = [(c["variant"], c["door"], c["problems"]) for c in cases if c["problems"]]
+    assert rc == 0 and not failed, failed
+    assert {c["door"] for c in cases} == set(probe.DOORS)
+    assert {c["variant"] for c in cases} == set(probe.CI_VARIANTS)
+    # the probe did make the server refuse something, with a specific reason
+    assert any("job failed [" in c["outcome"] or "exit 2" in c["outcome"] for c in cases)
