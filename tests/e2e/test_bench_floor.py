@@ -7,6 +7,8 @@ measures, not what a test can promise on a shared machine."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -85,3 +87,37 @@ def test_the_stage_by_stage_run_gives_the_pipelines_labels(summary: dict) -> Non
     with tempfile.TemporaryDirectory() as out:
         served = run_study(study, pipeline=load_pipeline("ct-chest-abdomen"), out_dir=Path(out))
     assert labels_digest(served.volume_result) == summary["runs"]["fp32"]["labels_sha256"]
+
+
+def test_the_networks_replayed_give_the_recorded_labels_and_refuse_other_inputs(
+    summary: dict, tmp_path: Path
+) -> None:
+    """The stage child with the networks' outputs recorded, then replayed in their
+    place: the same labels as the scenario's own run; a batch whose input is not the
+    recorded one stops the replay (prepare changed what the networks would see)."""
+    study = ensure_study(Path(summary["_cache"]), "explicit", SLICES)
+    child = [sys.executable, "-m", "radserve.bench.floor", str(study), "fp32", "auto"]
+    runs = {}
+    for mode in ("record", "replay"):
+        done = subprocess.run(
+            [*child, f"--{mode}", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        runs[mode] = json.loads(done.stdout.splitlines()[-1])
+    expected = summary["runs"]["fp32"]["labels_sha256"]
+    assert runs["record"]["labels_sha256"] == runs["replay"]["labels_sha256"] == expected
+    assert runs["replay"]["replayed"] == "replay" and runs["replay"]["networks"] == {}
+    assert runs["replay"]["stage_cpu_s"].keys() == runs["record"]["stage_cpu_s"].keys()
+    index = tmp_path / "inputs.json"
+    digests = json.loads(index.read_text())
+    digests["lesions"][3] = "0" * 64
+    index.write_text(json.dumps(digests))
+    done = subprocess.run(
+        [*child, "--replay", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0
+    assert "lesions, batch 3: the network input differs from the recording" in done.stderr

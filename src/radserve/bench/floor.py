@@ -21,10 +21,20 @@ measured single-thread copy bandwidth.
 
 ``python -m radserve.bench.floor STUDY PRECISION PROVIDER`` is the stage child; the
 import steps run in bare ``python -c`` children; :func:`run_floor` starts them all.
+
+The networks replayed (for work on the other stages): ``... PROVIDER --record DIR``
+saves every batch's network output and its input's SHA-256 under DIR;
+``... PROVIDER --replay DIR``, from any source tree, then runs every stage but with the
+saved outputs in place of the networks (``infer`` is then reading them; no network
+floors), and stops if a batch's input differs from the recorded one (prepare changed
+what the network sees). The networks' ~12 CPU-s are out of the run, so two trees'
+replays, alternated, compare the non-network stages under the same load; their label
+maps' SHA-256 must match the recording's.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import resource
@@ -137,8 +147,44 @@ class _Stages:
             self.wall[name] = self.wall.get(name, 0.0) + time.perf_counter() - t0
 
 
-def child_stages(study: Path, precision: str, provider: str) -> dict[str, Any]:
-    """One study, stage by stage on this thread: CPU-seconds, peak memory and bounds."""
+class _Replay:
+    """The networks' outputs saved (``record``) or read back in their place (``replay``)."""
+
+    def __init__(self, mode: str, folder: Path) -> None:
+        self.mode, self.folder = mode, folder
+        folder.mkdir(parents=True, exist_ok=True)
+        index = folder / "inputs.json"
+        self.inputs: dict[str, list[str]] = (
+            json.loads(index.read_text()) if mode == "replay" else {}
+        )
+
+    def run(self, name: str, i: int, session: Any, inputs: np.ndarray) -> np.ndarray:
+        import hashlib
+
+        import numpy as np
+
+        digest = hashlib.sha256(np.ascontiguousarray(inputs)).hexdigest()
+        path = self.folder / f"{name}-{i:04d}.npy"
+        if self.mode == "record":
+            self.inputs.setdefault(name, []).append(digest)
+            output = session.run(inputs)
+            np.save(path, output)
+            return output
+        if digest != self.inputs[name][i]:
+            raise SystemExit(f"{name}, batch {i}: the network input differs from the recording")
+        return np.load(path)
+
+    def close(self) -> None:
+        if self.mode == "record":
+            (self.folder / "inputs.json").write_text(json.dumps(self.inputs))
+
+
+def child_stages(
+    study: Path, precision: str, provider: str, replay: _Replay | None = None
+) -> dict[str, Any]:
+    """One study, stage by stage on this thread: CPU-seconds, peak memory and bounds.
+
+    ``replay``: the networks' outputs recorded, or replayed in their place."""
     import numpy as np
 
     from radserve.bench.child import _warm
@@ -189,7 +235,12 @@ def child_stages(study: Path, precision: str, provider: str) -> dict[str, Any]:
             sample: np.ndarray | None = None
             n_batches = 0
             while (batch := stages.run(f"{name}: prepare", task.next_batch)) is not None:
-                out = stages.run(f"{name}: infer", lambda b=batch, s=session: s.run(b.inputs))
+                infer = (
+                    functools.partial(session.run, batch.inputs)
+                    if replay is None
+                    else functools.partial(replay.run, name, n_batches, session, batch.inputs)
+                )
+                out = stages.run(f"{name}: infer", infer)
                 stages.run(f"{name}: merge", lambda b=batch, o=out, t=task: t.accept(b, o))
                 n_batches += 1
                 crop_px = len(batch.items) * _crop_px(task)
@@ -209,7 +260,7 @@ def child_stages(study: Path, precision: str, provider: str) -> dict[str, Any]:
             stages.run(f"{name}: postprocess", lambda p=prediction: run.complete_step(p))
             del prediction, pending, task
             release_free_memory()
-            if sample is not None:
+            if sample is not None and replay is None:
                 networks[name] = _network_alone(session, sample, n_batches)
         stages.run(
             "report",
@@ -448,7 +499,19 @@ def run_floor(
 
 
 def main(argv: list[str]) -> None:
-    print(json.dumps(child_stages(Path(argv[0]), argv[1], argv[2])))
+    replay = None
+    if len(argv) == 5 and argv[3] in ("--record", "--replay"):
+        replay = _Replay(argv[3][2:], Path(argv[4]))
+    elif len(argv) != 3:
+        raise SystemExit(
+            "usage: python -m radserve.bench.floor STUDY PRECISION PROVIDER "
+            "[--record DIR | --replay DIR]"
+        )
+    result = child_stages(Path(argv[0]), argv[1], argv[2], replay)
+    if replay is not None:
+        replay.close()
+        result["replayed"] = replay.mode
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
