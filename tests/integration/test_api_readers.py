@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from tests.factories.dicom_net import free_port
 from tests.factories.postgres import postgres_schema
 from tests.factories.server_process import (
@@ -161,15 +163,8 @@ def test_no_reader_or_audit_writer_outlives_the_serving_process(
     """A stop (SIGTERM) or a crash (kill -9) of the serving process leaves no reader, no
     audit writer and no resource tracker behind: on a crash their pipes to the serving
     process break and each stops itself (what a restart on the same port relies on)."""
-    config = config_file(tmp_path, server={"read_processes": 2})
-    data, port = tmp_path / "data", free_port()
-    server = start_server(config, data, port, tmp_path / "server.log")
+    server, _ = _serve_with_readers(tmp_path)
     try:
-        until(
-            lambda: len(readers_of(server.pid)) == 2 and audit_writers_of(server.pid),
-            "2 readers and their audit writer",
-            60,
-        )
         children = psutil.Process(server.pid).children(recursive=True)
         assert len(children) >= 3, [p.cmdline()[:3] for p in children]
         server.send_signal(stop)
@@ -180,6 +175,71 @@ def test_no_reader_or_audit_writer_outlives_the_serving_process(
     finally:
         if server.poll() is None:
             server.kill()
+
+
+@pytest.mark.slow
+def test_metrics_give_each_process_its_own_process_series(tmp_path: Path) -> None:
+    """``/metrics`` has the ``process_*`` series of the serving process, each reader and
+    the audit writer, one per process (label ``process``), each what ``/proc`` of that
+    PID says: CPU seconds between two reads of ``/proc`` around the scrape."""
+    server, port = _serve_with_readers(tmp_path)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
+            for _ in range(20):  # requests on the public port: the readers take them
+                assert c.get("/healthz").status_code == 200
+            pids = [server.pid, *readers_of(server.pid), *audit_writers_of(server.pid)]
+            before = {pid: _cpu_seconds(pid) for pid in pids}
+            body = c.get("/metrics").text
+            after = {pid: _cpu_seconds(pid) for pid in pids}
+        series: dict[str, dict[str, float]] = {}
+        for family in text_string_to_metric_families(body):
+            for sample in family.samples:
+                if sample.name.startswith(("process_", "radserve_process_")):
+                    assert set(sample.labels) == {"process"}, sample  # never unlabelled
+                    series.setdefault(sample.name, {})[sample.labels["process"]] = sample.value
+        labels = {"server", "reader-0", "reader-1", "audit_writer"}
+        assert set(series["radserve_process_pid"]) == labels
+        named = {name: int(pid) for name, pid in series["radserve_process_pid"].items()}
+        assert named["server"] == server.pid
+        assert {named["reader-0"], named["reader-1"]} == readers_of(server.pid)
+        assert {named["audit_writer"]} == audit_writers_of(server.pid)
+        page = os.sysconf("SC_PAGE_SIZE")
+        for name, pid in named.items():
+            cpu = series["process_cpu_seconds_total"][name]
+            assert before[pid] <= cpu <= after[pid], (name, before[pid], cpu, after[pid])
+            rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+            assert abs(series["process_resident_memory_bytes"][name] - rss) <= 0.2 * rss, name
+            assert 0 < series["radserve_process_pss_bytes"][name] <= rss * 1.2, name
+            assert series["process_open_fds"][name] > 0
+        for readers_cpu in ("reader-0", "reader-1"):
+            assert series["process_cpu_seconds_total"][readers_cpu] > 0
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+
+
+def _serve_with_readers(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A ``radserve serve`` with 2 readers and their audit writer up; its port."""
+    config = config_file(tmp_path, server={"read_processes": 2})
+    data, port = tmp_path / "data", free_port()
+    server = start_server(config, data, port, tmp_path / "server.log")
+    try:
+        until(
+            lambda: len(readers_of(server.pid)) == 2 and audit_writers_of(server.pid),
+            "2 readers and their audit writer",
+            60,
+        )
+    except BaseException:
+        server.kill()
+        raise
+    return server, port
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` from ``/proc`` (as the series count them)."""
+    fields = Path(f"/proc/{pid}/stat").read_bytes().split(b")")[-1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks + int(fields[12]) / ticks  # summed as prometheus_client does
 
 
 def _audited_report(client: httpx.Client, job_id: str, key: str) -> httpx.Response | None:

@@ -58,6 +58,16 @@ class ReaderPool:
     def writer_pid(self) -> int | None:
         return self._writer.pid if self._writer is not None else None
 
+    def processes(self) -> list[tuple[str, int]]:
+        """(label, PID) of the audit writer and each reader (``reader-<index>``: a
+        reader started again after it died keeps its predecessor's label)."""
+        named = [("audit_writer", self.writer_pid)]
+        named += [
+            (f"reader-{index}", p.pid if p is not None else None)
+            for index, p in enumerate(self._processes)
+        ]
+        return [(name, pid) for name, pid in named if pid is not None]
+
     def start(self) -> None:
         self._spawn_writer()
         for index in range(self.count):

@@ -236,6 +236,7 @@ class _Readers:
         self.snapshot.start()
         self.pool = ReaderPool(self.spec, self.sock, self.count, metrics_sink(self.service.metrics))
         self.pool.start()
+        self.service.metrics.processes.add(self.pool.processes)
         logging.getLogger(__name__).info("%d API reader processes started", self.count)
         return int(self.sock.getsockname()[1])
 

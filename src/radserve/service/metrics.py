@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -171,6 +172,86 @@ class SenderCollector(Collector):
         yield taken
 
 
+ProcessList = Callable[[], list[tuple[str, int]]]
+
+
+class ProcessesCollector(Collector):
+    """The standard ``process_*`` series (CPU seconds, resident and virtual memory, start
+    time, open and max file descriptors) of each of the server's processes, labelled
+    ``process``: ``server`` (the serving process), and those the sources add (the API
+    readers ``reader-0``... and their ``audit_writer``), read from ``/proc`` at scrape.
+    One series per process and name, so ``sum(process_cpu_seconds_total)`` is the
+    server's whole CPU time with nothing counted twice. ``radserve_process_pss_bytes``:
+    each one's proportional set size (shared pages divided among their sharers, so
+    the sum is the server's memory; resident sizes count shared pages once per process);
+    ``radserve_process_pid``: which PID a label is now."""
+
+    def __init__(self) -> None:
+        self._sources: list[ProcessList] = [lambda: [("server", os.getpid())]]
+        self._readers: dict[int, ProcessCollector] = {}
+
+    def add(self, source: ProcessList) -> None:
+        """More processes: ``source`` names them (label, PID) at each scrape."""
+        self._sources.append(source)
+
+    def collect(self) -> Iterator[Any]:
+        families: dict[str, Any] = {}
+        pids = GaugeMetricFamily(
+            "radserve_process_pid", "PID of each of the server's processes", labels=["process"]
+        )
+        pss = GaugeMetricFamily(
+            "radserve_process_pss_bytes",
+            "Proportional set size of each of the server's processes (sums without "
+            "counting shared pages twice)",
+            labels=["process"],
+        )
+        seen: set[int] = set()
+        for source in self._sources:
+            try:
+                processes = source()
+            except Exception:  # a pool stopping: its processes are left out
+                logger.warning("metrics: cannot list the server's processes", exc_info=True)
+                continue
+            for name, pid in processes:
+                seen.add(pid)
+                reader = self._readers.get(pid)
+                if reader is None:
+                    reader = self._readers[pid] = ProcessCollector(
+                        pid=lambda pid=pid: pid, registry=None
+                    )
+                read = list(reader.collect())
+                if not read:  # exited meanwhile
+                    continue
+                pids.add_metric([name], pid)
+                for family in read:
+                    merged = families.get(family.name)
+                    if merged is None:
+                        merged = families[family.name] = type(family)(
+                            family.name, family.documentation, labels=["process"]
+                        )
+                    merged.add_metric([name], family.samples[0].value)
+                size = _pss_bytes(pid)
+                if size is not None:
+                    pss.add_metric([name], size)
+        for gone in set(self._readers) - seen:
+            del self._readers[gone]
+        yield from families.values()
+        yield pss
+        yield pids
+
+
+def _pss_bytes(pid: int) -> float | None:
+    """``Pss`` of ``/proc/<pid>/smaps_rollup`` in bytes (None: unreadable, not Linux)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as rollup:
+            for line in rollup:
+                if line.startswith(b"Pss:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def _init_nvml() -> tuple[Any, int] | None:
     """NVML and the GPU count, or None (no nvidia-ml-py, no driver, no GPU)."""
     try:
@@ -267,7 +348,8 @@ class Metrics:
         reg.register(_LiveCollector(snapshot))
         if outbox is not None:
             reg.register(_OutboxCollector(outbox))
-        ProcessCollector(registry=reg)
+        self.processes = ProcessesCollector()
+        reg.register(self.processes)
 
     def observe_http(self, method: str, route: str, status: int, seconds: float) -> None:
         """One HTTP request, by route template (whichever API process answered it)."""
@@ -285,4 +367,4 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-__all__ = ["CONTENT_TYPE", "Metrics", "SenderCollector"]
+__all__ = ["CONTENT_TYPE", "Metrics", "ProcessesCollector", "SenderCollector"]
