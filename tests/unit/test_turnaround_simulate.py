@@ -19,6 +19,7 @@ from radserve.turnaround.simulate import (
 )
 
 U, OUT = PriorityClass.URGENT, PriorityClass.OUTPATIENT
+INP = PriorityClass.INPATIENT
 
 
 def _exponential(mean: float):  # type: ignore[no-untyped-def]
@@ -227,3 +228,25 @@ def test_urgent_work_runs_at_its_solo_speed_while_routine_cpu_stages_pause() -> 
     assert shared.classes[OUT].tat_mean_s == pytest.approx(11.0)
     beside_batch = simulate(trace[1:], batch, host, seed=0)
     assert beside_batch.classes[U].tat_mean_s == pytest.approx(3.0)  # 3 threads, 2 cores
+
+
+def test_a_waiting_job_starts_only_when_a_cpu_thread_takes_its_first_stage() -> None:
+    """At most 2 routine jobs started, one CPU thread, the device apart. A (OUTPATIENT,
+    0 s) ingests 1 s, then runs 2 s on the device; B (OUTPATIENT, 0.1 s) waits, as the
+    thread is busy; D (INPATIENT, 0.3 s) arrives. The scheduler starts a waiting job
+    only when a CPU thread takes its first stage (``JobBook.stage_unit``), so when A's
+    ingest ends at 1 s the thread starts D, the better class: D's TAT 1.7 s; B starts
+    when D ends (2 s, TAT 2.9 s). The simulation before 2026-12-03 started B at its arrival (a slot
+    was free) although no thread took it: B held the second slot and D waited for B's
+    ingest to end (D's TAT 2.7 s, B's 1.9 s)."""
+    sched = PLAIN.model_copy(update={"max_running": 2})
+    config = SimConfig(1, 1, sched, urgent_lane=False)
+    trace = [
+        Arrival(0.0, OUT, JobService(1.0, (2.0,), 0.0), measured=False),
+        Arrival(0.1, OUT, JobService(1.0, (), 0.0)),
+        Arrival(0.3, INP, JobService(1.0, (), 0.0)),
+    ]
+    result = simulate(trace, lambda rng, cls: JobService(0.0, (), 0.0), config)
+    assert result.classes[INP].tat_p50_s == pytest.approx(1.7)
+    assert result.classes[INP].wait_mean_s == pytest.approx(0.7)
+    assert result.classes[OUT].tat_p50_s == pytest.approx(2.9)  # B: 2.0 to 3.0

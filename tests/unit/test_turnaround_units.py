@@ -19,10 +19,13 @@ def _none(rng: np.random.Generator, cls: PriorityClass) -> JobService:
     raise AssertionError("every arrival brings its work")
 
 
-def _tats(jobs: list[JobService], workers: int, *, feed_first: bool = True) -> list[float]:
+def _tats(
+    jobs: list[JobService], workers: int, *, feed_first: bool = True, feeder: bool = False
+) -> list[float]:
     """Each job's TAT, all arriving at 0 as OUTPATIENT jobs in this order (their rank):
-    one simulation per job, counting that job only."""
-    config = SimConfig(1, workers, PLAIN, urgent_lane=False, feed_first=feed_first)
+    one simulation per job, counting that job only. Without the device's feeder thread
+    by default: the CPU pool's order alone."""
+    config = SimConfig(1, workers, PLAIN, urgent_lane=False, feed_first=feed_first, feeder=feeder)
     out = []
     for i in range(len(jobs)):
         trace = [Arrival(0.0, OUT, job, measured=i == j) for j, job in enumerate(jobs)]
@@ -81,3 +84,24 @@ def test_feed_work_goes_before_a_better_ranked_jobs_stage() -> None:
     c = JobService(1.0, (), 0.0)
     assert _tats([a, b, c], 2) == pytest.approx([2.0, 1.3, 1.3])
     assert _tats([a, b, c], 2, feed_first=False) == pytest.approx([1.9, 1.4, 1.4])
+
+
+def test_the_devices_feeder_thread_feeds_its_batches_while_the_pool_is_busy() -> None:
+    """One CPU thread. B (best ranked) has an empty ingest and two batches (0.1 s
+    preparations, 0.5 s runs, 0.1 s merges); A arrives at 0.05 s and ingests 3.0 s on the
+    pool's thread from 0.2 s (after B's two preparations, feed first). The server's
+    executor runs a feeder thread beside the device (``radserve-feed-<device>``, feed
+    work only): it merges B's batches at 0.6 and 1.1 s while A's ingest holds the pool,
+    and B's empty post-processing and report (stages: the pool's) end it at 3.2 s.
+    Without it (the simulation before 2026-12-03) B's merges waited for the pool until
+    3.2 s: done at 3.4 s."""
+    model = ModelWork((0.5, 0.5), (0.1, 0.1), (0.1, 0.1))
+    b = JobService(0.0, model.batches_s, 0.0, (model,))
+    a = JobService(3.0, (), 0.0)
+    tats = {}
+    for feeder in (True, False):
+        config = SimConfig(1, 1, PLAIN, urgent_lane=False, feeder=feeder)
+        trace = [Arrival(0.0, OUT, b), Arrival(0.05, OUT, a, measured=False)]
+        tats[feeder] = simulate(trace, _none, config).classes[OUT].tat_p50_s
+    assert tats[True] == pytest.approx(3.2)
+    assert tats[False] == pytest.approx(3.4)

@@ -37,7 +37,8 @@ MODELS: dict[str, tuple[str, bool, bool, bool, bool]] = {
     # before 2026-12-02 session 12: every job's noise from all jobs' ratios
     "solo from the trace, pooled noise": ("solo from the trace", True, False, False, False),
     # the default with each job as the server's units per model (prepare, infer, merge
-    # per batch, feed work first; post-processing; report): radserve.turnaround.units
+    # per batch, feed work first, a feeder thread per device; post-processing; report):
+    # radserve.turnaround.units
     FINE: ("solo from the trace", True, False, True, True),
 }
 

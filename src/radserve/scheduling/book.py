@@ -30,7 +30,7 @@ from radserve.scheduling.jobs import (
     SchedulerSnapshot,
 )
 from radserve.scheduling.rank_index import RankIndex
-from radserve.scheduling.selection import eligible, may_prepare
+from radserve.scheduling.selection import eligible, may_prepare, may_start
 from radserve.scheduling.state import ScheduledJob, StepProgress
 from radserve.scheduling.work import CpuStage
 
@@ -219,9 +219,7 @@ class JobBook:
         holder = self.slot_holder()
         for job in jobs:
             if job.state is JobState.QUEUED:
-                if job.cls is not PriorityClass.URGENT and (
-                    started >= self.config.max_running or self.held_for(job, holder)
-                ):
+                if not may_start(job.cls, started, self.config) or self.held_for(job, holder):
                     continue
                 started += job.cls is not PriorityClass.URGENT
                 self.start(job, now)

@@ -40,6 +40,16 @@ def eligible(
     return [j for j in order if j.not_before <= now and (not exclusive or j.cls is URGENT)]
 
 
+def may_start(cls: PriorityClass, routine_started: int, config: SchedulerSettings) -> bool:
+    """Whether a waiting job of class ``cls`` may start (its first stage taken by a CPU
+    thread) while ``routine_started`` routine jobs are started and unfinished: URGENT
+    work always, a routine job while fewer than ``max_running`` are (each may hold a
+    loaded volume). The scheduler (:meth:`JobBook.stage_unit`, which also holds a slot
+    for a reserved job) and its simulation (:mod:`radserve.turnaround.simulate`) apply
+    this one rule."""
+    return cls is URGENT or routine_started < config.max_running
+
+
 def may_prepare(
     job: object,
     *,

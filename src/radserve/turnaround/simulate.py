@@ -4,9 +4,12 @@ What is simulated is what :mod:`radserve.scheduling` does, at the grain that dec
 turnaround:
 
 - a job arrives (Poisson per class, or a replayed trace), gets ``deadline = arrival +
-  TAT``, and waits until it may start: URGENT at once, routine work while fewer than
-  ``max_running`` routine jobs are started, and (``urgent_exclusive``) no other work
-  while an URGENT job is unfinished;
+  TAT``, and waits until it may start: when a CPU thread takes its first stage, as
+  ``JobBook.stage_unit`` starts jobs (:func:`radserve.scheduling.selection.may_start`):
+  URGENT at once, routine work while fewer than ``max_running`` routine jobs are
+  started, and (``urgent_exclusive``) no other work while an URGENT job is unfinished.
+  (Until 2026-12-03 any free worker started waiting jobs, so a job no thread could take
+  yet held a ``max_running`` slot that a better class's later arrival then waited for);
 - a started job runs a CPU stage (ingest), its device work as batches of at most
   ``batch_slices`` slices, then a CPU stage (post-processing and report); CPU stages
   take one of ``cpu_workers`` threads (plus, with ``urgent_lane``, one thread that
@@ -34,10 +37,12 @@ each batch prepared (CPU), run (device) and merged (CPU), the model's post-proce
 then the report; a CPU thread takes, per effective class best first, *feed* work
 (merges, then preparations up to ``lookahead_batches`` per job and
 ``max_prepared_batches`` in all) of the best job that has some before any CPU stage
-(``feed_first``), as ``Scheduler.next_cpu_dispatch`` does. Not the default: on the
-recorded traces it fitted the Zen 4 host (2bd52b1, 7130cc0) better and session
-11's (8b6d7eb, 1edb762, 5cb504f) worse, fewer
-cells in all (docs/history/turnaround.md, session 13).
+(``feed_first``), as ``Scheduler.next_cpu_dispatch`` does, and each device has a
+*feeder* thread that takes feed work only (``feeder``: the executor's
+``radserve-feed-<device>``; simulated since 2026-12-03). Not the default: on the
+recorded traces it plans every Zen 4 cell (2bd52b1, 7130cc0) and one cell fewer on
+session 11's host (8b6d7eb, 5cb504f) than the coarse job (docs/history/turnaround.md,
+sessions 13 and 15).
 
 Not simulated: dynamic batching of several studies into one device call, retries and
 failures, memory. Deterministic for a seed.
@@ -55,7 +60,7 @@ import simpy
 
 from radserve.config import SchedulerSettings
 from radserve.domain.priority import PriorityClass
-from radserve.scheduling.selection import may_prepare
+from radserve.scheduling.selection import may_prepare, may_start
 from radserve.scheduling.state import effective_class
 
 URGENT = PriorityClass.URGENT
@@ -134,6 +139,9 @@ class SimConfig:
     # within a class, work that feeds a device (preparing, merging batches) before CPU
     # stages, as the server hands it out (False: one order, best job first)
     feed_first: bool = True
+    # a thread per device that takes feed work only (preparing, merging batches), as
+    # the server's executor starts one beside each device's (radserve-feed-<device>)
+    feeder: bool = True
 
 
 @dataclass(frozen=True)
@@ -318,17 +326,23 @@ class _Sim:
             jobs = [j for j in jobs if j.cls is URGENT]
         return sorted(jobs, key=self._rank)
 
-    def _start_waiting(self, order: list[_Job]) -> None:
-        limit = self.config.scheduler.max_running
+    def _stage(self, jobs: list[_Job], order: list[_Job], *, feed: bool) -> tuple[_Job, str] | None:
+        """``JobBook.stage_unit``: the CPU stage of the best job in ``jobs`` (one
+        effective class) that has one (``feed``: or feed work, job by job), starting
+        waiting jobs on the way as the scheduler does: only when a CPU thread takes
+        their first stage (:func:`may_start`)."""
         started = sum(1 for j in self.jobs if j.started is not None and j.cls is not URGENT)
-        for job in order:
-            if not job.queued:
-                continue
-            if job.cls is not URGENT:
-                if started >= limit:
+        for job in jobs:
+            if job.queued:
+                if not may_start(job.cls, started, self.config.scheduler):
                     continue
-                started += 1
-            job.started, job.queued = self.env.now, False
+                started += job.cls is not URGENT
+                job.started, job.queued = self.env.now, False
+            if feed and (unit := self._feed(job, order)) is not None:
+                return job, unit
+            if job.stage is not None and not job.stage_busy:
+                return job, "stage"
+        return None
 
     def _feed(self, job: _Job, order: list[_Job]) -> str | None:
         """``JobBook.feed_unit``: a merge first (it frees memory), else a preparation."""
@@ -357,7 +371,6 @@ class _Sim:
         per effective class best first, feed work of the best job that has some, else
         the stage of the best job at one (``Scheduler.next_cpu_dispatch``)."""
         order = self._eligible()
-        self._start_waiting(order)
         if kind == "device":
             for job in order:
                 step = job.step
@@ -366,6 +379,11 @@ class _Sim:
             return None
         if kind == "urgent":
             order = [j for j in order if j.cls is URGENT]
+        if kind == "feed":
+            for job in order:  # every class, best first: feed work only
+                if (unit := self._feed(job, order)) is not None:
+                    return job, unit
+            return None
         now, sched = self.env.now, self.config.scheduler
         tiers: dict[PriorityClass, list[_Job]] = {}
         for job in order:
@@ -375,11 +393,8 @@ class _Sim:
             for job in jobs if feed_first else ():
                 if (unit := self._feed(job, order)) is not None:
                     return job, unit
-            for job in jobs:
-                if not feed_first and (unit := self._feed(job, order)) is not None:
-                    return job, unit
-                if job.stage is not None and not job.stage_busy:
-                    return job, "stage"
+            if (taken := self._stage(jobs, order, feed=not feed_first)) is not None:
+                return taken
         return None
 
     def _notify(self) -> None:
@@ -413,7 +428,7 @@ class _Sim:
                 yield self.changed
                 continue
             job, unit = taken
-            routine = kind == "cpu" and job.cls is not URGENT
+            routine = kind in ("cpu", "feed") and job.cls is not URGENT
             if routine:
                 self.env.process(self.lender(me))
             yield from self._serve(job, unit, yields=routine)
@@ -510,6 +525,8 @@ def simulate(
         env.process(sim.worker("cpu"))
     if config.urgent_lane:
         env.process(sim.worker("urgent"))
+    for _ in range(config.devices if config.feeder else 0):
+        env.process(sim.worker("feed"))
     end = until if until is not None else (trace[-1].at if trace else 0.0) * 10 + 3600
     env.run(until=end)
     last = max((j.finished or 0.0 for j in sim.done), default=0.0)
