@@ -65,7 +65,14 @@ def _plans(**config):
     [
         ({**tiny_plans(), "transpose_forward": [2, 1, 1]}, None, "transpose_forward"),
         ({**tiny_plans(), "transpose_forward": [1, 2, 0]}, None, "transpose_backward"),
-        (_plans(patch_size=[64, 64]), None, "not 3d"),
+        (_plans(patch_size=[64, 64]), None, "neither 2d nor 3d"),
+        ({**tiny_plans(), "image_reader_writer": "NibabelIOWithReorient"}, None,
+         "reorients every image to RAS"),
+        ({**tiny_plans(), "image_reader_writer": "NaturalImage2DIO"}, None,
+         "'NaturalImage2DIO'.* not 2D images"),
+        ({k: v for k, v in tiny_plans().items() if k != "image_reader_writer"},
+         {**tiny_dataset(), "overwrite_image_reader_writer": "SimpleITKIOWithReorient"},
+         "SimpleITKIOWithReorient reorients"),
         (_plans(normalization_schemes=["RGBTo01Normalization"]), None, "'RGBTo01Normalization'"),
         (_plans(normalization_schemes=["MyNormalization"]), None, "channel 0 normalization 'My"),
         (
@@ -90,6 +97,47 @@ def _plans(**config):
 def test_inexpressible_models_are_refused_by_name(tmp_path, plans, dataset, reason):
     with pytest.raises(ImportRefusedError, match=reason.replace("[", r"\[")):
         _spec(tmp_path, plans=plans, dataset=dataset)
+
+
+def test_a_2d_configuration_is_a_depth_one_3d_window_on_native_slices(tmp_path):
+    """nnU-Net's 2d: each slice along the first (transposed) axis, resampled in-plane."""
+    spec = _spec(tmp_path, plans=_plans(patch_size=[64, 48], spacing=[0.8, 0.7]))
+    assert spec.input.mode == "3d" and spec.input.patch_size == (1, 64, 48)
+    assert spec.input.spacing == (None, 0.8, 0.7) and spec.input.overlap == 0.5
+
+
+def test_totalsegmentator_style_dataset_json(tmp_path):
+    """Many labels sharing long name prefixes get distinct codes within DICOM's 16
+    characters; NibabelIO (the same arrays as SimpleITKIO) and file_ending are accepted."""
+    names = ["background"] + [
+        f"{part}_{side}"
+        for part in ("subclavian_artery", "lung_upper_lobe", "iliac_vena", "rib")
+        for side in ("left", "right")
+    ] + [f"rib_left_{i}" for i in range(1, 13)]  # fmt: skip
+    dataset = {
+        **tiny_dataset(),
+        "labels": {n: i for i, n in enumerate(names)},
+        "file_ending": ".nii.gz",
+        "overwrite_image_reader_writer": "NibabelIO",
+    }
+    plans = {**tiny_plans(), "image_reader_writer": "NibabelIO"}
+    spec = _spec(tmp_path, plans=plans, dataset=dataset)
+    codes = [label.concept.value for label in spec.labels]
+    assert spec.num_classes == len(names) and len(set(codes)) == len(codes)
+    assert all(len(c) <= 16 for c in codes) and "iliac-vena-left" in codes
+    assert {c for c in codes if c.startswith("subclavian")} == {
+        "subclavian-art-1", "subclavian-art-2",
+    }  # fmt: skip
+
+
+def test_fold_all_and_another_checkpoint(tmp_path):
+    folder = _folder(tmp_path, folds=("all",))
+    assert read_results_folder(folder).folds == ("all",)
+    (folder / "fold_all" / "checkpoint_best.pth").write_bytes(b"not read here")
+    (folder / "fold_all" / "checkpoint_final.pth").unlink()
+    with pytest.raises(ImportRefusedError, match=r"\['checkpoint_best.pth'\] \(--checkpoint"):
+        read_results_folder(folder)
+    assert read_results_folder(folder, checkpoint="checkpoint_best.pth").folds == ("all",)
 
 
 def test_not_a_trainer_folder_or_missing_fold(tmp_path):

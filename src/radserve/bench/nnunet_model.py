@@ -172,15 +172,19 @@ def tiny_dataset(
 def make_results_folder(
     root: Path,
     *,
-    folds: tuple[int, ...] = (0, 1),
+    folds: tuple[int | str, ...] = (0, 1),
     regions: bool = False,
-    mirror_axes: tuple[int, ...] = (0, 1, 2),
+    mirror_axes: tuple[int, ...] | None = (0, 1, 2),
     seed: int = 0,
     plans: dict | None = None,
     train_on: np.ndarray | None = None,
     train_steps: int = 0,
     train_lr: float = 1e-3,
     channel_names: tuple[str, ...] | None = None,
+    configuration: str = CONFIG,
+    trainer: str = "nnUNetTrainer",
+    checkpoint: str = "checkpoint_final.pth",
+    dataset_extra: dict | None = None,
     **plan_options,
 ) -> Path:
     """Write ``root/<trainer folder>`` with dataset.json, plans.json and checkpoints
@@ -189,42 +193,48 @@ def make_results_folder(
     ``train_on``: a CT in HU (D, H, W, about the model's spacing, at least one patch in
     size); the labels are then :data:`HU_BANDS`, and each fold is trained for
     ``train_steps`` steps at ``train_lr`` on it (:func:`train_briefly`) or, with none, has its head
-    fitted to it (:func:`fit_head`)."""
+    fitted to it (:func:`fit_head`).
+
+    ``configuration``, ``trainer`` and the plans' ``plans_name`` name the folder
+    (``<trainer>__<plans>__<configuration>``); ``folds`` may hold ``"all"``; each fold's
+    weights are saved as ``checkpoint``; ``dataset_extra`` is merged into dataset.json."""
     import torch
     from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
     from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 
-    folder = root / FOLDER
-    folder.mkdir(parents=True)
     plans = plans or tiny_plans(**plan_options)
-    channels = len(plans["configurations"][CONFIG]["normalization_schemes"])
+    folder = root / f"{trainer}__{plans.get('plans_name', 'nnUNetPlans')}__{configuration}"
+    folder.mkdir(parents=True)
+    manager = PlansManager(plans)
+    config = manager.get_configuration(configuration)
+    channels = len(config.normalization_schemes)
     dataset = tiny_dataset(
         regions=regions, channels=channels, bands=train_on is not None, channel_names=channel_names
     )
+    dataset.update(dataset_extra or {})
     (folder / "plans.json").write_text(json.dumps(plans, indent=2))
     (folder / "dataset.json").write_text(json.dumps(dataset, indent=2))
-    manager = PlansManager(plans)
-    config = manager.get_configuration(CONFIG)
     heads = manager.get_label_manager(dataset).num_segmentation_heads
-    for fold in folds:
-        torch.manual_seed(seed + fold)
+    for i, fold in enumerate(folds):
+        k = fold if isinstance(fold, int) else i
+        torch.manual_seed(seed + k)
         net = nnUNetTrainer.build_network_architecture(
             manager, config, len(dataset["channel_names"]), heads, enable_deep_supervision=False
         )
         if train_on is not None and train_steps > 0:
-            train_briefly(net, train_on, plans, steps=train_steps, seed=seed + fold, lr=train_lr)
+            train_briefly(net, train_on, plans, steps=train_steps, seed=seed + k, lr=train_lr)
         elif train_on is not None:
             fit_head(net, train_on, plans, config.patch_size)
         (folder / f"fold_{fold}").mkdir()
         torch.save(
             {
                 "network_weights": net.state_dict(),
-                "trainer_name": "nnUNetTrainer",
-                "init_args": {"plans": plans, "configuration": CONFIG, "fold": fold,
+                "trainer_name": trainer,
+                "init_args": {"plans": plans, "configuration": configuration, "fold": fold,
                               "dataset_json": dataset},
                 "inference_allowed_mirroring_axes": mirror_axes,
             },
-            folder / f"fold_{fold}" / "checkpoint_final.pth",
+            folder / f"fold_{fold}" / checkpoint,
         )  # fmt: skip
     return folder
 

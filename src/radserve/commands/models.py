@@ -266,7 +266,15 @@ def import_group() -> None:
 )
 @click.option("--name", default=None, help="Bundle name (default: the dataset name).")
 @click.option("--version", "version", default="1.0.0", show_default=True)
-@click.option("--fold", "folds", multiple=True, help="Folds to ensemble (default: all found).")
+@click.option(
+    "--fold", "folds", multiple=True, help="Folds to ensemble: 0-4 or all (default: all found)."
+)
+@click.option(
+    "--checkpoint",
+    default="checkpoint_final.pth",
+    show_default=True,
+    help="Checkpoint file in each fold folder (nnU-Net's -chk), e.g. checkpoint_best.pth.",
+)
 @click.option(
     "--tta/--no-tta",
     default=False,
@@ -290,6 +298,7 @@ def import_nnunet_command(
     name: str | None,
     version: str,
     folds: tuple[str, ...],
+    checkpoint: str,
     tta: bool,
     channels: tuple[str, ...],
 ) -> None:
@@ -306,6 +315,7 @@ def import_nnunet_command(
             name=name,
             version=version,
             folds=folds or None,
+            checkpoint=checkpoint,
             tta=tta,
             channels=rules or None,
         )

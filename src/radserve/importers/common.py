@@ -15,14 +15,40 @@ _PALETTE = [
 ]  # fmt: skip
 
 
+def _code(value: int, name: str) -> str:
+    """A private Code Value (at most 16 characters, DICOM's SH) for a label name: the
+    name lower-cased with '-' for other characters; a longer name is cut and ends in
+    ``-<value>``, so labels that share their first 16 characters (TotalSegmentator's
+    ``subclavian_artery_left`` / ``_right``) still get distinct codes."""
+    code = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") or f"label-{value}"
+    if len(code) <= 16:
+        return code
+    suffix = f"-{value}"
+    return code[: 16 - len(suffix)].rstrip("-") + suffix
+
+
+def label_entries(pairs: list[tuple[int, str]]) -> list[dict[str, Any]]:
+    """:func:`label_entry` for each (value, name), by value; codes made distinct (a code
+    another label already has gets ``-<value>`` in place of its tail)."""
+    out, seen = [], set()
+    for value, name in sorted(pairs):
+        entry = label_entry(value, name)
+        code = entry["concept"]["value"]
+        if code in seen:
+            suffix = f"-{value}"
+            code = entry["concept"]["value"] = code[: 16 - len(suffix)].rstrip("-") + suffix
+        seen.add(code)
+        out.append(entry)
+    return out
+
+
 def label_entry(value: int, name: str) -> dict[str, Any]:
     """A model.yaml label for a framework's label name (organ kind, private code)."""
-    code = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") or f"label-{value}"
     return {
         "value": value,
         "name": name,
         # framework label names carry no code: a private scheme until the site maps them.
-        "concept": {"value": code[:16], "scheme": "99RADSRV", "meaning": name},
+        "concept": {"value": _code(value, name), "scheme": "99RADSRV", "meaning": name},
         "category": dict(_ANATOMY),
         "kind": "organ",
         "color": list(_PALETTE[(value - 1) % len(_PALETTE)]),
@@ -95,4 +121,4 @@ def export_checked(model: Any, path: Path, channels: int, patch: tuple[int, ...]
     return worst
 
 
-__all__ = ["export_checked", "label_entry", "sha256_file"]
+__all__ = ["export_checked", "label_entries", "label_entry", "sha256_file"]

@@ -60,7 +60,7 @@ from typing import Any
 import yaml
 
 from radserve.importers import ImportRefusedError
-from radserve.importers.common import export_checked, label_entry, sha256_file
+from radserve.importers.common import export_checked, label_entries, sha256_file
 from radserve.models.manifest import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -400,7 +400,7 @@ def _labels(metadata: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str]:
         _refuse(f"outputs channel_def {channels} must name channels 0..n (0: background)")
     if len(values) > 256:
         _refuse(f"{len(values)} output channels; radserve label maps are 8-bit")
-    return [label_entry(v, n) for v, n in values if v != 0], modality, image_key
+    return label_entries([(v, n) for v, n in values if v != 0]), modality, image_key
 
 
 def manifest_from_monai(source: MonaiSource, *, name: str, version: str) -> ModelSpec:

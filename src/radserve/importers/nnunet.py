@@ -26,8 +26,14 @@ A model of several input channels (PET/CT, multi-sequence MR) becomes ``input.ch
 each channel's series from its dataset.json name or ``--channel``, the first CT/MR
 channel the grid (:mod:`radserve.importers.nnunet_channels`).
 
-Refused, with the reason: a transpose that is not a permutation, 2d configurations, cascades
-(``previous_stage``), another preprocessor or resampling function, a forced separate
+A ``2d`` configuration runs as depth-1 patches ``[1, H, W]`` of the 3D sliding window on
+``spacing: [null, sy, sx]`` (the first axis keeps its native spacing, as nnU-Net's 2d
+preprocessing does), the 2D network exported behind a (B, C, 1, H, W) wrapper.
+Any trainer nnU-Net can load is fine: nnUNetPredictor uses it only to build the network.
+
+Refused, with the reason: a transpose that is not a permutation, cascades
+(``previous_stage``), a reorienting or 2D-image reader, a trainer nnunetv2 cannot find,
+another preprocessor or resampling function, a forced separate
 z, other normalisations (e.g. RGBTo01Normalization), a channel whose name says no series
 and no ``--channel`` names one, two channels read from the same series, a PET-only model
 (one channel or all channels PET).
@@ -45,7 +51,7 @@ from typing import Any
 import yaml
 
 from radserve.importers import ImportRefusedError
-from radserve.importers.common import export_checked, label_entry, sha256_file
+from radserve.importers.common import export_checked, label_entries, sha256_file
 from radserve.importers.nnunet_channels import SeriesRule, channel_declarations
 from radserve.models.axes import INDEX_AXES
 from radserve.models.manifest import ModelSpec
@@ -123,8 +129,10 @@ def read_results_folder(
     chosen = tuple(folds) if folds else tuple(found)
     missing = [f for f in chosen if f not in found]
     if missing or not chosen:
+        others = sorted({p.name for p in folder.glob("fold_*/checkpoint_*.pth")} - {checkpoint})
+        hint = f"; the folds hold {others} (--checkpoint NAME)" if others else ""
         raise ImportRefusedError(
-            f"no {checkpoint} for fold(s) {missing or 'any'} in {folder} (found {found})"
+            f"no {checkpoint} for fold(s) {missing or 'any'} in {folder} (found {found}){hint}"
         )
     return NnunetSource(
         folder, dataset, plans, configuration, _resolve(plans, configuration), trainer, chosen
@@ -207,16 +215,45 @@ def _labels(dataset: dict[str, Any]) -> tuple[list[dict[str, Any]], str, list[in
             _refuse(f"label values {ordered} are not consecutive from 0 (background)")
         if ordered[-1] > 255:
             _refuse(f"{ordered[-1]} labels; radserve label maps are 8-bit")
-        labels = [label_entry(v, n) for n, v in values.items() if v != 0]
-        return sorted(labels, key=lambda x: x["value"]), "softmax", []
+        labels = label_entries([(v, n) for n, v in values.items() if v != 0])
+        return labels, "softmax", []
     order = dataset.get("regions_class_order")
     foreground = [(n, v) for n, v in entries if v not in (0, [0], (0,))]
     if not isinstance(order, list) or len(order) != len(foreground):
         _refuse("region labels without a regions_class_order of one value per region")
     if len(set(order)) != len(order) or min(order) < 1 or max(order) > 255:
         _refuse(f"regions_class_order {order} must be distinct values 1..255")
-    labels = [label_entry(int(v), n) for (n, _), v in zip(foreground, order, strict=True)]
-    return sorted(labels, key=lambda x: x["value"]), "sigmoid", [int(v) for v in order]
+    labels = label_entries([(int(v), n) for (n, _), v in zip(foreground, order, strict=True)])
+    return labels, "sigmoid", [int(v) for v in order]
+
+
+_READERS = {"SimpleITKIO", "NibabelIO"}
+_REORIENT = {"NibabelIOWithReorient", "SimpleITKIOWithReorient"}
+
+
+def _check_reader(source: NnunetSource) -> None:
+    """nnU-Net's image reader (the plans' ``image_reader_writer``, which inference uses;
+    the dataset.json's ``overwrite_image_reader_writer`` where the plans lack it).
+    SimpleITKIO and NibabelIO give the same array for a volume (voxel order reversed:
+    slice, row, column), which is radserve's; the reorienting readers and the 2D image /
+    TIFF readers do not."""
+    name = str(
+        source.plans.get("image_reader_writer")
+        or source.dataset.get("overwrite_image_reader_writer")
+        or "SimpleITKIO"
+    )
+    if name in _READERS or name == "None":
+        return
+    if name in _REORIENT:
+        _refuse(
+            f"image reader {name} reorients every image to RAS before the network sees it; "
+            "radserve feeds the network in the series' own voxel order (as SimpleITKIO "
+            "and NibabelIO read it), so this model would see its inputs turned"
+        )
+    _refuse(
+        f"image reader {name!r}: radserve reproduces nnU-Net's SimpleITKIO and NibabelIO "
+        "(volumes such as NIfTI or DICOM series), not 2D images, TIFF stacks or custom readers"
+    )
 
 
 def manifest_from_nnunet(
@@ -245,14 +282,24 @@ def manifest_from_nnunet(
     # nnU-Net transposes SimpleITK's (z, y, x) arrays by transpose_forward; the plans'
     # spacing and patch size are in that order, as input.axes declares it.
     axes = [INDEX_AXES[a] for a in forward]
-    patch = config.get("patch_size") or []
-    spacing = config.get("spacing") or []
-    if len(patch) != 3 or len(spacing) != 3:
-        _refuse(f"configuration {source.configuration_name!r} is not 3d (patch {patch})")
+    patch = [int(p) for p in config.get("patch_size") or []]
+    spacing: list[float | None] = [float(s) for s in config.get("spacing") or []]
+    if len(patch) == 2 and len(spacing) == 2:
+        # A 2d configuration: each slice along the (transposed) first axis through the 2D
+        # network is a depth-1 patch of the 3D sliding window; that axis keeps its native
+        # spacing (nnU-Net resamples in-plane only) and mirroring is over the 2D axes.
+        patch, spacing = [1, *patch], [None, *spacing]
+        mirror_axes = tuple(a + 1 for a in mirror_axes)
+    elif len(patch) != 3 or len(spacing) != 3:
+        _refuse(
+            f"configuration {source.configuration_name!r}: patch {patch} and spacing "
+            f"{spacing} are neither 2d nor 3d"
+        )
     if config.get("previous_stage") or "cascade" in source.configuration_name:
         _refuse("cascade configurations (a previous stage's segmentation as input)")
     if config.get("preprocessor_name", "DefaultPreprocessor") != "DefaultPreprocessor":
         _refuse(f"preprocessor {config.get('preprocessor_name')!r} (only DefaultPreprocessor)")
+    _check_reader(source)
     labels, activation, regions = _labels(source.dataset)
     if tta and not mirror_axes:
         _refuse("test-time augmentation asked for, but the model allows no mirroring axes")
@@ -271,9 +318,9 @@ def manifest_from_nnunet(
         "input": {
             "mode": "3d",
             "axes": axes,
-            "spacing": [float(s) for s in spacing],
+            "spacing": spacing,
             **images["input"],
-            "patch_size": [int(p) for p in patch],
+            "patch_size": patch,
             "batch_size": batch_size,
             "overlap": 0.5,  # nnUNetPredictor's default tile_step_size 0.5
             "crop": "nonzero",
@@ -321,9 +368,100 @@ def load_predictor(source: NnunetSource, checkpoint: str = CHECKPOINT):  # -> nn
         verbose=False,
         allow_tqdm=False,
     )
-    folds = tuple(f if f == "all" else int(f) for f in source.folds)
-    predictor.initialize_from_trained_model_folder(str(source.folder), folds, checkpoint)
+    _initialise(predictor, source, checkpoint)
     return predictor
+
+
+def _initialise(predictor, source: NnunetSource, checkpoint: str) -> None:
+    """``nnUNetPredictor.initialize_from_trained_model_folder``, step by step, with one
+    difference: the trainer class is looked up without failing on modules of nnunetv2
+    that cannot be imported here. nnU-Net's lookup imports every trainer module until
+    it finds the name, and its Primus trainers import timm, which the ``nnunet`` extra
+    leaves out (tools/install_nnunet.sh); every trainer but nnUNetTrainer itself
+    (nnUNetTrainerNoMirroring, nnUNetTrainer_250epochs, ...) would fail on that."""
+    import inspect
+
+    import torch
+    from nnunetv2.utilities.label_handling.label_handling import determine_num_input_channels
+    from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
+
+    plans_manager = PlansManager(source.plans)
+    parameters = []
+    for i, fold in enumerate(source.folds):
+        path = source.folder / f"fold_{fold}" / checkpoint
+        saved = torch.load(path, map_location=torch.device("cpu"), weights_only=False)
+        if i == 0:
+            trainer_name = str(saved["trainer_name"])
+            configuration_name = saved["init_args"]["configuration"]
+            mirror_axes = saved.get("inference_allowed_mirroring_axes")
+        parameters.append(saved["network_weights"])
+    if configuration_name != source.configuration_name:
+        _refuse(
+            f"the checkpoints were trained as {configuration_name!r}, the folder says "
+            f"{source.configuration_name!r}"
+        )
+    config = plans_manager.get_configuration(configuration_name)
+    channels = determine_num_input_channels(plans_manager, config, source.dataset)
+    heads = plans_manager.get_label_manager(source.dataset).num_segmentation_heads
+    trainer = _trainer_class(trainer_name)
+    if "plans_manager" in inspect.signature(trainer.build_network_architecture).parameters:
+        network = trainer.build_network_architecture(
+            plans_manager, config, channels, heads, enable_deep_supervision=False
+        )
+    else:  # the pre-2.6 signature nnU-Net still accepts
+        network = trainer.build_network_architecture(
+            config.network_arch_class_name,
+            config.network_arch_init_kwargs,
+            config.network_arch_init_kwargs_req_import,
+            channels,
+            heads,
+            enable_deep_supervision=False,
+        )
+    network.load_state_dict(parameters[0])
+    predictor.manual_initialization(
+        network, plans_manager, config, parameters, source.dataset, trainer_name, mirror_axes
+    )
+
+
+def _trainer_class(name: str):  # -> type[nnUNetTrainer]
+    """The trainer class ``name`` as nnU-Net finds it (nnunetv2's trainers, then
+    ``nnUNet_extTrainer``), skipping trainer modules whose own imports fail here."""
+    import importlib
+    import pkgutil
+
+    import nnunetv2.training.nnUNetTrainer as package
+    from nnunetv2.utilities.find_objects import recursive_find_trainer_class_by_name
+
+    try:
+        return recursive_find_trainer_class_by_name(name)
+    except ImportError:
+        pass  # a module beside the one we want needs a package not installed here
+    except RuntimeError:
+        _refuse(_unknown_trainer(name))
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".", lambda _: None):
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:
+            continue
+        if isinstance(found := getattr(module, name, None), type):
+            return found
+    _refuse(_unknown_trainer(name))
+
+
+def _unknown_trainer(name: str) -> str:
+    return (
+        f"trainer {name!r} (the checkpoint's trainer_name) is not in the installed nnunetv2 "
+        f"{_nnunet_version()}, so its build_network_architecture (the network) is unknown. "
+        "Put the file defining it where nnU-Net's own prediction would need it "
+        "(nnunetv2/training/nnUNetTrainer, or a folder named by nnUNet_extTrainer) and "
+        "import again"
+    )
+
+
+def _nnunet_version() -> str:
+    from importlib.metadata import version
+
+    return version("nnunetv2")
 
 
 def _ensemble(predictor, mirror_axes: tuple[int, ...]):  # -> torch.nn.Module
@@ -363,11 +501,30 @@ def _ensemble(predictor, mirror_axes: tuple[int, ...]):  # -> torch.nn.Module
     return Ensemble().eval()
 
 
+def _as_depth_one_3d(model):  # -> torch.nn.Module
+    """A 2D network as a 3D one on depth-1 patches: (B, C, 1, H, W) in and out."""
+    import torch
+
+    class DepthOne(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model
+
+        def forward(self, x):
+            return self.net(x[:, :, 0])[:, :, None]
+
+    return DepthOne().eval()
+
+
 def export_onnx(predictor, path: Path, *, mirror_axes: tuple[int, ...] = ()) -> float:
     """Export the fold ensemble to ``path`` (opset 17, dynamic batch); return the max
-    |torch - ONNX Runtime| logit difference on two random patch batches (raises if large)."""
+    |torch - ONNX Runtime| logit difference on two random patch batches (raises if large).
+    ``mirror_axes``: the network's own (nnU-Net's ``inference_allowed_mirroring_axes``);
+    a 2D network is exported taking depth-1 3D patches."""
     model = _ensemble(predictor, mirror_axes)
     patch = tuple(predictor.configuration_manager.patch_size)
+    if len(patch) == 2:
+        model, patch = _as_depth_one_3d(model), (1, *patch)
     channels = len(predictor.configuration_manager.normalization_schemes)
     return export_checked(model, path, channels, patch)
 
@@ -414,6 +571,8 @@ def import_nnunet(
         "source": str(source.folder),
         "configuration": source.configuration_name,
         "trainer": source.trainer_name,
+        "plans": source.plans.get("plans_name"),
+        "checkpoint": checkpoint,
         "folds": list(source.folds),
         "checkpoints": {
             f: sha256_file(source.folder / f"fold_{f}" / checkpoint) for f in source.folds

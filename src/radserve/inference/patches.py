@@ -319,7 +319,7 @@ class PatchTask(BatchedTask):
         rs = self.spec.input.resampling
         assert rs is not None
         crop = self._network_crop(volume)
-        target: tuple[float, float, float] = tuple(self.spec.input.spacing)  # type: ignore[assignment]
+        target = self._nnunet_spacing(crop.spacing)
         shape = nnunet_new_shape(crop.shape, crop.spacing, target)
         self._resampled = shape
         pairs = self._channel_arrays(crop)
@@ -336,6 +336,13 @@ class PatchTask(BatchedTask):
             threshold=rs.anisotropy_threshold,
         )
         return self._pad(image, [normalised_floor(n) for _, n in pairs])
+
+    def _nnunet_spacing(self, native: tuple[float, ...]) -> tuple[float, float, float]:
+        """The model spacing; a null first axis keeps the native one (an nnU-Net 2d
+        model: its preprocessing resamples in-plane only, ``[original_spacing[0]] +
+        spacing``, and its way back starts from that spacing too)."""
+        first, *rest = self.spec.input.spacing
+        return (float(native[0]) if first is None else first, *rest)  # type: ignore[return-value]
 
     def _first_voxel_channels(self, volume: Volume, masks: list[np.ndarray]) -> np.ndarray:
         """MONAI's ``Spacing`` grid (see ``ResamplingSpec.grid``), intensities scaled
@@ -671,7 +678,7 @@ class PatchTask(BatchedTask):
             return (1, 1, 1)
         orders = [rs.output_order] * 3
         if rs.separate_z == "auto":
-            model: tuple[float, float, float] = tuple(self.spec.input.spacing)  # type: ignore[assignment]
+            model = self._nnunet_spacing(self._native_spacing)
             axis = separate_axis(model, self._native_spacing, rs.anisotropy_threshold)
             if axis is not None:
                 orders[axis] = rs.output_order_z

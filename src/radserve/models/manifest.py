@@ -402,10 +402,13 @@ class InputSpec(_Strict):
                     f"input.axes {list(self.axes)} is for 3d models; 2d/2.5d models take "
                     "(slice, row, column) slices"
                 )
-            if self.spacing[0] is None:
+            if self.spacing[0] is None and (
+                self.resampling is None or self.resampling.grid != "field_of_view"
+            ):
                 raise ValueError(
                     "input.spacing[0] null (keep native slices) needs the default input.axes "
-                    "[z, y, x]; give the spacing of the network's first axis"
+                    "[z, y, x] or nnU-Net's resampling (the native spacing of the network's "
+                    "first axis); give the spacing of the network's first axis"
                 )
         if self.mode != "3d" and (
             self.resampling is not None
@@ -427,8 +430,12 @@ class InputSpec(_Strict):
                 "'first_voxel', crop 'none', sliding_window.pad 'centre_zero', one image "
                 "channel and no roi_labels"
             )
-        if self.resampling is not None and self.spacing[0] is None:
-            raise ValueError("input.resampling needs a slice spacing (not null)")
+        if (
+            self.resampling is not None
+            and self.resampling.grid != "field_of_view"
+            and self.spacing[0] is None
+        ):
+            raise ValueError("input.resampling.grid 'first_voxel' needs a slice spacing")
         if self.mode == "3d" and (self.patch_size is None or len(self.patch_size) != 3):
             raise ValueError("input.mode '3d' needs a 3-element patch_size")
         if self.mode == "2d" and self.context_slices:

@@ -1,0 +1,193 @@
+"""nnU-Net folders as people have them, beyond the default 3d_fullres plans: plans written
+by nnU-Net's own planners (ResEnc presets, the recommended plans since nnU-Net 2.5), 2d
+configurations, and the trainer / fold / checkpoint / dataset.json variants. Each either
+agrees with ``nnUNetPredictor`` on the same weights (>= 0.999 of voxels, asserted) or is
+refused with a message naming what and why. Tiny networks (the planners' own choices for
+a 16x32x32 median image), random weights, one fold. Needs the ``nnunet`` extra."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="the nnunet extra (torch) is not installed")
+pytest.importorskip("nnunetv2", reason="the nnunet extra (nnunetv2) is not installed")
+
+from tests.factories.nnunet_folder import make_results_folder, planner_plans, tiny_plans
+from tests.integration.test_nnunet_agreement import (
+    agreement,
+    radserve_labels,
+    synthetic_ct,
+)
+
+from radserve.importers import ImportRefusedError
+from radserve.importers.nnunet import import_nnunet, load_predictor, read_results_folder
+from radserve.models.manifest import load_manifest
+
+_PLANS: dict[str, dict] = {}
+
+
+@pytest.fixture(scope="session")
+def planned(tmp_path_factory):
+    """Plans by planner class name, each planned once per session (a child process)."""
+
+    def get(planner: str) -> dict:
+        if planner not in _PLANS:
+            _PLANS[planner] = planner_plans(tmp_path_factory.mktemp(planner), planner)
+        return _PLANS[planner]
+
+    return get
+
+
+def _radserve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from radserve.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+
+
+def theirs(folder, ct, spacing, *, mirroring=False, checkpoint="checkpoint_final.pth"):
+    predictor = load_predictor(read_results_folder(folder, checkpoint=checkpoint), checkpoint)
+    predictor.use_mirroring = mirroring
+    return predictor.predict_single_npy_array(ct[None].astype(np.float32), {"spacing": spacing})
+
+
+@pytest.mark.slow
+def test_resenc_m_plans_agree(tmp_path, planned):
+    """nnUNetPlannerResEncM's plans (ResidualEncoderUNet, 1/3/4/6 blocks per stage)."""
+    plans = planned("nnUNetPlannerResEncM")
+    arch = plans["configurations"]["3d_fullres"]["architecture"]
+    assert arch["network_class_name"].endswith("ResidualEncoderUNet")
+    folder = make_results_folder(tmp_path / "results", plans=plans, folds=(0,))
+    assert folder.name == "nnUNetTrainer__nnUNetResEncUNetMPlans__3d_fullres"
+    bundle = import_nnunet(folder, tmp_path / "models", name="resenc")
+    ct, spacing = synthetic_ct((20, 56, 52), seed=2), (2.5, 1.4, 1.3)
+    nn = theirs(folder, ct, spacing)
+    assert len(np.unique(nn)) >= 2
+    assert agreement(radserve_labels(bundle, ct, spacing), nn) >= 0.999
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("planner", "spacing", "shape", "tta"),
+    [
+        # every axis resampled in-plane, slices kept; ResEnc's 2d network
+        ("nnUNetPlannerResEncM", (2.5, 1.4, 1.3), (20, 56, 52), False),
+        # 5 mm slices: nnU-Net resamples each slice apart (separate z); mirroring over
+        # the two in-plane axes on both sides (4 passes per slice patch)
+        ("ExperimentPlanner", (5.0, 0.9, 0.9), (8, 64, 60), True),
+    ],
+)
+def test_2d_configuration_agrees(tmp_path, planned, planner, spacing, shape, tta):
+    """A 2d model: slice-wise 2D sliding window as depth-1 patches of the 3D one."""
+    plans = planned(planner)
+    folder = make_results_folder(
+        tmp_path / "results", plans=plans, folds=(0,), configuration="2d", mirror_axes=(0, 1)
+    )
+    bundle = import_nnunet(folder, tmp_path / "models", name="two-d", tta=tta)
+    spec = load_manifest(bundle / "model.yaml")
+    assert spec.input.patch_size == (1, 32, 32) and spec.input.spacing[0] is None
+    assert spec.input.test_time_augmentation.mirror_axes == (1, 2)
+    ct = synthetic_ct(shape, seed=6)
+    nn = theirs(folder, ct, spacing, mirroring=tta)
+    assert len(np.unique(nn)) >= 2
+    assert agreement(radserve_labels(bundle, ct, spacing), nn) >= 0.999
+
+
+def _lowres_plans() -> dict:
+    """tiny_plans with the 3d_lowres / 3d_cascade_fullres pair nnU-Net's planner adds
+    for large images (lowres inherits from fullres at a coarser spacing)."""
+    plans = tiny_plans()
+    plans["configurations"]["3d_lowres"] = {
+        "inherits_from": "3d_fullres",
+        "data_identifier": "nnUNetPlans_3d_lowres",
+        "spacing": [3.0, 2.5, 2.5],
+        "median_image_size_in_voxels": [27, 38, 38],
+        "next_stage": "3d_cascade_fullres",
+    }
+    plans["configurations"]["3d_cascade_fullres"] = {
+        "inherits_from": "3d_fullres",
+        "previous_stage": "3d_lowres",
+    }
+    return plans
+
+
+# TotalSegmentator-style dataset.json: many labels whose names share long prefixes, the
+# reader and file ending fields.
+_MANY = ["background", *(f"{s}_{side}" for s in (
+    "subclavian_artery", "common_carotid_artery", "lung_upper_lobe", "adrenal_gland",
+    "brachiocephalic_vein", "iliac_artery") for side in ("left", "right"))]  # fmt: skip
+_TOTALSEG_JSON = {
+    "labels": {n: i for i, n in enumerate(_MANY)},
+    "file_ending": ".nii.gz",
+    "overwrite_image_reader_writer": "NibabelIO",
+}
+
+
+@pytest.mark.slow
+def test_lowres_alone_trainer_variant_fold_all_checkpoint_best(tmp_path):
+    """3d_lowres used on its own, nnUNetTrainerNoMirroring (no mirroring axes: --tta is
+    refused), fold ``all`` and ``checkpoint_best.pth`` chosen with ``--checkpoint`` on the
+    CLI, 12 labels with long shared prefixes: radserve agrees with nnUNetPredictor.
+
+    Briefly trained weights (decisive logits): with random ones nnU-Net's float16 logit
+    sums flip near-tied voxels, and the coarse lowres grid spreads each flipped model
+    voxel over about four native ones (measured 0.99877 with random weights, 0.99974
+    with nnU-Net's sums in float32: float rounding, not a mapping error)."""
+    ct, spacing = synthetic_ct((24, 64, 60), seed=7), (2.5, 1.4, 1.3)
+    folder = make_results_folder(
+        tmp_path / "results",
+        plans=_lowres_plans(),
+        folds=("all",),
+        configuration="3d_lowres",
+        trainer="nnUNetTrainerNoMirroring",
+        checkpoint="checkpoint_best.pth",
+        mirror_axes=None,
+        dataset_extra=_TOTALSEG_JSON,
+        train_on=ct,
+        train_steps=30,
+        train_lr=1e-2,
+    )
+    with pytest.raises(ImportRefusedError, match=r"checkpoint_final.pth .*\['checkpoint_best"):
+        read_results_folder(folder)
+    models = tmp_path / "models"
+    done = _radserve(
+        "models", "import", "nnunet", str(folder), "--models-dir", str(models),
+        "--name", "lowres", "--checkpoint", "checkpoint_best.pth", "--fold", "all",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    bundle = models / "lowres" / "1.0.0"
+    spec = load_manifest(bundle / "model.yaml")
+    assert spec.input.spacing == (3.0, 2.5, 2.5) and spec.num_classes == 13
+    codes = [label.concept.value for label in spec.labels]
+    assert len(set(codes)) == 12 and all(len(c) <= 16 for c in codes)
+    record = json.loads((bundle / "import.json").read_text())
+    assert (record["checkpoint"], record["folds"]) == ("checkpoint_best.pth", ["all"])
+    assert record["test_time_augmentation"]["mirror_axes"] == []
+    nn = theirs(folder, ct, spacing, checkpoint="checkpoint_best.pth")
+    assert len(np.unique(nn)) >= 2
+    assert agreement(radserve_labels(bundle, ct, spacing), nn) >= 0.999
+    refused = _radserve(
+        "models", "import", "nnunet", str(folder), "--models-dir", str(models),
+        "--checkpoint", "checkpoint_best.pth", "--tta", "--version", "2",
+    )  # fmt: skip
+    assert refused.returncode != 0 and "allows no mirroring axes" in refused.stderr
+
+
+@pytest.mark.slow
+def test_a_custom_trainer_and_a_cascade_are_refused_by_name(tmp_path):
+    custom = make_results_folder(tmp_path / "a", folds=(0,), trainer="MyLabTrainer")
+    with pytest.raises(ImportRefusedError, match=r"trainer 'MyLabTrainer' .* nnUNet_extTrainer"):
+        import_nnunet(custom, tmp_path / "models")
+    cascade = make_results_folder(
+        tmp_path / "b", plans=_lowres_plans(), folds=(0,), configuration="3d_cascade_fullres"
+    )
+    with pytest.raises(ImportRefusedError, match="cascade"):
+        import_nnunet(cascade, tmp_path / "models")
