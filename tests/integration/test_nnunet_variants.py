@@ -8,8 +8,6 @@ a 16x32x32 median image), random weights, one fold. Needs the ``nnunet`` extra."
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ import pytest
 pytest.importorskip("torch", reason="the nnunet extra (torch) is not installed")
 pytest.importorskip("nnunetv2", reason="the nnunet extra (nnunetv2) is not installed")
 
+from tests.e2e.test_nnunet_import_cli import _radserve
 from tests.factories.nnunet_folder import make_results_folder, planner_plans, tiny_plans
 from tests.integration.test_nnunet_agreement import (
     agreement,
@@ -41,16 +40,6 @@ def planned(tmp_path_factory):
         return _PLANS[planner]
 
     return get
-
-
-def _radserve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from radserve.cli import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
 
 
 def theirs(folder, ct, spacing, *, mirroring=False, checkpoint="checkpoint_final.pth"):
