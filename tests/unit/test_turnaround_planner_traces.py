@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from radserve.bench.eta_accuracy import read_summary
-from radserve.bench.eta_planner import DEFAULT, cells_within, replay_planner
+from radserve.bench.eta_planner import DEFAULT, FINE, cells_within, replay_planner
 
 TRACES = Path(__file__).parent.parent / "data" / "eta-traces"
 POOLED = "solo from the trace, pooled noise"
@@ -57,3 +57,13 @@ def test_the_urgent_p50_miss_of_seed_1_was_the_pooled_noise() -> None:
     new = checks[DEFAULT]["classes"]["URGENT"]  # type: ignore[index]
     assert old["diff_p50"] > 0.25 >= new["diff_p50"]
     assert old["predicted_p50_s"] > new["predicted_p50_s"] > old["measured_p50_s"] * 0.75
+
+
+def test_the_servers_units_with_the_feeder_thread_plan_every_cell_of_a_zen_5_trace() -> None:
+    """Session 10's quiet seed-0 trace (8b6d7eb, the Zen 5 host): the server's-units model
+    planned 4 of 6 cells (INPATIENT p50 7.8 vs 13.1 s) while the CPU pool alone did the
+    batches' feed work; with the executor's feeder thread per device simulated (session
+    15) it plans all 6 (docs/history/turnaround.md, session 15)."""
+    summary = read_summary(TRACES / "eta-quiet-s0.json.gz")
+    check = replay_planner(summary, names=[FINE])[FINE]
+    assert cells_within(check) == (6, 6)
