@@ -15,12 +15,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
+import shutil
+import tempfile
+import threading
 import warnings
 from logging.handlers import QueueHandler, QueueListener
 from typing import Any, TextIO
 
 WARNINGS_LOGGER = "py.warnings"
+NATIVE_STDERR_LOGGER = "radserve.native_stderr"
+_STOP = b"\0radserve-worker-stderr-stop\n"
+_LINE_MAX = 4096  # a longer run of bytes without a newline is logged in pieces
 
 
 def _showwarning(
@@ -73,11 +80,13 @@ class WorkerLogs:
         self.queue: Any = context.Queue()
         self._listener: QueueListener | None = QueueListener(self.queue, _ToLogger())
         self._listener.start()
+        self._stderr: _NativeStderr | None = _NativeStderr()
 
-    def initargs(self) -> tuple[Any, int, tuple[str, ...]]:
+    def initargs(self) -> tuple[Any, int, tuple[str, ...], str | None]:
         """For the workers: the queue, this process's level, the loggers it holds at
-        WARNING (see :func:`radserve.security.logs.configure_logging`)."""
-        return self.queue, *levels()
+        WARNING (see :func:`radserve.security.logs.configure_logging`), and the FIFO
+        their file descriptor 2 is to write to."""
+        return self.queue, *levels(), self._stderr.path if self._stderr else None
 
     def stop(self) -> None:
         """Handle what is queued, stop the listener, and let the queue go: its locks are
@@ -85,12 +94,66 @@ class WorkerLogs:
         stops the tracker, which would otherwise report them as leaked, on stderr."""
         listener, self._listener = self._listener, None
         queue, self.queue = self.queue, None
+        stderr, self._stderr = self._stderr, None
+        if stderr is not None:
+            stderr.stop()
         if listener is None or queue is None:
             return
         with contextlib.suppress(Exception):  # the listener thread already ended
             listener.stop()
         queue.close()
         queue.join_thread()
+
+
+class _NativeStderr:
+    """What worker processes write on file descriptor 2 themselves — a C or C++ library
+    inside a decoder (GDCM's libjpeg: "Bogus marker length"; a C++ exception that ends
+    the process: "terminate called after throwing ..."), Python's own last words —
+    read here, one record per line on :data:`NATIVE_STDERR_LOGGER` (redacted and
+    formatted by this process's handlers), instead of plain lines among the JSON log.
+
+    A FIFO, read by a thread of *this* process: a worker that dies still has what it
+    wrote before dying read and logged. Opened read-write here, so opening it never
+    blocks a worker and the reader never sees end-of-file between workers.
+    """
+
+    def __init__(self) -> None:
+        self._folder = tempfile.mkdtemp(prefix="radserve-worker-stderr-")
+        self.path = os.path.join(self._folder, "stderr")
+        os.mkfifo(self.path, 0o600)
+        self._fd = os.open(self.path, os.O_RDWR)
+        self._thread = threading.Thread(
+            target=self._relay, name="radserve-worker-stderr", daemon=True
+        )
+        self._thread.start()
+
+    def _relay(self) -> None:
+        logger = logging.getLogger(NATIVE_STDERR_LOGGER)
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(self._fd, 65536)
+            except OSError:
+                return
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            if len(pending) > _LINE_MAX:
+                lines, pending = [*lines, pending], b""
+            for line in lines:
+                if line + b"\n" == _STOP:
+                    return
+                text = line.decode("utf-8", "replace").strip()
+                if text:
+                    logger.warning("a worker process wrote on stderr: %s", text)
+
+    def stop(self) -> None:
+        """Log what is left, then stop reading and remove the FIFO."""
+        with contextlib.suppress(OSError):
+            os.write(self._fd, _STOP)
+        self._thread.join(5)
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 def levels() -> tuple[int, tuple[str, ...]]:
@@ -127,10 +190,17 @@ def route_record(record: logging.LogRecord) -> None:
     _ROUTER.handle(record)
 
 
-def forward_worker_logs(queue: Any, level: int, quiet: tuple[str, ...] = ()) -> None:
+def forward_worker_logs(
+    queue: Any, level: int, quiet: tuple[str, ...] = (), stderr_fifo: str | None = None
+) -> None:
     """A worker process's initializer (see :class:`WorkerLogs`): every record at
     ``level`` or above (``quiet`` loggers: WARNING and above), and every warning, goes
-    to ``queue``; nothing to stderr."""
+    to ``queue``; nothing to stderr. ``stderr_fifo``: file descriptor 2 (what native
+    code writes there) goes to it, to be logged by the parent."""
+    if stderr_fifo is not None:
+        fd = os.open(stderr_fifo, os.O_WRONLY)
+        os.dup2(fd, 2)
+        os.close(fd)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
