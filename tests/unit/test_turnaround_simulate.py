@@ -16,6 +16,7 @@ from radserve.turnaround.simulate import (
     SimConfig,
     poisson_trace,
     simulate,
+    simulate_jobs,
 )
 
 U, OUT = PriorityClass.URGENT, PriorityClass.OUTPATIENT
@@ -250,3 +251,24 @@ def test_a_waiting_job_starts_only_when_a_cpu_thread_takes_its_first_stage() -> 
     assert result.classes[INP].tat_p50_s == pytest.approx(1.7)
     assert result.classes[INP].wait_mean_s == pytest.approx(0.7)
     assert result.classes[OUT].tat_p50_s == pytest.approx(2.9)  # B: 2.0 to 3.0
+
+
+def test_simulate_jobs_gives_each_job_of_the_same_run_in_arrival_order() -> None:
+    """The job-by-job view (tools/planner_oracle.py) is the run :func:`simulate` makes:
+    one CPU thread, the device apart, three jobs given out of order."""
+    config = SimConfig(1, 1, PLAIN, urgent_lane=False)
+    trace = [
+        Arrival(0.5, OUT, JobService(1.0, (), 0.0)),
+        Arrival(0.0, OUT, JobService(1.0, (2.0,), 0.0)),
+        Arrival(0.2, INP, JobService(0.5, (), 0.0)),
+    ]
+    jobs = simulate_jobs(trace, _exponential(1.0), config)
+    assert [(j.index, j.cls, j.arrival) for j in jobs] == [
+        (0, OUT, 0.0),
+        (1, INP, 0.2),
+        (2, OUT, 0.5),
+    ]
+    times = [t for j in jobs for t in (j.started, j.finished)]
+    assert times == pytest.approx([0.0, 3.0, 1.0, 1.5, 1.5, 2.5])
+    result = simulate(trace, _exponential(1.0), config)
+    assert result.classes[INP].tat_p50_s == pytest.approx(1.3)

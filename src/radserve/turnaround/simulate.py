@@ -504,17 +504,13 @@ class _Sim:
             job.step = _Step(seg)
 
 
-def simulate(
+def _run(
     trace: Sequence[Arrival],
     sampler: ServiceSampler,
     config: SimConfig,
-    *,
-    seed: int = 0,
-    warmup_s: float = 0.0,
-    until: float | None = None,
-) -> SimResult:
-    """Run ``trace`` through the policy; statistics over its ``measured`` jobs arriving
-    after ``warmup_s``."""
+    seed: int,
+    until: float | None,
+) -> _Sim:
     rng = np.random.default_rng(seed)
     sim = _Sim(config)
     env = sim.env
@@ -529,6 +525,48 @@ def simulate(
         env.process(sim.worker("feed"))
     end = until if until is not None else (trace[-1].at if trace else 0.0) * 10 + 3600
     env.run(until=end)
+    return sim
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One simulated job: its arrival's index in the trace (sorted by time), class,
+    arrival, start and finish (None: unfinished at the end)."""
+
+    index: int
+    cls: PriorityClass
+    arrival: float
+    started: float | None
+    finished: float | None
+
+
+def simulate_jobs(
+    trace: Sequence[Arrival],
+    sampler: ServiceSampler,
+    config: SimConfig,
+    *,
+    seed: int = 0,
+    until: float | None = None,
+) -> list[SimJob]:
+    """Every job of ``trace`` as :func:`simulate` runs it, in arrival order: for
+    comparing a replayed trace job by job (``tools/planner_oracle.py``)."""
+    sim = _run(trace, sampler, config, seed, until)
+    jobs = sorted([*sim.done, *sim.jobs], key=lambda j: j.seq)
+    return [SimJob(j.seq, j.cls, j.arrival, j.started, j.finished) for j in jobs]
+
+
+def simulate(
+    trace: Sequence[Arrival],
+    sampler: ServiceSampler,
+    config: SimConfig,
+    *,
+    seed: int = 0,
+    warmup_s: float = 0.0,
+    until: float | None = None,
+) -> SimResult:
+    """Run ``trace`` through the policy; statistics over its ``measured`` jobs arriving
+    after ``warmup_s``."""
+    sim = _run(trace, sampler, config, seed, until)
     last = max((j.finished or 0.0 for j in sim.done), default=0.0)
     span = max(last, trace[-1].at if trace else 0.0, 1e-9)
     classes = {}
@@ -591,8 +629,10 @@ __all__ = [
     "ModelWork",
     "ServiceSampler",
     "SimConfig",
+    "SimJob",
     "SimResult",
     "poisson_trace",
     "simulate",
+    "simulate_jobs",
     "split_batches",
 ]
