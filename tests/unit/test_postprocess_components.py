@@ -142,3 +142,19 @@ def test_component_runs_on_a_thin_box_with_separate_runs() -> None:
     labels = np.array([[[3, 0, 3, 3, 0, 3]]], dtype=np.uint8)
     runs = component_runs(labels, [3])
     assert sum(int(run.counts[1:].size) for run in runs) == 3
+
+
+@pytest.mark.parametrize("kept_ids", [0, 1, 6, 10])
+def test_dropped_components_are_cleared_as_the_id_lookup_clears_them(kept_ids: int) -> None:
+    """Few ids kept (keep_largest), few dropped (min_size), or many of both: the voxels
+    cleared are those ``drop[components]`` marks, over more slices than one slab."""
+    rng = np.random.default_rng(kept_ids)
+    components = rng.integers(0, 13, (40, 9, 11)).astype(np.uint32)
+    drop = np.ones(13, bool)
+    drop[0] = False
+    drop[rng.permutation(np.arange(1, 13))[:kept_ids]] = False
+    region = rng.integers(1, 4, components.shape).astype(np.uint8)
+    expected = region.copy()
+    expected[drop[components]] = 0
+    components_module._clear_dropped(region, components, drop)
+    np.testing.assert_array_equal(region, expected)

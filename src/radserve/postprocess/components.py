@@ -72,6 +72,7 @@ class ComponentRun:
 
 
 _OCCUPANCY_SLAB = 16  # slices compared at once while finding the occupied runs
+_FEW_IDS = 4  # at most this many kept (or dropped) ids: voxels found by comparisons
 
 
 def _occupancy(labels: np.ndarray, values: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -336,12 +337,40 @@ def _component_rules(
             drop = np.logical_not(run.local_lut(keep))
             drop[0] = False
             if drop.any():
-                region[run.box][drop[run.components]] = 0
+                _clear_dropped(region[run.box], run.components, drop)
         del runs
         kept = _tight_box(region, value, occupancy)
         boxes[value - 1] = None if kept is None else _shifted_union([kept], box)
         removed += int(n + 1 - np.count_nonzero(keep))
     return removed
+
+
+def _clear_dropped(region: np.ndarray, components: np.ndarray, drop: np.ndarray) -> None:
+    """Zero the voxels of ``region`` whose component id (``components``, 0 for none) is
+    one ``drop`` marks: ``region[drop[components]] = 0``, a few slices at a time.
+
+    Looking each voxel's id up in ``drop`` cost ~3 ns a voxel of the label's box (a
+    lung's 12.6 M: 34 ms). ``keep_largest`` keeps one id and ``min_size`` usually drops
+    a few, so where at most :data:`_FEW_IDS` ids are kept (or dropped) the voxels are
+    found by comparing the ids with those, which numpy vectorises. Slab by slab, no
+    mask of the whole box is made (it was the box's size in bytes)."""
+    dropped = np.flatnonzero(drop)
+    if dropped.size == 0:
+        return
+    kept = np.flatnonzero(~drop[1:]) + 1
+    for z0 in range(0, len(components), _OCCUPANCY_SLAB):
+        ids = components[z0 : z0 + _OCCUPANCY_SLAB]
+        if len(kept) <= _FEW_IDS and len(kept) <= len(dropped):
+            mask = ids != 0
+            for i in kept:
+                mask &= ids != i
+        elif len(dropped) <= _FEW_IDS:
+            mask = ids == dropped[0]
+            for i in dropped[1:]:
+                mask |= ids == i
+        else:
+            mask = drop[ids]
+        region[z0 : z0 + _OCCUPANCY_SLAB][mask] = 0
 
 
 def _tight_box(
