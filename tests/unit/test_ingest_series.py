@@ -292,6 +292,34 @@ def test_a_bad_pixel_format_is_described_as_what_it_is(
     assert "XYZZY" not in info.value.message  # described, never quoted
 
 
+@pytest.mark.parametrize(
+    ("keyword", "value", "message"),
+    [
+        # slice 5 at slice 4's position: was only "missing slices: 1 gaps of 4.00 mm ..."
+        ("ImagePositionPatient", None, "1 slice(s) share their position with another"),
+        # slice 5 coronal: set aside as a localizer, then the same bare gap message
+        ("ImageOrientationPatient", [1, 0, 0, 0, 0, -1], "1 image(s) of the series were set "
+         "aside first: localizer (1 instances with another orientation)"),
+    ],
+)  # fmt: skip
+def test_a_gap_names_the_slice_that_left_it(
+    tmp_path: Path, keyword: str, value: object, message: str
+) -> None:
+    """Found by tools/edge_probe.py: the gap is reported with why a slice is not in it."""
+    import pydicom
+
+    paths = make_ct_series(tmp_path, n_slices=8)
+    ds = pydicom.dcmread(paths[5])
+    if value is None:
+        value = pydicom.dcmread(paths[4]).ImagePositionPatient
+    setattr(ds, keyword, value)
+    ds.save_as(paths[5], enforce_file_format=True)
+    with pytest.raises(GeometryError) as info:
+        load_series(discover_series(tmp_path)[0])
+    assert "missing slices: 1 gaps" in info.value.message
+    assert message in info.value.message
+
+
 def test_no_patient_data_in_logs_or_errors(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -97,7 +97,18 @@ def plan_stack(frames: Sequence[FrameRef], policy: IngestPolicy) -> StackLayout:
         _check_fov(extent, step, 1, policy)
         return StackLayout(tuple(order), duplicates, affine, offsets, None, None, tuple(warnings))
 
-    target, step = _check_spacing(offsets, policy, warnings)
+    try:
+        target, step = _check_spacing(offsets, policy, warnings)
+    except GeometryError as exc:
+        if not duplicates:
+            raise
+        # the gap is most likely where a slice with a wrong position belongs
+        at = float(along[duplicates[0][1]] - along[order[0]])
+        raise GeometryError(
+            f"{exc.message}; {len(duplicates)} slice(s) share their position with another "
+            f"(first at {at:.2f} mm from the first slice): a slice with a wrong Image "
+            "Position (Patient) leaves such a gap"
+        ) from exc
     _check_range(
         "slice spacing (from Image Position (Patient))",
         f"{step:g}",

@@ -115,7 +115,17 @@ def load_series(
     check_series(header, warnings)
     _apply_split_policy(header, policy, warnings)
 
-    layout = plan_stack(header.frames, policy)
+    try:
+        layout = plan_stack(header.frames, policy)
+    except GeometryError as exc:
+        if not header.dropped:
+            raise
+        # a gap may be where a slice set aside (another orientation, say) belongs
+        what = sorted({d.reason for d in header.dropped})
+        raise GeometryError(
+            f"{exc.message}; {len(header.dropped)} image(s) of the series were set aside "
+            f"first: {'; '.join(what)}"
+        ) from exc
     warnings.extend(layout.warnings)
     _check_size(header.frames[0], layout, policy)
     ensure_decoders(f.pixel.transfer_syntax_uid for f in header.frames)
