@@ -8,6 +8,7 @@ a 16x32x32 median image), random weights, one fold. Needs the ``nnunet`` extra."
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -180,3 +181,48 @@ def test_a_custom_trainer_and_a_cascade_are_refused_by_name(tmp_path):
     )
     with pytest.raises(ImportRefusedError, match="cascade"):
         import_nnunet(cascade, tmp_path / "models")
+
+
+@pytest.mark.slow
+def test_reorienting_reader_agrees_through_nifti_files(tmp_path):
+    """NibabelIOWithReorient (TotalSegmentator's reader): nnU-Net reads a NIfTI of the
+    volume turned to RAS+, predicts, and writes its labels back in the file's own
+    orientation; radserve runs the same volume (a DICOM-like LPS axial grid: columns to
+    the patient's left, rows to posterior, so two axes flip) with ``input.axes`` [S, A,
+    R]. The NIfTI route is nnU-Net's own reader and writer, end to end."""
+    import nibabel as nib
+    from nnunetv2.imageio.nibabel_reader_writer import NibabelIOWithReorient
+    from tests.factories.monai_bundle import write_nifti
+
+    from radserve.domain.volume import Volume
+
+    plans = {**tiny_plans(), "image_reader_writer": "NibabelIOWithReorient"}
+    folder = make_results_folder(
+        tmp_path / "results",
+        plans=plans,
+        folds=(0,),
+        dataset_extra={"overwrite_image_reader_writer": "NibabelIOWithReorient"},
+    )
+    bundle = import_nnunet(folder, tmp_path / "models", name="reoriented")
+    assert load_manifest(bundle / "model.yaml").input.axes == ("S", "A", "R")
+    ct, spacing = synthetic_ct((20, 56, 52), seed=8), (2.5, 1.4, 1.3)
+    volume = Volume.from_geometry(ct, spacing=spacing)
+    nifti = write_nifti(volume, tmp_path / "ct.nii.gz")
+    io = NibabelIOWithReorient()
+    image, props = io.read_images([str(nifti)])
+    predictor = load_predictor(read_results_folder(folder))
+    seg = predictor.predict_single_npy_array(image.astype(np.float32), props)
+    io.write_seg(seg, str(tmp_path / "seg.nii.gz"), props)
+    nn = np.asarray(nib.load(tmp_path / "seg.nii.gz").dataobj).transpose(2, 1, 0)
+    assert len(np.unique(nn)) >= 2
+    ours = agreement(radserve_labels(bundle, ct, spacing), nn)
+    assert ours >= 0.999
+    # Control: the same weights fed the series' own voxel order (as if SimpleITKIO) agree
+    # less, so the axes are what makes the labels equal.
+    plain = tmp_path / "plain" / folder.name
+    shutil.copytree(folder, plain)
+    (plain / "plans.json").write_text(json.dumps({**plans, "image_reader_writer": "SimpleITKIO"}))
+    (plain / "dataset.json").write_text(json.dumps(read_results_folder(folder).dataset | {
+        "overwrite_image_reader_writer": "SimpleITKIO"}))  # fmt: skip
+    unturned = import_nnunet(plain, tmp_path / "models", name="unturned")
+    assert agreement(radserve_labels(unturned, ct, spacing), nn) < ours - 0.01

@@ -66,8 +66,7 @@ def _plans(**config):
         ({**tiny_plans(), "transpose_forward": [2, 1, 1]}, None, "transpose_forward"),
         ({**tiny_plans(), "transpose_forward": [1, 2, 0]}, None, "transpose_backward"),
         (_plans(patch_size=[64, 64]), None, "neither 2d nor 3d"),
-        ({**tiny_plans(), "image_reader_writer": "NibabelIOWithReorient"}, None,
-         "reorients every image to RAS"),
+
         ({**tiny_plans(), "image_reader_writer": "NaturalImage2DIO"}, None,
          "'NaturalImage2DIO'.* not 2D images"),
         ({k: v for k, v in tiny_plans().items() if k != "image_reader_writer"},
@@ -128,6 +127,16 @@ def test_totalsegmentator_style_dataset_json(tmp_path):
     assert {c for c in codes if c.startswith("subclavian")} == {
         "subclavian-art-1", "subclavian-art-2",
     }  # fmt: skip
+
+
+def test_a_reorienting_reader_gives_patient_direction_axes(tmp_path):
+    """NibabelIOWithReorient (TotalSegmentator's): arrays in RAS+ order read as (S, A, R),
+    then transpose_forward."""
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    plans = {**tiny_plans(), "image_reader_writer": "NibabelIOWithReorient"}
+    assert _spec(tmp_path / "a", plans=plans).input.axes == ("S", "A", "R")
+    plans |= {"transpose_forward": [2, 0, 1], "transpose_backward": [1, 2, 0]}
+    assert _spec(tmp_path / "b", plans=plans).input.axes == ("R", "S", "A")
 
 
 def test_fold_all_and_another_checkpoint(tmp_path):

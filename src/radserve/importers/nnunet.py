@@ -21,7 +21,8 @@ regions in ``regions_class_order``. Folds are ensembled inside the ONNX graph (t
 logits averaged, as nnU-Net does); mirroring test-time augmentation is in the graph only
 with ``tta=True`` (2^axes network passes per patch).
 
-A ``transpose_forward`` becomes ``input.axes`` (index axes in nnU-Net's transposed order).
+A ``transpose_forward`` becomes ``input.axes`` (index axes in nnU-Net's transposed order;
+with the NibabelIOWithReorient reader, the patient directions S, A, R so transposed).
 A model of several input channels (PET/CT, multi-sequence MR) becomes ``input.channels``:
 each channel's series from its dataset.json name or ``--channel``, the first CT/MR
 channel the grid (:mod:`radserve.importers.nnunet_channels`).
@@ -32,7 +33,8 @@ preprocessing does), the 2D network exported behind a (B, C, 1, H, W) wrapper.
 Any trainer nnU-Net can load is fine: nnUNetPredictor uses it only to build the network.
 
 Refused, with the reason: a transpose that is not a permutation, cascades
-(``previous_stage``), a reorienting or 2D-image reader, a trainer nnunetv2 cannot find,
+(``previous_stage``), SimpleITKIOWithReorient or a 2D-image reader, a trainer nnunetv2
+cannot find,
 another preprocessor or resampling function, a forced separate
 z, other normalisations (e.g. RGBTo01Normalization), a channel whose name says no series
 and no ``--channel`` names one, two channels read from the same series, a PET-only model
@@ -228,27 +230,32 @@ def _labels(dataset: dict[str, Any]) -> tuple[list[dict[str, Any]], str, list[in
 
 
 _READERS = {"SimpleITKIO", "NibabelIO"}
-_REORIENT = {"NibabelIOWithReorient", "SimpleITKIOWithReorient"}
+# NibabelIOWithReorient: the image turned to NiBabel's closest canonical (RAS+) voxel
+# order (io_orientation), then read as (k, j, i): the array axes run to S, A, R.
+_REORIENTED_AXES = ("S", "A", "R")
 
 
-def _check_reader(source: NnunetSource) -> None:
-    """nnU-Net's image reader (the plans' ``image_reader_writer``, which inference uses;
-    the dataset.json's ``overwrite_image_reader_writer`` where the plans lack it).
-    SimpleITKIO and NibabelIO give the same array for a volume (voxel order reversed:
-    slice, row, column), which is radserve's; the reorienting readers and the 2D image /
-    TIFF readers do not."""
+def _reader_axes(source: NnunetSource) -> tuple[str, str, str]:
+    """The array axes nnU-Net's image reader gives (before ``transpose_forward``), from
+    the plans' ``image_reader_writer`` (what inference uses; the dataset.json's
+    ``overwrite_image_reader_writer`` where the plans lack it). SimpleITKIO and NibabelIO
+    give the voxel order reversed (slice, row, column: radserve's index axes);
+    NibabelIOWithReorient the patient directions S, A, R (TotalSegmentator's reader).
+    Other readers are refused."""
     name = str(
         source.plans.get("image_reader_writer")
         or source.dataset.get("overwrite_image_reader_writer")
         or "SimpleITKIO"
     )
     if name in _READERS or name == "None":
-        return
-    if name in _REORIENT:
+        return INDEX_AXES
+    if name == "NibabelIOWithReorient":
+        return _REORIENTED_AXES
+    if name == "SimpleITKIOWithReorient":
         _refuse(
-            f"image reader {name} reorients every image to RAS before the network sees it; "
-            "radserve feeds the network in the series' own voxel order (as SimpleITKIO "
-            "and NibabelIO read it), so this model would see its inputs turned"
+            f"image reader {name} reorients every image with SimpleITK's DICOMOrient "
+            "before the network sees it; radserve reproduces NibabelIOWithReorient's "
+            "reorientation, not this one (not tested against it)"
         )
     _refuse(
         f"image reader {name!r}: radserve reproduces nnU-Net's SimpleITKIO and NibabelIO "
@@ -281,7 +288,7 @@ def manifest_from_nnunet(
         )
     # nnU-Net transposes SimpleITK's (z, y, x) arrays by transpose_forward; the plans'
     # spacing and patch size are in that order, as input.axes declares it.
-    axes = [INDEX_AXES[a] for a in forward]
+    axes = [_reader_axes(source)[a] for a in forward]
     patch = [int(p) for p in config.get("patch_size") or []]
     spacing: list[float | None] = [float(s) for s in config.get("spacing") or []]
     if len(patch) == 2 and len(spacing) == 2:
@@ -299,7 +306,6 @@ def manifest_from_nnunet(
         _refuse("cascade configurations (a previous stage's segmentation as input)")
     if config.get("preprocessor_name", "DefaultPreprocessor") != "DefaultPreprocessor":
         _refuse(f"preprocessor {config.get('preprocessor_name')!r} (only DefaultPreprocessor)")
-    _check_reader(source)
     labels, activation, regions = _labels(source.dataset)
     if tta and not mirror_axes:
         _refuse("test-time augmentation asked for, but the model allows no mirroring axes")
