@@ -32,7 +32,7 @@ from radserve import durable
 from radserve.gateway.errors import GatewayError
 from radserve.gateway.outbox import DeliveryReport, RetryPolicy, settle, utc_now
 from radserve.gateway.scu import Outcome, SendResult
-from radserve.store.outbox import NewDelivery, OutboxItem, OutboxKind, OutboxStore
+from radserve.store.outbox import NewDelivery, OutboxItem, OutboxKind, OutboxStore, Scope
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +159,10 @@ def _issues(response: httpx.Response) -> str:
 
 class FhirOutbox:
     """Enqueue Bundles for one FHIR server and deliver them; driven by
-    :class:`~radserve.gateway.outbox.OutboxWorker` like the DICOM outbox."""
+    :class:`~radserve.gateway.outbox.LaneWorkers` like the DICOM outbox (one sender for
+    the FHIR server among replicas sharing PostgreSQL)."""
+
+    kind = OutboxKind.FHIR
 
     def __init__(
         self,
@@ -211,11 +214,14 @@ class FhirOutbox:
         logger.info("outbox: FHIR bundle %s queued for %s", bundle_id, self.destination.name)
         return item
 
-    def deliver_pending(self, now: dt.datetime | None = None) -> DeliveryReport:
-        """POST every Bundle due at ``now``; each ends sent, rescheduled or failed."""
+    def deliver_pending(
+        self, now: dt.datetime | None = None, scope: Scope | None = None
+    ) -> DeliveryReport:
+        """POST every Bundle due at ``now`` (of ``scope``'s destinations, if given); each
+        ends sent, rescheduled or failed."""
         now = now or utc_now()
         claimed = self.store.claim_due(
-            now, limit=self.batch_size, lease=self.lease, kind=OutboxKind.FHIR
+            now, limit=self.batch_size, lease=self.lease, kind=OutboxKind.FHIR, scope=scope
         )
         tally = {Outcome.SENT: 0, Outcome.RETRY: 0, Outcome.PERMANENT: 0}
         for item in claimed:
@@ -230,8 +236,8 @@ class FhirOutbox:
             logger.info("outbox (FHIR): %s", report)
         return report
 
-    def next_due(self) -> dt.datetime | None:
-        return self.store.next_due(OutboxKind.FHIR)
+    def next_due(self, scope: Scope | None = None) -> dt.datetime | None:
+        return self.store.next_due(OutboxKind.FHIR, scope)
 
     def close(self) -> None:
         close = getattr(self.poster, "close", None)

@@ -218,7 +218,7 @@ class FailureNotices:
             job_id=job.id,
             study_instance_uid=study_uid,
         )
-        self.fhir.worker.wake()
+        self.fhir.lanes.wake()
         self.metrics.failure_notices.labels("fhir").inc()
         logger.info("job %s: FHIR failure notice queued (DiagnosticReport cancelled)", job.id)
 

@@ -15,12 +15,13 @@ from pathlib import Path
 from radserve.config import Settings
 from radserve.errors import RadserveError
 from radserve.fhir.delivery import BUNDLE_FILE, FhirDestination, FhirOutbox
-from radserve.gateway.outbox import OutboxWorker, RetryPolicy
+from radserve.gateway.outbox import LaneWorkers, RetryPolicy
 from radserve.ingest import IngestPolicy
 from radserve.pipeline.study import StudyResult
 from radserve.report.fhir.patient import IdentifierSystems
 from radserve.report.schema import Report
 from radserve.service.job_fhir import fhir_bundle_for
+from radserve.service.outbox import lane_interval_s
 from radserve.store import JobRecord, Store
 from radserve.store.outbox import OutboxStore
 
@@ -51,13 +52,19 @@ class FhirDelivery:
             policy=retry_policy(settings),
             lease=dt.timedelta(seconds=settings.outbox.lease_s),
         )
-        self.worker = OutboxWorker(self.outbox, name="radserve-fhir-outbox")
+        # one sender for the FHIR server (per replica set on PostgreSQL: its lock)
+        self.lanes = LaneWorkers(
+            self.outbox,
+            [destination.name],
+            prefix="radserve-fhir-outbox",
+            interval_s=lane_interval_s(settings),
+        )
 
     def start(self) -> None:
-        self.worker.start()
+        self.lanes.start()
 
     def stop(self) -> None:
-        self.worker.stop()
+        self.lanes.stop()
         self.outbox.close()
 
     def on_result(self, job: JobRecord, result: StudyResult) -> None:
@@ -96,7 +103,7 @@ class FhirDelivery:
             study_instance_uid=report.study.study_instance_uid or "",
             held_for=held_for,
         )
-        self.worker.wake()
+        self.lanes.wake()
 
     def queued_for(self, folder: Path) -> bool:
         """Whether a Bundle of the result in ``folder`` was queued already."""

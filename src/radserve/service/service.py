@@ -466,11 +466,12 @@ class Service:
         return self.gateway is not None and self.gateway.sends_dicom(source)
 
     def _senders(self) -> list[LaneState]:
-        """The destinations' senders of this server (DICOM, critical push)."""
+        """The destinations' senders of this server (DICOM, FHIR, critical push)."""
         lanes = [
             part
             for part in (
                 self.gateway.workers if self.gateway is not None else None,
+                self.fhir.lanes if self.fhir is not None else None,
                 self.critical.lanes if self.critical is not None else None,
             )
             if part is not None
@@ -578,7 +579,7 @@ class Service:
         """A delivery was re-armed or a result recorded: the senders look at once."""
         for worker in (
             self.gateway.workers if self.gateway is not None else None,
-            self.fhir.worker if self.fhir is not None else None,
+            self.fhir.lanes if self.fhir is not None else None,
         ):
             if worker is not None:
                 worker.wake()
