@@ -269,8 +269,8 @@ def test_pixels_that_are_not_intensities_are_refused_in_any_slice(
         # was "Bits Allocated is not a number (7 characters)": the word 'missing' measured
         ("BitsAllocated", None, "instance_invalid",
          "Bits Allocated is missing: the pixel format is not consistent"),
-        ("PhotometricInterpretation", "XYZZY", "unsupported_pixel_format",
-         "images of Photometric Interpretation unknown (5 characters) cannot form"),
+        ("PhotometricInterpretation", "XYZZY", "instance_invalid",
+         "Photometric Interpretation is none of MONOCHROME1"),
     ],
 )  # fmt: skip
 def test_a_bad_pixel_format_is_described_as_what_it_is(
@@ -318,6 +318,26 @@ def test_a_gap_names_the_slice_that_left_it(
         load_series(discover_series(tmp_path)[0])
     assert "missing slices: 1 gaps" in info.value.message
     assert message in info.value.message
+
+
+def test_one_sop_instance_uid_on_two_different_images_is_refused(tmp_path: Path) -> None:
+    """Found by tools/edge_probe.py: the second file was dropped as "another copy", and
+    the job failed on the gap it left (or, at the end of the stack, lost a slice)."""
+    import pydicom
+
+    paths = make_ct_series(tmp_path / "study", n_slices=8)
+    shutil.copy(paths[2], tmp_path / "study" / "copy-of-3.dcm")  # an exact copy: dropped
+    assert len(load_series(discover_series(tmp_path / "study")[0]).volume.array) == 8
+    ds = pydicom.dcmread(paths[7])
+    ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = pydicom.dcmread(
+        paths[6]
+    ).SOPInstanceUID
+    ds.save_as(paths[7], enforce_file_format=True)
+    with pytest.raises(StudyError) as info:
+        discover_series(tmp_path / "study")
+    assert info.value.code == "instance_invalid"
+    assert "carry one SOP Instance UID but differ in position" in info.value.message
+    assert paths[7].name in info.value.message
 
 
 def test_no_patient_data_in_logs_or_errors(

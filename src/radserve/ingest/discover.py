@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from radserve.checkpoints import checkpoint
-from radserve.errors import NotDicomError
+from radserve.errors import NotDicomError, StudyError
 from radserve.ingest.headers import FrameRef, InstanceRecord, PatientInfo, SkipFile, read_instance
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sources import (
@@ -95,6 +95,27 @@ class SeriesHeader:
         return all(f.is_localizer for f in self.frames)
 
 
+def _image_of(record: InstanceRecord) -> tuple[object, ...]:
+    """What two copies of one instance must agree on: frames, size, place."""
+    return tuple((f.pixel.rows, f.pixel.columns, f.position, f.orientation) for f in record.frames)
+
+
+def _check_same_instance(
+    first: tuple[SourceFile, InstanceRecord], src: SourceFile, record: InstanceRecord
+) -> None:
+    """A second file of an instance already found is a copy, dropped; one that places
+    other pixels (another position, orientation, size or frame count) under the same SOP
+    Instance UID is a conflict, refused: keeping either would silently drop a slice, or
+    put one where it does not belong."""
+    if _image_of(first[1]) != _image_of(record):
+        raise StudyError(
+            f"{first[0].name} and {src.name} carry one SOP Instance UID but differ in "
+            "position, orientation, size or frames: two instances with one identity "
+            "(the sender reused a UID), which of them is right cannot be told",
+            code="instance_invalid",
+        )
+
+
 def discover_series(
     sources: Path | str | Sequence[Path | str],
     *,
@@ -119,7 +140,7 @@ def discover_series(
     )
     total = len(files) + len(skipped)
     records: list[InstanceRecord] = []
-    seen: set[str] = set()
+    seen: dict[str, tuple[SourceFile, InstanceRecord]] = {}
     n_frames = 0
     with SourceReader() as reader:
         _check_study_bytes(reader, files, policy)
@@ -135,6 +156,7 @@ def discover_series(
                 continue
             uid = record.frames[0].sop_instance_uid
             if uid in seen:
+                _check_same_instance(seen[uid], src, record)
                 skipped.append(SkippedFile(src, "another copy of an instance already found"))
                 continue
             n_frames += len(record.frames)
@@ -144,7 +166,7 @@ def discover_series(
                     f"(found {n_frames} in the first {len(records) + 1} instances); send one "
                     "study at a time or raise the limit"
                 )
-            seen.add(uid)
+            seen[uid] = (src, record)
             records.append(record)
 
     by_series: dict[str, list[InstanceRecord]] = defaultdict(list)

@@ -280,27 +280,23 @@ def _check_size(first: FrameRef, layout: StackLayout, policy: IngestPolicy) -> N
 
 
 _GREYSCALE = frozenset({"MONOCHROME1", "MONOCHROME2"})
-# PS3.3 C.7.6.3.1.2's defined terms (retired ones too): named in messages; any other
-# value is only described, as a hostile sender may have put anything in it
-_PHOTOMETRIC_TERMS = _GREYSCALE | {
-    "PALETTE COLOR", "RGB", "HSV", "ARGB", "CMYK", "YBR_FULL", "YBR_FULL_422",
-    "YBR_PARTIAL_422", "YBR_PARTIAL_420", "YBR_ICT", "YBR_RCT", "XYB",
-}  # fmt: skip
+# PS3.3 C.7.6.3.1.2's multi-sample terms (retired ones too)
+_COLOUR_TERMS = frozenset(
+    {"RGB", "HSV", "ARGB", "CMYK", "XYB", "YBR_FULL", "YBR_FULL_422", "YBR_PARTIAL_422",
+     "YBR_PARTIAL_420", "YBR_ICT", "YBR_RCT"}
+)  # fmt: skip
 
 
 def _not_intensity(fmt: PixelFormat) -> str | None:
-    """Why pixels of format ``fmt`` are not intensities a volume can hold (None: they are)."""
-    if fmt.samples_per_pixel != 1:
-        return (
-            f"colour images (Samples per Pixel {fmt.samples_per_pixel}, "
-            f"{fmt.photometric_interpretation})"
-        )
-    if fmt.photometric_interpretation not in _GREYSCALE:
-        # PALETTE COLOR: stored values index a colour table, they are no intensities
-        value = fmt.photometric_interpretation
-        shown = value if value in _PHOTOMETRIC_TERMS else f"unknown ({len(value)} characters)"
-        return f"images of Photometric Interpretation {shown}"
-    if fmt.bits_allocated == 1:
+    """Why pixels of format ``fmt`` are not intensities a volume can hold (None: they are,
+    or the format contradicts itself, which the per-file check at decoding names)."""
+    photometric = fmt.photometric_interpretation
+    if fmt.samples_per_pixel != 1 and photometric in _COLOUR_TERMS:
+        return f"colour images (Samples per Pixel {fmt.samples_per_pixel}, {photometric})"
+    if fmt.samples_per_pixel == 1 and photometric == "PALETTE COLOR":
+        # stored values index a colour table, they are no intensities
+        return "images of Photometric Interpretation PALETTE COLOR"
+    if fmt.bits_allocated == 1 and photometric in _GREYSCALE:
         return "1-bit images (Bits Allocated 1: a bitmap, not intensities)"
     return None
 
