@@ -171,11 +171,26 @@ def test_lowres_alone_trainer_variant_fold_all_checkpoint_best(tmp_path):
     assert refused.returncode != 0 and "allows no mirroring axes" in refused.stderr
 
 
+_EXT_TRAINER = """
+from nnunetv2.training.nnUNetTrainer.nnUNetTrainer import nnUNetTrainer
+
+
+class MyLabTrainer(nnUNetTrainer):
+    pass
+"""
+
+
 @pytest.mark.slow
-def test_a_custom_trainer_and_a_cascade_are_refused_by_name(tmp_path):
+def test_a_custom_trainer_and_a_cascade_are_refused_by_name(tmp_path, monkeypatch):
     custom = make_results_folder(tmp_path / "a", folds=(0,), trainer="MyLabTrainer")
     with pytest.raises(ImportRefusedError, match=r"trainer 'MyLabTrainer' .* nnUNet_extTrainer"):
         import_nnunet(custom, tmp_path / "models")
+    # Where nnU-Net's own prediction would find it (nnUNet_extTrainer), so does the import.
+    (tmp_path / "ext").mkdir()
+    (tmp_path / "ext" / "my_lab_trainer.py").write_text(_EXT_TRAINER)
+    monkeypatch.setenv("nnUNet_extTrainer", str(tmp_path / "ext"))
+    bundle = import_nnunet(custom, tmp_path / "models", name="custom")
+    assert json.loads((bundle / "import.json").read_text())["trainer"] == "MyLabTrainer"
     cascade = make_results_folder(
         tmp_path / "b", plans=_lowres_plans(), folds=(0,), configuration="3d_cascade_fullres"
     )

@@ -46,6 +46,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -436,6 +437,7 @@ def _trainer_class(name: str):  # -> type[nnUNetTrainer]
     import pkgutil
 
     import nnunetv2.training.nnUNetTrainer as package
+    from nnunetv2.utilities.find_class_by_name import recursive_find_python_class
     from nnunetv2.utilities.find_objects import recursive_find_trainer_class_by_name
 
     try:
@@ -451,6 +453,14 @@ def _trainer_class(name: str):  # -> type[nnUNetTrainer]
             continue
         if isinstance(found := getattr(module, name, None), type):
             return found
+    # nnU-Net searches nnUNet_extTrainer's folders after its own trainers, as here.
+    for folder in os.environ.get("nnUNet_extTrainer", "").split(os.pathsep):  # noqa: SIM112
+        if folder.strip() and os.path.isdir(folder):
+            found = recursive_find_python_class(
+                folder, name, None, base_folder=folder, cleanup_imports_from_base_folder=True
+            )
+            if found is not None:
+                return found
     _refuse(_unknown_trainer(name))
 
 
