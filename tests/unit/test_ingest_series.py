@@ -340,6 +340,19 @@ def test_one_sop_instance_uid_on_two_different_images_is_refused(tmp_path: Path)
     assert paths[7].name in info.value.message
 
 
+def test_an_image_without_rows_is_named_so(tmp_path: Path) -> None:
+    """Found by tools/edge_probe.py: a CT slice without Rows was "not an image (CT Image
+    Storage)"."""
+    import pydicom
+
+    for path in make_ct_series(tmp_path, n_slices=3):
+        ds = pydicom.dcmread(path)
+        del ds.Rows
+        ds.save_as(path, enforce_file_format=True)
+    with pytest.raises(StudyError, match=r"3× CT Image Storage without a usable Rows\)"):
+        discover_series(tmp_path)
+
+
 def test_no_patient_data_in_logs_or_errors(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

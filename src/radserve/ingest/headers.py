@@ -347,7 +347,11 @@ def _record(
         raise SkipFile("DICOM without SOP Class/SOP Instance/Series Instance UID")
     rows, cols = _int(ds, "Rows"), _int(ds, "Columns")
     if not rows or not cols:
-        raise SkipFile(f"not an image ({UID(sop_class).name})")
+        name = UID(sop_class).name
+        if name.endswith("Image Storage"):  # an image class: the header is damaged
+            missing = " and ".join(k for k, v in (("Rows", rows), ("Columns", cols)) if not v)
+            raise SkipFile(f"{name} without a usable {missing}")
+        raise SkipFile(f"not an image ({name})")
     pixel = PixelFormat(
         transfer_syntax_uid=str(DeflatedExplicitVRLittleEndian)
         if deflated
