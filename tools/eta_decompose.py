@@ -12,7 +12,12 @@ shares of the jobs ahead (a running job: the part of its latency left) and its o
 the routine slots, plus the allowance for overtaking arrivals
 (:func:`radserve.turnaround.eta.overtaking_delay`).
 
+``--parts`` sums each part's error over the jobs (session 15): predicted less spent, as
+a fraction of their turnaround (< 0: the part made the ETA early); the parts add up to
+each job's error.
+
     PYTHONPATH=src python tools/eta_decompose.py out/eta.json [--all] [--oracle] [--by-class]
+        [--parts]
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import argparse
 import dataclasses
 import itertools
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +164,33 @@ def decompose(
     return out
 
 
+# each part's error of one job in seconds, predicted less spent (session 15): they add up
+# to the ETA's error, ``err`` x ``tat`` (the walk is the shares ahead, the job's own, and
+# what its latency chain through the routine slots adds over them; nothing is predicted
+# for the jobs ranked behind it that ran beside it, nor for idle time)
+PARTS: dict[str, Callable[[Mapping[str, Any]], float]] = {
+    "ahead": lambda r: r["pred_ahead"] - r["act_ahead"],
+    "own": lambda r: r["pred_own"] - r["act_own"],
+    "latency bound": lambda r: r["walk"] - r["pred_ahead"] - r["pred_own"],
+    "overtaking": lambda r: r["pred_over"] - r["act_over"],
+    "behind": lambda r: -r["behind_ran"],
+    "idle": lambda r: -r["idle"],
+}
+
+
+def part_errors(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per part (:data:`PARTS`): its error summed over ``rows`` over their summed
+    turnaround, and the median of each job's part error over its turnaround."""
+    total = sum(r["tat"] for r in rows)
+    return {
+        name: (
+            sum(part(r) for r in rows) / total,
+            statistics.median(part(r) / r["tat"] for r in rows),
+        )
+        for name, part in PARTS.items()
+    }
+
+
 def oracle(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Median |error| with a predicted part replaced by what it really took (session 13:
     which part's misprediction the error is made of): the overtaking arrivals, the jobs
@@ -265,6 +297,9 @@ def main() -> None:
         "--by-class", action="store_true", help="also the jobs ahead's shares per class"
     )
     parser.add_argument(
+        "--parts", action="store_true", help="also each part's error summed over the jobs"
+    )
+    parser.add_argument(
         "--set", action="append", default=[], help="a walk option, e.g. share_left=measured"
     )
     args = parser.parse_args()
@@ -296,6 +331,14 @@ def main() -> None:
         if args.oracle:
             load, ratio = offered_load(summary)
             print(f"  offered load {load:.2f}; mean share / warm-up study {ratio:.2f}")
+        if args.parts:
+            print(
+                "  parts, predicted - spent over TAT (sum / median per job): "
+                + ", ".join(
+                    f"{name} {total:+.1%} / {median:+.1%}"
+                    for name, (total, median) in part_errors(rows).items()
+                )
+            )
         if args.by_class:
             for (cls, running), (n, pred, spent) in ahead_by_class(summary).items():
                 state = "running" if running else "queued"

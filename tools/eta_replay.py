@@ -111,6 +111,17 @@ VARIANTS = {
     "session 14, beside per arrival, per class": _server(refit=PER_CLASS, beside="arrival"),
     "session 14, running behind, per class": _server(WITH_RUNNING_BEHIND, PER_CLASS),
     "session 14, beside, behind, per class": _server(WITH_RUNNING_BEHIND, PER_CLASS, "start"),
+    # session 15: (c) with the rates counted over at least 30 s, or without the prior
+    # pseudo-arrival (the cold start's rates decide the first deep jobs' errors)
+    "session 15, per class, rates over 30 s": Variant(
+        drain=False, capacity=SESSION_11_WALK, rates=ArrivalRates(min_span_s=30.0), refit=PER_CLASS
+    ),
+    "session 15, per class, rates without prior": Variant(
+        drain=False,
+        capacity=SESSION_11_WALK,
+        rates=ArrivalRates(prior_arrivals=0.0),
+        refit=PER_CLASS,
+    ),
 }
 
 
