@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,6 +135,41 @@ def write_monai_bundle(folder: Path, *, seed: int = 0, **config: Any) -> Path:
     return folder
 
 
+ZOO = Path(__file__).parents[1] / "data" / "monai_zoo"
+"""MONAI Model Zoo bundles' configs as the zoo ships them (tests/data/monai_zoo/README.md)."""
+
+
+def zoo_bundle(
+    name: str, folder: Path, *, network: dict[str, Any] | None = None, seed: int = 0
+) -> Path:
+    """The zoo bundle ``name`` at ``folder``: its configs (and scripts/) as shipped, with
+    ``network_def`` replaced by ``network`` where given (a smaller variant of the same
+    class), and seeded random weights for it in ``models/model.pt``."""
+    import torch
+    import yaml
+    from monai.bundle import ConfigParser
+
+    shutil.copytree(ZOO / name, folder)
+    (folder / "models").mkdir()
+    config = next(folder.glob("configs/inference.*"))
+    if network is not None:
+        is_json = config.suffix == ".json"
+        cfg = json.loads(config.read_text()) if is_json else yaml.safe_load(config.read_text())
+        cfg["network_def"] = network
+        config.write_text(json.dumps(cfg, indent=2) if is_json else yaml.safe_dump(cfg))
+    parser = ConfigParser()
+    parser.read_config(str(config))
+    parser["bundle_root"] = str(folder)
+    torch.manual_seed(seed)
+    sys.path.insert(0, str(folder))
+    try:
+        net = parser.get_parsed_content("network_def")
+    finally:
+        sys.path.remove(str(folder))
+    torch.save(net.state_dict(), folder / "models" / "model.pt")
+    return folder
+
+
 def write_nifti(volume: Volume, path: Path) -> Path:
     """``volume`` as NIfTI: (column, row, slice) array and its RAS affine."""
     import nibabel as nib
@@ -158,16 +195,26 @@ def run_monai_bundle(bundle: Path, nifti: Path, network: Any = None) -> MonaiRun
     import torch
     from monai.bundle import ConfigParser
 
+    from radserve.importers.monai_bundle import without_file_readers
+
+    config = next(bundle.glob("configs/inference.*"))
     parser = ConfigParser()
     parser.read_meta(str(bundle / "configs" / "metadata.json"))
-    parser.read_config(str(bundle / "configs" / "inference.json"))
+    parser.read_config(str(config))
     parser["bundle_root"] = str(bundle)
-    net = parser.get_parsed_content("network")
+    # LoadImaged(reader="ITKReader") needs itk, not installed here: MONAI picks its reader
+    # for the NIfTI (nibabel), the same array and affine
+    without_file_readers(parser)
+    sys.path.insert(0, str(bundle))  # the bundle's scripts/, as `monai.bundle run` has it
+    try:
+        net = parser.get_parsed_content("network")
+        pre = parser.get_parsed_content("preprocessing")
+        inferer = parser.get_parsed_content("inferer")
+        post = parser.get_parsed_content("postprocessing")
+    finally:
+        sys.path.remove(str(bundle))
     net.load_state_dict(torch.load(bundle / "models" / "model.pt", weights_only=True))
     net.eval()
-    pre = parser.get_parsed_content("preprocessing")
-    inferer = parser.get_parsed_content("inferer")
-    post = parser.get_parsed_content("postprocessing")
     data = pre({"image": str(nifti)})
     with torch.no_grad():
         data["pred"] = inferer(data["image"][None], network or net)[0]

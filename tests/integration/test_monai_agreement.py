@@ -374,9 +374,37 @@ REFUSALS = {
         _with({5: {**_CROP, "mode": "edge"}}),
         "CropForegroundd: padding mode 'edge'",
     ),
-    "NormalizeIntensityd": (
-        _with({4: {"_target_": "NormalizeIntensityd", "keys": "image"}}),
-        "NormalizeIntensityd is not expressible",
+    "NormalizeIntensityd_subtrahend": (
+        _with({4: {"_target_": "NormalizeIntensityd", "keys": "image", "subtrahend": 40.0}}),
+        "NormalizeIntensityd: subtrahend/divisor",
+    ),
+    "range_and_normalize": (
+        {"pre": [*mb.PRE[:5], {"_target_": "NormalizeIntensityd", "keys": "image"}, mb.PRE[5]]},
+        "ScaleIntensityRange together with another intensity transform",
+    ),
+    "intensity_both_sides_of_spacing": (
+        {
+            "pre": [
+                *mb.PRE[:3],
+                {"_target_": "ScaleIntensityd", "keys": "image"},
+                mb.PRE[3],
+                {"_target_": "NormalizeIntensityd", "keys": "image"},
+            ]
+        },
+        "intensity transforms on both sides of Spacing",
+    ),
+    "no_intensity": (_with({4: None}), "no intensity transform"),
+    "invertd_other_key": (
+        {"post": [mb.POST[0], {**mb.POST[1], "orig_keys": "label"}, *mb.POST[2:]]},
+        "Invertd orig_keys 'label'",
+    ),
+    "replicate_after_crop": (
+        {"pre": mb.cropped_pre(), "inferer": {**mb.INFERER, "padding_mode": "replicate"}},
+        "padding_mode replicate after CropForeground",
+    ),
+    "cast_to_int": (
+        _with({5: {"_target_": "CastToTyped", "keys": "image", "dtype": "$torch.int16"}}),
+        "CastToTyped casts to torch.int16",
     ),
     "clip_false": (_with({4: {**mb.PRE[4], "clip": False}}), "clip=False"),
     "no_orientation": (_with({2: None}), "no Orientation\\(d\\)"),

@@ -110,3 +110,36 @@ def test_zscore_with_use_mask_needs_the_mask() -> None:
         normalise(_mr_like(), ZScore(use_mask=True))
     flat = np.full((2, 3, 4), 7.0, np.float32)  # std 0: divided by nnU-Net's 1e-8, no NaN
     assert np.isfinite(normalise(flat, ZScore())).all()
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [{"op": "normalize", "nonzero": True}, {"op": "scale", "minv": -1.0, "maxv": 1.0}],
+        [{"op": "scale"}, {"op": "normalize"}],  # prostate_mri_anatomy's order
+        [{"op": "normalize", "nonzero": True}],
+    ],
+)
+def test_monai_intensity_repeats_monai(steps: list[dict[str, object]]) -> None:
+    """``monai_intensity`` against MONAI's own NormalizeIntensity / ScaleIntensity (the
+    zero voxels left by ``nonzero``, a constant image, an all-zero image)."""
+    torch = pytest.importorskip("torch")
+    transforms = pytest.importorskip("monai.transforms")
+    from radserve.models.manifest import MonaiIntensity
+
+    def monai(x: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(x.copy())
+        for s in steps:
+            if s["op"] == "normalize":
+                t = transforms.NormalizeIntensity(nonzero=bool(s.get("nonzero")))(t)
+            else:
+                t = transforms.ScaleIntensity(minv=s.get("minv", 0.0), maxv=s.get("maxv", 1.0))(t)
+        return np.asarray(t)
+
+    x = np.random.default_rng(0).normal(40, 300, size=(9, 17, 23)).astype(np.float32)
+    x[:3] = 0.0
+    spec = MonaiIntensity(steps=steps)  # type: ignore[arg-type]
+    for image in (x, np.full_like(x, 7.0), np.zeros_like(x)):
+        np.testing.assert_allclose(normalise(image, spec), monai(image), rtol=0, atol=2e-6)
+    if steps[0].get("nonzero"):  # the zero voxels: left by both, then scaled alike
+        assert (normalise(x, spec)[:3] == monai(x)[:3]).all()

@@ -82,31 +82,40 @@ def export_checked(model: Any, path: Path, channels: int, patch: tuple[int, ...]
 
     dummy = torch.zeros(1, channels, *patch)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model,
-            (dummy,),
-            str(path),
-            dynamo=False,
-            opset_version=17,
-            input_names=["image"],
-            output_names=["logits"],
-            dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}},
-            do_constant_folding=True,
-        )
-    onnx.checker.check_model(onnx.load(str(path)))
     # Checked on the providers radserve will serve with: ONNX Runtime's plain CPU
     # provider runs 3D convolutions through im2col buffers (29 GB for one batch of two
     # 128^3 patches of nnU-Net's default network), OpenVINO does not.
     from radserve.inference.providers import choose_runtime
 
-    runtime = choose_runtime()
-    session = ort.InferenceSession(
-        str(path),
-        providers=list(runtime.providers),
-        provider_options=list(runtime.provider_options),
-    )
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                model,
+                (dummy,),
+                str(path),
+                dynamo=False,
+                opset_version=17,
+                input_names=["image"],
+                output_names=["logits"],
+                dynamic_axes={"image": {0: "batch"}, "logits": {0: "batch"}},
+                do_constant_folding=True,
+            )
+        onnx.checker.check_model(onnx.load(str(path)))
+        runtime = choose_runtime()
+        session = ort.InferenceSession(
+            str(path),
+            providers=list(runtime.providers),
+            provider_options=list(runtime.provider_options),
+        )
+    except ImportRefusedError:
+        raise
+    except Exception as exc:  # torch's exporter, the checker and ORT raise many kinds
+        name = type(getattr(model, "net", model)).__name__
+        raise ImportRefusedError(
+            f"the network ({name}) does not export to an ONNX graph radserve can run "
+            f"(torch {torch.__version__}, opset 17): {str(exc)[:300]}"
+        ) from exc
     rng = np.random.default_rng(0)
     worst, scale = 0.0, 1.0
     for n in (1, 2):

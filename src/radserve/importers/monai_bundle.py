@@ -17,7 +17,11 @@ What the bundle states, mapped onto ``model.yaml``:
   coordinates (:mod:`radserve.preprocess.monai_grid`) and rounds half to even as ATen's
   ``nearbyint`` does, so exact half-voxel ties (2.5 -> 2 mm) fall the same way.
 * ``ScaleIntensityRange(d)(a_min, a_max, b_min, b_max, clip=True)`` -> ``ct_window``
-  (b 0..1) or the equivalent ``clip_zscore``.
+  (b 0..1) or the equivalent ``clip_zscore``; ``NormalizeIntensity(d)(nonzero)`` and
+  ``ScaleIntensity(d)(minv, maxv)`` -> ``monai_intensity`` steps in the bundle's order
+  (per image, on the grid they follow).
+* Neutral: loading (its ``reader`` dropped: radserve reads DICOM), channel layout,
+  float32 typing, ``CopyItemsd``/``DeleteItemsd`` that leave the image key.
 * ``CropForeground(d)(margin, k_divisible, allow_smaller)`` after both ->
   ``input.crop_foreground`` (the box of the scaled model grid > 0; MONAI's default
   ``select_fn``, constant 0 padding); the way back repeats ``Invertd``'s float64
@@ -38,21 +42,28 @@ What the bundle states, mapped onto ``model.yaml``:
 
 Refused, by name: argmax before a bilinear ``Invertd`` (MONAI would blend label
 values, see ``_LABELS_BLENDED``), ``CropForeground(d)`` before
-Spacing or ScaleIntensityRange, with another ``select_fn``, ``channel_indices``, another
-``source_key``, non-zero or non-constant padding or ``lazy`` (see ``_crop_foreground``),
-any other transform (e.g. ``NormalizeIntensityd``,
-``KeepLargestConnectedComponentd``), ``clip=False``, Spacing options that move the grid
+Spacing or the intensity transforms, with another ``select_fn``, ``channel_indices``,
+another ``source_key``, non-zero or non-constant padding of a box that may pass the image,
+or ``lazy`` (see ``_crop_foreground``), any other transform (e.g.
+``KeepLargestConnectedComponentd``, ``Lambdad``), intensity transforms on both sides of
+Spacing, ``clip=False``, Spacing options that move the grid
 (``diagonal``, ``scale_extent``, ``min_pixdim``/``max_pixdim``, ``align_corners``,
 ``padding_mode`` other than border), a missing Orientation or Spacing (the network's axes
-and grid would depend on the loader), other inferers, a non-constant sliding-window
-padding or non-zero ``cval``, sigmoid outputs, no ``Invertd`` (labels would stay on the
-resampled grid), more than one input channel, modalities other than CT/MR.
+and grid would depend on the loader), other inferers, sliding-window padding other than
+constant 0 or replicate, sigmoid outputs, no ``Invertd`` (labels would stay on the
+resampled grid) or one of another key or transform, more than one input channel,
+modalities other than CT/MR, a network ONNX Runtime cannot run once exported.
+The model zoo bundles each of these was checked on: docs/bring-your-own-model.md.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,11 +86,27 @@ _NEUTRAL = {
     "EnsureChannelFirstd",
     "EnsureType",
     "EnsureTyped",
+    "CastToType",
+    "CastToTyped",
     "ToTensor",
     "ToTensord",
+    "Identity",
+    "Identityd",
     "SaveImage",
     "SaveImaged",
 }
+# Transforms on other keys of the data dictionary: neutral unless they write or delete
+# the image (or prediction) key itself.
+_KEY_COPIES = {"CopyItemsd", "DeleteItemsd"}
+# Per-image intensity transforms -> MonaiIntensityStep ops
+_PER_IMAGE = {
+    "NormalizeIntensity": "normalize",
+    "NormalizeIntensityd": "normalize",
+    "ScaleIntensity": "scale",
+    "ScaleIntensityd": "scale",
+}
+_RANGE = ("ScaleIntensityRanged", "ScaleIntensityRange")
+_PADDING = {"constant": "centre_zero", "replicate": "centre_edge"}
 _MODES = {"bilinear": 1, "nearest": 0}
 _RAS_LABELS = (("L", "R"), ("P", "A"), ("I", "S"))
 # Why CropForeground(d) is refused before Spacing/ScaleIntensityRange (docs/model-ops.md
@@ -108,6 +135,7 @@ class MonaiSource:
     metadata: dict[str, Any]
     parser: Any  # monai.bundle.ConfigParser
     weights: Path
+    readers_dropped: list[str]
 
 
 def read_bundle(folder: Path) -> MonaiSource:
@@ -145,14 +173,53 @@ def read_bundle(folder: Path) -> MonaiSource:
     parser.read_meta(str(meta_path))
     parser.read_config(str(config_path))
     parser["bundle_root"] = str(folder)
-    return MonaiSource(folder, config_path, metadata, parser, weights)
+    readers = without_file_readers(parser)
+    return MonaiSource(folder, config_path, metadata, parser, weights, readers)
+
+
+def without_file_readers(parser: Any) -> list[str]:
+    """Drop the ``reader`` option of the preprocessing's ``LoadImage(d)``: radserve reads
+    the DICOM series itself, so the bundle's file reader (e.g. ``ITKReader``, which needs
+    ``itk`` installed just to build the transform) takes no part; the grid is stated by
+    Orientation and Spacing in patient coordinates. Returns the readers dropped."""
+    pre = parser.get("preprocessing")
+    items = pre.get("transforms") if isinstance(pre, dict) else None
+    dropped = []
+    for item in items if isinstance(items, list) else []:
+        target = str(item.get("_target_", "")) if isinstance(item, dict) else ""
+        if target.split(".")[-1] in ("LoadImage", "LoadImaged") and "reader" in item:
+            dropped.append(str(item.pop("reader")))
+    if dropped:
+        parser["preprocessing"] = pre
+    return dropped
+
+
+@contextmanager
+def _bundle_code(folder: Path) -> Iterator[None]:
+    """The bundle's own ``scripts`` package importable while MONAI builds its objects,
+    as ``python -m monai.bundle run`` from the bundle folder has it (e.g. the model
+    zoo's UNesT networks, ``scripts.networks.unest.UNesT``); another bundle's ``scripts``
+    modules are not reused."""
+
+    def drop() -> dict[str, Any]:
+        return {n: sys.modules.pop(n) for n in list(sys.modules) if n.split(".")[0] == "scripts"}
+
+    saved = drop()
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(folder))
+        drop()
+        sys.modules.update(saved)
 
 
 def _parsed(source: MonaiSource, key: str) -> Any:
     if key not in source.parser:
         _refuse(f"{source.config_path.name} has no {key!r}")
     try:
-        return source.parser.get_parsed_content(key)
+        with _bundle_code(source.folder):
+            return source.parser.get_parsed_content(key)
     except Exception as exc:  # MONAI raises many kinds while instantiating
         raise ImportRefusedError(f"MONAI cannot build {key!r}: {exc}") from exc
 
@@ -182,15 +249,55 @@ def _value(v: Any) -> Any:
     return getattr(v, "value", v)  # enum members -> their string
 
 
+def _neutral(t: Any, i: int, where: str, key: str) -> bool:
+    """Whether ``t`` leaves the image (``key``) as radserve has it (refused if it would
+    change its values or remove it)."""
+    name = type(t).__name__
+    if name in _KEY_COPIES:
+        written = getattr(t, "names", None) or ()
+        removed = t.keys if name == "DeleteItemsd" else ()
+        if key in tuple(written) or key in tuple(removed):
+            _refuse(f"{where}[{i}] {name} overwrites or deletes {key!r}")
+        return True
+    if name not in _NEUTRAL:
+        return False
+    converter = getattr(t, "converter", t)  # CastToTyped keeps its dtype on both
+    dtype = getattr(t, "dtype", None)
+    if dtype is None:
+        dtype = getattr(converter, "dtype", None)
+    dtype = _one(dtype, f"{name} dtype")
+    casts = name.startswith(("EnsureType", "CastToType")) and dtype is not None
+    if casts and "float32" not in str(dtype) and _on_image(t, key):
+        _refuse(f"{where}[{i}] {name} casts to {dtype} (float32 only)")
+    return True
+
+
+def _per_image_step(t: Any, i: int, name: str) -> dict[str, Any]:
+    """``NormalizeIntensity(d)`` / ``ScaleIntensity(d)`` -> a ``monai_intensity`` step."""
+    op = _PER_IMAGE[name]
+    inner = getattr(t, "normalizer" if op == "normalize" else "scaler", t)
+    if "float32" not in str(inner.dtype):
+        _refuse(f"preprocessing[{i}] {name} dtype {inner.dtype} (float32 only)")
+    if op == "normalize":
+        if inner.subtrahend is not None or inner.divisor is not None:
+            _refuse(
+                f"preprocessing[{i}] {name}: subtrahend/divisor (only the image's own mean "
+                "and std are mapped)"
+            )
+        return {"op": "normalize", "nonzero": bool(inner.nonzero)}
+    if inner.minv is None or inner.maxv is None:
+        if inner.factor is not None:
+            _refuse(f"preprocessing[{i}] {name}: factor {inner.factor} (minv/maxv only)")
+        return {"op": "scale", "minv": 0.0, "maxv": 1.0}  # MONAI returns (x-min)/(max-min)
+    return {"op": "scale", "minv": float(inner.minv), "maxv": float(inner.maxv)}
+
+
 def _preprocessing(transforms: list[Any], image_key: str) -> dict[str, Any]:
     """Orientation, Spacing and intensity from the instantiated preprocessing."""
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"steps": [], "intensity_at": []}
     for i, t in enumerate(transforms):
         name = type(t).__name__
-        if name in _NEUTRAL:
-            dtype = _one(getattr(t, "dtype", None), f"{name} dtype")
-            if name.startswith("EnsureType") and dtype is not None and "float32" not in str(dtype):
-                _refuse(f"preprocessing[{i}] {name} casts to {dtype}")
+        if _neutral(t, i, "preprocessing", image_key):
             continue
         if not _on_image(t, image_key):
             continue  # e.g. a label key's transforms in a shared config
@@ -222,14 +329,17 @@ def _preprocessing(transforms: list[Any], image_key: str) -> dict[str, Any]:
             if len(pixdim) != 3 or min(pixdim) <= 0:
                 _refuse(f"preprocessing[{i}] {name} pixdim {pixdim} (three positive values)")
             out.update(spacing=pixdim, image_order=_MODES[mode], spacing_at=i)
-        elif name in ("ScaleIntensityRanged", "ScaleIntensityRange"):
+        elif name in _RANGE:
             s = getattr(t, "scaler", t)
             if not s.clip:
                 _refuse(f"preprocessing[{i}] {name} with clip=False (unbounded intensities)")
             if s.b_min is None or s.b_max is None or s.b_max <= s.b_min or s.a_max <= s.a_min:
                 _refuse(f"preprocessing[{i}] {name}: a/b ranges must be increasing")
             out["intensity"] = (float(s.a_min), float(s.a_max), float(s.b_min), float(s.b_max))
-            out["intensity_at"] = i
+            out["intensity_at"].append(i)
+        elif name in _PER_IMAGE:
+            out["steps"].append(_per_image_step(t, i, name))
+            out["intensity_at"].append(i)
         elif name in ("CropForegroundd", "CropForeground"):
             if "crop_foreground" in out:
                 _refuse(f"preprocessing[{i}] a second {name}")
@@ -240,12 +350,29 @@ def _preprocessing(transforms: list[Any], image_key: str) -> dict[str, Any]:
     for key, what in (("axes", "Orientation(d)"), ("spacing", "Spacing(d)")):
         if key not in out:
             _refuse(f"no {what} in preprocessing: the network's axes/grid would be the loader's")
-    if "intensity" not in out:
-        _refuse("no ScaleIntensityRange(d) in preprocessing")
+    at = out["intensity_at"]
+    if not at:
+        _refuse(
+            "no intensity transform in preprocessing (ScaleIntensityRange, NormalizeIntensity "
+            "or ScaleIntensity): the network's input scale would be the scanner's"
+        )
+    if "intensity" in out and (out["steps"] or len(at) > 1):
+        _refuse(
+            f"preprocessing[{at[0]}..{at[-1]}]: ScaleIntensityRange together with another "
+            "intensity transform (one ScaleIntensityRange, or NormalizeIntensity/"
+            "ScaleIntensity steps, are mapped)"
+        )
+    before = [i < out["spacing_at"] for i in at]
+    if any(before) and not all(before):
+        _refuse(
+            f"preprocessing{at}: intensity transforms on both sides of Spacing (radserve "
+            "normalises on the native or on the model grid, not both)"
+        )
+    out["normalise_first"] = before[0]
     if out["orientation_at"] > out["spacing_at"]:
         _refuse("Spacing before Orientation (pixdim would follow the file's axes)")
     crop_at = out.get("crop_at", -1)
-    if crop_at >= 0 and crop_at < max(out["spacing_at"], out["intensity_at"]):
+    if crop_at >= 0 and crop_at < max(out["spacing_at"], *at):
         _refuse(
             f"preprocessing[{crop_at}] CropForeground before Spacing or ScaleIntensityRange: "
             f"{_CROP_FOREGROUND}"
@@ -259,9 +386,21 @@ def _crop_foreground(t: Any, i: int, name: str, image_key: str) -> dict[str, Any
     from monai.transforms.utils import is_positive
 
     cropper = getattr(t, "cropper", t)
+
+    def per_axis(v: Any, what: str) -> list[int]:
+        vals = [int(x) for x in v] if isinstance(v, list | tuple) else [int(v)] * 3
+        if len(vals) != 3:
+            _refuse(f"preprocessing[{i}] {name} {what} {v} (one value or three)")
+        return vals
+
     source = getattr(t, "source_key", image_key)
     mode = _value(_one(getattr(t, "mode", cropper.padder.mode), f"{name} mode"))
     pad_value = cropper.padder.kwargs.get("value", 0)
+    margin = per_axis(cropper.margin, "margin")
+    k_divisible = per_axis(cropper.k_divisible, "k_divisible")
+    # MONAI pads the box only where it passes the image: a margin kept whole
+    # (allow_smaller False) or k_divisible; Invertd pads back with zeros whatever the mode
+    pads = (max(margin) > 0 and not cropper.allow_smaller) or max(k_divisible) > 1
     if cropper.select_fn is not is_positive:
         _refuse(
             f"preprocessing[{i}] {name}: select_fn {getattr(cropper.select_fn, '__name__', '?')} "
@@ -272,30 +411,28 @@ def _crop_foreground(t: Any, i: int, name: str, image_key: str) -> dict[str, Any
         _refuse(f"preprocessing[{i}] {name}: channel_indices (one image channel here)")
     if source != image_key:
         _refuse(f"preprocessing[{i}] {name}: source_key {source!r} (the box of the image only)")
-    if mode != "constant" or pad_value != 0:
+    if pads and (mode != "constant" or pad_value != 0):
         _refuse(
-            f"preprocessing[{i}] {name}: padding mode {mode!r} value {pad_value} (constant 0 "
-            "only: Invertd's zero padding is what radserve reproduces)"
+            f"preprocessing[{i}] {name}: padding mode {mode!r} value {pad_value} with a box "
+            "that may pass the image (margin without allow_smaller, or k_divisible): constant "
+            "0 only, Invertd's zero padding is what radserve reproduces"
         )
     if cropper.lazy:
         _refuse(f"preprocessing[{i}] {name}: lazy=True (MONAI then fuses the crop into Spacing)")
-
-    def per_axis(v: Any, what: str) -> list[int]:
-        vals = [int(x) for x in v] if isinstance(v, list | tuple) else [int(v)] * 3
-        if len(vals) != 3:
-            _refuse(f"preprocessing[{i}] {name} {what} {v} (one value or three)")
-        return vals
-
     return {
         "threshold": 0.0,
-        "margin": per_axis(cropper.margin, "margin"),
-        "k_divisible": per_axis(cropper.k_divisible, "k_divisible"),
+        "margin": margin,
+        "k_divisible": k_divisible,
         "allow_smaller": bool(cropper.allow_smaller),
     }
 
 
-def _normalisation(a_min: float, a_max: float, b_min: float, b_max: float) -> dict[str, Any]:
-    """ScaleIntensityRange(clip=True) as radserve's normalisation (the same affine map)."""
+def _normalisation(pre: dict[str, Any]) -> dict[str, Any]:
+    """ScaleIntensityRange(clip=True) as radserve's normalisation (the same affine map), or
+    the per-image steps as ``monai_intensity``."""
+    if pre["steps"]:
+        return {"kind": "monai_intensity", "steps": pre["steps"]}
+    a_min, a_max, b_min, b_max = pre["intensity"]
     if (b_min, b_max) == (0.0, 1.0):
         return {"kind": "ct_window", "center": (a_min + a_max) / 2, "width": a_max - a_min}
     std = (a_max - a_min) / (b_max - b_min)
@@ -321,10 +458,11 @@ def _inferer(inferer: Any) -> dict[str, Any]:
     mode = _value(inferer.mode)
     if mode not in ("gaussian", "constant"):
         _refuse(f"SlidingWindowInferer mode {mode!r}")
-    if _value(inferer.padding_mode) != "constant" or float(inferer.cval) != 0.0:
+    padding = _value(inferer.padding_mode)
+    if padding not in _PADDING or (padding == "constant" and float(inferer.cval) != 0.0):
         _refuse(
-            f"SlidingWindowInferer padding_mode {_value(inferer.padding_mode)!r} / cval "
-            f"{inferer.cval} (constant 0 only)"
+            f"SlidingWindowInferer padding_mode {padding!r} / cval {inferer.cval} (constant 0 "
+            "or replicate only)"
         )
     if getattr(inferer, "with_coord", False):
         _refuse("SlidingWindowInferer with_coord (the network takes patch coordinates)")
@@ -334,16 +472,19 @@ def _inferer(inferer: Any) -> dict[str, Any]:
         "batch_size": max(1, int(inferer.sw_batch_size)),
         "importance": "monai_gaussian" if mode == "gaussian" else "constant",
         "sigma_scale": sigma,
+        "pad": _PADDING[padding],
     }
 
 
-def _postprocessing(transforms: list[Any], pred_key: str, image_order: int) -> dict[str, Any]:
+def _postprocessing(
+    transforms: list[Any], pred_key: str, image_order: int, image_key: str, pre: Any
+) -> dict[str, Any]:
     """(activation on the model grid, output order) from Activations/Invertd/AsDiscrete."""
     act_at = invert_at = argmax_at = None
     nearest = False
     for i, t in enumerate(transforms):
         name = type(t).__name__
-        if name in _NEUTRAL or not _on_image(t, pred_key):
+        if _neutral(t, i, "postprocessing", pred_key) or not _on_image(t, pred_key):
             continue
         if name in ("Activationsd", "Activations"):
             a = t  # dict transforms keep their per-key settings on themselves
@@ -352,6 +493,7 @@ def _postprocessing(transforms: list[Any], pred_key: str, image_order: int) -> d
             if _one(a.softmax, "softmax"):
                 act_at = i
         elif name == "Invertd":
+            _invertd(t, i, pred_key, image_key, pre)
             nearest = bool(_one(t.nearest_interp, "Invertd nearest_interp"))
             invert_at = i
         elif name in ("AsDiscreted", "AsDiscrete"):
@@ -379,6 +521,24 @@ def _postprocessing(transforms: list[Any], pred_key: str, image_order: int) -> d
     return {"activate_on_model_grid": on_grid, "output_order": output_order}
 
 
+def _invertd(t: Any, i: int, pred_key: str, image_key: str, pre: Any) -> None:
+    """``Invertd`` must undo the bundle's own preprocessing as applied to the image."""
+    at = tuple(t.keys).index(pred_key)
+    orig = t.orig_keys[at]
+    if orig != image_key:
+        _refuse(
+            f"postprocessing[{i}] Invertd orig_keys {orig!r}: the inverse of another key's "
+            f"transforms than the image {image_key!r} (radserve maps back onto the image's grid)"
+        )
+    if t.transform is not pre:
+        _refuse(
+            f"postprocessing[{i}] Invertd transform is a {type(t.transform).__name__}, not the "
+            "bundle's 'preprocessing' (@preprocessing)"
+        )
+    if t.post_func[at] is not None:
+        _refuse(f"postprocessing[{i}] Invertd post_func (code radserve cannot state)")
+
+
 def _labels(metadata: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str]:
     """(labels, modality, image key) from metadata.json's network_data_format."""
     fmt = metadata.get("network_data_format") or {}
@@ -387,11 +547,17 @@ def _labels(metadata: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str]:
         _refuse(f"network_data_format needs one input and one output (has {list(inputs)})")
     (image_key, image), (_, pred) = next(iter(inputs.items())), next(iter(outputs.items()))
     if int(image.get("num_channels", 1)) != 1:
-        _refuse(f"{image.get('num_channels')} input channels (one series per model here)")
+        names = ", ".join(str(v) for v in (image.get("channel_def") or {}).values())
+        _refuse(
+            f"{image.get('num_channels')} input channels ({names or 'unnamed'}): a MONAI "
+            "bundle's channels come from one file stacked by its loader; radserve's "
+            "input.channels (series per channel) is mapped for nnU-Net only"
+        )
     modality = str(image.get("modality", "")).upper().replace("MRI", "MR")
     if modality not in ("CT", "MR"):
         _refuse(f"input modality {image.get('modality')!r} (CT or MR)")
-    channels = pred.get("channel_def") or {}
+    # label_def: what some bundles (e.g. pediatric_abdominal_ct_segmentation) call it
+    channels = pred.get("channel_def") or pred.get("label_def") or {}
     try:
         values = sorted((int(k), str(v)) for k, v in channels.items())
     except ValueError:
@@ -406,13 +572,21 @@ def _labels(metadata: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str]:
 def manifest_from_monai(source: MonaiSource, *, name: str, version: str) -> ModelSpec:
     """The ``model.yaml`` stating the bundle's inference, validated (needs MONAI)."""
     labels, modality, image_key = _labels(source.metadata)
-    pre = _preprocessing(_transforms(_parsed(source, "preprocessing"), "preprocessing"), image_key)
+    compose = _parsed(source, "preprocessing")
+    pre = _preprocessing(_transforms(compose, "preprocessing"), image_key)
     window = _inferer(_parsed(source, "inferer"))
+    if window["pad"] != "centre_zero" and pre.get("crop_foreground") is not None:
+        _refuse(
+            "SlidingWindowInferer padding_mode replicate after CropForeground (radserve pads "
+            "MONAI's box with zeros)"
+        )
     pred_key = next(iter(source.metadata["network_data_format"]["outputs"]))
     post = _postprocessing(
         _transforms(_parsed(source, "postprocessing"), "postprocessing"),
         pred_key,
         pre["image_order"],
+        image_key,
+        compose,
     )
     meta = source.metadata
     raw = {
@@ -428,7 +602,7 @@ def manifest_from_monai(source: MonaiSource, *, name: str, version: str) -> Mode
             "mode": "3d",
             "axes": pre["axes"],
             "spacing": pre["spacing"],
-            "normalisation": _normalisation(*pre["intensity"]),
+            "normalisation": _normalisation(pre),
             "patch_size": window["patch_size"],
             "batch_size": window["batch_size"],
             "overlap": window["overlap"],
@@ -438,13 +612,13 @@ def manifest_from_monai(source: MonaiSource, *, name: str, version: str) -> Mode
                 "grid": "first_voxel",
                 "image_order": pre["image_order"],
                 "output_order": post["output_order"],
-                "normalise_first": pre["intensity_at"] < pre["spacing_at"],
+                "normalise_first": pre["normalise_first"],
             },
             "sliding_window": {
                 "importance": window["importance"],
                 "sigma_scale": window["sigma_scale"],
                 "accumulate": "logits",
-                "pad": "centre_zero",
+                "pad": window["pad"],
                 "placement": "monai",
                 "activate_on_model_grid": post["activate_on_model_grid"],
             },
@@ -464,7 +638,8 @@ def load_network(source: MonaiSource) -> Any:
     import torch
 
     if source.weights.suffix == ".ts":
-        net = torch.jit.load(str(source.weights), map_location="cpu")
+        with _bundle_code(source.folder):
+            net = torch.jit.load(str(source.weights), map_location="cpu")
     else:
         net = _parsed(source, "network_def")
         state = torch.load(str(source.weights), map_location="cpu", weights_only=True)
@@ -489,9 +664,15 @@ def import_monai(
     if (out / "model.yaml").exists():
         raise ImportRefusedError(f"{out} already holds a bundle; pick another --version")
     net = load_network(source)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     patch = tuple(spec.input.patch_size or ())
-    diff = export_checked(_single_output(net), out / "model.onnx", 1, patch)
+    try:
+        diff = export_checked(_single_output(net), out / "model.onnx", 1, patch)
+    except ImportRefusedError:
+        if created:
+            shutil.rmtree(out)  # nothing half-written left for `radserve models` to find
+        raise
     header = (
         f"# {spec.key}: imported by `radserve models import monai-bundle` from "
         f"{source.folder.name}.\n"
@@ -505,6 +686,7 @@ def import_monai(
         "source": str(source.folder),
         "bundle": {k: source.metadata.get(k) for k in ("name", "version", "monai_version")},
         "config": source.config_path.name,
+        "loader_readers_not_used": source.readers_dropped,
         "weights": {source.weights.name: sha256_file(source.weights)},
         "onnx_max_abs_diff_vs_torch": diff,
     }

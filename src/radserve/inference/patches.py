@@ -55,7 +55,7 @@ from radserve.inference.tasks import (
     pick_batch_size,
     to_uint8,
 )
-from radserve.models.manifest import ModelSpec, Normalisation, ZScore
+from radserve.models.manifest import ModelSpec, MonaiIntensity, Normalisation, ZScore
 from radserve.preprocess.axes import axis_map
 from radserve.preprocess.crop import BBox, crop_volume, nonzero_mask
 from radserve.preprocess.denoise import read_filtered
@@ -171,6 +171,20 @@ def decide_regions(probs: np.ndarray, spec: ModelSpec) -> tuple[np.ndarray, np.n
         labels[hit] = value
         best[hit] = probs[i][hit]
     return labels, to_uint8(best)
+
+
+def _monai_support(
+    norm: Normalisation, native: np.ndarray, resample: Callable[[np.ndarray], np.ndarray]
+) -> np.ndarray | None:
+    """For a first ``NormalizeIntensity(nonzero)`` after MONAI's ``Spacing``: the model
+    voxels read from any non-zero native voxel. MONAI decides "non-zero" on its float32
+    ``grid_sample`` values, where a sum that cancels leaves ~1e-7, not 0; radserve's
+    sums cancel to exactly 0 at other voxels. The support (the resampled non-zero mask
+    > 0: no cancellation) is 0 exactly where every voxel read is 0, which both
+    implementations give as 0."""
+    if not isinstance(norm, MonaiIntensity) or not norm.steps[0].nonzero:
+        return None
+    return resample((native != 0).astype(np.float32)) > 0
 
 
 def normalised_channels(pairs: list[tuple[np.ndarray, Normalisation]]) -> list[np.ndarray]:
@@ -369,14 +383,18 @@ class PatchTask(BatchedTask):
         else:
             coords = self._first_voxel_coords(crop.shape, crop.spacing, forward=True)
         self._resampled = tuple(len(c) for c in coords)  # type: ignore[assignment]
-        out = []
-        for i, c in enumerate(data):
-            order = rs.image_order if i < len(pairs) else 0
+
+        def resampled(c: np.ndarray, order: int) -> np.ndarray:
             for axis, cs in enumerate(coords):
                 c = interpolate_axis(c, axis, np.rint(cs) if order == 0 else cs, order=order)
-            out.append(c.astype(np.float32, copy=False))
+            return c.astype(np.float32, copy=False)
+
+        out = [resampled(c, rs.image_order if i < len(pairs) else 0) for i, c in enumerate(data)]
         if not rs.normalise_first:
-            out[: len(pairs)] = [normalise(c, n) for c, (_, n) in zip(out, pairs, strict=False)]
+            out[: len(pairs)] = [
+                normalise(c, n, _monai_support(n, a, lambda m: resampled(m, rs.image_order)))
+                for c, (a, n) in zip(out, pairs, strict=False)
+            ]
         if fg is not None:
             # MONAI's CropForeground: the windows inside the box, one accumulator for the
             # padded grid (outputs outside the box are zeroed in _finalise).
@@ -453,7 +471,8 @@ class PatchTask(BatchedTask):
 
     def _pad(self, image: np.ndarray, floors: list[float]) -> np.ndarray:
         """Channels (c, d, h, w) padded up to a patch as ``sliding_window.pad`` says
-        (``end_floor``: image channel i with ``floors[i]``, extra channels with 0)."""
+        (``end_floor``: image channel i with ``floors[i]``, extra channels with 0;
+        ``centre_zero``: 0; ``centre_edge``: the edge voxels repeated)."""
         shape = image.shape[1:]
         if self.spec.input.sliding_window.pad == "end_floor":
             pad = [(0, max(0, p - n)) for p, n in zip(self.patch, shape, strict=True)]
@@ -464,7 +483,11 @@ class PatchTask(BatchedTask):
         diff = [max(0, p - n) for p, n in zip(self.patch, shape, strict=True)]
         self._pad_before = tuple(d // 2 for d in diff)  # type: ignore[assignment]
         pad = [(0, 0)] + [(d // 2, d - d // 2) for d in diff]
-        return np.pad(image, pad, constant_values=0.0) if any(diff) else image
+        if not any(diff):
+            return image
+        if self.spec.input.sliding_window.pad == "centre_edge":
+            return np.pad(image, pad, mode="edge")  # MONAI's padding_mode="replicate"
+        return np.pad(image, pad, constant_values=0.0)
 
     def _channel_arrays(self, crop: Volume) -> list[tuple[np.ndarray, Normalisation]]:
         """Each image channel's crop (native grid, the network's axis order) and its

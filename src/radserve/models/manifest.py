@@ -85,6 +85,30 @@ class RescaleUnit(_Strict):
     kind: Literal["rescale_01"] = "rescale_01"
 
 
+class MonaiIntensityStep(_Strict):
+    """One of MONAI's per-image intensity transforms, on one channel, in float32.
+
+    ``normalize`` (``NormalizeIntensity(nonzero)``): ``(x - mean) / std`` with the mean
+    and population std of all voxels, or with ``nonzero`` of the voxels != 0 only (the
+    others left as they are); a std of 0 divides by 1. ``scale`` (``ScaleIntensity(minv,
+    maxv)``): ``(x - min) / (max - min) * (maxv - minv) + minv``; a constant image
+    becomes ``x * minv``."""
+
+    op: Literal["normalize", "scale"]
+    nonzero: bool = False
+    minv: float = 0.0
+    maxv: float = 1.0
+
+
+class MonaiIntensity(_Strict):
+    """Per image: MONAI's ``NormalizeIntensity`` / ``ScaleIntensity`` in the bundle's
+    order, with statistics over the image the model runs on (the model grid when the
+    bundle's ``Spacing`` comes first, the native image when ``resampling.normalise_first``)."""
+
+    kind: Literal["monai_intensity"] = "monai_intensity"
+    steps: tuple[MonaiIntensityStep, ...] = Field(min_length=1)
+
+
 class NoNormalisation(_Strict):
     """The intensities as they are, in float32 (nnU-Net's ``NoNormalization``)."""
 
@@ -92,9 +116,10 @@ class NoNormalisation(_Strict):
 
 
 Normalisation = Annotated[
-    CtWindow | ClipZScore | ZScore | RescaleUnit | NoNormalisation, Field(discriminator="kind")
+    CtWindow | ClipZScore | ZScore | RescaleUnit | MonaiIntensity | NoNormalisation,
+    Field(discriminator="kind"),
 ]
-PER_IMAGE_NORMALISATIONS = (ZScore, RescaleUnit)
+PER_IMAGE_NORMALISATIONS = (ZScore, RescaleUnit, MonaiIntensity)
 """Normalisations whose numbers come from the image itself: for whole 3d crops only."""
 
 
@@ -179,8 +204,10 @@ class SlidingWindowSpec(_Strict):
     ``accumulate``: what is averaged over overlapping patches: ``probabilities`` (after
     the activation) or ``logits`` (nnU-Net: the activation comes after averaging and
     resampling back). ``pad``: a crop smaller than a patch is padded at its far end with
-    the normalised air value (``end_floor``) or on both sides with 0 (``centre_zero``,
-    nnU-Net's ``pad_nd_image``, MONAI's ``sliding_window_inference``). ``placement``:
+    the normalised air value (``end_floor``), on both sides with 0 (``centre_zero``,
+    nnU-Net's ``pad_nd_image``, MONAI's ``sliding_window_inference``), or on both sides with
+    copies of the edge voxels (``centre_edge``, MONAI's ``padding_mode="replicate"``).
+    ``placement``:
     patch starts spread evenly with at least ``overlap`` (``even``), or MONAI's
     ``dense_patch_slices`` (``monai``: a step of ``int(patch x (1 - overlap))``, the last
     patch moved back to the far edge). ``activate_on_model_grid`` (logits only): the
@@ -191,7 +218,7 @@ class SlidingWindowSpec(_Strict):
     importance: Literal["gaussian", "monai_gaussian", "gaussian_filter", "constant"] = "gaussian"
     sigma_scale: float = Field(0.125, gt=0)
     accumulate: Literal["probabilities", "logits"] = "probabilities"
-    pad: Literal["end_floor", "centre_zero"] = "end_floor"
+    pad: Literal["end_floor", "centre_zero", "centre_edge"] = "end_floor"
     placement: Literal["even", "monai"] = "even"
     activate_on_model_grid: bool = False
 

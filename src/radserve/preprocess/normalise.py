@@ -14,6 +14,8 @@ import numpy as np
 from radserve.models.manifest import (
     ClipZScore,
     CtWindow,
+    MonaiIntensity,
+    MonaiIntensityStep,
     NoNormalisation,
     Normalisation,
     RescaleUnit,
@@ -34,7 +36,9 @@ def normalise(
     ``clip_zscore``: clip to ``[lower, upper]`` then ``(x - mean) / std``.
     ``zscore``: ``(x - mean) / max(std, 1e-8)`` of ``array`` itself; with ``use_mask``
     of the voxels of ``mask`` (nnU-Net's non-zero mask, required), the others untouched.
-    ``rescale_01``: ``x - min``, divided by ``max(max, 1e-8)`` of that; ``none``: float32.
+    ``rescale_01``: ``x - min``, divided by ``max(max, 1e-8)`` of that; ``monai_intensity``:
+    MONAI's ``NormalizeIntensity`` / ``ScaleIntensity`` steps in order (``mask``: the
+    first step's non-zero voxels, where given); ``none``: float32.
     """
     out = np.array(array, dtype=np.float32, copy=True)
     if isinstance(normalisation, CtWindow):
@@ -58,6 +62,10 @@ def normalise(
             out -= out.min()
             out /= np.clip(out.max(), _EPS, None)
         return out
+    if isinstance(normalisation, MonaiIntensity):
+        for i, step in enumerate(normalisation.steps):
+            out = _monai_step(out, step, mask if i == 0 else None)
+        return out
     if isinstance(normalisation, NoNormalisation):
         return out
     raise TypeError(f"unknown normalisation {type(normalisation).__name__}")
@@ -80,6 +88,39 @@ def _zscore(out: np.ndarray, mask: np.ndarray | None, use_mask: bool) -> np.ndar
         mean, std = out.mean(), out.std()
         out -= mean
         out /= max(std, _EPS)
+    return out
+
+
+def _monai_step(
+    out: np.ndarray, step: MonaiIntensityStep, support: np.ndarray | None = None
+) -> np.ndarray:
+    """MONAI 1.6's ``NormalizeIntensity`` (float32, population std, a std of 0 -> 1) or
+    ``rescale_array`` (``ScaleIntensity(minv, maxv)``; a constant image -> ``x * minv``).
+    ``support``: the voxels ``nonzero`` counts as non-zero where ``out != 0`` would
+    follow rounding (after a resampling, see ``inference.patches._monai_support``)."""
+    if not out.size:
+        return out
+    if step.op == "scale":
+        lo, hi = out.min(), out.max()
+        if lo == hi:
+            out *= np.float32(step.minv)
+            return out
+        out -= lo
+        out /= hi - lo
+        out *= np.float32(step.maxv - step.minv)
+        out += np.float32(step.minv)
+        return out
+    region = (out != 0 if support is None else support) if step.nonzero else None
+    values = out[region] if region is not None else out
+    if not values.size:
+        return out
+    mean, std = values.mean(dtype=np.float64), values.std(dtype=np.float64)
+    mean, std = np.float32(mean), np.float32(std) if std != 0 else np.float32(1.0)
+    if region is None:
+        out -= mean
+        out /= std
+    else:
+        out[region] = (values - mean) / std
     return out
 
 
