@@ -371,8 +371,8 @@ REFUSALS = {
         "CropForegroundd: select_fn <lambda> \\(only MONAI's default is_positive",
     ),
     "CropForegroundd_edge_padding": (
-        _with({5: {**_CROP, "mode": "edge"}}),
-        "CropForegroundd: padding mode 'edge'",
+        _with({5: {**_CROP, "mode": "edge", "margin": 2}}),  # margin 0: MONAI never pads
+        "CropForegroundd: padding mode 'edge' value 0 with a box that may pass the image",
     ),
     "NormalizeIntensityd_subtrahend": (
         _with({4: {"_target_": "NormalizeIntensityd", "keys": "image", "subtrahend": 40.0}}),
