@@ -8,9 +8,14 @@ policy (docs/history/turnaround.md, session 15).
 The unmeasured fillers are matched to their end records by class and arrival; a filler
 cancelled before it ended (no timings) is given the work of the nearest run of its size.
 Per class: TAT p50 / p95 simulated against measured, and the mean wait (arrival to
-start) and run (start to finish) of each; ``--jobs`` prints every job.
+start) and run (start to finish) of each, and the wall seconds their stage units ran
+(simulated against the measured stage timings: how much sharing the division took out
+and the simulation put back); ``--jobs`` prints every job. ``--consistent ROUNDS``
+rescales each job's solo work until its simulated stage walls are its measured ones
+(a division consistent with the simulation's sharing; session 15).
 
     PYTHONPATH=src python tools/planner_oracle.py out/eta.json [...] [--fine] [--jobs]
+        [--consistent 8]
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from radserve.turnaround.simulate import (
     Arrival,
     JobService,
     SimConfig,
+    SimJob,
     simulate_jobs,
     split_batches,
 )
@@ -67,7 +73,26 @@ def _coarse(steps: dict[str, float], slices: int, batch: int) -> JobService:
     return JobService(steps.get(INGEST, 0.0), split_batches(device, slices, batch), rest)
 
 
-def compare(path: Path, *, fine: bool, jobs: bool) -> None:
+def _rescaled(
+    steps: dict[str, float], run: JobRun, sim: SimJob, damping: float
+) -> dict[str, float]:
+    """``steps`` (a job's solo timings) with its CPU steps times measured / simulated
+    CPU wall and its batches times measured / simulated batch wall: one round of the
+    division made consistent with the simulation's sharing."""
+    cpu = (run.cpu_s / sim.cpu_wall) ** damping if sim.cpu_wall > 0 else 1.0
+    device = (run.device_s / sim.device_wall) ** damping if sim.device_wall > 0 else 1.0
+    out = {
+        k: v * (device if k.endswith(DEVICE_SUFFIX) else cpu)
+        for k, v in steps.items()
+        if k not in NOT_WORK
+    }
+    out[RUN] = sum(out.values())
+    return out
+
+
+def compare(
+    path: Path, *, fine: bool, jobs: bool, consistent: int = 0, damping: float = 0.5
+) -> None:
     summary = read_summary(path)
     runs = _runs(summary)
     ids = list(runs)
@@ -97,23 +122,50 @@ def compare(path: Path, *, fine: bool, jobs: bool) -> None:
     start = events[0][0]
     scheduler = SchedulerSettings().capped(CPU_MAX_BATCH)
     batch = scheduler.max_batch_size
-    trace = [
-        Arrival(
-            at - start,
-            cls,
-            fine_service(solo[i], runs[i].slices, batch)
-            if fine
-            else _coarse(solo[i], runs[i].slices, batch),
-            kept,
-        )
-        for at, cls, i, kept in events
-    ]
 
     def no_draw(rng: np.random.Generator, cls: PriorityClass) -> JobService:
         raise AssertionError("every arrival brings its work")
 
-    simulated = simulate_jobs(trace, no_draw, SimConfig(1, workers, scheduler, host_cores=cores))
-    print(f"{path} ({'server units' if fine else 'coarse jobs'}, each job's own work)")
+    def replay() -> list[SimJob]:
+        trace = [
+            Arrival(
+                at - start,
+                cls,
+                fine_service(solo[i], runs[i].slices, batch)
+                if fine
+                else _coarse(solo[i], runs[i].slices, batch),
+                kept,
+            )
+            for at, cls, i, kept in events
+        ]
+        return simulate_jobs(trace, no_draw, SimConfig(1, workers, scheduler, host_cores=cores))
+
+    simulated = replay()
+    # the job each arrival really was (a cancelled filler's stand-in is another's work)
+    own = [
+        i if runs[i].cls is cls and abs(runs[i].arrival - zero - at) < 0.5 else ""
+        for at, cls, i, _ in events
+    ]
+    for _ in range(consistent):
+        for i, sim in zip(own, simulated, strict=True):
+            if i:
+                solo[i] = _rescaled(solo[i], runs[i], sim, damping)
+        simulated = replay()
+    print(
+        f"{path} ({'server units' if fine else 'coarse jobs'}, each job's own work"
+        + (f", {consistent} rounds consistent with the simulation)" if consistent else ")")
+    )
+    walls = [
+        (runs[i].cpu_s, sim.cpu_wall, runs[i].device_s, sim.device_wall)
+        for i, sim in zip(own, simulated, strict=True)
+        if i
+    ]
+    cpu, sim_cpu, device, sim_device = (float(np.sum(w)) for w in zip(*walls, strict=True))
+    print(
+        f"  stage walls, all jobs: CPU {sim_cpu:.1f}/{cpu:.1f} s ({sim_cpu / cpu - 1:+.0%}), "
+        f"batches {sim_device:.1f}/{device:.1f} s ({sim_device / device - 1:+.0%}) "
+        "(simulated/measured)"
+    )
     rows = []
     for (at, cls, i, kept), sim in zip(events, simulated, strict=True):
         run = runs[i]
@@ -122,7 +174,9 @@ def compare(path: Path, *, fine: bool, jobs: bool) -> None:
         real = (run.started - run.arrival, run.finished - run.started)
         got = (sim.started - sim.arrival, sim.finished - sim.started)
         if kept:
-            rows.append((cls, real, got))
+            rows.append(
+                (cls, real, got, (run.cpu_s + run.device_s, sim.cpu_wall + sim.device_wall))
+            )
         if jobs:
             print(
                 f"  {'*' if kept else ' '}{cls.value:<10} {run.slices:3d} slices at "
@@ -140,10 +194,11 @@ def compare(path: Path, *, fine: bool, jobs: bool) -> None:
             want, got = np.percentile(real_tat, q), np.percentile(sim_tat, q)
             cells.append(f"p{q} {got:6.2f}/{want:6.2f} ({got / want - 1:+4.0%})")
         means = [float(np.mean([r[k][j] for r in mine])) for j in (0, 1) for k in (2, 1)]
+        walls = [float(np.sum([r[3][j] for r in mine])) for j in (1, 0)]
         print(
             f"  {cls.value:<10} {len(mine):2d} jobs  TAT {'  '.join(cells)}  wait "
-            f"{means[0]:5.2f}/{means[1]:5.2f}  run {means[2]:5.2f}/{means[3]:5.2f} s "
-            "(simulated/measured)"
+            f"{means[0]:5.2f}/{means[1]:5.2f}  run {means[2]:5.2f}/{means[3]:5.2f} s  stage "
+            f"walls {walls[0] / walls[1] - 1:+4.0%} (simulated/measured)"
         )
 
 
@@ -152,9 +207,17 @@ def main() -> None:
     parser.add_argument("summary", type=Path, nargs="+")
     parser.add_argument("--fine", action="store_true", help="each job as the server's units")
     parser.add_argument("--jobs", action="store_true", help="print every job")
+    parser.add_argument(
+        "--consistent",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="rescale each job's solo work ROUNDS times until its simulated stage walls "
+        "are its measured ones",
+    )
     args = parser.parse_args()
     for path in args.summary:
-        compare(path, fine=args.fine, jobs=args.jobs)
+        compare(path, fine=args.fine, jobs=args.jobs, consistent=args.consistent)
 
 
 if __name__ == "__main__":

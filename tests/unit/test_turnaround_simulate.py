@@ -272,3 +272,24 @@ def test_simulate_jobs_gives_each_job_of_the_same_run_in_arrival_order() -> None
     assert times == pytest.approx([0.0, 3.0, 1.0, 1.5, 1.5, 2.5])
     result = simulate(trace, _exponential(1.0), config)
     assert result.classes[INP].tat_p50_s == pytest.approx(1.3)
+
+
+def test_simulate_jobs_counts_the_wall_time_each_jobs_units_ran_on_the_shared_cores() -> None:
+    """The counterpart of a job's measured stage timings (tools/planner_oracle.py
+    compares them to see how much sharing the division took out and the simulation put
+    back): two CPU stages of 1 s on one core take 2 s of wall each; a job alone keeps
+    its solo seconds, CPU and batch apart."""
+    config = SimConfig(1, 2, PLAIN, urgent_lane=False, host_cores=1)
+    trace = [
+        Arrival(0.0, OUT, JobService(1.0, (), 0.0)),
+        Arrival(0.0, OUT, JobService(1.0, (), 0.0)),
+        Arrival(5.0, OUT, JobService(0.5, (2.0,), 0.25)),
+    ]
+    jobs = simulate_jobs(trace, _exponential(1.0), config)
+    walls = [(j.cpu_wall, j.device_wall) for j in jobs]
+    assert walls == [
+        pytest.approx((2.0, 0.0)),
+        pytest.approx((2.0, 0.0)),
+        pytest.approx((0.75, 2.0)),
+    ]
+    assert [j.finished for j in jobs] == pytest.approx([2.0, 2.0, 7.75])

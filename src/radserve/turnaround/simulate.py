@@ -222,6 +222,10 @@ class _Job:
     stage_busy: bool = False
     step: _Step | None = None
     finished: float | None = None
+    # wall seconds its CPU units and its batches ran (paused ones included): what the
+    # server's stage timings measure, the shared cores' slowdown in them
+    cpu_wall: float = 0.0
+    device_wall: float = 0.0
 
     @property
     def stage(self) -> float | None:
@@ -468,7 +472,12 @@ class _Sim:
                 step.to_merge, step.merging = step.to_merge - 1, True
         if seconds > 0:
             threads = self.batch_threads if unit == "batch" else 1
+            began = self.env.now
             yield self.cores.run(seconds, threads, yields=yields)
+            if unit == "batch":
+                job.device_wall += self.env.now - began
+            else:
+                job.cpu_wall += self.env.now - began
         if unit == "batch":
             self.device_busy += seconds
         else:
@@ -531,13 +540,17 @@ def _run(
 @dataclass(frozen=True)
 class SimJob:
     """One simulated job: its arrival's index in the trace (sorted by time), class,
-    arrival, start and finish (None: unfinished at the end)."""
+    arrival, start and finish (None: unfinished at the end), and the wall seconds its
+    CPU units and batches ran on the shared cores (the counterpart of its measured
+    stage timings)."""
 
     index: int
     cls: PriorityClass
     arrival: float
     started: float | None
     finished: float | None
+    cpu_wall: float = 0.0
+    device_wall: float = 0.0
 
 
 def simulate_jobs(
@@ -552,7 +565,10 @@ def simulate_jobs(
     comparing a replayed trace job by job (``tools/planner_oracle.py``)."""
     sim = _run(trace, sampler, config, seed, until)
     jobs = sorted([*sim.done, *sim.jobs], key=lambda j: j.seq)
-    return [SimJob(j.seq, j.cls, j.arrival, j.started, j.finished) for j in jobs]
+    return [
+        SimJob(j.seq, j.cls, j.arrival, j.started, j.finished, j.cpu_wall, j.device_wall)
+        for j in jobs
+    ]
 
 
 def simulate(
