@@ -102,6 +102,11 @@ class ServerSettings(_Section):
     # and the job keep the client address they name. Empty: believe none (any client
     # could otherwise set the address radserve audits); docs/deployment.md
     trusted_proxies: list[IPvAnyNetwork] = Field(default_factory=list)
+    # how long a request (a submission at any door: its job row; an API key's check)
+    # waits for a database that does not answer (a PostgreSQL restart or failover)
+    # before it is refused 503 with Retry-After; 0: refused at once. Nothing is
+    # acknowledged before its row commits (radserve.store.waiting)
+    store_wait_s: float = Field(default=20.0, ge=0, le=300)
     # HTTPS when set (cert + key required; ca: mutual TLS for API clients)
     tls: TlsSettings | None = None
 

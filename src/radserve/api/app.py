@@ -68,7 +68,9 @@ def create_app(
         redirect_slashes=False,
     )
     app.state.service = service
-    app.state.keys = KeyVerifier(service.store, ttl_s=key_ttl_s)
+    app.state.keys = KeyVerifier(
+        service.store, ttl_s=key_ttl_s, wait_s=service.settings.server.store_wait_s
+    )
     server = service.settings.server
     errors.install(app, on_error=lambda code: service.metrics.errors.labels(code).inc())
     app.include_router(studies.router)

@@ -23,6 +23,7 @@ from radserve.errors import RadserveError, quoted
 from radserve.security.access import ReadAccess, Reader
 from radserve.security.keys import Role, role_allows
 from radserve.store import ApiKeyRecord, JobNotFoundError, JobRecord, Store
+from radserve.store.waiting import waiting_for_store
 
 # documented in the OpenAPI schema (see radserve.api.app) and read by token_of()
 SECURITY_SCHEMES = {
@@ -60,10 +61,17 @@ class KeyVerifier:
     """Token -> key record, with a short memory of verified tokens."""
 
     def __init__(
-        self, store: Store, *, ttl_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+        self,
+        store: Store,
+        *,
+        ttl_s: float = 10.0,
+        wait_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.ttl_s = ttl_s
+        # a database outage is waited out this long (server.store_wait_s), then 503
+        self.wait_s = wait_s
         self.clock = clock
         self._known: dict[str, tuple[float, ApiKeyRecord]] = {}
         self._checking: dict[str, asyncio.Future[ApiKeyRecord | None]] = {}
@@ -92,7 +100,9 @@ class KeyVerifier:
 
     def verify(self, token: str) -> ApiKeyRecord | None:
         """Check the token against the store (a database read; call from a thread)."""
-        record = self.store.verify_api_key(token)
+        record = waiting_for_store(
+            lambda: self.store.verify_api_key(token), self.wait_s, what="an API key's check"
+        )
         if record is not None:
             digest = hashlib.sha256(token.encode()).hexdigest()
             with self._lock:

@@ -43,6 +43,9 @@ class UploadIncompleteError(RadserveError):
 # the error code of an answer that no RadserveError made (Starlette's and the framework's
 # own 4xx/5xx), by its status
 _PROBLEMS_NAMED = 5
+# Retry-After of a request refused because the database did not answer (an outage met
+# outside a wait bounded by server.store_wait_s, which names its own)
+STORE_RETRY_AFTER_S = 5
 
 _STATUS_CODES = {
     400: "invalid_request",
@@ -80,10 +83,13 @@ def error_response(exc: RadserveError) -> JSONResponse:
     headers: dict[str, str] = {}
     # by its code, not its class: importing radserve.scheduling here loaded the scheduler's
     # dispatch and with it the inference runtime into every API reader process
-    if exc.code == "queue_full":  # radserve.scheduling.QueueFullError
-        headers["Retry-After"] = str(exc.retry_after)  # type: ignore[attr-defined]
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:  # a full queue; a database that did not answer in time
+        headers["Retry-After"] = str(retry_after)
     elif exc.code == "model_unavailable":
         headers["Retry-After"] = "60"
+    elif exc.outage:  # the database did not answer (radserve.store.waiting)
+        headers["Retry-After"] = str(STORE_RETRY_AFTER_S)
     if status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="radserve"'
     if status >= 500:

@@ -115,7 +115,7 @@ def reader_app(
     state = State()
     state.service = ReaderState(settings, store, ReaderJobs(store, snapshot))
     state.read_access = ReadAccess(store, settings.security.visibility, audit=audit)
-    state.keys = KeyVerifier(store)
+    state.keys = KeyVerifier(store, wait_s=settings.server.store_wait_s)
     state.status_bodies = StatusBodies()
     reads: ASGIApp = _Reads(_Holder(state), lambda code: emit(("error", code)))
     for middleware, options in limits(settings.server, lambda *event: emit(("http", *event))):

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 from radserve.config import Settings
 from radserve.errors import RadserveError
@@ -60,8 +60,11 @@ from radserve.service.own_uploads import without_own_results
 from radserve.service.sniff import check_combination, sniff
 from radserve.service.work import LineageStep, build_work
 from radserve.store import JobRecord, JobState, Lease, Store
+from radserve.store.errors import JobExistsError
+from radserve.store.waiting import waiting_for_store
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RESULTS_DIR = "results"
 DICOMWEB_SOURCE = "dicomweb"  # Origin.source of studies stored over STOW-RS
@@ -376,7 +379,10 @@ class Intake:
         if reuse:
             # same input, same route (a result made for an HTTP upload went nowhere): the
             # job that answered it -- run or cached -- answers the re-send too
-            existing = self.store.find_answered(resolved.cache_key(fingerprint), origin.source)
+            existing = self._waited(
+                lambda: self.store.find_answered(resolved.cache_key(fingerprint), origin.source),
+                "a re-sent study's earlier job",
+            )
             if existing is not None:
                 logger.info(
                     "study re-sent unchanged: job %s (%s) answers it; no new job",
@@ -386,7 +392,10 @@ class Intake:
                 if slot is not None:
                     slot.release()
                 return Submission(existing, cached=True, reused=True)
-        hit = self.store.find_cached_result(resolved.cache_key(fingerprint))
+        hit = self._waited(
+            lambda: self.store.find_cached_result(resolved.cache_key(fingerprint)),
+            "the result cache's look-up",
+        )
         job_id = str(uuid.uuid4())
         delivered = None if hit is None else self._deliver_cached(job_id, origin, hit, study_dir)
         if hit is not None and delivered is not None:
@@ -447,26 +456,49 @@ class Intake:
         origin: Origin,
         **extra: Any,
     ) -> JobRecord:
-        """Persist a job row (and cache it) for a study in ``study_dir``."""
-        record = self.store.create_job(
-            priority_class=priority,
-            deadline=dt.timedelta(seconds=self.scheduler.config.tat(priority)),
-            pipeline_name=resolved.spec.name,
-            pipeline_version=resolved.spec.version,
-            precision=resolved.precision,
-            fingerprint=fingerprint,
-            study_path=str(study_dir),
-            model_versions=resolved.model_versions,
-            api_key_id=origin.key_id,
-            client_address=origin.client,
-            queue_meta={"source": origin.source}
+        """Persist a job row (and cache it) for a study in ``study_dir``; waits out a
+        database outage up to ``server.store_wait_s`` (:meth:`_waited`)."""
+        job_id = extra.pop("job_id", None) or str(uuid.uuid4())
+        fields: dict[str, Any] = {
+            "priority_class": priority,
+            "deadline": dt.timedelta(seconds=self.scheduler.config.tat(priority)),
+            "pipeline_name": resolved.spec.name,
+            "pipeline_version": resolved.spec.version,
+            "precision": resolved.precision,
+            "fingerprint": fingerprint,
+            "study_path": str(study_dir),
+            "model_versions": resolved.model_versions,
+            "api_key_id": origin.key_id,
+            "client_address": origin.client,
+            "queue_meta": {"source": origin.source}
             | ({"warnings": [dict(w) for w in origin.warnings]} if origin.warnings else {})
             | deployment_meta(resolved),
-            lease=self.lease,
+            "lease": self.lease,
+            "job_id": job_id,
             **extra,
-        )
+        }
+        tried = False
+
+        def create() -> JobRecord:
+            nonlocal tried
+            again, tried = tried, True
+            try:
+                return self.store.create_job(**fields)
+            except JobExistsError:
+                if not again:
+                    raise
+                # an earlier try committed and only its answer was lost (the connection
+                # cut after COMMIT): that row is this job's
+                return self.store.get_job(job_id)
+
+        record = self._waited(create, "the job row's write")
         self.cache.put(record)
         return record
+
+    def _waited(self, call: Callable[[], T], what: str) -> T:
+        """``call()`` (a store call of a submission), waiting out a database outage up
+        to ``server.store_wait_s``; past it 503 with Retry-After (radserve.store.waiting)."""
+        return waiting_for_store(call, self.settings.server.store_wait_s, what=what)
 
     def _from_cache(
         self,

@@ -1,0 +1,79 @@
+"""A request's bounded wait for a database that does not answer (a restart, a failover).
+
+A submission whose study is already fsynced needs one more thing, its job row; a
+PostgreSQL restart of a few seconds used to answer it 503 at once, so a client that
+did not retry lost the study and one that did sent the upload again. Now the request's
+store calls are tried again every :data:`RETRY_EVERY_S` until ``server.store_wait_s``
+has passed (each try is one connection attempt, refused at once while the server is
+down); past it the request is refused with :class:`StoreWaitExceededError` (503, and
+``Retry-After``). Nothing is acknowledged before its write commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from radserve.store.errors import DatabaseUnavailableError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+RETRY_EVERY_S = 0.25
+
+
+class StoreWaitExceededError(DatabaseUnavailableError):
+    """The database did not answer within the request's wait (``server.store_wait_s``)."""
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def waiting_for_store(
+    call: Callable[[], T],
+    wait_s: float,
+    *,
+    what: str,
+    every_s: float = RETRY_EVERY_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """``call()``, tried again while the database is unavailable, until ``wait_s`` has
+    passed since the first try; then :class:`StoreWaitExceededError` (``what``: the
+    request's step, for the message and the log)."""
+    start = clock()
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            result = call()
+        except DatabaseUnavailableError as exc:
+            waited = clock() - start
+            if waited >= wait_s:
+                retry_after = max(1, math.ceil(wait_s))
+                raise StoreWaitExceededError(
+                    f"the database did not answer for {waited:.1f} s ({what}; "
+                    f"server.store_wait_s is {wait_s:g} s): nothing was accepted; "
+                    f"retry after {retry_after} s",
+                    retry_after=retry_after,
+                ) from exc
+            if tries == 1:
+                logger.warning(
+                    "%s: the database does not answer (%s); waiting up to %g s",
+                    what,
+                    exc.message,
+                    wait_s,
+                )
+            time.sleep(min(every_s, max(0.0, wait_s - waited)))
+        else:
+            if tries > 1:
+                logger.warning(
+                    "%s: the database answered after %.1f s (%d tries)",
+                    what,
+                    clock() - start,
+                    tries,
+                )
+            return result

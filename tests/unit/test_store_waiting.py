@@ -1,0 +1,72 @@
+"""The request's bounded wait for the database (radserve.store.waiting) and the 503's
+Retry-After it leads to (radserve.api.errors); against a real PostgreSQL in
+tests/integration/test_store_wait.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from radserve.api.errors import STORE_RETRY_AFTER_S, error_response
+from radserve.store.errors import DatabaseUnavailableError, JobNotFoundError
+from radserve.store.waiting import StoreWaitExceededError, waiting_for_store
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def flaky(clock: Clock, fails_until: float, step_s: float = 0.25) -> Callable[[], str]:
+    """A store call that does not answer until ``fails_until`` (each try moves time on)."""
+
+    def call() -> str:
+        clock.now += step_s
+        if clock.now < fails_until:
+            raise DatabaseUnavailableError("database unavailable: OperationalError")
+        return "row"
+
+    return call
+
+
+def test_an_outage_shorter_than_the_wait_is_waited_out() -> None:
+    clock = Clock()
+    assert waiting_for_store(flaky(clock, 3.0), 5.0, what="x", every_s=0, clock=clock) == "row"
+    assert clock.now == 3.0
+
+
+def test_past_the_wait_the_request_is_refused_with_retry_after() -> None:
+    clock = Clock()
+    with pytest.raises(StoreWaitExceededError) as raised:
+        waiting_for_store(
+            flaky(clock, 99.0), 2.5, what="the job row's write", every_s=0, clock=clock
+        )
+    assert 2.5 <= clock.now < 3.0
+    response = error_response(raised.value)
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "3"
+    assert b"the job row's write" in response.body and b"server.store_wait_s" in response.body
+
+
+def test_no_wait_refuses_at_once_and_other_errors_pass_through() -> None:
+    clock = Clock()
+    with pytest.raises(StoreWaitExceededError):
+        waiting_for_store(flaky(clock, 99.0), 0.0, what="x", every_s=0, clock=clock)
+    assert clock.now == 0.25  # one try
+
+    def missing() -> None:
+        raise JobNotFoundError("no job")
+
+    with pytest.raises(JobNotFoundError):
+        waiting_for_store(missing, 5.0, what="x", every_s=0, clock=clock)
+
+
+def test_an_outage_met_outside_a_wait_is_answered_with_retry_after() -> None:
+    response = error_response(DatabaseUnavailableError("database unavailable"))
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == str(STORE_RETRY_AFTER_S)
+    assert "Retry-After" not in error_response(JobNotFoundError("no job")).headers
