@@ -42,10 +42,25 @@ def test_instance_is_filed_by_uid_and_fsynced(tmp_path: Path, monkeypatch) -> No
 
 def test_same_sop_instance_uid_is_stored_once(tmp_path: Path) -> None:
     store = InstanceStore(tmp_path)
-    assert _save(store, b"first").disposition is Disposition.STORED
-    again = _save(store, b"second")
+    first = _save(store, b"first")
+    assert first.disposition is Disposition.STORED
+    again = _save(store, b"first")
     assert again.disposition is Disposition.DUPLICATE
-    assert again.path.read_bytes() == b"first"
+    assert again.path == first.path
+    assert study_instances(first.path.parent) == [first.path]
+
+
+def test_same_sop_instance_uid_with_other_content_is_kept_beside(tmp_path: Path) -> None:
+    """Other bytes under one SOP Instance UID (in this association or a later one) are
+    kept beside the first copy, once, so ingest sees both and names the conflict."""
+    store = InstanceStore(tmp_path)
+    first = _save(store, b"first")
+    other = _save(store, b"second")
+    assert other.disposition is Disposition.STORED
+    assert other.path != first.path and other.path.read_bytes() == b"second"
+    assert first.path.read_bytes() == b"first"
+    assert _save(store, b"second").disposition is Disposition.DUPLICATE
+    assert study_instances(first.path.parent) == sorted([first.path, other.path])
 
 
 def test_concurrent_copies_of_one_instance_keep_exactly_one(tmp_path: Path) -> None:
@@ -55,7 +70,7 @@ def test_concurrent_copies_of_one_instance_keep_exactly_one(tmp_path: Path) -> N
 
     def send(k: int) -> None:
         barrier.wait()
-        results.append(_save(store, f"copy {k}".encode()).disposition)
+        results.append(_save(store, b"one copy").disposition)
 
     threads = [threading.Thread(target=send, args=(k,)) for k in range(6)]
     for thread in threads:
@@ -105,7 +120,7 @@ def test_free_space_reserve_refuses_before_writing(tmp_path: Path) -> None:
     ],
 )
 def test_unusable_uids_are_refused(tmp_path: Path, field: str, value: str) -> None:
-    with pytest.raises(InstanceRejectedError, match="not a valid UID"):
+    with pytest.raises(InstanceRejectedError, match=r"missing|not a valid UID|at most 64"):
         _save(InstanceStore(tmp_path), **{field: value})
 
 
@@ -289,7 +304,7 @@ def test_group_commit_keeps_one_of_concurrent_copies(tmp_path: Path) -> None:
 
     def send(k: int) -> None:
         barrier.wait()
-        results.append(_save(store, f"copy {k}".encode()).disposition)
+        results.append(_save(store, b"one copy").disposition)
 
     threads = [threading.Thread(target=send, args=(k,)) for k in range(6)]
     for thread in threads:

@@ -45,3 +45,15 @@ def test_frame_count_bomb_and_oversized_part(tmp_path: Path) -> None:
     assert bomb.failure is FailureReason.OUT_OF_RESOURCES  # above ingest.max_frames
     big = check_part(2, _part(path.read_bytes()), None, policy=IngestPolicy(max_file_bytes=100))
     assert big.failure is FailureReason.OUT_OF_RESOURCES and "max_file_bytes" in big.reason
+
+
+def test_a_failed_item_carries_radserve_code_and_reason(tmp_path: Path) -> None:
+    """PS3.18's Failure Reason plus radserve's code and text in a private block of the
+    item: what the upload form would say of the same instance (no patient data)."""
+    (path,) = make_ct_series(tmp_path, n_slices=1, rows=64, cols=64)
+    cut = check_part(1, _part(path.read_bytes()[:3000]), None)
+    item = StowResult((cut,)).response().to_json_dict()["00081198"]["Value"][0]
+    assert item["00081197"]["Value"] == [0xC000]
+    assert item["00090010"]["Value"] == ["radserve"]
+    assert item["00091001"]["Value"] == [cut.code] and cut.code == "decode_failed"
+    assert item["00091002"]["Value"] == [cut.reason] and "truncated" in cut.reason

@@ -21,7 +21,6 @@ from pydicom.uid import (
     ImplicitVRLittleEndian,
     JPEG2000Lossless,
     JPEGBaseline8Bit,
-    JPEGExtended12Bit,
     JPEGLossless,
     JPEGLosslessSV1,
     JPEGLSLossless,
@@ -31,6 +30,8 @@ from pydicom.uid import (
 from pynetdicom import AllStoragePresentationContexts
 from pynetdicom import sop_class as sc
 from pynetdicom.status import STATUS_SUCCESS, STATUS_WARNING, code_to_category
+
+from radserve.ingest import rules
 
 # Image storage: what radserve files into a study folder and hands to intake. The
 # cross-sectional classes feed the pipelines; the rest travel with CT/MR studies when a
@@ -99,18 +100,9 @@ SCP_TRANSFER_SYNTAXES: tuple[UID, ...] = (
 )
 
 # Transfer syntaxes refused on purpose, with the reason given to the sender (the SCP
-# does not accept them in negotiation; STOW-RS answers 0xC122 for each such instance).
-# JPEG Extended (process 2 & 4) carries 12-bit CT in practice, and no decoder radserve
-# may ship decodes that: python-gdcm 3.2 and Pillow refuse 12-bit precision, and
-# pylibjpeg-libjpeg is GPLv3. Accepting it meant C-STORE success and then a job that
-# failed at decode; refusing it makes a sender fall back to a syntax it also offers.
-REFUSED_TRANSFER_SYNTAXES: dict[UID, str] = {
-    JPEGExtended12Bit: (
-        "JPEG Extended (process 2 & 4) is not accepted: its 12-bit data cannot be decoded "
-        "with radserve's decoders (python-gdcm, Pillow; pylibjpeg-libjpeg is GPLv3); "
-        "send it uncompressed or lossless (e.g. JPEG Lossless SV1)"
-    ),
-}
+# does not accept them in negotiation; STOW-RS answers 0xC122 for each such instance; the
+# form and `radserve run` refuse the file): one table for every door, in ingest.rules.
+REFUSED_TRANSFER_SYNTAXES = rules.REFUSED_TRANSFER_SYNTAXES
 
 UNCOMPRESSED: tuple[UID, ...] = (ExplicitVRLittleEndian, ImplicitVRLittleEndian)
 VERIFICATION = UID(sc.Verification)

@@ -473,6 +473,8 @@ class GatewaySCP:
                 dataset.get("SOPInstanceUID") or event.request.AffectedSOPInstanceUID,
                 "SOP Instance UID",
             )
+            if not quarantine and (series := dataset.get("SeriesInstanceUID")):
+                check_uid(series, "Series Instance UID")  # ingest's rule (missing: skipped)
             with self.cpu.section("durable"):
                 stored = self.instances.save(
                     received,

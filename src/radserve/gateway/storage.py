@@ -38,14 +38,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import hashlib
 import logging
 import os
-import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Literal
@@ -55,14 +55,15 @@ from radserve.durable import fsync_dir as _fsync_dir
 from radserve.durable import owner_alive as partial_owner_alive
 from radserve.durable import temporary_path
 from radserve.gateway.errors import InstanceRejectedError, OutOfResourcesError
+from radserve.ingest import rules
 
 logger = logging.getLogger(__name__)
 
 INCOMING_DIR = "incoming"
 QUARANTINE_DIR = "quarantine"
 INSTANCE_SUFFIX = ".dcm"
+_CHUNK = 1 << 20
 _FILE_MODE = 0o644
-_UID = re.compile(r"^[0-9]+(\.[0-9]+)*$")
 
 
 class Disposition(StrEnum):
@@ -82,10 +83,10 @@ class StoredInstance:
 
 def check_uid(value: object, what: str) -> str:
     """A UID safe to use as a file name; :class:`InstanceRejectedError` otherwise."""
-    uid = str(value or "").strip().rstrip("\x00")
-    if not uid or len(uid) > 64 or not _UID.match(uid):
-        raise InstanceRejectedError(f"{what} missing or not a valid UID")
-    return uid
+    problem = rules.uid_problem(value, what)
+    if problem is not None:
+        raise InstanceRejectedError(problem)
+    return str(value).strip().rstrip("\x00")
 
 
 Durability = Literal["per_instance", "group"]
@@ -179,7 +180,19 @@ class InstanceStore:
             disposition=Disposition.QUARANTINED if quarantine else Disposition.STORED,
         )
         if target.exists():
-            return _duplicate(stored)
+            if _same_bytes(target, encoded):
+                return _duplicate(stored)
+            # One SOP Instance UID, other bytes: kept beside the first under a name of its
+            # content, so ingest sees both and names the conflict, as at the form and
+            # `radserve run` (a copy in another transfer syntax is dropped there).
+            target = folder / f"{sop_uid}.{_digest(encoded)}{INSTANCE_SUFFIX}"
+            stored = replace(stored, path=target)
+            if target.exists():
+                return _duplicate(stored)
+            logger.warning(
+                "instance %s received again with other content: kept both copies",
+                sop_uid,
+            )
         try:
             self._check_space(_size(encoded))
             self._make_folder(folder)
@@ -190,8 +203,18 @@ class InstanceStore:
                 written = _write_new(folder, target, encoded)
                 if written and self._on_durable is not None:
                     self._on_durable([target])
-            if not written:
-                return _duplicate(stored)
+            if not written:  # another writer got there first: its bytes, or others?
+                if stored.path.name != f"{sop_uid}{INSTANCE_SUFFIX}" or _same_bytes(
+                    target, encoded
+                ):
+                    return _duplicate(stored)
+                return self.save(
+                    encoded,
+                    study_instance_uid=study_instance_uid,
+                    sop_instance_uid=sop_uid,
+                    sop_class_uid=sop_class_uid,
+                    quarantine=quarantine,
+                )
         except OSError as exc:
             reason = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
             logger.error("instance %s not stored: %s", sop_uid, reason)
@@ -472,6 +495,38 @@ def _load_syncfs() -> Callable[[int], None] | None:
 
 
 _syncfs = _load_syncfs()
+
+
+def _chunks(encoded: bytes | Path) -> Iterator[bytes]:
+    if isinstance(encoded, bytes):
+        yield encoded
+        return
+    with open(encoded, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            yield chunk
+
+
+def _same_bytes(stored: Path, encoded: bytes | Path) -> bool:
+    """Whether ``encoded`` is byte for byte the file already stored (read in chunks)."""
+    try:
+        if stored.stat().st_size != _size(encoded):
+            return False
+        with open(stored, "rb") as fh:
+            for chunk in _chunks(encoded):
+                for at in range(0, len(chunk), _CHUNK):
+                    piece = chunk[at : at + _CHUNK]
+                    if fh.read(len(piece)) != piece:
+                        return False
+    except OSError:
+        return False
+    return True
+
+
+def _digest(encoded: bytes | Path) -> str:
+    digest = hashlib.sha256()
+    for chunk in _chunks(encoded):
+        digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def _duplicate(stored: StoredInstance) -> StoredInstance:

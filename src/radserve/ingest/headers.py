@@ -47,6 +47,7 @@ from pydicom.uid import (
 )
 
 from radserve.errors import NotDicomError
+from radserve.ingest import rules
 from radserve.ingest.person_name import person_name_text
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sources import (
@@ -376,6 +377,7 @@ def _record(
     n_frames, problem = _frame_count(ds, policy)
     problem = (
         _size_problem(size, policy)
+        or _identity_problem(ds, pixel)
         or _format_problem(ds, pixel, rows, cols)
         or problem
         or _pixel_data_problem(ds, fh, pixel, n_frames or 1, size)
@@ -425,6 +427,25 @@ source header; an instance without them is non-conformant and is flagged at inge
 
 
 # --- what makes an instance unusable, found before any per-frame record is made -------------
+def _identity_problem(ds: Dataset, pixel: PixelFormat) -> Problem | None:
+    """The rules of :mod:`radserve.ingest.rules` every door applies: UIDs results can
+    reference, a transfer syntax not refused on purpose."""
+    for keyword, what in _CHECKED_UIDS:  # a missing one: the checks of validate, as before
+        value = _text(ds, keyword)
+        if value and (text := rules.uid_problem(value, what)) is not None:
+            return Problem("instance_invalid", text)
+    if (text := rules.transfer_syntax_problem(pixel.transfer_syntax_uid)) is not None:
+        return Problem("instance_invalid", text)
+    return None
+
+
+_CHECKED_UIDS = (
+    ("SOPInstanceUID", "SOP Instance UID"),
+    ("SeriesInstanceUID", "Series Instance UID"),
+    ("StudyInstanceUID", "Study Instance UID"),
+)
+
+
 def _size_problem(size: int, policy: IngestPolicy) -> Problem | None:
     if size > policy.max_file_bytes:
         return Problem(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from typing import BinaryIO, Generic, TypeVar
@@ -53,6 +53,12 @@ logger = logging.getLogger(__name__)
 S = TypeVar("S")  # what the server's submit callable returns for one study (its job)
 
 DICOM_MEDIA = "application/dicom"
+# A failed item's radserve reason: (0009,0010) "radserve", (0009,1001) LO its error code,
+# (0009,1002) LT its text (docs/conformance.md 4.1)
+REASON_GROUP = 0x0009
+REASON_CREATOR = "radserve"
+REASON_CODE = 0x01
+REASON_TEXT = 0x02
 STOW_DIR = "dicomweb"
 _IMAGE_CLASSES = frozenset(str(uid) for uid in conformance.IMAGE_STORAGE)
 _SYNTAXES = frozenset(str(uid) for uid in conformance.SCP_TRANSFER_SYNTAXES)
@@ -88,6 +94,8 @@ class InstanceOutcome:
     study_instance_uid: str = ""
     failure: FailureReason | None = None
     reason: str = ""
+    # radserve's error code for the failure, as the form's error answers it (may be "")
+    code: str = ""
     # radserve's own result (SEG/SR/SC it wrote): answered as stored, not filed
     own_result: bool = False
 
@@ -133,6 +141,13 @@ def _item(outcome: InstanceOutcome) -> Dataset:
         item.ReferencedSOPInstanceUID = outcome.sop_instance_uid
     if outcome.failure is not None:
         item.FailureReason = int(outcome.failure)
+        # radserve's reason, in a private block (PS3.18 has no text per failed item): the
+        # code and text the upload form answers for the same instance; no patient data
+        block = item.private_block(REASON_GROUP, REASON_CREATOR, create=True)
+        if outcome.code:
+            block.add_new(REASON_CODE, "LO", outcome.code)
+        if outcome.reason:
+            block.add_new(REASON_TEXT, "LT", outcome.reason)
     return item
 
 
@@ -140,7 +155,6 @@ def _item(outcome: InstanceOutcome) -> Dataset:
 class _Accepted:
     outcome: InstanceOutcome
     stream: BinaryIO
-    duplicates: list[InstanceOutcome] = field(default_factory=list)
 
 
 class StowIntake(Generic[S]):
@@ -192,7 +206,9 @@ class StowIntake(Generic[S]):
         Raises :class:`QueueFullError` (``retry_after`` seconds) only when no instance
         was stored because the queue is full (HTTP 503 with Retry-After tells the
         sender to come back)."""
-        accepted: dict[str, _Accepted] = {}
+        # Every part goes on, a second one of a SOP Instance UID too: ingest drops a copy
+        # and refuses two different instances under one UID (naming both), as at the form.
+        accepted: list[_Accepted] = []
         outcomes: list[InstanceOutcome] = []
         for number, part in enumerate(parts, start=1):
             outcome = check_part(
@@ -203,17 +219,15 @@ class StowIntake(Generic[S]):
             elif not outcome.stored:
                 logger.warning("STOW part %d not stored: %s", number, outcome.reason)
                 outcomes.append(outcome)
-            elif outcome.sop_instance_uid in accepted:  # the same instance twice: kept once
-                accepted[outcome.sop_instance_uid].duplicates.append(outcome)
             else:
-                accepted[outcome.sop_instance_uid] = _Accepted(outcome, part.stream)
+                accepted.append(_Accepted(outcome, part.stream))
         jobs: tuple[S, ...] = ()
         waiting: tuple[str, ...] = ()
         if submit is None:
-            stored = self._file_for_quiet_period(list(accepted.values()))
+            stored = self._file_for_quiet_period(accepted)
             waiting = tuple(sorted({o.study_instance_uid for o in stored if o.stored}))
         else:
-            stored, jobs = _submit_studies(list(accepted.values()), submit)
+            stored, jobs = _submit_studies(accepted, submit)
         outcomes += stored
         result = StowResult(
             tuple(sorted(outcomes, key=lambda o: o.part)), jobs, waiting, target_study
@@ -245,10 +259,9 @@ class StowIntake(Generic[S]):
                     sop_class_uid=outcome.sop_class_uid,
                 )
             except GatewayError as exc:  # out of resources: nothing kept
-                outcomes += [
-                    _failed(o, FailureReason.OUT_OF_RESOURCES, exc.code)
-                    for o in (outcome, *entry.duplicates)
-                ]
+                outcomes.append(
+                    _failed(outcome, FailureReason.OUT_OF_RESOURCES, exc.message, exc.code)
+                )
                 continue
             self.tracker.arrived(
                 outcome.study_instance_uid,
@@ -256,7 +269,7 @@ class StowIntake(Generic[S]):
                 calling_ae="DICOMWEB",
                 new=saved.disposition is Disposition.STORED,
             )
-            outcomes += [outcome, *entry.duplicates]
+            outcomes.append(outcome)
         return outcomes
 
 
@@ -276,14 +289,10 @@ def _submit_studies(
         except RadserveError as exc:
             failure = _failure_for(exc)
             logger.warning("STOW study %s not stored: %s", study_uid, exc.code)
-            for entry in entries:
-                outcomes += [
-                    _failed(o, failure, exc.code) for o in (entry.outcome, *entry.duplicates)
-                ]
+            outcomes += [_failed(e.outcome, failure, exc.message, exc.code) for e in entries]
             continue
         jobs.append(submission)
-        for entry in entries:
-            outcomes += [entry.outcome, *entry.duplicates]
+        outcomes += [e.outcome for e in entries]
     return outcomes, tuple(jobs)
 
 
@@ -316,8 +325,13 @@ def check_part(
             "SOP Instance UID",
         )
         study_uid = check_uid(ds.get("StudyInstanceUID"), "Study Instance UID")
-    except InstanceRejectedError as exc:
-        return InstanceOutcome(number, failure=FailureReason.CANNOT_UNDERSTAND, reason=exc.message)
+    except InstanceRejectedError as exc:  # a UID against ingest.rules: as the form says it
+        return InstanceOutcome(
+            number,
+            failure=FailureReason.CANNOT_UNDERSTAND,
+            reason=exc.message,
+            code="instance_invalid",
+        )
     except UnreadableHeaderError as exc:
         return InstanceOutcome(
             number,
@@ -349,6 +363,7 @@ def check_part(
             conformance.REFUSED_TRANSFER_SYNTAXES.get(
                 syntax, f"transfer syntax {quoted(syntax)} is not accepted"
             ),
+            "instance_invalid",
         )
     return _check_complete(outcome, part, policy or IngestPolicy())
 
@@ -364,7 +379,7 @@ def _check_complete(
     try:
         record = read_stream(stream, size, SourceFile(Path(f"part {outcome.part}")), policy)
     except SkipFile as exc:
-        return _failed(outcome, FailureReason.CANNOT_UNDERSTAND, exc.reason)
+        return _failed(outcome, FailureReason.CANNOT_UNDERSTAND, exc.reason, "not_dicom")
     problem = next((f.problem for f in record.frames if f.problem is not None), None)
     if problem is None:
         return outcome
@@ -373,10 +388,12 @@ def _check_complete(
         if problem.code == "input_too_large"
         else FailureReason.CANNOT_UNDERSTAND
     )
-    return _failed(outcome, failure, problem.text)
+    return _failed(outcome, failure, problem.text, problem.code)
 
 
-def _failed(outcome: InstanceOutcome, failure: FailureReason, reason: str) -> InstanceOutcome:
+def _failed(
+    outcome: InstanceOutcome, failure: FailureReason, reason: str, code: str = ""
+) -> InstanceOutcome:
     return InstanceOutcome(
         outcome.part,
         outcome.sop_class_uid,
@@ -384,6 +401,7 @@ def _failed(outcome: InstanceOutcome, failure: FailureReason, reason: str) -> In
         outcome.study_instance_uid,
         failure,
         reason,
+        code=code,
     )
 
 
@@ -393,7 +411,7 @@ def _failure_for(exc: RadserveError) -> FailureReason:
 
 
 def _all_queue_full(outcomes: Sequence[InstanceOutcome]) -> bool:
-    return all(o.reason == "queue_full" for o in outcomes if not o.stored)
+    return all(o.code == "queue_full" for o in outcomes if not o.stored)
 
 
 __all__ = [
