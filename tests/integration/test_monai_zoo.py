@@ -211,3 +211,31 @@ def test_swin_unetr_refused_at_onnx_export(tmp_path: Path) -> None:
     with pytest.raises(ImportRefusedError, match="network \\(SwinUNETR\\) does not export"):
         import_monai(folder, tmp_path / "models", name="swin", version="1")
     assert not (tmp_path / "models" / "swin" / "1").exists()
+
+
+@pytest.mark.slow
+def test_torchscript_model_ts_imports_like_model_pt(tmp_path: Path) -> None:
+    """A bundle shipping ``models/model.ts`` (TorchScript, as the zoo's exports do) and no
+    model.pt: imported from the TorchScript, its labels those of MONAI's run of the same
+    weights (spleen_ct_segmentation's UNet)."""
+    import torch
+
+    folder = mb.zoo_bundle("spleen_ct_segmentation", tmp_path / "spleen")
+    volume = _ct((40, 64, 72), (2.5, 0.9, 0.9))
+    want = mb.run_monai_reference(folder, mb.write_nifti(volume, tmp_path / "ct.nii.gz"))
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config(str(folder / "configs" / "inference.json"))
+    net = parser.get_parsed_content("network_def")
+    net.load_state_dict(torch.load(folder / "models" / "model.pt", weights_only=True))
+    torch.jit.trace(net.eval(), torch.zeros(1, 1, 96, 96, 96)).save(folder / "models" / "model.ts")
+    (folder / "models" / "model.pt").unlink()
+
+    out = import_monai(folder, tmp_path / "models", name="ts", version="1")
+    assert "model.ts" in (out / "import.json").read_text()
+    spec = load_manifest(out / "model.yaml")
+    got = run_task(PatchTask(volume, spec), ModelSession(out / "model.onnx", spec, runtime=CPU))
+    agreement = float((got.labels.array == want).mean())
+    print(f"model.ts: agreement {agreement:.5f}")
+    assert agreement >= 0.999, agreement

@@ -696,8 +696,13 @@ def import_monai(
 
 
 def _single_output(net: Any) -> Any:
-    """The network with one tensor output (deep-supervision lists are refused)."""
+    """The network with one tensor output (deep-supervision lists are refused). A
+    TorchScript module (model.ts) is exported as it is: torch's exporter cannot trace one
+    called inside another module."""
     import torch
+
+    if isinstance(net, torch.jit.ScriptModule):
+        return net
 
     class Single(torch.nn.Module):
         def __init__(self) -> None:
