@@ -29,6 +29,8 @@ from radserve.turnaround.replay import Refit, Variant, errors, replay
 SESSION_10_WALK = (("share_left", "latency"), ("running_behind", False))
 SESSION_11_WALK = (("share_left", "measured"), ("running_behind", False))
 WITH_RUNNING_BEHIND = (("share_left", "measured"), ("running_behind", True))
+POSTERIOR = (("rate_posterior", "posterior"),)
+POSTERIOR_MEAN = (("rate_posterior", "mean"),)
 PER_CLASS = Refit(lanes="exclusive", shares=True, class_shares=5)
 
 
@@ -121,6 +123,30 @@ VARIANTS = {
         capacity=SESSION_11_WALK,
         rates=ArrivalRates(prior_arrivals=0.0),
         refit=PER_CLASS,
+    ),
+    # session 15 (cont.): the allowance under the rates' Gamma posteriors (its median: a
+    # class counted from few arrivals is an uncertain rate), with (c), the running jobs
+    # ranked behind, the later arrivals beside
+    "session 15, rate posterior": _server(SESSION_11_WALK + POSTERIOR),
+    "session 15, rate posterior, per class": _server(SESSION_11_WALK + POSTERIOR, PER_CLASS),
+    "session 15, rate posterior, per class, behind": _server(
+        WITH_RUNNING_BEHIND + POSTERIOR, PER_CLASS
+    ),
+    "session 15, rate posterior, per class, beside": _server(
+        SESSION_11_WALK + POSTERIOR, PER_CLASS, "start"
+    ),
+    "session 15, rate posterior, per class, behind, beside": _server(
+        WITH_RUNNING_BEHIND + POSTERIOR, PER_CLASS, "start"
+    ),
+    "session 15, rate posterior mean": _server(SESSION_11_WALK + POSTERIOR_MEAN),
+    "session 15, rate posterior mean, per class": _server(
+        SESSION_11_WALK + POSTERIOR_MEAN, PER_CLASS
+    ),
+    "session 15, rate posterior mean, per class, behind": _server(
+        WITH_RUNNING_BEHIND + POSTERIOR_MEAN, PER_CLASS
+    ),
+    "session 15, rate posterior mean, per class, beside": _server(
+        SESSION_11_WALK + POSTERIOR_MEAN, PER_CLASS, "start"
     ),
 }
 

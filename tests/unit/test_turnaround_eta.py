@@ -155,6 +155,28 @@ def test_the_band_end_is_the_90th_percentile_of_the_overtaking_work() -> None:
     assert 0 < mean < high
 
 
+def test_the_allowance_under_the_rates_posterior() -> None:
+    """An URGENT rate r counted from ``shape`` arrivals, a horizon W, a hold h: at the
+    point rate the two steps are r W h + r^2 W h^2; the posterior mean adds the rate's
+    own variance, r^2 W h^2 / shape (E[r^2] = r^2 (1 + 1 / shape)); the posterior's
+    median is below the point mean, more so the fewer arrivals; a point rate (no shape)
+    is as before under either rule."""
+    entry, r, w, h = _entry(0, cls=2, deadline=1e6), 1 / 20, 100.0, EST.latency_s
+
+    def capacity(rule: str, shape: float | None) -> Capacity:
+        return Capacity(arrivals=(Arrivals(0, r, EST, shape),), tat_s=TATS, rate_posterior=rule)
+
+    point, point_high = overtaking_delay(entry, w, 0.0, capacity("point", 2.0))
+    assert point == pytest.approx(r * w * h + r * r * w * h * h)
+    mean, mean_high = overtaking_delay(entry, w, 0.0, capacity("mean", 2.0))
+    assert mean == pytest.approx(point + r * r * w * h * h / 2.0)
+    assert mean_high > point_high  # the band widens by the rate's own spread
+    unsure, _ = overtaking_delay(entry, w, 0.0, capacity("posterior", 1.0))
+    surer, _ = overtaking_delay(entry, w, 0.0, capacity("posterior", 50.0))
+    assert unsure < surer < point
+    assert overtaking_delay(entry, w, 0.0, capacity("mean", None)) == (point, point_high)
+
+
 def test_latency_lanes_name_a_jobs_class_or_whether_it_runs_alone() -> None:
     assert [latency_lane(c, "none") for c in (0, 1, 2)] == [None, None, None]
     assert [latency_lane(c, "class") for c in (0, 1, 2)] == ["urgent", "inpatient", "outpatient"]

@@ -36,3 +36,13 @@ def test_an_hour_old_server_counts_the_last_hour_and_the_prior_fades() -> None:
     assert got[1] == pytest.approx(61 / 3600)  # the last hour's 60 (and the one at 3600 s)
     assert got[0] == pytest.approx(1 / 3600)
     assert rates.seen()[0] == (1, 3600.0)  # older arrivals were dropped
+
+
+def test_the_posterior_is_the_count_and_the_prior_over_the_span() -> None:
+    """Each class's rate as a Gamma posterior: shape = arrivals + prior, rate = span; its
+    mean is the point rate, and a class not seen yet has shape 1 (an exponential)."""
+    rates = ArrivalRates(min_span_s=10.0, prior_arrivals=1.0)
+    rates.extend((1, 100.0 + i) for i in range(6))  # six INPATIENT in 5 s
+    assert rates.posterior(105.0) == {0: (1.0, 10.0), 1: (7.0, 10.0), 2: (1.0, 10.0)}
+    assert rates.rates(105.0) == {0: 0.1, 1: pytest.approx(0.7), 2: 0.1}
+    assert ArrivalRates().posterior(5.0) == {}

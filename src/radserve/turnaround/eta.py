@@ -81,6 +81,9 @@ class Arrivals:
     cls: int  # PriorityClass.rank
     rate_per_s: float
     estimate: JobEstimate
+    # the rate's Gamma posterior shape (arrivals counted + prior, ArrivalRates.posterior):
+    # how sure it is; None: a point rate
+    shape: float | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,11 @@ class Capacity:
     # beside it once it runs (radserve.turnaround.share.BesideMeter, session 14; 0: none
     # allowed, as before)
     beside_s: float = 0.0
+    # the allowance at the counted rates as points (``point``), or its median under the
+    # rates' Gamma posteriors (``posterior``: the compound Poisson delay's variance grows
+    # by the rate's own, each class's r^2 w^2 hold^2 / shape, and the delay is taken as a
+    # Gamma of that mean and variance; session 15, not the default)
+    rate_posterior: str = "point"
 
     def work_s(self, cpu_s: float, device_s: float) -> float:
         """Seconds this capacity needs for ``cpu_s`` of CPU-pool and ``device_s`` of
@@ -300,21 +308,43 @@ def overtaking_delay(
     (one fixed-point step).
     """
 
+    posterior = capacity.rate_posterior == "posterior"
+    mean_of = capacity.rate_posterior == "mean"
+
     def delay(z: float) -> float:
         total = 0.0
+        first: dict[int, tuple[float, float]] = {}  # class: (window, delay) of step one
         for _ in range(2):
             mean = var = 0.0
             for a in capacity.arrivals:
                 if a.cls >= entry.cls or a.rate_per_s <= 0:
                     continue
-                n = a.rate_per_s * overtaking_window(entry, a.cls, horizon + total, now, capacity)
+                window = overtaking_window(entry, a.cls, horizon + total, now, capacity)
+                n = a.rate_per_s * window
                 hold = capacity.hold_s(a.cls, a.estimate)
                 mean += n * hold
                 var += n * hold * hold
-            total = mean + z * math.sqrt(var)
+                if (posterior or mean_of) and a.shape:
+                    var += (n * hold) ** 2 / a.shape
+                if mean_of and a.shape and a.cls in first and total > 0:
+                    # E[r^2] = r^2 (1 + 1/shape): the class's own step-one delay
+                    # lengthened its window by as much as the rate
+                    w1, d1 = first[a.cls]
+                    mean += a.rate_per_s * hold * d1 / a.shape * (window - w1) / total
+                first[a.cls] = (window, n * hold)
+            total = _gamma_quantile(mean, var, z) if posterior else mean + z * math.sqrt(var)
         return total
 
     return delay(0.0), delay(_Z90)
+
+
+def _gamma_quantile(mean: float, var: float, z: float) -> float:
+    """The quantile at standard normal ``z`` of a Gamma of this mean and variance
+    (Wilson-Hilferty), 0 for no delay."""
+    if mean <= 0 or var <= 0:
+        return max(mean, 0.0)
+    c = var / (9.0 * mean * mean)  # 1 / (9 x shape)
+    return mean * max(0.0, 1.0 - c + z * math.sqrt(c)) ** 3
 
 
 def overtaking_window(

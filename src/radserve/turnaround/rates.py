@@ -59,6 +59,13 @@ class ArrivalRates:
 
     def rates(self, now: float) -> dict[int, float]:
         """Arrivals per second of each class at ``now`` (empty before any arrival)."""
+        return {cls: shape / span for cls, (shape, span) in self.posterior(now).items()}
+
+    def posterior(self, now: float) -> dict[int, tuple[float, float]]:
+        """Each class's rate as a Gamma posterior (shape, rate): the arrivals counted
+        plus ``prior_arrivals``, over the span in seconds; its mean is :meth:`rates`.
+        Its shape says how sure the rate is (session 15: one pseudo-arrival, a class
+        not seen yet, is an exponential spread; six arrivals in 8 s, a tighter one)."""
         span = self.span(now)
         if span is None:
             return {}
@@ -67,10 +74,9 @@ class ArrivalRates:
             times = self._times.get(cls)
             while times and times[0] < now - self.window_s:
                 times.popleft()
-            count = len(times) if times else 0
-            rate = (count + self.prior_arrivals) / span
-            if rate > 0:
-                out[cls] = rate
+            shape = (len(times) if times else 0) + self.prior_arrivals
+            if shape > 0:
+                out[cls] = (shape, span)
         return out
 
 

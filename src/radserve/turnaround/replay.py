@@ -384,13 +384,13 @@ class _Recounted:
         for a in capacity.arrivals:  # each class's typical estimate, as last recorded
             self.estimates[a.cls] = a.estimate
         arrivals = []
-        for cls, rate in sorted(self.rates.rates(now).items()):
+        for cls, (shape, span) in sorted(self.rates.posterior(now).items()):
             # a class never recorded: another class's of the same lane (routine: shared)
             estimate = self.estimates.get(cls) or next(
                 (v for c, v in self.estimates.items() if (c == URGENT) == (cls == URGENT)), None
             )
             if estimate is not None:
-                arrivals.append(Arrivals(cls, rate, estimate))
+                arrivals.append(Arrivals(cls, shape / span, estimate, shape))
         return dataclasses.replace(capacity, arrivals=tuple(arrivals))
 
 
