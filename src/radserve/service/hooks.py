@@ -238,6 +238,8 @@ class ServiceHooks:
                 # event is held (DeferredWrites) and written, deliveries first, when the
                 # database answers; if this process stops first, the job runs again.
                 raise
+            except LeaseLostError:  # taken over: its deliveries were refused, as is its result
+                raise
             except Exception as exc:  # the result stands; only its delivery failed
                 code = getattr(exc, "code", type(exc).__name__)
                 logger.error("job %s: queueing its results for delivery failed (%s)", job.id, code)

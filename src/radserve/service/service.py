@@ -58,7 +58,14 @@ from radserve.service.metrics import Metrics, SenderCollector
 from radserve.service.outbox import OutboxOps
 from radserve.service.storage import StorageProbe
 from radserve.service.turnaround import Turnaround
-from radserve.store import Claimed, DatabaseUnavailableError, JobRecord, Lease, Store
+from radserve.store import (
+    Claimed,
+    DatabaseUnavailableError,
+    JobRecord,
+    Lease,
+    LeaseLostError,
+    Store,
+)
 from radserve.store.audited import open_audited
 from radserve.store.files import remove_stale_staging
 from radserve.store.leases import result_folder_name
@@ -524,6 +531,8 @@ class Service:
         for name, step in steps:
             try:  # a database restart is waited out: a step's rows are idempotent
                 retry_store(lambda step=step: step(job, result), self.hooks.write_delays())
+            except LeaseLostError:  # another replica runs the job now: this run is void
+                raise
             except Exception as exc:  # the others still run
                 code = getattr(exc, "code", type(exc).__name__)
                 logger.error("job %s: %s delivery step failed (%s)", job.id, name, code)

@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 from radserve.domain.priority import PriorityClass
 from radserve.store.base import StoreBase
 from radserve.store.errors import OutboxItemNotFoundError, OutboxNotRetryableError
+from radserve.store.leases import LeaseLostError
 from radserve.store.models import Job, OutboxDelivery
 
 # A delivery's rank by its job's class (rows of no job, or of a purged one, as routine).
@@ -155,6 +156,7 @@ class OutboxStore(StoreBase):
         if not deliveries:
             return []
         with self._write(audited=False) as session:
+            _fence_held(session, deliveries)
             dialect_insert = (
                 postgresql.insert
                 if session.get_bind().dialect.name == "postgresql"
@@ -481,6 +483,25 @@ class OutboxStore(StoreBase):
 
 def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _fence_held(session: Session, deliveries: Sequence[NewDelivery]) -> None:
+    """Held rows are a run's deliveries, written before its result: like the run's other
+    writes they are fenced by its job lease. The job row is read ``FOR SHARE``, so a
+    take-over (``FOR UPDATE SKIP LOCKED``, which deletes the held rows) either comes
+    after this transaction and deletes them, or came before and this run is refused
+    (:class:`LeaseLostError`). Unfenced, a run that lost its job during a database
+    outage queued its bundle after the take-over, and the row stayed held for good."""
+    owners = {new.job_id: new.held_for for new in deliveries if new.held_for and new.job_id}
+    for job_id, owner in owners.items():
+        current = session.execute(
+            select(Job.lease_owner).where(Job.id == job_id).with_for_update(read=True)
+        ).scalar_one_or_none()
+        if current != owner:
+            raise LeaseLostError(
+                f"job {job_id} is held by another replica now ({current}); this run's "
+                "deliveries are not queued"
+            )
 
 
 def _new_values(new: NewDelivery) -> dict[str, object]:
