@@ -31,17 +31,22 @@ from radserve.bench.eta_planner import recorded_jobs
 from radserve.config import SchedulerSettings
 from radserve.domain.priority import PriorityClass
 from radserve.inference.providers import CPU_MAX_BATCH
-from radserve.turnaround.service_time import DEVICE_SUFFIX, NOT_WORK, RUN
+from radserve.turnaround.service_time import RUN
 from radserve.turnaround.simulate import (
     Arrival,
     JobService,
     SimConfig,
     SimJob,
     simulate_jobs,
-    split_batches,
 )
-from radserve.turnaround.solo import JobRun, slowdowns, solo_timings
-from radserve.turnaround.units import INGEST, fine_service
+from radserve.turnaround.solo import (
+    JobRun,
+    coarse_service,
+    rescaled,
+    slowdowns,
+    solo_timings,
+)
+from radserve.turnaround.units import fine_service
 
 
 def _runs(summary: dict[str, Any]) -> dict[str, JobRun]:
@@ -66,33 +71,7 @@ def _runs(summary: dict[str, Any]) -> dict[str, JobRun]:
     return out
 
 
-def _coarse(steps: dict[str, float], slices: int, batch: int) -> JobService:
-    """The planner's default job: ingest, the device batches, the rest as one stage."""
-    device = sum(v for k, v in steps.items() if k.endswith(DEVICE_SUFFIX))
-    rest = sum(v for k, v in steps.items() if k not in NOT_WORK and k != INGEST) - device
-    return JobService(steps.get(INGEST, 0.0), split_batches(device, slices, batch), rest)
-
-
-def _rescaled(
-    steps: dict[str, float], run: JobRun, sim: SimJob, damping: float
-) -> dict[str, float]:
-    """``steps`` (a job's solo timings) with its CPU steps times measured / simulated
-    CPU wall and its batches times measured / simulated batch wall: one round of the
-    division made consistent with the simulation's sharing."""
-    cpu = (run.cpu_s / sim.cpu_wall) ** damping if sim.cpu_wall > 0 else 1.0
-    device = (run.device_s / sim.device_wall) ** damping if sim.device_wall > 0 else 1.0
-    out = {
-        k: v * (device if k.endswith(DEVICE_SUFFIX) else cpu)
-        for k, v in steps.items()
-        if k not in NOT_WORK
-    }
-    out[RUN] = sum(out.values())
-    return out
-
-
-def compare(
-    path: Path, *, fine: bool, jobs: bool, consistent: int = 0, damping: float = 0.5
-) -> None:
+def compare(path: Path, *, fine: bool, jobs: bool, consistent: int = 0) -> None:
     summary = read_summary(path)
     runs = _runs(summary)
     ids = list(runs)
@@ -133,7 +112,7 @@ def compare(
                 cls,
                 fine_service(solo[i], runs[i].slices, batch)
                 if fine
-                else _coarse(solo[i], runs[i].slices, batch),
+                else coarse_service(solo[i], runs[i].slices, batch),
                 kept,
             )
             for at, cls, i, kept in events
@@ -149,7 +128,7 @@ def compare(
     for _ in range(consistent):
         for i, sim in zip(own, simulated, strict=True):
             if i:
-                solo[i] = _rescaled(solo[i], runs[i], sim, damping)
+                solo[i] = rescaled(solo[i], runs[i], sim)
         simulated = replay()
     print(
         f"{path} ({'server units' if fine else 'coarse jobs'}, each job's own work"

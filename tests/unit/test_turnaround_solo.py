@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from tests.factories.simulation import PLAIN
 
 from radserve.domain.priority import PriorityClass
 from radserve.turnaround.service_time import RUN, StudySize
+from radserve.turnaround.simulate import SimConfig
 from radserve.turnaround.solo import (
     JobRun,
+    consistent_timings,
     runs_from_end_records,
     slowdowns,
     solo_model,
@@ -188,3 +191,23 @@ def test_jobs_that_shared_the_host_count_less_than_jobs_alone() -> None:
     assert ratios == pytest.approx(np.ones(11))  # 2 s of work each, alone or divided out
     assert p[0] / p[-1] == pytest.approx(np.exp(1.0 / SHARED_THREADS))
     assert p.sum() == pytest.approx(1.0)
+
+
+def test_the_division_is_made_consistent_with_the_simulated_sharing() -> None:
+    """One core, two CPU-only jobs arriving together: A measured 4 s, B 2 s. Alone A
+    needs 3 s and B 1 s (both at half speed until B ends at 2 s, then A alone). The
+    mean field spreads B's demand over A's whole run (A's others 0.5: slowdown 1.5) and
+    takes too much out of A (2.67 s); consistent with the simulation, A is 3 s again
+    and B stays 1 s (session 15: routine jobs planned 13-35 % short at p50)."""
+    a, b = _run(OUT, 0.0, 4.0, ingest=4.0), _run(OUT, 0.0, 2.0, ingest=2.0)
+    mean_field = [
+        solo_timings(r, s) for r, s in zip([a, b], slowdowns([a, b], cores=1), strict=True)
+    ]
+    assert mean_field[0]["ingest"] == pytest.approx(8 / 3)
+    host = SimConfig(1, 2, PLAIN, urgent_lane=False, host_cores=1)
+    fixed = consistent_timings([a, b], mean_field, host)
+    assert fixed[0]["ingest"] == pytest.approx(3.0, rel=0.01)
+    assert fixed[1]["ingest"] == pytest.approx(1.0, rel=0.01)
+    assert fixed[0][RUN] == fixed[0]["ingest"]
+    model = solo_model([a, b], 1, pipeline="p", device="cpu", precision="fp32", host=host)
+    assert sorted(w.seconds for w in model.work) == pytest.approx([1.0, 3.0], rel=0.01)

@@ -16,10 +16,13 @@ from radserve.config import SchedulerSettings
 from radserve.domain.priority import PriorityClass
 from radserve.turnaround.eta import on_host_cores
 from radserve.turnaround.service_time import ServiceTimeModel
+from radserve.turnaround.simulate import SimConfig
 from radserve.turnaround.solo import SoloTimes, runs_from_end_records, solo_model
 
 DEFAULT = "solo times from the trace, shared cores"  # radserve plan's on a CPU device
 FINE = "solo times from the trace, shared cores, server's units"
+CONSISTENT = "solo times consistent with the simulation, shared cores"
+CONSISTENT_FINE = "solo times consistent with the simulation, shared cores, server's units"
 # name: (service times, shared cores, per-class noise, noise by size, server's units)
 MODELS: dict[str, tuple[str, bool, bool, bool, bool]] = {
     # the times the run learned, the device as hardware apart from the CPU pool
@@ -40,6 +43,10 @@ MODELS: dict[str, tuple[str, bool, bool, bool, bool]] = {
     # per batch, feed work first, a feeder thread per device; post-processing; report):
     # radserve.turnaround.units
     FINE: ("solo from the trace", True, False, True, True),
+    # session 15: the division made consistent with the simulation's sharing
+    # (radserve.turnaround.solo.consistent_timings), coarse jobs and the server's units
+    CONSISTENT: ("solo consistent", True, False, True, False),
+    CONSISTENT_FINE: ("solo consistent", True, False, True, True),
 }
 
 
@@ -49,9 +56,11 @@ def solo_from_records(
     group: tuple[str, str, str],
     cores: int,
     cpu_workers: int,
+    host: SimConfig | None = None,
 ) -> SoloTimes:
     """A run's own jobs' times alone (their end records), as ``radserve plan`` learns them
-    from the store on a CPU device (radserve.turnaround.solo)."""
+    from the store on a CPU device (radserve.turnaround.solo); ``host``: made consistent
+    with that simulated host."""
     return solo_model(
         runs_from_end_records(records),
         cores,
@@ -61,6 +70,7 @@ def solo_from_records(
         precision=group[2],
         # the server's CPU workers, its URGENT lane and a batch on every core
         max_threads=cpu_workers + 1 + cores,
+        host=host,
     )
 
 
@@ -107,6 +117,12 @@ def replay_planner(
         models["solo from the trace"] = solo_from_records(
             summary["eta_records"], trace, group, cores, summary["cpu_workers"]
         )
+        wanted = names if names is not None else MODELS
+        if any(MODELS[n][0] == "solo consistent" for n in wanted):
+            host_model = SimConfig(1, summary["cpu_workers"], server, host_cores=cores)
+            models["solo consistent"] = solo_from_records(
+                summary["eta_records"], trace, group, cores, summary["cpu_workers"], host_model
+            )
     jobs = recorded_jobs(summary)
     out = {}
     for name in names if names is not None else MODELS:
@@ -136,6 +152,8 @@ def cells_within(check: Mapping[str, Any]) -> tuple[int, int]:
 
 
 __all__ = [
+    "CONSISTENT",
+    "CONSISTENT_FINE",
     "DEFAULT",
     "FINE",
     "MODELS",
