@@ -1,5 +1,6 @@
 """``tools/edge_probe.py --ci`` against a real ``radserve serve``: a few of its hostile DICOM
-variants (those that found defects, and one per kind of door) each through one door
+variants (those that found defects, and one per kind of door) each through one door, and
+``AGREEMENT_VARIANTS`` through every door, which must answer them alike
 (C-STORE from dcmtk's storescu, STOW-RS, the upload form, ``radserve run``), with a good
 study beside it. Every case must pass the probe's checks (docs/hostile-input.md, "Probed
 at every door"): a specific error or a success with the good study's findings, the good
@@ -41,5 +42,11 @@ def test_edge_probe_ci_mode_passes_at_every_door(tmp_path: Path) -> None:
     assert rc == 0 and not failed, failed
     assert {c["door"] for c in cases} == set(probe.DOORS)
     assert {c["variant"] for c in cases} == set(probe.CI_VARIANTS)
+    # one rule per door: these went through every door, and the doors agreed (a
+    # disagreement is a problem of each of its cases, so the assertion above holds it)
+    for name in probe.AGREEMENT_VARIANTS:
+        assert {c["door"] for c in cases if c["variant"] == name} == set(probe.DOORS)
+        codes = {c["door"]: c["code"] for c in cases if c["variant"] == name}
+        assert codes["form"] == codes["stow"] == codes["run"] == "instance_invalid", codes
     # the probe did make the server refuse something, with a specific reason
     assert any("job failed [" in c["outcome"] or "exit 2" in c["outcome"] for c in cases)
