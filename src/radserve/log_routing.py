@@ -22,7 +22,10 @@ import tempfile
 import threading
 import warnings
 from logging.handlers import QueueHandler, QueueListener
+from pathlib import Path
 from typing import Any, TextIO
+
+from radserve import durable
 
 WARNINGS_LOGGER = "py.warnings"
 NATIVE_STDERR_LOGGER = "radserve.native_stderr"
@@ -105,6 +108,11 @@ class WorkerLogs:
         queue.join_thread()
 
 
+_FOLDER_STEM = "radserve-worker-stderr"
+_FOLDER_GLOB = f".{_FOLDER_STEM}.*{durable.TEMPORARY_SUFFIX}"
+_LEGACY_GLOB = f"{_FOLDER_STEM}-*"
+
+
 class _NativeStderr:
     """What worker processes write on file descriptor 2 themselves — a C or C++ library
     inside a decoder (GDCM's libjpeg: "Bogus marker length"; a C++ exception that ends
@@ -118,7 +126,12 @@ class _NativeStderr:
     """
 
     def __init__(self) -> None:
-        self._folder = tempfile.mkdtemp(prefix="radserve-worker-stderr-")
+        # owner-named (host, pid), so a later start removes the folder of a server that
+        # was killed (SIGKILL, OOM: stop() never ran), as model-install staging is swept
+        base = Path(tempfile.gettempdir())
+        durable.sweep(base, _FOLDER_GLOB)
+        durable.sweep_unowned(base, _LEGACY_GLOB)  # mkdtemp names before 2026-12-03
+        self._folder = str(durable.temporary_dir(base, _FOLDER_STEM))
         self.path = os.path.join(self._folder, "stderr")
         os.mkfifo(self.path, 0o600)
         self._fd = os.open(self.path, os.O_RDWR)

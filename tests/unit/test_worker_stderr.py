@@ -10,6 +10,7 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
 import pytest
 from tests.factories.waits import wait_until
@@ -51,3 +52,46 @@ def test_native_stderr_of_workers_is_logged_also_when_one_dies(
     assert "a worker process wrote on stderr: Bogus marker length" in messages
     assert any("terminate called after throwing" in m for m in messages), messages
     assert fifo is not None and not os.path.exists(fifo)
+
+
+def test_a_killed_servers_stderr_folder_is_swept_at_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILLed server never runs stop(): its FIFO's folder stayed in /tmp for good.
+    The folder is owner-named (host, pid), and the next start removes it; a live
+    server's is left alone."""
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from radserve import log_routing
+
+    script = (
+        "from radserve.log_routing import _NativeStderr; import time; "
+        "n = _NativeStderr(); print(n._folder, flush=True); time.sleep(120)"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    killed = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+    alive = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+    try:
+        assert killed.stdout is not None and alive.stdout is not None
+        left = Path(killed.stdout.readline().decode().strip())
+        live = Path(alive.stdout.readline().decode().strip())
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
+        assert left.is_dir() and left.parent == tmp_path  # what SIGKILL leaves
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        relay = log_routing._NativeStderr()
+        try:
+            assert not left.exists()
+            assert live.is_dir()
+            assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+                [live.name, Path(relay._folder).name]
+            )
+        finally:
+            relay.stop()
+        assert not Path(relay._folder).exists()
+    finally:
+        alive.kill()
+        alive.wait(10)
