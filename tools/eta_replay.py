@@ -148,6 +148,17 @@ VARIANTS = {
     "session 15, rate posterior mean, per class, beside": _server(
         SESSION_11_WALK + POSTERIOR_MEAN, PER_CLASS, "start"
     ),
+    # session 15 (cont.): each class's rate shrunk towards the mean class rate
+    # (ArrivalRates.pool_s seconds of pseudo-observation), with (c)
+    **{
+        f"session 15, per class, rates pooled {pool:.0f} s": Variant(
+            drain=False,
+            capacity=SESSION_11_WALK,
+            rates=ArrivalRates(pool_s=pool),
+            refit=PER_CLASS,
+        )
+        for pool in (15.0, 30.0, 60.0, 120.0)
+    },
 }
 
 

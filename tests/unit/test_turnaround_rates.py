@@ -46,3 +46,16 @@ def test_the_posterior_is_the_count_and_the_prior_over_the_span() -> None:
     assert rates.posterior(105.0) == {0: (1.0, 10.0), 1: (7.0, 10.0), 2: (1.0, 10.0)}
     assert rates.rates(105.0) == {0: 0.1, 1: pytest.approx(0.7), 2: 0.1}
     assert ArrivalRates().posterior(5.0) == {}
+
+
+def test_pooled_rates_shrink_each_class_towards_the_mean_class_rate() -> None:
+    """``pool_s`` seconds of pseudo-observation at the mean class rate: six INPATIENT and
+    no other arrivals in a 10 s span are 0.6 a second counted, 0.2 per class pooled; 10 s
+    of pooling takes INPATIENT to (6 + 2) / 20 and the others to 2 / 20."""
+    rates = ArrivalRates(min_span_s=10.0, prior_arrivals=0.0, pool_s=10.0)
+    rates.extend((1, 100.0 + i) for i in range(6))
+    assert rates.posterior(110.0) == {
+        0: (pytest.approx(2.0), 20.0),
+        1: (pytest.approx(8.0), 20.0),
+        2: (pytest.approx(2.0), 20.0),
+    }

@@ -33,6 +33,10 @@ class ArrivalRates:
     window_s: float = WINDOW_S
     min_span_s: float = MIN_SPAN_S
     prior_arrivals: float = PRIOR_ARRIVALS
+    # shrink each class's rate towards the mean class rate (all arrivals counted over the
+    # span, over the classes) with this many seconds of pseudo-observation (0: off, each
+    # class on its own; session 15 cont., a replay variant)
+    pool_s: float = 0.0
     _times: dict[int, deque[float]] = field(default_factory=dict)
     _first: float | None = None
 
@@ -69,14 +73,18 @@ class ArrivalRates:
         span = self.span(now)
         if span is None:
             return {}
-        out = {}
+        counts = {}
         for cls in self.classes:
             times = self._times.get(cls)
             while times and times[0] < now - self.window_s:
                 times.popleft()
-            shape = (len(times) if times else 0) + self.prior_arrivals
+            counts[cls] = len(times) if times else 0
+        pooled = self.pool_s * sum(counts.values()) / span / max(1, len(self.classes))
+        out = {}
+        for cls, count in counts.items():
+            shape = count + self.prior_arrivals + pooled
             if shape > 0:
-                out[cls] = (shape, span)
+                out[cls] = (shape, span + self.pool_s)
         return out
 
 
