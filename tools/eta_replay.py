@@ -159,6 +159,15 @@ VARIANTS = {
         )
         for pool in (15.0, 30.0, 60.0, 120.0)
     },
+    **{
+        f"session 15, per class, routine rates pooled {pool:.0f} s": Variant(
+            drain=False,
+            capacity=SESSION_11_WALK,
+            rates=ArrivalRates(pool_s=pool, pooled=(1, 2)),
+            refit=PER_CLASS,
+        )
+        for pool in (15.0, 30.0, 60.0)
+    },
 }
 
 

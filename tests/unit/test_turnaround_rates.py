@@ -59,3 +59,14 @@ def test_pooled_rates_shrink_each_class_towards_the_mean_class_rate() -> None:
         1: (pytest.approx(8.0), 20.0),
         2: (pytest.approx(2.0), 20.0),
     }
+
+
+def test_pooling_the_routine_classes_leaves_urgent_on_its_own() -> None:
+    """``pooled=(1, 2)``: INPATIENT and OUTPATIENT shrink towards their mean (six and
+    none in 10 s: 0.3 a second each), URGENT keeps its own count over the span."""
+    rates = ArrivalRates(min_span_s=10.0, prior_arrivals=0.0, pool_s=10.0, pooled=(1, 2))
+    rates.extend((1, 100.0 + i) for i in range(6))
+    assert rates.posterior(110.0) == {
+        1: (pytest.approx(9.0), 20.0),
+        2: (pytest.approx(3.0), 20.0),
+    }

@@ -37,6 +37,8 @@ class ArrivalRates:
     # span, over the classes) with this many seconds of pseudo-observation (0: off, each
     # class on its own; session 15 cont., a replay variant)
     pool_s: float = 0.0
+    # the classes pooled (None: all; (1, 2): the routine classes, URGENT on its own)
+    pooled: tuple[int, ...] | None = None
     _times: dict[int, deque[float]] = field(default_factory=dict)
     _first: float | None = None
 
@@ -79,12 +81,14 @@ class ArrivalRates:
             while times and times[0] < now - self.window_s:
                 times.popleft()
             counts[cls] = len(times) if times else 0
-        pooled = self.pool_s * sum(counts.values()) / span / max(1, len(self.classes))
+        group = self.classes if self.pooled is None else self.pooled
+        pooled = self.pool_s * sum(counts.get(c, 0) for c in group) / span / max(1, len(group))
         out = {}
         for cls, count in counts.items():
-            shape = count + self.prior_arrivals + pooled
+            pool = self.pool_s if cls in group else 0.0
+            shape = count + self.prior_arrivals + (pooled if pool else 0.0)
             if shape > 0:
-                out[cls] = (shape, span + self.pool_s)
+                out[cls] = (shape, span + pool)
         return out
 
 
