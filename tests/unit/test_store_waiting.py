@@ -9,7 +9,9 @@ from collections.abc import Callable
 import pytest
 
 from radserve.api.errors import STORE_RETRY_AFTER_S, error_response
+from radserve.store.db import make_engine
 from radserve.store.errors import DatabaseUnavailableError, JobNotFoundError
+from radserve.store.store import Store
 from radserve.store.waiting import StoreWaitExceededError, waiting_for_store
 
 
@@ -70,3 +72,14 @@ def test_an_outage_met_outside_a_wait_is_answered_with_retry_after() -> None:
     assert response.status_code == 503
     assert response.headers["Retry-After"] == str(STORE_RETRY_AFTER_S)
     assert "Retry-After" not in error_response(JobNotFoundError("no job")).headers
+
+
+def test_an_unavailable_database_is_named_by_its_phase_not_the_drivers_text() -> None:
+    # a real connection attempt to a port nothing listens on
+    store = Store(make_engine("postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=1"))
+    try:
+        with pytest.raises(DatabaseUnavailableError) as raised:
+            store.get_job("x")
+    finally:
+        store.close()
+    assert raised.value.message == "database unavailable: OperationalError: connection refused"

@@ -87,9 +87,7 @@ class StoreBase:
             with Session(bind) as session:
                 yield session
         except sa_exc.OperationalError as exc:
-            raise DatabaseUnavailableError(
-                f"database unavailable: {exc.orig.__class__.__name__}"
-            ) from exc
+            raise DatabaseUnavailableError(f"database unavailable: {unavailable_why(exc)}") from exc
         except sa_exc.DataError as exc:
             raise _unstorable(exc) from exc
 
@@ -110,14 +108,38 @@ class StoreBase:
                 except Exception:  # committed already: the listener's trouble is its own
                     logger.exception("audit listener failed")
         except sa_exc.OperationalError as exc:
-            raise DatabaseUnavailableError(
-                f"database unavailable: {exc.orig.__class__.__name__}"
-            ) from exc
+            raise DatabaseUnavailableError(f"database unavailable: {unavailable_why(exc)}") from exc
         except sa_exc.DataError as exc:
             raise _unstorable(exc) from exc
         finally:
             if lock is not None:
                 lock.release()
+
+
+# what the server or the driver said, by phase of an outage (never the text itself: it
+# names the host and port); for the logs of a restart: when it was down, when starting
+_WHY = (
+    ("shutting down", "the database system is shutting down"),
+    ("starting up", "the database system is starting up"),
+    ("recovery", "the database system is in recovery"),
+    ("connection refused", "connection refused"),
+    ("terminating connection", "its connection was cut (administrator command)"),
+    ("server closed the connection", "its connection was cut"),
+    ("consuming input failed", "its connection was cut"),
+    ("database is locked", "the database is locked"),
+    ("timeout", "no answer in time"),
+)
+
+
+def unavailable_why(exc: sa_exc.DBAPIError) -> str:
+    """The driver's error class and the outage's phase (``OperationalError: connection
+    refused``), without the driver's message."""
+    text = str(exc.orig).lower()
+    name = exc.orig.__class__.__name__
+    for needle, why in _WHY:
+        if needle in text:
+            return f"{name}: {why}"
+    return name
 
 
 def _unstorable(exc: sa_exc.DataError) -> UnstorableValueError:
