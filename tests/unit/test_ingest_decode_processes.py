@@ -174,3 +174,29 @@ def test_direct_rescale_equals_the_general_one(stored_dtype) -> None:
     high = dataclasses.replace(frame, rescale_intercept=32000)
     with pytest.raises(decode._NeedFloat):
         decode._store(direct, 0, stored, high, air=-1000.0)
+
+
+def test_jpeg_lossless_is_decoded_in_the_processes_whose_stderr_is_relayed(
+    tmp_path: Path,
+) -> None:
+    """GDCM's libjpeg writes "Bogus marker length" on its process's stderr for a damaged
+    JPEG Lossless fragment: in the server that was a plain line among the JSON log, so
+    these syntaxes always go to the decoding processes (their stderr is relayed as log
+    records, tests/unit/test_worker_stderr.py), one frame and one core included."""
+    import subprocess
+
+    from tests.factories.dicom_net import dcmtk_tool
+
+    from radserve.ingest.decode import STDERR_SYNTAXES
+
+    tool = dcmtk_tool("dcmcjpeg")
+    if tool is None:
+        pytest.skip("dcmtk's dcmcjpeg is not installed")
+    raw = make_ct_series(tmp_path / "raw", n_slices=3, rows=40, cols=36, hu=ramp_hu(3, 40, 36))
+    (tmp_path / "jpeg").mkdir()
+    for path in raw:  # dcmcjpeg's default: JPEG Lossless, selection value 1
+        subprocess.run([tool, str(path), str(tmp_path / "jpeg" / path.name)], check=True)
+    jpeg = _ordered(tmp_path / "jpeg")
+    assert jpeg[0].pixel.transfer_syntax_uid in STDERR_SYNTAXES
+    assert use_processes(jpeg[:1], workers=1)
+    assert np.array_equal(_decode(jpeg), _decode(_ordered(tmp_path / "raw"), processes=False))

@@ -120,6 +120,12 @@ PROCESS_SYNTAXES = frozenset(
         "1.2.840.10008.1.2.4.203",
     }
 )
+# Decoded by GDCM, whose libjpeg writes on its process's stderr for a damaged fragment
+# ("Bogus marker length"; gdcm.Trace.ErrorOff() does not silence it): always in the
+# decoding processes, whose stderr is relayed as log records (log_routing.WorkerLogs),
+# never in the server, where it was a plain line among the JSON log. JPEG Lossless
+# process 14 and its selection value 1.
+STDERR_SYNTAXES = frozenset({"1.2.840.10008.1.2.4.57", "1.2.840.10008.1.2.4.70"})
 _MIN_PROCESS_FRAMES = 8  # below this, handing frames to processes costs more than it saves
 _FRAMES_PER_TASK = 4  # frames one worker task decodes: amortises the round trip
 _TASKS_AHEAD = 2  # tasks queued per worker: bounds the finished frames awaiting copy
@@ -168,7 +174,8 @@ def decode_stack(
 
     ``workers`` threads or processes (default: the usable cores). ``processes``: decode
     in worker processes (True), threads (False), or decide by transfer syntax (None:
-    processes for :data:`PROCESS_SYNTAXES`, when there are enough frames and cores).
+    processes for :data:`PROCESS_SYNTAXES`, when there are enough frames and cores, and
+    always for :data:`STDERR_SYNTAXES`).
     ``max_file_bytes`` bounds what is read from a zip member or inflated from a
     Deflated file (``IngestPolicy.max_file_bytes``).
     """
@@ -267,6 +274,8 @@ def preferred_plugin(transfer_syntax_uid: str) -> str:
 
 def use_processes(frames: Sequence[FrameRef], workers: int | None = None) -> bool:
     """Whether :func:`decode_stack` decodes ``frames`` in processes by default."""
+    if any(f.pixel.transfer_syntax_uid in STDERR_SYNTAXES for f in frames):
+        return True  # whatever the count and cores: what its decoder writes is relayed
     cores = workers or usable_cores()
     gil_bound = sum(f.pixel.transfer_syntax_uid in PROCESS_SYNTAXES for f in frames)
     return cores > 1 and gil_bound >= _MIN_PROCESS_FRAMES
