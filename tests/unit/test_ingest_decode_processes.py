@@ -75,8 +75,10 @@ def test_processes_are_chosen_for_jpeg2000_only(tmp_path: Path) -> None:
     j2k, raw = _ordered(tmp_path / "j2k"), _ordered(tmp_path / "raw")
     assert raw[0].pixel.transfer_syntax_uid == ExplicitVRLittleEndian
     assert use_processes(j2k, workers=2)
-    assert not use_processes(j2k, workers=1)  # one core: nothing to win
-    assert not use_processes(j2k[:3], workers=2)  # too few frames to pay for the hand-off
+    # one core, or a few frames: still processes (a damaged codestream can abort the
+    # decoder's process: a 3-frame study took the server down in its threads)
+    assert use_processes(j2k, workers=1)
+    assert use_processes(j2k[:1], workers=2)
     assert not use_processes(raw, workers=2)  # uncompressed decoders release the GIL
 
 
@@ -200,3 +202,28 @@ def test_jpeg_lossless_is_decoded_in_the_processes_whose_stderr_is_relayed(
     assert jpeg[0].pixel.transfer_syntax_uid in STDERR_SYNTAXES
     assert use_processes(jpeg[:1], workers=1)
     assert np.array_equal(_decode(jpeg), _decode(_ordered(tmp_path / "raw"), processes=False))
+
+
+def test_a_decoder_that_aborts_on_a_small_jpeg2000_stack_takes_down_a_worker_only(
+    tmp_path: Path,
+) -> None:
+    """Found by tools/edge_probe.py's variant cut to 3 slices: random bytes after a JPEG
+    2000 codestream's start make its decoder throw a C++ exception nobody catches
+    (abort). Under 8 frames the stack was decoded in the calling process's threads: the
+    server died. It is a worker now, and the study fails with decode_failed."""
+    import random
+
+    from pydicom.encaps import encapsulate
+
+    for k, path in enumerate(_series(tmp_path / "j2k")[:3]):
+        ds = pydicom.dcmread(path)
+        rng = random.Random(k)
+        ds.PixelData = encapsulate([b"\xff\x4f\xff\x51" + rng.randbytes(600)])
+        ds["PixelData"].VR = "OB"
+        ds.save_as(path)
+    for path in sorted((tmp_path / "j2k").iterdir())[3:]:
+        path.unlink()
+    header = discover_series(tmp_path / "j2k")[0]
+    assert len(header.frames) == 3 and use_processes(header.frames)
+    with pytest.raises(DecodeError):
+        load_series(header)

@@ -120,9 +120,9 @@ def test_stacks_that_cannot_fill_in_place_load_whole(tmp_path: Path) -> None:
     # rescaled values that may pass int16: the whole stack may need float32
     _series(tmp_path / "wide", hu=np.full((N, 40, 36), 30100.0), rescale=(1.0, 30000.0))
     assert start_decode_stack(_ordered(tmp_path / "wide"), air=-1000.0, workers=2) is None
-    # one core: threads, not processes
-    _series(tmp_path / "j2k")
-    assert start_decode_stack(_ordered(tmp_path / "j2k"), air=-1000.0, workers=1) is None
+    # uncompressed: threads, not processes
+    make_ct_series(tmp_path / "raw", n_slices=N, rows=40, cols=36)
+    assert start_decode_stack(_ordered(tmp_path / "raw"), air=-1000.0, workers=1) is None
     # duplicate positions are compared once decoded: the policy's check runs as before
     hu = ramp_hu(N, 40, 36)
     _series(tmp_path / "dup", hu=hu, duplicate=[4])

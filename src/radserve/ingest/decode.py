@@ -126,7 +126,7 @@ PROCESS_SYNTAXES = frozenset(
 # never in the server, where it was a plain line among the JSON log. JPEG Lossless
 # process 14 and its selection value 1.
 STDERR_SYNTAXES = frozenset({"1.2.840.10008.1.2.4.57", "1.2.840.10008.1.2.4.70"})
-_MIN_PROCESS_FRAMES = 8  # below this, handing frames to processes costs more than it saves
+ISOLATED_SYNTAXES = PROCESS_SYNTAXES | STDERR_SYNTAXES
 _FRAMES_PER_TASK = 4  # frames one worker task decodes: amortises the round trip
 _TASKS_AHEAD = 2  # tasks queued per worker: bounds the finished frames awaiting copy
 _ABANDON_POLL_S = 0.1  # how often a streamed decode looks whether its run was abandoned
@@ -174,8 +174,7 @@ def decode_stack(
 
     ``workers`` threads or processes (default: the usable cores). ``processes``: decode
     in worker processes (True), threads (False), or decide by transfer syntax (None:
-    processes for :data:`PROCESS_SYNTAXES`, when there are enough frames and cores, and
-    always for :data:`STDERR_SYNTAXES`).
+    processes whenever a frame is in :data:`ISOLATED_SYNTAXES`, see :func:`use_processes`).
     ``max_file_bytes`` bounds what is read from a zip member or inflated from a
     Deflated file (``IngestPolicy.max_file_bytes``).
     """
@@ -274,11 +273,12 @@ def preferred_plugin(transfer_syntax_uid: str) -> str:
 
 def use_processes(frames: Sequence[FrameRef], workers: int | None = None) -> bool:
     """Whether :func:`decode_stack` decodes ``frames`` in processes by default."""
-    if any(f.pixel.transfer_syntax_uid in STDERR_SYNTAXES for f in frames):
-        return True  # whatever the count and cores: what its decoder writes is relayed
-    cores = workers or usable_cores()
-    gil_bound = sum(f.pixel.transfer_syntax_uid in PROCESS_SYNTAXES for f in frames)
-    return cores > 1 and gil_bound >= _MIN_PROCESS_FRAMES
+    # Whatever the count and cores: a JPEG 2000 decoder fed a damaged codestream can
+    # throw a C++ exception nobody catches (abort: it took the whole server down when a
+    # study of under 8 frames was decoded in its threads), and what GDCM's libjpeg
+    # writes on stderr is relayed only from the processes. A worker that dies fails
+    # the job (decode_failed); the server goes on.
+    return any(f.pixel.transfer_syntax_uid in ISOLATED_SYNTAXES for f in frames)
 
 
 def _output_dtype(frames: Sequence[FrameRef]) -> np.dtype:
