@@ -139,15 +139,17 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return write_test_bundles(root / "models"), write_test_pipeline(root)
 
 
+# the study's own UIDs stay valid in the study that runs: every door refuses an invalid
+# one (radserve.ingest.rules), as the C-STORE test below shows
 @pytest.mark.parametrize(
-    ("keep", "returncode"), [(PROCESSABLE, 0), ((), 2)], ids=["runs", "refused"]
+    ("keep", "returncode"), [((*PROCESSABLE, *UIDS), 0), ((), 2)], ids=["runs", "refused"]
 )
 def test_radserve_run_prints_no_planted_value(
     assets: tuple[Path, Path], tmp_path: Path, keep: tuple[str, ...], returncode: int
 ) -> None:
     models, pipeline = assets
     files = make_study(tmp_path / "study", extra=EXTRA)
-    assert plant(files, keep) > 20 * len(files)
+    assert plant(files, keep) > 15 * len(files)  # every text element but those kept
     out = tmp_path / "out"
     done = subprocess.run(
         _radserve(
@@ -158,7 +160,8 @@ def test_radserve_run_prints_no_planted_value(
     )  # fmt: skip
     assert done.returncode == returncode, done.stderr[-3000:]
     assert not leaks(done.stdout + done.stderr)
-    assert "<redacted>" in done.stderr  # pydicom did warn, redacted
+    if returncode:  # its UIDs hold the name too: pydicom did warn, redacted
+        assert "<redacted>" in done.stderr
     assert "UserWarning" not in done.stderr.replace("py.warnings: UserWarning", "")
 
 
