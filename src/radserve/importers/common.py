@@ -21,8 +21,11 @@ def _code(value: int, name: str) -> str:
     ``-<value>``, so labels that share their first 16 characters (TotalSegmentator's
     ``subclavian_artery_left`` / ``_right``) still get distinct codes."""
     code = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-") or f"label-{value}"
-    if len(code) <= 16:
-        return code
+    return code if len(code) <= 16 else _suffixed(code, value)
+
+
+def _suffixed(code: str, value: int) -> str:
+    """``code`` cut to end in ``-<value>`` within 16 characters."""
     suffix = f"-{value}"
     return code[: 16 - len(suffix)].rstrip("-") + suffix
 
@@ -35,8 +38,7 @@ def label_entries(pairs: list[tuple[int, str]]) -> list[dict[str, Any]]:
         entry = label_entry(value, name)
         code = entry["concept"]["value"]
         if code in seen:
-            suffix = f"-{value}"
-            code = entry["concept"]["value"] = code[: 16 - len(suffix)].rstrip("-") + suffix
+            code = entry["concept"]["value"] = _suffixed(code, value)
         seen.add(code)
         out.append(entry)
     return out
