@@ -289,7 +289,8 @@ def manifest_from_nnunet(
         )
     # nnU-Net transposes SimpleITK's (z, y, x) arrays by transpose_forward; the plans'
     # spacing and patch size are in that order, as input.axes declares it.
-    axes = [_reader_axes(source)[a] for a in forward]
+    reader_axes = _reader_axes(source)
+    axes = [reader_axes[a] for a in forward]
     patch = [int(p) for p in config.get("patch_size") or []]
     spacing: list[float | None] = [float(s) for s in config.get("spacing") or []]
     if len(patch) == 2 and len(spacing) == 2:
