@@ -58,7 +58,7 @@ from radserve.checkpoints import carry, checkpoint
 from radserve.errors import DecodeError
 from radserve.host import usable_cores
 from radserve.ingest.arrival import DecodeAbandonedError, SliceArrival
-from radserve.ingest.headers import FrameRef, native_pixel_value, part10_stream
+from radserve.ingest.headers import GREYSCALE, FrameRef, native_pixel_value, part10_stream
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sources import SourceFile, SourceReader
 from radserve.log_routing import WorkerLogs, forward_worker_logs
@@ -650,7 +650,7 @@ def _native_frame(pixels: str | BinaryIO, frame: FrameRef) -> np.ndarray | None:
         or not isinstance(pixels, str)
         or fmt.transfer_syntax_uid not in _NATIVE_LITTLE
         or fmt.samples_per_pixel != 1
-        or fmt.photometric_interpretation not in ("MONOCHROME1", "MONOCHROME2")
+        or fmt.photometric_interpretation not in GREYSCALE
         or fmt.bits_allocated not in (8, 16, 32)
     ):
         return None

@@ -76,16 +76,15 @@ _PIXEL_TAGS = {
 }
 _NATIVE_LITTLE = {ExplicitVRLittleEndian, ImplicitVRLittleEndian}
 _LONG_VRS = {b"OB", b"OW", b"OF", b"OD", b"OL", b"OV", b"UN", b"SQ", b"UC", b"UR", b"UT"}
-_MONOCHROME = {"MONOCHROME1", "MONOCHROME2", "PALETTE COLOR"}
-_COLOUR = {
-    "RGB",
-    "YBR_FULL",
-    "YBR_FULL_422",
-    "YBR_PARTIAL_420",
-    "YBR_PARTIAL_422",
-    "YBR_ICT",
-    "YBR_RCT",
-}
+# Photometric Interpretations (PS3.3 C.7.6.3.1.2), one definition for ingest: the
+# intensities a volume holds, the one-sample and the multi-sample defined terms (and the
+# retired multi-sample ones, which no header passes but colour checks still name)
+GREYSCALE = frozenset({"MONOCHROME1", "MONOCHROME2"})
+_MONOCHROME = GREYSCALE | {"PALETTE COLOR"}
+_COLOUR = frozenset(
+    {"RGB", "YBR_FULL", "YBR_FULL_422", "YBR_PARTIAL_420", "YBR_PARTIAL_422", "YBR_ICT", "YBR_RCT"}
+)
+COLOUR_TERMS = _COLOUR | {"HSV", "ARGB", "CMYK", "XYB"}
 _NUMBER_CHARS = set("0123456789+-.eE\\ naNifIFAty")
 
 

@@ -20,7 +20,7 @@ from radserve.ingest.arrival import SliceArrival
 from radserve.ingest.decode import decode_stack, ensure_decoders, start_decode_stack
 from radserve.ingest.discover import SeriesHeader, discover_series
 from radserve.ingest.geometry import StackLayout, plan_stack
-from radserve.ingest.headers import FrameRef, PixelFormat
+from radserve.ingest.headers import COLOUR_TERMS, GREYSCALE, FrameRef, PixelFormat
 from radserve.ingest.policy import IngestPolicy, policy_hint
 from radserve.ingest.resample import resample_slices, shift_slices_in_plane
 from radserve.ingest.sources import SkippedFile, SourceFile, SourceReader
@@ -279,24 +279,16 @@ def _check_size(first: FrameRef, layout: StackLayout, policy: IngestPolicy) -> N
         )
 
 
-_GREYSCALE = frozenset({"MONOCHROME1", "MONOCHROME2"})
-# PS3.3 C.7.6.3.1.2's multi-sample terms (retired ones too)
-_COLOUR_TERMS = frozenset(
-    {"RGB", "HSV", "ARGB", "CMYK", "XYB", "YBR_FULL", "YBR_FULL_422", "YBR_PARTIAL_422",
-     "YBR_PARTIAL_420", "YBR_ICT", "YBR_RCT"}
-)  # fmt: skip
-
-
 def _not_intensity(fmt: PixelFormat) -> str | None:
     """Why pixels of format ``fmt`` are not intensities a volume can hold (None: they are,
     or the format contradicts itself, which the per-file check at decoding names)."""
     photometric = fmt.photometric_interpretation
-    if fmt.samples_per_pixel != 1 and photometric in _COLOUR_TERMS:
+    if fmt.samples_per_pixel != 1 and photometric in COLOUR_TERMS:
         return f"colour images (Samples per Pixel {fmt.samples_per_pixel}, {photometric})"
     if fmt.samples_per_pixel == 1 and photometric == "PALETTE COLOR":
         # stored values index a colour table, they are no intensities
         return "images of Photometric Interpretation PALETTE COLOR"
-    if fmt.bits_allocated == 1 and photometric in _GREYSCALE:
+    if fmt.bits_allocated == 1 and photometric in GREYSCALE:
         return "1-bit images (Bits Allocated 1: a bitmap, not intensities)"
     return None
 
