@@ -20,12 +20,7 @@ import numpy as np
 
 from radserve.config import SchedulerSettings
 from radserve.domain.priority import PriorityClass
-from radserve.turnaround.service_time import (
-    DEVICE_SUFFIX,
-    RUN,
-    ServiceTimeModel,
-    StudySize,
-)
+from radserve.turnaround.service_time import ServiceTimeModel, StudySize
 from radserve.turnaround.simulate import (
     Arrival,
     JobService,
@@ -36,7 +31,7 @@ from radserve.turnaround.simulate import (
     simulate,
     split_batches,
 )
-from radserve.turnaround.solo import SoloTimes
+from radserve.turnaround.solo import SoloTimes, coarse_service
 from radserve.turnaround.units import fine_service
 
 _PER = {"s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -234,14 +229,7 @@ class ModelSampler:
             )
         if self.fine:
             return fine_service(steps, slices, self.batch_slices, noise)
-        pre = steps.get("ingest", 0.0)
-        device = sum(v for k, v in steps.items() if k.endswith(DEVICE_SUFFIX))
-        post = sum(v for k, v in steps.items() if k not in ("ingest", RUN)) - device
-        return JobService(
-            pre * noise,
-            split_batches(device * noise, slices, self.batch_slices),
-            max(0.0, post) * noise,
-        )
+        return coarse_service(steps, slices, self.batch_slices, noise)
 
 
 @dataclass(frozen=True)

@@ -228,11 +228,18 @@ def solo_timings(run: JobRun, slowdown: Slowdown) -> dict[str, float]:
 CONSISTENT_ROUNDS = 8
 
 
-def coarse_service(timings: Mapping[str, float], slices: int, batch_slices: int) -> JobService:
-    """The planner's default job of these solo timings: ingest, the batches, the rest."""
+def coarse_service(
+    timings: Mapping[str, float], slices: int, batch_slices: int, scale: float = 1.0
+) -> JobService:
+    """The planner's default job of these timings (a job's solo ones, or the steps the
+    service-time model predicts), each times ``scale``: ingest, the batches, the rest."""
     device = sum(v for k, v in timings.items() if k.endswith(DEVICE_SUFFIX))
     rest = sum(v for k, v in timings.items() if k not in NOT_WORK and k != "ingest") - device
-    return JobService(timings.get("ingest", 0.0), split_batches(device, slices, batch_slices), rest)
+    return JobService(
+        timings.get("ingest", 0.0) * scale,
+        split_batches(device * scale, slices, batch_slices),
+        max(0.0, rest) * scale,
+    )
 
 
 def consistent_timings(
