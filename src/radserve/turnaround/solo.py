@@ -264,13 +264,13 @@ def consistent_timings(
     def no_draw(rng: np.random.Generator, cls: PriorityClass) -> JobService:
         raise AssertionError("every run brings its work")
 
+    # simulate_jobs gives the jobs in arrival order (a stable sort: ties keep order)
+    order = sorted(range(len(runs)), key=lambda j: runs[j].arrival)
     for _ in range(rounds):
         trace = [
             Arrival(r.arrival - zero, r.cls, coarse_service(t, r.slices, batch))
             for r, t in zip(runs, out, strict=True)
         ]
-        # simulate_jobs gives the jobs in arrival order (a stable sort: ties keep order)
-        order = sorted(range(len(runs)), key=lambda j: runs[j].arrival)
         for j, sim in zip(order, simulate_jobs(trace, no_draw, host), strict=True):
             out[j] = rescaled(out[j], runs[j], sim)
     return out
