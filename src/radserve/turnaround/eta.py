@@ -121,7 +121,9 @@ class Capacity:
     # the allowance at the counted rates as points (``point``), or its median under the
     # rates' Gamma posteriors (``posterior``: the compound Poisson delay's variance grows
     # by the rate's own, each class's r^2 w^2 hold^2 / shape, and the delay is taken as a
-    # Gamma of that mean and variance; session 15, not the default)
+    # Gamma of that mean and variance; session 15, not the default; ``mean``: that
+    # variance, taken as a normal, its mean lengthened by E[r^2] = r^2 (1 + 1/shape) over
+    # the window each class's own delay adds, tools/eta_replay.py's POSTERIOR_MEAN)
     rate_posterior: str = "point"
 
     def work_s(self, cpu_s: float, device_s: float) -> float:
