@@ -440,6 +440,27 @@ def test_inexpressible_bundles_are_refused_by_name(tmp_path: Path, case: str) ->
     assert not (tmp_path / "models").exists()  # refused before anything is written
 
 
+def test_weights_that_do_not_fit_leave_nothing_in_the_models_folder(tmp_path: Path) -> None:
+    """Refused once the import has begun writing (the network is rebuilt and loaded after
+    the transforms are mapped): the models folder is as it was, with no version folder,
+    no staging folder, and not even itself where it did not exist."""
+    import torch
+
+    bundle = mb.write_monai_bundle(tmp_path / "bundle")
+    torch.save({"not.a.weight": torch.zeros(1)}, bundle / "models" / "model.pt")
+    with pytest.raises(ImportRefusedError, match="does not fit network_def"):
+        import_monai(bundle, tmp_path / "models", name="misfit", version="1")
+    assert not (tmp_path / "models").exists()
+    kept = tmp_path / "kept"
+    (kept / "other" / "1").mkdir(parents=True)
+    with pytest.raises(ImportRefusedError, match="does not fit network_def"):
+        import_monai(bundle, kept, name="misfit", version="1")
+    assert [p.relative_to(kept).as_posix() for p in sorted(kept.rglob("*"))] == [
+        "other",
+        "other/1",
+    ]
+
+
 def test_missing_files_are_named(tmp_path: Path) -> None:
     bundle = mb.write_monai_bundle(tmp_path / "bundle")
     (bundle / "models" / "model.pt").unlink()

@@ -181,6 +181,25 @@ class MyLabTrainer(nnUNetTrainer):
 
 
 @pytest.mark.slow
+def test_a_refused_onnx_export_leaves_the_models_folder_as_it_was(tmp_path):
+    """A patch the network cannot take (33 voxels, not a multiple of its strides: the
+    decoder's upsampled map misses the skip connection's by one): torch's export fails,
+    the import is refused naming the network, and the models folder holds what it held
+    before, with no half-written version and no staging folder; a models folder the
+    import would have made is not left either."""
+    models = tmp_path / "models"
+    import_nnunet(make_results_folder(tmp_path / "good", folds=(0,)), models, name="tiny")
+    before = sorted(p.relative_to(models) for p in models.rglob("*"))
+    broken = make_results_folder(tmp_path / "broken", folds=(0,), patch=(16, 33, 33))
+    with pytest.raises(ImportRefusedError, match=r"network \(\w+\) does not export"):
+        import_nnunet(broken, models, name="tiny", version="2.0.0")
+    assert sorted(p.relative_to(models) for p in models.rglob("*")) == before
+    with pytest.raises(ImportRefusedError, match="does not export"):
+        import_nnunet(broken, tmp_path / "fresh", name="tiny")
+    assert not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.slow
 def test_a_custom_trainer_and_a_cascade_are_refused_by_name(tmp_path, monkeypatch):
     custom = make_results_folder(tmp_path / "a", folds=(0,), trainer="MyLabTrainer")
     with pytest.raises(ImportRefusedError, match=r"trainer 'MyLabTrainer' .* nnUNet_extTrainer"):

@@ -1,12 +1,23 @@
-"""What every importer shares: label entries, file hashes and the checked ONNX export."""
+"""What every importer shares: label entries, file hashes, the checked ONNX export and
+the staged write of the bundle folder."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import json
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from radserve import durable
 from radserve.importers import ImportRefusedError
+from radserve.lifecycle.install import STAGING_DIR
+from radserve.models.manifest import ModelSpec
 
 _ANATOMY = {"value": "123037004", "scheme": "SCT", "meaning": "Anatomical Structure"}
 _PALETTE = [
@@ -132,4 +143,58 @@ def export_checked(model: Any, path: Path, channels: int, patch: tuple[int, ...]
     return worst
 
 
-__all__ = ["export_checked", "label_entries", "label_entry", "sha256_file"]
+@contextlib.contextmanager
+def staged_bundle(models_dir: Path, name: str, version: str) -> Iterator[Path]:
+    """A folder to write the bundle ``models_dir/<name>/<version>/`` into, renamed to
+    that name, whole, when the block ends (:func:`radserve.durable.rename_tree`). An
+    import that is refused or fails on the way (an ONNX export that does not run, a
+    network that does not load) leaves nothing behind: no half-written version for
+    ``radserve models`` or the registry to find, and no folder made for it.
+
+    The folder lies in ``models_dir/.staging/`` (the file system of the target, three
+    levels deep: the registry's ``*/*/model.yaml`` does not see it), owner-named, so a
+    killed import's is swept by the next import into the same folder (and, under a data
+    dir, by ``radserve models install`` and the server's start)."""
+    root = Path(models_dir)
+    target = root / name / version
+    if target.exists():
+        raise ImportRefusedError(f"{target} already holds a bundle; pick another --version")
+    made = [folder for folder in (root / STAGING_DIR, root) if not folder.exists()]
+    if not made:
+        durable.sweep(root / STAGING_DIR)  # what killed imports left
+    staging = durable.temporary_dir(root / STAGING_DIR, "import")
+    try:
+        bundle = staging / "bundle"
+        bundle.mkdir()
+        yield bundle
+        durable.make_dirs(target.parent)
+        try:
+            durable.rename_tree(bundle, target)
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise ImportRefusedError(f"{target} already holds a bundle") from exc
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in made:  # the staging folder, then the models folder, if now empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def write_bundle_files(folder: Path, spec: ModelSpec, header: str, record: dict[str, Any]) -> None:
+    """``model.yaml`` (``header``, comment lines, then ``spec``) and ``import.json``
+    (``record``: where the bundle came from) beside the exported ``model.onnx``."""
+    (folder / "model.yaml").write_text(
+        header + yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
+    )
+    (folder / "import.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+__all__ = [
+    "export_checked",
+    "label_entries",
+    "label_entry",
+    "sha256_file",
+    "staged_bundle",
+    "write_bundle_files",
+]

@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -68,10 +67,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from radserve.importers import ImportRefusedError
-from radserve.importers.common import export_checked, label_entries, sha256_file
+from radserve.importers.common import (
+    export_checked,
+    label_entries,
+    sha256_file,
+    staged_bundle,
+    write_bundle_files,
+)
 from radserve.models.manifest import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -655,42 +658,33 @@ def load_network(source: MonaiSource) -> Any:
 def import_monai(
     folder: Path, models_dir: Path, *, name: str | None = None, version: str = "1.0.0"
 ) -> Path:
-    """Write ``models_dir/<name>/<version>/`` (model.yaml, model.onnx, import.json)."""
+    """Write ``models_dir/<name>/<version>/`` (model.yaml, model.onnx, import.json),
+    whole or not at all (:func:`~radserve.importers.common.staged_bundle`)."""
     source = read_bundle(folder)
     default = str(source.metadata.get("name") or Path(folder).name)
     name = name or "".join(c if c.isalnum() else "-" for c in default.lower()).strip("-")
     spec = manifest_from_monai(source, name=name, version=version)
+    with staged_bundle(models_dir, name, version) as staged:
+        net = load_network(source)
+        patch = tuple(spec.input.patch_size or ())
+        diff = export_checked(_single_output(net), staged / "model.onnx", 1, patch)
+        header = (
+            f"# {spec.key}: imported by `radserve models import monai-bundle` from "
+            f"{source.folder.name}.\n"
+            "# The preprocessing below states the bundle's; see import.json for the source "
+            "files.\n"
+        )
+        record = {
+            "framework": "monai",
+            "source": str(source.folder),
+            "bundle": {k: source.metadata.get(k) for k in ("name", "version", "monai_version")},
+            "config": source.config_path.name,
+            "loader_readers_not_used": source.readers_dropped,
+            "weights": {source.weights.name: sha256_file(source.weights)},
+            "onnx_max_abs_diff_vs_torch": diff,
+        }
+        write_bundle_files(staged, spec, header, record)
     out = Path(models_dir) / name / version
-    if (out / "model.yaml").exists():
-        raise ImportRefusedError(f"{out} already holds a bundle; pick another --version")
-    net = load_network(source)
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    patch = tuple(spec.input.patch_size or ())
-    try:
-        diff = export_checked(_single_output(net), out / "model.onnx", 1, patch)
-    except ImportRefusedError:
-        if created:
-            shutil.rmtree(out)  # nothing half-written left for `radserve models` to find
-        raise
-    header = (
-        f"# {spec.key}: imported by `radserve models import monai-bundle` from "
-        f"{source.folder.name}.\n"
-        "# The preprocessing below states the bundle's; see import.json for the source files.\n"
-    )
-    (out / "model.yaml").write_text(
-        header + yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
-    )
-    record = {
-        "framework": "monai",
-        "source": str(source.folder),
-        "bundle": {k: source.metadata.get(k) for k in ("name", "version", "monai_version")},
-        "config": source.config_path.name,
-        "loader_readers_not_used": source.readers_dropped,
-        "weights": {source.weights.name: sha256_file(source.weights)},
-        "onnx_max_abs_diff_vs_torch": diff,
-    }
-    (out / "import.json").write_text(json.dumps(record, indent=2) + "\n")
     logger.info("imported %s -> %s (ONNX vs torch max |diff| %.2e)", source.folder, out, diff)
     return out
 

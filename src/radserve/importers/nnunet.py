@@ -51,10 +51,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from radserve.importers import ImportRefusedError
-from radserve.importers.common import export_checked, label_entries, sha256_file
+from radserve.importers.common import (
+    export_checked,
+    label_entries,
+    sha256_file,
+    staged_bundle,
+    write_bundle_files,
+)
 from radserve.importers.nnunet_channels import SeriesRule, channel_declarations
 from radserve.models.axes import INDEX_AXES
 from radserve.models.manifest import ModelSpec
@@ -557,8 +561,9 @@ def import_nnunet(
     checkpoint: str = CHECKPOINT,
     channels: dict[int, SeriesRule] | None = None,
 ) -> Path:
-    """Write ``models_dir/<name>/<version>/`` (model.yaml, model.onnx, import.json);
-    ``channels``: series rules by channel index, as :func:`manifest_from_nnunet`."""
+    """Write ``models_dir/<name>/<version>/`` (model.yaml, model.onnx, import.json),
+    whole or not at all (:func:`~radserve.importers.common.staged_bundle`); ``channels``:
+    series rules by channel index, as :func:`manifest_from_nnunet`."""
     source = read_results_folder(folder, folds=folds, checkpoint=checkpoint)
     default = str(source.plans.get("dataset_name") or "nnunet").lower().replace("_", "-")
     name = name or default
@@ -571,36 +576,32 @@ def import_nnunet(
     spec = manifest_from_nnunet(
         source, name=name, version=version, mirror_axes=allowed, tta=tta, channels=channels
     )
+    with staged_bundle(models_dir, name, version) as staged:
+        diff = export_onnx(predictor, staged / "model.onnx", mirror_axes=allowed if tta else ())
+        header = (
+            f"# {spec.key}: imported by `radserve models import nnunet` from "
+            f"{source.folder.name}.\n"
+            "# The preprocessing below states nnU-Net's; see import.json for the source files.\n"
+        )
+        record = {
+            "framework": "nnunetv2",
+            "source": str(source.folder),
+            "configuration": source.configuration_name,
+            "trainer": source.trainer_name,
+            "plans": source.plans.get("plans_name"),
+            "checkpoint": checkpoint,
+            "folds": list(source.folds),
+            "checkpoints": {
+                f: sha256_file(source.folder / f"fold_{f}" / checkpoint) for f in source.folds
+            },
+            "onnx_max_abs_diff_vs_torch": diff,
+            "test_time_augmentation": {
+                "mirror_axes": list(allowed),
+                "enabled": tta,
+                "network_passes_per_patch": (2 ** len(allowed) if tta else 1) * len(source.folds),
+            },
+        }
+        write_bundle_files(staged, spec, header, record)
     out = Path(models_dir) / name / version
-    if (out / "model.yaml").exists():
-        raise ImportRefusedError(f"{out} already holds a bundle; pick another --version")
-    out.mkdir(parents=True, exist_ok=True)
-    diff = export_onnx(predictor, out / "model.onnx", mirror_axes=allowed if tta else ())
-    header = (
-        f"# {spec.key}: imported by `radserve models import nnunet` from {source.folder.name}.\n"
-        "# The preprocessing below states nnU-Net's; see import.json for the source files.\n"
-    )
-    (out / "model.yaml").write_text(
-        header + yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
-    )
-    record = {
-        "framework": "nnunetv2",
-        "source": str(source.folder),
-        "configuration": source.configuration_name,
-        "trainer": source.trainer_name,
-        "plans": source.plans.get("plans_name"),
-        "checkpoint": checkpoint,
-        "folds": list(source.folds),
-        "checkpoints": {
-            f: sha256_file(source.folder / f"fold_{f}" / checkpoint) for f in source.folds
-        },
-        "onnx_max_abs_diff_vs_torch": diff,
-        "test_time_augmentation": {
-            "mirror_axes": list(allowed),
-            "enabled": tta,
-            "network_passes_per_patch": (2 ** len(allowed) if tta else 1) * len(source.folds),
-        },
-    }
-    (out / "import.json").write_text(json.dumps(record, indent=2) + "\n")
     logger.info("imported %s -> %s (ONNX vs torch max |diff| %.2e)", source.folder, out, diff)
     return out
