@@ -364,7 +364,23 @@ _CROP_MARGIN = {**_CROP, "margin": 4, "allow_smaller": True}
 REFUSALS = {
     "CropForegroundd_before_intensity": (
         {"pre": [*mb.PRE[:4], _CROP_MARGIN, *mb.PRE[4:]]},
-        "preprocessing\\[4\\] CropForeground before Spacing or ScaleIntensityRange",
+        "preprocessing\\[4\\] CropForegroundd before preprocessing\\[5\\] ScaleIntensityRanged: "
+        "CropForeground\\(d\\) is mapped after Spacing\\(d\\) and every intensity transform",
+    ),
+    "CropForegroundd_before_normalize": (
+        {
+            "pre": [
+                *mb.PRE[:4],
+                _CROP_MARGIN,
+                {"_target_": "NormalizeIntensityd", "keys": "image"},
+                mb.PRE[5],
+            ]
+        },
+        "preprocessing\\[4\\] CropForegroundd before preprocessing\\[5\\] NormalizeIntensityd",
+    ),
+    "CropForegroundd_before_spacing": (
+        {"pre": [*mb.PRE[:3], _CROP_MARGIN, *mb.PRE[3:]]},
+        "preprocessing\\[3\\] CropForegroundd before preprocessing\\[4\\] Spacingd",
     ),
     "CropForegroundd_select_fn": (
         _with({5: {**_CROP, "select_fn": "$lambda x: x > 0.5"}}),

@@ -22,7 +22,8 @@ What the bundle states, mapped onto ``model.yaml``:
   (per image, on the grid they follow).
 * Neutral: loading (its ``reader`` dropped: radserve reads DICOM), channel layout,
   float32 typing, ``CopyItemsd``/``DeleteItemsd`` that leave the image key.
-* ``CropForeground(d)(margin, k_divisible, allow_smaller)`` after both ->
+* ``CropForeground(d)(margin, k_divisible, allow_smaller)`` after Spacing and every
+  intensity transform ->
   ``input.crop_foreground`` (the box of the scaled model grid > 0; MONAI's default
   ``select_fn``, constant 0 padding); the way back repeats ``Invertd``'s float64
   coordinates bit for bit (:mod:`radserve.preprocess.monai_grid`), so the voxels landing
@@ -112,8 +113,9 @@ _RANGE = ("ScaleIntensityRanged", "ScaleIntensityRange")
 _PADDING = {"constant": "centre_zero", "replicate": "centre_edge"}
 _MODES = {"bilinear": 1, "nearest": 0}
 _RAS_LABELS = (("L", "R"), ("P", "A"), ("I", "S"))
-# Why CropForeground(d) is refused before Spacing/ScaleIntensityRange (docs/model-ops.md
-# "MONAI's CropForeground")
+_INTENSITY_NAMES = "ScaleIntensityRange, NormalizeIntensity, ScaleIntensity"
+# Why CropForeground(d) is refused before Spacing or an intensity transform
+# (docs/model-ops.md "MONAI's CropForeground")
 _CROP_FOREGROUND = (
     "radserve states MONAI's crop only on the resampled, scaled image (input.crop_foreground: "
     "select_fn x > 0 on the model grid); a box of the native or unscaled image is not mapped"
@@ -375,16 +377,19 @@ def _preprocessing(transforms: list[Any], image_key: str) -> dict[str, Any]:
     if out["orientation_at"] > out["spacing_at"]:
         _refuse("Spacing before Orientation (pixdim would follow the file's axes)")
     crop_at = out.get("crop_at", -1)
-    if crop_at >= 0 and crop_at < max(out["spacing_at"], *at):
+    later = [j for j in sorted((out["spacing_at"], *at)) if j > crop_at]
+    if crop_at >= 0 and later:
         _refuse(
-            f"preprocessing[{crop_at}] CropForeground before Spacing or ScaleIntensityRange: "
-            f"{_CROP_FOREGROUND}"
+            f"preprocessing[{crop_at}] {type(transforms[crop_at]).__name__} before "
+            f"preprocessing[{later[0]}] {type(transforms[later[0]]).__name__}: "
+            f"CropForeground(d) is mapped after Spacing(d) and every intensity transform "
+            f"({_INTENSITY_NAMES}) only; {_CROP_FOREGROUND}"
         )
     return out
 
 
 def _crop_foreground(t: Any, i: int, name: str, image_key: str) -> dict[str, Any]:
-    """``CropForeground(d)`` after Spacing and ScaleIntensityRange -> ``crop_foreground``
+    """``CropForeground(d)`` after Spacing and the intensity transforms -> ``crop_foreground``
     (MONAI's defaults and the model zoo's settings; anything else refused by name)."""
     from monai.transforms.utils import is_positive
 
