@@ -423,20 +423,11 @@ class InputSpec(_Strict):
 
     @model_validator(mode="after")
     def _check_mode(self) -> InputSpec:
-        if self.axes != DEFAULT_AXES:
-            if self.mode != "3d":
-                raise ValueError(
-                    f"input.axes {list(self.axes)} is for 3d models; 2d/2.5d models take "
-                    "(slice, row, column) slices"
-                )
-            if self.spacing[0] is None and (
-                self.resampling is None or self.resampling.grid != "field_of_view"
-            ):
-                raise ValueError(
-                    "input.spacing[0] null (keep native slices) needs the default input.axes "
-                    "[z, y, x] or nnU-Net's resampling (the native spacing of the network's "
-                    "first axis); give the spacing of the network's first axis"
-                )
+        if self.axes != DEFAULT_AXES and self.mode != "3d":
+            raise ValueError(
+                f"input.axes {list(self.axes)} is for 3d models; 2d/2.5d models take "
+                "(slice, row, column) slices"
+            )
         if self.mode != "3d" and (
             self.resampling is not None
             or self.sliding_window != SlidingWindowSpec()
@@ -457,12 +448,17 @@ class InputSpec(_Strict):
                 "'first_voxel', crop 'none', sliding_window.pad 'centre_zero', one image "
                 "channel and no roi_labels"
             )
-        if (
-            self.resampling is not None
-            and self.resampling.grid != "field_of_view"
-            and self.spacing[0] is None
-        ):
-            raise ValueError("input.resampling.grid 'first_voxel' needs a slice spacing")
+        # spacing[0] null keeps the native slices: radserve's own grid (no resampling, the
+        # slice axis first) or nnU-Net's (the native spacing of the network's first axis);
+        # MONAI's first_voxel grid has no native spacing to keep
+        native = self.resampling is None and self.axes == DEFAULT_AXES
+        nnunet = self.resampling is not None and self.resampling.grid == "field_of_view"
+        if self.spacing[0] is None and not (native or nnunet):
+            raise ValueError(
+                "input.spacing[0] null (keep native slices) needs nnU-Net's resampling (grid "
+                "'field_of_view') or, without input.resampling, the default input.axes "
+                "[z, y, x]; give the spacing of the network's first axis"
+            )
         if self.mode == "3d" and (self.patch_size is None or len(self.patch_size) != 3):
             raise ValueError("input.mode '3d' needs a 3-element patch_size")
         if self.mode == "2d" and self.context_slices:
