@@ -26,7 +26,7 @@ from radserve.errors import RadserveError
 from radserve.gateway.dicomweb.index import ResultIndexer
 from radserve.gateway.dicomweb.qido import QidoSearch
 from radserve.gateway.dicomweb.wado import WadoAccess
-from radserve.gateway.outbox import LaneState
+from radserve.gateway.outbox import LaneState, LaneWorkers
 from radserve.gateway.own_results import OwnResults
 from radserve.ingest.decode import shutdown_decode_workers
 from radserve.ingest.policy import IngestPolicy
@@ -472,18 +472,20 @@ class Service:
             return True
         return self.gateway is not None and self.gateway.sends_dicom(source)
 
+    def _lane_groups(self) -> list[LaneWorkers]:
+        """The outbox lanes of this server, one group per kind it delivers: DICOM (the
+        gateway's destinations), FHIR, critical-finding push. The one list the senders'
+        metrics and :meth:`_wake_senders` both read."""
+        groups = (
+            self.gateway.workers if self.gateway is not None else None,
+            self.fhir.lanes if self.fhir is not None else None,
+            self.critical.lanes if self.critical is not None else None,
+        )
+        return [group for group in groups if group is not None]
+
     def _senders(self) -> list[LaneState]:
-        """The destinations' senders of this server (DICOM, FHIR, critical push)."""
-        lanes = [
-            part
-            for part in (
-                self.gateway.workers if self.gateway is not None else None,
-                self.fhir.lanes if self.fhir is not None else None,
-                self.critical.lanes if self.critical is not None else None,
-            )
-            if part is not None
-        ]
-        return [state for part in lanes for state in part.senders()]
+        """The destinations' senders of this server (every lane group's)."""
+        return [state for group in self._lane_groups() for state in group.senders()]
 
     def _critical_rules(self, job: JobRecord) -> tuple[CriticalRule, ...]:
         """The ``critical:`` rules of the job's pipeline (as this server resolves it now)
@@ -586,14 +588,8 @@ class Service:
 
     def _wake_senders(self) -> None:
         """A delivery was re-armed or a result recorded: the senders look at once."""
-        for worker in (
-            self.gateway.workers if self.gateway is not None else None,
-            self.fhir.lanes if self.fhir is not None else None,
-        ):
-            if worker is not None:
-                worker.wake()
-        if self.critical is not None:
-            self.critical.wake()
+        for group in self._lane_groups():
+            group.wake()
 
     def reset_model(self, name: str, *, actor_key_id: str | None, client: str | None) -> bool:
         """Close a model's circuit breaker (after fixing or reloading it); audited.
