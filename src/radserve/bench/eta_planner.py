@@ -17,7 +17,13 @@ from radserve.domain.priority import PriorityClass
 from radserve.turnaround.eta import on_host_cores
 from radserve.turnaround.service_time import ServiceTimeModel
 from radserve.turnaround.simulate import SimConfig
-from radserve.turnaround.solo import SoloTimes, runs_from_end_records, solo_model
+from radserve.turnaround.solo import (
+    Division,
+    SoloTimes,
+    divide,
+    model_of,
+    runs_from_end_records,
+)
 
 DEFAULT = "solo times from the trace, shared cores"  # radserve plan's on a CPU device
 FINE = "solo times from the trace, shared cores, server's units"
@@ -50,26 +56,32 @@ MODELS: dict[str, tuple[str, bool, bool, bool, bool]] = {
 }
 
 
-def solo_from_records(
-    records: Iterable[Mapping[str, Any]],
-    prior_model: ServiceTimeModel,
-    group: tuple[str, str, str],
-    cores: int,
-    cpu_workers: int,
-    host: SimConfig | None = None,
-) -> SoloTimes:
-    """A run's own jobs' times alone (their end records), as ``radserve plan`` learns them
-    from the store on a CPU device (radserve.turnaround.solo); ``host``: made consistent
-    with that simulated host."""
-    return solo_model(
+def divided_records(records: Iterable[Mapping[str, Any]], cores: int, cpu_workers: int) -> Division:
+    """A run's own jobs (their end records) with the sharing they ran under divided out,
+    as ``radserve plan`` divides them from the store on a CPU device
+    (radserve.turnaround.solo)."""
+    return divide(
         runs_from_end_records(records),
         cores,
+        # the server's CPU workers, its URGENT lane and a batch on every core
+        max_threads=cpu_workers + 1 + cores,
+    )
+
+
+def solo_from_records(
+    division: Division,
+    prior_model: ServiceTimeModel,
+    group: tuple[str, str, str],
+    host: SimConfig | None = None,
+) -> SoloTimes:
+    """The jobs' times alone (:func:`divided_records`) as a model; ``host``: made
+    consistent with that simulated host."""
+    return model_of(
+        division,
         prior=prior_model.prior,
         pipeline=group[0],
         device=group[1],
         precision=group[2],
-        # the server's CPU workers, its URGENT lane and a batch on every core
-        max_threads=cpu_workers + 1 + cores,
         host=host,
     )
 
@@ -114,15 +126,13 @@ def replay_planner(
         "warm-up solo": ServiceTimeModel.from_json(summary["service_times_solo"]),
     }
     if "eta_records" in summary and cores is not None:
-        models["solo from the trace"] = solo_from_records(
-            summary["eta_records"], trace, group, cores, summary["cpu_workers"]
-        )
+        # divided once: both solo models start from the same division
+        division = divided_records(summary["eta_records"], cores, summary["cpu_workers"])
+        models["solo from the trace"] = solo_from_records(division, trace, group)
         wanted = names if names is not None else MODELS
         if any(MODELS[n][0] == "solo consistent" for n in wanted):
             host_model = SimConfig(1, summary["cpu_workers"], server, host_cores=cores)
-            models["solo consistent"] = solo_from_records(
-                summary["eta_records"], trace, group, cores, summary["cpu_workers"], host_model
-            )
+            models["solo consistent"] = solo_from_records(division, trace, group, host_model)
     jobs = recorded_jobs(summary)
     out = {}
     for name in names if names is not None else MODELS:
@@ -158,6 +168,7 @@ __all__ = [
     "FINE",
     "MODELS",
     "cells_within",
+    "divided_records",
     "recorded_jobs",
     "replay_planner",
     "solo_from_records",

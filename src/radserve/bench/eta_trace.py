@@ -55,7 +55,7 @@ from radserve.bench.eta_accuracy import (
     group_of,
     planner_check,
 )
-from radserve.bench.eta_planner import DEFAULT, solo_from_records
+from radserve.bench.eta_planner import DEFAULT, divided_records, solo_from_records
 from radserve.bench.load import distinct_copies, template_study
 from radserve.domain.priority import PriorityClass
 from radserve.host import usable_cores
@@ -260,7 +260,7 @@ def run_eta_trace(
             default = (
                 model
                 if shared is None
-                else solo_from_records(records, model, group, shared, cpu_workers)
+                else solo_from_records(divided_records(records, shared, cpu_workers), model, group)
             )
             # older models beside it: the device as separate hardware (radserve plan's
             # default before session 9), shared cores with the times as measured (the

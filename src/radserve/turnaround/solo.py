@@ -293,30 +293,52 @@ def rescaled(
     return out
 
 
-def solo_model(
+@dataclass(frozen=True)
+class Division:
+    """Runs with the sharing they ran under divided out by the mean field: each run's
+    :class:`Slowdown` and solo timings (:func:`solo_timings`). What both the plain and
+    the consistent solo models start from (:func:`model_of`), computed once."""
+
+    runs: Sequence[JobRun]
+    slowdowns: list[Slowdown]
+    timings: list[dict[str, float]]
+
+
+def divide(
     runs: Sequence[JobRun],
     cores: int,
+    *,
+    urgent_holds: bool = True,
+    max_threads: int | None = None,
+) -> Division:
+    """The :class:`Division` of ``runs`` (every job that ran on the host, oldest first)
+    on ``cores`` (see :func:`slowdowns`)."""
+    factors = slowdowns(runs, cores, urgent_holds=urgent_holds, max_threads=max_threads)
+    solo = [solo_timings(run, slow) for run, slow in zip(runs, factors, strict=True)]
+    return Division(runs, factors, solo)
+
+
+def model_of(
+    division: Division,
     *,
     prior: Prior | None = None,
     pipeline: str,
     device: str,
     precision: str,
-    urgent_holds: bool = True,
-    max_threads: int | None = None,
     host: SimConfig | None = None,
 ) -> SoloTimes:
-    """The solo timings of ``runs`` (every job that ran on the host, oldest first; a
-    run's own pipeline and precision, else these) as a model. ``host``: made consistent
-    with that simulated host (:func:`consistent_timings`); None: the mean field alone."""
-    model = SoloTimes(prior)
-    factors = slowdowns(runs, cores, urgent_holds=urgent_holds, max_threads=max_threads)
-    solo = [solo_timings(run, slow) for run, slow in zip(runs, factors, strict=True)]
+    """The solo timings of ``division`` (a run's own pipeline and precision, else these)
+    as a model. ``host``: made consistent with that simulated host
+    (:func:`consistent_timings`); None: the mean field alone."""
+    runs = division.runs
+    solo = list(division.timings)
     if host is not None:
         kept = [j for j, r in enumerate(runs) if r.timings]
         fixed = consistent_timings([runs[j] for j in kept], [solo[j] for j in kept], host)
         for j, timings in zip(kept, fixed, strict=True):
             solo[j] = timings
-    for run, slow, timings in zip(runs, factors, solo, strict=True):
+    model = SoloTimes(prior)
+    for run, slow, timings in zip(runs, division.slowdowns, solo, strict=True):
         if run.slices > 0 and run.timings:
             group = (run.pipeline or pipeline, device, run.precision or precision)
             model.observe(
@@ -329,6 +351,26 @@ def solo_model(
             work = sum(v for k, v in timings.items() if k != RUN)
             model.work.append(SoloWork(run.cls, group, run.slices, work, slow.others))
     return model
+
+
+def solo_model(
+    runs: Sequence[JobRun],
+    cores: int,
+    *,
+    prior: Prior | None = None,
+    pipeline: str,
+    device: str,
+    precision: str,
+    urgent_holds: bool = True,
+    max_threads: int | None = None,
+    host: SimConfig | None = None,
+) -> SoloTimes:
+    """The solo timings of ``runs`` (every job that ran on the host, oldest first) as a
+    model: :func:`model_of` their :func:`divide`."""
+    division = divide(runs, cores, urgent_holds=urgent_holds, max_threads=max_threads)
+    return model_of(
+        division, prior=prior, pipeline=pipeline, device=device, precision=precision, host=host
+    )
 
 
 def runs_from_end_records(records: Iterable[Mapping[str, object]]) -> list[JobRun]:
@@ -358,12 +400,15 @@ def runs_from_end_records(records: Iterable[Mapping[str, object]]) -> list[JobRu
 
 __all__ = [
     "CONSISTENT_ROUNDS",
+    "Division",
     "JobRun",
     "Slowdown",
     "SoloTimes",
     "SoloWork",
     "coarse_service",
     "consistent_timings",
+    "divide",
+    "model_of",
     "rescaled",
     "runs_from_end_records",
     "slowdowns",
