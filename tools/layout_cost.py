@@ -25,6 +25,8 @@ from tests.factories.serve import listening
 from tests.factories.server_process import start_server
 from tests.factories.service import config_file
 
+from radserve.service.metrics import rollup_bytes
+
 SETTLE_S = 5.0  # after the ports answer: the spawned children finish importing
 
 
@@ -40,12 +42,9 @@ def tree(pid: int) -> list[int]:
 
 
 def memory_mib(pid: int) -> dict[str, int]:
-    values = {}
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        key, *rest = line.split()
-        if key in ("Rss:", "Pss:"):
-            values[key[:-1]] = int(rest[0]) // 1024
-    return values
+    """PSS and RSS of ``pid`` in MiB, read as ``/metrics`` reads them
+    (``radserve_process_pss_bytes``); 0 for a process gone meanwhile."""
+    return {field: int((rollup_bytes(pid, field) or 0) // 2**20) for field in ("Pss", "Rss")}
 
 
 def once(readers: int, receivers: int, root: Path) -> str:

@@ -230,7 +230,7 @@ class ProcessesCollector(Collector):
                             family.name, family.documentation, labels=["process"]
                         )
                     merged.add_metric([name], family.samples[0].value)
-                size = _pss_bytes(pid)
+                size = rollup_bytes(pid)
                 if size is not None:
                     pss.add_metric([name], size)
         for gone in set(self._readers) - seen:
@@ -240,12 +240,15 @@ class ProcessesCollector(Collector):
         yield pids
 
 
-def _pss_bytes(pid: int) -> float | None:
-    """``Pss`` of ``/proc/<pid>/smaps_rollup`` in bytes (None: unreadable, not Linux)."""
+def rollup_bytes(pid: int, field: str = "Pss") -> float | None:
+    """``field`` of ``/proc/<pid>/smaps_rollup`` in bytes: ``Pss`` (what
+    ``radserve_process_pss_bytes`` reports), ``Rss``, ... (None: unreadable, not Linux).
+    The one reader of that file (``tools/layout_cost.py`` uses it too)."""
+    prefix = f"{field}:".encode()
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as rollup:
             for line in rollup:
-                if line.startswith(b"Pss:"):
+                if line.startswith(prefix):
                     return float(line.split()[1]) * 1024
     except OSError:
         return None
@@ -367,4 +370,4 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-__all__ = ["CONTENT_TYPE", "Metrics", "ProcessesCollector", "SenderCollector"]
+__all__ = ["CONTENT_TYPE", "Metrics", "ProcessesCollector", "SenderCollector", "rollup_bytes"]
