@@ -4,6 +4,7 @@ pynetdicom associations. Studies are a dozen slices of a small phantom."""
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from radserve.gateway.conformance import (
     SCP_TRANSFER_SYNTAXES,
     Status,
 )
+from radserve.ingest.rules import uid_problem
 
 pytestmark = [
     pytest.mark.tools,
@@ -181,6 +183,41 @@ def test_disk_below_reserve_answers_out_of_resources(tmp_path: Path, intake: Int
         assert not any(server.instances.incoming.iterdir())
         server.instances.min_free_bytes = 0  # space freed: the sender's retry succeeds
         assert _pynetdicom_store(server.address, files, CTImageStorage) == [0, 0]
+
+
+def _error_comment(storescu_debug: str) -> str:
+    """The Error Comment (0000,0902) storescu -d printed for the store response."""
+    found = re.search(r"\(0000,0902\) LO \[(.*)\]", storescu_debug)
+    assert found is not None, storescu_debug[-2000:]
+    return found.group(1)
+
+
+@pytest.mark.filterwarnings("ignore:.*VR UI:UserWarning")  # the invalid UID, on purpose
+def test_a_refused_instance_answers_radserve_s_code_and_reason(
+    tmp_path: Path, intake: Intake
+) -> None:
+    """storescu reads radserve's error code and reason in a failure's Error Comment,
+    ``<code>: <reason>`` in LO's 64 characters, the code and words a failed STOW-RS item
+    carries; the rule's words, never the offending value."""
+    files = small_study(tmp_path / "sent", slices=range(10, 11))
+    ds = pydicom.dcmread(files[0])
+    bad = "1.2.826.0.abc.1"
+    ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = bad
+    ds.save_as(files[0], enforce_file_format=True)
+    reason = uid_problem(bad, "SOP Instance UID")
+    assert reason is not None
+    with GatewaySCP(loopback_scp_config(tmp_path / "gw", QUIET_S), intake) as server:
+        run = storescu(*server.address, files, extra=["-d"])
+    assert run.returncode != 0 and "0xc000" in run.stdout + run.stderr
+    comment = _error_comment(run.stdout + run.stderr)
+    assert comment == f"instance_invalid: {reason}"[:64] and "abc" not in comment
+    # disk below the reserve: 0xA700, out_of_resources and the reason
+    config = loopback_scp_config(tmp_path / "full", QUIET_S, min_free_bytes=1 << 62, receivers=1)
+    good = small_study(tmp_path / "good", slices=range(10, 11))
+    with GatewaySCP(config, intake) as server:
+        run = storescu(*server.address, good, extra=["-d"])
+    assert "0xa700" in run.stdout + run.stderr
+    assert _error_comment(run.stdout + run.stderr).startswith("out_of_resources: ")
 
 
 @pytest.mark.slow

@@ -83,7 +83,7 @@ def test_an_invalid_uid_is_refused_at_every_door_with_one_reason(tmp_path: Path,
     # C-STORE: the SCP checks the received data set's UIDs before storing it
     with pytest.raises(InstanceRejectedError) as refused:
         check_uid(value, what)
-    assert refused.value.message == reason
+    assert (refused.value.message, refused.value.code) == (reason, error.code)
 
 
 def test_big_endian_is_refused_at_every_door_with_one_reason(tmp_path: Path) -> None:

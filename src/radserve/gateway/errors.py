@@ -26,7 +26,8 @@ class InstanceRejectedError(GatewayError):
     """A received instance cannot be filed (no or malformed UIDs); the SCP answers a
     failure status so the sender knows it was not stored."""
 
-    code = "instance_rejected"
+    # the code STOW-RS and ingest give the same rule (radserve.ingest.rules): one answer
+    code = "instance_invalid"
 
 
 class OutOfResourcesError(GatewayError):

@@ -170,11 +170,17 @@ def _register_storage(uid: str) -> bool:
         return True
 
 
-def _status(code: int, comment: str | None = None) -> Dataset:
+def _status(code: int, reason: str = "", error_code: str = "") -> Dataset:
+    """A C-STORE response status. A failure's Error Comment (0000,0902) carries radserve's
+    error code and reason, ``<error code>: <reason>`` cut to LO's 64 characters, as a
+    failed STOW-RS item carries them in (0009,1001)/(0009,1002): the same answer at either
+    door. Reasons are radserve's own words (rules, sizes, errno names), never a value of
+    the instance, so no patient data reaches the sender's log."""
     status = Dataset()
     status.Status = code
+    comment = ": ".join(part for part in (error_code, reason) if part)
     if comment:
-        status.ErrorComment = comment[:64]
+        status.ErrorComment = comment.replace("\\", "/")[:64]  # LO: no backslash
     return status
 
 
@@ -486,7 +492,7 @@ class GatewaySCP:
         except (OutOfResourcesError, InstanceRejectedError, InputTooLargeError) as exc:
             if not isinstance(exc, OutOfResourcesError):
                 logger.warning("instance from %s refused: %s", calling, exc.message)
-            return _status(error_table.lookup(exc).dicom, exc.message)
+            return _status(error_table.lookup(exc).dicom, exc.message, exc.code)
         except Exception as exc:  # a failure, never a success that loses the instance
             # no traceback: parser messages may quote element values (patient data)
             logger.error("instance from %s not stored: %s", calling, type(exc).__name__)

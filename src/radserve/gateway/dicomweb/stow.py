@@ -330,7 +330,7 @@ def check_part(
             number,
             failure=FailureReason.CANNOT_UNDERSTAND,
             reason=exc.message,
-            code="instance_invalid",
+            code=exc.code,
         )
     except UnreadableHeaderError as exc:
         return InstanceOutcome(
