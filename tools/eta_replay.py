@@ -4,7 +4,8 @@ the allowance, the bias correction, the drain rate and the service-time model (r
 from the recorded ends: window, recency half-life, latency lanes), the walk's options
 (a running job's share left, the running jobs ranked behind) and the arrival rates
 counted again (session 11), the shares of the jobs ahead per class
-(session 13), the later arrivals that run beside a job (session 14), errors over the
+(session 13), the later arrivals that run beside a job (session 14), an online
+calibration by the finished jobs' actual / predicted times (session 16), errors over the
 measured jobs only; ``--variant NAME`` (repeatable) replays only those. Several files: one row
 per file and variant, then the median over the files at submission and halfway.
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from radserve.bench.eta_accuracy import arrivals_before, read_summary
+from radserve.turnaround.bias import KEYS, LEARN, STATISTICS
 from radserve.turnaround.rates import ArrivalRates
 from radserve.turnaround.replay import Refit, Variant, errors, replay
 
@@ -38,10 +40,24 @@ def _server(
     walk: tuple[tuple[str, Any], ...] = SESSION_11_WALK,
     refit: Refit | None = None,
     beside: str = "",
+    calibration: tuple[tuple[str, Any], ...] | None = None,
+    present: tuple[str, tuple[tuple[str, Any], ...]] = ("", ()),
 ) -> Variant:
     """The server's walk since session 11 (rates since the first arrival) with ``walk``'s
-    options, the model refitted by ``refit``, and the allowance beside (``beside``)."""
-    return Variant(drain=False, capacity=walk, rates=ArrivalRates(), refit=refit, beside=beside)
+    options, the model refitted by ``refit``, the allowance beside (``beside``), the
+    online bias correction's ``calibration`` (None: off) and the present work's
+    (``present``: scope and rule)."""
+    return Variant(
+        drain=False,
+        capacity=walk,
+        rates=ArrivalRates(),
+        refit=refit,
+        beside=beside,
+        bias="off" if calibration is None else "class",
+        calibration=calibration or (),
+        present=present[0],
+        present_rule=present[1],
+    )
 
 
 VARIANTS = {
@@ -167,6 +183,29 @@ VARIANTS = {
             refit=PER_CLASS,
         )
         for pool in (15.0, 30.0, 60.0)
+    },
+    # session 16: an online multiplicative calibration of the server's walk, learned from
+    # the finished jobs' actual / predicted time to finish (radserve.turnaround.bias:
+    # keyed by class, one for all, queue-depth band, class and depth band, or band of the
+    # predicted time to finish; learned from each job's first reading or its first under
+    # each key; median or mean of the log-ratios), and the present work's shares scaled
+    # by the finished jobs' actual / estimated share (the running jobs', or every job's)
+    **{
+        f"session 16, bias {by} {learn} {statistic}": _server(
+            calibration=(("by", by), ("learn", learn), ("statistic", statistic))
+        )
+        for by in KEYS
+        for learn in LEARN
+        for statistic in STATISTICS
+        if learn == "first" or by not in ("class", "all")  # one key per job: the same
+    },
+    **{
+        f"session 16, present {scope} {by} {statistic}": _server(
+            present=(scope, (("by", by), ("statistic", statistic)))
+        )
+        for scope in ("running", "all")
+        for by in ("class", "all")
+        for statistic in STATISTICS
     },
 }
 

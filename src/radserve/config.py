@@ -780,7 +780,9 @@ class TurnaroundSettings(_Section):
     # recent finished jobs (radserve.turnaround.bias); 0 (default): no correction. Off
     # since 2026-12-02: replayed on three recorded traces it made the halfway ETAs of
     # jobs queued behind >= 3 others 2-3x worse and helped at submission in one of three
-    # (README, issue 17)
+    # (README, issue 17); session 16: on the twelve kept traces no keying of it (class,
+    # depth, horizon; median or mean; minimum counts) lowered the median error
+    # (docs/history/turnaround.md)
     bias_window_jobs: int = Field(default=0, ge=0, le=1000)
     # the service-time model: the last this many succeeded jobs per step, each weighted
     # by recency (a job half_life_jobs old counts half; 0: all alike), and the job's

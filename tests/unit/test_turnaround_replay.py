@@ -244,3 +244,26 @@ def test_shares_per_class_give_each_queued_job_its_own_classs_share_once_learned
     assert firsts(0) == pytest.approx({"i9": 102.0, "o9": 104.0})
     assert firsts(2) == pytest.approx({"i9": 101.0, "o9": 104.0})
     assert firsts(3) == firsts(0)
+
+
+def test_the_present_work_correction_scales_shares_by_what_finished_jobs_really_took() -> None:
+    """Session 16's replay variant: a finished job that took twice its estimated share
+    of the wall time scales the shares of the running jobs (``running``) or of every job
+    (``all``) by its learned factor (one job, shrunk: 2 ** (1 / 4))."""
+    shared = JobEstimate(6.0, 4.0, 2.0, 0.0, "fitted", share_s=5.0)
+    capacity = Capacity(max_running=4)
+    running = Entry("b", 2, True, 1000.0, 30.0, shared, share_so_far=0.0)
+    queued = Entry("c", 2, False, 1000.0, None, shared)
+    records = [
+        walk_record(0.0, [Entry("a", 2, False, 1000.0, None, shared)], capacity),
+        {**_end("a", 10.0), "share": 10.0},
+        walk_record(30.0, [running, queued], capacity),
+    ]
+    factor = 2 ** (1 / 4)
+    off = {j.job_id: j.first for j in replay(records, Variant())}
+    assert (off["b"], off["c"]) == (35.0, 40.0)  # each share after the one ahead
+    on_running = {j.job_id: j.first for j in replay(records, Variant(present="running"))}
+    assert on_running["b"] == pytest.approx(30.0 + 5.0 * factor)
+    assert on_running["c"] == pytest.approx(on_running["b"] + 5.0)
+    on_all = {j.job_id: j.first for j in replay(records, Variant(present="all"))}
+    assert on_all["c"] == pytest.approx(30.0 + 10.0 * factor)

@@ -177,7 +177,6 @@ class Turnaround:
         self._risk = RiskTracker(t.risk_margin_s, t.risk_clear_s)  # under the lock
         self._shares = ShareMeter(urgent_holds=scheduler.config.urgent_exclusive)  # lock
         self.bias = BiasCorrection(window=t.bias_window_jobs)
-        self._first: dict[str, tuple[float, float]] = {}  # job -> (walked at, raw finish)
         self.last_compute_s = 0.0
         self.computed_at: float | None = None
         # a benchmark's recorder (radserve bench --scenario eta): every walk's inputs and
@@ -347,10 +346,7 @@ class Turnaround:
                 learned = share if self.settings.throughput == "shares" else None
                 self._observe(record, size, event.timings, learned)
         with self._lock:
-            first = self._first.pop(event.job_id, None)
-            if first is not None and event.state is JobState.SUCCEEDED:
-                walked_at, predicted = first
-                self.bias.observe(event.cls.rank, predicted - walked_at, event.at - walked_at)
+            self.bias.finished(event.job_id, event.at, event.state is JobState.SUCCEEDED)
             self._records.pop(event.job_id, None)
             self._sizes.pop(event.job_id, None)
             self._etas.pop(event.job_id, None)
@@ -417,23 +413,27 @@ class Turnaround:
         return etas
 
     def _corrected(self, eta: Eta, cls: int, now: float) -> Eta:
-        """``eta`` scaled by its class's learned bias; its first (raw) walk is kept to
-        learn from when the job finishes. Called under the lock."""
-        self._first.setdefault(eta.job_id, (now, eta.finish))
-        if self.bias.factor(cls) == 1.0:
+        """``eta`` scaled by its class's learned bias; its raw walk is kept to learn
+        from when the job finishes. Called under the lock."""
+        key = self.bias.key(cls, eta.position, eta.finish - now)
+        self.bias.reading(eta.job_id, key, now, eta.finish)
+        if self.bias.factor(key) == 1.0:
             return eta
         return dataclasses.replace(
             eta,
-            start=eta.start if eta.start <= now else self.bias.correct(cls, now, eta.start),
-            finish=self.bias.correct(cls, now, eta.finish),
-            finish_late=self.bias.correct(cls, now, eta.finish_late),
+            start=eta.start if eta.start <= now else self.bias.correct(key, now, eta.start),
+            finish=self.bias.correct(key, now, eta.finish),
+            finish_late=self.bias.correct(key, now, eta.finish_late),
         )
 
     def bias_view(self) -> dict[str, dict[str, float | int]]:
         """Per class: jobs the bias was learned from and the factor applied now."""
         with self._lock:
             seen = self.bias.describe()
-        return {cls.value: seen.get(cls.rank, {"jobs": 0, "factor": 1.0}) for cls in PriorityClass}
+        return {
+            cls.value: seen.get(self.bias.label(cls.rank), {"jobs": 0, "factor": 1.0})
+            for cls in PriorityClass
+        }
 
     def _capacity(self, now: float) -> Capacity:
         """The capacity with each class's arrival rate over the last hour, or since the

@@ -131,8 +131,12 @@ class Variant:
     (``allowance``), and the online bias correction (``bias``: ``off``; ``class``, the
     server's, one factor per class; ``queued``, the class factor applied to queued jobs
     only, as it was learned from queued jobs; ``depth``, one factor per class and queue
-    depth at the walk, :class:`radserve.turnaround.bias.BiasCorrection` keyed by both),
-    and the
+    depth at the walk, :class:`radserve.turnaround.bias.BiasCorrection` keyed by both;
+    ``calibration``: other fields of it, as (name, value) pairs, session 16), the
+    present work's shares scaled by their own learned bias (``present``, session 16:
+    ``running``, the running jobs' shares; ``all``, every entry's; each finished job
+    teaches actual share / its first estimate, ``present_rule`` the
+    :class:`BiasCorrection` fields), and the
     measured drain rate (``drain``: True, learned from the recorded walks and ends as
     the server learns it, :class:`radserve.turnaround.drain.DrainMeter`; False, the
     model's alone; None, as recorded)."""
@@ -140,6 +144,9 @@ class Variant:
     allowance: bool = True
     bias: str = "off"  # the server's default (turnaround.bias_window_jobs 0)
     window: int = 20
+    calibration: tuple[tuple[str, Any], ...] = ()
+    present: str = ""  # "", "running" or "all"
+    present_rule: tuple[tuple[str, Any], ...] = ()
     drain: bool | None = None
     refit: Refit | None = None
     # the walk's options changed from those recorded (Capacity fields: share_left,
@@ -359,11 +366,6 @@ def _job_facts(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, int], di
     return classes, slices
 
 
-def _depth(position: int) -> int:
-    """Queue-depth bucket for the ``depth`` bias: 0, 1-2, 3-6, 7+ jobs ahead."""
-    return 0 if position == 0 else 1 if position <= 2 else 2 if position <= 6 else 3
-
-
 class _Recounted:
     """The allowance's arrival rates counted again (:attr:`Variant.rates`): every job
     arrives at its first walk (the server walks at once on a submission)."""
@@ -394,6 +396,46 @@ class _Recounted:
         return dataclasses.replace(capacity, arrivals=tuple(arrivals))
 
 
+def _bias_of(variant: Variant) -> BiasCorrection:
+    """The variant's bias correction (window 0: off)."""
+    rule = {"by": "class-depth"} if variant.bias == "depth" else {}
+    rule |= dict(variant.calibration)
+    return BiasCorrection(window=variant.window if variant.bias != "off" else 0, **rule)
+
+
+class _Present:
+    """The present work's shares scaled by their learned bias (:attr:`Variant.present`):
+    each finished job teaches actual share / the share estimated at its first walk."""
+
+    def __init__(
+        self, variant: Variant, records: Sequence[Mapping[str, Any]], exclusive: bool
+    ) -> None:
+        self.scope = variant.present
+        self.bias = BiasCorrection(**dict(variant.present_rule))
+        self.actual = shares_of(records, exclusive)
+        self.first: dict[str, tuple[int, float]] = {}  # job -> (key, estimated share)
+
+    def scaled(self, entries: list[Entry]) -> list[Entry]:
+        out = []
+        for e in entries:
+            share = e.estimate.share_s
+            if share is None:
+                out.append(e)
+                continue
+            key = self.bias.key(e.cls, 0, share)
+            self.first.setdefault(e.job_id, (key, share))
+            if e.running or self.scope == "all":
+                scaled = self.bias.factor(key) * share
+                e = dataclasses.replace(e, estimate=dataclasses.replace(e.estimate, share_s=scaled))
+            out.append(e)
+        return out
+
+    def finished(self, job_id: str, state: str) -> None:
+        first = self.first.pop(job_id, None)
+        if first is not None and state == "succeeded" and job_id in self.actual:
+            self.bias.observe(first[0], first[1], self.actual[job_id])
+
+
 def replay(
     records: Iterable[Mapping[str, Any]],
     variant: Variant = Variant(),
@@ -408,29 +450,28 @@ def replay(
     records = sorted(records, key=lambda r: (r["at"], r["kind"] != "end"))
     recount = None if variant.rates is None else _Recounted(variant.rates, before)
     refit = None if variant.refit is None else _Refitted(variant.refit, base, records)
-    bias = BiasCorrection(window=variant.window if variant.bias != "off" else 0)
-    meter = DrainMeter()
     walks = [r for r in records if r["kind"] == "walk"]
     exclusive = bool(walks[0]["capacity"]["urgent_exclusive"]) if walks else True
+    bias = _bias_of(variant)
+    present = _Present(variant, records, exclusive) if variant.present else None
+    meter = DrainMeter()
     so_far = SharesSoFar(records, exclusive, variant.beside or "start")
     saturated = False
     work: dict[str, float] = {}  # job -> its model work as the walk counts it
     jobs: dict[str, Replayed] = {}
-    learn: dict[str, tuple[int, float, float]] = {}  # job -> (key, walked at, raw finish)
     for record in records:
         if record["kind"] == "end":
             if refit is not None:
                 refit.observe(record)
+            if present is not None:
+                present.finished(str(record["job"]), str(record["state"]))
             job = jobs.get(record["job"])
             if job is None:
                 continue
             job.end, job.state = float(record["at"]), str(record["state"])
             if job.state == "succeeded" and job.job_id in work:
                 meter.completed(job.end, work[job.job_id], saturated)
-            first = learn.pop(job.job_id, None)
-            if first is not None and job.state == "succeeded":
-                key, walked_at, raw = first
-                bias.observe(key, raw - walked_at, job.end - walked_at)
+            bias.finished(job.job_id, job.end, job.state == "succeeded")
             continue
         now, entries, capacity = walk_inputs(record)
         entries = so_far.fill(entries, now)
@@ -442,6 +483,8 @@ def replay(
             capacity = dataclasses.replace(capacity, beside_s=so_far.beside.mean_s() or 0.0)
         if refit is not None:
             entries, capacity = refit.estimated(entries, capacity)
+        if present is not None:
+            entries = present.scaled(entries)
         if not variant.allowance:
             capacity = dataclasses.replace(capacity, arrivals=())
         saturated = any(not e.running for e in entries)
@@ -452,11 +495,11 @@ def replay(
             drain = meter.factor() if variant.drain else 1.0
             capacity = dataclasses.replace(capacity, drain=drain)
         for eta, entry in zip(walk(entries, now, capacity), entries, strict=True):
-            key = entry.cls if variant.bias != "depth" else entry.cls * 10 + _depth(eta.position)
-            learn.setdefault(eta.job_id, (key, now, eta.finish))
+            key = bias.key(entry.cls, eta.position, eta.finish - now)
+            bias.reading(eta.job_id, key, now, eta.finish)
             finish = eta.finish
             if variant.bias != "queued" or not entry.running:
-                finish = bias.correct(learn[eta.job_id][0], now, eta.finish)
+                finish = bias.correct(key, now, eta.finish)
             job = jobs.get(eta.job_id)
             if job is None:
                 job = jobs[eta.job_id] = Replayed(eta.job_id, entry.cls, now, eta.position, finish)
