@@ -27,12 +27,13 @@ PORT ?= 8000
 demo-serve: install
 	$(BIN)/radserve demo --out out/demo --serve --port $(PORT)
 
-## Install what the tests need and run lint (ruff, import layers) + the test suite.
+## Install what the tests need and run lint (ruff, import layers) + the test suite (its
+## log ends with the 30 slowest test phases: where CI time goes).
 test: install-test
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 bench: install-test
 	$(BIN)/radserve bench --json out/bench.json
