@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +15,14 @@ from tests.factories.dicom_series import make_ct_series, write_not_dicom
 from tests.factories.results import lesions_hu
 
 
-def _radserve(*args: str) -> subprocess.CompletedProcess[str]:
+def _radserve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", "from radserve.cli import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+        env=env,
     )
 
 
@@ -90,3 +93,42 @@ def test_provider_choice_reaches_the_report_and_a_missing_one_is_refused(
     assert done.returncode == 2
     assert "CUDAExecutionProvider" in done.stderr and "were asked for" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _damaged_jpeg_lossless(folder: Path) -> None:
+    """A CT whose JPEG Lossless fragments are a marker and random bytes: GDCM's libjpeg
+    prints "Bogus marker length" on its process's stderr (tools/edge_probe.py's
+    garbage_fragments_1.2.840.10008.1.2.4.70)."""
+    import pydicom
+    from pydicom.encaps import encapsulate
+
+    for k, path in enumerate(make_ct_series(folder, n_slices=4)):
+        ds = pydicom.dcmread(path)
+        ds.PixelData = encapsulate([b"\xff\xd8\xff\xc3" + random.Random(k).randbytes(600)])
+        ds["PixelData"].VR = "OB"
+        ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.4.70"
+        ds.save_as(path)
+
+
+def test_decoders_stderr_is_logged_as_json_lines_and_its_fifo_removed(
+    bundles, tmp_path: Path
+) -> None:
+    """What the decoding processes' native code prints reaches ``radserve run``'s log
+    through the relay ``radserve serve`` uses (log_routing.WorkerLogs), as JSON lines with
+    --json-logs; the run stops the processes when done, so the relay's FIFO folder is
+    not left in $TMPDIR (every such run left one before 2026-12-03)."""
+    models, pipeline = bundles
+    _damaged_jpeg_lossless(tmp_path / "study")
+    (tmp_path / "tmp").mkdir()
+    done = _radserve(
+        "run", str(tmp_path / "study"), "--pipeline", str(pipeline), "--out", str(tmp_path / "o"),
+        "--models-dir", str(models), "--json-logs",
+        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
+    )  # fmt: skip
+    assert done.returncode == 2 and "error [decode_failed]" in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines if not line.startswith("error [")]
+    assert len(records) == len(lines) - 1, done.stderr  # nothing else: no plain line
+    native = [r for r in records if r["logger"] == "radserve.native_stderr"]
+    assert any("Bogus marker length" in r["msg"] for r in native), records
+    assert list((tmp_path / "tmp").iterdir()) == []

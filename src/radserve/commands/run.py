@@ -10,6 +10,7 @@ settings; ``--ingest NAME=VALUE`` sets one ingest choice, as the ingest errors s
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,12 @@ def _parse_ingest(
     help="JPEG 2000: start the organ model while the later slices still decode (same "
     "labels; --no-stream-decode decodes the whole stack first).",
 )
+@click.option(
+    "--json-logs",
+    is_flag=True,
+    help="Log records on stderr as JSON lines, as radserve serve writes them (warnings, "
+    "what the decoding processes' native code printed), instead of plain text.",
+)
 def command(
     study: tuple[Path, ...],
     out_dir: Path,
@@ -114,10 +121,12 @@ def command(
     dicom: bool,
     sc_key_images: bool | None,
     stream_decode: bool,
+    json_logs: bool,
 ) -> None:
     """Run a study (folder, zip or DICOM files) through a pipeline; write the report to OUT."""
     from radserve.config import load_settings
     from radserve.inference import choose_runtime
+    from radserve.ingest.decode import shutdown_decode_workers
     from radserve.ingest.policy import IngestPolicy
     from radserve.models.registry import ModelRegistry, bundled_model_dir
     from radserve.pipeline import SessionPool
@@ -136,19 +145,31 @@ def command(
     runtime = choose_runtime(
         prefer=settings.runtime.providers or None, threads=settings.runtime.threads
     )
-    with RichProgress(console) as progress:
-        result = run_study(
-            sources,
-            pipeline=pipeline,
-            out_dir=out_dir,
-            registry=ModelRegistry([*models_dir, *settings.models.dirs, bundled_model_dir()]),
-            sessions=SessionPool(runtime),
-            precision=settings.models.precision,
-            policy=IngestPolicy.from_settings(settings.ingest),
-            progress=progress,
-            key_images=not no_key_images,
-            stream_decode=stream_decode,
-        )
+    if json_logs:
+        from radserve.security.logs import configure_logging
+
+        configure_logging(logging.getLogger().level, json_lines=True)
+    try:
+        with RichProgress(console) as progress:
+            result = run_study(
+                sources,
+                pipeline=pipeline,
+                out_dir=out_dir,
+                registry=ModelRegistry([*models_dir, *settings.models.dirs, bundled_model_dir()]),
+                sessions=SessionPool(runtime),
+                precision=settings.models.precision,
+                policy=IngestPolicy.from_settings(settings.ingest),
+                progress=progress,
+                key_images=not no_key_images,
+                stream_decode=stream_decode,
+            )
+    finally:
+        # as the server at its stop: the decoding processes' stderr is read by a thread of
+        # this process (log_routing.WorkerLogs), which logs what is left and removes its
+        # FIFO only when they stop; left to exit, the FIFO's folder stayed in $TMPDIR. Not
+        # helpers=True: the fork server and resource tracker end with this process, and
+        # stopping the tracker first made it report the pool's semaphores as leaked
+        shutdown_decode_workers()
     for table in summary_tables(result.report):
         console.print(table)
     if dicom:
