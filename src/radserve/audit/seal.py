@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from radserve.audit.chain import AuditKey, AuditProblem, AuditRecord, VerifyReport, canonical_json
 from radserve.errors import RadserveError
+from radserve.loop_failures import LoopFailures
 
 if TYPE_CHECKING:
     from radserve.config import Settings
@@ -339,6 +340,8 @@ class AuditSeal:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
+        # a database outage fails every round: logged once, then rarely
+        self._failures = LoopFailures(logger, "audit checkpoint")
         self._thread: threading.Thread | None = None
 
     def appended(self, records: Iterable[AuditRecord]) -> None:
@@ -402,7 +405,9 @@ class AuditSeal:
         except OSError as exc:
             logger.error("cannot write the audit checkpoint %s: %s", self.checkpoints.path, exc)
         except RadserveError as exc:  # the database is away: the next round checkpoints
-            logger.error("cannot read the audit chain for its checkpoint (%s)", exc.code)
+            self._failures.failed(exc)
+        else:
+            self._failures.succeeded()
 
 
 __all__ = [

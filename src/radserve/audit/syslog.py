@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 from radserve import durable
 from radserve.audit.atna import dicom_audit_message, fhir_audit_event
 from radserve.audit.chain import GENESIS_HASH, AuditKey, AuditRecord
+from radserve.loop_failures import LoopFailures
 
 if TYPE_CHECKING:
     from radserve.audit.seal import Checkpoint
@@ -285,6 +286,7 @@ class SyslogExporter:
 
     def _run(self) -> None:
         backoff = self.settings.retry_first_s
+        failures = LoopFailures(logger, "audit export")
         while not self._stop.is_set():
             try:
                 self.deliver()
@@ -304,10 +306,11 @@ class SyslogExporter:
             except ChainBrokenError:  # logged and alerted once per broken record
                 self._stop.wait(self.settings.poll_s)
                 continue
-            except Exception:
-                logger.exception("audit export failed")
+            except Exception as exc:  # the database away: the chain cannot be read
+                failures.failed(exc)
                 self._stop.wait(backoff)
                 continue
+            failures.succeeded()
             if self.down_since is not None:
                 logger.warning("audit collector reachable again; queued records sent")
                 self.down_since = None

@@ -43,6 +43,7 @@ from typing import Any, Protocol
 
 from radserve import durable
 from radserve.gateway.storage import study_instances
+from radserve.loop_failures import LoopFailures
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +148,8 @@ class StudyTracker:
         self._open: dict[str, _Open] = {}
         self._done: dict[str, _Done] = {}
         self._poll_lock = threading.Lock()
+        # hand-overs refused while the database is away: logged once, then rarely
+        self._outages = LoopFailures(logger, "handing received studies to intake")
 
     def arrived(
         self,
@@ -248,10 +251,14 @@ class StudyTracker:
                 study = self._completed(uid, entry)
                 try:
                     self._on_complete(study)
-                except Exception:
-                    logger.exception("intake failed for study %s; will retry", uid)
+                except Exception as exc:
+                    if getattr(exc, "outage", False):  # the database away: every study fails
+                        self._outages.failed(exc)
+                    else:
+                        logger.exception("intake failed for study %s; will retry", uid)
                     self._reopen(uid, entry, now)
                     continue
+                self._outages.succeeded()
                 _write_marker(entry.folder, study.generation, len(study.instances))
                 _remove(entry.folder / INTERRUPTED_MARKER)
                 with self._lock:

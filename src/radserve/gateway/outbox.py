@@ -31,6 +31,7 @@ from radserve.gateway.config import Destination
 from radserve.gateway.errors import GatewayConfigError, GatewayError
 from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult
 from radserve.ingest.headers import UnreadableHeaderError, read_header
+from radserve.loop_failures import LoopFailures
 from radserve.store.lane_lock import LaneHold, LaneLock, lane_lock
 from radserve.store.outbox import (
     NewDelivery,
@@ -356,16 +357,20 @@ class OutboxWorker:
         self._wake.set()
 
     def _run(self) -> None:
+        failures = LoopFailures(logger, f"outbox delivery ({self._thread.name})")
         while not self._stop.is_set():
             self._wake.clear()
             try:
                 report = self.outbox.deliver_pending(self._clock())
                 if report.claimed == self.outbox.batch_size:
+                    failures.succeeded()
                     continue  # more may be due right now
                 wait = self._seconds_to_next_due()
-            except Exception:  # database briefly unavailable: try again later
-                logger.exception("outbox delivery failed")
+            except Exception as exc:  # database briefly unavailable: try again later
+                failures.failed(exc)
                 wait = self.interval_s
+            else:
+                failures.succeeded()
             self._wake.wait(wait)
 
     def _seconds_to_next_due(self) -> float:

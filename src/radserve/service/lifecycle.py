@@ -50,6 +50,7 @@ from radserve.lifecycle.guardrails import VersionRecord, breach
 from radserve.lifecycle.install import InstalledBundle, install_bundle, verify_install
 from radserve.lifecycle.pending import FairPending
 from radserve.lifecycle.requirements import host_facts, unmet_requirements
+from radserve.loop_failures import LoopFailures
 from radserve.scheduling import Scheduler
 from radserve.service.catalog import Catalog, ResolvedPipeline
 from radserve.service.failover import COMPARISONS_DIR
@@ -131,11 +132,14 @@ class ModelLifecycle:
             thread.join(timeout=30)
 
     def _watch(self) -> None:
+        failures = LoopFailures(logger, "reading model deployments")
         while not self._stop.wait(self.config.poll_s):
             try:
                 self.refresh()
-            except Exception:  # the next poll tries again; serving goes on unchanged
-                logger.exception("reading model deployments failed")
+            except Exception as exc:  # the next poll tries again; serving goes on unchanged
+                failures.failed(exc)
+            else:
+                failures.succeeded()
 
     # --- state ------------------------------------------------------------------------
     def active(self) -> dict[str, StepDeployment]:

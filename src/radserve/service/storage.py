@@ -26,6 +26,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from radserve.loop_failures import LoopFailures
+
 logger = logging.getLogger(__name__)
 
 PROBE_DIR = ".probe"
@@ -107,12 +109,15 @@ class StorageProbe:
             logger.warning("storage: the data folder is writable again after %.1f s", held)
 
     def _run(self) -> None:
+        failures = LoopFailures(logger, "storage: probe and reconcile")
         while not self._stop.is_set():
             try:
                 if self.probe() is None and self.on_healthy is not None:
                     self.on_healthy()
-            except Exception:  # the prober must outlive any one probe
-                logger.exception("storage: probe failed")
+            except Exception as exc:  # the prober must outlive any one probe
+                failures.failed(exc)
+            else:
+                failures.succeeded()
             self._stop.wait(self.interval_s)
 
 

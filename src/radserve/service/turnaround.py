@@ -67,6 +67,7 @@ from radserve.audit.events import Action
 from radserve.audit.syslog import NOTICE, WARNING, SyslogClient, SyslogEndpoint, frame, rfc5424
 from radserve.config import RiskSyslogSettings, Settings
 from radserve.host import usable_cores
+from radserve.loop_failures import LoopFailures
 from radserve.scheduling import DeadlineMiss, JobEvent, JobState, PriorityClass, Scheduler
 from radserve.service.job_view import JobEta
 from radserve.service.metrics import Metrics
@@ -279,6 +280,7 @@ class Turnaround:
 
     def _run(self) -> None:
         interval = self.settings.recompute_interval_s
+        failures = LoopFailures(logger, "ETA recomputation")
         while not self._stop.is_set():
             self._dirty.wait(_REFRESH_S)
             if self._stop.is_set():
@@ -286,8 +288,10 @@ class Turnaround:
             self._dirty.clear()
             try:
                 self.recompute()
-            except Exception:  # an ETA bug must not stop the server
-                logger.exception("ETA recomputation failed")
+            except Exception as exc:  # an ETA bug (or the database away) must not stop it
+                failures.failed(exc)
+            else:
+                failures.succeeded()
             self._stop.wait(interval)
 
     # --- learning ---------------------------------------------------------------------

@@ -36,6 +36,9 @@ from enum import StrEnum
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
+from radserve.loop_failures import LoopFailures
+from radserve.store.errors import DatabaseUnavailableError
+
 logger = logging.getLogger(__name__)
 
 # The server side of a lock's connection drops a peer that stopped answering after
@@ -86,6 +89,8 @@ class LaneLock:
         )
         self._connection: Connection | None = None
         self._lock = threading.Lock()
+        # connecting fails every poll while the database is away: logged once, then rarely
+        self._connecting = LoopFailures(logger, f"outbox: the {kind} lane lock of {destination}")
 
     @property
     def held(self) -> bool:
@@ -111,13 +116,10 @@ class LaneLock:
             try:
                 connection = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
             except Exception as exc:
-                logger.warning(
-                    "outbox: no connection for the %s lane lock of %s (%s)",
-                    self.kind,
-                    self.destination,
-                    type(exc).__name__,
-                )
+                why = f"no connection for the lock ({type(exc).__name__})"
+                self._connecting.failed(DatabaseUnavailableError(why))
                 return LaneHold.ELSEWHERE
+            self._connecting.succeeded()
             try:
                 for setting, value in KEEPALIVES.items():
                     connection.execute(text(f"SET {setting} = {int(value)}"))
