@@ -20,6 +20,7 @@ from radserve.scheduling import (
     execute,
     run_serial,
 )
+from radserve.store import LeaseLostError
 from radserve.store.errors import DatabaseUnavailableError
 
 URG, INP, OUT = PriorityClass.URGENT, PriorityClass.INPATIENT, PriorityClass.OUTPATIENT
@@ -272,3 +273,25 @@ def test_cancel_waiting_job_is_immediate() -> None:
     assert _state(hooks, "j") == (JobState.CANCELLED, "job_cancelled")
     assert not scheduler.cancel("j") and not scheduler.cancel("unknown")
     assert scheduler.idle and scheduler.snapshot().deadline_misses[OUT] == 0
+
+
+# --- a held scheduler (its server cannot prove its job leases) -----------------------------
+def test_a_held_scheduler_hands_out_nothing_until_released() -> None:
+    hooks = RecordingHooks()
+    scheduler = Scheduler(SchedulerSettings(), clock=FakeClock(), hooks=hooks)
+    session = FakeSession()
+    for name in ("kept", "lost"):
+        scheduler.submit(JobRequest(name, fake_work(session, 2), OUT))
+    first = scheduler.next_cpu_dispatch()
+    assert first is not None  # a unit handed out before the hold runs to its end
+    scheduler.hold("the job leases could not be renewed")
+    assert scheduler.next_cpu_dispatch() is None and scheduler.next_dispatch("gpu0") is None
+    scheduler.complete(first, execute(first))
+    assert scheduler.next_cpu_dispatch() is None and scheduler.next_dispatch("gpu0") is None
+    # the job another replica took over meanwhile is failed here, without running more
+    assert scheduler.fail("lost", LeaseLostError("taken over"))
+    assert _state(hooks, "lost") == (JobState.FAILED, "lease_lost")
+    scheduler.release()
+    assert run_serial(scheduler, devices=("gpu0",)) > 0
+    assert _state(hooks, "kept") == (JobState.SUCCEEDED, None)
+    assert scheduler.unfinished() == set()

@@ -109,6 +109,22 @@ def test_a_restarted_instance_takes_back_its_own_jobs_at_once(store: Store) -> N
     assert {c.record.id for c in alone} == {mine.id, theirs.id}
 
 
+def test_without_others_only_the_own_instance_s_expired_jobs_are_taken(store: Store) -> None:
+    # a replica that cannot tell yet whether the database was away (just started, or
+    # it just came back) leaves another replica's expired lease alone
+    old, new, other = (
+        Lease.new("replica-a", LEASE_S),
+        Lease.new("replica-a", LEASE_S),
+        Lease.new("replica-b", LEASE_S),
+    )
+    mine, theirs = new_job(store, lease=old), new_job(store, lease=other)
+    expired = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=LEASE_S + 1)
+    claimed = store.claim_jobs(new, shared=True, others=False, now=expired)
+    assert [c.record.id for c in claimed] == [mine.id]
+    [later] = store.claim_jobs(new, shared=True, now=expired)
+    assert later.record.id == theirs.id and later.handed_over
+
+
 def test_a_cancellation_by_request_is_not_fenced(store: Store) -> None:
     a = Lease.new("replica-a", LEASE_S)
     job = new_job(store, lease=a)

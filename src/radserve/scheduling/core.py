@@ -32,7 +32,7 @@ import numpy as np
 
 from radserve.config import JobSettings, SchedulerSettings
 from radserve.domain.priority import PriorityClass, PriorityRules
-from radserve.errors import ModelError
+from radserve.errors import ModelError, RadserveError
 from radserve.scheduling.book import JobBook
 from radserve.scheduling.clock import Clock, MonotonicClock
 from radserve.scheduling.dispatch import (
@@ -101,6 +101,8 @@ class Scheduler:
         # (``yield_to_urgent``): what routine units wait for at their checkpoints.
         self._routine_gate = threading.Event()
         self._routine_gate.set()
+        # why no new unit is handed out now (:meth:`hold`); None: work goes on
+        self.held: str | None = None
 
     # --- plumbing ---------------------------------------------------------------------
     def add_listener(self, listener: Callable[[], None]) -> None:
@@ -223,6 +225,26 @@ class Scheduler:
             assert position is not None
             return JobTicket(job.id, cls, job.deadline, position)
 
+    def hold(self, reason: str) -> None:
+        """Hand out no new unit of any job until :meth:`release` (units running finish):
+        the server cannot prove it still holds its jobs (radserve.service.leases)."""
+        with self._locked(notify=False):
+            self.held = reason
+
+    def release(self) -> None:
+        """Hand out work again after :meth:`hold`; the workers are woken."""
+        with self._locked():
+            self.held = None
+
+    def fail(self, job_id: str, error: RadserveError) -> bool:
+        """Fail an unfinished job with ``error`` (running: at its next batch boundary)."""
+        with self._locked() as now:
+            job = self._book.jobs.get(job_id)
+            if job is None or not job.active:
+                return False
+            self._book.stop(job, JobState.FAILED, now, error)
+            return True
+
     def cancel(self, job_id: str) -> bool:
         """Cancel a waiting or running job (running: at its next batch boundary)."""
         with self._locked() as now:
@@ -302,6 +324,8 @@ class Scheduler:
         """
         book = self._book
         with self._dispatching() as (now, handed):
+            if self.held is not None:
+                return None
             order = book.ranked(now)
             if urgent_only:
                 order = [j for j in order if j.cls is URGENT]
@@ -322,6 +346,8 @@ class Scheduler:
         """``device``'s next batch: the best-ranked ready batch plus compatible ones."""
         book = self._book
         with self._dispatching() as (now, handed):
+            if self.held is not None:
+                return None
             order = book.ranked(now)
             plan = plan_batch(order, now, self.config, book.breakers)
             self.holding = plan is not None and plan.hold
@@ -474,6 +500,11 @@ class Scheduler:
         """Whether ``job_id`` is unfinished here (cheaper than :meth:`job_info`)."""
         with self._lock:
             return job_id in self._book.jobs
+
+    def unfinished(self) -> set[str]:
+        """The ids of the jobs unfinished here."""
+        with self._lock:
+            return set(self._book.jobs)
 
     def job_info(self, job_id: str) -> JobInfo | None:
         """Where an unfinished job stands (None once it is terminal, or unknown)."""

@@ -134,6 +134,9 @@ class ServiceHooks:
     def _count(self, event: JobEvent) -> None:
         """The event's metrics: counted when it happens, once, whenever it is written."""
         cls = event.cls.value
+        if event.error_code == LeaseLostError.code:  # another replica runs it: not an outcome
+            self.metrics.errors.labels(LeaseLostError.code).inc()
+            return
         self.metrics.jobs.labels(event.state.value, cls).inc()
         if event.state is JobState.SUCCEEDED:
             self.metrics.tat.labels(cls).observe(event.timings.get("total", 0.0))

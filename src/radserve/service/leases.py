@@ -2,10 +2,27 @@
 replicas that died (radserve.store.leases has the rules).
 
 One daemon thread. Renewal runs every third of the lease, so a lease survives two
-missed renewals (a database restart, a pause); the take-over poll runs every
-``jobs.lease_poll_s`` and only when replicas share the database. A database error is
-logged and the next round tries again: a lease that ran out meanwhile is taken over by
-another replica, and this replica's writes for that job are then refused (fenced).
+missed renewals (a database restart, a pause); after a failed renewal it is tried
+again every second, so the leases are renewed as soon as the database answers. The
+take-over poll runs every ``jobs.lease_poll_s`` and only when replicas share the
+database. A database error is logged once (:class:`radserve.loop_failures.LoopFailures`)
+and the next round tries again.
+
+With replicas, a job must not run on two of them. The fence in the store makes sure
+only one run's writes count; two more rules keep the other run from happening at all:
+
+- **No take-over of a lease that could not be renewed.** A lease that ran out while the
+  database was away was not let go: its owner could not renew it. So this replica takes
+  other replicas' jobs only once the database has answered every one of its rounds for a
+  whole lease (``up_since``), which gave a live owner two renewals' time. Until then it
+  takes back only its own instance's jobs (also at start: ``Service.recover``).
+- **No new work without a proven lease.** The owner side: a lease is *proven* until the
+  start of the last renewal that committed plus the lease less one renewal interval.
+  Past that (the database away, or this replica cut off from it while the others are
+  not) the scheduler hands out no new unit of any job (:meth:`Scheduler.hold`); units
+  running finish. The next renewal that commits lets work go on, and the jobs this
+  replica runs that it did not renew were taken over meanwhile: they are failed here
+  with ``lease_lost``, a write the fence refuses, so nothing of them is recorded.
 """
 
 from __future__ import annotations
@@ -14,11 +31,26 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
-from radserve.errors import RadserveError
-from radserve.store import Claimed, Lease, Store
+from radserve.loop_failures import LoopFailures
+from radserve.store import Claimed, Lease, LeaseLostError, Store
 
 logger = logging.getLogger(__name__)
+
+RETRY_S = 1.0  # a failed round is tried again this soon (or at its usual time, if sooner)
+
+
+class Runs(Protocol):
+    """What the keeper needs of the scheduler (:class:`radserve.scheduling.Scheduler`)."""
+
+    def hold(self, reason: str) -> None: ...
+
+    def release(self) -> None: ...
+
+    def unfinished(self) -> set[str]: ...
+
+    def fail(self, job_id: str, error: LeaseLostError) -> bool: ...
 
 
 class LeaseKeeper:
@@ -30,18 +62,31 @@ class LeaseKeeper:
         shared: bool,
         poll_s: float,
         on_claimed: Callable[[list[Claimed]], None],
+        runs: Runs | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self.lease = lease
         self.shared = shared
         self.poll_s = poll_s
         self.on_claimed = on_claimed
-        self.renew_s = lease.duration.total_seconds() / 3.0
+        self.runs = runs if shared else None  # one server alone holds every job
+        self.clock = clock
+        self.lease_s = lease.duration.total_seconds()
+        self.renew_s = self.lease_s / 3.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.held: set[str] = set()  # job ids whose lease the last renewal extended
+        # the lease is proven until then (monotonic): see the module's docstring
+        self.proven_until = clock() + self.lease_s - self.renew_s
+        # since when every round reached the database (None: the last one did not)
+        self.up_since: float | None = None
+        self.holding = False  # whether the scheduler holds work for want of a proof
+        self._renewals = LoopFailures(logger, "leases: renew")
+        self._take_overs = LoopFailures(logger, "leases: take over")
 
     def start(self) -> None:
+        self.proven_until = self.clock() + self.lease_s - self.renew_s
         self._thread = threading.Thread(target=self._run, name="radserve-leases", daemon=True)
         self._thread.start()
 
@@ -51,34 +96,81 @@ class LeaseKeeper:
             self._thread.join(timeout=30)
 
     def _run(self) -> None:
-        next_renew = next_poll = time.monotonic()
+        next_renew = next_poll = self.clock()
         while not self._stop.is_set():
-            now = time.monotonic()
+            now = self.clock()
             if now >= next_renew:
-                next_renew = now + self.renew_s
-                self._guarded("renew", self.renew)
+                renewed = self._round(self._renewals, self.renew)
+                next_renew = now + (self.renew_s if renewed else min(self.renew_s, RETRY_S))
             if self.shared and now >= next_poll:
-                next_poll = now + self.poll_s
-                self._guarded("take over", self.take_over)
-            wait = min(next_renew, next_poll if self.shared else next_renew) - time.monotonic()
-            self._stop.wait(max(0.05, wait))
+                took = self._round(self._take_overs, self.take_over)
+                next_poll = now + (self.poll_s if took else min(self.poll_s, RETRY_S))
+            self.check_proof()
+            due = [next_renew, next_poll] if self.shared else [next_renew]
+            if self.runs is not None and not self.holding:
+                due.append(self.proven_until)
+            self._stop.wait(max(0.05, min(due) - self.clock()))
 
     def renew(self) -> None:
+        started, runs = self.clock(), self.runs
+        running = runs.unfinished() if runs is not None else set()
         self.held = self.store.renew_leases(self.lease)
+        self.proven_until = started + self.lease_s - self.renew_s
+        if runs is None:
+            return
+        # every job running here had its row committed before the renewal: one it did
+        # not extend is another replica's now (or finished there)
+        for job_id in sorted(running - self.held):
+            if runs.fail(job_id, _lost(job_id)):
+                logger.warning(
+                    "job %s: its lease passed to another replica; this run stops", job_id
+                )
 
     def take_over(self) -> None:
-        claimed = self.store.claim_jobs(self.lease, shared=True)
+        up_for = 0.0 if self.up_since is None else self.clock() - self.up_since
+        others = up_for >= self.lease_s
+        claimed = self.store.claim_jobs(self.lease, shared=True, others=others)
         if claimed:
             self.on_claimed(claimed)
 
-    @staticmethod
-    def _guarded(what: str, call: Callable[[], None]) -> None:
+    def check_proof(self) -> None:
+        """Hold the scheduler's work while the lease is not proven; release it after."""
+        if self.runs is None:
+            return
+        proven = self.clock() < self.proven_until
+        if not proven and not self.holding:
+            self.holding = True
+            self.runs.hold("the job leases could not be renewed")
+            logger.warning(
+                "leases: not renewed for %.0f s (the database does not answer): no new "
+                "work starts until they are, so that no job runs on two replicas",
+                self.clock() - (self.proven_until - self.lease_s + self.renew_s),
+            )
+        elif proven and self.holding:
+            self.holding = False
+            self.runs.release()
+            logger.warning("leases: renewed again; work goes on")
+
+    def _round(self, failures: LoopFailures, call: Callable[[], None]) -> bool:
+        """One round of ``call``; whether it reached the database."""
+        started = self.clock()
         try:
             call()
-        except RadserveError as exc:
-            logger.warning("leases: %s failed (%s); trying again", what, exc.code)
-        except Exception:  # the keeper must outlive any one round
-            logger.exception("leases: %s failed", what)
+        except Exception as exc:  # the keeper must outlive any one round
+            failures.failed(exc)
+            self.up_since = None
+            return False
+        failures.succeeded()
+        if self.up_since is None:
+            self.up_since = started
+        return True
 
 
-__all__ = ["LeaseKeeper"]
+def _lost(job_id: str) -> LeaseLostError:
+    return LeaseLostError(
+        f"job {job_id}: its lease was not renewed in time and another replica took it "
+        "over; this replica's run is void"
+    )
+
+
+__all__ = ["RETRY_S", "LeaseKeeper", "Runs"]

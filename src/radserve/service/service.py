@@ -255,6 +255,7 @@ class Service:
             shared=settings.outbox.replicas > 1,
             poll_s=settings.jobs.lease_poll_s,
             on_claimed=self._resume_all,
+            runs=self.scheduler,  # no new work while the leases are not proven
         )
         self.metrics.registry.register(SenderCollector(self._senders))
         self.metrics.registry.register(LifecycleCollector(self.lifecycle))
@@ -396,8 +397,12 @@ class Service:
         keeping their deadlines; a job interrupted more than ``jobs.max_retries`` times
         fails instead of crashing the server in a loop. With replicas (``outbox.replicas``
         > 1) only the jobs no live replica holds: its own previous incarnation's, and
-        those whose lease expired (radserve.store.leases)."""
-        claimed = self.store.claim_jobs(self.lease, shared=self.settings.outbox.replicas > 1)
+        those whose lease expired (radserve.store.leases), and those only once the
+        database has answered for a whole lease (:class:`LeaseKeeper`): at start this
+        server cannot tell whether a lease ran out because its owner died or because the
+        database was away, so it takes back only its own instance's jobs now."""
+        shared = self.settings.outbox.replicas > 1
+        claimed = self.store.claim_jobs(self.lease, shared=shared, others=False)
         return self._resume_all(claimed)
 
     def _resume_all(self, claimed: list[Claimed]) -> int:

@@ -122,6 +122,7 @@ class LeaseMixin(StoreBase):
         lease: Lease,
         *,
         shared: bool,
+        others: bool = True,
         now: dt.datetime | None = None,
         limit: int | None = None,
     ) -> list[Claimed]:
@@ -132,7 +133,10 @@ class LeaseMixin(StoreBase):
 
         ``shared`` (other replicas use this database): only jobs whose lease expired or
         that have none, and those of this instance's earlier incarnations; else every
-        unfinished job (a single server owns them all)."""
+        unfinished job (a single server owns them all). ``others`` False (with
+        ``shared``): only this instance's own, for a replica that cannot tell yet whether
+        an expired lease was let go or only not renewable (the database was away;
+        :class:`radserve.service.leases.LeaseKeeper`)."""
         now = now or utc_now()
         query = (
             select(Job)
@@ -143,15 +147,18 @@ class LeaseMixin(StoreBase):
             .order_by(Job.deadline, Job.arrival, Job.id)
             .with_for_update(skip_locked=True)
         )
-        if shared:
+        own = Job.lease_owner.like(f"{_escape_like(lease.instance)}/%", escape="\\")
+        if shared and others:
             query = query.where(
                 or_(
                     Job.lease_owner.is_(None),
                     Job.lease_expires.is_(None),
                     Job.lease_expires < now,
-                    Job.lease_owner.like(f"{_escape_like(lease.instance)}/%", escape="\\"),
+                    own,
                 )
             )
+        elif shared:
+            query = query.where(own)
         if limit is not None:
             query = query.limit(limit)
         claimed: list[Claimed] = []
