@@ -58,6 +58,7 @@ from radserve.service.failover import SharedStorage
 from radserve.service.jobcache import JobCache
 from radserve.service.own_uploads import without_own_results
 from radserve.service.sniff import check_combination, sniff
+from radserve.service.unclaimed import set_aside_if_refused
 from radserve.service.work import LineageStep, build_work
 from radserve.store import JobRecord, JobState, Lease, Store
 from radserve.store.errors import JobExistsError
@@ -367,61 +368,67 @@ class Intake:
         ``slot``: a queue place reserved by the caller (else one is reserved here).
         ``reuse``: when a job of the same route for exactly this input exists
         (succeeded, or still running), answer with it and create nothing
-        (:meth:`Store.find_answered`)."""
-        if self.router is not None and self.router.needs_routing():
-            if priority is None and slot is not None:
-                priority = slot.cls
-            if priority is None:
-                attributes = attributes or study_attributes(study_dir, self.rules.keywords)
-                priority = self.rules.classify(attributes)
-            uid = study_attributes(study_dir, ("StudyInstanceUID",)).get("StudyInstanceUID")
-            resolved = self.router.route(resolved, uid or fingerprint, priority)
-        if reuse:
-            # same input, same route (a result made for an HTTP upload went nowhere): the
-            # job that answered it -- run or cached -- answers the re-send too
-            existing = self._waited(
-                lambda: self.store.find_answered(resolved.cache_key(fingerprint), origin.source),
-                "a re-sent study's earlier job",
-            )
-            if existing is not None:
-                logger.info(
-                    "study re-sent unchanged: job %s (%s) answers it; no new job",
-                    existing.id,
-                    existing.state.value,
+        (:meth:`Store.find_answered`). Refused (the database did not answer within
+        ``server.store_wait_s``, a full queue, ...): the study is set aside, and deleted
+        later unless a job names it (radserve.service.unclaimed)."""
+        with set_aside_if_refused(self.settings.data_dir, study_dir):
+            if self.router is not None and self.router.needs_routing():
+                if priority is None and slot is not None:
+                    priority = slot.cls
+                if priority is None:
+                    attributes = attributes or study_attributes(study_dir, self.rules.keywords)
+                    priority = self.rules.classify(attributes)
+                uid = study_attributes(study_dir, ("StudyInstanceUID",)).get("StudyInstanceUID")
+                resolved = self.router.route(resolved, uid or fingerprint, priority)
+            if reuse:
+                # same input, same route (a result made for an HTTP upload went nowhere): the
+                # job that answered it -- run or cached -- answers the re-send too
+                key = resolved.cache_key(fingerprint)
+                existing = self._waited(
+                    lambda: self.store.find_answered(key, origin.source),
+                    "a re-sent study's earlier job",
                 )
+                if existing is not None:
+                    logger.info(
+                        "study re-sent unchanged: job %s (%s) answers it; no new job",
+                        existing.id,
+                        existing.state.value,
+                    )
+                    if slot is not None:
+                        slot.release()
+                    return Submission(existing, cached=True, reused=True)
+            hit = self._waited(
+                lambda: self.store.find_cached_result(resolved.cache_key(fingerprint)),
+                "the result cache's look-up",
+            )
+            job_id = str(uuid.uuid4())
+            delivered = (
+                None if hit is None else self._deliver_cached(job_id, origin, hit, study_dir)
+            )
+            if hit is not None and delivered is not None:
                 if slot is not None:
                     slot.release()
-                return Submission(existing, cached=True, reused=True)
-        hit = self._waited(
-            lambda: self.store.find_cached_result(resolved.cache_key(fingerprint)),
-            "the result cache's look-up",
-        )
-        job_id = str(uuid.uuid4())
-        delivered = None if hit is None else self._deliver_cached(job_id, origin, hit, study_dir)
-        if hit is not None and delivered is not None:
-            if slot is not None:
+                return self._from_cache(
+                    hit, resolved, study_dir, fingerprint, priority, origin, job_id=job_id,
+                    delivered=delivered,
+                )  # fmt: skip
+            # else: a hit whose result cannot go this route is run again (its entry stays)
+            if slot is None:
+                if priority is None:
+                    if attributes is None:
+                        attributes = study_attributes(study_dir, self.rules.keywords)
+                    priority = self.rules.classify(attributes)
+                slot = self.reserve(priority, resolved)
+            else:
+                priority = slot.cls
+            try:
+                record = self._new_job(
+                    priority, resolved, study_dir, fingerprint, origin, job_id=job_id
+                )
+                position = self.schedule(record, resolved, slot=slot)
+            finally:
                 slot.release()
-            return self._from_cache(
-                hit, resolved, study_dir, fingerprint, priority, origin, job_id=job_id,
-                delivered=delivered,
-            )  # fmt: skip
-        # else: a hit whose result cannot go this route is run again (its entry stays)
-        if slot is None:
-            if priority is None:
-                if attributes is None:
-                    attributes = study_attributes(study_dir, self.rules.keywords)
-                priority = self.rules.classify(attributes)
-            slot = self.reserve(priority, resolved)
-        else:
-            priority = slot.cls
-        try:
-            record = self._new_job(
-                priority, resolved, study_dir, fingerprint, origin, job_id=job_id
-            )
-            position = self.schedule(record, resolved, slot=slot)
-        finally:
-            slot.release()
-        return Submission(self.cache.get(record.id) or record, cached=False, position=position)
+            return Submission(self.cache.get(record.id) or record, cached=False, position=position)
 
     def _deliver_cached(
         self, job_id: str, origin: Origin, hit: JobRecord, study_dir: Path

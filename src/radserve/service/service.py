@@ -58,6 +58,7 @@ from radserve.service.metrics import Metrics, SenderCollector
 from radserve.service.outbox import OutboxOps
 from radserve.service.storage import StorageProbe
 from radserve.service.turnaround import Turnaround
+from radserve.service.unclaimed import UnclaimedStudies
 from radserve.store import (
     Claimed,
     DatabaseUnavailableError,
@@ -173,6 +174,8 @@ class Service:
         )
         if self.shared.enabled:
             self.storage.on_healthy = self._reconcile_storage
+        # studies stored for submissions that got no job: deleted unless a job names them
+        self.unclaimed = UnclaimedStudies(settings.data_dir, self.store)
         self.intake = Intake(
             settings,
             store=self.store,
@@ -323,6 +326,7 @@ class Service:
             self._warmup_thread.start()
         self._reclaim_outbox()
         self.leases.start()
+        self.unclaimed.start()
         self.turnaround.start()
         if self.gateway is not None:
             self.gateway_address = self.gateway.start()
@@ -357,6 +361,7 @@ class Service:
         self.executor.stop(wait=True)
         self.hooks.deferred.stop()
         self.leases.stop()
+        self.unclaimed.stop()
         self.lifecycle.stop()
         self.turnaround.stop()
         if self._warmup_thread is not None:

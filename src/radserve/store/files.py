@@ -184,9 +184,20 @@ def _stage(
 
 
 def _move_into_place(staging: Path, target: Path) -> bool:
-    """Rename the staged folder to ``target``; False if an identical study was there."""
+    """Rename the staged folder to ``target``; False if an identical study was there.
+
+    A study already there is touched (its modification time is now): a folder set
+    aside for a submission that got no job is deleted only when untouched for a while
+    (radserve.service.unclaimed), and one deleted just now is stored again."""
     if target.is_dir():
-        return True
+        try:
+            os.utime(target)
+        except FileNotFoundError:
+            pass  # swept a moment ago: this upload's copy takes its place
+        except OSError:  # not ours to touch (EPERM): stored all the same
+            return True
+        else:
+            return True
     created_parent = not target.parent.exists()
     target.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -223,11 +223,12 @@ class StowIntake(Generic[S]):
                 accepted.append(_Accepted(outcome, part.stream))
         jobs: tuple[S, ...] = ()
         waiting: tuple[str, ...] = ()
+        outage: RadserveError | None = None
         if submit is None:
             stored = self._file_for_quiet_period(accepted)
             waiting = tuple(sorted({o.study_instance_uid for o in stored if o.stored}))
         else:
-            stored, jobs = _submit_studies(accepted, submit)
+            stored, jobs, outage = _submit_studies(accepted, submit)
         outcomes += stored
         result = StowResult(
             tuple(sorted(outcomes, key=lambda o: o.part)), jobs, waiting, target_study
@@ -237,6 +238,8 @@ class StowIntake(Generic[S]):
                 "the queue is full; no instance was stored: send the request again later",
                 retry_after=retry_after,
             )
+        if result.stored == 0 and outage is not None and _all_refused_by(outage, outcomes):
+            raise outage  # the database did not answer: 503 with its Retry-After
         logger.info(
             "STOW: %d of %d instance(s) stored, %d job(s)%s",
             result.stored,
@@ -275,7 +278,10 @@ class StowIntake(Generic[S]):
 
 def _submit_studies(
     accepted: list[_Accepted], submit: Callable[[list[BinaryIO]], S]
-) -> tuple[list[InstanceOutcome], tuple[S, ...]]:
+) -> tuple[list[InstanceOutcome], tuple[S, ...], RadserveError | None]:
+    """Each study's instances to ``submit``; their outcomes, the jobs, and the last
+    refusal that was an outage (the database did not answer), if any."""
+    outage: RadserveError | None = None
     by_study: dict[str, list[_Accepted]] = {}
     for entry in accepted:
         by_study.setdefault(entry.outcome.study_instance_uid, []).append(entry)
@@ -289,11 +295,12 @@ def _submit_studies(
         except RadserveError as exc:
             failure = _failure_for(exc)
             logger.warning("STOW study %s not stored: %s", study_uid, exc.code)
+            outage = exc if exc.outage else outage
             outcomes += [_failed(e.outcome, failure, exc.message, exc.code) for e in entries]
             continue
         jobs.append(submission)
         outcomes += [e.outcome for e in entries]
-    return outcomes, tuple(jobs)
+    return outcomes, tuple(jobs), outage
 
 
 def check_part(
@@ -412,6 +419,11 @@ def _failure_for(exc: RadserveError) -> FailureReason:
 
 def _all_queue_full(outcomes: Sequence[InstanceOutcome]) -> bool:
     return all(o.code == "queue_full" for o in outcomes if not o.stored)
+
+
+def _all_refused_by(error: RadserveError, outcomes: Sequence[InstanceOutcome]) -> bool:
+    """Whether every instance not stored was refused with ``error``'s code."""
+    return all(o.code == error.code for o in outcomes if not o.stored)
 
 
 __all__ = [

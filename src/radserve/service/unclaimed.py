@@ -1,0 +1,181 @@
+"""Studies stored for a submission that got no job: set aside, then deleted once no job
+names them.
+
+A study is stored (fsynced into the content-addressed store) before its job row is
+written. When that write fails -- the database did not answer within
+``server.store_wait_s`` (503 ``store_error``, the sender retries), a refusal of the
+scheduler -- the folder used to stay in ``studies/`` with no job naming it, for good.
+:meth:`radserve.service.intake.Intake.submit_stored` now *sets it aside*: a marker in
+``<data_dir>/unclaimed/`` names the folder. :class:`UnclaimedStudies` sweeps the
+markers (at start and every :data:`SWEEP_EVERY_S`): a folder no job row names, whose
+marker and whose own modification time are both older than the grace, is deleted.
+
+Why not delete it at once: the folder is content-addressed, so an identical upload (the
+sender's retry on another replica, or a concurrent one) may be using it, between its
+store and its job row, while this one is refused. Such an upload touches the folder
+(:func:`radserve.store.files.store_study` on a study already stored), so the grace
+protects it; a sweep renames a folder away before deleting it and puts it back if it
+was touched meanwhile, and an upload that finds it gone stores it again. A C-STORE or
+quiet-period STOW study keeps its spool copy too (its instances were acknowledged) and
+is handed over again later: its job then names the folder and the marker just goes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from radserve import durable
+from radserve.loop_failures import LoopFailures
+from radserve.store import Store
+
+logger = logging.getLogger(__name__)
+
+UNCLAIMED_DIR = "unclaimed"
+GRACE_S = 600.0  # far longer than a submission takes between its store and its job row
+SWEEP_EVERY_S = 60.0
+_TRASH_PREFIX = ".unclaimed-"
+
+
+def set_aside(data_dir: Path, study_dir: Path) -> None:
+    """Mark ``study_dir`` as stored for a submission that got no job (best effort: a
+    marker that cannot be written leaves the folder as it always was, logged)."""
+    name = hashlib.sha256(str(study_dir).encode()).hexdigest()[:32]
+    marker = Path(data_dir) / UNCLAIMED_DIR / f"{name}.json"
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        durable.write_json(marker, {"path": str(study_dir)}, sync=False)
+    except OSError as exc:
+        logger.warning("a study without a job could not be set aside (%s)", exc.strerror)
+        return
+    logger.warning(
+        "study %s… got no job: set aside, deleted unless a job names it", study_dir.name[:12]
+    )
+
+
+@contextmanager
+def set_aside_if_refused(data_dir: Path, study_dir: Path) -> Iterator[None]:
+    """:func:`set_aside` ``study_dir`` if the block raises (its submission got no job)."""
+    try:
+        yield
+    except BaseException:
+        set_aside(data_dir, study_dir)
+        raise
+
+
+class UnclaimedStudies:
+    """Deletes the set-aside studies no job names (a daemon thread; :meth:`sweep`)."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        store: Store,
+        *,
+        grace_s: float = GRACE_S,
+        every_s: float = SWEEP_EVERY_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.folder = Path(data_dir) / UNCLAIMED_DIR
+        self.store = store
+        self.grace_s = grace_s
+        self.every_s = every_s
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="radserve-unclaimed", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        failures = LoopFailures(logger, "sweeping studies without a job")
+        while not self._stop.is_set():
+            try:
+                self.sweep()
+            except Exception as exc:  # the database away: the next round tries again
+                failures.failed(exc)
+            else:
+                failures.succeeded()
+            self._stop.wait(self.every_s)
+
+    def sweep(self) -> int:
+        """One round; how many study folders were deleted."""
+        if not self.folder.is_dir():
+            return 0
+        deleted = 0
+        for marker in sorted(self.folder.glob("*.json")):
+            if self._older(marker):
+                deleted += self._settle(marker)
+        return deleted
+
+    def _settle(self, marker: Path) -> int:
+        """Delete the study ``marker`` names if it is still unclaimed; drop the marker
+        once the question is settled (a job names it, or it is gone)."""
+        try:
+            study = Path(json.loads(marker.read_text())["path"])
+        except (OSError, ValueError, KeyError, TypeError):
+            marker.unlink(missing_ok=True)
+            return 0
+        trash = study.with_name(_TRASH_PREFIX + study.name)
+        shutil.rmtree(trash, ignore_errors=True)  # a sweep that stopped half-way
+        if not study.is_dir() or self.store.rows_naming(str(study)):
+            marker.unlink(missing_ok=True)
+            return 0
+        seen = _mtime_ns(study)
+        if seen is None or not self._older(study):
+            return 0  # an identical upload used it lately: look again later
+        deleted = _delete_unless_touched(study, trash, seen)
+        if deleted:
+            logger.warning("study %s… had no job: deleted", study.name[:12])
+        marker.unlink(missing_ok=True)
+        return int(deleted)
+
+    def _older(self, path: Path) -> bool:
+        seen = _mtime_ns(path)
+        return seen is not None and self.clock() - seen / 1e9 >= self.grace_s
+
+
+def _delete_unless_touched(study: Path, trash: Path, seen: int) -> bool:
+    """Rename ``study`` away and delete it, unless an upload touched it just before (then
+    it is put back, or left to the copy stored since)."""
+    try:
+        study.rename(trash)
+    except FileNotFoundError:
+        return False
+    if _mtime_ns(trash) != seen:
+        try:
+            trash.rename(study)
+        except OSError:  # stored again meanwhile: the same bytes
+            shutil.rmtree(trash, ignore_errors=True)
+        return False
+    shutil.rmtree(trash, ignore_errors=True)  # studies/<ab>/ stays: an upload may use it
+    return True
+
+
+def _mtime_ns(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+__all__ = [
+    "GRACE_S",
+    "SWEEP_EVERY_S",
+    "UNCLAIMED_DIR",
+    "UnclaimedStudies",
+    "set_aside",
+    "set_aside_if_refused",
+]
