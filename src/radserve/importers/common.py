@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import shutil
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import yaml
 
 from radserve import durable
 from radserve.importers import ImportRefusedError
-from radserve.lifecycle.install import STAGING_DIR
+from radserve.lifecycle.install import STAGING_DIR, sha256_file
 from radserve.models.manifest import ModelSpec
 
 _ANATOMY = {"value": "123037004", "scheme": "SCT", "meaning": "Anatomical Structure"}
@@ -66,14 +65,6 @@ def label_entry(value: int, name: str) -> dict[str, Any]:
         "kind": "organ",
         "color": list(_PALETTE[(value - 1) % len(_PALETTE)]),
     }
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def export_checked(model: Any, path: Path, channels: int, patch: tuple[int, ...]) -> float:
