@@ -1,7 +1,9 @@
 """Imported models served by a real ``radserve serve``.
 
 Each model is built in the test (a MONAI Bundle with a real inference.json and seeded
-random UNet weights; an nnU-Net v2 results folder with tiny plans and random weights),
+random UNet weights, or the MONAI Model Zoo's spleen_ct_segmentation config as shipped
+with its UNet's weights seeded, never downloaded; an nnU-Net v2 results folder with tiny
+plans and random weights),
 imported from the CLI (``radserve models import monai-bundle`` / ``nnunet``), zipped and
 installed into the running server over ``POST /v1/models``; a DICOM CT sent over STOW-RS
 runs a pipeline whose one step is that model, and the SEG the server wrote is read back
@@ -11,16 +13,18 @@ predictor on the same CT (MONAI's bundle run; ``nnUNetPredictor``).
 
 from __future__ import annotations
 
-import subprocess
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 from tests.factories.dicom_series import make_ct_series, new_uid
-from tests.factories.imported_serve import serve_and_read_seg
-from tests.factories.server_process import radserve_command
+from tests.factories.imported_serve import import_cli, run_cli, serve_and_read_seg
+from tests.integration.test_dciodvfy_results import dciodvfy_errors
 
 from radserve.domain.volume import Volume
+from radserve.models.manifest import load_manifest
+from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
 
 SHAPE, SPACING, ORIGIN = (24, 64, 64), (2.5, 1.2, 1.2), (-38.0, -40.0, 5.0)
 
@@ -38,22 +42,23 @@ def served_hu(*, air: bool) -> np.ndarray:
     return hu
 
 
-def _import(*args: str) -> None:
-    done = subprocess.run(
-        radserve_command("models", "import", *args),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
+def phantom_ct(folder: Path) -> tuple[list[Path], Volume]:
+    """``radserve phantom --seed 0 --small`` cut to 64x64 pixels (a 17 cm field of view)
+    and 12 slices: four of spleen_ct_segmentation's 96^3 windows at its 1.5 x 1.5 x 2 mm
+    grid. Its DICOM files and its CT."""
+    spec = dataclasses.replace(PhantomSpec.random(0, small=True), rows=64, columns=64)
+    phantom = generate_phantom(spec.with_slices(12))
+    return write_dicom_series(phantom, folder, study_uid=new_uid()), phantom.ct
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["plain", "crop_foreground", "nearest"])
+@pytest.mark.parametrize("variant", ["plain", "crop_foreground", "nearest", "spleen_zoo"])
 def test_imported_monai_bundle_serves_and_its_seg_reads_back(tmp_path: Path, variant: str) -> None:
     """``nearest``: ``Invertd(nearest_interp=True)`` (MONAI's default), 2.5 -> 2 mm
-    half-voxel ties every 4th slice; run by ``radserve run`` as well as served."""
+    half-voxel ties every 4th slice; run by ``radserve run`` as well as served.
+    ``spleen_zoo``: the Model Zoo's spleen_ct_segmentation bundle (its configs as shipped,
+    its 4.8 M-parameter UNet with seeded weights) on a phantom CT (:func:`phantom_ct`),
+    served and run by ``radserve run``, every SEG and SR on both paths dciodvfy-clean."""
     pytest.importorskip("monai")
     pytest.importorskip("torch")
     from tests.factories import monai_bundle as mb
@@ -64,22 +69,30 @@ def test_imported_monai_bundle_serves_and_its_seg_reads_back(tmp_path: Path, var
         pre = mb.cropped_pre()
     if variant == "nearest":
         post = [mb.POST[0], {**mb.POST[1], "nearest_interp": True}, *mb.POST[2:]]
-    bundle = mb.write_monai_bundle(tmp_path / "bundle", pre=pre, post=post)
-    imported = tmp_path / "imported"
-    _import("monai-bundle", str(bundle), "--models-dir", str(imported), "--name", "tiny-monai")
+    if variant == "spleen_zoo":
+        bundle = mb.zoo_bundle("spleen_ct_segmentation", tmp_path / "bundle")
+    else:
+        bundle = mb.write_monai_bundle(tmp_path / "bundle", pre=pre, post=post)
+    imported, name = tmp_path / "imported", variant.replace("_", "-")
+    import_cli("monai-bundle", str(bundle), "--models-dir", str(imported), "--name", name)
 
-    hu = served_hu(air=crop)
-    files = make_ct_series(tmp_path / "study", n_slices=SHAPE[0], rows=SHAPE[1], cols=SHAPE[2],
-                           spacing=SPACING, origin=ORIGIN, hu=hu, study_uid=new_uid())  # fmt: skip
-    served = serve_and_read_seg(tmp_path, imported / "tiny-monai" / "1.0.0", files)
-    assert served.segment_names == ["liver", "spleen"]
+    if variant == "spleen_zoo":
+        files, volume = phantom_ct(tmp_path / "study")
+    else:
+        hu = served_hu(air=crop)
+        files = make_ct_series(tmp_path / "study", n_slices=SHAPE[0], rows=SHAPE[1],
+                               cols=SHAPE[2], spacing=SPACING, origin=ORIGIN, hu=hu,
+                               study_uid=new_uid())  # fmt: skip
+        volume = Volume.from_geometry(hu.astype(np.float32), spacing=SPACING, origin=ORIGIN)
+    served = serve_and_read_seg(tmp_path, imported / name / "1.0.0", files)
 
     # MONAI's own run of the bundle on the same CT (its NIfTI, same geometry)
-    volume = Volume.from_geometry(hu.astype(np.float32), spacing=SPACING, origin=ORIGIN)
     monai = mb.run_monai_bundle(bundle, mb.write_nifti(volume, tmp_path / "ct.nii.gz"))
     want = monai.labels
     counts = np.bincount(want.ravel(), minlength=3)
     assert (counts > 0.005 * want.size).sum() >= 2, counts
+    spec = load_manifest(imported / name / "1.0.0" / "model.yaml")
+    assert served.segment_names == sorted(lb.name for lb in spec.labels if lb.value in want)
     differ = served.labels != want
     agreement = float(1.0 - differ.mean())
     print(f"served vs MONAI: {agreement:.5f} ({int(differ.sum())} differ)")
@@ -90,28 +103,16 @@ def test_imported_monai_bundle_serves_and_its_seg_reads_back(tmp_path: Path, var
     assert monai.scores is not None
     ties = mb.float_ties(monai.scores)
     assert not (differ & ~ties).any(), np.argwhere(differ & ~ties)[:5]
-    if variant == "nearest":
-        ran = _run_cli(tmp_path, imported, "tiny-monai", files[0].parent)
+    results = list(served.results)
+    if variant in ("nearest", "spleen_zoo"):
+        ran, out = run_cli(tmp_path, imported, name, files[0].parent)
         print(f"radserve run vs MONAI: {float((ran == want).mean()):.5f}")
         assert float((ran == want).mean()) >= 0.999
-
-
-def _run_cli(tmp_path: Path, models: Path, name: str, study: Path) -> np.ndarray:
-    """``radserve run`` of a one-step pipeline of model ``name`` on ``study``: its labels."""
-    from radserve.ingest.nifti import load_nifti
-
-    pipeline = tmp_path / "run-pipeline.yaml"
-    pipeline.write_text(
-        f"name: run-{name}\nversion: 1.0.0\nseries_selection: {{modalities: [CT]}}\n"
-        f"steps:\n  - model: {name}\n"
-    )
-    out = tmp_path / "run-out"
-    args = ["--pipeline", str(pipeline), "--out", str(out), "--models-dir", str(models)]
-    command = radserve_command("run", str(study), *args, "--no-key-images")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
-    assert done.returncode == 0, done.stderr
-    assert (out / f"{name}-seg.dcm").is_file()
-    return load_nifti(out / f"{name}.nii.gz").array
+        results += [out / f"{name}-seg.dcm", out / "measurements-sr.dcm"]
+    if variant == "spleen_zoo":
+        assert sorted(p.name.split("-")[0] for p in served.results) == ["SEG", "SR"]
+        for path in results:
+            assert dciodvfy_errors(path) == [], path
 
 
 @pytest.mark.slow
@@ -121,11 +122,10 @@ def test_imported_nnunet_model_serves_and_agrees_with_nnunet_predictor(tmp_path:
     from tests.integration.test_nnunet_agreement import synthetic_ct
 
     from radserve.importers.nnunet import load_predictor, read_results_folder
-    from radserve.models.manifest import load_manifest
 
     folder = make_results_folder(tmp_path / "results", folds=(0,), spacing=(4.0, 2.5, 2.5))
     imported = tmp_path / "imported"
-    _import("nnunet", str(folder), "--models-dir", str(imported), "--name", "tiny-nnunet")
+    import_cli("nnunet", str(folder), "--models-dir", str(imported), "--name", "tiny-nnunet")
 
     ct = synthetic_ct((20, 64, 64), seed=5)
     ct[ct == 0] = -1000.0  # DICOM CT: air outside the field of view
@@ -174,7 +174,7 @@ def test_imported_pet_ct_nnunet_model_serves_on_a_pet_ct_study(tmp_path: Path) -
         channel_names=("CT", "PET"),
     )
     imported = tmp_path / "imported"
-    _import("nnunet", str(folder), "--models-dir", str(imported), "--name", "petct-nnunet")
+    import_cli("nnunet", str(folder), "--models-dir", str(imported), "--name", "petct-nnunet")
 
     # the study `radserve phantom --seed 0 --small --pet` writes
     phantom = generate_phantom(PhantomSpec.random(0, small=True))

@@ -7,6 +7,7 @@ Shared by the MONAI Bundle and nnU-Net serve tests (tests/e2e/test_imported_mode
 from __future__ import annotations
 
 import io
+import subprocess
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ import yaml
 
 from radserve.models.manifest import load_manifest
 from tests.factories.ports import free_port_on
-from tests.factories.server_process import create_key_cli, start_server
+from tests.factories.server_process import create_key_cli, radserve_command, start_server
 from tests.factories.service import auth, config_file, wait_job
 from tests.integration.test_dicomweb import related, split_related
 
@@ -29,11 +30,12 @@ SEG = "1.2.840.10008.5.1.4.1.1.66.4"
 @dataclass(frozen=True)
 class ServedSeg:
     """The served SEG as a label map (the model's label values, slices ascending in z),
-    and the job's report."""
+    the job's report, and the SEG and SR the server stored (saved as files, for dciodvfy)."""
 
     labels: np.ndarray
     segment_names: list[str]
     report: dict[str, Any]
+    results: list[Path]
 
 
 def zip_bundle(folder: Path, root: str) -> bytes:
@@ -45,19 +47,23 @@ def zip_bundle(folder: Path, root: str) -> bytes:
     return buffer.getvalue()
 
 
-def serve_and_read_seg(tmp_path: Path, bundle: Path, files: list[Path]) -> ServedSeg:
+def serve_and_read_seg(
+    tmp_path: Path, bundle: Path, files: list[Path], *, selection: str = "{modalities: [CT]}"
+) -> ServedSeg:
     """Install ``bundle`` (``<models>/<name>/<version>``) into a fresh server, run the
-    study ``files`` (a CT, and the other series a multi-channel model reads) through a
-    pipeline of that one model, and decode the SEG it stored on the CT."""
+    study ``files`` (the series the pipeline's ``selection`` picks, and the other series
+    a multi-channel model reads) through a pipeline of that one model, and decode the
+    SEG it stored on the selected series."""
     import highdicom as hd
 
+    tmp_path.mkdir(parents=True, exist_ok=True)
     spec = load_manifest(bundle / "model.yaml")
     study_uid = str(pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID)
     config = config_file(tmp_path, dicomweb={"quiet_s": 0.5})
     pipelines = tmp_path / "pipelines"
     pipelines.mkdir()
     (pipelines / f"{spec.name}.yaml").write_text(
-        f"name: {spec.name}\nversion: 1.0.0\nseries_selection: {{modalities: [CT]}}\n"
+        f"name: {spec.name}\nversion: 1.0.0\nseries_selection: {selection}\n"
         f"steps:\n  - model: {spec.name}\n"
     )
     settings = yaml.safe_load(config.read_text())
@@ -95,13 +101,20 @@ def serve_and_read_seg(tmp_path: Path, bundle: Path, files: list[Path]) -> Serve
         server.terminate()
         server.wait(timeout=60)
 
-    segs = [d for d in (pydicom.dcmread(io.BytesIO(b)) for _, b in parts) if d.SOPClassUID == SEG]
+    stored = [pydicom.dcmread(io.BytesIO(b)) for _, b in parts]
+    results = []
+    for ds in (d for d in stored if d.Modality in ("SEG", "SR")):
+        results.append(tmp_path / "served" / f"{ds.Modality}-{len(results)}.dcm")
+        results[-1].parent.mkdir(exist_ok=True)
+        ds.save_as(results[-1], enforce_file_format=True)
+    segs = [d for d in stored if d.SOPClassUID == SEG]
     assert len(segs) == 1
     seg = hd.seg.Segmentation.from_dataset(segs[0])
     names = {s.SegmentNumber: str(s.SegmentLabel) for s in seg.SegmentSequence}
     # the source slices in ascending position, as radserve's volume holds them
     headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in files]
-    headers = [h for h in headers if h.Modality == "CT"]
+    selected = served_series(report)
+    headers = [h for h in headers if h.SeriesInstanceUID == selected]
     headers.sort(key=lambda h: float(h.ImagePositionPatient[2]))
     # a slice with no segment has no frame in the SEG: background
     pixels = seg.get_pixels_by_source_instance(
@@ -113,4 +126,46 @@ def serve_and_read_seg(tmp_path: Path, bundle: Path, files: list[Path]) -> Serve
     served = np.zeros(pixels.shape, np.uint8)
     for number, name in names.items():
         served[pixels == number] = value[name]
-    return ServedSeg(served, sorted(names.values()), report)
+    return ServedSeg(served, sorted(names.values()), report, results)
+
+
+def served_series(report: dict[str, Any]) -> str:
+    """The Series Instance UID the job ran on (its report's selected series)."""
+    return str(report["series_selection"]["selected"]["series_instance_uid"])
+
+
+def import_cli(*args: str) -> None:
+    """``radserve models import ARGS``, which must succeed."""
+    done = subprocess.run(
+        radserve_command("models", "import", *args),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def run_cli(
+    tmp_path: Path,
+    models: Path,
+    name: str,
+    study: Path,
+    selection: str = "{modalities: [CT]}",
+) -> tuple[np.ndarray, Path]:
+    """``radserve run`` of a one-step pipeline of model ``name`` on ``study`` (series
+    ``selection``): its labels and its output folder."""
+    from radserve.ingest.nifti import load_nifti
+
+    pipeline = tmp_path / "run-pipeline.yaml"
+    pipeline.write_text(
+        f"name: run-{name}\nversion: 1.0.0\nseries_selection: {selection}\n"
+        f"steps:\n  - model: {name}\n"
+    )
+    out = tmp_path / "run-out"
+    args = ["--pipeline", str(pipeline), "--out", str(out), "--models-dir", str(models)]
+    command = radserve_command("run", str(study), *args, "--no-key-images")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (out / f"{name}-seg.dcm").is_file()
+    return load_nifti(out / f"{name}.nii.gz").array, out
