@@ -70,6 +70,27 @@ NETWORK: dict[str, Any] = {
     "num_res_units": 1,
     "norm": "batch",
 }
+# Multi-sequence MR (T1, T2, FLAIR on one grid), stacked by the loader one of MONAI's two
+# ways: several keys joined by ConcatItemsd, or one key given a list of files (BraTS's)
+SEQUENCE_KEYS = ["t1", "t2", "flair"]
+_MR_TAIL: list[dict[str, Any]] = [
+    {"_target_": "Orientationd", "keys": "image", "axcodes": "RAS"},
+    {"_target_": "Spacingd", "keys": "image", "pixdim": [4.0, 4.0, 6.0], "mode": "bilinear"},
+    {"_target_": "NormalizeIntensityd", "keys": "image", "nonzero": True, "channel_wise": True},
+    {"_target_": "EnsureTyped", "keys": "image"},
+]
+MR_CONCAT_PRE: list[dict[str, Any]] = [
+    {"_target_": "LoadImaged", "keys": SEQUENCE_KEYS},
+    {"_target_": "EnsureChannelFirstd", "keys": SEQUENCE_KEYS},
+    {"_target_": "ConcatItemsd", "keys": SEQUENCE_KEYS, "name": "image", "dim": 0},
+    *_MR_TAIL,
+]
+MR_LIST_PRE: list[dict[str, Any]] = [
+    {"_target_": "LoadImaged", "keys": "image"},
+    {"_target_": "EnsureChannelFirstd", "keys": "image"},
+    *_MR_TAIL,
+]
+MR_NETWORK: dict[str, Any] = {**NETWORK, "in_channels": 3}
 INFERER: dict[str, Any] = {
     "_target_": "SlidingWindowInferer",
     "roi_size": [32, 32, 32],
@@ -100,13 +121,21 @@ def inference_config(
     }
 
 
-def metadata(channels: dict[str, str] | None = None, modality: str = "CT") -> dict[str, Any]:
+def metadata(
+    channels: dict[str, str] | None = None,
+    modality: str = "CT",
+    inputs: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """``inputs``: the input's ``channel_def`` (several channels), else one channel."""
+    image: dict[str, Any] = {"type": "image", "modality": modality, "num_channels": 1}
+    if inputs is not None:
+        image.update(num_channels=len(inputs), channel_def=inputs)
     return {
         "name": "Tiny CT segmentation",
         "version": "0.1.0",
         "monai_version": "1.6.1",
         "network_data_format": {
-            "inputs": {"image": {"type": "image", "modality": modality, "num_channels": 1}},
+            "inputs": {"image": image},
             "outputs": {
                 "pred": {
                     "type": "image",
@@ -118,8 +147,11 @@ def metadata(channels: dict[str, str] | None = None, modality: str = "CT") -> di
     }
 
 
-def write_monai_bundle(folder: Path, *, seed: int = 0, **config: Any) -> Path:
-    """A bundle at ``folder`` whose network has seeded random weights."""
+def write_monai_bundle(
+    folder: Path, *, seed: int = 0, meta: dict[str, Any] | None = None, **config: Any
+) -> Path:
+    """A bundle at ``folder`` whose network has seeded random weights (``meta``:
+    metadata.json, default :func:`metadata`)."""
     import torch
     from monai.bundle import ConfigParser
 
@@ -127,7 +159,7 @@ def write_monai_bundle(folder: Path, *, seed: int = 0, **config: Any) -> Path:
     (folder / "models").mkdir(exist_ok=True)
     cfg = inference_config(**config)
     (folder / "configs" / "inference.json").write_text(json.dumps(cfg, indent=2))
-    (folder / "configs" / "metadata.json").write_text(json.dumps(metadata(), indent=2))
+    (folder / "configs" / "metadata.json").write_text(json.dumps(meta or metadata(), indent=2))
     parser = ConfigParser(cfg)
     torch.manual_seed(seed)
     net = parser.get_parsed_content("network_def")
@@ -189,9 +221,10 @@ class MonaiRun:
     scores: np.ndarray | None
 
 
-def run_monai_bundle(bundle: Path, nifti: Path, network: Any = None) -> MonaiRun:
-    """MONAI's own run of the bundle on ``nifti``, as its bundle workflow runs it
-    (``network``: a callable run in place of the bundle's torch network)."""
+def run_monai_bundle(bundle: Path, nifti: Path | dict[str, Any], network: Any = None) -> MonaiRun:
+    """MONAI's own run of the bundle on ``nifti`` (or the data dictionary the loader
+    reads, e.g. ``{"t1": ..., "t2": ...}`` or ``{"image": [t1, t2]}``), as its bundle
+    workflow runs it (``network``: a callable run in place of the bundle's torch network)."""
     import torch
     from monai.bundle import ConfigParser
 
@@ -215,7 +248,7 @@ def run_monai_bundle(bundle: Path, nifti: Path, network: Any = None) -> MonaiRun
         sys.path.remove(str(bundle))
     net.load_state_dict(torch.load(bundle / "models" / "model.pt", weights_only=True))
     net.eval()
-    data = pre({"image": str(nifti)})
+    data = pre(nifti if isinstance(nifti, dict) else {"image": str(nifti)})
     with torch.no_grad():
         data["pred"] = inferer(data["image"][None], network or net)[0]
     # SaveImaged would write a file: the check needs only the array

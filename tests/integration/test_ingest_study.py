@@ -93,3 +93,21 @@ def test_each_series_not_selected_is_named_with_its_instance_count(tmp_path: Pat
         (2, 2, "2 images, fewer than the 3 required"),
         (3, 4, "modality MR is not one of ['CT']"),
     ]
+
+
+def test_the_series_description_rule_picks_one_sequence_of_an_mr_study(tmp_path: Path) -> None:
+    """A multi-sequence MR model's reference series (the T1 of T1 + T2 + FLAIR) is the one
+    whose Series Description matches; the others are named with the rule."""
+    study = new_uid()
+    for number, description in enumerate(["T2 TSE AX", "T1 SE AX", "T2 FLAIR AX"], start=1):
+        make_mr_series(tmp_path / "study" / description, n_slices=4, series_number=number,
+                       study_uid=study, series_description=description)  # fmt: skip
+    rules = SeriesRules(modalities=("MR",), series_description="(?i)^(?!.*flair).*t1")
+    selected, rejected = select_series(discover_series(tmp_path / "study"), rules)
+    assert selected.series_description == "T1 SE AX"
+    assert sorted(r.reason for r in rejected) == [
+        "series description 'T2 FLAIR AX' does not match '(?i)^(?!.*flair).*t1'",
+        "series description 'T2 TSE AX' does not match '(?i)^(?!.*flair).*t1'",
+    ]
+    with pytest.raises(ValueError, match="series_description is not a regular expression"):
+        SeriesRules(series_description="(unclosed")

@@ -167,8 +167,10 @@ REFUSED = {
     # AsDiscreted(argmax) first, then KeepLargestConnectedComponentd, a bilinear Invertd
     "prostate_mri_anatomy": "postprocessing\\[1\\] KeepLargestConnectedComponentd is not "
     "expressible",
-    "brats_mri_segmentation": "4 input channels \\(T1c, T1, T2, FLAIR\\)",
-    "renalStructures_CECT_segmentation": "3 input channels",
+    # its 4 channels (T1c, T1, T2, FLAIR) would map; its grid is the loader's
+    "brats_mri_segmentation": "no Orientation\\(d\\)",
+    # three phases stacked by the bundle's own transform (not shipped with the configs)
+    "renalStructures_CECT_segmentation": "preprocessing\\[4\\] scripts.my_transforms.ConcatImages",
     "wholeBrainSeg_Large_UNEST_segmentation": "no Orientation\\(d\\)",
 }
 

@@ -9,8 +9,8 @@ import pytest
 from tests.factories.nnunet_folder import CONFIG, FOLDER, tiny_dataset, tiny_plans
 
 from radserve.importers import ImportRefusedError
+from radserve.importers.channel_series import SeriesRule, parse_channel_option
 from radserve.importers.nnunet import manifest_from_nnunet, read_results_folder
-from radserve.importers.nnunet_channels import SeriesRule, parse_channel_option
 from radserve.models.manifest import ModelSpec
 
 

@@ -256,6 +256,20 @@ def import_group() -> None:
     """Import a model trained with another framework as a radserve bundle."""
 
 
+_channel_option = click.option(
+    "--channel",
+    "channels",
+    multiple=True,
+    metavar="INDEX=MODALITY[:REGEX]",
+    help=(
+        "The series input channel INDEX is read from, where its name (nnU-Net's "
+        "dataset.json channel_names, a MONAI Bundle's channel_def or loader key) does not "
+        "say: a DICOM Modality (PT: a PET in SUVbw) and optionally a regular expression the "
+        "Series Description must match, e.g. 1=PT or 2=MR:(?i)flair. Repeatable."
+    ),
+)
+
+
 @import_group.command("nnunet")
 @click.argument("folder", type=click.Path(path_type=Path, file_okay=False, exists=True))
 @click.option(
@@ -281,17 +295,7 @@ def import_group() -> None:
     show_default=True,
     help="Bake mirroring test-time augmentation into the graph (2^axes passes per patch).",
 )
-@click.option(
-    "--channel",
-    "channels",
-    multiple=True,
-    metavar="INDEX=MODALITY[:REGEX]",
-    help=(
-        "The series input channel INDEX is read from, where its dataset.json name does not "
-        "say: a DICOM Modality (PT: a PET in SUVbw) and optionally a regular expression the "
-        "Series Description must match, e.g. 1=PT or 2=MR:(?i)flair. Repeatable."
-    ),
-)
+@_channel_option
 def import_nnunet_command(
     folder: Path,
     models_dir: Path,
@@ -304,8 +308,8 @@ def import_nnunet_command(
 ) -> None:
     """FOLDER: an nnU-Net v2 trainer folder (<Trainer>__<Plans>__<configuration>)."""
     from radserve.importers import ImportRefusedError
+    from radserve.importers.channel_series import parse_channel_option
     from radserve.importers.nnunet import import_nnunet
-    from radserve.importers.nnunet_channels import parse_channel_option
 
     try:
         rules = dict(parse_channel_option(c) for c in channels)
@@ -334,13 +338,18 @@ def import_nnunet_command(
 )
 @click.option("--name", default=None, help="Bundle name (default: metadata.json's name).")
 @click.option("--version", "version", default="1.0.0", show_default=True)
-def import_monai_command(folder: Path, models_dir: Path, name: str | None, version: str) -> None:
+@_channel_option
+def import_monai_command(
+    folder: Path, models_dir: Path, name: str | None, version: str, channels: tuple[str, ...]
+) -> None:
     """FOLDER: a MONAI Bundle (configs/inference.json, configs/metadata.json, models/model.pt)."""
     from radserve.importers import ImportRefusedError
+    from radserve.importers.channel_series import parse_channel_option
     from radserve.importers.monai_bundle import import_monai
 
     try:
-        out = import_monai(folder, models_dir, name=name, version=version)
+        rules = dict(parse_channel_option(c) for c in channels)
+        out = import_monai(folder, models_dir, name=name, version=version, channels=rules or None)
     except ImportRefusedError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"imported {folder} -> {out}")

@@ -50,6 +50,14 @@ logger = logging.getLogger(__name__)
         "Reference, hot lesions of known SUV) and its truth (ground_truth/suv.nii.gz, pet.json)."
     ),
 )
+@click.option(
+    "--mr",
+    is_flag=True,
+    help=(
+        "Also write T1-, T2- and FLAIR-like MR series of the same anatomy (MR-<sequence>-*.dcm "
+        "in DIR/dicom: same patient, study, Frame of Reference and grid as the CT)."
+    ),
+)
 def command(
     seed: int,
     out_dir: Path,
@@ -64,6 +72,7 @@ def command(
     patient_id: str | None,
     study_uid: str | None,
     pet: bool,
+    mr: bool,
 ) -> None:
     """Generate a synthetic chest/abdomen CT with exact organ and lesion ground truth."""
     from radserve.phantom import (
@@ -102,6 +111,18 @@ def command(
             study_uid=study_uid,
         )
         write_pet_ground_truth(pet_phantom, out_dir / "ground_truth")
+    if mr:
+        from radserve.phantom.mr import SEQUENCES, write_mr_series
+
+        for sequence in SEQUENCES:
+            write_mr_series(
+                phantom,
+                out_dir / "dicom",
+                sequence,
+                patient_name=patient_name,
+                patient_id=patient_id,
+                study_uid=study_uid,
+            )
     if nifti:
         write_nifti(phantom.ct, out_dir / "ct.nii.gz")
     logger.info(

@@ -52,8 +52,12 @@ Spacing, ``clip=False``, Spacing options that move the grid
 ``padding_mode`` other than border), a missing Orientation or Spacing (the network's axes
 and grid would depend on the loader), other inferers, sliding-window padding other than
 constant 0 or replicate, sigmoid outputs, no ``Invertd`` (labels would stay on the
-resampled grid) or one of another key or transform, more than one input channel,
-modalities other than CT/MR, a network ONNX Runtime cannot run once exported.
+resampled grid) or one of another key or transform, modalities other than CT/MR, a
+network ONNX Runtime cannot run once exported.
+
+Several input channels (``LoadImaged`` of a list of files, or several keys joined by
+``ConcatItemsd``) become ``input.channels``, a series per channel
+(:mod:`radserve.importers.monai_channels`, with what it refuses).
 The model zoo bundles each of these was checked on: docs/bring-your-own-model.md.
 """
 
@@ -69,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from radserve.importers import ImportRefusedError
+from radserve.importers.channel_series import SeriesRule
 from radserve.importers.common import (
     export_checked,
     label_entries,
@@ -76,6 +81,7 @@ from radserve.importers.common import (
     staged_bundle,
     write_bundle_files,
 )
+from radserve.importers.monai_channels import channel_inputs, channel_names, stacking
 from radserve.models.manifest import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -229,6 +235,18 @@ def _parsed(source: MonaiSource, key: str) -> Any:
         raise ImportRefusedError(f"MONAI cannot build {key!r}: {exc}") from exc
 
 
+def _no_bundle_code(source: MonaiSource, key: str) -> None:
+    """Refuse a transform of the bundle's own ``scripts`` package by its name, before
+    MONAI builds it (radserve states MONAI's transforms; the code may not even be
+    shipped, e.g. renalStructures_CECT_segmentation's ``ConcatImages``)."""
+    raw = source.parser.get(key)
+    items = raw.get("transforms") if isinstance(raw, dict) else None
+    for i, item in enumerate(items if isinstance(items, list) else []):
+        target = str(item.get("_target_", "")) if isinstance(item, dict) else ""
+        if target.startswith("scripts."):
+            _refuse(f"{key}[{i}] {target} is the bundle's own code, not expressible here")
+
+
 def _transforms(compose: Any, key: str) -> list[Any]:
     from monai.transforms import Compose
 
@@ -297,14 +315,28 @@ def _per_image_step(t: Any, i: int, name: str) -> dict[str, Any]:
     return {"op": "scale", "minv": float(inner.minv), "maxv": float(inner.maxv)}
 
 
+def _pools_channels(t: Any, name: str) -> bool:
+    """Whether a per-image intensity transform takes its statistics over every channel
+    together (MONAI's default ``channel_wise=False``)."""
+    inner = getattr(t, "normalizer" if _PER_IMAGE[name] == "normalize" else "scaler", t)
+    return not bool(getattr(inner, "channel_wise", False))
+
+
 def _preprocessing(transforms: list[Any], image_key: str) -> dict[str, Any]:
-    """Orientation, Spacing and intensity from the instantiated preprocessing."""
-    out: dict[str, Any] = {"steps": [], "intensity_at": []}
+    """Orientation, Spacing and intensity from the instantiated preprocessing (and how
+    its channels are stacked)."""
+    stacked = stacking(transforms, image_key)
+    out: dict[str, Any] = {"steps": [], "intensity_at": [], "stacked": stacked, "pooled": []}
     for i, t in enumerate(transforms):
         name = type(t).__name__
-        if _neutral(t, i, "preprocessing", image_key):
+        if i == stacked.at or _neutral(t, i, "preprocessing", image_key):
             continue
         if not _on_image(t, image_key):
+            if touched := stacked.touches(t):
+                _refuse(
+                    f"preprocessing[{i}] {name} on the stacked keys {touched}: radserve maps "
+                    f"the transforms of the stacked image {image_key!r} (after ConcatItemsd)"
+                )
             continue  # e.g. a label key's transforms in a shared config
         if name in ("Orientationd", "Orientation"):
             o = getattr(t, "ornt_transform", t)
@@ -345,6 +377,8 @@ def _preprocessing(transforms: list[Any], image_key: str) -> dict[str, Any]:
         elif name in _PER_IMAGE:
             out["steps"].append(_per_image_step(t, i, name))
             out["intensity_at"].append(i)
+            if _pools_channels(t, name):
+                out["pooled"].append(f"preprocessing[{i}] {name}")
         elif name in ("CropForegroundd", "CropForeground"):
             if "crop_foreground" in out:
                 _refuse(f"preprocessing[{i}] a second {name}")
@@ -547,20 +581,14 @@ def _invertd(t: Any, i: int, pred_key: str, image_key: str, pre: Any) -> None:
         _refuse(f"postprocessing[{i}] Invertd post_func (code radserve cannot state)")
 
 
-def _labels(metadata: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str]:
-    """(labels, modality, image key) from metadata.json's network_data_format."""
+def _labels(metadata: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str, dict[str, Any]]:
+    """(labels, modality, image key, the input's entry) from metadata.json's
+    network_data_format."""
     fmt = metadata.get("network_data_format") or {}
     inputs, outputs = fmt.get("inputs") or {}, fmt.get("outputs") or {}
     if len(inputs) != 1 or len(outputs) != 1:
         _refuse(f"network_data_format needs one input and one output (has {list(inputs)})")
     (image_key, image), (_, pred) = next(iter(inputs.items())), next(iter(outputs.items()))
-    if int(image.get("num_channels", 1)) != 1:
-        names = ", ".join(str(v) for v in (image.get("channel_def") or {}).values())
-        _refuse(
-            f"{image.get('num_channels')} input channels ({names or 'unnamed'}): a MONAI "
-            "bundle's channels come from one file stacked by its loader; radserve's "
-            "input.channels (series per channel) is mapped for nnU-Net only"
-        )
     modality = str(image.get("modality", "")).upper().replace("MRI", "MR")
     if modality not in ("CT", "MR"):
         _refuse(f"input modality {image.get('modality')!r} (CT or MR)")
@@ -574,14 +602,31 @@ def _labels(metadata: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str]:
         _refuse(f"outputs channel_def {channels} must name channels 0..n (0: background)")
     if len(values) > 256:
         _refuse(f"{len(values)} output channels; radserve label maps are 8-bit")
-    return label_entries([(v, n) for v, n in values if v != 0]), modality, image_key
+    return label_entries([(v, n) for v, n in values if v != 0]), modality, image_key, image
 
 
-def manifest_from_monai(source: MonaiSource, *, name: str, version: str) -> ModelSpec:
-    """The ``model.yaml`` stating the bundle's inference, validated (needs MONAI)."""
-    labels, modality, image_key = _labels(source.metadata)
+def manifest_from_monai(
+    source: MonaiSource,
+    *,
+    name: str,
+    version: str,
+    channels: dict[int, SeriesRule] | None = None,
+) -> ModelSpec:
+    """The ``model.yaml`` stating the bundle's inference, validated (needs MONAI).
+    ``channels``: series rules by channel index (``--channel``) where a channel's name
+    does not say its series."""
+    labels, modality, image_key, image = _labels(source.metadata)
+    for key in ("preprocessing", "postprocessing"):
+        _no_bundle_code(source, key)
     compose = _parsed(source, "preprocessing")
     pre = _preprocessing(_transforms(compose, "preprocessing"), image_key)
+    inputs = channel_inputs(
+        channel_names(image, pre["stacked"]),
+        _normalisation(pre),
+        channels,
+        pooled=pre["pooled"],
+        cropped=pre.get("crop_foreground") is not None,
+    )
     window = _inferer(_parsed(source, "inferer"))
     if window["pad"] != "centre_zero" and pre.get("crop_foreground") is not None:
         _refuse(
@@ -601,7 +646,7 @@ def manifest_from_monai(source: MonaiSource, *, name: str, version: str) -> Mode
         "name": name,
         "version": version,
         "task": "segmentation",
-        "modality": modality,
+        "modality": inputs.get("modality", modality),
         "description": (
             f"Imported from MONAI Bundle {meta.get('name') or source.folder.name} "
             f"{meta.get('version', '')}".strip()
@@ -630,6 +675,7 @@ def manifest_from_monai(source: MonaiSource, *, name: str, version: str) -> Mode
                 "placement": "monai",
                 "activate_on_model_grid": post["activate_on_model_grid"],
             },
+            **inputs.get("input", {}),
         },
         "activation": "softmax",
         "labels": labels,
@@ -661,18 +707,24 @@ def load_network(source: MonaiSource) -> Any:
 
 
 def import_monai(
-    folder: Path, models_dir: Path, *, name: str | None = None, version: str = "1.0.0"
+    folder: Path,
+    models_dir: Path,
+    *,
+    name: str | None = None,
+    version: str = "1.0.0",
+    channels: dict[int, SeriesRule] | None = None,
 ) -> Path:
     """Write ``models_dir/<name>/<version>/`` (model.yaml, model.onnx, import.json),
     whole or not at all (:func:`~radserve.importers.common.staged_bundle`)."""
     source = read_bundle(folder)
     default = str(source.metadata.get("name") or Path(folder).name)
     name = name or "".join(c if c.isalnum() else "-" for c in default.lower()).strip("-")
-    spec = manifest_from_monai(source, name=name, version=version)
+    spec = manifest_from_monai(source, name=name, version=version, channels=channels)
     with staged_bundle(models_dir, name, version) as staged:
         net = load_network(source)
         patch = tuple(spec.input.patch_size or ())
-        diff = export_checked(_single_output(net), staged / "model.onnx", 1, patch)
+        channels_in = spec.input.in_channels
+        diff = export_checked(_single_output(net), staged / "model.onnx", channels_in, patch)
         header = (
             f"# {spec.key}: imported by `radserve models import monai-bundle` from "
             f"{source.folder.name}.\n"

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from radserve.importers import ImportRefusedError
+from radserve.importers.channel_series import SeriesRule, reference_channel
 from radserve.importers.common import (
     export_checked,
     label_entries,
@@ -59,7 +60,7 @@ from radserve.importers.common import (
     staged_bundle,
     write_bundle_files,
 )
-from radserve.importers.nnunet_channels import SeriesRule, channel_declarations
+from radserve.importers.nnunet_channels import channel_declarations
 from radserve.models.axes import INDEX_AXES
 from radserve.models.manifest import ModelSpec
 
@@ -196,12 +197,7 @@ def _inputs(source: NnunetSource, overrides: dict[int, SeriesRule] | None) -> di
                 "models are trained on) only as a channel beside a CT or MR (input.channels)"
             )
         return {"modality": only["modality"], "input": {"normalisation": only["normalisation"]}}
-    # The first channel is the grid the others are resampled onto, but a PET: radserve
-    # converts only the other channels to SUVbw, so the first CT/MR channel is the grid.
-    reference = next((c for c in channels if c["modality"] != "PT"), None)
-    if reference is None:
-        _refuse("every channel is a PET; radserve needs a CT or MR channel as the grid")
-    assert reference is not None
+    reference = reference_channel(channels, "nnU-Net model not importable")
     return {
         "modality": reference["modality"],
         "input": {"channels": channels, "reference": reference["name"]},

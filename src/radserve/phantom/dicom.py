@@ -28,6 +28,7 @@ from pydicom.uid import (
     generate_uid,
 )
 
+from radserve.domain.volume import Volume
 from radserve.phantom.generate import Phantom, sop_instance_uid
 
 logger = logging.getLogger(__name__)
@@ -183,6 +184,27 @@ def _orientation(affine: np.ndarray) -> list[float]:
     return [float(round(v, 6)) + 0.0 for v in (*row_dir, *col_dir)]
 
 
+def _grid(ds: Dataset, volume: Volume) -> None:
+    """Set the Image Plane and Image Pixel attributes every slice of ``volume`` shares
+    (greyscale, one sample per pixel; positions are per slice)."""
+    ds.ImageOrientationPatient = [_ds(v) for v in _orientation(volume.affine)]
+    ds.PositionReferenceIndicator = ""
+    ds.SamplesPerPixel = 1
+    ds.PhotometricInterpretation = "MONOCHROME2"
+    ds.Rows, ds.Columns = volume.shape[1], volume.shape[2]
+    ds.PixelSpacing = [_ds(volume.spacing[1]), _ds(volume.spacing[2])]
+
+
+def _file_meta(sop_class_uid: str, sop_instance_uid: str) -> FileMetaDataset:
+    """Part 10 file meta of an Explicit VR Little Endian instance."""
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = sop_class_uid
+    meta.MediaStorageSOPInstanceUID = sop_instance_uid
+    meta.ImplementationClassUID = PYDICOM_IMPLEMENTATION_UID
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    return meta
+
+
 def _slice_dataset(
     template: Dataset, phantom: Phantom, ident: _Identity, j: int, syntax: str
 ) -> Dataset:
@@ -195,12 +217,7 @@ def _slice_dataset(
     ds.ImagePositionPatient = [_ds(v) for v in ipp]
     ds.SliceLocation = _ds(ipp[2])
     stored = (phantom.ct.array[j].astype(np.int32) - _INTERCEPT).astype(np.uint16)
-    meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID = CTImageStorage
-    meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
-    meta.ImplementationClassUID = PYDICOM_IMPLEMENTATION_UID
-    meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    ds.file_meta = meta
+    ds.file_meta = _file_meta(CTImageStorage, ds.SOPInstanceUID)
     if syntax == ExplicitVRLittleEndian:
         ds.PixelData = stored.tobytes()
     elif syntax == JPEG2000Lossless:

@@ -23,18 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence as DicomSequence
 from pydicom.uid import (
-    PYDICOM_IMPLEMENTATION_UID,
-    ExplicitVRLittleEndian,
     PositronEmissionTomographyImageStorage,
 )
 from scipy.ndimage import gaussian_filter
 
 from radserve.domain.volume import Volume
 from radserve.phantom.anatomy import LESION_BASE, Tissue
-from radserve.phantom.dicom import _ds, _identity, _orientation, _uid
+from radserve.phantom.dicom import _ds, _file_meta, _grid, _identity, _uid
 from radserve.phantom.generate import Phantom
 
 logger = logging.getLogger(__name__)
@@ -288,13 +286,8 @@ def write_pet_series(
     base.StudyID = ident.study_id
     base.SeriesNumber = 3
     base.AcquisitionNumber = 1
-    base.ImageOrientationPatient = [_ds(v) for v in _orientation(vol.affine)]
     base.FrameOfReferenceUID = vol.frame_of_reference_uid
-    base.PositionReferenceIndicator = ""
-    base.SamplesPerPixel = 1
-    base.PhotometricInterpretation = "MONOCHROME2"
-    base.Rows, base.Columns = vol.shape[1], vol.shape[2]
-    base.PixelSpacing = [_ds(vol.spacing[1]), _ds(vol.spacing[2])]
+    _grid(base, vol)
     base.BitsAllocated, base.BitsStored, base.HighBit = 16, 16, 15
     base.PixelRepresentation = 1
     base.RescaleIntercept = "0"
@@ -336,12 +329,7 @@ def write_pet_series(
         stored = np.clip(np.rint(activity[k] / slope), -_STORED_MAX, _STORED_MAX)
         ds.LargestImagePixelValue = int(stored.max())
         ds.SmallestImagePixelValue = int(stored.min())
-        meta = FileMetaDataset()
-        meta.MediaStorageSOPClassUID = PositronEmissionTomographyImageStorage
-        meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
-        meta.ImplementationClassUID = PYDICOM_IMPLEMENTATION_UID
-        meta.TransferSyntaxUID = ExplicitVRLittleEndian
-        ds.file_meta = meta
+        ds.file_meta = _file_meta(PositronEmissionTomographyImageStorage, ds.SOPInstanceUID)
         ds.PixelData = stored.astype(np.int16).tobytes()
         path = out / f"PT{k:04d}.dcm"
         ds.save_as(path, enforce_file_format=True)

@@ -66,17 +66,20 @@ def matches(header: SeriesHeader, channel: ChannelSpec) -> bool:
     return pattern is None or re.search(pattern, header.series_description or "") is not None
 
 
+def _wanted(channel: ChannelSpec) -> str:
+    """The series ``channel`` reads, in words."""
+    where = channel.series_description
+    return f"a {channel.modality} series" + (
+        f" with a Series Description matching {where!r}" if where else ""
+    )
+
+
 def _pick(series: Sequence[SeriesHeader], channel: ChannelSpec, spec: ModelSpec) -> SeriesHeader:
     candidates = [s for s in series if matches(s, channel)]
     if not candidates:
         have = ", ".join(sorted({s.modality or "?" for s in series})) or "no image series"
-        wanted = channel.modality + (
-            f" with a Series Description matching {channel.series_description!r}"
-            if channel.series_description
-            else ""
-        )
         raise ChannelSeriesError(
-            f"model {spec.key} needs input channel {channel.name!r} from a {wanted} series, "
+            f"model {spec.key} needs input channel {channel.name!r} from {_wanted(channel)}, "
             f"but the study has none (its series: {have}); send that series with the study"
         )
     return max(candidates, key=lambda s: (s.number_of_frames, -(s.slice_thickness or 1e9)))
@@ -119,9 +122,10 @@ def load_channels(
             if not matches(reference.header, ref_channel):
                 raise ChannelSeriesError(
                     f"model {spec.key}'s reference channel {ref_channel.name!r} reads "
-                    f"{ref_channel.modality}, but the pipeline selected a "
+                    f"{_wanted(ref_channel)}, but the pipeline selected a "
                     f"{reference.header.modality} series; set the pipeline's "
-                    "series_selection to select the reference series"
+                    "series_selection (modalities, series_description) to select the "
+                    "reference series"
                 )
             arrays: dict[str, np.ndarray] = {}
             for channel in spec.input.channels:

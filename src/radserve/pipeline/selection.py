@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
@@ -29,6 +30,8 @@ class SeriesLike(Protocol):
     def number_of_instances(self) -> int: ...
     @property
     def image_type(self) -> tuple[str, ...]: ...
+    @property
+    def series_description(self) -> str: ...
 
 
 S = TypeVar("S", bound=SeriesLike)
@@ -47,6 +50,9 @@ def rejection_reason(series: SeriesLike, rules: SeriesRules) -> str | None:
     limit = rules.max_slice_thickness_mm
     if limit is not None and thickness is not None and thickness > limit + 1e-6:
         return f"slice thickness {thickness:g} mm exceeds {limit:g} mm"
+    pattern = rules.series_description
+    if pattern is not None and re.search(pattern, series.series_description or "") is None:
+        return f"series description {series.series_description!r} does not match {pattern!r}"
     if rules.body_parts:
         part = (series.body_part_examined or "").upper()
         if part not in {p.upper() for p in rules.body_parts}:

@@ -14,6 +14,7 @@ pipeline is resolved against a registry.
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -39,7 +40,24 @@ class SeriesRules(_Strict):
     max_slice_thickness_mm: float | None = None
     body_parts: tuple[str, ...] = ()
     exclude_image_types: tuple[str, ...] = ("LOCALIZER",)
+    series_description: str | None = Field(
+        None,
+        description=(
+            "regular expression the Series Description must match (searched): which of a "
+            "multi-sequence MR study's series is the grid, e.g. '(?i)t1' for a T1 + T2 + "
+            "FLAIR model whose reference channel is the T1"
+        ),
+    )
     prefer: Literal["most_slices", "thinnest"] = "thinnest"
+
+    @model_validator(mode="after")
+    def _check_description(self) -> SeriesRules:
+        if self.series_description is not None:
+            try:
+                re.compile(self.series_description)
+            except re.error as exc:
+                raise ValueError(f"series_description is not a regular expression: {exc}") from exc
+        return self
 
 
 _STEM = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"

@@ -1,0 +1,103 @@
+"""A multi-sequence MR MONAI Bundle from the CLI to ``radserve run`` and ``radserve serve``.
+
+The bundle (built in the test: ``LoadImaged`` of three keys joined by ``ConcatItemsd``,
+``NormalizeIntensityd(nonzero, channel_wise)``, a tiny 3-channel UNet with seeded
+weights) names its third channel ``dark_fluid``, which says no series: the import is
+refused naming ``--channel``, then imported with ``--channel "2=MR:(?i)flair"``. The
+study is ``radserve phantom --small --mr`` (a CT and T1/T2/FLAIR series of one anatomy,
+one Frame of Reference); the pipeline selects the T1 (the reference channel), the model
+reads the T2 and FLAIR beside it, and the labels of ``radserve run`` and of the server's
+SEG equal MONAI's own run of the bundle on the three series' NIfTIs. A FLAIR in another
+Frame of Reference is refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.factories.imported_serve import import_cli, run_cli, serve_and_read_seg
+from tests.factories.server_process import radserve_command
+from tests.integration.test_dciodvfy_results import dciodvfy_errors
+
+from radserve.ingest import discover_series, load_series
+from radserve.models.manifest import load_manifest
+
+DESCRIPTIONS = {"t1": "T1 SE AX", "t2": "T2 TSE AX", "flair": "T2 FLAIR AX"}
+
+
+def _radserve(*args: str) -> subprocess.CompletedProcess[str]:
+    command = radserve_command(*args)
+    return subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+
+
+@pytest.mark.slow
+def test_multi_sequence_monai_bundle_runs_and_serves_on_the_mr_phantom(tmp_path: Path) -> None:
+    pytest.importorskip("monai")
+    pytest.importorskip("torch")
+    from tests.factories import monai_bundle as mb
+
+    meta = mb.metadata(modality="MR", inputs={"0": "T1", "1": "T2", "2": "dark_fluid"})
+    bundle = mb.write_monai_bundle(
+        tmp_path / "bundle", pre=mb.MR_CONCAT_PRE, network=mb.MR_NETWORK, meta=meta
+    )
+    models = tmp_path / "models"
+    args = ["monai-bundle", str(bundle), "--models-dir", str(models), "--name", "mr-seq"]
+    refused = _radserve("models", "import", *args)
+    assert refused.returncode != 0 and "channel 2 is named 'dark_fluid'" in refused.stderr
+    assert "--channel 2=" in refused.stderr
+    import_cli(*args, "--channel", "2=MR:(?i)flair")
+    spec = load_manifest(models / "mr-seq" / "1.0.0" / "model.yaml")
+    reference = spec.input.reference_channel
+    assert reference is not None and reference.name == "t1"
+
+    done = _radserve("phantom", "--seed", "0", "--small", "--mr", "--out", str(tmp_path / "ph"))
+    assert done.returncode == 0, done.stderr
+    study = tmp_path / "ph" / "dicom"
+    series = {h.series_description: h for h in discover_series(study) if h.modality == "MR"}
+    volumes = {key: load_series(series[d]).volume for key, d in DESCRIPTIONS.items()}
+    nifti = {k: str(mb.write_nifti(v, tmp_path / f"{k}.nii.gz")) for k, v in volumes.items()}
+    want = mb.run_monai_bundle(bundle, nifti).labels
+    counts = np.bincount(want.ravel(), minlength=3)
+    assert (counts > 0.005 * want.size).sum() >= 2, counts  # not one class everywhere
+
+    # the pipeline selects the reference channel's series: the T1
+    rule = json.dumps(reference.series_description)
+    selection = f"{{modalities: [MR], series_description: {rule}}}"
+    ran, out = run_cli(tmp_path, models, "mr-seq", study, selection)
+    report = json.loads((out / "report.json").read_text())["series_selection"]
+    t1_uid = series[DESCRIPTIONS["t1"]].series_instance_uid
+    assert report["selected"]["series_instance_uid"] == t1_uid
+    assert [r["modality"] for r in report["rejected"]] == ["CT"], "T2 and FLAIR are used"
+    ran_agreement = float((ran == want).mean())
+
+    served = serve_and_read_seg(
+        tmp_path / "serve", models / "mr-seq" / "1.0.0", sorted(study.glob("*.dcm")),
+        selection=selection,
+    )  # fmt: skip
+    served_agreement = float((served.labels == want).mean())
+    print(f"vs MONAI: radserve run {ran_agreement:.5f}, served {served_agreement:.5f}")
+    assert ran_agreement >= 0.999 and served_agreement >= 0.999
+    for path in [*served.results, out / "mr-seq-seg.dcm", out / "measurements-sr.dcm"]:
+        assert dciodvfy_errors(path) == [], path
+
+    # a FLAIR in another Frame of Reference: radserve does not register series
+    from radserve.phantom import PhantomSpec, generate_phantom
+    from radserve.phantom.mr import write_mr_series
+
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for path in [*study.glob("MR-T1-*.dcm"), *study.glob("MR-T2-*.dcm")]:
+        shutil.copy(path, moved)
+    phantom = generate_phantom(PhantomSpec.random(0, small=True))
+    write_mr_series(phantom, moved, "FLAIR", frame_of_reference_uid="1.2.826.0.1.3680043.9.7.1")
+    pipeline = tmp_path / "run-pipeline.yaml"
+    done = _radserve("run", str(moved), "--pipeline", str(pipeline), "--out",
+                     str(tmp_path / "moved-out"), "--models-dir", str(models))  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "error [channel_series_unavailable]" in done.stderr
+    assert "channel 'dark_fluid' is not in the reference series' Frame of Reference" in done.stderr
