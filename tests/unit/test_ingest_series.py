@@ -353,6 +353,29 @@ def test_an_image_without_rows_is_named_so(tmp_path: Path) -> None:
         discover_series(tmp_path)
 
 
+def test_implausible_ct_values_are_refused_naming_the_likely_cause(tmp_path: Path) -> None:
+    """Found by tools/edge_probe.py (unsigned_declared_for_signed): signed HU stored with
+    Pixel Representation 0 read -1000 as 64,536 HU; the study ran and a model found the
+    whole body a lesion. The same pixels declared signed load as they are."""
+    import pydicom
+
+    hu = np.full((4, 8, 8), -1000.0)
+    hu[:, 2:6, 2:6] = 40.0
+    paths = make_ct_series(tmp_path, n_slices=4, rows=8, cols=8, hu=hu, bits_stored=16,
+                           signed=True, rescale=(1.0, 0.0))  # fmt: skip
+    (header,) = discover_series(tmp_path)
+    assert load_series(header).volume.array.min() == -1000
+    for path in paths:
+        ds = pydicom.dcmread(path)
+        ds.PixelRepresentation = 0
+        ds.save_as(path, enforce_file_format=True)
+    (header,) = discover_series(tmp_path)
+    with pytest.raises(StudyError, match=r"CT values reach 64536 HU \(192 of 256 voxels") as info:
+        load_series(header)
+    assert info.value.code == "implausible_pixel_values"
+    assert "Pixel Representation 0" in info.value.message
+
+
 def test_no_patient_data_in_logs_or_errors(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

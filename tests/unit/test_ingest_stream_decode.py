@@ -20,7 +20,7 @@ from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_series import make_ct_series, make_enhanced_series, ramp_hu, truncate
 
 from radserve.checkpoints import yielding_to
-from radserve.errors import DecodeError
+from radserve.errors import DecodeError, StudyError
 from radserve.inference.tasks import InferenceCancelledError
 from radserve.ingest import IngestPolicy, discover_series, load_series
 from radserve.ingest.arrival import DecodeAbandonedError, SliceArrival
@@ -158,7 +158,10 @@ def test_values_past_bits_stored_fall_back_to_a_whole_float32_decode(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Bits Stored promises values that fit int16, the pixels break it: the streamed
-    run stops at the first such slice and the study is decoded whole, as float32."""
+    run stops at the first such slice and the study is decoded whole, as float32. In a
+    CT such values (past 32,767 HU) are beyond any CT scale: the whole decode refuses
+    them (since 2026-12-03; they ran, see tests/unit/test_ingest_series.py -k
+    implausible)."""
     hu = np.full((N, 40, 36), 30100.0)
     hu[:, :, :6] = 34000.0  # stored 4000: 12 bits, but past int16 once rescaled
     paths = _series(tmp_path / "study", hu=hu, rescale=(1.0, 30000.0))
@@ -170,13 +173,13 @@ def test_values_past_bits_stored_fall_back_to_a_whole_float32_decode(
     registry = ModelRegistry(write_test_bundles(tmp_path / "models"))
     pipeline = load_pipeline(write_test_pipeline(tmp_path))
     assert start_decode_stack(_ordered(tmp_path / "study"), air=-1000.0, workers=2) is not None
-    result = run_study(
-        tmp_path / "study", pipeline=pipeline, out_dir=tmp_path / "out", registry=registry,
-        key_images=False, stream_decode=True,
-    )  # fmt: skip
+    with pytest.raises(StudyError, match=r"CT values reach 34000 HU") as refused:
+        run_study(
+            tmp_path / "study", pipeline=pipeline, out_dir=tmp_path / "out", registry=registry,
+            key_images=False, stream_decode=True,
+        )  # fmt: skip
     assert "decoding the study whole, as float32" in caplog.text
-    assert result.report.geometry.shape == hu.shape
-    assert result.volume_result.steps[0].labels.array.all()  # every voxel above 50 HU
+    assert refused.value.code == "implausible_pixel_values"
 
 
 class _HeldDecoder:

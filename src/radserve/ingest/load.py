@@ -28,6 +28,9 @@ from radserve.ingest.validate import check_series
 
 log = logging.getLogger(__name__)
 
+# Above any CT scale: the extended ones end near +30,700 HU, and int16 at 32,767.
+CT_MAX_HU = 32767
+
 
 @dataclass(frozen=True)
 class SliceSource:
@@ -145,6 +148,7 @@ def load_series(
                 header, layout.order, layout.duplicates, array, reader, air, workers, policy
             )
             warnings.append(f"dropped {len(layout.duplicates)} identical duplicate slices")
+    _check_ct_values(header, array)
     if layout.in_plane_shifts is not None:
         shift_slices_in_plane(array, layout.in_plane_shifts, air)
     if layout.target_offsets is not None:
@@ -312,6 +316,25 @@ def _check_pixels(frames: Sequence[FrameRef], warnings: list[str]) -> None:
         )
     if any(f.pixel.photometric_interpretation == "MONOCHROME1" for f in frames):
         warnings.append("MONOCHROME1 pixels: low values display bright; values kept as stored")
+
+
+def _check_ct_values(header: SeriesHeader, array: np.ndarray) -> None:
+    """CT values past any CT scale mean the pixels were not read as they were written:
+    signed HU declared unsigned (-1000 read as 64,536), a wrong rescale, or padding
+    without Pixel Padding Value. Such a volume ran, and a model found the whole body a
+    lesion. Only a float volume can hold them (int16 ends at the limit): no cost else."""
+    if header.modality != "CT" or array.dtype.kind != "f" or not array.size:
+        return
+    top = float(np.nanmax(array))
+    if top > CT_MAX_HU:
+        count = int(np.count_nonzero(array > CT_MAX_HU))
+        raise StudyError(
+            f"CT values reach {top:.0f} HU ({count} of {array.size} voxels above "
+            f"{CT_MAX_HU}), beyond any CT scale: the pixel data is not read as it was "
+            "written (signed values with Pixel Representation 0, a wrong Rescale Slope or "
+            "Intercept, or padding without Pixel Padding Value?)",
+            code="implausible_pixel_values",
+        )
 
 
 def _verify_identical(
