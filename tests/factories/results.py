@@ -95,13 +95,16 @@ def relabel(
     **extra: object,
 ) -> list[Path]:
     """Copies of ``files`` in ``folder`` with patient name ``name`` (and, when given,
-    Specific Character Set ``charset`` and other attributes ``extra``). A ``bytes`` name
-    is written as these bytes (ISO 2022 escape sequences exactly as given)."""
+    Specific Character Set ``charset``, ``""`` to remove it, and other attributes
+    ``extra``). A ``bytes`` name is written as these bytes (ISO 2022 escape sequences
+    exactly as given; undeclared when ``charset`` is ``""``)."""
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for path in files:
         ds = pydicom.dcmread(path)
-        if charset is not None:
+        if charset == "":
+            del ds.SpecificCharacterSet
+        elif charset is not None:
             ds.SpecificCharacterSet = charset
         if isinstance(name, bytes):
             ds.add_new(0x00100010, "PN", name)

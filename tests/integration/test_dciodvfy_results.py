@@ -113,6 +113,49 @@ def test_other_character_sets_pass_dciodvfy(study, tmp_path: Path, charset, name
         assert dciodvfy_errors(path) == [], path.name
 
 
+@pytest.mark.parametrize(
+    ("charset", "name", "declared", "read_back"),
+    [
+        # Latin-1 bytes no Specific Character Set declares: pydicom reads them as ISO_IR 100
+        ("", "Müller^Jürgen".encode("latin-1"), "ISO_IR 100", "Müller^Jürgen"),
+        # UTF-8 bytes no Specific Character Set declares: their bytes say UTF-8
+        ("", "Müller^Jürgen=ミュラー^ユルゲン".encode(), "ISO_IR 192", None),
+        # a term nobody knows: the text is read in the default repertoire, written as UTF-8
+        ("ISO_IR 999", "Müller^Jürgen".encode("latin-1"), "ISO_IR 192", "Müller^Jürgen"),
+        (
+            ["", "ISO 2022 IR 149"],
+            "Hong^Gildong=\x1b$)C\xc8\xab^\xb1\xe6\xb5\xbf".encode("latin-1"),
+            ["", "ISO 2022 IR 149"],
+            "Hong^Gildong=홍^길동",
+        ),
+        ("ISO_IR 192", "Müller^Jürgen=ミュラー^ユルゲン".encode(), "ISO_IR 192", None),
+    ],
+)
+def test_a_name_in_an_undeclared_or_unknown_character_set_comes_out_declared(
+    study, tmp_path: Path, charset, name, declared, read_back
+) -> None:
+    """Found by tools/edge_probe.py (charset_latin1_undeclared, charset_utf8_undeclared,
+    charset_unknown_term): the SEG and SR copied the name's Latin-1 or UTF-8 bytes
+    without declaring a character set (dciodvfy: "Character invalid for character
+    repertoire"), or copied the unknown term."""
+    report, files, out = study
+    copies = relabel(files, tmp_path, name, charset=charset)
+    result_dir = tmp_path / "out"
+    shutil.copytree(out, result_dir)
+    for path in write_dicom_results(report, result_dir, copies, key_images=True):
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        assert ds.SpecificCharacterSet == declared, path.name
+        assert str(ds.PatientName) == (read_back or name.decode()), path.name
+        assert dciodvfy_errors(path) == [], path.name
+        assert dciodvfy_text_findings(path) == [], path.name  # its warnings too
+
+
+def dciodvfy_text_findings(path: Path) -> list[str]:
+    """dciodvfy's lines about character sets and text that does not fit its repertoire."""
+    words = ("repertoire", "Specific Character Set", "escape")
+    return [line for line in dciodvfy_findings(path) if any(w in line for w in words)]
+
+
 def dciodvfy_findings(path: Path) -> list[str]:
     """dciodvfy's "Error" and "Warning" lines for one file."""
     run = subprocess.run(

@@ -114,3 +114,18 @@ def test_absent_or_empty_name() -> None:
     assert person_name_groups(ds) == ()
     ds.PatientName = "Doe^John=="
     assert person_name_groups(ds) == ("Doe^John",)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("Müller^Jürgen=ミュラー^ユルゲン".encode(), ("Müller^Jürgen", "ミュラー^ユルゲン")),
+        ("Müller^Jürgen".encode("latin-1"), ("Müller^Jürgen",)),
+    ],
+)
+def test_a_name_no_character_set_declares_is_read_as_its_bytes_are(
+    value: bytes, expected: tuple[str, ...]
+) -> None:
+    """Found by tools/edge_probe.py (charset_utf8_undeclared): without Specific Character
+    Set a UTF-8 name was read as Latin-1 ("MÃ¼ller") into the FHIR Patient."""
+    assert person_name_groups(_raw_name(value, None)) == expected

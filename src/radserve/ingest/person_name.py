@@ -23,6 +23,8 @@ from pydicom.charset import CODES_TO_ENCODINGS, convert_encodings, decode_bytes
 from pydicom.dataset import Dataset
 from pydicom.valuerep import PN_DELIMS
 
+from radserve.ingest.charset import undeclared_character_set
+
 logger = logging.getLogger(__name__)
 
 ESC = b"\x1b"
@@ -73,6 +75,8 @@ def _encodings(dataset: Dataset) -> list[str]:
         if isinstance(value, Sequence) and not isinstance(value, str)
         else ([str(value)] if value else [])
     )
+    if not any(terms) and (found := undeclared_character_set(dataset)):
+        terms = [found]  # non-ASCII text no Specific Character Set declares
     try:
         return convert_encodings(terms or None)
     except Exception:  # an unknown term: the default repertoire, escapes decode below

@@ -18,7 +18,7 @@ from pathlib import Path
 import highdicom as hd
 import numpy as np
 import pydicom
-from pydicom.charset import convert_encodings
+from pydicom.charset import convert_encodings, python_encoding
 from pydicom.dataset import Dataset
 from pydicom.sr.codedict import codes
 from pydicom.sr.coding import Code
@@ -28,6 +28,12 @@ from pydicom.valuerep import DA, TM
 from radserve import durable
 from radserve.domain import CodedConcept
 from radserve.errors import ReportError
+from radserve.ingest.charset import (
+    LATIN1,
+    UTF8,
+    declare_undeclared_character_set,
+    undeclared_character_set,
+)
 from radserve.report.dicom.frames import (
     SliceSources,
     check_multiframe_source,
@@ -41,7 +47,6 @@ logger = logging.getLogger(__name__)
 MANUFACTURER = "radserve"
 SEG_SERIES_NUMBER = 901
 SR_SERIES_NUMBER = 902
-UTF8 = "ISO_IR 192"
 ML = Code("ml", "UCUM", "milliliter")  # pydicom's codedict has no millilitre
 _LO_MAX = 64
 
@@ -52,7 +57,8 @@ def read_headers(source_files: Sequence[Path]) -> list[Dataset]:
     headers = []
     for i, path in enumerate(source_files):
         try:
-            headers.append(pydicom.dcmread(path, stop_before_pixels=True))
+            header = pydicom.dcmread(path, stop_before_pixels=True)
+            headers.append(declare_undeclared_character_set(header))
         except Exception as exc:  # pydicom raises many types on damaged input
             # File names may hold patient names: say which file by position only.
             raise ReportError(
@@ -262,6 +268,12 @@ def output_character_set(source: Dataset, texts: Iterable[str]) -> str | list[st
     model names) is usually ASCII; if any of it cannot be written in the source's
     repertoire, the object is written in UTF-8 (ISO_IR 192) instead, and pydicom re-encodes
     the copied names from their decoded form. ``None`` means the default repertoire.
+
+    A source that declares no character set but holds non-ASCII text gets one declared:
+    :func:`read_headers` sets what its bytes are (:mod:`radserve.ingest.charset`); a
+    header read elsewhere had them decoded as Latin-1, so ISO_IR 100 keeps them. A term
+    pydicom does not know (it reads the text in the default repertoire) is not copied:
+    the object is UTF-8.
     """
     value = source.get("SpecificCharacterSet")
     if isinstance(value, list | pydicom.multival.MultiValue):
@@ -270,10 +282,16 @@ def output_character_set(source: Dataset, texts: Iterable[str]) -> str | list[st
         terms = [str(value)] if value else []
     texts = list(texts)
     if not any(terms):
-        return None if all(t.isascii() for t in texts) else UTF8
+        if undeclared_character_set(source) is None:  # its text is ASCII
+            return None if all(t.isascii() for t in texts) else UTF8
+        # pydicom read the undeclared text as Latin-1: so written, the bytes stay the same
+        return LATIN1 if all(_encodable(t, ["latin_1"]) for t in texts) else UTF8
+    if any(term and term not in python_encoding for term in terms):
+        logger.info("output character set: UTF-8 (the source's Specific Character Set is unknown)")
+        return UTF8
     try:
         encodings = convert_encodings(terms)
-    except Exception:  # an unknown term: write what we can vouch for
+    except Exception:  # a term pydicom refuses: write what we can vouch for
         return UTF8
     if all(_encodable(t, encodings) for t in texts):
         return terms if len(terms) > 1 else terms[0]

@@ -30,6 +30,7 @@ from pydicom.uid import generate_uid
 
 from radserve import __version__
 from radserve.errors import ReportError
+from radserve.ingest.charset import declare_undeclared_character_set
 from radserve.report.dicom import common, notes
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,11 @@ def build_failure_sr(
 ) -> Dataset:
     """The failure notice SR for the study of ``headers`` (the received instances' headers;
     those of other studies are ignored). Raises :class:`ReportError` without a usable one."""
-    usable = [h for h in headers if all(h.get(k) for k in _REFERENCE_KEYWORDS)]
+    usable = [
+        declare_undeclared_character_set(h)
+        for h in headers
+        if all(h.get(k) for k in _REFERENCE_KEYWORDS)
+    ]
     if not usable:
         raise ReportError("no received instance has the UIDs a DICOM failure notice references")
     study_uid = str(usable[0].StudyInstanceUID)
