@@ -3,6 +3,7 @@ failing intake and restart recovery — no sleeps."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from radserve.gateway.completeness import (
     StudyTracker,
     receiving_token,
 )
+from radserve.store.errors import DatabaseUnavailableError
 
 STUDY = "1.2.3.4"
 
@@ -146,6 +148,29 @@ def test_failing_intake_is_retried_later_and_keeps_arrivals(tmp_path: Path) -> N
     [study] = tracker.poll()
     assert study.generation == 1 and study.new_instances == 2 and len(study.instances) == 2
     assert (folder / HANDOVER_MARKER).is_file()
+
+
+def test_a_database_outage_is_retried_often_enough_to_end_soon_after_it(
+    tmp_path: Path,
+) -> None:
+    # the back-off doubles from the quiet period, but for a refusal by a database outage
+    # it stops at 15 s (not 300 s): the acknowledged study gets its job soon after
+    clock, calls = Clock(), []
+
+    def intake(study: CompletedStudy) -> None:
+        calls.append(clock.now)
+        if len(calls) <= 6:
+            raise DatabaseUnavailableError("database unavailable: connection refused")
+
+    tracker = StudyTracker(intake, quiet_s=10.0, clock=clock)
+    _arrive(tracker, tmp_path / STUDY, "1.1")
+    handed: list[CompletedStudy] = []
+    for _ in range(200):
+        clock.now += 1
+        handed += tracker.poll()
+    assert len(handed) == 1
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
+    assert gaps == [15.0] * 6, gaps
 
 
 def test_recover_reopens_studies_not_handed_over(tmp_path: Path) -> None:

@@ -51,6 +51,10 @@ HANDOVER_MARKER = ".radserve-handover.json"
 RECEIVING_PREFIX = ".radserve-receiving-"  # + association id: an association is open
 INTERRUPTED_MARKER = ".radserve-interrupted"  # an association was cut off mid-study
 _MAX_RETRY_S = 300.0
+# a hand-over refused because the database did not answer is tried again at least this
+# often: the study (acknowledged already) gets its job soon after the database returns,
+# not up to _MAX_RETRY_S later (each try waits server.store_wait_s for it)
+_OUTAGE_RETRY_S = 15.0
 
 
 def receiving_token(pid: int | None = None) -> str:
@@ -252,11 +256,12 @@ class StudyTracker:
                 try:
                     self._on_complete(study)
                 except Exception as exc:
-                    if getattr(exc, "outage", False):  # the database away: every study fails
+                    outage = getattr(exc, "outage", False)
+                    if outage:  # the database away: every study fails
                         self._outages.failed(exc)
                     else:
                         logger.exception("intake failed for study %s; will retry", uid)
-                    self._reopen(uid, entry, now)
+                    self._reopen(uid, entry, now, cap_s=_OUTAGE_RETRY_S if outage else _MAX_RETRY_S)
                     continue
                 self._outages.succeeded()
                 _write_marker(entry.folder, study.generation, len(study.instances))
@@ -338,9 +343,9 @@ class StudyTracker:
             interrupted=entry.interrupted,
         )
 
-    def _reopen(self, uid: str, entry: _Open, now: float) -> None:
+    def _reopen(self, uid: str, entry: _Open, now: float, *, cap_s: float) -> None:
         entry.failures += 1
-        entry.retry_at = now + min(self.quiet_s * 2**entry.failures, _MAX_RETRY_S)
+        entry.retry_at = now + min(self.quiet_s * 2**entry.failures, max(cap_s, self.quiet_s))
         with self._lock:
             newer = self._open.get(uid)
             if newer is not None:  # arrivals during the failed hand-over
