@@ -241,3 +241,23 @@ def test_torchscript_model_ts_imports_like_model_pt(tmp_path: Path) -> None:
     agreement = float((got.labels.array == want).mean())
     print(f"model.ts: agreement {agreement:.5f}")
     assert agreement >= 0.999, agreement
+
+
+def test_brats_channels_map_and_its_sigmoid_regions_are_refused(tmp_path: Path) -> None:
+    """brats_mri_segmentation with the Orientationd and Spacingd it lacks: its four
+    channels (one key, T1c/T1/T2/FLAIR, NormalizeIntensityd(nonzero, channel_wise)) map
+    to input.channels, and the import stops at what remains, its sigmoid regions."""
+    import json
+
+    folder = _configs_only("brats_mri_segmentation", tmp_path / "brats")
+    config = folder / "configs" / "inference.json"
+    cfg = json.loads(config.read_text())
+    grid = [
+        {"_target_": "Orientationd", "keys": "@image_key", "axcodes": "RAS"},
+        {"_target_": "Spacingd", "keys": "@image_key", "pixdim": [1.0, 1.0, 1.0]},
+    ]
+    transforms = cfg["preprocessing"]["transforms"]
+    cfg["preprocessing"]["transforms"] = [transforms[0], *grid, *transforms[1:]]
+    config.write_text(json.dumps(cfg))
+    with pytest.raises(ImportRefusedError, match=r"postprocessing\[0\] Activationsd: sigmoid"):
+        manifest_from_monai(read_bundle(folder), name="brats", version="1")
