@@ -50,10 +50,16 @@ def test_multi_sequence_monai_bundle_runs_and_serves_on_the_mr_phantom(tmp_path:
     refused = _radserve("models", "import", *args)
     assert refused.returncode != 0 and "channel 2 is named 'dark_fluid'" in refused.stderr
     assert "--channel 2=" in refused.stderr
-    import_cli(*args, "--channel", "2=MR:(?i)flair")
+    printed = import_cli(*args, "--channel", "2=MR:(?i)flair")
     spec = load_manifest(models / "mr-seq" / "1.0.0" / "model.yaml")
     reference = spec.input.reference_channel
     assert reference is not None and reference.name == "t1"
+    # the import says how a pipeline selects the reference series: the T1
+    selection = printed.split("series_selection: ")[1].strip()
+    assert json.loads(selection) == {
+        "modalities": ["MR"],
+        "series_description": reference.series_description,
+    }
 
     done = _radserve("phantom", "--seed", "0", "--small", "--mr", "--out", str(tmp_path / "ph"))
     assert done.returncode == 0, done.stderr
@@ -65,9 +71,6 @@ def test_multi_sequence_monai_bundle_runs_and_serves_on_the_mr_phantom(tmp_path:
     counts = np.bincount(want.ravel(), minlength=3)
     assert (counts > 0.005 * want.size).sum() >= 2, counts  # not one class everywhere
 
-    # the pipeline selects the reference channel's series: the T1
-    rule = json.dumps(reference.series_description)
-    selection = f"{{modalities: [MR], series_description: {rule}}}"
     ran, out = run_cli(tmp_path, models, "mr-seq", study, selection)
     report = json.loads((out / "report.json").read_text())["series_selection"]
     t1_uid = series[DESCRIPTIONS["t1"]].series_instance_uid

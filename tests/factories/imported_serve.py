@@ -134,8 +134,8 @@ def served_series(report: dict[str, Any]) -> str:
     return str(report["series_selection"]["selected"]["series_instance_uid"])
 
 
-def import_cli(*args: str) -> None:
-    """``radserve models import ARGS``, which must succeed."""
+def import_cli(*args: str) -> str:
+    """``radserve models import ARGS``, which must succeed: what it printed."""
     done = subprocess.run(
         radserve_command("models", "import", *args),
         capture_output=True,
@@ -144,6 +144,7 @@ def import_cli(*args: str) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def run_cli(

@@ -270,6 +270,23 @@ _channel_option = click.option(
 )
 
 
+def _echo_imported(folder: Path, out: Path) -> None:
+    """Say where the bundle went; for a model of several series, the pipeline selection
+    that picks its reference series (the series the other channels are placed on)."""
+    from radserve.models.manifest import load_manifest
+
+    click.echo(f"imported {folder} -> {out}")
+    reference = load_manifest(out / "model.yaml").input.reference_channel
+    if reference is not None:
+        rule: dict[str, Any] = {"modalities": [reference.modality]}
+        if reference.series_description:
+            rule["series_description"] = reference.series_description
+        click.echo(
+            f"its reference channel {reference.name!r}: select that series in the pipeline "
+            f"with series_selection: {json.dumps(rule)}"
+        )
+
+
 @import_group.command("nnunet")
 @click.argument("folder", type=click.Path(path_type=Path, file_okay=False, exists=True))
 @click.option(
@@ -325,7 +342,7 @@ def import_nnunet_command(
         )
     except ImportRefusedError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"imported {folder} -> {out}")
+    _echo_imported(folder, out)
 
 
 @import_group.command("monai-bundle")
@@ -352,7 +369,7 @@ def import_monai_command(
         out = import_monai(folder, models_dir, name=name, version=version, channels=rules or None)
     except ImportRefusedError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"imported {folder} -> {out}")
+    _echo_imported(folder, out)
 
 
 def _add_monai_alias() -> None:
