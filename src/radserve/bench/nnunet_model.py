@@ -227,16 +227,53 @@ def make_results_folder(
             fit_head(net, train_on, plans, config.patch_size)
         (folder / f"fold_{fold}").mkdir()
         torch.save(
-            {
-                "network_weights": net.state_dict(),
-                "trainer_name": trainer,
-                "init_args": {"plans": plans, "configuration": configuration, "fold": fold,
-                              "dataset_json": dataset},
-                "inference_allowed_mirroring_axes": mirror_axes,
-            },
+            trainer_checkpoint(net, trainer, plans, configuration, fold, dataset, mirror_axes),
             folder / f"fold_{fold}" / checkpoint,
-        )  # fmt: skip
+        )
     return folder
+
+
+def trainer_checkpoint(
+    net, trainer: str, plans: dict, configuration: str, fold, dataset: dict, mirror_axes
+) -> dict:
+    """What ``nnUNetTrainer.save_checkpoint`` writes, field for field: the optimizer's
+    state (nnU-Net's SGD, Nesterov momentum), the logger's per-epoch numpy float64
+    values, ``_best_ema`` and the trainer's init arguments with its ``torch.device``.
+    The importer loads it with ``weights_only=True``, so these are the globals a real
+    checkpoint needs allowed (radserve.importers.nnunet)."""
+    import torch
+
+    optimizer = torch.optim.SGD(
+        net.parameters(), 1e-2, weight_decay=3e-5, momentum=0.99, nesterov=True
+    )
+    for parameter in net.parameters():  # one step: the momentum buffers a real run has
+        parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    dice = np.float64(0.5)
+    logging = {
+        "mean_fg_dice": [dice],
+        "ema_fg_dice": [dice],
+        "dice_per_class_or_region": [[dice]],
+        "train_losses": [np.mean(np.ones(2, np.float32))],
+        "val_losses": [np.float64(-0.1)],
+        "lrs": [1e-2],
+        "epoch_start_timestamps": [0.0],
+        "epoch_end_timestamps": [1.0],
+    }
+    init_args = {"plans": plans, "configuration": configuration, "fold": fold,
+                 "dataset_json": dataset, "device": torch.device("cpu")}  # fmt: skip
+    return {
+        "network_weights": net.state_dict(),
+        "optimizer_state": optimizer.state_dict(),
+        "grad_scaler_state": None,
+        "logging": logging,
+        "_best_ema": dice,
+        "current_epoch": 1,
+        "init_args": init_args,
+        "trainer_name": trainer,
+        "inference_allowed_mirroring_axes": mirror_axes,
+    }
 
 
 def _normalised(hu: np.ndarray, plans: dict) -> np.ndarray:

@@ -356,8 +356,8 @@ def manifest_from_nnunet(
 def load_predictor(source: NnunetSource, checkpoint: str = CHECKPOINT):  # -> nnUNetPredictor
     """nnU-Net's own predictor for ``source`` on the CPU (network built from the plans).
 
-    Loading unpickles the checkpoints (nnU-Net's loader does, ``weights_only=False``):
-    import only folders you trust. radserve serves the ONNX file, never the pickle.
+    The checkpoints are read by :func:`read_checkpoint` (tensors and plain values only,
+    never a pickle's code). radserve serves the ONNX file, never the pickle.
     """
     try:
         import torch
@@ -389,7 +389,6 @@ def _initialise(predictor, source: NnunetSource, checkpoint: str) -> None:
     (nnUNetTrainerNoMirroring, nnUNetTrainer_250epochs, ...) would fail on that."""
     import inspect
 
-    import torch
     from nnunetv2.utilities.label_handling.label_handling import determine_num_input_channels
     from nnunetv2.utilities.plans_handling.plans_handler import PlansManager
 
@@ -397,7 +396,7 @@ def _initialise(predictor, source: NnunetSource, checkpoint: str) -> None:
     parameters = []
     for i, fold in enumerate(source.folds):
         path = source.folder / f"fold_{fold}" / checkpoint
-        saved = torch.load(path, map_location=torch.device("cpu"), weights_only=False)
+        saved = read_checkpoint(path)
         if i == 0:
             trainer_name = str(saved["trainer_name"])
             configuration_name = saved["init_args"]["configuration"]
@@ -429,6 +428,58 @@ def _initialise(predictor, source: NnunetSource, checkpoint: str) -> None:
     predictor.manual_initialization(
         network, plans_manager, config, parameters, source.dataset, trainer_name, mirror_axes
     )
+
+
+def _checkpoint_globals() -> list[Any]:
+    """The globals beyond torch's own that ``nnUNetTrainer.save_checkpoint`` pickles:
+    numpy scalars (the logger's float32 losses, float64 dice, ``_best_ema``) and their
+    dtypes (``numpy.dtypes.Float32DType`` / ``Float64DType`` under numpy 2). The scalar's
+    module is ``numpy.core`` in checkpoints written under numpy 1, ``numpy._core`` under
+    numpy 2."""
+    import numpy as np
+
+    dtypes = [type(np.dtype(code)) for code in ("f4", "f8")]
+    scalar = np.float64(0).__reduce__()[0]  # numpy.(_)core.multiarray.scalar
+    return [np.dtype, *dtypes, scalar, (scalar, "numpy.core.multiarray.scalar")]
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """A trainer checkpoint read with ``torch.load(weights_only=True)``: tensors, plain
+    values and :func:`_checkpoint_globals`. Unpickling anything else can run code the
+    file names, so a checkpoint that needs it is refused instead."""
+    import pickle
+
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(_checkpoint_globals()):
+            saved = torch.load(path, map_location=torch.device("cpu"), weights_only=True)
+    except pickle.UnpicklingError as exc:
+        allowed = {
+            g[1] if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}"
+            for g in _checkpoint_globals()
+        }
+        try:
+            found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except ValueError:  # not a file torch.save wrote
+            _refuse(f"{path.parent.name}/{path.name} is not a torch checkpoint")
+        unsafe = [name for name in found if name not in allowed]
+        _refuse(
+            f"{path.parent.name}/{path.name} holds objects other than tensors, numbers and "
+            f"the trainer's settings ({', '.join(unsafe) or _first_line(exc)}); unpickling "
+            "them could run code, so radserve does not"
+        )
+    except (OSError, RuntimeError, EOFError) as exc:
+        _refuse(f"cannot read {path.parent.name}/{path.name}: {exc}")
+    if not isinstance(saved, dict) or not isinstance(saved.get("network_weights"), dict):
+        _refuse(f"{path.parent.name}/{path.name} is not an nnU-Net trainer checkpoint")
+    return saved
+
+
+def _first_line(exc: Exception) -> str:
+    """What torch's unpickler names as refused, without its advice to load unsafely."""
+    text = str(exc).split("WeightsUnpickler error:")[-1].strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _trainer_class(name: str):  # -> type[nnUNetTrainer]
