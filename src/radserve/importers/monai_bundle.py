@@ -82,6 +82,7 @@ from radserve.importers.common import (
     write_bundle_files,
 )
 from radserve.importers.monai_channels import channel_inputs, channel_names, stacking
+from radserve.importers.monai_config_guard import CheckedConfigParser
 from radserve.models.manifest import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -175,12 +176,12 @@ def read_bundle(folder: Path) -> MonaiSource:
     if weights is None:
         raise ImportRefusedError(f"no models/model.pt or models/model.ts in {folder}")
     try:
-        from monai.bundle import ConfigParser
+        import monai.bundle  # noqa: F401 - the extra's presence, checked before parsing
     except ImportError as exc:
         raise ImportRefusedError(
             "the MONAI importer needs the monai extra: pip install 'torch==2.13.0' 'monai==1.6.1'"
         ) from exc
-    parser = ConfigParser()
+    parser = CheckedConfigParser()  # the config's code is checked before MONAI runs it
     parser.read_meta(str(meta_path))
     parser.read_config(str(config_path))
     parser["bundle_root"] = str(folder)
@@ -231,6 +232,8 @@ def _parsed(source: MonaiSource, key: str) -> Any:
     try:
         with _bundle_code(source.folder):
             return source.parser.get_parsed_content(key)
+    except ImportRefusedError:
+        raise
     except Exception as exc:  # MONAI raises many kinds while instantiating
         raise ImportRefusedError(f"MONAI cannot build {key!r}: {exc}") from exc
 
