@@ -20,7 +20,13 @@ import numpy as np
 import pydicom
 from pydicom.encaps import encapsulate, encapsulate_extended, generate_frames
 from pydicom.sequence import Sequence as DicomSequence
-from pydicom.uid import JPEG2000Lossless, RLELossless, SecondaryCaptureImageStorage, generate_uid
+from pydicom.uid import (
+    JPEG2000Lossless,
+    JPEGLSLossless,
+    RLELossless,
+    SecondaryCaptureImageStorage,
+    generate_uid,
+)
 from tests.factories.dicom_series import CORONAL, make_ct_series, make_enhanced_series
 from tests.factories.service import GRID, ORIGIN, lesion_hu
 from tools.edge_variants import NAME, Files, Variant, _charset, _edit, _pixels
@@ -184,15 +190,18 @@ def _frame_spacing(ds: pydicom.Dataset) -> None:
 
 
 # --- pixel encodings ------------------------------------------------------------------------
-def _high_bits_garbage(folder: Path, files: Files) -> None:
+def _high_bits_garbage(syntax: str | None = None) -> Make:
     """Bits Stored 12 and the four bits above High Bit set at random (an overlay, or a
-    writer that did not clear them): PS3.5 8.1.1 says a reader ignores them."""
+    writer that did not clear them), native or compressed losslessly as they are:
+    PS3.5 8.1.1 says a reader ignores them."""
 
     def change(ds: pydicom.Dataset, k: int) -> None:
         noise = np.random.default_rng(k).integers(0, 16, (ds.Rows, ds.Columns), dtype="<u2")
         ds.PixelData = (_pixels(ds) | (noise << 12)).astype("<u2").tobytes()
+        if syntax is not None:
+            ds.compress(syntax)
 
-    _edit(files, change)
+    return lambda folder, files: _edit(files, change)
 
 
 def _corners(ds: pydicom.Dataset) -> np.ndarray:
@@ -310,7 +319,9 @@ def scanner_variants() -> list[Variant]:
             "ok",
         ),
         # pixel encodings
-        v("high_bits_garbage", _high_bits_garbage, "ok"),
+        v("high_bits_garbage", _high_bits_garbage(), "ok"),
+        v("high_bits_garbage_rle", _high_bits_garbage(RLELossless), "ok"),
+        v("high_bits_garbage_jpeg_ls", _high_bits_garbage(JPEGLSLossless), "ok"),
         v("pixel_padding_value", _padding(63536), "ok"),
         v("pixel_padding_range", _padding(4000, 4095), "ok"),
         v("signed_stored_hu", _signed_hu(declared_signed=True), "ok"),
