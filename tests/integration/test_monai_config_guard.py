@@ -86,3 +86,25 @@ def test_the_zoo_expressions_pass(expression):
 def test_expressions_outside_the_grammar_are_refused(expression, reason):
     with pytest.raises(ImportRefusedError, match=reason):
         check_expression(expression, "item")
+
+
+def test_torchscript_is_refused_unless_trusted_by_flag(tmp_path):
+    """A model.ts is code (TorchScript runs what it holds): the CLI refuses it, saying so,
+    unless --trust-torchscript is given; the refusal comes before the file is opened."""
+    from click.testing import CliRunner
+
+    from radserve.cli import cli
+
+    folder = write_monai_bundle(tmp_path / "bundle")
+    (folder / "models" / "model.pt").unlink()
+    (folder / "models" / "model.ts").write_bytes(b"not opened")
+    models = tmp_path / "models"
+    args = ["models", "import", "monai-bundle", str(folder), "--models-dir", str(models)]
+    refused = CliRunner().invoke(cli, args)
+    assert refused.exit_code == 1
+    assert "runs the code it holds" in refused.output
+    assert "--trust-torchscript" in refused.output
+    assert not models.exists()
+    trusted = CliRunner().invoke(cli, [*args, "--trust-torchscript"])
+    assert "--trust-torchscript" not in trusted.output  # past the refusal: torch reads the file
+    assert not models.exists()

@@ -234,7 +234,10 @@ def test_torchscript_model_ts_imports_like_model_pt(tmp_path: Path) -> None:
     torch.jit.trace(net.eval(), torch.zeros(1, 1, 96, 96, 96)).save(folder / "models" / "model.ts")
     (folder / "models" / "model.pt").unlink()
 
-    out = import_monai(folder, tmp_path / "models", name="ts", version="1")
+    with pytest.raises(ImportRefusedError, match="--trust-torchscript"):
+        import_monai(folder, tmp_path / "models", name="ts", version="1")
+    assert not (tmp_path / "models").exists()
+    out = import_monai(folder, tmp_path / "models", name="ts", version="1", trust_torchscript=True)
     assert "model.ts" in (out / "import.json").read_text()
     spec = load_manifest(out / "model.yaml")
     got = run_task(PatchTask(volume, spec), ModelSession(out / "model.onnx", spec, runtime=CPU))

@@ -356,8 +356,19 @@ def import_nnunet_command(
 @click.option("--name", default=None, help="Bundle name (default: metadata.json's name).")
 @click.option("--version", "version", default="1.0.0", show_default=True)
 @_channel_option
+@click.option(
+    "--trust-torchscript",
+    is_flag=True,
+    help="Import a models/model.ts (TorchScript runs the code it holds: only from a source "
+    "you trust). Without it a bundle with no model.pt is refused.",
+)
 def import_monai_command(
-    folder: Path, models_dir: Path, name: str | None, version: str, channels: tuple[str, ...]
+    folder: Path,
+    models_dir: Path,
+    name: str | None,
+    version: str,
+    channels: tuple[str, ...],
+    trust_torchscript: bool,
 ) -> None:
     """FOLDER: a MONAI Bundle (configs/inference.json, configs/metadata.json, models/model.pt)."""
     from radserve.importers import ImportRefusedError
@@ -366,7 +377,14 @@ def import_monai_command(
 
     try:
         rules = dict(parse_channel_option(c) for c in channels)
-        out = import_monai(folder, models_dir, name=name, version=version, channels=rules or None)
+        out = import_monai(
+            folder,
+            models_dir,
+            name=name,
+            version=version,
+            channels=rules or None,
+            trust_torchscript=trust_torchscript,
+        )
     except ImportRefusedError as exc:
         raise click.ClickException(str(exc)) from exc
     _echo_imported(folder, out)

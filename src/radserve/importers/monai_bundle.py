@@ -690,6 +690,13 @@ def manifest_from_monai(
         raise ImportRefusedError(f"the mapped model.yaml is invalid: {exc}") from exc
 
 
+TORCHSCRIPT_RUNS_CODE = (
+    "models/model.ts is TorchScript: loading and exporting it runs the code it holds "
+    "(a state dict, models/model.pt, holds none). Import TorchScript only from a source "
+    "you trust, and say so with --trust-torchscript"
+)
+
+
 def load_network(source: MonaiSource) -> Any:
     """The bundle's network with its weights, in eval mode (torch.nn.Module)."""
     import torch
@@ -716,10 +723,16 @@ def import_monai(
     name: str | None = None,
     version: str = "1.0.0",
     channels: dict[int, SeriesRule] | None = None,
+    trust_torchscript: bool = False,
 ) -> Path:
     """Write ``models_dir/<name>/<version>/`` (model.yaml, model.onnx, import.json),
-    whole or not at all (:func:`~radserve.importers.common.staged_bundle`)."""
+    whole or not at all (:func:`~radserve.importers.common.staged_bundle`).
+
+    A ``models/model.ts`` is refused unless ``trust_torchscript``: loading TorchScript
+    runs the code it holds (:data:`TORCHSCRIPT_RUNS_CODE`)."""
     source = read_bundle(folder)
+    if source.weights.suffix == ".ts" and not trust_torchscript:
+        raise ImportRefusedError(TORCHSCRIPT_RUNS_CODE)
     default = str(source.metadata.get("name") or Path(folder).name)
     name = name or "".join(c if c.isalnum() else "-" for c in default.lower()).strip("-")
     spec = manifest_from_monai(source, name=name, version=version, channels=channels)
