@@ -21,6 +21,7 @@ import highdicom as hd
 import pydicom
 import pytest
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
+from tests.factories.dciodvfy import dciodvfy_errors
 from tests.factories.dicom_series import make_ct_series
 from tests.factories.results import LESIONS, lesions_hu
 
@@ -88,10 +89,7 @@ def test_sr_marks_the_cut_lesion_like_a_partial_organ(run) -> None:
             assert [e.value.meaning for e in evaluations] == want
             assert all(e.name.meaning == "Quality Issue" for e in evaluations)
     if shutil.which("dciodvfy"):
-        check = subprocess.run(
-            ["dciodvfy", str(out / "measurements-sr.dcm")], capture_output=True, text=True
-        )
-        assert [ln for ln in (check.stdout + check.stderr).splitlines() if "Error" in ln] == []
+        assert dciodvfy_errors(out / "measurements-sr.dcm") == []
 
 
 def test_fhir_gives_lower_bounds_with_a_note_for_the_cut_lesion_only(run) -> None:

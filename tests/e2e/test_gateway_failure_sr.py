@@ -10,7 +10,6 @@ raises. Skips without Orthanc or dciodvfy."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import highdicom as hd
 import pydicom
 import pytest
+from tests.factories.dciodvfy import dciodvfy_errors
 from tests.factories.dicom_net import Orthanc
 from tests.factories.pacs import pacs_and_gateway
 from tests.factories.service import make_study
@@ -108,8 +108,7 @@ def test_failed_job_sends_an_sr_to_the_pacs(make_peers: Any, tmp_path: Path) -> 
     [sr_id] = _orthanc_srs(orthanc, study_id)
     path = tmp_path / "notice.dcm"
     path.write_bytes(orthanc.file(sr_id))
-    check = subprocess.run(["dciodvfy", str(path)], capture_output=True, text=True, timeout=60)
-    errors = [line for line in (check.stdout + check.stderr).splitlines() if "Error" in line]
+    errors = dciodvfy_errors(path)
     assert errors == [], errors
 
     sr = hd.sr.Comprehensive3DSR.from_dataset(pydicom.dcmread(path))

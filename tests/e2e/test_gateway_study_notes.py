@@ -18,7 +18,6 @@ server, dciodvfy. Skips without Orthanc or dciodvfy."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -31,6 +30,7 @@ import pytest
 from pydicom.uid import generate_uid
 from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage
+from tests.factories.dciodvfy import dciodvfy_errors
 from tests.factories.dicom_net import Orthanc, storescu
 from tests.factories.fhir_server import FhirServer
 from tests.factories.pacs import pacs_and_gateway
@@ -106,8 +106,7 @@ def _finished(service: Service) -> Any:
 
 def _sr_notes(path: Path) -> list[str]:
     """TEXT "Quality Issue" values in the SR's root-level Qualitative Evaluations."""
-    check = subprocess.run(["dciodvfy", str(path)], capture_output=True, text=True, timeout=60)
-    errors = [line for line in (check.stdout + check.stderr).splitlines() if "Error" in line]
+    errors = dciodvfy_errors(path)
     assert errors == [], errors
     sr = hd.sr.Comprehensive3DSR.from_dataset(pydicom.dcmread(path))
     out = []

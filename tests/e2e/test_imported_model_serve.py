@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.factories.dciodvfy import dciodvfy_errors
 from tests.factories.dicom_series import make_ct_series, new_uid
 from tests.factories.imported_serve import import_cli, run_cli, serve_and_read_seg
-from tests.integration.test_dciodvfy_results import dciodvfy_errors
 
 from radserve.domain.volume import Volume
 from radserve.models.manifest import load_manifest

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.factories.dciodvfy import dciodvfy_errors
 from tests.factories.imported_serve import import_cli, run_cli, serve_and_read_seg
 from tests.factories.server_process import radserve_command
-from tests.integration.test_dciodvfy_results import dciodvfy_errors
 
 from radserve.ingest import discover_series, load_series
 from radserve.models.manifest import load_manifest

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from tests.factories.dciodvfy import dciodvfy_errors, dciodvfy_findings
 from tests.factories.dicom_series import make_legacy_enhanced
 from tests.factories.results import relabel, run_test_pipeline
 
@@ -24,14 +25,6 @@ pytestmark = [
     pytest.mark.tools,
     pytest.mark.skipif(shutil.which("dciodvfy") is None, reason="dciodvfy not installed"),
 ]
-
-
-def dciodvfy_errors(path: Path) -> list[str]:
-    """dciodvfy's "Error" lines for one file (it writes its findings to stderr)."""
-    run = subprocess.run(
-        ["dciodvfy", str(path)], capture_output=True, text=True, timeout=60, check=False
-    )
-    return [line for line in (run.stdout + run.stderr).splitlines() if "Error" in line]
 
 
 @pytest.fixture(scope="module")
@@ -154,16 +147,6 @@ def dciodvfy_text_findings(path: Path) -> list[str]:
     """dciodvfy's lines about character sets and text that does not fit its repertoire."""
     words = ("repertoire", "Specific Character Set", "escape")
     return [line for line in dciodvfy_findings(path) if any(w in line for w in words)]
-
-
-def dciodvfy_findings(path: Path) -> list[str]:
-    """dciodvfy's "Error" and "Warning" lines for one file."""
-    run = subprocess.run(
-        ["dciodvfy", str(path)], capture_output=True, text=True, timeout=60, check=False
-    )
-    return [
-        line for line in (run.stdout + run.stderr).splitlines() if "Error" in line or "Warn" in line
-    ]
 
 
 def _with_header(files: list[Path], folder: Path, **values: str | None) -> list[Path]:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
-import subprocess
 
 import numpy as np
 import pydicom
 import pytest
+from tests.factories.dciodvfy import dciodvfy_report
 
 from radserve.ingest import discover_series, load_series
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
@@ -100,10 +100,7 @@ def test_radserve_ingest_loads_the_pet_on_its_own_grid(study):
 @pytest.mark.skipif(shutil.which("dciodvfy") is None, reason="dciodvfy not installed")
 def test_dciodvfy_reports_no_errors_on_the_pet(study):
     _phantom, _pet, _out, paths = study
-    result = subprocess.run(
-        ["dciodvfy", str(paths[5])], capture_output=True, text=True, timeout=60, check=False
-    )
-    report = result.stdout + result.stderr
+    report = dciodvfy_report(paths[5])
     assert "PETImage" in report
     assert not [line for line in report.splitlines() if "Error" in line], report
 

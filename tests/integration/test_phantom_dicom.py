@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import pytest
+from tests.factories.dciodvfy import dciodvfy_report
 
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
 
@@ -23,10 +23,7 @@ def phantom():
 @pytest.mark.parametrize("syntax", ["explicit", "jpeg2000", "rle"])
 def test_dciodvfy_reports_no_errors(phantom, tmp_path, syntax):
     paths = write_dicom_series(phantom, tmp_path, transfer_syntax=syntax, patient_name="Ünal^Ayşe")
-    result = subprocess.run(
-        ["dciodvfy", str(paths[1])], capture_output=True, text=True, timeout=60, check=False
-    )
-    report = result.stdout + result.stderr
+    report = dciodvfy_report(paths[1])
     assert "CTImage" in report
     errors = [line for line in report.splitlines() if "Error" in line]
     assert not errors, report
