@@ -515,6 +515,19 @@ class LabelSpec(_Strict):
         (), description="finding labels: upstream region labels a finding must lie in"
     )
 
+    @field_validator("name")
+    @classmethod
+    def _printable_single_value(cls, name: str) -> str:
+        """A label name becomes a DICOM value (SEG SegmentLabel, SR text): a backslash
+        would split it into two values, and control or format characters (NUL, newlines,
+        a right-to-left override) would be written into the objects and the console."""
+        if not name or not name.isprintable() or "\\" in name:
+            raise ValueError(
+                f"label name {name[:80]!r} must be printable text without a backslash "
+                "(no control or format characters such as NUL or U+202E)"
+            )
+        return name
+
     @property
     def is_region(self) -> bool:
         return self.kind in REGION_KINDS
