@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydicom.uid import SecondaryCaptureImageStorage
 from tests.factories.dicom_series import (
     make_ct_series,
     make_enhanced_series,
@@ -92,6 +93,64 @@ def test_each_series_not_selected_is_named_with_its_instance_count(tmp_path: Pat
     ) == [
         (2, 2, "2 images, fewer than the 3 required"),
         (3, 4, "modality MR is not one of ['CT']"),
+    ]
+
+
+def test_a_secondary_capture_with_modality_ct_is_never_the_series_that_runs(
+    tmp_path: Path,
+) -> None:
+    """A scanner's dose screen and a 3D rendering's screen captures are Secondary Capture
+    with Modality CT; under the default ``min_slices: 1`` the 8 captures outnumbered the
+    CT's 5 slices and were chosen (then refused at load as colour or without geometry)."""
+    study = new_uid()
+    make_ct_series(tmp_path / "study" / "ct", n_slices=5, series_number=2, study_uid=study)
+    captures = {"dose": (1, 999), "vr": (8, 3)}
+    for name, (count, number) in captures.items():
+        make_ct_series(tmp_path / "study" / name, n_slices=count, series_number=number,
+                       study_uid=study, sop_class_uid=SecondaryCaptureImageStorage,
+                       image_type=("ORIGINAL", "PRIMARY", "SCREEN SAVE"))  # fmt: skip
+    headers = discover_series(tmp_path / "study")
+    selected, rejected = select_series(headers, SeriesRules(prefer="most_slices"))
+    assert selected.series_number == 2
+    not_volumes = "Secondary Capture Image Storage is not a volume image class"
+    assert sorted((r.series_number, r.reason) for r in rejected) == [
+        (3, not_volumes),
+        (999, not_volumes),
+    ]
+    captures_only = [h for h in headers if h.series_number != 2]
+    with pytest.raises(StudyError, match="not a volume image class"):
+        select_series(captures_only, SeriesRules())
+
+
+def test_an_original_series_wins_a_tie_over_a_derived_one_in_any_order(tmp_path: Path) -> None:
+    """Two equally thin series of one size: the ORIGINAL acquisition runs, not the
+    DERIVED copy that has the lower Series Number; the input order changes nothing."""
+    study = new_uid()
+    make_ct_series(tmp_path / "study" / "derived", n_slices=5, series_number=1, study_uid=study,
+                   image_type=("DERIVED", "SECONDARY", "AXIAL"))  # fmt: skip
+    make_ct_series(tmp_path / "study" / "original", n_slices=5, series_number=2, study_uid=study)
+    headers = discover_series(tmp_path / "study")
+    for order in (headers, headers[::-1]):
+        selected, rejected = select_series(order, SeriesRules())
+        assert selected.series_number == 2
+        assert [(r.series_number, r.reason) for r in rejected] == [
+            (1, "an ORIGINAL series preferred over this DERIVED one")
+        ]
+
+
+def test_a_localizer_or_a_single_image_is_never_a_candidate(tmp_path: Path) -> None:
+    """Even a pipeline that excludes no image type never runs on a LOCALIZER series or a
+    single slice."""
+    study = new_uid()
+    make_ct_series(tmp_path / "study" / "scout", n_slices=3, series_number=1, study_uid=study,
+                   image_type=("ORIGINAL", "PRIMARY", "LOCALIZER"))  # fmt: skip
+    make_ct_series(tmp_path / "study" / "one", n_slices=1, series_number=2, study_uid=study)
+    headers = discover_series(tmp_path / "study")
+    assert sorted(
+        (r.series_number, r.reason) for r in refusals(headers, SeriesRules(exclude_image_types=()))
+    ) == [
+        (1, "image type ['LOCALIZER'] is excluded"),
+        (2, "a single image (a localizer or a capture), not a volume"),
     ]
 
 

@@ -32,23 +32,16 @@ from pynetdicom import sop_class as sc
 from pynetdicom.status import STATUS_SUCCESS, STATUS_WARNING, code_to_category
 
 from radserve.ingest import rules
+from radserve.ingest.sop_classes import VOLUME_IMAGE_STORAGE
 
 # Image storage: what radserve files into a study folder and hands to intake. The
-# cross-sectional classes feed the pipelines; the rest travel with CT/MR studies when a
-# PACS forwards a whole study, and series selection ignores them.
-IMAGE_STORAGE: tuple[UID, ...] = tuple(
+# cross-sectional classes (radserve.ingest.sop_classes) feed the pipelines; the rest
+# travel with CT/MR studies when a PACS forwards a whole study, and series selection
+# passes them over.
+IMAGE_STORAGE: tuple[UID, ...] = VOLUME_IMAGE_STORAGE + tuple(
     UID(uid)
     for uid in (
-        sc.CTImageStorage,
-        sc.EnhancedCTImageStorage,
-        sc.LegacyConvertedEnhancedCTImageStorage,
-        sc.MRImageStorage,
-        sc.EnhancedMRImageStorage,
         sc.EnhancedMRColorImageStorage,
-        sc.LegacyConvertedEnhancedMRImageStorage,
-        sc.PositronEmissionTomographyImageStorage,
-        sc.EnhancedPETImageStorage,
-        sc.LegacyConvertedEnhancedPETImageStorage,
         sc.NuclearMedicineImageStorage,
         sc.ComputedRadiographyImageStorage,
         sc.DigitalXRayImageStorageForPresentation,

@@ -6,7 +6,10 @@ import re
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
+from pydicom.uid import UID
+
 from radserve.errors import StudyError, UnsupportedModalityError
+from radserve.ingest.sop_classes import VOLUME_IMAGE_STORAGE
 from radserve.pipeline.spec import SeriesRules
 from radserve.report.schema import SeriesRef
 
@@ -32,18 +35,27 @@ class SeriesLike(Protocol):
     def image_type(self) -> tuple[str, ...]: ...
     @property
     def series_description(self) -> str: ...
+    @property
+    def sop_class_uid(self) -> str: ...
 
 
 S = TypeVar("S", bound=SeriesLike)
+
+# Never a pipeline's input, whatever a pipeline's exclude_image_types say.
+_LOCALIZER = "LOCALIZER"
 
 
 def rejection_reason(series: SeriesLike, rules: SeriesRules) -> str | None:
     """The first rule ``series`` breaks, in words, or None when it qualifies."""
     if rules.modalities and series.modality not in rules.modalities:
         return f"modality {series.modality} is not one of {list(rules.modalities)}"
-    excluded = set(series.image_type) & set(rules.exclude_image_types)
+    if series.sop_class_uid not in VOLUME_IMAGE_STORAGE:
+        return f"{_sop_class_name(series.sop_class_uid)} is not a volume image class"
+    excluded = set(series.image_type) & {*rules.exclude_image_types, _LOCALIZER}
     if excluded:
         return f"image type {sorted(excluded)} is excluded"
+    if series.number_of_frames == 1:
+        return "a single image (a localizer or a capture), not a volume"
     if series.number_of_frames < rules.min_slices:
         return f"{series.number_of_frames} images, fewer than the {rules.min_slices} required"
     thickness = series.slice_thickness
@@ -84,14 +96,14 @@ def select_series(series: Sequence[S], rules: SeriesRules) -> tuple[S, list[Seri
                 f"{sorted({s.modality for s in series})} ({detail})"
             )
         raise StudyError(f"no series meets the pipeline's selection rules ({detail})")
-    if rules.prefer == "thinnest":
-        key = lambda s: (s.slice_thickness or 1e9, -s.number_of_frames)  # noqa: E731
-    else:
-        key = lambda s: (-s.number_of_frames, s.slice_thickness or 1e9)  # noqa: E731
-    ordered = sorted(candidates, key=key)
+    ordered = sorted(candidates, key=lambda s: _preference(s, rules))
     best = ordered[0]
     for other in ordered[1:]:
-        rejected.append(_ref(other, f"another series preferred ({rules.prefer})"))
+        if _is_derived(other) and not _is_derived(best):
+            reason = "an ORIGINAL series preferred over this DERIVED one"
+        else:
+            reason = f"another series preferred ({rules.prefer})"
+        rejected.append(_ref(other, reason))
     return best, rejected
 
 
@@ -106,6 +118,29 @@ def refusals(series: Sequence[SeriesLike], rules: SeriesRules) -> list[SeriesRef
             return []
         refused.append(_ref(s, reason))
     return refused
+
+
+def _preference(series: SeriesLike, rules: SeriesRules) -> tuple[object, ...]:
+    """Sort key, best first: ORIGINAL before DERIVED/SECONDARY (a reformat or a copy of
+    the acquisition), then the pipeline's ``prefer``, then Series Number and UID so that
+    a tie is decided alike at every door."""
+    thickness = series.slice_thickness or 1e9
+    if rules.prefer == "thinnest":
+        size: tuple[float, float] = (thickness, -series.number_of_frames)
+    else:
+        size = (-series.number_of_frames, thickness)
+    number = series.series_number if series.series_number is not None else 2**31
+    return (_is_derived(series), *size, number, series.series_instance_uid)
+
+
+def _is_derived(series: SeriesLike) -> bool:
+    """Image Type says DERIVED (value 1) or SECONDARY (value 2); an absent one does not."""
+    return bool({"DERIVED", "SECONDARY"} & set(series.image_type[:2]))
+
+
+def _sop_class_name(uid: str) -> str:
+    known = UID(uid)
+    return known.name if uid and known.name != uid else f"SOP Class {uid or '(none)'}"
 
 
 def _ref(series: SeriesLike, reason: str) -> SeriesRef:
