@@ -37,6 +37,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from radserve.domain.critical import CriticalRule
 from radserve.domain.priority import PriorityClass, PriorityRules
 from radserve.errors import RadserveError
+from radserve.yaml_text import load_yaml
 
 ENV_PREFIX = "RADSERVE_"
 CONFIG_ENV = "RADSERVE_CONFIG"
@@ -1031,7 +1032,7 @@ def _read_config_file(path: Path) -> dict[str, Any]:
         if suffix == ".toml":
             data: Any = tomllib.loads(text)
         elif suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
+            data = load_yaml(text)
         else:
             raise ConfigError(f"config file {path} must end in .yaml, .yml or .toml")
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:

@@ -39,6 +39,7 @@ from radserve.models.ops import (
     check_op_names,
     legacy_postprocess,
 )
+from radserve.yaml_text import load_yaml
 
 # bf16 is the fp32 file run in bfloat16 arithmetic (OpenVINO on a CPU with AMX or
 # AVX-512 BF16): declared as ``bf16: model.onnx`` and gated like the file variants.
@@ -899,7 +900,7 @@ class ModelSpec(_Strict):
 def load_manifest(path: Path) -> ModelSpec:
     """Parse and validate a ``model.yaml``; errors name the file and the broken field."""
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ModelError(f"cannot read model manifest {path}: {exc}") from exc
     try:

@@ -1,0 +1,54 @@
+"""YAML as radserve reads it (model.yaml, pipeline files, the config file): PyYAML's safe
+loader, with the document's size bounded as it would be once aliases are expanded.
+
+``yaml.safe_load`` keeps an alias as a reference, so a 500-byte "billion laughs" file
+(ten anchors, each nine aliases of the one before) loads at once; whatever walks the
+result then meets 9**10 leaves: pydantic's refusal of it ran for minutes. A document
+whose expansion exceeds :data:`MAX_NODES` is refused before it is constructed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+__all__ = ["MAX_NODES", "load_yaml"]
+
+MAX_NODES = 1_000_000  # a model.yaml with every option set is a few hundred nodes
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """Nodes in ``node``'s tree with every alias expanded (each shared node sized once)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(child, sizes) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size = 1 + sum(
+            _expanded_size(key, sizes) + _expanded_size(value, sizes) for key, value in node.value
+        )
+    else:
+        size = 1
+    sizes[id(node)] = size
+    return size
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``, refusing (``yaml.YAMLError``) a document larger than
+    :data:`MAX_NODES` nodes with its aliases expanded, or nested too deeply to read."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node, {})
+        if size > MAX_NODES:
+            raise yaml.YAMLError(
+                f"the document has {size:,} nodes with its aliases expanded "
+                f"(at most {MAX_NODES:,}): an alias bomb?"
+            )
+        return loader.construct_document(node)
+    except RecursionError as exc:
+        raise yaml.YAMLError("the document is nested too deeply to read") from exc
+    finally:
+        loader.dispose()

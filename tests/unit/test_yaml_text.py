@@ -1,0 +1,46 @@
+"""YAML alias bombs ("billion laughs") and deep nesting in the files radserve reads:
+refused with a YAML error before the document is constructed, where ``yaml.safe_load``
+had returned at once and pydantic then ran for minutes over 9**10 leaves. Ordinary
+anchors still load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from radserve.config import ConfigError, load_settings
+from radserve.models.manifest import ModelError, load_manifest
+from radserve.yaml_text import load_yaml
+
+
+def _laughs(levels: int = 10) -> str:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]")
+    return "\n".join([*lines, f"name: *a{levels - 1}", ""])
+
+
+def test_a_billion_laughs_model_yaml_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "model.yaml"
+    path.write_text(_laughs())
+    with pytest.raises(ModelError, match="alias bomb"):
+        load_manifest(path)
+
+
+def test_a_billion_laughs_config_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "radserve.yaml"
+    path.write_text(_laughs())
+    with pytest.raises(ConfigError, match="alias bomb"):
+        load_settings(path)
+
+
+def test_deep_nesting_is_a_yaml_error() -> None:
+    with pytest.raises(yaml.YAMLError):
+        load_yaml("[" * 100_000 + "]" * 100_000)
+
+
+def test_ordinary_anchors_load_as_safe_load_reads_them() -> None:
+    text = "base: &base {a: 1, b: [1, 2]}\nx: *base\ny: {<<: *base, b: [3]}\n" + _laughs(3)
+    assert load_yaml(text) == yaml.safe_load(text)
