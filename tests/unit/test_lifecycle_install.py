@@ -215,3 +215,24 @@ def test_the_start_sweep_removes_what_stopped_installs_left_and_keeps_the_rest(
         )
         assert [p.name for p in (models / ".uploads").iterdir()] == ["tmpb.zip"]
         assert remove_interrupted_installs(tmp_path) == 1  # the held one's holder ended
+
+
+@pytest.mark.parametrize("kind", ["fifo", "character device"])
+def test_a_folder_holding_a_device_file_or_fifo_is_refused(
+    bundle: Path, tmp_path: Path, kind: str
+) -> None:
+    """Copying a special file reads it: /dev/zero's node never ends, a FIFO waits for a
+    writer. The node made here is /dev/null's (1, 3), so the copy it replaces ends."""
+    import stat as stat_module
+
+    special = bundle / "weights.bin"
+    if kind == "fifo":
+        os.mkfifo(special)
+    elif os.geteuid() != 0:
+        pytest.skip("making a device node needs root")
+    else:
+        os.mknod(special, stat_module.S_IFCHR | 0o600, os.makedev(1, 3))
+    data = tmp_path / "data"
+    with pytest.raises(BundleRejectedError, match=r"weights\.bin, a device file, FIFO or socket"):
+        install_bundle(bundle, data, actor="tester", host=HOST)
+    assert not (data / "models" / "lesions-test").exists()

@@ -183,6 +183,18 @@ def extract_zip(archive: Path, target: Path, limits: ArchiveLimits = ArchiveLimi
                 raise BundleRejectedError(f"{archive.name}: cannot extract: {exc}") from exc
 
 
+def _refuse_special_files(folder: Path) -> None:
+    """Refuse a bundle folder holding a device file, FIFO or socket: copying one reads
+    it (a character device like /dev/zero never ends; a FIFO waits for a writer)."""
+    for path in folder.rglob("*"):
+        kind = stat.S_IFMT(path.lstat().st_mode)
+        if kind not in (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK):
+            raise BundleRejectedError(
+                f"the bundle folder holds {path.relative_to(folder)}, a device file, FIFO "
+                "or socket; copy real files"
+            )
+
+
 def _bundle_dir(root: Path) -> Path:
     """The one folder under ``root`` (itself, or up to 3 levels down) holding model.yaml."""
     found = [p.parent for p in root.rglob(MANIFEST) if len(p.relative_to(root).parts) <= 4]
@@ -313,6 +325,7 @@ def install_bundle(
     try:
         if source.is_dir():
             bundle = _bundle_dir(source)
+            _refuse_special_files(bundle)
             copy = staging / "bundle"
             shutil.copytree(bundle, copy, symlinks=True)
             if any(p.is_symlink() for p in copy.rglob("*")):
