@@ -268,3 +268,24 @@ def test_per_image_normalisations_are_refused_where_they_cannot_be_exact(tmp_pat
     raw["input"].pop("test_time_augmentation")
     with pytest.raises(ValueError, match=reason):
         ModelSpec.model_validate(raw)
+
+
+@pytest.mark.parametrize(
+    ("plans_text", "reason"),
+    [
+        (None, "NaN and Infinity are JavaScript's"),  # a NaN spacing (json.dumps writes NaN)
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ("[1, 2]", "plans.json is not a JSON object"),
+    ],
+)
+def test_plans_that_are_not_a_finite_json_object_are_refused(tmp_path, plans_text, reason):
+    """Python's json reads NaN, and a NaN spacing had gone into model.yaml as is; deep
+    nesting had raised RecursionError out of the importer."""
+    folder = _folder(tmp_path)
+    if plans_text is None:
+        plans = tiny_plans()
+        plans["configurations"][CONFIG]["spacing"][0] = float("nan")
+        plans_text = json.dumps(plans)
+    (folder / "plans.json").write_text(plans_text)
+    with pytest.raises(ImportRefusedError, match=reason):
+        read_results_folder(folder)

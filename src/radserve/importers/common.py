@@ -40,6 +40,26 @@ def _suffixed(code: str, value: int) -> str:
     return code[: 16 - len(suffix)].rstrip("-") + suffix
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (NaN and Infinity are JavaScript's)")
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """``path``'s JSON object (an AI team's plans, dataset.json, metadata.json), refused
+    (:class:`ImportRefusedError`) when unreadable, not an object, nested too deeply for
+    the parser, or holding NaN/Infinity, which Python's json accepts and would carry into
+    model.yaml as a spacing or intensity of NaN."""
+    try:
+        data = json.loads(path.read_text(), parse_constant=_no_constant)
+    except (OSError, ValueError) as exc:
+        raise ImportRefusedError(f"cannot read {path.name}: {exc}") from exc
+    except RecursionError as exc:
+        raise ImportRefusedError(f"{path.name} is nested too deeply to read") from exc
+    if not isinstance(data, dict):
+        raise ImportRefusedError(f"{path.name} is not a JSON object")
+    return data
+
+
 def label_entries(pairs: list[tuple[int, str]]) -> list[dict[str, Any]]:
     """:func:`label_entry` for each (value, name), by value; codes made distinct (a code
     another label already has gets ``-<value>`` in place of its tail)."""
@@ -185,6 +205,7 @@ __all__ = [
     "export_checked",
     "label_entries",
     "label_entry",
+    "read_json_object",
     "sha256_file",
     "staged_bundle",
     "write_bundle_files",

@@ -63,7 +63,6 @@ The model zoo bundles each of these was checked on: docs/bring-your-own-model.md
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from collections.abc import Iterator
@@ -77,6 +76,7 @@ from radserve.importers.channel_series import SeriesRule
 from radserve.importers.common import (
     export_checked,
     label_entries,
+    read_json_object,
     sha256_file,
     staged_bundle,
     write_bundle_files,
@@ -161,10 +161,7 @@ def read_bundle(folder: Path) -> MonaiSource:
     if config_path is None:
         raise ImportRefusedError(f"no configs/inference.json or .yaml in {folder}")
     meta_path = configs / "metadata.json"
-    try:
-        metadata = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ImportRefusedError(f"cannot read {meta_path}: {exc}") from exc
+    metadata = read_json_object(meta_path)
     weights = next(
         (
             p

@@ -44,7 +44,6 @@ and no ``--channel`` names one, two channels read from the same series, a PET-on
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ from radserve.importers.channel_series import SeriesRule, reference_channel
 from radserve.importers.common import (
     export_checked,
     label_entries,
+    read_json_object,
     sha256_file,
     staged_bundle,
     write_bundle_files,
@@ -91,16 +91,6 @@ class NnunetSource:
     folds: tuple[str, ...]
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ImportRefusedError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ImportRefusedError(f"{path} is not a JSON object")
-    return data
-
-
 def _resolve(plans: dict[str, Any], name: str) -> dict[str, Any]:
     """A configuration with ``inherits_from`` applied (as nnU-Net's PlansManager does)."""
     configs = plans.get("configurations") or {}
@@ -131,8 +121,8 @@ def read_results_folder(
             "(<Trainer>__<Plans>__<configuration>, e.g. nnUNetTrainer__nnUNetPlans__3d_fullres)"
         )
     trainer, _plans_name, configuration = parts
-    dataset = _read_json(folder / "dataset.json")
-    plans = _read_json(folder / "plans.json")
+    dataset = read_json_object(folder / "dataset.json")
+    plans = read_json_object(folder / "plans.json")
     found = sorted(p.parent.name.removeprefix("fold_") for p in folder.glob(f"fold_*/{checkpoint}"))
     chosen = tuple(folds) if folds else tuple(found)
     missing = [f for f in chosen if f not in found]
