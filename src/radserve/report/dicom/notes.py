@@ -1,4 +1,5 @@
-"""Text notes in radserve's TID 1500 SRs: the failure notice and study-completeness warnings.
+"""Text notes in radserve's TID 1500 SRs: the failure notice, study-completeness warnings
+and the series of the study that were not analysed, with the reason.
 
 TID 1500 (Measurement Report) allows, beside its Imaging Measurements, a root-level
 "Qualitative Evaluations" container (UMLS C0034375) of CODE and TEXT items; highdicom
@@ -23,6 +24,8 @@ ANALYSIS_STATUS = Code("analysis-status", SCHEME, "AI analysis status")
 ANALYSIS_FAILED = Code("analysis-failed", SCHEME, "AI analysis failed")
 ERROR_CODE = Code("error-code", SCHEME, "Error code")
 FAILURE_REASON = Code("failure-reason", SCHEME, "Failure reason")
+# a series of the study the result does not cover: TEXT = its number, UID and the reason
+SERIES_NOT_ANALYSED = Code("series-skipped", SCHEME, "Series not analysed")
 # a warning a reader of the result must see: TEXT "Quality Issue" = the warning's message
 QUALITY_ISSUE = codes.DCM.QualityIssue
 
@@ -74,6 +77,7 @@ __all__ = [
     "FAILURE_REASON",
     "QUALITY_ISSUE",
     "SCHEME",
+    "SERIES_NOT_ANALYSED",
     "append_to_root",
     "code",
     "declare_scheme",

@@ -25,7 +25,9 @@ Content tree (highdicom templates):
 A report warning that the study may hold images the result does not cover (late
 instances under the gateway's ``flag`` policy, a transfer cut off and never resumed:
 :data:`radserve.report.wording.COMPLETENESS_WARNINGS`) becomes a TEXT "Quality Issue"
-(DCM 113010) in TID 1500's Qualitative Evaluations container.
+(DCM 113010) in TID 1500's Qualitative Evaluations container; each series of the study
+that was not analysed (``series_selection.rejected``), a TEXT "Series not analysed"
+(99RADSERVE) there: "Series 3 (<Series Instance UID>): <the selection rule's reason>".
 
 Evidence (Current Requested Procedure Evidence) lists every source instance and each SEG.
 When the source is an Enhanced (multi-frame) instance, every image reference (key slice,
@@ -95,7 +97,8 @@ def build_sr(
     texts = [common.lesion_name(f.finding_id) for f in report.findings]
     texts += [_class_name(c) for c in report.classifications]
     texts += [m.label for m in report.organ_measurements] + [n for pair in algorithms for n in pair]
-    texts += common.software_versions(report) + completeness_notes(report.warnings)
+    skipped = series_not_analysed(report)
+    texts += common.software_versions(report) + completeness_notes(report.warnings) + skipped
     shielded, patient_name = common.shield_patient_name(sources.instances())
     try:
         content = hd.sr.MeasurementReport(
@@ -104,11 +107,11 @@ def build_sr(
             imaging_measurements=groups or None,  # type: ignore[arg-type]
         )
         completeness = completeness_notes(report.warnings)
-        if completeness:  # the study may hold images this result does not cover
-            notes.append_to_root(
-                content[0],
-                notes.evaluations([notes.text(notes.QUALITY_ISSUE, n) for n in completeness]),
-            )
+        evaluations = [notes.text(notes.QUALITY_ISSUE, n) for n in completeness]
+        # the study may hold images this result does not cover: late ones, other series
+        evaluations += [notes.text(notes.SERIES_NOT_ANALYSED, n) for n in skipped]
+        if evaluations:
+            notes.append_to_root(content[0], notes.evaluations(evaluations))
         sr = hd.sr.Comprehensive3DSR(
             evidence=[*shielded, *segs],
             content=content[0],
@@ -131,10 +134,22 @@ def build_sr(
         )
     except (ValueError, TypeError, AttributeError) as exc:
         raise ReportError(f"DICOM SR could not be built: {exc}") from exc
+    if skipped:
+        notes.declare_scheme(sr)
     common.restore_patient_name(sr, patient_name)
     common.set_character_set(sr, common.output_character_set(sources[0], texts))
     logger.info("SR built: %d measurement groups, %d SEG referenced", len(groups), len(segs))
     return sr
+
+
+def series_not_analysed(report: Report) -> list[str]:
+    """A line per series of the study not analysed, "Series 3 (<UID>): <reason>": Series
+    Number, UID and the selection rule only, never a patient attribute."""
+    return [
+        f"Series {ref.series_number if ref.series_number is not None else '?'} "
+        f"({ref.series_instance_uid}): {ref.reason or 'not selected'}"
+        for ref in report.series_selection.rejected
+    ]
 
 
 def write_sr(
