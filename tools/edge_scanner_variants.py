@@ -3,11 +3,12 @@
 ``tools/edge_variants.py`` breaks a clean study; these are studies a scanner writes in
 ways the first set did not try: stacks that are tilted, sheared, unevenly spaced or stored
 out of order; a localizer or a dose screenshot (Secondary Capture) in the CT series or
-beside it; a thicker second series; Enhanced CT multi-frame whose per-frame functional
-groups disagree; pixel encodings (garbage above Bits Stored, Pixel Padding Value and
-Range Limit, signed stored values, a rescale per slice, unsigned declared for signed
-data, encapsulated data in several or empty fragments, an Extended Offset Table); and
-character sets (ISO 2022 IR 149, UTF-8, an unknown term, UTF-8 undeclared).
+beside it; a thicker second series, an equal DERIVED one, a series of screen captures;
+Enhanced CT multi-frame whose per-frame functional groups disagree; pixel encodings
+(garbage above Bits Stored, Pixel Padding Value and Range Limit, signed stored values, a
+rescale per slice, unsigned declared for signed data, encapsulated data in several or
+empty fragments, an Extended Offset Table); and character sets (ISO 2022 IR 149, UTF-8,
+an unknown term, UTF-8 undeclared).
 """
 
 from __future__ import annotations
@@ -305,6 +306,26 @@ def scanner_variants() -> list[Variant]:
                 spacing=(4.0, 1.0, 1.0),
                 hu=lesion_hu((30.0, 30.0, 90.0)),
                 series_number=2,
+            ),
+            "ok",
+        ),
+        v(
+            "derived_tie_in_study",  # an equal DERIVED copy, lower Series Number, lesion elsewhere
+            _second_series(
+                hu=lesion_hu((30.0, 30.0, 90.0)),
+                series_number=0,
+                image_type=("DERIVED", "SECONDARY", "AXIAL"),
+            ),
+            "ok",
+        ),
+        v(
+            "screen_captures_in_study",  # 24 Secondary Capture images, Modality CT, 2 mm
+            _second_series(
+                n_slices=24,
+                hu=lesion_hu((30.0, 30.0, 90.0)),
+                series_number=3,
+                sop_class_uid=SecondaryCaptureImageStorage,
+                image_type=("ORIGINAL", "PRIMARY", "SCREEN SAVE"),
             ),
             "ok",
         ),
