@@ -8,6 +8,8 @@ here, so a site can add an exported nnU-Net/MONAI model without writing Python.
 from __future__ import annotations
 
 import difflib
+import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -645,6 +647,17 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="before")
     @classmethod
+    def _finite_numbers(cls, data: object) -> object:
+        """YAML reads ``.nan`` and ``.inf`` as floats, and a bound such as ``gt=0`` lets
+        infinity through: a spacing, threshold or intensity of NaN/inf is refused here,
+        whichever section holds it, naming the field."""
+        for where, value in _numbers(data, ""):
+            if not math.isfinite(value):
+                raise ValueError(f"{where or 'value'} is {value}: numbers must be finite")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _default_kinds(cls, data: object) -> object:
         """Labels without ``kind`` take the task's (segmentation: organ; detection: lesion)."""
         if not isinstance(data, dict) or not isinstance(data.get("labels"), list | tuple):
@@ -895,6 +908,18 @@ class ModelSpec(_Strict):
             if label.name == name:
                 return label
         raise KeyError(name)
+
+
+def _numbers(data: object, where: str) -> Iterator[tuple[str, float]]:
+    """Every float in a manifest's raw mapping, with its dotted path (``input.spacing[0]``)."""
+    if isinstance(data, float):
+        yield where, data
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            yield from _numbers(value, f"{where}.{key}" if where else str(key))
+    elif isinstance(data, list | tuple):
+        for i, value in enumerate(data):
+            yield from _numbers(value, f"{where}[{i}]")
 
 
 def load_manifest(path: Path) -> ModelSpec:
