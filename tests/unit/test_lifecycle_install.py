@@ -69,6 +69,27 @@ def test_install_a_folder_records_every_hash_and_the_registry_finds_it(
     assert verify_install(target) == ["model.onnx changed since install"]
 
 
+def test_a_hard_link_out_of_the_bundle_is_installed_as_a_copy_of_its_content(
+    bundle: Path, tmp_path: Path
+) -> None:
+    """A bundle file hard-linked to a file outside the bundle (st_nlink 2) is read like any
+    file: the install holds its own copy (its own inode, one link), so a later in-place
+    write to the outside file changes nothing installed. The data dir is on the same file
+    system here, where a link-preserving copy could have shared the inode."""
+    outside = tmp_path / "outside.onnx"
+    os.replace(bundle / "model.onnx", outside)
+    os.link(outside, bundle / "model.onnx")
+    assert (bundle / "model.onnx").stat().st_nlink == 2
+    original = outside.read_bytes()
+    installed = install_bundle(bundle, tmp_path / "data", actor="tester", host=HOST)
+    copied = installed.directory / "model.onnx"
+    assert copied.stat().st_nlink == 1 and copied.stat().st_ino != outside.stat().st_ino
+    with outside.open("r+b") as writer:  # in place: the same inode, new bytes
+        writer.write(b"changed")
+    assert copied.read_bytes() == original
+    assert verify_install(installed.directory) == []
+
+
 def test_a_version_is_never_replaced(bundle: Path, tmp_path: Path) -> None:
     install_bundle(bundle, tmp_path / "data", host=HOST)
     with pytest.raises(BundleExistsError, match="never replaced"):

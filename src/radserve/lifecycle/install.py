@@ -17,7 +17,9 @@ and gated into the bundle) runs on the staged copy after these checks and before
 hashes are taken, so the variants and their ``gate.json`` are part of what was
 installed; the ONNX checks run again on what it declared.
 
-The bundle is then copied to ``<data_dir>/models/<name>/<version>/`` (atomic rename from
+The bundle is then copied by content (a file hard-linked to one outside the bundle is
+read, never linked: the store holds its own inode) to
+``<data_dir>/models/<name>/<version>/`` (atomic rename from
 a staging folder on the same file system, every file and folder fsynced before it and
 the parent folder after: :func:`radserve.durable.rename_tree`) with ``install.json``: the
 SHA-256 of every file, when, from where and by whom. :func:`verify_install` recomputes
