@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -25,6 +24,7 @@ from radserve.ingest import IngestPolicy, LoadedSeries, SeriesHeader, load_serie
 from radserve.ingest.suv import series_to_suv
 from radserve.models.manifest import ChannelSpec, ModelSpec
 from radserve.models.registry import ModelRegistry
+from radserve.pipeline.selection import LOCALIZER_IMAGE_TYPE, description_matches
 from radserve.pipeline.spec import PipelineSpec
 from radserve.preprocess.onto_grid import resample_onto
 from radserve.progress import StageTimer
@@ -60,10 +60,9 @@ def matches(header: SeriesHeader, channel: ChannelSpec) -> bool:
     """Whether ``header`` is a series ``channel`` may be taken from."""
     if header.modality.upper() != channel.modality:
         return False
-    if "LOCALIZER" in {t.upper() for t in header.image_type}:
+    if LOCALIZER_IMAGE_TYPE in {t.upper() for t in header.image_type}:
         return False
-    pattern = channel.series_description
-    return pattern is None or re.search(pattern, header.series_description or "") is not None
+    return description_matches(channel.series_description, header.series_description)
 
 
 def _wanted(channel: ChannelSpec) -> str:

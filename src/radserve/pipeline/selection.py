@@ -42,7 +42,13 @@ class SeriesLike(Protocol):
 S = TypeVar("S", bound=SeriesLike)
 
 # Never a pipeline's input, whatever a pipeline's exclude_image_types say.
-_LOCALIZER = "LOCALIZER"
+LOCALIZER_IMAGE_TYPE = "LOCALIZER"
+
+
+def description_matches(pattern: str | None, description: str | None) -> bool:
+    """Whether a Series Description satisfies a rule's regular expression (none: any);
+    searched, not matched whole, so a rule may name a word of it."""
+    return pattern is None or re.search(pattern, description or "") is not None
 
 
 def rejection_reason(series: SeriesLike, rules: SeriesRules) -> str | None:
@@ -51,7 +57,7 @@ def rejection_reason(series: SeriesLike, rules: SeriesRules) -> str | None:
         return f"modality {series.modality} is not one of {list(rules.modalities)}"
     if series.sop_class_uid not in VOLUME_IMAGE_STORAGE:
         return f"{_sop_class_name(series.sop_class_uid)} is not a volume image class"
-    excluded = set(series.image_type) & {*rules.exclude_image_types, _LOCALIZER}
+    excluded = set(series.image_type) & {*rules.exclude_image_types, LOCALIZER_IMAGE_TYPE}
     if excluded:
         return f"image type {sorted(excluded)} is excluded"
     if series.number_of_frames == 1:
@@ -63,7 +69,7 @@ def rejection_reason(series: SeriesLike, rules: SeriesRules) -> str | None:
     if limit is not None and thickness is not None and thickness > limit + 1e-6:
         return f"slice thickness {thickness:g} mm exceeds {limit:g} mm"
     pattern = rules.series_description
-    if pattern is not None and re.search(pattern, series.series_description or "") is None:
+    if not description_matches(pattern, series.series_description):
         return f"series description {series.series_description!r} does not match {pattern!r}"
     if rules.body_parts:
         part = (series.body_part_examined or "").upper()
