@@ -130,9 +130,27 @@ def shield_patient_name(sources: Sequence[Dataset]) -> tuple[list[Dataset], obje
     return [first, *sources[1:]], name
 
 
+PN_GROUP_MAX_CHARS = 64  # PS3.5 Table 6.2-1: a PN component group holds at most 64 characters
+
+
 def restore_patient_name(dataset: Dataset, name: object) -> None:
-    if name is not None:
-        dataset.PatientName = name
+    """Put the source's Patient's Name back, each component group cut to PN's 64
+    characters: a source may hold any length (a 65,534-byte name was copied whole, and
+    dciodvfy rejected every SEG and SR). The cut is logged, never the name."""
+    if name is None:
+        return
+    groups = str(name).split("=")
+    if longest := max(
+        (len(group) for group in groups if len(group) > PN_GROUP_MAX_CHARS), default=0
+    ):
+        logger.warning(
+            "source Patient's Name has a component group of %d characters; written cut to "
+            "the %d DICOM allows",
+            longest,
+            PN_GROUP_MAX_CHARS,
+        )
+        name = "=".join(group[:PN_GROUP_MAX_CHARS] for group in groups)
+    dataset.PatientName = name
 
 
 # --- identifiers ------------------------------------------------------------------------------
