@@ -238,6 +238,7 @@ def test_install_canary_shadow_promote_rollback_under_load(server: Server, tmp_p
             ],
             "the shadow comparisons of 1.3.0",
             120,
+            state=lambda: _comparison_state(server, c, admin, jobs),
         )
         assert comparisons[0]["lesion_agreement"] == 1.0
     events = [
@@ -254,6 +255,27 @@ def test_install_canary_shadow_promote_rollback_under_load(server: Server, tmp_p
         "deployment.rollback",
     ]
     assert events[-1][1] is not None and events[-2][1] is not None  # who: the admin key
+
+
+def _comparison_state(server: Server, c: httpx.Client, admin: dict, jobs: list[str]) -> dict:
+    """What the comparison machinery holds, for a failure message: the records, the runs
+    waiting and skipped, whether the server is idle, and which jobs asked for a shadow
+    run (and whether they were served from the cache, which asks for none)."""
+    lifecycle = server.service.lifecycle
+    shadows = {}
+    for job_id in jobs:
+        job = server.service.store.get_job(job_id)
+        wanted = job.queue_meta.get("shadows")
+        if wanted:
+            shadows[job_id[:8]] = (wanted, job.state.value, job.cached_from is not None)
+    return {
+        "comparisons": c.get("/v1/models/comparisons", headers=admin).json(),
+        "waiting": lifecycle._tasks.waiting(),
+        "skipped": lifecycle.skipped_comparisons,
+        "idle": lifecycle._idle(),
+        "compare thread alive": [t.is_alive() for t in lifecycle._threads],
+        "jobs with shadows": shadows,
+    }
 
 
 def _final(c: httpx.Client, job_id: str, token: str) -> dict[str, Any] | None:
