@@ -27,6 +27,7 @@ from radserve import durable
 from radserve.checkpoints import checkpoint
 from radserve.domain import Volume
 from radserve.errors import StudyError
+from radserve.host import usable_cores
 from radserve.ingest import IngestPolicy, LoadedSeries
 from radserve.ingest.decode import StackNeedsFloatError
 from radserve.models.manifest import Precision
@@ -100,6 +101,7 @@ def run_study(
     job_id: str | None = None,
     reuse_upstream_of: tuple[Path, str] | None = None,
     stream_decode: bool = True,
+    array_threads: int | None = None,
 ) -> StudyResult:
     """Read the study at ``sources`` (DICOM files, or any :class:`StudyInput`), run
     ``pipeline`` on its selected series, write results.
@@ -111,6 +113,10 @@ def run_study(
     ``stream_decode``: a JPEG 2000 series enters the first model while its later
     slices are still decoding (:func:`_streams`; same labels as a whole decode, since
     the body box is found on the same slices); False decodes it whole first.
+
+    ``array_threads``: threads for the work between the networks and in the report
+    (:class:`~radserve.pipeline.volume.VolumeRun`, :func:`finish_study`); default the
+    usable cores, 1 the serial order (same labels and report).
     """
     t_start = time.perf_counter()
     registry = registry or ModelRegistry()
@@ -137,6 +143,7 @@ def run_study(
             job_id=job_id,
             reuse_upstream_of=reuse_upstream_of,
             stream=stream,
+            array_threads=array_threads,
         )
 
     try:
@@ -181,6 +188,7 @@ def _run_study(
     job_id: str | None,
     reuse_upstream_of: tuple[Path, str] | None,
     stream: bool,
+    array_threads: int | None,
 ) -> StudyResult:
     if stream:
         assert isinstance(study_input, DicomInput)
@@ -199,7 +207,7 @@ def _run_study(
         return _run_ingested(
             ingested, pipeline, out_dir, registry, sessions, precision, policy, cancel,
             progress, timer, t_start, key_images=key_images, job_id=job_id,
-            reuse_upstream_of=reuse_upstream_of,
+            reuse_upstream_of=reuse_upstream_of, array_threads=array_threads,
         )  # fmt: skip
     except BaseException as exc:
         if arrival is not None:
@@ -223,6 +231,7 @@ def _run_ingested(
     key_images: bool,
     job_id: str | None,
     reuse_upstream_of: tuple[Path, str] | None,
+    array_threads: int | None,
 ) -> StudyResult:
     refuse_outside_domain(ingested, pipeline, registry, policy)
     ingested, channels = load_channels(ingested, pipeline, registry, policy, timer)
@@ -243,6 +252,7 @@ def _run_ingested(
         channels=channels,
         reused=reused,
         arrival=ingested.loaded.arrival,
+        array_threads=array_threads,
     )
     return finish_study(
         ingested,
@@ -254,6 +264,7 @@ def _run_ingested(
         started=t_start,
         key_images=key_images,
         job_id=job_id,
+        array_threads=array_threads,
     )
 
 
@@ -268,18 +279,24 @@ def finish_study(
     started: float | None = None,
     key_images: bool = True,
     job_id: str | None = None,
+    array_threads: int | None = None,
 ) -> StudyResult:
     """Write the report folder (label maps, key images, ``report.json``) for ``result``.
 
     The last third of :func:`run_study`. ``started`` (a ``time.perf_counter()`` reading)
-    gives the report's ``total`` timing.
+    gives the report's ``total`` timing. The drift features are computed beside the
+    files (on a thread of their own) unless ``array_threads`` is 1.
     """
     timer = timer or StageTimer()
     timer.seconds.update(result.timings)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # the label maps and report.json: each whole or absent, their folder fsynced once
-    with durable.batch():
+    with durable.batch(), ThreadPoolExecutor(1, thread_name_prefix="drift-features") as side:
+        beside = (array_threads or usable_cores()) > 1
+        features_job = (
+            side.submit(copy_context().run, _features, ingested, result) if beside else None
+        )
         with timer.stage("report"):
             outputs = _write_outputs(out_dir, ingested.loaded.volume, result, key_images=key_images)
         if started is not None:
@@ -294,7 +311,7 @@ def finish_study(
             timer.seconds,
             job_id,
         )
-        features = _features(ingested, result)
+        features = features_job.result() if features_job else _features(ingested, result)
         report_path = write_report(report, out_dir / "report.json")
     logger.info(
         "study done: %d findings, %d organs, %.1f s",

@@ -22,6 +22,7 @@ import numpy as np
 from radserve.domain import Classification, Finding, OrganMeasurement, Prediction, Volume
 from radserve.errors import PipelineError
 from radserve.heap import release_free_memory
+from radserve.host import usable_cores
 from radserve.inference import (
     ArrivingSlices,
     ModelSession,
@@ -279,8 +280,12 @@ class VolumeRun:
         channels: ChannelInputs | None = None,
         reused: Sequence[StepResult] = (),
         arrival: ArrivingSlices | None = None,
+        array_threads: int | None = None,
     ) -> None:
         self.ct = ct
+        # the post-processing's label-by-label work (clean-up, organ measurements) on
+        # this many threads: the cores (the network is idle then); 1 is the serial order
+        self.array_threads = array_threads or usable_cores()
         # ``ct`` still being decoded: the first step's batches wait for their slices,
         # everything else for the whole volume
         self._arrival = arrival
@@ -366,6 +371,7 @@ class VolumeRun:
             in_place=True,
             within=prediction.extent,
             spacing=prediction.labels.spacing,
+            threads=self.array_threads,
         )
         prediction = dataclasses.replace(
             prediction, labels=prediction.labels.with_array(cleaned.labels)
@@ -380,6 +386,7 @@ class VolumeRun:
             cleaned.boxes,
             step=self._step,
             first_finding=1 + sum(len(s.findings) for s in self.steps),
+            threads=self.array_threads,
         )
         for name, seconds in prediction.timings.items():
             if name != "wall":
@@ -413,11 +420,12 @@ def run_volume(
     channels: ChannelInputs | None = None,
     reused: Sequence[StepResult] = (),
     arrival: ArrivingSlices | None = None,
+    array_threads: int | None = None,
 ) -> VolumeResult:
     """Every model step of ``pipeline`` on one volume; outputs on the volume's grid
     (``channels``: the other series of multi-channel models, on that grid; ``reused``:
     the first steps' results, taken as they are; ``arrival``: ``ct`` is still being
-    decoded, see :class:`VolumeRun`)."""
+    decoded, see :class:`VolumeRun`; ``array_threads``: see :class:`VolumeRun`)."""
     timer = StageTimer(progress)
     run = VolumeRun(
         ct,
@@ -428,6 +436,7 @@ def run_volume(
         channels=channels,
         reused=reused,
         arrival=arrival,
+        array_threads=array_threads,
     )
     runner = run_task_overlapped if overlapped else run_task
     while (pending := run.next_step()) is not None:
@@ -464,6 +473,7 @@ def _step_result(
     *,
     step: Step | None = None,
     first_finding: int = 1,
+    threads: int = 1,
 ) -> StepResult:
     """Measurements of one cleaned prediction (``boxes``: of each of its label values).
 
@@ -482,7 +492,9 @@ def _step_result(
         precision,
         labels,
         provider,
-        organs=organ_measurements(labels, ct, spec, boxes) if spec.region_labels else [],
+        organs=organ_measurements(labels, ct, spec, boxes, threads=threads)
+        if spec.region_labels
+        else [],
         label_boxes=boxes,
         gate_warning=uncovered,
         step=step,

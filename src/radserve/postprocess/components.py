@@ -19,8 +19,9 @@ import cc3d
 import numpy as np
 
 from radserve.checkpoints import checkpoint
-from radserve.models.manifest import ModelSpec
+from radserve.models.manifest import LabelSpec, ModelSpec
 from radserve.models.ops import FillHoles, KeepLargest, MinSize
+from radserve.postprocess.labelwise import box_voxels, map_labels
 from radserve.postprocess.morphology import apply_morphology
 from radserve.preprocess.crop import BBox, label_bboxes
 
@@ -238,6 +239,7 @@ def clean_label_map(
     in_place: bool = False,
     within: BBox | None = None,
     spacing: tuple[float, float, float] | None = None,
+    threads: int = 1,
 ) -> CleanedLabels:
     """Apply the manifest's label-map ops (:attr:`ModelSpec.map_ops`, in order); returns
     the cleaned map (same dtype) and every label's box after cleaning.
@@ -265,6 +267,9 @@ def clean_label_map(
         within: a box holding every non-zero voxel (``Prediction.extent``), when known:
             only it is searched for the labels' boxes.
         spacing: (slice, row, column) mm, for the morphology ops' balls.
+        threads: the ``min_size`` / ``keep_largest`` ops' labels spread over this many
+            threads (same result). Morphology stays on one: a closing may claim a
+            background voxel that another label's closing claims too.
     """
     out = labels if in_place else labels.copy()
     values = sorted({label.value for label in spec.labels})
@@ -276,7 +281,7 @@ def clean_label_map(
     removed = 0
     for stage in _stages(spec.map_ops):
         if isinstance(stage, list):
-            removed += _component_rules(out, spec, stage, boxes, voxel_volume_ml)
+            removed += _component_rules(out, spec, stage, boxes, voxel_volume_ml, threads)
             continue
         if spacing is None and not isinstance(stage, FillHoles):
             raise ValueError(f"{spec.key}: postprocess op {stage.op!r} needs the voxel spacing")
@@ -297,52 +302,66 @@ def _component_rules(
     rules: list[Any],
     boxes: list[BBox | None],
     voxel_volume_ml: float,
+    threads: int = 1,
 ) -> int:
     """One run of ``min_size`` / ``keep_largest`` ops, label by label (``boxes`` updated
-    in place); returns the number of components removed."""
-    removed = 0
-    for label in spec.labels:
-        checkpoint()
-        value = label.value
-        min_ml = max(
-            (op.ml for op in rules if isinstance(op, MinSize) and spec.applies_to(op, label)),
-            default=0.0,
-        )
-        largest_only = any(
-            isinstance(op, KeepLargest) and spec.applies_to(op, label) for op in rules
-        )
-        box = boxes[value - 1]
-        if box is None or (min_ml <= 0 and not largest_only):
-            continue
-        min_voxels = min_ml / voxel_volume_ml if voxel_volume_ml > 0 else 0.0
-        region = out[box]  # a view: edits land in ``out``
-        occupancy = _occupancy(region, [value])  # before any drop: for _tight_box too
-        runs = component_runs(region, [value], extents=False, occupancy=occupancy)
-        n = sum(run.n for run in runs)
-        if n == 0:
-            continue
-        counts = np.zeros(n + 1, dtype=np.int64)
-        for run in runs:
-            counts[run.first : run.first + run.n] = run.counts[1:]
-        keep = counts >= min_voxels
-        keep[0] = False
-        if largest_only and keep.any():
-            best = int(np.argmax(np.where(keep, counts, -1)))
-            keep[:] = False
-            keep[best] = True
-        keep[0] = True  # background of the mask: voxels of other labels, untouched
-        if keep.all():
-            continue
-        for run in runs:
-            drop = np.logical_not(run.local_lut(keep))
-            drop[0] = False
-            if drop.any():
-                _clear_dropped(region[run.box], run.components, drop)
-        del runs
-        kept = _tight_box(region, value, occupancy)
-        boxes[value - 1] = None if kept is None else _shifted_union([kept], box)
-        removed += int(n + 1 - np.count_nonzero(keep))
-    return removed
+    in place), the labels spread over ``threads`` threads
+    (:func:`~radserve.postprocess.labelwise.map_labels`: a label's ops change only its
+    own voxels and box); returns the number of components removed."""
+
+    def one(label: LabelSpec) -> int:
+        return _label_rules(out, spec, rules, boxes, voxel_volume_ml, label)
+
+    return sum(map_labels(one, spec.labels, threads=threads, weight=box_voxels(boxes)))
+
+
+def _label_rules(
+    out: np.ndarray,
+    spec: ModelSpec,
+    rules: list[Any],
+    boxes: list[BBox | None],
+    voxel_volume_ml: float,
+    label: LabelSpec,
+) -> int:
+    """:func:`_component_rules` for one label; returns the components it removed."""
+    checkpoint()
+    value = label.value
+    min_ml = max(
+        (op.ml for op in rules if isinstance(op, MinSize) and spec.applies_to(op, label)),
+        default=0.0,
+    )
+    largest_only = any(isinstance(op, KeepLargest) and spec.applies_to(op, label) for op in rules)
+    box = boxes[value - 1]
+    if box is None or (min_ml <= 0 and not largest_only):
+        return 0
+    min_voxels = min_ml / voxel_volume_ml if voxel_volume_ml > 0 else 0.0
+    region = out[box]  # a view: edits land in ``out``
+    occupancy = _occupancy(region, [value])  # before any drop: for _tight_box too
+    runs = component_runs(region, [value], extents=False, occupancy=occupancy)
+    n = sum(run.n for run in runs)
+    if n == 0:
+        return 0
+    counts = np.zeros(n + 1, dtype=np.int64)
+    for run in runs:
+        counts[run.first : run.first + run.n] = run.counts[1:]
+    keep = counts >= min_voxels
+    keep[0] = False
+    if largest_only and keep.any():
+        best = int(np.argmax(np.where(keep, counts, -1)))
+        keep[:] = False
+        keep[best] = True
+    keep[0] = True  # background of the mask: voxels of other labels, untouched
+    if keep.all():
+        return 0
+    for run in runs:
+        drop = np.logical_not(run.local_lut(keep))
+        drop[0] = False
+        if drop.any():
+            _clear_dropped(region[run.box], run.components, drop)
+    del runs
+    kept = _tight_box(region, value, occupancy)
+    boxes[value - 1] = None if kept is None else _shifted_union([kept], box)
+    return int(n + 1 - np.count_nonzero(keep))
 
 
 def _clear_dropped(region: np.ndarray, components: np.ndarray, drop: np.ndarray) -> None:

@@ -36,6 +36,7 @@ from radserve.models.ops import MinConfidence, Nms
 from radserve.postprocess.components import ComponentRun, component_runs
 from radserve.postprocess.coverage import coverage_of, edges_touched
 from radserve.postprocess.diameters import FindingAxes, axial_diameters
+from radserve.postprocess.labelwise import box_voxels, map_labels
 from radserve.preprocess.crop import BBox, bbox_of_values, grid_offset, label_bboxes
 
 logger = logging.getLogger(__name__)
@@ -363,6 +364,8 @@ def organ_measurements(
     ct: Volume | None,
     spec: ModelSpec,
     boxes: Sequence[BBox | None] | None = None,
+    *,
+    threads: int = 1,
 ) -> list[OrganMeasurement]:
     """Volume (ml) and mean HU of every region label (``kind: organ`` or ``structure``),
     in manifest order.
@@ -374,6 +377,7 @@ def organ_measurements(
     same geometry. Each organ is counted inside its own box (``boxes``: of each value
     ``1..max`` of ``labels``, as :func:`radserve.postprocess.components.clean_label_map`
     returns them; found here when not given): organs fill a small part of a CT's box.
+    ``threads``: the organs spread over this many threads (reads only; same answer).
     """
     organs = list(spec.region_labels)
     if not organs:
@@ -385,9 +389,10 @@ def organ_measurements(
     if ct is not None and spec.modality == "CT" and not use_hu:
         logger.warning("%s: CT and label map geometry differ; no mean HU", spec.key)
     voxel_ml = labels.voxel_volume_ml
-    out = []
-    for label in organs:
-        box = boxes[label.value - 1]
+    found = boxes
+
+    def measure(label: LabelSpec) -> OrganMeasurement:
+        box = found[label.value - 1]
         n, mean_hu = 0, None
         if box is not None:
             mask = labels.array[box] == label.value
@@ -397,20 +402,19 @@ def organ_measurements(
                 total = np.sum(ct.array[box], where=mask, dtype=np.float64)
                 mean_hu = float(total / n)
         coverage, edges = coverage_of(box if n else None, labels.shape)
-        out.append(
-            OrganMeasurement(
-                label=label.name,
-                concept=label.concept,
-                label_value=label.value,
-                coverage=coverage,
-                edges=edges,
-                volume_ml=n * voxel_ml if n else None,
-                mean_hu=mean_hu,
-                model=spec.name,
-                model_version=spec.version,
-            )
+        return OrganMeasurement(
+            label=label.name,
+            concept=label.concept,
+            label_value=label.value,
+            coverage=coverage,
+            edges=edges,
+            volume_ml=n * voxel_ml if n else None,
+            mean_hu=mean_hu,
+            model=spec.name,
+            model_version=spec.version,
         )
-    return out
+
+    return map_labels(measure, organs, threads=threads, weight=box_voxels(found))
 
 
 def _t3(p: np.ndarray) -> tuple[float, float, float]:
