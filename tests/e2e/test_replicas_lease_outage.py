@@ -11,24 +11,22 @@ starts no new work (radserve.service.leases).
 
 Checked, counting runs from the audit chain: every job is started once
 (``job.started``), succeeds once, is never requeued, and keeps its first owner; none is
-lost; both replicas held their work during the outage and went on after it.
+lost; both replicas held their work during the outage and went on after it, and their
+``/metrics`` said so meanwhile (``radserve_scheduler_held{reason="lease_unproven"}``,
+``radserve_scheduler_held_seconds``; before session 17 nothing showed it).
 """
 
 from __future__ import annotations
 
-import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 from sqlalchemy import create_engine
-from tests.factories.dicom_net import free_port
 from tests.factories.private_postgres import PrivatePostgres
-from tests.factories.replicas import replica_config, rows_of
-from tests.factories.server_process import create_key_cli, start_server, stop_servers
-from tests.factories.service import auth, make_study, upload
+from tests.factories.replicas import leased_replicas, per_job, rows_of
+from tests.factories.service import make_study
 from tests.factories.waits import until
 
 from radserve.store.db import normalise_url
@@ -38,6 +36,13 @@ N_STUDIES = 8
 JOB_LEASE_S = 6.0
 OUTAGE_S = 2.5 * JOB_LEASE_S  # every lease runs out while the database is away
 SLOW_GRID = {"n_slices": 48, "rows": 96, "cols": 96, "spacing": (2.0, 1.5, 1.5)}
+HELD = 'radserve_scheduler_held{reason="lease_unproven"} 1.0'
+
+
+def held_seconds(metrics: str) -> float:
+    """``radserve_scheduler_held_seconds`` in a /metrics page."""
+    [line] = [m for m in metrics.splitlines() if m.startswith("radserve_scheduler_held_seconds ")]
+    return float(line.split()[1])
 
 
 @pytest.mark.slow
@@ -45,46 +50,13 @@ def test_an_outage_longer_than_the_lease_runs_no_job_twice(tmp_path: Path) -> No
     studies = [
         make_study(tmp_path / f"s{i}", background=-100.0, **SLOW_GRID) for i in range(N_STUDIES)
     ]
-    with PrivatePostgres() as pg:
+    with PrivatePostgres() as pg, leased_replicas(tmp_path, pg.url, job_lease_s=JOB_LEASE_S) as r:
         engine = create_engine(normalise_url(pg.url), pool_pre_ping=True)
         rows = rows_of(engine)
-        data = tmp_path / "data"
-        configs = [
-            replica_config(
-                tmp_path,
-                n,
-                pg.url,
-                None,
-                job_lease_s=JOB_LEASE_S,
-                outbox_lease_s=5.0,
-                server={"store_wait_s": 60.0},
-                # one job at a time per replica: the others wait in its queue, leased
-                scheduler={"max_running": 1},
-            )
-            for n in ("a", "b")
-        ]
-        logs = [tmp_path / "a.log", tmp_path / "b.log"]
-        ports = [free_port(), free_port()]
-        urls = [f"http://127.0.0.1:{p}" for p in ports]
-        key = create_key_cli(configs[0], data)
-        servers: list[subprocess.Popen[bytes]] = []
+        servers, urls, logs = r.servers, r.urls, r.logs
         try:
-            for config, port, log in zip(configs, ports, logs, strict=True):
-                servers.append(start_server(config, data, port, log))
-
-            def submit(i: int) -> str:
-                r = httpx.post(
-                    f"{urls[i % 2]}/v1/studies",
-                    files=upload(studies[i]),
-                    headers=auth(key),
-                    timeout=120,
-                )
-                assert r.status_code == 202, r.text
-                return str(r.json()["id"])
-
             # all at once: each replica's queue holds jobs (leased) behind the running one
-            with ThreadPoolExecutor(N_STUDIES) as pool:
-                ids = list(pool.map(submit, range(N_STUDIES)))
+            ids = r.submit(studies)
             owners = dict(rows("SELECT id, lease_owner FROM jobs"))
             assert {o.split("/")[0] for o in owners.values()} == {"replica-a", "replica-b"}
             until(
@@ -96,8 +68,27 @@ def test_an_outage_longer_than_the_lease_runs_no_job_twice(tmp_path: Path) -> No
             assert unfinished >= 4, "the jobs finished before the outage"
 
             pg.shut_down()
-            time.sleep(OUTAGE_S)
+            down_at = time.monotonic()
+
+            def metrics() -> list[str]:
+                return [httpx.get(f"{url}/metrics", timeout=30).text for url in urls]
+
+            # /metrics (no key, no database needed) shows the held scheduler meanwhile
+            until(
+                lambda: all(HELD in page for page in metrics()),
+                "both replicas' /metrics to show their work held",
+                OUTAGE_S,
+                step=0.5,
+            )
+            time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
+            assert all(held_seconds(page) > 0.0 for page in metrics())
             pg.start_again()
+            until(
+                lambda: all(HELD not in page and held_seconds(page) == 0.0 for page in metrics()),
+                "both replicas' /metrics to show work going on",
+                WAIT_S,
+                step=0.5,
+            )
             for server in servers:
                 assert server.poll() is None, "a replica exited in the outage"
 
@@ -114,23 +105,14 @@ def test_an_outage_longer_than_the_lease_runs_no_job_twice(tmp_path: Path) -> No
             states = dict(rows("SELECT id, state FROM jobs"))
             assert states == dict.fromkeys(ids, "succeeded")
 
-            def per_job(action: str) -> dict[str, int]:
-                return dict(
-                    rows(
-                        "SELECT subject, count(*) FROM audit_records "
-                        f"WHERE action = '{action}' GROUP BY subject"
-                    )
-                )
-
-            assert per_job("job.started") == dict.fromkeys(ids, 1)
-            assert per_job("job.succeeded") == dict.fromkeys(ids, 1)
-            assert per_job("job.requeued") == {}
+            assert per_job(rows, "job.started") == dict.fromkeys(ids, 1)
+            assert per_job(rows, "job.succeeded") == dict.fromkeys(ids, 1)
+            assert per_job(rows, "job.requeued") == {}
             # each job kept the replica that accepted it; each result in its own folder
             assert dict(rows("SELECT id, lease_owner FROM jobs")) == owners
             for job_id, path in rows("SELECT id, result_path FROM jobs"):
                 assert Path(path).name == job_id and (Path(path) / "report.json").is_file()
         finally:
-            stop_servers(servers)
             engine.dispose()
     texts = [log.read_text() for log in logs]
     for log, text in zip(logs, texts, strict=True):

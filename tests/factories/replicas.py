@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
 from radserve.store.db import normalise_url
-from tests.factories.service import config_file, make_models_slow
+from tests.factories.dicom_net import free_port
+from tests.factories.server_process import create_key_cli, start_server, stop_servers
+from tests.factories.service import auth, config_file, make_models_slow, upload
 
 TEST_DATABASE_URL = os.environ.get("RADSERVE_TEST_DATABASE_URL")
 
@@ -77,3 +83,69 @@ def replica_config(
     if slow:
         make_models_slow(folder / "assets" / "models", layers=4, channels=32)
     return config
+
+
+@dataclass
+class LeasedReplicas:
+    """Replicas ``a`` and ``b`` running on one database and one data folder."""
+
+    servers: list[subprocess.Popen[bytes]]
+    urls: list[str]
+    logs: list[Path]
+    key: str
+
+    def submit(self, studies: Sequence[list[Path]]) -> list[str]:
+        """Upload every study at once, alternating replicas; the job ids (all 202)."""
+
+        def one(i: int) -> str:
+            r = httpx.post(
+                f"{self.urls[i % 2]}/v1/studies",
+                files=upload(studies[i]),
+                headers=auth(self.key),
+                timeout=120,
+            )
+            assert r.status_code == 202, r.text
+            return str(r.json()["id"])
+
+        with ThreadPoolExecutor(len(studies)) as pool:
+            return list(pool.map(one, range(len(studies))))
+
+
+@contextmanager
+def leased_replicas(root: Path, url: str, *, job_lease_s: float) -> Iterator[LeasedReplicas]:
+    """Two replicas on database ``url`` with a short job lease, one job at a time each
+    (the others wait in its queue, leased), sharing ``root/data``; stopped on exit."""
+    data = root / "data"
+    configs = [
+        replica_config(
+            root,
+            n,
+            url,
+            None,
+            job_lease_s=job_lease_s,
+            outbox_lease_s=5.0,
+            server={"store_wait_s": 60.0},
+            scheduler={"max_running": 1},
+        )
+        for n in ("a", "b")
+    ]
+    logs = [root / "a.log", root / "b.log"]
+    ports = [free_port(), free_port()]
+    key = create_key_cli(configs[0], data)
+    servers: list[subprocess.Popen[bytes]] = []
+    try:
+        for config, port, log in zip(configs, ports, logs, strict=True):
+            servers.append(start_server(config, data, port, log))
+        yield LeasedReplicas(servers, [f"http://127.0.0.1:{p}" for p in ports], logs, key)
+    finally:
+        stop_servers(servers)
+
+
+def per_job(rows: Callable[[str], list[Any]], action: str) -> dict[str, int]:
+    """How many audit records of ``action`` (``job.started``...) each job has."""
+    return dict(
+        rows(
+            "SELECT subject, count(*) FROM audit_records "
+            f"WHERE action = '{action}' GROUP BY subject"
+        )
+    )

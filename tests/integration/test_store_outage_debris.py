@@ -91,6 +91,8 @@ def test_an_outage_leaves_no_debris_and_is_logged_once_per_loop(
             assert taken.status_code == 202, taken.text
             assert wait_job(c, taken.json()["id"], key, timeout=WAIT_S)["state"] == "succeeded"
             before = {job[0] for job in _jobs(pg.url)}
+            # marked before it was stored, unmarked once its job row was written
+            assert list((settings.data_dir / UNCLAIMED_DIR).glob("*.json")) == []
 
             refused_upload = make_study(tmp_path / "upload")
             refused_stow = make_study(tmp_path / "stow")

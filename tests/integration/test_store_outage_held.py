@@ -8,16 +8,22 @@ on a real PostgreSQL server that the test stops and starts (radserve is not rest
   in order when the database answers; before, the job stayed ``queued`` in the store
   for good while its server kept renewing the lease, until a restart;
 - afterwards the finished job is recorded once (one ``job.succeeded``, never
-  requeued) and the server takes new work.
+  requeued) and the server takes new work;
+- each write that waits for the database logs two lines, when it starts waiting and
+  when it ends (answered, or given up and held), with its tries (before session 17: one
+  line per retry).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import create_engine, text
 from tests.factories.private_postgres import PrivatePostgres
 from tests.factories.service import (
@@ -52,7 +58,10 @@ def _actions(url: str, job_id: str) -> list[str]:
         engine.dispose()
 
 
-def test_jobs_wait_out_a_long_database_outage_and_held_writes_land_after(tmp_path: Path) -> None:
+def test_jobs_wait_out_a_long_database_outage_and_held_writes_land_after(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="radserve")
     with PrivatePostgres() as pg:
         settings = settings_for(
             tmp_path,
@@ -142,3 +151,18 @@ def test_jobs_wait_out_a_long_database_outage_and_held_writes_land_after(tmp_pat
             assert again.status_code == 202, again.text
             assert wait_job(c, again.json()["id"], key, timeout=WAIT_S)["state"] == "succeeded"
         service.stop()
+
+    # every write that waited: one line when it began, one when it ended, with its tries
+    said = [r.getMessage() for r in caplog.records if r.name == "radserve.store.waiting"]
+    writes = [m for m in said if m.startswith("job ")]
+    began = Counter(m.split(": the database")[0] for m in writes if "does not answer" in m)
+    ended = Counter(
+        m.split(": the database")[0]
+        for m in writes
+        if "answered after" in m or "did not answer for" in m
+    )
+    assert began, said  # the outage met at least one job's write
+    assert set(began.values()) == {1} and ended == began, said
+    assert len(writes) == 2 * len(began), writes
+    assert all(" tries)" in m for m in writes if "does not answer" not in m), writes
+    assert not any("retrying in" in r.getMessage() for r in caplog.records)

@@ -1,7 +1,9 @@
 """The lease keeper's two rules against running a job on two replicas
 (radserve.service.leases), driven round by round under a fake clock: no new work while
 its leases are not proven, the jobs it did not renew failed here; and no take-over of
-another replica's jobs until the database has answered for a whole lease.
+another replica's job until, since that replica's last renewal, the database has
+answered for a lease and one renewal interval in all (a flapping database delays the
+take-over of a dead replica, it no longer postpones it for good).
 
 The store is a real SQLite store; the scheduler is a stand-in that records what the
 keeper asked of it (the real one's hold: tests/unit/test_scheduling_failures.py).
@@ -10,13 +12,14 @@ keeper asked of it (the real one's hold: tests/unit/test_scheduling_failures.py)
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tests.unit.test_store_jobs import new_job
 
-from radserve.service.leases import LeaseKeeper
+from radserve.service.leases import HELD_REASON, AnsweredTime, LeaseKeeper
 from radserve.store import Claimed, Lease, LeaseLostError, Store, init_store
 from radserve.store.errors import DatabaseUnavailableError
 
@@ -24,11 +27,17 @@ LEASE_S = 30.0
 
 
 class Clock:
+    """The keeper's clocks, monotonic and wall, in one (seconds since the epoch)."""
+
     def __init__(self) -> None:
-        self.now = 1000.0
+        self.now = float(int(time.time()))
 
     def __call__(self) -> float:
         return self.now
+
+    def at(self, seconds: float = 0.0) -> dt.datetime:
+        """The wall-clock time ``seconds`` from now (a lease's renewal, as stored)."""
+        return dt.datetime.fromtimestamp(self.now + seconds, dt.UTC)
 
 
 class Runs:
@@ -39,7 +48,8 @@ class Runs:
         self.held: str | None = None
         self.failed: dict[str, str] = {}
 
-    def hold(self, reason: str) -> None:
+    def hold(self, reason: str, message: str) -> None:
+        assert message
         self.held = reason
 
     def release(self) -> None:
@@ -89,6 +99,7 @@ def _keeper(store: Away, lease: Lease, runs: Runs, clock: Clock) -> LeaseKeeper:
         on_claimed=claimed.extend,
         runs=runs,
         clock=clock,
+        wall=clock,
     )
     keeper.claimed = claimed  # type: ignore[attr-defined]
     return keeper
@@ -114,7 +125,7 @@ def test_work_is_held_while_the_lease_is_not_proven_and_lost_jobs_stop(store: St
         assert not _round(keeper, "renew")
         keeper.check_proof()
     # proven for the lease less one renewal interval (20 s) after the last renewal
-    assert runs.held is not None and keeper.holding
+    assert runs.held == HELD_REASON and keeper.holding
 
     # meanwhile another replica took one job over (its lease ran out)
     later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=LEASE_S + 1)
@@ -128,29 +139,77 @@ def test_work_is_held_while_the_lease_is_not_proven_and_lost_jobs_stop(store: St
     assert runs.jobs == {kept.id, lost.id} - {taken.record.id}
 
 
-def test_no_take_over_until_the_database_answered_for_a_whole_lease(store: Store) -> None:
+def _claimed(keeper: LeaseKeeper) -> list[str]:
+    return [c.record.id for c in keeper.claimed]  # type: ignore[attr-defined]
+
+
+def test_no_take_over_until_the_owner_had_a_lease_of_answers_to_renew(store: Store) -> None:
+    a, b = Lease.new("replica-a", LEASE_S), Lease.new("replica-b", LEASE_S)
+    theirs = new_job(store, lease=a)
+    clock, away = Clock(), Away(store)
+    keeper = _keeper(away, b, Runs(set()), clock)  # B watches A's job
+    start = clock.now
+    store.renew_leases(a, now=clock.at())
+    for _ in range(5):  # both answered
+        assert _round(keeper, "take_over")
+        clock.now += 1.0
+    away.down = True  # an outage longer than the lease: A's lease runs out meanwhile
+    while clock.now < start + 50.0:
+        assert not _round(keeper, "take_over")
+        clock.now += 1.0
+    # back: B's round comes first, A (alive) renews a moment later and keeps its job
+    away.down = False
+    assert _round(keeper, "take_over")
+    assert _claimed(keeper) == []
+    clock.now += 0.5
+    store.renew_leases(a, now=clock.at())
+    while clock.now < start + 60.0:
+        clock.now += 1.0
+        assert _round(keeper, "take_over")
+    store.renew_leases(a, now=clock.at())  # A's last renewal: then it dies
+    died = clock.now
+    # taken over once the database answered a lease and a renewal interval (40 s)
+    # since then, as counted by the rounds before (1 s apart): A had that long to renew
+    while not _claimed(keeper):
+        clock.now += 1.0
+        assert _round(keeper, "take_over")
+    assert LEASE_S + LEASE_S / 3 < clock.now - died <= LEASE_S + LEASE_S / 3 + 2.0
+    assert _claimed(keeper) == [theirs.id]
+
+
+def test_a_flapping_database_delays_the_take_over_without_postponing_it(store: Store) -> None:
     a, b = Lease.new("replica-a", LEASE_S), Lease.new("replica-b", LEASE_S)
     theirs = new_job(store, lease=a)
     clock, away = Clock(), Away(store)
     keeper = _keeper(away, b, Runs(set()), clock)
-    # A's lease has run out, but B has just come up (or the database just came back):
-    # it cannot tell a dead owner from one that could not renew
-    store.renew_leases(a, now=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=2 * LEASE_S))
-    assert _round(keeper, "take_over")
-    assert keeper.claimed == []  # type: ignore[attr-defined]
-    clock.now += LEASE_S / 2
-    assert _round(keeper, "take_over")
-    assert keeper.claimed == []  # type: ignore[attr-defined]
-    away.down = True  # an outage: the count starts again after it
-    clock.now += 1.0
-    assert not _round(keeper, "take_over")
-    away.down = False
-    clock.now += LEASE_S - 1.0
-    assert _round(keeper, "take_over")
-    assert keeper.claimed == []  # type: ignore[attr-defined]
-    clock.now += LEASE_S
-    assert _round(keeper, "take_over")
-    assert [c.record.id for c in keeper.claimed] == [theirs.id]  # type: ignore[attr-defined]
+    store.renew_leases(a, now=clock.at())  # then A dies
+    died = clock.now
+    rounds = 0
+    # every fourth round fails: never 4 s of uninterrupted answers, half of the time
+    # answered (2 s of each 4: the span around a failure does not count)
+    while not _claimed(keeper):
+        assert rounds < 200, "never taken over"
+        away.down = rounds % 4 == 3
+        assert _round(keeper, "take_over") is not away.down
+        rounds += 1
+        clock.now += 1.0
+    assert clock.now - died >= 2 * (LEASE_S + LEASE_S / 3)
+    assert _claimed(keeper) == [theirs.id]
+
+
+def test_answered_time_counts_spans_between_answered_rounds_and_forgets_the_oldest() -> None:
+    answered = AnsweredTime(keep_s=10.0)
+    for at in (0.0, 4.0):
+        answered.reached(at)
+    answered.failed()
+    for at in (6.0, 9.0, 12.0):
+        answered.reached(at)
+    assert list(answered.spans) == [(0.0, 4.0), (6.0, 12.0)]
+    assert answered.since(6.0) == 6.0 and answered.since(8.0) == 2.0
+    assert answered.since(11.0) is None
+    for at in (20.0, 30.0):
+        answered.reached(at)
+    assert list(answered.spans) == [(6.0, 30.0)]  # the rest hold 10 s and more
 
 
 def test_the_outage_is_logged_once_then_once_more_when_it_ends(

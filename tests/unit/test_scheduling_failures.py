@@ -20,6 +20,8 @@ from radserve.scheduling import (
     execute,
     run_serial,
 )
+from radserve.service.metrics import Metrics
+from radserve.service.service import Readiness
 from radserve.store import LeaseLostError
 from radserve.store.errors import DatabaseUnavailableError
 
@@ -278,13 +280,25 @@ def test_cancel_waiting_job_is_immediate() -> None:
 # --- a held scheduler (its server cannot prove its job leases) -----------------------------
 def test_a_held_scheduler_hands_out_nothing_until_released() -> None:
     hooks = RecordingHooks()
-    scheduler = Scheduler(SchedulerSettings(), clock=FakeClock(), hooks=hooks)
+    clock = FakeClock()
+    scheduler = Scheduler(SchedulerSettings(), clock=clock, hooks=hooks)
     session = FakeSession()
     for name in ("kept", "lost"):
         scheduler.submit(JobRequest(name, fake_work(session, 2), OUT))
     first = scheduler.next_cpu_dispatch()
     assert first is not None  # a unit handed out before the hold runs to its end
-    scheduler.hold("the job leases could not be renewed")
+    assert scheduler.snapshot().held is None and scheduler.snapshot().held_s == 0.0
+    scheduler.hold("lease_unproven", "the job leases could not be renewed")
+    clock.advance(5.0)
+    scheduler.hold("lease_unproven", "the job leases could not be renewed")  # since kept
+    held = scheduler.snapshot()  # what /metrics and /readyz show
+    assert held.held is not None and held.held.reason == "lease_unproven"
+    assert held.held_s == 5.0
+    page = Metrics(scheduler.snapshot).exposition().decode()
+    assert 'radserve_scheduler_held{reason="lease_unproven"} 1.0' in page
+    assert "radserve_scheduler_held_seconds 5.0" in page
+    ready = Readiness(False, True, True, (), held=held.held, held_s=held.held_s)
+    assert ready.reasons == ["no new work starts, for 5 s now: the job leases could not be renewed"]
     assert scheduler.next_cpu_dispatch() is None and scheduler.next_dispatch("gpu0") is None
     scheduler.complete(first, execute(first))
     assert scheduler.next_cpu_dispatch() is None and scheduler.next_dispatch("gpu0") is None
@@ -292,6 +306,7 @@ def test_a_held_scheduler_hands_out_nothing_until_released() -> None:
     assert scheduler.fail("lost", LeaseLostError("taken over"))
     assert _state(hooks, "lost") == (JobState.FAILED, "lease_lost")
     scheduler.release()
+    assert scheduler.snapshot().held is None
     assert run_serial(scheduler, devices=("gpu0",)) > 0
     assert _state(hooks, "kept") == (JobState.SUCCEEDED, None)
     assert scheduler.unfinished() == set()

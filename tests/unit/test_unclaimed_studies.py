@@ -1,11 +1,14 @@
 """Studies stored for a submission that got no job (radserve.service.unclaimed): set
 aside, then deleted by the sweep once no job names them and they were untouched for the
 grace; an identical upload in the meantime touches the folder and keeps it, and an
-upload after the sweep stores it again. Ages are set with ``os.utime`` (no sleeping)."""
+upload after the sweep stores it again; every study is marked before it is published
+and unmarked once its submission ends with a job (a crash in between leaves it marked:
+tests/e2e/test_kill_before_job_row.py). Ages are set with ``os.utime`` (no sleeping)."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -14,7 +17,15 @@ from pathlib import Path
 import pytest
 from tests.unit.test_store_jobs import new_job
 
-from radserve.service.unclaimed import GRACE_S, UNCLAIMED_DIR, UnclaimedStudies, set_aside
+from radserve.service.failover import SharedStorage
+from radserve.service.storage import StorageProbe
+from radserve.service.unclaimed import (
+    GRACE_S,
+    UNCLAIMED_DIR,
+    UnclaimedStudies,
+    set_aside,
+    set_aside_if_refused,
+)
 from radserve.store import Store, init_store
 from radserve.store.files import StoredStudy, store_study
 
@@ -74,3 +85,27 @@ def test_an_identical_upload_meanwhile_keeps_it(tmp_path: Path, store: Store) ->
     sweep = UnclaimedStudies(data, store)
     assert sweep.sweep() == 0 and study.is_dir()
     assert len(_markers(data)) == 1  # looked at again later
+
+
+def test_a_study_is_marked_before_it_is_published_until_its_job_is_written(
+    tmp_path: Path, store: Store
+) -> None:
+    data = tmp_path / "data"
+    published: list[bool] = []  # whether the folder was in studies/ when it was marked
+    store_study(
+        data,
+        [("1.dcm", io.BytesIO(b"first"))],
+        before_publish=lambda folder: published.append(folder.exists()),
+    )
+    assert published == [False]
+    storage = SharedStorage(data, None, StorageProbe(data, interval_s=5, timeout_s=5), store)
+    study = storage.store_study([("1.dcm", io.BytesIO(b"accepted"))]).path
+    assert [json.loads(m.read_text())["path"] for m in _markers(data)] == [str(study)]
+    with set_aside_if_refused(data, study):  # its job row is written
+        new_job(store, study_path=str(study))
+    assert _markers(data) == []
+
+    refused = storage.store_study([("1.dcm", io.BytesIO(b"refused"))]).path
+    with pytest.raises(RuntimeError), set_aside_if_refused(data, refused):
+        raise RuntimeError("the queue is full")
+    assert len(_markers(data)) == 1  # set aside: the sweep deletes it after the grace

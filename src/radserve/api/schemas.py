@@ -244,6 +244,12 @@ class ReadyOut(_Out):
         default_factory=dict,
         description="outbox destinations failing past outbox.unreachable_after_s",
     )
+    work_held: str | None = Field(
+        default=None,
+        description="why this server starts no new work (lease_unproven: it cannot renew "
+        "its job leases); null while work goes on",
+    )
+    work_held_seconds: float = Field(default=0.0, description="for how long it has held")
 
 
 class ModelResetOut(_Out):

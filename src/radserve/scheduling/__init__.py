@@ -32,6 +32,7 @@ from radserve.scheduling.executor import Executor, InProcessExecutor, run_serial
 from radserve.scheduling.jobs import (
     BatchEvent,
     DeadlineMiss,
+    Hold,
     JobEvent,
     JobHooks,
     JobInfo,
@@ -57,6 +58,7 @@ __all__ = [
     "DuplicateJobError",
     "Executor",
     "FakeClock",
+    "Hold",
     "InProcessExecutor",
     "JobCancelledError",
     "JobEvent",

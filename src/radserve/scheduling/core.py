@@ -22,6 +22,7 @@ when the next batch forms.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import threading
@@ -54,6 +55,7 @@ from radserve.scheduling.errors import (
 from radserve.scheduling.jobs import (
     BatchEvent,
     DeadlineMiss,
+    Hold,
     JobHooks,
     JobInfo,
     JobRequest,
@@ -101,8 +103,8 @@ class Scheduler:
         # (``yield_to_urgent``): what routine units wait for at their checkpoints.
         self._routine_gate = threading.Event()
         self._routine_gate.set()
-        # why no new unit is handed out now (:meth:`hold`); None: work goes on
-        self.held: str | None = None
+        # why no new unit is handed out now, since when (:meth:`hold`); None: work goes on
+        self.held: Hold | None = None
 
     # --- plumbing ---------------------------------------------------------------------
     def add_listener(self, listener: Callable[[], None]) -> None:
@@ -225,11 +227,13 @@ class Scheduler:
             assert position is not None
             return JobTicket(job.id, cls, job.deadline, position)
 
-    def hold(self, reason: str) -> None:
+    def hold(self, reason: str, message: str) -> None:
         """Hand out no new unit of any job until :meth:`release` (units running finish):
-        the server cannot prove it still holds its jobs (radserve.service.leases)."""
-        with self._locked(notify=False):
-            self.held = reason
+        the server cannot prove it still holds its jobs (radserve.service.leases).
+        ``reason``: a stable code (the metric's label); ``message``: for /readyz."""
+        with self._locked(notify=False) as now:
+            if self.held is None or self.held.reason != reason:
+                self.held = Hold(reason, message, now)
 
     def release(self) -> None:
         """Hand out work again after :meth:`hold`; the workers are woken."""
@@ -559,9 +563,10 @@ class Scheduler:
             return True
 
     def snapshot(self) -> SchedulerSnapshot:
-        """Queue depth and running jobs per class, waiting positions, misses, open models."""
+        """Queue depth and running jobs per class, waiting positions, misses, open models,
+        the hold."""
         with self._lock:
-            return self._book.snapshot(self.clock.now())
+            return dataclasses.replace(self._book.snapshot(self.clock.now()), held=self.held)
 
 
 __all__ = ["Scheduler"]

@@ -129,8 +129,19 @@ class QueuedJob:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """Why the scheduler hands out no new unit (:meth:`Scheduler.hold`), and since when:
+    a held scheduler looks idle from outside, so /metrics and /readyz say so."""
+
+    reason: str  # a stable code, the metric's label (e.g. ``lease_unproven``)
+    message: str  # what holds the work and what ends the hold (/readyz, the log)
+    since: float  # the scheduler's clock
+
+
+@dataclass(frozen=True)
 class SchedulerSnapshot:
-    """Queue depths per class, waiting positions, misses and open breakers (/metrics, /readyz)."""
+    """Queue depths per class, waiting positions, misses, open breakers and the hold
+    (/metrics, /readyz)."""
 
     at: float
     queued: Mapping[PriorityClass, int]
@@ -139,6 +150,12 @@ class SchedulerSnapshot:
     deadline_misses: Mapping[PriorityClass, int]
     open_models: tuple[str, ...]
     prepared_batches: int
+    held: Hold | None = None
+
+    @property
+    def held_s(self) -> float:
+        """How long new work has been held (0 when it is not)."""
+        return 0.0 if self.held is None else max(0.0, self.at - self.held.since)
 
 
 class JobHooks(Protocol):
@@ -165,6 +182,7 @@ class NullHooks:
 __all__ = [
     "BatchEvent",
     "DeadlineMiss",
+    "Hold",
     "JobEvent",
     "JobHooks",
     "JobInfo",

@@ -46,6 +46,7 @@ from typing import Any, BinaryIO
 
 from radserve import durable
 from radserve.service.storage import StorageProbe
+from radserve.service.unclaimed import mark
 from radserve.store import Store
 from radserve.store.files import (
     STUDIES_DIR,
@@ -99,13 +100,27 @@ class SharedStorage:
         pairs = list(files)
         starts = [stream.tell() for _, stream in pairs] if self.fallback is not None else []
         return self._store(
-            lambda root: store_study(root, pairs, max_bytes=max_bytes),
+            lambda root: store_study(
+                root, pairs, max_bytes=max_bytes, before_publish=self._marker(root)
+            ),
             rewind=lambda: [s.seek(p) for (_, s), p in zip(pairs, starts, strict=True)],
         )
 
     def store_study_files(self, paths: Sequence[Path]) -> StoredStudy:
         """:meth:`store_study` for files on disk (gateway, STOW-RS)."""
-        return self._store(lambda root: store_study_files(root, paths), rewind=lambda: None)
+        return self._store(
+            lambda root: store_study_files(root, paths, before_publish=self._marker(root)),
+            rewind=lambda: None,
+        )
+
+    def _marker(self, root: Path) -> Callable[[Path], object] | None:
+        """What marks a study in ``data_dir`` before it is published: until a job row
+        names it, it is one the sweeper may delete (radserve.service.unclaimed), so a
+        crash between the two leaves no folder that nothing accounts for. (A fallback
+        folder needs none: unreferenced ones are deleted at start.)"""
+        if root != self.data_dir:
+            return None
+        return lambda study: mark(self.data_dir, study)
 
     def _store(
         self, write: Callable[[Path], StoredStudy], *, rewind: Callable[[], object]

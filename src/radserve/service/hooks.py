@@ -32,6 +32,7 @@ from radserve.store import (
     ResultAlreadyRecordedError,
     Store,
 )
+from radserve.store.waiting import WaitLog
 
 logger = logging.getLogger(__name__)
 
@@ -56,17 +57,26 @@ def outage_delays(wait_s: float) -> tuple[float, ...]:
     return tuple(delays)
 
 
-def retry_store(call: Callable[[], T], delays: tuple[float, ...] = OUTAGE_RETRIES) -> T:
+def retry_store(
+    call: Callable[[], T], delays: tuple[float, ...] = OUTAGE_RETRIES, *, what: str
+) -> T:
     """``call()``, retried after each of ``delays`` while the database is unavailable
-    (:class:`DatabaseUnavailableError`); the last error is raised."""
+    (:class:`DatabaseUnavailableError`); the last error is raised. Logged when it starts
+    waiting and when it ends (``what``: the write, e.g. "job <id>: running")."""
+    log = WaitLog(what, sum(delays))
     for delay in (*delays, None):
         try:
-            return call()
+            result = call()
         except DatabaseUnavailableError as exc:
             if delay is None:
+                if log.failures:
+                    log.gave_up()
                 raise
-            logger.warning("store unavailable (%s); retrying in %.1f s", exc.code, delay)
+            log.failed(exc)
             time.sleep(delay)
+        else:
+            log.answered()
+            return result
     raise AssertionError("unreachable")
 
 
@@ -156,13 +166,15 @@ class ServiceHooks:
         elif event.state is JobState.RUNNING:
             self._put(
                 self._write(
-                    lambda: self.store.transition(event.job_id, JobState.RUNNING, owner=self.owner)
+                    event,
+                    lambda: self.store.transition(event.job_id, JobState.RUNNING, owner=self.owner),
                 )
             )
         elif event.state is JobState.SUCCEEDED:
             self._succeeded(event)
         elif event.state is JobState.FAILED:
             failed = self._write(
+                event,
                 lambda: self.store.transition(
                     event.job_id,
                     JobState.FAILED,
@@ -170,7 +182,7 @@ class ServiceHooks:
                     error_message=event.error_message or "the job failed",
                     stage_timings=dict(event.timings),
                     owner=self.owner,
-                )
+                ),
             )
             self._put(failed)
             if self.on_failed is not None:
@@ -180,6 +192,7 @@ class ServiceHooks:
                 key_id, client = self._cancellers.pop(event.job_id, (None, None))
             self._put(
                 self._write(
+                    event,
                     lambda: self.store.transition(
                         event.job_id,
                         JobState.CANCELLED,
@@ -188,7 +201,7 @@ class ServiceHooks:
                         error_code=event.error_code or "job_cancelled",
                         error_message=event.error_message or "cancelled by request",
                         stage_timings=dict(event.timings),
-                    )
+                    ),
                 )
             )
 
@@ -217,7 +230,8 @@ class ServiceHooks:
         if record is None or record.state is JobState.RECEIVED:
             try:
                 record = self._write(
-                    lambda: self.store.transition(event.job_id, JobState.QUEUED, owner=self.owner)
+                    event,
+                    lambda: self.store.transition(event.job_id, JobState.QUEUED, owner=self.owner),
                 )
             except LeaseLostError:
                 raise
@@ -264,6 +278,7 @@ class ServiceHooks:
         }
         try:
             record = self._write(
+                event,
                 lambda: self.store.record_result(
                     event.job_id,
                     str(result.out_dir),
@@ -271,7 +286,7 @@ class ServiceHooks:
                     stage_timings=dict(event.timings),
                     outputs=outputs,
                     owner=self.owner,
-                )
+                ),
             )
         except LeaseLostError:
             raise
@@ -296,9 +311,11 @@ class ServiceHooks:
         already known to be down (events held), when the write joins the held ones."""
         return () if self.deferred.active else self.outage_delays
 
-    def _write(self, call: Callable[[], T]) -> T:
-        """``call()``, retried while the database is unavailable."""
-        return retry_store(call, self.write_delays())
+    def _write(self, event: JobEvent, call: Callable[[], T]) -> T:
+        """``call()``, the write of ``event``, retried while the database is unavailable."""
+        return retry_store(
+            call, self.write_delays(), what=f"job {event.job_id}: {event.state.value}"
+        )
 
 
 __all__ = ["OUTAGE_RETRIES", "ResultCallback", "ServiceHooks", "outage_delays", "retry_store"]

@@ -13,13 +13,23 @@ only one run's writes count; two more rules keep the other run from happening at
 
 - **No take-over of a lease that could not be renewed.** A lease that ran out while the
   database was away was not let go: its owner could not renew it. So this replica takes
-  other replicas' jobs only once the database has answered every one of its rounds for a
-  whole lease (``up_since``), which gave a live owner two renewals' time. Until then it
-  takes back only its own instance's jobs (also at start: ``Service.recover``).
+  another replica's job only once, since that owner's last renewal (its lease's expiry
+  less one lease), the database has answered this replica's rounds for a lease and one
+  renewal interval *in total* (:class:`AnsweredTime`): a live owner renews within a
+  second of the database's return, so it has had at least a whole lease of answers to
+  do so. Answered time is the time between consecutive rounds that both reached the
+  database; a failed round only stops the count, it does not reset it, so a database
+  that fails now and then (a flapping link, restarts every few seconds) delays the
+  take-over of a dead replica's jobs by its down time instead of postponing it for good
+  (before session 17 it took a whole lease of *uninterrupted* answers). A dead owner
+  (no outage) is taken over one renewal interval after its lease expired; a replica
+  that just started has no answers yet and takes back only its own instance's jobs
+  (also at start: ``Service.recover``).
 - **No new work without a proven lease.** The owner side: a lease is *proven* until the
   start of the last renewal that committed plus the lease less one renewal interval.
   Past that (the database away, or this replica cut off from it while the others are
-  not) the scheduler hands out no new unit of any job (:meth:`Scheduler.hold`); units
+  not) the scheduler hands out no new unit of any job (:meth:`Scheduler.hold`, reason
+  :data:`HELD_REASON`: ``/metrics`` ``radserve_scheduler_held``, ``/readyz``); units
   running finish. The next renewal that commits lets work go on, and the jobs this
   replica runs that it did not renew were taken over meanwhile: they are failed here
   with ``lease_lost``, a write the fence refuses, so nothing of them is recorded.
@@ -27,9 +37,11 @@ only one run's writes count; two more rules keep the other run from happening at
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -39,12 +51,17 @@ from radserve.store import Claimed, Lease, LeaseLostError, Store
 logger = logging.getLogger(__name__)
 
 RETRY_S = 1.0  # a failed round is tried again this soon (or at its usual time, if sooner)
+HELD_REASON = "lease_unproven"  # the scheduler's hold (a metric label)
+HELD_MESSAGE = (
+    "the job leases could not be renewed (the database does not answer); work goes on "
+    "once they are, so that no job runs on two replicas"
+)
 
 
 class Runs(Protocol):
     """What the keeper needs of the scheduler (:class:`radserve.scheduling.Scheduler`)."""
 
-    def hold(self, reason: str) -> None: ...
+    def hold(self, reason: str, message: str) -> None: ...
 
     def release(self) -> None: ...
 
@@ -64,6 +81,7 @@ class LeaseKeeper:
         on_claimed: Callable[[list[Claimed]], None],
         runs: Runs | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.lease = lease
@@ -72,6 +90,7 @@ class LeaseKeeper:
         self.on_claimed = on_claimed
         self.runs = runs if shared else None  # one server alone holds every job
         self.clock = clock
+        self.wall = wall  # the leases' expiries are wall-clock times (UTC)
         self.lease_s = lease.duration.total_seconds()
         self.renew_s = self.lease_s / 3.0
         self._stop = threading.Event()
@@ -79,8 +98,8 @@ class LeaseKeeper:
         self.held: set[str] = set()  # job ids whose lease the last renewal extended
         # the lease is proven until then (monotonic): see the module's docstring
         self.proven_until = clock() + self.lease_s - self.renew_s
-        # since when every round reached the database (None: the last one did not)
-        self.up_since: float | None = None
+        # when the database answered this replica's rounds (wall clock): take-over proof
+        self.answered = AnsweredTime(keep_s=self.lease_s + self.renew_s)
         self.holding = False  # whether the scheduler holds work for want of a proof
         self._renewals = LoopFailures(logger, "leases: renew")
         self._take_overs = LoopFailures(logger, "leases: take over")
@@ -127,9 +146,16 @@ class LeaseKeeper:
                 )
 
     def take_over(self) -> None:
-        up_for = 0.0 if self.up_since is None else self.clock() - self.up_since
-        others = up_for >= self.lease_s
-        claimed = self.store.claim_jobs(self.lease, shared=True, others=others)
+        """Claim the jobs whose owner had a lease and one renewal interval of answered
+        time since its last renewal to renew them, and did not (see the module)."""
+        since = self.answered.since(self.lease_s + self.renew_s)
+        if since is None:  # not enough answers yet: only this instance's own jobs
+            claimed = self.store.claim_jobs(self.lease, shared=True, others=False)
+        else:  # last renewed at or before ``since``: expired at ``since`` + a lease
+            expired_by = dt.datetime.fromtimestamp(since, dt.UTC) + self.lease.duration
+            claimed = self.store.claim_jobs(
+                self.lease, shared=True, others=True, expired_before=expired_by
+            )
         if claimed:
             self.on_claimed(claimed)
 
@@ -140,7 +166,7 @@ class LeaseKeeper:
         proven = self.clock() < self.proven_until
         if not proven and not self.holding:
             self.holding = True
-            self.runs.hold("the job leases could not be renewed")
+            self.runs.hold(HELD_REASON, HELD_MESSAGE)
             logger.warning(
                 "leases: not renewed for %.0f s (the database does not answer): no new "
                 "work starts until they are, so that no job runs on two replicas",
@@ -153,17 +179,57 @@ class LeaseKeeper:
 
     def _round(self, failures: LoopFailures, call: Callable[[], None]) -> bool:
         """One round of ``call``; whether it reached the database."""
-        started = self.clock()
+        started = self.wall()
         try:
             call()
         except Exception as exc:  # the keeper must outlive any one round
             failures.failed(exc)
-            self.up_since = None
+            self.answered.failed()
             return False
         failures.succeeded()
-        if self.up_since is None:
-            self.up_since = started
+        self.answered.reached(started)
         return True
+
+
+class AnsweredTime:
+    """For how long the database answered this replica: the spans between consecutive
+    rounds that both reached it (wall-clock seconds). Spans end at a failed round; the
+    oldest are dropped once the others hold ``keep_s``, so it stays small."""
+
+    def __init__(self, *, keep_s: float) -> None:
+        self.keep_s = keep_s
+        self.spans: deque[tuple[float, float]] = deque()
+        self._last: float | None = None  # the last round, if it reached the database
+
+    def reached(self, at: float) -> None:
+        """A round that started at ``at`` reached the database."""
+        last, self._last = self._last, at
+        if last is None or at <= last:  # after a failure (or the clock went back)
+            return
+        if self.spans and self.spans[-1][1] == last:
+            self.spans[-1] = (self.spans[-1][0], at)
+        else:
+            self.spans.append((last, at))
+        total = sum(end - start for start, end in self.spans)
+        while len(self.spans) > 1 and total - _length(self.spans[0]) >= self.keep_s:
+            total -= _length(self.spans.popleft())
+
+    def failed(self) -> None:
+        self._last = None
+
+    def since(self, need_s: float) -> float | None:
+        """The latest time since which the database answered for ``need_s`` in all
+        (None: it has not, as far as this replica kept count)."""
+        left = need_s
+        for start, end in reversed(self.spans):
+            if end - start >= left:
+                return end - left
+            left -= end - start
+        return None
+
+
+def _length(span: tuple[float, float]) -> float:
+    return span[1] - span[0]
 
 
 def _lost(job_id: str) -> LeaseLostError:
@@ -173,4 +239,4 @@ def _lost(job_id: str) -> LeaseLostError:
     )
 
 
-__all__ = ["RETRY_S", "LeaseKeeper", "Runs"]
+__all__ = ["HELD_MESSAGE", "HELD_REASON", "RETRY_S", "AnsweredTime", "LeaseKeeper", "Runs"]

@@ -37,7 +37,8 @@ _HTTP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5
 
 
 class _LiveCollector(Collector):
-    """Queue depth per class, running jobs, open breakers and devices, read at scrape."""
+    """Queue depth per class, running jobs, open breakers, the scheduler's hold and
+    devices, read at scrape."""
 
     def __init__(self, snapshot: Callable[[], SchedulerSnapshot]) -> None:
         self._snapshot = snapshot
@@ -64,6 +65,20 @@ class _LiveCollector(Collector):
         for model in snap.open_models:
             breakers.add_metric([model], 1)
         yield breakers
+        held = GaugeMetricFamily(
+            "radserve_scheduler_held",
+            "1 while the scheduler starts no new work, by reason (lease_unproven: this "
+            "replica cannot renew its job leases, e.g. the database does not answer)",
+            labels=["reason"],
+        )
+        if snap.held is not None:
+            held.add_metric([snap.held.reason], 1)
+        yield held
+        yield GaugeMetricFamily(
+            "radserve_scheduler_held_seconds",
+            "How long the scheduler has started no new work (0 while work goes on)",
+            value=snap.held_s,
+        )
         yield from self._devices()
 
     def _devices(self) -> Iterator[Any]:

@@ -34,7 +34,7 @@ from radserve.lifecycle.install import remove_interrupted_installs
 from radserve.pipeline import SessionPool
 from radserve.pipeline.study import StudyResult
 from radserve.report.fhir.patient import IdentifierSystems
-from radserve.scheduling import Scheduler
+from radserve.scheduling import Hold, Scheduler
 from radserve.service.cached import CachedDelivery
 from radserve.service.catalog import Catalog
 from radserve.service.critical import CriticalDelivery
@@ -89,6 +89,9 @@ class Readiness:
     storage_problem: str | None = None
     # whether studies and results then go to a local fallback (storage.fallback_dir)
     fallback: bool = False
+    # why the scheduler starts no new work (radserve.service.leases), and for how long
+    held: Hold | None = None
+    held_s: float = 0.0
 
     @property
     def degraded(self) -> bool:
@@ -106,6 +109,8 @@ class Readiness:
             out.append("the database does not answer")
         out += [f"model {m} circuit breaker is open" for m in self.open_models]
         out += list(self.unreachable_peers.values())
+        if self.held is not None:
+            out.append(f"no new work starts, for {self.held_s:.0f} s now: {self.held.message}")
         if self.storage_problem is not None:
             out.append(
                 f"the data folder cannot be written: {self.storage_problem}"
@@ -403,7 +408,8 @@ class Service:
         fails instead of crashing the server in a loop. With replicas (``outbox.replicas``
         > 1) only the jobs no live replica holds: its own previous incarnation's, and
         those whose lease expired (radserve.store.leases), and those only once the
-        database has answered for a whole lease (:class:`LeaseKeeper`): at start this
+        database has answered long enough since their owner's last renewal
+        (:class:`LeaseKeeper`): at start this
         server cannot tell whether a lease ran out because its owner died or because the
         database was away, so it takes back only its own instance's jobs now."""
         shared = self.settings.outbox.replicas > 1
@@ -542,7 +548,11 @@ class Service:
         unavailable: DatabaseUnavailableError | None = None
         for name, step in steps:
             try:  # a database restart is waited out: a step's rows are idempotent
-                retry_store(lambda step=step: step(job, result), self.hooks.write_delays())
+                retry_store(
+                    lambda step=step: step(job, result),
+                    self.hooks.write_delays(),
+                    what=f"job {job.id}: {name} deliveries",
+                )
             except LeaseLostError:  # another replica runs the job now: this run is void
                 raise
             except Exception as exc:  # the others still run
@@ -566,7 +576,9 @@ class Service:
         open_models = self.scheduler.open_models()
         reachable = self.store.ping()
         storage = self.storage.problem
+        snapshot = self.scheduler.snapshot()
         ready = warm.done and not warm.failed and reachable and not open_models
+        ready = ready and snapshot.held is None
         ready = ready and (storage is None or self.shared.enabled)
         unreachable: dict[str, str] = {}
         if reachable:
@@ -585,6 +597,8 @@ class Service:
             unreachable,
             storage,
             fallback=self.shared.enabled,
+            held=snapshot.held,
+            held_s=snapshot.held_s,
         )
 
     def _refresh_jobs(self, job_ids: list[str]) -> None:

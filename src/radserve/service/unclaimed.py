@@ -10,6 +10,14 @@ scheduler -- the folder used to stay in ``studies/`` with no job naming it, for 
 markers (at start and every :data:`SWEEP_EVERY_S`): a folder no job row names, whose
 marker and whose own modification time are both older than the grace, is deleted.
 
+A crash (``kill -9``, the OOM killer) between the two steps must not leave
+a folder nothing accounts for either, so since session 17 the marker is written
+*before* the study's folder is renamed into ``studies/``
+(:meth:`radserve.service.failover.SharedStorage.store_study`) and removed once the
+submission ends with a job (:func:`set_aside_if_refused`). Such a study is not made a
+job at the next start: its sender was never answered (no 202, no C-STORE success for
+the last instances) and sends it again, and a gateway study still has its spool copy.
+
 Why not delete it at once: the folder is content-addressed, so an identical upload (the
 sender's retry on another replica, or a concurrent one) may be using it, between its
 store and its job row, while this one is refused. Such an upload touches the folder
@@ -44,30 +52,45 @@ SWEEP_EVERY_S = 60.0
 _TRASH_PREFIX = ".unclaimed-"
 
 
-def set_aside(data_dir: Path, study_dir: Path) -> None:
-    """Mark ``study_dir`` as stored for a submission that got no job (best effort: a
-    marker that cannot be written leaves the folder as it always was, logged)."""
+def _marker(data_dir: Path, study_dir: Path) -> Path:
     name = hashlib.sha256(str(study_dir).encode()).hexdigest()[:32]
-    marker = Path(data_dir) / UNCLAIMED_DIR / f"{name}.json"
+    return Path(data_dir) / UNCLAIMED_DIR / f"{name}.json"
+
+
+def mark(data_dir: Path, study_dir: Path) -> bool:
+    """Mark ``study_dir`` as one no job names (yet); whether the marker was written (best
+    effort: one that cannot be written leaves the folder as it always was, logged). Not
+    fsynced (one more fsync per upload): it outlives a killed process, which is what it
+    is for; a power cut may lose it, leaving the folder unmarked as before."""
+    marker = _marker(data_dir, study_dir)
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
         durable.write_json(marker, {"path": str(study_dir)}, sync=False)
     except OSError as exc:
-        logger.warning("a study without a job could not be set aside (%s)", exc.strerror)
-        return
-    logger.warning(
-        "study %s… got no job: set aside, deleted unless a job names it", study_dir.name[:12]
-    )
+        logger.warning("a study without a job could not be marked (%s)", exc.strerror)
+        return False
+    return True
+
+
+def set_aside(data_dir: Path, study_dir: Path) -> None:
+    """Mark ``study_dir`` as stored for a submission that got no job, and say so."""
+    if mark(data_dir, study_dir):
+        logger.warning(
+            "study %s… got no job: set aside, deleted unless a job names it",
+            study_dir.name[:12],
+        )
 
 
 @contextmanager
 def set_aside_if_refused(data_dir: Path, study_dir: Path) -> Iterator[None]:
-    """:func:`set_aside` ``study_dir`` if the block raises (its submission got no job)."""
+    """:func:`set_aside` ``study_dir`` if the block raises (its submission got no job);
+    else its marker goes (the submission ended with a job, or an earlier job answers it)."""
     try:
         yield
     except BaseException:
         set_aside(data_dir, study_dir)
         raise
+    _marker(data_dir, study_dir).unlink(missing_ok=True)
 
 
 class UnclaimedStudies:
@@ -176,6 +199,7 @@ __all__ = [
     "SWEEP_EVERY_S",
     "UNCLAIMED_DIR",
     "UnclaimedStudies",
+    "mark",
     "set_aside",
     "set_aside_if_refused",
 ]

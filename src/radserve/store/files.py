@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -88,11 +88,14 @@ def store_study(
     files: Iterable[tuple[str, BinaryIO]],
     *,
     max_bytes: int | None = None,
+    before_publish: Callable[[Path], object] | None = None,
 ) -> StoredStudy:
     """Write uploaded ``(original name, stream)`` pairs durably; return where they are.
 
     The original name is used only for its suffix (``.dcm``, ``.nii.gz``, ...).
     Raises :class:`UploadTooLargeError` past ``max_bytes`` (nothing is kept then).
+    ``before_publish(folder)`` runs once the study's folder is known and before it is
+    renamed into place (the marker of a study no job names yet: radserve.service.unclaimed).
     """
     data_dir = Path(data_dir)
     staging = data_dir / STAGING_DIR / uuid.uuid4().hex
@@ -104,6 +107,8 @@ def store_study(
         durable.fsync_dir(staging)
         fingerprint = fingerprint_digests(digests)
         target = study_dir(data_dir, fingerprint)
+        if before_publish is not None:
+            before_publish(target)
         existed = _move_into_place(staging, target)
     except OSError as exc:  # writing the data folder failed: nothing is acknowledged
         raise StorageUnavailableError(
@@ -123,12 +128,16 @@ def store_study(
 
 
 def store_study_files(
-    data_dir: Path, paths: Sequence[Path], *, max_bytes: int | None = None
+    data_dir: Path,
+    paths: Sequence[Path],
+    *,
+    max_bytes: int | None = None,
+    before_publish: Callable[[Path], object] | None = None,
 ) -> StoredStudy:
     """:func:`store_study` for files already on disk (CLI submissions, the DICOM gateway)."""
     with contextlib.ExitStack() as stack:
         streams = [(p.name, stack.enter_context(open(p, "rb"))) for p in map(Path, paths)]
-        return store_study(data_dir, streams, max_bytes=max_bytes)
+        return store_study(data_dir, streams, max_bytes=max_bytes, before_publish=before_publish)
 
 
 def remove_stale_staging(data_dir: Path) -> int:

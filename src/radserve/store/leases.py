@@ -124,6 +124,7 @@ class LeaseMixin(StoreBase):
         shared: bool,
         others: bool = True,
         now: dt.datetime | None = None,
+        expired_before: dt.datetime | None = None,
         limit: int | None = None,
     ) -> list[Claimed]:
         """Take unfinished jobs for ``lease.owner``, earliest deadline first: received
@@ -136,7 +137,8 @@ class LeaseMixin(StoreBase):
         unfinished job (a single server owns them all). ``others`` False (with
         ``shared``): only this instance's own, for a replica that cannot tell yet whether
         an expired lease was let go or only not renewable (the database was away;
-        :class:`radserve.service.leases.LeaseKeeper`)."""
+        :class:`radserve.service.leases.LeaseKeeper`). ``expired_before`` (default
+        ``now``): another replica's lease must have expired before then to be taken."""
         now = now or utc_now()
         query = (
             select(Job)
@@ -153,7 +155,7 @@ class LeaseMixin(StoreBase):
                 or_(
                     Job.lease_owner.is_(None),
                     Job.lease_expires.is_(None),
-                    Job.lease_expires < now,
+                    Job.lease_expires < (now if expired_before is None else expired_before),
                     own,
                 )
             )

@@ -33,6 +33,54 @@ class StoreWaitExceededError(DatabaseUnavailableError):
         self.retry_after = retry_after
 
 
+class WaitLog:
+    """What one call's wait for the database logs: one line when it starts waiting and
+    one when it ends, answered or given up, with the tries and the time (before session
+    17 a job's write logged every retry: ten lines per write in a 2-minute outage)."""
+
+    def __init__(
+        self, what: str, bound_s: float, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.what = what
+        self.bound_s = bound_s
+        self.clock = clock
+        self.start = clock()
+        self.failures = 0
+
+    @property
+    def waited_s(self) -> float:
+        return self.clock() - self.start
+
+    def failed(self, exc: DatabaseUnavailableError) -> None:
+        """A try failed: logged if it is the first."""
+        self.failures += 1
+        if self.failures == 1:
+            logger.warning(
+                "%s: the database does not answer (%s); waiting up to %g s",
+                self.what,
+                exc.message,
+                self.bound_s,
+            )
+
+    def answered(self) -> None:
+        """A try worked: logged if the call had waited."""
+        if self.failures:
+            logger.warning(
+                "%s: the database answered after %.1f s (%d tries)",
+                self.what,
+                self.waited_s,
+                self.failures + 1,
+            )
+
+    def gave_up(self) -> None:
+        logger.warning(
+            "%s: the database did not answer for %.1f s (%d tries); not waiting longer",
+            self.what,
+            self.waited_s,
+            self.failures,
+        )
+
+
 def waiting_for_store(
     call: Callable[[], T],
     wait_s: float,
@@ -44,14 +92,12 @@ def waiting_for_store(
     """``call()``, tried again while the database is unavailable, until ``wait_s`` has
     passed since the first try; then :class:`StoreWaitExceededError` (``what``: the
     request's step, for the message and the log)."""
-    start = clock()
-    tries = 0
+    log = WaitLog(what, wait_s, clock=clock)
     while True:
-        tries += 1
         try:
             result = call()
         except DatabaseUnavailableError as exc:
-            waited = clock() - start
+            waited = log.waited_s
             if waited >= wait_s:
                 retry_after = max(1, math.ceil(wait_s))
                 raise StoreWaitExceededError(
@@ -60,20 +106,11 @@ def waiting_for_store(
                     f"retry after {retry_after} s",
                     retry_after=retry_after,
                 ) from exc
-            if tries == 1:
-                logger.warning(
-                    "%s: the database does not answer (%s); waiting up to %g s",
-                    what,
-                    exc.message,
-                    wait_s,
-                )
+            log.failed(exc)
             time.sleep(min(every_s, max(0.0, wait_s - waited)))
         else:
-            if tries > 1:
-                logger.warning(
-                    "%s: the database answered after %.1f s (%d tries)",
-                    what,
-                    clock() - start,
-                    tries,
-                )
+            log.answered()
             return result
+
+
+__all__ = ["RETRY_EVERY_S", "StoreWaitExceededError", "WaitLog", "waiting_for_store"]

@@ -59,6 +59,8 @@ async def readyz(request: Request, _: Annotated[Principal, Depends(require_read)
         reasons=state.reasons,
         degraded=state.degraded,
         unreachable_peers=state.unreachable_peers,
+        work_held=None if state.held is None else state.held.reason,
+        work_held_seconds=round(state.held_s, 3),
     )
     return JSONResponse(out.model_dump(), status_code=200 if state.ready else 503)
 
