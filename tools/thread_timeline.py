@@ -10,11 +10,13 @@ older tree). It prints, per phase of the main thread (in time order), each threa
 group's CPU-seconds, and the **phase bound**: ``max(the busiest thread's CPU-s, all
 threads' CPU-s / cores)``, what the phase would take on idle cores if its work were
 spread perfectly. Summed over the phases, that is the critical path the wall time on an
-idle ``cores``-core machine follows; the difference to ``all CPU-s / cores`` is the time
+idle ``cores``-core machine follows (a network's phase counts as divisible:
+:func:`phase_bound`); the difference to ``all CPU-s / cores`` is the time
 a core idles because the work is serial. A timeline, one row per thread group, one
 column per ``--bin`` seconds, shows where.
 
     PYTHONPATH=src python tools/thread_timeline.py STUDY [--precision fp32] [--json OUT]
+    python tools/thread_timeline.py --show OUT.json       # the table and timeline again
     # A/B alternating, a before tree against this one (labels hashed, figures per run):
     python tools/thread_timeline.py STUDY --ab BEFORE/src AFTER/src --rounds 3
 
@@ -184,6 +186,19 @@ def phases(markers: Markers, t0: float, t1: float) -> list[tuple[str, float, flo
     return out
 
 
+def phase_bound(phase: str, cpu: float, busiest: float, cores: int) -> float:
+    """How long a phase takes on ``cores`` idle cores at the least: its CPU-s spread over
+    them, or its busiest thread's CPU-s where that is longer. Not so for a network's
+    phase: the provider divides each batch between its threads (TBB work stealing), and
+    on a loaded host the calling thread takes the chunks of a descheduled worker (the
+    organ network alone, load 10: calling thread 0.83 CPU-s, worker 0.39, the worker
+    5.4 s waiting for a core), so its busiest thread says nothing of idle cores; the
+    lesion step used 1.90 of 2 quiet cores in session 15."""
+    if phase.endswith(": inference"):
+        return cpu / cores
+    return max(busiest, cpu / cores)
+
+
 def analyse(
     sampler: Sampler, markers: Markers, t0: float, t1: float, cores: int, bin_s: float
 ) -> dict[str, Any]:
@@ -213,58 +228,93 @@ def analyse(
             if k is not None:
                 per_phase[k]["cpu_s"][group] += cpu
                 per_phase[k]["threads"][tid] += cpu
-    total = bound = 0.0
-    rows = []
-    for p in per_phase:
-        cpu = sum(p["cpu_s"].values())
-        busiest = max(p["threads"].values(), default=0.0)
-        p_bound = max(busiest, cpu / cores)
-        total, bound = total + cpu, bound + p_bound
-        rows.append(
-            {
-                "phase": p["phase"],
-                "wall_s": round(p["wall_s"], 4),
-                "cpu_s": round(cpu, 4),
-                "busiest_thread_cpu_s": round(busiest, 4),
-                "bound_s": round(p_bound, 4),
-                "idle_core_s": round(cores * p_bound - cpu, 4),
-                "by_group": {g: round(c, 4) for g, c in sorted(p["cpu_s"].items())},
-            }
-        )
+    rows = [
+        {
+            "phase": p["phase"],
+            "wall_s": round(p["wall_s"], 4),
+            "cpu_s": round(sum(p["cpu_s"].values()), 4),
+            "busiest_thread_cpu_s": round(max(p["threads"].values(), default=0.0), 4),
+            "by_group": {g: round(c, 4) for g, c in sorted(p["cpu_s"].items())},
+        }
+        for p in per_phase
+    ]
     sub = defaultdict(float)
     for name, _, a, b in markers.spans:
         if t0 <= a and b <= t1:
             sub[name] += b - a
-    return {
-        "cores": cores,
-        "wall_s": t1 - t0,
-        "cpu_s": total,
-        "critical_path_s": bound,
-        "perfect_s": total / cores,
-        "serial_excess_s": bound - total / cores,
-        "phases": rows,
-        "marker_wall_s": {k: round(v, 4) for k, v in sorted(sub.items())},
-        "timeline_bin_s": bin_s,
-        "timeline": {g: [round(c, 4) for c in v] for g, v in timeline.items()},
-    }
+    return bounded(
+        {
+            "cores": cores,
+            "wall_s": t1 - t0,
+            "phases": rows,
+            "marker_wall_s": {k: round(v, 4) for k, v in sorted(sub.items())},
+            "timeline_bin_s": bin_s,
+            "timeline": {g: [round(c, 4) for c in v] for g, v in timeline.items()},
+        }
+    )
+
+
+def bounded(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with each phase's bound and idle core-seconds, and the totals: CPU-s,
+    the critical path (the bounds summed), its perfect spread and the serial excess."""
+    cores, total, path = result["cores"], 0.0, 0.0
+    for p in result["phases"]:
+        bound = phase_bound(p["phase"], p["cpu_s"], p["busiest_thread_cpu_s"], cores)
+        p["bound_s"], p["idle_core_s"] = round(bound, 4), round(cores * bound - p["cpu_s"], 4)
+        total, path = total + p["cpu_s"], path + bound
+    result.update(
+        cpu_s=total,
+        critical_path_s=path,
+        perfect_s=total / cores,
+        serial_excess_s=path - total / cores,
+    )
+    return result
+
+
+SHADE = " .:-=+*#%@"  # share of one core, 0 .. 1
+
+
+def _rows(cols: dict[str, list[float]], busy: list[float], bin_s: float) -> list[str]:
+    lines = [
+        f"{group[:18]:>18} |" + "".join(SHADE[min(9, int(10 * c / bin_s))] for c in v)
+        for group, v in sorted(cols.items())
+    ]
+    lines.append(f"{'cores busy':>18} |" + "".join(str(min(9, round(b))) for b in busy))
+    return lines
 
 
 def draw(result: dict[str, Any], width: int = 100) -> str:
-    """The timeline as text: per group and bin, the share of one core it used."""
-    bin_s, cols = result["timeline_bin_s"], result["timeline"]
-    shade = " .:-=+*#%@"
-    lines = [f"one column = {bin_s * 1e3:.0f} ms; shade = share of one core (' ' 0 .. '@' 1)"]
+    """The timeline as text, at most ``width`` columns, per thread group the share of one
+    core it used (' ' none .. '@' all): as measured (on a loaded host each runnable
+    thread gets a share of a core, so a serial phase looks no emptier than a parallel
+    one), then as the phase table implies on idle cores (each phase as long as its
+    bound, each group at its CPU-s over that): where a core idles."""
+    cols = result["timeline"]
     n = max(len(v) for v in cols.values())
-    busy = [sum(v[i] for v in cols.values()) / bin_s for i in range(n)]
-    for start in range(0, n, width):
-        for group, v in sorted(cols.items()):
-            cells = "".join(shade[min(9, int(10 * c / bin_s))] for c in v[start : start + width])
-            lines.append(f"{group[:18]:>18} |{cells}")
-        lines.append(
-            f"{'cores busy':>18} |"
-            + "".join(str(min(9, round(b))) for b in busy[start : start + width])
-        )
-        lines.append("")
+    merge = max(1, -(-n // width))
+    bin_s = result["timeline_bin_s"] * merge
+    cols = {g: [sum(v[i : i + merge]) for i in range(0, n, merge)] for g, v in cols.items()}
+    busy = [sum(column) / bin_s for column in zip(*cols.values(), strict=True)]
+    lines = [f"measured: one column = {bin_s * 1e3:.0f} ms", *_rows(cols, busy, bin_s)]
+    phases_ = [p for p in result["phases"] if p["bound_s"] > 0]
+    step = result["critical_path_s"] / width
+    groups = sorted({g for p in phases_ for g in p["by_group"]})
+    ideal: dict[str, list[float]] = {g: [] for g in groups}
+    ideal_busy: list[float] = []
+    at, k = 0.0, 0
+    for col in range(width):
+        mid = (col + 0.5) * step
+        while k < len(phases_) - 1 and at + phases_[k]["bound_s"] <= mid:
+            at += phases_[k]["bound_s"]
+            k += 1
+        p = phases_[k]
+        for g in groups:
+            ideal[g].append(p["by_group"].get(g, 0.0) / p["bound_s"] * step)
+        ideal_busy.append(p["cpu_s"] / p["bound_s"])
+    lines += [
+        f"on {result['cores']} idle cores (phase bounds): one column = {step * 1e3:.0f} ms",
+        *_rows(ideal, ideal_busy, step),
+    ]
     return "\n".join(lines)
 
 
@@ -353,11 +403,12 @@ def alternate(args: argparse.Namespace) -> None:
             cmd = [sys.executable, __file__, str(args.study), "--precision", args.precision]
             with tempfile.NamedTemporaryFile(suffix=".json") as out:
                 subprocess.run([*cmd, "--json", out.name, "--quiet"], env=env, check=True)
-                result = json.loads(Path(out.name).read_text())
+                result = bounded(json.loads(Path(out.name).read_text()))
             runs[src].append(result)
             print(
                 f"{src}: wall {result['wall_s']:.2f} s, CPU {result['cpu_s']:.2f} s, critical "
-                f"path {result['critical_path_s']:.2f} s, load {result['load_average'][0]:.1f}, "
+                f"path {result['critical_path_s']:.2f} s (serial excess "
+                f"{result['serial_excess_s']:.2f}), load {result['load_average'][0]:.1f}, "
                 f"labels {sorted(result['labels_sha256'].values())[0][:8]}…",
                 flush=True,
             )
@@ -365,7 +416,8 @@ def alternate(args: argparse.Namespace) -> None:
         print(
             f"{src}: median wall {statistics.median(r['wall_s'] for r in results):.2f} s, "
             f"CPU {statistics.median(r['cpu_s'] for r in results):.2f} s, critical path "
-            f"{statistics.median(r['critical_path_s'] for r in results):.2f} s"
+            f"{statistics.median(r['critical_path_s'] for r in results):.2f} s, serial excess "
+            f"{statistics.median(r['serial_excess_s'] for r in results):.2f} s"
         )
     hashes = {json.dumps(r["labels_sha256"], sort_keys=True) for rs in runs.values() for r in rs}
     print("labels and report facts identical in every run:", len(hashes) == 1)
@@ -375,15 +427,22 @@ def alternate(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("study", type=Path)
+    parser.add_argument("study", type=Path, nargs="?")
+    parser.add_argument("--show", help="print the table and timeline of a --json file")
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--interval", type=float, default=0.01, help="sampling, seconds")
-    parser.add_argument("--bin", type=float, default=0.05, help="timeline column, seconds")
+    parser.add_argument("--bin", type=float, default=0.05, help="timeline bin, seconds")
+    parser.add_argument("--width", type=int, default=100, help="timeline columns at most")
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--quiet", action="store_true", help="no table or timeline")
     parser.add_argument("--ab", nargs=2, metavar="SRC", help="alternate two source trees")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    if args.show:
+        shown = bounded(json.loads(Path(args.show).read_text()))
+        print(table(shown))
+        print(draw(shown, args.width))
+        return
     if args.ab:
         alternate(args)
         return
@@ -392,7 +451,7 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(result, indent=1))
     if not args.quiet:
         print(table(result))
-        print(draw(result))
+        print(draw(result, args.width))
         print(json.dumps(result["labels_sha256"], indent=1))
 
 
