@@ -28,7 +28,7 @@ from sqlalchemy import create_engine
 from tests.factories.association_log import AssociationLog
 from tests.factories.awkward_peer import storescp
 from tests.factories.dicom_net import dcmtk_tool, free_port, storescu
-from tests.factories.replicas import fresh_database, replica_config, rows_of
+from tests.factories.replicas import fresh_database, rows_of, sender_replica_config
 from tests.factories.server_process import start_server, stop_servers
 from tests.factories.service import make_study
 from tests.factories.waits import until
@@ -85,16 +85,11 @@ def test_one_sender_per_destination_across_replicas_and_a_killed_sender_is_taken
         try:
             for name in ("a", "b"):
                 gateways[name], http[name] = free_port(), free_port()
-                config = replica_config(
+                config = sender_replica_config(
                     tmp_path,
                     name,
                     database_url,
-                    None,
-                    job_lease_s=15.0,
-                    outbox_lease_s=600.0,  # a take-over here is the lock's, not a lease's
-                    slow=False,
-                    outbox={"lane_poll_s": 0.5},
-                    gateway={
+                    {
                         "enabled": True,
                         "port": gateways[name],
                         "quiet_s": 0.5,

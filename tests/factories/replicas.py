@@ -149,3 +149,20 @@ def per_job(rows: Callable[[str], list[Any]], action: str) -> dict[str, int]:
             f"WHERE action = '{action}' GROUP BY subject"
         )
     )
+
+
+def sender_replica_config(root: Path, name: str, url: str, gateway: dict[str, Any]) -> Path:
+    """Settings of replica ``name`` for the destination-sender tests: quick models, a
+    10-minute outbox lease (a take-over there is the lane lock's, not a lease's), senders
+    looking every 0.5 s, the DICOM ``gateway`` section given."""
+    return replica_config(
+        root,
+        name,
+        url,
+        None,
+        job_lease_s=15.0,
+        outbox_lease_s=600.0,
+        slow=False,
+        outbox={"lane_poll_s": 0.5},
+        gateway=gateway,
+    )

@@ -33,6 +33,7 @@ from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResu
 from radserve.ingest.headers import UnreadableHeaderError, read_header
 from radserve.loop_failures import LoopFailures
 from radserve.store.lane_lock import LaneHold, LaneLock, lane_lock
+from radserve.store.lane_share import LaneShare, lane_share
 from radserve.store.outbox import (
     NewDelivery,
     OutboxItem,
@@ -391,14 +392,21 @@ class Lane:
     ``lock`` (PostgreSQL, :func:`radserve.store.lane_lock.lane_lock`): the lane sends
     only while it holds its destination's lock, so one server at a time sends to it
     among replicas sharing the database; a lane that takes the lock first re-queues
-    the rows its previous holder left ``sending``."""
+    the rows its previous holder left ``sending``. ``share``: the lock is taken and kept
+    within this server's share of the destinations (:mod:`radserve.store.lane_share`)."""
 
     def __init__(
-        self, outbox: LanedDeliverer, destination: str | Scope, *, lock: LaneLock | None = None
+        self,
+        outbox: LanedDeliverer,
+        destination: str | Scope,
+        *,
+        lock: LaneLock | None = None,
+        share: LaneShare | None = None,
     ) -> None:
         self.outbox = outbox
         self.scope = destination if isinstance(destination, Scope) else Scope(destination)
         self.lock = lock
+        self.share = share
         self.taken_over = 0  # rows re-queued from a previous holder, since start
         self._take_over = False  # the lock was taken; its rows not re-queued yet
 
@@ -413,7 +421,7 @@ class Lane:
 
     def deliver_pending(self, now: dt.datetime | None = None) -> DeliveryReport:
         if self.lock is not None:
-            hold = self.lock.hold()
+            hold = self.lock.hold() if self.share is None else self.share.hold(self.lock)
             if hold is LaneHold.ELSEWHERE:
                 return DeliveryReport()
             self._take_over |= hold is LaneHold.TAKEN
@@ -461,8 +469,9 @@ class LaneWorkers:
     On PostgreSQL each destination's lane holds that destination's lock
     (:mod:`radserve.store.lane_lock`): among replicas sharing the database one sender
     at a time per destination, the others' lanes wait and take it over when its holder
-    stops or dies. ``interval_s``: how often an idle lane looks for rows (other
-    replicas enqueue without waking it) and a waiting lane tries to take over."""
+    stops or dies, and each server holds at most its share of the destinations
+    (:mod:`radserve.store.lane_share`). ``interval_s``: how often an idle lane looks for
+    rows (other replicas enqueue without waking it) and a waiting lane tries to take over."""
 
     def __init__(
         self,
@@ -475,9 +484,11 @@ class LaneWorkers:
         names = list(destinations)
         owner = outbox.store.owner
         engine = outbox.store.engine
+        kind = outbox.kind.value
+        locks = {name: lane_lock(engine, kind, name, owner=owner) for name in names}
+        self.share = lane_share(engine, kind, list(locks.values()), owner=owner)
         self.lanes = {
-            name: Lane(outbox, name, lock=lane_lock(engine, outbox.kind.value, name, owner=owner))
-            for name in names
+            name: Lane(outbox, name, lock=lock, share=self.share) for name, lock in locks.items()
         }
         self.workers = {
             name: OutboxWorker(lane, interval_s=interval_s, name=f"{prefix}-{name}")
@@ -520,6 +531,8 @@ class LaneWorkers:
         for name, lane in self.lanes.items():
             if not self.workers[name].alive:  # one still sending keeps it until exit
                 lane.close()
+        if self.share is not None:
+            self.share.release()
 
 
 __all__ = [

@@ -24,6 +24,10 @@ lane that just took the lock re-queues the rows its destination has left ``sendi
 under another owner (:meth:`radserve.store.outbox.OutboxStore.take_over_lane`): no one
 else can be sending them. SQLite has one server process: :func:`lane_lock` returns
 None and lanes send as they always did.
+
+The same lock taken *shared* on a kind's senders key (``shared=True``) says "this server
+runs that kind's lanes": every live server holds it, and :meth:`LaneLock.holders` counts
+them (:mod:`radserve.store.lane_share` spreads the destinations over them).
 """
 
 from __future__ import annotations
@@ -69,25 +73,49 @@ def lock_key(schema: str, kind: str, destination: str) -> int:
     ``schema`` (advisory locks are per database, and servers of different installations
     may share one database, each in its own schema): a stable hash. Two destinations
     sharing a key would only share one sender (1 in 2**64 per pair)."""
-    name = f"radserve.outbox:{schema}:{kind}:{destination}"
+    return _key(f"radserve.outbox:{schema}:{kind}:{destination}")
+
+
+def senders_key(schema: str, kind: str) -> int:
+    """The key every server running ``kind``'s lanes holds shared (its presence)."""
+    return _key(f"radserve.outbox-senders:{schema}:{kind}")
+
+
+def _key(name: str) -> int:
     digest = hashlib.blake2b(name.encode(), digest_size=8)
     return int.from_bytes(digest.digest(), "big", signed=True)
 
 
+# sessions holding an advisory lock on a bigint key: PostgreSQL shows the key's high and
+# low 32 bits as classid and objid, with objsubid 1
+_HOLDERS = text(
+    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND classid = CAST(CAST(:high AS bigint) AS oid) "
+    "AND objid = CAST(CAST(:low AS bigint) AS oid) AND objsubid = 1"
+)
+
+
 class LaneLock:
     """The exclusive right to send a (kind, destination)'s deliveries, among the servers
-    sharing one PostgreSQL database. Used by one lane's thread; :meth:`release` from any."""
+    sharing one PostgreSQL database. Used by one lane's thread; :meth:`release` from any.
+    ``shared``: the kind's senders lock instead (``destination`` names it in logs)."""
 
-    def __init__(self, engine: Engine, kind: str, destination: str, *, owner: str) -> None:
+    def __init__(
+        self, engine: Engine, kind: str, destination: str, *, owner: str, shared: bool = False
+    ) -> None:
         self.kind = kind
         self.destination = destination
-        name = f"radserve lane {kind}:{destination} {owner}"[:63]
+        self.shared = shared
+        role = "senders" if shared else "lane"
+        name = f"radserve {role} {kind}:{destination} {owner}"[:63]
         self._engine = create_engine(
             engine.url,
             poolclass=NullPool,
             connect_args={**_CLIENT_KEEPALIVES, "application_name": name},
         )
         self._connection: Connection | None = None
+        self._key = 0  # the key held on _connection
         self._lock = threading.Lock()
         # connecting fails every poll while the database is away: logged once, then rarely
         self._connecting = LoopFailures(logger, f"outbox: the {kind} lane lock of {destination}")
@@ -124,11 +152,15 @@ class LaneLock:
                 for setting, value in KEEPALIVES.items():
                     connection.execute(text(f"SET {setting} = {int(value)}"))
                 schema = str(connection.execute(text("SELECT current_schema()")).scalar())
-                key = lock_key(schema, self.kind, self.destination)
+                if self.shared:
+                    key, take = senders_key(schema, self.kind), "pg_try_advisory_lock_shared"
+                else:
+                    key, take = (
+                        lock_key(schema, self.kind, self.destination),
+                        "pg_try_advisory_lock",
+                    )
                 taken = bool(
-                    connection.execute(
-                        text("SELECT pg_try_advisory_lock(:key)"), {"key": key}
-                    ).scalar()
+                    connection.execute(text(f"SELECT {take}(:key)"), {"key": key}).scalar()
                 )
             except Exception as exc:  # the database went away meanwhile
                 connection.close()
@@ -143,8 +175,29 @@ class LaneLock:
                 connection.close()
                 return LaneHold.ELSEWHERE
             self._connection = connection
-            logger.info("outbox: this server sends %s to %s", self.kind, self.destination)
+            self._key = key
+            if not self.shared:
+                logger.info("outbox: this server sends %s to %s", self.kind, self.destination)
             return LaneHold.TAKEN
+
+    def holders(self) -> int | None:
+        """How many sessions hold this lock now (for the shared one: the live servers);
+        None unless this server holds it and the database answers."""
+        with self._lock:
+            if self._connection is None:
+                return None
+            high, low = (self._key >> 32) & 0xFFFFFFFF, self._key & 0xFFFFFFFF
+            try:
+                found = self._connection.execute(_HOLDERS, {"high": high, "low": low})
+                return int(found.scalar() or 0)
+            except Exception as exc:  # checked again, and re-taken, by the next hold()
+                logger.debug("outbox: counting %s holders failed (%s)", self.kind, exc)
+                return None
+
+    def give_up(self) -> None:
+        """Let the lock go and keep trying later (:meth:`release` is for good)."""
+        with self._lock:
+            self._drop()
 
     def release(self) -> None:
         """Give the lock up (another replica may take the destination at once)."""
@@ -161,11 +214,13 @@ class LaneLock:
                 logger.debug("outbox: closing a lane lock's connection failed", exc_info=True)
 
 
-def lane_lock(engine: Engine, kind: str, destination: str, *, owner: str) -> LaneLock | None:
+def lane_lock(
+    engine: Engine, kind: str, destination: str, *, owner: str, shared: bool = False
+) -> LaneLock | None:
     """A :class:`LaneLock` on PostgreSQL; None on SQLite (one server process)."""
     if engine.dialect.name != "postgresql":
         return None
-    return LaneLock(engine, kind, destination, owner=owner)
+    return LaneLock(engine, kind, destination, owner=owner, shared=shared)
 
 
-__all__ = ["KEEPALIVES", "LaneHold", "LaneLock", "lane_lock", "lock_key"]
+__all__ = ["KEEPALIVES", "LaneHold", "LaneLock", "lane_lock", "lock_key", "senders_key"]
