@@ -1,7 +1,8 @@
 """``radserve run`` on a study whose Patient's Name is 65,534 bytes and whose Series
 Description and Institution Name hold bytes that are not UTF-8 (ISO_IR 192 declared):
 report.json is strict UTF-8 JSON that carries none of them, every DICOM SEG and SR is
-dciodvfy-clean with the name cut to PN's 64 characters (logged, without the name), and
+dciodvfy-clean with the name cut to PN's 64 characters (logged, without the name; said
+with its length, not the name, in report.json and as a Quality Issue in the SR), and
 the FHIR Bundle built from the run (the server's one function) parses with fhir.resources.
 Series Description and Institution Name are not copied into any output."""
 
@@ -66,6 +67,11 @@ def test_long_and_not_utf8_header_text_gives_valid_outputs(tmp_path: Path) -> No
     assert "AAAAAAAAAA" not in text and "Caf" not in text
     report = Report.model_validate(json.loads(text))
     assert report.findings, "the bright spheres are findings"
+    # the report says which attribute the DICOM results carry shortened, and how long it was
+    [shortened] = [w for w in report.warnings if w.code == "value_shortened"]
+    assert shortened.message.startswith(
+        "Patient's Name (0010,0010) has a component group of 65534 characters"
+    )
 
     written = sorted(out.glob("*.dcm"))
     assert {p.name for p in written} >= {"measurements-sr.dcm", "findings-seg.dcm"}
@@ -74,6 +80,15 @@ def test_long_and_not_utf8_header_text_gives_valid_outputs(tmp_path: Path) -> No
         ds = pydicom.dcmread(path, stop_before_pixels=True)
         assert str(ds.PatientName) == "A" * 64, path.name
         assert "InstitutionName" not in ds and "Caf" not in str(ds.SeriesDescription)
+    sr = pydicom.dcmread(out / "measurements-sr.dcm")
+    issues = [
+        item.TextValue
+        for container in sr.ContentSequence
+        for item in container.get("ContentSequence", [])
+        if item.ValueType == "TEXT"
+        and item.ConceptNameCodeSequence[0].CodeMeaning == "Quality Issue"
+    ]
+    assert issues == [shortened.message]  # the SR says its Patient's Name is cut
 
     bundle = fhir_bundle_for(report, study, out)  # validated against R4B as it is built
     from fhir.resources.R4B.bundle import Bundle

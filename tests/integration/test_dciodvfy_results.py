@@ -231,3 +231,60 @@ def test_results_of_an_enhanced_source_pass_dciodvfy(tmp_path: Path) -> None:
     assert {p.name for p in paths} >= {"measurements-sr.dcm", "keyimage-01-sc.dcm"}
     for path in paths:
         assert dciodvfy_errors(path) == [], path.name
+
+
+# What model.yaml's rule (radserve.models.dicom_text) lets through at its longest and
+# oddest: a CodeMeaning of exactly 64 UTF-8 bytes outside Latin-1, with markup and quotes;
+# a label name of 91 characters (SegmentLabel and tracking identifiers are cut to 64
+# bytes); a model name of 64 bytes. dciodvfy counts bytes: before, a 64-character
+# meaning like this one (74 bytes) and the label cut to 64 characters were its errors.
+ODD_MEANING = "Läsion <b>&amp;</b> \"q\" 'O'Brien' αβγ 肝臓 — " + "x" * 11
+LONG_LABEL = "Leber – rechter Lappen, Segment VII " + "lang " * 11
+ODD_MODEL = "Modèle «α» <i>test</i> " + "m" * 37
+
+
+def _renamed(report: Report) -> Report:
+    """``report`` with every label, meaning and model name the test bundles gave replaced
+    by the long and odd ones above (values only: the label maps on disk stay)."""
+    swap = {
+        "Liver": ODD_MEANING,
+        "Lesion": ODD_MEANING[::-1],
+        "liver": LONG_LABEL,
+        "liver_lesion": LONG_LABEL[::-1],
+        "organs-test": ODD_MODEL,
+        "lesions-test": ODD_MODEL[::-1],
+    }
+
+    def walk(value: object) -> object:
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return swap.get(value, value) if isinstance(value, str) else value
+
+    return Report.model_validate(walk(report.model_dump(mode="json")))
+
+
+def test_the_longest_and_oddest_names_model_yaml_allows_pass_dciodvfy(
+    study, tmp_path: Path
+) -> None:
+    from radserve.models.dicom_text import LO_MAX_BYTES, dicom_text
+
+    for meaning in (ODD_MEANING, ODD_MEANING[::-1], ODD_MODEL):
+        assert dicom_text(meaning, "meaning", max_bytes=LO_MAX_BYTES) == meaning
+        assert len(meaning.encode()) == LO_MAX_BYTES
+    report, files, out = study
+    renamed = _renamed(report)
+    assert {s.concept.meaning for m in renamed.outputs.label_maps for s in m.segments} == {
+        ODD_MEANING,
+        ODD_MEANING[::-1],
+    }
+    result_dir = tmp_path / "out"
+    shutil.copytree(out, result_dir)
+    paths = write_dicom_results(renamed, result_dir, files)
+    assert len(paths) == 3
+    for path in paths:
+        assert dciodvfy_errors(path) == [], path.name
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        meanings = {str(e.value) for e in ds.iterall() if e.keyword == "CodeMeaning"}
+        assert meanings & {ODD_MEANING, ODD_MEANING[::-1]}, path.name  # written whole

@@ -16,6 +16,7 @@ import yaml
 from radserve import durable
 from radserve.importers import ImportRefusedError
 from radserve.lifecycle.install import STAGING_DIR, sha256_file
+from radserve.models.dicom_text import fit
 from radserve.models.manifest import ModelSpec
 
 _ANATOMY = {"value": "123037004", "scheme": "SCT", "meaning": "Anatomical Structure"}
@@ -80,7 +81,12 @@ def label_entry(value: int, name: str) -> dict[str, Any]:
         "value": value,
         "name": name,
         # framework label names carry no code: a private scheme until the site maps them.
-        "concept": {"value": _code(value, name), "scheme": "99RADSRV", "meaning": name},
+        # the meaning is a CodeMeaning (LO: 64 bytes here); the name stays whole
+        "concept": {
+            "value": _code(value, name),
+            "scheme": "99RADSRV",
+            "meaning": fit(name),
+        },
         "category": dict(_ANATOMY),
         "kind": "organ",
         "color": list(_PALETTE[(value - 1) % len(_PALETTE)]),

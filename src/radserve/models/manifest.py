@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -28,6 +29,7 @@ from radserve.domain.findings import CodedConcept
 from radserve.domain.input_domain import InputDomain
 from radserve.errors import ModelError
 from radserve.models.axes import DEFAULT_AXES, check_axes
+from radserve.models.dicom_text import LO_MAX_BYTES, SH_MAX_BYTES, dicom_text
 from radserve.models.ops import (
     FINDING_OPS,
     MAP_OPS,
@@ -521,15 +523,18 @@ class LabelSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _printable_single_value(cls, name: str) -> str:
-        """A label name becomes a DICOM value (SEG SegmentLabel, SR text): a backslash
-        would split it into two values, and control or format characters (NUL, newlines,
-        a right-to-left override) would be written into the objects and the console."""
-        if not name or not name.isprintable() or "\\" in name:
-            raise ValueError(
-                f"label name {name[:80]!r} must be printable text without a backslash "
-                "(no control or format characters such as NUL or U+202E)"
-            )
-        return name
+        """A label name becomes a DICOM value (SEG SegmentLabel, SR text; cut to 64 bytes
+        there): :func:`dicom_text`."""
+        return dicom_text(name, "label name")
+
+    @field_validator("concept", "category")
+    @classmethod
+    def _code_fits_dicom(cls, concept: CodedConcept, info: ValidationInfo) -> CodedConcept:
+        """The meaning is a CodeMeaning (LO), the scheme a Coding Scheme Designator (SH)."""
+        dicom_text(concept.meaning, f"{info.field_name} meaning", max_bytes=LO_MAX_BYTES)
+        dicom_text(concept.scheme, f"{info.field_name} scheme", max_bytes=SH_MAX_BYTES)
+        dicom_text(concept.value, f"{info.field_name} value")
+        return concept
 
     @property
     def is_region(self) -> bool:
@@ -644,6 +649,12 @@ class ModelSpec(_Strict):
     # findings of this model pushed at once to the critical-finding receivers (merged
     # with the pipeline's and the site's rules: radserve.domain.critical)
     critical: tuple[CriticalRule, ...] = ()
+
+    @field_validator("name", "version")
+    @classmethod
+    def _algorithm_identification(cls, value: str, info: ValidationInfo) -> str:
+        """The SEG's and SR's AlgorithmName and AlgorithmVersion (LO): :func:`dicom_text`."""
+        return dicom_text(value, f"model {info.field_name}", max_bytes=LO_MAX_BYTES)
 
     @model_validator(mode="before")
     @classmethod

@@ -69,6 +69,7 @@ from radserve.report.schema import (
     organ_segments,
     utc_now,
 )
+from radserve.report.shortened import shortened_values
 
 logger = logging.getLogger(__name__)
 
@@ -494,6 +495,10 @@ def _build_report(
     warnings += [
         ReportWarning(code=code, message=message, stage="postprocess")
         for code, message in check_output_domain(result, [s.bundle.spec for s in result.steps])
+    ]
+    warnings += [
+        ReportWarning(code=code, message=message, stage="report")
+        for code, message in shortened_values(header.patient.patient_name)
     ]
     return Report(
         generated_at=utc_now(),

@@ -34,12 +34,18 @@ from radserve.ingest.charset import (
     declare_undeclared_character_set,
     undeclared_character_set,
 )
+from radserve.models.dicom_text import LO_MAX_BYTES, fit
 from radserve.report.dicom.frames import (
     SliceSources,
     check_multiframe_source,
     check_slice_references,
 )
 from radserve.report.schema import Report
+from radserve.report.shortened import (
+    PN_GROUP_MAX_CHARS,
+    cut_person_name,
+    longest_pn_group_over,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +54,6 @@ MANUFACTURER = "radserve"
 SEG_SERIES_NUMBER = 901
 SR_SERIES_NUMBER = 902
 ML = Code("ml", "UCUM", "milliliter")  # pydicom's codedict has no millilitre
-_LO_MAX = 64
 
 
 # --- source instances -------------------------------------------------------------------------
@@ -130,26 +135,21 @@ def shield_patient_name(sources: Sequence[Dataset]) -> tuple[list[Dataset], obje
     return [first, *sources[1:]], name
 
 
-PN_GROUP_MAX_CHARS = 64  # PS3.5 Table 6.2-1: a PN component group holds at most 64 characters
-
-
 def restore_patient_name(dataset: Dataset, name: object) -> None:
     """Put the source's Patient's Name back, each component group cut to PN's 64
     characters: a source may hold any length (a 65,534-byte name was copied whole, and
-    dciodvfy rejected every SEG and SR). The cut is logged, never the name."""
+    dciodvfy rejected every SEG and SR). The cut is logged, never the name; the report
+    says so too (:mod:`radserve.report.shortened`)."""
     if name is None:
         return
-    groups = str(name).split("=")
-    if longest := max(
-        (len(group) for group in groups if len(group) > PN_GROUP_MAX_CHARS), default=0
-    ):
+    if longest := longest_pn_group_over(name):
         logger.warning(
             "source Patient's Name has a component group of %d characters; written cut to "
             "the %d DICOM allows",
             longest,
             PN_GROUP_MAX_CHARS,
         )
-        name = "=".join(group[:PN_GROUP_MAX_CHARS] for group in groups)
+        name = cut_person_name(name)
     dataset.PatientName = name
 
 
@@ -241,7 +241,7 @@ def procedure_code(modality: str | None) -> Code:
 # --- equipment --------------------------------------------------------------------------------
 def device_serial_number() -> str:
     """Type 1 in the Enhanced General Equipment module: the host names the installation."""
-    return (socket.gethostname() or "unknown")[:_LO_MAX]
+    return (socket.gethostname() or "unknown")[:LO_MAX_BYTES]
 
 
 def device_uid() -> str:
@@ -273,8 +273,8 @@ def contributing_equipment(
 
 
 def lo(text: str) -> str:
-    """Fit a Long String (64 characters)."""
-    return text if len(text) <= _LO_MAX else text[: _LO_MAX - 1] + "~"
+    """Fit a Long String (64 bytes as UTF-8: :func:`radserve.models.dicom_text.fit`)."""
+    return fit(text, LO_MAX_BYTES)
 
 
 # --- character set ----------------------------------------------------------------------------

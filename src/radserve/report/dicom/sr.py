@@ -57,6 +57,7 @@ from radserve.postprocess.diameters import FindingAxes, Point2, Point3
 from radserve.report.dicom import common, notes
 from radserve.report.dicom.frames import SliceSources
 from radserve.report.schema import Report
+from radserve.report.shortened import VALUE_SHORTENED
 from radserve.report.wording import completeness_notes
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,11 @@ def build_sr(
     texts += [_class_name(c) for c in report.classifications]
     texts += [m.label for m in report.organ_measurements] + [n for pair in algorithms for n in pair]
     skipped = series_not_analysed(report)
-    texts += common.software_versions(report) + completeness_notes(report.warnings) + skipped
+    # the study may hold images this result does not cover (late ones); a source value
+    # this object carries cut: both said as Quality Issues
+    issues = completeness_notes(report.warnings)
+    issues += [w.message for w in report.warnings if w.code == VALUE_SHORTENED]
+    texts += common.software_versions(report) + issues + skipped
     shielded, patient_name = common.shield_patient_name(sources.instances())
     try:
         content = hd.sr.MeasurementReport(
@@ -106,9 +111,8 @@ def build_sr(
             procedure_reported=common.procedure_code(report.study.modality),
             imaging_measurements=groups or None,  # type: ignore[arg-type]
         )
-        completeness = completeness_notes(report.warnings)
-        evaluations = [notes.text(notes.QUALITY_ISSUE, n) for n in completeness]
-        # the study may hold images this result does not cover: late ones, other series
+        evaluations = [notes.text(notes.QUALITY_ISSUE, n) for n in issues]
+        # the study may hold images this result does not cover: other series
         evaluations += [notes.text(notes.SERIES_NOT_ANALYSED, n) for n in skipped]
         if evaluations:
             notes.append_to_root(content[0], notes.evaluations(evaluations))
