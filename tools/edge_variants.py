@@ -380,11 +380,18 @@ CI_VARIANTS = (
     "truncated_file",
     "garbage_fragments_1.2.840.10008.1.2.4.90",
     *(AGREEMENT_VARIANTS := ("big_endian", "duplicate_sop_uid")),
-    # tools/edge_scanner_variants.py (session 16): a spread (a dose screenshot in the CT
-    # series, an Enhanced CT whose frames disagree) and the two that found defects; the
-    # doors fall so that the character-set one goes to STOW-RS, whose DICOM results
-    # dciodvfy reads
+    # tools/edge_scanner_variants.py: one of each kind (geometry: a tilted gantry and
+    # instances out of order, session 17; another image in the CT series; an Enhanced CT
+    # whose frames disagree) and the four that found defects (a DERIVED copy and screen
+    # captures beside the CT, session 17: series selection ran the wrong series). The
+    # doors fall by the variants' order in the lists, so that the character-set one goes
+    # to STOW-RS, whose DICOM results dciodvfy reads (a fifth scanner variant before it
+    # would move it: add them in fours, or check where it falls)
+    "gantry_tilt",
+    "instances_shuffled",
     "dose_screenshot_in_series",
+    "derived_tie_in_study",
+    "screen_captures_in_study",
     "enhanced_ct_frame_orientation",
     "unsigned_declared_for_signed",
     "charset_utf8_undeclared",

@@ -42,6 +42,8 @@ def test_edge_probe_ci_mode_passes_at_every_door(tmp_path: Path) -> None:
     assert rc == 0 and not failed, failed
     assert {c["door"] for c in cases} == set(probe.DOORS)
     assert {c["variant"] for c in cases} == set(probe.CI_VARIANTS)
+    # the character-set variant's DICOM results are read by dciodvfy (STOW-RS's only)
+    assert [c["door"] for c in cases if c["variant"] == "charset_utf8_undeclared"] == ["stow"]
     # one rule per door: these went through every door, and the doors agreed (a
     # disagreement is a problem of each of its cases, so the assertion above holds it)
     for name in probe.AGREEMENT_VARIANTS:
