@@ -5,7 +5,7 @@
 // confirmation that asks for the reason the server audits; the server refuses them to
 // other roles anyway (403).
 import { api, can } from './api.js'
-import { h, num, toast, when } from './util.js'
+import { h, iso, num, toast, when } from './util.js'
 
 export const GUARDRAIL_ACTOR = 'radserve-guardrail'
 
@@ -65,7 +65,7 @@ function driftCell(monitor) {
     { class: `drift drift-${monitor.state}`, 'data-drift': monitor.state },
     h('span', { class: 'badge' }, monitor.state),
     ` ${monitor.window.studies}/${monitor.window.size} in window`,
-    worst.length ? h('div', { class: 'muted' }, worst.map(([n, f]) => `${n}: ${f.state}`).join(', ')) : '',
+    worst.length ? h('div', { class: 'muted' }, worst.map(([n, f], i) => [i ? ', ' : '', iso(n), `: ${f.state}`])) : '',
   )
 }
 
@@ -74,7 +74,7 @@ function verdict(step, deployment, history) {
   const auto = history.find((d) => d.step === step && d.action === 'auto_rollback')
   const lines = []
   if (deployment && deployment.canary) lines.push(h('div', { class: 'ok', 'data-verdict': 'live' }, `canary ${deployment.canary} live, not rolled back by the guardrails`))
-  if (auto) lines.push(h('div', { class: 'bad', 'data-verdict': 'rolled-back' }, `guardrails rolled back automatically ${when(auto.created)}: ${auto.reason || ''}`))
+  if (auto) lines.push(h('div', { class: 'bad', 'data-verdict': 'rolled-back' }, `guardrails rolled back automatically ${when(auto.created)}: `, iso(auto.reason || '')))
   return lines
 }
 
@@ -108,7 +108,7 @@ export function renderLifecycle(box, data, confirm) {
         h('span', { class: 'deployment' }, d ? [`stable ${d.stable}`, d.canary ? ` · canary ${d.canary} ${num(d.canary_percent, 0)} %${d.canary_urgent ? ' (URGENT too)' : ''}` : '', d.shadow ? ` · shadow ${d.shadow} ${num(d.shadow_percent, 0)} %` : ''].join('') : 'pipeline default (no deployment recorded)'),
         h('span', { class: 'actions' }, actions),
       ),
-      last ? h('div', { class: 'muted last-change' }, `last change: ${last.action} ${when(last.created)} by ${last.actor || '—'}${last.reason ? ` — ${last.reason}` : ''}`) : '',
+      last ? h('div', { class: 'muted last-change' }, `last change: ${last.action} ${when(last.created)} by `, iso(last.actor || '—'), last.reason ? [' — ', iso(last.reason)] : '') : '',
       verdict(name, d, data.history),
       h(
         'table',

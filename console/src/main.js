@@ -2,7 +2,7 @@
 // Job ids only in the URL: never patient data.
 import './style.css'
 import { adopt, api, forget, session } from './api.js'
-import { h, toast } from './util.js'
+import { h, iso, toast } from './util.js'
 import { worklistPage } from './worklist.js'
 import { studyPage } from './study.js'
 import { opsPage } from './ops.js'
@@ -87,7 +87,7 @@ async function route() {
   if (!(await ensureSession())) return signInPage()
   document.getElementById('nav').hidden = false
   document.getElementById('signout').hidden = false
-  document.getElementById('who').textContent = `${session.user || session.keyName || 'key'} · ${session.role}`
+  document.getElementById('who').replaceChildren(iso(session.user || session.keyName || 'key'), ` · ${session.role}`)
   const hash = location.hash || '#/'
   const job = hash.match(/^#\/job\/([^/]+)$/)
   for (const a of document.querySelectorAll('[data-nav]')) a.classList.toggle('active', (a.dataset.nav === 'ops') === hash.startsWith('#/ops'))

@@ -2,7 +2,7 @@
 // the outbox with re-arm (admin), DICOM peers, the model lifecycle (lifecycle.js).
 import { api, can } from './api.js'
 import { confirmDialog, readLifecycle, renderLifecycle } from './lifecycle.js'
-import { h, num, toast, when } from './util.js'
+import { h, iso, num, toast, when } from './util.js'
 
 const CLASSES = ['URGENT', 'INPATIENT', 'OUTPATIENT']
 const COLOURS = { URGENT: '#ff5c5c', INPATIENT: '#f5b942', OUTPATIENT: '#4fb3ff' }
@@ -67,7 +67,7 @@ export function opsPage(root) {
       renderFigures(data)
       renderPeers(data)
       renderLifecycle(models, lifecycle, confirm.ask)
-      if (data.now.open_models.length) models.append(h('p', { class: 'bad' }, `circuit breaker open: ${data.now.open_models.join(', ')}`))
+      if (data.now.open_models.length) models.append(h('p', { class: 'bad' }, 'circuit breaker open: ', data.now.open_models.map((m, i) => [i ? ', ' : '', iso(m)])))
       if (can('admin')) await renderOutbox()
       else outbox.replaceChildren(h('h2', {}, 'Outbox'), h('p', { class: 'muted' }, 'The outbox is shown to admin sessions.'))
     } catch (error) {

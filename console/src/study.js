@@ -2,7 +2,7 @@
 // organ volumes, stage timings, downloads and the job's audit trail.
 import { Niivue, SLICE_TYPE } from '@niivue/niivue'
 import { api } from './api.js'
-import { h, num, toast, when } from './util.js'
+import { h, inert, iso, num, toast, when } from './util.js'
 
 export const WINDOWS = {
   'soft tissue': [40, 400],
@@ -45,7 +45,7 @@ export function studyPage(root, jobId) {
       'div',
       { class: 'study-head' },
       h('a', { href: '#/' }, '← worklist'),
-      h('h1', {}, `Job ${job.accession || job.id}`),
+      h('h1', {}, 'Job ', iso(job.accession || job.id)),
       h('span', { class: `badge state-${job.state}` }, job.state),
       h('span', { class: `cls cls-${job.priority_class}` }, job.priority_class),
       h('span', {}, `${job.pipeline} ${job.pipeline_version}`),
@@ -53,7 +53,7 @@ export function studyPage(root, jobId) {
     const patient = h('div', { class: 'patient', id: 'patient' })
     if (data.phi_allowed) {
       api(`/console/api/jobs/${encodeURIComponent(jobId)}/patient`)
-        .then((p) => patient.replaceChildren(h('span', {}, `Patient: ${p.name || '—'}`), h('span', {}, `ID: ${p.patient_id || '—'}`), h('span', {}, `Born: ${p.birth_date || '—'}`), h('span', {}, `Sex: ${p.sex || '—'}`)))
+        .then((p) => patient.replaceChildren(h('span', {}, 'Patient: ', iso(p.name || '—')), h('span', {}, 'ID: ', iso(p.patient_id || '—')), h('span', {}, 'Born: ', iso(p.birth_date || '—')), h('span', {}, 'Sex: ', iso(p.sex || '—'))))
         .catch((e) => patient.replaceChildren(h('span', {}, `patient details unavailable: ${e.message}`)))
     } else {
       patient.replaceChildren(h('span', { class: 'muted' }, 'Patient details hidden for this role'))
@@ -154,7 +154,7 @@ export function studyPage(root, jobId) {
           nv.updateGLVolume()
         })
         const [r, g, b] = seg.color || [255, 255, 0]
-        return h('label', { class: 'seg' }, box, h('span', { class: 'swatch', style: `background: rgb(${r},${g},${b})` }), seg.label)
+        return h('label', { class: 'seg' }, box, h('span', { class: 'swatch', style: `background: rgb(${r},${g},${b})` }), iso(seg.label))
       })
       controls.append(h('div', { class: 'group overlay' }, h('label', {}, all, ` ${map.kind}`), ' opacity ', opacity, labels))
     })
@@ -254,7 +254,7 @@ function trailTable(trail) {
     'div',
     { class: 'card wide', id: 'trail-card' },
     h('h2', {}, 'Audit trail'),
-    h('table', { id: 'trail' }, h('thead', {}, h('tr', {}, ['seq', 'time', 'action', 'key', 'client', 'details'].map((t) => h('th', {}, t)))), h('tbody', {}, trail.map((r) => h('tr', {}, h('td', {}, r.seq), h('td', {}, when(r.ts)), h('td', {}, r.action), h('td', {}, r.actor_key_id || '—'), h('td', {}, r.client || '—'), h('td', { class: 'details' }, JSON.stringify(r.payload).slice(0, 160)))))),
+    h('table', { id: 'trail' }, h('thead', {}, h('tr', {}, ['seq', 'time', 'action', 'key', 'client', 'details'].map((t) => h('th', {}, t)))), h('tbody', {}, trail.map((r) => h('tr', {}, h('td', {}, r.seq), h('td', {}, when(r.ts)), h('td', {}, r.action), h('td', {}, r.actor_key_id || '—'), h('td', {}, r.client || '—'), h('td', { class: 'details' }, inert(JSON.stringify(r.payload).slice(0, 160))))))),
   )
 }
 

@@ -15,6 +15,23 @@ export function h(tag, attrs = {}, ...children) {
   return el
 }
 
+// Text the server sends (patient name and ID, accession, labels, model names, user and
+// key names, reasons) in a <bdi>: its own direction (an Arabic or Hebrew name, a U+202E
+// override in a header) cannot reorder the text around it. Table cells and flex items
+// are paragraphs of their own already; text inline beside other text needs this.
+// Isolate controls of its own (U+2066-U+2069, invisible) are dropped: a stray POP
+// DIRECTIONAL ISOLATE could end the isolation early.
+const ISOLATES = /[\u2066-\u2069]/g
+export const iso = (value) => h('bdi', {}, String(value).replace(ISOLATES, ''))
+
+// the same for plain-text places (window.confirm): FIRST STRONG ISOLATE ... POP
+// DIRECTIONAL ISOLATE around it
+export const isoText = (value) => `\u2068${String(value).replace(ISOLATES, '')}\u2069`
+
+// bidi controls in text shown as code (the audit payload's JSON): written as \uXXXX
+const BIDI_CONTROLS = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g
+export const inert = (text) => text.replace(BIDI_CONTROLS, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`)
+
 export function duration(seconds) {
   const s = Math.abs(Math.round(seconds))
   const sign = seconds < 0 ? '-' : ''
@@ -27,9 +44,10 @@ export function duration(seconds) {
 export const num = (value, digits = 1) =>
   value === null || value === undefined ? '—' : Number(value).toFixed(digits)
 
+// ``message``: text, or an array of text and nodes (server text in iso())
 export function toast(message, kind = 'info') {
   const el = document.getElementById('toast')
-  el.textContent = message
+  el.replaceChildren(...[message].flat())
   el.className = `show ${kind}`
   clearTimeout(toast.timer)
   toast.timer = setTimeout(() => (el.className = ''), 5000)

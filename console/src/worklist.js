@@ -1,6 +1,6 @@
 // The worklist: one list read, then live changes from server-sent events.
 import { api, can } from './api.js'
-import { duration, h, toast } from './util.js'
+import { duration, h, iso, isoText, toast } from './util.js'
 
 const STATES = ['received', 'queued', 'running', 'succeeded', 'failed', 'cancelled']
 const CLASSES = ['URGENT', 'INPATIENT', 'OUTPATIENT']
@@ -92,7 +92,7 @@ export function worklistPage(root) {
   }
 
   async function cancel(job) {
-    if (!confirm(`Cancel job ${job.accession || job.id}?`)) return
+    if (!confirm(`Cancel job ${isoText(job.accession || job.id)}?`)) return
     try {
       const out = await api(`/v1/jobs/${encodeURIComponent(job.id)}`, { method: 'DELETE' })
       upsert({ ...job, state: out.state })
@@ -106,11 +106,11 @@ export function worklistPage(root) {
     const cls = select.value
     select.value = ''
     if (!cls || cls === job.priority_class) return
-    if (!confirm(`File ${job.accession || job.id} as ${cls}? Its deadline becomes arrival + the ${cls} turnaround target.`)) return
+    if (!confirm(`File ${isoText(job.accession || job.id)} as ${cls}? Its deadline becomes arrival + the ${cls} turnaround target.`)) return
     try {
       const out = await api(`/v1/jobs/${encodeURIComponent(job.id)}/priority`, { method: 'POST', body: { priority_class: cls } })
       upsert({ ...job, priority_class: out.priority_class, deadline: out.deadline, queue_position: out.queue_position })
-      toast(`${job.accession || job.id}: now ${out.priority_class}`)
+      toast([iso(job.accession || job.id), `: now ${out.priority_class}`])
     } catch (error) {
       toast(`re-prioritise refused: ${error.message}`, 'error')
     }

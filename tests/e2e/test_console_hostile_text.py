@@ -1,8 +1,10 @@
 """Hostile text from a study's header in the console: a patient name holding markup, an
 event handler, quotes and a right-to-left override, and an accession holding a script
 tag are shown as the literal text they are (nothing runs, nothing is dropped), and the
-override does not flip the patient ID beside the name. Debian's chromium against a real
-``radserve serve``."""
+override does not flip the patient ID beside the name. Every such span is isolated
+(``<bdi>``), so an Arabic API key name ending in a right-to-left override does not
+reverse the role written after it in the header (it did: one text node). Debian's
+chromium against a real ``radserve serve``."""
 
 from __future__ import annotations
 
@@ -21,18 +23,24 @@ NAME = "<img src=x onerror=window.__pwned=1>^\"O'Brien\u202eevil"
 ACCESSION = "<script>x=1"  # SH: 16 characters at most
 PATIENT_ID = "ID12345"
 
-# Whether the first character of the ID span's text is drawn left of the second (as it is
-# unless a bidi override from the name beside it reverses the run).
-_ID_IN_ORDER = """() => {
-  const spans = [...document.querySelectorAll('#patient span')]
-  const text = spans.find((s) => s.textContent.startsWith('ID:')).firstChild
+KEY_NAME = "مدير\u202e"  # an Arabic key name ending in a right-to-left override
+
+# Whether the characters of ``needle`` in the text node under ``selector`` that holds it
+# are drawn left to right (as they are unless a bidi override before them reverses the run).
+_IN_ORDER = """([selector, needle]) => {
+  const walker = document.createTreeWalker(document.querySelector(selector), NodeFilter.SHOW_TEXT)
+  let node = walker.nextNode()
+  while (node && !node.data.includes(needle)) node = walker.nextNode()
+  if (!node) return `no text node holds ${needle}`
+  const at = node.data.indexOf(needle)
   const range = document.createRange()
   const left = (i) => {
-    range.setStart(text, i)
-    range.setEnd(text, i + 1)
+    range.setStart(node, at + i)
+    range.setEnd(node, at + i + 1)
     return range.getBoundingClientRect().left
   }
-  return left(0) < left(1)
+  for (let i = 0; i + 1 < needle.length; i++) if (!(left(i) < left(i + 1))) return false
+  return true
 }"""
 
 
@@ -40,7 +48,7 @@ def test_markup_and_bidi_overrides_in_header_text_are_shown_inert(tmp_path: Path
     need_browser()
     config = config_file(tmp_path)
     data, port = tmp_path / "data", free_port()
-    admin = create_key_cli(config, data, "admin")
+    admin = create_key_cli(config, data, "admin", name=KEY_NAME)
     process = start_server(config, data, port, tmp_path / "server.log")
     extra = {
         "SpecificCharacterSet": "ISO_IR 192",
@@ -67,7 +75,14 @@ def test_markup_and_bidi_overrides_in_header_text_are_shown_inert(tmp_path: Path
             assert NAME in patient.text_content()
             assert patient.locator("img").count() == 0
             assert p.page.evaluate("() => window.__pwned === undefined")
-            assert p.page.evaluate(_ID_IN_ORDER)
+            # the ID beside the name, and the role beside the key name, in order
+            assert p.page.evaluate(_IN_ORDER, ["#patient", PATIENT_ID]) is True
+            assert p.page.evaluate(_IN_ORDER, ["#patient", "ID:"]) is True
+            assert p.page.evaluate(_IN_ORDER, ["#who", "admin"]) is True
+            # each server text is isolated, whatever box it sits in
+            assert patient.locator("bdi").all_text_contents()[:2] == [NAME, PATIENT_ID]
+            assert p.page.locator("h1 bdi").text_content() == ACCESSION
+            assert p.page.locator("#who bdi").text_content() == KEY_NAME
             p.shot("hostile-text")
             assert p.errors == []
             p.close()

@@ -21,15 +21,18 @@ def radserve_command(*args: str) -> list[str]:
     return [sys.executable, "-c", "from radserve.cli import main; main()", *args]
 
 
-def create_key_cli(config: Path, data: Path, role: str = "submit") -> str:
+def create_key_cli(
+    config: Path, data: Path, role: str = "submit", *, name: str | None = None
+) -> str:
     """A new API key from ``radserve keys create`` (the command itself, run in this
     process by click's runner: a fresh interpreter per key cost seconds of imports on a
-    loaded runner, and the servers the tests start are fresh ones)."""
+    loaded runner, and the servers the tests start are fresh ones), named ``name``."""
     from click.testing import CliRunner
 
     from radserve.commands.keys import group
 
     args = ["create", "--role", role, "--config", str(config), "--data-dir", str(data)]
+    args += ["--name", name] if name is not None else []
     created = CliRunner().invoke(group, args, catch_exceptions=False)
     assert created.exit_code == 0, created.output
     return created.stdout.strip().splitlines()[-1]
