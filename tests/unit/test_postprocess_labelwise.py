@@ -55,3 +55,16 @@ def test_a_routine_clean_up_still_yields_to_urgent_work_on_the_pool_threads() ->
         cleaned = clean_label_map(a, organs, 1e-3, threads=2)
     assert cleaned.labels[6, 14, 14] == 0
     assert len(seen) == 3 and all(name.startswith("radserve-labels") for name in seen)
+
+
+def test_label_boxes_found_in_slabs_on_threads_are_the_boxes_of_one_pass() -> None:
+    from radserve.preprocess.crop import label_bboxes
+
+    rng = np.random.default_rng(3)
+    a = np.zeros((37, 20, 24), np.uint8)
+    a.reshape(-1)[rng.integers(0, a.size, 80)] = rng.integers(1, 6, 80).astype(np.uint8)
+    a[5:30, 2:9, 3:4] = 7  # one label across every slab
+    one = label_bboxes(a, 8)  # value 6 and 8 absent: None
+    assert one[5] is None and one[7] is None and one[6] is not None
+    for threads in (2, 3, 5, 64):
+        assert label_bboxes(a, 8, threads=threads) == one

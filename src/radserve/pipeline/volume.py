@@ -42,7 +42,7 @@ from radserve.pipeline.spec import PipelineSpec, Step
 from radserve.postprocess.components import clean_label_map
 from radserve.postprocess.diameters import FindingAxes
 from radserve.postprocess.findings import find_lesions, organ_measurements
-from radserve.preprocess.crop import BBox, roi_bbox
+from radserve.preprocess.crop import BBox, bbox_union, roi_bbox
 from radserve.progress import ProgressSink, StageTimer
 
 logger = logging.getLogger(__name__)
@@ -223,11 +223,7 @@ def _roi(spec: ModelSpec, steps: list[StepResult]) -> BBox | None:
             boxes.append(box)
     if not boxes:
         return _EMPTY_BOX
-    if len(boxes) == 1:
-        return boxes[0]
-    return tuple(  # type: ignore[return-value]
-        slice(min(b[a].start for b in boxes), max(b[a].stop for b in boxes)) for a in range(3)
-    )
+    return boxes[0] if len(boxes) == 1 else bbox_union(boxes)
 
 
 def _extra_channels(spec: ModelSpec, steps: list[StepResult]) -> dict[str, np.ndarray] | None:

@@ -276,7 +276,7 @@ def clean_label_map(
     # Every label's box in one pass, before any edit: an op on one label only changes
     # voxels of that label and background, so the boxes of the others stay exact.
     search = within or tuple(slice(0, n) for n in out.shape)
-    found = label_bboxes(out[search], max(values)) if values else []
+    found = label_bboxes(out[search], max(values), threads=threads) if values else []
     boxes = [None if b is None else _shifted_union([b], search) for b in found]
     removed = 0
     for stage in _stages(spec.map_ops):
