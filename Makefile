@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-serve test install install-test lint bench evaluate train clean
+.PHONY: demo demo-serve test fuzz install install-test lint bench evaluate train clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ test: install-test
 	$(BIN)/ruff format --check src tests
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q --durations=30
+
+## Fuzz every hostile-input surface with atheris for FUZZ_MINUTES each (docs/fuzzing.md);
+## corpus, reproducers and logs under out/fuzz/<target>/, kept for the next run.
+FUZZ_MINUTES ?= 10
+fuzz: install-test
+	$(BIN)/python -m tests.fuzz.long --minutes $(FUZZ_MINUTES) --out out/fuzz
 
 bench: install-test
 	$(BIN)/radserve bench --json out/bench.json

@@ -37,7 +37,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from radserve.domain.critical import CriticalRule
 from radserve.domain.priority import PriorityClass, PriorityRules
 from radserve.errors import RadserveError
-from radserve.yaml_text import load_yaml
+from radserve.yaml_text import load_yaml_file, read_utf8
 
 ENV_PREFIX = "RADSERVE_"
 CONFIG_ENV = "RADSERVE_CONFIG"
@@ -1023,19 +1023,17 @@ def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Se
 
 
 def _read_config_file(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":
-            data: Any = tomllib.loads(text)
+            data: Any = tomllib.loads(read_utf8(path))
         elif suffix in (".yaml", ".yml"):
-            data = load_yaml(text)
+            data = load_yaml_file(path)
         else:
             raise ConfigError(f"config file {path} must end in .yaml, .yml or .toml")
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except (yaml.YAMLError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} is not valid {suffix[1:].upper()}: {exc}") from exc
     if data is None:
         return {}

@@ -8,11 +8,12 @@ whose expansion exceeds :data:`MAX_NODES` is refused before it is constructed.""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["MAX_NODES", "load_yaml"]
+__all__ = ["MAX_NODES", "load_yaml", "load_yaml_file", "read_utf8"]
 
 MAX_NODES = 1_000_000  # a model.yaml with every option set is a few hundred nodes
 
@@ -52,3 +53,25 @@ def load_yaml(text: str) -> Any:
         raise yaml.YAMLError("the document is nested too deeply to read") from exc
     finally:
         loader.dispose()
+
+
+def read_utf8(path: Path) -> str:
+    """The text of a configuration file (YAML, TOML): UTF-8, as both formats define it. A
+    file in another encoding raises :class:`UnicodeDecodeError` (a ValueError) naming the
+    byte; :class:`OSError` passes through."""
+    return path.read_bytes().decode("utf-8")
+
+
+def load_yaml_file(path: Path) -> Any:
+    """:func:`load_yaml` of the file at ``path``. A file that is not UTF-8 (a model.yaml
+    saved as Latin-1, a stray binary) is refused as a ``yaml.YAMLError`` naming the byte,
+    which every caller already turns into its refusal; it escaped them as a
+    UnicodeDecodeError (found by fuzzing the settings loaders). :class:`OSError` passes
+    through."""
+    try:
+        text = read_utf8(path)
+    except UnicodeDecodeError as exc:
+        raise yaml.YAMLError(
+            f"not UTF-8 text: byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"
+        ) from None
+    return load_yaml(text)

@@ -57,3 +57,16 @@ def test_a_failed_item_carries_radserve_code_and_reason(tmp_path: Path) -> None:
     assert item["00090010"]["Value"] == ["radserve"]
     assert item["00091001"]["Value"] == [cut.code] and cut.code == "decode_failed"
     assert item["00091002"]["Value"] == [cut.reason] and "truncated" in cut.reason
+
+
+def test_a_value_pydicom_cannot_convert_is_a_refused_part(tmp_path: Path) -> None:
+    """Found by fuzzing (tests/fuzz instance target): pydicom converts a value when it is
+    first read, so an element with an unknown VR raised NotImplementedError from the part
+    check (a 500) instead of failing that part."""
+    (path,) = make_ct_series(tmp_path, n_slices=1)
+    data = path.read_bytes()
+    uid = data.index(b"\x20\x00\x0d\x00UI")  # Study Instance UID, explicit VR "UI"
+    broken = data[: uid + 4] + b"Q\x09" + data[uid + 6 :]
+    outcome = check_part(1, _part(broken), None)
+    assert outcome.failure is FailureReason.CANNOT_UNDERSTAND
+    assert outcome.reason == "Study Instance UID missing"

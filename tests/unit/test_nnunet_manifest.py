@@ -289,3 +289,29 @@ def test_plans_that_are_not_a_finite_json_object_are_refused(tmp_path, plans_tex
     (folder / "plans.json").write_text(plans_text)
     with pytest.raises(ImportRefusedError, match=reason):
         read_results_folder(folder)
+
+
+def test_a_configuration_that_inherits_from_itself_is_refused(tmp_path):
+    plans = tiny_plans()
+    plans["configurations"][CONFIG]["inherits_from"] = CONFIG
+    with pytest.raises(ImportRefusedError, match="inherit in a circle"):
+        _spec(tmp_path, plans=plans)
+
+
+@pytest.mark.parametrize(
+    ("edit", "error"),
+    [
+        (lambda p, d: p.update(transpose_forward=["x", 1, 2]), "ValueError"),
+        (lambda p, d: p["configurations"][CONFIG].update(patch_size={"a": 1}), "ValueError"),
+        (lambda p, d: p.update(configurations=[CONFIG]), "TypeError"),
+        (lambda p, d: d.update(labels={"background": 0, "liver": "one"}), "ValueError"),
+        (lambda p, d: p["configurations"][CONFIG].update(resampling_fn_data_kwargs=[3]),
+         "AttributeError"),
+    ],
+)  # fmt: skip
+def test_json_of_another_shape_is_refused_naming_the_files(tmp_path, edit, error):
+    """Found by fuzzing (tests/fuzz importers target): these raised from the mapping."""
+    plans, dataset = tiny_plans(), tiny_dataset()
+    edit(plans, dataset)
+    with pytest.raises(ImportRefusedError, match=rf"plans.json: not the structure .*\({error}"):
+        _spec(tmp_path, plans=plans, dataset=dataset)

@@ -5,13 +5,16 @@ anchors still load."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
 from radserve.config import ConfigError, load_settings
+from radserve.errors import PipelineError
 from radserve.models.manifest import ModelError, load_manifest
+from radserve.pipeline.spec import load_pipeline
 from radserve.yaml_text import load_yaml
 
 
@@ -44,3 +47,22 @@ def test_deep_nesting_is_a_yaml_error() -> None:
 def test_ordinary_anchors_load_as_safe_load_reads_them() -> None:
     text = "base: &base {a: 1, b: [1, 2]}\nx: *base\ny: {<<: *base, b: [3]}\n" + _laughs(3)
     assert load_yaml(text) == yaml.safe_load(text)
+
+
+@pytest.mark.parametrize(
+    ("name", "load", "error"),
+    [
+        ("model.yaml", load_manifest, ModelError),
+        ("pipeline.yaml", load_pipeline, PipelineError),
+        ("radserve.yaml", load_settings, ConfigError),
+        ("radserve.toml", load_settings, ConfigError),
+    ],
+)
+def test_a_file_that_is_not_utf8_is_refused_by_its_loader(
+    tmp_path: Path, name: str, load: Callable[[Path], object], error: type[Exception]
+) -> None:
+    """Found by fuzzing (tests/fuzz settings target): a UnicodeDecodeError escaped."""
+    path = tmp_path / name
+    path.write_bytes("name: caf\u00e9\n".encode("latin-1"))  # é as one byte, 0xe9
+    with pytest.raises(error, match=r"(?i)utf-8"):
+        load(path)

@@ -45,7 +45,7 @@ from radserve.gateway.receive_limit import Exceeded, StoreLimit, clear_spool, in
 from radserve.gateway.receivers import ReceiverPool
 from radserve.gateway.storage import Disposition, InstanceStore, check_uid
 from radserve.gateway.transport import Admission, GatewayServer, start_server
-from radserve.ingest.headers import read_header
+from radserve.ingest.headers import header_text, read_header
 from radserve.ingest.sources import InputTooLargeError
 from radserve.tls import server_context
 
@@ -474,12 +474,12 @@ class GatewaySCP:
                 # accepted at association only so that radserve's own results are
                 # acknowledged; anyone else's object of these classes is refused
                 return _status(Status.SOP_CLASS_NOT_SUPPORTED, "not an image storage object")
-            study_uid = check_uid(dataset.get("StudyInstanceUID"), "Study Instance UID")
+            study_uid = check_uid(header_text(dataset, "StudyInstanceUID"), "Study Instance UID")
             sop_uid = check_uid(
-                dataset.get("SOPInstanceUID") or event.request.AffectedSOPInstanceUID,
+                header_text(dataset, "SOPInstanceUID") or event.request.AffectedSOPInstanceUID,
                 "SOP Instance UID",
             )
-            if not quarantine and (series := dataset.get("SeriesInstanceUID")):
+            if not quarantine and (series := header_text(dataset, "SeriesInstanceUID")):
                 check_uid(series, "Series Instance UID")  # ingest's rule (missing: skipped)
             with self.cpu.section("durable"):
                 stored = self.instances.save(

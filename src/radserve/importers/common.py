@@ -61,6 +61,27 @@ def read_json_object(path: Path) -> dict[str, Any]:
     return data
 
 
+@contextlib.contextmanager
+def refused_if_malformed(files: str) -> Iterator[None]:
+    """An AI team's files (``files`` names them) read as their tool writes them:
+    ``plans["configurations"][name]``, ``int(value)``, ``metadata["network_data_format"]``.
+    A file that parses but has another shape (a list where an object belongs, a name
+    where a number does, an ``inherits_from`` cycle) raised KeyError, TypeError,
+    RecursionError ... from deep inside the mapping, past the import's refusal (found by
+    fuzzing the importers); here it becomes :class:`ImportRefusedError`, naming the
+    files and what was wrong. Usable as a decorator."""
+    try:
+        yield
+    except ImportRefusedError:
+        raise
+    except (LookupError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        raise ImportRefusedError(
+            f"{files}: not the structure the import reads "
+            f"({type(exc).__name__}{': ' + detail if detail else ''})"
+        ) from exc
+
+
 def label_entries(pairs: list[tuple[int, str]]) -> list[dict[str, Any]]:
     """:func:`label_entry` for each (value, name), by value; codes made distinct (a code
     another label already has gets ``-<value>`` in place of its tail)."""

@@ -77,6 +77,7 @@ from radserve.importers.common import (
     export_checked,
     label_entries,
     read_json_object,
+    refused_if_malformed,
     sha256_file,
     staged_bundle,
     write_bundle_files,
@@ -179,10 +180,11 @@ def read_bundle(folder: Path) -> MonaiSource:
             "the MONAI importer needs the monai extra: pip install 'torch==2.13.0' 'monai==1.6.1'"
         ) from exc
     parser = CheckedConfigParser()  # the config's code is checked before MONAI runs it
-    parser.read_meta(str(meta_path))
-    parser.read_config(str(config_path))
-    parser["bundle_root"] = str(folder)
-    readers = without_file_readers(parser)
+    with refused_if_malformed(f"{meta_path.name} and {config_path.name}"):
+        parser.read_meta(str(meta_path))
+        parser.read_config(str(config_path))
+        parser["bundle_root"] = str(folder)
+        readers = without_file_readers(parser)
     return MonaiSource(folder, config_path, metadata, parser, weights, readers)
 
 
@@ -605,6 +607,7 @@ def _labels(metadata: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str, d
     return label_entries([(v, n) for v, n in values if v != 0]), modality, image_key, image
 
 
+@refused_if_malformed("the bundle's metadata.json and inference config")
 def manifest_from_monai(
     source: MonaiSource,
     *,

@@ -56,6 +56,7 @@ from radserve.importers.common import (
     export_checked,
     label_entries,
     read_json_object,
+    refused_if_malformed,
     sha256_file,
     staged_bundle,
     write_bundle_files,
@@ -91,17 +92,20 @@ class NnunetSource:
     folds: tuple[str, ...]
 
 
-def _resolve(plans: dict[str, Any], name: str) -> dict[str, Any]:
+def _resolve(plans: dict[str, Any], name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
     """A configuration with ``inherits_from`` applied (as nnU-Net's PlansManager does)."""
     configs = plans.get("configurations") or {}
     if name not in configs:
         raise ImportRefusedError(
             f"configuration {name!r} is not in plans.json (has {sorted(configs)})"
         )
+    if name in seen:
+        chain = " -> ".join((*seen, name))
+        raise ImportRefusedError(f"plans.json: configurations inherit in a circle ({chain})")
     config = copy.deepcopy(configs[name])
     parent = config.get("inherits_from")
     if parent:
-        base = _resolve(plans, parent)
+        base = _resolve(plans, parent, (*seen, name))
         base.update(config)
         config = base
     return config
@@ -132,9 +136,9 @@ def read_results_folder(
         raise ImportRefusedError(
             f"no {checkpoint} for fold(s) {missing or 'any'} in {folder} (found {found}){hint}"
         )
-    return NnunetSource(
-        folder, dataset, plans, configuration, _resolve(plans, configuration), trainer, chosen
-    )
+    with refused_if_malformed("plans.json"):
+        config = _resolve(plans, configuration)
+    return NnunetSource(folder, dataset, plans, configuration, config, trainer, chosen)
 
 
 def _refuse(reason: str) -> None:
@@ -254,6 +258,7 @@ def _reader_axes(source: NnunetSource) -> tuple[str, str, str]:
     )
 
 
+@refused_if_malformed("dataset.json and plans.json")
 def manifest_from_nnunet(
     source: NnunetSource,
     *,

@@ -329,7 +329,7 @@ def _is_deflated(raw: BinaryIO) -> bool:
         raise
     except Exception:
         return False  # pydicom judges the file itself
-    return str(meta.get("TransferSyntaxUID", "")) == DeflatedExplicitVRLittleEndian
+    return _text(meta, "TransferSyntaxUID") == DeflatedExplicitVRLittleEndian
 
 
 def _record(
@@ -866,7 +866,7 @@ def _found_implicit(fh: BinaryIO) -> bool | None:
 
 def _transfer_syntax(ds: Dataset, found_implicit: bool | None = None) -> str:
     meta = getattr(ds, "file_meta", None)
-    uid = meta.get("TransferSyntaxUID") if meta is not None else None
+    uid = _text(meta, "TransferSyntaxUID") if meta is not None else None
     if uid in _NATIVE_LITTLE and found_implicit is not None:
         # native little endian: the encoding found is the one the bytes have
         return str(ImplicitVRLittleEndian if found_implicit else ExplicitVRLittleEndian)
@@ -965,6 +965,17 @@ def _values(ds: Dataset | None, keyword: str) -> list[Any]:
 def _text(ds: Dataset | None, keyword: str) -> str:
     values = _values(ds, keyword)
     return "\\".join(str(v) for v in values).strip() if values else ""
+
+
+def header_text(ds: Dataset | None, keyword: str) -> str:
+    """``keyword``'s value in ``ds`` (a :func:`read_header` result, or its ``file_meta``)
+    as text, multiple values joined by backslashes; "" when absent or when pydicom cannot
+    convert it. pydicom converts a value when it is first read, not when the header is
+    parsed, so a value it cannot convert (an unknown VR, say) raises at the caller, of
+    any type (``NotImplementedError``...): found by fuzzing the STOW-RS part check, which
+    let it through as a 500. Lenient as ingest is: a value that cannot be read is absent,
+    and the rule that needs it refuses the instance by name."""
+    return _text(ds, keyword)
 
 
 def _float(ds: Dataset | None, keyword: str) -> float | None:

@@ -43,7 +43,7 @@ from radserve.models.ops import (
     check_op_names,
     legacy_postprocess,
 )
-from radserve.yaml_text import load_yaml
+from radserve.yaml_text import load_yaml_file
 
 # bf16 is the fp32 file run in bfloat16 arithmetic (OpenVINO on a CPU with AMX or
 # AVX-512 BF16): declared as ``bf16: model.onnx`` and gated like the file variants.
@@ -936,7 +936,7 @@ def _numbers(data: object, where: str) -> Iterator[tuple[str, float]]:
 def load_manifest(path: Path) -> ModelSpec:
     """Parse and validate a ``model.yaml``; errors name the file and the broken field."""
     try:
-        raw = load_yaml(path.read_text())
+        raw = load_yaml_file(path)
     except (OSError, yaml.YAMLError) as exc:
         raise ModelError(f"cannot read model manifest {path}: {exc}") from exc
     try:

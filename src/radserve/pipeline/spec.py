@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from radserve.domain.critical import CriticalRule
 from radserve.errors import PipelineError
 from radserve.models.manifest import Precision
-from radserve.yaml_text import load_yaml
+from radserve.yaml_text import load_yaml_file
 
 
 class _Strict(BaseModel):
@@ -128,6 +128,6 @@ def load_pipeline(name_or_path: str | Path, directory: Path | None = None) -> Pi
         known = ", ".join(available_pipelines(directory)) or "none"
         raise PipelineError(f"unknown pipeline {str(name_or_path)!r}; available: {known}")
     try:
-        return PipelineSpec.model_validate(load_yaml(path.read_text()))
-    except (yaml.YAMLError, ValidationError) as exc:
+        return PipelineSpec.model_validate(load_yaml_file(path))
+    except (OSError, yaml.YAMLError, ValidationError) as exc:
         raise PipelineError(f"invalid pipeline file {path}: {exc}") from exc

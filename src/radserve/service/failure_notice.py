@@ -31,7 +31,7 @@ from pydicom.uid import generate_uid
 from radserve.config import Settings
 from radserve.gateway.dicomweb.index import describe
 from radserve.gateway.outbox import utc_now
-from radserve.ingest.headers import read_header
+from radserve.ingest.headers import header_text, read_header
 from radserve.report.dicom.common import save_atomic
 from radserve.report.dicom.failure import FAILURE_SR_FILE, build_failure_sr
 from radserve.report.fhir.bundle import validate_bundle
@@ -104,7 +104,7 @@ def failure_bundle(
 ) -> dict[str, Any]:
     """A transaction Bundle: Patient (if the header names one) + a cancelled
     DiagnosticReport, identified as the study's AI report of this pipeline."""
-    study_uid = str(getattr(header, "StudyInstanceUID", "") or "") if header else ""
+    study_uid = header_text(header, "StudyInstanceUID")
     report_uid = (
         str(generate_uid(entropy_srcs=[study_uid, job.pipeline_name, "fhir-diagnostic-report"]))
         if study_uid
@@ -125,7 +125,7 @@ def failure_bundle(
         ),
         "conclusionCode": [{"coding": [{**FAILED_CODE, "code": str(job.error_code)}]}],
     }
-    patient_id = str(getattr(header, "PatientID", "") or "") if header else ""
+    patient_id = header_text(header, "PatientID")
     if patient_id:
         patient_url = f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_OID, job.id + '/patient')}"
         entries.append(
@@ -211,7 +211,7 @@ class FailureNotices:
         assert self.fhir is not None
         header = study_header(Path(job.study_path))
         bundle = failure_bundle(job, header, dt.datetime.now(dt.UTC))
-        study_uid = str(getattr(header, "StudyInstanceUID", "") or "") if header else ""
+        study_uid = header_text(header, "StudyInstanceUID")
         self.fhir.outbox.enqueue(
             bundle,
             folder=self.results_root / job.id,

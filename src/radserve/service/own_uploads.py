@@ -15,10 +15,11 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
-import pydicom
+from pydicom.dataset import Dataset
 
 from radserve.errors import StudyError
 from radserve.gateway.own_results import OwnResults
+from radserve.ingest.headers import read_header
 from radserve.service.sniff import FileKind
 
 logger = logging.getLogger(__name__)
@@ -33,9 +34,13 @@ class OwnResultsOnlyError(StudyError):
     code = "own_results_only"
 
 
-def _header(stream: BinaryIO) -> pydicom.Dataset | None:
+def _header(stream: BinaryIO) -> Dataset | None:
+    """The header (bounded: :func:`~radserve.ingest.headers.read_header`), or None. A plain
+    ``dcmread`` inflated a Deflated upload whole and read every element into memory: a
+    zip member or Deflated file of a few MB took the server up by gigabytes before
+    ingest's bounded read ever saw it (found by reading, tests/fuzz instance target)."""
     try:
-        return pydicom.dcmread(stream, stop_before_pixels=True)
+        return read_header(stream)
     except Exception:  # not DICOM, or damaged: left for ingest to judge
         return None
     finally:

@@ -44,7 +44,13 @@ from radserve.gateway.completeness import (
 from radserve.gateway.errors import GatewayError, InstanceRejectedError
 from radserve.gateway.own_results import OwnResults
 from radserve.gateway.storage import Disposition, InstanceStore, check_uid
-from radserve.ingest.headers import SkipFile, UnreadableHeaderError, read_header, read_stream
+from radserve.ingest.headers import (
+    SkipFile,
+    UnreadableHeaderError,
+    header_text,
+    read_header,
+    read_stream,
+)
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sources import SourceFile
 from radserve.scheduling import QueueFullError
@@ -325,13 +331,14 @@ def check_part(
     part.stream.seek(0)
     try:
         ds = read_header(part.stream)
-        sop_class = str(ds.get("SOPClassUID") or ds.file_meta.get("MediaStorageSOPClassUID", ""))
-        syntax = str(ds.file_meta.get("TransferSyntaxUID", ""))
+        meta = getattr(ds, "file_meta", None)
+        sop_class = header_text(ds, "SOPClassUID") or header_text(meta, "MediaStorageSOPClassUID")
+        syntax = header_text(meta, "TransferSyntaxUID")
         sop_uid = check_uid(
-            ds.get("SOPInstanceUID") or ds.file_meta.get("MediaStorageSOPInstanceUID"),
+            header_text(ds, "SOPInstanceUID") or header_text(meta, "MediaStorageSOPInstanceUID"),
             "SOP Instance UID",
         )
-        study_uid = check_uid(ds.get("StudyInstanceUID"), "Study Instance UID")
+        study_uid = check_uid(header_text(ds, "StudyInstanceUID"), "Study Instance UID")
     except InstanceRejectedError as exc:  # a UID against ingest.rules: as the form says it
         return InstanceOutcome(
             number,
