@@ -40,7 +40,7 @@ def main(kind: str) -> None:
     import numpy as np
     import torch
     from tests.factories import monai_bundle as mb
-    from tests.integration.test_nnunet_agreement import synthetic_ct
+    from tests.factories.agreement import synthetic_ct
 
     from radserve.domain.volume import Volume
     from radserve.importers.monai_bundle import import_monai
@@ -101,7 +101,7 @@ def cost(kind: str) -> None:
     import resource
 
     from tests.factories import monai_bundle as mb
-    from tests.integration.test_nnunet_agreement import synthetic_ct
+    from tests.factories.agreement import synthetic_ct
 
     from radserve.domain.volume import Volume
     from radserve.importers.monai_bundle import import_monai

@@ -227,7 +227,7 @@ def label_report(volume: Any, tmp: Path, name: str) -> None:
 
 def main() -> None:
     import torch
-    from tests.integration.test_nnunet_agreement import synthetic_ct
+    from tests.factories.agreement import synthetic_ct
 
     from radserve.domain.volume import Volume
 

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from tests.integration.test_nnunet_agreement import agreement
+from tests.factories.agreement import agreement
 from tests.integration.test_nnunet_multichannel import ct_pet_case, mr_case, radserve_labels
 
 

@@ -5,25 +5,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_series import make_ct_series, write_not_dicom
 from tests.factories.results import lesions_hu
-
-
-def _radserve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from radserve.cli import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=env,
-    )
+from tests.factories.server_process import run_radserve
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +27,7 @@ def test_run_writes_report_label_maps_and_dicom(bundles, tmp_path: Path) -> None
         origin=(-20.0, -20.0, 0.0), hu=lesions_hu,
     )  # fmt: skip
     out = tmp_path / "out"
-    done = _radserve(
+    done = run_radserve(
         "run", str(tmp_path / "study"), "--pipeline", str(pipeline), "--out", str(out),
         "--models-dir", str(models),
     )  # fmt: skip
@@ -54,7 +42,7 @@ def test_run_writes_report_label_maps_and_dicom(bundles, tmp_path: Path) -> None
 def test_not_dicom_is_one_clear_line_and_exit_2(bundles, tmp_path: Path) -> None:
     models, pipeline = bundles
     write_not_dicom(tmp_path / "study" / "notes.txt")
-    done = _radserve(
+    done = run_radserve(
         "run", str(tmp_path / "study"), "--pipeline", str(pipeline), "--out", str(tmp_path / "o"),
         "--models-dir", str(models),
     )  # fmt: skip
@@ -65,7 +53,7 @@ def test_not_dicom_is_one_clear_line_and_exit_2(bundles, tmp_path: Path) -> None
 
 def test_unknown_pipeline_names_the_available_ones(tmp_path: Path) -> None:
     make_ct_series(tmp_path / "study", n_slices=4)
-    done = _radserve("run", str(tmp_path / "study"), "--pipeline", "ct-chest", "--out", "x")
+    done = run_radserve("run", str(tmp_path / "study"), "--pipeline", "ct-chest", "--out", "x")
     assert done.returncode == 2
     assert "unknown pipeline 'ct-chest'" in done.stderr and "ct-chest-abdomen" in done.stderr
 
@@ -79,14 +67,14 @@ def test_provider_choice_reaches_the_report_and_a_missing_one_is_refused(
         origin=(-20.0, -20.0, 0.0), hu=lesions_hu,
     )  # fmt: skip
     common = ("--pipeline", str(pipeline), "--models-dir", str(models), "--no-dicom")
-    done = _radserve(
+    done = run_radserve(
         "run", str(tmp_path / "study"), *common, "--out", str(tmp_path / "cpu"),
         "--provider", "CPUExecutionProvider",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "cpu" / "report.json").read_text())
     assert report["runtime"]["providers"] == ["CPUExecutionProvider"]
-    done = _radserve(
+    done = run_radserve(
         "run", str(tmp_path / "study"), *common, "--out", str(tmp_path / "gpu"),
         "--provider", "CUDAExecutionProvider",
     )  # fmt: skip
@@ -120,7 +108,7 @@ def test_decoders_stderr_is_logged_as_json_lines_and_its_fifo_removed(
     models, pipeline = bundles
     _damaged_jpeg_lossless(tmp_path / "study")
     (tmp_path / "tmp").mkdir()
-    done = _radserve(
+    done = run_radserve(
         "run", str(tmp_path / "study"), "--pipeline", str(pipeline), "--out", str(tmp_path / "o"),
         "--models-dir", str(models), "--json-logs",
         env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},

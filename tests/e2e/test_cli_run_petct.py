@@ -4,29 +4,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pydicom
 import pytest
 from tests.factories.petct import write_petct_bundle, write_petct_pipeline
-
-
-def _radserve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from radserve.cli import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+from tests.factories.server_process import run_radserve
 
 
 @pytest.fixture(scope="module")
 def petct(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("petct")
-    done = _radserve("phantom", "--seed", "0", "--small", "--pet", "--out", str(root / "study"))
+    done = run_radserve("phantom", "--seed", "0", "--small", "--pet", "--out", str(root / "study"))
     assert done.returncode == 0, done.stderr
     return root / "study" / "dicom", write_petct_bundle(root / "models"), write_petct_pipeline(root)
 
@@ -34,7 +23,7 @@ def petct(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 def test_run_on_pet_ct_writes_a_seg_of_the_hot_lesions(petct, tmp_path: Path) -> None:
     study, models, pipeline = petct
     out = tmp_path / "out"
-    done = _radserve(
+    done = run_radserve(
         "run", str(study), "--pipeline", str(pipeline), "--out", str(out),
         "--models-dir", str(models), "--no-key-images",
     )  # fmt: skip
@@ -61,7 +50,7 @@ def test_run_without_the_pet_fails_with_one_clear_line(petct, tmp_path: Path) ->
     ct_only.mkdir()
     for path in study.glob("CT*.dcm"):
         shutil.copy(path, ct_only)
-    done = _radserve(
+    done = run_radserve(
         "run", str(ct_only), "--pipeline", str(pipeline), "--out", str(tmp_path / "o"),
         "--models-dir", str(models),
     )  # fmt: skip

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,18 +13,13 @@ import yaml
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_series import make_ct_series
 from tests.factories.results import lesions_hu
+from tests.factories.server_process import run_radserve
 
 
 def radserve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``radserve ARGS`` with none of this environment's ``RADSERVE_*`` settings, and ``env``."""
     clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("RADSERVE_")}
-    return subprocess.run(
-        [sys.executable, "-c", "from radserve.cli import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**clean, **(env or {})},
-    )
+    return run_radserve(*args, env={**clean, **(env or {})})
 
 
 @pytest.fixture(scope="module")

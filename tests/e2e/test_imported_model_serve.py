@@ -118,8 +118,8 @@ def test_imported_monai_bundle_serves_and_its_seg_reads_back(tmp_path: Path, var
 @pytest.mark.slow
 def test_imported_nnunet_model_serves_and_agrees_with_nnunet_predictor(tmp_path: Path) -> None:
     pytest.importorskip("nnunetv2", reason="the nnunet extra is not installed")
+    from tests.factories.agreement import synthetic_ct
     from tests.factories.nnunet_folder import make_results_folder
-    from tests.integration.test_nnunet_agreement import synthetic_ct
 
     from radserve.importers.nnunet import load_predictor, read_results_folder
 

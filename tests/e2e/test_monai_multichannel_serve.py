@@ -15,24 +15,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 from tests.factories.dciodvfy import dciodvfy_errors
 from tests.factories.imported_serve import import_cli, run_cli, serve_and_read_seg
-from tests.factories.server_process import radserve_command
+from tests.factories.server_process import run_radserve
 
 from radserve.ingest import discover_series, load_series
 from radserve.models.manifest import load_manifest
 
 DESCRIPTIONS = {"t1": "T1 SE AX", "t2": "T2 TSE AX", "flair": "T2 FLAIR AX"}
-
-
-def _radserve(*args: str) -> subprocess.CompletedProcess[str]:
-    command = radserve_command(*args)
-    return subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
 
 
 @pytest.mark.slow
@@ -47,7 +41,7 @@ def test_multi_sequence_monai_bundle_runs_and_serves_on_the_mr_phantom(tmp_path:
     )
     models = tmp_path / "models"
     args = ["monai-bundle", str(bundle), "--models-dir", str(models), "--name", "mr-seq"]
-    refused = _radserve("models", "import", *args)
+    refused = run_radserve("models", "import", *args)
     assert refused.returncode != 0 and "channel 2 is named 'dark_fluid'" in refused.stderr
     assert "--channel 2=" in refused.stderr
     printed = import_cli(*args, "--channel", "2=MR:(?i)flair")
@@ -61,7 +55,7 @@ def test_multi_sequence_monai_bundle_runs_and_serves_on_the_mr_phantom(tmp_path:
         "series_description": reference.series_description,
     }
 
-    done = _radserve("phantom", "--seed", "0", "--small", "--mr", "--out", str(tmp_path / "ph"))
+    done = run_radserve("phantom", "--seed", "0", "--small", "--mr", "--out", str(tmp_path / "ph"))
     assert done.returncode == 0, done.stderr
     study = tmp_path / "ph" / "dicom"
     series = {h.series_description: h for h in discover_series(study) if h.modality == "MR"}
@@ -99,7 +93,7 @@ def test_multi_sequence_monai_bundle_runs_and_serves_on_the_mr_phantom(tmp_path:
     phantom = generate_phantom(PhantomSpec.random(0, small=True))
     write_mr_series(phantom, moved, "FLAIR", frame_of_reference_uid="1.2.826.0.1.3680043.9.7.1")
     pipeline = tmp_path / "run-pipeline.yaml"
-    done = _radserve("run", str(moved), "--pipeline", str(pipeline), "--out",
+    done = run_radserve("run", str(moved), "--pipeline", str(pipeline), "--out",
                      str(tmp_path / "moved-out"), "--models-dir", str(models))  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "error [channel_series_unavailable]" in done.stderr

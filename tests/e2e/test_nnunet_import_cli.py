@@ -9,8 +9,6 @@ the folders are made in the test.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +17,10 @@ import pytest
 
 pytest.importorskip("nnunetv2", reason="the nnunet extra is not installed")
 
+from tests.factories.agreement import synthetic_ct
 from tests.factories.dicom_series import make_ct_series
 from tests.factories.nnunet_folder import make_results_folder
-from tests.integration.test_nnunet_agreement import synthetic_ct
+from tests.factories.server_process import run_radserve
 
 from radserve.importers.nnunet import load_predictor, read_results_folder
 from radserve.ingest import discover_series, load_series
@@ -30,26 +29,16 @@ from radserve.ingest.suv import series_to_suv
 from radserve.preprocess.onto_grid import resample_onto
 
 
-def _radserve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from radserve.cli import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-
-
 @pytest.mark.slow
 def test_imported_model_serves_through_radserve_run(tmp_path: Path) -> None:
     folder = make_results_folder(tmp_path / "results", folds=(0,), spacing=(4.0, 2.5, 2.5))
     models = tmp_path / "models"
-    done = _radserve("models", "import", "nnunet", str(folder), "--models-dir", str(models),
+    done = run_radserve("models", "import", "nnunet", str(folder), "--models-dir", str(models),
                      "--name", "tiny-ct")  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert (models / "tiny-ct" / "1.0.0" / "model.onnx").is_file()
     # A second import of the same version is refused, not overwritten.
-    again = _radserve("models", "import", "nnunet", str(folder), "--models-dir", str(models),
+    again = run_radserve("models", "import", "nnunet", str(folder), "--models-dir", str(models),
                       "--name", "tiny-ct")  # fmt: skip
     assert again.returncode != 0 and "already holds a bundle" in again.stderr
 
@@ -64,7 +53,7 @@ def test_imported_model_serves_through_radserve_run(tmp_path: Path) -> None:
         "steps:\n  - model: tiny-ct\n"
     )
     out = tmp_path / "out"
-    done = _radserve("run", str(tmp_path / "study"), "--pipeline", str(pipeline), "--out",
+    done = run_radserve("run", str(tmp_path / "study"), "--pipeline", str(pipeline), "--out",
                      str(out), "--models-dir", str(models), "--no-key-images")  # fmt: skip
     assert done.returncode == 0, done.stderr
     report = json.loads((out / "report.json").read_text())
@@ -96,12 +85,12 @@ def test_imported_pet_ct_model_runs_on_the_pet_ct_phantom(tmp_path: Path) -> Non
     )
     models = tmp_path / "models"
     args = ["models", "import", "nnunet", str(folder), "--models-dir", str(models)]
-    refused = _radserve(*args, "--name", "petct")
+    refused = run_radserve(*args, "--name", "petct")
     assert refused.returncode != 0 and "channel 1 is named 'noNorm'" in refused.stderr
-    done = _radserve(*args, "--name", "petct", "--channel", "1=PT")
+    done = run_radserve(*args, "--name", "petct", "--channel", "1=PT")
     assert done.returncode == 0, done.stderr
 
-    done = _radserve("phantom", "--seed", "0", "--small", "--pet", "--out", str(tmp_path / "p"))
+    done = run_radserve("phantom", "--seed", "0", "--small", "--pet", "--out", str(tmp_path / "p"))
     assert done.returncode == 0, done.stderr
     study = tmp_path / "p" / "dicom"
     pipeline = tmp_path / "petct.yaml"
@@ -110,7 +99,7 @@ def test_imported_pet_ct_model_runs_on_the_pet_ct_phantom(tmp_path: Path) -> Non
         "steps:\n  - model: petct\n"
     )
     out = tmp_path / "out"
-    done = _radserve("run", str(study), "--pipeline", str(pipeline), "--out", str(out),
+    done = run_radserve("run", str(study), "--pipeline", str(pipeline), "--out", str(out),
                      "--models-dir", str(models), "--no-key-images")  # fmt: skip
     assert done.returncode == 0, done.stderr
     report = json.loads((out / "report.json").read_text())

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +24,13 @@ from tests.factories.bundles import write_classifier_bundle, write_test_bundles
 from tests.factories.dicom_series import make_ct_series
 from tests.factories.onnx_models import threshold_model
 from tests.factories.results import LESIONS, lesions_hu
+from tests.factories.server_process import run_radserve
 
 from radserve.models.registry import ModelRegistry
 from radserve.pipeline import load_pipeline, run_study
 from radserve.report.nifti import read_nifti
 
 WINDOW = {"kind": "ct_window", "center": 500.0, "width": 1000.0}  # 0..1000 HU -> 0..1
-
-
-def _radserve(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from radserve.cli import main; main()", *args],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
 
 
 def _label(name: str, kind: str, **extra: Any) -> dict[str, Any]:
@@ -106,7 +99,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_a_structure_and_a_finding_step_served_from_yaml_only(site, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = _radserve(
+    done = run_radserve(
         "run", str(site["study"]), "--config", str(site["config"]),
         "--pipeline", "three-kinds", "--out", str(out), "--dicom",
     )  # fmt: skip
@@ -160,7 +153,7 @@ def test_an_unsatisfiable_pipeline_fails_before_the_study_is_read(site, tmp_path
         "name": "bad", "version": "1", "steps": [{"model": "foci"}],
     }))  # fmt: skip
     (tmp_path / "empty").mkdir()  # not a study: the pipeline is refused before reading it
-    done = _radserve(
+    done = run_radserve(
         "run", str(tmp_path / "empty"), "--config", str(site["config"]),
         "--pipeline", str(bad), "--out", str(tmp_path / "o"),
     )  # fmt: skip
@@ -180,7 +173,7 @@ def test_the_bundled_ct_organs_pipeline_gives_the_reference_pipelines_organs(
     phantom = generate_phantom(PhantomSpec.random(3, small=True), range(8, 32))
     write_dicom_series(phantom, tmp_path / "study")
     out = tmp_path / "organs"
-    done = _radserve(
+    done = run_radserve(
         "run", str(tmp_path / "study"), "--pipeline", "ct-organs", "--out", str(out),
         "--no-key-images",
     )  # fmt: skip
@@ -221,7 +214,7 @@ def test_a_classification_step_served_from_yaml_only(site, tmp_path: Path) -> No
     from radserve.report.json_report import read_report
 
     out = tmp_path / "out"
-    done = _radserve(
+    done = run_radserve(
         "run", str(site["study"]), "--config", str(site["config"]),
         "--pipeline", "classify", "--out", str(out), "--dicom",
     )  # fmt: skip

@@ -19,10 +19,10 @@ import pydicom
 import yaml
 
 from radserve.models.manifest import load_manifest
+from tests.factories.dicomweb import related, split_related
 from tests.factories.ports import free_port_on
 from tests.factories.server_process import create_key_cli, radserve_command, start_server
 from tests.factories.service import auth, config_file, wait_job
-from tests.integration.test_dicomweb import related, split_related
 
 SEG = "1.2.840.10008.5.1.4.1.1.66.4"
 

@@ -21,6 +21,17 @@ def radserve_command(*args: str) -> list[str]:
     return [sys.executable, "-c", "from radserve.cli import main; main()", *args]
 
 
+def run_radserve(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """``radserve ARGS`` in a fresh interpreter, as a user runs it: its exit code and
+    output (text), whatever they are (``timeout``: a bound for a hung command only)."""
+    command = radserve_command(*args)
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, check=False, env=env
+    )
+
+
 def create_key_cli(
     config: Path, data: Path, role: str = "submit", *, name: str | None = None
 ) -> str:

@@ -171,7 +171,7 @@ def _crop_spec(options: dict[str, Any]) -> Any:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CROP_CASES))
 def test_crop_foreground_vs_monai(tmp_path: Path, case: str) -> None:
-    from tests.integration.test_nnunet_agreement import synthetic_ct
+    from tests.factories.agreement import synthetic_ct
 
     options, config, shape, spacing, air_slices, direction = CROP_CASES[case]
     cropped = mb.cropped_pre(**options)
@@ -294,7 +294,7 @@ def _ties(volume: Volume, spec: Any) -> tuple[int, int, int]:
 def test_nearest_resampling_vs_monai(tmp_path: Path, case: str) -> None:
     """MONAI's nearest ``Invertd`` (and ``Spacing``): radserve picks the voxel
     ``grid_sample`` picks, half-voxel ties included."""
-    from tests.integration.test_nnunet_agreement import synthetic_ct
+    from tests.factories.agreement import synthetic_ct
 
     config, shape, spacing, direction, crop = NEAREST_CASES[case]
     if crop:

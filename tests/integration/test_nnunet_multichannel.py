@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("torch", reason="the nnunet extra (torch) is not installed")
 pytest.importorskip("nnunetv2", reason="the nnunet extra (nnunetv2) is not installed")
 
+from tests.factories.agreement import agreement, synthetic_ct
 from tests.factories.nnunet_folder import make_results_folder, tiny_plans
-from tests.integration.test_nnunet_agreement import agreement, synthetic_ct
 
 from radserve.domain.volume import Volume
 from radserve.importers import ImportRefusedError

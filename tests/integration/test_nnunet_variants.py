@@ -16,13 +16,9 @@ import pytest
 pytest.importorskip("torch", reason="the nnunet extra (torch) is not installed")
 pytest.importorskip("nnunetv2", reason="the nnunet extra (nnunetv2) is not installed")
 
-from tests.e2e.test_nnunet_import_cli import _radserve
+from tests.factories.agreement import agreement, radserve_labels, synthetic_ct
 from tests.factories.nnunet_folder import make_results_folder, planner_plans, tiny_plans
-from tests.integration.test_nnunet_agreement import (
-    agreement,
-    radserve_labels,
-    synthetic_ct,
-)
+from tests.factories.server_process import run_radserve
 
 from radserve.importers import ImportRefusedError
 from radserve.importers.nnunet import import_nnunet, load_predictor, read_results_folder
@@ -148,7 +144,7 @@ def test_lowres_alone_trainer_variant_fold_all_checkpoint_best(tmp_path):
     with pytest.raises(ImportRefusedError, match=r"checkpoint_final.pth .*\['checkpoint_best"):
         read_results_folder(folder)
     models = tmp_path / "models"
-    done = _radserve(
+    done = run_radserve(
         "models", "import", "nnunet", str(folder), "--models-dir", str(models),
         "--name", "lowres", "--checkpoint", "checkpoint_best.pth", "--fold", "all",
     )  # fmt: skip
@@ -164,7 +160,7 @@ def test_lowres_alone_trainer_variant_fold_all_checkpoint_best(tmp_path):
     nn = theirs(folder, ct, spacing, checkpoint="checkpoint_best.pth")
     assert len(np.unique(nn)) >= 2
     assert agreement(radserve_labels(bundle, ct, spacing), nn) >= 0.999
-    refused = _radserve(
+    refused = run_radserve(
         "models", "import", "nnunet", str(folder), "--models-dir", str(models),
         "--checkpoint", "checkpoint_best.pth", "--tta", "--version", "2",
     )  # fmt: skip

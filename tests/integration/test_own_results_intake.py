@@ -13,6 +13,7 @@ from typing import Any
 
 import pydicom
 import pytest
+from tests.factories.dicomweb import REFERENCED, SOP_INSTANCE, dicom_parts, stow
 from tests.factories.service import (
     auth,
     live_server,
@@ -21,7 +22,6 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
-from tests.integration.test_dicomweb import REFERENCED, SOP_INSTANCE, dicom_parts, stow
 
 from radserve.gateway.own_results import own_result_reason
 

@@ -23,6 +23,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 from tests.factories.dicom_net import dcmtk_tool, storescu
+from tests.factories.dicomweb import dicom_parts, related
 from tests.factories.private_postgres import PrivatePostgres
 from tests.factories.service import (
     ServerThread,
@@ -34,7 +35,6 @@ from tests.factories.service import (
     wait_job,
 )
 from tests.factories.waits import WAIT_SCALE, until
-from tests.integration.test_dicomweb import dicom_parts, related
 
 from radserve.api import create_app
 from radserve.service import Service
