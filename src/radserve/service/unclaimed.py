@@ -30,6 +30,7 @@ is handed over again later: its job then names the folder and the marker just go
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -90,7 +91,10 @@ def set_aside_if_refused(data_dir: Path, study_dir: Path) -> Iterator[None]:
     except BaseException:
         set_aside(data_dir, study_dir)
         raise
-    _marker(data_dir, study_dir).unlink(missing_ok=True)
+    # best effort: a marker left (the data folder read-only, the study in the fallback)
+    # is dropped by the sweep, which finds the job naming the folder
+    with contextlib.suppress(OSError):
+        _marker(data_dir, study_dir).unlink(missing_ok=True)
 
 
 class UnclaimedStudies:
