@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from pathlib import Path
 
 from tests.fuzz.session import fuzz
@@ -32,17 +33,28 @@ def main() -> int:
     for target in args.targets or TARGETS:
         work = (args.out / target).resolve()
         work.mkdir(parents=True, exist_ok=True)
-        seconds = max(1, round(args.minutes * 60))
-        outcome = fuzz(target, work, seconds=seconds, seed=args.seed, log_file=work / "log.txt")
+        executions, coverage, found = 0, 0, set[Path]()
+        deadline = time.monotonic() + args.minutes * 60
+        # libFuzzer stops at its first finding: go on from the grown corpus until the
+        # target's time is up (each finding stays in artifacts/)
+        while (left := round(deadline - time.monotonic())) >= 10:
+            seed = args.seed + executions
+            log = work / f"log-{seed}.txt"
+            outcome = fuzz(target, work, seconds=left, seed=seed, log_file=log)
+            executions += outcome.executions
+            coverage = max(coverage, outcome.coverage)
+            found.update(outcome.artifacts)
+            if outcome.returncode != 0 and not outcome.artifacts:
+                found.add(log)  # killed without a reproducer: see its log
+                break
         print(
-            f"{target}: {outcome.executions} executions, cov {outcome.coverage}, "
-            f"ft {outcome.features}, {len(outcome.artifacts)} finding(s), rc "
-            f"{outcome.returncode} (log: {work / 'log.txt'})",
+            f"{target}: {executions} executions, cov {coverage}, {len(found)} finding(s) "
+            f"(logs: {work}/log-*.txt)",
             flush=True,
         )
-        for path in outcome.artifacts:
+        for path in sorted(found):
             print(f"  reproduce: python -m tests.fuzz.run {target} {path}", flush=True)
-        failed += outcome.found
+        failed += bool(found)
     return 1 if failed else 0
 
 

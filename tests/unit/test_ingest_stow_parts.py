@@ -6,11 +6,15 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
 from tests.factories.dicom_series import make_ct_series
 from tests.factories.hostile import set_raw
 
 from radserve.gateway.dicomweb.stow import FailureReason, StowPart, StowResult, check_part
+from radserve.gateway.errors import InstanceRejectedError
+from radserve.gateway.scp import instance_uids
 from radserve.ingest import IngestPolicy
+from radserve.ingest.headers import read_header
 
 
 def _part(data: bytes) -> StowPart:
@@ -70,3 +74,7 @@ def test_a_value_pydicom_cannot_convert_is_a_refused_part(tmp_path: Path) -> Non
     outcome = check_part(1, _part(broken), None)
     assert outcome.failure is FailureReason.CANNOT_UNDERSTAND
     assert outcome.reason == "Study Instance UID missing"
+    # the C-STORE SCP reads the same header and gives the same reason
+    header = read_header(io.BytesIO(broken))
+    with pytest.raises(InstanceRejectedError, match=r"^Study Instance UID missing$"):
+        instance_uids(header, "1.2.3", image=True)

@@ -170,6 +170,19 @@ def _register_storage(uid: str) -> bool:
         return True
 
 
+def instance_uids(dataset: Dataset, affected_sop_uid: object, *, image: bool) -> tuple[str, str]:
+    """(Study, SOP Instance UID) of a received instance's header, checked against the UID
+    rules (:class:`InstanceRejectedError` names the one broken); an image's Series
+    Instance UID is checked too when present (ingest's rule; missing: skipped there)."""
+    study_uid = check_uid(header_text(dataset, "StudyInstanceUID"), "Study Instance UID")
+    sop_uid = check_uid(
+        header_text(dataset, "SOPInstanceUID") or affected_sop_uid, "SOP Instance UID"
+    )
+    if image and (series := header_text(dataset, "SeriesInstanceUID")):
+        check_uid(series, "Series Instance UID")
+    return study_uid, sop_uid
+
+
 def _status(code: int, reason: str = "", error_code: str = "") -> Dataset:
     """A C-STORE response status. A failure's Error Comment (0000,0902) carries radserve's
     error code and reason, ``<error code>: <reason>`` cut to LO's 64 characters, as a
@@ -474,13 +487,9 @@ class GatewaySCP:
                 # accepted at association only so that radserve's own results are
                 # acknowledged; anyone else's object of these classes is refused
                 return _status(Status.SOP_CLASS_NOT_SUPPORTED, "not an image storage object")
-            study_uid = check_uid(header_text(dataset, "StudyInstanceUID"), "Study Instance UID")
-            sop_uid = check_uid(
-                header_text(dataset, "SOPInstanceUID") or event.request.AffectedSOPInstanceUID,
-                "SOP Instance UID",
+            study_uid, sop_uid = instance_uids(
+                dataset, event.request.AffectedSOPInstanceUID, image=not quarantine
             )
-            if not quarantine and (series := header_text(dataset, "SeriesInstanceUID")):
-                check_uid(series, "Series Instance UID")  # ingest's rule (missing: skipped)
             with self.cpu.section("durable"):
                 stored = self.instances.save(
                     received,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from radserve.gateway.dicomweb.stow import DICOM_MEDIA, StowPart, check_part
 from radserve.gateway.own_results import OwnResults
-from radserve.gateway.storage import check_uid
+from radserve.gateway.scp import instance_uids
 from radserve.ingest.headers import SkipFile, read_header, read_stream
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sources import SourceFile
@@ -66,7 +66,4 @@ def _cstore(data: bytes) -> None:
     with refusals_only():
         dataset = read_header(_SPOOL, max_header_bytes=POLICY.max_header_bytes)
         OwnResults().check(dataset, "C-STORE")
-        check_uid(dataset.get("StudyInstanceUID"), "Study Instance UID")
-        check_uid(dataset.get("SOPInstanceUID") or "1.2.3", "SOP Instance UID")
-        if series := dataset.get("SeriesInstanceUID"):
-            check_uid(series, "Series Instance UID")
+        instance_uids(dataset, "1.2.3", image=True)
