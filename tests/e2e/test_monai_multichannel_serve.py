@@ -7,8 +7,12 @@ refused naming ``--channel``, then imported with ``--channel "2=MR:(?i)flair"``.
 study is ``radserve phantom --small --mr`` (a CT and T1/T2/FLAIR series of one anatomy,
 one Frame of Reference); the pipeline selects the T1 (the reference channel), the model
 reads the T2 and FLAIR beside it, and the labels of ``radserve run`` and of the server's
-SEG equal MONAI's own run of the bundle on the three series' NIfTIs. A FLAIR in another
-Frame of Reference is refused by name.
+SEG equal MONAI's own run of the bundle on the three series' NIfTIs. The same with
+``--mr-grids`` (each sequence on its own grid: a 3D T1, a thick-slice small-FOV T2, an
+oblique FLAIR with a slice gap): MONAI is given the T2 and FLAIR resampled onto the T1's
+grid by the test itself from the files' headers (tests/factories/dicom_resample.py), and
+the report flags the share of the T1 volume each covers. A FLAIR in another Frame of
+Reference (``--mr-second-frame FLAIR``) is refused by name.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tests.factories.dciodvfy import dciodvfy_errors
+from tests.factories.dicom_resample import onto, read_grid
 from tests.factories.imported_serve import import_cli, run_cli, serve_and_read_seg
 from tests.factories.server_process import run_radserve
 
@@ -30,7 +35,10 @@ DESCRIPTIONS = {"t1": "T1 SE AX", "t2": "T2 TSE AX", "flair": "T2 FLAIR AX"}
 
 
 @pytest.mark.slow
-def test_multi_sequence_monai_bundle_runs_and_serves_on_the_mr_phantom(tmp_path: Path) -> None:
+@pytest.mark.parametrize("own_grids", [False, True], ids=["one_grid", "own_grids"])
+def test_multi_sequence_monai_bundle_runs_and_serves_on_the_mr_phantom(
+    tmp_path: Path, own_grids: bool
+) -> None:
     pytest.importorskip("monai")
     pytest.importorskip("torch")
     from tests.factories import monai_bundle as mb
@@ -55,21 +63,36 @@ def test_multi_sequence_monai_bundle_runs_and_serves_on_the_mr_phantom(tmp_path:
         "series_description": reference.series_description,
     }
 
-    done = run_radserve("phantom", "--seed", "0", "--small", "--mr", "--out", str(tmp_path / "ph"))
+    # the sequences on the CT's grid, or each on its own (--mr-grids: the T2 and FLAIR
+    # resampled onto the T1's grid as the import says, linear as the bundle's Spacingd)
+    grids = ["--mr-grids"] if own_grids else []
+    phantom = ["phantom", "--seed", "0", "--small", "--mr", *grids]
+    done = run_radserve(*phantom, "--out", str(tmp_path / "ph"))
     assert done.returncode == 0, done.stderr
+    assert spec.input.channel_interpolation == "linear"
     study = tmp_path / "ph" / "dicom"
     series = {h.series_description: h for h in discover_series(study) if h.modality == "MR"}
     volumes = {key: load_series(series[d]).volume for key, d in DESCRIPTIONS.items()}
+    if own_grids:  # MONAI stacks channels of one grid: give it the T2 and FLAIR on the T1's
+        t1 = read_grid(sorted(study.glob("MR-T1-*.dcm")))
+        assert np.allclose(t1.affine, volumes["t1"].affine, atol=1e-4)
+        for key, sequence in (("t2", "T2"), ("flair", "FLAIR")):
+            on_t1, covered = onto(read_grid(sorted(study.glob(f"MR-{sequence}-*.dcm"))), t1, 1)
+            assert 0.3 < covered.mean() < 0.95
+            volumes[key] = volumes["t1"].with_array(on_t1.astype(np.float32))
     nifti = {k: str(mb.write_nifti(v, tmp_path / f"{k}.nii.gz")) for k, v in volumes.items()}
     want = mb.run_monai_bundle(bundle, nifti).labels
     counts = np.bincount(want.ravel(), minlength=3)
     assert (counts > 0.005 * want.size).sum() >= 2, counts  # not one class everywhere
 
     ran, out = run_cli(tmp_path, models, "mr-seq", study, selection)
-    report = json.loads((out / "report.json").read_text())["series_selection"]
+    full_report = json.loads((out / "report.json").read_text())
+    report = full_report["series_selection"]
     t1_uid = series[DESCRIPTIONS["t1"]].series_instance_uid
     assert report["selected"]["series_instance_uid"] == t1_uid
     assert [r["modality"] for r in report["rejected"]] == ["CT"], "T2 and FLAIR are used"
+    partial = [w["message"] for w in full_report["warnings"] if "partial_coverage" in w["message"]]
+    assert len(partial) == (2 if own_grids else 0), partial
     ran_agreement = float((ran == want).mean())
 
     served = serve_and_read_seg(
@@ -83,15 +106,12 @@ def test_multi_sequence_monai_bundle_runs_and_serves_on_the_mr_phantom(tmp_path:
         assert dciodvfy_errors(path) == [], path
 
     # a FLAIR in another Frame of Reference: radserve does not register series
-    from radserve.phantom import PhantomSpec, generate_phantom
-    from radserve.phantom.mr import write_mr_series
-
+    done = run_radserve(*phantom, "--mr-second-frame", "FLAIR", "--out", str(tmp_path / "ph2"))
+    assert done.returncode == 0, done.stderr
     moved = tmp_path / "moved"
     moved.mkdir()
-    for path in [*study.glob("MR-T1-*.dcm"), *study.glob("MR-T2-*.dcm")]:
+    for path in (tmp_path / "ph2" / "dicom").glob("MR-*.dcm"):
         shutil.copy(path, moved)
-    phantom = generate_phantom(PhantomSpec.random(0, small=True))
-    write_mr_series(phantom, moved, "FLAIR", frame_of_reference_uid="1.2.826.0.1.3680043.9.7.1")
     pipeline = tmp_path / "run-pipeline.yaml"
     done = run_radserve("run", str(moved), "--pipeline", str(pipeline), "--out",
                      str(tmp_path / "moved-out"), "--models-dir", str(models))  # fmt: skip

@@ -112,7 +112,7 @@ def test_imported_pet_ct_model_runs_on_the_pet_ct_phantom(tmp_path: Path) -> Non
     headers = {h.modality: h for h in discover_series(study)}
     ct = load_series(headers["CT"]).volume
     suv, _ = series_to_suv(load_series(headers["PT"]))
-    pet = resample_onto(suv, ct).array
+    pet = resample_onto(suv, ct, order=3).array  # the import says cubic: nnU-Net's data order
     predictor = load_predictor(read_results_folder(folder))
     theirs = predictor.predict_single_npy_array(
         np.stack([ct.array, pet]).astype(np.float32), {"spacing": list(ct.spacing)}

@@ -3,10 +3,12 @@
 A tiny 3-channel UNet (seeded random weights) in a bundle written in the test, with
 MONAI's two ways of stacking channels in its loader (several keys joined by
 ``ConcatItemsd``; one key given a list of files, BraTS's layout) and
-``NormalizeIntensityd(nonzero, channel_wise)``. The volumes are the phantom's T1, T2 and
-FLAIR (:mod:`radserve.phantom.mr`: one anatomy, grid and Frame of Reference). MONAI runs
-the bundle on their NIfTIs as its bundle workflow does; radserve imports it and runs
-the T1 with the T2 and FLAIR as channels. Then what cannot be expressed is refused.
+``NormalizeIntensityd(nonzero, channel_wise)``, and the list once more with
+``CropForegroundd`` of the stacked image (MONAI's box: any channel above 0). The volumes
+are the phantom's T1, T2 and FLAIR (:mod:`radserve.phantom.mr`: one anatomy, grid and
+Frame of Reference). MONAI runs the bundle on their NIfTIs as its bundle workflow does;
+radserve imports it and runs the T1 with the T2 and FLAIR as channels. Then what cannot
+be expressed is refused.
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ from radserve.phantom.mr import generate_mr
 
 CPU = choose_runtime(prefer=["CPUExecutionProvider"], threads=1)
 NAMED = {"0": "T1", "1": "T2", "2": "FLAIR"}
-PRE = {"concat": mb.MR_CONCAT_PRE, "list": mb.MR_LIST_PRE}
+PRE = {
+    "concat": mb.MR_CONCAT_PRE,
+    "list": mb.MR_LIST_PRE,
+    # MONAI's box over the stacked image: voxels above 0 in any channel
+    "list_crop_foreground": [*mb.MR_LIST_PRE, {**mb.CROP, "margin": 2}],
+}
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +70,7 @@ def test_multi_sequence_bundle_agrees_with_monai(
     out = import_monai(bundle, tmp_path / "models", name="mr", version="1")
     spec = load_manifest(out / "model.yaml")
     assert spec.modality == "MR" and spec.input.reference == "t1"
+    assert (spec.input.crop_foreground is not None) == pattern.endswith("crop_foreground")
     assert [(c.name, c.modality) for c in spec.input.channels] == [
         ("t1", "MR"),
         ("t2", "MR"),
@@ -131,10 +139,10 @@ REFUSED = {
         {"0": "T1", "1": "T2"},
         r"gives the input 2 channel\(s\), ConcatItemsd stacks 3 keys",
     ),
-    "crop_foreground": (
-        [*mb.MR_LIST_PRE, {**mb.CROP}],
+    "crop_foreground_of_one_channel": (
+        [*mb.MR_LIST_PRE, {**mb.CROP, "channel_indices": [0]}],
         NAMED,
-        r"CropForegroundd on 3 channels",
+        r"CropForegroundd: channel_indices",
     ),
     "one_series_twice": (
         mb.MR_LIST_PRE,

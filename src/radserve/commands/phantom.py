@@ -58,6 +58,20 @@ logger = logging.getLogger(__name__)
         "in DIR/dicom: same patient, study, Frame of Reference and grid as the CT)."
     ),
 )
+@click.option(
+    "--mr-grids",
+    is_flag=True,
+    help=(
+        "With --mr: each sequence on its own grid in the CT's Frame of Reference (T1 3D 3 mm "
+        "isotropic; T2 1.6 mm pixels, 6 mm slices, smaller field of view; FLAIR 2 mm pixels, "
+        "5 mm slices with a 1 mm gap, tilted 15 degrees; radserve.phantom.mr_grids)."
+    ),
+)
+@click.option(
+    "--mr-second-frame",
+    type=click.Choice(["T1", "T2", "FLAIR"]),
+    help="With --mr: write this sequence in a second Frame of Reference (not registered).",
+)
 def command(
     seed: int,
     out_dir: Path,
@@ -73,6 +87,8 @@ def command(
     study_uid: str | None,
     pet: bool,
     mr: bool,
+    mr_grids: bool,
+    mr_second_frame: str | None,
 ) -> None:
     """Generate a synthetic chest/abdomen CT with exact organ and lesion ground truth."""
     from radserve.phantom import (
@@ -111,8 +127,11 @@ def command(
             study_uid=study_uid,
         )
         write_pet_ground_truth(pet_phantom, out_dir / "ground_truth")
+    if (mr_grids or mr_second_frame) and not mr:
+        raise click.UsageError("--mr-grids and --mr-second-frame need --mr")
     if mr:
         from radserve.phantom.mr import SEQUENCES, write_mr_series
+        from radserve.phantom.mr_grids import VARIED_GRIDS, second_frame_of_reference
 
         for sequence in SEQUENCES:
             write_mr_series(
@@ -122,6 +141,10 @@ def command(
                 patient_name=patient_name,
                 patient_id=patient_id,
                 study_uid=study_uid,
+                grid=VARIED_GRIDS[sequence] if mr_grids else None,
+                frame_of_reference_uid=(
+                    second_frame_of_reference(spec.seed) if sequence == mr_second_frame else None
+                ),
             )
     if nifti:
         write_nifti(phantom.ct, out_dir / "ct.nii.gz")

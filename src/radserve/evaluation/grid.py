@@ -61,7 +61,7 @@ from radserve.phantom.pet import generate_pet, with_suv_scale
 from radserve.pipeline import SessionPool, run_volume
 from radserve.pipeline.channels import ChannelInputs
 from radserve.pipeline.spec import PipelineSpec
-from radserve.preprocess.onto_grid import resample_onto
+from radserve.preprocess.onto_grid import INTERPOLATION_ORDERS, resample_onto
 
 logger = logging.getLogger(__name__)
 
@@ -288,9 +288,10 @@ def _channels(
     pet = generate_pet(phantom)
     if cell.axis == "suv_scale" and cell.value is not None:
         pet = with_suv_scale(pet, cell.value)
-    suv = resample_onto(pet.suv, ct).array
     inputs = ChannelInputs()
     for spec in needed:
+        order = INTERPOLATION_ORDERS[spec.input.channel_interpolation]
+        suv = resample_onto(pet.suv, ct, order=order).array
         arrays = {}
         reference = spec.input.reference_channel
         for channel in spec.input.channels:

@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from radserve.importers import ImportRefusedError
+from radserve.preprocess.onto_grid import INTERPOLATION_ORDERS
 
 __all__ = [
     "CHANNEL_OPTION",
     "NAMED_SERIES",
     "SeriesRule",
     "channel_name",
+    "multi_series_input",
     "parse_channel_option",
     "reference_channel",
     "series_rules",
@@ -157,3 +159,23 @@ def reference_channel(channels: Sequence[Mapping[str, Any]], refused: str) -> Ma
             f"{refused}: every channel is a PET; radserve needs a CT or MR channel as the grid"
         )
     return reference
+
+
+def multi_series_input(
+    channels: Sequence[Mapping[str, Any]], refused: str, image_order: int
+) -> dict[str, Any]:
+    """``modality`` and the ``input`` fields of a model of several series: its channels,
+    the reference (:func:`reference_channel`), and the other channels resampled onto it
+    with the spline order the framework resamples images with (``image_order``: nnU-Net's
+    data order, 3; MONAI's ``Spacingd`` mode), since neither framework moves one series
+    onto another itself (both stack channels that already share a grid)."""
+    reference = reference_channel(channels, refused)
+    names = {order: name for name, order in INTERPOLATION_ORDERS.items()}
+    return {
+        "modality": reference["modality"],
+        "input": {
+            "channels": list(channels),
+            "reference": reference["name"],
+            "channel_interpolation": names[image_order],
+        },
+    }

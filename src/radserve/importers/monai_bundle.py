@@ -452,7 +452,10 @@ def _crop_foreground(t: Any, i: int, name: str, image_key: str) -> dict[str, Any
             "threshold)"
         )
     if cropper.channel_indices is not None:
-        _refuse(f"preprocessing[{i}] {name}: channel_indices (one image channel here)")
+        _refuse(
+            f"preprocessing[{i}] {name}: channel_indices (radserve's box is over every "
+            "channel, as MONAI's is without them)"
+        )
     if source != image_key:
         _refuse(f"preprocessing[{i}] {name}: source_key {source!r} (the box of the image only)")
     if pads and (mode != "constant" or pad_value != 0):
@@ -628,7 +631,7 @@ def manifest_from_monai(
         _normalisation(pre),
         channels,
         pooled=pre["pooled"],
-        cropped=pre.get("crop_foreground") is not None,
+        image_order=pre["image_order"],
     )
     window = _inferer(_parsed(source, "inferer"))
     if window["pad"] != "centre_zero" and pre.get("crop_foreground") is not None:

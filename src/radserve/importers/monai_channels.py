@@ -14,8 +14,11 @@ The channels' names are ``metadata.json``'s input ``channel_def`` (else the keys
 Every channel gets the bundle's intensity transforms, channel by channel; refused by
 name: statistics over all channels together (``NormalizeIntensityd`` /
 ``ScaleIntensityd`` without ``channel_wise=True``), non-neutral transforms on the
-loader's keys before they are stacked, ``ConcatItemsd`` along another axis than the
-channels, and ``CropForegroundd`` (stated for one channel only).
+loader's keys before they are stacked, and ``ConcatItemsd`` along another axis than the
+channels. ``CropForegroundd`` of the stacked image (``source_key`` the image key, no
+``channel_indices``: the importer refuses the others) maps as for one channel: MONAI's
+box is the voxels above 0 in *any* channel, which is what
+:func:`radserve.preprocess.foreground.foreground_box` takes over the stacked channels.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from radserve.importers import ImportRefusedError
 from radserve.importers.channel_series import (
     SeriesRule,
     channel_name,
-    reference_channel,
+    multi_series_input,
     series_rules,
 )
 
@@ -97,12 +100,13 @@ def channel_inputs(
     overrides: Mapping[int, SeriesRule] | None,
     *,
     pooled: Sequence[str],
-    cropped: bool,
+    image_order: int,
 ) -> dict[str, Any]:
     """``modality`` and ``input.channels``/``reference`` for a bundle of several input
     channels (nothing for one): each channel's series from its name or ``--channel``,
     each normalised as the bundle normalises every channel (``pooled``: the per-image
-    intensity transforms without ``channel_wise``; ``cropped``: a ``CropForegroundd``)."""
+    intensity transforms without ``channel_wise``; ``image_order``: ``Spacingd``'s, which
+    resamples the other channels onto the reference too)."""
     if len(names) == 1:
         if overrides:
             _refuse("--channel names a series per input channel; this bundle has one channel")
@@ -112,22 +116,13 @@ def channel_inputs(
             f"{pooled[0]} without channel_wise=True on {len(names)} channels: its statistics "
             "pool every channel; radserve normalises each channel on its own"
         )
-    if cropped:
-        _refuse(
-            f"CropForegroundd on {len(names)} channels: input.crop_foreground states MONAI's "
-            "crop for one image channel"
-        )
     rules = series_rules(names, overrides, REFUSED)
     taken: set[str] = set()
     channels = [
         {"name": channel_name(raw, taken, c), **rule.declaration(), "normalisation": normalisation}
         for c, (raw, rule) in enumerate(zip(names, rules, strict=True))
     ]
-    reference = reference_channel(channels, REFUSED)
-    return {
-        "modality": reference["modality"],
-        "input": {"channels": channels, "reference": reference["name"]},
-    }
+    return multi_series_input(channels, REFUSED, image_order)
 
 
 def _refuse(reason: str) -> None:

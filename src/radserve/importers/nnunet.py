@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from radserve.importers import ImportRefusedError
-from radserve.importers.channel_series import SeriesRule, reference_channel
+from radserve.importers.channel_series import SeriesRule, multi_series_input
 from radserve.importers.common import (
     export_checked,
     label_entries,
@@ -191,11 +191,8 @@ def _inputs(source: NnunetSource, overrides: dict[int, SeriesRule] | None) -> di
                 "models are trained on) only as a channel beside a CT or MR (input.channels)"
             )
         return {"modality": only["modality"], "input": {"normalisation": only["normalisation"]}}
-    reference = reference_channel(channels, "nnU-Net model not importable")
-    return {
-        "modality": reference["modality"],
-        "input": {"channels": channels, "reference": reference["name"]},
-    }
+    order = int((source.configuration.get("resampling_fn_data_kwargs") or {}).get("order", 3))
+    return multi_series_input(channels, "nnU-Net model not importable", order)
 
 
 def _labels(dataset: dict[str, Any]) -> tuple[list[dict[str, Any]], str, list[int]]:

@@ -260,8 +260,9 @@ class ChannelSpec(_Strict):
 
     ``units: SUVbw`` converts a PT series to body-weight SUV from its DICOM headers
     (:mod:`radserve.ingest.suv`; refused with the missing attribute named). Every
-    channel but the reference is resampled (trilinear) onto the reference series' grid,
-    which must share its Frame of Reference; each is normalised on its own.
+    channel but the reference is resampled (``input.channel_interpolation``) onto the
+    reference series' grid, which must share its Frame of Reference; each is normalised
+    on its own.
     """
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
@@ -363,6 +364,24 @@ class InputSpec(_Strict):
             "that series (series_selection)"
         ),
     )
+    channel_interpolation: Literal["nearest", "linear", "cubic"] = Field(
+        "linear",
+        description=(
+            "how the other channels are resampled onto the reference grid: the order the "
+            "model's framework resamples images with (nnU-Net imports: cubic, its data "
+            "order 3; MONAI imports: their Spacingd mode)"
+        ),
+    )
+    min_channel_coverage: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "refuse a study whose channel series images less than this fraction of the "
+            "reference grid (one that images none of it is always refused); a channel "
+            "covering less than all of it is read as 0 outside and flagged in the report"
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -446,12 +465,12 @@ class InputSpec(_Strict):
             or self.sliding_window.pad != "centre_zero"
             or self.roi_labels
             or self.extra_channels
-            or self.channels
         ):
+            # image channels (input.channels) are fine: MONAI's box is over all of them
             raise ValueError(
                 "input.crop_foreground (MONAI's CropForeground) needs resampling.grid "
-                "'first_voxel', crop 'none', sliding_window.pad 'centre_zero', one image "
-                "channel and no roi_labels"
+                "'first_voxel', crop 'none', sliding_window.pad 'centre_zero', and no "
+                "extra_channels or roi_labels"
             )
         # spacing[0] null keeps the native slices: radserve's own grid (no resampling, the
         # slice axis first) or nnU-Net's (the native spacing of the network's first axis);

@@ -9,7 +9,9 @@ noise as the CT is. Outside the body the signal is exactly 0, as in skull-stripp
 brain MR, so ``NormalizeIntensity(nonzero)`` has a mask to honour.
 :func:`write_mr_series` writes one sequence as MR Image Storage (Series Description
 ``T1 SE AX``, ``T2 TSE AX``, ``T2 FLAIR AX``: what radserve's T1/T2/FLAIR series rules
-read), in the CT's Frame of Reference unless told otherwise (a test's unregistered series).
+read), in the CT's Frame of Reference unless told otherwise (a test's unregistered series),
+on the CT's grid or on the sequence's own (:mod:`radserve.phantom.mr_grids`: other voxel
+sizes, matrix, coverage, a slice gap, a tilt).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from radserve.domain.volume import Volume
 from radserve.phantom.anatomy import LESION_BASE, NON_BODY_TISSUES, Tissue
 from radserve.phantom.dicom import _ds, _file_meta, _grid, _Identity, _identity, _uid
 from radserve.phantom.generate import Phantom
+from radserve.phantom.mr_grids import MrGrid, acquisition_grid, tissue_on_grid
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +80,9 @@ SEQUENCES: dict[str, MrSequence] = {
 """The sequences :func:`generate_mr` draws, by name."""
 
 
-def generate_mr(phantom: Phantom, sequence: str) -> Volume:
-    """``phantom``'s anatomy as ``sequence`` shows it: float32 signal on the CT's grid."""
+def generate_mr(phantom: Phantom, sequence: str, grid: MrGrid | None = None) -> Volume:
+    """``phantom``'s anatomy as ``sequence`` shows it: float32 signal on the CT's grid, or
+    on its own acquisition ``grid`` (:mod:`radserve.phantom.mr_grids`)."""
     seq = SEQUENCES[sequence]
     table = np.zeros(256, np.float32)
     for tissue, value in seq.signal.items():
@@ -86,15 +90,19 @@ def generate_mr(phantom: Phantom, sequence: str) -> Volume:
     for lesion in phantom.lesion_list:
         base = LESION_BASE + 2 * (lesion.lesion_id - 1)
         table[base], table[base + 1] = seq.lesion, seq.ground_glass
-    tissue = phantom.tissue.array
-    body = ~np.isin(tissue, [int(t) for t in NON_BODY_TISSUES])
     spec = phantom.spec
-    sigma_z = 0.4 * spec.slice_thickness_mm / phantom.ct.spacing[0]
+    if grid is None:
+        volume, tissue, thickness = phantom.ct, phantom.tissue.array, spec.slice_thickness_mm
+    else:
+        volume = acquisition_grid(phantom, grid)
+        tissue, thickness = tissue_on_grid(phantom, volume), grid.thickness_mm
+    body = ~np.isin(tissue, [int(t) for t in NON_BODY_TISSUES])
+    sigma_z = 0.4 * thickness / volume.spacing[0]
     signal = gaussian_filter(table[tissue], (sigma_z, 0.6, 0.6))
     rng = np.random.default_rng([spec.seed, 37, sorted(SEQUENCES).index(sequence)])
     signal += rng.normal(0.0, 15.0, signal.shape).astype(np.float32)
     signal = np.where(body, np.clip(np.rint(signal), 1, _STORED_MAX), 0).astype(np.float32)
-    return phantom.ct.with_array(signal)
+    return volume.with_array(signal)
 
 
 def write_mr_series(
@@ -106,14 +114,16 @@ def write_mr_series(
     patient_id: str | None = None,
     study_uid: str | None = None,
     frame_of_reference_uid: str | None = None,
+    grid: MrGrid | None = None,
 ) -> list[Path]:
     """Write ``sequence`` of ``phantom`` as MR Image Storage ``MR-<sequence>-NNNN.dcm``.
 
     Same patient and study as :func:`~radserve.phantom.write_dicom_series` writes with
-    the same arguments; the CT's Frame of Reference unless ``frame_of_reference_uid``.
+    the same arguments; the CT's Frame of Reference unless ``frame_of_reference_uid``;
+    the CT's grid unless ``grid`` (e.g. ``VARIED_GRIDS[sequence]``).
     """
     seq = SEQUENCES[sequence]
-    volume = generate_mr(phantom, sequence)
+    volume = generate_mr(phantom, sequence, grid)
     ident = _identity(
         phantom,
         patient_name=patient_name,
@@ -122,7 +132,7 @@ def write_mr_series(
         charset="ISO_IR 192",
         study_uid=study_uid,
     )
-    base = _base(phantom, volume, seq, ident.study_uid)
+    base = _base(volume, seq, ident.study_uid, grid or _ct_grid(phantom))
     base.update(_patient(ident))
     base.SeriesInstanceUID = _uid(phantom.spec.seed, f"mr-series-{sequence}", ident.salt)
     base.FrameOfReferenceUID = frame_of_reference_uid or volume.frame_of_reference_uid
@@ -159,7 +169,13 @@ def _patient(ident: _Identity) -> Dataset:
     return ds
 
 
-def _base(phantom: Phantom, volume: Volume, seq: MrSequence, study_uid: str) -> Dataset:
+def _ct_grid(phantom: Phantom) -> MrGrid:
+    """The CT's own grid, as an :class:`MrGrid` (the slice thickness is what it adds)."""
+    ct = phantom.ct
+    return MrGrid(ct.spacing[1], ct.spacing[0], phantom.spec.slice_thickness_mm)
+
+
+def _base(volume: Volume, seq: MrSequence, study_uid: str, grid: MrGrid) -> Dataset:
     """Attributes identical on every slice of one sequence."""
     ds = Dataset()
     ds.ImageType = ["ORIGINAL", "PRIMARY", "M", "ND"]
@@ -176,7 +192,7 @@ def _base(phantom: Phantom, volume: Volume, seq: MrSequence, study_uid: str) -> 
     ds.ScanningSequence = seq.scanning_sequence
     ds.SequenceVariant = "SK"
     ds.ScanOptions = ""
-    ds.MRAcquisitionType = "2D"
+    ds.MRAcquisitionType = grid.acquisition
     ds.SequenceName = seq.name
     ds.RepetitionTime = _ds(seq.repetition_ms)
     ds.EchoTime = _ds(seq.echo_ms)
@@ -185,7 +201,7 @@ def _base(phantom: Phantom, volume: Volume, seq: MrSequence, study_uid: str) -> 
     ds.EchoTrainLength = 1 if seq.scanning_sequence == "IR" else 16
     ds.MagneticFieldStrength = "1.5"
     ds.ImagedNucleus = "1H"
-    ds.SliceThickness = _ds(phantom.spec.slice_thickness_mm)
+    ds.SliceThickness = _ds(grid.thickness_mm)
     ds.SpacingBetweenSlices = _ds(volume.spacing[0])
     ds.PatientPosition = "HFS"
     ds.StudyInstanceUID = study_uid

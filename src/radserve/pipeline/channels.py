@@ -4,9 +4,13 @@ A model with ``input.channels`` (:class:`~radserve.models.manifest.ChannelSpec`)
 its reference channel from the series the pipeline selected and every other channel
 from another series of the same study, chosen by modality (and Series Description):
 loaded, converted (PT to SUVbw where declared) and resampled onto the reference grid
-through patient coordinates. Refused, with the reason: a channel whose series the study
-does not have, a series in another Frame of Reference (radserve does not register
-series), a PET whose headers do not give an SUV.
+through patient coordinates, by the model's ``input.channel_interpolation``. Refused,
+with the reason: a channel whose series the study does not have, a series in another
+Frame of Reference (radserve does not register series), a PET whose headers do not give
+an SUV, a series that images none of the reference volume (or less than the model's
+``input.min_channel_coverage``). A series that images part of it (a small-FOV T2 beside
+a 3D T1) is read as 0 (no signal) outside its slab and the report says which share of
+the reference volume it covered: the model's output there rests on the other channels.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from radserve.models.manifest import ChannelSpec, ModelSpec
 from radserve.models.registry import ModelRegistry
 from radserve.pipeline.selection import LOCALIZER_IMAGE_TYPE, description_matches
 from radserve.pipeline.spec import PipelineSpec
-from radserve.preprocess.onto_grid import resample_onto
+from radserve.preprocess.onto_grid import INTERPOLATION_ORDERS, sample_onto
 from radserve.progress import StageTimer
 
 if TYPE_CHECKING:  # inputs imports the volume run, which imports this module
@@ -112,8 +116,9 @@ def load_channels(
     timer = timer or StageTimer()
     reference = ingested.loaded
     ref_volume = reference.volume
-    cache: dict[tuple[str, str], np.ndarray] = {}
+    cache: dict[tuple[str, str, int], tuple[np.ndarray, float]] = {}
     inputs = ChannelInputs()
+    warnings: list[str] = []
     with timer.stage("ingest: channels"):
         for spec in specs:
             ref_channel = spec.input.reference_channel
@@ -131,7 +136,8 @@ def load_channels(
                 if channel.name == ref_channel.name:
                     continue
                 header = _pick(ingested.series, channel, spec)
-                key = (header.key, channel.units)
+                order = INTERPOLATION_ORDERS[spec.input.channel_interpolation]
+                key = (header.key, channel.units, order)
                 if key not in cache:
                     loaded = _load(header, channel, policy)
                     uid = loaded.volume.frame_of_reference_uid
@@ -143,13 +149,43 @@ def load_channels(
                             "place one on the other (send series acquired together, as a "
                             "PET/CT is)"
                         )
-                    cache[key] = resample_onto(loaded.volume, ref_volume).array
-                arrays[channel.name] = cache[key]
+                    on_grid, covered = sample_onto(loaded.volume, ref_volume, order=order)
+                    cache[key] = on_grid.array, covered
+                arrays[channel.name], covered = cache[key]
+                _check_coverage(covered, channel, header, spec, warnings)
                 inputs.series[f"{spec.key}: {channel.name}"] = header.series_instance_uid
             inputs.arrays[spec.key] = arrays
     used = set(inputs.series.values())
     rejected = [r for r in ingested.rejected if r.series_instance_uid not in used]
-    return dataclasses.replace(ingested, rejected=rejected), inputs
+    loaded = dataclasses.replace(reference, warnings=(*reference.warnings, *warnings))
+    return dataclasses.replace(ingested, loaded=loaded, rejected=rejected), inputs
+
+
+def _check_coverage(
+    covered: float,
+    channel: ChannelSpec,
+    header: SeriesHeader,
+    spec: ModelSpec,
+    warnings: list[str],
+) -> None:
+    """Refuse a channel series that images too little of the reference volume; flag one
+    that images part of it (a radiologist reads a finding outside a sequence's slab from
+    the other sequences only, and must be told)."""
+    floor = spec.input.min_channel_coverage
+    number = header.series_number or "?"
+    where = f"the {channel.modality} series {number} of channel {channel.name!r}"
+    if covered <= 0.0 or covered < floor:
+        raise ChannelSeriesError(
+            f"model {spec.key}: {where} images {covered:.1%} of the reference series' "
+            f"volume (the model needs {'some' if floor <= 0 else f'at least {floor:.0%}'}); "
+            "send a series that covers the same anatomy"
+        )
+    if covered < 1.0:
+        warnings.append(
+            f"channel_partial_coverage: model {spec.key}: {where} images {covered:.1%} of the "
+            "reference series' volume; outside it the channel is read as 0 (no signal), so "
+            "results there rest on the other channels"
+        )
 
 
 __all__ = ["ChannelInputs", "ChannelSeriesError", "load_channels", "matches"]
