@@ -55,6 +55,11 @@ def onto(
     index = np.indices(shape, dtype=np.float64).reshape(3, -1)
     patient = reference.affine[:3, :3] @ index + reference.affine[:3, 3:]
     at = np.linalg.solve(source.affine[:3, :3], patient - source.affine[:3, 3:]) + nudge
+    # a voxel centre on a source voxel centre (a 3 mm grid over 6 mm slices) is exactly
+    # there: without this a 1e-13 share of the body leaks into air, and a non-zero mask
+    # (nnU-Net's, MONAI's NormalizeIntensity(nonzero)) takes that voxel in
+    whole = np.rint(at)
+    at = np.where(np.abs(at - whole) < 1e-9, whole, at)
     n = np.array(source.array.shape, float)[:, None]
     inside = np.all((at >= -0.5 - 1e-6) & (at <= n - 0.5 + 1e-6), axis=0)
     values = map_coordinates(source.array, at, order=order, mode="nearest")
