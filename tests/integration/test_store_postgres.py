@@ -22,6 +22,7 @@ from tests.unit import (
     test_audit_batch,
     test_key_verifier,
     test_keys,
+    test_lease_keeper,
     test_store_jobs,
     test_store_leases,
 )
@@ -41,6 +42,7 @@ for _suite in (
     test_key_verifier,
     test_keys,
     test_store_leases,
+    test_lease_keeper,
 ):
     for _name, _test in vars(_suite).items():
         if _name.startswith("test_") and callable(_test):

@@ -20,7 +20,7 @@ import pytest
 from tests.unit.test_store_jobs import new_job
 
 from radserve.service.leases import HELD_REASON, AnsweredTime, LeaseKeeper
-from radserve.store import Claimed, Lease, LeaseLostError, Store, init_store
+from radserve.store import Claimed, JobState, Lease, LeaseLostError, Store, init_store
 from radserve.store.errors import DatabaseUnavailableError
 
 LEASE_S = 30.0
@@ -195,6 +195,32 @@ def test_a_flapping_database_delays_the_take_over_without_postponing_it(store: S
         clock.now += 1.0
     assert clock.now - died >= 2 * (LEASE_S + LEASE_S / 3)
     assert _claimed(keeper) == [theirs.id]
+
+
+def test_replicas_with_different_lease_lengths_judge_each_lease_by_its_own(
+    store: Store,
+) -> None:
+    # B (30 s leases) watches dead owners whose jobs.lease_s differ from its own: each is
+    # taken over once the database answered B for the owner's lease and renewal interval
+    # (the row's renewal and expiry) since its last renewal -- not B's 30 + 10 s
+    for name, owner_s in (("short", 6.0), ("long", 90.0)):
+        a, b = Lease.new(f"{name}-a", owner_s), Lease.new(f"{name}-b", LEASE_S)
+        theirs = new_job(store, lease=a)
+        clock, away = Clock(), Away(store)
+        keeper = _keeper(away, b, Runs(set()), clock)
+        for _ in range(3):  # B's rounds answered before A's last renewal
+            assert _round(keeper, "take_over")
+            clock.now += 1.0
+        store.renew_leases(a, now=clock.at())  # then A dies
+        died = clock.now
+        while not _claimed(keeper):
+            assert clock.now - died < 300.0, f"{name}: never taken over"
+            clock.now += 1.0
+            assert _round(keeper, "take_over")
+        assert _claimed(keeper) == [theirs.id]
+        need_s = owner_s + owner_s / 3
+        assert need_s < clock.now - died <= need_s + 2.0, name
+        store.transition(theirs.id, JobState.CANCELLED)  # out of the next case's way
 
 
 def test_answered_time_counts_spans_between_answered_rounds_and_forgets_the_oldest() -> None:

@@ -13,11 +13,15 @@ only one run's writes count; two more rules keep the other run from happening at
 
 - **No take-over of a lease that could not be renewed.** A lease that ran out while the
   database was away was not let go: its owner could not renew it. So this replica takes
-  another replica's job only once, since that owner's last renewal (its lease's expiry
-  less one lease), the database has answered this replica's rounds for a lease and one
-  renewal interval *in total* (:class:`AnsweredTime`): a live owner renews within a
-  second of the database's return, so it has had at least a whole lease of answers to
-  do so. Answered time is the time between consecutive rounds that both reached the
+  another replica's job only once, since that owner's last renewal, the database has
+  answered this replica's rounds for the owner's lease and one of its renewal intervals
+  *in total* (:class:`AnsweredTime`): a live owner renews within a second of the
+  database's return, so it has had at least a whole lease of answers to do so. The row
+  says when it was renewed and until when (``jobs.lease_renewed``, ``lease_expires``),
+  so replicas with different ``jobs.lease_s`` judge each other's leases by the owner's
+  length, not their own (before session 18 the renewal was worked out as the expiry
+  less this replica's lease: an owner with a longer lease could lose its jobs while
+  alive). Answered time is the time between consecutive rounds that both reached the
   database; a failed round only stops the count, it does not reset it, so a database
   that fails now and then (a flapping link, restarts every few seconds) delays the
   take-over of a dead replica's jobs by its down time instead of postponing it for good
@@ -92,7 +96,7 @@ class LeaseKeeper:
         self.clock = clock
         self.wall = wall  # the leases' expiries are wall-clock times (UTC)
         self.lease_s = lease.duration.total_seconds()
-        self.renew_s = self.lease_s / 3.0
+        self.renew_s = renew_interval_s(self.lease_s)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.held: set[str] = set()  # job ids whose lease the last renewal extended
@@ -146,18 +150,27 @@ class LeaseKeeper:
                 )
 
     def take_over(self) -> None:
-        """Claim the jobs whose owner had a lease and one renewal interval of answered
+        """Claim the jobs whose owner had its lease and its renewal interval of answered
         time since its last renewal to renew them, and did not (see the module)."""
-        since = self.answered.since(self.lease_s + self.renew_s)
-        if since is None:  # not enough answers yet: only this instance's own jobs
-            claimed = self.store.claim_jobs(self.lease, shared=True, others=False)
-        else:  # last renewed at or before ``since``: expired at ``since`` + a lease
-            expired_by = dt.datetime.fromtimestamp(since, dt.UTC) + self.lease.duration
-            claimed = self.store.claim_jobs(
-                self.lease, shared=True, others=True, expired_before=expired_by
-            )
+        claimed = self.store.claim_jobs(
+            self.lease,
+            shared=True,
+            others=True,
+            now=dt.datetime.fromtimestamp(self.wall(), dt.UTC),
+            may_take=self.may_take,
+        )
         if claimed:
             self.on_claimed(claimed)
+
+    def may_take(self, renewed: dt.datetime, length: dt.timedelta) -> bool:
+        """Whether another replica's lease, last renewed at ``renewed`` for ``length`` (its
+        own ``jobs.lease_s``, as the row says), may be taken: the database answered this
+        replica for that lease and one of its renewal intervals in all since then."""
+        lease_s = length.total_seconds()
+        need_s = lease_s + renew_interval_s(lease_s)
+        self.answered.keep_s = max(self.answered.keep_s, need_s)  # a longer lease seen
+        since = self.answered.since(need_s)
+        return since is not None and renewed.timestamp() <= since
 
     def check_proof(self) -> None:
         """Hold the scheduler's work while the lease is not proven; release it after."""
@@ -228,6 +241,12 @@ class AnsweredTime:
         return None
 
 
+def renew_interval_s(lease_s: float) -> float:
+    """How often a lease of ``lease_s`` is renewed: a third, so it survives two missed
+    renewals."""
+    return lease_s / 3.0
+
+
 def _length(span: tuple[float, float]) -> float:
     return span[1] - span[0]
 
@@ -239,4 +258,12 @@ def _lost(job_id: str) -> LeaseLostError:
     )
 
 
-__all__ = ["HELD_MESSAGE", "HELD_REASON", "RETRY_S", "AnsweredTime", "LeaseKeeper", "Runs"]
+__all__ = [
+    "HELD_MESSAGE",
+    "HELD_REASON",
+    "RETRY_S",
+    "AnsweredTime",
+    "LeaseKeeper",
+    "Runs",
+    "renew_interval_s",
+]

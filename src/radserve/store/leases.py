@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 UNFINISHED = (JobState.RECEIVED.value, JobState.QUEUED.value, JobState.RUNNING.value)
 HELD = "held"  # outbox state of deliveries whose result is not recorded yet
+# (another replica's last renewal, its lease's length) -> whether it may be taken over
+MayTake = Callable[[dt.datetime, dt.timedelta], bool]
 
 
 class LeaseLostError(InvalidTransitionError):
@@ -72,6 +75,16 @@ class Lease:
 
     def until(self, now: dt.datetime) -> dt.datetime:
         return now + self.duration
+
+    def columns(self, now: dt.datetime) -> dict[str, Any]:
+        """The job row's lease columns for this lease granted or renewed at ``now``: the
+        renewal time is stored so other replicas know this lease's length."""
+        return {"lease_owner": self.owner, "lease_renewed": now, "lease_expires": self.until(now)}
+
+    def grant(self, row: Job, now: dt.datetime) -> None:
+        """Give ``row`` this lease from ``now``."""
+        for name, value in self.columns(now).items():
+            setattr(row, name, value)
 
 
 @dataclass(frozen=True)
@@ -111,7 +124,7 @@ class LeaseMixin(StoreBase):
             rows = session.execute(
                 update(Job)
                 .where(Job.lease_owner == lease.owner, Job.state.in_(UNFINISHED))
-                .values(lease_expires=lease.until(now))
+                .values(**lease.columns(now))
                 .returning(Job.id)
                 .execution_options(synchronize_session=False)
             ).all()
@@ -124,7 +137,7 @@ class LeaseMixin(StoreBase):
         shared: bool,
         others: bool = True,
         now: dt.datetime | None = None,
-        expired_before: dt.datetime | None = None,
+        may_take: MayTake | None = None,
         limit: int | None = None,
     ) -> list[Claimed]:
         """Take unfinished jobs for ``lease.owner``, earliest deadline first: received
@@ -137,8 +150,10 @@ class LeaseMixin(StoreBase):
         unfinished job (a single server owns them all). ``others`` False (with
         ``shared``): only this instance's own, for a replica that cannot tell yet whether
         an expired lease was let go or only not renewable (the database was away;
-        :class:`radserve.service.leases.LeaseKeeper`). ``expired_before`` (default
-        ``now``): another replica's lease must have expired before then to be taken."""
+        :class:`radserve.service.leases.LeaseKeeper`). ``may_take`` (with ``others``):
+        asked of each expired lease of another instance with its last renewal and its
+        length, as the row says (a row leased before ``lease_renewed`` existed: expiry
+        less this replica's lease); None: every expired lease is taken."""
         now = now or utc_now()
         query = (
             select(Job)
@@ -155,7 +170,7 @@ class LeaseMixin(StoreBase):
                 or_(
                     Job.lease_owner.is_(None),
                     Job.lease_expires.is_(None),
-                    Job.lease_expires < (now if expired_before is None else expired_before),
+                    Job.lease_expires < now,
                     own,
                 )
             )
@@ -166,9 +181,11 @@ class LeaseMixin(StoreBase):
         claimed: list[Claimed] = []
         with self._write() as session:
             for row in session.scalars(query).all():
+                if shared and may_take is not None and not _judged(row, lease, may_take):
+                    continue
                 previous_owner, previous_state = row.lease_owner, row.state
                 row.state = JobState.QUEUED.value
-                row.lease_owner, row.lease_expires = lease.owner, lease.until(now)
+                lease.grant(row, now)
                 row.updated = now
                 session.flush()
                 session.execute(
@@ -194,8 +211,27 @@ class LeaseMixin(StoreBase):
         return claimed
 
 
+def _judged(row: Job, lease: Lease, may_take: MayTake) -> bool:
+    """Whether ``may_take`` lets ``lease`` take ``row`` (always: no lease, or its own
+    instance's)."""
+    if row.lease_owner is None or row.lease_expires is None:
+        return True
+    if row.lease_owner.rsplit("/", 1)[0] == lease.instance:
+        return True
+    renewed = row.lease_renewed or row.lease_expires - lease.duration
+    return may_take(renewed, row.lease_expires - renewed)
+
+
 def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-__all__ = ["HELD", "Claimed", "Lease", "LeaseLostError", "LeaseMixin", "result_folder_name"]
+__all__ = [
+    "HELD",
+    "Claimed",
+    "Lease",
+    "LeaseLostError",
+    "LeaseMixin",
+    "MayTake",
+    "result_folder_name",
+]

@@ -83,8 +83,10 @@ class Job(Base):
     queue_meta: Mapped[dict[str, Any]] = mapped_column(JSON)
     # the replica running an unfinished job: "<instance id>/<incarnation>", renewed while
     # it runs; another replica takes the job over only once ``lease_expires`` has passed
+    # (``lease_renewed``: when it was last written, so the owner's lease length is known)
     lease_owner: Mapped[str | None] = mapped_column(String(200), index=True)
     lease_expires: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
+    lease_renewed: Mapped[dt.datetime | None] = mapped_column(UtcDateTime())
 
 
 class CachedResult(Base):

@@ -137,7 +137,7 @@ class Store(AccessMixin, LeaseMixin, MissMixin, RelocateMixin):
             queue_meta=dict(queue_meta or {}),
         )
         if lease is not None and cached_from is None:
-            row.lease_owner, row.lease_expires = lease.owner, lease.until(now)
+            lease.grant(row, now)
         with self._write() as session:
             if session.get(Job, row.id) is not None:
                 raise JobExistsError(f"a job with id {quoted(row.id)} exists already")
