@@ -82,10 +82,14 @@ def main() -> None:
         versions = {"before": before, "after": after}
 
         def discovery(module: ModuleType) -> Callable[[], int]:
+            # one PatientMemo per discovery, as discover_series has, where the version has it
+            memo = getattr(module, "PatientMemo", None)
+
             def run() -> int:
+                extra = (memo(),) if memo is not None else ()
                 with SourceReader() as reader:
                     for src in files:
-                        module.read_instance(reader, src, policy)
+                        module.read_instance(reader, src, policy, *extra)
                 return len(files)
 
             return run

@@ -17,7 +17,14 @@ from pathlib import Path
 
 from radserve.checkpoints import checkpoint
 from radserve.errors import NotDicomError, StudyError
-from radserve.ingest.headers import FrameRef, InstanceRecord, PatientInfo, SkipFile, read_instance
+from radserve.ingest.headers import (
+    FrameRef,
+    InstanceRecord,
+    PatientInfo,
+    PatientMemo,
+    SkipFile,
+    read_instance,
+)
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sources import (
     DEFAULT_MAX_ARCHIVE_BYTES,
@@ -142,12 +149,13 @@ def discover_series(
     records: list[InstanceRecord] = []
     seen: dict[str, tuple[SourceFile, InstanceRecord]] = {}
     n_frames = 0
+    patients = PatientMemo()
     with SourceReader() as reader:
         _check_study_bytes(reader, files, policy)
         for src in files:
             checkpoint()  # a routine study's ingest lets URGENT work pass, file by file
             try:
-                record = read_instance(reader, src, policy)
+                record = read_instance(reader, src, policy, patients)
             except SkipFile as exc:
                 skipped.append(SkippedFile(src, exc.reason))
                 continue

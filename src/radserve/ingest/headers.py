@@ -34,6 +34,7 @@ from typing import Any, BinaryIO, cast
 
 import pydicom
 from pydicom.datadict import tag_for_keyword
+from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.filebase import DicomFileLike
 from pydicom.filereader import _read_file_meta_info
@@ -194,20 +195,29 @@ class InstanceRecord:
 
 
 def read_instance(
-    reader: SourceReader, src: SourceFile, policy: IngestPolicy | None = None
+    reader: SourceReader,
+    src: SourceFile,
+    policy: IngestPolicy | None = None,
+    patients: PatientMemo | None = None,
 ) -> InstanceRecord:
     """Header-only, bounded read of one file; raises :class:`SkipFile` for anything but
-    an image (or a header over ``policy.max_header_bytes``)."""
+    an image (or a header over ``policy.max_header_bytes``). ``patients``, shared by the
+    reads of one discovery, builds each patient's :class:`PatientInfo` once."""
     with reader.open(src) as raw:
-        return read_stream(raw, reader.size(src), src, policy)
+        return read_stream(raw, reader.size(src), src, policy, patients)
 
 
 def read_stream(
-    raw: BinaryIO, size: int, src: SourceFile, policy: IngestPolicy | None = None
+    raw: BinaryIO,
+    size: int,
+    src: SourceFile,
+    policy: IngestPolicy | None = None,
+    patients: PatientMemo | None = None,
 ) -> InstanceRecord:
     """:func:`read_instance` for an open, seekable stream of ``size`` bytes (an upload
     part); ``src`` only names it in messages."""
     policy = policy or IngestPolicy()
+    patients = patients or PatientMemo()
     raw.seek(0)
     head = raw.read(_PREAMBLE + 4)
     raw.seek(0)
@@ -219,11 +229,11 @@ def read_stream(
         raise SkipFile("not DICOM (no 'DICM' marker)")
     try:
         try:
-            return _read_record(raw, size, src, policy, force=force, deflated=False)
+            return _read_record(raw, size, src, policy, patients, force=force, deflated=False)
         except _DeflatedDataSet:
             pass
         with inflated(raw, policy.max_file_bytes, preamble=not force) as (stream, end):
-            return _read_record(stream, end, src, policy, force=force, deflated=True)
+            return _read_record(stream, end, src, policy, patients, force=force, deflated=True)
     except SkipFile:
         raise
     except InputTooLargeError as exc:
@@ -259,6 +269,7 @@ def _read_record(
     size: int,
     src: SourceFile,
     policy: IngestPolicy,
+    patients: PatientMemo,
     *,
     force: bool,
     deflated: bool,
@@ -268,7 +279,7 @@ def _read_record(
     ds = pydicom.dcmread(
         cast(BinaryIO, fh), stop_before_pixels=True, force=force, defer_size=DEFER_BYTES
     )
-    return _record(ds, src, fh, size, policy, deflated)
+    return _record(ds, src, fh, size, policy, deflated, patients)
 
 
 @contextmanager
@@ -339,6 +350,7 @@ def _record(
     size: int,
     policy: IngestPolicy,
     deflated: bool,
+    patients: PatientMemo,
 ) -> InstanceRecord:
     sop_class = _text(ds, "SOPClassUID")
     series_uid = _text(ds, "SeriesInstanceUID")
@@ -403,7 +415,7 @@ def _record(
         body_part_examined=_text(ds, "BodyPartExamined"),
         frame_of_reference_uid=_text(ds, "FrameOfReferenceUID") or None,
         image_type=image_type,
-        patient=_patient(ds),
+        patient=patients.patient(ds),
         frames=frames,
         absent_type2=tuple(kw for kw in TYPE2_FOR_OUTPUTS if kw not in ds),
     )
@@ -823,11 +835,78 @@ def _frame_type(groups: tuple[Dataset, ...]) -> tuple[str, ...]:
     return ()
 
 
-def _patient(ds: Dataset) -> PatientInfo:
-    priority = _text(ds, "RequestedProcedurePriority")
-    if not priority and (request := _first_item(ds, "RequestAttributesSequence")) is not None:
-        priority = _text(request, "RequestedProcedurePriority")
+class PatientMemo:
+    """:class:`PatientInfo` built once per patient of one discovery, not once per
+    instance: its 12 attributes (pydicom's conversion, the name's decoding) were a
+    seventh of a 512x512 CT header's read. Two headers whose patient elements hold the
+    same bytes, read in the same encoding and character set, with the same sequence
+    values, give the same PatientInfo; a header without Specific Character Set (its
+    name's set is guessed from all its text) or with a converted value is built alone.
+    Lives as long as the discovery (patient data only in memory, never logged)."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[object, ...], PatientInfo] = {}
+
+    def patient(self, ds: Dataset) -> PatientInfo:
+        nested = _patient_sequences(ds)
+        key = _patient_key(ds, nested)
+        if key is None:
+            return _patient(ds, nested)
+        found = self._known.get(key)
+        if found is None:
+            found = self._known[key] = _patient(ds, nested)
+        return found
+
+
+_PATIENT_KEYWORDS = (
+    "PatientName",
+    "PatientID",
+    "PatientBirthDate",
+    "PatientSex",
+    "AccessionNumber",
+    "StudyDate",
+    "ReferringPhysicianName",
+    "RequestedProcedurePriority",
+    "IssuerOfPatientID",
+)
+"""The top-level elements :func:`_patient` reads, but Specific Character Set."""
+
+
+def _patient_key(ds: Dataset, nested: tuple[str, str, str]) -> tuple[object, ...] | None:
+    """What :func:`_patient` depends on (the declared character set, the encodings
+    pydicom decodes by, the patient elements' bytes, what the sequences gave), or None
+    when those elements are not all raw bytes."""
+    declared = tuple(str(v) for v in _values(ds, "SpecificCharacterSet"))
+    if not any(declared):
+        return None  # none declared: the name's is guessed from all the header's text
+    key: list[object] = [declared, tuple(ds.original_character_set), ds.original_encoding, nested]
+    for keyword in _PATIENT_KEYWORDS:
+        tag = _tag(keyword)
+        element = ds.get_item(tag) if tag in ds else None
+        if element is None:
+            key.append(None)
+        elif isinstance(element, RawDataElement) and isinstance(element.value, bytes):
+            key.append((element.VR, element.value))
+        else:
+            return None
+    return tuple(key)
+
+
+def _patient_sequences(ds: Dataset) -> tuple[str, str, str]:
+    """Requested Procedure Priority of the Request Attributes Sequence, and the Issuer
+    of Patient ID Qualifiers' Universal Entity ID and its type ("" when absent)."""
+    request = _first_item(ds, "RequestAttributesSequence")
     qualifiers = _first_item(ds, "IssuerOfPatientIDQualifiersSequence")
+    return (
+        _text(request, "RequestedProcedurePriority"),
+        _text(qualifiers, "UniversalEntityID"),
+        _text(qualifiers, "UniversalEntityIDType").upper(),
+    )
+
+
+def _patient(ds: Dataset, nested: tuple[str, str, str]) -> PatientInfo:
+    request_priority, issuer_uid, issuer_uid_type = nested
+    priority = _text(ds, "RequestedProcedurePriority") or request_priority
     return PatientInfo(
         patient_name=person_name_text(ds, "PatientName"),  # no ISO 2022 escapes left
         patient_id=_text(ds, "PatientID"),
@@ -839,8 +918,8 @@ def _patient(ds: Dataset) -> PatientInfo:
         requested_procedure_priority=priority.upper(),
         specific_character_set=tuple(str(v) for v in _values(ds, "SpecificCharacterSet")),
         issuer_of_patient_id=_text(ds, "IssuerOfPatientID"),
-        issuer_universal_entity_id=_text(qualifiers, "UniversalEntityID"),
-        issuer_universal_entity_id_type=_text(qualifiers, "UniversalEntityIDType").upper(),
+        issuer_universal_entity_id=issuer_uid,
+        issuer_universal_entity_id_type=issuer_uid_type,
     )
 
 
