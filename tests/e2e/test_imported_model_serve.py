@@ -5,7 +5,8 @@ random UNet weights, or the MONAI Model Zoo's spleen_ct_segmentation config as s
 with its UNet's weights seeded, never downloaded; an nnU-Net v2 results folder with tiny
 plans and random weights),
 imported from the CLI (``radserve models import monai-bundle`` / ``nnunet``), zipped and
-installed into the running server over ``POST /v1/models``; a DICOM CT sent over STOW-RS
+installed into the module's one running server over ``POST /v1/models``; a DICOM CT sent
+over STOW-RS
 runs a pipeline whose one step is that model, and the SEG the server wrote is read back
 with highdicom (tests/factories/imported_serve.py) and compared with the framework's own
 predictor on the same CT (MONAI's bundle run; ``nnUNetPredictor``).
@@ -14,19 +15,32 @@ predictor on the same CT (MONAI's bundle run; ``nnUNetPredictor``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from tests.factories.dciodvfy import dciodvfy_errors
 from tests.factories.dicom_series import make_ct_series, new_uid
-from tests.factories.imported_serve import import_cli, run_cli, serve_and_read_seg
+from tests.factories.imported_serve import (
+    ImportedModelServer,
+    import_cli,
+    imported_model_server,
+    run_cli,
+)
 
 from radserve.domain.volume import Volume
 from radserve.models.manifest import load_manifest
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
 
 SHAPE, SPACING, ORIGIN = (24, 64, 64), (2.5, 1.2, 1.2), (-38.0, -40.0, 5.0)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImportedModelServer]:
+    """One server for every case: each installs its own model (its own name) into it."""
+    with imported_model_server(tmp_path_factory.mktemp("serve")) as running:
+        yield running
 
 
 def served_hu(*, air: bool) -> np.ndarray:
@@ -53,7 +67,9 @@ def phantom_ct(folder: Path) -> tuple[list[Path], Volume]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["plain", "crop_foreground", "nearest", "spleen_zoo"])
-def test_imported_monai_bundle_serves_and_its_seg_reads_back(tmp_path: Path, variant: str) -> None:
+def test_imported_monai_bundle_serves_and_its_seg_reads_back(
+    server: ImportedModelServer, tmp_path: Path, variant: str
+) -> None:
     """``nearest``: ``Invertd(nearest_interp=True)`` (MONAI's default), 2.5 -> 2 mm
     half-voxel ties every 4th slice; run by ``radserve run`` as well as served.
     ``spleen_zoo``: the Model Zoo's spleen_ct_segmentation bundle (its configs as shipped,
@@ -84,7 +100,7 @@ def test_imported_monai_bundle_serves_and_its_seg_reads_back(tmp_path: Path, var
                                cols=SHAPE[2], spacing=SPACING, origin=ORIGIN, hu=hu,
                                study_uid=new_uid())  # fmt: skip
         volume = Volume.from_geometry(hu.astype(np.float32), spacing=SPACING, origin=ORIGIN)
-    served = serve_and_read_seg(tmp_path, imported / name / "1.0.0", files)
+    served = server.serve(imported / name / "1.0.0", files, tmp_path / "served")
 
     # MONAI's own run of the bundle on the same CT (its NIfTI, same geometry)
     monai = mb.run_monai_bundle(bundle, mb.write_nifti(volume, tmp_path / "ct.nii.gz"))
@@ -116,7 +132,9 @@ def test_imported_monai_bundle_serves_and_its_seg_reads_back(tmp_path: Path, var
 
 
 @pytest.mark.slow
-def test_imported_nnunet_model_serves_and_agrees_with_nnunet_predictor(tmp_path: Path) -> None:
+def test_imported_nnunet_model_serves_and_agrees_with_nnunet_predictor(
+    server: ImportedModelServer, tmp_path: Path
+) -> None:
     pytest.importorskip("nnunetv2", reason="the nnunet extra is not installed")
     from tests.factories.agreement import synthetic_ct
     from tests.factories.nnunet_folder import make_results_folder
@@ -133,7 +151,7 @@ def test_imported_nnunet_model_serves_and_agrees_with_nnunet_predictor(tmp_path:
     spacing = (3.0, 2.0, 2.0)
     files = make_ct_series(tmp_path / "study", n_slices=20, rows=64, cols=64, spacing=spacing,
                            hu=ct, study_uid=new_uid())  # fmt: skip
-    served = serve_and_read_seg(tmp_path, imported / "tiny-nnunet" / "1.0.0", files)
+    served = server.serve(imported / "tiny-nnunet" / "1.0.0", files, tmp_path / "served")
 
     predictor = load_predictor(read_results_folder(folder))
     theirs = predictor.predict_single_npy_array(
@@ -149,7 +167,9 @@ def test_imported_nnunet_model_serves_and_agrees_with_nnunet_predictor(tmp_path:
 
 
 @pytest.mark.slow
-def test_imported_pet_ct_nnunet_model_serves_on_a_pet_ct_study(tmp_path: Path) -> None:
+def test_imported_pet_ct_nnunet_model_serves_on_a_pet_ct_study(
+    server: ImportedModelServer, tmp_path: Path
+) -> None:
     """A CT + PET nnU-Net model (channel 1 named "PET": read from the PT series in SUVbw)
     on the PET/CT phantom sent over STOW-RS: the server uses both series, and its SEG
     matches ``nnUNetPredictor`` fed the CT and the SUV on the CT grid, not the CT alone."""
@@ -180,7 +200,7 @@ def test_imported_pet_ct_nnunet_model_serves_on_a_pet_ct_study(tmp_path: Path) -
     phantom = generate_phantom(PhantomSpec.random(0, small=True))
     study = tmp_path / "study"
     files = write_dicom_series(phantom, study) + write_pet_series(generate_pet(phantom), study)
-    served = serve_and_read_seg(tmp_path, imported / "petct-nnunet" / "1.0.0", files)
+    served = server.serve(imported / "petct-nnunet" / "1.0.0", files, tmp_path / "served")
     assert served.report["series_selection"]["selected"]["modality"] == "CT"
     assert served.report["series_selection"]["rejected"] == [], "the PET is used, not passed over"
 
