@@ -36,7 +36,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from radserve.domain.critical import CriticalRule
 from radserve.domain.priority import PriorityClass, PriorityRules
-from radserve.errors import RadserveError
+from radserve.errors import RadserveError, quoted
 from radserve.yaml_text import load_yaml_file, read_utf8
 
 ENV_PREFIX = "RADSERVE_"
@@ -1039,6 +1039,14 @@ def _read_config_file(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of settings at the top level")
+    # YAML keys may be anything (null, numbers): pydantic names a nested one, but a
+    # top-level one became a keyword argument and a TypeError (found by fuzzing)
+    odd = [key for key in data if not isinstance(key, str)]
+    if odd:
+        raise ConfigError(
+            f"config file {path}: setting names must be text; found {quoted(odd[0])} "
+            f"({type(odd[0]).__name__})"
+        )
     return data
 
 

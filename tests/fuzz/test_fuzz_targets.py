@@ -16,14 +16,15 @@ from tests.fuzz.targets import TARGETS
 
 pytest.importorskip("atheris")
 
-# inputs per target: ~50 CPU-s for all six here, startup included (the importers target
-# loads MONAI first); measured on 2 loaded cores, 2026-12-03
+# inputs per target, for ~50 CPU-s for all six, startup included (the importers target
+# loads MONAI first): 300/100/600/400/100/3000 took 66 CPU-s on 2 cores at load 6-8
+# (2026-12-03), instance and importers the most
 RUNS = {
-    "instance": 300,
-    "series": 100,
-    "multipart": 600,
+    "instance": 150,
+    "series": 80,
+    "multipart": 400,
     "settings": 400,
-    "importers": 100,
+    "importers": 60,
     "qido": 3000,
 }
 

@@ -66,3 +66,13 @@ def test_a_file_that_is_not_utf8_is_refused_by_its_loader(
     path.write_bytes("name: caf\u00e9\n".encode("latin-1"))  # é as one byte, 0xe9
     with pytest.raises(error, match=r"(?i)utf-8"):
         load(path)
+
+
+@pytest.mark.parametrize("text", ["?\n", "1: 2\n", "null: 3\n"])
+def test_a_setting_name_that_is_not_text_is_refused(tmp_path: Path, text: str) -> None:
+    """Found by fuzzing (tests/fuzz settings target): a YAML key of null or a number at
+    the top level became a keyword argument, and a TypeError."""
+    path = tmp_path / "radserve.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="setting names must be text"):
+        load_settings(path)
