@@ -4,7 +4,12 @@ report.json is strict UTF-8 JSON that carries none of them, every DICOM SEG and 
 dciodvfy-clean with the name cut to PN's 64 characters (logged, without the name; said
 with its length, not the name, in report.json and as a Quality Issue in the SR), and
 the FHIR Bundle built from the run (the server's one function) parses with fhir.resources.
-Series Description and Institution Name are not copied into any output."""
+Series Description and Institution Name are not copied into any output.
+
+A UTF-8 study whose 60-character Greek/CJK Patient's Name, Accession Number and Study
+Description are over their VRs' limits in bytes (what dciodvfy counts): SEG, SR and
+Secondary Captures are dciodvfy-clean, each value cut on a character boundary, and the
+report names each attribute cut (never its value)."""
 
 from __future__ import annotations
 
@@ -15,7 +20,8 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from pydicom.dataelem import RawDataElement
+from pydicom.datadict import dictionary_VR
+from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.tag import Tag
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dciodvfy import dciodvfy_errors
@@ -35,7 +41,8 @@ HOSTILE = {
 }
 
 
-def _hostile_study(folder: Path) -> Path:
+def _utf8_study(folder: Path, elements: dict[Tag, tuple[str, bytes | str]]) -> Path:
+    """The phantom study, ISO_IR 192 declared, with ``elements`` written (bytes raw)."""
     make_ct_series(
         folder, n_slices=24, rows=48, cols=48, spacing=(2.0, 1.0, 1.0),
         origin=(-20.0, -20.0, 0.0), hu=lesions_hu,
@@ -43,22 +50,31 @@ def _hostile_study(folder: Path) -> Path:
     for path in sorted(folder.iterdir()):
         ds = pydicom.dcmread(path)
         ds.SpecificCharacterSet = "ISO_IR 192"
-        for tag, (vr, value) in HOSTILE.items():  # raw: pydicom would re-encode a str
-            ds[tag] = RawDataElement(tag, vr, len(value), value, 0, False, True)  # type: ignore[assignment]
+        for tag, (vr, value) in elements.items():
+            if isinstance(value, str):  # pydicom encodes it as UTF-8 (and pads it)
+                ds[tag] = DataElement(tag, vr, value)
+            else:  # raw: pydicom would re-encode a str
+                ds[tag] = RawDataElement(tag, vr, len(value), value, 0, False, True)  # type: ignore[assignment]
         ds.save_as(path)
     return folder
 
 
-def test_long_and_not_utf8_header_text_gives_valid_outputs(tmp_path: Path) -> None:
+def _run(tmp_path: Path, study: Path, *extra: str) -> tuple[Path, subprocess.CompletedProcess]:
     models, pipeline = write_test_bundles(tmp_path / "models"), write_test_pipeline(tmp_path)
-    study, out = _hostile_study(tmp_path / "study"), tmp_path / "out"
+    out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "-c", "from radserve.cli import main; main()", "run", str(study),
-         "--pipeline", str(pipeline), "--out", str(out), "--models-dir", str(models)],
+         "--pipeline", str(pipeline), "--out", str(out), "--models-dir", str(models), *extra],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
+    return out, done
+
+
+def test_long_and_not_utf8_header_text_gives_valid_outputs(tmp_path: Path) -> None:
+    study = _utf8_study(tmp_path / "study", HOSTILE)
+    out, done = _run(tmp_path, study)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "Patient's Name has a component group of 65534 characters; written cut to the 64" in (
+    assert "Patient's Name has a component group of 65534 bytes; written cut to the 64" in (
         done.stderr
     )
     assert "AAAAAAAAAA" not in done.stderr + done.stdout and "Caf" not in done.stderr
@@ -70,7 +86,7 @@ def test_long_and_not_utf8_header_text_gives_valid_outputs(tmp_path: Path) -> No
     # the report says which attribute the DICOM results carry shortened, and how long it was
     [shortened] = [w for w in report.warnings if w.code == "value_shortened"]
     assert shortened.message.startswith(
-        "Patient's Name (0010,0010) has a component group of 65534 characters"
+        "Patient's Name (0010,0010) has a component group of 65534 bytes"
     )
 
     written = sorted(out.glob("*.dcm"))
@@ -97,3 +113,42 @@ def test_long_and_not_utf8_header_text_gives_valid_outputs(tmp_path: Path) -> No
     patients = [e.resource for e in parsed.entry if e.resource.__resource_type__ == "Patient"]
     assert patients and patients[0].name[0].family.startswith("AAAA")
     assert len(patients[0].name[0].family) == 65532  # FHIR has no length limit: kept whole
+
+
+NAME = "Παπαδοπούλου^" + "山田太郎" * 8 + "Ελένη" * 3  # 60 characters, 151 bytes as UTF-8
+WIDE = {
+    "PatientName": NAME,
+    "AccessionNumber": "ΑΡ-2026-" + "肝" * 8,  # 16 characters, 34 bytes: SH holds 16
+    "StudyDescription": "CT θώρακος/κοιλίας " + "造影" * 15,  # 49 characters, 123 bytes
+}
+
+
+def test_wide_utf8_study_values_fit_their_vrs_in_bytes(tmp_path: Path) -> None:
+    assert len(NAME) == 60
+    study = _utf8_study(
+        tmp_path / "study",
+        {Tag(k): (dictionary_VR(k), v) for k, v in WIDE.items()},
+    )
+    out, done = _run(tmp_path, study, "--sc-key-images")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not any(v[:6] in done.stderr + done.stdout for v in WIDE.values())
+
+    report = Report.model_validate_json((out / "report.json").read_bytes())
+    messages = [w.message for w in report.warnings if w.code == "value_shortened"]
+    named = ["Patient's Name (0010,0010)", "Accession Number (0008,0050)",
+             "Study Description (0008,1030)"]  # fmt: skip
+    assert sorted(m.split(" has ")[0] for m in messages) == sorted(named)
+    assert not any(v[:6] in m for v in WIDE.values() for m in messages)
+
+    written = sorted(out.glob("*.dcm"))
+    assert {"measurements-sr.dcm", "findings-seg.dcm"} <= {p.name for p in written}
+    assert any(p.name.endswith("-sc.dcm") for p in written), "key images as SC"
+    for path in written:
+        assert dciodvfy_errors(path) == [], path.name
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        for keyword, value in WIDE.items():
+            kept = str(ds[keyword].value)
+            limit = 16 if keyword == "AccessionNumber" else 64
+            # the longest prefix that fits, whole characters only
+            assert value.startswith(kept.rstrip("^")) and len(kept.encode()) <= limit, keyword
+            assert len(value[: len(kept) + 1].encode()) > limit, keyword

@@ -38,12 +38,17 @@ def dicom_text(value: str, what: str, *, max_bytes: int | None = None) -> str:
     return value
 
 
+def cut_utf8(text: str, max_bytes: int) -> str:
+    """``text`` cut to ``max_bytes`` as UTF-8, never inside a character."""
+    return text.encode()[:max_bytes].decode(errors="ignore")
+
+
 def fit(text: str, max_bytes: int = LO_MAX_BYTES) -> str:
     """``text`` cut to ``max_bytes`` as UTF-8, ending in ``~`` when cut (never inside a
     character)."""
     if len(text.encode()) <= max_bytes:
         return text
-    return text.encode()[: max_bytes - 1].decode(errors="ignore") + "~"
+    return cut_utf8(text, max_bytes - 1) + "~"
 
 
-__all__ = ["LO_MAX_BYTES", "SH_MAX_BYTES", "dicom_text", "fit"]
+__all__ = ["LO_MAX_BYTES", "SH_MAX_BYTES", "cut_utf8", "dicom_text", "fit"]

@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydicom.dataset import Dataset
 
 from radserve import durable
 from radserve.checkpoints import checkpoint
 from radserve.domain import Volume
-from radserve.errors import StudyError
+from radserve.errors import ReportError, StudyError
 from radserve.host import usable_cores
 from radserve.ingest import IngestPolicy, LoadedSeries
 from radserve.ingest.decode import StackNeedsFloatError
@@ -50,6 +51,7 @@ from radserve.pipeline.spec import PipelineSpec
 from radserve.pipeline.volume import SessionPool, StepResult, VolumeResult, run_volume
 from radserve.preprocess.crop import grid_offset
 from radserve.progress import ProgressSink, StageTimer
+from radserve.report.dicom import common
 from radserve.report.json_report import write_report
 from radserve.report.keyimages import write_key_images
 from radserve.report.nifti import write_label_map
@@ -348,6 +350,18 @@ def _features(ingested: IngestedStudy, result: VolumeResult) -> dict[str, Any] |
         return None
 
 
+def _first_source_header(loaded: LoadedSeries) -> Dataset | None:
+    """The header the DICOM results copy patient and study attributes from (None when
+    they have no DICOM file to copy from, or it cannot be read: they are not written)."""
+    files = _source_files(loaded)
+    if not files:
+        return None
+    try:
+        return common.read_headers(files[:1])[0]
+    except ReportError:
+        return None
+
+
 def _source_files(loaded: LoadedSeries) -> tuple[Path, ...]:
     sources = [s.source for s in loaded.source_slices]
     if not sources or any(s.member is not None for s in sources):
@@ -498,7 +512,7 @@ def _build_report(
     ]
     warnings += [
         ReportWarning(code=code, message=message, stage="report")
-        for code, message in shortened_values(header.patient.patient_name)
+        for code, message in shortened_values(_first_source_header(loaded))
     ]
     return Report(
         generated_at=utc_now(),

@@ -1,53 +1,125 @@
-"""Source values the DICOM results carry shortened: the rule, and the report warning that
-says which attribute was cut and how long it was, never the value.
+"""Source values the DICOM results carry shortened: the one rule, and the report warning
+that names each attribute cut and how long it was, never the value.
 
-A source may hold a Patient's Name far longer than PN allows (64 characters per
-component group; a 65,534-byte name arrived through every door). The SEG, SR and
-Secondary Captures copy it cut (:func:`radserve.report.dicom.common.restore_patient_name`),
-so a reader comparing them with the PACS's images must be told: the report carries a
-``value_shortened`` warning (JSON, and a Quality Issue in the SR). The FHIR Bundle keeps
-the name whole (FHIR has no length limit).
+highdicom copies the Patient, General Study, Patient Study and Clinical Trial attributes
+of a source header into every SEG, SR and Secondary Capture. A source may hold any
+length there (a 65,534-byte Patient's Name arrived through every door; a 60-character
+CJK name is 180 bytes), and dciodvfy counts a value's encoded bytes against its VR's
+limit, so each such text value is cut to fit, counted in UTF-8 bytes (the widest
+encoding radserve writes for most scripts), on a character boundary, and a Person Name
+group by group (the ``=`` separators stay). A reader comparing the results with the
+PACS's images must be told: the report carries one ``value_shortened`` warning per
+attribute (JSON, and a Quality Issue in the SR). The FHIR Bundle keeps values whole
+(FHIR has no length limit).
 """
 
 from __future__ import annotations
 
-PN_GROUP_MAX_CHARS = 64  # PS3.5 Table 6.2-1: a PN component group holds at most 64 characters
+from collections.abc import Iterator
+
+from highdicom._standard_utils import get_module_attribute_map  # highdicom's copy list
+from pydicom.datadict import dictionary_description, tag_for_keyword
+from pydicom.dataset import Dataset
+from pydicom.multival import MultiValue
+from pydicom.tag import Tag
+
+from radserve.models.dicom_text import cut_utf8
+
 VALUE_SHORTENED = "value_shortened"  # the report warning's code
+# PS3.5 Table 6.2-1, as bytes (PN: per component group)
+MAX_BYTES = {"PN": 64, "LO": 64, "SH": 16, "ST": 1024, "LT": 10240}
+COPIED_MODULES = (  # what highdicom's copy_patient_and_study_information copies
+    "patient",
+    "clinical-trial-subject",
+    "general-study",
+    "patient-study",
+    "clinical-trial-study",
+)
+COPIED_KEYWORDS: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        str(item["keyword"])
+        for module in COPIED_MODULES
+        for item in get_module_attribute_map()[module]
+        if not item["path"]
+    )
+)
 
 
-def longest_pn_group_over(name: object) -> int:
-    """The length of the longest component group of the Person Name ``name`` that is over
-    PN's 64 characters; 0 when none is."""
-    if name is None:
-        return 0
-    groups = str(name).split("=")
-    return max((len(g) for g in groups if len(g) > PN_GROUP_MAX_CHARS), default=0)
+def fit_value(vr: str, text: str) -> str:
+    """One text value of ``vr`` cut to its limit; a Person Name group by group."""
+    limit = MAX_BYTES[vr]
+    if vr != "PN":
+        return cut_utf8(text, limit)
+    groups = text.split("=")
+    return "=".join(
+        g if len(g.encode()) <= limit else cut_utf8(g, limit).rstrip("^ ") for g in groups
+    )
 
 
-def cut_person_name(name: object) -> str:
-    """``name`` with each component group cut to PN's 64 characters."""
-    return "=".join(group[:PN_GROUP_MAX_CHARS] for group in str(name).split("="))
+def value_bytes(vr: str, text: str) -> int:
+    """What is measured against ``vr``'s limit: the value's UTF-8 bytes, or for a Person
+    Name its longest component group's."""
+    return max(len(g.encode()) for g in (text.split("=") if vr == "PN" else [text]))
 
 
-def shortened_values(patient_name: object) -> list[tuple[str, str]]:
+def _values(value: object) -> list[str]:
+    if value is None or value == "":
+        return []
+    return [str(v) for v in value] if isinstance(value, MultiValue | list) else [str(value)]
+
+
+def over_long(dataset: Dataset) -> Iterator[tuple[str, str, int]]:
+    """(keyword, VR, bytes) of each copied attribute of ``dataset`` whose longest value
+    is over its VR's limit."""
+    for keyword in COPIED_KEYWORDS:
+        tag = tag_for_keyword(keyword)
+        if tag is None or tag not in dataset:
+            continue
+        element = dataset[tag]
+        if element.VR not in MAX_BYTES:
+            continue
+        sizes = [value_bytes(element.VR, v) for v in _values(element.value)]
+        if sizes and max(sizes) > MAX_BYTES[element.VR]:
+            yield keyword, element.VR, max(sizes)
+
+
+def cut_copied(dataset: Dataset) -> list[str]:
+    """Cut, in place, each copied attribute of ``dataset`` to its VR; the keywords cut."""
+    cut = []
+    for keyword, vr, _ in list(over_long(dataset)):
+        values = [fit_value(vr, v) for v in _values(dataset[keyword].value)]
+        dataset[keyword].value = values if len(values) > 1 else values[0]
+        cut.append(keyword)
+    return cut
+
+
+def shortened_values(dataset: Dataset | None) -> list[tuple[str, str]]:
     """(code, message) of each source value the DICOM results will carry shortened."""
-    longest = longest_pn_group_over(patient_name)
-    if not longest:
+    if dataset is None:
         return []
     return [
         (
             VALUE_SHORTENED,
-            f"Patient's Name (0010,0010) has a component group of {longest} characters: the "
-            f"DICOM results carry each group cut to the {PN_GROUP_MAX_CHARS} characters PN "
-            "allows (the FHIR Bundle carries it whole)",
+            f"{dictionary_description(keyword)} {_tag_text(keyword)} has "
+            f"{'a component group' if vr == 'PN' else 'a value'} of {size} bytes: the DICOM "
+            f"results carry it cut to the {MAX_BYTES[vr]} bytes {vr} allows (the FHIR "
+            "Bundle carries it whole)",
         )
+        for keyword, vr, size in over_long(dataset)
     ]
 
 
+def _tag_text(keyword: str) -> str:
+    tag = Tag(tag_for_keyword(keyword))
+    return f"({tag.group:04X},{tag.element:04X})"
+
+
 __all__ = [
-    "PN_GROUP_MAX_CHARS",
+    "COPIED_KEYWORDS",
+    "MAX_BYTES",
     "VALUE_SHORTENED",
-    "cut_person_name",
-    "longest_pn_group_over",
+    "cut_copied",
+    "fit_value",
+    "over_long",
     "shortened_values",
 ]

@@ -41,11 +41,7 @@ from radserve.report.dicom.frames import (
     check_slice_references,
 )
 from radserve.report.schema import Report
-from radserve.report.shortened import (
-    PN_GROUP_MAX_CHARS,
-    cut_person_name,
-    longest_pn_group_over,
-)
+from radserve.report.shortened import MAX_BYTES, cut_copied, fit_value, value_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +108,8 @@ def shield_patient_name(sources: Sequence[Dataset]) -> tuple[list[Dataset], obje
     placeholder name, and malformed sex/date/time values become empty (Type 2; nothing
     to carry that a reader could trust). Type 2 attributes absent from a non-conformant
     source (ingest flags them) are added empty, as highdicom reads them unconditionally.
-    :func:`restore_patient_name` puts the name back.
+    :func:`restore_patient_name` puts the name back. Every other copied text value over
+    its VR's limit is cut to fit (:mod:`radserve.report.shortened`; logged by keyword).
     """
     first = copy.deepcopy(sources[0])
     from radserve.ingest.headers import TYPE2_FOR_OUTPUTS  # flagged at ingest when absent
@@ -123,6 +120,8 @@ def shield_patient_name(sources: Sequence[Dataset]) -> tuple[list[Dataset], obje
     name = first.get("PatientName")
     if name is not None:
         first.PatientName = "PLACEHOLDER^NAME"
+    if cut := cut_copied(first):
+        logger.warning("source %s written cut to the bytes their VRs allow", ", ".join(cut))
     if str(first.get("PatientSex", "") or "") not in ("", "M", "F", "O"):
         logger.info("source Patient's Sex is not M, F or O; written empty")
         first.PatientSex = ""
@@ -136,20 +135,20 @@ def shield_patient_name(sources: Sequence[Dataset]) -> tuple[list[Dataset], obje
 
 
 def restore_patient_name(dataset: Dataset, name: object) -> None:
-    """Put the source's Patient's Name back, each component group cut to PN's 64
-    characters: a source may hold any length (a 65,534-byte name was copied whole, and
-    dciodvfy rejected every SEG and SR). The cut is logged, never the name; the report
-    says so too (:mod:`radserve.report.shortened`)."""
+    """Put the source's Patient's Name back, each component group cut to PN's 64 bytes:
+    a source may hold any length (a 65,534-byte name was copied whole, and dciodvfy
+    rejected every SEG and SR). The cut is logged, never the name; the report says so
+    too (:mod:`radserve.report.shortened`)."""
     if name is None:
         return
-    if longest := longest_pn_group_over(name):
+    if (longest := value_bytes("PN", str(name))) > MAX_BYTES["PN"]:
         logger.warning(
-            "source Patient's Name has a component group of %d characters; written cut to "
-            "the %d DICOM allows",
+            "source Patient's Name has a component group of %d bytes; written cut to the "
+            "%d DICOM allows",
             longest,
-            PN_GROUP_MAX_CHARS,
+            MAX_BYTES["PN"],
         )
-        name = cut_person_name(name)
+        name = fit_value("PN", str(name))
     dataset.PatientName = name
 
 

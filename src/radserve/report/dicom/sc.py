@@ -101,7 +101,7 @@ def build_key_image_sc(
     sc.ImageComments = common.lo(f"radserve key image: {what}")
     sc.BurnedInAnnotation = "YES"
     _copy_laterality(sc, source)
-    _copy_study_attributes(sc, source)
+    _copy_study_attributes(sc, shielded[0])  # cut to its VR like the rest
     sc.ImageType = ["DERIVED", "SECONDARY"]
     ref = Dataset()
     ref.ReferencedSOPClassUID = source.SOPClassUID

@@ -1,0 +1,37 @@
+"""The one rule for source values copied into the DICOM results: each fits its VR in
+UTF-8 bytes, cut on a character boundary, a Person Name group by group."""
+
+from __future__ import annotations
+
+from pydicom.dataset import Dataset
+
+from radserve.report.shortened import COPIED_KEYWORDS, cut_copied, shortened_values
+
+
+def test_values_are_cut_to_their_vr_in_bytes_on_character_boundaries() -> None:
+    ds = Dataset()
+    ds.PatientName = "山田^太郎" * 10 + "=" + "やまだ^たろう" * 10  # ideographic=phonetic
+    ds.PatientID = "ΑΒ" * 40  # LO: 160 bytes
+    ds.AdmittingDiagnosesDescription = ["short", "é" * 40]  # LO, 1-n: each value counts
+    ds.StudyID = "12345678901234567"  # SH: 17 bytes
+    ds.SeriesDescription = "é" * 64  # not copied into the results: left alone
+    cut = cut_copied(ds)
+    assert sorted(cut) == ["AdmittingDiagnosesDescription", "PatientID", "PatientName", "StudyID"]
+    assert cut_copied(ds) == []  # a second pass finds all fitting
+    groups = str(ds.PatientName).split("=")
+    assert len(groups) == 2 and all(len(g.encode()) <= 64 for g in groups)
+    assert ("山田^太郎" * 10).startswith(groups[0]) and not groups[0].endswith("^")
+    assert ds.PatientID == "ΑΒ" * 16 and len(ds.PatientID.encode()) == 64
+    assert list(ds.AdmittingDiagnosesDescription) == ["short", "é" * 32]
+    assert ds.StudyID == "1234567890123456"
+    assert ds.SeriesDescription == "é" * 64 and "SeriesDescription" not in COPIED_KEYWORDS
+    assert shortened_values(ds) == []  # all fit now
+
+
+def test_the_report_names_each_attribute_and_its_size_never_the_value() -> None:
+    ds = Dataset()
+    ds.AccessionNumber = "ΑΡ" * 9  # 36 bytes, 18 characters
+    ds.StudyDescription = "x" * 64  # fits exactly
+    [(code, message)] = shortened_values(ds)
+    assert code == "value_shortened" and "ΑΡ" not in message
+    assert message.startswith("Accession Number (0008,0050) has a value of 36 bytes")
