@@ -3,8 +3,10 @@ server stopped and started again, never the machine's shared one): not ready, na
 the held work and for how long, and ready again once the leases are renewed. Before
 session 17 the held scheduler showed nowhere but in one log line.
 
-The key is remembered for the test's length (``key_ttl_s``): a key checked during the
-outage would wait for the database (``server.store_wait_s``) before ``/readyz`` ran.
+The key is remembered for the test's length (``key_ttl_s``), so the first test sees the
+whole body. A key that must be checked during the outage (the second test) cannot be:
+``/readyz`` answers at once, 503 and not ready, with only the parts that need no key
+(it used to wait ``server.store_wait_s`` and answer 503 ``store_error``).
 """
 
 from __future__ import annotations
@@ -69,8 +71,51 @@ def test_readyz_names_the_held_work_until_the_leases_are_renewed(tmp_path: Path)
         service.stop()
 
 
-def _ready(c: httpx.Client, status: int, **fields: Any) -> dict[str, Any] | None:
-    answer = c.get("/readyz")
+def test_readyz_answers_at_once_when_the_key_cannot_be_checked(tmp_path: Path) -> None:
+    with PrivatePostgres() as pg:
+        settings = settings_for(
+            tmp_path,
+            database_url=pg.url,
+            server__store_wait_s=300.0,  # the old answer came after this wait
+        )
+        service = Service(settings)
+        key = create_key(service.store, "read")
+        with (
+            # no memory of checked keys: every /readyz checks its key in the database
+            ServerThread(create_app(service, key_ttl_s=0)) as srv,
+            httpx.Client(base_url=srv.url, timeout=60) as c,
+        ):
+            assert service.wait_warm(120 * WAIT_SCALE)
+            until(lambda: _ready(c, 200, headers=auth(key)), "the server to be ready", WAIT_S)
+            wrong = key[:-1] + ("A" if key[-1] != "A" else "B")  # a wrong secret
+            assert c.get("/readyz", headers=auth(wrong)).status_code == 401
+
+            pg.shut_down()
+            try:
+                # a malformed key needs no database to be refused
+                assert c.get("/readyz", headers=auth("rsk_not-a-key")).status_code == 401
+                for token in (key, wrong):  # these cannot be told apart now
+                    answer = c.get("/readyz", headers=auth(token))
+                    assert answer.status_code == 503
+                    body = answer.json()
+                    assert body["ready"] is False and body["store_reachable"] is False
+                    assert body["warmed_up"] is True
+                    assert body["open_models"] == [] and body["failed_models"] == {}
+                    assert body["unreachable_peers"] == {}
+                    reasons = " | ".join(body["reasons"])
+                    assert "the database does not answer" in reasons
+                    assert "the API key could not be checked" in reasons
+            finally:
+                pg.start_again()
+            again = until(lambda: _ready(c, 200, headers=auth(key)), "ready again", WAIT_S)
+            assert "the API key could not be checked" not in " | ".join(again["reasons"])
+        service.stop()
+
+
+def _ready(
+    c: httpx.Client, status: int, headers: dict[str, str] | None = None, **fields: Any
+) -> dict[str, Any] | None:
+    answer = c.get("/readyz", headers=headers)
     body: dict[str, Any] = answer.json()
     if answer.status_code != status or any(body.get(k) != v for k, v in fields.items()):
         return None

@@ -69,9 +69,9 @@ class CountingVerifier(KeyVerifier):
 
     checks = 0
 
-    def verify(self, token: str) -> ApiKeyRecord | None:
+    def verify(self, token: str, *, wait: bool = True) -> ApiKeyRecord | None:
         self.checks += 1
-        return super().verify(token)
+        return super().verify(token, wait=wait)
 
 
 def test_requests_that_miss_together_check_the_store_once(store: Store) -> None:

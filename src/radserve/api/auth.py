@@ -22,7 +22,13 @@ from radserve.api.errors import ForbiddenError, UnauthenticatedError
 from radserve.errors import RadserveError, quoted
 from radserve.security.access import ReadAccess, Reader
 from radserve.security.keys import Role, role_allows
-from radserve.store import ApiKeyRecord, JobNotFoundError, JobRecord, Store
+from radserve.store import (
+    ApiKeyRecord,
+    DatabaseUnavailableError,
+    JobNotFoundError,
+    JobRecord,
+    Store,
+)
 from radserve.store.waiting import waiting_for_store
 
 # documented in the OpenAPI schema (see radserve.api.app) and read by token_of()
@@ -74,7 +80,7 @@ class KeyVerifier:
         self.wait_s = wait_s
         self.clock = clock
         self._known: dict[str, tuple[float, ApiKeyRecord]] = {}
-        self._checking: dict[str, asyncio.Future[ApiKeyRecord | None]] = {}
+        self._checking: dict[tuple[str, bool], asyncio.Future[ApiKeyRecord | None]] = {}
         self._lock = threading.Lock()
 
     def remembered(self, token: str) -> ApiKeyRecord | None:
@@ -85,23 +91,26 @@ class KeyVerifier:
             return None
         return hit[1]
 
-    async def checked(self, token: str) -> ApiKeyRecord | None:
+    async def checked(self, token: str, *, wait: bool = True) -> ApiKeyRecord | None:
         """:meth:`verify` in a worker thread, once for all the requests that ask about
         the same token while it runs: when a poller's memory runs out, its many
         connections miss together, and each used to read the store (on the running
         loop; a cancelled caller leaves the check to the others)."""
         digest = hashlib.sha256(token.encode()).hexdigest()
-        running = self._checking.get(digest)
+        running = self._checking.get((digest, wait))
         if running is None:
-            running = asyncio.ensure_future(run_in_threadpool(self.verify, token))
-            self._checking[digest] = running
-            running.add_done_callback(lambda _: self._checking.pop(digest, None))
+            running = asyncio.ensure_future(run_in_threadpool(self.verify, token, wait=wait))
+            self._checking[digest, wait] = running
+            running.add_done_callback(lambda _: self._checking.pop((digest, wait), None))
         return await asyncio.shield(running)
 
-    def verify(self, token: str) -> ApiKeyRecord | None:
-        """Check the token against the store (a database read; call from a thread)."""
+    def verify(self, token: str, *, wait: bool = True) -> ApiKeyRecord | None:
+        """Check the token against the store (a database read; call from a thread);
+        ``wait`` False: one try, :class:`StoreWaitExceededError` at once if it fails."""
         record = waiting_for_store(
-            lambda: self.store.verify_api_key(token), self.wait_s, what="an API key's check"
+            lambda: self.store.verify_api_key(token),
+            self.wait_s if wait else 0.0,
+            what="an API key's check",
         )
         if record is not None:
             digest = hashlib.sha256(token.encode()).hexdigest()
@@ -124,7 +133,7 @@ def token_of(request: Request) -> str | None:
     return credentials.strip() or None
 
 
-async def _key_principal(request: Request, token: str | None) -> Principal:
+async def _key_principal(request: Request, token: str | None, *, wait: bool) -> Principal:
     if not token:
         raise UnauthenticatedError(
             "this endpoint needs an API key: send `Authorization: Bearer <key>` or "
@@ -133,7 +142,7 @@ async def _key_principal(request: Request, token: str | None) -> Principal:
     verifier: KeyVerifier = request.app.state.keys
     record = verifier.remembered(token)
     if record is None:
-        record = await verifier.checked(token)
+        record = await verifier.checked(token, wait=wait)
     if record is None:
         raise UnauthenticatedError("the API key is not valid (unknown, malformed or revoked)")
     return Principal(
@@ -146,11 +155,14 @@ async def _key_principal(request: Request, token: str | None) -> Principal:
     )
 
 
-def require(role: Role) -> Callable[..., Awaitable[Principal]]:
+def require(role: Role, *, wait: bool = True) -> Callable[..., Awaitable[Principal]]:
     """A dependency that admits keys whose role grants ``role``.
 
     It reads the headers itself (one dependency, no sub-dependencies: status polls are
-    the hot path); :data:`SECURITY_SCHEMES` documents them in the OpenAPI schema."""
+    the hot path); :data:`SECURITY_SCHEMES` documents them in the OpenAPI schema.
+    ``wait`` False: a key that must be checked while the database does not answer
+    raises :class:`StoreWaitExceededError` at once instead of after
+    ``server.store_wait_s`` (a probe must answer fast)."""
 
     async def dependency(request: Request) -> Principal:
         token = token_of(request)
@@ -159,7 +171,7 @@ def require(role: Role) -> Callable[..., Awaitable[Principal]]:
         resolver = getattr(request.app.state, "session_principal", None)
         principal = await resolver(request) if not token and resolver is not None else None
         if principal is None:
-            principal = await _key_principal(request, token)
+            principal = await _key_principal(request, token, wait=wait)
         if not principal.allows(role):
             raise ForbiddenError(
                 f"this endpoint needs a key with the {role.value} role; this key has "
@@ -189,6 +201,16 @@ async def check_visible(request: Request, principal: Principal, job: JobRecord) 
         return
     if not await run_in_threadpool(access.visible, principal.reader, job.api_key_id):
         raise JobNotFoundError(f"no job with id {quoted(job.id)}")
+
+
+async def read_unless_outage(request: Request) -> Principal | None:
+    """:data:`require_read` without waiting for the database: None when the key could
+    not be checked because the database does not answer (``/readyz`` then answers only
+    what needs no key; a bad key is still refused whenever the database answers)."""
+    try:
+        return await _read_at_once(request)
+    except DatabaseUnavailableError:
+        return None
 
 
 class AuditUnavailableError(RadserveError):
@@ -243,6 +265,7 @@ async def audited_results(
 
 
 require_read = require(Role.READ)
+_read_at_once = require(Role.READ, wait=False)
 require_submit = require(Role.SUBMIT)
 require_admin = require(Role.ADMIN)
 
@@ -254,6 +277,7 @@ __all__ = [
     "audited_results",
     "check_visible",
     "read_access",
+    "read_unless_outage",
     "require",
     "require_admin",
     "require_read",

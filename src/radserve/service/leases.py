@@ -19,7 +19,7 @@ only one run's writes count; two more rules keep the other run from happening at
   database's return, so it has had at least a whole lease of answers to do so. The row
   says when it was renewed and until when (``jobs.lease_renewed``, ``lease_expires``),
   so replicas with different ``jobs.lease_s`` judge each other's leases by the owner's
-  length, not their own (before session 18 the renewal was worked out as the expiry
+  length, not their own (before migration 0013 the renewal was worked out as the expiry
   less this replica's lease: an owner with a longer lease could lose its jobs while
   alive). Answered time is the time between consecutive rounds that both reached the
   database; a failed round only stops the count, it does not reset it, so a database

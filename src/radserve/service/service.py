@@ -92,6 +92,22 @@ class Readiness:
     # why the scheduler starts no new work (radserve.service.leases), and for how long
     held: Hold | None = None
     held_s: float = 0.0
+    # the caller's key could not be checked (the database does not answer): see below
+    key_unchecked: bool = False
+
+    def without_key(self) -> Readiness:
+        """What ``/readyz`` tells a caller whose key could not be checked because the
+        database does not answer: never ready, and nothing a key guards (models, outbox
+        destinations, the data folder) -- only warm-up, the database and held work."""
+        return Readiness(
+            False,
+            self.warmed_up,
+            self.store_reachable,
+            (),
+            held=self.held,
+            held_s=self.held_s,
+            key_unchecked=True,
+        )
 
     @property
     def degraded(self) -> bool:
@@ -115,6 +131,11 @@ class Readiness:
             out.append(
                 f"the data folder cannot be written: {self.storage_problem}"
                 + ("; writing to the local fallback" if self.fallback else "")
+            )
+        if self.key_unchecked:
+            out.append(
+                "the API key could not be checked (the database does not answer): "
+                "models, destinations and storage are shown once it can be"
             )
         return out
 

@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from radserve import __version__
-from radserve.api.auth import Principal, require_admin, require_read
+from radserve.api.auth import Principal, read_unless_outage, require_admin, require_read
 from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import (
     DestinationStatusOut,
@@ -48,8 +48,15 @@ async def healthz(request: Request) -> HealthOut:
     responses={503: {"model": ReadyOut}, **_AUTH_ERRORS},
     summary="Readiness: models warmed up, store reachable, no open circuit breaker",
 )
-async def readyz(request: Request, _: Annotated[Principal, Depends(require_read)]) -> JSONResponse:
+async def readyz(
+    request: Request, principal: Annotated[Principal | None, Depends(read_unless_outage)]
+) -> JSONResponse:
+    """During a database outage a key that is not remembered cannot be checked: the
+    answer comes at once, not ready, with the parts that need no key (it used to wait
+    ``server.store_wait_s`` and then answer 503 ``store_error`` without saying why)."""
     state = await run_in_threadpool(_service(request).readiness)
+    if principal is None:
+        state = state.without_key()
     out = ReadyOut(
         ready=state.ready,
         warmed_up=state.warmed_up,
