@@ -21,7 +21,7 @@ from pathlib import Path
 import pydicom
 import pytest
 from pydicom.datadict import dictionary_VR
-from pydicom.dataelem import DataElement, RawDataElement
+from pydicom.dataelem import DataElement
 from pydicom.tag import Tag
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dciodvfy import dciodvfy_errors
@@ -42,7 +42,9 @@ HOSTILE = {
 
 
 def _utf8_study(folder: Path, elements: dict[Tag, tuple[str, bytes | str]]) -> Path:
-    """The phantom study, ISO_IR 192 declared, with ``elements`` written (bytes raw)."""
+    """The phantom study, ISO_IR 192 declared, with ``elements`` written (bytes as they
+    are: pydicom would decode them in the phantom's Latin-1 and write that as UTF-8, so a
+    placeholder of the same length is written and its bytes replaced in the file)."""
     make_ct_series(
         folder, n_slices=24, rows=48, cols=48, spacing=(2.0, 1.0, 1.0),
         origin=(-20.0, -20.0, 0.0), hu=lesions_hu,
@@ -50,12 +52,18 @@ def _utf8_study(folder: Path, elements: dict[Tag, tuple[str, bytes | str]]) -> P
     for path in sorted(folder.iterdir()):
         ds = pydicom.dcmread(path)
         ds.SpecificCharacterSet = "ISO_IR 192"
-        for tag, (vr, value) in elements.items():
-            if isinstance(value, str):  # pydicom encodes it as UTF-8 (and pads it)
-                ds[tag] = DataElement(tag, vr, value)
-            else:  # raw: pydicom would re-encode a str
-                ds[tag] = RawDataElement(tag, vr, len(value), value, 0, False, True)  # type: ignore[assignment]
+        raw = {}
+        for i, (tag, (vr, value)) in enumerate(elements.items()):
+            if isinstance(value, bytes):
+                raw[(chr(0x7E - i) * len(value)).encode()] = value
+                value = chr(0x7E - i) * len(value)
+            ds[tag] = DataElement(tag, vr, value)  # pydicom encodes a str as UTF-8
         ds.save_as(path)
+        data = path.read_bytes()
+        for placeholder, value in raw.items():
+            assert data.count(placeholder) == 1
+            data = data.replace(placeholder, value)
+        path.write_bytes(data)
     return folder
 
 
