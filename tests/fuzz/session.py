@@ -11,8 +11,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.fuzz.run import write_seeds
-
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10  # one input running longer is a finding (an unbounded loop)
 RSS_LIMIT_MB = 3072  # the process growing past this is a finding (unbounded memory)
@@ -59,8 +57,10 @@ def fuzz(
     for ``runs`` inputs or ``seconds``; reproducers land in ``work/artifacts``."""
     corpus, artifacts = work / "corpus", work / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
-    if not corpus.is_dir() or not any(corpus.iterdir()):
-        write_seeds(target, corpus)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    if not corpus.is_dir() or not any(corpus.iterdir()):  # in a child: this checkout's code
+        seeds = [sys.executable, "-m", "tests.fuzz.run", target, "--seeds", str(corpus)]
+        subprocess.run(seeds, cwd=work, env=env, check=True, capture_output=True)
     flags = [
         f"-seed={seed}",
         f"-timeout={TIMEOUT_S}",
@@ -72,7 +72,6 @@ def fuzz(
         flags.append(f"-runs={runs}")
     if seconds is not None:
         flags.append(f"-max_total_time={seconds}")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
     command = [sys.executable, "-m", "tests.fuzz.run", target, *flags, str(corpus)]
     done = subprocess.run(
         command, cwd=work, env=env, capture_output=True, text=True, errors="replace", check=False

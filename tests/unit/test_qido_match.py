@@ -9,7 +9,7 @@ import re
 import pytest
 
 from radserve.errors import InvalidRequestError
-from radserve.gateway.dicomweb.qido import matches, wildcard_match
+from radserve.gateway.dicomweb.qido import matches, parse_query, wildcard_match
 
 
 def _by_regex(pattern: str, text: str) -> bool:
@@ -57,3 +57,13 @@ def test_matches_follows_the_attribute_s_matching_rule(
 def test_a_number_key_that_is_not_a_number_is_refused() -> None:
     with pytest.raises(InvalidRequestError, match="SeriesNumber must be a number"):
         matches(["3"], "SeriesNumber", "three")
+
+
+@pytest.mark.parametrize("key", ["10100010", "60003000", "50000005"])
+def test_a_repeating_group_tag_is_refused_as_a_key(key: str) -> None:
+    """Found by fuzzing (tests/fuzz qido target): its keyword has no single tag, and
+    pydicom's ValueError escaped the query parser."""
+    with pytest.raises(InvalidRequestError, match="repeating group"):
+        parse_query([(key, "x")], "study")
+    with pytest.raises(InvalidRequestError, match="repeating group"):
+        parse_query([("includefield", key)], "study")

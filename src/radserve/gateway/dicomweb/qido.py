@@ -212,6 +212,13 @@ def _keyword(name: str) -> str:
         keyword = keyword_for_tag(int(name, 16))
     else:
         keyword = name if tag_for_keyword(name) is not None else ""
+    if keyword and tag_for_keyword(keyword) is None:
+        # a repeating group's attribute (60xx Overlay, 50xx Curve, 1010xxxx Zonal Map):
+        # pydicom names the tag but has no one tag for the name (found by fuzzing)
+        raise InvalidRequestError(
+            f"{quoted(name)} is {keyword}, an attribute of a repeating group: radserve does "
+            "not match or include it"
+        )
     if not keyword:
         raise InvalidRequestError(
             f"{quoted(name)} is not a DICOM attribute keyword or tag, nor a QIDO-RS parameter "
