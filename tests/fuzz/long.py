@@ -34,6 +34,7 @@ def main() -> int:
         work = (args.out / target).resolve()
         work.mkdir(parents=True, exist_ok=True)
         executions, coverage, found = 0, 0, set[Path]()
+        earlier = set((work / "artifacts").glob("*"))  # an earlier run's, reported then
         deadline = time.monotonic() + args.minutes * 60
         # libFuzzer stops at its first finding: go on from the grown corpus until the
         # target's time is up (each finding stays in artifacts/)
@@ -43,7 +44,7 @@ def main() -> int:
             outcome = fuzz(target, work, seconds=left, seed=seed, log_file=log)
             executions += outcome.executions
             coverage = max(coverage, outcome.coverage)
-            found.update(outcome.artifacts)
+            found.update(set(outcome.artifacts) - earlier)
             if outcome.returncode != 0 and not outcome.artifacts:
                 found.add(log)  # killed without a reproducer: see its log
                 break
