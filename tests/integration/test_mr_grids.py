@@ -1,6 +1,6 @@
 """Multi-sequence MR on different grids: each channel onto the reference sequence's grid.
 
-``radserve phantom --mr --mr-grids`` writes T1 (3D, 3.1 mm isotropic), T2 (1.6 mm pixels,
+``radserve phantom --mr --mr-grids`` writes T1 (3D, 3.0 mm isotropic), T2 (1.6 mm pixels,
 6 mm slices, a smaller field of view and coverage) and FLAIR (2 mm pixels, 5 mm slices
 with a 1 mm gap, tilted 15 degrees) in one Frame of Reference. A three-channel model
 (T1 the reference) reads T2 and FLAIR resampled onto the T1's grid: radserve's arrays
@@ -100,7 +100,7 @@ def test_each_sequence_has_its_own_grid_in_one_frame_of_reference(study) -> None
     spacings = {
         n: tuple(np.round(np.linalg.norm(g.affine[:3, :3], axis=0), 3)) for n, g in grids.items()
     }
-    assert spacings == {"t1": (3.1, 3.1, 3.1), "t2": (6.0, 1.6, 1.6), "flair": (6.0, 2.0, 2.0)}
+    assert spacings == {"t1": (3.0, 3.0, 3.0), "t2": (6.0, 1.6, 1.6), "flair": (6.0, 2.0, 2.0)}
     shapes = {n: g.array.shape for n, g in grids.items()}
     assert len(set(shapes.values())) == 3, shapes
     tilt = np.degrees(np.arccos(abs(grids["flair"].affine[2, 0]) / 6.0))

@@ -62,7 +62,7 @@ logger = logging.getLogger(__name__)
     "--mr-grids",
     is_flag=True,
     help=(
-        "With --mr: each sequence on its own grid in the CT's Frame of Reference (T1 3D 3.1 mm "
+        "With --mr: each sequence on its own grid in the CT's Frame of Reference (T1 3D 3.0 mm "
         "isotropic; T2 1.6 mm pixels, 6 mm slices, smaller field of view; FLAIR 2 mm pixels, "
         "5 mm slices with a 1 mm gap, tilted 15 degrees; radserve.phantom.mr_grids)."
     ),

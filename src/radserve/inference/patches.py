@@ -385,8 +385,13 @@ class PatchTask(BatchedTask):
         self._resampled = tuple(len(c) for c in coords)  # type: ignore[assignment]
 
         def resampled(c: np.ndarray, order: int) -> np.ndarray:
+            # both weights as grid_sample: at a model voxel a few ulps from a native one
+            # the neighbour's ~1e-16 weight decides whether NormalizeIntensity(nonzero)
+            # counts a voxel just past a zero boundary (lo + w * (hi - lo) drops it)
             for axis, cs in enumerate(coords):
-                c = interpolate_axis(c, axis, np.rint(cs) if order == 0 else cs, order=order)
+                c = interpolate_axis(
+                    c, axis, np.rint(cs) if order == 0 else cs, order=order, both_weights=True
+                )
             return c.astype(np.float32, copy=False)
 
         out = [resampled(c, rs.image_order if i < len(pairs) else 0) for i, c in enumerate(data)]

@@ -4,10 +4,8 @@ Real multi-sequence MR rarely shares one grid: a 3D T1 at isotropic voxels, a T2
 fine pixels and thick slices over a smaller field of view, a FLAIR with a slice gap,
 tilted to an anatomical line, each with its own matrix and coverage. :data:`VARIED_GRIDS`
 is such a set, sized for the small phantom (128 pixels of 2.5-3 mm, 5 mm slices): T1 3D
-3.1 mm isotropic over the CT's whole volume (the reference; 3.1, not 3, because at
-3.0 mm every model voxel of the tests' 4 x 4 x 6 mm MONAI grids that lands exactly on
-a T1 voxel is where radserve's MONAI run and MONAI's own part: 0.988 on T1 copies at
-3.0 mm, 0.999999 at 3.01 mm; docs/bring-your-own-model.md), T2 1.6 x 1.6 mm pixels with
+3.0 mm isotropic over the CT's whole volume (the reference; it divides the tests'
+4 x 4 x 6 mm MONAI grids exactly, so model voxels land on T1 voxels), T2 1.6 x 1.6 mm pixels with
 6 mm slices over 75% of the CT's field of view and coverage, FLAIR 2 mm pixels, 5 mm
 slices 6 mm apart (a 1 mm gap), tilted 15 degrees about the left-right axis over 85% /
 70%. :func:`acquisition_grid` places one (centred on the CT, same Frame of Reference) and
@@ -55,7 +53,7 @@ class MrGrid:
 
 
 VARIED_GRIDS: dict[str, MrGrid] = {
-    "T1": MrGrid(3.1, 3.1, 3.1, acquisition="3D"),
+    "T1": MrGrid(3.0, 3.0, 3.0, acquisition="3D"),
     "T2": MrGrid(1.6, 6.0, 6.0, fov_fraction=0.75, coverage=0.75),
     "FLAIR": MrGrid(2.0, 6.0, 5.0, fov_fraction=0.85, coverage=0.7, tilt_deg=15.0),
 }
