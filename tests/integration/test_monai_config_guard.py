@@ -88,6 +88,33 @@ def test_expressions_outside_the_grammar_are_refused(expression, reason):
         check_expression(expression, "item")
 
 
+@pytest.mark.parametrize(
+    ("expression", "limit"),
+    [
+        ("10**10**10", "MAX_INT_BITS"),
+        ("[0]*999999999 and torch.float32", "MAX_ELEMENTS"),
+        ("list(range(10**12)) and torch.float32", "MAX_ELEMENTS"),
+        ("[0 for a in range(9999) for b in range(9999)] and torch.float32", "MAX_ELEMENTS"),
+        ("@bundle_root * 999999999 and torch.float32", "MAX_ELEMENTS"),  # a plain value
+    ],
+)
+def test_an_expression_that_would_exhaust_the_importer_is_refused_by_its_limit(
+    tmp_path, expression, limit
+):
+    """In the grammar, but its size is unbounded: refused naming the limit, not run."""
+    folder = write_monai_bundle(
+        tmp_path / "bundle",
+        pre=[
+            *PRE[:-1],
+            {"_target_": "EnsureTyped", "keys": "image", "dtype": f"${expression}"},
+            PRE[-1],
+        ],
+    )
+    with pytest.raises(ImportRefusedError, match=f"would make .*the limit {limit}"):
+        import_monai(folder, tmp_path / "models")
+    assert not (tmp_path / "models").exists()
+
+
 def test_torchscript_is_refused_unless_trusted_by_flag(tmp_path):
     """A model.ts is code (TorchScript runs what it holds): the CLI refuses it, saying so,
     unless --trust-torchscript is given; the refusal comes before the file is opened."""

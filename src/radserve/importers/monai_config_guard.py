@@ -11,7 +11,8 @@ and refuses anything outside a small grammar:
   comprehensions, lambdas (``Lambdad``; their bodies in the same grammar), public
   attributes of ``monai``/``torch``/``numpy`` and of references, and calls of
   :data:`CALLS` only; ``$import`` of :data:`IMPORTS` only (a module that is imported
-  runs its top level: ``scripts`` is the bundle's own, as below);
+  runs its top level: ``scripts`` is the bundle's own, as below); what an expression
+  may build is bounded by :mod:`monai_config_bounds` (``10**10**10``, ``[0]*999999999``);
 * ``_target_``: a class (never a function: instantiating one calls it) in :data:`TARGETS`'
   packages, named by a string. ``scripts.`` is the bundle's own package: its classes are
   code the bundle ships (bring-your-own-model.md: import bundles you trust).
@@ -25,6 +26,7 @@ import pydoc
 from typing import Any
 
 from radserve.importers import ImportRefusedError
+from radserve.importers import monai_config_bounds as bounds
 
 __all__ = ["CALLS", "IMPORTS", "TARGETS", "CheckedConfigParser", "check_expression"]
 
@@ -83,12 +85,13 @@ def _check_import(source: str, item_id: str) -> None:
                 _refuse(item_id, f"imports {name!r} (allowed: {', '.join(sorted(IMPORTS))})")
 
 
-def check_expression(expression: str, item_id: str) -> None:
-    """Refuse ``expression`` (a config value without its ``$``) unless it is in the grammar."""
+def check_expression(expression: str, item_id: str) -> ast.Expression | None:
+    """Refuse ``expression`` (a config value without its ``$``) unless it is in the grammar;
+    its syntax tree (None for an import)."""
     source = expression.strip()
     if source.startswith(("import ", "from ")):
         _check_import(source, item_id)
-        return
+        return None
     try:
         tree = ast.parse(source, mode="eval")
     except SyntaxError as exc:
@@ -113,6 +116,7 @@ def check_expression(expression: str, item_id: str) -> None:
                     and not (isinstance(keyword.value, ast.Constant) and keyword.value.value)
                 ):
                     _refuse(item_id, f"passes {ast.unparse(keyword)[:80]!r}")
+    return tree
 
 
 def check_target(target: Any, item_id: str) -> None:
@@ -137,9 +141,17 @@ def _checked_items() -> tuple[type, type]:
     class CheckedExpression(ConfigExpression):
         def evaluate(self, globals=None, locals=None):
             value = self.get_config()
-            if isinstance(value, str) and self.is_expression(value):
-                check_expression(value[len(self.prefix) :], self.get_id())
-            return super().evaluate(globals, locals)
+            if not (isinstance(value, str) and self.is_expression(value)):
+                return super().evaluate(globals, locals)
+            tree = check_expression(value[len(self.prefix) :], self.get_id())
+            if tree is None or not self.run_eval:
+                return super().evaluate(globals, locals)
+            try:  # MONAI's own eval, with its sizes bounded (monai_config_bounds)
+                return bounds.evaluate(tree, {**self.globals, **(globals or {})}, locals)
+            except bounds.BudgetExceededError as exc:
+                _refuse(self.get_id(), str(exc))
+            except Exception as exc:
+                raise RuntimeError(f"Failed to evaluate {self}") from exc
 
     class CheckedComponent(ConfigComponent):
         def resolve_module_name(self):
