@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from radserve.ingest.headers import header_text
 from radserve.report.dicom.common import MANUFACTURER
 
 logger = logging.getLogger(__name__)
@@ -36,25 +37,28 @@ KnownInstance = Callable[[str], bool]  # SOP Instance UID -> radserve wrote it
 OnIgnored = Callable[[str, str], None]  # (intake, reason)
 
 
-def _text(value: Any) -> str:
-    return str(value or "").strip().rstrip("\x00").strip()
+def _text(dataset: Any, keyword: str) -> str:
+    return header_text(dataset, keyword).rstrip("\x00").strip()
+
+
+def _equipment(dataset: Any) -> list[Any]:
+    try:
+        return list(dataset.get("ContributingEquipmentSequence") or [])
+    except Exception:  # a sequence pydicom cannot parse: no item names radserve
+        return []
 
 
 def own_result_reason(dataset: Any, known: KnownInstance | None = None) -> str | None:
     """Why ``dataset`` (a pydicom Dataset, header enough) is radserve's own result, or
     None when it is not. Never raises on damaged headers: a value that cannot be read
     does not make an instance radserve's."""
-    try:
-        sop_uid = _text(dataset.get("SOPInstanceUID"))
-        if known is not None and sop_uid and known(sop_uid):
-            return "in the result index"
-        if _text(dataset.get("Manufacturer")) == MANUFACTURER:
-            return "Manufacturer is radserve"
-        for item in dataset.get("ContributingEquipmentSequence") or []:
-            if _text(item.get("Manufacturer")) == MANUFACTURER:
-                return "Contributing Equipment names radserve"
-    except Exception as exc:  # a malformed element: not evidence of anything
-        logger.debug("own-result check skipped an unreadable header (%s)", type(exc).__name__)
+    sop_uid = _text(dataset, "SOPInstanceUID")  # each value read on its own (header_text):
+    if known is not None and sop_uid and known(sop_uid):  # one unreadable value does
+        return "in the result index"  # not hide another that names radserve
+    if _text(dataset, "Manufacturer") == MANUFACTURER:
+        return "Manufacturer is radserve"
+    if any(_text(item, "Manufacturer") == MANUFACTURER for item in _equipment(dataset)):
+        return "Contributing Equipment names radserve"
     return None
 
 
@@ -77,7 +81,7 @@ class OwnResults:
         reason = self.reason(dataset)
         if reason is None:
             return False
-        self.ignored(intake, _text(dataset.get("SOPInstanceUID")), reason)
+        self.ignored(intake, _text(dataset, "SOPInstanceUID"), reason)
         return True
 
     def ignored(self, intake: str, sop_instance_uid: str, reason: str) -> None:

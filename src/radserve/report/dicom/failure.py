@@ -31,6 +31,7 @@ from pydicom.uid import generate_uid
 from radserve import __version__
 from radserve.errors import ReportError
 from radserve.ingest.charset import declare_undeclared_character_set
+from radserve.ingest.headers import header_text
 from radserve.report.dicom import common, notes
 
 logger = logging.getLogger(__name__)
@@ -72,11 +73,11 @@ def build_failure_sr(
     usable = [
         declare_undeclared_character_set(h)
         for h in headers
-        if all(h.get(k) for k in _REFERENCE_KEYWORDS)
+        if all(header_text(h, k) for k in _REFERENCE_KEYWORDS)
     ]
     if not usable:
         raise ReportError("no received instance has the UIDs a DICOM failure notice references")
-    study_uid = str(usable[0].StudyInstanceUID)
+    study_uid = header_text(usable[0], "StudyInstanceUID")
     evidence = [_reference(h, study=i == 0) for i, h in enumerate(usable)]
     evidence = [e for e in evidence if str(e.StudyInstanceUID) == study_uid]
     evidence = list({str(e.SOPInstanceUID): e for e in evidence}.values())
@@ -94,7 +95,7 @@ def build_failure_sr(
             observer_type=codes.DCM.Device, observer_identifying_attributes=device
         )
     )
-    modality = str(usable[0].get("Modality", "") or "") or None
+    modality = header_text(usable[0], "Modality") or None
     when_naive = when.astimezone(dt.UTC).replace(tzinfo=None)
     try:
         root = _report_without_measurements(context, common.procedure_code(modality))
@@ -135,8 +136,9 @@ def build_failure_sr(
             ],
             specific_character_set=None,  # set below: see common.set_character_set
         )
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise ReportError(f"the DICOM failure notice could not be built: {exc}") from exc
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:  # KeyError: highdicom
+        # knows no IOD for the evidence's SOP Class UID (found by the instance fuzz target)
+        raise ReportError(f"the DICOM failure notice could not be built: {exc!r}") from exc
     common.restore_patient_name(sr, patient_name)
     if evidence[0].get("IssuerOfPatientID"):
         sr.IssuerOfPatientID = evidence[0].IssuerOfPatientID
@@ -180,9 +182,15 @@ def _reference(header: Dataset, *, study: bool) -> Dataset:
     if study:  # Type 2 in the Patient module; not the study's identifiers: empty
         out.PatientBirthDate = ""
         out.PatientSex = ""
-    for keyword in (*_REFERENCE_KEYWORDS, *(_STUDY_KEYWORDS if study else ())):
-        if keyword in header:
-            setattr(out, keyword, header.data_element(keyword).value)  # type: ignore[union-attr]
+    for keyword in _REFERENCE_KEYWORDS:  # read as every intake reads them (header_text)
+        setattr(out, keyword, header_text(header, keyword))
+    for keyword in _STUDY_KEYWORDS if study else ():
+        try:  # the value itself (a Patient's Name keeps its components and charset)
+            value = header.data_element(keyword).value if keyword in header else None  # type: ignore[union-attr]
+        except Exception:  # pydicom cannot convert it: absent, as header_text has it
+            continue
+        if value is not None:
+            setattr(out, keyword, value)
     return out
 
 
