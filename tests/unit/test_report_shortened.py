@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydicom.dataset import Dataset
 
-from radserve.report.shortened import COPIED_KEYWORDS, cut_copied, shortened_values
+from radserve.report.shortened import COPIED_KEYWORDS, COPIED_MODULES, cut_copied, shortened_values
 
 
 def test_values_are_cut_to_their_vr_in_bytes_on_character_boundaries() -> None:
@@ -35,3 +35,19 @@ def test_the_report_names_each_attribute_and_its_size_never_the_value() -> None:
     [(code, message)] = shortened_values(ds)
     assert code == "value_shortened" and "ΑΡ" not in message
     assert message.startswith("Accession Number (0008,0050) has a value of 36 bytes")
+
+
+def test_the_copied_attributes_are_highdicoms_copy_list() -> None:
+    """The written-out list follows the installed highdicom (a new release may copy more)."""
+    from highdicom._standard_utils import get_module_attribute_map
+
+    modules = get_module_attribute_map()
+    expected = tuple(
+        dict.fromkeys(
+            str(item["keyword"])
+            for module in COPIED_MODULES
+            for item in modules[module]
+            if not item["path"]
+        )
+    )
+    assert expected == COPIED_KEYWORDS

@@ -22,14 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydicom import dcmread
 from pydicom.dataset import Dataset
 
 from radserve import durable
 from radserve.checkpoints import checkpoint
 from radserve.domain import Volume
-from radserve.errors import ReportError, StudyError
+from radserve.errors import StudyError
 from radserve.host import usable_cores
 from radserve.ingest import IngestPolicy, LoadedSeries
+from radserve.ingest.charset import declare_undeclared_character_set
 from radserve.ingest.decode import StackNeedsFloatError
 from radserve.models.manifest import Precision
 from radserve.models.registry import ModelRegistry
@@ -51,7 +53,6 @@ from radserve.pipeline.spec import PipelineSpec
 from radserve.pipeline.volume import SessionPool, StepResult, VolumeResult, run_volume
 from radserve.preprocess.crop import grid_offset
 from radserve.progress import ProgressSink, StageTimer
-from radserve.report.dicom import common
 from radserve.report.json_report import write_report
 from radserve.report.keyimages import write_key_images
 from radserve.report.nifti import write_label_map
@@ -357,8 +358,8 @@ def _first_source_header(loaded: LoadedSeries) -> Dataset | None:
     if not files:
         return None
     try:
-        return common.read_headers(files[:1])[0]
-    except ReportError:
+        return declare_undeclared_character_set(dcmread(files[0], stop_before_pixels=True))
+    except Exception:  # pydicom raises many types on damaged input
         return None
 
 
