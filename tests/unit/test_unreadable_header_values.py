@@ -17,6 +17,7 @@ from radserve.errors import ReportError
 from radserve.gateway.own_results import OwnResults, own_result_reason
 from radserve.report.dicom.common import MANUFACTURER
 from radserve.report.dicom.failure import build_failure_sr
+from radserve.store import DatabaseUnavailableError
 
 
 def _unreadable(ds: Dataset, keyword: str) -> Dataset:
@@ -45,6 +46,19 @@ def test_an_unreadable_uid_does_not_hide_radserve_as_manufacturer():
 def test_an_unreadable_manufacturer_is_not_radserve():
     ds = _unreadable(_header(), "Manufacturer")
     assert own_result_reason(ds, known=lambda uid: False) is None
+
+
+def test_a_result_index_that_cannot_be_asked_is_not_evidence():
+    """During a database outage the index lookup raises: the submission must go on (it
+    waits for the database where it needs it) and the Manufacturer check still applies."""
+
+    def outage(uid: str) -> bool:
+        raise DatabaseUnavailableError("database unavailable: connection refused")
+
+    ds = _header()
+    assert own_result_reason(ds, known=outage) is None
+    ds.Manufacturer = MANUFACTURER
+    assert own_result_reason(ds, known=outage) == "Manufacturer is radserve"
 
 
 def test_the_failure_sr_leaves_out_unreadable_values():

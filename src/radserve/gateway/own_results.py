@@ -48,13 +48,26 @@ def _equipment(dataset: Any) -> list[Any]:
         return []
 
 
+def _in_result_index(known: KnownInstance | None, sop_uid: str) -> bool:
+    """The result index's answer; an index that cannot be asked (a database outage) is not
+    evidence: the Manufacturer checks still apply, and the submission goes on to wait for
+    the database where it needs it (its job row), as it did before session 17."""
+    if known is None:
+        return False
+    try:
+        return known(sop_uid)
+    except Exception as exc:
+        logger.debug("own-result check could not ask the result index (%s)", type(exc).__name__)
+        return False
+
+
 def own_result_reason(dataset: Any, known: KnownInstance | None = None) -> str | None:
     """Why ``dataset`` (a pydicom Dataset, header enough) is radserve's own result, or
     None when it is not. Never raises on damaged headers: a value that cannot be read
     does not make an instance radserve's."""
     sop_uid = _text(dataset, "SOPInstanceUID")  # each value read on its own (header_text):
-    if known is not None and sop_uid and known(sop_uid):  # one unreadable value does
-        return "in the result index"  # not hide another that names radserve
+    if sop_uid and _in_result_index(known, sop_uid):  # one unreadable value does not
+        return "in the result index"  # hide another that names radserve
     if _text(dataset, "Manufacturer") == MANUFACTURER:
         return "Manufacturer is radserve"
     if any(_text(item, "Manufacturer") == MANUFACTURER for item in _equipment(dataset)):
