@@ -28,7 +28,7 @@ from sqlalchemy import create_engine
 from tests.factories.dicom_net import free_port
 from tests.factories.fhir_server import FhirServer
 from tests.factories.private_postgres import PrivatePostgres
-from tests.factories.replicas import replica_config, rows_of
+from tests.factories.replicas import replica_config, rows_of, unfinished_jobs
 from tests.factories.server_process import create_key_cli, start_server, stop_servers
 from tests.factories.service import auth, make_study, upload
 from tests.factories.waits import until
@@ -154,10 +154,7 @@ def test_replicas_live_through_postgres_restarts_and_lose_nothing(tmp_path: Path
             final = ("succeeded", "failed", "cancelled")
             until(
                 lambda: (
-                    count(
-                        "SELECT count(*) FROM jobs WHERE state IN ('received', 'queued', 'running')"
-                    )
-                    == 0
+                    not unfinished_jobs(rows)
                     and count("SELECT count(*) FROM jobs") >= len(acknowledged)
                 ),
                 "every job to finish",

@@ -23,7 +23,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine
 from tests.factories.private_postgres import PrivatePostgres
-from tests.factories.replicas import leased_replicas, per_job, rows_of
+from tests.factories.replicas import (
+    UNFINISHED,
+    leased_replicas,
+    per_job,
+    rows_of,
+    unfinished_jobs,
+)
 from tests.factories.service import make_study
 from tests.factories.waits import WAIT_SCALE, until
 
@@ -57,18 +63,15 @@ def test_a_dead_replicas_jobs_are_taken_over_while_the_database_flaps(tmp_path: 
             left = {
                 job_id: state
                 for job_id, state in rows(
-                    "SELECT id, state FROM jobs WHERE lease_owner LIKE 'replica-b/%' "
-                    "AND state IN ('received', 'queued', 'running')"
+                    "SELECT id, state FROM jobs "
+                    f"WHERE lease_owner LIKE 'replica-b/%' AND {UNFINISHED}"
                 )
             }
             assert left, "the killed replica had finished its jobs"
             started_there = {j for j, state in left.items() if state == "running"}
 
             def taken() -> bool:
-                return not rows(
-                    "SELECT id FROM jobs WHERE lease_owner LIKE 'replica-b/%' "
-                    "AND state IN ('received', 'queued', 'running')"
-                )
+                return not unfinished_jobs(rows, "lease_owner LIKE 'replica-b/%'")
 
             flaps = 0
             while not taken():
@@ -80,16 +83,7 @@ def test_a_dead_replicas_jobs_are_taken_over_while_the_database_flaps(tmp_path: 
                 time.sleep(UP_S)
             assert servers[0].poll() is None, "the live replica exited"
 
-            until(
-                lambda: (
-                    rows(
-                        "SELECT count(*) FROM jobs WHERE state IN ('received', 'queued', 'running')"
-                    )[0][0]
-                    == 0
-                ),
-                "every job to finish",
-                WAIT_S,
-            )
+            until(lambda: not unfinished_jobs(rows), "every job to finish", WAIT_S)
             assert dict(rows("SELECT id, state FROM jobs")) == dict.fromkeys(ids, "succeeded")
 
             assert per_job(rows, "job.succeeded") == dict.fromkeys(ids, 1)

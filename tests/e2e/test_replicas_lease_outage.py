@@ -25,7 +25,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine
 from tests.factories.private_postgres import PrivatePostgres
-from tests.factories.replicas import leased_replicas, per_job, rows_of
+from tests.factories.replicas import leased_replicas, per_job, rows_of, unfinished_jobs
 from tests.factories.service import make_study
 from tests.factories.waits import until
 
@@ -92,16 +92,7 @@ def test_an_outage_longer_than_the_lease_runs_no_job_twice(tmp_path: Path) -> No
             for server in servers:
                 assert server.poll() is None, "a replica exited in the outage"
 
-            until(
-                lambda: (
-                    rows(
-                        "SELECT count(*) FROM jobs WHERE state IN ('received', 'queued', 'running')"
-                    )[0][0]
-                    == 0
-                ),
-                "every job to finish",
-                WAIT_S,
-            )
+            until(lambda: not unfinished_jobs(rows), "every job to finish", WAIT_S)
             states = dict(rows("SELECT id, state FROM jobs"))
             assert states == dict.fromkeys(ids, "succeeded")
 

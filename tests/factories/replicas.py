@@ -141,6 +141,14 @@ def leased_replicas(root: Path, url: str, *, job_lease_s: float) -> Iterator[Lea
         stop_servers(servers)
 
 
+UNFINISHED = "state IN ('received', 'queued', 'running')"  # a job not yet at an end state
+
+
+def unfinished_jobs(rows: Callable[[str], list[Any]], where: str = "TRUE") -> list[str]:
+    """Ids of the jobs (matching ``where``) that have not reached an end state."""
+    return [job_id for (job_id,) in rows(f"SELECT id FROM jobs WHERE ({where}) AND {UNFINISHED}")]
+
+
 def per_job(rows: Callable[[str], list[Any]], action: str) -> dict[str, int]:
     """How many audit records of ``action`` (``job.started``...) each job has."""
     return dict(

@@ -22,11 +22,11 @@ from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 from pydicom.tag import Tag
 
-from radserve.models.dicom_text import cut_utf8
+from radserve.models.dicom_text import LO_MAX_BYTES, SH_MAX_BYTES, cut_utf8
 
 VALUE_SHORTENED = "value_shortened"  # the report warning's code
 # PS3.5 Table 6.2-1, as bytes (PN: per component group)
-MAX_BYTES = {"PN": 64, "LO": 64, "SH": 16, "ST": 1024, "LT": 10240}
+MAX_BYTES = {"PN": 64, "LO": LO_MAX_BYTES, "SH": SH_MAX_BYTES, "ST": 1024, "LT": 10240}
 COPIED_MODULES = (  # what highdicom's copy_patient_and_study_information copies
     "patient",
     "clinical-trial-subject",
