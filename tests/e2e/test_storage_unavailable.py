@@ -55,8 +55,21 @@ def shared(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def _remount(path: Path, mode: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,bind,{mode}", str(path)], check=True)
+def _remount(path: Path, mode: str, *, within_s: float = 30.0) -> None:
+    """The kernel refuses a read-only remount with EBUSY while any file on the mount is
+    open for writing (a job writing its result, the audit log appending): a folder that
+    goes read-only under a server is exactly that moment, so try again until a gap."""
+    deadline = time.monotonic() + within_s
+    while True:
+        done = subprocess.run(
+            ["mount", "-o", f"remount,bind,{mode}", str(path)], capture_output=True
+        )
+        if done.returncode == 0:
+            return
+        reason = done.stderr.decode(errors="replace").strip()
+        if "busy" not in reason or time.monotonic() > deadline:
+            raise AssertionError(f"remount {mode} of {path} failed: {reason}")
+        time.sleep(0.02)
 
 
 @pytest.mark.slow
