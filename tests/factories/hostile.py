@@ -289,3 +289,16 @@ def cases(count: int, seed: int = 12) -> Iterator[Case]:
         maker = _truncation_case if rng.random() < 0.15 else _header_case
         kind, name, write = maker(rng)
         yield Case(number, kind, name, write)
+
+
+def nest_sequences(path: Path, depth: int) -> None:
+    """Insert a Content Sequence nested ``depth`` deep (undefined lengths, one item per
+    level) before the Pixel Data of the Explicit VR Little Endian file at ``path``:
+    pydicom cannot write such a dataset, a hostile sender writes the bytes."""
+    data = path.read_bytes()
+    at = data.rfind(b"\xe0\x7f\x10\x00OW")
+    undefined = 0xFFFFFFFF
+    level = struct.pack("<HH2sHL", 0x0040, 0xA730, b"SQ", 0, undefined)
+    level += struct.pack("<HHL", 0xFFFE, 0xE000, undefined)
+    close = struct.pack("<HHL", 0xFFFE, 0xE00D, 0) + struct.pack("<HHL", 0xFFFE, 0xE0DD, 0)
+    path.write_bytes(data[:at] + level * depth + close * depth + data[at:])

@@ -239,7 +239,7 @@ def read_stream(
     except InputTooLargeError as exc:
         raise SkipFile(f"header not read: {exc.message}") from exc
     except Exception as exc:  # pydicom raises many types on damaged input
-        raise SkipFile(f"unreadable DICOM header ({type(exc).__name__})") from exc
+        raise SkipFile(f"unreadable DICOM header ({cause_name(exc)})") from exc
 
 
 class _DeflatedDataSet(Exception):
@@ -1089,8 +1089,17 @@ class UnreadableHeaderError(NotDicomError):
     quote element values."""
 
     def __init__(self, cause: BaseException) -> None:
-        self.cause_name = type(cause).__name__
+        self.cause_name = cause_name(cause)
         super().__init__(f"unreadable DICOM header ({self.cause_name})")
+
+
+def cause_name(exc: BaseException) -> str:
+    """Why pydicom could not parse a header, without its message (which may quote values):
+    the exception type, and for the one whose type alone says nothing to a sender, what
+    it means in a DICOM file."""
+    if isinstance(exc, RecursionError):
+        return "RecursionError: sequences nested too deeply to read"
+    return type(exc).__name__
 
 
 def read_header(

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 # Above any CT scale: the extended ones end near +30,700 HU, and int16 at 32,767.
 CT_MAX_HU = 32767
+# skip reasons of a file that may be an image of any series (its header was not read)
+_UNREADABLE = ("unreadable", "header not read")
 
 
 @dataclass(frozen=True)
@@ -121,14 +123,12 @@ def load_series(
     try:
         layout = plan_stack(header.frames, policy)
     except GeometryError as exc:
-        if not header.dropped:
+        set_aside = _set_aside(header)
+        if not set_aside:
             raise
-        # a gap may be where a slice set aside (another orientation, say) belongs
-        what = sorted({d.reason for d in header.dropped})
-        raise GeometryError(
-            f"{exc.message}; {len(header.dropped)} image(s) of the series were set aside "
-            f"first: {'; '.join(what)}"
-        ) from exc
+        # a gap may be where a slice set aside (another orientation, other Rows/Columns,
+        # a damaged header) belongs: say so, or the sender looks for a slice never lost
+        raise GeometryError(f"{exc.message}; {'; '.join(set_aside)}") from exc
     warnings.extend(layout.warnings)
     _check_size(header.frames[0], layout, policy)
     ensure_decoders(f.pixel.transfer_syntax_uid for f in header.frames)
@@ -243,6 +243,30 @@ def load_study(
             log.warning("series part %d rejected: %s", header.part, exc.message)
             rejected.append(RejectedSeries(header, exc.code, exc.message))
     return LoadedStudy(tuple(loaded), tuple(rejected), headers[0].skipped)
+
+
+def _set_aside(header: SeriesHeader) -> list[str]:
+    """What discovery kept out of this stack that may be its missing slices: localizers
+    dropped, frames split off into other parts (other Rows/Columns, Pixel Spacing,
+    orientation), files of the input whose header could not be read (their series is
+    unknown)."""
+    said = []
+    if header.dropped:
+        what = sorted({d.reason for d in header.dropped})
+        said.append(
+            f"{len(header.dropped)} image(s) of the series were set aside first: {'; '.join(what)}"
+        )
+    if header.part == 0:
+        said.extend(header.notes)  # "series also holds N frames with ..., split off as part k"
+    unreadable = [s for s in header.skipped if s.reason.startswith(_UNREADABLE)]
+    if unreadable:
+        reasons = sorted({s.reason for s in unreadable})
+        more = f" (and {len(reasons) - 3} other reasons)" if len(reasons) > 3 else ""
+        said.append(
+            f"{len(unreadable)} file(s) of the input were skipped, unreadable: "
+            f"{'; '.join(reasons[:3])}{more}"
+        )
+    return said
 
 
 def _apply_split_policy(header: SeriesHeader, policy: IngestPolicy, warnings: list[str]) -> None:

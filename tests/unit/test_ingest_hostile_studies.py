@@ -1,0 +1,122 @@
+"""Hostile studies whose damage takes one slice out of the stack: the gap it leaves is
+reported with why that slice is not in it (split off for other Rows/Columns, Pixel
+Spacing or orientation, or skipped for a header nested too deep to read), not as a bare
+"missing slices" that sends the sender looking for a slice never lost. Found by sending
+hand-built hostile studies through ingest (session 18, helper "hostile")."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pydicom
+import pytest
+from pydicom.dataset import Dataset
+from tests.factories.dicom_series import make_ct_series, make_enhanced_series
+from tests.factories.hostile import nest_sequences
+
+from radserve.errors import GeometryError
+from radserve.gateway.dicomweb.stow import DICOM_MEDIA, StowPart, check_part
+from radserve.ingest import IngestPolicy, discover_series, load_series
+from radserve.ingest.headers import UnreadableHeaderError, read_header
+
+NESTED = "unreadable DICOM header (RecursionError: sequences nested too deeply to read)"
+
+
+def _other_size(ds: Dataset) -> None:
+    ds.Rows = 20
+    ds.PixelData = np.full((20, ds.Columns), 1000, "<u2").tobytes()
+
+
+def _classic(edit: Callable[[Dataset], None]) -> Callable[[Path], None]:
+    def write(folder: Path) -> None:
+        path = make_ct_series(folder, n_slices=8, rows=16, cols=12)[5]
+        ds = pydicom.dcmread(path)
+        edit(ds)
+        ds.save_as(path, enforce_file_format=True)
+
+    return write
+
+
+def _enhanced_frame(edit: Callable[[Dataset], None]) -> Callable[[Path], None]:
+    def write(folder: Path) -> None:
+        path = make_enhanced_series(folder, n_frames=8)
+        ds = pydicom.dcmread(path)
+        edit(ds.PerFrameFunctionalGroupsSequence[5])
+        ds.save_as(path, enforce_file_format=True)
+
+    return write
+
+
+def _measures(item: Dataset) -> None:
+    item.PixelMeasuresSequence = [Dataset()]
+    item.PixelMeasuresSequence[0].PixelSpacing = [3, 3]
+
+
+def _orientation(item: Dataset) -> None:
+    item.PlaneOrientationSequence = [Dataset()]
+    item.PlaneOrientationSequence[0].ImageOrientationPatient = [0, 1, 0, 0, 0, -1]
+
+
+def _nested(folder: Path) -> None:
+    nest_sequences(make_ct_series(folder, n_slices=8, rows=16, cols=12)[5], 10_000)
+
+
+@pytest.mark.parametrize(
+    ("write", "why"),
+    [
+        pytest.param(
+            _classic(_other_size),
+            "series also holds 1 frames with other Rows/Columns (20×12), split off as part 1",
+            id="rows-differ",
+        ),
+        pytest.param(
+            _classic(lambda ds: setattr(ds, "PixelSpacing", [0.5, 0.5])),
+            "series also holds 1 frames with other Pixel Spacing, split off as part 1",
+            id="pixel-spacing-differs",
+        ),
+        pytest.param(
+            _enhanced_frame(_measures),
+            "series also holds 1 frames with other Pixel Spacing, split off as part 1",
+            id="enhanced-frame-pixel-spacing",
+        ),
+        pytest.param(
+            _enhanced_frame(_orientation),
+            "series also holds 1 frames with another orientation, split off as part 1",
+            id="enhanced-frame-orientation",
+        ),
+        pytest.param(
+            _nested,
+            f"1 file(s) of the input were skipped, unreadable: {NESTED}",
+            id="sequences-nested-10000-deep",
+        ),
+    ],
+)
+def test_the_gap_a_damaged_slice_leaves_names_the_damage(
+    tmp_path: Path, write: Callable[[Path], None], why: str
+) -> None:
+    write(tmp_path)
+    with pytest.raises(GeometryError, match="missing slices: 1 gaps") as info:
+        load_series(discover_series(tmp_path)[0])
+    assert info.value.code == "geometry_invalid"
+    assert why in info.value.message
+    assert "\n" not in info.value.message
+
+
+def test_a_header_nested_too_deep_is_named_at_each_door(tmp_path: Path) -> None:
+    """STOW-RS refuses the part and C-STORE's header read the file with the reason, not
+    a bare exception type; the other slices of the study are unaffected."""
+    paths = make_ct_series(tmp_path, n_slices=3, rows=16, cols=12)
+    nest_sequences(paths[1], 10_000)
+    outcome = check_part(
+        1, StowPart(DICOM_MEDIA, io.BytesIO(paths[1].read_bytes())), None, policy=IngestPolicy()
+    )
+    assert not outcome.stored
+    assert "sequences nested too deeply to read" in outcome.reason
+    with pytest.raises(UnreadableHeaderError, match="sequences nested too deeply"):
+        read_header(paths[1])
+    assert check_part(
+        2, StowPart(DICOM_MEDIA, io.BytesIO(paths[0].read_bytes())), None, policy=IngestPolicy()
+    ).stored
