@@ -4,11 +4,13 @@ tests/integration/test_store_wait.py."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import pytest
 
 from radserve.api.errors import STORE_RETRY_AFTER_S, error_response
+from radserve.service.hooks import retry_store
 from radserve.store.db import make_engine
 from radserve.store.errors import DatabaseUnavailableError, JobNotFoundError
 from radserve.store.store import Store
@@ -65,6 +67,53 @@ def test_no_wait_refuses_at_once_and_other_errors_pass_through() -> None:
 
     with pytest.raises(JobNotFoundError):
         waiting_for_store(missing, 5.0, what="x", every_s=0, clock=clock)
+
+
+def _said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "radserve.store.waiting"]
+
+
+def test_a_call_that_gives_up_without_waiting_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a wait of 0 s (a probe's single try; server.store_wait_s 0) used to log nothing
+    caplog.set_level(logging.WARNING, logger="radserve.store.waiting")
+    clock = Clock()
+    with pytest.raises(StoreWaitExceededError):
+        waiting_for_store(flaky(clock, 99.0), 0.0, what="a probe", every_s=0, clock=clock)
+    assert _said(caplog) == [
+        "a probe: the database does not answer (database unavailable: OperationalError); "
+        "not waiting (1 try in 0.2 s, the wait is 0 s)"
+    ]
+
+
+def test_a_call_that_waited_and_gave_up_logs_two_lines_counting_every_try(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="radserve.store.waiting")
+    clock = Clock()
+    with pytest.raises(StoreWaitExceededError):
+        waiting_for_store(flaky(clock, 99.0), 1.0, what="a write", every_s=0, clock=clock)
+    said = _said(caplog)
+    assert len(said) == 2, said
+    assert said[0].startswith("a write: the database does not answer"), said
+    assert said[1] == (
+        "a write: the database did not answer for 1.0 s (4 tries); not waiting longer"
+    )  # tries at 0.25, 0.5, 0.75 and 1.0 s
+
+
+def test_a_job_write_that_waited_and_gave_up_counts_its_last_try(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="radserve.store.waiting")
+    clock = Clock()
+    with pytest.raises(DatabaseUnavailableError):
+        retry_store(flaky(clock, 99.0), (0.0, 0.0), what="job j2: running")
+    said = _said(caplog)
+    assert len(said) == 2, said
+    assert said[0].startswith("job j2: running: the database does not answer"), said
+    assert said[1].startswith("job j2: running: the database did not answer for"), said
+    assert said[1].endswith("(3 tries); not waiting longer"), said  # it said 2 before
 
 
 def test_an_outage_met_outside_a_wait_is_answered_with_retry_after() -> None:

@@ -69,8 +69,8 @@ def retry_store(
             result = call()
         except DatabaseUnavailableError as exc:
             if delay is None:
-                if log.failures:
-                    log.gave_up()
+                if log.failures:  # no retries (events held): the caller holds it and says so
+                    log.gave_up(exc)
                 raise
             log.failed(exc)
             time.sleep(delay)

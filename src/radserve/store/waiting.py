@@ -72,7 +72,21 @@ class WaitLog:
                 self.failures + 1,
             )
 
-    def gave_up(self) -> None:
+    def gave_up(self, exc: DatabaseUnavailableError) -> None:
+        """The last try failed and the call waits no longer: logged always, counting
+        that try; the only line when no try was waited after (a bound of 0 s, e.g. a
+        probe's single try, or a first try that outlasted the bound)."""
+        self.failures += 1
+        if self.failures == 1:
+            logger.warning(
+                "%s: the database does not answer (%s); not waiting (1 try in %.1f s, "
+                "the wait is %g s)",
+                self.what,
+                exc.message,
+                self.waited_s,
+                self.bound_s,
+            )
+            return
         logger.warning(
             "%s: the database did not answer for %.1f s (%d tries); not waiting longer",
             self.what,
@@ -99,6 +113,7 @@ def waiting_for_store(
         except DatabaseUnavailableError as exc:
             waited = log.waited_s
             if waited >= wait_s:
+                log.gave_up(exc)
                 retry_after = max(1, math.ceil(wait_s))
                 raise StoreWaitExceededError(
                     f"the database did not answer for {waited:.1f} s ({what}; "
