@@ -59,10 +59,13 @@ def _stranger(stack: ExitStack, server: GatewaySCP, source: str, payload: bytes)
 
 
 def _closed_by_server(sock: socket.socket) -> bool:
-    """Has the server closed this connection (EOF or reset), without waiting?"""
+    """Has the server closed this connection (EOF or reset), without waiting? What it
+    wrote first (a refusal's A-ASSOCIATE-RJ) is read past."""
     sock.setblocking(False)
     try:
-        return sock.recv(1) == b""
+        while sock.recv(4096):
+            pass
+        return True
     except BlockingIOError:
         return False
     except OSError:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pydicom
@@ -239,6 +241,62 @@ def test_concurrent_associations_and_duplicates(
     assert wait_until(lambda: len(intake.studies) == 3, timeout=15)
     assert sorted(len(s.instances) for s in intake.studies) == [4, 4, 4]
     assert sorted(s.new_instances for s in intake.studies) == [4, 4, 4]
+
+
+@pytest.mark.slow
+def test_twenty_senders_at_once_past_the_limit_are_told_to_come_back_and_none_is_mixed(
+    scp: GatewaySCP, intake: Intake, tmp_path: Path
+) -> None:
+    """20 storescu at once from the allowed peer's address while its 8 connections are
+    taken: each is answered A-ASSOCIATE-RJ rejected-transient, local limit exceeded,
+    which a PACS retries (until 2026-12-03 the connection was closed unanswered and
+    storescu said "Peer aborted Association (or never connected)"); sent again, retried
+    while refused, every study completes once with exactly its own instances."""
+    studies = [small_study(tmp_path / f"s{k}", seed=k, slices=range(10, 13)) for k in range(20)]
+    with ExitStack() as stack:
+        for _ in range(8):  # the address's slots, held by connections stalled in a PDU
+            sock = stack.enter_context(socket.create_connection(scp.address))
+            sock.sendall(bytes.fromhex("0100000001000002"))
+        assert wait_until(lambda: scp.admission.open_connections() == {"127.0.0.1": 8}, 10)
+        refused = _store_at_once(scp, studies)
+        assert len(refused) == 20
+        for run in refused.values():
+            assert "Rejected Transient" in run.stderr, run.stderr
+            assert "Local Limit Exceeded" in run.stderr, run.stderr
+    assert wait_until(lambda: not scp.admission.open_connections(), timeout=10)
+    pending = studies
+    for _ in range(10):  # as a PACS does: retry what was refused for a transient reason
+        refused = _store_at_once(scp, pending)
+        assert all("Rejected Transient" in run.stderr for run in refused.values()), refused
+        pending = [pending[k] for k in sorted(refused)]
+        if not pending:
+            break
+    assert not pending
+    assert wait_until(lambda: len(intake.studies) == 20, timeout=30)
+    sent = {}
+    for files in studies:
+        headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in files]
+        sent[headers[0].StudyInstanceUID] = {h.SOPInstanceUID for h in headers}
+    received = {s.study_instance_uid: {p.stem for p in s.instances} for s in intake.studies}
+    assert received == sent
+
+
+def _store_at_once(
+    scp: GatewaySCP, studies: list[list[Path]]
+) -> dict[int, subprocess.CompletedProcess[str]]:
+    """Each study by its own storescu, all started at once; the failed runs by index."""
+    runs: dict[int, subprocess.CompletedProcess[str]] = {}
+
+    def send(k: int) -> None:
+        runs[k] = storescu(*scp.address, studies[k])
+
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(len(studies))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(runs) == len(studies)
+    return {k: run for k, run in runs.items() if run.returncode != 0}
 
 
 def test_htj2k_is_accepted_and_stored_as_received(

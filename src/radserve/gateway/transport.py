@@ -10,8 +10,10 @@ its association slot forever: 21 such clients locked every PACS out). Here:
 - :class:`Admission` decides at accept, before any thread or byte is spent, whether a
   connection may have a slot: at most ``max_associations_per_host`` per source address,
   and ``reserved_for_peers`` of the ``max_associations`` slots only for the addresses
-  of allowed peers, so strangers cannot take the last slot; refused connections are
-  closed at once;
+  of allowed peers, so strangers cannot take the last slot; a refused connection is
+  answered A-ASSOCIATE-RJ rejected-transient, local-limit-exceeded (what pynetdicom
+  answers past its own association limit: a sender retries later and says why) and
+  closed at once (over TLS, closed only: nothing is readable before the handshake);
 - :class:`BoundedSocket` reads each PDU under a deadline (``pdu_timeout_s``) and refuses
   one announcing more than ``max_pdu_bytes`` before reading it, so nothing is allocated
   for a claimed 4 GiB PDU; both end the connection with one log line;
@@ -44,6 +46,10 @@ from radserve.gateway.cpu_ledger import CpuLedger
 from radserve.gateway.receive_limit import StoreLimit
 
 logger = logging.getLogger(__name__)
+
+# A-ASSOCIATE-RJ (PS3.8 9.3.4): PDU type 3, length 4; result 2 rejected-transient,
+# source 3 service-provider (presentation related), reason 2 local-limit-exceeded
+BUSY_REJECT = bytes([0x03, 0x00, 0x00, 0x00, 0x00, 0x04, 0x00, 0x02, 0x03, 0x02])
 
 
 class Admission:
@@ -224,6 +230,20 @@ class _Handler(RequestHandler):
                 reactor.release(assoc)
 
 
+def answer_busy(sock: socket.socket) -> None:
+    """Write :data:`BUSY_REJECT` without waiting (it fits any fresh send buffer) and read
+    what the peer has already sent (its A-ASSOCIATE-RQ), so that closing the socket
+    sends FIN after the rejection rather than a reset that could overtake it."""
+    try:
+        sock.setblocking(False)
+        sock.send(BUSY_REJECT)
+        for _ in range(16):  # an A-ASSOCIATE-RQ is a few KiB: bounded, never a wait
+            if not sock.recv(65536):
+                break
+    except OSError:  # BlockingIOError (nothing more to read) included: close as before
+        pass
+
+
 class GatewayServer(ThreadedAssociationServer):
     """An association server whose accept loop never waits on a client."""
 
@@ -254,8 +274,13 @@ class GatewayServer(ThreadedAssociationServer):
         self.contexts = _SharedContexts(self.contexts)
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
-        """At accept, before a thread: over-limit connections are closed at once."""
-        return self.admission.admit(str(client_address[0]))
+        """At accept, before a thread: over-limit connections are answered
+        :data:`BUSY_REJECT` (plain TCP) and closed at once."""
+        if self.admission.admit(str(client_address[0])):
+            return True
+        if self.ssl_context is None:
+            answer_busy(request)
+        return False
 
     def process_request(self, request: Any, client_address: Any) -> None:
         try:
