@@ -94,6 +94,30 @@ def test_renewal_keeps_a_lease_and_reports_what_is_held(store: Store) -> None:
     assert store.renew_leases(a, now=near) == set()
 
 
+def test_a_lease_may_take_refuses_does_not_count_toward_the_limit(store: Store) -> None:
+    # the earliest deadlines are A's, whose leases this replica may not take yet; the
+    # limit is met with C's (it used to count A's rows: nothing was taken)
+    a, c, b = (Lease.new(name, LEASE_S) for name in ("replica-a", "replica-c", "replica-b"))
+    a_jobs = [new_job(store, lease=a, deadline=dt.timedelta(seconds=60 + i)) for i in range(2)]
+    c_jobs = [new_job(store, lease=c, deadline=dt.timedelta(seconds=600 + i)) for i in range(3)]
+    now = dt.datetime.now(dt.UTC)
+    store.renew_leases(a, now=now + dt.timedelta(seconds=5))
+    store.renew_leases(c, now=now)
+    later = now + dt.timedelta(seconds=LEASE_S + 10)
+    asked: list[dt.datetime] = []
+
+    def may_take(renewed: dt.datetime, length: dt.timedelta) -> bool:
+        asked.append(renewed)
+        return renewed < now + dt.timedelta(seconds=1)
+
+    taken = store.claim_jobs(b, shared=True, now=later, may_take=may_take, limit=2)
+    assert [t.record.id for t in taken] == [j.id for j in c_jobs[:2]]
+    assert len(asked) == 4  # A's two, passed over once each, then C's first two
+    rest = store.claim_jobs(b, shared=True, now=later, may_take=may_take, limit=5)
+    assert [t.record.id for t in rest] == [c_jobs[2].id]
+    assert {store.get_job(j.id).lease_owner for j in a_jobs} == {a.owner}
+
+
 def test_a_restarted_instance_takes_back_its_own_jobs_at_once(store: Store) -> None:
     old, new, other = (
         Lease.new("replica-a", LEASE_S),

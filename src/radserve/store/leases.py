@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, or_, select, update
+from sqlalchemy.orm import Session
 
 from radserve.audit.events import Action, job_event
 from radserve.store import audit as audit_log
@@ -153,7 +154,8 @@ class LeaseMixin(StoreBase):
         :class:`radserve.service.leases.LeaseKeeper`). ``may_take`` (with ``others``):
         asked of each expired lease of another instance with its last renewal and its
         length, as the row says (a row leased before ``lease_renewed`` existed: expiry
-        less this replica's lease); None: every expired lease is taken."""
+        less this replica's lease); None: every expired lease is taken. ``limit``: at
+        most that many taken (a lease ``may_take`` refused does not count)."""
         now = now or utc_now()
         query = (
             select(Job)
@@ -176,31 +178,19 @@ class LeaseMixin(StoreBase):
             )
         elif shared:
             query = query.where(own)
-        if limit is not None:
-            query = query.limit(limit)
         claimed: list[Claimed] = []
+        passed: list[str] = []  # leases may_take refused: not counted toward ``limit``
         with self._write() as session:
-            for row in session.scalars(query).all():
-                if shared and may_take is not None and not _judged(row, lease, may_take):
-                    continue
-                previous_owner, previous_state = row.lease_owner, row.state
-                row.state = JobState.QUEUED.value
-                lease.grant(row, now)
-                row.updated = now
-                session.flush()
-                session.execute(
-                    delete(OutboxDelivery).where(
-                        OutboxDelivery.job_id == row.id, OutboxDelivery.state == HELD
-                    )
-                )
-                record = jobq.to_record(row)
-                item = Claimed(record, previous_owner, previous_state)
-                reason = "lease_expired" if item.handed_over else "restart_recovery"
-                extra: dict[str, Any] = {"reason": reason, "previous_state": previous_state}
-                if previous_owner is not None:
-                    extra["previous_owner"] = previous_owner
-                audit_log.append(session, job_event(Action.JOB_REQUEUED, record, extra=extra))
-                claimed.append(item)
+            while (wanted := None if limit is None else limit - len(claimed)) is None or wanted > 0:
+                batch = query.where(Job.id.not_in(passed)) if passed else query
+                rows = session.scalars(batch if wanted is None else batch.limit(wanted)).all()
+                for row in rows:
+                    if shared and may_take is not None and not _judged(row, lease, may_take):
+                        passed.append(row.id)
+                    else:  # its owner is now lease.owner, which the query excludes
+                        claimed.append(_claim(session, row, lease, now))
+                if wanted is None or len(rows) < wanted:
+                    break
         if claimed:
             over = sum(1 for c in claimed if c.handed_over)
             logger.warning(
@@ -209,6 +199,26 @@ class LeaseMixin(StoreBase):
                 over,
             )
         return claimed
+
+
+def _claim(session: Session, row: Job, lease: Lease, now: dt.datetime) -> Claimed:
+    """``row`` taken for ``lease``: queued, its held deliveries deleted, audited."""
+    previous_owner, previous_state = row.lease_owner, row.state
+    row.state = JobState.QUEUED.value
+    lease.grant(row, now)
+    row.updated = now
+    session.flush()
+    session.execute(
+        delete(OutboxDelivery).where(OutboxDelivery.job_id == row.id, OutboxDelivery.state == HELD)
+    )
+    record = jobq.to_record(row)
+    item = Claimed(record, previous_owner, previous_state)
+    reason = "lease_expired" if item.handed_over else "restart_recovery"
+    extra: dict[str, Any] = {"reason": reason, "previous_state": previous_state}
+    if previous_owner is not None:
+        extra["previous_owner"] = previous_owner
+    audit_log.append(session, job_event(Action.JOB_REQUEUED, record, extra=extra))
+    return item
 
 
 def _judged(row: Job, lease: Lease, may_take: MayTake) -> bool:
