@@ -190,3 +190,31 @@ def test_a_pacs_that_does_not_know_radserve_is_retried_with_a_reason_that_says_s
     errors = [i.last_error or "" for i in rows.items()]
     assert "aborted the association instead of answering the C-STORE" in errors[0], errors
     assert "refuses radserve's calling AE title 'RADSERVE'" in errors[0]
+
+
+def test_a_pacs_accepting_none_of_the_proposed_contexts_fails_them_naming_each_context(
+    rows: OutboxStore, study, tmp_path: Path
+) -> None:
+    """Orthanc accepting only JPEG 2000 accepts the association and none of its contexts
+    (radserve's SEG and SR are uncompressed): pynetdicom aborts it. Until 2026-12-03 that
+    was retried for 72 h as "aborted or timed out"; it is a configuration matter at the
+    PACS, failed at once with each context and the PACS's answer, as a refused SOP class
+    is for one file."""
+    _, results = study
+    j2k_only = {"AcceptedTransferSyntaxes": ["1.2.840.10008.1.2.4.90"]}
+    orthanc = Orthanc(tmp_path / "j2k-only", options=j2k_only)
+    orthanc.start()
+    try:
+        outbox = Outbox(rows, [_destination(orthanc)], StoreSCU())
+        outbox.enqueue(results)
+        report = outbox.deliver_pending()
+        instances = orthanc.get("/instances")
+    finally:
+        orthanc.stop()
+    assert instances == [] and report.failed == len(results), rows.items()
+    for row in rows.items():
+        assert row.state is OutboxState.FAILED_PERMANENT
+        error = row.last_error or ""
+        assert "accepted the association but none of the presentation contexts" in error
+        for name in ("Segmentation Storage", "Comprehensive 3D SR Storage"):
+            assert f"{name} in Explicit VR Little Endian, Implicit VR Little Endian: " in error

@@ -216,6 +216,7 @@ class StoreSCU:
         self, ae: AE, destination: Destination
     ) -> tuple[Association | None, SendResult | None]:
         opened = threading.Event()
+        negotiated = threading.Event()  # the peer answered A-ASSOCIATE-AC
         tls_args = None
         if destination.tls is not None:
             try:
@@ -229,10 +230,15 @@ class StoreSCU:
             destination.port,
             ae_title=destination.ae_title,
             tls_args=tls_args,
-            evt_handlers=[(evt.EVT_CONN_OPEN, lambda _event: opened.set())],
+            evt_handlers=[
+                (evt.EVT_CONN_OPEN, lambda _event: opened.set()),
+                (evt.EVT_ACCEPTED, lambda _event: negotiated.set()),
+            ],
         )
         if assoc.is_established:
             return assoc, None
+        if negotiated.is_set() and not assoc.accepted_contexts:
+            return assoc, SendResult(Outcome.PERMANENT, _nothing_accepted(assoc, destination))
         return assoc, _association_failure(assoc, destination, self.ae_title, opened.is_set())
 
 
@@ -286,6 +292,24 @@ def _association_failure(
             f"cannot connect to {destination.host}:{destination.port} ({destination.name})",
         )
     return SendResult(Outcome.RETRY, f"association with {destination} aborted or timed out")
+
+
+def _nothing_accepted(assoc: Association, destination: Destination) -> str:
+    """Why a destination that accepted the association took none of its presentation
+    contexts (pynetdicom then aborts it): each context radserve proposed and the peer's
+    result for it. A configuration matter at the destination, as a refused SOP class is
+    for one file (:meth:`StoreSCU._store_one`): retrying cannot help."""
+    proposed = {cx.context_id: cx.transfer_syntax for cx in assoc.requestor.requested_contexts}
+    phrases = []
+    for cx in assoc.rejected_contexts:
+        syntaxes = ", ".join(UID(s).name for s in proposed.get(cx.context_id, cx.transfer_syntax))
+        result = "refused" if cx.result == 0x01 else conformance.CONTEXT_RESULTS.get(cx.result)
+        phrases.append(f"{UID(cx.abstract_syntax).name} in {syntaxes}: {result or hex(cx.result)}")
+    return (
+        f"{destination} accepted the association but none of the presentation contexts "
+        f"radserve proposed ({'; '.join(sorted(set(phrases)))}): configure the destination "
+        "to accept these SOP classes in one of these transfer syntaxes"
+    )
 
 
 def _has_context(item: OutgoingFile, accepted: set[tuple[str, str]]) -> bool:
