@@ -17,7 +17,9 @@ What is checked:
 - ``RADSERVE_SECTION__KEY`` variables anywhere (the test and training variables aside);
 - the keys of fenced YAML blocks whose top-level keys are all settings sections;
 - ``radserve ...`` command lines in code spans and fenced blocks: the subcommands, each
-  ``--flag``, and a value given to a flag with fixed choices (``--scenario priority``).
+  ``--flag``, and a value given to a flag with fixed choices (``--scenario priority``);
+- ``radserve.*`` and ``tests.*`` modules and attributes (``radserve.durable.batch``), and
+  paths under tests/, tools/, src/, deploy/, docs/ (``tools/eta_floor.py``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ _NOT_COMMANDS = frozenset(
         "`radserve readers`: no such command",  # a bench row's label (api-performance.md)
     }
 )
+# dotted names under radserve that are not modules: logger names
+_NOT_MODULES = frozenset({"radserve.native_stderr"})
+# paths the reader creates (docs/deployment.md)
+_CREATED_BY_READER = frozenset({"deploy/.env", "deploy/secrets", "deploy/secrets/audit_key"})
 _SHELL_ENDS = frozenset({"|", "||", "&&", ";", ">", ">>", "2>&1", "&", "#"})
 
 
@@ -138,10 +144,10 @@ def is_setting(path: list[str]) -> bool:
     return True
 
 
-def _is_module_or_attribute(dotted: str) -> bool:
-    parts = dotted.split(".")
+def _is_module_or_attribute(dotted: str, package: str = "radserve.") -> bool:
+    parts = (package + dotted).split(".")
     for cut in range(len(parts), 0, -1):
-        module_name = "radserve." + ".".join(parts[:cut])
+        module_name = ".".join(parts[:cut])
         try:
             spec = importlib.util.find_spec(module_name)
         except ModuleNotFoundError:
@@ -323,6 +329,29 @@ def unknown_command_parts(path: Path) -> list[str]:
     return problems
 
 
+# -- modules and paths -----------------------------------------------------------------
+
+_MODULE_NAME = re.compile(r"(?<![\w/-])(?:radserve|tests)\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+_PATH = re.compile(r"(?<![\w./-])(?:tests|tools|src|deploy|docs|\.ci)/[\w./-]+")
+
+
+def unknown_modules_and_paths(path: Path) -> list[str]:
+    problems = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for dotted in _MODULE_NAME.findall(line):
+            if dotted.rsplit(".", 1)[-1] in _FILE_SUFFIXES or dotted in _NOT_MODULES:
+                continue
+            if not _is_module_or_attribute(dotted, package=""):
+                problems.append(f"{path.name}:{number}: {dotted} is no module or attribute")
+        for match in _PATH.finditer(line):
+            if line[match.end() : match.end() + 1] in ("*", "{", "<", "["):
+                continue  # a pattern (`tests/e2e/test_console_*.py`), not one path
+            name = match.group(0).rstrip(".")
+            if name not in _CREATED_BY_READER and not (ROOT / name).exists():
+                problems.append(f"{path.name}:{number}: {name} does not exist")
+    return problems
+
+
 # -- the checks -------------------------------------------------------------------------
 
 _CHECKS = {
@@ -330,6 +359,7 @@ _CHECKS = {
     "RADSERVE_ variables": unknown_variables,
     "YAML settings blocks": unknown_yaml_settings,
     "radserve command lines": unknown_command_parts,
+    "modules and paths": unknown_modules_and_paths,
 }
 
 
@@ -347,6 +377,7 @@ def test_a_renamed_setting_variable_or_flag_is_reported(tmp_path: Path) -> None:
         "RADSERVE_SCHEDULER__MAX_RUNNING=2 RADSERVE_SCHEDULER__MAX_RUN=2 RADSERVE_TEST_X=1\n"
         "`radserve outbox list --state sent --json` `radserve outbox list --destinaton X`\n"
         "`radserve bench --scenario priority` `radserve bench --scenario nonsense`\n"
+        "`radserve.durable.batch` `radserve.durable.btach` `tools/eta_floor.py` `tools/no.py`\n"
         "`radserve modles list` `docker compose -p radserve -f x.yaml --env-file .env`\n"
         "```yaml\ngateway: {quiet_s: 10, quiet: 3}\njobs: {timeout_s: 900}\n```\n"
         "```yaml\nname: organs\nsteps: []\n```\n",
@@ -354,8 +385,12 @@ def test_a_renamed_setting_variable_or_flag_is_reported(tmp_path: Path) -> None:
     )
     assert unknown_dotted_settings(page) == ["page.md:1: `gateway.quiet_seconds` is no setting"]
     assert unknown_variables(page) == ["page.md:3: RADSERVE_SCHEDULER__MAX_RUN is no setting"]
-    assert unknown_yaml_settings(page) == ["page.md:8: YAML block: `gateway.quiet` is no setting"]
+    assert unknown_yaml_settings(page) == ["page.md:9: YAML block: `gateway.quiet` is no setting"]
+    assert unknown_modules_and_paths(page) == [
+        "page.md:6: radserve.durable.btach is no module or attribute",
+        "page.md:6: tools/no.py does not exist",
+    ]
     problems = unknown_command_parts(page)
     assert problems[0] == "page.md:4: `radserve outbox list` has no option --destinaton"
     assert problems[1].startswith("page.md:5: `radserve bench --scenario nonsense`: not one of")
-    assert problems[2:] == ["page.md:6: `radserve modles`: no such command"]
+    assert problems[2:] == ["page.md:7: `radserve modles`: no such command"]
