@@ -22,7 +22,6 @@ from pathlib import Path
 def main() -> None:
     import numpy as np
     import torch
-    from tests.e2e.test_imported_model_serve import ORIGIN, SHAPE, SPACING, served_hu
     from tests.factories import monai_bundle as mb
     from tests.factories.dicom_series import make_ct_series
 
@@ -37,13 +36,13 @@ def main() -> None:
         bundle = mb.write_monai_bundle(t / "bundle", pre=mb.cropped_pre())
         out = import_monai(bundle, t / "models", name="tiny", version="1.0.0")
         spec = load_manifest(out / "model.yaml")
-        hu = served_hu(air=True)
-        n, rows, cols = SHAPE
-        make_ct_series(t / "study", n_slices=n, rows=rows, cols=cols, spacing=SPACING,
-                       origin=ORIGIN, hu=hu)  # fmt: skip
+        hu, (n, rows, cols) = mb.served_hu(air=True), mb.SERVED_SHAPE
+        spacing, origin = mb.SERVED_SPACING, mb.SERVED_ORIGIN
+        make_ct_series(t / "study", n_slices=n, rows=rows, cols=cols, spacing=spacing,
+                       origin=origin, hu=hu)  # fmt: skip
         (header,) = discover_series(t / "study")
         received = load_series(header).volume
-        written = Volume.from_geometry(hu.astype(np.float32), spacing=SPACING, origin=ORIGIN)
+        written = Volume.from_geometry(hu.astype(np.float32), spacing=spacing, origin=origin)
         same_affine = np.array_equal(received.affine, written.affine)
         same_voxels = np.array_equal(received.array.astype(np.float32), written.array)
         print(f"DICOM as received vs as written: affine equal {same_affine}, voxels {same_voxels}")

@@ -1,8 +1,9 @@
 """Print the label agreements tests/integration/test_nnunet_multichannel.py asserts.
 
-The same cases (tiny folders built here, random weights, one fold, TTA off): a CT + PET
-model and a one-channel MR ZScore model with use_mask_for_norm, radserve vs
-``nnUNetPredictor.predict_single_npy_array`` on the same arrays.
+The same cases (tests/factories/nnunet_cases.py: tiny folders, random weights, one
+fold, TTA off): a CT + PET model and a one-channel MR ZScore model with
+use_mask_for_norm, radserve vs ``nnUNetPredictor.predict_single_npy_array`` on the same
+arrays.
 Run from the repository root: ``PYTHONPATH=src:. python tools/nnunet_multichannel_agreement.py``
 (needs the nnunet extra; about a minute on 2 idle cores).
 """
@@ -13,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from tests.factories.agreement import agreement
-from tests.integration.test_nnunet_multichannel import ct_pet_case, mr_case, radserve_labels
+from tests.factories.agreement import agreement, radserve_labels
+from tests.factories.nnunet_cases import ct_pet_case, mr_case
 
 
 def main() -> None:

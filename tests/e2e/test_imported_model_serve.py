@@ -33,27 +33,12 @@ from radserve.domain.volume import Volume
 from radserve.models.manifest import load_manifest
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
 
-SHAPE, SPACING, ORIGIN = (24, 64, 64), (2.5, 1.2, 1.2), (-38.0, -40.0, 5.0)
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImportedModelServer]:
     """One server for every case: each installs its own model (its own name) into it."""
     with imported_model_server(tmp_path_factory.mktemp("serve")) as running:
         yield running
-
-
-def served_hu(*, air: bool) -> np.ndarray:
-    """The CT the MONAI serve cases send (HU at SHAPE, SPACING, ORIGIN); ``air``: air
-    beside the body and in the first slices (1.2 -> 1.5 mm ties at the crop box)."""
-    from scipy import ndimage
-
-    field = ndimage.gaussian_filter(np.random.default_rng(7).normal(size=SHAPE), 2.0)
-    hu = np.clip(np.round(50 + 1200 * field), -1024, 3071)
-    if air:
-        hu[:, :, :3] = -1000.0
-        hu[:2] = -1000.0
-    return hu
 
 
 def phantom_ct(folder: Path) -> tuple[list[Path], Volume]:
@@ -95,11 +80,12 @@ def test_imported_monai_bundle_serves_and_its_seg_reads_back(
     if variant == "spleen_zoo":
         files, volume = phantom_ct(tmp_path / "study")
     else:
-        hu = served_hu(air=crop)
-        files = make_ct_series(tmp_path / "study", n_slices=SHAPE[0], rows=SHAPE[1],
-                               cols=SHAPE[2], spacing=SPACING, origin=ORIGIN, hu=hu,
+        hu, (n, rows, cols) = mb.served_hu(air=crop), mb.SERVED_SHAPE
+        spacing, origin = mb.SERVED_SPACING, mb.SERVED_ORIGIN
+        files = make_ct_series(tmp_path / "study", n_slices=n, rows=rows, cols=cols,
+                               spacing=spacing, origin=origin, hu=hu,
                                study_uid=new_uid())  # fmt: skip
-        volume = Volume.from_geometry(hu.astype(np.float32), spacing=SPACING, origin=ORIGIN)
+        volume = Volume.from_geometry(hu.astype(np.float32), spacing=spacing, origin=origin)
     served = server.serve(imported / name / "1.0.0", files, tmp_path / "served")
 
     # MONAI's own run of the bundle on the same CT (its NIfTI, same geometry)

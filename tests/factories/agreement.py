@@ -35,13 +35,17 @@ def synthetic_ct(shape: tuple[int, int, int], seed: int = 1) -> np.ndarray:
 
 
 def radserve_labels(
-    bundle: Path, ct: np.ndarray, spacing: tuple[float, float, float]
+    bundle: Path,
+    image: np.ndarray,
+    spacing: tuple[float, float, float],
+    channels: dict[str, np.ndarray] | None = None,
 ) -> np.ndarray:
-    """radserve's labels for ``bundle`` on ``ct`` at ``spacing`` (z, y, x mm)."""
+    """radserve's labels for ``bundle`` on ``image`` (its first channel, e.g. the CT) at
+    ``spacing`` (z, y, x mm); ``channels``: the other channels' arrays by name."""
     spec = load_manifest(bundle / "model.yaml")
-    volume = Volume.from_geometry(ct, spacing=spacing)
+    volume = Volume.from_geometry(image, spacing=spacing)
     session = ModelSession(bundle / "model.onnx", spec)
-    task = make_task(volume, spec)
+    task = make_task(volume, spec, image_channels=channels)
     return run_task(task, session).labels.array
 
 

@@ -202,6 +202,24 @@ def zoo_bundle(
     return folder
 
 
+# The CT the MONAI serve cases send (tests/e2e/test_imported_model_serve.py; its crop
+# case measured step by step by tools/measure_monai_class_ties.py): its grid and HU.
+SERVED_SHAPE, SERVED_SPACING, SERVED_ORIGIN = (24, 64, 64), (2.5, 1.2, 1.2), (-38.0, -40.0, 5.0)
+
+
+def served_hu(*, air: bool) -> np.ndarray:
+    """HU at SERVED_SHAPE (SERVED_SPACING, SERVED_ORIGIN); ``air``: air beside the body
+    and in the first slices (1.2 -> 1.5 mm ties at the crop box)."""
+    from scipy import ndimage
+
+    field = ndimage.gaussian_filter(np.random.default_rng(7).normal(size=SERVED_SHAPE), 2.0)
+    hu = np.clip(np.round(50 + 1200 * field), -1024, 3071)
+    if air:
+        hu[:, :, :3] = -1000.0
+        hu[:2] = -1000.0
+    return hu
+
+
 def write_nifti(volume: Volume, path: Path) -> Path:
     """``volume`` as NIfTI: (column, row, slice) array and its RAS affine."""
     import nibabel as nib
