@@ -87,6 +87,30 @@ def test_an_identical_upload_meanwhile_keeps_it(tmp_path: Path, store: Store) ->
     assert len(_markers(data)) == 1  # looked at again later
 
 
+def test_the_marker_is_durable_before_the_study_is_published(
+    tmp_path: Path, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every fsync of the real store path, in order, by the inode it synced (a file is
+    # synced under its temporary name; the real os.fsync still runs): the marker's data
+    # and unclaimed/'s names before the rename into studies/ is made durable
+    data = tmp_path / "data"
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    storage = SharedStorage(data, None, StorageProbe(data, interval_s=5, timeout_s=5), store)
+    study = storage.store_study([("1.dcm", io.BytesIO(b"durably marked"))]).path
+    [marker] = _markers(data)
+    before = synced[: synced.index(study.parent.stat().st_ino)]  # studies/<xx>/ synced
+    assert marker.stat().st_ino in before, synced  # its data (not fsynced before)
+    assert (data / UNCLAIMED_DIR).stat().st_ino in before, synced  # its name
+    assert data.stat().st_ino in before, synced  # unclaimed/'s own name, the first time
+
+
 def test_a_study_is_marked_before_it_is_published_until_its_job_is_written(
     tmp_path: Path, store: Store
 ) -> None:

@@ -60,13 +60,18 @@ def _marker(data_dir: Path, study_dir: Path) -> Path:
 
 def mark(data_dir: Path, study_dir: Path) -> bool:
     """Mark ``study_dir`` as one no job names (yet); whether the marker was written (best
-    effort: one that cannot be written leaves the folder as it always was, logged). Not
-    fsynced (one more fsync per upload): it outlives a killed process, which is what it
-    is for; a power cut may lose it, leaving the folder unmarked as before."""
+    effort: one that cannot be written leaves the folder as it always was, logged).
+    Durable before this returns (its data, its name and ``unclaimed/``'s own name
+    fsynced, as :mod:`radserve.durable` does elsewhere), so before the study is renamed
+    into place: a power cut after that rename leaves the folder marked, not one that
+    nothing accounts for (until session 18 it was not fsynced: that held for a killed
+    process only). Two fsyncs per upload (the file, ``unclaimed/``), one more when
+    ``unclaimed/`` is new. Not to be called inside :func:`radserve.durable.batch`, which
+    would defer the folder's fsync past the rename."""
     marker = _marker(data_dir, study_dir)
     try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        durable.write_json(marker, {"path": str(study_dir)}, sync=False)
+        durable.make_dirs(marker.parent)
+        durable.write_json(marker, {"path": str(study_dir)})  # never inside durable.batch()
     except OSError as exc:
         logger.warning("a study without a job could not be marked (%s)", exc.strerror)
         return False
