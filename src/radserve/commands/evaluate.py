@@ -62,7 +62,14 @@ def _seeds(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int
     callback=_seeds,
     help="Held-out phantom seeds (below 1000), e.g. 0-19 or 0,3,5-7.",
 )
-@click.option("--small", is_flag=True, help="Small phantoms (quick check).")
+@click.option(
+    "--small",
+    is_flag=True,
+    help=(
+        "Small phantoms (128x128, 2.6-3 mm pixels): a quick check that the pipeline runs; "
+        "outside the reference models' input domain, so not their accuracy."
+    ),
+)
 @click.option(
     "--precision",
     "precision_text",
@@ -120,12 +127,18 @@ def command(
         _grid(registry, pipeline, grid_text, seeds, small, json_path, markdown_path)
         return
     specs = pipeline_specs(registry, pipeline)
+    from radserve.evaluation.grid import phantom_domain_violations
     from radserve.evaluation.pipeline_runs import organ_label_values, pipeline_predictor
 
     organ_labels = organ_label_values(specs)
     predict = pipeline_predictor(registry, pipeline)
     summaries = evaluate(
-        predict, seeds=seeds, organ_labels=organ_labels, precisions=precisions, small=small
+        predict,
+        seeds=seeds,
+        organ_labels=organ_labels,
+        precisions=precisions,
+        small=small,
+        outside_domain=lambda ct: phantom_domain_violations(specs, ct),
     )
     gate = strictest_gate(specs)
     gates: dict[str, GateDecision] = {
@@ -137,6 +150,8 @@ def command(
     for name, decision in gates.items():
         for reason in decision.reasons:
             console.print(f"[red]{name} gate:[/red] {reason}")
+    for note in dict.fromkeys(n for s in summaries.values() for n in s.notes):
+        console.print(f"[yellow]note:[/yellow] {note}", markup=True, highlight=False)
     if json_path is not None:
         json_path.write_text(json.dumps(to_json(summaries, gates=gates), indent=2) + "\n")
         console.print(f"wrote {json_path}")

@@ -218,19 +218,31 @@ def cell_phantom(seed: int, cell: GridCell, *, small: bool) -> tuple[Phantom, Vo
     return phantom, ct
 
 
-def _facts(phantom: Phantom, ct: Volume) -> AcquisitionFacts:
-    spec = phantom.spec
+def phantom_domain_violations(
+    specs: Sequence[ModelSpec], ct: Volume, slice_thickness_mm: float | None = None
+) -> list[str]:
+    """Each way a phantom CT lies outside a step model's declared ``input_domain``, as
+    ``model: what`` (the modality aside: PET/CT models read CT + PT). The slice thickness
+    is the slice step unless given."""
     slices, rows, columns = ct.shape
-    return AcquisitionFacts(
+    facts = AcquisitionFacts(
         modality="CT",
         pixel_spacing_mm=max(ct.spacing[1], ct.spacing[2]),
-        slice_thickness_mm=float(spec.slice_thickness_mm),
+        slice_thickness_mm=float(
+            ct.spacing[0] if slice_thickness_mm is None else slice_thickness_mm
+        ),
         rows=rows,
         columns=columns,
         slices=slices,
         body_part="CHEST",
         slice_spacing_mm=float(ct.spacing[0]),
     )
+    return [
+        f"{spec.name}: {v}"
+        for spec in specs
+        for v in domain_violations(spec.input_domain, spec.modality, facts)
+        if not v.startswith("modality ")
+    ]
 
 
 @dataclass(frozen=True)
@@ -407,16 +419,10 @@ def evaluate_grid(
                     f"found, {len(result.findings)} findings, FP {one.fp_per_study:g}, "
                     f"{time.perf_counter() - started:.0f} s"
                 )
-            facts = _facts(phantom, ct)
             measured = [(m.label, m.coverage, m.volume_ml) for m in result.organ_measurements]
             if any(output_violations(spec.input_domain, measured) for spec in specs):
                 flagged += 1
-            for spec in specs:
-                violations += [
-                    f"{spec.name}: {v}"
-                    for v in domain_violations(spec.input_domain, spec.modality, facts)
-                    if not v.startswith("modality ")  # PET/CT models read CT + PT
-                ]
+            violations += phantom_domain_violations(specs, ct, phantom.spec.slice_thickness_mm)
         summary = summarise(scores)
         n_lesions = sum(summary.n_lesions_by_size.values())
         detected = sum(summary.n_detected_by_size.values())
