@@ -30,6 +30,8 @@ from radserve.bench.nnunet_model import make_results_folder
 from radserve.importers.nnunet import import_nnunet, load_predictor, read_results_folder
 from radserve.inference.providers import choose_runtime, precision_options
 
+if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+    sys.exit(__doc__)  # the usage; never a WORK folder named "--help"
 work = Path(sys.argv[1])
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 if not (work / "models").is_dir():

@@ -36,6 +36,8 @@ from radserve.models.manifest import load_manifest
 args = [a for a in sys.argv if a != "--bf16"]
 bf16 = "--bf16" in sys.argv
 sys.argv = args
+if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+    sys.exit(__doc__)  # the usage; never a WORK folder named "--help"
 work = Path(sys.argv[1])
 weights = sys.argv[2] if len(sys.argv) > 2 else "trained"
 lr = float(sys.argv[3]) if len(sys.argv) > 3 else 1e-3
