@@ -64,6 +64,7 @@ from tests.factories.server_process import (
 )
 from tests.factories.service import config_file, make_study
 from tests.factories.waits import wait_until
+from tools.edge_hostile_variants import hostile_variants
 from tools.edge_scanner_variants import scanner_variants
 from tools.edge_variants import (
     AGREEMENT_VARIANTS,
@@ -528,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
     args = parser.parse_args(argv)
 
-    every_variant = [*variants(), *scanner_variants()]
+    every_variant = [*variants(), *scanner_variants(), *hostile_variants()]
     chosen = [v for v in every_variant if (not args.ci or v.name in CI_VARIANTS)]
     if args.variant:
         chosen = [v for v in every_variant if v.name in args.variant]

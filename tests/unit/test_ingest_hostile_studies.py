@@ -120,3 +120,20 @@ def test_a_header_nested_too_deep_is_named_at_each_door(tmp_path: Path) -> None:
     assert check_part(
         2, StowPart(DICOM_MEDIA, io.BytesIO(paths[0].read_bytes())), None, policy=IngestPolicy()
     ).stored
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "spacing"),
+    [(1, 1, (0.5, 1.0, 1.0)), (1, 4096, (2.0, 0.1, 0.1)), (7, 64, (2.0, 1.0, 1.0))],
+)
+def test_images_too_small_for_a_volume_are_refused_for_it(
+    tmp_path: Path, rows: int, cols: int, spacing: tuple[float, float, float]
+) -> None:
+    """Session 18: 2,000 slices of 1 × 1 pixels (a 1 mm column, 1,000 mm long) passed
+    every bound, and the test pipeline reported a lesion in them."""
+    make_ct_series(tmp_path, n_slices=20, rows=rows, cols=cols, spacing=spacing)
+    header = discover_series(tmp_path)[0]
+    with pytest.raises(GeometryError, match=rf"images are {rows} × {cols} pixels") as info:
+        load_series(header)
+    assert "ingest.min_matrix=8" in info.value.message
+    assert load_series(header, IngestPolicy(min_matrix=1)).volume.array.shape == (20, rows, cols)

@@ -119,6 +119,7 @@ def load_series(
     _check_pixels(header.frames, warnings)
     check_series(header, warnings)
     _apply_split_policy(header, policy, warnings)
+    _check_matrix(header.frames[0], policy)
 
     try:
         layout = plan_stack(header.frames, policy)
@@ -293,6 +294,17 @@ def _apply_split_policy(header: SeriesHeader, policy: IngestPolicy, warnings: li
 def _slice_source(frame: FrameRef) -> SliceSource:
     number = frame.frame_index + 1 if frame.enhanced and frame.frame_index is not None else None
     return SliceSource(frame.sop_instance_uid, frame.sop_class_uid, number, frame.source)
+
+
+def _check_matrix(first: FrameRef, policy: IngestPolicy) -> None:
+    """Before the geometry: a stack of 1 × 1 images is refused for that, not for its gaps."""
+    rows, columns = first.pixel.rows, first.pixel.columns
+    if min(rows, columns) < policy.min_matrix:
+        raise GeometryError(
+            f"the images are {rows} × {columns} pixels (Rows × Columns), fewer than "
+            f"ingest.min_matrix={policy.min_matrix} along an axis: not a cross-sectional image "
+            "a model can read"
+        )
 
 
 def _check_size(first: FrameRef, layout: StackLayout, policy: IngestPolicy) -> None:

@@ -70,6 +70,9 @@ class IngestPolicy:
             and slice step; values outside (1e4, 1e30, 0, negative) are refused at ingest,
             before they reach resampling.
         max_fov_mm: largest extent of the volume along any axis (voxels × spacing).
+        min_matrix: fewest Rows and Columns an image of a volume may have: a stack of
+            1 × 1 (or 1 × 65,535) images is no cross-sectional image, and a model run on it
+            reports findings in noise.
         input_domain: a study outside a model's declared ``input_domain`` (model.yaml):
             ``flag`` runs it with an ``outside_input_domain`` report warning, ``refuse``
             fails it with that code before any model runs.
@@ -96,6 +99,7 @@ class IngestPolicy:
     max_pixel_spacing_mm: float = 20.0
     max_slice_spacing_mm: float = 50.0
     max_fov_mm: float = 2500.0
+    min_matrix: int = 8
     input_domain: Literal["flag", "refuse"] = "flag"
 
     @classmethod
@@ -129,6 +133,7 @@ class IngestPolicy:
             "max_frames",
             "min_spacing_mm",
             "max_fov_mm",
+            "min_matrix",
         ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"IngestPolicy.{name} must be > 0")
