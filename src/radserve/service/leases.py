@@ -46,11 +46,13 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
+from radserve.errors import RadserveError
 from radserve.loop_failures import LoopFailures
 from radserve.store import Claimed, Lease, LeaseLostError, Store
+from radserve.store.replica_config import differences
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +88,13 @@ class LeaseKeeper:
         runs: Runs | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        destinations: Mapping[str, str] | None = None,
     ) -> None:
         self.store = store
+        # this replica's destination digests (radserve.service.replica_config), written
+        # with each renewal and compared with the other replicas' (shared only)
+        self.destinations = dict(destinations) if destinations is not None else None
+        self.config_differences: list[str] = []
         self.lease = lease
         self.shared = shared
         self.poll_s = poll_s
@@ -139,6 +146,8 @@ class LeaseKeeper:
         running = runs.unfinished() if runs is not None else set()
         self.held = self.store.renew_leases(self.lease)
         self.proven_until = started + self.lease_s - self.renew_s
+        if self.shared and self.destinations is not None:
+            self.compare_destinations()
         if runs is None:
             return
         # every job running here had its row committed before the renewal: one it did
@@ -148,6 +157,33 @@ class LeaseKeeper:
                 logger.warning(
                     "job %s: its lease passed to another replica; this run stops", job_id
                 )
+
+    def compare_destinations(self) -> None:
+        """Write this replica's destination digests and compare them with the other
+        replicas' (those that renewed within two leases); a change in what differs is
+        logged once. A database error leaves the last comparison (the renewal that
+        follows tries again)."""
+        assert self.destinations is not None
+        try:
+            others = self.store.record_destinations(
+                self.lease.instance,
+                self.destinations,
+                within=2 * self.lease.duration,
+                now=dt.datetime.fromtimestamp(self.wall(), dt.UTC),
+            )
+        except RadserveError as exc:
+            logger.debug("leases: destinations not compared (%s)", exc.code)
+            return
+        found = differences(self.destinations, others)
+        if found != self.config_differences:
+            if found:
+                logger.warning(
+                    "replicas: destinations must be configured the same on every replica: %s",
+                    "; ".join(found),
+                )
+            else:
+                logger.warning("replicas: the destinations are configured the same again")
+        self.config_differences = found
 
     def take_over(self) -> None:
         """Claim the jobs whose owner had its lease and its renewal interval of answered

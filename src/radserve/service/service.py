@@ -56,6 +56,7 @@ from radserve.service.lifecycle import LifecycleCollector, ModelLifecycle
 from radserve.service.lineage import ResultLineage
 from radserve.service.metrics import Metrics, SenderCollector
 from radserve.service.outbox import OutboxOps
+from radserve.service.replica_config import destination_digests
 from radserve.service.storage import StorageProbe
 from radserve.service.turnaround import Turnaround
 from radserve.service.unclaimed import UnclaimedStudies
@@ -94,6 +95,8 @@ class Readiness:
     held_s: float = 0.0
     # the caller's key could not be checked (the database does not answer): see below
     key_unchecked: bool = False
+    # destinations configured differently on another replica (radserve.store.replica_config)
+    config_differences: tuple[str, ...] = ()
 
     def without_key(self) -> Readiness:
         """What ``/readyz`` tells a caller whose key could not be checked because the
@@ -111,9 +114,14 @@ class Readiness:
 
     @property
     def degraded(self) -> bool:
-        """Serving, but results do not reach some destination, or the data folder is
-        away and the local fallback holds new studies and results."""
-        return bool(self.unreachable_peers) or self.storage_problem is not None
+        """Serving, but results do not reach some destination, the data folder is away
+        and the local fallback holds new studies and results, or another replica
+        configures the destinations differently."""
+        return (
+            bool(self.unreachable_peers)
+            or self.storage_problem is not None
+            or bool(self.config_differences)
+        )
 
     @property
     def reasons(self) -> list[str]:
@@ -125,6 +133,7 @@ class Readiness:
             out.append("the database does not answer")
         out += [f"model {m} circuit breaker is open" for m in self.open_models]
         out += list(self.unreachable_peers.values())
+        out += list(self.config_differences)
         if self.held is not None:
             out.append(f"no new work starts, for {self.held_s:.0f} s now: {self.held.message}")
         if self.storage_problem is not None:
@@ -285,6 +294,7 @@ class Service:
             poll_s=settings.jobs.lease_poll_s,
             on_claimed=self._resume_all,
             runs=self.scheduler,  # no new work while the leases are not proven
+            destinations=destination_digests(settings),
         )
         self.metrics.registry.register(SenderCollector(self._senders))
         self.metrics.registry.register(LifecycleCollector(self.lifecycle))
@@ -620,6 +630,7 @@ class Service:
             fallback=self.shared.enabled,
             held=snapshot.held,
             held_s=snapshot.held_s,
+            config_differences=tuple(self.leases.config_differences),
         )
 
     def _refresh_jobs(self, job_ids: list[str]) -> None:

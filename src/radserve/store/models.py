@@ -279,3 +279,16 @@ class ModelDeployment(Base):
     action: Mapped[str] = mapped_column(String(16))
     actor: Mapped[str | None] = mapped_column(String(64))
     reason: Mapped[str | None] = mapped_column(Text)
+
+
+class ReplicaDestinations(Base):
+    """Each replica's destinations as it configured them (kind:name -> a digest of the
+    settings that decide where results go), written at every lease renewal: replicas
+    must configure the same destinations (radserve.store.lane_share), and one that reads
+    another's different map says so (radserve.store.replica_config)."""
+
+    __tablename__ = "replica_destinations"
+
+    instance: Mapped[str] = mapped_column(String(120), primary_key=True)
+    destinations: Mapped[dict[str, str]] = mapped_column(JSON)
+    renewed: Mapped[dt.datetime] = mapped_column(UtcDateTime())

@@ -50,6 +50,7 @@ from radserve.store.records import (
     utc_now,
 )
 from radserve.store.relocate import RelocateMixin
+from radserve.store.replica_config import ReplicaConfigMixin
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def init_store(
     return Store(engine, audit_key=audit_key, on_audit=on_audit)
 
 
-class Store(AccessMixin, LeaseMixin, MissMixin, RelocateMixin):
+class Store(AccessMixin, LeaseMixin, MissMixin, RelocateMixin, ReplicaConfigMixin):
     """Typed access to radserve's database. Thread-safe; share one per process."""
 
     # -- jobs -----------------------------------------------------------------------
