@@ -27,8 +27,12 @@ from radserve.store.db import normalise_url
 
 # Bounds for waiting on conditions, generous for a loaded 2-core CI machine (a pass takes
 # a minute or two). The leases are short enough to keep the test quick and long enough
-# that a live replica starved of CPU for seconds still renews them (every third).
+# that a live replica starved of CPU for seconds still renews them (every third, 2 s):
+# the leases of tests.factories.replicas.leased_replicas, which the lease-outage,
+# flapping-database and restart tests pass with in CI. B takes A's jobs over a lease and
+# a renewal interval after A's last renewal (8 s; 20 s with the 15 s lease before).
 WAIT_S = 600.0
+LEASES = {"job_lease_s": 6.0, "outbox_lease_s": 5.0}
 N_JOBS = 4
 SLOW_GRID = {"n_slices": 24, "rows": 96, "cols": 96, "spacing": (2.0, 1.5, 1.5)}
 
@@ -48,12 +52,8 @@ def test_a_killed_replica_s_jobs_are_finished_once_by_the_other(
     rows = rows_of(engine)
 
     with FhirServer() as fhir:
-        config_a = replica_config(
-            tmp_path, "a", database_url, fhir.url, job_lease_s=15.0, outbox_lease_s=20.0
-        )
-        config_b = replica_config(
-            tmp_path, "b", database_url, fhir.url, job_lease_s=15.0, outbox_lease_s=20.0
-        )
+        config_a = replica_config(tmp_path, "a", database_url, fhir.url, **LEASES)
+        config_b = replica_config(tmp_path, "b", database_url, fhir.url, **LEASES)
         data = tmp_path / "data"  # the shared data folder
         log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
         port_a, port_b = free_port(), free_port()
