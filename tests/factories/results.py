@@ -9,6 +9,9 @@ places (:func:`enhanced_lesion_study`: the same as one Enhanced CT instance);
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,9 +73,32 @@ LESION_SLICES = 30
 
 def lesion_study(root: Path) -> LesionStudy:
     """30 slices of 64 x 64 (1.5 x 1 x 1 mm) with :func:`lesions_hu` in ``root/study``, run
-    through the test pipeline; the threshold models find the two lesions."""
-    files = make_ct_series(root / "study", n_slices=LESION_SLICES, hu=lesions_hu, **LESION_GRID)
-    return LesionStudy(run_test_pipeline(root).report, root / "out", files)
+    through the test pipeline; the threshold models find the two lesions.
+
+    Built once per test session and copied into ``root`` (``study/``, ``out/`` and the
+    report): each caller has folders of its own to write its results into, with the same
+    files and UIDs as every other caller's (twelve callers each ran the pipeline before)."""
+    built = _LESION_STUDY.get("built")
+    if built is None:
+        cache = Path(tempfile.mkdtemp(prefix="radserve-lesion-study-"))
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)
+        files = make_ct_series(
+            cache / "study", n_slices=LESION_SLICES, hu=lesions_hu, **LESION_GRID
+        )
+        built = _LESION_STUDY["built"] = LesionStudy(
+            run_test_pipeline(cache).report, cache / "out", files
+        )
+    cache = built.out.parent
+    for folder in ("study", "out"):
+        shutil.copytree(cache / folder, root / folder)
+    return LesionStudy(
+        built.report.model_copy(deep=True),
+        root / "out",
+        [root / "study" / f.relative_to(cache / "study") for f in built.files],
+    )
+
+
+_LESION_STUDY: dict[str, LesionStudy] = {}  # "built": the one lesion_study of this session
 
 
 def enhanced_lesion_study(root: Path, *, key_images: bool = False) -> LesionStudy:
