@@ -18,12 +18,16 @@ What is checked:
 - the keys of fenced YAML blocks whose top-level keys are all settings sections;
 - ``radserve ...`` command lines in code spans and fenced blocks: the subcommands, each
   ``--flag``, and a value given to a flag with fixed choices (``--scenario priority``);
+- ``GET /v1/jobs/{id}/deliveries``-style endpoints under radserve's own top-level paths
+  (``/v1``, ``/dicomweb``, ...; another server's, such as Orthanc's, are not checked):
+  the method and path, parameters named as the reader likes;
 - ``radserve.*`` and ``tests.*`` modules and attributes (``radserve.durable.batch``), and
   paths under tests/, tools/, src/, deploy/, docs/ (``tools/eta_floor.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import re
@@ -329,6 +333,41 @@ def unknown_command_parts(path: Path) -> list[str]:
     return problems
 
 
+# -- HTTP endpoints ----------------------------------------------------------------------
+
+_ENDPOINT = re.compile(r"\b(GET|POST|PUT|DELETE|PATCH) (/[\w/{}.-]*[\w}])")
+
+
+def _shape(path: str) -> str:
+    return re.sub(r"\{[^}]*\}", "{}", path)
+
+
+@functools.cache
+def _routes() -> frozenset[tuple[str, str]]:
+    from radserve.api.routes import dicomweb, jobs, models, ops, studies, turnaround
+    from radserve.console import routes as console
+
+    routers = [m.router for m in (dicomweb, jobs, models, ops, studies, turnaround)]
+    routers += [console.router, console.api_router]
+    return frozenset(
+        (method, _shape(route.path))
+        for router in routers
+        for route in router.routes
+        for method in getattr(route, "methods", None) or ()
+    )
+
+
+def unknown_endpoints(path: Path) -> list[str]:
+    routes = _routes()
+    prefixes = {shape.split("/")[1] for _, shape in routes}
+    problems = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for method, endpoint in _ENDPOINT.findall(line):
+            if endpoint.split("/")[1] in prefixes and (method, _shape(endpoint)) not in routes:
+                problems.append(f"{path.name}:{number}: no endpoint {method} {endpoint}")
+    return problems
+
+
 # -- modules and paths -----------------------------------------------------------------
 
 _MODULE_NAME = re.compile(r"(?<![\w/-])(?:radserve|tests)\.[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
@@ -360,6 +399,7 @@ _CHECKS = {
     "YAML settings blocks": unknown_yaml_settings,
     "radserve command lines": unknown_command_parts,
     "modules and paths": unknown_modules_and_paths,
+    "HTTP endpoints": unknown_endpoints,
 }
 
 
@@ -378,6 +418,7 @@ def test_a_renamed_setting_variable_or_flag_is_reported(tmp_path: Path) -> None:
         "`radserve outbox list --state sent --json` `radserve outbox list --destinaton X`\n"
         "`radserve bench --scenario priority` `radserve bench --scenario nonsense`\n"
         "`radserve.durable.batch` `radserve.durable.btach` `tools/eta_floor.py` `tools/no.py`\n"
+        "GET /v1/jobs/{id}/deliveries, GET /v1/jobs/{job}/delivery, POST /modalities/x/store\n"
         "`radserve modles list` `docker compose -p radserve -f x.yaml --env-file .env`\n"
         "```yaml\ngateway: {quiet_s: 10, quiet: 3}\njobs: {timeout_s: 900}\n```\n"
         "```yaml\nname: organs\nsteps: []\n```\n",
@@ -385,12 +426,13 @@ def test_a_renamed_setting_variable_or_flag_is_reported(tmp_path: Path) -> None:
     )
     assert unknown_dotted_settings(page) == ["page.md:1: `gateway.quiet_seconds` is no setting"]
     assert unknown_variables(page) == ["page.md:3: RADSERVE_SCHEDULER__MAX_RUN is no setting"]
-    assert unknown_yaml_settings(page) == ["page.md:9: YAML block: `gateway.quiet` is no setting"]
+    assert unknown_yaml_settings(page) == ["page.md:10: YAML block: `gateway.quiet` is no setting"]
     assert unknown_modules_and_paths(page) == [
         "page.md:6: radserve.durable.btach is no module or attribute",
         "page.md:6: tools/no.py does not exist",
     ]
+    assert unknown_endpoints(page) == ["page.md:7: no endpoint GET /v1/jobs/{job}/delivery"]
     problems = unknown_command_parts(page)
     assert problems[0] == "page.md:4: `radserve outbox list` has no option --destinaton"
     assert problems[1].startswith("page.md:5: `radserve bench --scenario nonsense`: not one of")
-    assert problems[2:] == ["page.md:7: `radserve modles`: no such command"]
+    assert problems[2:] == ["page.md:8: `radserve modles`: no such command"]
