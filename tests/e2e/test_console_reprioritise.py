@@ -1,7 +1,9 @@
 """Re-prioritising from the worklist (issue 16), in Debian's chromium against a real
 ``radserve serve``: a read session has no class menu and its forged
 ``POST /v1/jobs/{id}/priority`` is refused (403); an admin files a waiting OUTPATIENT
-study as URGENT, and the worklist shows the new class and queue place live; the change
+study as URGENT, and the worklist shows the new class and queue place live, the toast
+naming it with its accession isolated (``<bdi>``: a right-to-left override in it does
+not turn the rest of the message around); the change
 is audited as ``job.reprioritised`` with who, the old and the new class.
 
 A slow study (the heavy test model on a larger grid) occupies the only running slot
@@ -21,6 +23,10 @@ from tests.factories.service import auth, config_file, make_models_slow, make_st
 from tests.factories.waits import wait_until
 
 pytestmark = pytest.mark.slow
+# the waiting study's accession: a right-to-left override and a stray isolate (SH: 12
+# bytes of 16); the console shows it without the isolate, the override kept inside <bdi>
+HOSTILE = {"SpecificCharacterSet": "ISO_IR 192", "AccessionNumber": "ACC\u202eRTL\u2067"}
+SHOWN = "ACC\u202eRTL"
 
 
 def test_admin_reprioritises_a_waiting_job_and_a_read_session_cannot(tmp_path: Path) -> None:
@@ -39,8 +45,8 @@ def test_admin_reprioritises_a_waiting_job_and_a_read_session_cannot(tmp_path: P
     try:
         with httpx.Client(base_url=base, timeout=60) as c:
 
-            def submit(folder: Path, cls: str, **grid: int) -> str:
-                files = upload(make_study(folder, **grid))
+            def submit(folder: Path, cls: str, extra: dict | None = None, **grid: int) -> str:
+                files = upload(make_study(folder, extra=extra, **grid))
                 r = c.post("/v1/studies", params={"priority": cls}, files=files, headers=admin)
                 assert r.status_code == 202, r.text
                 jobs.append(r.json()["id"])
@@ -52,7 +58,7 @@ def test_admin_reprioritises_a_waiting_job_and_a_read_session_cannot(tmp_path: P
                 timeout=60,
             )
             ward = submit(tmp_path / "ward", "inpatient")
-            target = submit(tmp_path / "out", "outpatient")
+            target = submit(tmp_path / "out", "outpatient", extra=HOSTILE)
             assert wait_until(
                 lambda: c.get(f"/v1/jobs/{target}", headers=admin).json()["queue_position"] == 1,
                 timeout=30,
@@ -80,7 +86,8 @@ def test_admin_reprioritises_a_waiting_job_and_a_read_session_cannot(tmp_path: P
                 p.close()
 
                 p = Page(b, base, tmp_path / "shots")
-                p.page.on("dialog", lambda dialog: dialog.accept())
+                asked: list[str] = []
+                p.page.on("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
                 p.sign_in(keys["admin"])
                 p.page.wait_for_selector("#live.on")
                 p.page.wait_for_selector(
@@ -105,6 +112,19 @@ def test_admin_reprioritises_a_waiting_job_and_a_read_session_cannot(tmp_path: P
                     "INPATIENT"
                 )
                 assert navigations == []
+                # the accession's right-to-left override stays inside its <bdi> in the
+                # toast (the isolate character it also holds is dropped), and inside
+                # FSI...PDI in the confirmation's plain text: ": now URGENT" reads as is
+                toast = p.page.locator("#toast")
+                toast.locator("bdi").wait_for(timeout=ms(10))
+                assert toast.locator("bdi").evaluate_all(
+                    "els => els.map(e => [e.parentElement.id, e.textContent])"
+                ) == [["toast", SHOWN]]
+                assert toast.text_content() == f"{SHOWN}: now URGENT"
+                assert asked == [
+                    f"File \u2068{SHOWN}\u2069 as URGENT? Its deadline becomes arrival + "
+                    "the URGENT turnaround target."
+                ]
                 p.shot("worklist-reprioritised")
                 assert p.errors == []
                 p.close()
