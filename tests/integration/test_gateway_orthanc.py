@@ -8,6 +8,7 @@ import datetime as dt
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pydicom
 import pytest
@@ -15,6 +16,7 @@ from tests.factories.dicom_net import Orthanc, study_with_results
 from tests.factories.waits import wait_until
 
 from radserve.gateway import Destination, Outbox, OutboxWorker, RetryPolicy, StoreSCU
+from radserve.gateway.outbox import DeliveryReport
 from radserve.gateway.scu import OutgoingFile, SendResult
 from radserve.store import init_store
 from radserve.store.outbox import OutboxState, OutboxStore
@@ -61,6 +63,21 @@ def _send_source(orthanc: Orthanc, files: list[Path]) -> None:
     results: list[SendResult] = []
     StoreSCU().send(_destination(orthanc), outgoing, lambda _f, r: results.append(r))
     assert [r.outcome.value for r in results] == ["sent"] * len(files), results[:1]
+
+
+def _deliver_to_new_orthanc(
+    folder: Path, options: dict[str, Any], rows: OutboxStore, results: list[Path]
+) -> tuple[DeliveryReport, list[str]]:
+    """An Orthanc configured with ``options`` gets ``results`` through the outbox, once:
+    the delivery report and the instances it then holds (its IDs)."""
+    orthanc = Orthanc(folder, options=options)
+    orthanc.start()
+    try:
+        outbox = Outbox(rows, [_destination(orthanc)], StoreSCU())
+        outbox.enqueue(results)
+        return outbox.deliver_pending(), orthanc.get("/instances")
+    finally:
+        orthanc.stop()
 
 
 def test_seg_and_sr_land_in_the_source_study(orthanc: Orthanc, rows: OutboxStore, study) -> None:
@@ -176,16 +193,8 @@ def test_a_pacs_that_does_not_know_radserve_is_retried_with_a_reason_that_says_s
 ) -> None:
     _, results = study
     # Orthanc 1.10.1 accepts the association, then aborts it at the C-STORE
-    strict = {"DicomAlwaysAllowStore": False}
-    orthanc = Orthanc(tmp_path / "strict", options=strict)  # no modality: RADSERVE unknown
-    orthanc.start()
-    try:
-        outbox = Outbox(rows, [_destination(orthanc)], StoreSCU())
-        outbox.enqueue(results)
-        report = outbox.deliver_pending()
-        instances = orthanc.get("/instances")
-    finally:
-        orthanc.stop()
+    strict = {"DicomAlwaysAllowStore": False}  # no modality: RADSERVE unknown
+    report, instances = _deliver_to_new_orthanc(tmp_path / "strict", strict, rows, results)
     assert instances == [] and report.retried == len(results)  # it may be a passing fault
     errors = [i.last_error or "" for i in rows.items()]
     assert "aborted the association instead of answering the C-STORE" in errors[0], errors
@@ -202,15 +211,7 @@ def test_a_pacs_accepting_none_of_the_proposed_contexts_fails_them_naming_each_c
     is for one file."""
     _, results = study
     j2k_only = {"AcceptedTransferSyntaxes": ["1.2.840.10008.1.2.4.90"]}
-    orthanc = Orthanc(tmp_path / "j2k-only", options=j2k_only)
-    orthanc.start()
-    try:
-        outbox = Outbox(rows, [_destination(orthanc)], StoreSCU())
-        outbox.enqueue(results)
-        report = outbox.deliver_pending()
-        instances = orthanc.get("/instances")
-    finally:
-        orthanc.stop()
+    report, instances = _deliver_to_new_orthanc(tmp_path / "j2k-only", j2k_only, rows, results)
     assert instances == [] and report.failed == len(results), rows.items()
     for row in rows.items():
         assert row.state is OutboxState.FAILED_PERMANENT
