@@ -322,6 +322,7 @@ class IngestSettings(_Section):
     max_voxels: int = Field(default=2**30, gt=0)
     max_file_bytes: int = Field(default=4 * 2**30, gt=0)
     max_header_bytes: int = Field(default=64 * 2**20, gt=0)
+    max_header_elements: int = Field(default=500_000, gt=0)
     max_study_bytes: int = Field(default=16 * 2**30, gt=0)
     max_frames: int = Field(default=50_000, gt=0)
     min_spacing_mm: float = Field(default=0.01, gt=0)

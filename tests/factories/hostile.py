@@ -302,3 +302,16 @@ def nest_sequences(path: Path, depth: int) -> None:
     level += struct.pack("<HHL", 0xFFFE, 0xE000, undefined)
     close = struct.pack("<HHL", 0xFFFE, 0xE00D, 0) + struct.pack("<HHL", 0xFFFE, 0xE0DD, 0)
     path.write_bytes(data[:at] + level * depth + close * depth + data[at:])
+
+
+def private_elements(path: Path, count: int) -> None:
+    """Insert ``count`` private LO elements of 2 bytes (10 bytes each in the file) before
+    the Pixel Data of the Explicit VR Little Endian file at ``path``."""
+    data = path.read_bytes()
+    at = data.rfind(b"\xe0\x7f\x10\x00")
+    per_group = 0x10000 - 0x1000
+    blob = b"".join(
+        struct.pack("<HH", 0x0011 + 2 * (k // per_group), 0x1000 + k % per_group) + b"LO\x02\0x "
+        for k in range(count)
+    )
+    path.write_bytes(data[:at] + blob + data[at:])

@@ -15,7 +15,7 @@ import pydicom
 import pytest
 from pydicom.dataset import Dataset
 from tests.factories.dicom_series import make_ct_series, make_enhanced_series
-from tests.factories.hostile import nest_sequences
+from tests.factories.hostile import nest_sequences, private_elements
 
 from radserve.errors import GeometryError
 from radserve.gateway.dicomweb.stow import DICOM_MEDIA, StowPart, check_part
@@ -137,3 +137,22 @@ def test_images_too_small_for_a_volume_are_refused_for_it(
         load_series(header)
     assert "ingest.min_matrix=8" in info.value.message
     assert load_series(header, IngestPolicy(min_matrix=1)).volume.array.shape == (20, rows, cols)
+
+
+def test_a_header_of_too_many_elements_is_refused_at_each_door(tmp_path: Path) -> None:
+    """Session 18: 1,000,000 private elements of 2 bytes (10 MB, within max_header_bytes)
+    cost 764 MB of RSS at the STOW-RS check and 364 MB at discovery; each element is
+    now counted against ingest.max_header_elements (here lowered to keep the file small)."""
+    paths = make_ct_series(tmp_path, n_slices=3, rows=16, cols=12)
+    private_elements(paths[1], 3000)
+    policy = IngestPolicy(max_header_elements=2000)
+    bound = "more than 2000 data elements, more than ingest.max_header_elements"
+    with pytest.raises(UnreadableHeaderError, match=bound):  # C-STORE's and STOW-RS's read
+        read_header(io.BytesIO(paths[1].read_bytes()), max_header_elements=2000)
+    read_header(io.BytesIO(paths[0].read_bytes()), max_header_elements=2000)  # a plain one
+    (header,) = discover_series(tmp_path, policy=policy)
+    assert [s.reason for s in header.skipped] == [
+        f"header not read: the header holds {bound} (each costs memory whatever its size)"
+    ]
+    stow = check_part(1, StowPart(DICOM_MEDIA, io.BytesIO(paths[1].read_bytes())), None)
+    assert stow.stored  # the default bound (500,000) is far above 3,000

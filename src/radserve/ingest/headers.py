@@ -257,6 +257,10 @@ class _HeaderStream(BoundedStream):
     def read(self, size: int | None = -1) -> bytes:
         if size is None or size < 0:
             raise _DeflatedDataSet
+        if size == 8:  # an element header (BoundedStream.count_element, inlined: hot)
+            self.elements += 1
+            if self.max_elements is not None and self.elements > self.max_elements:
+                self.count_element(size)  # raises
         if size > self.limit - self.count:
             raise self._error(self.count + size)
         data = self._raw.read(size)
@@ -275,7 +279,12 @@ def _read_record(
     deflated: bool,
 ) -> InstanceRecord:
     stream.seek(0)
-    fh = _HeaderStream(stream, policy.max_header_bytes, "ingest.max_header_bytes")
+    fh = _HeaderStream(
+        stream,
+        policy.max_header_bytes,
+        "ingest.max_header_bytes",
+        max_elements=policy.max_header_elements,
+    )
     ds = pydicom.dcmread(
         cast(BinaryIO, fh), stop_before_pixels=True, force=force, defer_size=DEFER_BYTES
     )
@@ -1099,6 +1108,8 @@ def cause_name(exc: BaseException) -> str:
     it means in a DICOM file."""
     if isinstance(exc, RecursionError):
         return "RecursionError: sequences nested too deeply to read"
+    if isinstance(exc, InputTooLargeError):  # a bound of ours: its message names it
+        return f"{type(exc).__name__}: {exc.message}"
     return type(exc).__name__
 
 
@@ -1109,6 +1120,7 @@ def read_header(
     force: bool = False,
     max_header_bytes: int = IngestPolicy().max_header_bytes,
     transfer_syntax: str | None = None,
+    max_header_elements: int = IngestPolicy().max_header_elements,
 ) -> Dataset:
     """The header of one DICOM file or stream: the one header parser for code outside
     ingest (priority rules, STOW-RS checks, result index, WADO-RS metadata, FHIR).
@@ -1133,7 +1145,15 @@ def read_header(
     if deflated:
         return _read_deflated_header(source, tags, max_header_bytes)
     if not isinstance(source, str | os.PathLike):
-        source = cast(BinaryIO, BoundedStream(source, max_header_bytes, "ingest.max_header_bytes"))
+        source = cast(
+            BinaryIO,
+            BoundedStream(
+                source,
+                max_header_bytes,
+                "ingest.max_header_bytes",
+                max_elements=max_header_elements,
+            ),
+        )
     try:
         return pydicom.dcmread(
             source,

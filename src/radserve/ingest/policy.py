@@ -62,6 +62,11 @@ class IngestPolicy:
             bounds disk, not memory.
         max_header_bytes: most bytes read into memory from one file's header (values over
             64 KiB that radserve does not need are skipped unread and do not count).
+        max_header_elements: most data elements (items and delimiters included) read
+            from one streamed header: each costs some 400-800 bytes of Python objects
+            whatever its size, so 1,000,000 private elements of 2 bytes (10 MB) cost 760 MB
+            at the STOW-RS check; 500,000 is some 20 per frame of a 25,000-frame
+            Enhanced CT.
         max_study_bytes: largest total size of all files of one ingest (declared sizes for
             zip members, which zipfile never exceeds), checked before any header is read.
         max_frames: most frames (2-D images) one file may claim and one ingest may hold;
@@ -93,6 +98,7 @@ class IngestPolicy:
     max_voxels: int = 2**30
     max_file_bytes: int = 4 * 2**30
     max_header_bytes: int = 64 * 2**20
+    max_header_elements: int = 500_000
     max_study_bytes: int = 16 * 2**30
     max_frames: int = 50_000
     min_spacing_mm: float = 0.01
@@ -129,6 +135,7 @@ class IngestPolicy:
             "max_voxels",
             "max_file_bytes",
             "max_header_bytes",
+            "max_header_elements",
             "max_study_bytes",
             "max_frames",
             "min_spacing_mm",

@@ -79,13 +79,32 @@ class BoundedStream:
     limit in the error (a setting the user can raise).
     """
 
-    def __init__(self, raw: BinaryIO, limit: int, what: str) -> None:
+    def __init__(
+        self, raw: BinaryIO, limit: int, what: str, *, max_elements: int | None = None
+    ) -> None:
         self._raw = raw
         self.limit = limit
         self.what = what
         self.count = 0
+        self.max_elements = max_elements
+        self.elements = 0
+
+    def count_element(self, size: int | None) -> None:
+        """pydicom reads every element header, item and delimiter as 8 bytes: counting
+        those reads (8-byte values count too: at most twice the elements) bounds the
+        Python objects a header becomes, which ``limit`` alone does not (1,000,000
+        elements of 10 bytes are 10 MB of header and 760 MB of objects)."""
+        if size != 8 or self.max_elements is None:
+            return
+        self.elements += 1
+        if self.elements > self.max_elements:
+            raise InputTooLargeError(
+                f"the header holds more than {self.max_elements} data elements, more than "
+                "ingest.max_header_elements (each costs memory whatever its size)"
+            )
 
     def read(self, size: int | None = -1) -> bytes:
+        self.count_element(size)
         remaining = self.limit - self.count
         if size is None or size < 0:
             data = self._raw.read(remaining + 1)
