@@ -22,6 +22,8 @@ import pydicom
 import pytest
 from pydicom.datadict import dictionary_VR
 from pydicom.dataelem import DataElement
+from pydicom.dataset import Dataset
+from pydicom.sequence import Sequence
 from pydicom.tag import Tag
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dciodvfy import dciodvfy_errors
@@ -160,3 +162,47 @@ def test_wide_utf8_study_values_fit_their_vrs_in_bytes(tmp_path: Path) -> None:
             # the longest prefix that fits, whole characters only
             assert value.startswith(kept.rstrip("^")) and len(kept.encode()) <= limit, keyword
             assert len(value[: len(kept) + 1].encode()) > limit, keyword
+
+
+def _item(**values: str) -> Dataset:
+    item = Dataset()
+    for keyword, value in values.items():
+        setattr(item, keyword, value)
+    return item
+
+
+MEANING = "CT " + "造影" * 30  # 63 characters, 183 bytes: LO holds 64
+OTHER_ID = "Ω" * 40  # 80 bytes
+NESTED = {  # inside sequences highdicom copies whole
+    Tag("ProcedureCodeSequence"): (
+        "SQ",
+        Sequence([_item(CodeValue="P1", CodingSchemeDesignator="99X", CodeMeaning=MEANING)]),
+    ),
+    Tag("OtherPatientIDsSequence"): (
+        "SQ",
+        Sequence([_item(PatientID=i, TypeOfPatientID="TEXT") for i in ("short", OTHER_ID)]),
+    ),
+}
+
+
+def test_values_inside_copied_sequences_fit_their_vrs_too(tmp_path: Path) -> None:
+    study = _utf8_study(tmp_path / "study", NESTED)
+    out, done = _run(tmp_path, study)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert MEANING[:6] not in done.stderr + done.stdout and OTHER_ID[:6] not in done.stderr
+
+    report = Report.model_validate_json((out / "report.json").read_bytes())
+    messages = sorted(w.message for w in report.warnings if w.code == "value_shortened")
+    assert [m.split(" has ")[0] for m in messages] == [
+        "Code Meaning (0008,0104) in Procedure Code Sequence (0008,1032) item 1",
+        "Patient ID (0010,0020) in Other Patient IDs Sequence (0010,1002) item 2",
+    ]
+    written = sorted(out.glob("*.dcm"))
+    assert {"measurements-sr.dcm", "findings-seg.dcm"} <= {p.name for p in written}
+    for path in written:
+        assert dciodvfy_errors(path) == [], path.name
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        meaning = ds.ProcedureCodeSequence[0].CodeMeaning
+        assert MEANING.startswith(meaning) and len(meaning.encode()) <= 64, path.name
+        ids = [item.PatientID for item in ds.OtherPatientIDsSequence]
+        assert ids == ["short", "Ω" * 32], path.name

@@ -37,6 +37,31 @@ def test_the_report_names_each_attribute_and_its_size_never_the_value() -> None:
     assert message.startswith("Accession Number (0008,0050) has a value of 36 bytes")
 
 
+def test_values_inside_copied_sequences_are_cut_and_named_by_item() -> None:
+    ds = Dataset()
+    code = Dataset()
+    code.CodeValue, code.CodingSchemeDesignator = "P1", "99X"
+    code.CodeMeaning = "造影" * 30  # LO: 180 bytes
+    ds.ProcedureCodeSequence = [code]
+    inner = Dataset()
+    inner.PatientID = "x" * 70  # two sequences deep
+    ds.OtherPatientIDsSequence = [Dataset(), Dataset()]
+    ds.OtherPatientIDsSequence[1].IssuerOfPatientIDQualifiersSequence = [inner]
+    messages = [m for _, m in shortened_values(ds)]
+    assert [m.split(" has ")[0] for m in messages] == [
+        "Patient ID (0010,0020) in Issuer of Patient ID Qualifiers Sequence (0010,0024) "
+        "item 1 in Other Patient IDs Sequence (0010,1002) item 2",
+        "Code Meaning (0008,0104) in Procedure Code Sequence (0008,1032) item 1",
+    ]
+    assert not any("造影" in m or "xxx" in m for m in messages)
+    assert cut_copied(ds) == [
+        "OtherPatientIDsSequence[2].IssuerOfPatientIDQualifiersSequence[1].PatientID",
+        "ProcedureCodeSequence[1].CodeMeaning",
+    ]
+    assert code.CodeMeaning == "造影" * 10 + "造" and inner.PatientID == "x" * 64
+    assert shortened_values(ds) == []
+
+
 def test_the_copied_attributes_are_highdicoms_copy_list() -> None:
     """The written-out list follows the installed highdicom (a new release may copy more)."""
     from highdicom._standard_utils import get_module_attribute_map

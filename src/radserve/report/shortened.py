@@ -7,7 +7,9 @@ length there (a 65,534-byte Patient's Name arrived through every door; a 60-char
 CJK name is 180 bytes), and dciodvfy counts a value's encoded bytes against its VR's
 limit, so each such text value is cut to fit, counted in UTF-8 bytes (the widest
 encoding radserve writes for most scripts), on a character boundary, and a Person Name
-group by group (the ``=`` separators stay). A reader comparing the results with the
+group by group (the ``=`` separators stay); inside the items of the sequences copied
+(a Procedure Code Sequence's Code Meaning, an Other Patient IDs Sequence's Patient ID)
+by the same rule. A reader comparing the results with the
 PACS's images must be told: the report carries one ``value_shortened`` warning per
 attribute (JSON, and a Quality Issue in the SR). The FHIR Bundle keeps values whole
 (FHIR has no length limit).
@@ -15,9 +17,10 @@ attribute (JSON, and a Quality Issue in the SR). The FHIR Bundle keeps values wh
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from pydicom.datadict import dictionary_description, tag_for_keyword
+from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 from pydicom.tag import Tag
@@ -168,28 +171,58 @@ def _values(value: object) -> list[str]:
     return [str(v) for v in value] if isinstance(value, MultiValue | list) else [str(value)]
 
 
-def over_long(dataset: Dataset) -> Iterator[tuple[str, str, int]]:
-    """(keyword, VR, bytes) of each copied attribute of ``dataset`` whose longest value
-    is over its VR's limit."""
-    for keyword in COPIED_KEYWORDS:
-        tag = tag_for_keyword(keyword)
-        if tag is None or tag not in dataset:
+# where a value is: (sequence keyword, item index) for each sequence it is inside, and
+# the attribute's keyword (a nested attribute of no keyword: its tag as text)
+Path = tuple[tuple[tuple[str, int], ...], str]
+
+
+def _over_long_in(
+    dataset: Dataset, keywords: Iterable[str] | None, within: tuple[tuple[str, int], ...]
+) -> Iterator[tuple[Path, str, int, DataElement]]:
+    """What :func:`over_long` yields for ``dataset`` (``keywords``: only those, at the
+    top; inside a sequence item, every attribute: highdicom copies sequences whole)."""
+    if keywords is None:
+        elements = list(dataset)
+    else:
+        tags = (tag_for_keyword(k) for k in keywords)
+        elements = [dataset[tag] for tag in tags if tag is not None and tag in dataset]
+    for element in elements:
+        name = element.keyword or _tag_of(element.tag)
+        if element.VR == "SQ":
+            for index, item in enumerate(element.value or ()):
+                yield from _over_long_in(item, None, (*within, (name, index)))
             continue
-        element = dataset[tag]
         if element.VR not in MAX_BYTES:
             continue
         sizes = [value_bytes(element.VR, v) for v in _values(element.value)]
         if sizes and max(sizes) > MAX_BYTES[element.VR]:
-            yield keyword, element.VR, max(sizes)
+            yield (within, name), element.VR, max(sizes), element
+
+
+def over_long(dataset: Dataset) -> Iterator[tuple[Path, str, int]]:
+    """(where, VR, bytes) of each copied attribute of ``dataset`` whose longest value is
+    over its VR's limit, inside the copied sequences' items too (before session 18 only
+    the top-level attributes were looked at: a 65-byte CodeMeaning in a Procedure Code
+    Sequence item was copied whole)."""
+    for path, vr, size, _ in _over_long_in(dataset, COPIED_KEYWORDS, ()):
+        yield path, vr, size
+
+
+def path_text(path: Path) -> str:
+    """``Sequence[1].Keyword`` (items counted from 1, as the messages count them)."""
+    within, keyword = path
+    return "".join(f"{seq}[{index + 1}]." for seq, index in within) + keyword
 
 
 def cut_copied(dataset: Dataset) -> list[str]:
-    """Cut, in place, each copied attribute of ``dataset`` to its VR; the keywords cut."""
+    """Cut, in place, each copied attribute of ``dataset`` to its VR, in the copied
+    sequences' items too; where each cut was (:func:`path_text`, a top-level one is its
+    keyword)."""
     cut = []
-    for keyword, vr, _ in list(over_long(dataset)):
-        values = [fit_value(vr, v) for v in _values(dataset[keyword].value)]
-        dataset[keyword].value = values if len(values) > 1 else values[0]
-        cut.append(keyword)
+    for path, vr, _, element in list(_over_long_in(dataset, COPIED_KEYWORDS, ())):
+        values = [fit_value(vr, v) for v in _values(element.value)]
+        element.value = values if len(values) > 1 else values[0]
+        cut.append(path_text(path))
     return cut
 
 
@@ -200,17 +233,32 @@ def shortened_values(dataset: Dataset | None) -> list[tuple[str, str]]:
     return [
         (
             VALUE_SHORTENED,
-            f"{dictionary_description(keyword)} {_tag_text(keyword)} has "
+            f"{_where(path)} has "
             f"{'a component group' if vr == 'PN' else 'a value'} of {size} bytes: the DICOM "
             f"results carry it cut to the {MAX_BYTES[vr]} bytes {vr} allows (the FHIR "
             "Bundle carries it whole)",
         )
-        for keyword, vr, size in over_long(dataset)
+        for path, vr, size in over_long(dataset)
     ]
 
 
-def _tag_text(keyword: str) -> str:
-    tag = Tag(tag_for_keyword(keyword))
+def _where(path: Path) -> str:
+    """ "Code Meaning (0008,0104) in Procedure Code Sequence (0008,1032) item 1"."""
+    within, keyword = path
+    parts = [_named(keyword)]
+    parts += [f"in {_named(seq)} item {index + 1}" for seq, index in reversed(within)]
+    return " ".join(parts)
+
+
+def _named(keyword: str) -> str:
+    tag = tag_for_keyword(keyword)
+    if tag is None:  # a nested attribute without a keyword: its tag
+        return keyword
+    return f"{dictionary_description(tag)} {_tag_of(tag)}"
+
+
+def _tag_of(tag: int) -> str:
+    tag = Tag(tag)
     return f"({tag.group:04X},{tag.element:04X})"
 
 
@@ -221,5 +269,6 @@ __all__ = [
     "cut_copied",
     "fit_value",
     "over_long",
+    "path_text",
     "shortened_values",
 ]
