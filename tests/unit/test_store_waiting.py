@@ -69,7 +69,15 @@ def test_no_wait_refuses_at_once_and_other_errors_pass_through() -> None:
         waiting_for_store(missing, 5.0, what="x", every_s=0, clock=clock)
 
 
-def _said(caplog: pytest.LogCaptureFixture) -> list[str]:
+def _gave_up(
+    caplog: pytest.LogCaptureFixture,
+    call: Callable[[], object],
+    raises: type[DatabaseUnavailableError] = StoreWaitExceededError,
+) -> list[str]:
+    """What radserve.store.waiting logged for ``call``, which gives up on the database."""
+    caplog.set_level(logging.WARNING, logger="radserve.store.waiting")
+    with pytest.raises(raises):
+        call()
     return [r.getMessage() for r in caplog.records if r.name == "radserve.store.waiting"]
 
 
@@ -77,11 +85,12 @@ def test_a_call_that_gives_up_without_waiting_says_so_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # a wait of 0 s (a probe's single try; server.store_wait_s 0) used to log nothing
-    caplog.set_level(logging.WARNING, logger="radserve.store.waiting")
     clock = Clock()
-    with pytest.raises(StoreWaitExceededError):
-        waiting_for_store(flaky(clock, 99.0), 0.0, what="a probe", every_s=0, clock=clock)
-    assert _said(caplog) == [
+    said = _gave_up(
+        caplog,
+        lambda: waiting_for_store(flaky(clock, 99.0), 0.0, what="a probe", every_s=0, clock=clock),
+    )
+    assert said == [
         "a probe: the database does not answer (database unavailable: OperationalError); "
         "not waiting (1 try in 0.2 s, the wait is 0 s)"
     ]
@@ -90,11 +99,11 @@ def test_a_call_that_gives_up_without_waiting_says_so_once(
 def test_a_call_that_waited_and_gave_up_logs_two_lines_counting_every_try(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="radserve.store.waiting")
     clock = Clock()
-    with pytest.raises(StoreWaitExceededError):
-        waiting_for_store(flaky(clock, 99.0), 1.0, what="a write", every_s=0, clock=clock)
-    said = _said(caplog)
+    said = _gave_up(
+        caplog,
+        lambda: waiting_for_store(flaky(clock, 99.0), 1.0, what="a write", every_s=0, clock=clock),
+    )
     assert len(said) == 2, said
     assert said[0].startswith("a write: the database does not answer"), said
     assert said[1] == (
@@ -105,11 +114,12 @@ def test_a_call_that_waited_and_gave_up_logs_two_lines_counting_every_try(
 def test_a_job_write_that_waited_and_gave_up_counts_its_last_try(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="radserve.store.waiting")
     clock = Clock()
-    with pytest.raises(DatabaseUnavailableError):
-        retry_store(flaky(clock, 99.0), (0.0, 0.0), what="job j2: running")
-    said = _said(caplog)
+    said = _gave_up(
+        caplog,
+        lambda: retry_store(flaky(clock, 99.0), (0.0, 0.0), what="job j2: running"),
+        DatabaseUnavailableError,
+    )
     assert len(said) == 2, said
     assert said[0].startswith("job j2: running: the database does not answer"), said
     assert said[1].startswith("job j2: running: the database did not answer for"), said
