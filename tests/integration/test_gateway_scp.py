@@ -25,6 +25,7 @@ from pynetdicom import AE
 from pynetdicom.sop_class import ComprehensiveSRStorage, CTImageStorage, Verification
 from tests.factories.dicom_net import Intake, dcmtk_tool, loopback_scp_config, small_study, storescu
 from tests.factories.dicom_series import dcmtk_compress
+from tests.factories.results import relabel
 from tests.factories.waits import WAIT_SCALE, wait_until
 
 from radserve.gateway import GatewaySCP, Peer, ScpConfig, UnwantedPolicy
@@ -33,6 +34,7 @@ from radserve.gateway.conformance import (
     SCP_TRANSFER_SYNTAXES,
     Status,
 )
+from radserve.ingest.discover import discover_series
 from radserve.ingest.rules import uid_problem
 
 pytestmark = [
@@ -101,6 +103,29 @@ def test_a_study_split_over_two_associations_completes_once(intake: Intake, tmp_
         assert not wait_until(lambda: len(intake.studies) > 1, timeout=QUIET_S)  # no second
     [study] = intake.studies
     assert len(study.instances) == len(files) and study.generation == 1
+
+
+@pytest.mark.slow
+def test_a_study_re_sent_with_corrected_headers_is_read_from_the_corrected_copies(
+    scp: GatewaySCP, intake: Intake, tmp_path: Path
+) -> None:
+    """The PACS re-sends a handed-over study's instances (same SOP Instance UIDs) with a
+    corrected Patient Name: the gateway keeps both copies (the second named by its
+    content) and hands the study over again, and ingest reads every slice from the copy
+    received last. Until 2026-12-03 it read whichever copy sorted first by file name: a
+    mix of old and corrected headers (here 2 of 4 slices kept the old name)."""
+    files = small_study(tmp_path / "sent", seed=1, slices=range(10, 14))
+    corrected = relabel(files, tmp_path / "corrected", "Corrected^Name")
+    assert storescu(*scp.address, files).returncode == 0
+    assert wait_until(lambda: intake.studies, timeout=15)
+    assert storescu(*scp.address, corrected).returncode == 0
+    assert wait_until(lambda: len(intake.studies) == 2, timeout=15)
+    rerun = intake.studies[1]
+    assert rerun.generation == 2 and len(rerun.instances) == 2 * len(files)
+    (header,) = discover_series(rerun.folder)
+    assert header.number_of_instances == len(files)
+    read = [pydicom.dcmread(f.path, stop_before_pixels=True) for f in header.files]
+    assert {str(ds.PatientName) for ds in read} == {"Corrected^Name"}
 
 
 def test_unknown_calling_ae_is_rejected_at_association(

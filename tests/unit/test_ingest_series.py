@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -114,12 +115,26 @@ def test_mismatched_rows_columns_are_split(tmp_path: Path) -> None:
         load_series(main, IngestPolicy(mismatched_dimensions="reject"))
 
 
-def test_same_instance_twice_is_listed_once(tmp_path: Path) -> None:
+def test_same_instance_twice_is_listed_once_the_later_file_kept(tmp_path: Path) -> None:
+    """A second file of an instance is a copy; the one written last is used (a sender
+    re-sending it with corrected header values means that one), whatever the names say;
+    equal times keep the first found."""
     paths = make_ct_series(tmp_path / "s", n_slices=3)
-    shutil.copy(paths[0], tmp_path / "copy.dcm")
+    copy = tmp_path / "copy.dcm"  # found first (name order), written last
+    shutil.copy(paths[0], copy)
+    os.utime(paths[0], ns=(10**18, 10**18))
+    os.utime(copy, ns=(2 * 10**18, 2 * 10**18))
     (header,) = discover_series(tmp_path)
-    assert header.number_of_instances == 3
-    assert [s.reason for s in header.skipped] == ["another copy of an instance already found"]
+    assert header.number_of_instances == 3 and copy in [f.path for f in header.files]
+    assert [(s.source.path, s.reason) for s in header.skipped] == [
+        (paths[0], "another copy of an instance already found")
+    ]
+    os.utime(copy, ns=(10**18 - 1, 10**18 - 1))  # now the earlier: found first, dropped
+    (header,) = discover_series(tmp_path)
+    assert paths[0] in [f.path for f in header.files]
+    assert [(s.source.path, s.reason) for s in header.skipped] == [
+        (copy, "an earlier copy of an instance received again")
+    ]
 
 
 def test_float_rescale_gives_float32(tmp_path: Path) -> None:

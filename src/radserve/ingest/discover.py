@@ -123,6 +123,23 @@ def _check_same_instance(
         )
 
 
+RECEIVED_AGAIN = "an earlier copy of an instance received again"
+
+
+def _written_after(src: SourceFile, other: SourceFile) -> bool:
+    """Whether ``src`` is a file written later than ``other`` (another copy of its
+    instance): a sender re-sending an instance with other header values (a corrected
+    name or ID) means the later one; the gateway and STOW-RS keep both, the second
+    named by its content, so the file name says nothing of the order. Archive members
+    and unreadable times keep the first found."""
+    if src.member is not None or other.member is not None:
+        return False
+    try:
+        return src.path.stat().st_mtime_ns > other.path.stat().st_mtime_ns
+    except OSError:
+        return False
+
+
 def discover_series(
     sources: Path | str | Sequence[Path | str],
     *,
@@ -148,6 +165,7 @@ def discover_series(
     total = len(files) + len(skipped)
     records: list[InstanceRecord] = []
     seen: dict[str, tuple[SourceFile, InstanceRecord]] = {}
+    position: dict[str, int] = {}  # of each SOP Instance UID's record in records
     n_frames = 0
     patients = PatientMemo()
     with SourceReader() as reader:
@@ -165,7 +183,13 @@ def discover_series(
             uid = record.frames[0].sop_instance_uid
             if uid in seen:
                 _check_same_instance(seen[uid], src, record)
-                skipped.append(SkippedFile(src, "another copy of an instance already found"))
+                earlier = seen[uid][0]
+                if _written_after(src, earlier):  # re-sent: the later copy corrects it
+                    records[position[uid]] = record
+                    seen[uid] = (src, record)
+                    skipped.append(SkippedFile(earlier, RECEIVED_AGAIN))
+                else:
+                    skipped.append(SkippedFile(src, "another copy of an instance already found"))
                 continue
             n_frames += len(record.frames)
             if n_frames > policy.max_frames:
@@ -175,6 +199,7 @@ def discover_series(
                     "study at a time or raise the limit"
                 )
             seen[uid] = (src, record)
+            position[uid] = len(records)
             records.append(record)
 
     by_series: dict[str, list[InstanceRecord]] = defaultdict(list)
