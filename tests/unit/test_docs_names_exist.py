@@ -403,6 +403,18 @@ _CHECKS = {
 }
 
 
+DEPLOY_FILES = ["deploy/compose.yaml", "deploy/.env.example", "deploy/Dockerfile",
+                "deploy/docker-entrypoint.sh", "deploy/radserve.yaml"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", DEPLOY_FILES)
+def test_every_radserve_variable_of_the_deployment_files_is_a_setting(name: str) -> None:
+    """A ``RADSERVE_*`` variable that is not a setting stops every radserve command that
+    sees it ("unknown setting"): compose's image tag was ``RADSERVE_IMAGE``, so a shell
+    that sourced deploy/.env could run no radserve command."""
+    assert unknown_variables(ROOT / name) == []
+
+
 @pytest.mark.parametrize("check", list(_CHECKS))
 @pytest.mark.parametrize("path", doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_named_setting_and_flag_exists(path: Path, check: str) -> None:
