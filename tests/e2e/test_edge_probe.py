@@ -9,32 +9,19 @@ peak RSS and open files bounded."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from tests.factories.dicom_net import dcmtk_tool
+from tests.factories.edge_probe_tool import edge_probe
 
 pytestmark = [pytest.mark.slow, pytest.mark.tools]
-
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "edge_probe.py"
-
-
-def _tool() -> Any:
-    spec = importlib.util.spec_from_file_location("edge_probe", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.skipif(dcmtk_tool("storescu") is None, reason="dcmtk's storescu is not installed")
 def test_edge_probe_ci_mode_passes_at_every_door(tmp_path: Path) -> None:
-    probe = _tool()
+    probe = edge_probe()
     out = tmp_path / "cases.json"
     rc = probe.main(["--ci", "--json", str(out)])
     cases = json.loads(out.read_text())

@@ -1,0 +1,46 @@
+"""The hostile-study sweep of session 18 (``tools/edge_hostile_variants.py``) against a
+real ``radserve serve``, through STOW-RS and dcmtk's storescu, each variant with a good
+study sent beside it: every case passes the probe's checks (a specific error or a
+success with the good study's findings, the good study unharmed, the server alive, no
+traceback, no patient name in the log, peak RSS and open files bounded), and the
+refusals name what is wrong with the slice that left the gap."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tests.factories.dicom_net import dcmtk_tool
+from tests.factories.edge_probe_tool import edge_probe
+
+pytestmark = [pytest.mark.slow, pytest.mark.tools]
+
+# what each refusal must say (the job's error), whichever door it came through
+NAMED = {
+    "pixel_spacing_one_slice": "1 frames with other Pixel Spacing, split off as part 1",
+    "position_nan_one_slice": "unusable Image Position (Patient)",
+    "frame_of_reference_one_slice": "2 Frames of Reference",
+    "rescale_slope_1e308": "Rescale Slope is '1e308'",
+    "sr_in_series": "job succeeded",
+}
+
+
+@pytest.mark.skipif(dcmtk_tool("storescu") is None, reason="dcmtk's storescu is not installed")
+def test_hostile_studies_at_stow_and_c_store_beside_a_good_study(tmp_path: Path) -> None:
+    out = tmp_path / "cases.json"
+    args = [f"--variant={name}" for name in NAMED] + ["--door=stow", "--door=cstore"]
+    rc = edge_probe().main([*args, "--json", str(out)])
+    cases = json.loads(out.read_text())
+    failed = [(c["variant"], c["door"], c["problems"]) for c in cases if c["problems"]]
+    assert rc == 0 and not failed, failed
+    assert {(c["variant"], c["door"]) for c in cases} == {
+        (name, door) for name in NAMED for door in ("stow", "cstore")
+    }
+    for case in cases:
+        said = NAMED[case["variant"]]
+        # STOW-RS refuses a Rescale Slope of 1e308 per instance (its reason is in the
+        # response, and no job starts); C-STORE stores it and the job names it
+        if case["variant"] == "rescale_slope_1e308" and case["door"] == "stow":
+            said = "variant 12 failed 0xC000"
+        assert said in case["outcome"], (case["variant"], case["door"], case["outcome"])
