@@ -4,10 +4,11 @@
 over many files that says little. With ``--durations`` given, this plugin adds, at the end,
 the ``--file-durations`` (default 25) slowest files by summed wall time of their phases
 (setup + call + teardown: a module or session fixture counts where it is first built), the
-CPU-seconds each spent (pytest itself plus the children it reaped meanwhile: servers a
-test starts and stops, ``radserve run`` children; not threads or children of other
-processes), and the suite's totals. Wall well above CPU marks a file that waits on timers
-(leases, probes, retries, sleeps) rather than working; on a loaded host compare CPU-s.
+CPU-seconds each spent (pytest and its threads, plus the children it reaped meanwhile:
+servers a test starts and stops, ``radserve run`` children; not what a daemon leaves
+unreaped: a PostgreSQL started by ``pg_ctl``, a local Ray's raylet), and the suite's
+totals. Wall well above CPU marks a file that waits on timers (leases, probes, retries,
+sleeps) or on such daemons rather than working; on a loaded host compare CPU-s.
 """
 
 from __future__ import annotations

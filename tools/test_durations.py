@@ -4,7 +4,8 @@ of test phases (setup: the fixtures; call: the test) from what they printed.
 
 Each file's output goes to ``OUT/<file>.txt``; ``OUT/summary.tsv`` gets one row per file:
 wall seconds, CPU-seconds of pytest and every child it reaped (servers, ``radserve run``,
-bench children: the figure a loaded host moves least), the 1-minute load average before
+bench children: the figure a loaded host moves least; not a daemon's unreaped processes:
+the PostgreSQL ``pg_ctl`` starts, a local Ray's raylet), the 1-minute load average before
 and after, and pytest's last line. On a shared 2-core host the wall seconds are several
 times what an idle CI runner takes; compare CPU-seconds, and say what the load was.
 
