@@ -92,7 +92,7 @@ def _change(
 def list_models(
     models_dir: tuple[Path, ...], as_json: bool, config_file: Path | None, data_dir: Path | None
 ) -> None:
-    """Every version: servable precisions, gate state, where it is deployed."""
+    """Every version: its labels, servable precisions, gate state, where it is deployed."""
     lifecycle = _lifecycle(config_file, data_dir)
     if models_dir:
         from radserve.models.registry import ModelRegistry
@@ -106,11 +106,12 @@ def list_models(
         click.echo(json.dumps(rows, indent=2, default=str))
         return
     table = Table(title="Model versions")
-    for column in ("model", "version", "task", "deployed", "servable", "gate", "installed"):
+    columns = ("model", "version", "task", "labels", "deployed", "servable", "gate", "installed")
+    for column in columns:
         table.add_column(column)
     for row in rows:
         if "error" in row:
-            table.add_row(row["name"], row["version"], "", "", "", row["error"], "")
+            table.add_row(row["name"], row["version"], "", "", "", "", row["error"], "")
             continue
         deployed = ", ".join(row["deployed"])
         if row["canary_percent"] is not None:
@@ -120,6 +121,7 @@ def list_models(
             row["name"],
             row["version"],
             row["task"],
+            ", ".join(f"{label['value']} {label['name']}" for label in row["labels"]),
             deployed,
             ", ".join(row["servable"]),
             gate,

@@ -600,8 +600,9 @@ class ModelLifecycle:
 
     # --- views ------------------------------------------------------------------------
     def status(self) -> list[dict[str, Any]]:
-        """Every installed version of every model: where it is deployed, its gate state
-        and its record (``GET /v1/models``, ``radserve models list``)."""
+        """Every installed version of every model: its output labels, where it is
+        deployed, its gate state and its record (``GET /v1/models``, ``radserve models
+        list``)."""
         self.catalog.rescan()
         active = self.active()
         registry = self.catalog.registry
@@ -634,6 +635,7 @@ class ModelLifecycle:
                         "name": name,
                         "version": version,
                         "task": bundle.spec.task,
+                        "labels": [{"value": x.value, "name": x.name} for x in bundle.spec.labels],
                         "directory": str(bundle.directory),
                         "installed": (bundle.directory / "install.json").is_file(),
                         "servable": bundle.available_precisions(),
