@@ -51,6 +51,8 @@ def association_cpu_ms(associations: int) -> tuple[float, float | None]:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):  # the usage is the docstring
+        sys.exit(__doc__)
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 30
     cpu, dul = association_cpu_ms(count)
     part = f", DUL threads {dul:.1f}" if dul is not None else ""

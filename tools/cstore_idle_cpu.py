@@ -59,6 +59,8 @@ def idle_cpu_ms_per_s(count: int, seconds: float = 4.0) -> float:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):  # the usage is the docstring
+        sys.exit(__doc__)
     for n in [int(a) for a in sys.argv[1:]] or [1, 4, 8]:
         print(
             f"{n} idle association(s): {idle_cpu_ms_per_s(n):.0f} CPU-ms a second "

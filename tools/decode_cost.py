@@ -28,6 +28,8 @@ def _cpu(me: psutil.Process) -> float:
 
 
 def main() -> None:
+    if {"-h", "--help"} & set(sys.argv[1:]):  # the usage is the docstring
+        sys.exit(__doc__)
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 24
     with tempfile.TemporaryDirectory() as work:
         raw, jpeg = Path(work) / "raw", Path(work) / "jpeg"

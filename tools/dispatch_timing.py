@@ -15,6 +15,8 @@ from tests.factories.scheduling_fakes import FakeSession, fake_work
 from radserve.config import QueueLimits, SchedulerSettings
 from radserve.scheduling import FakeClock, JobRequest, PriorityClass, Scheduler
 
+if {"-h", "--help"} & set(sys.argv[1:]):  # the usage is the docstring
+    sys.exit(__doc__)
 n = int(sys.argv[1])
 classes = [PriorityClass.OUTPATIENT] * 6 + [PriorityClass.INPATIENT] * 3 + [PriorityClass.URGENT]
 config = SchedulerSettings(

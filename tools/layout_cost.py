@@ -82,6 +82,8 @@ def once(readers: int, receivers: int, root: Path) -> str:
 def main() -> None:
     for name in [n for n in os.environ if n.startswith("RADSERVE_")]:
         del os.environ[name]  # the layouts are the config file's, nothing else
+    if {"-h", "--help"} & set(sys.argv[1:]):  # the usage is the docstring
+        sys.exit(__doc__)
     rounds, readers, receivers = (int(a) for a in [*sys.argv[1:], "2", "2", "2"][:3])
     print(f"load average {os.getloadavg()}", flush=True)
     for _ in range(rounds):

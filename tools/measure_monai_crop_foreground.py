@@ -87,7 +87,7 @@ def main(kind: str) -> None:
         text, secs = agree(out)
         print(f"  radserve imported CropForegroundd: {text}, {secs:.2f} s; MONAI {monai_s:.2f} s")
         keep = Task._monai_back_coordinates
-        Task._monai_back_coordinates = lambda self, volume: None  # type: ignore[method-assign]
+        Task._monai_back_coordinates = lambda self, volume, box: None  # type: ignore[method-assign]
         try:
             text, _ = agree(out)
         finally:
@@ -130,6 +130,8 @@ if __name__ == "__main__":
     import subprocess
     import sys
 
+    if {"-h", "--help"} & set(sys.argv[1:]):  # the usage is the docstring
+        sys.exit(__doc__)
     if sys.argv[1:2] == ["--cost"]:
         for kind in ("plain", "crop"):
             subprocess.run([sys.executable, __file__, "--cost-one", kind], check=True)

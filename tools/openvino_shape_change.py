@@ -60,4 +60,6 @@ def main(rounds: int, precisions: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):  # the usage is the docstring
+        sys.exit(__doc__)
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 5, sys.argv[2:] or ["int8", "bf16", "fp32"])
