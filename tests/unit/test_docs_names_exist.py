@@ -1,5 +1,6 @@
-"""Every setting, ``RADSERVE_*`` variable and ``radserve`` flag that README.md and docs/*.md
-name exists.
+"""Every setting, ``RADSERVE_*`` variable, ``radserve`` command and flag, HTTP endpoint,
+module and path that README.md and docs/*.md name exists (and deploy/'s variables are
+settings).
 
 A reader copies ``gateway.quiet_s`` or ``radserve outbox list --destination`` from the
 documentation; a setting that was renamed fails the server at start ("unknown setting"),
@@ -45,7 +46,7 @@ from pydantic import BaseModel, RootModel
 
 from radserve.audit.events import Action
 from radserve.cli import cli
-from radserve.config import Settings
+from radserve.config import _NOT_SETTINGS, Settings
 from radserve.store.models import Base
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +55,6 @@ _FENCE = re.compile(r"^\s*(```|~~~)\s*(\w*)")
 # names that look like settings but are another project's API or a host name
 _OTHER_NAMES = frozenset({"ray.put", "fhir.resources"})
 _FILE_SUFFIXES = frozenset({"py", "md", "json", "yaml", "yml", "toml", "gz", "png", "txt"})
-_NOT_SETTINGS_VARS = re.compile(r"^RADSERVE_(CONFIG|TEST_\w*|TRAIN_\w*)$")
 # names in the documentation that look like commands and are not, on purpose
 _NOT_COMMANDS = frozenset(
     {
@@ -205,7 +205,7 @@ def unknown_variables(path: Path) -> list[str]:
     problems = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         for name in re.findall(r"\bRADSERVE_[A-Z0-9_]*[A-Z0-9]", line):
-            if _NOT_SETTINGS_VARS.match(name):
+            if _NOT_SETTINGS.match(name):  # the config file path, test and training tools
                 continue
             keys = name.removeprefix("RADSERVE_").lower().split("__")
             if not is_setting(keys):
