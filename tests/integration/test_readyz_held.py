@@ -6,7 +6,9 @@ session 17 the held scheduler showed nowhere but in one log line.
 The key is remembered for the test's length (``key_ttl_s``), so the first test sees the
 whole body. A key that must be checked during the outage (the second test) cannot be:
 ``/readyz`` answers at once, 503 and not ready, with only the parts that need no key
-(it used to wait ``server.store_wait_s`` and answer 503 ``store_error``).
+(it used to wait ``server.store_wait_s`` and answer 503 ``store_error``), and the
+outage is logged once when it starts and once when it ends, not once per probe (six
+warnings a minute at a 10 s probe period before session 19).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from tests.factories.private_postgres import PrivatePostgres
 from tests.factories.service import ServerThread, auth, create_key, settings_for
 from tests.factories.waits import WAIT_SCALE, until
@@ -71,7 +74,9 @@ def test_readyz_names_the_held_work_until_the_leases_are_renewed(tmp_path: Path)
         service.stop()
 
 
-def test_readyz_answers_at_once_when_the_key_cannot_be_checked(tmp_path: Path) -> None:
+def test_readyz_answers_at_once_when_the_key_cannot_be_checked(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with PrivatePostgres() as pg:
         settings = settings_for(
             tmp_path,
@@ -105,11 +110,25 @@ def test_readyz_answers_at_once_when_the_key_cannot_be_checked(tmp_path: Path) -
                     reasons = " | ".join(body["reasons"])
                     assert "the database does not answer" in reasons
                     assert "the API key could not be checked" in reasons
+                assert len(_key_check_lines(caplog)) == 1  # two probes, one line
+                assert "failed (store_error" in _key_check_lines(caplog)[0]
             finally:
                 pg.start_again()
             again = until(lambda: _ready(c, 200, headers=auth(key)), "ready again", WAIT_S)
             assert "the API key could not be checked" not in " | ".join(again["reasons"])
+            lines = _key_check_lines(caplog)
+            assert len(lines) == 2 and "works again after" in lines[1]
+            assert c.get("/readyz", headers=auth(key)).status_code == 200
+            assert len(_key_check_lines(caplog)) == 2
         service.stop()
+
+
+def _key_check_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "radserve.api.auth" and "API key checks without a wait" in r.getMessage()
+    ]
 
 
 def _ready(

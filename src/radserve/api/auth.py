@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -20,8 +21,9 @@ from starlette.concurrency import run_in_threadpool
 
 from radserve.api.errors import ForbiddenError, UnauthenticatedError
 from radserve.errors import RadserveError, quoted
+from radserve.loop_failures import LoopFailures
 from radserve.security.access import ReadAccess, Reader
-from radserve.security.keys import Role, role_allows
+from radserve.security.keys import Role, parse_token, role_allows
 from radserve.store import (
     ApiKeyRecord,
     DatabaseUnavailableError,
@@ -30,6 +32,8 @@ from radserve.store import (
     Store,
 )
 from radserve.store.waiting import waiting_for_store
+
+logger = logging.getLogger(__name__)
 
 # documented in the OpenAPI schema (see radserve.api.app) and read by token_of()
 SECURITY_SCHEMES = {
@@ -82,6 +86,11 @@ class KeyVerifier:
         self._known: dict[str, tuple[float, ApiKeyRecord]] = {}
         self._checking: dict[tuple[str, bool], asyncio.Future[ApiKeyRecord | None]] = {}
         self._lock = threading.Lock()
+        # the checks that do not wait (a probe's, every few seconds) log an outage once
+        # when it starts and once when a check answers again, not once per probe
+        self._probe_outage = LoopFailures(
+            logger, "API key checks without a wait (/readyz)", clock=clock
+        )
 
     def remembered(self, token: str) -> ApiKeyRecord | None:
         digest = hashlib.sha256(token.encode()).hexdigest()
@@ -106,12 +115,21 @@ class KeyVerifier:
 
     def verify(self, token: str, *, wait: bool = True) -> ApiKeyRecord | None:
         """Check the token against the store (a database read; call from a thread);
-        ``wait`` False: one try, :class:`StoreWaitExceededError` at once if it fails."""
-        record = waiting_for_store(
-            lambda: self.store.verify_api_key(token),
-            self.wait_s if wait else 0.0,
-            what="an API key's check",
-        )
+        ``wait`` False: one try, :class:`DatabaseUnavailableError` at once if it fails."""
+        if wait:
+            record = waiting_for_store(
+                lambda: self.store.verify_api_key(token), self.wait_s, what="an API key's check"
+            )
+        else:
+            try:
+                record = self.store.verify_api_key(token)
+            except DatabaseUnavailableError as exc:
+                with self._lock:
+                    self._probe_outage.failed(exc)
+                raise
+        if parse_token(token) is not None:  # a malformed one is refused without the database
+            with self._lock:
+                self._probe_outage.succeeded()
         if record is not None:
             digest = hashlib.sha256(token.encode()).hexdigest()
             with self._lock:
@@ -161,7 +179,8 @@ def require(role: Role, *, wait: bool = True) -> Callable[..., Awaitable[Princip
     It reads the headers itself (one dependency, no sub-dependencies: status polls are
     the hot path); :data:`SECURITY_SCHEMES` documents them in the OpenAPI schema.
     ``wait`` False: a key that must be checked while the database does not answer
-    raises :class:`StoreWaitExceededError` at once instead of after
+    raises :class:`DatabaseUnavailableError` at once (logged once per outage, not per
+    probe) instead of :class:`StoreWaitExceededError` after
     ``server.store_wait_s`` (a probe must answer fast)."""
 
     async def dependency(request: Request) -> Principal:
