@@ -19,6 +19,7 @@ from radserve.service.leases import LeaseKeeper
 from radserve.service.replica_config import destination_digests
 from radserve.service.service import Readiness
 from radserve.store import Lease, Store, init_store
+from radserve.store.replica_config import differences
 
 pytestmark = requires_postgres
 LEASE_S = 30.0
@@ -37,11 +38,37 @@ def _keeper(store: Store, instance: str, destinations: dict[str, str]) -> LeaseK
     )
 
 
-def _digests(tmp_path: Path, *peers: DicomPeer, fhir: str | None = None) -> dict[str, str]:
+def _digests(
+    tmp_path: Path, *peers: DicomPeer, fhir: str | None = None, gateway: bool = True
+) -> dict[str, str]:
     settings = settings_for(
-        tmp_path, gateway__allowed_peers=peers, fhir__url=fhir, outbox__replicas=2
+        tmp_path,
+        gateway__enabled=gateway,
+        gateway__allowed_peers=peers,
+        fhir__url=fhir,
+        outbox__replicas=2,
     )
     return destination_digests(settings)
+
+
+def test_only_the_destinations_a_replica_sends_to_are_recorded_and_compared(
+    tmp_path: Path,
+) -> None:
+    """A replica whose gateway is off sends no DICOM: its allowed peers are not recorded,
+    and no DICOM destination is compared with it (before session 19 its allow-list was
+    recorded and a peer listed there differently was named as a difference); a kind
+    both send is compared name by name, a destination one of them lacks included."""
+    sends = _digests(tmp_path, PACS, fhir="https://ehr.example/fhir")
+    receives_only = _digests(tmp_path, MOVED, fhir="https://ehr.example/fhir", gateway=False)
+    assert set(receives_only) == {"fhir:fhir"}
+    assert differences(sends, {"replica-b": receives_only}) == []
+    assert differences(receives_only, {"replica-a": sends}) == []
+    archive = {**sends, "dicom:ARCHIVE": "0" * 16}
+    assert differences(archive, {"replica-a": sends}) == [
+        "destination dicom:ARCHIVE is configured here but not on replica-a"
+    ]
+    no_fhir = {"dicom:PACS": sends["dicom:PACS"]}  # sends no FHIR: nothing to compare
+    assert differences(no_fhir, {"replica-a": sends}) == []
 
 
 def test_a_replica_configured_differently_is_named_by_destination(
@@ -60,17 +87,17 @@ def test_a_replica_configured_differently_is_named_by_destination(
             b.renew()
             assert a.config_differences == [] and b.config_differences == []
 
-            # replica B restarts with the PACS at another host and without the FHIR server
-            b = _keeper(stores[1], "replica-b", {"dicom:PACS": moved["dicom:PACS"]})
+            # replica B restarts with the PACS at another host and an archive A lacks
+            b = _keeper(stores[1], "replica-b", {**moved, "dicom:ARCHIVE": "0" * 16})
             b.renew()
             a.renew()
             assert b.config_differences == [
+                "destination dicom:ARCHIVE is configured here but not on replica-a",
                 "destination dicom:PACS is configured differently on replica-a",
-                "destination fhir:fhir is configured on replica-a but not here",
             ]
             assert a.config_differences == [
+                "destination dicom:ARCHIVE is configured on replica-b but not here",
                 "destination dicom:PACS is configured differently on replica-b",
-                "destination fhir:fhir is configured here but not on replica-b",
             ]
             b.renew()  # nothing new: no second line
             said = [r.getMessage() for r in caplog.records]
@@ -107,6 +134,8 @@ def test_two_servers_on_one_database_say_which_destination_differs(tmp_path: Pat
                     jobs__lease_s=3.0,  # renewed (and compared) every second
                     outbox__replicas=2,
                     outbox__instance_id=name,
+                    gateway__enabled=True,
+                    gateway__port=0,
                     gateway__allowed_peers=(peer,),
                 )
             )

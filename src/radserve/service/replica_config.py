@@ -2,7 +2,10 @@
 (radserve.store.replica_config): ``kind:name`` -> the first 16 hex of a SHA-256 over
 where that destination's results go (DICOM: AE title, host, port, TLS or not; FHIR and
 webhooks: the URL; syslog: host, port, transport). Secrets (tokens) are never part of
-it, and neither are knobs that may differ between replicas (timeouts, retries)."""
+it, and neither are knobs that may differ between replicas (timeouts, retries). Only
+destinations this replica sends to: the DICOM peers only when the gateway is enabled
+(its outbox is the only DICOM sender; a disabled gateway's ``allowed_peers`` used to be
+recorded and compared too)."""
 
 from __future__ import annotations
 
@@ -20,12 +23,13 @@ def _digest(fields: dict[str, Any]) -> str:
 
 
 def destination_digests(settings: Settings) -> dict[str, str]:
-    """``kind:name`` -> digest for every destination ``settings`` configure."""
+    """``kind:name`` -> digest for every destination this replica sends to."""
+    dicom = dicom_destinations(settings.gateway) if settings.gateway.enabled else []
     out = {
         f"dicom:{d.name}": _digest(
             {"ae_title": d.ae_title, "host": d.host, "port": d.port, "tls": d.tls is not None}
         )
-        for d in dicom_destinations(settings.gateway)
+        for d in dicom
     }
     if settings.fhir.url is not None:
         out["fhir:fhir"] = _digest({"url": settings.fhir.url})

@@ -7,7 +7,9 @@ host, port or URL under the same name), goes wrong without a word. So at every l
 renewal each replica writes a digest per destination (``kind:name`` -> the first 16
 hex of a SHA-256 over the settings that decide where its results go, never a secret)
 into ``replica_destinations``, and reads the maps of the other replicas seen within
-``within`` (a replica that stopped renewing is no longer compared). What differs is
+``within`` (a replica that stopped renewing is no longer compared). A map holds only
+what that replica sends to, and a kind is compared only between replicas that both send
+that kind (the lane share counts only the servers running a kind's lanes). What differs is
 named by destination and replica, never by patient data: ``/readyz`` lists it (degraded)
 and it is logged once whenever it changes (radserve.service.leases)."""
 
@@ -53,10 +55,13 @@ class ReplicaConfigMixin(StoreBase):
 
 
 def differences(mine: Mapping[str, str], others: Mapping[str, Mapping[str, str]]) -> list[str]:
-    """Each destination configured differently here and on another replica, in words."""
+    """Each destination configured differently here and on another replica, in words:
+    only of the kinds (``kind:`` of ``kind:name``) that both send to (a replica whose
+    gateway is off sends no DICOM: the PACS it does not send to is no difference)."""
     out = []
     for instance, theirs in sorted(others.items()):
-        for name in sorted(set(mine) | set(theirs)):
+        both = _kinds(mine) & _kinds(theirs)
+        for name in sorted(n for n in set(mine) | set(theirs) if _kind(n) in both):
             if name not in theirs:
                 out.append(f"destination {name} is configured here but not on {instance}")
             elif name not in mine:
@@ -64,6 +69,14 @@ def differences(mine: Mapping[str, str], others: Mapping[str, Mapping[str, str]]
             elif mine[name] != theirs[name]:
                 out.append(f"destination {name} is configured differently on {instance}")
     return out
+
+
+def _kind(name: str) -> str:
+    return name.partition(":")[0]
+
+
+def _kinds(destinations: Mapping[str, str]) -> set[str]:
+    return {_kind(n) for n in destinations}
 
 
 __all__ = ["ReplicaConfigMixin", "differences"]
