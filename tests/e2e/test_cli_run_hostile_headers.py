@@ -9,7 +9,9 @@ Series Description and Institution Name are not copied into any output.
 A UTF-8 study whose 60-character Greek/CJK Patient's Name, Accession Number and Study
 Description are over their VRs' limits in bytes (what dciodvfy counts): SEG, SR and
 Secondary Captures are dciodvfy-clean, each value cut on a character boundary, and the
-report names each attribute cut (never its value)."""
+report names each attribute cut (never its value). A Patient's Age, Patient's Weight
+and a Context UID in a Procedure Code Sequence item over their VRs' limits (no prefix
+of which is valid) are written empty, and named."""
 
 from __future__ import annotations
 
@@ -150,18 +152,23 @@ def test_wide_utf8_study_values_fit_their_vrs_in_bytes(tmp_path: Path) -> None:
     assert sorted(m.split(" has ")[0] for m in messages) == sorted(named)
     assert not any(v[:6] in m for v in WIDE.values() for m in messages)
 
-    written = sorted(out.glob("*.dcm"))
-    assert {"measurements-sr.dcm", "findings-seg.dcm"} <= {p.name for p in written}
-    assert any(p.name.endswith("-sc.dcm") for p in written), "key images as SC"
-    for path in written:
-        assert dciodvfy_errors(path) == [], path.name
-        ds = pydicom.dcmread(path, stop_before_pixels=True)
+    for _path, ds in _valid_seg_sr_sc(out):
         for keyword, value in WIDE.items():
             kept = str(ds[keyword].value)
             limit = 16 if keyword == "AccessionNumber" else 64
             # the longest prefix that fits, whole characters only
             assert value.startswith(kept.rstrip("^")) and len(kept.encode()) <= limit, keyword
             assert len(value[: len(kept) + 1].encode()) > limit, keyword
+
+
+def _valid_seg_sr_sc(out: Path) -> list[tuple[Path, Dataset]]:
+    """The SEG, SR and key-image SCs written to ``out``, each dciodvfy-clean, read."""
+    written = sorted(out.glob("*.dcm"))
+    assert {"measurements-sr.dcm", "findings-seg.dcm"} <= {p.name for p in written}
+    assert any(p.name.endswith("-sc.dcm") for p in written), "key images as SC"
+    for path in written:
+        assert dciodvfy_errors(path) == [], path.name
+    return [(p, pydicom.dcmread(p, stop_before_pixels=True)) for p in written]
 
 
 def _item(**values: str) -> Dataset:
@@ -206,3 +213,45 @@ def test_values_inside_copied_sequences_fit_their_vrs_too(tmp_path: Path) -> Non
         assert MEANING.startswith(meaning) and len(meaning.encode()) <= 64, path.name
         ids = [item.PatientID for item in ds.OtherPatientIDsSequence]
         assert ids == ["short", "Ω" * 32], path.name
+
+
+CONTEXT_UID = "1.2." + "3" * 62  # UI: 66 bytes, in an item
+NOT_CUTTABLE = {  # no prefix of these is a valid value of their VR
+    Tag("PatientAge"): ("AS", "0045Y"),  # AS: 4 bytes
+    Tag("PatientWeight"): ("DS", "70.0000000000000001"),  # DS: 16 bytes
+    Tag("ProcedureCodeSequence"): (
+        "SQ",
+        Sequence(
+            [
+                _item(
+                    CodeValue="P1",
+                    CodingSchemeDesignator="99X",
+                    CodeMeaning="CT chest",
+                    ContextUID=CONTEXT_UID,
+                )
+            ]
+        ),
+    ),
+}
+
+
+def test_values_that_cannot_be_cut_are_written_empty_and_named(tmp_path: Path) -> None:
+    study = _utf8_study(tmp_path / "study", NOT_CUTTABLE)
+    out, done = _run(tmp_path, study, "--sc-key-images")
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    report = Report.model_validate_json((out / "report.json").read_bytes())
+    messages = sorted(w.message for w in report.warnings if w.code == "value_shortened")
+    assert [m.split(" has ")[0] for m in messages] == [
+        "Context UID (0008,0117) in Procedure Code Sequence (0008,1032) item 1",
+        "Patient's Age (0010,1010)",
+        "Patient's Weight (0010,1030)",
+    ]
+    assert all("the DICOM results carry it empty" in m for m in messages), messages
+    for path, ds in _valid_seg_sr_sc(out):
+        assert ds.get("PatientAge", "") in ("", None), path.name
+        assert ds.get("PatientWeight", "") in ("", None), path.name
+        items = ds.get("ProcedureCodeSequence", [])
+        assert all(not i.get("ContextUID") for i in items), path.name
+        if not path.name.endswith("-sc.dcm"):  # the key-image SCs carry neither
+            assert [i.CodeMeaning for i in items] == ["CT chest"], path.name

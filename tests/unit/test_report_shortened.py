@@ -3,9 +3,16 @@ UTF-8 bytes, cut on a character boundary, a Person Name group by group."""
 
 from __future__ import annotations
 
+import pytest
 from pydicom.dataset import Dataset
 
-from radserve.report.shortened import COPIED_KEYWORDS, COPIED_MODULES, cut_copied, shortened_values
+from radserve.report.shortened import (
+    COPIED_KEYWORDS,
+    COPIED_MODULES,
+    CopiedValueTooLongError,
+    cut_copied,
+    shortened_values,
+)
 
 
 def test_values_are_cut_to_their_vr_in_bytes_on_character_boundaries() -> None:
@@ -76,3 +83,54 @@ def test_the_copied_attributes_are_highdicoms_copy_list() -> None:
         )
     )
     assert expected == COPIED_KEYWORDS
+
+
+def test_values_no_prefix_of_which_is_valid_are_written_empty_and_named() -> None:
+    """A UID, date, time, number or age over its VR's limit cannot be cut (a prefix is
+    another value or an invalid one): written empty (valid for Type 2 and 3), said in the
+    report; the text VRs CS and AE are cut like LO (before session 19 only PN, LO, SH,
+    ST and LT were looked at)."""
+    ds = Dataset()
+    ds.StudyDate = "202612031"  # DA: 9 bytes
+    ds.StudyTime = "120000.000000  1"  # TM: 16 bytes (the pre-2019 limit)
+    ds.PatientAge = "045YY"  # AS: 5 bytes
+    ds.PatientWeight = "70.0000000000000001"  # DS: 19 bytes
+    ds.PatientSex = "FEMALEFEMALEFEMALE"  # CS: 18 bytes, cut
+    code = Dataset()
+    code.CodeValue, code.CodingSchemeDesignator, code.CodeMeaning = "P1", "99X", "m"
+    code.ContextUID = "1." + "2" * 70  # UI in an item: 72 bytes
+    ds.ProcedureCodeSequence = [code]
+    messages = {m.split(" has ")[0]: m for _, m in shortened_values(ds)}
+    assert messages["Study Date (0008,0020)"].endswith(
+        "the DICOM results carry it empty (DA allows 8 bytes, and a shorter DA would be "
+        "another value) (the FHIR Bundle carries it whole)"
+    )
+    assert "cut to the 16 bytes CS allows" in messages["Patient's Sex (0010,0040)"]
+    assert "Context UID (0008,0117) in Procedure Code Sequence (0008,1032) item 1" in messages
+    assert sorted(cut_copied(ds)) == [
+        "PatientAge",
+        "PatientSex",
+        "PatientWeight",
+        "ProcedureCodeSequence[1].ContextUID",
+        "StudyDate",
+        "StudyTime",
+    ]
+    assert ds.StudyDate == "" and ds.StudyTime == "" and ds.PatientAge == ""
+    assert ds.PatientWeight is None or ds.PatientWeight == ""
+    assert ds.PatientSex == "FEMALEFEMALEFEMA" and code.ContextUID == ""
+    assert shortened_values(ds) == []
+
+
+def test_a_type1_uid_over_its_limit_is_refused_by_name() -> None:
+    ref = Dataset()
+    ref.ReferencedSOPClassUID = "1.2.840.10008.3.1.2.3.1"
+    ref.ReferencedSOPInstanceUID = "1." + "3" * 70  # 72 bytes; Type 1: never empty
+    ds = Dataset()
+    ds.ReferencedStudySequence = [ref]
+    with pytest.raises(
+        CopiedValueTooLongError,
+        match=r"Referenced SOP Instance UID \(0008,1155\) in Referenced Study Sequence "
+        r"\(0008,1110\) item 1 has a value of 72 bytes, over the 64 UI allows, and it is "
+        r"Type 1",
+    ):
+        cut_copied(ds)

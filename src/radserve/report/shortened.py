@@ -9,10 +9,13 @@ limit, so each such text value is cut to fit, counted in UTF-8 bytes (the widest
 encoding radserve writes for most scripts), on a character boundary, and a Person Name
 group by group (the ``=`` separators stay); inside the items of the sequences copied
 (a Procedure Code Sequence's Code Meaning, an Other Patient IDs Sequence's Patient ID)
-by the same rule. A reader comparing the results with the
-PACS's images must be told: the report carries one ``value_shortened`` warning per
-attribute (JSON, and a Quality Issue in the SR). The FHIR Bundle keeps values whole
-(FHIR has no length limit).
+by the same rule. A value of a VR no prefix of which is valid (UI, DA, TM, DT, DS, IS,
+AS) is written empty instead (valid for Type 2 and 3; a Type 1 one is refused by name),
+and CS and AE are cut like the text VRs (before session 19 only PN, LO, SH, ST and LT
+were looked at: a 5-byte Patient's Age was copied whole). A reader comparing the
+results with the PACS's images must be told: the report carries one ``value_shortened``
+warning per attribute (JSON, and a Quality Issue in the SR). The FHIR Bundle keeps
+values whole (FHIR has no length limit).
 """
 
 from __future__ import annotations
@@ -25,11 +28,45 @@ from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 from pydicom.tag import Tag
 
+from radserve.errors import ReportError
 from radserve.models.dicom_text import LO_MAX_BYTES, SH_MAX_BYTES, cut_utf8
 
 VALUE_SHORTENED = "value_shortened"  # the report warning's code
-# PS3.5 Table 6.2-1, as bytes (PN: per component group)
-MAX_BYTES = {"PN": 64, "LO": LO_MAX_BYTES, "SH": SH_MAX_BYTES, "ST": 1024, "LT": 10240}
+# PS3.5 Table 6.2-1, as bytes (PN: per component group; the limits in characters of the
+# ASCII-only VRs are bytes; TM: 14 since the 2019 editions, which dropped the old 16)
+MAX_BYTES = {
+    "AE": 16,
+    "CS": 16,
+    "PN": 64,
+    "LO": LO_MAX_BYTES,
+    "SH": SH_MAX_BYTES,
+    "ST": 1024,
+    "LT": 10240,
+    "AS": 4,
+    "DA": 8,
+    "DS": 16,
+    "DT": 26,
+    "IS": 12,
+    "TM": 14,
+    "UI": 64,
+}
+# text VRs whose prefix is still a valid value: cut; the others (a UID, a date, a time, a
+# number, an age) would become another value or an invalid one: written empty (valid for
+# Type 2 and 3), and refused by name where the attribute is Type 1
+CUT_VRS = frozenset({"AE", "CS", "PN", "LO", "SH", "ST", "LT"})
+# Type 1 attributes of the copied modules and of their sequences' items (the SOP Instance
+# Reference Macro of Referenced Study/Patient Sequence, ...) a source may hold too long:
+# Study Instance UID is refused at ingest (radserve.ingest.rules), the others here
+TYPE1_KEYWORDS = frozenset(
+    {"StudyInstanceUID", "ReferencedSOPClassUID", "ReferencedSOPInstanceUID"}
+)
+
+
+class CopiedValueTooLongError(ReportError):
+    """A Type 1 source value copied into the DICOM results is over its VR's limit, and
+    neither a cut nor an empty value would be valid."""
+
+
 COPIED_MODULES = (  # what highdicom's copy_patient_and_study_information copies
     "patient",
     "clinical-trial-subject",
@@ -216,12 +253,24 @@ def path_text(path: Path) -> str:
 
 def cut_copied(dataset: Dataset) -> list[str]:
     """Cut, in place, each copied attribute of ``dataset`` to its VR, in the copied
-    sequences' items too; where each cut was (:func:`path_text`, a top-level one is its
-    keyword)."""
+    sequences' items too (one of a VR no prefix of which is valid: written empty);
+    where each cut was (:func:`path_text`, a top-level one is its keyword).
+
+    Raises:
+        CopiedValueTooLongError: a Type 1 attribute of such a VR is over its limit."""
     cut = []
-    for path, vr, _, element in list(_over_long_in(dataset, COPIED_KEYWORDS, ())):
-        values = [fit_value(vr, v) for v in _values(element.value)]
-        element.value = values if len(values) > 1 else values[0]
+    for path, vr, size, element in list(_over_long_in(dataset, COPIED_KEYWORDS, ())):
+        if vr not in CUT_VRS:
+            if path[1] in TYPE1_KEYWORDS:
+                raise CopiedValueTooLongError(
+                    f"the source's {_where(path)} has a value of {size} bytes, over the "
+                    f"{MAX_BYTES[vr]} {vr} allows, and it is Type 1 (it may be neither "
+                    "cut nor empty): no DICOM result can carry it; correct it at the source"
+                )
+            element.value = ""
+        else:
+            values = [fit_value(vr, v) for v in _values(element.value)]
+            element.value = values if len(values) > 1 else values[0]
         cut.append(path_text(path))
     return cut
 
@@ -235,8 +284,13 @@ def shortened_values(dataset: Dataset | None) -> list[tuple[str, str]]:
             VALUE_SHORTENED,
             f"{_where(path)} has "
             f"{'a component group' if vr == 'PN' else 'a value'} of {size} bytes: the DICOM "
-            f"results carry it cut to the {MAX_BYTES[vr]} bytes {vr} allows (the FHIR "
-            "Bundle carries it whole)",
+            + (
+                f"results carry it cut to the {MAX_BYTES[vr]} bytes {vr} allows"
+                if vr in CUT_VRS
+                else f"results carry it empty ({vr} allows {MAX_BYTES[vr]} bytes, and a "
+                f"shorter {vr} would be another value)"
+            )
+            + " (the FHIR Bundle carries it whole)",
         )
         for path, vr, size in over_long(dataset)
     ]
@@ -264,8 +318,10 @@ def _tag_of(tag: int) -> str:
 
 __all__ = [
     "COPIED_KEYWORDS",
+    "CUT_VRS",
     "MAX_BYTES",
     "VALUE_SHORTENED",
+    "CopiedValueTooLongError",
     "cut_copied",
     "fit_value",
     "over_long",
