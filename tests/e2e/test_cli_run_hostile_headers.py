@@ -255,3 +255,21 @@ def test_values_that_cannot_be_cut_are_written_empty_and_named(tmp_path: Path) -
         assert all(not i.get("ContextUID") for i in items), path.name
         if not path.name.endswith("-sc.dcm"):  # the key-image SCs carry neither
             assert [i.CodeMeaning for i in items] == ["CT chest"], path.name
+
+
+def test_a_type1_value_that_cannot_be_cut_fails_the_run_by_name(tmp_path: Path) -> None:
+    ref = _item(ReferencedSOPClassUID="1.2.840.10008.3.1.2.3.1")
+    ref.ReferencedSOPInstanceUID = "1." + "3" * 70  # UI: 72 bytes, Type 1 in the item
+    study = _utf8_study(tmp_path / "study", {Tag("ReferencedStudySequence"): ("SQ", [ref])})
+    out, done = _run(tmp_path, study)
+    assert done.returncode == 2, done.stderr[-3000:]
+    where = (
+        "Referenced SOP Instance UID (0008,1155) in Referenced Study Sequence (0008,1110) "
+        "item 1 has a value of 72 bytes"
+    )
+    refused = f"error [report_failed]: the source's {where}, over the 64 UI allows"
+    assert f"{refused}, and it is Type 1" in done.stderr
+    assert not list(out.glob("*.dcm"))
+    report = Report.model_validate_json((out / "report.json").read_bytes())
+    [shortened] = [w.message for w in report.warnings if w.code == "value_shortened"]
+    assert shortened.startswith(f"{where}: the DICOM results are not written"), shortened

@@ -284,16 +284,25 @@ def shortened_values(dataset: Dataset | None) -> list[tuple[str, str]]:
             VALUE_SHORTENED,
             f"{_where(path)} has "
             f"{'a component group' if vr == 'PN' else 'a value'} of {size} bytes: the DICOM "
-            + (
-                f"results carry it cut to the {MAX_BYTES[vr]} bytes {vr} allows"
-                if vr in CUT_VRS
-                else f"results carry it empty ({vr} allows {MAX_BYTES[vr]} bytes, and a "
-                f"shorter {vr} would be another value)"
-            )
+            + _what_results_carry(path, vr)
             + " (the FHIR Bundle carries it whole)",
         )
         for path, vr, size in over_long(dataset)
     ]
+
+
+def _what_results_carry(path: Path, vr: str) -> str:
+    if vr in CUT_VRS:
+        return f"results carry it cut to the {MAX_BYTES[vr]} bytes {vr} allows"
+    if path[1] in TYPE1_KEYWORDS:
+        return (
+            f"results are not written: {vr} allows {MAX_BYTES[vr]} bytes, and the attribute "
+            "is Type 1 (neither a cut nor an empty value is valid)"
+        )
+    return (
+        f"results carry it empty ({vr} allows {MAX_BYTES[vr]} bytes, and a shorter {vr} "
+        "would be another value)"
+    )
 
 
 def _where(path: Path) -> str:
