@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -198,3 +199,63 @@ def test_a_connection_dropped_mid_instance_leaves_no_spool_file(tmp_path: Path) 
         assoc.kill()
         assert wait_until(lambda: not any(scp.spool.iterdir()), timeout=20)
         assert wait_until(lambda: not scp.admission.open_connections(), timeout=20)
+
+
+ELEMENTS = 2000  # ingest.max_header_elements in the test below
+
+
+def _crowded(source: Path, target: Path, count: int) -> Path:
+    """``source`` with ``count`` private US elements (2 bytes each) and a planted name."""
+    ds = pydicom.dcmread(source)
+    ds.PatientName = PHI
+    for block_number in range(0x10, 0x10 + count // 256 + 1):
+        block = ds.private_block(0x0009, f"RADSERVE CROWD {block_number}", create=True)
+        for offset in range(min(256, count)):
+            block.add_new(offset, "US", offset)
+        count -= 256
+        if count <= 0:
+            break
+    ds.save_as(target, enforce_file_format=True)
+    return target
+
+
+def test_a_header_over_the_element_bound_is_refused_naming_the_setting(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """C-STORE reads a received file's header by path: ingest.max_header_elements bounds
+    that read as it bounds STOW-RS and discovery (pydicom read the path unbounded: the
+    instance was stored, and its header built whole, whatever its element count). The
+    association's other instances and a study sent at the same time are stored."""
+    caplog.set_level(logging.INFO)
+    studies: list[CompletedStudy] = []
+    config = ScpConfig(
+        data_dir=tmp_path / "gateway",
+        port=0,
+        quiet_s=1.0,
+        max_header_elements=ELEMENTS,
+        allowed_peers=(Peer("STORESCU", "127.0.0.1"),),
+    )
+    files = small_study(tmp_path / "hostile", seed=1)
+    crowded = _crowded(files[5], tmp_path / "crowded.dcm", 3 * ELEMENTS)
+    sent = [*files[:5], crowded, *files[6:]]
+    good = small_study(tmp_path / "good", seed=2)
+    with GatewaySCP(config, studies.append) as scp:
+        beside = threading.Thread(target=lambda: runs.append(storescu(*scp.address, good)))
+        runs: list[subprocess.CompletedProcess[str]] = []
+        beside.start()
+        hostile = storescu(*scp.address, sent, extra=["-v", "--no-halt"])  # past the failure
+        beside.join()
+        assert wait_until(lambda: len(studies) == 2, timeout=30)
+    assert runs[0].returncode == 0, runs[0].stderr
+    assert "Store Failed" in hostile.stderr or "Error" in hostile.stderr, hostile.stderr
+    received = {s.study_instance_uid: s for s in studies}
+    by_folder = {len(s.instances) for s in received.values()}
+    assert by_folder == {len(files) - 1, len(good)}  # only the crowded instance refused
+    names = {p.name for s in studies for p in s.instances}
+    assert len(names) == len(files) - 1 + len(good)
+    refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 1, refusals
+    assert f"more than {ELEMENTS} data elements" in refusals[0]
+    assert "ingest.max_header_elements" in refusals[0]
+    assert PHI not in caplog.text and "Planted" not in caplog.text
+    assert not any(r.exc_info for r in caplog.records)

@@ -141,3 +141,39 @@ def test_a_known_transfer_syntax_reads_what_the_file_meta_would_say(
     known = read_header(path, transfer_syntax=syntax)
     assert known.to_json_dict() == read_header(path).to_json_dict()
     assert known.file_meta.TransferSyntaxUID == syntax and str(known.PatientName) == "Doe^Jane"
+
+
+def _many_elements(tmp_path: Path, count: int, *, deflated: bool = False) -> Path:
+    path = _deflated(tmp_path, big=10) if deflated else _part10(tmp_path)
+    ds = pydicom.dcmread(path)
+    for i in range(count):  # private elements of group 0009, block 0x10
+        ds.add_new(0x00091000 | (0x1000 + i) & 0xFFFF, "US", i)
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+@pytest.mark.parametrize("source", ["path", "stream", "deflated"])
+def test_every_source_is_read_within_the_element_bound(tmp_path: Path, source: str) -> None:
+    """One bound whatever the door: a path (C-STORE's received file, a stored file) was
+    read by pydicom unbounded, so ingest.max_header_elements did not apply to it."""
+    path = _many_elements(tmp_path, 200, deflated=source == "deflated")
+    read = io.BytesIO(path.read_bytes()) if source == "stream" else path
+    bound = r"\(InputTooLargeError: the header holds more than 100 data elements, more than "
+    bound += "ingest.max_header_elements"
+    with pytest.raises(UnreadableHeaderError, match=bound):
+        read_header(read, max_header_elements=100)
+    if source == "stream":
+        read.seek(0)
+    assert str(read_header(read, max_header_elements=1000).PatientName) == "Doe^Jane"
+
+
+def test_a_path_is_left_closed_and_read_again_for_deferred_values(tmp_path: Path) -> None:
+    import gc
+    import os
+
+    path = _part10(tmp_path, big=2 * DEFER_BYTES)
+    fds = len(os.listdir("/proc/self/fd"))
+    header = read_header(path)
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == fds  # no file held open by the header
+    assert header.filename == str(path) and header[_BIG_PRIVATE].value == b"\x00" * 2 * DEFER_BYTES

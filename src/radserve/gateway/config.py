@@ -58,7 +58,8 @@ class ScpConfig(GatewaySettings):
     """The gateway settings plus ``data_dir`` (received instances go to
     ``data_dir/incoming/<study>/``, quarantine/ for others) and the bounds on reading a
     received instance, from the ``ingest`` settings: ``max_file_bytes`` (the instance, and
-    a Deflated one inflated) and ``max_header_bytes`` (its header in memory)."""
+    a Deflated one inflated), ``max_header_bytes`` and ``max_header_elements`` (its header in
+    memory: the bounds STOW-RS and ingest read a header within)."""
 
     data_dir: Path
     # built directly (an SCP embedded in a process, the in-process tests), it receives in
@@ -67,6 +68,7 @@ class ScpConfig(GatewaySettings):
     receivers: int = Field(default=1, ge=1, le=64)
     max_file_bytes: int = Field(default=IngestPolicy.max_file_bytes, gt=0)
     max_header_bytes: int = Field(default=IngestPolicy.max_header_bytes, gt=0)
+    max_header_elements: int = Field(default=IngestPolicy.max_header_elements, gt=0)
 
     def __init__(self, /, **data: Any) -> None:
         try:
@@ -92,6 +94,7 @@ def scp_config_from_settings(
         bounds = {
             "max_file_bytes": ingest.max_file_bytes,
             "max_header_bytes": ingest.max_header_bytes,
+            "max_header_elements": ingest.max_header_elements,
         }
     values = {**dict(gateway), "data_dir": Path(data_dir) / "gateway", **bounds, **overrides}
     return ScpConfig(**values)

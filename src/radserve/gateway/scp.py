@@ -45,7 +45,7 @@ from radserve.gateway.receive_limit import Exceeded, StoreLimit, clear_spool, in
 from radserve.gateway.receivers import ReceiverPool
 from radserve.gateway.storage import Disposition, InstanceStore, check_uid
 from radserve.gateway.transport import Admission, GatewayServer, start_server
-from radserve.ingest.headers import header_text, read_header
+from radserve.ingest.headers import UnreadableHeaderError, header_text, read_header
 from radserve.ingest.sources import InputTooLargeError
 from radserve.tls import server_context
 
@@ -498,7 +498,12 @@ class GatewaySCP:
                     sop_class_uid=sop_class,
                     quarantine=quarantine,
                 )
-        except (OutOfResourcesError, InstanceRejectedError, InputTooLargeError) as exc:
+        except (
+            OutOfResourcesError,
+            InstanceRejectedError,
+            InputTooLargeError,
+            UnreadableHeaderError,  # names its cause (a bound: the setting), never a value
+        ) as exc:
             if not isinstance(exc, OutOfResourcesError):
                 logger.warning("instance from %s refused: %s", calling, exc.message)
             return _status(error_table.lookup(exc).dicom, exc.message, exc.code)
@@ -538,6 +543,7 @@ class GatewaySCP:
         return read_header(
             received,
             max_header_bytes=self.config.max_header_bytes,
+            max_header_elements=self.config.max_header_elements,
             transfer_syntax=transfer_syntax,
         )
 

@@ -1126,11 +1126,13 @@ def read_header(
     ingest (priority rules, STOW-RS checks, result index, WADO-RS metadata, FHIR).
 
     Never the pixel data; values over :data:`DEFER_BYTES` are read only when used; only
-    ``tags`` (keywords or tags) when given. A stream is read through a
+    ``tags`` (keywords or tags) when given. A path or a stream is read through a
     :class:`~radserve.ingest.sources.BoundedStream` (at most ``max_header_bytes`` read
-    into memory, deferred values included), from where it is, and left where the parser
-    stopped (callers seek); a path is read by pydicom, which re-opens it for deferred
-    values. Raises :class:`UnreadableHeaderError` for what pydicom cannot parse or what
+    into memory, at most ``max_header_elements`` elements: a path was read by pydicom
+    unbounded, so C-STORE's received file escaped the element bound); a stream from
+    where it is, left where the parser stopped (callers seek), its deferred values read
+    through the bound too; a path's deferred values are read from the path when used.
+    Raises :class:`UnreadableHeaderError` for what pydicom cannot parse or what
     passes the bound; :class:`OSError` (a file gone or unreadable) passes through, as it
     is not the header's fault.
 
@@ -1143,29 +1145,34 @@ def read_header(
     else:
         deflated = not force and _deflated_source(source)
     if deflated:
-        return _read_deflated_header(source, tags, max_header_bytes)
-    if not isinstance(source, str | os.PathLike):
-        source = cast(
-            BinaryIO,
-            BoundedStream(
-                source,
-                max_header_bytes,
-                "ingest.max_header_bytes",
-                max_elements=max_header_elements,
-            ),
-        )
-    try:
-        return pydicom.dcmread(
-            source,
-            stop_before_pixels=True,
-            defer_size=DEFER_BYTES,
-            specific_tags=list(tags) if tags is not None else None,
-            force=force,
-        )
-    except OSError:
-        raise
-    except Exception as exc:  # pydicom raises many types on damaged input
-        raise UnreadableHeaderError(exc) from exc
+        return _read_deflated_header(source, tags, max_header_bytes, max_header_elements)
+    with contextlib.ExitStack() as stack:
+        path = os.fspath(source) if isinstance(source, str | os.PathLike) else None
+        raw = stack.enter_context(open(path, "rb")) if path is not None else source
+        try:
+            ds = pydicom.dcmread(
+                _bounded(cast(BinaryIO, raw), max_header_bytes, max_header_elements),
+                stop_before_pixels=True,
+                defer_size=DEFER_BYTES,
+                specific_tags=list(tags) if tags is not None else None,
+                force=force,
+            )
+        except OSError:
+            raise
+        except Exception as exc:  # pydicom raises many types on damaged input
+            raise UnreadableHeaderError(exc) from exc
+    if path is not None:  # deferred values are read from the path, as if pydicom opened it
+        ds.buffer, ds.filename, ds.fileobj_type = None, path, open
+        ds.timestamp = os.stat(path).st_mtime
+    return ds
+
+
+def _bounded(raw: BinaryIO, max_bytes: int, max_elements: int) -> BinaryIO:
+    """The one bound on a header read outside ingest's own (:class:`_HeaderStream`, the
+    same counters): a path, a stream or an inflating stream, at every door (C-STORE's
+    received file, a STOW-RS part, a stored file) read through it."""
+    bounded = BoundedStream(raw, max_bytes, "ingest.max_header_bytes", max_elements=max_elements)
+    return cast(BinaryIO, bounded)
 
 
 def _deflated_source(source: str | os.PathLike[str] | BinaryIO) -> bool:
@@ -1186,7 +1193,10 @@ def _deflated_source(source: str | os.PathLike[str] | BinaryIO) -> bool:
 
 
 def _read_deflated_header(
-    source: str | os.PathLike[str] | BinaryIO, tags: Sequence[str | int] | None, limit: int
+    source: str | os.PathLike[str] | BinaryIO,
+    tags: Sequence[str | int] | None,
+    limit: int,
+    max_elements: int,
 ) -> Dataset:
     """A Deflated file's header, inflated only as far as the parser reads, all values
     read (no deferred read can reach the inflated data later), at most ``limit`` bytes
@@ -1200,7 +1210,7 @@ def _read_deflated_header(
         at = raw.tell()
         try:
             ds = pydicom.dcmread(
-                cast(BinaryIO, InflatingStream(raw, limit)),
+                _bounded(cast(BinaryIO, InflatingStream(raw, limit)), limit, max_elements),
                 stop_before_pixels=True,
                 specific_tags=list(tags) if tags is not None else None,
             )

@@ -341,8 +341,14 @@ def check_part(
             reason=f"media type {quoted(media)}; expected {DICOM_MEDIA}",
         )
     part.stream.seek(0)
+    bounds = policy or IngestPolicy()
     try:
-        ds = read_header(part.stream, tags=_CHECKED)
+        ds = read_header(
+            part.stream,
+            tags=_CHECKED,
+            max_header_bytes=bounds.max_header_bytes,
+            max_header_elements=bounds.max_header_elements,
+        )
         meta = getattr(ds, "file_meta", None)
         sop_class = header_text(ds, "SOPClassUID") or header_text(meta, "MediaStorageSOPClassUID")
         syntax = header_text(meta, "TransferSyntaxUID")
@@ -391,7 +397,7 @@ def check_part(
             ),
             "instance_invalid",
         )
-    return _check_complete(outcome, part, policy or IngestPolicy())
+    return _check_complete(outcome, part, bounds)
 
 
 def _check_complete(
