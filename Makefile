@@ -30,11 +30,14 @@ demo-serve: install
 ## Install what the tests need and run lint (ruff, import layers) + the test suite (its
 ## log ends with the 30 slowest test phases and the 25 slowest test files, each file's
 ## summed wall and CPU-seconds, tests/file_durations.py: where CI time goes).
-test: install-test
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
-	$(BIN)/lint-imports
+test: lint
 	$(BIN)/python -m pytest -q --durations=30
+
+## ruff (check and format) over src, tests and tools, as the landing command; import layers.
+lint: install-test
+	$(BIN)/ruff check src tests tools
+	$(BIN)/ruff format --check src tests tools
+	$(BIN)/lint-imports
 
 ## Fuzz every hostile-input surface with atheris for FUZZ_MINUTES each (docs/fuzzing.md);
 ## corpus, reproducers and logs under out/fuzz/<target>/, kept for the next run.

@@ -127,9 +127,10 @@ def test_an_empty_store_plans_with_the_prior(tmp_path: Path) -> None:
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
-    out = json.loads(result.stdout)  # stderr: the new audit key's warning
+    out = json.loads(result.stdout)  # stderr: the note that there is no data folder
     assert out["service_times"]["measured"] is False
     assert out["plans"][0]["classes"]["URGENT"]["jobs"] > 20
+    assert not (tmp_path / "data").exists()  # planning only reads: no store created
 
 
 def test_a_cpu_host_learns_times_alone_from_the_store(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ def verify(
         raise click.BadParameter(str(exc), param_hint="--expect-head") from None
     settings = load_settings(config_file, data_dir=data_dir)
     checkpoints = None if no_checkpoint else CheckpointFile(checkpoint_path(settings))
-    store = open_store(config_file, data_dir)
+    store = open_store(config_file, data_dir, create=False)
     try:
         report, checkpoint = verify_sealed(store, checkpoints, expected)
     finally:
@@ -83,7 +83,7 @@ def verify(
 @DATA_DIR_OPTION
 def export(out: Path, config_file: Path | None, data_dir: Path | None) -> None:
     """Write every audit record, oldest first, as one JSON object per line."""
-    store = open_store(config_file, data_dir)
+    store = open_store(config_file, data_dir, create=False)
     count, last_hash = 0, None
     out.parent.mkdir(parents=True, exist_ok=True)
     try:

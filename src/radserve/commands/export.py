@@ -43,7 +43,7 @@ def command(
     if not deidentify:
         raise click.UsageError("only de-identified export is offered: use --deidentify")
     settings = load_settings(config_file, data_dir=data_dir)
-    store, trail = open_audited(settings)
+    store, trail = open_audited(settings, create=False)  # no store: no job to export
     try:
         job = store.get_job(job_id)
         if job.result_path is None:

@@ -14,13 +14,14 @@ if TYPE_CHECKING:
     from radserve.store import Store
 
 
-def open_store(config_file: Path | None, data_dir: Path | None) -> Store:
+def open_store(config_file: Path | None, data_dir: Path | None, *, create: bool = True) -> Store:
     """The store the server with these settings uses (no running server needed), with
-    the audit key: records this command appends are keyed and checkpointed."""
+    the audit key: records this command appends are keyed and checkpointed. A command
+    that only reads passes ``create=False``: no store there is an error, not a new one."""
     from radserve.config import load_settings
     from radserve.store.audited import open_audited
 
-    store, _trail = open_audited(load_settings(config_file, data_dir=data_dir))
+    store, _trail = open_audited(load_settings(config_file, data_dir=data_dir), create=create)
     return store
 
 
@@ -85,7 +86,7 @@ def revoke(key_id: str, config_file: Path | None, data_dir: Path | None) -> None
 @DATA_DIR_OPTION
 def list_keys(as_json: bool, active: bool, config_file: Path | None, data_dir: Path | None) -> None:
     """List keys (ids, roles, names, dates; never the keys themselves)."""
-    store = open_store(config_file, data_dir)
+    store = open_store(config_file, data_dir, create=False)
     try:
         keys = store.list_api_keys(include_revoked=not active)
     finally:

@@ -31,16 +31,23 @@ def group() -> None:
     """Model bundles: list, install, deploy, promote, rollback, build precision variants."""
 
 
-def _lifecycle(config_file: Path | None, data_dir: Path | None) -> ModelLifecycle:
-    """The lifecycle over the store and models a server with these settings uses."""
+def _lifecycle(
+    config_file: Path | None, data_dir: Path | None, *, scratch: Path | None = None
+) -> ModelLifecycle:
+    """The lifecycle over the store and models a server with these settings uses; with
+    ``scratch``, over an empty store in that folder instead (nothing deployed)."""
     from radserve.config import load_settings
     from radserve.ingest import IngestPolicy
     from radserve.service.catalog import Catalog
     from radserve.service.lifecycle import ModelLifecycle
     from radserve.store.audited import open_audited
+    from radserve.store.store import init_store
 
     settings = load_settings(config_file, data_dir=data_dir)
-    store, _trail = open_audited(settings)
+    if scratch is None:
+        store, _trail = open_audited(settings)
+    else:
+        store = init_store(f"sqlite:///{scratch / 'listing.db'}")
     catalog = Catalog.from_settings(settings)
     return ModelLifecycle(
         settings,
@@ -79,6 +86,20 @@ def _change(
     _print_deployment(saved)
 
 
+def _status(lifecycle: ModelLifecycle, models_dir: tuple[Path, ...]) -> list[dict[str, Any]]:
+    """``lifecycle.status()`` with ``models_dir`` searched first; closes its store."""
+    try:
+        if models_dir:
+            from radserve.models.registry import ModelRegistry
+
+            registry = lifecycle.catalog.registry
+            lifecycle.catalog.registry = ModelRegistry([*models_dir, *registry.roots])
+        lifecycle.refresh()
+        return lifecycle.status()
+    finally:
+        lifecycle.store.close()
+
+
 @group.command("list")
 @click.option(
     "--models-dir",
@@ -93,15 +114,22 @@ def list_models(
     models_dir: tuple[Path, ...], as_json: bool, config_file: Path | None, data_dir: Path | None
 ) -> None:
     """Every version: its labels, servable precisions, gate state, where it is deployed."""
-    lifecycle = _lifecycle(config_file, data_dir)
-    if models_dir:
-        from radserve.models.registry import ModelRegistry
+    import tempfile
 
-        registry = lifecycle.catalog.registry
-        lifecycle.catalog.registry = ModelRegistry([*models_dir, *registry.roots])
-    lifecycle.refresh()
-    rows = lifecycle.status()
-    lifecycle.store.close()
+    from radserve.config import load_settings
+    from radserve.store.audited import missing_data
+
+    missing = missing_data(load_settings(config_file, data_dir=data_dir))
+    if missing is None:
+        rows = _status(_lifecycle(config_file, data_dir), models_dir)
+    else:  # the wrong folder, or before the first serve: list the bundles, write nothing
+        click.echo(
+            f"note: {missing}: no stored deployment (each step shows its pipeline's "
+            "version as stable); nothing was written",
+            err=True,
+        )
+        with tempfile.TemporaryDirectory(prefix="radserve-models-list-") as scratch:
+            rows = _status(_lifecycle(config_file, data_dir, scratch=Path(scratch)), models_dir)
     if as_json:
         click.echo(json.dumps(rows, indent=2, default=str))
         return

@@ -23,7 +23,8 @@ def _open(config_file: Path | None, data_dir: Path | None) -> tuple[Store, Outbo
     from radserve.store.audited import open_audited
 
     settings = load_settings(config_file, data_dir=data_dir)
-    store, _trail = open_audited(settings)  # a retry is audited: keyed like the server's
+    # a retry is audited: keyed like the server's; no store there: nothing to list or retry
+    store, _trail = open_audited(settings, create=False)
     return store, OutboxOps(settings, store)
 
 

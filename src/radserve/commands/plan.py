@@ -123,13 +123,16 @@ def command(
         model = ServiceTimeModel(Prior(t.prior_fixed_s, t.prior_per_slice_s, t.prior_device_share))
     if service_file is None or replay is not None:
         from radserve.service.turnaround import history_arrivals
-        from radserve.store.audited import open_audited
+        from radserve.store.audited import missing_data, open_audited
 
-        store, _trail = open_audited(settings)
+        missing = missing_data(settings) if replay is None else None
+        if missing is None:  # --replay without a store: NoDataError, nothing written
+            store, _trail = open_audited(settings, create=False)
+        else:
+            click.echo(f"note: {missing}: no measured service times; the prior is used", err=True)
     cores = _cores_per_device(device_name or "cpu", host_cores)
     try:
-        if service_file is None:
-            assert store is not None
+        if service_file is None and store is not None:
             model = _learn(model, store, device_name or "cpu", cores, cpu_workers)
         if replay is not None:
             assert store is not None

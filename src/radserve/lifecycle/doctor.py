@@ -174,9 +174,13 @@ def _disk(settings: Settings) -> Check:
 
 
 def _database(settings: Settings) -> Check:
+    from radserve.store.audited import missing_data
     from radserve.store.db import make_engine
     from radserve.store.migrate import current_revision, head_revision
 
+    missing = missing_data(settings)
+    if missing is not None:  # not connected: a SQLite connection would create the file
+        return Check("database", "warn", f"{missing}: created at the first serve (not created now)")
     try:
         engine = make_engine(settings.effective_database_url)
         try:

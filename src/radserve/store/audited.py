@@ -8,20 +8,47 @@ store imports the audit chain, not the other way round.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sqlalchemy.engine import make_url
+
 from radserve.audit.trail import AuditTrail
+from radserve.store.errors import NoDataError
 from radserve.store.store import Store, init_store
 
 if TYPE_CHECKING:
     from radserve.config import Settings
 
-__all__ = ["open_audited"]
+__all__ = ["missing_data", "open_audited"]
 
 
-def open_audited(settings: Settings, *, export: bool = False) -> tuple[Store, AuditTrail]:
+def missing_data(settings: Settings) -> str | None:
+    """Why ``settings`` name no store yet (no data dir; no SQLite file in it), else None.
+
+    Opening a store creates the data dir, its SQLite file and the audit key; a command
+    that only reads asks this first, so that one run in the wrong folder writes nothing."""
+    if not settings.data_dir.is_dir():
+        return f"no data folder at {settings.data_dir}"
+    url = make_url(settings.effective_database_url)
+    if url.get_backend_name() == "sqlite" and not Path(url.database or "").is_file():
+        return f"no database at {url.database} (data folder {settings.data_dir})"
+    return None
+
+
+def open_audited(
+    settings: Settings, *, export: bool = False, create: bool = True
+) -> tuple[Store, AuditTrail]:
     """The store of ``settings`` with its audit key and trail (not started: a process
-    without :meth:`AuditTrail.start` writes each checkpoint at once)."""
+    without :meth:`AuditTrail.start` writes each checkpoint at once).
+
+    ``create=False`` (commands that only read) raises :class:`NoDataError` where
+    :func:`missing_data` says there is no store, instead of creating one."""
+    if not create and (why := missing_data(settings)) is not None:
+        raise NoDataError(
+            f"{why}: nothing was written. `radserve serve` creates it; a server's data "
+            "folder is its --data-dir, RADSERVE_DATA_DIR or the config file's data_dir"
+        )
     trail = AuditTrail(settings)
     store = init_store(
         settings.effective_database_url, audit_key=trail.key, on_audit=trail.appended

@@ -21,6 +21,14 @@ class DatabaseUnavailableError(StoreError):
     outage = True
 
 
+class NoDataError(StoreError):
+    """A command that only reads was pointed at a data dir that holds no store yet (a
+    wrong folder, or a server never started there): it says so and writes nothing."""
+
+    code = "no_data_dir"
+    retryable = False
+
+
 class UnstorableValueError(StoreError):
     """A value the database cannot hold or compare (a NUL character in a text for
     PostgreSQL, a string past its column's length, a number out of range): the caller's
