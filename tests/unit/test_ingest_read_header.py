@@ -177,3 +177,23 @@ def test_a_path_is_left_closed_and_read_again_for_deferred_values(tmp_path: Path
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == fds  # no file held open by the header
     assert header.filename == str(path) and header[_BIG_PRIVATE].value == b"\x00" * 2 * DEFER_BYTES
+
+
+def test_result_writing_reads_source_headers_without_their_large_values(tmp_path: Path) -> None:
+    """The SEG/SR writer read every source header whole (pydicom.dcmread): a slice's
+    50 MB value was held while the results were written. It reads them as read_header
+    does: a large value is read when used."""
+    import tracemalloc
+
+    from radserve.report.dicom.common import read_headers
+
+    size = 16 * 2**20
+    path = _part10(tmp_path, big=size)
+    tracemalloc.start()
+    try:
+        headers = read_headers([path])
+        held = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert held < size // 4
+    assert headers[0][_BIG_PRIVATE].value == b"\x00" * size  # read on use

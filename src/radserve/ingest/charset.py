@@ -55,7 +55,7 @@ def _raw_text(ds: Dataset) -> list[bytes]:
     out = []
     for tag in list(ds.keys()):
         try:
-            element = ds.get_item(tag)
+            element = ds.get_item(tag, keep_deferred=True)  # a deferred value stays unread
             if isinstance(element, RawDataElement):
                 vr = element.VR or (dictionary_VR(tag) if not tag.is_private else None)
                 if vr in TEXT_VRS and isinstance(element.value, bytes):

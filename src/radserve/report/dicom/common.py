@@ -54,12 +54,16 @@ ML = Code("ml", "UCUM", "milliliter")  # pydicom's codedict has no millilitre
 
 # --- source instances -------------------------------------------------------------------------
 def read_headers(source_files: Sequence[Path]) -> list[Dataset]:
-    """Header-only reads (no pixel data): all highdicom needs for references and geometry."""
+    """Header-only reads (no pixel data): all highdicom needs for references and geometry.
+    Through the one header parser (:func:`radserve.ingest.headers.read_header`): values
+    over 64 KiB are read when used, not held with every header while the results are
+    written (a source slice's 50 MB Image Comments was read whole: +50 MB, 2026-12-03)."""
+    from radserve.ingest.headers import read_header
+
     headers = []
     for i, path in enumerate(source_files):
         try:
-            header = pydicom.dcmread(path, stop_before_pixels=True)
-            headers.append(declare_undeclared_character_set(header))
+            headers.append(declare_undeclared_character_set(read_header(path)))
         except Exception as exc:  # pydicom raises many types on damaged input
             # File names may hold patient names: say which file by position only.
             raise ReportError(
