@@ -58,6 +58,8 @@ TABLE: dict[str, ErrorMapping] = {
     "radserve.pipeline.channels.ChannelSeriesError": _STUDY,  # a model's other series
     "radserve.ingest.sources.ArchiveRejectedError": _STUDY,
     "radserve.ingest.sources.InputTooLargeError": _STUDY,
+    # a Type 1 source value over its VR limit that neither a cut nor empty would keep valid
+    "radserve.report.shortened.CopiedValueTooLongError": _STUDY,
     "radserve.service.own_uploads.OwnResultsOnlyError": _STUDY,
     "radserve.store.files.UploadTooLargeError": ErrorMapping(413, stow=OUT_OF_RESOURCES),
     "radserve.spool.TooManyPartsOnDiskError": ErrorMapping(413, stow=OUT_OF_RESOURCES),
