@@ -197,3 +197,18 @@ def test_result_writing_reads_source_headers_without_their_large_values(tmp_path
         tracemalloc.stop()
     assert held < size // 4
     assert headers[0][_BIG_PRIVATE].value == b"\x00" * size  # read on use
+
+
+def test_result_writing_reads_source_headers_within_the_site_s_bounds(tmp_path: Path) -> None:
+    """The SEG/SR writer read its sources under the default bounds whatever the site set:
+    with ``ingest.max_header_elements`` raised, a study ingest accepted had its results
+    refused after the models ran. It takes the policy ingest read the study under."""
+    from radserve.errors import ReportError
+    from radserve.ingest.policy import IngestPolicy
+    from radserve.report.dicom.common import read_headers
+
+    path = _many_elements(tmp_path, 200, deflated=False)
+    with pytest.raises(ReportError, match="UnreadableHeaderError"):
+        read_headers([path], IngestPolicy(max_header_elements=100))
+    [header] = read_headers([path], IngestPolicy(max_header_elements=1000))
+    assert str(header.PatientName) == "Doe^Jane"

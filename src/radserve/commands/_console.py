@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from radserve.ingest.policy import IngestPolicy
 from radserve.pipeline.study import StudyResult
 from radserve.report.schema import Report
 
@@ -84,7 +85,11 @@ def summary_tables(report: Report) -> list[Table]:
 
 
 def write_dicom_objects(
-    result: StudyResult, console: Console, *, key_images: bool = False
+    result: StudyResult,
+    console: Console,
+    *,
+    key_images: bool = False,
+    policy: IngestPolicy | None = None,
 ) -> list[Path]:
     """DICOM SEG + SR (and Secondary Capture key images) next to the report."""
     from radserve.report.dicom import write_dicom_results
@@ -94,5 +99,9 @@ def write_dicom_objects(
         return []
     with console.status("writing DICOM SEG and SR"):
         return write_dicom_results(
-            result.report, result.out_dir, result.source_files, key_images=key_images
+            result.report,
+            result.out_dir,
+            result.source_files,
+            key_images=key_images,
+            policy=policy,
         )

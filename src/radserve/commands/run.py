@@ -149,6 +149,7 @@ def command(
         from radserve.security.logs import configure_logging
 
         configure_logging(logging.getLogger().level, json_lines=True)
+    policy = IngestPolicy.from_settings(settings.ingest)
     try:
         with RichProgress(console) as progress:
             result = run_study(
@@ -158,7 +159,7 @@ def command(
                 registry=ModelRegistry([*models_dir, *settings.models.dirs, bundled_model_dir()]),
                 sessions=SessionPool(runtime),
                 precision=settings.models.precision,
-                policy=IngestPolicy.from_settings(settings.ingest),
+                policy=policy,
                 progress=progress,
                 key_images=not no_key_images,
                 stream_decode=stream_decode,
@@ -174,7 +175,7 @@ def command(
         console.print(table)
     if dicom:
         scs = settings.results.secondary_capture_key_images
-        for path in write_dicom_objects(result, console, key_images=scs):
+        for path in write_dicom_objects(result, console, key_images=scs, policy=policy):
             console.print(f"DICOM: {path}")
     console.print(f"report: {result.report_path}")
 

@@ -34,6 +34,7 @@ from radserve.config import Settings
 from radserve.errors import ReportError
 from radserve.gateway.dicomweb.index import describe
 from radserve.gateway.outbox import utc_now
+from radserve.ingest import IngestPolicy
 from radserve.report.dicom import write_dicom_results
 from radserve.report.dicom.results import SR_FILE
 from radserve.report.json_report import read_report
@@ -107,6 +108,7 @@ class CachedDelivery:
             folder,
             sources,
             key_images=self.settings.results.secondary_capture_key_images,
+            policy=IngestPolicy.from_settings(self.settings.ingest),
         )
         logger.info(
             "job %s: %d DICOM result(s) written from its cached result", hit.id, len(written)

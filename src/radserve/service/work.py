@@ -67,10 +67,18 @@ class WithDicomResults:
     """``inner``'s stages, then one more: DICOM SEG and SR written into the result folder
     (for studies received over DICOM, whose results go back to the PACS)."""
 
-    def __init__(self, inner: Any, sources: list[Path], *, key_images: bool = False) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        sources: list[Path],
+        *,
+        key_images: bool = False,
+        policy: IngestPolicy | None = None,
+    ) -> None:
         self.inner = inner
         self.key_images = key_images
         self.sources = sources
+        self.policy = policy
         self.written: list[Path] = []
         self._state = "inner"
 
@@ -91,7 +99,11 @@ class WithDicomResults:
         result = self.inner.result()
         assert isinstance(result, StudyResult)
         self.written = write_dicom_results(
-            result.report, result.out_dir, self.sources, key_images=self.key_images
+            result.report,
+            result.out_dir,
+            self.sources,
+            key_images=self.key_images,
+            policy=self.policy,
         )
         self._state = "done"
 
@@ -145,7 +157,7 @@ def build_work(
             work = WithLineage(work, job_id, lineage)
         if dicom_results:
             sources = sorted(p for p in study_dir.iterdir() if p.is_file())
-            work = WithDicomResults(work, sources, key_images=key_image_scs)
+            work = WithDicomResults(work, sources, key_images=key_image_scs, policy=policy)
     if publish is not None:
         work = WithPublish(work, publish)
     return work  # type: ignore[no-any-return]

@@ -34,6 +34,7 @@ from radserve.ingest.charset import (
     declare_undeclared_character_set,
     undeclared_character_set,
 )
+from radserve.ingest.policy import IngestPolicy
 from radserve.models.dicom_text import LO_MAX_BYTES, fit
 from radserve.report.dicom.frames import (
     SliceSources,
@@ -53,17 +54,26 @@ ML = Code("ml", "UCUM", "milliliter")  # pydicom's codedict has no millilitre
 
 
 # --- source instances -------------------------------------------------------------------------
-def read_headers(source_files: Sequence[Path]) -> list[Dataset]:
+def read_headers(source_files: Sequence[Path], policy: IngestPolicy | None = None) -> list[Dataset]:
     """Header-only reads (no pixel data): all highdicom needs for references and geometry.
     Through the one header parser (:func:`radserve.ingest.headers.read_header`): values
     over 64 KiB are read when used, not held with every header while the results are
-    written (a source slice's 50 MB Image Comments was read whole: +50 MB, 2026-12-03)."""
+    written (a source slice's 50 MB Image Comments was read whole: +50 MB, 2026-12-03).
+    ``policy``: the header bounds ingest accepted these files under (a site that raised
+    ``ingest.max_header_bytes`` or ``max_header_elements`` must not have the results
+    refused after the models ran); the defaults without one."""
     from radserve.ingest.headers import read_header
 
+    policy = policy or IngestPolicy()
     headers = []
     for i, path in enumerate(source_files):
         try:
-            headers.append(declare_undeclared_character_set(read_header(path)))
+            header = read_header(
+                path,
+                max_header_bytes=policy.max_header_bytes,
+                max_header_elements=policy.max_header_elements,
+            )
+            headers.append(declare_undeclared_character_set(header))
         except Exception as exc:  # pydicom raises many types on damaged input
             # File names may hold patient names: say which file by position only.
             raise ReportError(

@@ -24,6 +24,7 @@ from radserve import durable
 from radserve.checkpoints import checkpoint
 from radserve.errors import ReportError
 from radserve.heap import release_free_memory
+from radserve.ingest.policy import IngestPolicy
 from radserve.report.dicom import common
 from radserve.report.dicom.frames import SliceSources
 from radserve.report.dicom.sc import write_key_image_scs
@@ -45,6 +46,7 @@ def write_dicom_results(
     source_files: Sequence[Path],
     *,
     key_images: bool = False,
+    policy: IngestPolicy | None = None,
 ) -> list[Path]:
     """Write one ``<label map>-seg.dcm`` per label map (``organs-seg.dcm``,
     ``findings-seg.dcm`` for the reference pipeline) and ``measurements-sr.dcm``, and
@@ -55,7 +57,7 @@ def write_dicom_results(
     findings) gets no SEG. Returns the written paths, SEGs first.
     """
     result_dir = Path(result_dir)
-    sources = common.slice_sources(report, common.read_headers(source_files))
+    sources = common.slice_sources(report, common.read_headers(source_files, policy))
     with durable.batch():  # the folder fsynced once, before this returns
         return _write_all(report, result_dir, sources, key_images=key_images)
 
