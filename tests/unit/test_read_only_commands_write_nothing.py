@@ -58,13 +58,26 @@ def test_an_existing_folder_without_a_database_is_not_given_one(fresh: Path) -> 
     assert _written(fresh) == ["not-radserve"]
 
 
+def test_doctor_fails_a_store_that_serve_could_not_create(fresh: Path) -> None:
+    """A data folder that cannot be made (under a regular file): blocking, named."""
+    (fresh / "a-file").write_text("not a folder")
+    args = ["doctor", "--no-ports", "--json", "--data-dir", str(fresh / "a-file" / "data")]
+    doctor = CliRunner().invoke(cli, args)
+    database = next(c for c in json.loads(doctor.stdout) if c["name"] == "database")
+    assert database["status"] == "fail" and database["blocking"] is True
+    assert f"{fresh / 'a-file'} is not a folder: serve cannot create it" in database["detail"]
+    assert doctor.exit_code != 0
+    assert _written(fresh) == ["a-file"]
+
+
 def test_doctor_models_list_config_show_and_plan_report_without_a_store(fresh: Path) -> None:
     runner = CliRunner()
     doctor = runner.invoke(cli, ["doctor", "--no-ports", "--json"])
     assert doctor.exception is None or isinstance(doctor.exception, SystemExit)
     database = next(c for c in json.loads(doctor.stdout) if c["name"] == "database")
-    assert database["status"] == "warn"
+    assert database["status"] == "ok"  # serve can create it here: a fresh host is not a fault
     assert database["detail"].startswith(f"no data folder at {fresh / 'data'}")
+    assert "created at the first serve" in database["detail"]
 
     listed = runner.invoke(cli, ["models", "list", "--json"], catch_exceptions=False)
     assert listed.exit_code == 0, listed.output

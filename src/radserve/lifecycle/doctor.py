@@ -13,6 +13,7 @@ reachability and migration head, the HTTP (and DICOM) port bindable, clock sanit
 from __future__ import annotations
 
 import datetime as dt
+import os
 import platform
 import shutil
 import socket
@@ -20,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from radserve.config import Settings
@@ -180,7 +182,7 @@ def _database(settings: Settings) -> Check:
 
     missing = missing_data(settings)
     if missing is not None:  # not connected: a SQLite connection would create the file
-        return Check("database", "warn", f"{missing}: created at the first serve (not created now)")
+        return _database_to_create(settings, missing)
     try:
         engine = make_engine(settings.effective_database_url)
         try:
@@ -195,6 +197,23 @@ def _database(settings: Settings) -> Check:
     if current != head:
         return Check("database", "warn", f"at {current}; {head} is applied at start")
     return Check("database", "ok", f"reachable, migration head {head}")
+
+
+def _database_to_create(settings: Settings, missing: str) -> Check:
+    """No store yet (a host before its first serve): fine if serve can create it, a
+    blocking failure if the folder it would go in cannot be made or written."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(settings.effective_database_url)
+    target = Path(url.database or "") if url.get_backend_name() == "sqlite" else settings.data_dir
+    folder = target.parent.absolute() if target != settings.data_dir else target.absolute()
+    while not folder.exists():
+        folder = folder.parent
+    if folder.is_dir() and os.access(folder, os.W_OK | os.X_OK):
+        return Check("database", "ok", f"{missing}: created at the first serve (not created now)")
+    why = "is not a folder" if not folder.is_dir() else "cannot be written"
+    return Check("database", "fail", f"{missing}, and {folder} {why}: serve cannot create it",
+                 blocking=True)  # fmt: skip
 
 
 def _port(name: str, host: str, port: int) -> Check:
