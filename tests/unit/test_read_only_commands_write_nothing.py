@@ -6,6 +6,7 @@ report without a store, and ``audit``, ``outbox``, ``keys list``, ``plan --repla
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,19 @@ def test_doctor_fails_a_store_that_serve_could_not_create(fresh: Path) -> None:
     assert f"{fresh / 'a-file'} is not a folder: serve cannot create it" in database["detail"]
     assert doctor.exit_code != 0
     assert _written(fresh) == ["a-file"]
+
+
+def test_doctor_connects_to_a_server_database_without_a_data_folder(fresh: Path) -> None:
+    """A PostgreSQL store is checked by connecting (that creates nothing here), not
+    passed as "created at the first serve" because the local folder is absent."""
+    url = os.environ.get("RADSERVE_TEST_DATABASE_URL")
+    if not url:
+        pytest.skip("RADSERVE_TEST_DATABASE_URL not set")
+    args = ["doctor", "--no-ports", "--json"]
+    doctor = CliRunner().invoke(cli, args, env={"RADSERVE_DATABASE_URL": url})
+    database = next(c for c in json.loads(doctor.stdout) if c["name"] == "database")
+    assert database["status"] == "ok" and database["detail"].startswith("reachable")
+    assert _written(fresh) == []
 
 
 def test_doctor_models_list_config_show_and_plan_report_without_a_store(fresh: Path) -> None:

@@ -176,13 +176,16 @@ def _disk(settings: Settings) -> Check:
 
 
 def _database(settings: Settings) -> Check:
+    from sqlalchemy.engine import make_url
+
     from radserve.store.audited import missing_data
     from radserve.store.db import make_engine
     from radserve.store.migrate import current_revision, head_revision
 
-    missing = missing_data(settings)
+    url = make_url(settings.effective_database_url)
+    missing = missing_data(settings) if url.get_backend_name() == "sqlite" else None
     if missing is not None:  # not connected: a SQLite connection would create the file
-        return _database_to_create(settings, missing)
+        return _sqlite_to_create(Path(url.database or ""), missing)
     try:
         engine = make_engine(settings.effective_database_url)
         try:
@@ -199,14 +202,11 @@ def _database(settings: Settings) -> Check:
     return Check("database", "ok", f"reachable, migration head {head}")
 
 
-def _database_to_create(settings: Settings, missing: str) -> Check:
-    """No store yet (a host before its first serve): fine if serve can create it, a
-    blocking failure if the folder it would go in cannot be made or written."""
-    from sqlalchemy.engine import make_url
-
-    url = make_url(settings.effective_database_url)
-    target = Path(url.database or "") if url.get_backend_name() == "sqlite" else settings.data_dir
-    folder = target.parent.absolute() if target != settings.data_dir else target.absolute()
+def _sqlite_to_create(database: Path, missing: str) -> Check:
+    """No SQLite store yet (a host before its first serve): fine if serve can create it,
+    a blocking failure if the folder it would go in cannot be made or written. (A
+    server database is connected to as ever: that creates nothing.)"""
+    folder = database.parent.absolute()
     while not folder.exists():
         folder = folder.parent
     if folder.is_dir() and os.access(folder, os.W_OK | os.X_OK):
