@@ -11,7 +11,7 @@ group by group (the ``=`` separators stay); inside the items of the sequences co
 (a Procedure Code Sequence's Code Meaning, an Other Patient IDs Sequence's Patient ID)
 by the same rule. A value of a VR no prefix of which is valid (UI, DA, TM, DT, DS, IS,
 AS) is written empty instead (valid for Type 2 and 3; a Type 1 one is refused by name),
-and CS and AE are cut like the text VRs (before session 19 only PN, LO, SH, ST and LT
+and CS and AE are cut like the text VRs (before session 18 only PN, LO, SH, ST and LT
 were looked at: a 5-byte Patient's Age was copied whole). A reader comparing the
 results with the PACS's images must be told: the report carries one ``value_shortened``
 warning per attribute (JSON, and a Quality Issue in the SR). The FHIR Bundle keeps
