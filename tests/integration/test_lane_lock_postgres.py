@@ -57,10 +57,11 @@ def test_one_holder_per_destination_and_a_dead_holder_s_lock_is_taken_over(
         assert other_a.hold() is LaneHold.ELSEWHERE
         assert critical.hold() is LaneHold.TAKEN
         # the holder's session ends as a killed replica's does: its lock goes with it
+        # the timeout makes it wait for the session to end, not only signal it (PostgreSQL 14+)
         with store.engine.connect() as connection:
             terminated = connection.execute(
                 text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
                     "WHERE application_name = :name"
                 ),
                 {"name": f"radserve lane dicom:PACS r0/{RUN}"},

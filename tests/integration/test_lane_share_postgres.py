@@ -86,10 +86,12 @@ def test_two_servers_share_three_destinations_and_a_survivor_takes_them_all(
         assert _poll(b) == [LaneHold.HELD, LaneHold.ELSEWHERE, LaneHold.ELSEWHERE]
 
         # b's sessions end as a killed replica's do: its locks and its presence go
+        # with a timeout pg_terminate_backend waits for the session to end (PostgreSQL 14+);
+        # without one it only signals, and a lock could still be held at the next poll
         with engine.connect() as connection:
             ended = connection.execute(
                 text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
                     "WHERE application_name LIKE :name"
                 ),
                 {"name": f"radserve % b/{RUN}"},
