@@ -1,8 +1,9 @@
 """Awkward DICOM storage peers for the outbox's SCU, each a real acceptor on loopback.
 
 - :func:`scripted_peer`: a pynetdicom acceptor answering chosen C-STORE statuses, with
-  only chosen SOP classes and an association limit: what a PACS may answer and dcmtk's
-  storescp cannot be told to (warnings, 0xA9xx, no SEG, A-ASSOCIATE-RJ "local limit");
+  only chosen SOP classes, an association limit and a delay before each answer: what a
+  PACS may answer and dcmtk's storescp cannot be told to (warnings, 0xA9xx, no SEG,
+  A-ASSOCIATE-RJ "local limit", a slow answer after a status);
 - :func:`storescp`: dcmtk's storescp with its own awkward options (``+xi`` implicit VR
   only, ``-pdu 4096``, ``--abort-after``, ``--sleep-during``).
 """
@@ -10,6 +11,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,10 +42,12 @@ def scripted_peer(
     sop_classes: Sequence[str] | None = None,
     max_associations: int = 10,
     comment: Callable[[Dataset], str] | None = None,
+    delay_s: float = 0.0,
 ) -> Iterator[ScriptedPeer]:
     """A peer answering the n-th C-STORE with ``statuses[n]`` (the last one repeats),
-    with the Error Comment ``comment(data set)`` if given; ``sop_classes``: the only
-    storage classes it accepts (default: all)."""
+    with the Error Comment ``comment(data set)`` if given, ``delay_s`` after the request
+    arrived (a slow PACS); ``sop_classes``: the only storage classes it accepts (default:
+    all). ``received`` holds each data set with its file meta (``save_as`` writes it)."""
     ae = AE(ae_title="AWKWARD")
     ae.maximum_associations = max_associations
     if sop_classes is None:
@@ -54,7 +58,10 @@ def scripted_peer(
     peer = ScriptedPeer(Destination("awkward", "AWKWARD", "127.0.0.1", free_port()))
 
     def store(event: evt.Event) -> Dataset:
-        peer.received.append(event.dataset)
+        time.sleep(delay_s)
+        dataset = event.dataset
+        dataset.file_meta = event.file_meta
+        peer.received.append(dataset)
         answer = Dataset()
         answer.Status = statuses[min(len(peer.received), len(statuses)) - 1]
         if comment is not None:

@@ -269,7 +269,10 @@ class OutboxItemOut(_Out):
     sop_instance_uid: str = Field(description="the instance, or the Bundle id (FHIR)")
     attempts: int
     next_attempt_at: dt.datetime
-    last_error: str | None
+    last_error: str | None = Field(
+        description="why the last try failed; on a sent row, the warning status the peer "
+        "stored it with (e.g. 0xB000 coercion), else null"
+    )
     created: dt.datetime
     updated: dt.datetime
     sent_at: dt.datetime | None

@@ -256,7 +256,7 @@ def settle(
     recorded. Shared by every kind of delivery, so they all retry the same way."""
     outcome = result.outcome
     if outcome is Outcome.SENT:
-        store.mark_sent(item.id, now=now)
+        store.mark_sent(item.id, now=now, warning=result.message if result.warning else None)
         if result.warning:  # stored, but maybe not as sent (e.g. coerced)
             logger.warning(
                 "outbox: %s stored by %s with a warning: %s",

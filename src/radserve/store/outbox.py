@@ -287,10 +287,12 @@ class OutboxStore(StoreBase):
             )
             return int(getattr(result, "rowcount", 0))
 
-    def mark_sent(self, item_id: int, *, now: dt.datetime) -> bool:
+    def mark_sent(self, item_id: int, *, now: dt.datetime, warning: str | None = None) -> bool:
         """``sending -> sent``; False if the row was not ``sending`` (taken over after a
-        lease expiry, or already marked)."""
-        return self._move(item_id, OutboxState.SENT, now=now, sent_at=now, last_error=None)
+        lease expiry, or already marked). ``warning``: the peer stored it with a warning
+        status (e.g. 0xB000, coerced), kept in ``last_error`` so an operator sees it later
+        (destination status reads ``last_error`` of failing rows only)."""
+        return self._move(item_id, OutboxState.SENT, now=now, sent_at=now, last_error=warning)
 
     def reschedule(
         self, item_id: int, *, now: dt.datetime, next_attempt_at: dt.datetime, error: str
