@@ -32,10 +32,15 @@ def group() -> None:
 
 
 def _lifecycle(
-    config_file: Path | None, data_dir: Path | None, *, scratch: Path | None = None
+    config_file: Path | None,
+    data_dir: Path | None,
+    *,
+    scratch: Path | None = None,
+    create: bool = True,
 ) -> ModelLifecycle:
     """The lifecycle over the store and models a server with these settings uses; with
-    ``scratch``, over an empty store in that folder instead (nothing deployed)."""
+    ``scratch``, over an empty store in that folder instead (nothing deployed);
+    ``create=False`` (a listing): an older schema is refused, not upgraded."""
     from radserve.config import load_settings
     from radserve.ingest import IngestPolicy
     from radserve.service.catalog import Catalog
@@ -45,7 +50,7 @@ def _lifecycle(
 
     settings = load_settings(config_file, data_dir=data_dir)
     if scratch is None:
-        store, _trail = open_audited(settings)
+        store, _trail = open_audited(settings, create=create)
     else:
         store = init_store(f"sqlite:///{scratch / 'listing.db'}")
     catalog = Catalog.from_settings(settings)
@@ -121,7 +126,7 @@ def list_models(
 
     missing = missing_data(load_settings(config_file, data_dir=data_dir))
     if missing is None:
-        rows = _status(_lifecycle(config_file, data_dir), models_dir)
+        rows = _status(_lifecycle(config_file, data_dir, create=False), models_dir)
     else:  # the wrong folder, or before the first serve: list the bundles, write nothing
         click.echo(
             f"note: {missing}: no stored deployment (each step shows its pipeline's "

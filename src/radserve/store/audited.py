@@ -43,15 +43,21 @@ def open_audited(
     without :meth:`AuditTrail.start` writes each checkpoint at once).
 
     ``create=False`` (commands that only read) raises :class:`NoDataError` where
-    :func:`missing_data` says there is no store, instead of creating one."""
+    :func:`missing_data` says there is no store, instead of creating one, and
+    :class:`SchemaNotCurrentError` where its schema is not this code's, instead of
+    upgrading it; the store is checked before the audit key is read, so a refused
+    command leaves no key file behind either."""
     if not create and (why := missing_data(settings)) is not None:
         raise NoDataError(
             f"{why}: nothing was written. `radserve serve` creates it; a server's data "
             "folder is its --data-dir, RADSERVE_DATA_DIR or the config file's data_dir"
         )
-    trail = AuditTrail(settings)
-    store = init_store(
-        settings.effective_database_url, audit_key=trail.key, on_audit=trail.appended
-    )
+    store = init_store(settings.effective_database_url, upgrade_schema=create)
+    try:
+        trail = AuditTrail(settings)
+    except BaseException:
+        store.close()
+        raise
+    store.audit_key, store.on_audit = trail.key, trail.appended
     trail.attach(store, export=export)
     return store, trail

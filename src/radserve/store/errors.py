@@ -29,6 +29,14 @@ class NoDataError(StoreError):
     retryable = False
 
 
+class SchemaNotCurrentError(StoreError):
+    """A command that only reads found the store at another schema revision than this
+    radserve's: it never upgrades one (older servers may still be running on it)."""
+
+    code = "schema_not_current"
+    retryable = False
+
+
 class UnstorableValueError(StoreError):
     """A value the database cannot hold or compare (a NUL character in a text for
     PostgreSQL, a string past its column's length, a number out of range): the caller's

@@ -15,9 +15,11 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, text
 
 from radserve.store.db import writer
+from radserve.store.errors import SchemaNotCurrentError
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +44,46 @@ def head_revision() -> str:
     return head
 
 
+def previous_revision() -> str:
+    """The revision just before head (what a store one release behind is at)."""
+    script = ScriptDirectory.from_config(alembic_config())
+    down = script.get_revision(head_revision()).down_revision
+    if not isinstance(down, str):
+        raise RuntimeError(f"the head migration {head_revision()} has no single parent")
+    return down
+
+
 def current_revision(engine: Engine) -> str | None:
     with engine.connect() as connection:
         return MigrationContext.configure(connection).get_current_revision()
+
+
+def require_head(engine: Engine) -> None:
+    """Refuse a schema other than this code's head, changing nothing: the check of a
+    command that only reads (an upgrade under older servers still running on the store
+    would change their database beneath them)."""
+    current, head = current_revision(engine), head_revision()
+    if current == head:
+        return
+    known = current is not None and _is_known(current)
+    found = f"schema revision {current}" if current else "no radserve schema (schema revision none)"
+    how = (
+        "`radserve serve` of this version upgrades it at start (stop the servers of the "
+        "older version first), or use the radserve version that matches it"
+        if known or current is None
+        else "a newer radserve wrote it: use that version (`radserve serve` cannot go back)"
+    )
+    raise SchemaNotCurrentError(
+        f"the database holds {found}; this radserve reads {head}: nothing was changed "
+        f"(a command that only reads never migrates a store). {how}"
+    )
+
+
+def _is_known(revision: str) -> bool:
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except CommandError:
+        return False
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:

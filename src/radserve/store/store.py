@@ -34,10 +34,11 @@ from radserve.store.errors import (
     JobExistsError,
     JobNotFoundError,
     ResultAlreadyRecordedError,
+    SchemaNotCurrentError,
     StoreError,
 )
 from radserve.store.leases import HELD, Lease, LeaseLostError, LeaseMixin
-from radserve.store.migrate import upgrade
+from radserve.store.migrate import require_head, upgrade
 from radserve.store.misses import MissMixin
 from radserve.store.models import CachedResult, Job, OutboxDelivery
 from radserve.store.records import (
@@ -63,16 +64,25 @@ _AUDITED_STATES = {
 
 
 def init_store(
-    url: str, *, audit_key: AuditKey | None = None, on_audit: AuditListener | None = None
+    url: str,
+    *,
+    audit_key: AuditKey | None = None,
+    on_audit: AuditListener | None = None,
+    upgrade_schema: bool = True,
 ) -> Store:
-    """Open the database at ``url``, creating or upgrading its schema to the latest version.
+    """Open the database at ``url``, creating or upgrading its schema to the latest version
+    (with ``upgrade_schema=False``, a command that only reads: refuse any other revision
+    with :class:`SchemaNotCurrentError` and change nothing).
 
     ``audit_key`` keys the audit chain's hashes (every writer of a keyed chain needs it:
     see :func:`radserve.audit.seal.open_store`); ``on_audit`` is told of every appended
     record after its transaction commits."""
     engine = make_engine(url)
     try:
-        upgrade(engine)
+        upgrade(engine) if upgrade_schema else require_head(engine)
+    except SchemaNotCurrentError:
+        engine.dispose()
+        raise
     except sa_exc.OperationalError as exc:
         engine.dispose()
         raise StoreError(
