@@ -413,3 +413,28 @@ def test_oversized_series_is_refused_before_allocation(tmp_path: Path) -> None:
     with pytest.raises(StudyError, match="max_voxels") as info:
         load_series(discover_series(tmp_path)[0], IngestPolicy(max_voxels=500))
     assert info.value.code == "series_too_large"
+
+
+@pytest.mark.parametrize(
+    "keyword", ["PatientID", "IssuerOfPatientID", "PatientName", "PatientBirthDate"]
+)
+def test_a_series_of_two_patients_is_refused_whoever_differs(tmp_path: Path, keyword: str) -> None:
+    # session 19: a series whose second half carried another Patient ID ran, its results
+    # carrying the first patient's identity over both patients' images
+    uids = _shared_uids()
+    make_ct_series(tmp_path, n_slices=4, **uids, prefix="a")
+    other = {keyword: "19991231" if keyword == "PatientBirthDate" else "OTHER^PATIENT"}
+    make_ct_series(tmp_path, n_slices=4, origin=(0.0, 0.0, 8.0), **uids, prefix="b", extra=other)
+    (header,) = discover_series(tmp_path)
+    assert header.patient_identities == 2
+    with pytest.raises(StudyError, match="name 2 different patients") as raised:
+        load_series(header)
+    assert raised.value.code == "attribute_invalid"
+    assert "OTHER" not in str(raised.value) and "1999" not in str(raised.value)
+
+
+def test_one_patient_in_every_instance_is_one_identity(tmp_path: Path) -> None:
+    make_ct_series(tmp_path, n_slices=4, **_shared_uids())
+    (header,) = discover_series(tmp_path)
+    assert header.patient_identities == 1
+    assert load_series(header).volume.shape[0] == 4

@@ -76,6 +76,7 @@ class SeriesHeader:
     absent_type2: tuple[str, ...] = ()  # Type 2 attributes the outputs copy, absent somewhere
     study_instance_uids: frozenset[str] = frozenset()  # of every instance of the part
     frame_of_reference_uids: frozenset[str | None] = frozenset()
+    patient_identities: int = 1  # distinct PatientInfo.identity among the part's instances
     part: int = 0
     split_reasons: frozenset[str] = frozenset()
     notes: tuple[str, ...] = ()
@@ -96,6 +97,13 @@ class SeriesHeader:
     @property
     def number_of_frames(self) -> int:
         return len(self.frames)
+
+    @property
+    def unusable(self) -> str | None:
+        """What makes the part's first unusable instance unusable, or None. Such an
+        instance stands as one frame whatever its Number of Frames, so a multi-frame
+        one's series looks like a single image until this is asked."""
+        return next((f.problem.text for f in self.frames if f.problem is not None), None)
 
     @property
     def is_localizer(self) -> bool:
@@ -347,6 +355,7 @@ def _header(
         absent_type2=tuple(sorted({kw for r in records for kw in r.absent_type2})),
         study_instance_uids=frozenset(r.study_instance_uid for r in records),
         frame_of_reference_uids=frozenset(r.frame_of_reference_uid for r in records),
+        patient_identities=len({r.patient.identity for r in records}),
         part=part,
         split_reasons=reasons,
         notes=tuple(notes),

@@ -130,6 +130,17 @@ class PatientInfo:
 
     __str__ = __repr__
 
+    @property
+    def identity(self) -> tuple[str, str, str, str]:
+        """Who the image is of (ID and its issuer, name, birth date): images of one series
+        with two identities are two patients' images, whatever else they share."""
+        return (
+            self.patient_id,
+            self.issuer_of_patient_id,
+            self.patient_name,
+            self.patient_birth_date,
+        )
+
 
 @dataclass(frozen=True)
 class PixelFormat:

@@ -3,10 +3,10 @@
 Reports, DICOM SEG and SR are written after the models ran; a value they cannot use
 must fail the job at ingest, not after minutes of inference. Refused here: an instance
 :mod:`~radserve.ingest.headers` found unusable (truncated, frame count or pixel format
-inconsistent with the data, nonsense rescale), no or several Study Instance UIDs, no or
-several Frames of Reference, a SOP Class radserve does not read. Flagged (a warning on
-the loaded series, which reaches the report): Type 2 attributes the SEG/SR copy from the
-source but that are absent (they are written empty).
+inconsistent with the data, nonsense rescale), no or several Study Instance UIDs, images
+of several patients, no or several Frames of Reference, a SOP Class radserve does not
+read. Flagged (a warning on the loaded series, which reaches the report): Type 2
+attributes the SEG/SR copy from the source but that are absent (they are written empty).
 """
 
 from __future__ import annotations
@@ -45,6 +45,13 @@ def check_series(header: SeriesHeader, warnings: list[str]) -> None:
         raise SeriesAttributeError(
             f"the instances of one series carry {len(header.study_instance_uids)} different "
             "Study Instance UIDs (or some none): send each study's series on its own"
+        )
+    if header.patient_identities > 1:
+        raise SeriesAttributeError(
+            f"the instances of one series name {header.patient_identities} different patients "
+            "(Patient ID, Issuer of Patient ID, Patient's Name or Birth Date differ): its "
+            "results would carry one patient's identity over another's images; correct the "
+            "instances at the source and send the series again"
         )
     frames_of_reference = header.frame_of_reference_uids
     if None in frames_of_reference or "" in frames_of_reference:
