@@ -6,6 +6,7 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pydicom
 import pytest
 from pydicom.uid import SecondaryCaptureImageStorage
 from tests.factories.dicom_series import (
@@ -170,3 +171,35 @@ def test_the_series_description_rule_picks_one_sequence_of_an_mr_study(tmp_path:
     ]
     with pytest.raises(ValueError, match="series_description is not a regular expression"):
         SeriesRules(series_description="(unclosed")
+
+
+def _damaged_enhanced(folder: Path, how: str) -> Path:
+    path = make_enhanced_series(folder, n_frames=6, study_uid=new_uid())
+    ds = pydicom.dcmread(path)
+    if how == "frame_item_missing":
+        del ds.PerFrameFunctionalGroupsSequence[-1]
+    else:  # the last frame's pixel data cut
+        ds.PixelData = ds.PixelData[: -ds.Rows * ds.Columns]
+    ds.save_as(path, enforce_file_format=True)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [
+        ("frame_item_missing", "5 per-frame functional groups for 6 frames"),
+        ("pixel_data_cut", "Pixel Data"),
+    ],
+)
+def test_an_unusable_multi_frame_instance_is_refused_for_what_it_is(
+    tmp_path: Path, how: str, said: str
+) -> None:
+    # session 19: an Enhanced CT with one Per-Frame Functional Groups item too few was
+    # refused as "a single image (a localizer or a capture), not a volume": an unusable
+    # instance stands as one frame, and the selection judged that count
+    _damaged_enhanced(tmp_path, how)
+    headers = discover_series(tmp_path)
+    (refused,) = refusals(headers, SeriesRules())
+    assert refused.reason.startswith("an instance is unusable: ") and said in refused.reason
+    with pytest.raises(StudyError, match="an instance is unusable"):
+        select_series(headers, SeriesRules())

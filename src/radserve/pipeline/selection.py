@@ -37,6 +37,8 @@ class SeriesLike(Protocol):
     def series_description(self) -> str: ...
     @property
     def sop_class_uid(self) -> str: ...
+    @property
+    def unusable(self) -> str | None: ...
 
 
 S = TypeVar("S", bound=SeriesLike)
@@ -60,6 +62,9 @@ def rejection_reason(series: SeriesLike, rules: SeriesRules) -> str | None:
     excluded = set(series.image_type) & {*rules.exclude_image_types, LOCALIZER_IMAGE_TYPE}
     if excluded:
         return f"image type {sorted(excluded)} is excluded"
+    if series.number_of_frames < max(2, rules.min_slices) and series.unusable:
+        # an unusable multi-frame instance counts as one frame: say why, not "1 image"
+        return f"an instance is unusable: {series.unusable}"
     if series.number_of_frames == 1:
         return "a single image (a localizer or a capture), not a volume"
     if series.number_of_frames < rules.min_slices:
