@@ -9,20 +9,31 @@ Representation flipped on one slice, Rescale Slope 1e308, RLE without its sequen
 delimiter. Structure: sequences nested 10,000 deep, 100,000 private elements or a 50 MB
 text value on one slice, a DICOMDIR beside the images, files without File Meta, an SR
 and an RT Structure Set in the CT series.
+
+Round 3 (session 19): every other slice in another Frame of Reference or turned 90
+degrees in its plane (same normal), one Instance Number for every slice, slices 1e-9 or
+1e9 mm apart, the Patient ID changing mid-series, the Study Instance UID equal to the
+Series Instance UID, UIDs with leading zeros, 20 Specific Character Set values, a Key
+Object Selection, a Presentation State and an Encapsulated PDF in the CT series,
+JPEG-LS with its codestream cut, encapsulated frames of 0-byte fragments, an Enhanced
+CT with one per-frame item fewer or more than Number of Frames.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pydicom
 from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.encaps import generate_frames
 from pydicom.fileset import FileSet
-from pydicom.uid import ExplicitVRLittleEndian, RLELossless, generate_uid
+from pydicom.uid import ExplicitVRLittleEndian, JPEGLSLossless, RLELossless, generate_uid
 from tests.factories.dicom_series import make_ct_series
 from tests.factories.hostile import nest_sequences, set_raw
+from tools.edge_scanner_variants import _enhanced
 from tools.edge_variants import NAME, Files, Variant, _edit, _on_slice
 
 Make = Callable[[Path, Files], None]
@@ -131,6 +142,131 @@ def _not_an_image(sop_class: str) -> Make:
     return make
 
 
+# --- round 3 (session 19) --------------------------------------------------------------------
+OTHER_PATIENT_ID = "EDGEPROBE-OTHER-PID"  # never logged either
+TURNED = (0.0, 1.0, 0.0, -1.0, 0.0, 0.0)  # the axial plane turned 90 degrees: same normal
+
+
+def _alternate(**values: object) -> Make:
+    """``values`` on every other slice (1, 3, 5, ...)."""
+    return _on_slice_set(set(range(1, 12, 2)), **values)
+
+
+def _on_slice_set(which: set[int], **values: object) -> Make:
+    def change(ds: Dataset, k: int) -> None:
+        for keyword, value in values.items():
+            setattr(ds, keyword, value)
+
+    return lambda folder, files: _edit(files, change, which)
+
+
+def _study_uid_is_series_uid(folder: Path, files: Files) -> None:
+    def change(ds: Dataset, k: int) -> None:
+        ds.StudyInstanceUID = ds.SeriesInstanceUID
+
+    _edit(files, change)
+
+
+def _leading_zero_uids(folder: Path, files: Files) -> None:
+    """Every UID with a zero-led component (PS3.5 9.1 forbids it; older equipment writes it)."""
+    study, series, frame = (f"1.2.826.0.1.3680043.0{k}.{uuid.uuid4().int}"[:64] for k in (1, 2, 3))
+
+    def change(ds: Dataset, k: int) -> None:
+        ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.FrameOfReferenceUID = study, series, frame
+        ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = f"{series[:50]}.00{k + 1}"
+
+    _edit(files, change)
+
+
+def _compressed_then(syntax: str, damage: Callable[[bytes], list[bytes]]) -> Make:
+    """Each slice compressed in ``syntax``, its frame then re-encapsulated as ``damage``
+    makes it (a list of fragments)."""
+
+    def change(ds: Dataset, k: int) -> None:
+        ds.compress(syntax)
+        frame = next(generate_frames(ds.PixelData, number_of_frames=1))
+        items = b"".join(
+            b"\xfe\xff\x00\xe0" + len(f).to_bytes(4, "little") + f for f in damage(frame)
+        )
+        ds.PixelData = b"\xfe\xff\x00\xe0" + bytes(4) + items + b"\xfe\xff\xdd\xe0" + bytes(4)
+        ds["PixelData"].is_undefined_length = True
+
+    return lambda folder, files: _edit(files, change)
+
+
+def _per_frame_items(delta: int) -> Callable[[Dataset], None]:
+    """One Per-Frame Functional Groups item fewer (delta -1) or more (+1) than frames."""
+
+    def change(ds: Dataset) -> None:
+        items = ds.PerFrameFunctionalGroupsSequence
+        if delta < 0:
+            del items[-1]
+        else:
+            items.append(items[-1])
+
+    return change
+
+
+def _character_sets(count: int) -> Make:
+    terms = ["", "ISO 2022 IR 100", "ISO 2022 IR 87", "ISO 2022 IR 149", "ISO 2022 IR 13"]
+    values = [terms[k % len(terms)] for k in range(count)]
+    return lambda folder, files: _edit(
+        files, lambda ds, k: setattr(ds, "SpecificCharacterSet", values)
+    )
+
+
+def round3_variants() -> list[Variant]:
+    v = Variant
+    other_pid = (OTHER_PATIENT_ID.encode(),)
+    return [
+        v(
+            "frame_of_reference_alternating",
+            _alternate(FrameOfReferenceUID=generate_uid()),
+            "refuse",
+        ),
+        v(
+            "orientation_turned_alternating",
+            _alternate(ImageOrientationPatient=list(TURNED)),
+            "either",
+        ),
+        v("instance_number_all_one", _on_slice_set(set(range(12)), InstanceNumber=1), "ok"),
+        v(
+            "slice_spacing_1e-9",
+            _replace_study(n_slices=12, rows=40, cols=40, spacing=(1e-9, 1.0, 1.0)),
+            "refuse",
+        ),
+        v(
+            "slice_spacing_1e9",
+            _replace_study(n_slices=12, rows=40, cols=40, spacing=(1e9, 1.0, 1.0)),
+            "refuse",
+        ),
+        v(
+            "patient_id_changes_mid_series",
+            _on_slice_set(set(range(6, 12)), PatientID=OTHER_PATIENT_ID),
+            "refuse",
+            other_pid,
+        ),
+        v("study_uid_is_series_uid", _study_uid_is_series_uid, "either"),
+        v("uids_with_leading_zeros", _leading_zero_uids, "ok"),
+        v("charset_20_values", _character_sets(20), "either"),
+        v("kos_in_series", _not_an_image("1.2.840.10008.5.1.4.1.1.88.59"), "ok"),
+        v("presentation_state_in_series", _not_an_image("1.2.840.10008.5.1.4.1.1.11.1"), "ok"),
+        v("pdf_in_series", _not_an_image("1.2.840.10008.5.1.4.1.1.104.1"), "ok"),
+        v(
+            "jpegls_cut_codestream",
+            _compressed_then(JPEGLSLossless, lambda f: [f[: len(f) // 2]]),
+            "refuse",
+        ),
+        v(
+            "rle_zero_byte_fragments",
+            _compressed_then(RLELossless, lambda f: [b"", b"", b""]),
+            "refuse",
+        ),
+        v("enhanced_ct_frame_item_missing", _enhanced(_per_frame_items(-1)), "refuse"),
+        v("enhanced_ct_frame_item_extra", _enhanced(_per_frame_items(+1)), "either"),
+    ]
+
+
 def hostile_variants() -> list[Variant]:
     v = Variant
     return [
@@ -175,4 +311,5 @@ def hostile_variants() -> list[Variant]:
         v("without_file_meta", _without_file_meta, "either"),
         v("sr_in_series", _not_an_image("1.2.840.10008.5.1.4.1.1.88.33"), "ok"),
         v("rtstruct_in_series", _not_an_image("1.2.840.10008.5.1.4.1.1.481.3"), "ok"),
+        *round3_variants(),
     ]
