@@ -358,6 +358,12 @@ class DicomPeer(_Section):
     host: str = ANY_HOST
     port: int | None = Field(default=None, ge=1, le=65535)
     tls: bool = False
+    # a destination (with a port): after its results are stored, ask for storage
+    # commitment (N-ACTION) and count them delivered only once it reports them
+    # committed; no report within commitment_timeout_s: stored again (the outbox's
+    # back-off and give-up apply). The peer reports on radserve's SCP (gateway.port)
+    storage_commitment: bool = False
+    commitment_timeout_s: float = Field(default=600.0, gt=0)
 
     def __init__(self, /, *args: Any, **data: Any) -> None:
         # positional (ae_title, host, port) for brevity in code: DicomPeer("PACS", "10.0.0.5")
@@ -373,6 +379,14 @@ class DicomPeer(_Section):
     def _destination_has_a_host(self) -> DicomPeer:
         if self.host == ANY_HOST and (self.port is not None or self.tls):
             raise ValueError(f"peer {self.ae_title}: a port or tls needs a host to send to")
+        return self
+
+    @model_validator(mode="after")
+    def _commitment_needs_a_destination(self) -> DicomPeer:
+        if self.storage_commitment and self.port is None:
+            raise ValueError(
+                f"peer {self.ae_title}: storage_commitment is for a destination: give it a port"
+            )
         return self
 
 
@@ -455,6 +469,16 @@ class GatewaySettings(_Section):
     @classmethod
     def _valid_ae_title(cls, value: str) -> str:
         return check_ae_title(value)
+
+    @model_validator(mode="after")
+    def _commitment_reports_in_one_process(self) -> GatewaySettings:
+        committing = [peer.ae_title for peer in self.allowed_peers if peer.storage_commitment]
+        if committing and self.receivers > 1:
+            raise ValueError(
+                f"peers {', '.join(committing)} use storage_commitment, whose reports the "
+                "SCP receives in its own process only: set gateway.receivers to 1"
+            )
+        return self
 
     @model_validator(mode="after")
     def _reserve_fits(self) -> GatewaySettings:

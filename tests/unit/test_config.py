@@ -20,6 +20,7 @@ from radserve.config import (
     load_settings,
     mask_url,
 )
+from radserve.gateway import destinations
 
 
 @pytest.fixture(autouse=True)
@@ -366,3 +367,41 @@ def test_read_processes_other_than_a_count_or_auto_is_refused(
     monkeypatch.setenv("RADSERVE_SERVER__READ_PROCESSES", value)
     with pytest.raises(ConfigError, match="read_processes"):
         load_settings()
+
+
+@pytest.mark.parametrize(
+    ("peers", "extra", "message"),
+    [
+        (
+            "[{ae_title: PACS, host: 10.0.0.5, storage_commitment: true}]",
+            "",
+            "peer PACS: storage_commitment is for a destination: give it a port",
+        ),
+        (
+            "[{ae_title: PACS, host: 10.0.0.5, port: 104, storage_commitment: true}]",
+            "\n  receivers: 2",
+            "peers PACS use storage_commitment, whose reports the SCP receives in its own "
+            "process only: set gateway.receivers to 1",
+        ),
+        (
+            "[{ae_title: PACS, host: 10.0.0.5, port: 104, commitment_timeout_s: 0}]",
+            "",
+            "commitment_timeout_s",
+        ),
+    ],
+)
+def test_storage_commitment_settings_that_cannot_work_are_refused_at_load(
+    tmp_path: Path, peers: str, extra: str, message: str
+) -> None:
+    text = f"gateway:\n  allowed_peers: {peers}{extra}\n"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_settings(write(tmp_path / "c.yaml", text))
+
+
+def test_a_destination_with_storage_commitment_loads_with_its_timeout(tmp_path: Path) -> None:
+    text = (
+        "gateway:\n  allowed_peers: [{ae_title: PACS, host: 10.0.0.5, port: 104, "
+        "storage_commitment: true, commitment_timeout_s: 120}]\n"
+    )
+    [destination] = destinations(load_settings(write(tmp_path / "c.yaml", text)).gateway)
+    assert destination.storage_commitment and destination.commitment_timeout_s == 120

@@ -263,7 +263,10 @@ class OutboxItemOut(_Out):
     id: int
     kind: str
     destination: str
-    state: str = Field(description="pending | sending | sent | failed_permanent")
+    state: str = Field(
+        description="pending | sending | committing (stored, storage commitment awaited) "
+        "| sent | failed_permanent"
+    )
     job_id: str | None
     study_instance_uid: str
     sop_instance_uid: str = Field(description="the instance, or the Bundle id (FHIR)")
@@ -313,6 +316,7 @@ class DestinationStatusOut(_Out):
     sending: int
     failed_permanent: int
     retrying: int
+    committing: int = Field(description="stored, the destination's storage commitment awaited")
     oldest_pending: dt.datetime | None
     failing_since: dt.datetime | None
     last_error: str | None

@@ -36,7 +36,7 @@ def group() -> None:
 @group.command("list")
 @click.option(
     "--state",
-    type=click.Choice(["pending", "sending", "sent", "failed_permanent"]),
+    type=click.Choice(["pending", "sending", "committing", "sent", "failed_permanent"]),
     default=None,
     help="Only rows in this state.",
 )
@@ -84,7 +84,8 @@ def list_rows(
     for st in statuses:
         click.echo(
             f"{st.kind.value} {st.destination}: {st.pending} pending ({st.retrying} retrying), "
-            f"{st.sending} sending, {st.failed_permanent} failed"
+            f"{st.sending} sending, {st.committing} awaiting commitment, "
+            f"{st.failed_permanent} failed"
             + (f"; last error: {st.last_error}" if st.last_error else "")
         )
     click.echo(f"{'ID':>6}  {'KIND':<5}  {'DESTINATION':<16}  {'STATE':<16}  {'TRIES':>5}  ERROR")

@@ -103,13 +103,17 @@ def scp_config_from_settings(
 @dataclass(frozen=True)
 class Destination:
     """A DICOM peer radserve sends results to (C-STORE SCU), named for the outbox.
-    ``tls``: the client side of DICOM TLS (``ca`` verifies the peer)."""
+    ``tls``: the client side of DICOM TLS (``ca`` verifies the peer);
+    ``storage_commitment``: results count as delivered once it reports them committed."""
 
     name: str
     ae_title: str
     host: str
     port: int
     tls: TlsSettings | None = None
+    # ask for storage commitment after storing; wait this long for the report
+    storage_commitment: bool = False
+    commitment_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ae_title", check_ae_title(self.ae_title, "destination"))
@@ -132,6 +136,8 @@ def destinations(gateway: GatewaySettings) -> list[Destination]:
             host=peer.host,
             port=peer.port,
             tls=gateway.tls if peer.tls else None,
+            storage_commitment=peer.storage_commitment,
+            commitment_timeout_s=peer.commitment_timeout_s,
         )
         for peer in gateway.allowed_peers
         if peer.port is not None

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from radserve.gateway.commitment_ledger import CommitmentLedger, CommitmentRequester
 from radserve.gateway.config import Destination
 from radserve.gateway.errors import GatewayConfigError, GatewayError
 from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult
@@ -128,6 +129,7 @@ class DeliveryReport:
     sent: int = 0
     retried: int = 0
     failed: int = 0
+    committing: int = 0  # stored, now awaiting the destination's storage commitment
 
 
 class Outbox:
@@ -151,6 +153,14 @@ class Outbox:
         self.policy = policy or RetryPolicy()
         self.batch_size = batch_size
         self.lease = lease
+        committing = [d.name for d in self.destinations.values() if d.storage_commitment]
+        if committing and not isinstance(sender, CommitmentRequester):
+            raise GatewayConfigError(
+                f"destinations {committing} use storage commitment, which this sender "
+                "cannot request"
+            )
+        # settles the rows of destinations with storage commitment
+        self.commitments = CommitmentLedger(self.store, self.destinations, self._record)
 
     def enqueue(
         self,
@@ -187,20 +197,25 @@ class Outbox:
         """Send every row due at ``now`` (in ``scope`` only, if given); each ends
         ``sent``, rescheduled or failed."""
         now = now or utc_now()
-        claimed = self.store.claim_due(now, limit=self.batch_size, lease=self.lease, scope=scope)
-        if not claimed:
-            return DeliveryReport()
         tally = {Outcome.SENT: 0, Outcome.RETRY: 0, Outcome.PERMANENT: 0}
+        expired = self.commitments.expire(now, scope)
+        for outcome in expired:
+            tally[outcome] += 1
+        claimed = self.store.claim_due(now, limit=self.batch_size, lease=self.lease, scope=scope)
+        if not claimed and not expired:
+            return DeliveryReport()
         by_destination: dict[str, list[OutboxItem]] = {}
         for item in claimed:
             by_destination.setdefault(item.destination, []).append(item)
         for name, items in by_destination.items():
             self._deliver(name, items, now, tally)
+        settled = sum(tally.values()) - len(expired)
         report = DeliveryReport(
             claimed=len(claimed),
             sent=tally[Outcome.SENT],
             retried=tally[Outcome.RETRY],
             failed=tally[Outcome.PERMANENT],
+            committing=max(len(claimed) - settled, 0),
         )
         logger.info("outbox: %s", report)
         return report
@@ -213,13 +228,19 @@ class Outbox:
     ) -> None:
         rows = {item.id: item for item in items}
         unsettled = set(rows)
+        destination = self.destinations.get(name)
+        committing = destination is not None and destination.storage_commitment
+        stored: list[OutgoingFile] = []
+        outgoing: dict[int, OutgoingFile] = {}
 
         def settle(item_id: int, result: SendResult) -> None:
             if item_id in unsettled:
                 unsettled.discard(item_id)
+                if committing and result.outcome is Outcome.SENT:
+                    stored.append(outgoing[item_id])  # delivered once committed
+                    return
                 tally[self._record(rows[item_id], result, now)] += 1
 
-        destination = self.destinations.get(name)
         if destination is None:
             for item_id in list(unsettled):
                 reason = f"destination {name!r} is no longer configured"
@@ -228,7 +249,7 @@ class Outbox:
         files = []
         for item in items:
             if Path(item.path).is_file():
-                files.append(_outgoing(item))
+                files.append(outgoing.setdefault(item.id, _outgoing(item)))
             else:
                 settle(item.id, SendResult(Outcome.PERMANENT, f"result file {item.path} is gone"))
         try:
@@ -239,6 +260,9 @@ class Outbox:
                 settle(item_id, SendResult(Outcome.RETRY, f"internal error: {exc!r}"))
         for item_id in list(unsettled):  # a sender that forgot a file
             settle(item_id, SendResult(Outcome.RETRY, "no result reported for this file"))
+        if destination is not None and stored and isinstance(self.sender, CommitmentRequester):
+            for outcome in self.commitments.request(self.sender, destination, stored, now):
+                tally[outcome] += 1
 
     def _record(self, item: OutboxItem, result: SendResult, now: dt.datetime) -> Outcome:
         return settle(self.store, self.policy, item, result, now)

@@ -25,7 +25,7 @@ from pynetdicom.service_class import StorageServiceClass
 from pynetdicom.sop_class import uid_to_service_class
 
 from radserve import error_table
-from radserve.gateway import conformance, reactor
+from radserve.gateway import commitment, conformance, reactor
 from radserve.gateway.completeness import (
     INTERRUPTED_MARKER,
     RECEIVING_PREFIX,
@@ -96,8 +96,10 @@ def quiet_pynetdicom() -> None:
             library.addFilter(_OneLine())
 
 
-def build_ae(config: ScpConfig) -> AE:
-    """The acceptor AE with exactly the contexts of the conformance statement."""
+def build_ae(config: ScpConfig, *, commitment_reports: bool = False) -> AE:
+    """The acceptor AE with exactly the contexts of the conformance statement;
+    ``commitment_reports``: also Storage Commitment Push Model with the peer in the SCP
+    role, for the N-EVENT-REPORTs of the destinations radserve asked to commit."""
     quiet_pynetdicom()
     ae = AE(ae_title=config.ae_title)
     ae.require_called_aet = config.require_called_ae_title
@@ -116,6 +118,10 @@ def build_ae(config: ScpConfig) -> AE:
     )
     for sop_class in accepted:
         ae.add_supported_context(sop_class, list(conformance.SCP_TRANSFER_SYNTAXES))
+    if commitment_reports:
+        ae.add_supported_context(
+            commitment.PUSH_MODEL, list(conformance.UNCOMPRESSED), scu_role=False, scp_role=True
+        )
     return ae
 
 
@@ -221,6 +227,7 @@ class GatewaySCP:
         on_oversize: Callable[[Exceeded], None] | None = None,
         arrivals: Arrivals | None = None,
         spool: Path | None = None,
+        on_commitment: commitment.ReportHandler | None = None,
     ) -> None:
         self.config = config
         # C-STORE data sets being received (pynetdicom's temporary files): under the
@@ -254,7 +261,9 @@ class GatewaySCP:
             known_addresses=self.allow_list.addresses,
         )
         self._monitor = CompletenessMonitor(self.tracker) if run_monitor else None
-        self._ae = build_ae(config)
+        # storage commitment reports from destinations (radserve.gateway.commitment_ledger)
+        self.on_commitment = on_commitment
+        self._ae = build_ae(config, commitment_reports=on_commitment is not None)
         # DICOM TLS when the gateway has a certificate; the files are checked here, so a
         # bad path stops the server at start rather than at the first association
         self._ssl_context = None
@@ -353,6 +362,7 @@ class GatewaySCP:
             (evt.EVT_REQUESTED, self._on_requested),
             (evt.EVT_C_STORE, self._on_store),
             (evt.EVT_C_ECHO, self._on_echo),
+            (evt.EVT_N_EVENT_REPORT, self._on_event_report),
             (evt.EVT_ACCEPTED, self._on_accepted),
             (evt.EVT_ABORTED, self._on_aborted),
             (evt.EVT_RELEASED, self._receiving.released),
@@ -467,6 +477,16 @@ class GatewaySCP:
 
     def _on_echo(self, event: Event) -> int:
         return Status.SUCCESS
+
+    def _on_event_report(self, event: Event) -> tuple[Dataset, None]:
+        """A destination's storage commitment report (the only N-EVENT-REPORT accepted:
+        the context exists only with ``on_commitment``); the allow-list already
+        admitted the peer, the ledger checks it is the one the transaction was asked of."""
+        calling = str(event.assoc.requestor.ae_title).strip()
+        if self.on_commitment is None:
+            return _status(commitment.PROCESSING_FAILURE, "no storage commitment here"), None
+        code, comment = commitment.answer(calling, event.event_information, self.on_commitment)
+        return _status(code, comment), None
 
     def _on_store(self, event: Event) -> Dataset:
         """File one instance; the returned status is the only answer the sender gets."""

@@ -25,16 +25,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import pydicom
 from pydicom.errors import InvalidDicomError
 from pydicom.uid import UID
-from pynetdicom import AE, evt
+from pynetdicom import AE, build_role, evt
 from pynetdicom.association import Association
+from pynetdicom.events import Event
 from pynetdicom.presentation import PresentationContext, build_context
 
 from radserve.config import GatewaySettings
-from radserve.gateway import conformance
+from radserve.gateway import commitment, conformance
 from radserve.gateway.config import Destination, check_ae_title
 from radserve.security.logs import REDACTED, redact
 from radserve.tls import TlsConfigError, client_context
@@ -203,6 +205,68 @@ class StoreSCU:
             "(gateway.dimse_timeout_s); radserve aborted the association"
         )
 
+    def request_commitment(
+        self,
+        destination: Destination,
+        transaction_uid: str,
+        files: Sequence[OutgoingFile],
+        on_report: commitment.ReportHandler,
+        *,
+        same_association_wait_s: float = 1.0,
+    ) -> SendResult:
+        """N-ACTION: ask ``destination`` to commit ``files`` under ``transaction_uid``.
+        ``SENT``: the request was accepted (the report comes later). A report sent on
+        this association within ``same_association_wait_s`` goes to ``on_report`` (the
+        SCU/SCP role is proposed so a peer may do so); most peers, Orthanc 1.10.1 among
+        them, open an association to radserve's SCP instead."""
+        reported = threading.Event()
+
+        def on_event_report(event: Event) -> tuple[int, None]:
+            calling = str(event.assoc.acceptor.ae_title).strip()
+            status, _comment = commitment.answer(calling, event.event_information, on_report)
+            reported.set()
+            return status, None
+
+        ae = self._ae()
+        ae.add_requested_context(commitment.PUSH_MODEL)
+        role = build_role(commitment.PUSH_MODEL, scu_role=True, scp_role=True)
+        assoc, failure = self._associate(
+            ae,
+            destination,
+            ext_neg=[role],
+            handlers=[(evt.EVT_N_EVENT_REPORT, on_event_report)],
+        )
+        if failure is not None or assoc is None:
+            return failure or SendResult(Outcome.RETRY, "no association")
+        try:
+            if not any(cx.as_scu for cx in assoc.accepted_contexts):
+                return SendResult(
+                    Outcome.PERMANENT,
+                    f"{destination} does not accept Storage Commitment Push Model: enable it "
+                    "there or turn storage_commitment off for this peer",
+                )
+            request = commitment.action_dataset(
+                transaction_uid, [(f.sop_class_uid, f.sop_instance_uid) for f in files]
+            )
+            status, _reply = assoc.send_n_action(
+                request,
+                commitment.REQUEST_COMMITMENT,
+                commitment.PUSH_MODEL,
+                commitment.PUSH_MODEL_INSTANCE,
+            )
+            code = int(status.Status) if "Status" in status else None
+            if code is None:
+                return SendResult(Outcome.RETRY, f"no N-ACTION response from {destination}")
+            if code != conformance.Status.SUCCESS:
+                return SendResult(
+                    Outcome.RETRY, f"N-ACTION status 0x{code:04X} from {destination}", code
+                )
+            reported.wait(same_association_wait_s)
+            return SendResult(Outcome.SENT, f"storage commitment requested from {destination}")
+        finally:
+            if assoc.is_established:
+                assoc.release()
+
     def _ae(self) -> AE:
         ae = AE(ae_title=self.ae_title)
         connect, acse, dimse, network = self._timeouts
@@ -213,7 +277,12 @@ class StoreSCU:
         return ae
 
     def _associate(
-        self, ae: AE, destination: Destination
+        self,
+        ae: AE,
+        destination: Destination,
+        *,
+        ext_neg: list[Any] | None = None,
+        handlers: list[Any] | None = None,
     ) -> tuple[Association | None, SendResult | None]:
         opened = threading.Event()
         negotiated = threading.Event()  # the peer answered A-ASSOCIATE-AC
@@ -230,9 +299,11 @@ class StoreSCU:
             destination.port,
             ae_title=destination.ae_title,
             tls_args=tls_args,
+            ext_neg=ext_neg,
             evt_handlers=[
                 (evt.EVT_CONN_OPEN, lambda _event: opened.set()),
                 (evt.EVT_ACCEPTED, lambda _event: negotiated.set()),
+                *(handlers or []),
             ],
         )
         if assoc.is_established:

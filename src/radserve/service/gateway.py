@@ -118,14 +118,6 @@ class GatewayBridge:
     ) -> None:
         self.settings = settings
         self.intake = intake
-        self.scp = GatewaySCP(
-            scp_config_from_settings(
-                settings.gateway, settings.data_dir, settings.ingest, **(scp_options or {})
-            ),
-            self.on_study,
-            own_results=intake.own_results,
-            on_oversize=functools.partial(audit_oversize, store),
-        )
         targets = destinations(settings)
         self.outbox: Outbox | None = None
         self.workers: LaneWorkers | None = None
@@ -145,6 +137,19 @@ class GatewayBridge:
                 prefix="radserve-outbox",
                 interval_s=lane_interval_s(settings),
             )
+        # destinations with storage commitment report to the SCP (Orthanc always does)
+        committing = any(target.storage_commitment for target in targets)
+        self.scp = GatewaySCP(
+            scp_config_from_settings(
+                settings.gateway, settings.data_dir, settings.ingest, **(scp_options or {})
+            ),
+            self.on_study,
+            own_results=intake.own_results,
+            on_oversize=functools.partial(audit_oversize, store),
+            on_commitment=(
+                self.outbox.commitments.on_report if self.outbox and committing else None
+            ),
+        )
 
     def start(self) -> tuple[str, int]:
         if self.workers is not None:

@@ -160,7 +160,7 @@ class AuditHead(Base):
     hash: Mapped[str] = mapped_column(String(64))
 
 
-OUTBOX_STATES = ("pending", "sending", "sent", "failed_permanent", "held")
+OUTBOX_STATES = ("pending", "sending", "sent", "failed_permanent", "held", "committing")
 OUTBOX_KINDS = ("dicom", "fhir", "critical")
 
 
@@ -204,6 +204,9 @@ class OutboxDelivery(Base):
     # who holds a ``sending`` row's lease: "<instance id>/<incarnation>", so a restarted
     # server reclaims the rows its previous incarnation left without waiting the lease out
     lease_owner: Mapped[str | None] = mapped_column(String(200))
+    # a ``committing`` row's Storage Commitment Transaction UID (N-ACTION), persisted
+    # before the request goes out so a report arriving after a restart is matched
+    commitment_uid: Mapped[str | None] = mapped_column(String(64), index=True)
 
 
 class ResultInstance(Base):

@@ -3,7 +3,10 @@ destinations: DICOM instances to DICOM peers (kind ``dicom``), FHIR Bundles to a
 server (kind ``fhir``). Each kind has its own sender; a sender claims only its kind.
 
 Rows move ``pending -> sending -> sent`` or ``-> pending`` (retry later) or
-``-> failed_permanent`` (configuration error, or retries exhausted). Every change is a
+``-> failed_permanent`` (configuration error, or retries exhausted). To a destination
+with storage commitment a stored row waits ``committing`` (its Transaction UID kept)
+until the destination's report or the deadline takes it back to ``sending`` to be
+settled like any send (radserve.gateway.commitment). Every change is a
 conditional UPDATE in its own committed transaction, so:
 
 - a row is claimed by exactly one worker (``pending`` and due -> ``sending``);
@@ -52,6 +55,9 @@ class OutboxState(StrEnum):
     # a delivery of a result not yet recorded: recording it releases the row (pending),
     # a take-over of its job by another replica deletes it (radserve.store.leases)
     HELD = "held"
+    # stored by a destination with storage commitment, its commitment report awaited
+    # until ``next_attempt_at`` (radserve.gateway.commitment)
+    COMMITTING = "committing"
 
 
 class OutboxKind(StrEnum):
@@ -98,6 +104,7 @@ class OutboxItem:
     sent_at: dt.datetime | None
     kind: OutboxKind = OutboxKind.DICOM
     lease_owner: str | None = None
+    commitment_uid: str | None = None  # the storage commitment transaction (committing)
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,7 @@ class DestinationStatus:
     oldest_pending: dt.datetime | None  # queued time of the oldest pending/sending row
     failing_since: dt.datetime | None  # queued time of the oldest retrying row
     last_error: str | None  # of the most recently failed retrying or failed row
+    committing: int = 0  # stored, the destination's storage commitment awaited
 
 
 def instance_id(configured: str | None = None) -> str:
@@ -359,7 +367,11 @@ class OutboxStore(StoreBase):
     def status(self) -> list[DestinationStatus]:
         """Per (kind, destination) that has undelivered rows or had any: counts, the
         oldest undelivered row's queue time, since when deliveries fail, the last error."""
-        undelivered = (OutboxState.PENDING.value, OutboxState.SENDING.value)
+        undelivered = (
+            OutboxState.PENDING.value,
+            OutboxState.SENDING.value,
+            OutboxState.COMMITTING.value,
+        )
         failing = and_(
             OutboxDelivery.state == OutboxState.PENDING.value,
             OutboxDelivery.attempts > 0,
@@ -411,6 +423,7 @@ class OutboxStore(StoreBase):
                         pending=states.get(OutboxState.PENDING.value, 0),
                         sending=states.get(OutboxState.SENDING.value, 0),
                         failed_permanent=states.get(OutboxState.FAILED_PERMANENT.value, 0),
+                        committing=states.get(OutboxState.COMMITTING.value, 0),
                         retrying=n_retrying,
                         oldest_pending=oldest.get((kind, name)),
                         failing_since=since,
@@ -459,14 +472,79 @@ class OutboxStore(StoreBase):
         self, kind: OutboxKind = OutboxKind.DICOM, scope: Scope | None = None
     ) -> dt.datetime | None:
         """When the earliest ``pending`` row of ``kind`` (in ``scope``, if given) falls
-        due (None: nothing pending)."""
+        due, or a ``committing`` row's wait for its commitment ends (None: neither)."""
         where = [
-            OutboxDelivery.state == OutboxState.PENDING.value,
+            OutboxDelivery.state.in_((OutboxState.PENDING.value, OutboxState.COMMITTING.value)),
             OutboxDelivery.kind == OutboxKind(kind).value,
             (scope or Scope()).clause(),
         ]
         with self._read() as session:
             return session.scalar(select(func.min(OutboxDelivery.next_attempt_at)).where(*where))
+
+    def await_commitment(
+        self, ids: Sequence[int], *, transaction_uid: str, now: dt.datetime, deadline: dt.datetime
+    ) -> int:
+        """``sending -> committing`` under ``transaction_uid`` until ``deadline``
+        (``next_attempt_at``), committed before the N-ACTION goes out so a report
+        arriving after a restart finds its rows. Returns how many rows."""
+        with self._write(audited=False) as session:
+            result = session.execute(
+                update(OutboxDelivery)
+                .where(
+                    OutboxDelivery.id.in_(list(ids)),
+                    OutboxDelivery.state == OutboxState.SENDING.value,
+                )
+                .values(
+                    state=OutboxState.COMMITTING.value,
+                    commitment_uid=transaction_uid,
+                    next_attempt_at=deadline,
+                    updated=now,
+                    lease_owner=None,
+                )
+            )
+            return int(getattr(result, "rowcount", 0))
+
+    def committing(self, transaction_uid: str) -> list[OutboxItem]:
+        """The rows still awaiting ``transaction_uid``'s commitment report."""
+        with self._read() as session:
+            rows = session.scalars(
+                select(OutboxDelivery)
+                .where(
+                    OutboxDelivery.state == OutboxState.COMMITTING.value,
+                    OutboxDelivery.commitment_uid == transaction_uid,
+                )
+                .order_by(OutboxDelivery.id)
+            ).all()
+            return [_record(row) for row in rows]
+
+    def take_committing(
+        self,
+        *,
+        now: dt.datetime,
+        transaction_uid: str | None = None,
+        overdue: bool = False,
+        scope: Scope | None = None,
+    ) -> list[OutboxItem]:
+        """``committing -> sending`` (leased here), to be settled as any send is: the
+        rows of ``transaction_uid`` (its report arrived), or ``overdue`` ones (no report
+        by their deadline) in ``scope``. Each row is taken once, whichever comes first."""
+        where = [OutboxDelivery.state == OutboxState.COMMITTING.value, (scope or Scope()).clause()]
+        if transaction_uid is not None:
+            where.append(OutboxDelivery.commitment_uid == transaction_uid)
+        if overdue:
+            where.append(OutboxDelivery.next_attempt_at <= now)
+        taken: list[OutboxItem] = []
+        with self._write(audited=False) as session:
+            ids = session.scalars(select(OutboxDelivery.id).where(*where)).all()
+            for item_id in ids:
+                result = session.execute(
+                    update(OutboxDelivery)
+                    .where(OutboxDelivery.id == item_id, *where)
+                    .values(state=OutboxState.SENDING.value, updated=now, lease_owner=self.owner)
+                )
+                if getattr(result, "rowcount", 0) == 1:
+                    taken.append(_record(_get(session, item_id)))
+        return taken
 
     def _move(
         self, item_id: int, state: OutboxState, *, now: dt.datetime, **values: object
@@ -555,4 +633,5 @@ def _record(row: OutboxDelivery) -> OutboxItem:
         sent_at=row.sent_at,
         kind=OutboxKind(row.kind),
         lease_owner=row.lease_owner,
+        commitment_uid=row.commitment_uid,
     )

@@ -128,7 +128,9 @@ async def reset_model(
 async def outbox_list(
     request: Request,
     _: Annotated[Principal, Depends(require_admin)],
-    state: Annotated[str | None, Query(description="pending|sending|sent|failed_permanent")] = None,
+    state: Annotated[
+        str | None, Query(description="pending|sending|committing|sent|failed_permanent")
+    ] = None,
     destination: str | None = None,
     kind: Annotated[str | None, Query(description="dicom | fhir")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,

@@ -1,0 +1,111 @@
+"""Storage Commitment Push Model (PS3.4 Annex J) as radserve's outbox uses it: what the
+N-ACTION asks and what an N-EVENT-REPORT answers, as plain data.
+
+After a destination with ``storage_commitment`` has stored a batch of results (C-STORE
+success), the outbox asks it (N-ACTION, Action Type 1) to commit them under a new
+Transaction UID; the destination answers later with an N-EVENT-REPORT listing the
+instances it committed (Referenced SOP Sequence) and those it did not (Failed SOP
+Sequence, each with a Failure Reason). The report may come on the same association or
+on one the destination opens to radserve's SCP (Orthanc 1.10.1 always does the latter).
+The rows' fate is decided by :mod:`radserve.gateway.commitment_ledger`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from pydicom.dataset import Dataset
+
+logger = logging.getLogger(__name__)
+
+# PS3.4 J.3.2 / J.3.3
+PUSH_MODEL = "1.2.840.10008.1.20.1"
+PUSH_MODEL_INSTANCE = "1.2.840.10008.1.20.1.1"
+REQUEST_COMMITMENT = 1  # N-ACTION Action Type ID
+# N-EVENT-REPORT statuses radserve answers (PS3.7 10.1.1.1.8)
+SUCCESS = 0x0000
+INVALID_ARGUMENT = 0x0115  # an unknown or already settled Transaction UID
+PROCESSING_FAILURE = 0x0110
+
+# PS3.3 C.14.1.1 Failure Reason
+FAILURE_REASONS = {
+    0x0110: "processing failure",
+    0x0112: "no such object instance",
+    0x0213: "resource limitation",
+    0x0122: "referenced SOP class not supported",
+    0x0119: "class / instance conflict",
+    0x0131: "duplicate transaction UID",
+}
+
+
+@dataclass(frozen=True)
+class CommitmentReport:
+    """One N-EVENT-REPORT's content: committed instance UIDs, failed ones with why."""
+
+    transaction_uid: str
+    committed: frozenset[str] = frozenset()
+    failed: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_event(cls, info: Dataset | None) -> CommitmentReport:
+        """From the Event Information; ValueError when it has no Transaction UID."""
+        uid = str(getattr(info, "TransactionUID", "") or "").strip() if info else ""
+        if not uid:
+            raise ValueError("the storage commitment report carries no Transaction UID")
+        committed = frozenset(
+            str(item.get("ReferencedSOPInstanceUID", ""))
+            for item in getattr(info, "ReferencedSOPSequence", None) or []
+        )
+        failed = {
+            str(item.get("ReferencedSOPInstanceUID", "")): int(item.get("FailureReason", 0) or 0)
+            for item in getattr(info, "FailedSOPSequence", None) or []
+        }
+        return cls(uid, committed - {""}, {k: v for k, v in failed.items() if k})
+
+
+def failure_text(reason: int) -> str:
+    """A Failure Reason as operators read it: ``0x0112 (no such object instance)``."""
+    return f"0x{reason:04X} ({FAILURE_REASONS.get(reason, 'unknown reason')})"
+
+
+def action_dataset(transaction_uid: str, instances: Sequence[tuple[str, str]]) -> Dataset:
+    """The N-ACTION's Action Information: the transaction and every instance in it
+    (SOP Class UID, SOP Instance UID)."""
+    request = Dataset()
+    request.TransactionUID = transaction_uid
+    references = []
+    for sop_class_uid, sop_instance_uid in instances:
+        reference = Dataset()
+        reference.ReferencedSOPClassUID = sop_class_uid
+        reference.ReferencedSOPInstanceUID = sop_instance_uid
+        references.append(reference)
+    request.ReferencedSOPSequence = references
+    return request
+
+
+# (calling AE title of the reporting peer, the report) -> (status, error comment)
+ReportHandler = Callable[[str, CommitmentReport], tuple[int, str]]
+
+
+def answer(calling: str, info: Dataset | None, handler: ReportHandler) -> tuple[int, str]:
+    """The (status, comment) for one N-EVENT-REPORT received from AE ``calling``,
+    whichever association it came on."""
+    try:
+        report = CommitmentReport.from_event(info)
+    except ValueError as exc:
+        logger.warning("storage commitment report from %s refused: %s", calling, exc)
+        return INVALID_ARGUMENT, str(exc)
+    return handler(calling, report)
+
+
+__all__ = [
+    "PUSH_MODEL",
+    "PUSH_MODEL_INSTANCE",
+    "CommitmentReport",
+    "ReportHandler",
+    "action_dataset",
+    "answer",
+    "failure_text",
+]

@@ -1,0 +1,189 @@
+"""Where a storage commitment leaves the outbox's rows (see :mod:`radserve.gateway.commitment`).
+
+A row to a destination with ``storage_commitment`` is not ``sent`` on its C-STORE
+success: it waits ``committing`` under the batch's Transaction UID (persisted before
+the N-ACTION goes out) until one of these settles it, each taking the row exactly once:
+
+- the report lists it committed: ``sent``;
+- the report lists it failed (e.g. Orthanc's 0x0112 for an instance a filter dropped
+  after answering C-STORE success), or leaves it out: sent again, with the Failure
+  Reason on the row, under the outbox's back-off and give-up;
+- no report by the destination's ``commitment_timeout_s``: sent again, likewise;
+- the N-ACTION itself fails: sent again, or failed for good when the destination does
+  not accept Storage Commitment at all.
+
+The report is matched by its Transaction UID in the database, so one that arrives after
+a restart still settles its rows; an unknown or already settled Transaction UID, or one
+reported by another peer than the rows' destination, is answered 0x0115 and logged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from pydicom.uid import generate_uid
+
+from radserve.gateway import commitment
+from radserve.gateway.commitment import CommitmentReport
+from radserve.gateway.config import Destination
+from radserve.gateway.scu import Outcome, OutgoingFile, SendResult
+from radserve.store.outbox import OutboxItem, OutboxStore, Scope
+
+logger = logging.getLogger(__name__)
+
+Record = Callable[[OutboxItem, SendResult, dt.datetime], Outcome]
+
+
+@runtime_checkable
+class CommitmentRequester(Protocol):
+    """What sends the N-ACTION (:class:`radserve.gateway.scu.StoreSCU`)."""
+
+    def request_commitment(
+        self,
+        destination: Destination,
+        transaction_uid: str,
+        files: Sequence[OutgoingFile],
+        on_report: commitment.ReportHandler,
+    ) -> SendResult: ...
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class CommitmentLedger:
+    """Requests commitments and settles ``committing`` rows; ``record`` settles one row
+    as the outbox settles any send (:func:`radserve.gateway.outbox.settle`)."""
+
+    def __init__(
+        self,
+        store: OutboxStore,
+        destinations: Mapping[str, Destination],
+        record: Record,
+        *,
+        clock: Callable[[], dt.datetime] = _utc_now,
+    ) -> None:
+        self.store = store
+        self.destinations = destinations
+        self.record = record
+        self.clock = clock
+
+    def request(
+        self,
+        requester: CommitmentRequester,
+        destination: Destination,
+        stored: Sequence[OutgoingFile],
+        now: dt.datetime,
+    ) -> list[Outcome]:
+        """Rows just stored by ``destination`` wait ``committing``; then the N-ACTION.
+        Returns the outcomes of rows settled here (a failed request, a report on the
+        same association)."""
+        transaction_uid = str(generate_uid(prefix=None))
+        deadline = now + dt.timedelta(seconds=destination.commitment_timeout_s)
+        self.store.await_commitment(
+            [f.key for f in stored], transaction_uid=transaction_uid, now=now, deadline=deadline
+        )
+        logger.info(
+            "outbox: %d instance(s) stored by %s, storage commitment %s requested",
+            len(stored),
+            destination.name,
+            transaction_uid,
+        )
+        outcomes: list[Outcome] = []
+
+        def on_report(calling: str, report: CommitmentReport) -> tuple[int, str]:
+            status, comment, settled = self._apply(calling, report)
+            outcomes.extend(settled)
+            return status, comment
+
+        try:
+            result = requester.request_commitment(destination, transaction_uid, stored, on_report)
+        except Exception as exc:  # a requester's bug must not leave rows waiting
+            logger.exception("outbox: storage commitment request to %s failed", destination.name)
+            result = SendResult(Outcome.RETRY, f"internal error: {exc!r}")
+        if result.outcome is not Outcome.SENT:
+            why = f"storage commitment request (N-ACTION) to {destination} failed: {result.message}"
+            for item in self.store.take_committing(now=now, transaction_uid=transaction_uid):
+                outcomes.append(self.record(item, SendResult(result.outcome, why), now))
+        return outcomes
+
+    def on_report(self, calling: str, report: CommitmentReport) -> tuple[int, str]:
+        """An N-EVENT-REPORT received by radserve's SCP: (status, error comment)."""
+        status, comment, _settled = self._apply(calling, report)
+        return status, comment
+
+    def expire(self, now: dt.datetime, scope: Scope | None = None) -> list[Outcome]:
+        """Rows whose commitment report did not come by their deadline: sent again."""
+        outcomes = []
+        for item in self.store.take_committing(now=now, overdue=True, scope=scope):
+            destination = self.destinations.get(item.destination)
+            waited = f"{destination.commitment_timeout_s:g} s" if destination else "its deadline"
+            why = (
+                f"no storage commitment report from {item.destination} within {waited} "
+                f"(transaction {item.commitment_uid}): stored but not confirmed, sent again"
+            )
+            outcomes.append(self.record(item, SendResult(Outcome.RETRY, why), now))
+        return outcomes
+
+    def _apply(self, calling: str, report: CommitmentReport) -> tuple[int, str, list[Outcome]]:
+        rows = self.store.committing(report.transaction_uid)
+        if not rows:
+            logger.warning(
+                "storage commitment report from %s for transaction %s: unknown or already "
+                "settled (timed out and sent again?); answered 0x%04X",
+                calling,
+                report.transaction_uid,
+                commitment.INVALID_ARGUMENT,
+            )
+            return commitment.INVALID_ARGUMENT, "unknown Transaction UID", []
+        titles = {
+            self.destinations[r.destination].ae_title
+            for r in rows
+            if r.destination in self.destinations
+        }
+        if calling not in titles:
+            logger.warning(
+                "storage commitment report for transaction %s came from %s, not from the "
+                "destination it was asked of (%s): refused",
+                report.transaction_uid,
+                calling,
+                ", ".join(sorted(titles)) or "no longer configured",
+            )
+            return commitment.INVALID_ARGUMENT, "transaction not requested of this AE", []
+        now = self.clock()
+        outcomes = []
+        for item in self.store.take_committing(now=now, transaction_uid=report.transaction_uid):
+            outcomes.append(self.record(item, _result_for(item, report), now))
+        failed = sum(1 for item in rows if item.sop_instance_uid not in report.committed)
+        log = logger.warning if failed else logger.info
+        log(
+            "storage commitment %s from %s: %d committed, %d not (sent again)",
+            report.transaction_uid,
+            calling,
+            len(rows) - failed,
+            failed,
+        )
+        return commitment.SUCCESS, "", outcomes
+
+
+def _result_for(item: OutboxItem, report: CommitmentReport) -> SendResult:
+    uid = item.sop_instance_uid
+    if uid in report.failed:
+        reason = commitment.failure_text(report.failed[uid])
+        return SendResult(
+            Outcome.RETRY,
+            f"{item.destination} answered C-STORE success but did not commit the instance: "
+            f"storage commitment failure reason {reason}",
+        )
+    if uid in report.committed:
+        return SendResult(Outcome.SENT, f"committed by {item.destination}")
+    return SendResult(
+        Outcome.RETRY,
+        f"{item.destination}'s storage commitment report left the instance out",
+    )
+
+
+__all__ = ["CommitmentLedger", "CommitmentRequester"]

@@ -1,0 +1,262 @@
+"""Storage commitment against a real Orthanc 1.10.1 on loopback: radserve stores its SEG
+and SR, asks for commitment (N-ACTION) and counts them delivered only once Orthanc's
+N-EVENT-REPORT, which Orthanc sends on a new association to radserve's SCP, lists them
+committed. A Lua filter that drops the SEG after answering C-STORE success makes the
+report list it failed (0x0112): the SEG is sent again and, its retries spent, failed with
+that reason; no report within the timeout: sent again with that reason. Reports are
+matched by their persisted Transaction UID, so one arriving after a restart settles its
+rows; an unknown transaction, or one reported by another peer, is answered 0x0115."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pydicom
+import pytest
+from pydicom.dataset import Dataset
+from pynetdicom import AE, build_role
+from tests.factories.dicom_net import Orthanc, study_with_results
+from tests.factories.pacs import pacs_marks
+from tests.factories.ports import free_port
+from tests.factories.waits import until
+
+from radserve.gateway import Destination, GatewaySCP, Outbox, Peer, RetryPolicy, ScpConfig, StoreSCU
+from radserve.gateway.commitment import INVALID_ARGUMENT, PUSH_MODEL, PUSH_MODEL_INSTANCE
+from radserve.store import init_store
+from radserve.store.outbox import OutboxItem, OutboxState, OutboxStore
+
+pytestmark = pacs_marks()
+
+DROP_SEG = """
+function ReceivedInstanceFilter(dicom, origin, info)
+  return dicom.Modality ~= 'SEG'
+end
+"""
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    _, paths = study_with_results(tmp_path_factory.mktemp("results"))
+    return paths
+
+
+def _modality(path: Path) -> str:
+    return str(pydicom.dcmread(path, stop_before_pixels=True).Modality)
+
+
+@contextmanager
+def _committing_pacs(
+    tmp_path: Path,
+    *,
+    lua: str | None = None,
+    scp_running: bool = True,
+    timeout_s: float = 60.0,
+    attempts: int = 3,
+) -> Iterator[tuple[Orthanc, Outbox, OutboxStore, GatewaySCP]]:
+    """Orthanc that knows radserve as a modality allowed storage commitment, radserve's
+    SCP (started unless ``scp_running`` is false) and an outbox to Orthanc with storage
+    commitment, sharing one database."""
+    scp_port = free_port()
+    options: dict[str, Any] = {}
+    if lua is not None:
+        script = tmp_path / "filter.lua"
+        script.write_text(lua)
+        options["LuaScripts"] = [str(script)]
+    orthanc = Orthanc(
+        tmp_path / "orthanc",
+        peers={
+            "radserve": {
+                "AET": "RADSERVE",
+                "Host": "127.0.0.1",
+                "Port": scp_port,
+                "AllowStorageCommitment": True,
+            }
+        },
+        options=options,
+    )
+    store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
+    rows = OutboxStore(store.engine)
+    destination = Destination(
+        name="pacs",
+        ae_title="ORTHANC",
+        host="127.0.0.1",
+        port=orthanc.dicom_port,
+        storage_commitment=True,
+        commitment_timeout_s=timeout_s,
+    )
+    outbox = Outbox(
+        rows,
+        [destination],
+        StoreSCU(),
+        policy=RetryPolicy(first_delay_s=1.0, max_attempts=attempts),
+    )
+    config = ScpConfig(
+        data_dir=tmp_path / "radserve",
+        port=scp_port,
+        allowed_peers=[
+            Peer("ORTHANC", "127.0.0.1", orthanc.dicom_port, storage_commitment=True),
+            Peer("OTHER", "127.0.0.1"),
+        ],
+    )
+    scp = GatewaySCP(config, lambda _: None, on_commitment=outbox.commitments.on_report)
+    orthanc.start()
+    try:
+        if scp_running:
+            scp.start()
+        yield orthanc, outbox, rows, scp
+    finally:
+        if scp_running:
+            scp.stop()
+        orthanc.stop()
+        store.close()
+
+
+def _by_modality(rows: OutboxStore) -> dict[str, OutboxItem]:
+    return {_modality(Path(item.path)): item for item in rows.items()}
+
+
+def test_results_count_as_delivered_once_orthanc_reports_them_committed(
+    tmp_path: Path, results: list[Path]
+) -> None:
+    with _committing_pacs(tmp_path) as (orthanc, outbox, rows, _scp):
+        outbox.enqueue(results, now=utc_now())
+        report = outbox.deliver_pending(utc_now())
+        assert report.claimed == len(results) and report.committing >= 1
+        until(
+            lambda: all(item.state is OutboxState.SENT for item in rows.items()),
+            "Orthanc's storage commitment report settles every row",
+        )
+        stored = set(orthanc.get("/instances"))
+    assert len(stored) == len(results)
+    for item in rows.items():
+        assert item.attempts == 1 and item.last_error is None and item.commitment_uid
+
+
+def test_a_seg_a_filter_drops_after_c_store_success_is_sent_again_then_failed_with_the_reason(
+    tmp_path: Path, results: list[Path]
+) -> None:
+    with _committing_pacs(tmp_path, lua=DROP_SEG, attempts=2) as (_orthanc, outbox, rows, _):
+        outbox.enqueue(results, now=utc_now())
+        outbox.deliver_pending(utc_now())
+        first = until(
+            lambda: (lambda items: items if items["SEG"].state is OutboxState.PENDING else None)(
+                _by_modality(rows)
+            ),
+            "the report lists the SEG failed",
+        )
+        assert first["SR"].state is OutboxState.SENT
+        seg = first["SEG"]
+        assert "0x0112 (no such object instance)" in (seg.last_error or "")
+        assert "answered C-STORE success" in (seg.last_error or "")
+        outbox.deliver_pending(seg.next_attempt_at)  # sent again: dropped again
+        final = until(
+            lambda: (lambda item: item if item.state is OutboxState.FAILED_PERMANENT else None)(
+                rows.get(seg.id)
+            ),
+            "the SEG fails for good after its retries",
+        )
+    assert final.attempts == 2
+    assert final.last_error is not None and final.last_error.startswith("gave up after 2")
+    assert "0x0112" in final.last_error
+
+
+def test_no_report_within_the_timeout_sends_the_results_again(
+    tmp_path: Path, results: list[Path]
+) -> None:
+    # radserve's SCP is not listening: Orthanc cannot deliver its report
+    with _committing_pacs(tmp_path, scp_running=False, timeout_s=5.0) as (_o, outbox, rows, _):
+        start = utc_now()
+        outbox.enqueue(results, now=start)
+        outbox.deliver_pending(start)
+        waiting = rows.items()
+        assert {item.state for item in waiting} == {OutboxState.COMMITTING}
+        deadline = max(item.next_attempt_at for item in waiting)
+        assert outbox.next_due() == min(item.next_attempt_at for item in waiting)
+        assert outbox.deliver_pending(deadline - dt.timedelta(seconds=1)).retried == 0
+        report = outbox.deliver_pending(deadline)
+    assert report.retried == len(results)
+    for item in rows.items():
+        assert item.state is OutboxState.PENDING and item.attempts == 1
+        assert "no storage commitment report from pacs within 5 s" in (item.last_error or "")
+
+
+def _report(port: int, calling: str, transaction_uid: str, items: list[OutboxItem]) -> int:
+    """Send an N-EVENT-REPORT to radserve's SCP as a storage commitment SCP would on an
+    association of its own (the SCP role proposed); the answer's status."""
+    ae = AE(ae_title=calling)
+    ae.add_requested_context(PUSH_MODEL)
+    assoc = ae.associate(
+        "127.0.0.1",
+        port,
+        ae_title="RADSERVE",
+        ext_neg=[build_role(PUSH_MODEL, scu_role=False, scp_role=True)],
+    )
+    assert assoc.is_established
+    info = Dataset()
+    info.TransactionUID = transaction_uid
+    references = []
+    for item in items:
+        reference = Dataset()
+        reference.ReferencedSOPClassUID = item.sop_class_uid
+        reference.ReferencedSOPInstanceUID = item.sop_instance_uid
+        references.append(reference)
+    info.ReferencedSOPSequence = references
+    try:
+        status, _ = assoc.send_n_event_report(info, 1, PUSH_MODEL, PUSH_MODEL_INSTANCE)
+        return int(status.Status)
+    finally:
+        assoc.release()
+
+
+def test_a_report_arriving_after_a_restart_is_matched_and_strangers_are_refused(
+    tmp_path: Path, results: list[Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    with _committing_pacs(tmp_path, scp_running=False) as (_orthanc, outbox, rows, _):
+        outbox.enqueue(results, now=utc_now())
+        outbox.deliver_pending(utc_now())
+        waiting = rows.items()
+        [transaction] = {item.commitment_uid for item in waiting}
+        assert transaction is not None
+    # a new process: the rows and their transaction come from the database alone
+    store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
+    try:
+        restarted = Outbox(
+            OutboxStore(store.engine),
+            [
+                Destination(
+                    name="pacs",
+                    ae_title="ORTHANC",
+                    host="127.0.0.1",
+                    port=1,
+                    storage_commitment=True,
+                )
+            ],
+            StoreSCU(),
+        )
+        config = ScpConfig(
+            data_dir=tmp_path / "restarted",
+            port=0,
+            allowed_peers=[Peer("ORTHANC", "127.0.0.1"), Peer("OTHER", "127.0.0.1")],
+        )
+        with GatewaySCP(
+            config, lambda _: None, on_commitment=restarted.commitments.on_report
+        ) as server:
+            port = server.address[1]
+            assert _report(port, "OTHER", transaction, waiting) == INVALID_ARGUMENT
+            assert _report(port, "ORTHANC", "2.25.1234", waiting) == INVALID_ARGUMENT
+            assert {i.state for i in restarted.store.items()} == {OutboxState.COMMITTING}
+            assert _report(port, "ORTHANC", transaction, waiting) == 0
+            settled = restarted.store.items()
+    finally:
+        store.close()
+    assert {item.state for item in settled} == {OutboxState.SENT}
+    assert "unknown or already settled" in caplog.text
+    assert "not from the destination it was asked of" in caplog.text
