@@ -8,6 +8,7 @@ study sent right after is accepted. These tests also guard the two pynetdicom ho
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -30,7 +31,7 @@ from tests.factories.waits import wait_until
 from radserve.audit import Action
 from radserve.audit.atna import dicom_audit_message
 from radserve.gateway import CompletedStudy, GatewaySCP, Peer, ScpConfig
-from radserve.gateway.receive_limit import Exceeded, install
+from radserve.gateway.receive_limit import SPACE_CHECK_BYTES, Exceeded, install
 from radserve.service.gateway import audit_oversize
 from radserve.store import Store, init_store
 
@@ -259,3 +260,38 @@ def test_a_header_over_the_element_bound_is_refused_naming_the_setting(
     assert "ingest.max_header_elements" in refusals[0]
     assert PHI not in caplog.text and "Planted" not in caplog.text
     assert not any(r.exc_info for r in caplog.records)
+
+
+def test_an_instance_that_would_eat_the_free_space_reserve_is_aborted_while_it_arrives(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # session 19: gateway.min_free_bytes was checked only when a received file was copied
+    # into its study folder, so a data set of up to max_file_bytes (4 GiB) per
+    # association filled the spool first (here the whole 24 MB, then 0xA700). A reserve
+    # larger than the disk: the first data set fragment is refused, nothing is written
+    caplog.set_level(logging.WARNING)
+    config = ScpConfig(
+        data_dir=tmp_path / "gateway",
+        port=0,
+        quiet_s=1.0,
+        min_free_bytes=shutil.disk_usage(tmp_path).total,
+        allowed_peers=(Peer("STORESCU", "127.0.0.1"),),
+    )
+    files = small_study(tmp_path / "study")
+    bulky = _bulky(files[0], tmp_path / "bulky.dcm", 12 * LIMIT)
+    studies: list[CompletedStudy] = []
+    with GatewaySCP(config, studies.append) as scp:
+        watch = _Watch(scp.spool)
+        watch.start()
+        try:
+            run = storescu(*scp.address, [bulky])
+        finally:
+            watch.stop.set()
+            watch.join()
+        assert run.returncode != 0, run.stderr
+        assert wait_until(lambda: not scp.admission.open_connections(), timeout=10)
+        assert watch.largest[scp.spool] <= SPACE_CHECK_BYTES + 2 * config.max_pdu_bytes
+        assert wait_until(lambda: not any(scp.spool.iterdir()), timeout=10)
+    said = [r.getMessage() for r in caplog.records if "min_free_bytes" in r.getMessage()]
+    assert said and "STORESCU" in said[0] and PHI not in " ".join(said)
+    assert not studies

@@ -10,6 +10,12 @@ being refused. Here, per association:
   received *before* pynetdicom writes them; a message that would exceed ``max_bytes``
   has its temporary file removed and the association aborted (A-ABORT), so nothing past
   the limit is ever written;
+- the same count keeps the disk's reserve while the data set arrives: every
+  ``SPACE_CHECK_BYTES`` (and at a data set's first fragment) the spool's free space is
+  read, and a data set whose next fragment would leave less than ``min_free_bytes``
+  (``gateway.min_free_bytes``) is refused the same way. The reserve was checked only when
+  the received file was copied into its study folder, so an instance of up to
+  ``max_bytes`` (4 GiB) per association had filled the spool first;
 - the temporary files go to ``spool`` (a folder under the data dir, so the disk budget
   is the data dir's, not TMPDIR's): pynetdicom has no setting for that, so
   :func:`install` routes its ``NamedTemporaryFile`` through :func:`_spooled`, which uses
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable
@@ -37,6 +44,10 @@ logger = logging.getLogger(__name__)
 
 _local = threading.local()  # .spool: the folder of the association decoding in this thread
 _ORIGINAL = tempfile.NamedTemporaryFile
+# how many data set bytes may arrive between two reads of the spool's free space: with
+# gateway.max_associations (16) receiving at once, the reserve can be overrun by at
+# most 16 x this (64 MiB of the default 512 MiB reserve)
+SPACE_CHECK_BYTES = 4 * 2**20
 
 
 def _spooled(*args: Any, **kwargs: Any) -> Any:
@@ -81,9 +92,11 @@ class StoreLimit:
         max_bytes: int,
         spool: Path,
         on_exceeded: Callable[[Exceeded], None] | None = None,
+        min_free_bytes: int = 0,
     ) -> None:
         self.assoc = assoc
         self.max_bytes = max_bytes
+        self.min_free_bytes = min_free_bytes
         self.spool = spool
         self.on_exceeded = on_exceeded
         self.received = 0
@@ -105,12 +118,38 @@ class StoreLimit:
         if self.received + incoming > self.max_bytes:
             self._refuse(self.received + incoming)
             return
+        if self._leaves_too_little_space(incoming):
+            self._refuse_for_space(self.received + incoming)
+            return
         self.received += incoming
         _local.spool = self.spool
         try:
             self._receive(primitive)
         finally:
             _local.spool = None
+
+    def _leaves_too_little_space(self, incoming: int) -> bool:
+        if self.min_free_bytes <= 0 or incoming <= 0:
+            return False
+        step = SPACE_CHECK_BYTES
+        if self.received and self.received // step == (self.received + incoming) // step:
+            return False  # read at the first fragment and at each step only
+        return shutil.disk_usage(self.spool).free - incoming < self.min_free_bytes
+
+    def _refuse_for_space(self, received: int) -> None:
+        self.refused = True
+        self.discard()
+        self.assoc.dimse.message = None
+        requestor = self.assoc.requestor
+        logger.warning(
+            "association from AE %r at %s aborted: receiving a C-STORE data set (%d bytes "
+            "so far) would leave less free space than gateway.min_free_bytes=%d",
+            str(requestor.ae_title).strip(),
+            requestor.address,
+            received,
+            self.min_free_bytes,
+        )
+        self.assoc.abort(block=False)
 
     def discard(self) -> None:
         """Remove the temporary file of a message left unfinished (refused, or the

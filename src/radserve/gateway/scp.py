@@ -395,6 +395,7 @@ class GatewaySCP:
             max_bytes=self.config.max_file_bytes,
             spool=self.spool,
             on_exceeded=self.on_oversize,
+            min_free_bytes=self.config.min_free_bytes,
         )
 
     def _on_requested(self, event: Event) -> None:
