@@ -28,8 +28,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from radserve.domain.equipment import MANUFACTURER
 from radserve.ingest.headers import header_text
-from radserve.report.dicom.common import MANUFACTURER
 
 logger = logging.getLogger(__name__)
 

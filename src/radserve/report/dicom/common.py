@@ -27,6 +27,7 @@ from pydicom.valuerep import DA, TM
 
 from radserve import durable
 from radserve.domain import CodedConcept
+from radserve.domain.equipment import MANUFACTURER
 from radserve.errors import ReportError
 from radserve.ingest.charset import (
     LATIN1,
@@ -47,7 +48,6 @@ from radserve.report.shortened import MAX_BYTES, cut_copied, fit_value, value_by
 logger = logging.getLogger(__name__)
 
 
-MANUFACTURER = "radserve"
 SEG_SERIES_NUMBER = 901
 SR_SERIES_NUMBER = 902
 ML = Code("ml", "UCUM", "milliliter")  # pydicom's codedict has no millilitre
