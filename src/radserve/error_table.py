@@ -115,6 +115,7 @@ TABLE: dict[str, ErrorMapping] = {
     "radserve.scheduling.errors.SchedulingError": _SERVER_FAULT,
     "radserve.scheduling.ray_worker.RayExecutorError": _SERVER_FAULT,
     "radserve.store.audit.AuditKeyMissingError": _SERVER_FAULT,
+    "radserve.store.audit.AuditKeyMismatchError": _SERVER_FAULT,
     "radserve.audit.seal.AuditKeyError": _SERVER_FAULT,
     "radserve.config.ConfigError": _SERVER_FAULT,
     "radserve.tls.TlsConfigError": _SERVER_FAULT,

@@ -137,6 +137,8 @@ def test_two_servers_on_one_database_say_which_destination_differs(tmp_path: Pat
                     gateway__enabled=True,
                     gateway__port=0,
                     gateway__allowed_peers=(peer,),
+                    # replicas of one chain share its key (each folder's own: refused)
+                    audit__key_file=tmp_path / "audit.key",
                 )
             )
             for name, peer in (

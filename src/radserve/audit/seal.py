@@ -58,13 +58,47 @@ def checkpoint_path(settings: Settings) -> Path:
     return settings.audit.checkpoint_file or settings.data_dir / "audit" / "checkpoints.jsonl"
 
 
-def load_key(settings: Settings, *, create: bool = True) -> AuditKey:
+def load_key(
+    settings: Settings, *, create: bool = True, chain_key_id: str | None = None
+) -> AuditKey:
     """The chain's key: from the settings (environment), else the key file, which is
-    created (0600, 256 random bits) when missing and ``create``."""
+    created (0600, 256 random bits) when missing and ``create``.
+
+    ``chain_key_id``: the key id of the chain's newest record (None: an empty or
+    unkeyed chain). A keyed chain gets no new key (replicas sharing a database, or a
+    lost key file: records under a second key verify nowhere), and a key of another id
+    is refused; key rotation is not implemented."""
+    key = _configured_key(
+        settings, create=create and chain_key_id is None, chain_key_id=chain_key_id
+    )
+    if chain_key_id is not None and key.id != chain_key_id:
+        where = "RADSERVE_AUDIT__KEY" if settings.audit.key is not None else key_file_path(settings)
+        raise AuditKeyError(
+            f"the audit key of {where} is audit key {key.id}, but the audit chain in the "
+            f"database is keyed with audit key {chain_key_id}: records under a second key "
+            f"would not verify. {_WHERE_THE_KEY_GOES}"
+        )
+    return key
+
+
+_WHERE_THE_KEY_GOES = (
+    "Every server and command writing one chain uses the same key: copy the key file of a "
+    "server that writes it (its audit.key_file, default <its data_dir>/audit/audit.key) "
+    "here with mode 0600, point audit.key_file at it, or set RADSERVE_AUDIT__KEY"
+)
+
+
+def _configured_key(settings: Settings, *, create: bool, chain_key_id: str | None) -> AuditKey:
     if settings.audit.key is not None:
         return AuditKey(bytes.fromhex(settings.audit.key.get_secret_value()))
     path = key_file_path(settings)
     if not path.exists():
+        if chain_key_id is not None:
+            raise AuditKeyError(
+                f"no audit key file at {path}, and the audit chain in the database is keyed "
+                f"with audit key {chain_key_id} (another server sharing the database, or a "
+                f"lost key file): no new key was created. {_WHERE_THE_KEY_GOES}"
+            )
         if not create:
             raise AuditKeyError(f"no audit key file at {path}")
         _create_key_file(path)

@@ -28,9 +28,10 @@ logger = logging.getLogger(__name__)
 class AuditTrail:
     """Key + checkpoints (+ export). ``appended`` is the store's audit listener."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, chain_key_id: str | None = None) -> None:
+        """``chain_key_id``: the key id the stored chain is keyed with (see ``load_key``)."""
         self.settings = settings
-        self.key = load_key(settings)
+        self.key = load_key(settings, chain_key_id=chain_key_id)
         self.checkpoints = CheckpointFile(checkpoint_path(settings))
         self.seal = AuditSeal(
             self.key, self.checkpoints, interval_s=settings.audit.checkpoint_interval_s

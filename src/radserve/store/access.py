@@ -161,6 +161,15 @@ class AccessMixin(StoreBase):
             row = session.get(AuditEntry, seq)
             return audit_log.to_record(row)[1] if row is not None else None
 
+    def audit_chain_key_id(self) -> str | None:
+        """The key id of the chain's newest record (None: empty or unkeyed): the key
+        every process extending this chain must hold."""
+        with self._read() as session:
+            seq, _ = audit_log.head(session)
+            return session.execute(
+                select(AuditEntry.key_id).where(AuditEntry.seq == seq)
+            ).scalar_one_or_none()
+
     def audit_keyed_from(self) -> int:
         """The seq of the first keyed record; the next seq when none is keyed yet."""
         with self._read() as session:

@@ -84,6 +84,7 @@ _DRIVER: dict[str, _DriverStatements] = {}  # by dialect name
 # session.info keys: the store's audit key, and the records appended in the transaction
 KEY_INFO = "radserve_audit_key"
 APPENDED_INFO = "radserve_audit_appended"
+CHAIN_KEY_CHECK_INFO = "radserve_audit_chain_key_check"
 
 
 class AuditKeyMissingError(StoreError):
@@ -91,6 +92,23 @@ class AuditKeyMissingError(StoreError):
 
     code = "audit_key_missing"
     retryable = False
+
+
+class AuditKeyMismatchError(StoreError):
+    """This store's audit key is not the one the chain is keyed with: replicas sharing a
+    database that each made a key of their own would write a chain none can verify."""
+
+    code = "audit_key_mismatch"
+    retryable = False
+
+
+class ChainKeyCheck:
+    """Whether this store's key was found to be the chain's: checked under the head lock
+    at the store's first append (after it, a writer with another key is refused at its
+    own first append), so it costs one query per store, not one per record."""
+
+    def __init__(self) -> None:
+        self.done = False
 
 
 def append(session: Session, event: AuditEvent) -> AuditRecord:
@@ -126,6 +144,10 @@ def append_many(session: Session, events: Sequence[AuditEvent]) -> list[AuditRec
         seq, prev_hash = cursor.fetchone()
         if key is None and seq > 0:
             _refuse_unkeyed_link(session, seq)
+        check: ChainKeyCheck | None = session.info.get(CHAIN_KEY_CHECK_INFO)
+        if key is not None and check is not None and not check.done:
+            _refuse_foreign_key(session, seq, key)
+            check.done = True
         records, rows = _linked(events, seq, prev_hash, key)
         if rows:
             cursor.executemany(sql.insert, [sql.params(sql.insert_keys, row) for row in rows])
@@ -144,6 +166,21 @@ def _refuse_unkeyed_link(session: Session, seq: int) -> None:
         raise AuditKeyMissingError(
             "the audit chain is keyed and this process has no audit key: set "
             "audit.key_file or RADSERVE_AUDIT__KEY as the server does"
+        )
+
+
+def _refuse_foreign_key(session: Session, seq: int, key: AuditKey) -> None:
+    """The chain's newest record is keyed with another key than ``key``."""
+    last_key = (
+        session.execute(select(AuditEntry.key_id).where(AuditEntry.seq == seq)).scalar_one_or_none()
+        if seq > 0
+        else None
+    )
+    if last_key is not None and last_key != key.id:
+        raise AuditKeyMismatchError(
+            f"the audit chain is keyed with audit key {last_key} and this process holds "
+            f"audit key {key.id}: nothing was appended. Every server and command writing "
+            "one chain uses the same key (a shared audit.key_file or RADSERVE_AUDIT__KEY)"
         )
 
 

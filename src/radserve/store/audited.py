@@ -54,7 +54,7 @@ def open_audited(
         )
     store = init_store(settings.effective_database_url, upgrade_schema=create)
     try:
-        trail = AuditTrail(settings)
+        trail = AuditTrail(settings, chain_key_id=store.audit_chain_key_id())
     except BaseException:
         store.close()
         raise

@@ -18,7 +18,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
 from radserve.audit.chain import AuditKey, AuditRecord
-from radserve.store.audit import APPENDED_INFO, KEY_INFO
+from radserve.store.audit import APPENDED_INFO, CHAIN_KEY_CHECK_INFO, KEY_INFO, ChainKeyCheck
 from radserve.store.db import writer
 from radserve.store.errors import DatabaseUnavailableError, UnstorableValueError
 
@@ -42,6 +42,7 @@ class StoreBase:
         self.engine = engine
         # HMAC key of the audit chain (outside the database); None: unkeyed (tests only)
         self.audit_key = audit_key
+        self._chain_key_check = ChainKeyCheck()  # is audit_key the chain's? (first append)
         # told of the records each committed transaction appended (checkpoints, export)
         self.on_audit = on_audit
         self._writer = writer(engine)
@@ -99,6 +100,7 @@ class StoreBase:
                 lock.acquire()
             with Session(self._writer, expire_on_commit=False) as session:
                 session.info[KEY_INFO] = self.audit_key
+                session.info[CHAIN_KEY_CHECK_INFO] = self._chain_key_check
                 with session.begin():
                     yield session
                 appended = session.info.pop(APPENDED_INFO, None)
