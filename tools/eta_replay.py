@@ -5,9 +5,11 @@ from the recorded ends: window, recency half-life, latency lanes), the walk's op
 (a running job's share left, the running jobs ranked behind) and the arrival rates
 counted again (session 11), the shares of the jobs ahead per class
 (session 13), the later arrivals that run beside a job (session 14), an online
-calibration by the finished jobs' actual / predicted times (session 16), errors over the
-measured jobs only; ``--variant NAME`` (repeatable) replays only those. Several files: one row
-per file and variant, then the median over the files at submission and halfway.
+calibration by the finished jobs' actual / predicted times (session 16), a host speed
+factor from the finished jobs' service times and the band's coverage (session 18), errors
+over the measured jobs only; ``--variant NAME`` (repeatable) replays only those. Several
+files: one row per file and variant, then the median over the files at submission and
+halfway, and how often the band's late end held the finish.
 
     PYTHONPATH=src python tools/eta_replay.py out/eta-seed0.json out/eta-seed1.json
 """
@@ -23,7 +25,7 @@ from typing import Any
 from radserve.bench.eta_accuracy import arrivals_before, read_summary
 from radserve.turnaround.bias import KEYS, LEARN, STATISTICS
 from radserve.turnaround.rates import ArrivalRates
-from radserve.turnaround.replay import Refit, Variant, errors, replay
+from radserve.turnaround.replay import Refit, Speed, Variant, errors, replay
 
 # "allowance, no bias" (no drain, the model as the server had it) replays the server's
 # defaults of the recording; the "refit" rows rebuild the service-time model from the
@@ -207,6 +209,38 @@ VARIANTS = {
         for by in ("class", "all")
         for statistic in STATISTICS
     },
+    # session 18: the estimates scaled by the host's recent speed, learned from the last
+    # finished jobs' run (start to finish) over the run predicted at their start (service
+    # times only, not turnarounds): one factor or one per latency lane, applied to the
+    # queued and running jobs, or to the expected arrivals too
+    **{
+        f"session 18, speed {measure} {window} {per} {scope}": Variant(
+            drain=False,
+            capacity=SESSION_11_WALK,
+            rates=ArrivalRates(),
+            speed=Speed(window=window, per=per, scope=scope, measure=measure),
+        )
+        for measure in ("run", "stages")
+        for window in (3, 5, 10, 20)
+        for per in ("all", "lane")
+        for scope in ("work", "all")
+    },
+    # session 18: the band (predicted_finish_late) also counts the noise of the work
+    # ranked ahead (Capacity.band: ahead); the finish itself is unchanged
+    "session 18, band ahead": _server((*SESSION_11_WALK, ("band", "ahead"))),
+    # session 18: the band as a quantile of the finished jobs' actual / predicted time to
+    # finish (split conformal), over the last 10 or 20 jobs
+    **{
+        f"session 18, conformal band q{quantile:.2f} last {window}": Variant(
+            drain=False,
+            capacity=SESSION_11_WALK,
+            rates=ArrivalRates(),
+            band_quantile=quantile,
+            band_window=window,
+        )
+        for quantile in (0.8, 0.9)
+        for window in (10, 20)
+    },
 }
 
 
@@ -236,6 +270,8 @@ def main() -> None:
     args = parser.parse_args()
     table: dict[str, list[tuple[float, float]]] = {name: [] for name in VARIANTS}
     halfway: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    coverage: dict[str, list[tuple[float, int]]] = {name: [] for name in VARIANTS}
+    widths: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for path in args.summaries:
         result = evaluate(read_summary(path), args.variant)
         for name, figures in result.items():
@@ -249,10 +285,16 @@ def main() -> None:
             def fmt(c: tuple[float, float] | None) -> str:
                 return "-" if c is None else f"{c[0]:6.1%} ({c[1]:+.1%})"
 
+            covered = deep.get("late_coverage")
+            band = "" if covered is None else f"; p90 band covers {covered:.0%}"
+            band += f", width {deep['late_width_rel']:.0%}" if covered is not None else ""
             print(
                 f"{path.name:24} {name:30} behind>=3 ({deep['jobs']:2}) at submission "
-                f"{fmt(sub)}, halfway {fmt(half)}; all ({every['jobs']}) {fmt(all_sub)}"
+                f"{fmt(sub)}, halfway {fmt(half)}; all ({every['jobs']}) {fmt(all_sub)}{band}"
             )
+            if covered is not None:
+                coverage[name].append((covered, deep["jobs"]))
+                widths[name].append(deep["late_width_rel"])
             if sub is not None:
                 table[name].append(sub)
             if half is not None:
@@ -263,9 +305,14 @@ def main() -> None:
                 median = statistics.median(c[0] for c in cells)
                 worst = max(c[0] for c in cells)
                 half_median = statistics.median(halfway[name]) if halfway[name] else math.nan
+                jobs = sum(n for _, n in coverage[name])
+                covered = sum(c * n for c, n in coverage[name]) / jobs if jobs else math.nan
+                lowest = min((c for c, _ in coverage[name]), default=math.nan)
+                width = statistics.median(widths[name]) if widths[name] else math.nan
                 print(
                     f"{name:30} behind>=3 at submission: median over runs {median:.1%}, "
-                    f"worst {worst:.1%}; halfway: median {half_median:.1%}"
+                    f"worst {worst:.1%}; halfway: median {half_median:.1%}; p90 band "
+                    f"covers {covered:.0%} of {jobs} jobs (lowest {lowest:.0%}), width {width:.0%}"
                 )
 
 

@@ -261,3 +261,17 @@ def test_later_arrivals_ranked_with_or_behind_a_routine_job_take_time_beside_its
         assert walk([job], 100.0, capacity)[0].finish == pytest.approx(expected)
     none = Capacity(max_running=4, arrivals=arrivals)
     assert walk([Entry("j", 2, False, 1000.0, None, own)], 100.0, none)[0].finish == 110.0
+
+
+def test_the_band_can_count_the_noise_of_the_work_ahead() -> None:
+    """``Capacity.band: ahead`` (session 18, not the default): a job's band adds the
+    noise of the shares ranked ahead of it, each its latency's relative spread times its
+    share, as independent noises (sqrt of the summed squares); the finish is unchanged."""
+    noisy = JobEstimate(6.0, 4.0, 10.0, 1.0, "fitted", share_s=5.0)
+    jobs = [Entry(f"j{i}", 2, False, 1000.0, None, noisy) for i in range(5)]
+    own, ahead = (walk(jobs, 0.0, Capacity(band=band)) for band in ("own", "ahead"))
+    assert [e.finish for e in own] == [e.finish for e in ahead]
+    z = 1.2816 * 1.4826
+    assert [e.finish_late - e.finish for e in own] == pytest.approx([z * 1.0] * 5)
+    # four shares ahead of the fifth, each 0.1 x 5 s of noise, with its own 1 s
+    assert ahead[4].finish_late - ahead[4].finish == pytest.approx(z * (1.0 + 4 * 0.25) ** 0.5)

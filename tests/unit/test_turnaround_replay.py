@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 
 from radserve.turnaround.eta import Arrivals, Capacity, Entry, walk
-from radserve.turnaround.replay import Refit, Variant, errors, replay, walk_inputs, walk_record
+from radserve.turnaround.replay import (
+    Refit,
+    Speed,
+    Variant,
+    errors,
+    replay,
+    walk_inputs,
+    walk_record,
+)
 from radserve.turnaround.service_time import JobEstimate, ServiceTimeModel, StudySize
 
 EST = JobEstimate(cpu_s=6.0, device_s=4.0, latency_s=10.0, spread_s=1.0, source="fitted")
@@ -267,3 +276,47 @@ def test_the_present_work_correction_scales_shares_by_what_finished_jobs_really_
     assert on_running["c"] == pytest.approx(on_running["b"] + 5.0)
     on_all = {j.job_id: j.first for j in replay(records, Variant(present="all"))}
     assert on_all["c"] == pytest.approx(30.0 + 10.0 * factor)
+
+
+def test_the_host_speed_factor_scales_the_work_by_the_finished_jobs_service_times() -> None:
+    """Session 18's replay variant: a finished job whose run took twice the latency
+    estimated when it started makes the host look slower: every later estimate (the
+    queued jobs', here) is scaled by the shrunk factor, 2 ** (1 / 4) after one job."""
+    shared = JobEstimate(6.0, 4.0, 10.0, 0.0, "fitted", share_s=5.0)
+    capacity = Capacity(max_running=4)
+    records = [
+        walk_record(0.0, [Entry("a", 2, True, 1000.0, 0.0, shared, share_so_far=0.0)], capacity),
+        {**_end("a", 20.0), "timings": {"run": 20.0, "ingest": 1.0, "report": 1.0}},
+        walk_record(30.0, [Entry("c", 2, False, 1000.0, None, shared)], capacity),
+    ]
+    off = {j.job_id: j.first for j in replay(records, Variant())}
+    assert off["c"] == 40.0  # its latency
+    by_run = {j.job_id: j.first for j in replay(records, Variant(speed=Speed(measure="run")))}
+    assert by_run["c"] == pytest.approx(30.0 + 10.0 * 2 ** (1 / 4))
+    # its stages (2 s) against its estimated CPU and device work (10 s): a faster host
+    by_stages = replay(records, Variant(speed=Speed(measure="stages")))
+    assert {j.job_id: j.first for j in by_stages}["c"] < 40.0
+
+
+def test_the_conformal_band_is_the_finished_jobs_ratio_quantile() -> None:
+    """Session 18's replay variant: once three jobs have finished, the band's late end is
+    the quantile of their actual / predicted times to finish; its coverage and width are
+    scored."""
+    capacity = Capacity(max_running=4)
+    exact = JobEstimate(6.0, 4.0, 10.0, 0.0, "fitted")  # no noise: the walk's band is empty
+
+    def job(name: str) -> Entry:
+        return Entry(name, 2, False, 1000.0, None, exact)
+
+    records: list[dict[str, object]] = []
+    for i, took in enumerate((10.0, 20.0, 15.0)):  # predicted 10 s each: ratios 1, 2, 1.5
+        at = 100.0 * i
+        records += [walk_record(at, [job(f"j{i}")], capacity), _end(f"j{i}", at + took)]
+    records += [walk_record(300.0, [job("k")], capacity), _end("k", 318.0)]
+    variant = Variant(band_quantile=0.9, band_window=10)
+    jobs = {j.job_id: j for j in replay(records, variant)}
+    assert jobs["j2"].first_late == jobs["j2"].first  # two ratios: the walk's own band
+    assert jobs["k"].first_late == 300.0 + 2.0 * 10.0  # the top of three ratios
+    figures = errors(list(jobs.values()))["all"]
+    assert figures["late_coverage"] == 0.5  # j1 and j2 finished past their empty bands
+    assert figures["late_width_rel"] == pytest.approx(statistics.median([0, 0, 0, 10 / 18]))

@@ -125,6 +125,10 @@ class Capacity:
     # variance, taken as a normal, its mean lengthened by E[r^2] = r^2 (1 + 1/shape) over
     # the window each class's own delay adds, tools/eta_replay.py's POSTERIOR_MEAN)
     rate_posterior: str = "point"
+    # the band's service-time noise: the job's own spread (``own``), or also the spreads
+    # of the jobs ranked ahead, as independent noises of the work they take (``ahead``,
+    # session 18: the sum of their shares varies with each of them)
+    band: str = "own"
 
     def work_s(self, cpu_s: float, device_s: float) -> float:
         """Seconds this capacity needs for ``cpu_s`` of CPU-pool and ``device_s`` of
@@ -204,6 +208,7 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
     slots += [(now, now)] * max(0, capacity.max_running - len(slots))
     heapq.heapify(slots)
     cpu = device = shared = 0.0  # work ranked so far: unmeasured (cpu, device), shares
+    noise_ahead = 0.0  # the noise (s) of the work ranked so far (band: ahead)
     behind = _running_behind(entries, now, capacity)
     urgent_until = now
     out: list[Eta] = []
@@ -218,10 +223,12 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
         else:
             start = own_start = now
         if est.share_s is not None:
-            shared += _share_left(e, now, capacity, fraction)
+            taken = _share_left(e, now, capacity, fraction)
+            shared += taken
         else:
             cpu += est.cpu_s * fraction
             device += est.device_s * fraction
+            taken = est.latency_s * fraction  # its work, for the band (band: ahead)
         if not e.running:
             if e.cls != URGENT:
                 if slots:
@@ -238,7 +245,9 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
             urgent_until = max(urgent_until, walked)
         elif not e.running:
             heapq.heappush(slots, (own, walked))
-        noise = _Z90 * _MAD_SIGMA * est.spread_s
+        noise = _Z90 * _MAD_SIGMA * math.hypot(est.spread_s, noise_ahead)
+        if capacity.band == "ahead":  # its own share's noise for the jobs behind it
+            noise_ahead = math.hypot(noise_ahead, est.spread_s * taken / max(est.latency_s, 1e-9))
         finish, late = walked, walked + noise
         if e.cls != URGENT and capacity.arrivals:  # the chain stays arrival-free
             run = _remaining(e, now) if e.running else est.latency_s

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from radserve.turnaround.bias import BiasCorrection
+from radserve.turnaround.conformal import ConformalBand
 from radserve.turnaround.drain import DrainMeter
 from radserve.turnaround.eta import URGENT, Arrivals, Capacity, Entry, latency_lane, walk
+from radserve.turnaround.host_speed import HostSpeed, Speed
 from radserve.turnaround.rates import ArrivalRates
 from radserve.turnaround.service_time import WINDOW, JobEstimate, ServiceTimeModel, StudySize
 from radserve.turnaround.share import BesideMeter, ShareMeter, shares_of_runs
@@ -158,6 +160,13 @@ class Variant:
     # allow for later arrivals ranked with or behind a job running beside it (session
     # 14): Capacity.beside_s as the server's BesideMeter learns it from the recorded runs
     beside: str = ""  # "start" or "arrival": BesideMeter.per
+    # scale the estimates by the host's recent speed (session 18): None, as recorded
+    speed: Speed | None = None
+    # the band's pessimistic end from the finished jobs' actual / predicted time to
+    # finish (session 18): its ``band_quantile`` over the last ``band_window`` (0: the
+    # walk's band, as recorded)
+    band_quantile: float = 0.0
+    band_window: int = 20
 
 
 @dataclass
@@ -169,6 +178,7 @@ class Replayed:
     arrival: float  # its first walk (the server walks at once on a submission)
     position: int  # jobs ranked ahead of it at submission
     first: float  # predicted finish at submission
+    first_late: float | None = None  # the band's pessimistic end at submission
     end: float | None = None
     state: str | None = None
     readings: list[tuple[float, float]] = dataclasses.field(default_factory=list)
@@ -454,6 +464,8 @@ def replay(
     exclusive = bool(walks[0]["capacity"]["urgent_exclusive"]) if walks else True
     bias = _bias_of(variant)
     present = _Present(variant, records, exclusive) if variant.present else None
+    speed = None if variant.speed is None else HostSpeed(variant.speed)
+    band = ConformalBand(variant.band_quantile, variant.band_window)
     meter = DrainMeter()
     so_far = SharesSoFar(records, exclusive, variant.beside or "start")
     saturated = False
@@ -465,6 +477,8 @@ def replay(
                 refit.observe(record)
             if present is not None:
                 present.finished(str(record["job"]), str(record["state"]))
+            if speed is not None:
+                speed.finished(record)
             job = jobs.get(record["job"])
             if job is None:
                 continue
@@ -472,6 +486,7 @@ def replay(
             if job.state == "succeeded" and job.job_id in work:
                 meter.completed(job.end, work[job.job_id], saturated)
             bias.finished(job.job_id, job.end, job.state == "succeeded")
+            band.finished(job.job_id, job.end, job.state == "succeeded")
             continue
         now, entries, capacity = walk_inputs(record)
         entries = so_far.fill(entries, now)
@@ -485,6 +500,8 @@ def replay(
             entries, capacity = refit.estimated(entries, capacity)
         if present is not None:
             entries = present.scaled(entries)
+        if speed is not None:
+            entries, capacity = speed.scaled(entries, capacity)
         if not variant.allowance:
             capacity = dataclasses.replace(capacity, arrivals=())
         saturated = any(not e.running for e in entries)
@@ -503,6 +520,9 @@ def replay(
             job = jobs.get(eta.job_id)
             if job is None:
                 job = jobs[eta.job_id] = Replayed(eta.job_id, entry.cls, now, eta.position, finish)
+                job.first_late = eta.finish_late
+                if variant.band_quantile:
+                    job.first_late = band.late(job.job_id, now, finish, eta.finish_late)
             job.readings.append((now, finish))
     return list(jobs.values())
 
@@ -535,6 +555,13 @@ def errors(
                     "median_rel": round(statistics.median(abs(s) for s in signed), 4),
                     "median_signed_rel": round(statistics.median(signed), 4),
                 }
+        banded = [j for j in subset if j.first_late is not None and j.end is not None]
+        if banded:  # how often the finish came within the band's pessimistic end (p90),
+            # and how wide the band is (its late end past the finish, over the TAT)
+            covered = sum(j.end <= j.first_late for j in banded)  # type: ignore[operator]
+            row["late_coverage"] = round(covered / len(banded), 4)
+            widths = [(j.first_late - j.first) / (j.end - j.arrival) for j in banded]  # type: ignore[operator]
+            row["late_width_rel"] = round(statistics.median(widths), 4)
         out[name] = row
     return out
 
@@ -554,6 +581,7 @@ __all__ = [
     "Refit",
     "Replayed",
     "SharesSoFar",
+    "Speed",
     "Variant",
     "errors",
     "first_seen",
