@@ -36,19 +36,25 @@ def pacs_and_gateway(
     warm: bool = False,
     orthanc_options: dict[str, Any] | None = None,
     peers_before: tuple[dict[str, Any], ...] = (),
+    storage_commitment: bool = False,
     **settings: Any,
 ) -> Iterator[tuple[Orthanc, Service]]:
     """Orthanc in ``root/orthanc`` and a started :class:`Service` whose only allowed
     peer is that Orthanc (after ``peers_before``, further ``gateway.allowed_peers``
     entries); ``settings`` are further overrides for :func:`settings_for`,
     ``orthanc_options`` for Orthanc's configuration; ``warm``: wait until the workers
-    have loaded the models."""
+    have loaded the models; ``storage_commitment``: radserve asks Orthanc to commit its
+    results, and Orthanc may report to radserve's SCP."""
     gateway_port = free_port()
-    orthanc = Orthanc(
-        root / "orthanc",
-        peers={"radserve": ["RADSERVE", "127.0.0.1", gateway_port]},
-        options=orthanc_options,
-    )
+    radserve: Any = ["RADSERVE", "127.0.0.1", gateway_port]
+    if storage_commitment:
+        radserve = {
+            "AET": "RADSERVE",
+            "Host": "127.0.0.1",
+            "Port": gateway_port,
+            "AllowStorageCommitment": True,
+        }
+    orthanc = Orthanc(root / "orthanc", peers={"radserve": radserve}, options=orthanc_options)
     service = Service(
         settings_for(
             root,
@@ -56,7 +62,12 @@ def pacs_and_gateway(
             gateway__port=gateway_port,
             gateway__allowed_peers=[
                 *peers_before,
-                {"ae_title": "ORTHANC", "host": "127.0.0.1", "port": orthanc.dicom_port},
+                {
+                    "ae_title": "ORTHANC",
+                    "host": "127.0.0.1",
+                    "port": orthanc.dicom_port,
+                    "storage_commitment": storage_commitment,
+                },
             ],
             **settings,
         ),

@@ -10,6 +10,7 @@ rows; an unknown transaction, or one reported by another peer, is answered 0x011
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 import pydicom
 import pytest
 from pydicom.dataset import Dataset
-from pynetdicom import AE, build_role
+from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, build_role, evt
 from tests.factories.dicom_net import Orthanc, study_with_results
 from tests.factories.pacs import pacs_marks
 from tests.factories.ports import free_port
@@ -26,6 +27,7 @@ from tests.factories.waits import until
 
 from radserve.gateway import Destination, GatewaySCP, Outbox, Peer, RetryPolicy, ScpConfig, StoreSCU
 from radserve.gateway.commitment import INVALID_ARGUMENT, PUSH_MODEL, PUSH_MODEL_INSTANCE
+from radserve.gateway.conformance import COMPREHENSIVE_3D_SR, SEGMENTATION
 from radserve.store import init_store
 from radserve.store.outbox import OutboxItem, OutboxState, OutboxStore
 
@@ -260,3 +262,82 @@ def test_a_report_arriving_after_a_restart_is_matched_and_strangers_are_refused(
     assert {item.state for item in settled} == {OutboxState.SENT}
     assert "unknown or already settled" in caplog.text
     assert "not from the destination it was asked of" in caplog.text
+
+
+@contextmanager
+def _same_association_peer(commit: bool) -> Iterator[tuple[Destination, list[int]]]:
+    """A pynetdicom Storage SCP that is also a storage commitment SCP and reports on the
+    N-ACTION's own association (as PS3.4 J.3.3 allows), committing every instance or
+    none (0x0110); yields the destination and the statuses radserve answered."""
+    answers: list[int] = []
+    ae = AE(ae_title="SAMEASSOC")
+    for sop_class in (SEGMENTATION, COMPREHENSIVE_3D_SR):
+        ae.add_supported_context(sop_class, ALL_TRANSFER_SYNTAXES)
+    ae.add_supported_context(PUSH_MODEL, scu_role=True, scp_role=True)
+
+    def report(assoc: Any, request: Dataset) -> None:
+        info = Dataset()
+        info.TransactionUID = request.TransactionUID
+        info.ReferencedSOPSequence = list(request.ReferencedSOPSequence) if commit else []
+        failed = []
+        for reference in [] if commit else request.ReferencedSOPSequence:
+            item = Dataset()
+            item.ReferencedSOPClassUID = reference.ReferencedSOPClassUID
+            item.ReferencedSOPInstanceUID = reference.ReferencedSOPInstanceUID
+            item.FailureReason = 0x0110
+            failed.append(item)
+        if failed:
+            info.FailedSOPSequence = failed
+        status, _ = assoc.send_n_event_report(
+            info, 1 if commit else 2, PUSH_MODEL, PUSH_MODEL_INSTANCE
+        )
+        answers.append(int(status.Status))
+
+    def on_action(event: Any) -> tuple[int, None]:
+        request = event.action_information
+        threading.Timer(0.05, report, (event.assoc, request)).start()
+        return 0x0000, None
+
+    server = ae.start_server(
+        ("127.0.0.1", 0),
+        block=False,
+        evt_handlers=[(evt.EVT_C_STORE, lambda _e: 0x0000), (evt.EVT_N_ACTION, on_action)],
+    )
+    try:
+        port = server.server_address[1]
+        yield (
+            Destination(
+                name="same",
+                ae_title="SAMEASSOC",
+                host="127.0.0.1",
+                port=port,
+                storage_commitment=True,
+            ),
+            answers,
+        )
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_a_report_on_the_n_action_association_settles_the_rows_there(
+    tmp_path: Path, results: list[Path], commit: bool
+) -> None:
+    store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
+    try:
+        with _same_association_peer(commit) as (destination, answers):
+            rows = OutboxStore(store.engine)
+            outbox = Outbox(rows, [destination], StoreSCU(), policy=RetryPolicy())
+            outbox.enqueue(results, now=utc_now())
+            report = outbox.deliver_pending(utc_now())
+            items = rows.items()
+    finally:
+        store.close()
+    assert answers == [0]
+    if commit:
+        assert report.sent == len(results) and report.committing == 0
+        assert {item.state for item in items} == {OutboxState.SENT}
+    else:
+        assert report.retried == len(results)
+        assert {item.state for item in items} == {OutboxState.PENDING}
+        assert all("0x0110 (processing failure)" in (i.last_error or "") for i in items)
