@@ -438,3 +438,39 @@ def test_one_patient_in_every_instance_is_one_identity(tmp_path: Path) -> None:
     (header,) = discover_series(tmp_path)
     assert header.patient_identities == 1
     assert load_series(header).volume.shape[0] == 4
+
+
+def test_images_turned_in_plane_between_the_slices_are_not_split_off(tmp_path: Path) -> None:
+    # session 19: every other slice of a 12-slice CT turned 90 degrees in its plane (same
+    # slice normal) was split off as "another orientation", and the other 6 ran at twice
+    # the spacing: a result from half a series, whichever half was the larger
+    uids = _shared_uids()
+    turned = (0.0, 1.0, 0.0, -1.0, 0.0, 0.0)
+    make_ct_series(tmp_path, n_slices=4, spacing=(4.0, 0.7, 0.9), **uids, prefix="a")
+    make_ct_series(
+        tmp_path,
+        n_slices=4,
+        spacing=(4.0, 0.7, 0.9),
+        orientation=turned,
+        origin=(0.0, 0.0, 2.0),
+        **uids,
+        prefix="b",
+    )
+    parts = discover_series(tmp_path)
+    assert [p.number_of_instances for p in parts] == [4, 4]
+    for part in parts:
+        assert "interleaved" in part.split_reasons
+        with pytest.raises(GeometryError, match="interleaves images of another in-plane"):
+            load_series(part, IngestPolicy(mixed_orientation="split"))
+
+
+def test_a_turned_stack_beyond_the_slices_is_still_split_off(tmp_path: Path) -> None:
+    uids = _shared_uids()
+    turned = (0.0, 1.0, 0.0, -1.0, 0.0, 0.0)
+    make_ct_series(tmp_path, n_slices=5, **uids, prefix="a")
+    make_ct_series(
+        tmp_path, n_slices=4, orientation=turned, origin=(0.0, 0.0, 40.0), **uids, prefix="b"
+    )
+    main, other = discover_series(tmp_path)
+    assert main.split_reasons == {"orientation"} and other.split_reasons == {"orientation"}
+    assert load_series(main).volume.shape[0] == 5

@@ -46,6 +46,7 @@ _REASON_TEXT = {
     "dimensions": "other Rows/Columns",
     "pixel_spacing": "other Pixel Spacing",
     "stack": "another temporal position, echo or stack",
+    "interleaved": "the same slice normal between this part's slices",
 }
 
 
@@ -291,6 +292,8 @@ def _split(records: list[InstanceRecord], max_localizer_slices: int) -> list[Ser
         ):
             why = f"localizer ({n_instances} instances with another orientation)"
         else:
+            if "orientation" in reasons and _interleaved(frames, groups[main], idx):
+                reasons = reasons | {"interleaved"}
             others.append((key, reasons))
             continue
         for src in dict.fromkeys(frames[i].source for i in idx):
@@ -310,6 +313,40 @@ def _split(records: list[InstanceRecord], max_localizer_slices: int) -> list[Ser
         note = f"split off from part 0 of its series: {_describe(reasons, frames[groups[key][0]])}"
         headers.append(_header(pairs, groups[key], n, reasons, [note], []))
     return headers
+
+
+def _interleaved(frames: Sequence[FrameRef], main: Sequence[int], other: Sequence[int]) -> bool:
+    """Whether images of another in-plane orientation share the main part's slice normal
+    and lie between its first and last slice: one stack with some images turned or
+    flipped, not a localizer or a reformat beside it. Split apart, each part has an
+    even spacing and would load, however many images it lost."""
+    normal = _normal(next((frames[i].orientation for i in main if frames[i].orientation), None))
+    other_normal = _normal(
+        next((frames[i].orientation for i in other if frames[i].orientation), None)
+    )
+    if normal is None or other_normal is None:
+        return False
+    if abs(sum(a * b for a, b in zip(normal, other_normal, strict=True))) < 0.999:
+        return False
+
+    def along(i: int) -> float | None:
+        position = frames[i].position
+        return (
+            None if position is None else sum(a * b for a, b in zip(normal, position, strict=True))
+        )
+
+    ours = [d for i in main if (d := along(i)) is not None]
+    theirs = [d for i in other if (d := along(i)) is not None]
+    return bool(ours) and any(min(ours) < d < max(ours) for d in theirs)
+
+
+def _normal(orientation: Sequence[float] | None) -> tuple[float, float, float] | None:
+    if orientation is None or len(orientation) != 6:
+        return None
+    r, c = orientation[:3], orientation[3:]
+    n = (r[1] * c[2] - r[2] * c[1], r[2] * c[0] - r[0] * c[2], r[0] * c[1] - r[1] * c[0])
+    length = sum(v * v for v in n) ** 0.5
+    return None if not length or length != length else (n[0] / length, n[1] / length, n[2] / length)
 
 
 def _reasons(main: tuple[object, ...], key: tuple[object, ...]) -> frozenset[str]:

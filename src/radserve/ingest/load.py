@@ -271,6 +271,13 @@ def _set_aside(header: SeriesHeader) -> list[str]:
 
 
 def _apply_split_policy(header: SeriesHeader, policy: IngestPolicy, warnings: list[str]) -> None:
+    if "interleaved" in header.split_reasons:  # whatever mixed_orientation says
+        raise GeometryError(
+            f"series interleaves images of another in-plane orientation with its slices "
+            f"({'; '.join(header.notes)}): one stack with some images turned or flipped, "
+            "not a localizer or a reformat beside it; neither part is the series as "
+            "acquired, so none is loaded"
+        )
     for reason, choice, field_name in (
         ("orientation", policy.mixed_orientation, "mixed_orientation"),
         ("dimensions", policy.mismatched_dimensions, "mismatched_dimensions"),
