@@ -22,6 +22,7 @@ CT with one per-frame item fewer or more than Number of Frames.
 from __future__ import annotations
 
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -175,7 +176,9 @@ def _leading_zero_uids(folder: Path, files: Files) -> None:
         ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.FrameOfReferenceUID = study, series, frame
         ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = f"{series[:50]}.00{k + 1}"
 
-    _edit(files, change)
+    with warnings.catch_warnings():  # pydicom warns of each invalid UI value it is given
+        warnings.simplefilter("ignore", UserWarning)
+        _edit(files, change)
 
 
 def _compressed_then(syntax: str, damage: Callable[[bytes], list[bytes]]) -> Make:

@@ -22,8 +22,9 @@ from tests.factories.dicom_series import (
 
 from radserve.errors import StudyError
 from radserve.ingest import IngestPolicy, discover_series, load_series, load_study
+from radserve.pipeline.inputs import ingest_study
 from radserve.pipeline.selection import refusals, select_series
-from radserve.pipeline.spec import SeriesRules
+from radserve.pipeline.spec import PipelineSpec, SeriesRules
 
 
 def test_zip_upload_loads_like_the_folder(tmp_path: Path) -> None:
@@ -203,3 +204,10 @@ def test_an_unusable_multi_frame_instance_is_refused_for_what_it_is(
     assert refused.reason.startswith("an instance is unusable: ") and said in refused.reason
     with pytest.raises(StudyError, match="an instance is unusable"):
         select_series(headers, SeriesRules())
+    # the job fails on the instance, with its own code: what STOW-RS answers it with
+    pipeline = PipelineSpec.model_validate(
+        {"name": "t", "version": "1.0.0", "steps": [{"model": "organs"}]}
+    )
+    with pytest.raises(StudyError, match=said) as raised:
+        ingest_study(tmp_path, pipeline=pipeline)
+    assert raised.value.code in {"instance_invalid", "decode_failed"}

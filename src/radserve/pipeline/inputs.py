@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from radserve.errors import StudyError
 from radserve.ingest import (
     IngestPolicy,
     LoadedSeries,
@@ -23,8 +24,9 @@ from radserve.ingest import (
     load_nifti,
     load_series,
 )
-from radserve.pipeline.selection import select_series
-from radserve.pipeline.spec import PipelineSpec
+from radserve.ingest.validate import check_series
+from radserve.pipeline.selection import UNUSABLE, rejection_reason, select_series
+from radserve.pipeline.spec import PipelineSpec, SeriesRules
 from radserve.pipeline.volume import release_free_memory
 from radserve.preprocess.crop import body_sample_slices
 from radserve.progress import StageTimer
@@ -71,7 +73,11 @@ def ingest_study(
     policy = policy or IngestPolicy()
     with timer.stage("ingest: discover"):
         headers = discover_series(sources, policy=policy)  # bounded by the policy's limits
-    selected, rejected = select_series(headers, pipeline.series_selection)
+    try:
+        selected, rejected = select_series(headers, pipeline.series_selection)
+    except StudyError:
+        _refuse_unusable_instance(headers, pipeline.series_selection)
+        raise
     with timer.stage("ingest: load"):
         loaded = load_series(
             selected,
@@ -81,6 +87,15 @@ def ingest_study(
         )
     release_free_memory()  # the decoders' per-frame buffers
     return IngestedStudy(loaded, rejected, tuple(headers))
+
+
+def _refuse_unusable_instance(headers: Sequence[SeriesHeader], rules: SeriesRules) -> None:
+    """Fail as ingest fails on an unusable instance (its own code: instance_invalid,
+    decode_failed, ...) when that instance is why its series was refused: STOW-RS refuses
+    such an instance with that code, so every door answers alike."""
+    for header in headers:
+        if (rejection_reason(header, rules) or "").startswith(UNUSABLE):
+            check_series(header, [])
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,8 @@ class SeriesLike(Protocol):
 
 S = TypeVar("S", bound=SeriesLike)
 
+# how a series short of frames because an instance is unusable is refused
+UNUSABLE = "an instance is unusable: "
 # Never a pipeline's input, whatever a pipeline's exclude_image_types say.
 LOCALIZER_IMAGE_TYPE = "LOCALIZER"
 
@@ -64,7 +66,7 @@ def rejection_reason(series: SeriesLike, rules: SeriesRules) -> str | None:
         return f"image type {sorted(excluded)} is excluded"
     if series.number_of_frames < max(2, rules.min_slices) and series.unusable:
         # an unusable multi-frame instance counts as one frame: say why, not "1 image"
-        return f"an instance is unusable: {series.unusable}"
+        return f"{UNUSABLE}{series.unusable}"
     if series.number_of_frames == 1:
         return "a single image (a localizer or a capture), not a volume"
     if series.number_of_frames < rules.min_slices:
