@@ -23,6 +23,15 @@ NAMED = {
     "frame_of_reference_one_slice": "2 Frames of Reference",
     "rescale_slope_1e308": "Rescale Slope is '1e308'",
     "sr_in_series": "job succeeded",
+    # round 3 (session 19): each ran or was misnamed before its fix
+    "patient_id_changes_mid_series": "name 2 different patients",
+    "orientation_turned_alternating": "interleaves images of another in-plane orientation",
+    "enhanced_ct_frame_item_missing": "11 per-frame functional groups for 12 frames",
+}
+# STOW-RS refuses some instances itself (its reason is in the response, no job starts)
+STOW_SAID = {
+    "rescale_slope_1e308": "variant 12 failed 0xC000",
+    "enhanced_ct_frame_item_missing": "variant 1 failed 0xC000",
 }
 
 
@@ -39,8 +48,6 @@ def test_hostile_studies_at_stow_and_c_store_beside_a_good_study(tmp_path: Path)
     }
     for case in cases:
         said = NAMED[case["variant"]]
-        # STOW-RS refuses a Rescale Slope of 1e308 per instance (its reason is in the
-        # response, and no job starts); C-STORE stores it and the job names it
-        if case["variant"] == "rescale_slope_1e308" and case["door"] == "stow":
-            said = "variant 12 failed 0xC000"
+        if case["door"] == "stow":
+            said = STOW_SAID.get(case["variant"], said)
         assert said in case["outcome"], (case["variant"], case["door"], case["outcome"])
