@@ -222,7 +222,7 @@ VARIANTS = {
         )
         for measure in ("run", "stages")
         for window in (3, 5, 10, 20)
-        for per in ("all", "lane")
+        for per in ("all", "lane", "alone")
         for scope in ("work", "all")
     },
     # session 18: the band (predicted_finish_late) also counts the noise of the work

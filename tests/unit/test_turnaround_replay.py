@@ -293,6 +293,9 @@ def test_the_host_speed_factor_scales_the_work_by_the_finished_jobs_service_time
     assert off["c"] == 40.0  # its latency
     by_run = {j.job_id: j.first for j in replay(records, Variant(speed=Speed(measure="run")))}
     assert by_run["c"] == pytest.approx(30.0 + 10.0 * 2 ** (1 / 4))
+    # learned from URGENT jobs alone: the routine job teaches nothing
+    alone = replay(records, Variant(speed=Speed(measure="run", per="alone")))
+    assert {j.job_id: j.first for j in alone}["c"] == 40.0
     # its stages (2 s) against its estimated CPU and device work (10 s): a faster host
     by_stages = replay(records, Variant(speed=Speed(measure="stages")))
     assert {j.job_id: j.first for j in by_stages}["c"] < 40.0

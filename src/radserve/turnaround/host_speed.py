@@ -28,10 +28,11 @@ class Speed:
     ``run``, start to finish, against the latency; ``stages``, the stage timings summed,
     against the CPU and device seconds), the median log-ratio shrunk toward 1 by
     ``n / (n + prior_jobs)`` and bounded (:class:`BiasCorrection`'s rule), one factor
-    for the host (``per: all``) or per latency lane (``lane``: URGENT alone, routine
-    shared). It scales the estimates of the queued and running jobs (``scope: work``),
-    or also those of the expected arrivals (``all``). Service times only, not
-    turnarounds."""
+    for the host (``per: all``), per latency lane (``lane``: URGENT alone, routine
+    shared), or one learned from the URGENT jobs alone for every job (``alone``: under
+    ``urgent_exclusive`` they run without other work started beside them). It scales
+    the estimates of the queued and running jobs (``scope: work``), or also those of
+    the expected arrivals (``all``). Service times only, not turnarounds."""
 
     window: int = 5
     prior_jobs: float = 3.0
@@ -55,7 +56,7 @@ class HostSpeed:
 
     def scaled(self, entries: list[Entry], capacity: Capacity) -> tuple[list[Entry], Capacity]:
         for e in entries:
-            if e.running:
+            if e.running and (self.speed.per != "alone" or e.cls == URGENT):
                 est = e.estimate
                 predicted = (
                     est.latency_s if self.speed.measure == "run" else est.cpu_s + est.device_s
