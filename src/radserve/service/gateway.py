@@ -37,6 +37,8 @@ from radserve.gateway import (
 from radserve.gateway import destinations as gateway_destinations
 from radserve.gateway.outbox import LaneWorkers
 from radserve.gateway.receive_limit import Exceeded
+from radserve.ingest.sop_classes import VOLUME_IMAGE_STORAGE
+from radserve.pipeline.selection import LOCALIZER_IMAGE_TYPE
 from radserve.pipeline.study import StudyResult
 from radserve.report.wording import (
     LATE_INSTANCES,
@@ -84,6 +86,40 @@ def _series_uid(path: Path) -> str:
         return str(header.get("SeriesInstanceUID", "") or "")
     except Exception:  # stored by the SCP, so readable; never fail the flagging on it
         return ""
+
+
+def _never_input(path: Path) -> bool:
+    """Whether a received instance is one no pipeline analyses, whatever its rules: a
+    localizer, or an image class that is not a volume (a secondary capture, say)."""
+    try:
+        header = pydicom.dcmread(path, specific_tags=["SOPClassUID", "ImageType"])
+    except Exception:  # stored by the SCP, so readable; when not, let the re-run decide
+        return False
+    image_type = header.get("ImageType") or []
+    values = [image_type] if isinstance(image_type, str) else list(image_type)
+    localizer = LOCALIZER_IMAGE_TYPE in {str(v).strip().upper() for v in values}
+    return localizer or str(header.get("SOPClassUID", "")) not in VOLUME_IMAGE_STORAGE
+
+
+def _late_are_never_input(study: CompletedStudy) -> bool:
+    """A re-run for late instances that no pipeline would analyse (a modality's localizer
+    or screen capture sent after the study) would analyse the same series again and send
+    the PACS a second, identical result: such a hand-over is logged and ends here."""
+    marker = _read_job_marker(study.folder)
+    if marker is None:
+        return False
+    job_id, handed = marker
+    late = [p for p in study.instances if p.name not in handed]
+    if not late or not all(_never_input(p) for p in late):
+        return False
+    logger.info(
+        "job %s: %d late instance(s) in %d series that no pipeline analyses (localizer "
+        "or not a volume image): not re-run",
+        job_id,
+        len(late),
+        len({_series_uid(p) for p in late}),
+    )
+    return True
 
 
 def destinations(settings: Settings) -> list[Destination]:
@@ -167,6 +203,8 @@ class GatewayBridge:
         gateway offer the study again later (its files stay on disk)."""
         if study.kind is CompletionKind.LATE_FLAGGED:
             self._flag_late(study)
+            return
+        if study.kind is CompletionKind.RERUN and _late_are_never_input(study):
             return
         warnings: tuple[dict[str, str], ...] = ()
         if study.interrupted:

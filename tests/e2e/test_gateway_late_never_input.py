@@ -1,0 +1,92 @@
+"""Instances no pipeline analyses, sent after the study's hand-over (a modality's
+localizer and screen capture, then its dose report, each in an association of its own
+with dcmtk's storescu), start no re-run and send the PACS nothing more; a late series
+that is a volume still re-runs the study. Before 2026-12-04 the late localizer and
+screen capture re-ran the whole study and the PACS got a second, identical SEG, SR and
+key image as 'v2 (current; replaces v1)'."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pydicom
+import pytest
+from tests.e2e.test_serve_awkward_pacs import SAGITTAL, SECONDARY_CAPTURE, _dose_report
+from tests.factories.awkward_peer import scripted_peer
+from tests.factories.dicom_net import dcmtk_tool, free_port, storescu
+from tests.factories.dicom_series import make_ct_series
+from tests.factories.service import make_study, settings_for
+from tests.factories.waits import until
+
+from radserve.service import Service
+from radserve.store import JobState
+from radserve.store.outbox import OutboxState, OutboxStore
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.tools,
+    pytest.mark.skipif(dcmtk_tool("storescu") is None, reason="dcmtk is not installed"),
+]
+QUIET_S = 1.0
+
+
+def test_late_instances_no_pipeline_analyses_start_no_rerun(tmp_path: Path) -> None:
+    ct = make_study(tmp_path / "ct")
+    header = pydicom.dcmread(ct[0], stop_before_pixels=True)
+    same = {"study_uid": header.StudyInstanceUID, "extra": {"PatientID": header.PatientID}}
+    localizer = make_ct_series(
+        tmp_path / "localizer",
+        n_slices=1,
+        rows=24,
+        cols=24,
+        orientation=SAGITTAL,
+        image_type=("ORIGINAL", "PRIMARY", "LOCALIZER"),
+        series_number=2,
+        **same,
+    )
+    capture = make_ct_series(
+        tmp_path / "capture",
+        n_slices=1,
+        sop_class_uid=SECONDARY_CAPTURE,
+        modality="OT",
+        image_type=("DERIVED", "SECONDARY"),
+        series_number=3,
+        **same,
+    )
+    dose = _dose_report(tmp_path / "dose", header.StudyInstanceUID)
+    thick = make_ct_series(
+        tmp_path / "thick", n_slices=4, spacing=(6.0, 1.0, 1.0), series_number=4, **same
+    )
+    with scripted_peer() as pacs:
+        port = free_port()
+        peer = {"ae_title": "PACS", "host": "127.0.0.1", "port": pacs.destination.port}
+        settings = settings_for(
+            tmp_path, gateway__enabled=True, gateway__port=port, gateway__allowed_peers=[peer]
+        )
+        service = Service(settings, gateway_options={"quiet_s": QUIET_S})
+        service.start()
+        rows = OutboxStore(service.store.engine)
+
+        def jobs_done(count: int) -> list:
+            jobs = service.store.list_jobs(limit=10).items
+            finished = len(jobs) == count and all(j.terminal for j in jobs)
+            delivered = rows.items() and {i.state for i in rows.items()} == {OutboxState.SENT}
+            return jobs if finished and delivered else []
+
+        try:
+            assert storescu("127.0.0.1", port, ct, calling="PACS").returncode == 0
+            [first] = until(lambda: jobs_done(1), "the study's job and its results", 120)
+            results = len(rows.items())
+            for late in ([*localizer, *capture], [dose]):
+                assert storescu("127.0.0.1", port, late, calling="PACS").returncode == 0
+            time.sleep(QUIET_S * 5)  # the late instances' quiet period, several times over
+            assert jobs_done(1) and len(rows.items()) == results
+            assert len(pacs.received) == results
+
+            assert storescu("127.0.0.1", port, thick, calling="PACS").returncode == 0
+            rerun, _ = until(lambda: jobs_done(2), "a late volume series to re-run", 120)
+        finally:
+            service.stop()
+    assert first.state is JobState.SUCCEEDED and rerun.state is JobState.SUCCEEDED
+    assert len(pacs.received) == len(rows.items()) > results  # the re-run's results sent
