@@ -10,7 +10,12 @@ from pathlib import Path
 def dciodvfy_report(path: Path) -> str:
     """Everything dciodvfy printed for one file."""
     run = subprocess.run(
-        ["dciodvfy", str(path)], capture_output=True, text=True, timeout=120, check=False
+        ["dciodvfy", str(path)],
+        capture_output=True,
+        encoding="utf-8",
+        errors="replace",  # it quotes values in the object's character set (GB18030, ...)
+        timeout=120,
+        check=False,
     )
     return run.stdout + run.stderr
 

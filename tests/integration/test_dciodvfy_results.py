@@ -107,6 +107,35 @@ def test_other_character_sets_pass_dciodvfy(study, tmp_path: Path, charset, name
 
 
 @pytest.mark.parametrize(
+    ("charset", "codec", "name"),
+    [
+        ("ISO_IR 100", "latin-1", "Müller^" + "é" * 70),  # 77 bytes Latin-1, 148 UTF-8
+        ("GB18030", "gb18030", "王^" + "ß" * 20),  # 83 bytes GB18030 (ß: 4), 44 UTF-8
+    ],
+)
+def test_long_names_are_cut_in_the_studys_character_set_and_pass_dciodvfy(
+    study, tmp_path: Path, charset: str, codec: str, name: str
+) -> None:
+    """A name over PN's 64 bytes is cut by its bytes in the declared Specific Character
+    Set: before session 19 it was counted as UTF-8, so the GB18030 one (44 UTF-8 bytes)
+    was copied whole at 83 bytes and the Latin-1 one cut to 32 characters."""
+    report, files, out = study
+    copies = relabel(files, tmp_path, name, charset=charset)
+    expected = next(
+        name[:n] for n in range(len(name), 0, -1) if len(name[:n].encode(codec)) <= 64
+    ).rstrip("^ ")
+    result_dir = tmp_path / "out"
+    shutil.copytree(out, result_dir)
+    paths = write_dicom_results(report, result_dir, copies)
+    assert len(paths) == 3  # two SEGs and the SR
+    for path in paths:
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        assert ds.SpecificCharacterSet == charset, path.name
+        assert str(ds.PatientName) == expected, path.name
+        assert dciodvfy_errors(path) == [], path.name
+
+
+@pytest.mark.parametrize(
     ("charset", "name", "declared", "read_back"),
     [
         # Latin-1 bytes no Specific Character Set declares: pydicom reads them as ISO_IR 100

@@ -88,14 +88,13 @@ def test_the_copied_attributes_are_highdicoms_copy_list() -> None:
 def test_values_no_prefix_of_which_is_valid_are_written_empty_and_named() -> None:
     """A UID, date, time, number or age over its VR's limit cannot be cut (a prefix is
     another value or an invalid one): written empty (valid for Type 2 and 3), said in the
-    report; the text VRs CS and AE are cut like LO (before session 19 only PN, LO, SH,
-    ST and LT were looked at)."""
+    report; CS too since session 19 (it was cut: "FEMALEFEMALEFEMA")."""
     ds = Dataset()
     ds.StudyDate = "202612031"  # DA: 9 bytes
     ds.StudyTime = "120000.000000  1"  # TM: 16 bytes (the pre-2019 limit)
     ds.PatientAge = "045YY"  # AS: 5 bytes
     ds.PatientWeight = "70.0000000000000001"  # DS: 19 bytes
-    ds.PatientSex = "FEMALEFEMALEFEMALE"  # CS: 18 bytes, cut
+    ds.PatientSex = "FEMALEFEMALEFEMALE"  # CS: 18 bytes, empty (a cut code is another)
     code = Dataset()
     code.CodeValue, code.CodingSchemeDesignator, code.CodeMeaning = "P1", "99X", "m"
     code.ContextUID = "1." + "2" * 70  # UI in an item: 72 bytes
@@ -105,7 +104,7 @@ def test_values_no_prefix_of_which_is_valid_are_written_empty_and_named() -> Non
         "the DICOM results carry it empty (DA allows 8 bytes, and a shorter DA would be "
         "another value) (the FHIR Bundle carries it whole)"
     )
-    assert "cut to the 16 bytes CS allows" in messages["Patient's Sex (0010,0040)"]
+    assert "carry it empty (CS allows 16 bytes" in messages["Patient's Sex (0010,0040)"]
     assert "Context UID (0008,0117) in Procedure Code Sequence (0008,1032) item 1" in messages
     assert sorted(cut_copied(ds)) == [
         "PatientAge",
@@ -117,7 +116,7 @@ def test_values_no_prefix_of_which_is_valid_are_written_empty_and_named() -> Non
     ]
     assert ds.StudyDate == "" and ds.StudyTime == "" and ds.PatientAge == ""
     assert ds.PatientWeight is None or ds.PatientWeight == ""
-    assert ds.PatientSex == "FEMALEFEMALEFEMA" and code.ContextUID == ""
+    assert ds.PatientSex == "" and code.ContextUID == ""
     assert shortened_values(ds) == []
 
 
@@ -134,3 +133,58 @@ def test_a_type1_uid_over_its_limit_is_refused_by_name() -> None:
         r"Type 1",
     ):
         cut_copied(ds)
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value"),
+    [
+        ("PatientSexNeutered", "UNALTERED^UNALTERED"),  # Enumerated: ALTERED, UNALTERED
+        ("SmokingStatus", "UNKNOWN UNKNOWN UNKNOWN"),  # Enumerated: YES, NO, UNKNOWN
+        ("PatientIdentityRemoved", "YES" * 6),  # Enumerated: YES, NO
+    ],
+)
+def test_a_code_string_over_its_limit_is_written_empty_never_cut(keyword: str, value: str) -> None:
+    """A cut CS left a value outside the attribute's Enumerated Values (703b666 cut
+    'UNALTERED^UNALTERED' to 'UNALTERED^UNALTE'); no prefix of a code is the code."""
+    ds = Dataset()
+    setattr(ds, keyword, value)
+    [(_, message)] = shortened_values(ds)
+    assert "carry it empty (CS allows 16 bytes" in message
+    assert cut_copied(ds) == [keyword] and ds[keyword].value in ("", None)
+
+
+def test_a_required_code_string_in_an_item_is_refused_with_its_type() -> None:
+    """Type 1 and 1C come from highdicom's copy of the PS3.3 module tables, by the
+    attribute's place (Universal Entity ID Type is 1C in Issuer of Patient ID Qualifiers
+    Sequence items), not from a hand list of keywords."""
+    qualifiers = Dataset()
+    qualifiers.UniversalEntityID = "urn:oid:1.2.3"
+    qualifiers.UniversalEntityIDType = "ISO-ISO-ISO-ISO-ISO"  # 19 bytes
+    ds = Dataset()
+    ds.IssuerOfPatientIDQualifiersSequence = [qualifiers]
+    with pytest.raises(CopiedValueTooLongError, match=r"\(0040,0033\) in .* is Type 1C"):
+        cut_copied(ds)
+
+
+@pytest.mark.parametrize(
+    ("charset", "codec", "name"),
+    [
+        ("ISO_IR 100", "latin-1", "é" * 70),  # 70 bytes Latin-1, 140 as UTF-8
+        ("ISO_IR 100", "latin-1", "Ä" * 64),  # fits Latin-1: not cut (UTF-8 said 128)
+        ("GB18030", "gb18030", "王" * 40),  # 80 bytes GB18030, 120 as UTF-8
+        ("GB18030", "gb18030", "ß" * 20),  # 80 bytes GB18030 (4 each), 40 as UTF-8
+    ],
+)
+def test_values_are_counted_in_the_declared_character_set(
+    charset: str, codec: str, name: str
+) -> None:
+    """Before session 19 every value was counted as UTF-8: a Latin-1 name of 64 accented
+    letters was cut to 32, and 20 'ß' in GB18030 (80 bytes) were copied whole."""
+    ds = Dataset()
+    ds.SpecificCharacterSet = charset
+    ds.PatientName = name
+    ds.StudyDescription = name
+    expected = next(name[:n] for n in range(len(name), -1, -1) if len(name[:n].encode(codec)) <= 64)
+    cut = cut_copied(ds)
+    assert (cut != []) == (len(name.encode(codec)) > 64)
+    assert str(ds.PatientName) == expected and ds.StudyDescription == expected

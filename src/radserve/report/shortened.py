@@ -5,14 +5,16 @@ highdicom copies the Patient, General Study, Patient Study and Clinical Trial at
 of a source header into every SEG, SR and Secondary Capture. A source may hold any
 length there (a 65,534-byte Patient's Name arrived through every door; a 60-character
 CJK name is 180 bytes), and dciodvfy counts a value's encoded bytes against its VR's
-limit, so each such text value is cut to fit, counted in UTF-8 bytes (the widest
-encoding radserve writes for most scripts), on a character boundary, and a Person Name
-group by group (the ``=`` separators stay); inside the items of the sequences copied
-(a Procedure Code Sequence's Code Meaning, an Other Patient IDs Sequence's Patient ID)
-by the same rule. A value of a VR no prefix of which is valid (UI, DA, TM, DT, DS, IS,
-AS) is written empty instead (valid for Type 2 and 3; a Type 1 one is refused by name),
-and CS and AE are cut like the text VRs (before session 18 only PN, LO, SH, ST and LT
-were looked at: a 5-byte Patient's Age was copied whole). A reader comparing the
+limit, so each such text value is cut to fit, counted in the bytes of the study's
+declared Specific Character Set (pydicom's encoder; UTF-8 when none is declared), on a
+character boundary, and a Person Name group by group (the ``=`` separators stay);
+inside the items of the sequences copied (a Procedure Code Sequence's Code Meaning, an
+Other Patient IDs Sequence's Patient ID) by the same rule. A value of a VR no prefix of
+which is valid (UI, DA, TM, DT, DS, IS, AS, and CS: a prefix of a code is another code)
+is written empty instead (valid for Type 2 and 3; a Type 1 or 1C one, by highdicom's
+copy of the PS3.3 module tables, is refused by name), and AE is cut like the text VRs
+(before session 18 only PN, LO, SH, ST and LT were looked at: a 5-byte Patient's Age
+was copied whole). A reader comparing the
 results with the PACS's images must be told: the report carries one ``value_shortened``
 warning per attribute (JSON, and a Quality Issue in the SR). The FHIR Bundle keeps
 values whole (FHIR has no length limit).
@@ -20,8 +22,11 @@ values whole (FHIR has no length limit).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from functools import cache
 
+from pydicom.charset import convert_encodings, encode_string
 from pydicom.datadict import dictionary_description, tag_for_keyword
 from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
@@ -29,7 +34,7 @@ from pydicom.multival import MultiValue
 from pydicom.tag import Tag
 
 from radserve.errors import ReportError
-from radserve.models.dicom_text import LO_MAX_BYTES, SH_MAX_BYTES, cut_utf8
+from radserve.models.dicom_text import LO_MAX_BYTES, SH_MAX_BYTES
 
 VALUE_SHORTENED = "value_shortened"  # the report warning's code
 # PS3.5 Table 6.2-1, as bytes (PN: per component group; the limits in characters of the
@@ -51,15 +56,12 @@ MAX_BYTES = {
     "UI": 64,
 }
 # text VRs whose prefix is still a valid value: cut; the others (a UID, a date, a time, a
-# number, an age) would become another value or an invalid one: written empty (valid for
-# Type 2 and 3), and refused by name where the attribute is Type 1
-CUT_VRS = frozenset({"AE", "CS", "PN", "LO", "SH", "ST", "LT"})
-# Type 1 attributes of the copied modules and of their sequences' items (the SOP Instance
-# Reference Macro of Referenced Study/Patient Sequence, ...) a source may hold too long:
-# Study Instance UID is refused at ingest (radserve.ingest.rules), the others here
-TYPE1_KEYWORDS = frozenset(
-    {"StudyInstanceUID", "ReferencedSOPClassUID", "ReferencedSOPInstanceUID"}
-)
+# number, an age, a code string) would become another value or an invalid one: written
+# empty (valid for Type 2 and 3), and refused by name where the attribute is Type 1 or 1C.
+# CS is not cut since session 19: a prefix of a code is another code, and for the
+# attributes with Enumerated Values (Patient's Sex Neutered, Smoking Status, Patient
+# Identity Removed, ...) no value over 16 bytes has a valid prefix.
+CUT_VRS = frozenset({"AE", "PN", "LO", "SH", "ST", "LT"})
 
 
 class CopiedValueTooLongError(ReportError):
@@ -185,21 +187,88 @@ COPIED_KEYWORDS: tuple[str, ...] = (
 )
 
 
-def fit_value(vr: str, text: str) -> str:
-    """One text value of ``vr`` cut to its limit; a Person Name group by group."""
+def encodings_of(dataset: Dataset | None) -> list[str] | None:
+    """The Python encodings of ``dataset``'s Specific Character Set, in which its values
+    are written and counted (None: none declared, counted as UTF-8 as before)."""
+    declared = dataset.get("SpecificCharacterSet") if dataset is not None else None
+    if not declared:
+        return None
+    try:
+        return convert_encodings(declared)
+    except (LookupError, ValueError):  # a term pydicom does not know: the object is UTF-8
+        return None
+
+
+def encoded_size(text: str, encodings: Sequence[str] | None = None) -> int:
+    """Bytes of ``text`` as written in ``encodings`` (pydicom's encoder: ISO 2022
+    escapes included); UTF-8 where none is given or the text does not fit the repertoire
+    (the writer then switches the object to UTF-8)."""
+    if encodings is None or text.isascii():
+        return len(text.encode())
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # pydicom warns, then writes replacement bytes
+            return len(encode_string(text, list(encodings)))
+    except (UnicodeError, LookupError, ValueError, UserWarning):
+        return len(text.encode())
+
+
+def cut_encoded(text: str, max_bytes: int, encodings: Sequence[str] | None = None) -> str:
+    """The longest prefix of ``text`` (whole characters) of at most ``max_bytes`` bytes in
+    ``encodings``."""
+    if encoded_size(text, encodings) <= max_bytes:
+        return text
+    low, high = 0, min(len(text), max_bytes)  # every character is at least one byte
+    while low < high:
+        middle = (low + high + 1) // 2
+        if encoded_size(text[:middle], encodings) <= max_bytes:
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low]
+
+
+def fit_value(vr: str, text: str, encodings: Sequence[str] | None = None) -> str:
+    """One text value of ``vr`` cut to its limit in ``encodings``; a Person Name group by
+    group."""
     limit = MAX_BYTES[vr]
     if vr != "PN":
-        return cut_utf8(text, limit)
-    groups = text.split("=")
+        return cut_encoded(text, limit, encodings)
     return "=".join(
-        g if len(g.encode()) <= limit else cut_utf8(g, limit).rstrip("^ ") for g in groups
+        g if encoded_size(g, encodings) <= limit else cut_encoded(g, limit, encodings).rstrip("^ ")
+        for g in text.split("=")
     )
 
 
-def value_bytes(vr: str, text: str) -> int:
-    """What is measured against ``vr``'s limit: the value's UTF-8 bytes, or for a Person
-    Name its longest component group's."""
-    return max(len(g.encode()) for g in (text.split("=") if vr == "PN" else [text]))
+def value_bytes(vr: str, text: str, encodings: Sequence[str] | None = None) -> int:
+    """What is measured against ``vr``'s limit: the value's bytes in ``encodings`` (the
+    study's declared Specific Character Set; before session 19 always UTF-8, so a Latin-1
+    name of 64 accented letters was cut to 32 and a GB18030 one of 40 'ß' (80 bytes) was
+    copied whole), or for a Person Name its longest component group's."""
+    return max(encoded_size(g, encodings) for g in (text.split("=") if vr == "PN" else [text]))
+
+
+@cache
+def _required_in_copied_modules() -> dict[tuple[tuple[str, ...], str], str]:
+    """(sequence keywords, keyword) of each Type 1 and 1C attribute of the copied modules
+    and of their sequences' items, from the module tables highdicom ships (PS3.3); read
+    only when a value no prefix of which is valid is over its limit."""
+    from highdicom._standard_utils import get_module_attribute_map
+
+    modules = get_module_attribute_map()
+    return {
+        (tuple(str(s) for s in item["path"]), str(item["keyword"])): str(item["type"])
+        for module in COPIED_MODULES
+        for item in modules[module]
+        if item["type"] in ("1", "1C")
+    }
+
+
+def required_type(path: Path) -> str | None:
+    """``"1"`` or ``"1C"`` where the attribute at ``path`` may not be empty when present,
+    else None."""
+    within, keyword = path
+    return _required_in_copied_modules().get((tuple(seq for seq, _ in within), keyword))
 
 
 def _values(value: object) -> list[str]:
@@ -214,7 +283,10 @@ Path = tuple[tuple[tuple[str, int], ...], str]
 
 
 def _over_long_in(
-    dataset: Dataset, keywords: Iterable[str] | None, within: tuple[tuple[str, int], ...]
+    dataset: Dataset,
+    keywords: Iterable[str] | None,
+    within: tuple[tuple[str, int], ...],
+    encodings: Sequence[str] | None,
 ) -> Iterator[tuple[Path, str, int, DataElement]]:
     """What :func:`over_long` yields for ``dataset`` (``keywords``: only those, at the
     top; inside a sequence item, every attribute: highdicom copies sequences whole)."""
@@ -227,11 +299,11 @@ def _over_long_in(
         name = element.keyword or _tag_of(element.tag)
         if element.VR == "SQ":
             for index, item in enumerate(element.value or ()):
-                yield from _over_long_in(item, None, (*within, (name, index)))
+                yield from _over_long_in(item, None, (*within, (name, index)), encodings)
             continue
         if element.VR not in MAX_BYTES:
             continue
-        sizes = [value_bytes(element.VR, v) for v in _values(element.value)]
+        sizes = [value_bytes(element.VR, v, encodings) for v in _values(element.value)]
         if sizes and max(sizes) > MAX_BYTES[element.VR]:
             yield (within, name), element.VR, max(sizes), element
 
@@ -241,7 +313,7 @@ def over_long(dataset: Dataset) -> Iterator[tuple[Path, str, int]]:
     over its VR's limit, inside the copied sequences' items too (before session 18 only
     the top-level attributes were looked at: a 65-byte CodeMeaning in a Procedure Code
     Sequence item was copied whole)."""
-    for path, vr, size, _ in _over_long_in(dataset, COPIED_KEYWORDS, ()):
+    for path, vr, size, _ in _over_long_in(dataset, COPIED_KEYWORDS, (), encodings_of(dataset)):
         yield path, vr, size
 
 
@@ -259,17 +331,18 @@ def cut_copied(dataset: Dataset) -> list[str]:
     Raises:
         CopiedValueTooLongError: a Type 1 attribute of such a VR is over its limit."""
     cut = []
-    for path, vr, size, element in list(_over_long_in(dataset, COPIED_KEYWORDS, ())):
+    encodings = encodings_of(dataset)
+    for path, vr, size, element in list(_over_long_in(dataset, COPIED_KEYWORDS, (), encodings)):
         if vr not in CUT_VRS:
-            if path[1] in TYPE1_KEYWORDS:
+            if (kind := required_type(path)) is not None:
                 raise CopiedValueTooLongError(
                     f"the source's {_where(path)} has a value of {size} bytes, over the "
-                    f"{MAX_BYTES[vr]} {vr} allows, and it is Type 1 (it may be neither "
+                    f"{MAX_BYTES[vr]} {vr} allows, and it is Type {kind} (it may be neither "
                     "cut nor empty): no DICOM result can carry it; correct it at the source"
                 )
             element.value = ""
         else:
-            values = [fit_value(vr, v) for v in _values(element.value)]
+            values = [fit_value(vr, v, encodings) for v in _values(element.value)]
             element.value = values if len(values) > 1 else values[0]
         cut.append(path_text(path))
     return cut
@@ -294,10 +367,10 @@ def shortened_values(dataset: Dataset | None) -> list[tuple[str, str]]:
 def _what_results_carry(path: Path, vr: str) -> str:
     if vr in CUT_VRS:
         return f"results carry it cut to the {MAX_BYTES[vr]} bytes {vr} allows"
-    if path[1] in TYPE1_KEYWORDS:
+    if (kind := required_type(path)) is not None:
         return (
             f"results are not written: {vr} allows {MAX_BYTES[vr]} bytes, and the attribute "
-            "is Type 1 (neither a cut nor an empty value is valid)"
+            f"is Type {kind} (neither a cut nor an empty value is valid)"
         )
     return (
         f"results carry it empty ({vr} allows {MAX_BYTES[vr]} bytes, and a shorter {vr} "
@@ -332,6 +405,8 @@ __all__ = [
     "VALUE_SHORTENED",
     "CopiedValueTooLongError",
     "cut_copied",
+    "encoded_size",
+    "encodings_of",
     "fit_value",
     "over_long",
     "path_text",

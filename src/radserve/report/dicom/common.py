@@ -43,7 +43,13 @@ from radserve.report.dicom.frames import (
     check_slice_references,
 )
 from radserve.report.schema import Report
-from radserve.report.shortened import MAX_BYTES, cut_copied, fit_value, value_bytes
+from radserve.report.shortened import (
+    MAX_BYTES,
+    cut_copied,
+    encodings_of,
+    fit_value,
+    value_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -148,21 +154,28 @@ def shield_patient_name(sources: Sequence[Dataset]) -> tuple[list[Dataset], obje
     return [first, *sources[1:]], name
 
 
-def restore_patient_name(dataset: Dataset, name: object) -> None:
-    """Put the source's Patient's Name back, each component group cut to PN's 64 bytes:
-    a source may hold any length (a 65,534-byte name was copied whole, and dciodvfy
-    rejected every SEG and SR). The cut is logged, never the name; the report says so
-    too (:mod:`radserve.report.shortened`)."""
+def restore_patient_name(
+    dataset: Dataset, name: object, character_set: str | list[str] | None = None
+) -> None:
+    """Put the source's Patient's Name back, each component group cut to PN's 64 bytes in
+    ``character_set`` (the object's, :func:`output_character_set`): a source may hold
+    any length (a 65,534-byte name was copied whole, and dciodvfy rejected every SEG and
+    SR). The cut is logged, never the name; the report says so too
+    (:mod:`radserve.report.shortened`)."""
     if name is None:
         return
-    if (longest := value_bytes("PN", str(name))) > MAX_BYTES["PN"]:
+    written_as = Dataset()
+    if character_set is not None:
+        written_as.SpecificCharacterSet = character_set
+    encodings = encodings_of(written_as)
+    if (longest := value_bytes("PN", str(name), encodings)) > MAX_BYTES["PN"]:
         logger.warning(
             "source Patient's Name has a component group of %d bytes; written cut to the "
             "%d DICOM allows",
             longest,
             MAX_BYTES["PN"],
         )
-        name = fit_value("PN", str(name))
+        name = fit_value("PN", str(name), encodings)
     dataset.PatientName = name
 
 

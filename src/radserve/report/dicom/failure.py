@@ -139,11 +139,12 @@ def build_failure_sr(
     except (ValueError, TypeError, AttributeError, KeyError) as exc:  # KeyError: highdicom
         # knows no IOD for the evidence's SOP Class UID (found by the instance fuzz target)
         raise ReportError(f"the DICOM failure notice could not be built: {exc!r}") from exc
-    common.restore_patient_name(sr, patient_name)
+    character_set = common.output_character_set(evidence[0], [summary, error_code])
+    common.restore_patient_name(sr, patient_name, character_set)
     if evidence[0].get("IssuerOfPatientID"):
         sr.IssuerOfPatientID = evidence[0].IssuerOfPatientID
     notes.declare_scheme(sr)
-    common.set_character_set(sr, common.output_character_set(evidence[0], [summary, error_code]))
+    common.set_character_set(sr, character_set)
     return sr
 
 

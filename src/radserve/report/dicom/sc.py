@@ -96,7 +96,8 @@ def build_key_image_sc(
         )
     except (ValueError, TypeError, AttributeError) as exc:
         raise ReportError(f"Secondary Capture key image could not be built: {exc}") from exc
-    common.restore_patient_name(sc, patient_name)
+    character_set = common.output_character_set(source, [what])
+    common.restore_patient_name(sc, patient_name, character_set)
     sc.SeriesDescription = common.series_description("radserve AI key images", report)
     sc.ImageComments = common.lo(f"radserve key image: {what}")
     sc.BurnedInAnnotation = "YES"
@@ -111,7 +112,7 @@ def build_key_image_sc(
         ref.ReferencedFrameNumber = frames[0]
     sc.SourceImageSequence = [ref]
     sc.DerivationDescription = "Axial source slice with AI finding outline and measurements"
-    common.set_character_set(sc, common.output_character_set(source, [what]))
+    common.set_character_set(sc, character_set)
     return sc
 
 

@@ -123,8 +123,9 @@ def build_seg(
     except (ValueError, TypeError, AttributeError) as exc:
         # highdicom names the rule that was broken; its messages carry no patient data.
         raise ReportError(f"DICOM SEG could not be built: {exc}") from exc
-    common.restore_patient_name(seg, patient_name)
-    common.set_character_set(seg, common.output_character_set(sources[0], texts))
+    character_set = common.output_character_set(sources[0], texts)
+    common.restore_patient_name(seg, patient_name, character_set)
+    common.set_character_set(seg, character_set)
     logger.info(
         "SEG built: %d segments, %d frames from %d of %d slices",
         len(kept),

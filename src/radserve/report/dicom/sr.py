@@ -140,8 +140,9 @@ def build_sr(
         raise ReportError(f"DICOM SR could not be built: {exc}") from exc
     if skipped:
         notes.declare_scheme(sr)
-    common.restore_patient_name(sr, patient_name)
-    common.set_character_set(sr, common.output_character_set(sources[0], texts))
+    character_set = common.output_character_set(sources[0], texts)
+    common.restore_patient_name(sr, patient_name, character_set)
+    common.set_character_set(sr, character_set)
     logger.info("SR built: %d measurement groups, %d SEG referenced", len(groups), len(segs))
     return sr
 
