@@ -43,11 +43,13 @@ def scripted_peer(
     max_associations: int = 10,
     comment: Callable[[Dataset], str] | None = None,
     delay_s: float = 0.0,
+    accept_delay_s: float = 0.0,
 ) -> Iterator[ScriptedPeer]:
     """A peer answering the n-th C-STORE with ``statuses[n]`` (the last one repeats),
     with the Error Comment ``comment(data set)`` if given, ``delay_s`` after the request
     arrived (a slow PACS); ``sop_classes``: the only storage classes it accepts (default:
-    all). ``received`` holds each data set with its file meta (``save_as`` writes it)."""
+    all); ``accept_delay_s``: the wait before it answers an association request.
+    ``received`` holds each data set with its file meta (``save_as`` writes it)."""
     ae = AE(ae_title="AWKWARD")
     ae.maximum_associations = max_associations
     if sop_classes is None:
@@ -71,7 +73,10 @@ def scripted_peer(
     server = ae.start_server(
         ("127.0.0.1", peer.destination.port),
         block=False,
-        evt_handlers=[(evt.EVT_C_STORE, store)],
+        evt_handlers=[
+            (evt.EVT_C_STORE, store),
+            (evt.EVT_REQUESTED, lambda _event: time.sleep(accept_delay_s)),
+        ],
     )
     try:
         yield peer

@@ -272,6 +272,21 @@ def test_a_peer_that_never_answers_times_out_and_is_retried(
     assert "within 1 s (gateway.dimse_timeout_s)" in (item.last_error or "")
 
 
+def test_a_peer_slow_to_accept_is_retried_naming_the_acse_timeout_and_then_served(
+    rows: OutboxStore, results: list[Path]
+) -> None:
+    with scripted_peer(accept_delay_s=2.0) as peer:
+        outbox = _outbox(rows, peer.destination, acse_timeout_s=0.5)
+        outbox.enqueue(results, now=T0)
+        assert outbox.deliver_pending(T0).retried == len(results)
+        [error] = {i.last_error for i in rows.items()}
+        assert "no answer to the association request from awkward" in (error or "")
+        assert "within 0.5 s (gateway.acse_timeout_s" in (error or "")
+        patient = Outbox(rows, [peer.destination], StoreSCU(acse_timeout_s=10))
+        assert patient.deliver_pending(LATER).sent == len(results)
+    assert {d.SOPInstanceUID for d in peer.received} == {i.sop_instance_uid for i in rows.items()}
+
+
 @needs_storescp
 def test_an_implicit_vr_only_peer_with_a_4k_pdu_gets_every_result_intact(
     tmp_path: Path, rows: OutboxStore, results: list[Path]

@@ -294,6 +294,7 @@ class StoreSCU:
                 return None, SendResult(Outcome.PERMANENT, exc.message)
             # the peer's certificate must name the host radserve connects to
             tls_args = (context, destination.host)
+        started = time.monotonic()
         assoc = ae.associate(
             destination.host,
             destination.port,
@@ -310,7 +311,15 @@ class StoreSCU:
             return assoc, None
         if negotiated.is_set() and not assoc.accepted_contexts:
             return assoc, SendResult(Outcome.PERMANENT, _nothing_accepted(assoc, destination))
-        return assoc, _association_failure(assoc, destination, self.ae_title, opened.is_set())
+        failure = _association_failure(assoc, destination, self.ae_title, opened.is_set())
+        acse = self._timeouts[1]
+        if failure.message.endswith(UNANSWERED) and time.monotonic() - started >= acse:
+            failure = SendResult(
+                Outcome.RETRY,
+                f"no answer to the association request from {destination} within {acse:g} s "
+                "(gateway.acse_timeout_s; raise it for a PACS that is slow to accept)",
+            )
+        return assoc, failure
 
 
 # Values of the sent file that a PACS may quote in its Error Comment ("Patient ID X does
@@ -339,6 +348,9 @@ def peer_comment(comment: str, path: Path) -> str:
     return redact(comment)
 
 
+UNANSWERED = "aborted or timed out"
+
+
 def _association_failure(
     assoc: Association, destination: Destination, calling: str, connected: bool
 ) -> SendResult:
@@ -362,7 +374,7 @@ def _association_failure(
             Outcome.RETRY,
             f"cannot connect to {destination.host}:{destination.port} ({destination.name})",
         )
-    return SendResult(Outcome.RETRY, f"association with {destination} aborted or timed out")
+    return SendResult(Outcome.RETRY, f"association with {destination} {UNANSWERED}")
 
 
 def _nothing_accepted(assoc: Association, destination: Destination) -> str:
