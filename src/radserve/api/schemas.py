@@ -279,6 +279,10 @@ class OutboxItemOut(_Out):
     created: dt.datetime
     updated: dt.datetime
     sent_at: dt.datetime | None
+    commitment_uid: str | None = Field(
+        default=None,
+        description="the storage commitment Transaction UID last asked of the destination",
+    )
 
     @classmethod
     def from_item(cls, item: Any) -> OutboxItemOut:
@@ -296,6 +300,7 @@ class OutboxItemOut(_Out):
             created=item.created,
             updated=item.updated,
             sent_at=item.sent_at,
+            commitment_uid=getattr(item, "commitment_uid", None),
         )
 
 
