@@ -152,8 +152,14 @@ class JobSettings(_Section):
 
 class _PerClass(_Section):
     def for_class(self, priority_class: PriorityClass | str) -> Any:
-        """The value for one class (``URGENT`` -> field ``urgent``)."""
-        return getattr(self, PriorityClass(priority_class).value.lower())
+        """The value for one class (``URGENT`` -> field ``urgent``). A class (or its exact
+        value) is looked up, not converted: the scheduler's ranking asks per job and
+        decision, and the enum conversion was most of a planner run's CPU."""
+        name = _FIELD_OF_CLASS.get(priority_class)
+        return getattr(self, name or PriorityClass(priority_class).value.lower())
+
+
+_FIELD_OF_CLASS = {c: c.value.lower() for c in PriorityClass}
 
 
 class ClassTats(_PerClass):

@@ -236,6 +236,13 @@ class _Job:
         return None if isinstance(seg, ModelWork) else seg
 
 
+# how long before its aging instant a job's rank is recomputed: far above the rounding of
+# ``deadline - now`` (a deadline of a year in seconds is exact to ~1e-8 s)
+_AGING_MARGIN_S = 1e-3
+# the eligible jobs best first, the same per effective class, the URGENT ones alone
+_Ranking = tuple[list[_Job], dict[PriorityClass, list[_Job]], list[_Job]]
+
+
 class _SharedCores:
     """The host's cores shared by the units running on them, as the OS shares them
     (processor sharing): a unit with ``threads`` threads and ``seconds`` of work alone
@@ -312,6 +319,15 @@ class _Sim:
         self.device_busy = 0.0
         self.cpu_busy = 0.0
         self.prepared = 0  # batches prepared (or being prepared), not yet on a device
+        self.generation = 0  # bumped whenever a job arrives or finishes (self.jobs changes)
+        self._ranked_gen = -1  # the generation self._ranking was computed for
+        # before this instant no ranked job ages (effective_class), so the ranking holds
+        self._steady_until = -math.inf
+        self._ranking: _Ranking = ([], {}, [])
+        # units taken and changes announced: with the clock, what a worker's search sees
+        self.changes = 0
+        self._idle_for: tuple[float, int] | None = None
+        self._idle_kinds: set[str] = set()
         cores = config.host_cores
         self.cores = _SharedCores(self.env, cores)
         # threads a batch runs on: its device's share of the host
@@ -319,16 +335,40 @@ class _Sim:
         self.batch_threads = config.device_threads or default
 
     # --- the policy ---------------------------------------------------------------------
-    def _rank(self, job: _Job) -> tuple[int, bool, float, int]:
-        sched = self.config.scheduler
-        eff = effective_class(job.cls, job.deadline, self.env.now, sched)
-        return (eff.rank, eff is URGENT and job.cls is not URGENT, job.deadline, job.seq)
+    def _ranked(self) -> _Ranking:
+        """:meth:`_rank_now`, recomputed only when a job arrived or finished or the clock
+        reached the first instant a routine job may age (:attr:`_steady_until`): a rank
+        is a function of the job (class, deadline, arrival) and of whether it has aged,
+        not of its progress, and every worker woken by a change looked again (the
+        planner spent most of its CPU re-sorting the same jobs for each of them)."""
+        if self.generation != self._ranked_gen or not self.env.now < self._steady_until:
+            self._ranked_gen, self._ranking = self.generation, self._rank_now()
+        return self._ranking
 
-    def _eligible(self) -> list[_Job]:
+    def _rank_now(self) -> _Ranking:
+        """The eligible jobs best first (the scheduler's ranking, with
+        ``urgent_exclusive`` only URGENT ones while there are any), the same grouped by
+        effective class, and the URGENT ones alone (the URGENT lane's view); notes when
+        the first of them not yet aged may age."""
+        now, sched = self.env.now, self.config.scheduler
         jobs = self.jobs
-        if self.config.scheduler.urgent_exclusive and any(j.cls is URGENT for j in jobs):
+        if sched.urgent_exclusive and any(j.cls is URGENT for j in jobs):
             jobs = [j for j in jobs if j.cls is URGENT]
-        return sorted(jobs, key=self._rank)
+        keyed = []
+        self._steady_until = math.inf
+        for job in jobs:
+            eff = effective_class(job.cls, job.deadline, now, sched)
+            if eff is job.cls and eff is not URGENT:
+                ages_at = job.deadline - sched.aging_fraction * sched.tat(job.cls)
+                self._steady_until = min(self._steady_until, ages_at - _AGING_MARGIN_S)
+            rank = (eff.rank, eff is URGENT and job.cls is not URGENT, job.deadline, job.seq)
+            keyed.append((rank, eff, job))
+        keyed.sort(key=lambda k: k[0])
+        tiers: dict[PriorityClass, list[_Job]] = {}
+        for _, eff, job in keyed:
+            tiers.setdefault(eff, []).append(job)
+        order = [job for _, _, job in keyed]
+        return order, tiers, [j for j in order if j.cls is URGENT]
 
     def _stage(self, jobs: list[_Job], order: list[_Job], *, feed: bool) -> tuple[_Job, str] | None:
         """``JobBook.stage_unit``: the CPU stage of the best job in ``jobs`` (one
@@ -370,11 +410,27 @@ class _Sim:
         return None
 
     def _take(self, kind: str) -> tuple[_Job, str] | None:
+        """:meth:`_find`, skipped for a worker whose kind found nothing in this instant
+        with nothing changed since (no unit taken or ended, no arrival): one change wakes
+        every idle worker, and those of one kind would all search the same state."""
+        key = (self.env.now, self.changes)
+        if key != self._idle_for:
+            self._idle_for, self._idle_kinds = key, set()
+        if kind in self._idle_kinds:
+            return None
+        taken = self._find(kind)
+        if taken is None:
+            self._idle_kinds.add(kind)
+        else:
+            self.changes += 1  # the unit starts now: the jobs' state moves
+        return taken
+
+    def _find(self, kind: str) -> tuple[_Job, str] | None:
         """The next unit for a worker of ``kind`` (device | cpu | urgent), as the
         scheduler hands them out: the device the best-ranked ready batch; a CPU thread,
         per effective class best first, feed work of the best job that has some, else
         the stage of the best job at one (``Scheduler.next_cpu_dispatch``)."""
-        order = self._eligible()
+        order, tiers, urgent = self._ranked()
         if kind == "device":
             for job in order:
                 step = job.step
@@ -382,16 +438,12 @@ class _Sim:
                     return job, "batch"
             return None
         if kind == "urgent":
-            order = [j for j in order if j.cls is URGENT]
+            order, tiers = urgent, {URGENT: urgent} if urgent else {}
         if kind == "feed":
             for job in order:  # every class, best first: feed work only
                 if (unit := self._feed(job, order)) is not None:
                     return job, unit
             return None
-        now, sched = self.env.now, self.config.scheduler
-        tiers: dict[PriorityClass, list[_Job]] = {}
-        for job in order:
-            tiers.setdefault(effective_class(job.cls, job.deadline, now, sched), []).append(job)
         feed_first = self.config.feed_first
         for jobs in tiers.values():
             for job in jobs if feed_first else ():
@@ -402,6 +454,7 @@ class _Sim:
         return None
 
     def _notify(self) -> None:
+        self.changes += 1
         sched = self.config.scheduler
         if sched.yield_to_urgent:  # routine CPU stages pause while URGENT work can run
             self.cores.hold(any(j.cls is URGENT for j in self.jobs))
@@ -418,6 +471,7 @@ class _Sim:
             job = _Job(a.cls, self.env.now, self.env.now + tat, seq, service, a.measured)
             job.segments = service.segments()
             self.jobs.append(job)
+            self.generation += 1
             self._notify()
 
     def worker(self, kind: str):  # type: ignore[no-untyped-def]
@@ -506,6 +560,7 @@ class _Sim:
         if job.at >= len(job.segments):
             job.finished = self.env.now
             self.jobs.remove(job)
+            self.generation += 1
             self.done.append(job)
             return
         seg = job.segments[job.at]
