@@ -18,6 +18,7 @@ from typing import Any
 
 import pydicom
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from pydicom.dataset import Dataset
 from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, build_role, evt
 from tests.factories.dicom_net import Orthanc, study_with_results
@@ -28,6 +29,7 @@ from tests.factories.waits import until
 from radserve.gateway import Destination, GatewaySCP, Outbox, Peer, RetryPolicy, ScpConfig, StoreSCU
 from radserve.gateway.commitment import INVALID_ARGUMENT, PUSH_MODEL, PUSH_MODEL_INSTANCE
 from radserve.gateway.conformance import COMPREHENSIVE_3D_SR, SEGMENTATION
+from radserve.service.metrics import _OutboxCollector
 from radserve.store import init_store
 from radserve.store.outbox import OutboxItem, OutboxState, OutboxStore
 
@@ -180,6 +182,13 @@ def test_no_report_within_the_timeout_sends_the_results_again(
         outbox.deliver_pending(start)
         waiting = rows.items()
         assert {item.state for item in waiting} == {OutboxState.COMMITTING}
+        [status] = rows.status()  # operators see them waiting, not delivered
+        assert (status.committing, status.pending, status.sending) == (len(results), 0, 0)
+        assert status.oldest_pending is not None
+        exposition = _metrics(rows)
+        assert f'radserve_outbox_pending{{destination="pacs",kind="dicom"}} {len(results)}.0' in (
+            exposition
+        )
         deadline = max(item.next_attempt_at for item in waiting)
         assert outbox.next_due() == min(item.next_attempt_at for item in waiting)
         assert outbox.deliver_pending(deadline - dt.timedelta(seconds=1)).retried == 0
@@ -188,6 +197,12 @@ def test_no_report_within_the_timeout_sends_the_results_again(
     for item in rows.items():
         assert item.state is OutboxState.PENDING and item.attempts == 1
         assert "no storage commitment report from pacs within 5 s" in (item.last_error or "")
+
+
+def _metrics(rows: OutboxStore) -> str:
+    registry = CollectorRegistry()
+    registry.register(_OutboxCollector(rows.status))
+    return generate_latest(registry).decode()
 
 
 def _report(port: int, calling: str, transaction_uid: str, items: list[OutboxItem]) -> int:

@@ -128,7 +128,8 @@ class _OutboxCollector(Collector):
         labels = ["kind", "destination"]
         pending = GaugeMetricFamily(
             "radserve_outbox_pending",
-            "Deliveries not yet delivered (pending or being sent)",
+            "Deliveries not yet delivered (pending, being sent, or stored and awaiting "
+            "the destination's storage commitment)",
             labels=labels,
         )
         age = GaugeMetricFamily(
@@ -149,7 +150,7 @@ class _OutboxCollector(Collector):
         now = dt.datetime.now(dt.UTC)
         for st in statuses:
             key = [st.kind.value, st.destination]
-            pending.add_metric(key, st.pending + st.sending)
+            pending.add_metric(key, st.pending + st.sending + st.committing)
             oldest = 0.0 if st.oldest_pending is None else (now - st.oldest_pending).total_seconds()
             age.add_metric(key, max(0.0, oldest))
             failing.add_metric([*key, "retrying"], st.retrying)
