@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from tests.e2e.test_serve_awkward_pacs import SAGITTAL, SECONDARY_CAPTURE, _dose_report
 from tests.factories.awkward_peer import scripted_peer
 from tests.factories.dicom_net import dcmtk_tool, free_port, storescu
 from tests.factories.dicom_series import make_ct_series
+from tests.factories.extra_series import dose_report, localizer, screen_capture
 from tests.factories.service import make_study, settings_for
 from tests.factories.waits import until
 
@@ -35,26 +35,11 @@ def test_late_instances_no_pipeline_analyses_start_no_rerun(tmp_path: Path) -> N
     ct = make_study(tmp_path / "ct")
     header = pydicom.dcmread(ct[0], stop_before_pixels=True)
     same = {"study_uid": header.StudyInstanceUID, "extra": {"PatientID": header.PatientID}}
-    localizer = make_ct_series(
-        tmp_path / "localizer",
-        n_slices=1,
-        rows=24,
-        cols=24,
-        orientation=SAGITTAL,
-        image_type=("ORIGINAL", "PRIMARY", "LOCALIZER"),
-        series_number=2,
-        **same,
-    )
-    capture = make_ct_series(
-        tmp_path / "capture",
-        n_slices=1,
-        sop_class_uid=SECONDARY_CAPTURE,
-        modality="OT",
-        image_type=("DERIVED", "SECONDARY"),
-        series_number=3,
-        **same,
-    )
-    dose = _dose_report(tmp_path / "dose", header.StudyInstanceUID)
+    never_input = [
+        *localizer(tmp_path / "localizer", ct[0]),
+        *screen_capture(tmp_path / "sc", ct[0]),
+    ]
+    dose = dose_report(tmp_path / "dose", ct[0])
     thick = make_ct_series(
         tmp_path / "thick", n_slices=4, spacing=(6.0, 1.0, 1.0), series_number=4, **same
     )
@@ -78,7 +63,7 @@ def test_late_instances_no_pipeline_analyses_start_no_rerun(tmp_path: Path) -> N
             assert storescu("127.0.0.1", port, ct, calling="PACS").returncode == 0
             [first] = until(lambda: jobs_done(1), "the study's job and its results", 120)
             results = len(rows.items())
-            for late in ([*localizer, *capture], [dose]):
+            for late in (never_input, [dose]):
                 assert storescu("127.0.0.1", port, late, calling="PACS").returncode == 0
             time.sleep(QUIET_S * 5)  # the late instances' quiet period, several times over
             assert jobs_done(1) and len(rows.items()) == results

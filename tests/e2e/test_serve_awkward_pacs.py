@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from pydicom.dataset import Dataset, FileMetaDataset
-from pydicom.uid import ExplicitVRLittleEndian, generate_uid
+from pydicom.dataset import Dataset
 from tests.factories.awkward_peer import scripted_peer
 from tests.factories.dciodvfy import dciodvfy_errors
 from tests.factories.dicom_net import dcmtk_tool, free_port, storescu
-from tests.factories.dicom_series import make_ct_series
+from tests.factories.extra_series import dose_report, localizer, screen_capture
 from tests.factories.serve import RadserveServe, listening
 from tests.factories.server_process import run_radserve
 from tests.factories.service import config_file, make_study
@@ -36,57 +35,14 @@ pytestmark = [
     pytest.mark.tools,
     pytest.mark.skipif(dcmtk_tool("storescu") is None, reason="dcmtk is not installed"),
 ]
-SECONDARY_CAPTURE = "1.2.840.10008.5.1.4.1.1.7"
-DOSE_SR = "1.2.840.10008.5.1.4.1.1.88.67"
-SAGITTAL = (0.0, 1.0, 0.0, 0.0, 0.0, -1.0)
-
-
-def _dose_report(folder: Path, study_uid: str) -> Path:
-    """A modality's X-Ray Radiation Dose SR in the study (a header, no content tree:
-    radserve never reads past the header of a class it does not analyse)."""
-    meta = FileMetaDataset()
-    meta.MediaStorageSOPClassUID, meta.MediaStorageSOPInstanceUID = DOSE_SR, generate_uid()
-    meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    sr = Dataset()
-    sr.file_meta = meta
-    sr.SOPClassUID, sr.SOPInstanceUID = DOSE_SR, meta.MediaStorageSOPInstanceUID
-    sr.StudyInstanceUID, sr.SeriesInstanceUID = study_uid, generate_uid()
-    sr.Modality, sr.SeriesNumber, sr.InstanceNumber = "SR", 999, 1
-    sr.ValueType = "CONTAINER"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "dose.dcm"
-    sr.save_as(path, enforce_file_format=True)
-    return path
 
 
 def _study_with_extra_series(folder: Path) -> tuple[list[Path], list[Path]]:
     """The CT's files, and the files of a localizer, a secondary capture and a dose SR
     of the same study."""
     ct = make_study(folder / "ct")
-    header = pydicom.dcmread(ct[0], stop_before_pixels=True)
-    same = {"study_uid": header.StudyInstanceUID, "extra": {"PatientID": header.PatientID}}
-    localizer = make_ct_series(
-        folder / "localizer",
-        n_slices=1,
-        rows=24,
-        cols=24,
-        orientation=SAGITTAL,
-        image_type=("ORIGINAL", "PRIMARY", "LOCALIZER"),
-        series_number=2,
-        series_description="scout",
-        **same,
-    )
-    capture = make_ct_series(
-        folder / "capture",
-        n_slices=1,
-        sop_class_uid=SECONDARY_CAPTURE,
-        modality="OT",
-        image_type=("DERIVED", "SECONDARY"),
-        series_number=3,
-        series_description="screen capture",
-        **same,
-    )
-    return ct, [*localizer, *capture, _dose_report(folder / "dose", header.StudyInstanceUID)]
+    others = [*localizer(folder / "localizer", ct[0]), *screen_capture(folder / "sc", ct[0])]
+    return ct, [*others, dose_report(folder / "dose", ct[0])]
 
 
 def _referenced_instances(dataset: Dataset) -> set[str]:
