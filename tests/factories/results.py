@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pydicom
+from pydicom.uid import generate_uid
 
 from radserve.domain import Volume
 from radserve.models.registry import ModelRegistry
@@ -77,7 +78,10 @@ def lesion_study(root: Path) -> LesionStudy:
 
     Built once per test session and copied into ``root`` (``study/``, ``out/`` and the
     report): each caller has folders of its own to write its results into, with the same
-    files and UIDs as every other caller's (twelve callers each ran the pipeline before)."""
+    voxels as every other caller's (twelve callers each ran the pipeline before) and
+    Study, Series, Frame of Reference and SOP Instance UIDs of its own, in the files and
+    the report alike: two calls are two studies, as a reader of a test expects (before
+    session 19 every copy had the cache's UIDs; no caller relied on that)."""
     built = _LESION_STUDY.get("built")
     if built is None:
         cache = Path(tempfile.mkdtemp(prefix="radserve-lesion-study-"))
@@ -91,11 +95,36 @@ def lesion_study(root: Path) -> LesionStudy:
     cache = built.out.parent
     for folder in ("study", "out"):
         shutil.copytree(cache / folder, root / folder)
-    return LesionStudy(
-        built.report.model_copy(deep=True),
-        root / "out",
-        [root / "study" / f.relative_to(cache / "study") for f in built.files],
-    )
+    files = [root / "study" / f.relative_to(cache / "study") for f in built.files]
+    renamed = _fresh_uids(files)
+    report_json = root / "out" / "report.json"
+    report_json.write_text(_renamed_json(report_json.read_text(), renamed))
+    report = Report.model_validate_json(_renamed_json(built.report.model_dump_json(), renamed))
+    return LesionStudy(report, root / "out", files)
+
+
+_RENAMED_UIDS = ("StudyInstanceUID", "SeriesInstanceUID", "FrameOfReferenceUID", "SOPInstanceUID")
+
+
+def _fresh_uids(files: list[Path]) -> dict[str, str]:
+    """Give ``files`` new UIDs (one per old UID, so the series stays one series); old -> new."""
+    renamed: dict[str, str] = {}
+    for path in files:
+        ds = pydicom.dcmread(path)
+        for keyword in _RENAMED_UIDS:
+            if keyword in ds:
+                old = str(ds.data_element(keyword).value)
+                setattr(ds, keyword, renamed.setdefault(old, generate_uid()))
+        ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+        ds.save_as(path)
+    return renamed
+
+
+def _renamed_json(text: str, renamed: dict[str, str]) -> str:
+    """``text`` (JSON) with each whole string value that is an old UID replaced."""
+    for old, new in renamed.items():
+        text = text.replace(f'"{old}"', f'"{new}"')
+    return text
 
 
 _LESION_STUDY: dict[str, LesionStudy] = {}  # "built": the one lesion_study of this session
