@@ -24,6 +24,7 @@ from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, build_role, evt
 from tests.factories.dicom_net import Orthanc, study_with_results
 from tests.factories.pacs import pacs_marks
 from tests.factories.ports import free_port
+from tests.factories.postgres import postgres_schema
 from tests.factories.waits import until
 
 from radserve.gateway import Destination, GatewaySCP, Outbox, Peer, RetryPolicy, ScpConfig, StoreSCU
@@ -64,6 +65,7 @@ def _committing_pacs(
     scp_running: bool = True,
     timeout_s: float = 60.0,
     attempts: int = 3,
+    database_url: str | None = None,
 ) -> Iterator[tuple[Orthanc, Outbox, OutboxStore, GatewaySCP]]:
     """Orthanc that knows radserve as a modality allowed storage commitment, radserve's
     SCP (started unless ``scp_running`` is false) and an outbox to Orthanc with storage
@@ -86,7 +88,7 @@ def _committing_pacs(
         },
         options=options,
     )
-    store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
+    store = init_store(database_url or f"sqlite:///{tmp_path / 'radserve.db'}")
     rows = OutboxStore(store.engine)
     destination = Destination(
         name="pacs",
@@ -233,17 +235,31 @@ def _report(port: int, calling: str, transaction_uid: str, items: list[OutboxIte
         assoc.release()
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'radserve.db'}"
+        return
+    with postgres_schema("radserve_commitment") as url:
+        yield url
+
+
 def test_a_report_arriving_after_a_restart_is_matched_and_strangers_are_refused(
-    tmp_path: Path, results: list[Path], caplog: pytest.LogCaptureFixture
+    tmp_path: Path, results: list[Path], caplog: pytest.LogCaptureFixture, database_url: str
 ) -> None:
-    with _committing_pacs(tmp_path, scp_running=False) as (_orthanc, outbox, rows, _):
+    with _committing_pacs(tmp_path, scp_running=False, database_url=database_url) as (
+        _orthanc,
+        outbox,
+        rows,
+        _,
+    ):
         outbox.enqueue(results, now=utc_now())
         outbox.deliver_pending(utc_now())
         waiting = rows.items()
         [transaction] = {item.commitment_uid for item in waiting}
         assert transaction is not None
     # a new process: the rows and their transaction come from the database alone
-    store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
+    store = init_store(database_url)
     try:
         restarted = Outbox(
             OutboxStore(store.engine),
