@@ -6,10 +6,12 @@ from the recorded ends: window, recency half-life, latency lanes), the walk's op
 counted again (session 11), the shares of the jobs ahead per class
 (session 13), the later arrivals that run beside a job (session 14), an online
 calibration by the finished jobs' actual / predicted times (session 16), a host speed
-factor from the finished jobs' service times and the band's coverage (session 18), errors
-over the measured jobs only; ``--variant NAME`` (repeatable) replays only those. Several
-files: one row per file and variant, then the median over the files at submission and
-halfway, and how often the band's late end held the finish.
+factor from the finished jobs' service times and the band's coverage (session 18), the
+deadline-risk events each variant would raise (session 19: misses predicted ahead, how
+early, false alerts; the server's margins), errors over the measured jobs only;
+``--variant NAME`` (repeatable) replays only those. Several files: one row per file
+and variant, then the median over the files at submission and halfway, and how often
+the band's late end held the finish.
 
     PYTHONPATH=src python tools/eta_replay.py out/eta-seed0.json out/eta-seed1.json
 """
@@ -25,7 +27,7 @@ from typing import Any
 from radserve.bench.eta_accuracy import arrivals_before, read_summary
 from radserve.turnaround.bias import KEYS, LEARN, STATISTICS
 from radserve.turnaround.rates import ArrivalRates
-from radserve.turnaround.replay import Refit, Speed, Variant, errors, replay
+from radserve.turnaround.replay import Refit, Speed, Variant, deadline_alerts, errors, replay
 
 # "allowance, no bias" (no drain, the model as the server had it) replays the server's
 # defaults of the recording; the "refit" rows rebuild the service-time model from the
@@ -249,11 +251,12 @@ def evaluate(summary: dict[str, Any], names: list[str] | None = None) -> dict[st
     # the server's model when the recording began (before session 9: the warm-up's)
     base = summary.get("service_times_at_start", summary.get("service_times_solo"))
     before = arrivals_before(summary)
-    return {
-        name: errors(replay(summary["eta_records"], variant, base, before), measured)
-        for name, variant in VARIANTS.items()
-        if (variant.refit is None or base is not None) and (not names or name in names)
-    }
+    out = {}
+    for name, variant in VARIANTS.items():
+        if (variant.refit is None or base is not None) and (not names or name in names):
+            jobs = replay(summary["eta_records"], variant, base, before)
+            out[name] = errors(jobs, measured) | {"alerts": deadline_alerts(jobs)}
+    return out
 
 
 def _cell(row: dict[str, Any], point: str) -> tuple[float, float] | None:
@@ -272,6 +275,8 @@ def main() -> None:
     halfway: dict[str, list[float]] = {name: [] for name in VARIANTS}
     coverage: dict[str, list[tuple[float, int]]] = {name: [] for name in VARIANTS}
     widths: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    every_band: dict[str, list[tuple[float, int]]] = {name: [] for name in VARIANTS}
+    alerts: dict[str, list[dict[str, Any]]] = {name: [] for name in VARIANTS}
     for path in args.summaries:
         result = evaluate(read_summary(path), args.variant)
         for name, figures in result.items():
@@ -292,6 +297,9 @@ def main() -> None:
                 f"{path.name:24} {name:30} behind>=3 ({deep['jobs']:2}) at submission "
                 f"{fmt(sub)}, halfway {fmt(half)}; all ({every['jobs']}) {fmt(all_sub)}{band}"
             )
+            alerts[name].append(figures["alerts"])
+            if every.get("late_coverage") is not None:
+                every_band[name].append((every["late_coverage"], every["jobs"]))
             if covered is not None:
                 coverage[name].append((covered, deep["jobs"]))
                 widths[name].append(deep["late_width_rel"])
@@ -314,6 +322,22 @@ def main() -> None:
                     f"worst {worst:.1%}; halfway: median {half_median:.1%}; p90 band "
                     f"covers {covered:.0%} of {jobs} jobs (lowest {lowest:.0%}), width {width:.0%}"
                 )
+                print(f"{'':30} {_band_and_alerts(every_band[name], alerts[name])}")
+
+
+def _band_and_alerts(band: list[tuple[float, int]], alerts: list[dict[str, Any]]) -> str:
+    """All jobs' band coverage and the deadline-risk events, summed over the files."""
+    jobs = sum(n for _, n in band)
+    covered = sum(c * n for c, n in band) / jobs if jobs else math.nan
+    lead = [s for a in alerts for s in a["lead_s"]]
+    return (
+        f"all jobs: p90 band covers {covered:.1%} of {jobs}; deadline misses "
+        f"{sum(a['misses'] for a in alerts)}, predicted ahead "
+        f"{sum(a['predicted'] for a in alerts)} (lead median "
+        f"{statistics.median(lead) if lead else math.nan:.1f} s, min "
+        f"{min(lead, default=math.nan):.1f} s), false alerts "
+        f"{sum(a['false_alerts'] for a in alerts)}"
+    )
 
 
 if __name__ == "__main__":

@@ -203,6 +203,13 @@ class TurnaroundOut(_Out):
         description="per class: recent finished jobs learned from and the factor that "
         "scales new ETAs' time to finish (median actual / predicted, starts at 1)",
     )
+    eta_band: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the band's late end (predicted_finish_late): band `own` (the walk's) "
+        "or `conformal` (turnaround.band), with jobs (recent finished jobs learned from) "
+        "and ratio (their 90th percentile of actual / predicted time to finish, applied "
+        "to every ETA's time to finish; null until 3 have finished)",
+    )
 
 
 class JobPageOut(_Out):

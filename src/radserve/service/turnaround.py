@@ -18,6 +18,12 @@ unfinished job, and deadline-risk events raised before a miss.
 - Every ETA's time to finish is scaled by its class's learned bias
   (:class:`~radserve.turnaround.bias.BiasCorrection`): each succeeded job teaches its
   class actual / predicted time from its first walk (at submission) to its finish.
+- The band's late end (``predicted_finish_late``) is, with ``turnaround.band:
+  conformal`` (the default), the 90th percentile of the last ``band_window_jobs``
+  finished jobs' actual / predicted time to finish from their first walk
+  (:class:`~radserve.turnaround.conformal.ConformalBand`; the walk's own band covered
+  81 % of the deep jobs' finishes in the replay). Like the bias it is not kept across a
+  restart: the walk's own band answers until 3 jobs have finished.
 - A job whose predicted finish passes ``deadline - turnaround.risk_margin_s`` raises one
   risk event: an audit record ``job.deadline_risk``, ``radserve_deadline_risk_total``,
   a JSON POST to ``turnaround.risk_webhook_url`` and a syslog message to
@@ -74,6 +80,7 @@ from radserve.service.metrics import Metrics
 from radserve.store import JobRecord, Store
 from radserve.store import JobState as StoredState
 from radserve.turnaround.bias import BiasCorrection
+from radserve.turnaround.conformal import ConformalBand
 from radserve.turnaround.eta import (
     Arrivals,
     Capacity,
@@ -178,6 +185,9 @@ class Turnaround:
         self._risk = RiskTracker(t.risk_margin_s, t.risk_clear_s)  # under the lock
         self._shares = ShareMeter(urgent_holds=scheduler.config.urgent_exclusive)  # lock
         self.bias = BiasCorrection(window=t.bias_window_jobs)
+        # the late end learned from the finished jobs (turnaround.band: conformal); None:
+        # the walk's own band
+        self.band = ConformalBand(0.9, t.band_window_jobs) if t.band == "conformal" else None
         self.last_compute_s = 0.0
         self.computed_at: float | None = None
         # a benchmark's recorder (radserve bench --scenario eta): every walk's inputs and
@@ -351,6 +361,8 @@ class Turnaround:
                 self._observe(record, size, event.timings, learned)
         with self._lock:
             self.bias.finished(event.job_id, event.at, event.state is JobState.SUCCEEDED)
+            if self.band is not None:
+                self.band.finished(event.job_id, event.at, event.state is JobState.SUCCEEDED)
             self._records.pop(event.job_id, None)
             self._sizes.pop(event.job_id, None)
             self._etas.pop(event.job_id, None)
@@ -400,6 +412,9 @@ class Turnaround:
             slices[job.job_id] = size.slices
         # walked outside the lock: job events and API readers wait on it
         capacity = self._capacity(now)
+        if self.band is not None:
+            with self._lock:
+                capacity = dataclasses.replace(capacity, late_ratio=self.band.ratio())
         raw = walk(entries, now, capacity)
         if self.recorder is not None:
             self.recorder(walk_record(now, entries, capacity, slices))
@@ -417,18 +432,21 @@ class Turnaround:
         return etas
 
     def _corrected(self, eta: Eta, cls: int, now: float) -> Eta:
-        """``eta`` scaled by its class's learned bias; its raw walk is kept to learn
-        from when the job finishes. Called under the lock."""
+        """``eta`` scaled by its class's learned bias (the conformal band's late end, a
+        ratio of the time to finish, scales with it); its raw walk and its first finish
+        are kept to learn from when the job finishes. Called under the lock."""
         key = self.bias.key(cls, eta.position, eta.finish - now)
         self.bias.reading(eta.job_id, key, now, eta.finish)
-        if self.bias.factor(key) == 1.0:
-            return eta
-        return dataclasses.replace(
-            eta,
-            start=eta.start if eta.start <= now else self.bias.correct(key, now, eta.start),
-            finish=self.bias.correct(key, now, eta.finish),
-            finish_late=self.bias.correct(key, now, eta.finish_late),
-        )
+        if self.bias.factor(key) != 1.0:
+            eta = dataclasses.replace(
+                eta,
+                start=eta.start if eta.start <= now else self.bias.correct(key, now, eta.start),
+                finish=self.bias.correct(key, now, eta.finish),
+                finish_late=self.bias.correct(key, now, eta.finish_late),
+            )
+        if self.band is not None:  # the walk applied its ratio (Capacity.late_ratio)
+            self.band.reading(eta.job_id, now, eta.finish)
+        return eta
 
     def bias_view(self) -> dict[str, dict[str, float | int]]:
         """Per class: jobs the bias was learned from and the factor applied now."""
@@ -438,6 +456,14 @@ class Turnaround:
             cls.value: seen.get(self.bias.label(cls.rank), {"jobs": 0, "factor": 1.0})
             for cls in PriorityClass
         }
+
+    def band_view(self) -> dict[str, Any]:
+        """The band's late end: ``own`` (the walk's) or ``conformal``, with the jobs it
+        learned from and its ratio now (None until 3 have finished)."""
+        if self.band is None:
+            return {"band": "own"}
+        with self._lock:
+            return {"band": "conformal", **self.band.describe()}
 
     def _capacity(self, now: float) -> Capacity:
         """The capacity with each class's arrival rate over the last hour, or since the
@@ -504,16 +530,18 @@ class Turnaround:
     def job_eta(self, job_id: str) -> JobEta | None:
         """The job's ETA for the API; a job the last walk did not see (just submitted)
         triggers a walk now."""
-        eta = self.eta(job_id)
+        with self._lock:  # the ETA and its walk's time together
+            eta, computed = self._etas.get(job_id), self.computed_at
         if eta is None:
             if self.scheduler.job_info(job_id) is None:
                 return None  # not (or no longer) in the scheduler
             eta = next((e for e in self.recompute() if e.job_id == job_id), None)
             if eta is None:
                 return None
+            with self._lock:  # that walk's time, unless another has ended since
+                computed = self.computed_at
         with self._lock:
             at_risk = job_id in self._risk
-            computed = self.computed_at
             basis = self._basis.get(job_id, "prior")
         offset = self.wall(0.0)  # one reading: the three times keep their order
         return JobEta(

@@ -129,6 +129,10 @@ class Capacity:
     # of the jobs ranked ahead, as independent noises of the work they take (``ahead``,
     # session 18: the sum of their shares varies with each of them)
     band: str = "own"
+    # the band's late end as the time to finish scaled by this ratio (at least 1): the
+    # conformal band's learned quantile (radserve.turnaround.conformal, turnaround.band:
+    # conformal); None: the walk's own band above
+    late_ratio: float | None = None
 
     def work_s(self, cpu_s: float, device_s: float) -> float:
         """Seconds this capacity needs for ``cpu_s`` of CPU-pool and ``device_s`` of
@@ -254,6 +258,8 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
             extra = beside_delay(e.cls, run, capacity)
             mean, high = overtaking_delay(e, walked + extra - now, now, capacity)
             finish, late = finish + extra + mean, late + extra + high
+        if capacity.late_ratio is not None:
+            late = now + max(capacity.late_ratio, 1.0) * (finish - now)
         out.append(Eta(e.job_id, position, start, finish, late, e.deadline))
     return out
 

@@ -22,12 +22,14 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radserve.domain.priority import PriorityClass
 from radserve.turnaround.bias import BiasCorrection
 from radserve.turnaround.conformal import ConformalBand
 from radserve.turnaround.drain import DrainMeter
-from radserve.turnaround.eta import URGENT, Arrivals, Capacity, Entry, latency_lane, walk
+from radserve.turnaround.eta import URGENT, Arrivals, Capacity, Entry, Eta, latency_lane, walk
 from radserve.turnaround.host_speed import HostSpeed, Speed
 from radserve.turnaround.rates import ArrivalRates
+from radserve.turnaround.risk import RiskTracker
 from radserve.turnaround.service_time import WINDOW, JobEstimate, ServiceTimeModel, StudySize
 from radserve.turnaround.share import BesideMeter, ShareMeter, shares_of_runs
 
@@ -182,6 +184,7 @@ class Replayed:
     end: float | None = None
     state: str | None = None
     readings: list[tuple[float, float]] = dataclasses.field(default_factory=list)
+    deadline: float = math.inf  # scheduler clock: what a deadline-risk replay reads
 
     def halfway(self) -> float | None:
         """The predicted finish read nearest the middle of the turnaround."""
@@ -489,6 +492,8 @@ def replay(
             band.finished(job.job_id, job.end, job.state == "succeeded")
             continue
         now, entries, capacity = walk_inputs(record)
+        # the band is the variant's: the walk's own, or band_quantile's learned here
+        capacity = dataclasses.replace(capacity, late_ratio=None)
         entries = so_far.fill(entries, now)
         if recount is not None:
             capacity = recount.capacity(now, entries, capacity)
@@ -519,7 +524,9 @@ def replay(
                 finish = bias.correct(key, now, eta.finish)
             job = jobs.get(eta.job_id)
             if job is None:
-                job = jobs[eta.job_id] = Replayed(eta.job_id, entry.cls, now, eta.position, finish)
+                job = jobs[eta.job_id] = Replayed(
+                    eta.job_id, entry.cls, now, eta.position, finish, deadline=entry.deadline
+                )
                 job.first_late = eta.finish_late
                 if variant.band_quantile:
                     job.first_late = band.late(job.job_id, now, finish, eta.finish_late)
@@ -566,6 +573,36 @@ def errors(
     return out
 
 
+def deadline_alerts(
+    jobs: Sequence[Replayed], margin_s: float = 30.0, clear_s: float = 15.0
+) -> dict[str, Any]:
+    """The server's deadline-risk events (:class:`RiskTracker`, its default margin and
+    clearing band) over each ended job's readings: misses (ended past the deadline),
+    those a risk stood for at the deadline, how long before it that risk was raised
+    (``lead_s``), and jobs alerted that did not miss (``false_alerts``). The tracker reads
+    the predicted finish only, never the band's late end."""
+    out: dict[str, Any] = {"misses": 0, "predicted": 0, "lead_s": [], "false_alerts": 0}
+    cls = PriorityClass.OUTPATIENT  # the tracker's label only
+    for job in jobs:
+        if job.end is None:
+            continue
+        risk, alerted = RiskTracker(margin_s, clear_s), False
+        for now, finish in job.readings:
+            if now > job.end:
+                break
+            eta = Eta(job.job_id, job.position, now, finish, finish, job.deadline)
+            alerted |= bool(risk.update([eta], {job.job_id: cls}, now)[0])
+        if job.end <= job.deadline:
+            out["false_alerts"] += alerted
+            continue
+        out["misses"] += 1
+        standing = risk.get(job.job_id)
+        if standing is not None and standing.raised_at <= job.deadline:
+            out["predicted"] += 1
+            out["lead_s"].append(job.deadline - standing.raised_at)
+    return out
+
+
 def log_ratio_spread(jobs: Sequence[Replayed]) -> float:
     """Median |log(actual / predicted)| of the time to finish at submission (a scale-free
     figure of how far the walk is from the truth)."""
@@ -583,6 +620,7 @@ __all__ = [
     "SharesSoFar",
     "Speed",
     "Variant",
+    "deadline_alerts",
     "errors",
     "first_seen",
     "replay",

@@ -64,6 +64,7 @@ async def turnaround_view(
         risk_events=turnaround.risk_counts(),
         misses=misses.as_dict(),
         eta_bias=turnaround.bias_view(),
+        eta_band=turnaround.band_view(),
     )
 
 

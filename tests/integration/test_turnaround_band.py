@@ -1,0 +1,94 @@
+"""The ETA band's late end learned from finished jobs (turnaround.band: conformal, the
+default), seen through a real server running real (slow, tiny) studies."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.factories.service import (
+    ServerThread,
+    auth,
+    create_key,
+    make_models_slow,
+    make_study,
+    settings_for,
+    upload,
+    wait_job,
+)
+
+from radserve.api import create_app
+from radserve.service import Service
+
+
+def _at(text: str) -> float:
+    return dt.datetime.fromisoformat(text).timestamp()
+
+
+def _band_jobs(c: httpx.Client, key: str) -> int:
+    return int(c.get("/v1/ops/turnaround", headers=auth(key)).json()["eta_band"]["jobs"])
+
+
+def _submit(c: httpx.Client, key: str, folder: Path) -> str:
+    answer = c.post("/v1/studies", files=upload(make_study(folder)), headers=auth(key))
+    assert answer.status_code == 202, answer.text
+    return str(answer.json()["id"])
+
+
+def test_late_end_is_the_learned_ratio_of_the_time_to_finish(tmp_path: Path) -> None:
+    settings = settings_for(
+        tmp_path,
+        # a prior faster than the slow model: queued jobs are predicted early, and one
+        # at a time each waits for all before it: actual / predicted well above 1
+        turnaround__prior_fixed_s=0.5,
+        turnaround__prior_per_slice_s=0.0,
+        turnaround__recompute_interval_s=0.05,
+        scheduler__max_running=1,
+    )
+    make_models_slow(tmp_path / "assets" / "models", layers=8, channels=48)
+    service = Service(settings)
+    key = create_key(service.store, "admin")
+    with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url) as c:
+        view = c.get("/v1/ops/turnaround", headers=auth(key)).json()
+        assert view["eta_band"] == {"band": "conformal", "jobs": 0, "ratio": None}
+        first = [_submit(c, key, tmp_path / f"a{i}") for i in range(6)]
+        assert [wait_job(c, j, key)["state"] for j in first] == ["succeeded"] * 6
+        band = c.get("/v1/ops/turnaround", headers=auth(key)).json()["eta_band"]
+        # jobs predicted to finish within a second of their submission teach nothing
+        assert 3 <= band["jobs"] <= 6
+        ratio = band["ratio"]
+        assert ratio is not None and ratio > 0
+
+        later = [_submit(c, key, tmp_path / f"b{i}") for i in range(5)]
+        checked = False
+        while not checked:  # a reading with no job ended between it and the ratio's
+            job = c.get(f"/v1/jobs/{later[-1]}", headers=auth(key)).json()
+            assert job["state"] == "queued", "the last job started before one steady reading"
+            band = c.get("/v1/ops/turnaround", headers=auth(key)).json()["eta_band"]
+            again = c.get(f"/v1/jobs/{later[-1]}", headers=auth(key)).json()
+            if band["jobs"] != _band_jobs(c, key) or again["eta"] != job["eta"]:
+                continue
+            eta = job["eta"]
+            at, finish = _at(eta["computed_at"]), _at(eta["predicted_finish"])
+            # the late end: the walk's time to finish scaled by the learned ratio (a
+            # ratio under 1 never narrows the band below the finish)
+            assert _at(eta["predicted_finish_late"]) - at == pytest.approx(
+                max(band["ratio"], 1.0) * (finish - at), abs=2e-3
+            )
+            checked = True
+        assert [wait_job(c, j, key)["state"] for j in later] == ["succeeded"] * 5
+    assert len(service.turnaround.band.first) == 0  # no job's first reading kept after it
+
+
+def test_own_band_keeps_the_walks_late_end(tmp_path: Path) -> None:
+    settings = settings_for(tmp_path, turnaround__band="own")
+    service = Service(settings)
+    key = create_key(service.store, "admin")
+    with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url) as c:
+        view = c.get("/v1/ops/turnaround", headers=auth(key)).json()
+        assert view["eta_band"] == {"band": "own"}
+        job_id = _submit(c, key, tmp_path / "s")
+        assert wait_job(c, job_id, key)["state"] == "succeeded"
+    assert service.turnaround.band is None
