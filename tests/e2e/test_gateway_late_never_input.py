@@ -75,3 +75,46 @@ def test_late_instances_no_pipeline_analyses_start_no_rerun(tmp_path: Path) -> N
             service.stop()
     assert first.state is JobState.SUCCEEDED and rerun.state is JobState.SUCCEEDED
     assert len(pacs.received) == len(rows.items()) > results  # the re-run's results sent
+
+
+def test_late_instances_no_pipeline_analyses_are_not_flagged_under_policy_flag(
+    tmp_path: Path,
+) -> None:
+    """Under ``late_policy: flag`` they add no ``late_instances`` warning either (the
+    result would not have covered them); a late volume series still does."""
+    ct = make_study(tmp_path / "ct")
+    header = pydicom.dcmread(ct[0], stop_before_pixels=True)
+    same = {"study_uid": header.StudyInstanceUID, "extra": {"PatientID": header.PatientID}}
+    never_input = [
+        *localizer(tmp_path / "localizer", ct[0]),
+        *screen_capture(tmp_path / "sc", ct[0]),
+    ]
+    thick = make_ct_series(
+        tmp_path / "thick", n_slices=4, spacing=(6.0, 1.0, 1.0), series_number=4, **same
+    )
+    port = free_port()
+    settings = settings_for(
+        tmp_path,
+        gateway__enabled=True,
+        gateway__port=port,
+        gateway__late_policy="flag",
+        gateway__allowed_peers=[{"ae_title": "PACS", "host": "127.0.0.1"}],
+    )
+    service = Service(settings, gateway_options={"quiet_s": QUIET_S})
+    service.start()
+
+    def warnings() -> dict[str, str]:
+        [job] = service.store.list_jobs(limit=5).items
+        return {w["code"]: w["message"] for w in job.queue_meta.get("warnings", [])}
+
+    try:
+        assert storescu("127.0.0.1", port, ct, calling="PACS").returncode == 0
+        until(lambda: [j for j in service.store.list_jobs(limit=5).items if j.terminal], "job")
+        assert storescu("127.0.0.1", port, never_input, calling="PACS").returncode == 0
+        time.sleep(QUIET_S * 5)
+        assert "late_instances" not in warnings()
+        assert storescu("127.0.0.1", port, thick, calling="PACS").returncode == 0
+        flagged = until(lambda: warnings().get("late_instances"), "the late CT series flagged")
+    finally:
+        service.stop()
+    assert flagged.startswith(f"{len(thick)} instances in 1 series"), flagged

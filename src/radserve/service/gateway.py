@@ -253,7 +253,8 @@ class GatewayBridge:
             )
             return
         job_id, handed = marker
-        late = [p for p in study.instances if p.name not in handed]
+        # a localizer or screen capture would not be in any result: not worth a warning
+        late = [p for p in study.instances if p.name not in handed and not _never_input(p)]
         if not late:
             return
         series = {_series_uid(p) for p in late}
