@@ -48,8 +48,11 @@ class EtaOut(_Out):
         "the class's learned ETA bias (GET /v1/ops/turnaround)"
     )
     predicted_finish_late: dt.datetime = Field(
-        description="pessimistic end of the band: arrivals of classes ranked ahead "
-        "(observed rates, 90th percentile) overtake; service-time noise"
+        description="pessimistic end of the band, a 90th percentile: by default the time "
+        "to finish scaled by the 90th percentile of recent finished jobs' actual / "
+        "predicted time to finish (turnaround.band: conformal); with band own, or before 3 "
+        "jobs have finished, arrivals of classes ranked ahead (observed rates, 90th "
+        "percentile) overtake, plus service-time noise"
     )
     order_position: int = Field(description="among unfinished jobs (running too), 0 = first")
     deadline_risk: bool = Field(description="a deadline-risk event was raised for it")

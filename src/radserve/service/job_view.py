@@ -21,7 +21,7 @@ class JobEta:
 
     predicted_start: dt.datetime
     predicted_finish: dt.datetime
-    predicted_finish_late: dt.datetime  # pessimistic: arrivals of classes ahead, noise
+    predicted_finish_late: dt.datetime  # pessimistic (p90): turnaround.band
     order_position: int  # among unfinished jobs (running ones included), 0 = first
     deadline_risk: bool
     computed_at: dt.datetime
