@@ -10,13 +10,14 @@ delimiter. Structure: sequences nested 10,000 deep, 100,000 private elements or 
 text value on one slice, a DICOMDIR beside the images, files without File Meta, an SR
 and an RT Structure Set in the CT series.
 
-Round 3 (session 19): every other slice in another Frame of Reference or turned 90
-degrees in its plane (same normal), one Instance Number for every slice, slices 1e-9 or
-1e9 mm apart, the Patient ID changing mid-series, the Study Instance UID equal to the
-Series Instance UID, UIDs with leading zeros, 20 Specific Character Set values, a Key
-Object Selection, a Presentation State and an Encapsulated PDF in the CT series,
-JPEG-LS with its codestream cut, encapsulated frames of 0-byte fragments, an Enhanced
-CT with one per-frame item fewer or more than Number of Frames.
+Round 3 (session 19): every other slice in another Frame of Reference, turned 90
+degrees in its plane (same normal), with other Pixel Spacing or half the matrix; one
+Instance Number for every slice, slices 1e-9 or 1e9 mm apart, the Patient ID changing
+mid-series, the Study Instance UID equal to the Series Instance UID, UIDs with leading
+zeros, 20 Specific Character Set values, a Key Object Selection, a Presentation State
+and an Encapsulated PDF in the CT series, JPEG-LS with its codestream cut, encapsulated
+frames of 0-byte fragments, an Enhanced CT with one per-frame item fewer or more than
+Number of Frames.
 """
 
 from __future__ import annotations
@@ -161,6 +162,19 @@ def _on_slice_set(which: set[int], **values: object) -> Make:
     return lambda folder, files: _edit(files, change, which)
 
 
+def _halved_alternate(folder: Path, files: Files) -> None:
+    """Every other slice at half the matrix and twice the pixel size (same extent)."""
+
+    def change(ds: Dataset, k: int) -> None:
+        if k % 2:
+            half = np.frombuffer(ds.PixelData, "<u2").reshape(ds.Rows, ds.Columns)[::2, ::2]
+            ds.Rows, ds.Columns = half.shape
+            ds.PixelData = half.tobytes()
+            ds.PixelSpacing = [2 * float(v) for v in ds.PixelSpacing]
+
+    _edit(files, change)
+
+
 def _study_uid_is_series_uid(folder: Path, files: Files) -> None:
     def change(ds: Dataset, k: int) -> None:
         ds.StudyInstanceUID = ds.SeriesInstanceUID
@@ -232,6 +246,8 @@ def round3_variants() -> list[Variant]:
             _alternate(ImageOrientationPatient=list(TURNED)),
             "either",
         ),
+        v("pixel_spacing_alternating", _alternate(PixelSpacing=[0.5, 0.5]), "refuse"),
+        v("rows_columns_alternating", _halved_alternate, "refuse"),
         v("instance_number_all_one", _on_slice_set(set(range(12)), InstanceNumber=1), "ok"),
         v(
             "slice_spacing_1e-9",

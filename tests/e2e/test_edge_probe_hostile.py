@@ -25,7 +25,7 @@ NAMED = {
     "sr_in_series": "job succeeded",
     # round 3 (session 19): each ran or was misnamed before its fix
     "patient_id_changes_mid_series": "name 2 different patients",
-    "orientation_turned_alternating": "interleaves images of another in-plane orientation",
+    "orientation_turned_alternating": "series interleaves images of another orientation",
     "enhanced_ct_frame_item_missing": "11 per-frame functional groups for 12 frames",
 }
 # STOW-RS refuses some instances itself (its reason is in the response, no job starts)

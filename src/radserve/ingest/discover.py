@@ -40,13 +40,15 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_LOCALIZER_SLICES = 3
 _ORIENTATION_TOL = 1e-3  # per IOP component (about 0.06°)
 _SPACING_TOL = 1e-3  # mm
+_POSITION_TOL = 1e-2  # mm along the slice normal (ingest's smallest slice step)
+# what may differ in images that are still one stack's slices (then "interleaved")
+_SAME_STACK = frozenset({"orientation", "dimensions", "pixel_spacing"})
 _REASON_TEXT = {
     "sop_class": "another SOP Class",
     "orientation": "another orientation",
     "dimensions": "other Rows/Columns",
     "pixel_spacing": "other Pixel Spacing",
     "stack": "another temporal position, echo or stack",
-    "interleaved": "the same slice normal between this part's slices",
 }
 
 
@@ -292,7 +294,7 @@ def _split(records: list[InstanceRecord], max_localizer_slices: int) -> list[Ser
         ):
             why = f"localizer ({n_instances} instances with another orientation)"
         else:
-            if "orientation" in reasons and _interleaved(frames, groups[main], idx):
+            if reasons <= _SAME_STACK and _interleaved(frames, groups[main], idx):
                 reasons = reasons | {"interleaved"}
             others.append((key, reasons))
             continue
@@ -316,9 +318,10 @@ def _split(records: list[InstanceRecord], max_localizer_slices: int) -> list[Ser
 
 
 def _interleaved(frames: Sequence[FrameRef], main: Sequence[int], other: Sequence[int]) -> bool:
-    """Whether images of another in-plane orientation share the main part's slice normal
-    and lie between its first and last slice: one stack with some images turned or
-    flipped, not a localizer or a reformat beside it. Split apart, each part has an
+    """Whether images of another in-plane orientation, Rows/Columns or Pixel Spacing
+    share the main part's slice normal and lie in the gaps between its slices: one
+    stack some of whose images are turned, resized or resampled, not a localizer, a
+    reformat or a stack beside it. Split apart (every other slice), each part has an
     even spacing and would load, however many images it lost."""
     normal = _normal(next((frames[i].orientation for i in main if frames[i].orientation), None))
     other_normal = _normal(
@@ -335,9 +338,15 @@ def _interleaved(frames: Sequence[FrameRef], main: Sequence[int], other: Sequenc
             None if position is None else sum(a * b for a, b in zip(normal, position, strict=True))
         )
 
-    ours = [d for i in main if (d := along(i)) is not None]
+    ours = sorted(d for i in main if (d := along(i)) is not None)
     theirs = [d for i in other if (d := along(i)) is not None]
-    return bool(ours) and any(min(ours) < d < max(ours) for d in theirs)
+    if not ours:
+        return False
+    # in a gap between two of ours; at one of our positions it is a second image of that
+    # slice (another reconstruction), which the split keeps apart as before
+    return any(
+        ours[0] < d < ours[-1] and all(abs(d - o) > _POSITION_TOL for o in ours) for d in theirs
+    )
 
 
 def _normal(orientation: Sequence[float] | None) -> tuple[float, float, float] | None:
@@ -356,7 +365,7 @@ def _reasons(main: tuple[object, ...], key: tuple[object, ...]) -> frozenset[str
 
 def _describe(reasons: frozenset[str], sample: FrameRef) -> str:
     parts = []
-    for reason in sorted(reasons):
+    for reason in sorted(reasons - {"interleaved"}):  # a flag, not a difference
         text = _REASON_TEXT[reason]
         if reason == "dimensions":
             text += f" ({sample.pixel.rows}×{sample.pixel.columns})"

@@ -130,6 +130,7 @@ def load_series(
         # a gap may be where a slice set aside (another orientation, other Rows/Columns,
         # a damaged header) belongs: say so, or the sender looks for a slice never lost
         raise GeometryError(f"{exc.message}; {'; '.join(set_aside)}") from exc
+    _refuse_interleaved(header)
     warnings.extend(layout.warnings)
     _check_size(header.frames[0], layout, policy)
     ensure_decoders(f.pixel.transfer_syntax_uid for f in header.frames)
@@ -270,14 +271,19 @@ def _set_aside(header: SeriesHeader) -> list[str]:
     return said
 
 
-def _apply_split_policy(header: SeriesHeader, policy: IngestPolicy, warnings: list[str]) -> None:
-    if "interleaved" in header.split_reasons:  # whatever mixed_orientation says
+def _refuse_interleaved(header: SeriesHeader) -> None:
+    """Whatever mixed_orientation and mismatched_dimensions say; after the stack's own
+    checks, so that one odd slice is named by the gap it leaves."""
+    if "interleaved" in header.split_reasons:
         raise GeometryError(
-            f"series interleaves images of another in-plane orientation with its slices "
-            f"({'; '.join(header.notes)}): one stack with some images turned or flipped, "
-            "not a localizer or a reformat beside it; neither part is the series as "
-            "acquired, so none is loaded"
+            f"series interleaves images of another orientation, size or pixel spacing with "
+            f"its slices ({'; '.join(header.notes)}): one stack some of whose images are "
+            "turned, resized or resampled, not a localizer or a reformat beside it; neither "
+            "part is the series as acquired, so none is loaded"
         )
+
+
+def _apply_split_policy(header: SeriesHeader, policy: IngestPolicy, warnings: list[str]) -> None:
     for reason, choice, field_name in (
         ("orientation", policy.mixed_orientation, "mixed_orientation"),
         ("dimensions", policy.mismatched_dimensions, "mismatched_dimensions"),
