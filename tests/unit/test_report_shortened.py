@@ -188,3 +188,25 @@ def test_values_are_counted_in_the_declared_character_set(
     cut = cut_copied(ds)
     assert (cut != []) == (len(name.encode(codec)) > 64)
     assert str(ds.PatientName) == expected and ds.StudyDescription == expected
+
+
+def test_values_are_counted_in_the_character_set_the_object_is_written_in() -> None:
+    """A Latin-1 study whose results need UTF-8 (a model label outside Latin-1): its
+    copied values are counted as UTF-8, the bytes they will be written in (64 'é' fit
+    ISO_IR 100 and are 128 bytes in ISO_IR 192)."""
+    from radserve.report.dicom import common
+
+    source = Dataset()
+    source.SpecificCharacterSet = "ISO_IR 100"
+    source.PatientName = "Müller^" + "é" * 57  # 64 bytes in Latin-1
+    source.StudyDescription = "é" * 64
+    written_in = common.output_character_set(source, ["肝臓"])
+    assert written_in == "ISO_IR 192"
+    (shielded,), name = common.shield_patient_name([source], written_in)
+    assert shielded.StudyDescription == "é" * 32
+    result = Dataset()
+    common.restore_patient_name(result, name, written_in)
+    assert len(str(result.PatientName).encode()) <= 64
+    assert str(result.PatientName) == "Müller^" + "é" * 28  # 8 + 56 bytes
+    (kept,), name = common.shield_patient_name([source], "ISO_IR 100")
+    assert kept.StudyDescription == "é" * 64 and str(name) == str(source.PatientName)

@@ -5,8 +5,9 @@ highdicom copies the Patient, General Study, Patient Study and Clinical Trial at
 of a source header into every SEG, SR and Secondary Capture. A source may hold any
 length there (a 65,534-byte Patient's Name arrived through every door; a 60-character
 CJK name is 180 bytes), and dciodvfy counts a value's encoded bytes against its VR's
-limit, so each such text value is cut to fit, counted in the bytes of the study's
-declared Specific Character Set (pydicom's encoder; UTF-8 when none is declared), on a
+limit, so each such text value is cut to fit, counted in the bytes of the character
+set the object is written in (the study's declared one, or UTF-8 where radserve's own
+text does not fit it or none is declared; pydicom's encoder), on a
 character boundary, and a Person Name group by group (the ``=`` separators stay);
 inside the items of the sequences copied (a Procedure Code Sequence's Code Meaning, an
 Other Patient IDs Sequence's Patient ID) by the same rule. A value of a VR no prefix of
@@ -190,7 +191,11 @@ COPIED_KEYWORDS: tuple[str, ...] = (
 def encodings_of(dataset: Dataset | None) -> list[str] | None:
     """The Python encodings of ``dataset``'s Specific Character Set, in which its values
     are written and counted (None: none declared, counted as UTF-8 as before)."""
-    declared = dataset.get("SpecificCharacterSet") if dataset is not None else None
+    return encodings_for(dataset.get("SpecificCharacterSet") if dataset is not None else None)
+
+
+def encodings_for(declared: str | Sequence[str] | None) -> list[str] | None:
+    """The Python encodings of a Specific Character Set value (None: UTF-8 is counted)."""
     if not declared:
         return None
     try:
@@ -330,8 +335,13 @@ def cut_copied(dataset: Dataset) -> list[str]:
 
     Raises:
         CopiedValueTooLongError: a Type 1 attribute of such a VR is over its limit."""
+    return cut_copied_as(dataset, encodings_of(dataset))
+
+
+def cut_copied_as(dataset: Dataset, encodings: Sequence[str] | None) -> list[str]:
+    """:func:`cut_copied`, counting bytes in ``encodings`` (the written object's character
+    set, which is UTF-8 where radserve's own text does not fit the source's)."""
     cut = []
-    encodings = encodings_of(dataset)
     for path, vr, size, element in list(_over_long_in(dataset, COPIED_KEYWORDS, (), encodings)):
         if vr not in CUT_VRS:
             if (kind := required_type(path)) is not None:
@@ -405,7 +415,9 @@ __all__ = [
     "VALUE_SHORTENED",
     "CopiedValueTooLongError",
     "cut_copied",
+    "cut_copied_as",
     "encoded_size",
+    "encodings_for",
     "encodings_of",
     "fit_value",
     "over_long",

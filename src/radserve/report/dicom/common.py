@@ -45,8 +45,8 @@ from radserve.report.dicom.frames import (
 from radserve.report.schema import Report
 from radserve.report.shortened import (
     MAX_BYTES,
-    cut_copied,
-    encodings_of,
+    cut_copied_as,
+    encodings_for,
     fit_value,
     value_bytes,
 )
@@ -118,7 +118,9 @@ def slice_sources(report: Report, headers: Sequence[Dataset]) -> SliceSources:
     return SliceSources(tuple(sources), tuple(n for n in frame_numbers if n is not None))
 
 
-def shield_patient_name(sources: Sequence[Dataset]) -> tuple[list[Dataset], object]:
+def shield_patient_name(
+    sources: Sequence[Dataset], character_set: str | list[str] | None
+) -> tuple[list[Dataset], object]:
     """Sources for highdicom: a cleaned copy of the first header, plus the real name.
 
     highdicom 0.28 takes patient and study attributes from the first header and (1) for a
@@ -129,7 +131,9 @@ def shield_patient_name(sources: Sequence[Dataset]) -> tuple[list[Dataset], obje
     to carry that a reader could trust). Type 2 attributes absent from a non-conformant
     source (ingest flags them) are added empty, as highdicom reads them unconditionally.
     :func:`restore_patient_name` puts the name back. Every other copied text value over
-    its VR's limit is cut to fit (:mod:`radserve.report.shortened`; logged by keyword).
+    its VR's limit is cut to fit, counted in ``character_set``, the one the object is
+    written in (:func:`output_character_set`; :mod:`radserve.report.shortened`; logged by
+    keyword).
     """
     first = copy.deepcopy(sources[0])
     from radserve.ingest.headers import TYPE2_FOR_OUTPUTS  # flagged at ingest when absent
@@ -140,7 +144,7 @@ def shield_patient_name(sources: Sequence[Dataset]) -> tuple[list[Dataset], obje
     name = first.get("PatientName")
     if name is not None:
         first.PatientName = "PLACEHOLDER^NAME"
-    if cut := cut_copied(first):
+    if cut := cut_copied_as(first, encodings_for(character_set)):
         logger.warning("source %s written cut to the bytes their VRs allow", ", ".join(cut))
     if str(first.get("PatientSex", "") or "") not in ("", "M", "F", "O"):
         logger.info("source Patient's Sex is not M, F or O; written empty")
@@ -155,7 +159,7 @@ def shield_patient_name(sources: Sequence[Dataset]) -> tuple[list[Dataset], obje
 
 
 def restore_patient_name(
-    dataset: Dataset, name: object, character_set: str | list[str] | None = None
+    dataset: Dataset, name: object, character_set: str | list[str] | None
 ) -> None:
     """Put the source's Patient's Name back, each component group cut to PN's 64 bytes in
     ``character_set`` (the object's, :func:`output_character_set`): a source may hold
@@ -164,10 +168,7 @@ def restore_patient_name(
     (:mod:`radserve.report.shortened`)."""
     if name is None:
         return
-    written_as = Dataset()
-    if character_set is not None:
-        written_as.SpecificCharacterSet = character_set
-    encodings = encodings_of(written_as)
+    encodings = encodings_for(character_set)
     if (longest := value_bytes("PN", str(name), encodings)) > MAX_BYTES["PN"]:
         logger.warning(
             "source Patient's Name has a component group of %d bytes; written cut to the "

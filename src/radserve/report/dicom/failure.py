@@ -81,8 +81,9 @@ def build_failure_sr(
     evidence = [_reference(h, study=i == 0) for i, h in enumerate(usable)]
     evidence = [e for e in evidence if str(e.StudyInstanceUID) == study_uid]
     evidence = list({str(e.SOPInstanceUID): e for e in evidence}.values())
-    shielded, patient_name = common.shield_patient_name(evidence)
     summary = failure_text(error_code, reason)
+    character_set = common.output_character_set(evidence[0], [summary, error_code])
+    shielded, patient_name = common.shield_patient_name(evidence, character_set)
     device = hd.sr.DeviceObserverIdentifyingAttributes(
         uid=common.device_uid(),
         name=common.MANUFACTURER,
@@ -139,7 +140,6 @@ def build_failure_sr(
     except (ValueError, TypeError, AttributeError, KeyError) as exc:  # KeyError: highdicom
         # knows no IOD for the evidence's SOP Class UID (found by the instance fuzz target)
         raise ReportError(f"the DICOM failure notice could not be built: {exc!r}") from exc
-    character_set = common.output_character_set(evidence[0], [summary, error_code])
     common.restore_patient_name(sr, patient_name, character_set)
     if evidence[0].get("IssuerOfPatientID"):
         sr.IssuerOfPatientID = evidence[0].IssuerOfPatientID

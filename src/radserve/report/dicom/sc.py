@@ -70,12 +70,13 @@ def build_key_image_sc(
     if not 0 <= key_image.slice_index < len(sources):
         raise ReportError(f"key image {key_image.path} names slice {key_image.slice_index}")
     source = sources[key_image.slice_index]
-    shielded, patient_name = common.shield_patient_name([source])
+    what = f"finding {key_image.finding_id}" if key_image.finding_id else key_image.kind
+    character_set = common.output_character_set(source, [what])
+    shielded, patient_name = common.shield_patient_name([source], character_set)
     # highdicom copies and validates the source's character set and refuses valid ISO
     # 2022 terms; the values are decoded text by now, set_character_set encodes them.
     if "SpecificCharacterSet" in shielded[0]:
         del shielded[0].SpecificCharacterSet
-    what = f"finding {key_image.finding_id}" if key_image.finding_id else key_image.kind
     models = sorted({(f.model, f.model_version) for f in report.findings})
     try:
         sc = hd.sc.SCImage.from_ref_dataset(
@@ -96,7 +97,6 @@ def build_key_image_sc(
         )
     except (ValueError, TypeError, AttributeError) as exc:
         raise ReportError(f"Secondary Capture key image could not be built: {exc}") from exc
-    character_set = common.output_character_set(source, [what])
     common.restore_patient_name(sc, patient_name, character_set)
     sc.SeriesDescription = common.series_description("radserve AI key images", report)
     sc.ImageComments = common.lo(f"radserve key image: {what}")

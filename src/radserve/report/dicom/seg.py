@@ -90,13 +90,16 @@ def build_seg(
     texts += [s.model_version for s in kept] + [s.concept.meaning for s in kept]
     texts += [s.category.meaning for s in kept] + common.software_versions(report)
     models = [(s.model, s.model_version) for s in kept]
+    character_set = common.output_character_set(sources[0], texts)
     positions = None
     if sources.frame_numbers:  # frames of one Enhanced instance: it is the one source image
-        shielded, patient_name = common.shield_patient_name([sources[0]])
+        shielded, patient_name = common.shield_patient_name([sources[0]], character_set)
         frames.share_frame_geometry(shielded[0])
         positions = frames.plane_positions(shielded[0], [sources.frame_numbers[k] for k in slices])
     else:
-        shielded, patient_name = common.shield_patient_name([sources[k] for k in slices])
+        shielded, patient_name = common.shield_patient_name(
+            [sources[k] for k in slices], character_set
+        )
     try:
         seg = hd.seg.Segmentation(
             source_images=shielded,
@@ -123,7 +126,6 @@ def build_seg(
     except (ValueError, TypeError, AttributeError) as exc:
         # highdicom names the rule that was broken; its messages carry no patient data.
         raise ReportError(f"DICOM SEG could not be built: {exc}") from exc
-    character_set = common.output_character_set(sources[0], texts)
     common.restore_patient_name(seg, patient_name, character_set)
     common.set_character_set(seg, character_set)
     logger.info(

@@ -104,7 +104,8 @@ def build_sr(
     issues = completeness_notes(report.warnings)
     issues += [w.message for w in report.warnings if w.code == VALUE_SHORTENED]
     texts += common.software_versions(report) + issues + skipped
-    shielded, patient_name = common.shield_patient_name(sources.instances())
+    character_set = common.output_character_set(sources[0], texts)
+    shielded, patient_name = common.shield_patient_name(sources.instances(), character_set)
     try:
         content = hd.sr.MeasurementReport(
             observation_context=_observation_context(report),
@@ -140,7 +141,6 @@ def build_sr(
         raise ReportError(f"DICOM SR could not be built: {exc}") from exc
     if skipped:
         notes.declare_scheme(sr)
-    character_set = common.output_character_set(sources[0], texts)
     common.restore_patient_name(sr, patient_name, character_set)
     common.set_character_set(sr, character_set)
     logger.info("SR built: %d measurement groups, %d SEG referenced", len(groups), len(segs))
