@@ -85,7 +85,7 @@ def test_the_device_search_is_the_same_as_when_every_worker_looks_afresh(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`plan --find-devices`: the counts tried, their TAT percentiles and busy shares."""
-    trace = poisson_trace({U: 60 / 3600, OUT: 540 / 3600}, 0.3 * 3600, 5)
+    trace = poisson_trace({U: 60 / 3600, OUT: 540 / 3600}, 0.15 * 3600, 5)
     sampler = _sampler(fine=False)
     search = {
         "targets": {U: 120.0},
