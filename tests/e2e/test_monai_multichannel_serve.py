@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,25 +36,55 @@ from radserve.models.manifest import load_manifest
 DESCRIPTIONS = {"t1": "T1 SE AX", "t2": "T2 TSE AX", "flair": "T2 FLAIR AX"}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("own_grids", [False, True], ids=["one_grid", "own_grids"])
-def test_multi_sequence_monai_bundle_runs_and_serves_on_the_mr_phantom(
-    tmp_path: Path, own_grids: bool
-) -> None:
+@dataclass(frozen=True)
+class ImportedBundle:
+    """The bundle, what its import without ``--channel`` answered, and its import with it
+    (the models folder and what the import printed)."""
+
+    bundle: Path
+    refused: subprocess.CompletedProcess[str]
+    models: Path
+    printed: str
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> ImportedBundle:
+    """The bundle built and imported once for both grids: the import does not depend on
+    the study, and each import is a fresh interpreter loading torch and MONAI and an ONNX
+    export (about 8 CPU-seconds each, twice per grid before). Only read afterwards."""
     pytest.importorskip("monai")
     pytest.importorskip("torch")
     from tests.factories import monai_bundle as mb
 
+    root = tmp_path_factory.mktemp("mr-bundle")
     meta = mb.metadata(modality="MR", inputs={"0": "T1", "1": "T2", "2": "dark_fluid"})
     bundle = mb.write_monai_bundle(
-        tmp_path / "bundle", pre=mb.MR_CONCAT_PRE, network=mb.MR_NETWORK, meta=meta
+        root / "bundle", pre=mb.MR_CONCAT_PRE, network=mb.MR_NETWORK, meta=meta
     )
-    models = tmp_path / "models"
+    models = root / "models"
     args = ["monai-bundle", str(bundle), "--models-dir", str(models), "--name", "mr-seq"]
     refused = run_radserve("models", "import", *args)
+    printed = import_cli(*args, "--channel", "2=MR:(?i)flair")
+    return ImportedBundle(bundle, refused, models, printed)
+
+
+@pytest.mark.slow
+def test_a_channel_named_after_no_series_is_refused_naming_the_channel_option(
+    imported: ImportedBundle,
+) -> None:
+    refused = imported.refused
     assert refused.returncode != 0 and "channel 2 is named 'dark_fluid'" in refused.stderr
     assert "--channel 2=" in refused.stderr
-    printed = import_cli(*args, "--channel", "2=MR:(?i)flair")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("own_grids", [False, True], ids=["one_grid", "own_grids"])
+def test_multi_sequence_monai_bundle_runs_and_serves_on_the_mr_phantom(
+    tmp_path: Path, own_grids: bool, imported: ImportedBundle
+) -> None:
+    from tests.factories import monai_bundle as mb
+
+    bundle, models, printed = imported.bundle, imported.models, imported.printed
     spec = load_manifest(models / "mr-seq" / "1.0.0" / "model.yaml")
     reference = spec.input.reference_channel
     assert reference is not None and reference.name == "t1"
