@@ -273,9 +273,13 @@ def _words(line: str) -> list[str]:
 
 
 def _options(command: click.Command) -> dict[str, click.Parameter]:
+    """The command's ``--`` options, with the help option click adds to every command
+    (it is not among ``command.params``)."""
+    help_option = command.get_help_option(click.Context(command))
+    params = [*command.params, *([help_option] if help_option else [])]
     return {
         opt: param
-        for param in command.params
+        for param in params
         for opt in (*param.opts, *param.secondary_opts)
         if opt.startswith("--")
     }
