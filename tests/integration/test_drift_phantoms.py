@@ -11,6 +11,7 @@ in :func:`test_pipeline_run_features_and_input_domain`.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,12 @@ def reference() -> list[dict[str, Any]]:
     return [model_record(features(seed), "lesions") for seed in range(1000, 1020)]
 
 
+@pytest.fixture(scope="module")
+def normal_window() -> list[dict[str, Any]]:
+    """A full window of normal traffic, the same for every shift: made once, copied in."""
+    return [model_record(features(seed), "lesions") for seed in range(3000, 3000 + LIMITS.window)]
+
+
 def test_fifty_normal_studies_raise_no_alert(reference: list[dict[str, Any]]) -> None:
     watch = DriftMonitor("lesions", "test", LIMITS, reference=list(reference))
     states = []
@@ -97,11 +104,11 @@ def test_fifty_normal_studies_raise_no_alert(reference: list[dict[str, Any]]) ->
     ids=lambda s: s.name,
 )
 def test_shifted_population_alerts_within_the_window(
-    reference: list[dict[str, Any]], shift: Shift
+    reference: list[dict[str, Any]], normal_window: list[dict[str, Any]], shift: Shift
 ) -> None:
     watch = DriftMonitor("lesions", "test", LIMITS, reference=list(reference))
-    for seed in range(3000, 3000 + LIMITS.window):  # a full window of normal traffic first
-        watch.add(model_record(features(seed), "lesions"))
+    for record in normal_window:  # a full window of normal traffic first
+        watch.add(copy.deepcopy(record))
     assert watch.state is not DriftState.ALERT
     until = None
     for k, seed in enumerate(range(4000, 4000 + LIMITS.window), start=1):
