@@ -12,6 +12,7 @@ from radserve.domain.volume import Volume
 from radserve.evaluation.lesions import (
     SIZE_STRATA,
     GtLesion,
+    component_centroids,
     match_lesions,
     size_stratum,
 )
@@ -205,3 +206,18 @@ def test_evaluate_scores_each_precision_on_the_same_truth():
             StudyPrediction(np.zeros((1, 1, 1), np.uint8), pred),
             organ_labels={"liver": 5},
         )
+
+
+def test_component_centroids_are_scipys_centre_of_mass_exactly():
+    """The centroids summed over the non-zero voxels are the floats scipy's
+    center_of_mass gives over the whole map (ids with gaps, one-voxel components)."""
+    from scipy import ndimage
+
+    rng = np.random.default_rng(3)
+    labels = rng.choice([0, 0, 0, 0, 2, 7, 40], size=(9, 23, 17)).astype(np.int32)
+    labels[4, 5, 6] = 1000  # a one-voxel component
+    ids, centroids = component_centroids(labels)
+    assert ids == sorted(int(v) for v in np.unique(labels) if v != 0)
+    expected = np.asarray(ndimage.center_of_mass(labels > 0, labels, ids), dtype=float)
+    assert np.array_equal(centroids, expected)
+    assert component_centroids(np.zeros((3, 4, 5), dtype=np.int32))[0] == []

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy import ndimage
 
 from radserve.domain.volume import Volume
 
@@ -114,6 +113,22 @@ def instance_overlaps(gt: np.ndarray, pred: np.ndarray) -> dict[tuple[int, int],
     return {(int(k // base), int(k % base)): int(c) for k, c in zip(keys, counts, strict=True)}
 
 
+def component_centroids(instances: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """The non-zero ids of ``instances`` (sorted) and each one's voxel centroid (N x 3).
+
+    Summed over the non-zero voxels only, in the order scipy's ``center_of_mass`` sums
+    them (so the same floats): that call over a whole CT-size map sorted every voxel's
+    label once per axis and for the counts, ~8 of the ~19 CPU-s of scoring two 512x512
+    studies of 145-174 slices."""
+    coords = np.nonzero(instances)
+    ids, inverse = np.unique(instances[coords], return_inverse=True)
+    if ids.size == 0:
+        return [], np.zeros((0, 3))
+    voxels = np.bincount(inverse, weights=np.ones(inverse.size))
+    centroids = [np.bincount(inverse, weights=axis.astype(float)) / voxels for axis in coords]
+    return [int(i) for i in ids], np.stack(centroids, axis=1)
+
+
 def match_lesions(
     gt_instances: np.ndarray,
     gt_lesions: Sequence[GtLesion],
@@ -131,15 +146,9 @@ def match_lesions(
             f"GT map {gt_instances.shape}, prediction {pred_instances.shape} and grid "
             f"{grid.shape} must have one shape"
         )
-    pred_ids = [int(v) for v in np.unique(pred_instances) if v != 0]
+    pred_ids, centroids_vox = component_centroids(pred_instances)
     overlap = instance_overlaps(gt_instances, pred_instances)
-    if pred_ids:
-        centroids_vox = np.asarray(
-            ndimage.center_of_mass(pred_instances > 0, pred_instances, pred_ids), dtype=float
-        ).reshape(-1, 3)
-        centroids_mm = grid.index_to_patient(centroids_vox)
-    else:
-        centroids_mm = np.zeros((0, 3))
+    centroids_mm = grid.index_to_patient(centroids_vox) if pred_ids else np.zeros((0, 3))
 
     # (overlap voxels, -distance, gt index, component id): best candidates sort last.
     candidates: list[tuple[int, float, int, int]] = []

@@ -272,19 +272,11 @@ class MatchTable:
     def build(
         cls, gt: np.ndarray, gt_lesions: list[GtLesion], pred: np.ndarray, grid: Volume
     ) -> MatchTable:
-        from scipy import ndimage
+        from radserve.evaluation.lesions import component_centroids, instance_overlaps
 
-        from radserve.evaluation.lesions import instance_overlaps
-
-        ids = [int(v) for v in np.unique(pred) if v != 0]
+        ids, centroids_vox = component_centroids(pred)
         overlap = instance_overlaps(gt, pred)
-        centroids = (
-            grid.index_to_patient(
-                np.asarray(ndimage.center_of_mass(pred > 0, pred, ids), float).reshape(-1, 3)
-            )
-            if ids
-            else np.zeros((0, 3))
-        )
+        centroids = grid.index_to_patient(centroids_vox) if ids else np.zeros((0, 3))
         pairs = []
         for gi, lesion in enumerate(gt_lesions):
             dist = np.linalg.norm(centroids - np.asarray(lesion.centre_mm, float), axis=1)
