@@ -1,6 +1,7 @@
 """``python -m tests.fuzz.run TARGET [libFuzzer flags] [CORPUS_DIR ...]``: one target
 under atheris, the modules of its surface (its ``COVERED`` prefixes) instrumented for
-coverage. With a file instead of a folder it runs that one input (a reproducer).
+coverage. With a file instead of a folder it runs that one input (a reproducer); a
+missing or empty folder gets the target's seed corpus first.
 ``python -m tests.fuzz.run TARGET --seeds DIR`` writes the target's seed corpus to DIR.
 
 Only the surface's modules are instrumented, after the target is imported: atheris'
@@ -38,10 +39,19 @@ def main(argv: list[str]) -> None:
     from tests.fuzz.targets import load
 
     module = load(target)
+    for folder in _empty_corpus_folders(argv[2:]):  # here, not in a second interpreter
+        write_seeds(target, folder)
     instrumented = instrument(atheris, tuple(module.COVERED))
     print(f"INFO: {instrumented} functions of {', '.join(module.COVERED)} instrumented")
     atheris.Setup([argv[0], *argv[2:]], module.one_input)
     atheris.Fuzz()
+
+
+def _empty_corpus_folders(args: list[str]) -> list[Path]:
+    """The corpus folders named in ``args`` (libFuzzer's positional arguments) that are
+    missing or empty: they get the target's seed corpus before the run."""
+    folders = [Path(a) for a in args if not a.startswith("-")]
+    return [f for f in folders if not f.is_file() and not (f.is_dir() and any(f.iterdir()))]
 
 
 def instrument(atheris: types.ModuleType, prefixes: tuple[str, ...]) -> int:

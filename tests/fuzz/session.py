@@ -1,6 +1,8 @@
 """One fuzzing session of one target in a child process (libFuzzer exits the process it
-runs in): the seed corpus written, atheris run with its limits, the outcome read back.
-Used by the CI short mode (``test_fuzz_targets.py``) and the long mode (``long.py``)."""
+runs in): the seed corpus written (by that child, when the corpus folder is empty: a
+second interpreter loading the target cost up to 6 CPU-s), atheris run with its limits,
+the outcome read back. Used by the CI short mode (``test_fuzz_targets.py``) and the long
+mode (``long.py``)."""
 
 from __future__ import annotations
 
@@ -58,9 +60,6 @@ def fuzz(
     corpus, artifacts = work / "corpus", work / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-    if not corpus.is_dir() or not any(corpus.iterdir()):  # in a child: this checkout's code
-        seeds = [sys.executable, "-m", "tests.fuzz.run", target, "--seeds", str(corpus)]
-        subprocess.run(seeds, cwd=work, env=env, check=True, capture_output=True)
     flags = [
         f"-seed={seed}",
         f"-timeout={TIMEOUT_S}",
