@@ -156,14 +156,17 @@ def test_reads_from_reader_processes_are_audited_and_a_killed_reader_is_replaced
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
-def test_no_reader_or_audit_writer_outlives_the_serving_process(
-    tmp_path: Path, stop: signal.Signals
-) -> None:
-    """A stop (SIGTERM) or a crash (kill -9) of the serving process leaves no reader, no
-    audit writer and no resource tracker behind: on a crash their pipes to the serving
-    process break and each stops itself (what a restart on the same port relies on)."""
+def test_no_reader_or_audit_writer_outlives_a_killed_serving_process(tmp_path: Path) -> None:
+    """A crash (kill -9) of the serving process leaves no reader, no audit writer and no
+    resource tracker behind: their pipes to the serving process break and each stops
+    itself (what a restart on the same port relies on). The stop (SIGTERM) case ends
+    :func:`test_metrics_give_each_process_its_own_process_series` (its own server)."""
     server, _ = _serve_with_readers(tmp_path)
+    _stop_and_check_no_survivors(server, signal.SIGKILL)
+
+
+def _stop_and_check_no_survivors(server: subprocess.Popen[bytes], stop: signal.Signals) -> None:
+    """Stop ``server`` with ``stop``; none of its children may outlive it."""
     try:
         children = psutil.Process(server.pid).children(recursive=True)
         assert len(children) >= 3, [p.cmdline()[:3] for p in children]
@@ -181,7 +184,8 @@ def test_no_reader_or_audit_writer_outlives_the_serving_process(
 def test_metrics_give_each_process_its_own_process_series(tmp_path: Path) -> None:
     """``/metrics`` has the ``process_*`` series of the serving process, each reader and
     the audit writer, one per process (label ``process``), each what ``/proc`` of that
-    PID says: CPU seconds between two reads of ``/proc`` around the scrape."""
+    PID says: CPU seconds between two reads of ``/proc`` around the scrape. Then the
+    server is stopped (SIGTERM) and none of its processes may outlive it."""
     server, port = _serve_with_readers(tmp_path)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
@@ -213,9 +217,11 @@ def test_metrics_give_each_process_its_own_process_series(tmp_path: Path) -> Non
             assert series["process_open_fds"][name] > 0
         for readers_cpu in ("reader-0", "reader-1"):
             assert series["process_cpu_seconds_total"][readers_cpu] > 0
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+    except BaseException:
+        server.kill()
+        raise
+    # a stop (SIGTERM) leaves no reader, audit writer or resource tracker behind
+    _stop_and_check_no_survivors(server, signal.SIGTERM)
 
 
 def _serve_with_readers(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
