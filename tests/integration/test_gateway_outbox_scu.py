@@ -1,6 +1,5 @@
 """The outbox's SCU against real peers on loopback (no Orthanc needed): radserve's own
-SCP (SEG and SR contexts, a rejected association is permanent, a peer short of space is
-retried, TLS),
+SCP (SEG and SR contexts, a rejected association is permanent, 0xA700 is retried, TLS),
 and peers that answer the way real PACSs sometimes do: warning statuses count as stored
 and failure statuses do not; a peer that does not take SEG gets the SR and a clear
 permanent error for the SEG (never retried forever); an association limit, an abort
@@ -108,25 +107,23 @@ def test_rejected_association_is_a_permanent_failure(
     assert "'RS-OUT'" in (item.last_error or "")
 
 
-def test_a_peer_short_of_space_is_retried_until_stored(
+def test_out_of_resources_is_retried_until_stored(
     tmp_path: Path, rows: OutboxStore, results
 ) -> None:
-    """radserve's own SCP below its free-space reserve aborts a data set as it arrives
-    (gateway.min_free_bytes is checked from the first fragment since 0a0a7d5; it answered
-    0xA700 after spooling the data set before, which this test expected): the SCU keeps
-    the row for a retry, and a peer with room stores it."""
-    with _peer(tmp_path / "full", min_free_bytes=1 << 62) as full:
-        outbox = Outbox(rows, [_destination(full)], StoreSCU())
+    """radserve's own SCP below its free-space reserve drops a data set as it arrives
+    (gateway.min_free_bytes is checked from the first fragment) and answers 0xA700 with
+    the reserve named: the SCU keeps the row for a retry, stored once space is back."""
+    with _peer(tmp_path, min_free_bytes=1 << 62) as server:
+        outbox = Outbox(rows, [_destination(server)], StoreSCU())
         outbox.enqueue(results[:1], now=T0)
         assert outbox.deliver_pending(T0).retried == 1
-        assert not list(full.instances.quarantine.rglob("*.dcm"))
-    [item] = rows.items()
-    assert item.state is OutboxState.PENDING
-    assert "aborted the association instead of answering" in (item.last_error or "")
-    with _peer(tmp_path / "room") as room:
-        outbox = Outbox(rows, [_destination(room)], StoreSCU())
+        [item] = rows.items()
+        assert item.state is OutboxState.PENDING and "0xA700" in (item.last_error or "")
+        assert "gateway.min_free_bytes" in (item.last_error or "")  # the Error Comment
+        assert not list(server.instances.quarantine.rglob("*.dcm"))
+        server.instances.min_free_bytes = 0
         assert outbox.deliver_pending(item.next_attempt_at).sent == 1
-        assert len(list(room.instances.quarantine.rglob("*.dcm"))) == 1
+        assert len(list(server.instances.quarantine.rglob("*.dcm"))) == 1
 
 
 def test_unreachable_peer_is_retried(rows: OutboxStore, results) -> None:

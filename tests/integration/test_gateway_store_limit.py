@@ -262,13 +262,16 @@ def test_a_header_over_the_element_bound_is_refused_naming_the_setting(
     assert not any(r.exc_info for r in caplog.records)
 
 
-def test_an_instance_that_would_eat_the_free_space_reserve_is_aborted_while_it_arrives(
+def test_an_instance_that_would_eat_the_free_space_reserve_is_refused_while_it_arrives(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # session 19: gateway.min_free_bytes was checked only when a received file was copied
     # into its study folder, so a data set of up to max_file_bytes (4 GiB) per
-    # association filled the spool first (here the whole 24 MB, then 0xA700). A reserve
-    # larger than the disk: the first data set fragment is refused, nothing is written
+    # association filled the spool first (here the whole 24 MB, then 0xA700); 0a0a7d5
+    # then aborted the association, which a PACS counts as a link fault. A reserve larger
+    # than the disk: each data set is dropped from its first fragment (nothing past it is
+    # written) and answered 0xA700 naming the reserve; the association goes on and ends
+    # with a release, the next instance refused the same way
     caplog.set_level(logging.WARNING)
     config = ScpConfig(
         data_dir=tmp_path / "gateway",
@@ -284,14 +287,18 @@ def test_an_instance_that_would_eat_the_free_space_reserve_is_aborted_while_it_a
         watch = _Watch(scp.spool)
         watch.start()
         try:
-            run = storescu(*scp.address, [bulky])
+            run = storescu(*scp.address, [bulky, files[1]], extra=["-v", "--no-halt"])
         finally:
             watch.stop.set()
             watch.join()
-        assert run.returncode != 0, run.stderr
+        said_by_peer = run.stdout + run.stderr
+        assert said_by_peer.count("Refused: OutOfResources") == 2, said_by_peer
+        assert "Releasing Association" in said_by_peer, said_by_peer
+        assert "Abort" not in said_by_peer, said_by_peer
         assert wait_until(lambda: not scp.admission.open_connections(), timeout=10)
         assert watch.largest[scp.spool] <= SPACE_CHECK_BYTES + 2 * config.max_pdu_bytes
         assert wait_until(lambda: not any(scp.spool.iterdir()), timeout=10)
     said = [r.getMessage() for r in caplog.records if "min_free_bytes" in r.getMessage()]
-    assert said and "STORESCU" in said[0] and PHI not in " ".join(said)
+    assert len(said) == 2 and "STORESCU" in said[0] and "0xA700" in said[0]
+    assert PHI not in " ".join(said)
     assert not studies

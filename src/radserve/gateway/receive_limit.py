@@ -12,14 +12,18 @@ being refused. Here, per association:
   the limit is ever written;
 - the same count keeps the disk's reserve while the data set arrives: every
   ``SPACE_CHECK_BYTES`` (and at a data set's first fragment) the spool's free space is
-  read, and a data set whose next fragment would leave less than ``min_free_bytes``
-  (``gateway.min_free_bytes``) is refused the same way. The reserve was checked only when
-  the received file was copied into its study folder, so an instance of up to
-  ``max_bytes`` (4 GiB) per association had filled the spool first;
+  read, and once a data set's next fragment would leave less than ``min_free_bytes``
+  (``gateway.min_free_bytes``) its partial file is removed and the rest of it is written
+  to a :class:`Discarded` sink (dropped as it arrives: memory stays bounded); the C-STORE
+  handler sees the sink (:func:`refused_for_space`) and answers 0xA700 naming the
+  reserve, and the association goes on. (The reserve was checked only when the received
+  file was copied into its study folder, so an instance of up to ``max_bytes`` (4 GiB)
+  per association had filled the spool first.)
 - the temporary files go to ``spool`` (a folder under the data dir, so the disk budget
   is the data dir's, not TMPDIR's): pynetdicom has no setting for that, so
   :func:`install` routes its ``NamedTemporaryFile`` through :func:`_spooled`, which uses
-  the folder of the association whose DUL thread is decoding.
+  the folder of the association whose DUL thread is decoding (or the sink, when that
+  association's data set is being discarded).
 
 Both hooks touch pynetdicom internals; :func:`install` refuses to start when they are
 missing, and tests/integration/test_gateway_store_limit.py fails if an upgrade moves them.
@@ -32,6 +36,7 @@ import logging
 import shutil
 import tempfile
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +47,7 @@ from pynetdicom.dimse import DIMSEServiceProvider
 
 logger = logging.getLogger(__name__)
 
-_local = threading.local()  # .spool: the folder of the association decoding in this thread
+_local = threading.local()  # .limit: the StoreLimit of the association decoding here
 _ORIGINAL = tempfile.NamedTemporaryFile
 # how many data set bytes may arrive between two reads of the spool's free space: with
 # gateway.max_associations (16) receiving at once, the reserve can be overrun by at
@@ -51,11 +56,41 @@ SPACE_CHECK_BYTES = 4 * 2**20
 
 
 def _spooled(*args: Any, **kwargs: Any) -> Any:
-    """``NamedTemporaryFile`` in the decoding association's spool folder, if any."""
-    folder = getattr(_local, "spool", None)
-    if folder is not None:
-        kwargs.setdefault("dir", folder)
+    """``NamedTemporaryFile`` in the decoding association's spool folder, if any — or
+    a :class:`Discarded` sink when that association is short of space."""
+    limit = getattr(_local, "limit", None)
+    if limit is None:
+        return _ORIGINAL(*args, **kwargs)
+    if limit.short_of_space:
+        return limit.sink()
+    kwargs.setdefault("dir", limit.spool)
     return _ORIGINAL(*args, **kwargs)
+
+
+class Discarded:
+    """Stands in for pynetdicom's temporary file of a data set refused for space: what
+    arrives is dropped, so neither the disk nor memory holds it. ``name`` is never
+    created (pynetdicom unlinks it after the handler: nothing there)."""
+
+    def __init__(self, spool: Path, reason: str) -> None:
+        self.name = str(spool / f"discarded-{uuid.uuid4().hex}.dcm")
+        self.reason = reason
+        self.file = self  # pynetdicom flushes ``.file``
+
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
+
+    def close(self) -> None:
+        """Nothing is open."""
+
+
+def refused_for_space(request: Any) -> str | None:
+    """Why the C-STORE ``request``'s data set was discarded while it arrived, if it was."""
+    sink = getattr(request, "_dataset_file", None)
+    return sink.reason if isinstance(sink, Discarded) else None
 
 
 def install() -> None:
@@ -92,15 +127,17 @@ class StoreLimit:
         max_bytes: int,
         spool: Path,
         on_exceeded: Callable[[Exceeded], None] | None = None,
-        min_free_bytes: int = 0,
+        reserve: Callable[[], int] = lambda: 0,
     ) -> None:
         self.assoc = assoc
         self.max_bytes = max_bytes
-        self.min_free_bytes = min_free_bytes
+        self.reserve = reserve  # gateway.min_free_bytes, read live as the store does
         self.spool = spool
         self.on_exceeded = on_exceeded
         self.received = 0
+        self.received_when_short = 0
         self.refused = False
+        self.short_of_space = False  # the data set being received is being discarded
         self._receive = assoc.dimse.receive_primitive
         assoc.dimse.receive_primitive = self.receive
 
@@ -110,6 +147,7 @@ class StoreLimit:
         dimse = self.assoc.dimse
         if dimse.message is None:  # a new DIMSE message begins
             self.received = 0
+            self.short_of_space = False
         incoming = sum(
             len(data) - 1
             for _cx, data in primitive.presentation_data_value_list
@@ -118,38 +156,49 @@ class StoreLimit:
         if self.received + incoming > self.max_bytes:
             self._refuse(self.received + incoming)
             return
-        if self._leaves_too_little_space(incoming):
-            self._refuse_for_space(self.received + incoming)
-            return
+        if not self.short_of_space and self._leaves_too_little_space(incoming):
+            self._discard_for_space(self.received + incoming)
         self.received += incoming
-        _local.spool = self.spool
+        _local.limit = self
         try:
             self._receive(primitive)
         finally:
-            _local.spool = None
+            _local.limit = None
 
     def _leaves_too_little_space(self, incoming: int) -> bool:
-        if self.min_free_bytes <= 0 or incoming <= 0:
+        if incoming <= 0 or (reserve := self.reserve()) <= 0:
             return False
         step = SPACE_CHECK_BYTES
         if self.received and self.received // step == (self.received + incoming) // step:
             return False  # read at the first fragment and at each step only
-        return shutil.disk_usage(self.spool).free - incoming < self.min_free_bytes
+        return shutil.disk_usage(self.spool).free - incoming < reserve
 
-    def _refuse_for_space(self, received: int) -> None:
-        self.refused = True
-        self.discard()
-        self.assoc.dimse.message = None
+    def _discard_for_space(self, received: int) -> None:
+        """From here on the data set is dropped: its partial file (if already open) is
+        removed and replaced by a sink; one not yet open gets the sink (:func:`_spooled`).
+        """
+        self.short_of_space = True
+        self.received_when_short = received
+        message = self.assoc.dimse.message
+        if message is not None and getattr(message, "_data_set_file", None) is not None:
+            self.discard()
+            sink = self.sink()
+            message._data_set_file = sink
+            message._data_set_path = Path(sink.name)
+
+    def sink(self) -> Discarded:
         requestor = self.assoc.requestor
         logger.warning(
-            "association from AE %r at %s aborted: receiving a C-STORE data set (%d bytes "
-            "so far) would leave less free space than gateway.min_free_bytes=%d",
+            "C-STORE from AE %r at %s refused (0xA700): receiving its data set (%d bytes "
+            "so far) would leave less free space than gateway.min_free_bytes=%d; the "
+            "rest of it is discarded",
             str(requestor.ae_title).strip(),
             requestor.address,
-            received,
-            self.min_free_bytes,
+            self.received_when_short,
+            self.reserve(),
         )
-        self.assoc.abort(block=False)
+        # the C-STORE's Error Comment: 64 characters with the error code, the setting named
+        return Discarded(self.spool, "free space below gateway.min_free_bytes")
 
     def discard(self) -> None:
         """Remove the temporary file of a message left unfinished (refused, or the

@@ -41,7 +41,13 @@ from radserve.gateway.conformance import Status, UnwantedPolicy
 from radserve.gateway.cpu_ledger import CpuLedger
 from radserve.gateway.errors import InstanceRejectedError, OutOfResourcesError
 from radserve.gateway.own_results import OwnResults
-from radserve.gateway.receive_limit import Exceeded, StoreLimit, clear_spool, install
+from radserve.gateway.receive_limit import (
+    Exceeded,
+    StoreLimit,
+    clear_spool,
+    install,
+    refused_for_space,
+)
 from radserve.gateway.receivers import ReceiverPool
 from radserve.gateway.storage import Disposition, InstanceStore, check_uid
 from radserve.gateway.transport import Admission, GatewayServer, start_server
@@ -395,7 +401,7 @@ class GatewaySCP:
             max_bytes=self.config.max_file_bytes,
             spool=self.spool,
             on_exceeded=self.on_oversize,
-            min_free_bytes=self.config.min_free_bytes,
+            reserve=lambda: self.instances.min_free_bytes,
         )
 
     def _on_requested(self, event: Event) -> None:
@@ -499,6 +505,9 @@ class GatewaySCP:
         calling = str(event.assoc.requestor.ae_title).strip()
         quarantine = sop_class not in _IMAGE_CLASSES
         try:
+            short_of_space = refused_for_space(event.request)
+            if short_of_space is not None:  # dropped as it arrived (receive_limit)
+                raise OutOfResourcesError(short_of_space)
             received = Path(event.dataset_path)  # preamble, meta, data set as received
             with self.cpu.section("parse"):
                 dataset = self._header(received, str(event.context.transfer_syntax))
