@@ -478,3 +478,22 @@ def test_a_turned_stack_beyond_the_slices_is_still_split_off(tmp_path: Path) -> 
     main, other = discover_series(tmp_path)
     assert main.split_reasons == {"orientation"} and other.split_reasons == {"orientation"}
     assert load_series(main).volume.shape[0] == 5
+
+
+def test_a_name_spelled_with_trailing_empty_components_is_the_same_patient(
+    tmp_path: Path,
+) -> None:
+    # PS3.5 6.2: trailing component and group delimiters may be present or omitted
+    uids = _shared_uids()
+    make_ct_series(tmp_path, n_slices=4, **uids, prefix="a", extra={"PatientName": "DOE^JOHN"})
+    make_ct_series(
+        tmp_path,
+        n_slices=4,
+        origin=(0.0, 0.0, 8.0),
+        **uids,
+        prefix="b",
+        extra={"PatientName": "DOE^JOHN^^^="},
+    )
+    (header,) = discover_series(tmp_path)
+    assert header.patient_identities == 1
+    assert load_series(header).volume.shape[0] == 8

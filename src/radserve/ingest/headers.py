@@ -137,9 +137,19 @@ class PatientInfo:
         return (
             self.patient_id,
             self.issuer_of_patient_id,
-            self.patient_name,
+            _name_as_compared(self.patient_name),
             self.patient_birth_date,
         )
+
+
+def _name_as_compared(name: str) -> str:
+    """A Person Name without the trailing empty components and groups PS3.5 6.2 lets a
+    writer add or omit (``DOE^JOHN^^`` is ``DOE^JOHN``), so that spelling alone never
+    makes one patient two."""
+    groups = [group.rstrip("^ ") for group in name.split("=")]
+    while groups and not groups[-1]:
+        groups.pop()
+    return "=".join(groups)
 
 
 @dataclass(frozen=True)
