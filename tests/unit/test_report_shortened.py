@@ -153,6 +153,30 @@ def test_a_code_string_over_its_limit_is_written_empty_never_cut(keyword: str, v
     assert cut_copied(ds) == [keyword] and ds[keyword].value in ("", None)
 
 
+def test_an_ae_title_over_its_limit_is_written_empty_never_cut() -> None:
+    """A cut AE title named another AE (it was cut: 'PACS_ARCHIVE_MAIN1' to
+    'PACS_ARCHIVE_MAI', a peer that may exist): written empty with the warning, as CS."""
+    series = Dataset()
+    series.SeriesInstanceUID = "1.2.3.4"
+    series.RetrieveAETitle = "PACS_ARCHIVE_MAIN1"  # AE: 18 bytes; Type 3 here
+    photo = Dataset()
+    photo.StudyInstanceUID = "1.2.3"
+    photo.ReferencedSeriesSequence = [series]
+    ds = Dataset()
+    ds.ReferencedPatientPhotoSequence = [photo]
+    [(_, message)] = shortened_values(ds)
+    assert message.startswith(
+        "Retrieve AE Title (0008,0054) in Referenced Series Sequence (0008,1115) item 1 "
+        "in Referenced Patient Photo Sequence (0010,1100) item 1 has a value of 18 bytes"
+    )
+    assert "carry it empty (AE allows 16 bytes, and a shorter AE would be another" in message
+    assert cut_copied(ds) == [
+        "ReferencedPatientPhotoSequence[1].ReferencedSeriesSequence[1].RetrieveAETitle"
+    ]
+    assert series.RetrieveAETitle in ("", None)
+    assert shortened_values(ds) == []
+
+
 def test_a_required_code_string_in_an_item_is_refused_with_its_type() -> None:
     """Type 1 and 1C come from highdicom's copy of the PS3.3 module tables, by the
     attribute's place (Universal Entity ID Type is 1C in Issuer of Patient ID Qualifiers

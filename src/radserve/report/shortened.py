@@ -11,10 +11,10 @@ text does not fit it or none is declared; pydicom's encoder), on a
 character boundary, and a Person Name group by group (the ``=`` separators stay);
 inside the items of the sequences copied (a Procedure Code Sequence's Code Meaning, an
 Other Patient IDs Sequence's Patient ID) by the same rule. A value of a VR no prefix of
-which is valid (UI, DA, TM, DT, DS, IS, AS, and CS: a prefix of a code is another code)
-is written empty instead (valid for Type 2 and 3; a Type 1 or 1C one, by highdicom's
-copy of the PS3.3 module tables, is refused by name), and AE is cut like the text VRs
-(before session 18 only PN, LO, SH, ST and LT were looked at: a 5-byte Patient's Age
+which is valid (UI, DA, TM, DT, DS, IS, AS; CS and AE: a prefix of a code is another
+code, of an AE title another AE's name) is written empty instead (valid for Type 2 and
+3; a Type 1 or 1C one, by highdicom's copy of the PS3.3 module tables, is refused by
+name) (before session 18 only PN, LO, SH, ST and LT were looked at: a 5-byte Patient's Age
 was copied whole). A reader comparing the
 results with the PACS's images must be told: the report carries one ``value_shortened``
 warning per attribute (JSON, and a Quality Issue in the SR). The FHIR Bundle keeps
@@ -61,8 +61,10 @@ MAX_BYTES = {
 # empty (valid for Type 2 and 3), and refused by name where the attribute is Type 1 or 1C.
 # CS is not cut since session 19: a prefix of a code is another code, and for the
 # attributes with Enumerated Values (Patient's Sex Neutered, Smoking Status, Patient
-# Identity Removed, ...) no value over 16 bytes has a valid prefix.
-CUT_VRS = frozenset({"AE", "PN", "LO", "SH", "ST", "LT"})
+# Identity Removed, ...) no value over 16 bytes has a valid prefix. AE neither since
+# session 19: a prefix of an AE title names another AE (a retrieve or station title in a
+# copied item would send a reader to the wrong peer).
+CUT_VRS = frozenset({"PN", "LO", "SH", "ST", "LT"})
 
 
 class CopiedValueTooLongError(ReportError):
