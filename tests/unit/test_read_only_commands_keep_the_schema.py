@@ -1,10 +1,13 @@
-"""Commands that only read never upgrade a store whose schema is older than the code:
-a newer checkout pointed at production's database would otherwise migrate it under the
-older servers still running on it. They say which revision they found, which one they
-need and how to upgrade, exit 2, and leave the revision (and the folder) as it was."""
+"""Commands other than ``radserve serve`` never upgrade a store whose schema is older than
+the code, those that only read nor those that write: a newer checkout pointed at
+production's database would otherwise migrate it under the older servers still running
+on it. They say which revision they found, which one they need and how to upgrade, exit
+2, and leave the revision (and the folder) as it was. A writing command on an empty
+database creates a store at head (that is no upgrade)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +29,14 @@ READERS = [
     ["models", "list", "--json"],
     ["plan", "--replay", "3"],
     ["export", "0123456789abcdef", "--deidentify", "--out", "exported"],
+]
+WRITERS = [  # upgraded the store until session 19's follow-up
+    ["keys", "create", "--role", "read"],
+    ["keys", "revoke", "1"],
+    ["models", "install", "bundle"],
+    ["models", "deploy", "liver", "1.0.0", "--reason", "r"],
+    ["models", "promote", "liver", "--reason", "r"],
+    ["models", "rollback", "liver", "--reason", "r"],
 ]
 
 
@@ -69,10 +80,11 @@ def _written(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
-@pytest.mark.parametrize("args", READERS, ids=lambda a: " ".join(a[:2]))
-def test_a_reading_command_on_an_older_schema_says_so_and_upgrades_nothing(
+@pytest.mark.parametrize("args", READERS + WRITERS, ids=lambda a: " ".join(a[:2]))
+def test_a_command_other_than_serve_on_an_older_schema_says_so_and_upgrades_nothing(
     older_store: str, tmp_path: Path, args: list[str]
 ) -> None:
+    (tmp_path / "bundle").mkdir()  # what `models install` is given
     before, folder = _revision(older_store), _written(tmp_path)
     result = CliRunner().invoke(cli, args)
     assert isinstance(result.exception, SchemaNotCurrentError), result.output
@@ -89,16 +101,26 @@ def test_doctor_reports_the_older_schema_without_upgrading_it(older_store: str) 
     assert _revision(older_store) == before
 
 
-def test_a_reading_command_on_the_current_schema_reads(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_writing_command_on_an_empty_database_creates_the_store_and_reads_follow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """Creating a store at head on an empty database is no upgrade: `keys create` makes
+    a fresh store's first key, as the docs' quick start does."""
+    for name in ("RADSERVE_DATA_DIR", "RADSERVE_DATABASE_URL", "RADSERVE_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
     data = tmp_path / "data"
-    url = f"sqlite:///{data / 'radserve.db'}"
-    data.mkdir()
-    _migrate_to_one_before_head(url)
-    serve_like = CliRunner().invoke(
-        cli, ["keys", "create", "--role", "read", "--data-dir", str(data)]
-    )  # a writing command upgrades, as serve does
-    assert serve_like.exit_code == 0, serve_like.output
-    assert _revision(url) == head_revision()
-    listed = CliRunner().invoke(cli, ["keys", "list", "--data-dir", str(data)])
-    assert listed.exit_code == 0, listed.output
-    assert "read key" in listed.output
+    with contextlib.ExitStack() as stack:
+        if backend == "sqlite":
+            url = f"sqlite:///{data / 'radserve.db'}"
+        else:
+            url = stack.enter_context(postgres_schema("radserve_fresh"))
+            monkeypatch.setenv("RADSERVE_DATABASE_URL", url)
+        created = CliRunner().invoke(
+            cli, ["keys", "create", "--role", "read", "--data-dir", str(data)]
+        )
+        assert created.exit_code == 0, created.output
+        assert _revision(url) == head_revision()
+        listed = CliRunner().invoke(cli, ["keys", "list", "--data-dir", str(data)])
+        assert listed.exit_code == 0, listed.output
+        assert "read key" in listed.output

@@ -145,7 +145,7 @@ def serve_audit_writer(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C reaches the serving process
-    store, trail = open_audited(settings)
+    store, trail = open_audited(settings, upgrade=True)
     trail.start()
     batcher = AuditBatcher(store)
     Path(path).unlink(missing_ok=True)  # a writer killed before this one left its socket

@@ -274,7 +274,7 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per forwarded request
     settings = spec.settings
     tls = None if settings.server.tls is None else server_context(settings.server.tls, "HTTPS")
-    store, trail = open_audited(settings)
+    store, trail = open_audited(settings, upgrade=True)
     trail.start()
     link = EventLink(conn)
     upstream = Upstream(spec.socket_path)

@@ -35,7 +35,7 @@ def serve_demo(out_dir: Path, study_dir: Path, host: str, port: int) -> None:
     if not settings.console.enabled:
         raise click.ClickException("demo --serve shows the web console: console.enabled is off")
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store, _trail = open_audited(settings)
+    store, _trail = open_audited(settings, upgrade=True)
     try:
         _record, token = store.create_api_key(name="demo admin key", role="admin")
     finally:

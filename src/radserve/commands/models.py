@@ -40,7 +40,8 @@ def _lifecycle(
 ) -> ModelLifecycle:
     """The lifecycle over the store and models a server with these settings uses; with
     ``scratch``, over an empty store in that folder instead (nothing deployed);
-    ``create=False`` (a listing): an older schema is refused, not upgraded."""
+    ``create=False`` (a listing): no store is an error, not a new one; an older schema
+    is refused either way (only ``radserve serve`` upgrades)."""
     from radserve.config import load_settings
     from radserve.ingest import IngestPolicy
     from radserve.service.catalog import Catalog

@@ -164,7 +164,7 @@ class Service:
         self.settings = settings
         # the audit chain's key, checkpoints and syslog export (radserve.audit.trail)
         self.store: Store
-        self.store, self.audit = open_audited(settings, export=True)
+        self.store, self.audit = open_audited(settings, export=True, upgrade=True)
         self.catalog = Catalog.from_settings(settings, sessions)
         self.cache = JobCache()
         # the metrics read the scheduler when scraped; the scheduler reports to the hooks

@@ -9,7 +9,7 @@ store imports the audit chain, not the other way round.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from sqlalchemy.engine import make_url
 
@@ -37,22 +37,29 @@ def missing_data(settings: Settings) -> str | None:
 
 
 def open_audited(
-    settings: Settings, *, export: bool = False, create: bool = True
+    settings: Settings, *, export: bool = False, create: bool = True, upgrade: bool = False
 ) -> tuple[Store, AuditTrail]:
     """The store of ``settings`` with its audit key and trail (not started: a process
     without :meth:`AuditTrail.start` writes each checkpoint at once).
 
-    ``create=False`` (commands that only read) raises :class:`NoDataError` where
-    :func:`missing_data` says there is no store, instead of creating one, and
-    :class:`SchemaNotCurrentError` where its schema is not this code's, instead of
-    upgrading it; the store is checked before the audit key is read, so a refused
-    command leaves no key file behind either."""
+    Only ``upgrade=True`` (the processes of ``radserve serve``) migrates an older schema;
+    a writing command (``create=True``) creates a store on an empty database and raises
+    :class:`SchemaNotCurrentError` on one of another revision, as a newer checkout
+    pointed at production's database would otherwise upgrade it under the running
+    older servers. ``create=False`` (commands that only read) raises
+    :class:`NoDataError` where :func:`missing_data` says there is no store, instead of
+    creating one, and :class:`SchemaNotCurrentError` where its schema is not this
+    code's; the store is checked before the audit key is read, so a refused command
+    leaves no key file behind either."""
     if not create and (why := missing_data(settings)) is not None:
         raise NoDataError(
             f"{why}: nothing was written. `radserve serve` creates it; a server's data "
             "folder is its --data-dir, RADSERVE_DATA_DIR or the config file's data_dir"
         )
-    store = init_store(settings.effective_database_url, upgrade_schema=create)
+    schema: Literal["upgrade", "create", "current"] = (
+        "upgrade" if upgrade else "create" if create else "current"
+    )
+    store = init_store(settings.effective_database_url, schema=schema)
     try:
         trail = AuditTrail(settings, chain_key_id=store.audit_chain_key_id())
     except BaseException:

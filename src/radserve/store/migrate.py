@@ -58,13 +58,22 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
 
-def require_head(engine: Engine) -> None:
+ONLY_READS = "a command that only reads never migrates a store"
+ONLY_SERVE_UPGRADES = "of the commands, only `radserve serve` migrates a store"
+
+
+def require_head(engine: Engine, why: str = ONLY_READS) -> None:
     """Refuse a schema other than this code's head, changing nothing: the check of a
     command that only reads (an upgrade under older servers still running on the store
     would change their database beneath them)."""
-    current, head = current_revision(engine), head_revision()
-    if current == head:
-        return
+    current = current_revision(engine)
+    if current != head_revision():
+        raise not_current(current, why)
+
+
+def not_current(current: str | None, why: str) -> SchemaNotCurrentError:
+    """The refusal of a store at ``current`` by a command that does not upgrade (``why``)."""
+    head = head_revision()
     known = current is not None and _is_known(current)
     found = f"schema revision {current}" if current else "no radserve schema (schema revision none)"
     how = (
@@ -73,9 +82,9 @@ def require_head(engine: Engine) -> None:
         if known or current is None
         else "a newer radserve wrote it: use that version (`radserve serve` cannot go back)"
     )
-    raise SchemaNotCurrentError(
+    return SchemaNotCurrentError(
         f"the database holds {found}; this radserve reads {head}: nothing was changed "
-        f"(a command that only reads never migrates a store). {how}"
+        f"({why}). {how}"
     )
 
 
@@ -86,14 +95,19 @@ def _is_known(revision: str) -> bool:
         return False
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Bring the schema to ``revision`` (creating it on an empty database)."""
+def upgrade(engine: Engine, revision: str = "head", *, only_empty: bool = False) -> None:
+    """Bring the schema to ``revision`` (creating it on an empty database); with
+    ``only_empty`` (a writing command other than serve), create it on an empty database
+    but refuse any other revision than head with :class:`SchemaNotCurrentError`, checked
+    under the lock so that a store another process creates meanwhile is not upgraded."""
     with writer(engine).begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(
                 text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK}
             )
         before = MigrationContext.configure(connection).get_current_revision()
+        if only_empty and before not in (None, head_revision()):
+            raise not_current(before, ONLY_SERVE_UPGRADES)
         command.upgrade(alembic_config(connection), revision)
         after = MigrationContext.configure(connection).get_current_revision()
     if before != after:

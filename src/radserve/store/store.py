@@ -13,7 +13,7 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from sqlalchemy import CursorResult, Update, select, update
 from sqlalchemy import exc as sa_exc
@@ -68,18 +68,22 @@ def init_store(
     *,
     audit_key: AuditKey | None = None,
     on_audit: AuditListener | None = None,
-    upgrade_schema: bool = True,
+    schema: Literal["upgrade", "create", "current"] = "upgrade",
 ) -> Store:
     """Open the database at ``url``, creating or upgrading its schema to the latest version
-    (with ``upgrade_schema=False``, a command that only reads: refuse any other revision
-    with :class:`SchemaNotCurrentError` and change nothing).
+    (``schema="create"``, a writing command other than serve: create it on an empty
+    database, refuse an older or newer one with :class:`SchemaNotCurrentError`;
+    ``"current"``, a command that only reads: refuse any other revision, change nothing).
 
     ``audit_key`` keys the audit chain's hashes (every writer of a keyed chain needs it:
     see :func:`radserve.audit.seal.open_store`); ``on_audit`` is told of every appended
     record after its transaction commits."""
     engine = make_engine(url)
     try:
-        upgrade(engine) if upgrade_schema else require_head(engine)
+        if schema == "current":
+            require_head(engine)
+        else:
+            upgrade(engine, only_empty=schema == "create")
     except SchemaNotCurrentError:
         engine.dispose()
         raise
