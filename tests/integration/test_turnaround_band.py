@@ -31,10 +31,20 @@ def _band_jobs(c: httpx.Client, key: str) -> int:
     return int(c.get("/v1/ops/turnaround", headers=auth(key)).json()["eta_band"]["jobs"])
 
 
-def _submit(c: httpx.Client, key: str, folder: Path) -> str:
-    answer = c.post("/v1/studies", files=upload(make_study(folder)), headers=auth(key))
+def _submit(c: httpx.Client, key: str, study: list[Path]) -> str:
+    answer = c.post("/v1/studies", files=upload(study), headers=auth(key))
     assert answer.status_code == 202, answer.text
     return str(answer.json()["id"])
+
+
+def _submit_all(c: httpx.Client, key: str, folders: list[Path]) -> list[str]:
+    """The studies are made first and then sent back to back, so every job is queued
+    before the first one ends: how far a job's first ETA reaches (and so whether its
+    ratio is learned) then depends on its place in the queue, not on how fast this
+    host made the studies between two submissions (a quiet host finished each job
+    before the next was sent, and only 2 of 6 were predicted a second or more away)."""
+    studies = [make_study(folder) for folder in folders]
+    return [_submit(c, key, study) for study in studies]
 
 
 def test_late_end_is_the_learned_ratio_of_the_time_to_finish(tmp_path: Path) -> None:
@@ -53,15 +63,22 @@ def test_late_end_is_the_learned_ratio_of_the_time_to_finish(tmp_path: Path) -> 
     with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url) as c:
         view = c.get("/v1/ops/turnaround", headers=auth(key)).json()
         assert view["eta_band"] == {"band": "conformal", "jobs": 0, "ratio": None}
-        first = [_submit(c, key, tmp_path / f"a{i}") for i in range(6)]
-        assert [wait_job(c, j, key)["state"] for j in first] == ["succeeded"] * 6
-        band = c.get("/v1/ops/turnaround", headers=auth(key)).json()["eta_band"]
-        # jobs predicted to finish within a second of their submission teach nothing
-        assert 3 <= band["jobs"] <= 6
+        # jobs predicted to finish within a second of their submission teach nothing, and
+        # how many of a wave are predicted further depends on this host's speed (2 to 5
+        # of 6 here): waves until the 3 the band needs have taught it
+        ended = 0
+        for wave in range(4):
+            jobs = _submit_all(c, key, [tmp_path / f"a{wave}-{i}" for i in range(6)])
+            assert [wait_job(c, j, key)["state"] for j in jobs] == ["succeeded"] * 6
+            ended += 6
+            band = c.get("/v1/ops/turnaround", headers=auth(key)).json()["eta_band"]
+            if band["jobs"] >= 3:
+                break
+        assert 3 <= band["jobs"] <= ended
         ratio = band["ratio"]
         assert ratio is not None and ratio > 0
 
-        later = [_submit(c, key, tmp_path / f"b{i}") for i in range(5)]
+        later = _submit_all(c, key, [tmp_path / f"b{i}" for i in range(5)])
         checked = False
         while not checked:  # a reading with no job ended between it and the ratio's
             job = c.get(f"/v1/jobs/{later[-1]}", headers=auth(key)).json()
@@ -89,6 +106,6 @@ def test_own_band_keeps_the_walks_late_end(tmp_path: Path) -> None:
     with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url) as c:
         view = c.get("/v1/ops/turnaround", headers=auth(key)).json()
         assert view["eta_band"] == {"band": "own"}
-        job_id = _submit(c, key, tmp_path / "s")
+        job_id = _submit(c, key, make_study(tmp_path / "s"))
         assert wait_job(c, job_id, key)["state"] == "succeeded"
     assert service.turnaround.band is None
