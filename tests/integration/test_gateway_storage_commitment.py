@@ -28,8 +28,8 @@ from tests.factories.postgres import postgres_schema
 from tests.factories.waits import until
 
 from radserve.gateway import Destination, GatewaySCP, Outbox, Peer, RetryPolicy, ScpConfig, StoreSCU
-from radserve.gateway.commitment import INVALID_ARGUMENT, PUSH_MODEL, PUSH_MODEL_INSTANCE
-from radserve.gateway.conformance import COMPREHENSIVE_3D_SR, SEGMENTATION
+from radserve.gateway.commitment import PUSH_MODEL, PUSH_MODEL_INSTANCE
+from radserve.gateway.conformance import COMPREHENSIVE_3D_SR, SEGMENTATION, Status
 from radserve.service.metrics import _OutboxCollector
 from radserve.store import init_store
 from radserve.store.outbox import OutboxItem, OutboxState, OutboxStore
@@ -283,8 +283,8 @@ def test_a_report_arriving_after_a_restart_is_matched_and_strangers_are_refused(
             config, lambda _: None, on_commitment=restarted.commitments.on_report
         ) as server:
             port = server.address[1]
-            assert _report(port, "OTHER", transaction, waiting) == INVALID_ARGUMENT
-            assert _report(port, "ORTHANC", "2.25.1234", waiting) == INVALID_ARGUMENT
+            assert _report(port, "OTHER", transaction, waiting) == Status.INVALID_ARGUMENT
+            assert _report(port, "ORTHANC", "2.25.1234", waiting) == Status.INVALID_ARGUMENT
             assert {i.state for i in restarted.store.items()} == {OutboxState.COMMITTING}
             assert _report(port, "ORTHANC", transaction, waiting) == 0
             settled = restarted.store.items()

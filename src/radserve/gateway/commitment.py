@@ -18,16 +18,14 @@ from dataclasses import dataclass, field
 
 from pydicom.dataset import Dataset
 
+from radserve.gateway.conformance import Status
+
 logger = logging.getLogger(__name__)
 
 # PS3.4 J.3.2 / J.3.3
 PUSH_MODEL = "1.2.840.10008.1.20.1"
 PUSH_MODEL_INSTANCE = "1.2.840.10008.1.20.1.1"
 REQUEST_COMMITMENT = 1  # N-ACTION Action Type ID
-# N-EVENT-REPORT statuses radserve answers (PS3.7 10.1.1.1.8)
-SUCCESS = 0x0000
-INVALID_ARGUMENT = 0x0115  # an unknown or already settled Transaction UID
-PROCESSING_FAILURE = 0x0110
 
 # PS3.3 C.14.1.1 Failure Reason
 FAILURE_REASONS = {
@@ -96,7 +94,7 @@ def answer(calling: str, info: Dataset | None, handler: ReportHandler) -> tuple[
         report = CommitmentReport.from_event(info)
     except ValueError as exc:
         logger.warning("storage commitment report from %s refused: %s", calling, exc)
-        return INVALID_ARGUMENT, str(exc)
+        return Status.INVALID_ARGUMENT, str(exc)
     return handler(calling, report)
 
 

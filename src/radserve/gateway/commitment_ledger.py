@@ -29,6 +29,7 @@ from pydicom.uid import generate_uid
 from radserve.gateway import commitment
 from radserve.gateway.commitment import CommitmentReport
 from radserve.gateway.config import Destination
+from radserve.gateway.conformance import Status
 from radserve.gateway.scu import Outcome, OutgoingFile, SendResult
 from radserve.store.outbox import OutboxItem, OutboxStore, Scope
 
@@ -136,9 +137,9 @@ class CommitmentLedger:
                 "settled (timed out and sent again?); answered 0x%04X",
                 calling,
                 report.transaction_uid,
-                commitment.INVALID_ARGUMENT,
+                Status.INVALID_ARGUMENT,
             )
-            return commitment.INVALID_ARGUMENT, "unknown Transaction UID", []
+            return Status.INVALID_ARGUMENT, "unknown Transaction UID", []
         titles = {
             self.destinations[r.destination].ae_title
             for r in rows
@@ -152,7 +153,7 @@ class CommitmentLedger:
                 calling,
                 ", ".join(sorted(titles)) or "no longer configured",
             )
-            return commitment.INVALID_ARGUMENT, "transaction not requested of this AE", []
+            return Status.INVALID_ARGUMENT, "transaction not requested of this AE", []
         now = self.clock()
         outcomes = []
         for item in self.store.take_committing(now=now, transaction_uid=report.transaction_uid):
@@ -166,7 +167,7 @@ class CommitmentLedger:
             len(rows) - failed,
             failed,
         )
-        return commitment.SUCCESS, "", outcomes
+        return Status.SUCCESS, "", outcomes
 
 
 def _result_for(item: OutboxItem, report: CommitmentReport) -> SendResult:

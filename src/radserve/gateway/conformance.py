@@ -154,6 +154,7 @@ class Status:
     CANNOT_UNDERSTAND = 0xC000
     PROCESSING_FAILURE = 0x0110
     SOP_CLASS_NOT_SUPPORTED = 0x0122
+    INVALID_ARGUMENT = 0x0115  # N-EVENT-REPORT: an unknown or already settled transaction
 
 
 # Failure statuses worth another attempt later: the receiver's trouble is temporary.

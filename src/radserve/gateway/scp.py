@@ -491,7 +491,7 @@ class GatewaySCP:
         admitted the peer, the ledger checks it is the one the transaction was asked of."""
         calling = str(event.assoc.requestor.ae_title).strip()
         if self.on_commitment is None:
-            return _status(commitment.PROCESSING_FAILURE, "no storage commitment here"), None
+            return _status(Status.PROCESSING_FAILURE, "no storage commitment here"), None
         code, comment = commitment.answer(calling, event.event_information, self.on_commitment)
         return _status(code, comment), None
 

@@ -166,9 +166,7 @@ class AccessMixin(StoreBase):
         every process extending this chain must hold."""
         with self._read() as session:
             seq, _ = audit_log.head(session)
-            return session.execute(
-                select(AuditEntry.key_id).where(AuditEntry.seq == seq)
-            ).scalar_one_or_none()
+            return audit_log.key_id_at(session, seq)
 
     def audit_keyed_from(self) -> int:
         """The seq of the first keyed record; the next seq when none is keyed yet."""

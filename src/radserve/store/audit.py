@@ -169,13 +169,18 @@ def _refuse_unkeyed_link(session: Session, seq: int) -> None:
         )
 
 
+def key_id_at(session: Session, seq: int) -> str | None:
+    """The key id record ``seq`` was hashed with (None: no such record, or unkeyed)."""
+    if seq <= 0:
+        return None
+    return session.execute(
+        select(AuditEntry.key_id).where(AuditEntry.seq == seq)
+    ).scalar_one_or_none()
+
+
 def _refuse_foreign_key(session: Session, seq: int, key: AuditKey) -> None:
     """The chain's newest record is keyed with another key than ``key``."""
-    last_key = (
-        session.execute(select(AuditEntry.key_id).where(AuditEntry.seq == seq)).scalar_one_or_none()
-        if seq > 0
-        else None
-    )
+    last_key = key_id_at(session, seq)
     if last_key is not None and last_key != key.id:
         raise AuditKeyMismatchError(
             f"the audit chain is keyed with audit key {last_key} and this process holds "
