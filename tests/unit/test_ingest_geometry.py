@@ -18,6 +18,7 @@ from tests.factories.dicom_series import (
 
 from radserve.errors import GeometryError
 from radserve.ingest import IngestPolicy, LoadedSeries, discover_series, load_series
+from radserve.ingest.geometry import _axes, slice_normal
 
 
 def _load(folder: Path, **policy: str) -> LoadedSeries:
@@ -179,3 +180,25 @@ def test_single_slice_uses_slice_thickness(tmp_path: Path) -> None:
 def test_policy_rejects_unknown_choice_with_suggestion() -> None:
     with pytest.raises(ValueError, match="did you mean 'resample'"):
         IngestPolicy(missing_slices="resampel")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "orientation",
+    [(1, 0, 0, 0, 1, 0), CORONAL, SAGITTAL, oblique_orientation(17.0), (0.6, 0.8, 0, 0, 0, 1)],
+)
+def test_one_slice_normal_for_the_split_and_the_stack_plan(orientation: tuple) -> None:
+    """discover's split and plan_stack's axes share slice_normal: the unit row × column
+    (the cross product discover and geometry each computed before)."""
+    row, col = np.array(orientation[:3], float), np.array(orientation[3:], float)
+    expected = np.cross(row, col) / np.linalg.norm(np.cross(row, col))
+    np.testing.assert_allclose(slice_normal(orientation), expected, atol=1e-12)
+    _, _, normal = _axes(orientation)
+    np.testing.assert_allclose(normal, expected, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "orientation",
+    [None, (1, 0, 0, 0, 1), (1, 0, 0, 1, 0, 0), (0, 0, 0, 0, 1, 0), (1, 0, 0, 0, float("nan"), 0)],
+)
+def test_no_slice_normal_without_two_crossing_vectors(orientation: tuple | None) -> None:
+    assert slice_normal(orientation) is None

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from radserve.checkpoints import checkpoint
 from radserve.errors import NotDicomError, StudyError
+from radserve.ingest.geometry import slice_normal
 from radserve.ingest.headers import (
     FrameRef,
     InstanceRecord,
@@ -323,8 +324,10 @@ def _interleaved(frames: Sequence[FrameRef], main: Sequence[int], other: Sequenc
     stack some of whose images are turned, resized or resampled, not a localizer, a
     reformat or a stack beside it. Split apart (every other slice), each part has an
     even spacing and would load, however many images it lost."""
-    normal = _normal(next((frames[i].orientation for i in main if frames[i].orientation), None))
-    other_normal = _normal(
+    normal = slice_normal(
+        next((frames[i].orientation for i in main if frames[i].orientation), None)
+    )
+    other_normal = slice_normal(
         next((frames[i].orientation for i in other if frames[i].orientation), None)
     )
     if normal is None or other_normal is None:
@@ -347,15 +350,6 @@ def _interleaved(frames: Sequence[FrameRef], main: Sequence[int], other: Sequenc
     return any(
         ours[0] < d < ours[-1] and all(abs(d - o) > _POSITION_TOL for o in ours) for d in theirs
     )
-
-
-def _normal(orientation: Sequence[float] | None) -> tuple[float, float, float] | None:
-    if orientation is None or len(orientation) != 6:
-        return None
-    r, c = orientation[:3], orientation[3:]
-    n = (r[1] * c[2] - r[2] * c[1], r[2] * c[0] - r[0] * c[2], r[0] * c[1] - r[1] * c[0])
-    length = sum(v * v for v in n) ** 0.5
-    return None if not length or length != length else (n[0] / length, n[1] / length, n[2] / length)
 
 
 def _reasons(main: tuple[object, ...], key: tuple[object, ...]) -> frozenset[str]:

@@ -218,7 +218,19 @@ def _axes(iop: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         raise GeometryError("Image Orientation (Patient) row and column vectors are not orthogonal")
     col_dir = col_dir - (col_dir @ row_dir) * row_dir
     col_dir /= np.linalg.norm(col_dir)
-    return row_dir, col_dir, np.cross(row_dir, col_dir)
+    return row_dir, col_dir, slice_normal((*row_dir, *col_dir))  # type: ignore[return-value]
+
+
+def slice_normal(orientation: Sequence[float] | None) -> np.ndarray | None:
+    """The slice normal of an Image Orientation (Patient): its row vector × its column
+    vector, unit length; None when it is not six numbers or the vectors are parallel or
+    not finite. The one definition: ingest's split (:mod:`radserve.ingest.discover`)
+    and the stack plan (:func:`plan_stack`, after checking the vectors) both use it."""
+    if orientation is None or len(orientation) != 6:
+        return None
+    normal = np.cross(np.asarray(orientation[:3], float), np.asarray(orientation[3:], float))
+    length = float(np.linalg.norm(normal))
+    return normal / length if length and math.isfinite(length) else None
 
 
 def _drop_duplicates(
