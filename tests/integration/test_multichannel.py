@@ -25,7 +25,7 @@ from radserve.models.manifest import ModelSpec
 from radserve.models.registry import ModelRegistry
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
 from radserve.phantom.pet import generate_pet, write_pet_series
-from radserve.pipeline.channels import ChannelSeriesError
+from radserve.pipeline.channels import ChannelSeriesError, ChannelSeriesMismatchError
 from radserve.pipeline.spec import load_pipeline
 from radserve.pipeline.study import run_study
 from radserve.preprocess.onto_grid import resample_onto
@@ -134,3 +134,54 @@ def test_a_pet_without_patient_weight_is_refused_naming_the_attribute(petct, tmp
         ds.save_as(path)
     with pytest.raises(Exception, match=r"Patient Weight \(0010,1030\) is missing"):
         run_study(study, pipeline=pipeline, out_dir=tmp_path / "o", registry=registry)
+
+
+@pytest.mark.parametrize(
+    ("attribute", "value", "named"),
+    [
+        ("PatientID", "OTHER-PATIENT-7", "Patient ID"),
+        ("PatientName", "Other^Patient", "Patient's Name"),
+        ("PatientBirthDate", "19010101", "Patient's Birth Date"),
+        ("StudyInstanceUID", "1.2.826.0.1.3680043.8.498.77", "Study Instance UID"),
+    ],
+)
+def test_a_pet_of_another_patient_or_study_is_refused_naming_what_differs(
+    petct, tmp_path, attribute, value, named
+):
+    """The PET of another patient or study in the reference's Frame of Reference ran over
+    the CT (a folder, or an upload, holding both): now refused, naming the attribute."""
+    _phantom, _pet, root, registry, pipeline = petct
+    study = tmp_path / "study"
+    shutil.copytree(root / "study", study)
+    for path in study.glob("PT*.dcm"):
+        ds = pydicom.dcmread(path)
+        setattr(ds, attribute, value)
+        ds.save_as(path)
+    with pytest.raises(ChannelSeriesMismatchError) as refused:
+        run_study(study, pipeline=pipeline, out_dir=tmp_path / "o", registry=registry)
+    message = str(refused.value)
+    assert refused.value.code == "channel_series_mismatch"
+    assert f"({named} differ)" in message and "channel 'pet'" in message
+    assert value not in message  # never the value
+
+
+def test_the_pet_of_the_reference_study_is_taken_over_another_studys(petct, tmp_path):
+    """A folder holding the PET/CT and, beside it, another study's PET in the same Frame
+    of Reference, thinner (the one preferred among equals) and without uptake: the
+    reference study's PET is read (the other one was, and the lesions were not found)."""
+    _phantom, _pet, root, registry, pipeline = petct
+    study = tmp_path / "study"
+    shutil.copytree(root / "study", study)
+    for i, path in enumerate(sorted(study.glob("PT*.dcm"))):
+        ds = pydicom.dcmread(path)
+        ds.StudyInstanceUID = "1.2.826.0.1.3680043.8.498.78"
+        ds.SeriesInstanceUID = "1.2.826.0.1.3680043.8.498.79"
+        ds.SOPInstanceUID = f"1.2.826.0.1.3680043.8.498.80.{i + 1}"
+        ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+        ds.SliceThickness = float(ds.SliceThickness) / 2
+        ds.PixelData = bytes(len(ds.PixelData))
+        ds.save_as(path.with_name("other_" + path.name))
+    result = run_study(
+        study, pipeline=pipeline, out_dir=tmp_path / "o", registry=registry, key_images=False
+    )
+    assert len(result.report.findings) >= 2

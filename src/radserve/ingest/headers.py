@@ -141,6 +141,21 @@ class PatientInfo:
             self.patient_birth_date,
         )
 
+    def differs_from(self, other: PatientInfo) -> tuple[str, ...]:
+        """The names of the :attr:`identity` attributes whose values differ from
+        ``other``'s (never the values: they are the patient's)."""
+        pairs = zip(IDENTITY_ATTRIBUTES, self.identity, other.identity, strict=True)
+        return tuple(name for name, mine, theirs in pairs if mine != theirs)
+
+
+# what PatientInfo.identity holds, in its order
+IDENTITY_ATTRIBUTES = (
+    "Patient ID",
+    "Issuer of Patient ID",
+    "Patient's Name",
+    "Patient's Birth Date",
+)
+
 
 def _name_as_compared(name: str) -> str:
     """A Person Name without the trailing empty components and groups PS3.5 6.2 lets a

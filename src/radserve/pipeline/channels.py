@@ -5,12 +5,15 @@ its reference channel from the series the pipeline selected and every other chan
 from another series of the same study, chosen by modality (and Series Description):
 loaded, converted (PT to SUVbw where declared) and resampled onto the reference grid
 through patient coordinates, by the model's ``input.channel_interpolation``. Refused,
-with the reason: a channel whose series the study does not have, a series in another
-Frame of Reference (radserve does not register series), a PET whose headers do not give
-an SUV, a series that images none of the reference volume (or less than the model's
-``input.min_channel_coverage``). A series that images part of it (a small-FOV T2 beside
-a 3D T1) is read as 0 (no signal) outside its slab and the report says which share of
-the reference volume it covered: the model's output there rests on the other channels.
+with the reason: a channel whose series the study does not have, a series of another
+patient or study than the reference series (``channel_series_mismatch``: which of
+Patient ID, Issuer of Patient ID, Patient's Name, Birth Date and Study Instance UID
+differ, never their values), a series in another Frame of Reference (radserve does not
+register series), a PET whose headers do not give an SUV, a series that images none of
+the reference volume (or less than the model's ``input.min_channel_coverage``). A series
+that images part of it (a small-FOV T2 beside a 3D T1) is read as 0 (no signal) outside
+its slab and the report says which share of the reference volume it covered: the
+model's output there rests on the other channels.
 """
 
 from __future__ import annotations
@@ -45,6 +48,13 @@ class ChannelSeriesError(StudyError):
     code = "channel_series_unavailable"
 
 
+class ChannelSeriesMismatchError(ChannelSeriesError):
+    """A multi-channel model's other series is of another patient or study than the
+    reference series: one patient's PET over another's CT would be a clinical error."""
+
+    code = "channel_series_mismatch"
+
+
 @dataclass(frozen=True)
 class ChannelInputs:
     """Each multi-channel model's non-reference channels on the reference grid
@@ -77,7 +87,21 @@ def _wanted(channel: ChannelSpec) -> str:
     )
 
 
-def _pick(series: Sequence[SeriesHeader], channel: ChannelSpec, spec: ModelSpec) -> SeriesHeader:
+def _differences(reference: SeriesHeader, other: SeriesHeader) -> tuple[str, ...]:
+    """The names of the attributes that make ``other`` another patient's or study's
+    series than ``reference`` (no values)."""
+    names = reference.patient.differs_from(other.patient)
+    if other.study_instance_uid != reference.study_instance_uid:
+        names = (*names, "Study Instance UID")
+    return names
+
+
+def _pick(
+    series: Sequence[SeriesHeader],
+    channel: ChannelSpec,
+    spec: ModelSpec,
+    reference: SeriesHeader,
+) -> SeriesHeader:
     candidates = [s for s in series if matches(s, channel)]
     if not candidates:
         have = ", ".join(sorted({s.modality or "?" for s in series})) or "no image series"
@@ -85,7 +109,19 @@ def _pick(series: Sequence[SeriesHeader], channel: ChannelSpec, spec: ModelSpec)
             f"model {spec.key} needs input channel {channel.name!r} from {_wanted(channel)}, "
             f"but the study has none (its series: {have}); send that series with the study"
         )
-    return max(candidates, key=lambda s: (s.number_of_frames, -(s.slice_thickness or 1e9)))
+    own = [s for s in candidates if not _differences(reference, s)]
+    if not own:
+        other = candidates[0]
+        number = other.series_number or "?"
+        raise ChannelSeriesMismatchError(
+            f"model {spec.key}: the {channel.modality} series {number} of channel "
+            f"{channel.name!r} is not of the reference series' patient and study "
+            f"({', '.join(_differences(reference, other))} differ"
+            + (f"; {len(candidates)} such series, none of them" if len(candidates) > 1 else "")
+            + "): its images would be read over another patient's or study's; send the "
+            "series of one patient's study together"
+        )
+    return max(own, key=lambda s: (s.number_of_frames, -(s.slice_thickness or 1e9)))
 
 
 def _load(header: SeriesHeader, channel: ChannelSpec, policy: IngestPolicy | None) -> LoadedSeries:
@@ -135,7 +171,7 @@ def load_channels(
             for channel in spec.input.channels:
                 if channel.name == ref_channel.name:
                     continue
-                header = _pick(ingested.series, channel, spec)
+                header = _pick(ingested.series, channel, spec, reference.header)
                 order = INTERPOLATION_ORDERS[spec.input.channel_interpolation]
                 key = (header.key, channel.units, order)
                 if key not in cache:
@@ -188,4 +224,10 @@ def _check_coverage(
         )
 
 
-__all__ = ["ChannelInputs", "ChannelSeriesError", "load_channels", "matches"]
+__all__ = [
+    "ChannelInputs",
+    "ChannelSeriesError",
+    "ChannelSeriesMismatchError",
+    "load_channels",
+    "matches",
+]
