@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 from pydicom.dataset import Dataset
 
+from radserve.models.dicom_text import cut_utf8
 from radserve.report.shortened import (
     COPIED_KEYWORDS,
     COPIED_MODULES,
     CopiedValueTooLongError,
     cut_copied,
+    cut_encoded,
     shortened_values,
 )
 
@@ -234,3 +236,14 @@ def test_values_are_counted_in_the_character_set_the_object_is_written_in() -> N
     assert str(result.PatientName) == "Müller^" + "é" * 28  # 8 + 56 bytes
     (kept,), name = common.shield_patient_name([source], "ISO_IR 100")
     assert kept.StudyDescription == "é" * 64 and str(name) == str(source.PatientName)
+
+
+def test_a_utf8_cut_is_the_one_of_dicom_text() -> None:
+    """With no declared character set the cut is dicom_text.cut_utf8 (radserve's own
+    text is cut by it too): the longest prefix of whole characters within the bytes."""
+    text = "aé山😀" * 5 + "^Ω"
+    for max_bytes in range(len(text.encode()) + 2):
+        longest = next(
+            text[:n] for n in range(len(text), -1, -1) if len(text[:n].encode()) <= max_bytes
+        )
+        assert cut_encoded(text, max_bytes) == cut_utf8(text, max_bytes) == longest

@@ -35,7 +35,7 @@ from pydicom.multival import MultiValue
 from pydicom.tag import Tag
 
 from radserve.errors import ReportError
-from radserve.models.dicom_text import LO_MAX_BYTES, SH_MAX_BYTES
+from radserve.models.dicom_text import LO_MAX_BYTES, SH_MAX_BYTES, cut_utf8
 
 VALUE_SHORTENED = "value_shortened"  # the report warning's code
 # PS3.5 Table 6.2-1, as bytes (PN: per component group; the limits in characters of the
@@ -222,7 +222,9 @@ def encoded_size(text: str, encodings: Sequence[str] | None = None) -> int:
 
 def cut_encoded(text: str, max_bytes: int, encodings: Sequence[str] | None = None) -> str:
     """The longest prefix of ``text`` (whole characters) of at most ``max_bytes`` bytes in
-    ``encodings``."""
+    ``encodings`` (None: UTF-8, :func:`radserve.models.dicom_text.cut_utf8`)."""
+    if encodings is None:
+        return cut_utf8(text, max_bytes)
     if encoded_size(text, encodings) <= max_bytes:
         return text
     low, high = 0, min(len(text), max_bytes)  # every character is at least one byte
