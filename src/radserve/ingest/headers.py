@@ -51,6 +51,7 @@ from radserve.errors import NotDicomError
 from radserve.ingest import rules
 from radserve.ingest.person_name import person_name_text
 from radserve.ingest.policy import IngestPolicy
+from radserve.ingest.sop_classes import is_localizer
 from radserve.ingest.sources import (
     SPOOL_BYTES,
     BoundedStream,
@@ -737,7 +738,7 @@ def _classic_frames(
         spacing_between_slices=_float(ds, "SpacingBetweenSlices"),
         rescale_slope=slope,
         rescale_intercept=intercept,
-        is_localizer="LOCALIZER" in image_type,
+        is_localizer=is_localizer(image_type),
         stack_key=tuple(stack),
         problem=problem,
         unusable=tuple(unusable),
@@ -798,7 +799,7 @@ def _enhanced_frames(
                 spacing_between_slices=_float(between, "SpacingBetweenSlices"),
                 rescale_slope=slope,
                 rescale_intercept=intercept,
-                is_localizer="LOCALIZER" in frame_type,
+                is_localizer=is_localizer(frame_type),
                 stack_key=tuple(stack),
                 unusable=tuple(unusable),
             )

@@ -9,6 +9,8 @@ never the series a pipeline runs on.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pydicom.uid import (
     UID,
     CTImageStorage,
@@ -36,4 +38,16 @@ VOLUME_IMAGE_STORAGE: tuple[UID, ...] = (
     LegacyConvertedEnhancedPETImageStorage,
 )
 
-__all__ = ["VOLUME_IMAGE_STORAGE"]
+# An Image Type value that makes an image a scout: never a pipeline's input, whatever a
+# pipeline's exclude_image_types say.
+LOCALIZER_IMAGE_TYPE = "LOCALIZER"
+
+
+def is_localizer(image_type: Iterable[object]) -> bool:
+    """Whether an Image Type (or an Enhanced frame's Frame Type) names a localizer, in
+    any of its values and any case: the one check for ingest's frames, series selection,
+    channel matching and the gateway's late instances."""
+    return LOCALIZER_IMAGE_TYPE in {str(v).strip().upper() for v in image_type}
+
+
+__all__ = ["LOCALIZER_IMAGE_TYPE", "VOLUME_IMAGE_STORAGE", "is_localizer"]

@@ -28,10 +28,11 @@ import numpy as np
 
 from radserve.errors import StudyError
 from radserve.ingest import IngestPolicy, LoadedSeries, SeriesHeader, load_series
+from radserve.ingest.sop_classes import is_localizer
 from radserve.ingest.suv import series_to_suv
 from radserve.models.manifest import ChannelSpec, ModelSpec
 from radserve.models.registry import ModelRegistry
-from radserve.pipeline.selection import LOCALIZER_IMAGE_TYPE, description_matches
+from radserve.pipeline.selection import description_matches
 from radserve.pipeline.spec import PipelineSpec
 from radserve.preprocess.onto_grid import INTERPOLATION_ORDERS, sample_onto
 from radserve.progress import StageTimer
@@ -74,7 +75,7 @@ def matches(header: SeriesHeader, channel: ChannelSpec) -> bool:
     """Whether ``header`` is a series ``channel`` may be taken from."""
     if header.modality.upper() != channel.modality:
         return False
-    if LOCALIZER_IMAGE_TYPE in {t.upper() for t in header.image_type}:
+    if is_localizer(header.image_type):
         return False
     return description_matches(channel.series_description, header.series_description)
 

@@ -9,7 +9,7 @@ from typing import Protocol, TypeVar
 from pydicom.uid import UID
 
 from radserve.errors import StudyError, UnsupportedModalityError
-from radserve.ingest.sop_classes import VOLUME_IMAGE_STORAGE
+from radserve.ingest.sop_classes import LOCALIZER_IMAGE_TYPE, VOLUME_IMAGE_STORAGE, is_localizer
 from radserve.pipeline.spec import SeriesRules
 from radserve.report.schema import SeriesRef
 
@@ -45,8 +45,6 @@ S = TypeVar("S", bound=SeriesLike)
 
 # how a series short of frames because an instance is unusable is refused
 UNUSABLE = "an instance is unusable: "
-# Never a pipeline's input, whatever a pipeline's exclude_image_types say.
-LOCALIZER_IMAGE_TYPE = "LOCALIZER"
 
 
 def description_matches(pattern: str | None, description: str | None) -> bool:
@@ -61,7 +59,9 @@ def rejection_reason(series: SeriesLike, rules: SeriesRules) -> str | None:
         return f"modality {series.modality} is not one of {list(rules.modalities)}"
     if series.sop_class_uid not in VOLUME_IMAGE_STORAGE:
         return f"{_sop_class_name(series.sop_class_uid)} is not a volume image class"
-    excluded = set(series.image_type) & {*rules.exclude_image_types, LOCALIZER_IMAGE_TYPE}
+    excluded = set(series.image_type) & set(rules.exclude_image_types)
+    if is_localizer(series.image_type):
+        excluded.add(LOCALIZER_IMAGE_TYPE)
     if excluded:
         return f"image type {sorted(excluded)} is excluded"
     if series.number_of_frames < max(2, rules.min_slices) and series.unusable:

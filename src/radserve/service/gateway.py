@@ -37,8 +37,7 @@ from radserve.gateway import (
 from radserve.gateway import destinations as gateway_destinations
 from radserve.gateway.outbox import LaneWorkers
 from radserve.gateway.receive_limit import Exceeded
-from radserve.ingest.sop_classes import VOLUME_IMAGE_STORAGE
-from radserve.pipeline.selection import LOCALIZER_IMAGE_TYPE
+from radserve.ingest.sop_classes import VOLUME_IMAGE_STORAGE, is_localizer
 from radserve.pipeline.study import StudyResult
 from radserve.report.wording import (
     LATE_INSTANCES,
@@ -97,8 +96,7 @@ def _never_input(path: Path) -> bool:
         return False
     image_type = header.get("ImageType") or []
     values = [image_type] if isinstance(image_type, str) else list(image_type)
-    localizer = LOCALIZER_IMAGE_TYPE in {str(v).strip().upper() for v in values}
-    return localizer or str(header.get("SOPClassUID", "")) not in VOLUME_IMAGE_STORAGE
+    return is_localizer(values) or str(header.get("SOPClassUID", "")) not in VOLUME_IMAGE_STORAGE
 
 
 def _late_are_never_input(study: CompletedStudy) -> bool:
