@@ -291,7 +291,7 @@ def test_a_report_arriving_after_a_restart_is_matched_and_strangers_are_refused(
     finally:
         store.close()
     assert {item.state for item in settled} == {OutboxState.SENT}
-    assert "unknown or already settled" in caplog.text
+    assert "radserve never asked for it" in caplog.text
     assert "not from the destination it was asked of" in caplog.text
 
 
@@ -372,3 +372,93 @@ def test_a_report_on_the_n_action_association_settles_the_rows_there(
         assert report.retried == len(results)
         assert {item.state for item in items} == {OutboxState.PENDING}
         assert all("0x0110 (processing failure)" in (i.last_error or "") for i in items)
+
+
+@contextmanager
+def _reports_to(outbox: Outbox, tmp_path: Path) -> Iterator[int]:
+    """A radserve SCP of its own (Orthanc reports to another port, not listening) that
+    settles ``outbox``'s commitments; yields its port, for :func:`_report`."""
+    config = ScpConfig(
+        data_dir=tmp_path / "reports",
+        port=0,
+        allowed_peers=[Peer("ORTHANC", "127.0.0.1"), Peer("OTHER", "127.0.0.1")],
+    )
+    with GatewaySCP(config, lambda _: None, on_commitment=outbox.commitments.on_report) as server:
+        yield server.address[1]
+
+
+def test_a_committed_report_after_the_deadline_cancels_the_re_send_not_yet_made(
+    tmp_path: Path, results: list[Path], caplog: pytest.LogCaptureFixture, database_url: str
+) -> None:
+    with (
+        _committing_pacs(tmp_path, scp_running=False, timeout_s=5.0, database_url=database_url) as (
+            orthanc,
+            outbox,
+            rows,
+            _,
+        ),
+        _reports_to(outbox, tmp_path) as port,
+    ):
+        start = utc_now()
+        outbox.enqueue(results, now=start)
+        outbox.deliver_pending(start)
+        asked = rows.items()
+        [transaction] = {item.commitment_uid for item in asked}
+        assert transaction is not None
+        deadline = max(item.next_attempt_at for item in asked)
+        assert outbox.deliver_pending(deadline).retried == len(results)
+        assert {item.state for item in rows.items()} == {OutboxState.PENDING}
+        assert _report(port, "ORTHANC", transaction, asked) == Status.SUCCESS
+        settled = rows.items()
+        later = outbox.deliver_pending(deadline + dt.timedelta(hours=1))
+        held = len(orthanc.get("/instances"))
+    assert {item.state for item in settled} == {OutboxState.SENT}
+    for item in settled:
+        assert item.attempts == 1 and item.sent_at is not None
+        assert "report came after its deadline: the re-send was cancelled" in (
+            item.last_error or ""
+        )
+    assert later.claimed == 0  # nothing is sent a second time
+    assert held == len(results)
+    assert outbox.commitments.late_reports == 1
+    assert f"{len(results)} re-send(s) cancelled, 0 already sent again" in caplog.text
+
+
+def test_a_committed_report_after_the_re_send_counts_it_delivered_and_names_the_duplicate(
+    tmp_path: Path, results: list[Path], caplog: pytest.LogCaptureFixture, database_url: str
+) -> None:
+    with (
+        _committing_pacs(tmp_path, scp_running=False, timeout_s=5.0, database_url=database_url) as (
+            _orthanc,
+            outbox,
+            rows,
+            _,
+        ),
+        _reports_to(outbox, tmp_path) as port,
+    ):
+        start = utc_now()
+        outbox.enqueue(results, now=start)
+        outbox.deliver_pending(start)
+        first = rows.items()
+        [transaction] = {item.commitment_uid for item in first}
+        deadline = max(item.next_attempt_at for item in first)
+        outbox.deliver_pending(deadline)  # no report: rescheduled
+        due = max(item.next_attempt_at for item in rows.items())
+        assert outbox.deliver_pending(due).committing == len(results)  # sent again
+        again = rows.items()
+        [second] = {item.commitment_uid for item in again}
+        assert second not in (None, transaction)
+        assert {item.attempts for item in again} == {2}
+        assert _report(port, "ORTHANC", transaction, first) == Status.SUCCESS
+        settled = rows.items()
+        # the second transaction's report finds them delivered: success, nothing changes
+        assert _report(port, "ORTHANC", second, again) == Status.SUCCESS
+        assert rows.items() == settled
+        assert _report(port, "ORTHANC", "2.25.98765", again) == Status.INVALID_ARGUMENT
+        assert _report(port, "OTHER", transaction, first) == Status.INVALID_ARGUMENT
+    assert {item.state for item in settled} == {OutboxState.SENT}
+    for item in settled:
+        assert "had already been sent again (attempt 2)" in (item.last_error or "")
+        assert "received this SOP Instance UID twice" in (item.last_error or "")
+    assert f"0 re-send(s) cancelled, {len(results)} already sent again" in caplog.text
+    assert "radserve never asked for it" in caplog.text

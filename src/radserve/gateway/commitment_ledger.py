@@ -12,9 +12,14 @@ the N-ACTION goes out) until one of these settles it, each taking the row exactl
 - the N-ACTION itself fails: sent again, or failed for good when the destination does
   not accept Storage Commitment at all.
 
-The report is matched by its Transaction UID in the database, so one that arrives after
-a restart still settles its rows; an unknown or already settled Transaction UID, or one
-reported by another peer than the rows' destination, is answered 0x0115 and logged.
+The report is matched by its Transaction UID in the database (every transaction asked
+is kept with its rows: ``outbox_commitment_requests``), so one that arrives after a
+restart still settles its rows. One that arrives after its deadline is honoured too, for
+the instances it lists committed (the destination holds them): each counts ``sent``; a
+re-send not yet made is cancelled, one already made is named on the row as a duplicate
+the destination received (it cannot be unsent); the late report is logged and counted
+(:attr:`CommitmentLedger.late_reports`). Only a Transaction UID radserve never asked, or
+one reported by another peer than the rows' destination, is answered 0x0115 and logged.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from radserve.gateway.commitment import CommitmentReport
 from radserve.gateway.config import Destination
 from radserve.gateway.conformance import Status
 from radserve.gateway.scu import Outcome, OutgoingFile, SendResult
-from radserve.store.outbox import OutboxItem, OutboxStore, Scope
+from radserve.store.outbox import OutboxItem, OutboxState, OutboxStore, Scope
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +76,7 @@ class CommitmentLedger:
         self.destinations = destinations
         self.record = record
         self.clock = clock
+        self.late_reports = 0  # reports that came after their deadline, since start
 
     def request(
         self,
@@ -130,11 +136,11 @@ class CommitmentLedger:
         return outcomes
 
     def _apply(self, calling: str, report: CommitmentReport) -> tuple[int, str, list[Outcome]]:
-        rows = self.store.committing(report.transaction_uid)
-        if not rows:
+        asked = self.store.requested(report.transaction_uid)
+        if not asked:
             logger.warning(
-                "storage commitment report from %s for transaction %s: unknown or already "
-                "settled (timed out and sent again?); answered 0x%04X",
+                "storage commitment report from %s for transaction %s: radserve never "
+                "asked for it; answered 0x%04X",
                 calling,
                 report.transaction_uid,
                 Status.INVALID_ARGUMENT,
@@ -142,7 +148,7 @@ class CommitmentLedger:
             return Status.INVALID_ARGUMENT, "unknown Transaction UID", []
         titles = {
             self.destinations[r.destination].ae_title
-            for r in rows
+            for r in asked
             if r.destination in self.destinations
         }
         if calling not in titles:
@@ -156,18 +162,72 @@ class CommitmentLedger:
             return Status.INVALID_ARGUMENT, "transaction not requested of this AE", []
         now = self.clock()
         outcomes = []
-        for item in self.store.take_committing(now=now, transaction_uid=report.transaction_uid):
+        taken = self.store.take_committing(now=now, transaction_uid=report.transaction_uid)
+        for item in taken:
             outcomes.append(self.record(item, _result_for(item, report), now))
-        failed = sum(1 for item in rows if item.sop_instance_uid not in report.committed)
-        log = logger.warning if failed else logger.info
-        log(
-            "storage commitment %s from %s: %d committed, %d not (sent again)",
+        if taken:
+            failed = sum(1 for item in taken if item.sop_instance_uid not in report.committed)
+            log = logger.warning if failed else logger.info
+            log(
+                "storage commitment %s from %s: %d committed, %d not (sent again)",
+                report.transaction_uid,
+                calling,
+                len(taken) - failed,
+                failed,
+            )
+        settled = {item.id for item in taken}
+        late = [i for i in asked if i.id not in settled and i.state is not OutboxState.SENT]
+        if late:
+            self._apply_late(calling, report, late, now)
+        elif not taken:
+            logger.info(
+                "storage commitment %s from %s again: its instances are delivered already",
+                report.transaction_uid,
+                calling,
+            )
+        return Status.SUCCESS, "", outcomes
+
+    def _apply_late(
+        self, calling: str, report: CommitmentReport, rows: list[OutboxItem], now: dt.datetime
+    ) -> None:
+        """A report for rows no longer awaiting it (their deadline passed first, or an
+        earlier report settled them): the destination holds what it lists committed, so
+        those rows count as delivered (:meth:`OutboxStore.commit_late`); a re-send not
+        yet made is cancelled, one already made is recorded as a duplicate."""
+        self.late_reports += 1
+        cancelled = duplicates = 0
+        for item in rows:
+            if item.sop_instance_uid not in report.committed:
+                continue
+            again = item.state in (OutboxState.SENDING, OutboxState.COMMITTING)
+            note = (
+                f"committed by {item.destination} in transaction {report.transaction_uid}, "
+                "whose report came after its deadline: "
+                + (
+                    f"the instance had already been sent again (attempt {item.attempts}), "
+                    "so the destination received this SOP Instance UID twice"
+                    if again
+                    else "the re-send was cancelled"
+                )
+            )
+            if self.store.commit_late(
+                item.id, transaction_uid=report.transaction_uid, now=now, note=note
+            ):
+                duplicates += again
+                cancelled += not again
+        logger.warning(
+            "storage commitment %s from %s came after its deadline (late report %d since "
+            "start): %d instance(s) it names counted delivered, %d re-send(s) cancelled, %d "
+            "already sent again (duplicates at the destination); %d left as they were (not "
+            "listed committed, or failed by a newer transaction)",
             report.transaction_uid,
             calling,
-            len(rows) - failed,
-            failed,
+            self.late_reports,
+            cancelled + duplicates,
+            cancelled,
+            duplicates,
+            len(rows) - cancelled - duplicates,
         )
-        return Status.SUCCESS, "", outcomes
 
 
 def _result_for(item: OutboxItem, report: CommitmentReport) -> SendResult:

@@ -209,6 +209,21 @@ class OutboxDelivery(Base):
     commitment_uid: Mapped[str | None] = mapped_column(String(64), index=True)
 
 
+class OutboxCommitmentRequest(Base):
+    """One outbox row asked of its destination under one Storage Commitment Transaction
+    UID (N-ACTION). Kept after the row moves on (sent again under a new transaction,
+    rescheduled, failed), so a report arriving after its deadline is still matched to the
+    rows it names (radserve.gateway.commitment_ledger)."""
+
+    __tablename__ = "outbox_commitment_requests"
+
+    transaction_uid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    delivery_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("outbox_deliveries.id", ondelete="CASCADE"), primary_key=True
+    )
+    requested_at: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+
+
 class ResultInstance(Base):
     """A DICOM instance radserve wrote as a job's result (SEG, SR): the index that
     DICOMweb retrieval (WADO-RS) answers from, by study, series and instance UID."""

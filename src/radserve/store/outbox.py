@@ -38,7 +38,7 @@ from radserve.domain.priority import PriorityClass
 from radserve.store.base import StoreBase
 from radserve.store.errors import OutboxItemNotFoundError, OutboxNotRetryableError
 from radserve.store.leases import LeaseLostError
-from radserve.store.models import Job, OutboxDelivery
+from radserve.store.models import Job, OutboxCommitmentRequest, OutboxDelivery
 
 # A delivery's rank by its job's class (rows of no job, or of a purged one, as routine).
 _CLASS_ORDER = case(
@@ -502,6 +502,18 @@ class OutboxStore(StoreBase):
                     lease_owner=None,
                 )
             )
+            asked = session.scalars(
+                select(OutboxDelivery.id).where(
+                    OutboxDelivery.id.in_(list(ids)),
+                    OutboxDelivery.commitment_uid == transaction_uid,
+                )
+            ).all()
+            session.add_all(
+                OutboxCommitmentRequest(
+                    transaction_uid=transaction_uid, delivery_id=item_id, requested_at=now
+                )
+                for item_id in asked
+            )
             return int(getattr(result, "rowcount", 0))
 
     def committing(self, transaction_uid: str) -> list[OutboxItem]:
@@ -516,6 +528,52 @@ class OutboxStore(StoreBase):
                 .order_by(OutboxDelivery.id)
             ).all()
             return [_record(row) for row in rows]
+
+    def requested(self, transaction_uid: str) -> list[OutboxItem]:
+        """Every row ``transaction_uid``'s N-ACTION asked about, in whatever state it is
+        now (empty: radserve never asked for this transaction)."""
+        with self._read() as session:
+            rows = session.scalars(
+                select(OutboxDelivery)
+                .join(
+                    OutboxCommitmentRequest,
+                    OutboxCommitmentRequest.delivery_id == OutboxDelivery.id,
+                )
+                .where(OutboxCommitmentRequest.transaction_uid == transaction_uid)
+                .order_by(OutboxDelivery.id)
+            ).all()
+            return [_record(row) for row in rows]
+
+    def commit_late(
+        self, item_id: int, *, transaction_uid: str, now: dt.datetime, note: str
+    ) -> bool:
+        """A report of ``transaction_uid`` that came after its deadline lists the row
+        committed: ``sent`` (``note`` kept in ``last_error``) unless it is already sent,
+        or a newer transaction of its own has since failed it (``pending`` or
+        ``failed_permanent`` under another Transaction UID: the newer word wins). A
+        ``pending`` re-send not yet made is cancelled; one being made or made
+        (``sending``, ``committing``) is overtaken, its later outcome finding the row
+        ``sent``. False if the row was not moved."""
+        later = OutboxDelivery.state.in_((OutboxState.SENDING.value, OutboxState.COMMITTING.value))
+        cancelled = and_(
+            OutboxDelivery.state.in_(
+                (OutboxState.PENDING.value, OutboxState.FAILED_PERMANENT.value)
+            ),
+            OutboxDelivery.commitment_uid == transaction_uid,
+        )
+        with self._write(audited=False) as session:
+            result = session.execute(
+                update(OutboxDelivery)
+                .where(OutboxDelivery.id == item_id, or_(later, cancelled))
+                .values(
+                    state=OutboxState.SENT.value,
+                    sent_at=now,
+                    updated=now,
+                    lease_owner=None,
+                    last_error=note,
+                )
+            )
+            return getattr(result, "rowcount", 0) == 1
 
     def take_committing(
         self,
