@@ -62,7 +62,7 @@ def db(request, tmp_path: Path) -> Iterator[tuple[Store, OutboxStore]]:
     else:
         store = init_store(request.getfixturevalue("postgres_url"))
         with store.engine.begin() as connection:
-            connection.execute(text("TRUNCATE outbox_deliveries"))
+            connection.execute(text("TRUNCATE outbox_deliveries CASCADE"))
     yield store, OutboxStore(store.engine)
     store.close()
 
