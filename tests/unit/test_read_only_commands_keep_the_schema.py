@@ -12,13 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from alembic.script import ScriptDirectory
 from click.testing import CliRunner
 from tests.factories.postgres import postgres_schema
 
 from radserve.cli import cli
 from radserve.store.db import make_engine
 from radserve.store.errors import SchemaNotCurrentError
-from radserve.store.migrate import current_revision, head_revision, previous_revision, upgrade
+from radserve.store.migrate import alembic_config, current_revision, head_revision, upgrade
 
 READERS = [
     ["audit", "verify"],
@@ -58,6 +59,14 @@ def older_store(
         monkeypatch.setenv("RADSERVE_DATABASE_URL", url)
         _migrate_to_one_before_head(url)
         yield url
+
+
+def previous_revision() -> str:
+    """The revision just before head (what a store one release behind is at); only this
+    test needs it, so it is here, not in radserve.store.migrate."""
+    down = ScriptDirectory.from_config(alembic_config()).get_revision(head_revision()).down_revision
+    assert isinstance(down, str), f"the head migration {head_revision()} has no single parent"
+    return down
 
 
 def _migrate_to_one_before_head(url: str) -> None:

@@ -44,15 +44,6 @@ def head_revision() -> str:
     return head
 
 
-def previous_revision() -> str:
-    """The revision just before head (what a store one release behind is at)."""
-    script = ScriptDirectory.from_config(alembic_config())
-    down = script.get_revision(head_revision()).down_revision
-    if not isinstance(down, str):
-        raise RuntimeError(f"the head migration {head_revision()} has no single parent")
-    return down
-
-
 def current_revision(engine: Engine) -> str | None:
     with engine.connect() as connection:
         return MigrationContext.configure(connection).get_current_revision()
