@@ -27,7 +27,15 @@ from typing import Any
 from radserve.bench.eta_accuracy import arrivals_before, read_summary
 from radserve.turnaround.bias import KEYS, LEARN, STATISTICS
 from radserve.turnaround.rates import ArrivalRates
-from radserve.turnaround.replay import Refit, Speed, Variant, deadline_alerts, errors, replay
+from radserve.turnaround.replay import (
+    SERVER_WALK,
+    Refit,
+    Speed,
+    Variant,
+    deadline_alerts,
+    errors,
+    replay,
+)
 
 # "allowance, no bias" (no drain, the model as the server had it) replays the server's
 # defaults of the recording; the "refit" rows rebuild the service-time model from the
@@ -101,7 +109,7 @@ VARIANTS = {
     "rates since first arrival": Variant(
         drain=False, capacity=SESSION_10_WALK, rates=ArrivalRates()
     ),
-    "session 11 (default)": Variant(drain=False, capacity=SESSION_11_WALK, rates=ArrivalRates()),
+    "session 11 (default)": SERVER_WALK,
     "session 11, running behind": Variant(
         drain=False, capacity=WITH_RUNNING_BEHIND, rates=ArrivalRates()
     ),

@@ -789,7 +789,7 @@ class TurnaroundSettings(_Section):
     """ETAs, deadline-risk events and the service-time model (radserve.turnaround)."""
 
     # a job is at risk when its predicted finish passes its deadline minus this margin
-    risk_margin_s: float = Field(default=30.0, ge=0)
+    risk_margin_s: float = Field(default=10.0, ge=0)
     # a risk is cleared when the predicted finish is back before deadline - margin - this
     # (hysteresis: a prediction hovering at the threshold neither raises nor clears again)
     risk_clear_s: float = Field(default=15.0, ge=0)

@@ -1,6 +1,7 @@
 """Deadline-risk transitions: raised past deadline - margin, cleared only once the
 prediction is back before deadline - margin - clear_s (no flapping in the band), raised
-again as a new event, frozen after the deadline, forgotten when the job ends."""
+again as a new event, frozen after the deadline, forgotten when the job ends; the replay's
+options (a margin growing with the time left, persistence over recomputations)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,32 @@ def test_zero_band_clears_at_the_threshold_and_negative_values_are_refused() -> 
     assert _update(tracker, DEADLINE - MARGIN, 101.0) == ([], ["j"])
     with pytest.raises(ValueError, match="seconds >= 0"):
         RiskTracker(-1.0, 0.0)
+    with pytest.raises(ValueError, match="seconds >= 0"):
+        RiskTracker(MARGIN, 0.0, hold_s=-1.0)
+    with pytest.raises(ValueError, match="fraction"):
+        RiskTracker(MARGIN, 0.0, margin_fraction=1.0)
+
+
+def test_the_margin_grows_with_the_time_left_by_its_fraction() -> None:
+    tracker = RiskTracker(10.0, CLEAR, margin_fraction=0.5)
+    assert tracker.threshold(DEADLINE, DEADLINE - 100) == DEADLINE - 10 - 50
+    assert tracker.threshold(DEADLINE, DEADLINE + 5) == DEADLINE - 10  # none left
+    # 100 s before the deadline a finish 55 s early is at risk; 20 s before, it is not yet
+    assert _update(tracker, DEADLINE - 55, DEADLINE - 100) == (["j"], [])
+    late = RiskTracker(10.0, CLEAR, margin_fraction=0.5)
+    assert _update(late, DEADLINE - 25, DEADLINE - 20) == ([], [])
+    assert _update(late, DEADLINE - 15, DEADLINE - 18) == (["j"], [])  # past D - 19
+
+
+def test_a_hold_raises_only_a_risk_that_stood_that_long_over_recomputations() -> None:
+    tracker = RiskTracker(MARGIN, CLEAR, hold_s=5.0)
+    assert _update(tracker, DEADLINE, 100.0) == ([], [])  # past the threshold: held from now
+    assert _update(tracker, DEADLINE, 104.0) == ([], [])
+    assert _update(tracker, DEADLINE - MARGIN, 104.5) == ([], [])  # back: the hold restarts
+    assert _update(tracker, DEADLINE, 106.0) == ([], [])
+    assert _update(tracker, DEADLINE, 110.0) == ([], [])
+    assert _update(tracker, DEADLINE, 111.0) == (["j"], [])  # stood 5 s since 106
+    risk = tracker.get("j")
+    assert risk is not None and risk.raised_at == 111.0
+    tracker.forget("j")
+    assert _update(tracker, DEADLINE, 120.0) == ([], [])  # a new job's hold starts again

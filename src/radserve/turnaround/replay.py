@@ -22,6 +22,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from radserve.config import TurnaroundSettings
 from radserve.domain.priority import PriorityClass
 from radserve.turnaround.bias import BiasCorrection
 from radserve.turnaround.conformal import ConformalBand
@@ -169,6 +170,15 @@ class Variant:
     # walk's band, as recorded)
     band_quantile: float = 0.0
     band_window: int = 20
+
+
+# the server's walk since session 11 (a running job's share left as measured, the running
+# jobs not ranked behind, the arrival rates counted since the first arrival)
+SERVER_WALK = Variant(
+    drain=False,
+    capacity=(("share_left", "measured"), ("running_behind", False)),
+    rates=ArrivalRates(),
+)
 
 
 @dataclass
@@ -573,34 +583,86 @@ def errors(
     return out
 
 
-def deadline_alerts(
-    jobs: Sequence[Replayed], margin_s: float = 30.0, clear_s: float = 15.0
-) -> dict[str, Any]:
-    """The server's deadline-risk events (:class:`RiskTracker`, its default margin and
-    clearing band) over each ended job's readings: misses (ended past the deadline),
-    those a risk stood for at the deadline, how long before it that risk was raised
-    (``lead_s``), and jobs alerted that did not miss (``false_alerts``). The tracker reads
-    the predicted finish only, never the band's late end."""
-    out: dict[str, Any] = {"misses": 0, "predicted": 0, "lead_s": [], "false_alerts": 0}
+_SERVER_RISK = TurnaroundSettings.model_fields  # the server's margins: the replay's default
+SERVER_MARGIN_S: float = _SERVER_RISK["risk_margin_s"].default
+SERVER_CLEAR_S: float = _SERVER_RISK["risk_clear_s"].default
+
+
+@dataclass(frozen=True)
+class RiskRule:
+    """A deadline-risk rule as :class:`RiskTracker` applies it (the server's by default)."""
+
+    margin_s: float = SERVER_MARGIN_S
+    clear_s: float = SERVER_CLEAR_S
+    margin_fraction: float = 0.0
+    hold_s: float = 0.0
+
+    def tracker(self) -> RiskTracker:
+        return RiskTracker(
+            self.margin_s, self.clear_s, margin_fraction=self.margin_fraction, hold_s=self.hold_s
+        )
+
+
+@dataclass(frozen=True)
+class RiskOutcome:
+    """What a rule raised for one ended job over its readings, and how the job ended."""
+
+    job: Replayed
+    raised_at: tuple[float, ...]  # every raise (scheduler clock)
+    standing: float | None  # when the risk standing at the end (or deadline) was raised
+
+    @property
+    def missed(self) -> bool:
+        return self.job.end is not None and self.job.end > self.job.deadline
+
+    @property
+    def lead_s(self) -> float | None:
+        """For a miss a risk stood for at the deadline: how long before it that was raised."""
+        if not self.missed or self.standing is None or self.standing > self.job.deadline:
+            return None
+        return self.job.deadline - self.standing
+
+
+def risk_outcomes(jobs: Sequence[Replayed], rule: RiskRule = RiskRule()) -> list[RiskOutcome]:
+    """Each ended job's risk events under ``rule`` (:class:`RiskTracker`, one per job, fed
+    that job's readings up to its end). The tracker reads the predicted finish only,
+    never the band's late end."""
     cls = PriorityClass.OUTPATIENT  # the tracker's label only
+    out = []
     for job in jobs:
         if job.end is None:
             continue
-        risk, alerted = RiskTracker(margin_s, clear_s), False
+        risk, raised = rule.tracker(), []
         for now, finish in job.readings:
             if now > job.end:
                 break
             eta = Eta(job.job_id, job.position, now, finish, finish, job.deadline)
-            alerted |= bool(risk.update([eta], {job.job_id: cls}, now)[0])
-        if job.end <= job.deadline:
-            out["false_alerts"] += alerted
-            continue
-        out["misses"] += 1
+            raised += [r.raised_at for r in risk.update([eta], {job.job_id: cls}, now)[0]]
         standing = risk.get(job.job_id)
-        if standing is not None and standing.raised_at <= job.deadline:
-            out["predicted"] += 1
-            out["lead_s"].append(job.deadline - standing.raised_at)
+        at = None if standing is None else standing.raised_at
+        out.append(RiskOutcome(job, tuple(raised), at))
     return out
+
+
+def deadline_alerts(jobs: Sequence[Replayed], rule: RiskRule = RiskRule()) -> dict[str, Any]:
+    """The deadline-risk events of ``rule`` (the server's margins by default) over each
+    ended job's readings: misses (ended past the deadline), those a risk stood for at the
+    deadline (``predicted``), how long before it that risk was raised (``lead_s``), jobs
+    alerted that did not miss (``false_alerts``) and how far before the deadline each of
+    those ended (``false_slack_s``: a near miss is a fair warning), raise events
+    (``raised``) and ended jobs (``jobs``)."""
+    outcomes = risk_outcomes(jobs, rule)
+    false = [o for o in outcomes if o.raised_at and not o.missed]
+    leads = [o.lead_s for o in outcomes if o.lead_s is not None]
+    return {
+        "jobs": len(outcomes),
+        "misses": sum(o.missed for o in outcomes),
+        "predicted": len(leads),
+        "lead_s": leads,
+        "false_alerts": len(false),
+        "false_slack_s": [o.job.deadline - o.job.end for o in false if o.job.end is not None],
+        "raised": sum(len(o.raised_at) for o in outcomes),
+    }
 
 
 def log_ratio_spread(jobs: Sequence[Replayed]) -> float:
@@ -615,8 +677,13 @@ def log_ratio_spread(jobs: Sequence[Replayed]) -> float:
 
 
 __all__ = [
+    "SERVER_CLEAR_S",
+    "SERVER_MARGIN_S",
+    "SERVER_WALK",
     "Refit",
     "Replayed",
+    "RiskOutcome",
+    "RiskRule",
     "SharesSoFar",
     "Speed",
     "Variant",
@@ -624,6 +691,7 @@ __all__ = [
     "errors",
     "first_seen",
     "replay",
+    "risk_outcomes",
     "shares_of",
     "walk_inputs",
     "walk_record",

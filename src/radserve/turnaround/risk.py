@@ -9,6 +9,13 @@ and clear an alert each time. A cleared job is raised again, as a new event, if 
 prediction passes the threshold once more. After the deadline nothing changes: a risk
 standing then is the one the miss is counted against.
 
+Two options the replay (``tools/risk_replay.py``, session 20) tried and the server does
+not use (both off by default): a margin that grows with the time left to the deadline
+(``margin_fraction`` of it, added to ``margin_s``), and a persistence rule (``hold_s``: a
+prediction must stand past the threshold that long, over successive recomputations,
+before it is raised). Over the sixteen kept traces neither beat the plain margin held
+out (docs/history/turnaround.md "Session 20").
+
 :class:`RiskTracker` is plain state (its owner locks it) and says what changed; the owner
 (:class:`radserve.service.turnaround.Turnaround`) audits, counts and alerts.
 """
@@ -57,12 +64,19 @@ class RiskCleared:
 class RiskTracker:
     """The standing risks, and the raise / clear transitions (module docstring)."""
 
-    def __init__(self, margin_s: float, clear_s: float) -> None:
-        if margin_s < 0 or clear_s < 0:
-            raise ValueError("the risk margin and the clearing band are seconds >= 0")
+    def __init__(
+        self, margin_s: float, clear_s: float, *, margin_fraction: float = 0.0, hold_s: float = 0.0
+    ) -> None:
+        if margin_s < 0 or clear_s < 0 or hold_s < 0:
+            raise ValueError("the risk margin, clearing band and hold are seconds >= 0")
+        if not 0.0 <= margin_fraction < 1.0:
+            raise ValueError("the margin's fraction of the time left is in [0, 1)")
         self.margin_s = margin_s
         self.clear_s = clear_s
+        self.margin_fraction = margin_fraction
+        self.hold_s = hold_s
         self._risks: dict[str, RiskEvent] = {}
+        self._over_since: dict[str, float] = {}  # past the threshold, not yet held long
         self.raised = 0
         self.cleared = 0
 
@@ -77,8 +91,14 @@ class RiskTracker:
             if now > eta.deadline:  # missed: a miss, no longer a prediction
                 continue
             risk = self._risks.get(eta.job_id)
+            threshold = self.threshold(eta.deadline, now)
             if risk is None:
-                if eta.finish > eta.deadline - self.margin_s:
+                if eta.finish <= threshold:
+                    self._over_since.pop(eta.job_id, None)
+                    continue
+                since = self._over_since.setdefault(eta.job_id, now)
+                if now - since >= self.hold_s:
+                    del self._over_since[eta.job_id]
                     risk = RiskEvent(
                         eta.job_id,
                         classes[eta.job_id],
@@ -89,16 +109,22 @@ class RiskTracker:
                     )
                     self._risks[eta.job_id] = risk
                     raised.append(risk)
-            elif eta.finish <= eta.deadline - self.margin_s - self.clear_s:
+            elif eta.finish <= threshold - self.clear_s:
                 del self._risks[eta.job_id]
                 cleared.append(RiskCleared(risk, now, eta.finish, eta.finish_late))
         self.raised += len(raised)
         self.cleared += len(cleared)
         return raised, cleared
 
+    def threshold(self, deadline: float, now: float) -> float:
+        """The predicted finish past which a job is at risk: ``deadline - margin_s``,
+        less ``margin_fraction`` of the time left (none by default)."""
+        return deadline - self.margin_s - self.margin_fraction * max(0.0, deadline - now)
+
     def forget(self, job_id: str) -> None:
         """The job ended: its risk, if any, goes without an event."""
         self._risks.pop(job_id, None)
+        self._over_since.pop(job_id, None)
 
     def get(self, job_id: str) -> RiskEvent | None:
         return self._risks.get(job_id)
