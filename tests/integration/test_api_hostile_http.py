@@ -357,3 +357,69 @@ def test_error_messages_quote_at_most_64_characters_of_the_request(
     message = json.loads(body)["error"]["message"]
     assert f"'{LONG[:64]}…'" in message
     assert len(message) < 400, message
+
+
+def _dicom_part(live: dict[str, Any], media: str = "application/dicom") -> bytes:
+    return f"--b\r\nContent-Type: {media}\r\n\r\n".encode() + live["dicom"] + b"\r\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "status", "code", "words"),
+    [
+        ("empty body", {"content_type": STOW + "b"}, 400, "empty_upload", "body is empty"),
+        (
+            "body framed with another boundary",
+            {"content_type": STOW + "zz", "body": part(DICOM) + close()},
+            400,
+            "invalid_request",
+            "no delimiter of the boundary",
+        ),
+        (
+            "body cut mid-part",
+            {"content_type": STOW + "b", "body": part(DICOM)[:-30]},
+            400,
+            "upload_incomplete",
+            "cut short",
+        ),
+        (
+            "gzip Content-Encoding",
+            {
+                "content_type": STOW + "b",
+                "body": part(DICOM) + close(),
+                "extra": b"Content-Encoding: gzip\r\n",
+            },
+            415,
+            "unsupported_media_type",
+            "Content-Encoding 'gzip'",
+        ),
+        (
+            "one DICOM file as the body (not multipart)",
+            {"content_type": "application/dicom", "body": DICOM},
+            415,
+            "unsupported_media_type",
+            "send multipart/related",
+        ),
+    ],
+)
+def test_a_stow_request_refused_as_a_whole_says_why_by_code(
+    live: dict[str, Any], name: str, kwargs: dict[str, Any], status: int, code: str, words: str
+) -> None:
+    """An empty body and one framed with another boundary were answered
+    `upload_incomplete` "the upload was cut short; send it again" (sending it again cannot
+    help), and a gzip body was parsed as if it were plain."""
+    kwargs = {**kwargs, "body": kwargs.get("body", b"").replace(DICOM, live["dicom"])}
+    got, body = request(live, "/dicomweb/studies", **kwargs)
+    error = json.loads(body)["error"]
+    assert (got, error["code"]) == (status, code), (name, body[:300])
+    assert words in error["message"], (name, error["message"])
+
+
+def test_a_part_of_another_media_type_fails_with_a_code(live: dict[str, Any]) -> None:
+    """A text/plain part beside a DICOM one: 202, that part's failed item carries radserve's
+    code (0009,1001), as the per-instance failures do."""
+    body = _dicom_part(live) + _dicom_part(live, "text/plain") + close()
+    status, answer = request(live, "/dicomweb/studies", content_type=STOW + "b", body=body)
+    assert status == 202, answer[:300]
+    (item,) = json.loads(answer)["00081198"]["Value"]
+    assert item["00081197"]["Value"] == [0xC000]
+    assert item["00091001"]["Value"] == ["unsupported_media_type"]

@@ -78,3 +78,33 @@ def test_a_value_pydicom_cannot_convert_is_a_refused_part(tmp_path: Path) -> Non
     header = read_header(io.BytesIO(broken))
     with pytest.raises(InstanceRejectedError, match=r"^Study Instance UID missing$"):
         instance_uids(header, "1.2.3", image=True)
+
+
+def test_every_refused_part_carries_a_code(tmp_path: Path) -> None:
+    """A part of another media type, a part that is not DICOM, an instance of another
+    study than the target and an SR were refused with Failure Reason and text but no
+    radserve code (0009,1001): a client could not tell them apart by code."""
+    import pydicom
+
+    (path,) = make_ct_series(tmp_path, n_slices=1)
+    data = path.read_bytes()
+    ds = pydicom.dcmread(path)
+    ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.88.22"
+    buffer = io.BytesIO()
+    ds.save_as(buffer, enforce_file_format=False)
+    outcomes = (
+        check_part(1, StowPart("text/plain", io.BytesIO(b"hello")), None),
+        check_part(2, _part(b"x" * 500), None),
+        check_part(3, _part(b""), None),
+        check_part(4, _part(data), "1.2.3.4"),
+        check_part(5, _part(buffer.getvalue()), None),
+    )
+    assert [o.code for o in outcomes] == [
+        "unsupported_media_type",
+        "not_dicom",
+        "not_dicom",
+        "invalid_request",
+        "unsupported_sop_class",
+    ]
+    items = StowResult(outcomes).response().to_json_dict()["00081198"]["Value"]
+    assert [i["00091001"]["Value"] for i in items] == [[o.code] for o in outcomes]

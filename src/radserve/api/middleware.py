@@ -7,7 +7,13 @@ is a few attribute lookups.
   byte is read; otherwise the bytes are counted as they stream in and the upload is
   stopped (413) the moment it passes the limit, so a huge upload is never held whole.
 - Truncation: a multipart body that ends without its closing boundary (a client that
-  stopped mid-file) is refused (400) instead of being parsed as a shorter file.
+  stopped mid-file) is refused (400) instead of being parsed as a shorter file; an empty
+  body (``empty_upload``) and one without a single delimiter of its boundary (framed
+  with another boundary, or not multipart: ``invalid_request``) are named as such,
+  since sending them again cannot help.
+- Content coding: a body with a ``Content-Encoding`` other than ``identity`` is refused
+  (415) before a byte is read: radserve does not decode request bodies, and a gzip body
+  was parsed as if it were plain.
 - Timeouts: a request body that stalls for ``request_timeout_s`` is dropped (408); any
   other request that takes longer gets 504 (uploads are exempt: storing a large study
   takes the time it takes, but only while its bytes keep coming).
@@ -35,6 +41,7 @@ from radserve.api.errors import (
     code_for_status,
     error_body,
 )
+from radserve.errors import EmptyUploadError, InvalidRequestError, quoted
 from radserve.media_types import MediaType, is_json
 from radserve.store.files import UploadTooLargeError
 
@@ -78,13 +85,24 @@ class BodyLimitMiddleware:
                 "(server.max_upload_bytes); send fewer or smaller files",
             )
             return
+        coding = _header(scope, b"content-encoding")
+        if coding is not None and coding.strip().lower() not in (b"", b"identity"):
+            await _send_error(
+                send,
+                415,
+                "unsupported_media_type",
+                f"Content-Encoding {quoted(coding.decode('latin-1'))} is not supported: "
+                "send the body unencoded (radserve decodes no request body)",
+            )
+            return
         seen = 0
         limit, idle = self.max_bytes, self.idle_timeout_s
         closing = _closing_delimiter(scope)
         tail = b""
+        framed = False  # whether a delimiter of the boundary was seen
 
         async def limited() -> Message:
-            nonlocal seen, tail
+            nonlocal seen, tail, framed
             try:
                 with anyio.fail_after(idle):
                     message = await receive()
@@ -102,12 +120,11 @@ class BodyLimitMiddleware:
                         "send fewer or smaller files"
                     )
                 if closing is not None:
-                    tail = (tail + chunk)[-_TAIL:]
+                    window = tail + chunk
+                    framed = framed or closing[:-2] in window
+                    tail = window[-_TAIL:]
                     if not message.get("more_body", False) and closing not in tail:
-                        raise UploadIncompleteError(
-                            "the multipart body ends without its closing boundary: the upload "
-                            "was cut short; send it again"
-                        )
+                        _refuse_unclosed(seen, framed, closing)
             return message
 
         await self.app(scope, limited, send)
@@ -281,6 +298,33 @@ class MetricsMiddleware:
             self.observe(scope["method"], template, status, time.perf_counter() - t0)
 
 
+def _refuse_unclosed(seen: int, framed: bool, closing: bytes) -> None:
+    """Why a multipart body that ended without its close delimiter is refused: empty,
+    never framed by its boundary (sending it again cannot help), or cut short."""
+    if not seen:
+        raise EmptyUploadError(
+            "the request body is empty: send one DICOM file per part of a multipart body"
+        )
+    if not framed:
+        raise InvalidRequestError(
+            f"the body holds no delimiter of the boundary its Content-Type declares "
+            f"({quoted(closing[2:-2].decode('latin-1'))}): it is framed with another "
+            "boundary, or it is not multipart"
+        )
+    raise UploadIncompleteError(
+        "the multipart body ends without its closing boundary: the upload was cut short; "
+        "send it again"
+    )
+
+
+def _header(scope: Scope, wanted: bytes) -> bytes | None:
+    """The value of the request header ``wanted`` (a lower-case name), or None."""
+    for name, value in scope.get("headers", ()):
+        if name == wanted:
+            return bytes(value)
+    return None
+
+
 def _closing_delimiter(scope: Scope) -> bytes | None:
     """``--boundary--`` of a multipart request, or None for other bodies."""
     for name, value in scope.get("headers", ()):
@@ -294,13 +338,11 @@ def _closing_delimiter(scope: Scope) -> bytes | None:
 
 
 def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
+    value = _header(scope, b"content-length")
+    try:
+        return None if value is None else int(value)
+    except ValueError:
+        return None
 
 
 __all__ = [

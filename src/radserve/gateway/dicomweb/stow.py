@@ -33,7 +33,13 @@ from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 
 from radserve import error_table
-from radserve.errors import RadserveError, quoted
+from radserve.errors import (
+    InvalidRequestError,
+    NotDicomError,
+    RadserveError,
+    UnsupportedMediaError,
+    quoted,
+)
 from radserve.gateway import conformance
 from radserve.gateway.completeness import (
     CompletenessMonitor,
@@ -66,6 +72,9 @@ REASON_CREATOR = "radserve"
 REASON_CODE = 0x01
 REASON_TEXT = 0x02
 STOW_DIR = "dicomweb"
+# the code of a part whose SOP class radserve does not read (no error class raises it:
+# such a part is answered, never raised)
+UNSUPPORTED_SOP_CLASS = "unsupported_sop_class"
 _IMAGE_CLASSES = frozenset(str(uid) for uid in conformance.IMAGE_STORAGE)
 _SYNTAXES = frozenset(str(uid) for uid in conformance.SCP_TRANSFER_SYNTAXES)
 
@@ -339,6 +348,7 @@ def check_part(
             number,
             failure=FailureReason.CANNOT_UNDERSTAND,
             reason=f"media type {quoted(media)}; expected {DICOM_MEDIA}",
+            code=UnsupportedMediaError.code,
         )
     part.stream.seek(0)
     bounds = policy or IngestPolicy()
@@ -369,6 +379,7 @@ def check_part(
             number,
             failure=FailureReason.CANNOT_UNDERSTAND,
             reason=f"not a readable DICOM Part-10 file ({exc.cause_name})",
+            code=NotDicomError.code,
         )
     except (InvalidDicomError, AttributeError, EOFError, ValueError, TypeError, OSError) as exc:
         # the parser's message may quote element values: name only its type
@@ -376,10 +387,16 @@ def check_part(
             number,
             failure=FailureReason.CANNOT_UNDERSTAND,
             reason=f"not a readable DICOM Part-10 file ({type(exc).__name__})",
+            code=NotDicomError.code,
         )
     outcome = InstanceOutcome(number, sop_class, sop_uid, study_uid)
     if target_study is not None and study_uid != target_study:
-        return _failed(outcome, FailureReason.STUDY_UID_MISMATCH, "not of the target study")
+        return _failed(
+            outcome,
+            FailureReason.STUDY_UID_MISMATCH,
+            "not of the target study",
+            InvalidRequestError.code,
+        )
     if own_results is not None and own_results.check(ds, "STOW-RS"):
         return InstanceOutcome(number, sop_class, sop_uid, study_uid, own_result=True)
     if sop_class not in _IMAGE_CLASSES:
@@ -387,6 +404,7 @@ def check_part(
             outcome,
             FailureReason.SOP_CLASS_NOT_SUPPORTED,
             f"SOP class {quoted(sop_class)} is not an image storage class radserve reads",
+            UNSUPPORTED_SOP_CLASS,
         )
     if syntax not in _SYNTAXES:
         return _failed(
@@ -411,7 +429,7 @@ def _check_complete(
     try:
         record = read_stream(stream, size, SourceFile(Path(f"part {outcome.part}")), policy)
     except SkipFile as exc:
-        return _failed(outcome, FailureReason.CANNOT_UNDERSTAND, exc.reason, "not_dicom")
+        return _failed(outcome, FailureReason.CANNOT_UNDERSTAND, exc.reason, NotDicomError.code)
     problem = next((f.problem for f in record.frames if f.problem is not None), None)
     if problem is None:
         return outcome
@@ -424,7 +442,7 @@ def _check_complete(
 
 
 def _failed(
-    outcome: InstanceOutcome, failure: FailureReason, reason: str, code: str = ""
+    outcome: InstanceOutcome, failure: FailureReason, reason: str, code: str
 ) -> InstanceOutcome:
     return InstanceOutcome(
         outcome.part,
