@@ -4,15 +4,19 @@ UTF-8 bytes, cut on a character boundary, a Person Name group by group."""
 from __future__ import annotations
 
 import pytest
+from pydicom.datadict import dictionary_VR, tag_for_keyword
 from pydicom.dataset import Dataset
 
 from radserve.models.dicom_text import cut_utf8
 from radserve.report.shortened import (
     COPIED_KEYWORDS,
     COPIED_MODULES,
+    CUT_VRS,
+    MAX_BYTES,
     CopiedValueTooLongError,
     cut_copied,
     cut_encoded,
+    required_type,
     shortened_values,
 )
 
@@ -85,6 +89,30 @@ def test_the_copied_attributes_are_highdicoms_copy_list() -> None:
         )
     )
     assert expected == COPIED_KEYWORDS
+
+
+def test_the_required_attributes_are_highdicoms_module_tables() -> None:
+    """The written-out Type 1/1C table (the attributes of the VRs written empty, the only
+    ones asked about) follows the installed highdicom's PS3.3 tables."""
+    from highdicom._standard_utils import get_module_attribute_map
+
+    modules = get_module_attribute_map()
+    asked = set(MAX_BYTES) - CUT_VRS
+    expected = {
+        (tuple(str(s) for s in item["path"]), str(item["keyword"])): str(item["type"])
+        for module in COPIED_MODULES
+        for item in modules[module]
+        if item["type"] in ("1", "1C")
+        and (tag := tag_for_keyword(str(item["keyword"]))) is not None
+        and dictionary_VR(tag) in asked
+    }
+    assert len(expected) == 311
+    assert {
+        (within, keyword): required_type((tuple((seq, 0) for seq in within), keyword))
+        for within, keyword in expected
+    } == expected
+    assert required_type(((), "PatientSex")) is None  # Type 2
+    assert required_type(((("ReferencedPatientPhotoSequence", 0),), "StudyDate")) is None
 
 
 def test_values_no_prefix_of_which_is_valid_are_written_empty_and_named() -> None:

@@ -13,11 +13,11 @@ inside the items of the sequences copied (a Procedure Code Sequence's Code Meani
 Other Patient IDs Sequence's Patient ID) by the same rule. A value of a VR no prefix of
 which is valid (UI, DA, TM, DT, DS, IS, AS; CS and AE: a prefix of a code is another
 code, of an AE title another AE's name) is written empty instead (valid for Type 2 and
-3; a Type 1 or 1C one, by highdicom's copy of the PS3.3 module tables, is refused by
-name) (before session 18 only PN, LO, SH, ST and LT were looked at: a 5-byte Patient's Age
-was copied whole). A reader comparing the
-results with the PACS's images must be told: the report carries one ``value_shortened``
-warning per attribute (JSON, and a Quality Issue in the SR). The FHIR Bundle keeps
+3; a Type 1 or 1C one, by the PS3.3 module tables (written out here from highdicom's
+copy), is refused by name) (before session 18 only PN, LO, SH, ST and LT were looked at:
+a 5-byte Patient's Age was copied whole). A reader comparing the results with the
+PACS's images must be told: the report carries one ``value_shortened`` warning per
+attribute (JSON, and a Quality Issue in the SR). The FHIR Bundle keeps
 values whole (FHIR has no length limit).
 """
 
@@ -257,20 +257,123 @@ def value_bytes(vr: str, text: str, encodings: Sequence[str] | None = None) -> i
     return max(encoded_size(g, encodings) for g in (text.split("=") if vr == "PN" else [text]))
 
 
+# The Type 1 and 1C attributes of the copied modules and of their sequences' items (PS3.3
+# C.7.1.1, C.7.1.3, C.7.2.1, C.7.2.2, C.7.2.3 and the macros they include) whose VR is one
+# that is written empty rather than cut: the only ones :func:`required_type` is asked
+# about. Written out from highdicom 0.28's copy of the PS3.3 tables because highdicom
+# reads those only through a private module (highdicom._standard_utils) and pydicom's
+# dictionary has no attribute types; tests/unit/test_report_shortened.py checks this
+# table against the installed highdicom. Keyed by the sequences an attribute is inside
+# ("A.B": in an item of B in an item of A; "": top level).
+# The Code Sequence Macro's (Table 8.8-1) such attributes, each 1C, in the items of
+# these code sequences and of their items' Equivalent Code Sequence:
+_CODE_ITEM_1C = (
+    "ContextGroupExtensionCreatorUID",
+    "ContextGroupLocalVersion",
+    "ContextGroupVersion",
+    "MappingResource",
+)
+_CODE_SEQUENCES = (
+    "AdmittingDiagnosesCodeSequence",
+    "BreedRegistrationSequence.BreedRegistryCodeSequence",
+    "ClinicalTrialTimePointTypeCodeSequence",
+    "ConsultingPhysicianIdentificationSequence.InstitutionCodeSequence",
+    "ConsultingPhysicianIdentificationSequence.InstitutionalDepartmentTypeCodeSequence",
+    "ConsultingPhysicianIdentificationSequence.PersonIdentificationCodeSequence",
+    "DeidentificationMethodCodeSequence",
+    "EthnicGroupCodeSequence",
+    "GeneticModificationsSequence.GeneticModificationsCodeSequence",
+    "GroupOfPatientsIdentificationSequence.IssuerOfPatientIDQualifiersSequence.AssigningAgencyOrDepartmentCodeSequence",
+    "GroupOfPatientsIdentificationSequence.IssuerOfPatientIDQualifiersSequence.AssigningJurisdictionCodeSequence",
+    "IssuerOfPatientIDQualifiersSequence.AssigningAgencyOrDepartmentCodeSequence",
+    "IssuerOfPatientIDQualifiersSequence.AssigningJurisdictionCodeSequence",
+    "OtherPatientIDsSequence.IssuerOfPatientIDQualifiersSequence.AssigningAgencyOrDepartmentCodeSequence",
+    "OtherPatientIDsSequence.IssuerOfPatientIDQualifiersSequence.AssigningJurisdictionCodeSequence",
+    "PatientBreedCodeSequence",
+    "PatientSizeCodeSequence",
+    "PatientSpeciesCodeSequence",
+    "PhysiciansOfRecordIdentificationSequence.InstitutionCodeSequence",
+    "PhysiciansOfRecordIdentificationSequence.InstitutionalDepartmentTypeCodeSequence",
+    "PhysiciansOfRecordIdentificationSequence.PersonIdentificationCodeSequence",
+    "PhysiciansReadingStudyIdentificationSequence.InstitutionCodeSequence",
+    "PhysiciansReadingStudyIdentificationSequence.InstitutionalDepartmentTypeCodeSequence",
+    "PhysiciansReadingStudyIdentificationSequence.PersonIdentificationCodeSequence",
+    "ProcedureCodeSequence",
+    "ReasonForPerformedProcedureCodeSequence",
+    "ReasonForVisitCodeSequence",
+    "ReferringPhysicianIdentificationSequence.InstitutionCodeSequence",
+    "ReferringPhysicianIdentificationSequence.InstitutionalDepartmentTypeCodeSequence",
+    "ReferringPhysicianIdentificationSequence.PersonIdentificationCodeSequence",
+    "RequestingServiceCodeSequence",
+    "SourcePatientGroupIdentificationSequence.IssuerOfPatientIDQualifiersSequence.AssigningAgencyOrDepartmentCodeSequence",
+    "SourcePatientGroupIdentificationSequence.IssuerOfPatientIDQualifiersSequence.AssigningJurisdictionCodeSequence",
+    "StrainCodeSequence",
+    "StrainStockSequence.StrainSourceRegistryCodeSequence",
+)
+_REQUIRED = {  # the others: (sequences, keyword) -> type
+    ("", "LongitudinalTemporalEventType"): "1C",
+    ("", "PatientAlternativeCalendar"): "1C",
+    ("", "ResponsiblePersonRole"): "1C",
+    ("", "StudyInstanceUID"): "1",
+    ("ConsentForClinicalTrialUseSequence", "ConsentForDistributionFlag"): "1",
+    ("ConsentForClinicalTrialUseSequence", "DistributionType"): "1C",
+    (
+        "GroupOfPatientsIdentificationSequence.IssuerOfPatientIDQualifiersSequence",
+        "UniversalEntityIDType",
+    ): "1C",
+    (
+        "GroupOfPatientsIdentificationSequence.IssuerOfPatientIDQualifiersSequence.AssigningFacilitySequence",
+        "UniversalEntityIDType",
+    ): "1C",
+    ("IssuerOfAccessionNumberSequence", "UniversalEntityIDType"): "1C",
+    ("IssuerOfAdmissionIDSequence", "UniversalEntityIDType"): "1C",
+    ("IssuerOfPatientIDQualifiersSequence", "UniversalEntityIDType"): "1C",
+    (
+        "IssuerOfPatientIDQualifiersSequence.AssigningFacilitySequence",
+        "UniversalEntityIDType",
+    ): "1C",
+    ("IssuerOfServiceEpisodeIDSequence", "UniversalEntityIDType"): "1C",
+    ("OtherPatientIDsSequence", "TypeOfPatientID"): "1",
+    ("OtherPatientIDsSequence.IssuerOfPatientIDQualifiersSequence", "UniversalEntityIDType"): "1C",
+    (
+        "OtherPatientIDsSequence.IssuerOfPatientIDQualifiersSequence.AssigningFacilitySequence",
+        "UniversalEntityIDType",
+    ): "1C",
+    ("ReferencedPatientPhotoSequence", "SeriesInstanceUID"): "1C",
+    ("ReferencedPatientPhotoSequence", "StudyInstanceUID"): "1C",
+    ("ReferencedPatientPhotoSequence", "TypeOfInstances"): "1",
+    ("ReferencedPatientPhotoSequence.DICOMMediaRetrievalSequence", "StorageMediaFileSetUID"): "1",
+    ("ReferencedPatientPhotoSequence.DICOMRetrievalSequence", "RetrieveAETitle"): "1",
+    ("ReferencedPatientPhotoSequence.ReferencedSOPSequence", "ReferencedFrameNumber"): "1C",
+    ("ReferencedPatientPhotoSequence.ReferencedSOPSequence", "ReferencedSOPClassUID"): "1",
+    ("ReferencedPatientPhotoSequence.ReferencedSOPSequence", "ReferencedSOPInstanceUID"): "1",
+    ("ReferencedPatientPhotoSequence.XDSRetrievalSequence", "RepositoryUniqueID"): "1",
+    ("ReferencedPatientSequence", "ReferencedSOPClassUID"): "1",
+    ("ReferencedPatientSequence", "ReferencedSOPInstanceUID"): "1",
+    ("ReferencedStudySequence", "ReferencedSOPClassUID"): "1",
+    ("ReferencedStudySequence", "ReferencedSOPInstanceUID"): "1",
+    (
+        "SourcePatientGroupIdentificationSequence.IssuerOfPatientIDQualifiersSequence",
+        "UniversalEntityIDType",
+    ): "1C",
+    (
+        "SourcePatientGroupIdentificationSequence.IssuerOfPatientIDQualifiersSequence.AssigningFacilitySequence",
+        "UniversalEntityIDType",
+    ): "1C",
+}
+
+
 @cache
 def _required_in_copied_modules() -> dict[tuple[tuple[str, ...], str], str]:
-    """(sequence keywords, keyword) of each Type 1 and 1C attribute of the copied modules
-    and of their sequences' items, from the module tables highdicom ships (PS3.3); read
-    only when a value no prefix of which is valid is over its limit."""
-    from highdicom._standard_utils import get_module_attribute_map
-
-    modules = get_module_attribute_map()
-    return {
-        (tuple(str(s) for s in item["path"]), str(item["keyword"])): str(item["type"])
-        for module in COPIED_MODULES
-        for item in modules[module]
-        if item["type"] in ("1", "1C")
+    """(sequence keywords, keyword) -> "1" or "1C", from the tables above."""
+    required = {
+        (tuple(filter(None, within.split("."))), kw): t for (within, kw), t in _REQUIRED.items()
     }
+    for sequence in _CODE_SEQUENCES:
+        path = tuple(sequence.split("."))
+        for within in (path, (*path, "EquivalentCodeSequence")):
+            required.update({(within, keyword): "1C" for keyword in _CODE_ITEM_1C})
+    return required
 
 
 def required_type(path: Path) -> str | None:
