@@ -121,6 +121,9 @@ def test_eta_service_times_and_deadline_risk(tmp_path: Path) -> None:
             # rightly), so not every one, but never more than missed
             assert 1 <= misses["predicted"] <= misses["misses"]
             assert misses["lead_s_min"] > 0
+            # a job that made its deadline was alerted all the same (at submission, predicted
+            # at the 5 s per slice prior): a false alert, counted from the store
+            assert misses["false_alerts"] == len(ids) - misses["misses"]
             # the finished jobs taught their class the ETAs' bias (actual / predicted)
             bias = view["eta_bias"]
             assert set(bias) == {"URGENT", "INPATIENT", "OUTPATIENT"}

@@ -78,3 +78,27 @@ def test_misses_and_the_risk_events_standing_at_their_deadlines(store: Store) ->
         assert again.deadline_misses(since=window_start, now=later) == misses
     finally:
         again.close()
+
+
+def test_false_alerts_are_jobs_alerted_that_ended_by_their_deadline(store: Store) -> None:
+    t = utc_now()
+    hour, window_start = dt.timedelta(hours=1), t - dt.timedelta(days=1)
+    for job in ("alerted_on_time", "cleared_on_time", "quiet_on_time", "cancelled", "running"):
+        _job(store, job, t, t + hour)
+    _job(store, "alerted_late", t - dt.timedelta(seconds=20), t - dt.timedelta(seconds=10))
+    _job(store, "before_window", t - dt.timedelta(days=2), t - dt.timedelta(days=2) + hour)
+    for job in ("alerted_on_time", "alerted_late", "cancelled", "running", "before_window"):
+        _events(store, job, RAISED)
+    _events(store, "cleared_on_time", RAISED, CLEARED)  # raised once: still an alert
+    ended = ("alerted_on_time", "cleared_on_time", "quiet_on_time", "alerted_late", "before_window")
+    for job in ended:  # now: before the hour-ahead deadlines, after the others (ended as
+        store.transition(job, JobState.FAILED)  # the misses count a failed job: by its end)
+    store.transition("cancelled", JobState.CANCELLED)
+    later = t + 2 * hour
+
+    assert store.false_alerts(since=window_start, now=later) == 2
+    assert store.false_alerts(since=window_start - dt.timedelta(days=2), now=later) == 2
+    # the before-window job ended after its deadline two days ago: a miss, not false
+    assert store.false_alerts(since=window_start, now=t - hour) == 0  # none ended by then
+    misses = store.deadline_misses(since=window_start, now=later)
+    assert {m.job_id for m in misses} == {"alerted_late", "running"}  # neither is false

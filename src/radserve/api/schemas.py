@@ -199,7 +199,7 @@ class TurnaroundOut(_Out):
         description="jobs that arrived since `since` (window_h, default 24 h), from the "
         "store (the same after a restart and on every replica): misses, predicted (a risk "
         "event stood at the deadline), predicted_fraction, lead_s_p50 / lead_s_min (alert "
-        "to deadline)"
+        "to deadline), false_alerts (jobs a risk was raised for that ended by their deadline)"
     )
     eta_bias: dict[str, dict[str, float | int]] = Field(
         default_factory=dict,

@@ -120,6 +120,7 @@ class MissReport:
     predicted: int
     lead_s: tuple[float, ...]  # per predicted miss: deadline - alert time
     since: dt.datetime
+    false_alerts: int = 0  # jobs alerted that ended by their deadline (session 20)
 
     def as_dict(self) -> dict[str, Any]:
         lead = np.asarray(self.lead_s) if self.lead_s else None
@@ -130,6 +131,7 @@ class MissReport:
             "predicted_fraction": round(self.predicted / self.misses, 4) if self.misses else None,
             "lead_s_p50": round(float(np.median(lead)), 3) if lead is not None else None,
             "lead_s_min": round(float(lead.min()), 3) if lead is not None else None,
+            "false_alerts": self.false_alerts,
         }
 
 
@@ -645,7 +647,8 @@ class Turnaround:
         since = now - dt.timedelta(seconds=window_s)
         misses = self.store.deadline_misses(since=since, now=now)
         leads = tuple(m.lead_s for m in misses if m.lead_s is not None)
-        return MissReport(len(misses), len(leads), leads, since)
+        false_alerts = self.store.false_alerts(since=since, now=now)
+        return MissReport(len(misses), len(leads), leads, since, false_alerts)
 
     def at_risk(self) -> list[RiskEvent]:
         with self._lock:

@@ -7,6 +7,8 @@ is the same on every replica, with no table of its own. A miss is a job that pas
 deadline (finished after it, or unfinished now; cancelled jobs are not counted, as in a
 job's ``deadline_missed``); it was *predicted* when the last risk event about it at or
 before its deadline was a raise, and its lead is the deadline minus that raise's time.
+A *false alert* is the other side (session 20): a job that ended by its deadline (not
+cancelled) with a risk raised for it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from radserve.audit.events import Action
@@ -61,6 +63,32 @@ class MissMixin(StoreBase):
             )
             for r in missed
         ]
+
+    def false_alerts(self, *, since: dt.datetime, now: dt.datetime) -> int:
+        """Jobs that arrived at ``since`` or later and ended by their deadline (as of
+        ``now``; not cancelled) though a deadline risk was raised for them."""
+        raised = (
+            select(AuditEntry.seq)
+            .where(
+                AuditEntry.subject == Job.id, AuditEntry.action == Action.JOB_DEADLINE_RISK.value
+            )
+            .exists()
+        )
+        with self._read(snapshot=True) as session:
+            return int(
+                session.scalar(
+                    select(func.count())
+                    .select_from(Job)
+                    .where(
+                        Job.arrival >= since,
+                        Job.state != "cancelled",
+                        Job.finished <= Job.deadline,
+                        Job.finished <= now,
+                        raised,
+                    )
+                )
+                or 0
+            )
 
 
 def _standing_raises(
