@@ -4,6 +4,7 @@ what was typed, and rate limited per client (429 with Retry-After)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import logging
@@ -27,6 +28,7 @@ from radserve.console import install as install_console
 from radserve.console.limits import SignInLimiter
 from radserve.passwords import hash_password
 from radserve.service import Service
+from radserve.store.records import utc_now
 
 pytestmark = pytest.mark.slow
 
@@ -43,9 +45,12 @@ class Server:
         self.service = Service(settings_for(root, console__users=users_setting if users else []))
         self.app = create_app(self.service)
         install_console(self.app, self.service)  # as radserve serve does
-        self.now = [0.0]
+        self.now, start = [0.0], utc_now()
         self.app.state.console_limiter = SignInLimiter(
-            max_failures=3, window_s=300, clock=lambda: self.now[0]
+            self.service.store,
+            max_failures=3,
+            window_s=300,
+            clock=lambda: start + dt.timedelta(seconds=self.now[0]),
         )
         self.thread = ServerThread(self.app)
 

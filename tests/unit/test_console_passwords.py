@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,8 @@ from radserve.config import ConsoleSettings, ConsoleUser, load_settings
 from radserve.console.limits import SignInLimiter
 from radserve.errors import RadserveError
 from radserve.passwords import PasswordHash, hash_password, verify_password
+from radserve.store import init_store
+from radserve.store.records import utc_now
 
 SECRET = "correct horse battery"
 
@@ -89,24 +92,32 @@ def test_hash_password_command_reads_stdin_and_prints_a_users_entry() -> None:
     assert verify_password(SECRET, PasswordHash.parse(asked.output.strip().splitlines()[-1]))
 
 
-def test_limiter_blocks_a_client_after_its_failures_until_they_leave_the_window() -> None:
-    now = [0.0]
-    limiter = SignInLimiter(max_failures=3, window_s=60, clock=lambda: now[0])
-    assert limiter.retry_after("10.0.0.1") is None
-    assert [limiter.failed("10.0.0.1") for _ in range(3)] == [False, False, True]
-    assert limiter.retry_after("10.0.0.1") == 60
-    assert limiter.retry_after("10.0.0.2") is None  # another client is not affected
-    now[0] = 59.0
-    assert limiter.retry_after("10.0.0.1") == pytest.approx(1.0)
-    now[0] = 60.0
-    assert limiter.retry_after("10.0.0.1") is None  # the failures left the window
-    assert limiter.failed("10.0.0.1") is False  # counting starts again
-    assert limiter.retry_after("10.0.0.1") is None
-    # a sliding window: failures at 60, 100 and 100 block until 120
-    now[0] = 100.0
-    limiter.failed("10.0.0.1")
-    assert limiter.failed("10.0.0.1") is True
-    assert limiter.retry_after("10.0.0.1") == pytest.approx(20.0)
+def test_limiter_blocks_a_client_after_its_failures_until_they_leave_the_window(
+    tmp_path: Path,
+) -> None:
+    base, now = utc_now(), [0.0]
+    store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
+    limiter = SignInLimiter(
+        store, max_failures=3, window_s=60, clock=lambda: base + dt.timedelta(seconds=now[0])
+    )
+    try:
+        assert limiter.retry_after("10.0.0.1") is None
+        assert [limiter.failed("10.0.0.1") for _ in range(3)] == [False, False, True]
+        assert limiter.retry_after("10.0.0.1") == 60
+        assert limiter.retry_after("10.0.0.2") is None  # another client is not affected
+        now[0] = 59.0
+        assert limiter.retry_after("10.0.0.1") == pytest.approx(1.0)
+        now[0] = 60.0
+        assert limiter.retry_after("10.0.0.1") is None  # the failures left the window
+        assert limiter.failed("10.0.0.1") is False  # counting starts again
+        assert limiter.retry_after("10.0.0.1") is None
+        # a sliding window: failures at 60, 100 and 100 block until 120
+        now[0] = 100.0
+        limiter.failed("10.0.0.1")
+        assert limiter.failed("10.0.0.1") is True
+        assert limiter.retry_after("10.0.0.1") == pytest.approx(20.0)
+    finally:
+        store.close()
 
 
 def test_a_clear_password_in_the_settings_file_is_refused_without_echoing_it(

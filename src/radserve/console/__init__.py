@@ -46,14 +46,14 @@ def install(app: FastAPI, service: Service) -> None:
     if not settings.enabled:
         return
     app.state.console_sessions = SessionTable(
-        ttl_s=settings.session_ttl_s, idle_s=settings.idle_timeout_s
+        service.store, ttl_s=settings.session_ttl_s, idle_s=settings.idle_timeout_s
     )
     feed = JobFeed()
     service.cache.subscribe(feed.publish)
     app.state.console_feed = feed
     app.state.console_info = StudyInfo()
     app.state.console_ops = OpsHistory(service)
-    app.state.console_limiter = limiter_for(settings)
+    app.state.console_limiter = limiter_for(settings, service.store)
     app.state.session_principal = session_principal
     app.include_router(signin_router)
     app.include_router(router)

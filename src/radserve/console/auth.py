@@ -9,11 +9,15 @@ sends one, an ``Origin`` of this server.
 
 from __future__ import annotations
 
+import hashlib
+
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from radserve.api.auth import Principal
 from radserve.api.errors import ForbiddenError
+from radserve.api.state import service_of
+from radserve.config import ConsoleUser
 from radserve.console.sessions import (
     COOKIE,
     CSRF_HEADER,
@@ -22,6 +26,7 @@ from radserve.console.sessions import (
     SessionTable,
     csrf_ok,
 )
+from radserve.security.keys import Role
 
 
 def same_origin(request: Request) -> bool:
@@ -34,22 +39,33 @@ def same_origin(request: Request) -> bool:
 
 
 async def current_session(request: Request) -> tuple[str, Session] | None:
-    """The request's live session (its API key re-checked now and then), else None."""
+    """The request's live session, else None. The store checks its expiry and its API
+    key at every request (:class:`SessionTable`); a local user's session ends when this
+    server's ``console.users`` no longer has that account as it signed in (removed, its
+    role or password changed)."""
     table: SessionTable = request.app.state.console_sessions
     session_id = request.cookies.get(COOKIE)
-    session = table.get(session_id)
-    if session is None or session_id is None:
+    if not session_id:
         return None
-    # a local user's session has no key to re-check: the user list is fixed for the
-    # server's life (removing a user takes a restart, which ends every session)
-    if session.user is None and table.key_check_due(session):
-        store = request.app.state.service.store
-        record = await run_in_threadpool(store.get_api_key, session.key_id)
-        if record is None or not record.active:
-            table.close_key(session.key_id)
-            return None
-        table.key_checked(session_id)
+    session = await run_in_threadpool(table.get, session_id)
+    if session is None:
+        return None
+    if session.user is not None and session.user_check not in account_checks(request):
+        await run_in_threadpool(table.close, session_id)
+        return None
     return session_id, session
+
+
+def account_checks(request: Request) -> set[str]:
+    """The fingerprints of this server's local users' accounts (:func:`account_check`)."""
+    return {account_check(u) for u in service_of(request).settings.console.users}
+
+
+def account_check(user: ConsoleUser) -> str:
+    """A fingerprint of a local user's account (name, role, password hash), stored with
+    each session it opens: a session whose account is gone or changed ends."""
+    text = f"{user.username.lower()}\n{user.role}\n{user.password_hash.get_secret_value()}"
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 async def session_principal(request: Request) -> Principal | None:
@@ -66,7 +82,7 @@ async def session_principal(request: Request) -> Principal | None:
             )
     return Principal(
         session.key_id,
-        session.role,
+        Role(session.role),
         request.client.host if request.client else None,
         name=session.key_name,
         site=session.site,
@@ -74,4 +90,4 @@ async def session_principal(request: Request) -> Principal | None:
     )
 
 
-__all__ = ["current_session", "same_origin", "session_principal"]
+__all__ = ["account_check", "current_session", "same_origin", "session_principal"]

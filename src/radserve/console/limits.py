@@ -4,64 +4,48 @@ until the oldest failure leaves the window. Successes do not reset the count (a 
 holding one valid account cannot use it to keep guessing another's password).
 
 Per address, not per user name: counting per name would let anyone lock a radiologist
-out of the wall screen by typing their name. In memory; a restart forgets the counts.
+out of the wall screen by typing their name. The failures are rows in the store
+(``console_signin_failures``, :mod:`radserve.store.console`), so every replica on the
+database counts the same ones: N replicas behind a load balancer give an attacker the
+same attempts as one, and a restart forgets nothing.
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from collections import deque
+import datetime as dt
 from collections.abc import Callable
 
-_MAX_CLIENTS = 10_000
+from radserve.store import Store
+from radserve.store.records import utc_now
 
 
 class SignInLimiter:
     def __init__(
         self,
+        store: Store,
         *,
         max_failures: int,
         window_s: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], dt.datetime] = utc_now,
     ) -> None:
+        self.store = store
         self.max_failures = max_failures
         self.window_s = window_s
         self.clock = clock
-        self._failures: dict[str, deque[float]] = {}
-        self._lock = threading.Lock()
-
-    def _recent(self, client: str, now: float) -> deque[float]:
-        times = self._failures.get(client)
-        if times is None:
-            return deque()
-        while times and now - times[0] >= self.window_s:
-            times.popleft()
-        if not times:
-            del self._failures[client]
-        return times
 
     def retry_after(self, client: str) -> float | None:
         """Seconds until ``client`` may try again, or None when it may now."""
-        now = self.clock()
-        with self._lock:
-            times = self._recent(client, now)
-            if len(times) < self.max_failures:
-                return None
-            return max(0.0, self.window_s - (now - times[0]))
+        now, window = self.clock(), dt.timedelta(seconds=self.window_s)
+        count, oldest = self.store.console_signin_failures(client, now=now, window=window)
+        if count < self.max_failures or oldest is None:
+            return None
+        return max(0.0, (oldest + window - now).total_seconds())
 
     def failed(self, client: str) -> bool:
         """Count a failure; True when it is the one that blocks the client."""
-        now = self.clock()
-        with self._lock:
-            times = self._recent(client, now)
-            if client not in self._failures:
-                if len(self._failures) >= _MAX_CLIENTS:  # bounded: forget the stalest
-                    stalest = min(self._failures, key=lambda c: self._failures[c][-1])
-                    del self._failures[stalest]
-                self._failures[client] = times
-            times.append(now)
-            return len(times) == self.max_failures
+        window = dt.timedelta(seconds=self.window_s)
+        count = self.store.console_signin_failed(client, now=self.clock(), window=window)
+        return count == self.max_failures
 
 
 __all__ = ["SignInLimiter"]

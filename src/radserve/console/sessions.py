@@ -2,10 +2,14 @@
 server-side session.
 
 The browser holds only a random session id in an HttpOnly, SameSite=Strict cookie; the
-table maps the SHA-256 of that id (never the id itself) to the key's id and role, the
-session's CSRF token and its expiry. The API key itself is never stored or sent back.
-Sessions live in this process's memory: a restart signs everyone out, which is the safe
-direction. A session whose key was revoked stops at the next check (``key_check_s``).
+store's ``console_sessions`` table maps the SHA-256 of that id (never the id itself) to
+the key's id and role, the session's CSRF token and its expiry
+(:mod:`radserve.store.console`). The API key itself is never stored or sent back. The
+table is in the database, so every replica on it (and a restarted server) knows every
+session: a browser signed in through one replica behind a load balancer is signed in on
+all, and a sign-out or a key's revocation ends the session on all at its next request
+(every request reads the row; there is no cache to go stale). The idle clock is written
+at most every ``touch_s``.
 
 CSRF: every state-changing request made with the cookie must carry the session's token
 in ``X-CSRF-Token`` (a synchronizer token the page reads from ``GET
@@ -14,58 +18,39 @@ in ``X-CSRF-Token`` (a synchronizer token the page reads from ``GET
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import secrets
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 
-from radserve.security.keys import Role
+from radserve.store import Store
+from radserve.store.console import ConsoleSessionRecord as Session
+from radserve.store.records import utc_now
 
 COOKIE = "radserve_session"
 CSRF_HEADER = "x-csrf-token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-_MAX_SESSIONS = 10_000
-
-
-@dataclass(frozen=True)
-class Session:
-    """One signed-in browser: whose key (or which local user), which role, until when.
-    A local user's session has ``user`` set and ``key_id`` ``user:<name>`` (the actor
-    its audit records name)."""
-
-    key_id: str
-    key_name: str | None
-    role: Role
-    site: str | None
-    submitter: str | None
-    csrf: str
-    created: float
-    expires: float  # absolute (created + ttl)
-    last_seen: float
-    key_checked: float
-    user: str | None = None
 
 
 class SessionTable:
-    """Sessions by the hash of their id; thread-safe; expired ones are dropped on use."""
+    """Sessions by the hash of their id, in the store; ended ones are dropped on use and
+    swept when a session opens."""
 
     def __init__(
         self,
+        store: Store,
         *,
         ttl_s: float,
         idle_s: float,
-        key_check_s: float = 10.0,
-        clock: Callable[[], float] = time.monotonic,
+        touch_s: float = 10.0,
+        clock: Callable[[], dt.datetime] = utc_now,
     ) -> None:
+        self.store = store
         self.ttl_s = ttl_s
         self.idle_s = idle_s
-        self.key_check_s = key_check_s
+        self.touch_s = touch_s
         self.clock = clock
-        self._sessions: dict[str, Session] = {}
-        self._lock = threading.Lock()
 
     @staticmethod
     def _digest(session_id: str) -> str:
@@ -74,12 +59,13 @@ class SessionTable:
     def open(
         self,
         key_id: str,
-        role: Role,
+        role: str,
         *,
         key_name: str | None = None,
         site: str | None = None,
         submitter: str | None = None,
         user: str | None = None,
+        user_check: str | None = None,
     ) -> tuple[str, Session]:
         """A new session: (the id for the cookie, the session)."""
         now = self.clock()
@@ -92,70 +78,34 @@ class SessionTable:
             submitter=submitter,
             csrf=secrets.token_urlsafe(32),
             created=now,
-            expires=now + self.ttl_s,
+            expires=now + dt.timedelta(seconds=self.ttl_s),
             last_seen=now,
-            key_checked=now,
             user=user,
+            user_check=user_check,
         )
-        with self._lock:
-            self._drop_expired(now)
-            if len(self._sessions) >= _MAX_SESSIONS:  # bounded: the oldest go first
-                for digest in sorted(self._sessions, key=lambda d: self._sessions[d].created)[
-                    : len(self._sessions) // 10 + 1
-                ]:
-                    del self._sessions[digest]
-            self._sessions[self._digest(session_id)] = session
+        self.store.open_console_session(
+            self._digest(session_id), session, idle=dt.timedelta(seconds=self.idle_s)
+        )
         return session_id, session
 
     def get(self, session_id: str | None) -> Session | None:
-        """The live session for ``session_id`` (its idle clock restarted), else None."""
+        """The live session for ``session_id`` (its idle clock restarted), else None:
+        ended, signed out, or its API key revoked (on any replica)."""
         if not session_id:
             return None
-        now = self.clock()
-        digest = self._digest(session_id)
-        with self._lock:
-            session = self._sessions.get(digest)
-            if session is None:
-                return None
-            if now >= session.expires or now - session.last_seen >= self.idle_s:
-                del self._sessions[digest]
-                return None
-            session = replace(session, last_seen=now)
-            self._sessions[digest] = session
-            return session
+        return self.store.console_session(
+            self._digest(session_id),
+            now=self.clock(),
+            idle=dt.timedelta(seconds=self.idle_s),
+            touch=dt.timedelta(seconds=self.touch_s),
+        )
 
-    def key_check_due(self, session: Session) -> bool:
-        return self.clock() - session.key_checked >= self.key_check_s
-
-    def key_checked(self, session_id: str) -> None:
-        digest = self._digest(session_id)
-        with self._lock:
-            session = self._sessions.get(digest)
-            if session is not None:
-                self._sessions[digest] = replace(session, key_checked=self.clock())
+    def expires_in_s(self, session: Session) -> float:
+        return (session.expires - self.clock()).total_seconds()
 
     def close(self, session_id: str | None) -> None:
         if session_id:
-            with self._lock:
-                self._sessions.pop(self._digest(session_id), None)
-
-    def close_key(self, key_id: str) -> None:
-        """End every session opened with ``key_id`` (the key was revoked)."""
-        with self._lock:
-            for digest in [d for d, s in self._sessions.items() if s.key_id == key_id]:
-                del self._sessions[digest]
-
-    def _drop_expired(self, now: float) -> None:
-        for digest in [
-            d
-            for d, s in self._sessions.items()
-            if now >= s.expires or now - s.last_seen >= self.idle_s
-        ]:
-            del self._sessions[digest]
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._sessions)
+            self.store.close_console_session(self._digest(session_id))
 
 
 def csrf_ok(session: Session, sent: str | None) -> bool:

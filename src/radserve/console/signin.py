@@ -25,12 +25,13 @@ from radserve.api.state import service_of
 from radserve.audit.chain import AuditEvent
 from radserve.audit.events import Action
 from radserve.config import ConsoleSettings
-from radserve.console.auth import current_session, same_origin
+from radserve.console.auth import account_check, current_session, same_origin
 from radserve.console.limits import SignInLimiter
 from radserve.console.routes import phi_allowed
 from radserve.console.sessions import COOKIE, CSRF_HEADER, Session, SessionTable, csrf_ok
 from radserve.passwords import MAX_LENGTH, PasswordHash, verify_password
 from radserve.security.keys import Role
+from radserve.store import Store
 
 logger = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
@@ -64,15 +65,16 @@ class _Identity:
     site: str | None = None
     submitter: str | None = None
     user: str | None = None
+    user_check: str | None = None
 
 
 def _limiter(request: Request) -> SignInLimiter:
     return request.app.state.console_limiter  # type: ignore[no-any-return]
 
 
-def limiter_for(settings: ConsoleSettings) -> SignInLimiter:
+def limiter_for(settings: ConsoleSettings, store: Store) -> SignInLimiter:
     return SignInLimiter(
-        max_failures=settings.signin_max_failures, window_s=settings.signin_window_s
+        store, max_failures=settings.signin_max_failures, window_s=settings.signin_window_s
     )
 
 
@@ -105,7 +107,11 @@ def _by_password(request: Request, username: str, password: str) -> tuple[_Ident
     if not verify_password(password, stored) or user is None:
         return None, user.username if user else ""
     who = _Identity(
-        f"{USER_PREFIX}{user.username}", Role(user.role), user.username, user=user.username
+        f"{USER_PREFIX}{user.username}",
+        Role(user.role),
+        user.username,
+        user=user.username,
+        user_check=account_check(user),
     )
     return who, user.username
 
@@ -113,12 +119,12 @@ def _by_password(request: Request, username: str, password: str) -> tuple[_Ident
 def _session_body(request: Request, session: Session) -> dict[str, Any]:
     table: SessionTable = request.app.state.console_sessions
     return {
-        "role": session.role.value,
+        "role": session.role,
         "key_name": session.key_name,
         "user": session.user,
         "csrf": session.csrf,
-        "phi": phi_allowed(request, session.role),
-        "expires_in_s": round(session.expires - table.clock()),
+        "phi": phi_allowed(request, Role(session.role)),
+        "expires_in_s": round(table.expires_in_s(session)),
         "idle_timeout_s": table.idle_s,
     }
 
@@ -137,7 +143,7 @@ async def sign_in(request: Request, body: SignIn) -> Response:
     settings = service_of(request).settings
     client = request.client.host if request.client else "unknown"
     limiter = _limiter(request)
-    wait = limiter.retry_after(client)
+    wait = await run_in_threadpool(limiter.retry_after, client)
     if wait is not None:
         seconds = max(1, math.ceil(wait))
         return JSONResponse(
@@ -169,7 +175,7 @@ async def sign_in(request: Request, body: SignIn) -> Response:
         # name field must not reach the audit log
         payload: dict[str, Any] = {"method": method, **({"user": user} if user else {})}
         await run_in_threadpool(_audit, request, Action.CONSOLE_SIGNIN_FAILED, None, payload)
-        if limiter.failed(client):
+        if await run_in_threadpool(limiter.failed, client):
             window = settings.console.signin_window_s
             logger.warning(
                 "console sign-in: %d failures from one client within %g s; refusing it",
@@ -190,13 +196,16 @@ async def sign_in(request: Request, body: SignIn) -> Response:
         )
         return JSONResponse(error_body("unauthenticated", message), status_code=401)
     table: SessionTable = request.app.state.console_sessions
-    session_id, session = table.open(
-        who.key_id,
-        who.role,
-        key_name=who.name,
-        site=who.site,
-        submitter=who.submitter,
-        user=who.user,
+    session_id, session = await run_in_threadpool(
+        lambda: table.open(
+            who.key_id,
+            who.role.value,
+            key_name=who.name,
+            site=who.site,
+            submitter=who.submitter,
+            user=who.user,
+            user_check=who.user_check,
+        )
     )
     payload = {"method": method, **({"user": who.user} if who.user else {"key_name": who.name})}
     await run_in_threadpool(_audit, request, Action.CONSOLE_SIGNIN, who.key_id, payload)
@@ -231,7 +240,7 @@ async def sign_out(request: Request) -> Response:
         session_id, session = found
         if not csrf_ok(session, request.headers.get(CSRF_HEADER)):
             raise ForbiddenError("missing or wrong CSRF token")
-        request.app.state.console_sessions.close(session_id)
+        await run_in_threadpool(request.app.state.console_sessions.close, session_id)
         await run_in_threadpool(_audit, request, Action.CONSOLE_SIGNOUT, session.key_id, {})
     response = Response(status_code=204)
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")

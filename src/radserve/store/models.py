@@ -310,3 +310,39 @@ class ReplicaDestinations(Base):
     instance: Mapped[str] = mapped_column(String(120), primary_key=True)
     destinations: Mapped[dict[str, str]] = mapped_column(JSON)
     renewed: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+
+
+class ConsoleSession(Base):
+    """A signed-in console browser (radserve.store.console_sessions): keyed by the
+    SHA-256 of its session id, never the id; shared by every replica on the database."""
+
+    __tablename__ = "console_sessions"
+    __table_args__ = (
+        CheckConstraint(_in("role", ROLES), name="role"),
+        Index("ix_console_sessions_key_id", "key_id"),
+    )
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_id: Mapped[str] = mapped_column(String(64))  # an API key's id, or user:<name>
+    key_name: Mapped[str | None] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))
+    site: Mapped[str | None] = mapped_column(String(128))
+    submitter: Mapped[str | None] = mapped_column(String(128))
+    username: Mapped[str | None] = mapped_column(String(64))  # a local user's session
+    user_check: Mapped[str | None] = mapped_column(String(64))  # its account's fingerprint
+    csrf: Mapped[str] = mapped_column(String(64))
+    created: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    expires: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+    last_seen: Mapped[dt.datetime] = mapped_column(UtcDateTime())
+
+
+class ConsoleSigninFailure(Base):
+    """One failed console sign-in from ``client`` (radserve.console.limits), counted by
+    every replica; rows older than the window are swept."""
+
+    __tablename__ = "console_signin_failures"
+    __table_args__ = (Index("ix_console_signin_failures_client_at", "client", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    client: Mapped[str] = mapped_column(String(64))
+    at: Mapped[dt.datetime] = mapped_column(UtcDateTime(), index=True)

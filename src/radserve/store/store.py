@@ -28,6 +28,7 @@ from radserve.store import audit as audit_log
 from radserve.store import jobs as jobq
 from radserve.store.access import AccessMixin
 from radserve.store.base import AuditListener
+from radserve.store.console import ConsoleMixin
 from radserve.store.db import make_engine
 from radserve.store.errors import (
     InvalidTransitionError,
@@ -95,7 +96,7 @@ def init_store(
     return Store(engine, audit_key=audit_key, on_audit=on_audit)
 
 
-class Store(AccessMixin, LeaseMixin, MissMixin, RelocateMixin, ReplicaConfigMixin):
+class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, ReplicaConfigMixin):
     """Typed access to radserve's database. Thread-safe; share one per process."""
 
     # -- jobs -----------------------------------------------------------------------
