@@ -662,9 +662,11 @@ class ConsoleSettings(_Section):
     """The web console served at ``/`` (radserve.console). Sign-in with an API key, or
     as one of ``users`` with a password, opens a server-side session (HttpOnly,
     SameSite=Strict cookie) that ends after ``session_ttl_s`` or ``idle_timeout_s``
-    without a request, at sign-out, when the key is revoked, or when the server
-    restarts. A client with ``signin_max_failures`` failed sign-ins within
-    ``signin_window_s`` is refused (429) until the oldest leaves the window.
+    without a request, at sign-out, when the key is revoked, or when the user's account
+    here changes or goes (sessions are in the store: every replica and a restarted
+    server know them). A client with ``signin_max_failures`` failed sign-ins within
+    ``signin_window_s`` (on all replicas) is refused (429) until the oldest leaves the
+    window.
     ``phi_roles``: roles whose sessions see patient name, ID and birth date (read from
     the stored study, audited as phi.read)."""
 
