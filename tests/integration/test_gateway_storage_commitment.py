@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,9 @@ from tests.factories.postgres import postgres_schema
 from tests.factories.waits import until
 
 from radserve.gateway import Destination, GatewaySCP, Outbox, Peer, RetryPolicy, ScpConfig, StoreSCU
-from radserve.gateway.commitment import PUSH_MODEL, PUSH_MODEL_INSTANCE
+from radserve.gateway.commitment import PUSH_MODEL, PUSH_MODEL_INSTANCE, ReportHandler
 from radserve.gateway.conformance import COMPREHENSIVE_3D_SR, SEGMENTATION, Status
+from radserve.gateway.scu import OutgoingFile, SendResult
 from radserve.service.metrics import _OutboxCollector
 from radserve.store import init_store
 from radserve.store.outbox import OutboxItem, OutboxState, OutboxStore
@@ -66,6 +67,7 @@ def _committing_pacs(
     timeout_s: float = 60.0,
     attempts: int = 3,
     database_url: str | None = None,
+    scu: StoreSCU | None = None,
 ) -> Iterator[tuple[Orthanc, Outbox, OutboxStore, GatewaySCP]]:
     """Orthanc that knows radserve as a modality allowed storage commitment, radserve's
     SCP (started unless ``scp_running`` is false) and an outbox to Orthanc with storage
@@ -101,7 +103,7 @@ def _committing_pacs(
     outbox = Outbox(
         rows,
         [destination],
-        StoreSCU(),
+        scu or StoreSCU(),
         policy=RetryPolicy(first_delay_s=1.0, max_attempts=attempts),
     )
     config = ScpConfig(
@@ -144,6 +146,47 @@ def test_results_count_as_delivered_once_orthanc_reports_them_committed(
     assert len(stored) == len(results)
     for item in rows.items():
         assert item.attempts == 1 and item.last_error is None and item.commitment_uid
+
+
+class _Requests(StoreSCU):
+    """radserve's SCU, noting whether each N-ACTION's association waited for a report."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited: list[bool] = []
+
+    def request_commitment(
+        self,
+        destination: Destination,
+        transaction_uid: str,
+        files: Sequence[OutgoingFile],
+        on_report: ReportHandler,
+        *,
+        wait_for_report: bool = True,
+    ) -> SendResult:
+        self.waited.append(wait_for_report)
+        return super().request_commitment(
+            destination, transaction_uid, files, on_report, wait_for_report=wait_for_report
+        )
+
+
+def test_once_orthanc_reported_on_its_own_association_no_batch_waits_on_the_n_action_one(
+    tmp_path: Path, results: list[Path]
+) -> None:
+    scu = _Requests()
+    with _committing_pacs(tmp_path, scu=scu) as (orthanc, outbox, rows, _scp):
+        for n, path in enumerate(results):  # one batch each
+            outbox.enqueue([path], now=utc_now())
+            assert outbox.deliver_pending(utc_now()).committing == 1
+            until(
+                lambda n=n: len(rows.items(state=OutboxState.SENT)) == n + 1,
+                "Orthanc's report, on an association of its own, settles the batch",
+            )
+        stored = len(orthanc.get("/instances"))
+    # the first batch after a start waits (a peer may report there); Orthanc reports on
+    # a new association, so the next ones release the N-ACTION's association at once
+    assert scu.waited == [True] + [False] * (len(results) - 1)
+    assert stored == len(results)
 
 
 def test_a_seg_a_filter_drops_after_c_store_success_is_sent_again_then_failed_with_the_reason(
@@ -365,6 +408,7 @@ def test_a_report_on_the_n_action_association_settles_the_rows_there(
     finally:
         store.close()
     assert answers == [0]
+    assert outbox.commitments.waits_for_report(destination)  # it reports there: keep waiting
     if commit:
         assert report.sent == len(results) and report.committing == 0
         assert {item.state for item in items} == {OutboxState.SENT}

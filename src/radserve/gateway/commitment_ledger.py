@@ -53,6 +53,8 @@ class CommitmentRequester(Protocol):
         transaction_uid: str,
         files: Sequence[OutgoingFile],
         on_report: commitment.ReportHandler,
+        *,
+        wait_for_report: bool = True,
     ) -> SendResult: ...
 
 
@@ -77,6 +79,10 @@ class CommitmentLedger:
         self.record = record
         self.clock = clock
         self.late_reports = 0  # reports that came after their deadline, since start
+        # destinations seen reporting on the N-ACTION's own association / on one of their
+        # own (to radserve's SCP), since start: see :meth:`waits_for_report`
+        self._reported_here: set[str] = set()
+        self._reported_apart: set[str] = set()
 
     def request(
         self,
@@ -102,12 +108,18 @@ class CommitmentLedger:
         outcomes: list[Outcome] = []
 
         def on_report(calling: str, report: CommitmentReport) -> tuple[int, str]:
-            status, comment, settled = self._apply(calling, report)
+            status, comment, settled = self._apply(calling, report, self._reported_here)
             outcomes.extend(settled)
             return status, comment
 
         try:
-            result = requester.request_commitment(destination, transaction_uid, stored, on_report)
+            result = requester.request_commitment(
+                destination,
+                transaction_uid,
+                stored,
+                on_report,
+                wait_for_report=self.waits_for_report(destination),
+            )
         except Exception as exc:  # a requester's bug must not leave rows waiting
             logger.exception("outbox: storage commitment request to %s failed", destination.name)
             result = SendResult(Outcome.RETRY, f"internal error: {exc!r}")
@@ -119,8 +131,16 @@ class CommitmentLedger:
 
     def on_report(self, calling: str, report: CommitmentReport) -> tuple[int, str]:
         """An N-EVENT-REPORT received by radserve's SCP: (status, error comment)."""
-        status, comment, _settled = self._apply(calling, report)
+        status, comment, _settled = self._apply(calling, report, self._reported_apart)
         return status, comment
+
+    def waits_for_report(self, destination: Destination) -> bool:
+        """Whether a request keeps the N-ACTION's association open for a report there:
+        not once ``destination`` has been seen reporting on an association of its own
+        and never on the N-ACTION's (Orthanc 1.10.1: every batch but the first after a
+        start is released at once, not held idle for the wait)."""
+        name = destination.name
+        return name in self._reported_here or name not in self._reported_apart
 
     def expire(self, now: dt.datetime, scope: Scope | None = None) -> list[Outcome]:
         """Rows whose commitment report did not come by their deadline: sent again."""
@@ -135,7 +155,11 @@ class CommitmentLedger:
             outcomes.append(self.record(item, SendResult(Outcome.RETRY, why), now))
         return outcomes
 
-    def _apply(self, calling: str, report: CommitmentReport) -> tuple[int, str, list[Outcome]]:
+    def _apply(
+        self, calling: str, report: CommitmentReport, seen: set[str]
+    ) -> tuple[int, str, list[Outcome]]:
+        """Settle ``report``'s rows; the destinations it came from join ``seen`` (where
+        they report: :meth:`waits_for_report`)."""
         asked = self.store.requested(report.transaction_uid)
         if not asked:
             logger.warning(
@@ -160,6 +184,12 @@ class CommitmentLedger:
                 ", ".join(sorted(titles)) or "no longer configured",
             )
             return Status.INVALID_ARGUMENT, "transaction not requested of this AE", []
+        seen.update(
+            r.destination
+            for r in asked
+            if r.destination in self.destinations
+            and self.destinations[r.destination].ae_title == calling
+        )
         now = self.clock()
         outcomes = []
         taken = self.store.take_committing(now=now, transaction_uid=report.transaction_uid)

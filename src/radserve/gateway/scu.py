@@ -78,6 +78,10 @@ class StoreSCU:
     """Opens one association per destination and batch; thread-safe (no shared state
     beyond settings)."""
 
+    # how long a storage commitment report may take on the N-ACTION's own association,
+    # when the caller waits for one there (:meth:`request_commitment`)
+    same_association_wait_s = 1.0
+
     def __init__(
         self,
         ae_title: str = "RADSERVE",
@@ -212,13 +216,15 @@ class StoreSCU:
         files: Sequence[OutgoingFile],
         on_report: commitment.ReportHandler,
         *,
-        same_association_wait_s: float = 1.0,
+        wait_for_report: bool = True,
     ) -> SendResult:
         """N-ACTION: ask ``destination`` to commit ``files`` under ``transaction_uid``.
-        ``SENT``: the request was accepted (the report comes later). A report sent on
-        this association within ``same_association_wait_s`` goes to ``on_report`` (the
-        SCU/SCP role is proposed so a peer may do so); most peers, Orthanc 1.10.1 among
-        them, open an association to radserve's SCP instead."""
+        ``SENT``: the request was accepted (the report comes later). The SCU/SCP role is
+        proposed, so a peer may report on this association (Orthanc 1.10.1 accepts the
+        role and never does); a report that does goes to ``on_report``. With
+        ``wait_for_report`` the association is kept up to :attr:`same_association_wait_s`
+        after the N-ACTION's success, ending as soon as a report arrives; without, it is
+        released at once (a peer known to report on an association of its own)."""
         reported = threading.Event()
 
         def on_event_report(event: Event) -> tuple[int, None]:
@@ -261,7 +267,8 @@ class StoreSCU:
                 return SendResult(
                     Outcome.RETRY, f"N-ACTION status 0x{code:04X} from {destination}", code
                 )
-            reported.wait(same_association_wait_s)
+            if wait_for_report:
+                reported.wait(self.same_association_wait_s)
             return SendResult(Outcome.SENT, f"storage commitment requested from {destination}")
         finally:
             if assoc.is_established:
