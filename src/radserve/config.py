@@ -664,7 +664,8 @@ class ConsoleSettings(_Section):
     SameSite=Strict cookie) that ends after ``session_ttl_s`` or ``idle_timeout_s``
     without a request, at sign-out, when the key is revoked, or when the user's account
     here changes or goes (sessions are in the store: every replica and a restarted
-    server know them). A client with ``signin_max_failures`` failed sign-ins within
+    server know them; ``radserve serve`` re-reads ``users`` when its settings file
+    changes). A client with ``signin_max_failures`` failed sign-ins within
     ``signin_window_s`` (on all replicas) is refused (429) until the oldest leaves the
     window.
     ``phi_roles``: roles whose sessions see patient name, ID and birth date (read from

@@ -2,8 +2,9 @@
 one PostgreSQL database (a fresh one), B with an API reader process in front of its
 serving process: a browser signed in through A is signed in on B (and the reverse); a
 sign-out or a key's revocation through one ends the session on the other at once; a
-local user B's settings no longer list is refused there; failed sign-ins through both
-count against one limit. Plain HTTP clients, each with its own cookie jar (cookies
+local user B's settings do not list is refused there, and one removed from A's
+settings file while A runs is refused by A at once; failed sign-ins through both count
+against one limit. Plain HTTP clients, each with its own cookie jar (cookies
 ignore the port, as a browser's do behind one load-balanced name).
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from click.testing import CliRunner
 from sqlalchemy import create_engine
 from tests.factories.dicom_net import free_port
@@ -112,7 +114,7 @@ def test_console_sessions_and_the_sign_in_limit_are_shared_by_replicas(
             assert who(browser, b_url).status_code == 401
 
         # local users: alice (on both) signs in on B and is known on A; bob signs in on
-        # A, and B, whose settings no longer list him, ends his session
+        # A, and B, whose settings do not list him, ends his session
         with httpx.Client(timeout=60) as alice, httpx.Client(timeout=60) as bob:
             r = sign_in(alice, b_url, username="alice", password=PASSWORDS["alice"])
             assert r.status_code == 200, r.text
@@ -122,17 +124,28 @@ def test_console_sessions_and_the_sign_in_limit_are_shared_by_replicas(
             assert who(bob, b_url).status_code == 401
             assert who(bob, a_url).status_code == 401  # ended, not just refused on B
             refused = sign_in(bob, b_url, username="bob", password=PASSWORDS["bob"])
-            assert refused.status_code == 401
+            assert refused.status_code == 401  # failure 1
+            # bob removed from A's settings file while A runs: no restart
+            assert sign_in(bob, a_url, username="bob", password=PASSWORDS["bob"]).is_success
+            assert who(bob, a_url).json()["user"] == "bob"
+            settings = yaml.safe_load(config_a.read_text())
+            settings["console"]["users"] = _users("alice", hashes=hashes)
+            config_a.write_text(yaml.safe_dump(settings))
+            assert who(bob, a_url).status_code == 401
+            refused = sign_in(bob, a_url, username="bob", password=PASSWORDS["bob"])
+            assert refused.status_code == 401  # failure 2
+            assert who(alice, a_url).json()["user"] == "alice"  # her account did not change
 
-        # failed sign-ins through A and B count against one limit (one failure above)
+        # failed sign-ins through A and B count against one limit (two failures above)
         with httpx.Client(timeout=60) as guesser:
-            for i in range(MAX_FAILURES - 1):
+            for i in range(MAX_FAILURES - 2):
                 base = (a_url, b_url)[i % 2]
                 assert sign_in(guesser, base, key=f"rsk_guess-{i}").status_code == 401
             for base in (a_url, b_url):
                 blocked = sign_in(guesser, base, username="alice", password=PASSWORDS["alice"])
                 assert blocked.status_code == 429, blocked.text
                 assert 0 < int(blocked.headers["retry-after"]) <= 300
+        assert "console.users re-read from" in (tmp_path / "a.log").read_text()
     finally:
         stop_servers(servers)
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,9 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 
 from radserve.cli import cli
-from radserve.config import ConsoleSettings, ConsoleUser, load_settings
+from radserve.config import ConsoleSettings, ConsoleUser, Settings, load_settings
 from radserve.console.limits import SignInLimiter
+from radserve.console.users import LocalUsers
 from radserve.errors import RadserveError
 from radserve.passwords import PasswordHash, hash_password, verify_password
 from radserve.store import init_store
@@ -131,3 +133,43 @@ def test_a_clear_password_in_the_settings_file_is_refused_without_echoing_it(
     assert "console.users.0.password_hash" in caught.value.message
     assert "hash-password" in caught.value.message
     assert "hunter2-in-clear" not in caught.value.message
+
+
+def test_local_users_are_re_read_when_the_settings_file_changes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    hashes = {n: hash_password(f"{n}-password-1") for n in ("alice", "bob")}
+    config = tmp_path / "radserve.yaml"
+
+    def write(*names: str, clear: str | None = None) -> None:
+        users = [{"username": n, "role": "read", "password_hash": hashes[n]} for n in names]
+        if clear is not None:
+            users.append({"username": "carol", "role": "read", "password_hash": clear})
+        config.write_text(yaml.safe_dump({"console": {"users": users}}))
+
+    write("alice", "bob")
+    loads: list[Path] = []
+
+    def load(path: Path) -> Settings:
+        loads.append(path)
+        return load_settings(path, data_dir=tmp_path / "data")
+
+    users = LocalUsers(load(config).console.users, config, load=load)
+    assert [u.username for u in users.current()] == ["alice", "bob"]
+    assert len(loads) == 1  # an unchanged file is not read again
+    write("alice")
+    assert [u.username for u in users.current()] == ["alice"]
+    assert [u.username for u in users.current()] == ["alice"] and len(loads) == 2
+    # a file that no longer loads keeps the users read before, and says why once
+    write("alice", "bob", clear="hunter2-in-clear")
+    with caplog.at_level(logging.ERROR, logger="radserve.console.users"):
+        assert [u.username for u in users.current()] == ["alice"]
+        assert [u.username for u in users.current()] == ["alice"]
+    [error] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "console.users.2.password_hash" in error and "hunter2-in-clear" not in error
+    config.unlink()  # gone: the users read before stay
+    assert [u.username for u in users.current()] == ["alice"]
+    write("bob")
+    assert [u.username for u in users.current()] == ["bob"]
+    # no settings file (the demo server): the users are fixed
+    assert LocalUsers(users.current()).current() == users.current()

@@ -15,6 +15,7 @@ a private Unix socket only.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,12 +74,20 @@ def command(
     worker_nice: int,
 ) -> None:
     """Serve the inference API until interrupted (SIGINT/SIGTERM stop it cleanly)."""
-    from radserve.config import load_settings
+    from radserve.config import CONFIG_ENV, load_settings
     from radserve.service.logs import configure_logging
 
     configure_logging(getattr(logging, log_level.upper()), json_lines=not plain_logs)
     settings = load_settings(config_file, data_dir=data_dir, server__host=host, server__port=port)
-    run_server(settings, cpu_workers=cpu_workers, worker_nice=worker_nice, access_log=access_log)
+    if config_file is None and os.environ.get(CONFIG_ENV):
+        config_file = Path(os.environ[CONFIG_ENV])
+    run_server(
+        settings,
+        cpu_workers=cpu_workers,
+        worker_nice=worker_nice,
+        access_log=access_log,
+        config_file=config_file,
+    )
 
 
 def _raise_open_files_limit() -> None:
@@ -104,6 +113,7 @@ def run_server(
     worker_nice: int = 5,
     access_log: bool = False,
     on_started: Callable[[str], None] | None = None,
+    config_file: Path | None = None,
 ) -> None:
     """Start the service, the API and the console on ``settings`` and serve until
     SIGINT/SIGTERM (a clean stop then exits 0; a second Ctrl-C forces it). One start-up
@@ -130,7 +140,7 @@ def run_server(
     service = Service(settings, cpu_workers=cpu_workers, worker_nice=worker_nice)
     _doctor(settings, service)
     app = create_app(service)
-    install_console(app, service)  # the web console at / (console.enabled)
+    install_console(app, service, config_file)  # the web console at / (console.enabled)
     common: dict[str, Any] = {
         # bounds on request heads' size and time, bodies' rate (uvicorn's has none)
         **uvicorn_protocols(settings.server),

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from radserve.config import load_settings
 from radserve.console.auth import session_principal
 from radserve.console.events import JobFeed
 from radserve.console.ops import OpsHistory
@@ -22,6 +23,7 @@ from radserve.console.sessions import SessionTable
 from radserve.console.signin import limiter_for
 from radserve.console.signin import router as signin_router
 from radserve.console.studyinfo import StudyInfo
+from radserve.console.users import LocalUsers
 from radserve.service import Service
 
 STATIC = Path(__file__).parent / "static"
@@ -40,11 +42,17 @@ _HEADERS = {
 }
 
 
-def install(app: FastAPI, service: Service) -> None:
-    """Add the console to ``app`` (when ``console.enabled``)."""
+def install(app: FastAPI, service: Service, config_file: Path | None = None) -> None:
+    """Add the console to ``app`` (when ``console.enabled``); ``config_file``: the
+    settings file whose ``console.users`` are re-read when it changes (:class:`LocalUsers`)."""
     settings = service.settings.console
     if not settings.enabled:
         return
+    app.state.console_users = LocalUsers(
+        settings.users,
+        config_file,
+        load=lambda path: load_settings(path, data_dir=service.settings.data_dir),
+    )
     app.state.console_sessions = SessionTable(
         service.store, ttl_s=settings.session_ttl_s, idle_s=settings.idle_timeout_s
     )

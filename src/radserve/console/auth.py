@@ -16,7 +16,6 @@ from starlette.concurrency import run_in_threadpool
 
 from radserve.api.auth import Principal
 from radserve.api.errors import ForbiddenError
-from radserve.api.state import service_of
 from radserve.config import ConsoleUser
 from radserve.console.sessions import (
     COOKIE,
@@ -26,6 +25,7 @@ from radserve.console.sessions import (
     SessionTable,
     csrf_ok,
 )
+from radserve.console.users import LocalUsers
 from radserve.security.keys import Role
 
 
@@ -50,15 +50,17 @@ async def current_session(request: Request) -> tuple[str, Session] | None:
     session = await run_in_threadpool(table.get, session_id)
     if session is None:
         return None
-    if session.user is not None and session.user_check not in account_checks(request):
-        await run_in_threadpool(table.close, session_id)
-        return None
+    if session.user is not None:
+        users = await run_in_threadpool(local_users(request).current)
+        if session.user_check not in {account_check(u) for u in users}:
+            await run_in_threadpool(table.close, session_id)
+            return None
     return session_id, session
 
 
-def account_checks(request: Request) -> set[str]:
-    """The fingerprints of this server's local users' accounts (:func:`account_check`)."""
-    return {account_check(u) for u in service_of(request).settings.console.users}
+def local_users(request: Request) -> LocalUsers:
+    """This server's ``console.users``, re-read when its settings file changes."""
+    return request.app.state.console_users  # type: ignore[no-any-return]
 
 
 def account_check(user: ConsoleUser) -> str:
@@ -90,4 +92,4 @@ async def session_principal(request: Request) -> Principal | None:
     )
 
 
-__all__ = ["account_check", "current_session", "same_origin", "session_principal"]
+__all__ = ["account_check", "current_session", "local_users", "same_origin", "session_principal"]

@@ -25,7 +25,7 @@ from radserve.api.state import service_of
 from radserve.audit.chain import AuditEvent
 from radserve.audit.events import Action
 from radserve.config import ConsoleSettings
-from radserve.console.auth import account_check, current_session, same_origin
+from radserve.console.auth import account_check, current_session, local_users, same_origin
 from radserve.console.limits import SignInLimiter
 from radserve.console.routes import phi_allowed
 from radserve.console.sessions import COOKIE, CSRF_HEADER, Session, SessionTable, csrf_ok
@@ -101,7 +101,7 @@ def _by_key(request: Request, key: str) -> _Identity | None:
 
 def _by_password(request: Request, username: str, password: str) -> tuple[_Identity | None, str]:
     """(the identity or None, the configured user name or "" for an unknown one)."""
-    users = {u.username.lower(): u for u in service_of(request).settings.console.users}
+    users = {u.username.lower(): u for u in local_users(request).current()}
     user = users.get(username.strip().lower())
     stored = PasswordHash.parse(user.password_hash.get_secret_value()) if user else None
     if not verify_password(password, stored) or user is None:
@@ -132,7 +132,7 @@ def _session_body(request: Request, session: Session) -> dict[str, Any]:
 @router.get("/console/api/signin")
 async def signin_methods(request: Request) -> Response:
     """How this server lets people sign in (the sign-in page shows the matching forms)."""
-    users = service_of(request).settings.console.users
+    users = await run_in_threadpool(local_users(request).current)
     return JSONResponse({"methods": ["key", *(["password"] if users else [])]})
 
 
@@ -158,7 +158,7 @@ async def sign_in(request: Request, body: SignIn) -> Response:
     if body.key is not None:
         method, who, user = "key", await run_in_threadpool(_by_key, request, body.key), ""
     else:
-        if not settings.console.users:
+        if not await run_in_threadpool(local_users(request).current):
             return JSONResponse(
                 error_body(
                     "invalid_request",
