@@ -138,7 +138,7 @@ export function opsPage(root) {
           h('td', { class: 'n' }, i.attempts),
           h('td', {}, when(i.next_attempt_at)),
           h('td', { class: 'err' }, i.last_error || ''),
-          h('td', {}, rearmed.get(i.id) === i.attempts ? 're-armed' : i.state === 'failed_permanent' || (i.state === 'pending' && i.attempts > 0) ? h('button', { 'data-action': 'rearm', onclick: () => rearm(i) }, 'Re-arm') : ''),
+          h('td', {}, rearmed.get(i.id) === i.attempts ? 're-armed' : i.state === 'failed_permanent' || i.state === 'committing' || (i.state === 'pending' && i.attempts > 0) ? h('button', { 'data-action': 'rearm', onclick: () => rearm(i) }, 'Re-arm') : ''),
         ),
       )
     outbox.replaceChildren(

@@ -25,6 +25,7 @@ from tests.factories.dicom_net import Orthanc, study_with_results
 from tests.factories.pacs import pacs_marks
 from tests.factories.ports import free_port
 from tests.factories.postgres import postgres_schema
+from tests.factories.service import settings_for
 from tests.factories.waits import until
 
 from radserve.gateway import Destination, GatewaySCP, Outbox, Peer, RetryPolicy, ScpConfig, StoreSCU
@@ -32,7 +33,10 @@ from radserve.gateway.commitment import PUSH_MODEL, PUSH_MODEL_INSTANCE, ReportH
 from radserve.gateway.conformance import COMPREHENSIVE_3D_SR, SEGMENTATION, Status
 from radserve.gateway.scu import OutgoingFile, SendResult
 from radserve.service.metrics import _OutboxCollector
+from radserve.service.outbox import OutboxOps
 from radserve.store import init_store
+from radserve.store.audited import open_audited
+from radserve.store.errors import OutboxNotRetryableError
 from radserve.store.outbox import OutboxItem, OutboxState, OutboxStore
 
 pytestmark = pacs_marks()
@@ -459,7 +463,7 @@ def test_a_committed_report_after_the_deadline_cancels_the_re_send_not_yet_made(
     assert {item.state for item in settled} == {OutboxState.SENT}
     for item in settled:
         assert item.attempts == 1 and item.sent_at is not None
-        assert "report came after its deadline: the re-send was cancelled" in (
+        assert "(deadline passed, or retried by an operator): the re-send was cancelled" in (
             item.last_error or ""
         )
     assert later.claimed == 0  # nothing is sent a second time
@@ -506,3 +510,50 @@ def test_a_committed_report_after_the_re_send_counts_it_delivered_and_names_the_
         assert "received this SOP Instance UID twice" in (item.last_error or "")
     assert f"0 re-send(s) cancelled, {len(results)} already sent again" in caplog.text
     assert "radserve never asked for it" in caplog.text
+
+
+def test_an_operator_retries_a_committing_row_stored_again_under_a_new_transaction(
+    tmp_path: Path, results: list[Path]
+) -> None:
+    settings = settings_for(tmp_path)
+    store, _trail = open_audited(settings)
+    ops = OutboxOps(settings, store)
+    url = f"sqlite:///{settings.data_dir / 'radserve.db'}"
+    try:
+        with (
+            _committing_pacs(tmp_path, scp_running=False, database_url=url) as (
+                orthanc,
+                outbox,
+                rows,
+                _,
+            ),
+            _reports_to(outbox, tmp_path) as port,
+        ):
+            outbox.enqueue(results, now=utc_now())
+            outbox.deliver_pending(utc_now())
+            first = rows.items()
+            [transaction] = {item.commitment_uid for item in first}
+            target = first[0]
+            retried = ops.retry(target.id, actor_key_id=None, client="cli")
+            assert retried.state is OutboxState.PENDING and retried.attempts == 1
+            assert f"transaction {transaction}) was awaited" in (retried.last_error or "")
+            assert outbox.deliver_pending(utc_now()).claimed == 1  # stored again at once
+            again = rows.get(target.id)
+            assert again.state is OutboxState.COMMITTING and again.attempts == 2
+            assert again.commitment_uid not in (None, transaction)
+            others = [item for item in first if item.id != target.id]
+            assert {rows.get(item.id).commitment_uid for item in others} == {transaction}
+            assert _report(port, "ORTHANC", again.commitment_uid or "", [again]) == 0
+            assert _report(port, "ORTHANC", transaction, first) == 0
+            settled = rows.items()
+            stored = len(orthanc.get("/instances"))
+        audit = [r for r in store.iter_audit() if r.action == "outbox.retried"]
+    finally:
+        store.close()
+    assert {item.state for item in settled} == {OutboxState.SENT}
+    assert stored == len(results)
+    [record] = audit
+    assert record.subject == str(target.id) and record.payload["previous_state"] == "committing"
+    assert record.payload["commitment_uid"] == transaction
+    with pytest.raises(OutboxNotRetryableError):
+        OutboxStore(init_store(url).engine).retry(target.id, now=utc_now())

@@ -109,7 +109,8 @@ def retry(
     config_file: Path | None,
     data_dir: Path | None,
 ) -> None:
-    """Send rows IDS again (failed -> pending, or a pending one due now); audited."""
+    """Send rows IDS again (failed or committing -> pending, or a pending one due now;
+    a committing row is asked under a new storage commitment transaction); audited."""
     if not ids and not all_failed:
         raise click.UsageError("name the row ids to retry, or pass --all-failed")
     store, ops = _open(config_file, data_dir)

@@ -232,7 +232,8 @@ class CommitmentLedger:
             again = item.state in (OutboxState.SENDING, OutboxState.COMMITTING)
             note = (
                 f"committed by {item.destination} in transaction {report.transaction_uid}, "
-                "whose report came after its deadline: "
+                "whose report came after the row stopped waiting for it (deadline passed, "
+                "or retried by an operator): "
                 + (
                     f"the instance had already been sent again (attempt {item.attempts}), "
                     "so the destination received this SOP Instance UID twice"
@@ -246,10 +247,10 @@ class CommitmentLedger:
                 duplicates += again
                 cancelled += not again
         logger.warning(
-            "storage commitment %s from %s came after its deadline (late report %d since "
-            "start): %d instance(s) it names counted delivered, %d re-send(s) cancelled, %d "
-            "already sent again (duplicates at the destination); %d left as they were (not "
-            "listed committed, or failed by a newer transaction)",
+            "storage commitment %s from %s came after its rows stopped waiting (late report "
+            "%d since start): %d instance(s) it names counted delivered, %d re-send(s) "
+            "cancelled, %d already sent again (duplicates at the destination); %d left as "
+            "they were (not listed committed, or failed by a newer transaction)",
             report.transaction_uid,
             calling,
             self.late_reports,

@@ -1,7 +1,8 @@
 """The outbox for operators: what is waiting or failing, per destination, and the
 "send it again" action (``radserve outbox``, ``/v1/ops/outbox``, metrics, ``/readyz``).
 
-A retry is audited (``outbox.retried``: who, which row, the state it had). A destination
+A retry is audited (``outbox.retried``: who, which row, the state it had; for a
+``committing`` row also the storage commitment transaction it stops waiting for). A destination
 counts as unreachable once its oldest delivery that has failed and is still retrying was
 queued more than ``outbox.unreachable_after_s`` ago.
 """
@@ -88,6 +89,12 @@ class OutboxOps:
                     "destination": item.destination,
                     "job_id": item.job_id,
                     "previous_state": previous.value,
+                    # a committing row's abandoned storage commitment transaction
+                    **(
+                        {"commitment_uid": item.commitment_uid}
+                        if previous is OutboxState.COMMITTING
+                        else {}
+                    ),
                 },
                 actor_key_id=actor_key_id,
                 client_address=client,

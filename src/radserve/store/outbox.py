@@ -340,18 +340,29 @@ class OutboxStore(StoreBase):
 
     def retry(self, item_id: int, *, now: dt.datetime) -> tuple[OutboxItem, OutboxState]:
         """An operator's "send it again": a ``failed_permanent`` row becomes ``pending``
-        (attempts reset, due now); a ``pending`` row becomes due now. Returns the row and
-        the state it had. Raises ``outbox_item_not_found`` or ``outbox_not_retryable``
-        (a row being sent, or already sent)."""
+        (attempts reset, due now); a ``pending`` row becomes due now; a ``committing``
+        row stops waiting for its storage commitment report and becomes ``pending``, due
+        now (attempts kept): it is stored again and asked under a new transaction (a
+        report of the abandoned one still counts: radserve.gateway.commitment_ledger).
+        Returns the row and the state it had. Raises ``outbox_item_not_found`` or
+        ``outbox_not_retryable`` (a row being sent, or already sent)."""
         with self._write(audited=False) as session:
             row = _get(session, item_id)
             previous = OutboxState(row.state)
             values: dict[str, object] = {"next_attempt_at": now, "updated": now}
             if previous is OutboxState.FAILED_PERMANENT:
                 values.update(state=OutboxState.PENDING.value, attempts=0)
+            elif previous is OutboxState.COMMITTING:
+                values.update(
+                    state=OutboxState.PENDING.value,
+                    last_error=(
+                        f"retried by an operator while its storage commitment (transaction "
+                        f"{row.commitment_uid}) was awaited: stored again, new transaction"
+                    ),
+                )
             elif previous is not OutboxState.PENDING:
                 raise OutboxNotRetryableError(
-                    f"outbox row {item_id} is {previous.value}: only pending or "
+                    f"outbox row {item_id} is {previous.value}: only pending, committing or "
                     "failed_permanent deliveries can be retried"
                 )
             result = session.execute(

@@ -159,7 +159,10 @@ async def outbox_list(
     "/v1/ops/outbox/{item_id}/retry",
     response_model=OutboxItemOut,
     responses={c: {"model": ErrorOut} for c in (401, 403, 404, 409)},
-    summary="Send a delivery again: failed_permanent -> pending, or a pending one now (audited)",
+    summary=(
+        "Send a delivery again: failed_permanent or committing -> pending (a committing "
+        "one under a new storage commitment transaction), or a pending one now (audited)"
+    ),
 )
 async def outbox_retry(
     request: Request,
