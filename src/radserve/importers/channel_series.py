@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from radserve.importers import ImportRefusedError
-from radserve.preprocess.onto_grid import INTERPOLATION_ORDERS
 
 __all__ = [
     "CHANNEL_OPTION",
@@ -169,6 +168,10 @@ def multi_series_input(
     with the spline order the framework resamples images with (``image_order``: nnU-Net's
     data order, 3; MONAI's ``Spacingd`` mode), since neither framework moves one series
     onto another itself (both stack channels that already share a grid)."""
+    # here, not at the top: onto_grid loads SciPy's ndimage (~0.5 CPU-s), which a
+    # refusal from the bundle's configs alone does not need
+    from radserve.preprocess.onto_grid import INTERPOLATION_ORDERS
+
     reference = reference_channel(channels, refused)
     names = {order: name for name, order in INTERPOLATION_ORDERS.items()}
     return {

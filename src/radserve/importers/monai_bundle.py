@@ -63,6 +63,7 @@ The model zoo bundles each of these was checked on: docs/bring-your-own-model.md
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from collections.abc import Iterator
@@ -70,6 +71,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from radserve.importers import ImportRefusedError
 from radserve.importers.channel_series import SeriesRule
@@ -82,7 +85,7 @@ from radserve.importers.common import (
     staged_bundle,
     write_bundle_files,
 )
-from radserve.importers.monai_channels import channel_inputs, channel_names, stacking
+from radserve.importers.monai_channels import _CONCAT, channel_inputs, channel_names, stacking
 from radserve.importers.monai_config_guard import CheckedConfigParser
 from radserve.models.manifest import ModelSpec
 
@@ -118,9 +121,25 @@ _PER_IMAGE = {
     "ScaleIntensityd": "scale",
 }
 _RANGE = ("ScaleIntensityRanged", "ScaleIntensityRange")
+_ORIENTATION = ("Orientationd", "Orientation")
+_SPACING = ("Spacingd", "Spacing")
+_CROP = ("CropForegroundd", "CropForeground")
+_ACTIVATIONS = ("Activationsd", "Activations")
+_ARGMAX = ("AsDiscreted", "AsDiscrete")
+# what _preprocessing and _postprocessing map (or check); any other transform on the
+# image (prediction) key is refused, before MONAI is imported where the config names it
+# plainly (_refuse_before_monai)
+_MAPPED = {
+    "preprocessing": frozenset(
+        {*_NEUTRAL, *_KEY_COPIES, *_ORIENTATION, *_SPACING, *_RANGE, *_PER_IMAGE, *_CROP}
+        | set(_CONCAT)
+    ),
+    "postprocessing": frozenset({*_NEUTRAL, *_KEY_COPIES, *_ACTIVATIONS, "Invertd", *_ARGMAX}),
+}
 _PADDING = {"constant": "centre_zero", "replicate": "centre_edge"}
 _MODES = {"bilinear": 1, "nearest": 0}
 _RAS_LABELS = (("L", "R"), ("P", "A"), ("I", "S"))
+_NO_GRID = "no {} in preprocessing: the network's axes/grid would be the loader's"
 _INTENSITY_NAMES = "ScaleIntensityRange, NormalizeIntensity, ScaleIntensity"
 # Why CropForeground(d) is refused before Spacing or an intensity transform
 # (docs/model-ops.md "MONAI's CropForeground")
@@ -153,7 +172,11 @@ class MonaiSource:
 
 def read_bundle(folder: Path) -> MonaiSource:
     """Find the inference config, metadata and weights; parse the config with MONAI."""
-    folder = Path(folder)
+    return _parse(Path(folder), *_bundle_files(Path(folder)))
+
+
+def _bundle_files(folder: Path) -> tuple[Path, dict[str, Any], Path]:
+    """(inference config, metadata.json's object, weights) of a bundle folder."""
     configs = folder / "configs"
     if not configs.is_dir():
         raise ImportRefusedError(f"{folder} is not a MONAI bundle (no configs/ folder)")
@@ -161,8 +184,7 @@ def read_bundle(folder: Path) -> MonaiSource:
     config_path = next((p for p in found if p.is_file()), None)
     if config_path is None:
         raise ImportRefusedError(f"no configs/inference.json or .yaml in {folder}")
-    meta_path = configs / "metadata.json"
-    metadata = read_json_object(meta_path)
+    metadata = read_json_object(configs / "metadata.json")
     weights = next(
         (
             p
@@ -173,6 +195,11 @@ def read_bundle(folder: Path) -> MonaiSource:
     )
     if weights is None:
         raise ImportRefusedError(f"no models/model.pt or models/model.ts in {folder}")
+    return config_path, metadata, weights
+
+
+def _parse(folder: Path, config_path: Path, metadata: dict[str, Any], weights: Path) -> MonaiSource:
+    meta_path = config_path.with_name("metadata.json")
     try:
         import monai.bundle  # noqa: F401 - the extra's presence, checked before parsing
     except ImportError as exc:
@@ -186,6 +213,77 @@ def read_bundle(folder: Path) -> MonaiSource:
         parser["bundle_root"] = str(folder)
         readers = without_file_readers(parser)
     return MonaiSource(folder, config_path, metadata, parser, weights, readers)
+
+
+@refused_if_malformed("the bundle's metadata.json and inference config")
+def _refuse_before_monai(config_path: Path, metadata: dict[str, Any]) -> None:
+    """What can be refused from the bundle's JSON/YAML alone, before torch and MONAI are
+    imported (~6 CPU-s): metadata.json's inputs and outputs, a transform of the bundle's
+    own code, and a transform on the image (prediction) key that is none of those mapped,
+    where the config names it plainly (a class name, not a reference or an expression,
+    with literal keys); anything else is left to the mapping after MONAI's parse."""
+    _, _, image_key, _ = _labels(metadata)
+    pred_key = next(iter(metadata["network_data_format"]["outputs"]))
+    try:
+        text = config_path.read_text()
+        config = json.loads(text) if config_path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError, RecursionError):
+        return  # MONAI's parse says what is wrong with it
+    if not isinstance(config, dict):
+        return
+    for key, on in (("preprocessing", image_key), ("postprocessing", pred_key)):
+        _no_bundle_code(config.get(key), key)
+        named = _plain_transforms(config, key)
+        for i, name, keys in named:
+            acts = on in keys if keys is not None else not name.endswith("d")
+            if acts and name not in _MAPPED[key]:
+                _refuse(f"{key}[{i}] {name} is not expressible in a radserve bundle")
+        items = config[key].get("transforms") if isinstance(config.get(key), dict) else None
+        if key == "preprocessing" and isinstance(items, list) and len(named) == len(items):
+            names = {name for _, name, _ in named}  # every transform named: none is one
+            for group, what in ((_ORIENTATION, "Orientation(d)"), (_SPACING, "Spacing(d)")):
+                if not names & set(group):
+                    _refuse(_NO_GRID.format(what))
+
+
+def _plain_transforms(config: dict[str, Any], key: str) -> list[tuple[int, str, list[str] | None]]:
+    """(index, class name, keys) of each transform of ``config[key]``, a literal Compose,
+    that is named by a plain class name (``Spacingd``, ``monai.transforms.Spacingd``;
+    MONAI's ``SpacingD`` and ``SpacingDict`` aliases as the class's own name). ``keys``:
+    the literal keys (``@name`` of a top-level string resolved), None where it has none
+    or they are an expression."""
+    compose = config.get(key)
+    items = compose.get("transforms") if isinstance(compose, dict) else None
+    named = []
+    for i, item in enumerate(items if isinstance(items, list) else []):
+        target = item.get("_target_") if isinstance(item, dict) else None
+        if not isinstance(target, str):
+            continue
+        module, _, name = target.rpartition(".")
+        if module not in ("", "monai.transforms") or not name.isidentifier():
+            continue
+        if not name[:1].isupper():  # a function (the config guard refuses those by name)
+            continue
+        if name.endswith("Dict"):
+            name = name[:-4] + "d"
+        elif name.endswith("D"):
+            name = name[:-1] + "d"
+        keys = item.get("keys")
+        keys = [keys] if isinstance(keys, str) else keys
+        if isinstance(keys, list) and all(isinstance(k, str) for k in keys):
+            keys = [_literal(k, config) for k in keys]
+        named.append((i, name, keys if isinstance(keys, list) and None not in keys else None))
+    return named
+
+
+def _literal(value: str, config: dict[str, Any]) -> str | None:
+    """``value``, or the top-level string an ``@name`` reference names; None for an
+    expression, a macro or a reference to anything else."""
+    if value.startswith("@"):
+        value = config.get(value[1:])
+        if not isinstance(value, str):
+            return None
+    return None if value[:1] in ("@", "$", "%") else value
 
 
 def without_file_readers(parser: Any) -> list[str]:
@@ -237,11 +335,11 @@ def _parsed(source: MonaiSource, key: str) -> Any:
         raise ImportRefusedError(f"MONAI cannot build {key!r}: {exc}") from exc
 
 
-def _no_bundle_code(source: MonaiSource, key: str) -> None:
+def _no_bundle_code(raw: Any, key: str) -> None:
     """Refuse a transform of the bundle's own ``scripts`` package by its name, before
     MONAI builds it (radserve states MONAI's transforms; the code may not even be
-    shipped, e.g. renalStructures_CECT_segmentation's ``ConcatImages``)."""
-    raw = source.parser.get(key)
+    shipped, e.g. renalStructures_CECT_segmentation's ``ConcatImages``). ``raw``: the
+    config's ``key`` as written."""
     items = raw.get("transforms") if isinstance(raw, dict) else None
     for i, item in enumerate(items if isinstance(items, list) else []):
         target = str(item.get("_target_", "")) if isinstance(item, dict) else ""
@@ -340,7 +438,7 @@ def _preprocessing(transforms: list[Any], image_key: str) -> dict[str, Any]:
                     f"the transforms of the stacked image {image_key!r} (after ConcatItemsd)"
                 )
             continue  # e.g. a label key's transforms in a shared config
-        if name in ("Orientationd", "Orientation"):
+        if name in _ORIENTATION:
             o = getattr(t, "ornt_transform", t)
             # labels None: the image's space, RAS as MONAI's loaders give it by default
             labels = None if o.labels is None else tuple(map(tuple, o.labels))
@@ -348,7 +446,7 @@ def _preprocessing(transforms: list[Any], image_key: str) -> dict[str, Any]:
                 _refuse(f"preprocessing[{i}] {name}: as_closest_canonical or custom labels")
             out["axes"] = list(str(o.axcodes).upper())
             out["orientation_at"] = i
-        elif name in ("Spacingd", "Spacing"):
+        elif name in _SPACING:
             s = getattr(t, "spacing_transform", t)
             mode = _value(_one(getattr(t, "mode", s.sp_resample.mode), "Spacing mode"))
             pad = _value(_one(getattr(t, "padding_mode", s.sp_resample.padding_mode), "padding"))
@@ -381,7 +479,7 @@ def _preprocessing(transforms: list[Any], image_key: str) -> dict[str, Any]:
             out["intensity_at"].append(i)
             if _pools_channels(t, name):
                 out["pooled"].append(f"preprocessing[{i}] {name}")
-        elif name in ("CropForegroundd", "CropForeground"):
+        elif name in _CROP:
             if "crop_foreground" in out:
                 _refuse(f"preprocessing[{i}] a second {name}")
             out["crop_foreground"] = _crop_foreground(t, i, name, image_key)
@@ -390,7 +488,7 @@ def _preprocessing(transforms: list[Any], image_key: str) -> dict[str, Any]:
             _refuse(f"preprocessing[{i}] {name} is not expressible in a radserve bundle")
     for key, what in (("axes", "Orientation(d)"), ("spacing", "Spacing(d)")):
         if key not in out:
-            _refuse(f"no {what} in preprocessing: the network's axes/grid would be the loader's")
+            _refuse(_NO_GRID.format(what))
     at = out["intensity_at"]
     if not at:
         _refuse(
@@ -533,7 +631,7 @@ def _postprocessing(
         name = type(t).__name__
         if _neutral(t, i, "postprocessing", pred_key) or not _on_image(t, pred_key):
             continue
-        if name in ("Activationsd", "Activations"):
+        if name in _ACTIVATIONS:
             a = t  # dict transforms keep their per-key settings on themselves
             if _one(a.sigmoid, "sigmoid") or _one(a.other, "other") is not None:
                 _refuse(f"postprocessing[{i}] {name}: sigmoid/other (softmax only)")
@@ -543,7 +641,7 @@ def _postprocessing(
             _invertd(t, i, pred_key, image_key, pre)
             nearest = bool(_one(t.nearest_interp, "Invertd nearest_interp"))
             invert_at = i
-        elif name in ("AsDiscreted", "AsDiscrete"):
+        elif name in _ARGMAX:
             a = t  # dict transforms keep their per-key settings on themselves
             if not _one(a.argmax, "argmax") or _one(a.threshold, "threshold") is not None:
                 _refuse(f"postprocessing[{i}] {name}: argmax only (no threshold)")
@@ -623,7 +721,7 @@ def manifest_from_monai(
     does not say its series."""
     labels, modality, image_key, image = _labels(source.metadata)
     for key in ("preprocessing", "postprocessing"):
-        _no_bundle_code(source, key)
+        _no_bundle_code(source.parser.get(key), key)
     compose = _parsed(source, "preprocessing")
     pre = _preprocessing(_transforms(compose, "preprocessing"), image_key)
     inputs = channel_inputs(
@@ -733,9 +831,11 @@ def import_monai(
 
     A ``models/model.ts`` is refused unless ``trust_torchscript``: loading TorchScript
     runs the code it holds (:data:`TORCHSCRIPT_RUNS_CODE`)."""
-    source = read_bundle(folder)
-    if source.weights.suffix == ".ts" and not trust_torchscript:
+    config_path, metadata, weights = _bundle_files(Path(folder))
+    if weights.suffix == ".ts" and not trust_torchscript:
         raise ImportRefusedError(TORCHSCRIPT_RUNS_CODE)
+    _refuse_before_monai(config_path, metadata)
+    source = _parse(Path(folder), config_path, metadata, weights)
     default = str(source.metadata.get("name") or Path(folder).name)
     name = name or "".join(c if c.isalnum() else "-" for c in default.lower()).strip("-")
     spec = manifest_from_monai(source, name=name, version=version, channels=channels)
