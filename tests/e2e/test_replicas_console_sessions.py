@@ -11,6 +11,7 @@ ignore the port, as a browser's do behind one load-balanced name).
 from __future__ import annotations
 
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -95,12 +96,16 @@ def test_console_sessions_and_the_sign_in_limit_are_shared_by_replicas(
             assert on_b.status_code == 200, on_b.text
             assert (on_b.json()["role"], on_b.json()["csrf"]) == ("admin", csrf["X-CSRF-Token"])
             assert browser.get(f"{b_url}/console/api/worklist").status_code == 200
+            # the worklist's event stream open on A: the sign-out through B ends it
+            stream = _EventStream(f"{a_url}/console/api/events", dict(browser.cookies))
             # signed out through B: refused on A at its next request
             out = browser.delete(f"{b_url}/console/api/session", headers={**csrf, "Origin": b_url})
             assert out.status_code == 204, out.text
             browser.cookies.set("radserve_session", signed.cookies["radserve_session"])
             assert who(browser, a_url).status_code == 401
             assert who(browser, b_url).status_code == 401
+            stream.join()
+            assert stream.events[0] == "hello" and stream.events[-1] == "ended", stream.events
 
         # a key revoked (the CLI, on the shared database) ends its session everywhere
         with httpx.Client(timeout=60) as browser:
@@ -156,3 +161,33 @@ def test_console_sessions_and_the_sign_in_limit_are_shared_by_replicas(
     # only digests: no session id from a cookie is in the table
     digests = [r[0] for r in rows("SELECT digest FROM console_sessions")]
     assert all(len(d) == 64 for d in digests)
+
+
+class _EventStream(threading.Thread):
+    """A console event stream read in a thread: the names of its events, in order
+    (started and open once its ``hello`` came)."""
+
+    def __init__(self, url: str, cookies: dict[str, str]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.cookies = url, cookies
+        self.events: list[str] = []
+        self.opened = threading.Event()
+        self.start()
+        assert self.opened.wait(60), "the event stream did not open"
+
+    def run(self) -> None:
+        try:
+            with (
+                httpx.Client(cookies=self.cookies, timeout=60) as client,
+                client.stream("GET", self.url) as answer,
+            ):
+                for line in answer.iter_lines():
+                    if line.startswith("event: "):
+                        self.events.append(line.removeprefix("event: "))
+                        self.opened.set()
+        finally:
+            self.opened.set()
+
+    def join(self, timeout: float | None = 60) -> None:
+        super().join(timeout)
+        assert not self.is_alive(), "the event stream did not end"

@@ -29,11 +29,13 @@ from radserve.api.auth import (
     audited_read,
     read_access,
     require_read,
+    token_of,
 )
 from radserve.api.errors import ForbiddenError, error_body
 from radserve.api.files import RANGE_RESPONSES, FileAnswer
 from radserve.api.schemas import ErrorOut, EtaOut, JobOut
 from radserve.api.state import service_of as _service
+from radserve.console.auth import current_session
 from radserve.console.events import STREAM_S, JobFeed
 from radserve.console.ops import OpsHistory, current
 from radserve.console.refused import refused_series
@@ -54,6 +56,9 @@ api_router = APIRouter(tags=["jobs"])
 Reader = Annotated[Principal, Depends(require_read)]
 _RESULT_FILE = re.compile(r"^[A-Za-z0-9_-]+(\.nii\.gz|\.dcm|\.json)$")
 _TRAIL_LIMIT = 500
+# how often an open event stream looks whether its session still stands (a sign-out or
+# a revoked key through another replica ends it then, not at the stream's end)
+SESSION_CHECK_S = 5.0
 
 
 def _feed(request: Request) -> JobFeed:
@@ -182,9 +187,12 @@ async def events(
     request: Request, who: Reader, since: Annotated[int | None, Query(ge=0)] = None
 ) -> StreamingResponse:
     """Server-sent events: ``job`` (a changed worklist row, ``id`` = its number),
-    ``positions`` (queue positions when they change), ``reset`` (reload the list)."""
+    ``positions`` (queue positions when they change), ``reset`` (reload the list),
+    ``ended`` (the session ended: signed out, expired or its key revoked, on any
+    replica; looked at every ``SESSION_CHECK_S``, and the stream ends)."""
     _history(request)
     feed = _feed(request)
+    by_session = token_of(request) is None
     last = request.headers.get("last-event-id")
     start = int(last) if last and last.isdigit() else since
     service = _service(request)
@@ -202,7 +210,13 @@ async def events(
             # shorter than server.request_timeout_s, so the timeout middleware never cuts
             # a stream mid-event (a cut one would reconnect and lose nothing anyway)
             ends = loop.time() + min(STREAM_S, 0.8 * service.settings.server.request_timeout_s)
+            check_at = loop.time() + SESSION_CHECK_S
             while loop.time() < ends:
+                if by_session and loop.time() >= check_at:
+                    check_at = loop.time() + SESSION_CHECK_S
+                    if await current_session(request) is None:
+                        yield b"event: ended\ndata: {}\n\n"
+                        return
                 changes = feed.after(seq)
                 if changes is None:
                     seq = feed.seq
