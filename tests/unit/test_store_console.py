@@ -124,3 +124,6 @@ def test_failed_sign_ins_add_up_over_replicas_and_old_ones_are_swept(
     assert a.retry_after("10.0.0.9") is None
     b.failed("10.0.0.7")  # sweeps the failures older than the window
     assert [r[1] for r in _rows(stores[0], "console_signin_failures")] == ["10.0.0.7"]
+    odd = "x" * 200  # longer than the column: counted by its first 64 characters
+    assert [a.failed(odd) for _ in range(4)] == [False, False, False, True]
+    assert b.retry_after(odd) == pytest.approx(60.0)

@@ -18,6 +18,10 @@ from sqlalchemy import delete, func, select, update
 from radserve.store.base import StoreBase
 from radserve.store.models import ApiKey, ConsoleSession, ConsoleSigninFailure
 
+# the column's length: a longer address (a forwarded header's odd value) is counted by
+# its first 64 characters rather than refused by PostgreSQL
+_CLIENT_LENGTH = 64
+
 
 @dataclass(frozen=True)
 class ConsoleSessionRecord:
@@ -125,6 +129,7 @@ class ConsoleMixin(StoreBase):
     def console_signin_failed(self, client: str, *, now: dt.datetime, window: dt.timedelta) -> int:
         """Count a failed sign-in from ``client`` at ``now``; how many it has had within
         ``window`` (this one included). Failures older than the window are swept."""
+        client = client[:_CLIENT_LENGTH]
         with self._write(audited=False) as db:
             db.execute(delete(ConsoleSigninFailure).where(ConsoleSigninFailure.at <= now - window))
             db.add(ConsoleSigninFailure(client=client, at=now))
@@ -143,6 +148,7 @@ class ConsoleMixin(StoreBase):
     ) -> tuple[int, dt.datetime | None]:
         """``client``'s failed sign-ins within ``window`` before ``now``: how many, and
         when the oldest of them was."""
+        client = client[:_CLIENT_LENGTH]
         with self._read() as db:
             count, oldest = db.execute(
                 select(func.count(), func.min(ConsoleSigninFailure.at)).where(
