@@ -477,16 +477,6 @@ class GatewaySettings(_Section):
         return check_ae_title(value)
 
     @model_validator(mode="after")
-    def _commitment_reports_in_one_process(self) -> GatewaySettings:
-        committing = [peer.ae_title for peer in self.allowed_peers if peer.storage_commitment]
-        if committing and self.receivers > 1:
-            raise ValueError(
-                f"peers {', '.join(committing)} use storage_commitment, whose reports the "
-                "SCP receives in its own process only: set gateway.receivers to 1"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _reserve_fits(self) -> GatewaySettings:
         if self.reserved_for_peers >= self.max_associations:
             raise ValueError("reserved_for_peers must be less than max_associations")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from tests.factories.pacs import pacs_and_gateway, pacs_marks, terminal_jobs
 from tests.factories.service import make_study
 from tests.factories.waits import until
@@ -30,8 +31,16 @@ def _states(rows: OutboxStore, job_id: str) -> dict[str, OutboxItem]:
     return {item.sop_class_uid: item for item in rows.items(job_id=job_id)}
 
 
-def test_results_are_sent_once_orthanc_commits_them(tmp_path: Path) -> None:
-    with pacs_and_gateway(tmp_path, storage_commitment=True) as (orthanc, service):
+@pytest.mark.parametrize("receivers", [1, 2])
+def test_results_are_sent_once_orthanc_commits_them(tmp_path: Path, receivers: int) -> None:
+    # with 2 receiving processes Orthanc's report reaches one of them, which hands it to
+    # the outbox's process
+    with pacs_and_gateway(tmp_path, storage_commitment=True, gateway__receivers=receivers) as (
+        orthanc,
+        service,
+    ):
+        assert service.gateway is not None
+        assert len(service.gateway.scp.receiver_pids()) == (receivers if receivers > 1 else 0)
         study = orthanc.upload(make_study(tmp_path / "study"))
         orthanc.push("radserve", [study])
         [job] = terminal_jobs(service, 1)

@@ -72,6 +72,7 @@ def _committing_pacs(
     attempts: int = 3,
     database_url: str | None = None,
     scu: StoreSCU | None = None,
+    receivers: int = 1,
 ) -> Iterator[tuple[Orthanc, Outbox, OutboxStore, GatewaySCP]]:
     """Orthanc that knows radserve as a modality allowed storage commitment, radserve's
     SCP (started unless ``scp_running`` is false) and an outbox to Orthanc with storage
@@ -113,6 +114,7 @@ def _committing_pacs(
     config = ScpConfig(
         data_dir=tmp_path / "radserve",
         port=scp_port,
+        receivers=receivers,
         allowed_peers=[
             Peer("ORTHANC", "127.0.0.1", orthanc.dicom_port, storage_commitment=True),
             Peer("OTHER", "127.0.0.1"),
@@ -557,3 +559,32 @@ def test_an_operator_retries_a_committing_row_stored_again_under_a_new_transacti
     assert record.payload["commitment_uid"] == transaction
     with pytest.raises(OutboxNotRetryableError):
         OutboxStore(init_store(url).engine).retry(target.id, now=utc_now())
+
+
+def test_with_several_receiving_processes_the_outbox_s_process_settles_the_reports(
+    tmp_path: Path, results: list[Path], database_url: str
+) -> None:
+    # Orthanc's report reaches a receiving process, which hands it to this process's
+    # outbox and answers Orthanc with its answer
+    with _committing_pacs(tmp_path, receivers=2, database_url=database_url) as (
+        orthanc,
+        outbox,
+        rows,
+        scp,
+    ):
+        assert len(scp.receiver_pids()) == 2
+        outbox.enqueue(results, now=utc_now())
+        assert outbox.deliver_pending(utc_now()).claimed == len(results)
+        until(
+            lambda: all(item.state is OutboxState.SENT for item in rows.items()),
+            "Orthanc's report, taken by a receiving process, settles every row",
+        )
+        [transaction] = {item.commitment_uid for item in rows.items()}
+        port = scp.address[1]
+        # answered as the outbox's process answers: a known transaction again, a stranger
+        assert _report(port, "ORTHANC", transaction or "", rows.items()) == Status.SUCCESS
+        assert _report(port, "ORTHANC", "2.25.4242", rows.items()) == Status.INVALID_ARGUMENT
+        stored = len(orthanc.get("/instances"))
+        attempts = {item.attempts for item in rows.items()}
+    assert stored == len(results)
+    assert attempts == {1}

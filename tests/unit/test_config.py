@@ -378,12 +378,6 @@ def test_read_processes_other_than_a_count_or_auto_is_refused(
             "peer PACS: storage_commitment is for a destination: give it a port",
         ),
         (
-            "[{ae_title: PACS, host: 10.0.0.5, port: 104, storage_commitment: true}]",
-            "\n  receivers: 2",
-            "peers PACS use storage_commitment, whose reports the SCP receives in its own "
-            "process only: set gateway.receivers to 1",
-        ),
-        (
             "[{ae_title: PACS, host: 10.0.0.5, port: 104, commitment_timeout_s: 0}]",
             "",
             "commitment_timeout_s",
@@ -399,9 +393,12 @@ def test_storage_commitment_settings_that_cannot_work_are_refused_at_load(
 
 
 def test_a_destination_with_storage_commitment_loads_with_its_timeout(tmp_path: Path) -> None:
+    # several receiving processes too: they hand the reports to the outbox's process
     text = (
-        "gateway:\n  allowed_peers: [{ae_title: PACS, host: 10.0.0.5, port: 104, "
-        "storage_commitment: true, commitment_timeout_s: 120}]\n"
+        "gateway:\n  receivers: 2\n  allowed_peers: [{ae_title: PACS, host: 10.0.0.5, "
+        "port: 104, storage_commitment: true, commitment_timeout_s: 120}]\n"
     )
-    [destination] = destinations(load_settings(write(tmp_path / "c.yaml", text)).gateway)
+    settings = load_settings(write(tmp_path / "c.yaml", text))
+    [destination] = destinations(settings.gateway)
     assert destination.storage_commitment and destination.commitment_timeout_s == 120
+    assert settings.gateway.receivers == 2

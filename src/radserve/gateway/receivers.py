@@ -17,7 +17,9 @@ How the work is split:
   ends of its associations, the slots it gives back, own results ignored, oversize
   audits and its log records (handled here: redaction, format). One pipe per process:
   a process that dies mid-message garbles only its own. The own-result check asks this
-  process's result index over a second pipe;
+  process's result index over a second pipe, and a storage commitment report (an
+  N-EVENT-REPORT from a destination) is settled by this process's outbox over it too,
+  its answer going back to the peer;
 - a receiving process that dies: what it sent is handled, its slots are released, the
   studies of its open associations are marked interrupted (as a crash of a single SCP
   process would leave them), the temporary instance files it was writing are deleted
@@ -47,7 +49,9 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from radserve.gateway.commitment import CommitmentReport
 from radserve.gateway.completeness import INTERRUPTED_MARKER, RECEIVING_PREFIX, receiving_token
+from radserve.gateway.conformance import Status
 from radserve.gateway.own_results import OwnResults
 from radserve.gateway.receive_limit import Exceeded, clear_spool
 from radserve.gateway.transport import HandedServer, make_server
@@ -83,17 +87,32 @@ class _Channel:
         """What a logging ``QueueHandler`` calls: the record goes to the parent."""
         self.send("log", record)
 
-    def known(self, sop_uid: str) -> bool:
-        """Whether the parent's result index holds ``sop_uid`` (radserve wrote it)."""
+    def _ask_parent(self, question: tuple[Any, ...], what: str) -> Any:
+        """The parent's answer to ``question`` (one at a time per process)."""
         with self._ask:
             number = next(self._numbers)
-            self._questions.send((number, sop_uid))
+            self._questions.send((number, question))
             deadline = time.monotonic() + _QUESTION_TIMEOUT_S
             while self._questions.poll(max(0.0, deadline - time.monotonic())):
-                answered, known = self._questions.recv()
+                answered, answer = self._questions.recv()
                 if answered == number:  # an answer to a question that timed out: skip
-                    return bool(known)
-        raise TimeoutError("the gateway process did not answer the own-result question")
+                    return answer
+        raise TimeoutError(f"the gateway process did not answer the {what} question")
+
+    def known(self, sop_uid: str) -> bool:
+        """Whether the parent's result index holds ``sop_uid`` (radserve wrote it)."""
+        return bool(self._ask_parent(("known", sop_uid), "own-result"))
+
+    def commitment(self, calling: str, report: CommitmentReport) -> tuple[int, str]:
+        """A storage commitment report received here, settled by the parent's outbox
+        (its :class:`~radserve.gateway.commitment_ledger.CommitmentLedger`): the answer
+        for the peer. Not settled in time: 0x0110, the peer may send it again (a report
+        already settled is answered success)."""
+        try:
+            status, comment = self._ask_parent(("commitment", calling, report), "commitment")
+        except TimeoutError as exc:
+            return Status.PROCESSING_FAILURE, str(exc)
+        return int(status), str(comment)
 
 
 class _Relay:
@@ -149,6 +168,7 @@ def _receive(
     questions: Connection,
     ask_index: bool,
     report_durable: bool,
+    commitment_reports: bool,
     log_levels: tuple[int, tuple[str, ...]],
 ) -> None:
     """A receiving process: run each connection the parent hands over until it closes
@@ -165,6 +185,7 @@ def _receive(
         own_results=_RelayedOwnResults(channel, ask_index=ask_index),
         on_durable=relay.durable if report_durable else None,
         on_oversize=relay.oversize,
+        on_commitment=channel.commitment if commitment_reports else None,
         arrivals=relay,
         spool=spool,
     )
@@ -302,6 +323,7 @@ class ReceiverPool:
                 child_questions,
                 self.scp.own_results.known is not None,
                 self.scp.on_durable is not None,
+                self.scp.on_commitment is not None,
                 levels(),
             ),
             name=f"radserve-receiver-{index}",
@@ -384,15 +406,39 @@ class ReceiverPool:
 
     def _answer(self, slot: _Slot) -> None:
         try:
-            number, sop_uid = slot.questions.recv()
+            number, (kind, *args) = slot.questions.recv()
         except (EOFError, OSError):
+            return
+        if kind == "commitment":  # settles rows in the database: not on the reader thread
+            threading.Thread(
+                target=self._settle,
+                args=(slot, number, *args),
+                name=f"radserve-commitment-{slot.index}",
+                daemon=True,
+            ).start()
             return
         known = self.scp.own_results.known
         try:
-            answer = bool(known is not None and known(str(sop_uid)))
+            answer = bool(known is not None and known(str(args[0])))
         except Exception as exc:  # the index cannot be read: not evidence of anything
             logger.warning("own-result index not read: %s", type(exc).__name__)
             answer = False
+        with contextlib.suppress(OSError):
+            slot.questions.send((number, answer))
+
+    def _settle(self, slot: _Slot, number: int, calling: str, report: CommitmentReport) -> None:
+        """A storage commitment report a receiving process took: settled here, where the
+        outbox is (the process waits for the answer, asking nothing else meanwhile)."""
+        handler = self.scp.on_commitment
+        try:
+            answer = (
+                handler(calling, report)
+                if handler is not None
+                else (Status.PROCESSING_FAILURE, "no storage commitment here")
+            )
+        except Exception as exc:  # the database is away: the peer may report again
+            logger.warning("storage commitment report not settled: %s", type(exc).__name__)
+            answer = (Status.PROCESSING_FAILURE, "the report could not be settled")
         with contextlib.suppress(OSError):
             slot.questions.send((number, answer))
 
