@@ -31,8 +31,16 @@ import numpy as np
 import pydicom
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.encaps import generate_frames
+from pydicom.filebase import DicomBytesIO
 from pydicom.fileset import FileSet
-from pydicom.uid import ExplicitVRLittleEndian, JPEGLSLossless, RLELossless, generate_uid
+from pydicom.filewriter import write_dataset, write_file_meta_info
+from pydicom.uid import (
+    ExplicitVRLittleEndian,
+    ImplicitVRLittleEndian,
+    JPEGLSLossless,
+    RLELossless,
+    generate_uid,
+)
 from tests.factories.dicom_series import make_ct_series
 from tests.factories.hostile import nest_sequences, set_raw
 from tools.edge_scanner_variants import _enhanced
@@ -286,6 +294,108 @@ def round3_variants() -> list[Variant]:
     ]
 
 
+def _modality_lut(folder: Path, files: Files) -> None:
+    """Rescale Slope/Intercept replaced by a Modality LUT Sequence that maps each stored
+    value to the same HU (an identity table offset as the rescale was)."""
+
+    def change(ds: Dataset, k: int) -> None:
+        slope, intercept = float(ds.RescaleSlope), float(ds.RescaleIntercept)
+        del ds.RescaleSlope, ds.RescaleIntercept, ds.RescaleType
+        item = Dataset()
+        item.LUTDescriptor = [4096, 0, 16]
+        table = np.arange(4096) * slope + intercept  # signed HU, stored as 16-bit words
+        item.add_new(0x00283006, "US", table.astype("<i2").view("<u2").tolist())  # LUT Data
+        item.ModalityLUTType = "HU"
+        ds.ModalityLUTSequence = [item]
+
+    _edit(files, change)
+
+
+def _without_rescale(folder: Path, files: Files) -> None:
+    def change(ds: Dataset, k: int) -> None:
+        del ds.RescaleSlope, ds.RescaleIntercept, ds.RescaleType
+
+    _edit(files, change)
+
+
+def _cropped(rows: int, cols: int, bits: int = 16) -> Make:
+    """Each slice cut to ``rows`` x ``cols`` (the lesion stays); ``bits`` 8: stored in
+    8 bits with Rescale Slope 16 (an odd pixel count gets its padding byte)."""
+
+    def change(ds: Dataset, k: int) -> None:
+        pixels = np.frombuffer(ds.PixelData, "<u2").reshape(ds.Rows, ds.Columns)[:rows, :cols]
+        if bits == 8:
+            hu = pixels * float(ds.RescaleSlope) + float(ds.RescaleIntercept)
+            pixels = np.clip(np.rint((hu + 1024) / 16), 0, 255).astype(np.uint8)
+            ds.RescaleSlope, ds.RescaleIntercept = 16, -1024
+            ds.BitsAllocated, ds.BitsStored, ds.HighBit = 8, 8, 7
+        data = np.ascontiguousarray(pixels).tobytes()
+        ds.PixelData = data + b"\0" * (len(data) % 2)
+        ds.Rows, ds.Columns = rows, cols
+
+    return lambda folder, files: _edit(files, change)
+
+
+def _series_uid_per_slice(folder: Path, files: Files) -> None:
+    _edit(files, lambda ds, k: setattr(ds, "SeriesInstanceUID", generate_uid()))
+
+
+def _delete(keyword: str) -> Make:
+    return lambda folder, files: _edit(files, lambda ds, k: delattr(ds, keyword))
+
+
+def _slice_removed(folder: Path, files: Files) -> None:
+    files[SLICE].unlink()
+
+
+def _meta_syntax(meta: str, *, implicit: bool = False, compressed: str = "") -> Make:
+    """A File Meta whose Transfer Syntax is ``meta`` over a data set encoded otherwise:
+    written Implicit VR (``implicit``), or with its pixels compressed in ``compressed``
+    (else native, Explicit VR)."""
+
+    def rewrite(folder: Path, files: Files) -> None:
+        for path in files:
+            ds = pydicom.dcmread(path)
+            if compressed:
+                ds.compress(compressed)
+            body = DicomBytesIO()
+            body.is_little_endian, body.is_implicit_VR = True, implicit
+            write_dataset(body, ds)
+            ds.file_meta.TransferSyntaxUID = meta
+            head = DicomBytesIO()
+            head.write(b"\0" * 128 + b"DICM")
+            write_file_meta_info(head, ds.file_meta, enforce_standard=True)
+            path.write_bytes(head.getvalue() + body.getvalue())
+
+    return rewrite
+
+
+def round4_variants() -> list[Variant]:
+    """Session 20: how stored values map to HU, the matrix, the series and instance
+    identifiers, and a File Meta that disagrees with the data set."""
+    v = Variant
+    return [
+        v("modality_lut_sequence", _modality_lut, "refuse"),
+        v("ct_without_rescale", _without_rescale, "refuse"),
+        v("odd_matrix_39x37", _cropped(39, 37), "ok"),
+        v("ct_8_bit_odd_matrix", _cropped(39, 37, bits=8), "either"),
+        v("series_uid_per_slice", _series_uid_per_slice, "refuse"),
+        v("instance_number_absent", _delete("InstanceNumber"), "ok"),
+        v("slice_missing_middle", _slice_removed, "refuse"),
+        v("sop_class_mr_modality_ct", _on_slice_set(set(range(12)), SOPClassUID=MR), "either"),
+        v("modality_mr_sop_class_ct", _on_slice_set(set(range(12)), Modality="MR"), "either"),
+        v("meta_explicit_data_implicit", _meta_syntax(EXPLICIT, implicit=True), "either"),
+        v("meta_implicit_data_explicit", _meta_syntax(ImplicitVRLittleEndian), "either"),
+        v("meta_rle_data_native", _meta_syntax(RLELossless), "refuse"),
+        v("meta_native_data_rle", _meta_syntax(EXPLICIT, compressed=RLELossless), "refuse"),
+        v("meta_jpegls_data_rle", _meta_syntax(JPEGLSLossless, compressed=RLELossless), "refuse"),
+    ]
+
+
+MR = "1.2.840.10008.5.1.4.1.1.4"  # MR Image Storage
+EXPLICIT = ExplicitVRLittleEndian
+
+
 def hostile_variants() -> list[Variant]:
     v = Variant
     return [
@@ -331,4 +441,5 @@ def hostile_variants() -> list[Variant]:
         v("sr_in_series", _not_an_image("1.2.840.10008.5.1.4.1.1.88.33"), "ok"),
         v("rtstruct_in_series", _not_an_image("1.2.840.10008.5.1.4.1.1.481.3"), "ok"),
         *round3_variants(),
+        *round4_variants(),
     ]

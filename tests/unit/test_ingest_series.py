@@ -497,3 +497,67 @@ def test_a_name_spelled_with_trailing_empty_components_is_the_same_patient(
     (header,) = discover_series(tmp_path)
     assert header.patient_identities == 1
     assert load_series(header).volume.shape[0] == 8
+
+
+def _edited(paths: list[Path], change) -> None:  # type: ignore[no-untyped-def]
+    import pydicom
+
+    for path in paths:
+        ds = pydicom.dcmread(path)
+        change(ds)
+        ds.save_as(path, enforce_file_format=True)
+
+
+def _modality_lut(ds) -> None:  # type: ignore[no-untyped-def]
+    from pydicom.dataset import Dataset
+
+    item = Dataset()
+    item.LUTDescriptor = [4096, 0, 16]
+    table = np.arange(4096) - 1024
+    item.add_new(0x00283006, "US", table.astype("<i2").view("<u2").tolist())
+    ds.ModalityLUTSequence = [item]
+    del ds.RescaleSlope, ds.RescaleIntercept
+
+
+def _no_rescale(ds) -> None:  # type: ignore[no-untyped-def]
+    del ds.RescaleSlope, ds.RescaleIntercept
+
+
+@pytest.mark.parametrize(
+    ("change", "code", "words"),
+    [
+        (_modality_lut, "instance_invalid", r"a Modality LUT Sequence \(0028,3000\)"),
+        (_no_rescale, "instance_invalid", r"CT Image without Rescale Slope and Intercept"),
+        (
+            lambda ds: setattr(ds, "Modality", "MR"),
+            "instance_invalid",
+            r"Modality MR contradicts the SOP Class CT Image Storage, whose images are CT",
+        ),
+        (
+            lambda ds: setattr(ds, "SOPClassUID", "1.2.840.10008.5.1.4.1.1.4"),
+            "instance_invalid",
+            r"Modality CT contradicts the SOP Class MR Image Storage, whose images are MR",
+        ),
+    ],
+)
+def test_stored_values_that_would_be_read_as_other_values_are_refused(
+    tmp_path: Path, change, code: str, words: str
+) -> None:  # type: ignore[no-untyped-def]
+    """Found by tools/edge_probe.py (round 4): a CT whose Rescale was replaced by a Modality
+    LUT Sequence, or had none, ran with its stored values as HU (1,024 too high) and the
+    test model found an 816-voxel "lesion", the body; an instance whose Modality and SOP
+    Class disagree ran as whichever the pipeline asked for."""
+    paths = make_ct_series(tmp_path, n_slices=4, rows=8, cols=8)
+    _edited(paths, change)
+    (header,) = discover_series(tmp_path)
+    with pytest.raises(StudyError, match=words) as info:
+        load_series(header)
+    assert info.value.code == code
+
+
+def test_a_ct_with_its_rescale_and_an_mr_without_load(tmp_path: Path) -> None:
+    make_ct_series(tmp_path / "ct", n_slices=4, rows=8, cols=8)
+    make_mr_series(tmp_path / "mr", n_slices=4, rows=8, cols=8)
+    for folder in ("ct", "mr"):
+        (header,) = discover_series(tmp_path / folder)
+        assert load_series(header).volume.array.shape == (4, 8, 8)

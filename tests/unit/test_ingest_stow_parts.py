@@ -104,7 +104,7 @@ def test_every_refused_part_carries_a_code(tmp_path: Path) -> None:
         "not_dicom",
         "not_dicom",
         "invalid_request",
-        "unsupported_sop_class",
+        "sop_class_unsupported",
     ]
     items = StowResult(outcomes).response().to_json_dict()["00081198"]["Value"]
     assert [i["00091001"]["Value"] for i in items] == [[o.code] for o in outcomes]

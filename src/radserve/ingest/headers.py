@@ -42,6 +42,7 @@ from pydicom.filewriter import write_file_meta_info
 from pydicom.tag import BaseTag
 from pydicom.uid import (
     UID,
+    CTImageStorage,
     DeflatedExplicitVRLittleEndian,
     ExplicitVRLittleEndian,
     ImplicitVRLittleEndian,
@@ -51,7 +52,7 @@ from radserve.errors import NotDicomError
 from radserve.ingest import rules
 from radserve.ingest.person_name import person_name_text
 from radserve.ingest.policy import IngestPolicy
-from radserve.ingest.sop_classes import is_localizer
+from radserve.ingest.sop_classes import VOLUME_MODALITY, is_localizer
 from radserve.ingest.sources import (
     SPOOL_BYTES,
     BoundedStream,
@@ -436,6 +437,7 @@ def _record(
         _size_problem(size, policy)
         or _identity_problem(ds, pixel)
         or _format_problem(ds, pixel, rows, cols)
+        or _value_mapping_problem(ds, sop_class)
         or problem
         or _pixel_data_problem(ds, fh, pixel, n_frames or 1, size)
     )
@@ -484,6 +486,42 @@ source header; an instance without them is non-conformant and is flagged at inge
 
 
 # --- what makes an instance unusable, found before any per-frame record is made -------------
+_NAMED_MODALITIES = frozenset({"CT", "MR", "PT", "NM", "OT", "SC", "US", "CR", "DX", "XA", "RF"})
+
+
+def _value_mapping_problem(ds: Dataset, sop_class: str) -> Problem | None:
+    """What would make the stored values be read as other values than the writer meant:
+    a Modality that contradicts the SOP Class (an "MR Image" read through a CT pipeline
+    as HU), a Modality LUT Sequence (radserve applies only a linear Rescale), a CT Image
+    without its Rescale Slope and Intercept (Type 1: absent, the stored values were read
+    as HU, 1,024 too high, and the body became a "lesion"). Names attributes, never
+    values but the Modality's defined term."""
+    required = VOLUME_MODALITY.get(UID(sop_class))
+    modality = _text(ds, "Modality").upper()
+    if required and modality and modality != required:
+        # a defined term is named; anything else is text of unknown origin: not quoted
+        named = f"Modality {modality}" if modality in _NAMED_MODALITIES else "the Modality"
+        return Problem(
+            "instance_invalid",
+            f"{named} contradicts the SOP Class {UID(sop_class).name}, whose images are "
+            f"{required}: which of the two is right cannot be told, so neither is trusted",
+        )
+    if "ModalityLUTSequence" in ds:
+        return Problem(
+            "instance_invalid",
+            "a Modality LUT Sequence (0028,3000) maps the stored values: radserve applies "
+            "only Rescale Slope and Intercept, and would read them unmapped; send the "
+            "series with Rescale Slope and Intercept",
+        )
+    if sop_class == CTImageStorage and not ("RescaleSlope" in ds and "RescaleIntercept" in ds):
+        return Problem(
+            "instance_invalid",
+            "a CT Image without Rescale Slope and Intercept (Type 1, PS3.3 C.8.2.1): its "
+            "stored values cannot be read as Hounsfield units",
+        )
+    return None
+
+
 def _identity_problem(ds: Dataset, pixel: PixelFormat) -> Problem | None:
     """The rules of :mod:`radserve.ingest.rules` every door applies: UIDs results can
     reference, a transfer syntax not refused on purpose."""

@@ -25,18 +25,20 @@ from pydicom.uid import (
 )
 
 # Grey-scale cross-sectional images, single- and multi-frame (Enhanced MR Color is
-# accepted by the gateway but not here: ingest refuses colour pixels).
-VOLUME_IMAGE_STORAGE: tuple[UID, ...] = (
-    CTImageStorage,
-    EnhancedCTImageStorage,
-    LegacyConvertedEnhancedCTImageStorage,
-    MRImageStorage,
-    EnhancedMRImageStorage,
-    LegacyConvertedEnhancedMRImageStorage,
-    PositronEmissionTomographyImageStorage,
-    EnhancedPETImageStorage,
-    LegacyConvertedEnhancedPETImageStorage,
-)
+# accepted by the gateway but not here: ingest refuses colour pixels), and the Modality
+# each class's IOD requires (PS3.3 C.8.2.1, C.8.3.1, C.8.9.1 and the Enhanced modules).
+VOLUME_MODALITY: dict[UID, str] = {
+    CTImageStorage: "CT",
+    EnhancedCTImageStorage: "CT",
+    LegacyConvertedEnhancedCTImageStorage: "CT",
+    MRImageStorage: "MR",
+    EnhancedMRImageStorage: "MR",
+    LegacyConvertedEnhancedMRImageStorage: "MR",
+    PositronEmissionTomographyImageStorage: "PT",
+    EnhancedPETImageStorage: "PT",
+    LegacyConvertedEnhancedPETImageStorage: "PT",
+}
+VOLUME_IMAGE_STORAGE: tuple[UID, ...] = tuple(VOLUME_MODALITY)
 
 # An Image Type value that makes an image a scout: never a pipeline's input, whatever a
 # pipeline's exclude_image_types say.
@@ -50,4 +52,9 @@ def is_localizer(image_type: Iterable[object]) -> bool:
     return LOCALIZER_IMAGE_TYPE in {str(v).strip().upper() for v in image_type}
 
 
-__all__ = ["LOCALIZER_IMAGE_TYPE", "VOLUME_IMAGE_STORAGE", "is_localizer"]
+__all__ = [
+    "LOCALIZER_IMAGE_TYPE",
+    "VOLUME_IMAGE_STORAGE",
+    "VOLUME_MODALITY",
+    "is_localizer",
+]

@@ -72,9 +72,9 @@ REASON_CREATOR = "radserve"
 REASON_CODE = 0x01
 REASON_TEXT = 0x02
 STOW_DIR = "dicomweb"
-# the code of a part whose SOP class radserve does not read (no error class raises it:
-# such a part is answered, never raised)
-UNSUPPORTED_SOP_CLASS = "unsupported_sop_class"
+# the code of a part whose SOP class radserve does not read: the one ingest.validate
+# gives a series of such a class
+SOP_CLASS_UNSUPPORTED = "sop_class_unsupported"
 _IMAGE_CLASSES = frozenset(str(uid) for uid in conformance.IMAGE_STORAGE)
 _SYNTAXES = frozenset(str(uid) for uid in conformance.SCP_TRANSFER_SYNTAXES)
 
@@ -404,7 +404,7 @@ def check_part(
             outcome,
             FailureReason.SOP_CLASS_NOT_SUPPORTED,
             f"SOP class {quoted(sop_class)} is not an image storage class radserve reads",
-            UNSUPPORTED_SOP_CLASS,
+            SOP_CLASS_UNSUPPORTED,
         )
     if syntax not in _SYNTAXES:
         return _failed(
