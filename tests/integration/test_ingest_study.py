@@ -211,3 +211,26 @@ def test_an_unusable_multi_frame_instance_is_refused_for_what_it_is(
     with pytest.raises(StudyError, match=said) as raised:
         ingest_study(tmp_path, pipeline=pipeline)
     assert raised.value.code in {"instance_invalid", "decode_failed"}
+
+
+def test_a_series_whose_modality_contradicts_its_sop_class_is_refused_for_that(
+    tmp_path: Path,
+) -> None:
+    """Session 20: a CT Image series with Modality MR failed the CT pipeline's modality
+    rule (unsupported_modality) at `radserve run` and C-STORE, while STOW-RS refused each
+    instance for the contradiction (instance_invalid): the doors disagreed."""
+    for path in make_ct_series(tmp_path, n_slices=4, rows=8, cols=8):
+        ds = pydicom.dcmread(path)
+        ds.Modality = "MR"
+        ds.save_as(path, enforce_file_format=True)
+    pipeline = PipelineSpec.model_validate(
+        {
+            "name": "t",
+            "version": "1.0.0",
+            "series_selection": {"modalities": ["CT"]},
+            "steps": [{"model": "organs"}],
+        }
+    )
+    with pytest.raises(StudyError, match="Modality MR contradicts the SOP Class") as raised:
+        ingest_study(tmp_path, pipeline=pipeline)
+    assert raised.value.code == "instance_invalid"

@@ -91,10 +91,13 @@ def ingest_study(
 
 def _refuse_unusable_instance(headers: Sequence[SeriesHeader], rules: SeriesRules) -> None:
     """Fail as ingest fails on an unusable instance (its own code: instance_invalid,
-    decode_failed, ...) when that instance is why its series was refused: STOW-RS refuses
-    such an instance with that code, so every door answers alike."""
+    decode_failed, ...) when no series qualified and that instance is why its series was
+    refused, or every instance of its series is unusable (a Modality that contradicts the
+    SOP Class fails the modality rule first): STOW-RS refuses such an instance with that
+    code, so every door answers alike."""
     for header in headers:
-        if (rejection_reason(header, rules) or "").startswith(UNUSABLE):
+        unusable = bool(header.frames) and all(f.problem is not None for f in header.frames)
+        if unusable or (rejection_reason(header, rules) or "").startswith(UNUSABLE):
             check_series(header, [])
 
 
