@@ -22,6 +22,7 @@ from radserve.domain import Volume
 from radserve.errors import ReportError
 from radserve.report.dicom import common, write_seg
 from radserve.report.dicom.seg import _number_segments, build_seg, segment_key
+from radserve.report.shortened import output_character_set
 
 
 @pytest.fixture(scope="module")
@@ -236,12 +237,12 @@ def test_output_character_set_rules() -> None:
             ds.SpecificCharacterSet = value
         return ds
 
-    assert common.output_character_set(source(None), ["liver"]) is None
-    assert common.output_character_set(source(None), ["Leber-Läsion"]) == "ISO_IR 192"
-    assert common.output_character_set(source("ISO_IR 100"), ["Läsion"]) == "ISO_IR 100"
-    assert common.output_character_set(source("ISO_IR 100"), ["病変"]) == "ISO_IR 192"
-    assert common.output_character_set(source("GB18030"), ["病变"]) == "GB18030"
-    assert common.output_character_set(source(["", "ISO 2022 IR 87"]), ["x"]) == [
+    assert output_character_set(source(None), ["liver"]) is None
+    assert output_character_set(source(None), ["Leber-Läsion"]) == "ISO_IR 192"
+    assert output_character_set(source("ISO_IR 100"), ["Läsion"]) == "ISO_IR 100"
+    assert output_character_set(source("ISO_IR 100"), ["病変"]) == "ISO_IR 192"
+    assert output_character_set(source("GB18030"), ["病变"]) == "GB18030"
+    assert output_character_set(source(["", "ISO 2022 IR 87"]), ["x"]) == [
         "",
         "ISO 2022 IR 87",
     ]

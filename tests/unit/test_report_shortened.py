@@ -17,6 +17,7 @@ from radserve.report.shortened import (
     cut_copied,
     cut_encoded,
     required_type,
+    results_character_set,
     shortened_values,
 )
 
@@ -249,12 +250,13 @@ def test_values_are_counted_in_the_character_set_the_object_is_written_in() -> N
     copied values are counted as UTF-8, the bytes they will be written in (64 'é' fit
     ISO_IR 100 and are 128 bytes in ISO_IR 192)."""
     from radserve.report.dicom import common
+    from radserve.report.shortened import output_character_set
 
     source = Dataset()
     source.SpecificCharacterSet = "ISO_IR 100"
     source.PatientName = "Müller^" + "é" * 57  # 64 bytes in Latin-1
     source.StudyDescription = "é" * 64
-    written_in = common.output_character_set(source, ["肝臓"])
+    written_in = output_character_set(source, ["肝臓"])
     assert written_in == "ISO_IR 192"
     (shielded,), name = common.shield_patient_name([source], written_in)
     assert shielded.StudyDescription == "é" * 32
@@ -275,3 +277,25 @@ def test_a_utf8_cut_is_the_one_of_dicom_text() -> None:
             text[:n] for n in range(len(text), -1, -1) if len(text[:n].encode()) <= max_bytes
         )
         assert cut_encoded(text, max_bytes) == cut_utf8(text, max_bytes) == longest
+
+
+def test_the_warnings_count_in_the_character_set_the_results_are_written_in() -> None:
+    """Before session 20 the report's warnings counted in the study's declared set while
+    the SEG and SR switched to UTF-8 for radserve's own text (here a pipeline name
+    outside Latin-1): 64 'é' (64 bytes in ISO_IR 100, 128 in UTF-8) were cut to 32 in
+    the results without a warning."""
+    from tests.unit.test_report_json import _report
+
+    from radserve.report import PipelineInfo
+
+    source = Dataset()
+    source.SpecificCharacterSet = "ISO_IR 100"
+    source.StudyDescription = "é" * 64
+    report = _report()
+    assert results_character_set(source, report) == "ISO_IR 100"
+    assert shortened_values(source, results_character_set(source, report)) == []
+    utf8 = report.model_copy(update={"pipeline": PipelineInfo(name="腹部", version="1.0")})
+    assert results_character_set(source, utf8) == "ISO_IR 192"
+    [(_, message)] = shortened_values(source, results_character_set(source, utf8))
+    assert message.startswith("Study Description (0008,1030) has a value of 128 bytes")
+    assert shortened_values(source) == []  # counted as declared, as before

@@ -72,7 +72,7 @@ from radserve.report.schema import (
     organ_segments,
     utc_now,
 )
-from radserve.report.shortened import shortened_values
+from radserve.report.shortened import results_character_set, shortened_values
 
 logger = logging.getLogger(__name__)
 
@@ -511,11 +511,7 @@ def _build_report(
         ReportWarning(code=code, message=message, stage="postprocess")
         for code, message in check_output_domain(result, [s.bundle.spec for s in result.steps])
     ]
-    warnings += [
-        ReportWarning(code=code, message=message, stage="report")
-        for code, message in shortened_values(_first_source_header(loaded))
-    ]
-    return Report(
+    report = Report(
         generated_at=utc_now(),
         job_id=job_id,
         study=StudyInfo(
@@ -552,6 +548,14 @@ def _build_report(
         warnings=warnings,
         outputs=outputs,
     )
+    # counted in the character set the results are written in, which the report decides
+    source = _first_source_header(loaded)
+    written_in = None if source is None else results_character_set(source, report)
+    shortened = [
+        ReportWarning(code=code, message=message, stage="report")
+        for code, message in shortened_values(source, written_in)
+    ]
+    return report.model_copy(update={"warnings": [*warnings, *shortened]}) if shortened else report
 
 
 def _dicom_date(value: str) -> dt.date | None:

@@ -23,11 +23,14 @@ values whole (FHIR has no length limit).
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from functools import cache
+from types import EllipsisType
 
-from pydicom.charset import convert_encodings, encode_string
+import pydicom
+from pydicom.charset import convert_encodings, encode_string, python_encoding
 from pydicom.datadict import dictionary_description, tag_for_keyword
 from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
@@ -35,7 +38,11 @@ from pydicom.multival import MultiValue
 from pydicom.tag import Tag
 
 from radserve.errors import ReportError
-from radserve.models.dicom_text import LO_MAX_BYTES, SH_MAX_BYTES, cut_utf8
+from radserve.ingest.charset import LATIN1, UTF8, undeclared_character_set
+from radserve.models.dicom_text import LO_MAX_BYTES, SH_MAX_BYTES, cut_utf8, fit
+from radserve.report.schema import Report
+
+logger = logging.getLogger(__name__)
 
 VALUE_SHORTENED = "value_shortened"  # the report warning's code
 # PS3.5 Table 6.2-1, as bytes (PN: per component group; the limits in characters of the
@@ -429,6 +436,76 @@ def over_long(dataset: Dataset) -> Iterator[tuple[Path, str, int]]:
         yield path, vr, size
 
 
+def output_character_set(source: Dataset, texts: Iterable[str]) -> str | list[str] | None:
+    """Specific Character Set of a new object: the source's, unless our own text needs more.
+
+    Patient and study attributes are copied from the source, so keeping its character set
+    keeps them byte-identical and readable by whatever sent them. Our own text (labels,
+    model names) is usually ASCII; if any of it cannot be written in the source's
+    repertoire, the object is written in UTF-8 (ISO_IR 192) instead, and pydicom re-encodes
+    the copied names from their decoded form. ``None`` means the default repertoire.
+
+    A source that declares no character set but holds non-ASCII text gets one declared:
+    :func:`read_headers` sets what its bytes are (:mod:`radserve.ingest.charset`); a
+    header read elsewhere had them decoded as Latin-1, so ISO_IR 100 keeps them. A term
+    pydicom does not know (it reads the text in the default repertoire) is not copied:
+    the object is UTF-8.
+    """
+    value = source.get("SpecificCharacterSet")
+    if isinstance(value, list | pydicom.multival.MultiValue):
+        terms = [str(v) for v in value]
+    else:
+        terms = [str(value)] if value else []
+    texts = list(texts)
+    if not any(terms):
+        if undeclared_character_set(source) is None:  # its text is ASCII
+            return None if all(t.isascii() for t in texts) else UTF8
+        # pydicom read the undeclared text as Latin-1: so written, the bytes stay the same
+        return LATIN1 if all(_encodable(t, ["latin_1"]) for t in texts) else UTF8
+    if any(term and term not in python_encoding for term in terms):
+        logger.info("output character set: UTF-8 (the source's Specific Character Set is unknown)")
+        return UTF8
+    try:
+        encodings = convert_encodings(terms)
+    except Exception:  # a term pydicom refuses: write what we can vouch for
+        return UTF8
+    if all(_encodable(t, encodings) for t in texts):
+        return terms if len(terms) > 1 else terms[0]
+    logger.info("output character set: UTF-8 (the source repertoire cannot hold our text)")
+    return UTF8
+
+
+def _encodable(text: str, encodings: Sequence[str]) -> bool:
+    if text.isascii():
+        return True
+    for encoding in encodings:
+        try:
+            text.encode(encoding)
+        except (UnicodeError, LookupError):
+            continue
+        return True
+    return False
+
+
+def results_character_set(source: Dataset, report: Report) -> str | list[str] | None:
+    """The character set the DICOM results of ``report`` copy ``source``'s values in:
+    :func:`output_character_set` of radserve's own text in its SEGs and SR (segment
+    labels, model names and versions, concept and category meanings, classes, organ
+    labels, software versions), UTF-8 where any of it does not fit the source's. An
+    object none of whose own text needs UTF-8 keeps the source's set; where its objects
+    differ, this is UTF-8, the set of those that carry such text."""
+    texts = [report.radserve_version, fit(f"{report.pipeline.name} {report.pipeline.version}")]
+    texts += [n for m in report.models for n in (m.name, m.version)]
+    for label_map in report.outputs.label_maps:
+        for s in label_map.segments:
+            label = s.label if s.finding_id is None else f"Lesion {s.finding_id}"
+            texts += [fit(label), fit(s.model), fit(s.model_version)]
+            texts += [s.concept.meaning, s.category.meaning]
+    texts += [fit(f"{c.step}: {c.label}") for c in report.classifications]
+    texts += [m.label for m in report.organ_measurements]
+    return output_character_set(source, texts)
+
+
 def path_text(path: Path) -> str:
     """``Sequence[1].Keyword`` (items counted from 1, as the messages count them)."""
     within, keyword = path
@@ -465,10 +542,17 @@ def cut_copied_as(dataset: Dataset, encodings: Sequence[str] | None) -> list[str
     return cut
 
 
-def shortened_values(dataset: Dataset | None) -> list[tuple[str, str]]:
-    """(code, message) of each source value the DICOM results will carry shortened."""
+def shortened_values(
+    dataset: Dataset | None, written_in: str | Sequence[str] | EllipsisType | None = ...
+) -> list[tuple[str, str]]:
+    """(code, message) of each source value the DICOM results will carry shortened,
+    counted in ``written_in``, the character set they are written in
+    (:func:`results_character_set`; before session 20 always the source's declared one,
+    which is also the default here: a Latin-1 study whose results switch to UTF-8 had a
+    64-'é' value cut to 32 letters without a warning)."""
     if dataset is None:
         return []
+    encodings = encodings_of(dataset) if written_in is ... else encodings_for(written_in)
     return [
         (
             VALUE_SHORTENED,
@@ -477,7 +561,7 @@ def shortened_values(dataset: Dataset | None) -> list[tuple[str, str]]:
             + _what_results_carry(path, vr)
             + " (the FHIR Bundle carries it whole)",
         )
-        for path, vr, size in over_long(dataset)
+        for path, vr, size, _ in _over_long_in(dataset, COPIED_KEYWORDS, (), encodings)
     ]
 
 
@@ -527,7 +611,9 @@ __all__ = [
     "encodings_for",
     "encodings_of",
     "fit_value",
+    "output_character_set",
     "over_long",
     "path_text",
+    "results_character_set",
     "shortened_values",
 ]

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import highdicom as hd
 import numpy as np
-import pydicom
-from pydicom.charset import convert_encodings, python_encoding
 from pydicom.dataset import Dataset
 from pydicom.sr.codedict import codes
 from pydicom.sr.coding import Code
@@ -30,10 +28,7 @@ from radserve.domain import CodedConcept
 from radserve.domain.equipment import MANUFACTURER
 from radserve.errors import ReportError
 from radserve.ingest.charset import (
-    LATIN1,
-    UTF8,
     declare_undeclared_character_set,
-    undeclared_character_set,
 )
 from radserve.ingest.policy import IngestPolicy
 from radserve.models.dicom_text import LO_MAX_BYTES, fit
@@ -305,45 +300,6 @@ def lo(text: str) -> str:
 
 
 # --- character set ----------------------------------------------------------------------------
-def output_character_set(source: Dataset, texts: Iterable[str]) -> str | list[str] | None:
-    """Specific Character Set of a new object: the source's, unless our own text needs more.
-
-    Patient and study attributes are copied from the source, so keeping its character set
-    keeps them byte-identical and readable by whatever sent them. Our own text (labels,
-    model names) is usually ASCII; if any of it cannot be written in the source's
-    repertoire, the object is written in UTF-8 (ISO_IR 192) instead, and pydicom re-encodes
-    the copied names from their decoded form. ``None`` means the default repertoire.
-
-    A source that declares no character set but holds non-ASCII text gets one declared:
-    :func:`read_headers` sets what its bytes are (:mod:`radserve.ingest.charset`); a
-    header read elsewhere had them decoded as Latin-1, so ISO_IR 100 keeps them. A term
-    pydicom does not know (it reads the text in the default repertoire) is not copied:
-    the object is UTF-8.
-    """
-    value = source.get("SpecificCharacterSet")
-    if isinstance(value, list | pydicom.multival.MultiValue):
-        terms = [str(v) for v in value]
-    else:
-        terms = [str(value)] if value else []
-    texts = list(texts)
-    if not any(terms):
-        if undeclared_character_set(source) is None:  # its text is ASCII
-            return None if all(t.isascii() for t in texts) else UTF8
-        # pydicom read the undeclared text as Latin-1: so written, the bytes stay the same
-        return LATIN1 if all(_encodable(t, ["latin_1"]) for t in texts) else UTF8
-    if any(term and term not in python_encoding for term in terms):
-        logger.info("output character set: UTF-8 (the source's Specific Character Set is unknown)")
-        return UTF8
-    try:
-        encodings = convert_encodings(terms)
-    except Exception:  # a term pydicom refuses: write what we can vouch for
-        return UTF8
-    if all(_encodable(t, encodings) for t in texts):
-        return terms if len(terms) > 1 else terms[0]
-    logger.info("output character set: UTF-8 (the source repertoire cannot hold our text)")
-    return UTF8
-
-
 def set_character_set(dataset: Dataset, value: str | list[str] | None) -> None:
     """Set Specific Character Set after highdicom built the object.
 
@@ -356,18 +312,6 @@ def set_character_set(dataset: Dataset, value: str | list[str] | None) -> None:
             del dataset.SpecificCharacterSet
     else:
         dataset.SpecificCharacterSet = value
-
-
-def _encodable(text: str, encodings: Sequence[str]) -> bool:
-    if text.isascii():
-        return True
-    for encoding in encodings:
-        try:
-            text.encode(encoding)
-        except (UnicodeError, LookupError):
-            continue
-        return True
-    return False
 
 
 # --- files ------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from radserve.errors import ReportError
 from radserve.ingest.charset import declare_undeclared_character_set
 from radserve.ingest.headers import header_text
 from radserve.report.dicom import common, notes
+from radserve.report.shortened import output_character_set
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def build_failure_sr(
     evidence = [e for e in evidence if str(e.StudyInstanceUID) == study_uid]
     evidence = list({str(e.SOPInstanceUID): e for e in evidence}.values())
     summary = failure_text(error_code, reason)
-    character_set = common.output_character_set(evidence[0], [summary, error_code])
+    character_set = output_character_set(evidence[0], [summary, error_code])
     shielded, patient_name = common.shield_patient_name(evidence, character_set)
     device = hd.sr.DeviceObserverIdentifyingAttributes(
         uid=common.device_uid(),

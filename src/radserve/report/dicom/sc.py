@@ -25,6 +25,7 @@ from radserve.report.dicom import common
 from radserve.report.dicom.frames import SliceSources
 from radserve.report.keyimages import DisplayTransform
 from radserve.report.schema import KeyImageOutput, Report
+from radserve.report.shortened import output_character_set
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def build_key_image_sc(
         raise ReportError(f"key image {key_image.path} names slice {key_image.slice_index}")
     source = sources[key_image.slice_index]
     what = f"finding {key_image.finding_id}" if key_image.finding_id else key_image.kind
-    character_set = common.output_character_set(source, [what])
+    character_set = output_character_set(source, [what])
     shielded, patient_name = common.shield_patient_name([source], character_set)
     # highdicom copies and validates the source's character set and refuses valid ISO
     # 2022 terms; the values are decoded text by now, set_character_set encodes them.

@@ -29,6 +29,7 @@ from radserve.errors import ReportError
 from radserve.report.dicom import common, frames
 from radserve.report.dicom.frames import SliceSources
 from radserve.report.schema import Report, Segment
+from radserve.report.shortened import output_character_set
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def build_seg(
     texts += [s.model_version for s in kept] + [s.concept.meaning for s in kept]
     texts += [s.category.meaning for s in kept] + common.software_versions(report)
     models = [(s.model, s.model_version) for s in kept]
-    character_set = common.output_character_set(sources[0], texts)
+    character_set = output_character_set(sources[0], texts)
     positions = None
     if sources.frame_numbers:  # frames of one Enhanced instance: it is the one source image
         shielded, patient_name = common.shield_patient_name([sources[0]], character_set)

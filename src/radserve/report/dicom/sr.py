@@ -57,7 +57,7 @@ from radserve.postprocess.diameters import FindingAxes, Point2, Point3
 from radserve.report.dicom import common, notes
 from radserve.report.dicom.frames import SliceSources
 from radserve.report.schema import Report
-from radserve.report.shortened import VALUE_SHORTENED
+from radserve.report.shortened import VALUE_SHORTENED, output_character_set
 from radserve.report.wording import completeness_notes
 
 logger = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def build_sr(
     issues = completeness_notes(report.warnings)
     issues += [w.message for w in report.warnings if w.code == VALUE_SHORTENED]
     texts += common.software_versions(report) + issues + skipped
-    character_set = common.output_character_set(sources[0], texts)
+    character_set = output_character_set(sources[0], texts)
     shielded, patient_name = common.shield_patient_name(sources.instances(), character_set)
     try:
         content = hd.sr.MeasurementReport(
