@@ -234,3 +234,19 @@ def test_a_series_whose_modality_contradicts_its_sop_class_is_refused_for_that(
     with pytest.raises(StudyError, match="Modality MR contradicts the SOP Class") as raised:
         ingest_study(tmp_path, pipeline=pipeline)
     assert raised.value.code == "instance_invalid"
+
+
+def test_slices_each_in_a_series_of_their_own_are_refused_in_a_bounded_message(
+    tmp_path: Path,
+) -> None:
+    """Session 20: a study whose every slice had its own Series Instance UID was refused
+    naming "series 1: a single image ..." once per slice (a 500-slice study: 500 times)."""
+    for path in make_ct_series(tmp_path, n_slices=40, rows=8, cols=8):
+        ds = pydicom.dcmread(path)
+        ds.SeriesInstanceUID = pydicom.uid.generate_uid()
+        ds.save_as(path, enforce_file_format=True)
+    with pytest.raises(StudyError) as raised:
+        select_series(discover_series(tmp_path), SeriesRules())
+    message = raised.value.message
+    assert "not a volume (40 series)" in message and message.count("single image") == 2
+    assert "40 series hold a single image each" in message and len(message) < 400

@@ -45,6 +45,8 @@ S = TypeVar("S", bound=SeriesLike)
 
 # how a series short of frames because an instance is unusable is refused
 UNUSABLE = "an instance is unusable: "
+SINGLE_IMAGE = "a single image (a localizer or a capture), not a volume"
+_NAMED_REFUSALS = 8  # distinct "series N: reason" lines a refusal names, at most
 
 
 def description_matches(pattern: str | None, description: str | None) -> bool:
@@ -68,7 +70,7 @@ def rejection_reason(series: SeriesLike, rules: SeriesRules) -> str | None:
         # an unusable multi-frame instance counts as one frame: say why, not "1 image"
         return f"{UNUSABLE}{series.unusable}"
     if series.number_of_frames == 1:
-        return "a single image (a localizer or a capture), not a volume"
+        return SINGLE_IMAGE
     if series.number_of_frames < rules.min_slices:
         return f"{series.number_of_frames} images, fewer than the {rules.min_slices} required"
     thickness = series.slice_thickness
@@ -100,7 +102,7 @@ def select_series(series: Sequence[S], rules: SeriesRules) -> tuple[S, list[Seri
         else:
             rejected.append(_ref(s, reason))
     if not candidates:
-        detail = "; ".join(f"series {r.series_number or '?'}: {r.reason}" for r in rejected)
+        detail = _refusal_detail(rejected)
         if not series:
             raise StudyError("the study contains no DICOM image series")
         if rules.modalities and all(s.modality not in rules.modalities for s in series):
@@ -118,6 +120,26 @@ def select_series(series: Sequence[S], rules: SeriesRules) -> tuple[S, list[Seri
             reason = f"another series preferred ({rules.prefer})"
         rejected.append(_ref(other, reason))
     return best, rejected
+
+
+def _refusal_detail(rejected: Sequence[SeriesRef]) -> str:
+    """Each distinct "series N: reason" once, with how many series it stands for, at
+    most :data:`_NAMED_REFUSALS` of them: a study whose 500 slices each came with their
+    own Series Instance UID made a message of 500 lines."""
+    counts: dict[str, int] = {}
+    for r in rejected:
+        line = f"series {r.series_number or '?'}: {r.reason}"
+        counts[line] = counts.get(line, 0) + 1
+    lines = [line if n == 1 else f"{line} ({n} series)" for line, n in counts.items()]
+    if len(lines) > _NAMED_REFUSALS:
+        lines = [*lines[:_NAMED_REFUSALS], f"and {len(lines) - _NAMED_REFUSALS} more"]
+    singles = sum(1 for r in rejected if r.reason == SINGLE_IMAGE)
+    if singles >= 3:
+        lines.append(
+            f"{singles} series hold a single image each: if they are the slices of one "
+            "series, the sender gave each its own Series Instance UID; send them as one"
+        )
+    return "; ".join(lines)
 
 
 def refusals(series: Sequence[SeriesLike], rules: SeriesRules) -> list[SeriesRef]:
