@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,16 +22,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from pydicom.dataset import Dataset
 from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, build_role, evt
 from tests.factories.dicom_net import Orthanc, study_with_results
-from tests.factories.pacs import pacs_marks
-from tests.factories.ports import free_port
+from tests.factories.pacs import RecordingSCU, committing_pacs, pacs_marks
 from tests.factories.postgres import postgres_schema
 from tests.factories.service import settings_for
 from tests.factories.waits import until
 
 from radserve.gateway import Destination, GatewaySCP, Outbox, Peer, RetryPolicy, ScpConfig, StoreSCU
-from radserve.gateway.commitment import PUSH_MODEL, PUSH_MODEL_INSTANCE, ReportHandler
+from radserve.gateway.commitment import PUSH_MODEL, PUSH_MODEL_INSTANCE
 from radserve.gateway.conformance import COMPREHENSIVE_3D_SR, SEGMENTATION, Status
-from radserve.gateway.scu import OutgoingFile, SendResult
 from radserve.service.metrics import _OutboxCollector
 from radserve.service.outbox import OutboxOps
 from radserve.store import init_store
@@ -62,77 +60,6 @@ def _modality(path: Path) -> str:
     return str(pydicom.dcmread(path, stop_before_pixels=True).Modality)
 
 
-@contextmanager
-def _committing_pacs(
-    tmp_path: Path,
-    *,
-    lua: str | None = None,
-    scp_running: bool = True,
-    timeout_s: float = 60.0,
-    attempts: int = 3,
-    database_url: str | None = None,
-    scu: StoreSCU | None = None,
-    receivers: int = 1,
-) -> Iterator[tuple[Orthanc, Outbox, OutboxStore, GatewaySCP]]:
-    """Orthanc that knows radserve as a modality allowed storage commitment, radserve's
-    SCP (started unless ``scp_running`` is false) and an outbox to Orthanc with storage
-    commitment, sharing one database."""
-    scp_port = free_port()
-    options: dict[str, Any] = {}
-    if lua is not None:
-        script = tmp_path / "filter.lua"
-        script.write_text(lua)
-        options["LuaScripts"] = [str(script)]
-    orthanc = Orthanc(
-        tmp_path / "orthanc",
-        peers={
-            "radserve": {
-                "AET": "RADSERVE",
-                "Host": "127.0.0.1",
-                "Port": scp_port,
-                "AllowStorageCommitment": True,
-            }
-        },
-        options=options,
-    )
-    store = init_store(database_url or f"sqlite:///{tmp_path / 'radserve.db'}")
-    rows = OutboxStore(store.engine)
-    destination = Destination(
-        name="pacs",
-        ae_title="ORTHANC",
-        host="127.0.0.1",
-        port=orthanc.dicom_port,
-        storage_commitment=True,
-        commitment_timeout_s=timeout_s,
-    )
-    outbox = Outbox(
-        rows,
-        [destination],
-        scu or StoreSCU(),
-        policy=RetryPolicy(first_delay_s=1.0, max_attempts=attempts),
-    )
-    config = ScpConfig(
-        data_dir=tmp_path / "radserve",
-        port=scp_port,
-        receivers=receivers,
-        allowed_peers=[
-            Peer("ORTHANC", "127.0.0.1", orthanc.dicom_port, storage_commitment=True),
-            Peer("OTHER", "127.0.0.1"),
-        ],
-    )
-    scp = GatewaySCP(config, lambda _: None, on_commitment=outbox.commitments.on_report)
-    orthanc.start()
-    try:
-        if scp_running:
-            scp.start()
-        yield orthanc, outbox, rows, scp
-    finally:
-        if scp_running:
-            scp.stop()
-        orthanc.stop()
-        store.close()
-
-
 def _by_modality(rows: OutboxStore) -> dict[str, OutboxItem]:
     return {_modality(Path(item.path)): item for item in rows.items()}
 
@@ -140,7 +67,7 @@ def _by_modality(rows: OutboxStore) -> dict[str, OutboxItem]:
 def test_results_count_as_delivered_once_orthanc_reports_them_committed(
     tmp_path: Path, results: list[Path]
 ) -> None:
-    with _committing_pacs(tmp_path) as (orthanc, outbox, rows, _scp):
+    with committing_pacs(tmp_path) as (orthanc, outbox, rows, _scp):
         outbox.enqueue(results, now=utc_now())
         report = outbox.deliver_pending(utc_now())
         assert report.claimed == len(results) and report.committing >= 1
@@ -154,33 +81,11 @@ def test_results_count_as_delivered_once_orthanc_reports_them_committed(
         assert item.attempts == 1 and item.last_error is None and item.commitment_uid
 
 
-class _Requests(StoreSCU):
-    """radserve's SCU, noting whether each N-ACTION's association waited for a report."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waited: list[bool] = []
-
-    def request_commitment(
-        self,
-        destination: Destination,
-        transaction_uid: str,
-        files: Sequence[OutgoingFile],
-        on_report: ReportHandler,
-        *,
-        wait_for_report: bool = True,
-    ) -> SendResult:
-        self.waited.append(wait_for_report)
-        return super().request_commitment(
-            destination, transaction_uid, files, on_report, wait_for_report=wait_for_report
-        )
-
-
 def test_once_orthanc_reported_on_its_own_association_no_batch_waits_on_the_n_action_one(
     tmp_path: Path, results: list[Path]
 ) -> None:
-    scu = _Requests()
-    with _committing_pacs(tmp_path, scu=scu) as (orthanc, outbox, rows, _scp):
+    scu = RecordingSCU()
+    with committing_pacs(tmp_path, scu=scu) as (orthanc, outbox, rows, _scp):
         for n, path in enumerate(results):  # one batch each
             outbox.enqueue([path], now=utc_now())
             assert outbox.deliver_pending(utc_now()).committing == 1
@@ -198,7 +103,7 @@ def test_once_orthanc_reported_on_its_own_association_no_batch_waits_on_the_n_ac
 def test_a_seg_a_filter_drops_after_c_store_success_is_sent_again_then_failed_with_the_reason(
     tmp_path: Path, results: list[Path]
 ) -> None:
-    with _committing_pacs(tmp_path, lua=DROP_SEG, attempts=2) as (_orthanc, outbox, rows, _):
+    with committing_pacs(tmp_path, lua=DROP_SEG, attempts=2) as (_orthanc, outbox, rows, _):
         outbox.enqueue(results, now=utc_now())
         outbox.deliver_pending(utc_now())
         first = until(
@@ -227,7 +132,7 @@ def test_no_report_within_the_timeout_sends_the_results_again(
     tmp_path: Path, results: list[Path]
 ) -> None:
     # radserve's SCP is not listening: Orthanc cannot deliver its report
-    with _committing_pacs(tmp_path, scp_running=False, timeout_s=5.0) as (_o, outbox, rows, _):
+    with committing_pacs(tmp_path, scp_running=False, timeout_s=5.0) as (_o, outbox, rows, _):
         start = utc_now()
         outbox.enqueue(results, now=start)
         outbox.deliver_pending(start)
@@ -296,7 +201,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 def test_a_report_arriving_after_a_restart_is_matched_and_strangers_are_refused(
     tmp_path: Path, results: list[Path], caplog: pytest.LogCaptureFixture, database_url: str
 ) -> None:
-    with _committing_pacs(tmp_path, scp_running=False, database_url=database_url) as (
+    with committing_pacs(tmp_path, scp_running=False, database_url=database_url) as (
         _orthanc,
         outbox,
         rows,
@@ -425,38 +330,46 @@ def test_a_report_on_the_n_action_association_settles_the_rows_there(
 
 
 @contextmanager
-def _reports_to(outbox: Outbox, tmp_path: Path) -> Iterator[int]:
-    """A radserve SCP of its own (Orthanc reports to another port, not listening) that
-    settles ``outbox``'s commitments; yields its port, for :func:`_report`."""
-    config = ScpConfig(
-        data_dir=tmp_path / "reports",
-        port=0,
-        allowed_peers=[Peer("ORTHANC", "127.0.0.1"), Peer("OTHER", "127.0.0.1")],
-    )
-    with GatewaySCP(config, lambda _: None, on_commitment=outbox.commitments.on_report) as server:
-        yield server.address[1]
+def _reported_by_hand(
+    tmp_path: Path, database_url: str, *, timeout_s: float = 5.0
+) -> Iterator[tuple[Orthanc, Outbox, OutboxStore, int]]:
+    """:func:`committing_pacs` whose reports Orthanc cannot deliver (its SCP is not
+    listening), and a radserve SCP of its own that settles the outbox's commitments: its
+    port, for :func:`_report`."""
+    with committing_pacs(
+        tmp_path, scp_running=False, timeout_s=timeout_s, database_url=database_url
+    ) as (orthanc, outbox, rows, _):
+        config = ScpConfig(
+            data_dir=tmp_path / "reports",
+            port=0,
+            allowed_peers=[Peer("ORTHANC", "127.0.0.1"), Peer("OTHER", "127.0.0.1")],
+        )
+        on_report = outbox.commitments.on_report
+        with GatewaySCP(config, lambda _: None, on_commitment=on_report) as server:
+            yield orthanc, outbox, rows, server.address[1]
+
+
+def _timed_out(
+    outbox: Outbox, rows: OutboxStore, results: list[Path]
+) -> tuple[list[OutboxItem], str, dt.datetime]:
+    """``results`` stored by Orthanc, their commitment asked and no report by the
+    deadline (rescheduled): the rows as asked, the transaction, the deadline."""
+    start = utc_now()
+    outbox.enqueue(results, now=start)
+    outbox.deliver_pending(start)
+    asked = rows.items()
+    [transaction] = {item.commitment_uid for item in asked}
+    assert transaction is not None
+    deadline = max(item.next_attempt_at for item in asked)
+    assert outbox.deliver_pending(deadline).retried == len(results)
+    return asked, transaction, deadline
 
 
 def test_a_committed_report_after_the_deadline_cancels_the_re_send_not_yet_made(
     tmp_path: Path, results: list[Path], caplog: pytest.LogCaptureFixture, database_url: str
 ) -> None:
-    with (
-        _committing_pacs(tmp_path, scp_running=False, timeout_s=5.0, database_url=database_url) as (
-            orthanc,
-            outbox,
-            rows,
-            _,
-        ),
-        _reports_to(outbox, tmp_path) as port,
-    ):
-        start = utc_now()
-        outbox.enqueue(results, now=start)
-        outbox.deliver_pending(start)
-        asked = rows.items()
-        [transaction] = {item.commitment_uid for item in asked}
-        assert transaction is not None
-        deadline = max(item.next_attempt_at for item in asked)
-        assert outbox.deliver_pending(deadline).retried == len(results)
+    with _reported_by_hand(tmp_path, database_url) as (orthanc, outbox, rows, port):
+        asked, transaction, deadline = _timed_out(outbox, rows, results)
         assert {item.state for item in rows.items()} == {OutboxState.PENDING}
         assert _report(port, "ORTHANC", transaction, asked) == Status.SUCCESS
         settled = rows.items()
@@ -477,22 +390,8 @@ def test_a_committed_report_after_the_deadline_cancels_the_re_send_not_yet_made(
 def test_a_committed_report_after_the_re_send_counts_it_delivered_and_names_the_duplicate(
     tmp_path: Path, results: list[Path], caplog: pytest.LogCaptureFixture, database_url: str
 ) -> None:
-    with (
-        _committing_pacs(tmp_path, scp_running=False, timeout_s=5.0, database_url=database_url) as (
-            _orthanc,
-            outbox,
-            rows,
-            _,
-        ),
-        _reports_to(outbox, tmp_path) as port,
-    ):
-        start = utc_now()
-        outbox.enqueue(results, now=start)
-        outbox.deliver_pending(start)
-        first = rows.items()
-        [transaction] = {item.commitment_uid for item in first}
-        deadline = max(item.next_attempt_at for item in first)
-        outbox.deliver_pending(deadline)  # no report: rescheduled
+    with _reported_by_hand(tmp_path, database_url) as (_orthanc, outbox, rows, port):
+        first, transaction, _deadline = _timed_out(outbox, rows, results)
         due = max(item.next_attempt_at for item in rows.items())
         assert outbox.deliver_pending(due).committing == len(results)  # sent again
         again = rows.items()
@@ -522,15 +421,7 @@ def test_an_operator_retries_a_committing_row_stored_again_under_a_new_transacti
     ops = OutboxOps(settings, store)
     url = f"sqlite:///{settings.data_dir / 'radserve.db'}"
     try:
-        with (
-            _committing_pacs(tmp_path, scp_running=False, database_url=url) as (
-                orthanc,
-                outbox,
-                rows,
-                _,
-            ),
-            _reports_to(outbox, tmp_path) as port,
-        ):
+        with _reported_by_hand(tmp_path, url, timeout_s=60.0) as (orthanc, outbox, rows, port):
             outbox.enqueue(results, now=utc_now())
             outbox.deliver_pending(utc_now())
             first = rows.items()
@@ -566,7 +457,7 @@ def test_with_several_receiving_processes_the_outbox_s_process_settles_the_repor
 ) -> None:
     # Orthanc's report reaches a receiving process, which hands it to this process's
     # outbox and answers Orthanc with its answer
-    with _committing_pacs(tmp_path, receivers=2, database_url=database_url) as (
+    with committing_pacs(tmp_path, receivers=2, database_url=database_url) as (
         orthanc,
         outbox,
         rows,
