@@ -502,3 +502,34 @@ def test_success_is_sent_only_for_durable_instances(
             sent = pydicom.dcmread(path)
             kept = server.instances.incoming / sent.StudyInstanceUID / f"{sent.SOPInstanceUID}.dcm"
             assert _pixels(kept) == sent.PixelData
+
+
+def test_a_data_set_that_contradicts_the_requests_sop_class_is_refused(
+    scp: GatewaySCP, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Session 20: a CT slice sent as Comprehensive SR (the request's Affected SOP Class,
+    from a File Meta that says so) was quarantined as a non-image and never run (its
+    study one slice short), with success; PS3.4's answer is 0xA900, data set does not
+    match the SOP Class."""
+    from pynetdicom import _config
+
+    # the file sent as it is, its request built from the File Meta (as storescu does)
+    monkeypatch.setattr(_config, "STORE_SEND_CHUNKED_DATASET", True)
+    (ct,) = small_study(tmp_path / "sent", slices=range(3, 4))
+    from pydicom.filebase import DicomBytesIO
+    from pydicom.filewriter import write_dataset, write_file_meta_info
+
+    ds = pydicom.dcmread(ct)
+    body = DicomBytesIO()
+    body.is_little_endian, body.is_implicit_VR = True, False
+    write_dataset(body, ds)
+    ds.file_meta.MediaStorageSOPClassUID = ComprehensiveSRStorage  # save_as would reset it
+    head = DicomBytesIO()
+    head.write(b"\0" * 128 + b"DICM")
+    write_file_meta_info(head, ds.file_meta, enforce_standard=True)
+    sent = tmp_path / "as_sr.dcm"
+    sent.write_bytes(head.getvalue() + body.getvalue())
+    assert _pynetdicom_store(scp.address, [sent], ComprehensiveSRStorage) == [0xA900]
+    assert not any(p.is_file() for p in scp.instances.quarantine.rglob("*"))
+    # the same instance under its own class is stored
+    assert _pynetdicom_store(scp.address, [ct], CTImageStorage) == [Status.SUCCESS]

@@ -154,6 +154,7 @@ class Status:
     CANNOT_UNDERSTAND = 0xC000
     PROCESSING_FAILURE = 0x0110
     SOP_CLASS_NOT_SUPPORTED = 0x0122
+    DATA_SET_MISMATCH = 0xA900  # C-STORE: the data set does not match the SOP Class
     INVALID_ARGUMENT = 0x0115  # N-EVENT-REPORT: an unknown or already settled transaction
 
 

@@ -195,6 +195,21 @@ def instance_uids(dataset: Dataset, affected_sop_uid: object, *, image: bool) ->
     return study_uid, sop_uid
 
 
+def _command_mismatch(dataset: Dataset, request: Any) -> str | None:
+    """Which of the C-STORE request's Affected SOP Class / Instance UID the data set
+    contradicts (PS3.4 B.2.3: 0xA900), or None. The SCP files and quarantines by the
+    request's class: an image sent under a non-image class was quarantined, never run
+    (its study one slice short), and a non-image under an image class was filed as one."""
+    for keyword, affected, what in (
+        ("SOPClassUID", request.AffectedSOPClassUID, "SOP Class"),
+        ("SOPInstanceUID", request.AffectedSOPInstanceUID, "SOP Instance"),
+    ):
+        value = header_text(dataset, keyword)
+        if value and affected and value != str(affected):
+            return f"{what} UID differs from the request's"
+    return None
+
+
 def _status(code: int, reason: str = "", error_code: str = "") -> Dataset:
     """A C-STORE response status. A failure's Error Comment (0000,0902) carries radserve's
     error code and reason, ``<error code>: <reason>`` cut to LO's 64 characters, as a
@@ -511,6 +526,10 @@ class GatewaySCP:
             received = Path(event.dataset_path)  # preamble, meta, data set as received
             with self.cpu.section("parse"):
                 dataset = self._header(received, str(event.context.transfer_syntax))
+            mismatch = _command_mismatch(dataset, event.request)
+            if mismatch is not None:
+                logger.warning("instance from %s refused: %s", calling, mismatch)
+                return _status(Status.DATA_SET_MISMATCH, mismatch, "instance_invalid")
             if self.own_results.check(dataset, "C-STORE"):
                 return _status(Status.SUCCESS)  # the PACS must not retry it; never input
             if quarantine and UnwantedPolicy(self.config.unwanted) is UnwantedPolicy.REFUSE:
