@@ -44,6 +44,9 @@ def make_peers(tmp_path: Path) -> Iterator[Any]:
     with ExitStack() as stack:
 
         def start(**settings: Any) -> tuple[Orthanc, Service]:
+            # the broken model's error is retryable: both retries still run, 0.1 s apart
+            # instead of the default 5 s each (10 s a test spent waiting)
+            settings = {"jobs__retry_backoff_s": 0.1, **settings}
             return stack.enter_context(pacs_and_gateway(tmp_path, warm=True, **settings))
 
         yield start

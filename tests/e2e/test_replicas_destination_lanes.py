@@ -6,7 +6,9 @@ association. No two associations to one destination ever overlap, while the two
 destinations are sent to at the same time; ``radserve_outbox_sender`` names one sender
 per destination. The replica sending to PACS is killed with SIGKILL mid-association: the
 other takes PACS over (its lock, long before the rows' 10-minute lease) and sends the
-rest; every result reaches both destinations, and an instance reaches one twice only
+rest, to a storescp of the same destination that does not sleep (the relays are
+pointed at it after the kill: the 36 sends left took a minute at the sleeping one's
+~3 s each); every result reaches both destinations, and an instance reaches one twice only
 when the killed sender had it in flight (at least once: that is one instance per
 destination per kill, the same SOP Instance UID, which a PACS stores once).
 """
@@ -72,6 +74,8 @@ def test_one_sender_per_destination_across_replicas_and_a_killed_sender_is_taken
     with (
         storescp(received["PACS"], "--sleep-during", "1", "+uf") as pacs,
         storescp(received["VNA"], "--sleep-during", "1", "+uf") as vna,
+        storescp(received["PACS"], "+uf") as quick_pacs,
+        storescp(received["VNA"], "+uf") as quick_vna,
         AssociationLog(pacs.port) as pacs_log,
         AssociationLog(vna.port) as vna_log,
     ):
@@ -142,6 +146,7 @@ def test_one_sender_per_destination_across_replicas_and_a_killed_sender_is_taken
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait(30)
             survivor = "b" if holder == "replica-a" else "a"
+            pacs_log.target, vna_log.target = quick_pacs.port, quick_vna.port
 
             def all_sent() -> bool:
                 states = rows("SELECT DISTINCT state FROM outbox_deliveries WHERE kind = 'dicom'")

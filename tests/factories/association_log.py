@@ -23,7 +23,8 @@ class Association:
 
 class AssociationLog:
     """Listens on ``port`` (``127.0.0.1``) and relays each connection to
-    ``127.0.0.1:target``. Use as a context manager."""
+    ``127.0.0.1:target``; setting ``target`` sends the connections accepted after to
+    another receiver (the same destination, a quicker one). Use as a context manager."""
 
     def __init__(self, target: int) -> None:
         self.target = target
