@@ -165,3 +165,25 @@ def test_attributes_read_from_a_study_folder(tmp_path: Path) -> None:
     assert SITE_RULES.classify(found) is URG
     assert read_priority_attributes(tmp_path / "notes.txt", keywords) == {}
     assert priority_attributes(Dataset(), keywords) == {}
+
+
+def test_the_default_rules_load_no_dicom_dictionary() -> None:
+    """The default rules' keyword is known without pydicom's data dictionary, so an API
+    reader or the audit writer (which import radserve.domain) do not load pydicom; it is
+    one of the dictionary's keywords."""
+    import subprocess
+    import sys
+
+    from pydicom.datadict import keyword_dict
+
+    from radserve.domain.priority import DEFAULT_RULES
+
+    assert {r.attribute for r in DEFAULT_RULES} == {"RequestedProcedurePriority"}
+    assert "RequestedProcedurePriority" in keyword_dict
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, radserve.api.reader; print('pydicom' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert loaded == "False"

@@ -23,7 +23,6 @@ from enum import StrEnum
 from functools import cache
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
-from pydicom.datadict import keyword_dict
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +62,17 @@ _BY_RANK = (PriorityClass.URGENT, PriorityClass.INPATIENT, PriorityClass.OUTPATI
 _RANK = {cls: rank for rank, cls in enumerate(_BY_RANK)}
 
 
+# The keyword the default rules name, known without pydicom's data dictionary: checking
+# it there loaded pydicom in every process importing radserve.domain (each API reader and
+# the audit writer, which read no DICOM); tests/unit/test_scheduling_priority.py checks
+# that it is one of the dictionary's keywords.
+_DEFAULT_KEYWORD = "RequestedProcedurePriority"
+
+
 @cache
 def _keywords() -> tuple[str, ...]:
+    from pydicom.datadict import keyword_dict
+
     return tuple(sorted(keyword_dict))
 
 
@@ -72,6 +80,10 @@ def check_dicom_keyword(value: str) -> str:
     """``value`` if it is a keyword of pydicom's data dictionary; else ValueError with the
     closest keyword, so a misspelling is caught when the settings load, not at the
     first study."""
+    if value == _DEFAULT_KEYWORD:
+        return value
+    from pydicom.datadict import keyword_dict
+
     if value in keyword_dict:
         return value
     close = difflib.get_close_matches(value, _keywords(), n=1)
@@ -149,12 +161,12 @@ DEFAULT_CLASS = PriorityClass.OUTPATIENT
 # (their codes differ per hospital), so none is on by default: see the README.
 DEFAULT_RULES: tuple[PriorityRule, ...] = (
     PriorityRule(
-        attribute="RequestedProcedurePriority",
+        attribute=_DEFAULT_KEYWORD,
         values=("STAT",),
         priority_class=PriorityClass.URGENT,
     ),
     PriorityRule(
-        attribute="RequestedProcedurePriority",
+        attribute=_DEFAULT_KEYWORD,
         values=("HIGH",),
         priority_class=PriorityClass.INPATIENT,
     ),
