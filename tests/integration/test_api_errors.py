@@ -332,7 +332,14 @@ def test_full_queue_refuses_routine_work_never_urgent(tmp_path: Path) -> None:
 
 
 def test_circuit_breaker_shows_in_readyz_until_reset(tmp_path: Path) -> None:
-    service = Service(settings_for(tmp_path, jobs__max_retries=5, scheduler__breaker_threshold=2))
+    service = Service(
+        settings_for(
+            tmp_path,
+            jobs__max_retries=5,
+            jobs__retry_backoff_s=0.1,  # the retry runs at once, not 5 s later
+            scheduler__breaker_threshold=2,
+        )
+    )
     admin = create_key(service.store, "admin")
     with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
         assert service.wait_warm(60 * WAIT_SCALE)
