@@ -27,3 +27,19 @@ def test_both_names_run_the_monai_importer(tmp_path: Path, name: str) -> None:
     assert result.exit_code == 1
     assert "is not a MONAI bundle (no configs/ folder)" in result.output
     assert not (tmp_path / "models").exists()
+
+
+def test_the_models_group_loads_no_variant_building() -> None:
+    """`radserve models` adds build-variants to its group; what that command runs (ONNX,
+    SciPy, the phantom evaluation: ~1.3 CPU-s) is imported when it runs, not by every
+    `radserve models ...` command (a refused import, a list)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, radserve.commands.models; "
+        "print(sorted(m for m in ('onnx', 'scipy', 'radserve.evaluation', 'radserve.variants') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import click
 
+# the pipeline `radserve evaluate` and `radserve models build-variants` use by default
+DEFAULT_PIPELINE = "ct-chest-abdomen"
+
 CONFIG_OPTION = click.option(
     "--config",
     "config_file",

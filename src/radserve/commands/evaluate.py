@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from radserve.commands.config import DEFAULT_PIPELINE
 from radserve.evaluation.gate import GateDecision, gate_decision
 from radserve.evaluation.publish import lesion_table, organ_table, to_json, to_markdown
 from radserve.evaluation.runner import evaluate, parse_seeds
@@ -17,8 +18,6 @@ from radserve.models.manifest import GateSpec, ModelSpec
 from radserve.models.registry import PRECISIONS, ModelRegistry, bundled_model_dir
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_PIPELINE = "ct-chest-abdomen"
 
 
 def pipeline_specs(registry: ModelRegistry, pipeline: str) -> list[ModelSpec]:

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from radserve.commands.evaluate import DEFAULT_PIPELINE, parse_precisions, pipeline_specs
-from radserve.errors import ModelError
-from radserve.evaluation.runner import HELD_OUT_SEED_LIMIT, parse_seeds
-from radserve.models.gate import GateReport
-from radserve.models.registry import ModelRegistry, bundled_model_dir
-from radserve.variants import build_and_gate_on_phantoms, default_precisions
+from radserve.commands.config import DEFAULT_PIPELINE
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from radserve.models.gate import GateReport
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +87,17 @@ def command(
 ) -> None:
     """Build FP16/INT8 variants, evaluate them against FP32 on held-out phantoms, time
     them on the CPU, and record the accuracy gate in gate.json next to model.yaml."""
+    # here, not at the top: `radserve models` adds this command to its group, and these
+    # load ONNX, SciPy and the evaluation (~1 CPU-s) that its other commands never use
+    from rich.console import Console
+    from rich.table import Table
+
+    from radserve.commands.evaluate import parse_precisions, pipeline_specs
+    from radserve.errors import ModelError
+    from radserve.evaluation.runner import HELD_OUT_SEED_LIMIT, parse_seeds
+    from radserve.models.registry import ModelRegistry, bundled_model_dir
     from radserve.pipeline.spec import load_pipeline
+    from radserve.variants import build_and_gate_on_phantoms, default_precisions
 
     try:
         eval_seeds, calib_seeds = parse_seeds(seeds), parse_seeds(calibration_seeds)
