@@ -195,7 +195,15 @@ def _stow_reasons(got: httpx.Response, case: Case, label: str) -> None:
     """The Failure Reasons (and their comments) of a Store Instances Response."""
     failed = got.json().get("00081198", {}).get("Value", [])
     reasons = sorted({f"0x{item['00081197']['Value'][0]:04X}" for item in failed})
-    codes = [item.get("00091001", {}).get("Value", [""])[0] for item in failed]
+    # a part the other doors skip rather than refuse (0x0122: an SR or a PDF, which
+    # C-STORE quarantines; not_dicom: a file ingest passes over, with its reason) is
+    # refused by design: the door's answer is then the study's job, not that code
+    codes = [
+        code
+        for item in failed
+        if item["00081197"]["Value"][0] != 0x0122
+        and (code := item.get("00091001", {}).get("Value", [""])[0]) != "not_dicom"
+    ]
     if label == "variant" and any(codes):
         case.code = case.code or next(c for c in codes if c)
     if reasons:

@@ -27,11 +27,16 @@ NAMED = {
     "patient_id_changes_mid_series": "name 2 different patients",
     "orientation_turned_alternating": "series interleaves images of another orientation",
     "enhanced_ct_frame_item_missing": "11 per-frame functional groups for 12 frames",
+    # round 4 (session 20): ran with the stored values as HU / the doors disagreed
+    "modality_lut_sequence": "a Modality LUT Sequence (0028,3000) maps the stored values",
+    "modality_mr_sop_class_ct": "Modality MR contradicts the SOP Class CT Image Storage",
 }
 # STOW-RS refuses some instances itself (its reason is in the response, no job starts)
 STOW_SAID = {
     "rescale_slope_1e308": "variant 12 failed 0xC000",
     "enhanced_ct_frame_item_missing": "variant 1 failed 0xC000",
+    "modality_lut_sequence": "variant 12 failed 0xC000",
+    "modality_mr_sop_class_ct": "variant 12 failed 0xC000",
 }
 
 
