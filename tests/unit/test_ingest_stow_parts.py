@@ -108,3 +108,22 @@ def test_every_refused_part_carries_a_code(tmp_path: Path) -> None:
     ]
     items = StowResult(outcomes).response().to_json_dict()["00081198"]["Value"]
     assert [i["00091001"]["Value"] for i in items] == [[o.code] for o in outcomes]
+
+
+def test_an_object_radserve_does_not_read_is_refused_as_such_whatever_its_uids() -> None:
+    """A DICOMDIR part (no Study Instance UID) was 0xC000 instance_invalid "Study Instance
+    UID missing", while the form and `radserve run` pass over it (tools/edge_probe.py
+    dicomdir_in_study: "the doors disagree"); it is an object radserve does not read."""
+    from pydicom.dataset import Dataset, FileMetaDataset
+
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.1.3.10"  # Media Storage Directory
+    ds.file_meta.MediaStorageSOPInstanceUID = "1.2.826.0.1.3680043.8.498.91"
+    ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.1"
+    ds.FileSetID = "EDGE"
+    buffer = io.BytesIO()
+    ds.save_as(buffer, enforce_file_format=True)
+    outcome = check_part(1, _part(buffer.getvalue()), None)
+    assert outcome.failure is FailureReason.SOP_CLASS_NOT_SUPPORTED
+    assert outcome.code == "sop_class_unsupported"

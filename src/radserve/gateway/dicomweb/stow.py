@@ -352,6 +352,7 @@ def check_part(
         )
     part.stream.seek(0)
     bounds = policy or IngestPolicy()
+    sop_class = ""
     try:
         ds = read_header(
             part.stream,
@@ -368,6 +369,8 @@ def check_part(
         )
         study_uid = check_uid(header_text(ds, "StudyInstanceUID"), "Study Instance UID")
     except InstanceRejectedError as exc:  # a UID against ingest.rules: as the form says it
+        if sop_class and sop_class not in _IMAGE_CLASSES:  # not an image: refused as such
+            return _not_read(InstanceOutcome(number, sop_class), sop_class)
         return InstanceOutcome(
             number,
             failure=FailureReason.CANNOT_UNDERSTAND,
@@ -400,12 +403,7 @@ def check_part(
     if own_results is not None and own_results.check(ds, "STOW-RS"):
         return InstanceOutcome(number, sop_class, sop_uid, study_uid, own_result=True)
     if sop_class not in _IMAGE_CLASSES:
-        return _failed(
-            outcome,
-            FailureReason.SOP_CLASS_NOT_SUPPORTED,
-            f"SOP class {quoted(sop_class)} is not an image storage class radserve reads",
-            SOP_CLASS_UNSUPPORTED,
-        )
+        return _not_read(outcome, sop_class)
     if syntax not in _SYNTAXES:
         return _failed(
             outcome,
@@ -416,6 +414,18 @@ def check_part(
             "instance_invalid",
         )
     return _check_complete(outcome, part, bounds)
+
+
+def _not_read(outcome: InstanceOutcome, sop_class: str) -> InstanceOutcome:
+    """0x0122 for an object of a class radserve does not read, whatever its UIDs (a
+    DICOMDIR has no Study Instance UID: it was refused as an invalid instance, while
+    the other doors pass over it)."""
+    return _failed(
+        outcome,
+        FailureReason.SOP_CLASS_NOT_SUPPORTED,
+        f"SOP class {quoted(sop_class)} is not an image storage class radserve reads",
+        SOP_CLASS_UNSUPPORTED,
+    )
 
 
 def _check_complete(
