@@ -30,7 +30,8 @@ from tests.factories.waits import until
 from radserve.gateway import Destination, GatewaySCP, Outbox, Peer, RetryPolicy, ScpConfig, StoreSCU
 from radserve.gateway.commitment import PUSH_MODEL, PUSH_MODEL_INSTANCE
 from radserve.gateway.conformance import COMPREHENSIVE_3D_SR, SEGMENTATION, Status
-from radserve.service.metrics import _OutboxCollector
+from radserve.gateway.outbox import LaneWorkers
+from radserve.service.metrics import SenderCollector, _OutboxCollector
 from radserve.service.outbox import OutboxOps
 from radserve.store import init_store
 from radserve.store.audited import open_audited
@@ -383,7 +384,12 @@ def test_a_committed_report_after_the_deadline_cancels_the_re_send_not_yet_made(
         )
     assert later.claimed == 0  # nothing is sent a second time
     assert held == len(results)
-    assert outbox.commitments.late_reports == 1
+    assert outbox.commitments.late_reports == {"pacs": 1}
+    registry = CollectorRegistry()
+    registry.register(SenderCollector(LaneWorkers(outbox, ["pacs"], prefix="t").senders))
+    exposition = generate_latest(registry).decode()
+    late = 'radserve_storage_commitment_late_reports_total{destination="pacs",kind="dicom"} 1.0'
+    assert late in exposition
     assert f"{len(results)} re-send(s) cancelled, 0 already sent again" in caplog.text
 
 

@@ -18,7 +18,8 @@ restart still settles its rows. One that arrives after its deadline is honoured 
 the instances it lists committed (the destination holds them): each counts ``sent``; a
 re-send not yet made is cancelled, one already made is named on the row as a duplicate
 the destination received (it cannot be unsent); the late report is logged and counted
-(:attr:`CommitmentLedger.late_reports`). Only a Transaction UID radserve never asked, or
+(:attr:`CommitmentLedger.late_reports`, per destination; ``/metrics``
+``radserve_storage_commitment_late_reports_total``). Only a Transaction UID radserve never asked, or
 one reported by another peer than the rows' destination, is answered 0x0115 and logged.
 """
 
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -78,7 +81,9 @@ class CommitmentLedger:
         self.destinations = destinations
         self.record = record
         self.clock = clock
-        self.late_reports = 0  # reports that came after their deadline, since start
+        # reports that came after their rows stopped waiting, per destination, since start
+        self.late_reports: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
         # destinations seen reporting on the N-ACTION's own association / on one of their
         # own (to radserve's SCP), since start: see :meth:`waits_for_report`
         self._reported_here: set[str] = set()
@@ -224,7 +229,9 @@ class CommitmentLedger:
         earlier report settled them): the destination holds what it lists committed, so
         those rows count as delivered (:meth:`OutboxStore.commit_late`); a re-send not
         yet made is cancelled, one already made is recorded as a duplicate."""
-        self.late_reports += 1
+        with self._count_lock:
+            self.late_reports.update({item.destination for item in rows})
+            count = sum(self.late_reports.values())
         cancelled = duplicates = 0
         for item in rows:
             if item.sop_instance_uid not in report.committed:
@@ -253,7 +260,7 @@ class CommitmentLedger:
             "they were (not listed committed, or failed by a newer transaction)",
             report.transaction_uid,
             calling,
-            self.late_reports,
+            count,
             cancelled + duplicates,
             cancelled,
             duplicates,

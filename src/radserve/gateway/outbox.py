@@ -484,6 +484,7 @@ class LaneState:
     destination: str
     sending_here: bool
     taken_over: int
+    late_commitment_reports: int = 0  # storage commitment reports after their deadline
 
 
 class LaneWorkers:
@@ -506,6 +507,7 @@ class LaneWorkers:
         interval_s: float = 30.0,
     ) -> None:
         names = list(destinations)
+        self.outbox = outbox
         owner = outbox.store.owner
         engine = outbox.store.engine
         kind = outbox.kind.value
@@ -538,10 +540,19 @@ class LaneWorkers:
             self.leftovers.wake()
 
     def senders(self) -> list[LaneState]:
-        """Per destination: whether this server is its sender now, and how many rows it
-        re-queued on taking it over."""
+        """Per destination: whether this server is its sender now, how many rows it
+        re-queued on taking it over, and how many storage commitment reports came late
+        (DICOM destinations)."""
+        commitments = getattr(self.outbox, "commitments", None)
+        late = commitments.late_reports if commitments is not None else {}
         return [
-            LaneState(lane.outbox.kind.value, name, lane.sending_here, lane.taken_over)
+            LaneState(
+                lane.outbox.kind.value,
+                name,
+                lane.sending_here,
+                lane.taken_over,
+                late.get(name, 0),
+            )
             for name, lane in self.lanes.items()
         ]
 

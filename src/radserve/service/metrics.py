@@ -180,12 +180,20 @@ class SenderCollector(Collector):
             "took the destination over",
             labels=labels,
         )
+        late = CounterMetricFamily(
+            "radserve_storage_commitment_late_reports",
+            "Storage commitment reports that came after their rows stopped waiting "
+            "(deadline passed, or retried by an operator), since start",
+            labels=labels,
+        )
         for lane in self._senders():
             key = [lane.kind, lane.destination]
             sender.add_metric(key, 1 if lane.sending_here else 0)
             taken.add_metric(key, lane.taken_over)
+            late.add_metric(key, lane.late_commitment_reports)
         yield sender
         yield taken
+        yield late
 
 
 ProcessList = Callable[[], list[tuple[str, int]]]
