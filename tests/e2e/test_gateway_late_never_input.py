@@ -7,6 +7,7 @@ key image as 'v2 (current; replaces v1)'."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from tests.factories.extra_series import dose_report, localizer, screen_capture
 from tests.factories.service import make_study, settings_for
 from tests.factories.waits import until
 
+from radserve.gateway.completeness import HANDOVER_MARKER
 from radserve.service import Service
 from radserve.store import JobState
 from radserve.store.outbox import OutboxState, OutboxStore
@@ -29,6 +31,24 @@ pytestmark = [
     pytest.mark.skipif(dcmtk_tool("storescu") is None, reason="dcmtk is not installed"),
 ]
 QUIET_S = 1.0
+
+
+def handed_over(service: Service, study_uid: str) -> int:
+    """How many instances of the study the gateway has handed to intake, by the marker it
+    writes once intake has taken them (and decided whether they start a job)."""
+    assert service.gateway is not None
+    folder = service.gateway.scp.instances.study_dir(study_uid)
+    try:
+        return int(json.loads((folder / HANDOVER_MARKER).read_text())["instances"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def late_handed_over(service: Service, study_uid: str, count: int) -> None:
+    """Wait until intake has taken the late instances (``count`` in the study now), then
+    a quiet period more, in which a job they started would show. Before, a fixed 5 s."""
+    until(lambda: handed_over(service, study_uid) == count, f"{count} instances handed over", 30)
+    time.sleep(QUIET_S)
 
 
 def test_late_instances_no_pipeline_analyses_start_no_rerun(tmp_path: Path) -> None:
@@ -65,7 +85,8 @@ def test_late_instances_no_pipeline_analyses_start_no_rerun(tmp_path: Path) -> N
             results = len(rows.items())
             for late in (never_input, [dose]):
                 assert storescu("127.0.0.1", port, late, calling="PACS").returncode == 0
-            time.sleep(QUIET_S * 5)  # the late instances' quiet period, several times over
+            # the dose report (an SR) is quarantined, never handed over
+            late_handed_over(service, header.StudyInstanceUID, len(ct) + len(never_input))
             assert jobs_done(1) and len(rows.items()) == results
             assert len(pacs.received) == results
 
@@ -111,7 +132,7 @@ def test_late_instances_no_pipeline_analyses_are_not_flagged_under_policy_flag(
         assert storescu("127.0.0.1", port, ct, calling="PACS").returncode == 0
         until(lambda: [j for j in service.store.list_jobs(limit=5).items if j.terminal], "job")
         assert storescu("127.0.0.1", port, never_input, calling="PACS").returncode == 0
-        time.sleep(QUIET_S * 5)
+        late_handed_over(service, header.StudyInstanceUID, len(ct) + len(never_input))
         assert "late_instances" not in warnings()
         assert storescu("127.0.0.1", port, thick, calling="PACS").returncode == 0
         flagged = until(lambda: warnings().get("late_instances"), "the late CT series flagged")
