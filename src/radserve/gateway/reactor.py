@@ -15,6 +15,13 @@ threads that decode and store instances. Here each thread blocks until it has wo
   a primitive for it (release, abort); the peer's release request is noted then
   (:func:`release_requested`).
 
+A connection that ends before its A-ASSOCIATE-RQ arrived (a health check's connect and
+close, a reset, a partial request) ends the DUL thread but hands the association thread
+nothing: pynetdicom's acceptor would wait ``acse_timeout`` (30 s) for the request, its
+connection slot held all that time. When the DUL thread ends without having handed over
+an A-ASSOCIATE-RQ, it queues ``None`` for the acceptor, which then takes pynetdicom's own
+"no request came" path at once.
+
 Both still wake at least every :data:`POLL_S` for the checks pynetdicom makes on each
 loop (its timers, a dead DUL thread, a kill). :func:`wait_instead_of_polling` applies
 this to one acceptor association before it starts; :func:`check` refuses to start when
@@ -35,7 +42,7 @@ from typing import Any
 
 from pynetdicom.dimse import DIMSEServiceProvider
 from pynetdicom.dul import DULServiceProvider
-from pynetdicom.pdu_primitives import A_RELEASE
+from pynetdicom.pdu_primitives import A_ASSOCIATE, A_RELEASE
 
 from radserve.gateway.cpu_ledger import CpuLedger
 
@@ -91,11 +98,14 @@ class _WaitingDUL(DULServiceProvider):
 
     _waker: _Waker
     _release_requested: bool = False
+    _association_requested: bool = False
     _ledger: CpuLedger | None = None
 
     def _to_user(self, primitive: Any) -> None:
         """The DUL thread handed ``primitive`` to the association thread: wake it."""
-        if isinstance(primitive, A_RELEASE) and primitive.result is None:
+        if isinstance(primitive, A_ASSOCIATE):
+            self._association_requested = True  # the peer's A-ASSOCIATE-RQ
+        elif isinstance(primitive, A_RELEASE) and primitive.result is None:
             self._release_requested = True  # the peer's A-RELEASE-RQ, before any answer
         self.assoc.dimse.msg_queue.put((None, None))
 
@@ -141,6 +151,11 @@ class _WaitingDUL(DULServiceProvider):
             super().run()
         finally:
             self._waker.close()
+            if not self._association_requested:
+                # the acceptor waits in receive_pdu for the A-ASSOCIATE-RQ; only this
+                # thread puts on the queue, so nothing else is there: None ends the wait
+                # now, as its acse_timeout would (pynetdicom then kills the association)
+                self.to_user_queue.put(None)
             if self._ledger is not None:
                 self._ledger.add("receive", time.thread_time() - start)
 

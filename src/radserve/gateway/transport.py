@@ -13,7 +13,9 @@ its association slot forever: 21 such clients locked every PACS out). Here:
   of allowed peers, so strangers cannot take the last slot; a refused connection is
   answered A-ASSOCIATE-RJ rejected-transient, local-limit-exceeded (what pynetdicom
   answers past its own association limit: a sender retries later and says why) and
-  closed at once (over TLS, closed only: nothing is readable before the handshake);
+  closed at once (over TLS, closed only: nothing is readable before the handshake); a
+  slot is given back when its connection's thread ends, at once for a connection that
+  closes before its A-ASSOCIATE-RQ arrived (:mod:`radserve.gateway.reactor`);
 - :class:`BoundedSocket` reads each PDU under a deadline (``pdu_timeout_s``) and refuses
   one announcing more than ``max_pdu_bytes`` before reading it, so nothing is allocated
   for a claimed 4 GiB PDU; both end the connection with one log line;
