@@ -6,7 +6,8 @@ loop (one silent client stops every other connection) and reads each PDU with bl
 its association slot forever: 21 such clients locked every PACS out). Here:
 
 - :class:`GatewayServer` accepts only; each connection's own thread does the TLS
-  handshake under a timeout;
+  handshake under a timeout (a connection closed with nothing sent, as a TCP health
+  check does, is logged at DEBUG only);
 - :class:`Admission` decides at accept, before any thread or byte is spent, whether a
   connection may have a slot: at most ``max_associations_per_host`` per source address,
   and ``reserved_for_peers`` of the ``max_associations`` slots only for the addresses
@@ -232,6 +233,16 @@ class _Handler(RequestHandler):
                 reactor.release(assoc)
 
 
+def _left_without_a_byte(sock: socket.socket) -> bool:
+    """Whether the peer closed or reset the connection having sent nothing, as a load
+    balancer's TCP health check or a port scan does. Waits, under the socket's timeout, for
+    the first byte as the TLS handshake's first read would, and leaves it to be read."""
+    try:
+        return not sock.recv(1, socket.MSG_PEEK)
+    except ConnectionResetError:
+        return True
+
+
 def answer_busy(sock: socket.socket) -> None:
     """Write :data:`BUSY_REJECT` without waiting (it fits any fresh send buffer) and read
     what the peer has already sent (its A-ASSOCIATE-RQ), so that closing the socket
@@ -318,6 +329,10 @@ class GatewayServer(ThreadedAssociationServer):
         assert self.ssl_context is not None
         raw.settimeout(self.handshake_timeout_s)
         try:
+            if _left_without_a_byte(raw):  # a TCP health check: no warning every few seconds
+                logger.debug("connection from %s closed before the TLS handshake", host)
+                self.shutdown_request(raw)
+                return None
             tls = self.ssl_context.wrap_socket(raw, server_side=True)
         except (OSError, ssl.SSLError) as exc:
             reason = getattr(exc, "reason", None) or type(exc).__name__
