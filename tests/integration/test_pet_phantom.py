@@ -135,3 +135,27 @@ def test_radserve_suv_conversion_gives_the_phantoms_known_suvs(study):
     for lesion_id, known in pet.lesion_suv.items():
         voxels = suv.array[pet.lesions.array == lesion_id]
         np.testing.assert_allclose(voxels, known, rtol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        # the second half of the slices decay-corrected to the injection: only the first
+        # instance's Decay Correction was read, so they got the START factor (1.4-1.6x)
+        (lambda ds, k: k % 2 and setattr(ds, "DecayCorrection", "ADMIN"), "disagree on Decay"),
+        # grams written in the kilogram attribute: every SUV 1000 times too high
+        (lambda ds, k: setattr(ds, "PatientWeight", str(float(ds.PatientWeight) * 1000)), "kg"),
+    ],
+    ids=["admin_on_every_other_slice", "weight_in_grams"],
+)
+def test_radserve_suv_conversion_refuses_headers_no_scanner_means(study, tmp_path, change, message):
+    from radserve.ingest.suv import SuvConversionError, series_to_suv
+
+    _phantom, _pet, _out, paths = study
+    for k, path in enumerate(paths):
+        ds = pydicom.dcmread(path)
+        change(ds, k)
+        ds.save_as(tmp_path / path.name, enforce_file_format=True)
+    (series,) = discover_series(tmp_path)
+    with pytest.raises(SuvConversionError, match=message):
+        series_to_suv(load_series(series))

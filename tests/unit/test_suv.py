@@ -121,3 +121,91 @@ def test_missing_dose_or_half_life_or_injection_time_is_named():
         delattr(_item(ds), keyword)
         with pytest.raises(SuvConversionError, match=message):
             suv_factors([ds])
+
+
+# --- values no patient or injection has (hostile-input round 5, session 21) -----------------
+@pytest.mark.parametrize(
+    ("weight", "message"),
+    [
+        ("75000", r"Patient Weight \(0010,1030\) is above the plausible 0.5-350 kg"),  # grams
+        ("500", r"above the plausible 0.5-350 kg"),
+        ("0.2", r"below the plausible 0.5-350 kg"),
+    ],
+)
+def test_a_weight_no_patient_has_is_refused_never_quoted(weight, message):
+    with pytest.raises(SuvConversionError, match=message) as caught:
+        suv_factors([header(PatientWeight=weight)])
+    assert weight not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("dose", "side"),
+    [("370", "below"), ("10", "below"), ("3.7e11", "above")],  # MBq, mCi, 370 GBq
+)
+def test_an_injected_dose_in_another_unit_is_refused(dose, side):
+    ds = header()
+    _item(ds).RadionuclideTotalDose = dose
+    with pytest.raises(SuvConversionError, match=rf"Total Dose \(0018,1074\) is {side} the"):
+        suv_factors([ds])
+
+
+@pytest.mark.parametrize(
+    ("change", "half_lives"),
+    [
+        ({"RadionuclideHalfLife": "109.77"}, "32.8"),  # F-18's half-life in minutes
+        ({"RadiopharmaceuticalStartDateTime": "20250101090000"}, "13.7"),  # a day early
+    ],
+)
+def test_a_decay_of_more_than_ten_half_lives_is_refused(change, half_lives):
+    ds = header()
+    for keyword, value in change.items():
+        setattr(_item(ds), keyword, value)
+    with pytest.raises(SuvConversionError, match=rf"decayed {half_lives} half-lives"):
+        suv_factors([ds])
+
+
+def _time_only(injection: str, series_date: str, series_time: str) -> Dataset:
+    ds = header(SeriesDate=series_date, SeriesTime=series_time)
+    ds.AcquisitionDate, ds.AcquisitionTime = series_date, series_time
+    del _item(ds).RadiopharmaceuticalStartDateTime
+    _item(ds).RadiopharmaceuticalStartTime = injection
+    return ds
+
+
+def test_an_injection_before_midnight_given_as_a_time_only_is_dated_the_day_before():
+    factors = suv_factors([_time_only("233000", "20250103", "003000")])
+    assert factors.factors[0] == pytest.approx(HAND_START, rel=1e-12)  # 3600 s of decay
+    assert "taken on the day before the Series Date" in factors.rule
+
+
+@pytest.mark.parametrize(
+    "ds",
+    [
+        _time_only("100500", "20250102", "100000"),  # 5 min after: a typing error, not a day
+        header(SeriesDate="20250103", SeriesTime="003000", AcquisitionTime="003000"),
+    ],
+    ids=["time_only_minutes_after", "datetime_after"],
+)
+def test_an_injection_after_the_scan_start_stays_refused(ds):
+    if "RadiopharmaceuticalStartDateTime" in _item(ds):
+        _item(ds).RadiopharmaceuticalStartDateTime = "20250103233000"
+    with pytest.raises(SuvConversionError, match=r"after the scan start|half-lives"):
+        suv_factors([ds])
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value", "named"),
+    [
+        ("DecayCorrection", "ADMIN", r"Decay Correction \(0054,1102\)"),
+        ("Units", "CNTS", r"Units \(0054,1001\)"),
+        ("PatientWeight", "80", r"Patient Weight \(0010,1030\)"),
+        ("RadionuclideTotalDose", "400000000", r"Radionuclide Total Dose \(0018,1074\)"),
+    ],
+)
+def test_instances_that_disagree_on_what_the_factor_comes_from_are_refused(keyword, value, named):
+    """Only the first instance's values were read: half a series decay-corrected to the
+    injection (ADMIN) got the START factor, about 1.46 times too high an SUV."""
+    last = header()
+    setattr(_item(last) if keyword == "RadionuclideTotalDose" else last, keyword, value)
+    with pytest.raises(SuvConversionError, match=rf"disagree on {named} \(instance 3 of 3"):
+        suv_factors([header(), header(), last])
