@@ -250,3 +250,27 @@ def test_slices_each_in_a_series_of_their_own_are_refused_in_a_bounded_message(
     message = raised.value.message
     assert "not a volume (40 series)" in message and message.count("single image") == 2
     assert "40 series hold a single image each" in message and len(message) < 400
+
+
+@pytest.mark.parametrize("thickness", ["-4", "0"])
+def test_a_slice_thickness_that_is_no_thickness_never_makes_a_series_the_thinnest(
+    tmp_path: Path, thickness: str
+) -> None:
+    """Slice Thickness 0 or negative is read as absent: a 4 mm series claiming -4 mm was
+    the thinnest (``prefer: thinnest``, the default) and ran instead of the 2 mm one, and
+    a 10 mm one claiming -10 mm passed ``max_slice_thickness_mm`` (round 5, session 21)."""
+    study = new_uid()
+    make_ct_series(tmp_path / "study" / "thin", n_slices=8, series_number=1, study_uid=study)
+    for name, step in (("thick", 4.0), ("slab", 10.0)):
+        paths = make_ct_series(tmp_path / "study" / name, n_slices=4, series_number=int(step),
+                               spacing=(step, 0.7, 0.9), study_uid=study)  # fmt: skip
+        for path in paths:
+            ds = pydicom.dcmread(path)
+            ds.SliceThickness = thickness if name == "thick" else f"-{step:g}"
+            ds.save_as(path, enforce_file_format=True)
+    headers = discover_series(tmp_path / "study")
+    assert {h.series_number: h.slice_thickness for h in headers} == {1: 2.0, 4: None, 10: None}
+    selected, _ = select_series(headers, SeriesRules(max_slice_thickness_mm=5.0))
+    assert selected.series_number == 1
+    alone = [h for h in headers if h.series_number == 4]
+    assert select_series(alone, SeriesRules())[0].series_number == 4  # still usable

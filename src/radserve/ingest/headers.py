@@ -772,8 +772,8 @@ def _classic_frames(
         position=_geometry(ds, "ImagePositionPatient", 3, unusable),  # type: ignore[arg-type]
         orientation=_geometry(ds, "ImageOrientationPatient", 6, unusable),  # type: ignore[arg-type]
         pixel_spacing=_geometry(ds, "PixelSpacing", 2, unusable),  # type: ignore[arg-type]
-        slice_thickness=_float(ds, "SliceThickness"),
-        spacing_between_slices=_float(ds, "SpacingBetweenSlices"),
+        slice_thickness=_distance(ds, "SliceThickness"),
+        spacing_between_slices=_distance(ds, "SpacingBetweenSlices"),
         rescale_slope=slope,
         rescale_intercept=intercept,
         is_localizer=is_localizer(image_type),
@@ -833,8 +833,8 @@ def _enhanced_frames(
                 position=_geometry(position, "ImagePositionPatient", 3, unusable),  # type: ignore[arg-type]
                 orientation=_geometry(orientation, "ImageOrientationPatient", 6, unusable),  # type: ignore[arg-type]
                 pixel_spacing=_geometry(measures, "PixelSpacing", 2, unusable),  # type: ignore[arg-type]
-                slice_thickness=_float(thickness, "SliceThickness"),
-                spacing_between_slices=_float(between, "SpacingBetweenSlices"),
+                slice_thickness=_distance(thickness, "SliceThickness"),
+                spacing_between_slices=_distance(between, "SpacingBetweenSlices"),
                 rescale_slope=slope,
                 rescale_intercept=intercept,
                 is_localizer=is_localizer(frame_type),
@@ -1148,6 +1148,15 @@ def _float(ds: Dataset | None, keyword: str) -> float | None:
     except (TypeError, ValueError):
         return None
     return value if value is not None and math.isfinite(value) else None
+
+
+def _distance(ds: Dataset | None, keyword: str) -> float | None:
+    """A thickness or distance (Slice Thickness, Spacing Between Slices): None unless
+    positive. Zero or negative is no thickness: taken as one, -4 mm counted as the
+    thinnest series of a study (``prefer: thinnest``) and passed ``max_slice_thickness_mm``,
+    so a 4 mm series ran instead of the 2 mm one beside it."""
+    value = _float(ds, keyword)
+    return value if value is not None and value > 0 else None
 
 
 def _int(ds: Dataset | None, keyword: str) -> int | None:
