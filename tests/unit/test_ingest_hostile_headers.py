@@ -169,6 +169,28 @@ def test_unusable_pixel_spacing_is_named_with_its_value(tmp_path: Path) -> None:
     assert "unusable Pixel Spacing" in error.message and "'nan\\\\1'" in error.message
 
 
+@pytest.mark.parametrize(
+    ("keyword", "value", "count"),
+    [
+        ("PixelSpacing", b"0.7", 2),
+        ("PixelSpacing", b"0.7\\0.7\\0.7", 2),
+        ("PixelSpacing", b"0,7\\0,7", 2),
+        ("ImagePositionPatient", b"0\\0", 3),
+        ("ImageOrientationPatient", b"1\\0\\0\\0\\1", 6),
+    ],
+)
+def test_a_geometry_value_of_the_wrong_count_or_notation_says_what_it_must_be(
+    tmp_path: Path, keyword: str, value: bytes, count: int
+) -> None:
+    """Round 5 (session 21): "Pixel Spacing '0.7'; it must be finite numbers" named a
+    finite number as the fault; the message now says how many, and how written."""
+    for path in _series(tmp_path):
+        _edit(path, **{keyword: value})
+    error = _load_error(tmp_path)
+    assert isinstance(error, GeometryError)
+    assert f"it must be {count} finite numbers separated by backslashes" in error.message
+
+
 def test_slice_spacing_and_field_of_view_bounds(tmp_path: Path) -> None:
     _series(tmp_path / "a", spacing=(80.0, 0.7, 0.9))
     assert "slice spacing" in _load_error(tmp_path / "a").message

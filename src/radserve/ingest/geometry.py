@@ -162,10 +162,10 @@ def plan_stack(frames: Sequence[FrameRef], policy: IngestPolicy) -> StackLayout:
 
 
 def _require_geometry(frames: Sequence[FrameRef]) -> None:
-    for attr, name in (
-        ("position", "Image Position (Patient)"),
-        ("orientation", "Image Orientation (Patient)"),
-        ("pixel_spacing", "Pixel Spacing"),
+    for attr, name, count in (
+        ("position", "Image Position (Patient)", 3),
+        ("orientation", "Image Orientation (Patient)", 6),
+        ("pixel_spacing", "Pixel Spacing", 2),
     ):
         lacking = [f for f in frames if getattr(f, attr) is None]
         if not lacking:
@@ -174,7 +174,8 @@ def _require_geometry(frames: Sequence[FrameRef]) -> None:
         if shown is not None:
             raise GeometryError(
                 f"{len(lacking)} of {len(frames)} frames have an unusable {name} (e.g. "
-                f"{lacking[0].source.name}: {shown}); it must be finite numbers"
+                f"{lacking[0].source.name}: {shown}); it must be {count} finite numbers "
+                "separated by backslashes, with a point as the decimal mark"
             )
         raise GeometryError(
             f"{len(lacking)} of {len(frames)} frames have no {name}: not a "
