@@ -182,6 +182,10 @@ class PixelFormat:
     bits_stored: int
     pixel_representation: int
     padding: tuple[int, int] | None = None  # Pixel Padding Value [, Range Limit] (stored)
+    # how the values were approximated, "" when they are the scanner's: Lossy Image
+    # Compression 01, or a transfer syntax that is lossy whatever the header says
+    lossy: str = ""
+    lossy_ratio: float | None = None  # Lossy Image Compression Ratio, its first value
 
 
 @dataclass(frozen=True)
@@ -424,6 +428,8 @@ def _record(
         pixel_representation=_int(ds, "PixelRepresentation") or 0,
         padding=_padding(ds),
     )
+    lossy, ratio = _lossy(ds, pixel.transfer_syntax_uid)
+    pixel = replace(pixel, lossy=lossy, lossy_ratio=ratio)
     image_type = tuple(str(v).upper() for v in _values(ds, "ImageType"))
     common: dict[str, Any] = {
         "source": src,
@@ -1045,6 +1051,51 @@ def _padding(ds: Dataset) -> tuple[int, int] | None:
         return None
     limit = _int(ds, "PixelPaddingRangeLimit")
     return (min(value, limit), max(value, limit)) if limit is not None else (value, value)
+
+
+# Lossy Image Compression Method (0028,2114) defined terms (PS3.3 C.7.6.1.1.5.1)
+_LOSSY_METHODS = {
+    "ISO_10918_1": "JPEG",
+    "ISO_14495_1": "JPEG-LS near-lossless",
+    "ISO_15444_1": "JPEG 2000",
+    "ISO_15444_15": "HTJ2K",
+    "ISO_18181_1": "JPEG XL",
+    "ISO_13818_2": "MPEG2",
+    "ISO_14496_10": "MPEG-4 AVC/H.264",
+    "ISO_23008_2": "HEVC/H.265",
+}
+# transfer syntaxes that cannot hold the values exactly, whatever the header says
+_LOSSY_SYNTAXES = {
+    "1.2.840.10008.1.2.4.50": "JPEG Baseline",
+    "1.2.840.10008.1.2.4.51": "JPEG Extended",
+}
+
+
+def _lossy(ds: Dataset, syntax: str) -> tuple[str, float | None]:
+    """How the stored values were approximated ("" when they were not) and the first
+    Lossy Image Compression Ratio: Lossy Image Compression (0028,2110) "01" (the method
+    named when it is a defined term), else a lossy-only transfer syntax. JPEG 2000 and
+    JPEG-LS syntaxes that may hold exact values count only by that attribute."""
+    ratio = _float_first(ds, "LossyImageCompressionRatio")
+    if _text(ds, "LossyImageCompression") == "01":
+        methods = [
+            _LOSSY_METHODS.get(str(m).strip().upper())
+            for m in _values(ds, "LossyImageCompressionMethod")
+        ]
+        named = ", ".join(dict.fromkeys(m for m in methods if m)) or "method not named"
+        return f"Lossy Image Compression 01, {named}", ratio
+    if syntax in _LOSSY_SYNTAXES:
+        return f"{_LOSSY_SYNTAXES[syntax]} transfer syntax", ratio
+    return "", None
+
+
+def _float_first(ds: Dataset, keyword: str) -> float | None:
+    values = _values(ds, keyword)
+    try:
+        value = float(values[0]) if values else None
+    except (TypeError, ValueError):
+        return None
+    return value if value is not None and math.isfinite(value) and value > 0 else None
 
 
 # --- lenient value access: a malformed optional value is None, never an exception ------------

@@ -6,7 +6,8 @@ must fail the job at ingest, not after minutes of inference. Refused here: an in
 inconsistent with the data, nonsense rescale), no or several Study Instance UIDs, images
 of several patients, no or several Frames of Reference, a SOP Class radserve does not
 read. Flagged (a warning on the loaded series, which reaches the report): Type 2
-attributes the SEG/SR copy from the source but that are absent (they are written empty).
+attributes the SEG/SR copy from the source but that are absent (they are written empty),
+and images whose values were lossy compressed (the models ran on approximations).
 """
 
 from __future__ import annotations
@@ -76,6 +77,17 @@ def check_series(header: SeriesHeader, warnings: list[str]) -> None:
     if notes:
         more = f" (and {len(notes) - 3} more files)" if len(notes) > 3 else ""
         warnings.append("; ".join(notes[:3]) + more)
+    lossy = [f for f in header.frames if f.pixel.lossy]
+    if lossy:
+        kinds = "; ".join(dict.fromkeys(f.pixel.lossy for f in lossy))
+        ratios = [f.pixel.lossy_ratio for f in lossy if f.pixel.lossy_ratio]
+        if ratios:
+            kinds += f"; ratio up to {max(ratios):.3g}:1"
+        warnings.append(
+            f"{len(lossy)} of {len(header.frames)} images were lossy compressed ({kinds}): "
+            "the models ran on approximations of the scanner's values, and measurements "
+            "(volumes, diameters, densities) may differ from those on the original images"
+        )
     if header.absent_type2:
         warnings.append(
             "Type 2 attributes absent from the source headers (DICOM SEG/SR carry them "
