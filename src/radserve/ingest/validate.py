@@ -34,6 +34,9 @@ class SeriesAttributeError(StudyError):
     code = "attribute_invalid"
 
 
+LOSSY_WORDS = "images were lossy compressed"  # in the warning: the report codes it by these
+
+
 def check_series(header: SeriesHeader, warnings: list[str]) -> None:
     """Raise for what makes ``header`` unusable; append what is merely flagged."""
     _check_instances(header.frames)
@@ -84,7 +87,7 @@ def check_series(header: SeriesHeader, warnings: list[str]) -> None:
         if ratios:
             kinds += f"; ratio up to {max(ratios):.3g}:1"
         warnings.append(
-            f"{len(lossy)} of {len(header.frames)} images were lossy compressed ({kinds}): "
+            f"{len(lossy)} of {len(header.frames)} {LOSSY_WORDS} ({kinds}): "
             "the models ran on approximations of the scanner's values, and measurements "
             "(volumes, diameters, densities) may differ from those on the original images"
         )

@@ -33,6 +33,7 @@ from radserve.host import usable_cores
 from radserve.ingest import IngestPolicy, LoadedSeries
 from radserve.ingest.charset import declare_undeclared_character_set
 from radserve.ingest.decode import StackNeedsFloatError
+from radserve.ingest.validate import LOSSY_WORDS
 from radserve.models.manifest import Precision
 from radserve.models.registry import ModelRegistry
 from radserve.pipeline.channels import load_channels
@@ -73,6 +74,7 @@ from radserve.report.schema import (
     utc_now,
 )
 from radserve.report.shortened import results_character_set, shortened_values
+from radserve.report.wording import LOSSY_INPUT
 
 logger = logging.getLogger(__name__)
 
@@ -493,7 +495,10 @@ def _build_report(
         )
         for s in result.steps
     ]
-    warnings = [ReportWarning(code="ingest", message=w, stage="ingest") for w in loaded.warnings]
+    warnings = [
+        ReportWarning(code=LOSSY_INPUT if LOSSY_WORDS in w else "ingest", message=w, stage="ingest")
+        for w in loaded.warnings
+    ]
     warnings += [
         ReportWarning(code="variant_not_gated_here", message=w, stage="inference")
         for w in result.gate_warnings

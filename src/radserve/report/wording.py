@@ -71,12 +71,15 @@ def organ_volume_text(organ: OrganMeasurement, digits: int = 1) -> str:
     return f"{name} volume: {value}"
 
 
-# --- study completeness (gateway) -------------------------------------------------------------
-# Report warnings a reader of the SR and the FHIR DiagnosticReport must see (they say the
-# result may not cover the whole study); other warnings stay in the JSON report.
+# --- what a reader must know (gateway completeness, lossy input) ------------------------------
+# Report warnings a reader of the SR and the FHIR DiagnosticReport must see: the result may
+# not cover the whole study, or the models ran on lossy compressed images (its measurements
+# may differ from those on the originals); other warnings stay in the JSON report.
 LATE_INSTANCES = "late_instances"
 STUDY_MAYBE_INCOMPLETE = "study_maybe_incomplete"
+LOSSY_INPUT = "lossy_input"
 COMPLETENESS_WARNINGS = (LATE_INSTANCES, STUDY_MAYBE_INCOMPLETE)
+READER_WARNINGS = (*COMPLETENESS_WARNINGS, LOSSY_INPUT)
 
 
 def late_instances_text(instances: int, series: int) -> str:
@@ -96,6 +99,6 @@ def maybe_incomplete_text() -> str:
     )
 
 
-def completeness_notes(warnings: Iterable[ReportWarning]) -> list[str]:
-    """The messages of the completeness warnings among ``warnings``, in order."""
-    return [w.message for w in warnings if w.code in COMPLETENESS_WARNINGS]
+def reader_notes(warnings: Iterable[ReportWarning]) -> list[str]:
+    """The messages of the warnings a reader must see among ``warnings``, in order."""
+    return [w.message for w in warnings if w.code in READER_WARNINGS]

@@ -23,8 +23,9 @@ Content tree (highdicom templates):
   unit UCUM ``1``) = the class's aggregated probability.
 
 A report warning that the study may hold images the result does not cover (late
-instances under the gateway's ``flag`` policy, a transfer cut off and never resumed:
-:data:`radserve.report.wording.COMPLETENESS_WARNINGS`) becomes a TEXT "Quality Issue"
+instances under the gateway's ``flag`` policy, a transfer cut off and never resumed), or
+that the models ran on lossy compressed images
+(:data:`radserve.report.wording.READER_WARNINGS`), becomes a TEXT "Quality Issue"
 (DCM 113010) in TID 1500's Qualitative Evaluations container; each series of the study
 that was not analysed (``series_selection.rejected``), a TEXT "Series not analysed"
 (99RADSERVE) there: "Series 3 (<Series Instance UID>): <the selection rule's reason>".
@@ -58,7 +59,7 @@ from radserve.report.dicom import common, notes
 from radserve.report.dicom.frames import SliceSources
 from radserve.report.schema import Report
 from radserve.report.shortened import VALUE_SHORTENED, output_character_set
-from radserve.report.wording import completeness_notes
+from radserve.report.wording import reader_notes
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +100,9 @@ def build_sr(
     texts += [_class_name(c) for c in report.classifications]
     texts += [m.label for m in report.organ_measurements] + [n for pair in algorithms for n in pair]
     skipped = series_not_analysed(report)
-    # the study may hold images this result does not cover (late ones); a source value
-    # this object carries cut: both said as Quality Issues
-    issues = completeness_notes(report.warnings)
+    # the study may hold images this result does not cover (late ones), the images were
+    # lossy compressed; a source value this object carries cut: all said as Quality Issues
+    issues = reader_notes(report.warnings)
     issues += [w.message for w in report.warnings if w.code == VALUE_SHORTENED]
     texts += common.software_versions(report) + issues + skipped
     character_set = output_character_set(sources[0], texts)

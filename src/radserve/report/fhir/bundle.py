@@ -31,7 +31,7 @@ from radserve.report.fhir.checks import check_bundle
 from radserve.report.fhir.patient import IdentifierSystems
 from radserve.report.json_report import report_json
 from radserve.report.schema import Report
-from radserve.report.wording import completeness_notes, edges_text, organ_volume_text
+from radserve.report.wording import edges_text, organ_volume_text, reader_notes
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def summary(report: Report) -> str:
     lines += [classification_text(c) for c in report.classifications]
     models = ", ".join(f"{m.name} {m.version}" for m in report.models)
     lines += lineage_lines(report)
-    lines += [f"Note: {note[0].upper()}{note[1:]}." for note in completeness_notes(report.warnings)]
+    lines += [f"Note: {note[0].upper()}{note[1:]}." for note in reader_notes(report.warnings)]
     lines.append(
         f"AI result by radserve {report.radserve_version}"
         + (f" ({models})" if models else "")
