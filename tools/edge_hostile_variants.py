@@ -18,6 +18,14 @@ zeros, 20 Specific Character Set values, a Key Object Selection, a Presentation 
 and an Encapsulated PDF in the CT series, JPEG-LS with its codestream cut, encapsulated
 frames of 0-byte fragments, an Enhanced CT with one per-frame item fewer or more than
 Number of Frames.
+
+Round 5 (session 21): geometry values of the wrong multiplicity or notation (Pixel
+Spacing with one or three values or a comma decimal, Image Position with two, Image
+Orientation with five, Imager Pixel Spacing instead of Pixel Spacing), Slice Thickness 0
+or negative, a Spacing Between Slices that contradicts the positions, no Frame of
+Reference UID, a SOP Instance UID equal to the Series or Study Instance UID, a prone
+(HFP, the image turned 180 degrees) and a feet-first patient, lossy compression (JPEG
+baseline 8-bit, lossy JPEG 2000) and Largest/Smallest Image Pixel Value that lie.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from pydicom.filebase import DicomBytesIO
 from pydicom.fileset import FileSet
 from pydicom.filewriter import write_dataset, write_file_meta_info
 from pydicom.uid import (
+    JPEG2000,
     ExplicitVRLittleEndian,
     ImplicitVRLittleEndian,
     JPEGLSLossless,
@@ -43,7 +52,8 @@ from pydicom.uid import (
 )
 from tests.factories.dicom_series import make_ct_series
 from tests.factories.hostile import nest_sequences, set_raw
-from tools.edge_scanner_variants import _enhanced
+from tests.factories.service import GRID, ORIGIN, lesion_hu
+from tools.edge_scanner_variants import _enhanced, _second_series
 from tools.edge_variants import NAME, Files, Variant, _edit, _on_slice
 
 Make = Callable[[Path, Files], None]
@@ -392,6 +402,175 @@ def round4_variants() -> list[Variant]:
     ]
 
 
+# --- round 5 (session 21) --------------------------------------------------------------------
+def _uid_of_slice(keyword: str) -> Make:
+    """Slice SLICE's SOP Instance UID (and its File Meta's) set to its ``keyword`` UID."""
+
+    def change(ds: Dataset, k: int) -> None:
+        ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = getattr(ds, keyword)
+
+    return lambda folder, files: _edit(files, change, which={SLICE})
+
+
+def _remade(**options: object) -> Make:
+    """The study written again (same study, the lesion at the same patient position) with
+    ``options`` for the factory: another orientation, origin or pixel grid."""
+
+    def make(folder: Path, files: Files) -> None:
+        study = pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID
+        for path in files:
+            path.unlink()
+        extra = {"PatientName": NAME, **options.get("extra", {})}  # type: ignore[dict-item]
+        grid = {**GRID, "origin": ORIGIN, "hu": lesion_hu()}
+        grid.update((k, v) for k, v in options.items() if k != "extra")
+        make_ct_series(folder, **grid, study_uid=study, extra=extra)  # type: ignore[arg-type]
+
+    return make
+
+
+# a prone patient (HFP) as a scanner writes it: the image turned 180 degrees in its plane
+# (rows run to the patient's right, columns to the anterior), the same field of view
+PRONE = {
+    "orientation": (-1.0, 0.0, 0.0, 0.0, -1.0, 0.0),
+    "origin": (19.5, 19.5, 0.0),
+    "extra": {"PatientPosition": "HFP"},
+}
+# a patient lying on the left side (HFDL): the image turned 90 degrees (rows run to the
+# posterior, columns to the patient's right)
+DECUBITUS = {
+    "orientation": (0.0, 1.0, 0.0, -1.0, 0.0, 0.0),
+    "origin": (19.5, -19.5, 0.0),
+    "extra": {"PatientPosition": "HFDL"},
+}
+
+
+def _feet_first(folder: Path, files: Files) -> None:
+    """Patient Position FFS, slices numbered from the feet (Instance Number 1 highest)."""
+
+    def change(ds: Dataset, k: int) -> None:
+        ds.PatientPosition = "FFS"
+        ds.InstanceNumber = len(files) - k
+
+    _edit(files, change)
+
+
+LOSSY = "lossy compressed"  # the report's warning on a lossy study (ingest.validate)
+
+
+def _jpeg_baseline(quality: int) -> Make:
+    """Each slice as 8-bit JPEG baseline (1.2.840.10008.1.2.4.50, Pillow, ``quality``),
+    Rescale Slope 16 and Intercept -1024, Lossy Image Compression 01: what a PACS that
+    compresses for its archive sends. At quality 75 the test model's lesion came out one
+    step smaller (8 of 0.03 ml against 9); at 95 it is the good study's."""
+    return lambda folder, files: _edit(files, _jpeg_slice(quality))
+
+
+def _jpeg_slice(quality: int) -> Callable[[Dataset, int], None]:
+    import io
+
+    from PIL import Image
+    from pydicom.encaps import encapsulate
+
+    def change(ds: Dataset, k: int) -> None:
+        pixels = np.frombuffer(ds.PixelData, "<u2").reshape(ds.Rows, ds.Columns)
+        hu = pixels * float(ds.RescaleSlope) + float(ds.RescaleIntercept)
+        eight = np.clip(np.rint((hu + 1024) / 16), 0, 255).astype(np.uint8)
+        out = io.BytesIO()
+        Image.fromarray(eight, mode="L").save(out, format="JPEG", quality=quality)
+        ds.PixelData = encapsulate([out.getvalue()])
+        ds["PixelData"].VR = "OB"
+        ds.RescaleSlope, ds.RescaleIntercept = 16, -1024
+        ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
+        ds.LossyImageCompression = "01"
+        ds.LossyImageCompressionMethod = "ISO_10918_1"
+        ratio = 2 * ds.Rows * ds.Columns / len(out.getvalue())  # of the 16-bit original
+        ds.LossyImageCompressionRatio = f"{ratio:.2f}"
+        ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.4.50"
+
+    return change
+
+
+def _j2k_lossy(ratio: int) -> Make:
+    """Each slice as lossy JPEG 2000 (1.2.840.10008.1.2.4.91, compression ``ratio``),
+    Lossy Image Compression 01. At 10:1 the test model's lesion came out at 5 steps of
+    0.03 ml against the good study's 9."""
+
+    def change(ds: Dataset, k: int) -> None:
+        ds.compress(JPEG2000, j2k_cr=[ratio])
+        ds.LossyImageCompression = "01"
+        ds.LossyImageCompressionMethod = "ISO_15444_1"
+        ds.LossyImageCompressionRatio = str(ratio)
+
+    return lambda folder, files: _edit(files, change)
+
+
+def _pixel_value_bounds(folder: Path, files: Files) -> None:
+    """Smallest and Largest Image Pixel Value 0 and 1: a header that lies about the data."""
+
+    def change(ds: Dataset, k: int) -> None:
+        ds.add_new(0x00280106, "US", 0)  # Smallest Image Pixel Value
+        ds.add_new(0x00280107, "US", 1)  # Largest Image Pixel Value
+
+    _edit(files, change)
+
+
+def _imager_pixel_spacing_only(folder: Path, files: Files) -> None:
+    def change(ds: Dataset, k: int) -> None:
+        ds.ImagerPixelSpacing = ds.PixelSpacing
+        del ds.PixelSpacing
+
+    _edit(files, change)
+
+
+def _thicker_series_thickness(thickness: str) -> Make:
+    """A 4 mm series without the lesion beside the 2 mm one (as the scanner variant
+    ``thicker_series_in_study``), its Slice Thickness ``thickness``."""
+    second = _second_series(
+        n_slices=6, spacing=(4.0, 1.0, 1.0), hu=lesion_hu((30.0, 30.0, 90.0)), series_number=2
+    )
+
+    def make(folder: Path, files: Files) -> None:
+        second(folder, files)
+        thick = sorted(folder.glob("second*.dcm"))
+        assert thick, "the second series' files"
+        _edit(thick, lambda ds, k: setattr(ds, "SliceThickness", thickness))
+
+    return make
+
+
+def round5_variants() -> list[Variant]:
+    """Session 21: geometry values of the wrong multiplicity or notation, the slice
+    thickness and spacing attributes that contradict the positions, UIDs shared across
+    levels, patient positions, lossy compression, pixel value bounds that lie."""
+    v = Variant
+    every = set(range(12))
+    return [
+        v("pixel_spacing_comma_decimal", _raw("PixelSpacing", b"1,0\\1,0"), "refuse"),
+        v("pixel_spacing_one_value", _raw("PixelSpacing", b"1.0"), "refuse"),
+        v("pixel_spacing_three_values", _raw("PixelSpacing", b"1.0\\1.0\\1.0"), "refuse"),
+        v("imager_pixel_spacing_only", _imager_pixel_spacing_only, "refuse"),
+        v("position_two_values", _raw("ImagePositionPatient", b"-19.5\\-19.5"), "refuse"),
+        v(
+            "orientation_five_values",
+            _raw("ImageOrientationPatient", b"1\\0\\0\\0\\1"),
+            "refuse",
+        ),
+        v("slice_thickness_zero", _on_slice_set(every, SliceThickness=0), "ok"),
+        v("slice_thickness_negative", _on_slice_set(every, SliceThickness=-2), "ok"),
+        v("spacing_between_slices_10", _on_slice_set(every, SpacingBetweenSlices=10), "ok"),
+        v("thicker_series_negative_thickness", _thicker_series_thickness("-4"), "ok"),
+        v("frame_of_reference_absent", _delete("FrameOfReferenceUID"), "refuse"),
+        v("sop_uid_is_series_uid", _uid_of_slice("SeriesInstanceUID"), "either"),
+        v("sop_uid_is_study_uid", _uid_of_slice("StudyInstanceUID"), "either"),
+        v("patient_prone_hfp", _remade(**PRONE), "ok"),
+        v("patient_decubitus_hfdl", _remade(**DECUBITUS), "ok"),
+        v("patient_feet_first", _feet_first, "ok"),
+        v("lossy_jpeg_baseline", _jpeg_baseline(95), "either", warning=LOSSY),
+        v("lossy_jpeg2000", _j2k_lossy(4), "either", warning=LOSSY),
+        v("pixel_value_bounds_lie", _pixel_value_bounds, "ok"),
+    ]
+
+
 MR = "1.2.840.10008.5.1.4.1.1.4"  # MR Image Storage
 EXPLICIT = ExplicitVRLittleEndian
 
@@ -442,4 +621,5 @@ def hostile_variants() -> list[Variant]:
         v("rtstruct_in_series", _not_an_image("1.2.840.10008.5.1.4.1.1.481.3"), "ok"),
         *round3_variants(),
         *round4_variants(),
+        *round5_variants(),
     ]

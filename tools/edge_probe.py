@@ -357,13 +357,26 @@ def _check_job(
             case.problems.append(f"must succeed, failed: {error.get('message')}")
     elif state == "succeeded":
         case.code = case.code or "ok"
-        found = _findings(server.report(job["id"]))
+        report = server.report(job["id"])
+        found = _findings(report)
         if variant.expect == "refuse":
             case.problems.append("must be refused, succeeded")
         if found != good:
             case.problems.append(f"succeeded with findings {found}, the good study's {good}")
+        case.problems += _warning_problems(report, variant)
         case.problems += _text_problems(server, job["id"])
     case.outcome += "; "
+
+
+def _warning_problems(report: dict[str, Any] | None, variant: Variant) -> list[str]:
+    """A variant that must be flagged (``Variant.warning``) has that warning in the
+    report of its success."""
+    if not variant.warning:
+        return []
+    said = [str(w.get("message", "")) for w in (report or {}).get("warnings", [])]
+    if any(variant.warning in message for message in said):
+        return []
+    return [f"succeeded without a warning saying {variant.warning!r}"]
 
 
 # dciodvfy's words for text a DICOM object does not encode as it declares (an error), or
@@ -503,6 +516,7 @@ def probe_run_door(root: Path, server: Server, variant: Variant, good: Any, args
             case.problems.append("must be refused, succeeded")
         if _findings(report) != good:
             case.problems.append(f"findings {_findings(report)} != the good study's {good}")
+        case.problems += _warning_problems(report, variant)
     leaked = _leaks(text, variant) + [s.hex() for s in variant.secrets if s in stdout + stderr]
     if leaked:
         case.problems.append(f"patient name on stdout/stderr: {leaked}")

@@ -41,6 +41,9 @@ class Variant:
     # doors whose answer may differ by design (docs/conformance.md 1.1), e.g. C-STORE
     # for Big Endian: the SCP does not negotiate it, storescu sends little endian instead
     agree_except: tuple[str, ...] = ()
+    # a success must carry a report warning holding this text (e.g. "lossy compressed":
+    # the study is valid, the reader must know what the models ran on)
+    warning: str = ""
 
 
 def _edit(files: Files, change: Callable[[pydicom.Dataset, int], Any], which: Any = None) -> None:
