@@ -274,3 +274,47 @@ def test_a_slice_thickness_that_is_no_thickness_never_makes_a_series_the_thinnes
     assert selected.series_number == 1
     alone = [h for h in headers if h.series_number == 4]
     assert select_series(alone, SeriesRules())[0].series_number == 4  # still usable
+
+
+def _other_study_copy(paths: list[Path], folder: Path, *, keep_sop_uids: bool) -> None:
+    """Each of ``paths`` again in ``folder`` under new Study, Series and Frame of
+    Reference UIDs and another Patient ID (its SOP Instance UIDs kept or new)."""
+    study, series, frame = new_uid(), new_uid(), new_uid()
+    folder.mkdir(parents=True)
+    for path in paths:
+        ds = pydicom.dcmread(path)
+        ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.FrameOfReferenceUID = study, series, frame
+        ds.PatientID, ds.SeriesNumber = "OTHER-PATIENT", 2
+        if not keep_sop_uids:
+            ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = new_uid()
+        ds.save_as(folder / path.name, enforce_file_format=True)
+
+
+@pytest.mark.parametrize("keep_sop_uids", [False, True], ids=["own_uids", "sop_uids_kept"])
+def test_one_input_holding_two_studies_is_refused_never_one_of_them_run(
+    tmp_path: Path, keep_sop_uids: bool
+) -> None:
+    """An upload or a `radserve run` folder of two patients' studies ran one (the
+    thinnest, or the first by Series Number) and named the other patient's series in the
+    report as "another series preferred"; when the second kept the first's SOP Instance
+    UIDs (an anonymiser), its files were dropped as copies and nothing said it (round 5,
+    session 21). C-STORE and STOW-RS give each study its own job before ingest."""
+    paths = make_ct_series(tmp_path / "study" / "a", n_slices=5)
+    _other_study_copy(paths, tmp_path / "study" / "b", keep_sop_uids=keep_sop_uids)
+    with pytest.raises(StudyError, match=r"studies \(Study Instance UIDs differ") as caught:
+        select_series(discover_series(tmp_path / "study"), SeriesRules())
+    assert caught.value.code == "several_studies"
+    assert "OTHER-PATIENT" not in caught.value.message
+    for one in ("a", "b"):  # each on its own runs
+        (header,) = discover_series(tmp_path / "study" / one)
+        assert select_series([header], SeriesRules())[0] is header
+
+
+def test_one_sop_instance_uid_in_two_series_of_a_study_is_refused(tmp_path: Path) -> None:
+    paths = make_ct_series(tmp_path / "a", n_slices=3)
+    ds = pydicom.dcmread(paths[0])
+    ds.SeriesInstanceUID = new_uid()
+    ds.save_as(tmp_path / "moved.dcm", enforce_file_format=True)
+    with pytest.raises(StudyError, match="one SOP Instance UID in two series") as caught:
+        discover_series(tmp_path)
+    assert caught.value.code == "instance_invalid"

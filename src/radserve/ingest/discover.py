@@ -126,6 +126,19 @@ def _check_same_instance(
     other pixels (another position, orientation, size or frame count) under the same SOP
     Instance UID is a conflict, refused: keeping either would silently drop a slice, or
     put one where it does not belong."""
+    if first[1].study_instance_uid != record.study_instance_uid:
+        raise SeveralStudiesError(
+            f"{first[0].name} and {src.name} carry one SOP Instance UID in two studies "
+            "(Study Instance UIDs differ; an anonymiser or a copy that kept the SOP "
+            f"Instance UIDs?): {SeveralStudiesError.advice}"
+        )
+    if first[1].series_instance_uid != record.series_instance_uid:
+        raise StudyError(
+            f"{first[0].name} and {src.name} carry one SOP Instance UID in two series "
+            "(Series Instance UIDs differ): an instance belongs to one series, which of "
+            "them is right cannot be told",
+            code="instance_invalid",
+        )
     if _image_of(first[1]) != _image_of(record):
         raise StudyError(
             f"{first[0].name} and {src.name} carry one SOP Instance UID but differ in "
@@ -133,6 +146,21 @@ def _check_same_instance(
             "(the sender reused a UID), which of them is right cannot be told",
             code="instance_invalid",
         )
+
+
+class SeveralStudiesError(StudyError):
+    """One input (an upload, a folder for ``radserve run``) holds several studies: a
+    series of one was run and the other's named in its report as "another series
+    preferred", or, when they shared SOP Instance UIDs, dropped as copies unsaid. The
+    doors that take several studies at once (C-STORE, STOW-RS, the batch upload) give
+    each its own job first."""
+
+    code = "several_studies"
+    advice = (
+        "a job analyses one study, and which of them was meant cannot be told; send each "
+        "study on its own (STOW-RS, C-STORE and POST /v1/studies/batch take several, each "
+        "its own job)"
+    )
 
 
 RECEIVED_AGAIN = "an earlier copy of an instance received again"

@@ -9,6 +9,7 @@ from typing import Protocol, TypeVar
 from pydicom.uid import UID
 
 from radserve.errors import StudyError, UnsupportedModalityError
+from radserve.ingest.discover import SeveralStudiesError
 from radserve.ingest.sop_classes import LOCALIZER_IMAGE_TYPE, VOLUME_IMAGE_STORAGE, is_localizer
 from radserve.pipeline.spec import SeriesRules
 from radserve.report.schema import SeriesRef
@@ -19,6 +20,8 @@ class SeriesLike(Protocol):
 
     @property
     def series_instance_uid(self) -> str: ...
+    @property
+    def study_instance_uid(self) -> str: ...
     @property
     def series_number(self) -> int | None: ...
     @property
@@ -42,6 +45,7 @@ class SeriesLike(Protocol):
 
 
 S = TypeVar("S", bound=SeriesLike)
+
 
 # how a series short of frames because an instance is unusable is refused
 UNUSABLE = "an instance is unusable: "
@@ -111,6 +115,12 @@ def select_series(series: Sequence[S], rules: SeriesRules) -> tuple[S, list[Seri
                 f"{sorted({s.modality for s in series})} ({detail})"
             )
         raise StudyError(f"no series meets the pipeline's selection rules ({detail})")
+    studies = {s.study_instance_uid for s in candidates}
+    if len(studies) > 1:
+        raise SeveralStudiesError(
+            f"series of {len(studies)} studies (Study Instance UIDs differ) meet the "
+            f"pipeline's selection rules: {SeveralStudiesError.advice}"
+        )
     ordered = sorted(candidates, key=lambda s: _preference(s, rules))
     best = ordered[0]
     for other in ordered[1:]:
