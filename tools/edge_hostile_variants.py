@@ -46,6 +46,7 @@ from pydicom.uid import (
     JPEG2000,
     ExplicitVRLittleEndian,
     ImplicitVRLittleEndian,
+    JPEG2000Lossless,
     JPEGLSLossless,
     RLELossless,
     generate_uid,
@@ -538,6 +539,66 @@ def _thicker_series_thickness(thickness: str) -> Make:
     return make
 
 
+def _negative_slope(folder: Path, files: Files) -> None:
+    """Rescale Slope -1: the stored values inverted (4095 - stored, 12 bits) and the
+    intercept moved so that every HU is the same."""
+
+    def change(ds: Dataset, k: int) -> None:
+        stored = np.frombuffer(ds.PixelData, "<u2").astype(np.int32)
+        slope, intercept = float(ds.RescaleSlope), float(ds.RescaleIntercept)
+        ds.PixelData = (4095 - stored).astype("<u2").tobytes()
+        ds.RescaleSlope, ds.RescaleIntercept = -slope, intercept + 4095 * slope
+
+    _edit(files, change)
+
+
+def _signed_12_bit_not_extended(syntax: str = "") -> Make:
+    """As :func:`_signed_12_bit`, the slices then compressed in ``syntax`` when given
+    (pydicom encodes the values it decodes, sign-extended: signed 12-bit data through
+    that codec, not the zero upper bits)."""
+
+    def make(folder: Path, files: Files) -> None:
+        _signed_12_bit(folder, files)
+        if syntax:
+            _edit(files, lambda ds, k: ds.compress(syntax))
+
+    return make
+
+
+def _signed_12_bit(folder: Path, files: Files) -> None:
+    """HU stored as 12-bit two's complement (Pixel Representation 1, Bits Stored 12,
+    intercept 0) with the upper 4 bits zero, as PS3.5 8.1.1 allows (bits above High Bit
+    are not part of the value): -1000 is 0x0C18, which read as 16-bit is +3096."""
+
+    def change(ds: Dataset, k: int) -> None:
+        stored = np.frombuffer(ds.PixelData, "<u2").astype(np.int32)
+        hu = stored * int(ds.RescaleSlope) + int(ds.RescaleIntercept)
+        ds.PixelData = (hu & 0x0FFF).astype("<u2").tobytes()
+        ds.PixelRepresentation, ds.BitsStored, ds.HighBit = 1, 12, 11
+        ds.RescaleSlope, ds.RescaleIntercept = 1, 0
+
+    _edit(files, change)
+
+
+def _second_study(keep_sop_uids: bool) -> Make:
+    """A second study beside the first: the same images under new Study, Series and
+    Frame of Reference UIDs and another Patient ID, their SOP Instance UIDs kept (an
+    anonymiser that keeps them; a teaching file of a study the PACS already holds) or
+    new (two patients' studies in one upload)."""
+
+    def make(folder: Path, files: Files) -> None:
+        study, series, frame = generate_uid(), generate_uid(), generate_uid()
+        for path in files:
+            ds = pydicom.dcmread(path)
+            ds.StudyInstanceUID, ds.SeriesInstanceUID = study, series
+            ds.FrameOfReferenceUID, ds.PatientID = frame, OTHER_PATIENT_ID
+            if not keep_sop_uids:
+                ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+            ds.save_as(folder / f"copy-{path.name}", enforce_file_format=True)
+
+    return make
+
+
 def round5_variants() -> list[Variant]:
     """Session 21: geometry values of the wrong multiplicity or notation, the slice
     thickness and spacing attributes that contradict the positions, UIDs shared across
@@ -562,12 +623,33 @@ def round5_variants() -> list[Variant]:
         v("frame_of_reference_absent", _delete("FrameOfReferenceUID"), "refuse"),
         v("sop_uid_is_series_uid", _uid_of_slice("SeriesInstanceUID"), "either"),
         v("sop_uid_is_study_uid", _uid_of_slice("StudyInstanceUID"), "either"),
+        # one job per study at C-STORE and STOW-RS (each succeeds); refused at the form
+        # and `radserve run`, which take one study (docs/conformance.md 1.1)
+        v(
+            "sop_uids_reused_by_another_study",
+            _second_study(keep_sop_uids=True),
+            "either",
+            (OTHER_PATIENT_ID.encode(),),
+            agree_except=("cstore", "stow"),
+        ),
+        v(
+            "two_studies_in_one_upload",
+            _second_study(keep_sop_uids=False),
+            "either",
+            (OTHER_PATIENT_ID.encode(),),
+            agree_except=("cstore", "stow"),
+        ),
         v("patient_prone_hfp", _remade(**PRONE), "ok"),
         v("patient_decubitus_hfdl", _remade(**DECUBITUS), "ok"),
         v("patient_feet_first", _feet_first, "ok"),
         v("lossy_jpeg_baseline", _jpeg_baseline(95), "either", warning=LOSSY),
         v("lossy_jpeg2000", _j2k_lossy(4), "either", warning=LOSSY),
         v("pixel_value_bounds_lie", _pixel_value_bounds, "ok"),
+        v("rescale_slope_negative", _negative_slope, "ok"),
+        v("signed_12_bit_not_sign_extended", _signed_12_bit_not_extended(), "ok"),
+        v("signed_12_bit_rle", _signed_12_bit_not_extended(RLELossless), "ok"),
+        v("signed_12_bit_jpegls", _signed_12_bit_not_extended(JPEGLSLossless), "ok"),
+        v("signed_12_bit_jpeg2000", _signed_12_bit_not_extended(JPEG2000Lossless), "ok"),
     ]
 
 

@@ -244,7 +244,9 @@ def _submit_http(server: Server, door: str, files: Files, case: Case, label: str
         return [got.json()["id"]]
     _stow_reasons(got, case, label)
     links = got.headers.get_list("link") if hasattr(got.headers, "get_list") else []
-    return [link.split(">")[0].rsplit("/", 1)[-1] for link in links]
+    # one Link header may name several jobs (one per study of the request), comma-joined
+    targets = [target for link in links for target in re.findall(r"<([^>]*)>", link)]
+    return [target.rsplit("/", 1)[-1] for target in targets]
 
 
 # storescu -R proposes uncompressed syntaxes only unless told; dcmtk 3.6.7 has no option
