@@ -428,7 +428,7 @@ def _record(
         pixel_representation=_int(ds, "PixelRepresentation") or 0,
         padding=_padding(ds),
     )
-    lossy, ratio = _lossy(ds, pixel.transfer_syntax_uid)
+    lossy, ratio = lossy_compression(ds, pixel.transfer_syntax_uid)
     pixel = replace(pixel, lossy=lossy, lossy_ratio=ratio)
     image_type = tuple(str(v).upper() for v in _values(ds, "ImageType"))
     common: dict[str, Any] = {
@@ -1071,7 +1071,7 @@ _LOSSY_SYNTAXES = {
 }
 
 
-def _lossy(ds: Dataset, syntax: str) -> tuple[str, float | None]:
+def lossy_compression(ds: Dataset, syntax: str) -> tuple[str, float | None]:
     """How the stored values were approximated ("" when they were not) and the first
     Lossy Image Compression Ratio: Lossy Image Compression (0028,2110) "01" (the method
     named when it is a defined term), else a lossy-only transfer syntax. JPEG 2000 and

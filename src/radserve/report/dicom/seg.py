@@ -22,10 +22,12 @@ from pathlib import Path
 
 import highdicom as hd
 import numpy as np
+from pydicom.dataset import Dataset
 from pydicom.sr.codedict import codes
 
 from radserve.domain import CodedConcept, Volume
 from radserve.errors import ReportError
+from radserve.ingest.headers import lossy_compression
 from radserve.report.dicom import common, frames
 from radserve.report.dicom.frames import SliceSources
 from radserve.report.schema import Report, Segment
@@ -127,6 +129,7 @@ def build_seg(
     except (ValueError, TypeError, AttributeError) as exc:
         # highdicom names the rule that was broken; its messages carry no patient data.
         raise ReportError(f"DICOM SEG could not be built: {exc}") from exc
+    _mark_lossy(seg, [sources[0]] if sources.frame_numbers else [sources[k] for k in slices])
     common.restore_patient_name(seg, patient_name, character_set)
     common.set_character_set(seg, character_set)
     logger.info(
@@ -137,6 +140,21 @@ def build_seg(
         label_map.shape[0],
     )
     return seg
+
+
+def _mark_lossy(seg: hd.seg.Segmentation, sources: Sequence[Dataset]) -> None:
+    """Lossy Image Compression 01 when any source image was lossy compressed (PS3.3
+    C.7.6.1.1.5: once 01, an image and what derives from it stay so). highdicom copies the
+    attribute from the first source only: a JPEG Baseline study without it, or one whose
+    first slice was not lossy, gave a SEG that said 00."""
+    if str(seg.get("LossyImageCompression", "")) == "01":
+        return
+    for ds in sources:
+        meta = getattr(ds, "file_meta", None)
+        syntax = str(meta.get("TransferSyntaxUID", "")) if meta is not None else ""
+        if lossy_compression(ds, syntax)[0]:
+            seg.LossyImageCompression = "01"
+            return
 
 
 def write_seg(
