@@ -338,6 +338,9 @@ class IngestSettings(_Section):
     min_matrix: int = Field(default=8, gt=0)
     # a study outside a model's declared input_domain (model.yaml): a report warning, or refused
     input_domain: Literal["flag", "refuse"] = "flag"
+    # lossy compressed images (Lossy Image Compression 01, JPEG Baseline): run with a
+    # lossy_input report warning, or refused
+    lossy_input: Literal["flag", "refuse"] = "flag"
 
 
 # PS3.5 AE VR: 1-16 characters of the default repertoire, no backslash, not only spaces

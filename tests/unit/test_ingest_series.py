@@ -608,3 +608,19 @@ def test_lossy_compressed_images_run_with_a_warning_saying_so(tmp_path: Path) ->
     assert exact
     assert not [w for w in load_series(discover_series(tmp_path / "exact")[0]).warnings
                 if "lossy" in w]  # fmt: skip
+
+
+def test_ingest_lossy_input_refuse_fails_a_lossy_study_and_runs_an_exact_one(
+    tmp_path: Path,
+) -> None:
+    """A site whose models were validated on original images only refuses lossy ones
+    (`ingest.lossy_input: refuse`); the default flags them (above)."""
+    refuse = IngestPolicy(lossy_input="refuse")
+    lossy = {"LossyImageCompression": "01", "LossyImageCompressionMethod": "ISO_15444_1"}
+    make_ct_series(tmp_path / "j2k", rows=32, cols=32, transfer_syntax="1.2.840.10008.1.2.4.91",
+                   encode_options={"j2k_cr": [10]}, extra=lossy)  # fmt: skip
+    with pytest.raises(StudyError, match=r"ingest\.lossy_input is 'refuse'") as caught:
+        load_series(discover_series(tmp_path / "j2k")[0], refuse)
+    assert caught.value.code == "lossy_input"
+    make_ct_series(tmp_path / "exact", rows=32, cols=32)
+    assert load_series(discover_series(tmp_path / "exact")[0], refuse).volume.shape[0] == 8

@@ -117,7 +117,7 @@ def load_series(
         )
     warnings = list(header.notes)
     _check_pixels(header.frames, warnings)
-    check_series(header, warnings)
+    check_series(header, warnings, lossy_input=policy.lossy_input)
     _apply_split_policy(header, policy, warnings)
     _check_matrix(header.frames[0], policy)
 

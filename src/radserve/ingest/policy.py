@@ -81,6 +81,10 @@ class IngestPolicy:
         input_domain: a study outside a model's declared ``input_domain`` (model.yaml):
             ``flag`` runs it with an ``outside_input_domain`` report warning, ``refuse``
             fails it with that code before any model runs.
+        lossy_input: lossy compressed images (Lossy Image Compression 01, or a lossy-only
+            transfer syntax): ``flag`` runs them with a ``lossy_input`` report warning (in
+            the SR and the FHIR conclusion too), ``refuse`` fails the job with that code
+            (a site whose models were validated on original images only).
     """
 
     missing_slices: GapChoice = "reject"
@@ -107,6 +111,7 @@ class IngestPolicy:
     max_fov_mm: float = 2500.0
     min_matrix: int = 8
     input_domain: Literal["flag", "refuse"] = "flag"
+    lossy_input: Literal["flag", "refuse"] = "flag"
 
     @classmethod
     def from_settings(cls, settings: IngestSettings) -> IngestPolicy:

@@ -28,6 +28,12 @@ class InstanceError(StudyError):
     code = "instance_invalid"
 
 
+class LossyInputError(StudyError):
+    """Lossy compressed images where ``ingest.lossy_input`` is ``refuse``."""
+
+    code = "lossy_input"
+
+
 class SeriesAttributeError(StudyError):
     """A series-level attribute the outputs need is missing or inconsistent."""
 
@@ -37,8 +43,9 @@ class SeriesAttributeError(StudyError):
 LOSSY_WORDS = "images were lossy compressed"  # in the warning: the report codes it by these
 
 
-def check_series(header: SeriesHeader, warnings: list[str]) -> None:
-    """Raise for what makes ``header`` unusable; append what is merely flagged."""
+def check_series(header: SeriesHeader, warnings: list[str], *, lossy_input: str = "flag") -> None:
+    """Raise for what makes ``header`` unusable; append what is merely flagged
+    (``lossy_input``: ``IngestPolicy.lossy_input``, "refuse" raises for lossy images)."""
     _check_instances(header.frames)
     studies = {u for u in header.study_instance_uids if u}
     if not studies:
@@ -86,10 +93,16 @@ def check_series(header: SeriesHeader, warnings: list[str]) -> None:
         ratios = [f.pixel.lossy_ratio for f in lossy if f.pixel.lossy_ratio]
         if ratios:
             kinds += f"; ratio up to {max(ratios):.3g}:1"
+        said = f"{len(lossy)} of {len(header.frames)} {LOSSY_WORDS} ({kinds})"
+        if lossy_input == "refuse":
+            raise LossyInputError(
+                f"{said}, and ingest.lossy_input is 'refuse'; send the original images, or "
+                "set it to 'flag' to run such studies with a warning"
+            )
         warnings.append(
-            f"{len(lossy)} of {len(header.frames)} {LOSSY_WORDS} ({kinds}): "
-            "the models ran on approximations of the scanner's values, and measurements "
-            "(volumes, diameters, densities) may differ from those on the original images"
+            f"{said}: the models ran on approximations of the scanner's values, and "
+            "measurements (volumes, diameters, densities) may differ from those on the "
+            "original images"
         )
     if header.absent_type2:
         warnings.append(
