@@ -42,6 +42,7 @@ from radserve.store.outbox import (
     OutboxState,
     OutboxStore,
     Scope,
+    Settlement,
 )
 
 logger = logging.getLogger(__name__)
@@ -278,42 +279,62 @@ def settle(
     """Record one send's outcome on its row: ``sent``, rescheduled with back-off, or
     ``failed_permanent`` (a permanent failure, or retries exhausted). Returns the outcome
     recorded. Shared by every kind of delivery, so they all retry the same way."""
+    outcome, settlement = decide(policy, item, result, now)
+    store.settle_all([settlement])
+    log_settled(item, outcome, settlement)
+    return outcome
+
+
+def decide(
+    policy: RetryPolicy, item: OutboxItem, result: SendResult, now: dt.datetime
+) -> tuple[Outcome, Settlement]:
+    """What :func:`settle` records for ``result`` (a retry past the policy's limits is a
+    permanent failure), without recording it: a sender that records several attempts in
+    one transaction (:meth:`OutboxStore.settle_all`) decides each the same way."""
     outcome = result.outcome
     if outcome is Outcome.SENT:
-        store.mark_sent(item.id, now=now, warning=result.message if result.warning else None)
-        if result.warning:  # stored, but maybe not as sent (e.g. coerced)
+        warning = result.message if result.warning else None
+        return outcome, Settlement.sent(item.id, now=now, warning=warning)
+    if outcome is Outcome.RETRY and not policy.gives_up(item, now):
+        due = now + policy.delay(item.attempts)
+        return outcome, Settlement.retry(item.id, now=now, due=due, error=result.message)
+    message = result.message
+    if outcome is Outcome.RETRY:
+        message = f"gave up after {item.attempts} attempts: {message}"
+    return Outcome.PERMANENT, Settlement.failed(item.id, now=now, error=message)
+
+
+def log_settled(item: OutboxItem, outcome: Outcome, settlement: Settlement) -> None:
+    """The log line of a recorded outcome (no patient data: UIDs, destination, reason)."""
+    error = settlement.values.get("last_error")
+    if outcome is Outcome.SENT:
+        if error:  # stored, but maybe not as sent (e.g. coerced)
             logger.warning(
                 "outbox: %s stored by %s with a warning: %s",
                 item.sop_instance_uid,
                 item.destination,
-                result.message,
+                error,
             )
         else:
             logger.info("outbox: %s sent to %s", item.sop_instance_uid, item.destination)
-    elif outcome is Outcome.RETRY and not policy.gives_up(item, now):
-        due = now + policy.delay(item.attempts)
-        store.reschedule(item.id, now=now, next_attempt_at=due, error=result.message)
+    elif outcome is Outcome.RETRY:
+        due = settlement.values["next_attempt_at"]
+        assert isinstance(due, dt.datetime)
         logger.warning(
             "outbox: %s to %s failed (attempt %d), retry at %s: %s",
             item.sop_instance_uid,
             item.destination,
             item.attempts,
             due.isoformat(timespec="seconds"),
-            result.message,
+            error,
         )
     else:
-        message = result.message
-        if outcome is Outcome.RETRY:
-            message = f"gave up after {item.attempts} attempts: {message}"
-            outcome = Outcome.PERMANENT
-        store.fail_permanently(item.id, now=now, error=message)
         logger.error(
             "outbox: %s to %s failed permanently: %s",
             item.sop_instance_uid,
             item.destination,
-            message,
+            error,
         )
-    return outcome
 
 
 def _describe(path: Path) -> dict[str, str]:
@@ -582,6 +603,8 @@ __all__ = [
     "OutboxWorker",
     "RetryPolicy",
     "Sender",
+    "decide",
+    "log_settled",
     "settle",
     "utc_now",
 ]

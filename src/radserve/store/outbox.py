@@ -26,8 +26,8 @@ from __future__ import annotations
 import datetime as dt
 import socket
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sqlalchemy import ColumnElement, Engine, Update, and_, case, func, or_, select, true, update
@@ -121,6 +121,30 @@ class Scope:
             true() if self.destination is None else column == self.destination,
             column.not_in(self.other_than) if self.other_than else true(),
         )
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What one attempt recorded on its ``sending`` row: its new state at ``now`` and the
+    columns that go with it (:meth:`OutboxStore.settle_all`)."""
+
+    item_id: int
+    state: OutboxState
+    now: dt.datetime
+    values: Mapping[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def sent(cls, item_id: int, *, now: dt.datetime, warning: str | None = None) -> Settlement:
+        return cls(item_id, OutboxState.SENT, now, {"sent_at": now, "last_error": warning})
+
+    @classmethod
+    def retry(cls, item_id: int, *, now: dt.datetime, due: dt.datetime, error: str) -> Settlement:
+        values = {"next_attempt_at": due, "last_error": error}
+        return cls(item_id, OutboxState.PENDING, now, values)
+
+    @classmethod
+    def failed(cls, item_id: int, *, now: dt.datetime, error: str) -> Settlement:
+        return cls(item_id, OutboxState.FAILED_PERMANENT, now, {"last_error": error})
 
 
 @dataclass(frozen=True)
@@ -227,7 +251,6 @@ class OutboxStore(StoreBase):
                 ),
             ),
         )
-        claimed: list[OutboxItem] = []
         with self._write(audited=False) as session:
             ids = session.scalars(
                 select(OutboxDelivery.id)
@@ -236,20 +259,31 @@ class OutboxStore(StoreBase):
                 .order_by(_CLASS_ORDER, OutboxDelivery.next_attempt_at, OutboxDelivery.id)
                 .limit(limit)
             ).all()
-            for item_id in ids:
-                result = session.execute(
+            if not ids:
+                return []
+            # one statement for the batch, not an UPDATE and a SELECT per row: the rows
+            # still due when it runs (another sender may have taken some meanwhile)
+            taken = set(
+                session.scalars(
                     update(OutboxDelivery)
-                    .where(OutboxDelivery.id == item_id, due)
+                    .where(OutboxDelivery.id.in_(ids), due)
                     .values(
                         state=OutboxState.SENDING.value,
                         attempts=OutboxDelivery.attempts + 1,
                         updated=now,
                         lease_owner=self.owner,
                     )
-                )
-                if getattr(result, "rowcount", 0) == 1:
-                    claimed.append(_record(_get(session, item_id)))
-        return claimed
+                    .returning(OutboxDelivery.id)
+                    .execution_options(synchronize_session=False),
+                ).all()
+            )
+            rows = session.scalars(
+                select(OutboxDelivery)
+                .where(OutboxDelivery.id.in_(taken))
+                .execution_options(populate_existing=True)
+            ).all()
+            by_id = {row.id: _record(row) for row in rows}
+        return [by_id[item_id] for item_id in ids if item_id in by_id]
 
     def reclaim(self, *, now: dt.datetime, shared: bool) -> int:
         """At start, before any sender runs: rows a previous incarnation left ``sending``
@@ -300,23 +334,36 @@ class OutboxStore(StoreBase):
         lease expiry, or already marked). ``warning``: the peer stored it with a warning
         status (e.g. 0xB000, coerced), kept in ``last_error`` so an operator sees it later
         (destination status reads ``last_error`` of failing rows only)."""
-        return self._move(item_id, OutboxState.SENT, now=now, sent_at=now, last_error=warning)
+        return self.settle_all([Settlement.sent(item_id, now=now, warning=warning)])[0]
 
     def reschedule(
         self, item_id: int, *, now: dt.datetime, next_attempt_at: dt.datetime, error: str
     ) -> bool:
         """``sending -> pending`` due at ``next_attempt_at``, keeping why it failed."""
-        return self._move(
-            item_id,
-            OutboxState.PENDING,
-            now=now,
-            next_attempt_at=next_attempt_at,
-            last_error=error,
-        )
+        settlement = Settlement.retry(item_id, now=now, due=next_attempt_at, error=error)
+        return self.settle_all([settlement])[0]
 
     def fail_permanently(self, item_id: int, *, now: dt.datetime, error: str) -> bool:
         """``sending -> failed_permanent``: needs a person (see :meth:`rearm`)."""
-        return self._move(item_id, OutboxState.FAILED_PERMANENT, now=now, last_error=error)
+        return self.settle_all([Settlement.failed(item_id, now=now, error=error)])[0]
+
+    def settle_all(self, settlements: Sequence[Settlement]) -> list[bool]:
+        """Record several attempts' outcomes in one transaction (one commit, one fsync on
+        SQLite, for what a sender had acknowledged meanwhile); each row moves only from
+        ``sending``, as :meth:`mark_sent` says. Per settlement: whether its row moved."""
+        moved = []
+        with self._write(audited=False) as session:
+            for s in settlements:
+                result = session.execute(
+                    update(OutboxDelivery)
+                    .where(
+                        OutboxDelivery.id == s.item_id,
+                        OutboxDelivery.state == OutboxState.SENDING.value,
+                    )
+                    .values(state=s.state.value, updated=s.now, lease_owner=None, **s.values)
+                )
+                moved.append(getattr(result, "rowcount", 0) == 1)
+        return moved
 
     def rearm(
         self, *, now: dt.datetime, ids: Iterable[int] | None = None, destination: str | None = None
@@ -614,20 +661,6 @@ class OutboxStore(StoreBase):
                 if getattr(result, "rowcount", 0) == 1:
                     taken.append(_record(_get(session, item_id)))
         return taken
-
-    def _move(
-        self, item_id: int, state: OutboxState, *, now: dt.datetime, **values: object
-    ) -> bool:
-        with self._write(audited=False) as session:
-            result = session.execute(
-                update(OutboxDelivery)
-                .where(
-                    OutboxDelivery.id == item_id,
-                    OutboxDelivery.state == OutboxState.SENDING.value,
-                )
-                .values(state=state.value, updated=now, lease_owner=None, **values)
-            )
-            return getattr(result, "rowcount", 0) == 1
 
 
 def _escape_like(text: str) -> str:
