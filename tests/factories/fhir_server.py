@@ -36,11 +36,20 @@ class Received:
 class _State:
     script: deque[Answer] = field(default_factory=deque)
     received: list[Received] = field(default_factory=list)
+    connections: int = 0  # TCP connections accepted
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
+def _handler(state: _State, keep_alive: bool) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        # HTTP/1.0 closes the connection after each answer; 1.1 keeps it for the next
+        protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
+        def setup(self) -> None:
+            super().setup()
+            with state.lock:
+                state.connections += 1
+
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
             body = self.rfile.read(length)
@@ -71,9 +80,12 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
 
 class FhirServer:
     """``with FhirServer() as fhir:`` -> ``fhir.url``; ``down()`` / ``up()`` stop and
-    restart it on the same port; ``script(Answer(...), ...)`` sets the next answers."""
+    restart it on the same port; ``script(Answer(...), ...)`` sets the next answers.
+    ``keep_alive``: answer HTTP/1.1 and keep each connection (``connections`` counts
+    them); else HTTP/1.0, a connection per request."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep_alive: bool = False) -> None:
+        self.keep_alive = keep_alive
         self.port = free_port()  # restarts bind it again: never an ephemeral port
         self.url = f"http://127.0.0.1:{self.port}/fhir"
         self._state = _State()
@@ -85,6 +97,11 @@ class FhirServer:
         with self._state.lock:
             return list(self._state.received)
 
+    @property
+    def connections(self) -> int:
+        with self._state.lock:
+            return self._state.connections
+
     def script(self, *answers: Answer) -> None:
         with self._state.lock:
             self._state.script.extend(answers)
@@ -92,7 +109,9 @@ class FhirServer:
     def up(self) -> None:
         assert self._server is None, "already up"
         ThreadingHTTPServer.allow_reuse_address = True
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _handler(self._state))
+        self._server = ThreadingHTTPServer(
+            ("127.0.0.1", self.port), _handler(self._state, self.keep_alive)
+        )
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()

@@ -6,14 +6,18 @@ run is measured and printed, not asserted."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from sqlalchemy import Engine, event
+from sqlalchemy import exc as sa_exc
 from tests.factories.dicom_net import free_port
 from tests.factories.fhir_server import Answer, FhirServer
 from tests.factories.results import lesion_study
@@ -22,12 +26,13 @@ from tests.factories.waits import until, wait_until
 
 from radserve.audit.syslog import SyslogEndpoint
 from radserve.config import load_settings
-from radserve.critical.push import CriticalOutbox, Receiver, build_notice
+from radserve.critical.push import AnyReceiver, CriticalOutbox, Receiver, build_notice
 from radserve.critical.receivers import FhirReceiver, SyslogReceiver
 from radserve.domain.critical import CriticalRule, critical_findings
 from radserve.errors import ReportError
 from radserve.fhir.delivery import FhirDestination
 from radserve.gateway.outbox import Lane, OutboxWorker, utc_now
+from radserve.gateway.scu import Outcome
 from radserve.ingest import PatientInfo
 from radserve.pipeline.spec import PipelineSpec
 from radserve.report.fhir import build_fhir_bundle
@@ -36,6 +41,7 @@ from radserve.report.fhir.critical import critical_bundle
 from radserve.service.critical import CriticalDelivery
 from radserve.service.metrics import Metrics
 from radserve.store import Store, init_store
+from radserve.store.errors import DatabaseUnavailableError
 from radserve.store.outbox import OutboxItem, OutboxKind, OutboxState, OutboxStore
 
 _NOTICE_KINDS = ("Communication", "Flag")
@@ -297,3 +303,119 @@ def test_notices_for_a_receiver_no_longer_configured_are_failed_not_left_pending
             store.close()
         assert "no longer configured" in (row("gone").last_error or "")
         assert gone.received == [] and len(kept.received) == 1
+
+
+def _study_notices(n: int) -> list[tuple[dict[str, object], None]]:
+    """``n`` notices of one study (what a study with ``n`` critical findings queues)."""
+    return [
+        ({"id": f"notice-{i:02d}", "job_id": "job-1", "study_instance_uid": "1.2.3",
+          "finding": {"finding_id": i, "label": "liver_lesion"}}, None)
+        for i in range(n)
+    ]  # fmt: skip
+
+
+@contextmanager
+def _commits_held_while_arriving(
+    engine: Engine, arrived: Callable[[], int], n: int
+) -> Iterator[list[int]]:
+    """Every commit on ``engine`` made after the receiver's first notice waits until it has
+    all ``n`` (at most 10 s: the list it yields then gets how many it had, and no later
+    commit waits). A slow disk or another writer holding SQLite's lock makes commits slow;
+    here they wait for as long as the test says, deterministically."""
+    ran_out: list[int] = []
+
+    def holding() -> bool:
+        return 0 < arrived() < n
+
+    def hold(_connection: object) -> None:
+        if not ran_out and holding() and not wait_until(lambda: not holding(), timeout=10):
+            ran_out.append(arrived())
+
+    event.listen(engine, "commit", hold)
+    try:
+        yield ran_out
+    finally:
+        event.remove(engine, "commit", hold)
+
+
+@pytest.mark.parametrize("kind", ["webhook", "syslog"])
+def test_a_studys_notices_go_out_back_to_back_without_waiting_for_each_commit(
+    rows: OutboxStore, tmp_path: Path, kind: str
+) -> None:
+    """20 notices of one study: the database's commits are held from the receiver's first
+    notice until it has all 20. The receiver gets all 20 meanwhile, over one kept
+    connection, and each row is then recorded ``sent`` on its own with its own answer
+    time and told to ``on_settled`` once. Before, each notice waited for its
+    predecessor's commit: the receiver had 1 of 20 when the hold ran out."""
+    n = 20
+    settled: list[tuple[str, Outcome]] = []
+    with contextlib.ExitStack() as stack:
+        if kind == "webhook":
+            server = stack.enter_context(FhirServer(keep_alive=True))
+            receiver: AnyReceiver = Receiver("ward", server.url)
+
+            def arrived() -> int:
+                return len(server.received)
+
+            def connections() -> int:
+                return server.connections
+        else:
+            collector = Collector(0)
+            stack.callback(collector.close)
+            receiver = SyslogReceiver("siem", SyslogEndpoint("127.0.0.1", collector.port, tls=None))
+
+            def arrived() -> int:
+                return len(collector.parsed())
+
+            def connections() -> int:
+                return collector.connections
+
+        def tell(item: OutboxItem, outcome: Outcome, _result: object, _at: object) -> None:
+            settled.append((item.sop_instance_uid, outcome))
+
+        box = CriticalOutbox(rows, [receiver], on_settled=tell)
+        stack.callback(box.close)
+        box.enqueue_all(_study_notices(n), folder=tmp_path, job_id="job-1")
+        with _commits_held_while_arriving(rows.engine, arrived, n) as ran_out:
+            report = box.deliver_pending()
+        assert not ran_out, f"the receiver had {ran_out} of {n} notices when the hold ran out"
+        assert (report.claimed, report.sent) == (n, n)
+        assert arrived() == n and connections() == 1
+    items = sorted(rows.items(kind=OutboxKind.CRITICAL), key=lambda r: r.sop_instance_uid)
+    assert [r.state for r in items] == [OutboxState.SENT] * n
+    sent_at = [r.sent_at for r in items]
+    assert sent_at == sorted(sent_at)  # each its own answer time, in the order sent
+    assert sorted(settled) == [(f"notice-{i:02d}", Outcome.SENT) for i in range(n)]
+
+
+def test_a_failed_commit_stops_the_sends_and_loses_no_notice(
+    rows: OutboxStore, tmp_path: Path
+) -> None:
+    """The database goes away while a study's notices are being sent: the first commit of
+    an answer fails, the sender stops and says so (its worker retries later); the rows
+    not recorded keep their lease, and once it has run out every notice is sent and
+    recorded."""
+    n = 5
+    with FhirServer(keep_alive=True) as server:
+        box = CriticalOutbox(rows, [Receiver("ward", server.url)])
+        box.enqueue_all(_study_notices(n), folder=tmp_path, job_id="job-1")
+        failures = [sa_exc.OperationalError("COMMIT", {}, Exception("disk I/O error"))]
+
+        def fail_once(_connection: object) -> None:
+            if server.received and failures:
+                raise failures.pop()
+
+        event.listen(rows.engine, "commit", fail_once)
+        try:
+            with pytest.raises(DatabaseUnavailableError, match="database unavailable"):
+                box.deliver_pending()
+        finally:
+            event.remove(rows.engine, "commit", fail_once)
+        states = [r.state for r in rows.items(kind=OutboxKind.CRITICAL)]
+        assert OutboxState.SENDING in states and OutboxState.PENDING not in states
+        later = utc_now() + box.lease + dt.timedelta(seconds=1)  # their lease ran out
+        assert box.deliver_pending(later).sent == states.count(OutboxState.SENDING)
+        box.close()
+    items = rows.items(kind=OutboxKind.CRITICAL)
+    assert {r.state for r in items} == {OutboxState.SENT}
+    assert {r.json()["id"] for r in server.received} == {f"notice-{i:02d}" for i in range(n)}

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +34,7 @@ from radserve import durable
 from radserve.critical.receivers import FhirReceiver, SyslogReceiver
 from radserve.domain.critical import CriticalRule
 from radserve.domain.findings import Finding
-from radserve.gateway.outbox import DeliveryReport, RetryPolicy, settle, utc_now
+from radserve.gateway.outbox import DeliveryReport, RetryPolicy, decide, log_settled, utc_now
 from radserve.gateway.scu import Outcome, SendResult
 from radserve.store.outbox import NewDelivery, OutboxItem, OutboxKind, OutboxStore, Scope
 
@@ -207,31 +209,51 @@ class CriticalOutbox:
     def deliver_pending(
         self, now: dt.datetime | None = None, scope: Scope | None = None
     ) -> DeliveryReport:
-        """Send the due notices (of the receivers in ``scope``, if given)."""
+        """Send the due notices (of the receivers in ``scope``, if given), one after
+        another, each recorded as soon as the database allows while the next goes out
+        (:class:`_GroupCommit`); returns once every one sent is recorded."""
         now = now or utc_now()
         claimed = self.store.claim_due(
             now, limit=self.batch_size, lease=self.lease, kind=OutboxKind.CRITICAL,
             scope=scope,
         )  # fmt: skip
-        tally = {Outcome.SENT: 0, Outcome.RETRY: 0, Outcome.PERMANENT: 0}
-        for item in claimed:
-            result = self._send(item)
-            outcome = settle(self.store, self.policy, item, result, utc_now())
-            settled_at = utc_now()
-            if outcome is Outcome.SENT:
-                self.pushed.append((item.sop_instance_uid, settled_at))
-            tally[outcome] += 1
-            if self.on_settled is not None:
-                try:
-                    self.on_settled(item, outcome, result, settled_at)
-                except Exception:  # bookkeeping only: the row's state is recorded
-                    logger.exception("critical push: the settled-push listener failed")
+        if not claimed:
+            return DeliveryReport()
+        commits = _GroupCommit(self)
+        try:
+            for item in claimed:
+                if commits.failed:
+                    break  # the rows cannot be recorded: the rest keep their lease
+                result = self._send(item)
+                commits.put(item, result, utc_now())
+        finally:
+            tally = commits.close()
         return DeliveryReport(
             claimed=len(claimed),
             sent=tally[Outcome.SENT],
             retried=tally[Outcome.RETRY],
             failed=tally[Outcome.PERMANENT],
         )
+
+    def _record(
+        self, attempts: Sequence[tuple[OutboxItem, SendResult, dt.datetime]]
+    ) -> Counter[Outcome]:
+        """Record ``attempts`` (row, answer, when answered) in one transaction, then tell
+        :attr:`on_settled` of each; the outcomes recorded."""
+        decided = [(item, *decide(self.policy, item, result, at)) for item, result, at in attempts]
+        self.store.settle_all([settlement for _, _, settlement in decided])
+        outcomes: Counter[Outcome] = Counter()
+        for (item, outcome, settlement), (_, result, at) in zip(decided, attempts, strict=True):
+            log_settled(item, outcome, settlement)
+            outcomes[outcome] += 1
+            if outcome is Outcome.SENT:
+                self.pushed.append((item.sop_instance_uid, at))
+            if self.on_settled is not None:
+                try:
+                    self.on_settled(item, outcome, result, at)
+                except Exception:  # bookkeeping only: the row's state is recorded
+                    logger.exception("critical push: the settled-push listener failed")
+        return outcomes
 
     def next_due(self, scope: Scope | None = None) -> dt.datetime | None:
         return self.store.next_due(OutboxKind.CRITICAL, scope)
@@ -266,6 +288,61 @@ class CriticalOutbox:
         except httpx.TransportError as exc:
             return SendResult(Outcome.RETRY, f"cannot reach the receiver: {type(exc).__name__}")
         return classify(response)
+
+
+class _GroupCommit:
+    """Records one lane's answered notices on a thread of its own while its sender goes on
+    to the next notice: what was answered during one commit is recorded by the next, in
+    one transaction. A study's notices then go out back to back instead of each waiting
+    for its predecessor's commit (an fsync of SQLite's WAL, a round trip to PostgreSQL,
+    behind the other writers). Each notice is still settled on its own row with its own
+    answer time; a crash before its commit re-sends it once (its lease expires or the
+    lane is taken over), as a crash between a send and its commit always did. After a
+    failed commit (database away) nothing more is sent; :meth:`close` raises it."""
+
+    def __init__(self, outbox: CriticalOutbox) -> None:
+        self._outbox = outbox
+        self._queue: list[tuple[OutboxItem, SendResult, dt.datetime]] = []
+        self._ready = threading.Condition()
+        self._closing = False
+        self._error: BaseException | None = None
+        self._tally: Counter[Outcome] = Counter()
+        name = f"{threading.current_thread().name}-commit"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def failed(self) -> bool:
+        return self._error is not None
+
+    def put(self, item: OutboxItem, result: SendResult, at: dt.datetime) -> None:
+        with self._ready:
+            self._queue.append((item, result, at))
+            self._ready.notify()
+
+    def close(self) -> Counter[Outcome]:
+        """Wait until everything put is recorded; the outcomes, or the commit's error."""
+        with self._ready:
+            self._closing = True
+            self._ready.notify()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._tally
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queue and not self._closing:
+                    self._ready.wait()
+                batch, self._queue = self._queue, []
+            if not batch:
+                return  # closing, all recorded
+            try:
+                self._tally.update(self._outbox._record(batch))
+            except Exception as exc:  # the rows stay "sending" under their lease
+                self._error = exc
+                return
 
 
 def _write_durably(path: Path, notice: dict[str, Any]) -> Path:
