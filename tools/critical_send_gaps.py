@@ -7,11 +7,12 @@
 Per receiver, from the rows (``created`` = the result existed, ``sent_at`` = acknowledged):
 result -> acknowledgement of every notice, of each study's first and of its last, how
 many within 1.5 s, and the gap between consecutive acknowledgements of one study's
-notices. ``--trace`` wraps ``OutboxStore.claim_due`` (critical rows), ``CriticalOutbox._send``
-and ``radserve.critical.push.settle`` when the tree has them (it runs against any tree:
-``PYTHONPATH`` decides which sources are measured), so a before/after pair uses the
-same harness. ``--rounds N --trees A,B``: N rounds alternating the trees, each in its
-own process.
+notices. ``--trace`` wraps ``OutboxStore.claim_due`` (critical rows),
+``CriticalOutbox._send``, ``radserve.critical.push.settle`` and ``CriticalOutbox._record``
+when the tree has them (it runs against any tree: ``PYTHONPATH`` decides which sources
+are measured), so a before/after pair uses the same harness. ``--rounds N --trees A,B``:
+N rounds alternating the trees, each run in its own process, and per tree all rounds'
+notices pooled.
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ def _install_trace() -> _Trace:
         only=lambda args, kwargs: kwargs.get("kind") == OutboxKind.CRITICAL,
     )
     trace.wrap(push.CriticalOutbox, "_send", "send")
-    trace.wrap(push, "settle", "settle")
+    trace.wrap(push, "settle", "settle")  # before: one commit per notice, in the sender
+    trace.wrap(push.CriticalOutbox, "_record", "commit")  # after: a group, its own thread
     return trace
 
 
@@ -152,6 +154,7 @@ def measure(studies: int, routine: int, trace_on: bool) -> dict[str, Any]:
                 "max": round(max(gaps), 2) if gaps else None,
             },
             "not_acknowledged": unsent,
+            "values_s": {"every": every, "first_of_study": first, "last_of_study": last},
         }
     return {
         "sources": os.environ.get("PYTHONPATH", ""),
@@ -166,8 +169,9 @@ def measure(studies: int, routine: int, trace_on: bool) -> dict[str, Any]:
     }
 
 
-def _alternate(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """``--rounds`` rounds, each tree once per round, each run in its own process."""
+def _alternate(args: argparse.Namespace) -> dict[str, Any]:
+    """``--rounds`` rounds, each tree once per round, each run in its own process; the
+    runs and, per tree, every round's notices pooled."""
     runs = []
     for round_ in range(args.rounds):
         for tree in args.trees.split(","):
@@ -180,9 +184,21 @@ def _alternate(args: argparse.Namespace) -> list[dict[str, Any]]:
             done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
             run = json.loads(done.stdout)
             run.update(round=round_, tree=tree, wall_s=round(time.time() - started, 1))
-            print(json.dumps(run), file=sys.stderr)
+            print(json.dumps({k: v for k, v in run.items() if k != "receivers"}), file=sys.stderr)
             runs.append(run)
-    return runs
+    pooled: dict[str, dict[str, dict[str, Any]]] = {}
+    for run in runs:
+        for receiver, figures in run["receivers"].items():
+            for what, values in figures["values_s"].items():
+                tree = pooled.setdefault(run["tree"], {}).setdefault(receiver, {})
+                tree.setdefault(what, []).extend(values)
+    summary = {
+        tree: {r: {what: _stats(v) for what, v in f.items()} for r, f in receivers.items()}
+        for tree, receivers in pooled.items()
+    }
+    loads = [(run["tree"], run["host"]["loadavg_before"][0], run["host"]["loadavg_after"][0])
+             for run in runs]  # fmt: skip
+    return {"pooled": summary, "load_1min_before_after": loads, "runs": runs}
 
 
 def main() -> None:

@@ -13,7 +13,9 @@ A notice carries the job, the study instance UID, the finding's label, size, vol
 confidence and the rule it met; never a patient name, ID or birth date. Each notice is
 written as JSON beside the job's results (temporary file, fsync, rename) and its row is
 committed before the POST; ``result_at`` (when the result existed) and the time of the
-2xx give the result -> push latency.
+2xx give the result -> push latency. A receiver's notices go out one after another without
+waiting for each other's commits: its answers are recorded by group commit meanwhile
+(:class:`_GroupCommit`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ its timeouts, never another destination's. Delivery semantics:
 
 - nothing lost: rows live in the database, so a restart resumes where it stopped;
 - nothing sent twice in normal operation: a row is marked ``sent`` in its own committed
-  transaction right after the peer's success status, before the next file goes out;
+  transaction right after the peer's success status, before the next file goes out (a
+  critical-notice lane records its answers by group commit while the next notice goes
+  out, its rows under their lease meanwhile: :mod:`radserve.critical.push`);
 - at most one duplicate after a crash between the success status and that commit: the
   row's lease expires and it is sent again. PACSs treat a repeated SOP Instance UID as
   the same instance (Orthanc, dcm4chee store it once), so the result appears once.
