@@ -379,6 +379,28 @@ def dcmtk_compress(src: Path, dst: Path, syntax: str) -> Path:
 
 
 # --- internals -----------------------------------------------------------------------------------
+def as_jpeg_baseline(paths: Sequence[Path], quality: int) -> None:
+    """Rewrite each file as 8-bit JPEG Baseline (Pillow, ``quality``), Rescale Slope 16 and
+    no Lossy Image Compression attribute: what some archives send after compressing for
+    storage (hostile-input round 5)."""
+    import io
+
+    from PIL import Image
+    from pydicom.encaps import encapsulate
+
+    for path in paths:
+        ds = pydicom.dcmread(path)
+        eight = np.clip(np.rint(ds.pixel_array.astype(np.float64) / 16), 0, 255)
+        out = io.BytesIO()
+        Image.fromarray(eight.astype(np.uint8), mode="L").save(out, format="JPEG", quality=quality)
+        ds.PixelData = encapsulate([out.getvalue()])
+        ds["PixelData"].VR = "OB"
+        ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
+        ds.RescaleSlope = 16
+        ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.4.50"
+        ds.save_as(path, enforce_file_format=True)
+
+
 def _ds(value: float) -> str:
     """A DS string of at most 16 characters that round-trips closely."""
     text = f"{value:.10g}"

@@ -12,7 +12,7 @@ from pathlib import Path
 import highdicom as hd
 import pydicom
 import pytest
-from tests.factories.dicom_series import make_ct_series
+from tests.factories.dicom_series import as_jpeg_baseline, make_ct_series
 from tests.factories.results import lesions_hu, run_test_pipeline
 
 from radserve.ingest import PatientInfo
@@ -74,27 +74,6 @@ def test_a_lossy_study_is_said_so_in_the_report_the_sr_and_the_fhir_conclusion(
     assert f"Note: {said[0]}." in diagnostic["conclusion"]
 
 
-def _jpeg_baseline_without_the_flag(paths: list[Path]) -> None:
-    """Each slice as 8-bit JPEG Baseline (Pillow), no Lossy Image Compression attribute."""
-    import io
-
-    import numpy as np
-    from PIL import Image
-    from pydicom.encaps import encapsulate
-
-    for path in paths:
-        ds = pydicom.dcmread(path)
-        eight = np.clip(np.rint(ds.pixel_array.astype(np.float64) / 16), 0, 255)
-        out = io.BytesIO()
-        Image.fromarray(eight.astype(np.uint8), mode="L").save(out, format="JPEG", quality=95)
-        ds.PixelData = encapsulate([out.getvalue()])
-        ds["PixelData"].VR = "OB"
-        ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
-        ds.RescaleSlope = 16
-        ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.4.50"
-        ds.save_as(path, enforce_file_format=True)
-
-
 @pytest.mark.parametrize("lossy", [True, False], ids=["jpeg_baseline", "uncompressed"])
 def test_the_seg_of_a_lossy_study_says_lossy_image_compression_01(
     tmp_path: Path, lossy: bool
@@ -107,7 +86,7 @@ def test_the_seg_of_a_lossy_study_says_lossy_image_compression_01(
         origin=(-20.0, -20.0, 0.0), hu=lesions_hu,
     )  # fmt: skip
     if lossy:
-        _jpeg_baseline_without_the_flag(files)
+        as_jpeg_baseline(files, quality=95)
     report = run_test_pipeline(tmp_path).report
     segs = [p for p in write_dicom_results(report, tmp_path / "out", files) if "seg" in p.name]
     assert segs

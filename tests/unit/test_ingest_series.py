@@ -13,6 +13,7 @@ from tests.factories.dicom_series import (
     AXIAL,
     CORONAL,
     DEFAULT_PATIENT,
+    as_jpeg_baseline,
     make_ct_series,
     make_enhanced_series,
     make_localizer,
@@ -564,29 +565,6 @@ def test_a_ct_with_its_rescale_and_an_mr_without_load(tmp_path: Path) -> None:
 
 
 # --- lossy compression (hostile-input round 5, session 21) ---------------------------------
-def _jpeg_baseline_without_the_flag(paths: list[Path]) -> None:
-    """Each slice as 8-bit JPEG Baseline (Pillow), no Lossy Image Compression attribute:
-    what some archives send after compressing for storage."""
-    import io
-
-    import pydicom
-    from PIL import Image
-    from pydicom.encaps import encapsulate
-
-    for path in paths:
-        ds = pydicom.dcmread(path)
-        stored = ds.pixel_array.astype(np.float64)
-        eight = np.clip(np.rint(stored / 16), 0, 255).astype(np.uint8)
-        out = io.BytesIO()
-        Image.fromarray(eight, mode="L").save(out, format="JPEG", quality=90)
-        ds.PixelData = encapsulate([out.getvalue()])
-        ds["PixelData"].VR = "OB"
-        ds.BitsAllocated, ds.BitsStored, ds.HighBit, ds.PixelRepresentation = 8, 8, 7, 0
-        ds.RescaleSlope = 16
-        ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.4.50"
-        ds.save_as(path, enforce_file_format=True)
-
-
 def test_lossy_compressed_images_run_with_a_warning_saying_so(tmp_path: Path) -> None:
     """A CT lossy compressed (Lossy Image Compression 01 or a lossy-only transfer syntax)
     ran without a word, and its findings differed: the probe's 10:1 JPEG 2000 study found
@@ -600,7 +578,7 @@ def test_lossy_compressed_images_run_with_a_warning_saying_so(tmp_path: Path) ->
                   if "lossy" in w]  # fmt: skip
     assert warning.startswith("8 of 8 images were lossy compressed (Lossy Image Compression "
                               "01, JPEG 2000; ratio up to 10:1)")  # fmt: skip
-    _jpeg_baseline_without_the_flag(make_ct_series(tmp_path / "jpeg", rows=32, cols=32))
+    as_jpeg_baseline(make_ct_series(tmp_path / "jpeg", rows=32, cols=32), quality=90)
     warnings = load_series(discover_series(tmp_path / "jpeg")[0]).warnings
     assert any("(JPEG Baseline transfer syntax)" in w for w in warnings), warnings
     exact = make_ct_series(tmp_path / "exact", rows=32, cols=32,
