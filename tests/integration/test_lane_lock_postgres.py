@@ -17,7 +17,14 @@ from tests.factories.postgres import postgres_schema, requires_postgres
 
 from radserve.store import Store, init_store
 from radserve.store.lane_lock import LaneHold, LaneLock, lane_lock
-from radserve.store.outbox import NewDelivery, OutboxKind, OutboxState, OutboxStore, Scope
+from radserve.store.outbox import (
+    NewDelivery,
+    OutboxKind,
+    OutboxState,
+    OutboxStore,
+    Scope,
+    Settlement,
+)
 
 NOW = dt.datetime(2026, 12, 3, 10, 0, tzinfo=dt.UTC)
 
@@ -126,7 +133,7 @@ def test_taking_a_lane_over_requeues_only_its_rows_another_sender_left_sending(
     for kind in (OutboxKind.DICOM, OutboxKind.CRITICAL):
         assert dead.claim_due(NOW, kind=kind)  # every row "sending" under replica a
     [sent] = [i for i in dead.items(destination="PACS") if i.sop_instance_uid == "1.1"]
-    assert dead.mark_sent(sent.id, now=NOW)
+    assert dead.settle_all([Settlement.sent(sent.id, now=NOW)])[0]
     [own] = taker.add([delivery("1.5", "PACS", OutboxKind.DICOM)], now=NOW)
     assert taker.claim_due(NOW, scope=Scope("PACS"))[0].id == own.id
 

@@ -26,7 +26,7 @@ from tests.factories.waits import WAIT_SCALE, until
 from radserve.api import create_app
 from radserve.cli import cli
 from radserve.service import Service
-from radserve.store.outbox import NewDelivery, OutboxKind, OutboxState, OutboxStore
+from radserve.store.outbox import NewDelivery, OutboxKind, OutboxState, OutboxStore, Settlement
 
 
 def test_unreachable_fhir_server_is_reported_and_a_failed_bundle_is_re_armed(
@@ -141,7 +141,7 @@ def test_not_ready_mode_and_the_cli(tmp_path: Path) -> None:
         now=old,
     )
     [claimed] = rows.claim_due(old)
-    rows.reschedule(claimed.id, now=old, next_attempt_at=old, error="association rejected")
+    rows.settle_all([Settlement.retry(claimed.id, now=old, due=old, error="association rejected")])
     service.start()
     try:
         assert service.wait_warm(60 * WAIT_SCALE)

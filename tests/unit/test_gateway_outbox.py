@@ -21,7 +21,7 @@ from radserve.gateway.outbox import Lane, Outbox, RetryPolicy
 from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult
 from radserve.store import Store, init_store
 from radserve.store.errors import StoreError
-from radserve.store.outbox import OutboxState, OutboxStore, Scope
+from radserve.store.outbox import OutboxState, OutboxStore, Scope, Settlement
 
 T0 = dt.datetime(2025, 1, 1, 8, 0, tzinfo=dt.UTC)
 PACS = Destination(name="pacs", ae_title="PACS", host="127.0.0.1", port=104)
@@ -258,7 +258,7 @@ def test_replicas_reclaim_only_their_own_instance_rows(db, tmp_path) -> None:
     assert states[first.id] == (OutboxState.PENDING, None)
     assert states[second.id] == (OutboxState.SENDING, node_b.owner)  # may still be sending
     assert [r.id for r in restarted_a.claim_due(T0)] == [first.id]
-    assert restarted_a.mark_sent(first.id, now=T0)
+    assert restarted_a.settle_all([Settlement.sent(first.id, now=T0)])[0]
     later = restarted_a.claim_due(T0 + dt.timedelta(minutes=15))  # its lease ran out
     assert [r.id for r in later] == [second.id] and later[0].lease_owner == restarted_a.owner
 

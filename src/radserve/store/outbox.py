@@ -329,28 +329,12 @@ class OutboxStore(StoreBase):
             )
             return int(getattr(result, "rowcount", 0))
 
-    def mark_sent(self, item_id: int, *, now: dt.datetime, warning: str | None = None) -> bool:
-        """``sending -> sent``; False if the row was not ``sending`` (taken over after a
-        lease expiry, or already marked). ``warning``: the peer stored it with a warning
-        status (e.g. 0xB000, coerced), kept in ``last_error`` so an operator sees it later
-        (destination status reads ``last_error`` of failing rows only)."""
-        return self.settle_all([Settlement.sent(item_id, now=now, warning=warning)])[0]
-
-    def reschedule(
-        self, item_id: int, *, now: dt.datetime, next_attempt_at: dt.datetime, error: str
-    ) -> bool:
-        """``sending -> pending`` due at ``next_attempt_at``, keeping why it failed."""
-        settlement = Settlement.retry(item_id, now=now, due=next_attempt_at, error=error)
-        return self.settle_all([settlement])[0]
-
-    def fail_permanently(self, item_id: int, *, now: dt.datetime, error: str) -> bool:
-        """``sending -> failed_permanent``: needs a person (see :meth:`rearm`)."""
-        return self.settle_all([Settlement.failed(item_id, now=now, error=error)])[0]
-
     def settle_all(self, settlements: Sequence[Settlement]) -> list[bool]:
         """Record several attempts' outcomes in one transaction (one commit, one fsync on
         SQLite, for what a sender had acknowledged meanwhile); each row moves only from
-        ``sending``, as :meth:`mark_sent` says. Per settlement: whether its row moved."""
+        ``sending``. Per settlement: whether its row moved (False: taken over after a lease
+        expiry, or already settled). A ``sent`` row's ``warning`` (the peer stored it with a
+        warning status, e.g. 0xB000, coerced) is kept in ``last_error`` for an operator."""
         moved = []
         with self._write(audited=False) as session:
             for s in settlements:
