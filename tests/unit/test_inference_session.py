@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from tests.factories.onnx_models import (
     blur3d_model,
@@ -259,3 +260,58 @@ def test_openvino_pads_a_tasks_last_partial_batch_instead_of_a_new_shape(tmp_pat
     cpu.run(x)
     cpu.run(x[:3])
     assert cpu._last_shape == (3, 1, 32, 48) and not cpu._pad_partial
+
+
+_GPU_BUILD = "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+@pytest.mark.skipif(_GPU_BUILD, reason="this onnxruntime build has a CUDA provider")
+def test_a_listed_gpu_provider_that_cannot_start_is_left_out_with_why() -> None:
+    """onnxruntime-gpu lists CUDA and TensorRT on a machine where they cannot start (no
+    GPU, no CUDA libraries); a session asked for them falls back model by model. The probe
+    starts each once, really, and says what onnxruntime said."""
+    from radserve.inference.providers import gpu_provider_failures, provider_start_failure
+
+    assert provider_start_failure("CPUExecutionProvider", {}) is None
+    why = provider_start_failure("CUDAExecutionProvider", {"device_id": "0"})
+    assert why is not None and why.startswith("onnxruntime ran CPUExecutionProvider instead (")
+    assert "CUDAExecutionProvider" in why  # onnxruntime's own words, not a guess
+    listed = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+    failures = gpu_provider_failures(listed)
+    assert set(failures) == {"TensorrtExecutionProvider", "CUDAExecutionProvider"}
+    assert gpu_provider_failures(("CPUExecutionProvider",)) == {}  # nothing started
+
+
+def test_unusable_providers_are_named_in_the_reason_and_refused_when_asked_for() -> None:
+    host = DeviceInfo(
+        "1.31",
+        ("CPUExecutionProvider",),
+        usable_cores=4,
+        logical_cores=4,
+        ort_device="GPU",
+        unusable=(("CUDAExecutionProvider", "libcublasLt.so.13: cannot open shared object"),),
+    )
+    runtime = choose_runtime(host)
+    assert runtime.providers == ("CPUExecutionProvider",) and runtime.device == "cpu"
+    assert "CUDAExecutionProvider listed but cannot run here: libcublasLt" in runtime.reason
+    with pytest.raises(ModelError, match=r"cannot run here \(CUDAExecutionProvider: libcublas"):
+        choose_runtime(host, prefer=["CUDAExecutionProvider"])
+
+
+def test_the_reason_names_the_library_that_did_not_load() -> None:
+    """What onnxruntime-gpu 1.31 wrote on an H200 with no TensorRT (colour codes and all)."""
+    from radserve.inference.providers import _first_line
+
+    said = (
+        "\x1b[1;31m2026-12-04 15:12:16.048063183 [E:onnxruntime:Default, provider_bridge_ort.cc:"
+        "2430 operator()] /onnxruntime_src/onnxruntime/core/session/provider_bridge_ort.cc:2043 "
+        "onnxruntime::Provider& onnxruntime::ProviderLibrary::Get() [ONNXRuntimeError] : 1 : "
+        "FAIL : Failed to load library /opt/torch/.venv/lib/python3.12/site-packages/onnxruntime/"
+        "capi/libonnxruntime_providers_tensorrt.so with error: libnvinfer.so.10: cannot open "
+        "shared object file: No such file or directory\n\x1b[m\n"
+    )
+    assert _first_line(said) == (
+        "libonnxruntime_providers_tensorrt.so: libnvinfer.so.10: cannot open shared object "
+        "file: No such file or directory"
+    )
+    assert _first_line("\x1b[0;93mplain\x1b[m\nsomething failed here") == "something failed here"

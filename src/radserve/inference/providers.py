@@ -9,13 +9,21 @@ The choice is logged and is a plain frozen object the pipeline puts in its repor
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import json
 import logging
 import os
-from collections.abc import Sequence
+import re
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnxruntime as ort
 
 from radserve.errors import ModelError
@@ -51,6 +59,9 @@ class DeviceInfo:
     ort_device: str
     # The CPU's native bfloat16 instructions (amx_bf16, avx512_bf16), if any.
     cpu_bf16: str | None = None
+    # Providers onnxruntime lists but could not start a session with here, and why
+    # (onnxruntime-gpu lists CUDA and TensorRT whether or not their libraries load).
+    unusable: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,15 +120,162 @@ class RuntimeChoice:
 
 
 def probe_host() -> DeviceInfo:
-    """What onnxruntime and the OS offer this process (cheap; no session is created)."""
+    """What onnxruntime and the OS offer this process. Cheap on a CPU build; where
+    onnxruntime lists a GPU provider, that provider is started once per process
+    (:func:`gpu_provider_failures`) and left out if it cannot start."""
+    listed = tuple(ort.get_available_providers())
+    failures = gpu_provider_failures(listed)
     return DeviceInfo(
         ort_version=ort.__version__,
-        available_providers=tuple(ort.get_available_providers()),
+        available_providers=tuple(p for p in listed if p not in failures),
         usable_cores=usable_cores(),
         logical_cores=os.cpu_count() or 1,
         ort_device=ort.get_device(),
         cpu_bf16=cpu_bf16_support(),
+        unusable=tuple(failures.items()),
     )
+
+
+GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+
+
+@functools.lru_cache(maxsize=4)
+def gpu_provider_failures(listed: tuple[str, ...], device_id: int = 0) -> dict[str, str]:
+    """The GPU providers among ``listed`` that cannot start a session here, with why.
+
+    onnxruntime-gpu lists CUDA and TensorRT whenever their provider libraries are in the
+    wheel, also where the CUDA, cuDNN or TensorRT libraries they load are missing or the
+    machine has no GPU; a session asked for one then falls back, model by model, with a
+    warning (and TensorRT's failure printed on stdout). So each is started once on a
+    one-node graph, after :func:`preload_gpu_libraries`, and judged by what the session
+    actually runs on.
+    """
+    wanted = [p for p in GPU_PROVIDERS if p in listed]
+    if not wanted:
+        return {}
+    preload_gpu_libraries()
+    failures: dict[str, str] = {}
+    for provider in wanted:
+        why = provider_start_failure(provider, _options(provider, device_id, None, None, 1))
+        if why is not None:
+            failures[provider] = why
+            logger.warning("%s is listed by onnxruntime but cannot run here: %s", provider, why)
+    # onnxruntime-gpu 1.31 warns "No registered plugin EP device found for
+    # 'CUDAExecutionProvider'" on the standard error at every session it then starts on
+    # CUDA, which runs (H200, 2026-12-04). Each ModelSession reports the providers it
+    # runs on itself, so onnxruntime's process-wide log keeps its errors only.
+    ort.set_default_logger_severity(3)
+    return failures
+
+
+def provider_start_failure(provider: str, options: dict[str, str]) -> str | None:
+    """Why ``provider`` could not run a one-node graph in this process, or None if it did.
+
+    The why is what onnxruntime said: its exception, or what it printed, warned or wrote
+    on the standard error while falling back (a provider library that does not load is
+    reported there only; it is written back there after the probe).
+    """
+    options_ = ort.SessionOptions()
+    options_.log_severity_level = 4  # the answer is read from the session, not its log
+    printed = io.StringIO()
+    with _stderr_captured() as stderr, warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        try:
+            with contextlib.redirect_stdout(printed):  # onnxruntime's fallback print()s
+                session = ort.InferenceSession(
+                    _probe_graph(),
+                    sess_options=options_,
+                    providers=[provider, "CPUExecutionProvider"],
+                    provider_options=[options, {}],
+                )
+                session.run(None, {"x": _PROBE_INPUT})
+            used = session.get_providers()[0]
+        except Exception as exc:  # onnxruntime raises its own, untyped, exception family
+            return _first_line(str(exc)) or type(exc).__name__
+    if used == provider:
+        return None
+    said = [stderr.getvalue(), printed.getvalue(), *(str(w.message) for w in warned)]
+    return (
+        f"onnxruntime ran {used} instead ({_first_line(chr(10).join(said)) or 'no reason given'})"
+    )
+
+
+@contextlib.contextmanager
+def _stderr_captured() -> Iterator[io.StringIO]:
+    """File descriptor 2 into a buffer for the block (onnxruntime's C++ log writes there),
+    then written back to the real standard error."""
+    captured = io.StringIO()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text = sink.read().decode("utf-8", "replace")
+            captured.write(text)
+            if text:
+                sys.stderr.write(text)
+
+
+_PROBE_INPUT = np.ones((1, 4), np.float32)
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_graph() -> bytes:
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # what every onnxruntime since 1.10 reads
+    return model.SerializeToString()
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_LIBRARY_FAILURE = re.compile(r"Failed to load library (\S+) with error: (.+)")
+
+
+def _first_line(text: str) -> str:
+    """The line that says most, without colour codes: a library that failed to load
+    (as ``libonnxruntime_providers_tensorrt.so: libnvinfer.so.10: cannot open shared
+    object file...``), else an error or failure, else the first line."""
+    lines = [_ANSI.sub("", ln).strip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln and "*****" not in ln]
+    for line in lines:
+        found = _LIBRARY_FAILURE.search(line)
+        if found:
+            return f"{Path(found[1]).name}: {found[2]}"[:300]
+    telling = [ln for ln in lines if any(w in ln.lower() for w in ("error", "fail", "cannot"))]
+    return (telling or lines or [""])[0][:300]
+
+
+@functools.lru_cache(maxsize=1)
+def preload_gpu_libraries() -> str:
+    """Load CUDA and cuDNN from the ``nvidia-*`` wheels beside onnxruntime-gpu, once.
+
+    ``pip install onnxruntime-gpu[cuda,cudnn]`` puts them in site-packages, where the
+    dynamic loader does not look; onnxruntime finds them only after this (or after
+    ``import torch`` of the same CUDA major). What it printed is returned and logged.
+    """
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return ""
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            preload()
+    except Exception as exc:  # a missing folder, an old onnxruntime: keep the default paths
+        printed.write(f"preload_dlls failed: {exc}")
+    text = printed.getvalue().strip()
+    if text:
+        logger.info("onnxruntime GPU library preload: %s", text.replace("\n", "; ")[:500])
+    return text
 
 
 def choose_runtime(
@@ -144,6 +302,12 @@ def choose_runtime(
         raise ModelError(f"unknown execution providers {unknown}; known: {list(PREFERENCE)}")
     if prefer:
         missing = [p for p in order if p not in available]
+        broken = [f"{p}: {why}" for p, why in host.unusable if p in missing]
+        if broken:
+            raise ModelError(
+                f"execution providers asked for cannot run here ({'; '.join(broken)}); "
+                "`radserve doctor` lists the CUDA, cuDNN and TensorRT libraries it finds"
+            )
         if missing:
             raise ModelError(
                 f"execution providers {missing} were asked for but this onnxruntime "
@@ -162,11 +326,13 @@ def choose_runtime(
     options = tuple(
         _options(p, device_id, gpu_mem_limit_bytes, trt_cache_dir, intra) for p in chosen
     )
-    skipped = [p for p in PREFERENCE if p not in available]
+    broken = dict(host.unusable)
+    skipped = [p for p in PREFERENCE if p not in available and p not in broken]
     reason = (
         f"{primary} is the most preferred of the providers onnxruntime {host.ort_version} "
         f"offers ({', '.join(host.available_providers)})"
         + (f"; not available: {', '.join(skipped)}" if skipped else "")
+        + "".join(f"; {p} listed but cannot run here: {why}" for p, why in broken.items())
     )
     notes: list[str] = []
     if primary == "TensorrtExecutionProvider":
@@ -277,10 +443,12 @@ def _options(
 
 
 __all__ = [
+    "GPU_PROVIDERS",
     "PREFERENCE",
     "DeviceInfo",
     "RuntimeChoice",
     "choose_runtime",
+    "gpu_provider_failures",
     "openvino_cpu_config",
     "precision_options",
     "probe_host",

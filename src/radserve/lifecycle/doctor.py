@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from radserve.config import Settings
+from radserve.inference.providers import GPU_PROVIDERS
 from radserve.lifecycle.install import verify_install
 from radserve.lifecycle.requirements import HostFacts, host_facts, unmet_requirements
 from radserve.models.manifest import ModelSpec
@@ -34,7 +35,6 @@ Status = Literal["ok", "warn", "fail"]
 PACKAGES = ("onnxruntime", "onnxruntime-openvino", "onnxruntime-gpu", "onnx", "numpy",
             "pydicom", "highdicom", "fastapi", "sqlalchemy", "alembic", "scipy")  # fmt: skip
 MIN_FREE_DISK_BYTES = 1024**3
-_GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 
 
 class LoadedSession(Protocol):
@@ -135,7 +135,7 @@ def _sessions(sessions: Sequence[LoadedSession]) -> list[Check]:
             parts.append(
                 f"+{s.load_rss_bytes / 2**20:.0f} MiB resident at load (approximate{first})"
             )
-        if provider in _GPU_PROVIDERS:
+        if provider in GPU_PROVIDERS:
             parts.append("device memory not measured")
         out.append(Check(f"session {s.spec.key} {s.precision}", "ok", ", ".join(parts)))
     return out
