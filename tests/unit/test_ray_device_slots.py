@@ -32,3 +32,27 @@ def test_a_bad_device_entry_is_refused(entry: str) -> None:
     if entry != "gpu:1.5@x":  # the settings check the shape; the share is checked at parse
         with pytest.raises(ConfigError, match=r"ray\.devices"):
             load_settings(None, executor="ray", ray__devices=[entry])
+
+
+def test_a_cpu_slot_on_a_gpu_node_runs_on_the_cpu_by_the_default_preference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no ``runtime.providers`` set, a CPU worker on a node whose onnxruntime offers
+    CUDA took TensorRT > CUDA first (the host's default order): it ran on the GPU that Ray
+    had not given it. This machine has no GPU, so the node is described, not probed."""
+    from radserve.inference import DeviceInfo, providers
+    from radserve.scheduling.ray_worker import DeviceWorker
+
+    gpu_node = DeviceInfo(
+        "1.31",
+        ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
+        usable_cores=16,
+        logical_cores=16,
+        ort_device="GPU",
+    )
+    monkeypatch.setattr(providers, "probe_host", lambda: gpu_node)
+    cpu = DeviceWorker(DeviceSlot.parse("cpu:4", 0))
+    assert cpu.runtime.providers == ("CPUExecutionProvider",) and cpu.runtime.device == "cpu"
+    assert cpu.runtime.intra_op_threads == 4
+    gpu = DeviceWorker(DeviceSlot.parse("gpu:0.5", 1))
+    assert gpu.runtime.device == "cuda:0" and gpu.runtime.primary == "TensorrtExecutionProvider"

@@ -91,12 +91,21 @@ class DeviceWorker:
     """The actor's body (plain Python, wrapped by :func:`actor_class`)."""
 
     def __init__(self, slot: DeviceSlot, providers: tuple[str, ...] = ()) -> None:
-        from radserve.inference.providers import choose_runtime
+        from radserve.inference.providers import (
+            GPU_PROVIDERS,
+            PREFERENCE,
+            choose_runtime,
+            probe_host,
+        )
 
         self.slot = slot
         if slot.kind == "cpu":
-            # a CPU slot never takes a GPU provider, even if this node has one
-            prefer = tuple(p for p in providers if p not in _GPU_PROVIDERS) or None
+            # A CPU slot never takes a GPU provider, even if this node has one: not by
+            # the host's default preference either (TensorRT > CUDA come first there).
+            offered = providers or tuple(
+                p for p in PREFERENCE if p in probe_host().available_providers
+            )
+            prefer = tuple(p for p in offered if p not in GPU_PROVIDERS) or None
         else:
             prefer = providers or None
         self.runtime = choose_runtime(prefer=prefer, device_id=0, threads=slot.threads)
@@ -145,7 +154,6 @@ class DeviceWorker:
             session.release_memory()
 
 
-_GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 _ACTOR: Any = None
 
 
