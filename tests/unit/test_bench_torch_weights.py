@@ -79,3 +79,22 @@ def test_unknown_operator_is_refused_by_name(tmp_path: Path) -> None:
     onnx.save(model, str(path))
     with pytest.raises(ModelError, match="Sin"):
         torch_model(_bundle(path, 1))  # type: ignore[arg-type]
+
+
+def test_every_weight_follows_the_module_to_another_device() -> None:
+    """The GPU baselines move the module with .to(device): a weight the forward pass read
+    from anywhere but the module's buffers would stay behind on the CPU (as on the H200,
+    2026-12-04: "Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor)
+    should be the same"). A round trip through float64 gives the module new buffers, as a
+    move does; zeroing them must zero what the network computes."""
+    from radserve.bench.torch_weights import torch_model
+    from radserve.models.registry import ModelRegistry
+
+    bundle = ModelRegistry().get("organs")
+    module = torch_model(bundle).double().float()
+    x = torch.ones((1, bundle.spec.input.in_channels, 64, 64))
+    with torch.no_grad():
+        assert torch.count_nonzero(module(x)) > 0
+        for buffer in module.buffers():
+            buffer.zero_()
+        assert torch.count_nonzero(module(x)) == 0

@@ -248,9 +248,24 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _torch_runners(registry: ModelRegistry, threads: int) -> dict[str, Runner]:
+def baseline_device() -> str:
+    """Where the baselines run: on radserve's own GPU when it serves on one and torch sees
+    it (a GPU site's naive loop runs on its GPU), else on the CPU."""
+    from radserve.bench.torch_weights import torch_available
+    from radserve.inference import choose_runtime
+
+    if not choose_runtime().device.startswith("cuda"):
+        return "cpu"
+    if not torch_available():
+        return "cuda"  # the ONNX Runtime baseline's device; torch does not run
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _torch_runners(registry: ModelRegistry, threads: int, device: str) -> dict[str, Runner]:
     """PyTorch eager modules with the bundles' weights (radserve.bench.torch_weights),
-    warmed like the rest."""
+    warmed like the rest, on ``device``."""
     import torch
 
     from radserve.bench.torch_weights import torch_model
@@ -260,11 +275,11 @@ def _torch_runners(registry: ModelRegistry, threads: int) -> dict[str, Runner]:
     runners: dict[str, Runner] = {}
     for step in load_pipeline(PIPELINE).steps:
         bundle = registry.get(step.model, step.version)
-        module = torch_model(bundle)
+        module = torch_model(bundle).to(device)
 
         def run(x: np.ndarray, module: torch.nn.Module = module) -> np.ndarray:
             with torch.no_grad():
-                return module(torch.from_numpy(x)).numpy()
+                return module(torch.from_numpy(x).to(device)).cpu().numpy()
 
         run(np.zeros((1, bundle.spec.input.in_channels, 256, 256), np.float32))
         runners[bundle.spec.name] = run
@@ -283,18 +298,21 @@ def run_baseline(
     from radserve.pipeline import SessionPool
     from radserve.pipeline.spec import load_pipeline
 
-    # What a plain `pip install onnxruntime` runs: the CPU provider, at fp32.
+    # What a plain `pip install onnxruntime` runs: the CPU provider, at fp32; on a GPU
+    # host, onnxruntime-gpu's CUDA provider (batch 1 all the same).
     registry = ModelRegistry()
-    pool = SessionPool(choose_runtime(prefer=["CPUExecutionProvider"]))
+    device = baseline_device()
+    provider = "CUDAExecutionProvider" if device == "cuda" else "CPUExecutionProvider"
+    pool = SessionPool(choose_runtime(prefer=[provider]))
     precision = "fp32"
     use_torch = runtime == "torch" or (runtime == "auto" and torch_available())
     if use_torch:
-        runners = _torch_runners(registry, pool.runtime.intra_op_threads)
-        engine = "pytorch-eager"
+        runners = _torch_runners(registry, pool.runtime.intra_op_threads, device)
+        engine = f"pytorch-eager-{device}"
     else:
         sessions = _warm(pool, registry, precision)
         runners = {name: session.run for name, session in sessions.items()}
-        engine = "onnxruntime-cpu-batch1"
+        engine = f"onnxruntime-{device}-batch1"
     rss_warm = _rss_now_mb()
     with TreeMemory() as memory:
         t0 = time.perf_counter()

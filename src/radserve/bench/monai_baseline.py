@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from radserve.bench.child import PIPELINE, TreeMemory, _rss_now_mb, _save
+from radserve.bench.child import PIPELINE, TreeMemory, _rss_now_mb, _save, baseline_device
 from radserve.bench.torch_weights import torch_model
 from radserve.domain import Prediction, Volume
 from radserve.errors import ModelError
@@ -152,8 +152,10 @@ def predict(
     model: torch.nn.Module,
     box: BBox | None = None,
     stages: dict[str, float] | None = None,
+    device: str = "cpu",
 ) -> Prediction:
-    """One 2D/2.5D model over ``box`` (default: the whole volume), labels on the native grid."""
+    """One 2D/2.5D model over ``box`` (default: the whole volume), labels on the native grid;
+    the windows and their logits on ``device`` (the model's)."""
     import torch
     from monai.data import MetaTensor
     from monai.inferers import SliceInferer
@@ -200,7 +202,12 @@ def predict(
     stages[f"{spec.name}: preprocess"] = stages.get(f"{spec.name}: preprocess", 0.0) + t1 - t0
     # Inference: one window per slice, ``batch_size`` slices per forward pass.
     inferer = SliceInferer(
-        roi_size=(ph, pw), sw_batch_size=spec.input.batch_size, spatial_dim=0, cval=floor
+        roi_size=(ph, pw),
+        sw_batch_size=spec.input.batch_size,
+        spatial_dim=0,
+        cval=floor,
+        sw_device=device,
+        device=device,
     )
     with torch.no_grad():
         logits = inferer(torch.as_tensor(padded)[None], model)[0]  # (classes, slices, ph, pw)
@@ -221,8 +228,8 @@ def predict(
             winner = torch.where(keep, winner + 1, 0)
             best = torch.where(keep, best, 1.0 - best)
         rows = slice(zs.start + start, zs.start + start + probs.shape[0])
-        labels[rows, ys, xs] = winner.numpy().astype(np.uint8)
-        confidence[rows, ys, xs] = (best.clamp(0, 1) * 255 + 0.5).numpy().astype(np.uint8)
+        labels[rows, ys, xs] = winner.cpu().numpy().astype(np.uint8)
+        confidence[rows, ys, xs] = (best.clamp(0, 1) * 255 + 0.5).cpu().numpy().astype(np.uint8)
     stages[f"{spec.name}: back to native"] = time.perf_counter() - t2
     return _prediction(ct, spec, labels, confidence)
 
@@ -245,6 +252,7 @@ def run_monai_pipeline(
     models: dict[str, torch.nn.Module],
     *,
     crop_to_body: bool = True,
+    device: str = "cpu",
 ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
     """Organ labels, findings mask and stage seconds; ``models`` are built (and warmed)
     by the caller, keyed by model name. ``crop_to_body=False`` runs models without an ROI
@@ -267,7 +275,7 @@ def run_monai_pipeline(
             box = roi_bbox(organs.labels, values, spec.input.roi_margin_mm) or empty
         elif crop_to_body and spec.modality == "CT":
             box = body_bbox(ct)
-        pred = predict(ct, spec, models[spec.name], box, stages)
+        pred = predict(ct, spec, models[spec.name], box, stages, device)
         t1 = time.perf_counter()
         cleaned = pred.labels.with_array(
             clean_labels(pred.labels.array, spec, ct.voxel_volume_ml, spacing=ct.spacing)
@@ -313,18 +321,19 @@ def run_monai(
         logger.warning("MONAI baseline runs the FP32 weights (asked for %s)", precision)
     threads = choose_runtime().intra_op_threads
     torch.set_num_threads(threads)
+    device = baseline_device()
     models: dict[str, torch.nn.Module] = {}
     for step in pipeline.steps:
         bundle = registry.get(step.model, step.version)
-        model = torch_model(bundle)
+        model = torch_model(bundle).to(device)
         with torch.no_grad():  # warm up, as the servers are before studies arrive
-            model(torch.zeros((1, bundle.spec.input.in_channels, 256, 256)))
+            model(torch.zeros((1, bundle.spec.input.in_channels, 256, 256), device=device))
         models[bundle.spec.name] = model
     rss_warm = _rss_now_mb()
     with TreeMemory() as memory:
         t0 = time.perf_counter()
         organs, findings, stages = run_monai_pipeline(
-            study, pipeline, registry, models, crop_to_body=crop_to_body
+            study, pipeline, registry, models, crop_to_body=crop_to_body, device=device
         )
         elapsed = time.perf_counter() - t0
     workdir.mkdir(parents=True, exist_ok=True)
@@ -334,6 +343,7 @@ def run_monai(
         "stages": stages,
         **memory.report(rss_warm),
         "threads": threads,
+        "device": device,
         "precision": "fp32",
         "versions": _versions(),
     }

@@ -84,20 +84,25 @@ def _module_class() -> type:
                     f"graph {graph.name!r} uses {', '.join(unsupported)}: the torch baseline "
                     f"runs only {', '.join(sorted(SUPPORTED_OPS))}"
                 )
+            # Weights are buffers, so that .to(device) moves them; integer constants
+            # (shapes, axes) stay on the CPU.
             self.constants: dict[str, torch.Tensor] = {}
+            self.buffer_of: dict[str, str] = {}
             for index, init in enumerate(graph.initializer):
                 array = np.array(numpy_helper.to_array(init), copy=True)
                 tensor = torch.from_numpy(array)
                 if tensor.is_floating_point():
-                    tensor = tensor.float()
-                    self.register_buffer(f"c{index}", tensor)
-                self.constants[init.name] = tensor
+                    self.register_buffer(f"c{index}", tensor.float())
+                    self.buffer_of[init.name] = f"c{index}"
+                else:
+                    self.constants[init.name] = tensor
             self.nodes = [(n.op_type, list(n.input), list(n.output), _attrs(n)) for n in graph.node]
             self.input_name = graph.input[0].name
             self.output_name = graph.output[0].name
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             values: dict[str, torch.Tensor] = {**self.constants, self.input_name: x.float()}
+            values.update((name, getattr(self, b)) for name, b in self.buffer_of.items())
             for op, inputs, outputs, attrs in self.nodes:
                 args = [values[name] if name else None for name in inputs]
                 values[outputs[0]] = self._run(op, args, attrs)
