@@ -153,3 +153,38 @@ def test_unknown_issuer_is_not_conditionally_created(study) -> None:
     assert entry["resource"]["resourceType"] == "Patient"
     assert "system" not in entry["resource"]["identifier"][0]
     assert "ifNoneExist" not in entry["request"]
+
+
+def test_the_run_s_own_patient_stands_for_re_reading_the_study(tmp_path: Path) -> None:
+    """The FHIR deliveries right after a run (the critical push's Bundle, the job's
+    Bundle) take the patient the run's ingest read instead of parsing every header of
+    the stored study again; it is the same patient the re-read gives, and with the
+    study's files gone only the run's own patient is there to give."""
+    from tests.factories.dicom_series import make_ct_series
+    from tests.factories.results import LESION_GRID, LESION_SLICES, lesions_hu, run_test_pipeline
+
+    from radserve.errors import NotDicomError
+    from radserve.service.job_fhir import patient_for, report_resources_for
+
+    make_ct_series(
+        tmp_path / "study",
+        n_slices=LESION_SLICES,
+        hu=lesions_hu,
+        **LESION_GRID,
+        extra={"PatientName": "Doe^Jane", "PatientID": "P-77", "IssuerOfPatientID": "HOSP_B"},
+    )
+    result = run_test_pipeline(tmp_path)
+    study = tmp_path / "study"
+    assert result.patient is not None and result.patient.patient_id == "P-77"
+    assert patient_for(result.report, study) == result.patient
+    for path in study.glob("*.dcm"):
+        path.unlink()
+    with pytest.raises(NotDicomError):  # what a re-read would find now
+        patient_for(result.report, study)
+    resources = report_resources_for(
+        result.report, study, result.out_dir, SYSTEMS, patient=result.patient
+    )
+    bundle = fhir_bundle_for(result.report, study, result.out_dir, SYSTEMS, patient=result.patient)
+    for patient in (resources.subject, bundle["entry"][0]):
+        text = json.dumps(patient, default=str)
+        assert "P-77" in text and "Doe" in text

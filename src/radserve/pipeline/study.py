@@ -30,7 +30,7 @@ from radserve.checkpoints import checkpoint
 from radserve.domain import Volume
 from radserve.errors import StudyError
 from radserve.host import usable_cores
-from radserve.ingest import IngestPolicy, LoadedSeries
+from radserve.ingest import IngestPolicy, LoadedSeries, PatientInfo
 from radserve.ingest.charset import declare_undeclared_character_set
 from radserve.ingest.decode import StackNeedsFloatError
 from radserve.ingest.validate import LOSSY_WORDS
@@ -90,6 +90,9 @@ class StudyResult:
     series came from a zip archive or the slices were resampled on ingest."""
     features: dict[str, Any] | None = None
     """The study's drift features (:func:`radserve.pipeline.profile.study_features`)."""
+    patient: PatientInfo | None = None
+    """The selected series' patient as ingest read it (never in the report): what the
+    FHIR deliveries would otherwise read again from every header of the stored study."""
 
 
 def run_study(
@@ -326,7 +329,13 @@ def finish_study(
         timer.seconds.get("total", 0.0),
     )
     return StudyResult(
-        report, report_path, out_dir, result, _source_files(ingested.loaded), features
+        report,
+        report_path,
+        out_dir,
+        result,
+        _source_files(ingested.loaded),
+        features,
+        ingested.loaded.header.patient,
     )
 
 

@@ -258,6 +258,7 @@ class CriticalDelivery:
                 result.out_dir,
                 self.identifier_systems,
                 policy=self.ingest_policy,
+                patient=result.patient,
             )
         except RadserveError as exc:
             logger.error("job %s: no FHIR resources for the critical push (%s)", job.id, exc.code)

@@ -16,7 +16,7 @@ from radserve.config import Settings
 from radserve.errors import RadserveError
 from radserve.fhir.delivery import BUNDLE_FILE, FhirDestination, FhirOutbox
 from radserve.gateway.outbox import LaneWorkers, RetryPolicy
-from radserve.ingest import IngestPolicy
+from radserve.ingest import IngestPolicy, PatientInfo
 from radserve.pipeline.study import StudyResult
 from radserve.report.fhir.patient import IdentifierSystems
 from radserve.report.schema import Report
@@ -76,6 +76,7 @@ class FhirDelivery:
             study_path=Path(job.study_path),
             folder=result.out_dir,
             held_for=job.lease_owner,  # sent once this run's result is the recorded one
+            patient=result.patient,
         )
 
     def enqueue_report(
@@ -86,12 +87,19 @@ class FhirDelivery:
         study_path: Path,
         folder: Path,
         held_for: str | None = None,
+        patient: PatientInfo | None = None,
     ) -> None:
         """Queue the Bundle of ``report`` (result folder ``folder``) for job ``job_id``.
-        The Bundle's id comes from the report, so queueing it again adds nothing."""
+        The Bundle's id comes from the report, so queueing it again adds nothing.
+        ``patient``: the job's own ingest's, when this runs right after it."""
         try:
             bundle = fhir_bundle_for(
-                report, study_path, folder, self.identifier_systems, policy=self.policy
+                report,
+                study_path,
+                folder,
+                self.identifier_systems,
+                policy=self.policy,
+                patient=patient,
             )
         except RadserveError as exc:
             logger.error("job %s: no FHIR bundle to send (%s)", job_id, exc.code)
