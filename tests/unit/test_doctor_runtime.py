@@ -88,3 +88,18 @@ def test_a_cuda_build_reports_built_and_installed_versions_and_what_is_missing(
     no_cudnn = checks_for(build, replace(complete, cudnn=None), monkeypatch)["cuda"]
     assert no_cudnn.status == "warn" and "not found: cuDNN" in no_cudnn.detail
     assert checks_for(build, complete, monkeypatch)["openvino"].detail.startswith("no OpenVINO")
+
+
+def test_bf16_is_servable_only_where_the_host_runs_it() -> None:
+    from radserve.lifecycle.doctor import servable_here
+    from radserve.lifecycle.requirements import HostFacts
+
+    gpu = HostFacts("1.31.1", ("CUDAExecutionProvider", "CPUExecutionProvider"), False, 128_000)
+    amx = HostFacts("1.24.1", ("OpenVINOExecutionProvider", "CPUExecutionProvider"), True, 4096)
+    gated = ("fp32", "fp16", "int8", "bf16")
+    assert servable_here(gated, amx) == "servable fp32, fp16, int8, bf16"
+    assert servable_here(gated, gpu) == (
+        "servable fp32, fp16, int8; bf16 gated but not on this host "
+        "(needs OpenVINO and AMX or AVX-512 BF16)"
+    )
+    assert servable_here(("fp32",), gpu) == "servable fp32"

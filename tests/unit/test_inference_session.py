@@ -128,6 +128,7 @@ def test_provider_preference_and_thread_counts() -> None:
     assert "OpenVINOExecutionProvider" in gpu.reason
     cuda = choose_runtime(_host("CUDAExecutionProvider", "CPUExecutionProvider"), device_id=1)
     assert cuda.provider_options[0]["device_id"] == "1"
+    assert any("int8 (QDQ)" in note for note in cuda.notes)  # measured slower there
     assert cuda.provider_options[0]["cudnn_conv_algo_search"] == "HEURISTIC"
     cpu = choose_runtime(_host("AzureExecutionProvider", "CPUExecutionProvider"))
     assert cpu.providers == ("CPUExecutionProvider",) and cpu.intra_op_threads == 8

@@ -153,7 +153,7 @@ def _bundles(settings: Settings, host: HostFacts, serving: set[tuple[str, str]])
         blocking = key in serving and bool(problems)
         status: Status = "ok" if not problems else ("fail" if blocking else "warn")
         detail = "; ".join(problems) or (
-            f"servable {', '.join(info.servable)}"
+            servable_here(info.servable, host)
             + (
                 f"; needs {bundle.spec.requires.memory_mb} MB"
                 if bundle.spec.requires.memory_mb
@@ -162,6 +162,17 @@ def _bundles(settings: Settings, host: HostFacts, serving: set[tuple[str, str]])
         )
         out.append(Check(f"model {info.name} {info.version}", status, detail, blocking))
     return out
+
+
+def servable_here(servable: Sequence[str], host: HostFacts) -> str:
+    """The gated precisions this host can run: bf16 is OpenVINO's CPU plugin on a CPU with
+    native bfloat16, and a gate passed elsewhere does not make it run here (an H200 host
+    with onnxruntime-gpu listed it as servable, 2026-12-04)."""
+    here = [p for p in servable if p != "bf16" or host.runs_bf16]
+    text = f"servable {', '.join(here)}"
+    if len(here) < len(servable):
+        text += "; bf16 gated but not on this host (needs OpenVINO and AMX or AVX-512 BF16)"
+    return text
 
 
 def _disk(settings: Settings) -> Check:
