@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import httpx
 
 from radserve import durable
+from radserve.batch_worker import BatchWorker
 from radserve.critical.receivers import FhirReceiver, SyslogReceiver
 from radserve.domain.critical import CriticalRule
 from radserve.domain.findings import Finding
@@ -304,47 +305,34 @@ class _GroupCommit:
 
     def __init__(self, outbox: CriticalOutbox) -> None:
         self._outbox = outbox
-        self._queue: list[tuple[OutboxItem, SendResult, dt.datetime]] = []
-        self._ready = threading.Condition()
-        self._closing = False
         self._error: BaseException | None = None
         self._tally: Counter[Outcome] = Counter()
         name = f"{threading.current_thread().name}-commit"
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._worker: BatchWorker[tuple[OutboxItem, SendResult, dt.datetime]] = BatchWorker(
+            self._record, name=name
+        )
 
     @property
     def failed(self) -> bool:
         return self._error is not None
 
     def put(self, item: OutboxItem, result: SendResult, at: dt.datetime) -> None:
-        with self._ready:
-            self._queue.append((item, result, at))
-            self._ready.notify()
+        self._worker.put((item, result, at))
 
     def close(self) -> Counter[Outcome]:
         """Wait until everything put is recorded; the outcomes, or the commit's error."""
-        with self._ready:
-            self._closing = True
-            self._ready.notify()
-        self._thread.join()
+        self._worker.close()
         if self._error is not None:
             raise self._error
         return self._tally
 
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                while not self._queue and not self._closing:
-                    self._ready.wait()
-                batch, self._queue = self._queue, []
-            if not batch:
-                return  # closing, all recorded
-            try:
-                self._tally.update(self._outbox._record(batch))
-            except Exception as exc:  # the rows stay "sending" under their lease
-                self._error = exc
-                return
+    def _record(self, batch: list[tuple[OutboxItem, SendResult, dt.datetime]]) -> None:
+        if self._error is not None:
+            return  # after a failed commit nothing more is recorded (see the class)
+        try:
+            self._tally.update(self._outbox._record(batch))
+        except Exception as exc:  # the rows stay "sending" under their lease
+            self._error = exc
 
 
 def _write_durably(path: Path, notice: dict[str, Any]) -> Path:

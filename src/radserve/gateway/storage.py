@@ -50,6 +50,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Literal
 
+from radserve.batch_worker import BatchWorker
 from radserve.durable import TEMPORARY_SUFFIX as PARTIAL_SUFFIX
 from radserve.durable import fsync_dir as _fsync_dir
 from radserve.durable import owner_alive as partial_owner_alive
@@ -377,11 +378,7 @@ class GroupCommitter:
         self.largest_batch = 0
         self.busy_s = 0.0  # time spent committing (the bench reports the busy share)
         self._root = root
-        self._queue: list[_Pending] = []
-        self._wake = threading.Condition()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="radserve-commit", daemon=True)
-        self._thread.start()
+        self._worker: BatchWorker[_Pending] = BatchWorker(self._round, name="radserve-commit")
 
     def commit(self, folder: Path, target: Path, encoded: bytes | Path) -> bool:
         """Durably store ``encoded`` as ``target``; False if that name already existed."""
@@ -389,11 +386,8 @@ class GroupCommitter:
         descriptor = _place(encoded, temporary)
         pending = _Pending(folder, target, temporary, descriptor)
         try:
-            with self._wake:
-                if self._closed:
-                    raise OSError(errno.ESHUTDOWN, "the instance store is closed")
-                self._queue.append(pending)
-                self._wake.notify()
+            if not self._worker.put(pending):
+                raise OSError(errno.ESHUTDOWN, "the instance store is closed")
         except BaseException:
             os.close(descriptor)
             with contextlib.suppress(FileNotFoundError):
@@ -405,23 +399,13 @@ class GroupCommitter:
         return pending.linked
 
     def close(self) -> None:
-        with self._wake:
-            self._closed = True
-            self._wake.notify()
-        self._thread.join(30)
+        self._worker.close(30)
 
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._queue and not self._closed:
-                    self._wake.wait()
-                batch, self._queue = self._queue, []
-                if not batch and self._closed:
-                    return
-            start = time.perf_counter()
-            self._commit(batch)
-            self.busy_s += time.perf_counter() - start
-            self.largest_batch = max(self.largest_batch, len(batch))
+    def _round(self, batch: list[_Pending]) -> None:
+        start = time.perf_counter()
+        self._commit(batch)
+        self.busy_s += time.perf_counter() - start
+        self.largest_batch = max(self.largest_batch, len(batch))
 
     def _commit(self, batch: list[_Pending]) -> None:
         try:
