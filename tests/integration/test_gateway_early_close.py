@@ -131,6 +131,8 @@ def test_early_closed_connections_give_their_slots_back_at_once(
     assert len(loud) == (2 * SLOTS if kind == "partial_request" else 0), [
         r.getMessage() for r in loud
     ]
+    # ... which names who sent it (the operator's question: which device?)
+    assert all("[peer 127.0.0.1:" in r.getMessage() for r in loud), [r.getMessage() for r in loud]
 
 
 @pytest.fixture(scope="module")

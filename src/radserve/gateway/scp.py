@@ -19,6 +19,7 @@ from typing import Any
 
 from pydicom.dataset import Dataset
 from pynetdicom import AE, _config, build_context, evt, register_uid
+from pynetdicom.association import Association
 from pynetdicom.events import Event
 from pynetdicom.pdu_primitives import MaximumLengthNotification
 from pynetdicom.service_class import StorageServiceClass
@@ -70,14 +71,30 @@ _REJECT_MALFORMED = (conformance.REJECTED_PERMANENT, 0x01, 0x01)
 class _OneLine(logging.Filter):
     """pynetdicom logs peers' protocol errors with tracebacks (a reset connection, an
     undecodable PDU): keep them one line, the message plus the exception's type, no
-    traceback (the server's log handler still redacts the message)."""
+    traceback (the server's log handler still redacts the message). A warning or error
+    logged on an association's own threads names its peer's address and port ("The
+    received PDU is shorter than expected" said nothing of who sent it)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info:
             name = record.exc_info[0].__name__ if record.exc_info[0] else "error"
             record.msg, record.args = f"{record.getMessage()} ({name})", ()
             record.exc_info = record.exc_text = None
+        if record.levelno >= logging.WARNING:
+            peer = _peer_of_this_thread()
+            if peer and peer not in record.getMessage():
+                record.msg, record.args = f"{record.getMessage()} [peer {peer}]", ()
         return True
+
+
+def _peer_of_this_thread() -> str | None:
+    """``address:port`` of the association whose thread this is (pynetdicom runs each
+    association and its DUL reader as threads), or None."""
+    thread = threading.current_thread()
+    assoc = thread if isinstance(thread, Association) else getattr(thread, "assoc", None)
+    info = getattr(getattr(assoc, "requestor", None), "address_info", None)
+    address, port = getattr(info, "address", None), getattr(info, "port", None)
+    return f"{address}:{port}" if address else None
 
 
 def quiet_pynetdicom() -> None:
