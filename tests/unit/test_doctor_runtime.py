@@ -103,3 +103,27 @@ def test_bf16_is_servable_only_where_the_host_runs_it() -> None:
         "(needs OpenVINO and AMX or AVX-512 BF16)"
     )
     assert servable_here(("fp32",), gpu) == "servable fp32"
+
+
+def test_two_onnxruntime_distributions_are_a_blocking_failure() -> None:
+    from importlib import metadata
+
+    from radserve.lifecycle.doctor import onnxruntime_clash
+
+    def versions(**installed: str):
+        def version_of(name: str) -> str:
+            if name not in installed:
+                raise metadata.PackageNotFoundError(name)
+            return installed[name]
+
+        return version_of
+
+    assert onnxruntime_clash(versions(**{"onnxruntime-openvino": "1.24.1"})) is None
+    clash = onnxruntime_clash(
+        versions(**{"onnxruntime-openvino": "1.24.1", "onnxruntime-gpu": "1.31.1"})
+    )
+    assert clash is not None and clash.startswith(
+        "onnxruntime-openvino 1.24.1 and onnxruntime-gpu 1.31.1 are installed"
+    )
+    assert "uninstall all of them" in clash
+    assert onnxruntime_clash(metadata.version) is None  # this environment has exactly one

@@ -18,7 +18,7 @@ import platform
 import shutil
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -69,7 +69,33 @@ def _versions() -> list[Check]:
         except metadata.PackageNotFoundError:
             continue
     out.append(Check("packages", "ok", ", ".join(found)))
+    clash = onnxruntime_clash(metadata.version)
+    if clash:
+        out.append(Check("onnxruntime packages", "fail", clash, blocking=True))
     return out
+
+
+ONNXRUNTIME_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-openvino", "onnxruntime-gpu")
+
+
+def onnxruntime_clash(version_of: Callable[[str], str]) -> str | None:
+    """Why the installed onnxruntime cannot be trusted, or None: the three distributions
+    install one ``onnxruntime`` module, so with two installed the later one overwrote some
+    of the other's files (a GPU site that installed onnxruntime-gpu without uninstalling
+    radserve's onnxruntime-openvino first)."""
+    present = []
+    for name in ONNXRUNTIME_DISTRIBUTIONS:
+        try:
+            present.append(f"{name} {version_of(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    if len(present) < 2:
+        return None
+    return (
+        f"{' and '.join(present)} are installed; they install the same onnxruntime module, "
+        "so one overwrote the other's files: uninstall all of them, then install one "
+        '(GPU: pip install "onnxruntime-gpu[cuda,cudnn]")'
+    )
 
 
 def _runtime(host: HostFacts) -> list[Check]:
@@ -96,9 +122,7 @@ def _runtime(host: HostFacts) -> list[Check]:
         )
         if version
     ]
-    gpu = [
-        p for p in build.providers if p in ("CUDAExecutionProvider", "TensorrtExecutionProvider")
-    ]
+    gpu = [p for p in build.providers if p in GPU_PROVIDERS]
     if not gpu:
         libs = f" (installed NVIDIA libraries: {', '.join(found)})" if found else ""
         out.append(Check("cuda", "ok", f"no CUDA provider: CPU serving{libs}"))
