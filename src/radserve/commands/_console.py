@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from radserve.ingest.policy import IngestPolicy
-from radserve.pipeline.study import StudyResult
-from radserve.report.schema import Report
+if TYPE_CHECKING:  # annotations only: `radserve run --help` loads none of the pipeline
+    from radserve.ingest.policy import IngestPolicy
+    from radserve.pipeline.study import StudyResult
+    from radserve.report.schema import Report
 
 
 class RichProgress:
