@@ -12,6 +12,7 @@ exceeded). Here every slot is first taken by such connections, then a real assoc
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import ssl
 import struct
@@ -53,8 +54,7 @@ def _scp(tmp_path: Path, **overrides: Any) -> GatewaySCP:
         max_associations=SLOTS,
         max_associations_per_host=SLOTS,
         reserved_for_peers=0,
-        acse_timeout_s=ACSE_TIMEOUT_S,
-        **overrides,
+        **{"acse_timeout_s": ACSE_TIMEOUT_S, **overrides},
     )
     return GatewaySCP(config, lambda _study: None)
 
@@ -190,3 +190,47 @@ def test_receiving_processes_give_early_closed_slots_back_at_once(
                 scp, admitted, lambda: socket.create_connection(scp.address), kind
             )
             assert _echo(scp) == 0x0000
+
+
+def _client_hello(client: ssl.SSLContext) -> bytes:
+    """The first flight of a real TLS client (its ClientHello), as bytes to send by hand."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = client.wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_a_client_hello_sent_a_byte_at_a_time_does_not_hold_its_slot(
+    tmp_path: Path, pki: Pki, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handshake's timeout bounds the whole handshake, not each read: a client that
+    sends its ClientHello a byte every half second (each read well inside the 2 s timeout,
+    the whole hello minutes) is cut off when the 2 s are up and its slot is free again.
+    (CPython's SSL handshake takes the socket's timeout as one deadline for the whole
+    handshake; this holds the gateway to it.)"""
+    caplog.set_level(logging.INFO, logger="radserve")
+    client = _client_tls(pki)
+    hello = _client_hello(client)
+    assert len(hello) > 100  # minutes at a byte per half second
+    tls = TlsSettings(cert=pki.server_cert, key=pki.server_key, ca=pki.ca)
+    with _scp(tmp_path, tls=tls, acse_timeout_s=2.0) as scp:
+        sock = socket.create_connection(scp.address)
+        sent, cut_off = 0, False
+        try:
+            for byte in hello:
+                sock.sendall(bytes([byte]))
+                sent += 1
+                readable, _, _ = select.select([sock], [], [], 0.5)
+                if readable and not sock.recv(4096):  # the server closed its end
+                    cut_off = True
+                    break
+        except (BrokenPipeError, ConnectionResetError):
+            cut_off = True
+        finally:
+            sock.close()
+        assert cut_off and sent < len(hello) // 2, (sent, len(hello))
+        until(lambda: not scp.admission.open_connections(), "the slot given back", timeout=5)
+        assert _echo(scp, client) == 0x0000  # and the gateway serves the next one
+    said = [r.getMessage() for r in caplog.records if "TLS handshake with" in r.getMessage()]
+    assert said and all(r.endswith("failed: TimeoutError") for r in said), said
