@@ -158,3 +158,40 @@ def test_dispatch_order_equals_the_old_sort_on_random_queues(seed: int) -> None:
         assert [q.job_id for q in scheduler.queue_order()[1]] == full
         compared += len(want)
     assert compared > 1000
+
+
+def test_finished_jobs_are_not_kept_alive_by_their_aging_entries() -> None:
+    """A job that left the indexes (it ran and ended) is freed at once: its aging entry
+    names it, it does not hold it. Before, each finished job's work (a real job's
+    volumes, results and report) stayed until its aging time, 22 minutes after arrival
+    for an outpatient job, so a burst of jobs held all of theirs; and the aging heaps
+    stay within twice the jobs indexed (plus a constant)."""
+    import gc
+    import weakref
+
+    from tests.factories.scheduling_fakes import RecordingHooks
+
+    from radserve.scheduling import run_serial
+
+    clock = FakeClock(1000.0)
+    hooks = RecordingHooks()
+    scheduler = Scheduler(SchedulerSettings(max_running=2), clock=clock, hooks=hooks)
+    session = FakeSession()
+    works: list[weakref.ref[object]] = []
+    jobs = 300
+    for n in range(jobs):
+        work = fake_work(session, 1)
+        works.append(weakref.ref(work))
+        scheduler.submit(JobRequest(f"j{n}", work, PriorityClass.OUTPATIENT))
+        del work
+        if n % 3 == 2:
+            run_serial(scheduler)
+        clock.advance(1.0)  # 300 s in all: well before any outpatient job ages
+    run_serial(scheduler)
+    assert all(hooks.final(f"j{n}").state is JobState.SUCCEEDED for n in range(jobs))  # type: ignore[union-attr]
+    gc.collect()
+    assert [r for r in works if r() is not None] == []  # no finished job's work is kept
+    book = scheduler._book
+    for index in (book.queue, book.started):
+        assert len(index) == 0
+        assert len(index._aging) <= 64

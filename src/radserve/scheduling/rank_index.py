@@ -15,6 +15,13 @@ both against the full sort on seeded random mixes.
 
 Clocks never go backwards (MonotonicClock, FakeClock refuses); should a reading still be
 earlier than the last one, the index is rebuilt, so aging is undone as the sort would.
+
+The aging heap names jobs by id, never holds them: a job that left (started, finished,
+cancelled) has its entry dropped lazily, and until its aging time (22 minutes after
+arrival for an outpatient job by default) the entry once kept the whole finished job
+alive, its volumes, results and report with it (every job of a burst, for that long;
+``tools/memory_per_job.py``). The heap is also compacted once its stale entries
+outnumber the jobs here, so it stays within twice the jobs indexed (plus a constant).
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from radserve.domain.priority import PriorityClass
 from radserve.scheduling.state import Rank, ScheduledJob
 
 URGENT = PriorityClass.URGENT
+# stale aging entries tolerated beyond the jobs indexed before the heap is compacted
+_SLACK = 64
 
 
 class RankIndex:
@@ -37,9 +46,10 @@ class RankIndex:
         # the TAT per class, read once (config.tat goes through a pydantic getattr)
         self._tat = {c: config.tat(c) for c in PriorityClass}
         self._sorted: list[tuple[Rank, ScheduledJob]] = []
-        # job id -> (its key in _sorted, the class it is counted under)
-        self._keys: dict[str, tuple[Rank, PriorityClass]] = {}
-        self._aging: list[tuple[float, int, ScheduledJob]] = []  # (age_at, seq, job)
+        # job id -> (its key in _sorted, the class it is counted under, the job)
+        self._keys: dict[str, tuple[Rank, PriorityClass, ScheduledJob]] = {}
+        # (age_at, seq, job id): ids, not jobs, so a job that left is not kept alive
+        self._aging: list[tuple[float, int, str]] = []
         self._counts: dict[PriorityClass, int] = dict.fromkeys(PriorityClass, 0)
         self._now = float("-inf")
 
@@ -73,17 +83,25 @@ class RankIndex:
         self._insert(job, now)
         age_at = self._age_at(job)
         if age_at is not None and not self._aged(job, now):
-            heapq.heappush(self._aging, (age_at, job.seq, job))
+            heapq.heappush(self._aging, (age_at, job.seq, job.id))
 
     def discard(self, job: ScheduledJob) -> None:
         """Take ``job`` out (it started or is stopping); no-op if it is not here. Its
-        aging entry, if any, is dropped lazily."""
+        aging entry, if any, is dropped lazily (it names the job, it does not hold it)."""
         entry = self._keys.pop(job.id, None)
         if entry is None:
             return
-        key, cls = entry
+        key, cls, _ = entry
         del self._sorted[bisect_left(self._sorted, (key,))]
         self._counts[cls] -= 1
+        if len(self._aging) > 2 * len(self._keys) + _SLACK:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the aging entries of jobs no longer here (O(n))."""
+        live = [e for e in self._aging if e[2] in self._keys]
+        heapq.heapify(live)
+        self._aging = live
 
     def changed(self, job: ScheduledJob, now: float) -> None:
         """``job``'s class, deadline or promotion changed: re-key it (and count it under
@@ -95,7 +113,7 @@ class RankIndex:
 
     def _insert(self, job: ScheduledJob, now: float) -> None:
         key = self._key(job, now)
-        self._keys[job.id] = (key, job.cls)
+        self._keys[job.id] = (key, job.cls, job)
         insort(self._sorted, (key, job))
         self._counts[job.cls] += 1
 
@@ -105,15 +123,18 @@ class RankIndex:
             self._rebuild(now)
             return
         self._now = now
-        recheck: list[tuple[float, int, ScheduledJob]] = []
+        recheck: list[tuple[float, int, str]] = []
         # a small tolerance: age_at is rounded once more than the exact predicate
         limit = now + 1e-9 * max(1.0, abs(now))
         while self._aging and self._aging[0][0] <= limit:
             entry = heapq.heappop(self._aging)
-            age_at, _, job = entry
-            indexed = self._keys.get(job.id)
-            if indexed is None or self._age_at(job) != age_at:
-                continue  # gone, or changed since (its current entry is in the heap)
+            age_at, _, job_id = entry
+            indexed = self._keys.get(job_id)
+            if indexed is None:
+                continue  # gone
+            job = indexed[2]
+            if self._age_at(job) != age_at:
+                continue  # changed since (its current entry is in the heap)
             if not self._aged(job, now):
                 recheck.append(entry)
                 continue
