@@ -1,6 +1,6 @@
 """Does a serving process's memory grow with the jobs it runs? A real server in this
 process (the test app behind uvicorn, SQLite in a scratch data folder, the test
-bundles), the same small CT study (12 slices of 40x40; new study, series, instance
+bundles), the same small CT study (12 slices of 40x40, or ``--size``; new study, series, instance
 UIDs and a new patient each time) uploaded ``--jobs`` times one after another through
 ``POST /v1/studies``, each job waited for; every ``--every`` jobs, after
 ``gc.collect()``, it prints the process's resident size (``VmRSS``), tracemalloc's
@@ -103,7 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key-type", default="traceback", choices=("traceback", "lineno"))
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--objects", action="store_true")
+    parser.add_argument(
+        "--size",
+        default="40x40x12",
+        help="the study's ROWSxCOLSxSLICES (default 40x40x12; larger shows what a kept job costs)",
+    )
     args = parser.parse_args(argv)
+    rows, cols, slices = (int(v) for v in args.size.lower().split("x"))
 
     from tests.factories.service import auth, make_study, wait_job
 
@@ -111,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     if trace and args.trace_from == 0:
         tracemalloc.start(args.frames)
     root = Path(tempfile.mkdtemp(prefix="radserve-mem-"))
-    template = make_study(root / "template")
+    template = make_study(root / "template", rows=rows, cols=cols, n_slices=slices)
     snapshots: dict[int, Any] = {}
     types: dict[int, Counter[str]] = {}
     maps_at: dict[int, dict[str, int]] = {}
