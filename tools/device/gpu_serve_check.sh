@@ -24,6 +24,6 @@ $PY tools/device/serve_load.py "$KEY" /tmp/study-*.zip > "$OUT/serve_jobs.txt" 2
 cat "$OUT/serve_jobs.txt" | tail -40
 step "served"
 pkill -f "rs serve" ; pkill -f "radserve.cli" ; sleep 1
-timeout 200 rs bench --scenario priority --routine 20 --json "$OUT/priority.json" > "$OUT/priority.log" 2>&1
+timeout ${PRIORITY_S:-420} rs bench --scenario priority --routine 20 --json "$OUT/priority.json" > "$OUT/priority.log" 2>&1
 echo "priority rc=$?"; tail -25 "$OUT/priority.log"
 step done
