@@ -78,7 +78,8 @@ def test_the_service_reads_stored_studies_under_its_settings(
         with pytest.raises(InputTooLargeError, match=f"ingest.max_frames={LIMIT}"):
             service.jobs.fhir_bundle(record)  # GET /v1/jobs/{id}/fhir
         assert service.fhir is not None
-        result = SimpleNamespace(report=study.report, out_dir=study.out)
+        # no patient from a run (patient=None): the delivery reads the stored study itself
+        result = SimpleNamespace(report=study.report, out_dir=study.out, patient=None)
         service.fhir.on_result(record, result)  # type: ignore[arg-type]
         assert service.fhir.outbox.store.items() == []  # nothing queued: not built
         assert "no FHIR bundle to send (input_too_large)" in caplog.text

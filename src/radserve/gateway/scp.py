@@ -54,6 +54,7 @@ from radserve.gateway.storage import Disposition, InstanceStore, check_uid
 from radserve.gateway.transport import Admission, GatewayServer, start_server
 from radserve.ingest.headers import UnreadableHeaderError, header_text, read_header
 from radserve.ingest.sources import InputTooLargeError
+from radserve.security.logs import redact
 from radserve.tls import server_context
 
 logger = logging.getLogger(__name__)
@@ -71,30 +72,36 @@ _REJECT_MALFORMED = (conformance.REJECTED_PERMANENT, 0x01, 0x01)
 class _OneLine(logging.Filter):
     """pynetdicom logs peers' protocol errors with tracebacks (a reset connection, an
     undecodable PDU): keep them one line, the message plus the exception's type, no
-    traceback (the server's log handler still redacts the message). A warning or error
-    logged on an association's own threads names its peer's address and port ("The
-    received PDU is shorter than expected" said nothing of who sent it)."""
+    traceback (the server's log handler still redacts the message).
+
+    A warning or error logged on an association's own threads also names the peer's
+    address ("The received PDU is shorter than expected" said nothing of who sent it).
+    The log handler redacts a library's messages (a dotted address reads as a UID), so
+    the message is redacted here first and the address added after, marked as done; the
+    address and not the port, so that the handler's once-per-message rule still holds a
+    port scan to one line per source."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info:
             name = record.exc_info[0].__name__ if record.exc_info[0] else "error"
             record.msg, record.args = f"{record.getMessage()} ({name})", ()
             record.exc_info = record.exc_text = None
-        if record.levelno >= logging.WARNING:
+        if record.levelno >= logging.WARNING and not getattr(record, "_radserve_redacted", False):
             peer = _peer_of_this_thread()
-            if peer and peer not in record.getMessage():
-                record.msg, record.args = f"{record.getMessage()} [peer {peer}]", ()
+            if peer:
+                record.msg, record.args = f"{redact(record.getMessage())} [peer {peer}]", ()
+                record._radserve_redacted = True
         return True
 
 
 def _peer_of_this_thread() -> str | None:
-    """``address:port`` of the association whose thread this is (pynetdicom runs each
+    """The address of the association whose thread this is (pynetdicom runs each
     association and its DUL reader as threads), or None."""
     thread = threading.current_thread()
     assoc = thread if isinstance(thread, Association) else getattr(thread, "assoc", None)
     info = getattr(getattr(assoc, "requestor", None), "address_info", None)
-    address, port = getattr(info, "address", None), getattr(info, "port", None)
-    return f"{address}:{port}" if address else None
+    address = getattr(info, "address", None)
+    return str(address) if address else None
 
 
 def quiet_pynetdicom() -> None:
