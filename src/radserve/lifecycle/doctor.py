@@ -62,13 +62,7 @@ class Check:
 def _versions() -> list[Check]:
     out = [Check("python", "ok" if sys.version_info >= (3, 11) else "fail",
                  platform.python_version(), blocking=sys.version_info < (3, 11))]  # fmt: skip
-    found = []
-    for name in PACKAGES:
-        try:
-            found.append(f"{name} {metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            continue
-    out.append(Check("packages", "ok", ", ".join(found)))
+    out.append(Check("packages", "ok", ", ".join(installed(PACKAGES, metadata.version))))
     clash = onnxruntime_clash(metadata.version)
     if clash:
         out.append(Check("onnxruntime packages", "fail", clash, blocking=True))
@@ -78,17 +72,23 @@ def _versions() -> list[Check]:
 ONNXRUNTIME_DISTRIBUTIONS = ("onnxruntime", "onnxruntime-openvino", "onnxruntime-gpu")
 
 
+def installed(names: Sequence[str], version_of: Callable[[str], str]) -> list[str]:
+    """``name version`` of each of ``names`` that is installed, in order."""
+    found = []
+    for name in names:
+        try:
+            found.append(f"{name} {version_of(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
 def onnxruntime_clash(version_of: Callable[[str], str]) -> str | None:
     """Why the installed onnxruntime cannot be trusted, or None: the three distributions
     install one ``onnxruntime`` module, so with two installed the later one overwrote some
     of the other's files (a GPU site that installed onnxruntime-gpu without uninstalling
     radserve's onnxruntime-openvino first)."""
-    present = []
-    for name in ONNXRUNTIME_DISTRIBUTIONS:
-        try:
-            present.append(f"{name} {version_of(name)}")
-        except metadata.PackageNotFoundError:
-            continue
+    present = installed(ONNXRUNTIME_DISTRIBUTIONS, version_of)
     if len(present) < 2:
         return None
     return (
