@@ -301,7 +301,7 @@ def test_unusable_providers_are_named_in_the_reason_and_refused_when_asked_for()
 
 def test_the_reason_names_the_library_that_did_not_load() -> None:
     """What onnxruntime-gpu 1.31 wrote on an H200 with no TensorRT (colour codes and all)."""
-    from radserve.inference.providers import _first_line
+    from radserve.inference.providers import _most_telling_line
 
     said = (
         "\x1b[1;31m2026-12-04 15:12:16.048063183 [E:onnxruntime:Default, provider_bridge_ort.cc:"
@@ -311,8 +311,9 @@ def test_the_reason_names_the_library_that_did_not_load() -> None:
         "capi/libonnxruntime_providers_tensorrt.so with error: libnvinfer.so.10: cannot open "
         "shared object file: No such file or directory\n\x1b[m\n"
     )
-    assert _first_line(said) == (
+    assert _most_telling_line(said) == (
         "libonnxruntime_providers_tensorrt.so: libnvinfer.so.10: cannot open shared object "
         "file: No such file or directory"
     )
-    assert _first_line("\x1b[0;93mplain\x1b[m\nsomething failed here") == "something failed here"
+    said = "\x1b[0;93mplain\x1b[m\nsomething failed here"
+    assert _most_telling_line(said) == "something failed here"

@@ -191,13 +191,11 @@ def provider_start_failure(provider: str, options: dict[str, str]) -> str | None
                 session.run(None, {"x": _PROBE_INPUT})
             used = session.get_providers()[0]
         except Exception as exc:  # onnxruntime raises its own, untyped, exception family
-            return _first_line(str(exc)) or type(exc).__name__
+            return _most_telling_line(str(exc)) or type(exc).__name__
     if used == provider:
         return None
-    said = [stderr.getvalue(), printed.getvalue(), *(str(w.message) for w in warned)]
-    return (
-        f"onnxruntime ran {used} instead ({_first_line(chr(10).join(said)) or 'no reason given'})"
-    )
+    said = "\n".join([stderr.getvalue(), printed.getvalue(), *(str(w.message) for w in warned)])
+    return f"onnxruntime ran {used} instead ({_most_telling_line(said) or 'no reason given'})"
 
 
 @contextlib.contextmanager
@@ -241,7 +239,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _LIBRARY_FAILURE = re.compile(r"Failed to load library (\S+) with error: (.+)")
 
 
-def _first_line(text: str) -> str:
+def _most_telling_line(text: str) -> str:
     """The line that says most, without colour codes: a library that failed to load
     (as ``libonnxruntime_providers_tensorrt.so: libnvinfer.so.10: cannot open shared
     object file...``), else an error or failure, else the first line."""

@@ -99,16 +99,15 @@ class DeviceWorker:
         )
 
         self.slot = slot
+        host = probe_host()
         if slot.kind == "cpu":
             # A CPU slot never takes a GPU provider, even if this node has one: not by
             # the host's default preference either (TensorRT > CUDA come first there).
-            offered = providers or tuple(
-                p for p in PREFERENCE if p in probe_host().available_providers
-            )
+            offered = providers or tuple(p for p in PREFERENCE if p in host.available_providers)
             prefer = tuple(p for p in offered if p not in GPU_PROVIDERS) or None
         else:
             prefer = providers or None
-        self.runtime = choose_runtime(prefer=prefer, device_id=0, threads=slot.threads)
+        self.runtime = choose_runtime(host, prefer=prefer, device_id=0, threads=slot.threads)
         if slot.kind == "gpu" and self.runtime.device == "cpu":
             raise RayExecutorError(
                 f"worker {slot.name} was given a GPU share but onnxruntime here offers "
