@@ -183,7 +183,7 @@ def _server(root: Path, *, gateway: bool) -> Iterator[tuple[Any, Any, str, str]]
     """(service, httpx client, submit key, read key) of a real server on loopback; with ``gateway``
     its DICOM gateway too, delivering to a PACS on loopback that discards what it gets."""
     import httpx
-    from tests.factories.dicom_net import free_port
+    from tests.factories.dicom_net import FakePacs, free_port
     from tests.factories.service import ServerThread, create_key, settings_for
 
     from radserve.api import create_app
@@ -193,7 +193,7 @@ def _server(root: Path, *, gateway: bool) -> Iterator[tuple[Any, Any, str, str]]
         overrides: dict[str, Any] = {}
         options: dict[str, Any] = {}
         if gateway:
-            pacs = stack.enter_context(_DiscardingPacs())
+            pacs = stack.enter_context(FakePacs(keep=False))
             overrides = {
                 "gateway__enabled": True,
                 "gateway__port": free_port(),
@@ -212,39 +212,6 @@ def _server(root: Path, *, gateway: bool) -> Iterator[tuple[Any, Any, str, str]]
             create_key(service.store, "submit"),
             create_key(service.store, "read"),
         )
-
-
-class _DiscardingPacs:
-    """A C-STORE SCP on loopback that answers success and keeps nothing."""
-
-    def __init__(self) -> None:
-        from pynetdicom import AE
-        from pynetdicom.sop_class import Verification
-        from tests.factories.dicom_net import free_port
-
-        from radserve.gateway.conformance import ALL_STORAGE
-
-        self.ae = AE(ae_title="PACS")
-        self.ae.add_supported_context(Verification)
-        for sop_class in ALL_STORAGE:
-            self.ae.add_supported_context(sop_class)
-        self.port = free_port()
-        self.stored = 0
-
-    def _store(self, event: Any) -> int:
-        self.stored += 1
-        return 0x0000
-
-    def __enter__(self) -> _DiscardingPacs:
-        from pynetdicom import evt
-
-        self.server = self.ae.start_server(
-            ("127.0.0.1", self.port), block=False, evt_handlers=[(evt.EVT_C_STORE, self._store)]
-        )
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.server.shutdown()
 
 
 def _gateway_sender(service: Any) -> Any:

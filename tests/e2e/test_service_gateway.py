@@ -3,54 +3,20 @@ runs it as a job, and sends DICOM SEG + SR back to the PACS through the outbox."
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
-from typing import Any
 
 import pydicom
-from pynetdicom import AE, evt
-from pynetdicom.sop_class import CTImageStorage, Verification
-from tests.factories.dicom_net import free_port
+from pynetdicom import AE
+from pynetdicom.sop_class import CTImageStorage
+from tests.factories.dicom_net import FakePacs, free_port
 from tests.factories.service import make_study, settings_for
 from tests.factories.waits import wait_until
 
-from radserve.gateway.conformance import ALL_STORAGE
 from radserve.service import Service
 from radserve.store import JobState
 
 SEG = "1.2.840.10008.5.1.4.1.1.66.4"
 SR_3D = "1.2.840.10008.5.1.4.1.1.88.34"
-
-
-class FakePacs:
-    """A C-STORE SCP on loopback that keeps what it receives."""
-
-    def __init__(self) -> None:
-        self.received: list[pydicom.Dataset] = []
-        self._lock = threading.Lock()
-        self.ae = AE(ae_title="PACS")
-        self.ae.add_supported_context(Verification)
-        for sop_class in ALL_STORAGE:
-            self.ae.add_supported_context(sop_class)
-        self.port = free_port()
-
-    def _store(self, event: Any) -> int:
-        with self._lock:
-            self.received.append(event.dataset)
-        return 0x0000
-
-    def __enter__(self) -> FakePacs:
-        self.server = self.ae.start_server(
-            ("127.0.0.1", self.port), block=False, evt_handlers=[(evt.EVT_C_STORE, self._store)]
-        )
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.server.shutdown()
-
-    def classes(self) -> list[str]:
-        with self._lock:
-            return sorted(str(ds.SOPClassUID) for ds in self.received)
 
 
 def _send(files: list[Path], port: int) -> None:

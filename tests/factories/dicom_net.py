@@ -218,3 +218,47 @@ def study_with_results(
         key_images=key_images,
     )
     return files, write_dicom_results(result.report, root / "out", files, key_images=key_images)
+
+
+class FakePacs:
+    """A C-STORE SCP on loopback (AE ``PACS``) that answers success to every storage
+    class; ``keep``: hold what it receives in :attr:`received` (a memory measurement
+    keeps nothing, only :attr:`stored`, the count)."""
+
+    def __init__(self, *, keep: bool = True) -> None:
+        from pynetdicom import AE
+        from pynetdicom.sop_class import Verification
+
+        from radserve.gateway.conformance import ALL_STORAGE
+
+        self.keep = keep
+        self.received: list[Any] = []
+        self.stored = 0
+        self._lock = threading.Lock()
+        self.ae = AE(ae_title="PACS")
+        self.ae.add_supported_context(Verification)
+        for sop_class in ALL_STORAGE:
+            self.ae.add_supported_context(sop_class)
+        self.port = free_port()
+
+    def _store(self, event: Any) -> int:
+        with self._lock:
+            self.stored += 1
+            if self.keep:
+                self.received.append(event.dataset)
+        return 0x0000
+
+    def __enter__(self) -> FakePacs:
+        from pynetdicom import evt
+
+        self.server = self.ae.start_server(
+            ("127.0.0.1", self.port), block=False, evt_handlers=[(evt.EVT_C_STORE, self._store)]
+        )
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.shutdown()
+
+    def classes(self) -> list[str]:
+        with self._lock:
+            return sorted(str(ds.SOPClassUID) for ds in self.received)
