@@ -132,3 +132,6 @@ def test_nnunet_scenario_times_radserve_and_nnunet_on_the_same_labels(tmp_path: 
     # what each cost in CPU seconds (the figure a loaded host does not move much)
     assert summary["radserve_cpu_s"] > 0 and summary["nnunet_cpu_s"] > 0
     assert summary["cpu_speedup"] == summary["nnunet_cpu_s"] / summary["radserve_cpu_s"]
+    # no GPU here: nnU-Net runs on the CPU, once each (a GPU host runs each twice, warm compared)
+    assert summary["device"] == "cpu"
+    assert summary["radserve_cold_s"] is None and summary["nnunet_cold_s"] is None

@@ -121,3 +121,68 @@ def test_the_arena_is_released_once_after_the_last_batch(
     runner(task, releasing)
     assert releasing.calls == task.total_batches > 1
     assert releasing.released_after == [task.total_batches]
+
+
+class MergeThreads:
+    """Wraps a task's ``accept``: records which threads merged, and how many at once."""
+
+    def __init__(self, task: SliceTask | PatchTask) -> None:
+        self.names: set[str] = set()
+        self.at_once = self.most_at_once = 0
+        self._lock = threading.Lock()
+        self._accept = task.accept
+        task.accept = self  # type: ignore[method-assign]
+
+    def __call__(self, batch: object, output: np.ndarray) -> None:
+        with self._lock:
+            self.names.add(threading.current_thread().name)
+            self.at_once += 1
+            self.most_at_once = max(self.most_at_once, self.at_once)
+        try:
+            threading.Event().wait(0.01)  # long enough for a second merge to overlap
+            self._accept(batch, output)  # type: ignore[arg-type]
+        finally:
+            with self._lock:
+                self.at_once -= 1
+
+
+def test_slice_batches_merge_on_several_threads_with_the_same_result(
+    session: ModelSession, tmp_path: Path
+) -> None:
+    vol = _volume(23)
+    a = run_task(SliceTask(vol, session.spec), session)
+    task = SliceTask(vol, session.spec)
+    merges = MergeThreads(task)
+    seen: list[int] = []
+    b = run_task_overlapped(task, session, merge_threads=3, progress=lambda d, t: seen.append(d))
+    np.testing.assert_array_equal(a.labels.array, b.labels.array)
+    assert a.confidence is not None and b.confidence is not None
+    np.testing.assert_array_equal(a.confidence.array, b.confidence.array)
+    assert a.extent == b.extent and b.extent != (slice(0, 0),) * 3  # the foreground box, locked
+    assert seen == list(range(1, b.batches + 1))  # every count once, in order
+    assert len(merges.names) > 1 and merges.most_at_once > 1
+
+    # a patch task's overlapping sums stay on one merge thread, whatever is asked
+    spec3 = model_spec(mode="3d", spacing=(2.0, 1.0, 1.0), patch_size=(4, 8, 8), batch_size=1)
+    s3 = ModelSession(blur3d_model(tmp_path / "b.onnx"), spec3, runtime=CPU)
+    patches = PatchTask(vol, spec3)
+    serial = MergeThreads(patches)
+    q = run_task_overlapped(patches, s3, merge_threads=3)
+    assert q.batches > 2 and serial.names == {"radserve-merge"} and serial.most_at_once == 1
+    np.testing.assert_array_equal(run_task(PatchTask(vol, spec3), s3).labels.array, q.labels.array)
+
+
+def test_one_merge_thread_where_the_network_runs_on_the_cpu(session: ModelSession) -> None:
+    from radserve.inference.runner import merge_threads_for
+
+    assert session.runtime.device == "cpu" and merge_threads_for(session) == 1
+    assert merge_threads_for(Counting(session)) == 1  # a session without a runtime
+
+
+def test_a_failing_batch_stops_every_merge_thread(session: ModelSession) -> None:
+    before = threading.active_count()
+    with pytest.raises(InferenceError, match="device lost"):
+        run_task_overlapped(
+            SliceTask(_volume(23), session.spec), Counting(session, fail_at=4), merge_threads=3
+        )
+    assert threading.active_count() == before

@@ -6,6 +6,8 @@
 # lacks, and MONAI for the baseline. xz -9e takes ~3 CPU-minutes. Then, one call each:
 #   run(command="mkdir -p /root/parts && cp .gpuK/* /root/parts/", carry=[".gpuK"])  K=1..5
 #   run(command="bash tools/device/gpu_check.sh", carry=[".gpu6", ".whl"])
+# With NNUNET=1 also .gpu7 (nnU-Net's wheels and SimpleITK), copied the same way before
+# the last call; gpu_install.sh installs what it finds in /root/parts.
 # back to back: the parts stay only while the machine is warm (30 s after each call).
 set -euo pipefail
 ORT=${ORT:-onnxruntime-gpu==1.31.1}
@@ -24,5 +26,18 @@ get -d .whl pydicom pylibjpeg pylibjpeg-openjpeg pylibjpeg-rle pyjpegls highdico
   connected-components-3d pydantic pydantic-core annotated-types typing-inspection annotated-doc \
   sqlalchemy greenlet alembic mako pydantic-settings python-dotenv "fhir.resources>=8,<9" fhir-core \
   fastapi starlette opentelemetry-api importlib-metadata uvicorn python-multipart simpy "monai==1.6.1"
+# NNUNET=1: nnU-Net's predictor for `bench --scenario nnunet` (gpu_platform_check.sh):
+# nnunetv2 and three of its packages are sdists (built here as pure-Python wheels); its
+# SimpleITK (52 MB as a wheel) travels as an xz'd tar in .gpu7, one call of its own
+# (with these wheels: .whl beside .gpu6 and the tree is at the 64 MiB limit)
+if [ "${NNUNET:-0}" = 1 ]; then
+  rm -rf .gpu7 && mkdir .gpu7 && (grep -qx "/.gpu7/" .git/info/exclude || echo "/.gpu7/" >> .git/info/exclude)
+  get -d .gpu7 SimpleITK "blosc2>=3.3.2" ndindex batchgenerators graphviz yacs
+  python3 -m pip wheel -q --no-deps -w .gpu7 "nnunetv2==2.8.1" "dynamic-network-architectures==0.4.4" \
+    "acvl_utils==0.2.6" "batchgeneratorsv2==0.3.6"
+  mkdir "$WORK/sitk" && (cd "$WORK/sitk" && unzip -q "$OLDPWD"/.gpu7/simpleitk-*.whl)
+  rm .gpu7/simpleitk-*.whl
+  tar -C "$WORK/sitk" -cf - . | xz -9e -T2 > .gpu7/sitk.tar.xz
+fi
 rm -rf "$WORK"
 du -sh .gpu? .whl

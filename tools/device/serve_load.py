@@ -9,6 +9,7 @@ GPU lines sampled while the jobs ran.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -48,7 +49,7 @@ def main(key: str, studies: list[str]) -> None:
             body = answer.json()
             jobs.append((body["id"], start, priority))
     done: dict[str, tuple[str, float, str]] = {}
-    deadline = time.time() + 240
+    deadline = time.time() + float(os.environ.get("SERVE_WAIT_S", "240"))
     while len(done) < len(jobs) and time.time() < deadline:
         for job_id, start, priority in jobs:
             if job_id in done:

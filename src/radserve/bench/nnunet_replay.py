@@ -48,8 +48,10 @@ class PatchLogits(torch.nn.Module):
         if self.mode == "record":
             t0 = time.perf_counter()
             out = self.network(x)
+            if out.is_cuda:  # kernels run asynchronously: the time is theirs once synced
+                torch.cuda.synchronize(out.device)
             self.network_s += time.perf_counter() - t0
-            array = out.detach().numpy().astype(np.float32, copy=False)
+            array = out.detach().float().cpu().numpy()
             with self.path.open("ab") as f:
                 f.write(array.tobytes())
             self._shapes.append(tuple(array.shape))

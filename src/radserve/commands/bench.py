@@ -812,13 +812,19 @@ def _nnunet(
         f"agreement {s['label_agreement']:.5f} "
         f"({s['label_agreement_nnunet_fp32_sums']:.5f} with nnU-Net's sums in float32)",
     )
+    where = f"{s['torch_threads']} threads" if s["device"] == "cpu" else f"{s['device']}, autocast"
     table.add_row(
-        f"nnUNetPredictor (torch, {s['torch_threads']} threads)",
+        f"nnUNetPredictor (torch, {where})",
         f"{s['nnunet_s']:.1f}",
         f"{s['nnunet_peak_rss_mb']:.0f}",
         f"reference (its float16 vs float32 sums: {s['nnunet_fp16_vs_fp32_sums']:.5f})",
     )
     console.print(table)
+    if s["radserve_cold_s"] is not None:
+        console.print(
+            f"warm second runs compared; first runs (kernel choice included): radserve "
+            f"{s['radserve_cold_s']:.1f} s, nnU-Net {s['nnunet_cold_s']:.1f} s"
+        )
     console.print(f"radserve faster by {s['speedup']:.2f}x")
     if json_path:
         json_path.write_text(json.dumps(s, indent=2))

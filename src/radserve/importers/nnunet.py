@@ -345,8 +345,11 @@ def manifest_from_nnunet(
         raise ImportRefusedError(f"the mapped model.yaml is invalid: {exc}") from exc
 
 
-def load_predictor(source: NnunetSource, checkpoint: str = CHECKPOINT):  # -> nnUNetPredictor
-    """nnU-Net's own predictor for ``source`` on the CPU (network built from the plans).
+def load_predictor(
+    source: NnunetSource, checkpoint: str = CHECKPOINT, device: str = "cpu"
+):  # -> nnUNetPredictor
+    """nnU-Net's own predictor for ``source`` (network built from the plans) on ``device``;
+    on a GPU as ``nnUNetv2_predict`` runs there (everything on the device, its autocast).
 
     The checkpoints are read by :func:`read_checkpoint` (tensors and plain values only,
     never a pickle's code). radserve serves the ONNX file, never the pickle.
@@ -363,8 +366,8 @@ def load_predictor(source: NnunetSource, checkpoint: str = CHECKPOINT):  # -> nn
         tile_step_size=0.5,
         use_gaussian=True,
         use_mirroring=False,
-        perform_everything_on_device=False,
-        device=torch.device("cpu"),
+        perform_everything_on_device=device != "cpu",
+        device=torch.device(device),
         verbose=False,
         allow_tqdm=False,
     )

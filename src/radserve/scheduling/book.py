@@ -240,9 +240,9 @@ class JobBook:
         step = job.step
         if step is None or not job.active:
             return None
-        if step.to_merge and not step.merging:
+        if step.to_merge and step.merging < step.stage.merges_at_once:
             batch, output = step.to_merge.popleft()
-            step.merging = True
+            step.merging += 1
             job.inflight += 1
             return MergeDispatch(job.id, step.stage, batch, output, now)
         if may_prepare(
