@@ -8,9 +8,7 @@
 #    nnUNetPredictor on the same GPU (its own settings there: on the device, autocast);
 # 2. `radserve serve` on the GPU with three 300-slice studies over REST and its GPU
 #    /metrics lines (gpu_serve_check.sh);
-# 3. merge threads beside a GPU (tools/device/merge_ab.py): one study, one merge thread
-#    against the default, alternating;
-# 4. the priority scenario (an URGENT study behind 20 routine ones), one round, if the
+# 3. the priority scenario (an URGENT study behind 20 routine ones), one round, if the
 #    time left allows it.
 set -u
 T0=$(date +%s)
@@ -27,9 +25,6 @@ timeout "${NNUNET_S:-270}" rs bench --scenario nnunet --size "${NNUNET_SIZE:-ful
   > "$OUT/nnunet.log" 2>&1
 echo "nnunet rc=$?"; grep -v -E "^\s*$|onnxruntime:Default" "$OUT/nnunet.log" | tail -30
 export SERVE_WAIT_S=120; STUDIES=3 PRIORITY_S=0 . "$(dirname "$0")/gpu_serve_check.sh"
-step "merge threads A/B on /tmp/phantom-1 (300 slices)"
-timeout 150 $PY tools/device/merge_ab.py /tmp/phantom-1/dicom 3 > "$OUT/merge_ab.txt" 2>&1
-echo "merge_ab rc=$?"; grep -v onnxruntime:Default "$OUT/merge_ab.txt" | tail -5
 if [ "$(left)" -gt 100 ]; then
   step "priority scenario, one round, $(left) s left"
   timeout $(( $(left) - 10 )) rs bench --scenario priority --routine 20 --repeats 1 \

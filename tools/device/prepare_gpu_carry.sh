@@ -25,7 +25,7 @@ rm -rf .whl && mkdir .whl && (grep -qx "/.whl/" .git/info/exclude || echo "/.whl
 get -d .whl pydicom pylibjpeg pylibjpeg-openjpeg pylibjpeg-rle pyjpegls highdicom pynetdicom nibabel \
   connected-components-3d pydantic pydantic-core annotated-types typing-inspection annotated-doc \
   sqlalchemy greenlet alembic mako pydantic-settings python-dotenv "fhir.resources>=8,<9" fhir-core \
-  fastapi starlette opentelemetry-api importlib-metadata uvicorn python-multipart simpy "monai==1.6.1"
+  fastapi starlette opentelemetry-api importlib-metadata uvicorn httptools python-multipart simpy "monai==1.6.1"
 # NNUNET=1: nnU-Net's predictor for `bench --scenario nnunet` (gpu_platform_check.sh):
 # nnunetv2 and three of its packages are sdists (built here as pure-Python wheels); its
 # SimpleITK (52 MB as a wheel) travels as an xz'd tar in .gpu7, one call of its own

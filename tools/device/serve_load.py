@@ -28,7 +28,7 @@ def main(key: str, studies: list[str]) -> None:
     def sample() -> None:
         while not stop.is_set():
             text = httpx.get(f"{BASE}/metrics", headers=headers, timeout=10).text
-            lines = [ln for ln in text.splitlines() if "gpu" in ln.lower() and ln[:1] != "#"]
+            lines = [ln for ln in text.splitlines() if "cuda" in ln and ln[:1] != "#"]
             samples.append(lines)
             time.sleep(0.5)
 

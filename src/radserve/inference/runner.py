@@ -126,17 +126,6 @@ def _get(q: queue.Queue[Any], stop: threading.Event) -> Any:
     return _END
 
 
-def merge_threads_for(session: Runs) -> int:
-    """How many threads merge one task's batches: one where the network runs on the CPU
-    (a second merge would take a core from it), up to four beside a GPU, whose host
-    cores are otherwise idle while it runs (on session 22's H200 the organ model's merge
-    thread took 0.71 s against the network's 0.30 s)."""
-    runtime = getattr(session, "runtime", None)
-    if runtime is None or not str(runtime.device).startswith("cuda"):
-        return 1
-    return max(1, min(4, runtime.host.usable_cores // 4))
-
-
 def run_task_overlapped(
     task: Task,
     session: Runs,
@@ -144,25 +133,18 @@ def run_task_overlapped(
     cancel: threading.Event | None = None,
     progress: Progress | None = None,
     queue_size: int = 2,
-    merge_threads: int | None = None,
 ) -> Prediction:
     """Prepare batch i+1 and merge batch i-1 on worker threads while batch i runs.
 
     The session runs on the calling thread; bounded queues (``queue_size``) between
-    the stages keep at most ``2 * queue_size + 2 + merge threads`` batches in memory.
-    The output is identical to :func:`run_task`: each batch is merged exactly once, in
-    order, or, on a task whose batches write disjoint outputs (``merges_in_parallel``),
-    by ``merge_threads`` threads at once (default :func:`merge_threads_for`).
+    the stages keep at most ``2 * queue_size + 3`` batches in memory. The output is
+    identical to :func:`run_task`: each batch is merged exactly once, in order.
     """
     t0 = time.perf_counter()
     stop = threading.Event()
     ready: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
     ran: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
     merged = 0
-    merged_lock = threading.Lock()
-    mergers = 1
-    if getattr(task, "merges_in_parallel", False):
-        mergers = max(1, merge_threads if merge_threads is not None else merge_threads_for(session))
 
     def cancelled() -> bool:
         if cancel is not None and cancel.is_set():
@@ -184,16 +166,11 @@ def run_task_overlapped(
                 return
             batch, output = item
             task.accept(batch, output)
-            with merged_lock:  # progress reports each count once, in order
-                merged += 1
-                if progress is not None:
-                    progress(merged, task.total_batches)
+            merged += 1
+            if progress is not None:
+                progress(merged, task.total_batches)
 
-    merge_names = (
-        ["radserve-merge"] if mergers == 1 else [f"radserve-merge-{i}" for i in range(mergers)]
-    )
-    workers = [_Stage("radserve-prepare", prepare, stop)]
-    workers += [_Stage(name, merge, stop) for name in merge_names]
+    workers = [_Stage("radserve-prepare", prepare, stop), _Stage("radserve-merge", merge, stop)]
     for w in workers:
         w.start()
     try:
@@ -204,10 +181,8 @@ def run_task_overlapped(
             output = _infer(task, session, batch)
             if not _put(ran, (batch, output), stop):
                 break
-        for _ in range(mergers):  # one end mark for each merge thread
-            _put(ran, _END, stop)
-        for w in workers[1:]:
-            w.join()
+        _put(ran, _END, stop)
+        workers[1].join()
     finally:
         # Normal end: both workers are past their last item. Error or cancel: wake them.
         stop.set()
@@ -220,11 +195,4 @@ def run_task_overlapped(
     return _finish(task, session, t0)
 
 
-__all__ = [
-    "Progress",
-    "Runs",
-    "merge_threads_for",
-    "release_arena",
-    "run_task",
-    "run_task_overlapped",
-]
+__all__ = ["Progress", "Runs", "release_arena", "run_task", "run_task_overlapped"]

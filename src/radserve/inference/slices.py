@@ -166,8 +166,6 @@ def check_image_channels(
 class SliceTask(BatchedTask):
     """One study through one 2D/2.5D model, as a sequence of slice batches."""
 
-    merges_in_parallel = True  # each batch writes its own slices, in any order
-
     def __init__(
         self,
         volume: Volume,

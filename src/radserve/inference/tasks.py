@@ -7,9 +7,7 @@ once, so nothing larger than a batch is held per class. Tasks never touch a sess
 batches of several studies can interleave on one device.
 
 Thread contract: one thread calls ``next_batch`` and another ``accept``, possibly at the
-same time; ``accept`` calls are never concurrent with each other, except on a task whose
-``merges_in_parallel`` is true (each batch writes slices of its own, in any order: a
-slice task), where several threads may accept batches at once.
+same time; ``accept`` calls are never concurrent with each other.
 
 Model outputs are assumed to be *logits*: the task applies ``spec.activation``. A graph
 that already ends in Softmax/Sigmoid still gives the right labels for softmax (argmax is
@@ -112,7 +110,6 @@ class ForegroundBox:
     def __init__(self) -> None:
         self._lo = [np.iinfo(np.int64).max] * 3
         self._hi = [-1] * 3
-        self._lock = threading.Lock()  # slices merged on several threads
 
     def add(self, z: int, mask: np.ndarray, y0: int, x0: int) -> None:
         """Slice ``z``'s non-zero ``mask`` (2-D), whose element [0, 0] is at (y0, x0)."""
@@ -121,10 +118,9 @@ class ForegroundBox:
             return
         cols = np.flatnonzero(mask.any(axis=0))
         spans = ((z, z), (y0 + rows[0], y0 + rows[-1]), (x0 + cols[0], x0 + cols[-1]))
-        with self._lock:
-            for axis, (lo, hi) in enumerate(spans):
-                self._lo[axis] = min(self._lo[axis], int(lo))
-                self._hi[axis] = max(self._hi[axis], int(hi))
+        for axis, (lo, hi) in enumerate(spans):
+            self._lo[axis] = min(self._lo[axis], int(lo))
+            self._hi[axis] = max(self._hi[axis], int(hi))
 
     def box(self) -> BBox:
         """The box so far (empty when nothing was written)."""
@@ -141,9 +137,6 @@ class BatchedTask:
     ``confidence`` (shaped like :meth:`_output_grid`'s grid), calls :meth:`_plan` with
     its work items (one per sample), and implements :meth:`_inputs` and ``accept``
     (which ends with :meth:`_accepted`).
-
-    ``merges_in_parallel``: several threads may call ``accept`` at once (see the module's
-    thread contract); a task whose batches overlap (a patch task's sums) leaves it false.
 
     Where the outputs live: a task restricted to an ROI keeps its label and confidence
     maps at the ROI's size, on the ROI's box of the input grid (the prediction's affine
@@ -172,8 +165,6 @@ class BatchedTask:
             self.grid = crop_volume(self.volume, box)
             self._out = tuple(slice(0, max(0, s.stop - s.start)) for s in box)  # type: ignore[assignment]
         return self._out
-
-    merges_in_parallel = False
 
     def _plan(self, items: Sequence[Any]) -> None:
         """Split ``items`` into batches of ``batch_size``."""
@@ -214,9 +205,8 @@ class BatchedTask:
 
     def _check_first_output(self, output: np.ndarray) -> None:
         """Warn (once per task) when the first output looks like probabilities."""
-        with self._state.lock:
-            first, self._state.checked_output = not self._state.checked_output, True
-        if first:
+        if not self._state.checked_output:
+            self._state.checked_output = True
             warn_if_probabilities(self.spec, output)
 
     def _accepted(self, started: float) -> None:

@@ -240,9 +240,9 @@ class JobBook:
         step = job.step
         if step is None or not job.active:
             return None
-        if step.to_merge and step.merging < step.stage.merges_at_once:
+        if step.to_merge and not step.merging:
             batch, output = step.to_merge.popleft()
-            step.merging += 1
+            step.merging = True
             job.inflight += 1
             return MergeDispatch(job.id, step.stage, batch, output, now)
         if may_prepare(

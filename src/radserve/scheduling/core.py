@@ -441,7 +441,7 @@ class Scheduler:
     ) -> None:
         book, step = self._book, job.step
         assert step is not None
-        step.merging -= 1
+        step.merging = False
         job.add_time(f"{d.stage.name}: merge", elapsed)
         if outcome.error is not None:
             if isinstance(outcome.error, ModelError):  # wrong outputs: the model's fault

@@ -62,7 +62,7 @@ class StepProgress:
     ready: deque[ReadyBatch] = field(default_factory=deque)
     on_device: int = 0
     to_merge: deque[tuple[Batch, np.ndarray]] = field(default_factory=deque)
-    merging: int = 0  # merges in flight, at most ``stage.merges_at_once``
+    merging: bool = False
     merged: int = 0
     exhausted: bool = False
 
@@ -71,7 +71,7 @@ class StepProgress:
         return (
             self.exhausted
             and not self.preparing
-            and self.merging == 0
+            and not self.merging
             and not self.ready
             and not self.to_merge
             and self.on_device == 0

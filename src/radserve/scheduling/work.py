@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from radserve.inference.runner import Runs, merge_threads_for
+from radserve.inference.runner import Runs
 from radserve.inference.tasks import Task
 
 
@@ -45,14 +45,6 @@ class DeviceStage:
     model: ModelKey
     task: Task
     session: Runs
-
-    @property
-    def merges_at_once(self) -> int:
-        """How many of its batches may merge at the same time (several only where they
-        write disjoint outputs and the network is not on the CPU: ``merge_threads_for``)."""
-        if not getattr(self.task, "merges_in_parallel", False):
-            return 1
-        return merge_threads_for(self.session)
 
 
 Stage = CpuStage | DeviceStage
