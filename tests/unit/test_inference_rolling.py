@@ -86,3 +86,44 @@ def test_rolling_window_equals_whole_volume(tmp_path: Path, case: str) -> None:
     grid_rows = whole._grid[0]
     if grid_rows > 3 * spec.input.patch_size[0]:  # a long volume: a window, not the grid
         assert rolling._peak_rows < grid_rows / 2, (rolling._peak_rows, grid_rows)
+
+
+@pytest.mark.parametrize("case", ["default_resampled", "monai_ras", "nnunet_separate_z"])
+def test_slabs_mapped_back_on_several_threads_equal_one_thread(
+    tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside a GPU the way back is the critical path: its slabs (disjoint native slices,
+    read-only final model slices) go to ``merge_threads`` threads, with the same result."""
+    import radserve.inference.patches as patches
+
+    pooled: list[int] = []  # slabs handed to a pool at once
+
+    class Recording(patches.ThreadPoolExecutor):
+        def map(self, fn, *iterables, **kwargs):  # type: ignore[no-untyped-def, override]
+            items = list(iterables[0])
+            pooled.append(len(items))
+            return super().map(fn, items, **kwargs)
+
+    monkeypatch.setattr(patches, "ThreadPoolExecutor", Recording)
+    fields, shape, spacing = CASES[case]
+    kernel = np.random.default_rng(3).normal(size=(3, 1, 3, 3, 3)).astype(np.float32)
+    path = conv_model(tmp_path / "m.onnx", kernel, np.array([0.0, 0.2, -0.1], np.float32))
+    spec = model_spec(
+        mode="3d",
+        labels=2,
+        patch_size=(8, 8, 8),
+        normalisation={"kind": "ct_window", "center": 0.0, "width": 800.0},
+        **fields,
+    )
+    session = ModelSession(path, spec, runtime=CPU)
+    volume = _ct(shape, spacing)
+    budget = 60_000  # a few native slices a slab: many slabs per drain
+    one = PatchTask(volume, spec, crop_to_body=False, memory_budget_bytes=budget)
+    three = PatchTask(volume, spec, crop_to_body=False, memory_budget_bytes=budget, merge_threads=3)
+    want = run_task(one, session)
+    assert pooled == []  # one thread: no pool
+    got = run_task(three, session)
+    assert pooled and max(pooled) > 1
+    assert 0.05 < (want.labels.array > 0).mean() < 0.95
+    np.testing.assert_array_equal(got.labels.array, want.labels.array)
+    np.testing.assert_array_equal(got.confidence.array, want.confidence.array)

@@ -143,12 +143,15 @@ def test_cpu_devices_cap_the_batch_and_gpus_take_model_yaml_s() -> None:
         runtime = choose_runtime(_host(*providers))
         assert runtime.max_batch_size == runtime.batch_cap("2d") == 2
         assert runtime.batch_cap("3d") == 1  # a 3D patch alone (nnU-Net's 128^3: seconds)
+        assert runtime.merge_threads == 1  # the provider has every core
     for providers in (
         ("CUDAExecutionProvider", "CPUExecutionProvider"),
         ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
     ):
         runtime = choose_runtime(_host(*providers))
         assert runtime.max_batch_size is runtime.batch_cap("3d") is None
+        # the cores map a 3D model's outputs back while the GPU runs the next patches
+        assert runtime.merge_threads == runtime.host.usable_cores > 1
 
 
 def test_asking_for_a_missing_provider_fails_loudly() -> None:

@@ -69,3 +69,32 @@ def test_cubic_resize_one_axis_at_a_time_is_scipys_3d_zoom(shape, target) -> Non
     got = spline_resize(x, target, 3)
     assert got.shape == want.shape and got.dtype == np.float64
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("piece_bytes", [8 * 1024, 100_000])
+def test_a_volume_cut_into_pieces_on_threads_resizes_to_the_same_numbers(
+    monkeypatch: pytest.MonkeyPatch, piece_bytes: int
+) -> None:
+    """The lines along the resized axis are independent: a volume cut across another axis
+    into pieces (small pieces here, as a 512x512x300 CT is cut into 32 MiB ones), resized
+    on several threads, gives exactly the numbers of one whole pass."""
+    import radserve.preprocess.spline as spline
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(21, 37, 30)) * 300
+    whole = spline_resize(x, (17, 50, 23), 3)
+    monkeypatch.setattr(spline, "_PIECE_BYTES", piece_bytes)
+    monkeypatch.setattr(spline, "usable_cores", lambda: 3)
+    threads: set[str] = set()
+    filter1d = spline.ndimage.spline_filter1d
+
+    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
+        import threading
+
+        threads.add(threading.current_thread().name)
+        return filter1d(*args, **kwargs)
+
+    monkeypatch.setattr(spline.ndimage, "spline_filter1d", recording)
+    pieces = spline_resize(x, (17, 50, 23), 3)
+    np.testing.assert_array_equal(pieces, whole)
+    assert all(name.startswith("radserve-spline") for name in threads) and len(threads) > 1

@@ -186,7 +186,13 @@ def run_nnunet_bench(
         with _PeakRss() as ours_mem:
             t0 = time.perf_counter()
             cap = session.runtime.batch_cap(model.input.mode)
-            task = make_task(ct, model, max_batch_size=cap, precision=precision)
+            task = make_task(
+                ct,
+                model,
+                max_batch_size=cap,
+                precision=precision,
+                merge_threads=session.runtime.merge_threads,
+            )
             prediction = run_task_overlapped(task, session)
             ours = prediction.labels.array
             ours_s = time.perf_counter() - t0

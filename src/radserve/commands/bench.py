@@ -782,7 +782,11 @@ def _priority(
         ),
         ("queue drain, scheduled (s)", f"{s['drain_s']:.2f}", ""),
         ("same studies, sequential (s)", f"{s['sequential_s']:.2f}", ""),
-        ("results match sequential", str(s["results_match_sequential"]), ""),
+        (
+            "results match sequential",
+            str(s["results_match_sequential"]),
+            ", ".join(s["result_differences"]),  # the studies that differ (details: --json)
+        ),
     ]
     for row in rows:
         table.add_row(*row)

@@ -38,6 +38,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -214,6 +215,7 @@ class PatchTask(BatchedTask):
         max_batch_size: int | None = None,
         precision: str = "fp32",
         image_channels: dict[str, np.ndarray] | None = None,
+        merge_threads: int = 1,
     ) -> None:
         t0 = time.perf_counter()
         if spec.input.mode != "3d" or spec.input.patch_size is None:
@@ -222,6 +224,8 @@ class PatchTask(BatchedTask):
             raise ModelError(f"model {spec.key}: 3d models take no context_slices")
         self.spec, self.volume, self.precision = spec, volume, precision
         self._budget = memory_budget_bytes
+        # threads mapping final slabs back to the native grid (disjoint slices each)
+        self._merge_threads = max(1, merge_threads)
         masks = check_extra_channels(volume, spec, extra_channels)
         self._images = check_image_channels(volume, spec, image_channels)
         others = [array for _, array in self._images if array is not None]
@@ -519,11 +523,12 @@ class PatchTask(BatchedTask):
         t0 = time.perf_counter()
         check_batch(self, batch, output, (len(batch.items), self.spec.num_classes, *self.patch))
         if self.spec.input.sliding_window.accumulate == "logits":
-            probs = np.array(output, dtype=np.float32, copy=True)
+            # weighted in one pass into a new array (the output may be the session's)
+            probs = np.multiply(output, self._weights, dtype=np.float32)
         else:
             self._check_first_output(output)
             probs = activate(output, self.spec.activation)
-        probs *= self._weights
+            probs *= self._weights
         pz, py, px = self.patch
         assert self._acc is not None and self._norm is not None
         for (z, y, x), p in zip(batch.items, probs, strict=True):
@@ -643,7 +648,8 @@ class PatchTask(BatchedTask):
         logits = window.accumulate == "logits" and not window.activate_on_model_grid
         k = self.spec.num_classes
         width = 4 if self._box is None else 8  # float64 on the crop_foreground way back
-        slab = max(1, (self._budget or 256 * 2**20) // (width * 3 * k * h * w))
+        threads = self._merge_threads
+        slab = max(1, (self._budget or 256 * 2**20) // (width * 3 * k * h * w * threads))
         zs, ys, xs = self._out
         # Native-grid outputs seen in the network's axis order (views: written through).
         out_labels = self._axes.view(self.labels[zs, ys, xs])
@@ -653,18 +659,19 @@ class PatchTask(BatchedTask):
             if pending is None
             else int(np.searchsorted(self._reads_to + oz, self._final, "right"))
         )
-        while self._next < ready:
-            s, e = self._next, min(ready, self._next + slab)
+        both = self._box is not None
+
+        def map_back(s: int, e: int) -> None:
+            """Native slices ``s`` .. ``e`` from the final model slices they read."""
             coords = cz[s:e]
             lo = max(0, int(np.floor(coords.min())))
             hi = min(rd, int(np.floor(coords.max())) + 2)
             rows = slice(oz + lo - self._base, oz + hi - self._base)
             acc = self._acc[:, rows, oy : oy + rh, ox : ox + rw]
-            if self._box is not None:
+            if both:
                 # Invertd: float64 weights of both neighbours (a weight of 1e-16 on an
                 # in-box voxel beside the zeros decides the label there), then float32.
                 acc = acc.astype(np.float64)
-            both = self._box is not None
             part = interpolate_axis(acc, 1, coords - lo, order=orders[0], both_weights=both)
             part = interpolate_axis(part, 2, cy, order=orders[1], both_weights=both)
             part = interpolate_axis(part, 3, cx, order=orders[2], both_weights=both)
@@ -678,7 +685,16 @@ class PatchTask(BatchedTask):
             # Label voxels only: background pages of the map are never made resident.
             np.copyto(out_labels[s:e], labels, where=labels != 0)
             out_conf[s:e] = conf
-            self._next = e
+
+        slabs = [(s, min(ready, s + slab)) for s in range(self._next, ready, slab)]
+        if threads > 1 and len(slabs) > 1:
+            # each slab reads the final model slices and writes native slices of its own
+            with ThreadPoolExecutor(threads, thread_name_prefix="radserve-patch-merge") as pool:
+                list(pool.map(lambda se: map_back(*se), slabs))
+        else:
+            for s, e in slabs:
+                map_back(s, e)
+        self._next = max(self._next, ready)
         if self._next >= d:
             self._acc = self._norm = None
             return

@@ -108,6 +108,14 @@ class RuntimeChoice:
         return CPU_MAX_PATCH_BATCH if mode == "3d" else CPU_MAX_BATCH
 
     @property
+    def merge_threads(self) -> int:
+        """Threads a 3D task maps its outputs back with: every usable core where the
+        network runs on a GPU (the way back is then the critical path: 6.6 of 11.5 s for
+        nnU-Net's 64 patches of 128^3 on session 23's H200), one where it runs on the
+        CPU, whose provider already has every core."""
+        return self.host.usable_cores if _DEVICE_KIND[self.primary] == "cuda" else 1
+
+    @property
     def runs_bf16(self) -> bool:
         """Whether sessions may run at ``bf16`` here (see :func:`precision_options`)."""
         return self.primary == "OpenVINOExecutionProvider" and self.host.cpu_bf16 is not None

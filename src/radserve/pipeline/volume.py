@@ -336,6 +336,7 @@ class VolumeRun:
             roi,
             extra,
             max_batch_size=session.runtime.batch_cap(spec.input.mode),
+            **({"merge_threads": session.runtime.merge_threads} if _patches(spec) else {}),
             **({"image_channels": images} if images is not None else {}),
             **({"arrival": self._arrival} if self._arrival is not None else {}),
         )
@@ -451,6 +452,11 @@ def run_volume(
         release_free_memory()
     result = run.result()
     return VolumeResult(steps=result.steps, timings={**result.timings, **timer.seconds})
+
+
+def _patches(spec: ModelSpec) -> bool:
+    """A 3D segmentation model (a :class:`~radserve.inference.PatchTask`)."""
+    return not spec.is_classifier and spec.input.mode == "3d"
 
 
 def _reads_slices(spec: ModelSpec) -> bool:

@@ -16,8 +16,12 @@ view is kept, new voxel ``j`` samples old index ``(j + 0.5) * n_in / n_out - 0.5
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from scipy import ndimage
+
+from radserve.host import usable_cores
 
 __all__ = ["nnunet_new_shape", "resize_channels", "separate_axis", "spline_resize"]
 
@@ -73,12 +77,22 @@ def spline_resize(image: np.ndarray, shape: tuple[int, ...], order: int) -> np.n
 
 
 _PAD = 12  # scipy.ndimage.zoom's edge padding before its spline filter (mode="nearest")
+# Pieces of the volume filtered at a time: each piece's padded and filtered copies stay
+# small (the whole 512x512x300 CT in float64 is 600 MiB a copy) and pieces go to
+# several threads (scipy's spline filter and numpy's take let go of the GIL).
+_PIECE_BYTES = 32 * 2**20
 
 
 def _cubic_axis(image: np.ndarray, axis: int, size: int) -> np.ndarray:
     """``image`` (float64) resized to ``size`` along ``axis`` with a cubic B-spline as
     ``scipy.ndimage.zoom(order=3, mode="nearest", grid_mode=True)`` does it along that
-    axis: edge-pad 12, spline prefilter, sample at ``(j + 0.5) * n / size - 0.5``."""
+    axis: edge-pad 12, spline prefilter, sample at ``(j + 0.5) * n / size - 0.5``.
+
+    The lines along ``axis`` are independent, so the volume is cut across another axis
+    into pieces resized on up to :func:`~radserve.host.usable_cores` threads: the same
+    numbers as one pass (each line is computed alike), in a fraction of the time on a
+    many-core host and without two whole-volume float64 copies (issue 18, session 23:
+    nnU-Net's 512x512x300 preparation took 5.0 s on one core of a 16-core GPU host)."""
     n = image.shape[axis]
     coords = (np.arange(size, dtype=np.float64) + 0.5) * (n / size) - 0.5 + _PAD
     base = np.floor(coords)
@@ -92,15 +106,36 @@ def _cubic_axis(image: np.ndarray, axis: int, size: int) -> np.ndarray:
         ((1 + 3 * t + 3 * t**2 - 3 * t**3) / 6).reshape(shape),
         (t**3 / 6).reshape(shape),
     ]
-    pad = [(0, 0)] * image.ndim
-    pad[axis] = (_PAD, _PAD)
-    c = ndimage.spline_filter1d(
-        np.pad(image, pad, mode="edge"), 3, axis=axis, output=np.float64, mode="nearest"
-    )
-    out = np.take(c, first, axis=axis)
-    out *= weights[0]
-    for k in range(1, 4):
-        out += np.take(c, first + k, axis=axis) * weights[k]
+    out_shape = list(image.shape)
+    out_shape[axis] = size
+    out = np.empty(out_shape, dtype=np.float64)
+    others = [a for a in range(image.ndim) if a != axis]
+    cut = max(others, key=lambda a: image.shape[a]) if others else axis
+    pieces = 1 if cut == axis else min(image.shape[cut], -(-image.nbytes // _PIECE_BYTES))
+    bounds = np.linspace(0, image.shape[cut], pieces + 1).astype(int)
+
+    def resize_piece(i: int) -> None:
+        where = [slice(None)] * image.ndim
+        where[cut] = slice(int(bounds[i]), int(bounds[i + 1]))
+        piece = image[tuple(where)]
+        pad = [(0, 0)] * image.ndim
+        pad[axis] = (_PAD, _PAD)
+        c = ndimage.spline_filter1d(
+            np.pad(piece, pad, mode="edge"), 3, axis=axis, output=np.float64, mode="nearest"
+        )
+        part = out[tuple(where)]
+        np.take(c, first, axis=axis, out=part)
+        part *= weights[0]
+        for k in range(1, 4):
+            part += np.take(c, first + k, axis=axis) * weights[k]
+
+    threads = min(pieces, usable_cores())
+    if threads <= 1:
+        for i in range(pieces):
+            resize_piece(i)
+    else:
+        with ThreadPoolExecutor(threads, thread_name_prefix="radserve-spline") as pool:
+            list(pool.map(resize_piece, range(pieces)))
     return out
 
 
