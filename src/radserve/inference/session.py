@@ -9,6 +9,7 @@ graph is fed float16 and its output returned as float32, so callers see one dtyp
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from pathlib import Path
 
@@ -23,6 +24,12 @@ from radserve.models.manifest import ModelSpec
 logger = logging.getLogger(__name__)
 
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+# What ONNX Runtime's allocators say when a device (CUDA's BFC arena, the CPU's) or the
+# host has no memory left for a run.
+_OUT_OF_MEMORY = re.compile(
+    r"Failed to allocate memory|out of memory|bad_alloc|ALLOC_FAILED|cudaErrorMemoryAllocation",
+    re.IGNORECASE,
+)
 _STARTED_PROVIDERS: set[str] = set()
 _STARTED_LOCK = threading.Lock()
 
@@ -172,27 +179,79 @@ class ModelSession(_ModelFile):
         # doubles it; each slice's output is the same, bit for bit (session 16, AMX).
         self._pad_partial = rank == 4 and self.providers_in_use[0] == "OpenVINOExecutionProvider"
         self._last_shape: tuple[int, ...] | None = None
+        # the largest batch known to fit in the device's memory, once one did not (run)
+        self.batch_limit: int | None = None
+        self._limit_lock = threading.Lock()
         if self.fixed_batch is not None:
             logger.info("%s has a fixed batch size %d", self.spec.key, self.fixed_batch)
 
     def run(self, batch: np.ndarray) -> np.ndarray:
-        """Run one batch; returns float32 (N, classes, spatial...)."""
+        """Run one batch; returns float32 (N, classes, spatial...).
+
+        A batch the device has no memory for is run again in halves, and batches are
+        kept at the size that fitted from then on (:attr:`batch_limit`): on a GPU shared
+        with other models, or with several studies' batches merged into one call, the
+        model's batch size can be more than the free memory holds, and failing the call
+        would fail every study in it and count against the model's circuit breaker.
+        """
         if batch.ndim != (5 if self.spec.input.mode == "3d" else 4):
             raise InferenceError(f"batch of shape {batch.shape} for {self.spec.input.mode} model")
         x = np.ascontiguousarray(batch, dtype=self.input_dtype)
-        b = self.fixed_batch or self._padded_size(x.shape)
         try:
-            if b is None or len(x) == b:
-                out = self._session.run([self.output_name], {self.input_name: x}, self._options)[0]
-                self._last_shape = x.shape
-            else:
-                out = self._run_fixed(x, b)
+            out = self._run_within_memory(x)
         except Exception as exc:
             raise InferenceError(
                 f"{self.spec.key} failed on a batch of shape {batch.shape} with "
                 f"{self.providers_in_use[0]}: {exc}"
             ) from exc
         return np.asarray(out, dtype=np.float32)
+
+    def _run_within_memory(self, x: np.ndarray, *, tight: bool = False) -> np.ndarray:
+        """``x`` in one run, or in parts of at most :attr:`batch_limit` (``tight``: memory
+        has run out before; each run then hands the CPU arena's free memory back)."""
+        limit = self.batch_limit
+        if limit is not None and len(x) > limit:
+            return self._run_in_parts(x, limit)
+        try:
+            return self._run_once(x, shrink=tight or limit is not None)
+        except Exception as exc:
+            if not _OUT_OF_MEMORY.search(str(exc)) or len(x) == 1 or self.fixed_batch:
+                raise
+            half = (len(x) + 1) // 2
+            with self._limit_lock:
+                if self.batch_limit is None or half < self.batch_limit:
+                    self.batch_limit = half
+            logger.warning(
+                "%s: out of memory on %s at a batch of %d; running batches of at most %d "
+                "from now on",
+                self.spec.key,
+                self.providers_in_use[0],
+                len(x),
+                half,
+            )
+            return self._run_in_parts(x, half)
+
+    def _run_in_parts(self, x: np.ndarray, size: int) -> np.ndarray:
+        """``x`` run ``size`` samples at a time, each part written into one output (no
+        second copy of the whole output while the parts are joined)."""
+        out: np.ndarray | None = None
+        for i in range(0, len(x), size):
+            part = self._run_within_memory(x[i : i + size], tight=True)
+            if out is None:
+                out = np.empty((len(x), *part.shape[1:]), dtype=part.dtype)
+            out[i : i + len(part)] = part
+            del part
+        assert out is not None
+        return out
+
+    def _run_once(self, x: np.ndarray, *, shrink: bool = False) -> np.ndarray:
+        options = self._shrink if shrink else self._options
+        b = self.fixed_batch or self._padded_size(x.shape)
+        if b is None or len(x) == b:
+            out = self._session.run([self.output_name], {self.input_name: x}, options)[0]
+            self._last_shape = x.shape
+            return out
+        return self._run_fixed(x, b, options)
 
     def _padded_size(self, shape: tuple[int, ...]) -> int | None:
         """The batch size to pad a batch of ``shape`` to (the last run's), or None."""
@@ -201,7 +260,7 @@ class ModelSession(_ModelFile):
             return None
         return last[0] if shape[0] < last[0] <= 2 * shape[0] else None
 
-    def _run_fixed(self, x: np.ndarray, b: int) -> np.ndarray:
+    def _run_fixed(self, x: np.ndarray, b: int, options: ort.RunOptions | None) -> np.ndarray:
         parts = []
         for start in range(0, len(x), b):
             chunk = x[start : start + b]
@@ -209,7 +268,7 @@ class ModelSession(_ModelFile):
             if n < b:
                 chunk = np.concatenate([chunk, np.repeat(chunk[-1:], b - n, axis=0)])
             feed = {self.input_name: chunk}
-            parts.append(self._session.run([self.output_name], feed, self._options)[0][:n])
+            parts.append(self._session.run([self.output_name], feed, options)[0][:n])
         return np.concatenate(parts)
 
     @property
