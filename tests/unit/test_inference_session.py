@@ -266,6 +266,41 @@ def test_openvino_pads_a_tasks_last_partial_batch_instead_of_a_new_shape(tmp_pat
     assert cpu._last_shape == (3, 1, 32, 48) and not cpu._pad_partial
 
 
+def test_on_a_gpu_every_call_has_the_models_batch_size(tmp_path: Path) -> None:
+    """A GPU session (``uniform_batch``: model.yaml's batch size there) splits larger
+    batches and pads smaller ones, so every call has one shape and a slice's output does
+    not depend on what was batched beside it. No GPU here: a CPU session is given the
+    uniform batch a CUDA runtime would, and what ONNX Runtime is fed is recorded."""
+    from tests.factories.onnx_models import conv_model
+
+    rng = np.random.default_rng(6)
+    w = rng.normal(0, 1, (2, 1, 3, 3)).astype(np.float32)
+    path = conv_model(tmp_path / "conv.onnx", w, np.array([0.1, -0.1], np.float32))
+    session = ModelSession(path, model_spec(batch_size=4), runtime=CPU)
+    assert session.uniform_batch is None  # a CPU session runs batches as they come
+    x = rng.normal(0, 1, (9, 1, 32, 48)).astype(np.float32)
+    alone = np.concatenate([session.run(x[i : i + 1]) for i in range(9)])
+    session.uniform_batch = 4  # what ModelSession sets on a cuda:N runtime
+    fed: list[int] = []
+    inner = session._session
+
+    class Recording:
+        def run(self, names, feed, options=None):  # type: ignore[no-untyped-def]
+            fed.append(len(next(iter(feed.values()))))
+            return inner.run(names, feed, options)
+
+    session._session = Recording()  # type: ignore[assignment]
+    for batch in (x[:3], x[:4], x):  # a tail, a full batch, two studies' slices merged
+        out = session.run(batch)
+        np.testing.assert_array_equal(out, alone[: len(batch)])
+    assert set(fed) == {4} and len(fed) == 1 + 1 + 3
+    # memory ran out at 4: the uniform size follows the batch that fitted
+    session.batch_limit = 2
+    fed.clear()
+    np.testing.assert_array_equal(session.run(x[:3]), alone[:3])
+    assert set(fed) == {2}
+
+
 _GPU_BUILD = "CUDAExecutionProvider" in ort.get_available_providers()
 
 

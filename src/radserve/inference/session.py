@@ -179,6 +179,15 @@ class ModelSession(_ModelFile):
         # doubles it; each slice's output is the same, bit for bit (session 16, AMX).
         self._pad_partial = rank == 4 and self.providers_in_use[0] == "OpenVINOExecutionProvider"
         self._last_shape: tuple[int, ...] | None = None
+        # On a GPU every call has the model's batch size: larger batches (several
+        # studies' slices merged by the scheduler) are split, smaller ones padded. cuDNN
+        # picks its convolution kernels per input shape, so a slice computed in a batch
+        # of another size gets other roundings, and near-tied voxels other labels: on
+        # session 23's H200 the priority scenario's studies, batched with others, did not
+        # all match the same studies run alone. With one shape, a slice's result does
+        # not depend on the studies batched beside it (expected; not yet re-run on a GPU).
+        gpu = self.runtime.device.startswith("cuda")
+        self.uniform_batch = self.spec.input.batch_size if gpu and not self.fixed_batch else None
         # the largest batch known to fit in the device's memory, once one did not (run)
         self.batch_limit: int | None = None
         self._limit_lock = threading.Lock()
@@ -246,12 +255,18 @@ class ModelSession(_ModelFile):
 
     def _run_once(self, x: np.ndarray, *, shrink: bool = False) -> np.ndarray:
         options = self._shrink if shrink else self._options
-        b = self.fixed_batch or self._padded_size(x.shape)
+        b = self.fixed_batch or self._uniform_size() or self._padded_size(x.shape)
         if b is None or len(x) == b:
             out = self._session.run([self.output_name], {self.input_name: x}, options)[0]
             self._last_shape = x.shape
             return out
         return self._run_fixed(x, b, options)
+
+    def _uniform_size(self) -> int | None:
+        """:attr:`uniform_batch`, within :attr:`batch_limit` once memory ran out."""
+        if self.uniform_batch is None:
+            return None
+        return min(self.uniform_batch, self.batch_limit or self.uniform_batch)
 
     def _padded_size(self, shape: tuple[int, ...]) -> int | None:
         """The batch size to pad a batch of ``shape`` to (the last run's), or None."""
