@@ -88,6 +88,10 @@ def test_a_cuda_build_reports_built_and_installed_versions_and_what_is_missing(
     no_cudnn = checks_for(build, replace(complete, cudnn=None), monkeypatch)["cuda"]
     assert no_cudnn.status == "warn" and "not found: cuDNN" in no_cudnn.detail
     assert checks_for(build, complete, monkeypatch)["openvino"].detail.startswith("no OpenVINO")
+    # onnxruntime-gpu 1.31's build record names CUDA only (the H200 printed "cuDNN ?")
+    cuda_only = replace(build, version="1.31.1", cuda_built="13.0", cudnn_built=None)
+    detail = checks_for(cuda_only, complete, monkeypatch)["cuda"].detail
+    assert "built with CUDA 13.0; installed:" in detail and "?" not in detail
 
 
 def test_bf16_is_servable_only_where_the_host_runs_it() -> None:

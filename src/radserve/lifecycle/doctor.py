@@ -127,7 +127,11 @@ def _runtime(host: HostFacts) -> list[Check]:
         libs = f" (installed NVIDIA libraries: {', '.join(found)})" if found else ""
         out.append(Check("cuda", "ok", f"no CUDA provider: CPU serving{libs}"))
         return out
-    built = [f"built with CUDA {build.cuda_built or '?'}, cuDNN {build.cudnn_built or '?'}"]
+    # onnxruntime-gpu 1.31 records the CUDA it was built with, no longer the cuDNN
+    compiled = [f"CUDA {build.cuda_built or 'not recorded'}"]
+    if build.cudnn_built:
+        compiled.append(f"cuDNN {build.cudnn_built}")
+    built = [f"built with {', '.join(compiled)}"]
     missing = [
         what
         for what, version in (("CUDA driver", nvidia.driver), ("cuDNN", nvidia.cudnn))
