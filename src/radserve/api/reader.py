@@ -59,8 +59,9 @@ class ReaderJobs(JobAccess):
     """Jobs as a reader process sees them: the serving process's published views
     (position, ETA), else the store; finished records are kept (they never change)."""
 
-    def __init__(self, store: Store, snapshot: SnapshotReader) -> None:
-        super().__init__(store, JobCache(), scheduler=None, hooks=None)  # type: ignore[arg-type]
+    def __init__(self, store: Store, snapshot: SnapshotReader, cache_records: int) -> None:
+        cache = JobCache(cache_records)
+        super().__init__(store, cache, scheduler=None, hooks=None)  # type: ignore[arg-type]
         self.snapshot = snapshot
 
     def cached(self, job_id: str) -> JobRecord | None:
@@ -113,7 +114,8 @@ def reader_app(
     ``phi.read`` records (default: this process's store, else the audit writer's
     :meth:`AuditWriterClient.submit`)."""
     state = State()
-    state.service = ReaderState(settings, store, ReaderJobs(store, snapshot))
+    jobs = ReaderJobs(store, snapshot, settings.jobs.cache_records)
+    state.service = ReaderState(settings, store, jobs)
     state.read_access = ReadAccess(store, settings.security.visibility, audit=audit)
     state.keys = KeyVerifier(store, wait_s=settings.server.store_wait_s)
     state.status_bodies = StatusBodies()

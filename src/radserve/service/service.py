@@ -166,7 +166,7 @@ class Service:
         self.store: Store
         self.store, self.audit = open_audited(settings, export=True, upgrade=True)
         self.catalog = Catalog.from_settings(settings, sessions)
-        self.cache = JobCache()
+        self.cache = JobCache(settings.jobs.cache_records)
         # the metrics read the scheduler when scraped; the scheduler reports to the hooks
         self.outbox = OutboxOps(settings, self.store, wake=self._wake_senders)
         self.metrics = Metrics(lambda: self.scheduler.snapshot(), outbox=self.outbox.status)
