@@ -92,16 +92,17 @@ def test_rolling_window_equals_whole_volume(tmp_path: Path, case: str) -> None:
 def test_slabs_mapped_back_on_several_threads_equal_one_thread(
     tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Beside a GPU the way back is the critical path: its slabs (disjoint native slices,
-    read-only final model slices) go to ``merge_threads`` threads, with the same result."""
+    """Beside a GPU the merge is the critical path: its slabs (disjoint native slices,
+    read-only final model slices) and each class's sums go to ``merge_threads`` threads,
+    with the same result."""
     import radserve.inference.patches as patches
 
-    pooled: list[int] = []  # slabs handed to a pool at once
+    pooled: dict[str, list[int]] = {}  # per pool: the items handed to it at once
 
     class Recording(patches.ThreadPoolExecutor):
         def map(self, fn, *iterables, **kwargs):  # type: ignore[no-untyped-def, override]
             items = list(iterables[0])
-            pooled.append(len(items))
+            pooled.setdefault(self._thread_name_prefix, []).append(len(items))
             return super().map(fn, items, **kwargs)
 
     monkeypatch.setattr(patches, "ThreadPoolExecutor", Recording)
@@ -121,9 +122,10 @@ def test_slabs_mapped_back_on_several_threads_equal_one_thread(
     one = PatchTask(volume, spec, crop_to_body=False, memory_budget_bytes=budget)
     three = PatchTask(volume, spec, crop_to_body=False, memory_budget_bytes=budget, merge_threads=3)
     want = run_task(one, session)
-    assert pooled == []  # one thread: no pool
+    assert pooled == {}  # one thread: no pool
     got = run_task(three, session)
-    assert pooled and max(pooled) > 1
+    assert max(pooled["radserve-patch-merge"]) > 1  # slabs mapped back side by side
+    assert set(pooled["radserve-patch-sum"]) == {3 + 1}  # each class's sums, the weights'
     assert 0.05 < (want.labels.array > 0).mean() < 0.95
     np.testing.assert_array_equal(got.labels.array, want.labels.array)
     np.testing.assert_array_equal(got.confidence.array, want.confidence.array)

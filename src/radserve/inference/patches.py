@@ -523,19 +523,36 @@ class PatchTask(BatchedTask):
         t0 = time.perf_counter()
         check_batch(self, batch, output, (len(batch.items), self.spec.num_classes, *self.patch))
         if self.spec.input.sliding_window.accumulate == "logits":
-            # weighted in one pass into a new array (the output may be the session's)
-            probs = np.multiply(output, self._weights, dtype=np.float32)
+            probs = output  # weighted class by class below (the output is not changed)
         else:
             self._check_first_output(output)
             probs = activate(output, self.spec.activation)
-            probs *= self._weights
         pz, py, px = self.patch
         assert self._acc is not None and self._norm is not None
-        for (z, y, x), p in zip(batch.items, probs, strict=True):
-            r = z - self._base
-            self._reserve(r + pz)
-            self._acc[:, r : r + pz, y : y + py, x : x + px] += p
-            self._norm[r : r + pz, y : y + py, x : x + px] += self._weights
+        for z, _, _ in batch.items:
+            self._reserve(z - self._base + pz)
+        acc, norm, weights, base = self._acc, self._norm, self._weights, self._base
+
+        def add_class(c: int) -> None:
+            for (z, y, x), sample in zip(batch.items, probs, strict=True):
+                region = acc[c, z - base : z - base + pz, y : y + py, x : x + px]
+                region += sample[c] * weights
+
+        def add_weights() -> None:
+            for z, y, x in batch.items:
+                norm[z - base : z - base + pz, y : y + py, x : x + px] += weights
+
+        # each class's sums, and the weights', are arrays of their own: beside a GPU
+        # they are added on several threads (numpy lets go of the GIL while adding)
+        parts = [functools.partial(add_class, c) for c in range(acc.shape[0])] + [add_weights]
+        threads = min(self._merge_threads, len(parts))
+        if threads > 1:
+            with ThreadPoolExecutor(threads, thread_name_prefix="radserve-patch-sum") as pool:
+                list(pool.map(lambda part: part(), parts))
+        else:
+            for part in parts:
+                part()
+        for z, _, _ in batch.items:
             self._pending[z] -= 1
         if self._rolling:
             self._drain(next((z for z in sorted(self._pending) if self._pending[z]), None))
