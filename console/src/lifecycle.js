@@ -1,9 +1,10 @@
 // Model lifecycle on the operations page: every installed version of every model with its
 // deployment (stable, canary with its share, shadow), precision gate, comparison record
 // and drift state, read from the lifecycle API (GET /v1/models, /v1/models/deployments,
-// /v1/models/drift). Promote and rollback are offered to admin sessions only, after a
-// confirmation that asks for the reason the server audits; the server refuses them to
-// other roles anyway (403).
+// /v1/models/drift). Deploy (a version as canary with its share, shadow or stable),
+// promote and rollback are offered to admin sessions only, after a form or confirmation
+// that asks for the reason the server audits; the server refuses them to other roles
+// anyway (403).
 import { api, can } from './api.js'
 import { h, iso, num, toast, when } from './util.js'
 
@@ -78,8 +79,9 @@ function verdict(step, deployment, history) {
   return lines
 }
 
-// Renders into `box`; `confirm(step, action, text)` asks before acting.
-export function renderLifecycle(box, data, confirm) {
+// Renders into `box`; `confirm(step, action, text)` asks before acting, `deploy(step,
+// version, roles)` opens the deploy form for a version.
+export function renderLifecycle(box, data, confirm, deploy) {
   const admin = can('admin')
   const active = Object.fromEntries(data.deployments.map((d) => [d.step, d]))
   const drift = new Map(data.drift.map((m) => [`${m.model} ${m.version}`, m]))
@@ -113,7 +115,7 @@ export function renderLifecycle(box, data, confirm) {
       h(
         'table',
         { class: 'versions' },
-        h('thead', {}, h('tr', {}, ['version', 'deployed', 'gate (servable precisions)', 'record (jobs, comparisons)', 'drift'].map((t) => h('th', {}, t)))),
+        h('thead', {}, h('tr', {}, ['version', 'deployed', 'gate (servable precisions)', 'record (jobs, comparisons)', 'drift', ...(admin ? [''] : [])].map((t) => h('th', {}, t)))),
         h(
           'tbody',
           {},
@@ -126,6 +128,7 @@ export function renderLifecycle(box, data, confirm) {
               gateCell(v),
               recordCell(v.record),
               driftCell(drift.get(`${v.name} ${v.version}`)),
+              admin ? h('td', {}, deployButton(name, v, deploy)) : null,
             ),
           ),
         ),
@@ -133,6 +136,80 @@ export function renderLifecycle(box, data, confirm) {
     )
   })
   box.replaceChildren(h('h2', {}, 'Models'), ...(blocks.length ? blocks : [h('p', { class: 'muted' }, 'no models installed')]))
+}
+
+// A version that serves as stable already has nothing to deploy; any other may become
+// the canary, the shadow or the stable (the server says why when it refuses: no gate,
+// a share out of range, the version another role already holds).
+function deployButton(step, v, deploy) {
+  if (v.deployed.includes('stable')) return null
+  return h('button', { 'data-action': 'deploy', onclick: () => deploy(step, v.version) }, 'Deploy…')
+}
+
+// The deploy form, one modal like the confirmation: role, share of studies (canary and
+// shadow), URGENT studies too (canary), and the audited reason, then POST
+// /v1/models/{step}/deploy.
+export function deployDialog(onDone) {
+  const text = h('p', { id: 'deploy-text' })
+  const role = h('select', { id: 'deploy-role', 'aria-label': 'role' }, ['canary', 'shadow', 'stable'].map((r) => h('option', { value: r }, r)))
+  const percent = h('input', { id: 'deploy-percent', type: 'number', min: 1, max: 100, step: 1, required: true, 'aria-label': 'share of studies (%)' })
+  const urgent = h('input', { id: 'deploy-urgent', type: 'checkbox' })
+  const reason = h('input', { id: 'deploy-reason', type: 'text', maxlength: 1000, required: true, placeholder: 'why (kept in the audit log)', 'aria-label': 'reason' })
+  const share = h('label', { id: 'deploy-share' }, 'Share of studies (%) ', percent)
+  const urgentLabel = h('label', { id: 'deploy-urgent-label' }, urgent, ' URGENT studies too')
+  const error = h('p', { class: 'error', role: 'alert' })
+  const ok = h('button', { type: 'submit', 'data-action': 'confirm-deploy' }, 'Deploy')
+  const cancel = h('button', { type: 'button', 'data-action': 'cancel-deploy' }, 'Cancel')
+  const form = h('form', { method: 'dialog' }, h('h2', {}, 'Deploy'), text, h('label', {}, 'Role ', role), share, urgentLabel, h('label', {}, 'Reason ', reason), error, h('div', { class: 'group' }, ok, cancel))
+  const dialog = h('dialog', { id: 'deploy-dialog' }, form)
+  document.body.append(dialog)
+  let pending = null
+  // a stable takes every study: no share; only a canary can take URGENT studies
+  function fit() {
+    const r = role.value
+    percent.disabled = r === 'stable'
+    share.hidden = r === 'stable'
+    urgent.disabled = r !== 'canary'
+    urgentLabel.hidden = r !== 'canary'
+    if (r !== 'canary') urgent.checked = false
+    if (r === 'shadow' && !percent.value) percent.value = '100'
+  }
+  role.addEventListener('change', fit)
+  cancel.addEventListener('click', () => dialog.close())
+  form.addEventListener('submit', async (event) => {
+    event.preventDefault()
+    if (!pending || !reason.value.trim()) return
+    ok.disabled = true
+    const { step, version } = pending
+    const body = { version, role: role.value, percent: role.value === 'stable' ? 0 : Number(percent.value), include_urgent: urgent.checked, reason: reason.value.trim() }
+    try {
+      await api(`/v1/models/${encodeURIComponent(step)}/deploy`, { method: 'POST', body })
+      toast(`${step}: ${version} deployed as ${body.role}`)
+      dialog.close()
+      onDone()
+    } catch (e) {
+      error.textContent = `deploy refused: ${e.message}`
+    } finally {
+      ok.disabled = false
+    }
+  })
+  return {
+    ask(step, version) {
+      pending = { step, version }
+      text.textContent = `${step} ${version}`
+      role.value = 'canary'
+      percent.value = '10'
+      urgent.checked = false
+      reason.value = ''
+      error.textContent = ''
+      fit()
+      dialog.showModal()
+      role.focus()
+    },
+    remove() {
+      dialog.remove()
+    },
+  }
 }
 
 // One modal confirmation (outside the refreshed area, so a refresh does not close it):

@@ -1,7 +1,8 @@
 """Issue 16: the model lifecycle on the console's operations page, in Debian's chromium
 against a real ``radserve serve``: each installed version with its deployment (stable,
 canary with its share, shadow), gate, comparison record and drift state; promote and
-rollback for admin sessions only, after a confirmation that asks for the audited reason;
+rollback for admin sessions only, after a confirmation that asks for the audited reason,
+and deploy (a version as canary with its share and URGENT choice) through a form;
 a read session sees no such buttons and its forged promote is refused (403), as is an
 admin's without the CSRF token."""
 
@@ -117,7 +118,8 @@ def test_ops_page_shows_the_lifecycle_and_only_admin_may_promote_or_roll_back(
                 assert "stable 1.0.0 · canary 1.1.0 25 % · shadow 1.2.0 100 %" in step
                 assert "not rolled back by the guardrails" in step
                 assert p.page.locator("#lifecycle tr[data-model='organs-test']").count() == 1
-                assert p.page.locator("[data-action=promote], [data-action=rollback]").count() == 0
+                buttons = "[data-action=promote], [data-action=rollback], [data-action=deploy]"
+                assert p.page.locator(buttons).count() == 0
                 forged = p.page.evaluate(
                     """async () => {
                         const s = await (await fetch('/console/api/session')).json()
@@ -180,11 +182,41 @@ def test_ops_page_shows_the_lifecycle_and_only_admin_may_promote_or_roll_back(
                     "last change: rollback"
                     in p.page.locator("#lifecycle [data-step='lesions-test']").inner_text()
                 )
+                # deploy from the console: 1.1.0 as the canary for 30 % with URGENT studies
+                deploy = f"{row.format('1.1.0')} button[data-action=deploy]"
+                assert p.page.locator(f"{row.format('1.0.0')} [data-action=deploy]").count() == 0
+                p.page.click(deploy)
+                form = p.page.locator("#deploy-dialog")
+                assert form.is_visible() and "lesions-test 1.1.0" in form.inner_text()
+                p.page.select_option("#deploy-role", "stable")  # a stable has no share
+                assert not p.page.locator("#deploy-percent").is_visible()
+                p.page.select_option("#deploy-role", "canary")
+                p.page.fill("#deploy-percent", "30")
+                p.page.check("#deploy-urgent")
+                p.page.click("#deploy-dialog [data-action=confirm-deploy]")  # no reason yet
+                assert form.is_visible() and _deployment(c, keys["admin"])["canary"] is None
+                p.page.fill("#deploy-reason", "try 1.1.0 on a third")
+                p.shot("ops-lifecycle-deploy")
+                p.page.click("#deploy-dialog [data-action=confirm-deploy]")
+                p.page.wait_for_selector(row.format("1.1.0") + "[data-deployed=canary]")
+                assert not form.is_visible()
+                step = p.page.locator("#lifecycle [data-step='lesions-test']").inner_text()
+                assert "canary 1.1.0 30 % (URGENT too)" in step
+                # a share the server refuses is answered in the form, nothing changed
+                p.page.click(f"{row.format('1.1.0')} button[data-action=deploy]")
+                p.page.fill("#deploy-percent", "0")
+                p.page.fill("#deploy-reason", "nothing")
+                p.page.click("#deploy-dialog [data-action=confirm-deploy]")
+                assert form.is_visible()
+                p.page.click("#deploy-dialog [data-action=cancel-deploy]")
                 p.shot("ops-lifecycle-admin")
                 assert p.errors == []
                 p.close()
             final = _deployment(c, keys["admin"])
-            assert (final["stable"], final["action"]) == ("1.0.0", "rollback")
+            deployed = (final["stable"], final["canary"], final["action"])
+            assert deployed == ("1.0.0", "1.1.0", "deploy")
+            assert (final["canary_percent"], final["canary_urgent"]) == (30, True)
+            assert final["reason"] == "try 1.1.0 on a third"
     finally:
         process.terminate()
         process.wait(60)
@@ -193,8 +225,9 @@ def test_ops_page_shows_the_lifecycle_and_only_admin_may_promote_or_roll_back(
         for r in _audit(config, data, tmp_path / "audit.jsonl")
         if r["action"] == "model.changed" and r["payload"].get("event", "").startswith("deploy")
     ]
-    assert events[-2:] == [
+    assert events[-3:] == [
         ("deployment.promote", deployer, "canary looked fine"),
         ("deployment.rollback", deployer, "back to 1.0.0"),
+        ("deployment.deploy", deployer, "try 1.1.0 on a third"),
     ]
     assert not any(reason == "forged" or reason == "x" for _, _, reason in events)
