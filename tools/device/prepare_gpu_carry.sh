@@ -6,8 +6,9 @@
 # lacks, and MONAI for the baseline. xz -9e takes ~3 CPU-minutes. Then, one call each:
 #   run(command="mkdir -p /root/parts && cp .gpuK/* /root/parts/", carry=[".gpuK"])  K=1..5
 #   run(command="bash tools/device/gpu_check.sh", carry=[".gpu6", ".whl"])
-# With NNUNET=1 also .gpu7 (nnU-Net's wheels and SimpleITK), copied the same way before
-# the last call; gpu_install.sh installs what it finds in /root/parts.
+# With NNUNET=1 also .gpu7 (nnU-Net's wheels and SimpleITK), with RAY=1 .gpu8 and .gpu9
+# (Ray's wheel), copied the same way before the last call; gpu_install.sh installs what
+# it finds in /root/parts.
 # back to back: the parts stay only while the machine is warm (30 s after each call).
 set -euo pipefail
 ORT=${ORT:-onnxruntime-gpu==1.31.1}
@@ -38,6 +39,17 @@ if [ "${NNUNET:-0}" = 1 ]; then
   mkdir "$WORK/sitk" && (cd "$WORK/sitk" && unzip -q "$OLDPWD"/.gpu7/simpleitk-*.whl)
   rm .gpu7/simpleitk-*.whl
   tar -C "$WORK/sitk" -cf - . | xz -9e -T2 > .gpu7/sitk.tar.xz
+fi
+# RAY=1: Ray for gpu_ray_check.sh: its 79 MB wheel split in two (.gpu8, .gpu9, one call
+# each), the packages it needs that the image lacks in .whl
+if [ "${RAY:-0}" = 1 ]; then
+  RAY_VERSION=${RAY_VERSION:-2.60.0}
+  get -d "$WORK" "ray==$RAY_VERSION"
+  get -d .whl jsonschema jsonschema-specifications referencing rpds-py
+  for i in 8 9; do rm -rf ".gpu$i"; mkdir ".gpu$i"; grep -qx "/.gpu$i/" .git/info/exclude || echo "/.gpu$i/" >> .git/info/exclude; done
+  wheel=$(basename "$WORK"/ray-*.whl)
+  (cd "$WORK" && split -b 40000000 -d -a 1 "$wheel" "$wheel.")
+  mv "$WORK/$wheel.0" .gpu8/ && mv "$WORK/$wheel.1" .gpu9/
 fi
 rm -rf "$WORK"
 du -sh .gpu? .whl
