@@ -259,7 +259,7 @@ def test_install_canary_shadow_promote_rollback_under_load(server: Server, tmp_p
 
 def _comparison_state(server: Server, c: httpx.Client, admin: dict, jobs: list[str]) -> dict:
     """What the comparison machinery holds, for a failure message: the records, the runs
-    waiting and skipped, whether the server is idle, and which jobs asked for a shadow
+    waiting, skipped and failed, whether the server is idle, and which jobs asked for a shadow
     run (and whether they were served from the cache, which asks for none)."""
     lifecycle = server.service.lifecycle
     shadows = {}
@@ -272,6 +272,7 @@ def _comparison_state(server: Server, c: httpx.Client, admin: dict, jobs: list[s
         "comparisons": c.get("/v1/models/comparisons", headers=admin).json(),
         "waiting": lifecycle._tasks.waiting(),
         "skipped": lifecycle.skipped_comparisons,
+        "failed": lifecycle.failed_comparisons,
         "idle": lifecycle._idle(),
         "compare thread alive": [t.is_alive() for t in lifecycle._threads],
         "jobs with shadows": shadows,

@@ -110,6 +110,8 @@ class ModelLifecycle:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.skipped_comparisons: dict[tuple[str, str], int] = {}
+        # comparison runs that raised, per (step, version fed): how many, the last code
+        self.failed_comparisons: dict[tuple[str, str], tuple[int, str]] = {}
         self.rollbacks: dict[tuple[str, str], int] = {}
         self.swaps = 0
 
@@ -509,13 +511,18 @@ class ModelLifecycle:
             try:
                 comparison = self.run_comparison(task)
             except Exception as exc:
+                code = str(getattr(exc, "code", type(exc).__name__))
                 logger.warning(
                     "comparison run for job %s (%s %s) failed: %s",
                     task.job.id,
                     task.step,
                     task.candidate_version,
-                    getattr(exc, "code", type(exc).__name__),
+                    code,
                 )
+                key = (task.step, task.record_for)
+                with self._lock:  # kept, so a missing comparison can be told from a late one
+                    count = self.failed_comparisons.get(key, (0, ""))[0]
+                    self.failed_comparisons[key] = (count + 1, code)
                 continue
             self.record(task.step, task.record_for).comparisons.append(comparison)
             if task.candidate_role == Role.STABLE.value:
