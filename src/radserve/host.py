@@ -1,8 +1,9 @@
 """What this machine lets the process use: cores (affinity mask, container quota), and
 memory that costs nothing until it is written.
 
-Shared by the runtime (ONNX Runtime thread counts), ingest (decoder processes) and the
-label maps of inference and post-processing; imports nothing heavy.
+Shared by the runtime (ONNX Runtime thread counts), ingest (decoder processes), the array
+work of 3D preparation and merging (:func:`call_on_threads`) and the label maps of
+inference and post-processing; imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ import functools
 import math
 import mmap
 import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 __all__ = [
+    "call_on_threads",
     "cpu_bf16_support",
     "cpu_flags",
     "cpu_kernel",
@@ -59,6 +63,20 @@ def usable_cores() -> int:
     if limit is not None:
         cores = min(cores, max(1, math.floor(limit)))
     return max(1, cores)
+
+
+def call_on_threads(calls: Sequence[Callable[[], None]], threads: int, name: str) -> None:
+    """Run ``calls``, which touch nothing of each other's, on up to ``threads`` threads
+    named ``name`` (in turn on this thread when one is enough): numpy's and SciPy's array
+    loops let go of the GIL, so large array work spreads over the cores. The first
+    failure is raised once every call has ended."""
+    workers = min(threads, len(calls))
+    if workers <= 1:
+        for call in calls:
+            call()
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix=name) as pool:
+        list(pool.map(lambda call: call(), calls))
 
 
 # CPU flags (Linux /proc/cpuinfo names) that run bfloat16 matrix arithmetic natively.

@@ -63,10 +63,11 @@ CASES: dict[str, tuple[dict[str, Any], tuple[int, int, int], tuple[float, float,
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_rolling_window_equals_whole_volume(tmp_path: Path, case: str) -> None:
+def _case(tmp_path: Path, case: str, *, seed: int) -> tuple[Any, ModelSession, Volume]:
+    """A 3-class 3D conv model (random kernel from ``seed``) with ``case``'s model.yaml
+    fields, its CPU session, and ``case``'s CT."""
     fields, shape, spacing = CASES[case]
-    kernel = np.random.default_rng(2).normal(size=(3, 1, 3, 3, 3)).astype(np.float32)
+    kernel = np.random.default_rng(seed).normal(size=(3, 1, 3, 3, 3)).astype(np.float32)
     path = conv_model(tmp_path / "m.onnx", kernel, np.array([0.0, 0.2, -0.1], np.float32))
     spec = model_spec(
         mode="3d",
@@ -75,8 +76,12 @@ def test_rolling_window_equals_whole_volume(tmp_path: Path, case: str) -> None:
         normalisation={"kind": "ct_window", "center": 0.0, "width": 800.0},
         **fields,
     )
-    session = ModelSession(path, spec, runtime=CPU)
-    volume = _ct(shape, spacing)
+    return spec, ModelSession(path, spec, runtime=CPU), _ct(shape, spacing)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_rolling_window_equals_whole_volume(tmp_path: Path, case: str) -> None:
+    spec, session, volume = _case(tmp_path, case, seed=2)
     rolling = PatchTask(volume, spec, crop_to_body=False)
     whole = WholeVolume(volume, spec, crop_to_body=False)
     got, want = run_task(rolling, session), run_task(whole, session)
@@ -95,29 +100,18 @@ def test_slabs_mapped_back_on_several_threads_equal_one_thread(
     """Beside a GPU the merge is the critical path: its slabs (disjoint native slices,
     read-only final model slices) and each class's sums go to ``merge_threads`` threads,
     with the same result."""
-    import radserve.inference.patches as patches
+    import radserve.host as host
 
     pooled: dict[str, list[int]] = {}  # per pool: the items handed to it at once
 
-    class Recording(patches.ThreadPoolExecutor):
+    class Recording(host.ThreadPoolExecutor):
         def map(self, fn, *iterables, **kwargs):  # type: ignore[no-untyped-def, override]
             items = list(iterables[0])
             pooled.setdefault(self._thread_name_prefix, []).append(len(items))
             return super().map(fn, items, **kwargs)
 
-    monkeypatch.setattr(patches, "ThreadPoolExecutor", Recording)
-    fields, shape, spacing = CASES[case]
-    kernel = np.random.default_rng(3).normal(size=(3, 1, 3, 3, 3)).astype(np.float32)
-    path = conv_model(tmp_path / "m.onnx", kernel, np.array([0.0, 0.2, -0.1], np.float32))
-    spec = model_spec(
-        mode="3d",
-        labels=2,
-        patch_size=(8, 8, 8),
-        normalisation={"kind": "ct_window", "center": 0.0, "width": 800.0},
-        **fields,
-    )
-    session = ModelSession(path, spec, runtime=CPU)
-    volume = _ct(shape, spacing)
+    monkeypatch.setattr(host, "ThreadPoolExecutor", Recording)
+    spec, session, volume = _case(tmp_path, case, seed=3)
     budget = 60_000  # a few native slices a slab: many slabs per drain
     one = PatchTask(volume, spec, crop_to_body=False, memory_budget_bytes=budget)
     three = PatchTask(volume, spec, crop_to_body=False, memory_budget_bytes=budget, merge_threads=3)

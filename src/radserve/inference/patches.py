@@ -38,14 +38,13 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from radserve.domain.volume import Volume
 from radserve.errors import ModelError
-from radserve.host import lazy_zeros
+from radserve.host import call_on_threads, lazy_zeros
 from radserve.inference.slices import check_extra_channels, check_image_channels, crop_box
 from radserve.inference.tasks import (
     Batch,
@@ -224,7 +223,8 @@ class PatchTask(BatchedTask):
             raise ModelError(f"model {spec.key}: 3d models take no context_slices")
         self.spec, self.volume, self.precision = spec, volume, precision
         self._budget = memory_budget_bytes
-        # threads mapping final slabs back to the native grid (disjoint slices each)
+        # threads merging a batch: each class's sums, then the final slabs mapped back to
+        # the native grid (disjoint slices each)
         self._merge_threads = max(1, merge_threads)
         masks = check_extra_channels(volume, spec, extra_channels)
         self._images = check_image_channels(volume, spec, image_channels)
@@ -545,13 +545,7 @@ class PatchTask(BatchedTask):
         # each class's sums, and the weights', are arrays of their own: beside a GPU
         # they are added on several threads (numpy lets go of the GIL while adding)
         parts = [functools.partial(add_class, c) for c in range(acc.shape[0])] + [add_weights]
-        threads = min(self._merge_threads, len(parts))
-        if threads > 1:
-            with ThreadPoolExecutor(threads, thread_name_prefix="radserve-patch-sum") as pool:
-                list(pool.map(lambda part: part(), parts))
-        else:
-            for part in parts:
-                part()
+        call_on_threads(parts, self._merge_threads, "radserve-patch-sum")
         for z, _, _ in batch.items:
             self._pending[z] -= 1
         if self._rolling:
@@ -703,14 +697,12 @@ class PatchTask(BatchedTask):
             np.copyto(out_labels[s:e], labels, where=labels != 0)
             out_conf[s:e] = conf
 
-        slabs = [(s, min(ready, s + slab)) for s in range(self._next, ready, slab)]
-        if threads > 1 and len(slabs) > 1:
-            # each slab reads the final model slices and writes native slices of its own
-            with ThreadPoolExecutor(threads, thread_name_prefix="radserve-patch-merge") as pool:
-                list(pool.map(lambda se: map_back(*se), slabs))
-        else:
-            for s, e in slabs:
-                map_back(s, e)
+        # each slab reads the final model slices and writes native slices of its own
+        slabs = [
+            functools.partial(map_back, s, min(ready, s + slab))
+            for s in range(self._next, ready, slab)
+        ]
+        call_on_threads(slabs, threads, "radserve-patch-merge")
         self._next = max(self._next, ready)
         if self._next >= d:
             self._acc = self._norm = None

@@ -16,12 +16,12 @@ view is kept, new voxel ``j`` samples old index ``(j + 0.5) * n_in / n_out - 0.5
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import functools
 
 import numpy as np
 from scipy import ndimage
 
-from radserve.host import usable_cores
+from radserve.host import call_on_threads, usable_cores
 
 __all__ = ["nnunet_new_shape", "resize_channels", "separate_axis", "spline_resize"]
 
@@ -129,13 +129,8 @@ def _cubic_axis(image: np.ndarray, axis: int, size: int) -> np.ndarray:
         for k in range(1, 4):
             part += np.take(c, first + k, axis=axis) * weights[k]
 
-    threads = min(pieces, usable_cores())
-    if threads <= 1:
-        for i in range(pieces):
-            resize_piece(i)
-    else:
-        with ThreadPoolExecutor(threads, thread_name_prefix="radserve-spline") as pool:
-            list(pool.map(resize_piece, range(pieces)))
+    calls = [functools.partial(resize_piece, i) for i in range(pieces)]
+    call_on_threads(calls, usable_cores(), "radserve-spline")
     return out
 
 
