@@ -22,7 +22,7 @@ from typing import Any
 from radserve.bench.eta_accuracy import arrivals_before, read_summary
 from radserve.turnaround.rates import ArrivalRates
 from radserve.turnaround.replay import Refit, Variant, errors, replay
-from radserve.turnaround.service_time import DEVICE_SUFFIX, RUN, SHARE
+from radserve.turnaround.service_time import DEVICE_SUFFIX, NOT_WORK, RUN, SHARE
 
 SERVER = Variant(
     drain=False,
@@ -30,12 +30,11 @@ SERVER = Variant(
     rates=ArrivalRates(),
     refit=Refit(lanes="exclusive", shares=True),
 )
-_NOT_WORK = frozenset({"queue", "total"})
 
 
 def busy(timings: Mapping[str, float], share: float, cores: int) -> float:
     """``share`` at most the job's CPU stages spread over ``cores`` plus its batches."""
-    work = {k: v for k, v in timings.items() if k not in _NOT_WORK}
+    work = {k: v for k, v in timings.items() if k not in NOT_WORK}
     work = {k: v for k, v in work.items() if not k.startswith((RUN, SHARE))}
     device = sum(v for k, v in work.items() if k.endswith(DEVICE_SUFFIX))
     return min(share, (sum(work.values()) - device) / cores + device)

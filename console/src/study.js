@@ -234,7 +234,10 @@ function organTable(report) {
 
 function timingsTable(report, job) {
   const timings = report.timings || job.stage_timings || {}
-  return h('div', { class: 'card' }, h('h2', {}, 'Stage timings'), h('table', { id: 'timings' }, h('tbody', {}, Object.entries(timings).map(([k, v]) => h('tr', {}, h('td', {}, k), h('td', { class: 'n' }, `${num(v, 3)} s`))))))
+  // a routine study's stage that waited while URGENT work ran says how long it waited
+  const paused = report.paused || {}
+  const row = ([k, v]) => h('tr', { 'data-stage': k }, h('td', {}, k), h('td', { class: 'n' }, `${num(v, 3)} s`), h('td', { class: 'muted paused' }, paused[k] ? `${num(paused[k], 2)} s paused for URGENT` : ''))
+  return h('div', { class: 'card' }, h('h2', {}, 'Stage timings'), h('table', { id: 'timings' }, h('tbody', {}, Object.entries(timings).map(row))))
 }
 
 function downloads(jobId, report, files) {

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
+from radserve.checkpoints import paused_within
+
 
 class ProgressSink(Protocol):
     def start(self, stage: str, total: int | None) -> None: ...
@@ -32,11 +34,14 @@ class NullProgress:
 
 
 class StageTimer:
-    """Collects wall time per named stage and tells the progress sink."""
+    """Collects wall time per named stage and tells the progress sink. ``paused``: of
+    each stage's seconds, those a routine unit spent paused at checkpoints while URGENT
+    work ran (:mod:`radserve.checkpoints`), so a slow stage that only waited says so."""
 
     def __init__(self, progress: ProgressSink | None = None) -> None:
         self.progress: ProgressSink = progress or NullProgress()
         self.seconds: dict[str, float] = {}
+        self.paused: dict[str, float] = {}
 
     @contextmanager
     def stage(self, name: str, total: int | None = None) -> Iterator[None]:
@@ -45,6 +50,25 @@ class StageTimer:
         try:
             yield
         finally:
-            elapsed = time.perf_counter() - t0
-            self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
+            elapsed = self._add(name, t0, time.perf_counter())
             self.progress.finish(name, elapsed)
+
+    def record(self, name: str, t0: float) -> None:
+        """Set ``name`` to the time since ``t0`` (a ``time.perf_counter`` reading),
+        replacing what an earlier try of the stage recorded."""
+        self.seconds.pop(name, None)
+        self.paused.pop(name, None)
+        self._add(name, t0, time.perf_counter())
+
+    def update(self, seconds: dict[str, float], paused: dict[str, float]) -> None:
+        """Take another timer's stages (and their paused parts) as they are."""
+        self.seconds.update(seconds)
+        self.paused.update(paused)
+
+    def _add(self, name: str, t0: float, t1: float) -> float:
+        elapsed = t1 - t0
+        self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
+        paused = paused_within(t0, t1)
+        if paused > 0:
+            self.paused[name] = self.paused.get(name, 0.0) + paused
+        return elapsed

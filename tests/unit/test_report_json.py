@@ -73,6 +73,7 @@ def _report() -> Report:
         finding_axes=lesions.axes,
         organ_measurements=organ_measurements(ct.with_array(mask * 1), ct, ORGANS),
         timings={"inference": 1.25, "postprocess": 0.5},
+        paused={"postprocess": 0.25},
         warnings=[ReportWarning(code="missing_slice", message="one gap", stage="ingest")],
         outputs=Outputs(
             label_maps=[
@@ -183,10 +184,22 @@ def test_a_2_0_report_reads_as_2_1_with_its_label_maps_unchanged(tmp_path: Path)
     path = tmp_path / "r.json"
     path.write_text(json.dumps(raw))
     back = read_report(path)
-    assert back.schema_version == SCHEMA_VERSION == "2.5"
+    assert back.schema_version == SCHEMA_VERSION == "2.6"
     assert back.model_dump(exclude={"schema_version"}) == report.model_dump(
         exclude={"schema_version"}
     )
+
+
+def test_a_2_5_report_reads_as_2_6_without_pauses(tmp_path: Path) -> None:
+    """2.6 only adds ``paused``: a 2.5 report (no such field) reads with none."""
+    raw = json.loads(_report().model_dump_json())
+    raw["schema_version"] = "2.5"
+    del raw["paused"]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(raw))
+    back = read_report(path)
+    assert back.schema_version == "2.6" and back.paused == {}
+    assert back.timings == _report().timings
 
 
 def test_a_2_4_report_reads_as_2_5_without_instance_counts(tmp_path: Path) -> None:
@@ -198,6 +211,6 @@ def test_a_2_4_report_reads_as_2_5_without_instance_counts(tmp_path: Path) -> No
     path = tmp_path / "r.json"
     path.write_text(json.dumps(raw))
     back = read_report(path)
-    assert back.schema_version == "2.5"
+    assert back.schema_version == "2.6"
     assert back.series_selection.rejected[0].instance_count is None
     assert back.series_selection.rejected[0].reason == "localizer"

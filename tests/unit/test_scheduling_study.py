@@ -4,6 +4,7 @@ the study's DICOM attributes when the request does not state it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,12 +14,14 @@ from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_series import make_ct_series
 from tests.factories.scheduling_fakes import RecordingHooks
 
+from radserve.checkpoints import PauseLog, yielding_to
 from radserve.domain.volume import Volume
 from radserve.inference import ModelSession, choose_runtime
 from radserve.models.registry import ModelRegistry
 from radserve.pipeline import SessionPool, StudyRequest, VolumeRun
 from radserve.pipeline.spec import PipelineSpec, load_pipeline
 from radserve.pipeline.study import StudyResult, run_study
+from radserve.report import read_report
 from radserve.scheduling import (
     InProcessExecutor,
     JobState,
@@ -105,6 +108,35 @@ def test_scheduled_studies_match_run_study(setup, tmp_path: Path, monkeypatch) -
         assert {"ingest: load", "organs-test: inference", "report", "total"} <= set(got.timings)
         assert (scheduled.out_dir / "findings.nii.gz").is_file()
         assert {"ingest", "organs-test: infer", "lesions-test: postprocess"} <= set(final.timings)
+
+
+def test_a_stage_paused_for_urgent_work_says_so_in_the_report(setup, tmp_path: Path) -> None:
+    """Waits at a routine study's checkpoints (here 10 ms each, as while an URGENT study
+    runs) show in its report as ``paused``, each inside its stage's timing and counted
+    once; a run that never waited has none."""
+    registry, pipeline, _ = setup
+    make_ct_series(tmp_path / "s", **GRID, origin=(-23.5, -23.5, 0.0), hu=_hu((0.0, 0.0, 14.0)))
+    sessions, log = SessionPool(), PauseLog()
+
+    def run(out: str) -> StudyResult:
+        return run_study(
+            tmp_path / "s", pipeline=pipeline, out_dir=tmp_path / out,
+            registry=registry, sessions=sessions,
+        )  # fmt: skip
+
+    with yielding_to(lambda: time.sleep(0.01), log):
+        paused = run("paused")
+    calm = run("calm")
+    report = read_report(paused.report_path)
+    assert calm.report.paused == {}
+    assert report.paused == paused.report.paused
+    assert {"ingest: discover", "report"} <= set(report.paused)
+    for stage, seconds in report.paused.items():
+        assert 0.01 <= seconds <= report.timings[stage], stage
+    assert sum(report.paused.values()) <= log.within() + 1e-3  # rounded to 0.1 ms each
+    assert [f.centroid_mm for f in report.findings] == [
+        f.centroid_mm for f in calm.report.findings
+    ]
 
 
 def test_a_study_that_cannot_be_read_fails_with_its_code(setup, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ only: threads wait on events, never on sleeps, and no time is asserted."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,10 +15,11 @@ import pytest
 from tests.factories.dicom_series import make_ct_series
 from tests.factories.scheduling_fakes import FakeSession, RecordingHooks, fake_work
 
-from radserve.checkpoints import carry, checkpoint, yielding_to
+from radserve.checkpoints import PauseLog, carry, checkpoint, paused_within, yielding_to
 from radserve.config import JobSettings, SchedulerSettings
 from radserve.errors import InferenceError
 from radserve.ingest import discover_series, load_series
+from radserve.progress import StageTimer
 from radserve.scheduling import (
     BatchDispatch,
     CpuStage,
@@ -265,6 +267,39 @@ def test_a_running_routine_stage_waits_at_its_checkpoint_for_the_urgent_job(
     assert all(e.state is JobState.SUCCEEDED for e in hooks.states if e.state.terminal)
 
 
+def test_a_paused_routine_job_says_how_long_it_paused() -> None:
+    """The routine job's final timings carry ``paused`` (inside its ``ingest``, where it
+    waited while the URGENT job ran, which takes 0.2 s); the URGENT job never pauses."""
+    log: list[str] = []
+    hooks = EndHooks()
+    scheduler = Scheduler(hooks=hooks)
+    executor = InProcessExecutor(scheduler, cpu_workers=2)
+    go = threading.Event()
+    routine = PiecesWork(log, "r", ("ingest",), between=go)
+
+    def slow_after_the_routine_reached_its_checkpoint(stage: str) -> None:
+        if stage == "ingest":
+            assert routine.at_checkpoint.wait(WAIT)
+            time.sleep(0.2)  # the pause to be measured, not a synchronisation
+
+    urgent = PiecesWork(log, "u", before=slow_after_the_routine_reached_its_checkpoint)
+    executor.start()
+    try:
+        scheduler.submit(JobRequest("r", routine, OUT))
+        assert routine.in_stage.wait(WAIT)
+        scheduler.submit(JobRequest("u", urgent, URG))
+        go.set()
+        assert hooks.end_of("u").wait(WAIT) and hooks.end_of("r").wait(WAIT)
+    finally:
+        go.set()
+        executor.stop()
+    assert log == ["r: piece 1", "u: ingest", "u: report", "r: piece 2"]
+    r, u = hooks.final("r"), hooks.final("u")
+    assert r is not None and u is not None
+    assert 0 < r.timings["paused"] <= r.timings["ingest"] <= r.timings["run"]
+    assert "paused" not in u.timings
+
+
 @pytest.mark.parametrize(
     ("settings", "lane"),
     [(SchedulerSettings(yield_to_urgent=False), True), (SchedulerSettings(), False)],
@@ -389,6 +424,35 @@ def test_checkpoint_calls_the_installed_waiter_only() -> None:
     checkpoint()
     assert calls == ["outer", "outer"]
     assert carry(len) is len  # nothing to bind outside routine work
+
+
+def test_a_pause_log_counts_overlapping_waits_once() -> None:
+    log = PauseLog()
+    for span in [(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (7.0, 7.0005)]:  # the last: no pause
+        log.add(*span)
+    assert log.within() == pytest.approx(4.0)
+    assert log.within(1.5, 5.5) == pytest.approx(2.0)
+    assert log.within(3.0, 5.0) == 0.0
+    assert paused_within(0.0, 10.0) == 0.0  # outside a routine unit nothing is logged
+
+
+def test_a_stage_timing_says_how_much_of_it_was_paused() -> None:
+    """Each wait at a checkpoint (here 50 ms) counts towards the stage it fell in, once
+    however many of the stage's threads waited at the same time."""
+    log, timer = PauseLog(), StageTimer()
+    with yielding_to(lambda: time.sleep(0.05), log):
+        with timer.stage("paused"):
+            checkpoint()
+            with ThreadPoolExecutor(2) as pool:  # two threads waiting side by side
+                for future in [pool.submit(carry(checkpoint)) for _ in range(2)]:
+                    future.result()
+        with timer.stage("calm"):
+            pass
+        with yielding_to(None), timer.stage("urgent"):  # URGENT work on a paused thread
+            checkpoint()
+    assert set(timer.paused) == {"paused"}
+    assert 0.1 <= timer.paused["paused"] <= timer.seconds["paused"]
+    assert timer.paused["paused"] <= log.within() + 1e-9
 
 
 def test_ingest_has_a_checkpoint_per_file_and_per_decoding_job(tmp_path: Path) -> None:

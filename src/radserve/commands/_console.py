@@ -82,7 +82,9 @@ def summary_tables(report: Report) -> list[Table]:
     timings.add_column("stage")
     timings.add_column("seconds", justify="right")
     for stage, seconds in report.timings.items():
-        timings.add_row(stage, f"{seconds:.2f}")
+        paused = report.paused.get(stage)
+        note = f" ({paused:.2f} paused for URGENT)" if paused else ""
+        timings.add_row(stage, f"{seconds:.2f}{note}")
     return [findings, organs, timings]
 
 

@@ -297,7 +297,7 @@ def finish_study(
     files (on a thread of their own) unless ``array_threads`` is 1.
     """
     timer = timer or StageTimer()
-    timer.seconds.update(result.timings)
+    timer.update(result.timings, result.paused)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # the label maps and report.json: each whole or absent, their folder fsynced once
@@ -317,7 +317,7 @@ def finish_study(
             sessions,
             ingested.rejected,
             outputs,
-            timer.seconds,
+            timer,
             job_id,
         )
         features = features_job.result() if features_job else _features(ingested, result)
@@ -489,7 +489,7 @@ def _build_report(
     sessions: SessionPool,
     rejected: list[SeriesRef],
     outputs: Outputs,
-    timings: dict[str, float],
+    timer: StageTimer,
     job_id: str | None,
 ) -> Report:
     header = loaded.header
@@ -558,7 +558,8 @@ def _build_report(
         finding_axes=result.finding_axes,
         organ_measurements=result.organ_measurements,
         classifications=result.classifications,
-        timings={k: round(v, 4) for k, v in timings.items()},
+        timings={k: round(v, 4) for k, v in timer.seconds.items()},
+        paused={k: round(v, 4) for k, v in timer.paused.items()},
         warnings=warnings,
         outputs=outputs,
     )

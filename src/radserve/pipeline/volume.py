@@ -139,6 +139,8 @@ class VolumeResult:
 
     steps: list[StepResult]
     timings: dict[str, float]
+    # of each timing, the seconds paused for URGENT work (StageTimer.paused)
+    paused: dict[str, float] = field(default_factory=dict)
 
     @property
     def organ_step(self) -> StepResult | None:
@@ -305,7 +307,8 @@ class VolumeRun:
         self._step: Step | None = None
         self._pending: PendingStep | None = None
         self.steps: list[StepResult] = list(reused)
-        self.timings: dict[str, float] = {}
+        self._timer = StageTimer()
+        self.timings = self._timer.seconds
 
     @property
     def done(self) -> bool:
@@ -356,7 +359,7 @@ class VolumeRun:
             for name, seconds in prediction.timings.items():
                 if name != "wall":
                     self.timings[f"{spec.name}: {name}"] = seconds
-            self.timings[f"{spec.name}: postprocess"] = time.perf_counter() - t0
+            self._timer.record(f"{spec.name}: postprocess", t0)
             self.steps.append(result)
             self._pending = None
             return result
@@ -388,7 +391,7 @@ class VolumeRun:
         for name, seconds in prediction.timings.items():
             if name != "wall":
                 self.timings[f"{spec.name}: {name}"] = seconds
-        self.timings[f"{spec.name}: postprocess"] = time.perf_counter() - t0
+        self._timer.record(f"{spec.name}: postprocess", t0)
         self.steps.append(result)
         self._pending = None
         return result
@@ -401,7 +404,9 @@ class VolumeRun:
     def result(self) -> VolumeResult:
         if not self.done:
             raise PipelineError("the pipeline has steps left to run")
-        return VolumeResult(steps=list(self.steps), timings=dict(self.timings))
+        return VolumeResult(
+            steps=list(self.steps), timings=dict(self.timings), paused=dict(self._timer.paused)
+        )
 
 
 def run_volume(
@@ -451,7 +456,11 @@ def run_volume(
         del pending, prediction
         release_free_memory()
     result = run.result()
-    return VolumeResult(steps=result.steps, timings={**result.timings, **timer.seconds})
+    return VolumeResult(
+        steps=result.steps,
+        timings={**result.timings, **timer.seconds},
+        paused={**result.paused, **timer.paused},
+    )
 
 
 def _patches(spec: ModelSpec) -> bool:

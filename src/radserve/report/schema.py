@@ -1,4 +1,4 @@
-"""The radserve JSON report, schema version 2.5: what was found, by which model, on what.
+"""The radserve JSON report, schema version 2.6: what was found, by which model, on what.
 
 One ``Report`` per job. It is the single source the other writers work from: DICOM SEG
 (``outputs.label_maps`` with their ``segments`` + the NIfTI label maps), DICOM SR TID
@@ -32,6 +32,9 @@ read as 2.4 without it (single-frame sources).
 2.5: a series reference (``series_selection.selected``, ``.rejected[]``) has
 ``instance_count``, the DICOM instances (files) of the series as received; older 2.x
 reports read as 2.5 with it null (not recorded then).
+2.6: ``paused``, of each stage in ``timings`` the seconds a routine study's stage spent
+paused while URGENT work ran (``radserve serve`` only); older 2.x reports read as 2.6
+with it empty (not recorded then).
 ``docs/report-schema.json`` is the JSON Schema export
 (:func:`radserve.report.json_report.write_json_schema`).
 """
@@ -50,7 +53,7 @@ from radserve.domain import Classification, CodedConcept, Finding, OrganMeasurem
 from radserve.models.manifest import ModelSpec
 from radserve.postprocess.diameters import FindingAxes
 
-SCHEMA_VERSION = "2.5"
+SCHEMA_VERSION = "2.6"
 
 
 class _Model(BaseModel):
@@ -215,7 +218,7 @@ class Lineage(_Model):
 class Report(_Model):
     """A job's result. Findings are numbered 1..n; ``finding_id`` is the tracking id."""
 
-    schema_version: Literal["2.5"] = SCHEMA_VERSION
+    schema_version: Literal["2.6"] = SCHEMA_VERSION
     generated_at: AwareDatetime = Field(description="ISO 8601 with time zone (UTC)")
     radserve_version: str = __version__
     job_id: str | None = None
@@ -234,6 +237,13 @@ class Report(_Model):
         default_factory=list, description="one per classification step (2.2)"
     )
     timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")
+    paused: dict[str, float] = Field(
+        default_factory=dict,
+        description=(
+            "of a stage's seconds in timings, those it spent paused while URGENT work ran "
+            "(a routine study under radserve serve); a stage not named did not pause"
+        ),
+    )
     warnings: list[ReportWarning] = Field(default_factory=list)
     outputs: Outputs = Outputs()
     lineage: Lineage | None = None

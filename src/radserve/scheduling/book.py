@@ -177,6 +177,8 @@ class JobBook:
         if job.started is not None:
             job.timings["run"] = now - job.started
         job.timings["total"] = now - job.arrival
+        if job.paused_s > 0:
+            job.timings["paused"] = job.paused_s
         if state is not JobState.CANCELLED and now > job.deadline and not job.missed:
             self.miss(job, now)
         if state is JobState.SUCCEEDED and job.started is not None:
@@ -185,11 +187,12 @@ class JobBook:
         del self.jobs[job.id]
         self.publish(job, state, now, code=code, message=message, result=result)
         logger.info(
-            "job %s %s%s after %.1f s",
+            "job %s %s%s after %.1f s%s",
             job.id,
             state.value,
             f" ({code})" if code else "",
             job.timings["total"],
+            f" ({job.paused_s:.1f} s of it paused for URGENT work)" if job.paused_s > 0 else "",
         )
 
     def publish(

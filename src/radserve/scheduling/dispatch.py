@@ -79,10 +79,12 @@ Dispatch = CpuDispatch | BatchDispatch
 @dataclass(frozen=True)
 class DispatchOutcome:
     """What running a dispatch gave: ``value`` (a Batch or None for a prepare, the
-    per-part outputs for a device batch) or the ``error`` it raised."""
+    per-part outputs for a device batch) or the ``error`` it raised; ``paused_s``, the
+    seconds a routine unit spent paused at checkpoints while URGENT work ran."""
 
     value: object = None
     error: Exception | None = None
+    paused_s: float = 0.0
 
 
 def run_batch(dispatch: BatchDispatch) -> list[np.ndarray]:

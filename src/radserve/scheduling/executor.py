@@ -13,13 +13,14 @@ and tools.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Protocol
 
-from radserve.checkpoints import yielding_to
+from radserve.checkpoints import PauseLog, yielding_to
 from radserve.scheduling.core import Scheduler
 from radserve.scheduling.dispatch import Dispatch, execute
 
@@ -107,8 +108,11 @@ class WorkerThreads:
                 if dispatch is not None:
                     pause = self.urgent_lane and self.scheduler.yields(dispatch)
                     waiter = partial(self._yield, threading.current_thread()) if pause else None
-                    with yielding_to(waiter):
+                    pauses = PauseLog() if pause else None
+                    with yielding_to(waiter, pauses):
                         outcome = execute(dispatch)
+                    if pauses is not None:
+                        outcome = dataclasses.replace(outcome, paused_s=pauses.within())
                     self.scheduler.complete(dispatch, outcome)
                     continue
             except Exception:  # a scheduler bug must not silently kill a worker

@@ -151,6 +151,7 @@ class ServiceHooks:
         if event.state is JobState.SUCCEEDED:
             self.metrics.tat.labels(cls).observe(event.timings.get("total", 0.0))
             self.metrics.observe_stages(dict(event.timings))
+            self.metrics.paused.labels(cls).inc(event.timings.get("paused", 0.0))
         elif event.state is JobState.FAILED:
             self.metrics.errors.labels(event.error_code or "internal_error").inc()
 

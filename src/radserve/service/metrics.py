@@ -321,6 +321,13 @@ class Metrics:
             buckets=_STAGE_BUCKETS,
             registry=reg,
         )
+        self.paused = Counter(
+            "radserve_paused_for_urgent_seconds",
+            "Seconds finished routine jobs' CPU stages spent paused while URGENT work ran "
+            "(inside radserve_stage_seconds), per priority class",
+            ["cls"],
+            registry=reg,
+        )
         self.batch_size = Histogram(
             "radserve_batch_size",
             "Items per device call",
@@ -387,7 +394,7 @@ class Metrics:
         """Stage timings of a finished job (``queue``, ``ingest``, ``<model>: infer``...;
         bounded by the installed models)."""
         for name, seconds in timings.items():
-            if name not in ("total", "run"):
+            if name not in ("total", "run", "paused"):
                 self.stage.labels(name).observe(seconds)
 
     def exposition(self) -> bytes:

@@ -16,9 +16,7 @@ from typing import Any
 
 from radserve.turnaround.bias import BiasCorrection
 from radserve.turnaround.eta import URGENT, Capacity, Entry
-from radserve.turnaround.service_time import JobEstimate
-
-_NOT_STAGES = ("queue", "run", "total")  # an end's timings that are not a stage's work
+from radserve.turnaround.service_time import NOT_WORK, JobEstimate
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ class HostSpeed:
         timings = end.get("timings") or {}
         actual = timings.get("run")
         if self.speed.measure == "stages":
-            actual = sum(v for k, v in timings.items() if k not in _NOT_STAGES) or None
+            actual = sum(v for k, v in timings.items() if k not in NOT_WORK) or None
         if predicted is not None and end["state"] == "succeeded" and actual is not None:
             self.bias.observe(predicted[0], predicted[1], float(actual))
 

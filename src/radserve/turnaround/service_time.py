@@ -37,8 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-# The step names that are not steps: waiting, and the totals the scheduler adds.
-_NOT_STEPS = frozenset({"queue", "total"})
+# The step names that are not steps: waiting, the totals the scheduler adds, and the
+# part of the CPU stages paused for URGENT work (already inside them).
+_NOT_STEPS = frozenset({"queue", "total", "paused"})
 RUN = "run"  # started -> finished wall time of the whole job (``run <lane>``: per lane)
 SHARE = "share"  # the job's share of the server's wall time (``share <lane>``: per lane)
 DEVICE_SUFFIX = ": infer"
