@@ -82,8 +82,9 @@ def main() -> None:
         versions = {"before": before, "after": after}
 
         def discovery(module: ModuleType) -> Callable[[], int]:
-            # one PatientMemo per discovery, as discover_series has, where the version has it
-            memo = getattr(module, "PatientMemo", None)
+            # one memo per discovery, as discover_series has, where the version has it
+            # (PatientMemo before session 24)
+            memo = getattr(module, "DiscoveryMemo", None) or getattr(module, "PatientMemo", None)
 
             def run() -> int:
                 extra = (memo(),) if memo is not None else ()

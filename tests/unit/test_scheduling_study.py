@@ -134,9 +134,7 @@ def test_a_stage_paused_for_urgent_work_says_so_in_the_report(setup, tmp_path: P
     for stage, seconds in report.paused.items():
         assert 0.01 <= seconds <= report.timings[stage], stage
     assert sum(report.paused.values()) <= log.within() + 1e-3  # rounded to 0.1 ms each
-    assert [f.centroid_mm for f in report.findings] == [
-        f.centroid_mm for f in calm.report.findings
-    ]
+    assert [f.centroid_mm for f in report.findings] == [f.centroid_mm for f in calm.report.findings]
 
 
 def test_a_study_that_cannot_be_read_fails_with_its_code(setup, tmp_path: Path) -> None:

@@ -19,10 +19,10 @@ from radserve.checkpoints import checkpoint
 from radserve.errors import NotDicomError, StudyError
 from radserve.ingest.geometry import slice_normal
 from radserve.ingest.headers import (
+    DiscoveryMemo,
     FrameRef,
     InstanceRecord,
     PatientInfo,
-    PatientMemo,
     SkipFile,
     read_instance,
 )
@@ -207,7 +207,7 @@ def discover_series(
     seen: dict[str, tuple[SourceFile, InstanceRecord]] = {}
     position: dict[str, int] = {}  # of each SOP Instance UID's record in records
     n_frames = 0
-    patients = PatientMemo()
+    patients = DiscoveryMemo()
     with SourceReader() as reader:
         _check_study_bytes(reader, files, policy)
         for src in files:

@@ -28,12 +28,13 @@ import tempfile
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, BinaryIO, cast
 
 import pydicom
-from pydicom.datadict import tag_for_keyword
+from pydicom.datadict import dictionary_VR, tag_for_keyword
 from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.filebase import DicomFileLike
@@ -240,7 +241,7 @@ def read_instance(
     reader: SourceReader,
     src: SourceFile,
     policy: IngestPolicy | None = None,
-    patients: PatientMemo | None = None,
+    patients: DiscoveryMemo | None = None,
 ) -> InstanceRecord:
     """Header-only, bounded read of one file; raises :class:`SkipFile` for anything but
     an image (or a header over ``policy.max_header_bytes``). ``patients``, shared by the
@@ -254,12 +255,12 @@ def read_stream(
     size: int,
     src: SourceFile,
     policy: IngestPolicy | None = None,
-    patients: PatientMemo | None = None,
+    patients: DiscoveryMemo | None = None,
 ) -> InstanceRecord:
     """:func:`read_instance` for an open, seekable stream of ``size`` bytes (an upload
     part); ``src`` only names it in messages."""
     policy = policy or IngestPolicy()
-    patients = patients or PatientMemo()
+    patients = patients or DiscoveryMemo()
     raw.seek(0)
     head = raw.read(_PREAMBLE + 4)
     raw.seek(0)
@@ -315,7 +316,7 @@ def _read_record(
     size: int,
     src: SourceFile,
     policy: IngestPolicy,
-    patients: PatientMemo,
+    patients: DiscoveryMemo,
     *,
     force: bool,
     deflated: bool,
@@ -330,7 +331,11 @@ def _read_record(
     ds = pydicom.dcmread(
         cast(BinaryIO, fh), stop_before_pixels=True, force=force, defer_size=DEFER_BYTES
     )
-    return _record(ds, src, fh, size, policy, deflated, patients)
+    token = _CONVERTED.set(patients.values)
+    try:
+        return _record(ds, src, fh, size, policy, deflated, patients)
+    finally:
+        _CONVERTED.reset(token)
 
 
 @contextmanager
@@ -401,7 +406,7 @@ def _record(
     size: int,
     policy: IngestPolicy,
     deflated: bool,
-    patients: PatientMemo,
+    patients: DiscoveryMemo,
 ) -> InstanceRecord:
     sop_class = _text(ds, "SOPClassUID")
     series_uid = _text(ds, "SeriesInstanceUID")
@@ -925,17 +930,28 @@ def _frame_type(groups: tuple[Dataset, ...]) -> tuple[str, ...]:
     return ()
 
 
-class PatientMemo:
-    """:class:`PatientInfo` built once per patient of one discovery, not once per
-    instance: its 12 attributes (pydicom's conversion, the name's decoding) were a
-    seventh of a 512x512 CT header's read. Two headers whose patient elements hold the
-    same bytes, read in the same encoding and character set, with the same sequence
-    values, give the same PatientInfo; a header without Specific Character Set (its
-    name's set is guessed from all its text) or with a converted value is built alone.
+class DiscoveryMemo:
+    """What the header reads of one discovery share, so that what every instance of a
+    series repeats is worked out once.
+
+    :class:`PatientInfo` is built once per patient, not once per instance: its 12
+    attributes (pydicom's conversion, the name's decoding) were a seventh of a 512x512 CT
+    header's read. Two headers whose patient elements hold the same bytes, read in the
+    same encoding and character set, with the same sequence values, give the same
+    PatientInfo; a header without Specific Character Set (its name's set is guessed from
+    all its text) or with a converted value is built alone.
+
+    ``values``: pydicom's conversion of a repeated element (:func:`_get`), by its tag, VR,
+    byte order and bytes, for the VRs whose value depends on nothing else (numbers, UIDs,
+    codes, dates; not text a character set decodes): 88 % of a 300-slice CT's conversions
+    were of a value an earlier instance had (Rows, Pixel Spacing, the series' UIDs...).
+    At most ``_MEMO_MAX_ENTRIES``; values that only one instance has stop being added then.
+
     Lives as long as the discovery (patient data only in memory, never logged)."""
 
     def __init__(self) -> None:
         self._known: dict[tuple[object, ...], PatientInfo] = {}
+        self.values: dict[tuple[object, ...], Any] = {}
 
     def patient(self, ds: Dataset) -> PatientInfo:
         nested = _patient_sequences(ds)
@@ -1143,11 +1159,63 @@ def _shown(raw: str) -> str:
 def _get(ds: Dataset | None, keyword: str) -> Any:
     """The value of ``keyword`` in ``ds`` (converted by pydicom), None when absent.
     Looked up by tag: ``Dataset.get(keyword)`` goes through ``__getattr__`` and a keyword
-    look-up first, a sixth of a 512x512 CT header's attribute extraction."""
+    look-up first, a sixth of a 512x512 CT header's attribute extraction. Within a
+    discovery, a value another instance's element had to the byte is taken from
+    :attr:`DiscoveryMemo.values`, not converted again."""
     if ds is None:
         return None
-    element = ds.get(_tag(keyword))
-    return None if element is None else element.value
+    tag = _tag(keyword)
+    memo = _CONVERTED.get()
+    key = _memo_key(tag, ds.get_item(tag, keep_deferred=True)) if memo is not None else None
+    if key is None:
+        element = ds.get(tag)
+        return None if element is None else element.value
+    assert memo is not None
+    try:
+        return memo[key]
+    except KeyError:
+        pass
+    element = ds.get(tag)  # a value pydicom cannot convert raises here, and is not kept
+    value = None if element is None else element.value
+    if len(memo) < _MEMO_MAX_ENTRIES:
+        memo[key] = value
+    return value
+
+
+# DiscoveryMemo.values: the VRs whose conversion depends on the bytes, the VR and the byte
+# order alone (no character set), and bounds on what is kept
+_MEMO_VRS = frozenset(
+    {"AS", "CS", "DA", "DS", "DT", "FD", "FL", "IS", "SL", "SS", "TM", "UI", "UL", "US"}
+)
+_MEMO_MAX_BYTES = 64
+_MEMO_MAX_ENTRIES = 4096
+_CONVERTED: ContextVar[dict[tuple[object, ...], Any] | None] = ContextVar(
+    "radserve_converted_values", default=None
+)
+
+
+def _memo_key(tag: BaseTag, raw: object) -> tuple[object, ...] | None:
+    """The memo's key of a raw element not yet converted, None for any other."""
+    if type(raw) is not RawDataElement:
+        return None
+    value = raw.value
+    if not isinstance(value, bytes) or len(value) > _MEMO_MAX_BYTES:
+        return None  # deferred (None), or too long to be worth keeping
+    vr = raw.VR or _dictionary_vr(tag)
+    if vr not in _MEMO_VRS:
+        return None
+    return (tag, vr, raw.is_little_endian, value)
+
+
+@functools.cache
+def _dictionary_vr(tag: BaseTag) -> str | None:
+    """An Implicit VR element's VR as pydicom reads it (None: private or unknown)."""
+    if tag.is_private:
+        return None
+    try:
+        return dictionary_VR(tag)
+    except KeyError:
+        return None
 
 
 @functools.cache
