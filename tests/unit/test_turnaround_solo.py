@@ -66,6 +66,22 @@ def test_a_routine_job_held_for_urgent_work_loses_the_held_time_not_speed() -> N
     assert free[0].paused_cpu_s == 0.0 and free[1].cpu == pytest.approx(2.0)
 
 
+def test_a_measured_pause_is_taken_as_the_scheduler_recorded_it() -> None:
+    """Since session 24 a job's timings say how long its CPU stages paused (``paused``,
+    inside them): that, not the estimate from the URGENT job's span, is taken off; it is
+    not a stage of its own."""
+    routine = _run(OUT, 0.0, 10.0, ingest=10.0, paused=3.0)
+    urgent = _run(U, 2.0, 4.0, ingest=2.0)
+    assert routine.cpu_s == pytest.approx(10.0)
+    slow = slowdowns([routine, urgent], cores=2)
+    assert slow[0].paused_cpu_s == pytest.approx(3.0)  # the estimate would be 2.0
+    solo = solo_timings(routine, slow[0])
+    assert solo["ingest"] == pytest.approx(7.0) and "paused" not in solo
+    # more than the CPU stages hold is not believed
+    [odd, _] = slowdowns([_run(OUT, 0.0, 10.0, ingest=10.0, paused=12.0), urgent], cores=2)
+    assert odd.paused_cpu_s == pytest.approx(10.0)
+
+
 def test_the_solo_model_learns_the_divided_times() -> None:
     runs = [_run(OUT, 0.0, 6.0, ingest=6.0), _run(OUT, 0.0, 6.0, ingest=6.0)]
     model = solo_model(runs, 1, pipeline="p", device="cpu", precision="fp32")

@@ -37,9 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
+# the part of a job's CPU stages spent paused while URGENT work ran (inside them), as the
+# scheduler records it since session 24
+PAUSED = "paused"
 # The step names that are not steps: waiting, the totals the scheduler adds, and the
-# part of the CPU stages paused for URGENT work (already inside them).
-_NOT_STEPS = frozenset({"queue", "total", "paused"})
+# paused part.
+_NOT_STEPS = frozenset({"queue", "total", PAUSED})
 RUN = "run"  # started -> finished wall time of the whole job (``run <lane>``: per lane)
 SHARE = "share"  # the job's share of the server's wall time (``share <lane>``: per lane)
 DEVICE_SUFFIX = ": infer"
@@ -448,6 +451,7 @@ def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
 
 __all__ = [
     "NOT_WORK",
+    "PAUSED",
     "RUN",
     "SHARE",
     "Fit",

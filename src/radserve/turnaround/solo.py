@@ -10,8 +10,9 @@ job (arrival, start, finish, class, stage timings):
 
 - the job's *active* time is its run (start to finish) less, for a routine job, the
   time URGENT work was unfinished (waiting or running: the routine job was held then),
-  and the CPU stage time it spent paused is taken off as the share of that held time
-  its CPU stages covered on average;
+  and the CPU stage time it spent paused is taken off: as the scheduler measured it (the
+  job's ``paused`` timing, recorded since session 24), else as the share of that held
+  time its CPU stages covered on average;
 - every job demands ``demand = (cores x device s + CPU s) / active s`` threads on average
   while active (a batch runs on every core, a CPU stage on one);
 - a job's stages ran at ``1 / slowdown`` of their solo speed, with ``slowdown =
@@ -40,6 +41,7 @@ from radserve.domain.priority import PriorityClass
 from radserve.turnaround.service_time import (
     DEVICE_SUFFIX,
     NOT_WORK,
+    PAUSED,
     RUN,
     Prior,
     ServiceTimeModel,
@@ -177,7 +179,9 @@ def slowdowns(
         active[j] = inside & ~in_held if r.cls is not URGENT else inside
         run = max(r.finished - r.started, 1e-9)
         was_held = float(length[inside & ~active[j]].sum())
-        paused[j] = min(r.cpu_s, was_held * min(1.0, r.cpu_s / run))
+        measured = r.timings.get(PAUSED)  # recorded by the scheduler since session 24
+        estimate = was_held * min(1.0, r.cpu_s / run) if measured is None else measured
+        paused[j] = min(r.cpu_s, estimate)
         busy = max(float(length[active[j]].sum()), 1e-9)
         demand[j] = (cores * r.device_s + r.cpu_s - paused[j]) / busy
     load = demand @ active  # threads demanded in each segment, all jobs
