@@ -1,12 +1,13 @@
 """The priority scenario's check that a study's answer does not depend on the studies
-batched beside it: what it reports when the scheduled and the lone run differ."""
+batched beside it: what it reports when the scheduled and the lone run differ; and its
+summary of how long the routine studies paused for the URGENT one."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
 
-from radserve.bench.priority import _answer_difference
+from radserve.bench.priority import _answer_difference, paused_summary
 
 
 def _result(findings: int, **organs: tuple[str, float | None]) -> Any:
@@ -42,3 +43,9 @@ def test_a_difference_names_the_organs_and_the_finding_counts() -> None:
         "findings_scheduled_alone": [1, 2],
         "organs_scheduled_alone": {},
     }
+
+
+def test_the_paused_summary_counts_the_jobs_that_waited() -> None:
+    summary = paused_summary({"routine-0": 0.0, "routine-1": 1.25, "routine-2": 0.5})
+    assert summary == {"jobs": 3, "jobs_paused": 2, "total": 1.75, "max": 1.25}
+    assert paused_summary({}) == {"jobs": 0, "jobs_paused": 0, "total": 0.0, "max": 0.0}

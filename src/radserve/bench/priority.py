@@ -72,12 +72,25 @@ def ensure_studies(cache_dir: Path, n_routine: int, n_slices: int) -> tuple[Path
     return urgent, [study(URGENT_SEED + 1 + n, "ROUTINE") for n in range(n_routine)]
 
 
+def paused_summary(paused: dict[str, float]) -> dict[str, object]:
+    """The routine jobs' ``paused`` timings (seconds their CPU stages waited at
+    checkpoints while URGENT work ran): how many paused, in all, the longest."""
+    waited = [v for v in paused.values() if v > 0]
+    return {
+        "jobs": len(paused),
+        "jobs_paused": len(waited),
+        "total": round(sum(waited), 3),
+        "max": round(max(waited), 3) if waited else 0.0,
+    }
+
+
 class _Stopwatch:
     """Hooks that note when each job ended (scheduler clock) and count batches."""
 
     def __init__(self) -> None:
         self.ended: dict[str, float] = {}  # scheduler clock
         self.results: dict[str, StudyResult] = {}
+        self.paused: dict[str, float] = {}  # seconds paused for URGENT work, per ended job
         self.failures: list[str] = []
         self.batches = 0
         self._cond = threading.Condition()
@@ -87,6 +100,7 @@ class _Stopwatch:
             return
         with self._cond:
             self.ended[event.job_id] = event.at
+            self.paused[event.job_id] = event.timings.get("paused", 0.0)
             if event.state is JobState.SUCCEEDED and isinstance(event.result, StudyResult):
                 self.results[event.job_id] = event.result
             elif event.state is not JobState.CANCELLED:  # the bench cancels what it not needs
@@ -240,6 +254,7 @@ def run_priority_bench(
     breakdowns: dict[str, list[dict[str, object]]] = {name: [] for name in POLICIES}
     drain_s = 0.0
     finished_before_urgent, urgent_class = 0, ""
+    routine_paused: dict[str, object] = {}
     differences: dict[str, dict[str, Any]] = {"not compared": {}}
     with tempfile.TemporaryDirectory(prefix="radserve-priority-") as tmp:
         out = Path(tmp)
@@ -297,6 +312,9 @@ def run_priority_bench(
                         finished_before_urgent = sum(
                             1 for t in run.watch.ended.values() if t < urgent_end
                         )
+                        routine_paused = paused_summary(
+                            {k: v for k, v in run.watch.paused.items() if k != "urgent"}
+                        )
                         differences = {
                             k: d
                             for k, v in reference.items()
@@ -327,6 +345,8 @@ def run_priority_bench(
         "drain_over_sequential": drain_s / sequential_s,
         "urgent_class": urgent_class,
         "routine_finished_before_urgent": finished_before_urgent,
+        # the drained run's routine jobs: how long their CPU stages paused for the URGENT one
+        "routine_paused_s": routine_paused,
         "results_match_sequential": not differences,
         "result_differences": differences,  # study -> what differed (scheduled, alone)
         "n_routine": n_routine,

@@ -765,6 +765,8 @@ def _priority(
     def each(key: str) -> str:
         return ", ".join(f"{v:.2f}" for v in rounds[key])
 
+    paused = s["routine_paused_s"] or {"total": 0.0, "jobs_paused": 0, "jobs": 0, "max": 0.0}
+
     rows = [
         ("URGENT alone (s)", f"{s['urgent_solo_s']:.2f}", each("solo_s")),
         ("URGENT under load, before (s)", f"{before['urgent_tat_s']:.2f}", each("before_tat_s")),
@@ -786,6 +788,11 @@ def _priority(
             "results match sequential",
             str(s["results_match_sequential"]),
             ", ".join(s["result_differences"]),  # the studies that differ (details: --json)
+        ),
+        (
+            "routine paused for URGENT, drained run (s)",
+            f"{paused['total']:.2f}",
+            f"{paused['jobs_paused']} of {paused['jobs']} jobs, longest {paused['max']:.2f}",
         ),
     ]
     for row in rows:
