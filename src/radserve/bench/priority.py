@@ -254,7 +254,7 @@ def run_priority_bench(
     breakdowns: dict[str, list[dict[str, object]]] = {name: [] for name in POLICIES}
     drain_s = 0.0
     finished_before_urgent, urgent_class = 0, ""
-    routine_paused: dict[str, object] = {}
+    routine_paused = paused_summary({})
     differences: dict[str, dict[str, Any]] = {"not compared": {}}
     with tempfile.TemporaryDirectory(prefix="radserve-priority-") as tmp:
         out = Path(tmp)

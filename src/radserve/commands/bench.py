@@ -765,7 +765,7 @@ def _priority(
     def each(key: str) -> str:
         return ", ".join(f"{v:.2f}" for v in rounds[key])
 
-    paused = s["routine_paused_s"] or {"total": 0.0, "jobs_paused": 0, "jobs": 0, "max": 0.0}
+    paused = s["routine_paused_s"]
 
     rows = [
         ("URGENT alone (s)", f"{s['urgent_solo_s']:.2f}", each("solo_s")),

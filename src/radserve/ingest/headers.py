@@ -1166,20 +1166,19 @@ def _get(ds: Dataset | None, keyword: str) -> Any:
         return None
     tag = _tag(keyword)
     memo = _CONVERTED.get()
-    key = _memo_key(tag, ds.get_item(tag, keep_deferred=True)) if memo is not None else None
-    if key is None:
-        element = ds.get(tag)
-        return None if element is None else element.value
-    assert memo is not None
-    try:
-        return memo[key]
-    except KeyError:
-        pass
-    element = ds.get(tag)  # a value pydicom cannot convert raises here, and is not kept
-    value = None if element is None else element.value
-    if len(memo) < _MEMO_MAX_ENTRIES:
-        memo[key] = value
+    if memo is None or (key := _memo_key(tag, ds.get_item(tag, keep_deferred=True))) is None:
+        return _converted(ds, tag)
+    value = memo.get(key, _UNSEEN)
+    if value is _UNSEEN:
+        value = _converted(ds, tag)  # a value pydicom cannot convert raises, and is not kept
+        if len(memo) < _MEMO_MAX_ENTRIES:
+            memo[key] = value
     return value
+
+
+def _converted(ds: Dataset, tag: BaseTag) -> Any:
+    element = ds.get(tag)
+    return None if element is None else element.value
 
 
 # DiscoveryMemo.values: the VRs whose conversion depends on the bytes, the VR and the byte
@@ -1189,6 +1188,7 @@ _MEMO_VRS = frozenset(
 )
 _MEMO_MAX_BYTES = 64
 _MEMO_MAX_ENTRIES = 4096
+_UNSEEN = object()  # not in the memo (a kept value may be None)
 _CONVERTED: ContextVar[dict[tuple[object, ...], Any] | None] = ContextVar(
     "radserve_converted_values", default=None
 )

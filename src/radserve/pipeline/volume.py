@@ -308,7 +308,11 @@ class VolumeRun:
         self._pending: PendingStep | None = None
         self.steps: list[StepResult] = list(reused)
         self._timer = StageTimer()
-        self.timings = self._timer.seconds
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Seconds per stage so far (the step timer's)."""
+        return self._timer.seconds
 
     @property
     def done(self) -> bool:

@@ -177,8 +177,6 @@ class JobBook:
         if job.started is not None:
             job.timings["run"] = now - job.started
         job.timings["total"] = now - job.arrival
-        if job.paused_s > 0:
-            job.timings["paused"] = job.paused_s
         if state is not JobState.CANCELLED and now > job.deadline and not job.missed:
             self.miss(job, now)
         if state is JobState.SUCCEEDED and job.started is not None:
@@ -186,13 +184,14 @@ class JobBook:
             self.service_s = seconds if old is None else old + _SERVICE_EWMA * (seconds - old)
         del self.jobs[job.id]
         self.publish(job, state, now, code=code, message=message, result=result)
+        paused = job.timings.get("paused", 0.0)
         logger.info(
             "job %s %s%s after %.1f s%s",
             job.id,
             state.value,
             f" ({code})" if code else "",
             job.timings["total"],
-            f" ({job.paused_s:.1f} s of it paused for URGENT work)" if job.paused_s > 0 else "",
+            f" ({paused:.1f} s of it paused for URGENT work)" if paused > 0 else "",
         )
 
     def publish(

@@ -381,7 +381,8 @@ class Scheduler:
             job = self._book.jobs[dispatch.job_id]
             job.inflight -= 1
             elapsed = now - dispatch.started
-            job.paused_s += outcome.paused_s
+            if outcome.paused_s > 0:
+                job.add_time("paused", outcome.paused_s)
             if isinstance(dispatch, StageDispatch):
                 self._complete_stage(job, dispatch, outcome, elapsed, now)
             elif isinstance(dispatch, PrepareDispatch):

@@ -104,10 +104,9 @@ class ScheduledJob:
     # Set when the job must end (done, failed, cancelled, timed out); the terminal state
     # is published once nothing of it is in flight: the next batch boundary.
     stopping: tuple[JobState, str | None, str | None] | None = None
+    # per stage, and ``paused``: seconds its routine CPU units spent paused at checkpoints
+    # while URGENT work ran (inside the stage timings)
     timings: dict[str, float] = field(default_factory=dict)
-    # seconds its routine CPU units spent paused at checkpoints while URGENT work ran
-    # (inside the stage timings; published beside them as ``paused``)
-    paused_s: float = 0.0
 
     def add_time(self, stage: str, seconds: float) -> None:
         self.timings[stage] = self.timings.get(stage, 0.0) + seconds
