@@ -435,7 +435,8 @@ def build_and_gate_on_phantoms(
     the shipped variants are made (``radserve models build-variants``): INT8 calibrated on
     the batches the FP32 pipeline feeds the model on the ``calibration_seeds`` phantoms,
     every precision evaluated through the whole pipeline (the other models at FP32) on
-    the held-out ``eval_seeds`` phantoms, timed, gated."""
+    the held-out ``eval_seeds`` phantoms, against their ground truth and, label by label,
+    against the model's own FP32 output, timed, gated."""
     from radserve.evaluation.pipeline_runs import (
         organ_label_values,
         pipeline_predictor,
@@ -466,6 +467,7 @@ def build_and_gate_on_phantoms(
             organ_labels=organ_label_values(specs),
             precisions=wanted,
             small=small,
+            step_labels={label.value: label.name for label in bundle.spec.labels},
         )
 
     return build_and_gate(

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pydicom
 import pytest
+import yaml
 
 pytest.importorskip("nnunetv2", reason="the nnunet extra is not installed")
 
@@ -124,3 +125,55 @@ def test_imported_pet_ct_model_runs_on_the_pet_ct_phantom(tmp_path: Path) -> Non
     assert ours.shape == theirs.shape == ct.shape
     assert len(np.unique(theirs)) >= 2
     assert float((ours == theirs).mean()) >= 0.999
+
+
+@pytest.mark.slow
+def test_an_imported_models_variants_are_gated_on_its_own_fp32_labels(tmp_path: Path) -> None:
+    """``radserve models build-variants`` on an imported model, through a pipeline file
+    that runs it: the phantoms' truth barely scores this randomly weighted model (its
+    "liver" overlaps the phantom's by chance), so each variant's decision must rest on
+    its agreement with the model's own FP32 labels, recorded per label. A rejected
+    variant is refused by ``radserve run`` with that reason; an accepted one serves."""
+    folder = make_results_folder(tmp_path / "results", folds=(0,), spacing=(4.0, 2.5, 2.5))
+    models = tmp_path / "models"
+    done = run_radserve("models", "import", "nnunet", str(folder), "--models-dir", str(models),
+                        "--name", "tiny-ct")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    pipeline = tmp_path / "tiny.yaml"
+    pipeline.write_text("name: tiny-nnunet\nversion: 1.0.0\nsteps:\n  - model: tiny-ct\n")
+    done = run_radserve("models", "build-variants", "--model", "tiny-ct", "--pipeline",
+                        str(pipeline), "--models-dir", str(models), "--small", "--seeds", "0-1",
+                        "--calibration-seeds", "1000", "--precision", "int8,fp16")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    bundle = models / "tiny-ct" / "1.0.0"
+    labels = [
+        label["name"] for label in yaml.safe_load((bundle / "model.yaml").read_text())["labels"]
+    ]
+    gate = json.loads((bundle / "gate.json").read_text())
+    assert gate["fp32_metrics"]["dice_mean"] < 0.5  # the truth check measures little here
+    assert set(gate["variants"]) == {"int8", "fp16"}
+    for precision, record in gate["variants"].items():
+        agreement = record["metrics"]["agreement_vs_fp32"]
+        assert list(agreement) == labels, agreement
+        measured = [v for v in agreement.values() if v is not None]
+        assert measured and all(0.0 <= v <= 1.0 for v in measured)
+        low = [
+            f"{name} agrees with fp32 at {value:.4f} < 0.95 (Dice)"
+            for name, value in agreement.items()
+            if value is not None and value < 0.95
+        ]
+        assert [r for r in record["reasons"] if "agrees with fp32" in r] == low
+        assert record["accepted"] == (not record["reasons"])
+
+        study = tmp_path / "phantom"
+        if not study.exists():
+            made = run_radserve("phantom", "--seed", "3", "--small", "--out", str(study))
+            assert made.returncode == 0, made.stderr
+        run = run_radserve("run", str(study / "dicom"), "--pipeline", str(pipeline), "--models-dir",
+                           str(models), "--precision", precision, "--out",
+                           str(tmp_path / f"out-{precision}"), "--no-key-images")  # fmt: skip
+        if record["accepted"]:
+            assert run.returncode == 0, run.stderr
+        else:
+            assert run.returncode != 0 and "rejected by its accuracy gate" in run.stderr
+            assert record["reasons"][0] in run.stderr

@@ -17,12 +17,19 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from tests.factories.bundles import write_classifier_bundle
+from tests.factories.onnx_models import max_classifier_model, threshold_model
 
 from radserve.domain.volume import Volume
 from radserve.errors import VariantRejectedError
+from radserve.evaluation.agreement import CLASS_ANSWER, AgreementCounter, StepOutput
 from radserve.evaluation.gate import GateDecision, gate_decision
 from radserve.evaluation.lesions import GtLesion
-from radserve.evaluation.pipeline_runs import pipeline_predictor, record_model_inputs
+from radserve.evaluation.pipeline_runs import (
+    organ_label_values,
+    pipeline_predictor,
+    record_model_inputs,
+)
 from radserve.evaluation.publish import to_json, to_markdown
 from radserve.evaluation.runner import GroundTruth, evaluate
 from radserve.evaluation.summary import EvalSummary
@@ -408,3 +415,154 @@ def test_json_summary_has_fp32_at_top_and_variants_with_gates():
     assert "mean Dice dropped" in out["variants"]["int8"]["gate"]["reasons"][0]
     markdown = to_markdown({"fp32": fp32, "int8": int8}, {"int8": gate})
     assert "| liver |" in markdown and "REJECTED" in markdown
+
+
+# --- agreement with the FP32 model's own output -----------------------------------------
+def test_agreement_pools_each_labels_dice_over_the_studies():
+    names = {1: "liver", 2: "spleen", 3: "kidney"}
+    rng = np.random.default_rng(0)
+    # 40 slices: more than one of the counter's slabs; value 3 never drawn
+    studies = [
+        (rng.integers(0, 3, (40, 6, 5), dtype=np.uint8), rng.integers(0, 3, (40, 6, 5), np.uint8))
+        for _ in range(2)
+    ]
+    counter = AgreementCounter(names)
+    for fp32, variant in studies:
+        counter.add(StepOutput(labels=fp32), StepOutput(labels=variant))
+    expected: dict[str, float | None] = {}
+    for value, name in names.items():
+        both = sum(int(((a == value) & (b == value)).sum()) for a, b in studies)
+        size = sum(int((a == value).sum() + (b == value).sum()) for a, b in studies)
+        expected[name] = 2 * both / size if size else None
+    result = counter.result()
+    assert result.keys() == expected.keys() and result["kidney"] is None
+    for name in ("liver", "spleen"):
+        assert result[name] == pytest.approx(expected[name], abs=1e-6)
+        assert 0.2 < result[name] < 0.6  # independent random maps: about 1/3
+
+
+def test_agreement_of_a_classification_step_is_its_share_of_studies_answered_alike():
+    counter = AgreementCounter({1: "bleed"})
+    counter.add(StepOutput(answer=("bleed", True)), StepOutput(answer=("bleed", True)))
+    counter.add(StepOutput(answer=("bleed", True)), StepOutput(answer=("bleed", False)))
+    assert counter.result() == {CLASS_ANSWER: 0.5}  # no label map was compared
+
+
+@pytest.mark.parametrize(
+    ("variant", "error"),
+    [
+        (StepOutput(labels=np.zeros((2, 3, 3), np.uint8)), "cannot be compared"),
+        (StepOutput(), "a label map and the other none"),
+        (StepOutput(labels=np.full((2, 4, 4), 5000, np.uint16)), "not a model's class label"),
+    ],
+)
+def test_agreement_refuses_maps_it_cannot_compare(variant, error):
+    with pytest.raises(ValueError, match=error):
+        AgreementCounter().add(StepOutput(labels=np.zeros((2, 4, 4), np.uint8)), variant)
+
+
+@pytest.mark.parametrize(
+    ("agreement", "spec", "reason"),
+    [
+        (
+            {"liver": 0.93, "spleen": 0.99},
+            GateSpec(),
+            r"^liver agrees with fp32 at 0\.9300 < 0\.95 \(Dice\)",
+        ),
+        (
+            {"liver": 0.97},
+            GateSpec(min_agreement=0.98),
+            r"^liver agrees with fp32 at 0\.9700 < 0\.98",
+        ),
+        (
+            {CLASS_ANSWER: 0.9},
+            GateSpec(),
+            r"^class answer agrees .* \(share of studies answered alike\)",
+        ),
+        (
+            {"liver": None, "spleen": None},
+            GateSpec(),
+            r"^nothing to compare: .*\['liver', 'spleen'\]",
+        ),
+    ],
+)
+def test_gate_rejects_a_variant_that_does_not_reproduce_fp32(agreement, spec, reason):
+    variant = _summary(variant="int8", agreement_vs_fp32=agreement)
+    decision = gate_decision(_summary(), variant, spec)
+    assert not decision.accepted
+    assert [r for r in decision.reasons if re.search(reason, r)], decision.reasons
+
+
+def test_gate_accepts_agreement_at_its_floor_and_skips_it_where_unmeasured():
+    at_floor = _summary(variant="int8", agreement_vs_fp32={"liver": 0.95, "spleen": None})
+    assert gate_decision(_summary(), at_floor, GateSpec()).accepted
+    assert gate_decision(_summary(), _summary(variant="int8"), GateSpec()).accepted
+
+
+def _gate_through_pipeline(root: Path, model: str) -> dict[str, object]:
+    """``build_and_gate`` for the one-step pipeline running ``model``, evaluated as
+    ``build_and_gate_on_phantoms`` evaluates (its labels named, every other label map
+    scored against the test studies' truth)."""
+    pipeline = PipelineSpec(name="one-step", version="1", steps=(Step(model=model),))
+    registry = ModelRegistry([root])
+    batches = record_model_inputs(registry, pipeline, model, [_case(1000).ct])
+    spec = registry.get(model).spec
+
+    def evaluate_precisions(precisions):
+        ungated = ModelRegistry([root], allow_ungated=True)
+        return evaluate(
+            pipeline_predictor(ungated, pipeline, vary=model),
+            seeds=[0, 1],
+            organ_labels=organ_label_values([spec]),
+            precisions=precisions,
+            truth=_case,
+            step_labels={label.value: label.name for label in spec.labels},
+        )
+
+    report = build_and_gate(
+        registry.get(model),
+        evaluate_precisions=evaluate_precisions,
+        calibration=lambda: batches,
+        speed_batch=batches[0],
+        threads=1,
+        repeats=1,
+    )
+    return report.variants
+
+
+def test_a_variant_of_a_model_the_phantoms_cannot_score_is_gated_on_fp32s_labels(tmp_path):
+    """The test studies' truth knows "liver", not this model's "structure_a", and the
+    model finds no lesion: organ Dice and lesion recall measure nothing. Its FP16 file
+    (logits scaled past float16's range) labels no voxel; before the agreement check the
+    gate accepted it, as it accepted anything for such a model."""
+    folder = tmp_path / "models" / "anatomy" / "1.0.0"
+    folder.mkdir(parents=True)
+    manifest = MODEL_YAML.replace("name: tiny", "name: anatomy").replace(
+        "name: liver\n", "name: structure_a\n"
+    )
+    manifest = manifest[: manifest.index("  - value: 2")] + manifest[manifest.index("files:") :]
+    (folder / "model.yaml").write_text(manifest)
+    threshold_model(folder / "model.onnx", level=0.05, scale=2e6)
+    variants = _gate_through_pipeline(tmp_path / "models", "anatomy")
+
+    fp16, int8 = variants["fp16"], variants["int8"]
+    assert fp16.metrics.dice_mean is None and any("Dice check skipped" in n for n in fp16.notes)
+    assert not fp16.accepted
+    assert fp16.reasons == ["structure_a agrees with fp32 at 0.0000 < 0.95 (Dice)"]
+    assert int8.accepted and int8.metrics.agreement_vs_fp32 == {"structure_a": 1.0}
+    assert (
+        fp16.metrics.agreement_vs_fp32
+        == read_gate_report(folder).variants["fp16"].metrics.agreement_vs_fp32
+    )
+
+
+def test_a_classification_variant_that_changes_the_answer_is_rejected(tmp_path):
+    folder = write_classifier_bundle(tmp_path / "models", "bright-spot", 80.0, roi_labels=())
+    max_classifier_model(folder / "model.onnx", level=0.08, scale=2e6)  # FP16 overflows
+    variants = _gate_through_pipeline(tmp_path / "models", "bright-spot")
+    assert variants["int8"].accepted
+    assert variants["int8"].metrics.agreement_vs_fp32 == {CLASS_ANSWER: 1.0}
+    assert not variants["fp16"].accepted
+    assert variants["fp16"].reasons == [
+        "class answer agrees with fp32 at 0.0000 < 0.95 (share of studies answered alike)"
+    ]

@@ -53,4 +53,14 @@ class EvalSummary(BaseModel):
     fp_per_study: float
     n_predicted: int = 0
     mean_predict_seconds: float | None = None
+    agreement_vs_fp32: dict[str, float | None] | None = Field(
+        default=None,
+        description=(
+            "a variant's agreement with the FP32 model on the same studies: per label of "
+            "the varied model, the Dice of its voxels pooled over the studies (None: "
+            "neither labelled any); for a classification step, the share of studies "
+            "answered alike ('class answer'). None: not measured (FP32 itself, or no "
+            "single model varied)"
+        ),
+    )
     notes: list[str] = Field(default_factory=list)

@@ -6,7 +6,14 @@ A variant (``fp16``, ``int8``, ``bf16``) is compared with the FP32 model evaluat
 * mean Dice drops by at most ``GateSpec.max_dice_drop`` (absolute), and
 * lesion recall in every size stratum drops by at most ``GateSpec.max_recall_drop_points``
   percentage points. A stratum with no GT lesions cannot be judged: it is skipped and a
-  note says so.
+  note says so;
+* where its agreement with FP32 was measured (the varied model's own output on the same
+  studies, :mod:`radserve.evaluation.agreement`), every label it or FP32 produced agrees
+  at least ``GateSpec.min_agreement`` (pooled Dice; a classification step's share of
+  studies answered alike), and there was something to compare: a variant of a model
+  that labelled nothing on the gate's studies was measured by nothing and is rejected.
+  Ground truth scores organs by name and lesions by size only, so without this a model
+  whose labels the phantoms do not know passed whatever its variant did.
 
 The decision is recorded in the bundle's ``gate.json`` (:mod:`radserve.models.gate`) by
 the variant builder (:mod:`radserve.variants`).
@@ -17,6 +24,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from radserve.domain.accuracy import EvalSummary
+from radserve.evaluation.agreement import CLASS_ANSWER
 from radserve.evaluation.lesions import SIZE_STRATA
 from radserve.models.manifest import GateSpec
 
@@ -86,6 +94,21 @@ def gate_decision(fp32: EvalSummary, variant: EvalSummary, spec: GateSpec) -> Ga
         reasons.append(f"{change}: rose {fp_rise:.2f} > {limit}")
     elif abs(fp_rise) > _EPS:
         notes.append(change + (" (not gated)" if limit is None else f" (within +{limit})"))
+    agreement = variant.agreement_vs_fp32
+    if agreement is not None:
+        measured = {label: value for label, value in agreement.items() if value is not None}
+        if not measured:
+            reasons.append(
+                f"nothing to compare: neither fp32 nor {name} labelled any of "
+                f"{sorted(agreement) or 'its labels'} on the gate's "
+                f"{len(variant.seeds)} studies; gate it on studies where the model finds something"
+            )
+        for label, value in measured.items():
+            if value < spec.min_agreement - _EPS:
+                reasons.append(
+                    f"{label} agrees with fp32 at {value:.4f} < {spec.min_agreement} "
+                    f"({'share of studies answered alike' if label == CLASS_ANSWER else 'Dice'})"
+                )
     return GateDecision(
         accepted=not reasons,
         reasons=reasons,

@@ -19,11 +19,13 @@ from typing import Any
 import numpy as np
 
 from radserve.domain.volume import Volume
+from radserve.evaluation.agreement import StepOutput
 from radserve.evaluation.runner import Predictor, StudyPrediction
 from radserve.models.manifest import ModelSpec
 from radserve.models.registry import ModelBundle, ModelRegistry
 from radserve.pipeline import SessionPool, run_volume
 from radserve.pipeline.spec import PipelineSpec, load_pipeline
+from radserve.pipeline.volume import StepResult
 
 __all__ = ["organ_label_values", "pipeline_predictor", "record_model_inputs"]
 
@@ -75,9 +77,23 @@ def pipeline_predictor(
             if lesion_step is not None and lesion_step.finding_labels is not None
             else np.zeros(ct.shape, np.uint16)
         )
-        return StudyPrediction(organs, lesions, tuple(result.findings))
+        varied = [s for s in result.steps if s.bundle.spec.name == vary]
+        return StudyPrediction(
+            organs,
+            lesions,
+            tuple(result.findings),
+            step=_own_output(varied[-1], ct) if varied else None,
+        )
 
     return predict
+
+
+def _own_output(step: StepResult, ct: Volume) -> StepOutput:
+    """What the step itself produced: its answer, or its class label map on the CT grid."""
+    if step.classification is not None:
+        answer = step.classification
+        return StepOutput(answer=(answer.label, answer.positive))
+    return StepOutput(labels=step.labels_on(ct).array)
 
 
 class _Recording:

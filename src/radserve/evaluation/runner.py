@@ -25,6 +25,7 @@ import numpy as np
 
 from radserve.domain.findings import Finding
 from radserve.domain.volume import Volume
+from radserve.evaluation.agreement import AgreementCounter, StepOutput
 from radserve.evaluation.lesions import GtLesion, gt_lesions_from, match_lesions
 from radserve.evaluation.metrics import dice, hd95
 from radserve.evaluation.summary import EvalSummary, StudyScores, summarise
@@ -53,6 +54,8 @@ class StudyPrediction:
     organ_labels: np.ndarray
     lesion_labels: np.ndarray
     findings: tuple[Finding, ...] = ()
+    # the varied model's own step output, for its agreement with FP32 (None: not given)
+    step: StepOutput | None = None
 
 
 class Predictor(Protocol):
@@ -162,10 +165,14 @@ def evaluate(
     small: bool = True,
     allow_training_seeds: bool = False,
     outside_domain: Callable[[Volume], Sequence[str]] | None = None,
+    step_labels: Mapping[int, str] | None = None,
 ) -> dict[str, EvalSummary]:
     """Score every precision on every seed's phantom; one summary per precision.
 
     ``truth`` makes the ground truth for a seed (default: :func:`phantom_truth`).
+    Where the predictions carry the varied model's own step output and FP32 is among
+    ``precisions``, every other precision's summary also has its agreement with FP32
+    (``agreement_vs_fp32``, labels named by ``step_labels``: value -> name).
     ``outside_domain`` names each way a phantom lies outside the models' declared input
     domain; phantoms that do are counted in a note (their scores are not the models'
     accuracy: ``--small`` phantoms are 128x128 with 2.6-3 mm pixels).
@@ -183,6 +190,8 @@ def evaluate(
         )
     make_truth = truth or (lambda seed: phantom_truth(seed, small=small))
     scores: dict[str, list[StudyScores]] = {p: [] for p in precisions}
+    agreement = {p: AgreementCounter(step_labels or {}) for p in precisions if p != "fp32"}
+    compared = "fp32" in precisions
     unknown = set(organ_labels)
     outside: dict[int, Sequence[str]] = {}
     for seed in seeds:
@@ -190,14 +199,26 @@ def evaluate(
         unknown -= set(study.organ_values)
         if outside_domain is not None and (violations := outside_domain(study.ct)):
             outside[seed] = violations
-        for precision in precisions:
+        reference: StepOutput | None = None
+        for precision in sorted(precisions, key=lambda p: p != "fp32"):  # FP32 first
             start = time.perf_counter()
             prediction = _as_prediction(predict(study.ct, precision))
             seconds = time.perf_counter() - start
             scored = score_study(study, prediction, organ_labels=organ_labels)
             scores[precision].append(replace(scored, predict_seconds=seconds))
+            if precision == "fp32":
+                reference = prediction.step
+            elif reference is not None and prediction.step is not None:
+                agreement[precision].add(reference, prediction.step)  # compared, then dropped
+            else:
+                compared = False
         logger.info("evaluated seed %d at %s", seed, ", ".join(precisions))
     summaries = {p: summarise(s, variant=p) for p, s in scores.items()}
+    if compared:
+        summaries |= {
+            p: summaries[p].model_copy(update={"agreement_vs_fp32": counter.result()})
+            for p, counter in agreement.items()
+        }
     notes = []
     if unknown:
         notes.append(f"organs {sorted(unknown)} are not in the ground truth: not scored")

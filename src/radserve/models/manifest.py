@@ -603,6 +603,10 @@ class GateSpec(_Strict):
     # Optional: reject a variant whose false positives per study rise by more than this.
     # None (the default, the issue's gate) only records the change in the gate's notes.
     max_fp_per_study_increase: float | None = Field(default=None, ge=0)
+    # Every label of the varied model against FP32's own output on the same studies
+    # (pooled Dice; a classification step's share of studies answered alike): the check
+    # that still measures something where the phantoms' ground truth cannot score a label.
+    min_agreement: float = Field(default=0.95, ge=0, le=1)
 
 
 class RequiresSpec(_Strict):

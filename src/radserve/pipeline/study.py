@@ -52,7 +52,6 @@ from radserve.pipeline.profile import (
 )
 from radserve.pipeline.spec import PipelineSpec
 from radserve.pipeline.volume import SessionPool, StepResult, VolumeResult, run_volume
-from radserve.preprocess.crop import grid_offset
 from radserve.progress import ProgressSink, StageTimer
 from radserve.report.json_report import write_report
 from radserve.report.keyimages import write_key_images
@@ -399,7 +398,7 @@ def _write_outputs(out_dir: Path, ct: Volume, result: VolumeResult, *, key_image
             spec = step.bundle.spec
             if step.has_regions:
                 path = f"{step.output}.nii.gz"
-                labels = _on_grid(step.labels, ct)
+                labels = step.labels_on(ct)
                 writes.append(
                     pool.submit(copy_context().run, write_label_map, labels, out_dir / path)
                 )
@@ -439,7 +438,7 @@ def _write_outputs(out_dir: Path, ct: Volume, result: VolumeResult, *, key_image
                 result.findings,
                 _merged_findings(finding_steps),
                 axes=result.finding_axes,
-                organ_labels=_on_grid(organ_step.labels, ct) if organ_step else None,
+                organ_labels=organ_step.labels_on(ct) if organ_step else None,
                 organ_colors={lb.value: lb.color for lb in organ_spec.labels}
                 if organ_spec
                 else None,
@@ -451,20 +450,6 @@ def _write_outputs(out_dir: Path, ct: Volume, result: VolumeResult, *, key_image
         for write in writes:
             write.result()  # a failed write fails the report, as before
     return Outputs(label_maps=label_maps, key_images=images)
-
-
-def _on_grid(labels: Volume, ct: Volume) -> Volume:
-    """``labels`` on ``ct``'s grid: a step restricted to an ROI returns its map on the
-    ROI's box, and every label map of a report lies on the report's geometry."""
-    if labels.shape == ct.shape:
-        return labels
-    offset = grid_offset(labels, ct)
-    if offset is None:
-        raise StudyError("a step's label map is neither on the study's grid nor a box of it")
-    full = np.zeros(ct.shape, dtype=labels.array.dtype)
-    box = tuple(slice(o, o + n) for o, n in zip(offset, labels.shape, strict=True))
-    full[box] = labels.array
-    return ct.with_array(full)
 
 
 def _merged_findings(steps: list[StepResult]) -> Volume:

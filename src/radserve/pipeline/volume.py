@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from radserve.domain import Classification, Finding, OrganMeasurement, Prediction, Volume
-from radserve.errors import PipelineError
+from radserve.errors import PipelineError, StudyError
 from radserve.heap import release_free_memory
 from radserve.host import usable_cores
 from radserve.inference import (
@@ -42,7 +42,7 @@ from radserve.pipeline.spec import PipelineSpec, Step
 from radserve.postprocess.components import clean_label_map
 from radserve.postprocess.diameters import FindingAxes
 from radserve.postprocess.findings import find_lesions, organ_measurements
-from radserve.preprocess.crop import BBox, bbox_union, roi_bbox
+from radserve.preprocess.crop import BBox, bbox_union, grid_offset, roi_bbox
 from radserve.progress import ProgressSink, StageTimer
 
 logger = logging.getLogger(__name__)
@@ -130,6 +130,19 @@ class StepResult:
     @property
     def has_regions(self) -> bool:
         return bool(self.bundle.spec.region_labels)
+
+    def labels_on(self, ct: Volume) -> Volume:
+        """``labels`` on ``ct``'s grid: a step restricted to an ROI returns its map on
+        the ROI's box, and every label map of a report lies on the report's geometry."""
+        if self.labels.shape == ct.shape:
+            return self.labels
+        offset = grid_offset(self.labels, ct)
+        if offset is None:
+            raise StudyError("a step's label map is neither on the study's grid nor a box of it")
+        full = np.zeros(ct.shape, dtype=self.labels.array.dtype)
+        box = tuple(slice(o, o + n) for o, n in zip(offset, self.labels.shape, strict=True))
+        full[box] = self.labels.array
+        return ct.with_array(full)
 
 
 @dataclass(frozen=True)
