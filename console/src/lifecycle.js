@@ -50,6 +50,7 @@ function recordCell(record) {
     parts.push(`${record.comparisons} comparison${record.comparisons === 1 ? '' : 's'}`)
     if (record.lesion_agreement !== null && record.lesion_agreement !== undefined) parts.push(`lesion agreement ${num(record.lesion_agreement, 2)}`)
     if (record.mean_dice !== null && record.mean_dice !== undefined) parts.push(`Dice ${num(record.mean_dice, 3)}`)
+    if (record.answer_agreement !== null && record.answer_agreement !== undefined) parts.push(`answers alike ${num(100 * record.answer_agreement, 0)} %`)
     if (record.mean_latency_diff_seconds !== null && record.mean_latency_diff_seconds !== undefined) parts.push(`${record.mean_latency_diff_seconds >= 0 ? '+' : ''}${num(record.mean_latency_diff_seconds, 1)} s`)
   }
   return h('td', { class: 'record' }, parts.join(' · '))

@@ -700,6 +700,8 @@ class GuardrailSettings(_Section):
     min_comparisons: int = Field(default=3, ge=1)
     min_lesion_agreement: float = Field(default=0.8, ge=0, le=1)
     min_dice: float = Field(default=0.8, ge=0, le=1)
+    # a classification step: the share of compared studies answered as stable answered
+    min_answer_agreement: float = Field(default=0.8, ge=0, le=1)
 
 
 class DriftSettings(_Section):

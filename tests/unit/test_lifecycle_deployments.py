@@ -4,8 +4,11 @@ shadow comparison figures and the guardrail rule."""
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from pathlib import Path
+
+import pytest
 
 from radserve.config import GuardrailSettings
 from radserve.domain.deployment import (
@@ -16,7 +19,12 @@ from radserve.domain.deployment import (
     shadow_for,
 )
 from radserve.domain.priority import PriorityClass
-from radserve.lifecycle.compare import Comparison, StratumAgreement, lesion_agreement
+from radserve.lifecycle.compare import (
+    Comparison,
+    StratumAgreement,
+    compare_results,
+    lesion_agreement,
+)
 from radserve.lifecycle.guardrails import VersionRecord, breach
 from radserve.store import init_store
 from radserve.store.deployments import DeploymentStore
@@ -128,3 +136,65 @@ def test_guardrails() -> None:
     for _ in range(3):
         good.comparisons.append(_comparison(1.0))
     assert breach(good, stable, limits) is None
+
+
+def _classified(folder: Path, label: str, positive: bool) -> Path:
+    """A result folder whose report holds one classification by the step ``bleed``."""
+    folder.mkdir(parents=True)
+    report = {
+        "classifications": [{"model": "bleed", "label": label, "positive": positive}],
+        "timings": {"total": 1.0},
+    }
+    (folder / "report.json").write_text(json.dumps(report))
+    return folder
+
+
+def test_a_classification_steps_answers_are_compared(tmp_path: Path) -> None:
+    """A classification step writes no label map and no finding: before, its comparison
+    held no Dice and no lesion agreement, so a candidate answering otherwise on every
+    study passed every guardrail."""
+
+    def compared(tmp: Path, serving: tuple[str, bool], candidate: tuple[str, bool]) -> bool | None:
+        return compare_results(
+            _classified(tmp / "serving", *serving),
+            _classified(tmp / "candidate", *candidate),
+            job_id="j",
+            step="bleed",
+            serving_version="1.0",
+            candidate_version="1.1",
+            candidate_role="shadow",
+        ).answer_agrees
+
+    assert compared(tmp_path / "a", ("bleed", True), ("bleed", True)) is True
+    assert compared(tmp_path / "b", ("bleed", True), ("bleed", False)) is False
+    comparison = compare_results(
+        _classified(tmp_path / "c" / "serving", "bleed", True),
+        _classified(tmp_path / "c" / "candidate", "bleed", True),
+        job_id="j",
+        step="lesions",  # another step: none of its answers in either report
+        serving_version="1.0",
+        candidate_version="1.1",
+        candidate_role="shadow",
+    )
+    assert comparison.answer_agrees is None and comparison.mean_dice is None
+
+
+def test_guardrails_roll_back_a_classifier_that_answers_otherwise() -> None:
+    limits = GuardrailSettings(min_studies=4, min_comparisons=3)
+    stable = VersionRecord("bleed", "1.0")
+
+    def record(answers: list[bool]) -> VersionRecord:
+        canary = VersionRecord("bleed", "1.1")
+        for alike in answers:
+            canary.comparisons.append(
+                Comparison("j", "bleed", "1.1", "1.0", "stable", answer_agrees=alike)
+            )
+        return canary
+
+    flipped = record([True, False, False])
+    assert flipped.summary()["answer_agreement"] == pytest.approx(1 / 3)
+    assert breach(flipped, stable, limits) == (
+        "classification answers alike with stable on 33% of 3 studies, below 80%"
+    )
+    assert breach(record([True, True, True, True, False]), stable, limits) is None  # 80 %
+    assert breach(record([False, False]), stable, limits) is None  # under min_comparisons

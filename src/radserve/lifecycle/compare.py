@@ -9,6 +9,9 @@ needs nothing of the run that made them.
   >= 20 mm): findings matched one-to-one by centroid distance (<= max(5 mm, half the
   larger diameter)), counted as both / serving only / candidate only;
 * organ volume differences (candidate - serving, ml and relative);
+* a classification step's answer (its class and whether it was reported positive), the
+  same or not: such a step writes no label map and no finding, so without it a candidate
+  classifier was compared on nothing and no answer it gave could roll it back;
 * latency (each report's total seconds).
 """
 
@@ -55,6 +58,8 @@ class Comparison:
     lesions: dict[str, StratumAgreement] = field(default_factory=dict)
     volume_diff_ml: dict[str, float] = field(default_factory=dict)
     volume_diff_rel: dict[str, float] = field(default_factory=dict)
+    # a classification step's answers alike (None: neither run classified with the step)
+    answer_agrees: bool | None = None
     serving_seconds: float | None = None
     candidate_seconds: float | None = None
 
@@ -99,6 +104,15 @@ def _label_masks(folder: Path, report: dict[str, Any], model: str) -> dict[str, 
             name = segment["label"]
             masks[name] = masks[name] | mask if name in masks else mask
     return masks
+
+
+def _answers(report: dict[str, Any], model: str) -> list[tuple[str, bool]]:
+    """The step's classification answers in ``report``: (class, reported positive)."""
+    return sorted(
+        (c["label"], bool(c["positive"]))
+        for c in report.get("classifications", [])
+        if c.get("model") == model
+    )
 
 
 def _dice(a: np.ndarray | None, b: np.ndarray | None) -> float:
@@ -168,6 +182,7 @@ def compare_results(
     s_findings = [f for f in serving.get("findings", []) if f.get("model") == step]
     c_findings = [f for f in candidate.get("findings", []) if f.get("model") == step]
     lesions = lesion_agreement(s_findings, c_findings) if s_findings or c_findings else {}
+    s_answers, c_answers = _answers(serving, step), _answers(candidate, step)
     diff_ml: dict[str, float] = {}
     diff_rel: dict[str, float] = {}
     s_organs = {o["label"]: o for o in serving.get("organ_measurements", []) if o["model"] == step}
@@ -190,6 +205,7 @@ def compare_results(
         lesions=lesions,
         volume_diff_ml=diff_ml,
         volume_diff_rel=diff_rel,
+        answer_agrees=s_answers == c_answers if s_answers or c_answers else None,
         serving_seconds=serving.get("timings", {}).get("total"),
         candidate_seconds=candidate.get("timings", {}).get("total"),
     )

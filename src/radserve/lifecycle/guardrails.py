@@ -26,6 +26,7 @@ class GuardrailLimits(Protocol):
     min_comparisons: int
     min_lesion_agreement: float
     min_dice: float
+    min_answer_agreement: float
 
 
 @dataclass
@@ -60,6 +61,11 @@ class VersionRecord:
         values = [c.mean_dice for c in self.comparisons if c.mean_dice is not None]
         return float(np.mean(values)) if values else None
 
+    def answer_agreement(self) -> float | None:
+        """The share of compared studies a classification step answered alike."""
+        alike = [c.answer_agrees for c in self.comparisons if c.answer_agrees is not None]
+        return sum(alike) / len(alike) if alike else None
+
     def summary(self) -> dict[str, Any]:
         strata: dict[str, dict[str, int]] = {}
         for comparison in self.comparisons:
@@ -91,6 +97,7 @@ class VersionRecord:
             "mean_dice": self.mean_dice(),
             "dice": {k: float(np.mean(v)) for k, v in dice.items()},
             "lesion_agreement": self.mean_lesion_agreement(),
+            "answer_agreement": self.answer_agreement(),
             "lesions_by_stratum": strata,
             "mean_volume_diff_rel": {k: float(np.mean(v)) for k, v in volumes.items()},
             "mean_latency_diff_seconds": float(np.mean(latency)) if latency else None,
@@ -127,6 +134,12 @@ def breach(
             return (
                 f"mean Dice with stable {dice:.2f} over {len(canary.comparisons)} studies is "
                 f"below {limits.min_dice:.2f}"
+            )
+        answers = canary.answer_agreement()
+        if answers is not None and answers < limits.min_answer_agreement:
+            return (
+                f"classification answers alike with stable on {answers:.0%} of "
+                f"{len(canary.comparisons)} studies, below {limits.min_answer_agreement:.0%}"
             )
     return None
 

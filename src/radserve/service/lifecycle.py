@@ -707,6 +707,12 @@ class LifecycleCollector(Collector):
             "Mean per-label Dice with the version it was compared with",
             labels=["step", "version"],
         )
+        answers = GaugeMetricFamily(
+            "radserve_model_answer_agreement_ratio",
+            "Share of compared studies a classification step answered as the version it "
+            "was compared with",
+            labels=["step", "version"],
+        )
         p95 = GaugeMetricFamily(
             "radserve_model_p95_seconds",
             "p95 turnaround of the version's recent jobs",
@@ -721,9 +727,11 @@ class LifecycleCollector(Collector):
                 agreement.add_metric(labels, value)
             if (value := record.mean_dice()) is not None:
                 dice.add_metric(labels, value)
+            if (value := record.answer_agreement()) is not None:
+                answers.add_metric(labels, value)
             if (value := record.p95()) is not None:
                 p95.add_metric(labels, value)
-        yield from (jobs, comparisons, agreement, dice, p95)
+        yield from (jobs, comparisons, agreement, dice, answers, p95)
         rollbacks = CounterMetricFamily(
             "radserve_model_auto_rollbacks",
             "Canaries rolled back by a guardrail",
