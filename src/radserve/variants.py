@@ -61,6 +61,7 @@ __all__ = [
     "CalibrationSource",
     "build_and_gate",
     "build_and_gate_on_phantoms",
+    "build_and_gate_on_studies",
     "build_fp16",
     "build_int8",
     "declare_files",
@@ -296,9 +297,13 @@ def build_and_gate(
     precisions: Sequence[str] = ("fp16", "int8"),
     calibration_seeds: Sequence[int] = (),
     repeats: int = 10,
+    studies: Sequence[str] = (),
+    calibration_studies: Sequence[str] = (),
 ) -> GateReport:
     """Build ``precisions`` beside the bundle's FP32 file, declare them in model.yaml,
-    evaluate them against FP32, time them, gate them and write ``gate.json``.
+    evaluate them against FP32, time them, gate them and write ``gate.json``
+    (``studies``/``calibration_studies``: the names of a site's studies it was evaluated
+    and calibrated on, recorded instead of phantom seeds).
 
     ``evaluate_precisions(["fp32", ...])`` must run the pipeline with this bundle at each
     precision on held-out studies (the candidates are not gated yet, so it must use a
@@ -365,6 +370,8 @@ def build_and_gate(
         gate=spec.gate,
         seeds=summaries["fp32"].seeds,
         calibration_seeds=list(calibration_seeds),
+        studies=list(studies),
+        calibration_studies=list(calibration_studies),
         fp32_file=fp32_name,
         fp32_sha256=file_sha256(fp32_path),
         fp32_metrics=summaries["fp32"],
@@ -454,6 +461,12 @@ def build_and_gate_on_phantoms(
         raise ModelError(f"pipeline {pipeline.name!r} has no step running {model!r}")
     bundle = registry.get(model, step.version)
     specs = [registry.get(s.model, s.version).spec for s in pipeline.steps]
+    several = next((s for s in specs if s.input.channels), None)
+    if several is not None:
+        raise ModelError(
+            f"{several.key} reads {len(several.input.channels)} series and a phantom is one "
+            "CT: gate it on studies that have them (radserve models build-variants --studies)"
+        )
     calibration_cts = [phantom_truth(s, small=small).ct for s in calibration_seeds]
     batches = record_model_inputs(registry, pipeline, model, calibration_cts)
     if not batches:
@@ -479,4 +492,76 @@ def build_and_gate_on_phantoms(
         precisions=precisions,
         calibration_seeds=calibration_seeds,
         repeats=repeats,
+    )
+
+
+def build_and_gate_on_studies(
+    registry: ModelRegistry,
+    pipeline: PipelineSpec,
+    model: str,
+    *,
+    studies: Sequence[Path],
+    calibration_studies: Sequence[Path],
+    precisions: Sequence[str],
+    threads: int | None = None,
+    repeats: int = 10,
+) -> GateReport:
+    """:func:`build_and_gate` on a site's own studies (folders of DICOM files, read as
+    ``radserve run`` reads them, other series for multi-channel models included): INT8
+    calibrated on ``calibration_studies``, every precision judged by its agreement with
+    the model's FP32 output on ``studies`` (there is no ground truth to score). The way
+    to gate a model on inputs like those it serves: an MR or PET/CT model, or any model
+    whose anatomy the CT phantoms do not show."""
+    from radserve.evaluation.pipeline_runs import agreement_on_studies, record_model_inputs
+    from radserve.inference import probe_host
+    from radserve.models.registry import ModelRegistry
+    from radserve.pipeline.study import load_study
+
+    studies = [Path(s) for s in studies]
+    calibration_studies = [Path(s) for s in calibration_studies]
+    if not studies:
+        raise ModelError("a gate on studies needs at least one study to judge the variants on")
+    shared = sorted({s.resolve() for s in studies} & {s.resolve() for s in calibration_studies})
+    if shared:
+        raise ModelError(
+            f"calibration and evaluation share studies: {[str(s) for s in shared[:5]]}"
+        )
+    if "int8" in precisions and not calibration_studies:
+        raise ModelError(
+            "INT8 is calibrated on studies other than those it is judged on: give "
+            "calibration studies, or leave int8 out"
+        )
+    if model not in {s.model for s in pipeline.steps}:
+        raise ModelError(f"pipeline {pipeline.name!r} has no step running {model!r}")
+    step = next(s for s in pipeline.steps if s.model == model)
+    bundle = registry.get(model, step.version)
+    # INT8's calibration set; without INT8, the batches the speed comparison times
+    recorded = calibration_studies or studies[:1]
+    batches = record_model_inputs(
+        registry, pipeline, model, (load_study(s, pipeline, registry) for s in recorded)
+    )
+    if not batches:
+        raise ModelError(f"the pipeline fed {bundle.key} no batches on {recorded[0]}")
+
+    def run_eval(wanted: Sequence[str]) -> Mapping[str, EvalSummary]:
+        ungated = ModelRegistry(registry.roots, allow_ungated=True)
+        return agreement_on_studies(
+            ungated,
+            pipeline,
+            model,
+            (load_study(s, pipeline, ungated) for s in studies),
+            precisions=wanted,
+            step_labels={label.value: label.name for label in bundle.spec.labels},
+        )
+
+    return build_and_gate(
+        bundle,
+        evaluate_precisions=run_eval,
+        calibration=lambda: iter(batches),
+        speed_batch=max(batches, key=len),
+        threads=threads or probe_host().usable_cores,
+        precisions=precisions,
+        repeats=repeats,
+        studies=[s.name for s in studies],
+        calibration_studies=[s.name for s in calibration_studies],
     )

@@ -177,3 +177,131 @@ def test_an_imported_models_variants_are_gated_on_its_own_fp32_labels(tmp_path: 
         else:
             assert run.returncode != 0 and "rejected by its accuracy gate" in run.stderr
             assert record["reasons"][0] in run.stderr
+
+
+def _ct_study(folder: Path, seed: int) -> Path:
+    ct = synthetic_ct((20, 64, 64), seed=seed)
+    ct[ct == 0] = -1000.0  # DICOM CT: air outside the field of view
+    make_ct_series(folder, n_slices=20, rows=64, cols=64, spacing=(3.0, 2.0, 2.0),
+                   hu=np.clip(np.round(ct), -1024, 3071))  # fmt: skip
+    return folder
+
+
+@pytest.mark.slow
+def test_an_imported_model_is_gated_on_the_sites_own_studies(tmp_path: Path) -> None:
+    """``build-variants --studies``: the variants judged on DICOM studies like those the
+    model serves (no phantom, no ground truth) by their agreement with its FP32 labels.
+    The recorded agreement is checked against ``radserve run`` at each precision on the
+    same studies, computed here from the label maps it writes."""
+    folder = make_results_folder(tmp_path / "results", folds=(0,), spacing=(4.0, 2.5, 2.5))
+    models = tmp_path / "models"
+    done = run_radserve("models", "import", "nnunet", str(folder), "--models-dir", str(models),
+                        "--name", "tiny-ct")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    pipeline = tmp_path / "tiny.yaml"
+    pipeline.write_text("name: tiny-nnunet\nversion: 1.0.0\nsteps:\n  - model: tiny-ct\n")
+    studies = [_ct_study(tmp_path / "studies" / name, seed) for name, seed in (("a", 5), ("b", 8))]
+    _ct_study(tmp_path / "calibration" / "c", 11)
+    gate = ("models", "build-variants", "--model", "tiny-ct", "--pipeline", str(pipeline),
+            "--models-dir", str(models), "--studies", str(tmp_path / "studies"))  # fmt: skip
+
+    refused = run_radserve(*gate, "--precision", "int8")
+    assert refused.returncode != 0 and "INT8 is calibrated on studies other than" in refused.stderr
+    shared = run_radserve(*gate, "--calibration-studies", str(tmp_path / "studies"))
+    assert shared.returncode != 0 and "share studies" in shared.stderr
+    assert not (models / "tiny-ct" / "1.0.0" / "gate.json").exists()
+
+    done = run_radserve(*gate, "--calibration-studies", str(tmp_path / "calibration"),
+                        "--precision", "int8,fp16")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads((models / "tiny-ct" / "1.0.0" / "gate.json").read_text())
+    assert report["studies"] == ["a", "b"] and report["calibration_studies"] == ["c"]
+    assert report["seeds"] == [] and report["fp32_metrics"]["dice_mean"] is None
+
+    _check_gate_against_runs(report, studies, pipeline, models, "tiny-ct", tmp_path)
+
+
+def _check_gate_against_runs(
+    report: dict, studies: list[Path], pipeline: Path, models: Path, model: str, tmp: Path
+) -> None:
+    """Each variant of ``report`` (a gate on ``studies``): accepted exactly when every
+    label agrees >= 0.95; a rejected one refused by ``radserve run`` with its reason; an
+    accepted one's recorded agreement equal to the pooled Dice of the label maps
+    ``radserve run`` writes at that precision and at FP32 on the same studies."""
+    labels = {
+        label["value"]: label["name"]
+        for label in yaml.safe_load((models / model / "1.0.0" / "model.yaml").read_text())["labels"]
+    }
+
+    def label_maps(precision: str) -> list[np.ndarray]:
+        maps = []
+        for study in studies:
+            out = tmp / f"out-{precision}-{study.name}"
+            run = run_radserve("run", str(study), "--pipeline", str(pipeline), "--models-dir",
+                               str(models), "--precision", precision, "--out", str(out),
+                               "--no-key-images")  # fmt: skip
+            assert run.returncode == 0, run.stderr
+            maps.append(load_nifti(out / f"{model}.nii.gz").array)
+        return maps
+
+    reference = label_maps("fp32")
+    for precision, record in report["variants"].items():
+        metrics = record["metrics"]
+        assert metrics["n_studies"] == len(studies)
+        assert "judged by agreement with fp32 only" in metrics["notes"][0]
+        agreement = metrics["agreement_vs_fp32"]
+        assert list(agreement) == list(labels.values())
+        assert record["accepted"] == all(v is None or v >= 0.95 for v in agreement.values())
+        if not record["accepted"]:
+            run = run_radserve("run", str(studies[0]), "--pipeline", str(pipeline), "--models-dir",
+                               str(models), "--precision", precision, "--out",
+                               str(tmp / "refused"))  # fmt: skip
+            assert run.returncode != 0 and record["reasons"][0] in run.stderr
+            continue
+        pairs = list(zip(reference, label_maps(precision), strict=True))
+        for value, name in labels.items():
+            both = sum(int(((a == value) & (b == value)).sum()) for a, b in pairs)
+            size = sum(int((a == value).sum() + (b == value).sum()) for a, b in pairs)
+            expected = round(2 * both / size, 6) if size else None
+            assert agreement[name] == expected, (precision, name)
+
+
+@pytest.mark.slow
+def test_a_pet_ct_model_is_gated_on_pet_ct_studies_not_on_phantoms(tmp_path: Path) -> None:
+    """A CT + PET model reads two series; the CT phantoms have one, so the phantom gate
+    refuses it, naming the way that works: ``--studies`` with PET/CT studies, where each
+    variant runs on both channels (the PET as SUVbw on the CT grid, as in serving)."""
+    folder = make_results_folder(tmp_path / "results", folds=(0,), spacing=(4.0, 3.0, 3.0),
+                                 patch=(32, 64, 64),
+                                 schemes=("CTNormalization", "ZScoreNormalization"),
+                                 channel_names=("CT", "noNorm"))  # fmt: skip
+    models = tmp_path / "models"
+    done = run_radserve("models", "import", "nnunet", str(folder), "--models-dir", str(models),
+                        "--name", "petct", "--channel", "1=PT")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    pipeline = tmp_path / "petct.yaml"
+    pipeline.write_text(
+        "name: petct-nnunet\nversion: 1.0.0\nseries_selection: {modalities: [CT]}\n"
+        "steps:\n  - model: petct\n"
+    )
+    gate = ("models", "build-variants", "--model", "petct", "--pipeline", str(pipeline),
+            "--models-dir", str(models), "--precision", "int8,fp16")  # fmt: skip
+    refused = run_radserve(*gate, "--small", "--seeds", "0", "--calibration-seeds", "1000")
+    assert refused.returncode != 0
+    assert (
+        "reads 2 series and a phantom is one CT" in refused.stderr and "--studies" in refused.stderr
+    )
+
+    for seed, where in ((0, "studies/s0"), (1, "studies/s1"), (2, "calibration/s2")):
+        made = run_radserve("phantom", "--seed", str(seed), "--small", "--pet", "--slices", "24",
+                            "--out", str(tmp_path / f"p{seed}"))  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        (tmp_path / where).parent.mkdir(exist_ok=True)
+        (tmp_path / f"p{seed}" / "dicom").rename(tmp_path / where)
+    done = run_radserve(*gate, "--studies", str(tmp_path / "studies"), "--calibration-studies",
+                        str(tmp_path / "calibration"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads((models / "petct" / "1.0.0" / "gate.json").read_text())
+    assert report["studies"] == ["s0", "s1"] and report["calibration_studies"] == ["s2"]
+    studies = [tmp_path / "studies" / "s0", tmp_path / "studies" / "s1"]
+    _check_gate_against_runs(report, studies, pipeline, models, "petct", tmp_path)

@@ -34,6 +34,13 @@ def _report_rows(table: Table, name: str, report: GateReport) -> None:
         )
 
 
+def study_folders(folder: Path) -> list[Path]:
+    """One study per sub-folder of ``folder`` (sorted), or ``folder`` itself when it holds
+    files and no sub-folder."""
+    subfolders = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return subfolders or [folder]
+
+
 @click.command("build-variants")
 @click.option(
     "--model",
@@ -67,6 +74,22 @@ def _report_rows(table: Table, name: str, report: GateReport) -> None:
     default=None,
     help="CPU threads for the speed comparison (default: usable cores).",
 )
+@click.option(
+    "--studies",
+    "studies_dir",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    default=None,
+    help="Judge the variants on these studies instead of phantoms (one folder of DICOM "
+    "files per study inside it): by agreement with the model's FP32 output, for models "
+    "the CT phantoms cannot gate (MR, PET/CT, other anatomy).",
+)
+@click.option(
+    "--calibration-studies",
+    "calibration_dir",
+    type=click.Path(path_type=Path, exists=True, file_okay=False),
+    default=None,
+    help="With --studies: the studies INT8 is calibrated on (other than those it is judged on).",
+)
 @click.option("--pipeline", default=DEFAULT_PIPELINE, show_default=True)
 @click.option(
     "--models-dir",
@@ -82,22 +105,29 @@ def command(
     small: bool,
     precision_text: str | None,
     threads: int | None,
+    studies_dir: Path | None,
+    calibration_dir: Path | None,
     pipeline: str,
     models_dir: Path | None,
 ) -> None:
-    """Build FP16/INT8 variants, evaluate them against FP32 on held-out phantoms, time
-    them on the CPU, and record the accuracy gate in gate.json next to model.yaml."""
+    """Build FP16/INT8 variants, evaluate them against FP32 on held-out phantoms (or on
+    --studies), time them on the CPU, and record the accuracy gate in gate.json next to
+    model.yaml."""
     # here, not at the top: `radserve models` adds this command to its group, and these
     # load ONNX, SciPy and the evaluation (~1 CPU-s) that its other commands never use
     from rich.console import Console
     from rich.table import Table
 
     from radserve.commands.evaluate import parse_precisions, pipeline_specs
-    from radserve.errors import ModelError
+    from radserve.errors import RadserveError
     from radserve.evaluation.runner import HELD_OUT_SEED_LIMIT, parse_seeds
     from radserve.models.registry import ModelRegistry, bundled_model_dir
     from radserve.pipeline.spec import load_pipeline
-    from radserve.variants import build_and_gate_on_phantoms, default_precisions
+    from radserve.variants import (
+        build_and_gate_on_phantoms,
+        build_and_gate_on_studies,
+        default_precisions,
+    )
 
     try:
         eval_seeds, calib_seeds = parse_seeds(seeds), parse_seeds(calibration_seeds)
@@ -119,19 +149,32 @@ def command(
     table = Table(title="Precision variants vs fp32")
     for col in ("model", "variant", "gate", "ms/slice", "x fp32 time", "reasons"):
         table.add_column(col)
+    if calibration_dir is not None and studies_dir is None:
+        raise click.BadParameter("--calibration-studies goes with --studies")
     for name in names:
         try:
-            report = build_and_gate_on_phantoms(
-                ModelRegistry([root]),
-                spec,
-                name,
-                eval_seeds=eval_seeds,
-                calibration_seeds=calib_seeds,
-                precisions=precisions,
-                small=small,
-                threads=threads,
-            )
-        except ModelError as exc:
+            if studies_dir is not None:
+                report = build_and_gate_on_studies(
+                    ModelRegistry([root]),
+                    spec,
+                    name,
+                    studies=study_folders(studies_dir),
+                    calibration_studies=study_folders(calibration_dir) if calibration_dir else [],
+                    precisions=precisions,
+                    threads=threads,
+                )
+            else:
+                report = build_and_gate_on_phantoms(
+                    ModelRegistry([root]),
+                    spec,
+                    name,
+                    eval_seeds=eval_seeds,
+                    calibration_seeds=calib_seeds,
+                    precisions=precisions,
+                    small=small,
+                    threads=threads,
+                )
+        except RadserveError as exc:
             raise click.ClickException(exc.message) from exc
         _report_rows(table, name, report)
         directory = ModelRegistry([root]).get(name, report.version).directory

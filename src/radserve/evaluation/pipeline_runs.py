@@ -6,6 +6,8 @@
 * :func:`record_model_inputs` runs the FP32 pipeline and keeps some of the exact batches
   one model was fed (cropped, resampled, normalised, upstream masks as channels): the
   INT8 calibration set and the speed benchmark's input.
+* :func:`agreement_on_studies` runs one model's precisions on studies without ground
+  truth and measures each against the FP32 output.
 
 Both work by handing ``run_volume`` a session pool that picks or wraps sessions; the
 pipeline itself is unchanged.
@@ -13,21 +15,30 @@ pipeline itself is unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from radserve.domain.accuracy import EvalSummary
 from radserve.domain.volume import Volume
-from radserve.evaluation.agreement import StepOutput
+from radserve.evaluation.agreement import AgreementCounter, StepOutput
+from radserve.evaluation.lesions import SIZE_STRATA
 from radserve.evaluation.runner import Predictor, StudyPrediction
 from radserve.models.manifest import ModelSpec
 from radserve.models.registry import ModelBundle, ModelRegistry
 from radserve.pipeline import SessionPool, run_volume
+from radserve.pipeline.channels import ChannelInputs
 from radserve.pipeline.spec import PipelineSpec, load_pipeline
 from radserve.pipeline.volume import StepResult
 
-__all__ = ["organ_label_values", "pipeline_predictor", "record_model_inputs"]
+__all__ = [
+    "agreement_on_studies",
+    "organ_label_values",
+    "pipeline_predictor",
+    "record_model_inputs",
+]
 
 
 def organ_label_values(specs: Sequence[ModelSpec]) -> dict[str, int]:
@@ -141,16 +152,91 @@ def record_model_inputs(
     registry: ModelRegistry,
     pipeline: str | PipelineSpec,
     model: str,
-    studies: Iterable[Volume],
+    studies: Iterable[Volume | tuple[Volume, ChannelInputs]],
     *,
     batches_per_study: int = 4,
 ) -> list[np.ndarray]:
-    """Run the FP32 pipeline on ``studies``; return up to ``batches_per_study`` input
-    batches per study (a uniform sample) that ``model`` was fed."""
+    """Run the FP32 pipeline on ``studies`` (a volume, or a volume and the other series
+    its multi-channel models read); return up to ``batches_per_study`` input batches per
+    study (a uniform sample) that ``model`` was fed."""
     spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
     if model not in {step.model for step in spec.steps}:
         raise ValueError(f"model {model!r} is not a step of pipeline {spec.name!r}")
     sessions = _RecordingPool(model, batches_per_study)  # one recorder per study
-    for ct in studies:
-        run_volume(ct, spec, registry=registry, sessions=sessions, precision="fp32")
+    for study in studies:
+        ct, channels = study if isinstance(study, tuple) else (study, None)
+        run_volume(
+            ct, spec, registry=registry, sessions=sessions, precision="fp32", channels=channels
+        )
     return [b for recorder in sessions.recorders for b in recorder.batches]
+
+
+def agreement_on_studies(
+    registry: ModelRegistry,
+    pipeline: PipelineSpec,
+    model: str,
+    studies: Iterable[tuple[Volume, ChannelInputs]],
+    *,
+    precisions: Sequence[str],
+    step_labels: Mapping[int, str],
+) -> dict[str, EvalSummary]:
+    """Each precision of ``model`` against its FP32 output on studies without ground
+    truth (a site's own: the only way to gate a model on inputs like those it serves).
+
+    The summaries carry no accuracy (no organ Dice, no lesion recall, no false positives
+    counted: a note says so), only each variant's ``agreement_vs_fp32``; ``studies`` are
+    read one at a time and every precision runs on each before the next is read."""
+    if "fp32" not in precisions:
+        raise ValueError("agreement is measured against fp32, which must be among the precisions")
+    sessions = _VaryOnePool(model)
+    counters = {p: AgreementCounter(step_labels) for p in precisions if p != "fp32"}
+    seconds: dict[str, list[float]] = {p: [] for p in precisions}
+    for ct, channels in studies:
+        reference: StepOutput | None = None
+        for precision in sorted(precisions, key=lambda p: p != "fp32"):  # FP32 first
+            start = time.perf_counter()
+            result = run_volume(
+                ct,
+                pipeline,
+                registry=registry,
+                sessions=sessions,
+                precision=precision,  # type: ignore[arg-type]
+                channels=channels,
+            )
+            seconds[precision].append(time.perf_counter() - start)
+            steps = [s for s in result.steps if s.bundle.spec.name == model]
+            if not steps:
+                raise ValueError(f"model {model!r} is not a step of pipeline {pipeline.name!r}")
+            output = _own_output(steps[-1], ct)
+            if precision == "fp32":
+                reference = output
+            else:
+                assert reference is not None
+                counters[precision].add(reference, output)
+    studied = len(seconds["fp32"])
+    if not studied:
+        raise ValueError("agreement needs at least one study")
+    note = (
+        f"{studied} studies without ground truth: judged by agreement with fp32 only "
+        "(no Dice, recall or false positives scored)"
+    )
+    return {
+        precision: EvalSummary(
+            variant=precision,
+            n_studies=studied,
+            seeds=[],
+            dice_mean=None,
+            dice={},
+            hd95={},
+            recall_by_size=dict.fromkeys(SIZE_STRATA),
+            recall_by_type={},
+            n_lesions_by_size=dict.fromkeys(SIZE_STRATA, 0),
+            n_detected_by_size=dict.fromkeys(SIZE_STRATA, 0),
+            n_lesions_by_type={},
+            fp_per_study=0.0,
+            mean_predict_seconds=sum(seconds[precision]) / studied,
+            agreement_vs_fp32=counters[precision].result() if precision in counters else None,
+            notes=[note],
+        )
+        for precision in precisions
+    }

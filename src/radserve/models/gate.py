@@ -96,6 +96,9 @@ class GateReport(_Frozen):
     gate: GateSpec
     seeds: list[int] = Field(description="held-out evaluation seeds")
     calibration_seeds: list[int] = Field(default_factory=list)
+    # a gate on a site's own studies instead of phantoms: the study folders' names
+    studies: list[str] = Field(default_factory=list)
+    calibration_studies: list[str] = Field(default_factory=list)
     fp32_file: str
     fp32_sha256: str
     fp32_metrics: EvalSummary

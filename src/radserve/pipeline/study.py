@@ -36,7 +36,7 @@ from radserve.ingest.decode import StackNeedsFloatError
 from radserve.ingest.validate import LOSSY_WORDS
 from radserve.models.manifest import Precision
 from radserve.models.registry import ModelRegistry
-from radserve.pipeline.channels import load_channels
+from radserve.pipeline.channels import ChannelInputs, load_channels
 from radserve.pipeline.checks import check_pipeline
 from radserve.pipeline.inputs import (
     DicomInput,
@@ -161,6 +161,21 @@ def run_study(
             raise
         logger.info("values do not fit int16; decoding the study whole, as float32")
         return attempt(StageTimer(progress), False)
+
+
+def load_study(
+    sources: StudyInput | Path | Sequence[Path],
+    pipeline: PipelineSpec,
+    registry: ModelRegistry,
+    policy: IngestPolicy | None = None,
+) -> tuple[Volume, ChannelInputs]:
+    """The volume and the other series a run of ``pipeline`` reads from ``sources``,
+    read as :func:`run_study` reads them (whole, not streamed): for runs that are not a
+    study's job, such as a precision gate on a site's own studies."""
+    timer = StageTimer()
+    ingested = as_input(sources).ingest(pipeline, policy=policy, timer=timer)
+    ingested, channels = load_channels(ingested, pipeline, registry, policy, timer)
+    return ingested.loaded.volume, channels
 
 
 def _streams(
@@ -569,5 +584,6 @@ __all__ = [
     "StudyError",
     "StudyResult",
     "finish_study",
+    "load_study",
     "run_study",
 ]
