@@ -450,7 +450,6 @@ def build_and_gate_on_phantoms(
         record_model_inputs,
     )
     from radserve.evaluation.runner import evaluate, phantom_truth
-    from radserve.inference import probe_host
     from radserve.models.registry import ModelRegistry
 
     overlap = sorted(set(eval_seeds) & set(calibration_seeds))
@@ -480,19 +479,13 @@ def build_and_gate_on_phantoms(
             organ_labels=organ_label_values(specs),
             precisions=wanted,
             small=small,
-            step_labels={label.value: label.name for label in bundle.spec.labels},
+            step_labels=_label_names(bundle),
         )
 
-    return build_and_gate(
-        bundle,
-        evaluate_precisions=run_eval,
-        calibration=lambda: iter(batches),
-        speed_batch=max(batches, key=len),
-        threads=threads or probe_host().usable_cores,
-        precisions=precisions,
+    return _gate_on_batches(
+        bundle, run_eval, batches, threads, precisions, repeats,
         calibration_seeds=calibration_seeds,
-        repeats=repeats,
-    )
+    )  # fmt: skip
 
 
 def build_and_gate_on_studies(
@@ -513,7 +506,6 @@ def build_and_gate_on_studies(
     to gate a model on inputs like those it serves: an MR or PET/CT model, or any model
     whose anatomy the CT phantoms do not show."""
     from radserve.evaluation.pipeline_runs import agreement_on_studies, record_model_inputs
-    from radserve.inference import probe_host
     from radserve.models.registry import ModelRegistry
     from radserve.pipeline.study import load_study
 
@@ -551,17 +543,45 @@ def build_and_gate_on_studies(
             model,
             (load_study(s, pipeline, ungated) for s in studies),
             precisions=wanted,
-            step_labels={label.value: label.name for label in bundle.spec.labels},
+            step_labels=_label_names(bundle),
         )
+
+    return _gate_on_batches(
+        bundle, run_eval, batches, threads, precisions, repeats,
+        studies=[s.name for s in studies],
+        calibration_studies=[s.name for s in calibration_studies],
+    )  # fmt: skip
+
+
+def _label_names(bundle: ModelBundle) -> dict[int, str]:
+    return {label.value: label.name for label in bundle.spec.labels}
+
+
+def _gate_on_batches(
+    bundle: ModelBundle,
+    evaluate_precisions: Callable[[Sequence[str]], Mapping[str, EvalSummary]],
+    batches: Sequence[np.ndarray],
+    threads: int | None,
+    precisions: Sequence[str],
+    repeats: int,
+    *,
+    calibration_seeds: Sequence[int] = (),
+    studies: Sequence[str] = (),
+    calibration_studies: Sequence[str] = (),
+) -> GateReport:
+    """:func:`build_and_gate` with INT8 calibrated on the recorded ``batches`` and the
+    speed timed on the largest of them."""
+    from radserve.inference import probe_host
 
     return build_and_gate(
         bundle,
-        evaluate_precisions=run_eval,
+        evaluate_precisions=evaluate_precisions,
         calibration=lambda: iter(batches),
         speed_batch=max(batches, key=len),
         threads=threads or probe_host().usable_cores,
         precisions=precisions,
         repeats=repeats,
-        studies=[s.name for s in studies],
-        calibration_studies=[s.name for s in calibration_studies],
+        calibration_seeds=calibration_seeds,
+        studies=studies,
+        calibration_studies=calibration_studies,
     )

@@ -127,13 +127,9 @@ def test_imported_pet_ct_model_runs_on_the_pet_ct_phantom(tmp_path: Path) -> Non
     assert float((ours == theirs).mean()) >= 0.999
 
 
-@pytest.mark.slow
-def test_an_imported_models_variants_are_gated_on_its_own_fp32_labels(tmp_path: Path) -> None:
-    """``radserve models build-variants`` on an imported model, through a pipeline file
-    that runs it: the phantoms' truth barely scores this randomly weighted model (its
-    "liver" overlaps the phantom's by chance), so each variant's decision must rest on
-    its agreement with the model's own FP32 labels, recorded per label. A rejected
-    variant is refused by ``radserve run`` with that reason; an accepted one serves."""
+def _imported_tiny_ct(tmp_path: Path) -> tuple[Path, Path]:
+    """The tests' tiny nnU-Net CT folder imported as ``tiny-ct`` into ``models``, and a
+    pipeline file running it."""
     folder = make_results_folder(tmp_path / "results", folds=(0,), spacing=(4.0, 2.5, 2.5))
     models = tmp_path / "models"
     done = run_radserve("models", "import", "nnunet", str(folder), "--models-dir", str(models),
@@ -141,6 +137,17 @@ def test_an_imported_models_variants_are_gated_on_its_own_fp32_labels(tmp_path: 
     assert done.returncode == 0, done.stderr
     pipeline = tmp_path / "tiny.yaml"
     pipeline.write_text("name: tiny-nnunet\nversion: 1.0.0\nsteps:\n  - model: tiny-ct\n")
+    return models, pipeline
+
+
+@pytest.mark.slow
+def test_an_imported_models_variants_are_gated_on_its_own_fp32_labels(tmp_path: Path) -> None:
+    """``radserve models build-variants`` on an imported model, through a pipeline file
+    that runs it: the phantoms' truth barely scores this randomly weighted model (its
+    "liver" overlaps the phantom's by chance), so each variant's decision must rest on
+    its agreement with the model's own FP32 labels, recorded per label. A rejected
+    variant is refused by ``radserve run`` with that reason; an accepted one serves."""
+    models, pipeline = _imported_tiny_ct(tmp_path)
     done = run_radserve("models", "build-variants", "--model", "tiny-ct", "--pipeline",
                         str(pipeline), "--models-dir", str(models), "--small", "--seeds", "0-1",
                         "--calibration-seeds", "1000", "--precision", "int8,fp16")  # fmt: skip
@@ -193,13 +200,7 @@ def test_an_imported_model_is_gated_on_the_sites_own_studies(tmp_path: Path) -> 
     model serves (no phantom, no ground truth) by their agreement with its FP32 labels.
     The recorded agreement is checked against ``radserve run`` at each precision on the
     same studies, computed here from the label maps it writes."""
-    folder = make_results_folder(tmp_path / "results", folds=(0,), spacing=(4.0, 2.5, 2.5))
-    models = tmp_path / "models"
-    done = run_radserve("models", "import", "nnunet", str(folder), "--models-dir", str(models),
-                        "--name", "tiny-ct")  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    pipeline = tmp_path / "tiny.yaml"
-    pipeline.write_text("name: tiny-nnunet\nversion: 1.0.0\nsteps:\n  - model: tiny-ct\n")
+    models, pipeline = _imported_tiny_ct(tmp_path)
     studies = [_ct_study(tmp_path / "studies" / name, seed) for name, seed in (("a", 5), ("b", 8))]
     _ct_study(tmp_path / "calibration" / "c", 11)
     gate = ("models", "build-variants", "--model", "tiny-ct", "--pipeline", str(pipeline),

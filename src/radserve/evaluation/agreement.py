@@ -12,18 +12,24 @@ Pure numpy; the runner feeds it one study at a time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["CLASS_ANSWER", "AgreementCounter", "StepOutput"]
+__all__ = ["CLASS_ANSWER", "AgreementCounter", "StepOutput", "fp32_first"]
 
 _SLAB = 16  # slices a pass holds as int64 pair codes (16 MiB at 512 x 512)
 _MAX_PAIRED_VALUES = 1024  # model.yaml label values (a finding-instance map is not one)
 
 CLASS_ANSWER = "class answer"
 """The agreement key of a classification step: the share of studies answered alike."""
+
+
+def fp32_first(precisions: Sequence[str]) -> list[str]:
+    """The order a study runs its precisions in: FP32 first, so each variant's output is
+    compared as it comes and dropped (one label map held besides FP32's, not all)."""
+    return sorted(precisions, key=lambda p: p != "fp32")
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ def gate_decision(fp32: EvalSummary, variant: EvalSummary, spec: GateSpec) -> Ga
             reasons.append(
                 f"nothing to compare: neither fp32 nor {name} labelled any of "
                 f"{sorted(agreement) or 'its labels'} on the gate's "
-                f"{len(variant.seeds)} studies; gate it on studies where the model finds something"
+                f"{variant.n_studies} studies; gate it on studies where the model finds something"
             )
         for label, value in measured.items():
             if value < spec.min_agreement - _EPS:

@@ -23,7 +23,7 @@ import numpy as np
 
 from radserve.domain.accuracy import EvalSummary
 from radserve.domain.volume import Volume
-from radserve.evaluation.agreement import AgreementCounter, StepOutput
+from radserve.evaluation.agreement import AgreementCounter, StepOutput, fp32_first
 from radserve.evaluation.lesions import SIZE_STRATA
 from radserve.evaluation.runner import Predictor, StudyPrediction
 from radserve.models.manifest import ModelSpec
@@ -193,7 +193,7 @@ def agreement_on_studies(
     seconds: dict[str, list[float]] = {p: [] for p in precisions}
     for ct, channels in studies:
         reference: StepOutput | None = None
-        for precision in sorted(precisions, key=lambda p: p != "fp32"):  # FP32 first
+        for precision in fp32_first(precisions):
             start = time.perf_counter()
             result = run_volume(
                 ct,

@@ -25,7 +25,7 @@ import numpy as np
 
 from radserve.domain.findings import Finding
 from radserve.domain.volume import Volume
-from radserve.evaluation.agreement import AgreementCounter, StepOutput
+from radserve.evaluation.agreement import AgreementCounter, StepOutput, fp32_first
 from radserve.evaluation.lesions import GtLesion, gt_lesions_from, match_lesions
 from radserve.evaluation.metrics import dice, hd95
 from radserve.evaluation.summary import EvalSummary, StudyScores, summarise
@@ -200,7 +200,7 @@ def evaluate(
         if outside_domain is not None and (violations := outside_domain(study.ct)):
             outside[seed] = violations
         reference: StepOutput | None = None
-        for precision in sorted(precisions, key=lambda p: p != "fp32"):  # FP32 first
+        for precision in fp32_first(precisions):
             start = time.perf_counter()
             prediction = _as_prediction(predict(study.ct, precision))
             seconds = time.perf_counter() - start
