@@ -464,7 +464,8 @@ def build_and_gate_on_phantoms(
     if several is not None:
         raise ModelError(
             f"{several.key} reads {len(several.input.channels)} series and a phantom is one "
-            "CT: gate it on studies that have them (radserve models build-variants --studies)"
+            "CT: gate it on studies that have them (radserve models build-variants --studies, "
+            "on the bundle before it is installed)"
         )
     calibration_cts = [phantom_truth(s, small=small).ct for s in calibration_seeds]
     batches = record_model_inputs(registry, pipeline, model, calibration_cts)
