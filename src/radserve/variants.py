@@ -37,7 +37,7 @@ import numpy as np
 import onnx
 
 from radserve.domain.accuracy import EvalSummary
-from radserve.errors import ModelError
+from radserve.errors import ModelError, RadserveError
 from radserve.evaluation.gate import gate_decision
 from radserve.host import cpu_kernel
 from radserve.models.gate import (
@@ -51,8 +51,10 @@ from radserve.models.gate import (
 from radserve.models.manifest import ModelSpec
 
 if TYPE_CHECKING:
+    from radserve.domain.volume import Volume
     from radserve.inference.providers import RuntimeChoice
     from radserve.models.registry import ModelBundle, ModelRegistry
+    from radserve.pipeline.channels import ChannelInputs
     from radserve.pipeline.spec import PipelineSpec
 
 logger = logging.getLogger(__name__)
@@ -528,11 +530,16 @@ def build_and_gate_on_studies(
         raise ModelError(f"pipeline {pipeline.name!r} has no step running {model!r}")
     step = next(s for s in pipeline.steps if s.model == model)
     bundle = registry.get(model, step.version)
+
+    def load(study: Path, registry: ModelRegistry) -> tuple[Volume, ChannelInputs]:
+        try:
+            return load_study(study, pipeline, registry)
+        except RadserveError as exc:  # which of a site's studies, not only what
+            raise ModelError(f"study {study}: {exc.message}") from exc
+
     # INT8's calibration set; without INT8, the batches the speed comparison times
     recorded = calibration_studies or studies[:1]
-    batches = record_model_inputs(
-        registry, pipeline, model, (load_study(s, pipeline, registry) for s in recorded)
-    )
+    batches = record_model_inputs(registry, pipeline, model, (load(s, registry) for s in recorded))
     if not batches:
         raise ModelError(f"the pipeline fed {bundle.key} no batches on {recorded[0]}")
 
@@ -542,7 +549,7 @@ def build_and_gate_on_studies(
             ungated,
             pipeline,
             model,
-            (load_study(s, pipeline, ungated) for s in studies),
+            (load(s, ungated) for s in studies),
             precisions=wanted,
             step_labels=_label_names(bundle),
         )

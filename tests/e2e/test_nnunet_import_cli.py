@@ -210,6 +210,11 @@ def test_an_imported_model_is_gated_on_the_sites_own_studies(tmp_path: Path) -> 
     assert refused.returncode != 0 and "INT8 is calibrated on studies other than" in refused.stderr
     shared = run_radserve(*gate, "--calibration-studies", str(tmp_path / "studies"))
     assert shared.returncode != 0 and "share studies" in shared.stderr
+    junk = tmp_path / "junk" / "not-a-study"
+    junk.mkdir(parents=True)
+    (junk / "x.dcm").write_bytes(b"not DICOM")
+    bad = run_radserve(*gate[:-1], str(junk.parent), "--precision", "fp16")
+    assert bad.returncode != 0 and f"study {junk}: no DICOM image series" in bad.stderr
     assert not (models / "tiny-ct" / "1.0.0" / "gate.json").exists()
 
     done = run_radserve(*gate, "--calibration-studies", str(tmp_path / "calibration"),
