@@ -334,6 +334,12 @@ def build_and_gate(
     missing = [p for p in ("fp32", *precisions) if p not in summaries]
     if missing:
         raise ModelError(f"evaluation of {spec.key} returned no summary for {missing}")
+    uncompared = [p for p in precisions if summaries[p].agreement_vs_fp32 is None]
+    if uncompared:  # the one check that measures something for every model: never skipped
+        raise ModelError(
+            f"evaluation of {spec.key} did not compare {uncompared} with fp32's own output; "
+            "a variant is not gated without it"
+        )
     fp32_speed = measure_speed(fp32_path, spec, speed_batch, threads=threads, repeats=repeats)
     variants = _kept_records(bundle, summaries["fp32"], precisions)
     for precision in precisions:

@@ -21,7 +21,7 @@ from tests.factories.bundles import write_classifier_bundle
 from tests.factories.onnx_models import max_classifier_model, threshold_model
 
 from radserve.domain.volume import Volume
-from radserve.errors import VariantRejectedError
+from radserve.errors import ModelError, VariantRejectedError
 from radserve.evaluation.agreement import CLASS_ANSWER, AgreementCounter, StepOutput
 from radserve.evaluation.gate import GateDecision, gate_decision
 from radserve.evaluation.lesions import GtLesion
@@ -566,3 +566,35 @@ def test_a_classification_variant_that_changes_the_answer_is_rejected(tmp_path):
     assert variants["fp16"].reasons == [
         "class answer agrees with fp32 at 0.0000 < 0.95 (share of studies answered alike)"
     ]
+
+
+def test_no_variant_is_gated_without_its_agreement_with_fp32(tmp_path):
+    """An evaluation that does not compare the varied model's own output (here: no model
+    named as varied) cannot gate: the one check that measures every model is never
+    skipped, and no gate.json is written."""
+    root, directory = _write_bundle(tmp_path / "models")
+    pipeline = PipelineSpec(name="tiny-pipeline", version="1", steps=(Step(model="tiny"),))
+    registry = ModelRegistry([root])
+    batches = record_model_inputs(registry, pipeline, "tiny", [_case(1000).ct])
+
+    def evaluate_whole_pipeline(precisions):
+        ungated = ModelRegistry([root], allow_ungated=True)
+        return evaluate(
+            pipeline_predictor(ungated, pipeline),
+            seeds=[0],
+            organ_labels={"liver": 1},
+            precisions=precisions,
+            truth=_case,
+        )
+
+    with pytest.raises(ModelError, match=r"did not compare \['fp16'\] with fp32's own output"):
+        build_and_gate(
+            registry.get("tiny"),
+            evaluate_precisions=evaluate_whole_pipeline,
+            calibration=lambda: batches,
+            speed_batch=batches[0],
+            threads=1,
+            precisions=("fp16",),
+            repeats=1,
+        )
+    assert not (directory / "gate.json").exists()
