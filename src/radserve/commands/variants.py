@@ -90,7 +90,12 @@ def study_folders(folder: Path) -> list[Path]:
     default=None,
     help="With --studies: the studies INT8 is calibrated on (other than those it is judged on).",
 )
-@click.option("--pipeline", default=DEFAULT_PIPELINE, show_default=True)
+@click.option(
+    "--pipeline",
+    default=DEFAULT_PIPELINE,
+    show_default=True,
+    help="Pipeline (name, or a YAML file) whose run feeds the model.",
+)
 @click.option(
     "--models-dir",
     "models_dir",
