@@ -463,10 +463,7 @@ def build_and_gate_on_phantoms(
     overlap = sorted(set(eval_seeds) & set(calibration_seeds))
     if overlap:
         raise ModelError(f"calibration and evaluation share phantom seeds {overlap[:5]}")
-    step = next((s for s in pipeline.steps if s.model == model), None)
-    if step is None:
-        raise ModelError(f"pipeline {pipeline.name!r} has no step running {model!r}")
-    bundle = registry.get(model, step.version)
+    bundle = _step_bundle(registry, pipeline, model)
     specs = [registry.get(s.model, s.version).spec for s in pipeline.steps]
     several = next((s for s in specs if s.input.channels), None)
     if several is not None:
@@ -532,10 +529,7 @@ def build_and_gate_on_studies(
             "INT8 is calibrated on studies other than those it is judged on: give "
             "calibration studies, or leave int8 out"
         )
-    if model not in {s.model for s in pipeline.steps}:
-        raise ModelError(f"pipeline {pipeline.name!r} has no step running {model!r}")
-    step = next(s for s in pipeline.steps if s.model == model)
-    bundle = registry.get(model, step.version)
+    bundle = _step_bundle(registry, pipeline, model)
 
     def load(study: Path, registry: ModelRegistry) -> tuple[Volume, ChannelInputs]:
         try:
@@ -565,6 +559,14 @@ def build_and_gate_on_studies(
         studies=[s.name for s in studies],
         calibration_studies=[s.name for s in calibration_studies],
     )  # fmt: skip
+
+
+def _step_bundle(registry: ModelRegistry, pipeline: PipelineSpec, model: str) -> ModelBundle:
+    """The version of ``model`` that ``pipeline`` runs."""
+    step = next((s for s in pipeline.steps if s.model == model), None)
+    if step is None:
+        raise ModelError(f"pipeline {pipeline.name!r} has no step running {model!r}")
+    return registry.get(model, step.version)
 
 
 def _label_names(bundle: ModelBundle) -> dict[int, str]:

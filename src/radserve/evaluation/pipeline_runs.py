@@ -31,7 +31,7 @@ from radserve.models.registry import ModelBundle, ModelRegistry
 from radserve.pipeline import SessionPool, run_volume
 from radserve.pipeline.channels import ChannelInputs
 from radserve.pipeline.spec import PipelineSpec, load_pipeline
-from radserve.pipeline.volume import StepResult
+from radserve.pipeline.volume import VolumeResult
 
 __all__ = [
     "agreement_on_studies",
@@ -88,23 +88,21 @@ def pipeline_predictor(
             if lesion_step is not None and lesion_step.finding_labels is not None
             else np.zeros(ct.shape, np.uint16)
         )
-        varied = [s for s in result.steps if s.bundle.spec.name == vary]
-        return StudyPrediction(
-            organs,
-            lesions,
-            tuple(result.findings),
-            step=_own_output(varied[-1], ct) if varied else None,
-        )
+        output = None if vary is None else _own_output(result, vary, ct)
+        return StudyPrediction(organs, lesions, tuple(result.findings), step=output)
 
     return predict
 
 
-def _own_output(step: StepResult, ct: Volume) -> StepOutput:
-    """What the step itself produced: its answer, or its class label map on the CT grid."""
-    if step.classification is not None:
-        answer = step.classification
+def _own_output(result: VolumeResult, model: str, ct: Volume) -> StepOutput | None:
+    """What ``model``'s (last) step itself produced: its answer, or its class label map on
+    the CT grid; None when no step of the run is that model."""
+    steps = [s for s in result.steps if s.bundle.spec.name == model]
+    if not steps:
+        return None
+    if (answer := steps[-1].classification) is not None:
         return StepOutput(answer=(answer.label, answer.positive))
-    return StepOutput(labels=step.labels_on(ct).array)
+    return StepOutput(labels=steps[-1].labels_on(ct).array)
 
 
 class _Recording:
@@ -204,10 +202,9 @@ def agreement_on_studies(
                 channels=channels,
             )
             seconds[precision].append(time.perf_counter() - start)
-            steps = [s for s in result.steps if s.bundle.spec.name == model]
-            if not steps:
+            output = _own_output(result, model, ct)
+            if output is None:
                 raise ValueError(f"model {model!r} is not a step of pipeline {pipeline.name!r}")
-            output = _own_output(steps[-1], ct)
             if precision == "fp32":
                 reference = output
             else:
