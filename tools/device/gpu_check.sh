@@ -42,6 +42,28 @@ if ! $PY -c "from radserve.inference.providers import probe_host as p; import sy
   echo "CUDA provider not usable as installed; retrying with LD_LIBRARY_PATH=$LD_LIBRARY_PATH" | tee -a "$OUT/host.txt"
   $PY -c "from radserve.inference.providers import probe_host; print(probe_host())" 2>&1 | tee -a "$OUT/host.txt"
 fi
+step "out of memory on the GPU (session 27: the recovery shrinks the CUDA arena too)"
+# A 256 MiB arena limit: the batch of 8 (144 MiB of output alone) cannot run at once; it
+# must run in parts with the same outputs as samples run alone, and the limit must hold
+# for the next batch (tests/integration/test_session_out_of_memory.py does this on a CPU)
+timeout 120 $PY -c "
+import numpy as np, sys, logging
+sys.path.insert(0, '.')
+logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(name)s: %(message)s')
+from pathlib import Path
+from tests.factories.onnx_models import conv_model, model_spec
+from radserve.inference import ModelSession, choose_runtime
+from radserve.inference.providers import probe_host
+w = np.random.default_rng(0).normal(size=(8, 1, 3, 3)).astype(np.float32)
+path = conv_model(Path('/tmp/oom-conv.onnx'), w, np.zeros(8, np.float32))
+runtime = choose_runtime(probe_host(), gpu_mem_limit_bytes=256 * 2**20)
+s = ModelSession(path, model_spec(batch_size=8, divisible_by=8, labels=7), runtime=runtime)
+x = np.random.default_rng(1).normal(size=(8, 1, 768, 768)).astype(np.float32)
+one = s.run(x[:1]); out = s.run(x)
+print('providers', s.providers_in_use, 'batch_limit', s.batch_limit,
+      'same', bool(np.array_equal(out[:1], one)), 'again', s.run(x).shape)
+" > "$OUT/gpu_oom.txt" 2>&1; echo "gpu oom rc=$?"; tail -5 "$OUT/gpu_oom.txt"
+
 step "doctor"
 timeout 120 rs doctor > "$OUT/doctor.txt" 2>&1; echo "doctor rc=$?"
 grep -i -E "cuda|tensorrt|cudnn|provider|runtime" "$OUT/doctor.txt" | head -20

@@ -120,6 +120,18 @@ class ModelSession(_ModelFile):
                 self.runtime.primary,
                 self.providers_in_use[0],
             )
+        # After a run that ran out of memory, the arenas of every device it used are
+        # shrunk: on a CUDA session the device's too (the batch-size fallback exists for
+        # GPUs shared with other models). Not yet run on a GPU: should ONNX Runtime refuse
+        # the device name, the shrink run fails, is logged, and the halves run anyway.
+        self._shrink_after_oom = self._shrink
+        cuda = self.runtime.device.startswith("cuda:")
+        if cuda and "CUDAExecutionProvider" in self.providers_in_use:
+            devices = f"cpu:0;gpu:{self.runtime.device.split(':', 1)[1]}"
+            self._shrink_after_oom = ort.RunOptions()
+            self._shrink_after_oom.add_run_config_entry(
+                "memory.enable_memory_arena_shrinkage", devices
+            )
         self._check_contract()
 
     def _check_contract(self) -> None:
@@ -227,6 +239,9 @@ class ModelSession(_ModelFile):
             if not _OUT_OF_MEMORY.search(str(exc)) or len(x) == 1 or self.fixed_batch:
                 raise
             half = (len(x) + 1) // 2
+            # the failed run grew the arena by all it got before it failed; without this
+            # those chunks stay held beside the halves and the joined output
+            self._shrink_arena(self._shrink_after_oom)
             with self._limit_lock:
                 if self.batch_limit is None or half < self.batch_limit:
                     self.batch_limit = half
@@ -303,11 +318,15 @@ class ModelSession(_ModelFile):
         over the 300-slice lesion step here). A 3D model's arena is shrunk by every
         run instead, so this returns at once.
         """
-        if self._shrink_every_run:
-            return
+        if not self._shrink_every_run:
+            self._shrink_arena()
+
+    def _shrink_arena(self, options: ort.RunOptions | None = None) -> None:
+        """Run the smallest valid input once with the arena shrink (see release_memory;
+        ``options``: other run options that shrink, e.g. a GPU's arena too)."""
         x = np.zeros(self._smallest_input_shape(), dtype=self.input_dtype)
         try:
-            self._session.run([self.output_name], {self.input_name: x}, self._shrink)
+            self._session.run([self.output_name], {self.input_name: x}, options or self._shrink)
         except Exception as exc:  # a graph that refuses the probe: keep the memory
             logger.debug("%s: arena not shrunk (%s)", self.spec.key, exc)
 
