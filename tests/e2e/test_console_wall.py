@@ -1,9 +1,10 @@
 """Issue 16: the console on a 4K wall screen (3840x2160 CSS pixels at device scale factor
 1, i.e. a 4K panel at 100 %), in Debian's chromium against a real ``radserve serve``
 holding a shift's worth of jobs (100 studies in three priority classes, five of them
-failed) and a model with a canary: the worklist and the operations page
-have no horizontal overflow anywhere, no text smaller than ``MIN_PX``, and their main
-panels on screen without scrolling the page.
+failed), a model with a canary and a site's 40 DICOM peers: the worklist and the
+operations page have no horizontal overflow anywhere, no text smaller than ``MIN_PX``,
+and their main panels on screen without scrolling the page (a panel longer than its share
+of the screen scrolls inside its own box).
 
 Why ``MIN_PX`` = 24: a 55-inch 4K panel has 0.317 mm pixels, so 24 px is a 7.6 mm em
 and (DejaVu Sans, cap height 0.73 em) a 5.6 mm capital: 16 minutes of arc, the minimum
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.slow
 
 MIN_PX = 24
 JOBS = 100
+PEERS = 40
 CLASSES = ("urgent",) * 10 + ("inpatient",) * 30 + ("outpatient",) * 60
 
 # every visible text's rendered size (SVG text scaled by its viewBox), every scroll box or
@@ -100,7 +102,10 @@ def measure(p: Page, panels: list[str], shot: str) -> dict[str, Any]:
 
 def test_worklist_and_operations_on_a_4k_wall_screen(tmp_path: Path) -> None:
     need_browser()
-    config = config_file(tmp_path)
+    # a site's modalities and workstations, allowed to send (no port: no results go back
+    # to them): more rows than the peers panel has room for on the wall screen
+    modalities = [{"ae_title": f"MOD{i:02d}", "host": f"127.0.1.{i}"} for i in range(1, PEERS + 1)]
+    config = config_file(tmp_path, gateway={"allowed_peers": modalities})
     data, port = tmp_path / "data", free_port()
     admin = create_key_cli(config, data, "admin")
     process = start_server(config, data, port, tmp_path / "server.log")
@@ -169,6 +174,19 @@ def test_worklist_and_operations_on_a_4k_wall_screen(tmp_path: Path) -> None:
             p.page.wait_for_selector(".chart svg path", state="attached", timeout=ms(30))
             panels = ["#top", ".stat", ".chart", "#lifecycle", "#outbox", "#peers"]
             ops = measure(p, panels, "wall-ops")
+            # the page did not grow with the site's peer list: the panel scrolls inside its
+            # box, every peer reachable there
+            assert p.page.locator("#peer-table tbody tr").count() == PEERS
+            box = p.page.evaluate(
+                "(() => { const e = document.querySelector('#peers')"
+                "; return [e.scrollHeight, e.clientHeight] })()"
+            )
+            assert box[0] > box[1], box
+            # the peers give way, not the model versions: the canary's row is in view
+            canary = p.page.locator("#lifecycle tr[data-version='1.1.0'][data-deployed=canary]")
+            models = p.page.locator("#lifecycle").bounding_box()
+            row = canary.bounding_box()
+            assert models and row and row["y"] + row["height"] <= models["y"] + models["height"]
             assert p.errors == []
             p.close()
         assert m["shot"].stat().st_size > 0 and ops["shot"].stat().st_size > 0
