@@ -16,7 +16,7 @@ from radserve.config import DriftSettings
 from radserve.domain.input_domain import AcquisitionFacts, InputDomain, domain_violations
 from radserve.lifecycle.drift import DriftState, compare, psi
 from radserve.models.registry import ModelRegistry
-from radserve.service.drift import DriftCollector, DriftService, reference_path
+from radserve.service.drift import DriftCollector, DriftService, reference_path, window_path
 from radserve.store import init_store
 
 LIMITS = DriftSettings()
@@ -97,3 +97,45 @@ def test_service_collects_reference_then_audits_state_changes(tmp_path: Path) ->
     # a new service (a restart) reads the reference back instead of collecting again
     again = DriftService(config, data_dir=tmp_path, registry=ModelRegistry(), store=None)
     assert not again.monitor("lesions", "9.9.9").collecting
+
+
+def test_a_restart_goes_on_with_the_window_and_the_alert_stays(tmp_path: Path) -> None:
+    """The windows are kept on disk: after a restart an alert is still an alert (it went
+    quiet until 20 more studies were served), with no second announcement of it; a
+    reference half collected goes on being collected instead of starting again."""
+    config = DriftSettings(reference_studies=10, window=10, min_window=10)
+    rng = np.random.default_rng(2)
+    versions = {"lesions": "9.9.9"}
+    drift = DriftService(config, data_dir=tmp_path, registry=ModelRegistry(), store=None)
+    for _ in range(10):
+        drift.observe(versions, record(rng))
+    for _ in range(10):
+        drift.observe(versions, record(rng, shift=80, vendor="B"))
+    before = drift.monitor("lesions", "9.9.9").summary()
+    assert before["state"] == "alert"
+    again = DriftService(config, data_dir=tmp_path, registry=ModelRegistry(), store=None)
+    after = again.monitor("lesions", "9.9.9").summary()
+    assert after["reference"]["source"].startswith("first 10 studies served (")  # its file
+    after["reference"] = before["reference"]
+    assert after == before  # state, features, window and studies as they were
+    # the next study is judged on the window it joins; an unchanged state is not announced
+    assert again.observe(versions, record(rng, shift=80, vendor="B")) == []
+    assert again.monitor("lesions", "9.9.9").summary()["window"]["studies"] == 10
+
+    # a reference cut off by a restart after 4 of its 10 studies needs 6 more, not 10
+    fresh = {"organs": "1.0.0"}
+    first = DriftService(config, data_dir=tmp_path, registry=ModelRegistry(), store=None)
+    for _ in range(4):
+        first.observe(fresh, record(rng))
+    second = DriftService(config, data_dir=tmp_path, registry=ModelRegistry(), store=None)
+    for _ in range(5):
+        second.observe(fresh, record(rng))
+    assert second.monitor("organs", "1.0.0").collecting
+    second.observe(fresh, record(rng))
+    assert not second.monitor("organs", "1.0.0").collecting
+    assert reference_path(tmp_path, "organs", "1.0.0").is_file()
+
+    # a torn window file is logged and the monitor starts again instead of failing
+    window_path(tmp_path, "lesions", "9.9.9").write_text('{"window": [')
+    torn = DriftService(config, data_dir=tmp_path, registry=ModelRegistry(), store=None)
+    assert torn.monitor("lesions", "9.9.9").summary()["window"]["studies"] == 0

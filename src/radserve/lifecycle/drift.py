@@ -236,6 +236,30 @@ class DriftMonitor:
                 changes.append(StateChange(self.model, self.version, "", before_all, self.state))
             return changes
 
+    def saved_state(self) -> dict[str, Any]:
+        """What a restart needs to go on where this left off: the window, the studies
+        seen, and a reference still being collected (the complete one is saved apart)."""
+        with self._lock:
+            return {
+                "window": list(self.window),
+                "studies": self.studies,
+                "collected": list(self.reference) if self.collecting else [],
+            }
+
+    def restore(self, saved: Mapping[str, Any]) -> None:
+        """Go on from :meth:`saved_state`: the window's states judged again at once, with
+        no state change announced (they were announced before the restart), so an alert
+        does not go quiet because the server restarted."""
+        window = [r for r in saved.get("window", []) if isinstance(r, dict)]
+        collected = [r for r in saved.get("collected", []) if isinstance(r, dict)]
+        with self._lock:
+            self.studies = max(self.studies, int(saved.get("studies", 0)))
+            if self.collecting and collected and not self.reference:
+                self.reference = collected[: max(self.collect, _MIN_VALUES)]
+            self.window.extend(window)
+            if not self.collecting and len(self.window) >= self.limits.min_window:
+                self.features = compare(self.reference, list(self.window), self.limits)
+
     def summary(self) -> dict[str, Any]:
         with self._lock:
             return {

@@ -23,6 +23,7 @@ import numpy as np
 from radserve.config import Settings
 from radserve.errors import ModelError, PipelineError, RadserveError
 from radserve.inference import choose_runtime
+from radserve.lifecycle.install import read_install
 from radserve.models.registry import ModelRegistry, bundled_model_dir
 from radserve.pipeline import SessionPool
 from radserve.pipeline.checks import check_pipeline
@@ -95,6 +96,7 @@ class Catalog:
         self.warm_runner: WarmRunner = _run_here
         self._local: SessionPool | None = None if getattr(sessions, "remote", False) else sessions
         self._resolved: dict[str, ResolvedPipeline] = {}
+        self._generation = 0  # set_deployed and rescan: a resolution begun before is stale
         # model -> stable version set by a deployment (radserve.lifecycle); overrides
         # the version a pipeline file names
         self._deployed: dict[str, str] = {}
@@ -146,19 +148,23 @@ class Catalog:
         spec = load_pipeline(self._pipeline_path(name))
         versions: dict[str, str] = {}
         roles: dict[str, str] = {}
+        # a deployment's stable, else the pipeline file's version, else the version this
+        # server first resolved, chosen so that installing a bundle never changes what
+        # serves without a deployment, before or after a restart (undeployed_version);
+        # then the rules
         with self._lock:
             deployed = dict(self._deployed)
-        # a deployment's stable, else the pipeline file's version, else the latest version
-        # when this server first resolved it (installing a newer bundle never changes what
-        # serves without a deployment); then the rules
-        with self._lock:
             baseline = dict(self._baseline)
+            generation = self._generation
         spec = spec.model_copy(
             update={
                 "steps": tuple(
                     s.model_copy(
                         update={
-                            "version": deployed.get(s.model) or s.version or baseline.get(s.model)
+                            "version": deployed.get(s.model)
+                            or s.version
+                            or baseline.get(s.model)
+                            or self.undeployed_version(s.model)
                         }
                     )
                     for s in spec.steps
@@ -178,8 +184,61 @@ class Catalog:
         spec = spec.model_copy(update={"steps": steps})
         resolved = ResolvedPipeline(spec, versions, precision, roles)
         with self._lock:
-            self._resolved[name] = resolved
+            # not kept when a deployment or a rescan came while this resolved: it was
+            # read before them (a warm-up resolving beside a deploy cached the old stable
+            # for every later job)
+            if generation == self._generation:
+                self._resolved[name] = resolved
         return resolved
+
+    def undeployed_version(self, model: str) -> str | None:
+        """The version a step without one serves when no deployment names one: the
+        latest placed in a models folder (shipped, or the site's ``models.dirs``), never
+        one ``models install`` added: installing does not deploy, and that must hold after
+        a restart too, when this server resolves its pipelines anew (before, the latest
+        installed version then served every study). A model that was only ever
+        installed serves its first install until a deployment says otherwise. None: not
+        installed at all (the pipeline check names it)."""
+        placed: list[str] = []
+        installed: dict[str, str] = {}  # version -> when installed, in version order
+        for v in self.registry.versions(model):
+            try:
+                record = read_install(self.registry.get(model, v).directory)
+            except (ModelError, OSError, ValueError, KeyError):
+                continue  # a broken bundle or install record is no candidate
+            if record is None:
+                placed.append(v)
+            else:
+                installed[v] = record.installed_at
+        if placed:
+            return placed[-1]
+        # the earliest install; min keeps the lower version of two installed in one second
+        return min(installed, key=installed.__getitem__) if installed else None
+
+    def check_fits(self, model: str, version: str) -> None:
+        """Refuse ``version`` of ``model`` where a pipeline running that model would not
+        load with it (:func:`~radserve.pipeline.checks.check_pipeline`: a label the earlier
+        steps do not produce, a modality the pipeline does not select): deployed, every
+        job it is routed to would fail at its first step. A pipeline that does not load
+        as it is now is not this version's doing and is passed over.
+
+        Raises:
+            PipelineError: naming the pipeline and the rule the version breaks there.
+        """
+        for name in self.available():
+            try:
+                current = self.resolve(name)
+            except RadserveError:
+                continue
+            if model not in current.model_versions:
+                continue
+            candidate = current.pinned({model: version}, {})
+            try:
+                check_pipeline(candidate.spec, self.registry)
+            except RadserveError as exc:
+                raise PipelineError(
+                    f"{model}/{version} does not fit pipeline {name!r}: {exc.message}"
+                ) from exc
 
     def set_deployed(self, stable: Mapping[str, str]) -> None:
         """Serve ``stable`` (model -> version) from now on: new jobs resolve to it; jobs
@@ -187,12 +246,14 @@ class Catalog:
         with self._lock:
             self._deployed = dict(stable)
             self._resolved.clear()
+            self._generation += 1
 
     def rescan(self) -> None:
         """See bundles installed since the registry last looked."""
         self.registry.rescan()
         with self._lock:
             self._resolved.clear()
+            self._generation += 1
 
     def _pipeline_path(self, name: str) -> Path:
         if not _NAME.match(name) or name.endswith((".yaml", ".yml")):

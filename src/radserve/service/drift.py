@@ -10,7 +10,10 @@ run path, :mod:`radserve.pipeline.profile`) feed the monitors of the versions it
   (``model.drift``, per feature and overall); states are metrics
   (``radserve_model_drift_state{model,version,feature}``: 0 ok, 1 warn, 2 alert) and
   ``GET /v1/models/drift``.
-* The windows live in memory: they start again at a restart (the reference does not).
+* Each monitor's window (and a reference still being collected) is written to
+  ``<data_dir>/drift/<model>/<version>.window.json`` after every study it takes, so a
+  restart goes on where the server left off: before, the windows started again empty and
+  an alert went quiet until 20 more studies had been served.
 """
 
 from __future__ import annotations
@@ -52,6 +55,25 @@ def write_reference(path: Path, model: str, version: str, source: str, records: 
     )
 
 
+def window_path(data_dir: Path, model: str, version: str) -> Path:
+    return Path(data_dir) / DRIFT_DIR / model / f"{version}.window.json"
+
+
+def read_window(path: Path) -> dict[str, Any] | None:
+    """A monitor's saved state (:meth:`DriftMonitor.saved_state`); None when absent or
+    unreadable (logged: the monitor starts again, as before windows were kept)."""
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("window"), list):
+            raise TypeError("no window list")
+        return data
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError) as exc:
+        logger.error("drift window %s is unreadable (%s): started again", path, exc)
+        return None
+
+
 def read_reference(path: Path) -> tuple[str, list[dict[str, Any]]] | None:
     try:
         data = json.loads(path.read_text())
@@ -83,6 +105,7 @@ class DriftService:
         self.store = store
         self._monitors: dict[tuple[str, str], DriftMonitor] = {}
         self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
 
     def monitor(self, model: str, version: str) -> DriftMonitor:
         with self._lock:
@@ -109,7 +132,7 @@ class DriftService:
             if not records and self.config.reference in ("auto", "first_studies")
             else 0
         )
-        return DriftMonitor(
+        monitor = DriftMonitor(
             model,
             version,
             self.config,
@@ -118,6 +141,10 @@ class DriftService:
             reference_source=source,
             on_reference=self._save_reference,
         )
+        saved = read_window(window_path(self.data_dir, model, version))
+        if saved is not None:
+            monitor.restore(saved)
+        return monitor
 
     def _save_reference(self, monitor: DriftMonitor) -> None:
         path = reference_path(self.data_dir, monitor.model, monitor.version)
@@ -139,10 +166,25 @@ class DriftService:
             return []
         changes: list[StateChange] = []
         for model, version in model_versions.items():
-            changes += self.monitor(model, version).add(model_record(features, model))
+            monitor = self.monitor(model, version)
+            changes += monitor.add(model_record(features, model))
+            self._save_window(monitor)
         for change in changes:
             self._announce(change)
         return changes
+
+    def _save_window(self, monitor: DriftMonitor) -> None:
+        """Write the monitor's window; one writer at a time, so an older snapshot never
+        lands after a newer one."""
+        path = window_path(self.data_dir, monitor.model, monitor.version)
+        with self._save_lock:
+            try:
+                # not flushed: a power cut loses at most the last studies' records, and
+                # a torn file is read as none (the window starts again); an fsync per
+                # model and study on the finish path is not worth that
+                durable.write_json(path, monitor.saved_state(), sync=False)
+            except OSError as exc:
+                logger.error("drift window %s not written: %s", path, exc)
 
     def _announce(self, change: StateChange) -> None:
         subject = f"{change.model}/{change.version}"

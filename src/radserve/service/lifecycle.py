@@ -43,7 +43,7 @@ from radserve.domain.deployment import (
     shadow_for,
 )
 from radserve.domain.priority import PriorityClass
-from radserve.errors import DeploymentError, ModelError, RadserveError
+from radserve.errors import DeploymentError, ModelError, PipelineError, RadserveError
 from radserve.ingest import IngestPolicy
 from radserve.lifecycle.compare import Comparison, compare_results
 from radserve.lifecycle.guardrails import VersionRecord, breach
@@ -290,16 +290,15 @@ class ModelLifecycle:
             stable = self.catalog.resolve().model_versions.get(step)
         except RadserveError:
             stable = None
+        stable = stable or self.catalog.undeployed_version(step)
         if stable is None:
-            versions = self.catalog.registry.versions(step)
-            if not versions:
-                raise DeploymentError(f"no model {step!r} is installed")
-            stable = versions[-1]
+            raise DeploymentError(f"no model {step!r} is installed")
         return StepDeployment(step=step, stable=stable)
 
     def check_servable(self, step: str, version: str) -> None:
         """Refuse a version that is not installed, changed since install, may not serve
-        at the configured precision, or needs what this host lacks."""
+        at the configured precision, needs what this host lacks, or does not fit a
+        pipeline that runs the step (labels it needs that no earlier step produces)."""
         self.catalog.rescan()
         bundle = self.catalog.registry.get(step, version)
         precision = self.settings.models.precision or "fp32"
@@ -314,6 +313,10 @@ class ModelLifecycle:
         unmet = unmet_requirements(bundle.spec, host_facts())
         if unmet:
             raise DeploymentError("; ".join(unmet))
+        try:
+            self.catalog.check_fits(step, version)
+        except PipelineError as exc:
+            raise DeploymentError(exc.message) from exc
 
     def deploy(
         self,
