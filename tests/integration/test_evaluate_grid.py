@@ -18,7 +18,7 @@ from radserve.pipeline.spec import load_pipeline
 FIELDS = {
     "cell", "axis", "value", "n_studies", "dice_mean", "lesion_recall", "n_lesions",
     "fp_per_study", "in_domain", "domain_declared", "violations", "recall_by_floor_stratum",
-    "floors_met", "floor_failures", "studies_flagged_by_volumes",
+    "floors_met", "floor_failures", "studies_flagged_by_structures",
 }  # fmt: skip
 
 
@@ -42,6 +42,9 @@ def test_a_grid_is_the_baseline_plus_one_cell_per_value():
         ("thickness=2", r"unknown grid axis 'thickness'; choose from slice_thickness"),
         ("noise=0", r"values must be positive"),
         ("noise", r"bad grid axis 'noise'"),
+        # typos that would have run the baseline alone, or an axis without a cell
+        (" ; ", r"no grid axis in ' ; '; expected e\.g\. 'slice_thickness=1\.25,5' or 'default'"),
+        ("hu_offset=,", r"grid axis 'hu_offset' has no values; expected e\.g\. 'hu_offset=1,2'"),
     ],
 )
 def test_a_bad_grid_is_refused_with_what_was_expected(text, message):
@@ -88,6 +91,39 @@ def test_each_cell_is_scored_and_judged_against_the_declared_domain(ct_models):
         assert row.floors_met == (not row.failures)
         assert all(" < " in f or " > " in f for f in row.failures)
         assert [name for name, _, _ in row.recall_floor_strata] == [">=10mm", "5-10mm"]
+
+
+def test_a_declared_fat_range_makes_the_hu_offset_a_declared_axis(tmp_path):
+    """The lesion test model declares where fat reads; each study's fat is measured from
+    its pixels (seed 0 draws it at -92 HU, seed 1 at -110), so a +30 HU offset flags only
+    the seed whose fat it moves past -75, and the table says which and how many."""
+    models = write_test_bundles(tmp_path / "models")
+    path = models / "lesions-test" / "1.0.0" / "model.yaml"
+    manifest = yaml.safe_load(path.read_text())
+    manifest["input_domain"] = {"fat_hu": {"min": -125.0, "max": -75.0}}
+    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
+    rows = evaluate_grid(
+        ModelRegistry([models]),
+        load_pipeline(write_test_pipeline(tmp_path / "pipelines")),
+        cells=parse_grid("hu_offset=30,-40;noise=2"),
+        seeds=[0, 1],
+        small=True,
+    )
+    by_cell = {r.cell.label: r for r in rows}
+    assert by_cell["baseline"].in_domain and not by_cell["baseline"].undeclared
+    plus = by_cell["hu_offset=30 HU"]
+    assert not plus.undeclared and not plus.in_domain
+    assert plus.violations == (
+        "lesions-test: fat reads -62 HU in 1 of 2 studies, outside [-125, -75] HU: the CT "
+        "numbers may be miscalibrated",
+    )
+    minus = by_cell["hu_offset=-40 HU"]
+    assert minus.violations == (
+        "lesions-test: fat reads -150 to -132 HU in 2 of 2 studies, outside [-125, -75] HU: "
+        "the CT numbers may be miscalibrated",
+    )
+    # noise is still no declared axis: the fat peak does not move with it
+    assert by_cell["noise=2x"].undeclared and by_cell["noise=2x"].in_domain
 
 
 def test_the_suv_scale_axis_moves_a_pet_ct_models_recall(tmp_path):

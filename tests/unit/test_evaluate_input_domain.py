@@ -56,3 +56,22 @@ def test_a_full_size_chest_abdomen_grid_is_inside(specs) -> None:
         "lesions: slice thickness 0.5 mm outside [0.625, 5] mm",
         "lesions: coverage 75 mm outside [290, 500] mm",
     ]
+
+
+def test_organs_are_scored_by_the_organ_steps_own_label_values(specs):
+    """The organ map scored is the last model with region labels' (VolumeResult.
+    organ_step). An earlier model's organs must not lend it their names and values: they
+    were merged, so an organ only the earlier model names (value 99 here) was scored on
+    voxels of the organ step's map that mean something else, or nothing."""
+    organs = next(s for s in specs if s.region_labels)
+    liver = next(lb for lb in organs.labels if lb.name == "liver")
+    earlier = organs.model_copy(
+        update={
+            "name": "earlier-organs",
+            "labels": (*organs.labels, liver.model_copy(update={"name": "pancreas", "value": 99})),
+        }
+    )
+    assert organ_label_values([earlier, organs]) == organ_label_values([organs])
+    assert "pancreas" not in organ_label_values([earlier, organs])
+    assert organ_label_values([organs, earlier])["pancreas"] == 99  # it is the organ step
+    assert organ_label_values([s for s in specs if not s.region_labels]) == {}

@@ -11,7 +11,9 @@ from radserve.domain.accuracy import LESION_RECALL_FLOORS, ORGAN_MEAN_DICE_FLOOR
 from radserve.domain.input_domain import (
     AcquisitionFacts,
     InputDomain,
+    MeasuredStructure,
     domain_violations,
+    output_unchecked,
     output_violations,
 )
 from radserve.evaluation.grid import (
@@ -23,6 +25,8 @@ from radserve.evaluation.grid import (
 )
 from radserve.models.manifest import ModelSpec
 from radserve.models.registry import ModelRegistry, bundled_model_dir
+from radserve.phantom import PhantomSpec
+from radserve.phantom.anatomy import NATIVE_HU, Tissue, hu_table
 
 
 def chest(slices: int, thickness: float, step: float | None = None) -> AcquisitionFacts:
@@ -92,6 +96,7 @@ def test_the_default_grid_spans_the_tightest_declaration_and_just_past_it():
     assert cells[0] == GridCell() and GridCell("matrix", 448.0) in cells
     assert GridCell("matrix", 512.0) not in cells  # the only allowed matrix is the baseline
     assert GridCell("noise", 2.5) in cells and GridCell("hu_offset", 40.0) in cells
+    assert GridCell("enhancement", 0.5) in cells
     assert GridCell("matrix", 576.0).label == "matrix=576"
     assert tightest_domain([None]) is None
 
@@ -117,19 +122,49 @@ def test_a_whole_structure_far_from_its_declared_volume_is_flagged():
         {"structure_volumes_ml": {"liver": {"min": 500, "max": 5000}, "heart": {"min": 150}}}
     )
     measured = [
-        ("liver", "complete", 67.0),  # whole and tiny: the images look unlike training
-        ("heart", "partial", 40.0),  # cut by the scan range: a lower bound, not judged
-        ("spleen", "complete", 5.0),  # not declared
-        ("kidney_left", "not_found", None),
+        MeasuredStructure("liver", "complete", 67.0),  # whole and tiny: unlike training
+        MeasuredStructure("heart", "partial", 40.0),  # cut by the scan range: not judged
+        MeasuredStructure("spleen", "complete", 5.0),  # not declared
+        MeasuredStructure("kidney_left", "not_found", None),
     ]
     assert output_violations(domain, measured) == [
         "liver 67 ml (complete) outside the expected [500, 5000] ml: the images may not "
         "look like the studies the model was validated on"
     ]
     # a partial structure already above its range is flagged (the true volume is larger)
-    assert output_violations(domain, [("liver", "partial", 6000.0)])
-    assert output_violations(domain, [("liver", "complete", 1800.0)]) == []
+    assert output_violations(domain, [MeasuredStructure("liver", "partial", 6000.0)])
+    assert output_violations(domain, [MeasuredStructure("liver", "complete", 1800.0)]) == []
     assert output_violations(None, measured) == []
+
+
+def test_a_structure_whose_mean_hu_is_outside_its_declared_range_is_flagged():
+    """The aorta's mean HU says the contrast phase: judged whole or partial, not when
+    not found or not measured (MR)."""
+    domain = InputDomain.model_validate({"structure_hu": {"aorta": {"min": 120}}})
+    native = MeasuredStructure("aorta", "partial", 80.0, mean_hu=52.4)
+    assert output_violations(domain, [native]) == [
+        "aorta reads 52 HU on average, outside the expected [120, inf] HU: another contrast "
+        "phase (or none) than the model was validated on"
+    ]
+    enhanced = MeasuredStructure("aorta", "complete", 80.0, mean_hu=180.0)
+    assert output_violations(domain, [enhanced]) == []
+    assert output_violations(domain, [MeasuredStructure("aorta", "complete", 80.0)]) == []
+    assert output_violations(domain, [MeasuredStructure("aorta", "not_found", None)]) == []
+    # not found: neither inside nor outside, and the report says so
+    assert output_unchecked(domain, [MeasuredStructure("aorta", "not_found", None)]) == [
+        "aorta not found: the mean HU that shows the contrast phase not checked"
+    ]
+    assert output_unchecked(domain, [native]) == []
+    assert output_unchecked(None, [native]) == []
+    # one declared structure found is enough: a chest CT has an aorta but no kidneys
+    two = InputDomain.model_validate(
+        {"structure_hu": {"aorta": {"min": 175}, "kidney_left": {"min": 112}}}
+    )
+    no_kidney = MeasuredStructure("kidney_left", "not_found", None)
+    assert output_unchecked(two, [enhanced, no_kidney]) == []
+    assert output_unchecked(two, [no_kidney]) == [
+        "aorta, kidney_left not found: the mean HU that shows the contrast phase not checked"
+    ]
 
 
 def test_structure_volumes_must_name_a_region_label_of_the_model():
@@ -139,3 +174,25 @@ def test_structure_volumes_must_name_a_region_label_of_the_model():
     with pytest.raises(ValidationError, match=r"names 'livre', which is not a region label.*"
                        r"did you mean 'liver'\?"):  # fmt: skip
         ModelSpec.model_validate(manifest)
+
+
+def test_the_enhancement_axis_draws_the_same_patient_with_less_contrast():
+    """0 is a non-contrast CT: the enhancing tissues at their unenhanced HU, everything
+    else (fat, lung, bone) and every draw of the seed unchanged."""
+    assert parse_grid("enhancement=0,0.5")[1:] == [
+        GridCell("enhancement", 0.0),
+        GridCell("enhancement", 0.5),
+    ]
+    assert GridCell("enhancement", 0.5).label == "enhancement=0.5x"
+    with pytest.raises(ValueError, match=r"'enhancement': values must be in 0\.\.2"):
+        parse_grid("enhancement=3")
+    enhanced, half, native = (hu_table(8, e) for e in (1.0, 0.5, 0.0))
+    for tissue, unenhanced in NATIVE_HU.items():
+        drawn = float(enhanced[tissue])
+        assert float(half[tissue]) == pytest.approx((drawn + float(native[tissue])) / 2)
+        assert abs(float(native[tissue]) - unenhanced) <= 40.0  # the seed's own jitter
+    assert float(native[Tissue.AORTA]) < 100.0 < 200.0 < float(enhanced[Tissue.AORTA])
+    others = [t for t in Tissue if t not in NATIVE_HU]
+    assert [float(native[t]) for t in others] == [float(enhanced[t]) for t in others]
+    with pytest.raises(ValueError, match=r"contrast_enhancement must be in 0\.\.2"):
+        PhantomSpec(seed=1, contrast_enhancement=-0.1)

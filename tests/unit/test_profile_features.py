@@ -1,7 +1,10 @@
 """The drift features of a CT volume: the memory-lean extractor gives exactly what the
-straightforward one (two float32 copies of the strided volume) gave."""
+straightforward one (two float32 copies of the strided volume) gave; the noise is the
+input-domain check's own measurement (radserve.pipeline.ct_noise), not a second one."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -10,9 +13,9 @@ from scipy import ndimage
 from radserve.domain.input_domain import AcquisitionFacts
 from radserve.phantom import PhantomSpec, generate_phantom
 from radserve.pipeline import profile
+from radserve.pipeline.ct_noise import noise_hu
 from radserve.pipeline.profile import (
     _BODY_HU,
-    _SOFT_TISSUE,
     HU_EDGES,
     _hu_counts,
     _strided,
@@ -22,8 +25,8 @@ from radserve.pipeline.profile import (
 SCANNER = {"manufacturer": "radserve phantom", "kernel": "STANDARD", "kvp": "120"}
 
 
-def _reference(array: np.ndarray) -> tuple[list[float], float, float]:
-    """Histogram, mean and noise as computed before the memory rework."""
+def _reference(array: np.ndarray) -> tuple[list[float], float]:
+    """Histogram and mean as computed before the memory rework."""
     array = _strided(array)
     mask = array > _BODY_HU
     labels, n = ndimage.label(mask)
@@ -33,12 +36,7 @@ def _reference(array: np.ndarray) -> tuple[list[float], float, float]:
         mask = labels == int(np.argmax(sizes))
     body = array[mask].astype(np.float32)
     counts, _ = np.histogram(np.clip(body, HU_EDGES[0], HU_EDGES[-1] - 1e-3), bins=HU_EDGES)
-    lo, hi = _SOFT_TISSUE
-    soft = mask & (array >= lo) & (array <= hi)
-    pair = soft[:, :, 1:] & soft[:, :, :-1]
-    diffs = (array[:, :, 1:].astype(np.float32) - array[:, :, :-1])[pair]
-    noise = float(1.4826 * np.median(np.abs(diffs - np.median(diffs))) / np.sqrt(2.0))
-    return (counts / counts.sum()).tolist(), float(body.mean()), noise
+    return (counts / counts.sum()).tolist(), float(body.mean())
 
 
 def test_volume_features_match_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,11 +56,13 @@ def test_volume_features_match_the_reference(monkeypatch: pytest.MonkeyPatch) ->
         body_part="CHEST",
     )
     got = volume_features(ct, facts, SCANNER)
-    hist, mean, noise = _reference(ct.array)
+    hist, mean = _reference(ct.array)
     assert got["hist"]["hu_body"] == hist
     assert got["num"]["hu_body_mean"] == mean
-    assert got["num"]["noise_hu"] == noise
-    assert noise > 0.0  # the phantom has noise: the comparison is not of two empties
+    # facts without a noise: measured as the check measures it; with one: that one
+    assert got["num"]["noise_hu"] == noise_hu(ct) and noise_hu(ct) > 0.0
+    measured = dataclasses.replace(facts, noise_hu=12.5)
+    assert volume_features(ct, measured, SCANNER)["num"]["noise_hu"] == 12.5
     assert ndimage.label(_strided(array) > _BODY_HU)[1] > 1  # the largest-component path
 
 

@@ -107,9 +107,10 @@ def _seeds(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int
     "grid_text",
     help=(
         "Evaluate across acquisitions instead: 'default' (each declared input_domain edge "
-        "and just outside it, plus noise and HU offset) or axes such as "
-        "'slice_thickness=1.25,5;pixel_spacing=0.6;matrix=448;coverage=250;noise=2.5;"
-        "hu_offset=40;fov=300;suv_scale=0.8' (one factor at a time around each phantom's "
+        "and just outside it, plus noise, HU offset and contrast enhancement) or axes such "
+        "as 'slice_thickness=1.25,5;pixel_spacing=0.6;matrix=448;coverage=250;noise=2.5;"
+        "hu_offset=40;enhancement=0.5;fov=300;suv_scale=0.8' (one factor at a time around "
+        "each phantom's "
         "baseline); prints metric per cell, whether it meets the project floors and whether "
         "it lies in the models' declared input_domain."
     ),

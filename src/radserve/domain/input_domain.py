@@ -13,18 +13,19 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 OUTSIDE_INPUT_DOMAIN = "outside_input_domain"
+INPUT_DOMAIN_UNCHECKED = "input_domain_unchecked"
 
 
-class Range(BaseModel):
-    """A closed interval; either end may be open (None)."""
+class Interval(BaseModel):
+    """A closed interval of any sign; either end may be open (None)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    min: float | None = Field(None, ge=0)
-    max: float | None = Field(None, ge=0)
+    min: float | None = None
+    max: float | None = None
 
     @model_validator(mode="after")
-    def _ordered(self) -> Range:
+    def _ordered(self) -> Interval:
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError(f"range min {self.min} is above max {self.max}")
         return self
@@ -38,10 +39,18 @@ class Range(BaseModel):
         return f"[{lo}, {hi}]"
 
 
+class Range(Interval):
+    """An interval of sizes, counts or volumes: neither end below 0."""
+
+    min: float | None = Field(None, ge=0)
+    max: float | None = Field(None, ge=0)
+
+
 class InputDomain(BaseModel):
     """What the model was trained on. Every field is optional: an absent one is not
     checked. ``body_parts`` are Body Part Examined values (any of them); a study without
-    Body Part Examined is not judged on it (the report notes that it could not be)."""
+    Body Part Examined is not judged on it (the report notes that it could not be, as it
+    does for a CT whose fat could not be found)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -63,7 +72,24 @@ class InputDomain(BaseModel):
     # every geometric range and still look unlike the training data (another scanner's
     # appearance, a phantom drawn by someone else); a whole structure far outside its
     # volume range is how that shows, so it is flagged like a geometry outside the ranges.
+    # A model without region labels (a lesion model) names the structures of the earlier
+    # pipeline steps instead, measured on their label maps (here and in structure_hu).
     structure_volumes_ml: dict[str, Range] = {}
+    # CT only: the mean HU of a region label the model segments, where the training data
+    # puts it: contrast medium shows here (the aorta of a non-contrast CT reads ~40 HU, of
+    # a portal-venous one ~150-250), and a model trained on one phase sees another as
+    # other tissue. Judged on any structure found, whole or partial.
+    structure_hu: dict[str, Interval] = {}
+    # CT only: where the body's fat reads (HU, the peak of its histogram; measured from the
+    # pixels by radserve.pipeline.ct_number). It checks the scanner's CT-number
+    # calibration, which no header states: a study shifted by tens of HU has every
+    # geometry inside the ranges and still looks like another contrast to the model.
+    fat_hu: Interval | None = None
+    # CT only: the study's pixel noise (HU, one standard deviation of a soft-tissue pixel;
+    # measured by radserve.pipeline.ct_noise). A noisier study than the model learned
+    # (a low-dose protocol, a large patient) has its headers inside every range and can
+    # still read noise as findings.
+    noise_hu: Range | None = None
 
     @model_validator(mode="after")
     def _whole_counts(self) -> InputDomain:
@@ -93,6 +119,11 @@ class AcquisitionFacts:
     slices: int
     body_part: str  # "" when absent
     slice_spacing_mm: float | None = None  # the step between slices; None: the thickness
+    # The body's fat peak in HU, measured from the pixels (CT only); None: no fat peak was
+    # found, or it was not measured (another modality).
+    fat_hu: float | None = None
+    # The pixel noise in HU (CT only, radserve.pipeline.ct_noise); None: not measured.
+    noise_hu: float | None = None
 
     @property
     def fov_mm(self) -> float:
@@ -132,36 +163,105 @@ def domain_violations(
         wanted = {p.upper() for p in domain.body_parts}
         if facts.body_part.upper() not in wanted:
             out.append(f"body part {facts.body_part} (model: {', '.join(domain.body_parts)})")
+    fat, allowed_fat = facts.fat_hu, domain.fat_hu
+    if allowed_fat is not None and fat is not None and not allowed_fat.contains(fat):
+        out.append(
+            f"fat reads {fat:.0f} HU, outside {allowed_fat} HU: the CT numbers may be miscalibrated"
+        )
+    noise, allowed_noise = facts.noise_hu, domain.noise_hu
+    if allowed_noise is not None and noise is not None and not allowed_noise.contains(noise):
+        out.append(
+            f"noise reads {noise:.0f} HU, outside {allowed_noise} HU: a noisier (or smoother) "
+            "acquisition than the model was validated on"
+        )
     return out
 
 
-def output_violations(
-    domain: InputDomain | None, measured: list[tuple[str, str, float | None]]
-) -> list[str]:
-    """Each structure of ``measured`` (label, coverage, volume ml) that lies wholly in view
-    (coverage ``complete``) with a volume outside its declared ``structure_volumes_ml``
-    range. A partial structure (a lower bound) is judged only when it is already above
-    the range; a structure not found is not judged (it may be out of the scanned range)."""
-    if domain is None or not domain.structure_volumes_ml:
+def domain_unchecked(domain: InputDomain | None, facts: AcquisitionFacts) -> list[str]:
+    """Each declared part of ``domain`` the study gives no value to judge by: neither
+    inside nor outside, so the report says it was not checked."""
+    if domain is None:
         return []
     out = []
-    for label, coverage, volume in measured:
-        allowed = domain.structure_volumes_ml.get(label)
-        if allowed is None or volume is None or allowed.contains(volume):
-            continue
-        if coverage == "complete" or (allowed.max is not None and volume > allowed.max):
+    if domain.body_parts and not facts.body_part:
+        out.append("body part not checked: the series has no Body Part Examined")
+    if domain.fat_hu is not None and facts.modality.upper() == "CT" and facts.fat_hu is None:
+        out.append(
+            "CT-number calibration not checked: no fat peak between -250 and -10 HU "
+            "(no body fat in view, or the CT numbers are far off)"
+        )
+    if domain.noise_hu is not None and facts.modality.upper() == "CT" and facts.noise_hu is None:
+        out.append("noise not checked: no soft tissue between -150 and 250 HU in view")
+    return out
+
+
+@dataclass(frozen=True)
+class MeasuredStructure:
+    """What the model's output measured of one region label, as the checks need it."""
+
+    label: str
+    coverage: str  # complete | partial | not_found
+    volume_ml: float | None
+    mean_hu: float | None = None  # CT only
+
+
+def _volume_outside(allowed: Range | None, volume: float | None, coverage: str) -> bool:
+    """A whole structure outside its range; a partial one (a lower bound) only when it is
+    already above the range."""
+    if allowed is None or volume is None or allowed.contains(volume):
+        return False
+    return coverage == "complete" or (allowed.max is not None and volume > allowed.max)
+
+
+def output_violations(domain: InputDomain | None, measured: list[MeasuredStructure]) -> list[str]:
+    """Each structure of ``measured`` that lies wholly in view (coverage ``complete``)
+    with a volume outside its declared ``structure_volumes_ml`` range (a partial one, a
+    lower bound, only when already above the range), and each structure found whose mean
+    HU lies outside its ``structure_hu`` range. A structure not found is not judged (it
+    may be out of the scanned range)."""
+    if domain is None:
+        return []
+    out = []
+    for m in measured:
+        allowed, volume = domain.structure_volumes_ml.get(m.label), m.volume_ml
+        if _volume_outside(allowed, volume, m.coverage):
             out.append(
-                f"{label} {volume:.0f} ml ({coverage}) outside the expected {allowed} ml: "
-                "the images may not look like the studies the model was validated on"
+                f"{m.label} {volume:.0f} ml ({m.coverage}) outside the expected {allowed} "
+                "ml: the images may not look like the studies the model was validated on"
+            )
+        hu_range = domain.structure_hu.get(m.label)
+        if hu_range is not None and m.mean_hu is not None and not hu_range.contains(m.mean_hu):
+            out.append(
+                f"{m.label} reads {m.mean_hu:.0f} HU on average, outside the expected "
+                f"{hu_range} HU: another contrast phase (or none) than the model was "
+                "validated on"
             )
     return out
 
 
+def output_unchecked(domain: InputDomain | None, measured: list[MeasuredStructure]) -> list[str]:
+    """The contrast phase went unchecked when the model found none of its ``structure_hu``
+    labels (said in the report, as a missing Body Part Examined is); one found is enough
+    (a chest CT shows no kidneys, but its aorta)."""
+    if domain is None or not domain.structure_hu:
+        return []
+    found = {m.label for m in measured if m.coverage != "not_found" and m.mean_hu is not None}
+    if found & set(domain.structure_hu):
+        return []
+    names = ", ".join(domain.structure_hu)
+    return [f"{names} not found: the mean HU that shows the contrast phase not checked"]
+
+
 __all__ = [
+    "INPUT_DOMAIN_UNCHECKED",
     "OUTSIDE_INPUT_DOMAIN",
     "AcquisitionFacts",
     "InputDomain",
+    "Interval",
+    "MeasuredStructure",
     "Range",
+    "domain_unchecked",
     "domain_violations",
+    "output_unchecked",
     "output_violations",
 ]

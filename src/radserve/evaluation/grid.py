@@ -14,17 +14,23 @@ the cell count is the sum of the axes' values, not their product):
   (so the pixel spacing changes with it);
 - ``coverage`` (mm): the z extent (same slice step, same midpoint, more or fewer slices);
 - ``suv_scale`` (x): every PET SUV multiplied (PET/CT pipelines; a dose or calibration
-  error).
+  error);
+- ``enhancement`` (x): the contrast medium's enhancement of vessels, organs and enhancing
+  lesions (1: the portal-venous phase the phantoms draw, 0: a non-contrast CT).
 
 ``default`` spans the models' declaration: for each declared range (the tightest over
-the pipeline's models) a cell at each edge and one just outside it, plus noise and HU
-offset (and SUV scale for PET/CT). Each cell is scored like ``radserve evaluate`` (organ
-Dice, lesion recall by size, false positives per study), compared with the project
-floors (:mod:`radserve.domain.accuracy`) and checked against every pipeline model's
-declared ``input_domain``: the table says, per cell, whether the floors are met, whether
-the studies lie inside the declaration and which declared range they break. Noise, HU
-offset and SUV scale are not part of the declared domain (it declares geometry); their
-cells say "not declared".
+the pipeline's models) a cell at each edge and one just outside it, plus noise, HU
+offset and contrast enhancement (and SUV scale for PET/CT). Each cell is scored like
+``radserve evaluate`` (organ Dice, lesion recall by size, false positives per study),
+compared with the project floors (:mod:`radserve.domain.accuracy`) and checked against
+every pipeline model's declared ``input_domain``: the table says, per cell, whether the
+floors are met, whether the studies lie inside the declaration and which declared range
+they break. SUV scale is not part of the declared domain; its cells say "not
+declared". The HU offset is declared where a model declares ``fat_hu`` (the CT number
+its study's fat reads, measured per study: radserve.pipeline.ct_number), the noise where
+one declares ``noise_hu`` (radserve.pipeline.ct_noise), the enhancement where one
+declares ``structure_hu`` (a structure's mean HU in the output); their cells say which
+studies they flag.
 """
 
 from __future__ import annotations
@@ -44,14 +50,16 @@ from radserve.domain.accuracy import (
     ORGAN_MEAN_DICE_FLOOR,
 )
 from radserve.domain.input_domain import (
+    OUTSIDE_INPUT_DOMAIN,
     AcquisitionFacts,
     InputDomain,
+    Interval,
     Range,
     domain_violations,
-    output_violations,
 )
 from radserve.domain.volume import Volume
 from radserve.evaluation.lesions import gt_lesions_from
+from radserve.evaluation.pipeline_runs import organ_label_values
 from radserve.evaluation.runner import GroundTruth, StudyPrediction, score_study
 from radserve.evaluation.summary import StudyScores, summarise
 from radserve.models.manifest import ModelSpec
@@ -60,6 +68,9 @@ from radserve.phantom import ORGAN_LABELS, Phantom, PhantomSpec, generate_phanto
 from radserve.phantom.pet import generate_pet, with_suv_scale
 from radserve.pipeline import SessionPool, run_volume
 from radserve.pipeline.channels import ChannelInputs
+from radserve.pipeline.ct_noise import noise_hu
+from radserve.pipeline.ct_number import fat_peak_hu
+from radserve.pipeline.profile import check_output_domain
 from radserve.pipeline.spec import PipelineSpec
 from radserve.preprocess.onto_grid import INTERPOLATION_ORDERS, resample_onto
 
@@ -74,12 +85,14 @@ AXES: dict[str, str] = {
     "matrix": "",
     "coverage": "mm",
     "suv_scale": "x",
+    "enhancement": "x",
 }
 # Without a declared domain: a few values around the phantoms' own acquisition.
-DEFAULT_GRID = "slice_thickness=1.25,2.5,5,7.5;noise=2.5;hu_offset=-40,40;fov=320,450,500"
-UNDECLARED_GRID = "noise=2.5;hu_offset=-40,40"
+# How the images look, which no geometric range declares: noise, calibration, contrast.
+APPEARANCE_GRID = "noise=2.5,4;hu_offset=-40,40;enhancement=0.5"
+DEFAULT_GRID = f"slice_thickness=1.25,2.5,5,7.5;fov=320,450,500;{APPEARANCE_GRID}"
 DEFAULT_PET_GRID = ";suv_scale=0.8,1.25"
-_UNDECLARED = frozenset({"noise", "hu_offset", "suv_scale"})
+_UNDECLARED = frozenset({"noise", "hu_offset", "suv_scale", "enhancement"})
 # Declared range -> grid axis, and how far past an edge "just outside" lies.
 _DOMAIN_AXES: tuple[tuple[str, str], ...] = (
     ("pixel_spacing_mm", "pixel_spacing"),
@@ -128,15 +141,16 @@ def tightest_domain(domains: Sequence[InputDomain | None]) -> InputDomain | None
     declared = [d for d in domains if d is not None]
     if not declared:
         return None
-    fields: dict[str, Range] = {}
-    for name, _axis in _DOMAIN_AXES:
-        ranges = [r for d in declared if (r := getattr(d, name)) is not None]
+    fields: dict[str, Interval] = {}
+    for name in [name for name, _axis in _DOMAIN_AXES] + ["fat_hu"]:
+        ranges: list[Interval] = [r for d in declared if (r := getattr(d, name)) is not None]
         if not ranges:
             continue
         lows = [r.min for r in ranges if r.min is not None]
         highs = [r.max for r in ranges if r.max is not None]
-        fields[name] = Range(min=max(lows) if lows else None, max=min(highs) if highs else None)
-    return InputDomain(**fields)
+        kind = Interval if name == "fat_hu" else Range
+        fields[name] = kind(min=max(lows) if lows else None, max=min(highs) if highs else None)
+    return InputDomain.model_validate(fields)
 
 
 def domain_grid(domain: InputDomain) -> str:
@@ -166,11 +180,12 @@ def parse_grid(
     text: str, *, pet: bool = False, domain: InputDomain | None = None
 ) -> list[GridCell]:
     """``"slice_thickness=1.25,5;noise=2"`` (or ``default``) -> baseline + one cell per
-    value. ``default`` spans ``domain`` (:func:`domain_grid`) plus noise and HU offset,
-    or a fixed set of values when no domain is declared; ``pet`` adds SUV scales."""
+    value. ``default`` spans ``domain`` (:func:`domain_grid`) plus noise, HU offset and
+    contrast enhancement, or a fixed set of values when no domain is declared; ``pet``
+    adds SUV scales."""
     if text.strip() == "default":
         spans = domain_grid(domain) if domain is not None else ""
-        text = (f"{spans};{UNDECLARED_GRID}" if spans else DEFAULT_GRID) + (
+        text = (f"{spans};{APPEARANCE_GRID}" if spans else DEFAULT_GRID) + (
             DEFAULT_PET_GRID if pet else ""
         )
     cells = [GridCell()]
@@ -185,9 +200,17 @@ def parse_grid(
             values = [float(v) for v in match.group(2).split(",") if v.strip()]
         except ValueError as exc:
             raise ValueError(f"grid axis {axis!r}: values must be numbers ({exc})") from exc
-        if axis != "hu_offset" and any(v <= 0 for v in values):
+        if axis == "enhancement" and any(v < 0 or v > 2 for v in values):
+            raise ValueError(f"grid axis 'enhancement': values must be in 0..2, got {values}")
+        if axis not in ("hu_offset", "enhancement") and any(v <= 0 for v in values):
             raise ValueError(f"grid axis {axis!r}: values must be positive, got {values}")
+        if not values:
+            raise ValueError(f"grid axis {axis!r} has no values; expected e.g. '{axis}=1,2'")
         cells += [GridCell(axis, v) for v in values]
+    if len(cells) == 1:  # a typo such as ';' would evaluate the baseline alone, silently
+        raise ValueError(
+            f"no grid axis in {text!r}; expected e.g. 'slice_thickness=1.25,5' or 'default'"
+        )
     return cells
 
 
@@ -210,6 +233,8 @@ def cell_phantom(seed: int, cell: GridCell, *, small: bool) -> tuple[Phantom, Vo
         spec = dataclasses.replace(spec, rows=n, columns=n, pixel_spacing_mm=fov / n)
     elif cell.axis == "coverage":
         spec = spec.with_slices(max(3, round(value / spec.slice_spacing_mm)))
+    elif cell.axis == "enhancement":
+        spec = dataclasses.replace(spec, contrast_enhancement=value)
     phantom = generate_phantom(spec)
     ct = phantom.ct
     if cell.axis == "hu_offset":
@@ -236,6 +261,8 @@ def phantom_domain_violations(
         slices=slices,
         body_part="CHEST",
         slice_spacing_mm=float(ct.spacing[0]),
+        fat_hu=fat_peak_hu(ct),
+        noise_hu=noise_hu(ct),
     )
     return [
         f"{spec.name}: {v}"
@@ -261,7 +288,7 @@ class CellResult:
     # ">=10mm" / "5-10mm" -> (recall or None, GT lesions): the strata the floors judge
     recall_floor_strata: tuple[tuple[str, float | None, int], ...] = ()
     failures: tuple[str, ...] = ()  # project floors not met (empty: all met)
-    output_flagged: int = 0  # studies flagged for structure volumes outside the declared
+    output_flagged: int = 0  # studies flagged for a structure volume or HU outside the declared
 
     @property
     def floors_met(self) -> bool:
@@ -284,7 +311,7 @@ class CellResult:
             "floors_met": self.floors_met,
             "floor_failures": list(self.failures),
             "in_domain": self.in_domain,
-            "studies_flagged_by_volumes": self.output_flagged,
+            "studies_flagged_by_structures": self.output_flagged,
             "domain_declared": not self.undeclared,
             "violations": list(self.violations),
         }
@@ -374,15 +401,22 @@ def evaluate_grid(
     ``on_row`` gets the rows so far after each cell (a long run's partial table)."""
     specs = [registry.get(s.model, s.version).spec for s in pipeline.steps]
     kinds = {label.kind for spec in specs for label in spec.labels}
-    organ_labels = organ_labels or {
-        label.name: label.value for spec in specs for label in spec.labels if label.kind == "organ"
-    }
+    organ_labels = organ_labels or organ_label_values(specs)
     sessions = SessionPool()
     rows: list[CellResult] = []
+    # A declared fat CT number makes the HU offset a declared axis (the studies it moves
+    # out of the range are flagged, radserve.pipeline.ct_number); a declared structure HU
+    # (the aorta's enhancement) does the same for the contrast enhancement.
+    domains = [s.input_domain for s in specs if s.input_domain is not None]
+    declared_axes = {"hu_offset"} if any(d.fat_hu for d in domains) else set()
+    if any(d.noise_hu for d in domains):
+        declared_axes.add("noise")
+    if any(d.structure_hu for d in domains):
+        declared_axes.add("enhancement")
     for cell in cells:
         scores: list[StudyScores] = []
         violations: list[str] = []
-        flagged = 0  # studies whose structures measured outside structure_volumes_ml
+        flagged = 0  # studies whose structures measured outside structure_volumes_ml or _hu
         for k, seed in enumerate(seeds, start=1):
             started = time.perf_counter()
             phantom, ct = cell_phantom(seed, cell, small=small)
@@ -419,14 +453,14 @@ def evaluate_grid(
                     f"found, {len(result.findings)} findings, FP {one.fp_per_study:g}, "
                     f"{time.perf_counter() - started:.0f} s"
                 )
-            measured = [(m.label, m.coverage, m.volume_ml) for m in result.organ_measurements]
-            if any(output_violations(spec.input_domain, measured) for spec in specs):
+            # the report's own check: each model judged on the structures it declares
+            if any(code == OUTSIDE_INPUT_DOMAIN for code, _ in check_output_domain(result)):
                 flagged += 1
             violations += phantom_domain_violations(specs, ct, phantom.spec.slice_thickness_mm)
         summary = summarise(scores)
         n_lesions = sum(summary.n_lesions_by_size.values())
         detected = sum(summary.n_detected_by_size.values())
-        unique = tuple(dict.fromkeys(violations))
+        unique = _readings_pooled(violations, len(seeds))
         strata = floor_strata(summary.n_lesions_by_size, summary.n_detected_by_size)
         rows.append(
             CellResult(
@@ -436,9 +470,9 @@ def evaluate_grid(
                 lesion_recall=detected / n_lesions if n_lesions else None,
                 n_lesions=n_lesions,
                 fp_per_study=summary.fp_per_study,
-                in_domain=not unique,
+                in_domain=not unique and not flagged,
                 violations=unique,
-                undeclared=cell.axis in _UNDECLARED,
+                undeclared=cell.axis in _UNDECLARED - declared_axes,
                 recall_floor_strata=strata,
                 output_flagged=flagged,
                 failures=floor_failures(
@@ -458,6 +492,35 @@ def evaluate_grid(
     return rows
 
 
+_READING = re.compile(
+    r"(?P<model>[^:]+): (?P<what>fat|noise) reads (?P<hu>-?\d+) HU, outside (?P<rest>.*)"
+)
+
+
+def _readings_pooled(violations: Sequence[str], n_studies: int) -> tuple[str, ...]:
+    """Each distinct violation once; a model's fat or noise readings (one per study, each
+    its own value) as one entry with their span and how many studies they flag."""
+    entries: dict[str | tuple[str, str, str], list[int]] = {}  # insertion: table order
+    for text in violations:
+        match = _READING.fullmatch(text)
+        if match is None:
+            entries.setdefault(text, [])
+        else:
+            key = (match["model"], match["what"], match["rest"])
+            entries.setdefault(key, []).append(int(match["hu"]))
+    out = []
+    for key, hus in entries.items():
+        if isinstance(key, str):
+            out.append(key)
+            continue
+        model, what, rest = key
+        span = f"{min(hus)}" if min(hus) == max(hus) else f"{min(hus)} to {max(hus)}"
+        out.append(
+            f"{model}: {what} reads {span} HU in {len(hus)} of {n_studies} studies, outside {rest}"
+        )
+    return tuple(out)
+
+
 def _fmt(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
@@ -471,9 +534,13 @@ def grid_rows(rows: Sequence[CellResult]) -> list[list[str]]:
         if row.in_domain:
             inside = "yes (axis not declared)" if row.undeclared else "yes"
         else:
-            inside = "no: " + "; ".join(row.violations)
-        if row.output_flagged:
-            inside += f" ({row.output_flagged} flagged by structure volumes)"
+            reasons = list(row.violations)
+            if row.output_flagged:
+                reasons.append(
+                    f"{row.output_flagged} of {row.n_studies} studies flagged by their "
+                    "structures' volume or HU"
+                )
+            inside = "no: " + "; ".join(reasons)
         out.append(
             [
                 row.cell.label,

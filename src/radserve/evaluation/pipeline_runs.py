@@ -42,10 +42,14 @@ __all__ = [
 
 
 def organ_label_values(specs: Sequence[ModelSpec]) -> dict[str, int]:
-    """Organ name -> value in the label map, from the organ labels of ``specs``."""
-    return {
-        label.name: label.value for spec in specs for label in spec.labels if label.kind == "organ"
-    }
+    """Organ name -> value in the organ map that is scored: the organ step's, i.e. the
+    last model with region labels (:attr:`VolumeResult.organ_step`). Only that model's
+    labels: merged over every model, two naming one organ with different values would
+    score the map by the wrong one."""
+    regional = [spec for spec in specs if spec.region_labels]
+    if not regional:
+        return {}
+    return {label.name: label.value for label in regional[-1].labels if label.kind == "organ"}
 
 
 class _VaryOnePool(SessionPool):

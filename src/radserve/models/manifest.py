@@ -755,18 +755,22 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _check_structure_volumes(self) -> ModelSpec:
-        """``input_domain.structure_volumes_ml`` names this model's region labels."""
-        declared = self.input_domain.structure_volumes_ml if self.input_domain else {}
+        """``input_domain.structure_volumes_ml`` and ``structure_hu`` name this model's
+        region labels. A model without any (a lesion model) names those of the earlier
+        pipeline steps it is judged by, checked when a pipeline is loaded
+        (:func:`radserve.pipeline.checks.check_pipeline`)."""
+        domain = self.input_domain
         regions = [label.name for label in self.labels if label.is_region]
-        for name in declared:
-            if name not in regions:
-                hint = difflib.get_close_matches(name, regions, n=1)
-                suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-                raise ValueError(
-                    f"input_domain.structure_volumes_ml names {name!r}, which is not a "
-                    f"region label (kind organ/structure) of this model{suggestion} "
-                    f"Its region labels: {regions or 'none'}"
-                )
+        for field in ("structure_volumes_ml", "structure_hu") if regions else ():
+            for name in getattr(domain, field) if domain else {}:
+                if name not in regions:
+                    hint = difflib.get_close_matches(name, regions, n=1)
+                    suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+                    raise ValueError(
+                        f"input_domain.{field} names {name!r}, which is not a region label "
+                        f"(kind organ/structure) of this model{suggestion} "
+                        f"Its region labels: {regions or 'none'}"
+                    )
         return self
 
     @model_validator(mode="after")

@@ -133,12 +133,32 @@ def _vessel_tree(
     return segments
 
 
-def hu_table(seed: int) -> np.ndarray:
-    """HU of each tissue code for this seed (lesion entries are filled by the lesions)."""
+# Unenhanced HU of the tissues contrast medium brightens: a non-contrast CT
+# (``contrast_enhancement`` 0) has these instead of the portal-venous values above.
+NATIVE_HU: dict[Tissue, float] = {
+    Tissue.VESSEL: 40.0,
+    Tissue.LIVER: 55.0,
+    Tissue.SPLEEN: 45.0,
+    Tissue.KIDNEY: 30.0,
+    Tissue.MYOCARDIUM: 45.0,
+    Tissue.BLOOD: 40.0,
+    Tissue.AORTA: 40.0,
+}
+
+
+def hu_table(seed: int, contrast_enhancement: float = 1.0) -> np.ndarray:
+    """HU of each tissue code for this seed (lesion entries are filled by the lesions).
+
+    ``contrast_enhancement`` scales each enhancing tissue's rise above its unenhanced HU
+    (1: portal-venous as drawn, 0: no contrast); the seed's draws are the same at any
+    value, so only the enhancement differs between two such phantoms."""
     rng = _rng(seed, 3)
     table = np.full(256, -1000.0, np.float32)
     for tissue, (nominal, jitter) in _HU.items():
-        table[tissue] = nominal + (rng.uniform(-jitter, jitter) if jitter else 0.0)
+        value = nominal + (rng.uniform(-jitter, jitter) if jitter else 0.0)
+        if tissue in NATIVE_HU:
+            value -= (1.0 - contrast_enhancement) * (nominal - NATIVE_HU[tissue])
+        table[tissue] = value
     return table
 
 
@@ -241,7 +261,7 @@ def build_anatomy(spec: PhantomSpec) -> Anatomy:
         spine=spine,
         ribs=ribs,
         table=table,
-        hu=hu_table(spec.seed),
+        hu=hu_table(spec.seed, spec.contrast_enhancement),
     )
 
 

@@ -45,7 +45,7 @@ def layout(spec: PhantomSpec) -> Layout:
     """Anatomy and lesions of ``spec``; cached because training calls reuse one spec."""
     anatomy = build_anatomy(spec)
     placed = tuple(place_lesions(spec, anatomy))
-    return Layout(anatomy, placed, lesion_hu(list(placed), anatomy.hu))
+    return Layout(anatomy, placed, lesion_hu(list(placed), anatomy.hu, spec.contrast_enhancement))
 
 
 def frame_of_reference_uid(spec: PhantomSpec) -> str:

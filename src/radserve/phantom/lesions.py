@@ -195,12 +195,25 @@ def _place_one(
     return None
 
 
-def lesion_hu(placed: list[PlacedLesion], table: np.ndarray) -> np.ndarray:
-    """Copy of the HU table with each lesion's tissue codes filled in."""
+# A hyperdense liver lesion is hyperdense by its enhancement: unenhanced it is near the
+# liver's own 55 HU (165 HU nominal enhanced; a hypodense one is dark either way).
+_HYPERDENSE_NATIVE_HU = 60.0
+_HYPERDENSE_NOMINAL_HU = 170.0
+
+
+def lesion_hu(
+    placed: list[PlacedLesion], table: np.ndarray, contrast_enhancement: float = 1.0
+) -> np.ndarray:
+    """Copy of the HU table with each lesion's tissue codes filled in (an enhancing
+    lesion's rise scaled like the organs', :func:`radserve.phantom.anatomy.hu_table`)."""
     table = table.copy()
     for p in placed:
         code = LESION_BASE + 2 * (p.lesion.lesion_id - 1)
         table[code] = p.lesion.hu
+        if p.lesion.kind == "liver_hyperdense":
+            table[code] -= (1.0 - contrast_enhancement) * (
+                _HYPERDENSE_NOMINAL_HU - _HYPERDENSE_NATIVE_HU
+            )
         if p.lesion.ggo_hu is not None:
             table[code + 1] = p.lesion.ggo_hu
     return table

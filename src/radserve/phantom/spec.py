@@ -77,6 +77,9 @@ class PhantomSpec:
     # training sets rich in small lesions: the draws themselves (and so everything else
     # a seed gives) are unchanged, only the diameter range shrinks.
     lesion_max_diameter_mm: float | None = None
+    # Contrast medium: 1 draws the portal-venous phase (the training data), 0 a
+    # non-contrast CT, between them a weaker enhancement (anatomy.NATIVE_HU).
+    contrast_enhancement: float = 1.0
 
     def __post_init__(self) -> None:
         if self.seed < 0:
@@ -95,6 +98,10 @@ class PhantomSpec:
                 raise ValueError(f"PhantomSpec.{name} must be > 0, got {getattr(self, name)}")
         if self.noise_sigma_hu < 0 or self.blur_sigma_px < 0:
             raise ValueError("PhantomSpec noise_sigma_hu and blur_sigma_px must be >= 0")
+        if not 0 <= self.contrast_enhancement <= 2:
+            raise ValueError(
+                f"PhantomSpec.contrast_enhancement must be in 0..2, got {self.contrast_enhancement}"
+            )
         if not 0 <= self.n_lesions <= 100:
             raise ValueError(f"PhantomSpec.n_lesions must be in 0..100, got {self.n_lesions}")
         if self.lesion_max_diameter_mm is not None and not self.lesion_max_diameter_mm > 0:

@@ -42,8 +42,9 @@ def check_pipeline(pipeline: PipelineSpec, registry: ModelRegistry) -> list[Mode
 
     Rules: *installed models* (every step's model and version is in the registry);
     *modality* (every model reads a modality the series selection accepts); *upstream
-    labels* (each name in a model's ``input.roi_labels``, ``input.extra_channels`` and its
-    labels' ``within`` is a region label of exactly one earlier step); *upstream labels on
+    labels* (each name in a model's ``input.roi_labels``, ``input.extra_channels``, its
+    labels' ``within`` and, for a model without region labels, its ``input_domain``
+    structures is a region label of exactly one earlier step); *upstream labels on
     the whole grid* (ROI and mask references name a step that did not itself run on an
     ROI); *one within source* (a model's ``within`` names all come from one earlier step).
 
@@ -74,6 +75,12 @@ def check_pipeline(pipeline: PipelineSpec, registry: ModelRegistry) -> list[Mode
             for label in spec.finding_labels
             for name in label.within
         ]
+        if spec.input_domain is not None and not spec.region_labels:
+            references += [
+                (f"input_domain.{field}", name)
+                for field in ("structure_volumes_ml", "structure_hu")
+                for name in getattr(spec.input_domain, field)
+            ]
         for field, name in references:
             found = sources.get(name, [])
             if len(found) == 1 and not found[0].full_grid and field.startswith("input."):

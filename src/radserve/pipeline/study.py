@@ -28,6 +28,7 @@ from pydicom.dataset import Dataset
 from radserve import durable
 from radserve.checkpoints import checkpoint
 from radserve.domain import Volume
+from radserve.domain.input_domain import AcquisitionFacts
 from radserve.errors import StudyError
 from radserve.host import usable_cores
 from radserve.ingest import IngestPolicy, LoadedSeries, PatientInfo
@@ -46,6 +47,7 @@ from radserve.pipeline.inputs import (
     ingest_study,
 )
 from radserve.pipeline.profile import (
+    acquisition_facts,
     check_input_domain,
     check_output_domain,
     study_features,
@@ -317,15 +319,25 @@ def finish_study(
     # the label maps and report.json: each whole or absent, their folder fsynced once
     with durable.batch(), ThreadPoolExecutor(1, thread_name_prefix="drift-features") as side:
         beside = (array_threads or usable_cores()) > 1
+        # The facts (the fat peak is measured from the pixels) feed both the report's
+        # domain check and the drift features: measured once, beside the files unless
+        # the study has one thread for array work.
+        facts_job = (
+            side.submit(copy_context().run, acquisition_facts, ingested.loaded) if beside else None
+        )
         features_job = (
-            side.submit(copy_context().run, _features, ingested, result) if beside else None
+            side.submit(copy_context().run, _features_after, ingested, facts_job, result)
+            if facts_job is not None
+            else None
         )
         with timer.stage("report"):
             outputs = _write_outputs(out_dir, ingested.loaded.volume, result, key_images=key_images)
         if started is not None:
             timer.seconds["total"] = time.perf_counter() - started
+        facts = facts_job.result() if facts_job else acquisition_facts(ingested.loaded)
         report = _build_report(
             ingested.loaded,
+            facts,
             pipeline,
             result,
             sessions,
@@ -334,7 +346,7 @@ def finish_study(
             timer,
             job_id,
         )
-        features = features_job.result() if features_job else _features(ingested, result)
+        features = features_job.result() if features_job else _features(ingested, facts, result)
         report_path = write_report(report, out_dir / "report.json")
     logger.info(
         "study done: %d findings, %d organs, %.1f s",
@@ -364,16 +376,25 @@ def refuse_outside_domain(
     if policy is None or policy.input_domain != "refuse":
         return
     specs = [registry.get(step.model, step.version).spec for step in pipeline.steps]
-    check_input_domain(ingested.loaded, specs, refuse=True)
+    check_input_domain(acquisition_facts(ingested.loaded), specs, refuse=True)
 
 
-def _features(ingested: IngestedStudy, result: VolumeResult) -> dict[str, Any] | None:
+def _features(
+    ingested: IngestedStudy, facts: AcquisitionFacts, result: VolumeResult
+) -> dict[str, Any] | None:
     """Drift features; a failure here never fails the study (it only goes unmonitored)."""
     try:
-        return study_features(ingested.loaded, result)
+        return study_features(ingested.loaded, facts, result)
     except Exception:
         logger.exception("drift features of the study could not be computed")
         return None
+
+
+def _features_after(
+    ingested: IngestedStudy, facts_job: Future[AcquisitionFacts], result: VolumeResult
+) -> dict[str, Any] | None:
+    """:func:`_features` once the facts are measured (queued behind them on one thread)."""
+    return _features(ingested, facts_job.result(), result)
 
 
 def _first_source_header(loaded: LoadedSeries) -> Dataset | None:
@@ -484,6 +505,7 @@ def _merged_findings(steps: list[StepResult]) -> Volume:
 
 def _build_report(
     loaded: LoadedSeries,
+    facts: AcquisitionFacts,
     pipeline: PipelineSpec,
     result: VolumeResult,
     sessions: SessionPool,
@@ -518,12 +540,12 @@ def _build_report(
     warnings += [
         ReportWarning(code=code, message=message, stage="ingest")
         for code, message in check_input_domain(
-            loaded, [s.bundle.spec for s in result.steps], refuse=False
+            facts, [s.bundle.spec for s in result.steps], refuse=False
         )
     ]
     warnings += [
         ReportWarning(code=code, message=message, stage="postprocess")
-        for code, message in check_output_domain(result, [s.bundle.spec for s in result.steps])
+        for code, message in check_output_domain(result)
     ]
     report = Report(
         generated_at=utc_now(),
