@@ -46,7 +46,8 @@ if fraction == 0:
     session.run(x)  # the arena keeps its peak until shrunk: what the run needed
     print(json.dumps({"need": vm() - base}))
     sys.exit(0)
-resource.setrlimit(resource.RLIMIT_AS, (base + int(fraction * float(sys.argv[3])), resource.RLIM_INFINITY))
+cap = base + int(fraction * float(sys.argv[3]))
+resource.setrlimit(resource.RLIMIT_AS, (cap, resource.RLIM_INFINITY))
 try:
     out = session.run(x)
 except InferenceError as exc:

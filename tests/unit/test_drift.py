@@ -139,3 +139,40 @@ def test_a_restart_goes_on_with_the_window_and_the_alert_stays(tmp_path: Path) -
     window_path(tmp_path, "lesions", "9.9.9").write_text('{"window": [')
     torn = DriftService(config, data_dir=tmp_path, registry=ModelRegistry(), store=None)
     assert torn.monitor("lesions", "9.9.9").summary()["window"]["studies"] == 0
+
+
+def test_replicas_sharing_a_data_dir_keep_their_own_windows(tmp_path: Path) -> None:
+    """Two replicas on one data dir: each restarts with the window of the studies it ran
+    (one file would hold whichever wrote last), and both use the one reference."""
+    config = DriftSettings(reference_studies=10, window=10, min_window=10)
+    rng = np.random.default_rng(3)
+    versions = {"lesions": "9.9.9"}
+
+    def replica(name: str) -> DriftService:
+        return DriftService(
+            config, data_dir=tmp_path, registry=ModelRegistry(), store=None, replica=name
+        )
+
+    a, b = replica("ct-a"), replica("site/b")  # a name with a character no file takes
+    for _ in range(10):
+        a.observe(versions, record(rng))
+    assert reference_path(tmp_path, "lesions", "9.9.9").is_file()
+    for _ in range(10):
+        a.observe(versions, record(rng, shift=80, vendor="B"))  # a's studies moved
+    for _ in range(4):
+        b.observe(versions, record(rng))  # b ran four normal ones after the reference
+    assert a.monitor("lesions", "9.9.9").summary()["state"] == "alert"
+    assert {p.name for p in (tmp_path / "drift" / "lesions").iterdir()} == {
+        "9.9.9.json",
+        "9.9.9.window.ct-a.json",
+        "9.9.9.window.site_b.json",
+    }
+    a_again, b_again = replica("ct-a"), replica("site/b")
+    assert a_again.monitor("lesions", "9.9.9").summary()["state"] == "alert"
+    assert a_again.monitor("lesions", "9.9.9").summary()["window"]["studies"] == 10
+    b_summary = b_again.monitor("lesions", "9.9.9").summary()
+    assert b_summary["window"]["studies"] == 4 and b_summary["state"] != "alert"
+    assert (
+        b_summary["reference"]["source"]
+        == a_again.monitor("lesions", "9.9.9").summary()["reference"]["source"]
+    )

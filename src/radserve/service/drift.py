@@ -13,7 +13,10 @@ run path, :mod:`radserve.pipeline.profile`) feed the monitors of the versions it
 * Each monitor's window (and a reference still being collected) is written to
   ``<data_dir>/drift/<model>/<version>.window.json`` after every study it takes, so a
   restart goes on where the server left off: before, the windows started again empty and
-  an alert went quiet until 20 more studies had been served.
+  an alert went quiet until 20 more studies had been served. Replicas sharing a data dir
+  (``outbox.replicas`` > 1) each keep their own window
+  (``<version>.window.<instance_id>.json``): each sees only the studies it ran, and one
+  file would hold whichever replica wrote last.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -55,8 +59,13 @@ def write_reference(path: Path, model: str, version: str, source: str, records: 
     )
 
 
-def window_path(data_dir: Path, model: str, version: str) -> Path:
-    return Path(data_dir) / DRIFT_DIR / model / f"{version}.window.json"
+def window_path(data_dir: Path, model: str, version: str, replica: str | None = None) -> Path:
+    """Where a monitor's window is kept; ``replica``: this server's instance id when
+    replicas share the data dir (characters a file name cannot hold become ``_``)."""
+    if replica is None:
+        return Path(data_dir) / DRIFT_DIR / model / f"{version}.window.json"
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", replica)
+    return Path(data_dir) / DRIFT_DIR / model / f"{version}.window.{safe}.json"
 
 
 def read_window(path: Path) -> dict[str, Any] | None:
@@ -98,9 +107,11 @@ class DriftService:
         data_dir: Path,
         registry: ModelRegistry,
         store: Store | None = None,
+        replica: str | None = None,
     ) -> None:
         self.config = config
         self.data_dir = Path(data_dir)
+        self.replica = replica  # instance id when replicas share the data dir
         self.registry = registry
         self.store = store
         self._monitors: dict[tuple[str, str], DriftMonitor] = {}
@@ -141,7 +152,7 @@ class DriftService:
             reference_source=source,
             on_reference=self._save_reference,
         )
-        saved = read_window(window_path(self.data_dir, model, version))
+        saved = read_window(window_path(self.data_dir, model, version, self.replica))
         if saved is not None:
             monitor.restore(saved)
         return monitor
@@ -176,7 +187,7 @@ class DriftService:
     def _save_window(self, monitor: DriftMonitor) -> None:
         """Write the monitor's window; one writer at a time, so an older snapshot never
         lands after a newer one."""
-        path = window_path(self.data_dir, monitor.model, monitor.version)
+        path = window_path(self.data_dir, monitor.model, monitor.version, self.replica)
         with self._save_lock:
             try:
                 # not flushed: a power cut loses at most the last studies' records, and

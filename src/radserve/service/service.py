@@ -305,6 +305,9 @@ class Service:
             data_dir=settings.data_dir,
             registry=self.catalog.registry,
             store=self.store,
+            replica=(
+                instance_id(settings.outbox.instance_id) if settings.outbox.replicas > 1 else None
+            ),
         )
         self.metrics.registry.register(DriftCollector(self.drift))
         device = self.catalog.sessions.runtime.device
