@@ -1,4 +1,5 @@
-"""``radserve run`` on a PET/CT phantom study with a two-channel model: a DICOM SEG out."""
+"""``radserve run`` on a PET/CT phantom study with a two-channel model, and with a PET-only
+model: a DICOM SEG out, on the series each model reads as its grid."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from tests.factories.petct import write_petct_bundle, write_petct_pipeline
+from tests.factories.petct import (
+    write_pet_only_bundle,
+    write_pet_only_pipeline,
+    write_petct_bundle,
+    write_petct_pipeline,
+)
 from tests.factories.server_process import run_radserve
 
 
@@ -58,3 +64,28 @@ def test_run_without_the_pet_fails_with_one_clear_line(petct, tmp_path: Path) ->
     assert "error [channel_series_unavailable]" in done.stderr
     assert "channel 'pet' from a PT series" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_run_with_a_pet_only_model_writes_a_seg_on_the_pet(petct, tmp_path: Path) -> None:
+    study, _models, _pipeline = petct
+    models = write_pet_only_bundle(tmp_path / "models")
+    pipeline = write_pet_only_pipeline(tmp_path)
+    out = tmp_path / "out"
+    done = run_radserve(
+        "run", str(study), "--pipeline", str(pipeline), "--out", str(out),
+        "--models-dir", str(models), "--no-key-images",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["series_selection"]["selected"]["modality"] == "PT"
+    assert report["findings"], "the hot lesions are findings"
+    seg = pydicom.dcmread(out / "hot_lesions-seg.dcm")
+    pt_uids = {
+        pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID for p in study.glob("PT*.dcm")
+    }
+    referenced = {
+        ref.ReferencedSOPInstanceUID
+        for item in seg.ReferencedSeriesSequence
+        for ref in item.ReferencedInstanceSequence
+    }
+    assert referenced and referenced <= pt_uids, "the SEG lies on the PET (its grid)"

@@ -67,6 +67,16 @@ def ct_pet_case(root: Path) -> tuple[Path, np.ndarray, np.ndarray, np.ndarray, t
     return bundle, ct, pet, nnunet_labels(folder, np.stack([ct, pet]), spacing), spacing
 
 
+def pet_case(root: Path) -> tuple[Path, np.ndarray, np.ndarray, tuple]:
+    """A PET-only model (one channel named PET, ZScoreNormalization) under ``root``;
+    (bundle, SUV array, nnU-Net's labels, spacing)."""
+    plans = tiny_plans(schemes=("ZScoreNormalization",))
+    folder = make_results_folder(root / "results", folds=(0,), plans=plans, channel_names=("PET",))
+    bundle = import_nnunet(folder, root / "models", name="tiny-pet")
+    pet, spacing = synthetic_pet(synthetic_ct((20, 56, 52), seed=8)), (3.0, 2.0, 2.0)
+    return bundle, pet, nnunet_labels(folder, pet[None], spacing), spacing
+
+
 def mr_case(root: Path) -> tuple[Path, np.ndarray, np.ndarray, tuple]:
     """The MR ZScore (use_mask_for_norm) model under ``root``; (bundle, mr, nnU-Net's labels,
     spacing)."""

@@ -92,3 +92,38 @@ def write_petct_pipeline(folder: Path) -> Path:
     }
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def pet_only_manifest(spacing: float = 4.0) -> dict[str, Any]:
+    """A PET-only model (one channel, PT in SUVbw as its grid): a lesion where the SUV
+    exceeds ``SUV_LEVEL``, on the PET's own grid at ``spacing`` mm (the phantom's 4 mm:
+    no resampling, so each label is its voxel's SUV against the level)."""
+    manifest = petct_manifest(
+        spacing=[spacing] * 3, patch_size=[16, 16, 16], channels=[PET_CHANNEL], crop="none"
+    )
+    return {**manifest, "name": "pet-only-test", "modality": "PT"}
+
+
+def write_pet_only_bundle(root: Path) -> Path:
+    """``root/pet-only-test/1.0.0``: one 1x1x1 convolution, lesion logit
+    ``10 * suv - 10 * SUV_LEVEL``; returns ``root``."""
+    folder = root / "pet-only-test" / "1.0.0"
+    folder.mkdir(parents=True, exist_ok=True)
+    w = np.zeros((2, 1, 1, 1, 1), np.float32)
+    w[1, 0] = 10.0
+    conv_model(folder / "model.onnx", w, np.array([0.0, -10.0 * SUV_LEVEL], np.float32))
+    (folder / "model.yaml").write_text(yaml.safe_dump(pet_only_manifest(), sort_keys=False))
+    return root
+
+
+def write_pet_only_pipeline(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "pet-only-pipeline.yaml"
+    spec = {
+        "name": "pet-only-pipeline",
+        "version": "0.0.1",
+        "series_selection": {"modalities": ["PT"]},
+        "steps": [{"model": "pet-only-test", "output": "hot_lesions"}],
+    }
+    path.write_text(yaml.safe_dump(spec))
+    return path

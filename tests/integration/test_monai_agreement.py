@@ -130,6 +130,28 @@ def test_labels_agree_with_monai_bundle_inference(tmp_path: Path, case: str) -> 
     assert agreement >= 0.999, agreement
 
 
+@pytest.mark.slow
+def test_pet_bundle_reads_its_pet_in_suv_and_agrees_with_monai(tmp_path: Path) -> None:
+    """A bundle whose input modality is PET (before: refused) declares its one channel in
+    SUVbw, the units PET models are trained on, so the server converts the series; run
+    on SUV values it labels as MONAI does."""
+    pre = [*mb.PRE[:4], {**mb.PRE[4], "a_min": 0.0, "a_max": 12.0}, mb.PRE[5]]
+    meta = mb.metadata(modality="PET")
+    bundle = mb.write_monai_bundle(tmp_path / "bundle", pre=pre, meta=meta)
+    ct = _ct((30, 48, 56), (3.0, 2.0, 2.0))
+    suv = ct.with_array(np.clip(ct.array.astype(np.float32) / 150.0 + 2.0, 0.0, None))
+    want = mb.run_monai_reference(bundle, mb.write_nifti(suv, tmp_path / "pet.nii.gz"))
+    out = import_monai(bundle, tmp_path / "models", name="tiny-pet", version="1.0.0")
+    spec = load_manifest(out / "model.yaml")
+    assert spec.modality == "PT"
+    assert [(c.modality, c.units) for c in spec.input.channels] == [("PT", "SUVbw")]
+    got = run_task(PatchTask(suv, spec), ModelSession(out / "model.onnx", spec, runtime=CPU))
+    counts = np.bincount(want.ravel(), minlength=3)
+    assert (counts > 0.005 * want.size).sum() >= 2, counts  # not one class everywhere
+    agreement = float((got.labels.array == want).mean())
+    assert agreement >= 0.999, agreement
+
+
 _CROP = mb.CROP
 # MONAI's CropForegroundd after ScaleIntensityRanged (spleen_ct_segmentation's place), on
 # a body in air (-1000 HU: below a_min, so outside MONAI's box); (crop options, other

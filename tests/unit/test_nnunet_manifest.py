@@ -89,7 +89,6 @@ def _plans(**config):
             "force_separate_z=True",
         ),
         (None, {**tiny_dataset(), "channel_names": {"0": "noNorm"}}, "channel 0 is named 'noNorm'"),
-        (None, {**tiny_dataset(), "channel_names": {"0": "PET"}}, "one-channel PET model"),
         (None, {**tiny_dataset(), "labels": {"background": 0, "a": 2}}, "consecutive"),
     ],
 )  # fmt: skip
@@ -218,12 +217,29 @@ def test_a_one_channel_mr_zscore_model_with_the_nonzero_mask(tmp_path):
     assert spec.input.normalisation.kind == "zscore" and spec.input.normalisation.use_mask
 
 
+def test_a_pet_only_model_reads_its_pet_in_suv_as_the_grid(tmp_path):
+    """nnU-Net PET models are trained on SUV: a one-channel PET model declares its one
+    channel (read in SUVbw, not the series' Bq/ml), and two PET channels (e.g. an
+    attenuation-corrected and an uncorrected series) take the first as the grid."""
+    spec = _spec(tmp_path, dataset={**tiny_dataset(), "channel_names": {"0": "PET"}})
+    assert spec.modality == "PT"
+    assert [(c.modality, c.units) for c in spec.input.channels] == [("PT", "SUVbw")]
+    assert spec.input.reference_channel.name == spec.input.channels[0].name
+    plans, dataset = _two_channel(names=("PET", "SUV"))
+    (tmp_path / "two").mkdir()
+    source = read_results_folder(_folder(tmp_path / "two", plans=plans, dataset=dataset))
+    rules = {1: SeriesRule("PT", "(?i)nac")}
+    two = manifest_from_nnunet(source, name="t", version="1", channels=rules)
+    assert two.modality == "PT" and two.input.reference_channel is two.input.channels[0]
+    assert [c.units for c in two.input.channels] == ["SUVbw", "SUVbw"]
+    assert two.input.channels[1].series_description == "(?i)nac"
+
+
 @pytest.mark.parametrize(
     ("names", "channels", "reason"),
     [
         (("CT", "noNorm"), None, r"channel 1 is named 'noNorm'.*--channel 1=PT"),
         (("T1", "T1w"), None, r"channels 0 and 1 would both be read from the MR series"),
-        (("PET", "SUV"), {1: SeriesRule("PT", "(?i)ac")}, "every channel is a PET"),
         (("CT", "PET"), {2: SeriesRule("PT")}, r"channel\(s\) \[2\]"),
     ],
 )

@@ -334,8 +334,9 @@ def _channels(
         arrays = {}
         reference = spec.input.reference_channel
         for channel in spec.input.channels:
-            if reference is not None and channel.name == reference.name:
-                continue
+            grid = reference is not None and channel.name == reference.name
+            if grid and channel.units != "SUVbw":
+                continue  # the CT phantom itself; a PET as the grid is its SUV on the CT's
             if channel.modality != "PT" or channel.units != "SUVbw":
                 raise ValueError(
                     f"model {spec.key}: channel {channel.name!r} ({channel.modality}, "

@@ -150,14 +150,11 @@ def channel_name(raw: str, taken: set[str], channel: int) -> str:
 
 
 def reference_channel(channels: Sequence[Mapping[str, Any]], refused: str) -> Mapping[str, Any]:
-    """The channel whose series is the grid: the first CT/MR one (radserve converts only
-    the other channels to SUVbw, so a PET cannot be the grid)."""
-    reference = next((c for c in channels if c["modality"] != "PT"), None)
-    if reference is None:
-        raise ImportRefusedError(
-            f"{refused}: every channel is a PET; radserve needs a CT or MR channel as the grid"
-        )
-    return reference
+    """The channel whose series is the grid: the first CT/MR one (a PET is coarser and
+    shows less anatomy), else the first PET (a PET-only model, converted to SUVbw too)."""
+    if not channels:
+        raise ImportRefusedError(f"{refused}: no input channels")
+    return next((c for c in channels if c["modality"] != "PT"), channels[0])
 
 
 def multi_series_input(

@@ -75,7 +75,7 @@ from typing import Any
 import yaml
 
 from radserve.importers import ImportRefusedError
-from radserve.importers.channel_series import SeriesRule
+from radserve.importers.channel_series import SeriesRule, multi_series_input
 from radserve.importers.common import (
     export_checked,
     label_entries,
@@ -692,9 +692,9 @@ def _labels(metadata: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str, d
     if len(inputs) != 1 or len(outputs) != 1:
         _refuse(f"network_data_format needs one input and one output (has {list(inputs)})")
     (image_key, image), (_, pred) = next(iter(inputs.items())), next(iter(outputs.items()))
-    modality = str(image.get("modality", "")).upper().replace("MRI", "MR")
-    if modality not in ("CT", "MR"):
-        _refuse(f"input modality {image.get('modality')!r} (CT or MR)")
+    modality = str(image.get("modality", "")).upper().replace("MRI", "MR").replace("PET", "PT")
+    if modality not in ("CT", "MR", "PT"):
+        _refuse(f"input modality {image.get('modality')!r} (CT, MR or PET)")
     # label_def: what some bundles (e.g. pediatric_abdominal_ct_segmentation) call it
     channels = pred.get("channel_def") or pred.get("label_def") or {}
     try:
@@ -731,6 +731,15 @@ def manifest_from_monai(
         pooled=pre["pooled"],
         image_order=pre["image_order"],
     )
+    if modality == "PT" and not inputs:
+        # a PET-only bundle: its one channel declared, so that the PET is read in SUVbw
+        # (what PET models are trained on, as autoPET's data is), not in Bq/ml
+        pet = {
+            "name": "pet",
+            **SeriesRule("PT").declaration(),
+            "normalisation": _normalisation(pre),
+        }
+        inputs = multi_series_input([pet], "MONAI bundle not importable", pre["image_order"])
     window = _inferer(_parsed(source, "inferer"))
     if window["pad"] != "centre_zero" and pre.get("crop_foreground") is not None:
         _refuse(

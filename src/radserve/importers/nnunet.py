@@ -25,7 +25,8 @@ A ``transpose_forward`` becomes ``input.axes`` (index axes in nnU-Net's transpos
 with the NibabelIOWithReorient reader, the patient directions S, A, R so transposed).
 A model of several input channels (PET/CT, multi-sequence MR) becomes ``input.channels``:
 each channel's series from its dataset.json name or ``--channel``, the first CT/MR
-channel the grid (:mod:`radserve.importers.nnunet_channels`).
+channel the grid, else the first PET (:mod:`radserve.importers.nnunet_channels`); a
+PET-only model declares its one channel, so that it is read in SUVbw.
 
 A ``2d`` configuration runs as depth-1 patches ``[1, H, W]`` of the 3D sliding window on
 ``spacing: [null, sy, sx]`` (the first axis keeps its native spacing, as nnU-Net's 2d
@@ -37,8 +38,7 @@ Refused, with the reason: a transpose that is not a permutation, cascades
 cannot find,
 another preprocessor or resampling function, a forced separate
 z, other normalisations (e.g. RGBTo01Normalization), a channel whose name says no series
-and no ``--channel`` names one, two channels read from the same series, a PET-only model
-(one channel or all channels PET).
+and no ``--channel`` names one, two channels read from the same series.
 """
 
 from __future__ import annotations
@@ -183,14 +183,11 @@ def _resampling(config: dict[str, Any]) -> dict[str, Any]:
 def _inputs(source: NnunetSource, overrides: dict[int, SeriesRule] | None) -> dict[str, Any]:
     """``modality`` and the ``input`` fields of the image channels (one, or ``channels``)."""
     channels = channel_declarations(source.dataset, source.plans, source.configuration, overrides)
-    if len(channels) == 1:
+    if len(channels) == 1 and channels[0]["modality"] != "PT":
         (only,) = channels
-        if only["modality"] == "PT":
-            _refuse(
-                "a one-channel PET model: radserve converts a PET to SUVbw (what nnU-Net PET "
-                "models are trained on) only as a channel beside a CT or MR (input.channels)"
-            )
         return {"modality": only["modality"], "input": {"normalisation": only["normalisation"]}}
+    # several series, or a PET-only model: its one channel declared, to be read in SUVbw
+    # (what nnU-Net PET models are trained on), not in the series' Bq/ml
     order = int((source.configuration.get("resampling_fn_data_kwargs") or {}).get("order", 3))
     return multi_series_input(channels, "nnU-Net model not importable", order)
 

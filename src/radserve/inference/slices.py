@@ -133,7 +133,8 @@ def check_image_channels(
     volume: Volume, spec: ModelSpec, images: dict[str, np.ndarray] | None
 ) -> list[tuple[ChannelSpec, np.ndarray | None]]:
     """``spec.input.channels`` in order with their arrays on ``volume``'s grid (None for
-    the reference channel: ``volume`` itself); empty for a single-series model."""
+    the reference channel: ``volume`` itself, unless ``images`` holds it converted, a PET
+    in SUVbw); empty for a single-series model."""
     channels = spec.input.channels
     images = images or {}
     if not channels:
@@ -145,10 +146,10 @@ def check_image_channels(
     reference = spec.input.reference_channel
     out: list[tuple[ChannelSpec, np.ndarray | None]] = []
     for channel in channels:
-        if reference is not None and channel.name == reference.name:
+        array = images.get(channel.name)
+        if reference is not None and channel.name == reference.name and array is None:
             out.append((channel, None))
             continue
-        array = images.get(channel.name)
         if array is None:
             raise ModelError(
                 f"model {spec.key} needs input channel {channel.name!r} ({channel.modality}) "

@@ -259,8 +259,10 @@ class ChannelSpec(_Strict):
     a Series Description matching ``series_description``, a regular expression).
 
     ``units: SUVbw`` converts a PT series to body-weight SUV from its DICOM headers
-    (:mod:`radserve.ingest.suv`; refused with the missing attribute named). Every
-    channel but the reference is resampled (``input.channel_interpolation``) onto the
+    (:mod:`radserve.ingest.suv`; refused with the missing attribute named), the
+    reference's too: a PET-only model declares its one channel so (a single-series model
+    is fed the series' own units, Bq/ml for a PET). Every channel but the reference is
+    resampled (``input.channel_interpolation``) onto the
     reference series' grid, which must share its Frame of Reference; each is normalised
     on its own.
     """
@@ -408,9 +410,10 @@ class InputSpec(_Strict):
         names = [c.name for c in self.channels]
         if len(set(names)) != len(names):
             raise ValueError(f"input.channels: names must be unique, got {names}")
-        if len(self.channels) < 2:
+        if len(self.channels) < 2 and self.channels[0].units != "SUVbw":
             raise ValueError(
-                "input.channels declares one channel; leave it out for single-series models"
+                "input.channels declares one channel; leave it out for single-series models "
+                "(one channel is for a PET-only model: modality PT, units SUVbw)"
             )
         if self.mode != "3d":
             raise ValueError(f"input.channels are for mode '3d' models, not {self.mode!r}")

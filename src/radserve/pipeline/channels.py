@@ -3,7 +3,8 @@
 A model with ``input.channels`` (:class:`~radserve.models.manifest.ChannelSpec`) takes
 its reference channel from the series the pipeline selected and every other channel
 from another series of the same study, chosen by modality (and Series Description):
-loaded, converted (PT to SUVbw where declared) and resampled onto the reference grid
+loaded, converted (PT to SUVbw where declared: the reference series too, for a model
+that reads a PET as its grid, a PET-only model) and resampled onto the reference grid
 through patient coordinates, by the model's ``input.channel_interpolation``. Refused,
 with the reason: a channel whose series the study does not have, a series of another
 patient or study than the reference series (``channel_series_mismatch``: which of
@@ -169,6 +170,13 @@ def load_channels(
                     "reference series"
                 )
             arrays: dict[str, np.ndarray] = {}
+            if ref_channel.units == "SUVbw":  # a PET as the grid: its own values in SUV
+                key = (reference.header.key, ref_channel.units, -1)
+                if key not in cache:
+                    volume, factors = series_to_suv(reference)
+                    logger.info("channel %s: SUVbw (%s)", ref_channel.name, factors.rule)
+                    cache[key] = volume.array, 1.0
+                arrays[ref_channel.name] = cache[key][0]
             for channel in spec.input.channels:
                 if channel.name == ref_channel.name:
                     continue
