@@ -5,9 +5,9 @@ its ``channel_def`` or its loader's keys; neither says which DICOM series to rea
 series comes from the channel's name where the name says it (:data:`NAMED_SERIES`: CT;
 PET/PT/SUV as a PT series in SUVbw, radserve's PET path; the MR sequences T1, T1c, T2,
 FLAIR, ADC, DWI by their Series Description), or from the importer's ``--channel
-INDEX=MODALITY[:SERIES_DESCRIPTION]``. A name that says no series, two channels reading
-the same series, and a model with no CT or MR channel for the grid are refused, naming
-the option. Shared by :mod:`radserve.importers.nnunet_channels` and
+INDEX=MODALITY[:SERIES_DESCRIPTION]``. A name that says no series and two channels
+reading the same series are refused, naming the option. The grid is the first CT or MR
+channel, else the first PET (a PET-only model). Shared by :mod:`radserve.importers.nnunet_channels` and
 :mod:`radserve.importers.monai_channels`.
 """
 
