@@ -10,6 +10,7 @@ from pathlib import Path
 import pydicom
 import pytest
 from tests.factories.petct import (
+    seg_references,
     write_pet_only_bundle,
     write_pet_only_pipeline,
     write_petct_bundle,
@@ -26,9 +27,8 @@ def petct(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     return root / "study" / "dicom", write_petct_bundle(root / "models"), write_petct_pipeline(root)
 
 
-def test_run_on_pet_ct_writes_a_seg_of_the_hot_lesions(petct, tmp_path: Path) -> None:
-    study, models, pipeline = petct
-    out = tmp_path / "out"
+def _run(study: Path, pipeline: Path, models: Path, out: Path) -> tuple[dict, pydicom.Dataset]:
+    """``radserve run`` of ``pipeline``: its report and its SEG of the hot lesions."""
     done = run_radserve(
         "run", str(study), "--pipeline", str(pipeline), "--out", str(out),
         "--models-dir", str(models), "--no-key-images",
@@ -36,17 +36,21 @@ def test_run_on_pet_ct_writes_a_seg_of_the_hot_lesions(petct, tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["findings"], "the hot lesions are findings"
+    return report, pydicom.dcmread(out / "hot_lesions-seg.dcm")
+
+
+def _uids(study: Path, pattern: str) -> set[str]:
+    return {pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID for p in study.glob(pattern)}
+
+
+def test_run_on_pet_ct_writes_a_seg_of_the_hot_lesions(petct, tmp_path: Path) -> None:
+    study, models, pipeline = petct
+    report, seg = _run(study, pipeline, models, tmp_path / "out")
     assert report["series_selection"]["rejected"] == []
-    seg = pydicom.dcmread(out / "hot_lesions-seg.dcm")
     assert seg.Modality == "SEG"
     assert seg.SegmentSequence[0].SegmentLabel
-    ct_files = study.glob("CT*.dcm")
-    ct_uids = {pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID for p in ct_files}
-    referenced = {
-        ref.ReferencedSOPInstanceUID
-        for item in seg.ReferencedSeriesSequence
-        for ref in item.ReferencedInstanceSequence
-    }
+    ct_uids = _uids(study, "CT*.dcm")
+    referenced = seg_references(seg)
     assert referenced and referenced <= ct_uids, "the SEG lies on the CT (the reference grid)"
 
 
@@ -70,22 +74,7 @@ def test_run_with_a_pet_only_model_writes_a_seg_on_the_pet(petct, tmp_path: Path
     study, _models, _pipeline = petct
     models = write_pet_only_bundle(tmp_path / "models")
     pipeline = write_pet_only_pipeline(tmp_path)
-    out = tmp_path / "out"
-    done = run_radserve(
-        "run", str(study), "--pipeline", str(pipeline), "--out", str(out),
-        "--models-dir", str(models), "--no-key-images",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    report = json.loads((out / "report.json").read_text())
+    report, seg = _run(study, pipeline, models, tmp_path / "out")
     assert report["series_selection"]["selected"]["modality"] == "PT"
-    assert report["findings"], "the hot lesions are findings"
-    seg = pydicom.dcmread(out / "hot_lesions-seg.dcm")
-    pt_uids = {
-        pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID for p in study.glob("PT*.dcm")
-    }
-    referenced = {
-        ref.ReferencedSOPInstanceUID
-        for item in seg.ReferencedSeriesSequence
-        for ref in item.ReferencedInstanceSequence
-    }
+    pt_uids, referenced = _uids(study, "PT*.dcm"), seg_references(seg)
     assert referenced and referenced <= pt_uids, "the SEG lies on the PET (its grid)"

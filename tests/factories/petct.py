@@ -10,6 +10,7 @@ The PET phantom's lesions have SUV 4-12 and its hottest background 3.5 (myocardi
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -81,17 +82,22 @@ def write_petct_bundle(root: Path, **input_fields: Any) -> Path:
     return root
 
 
-def write_petct_pipeline(folder: Path) -> Path:
+def _write_pipeline(folder: Path, model: str, modality: str) -> Path:
+    """``folder/<model>-pipeline.yaml``: one step of ``model``, its series of ``modality``."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "petct-pipeline.yaml"
+    path = folder / f"{model.removesuffix('-test')}-pipeline.yaml"
     spec = {
-        "name": "petct-pipeline",
+        "name": f"{model.removesuffix('-test')}-pipeline",
         "version": "0.0.1",
-        "series_selection": {"modalities": ["CT"]},
-        "steps": [{"model": "petct-test", "output": "hot_lesions"}],
+        "series_selection": {"modalities": [modality]},
+        "steps": [{"model": model, "output": "hot_lesions"}],
     }
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def write_petct_pipeline(folder: Path) -> Path:
+    return _write_pipeline(folder, "petct-test", "CT")
 
 
 def pet_only_manifest(spacing: float = 4.0) -> dict[str, Any]:
@@ -117,13 +123,25 @@ def write_pet_only_bundle(root: Path) -> Path:
 
 
 def write_pet_only_pipeline(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "pet-only-pipeline.yaml"
-    spec = {
-        "name": "pet-only-pipeline",
-        "version": "0.0.1",
-        "series_selection": {"modalities": ["PT"]},
-        "steps": [{"model": "pet-only-test", "output": "hot_lesions"}],
+    return _write_pipeline(folder, "pet-only-test", "PT")
+
+
+def hand_suv(ds: Any) -> np.ndarray:
+    """SUVbw of one PET slice (a pydicom Dataset) by the textbook rule, from its header
+    alone: not radserve's converter, so tests can check it against this."""
+    item = ds.RadiopharmaceuticalInformationSequence[0]
+    injected = dt.datetime.strptime(item.RadiopharmaceuticalStartDateTime[:14], "%Y%m%d%H%M%S")
+    start = dt.datetime.strptime(ds.SeriesDate + ds.SeriesTime[:6], "%Y%m%d%H%M%S")
+    seconds = (start - injected).total_seconds()
+    dose = float(item.RadionuclideTotalDose) * 0.5 ** (seconds / float(item.RadionuclideHalfLife))
+    bq_ml = ds.pixel_array.astype(np.float64) * float(ds.RescaleSlope) + float(ds.RescaleIntercept)
+    return bq_ml * float(ds.PatientWeight) * 1000.0 / dose
+
+
+def seg_references(seg: Any) -> set[str]:
+    """The SOP Instance UIDs a DICOM SEG says it segments."""
+    return {
+        ref.ReferencedSOPInstanceUID
+        for item in seg.ReferencedSeriesSequence
+        for ref in item.ReferencedInstanceSequence
     }
-    path.write_text(yaml.safe_dump(spec))
-    return path

@@ -8,13 +8,17 @@ one-channel 1x1x1-convolution model whose lesion is SUV > 3.75 (tests/factories/
 
 from __future__ import annotations
 
-import datetime as dt
 import shutil
 
 import numpy as np
 import pydicom
 import pytest
-from tests.factories.petct import SUV_LEVEL, write_pet_only_bundle, write_pet_only_pipeline
+from tests.factories.petct import (
+    SUV_LEVEL,
+    hand_suv,
+    write_pet_only_bundle,
+    write_pet_only_pipeline,
+)
 
 from radserve.errors import UnsupportedModalityError
 from radserve.ingest.suv import SuvConversionError
@@ -36,17 +40,6 @@ def study(tmp_path_factory):
     return pet, paths, root, registry, load_pipeline(write_pet_only_pipeline(root))
 
 
-def _hand_suv(ds: pydicom.Dataset) -> np.ndarray:
-    """SUVbw of one slice by the textbook rule, from its header alone."""
-    item = ds.RadiopharmaceuticalInformationSequence[0]
-    injected = dt.datetime.strptime(item.RadiopharmaceuticalStartDateTime[:14], "%Y%m%d%H%M%S")
-    start = dt.datetime.strptime(ds.SeriesDate + ds.SeriesTime[:6], "%Y%m%d%H%M%S")
-    seconds = (start - injected).total_seconds()
-    dose = float(item.RadionuclideTotalDose) * 0.5 ** (seconds / float(item.RadionuclideHalfLife))
-    bq_ml = ds.pixel_array.astype(np.float64) * float(ds.RescaleSlope) + float(ds.RescaleIntercept)
-    return bq_ml * float(ds.PatientWeight) * 1000.0 / dose
-
-
 def test_a_pet_only_model_labels_each_voxel_by_its_suv(study, tmp_path):
     pet, paths, root, registry, pipeline = study
     result = run_study(
@@ -55,7 +48,7 @@ def test_a_pet_only_model_labels_each_voxel_by_its_suv(study, tmp_path):
     assert result.report.series_selection.selected.modality == "PT"
     labels = result.volume_result.steps[0].finding_labels
     assert labels.same_geometry(pet.suv), "the labels lie on the PET's own grid"
-    suv = np.stack([_hand_suv(pydicom.dcmread(p)) for p in paths])
+    suv = np.stack([hand_suv(pydicom.dcmread(p)) for p in paths])
     assert suv.shape == labels.shape
     decided = np.abs(suv - SUV_LEVEL) > 1e-3  # not within float rounding of the level
     expected = suv > SUV_LEVEL

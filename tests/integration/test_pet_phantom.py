@@ -6,13 +6,13 @@ The truth is checked from the written files with pydicom and arithmetic done her
 
 from __future__ import annotations
 
-import datetime as dt
 import shutil
 
 import numpy as np
 import pydicom
 import pytest
 from tests.factories.dciodvfy import dciodvfy_report
+from tests.factories.petct import hand_suv
 
 from radserve.ingest import discover_series, load_series
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
@@ -32,17 +32,6 @@ def study(tmp_path_factory):
     return phantom, pet, out, paths
 
 
-def _hand_suv(ds: pydicom.Dataset) -> np.ndarray:
-    """SUVbw of one slice by the textbook rule, from the header alone."""
-    item = ds.RadiopharmaceuticalInformationSequence[0]
-    injected = dt.datetime.strptime(item.RadiopharmaceuticalStartDateTime[:14], "%Y%m%d%H%M%S")
-    start = dt.datetime.strptime(ds.SeriesDate + ds.SeriesTime[:6], "%Y%m%d%H%M%S")
-    seconds = (start - injected).total_seconds()
-    dose = float(item.RadionuclideTotalDose) * 0.5 ** (seconds / float(item.RadionuclideHalfLife))
-    bq_ml = ds.pixel_array.astype(np.float64) * float(ds.RescaleSlope)
-    return bq_ml * float(ds.PatientWeight) * 1000.0 / dose
-
-
 def test_pet_shares_patient_study_and_frame_of_reference_with_the_ct(study):
     _phantom, _pet, out, paths = study
     ct = pydicom.dcmread(out / "CT0000.dcm", stop_before_pixels=True)
@@ -59,7 +48,7 @@ def test_pet_shares_patient_study_and_frame_of_reference_with_the_ct(study):
 
 def test_written_pet_gives_back_the_known_suv_by_the_hand_rule(study):
     _phantom, pet, _out, paths = study
-    suv = np.stack([_hand_suv(pydicom.dcmread(p)) for p in paths])
+    suv = np.stack([hand_suv(pydicom.dcmread(p)) for p in paths])
     truth = pet.suv.array
     # 16-bit quantisation per slice: at most half a step of the slice's maximum
     step = truth.max(axis=(1, 2), keepdims=True) / 32767
