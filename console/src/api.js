@@ -1,5 +1,9 @@
 // Calls to radserve with the session cookie; state-changing calls carry the CSRF token.
 export const session = { role: null, csrf: null, phi: false, keyName: null, user: null }
+// Which sign-in a request was sent under: a 401 answering a request of an ended session
+// (a worklist refresh in flight at sign-out, answered after the next user signed in)
+// must not sign out the session that followed it.
+let epoch = 0
 
 const RANK = { read: 0, submit: 1, admin: 2 }
 export const can = (role) => session.role !== null && RANK[session.role] >= RANK[role]
@@ -16,6 +20,7 @@ export async function api(path, { method = 'GET', body } = {}) {
   const headers = { Accept: 'application/json' }
   if (method !== 'GET' && session.csrf) headers['X-CSRF-Token'] = session.csrf
   if (body !== undefined) headers['Content-Type'] = 'application/json'
+  const sentUnder = epoch
   const response = await fetch(path, {
     method,
     headers,
@@ -32,7 +37,8 @@ export async function api(path, { method = 'GET', body } = {}) {
   }
   if (!response.ok) {
     const error = (data && data.error) || {}
-    if (response.status === 401 && !path.startsWith('/console/api/session')) {
+    const current = sentUnder === epoch && session.role !== null
+    if (response.status === 401 && current && !path.startsWith('/console/api/session')) {
       window.dispatchEvent(new Event('radserve:signedout')) // the session ended
     }
     throw new ApiError(response.status, error.code || 'error', error.message || response.statusText)
@@ -41,6 +47,7 @@ export async function api(path, { method = 'GET', body } = {}) {
 }
 
 export function adopt(info) {
+  epoch += 1
   session.role = info.role
   session.csrf = info.csrf
   session.phi = info.phi
@@ -49,6 +56,7 @@ export function adopt(info) {
 }
 
 export function forget() {
+  epoch += 1
   session.role = null
   session.csrf = null
   session.phi = false

@@ -97,14 +97,15 @@ async function route() {
 }
 
 document.getElementById('signout').addEventListener('click', async () => {
+  // the page's refreshes and event feed stop first: none is sent while the session ends
+  if (leave) leave()
+  leave = null
   try {
     await api('/console/api/session', { method: 'DELETE' })
   } catch (error) {
     toast(error.message, 'error')
   }
   forget()
-  if (leave) leave()
-  leave = null
   location.hash = '#/'
   signInPage()
 })

@@ -38,6 +38,7 @@ export function worklistPage(root) {
   let source = null
   let ticker = null
   let loading = 0
+  let stopped = false
 
   const tbody = h('tbody')
   const count = h('span', { class: 'count' })
@@ -227,19 +228,20 @@ export function worklistPage(root) {
     if (filters.accession) params.set('accession', filters.accession)
     try {
       const data = await api(`/console/api/worklist?${params}`)
-      if (mine !== loading) return
+      if (mine !== loading || stopped) return // a newer load, or the page was left
       rows.clear()
       for (const job of data.items) rows.set(job.id, job)
       render()
       listen(data.seq)
     } catch (error) {
-      toast(`worklist: ${error.message}`, 'error')
+      if (!stopped) toast(`worklist: ${error.message}`, 'error')
     }
   }
 
   load()
   ticker = setInterval(render, 1000) // time left and age; no request
   return () => {
+    stopped = true // a load still in flight opens no event feed after this
     clearInterval(ticker)
     if (source) source.close()
   }

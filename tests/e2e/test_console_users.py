@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 from tests.factories.console import Page, browser, need_browser
 from tests.factories.dicom_net import free_port
@@ -71,3 +72,70 @@ def test_local_users_sign_in_with_their_password_and_role(tmp_path: Path) -> Non
     text = log.read_text()
     for secret in [*PASSWORDS.values(), "not-bobs-password"]:
         assert secret not in text
+
+
+def _sign_in(page, user: str) -> None:
+    page.wait_for_selector("#signin-user")
+    page.fill("#username", user)
+    page.fill("#password", PASSWORDS[user])
+    page.click("#signin-user button[type=submit]")
+    page.wait_for_selector(f"#who:has-text('{user} · {ROLES[user]}')")
+
+
+def test_an_answer_to_the_ended_session_does_not_sign_out_the_next_user(tmp_path: Path) -> None:
+    """bob's worklist refresh is in flight when he signs out; the server answers it 401
+    (his session is gone) only after alice has signed in. Before, that late 401 signed
+    alice out too: the console took any 401 as the end of the current session (CI saw
+    it once: alice's worklist never came)."""
+    need_browser()
+    users = [
+        {"username": n, "role": ROLES[n], "password_hash": hash_password(p)}
+        for n, p in PASSWORDS.items()
+    ]
+    config = config_file(tmp_path, console={"users": users})
+    data, port = tmp_path / "data", free_port()
+    process = start_server(config, data, port, tmp_path / "server.log")
+    try:
+        with browser() as b:
+            p = Page(b, f"http://127.0.0.1:{port}", tmp_path / "shots")
+            page = p.goto("/")
+            _sign_in(page, "bob")
+            page.wait_for_selector("#worklist")
+            [bob] = p.page.context.cookies()
+            held: list = []
+
+            def hold_once(route) -> None:
+                if held:  # alice's own worklist loads go through
+                    route.continue_()
+                else:
+                    held.append(route)
+
+            page.route("**/console/api/worklist*", hold_once)
+            page.select_option("#f-state", "succeeded")  # bob's page reloads its list
+            for _ in range(100):
+                if held:
+                    break
+                page.wait_for_timeout(50)
+            assert held, "the worklist reload was not sent"
+            page.click("#signout")
+            _sign_in(page, "alice")
+            page.wait_for_selector("#worklist")
+            # the held request reaches the real server with bob's ended session (Chromium
+            # would attach alice's cookie to it now), and its answer to the page
+            stale = httpx.get(held[0].request.url, cookies={bob["name"]: bob["value"]})
+            assert stale.status_code == 401, stale.text
+            with page.expect_response(lambda r: "state=succeeded" in r.url) as answer:
+                held[0].fulfill(
+                    status=stale.status_code,
+                    headers=dict(stale.headers),
+                    body=stale.content,
+                )
+            assert answer.value.status == 401
+            page.evaluate("() => new Promise((done) => setTimeout(done, 300))")
+            assert page.locator("#signin-user").count() == 0, "alice was signed out"
+            assert page.locator("#who").inner_text() == "alice · admin"
+            assert page.locator("#worklist").count() == 1
+            p.close()
+    finally:
+        process.terminate()
+        process.wait(60)
