@@ -1,13 +1,26 @@
-// The study view: NiiVue slice viewer (CT + organ/finding label maps), findings,
+// The study view: NiiVue slice viewer (the analysed series + label maps), findings,
 // organ volumes, stage timings, downloads and the job's audit trail.
 import { Niivue, SLICE_TYPE } from '@niivue/niivue'
 import { api } from './api.js'
 import { h, inert, iso, num, toast, when } from './util.js'
 
+// CT windows (level, width in HU)
 export const WINDOWS = {
   'soft tissue': [40, 400],
   lung: [-600, 1500],
   bone: [400, 1800],
+}
+
+// Other modalities have no fixed scale (MR in arbitrary units, a PET in Bq/ml): one
+// window, the image's own robust range (NiiVue's 2-98th percentile at load). A CT window
+// on a PET showed every voxel with activity as white.
+function analysedModality(report) {
+  const selected = report.series_selection && report.series_selection.selected
+  return (selected && selected.modality) || 'CT'
+}
+
+function windowsFor(modality) {
+  return modality === 'CT' ? WINDOWS : { auto: null }
 }
 
 function labelLut(segments, shown) {
@@ -90,7 +103,7 @@ export function studyPage(root, jobId) {
       isColorbar: false,
       dragAndDropEnabled: false,
       // NiiVue's own font has no '…' glyph (each draw warned in the console)
-      loadingText: 'loading CT...',
+      loadingText: 'loading image...',
       textHeight: 0.03,
     })
     await nv.attachToCanvas(canvas)
@@ -106,7 +119,10 @@ export function studyPage(root, jobId) {
     maps.forEach((map, i) => {
       nv.volumes[i + 1].setColormapLabel(labelLut(map.segments, shown[i]))
     })
-    setWindow('soft tissue')
+    const modality = analysedModality(report)
+    const windows = windowsFor(modality)
+    canvas.dataset.modality = modality
+    setWindow(Object.keys(windows)[0])
     nv.updateGLVolume()
 
     const nz = report.geometry.shape[0]
@@ -129,14 +145,20 @@ export function studyPage(root, jobId) {
     goToSlice(first ? first.key_slice_index : Math.floor(nz / 2), first)
 
     function setWindow(name) {
-      const [level, width] = WINDOWS[name]
-      nv.volumes[0].cal_min = level - width / 2
-      nv.volumes[0].cal_max = level + width / 2
+      const image = nv.volumes[0]
+      if (windows[name]) {
+        const [level, width] = windows[name]
+        image.cal_min = level - width / 2
+        image.cal_max = level + width / 2
+      } else {
+        image.cal_min = image.robust_min
+        image.cal_max = image.robust_max
+      }
       nv.updateGLVolume()
       canvas.dataset.window = name
       for (const b of controls.querySelectorAll('[data-window]')) b.classList.toggle('active', b.dataset.window === name)
     }
-    controls.append(h('span', { class: 'group' }, 'Window ', Object.keys(WINDOWS).map((name) => h('button', { 'data-window': name, onclick: () => setWindow(name) }, name))))
+    controls.append(h('span', { class: 'group' }, 'Window ', Object.keys(windows).map((name) => h('button', { 'data-window': name, onclick: () => setWindow(name) }, name))))
     maps.forEach((map, i) => {
       const index = i + 1
       const opacity = h('input', { type: 'range', min: 0, max: 100, value: 50, 'data-opacity': map.kind, 'aria-label': `${map.kind} opacity` })
@@ -246,7 +268,7 @@ function downloads(jobId, report, files) {
     ['Report (JSON)', `/v1/jobs/${id}/report`],
     ['FHIR Bundle', `/v1/jobs/${id}/fhir`],
     ...report.outputs.label_maps.map((m) => [`NIfTI ${m.kind}`, `/v1/jobs/${id}/labels?kind=${m.kind}`]),
-    ['CT volume (NIfTI)', `/v1/jobs/${id}/volume`],
+    [`${analysedModality(report)} volume (NIfTI)`, `/v1/jobs/${id}/volume`],
     ...files.filter((f) => f.endsWith('.dcm')).map((f) => [`${f.includes('-sr') ? 'SR' : 'SEG'}: ${f}`, `/console/api/jobs/${id}/files/${encodeURIComponent(f)}`]),
   ]
   return h('div', { class: 'card' }, h('h2', {}, 'Downloads'), h('ul', { class: 'downloads', id: 'downloads' }, links.map(([label, href]) => h('li', {}, h('a', { href, download: '' }, label)))))

@@ -380,11 +380,12 @@ async def job_file(request: Request, job_id: str, name: str, who: Reader) -> Fil
         **RANGE_RESPONSES,
         **{c: {"model": ErrorOut} for c in (401, 403, 404, 409)},
     },
-    summary="The job's CT (NIfTI)",
+    summary="The job's analysed series (NIfTI)",
 )
 async def job_volume(request: Request, job_id: str, who: Reader) -> FileAnswer:
-    """The job's CT (the series it read) as NIfTI int16 HU on the label maps' grid;
-    audited as ``phi.read`` (resource ``volume``)."""
+    """The series the job read (a CT as int16 HU; another modality as int16 where its
+    values fit, else float32) as NIfTI on the label maps' grid; audited as ``phi.read``
+    (resource ``volume``)."""
     service = _service(request)
     record = await _job(request, job_id, who)
     report = await run_in_threadpool(service.jobs.report, record)  # 409 unless succeeded

@@ -1,8 +1,12 @@
-"""A job's CT as one NIfTI volume on the grid of its label maps, for the viewer.
+"""A job's analysed series (a CT, an MR, a PET) as one NIfTI volume on the grid of its
+label maps, for the viewer.
 
 The series the job read (the report's ``series_instance_uid``) is loaded with the same
-ingest policy as the job and written as int16 HU with the volume's affine, exactly as
-the label maps are (``radserve.report.nifti``), so they overlay voxel for voxel. The
+ingest policy as the job and written with the volume's affine, exactly as the label maps
+are (``radserve.report.nifti``), so they overlay voxel for voxel: a CT as int16 HU, any
+other series as int16 only where its values are integers int16 holds, else float32 (a
+PET in Bq/ml reaches tens of thousands, one in SUV is fractional; int16 clipped the one
+and rounded the other to a few grey levels). The
 file is kept under ``<data_dir>/console/volumes`` (the study itself is on the same disk)
 and made once per job; a NIfTI upload is served as it was stored.
 """
@@ -32,6 +36,18 @@ def _lock_for(job_id: str) -> threading.Lock:
         return _locks.setdefault(job_id, threading.Lock())
 
 
+def _viewer_array(array: np.ndarray, modality: str) -> np.ndarray:
+    """int16 for a CT (whole HU are all a reader tells apart) and for other values that
+    are integers within int16; float32 otherwise, so nothing is clipped or rounded."""
+    rounded = np.rint(array)
+    if modality.upper() == "CT":
+        return np.clip(rounded, -32768, 32767).astype(np.int16)
+    fits = rounded.size == 0 or (rounded.min() >= -32768 and rounded.max() <= 32767)
+    if fits and np.array_equal(rounded, array):
+        return rounded.astype(np.int16)
+    return array.astype(np.float32)
+
+
 def ct_volume(record: JobRecord, report: Report, data_dir: Path, policy: IngestPolicy) -> Path:
     """The NIfTI file of the job's CT (made on first use), read under ``policy`` (the
     server's configured ingest bounds) from discovery to pixels."""
@@ -52,7 +68,7 @@ def ct_volume(record: JobRecord, report: Report, data_dir: Path, policy: IngestP
         headers.sort(key=lambda h: len(h.frames) != slices)  # the part the job read first
         loaded = load_series(headers[0], policy)
         volume = loaded.volume
-        array = np.clip(np.rint(volume.array), -32768, 32767).astype(np.int16)
+        array = _viewer_array(volume.array, loaded.header.modality)
         folder.mkdir(parents=True, exist_ok=True)
         # whole or absent under its name (radserve.durable, inside write_nifti)
         write_nifti(volume.with_array(array), path)

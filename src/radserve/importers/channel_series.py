@@ -7,8 +7,8 @@ PET/PT/SUV as a PT series in SUVbw, radserve's PET path; the MR sequences T1, T1
 FLAIR, ADC, DWI by their Series Description), or from the importer's ``--channel
 INDEX=MODALITY[:SERIES_DESCRIPTION]``. A name that says no series and two channels
 reading the same series are refused, naming the option. The grid is the first CT or MR
-channel, else the first PET (a PET-only model). Shared by :mod:`radserve.importers.nnunet_channels` and
-:mod:`radserve.importers.monai_channels`.
+channel, else the first PET (a PET-only model). Shared by
+:mod:`radserve.importers.nnunet_channels` and :mod:`radserve.importers.monai_channels`.
 """
 
 from __future__ import annotations
