@@ -14,6 +14,10 @@ function signInPage() {
   document.getElementById('nav').hidden = true
   document.getElementById('signout').hidden = true
   document.getElementById('who').textContent = ''
+  // shown already: kept, with what the user has typed. Two callers at once (a sign-out
+  // and the route its hash change ran) built it twice, the second replacing the form the
+  // user was filling in, so a click could submit the new, empty one.
+  if (document.getElementById('signin')?.isConnected) return
   const key = h('input', { type: 'password', id: 'api-key', autocomplete: 'off', placeholder: 'rsk_…', required: true, 'aria-label': 'API key' })
   const message = h('p', { class: 'error', id: 'signin-error', role: 'alert' })
   const form = h(
@@ -106,7 +110,7 @@ document.getElementById('signout').addEventListener('click', async () => {
     toast(error.message, 'error')
   }
   forget()
-  location.hash = '#/'
+  history.replaceState(null, '', '#/') // no hashchange: route() would build it again
   signInPage()
 })
 

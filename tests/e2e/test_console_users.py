@@ -54,8 +54,19 @@ def test_local_users_sign_in_with_their_password_and_role(tmp_path: Path) -> Non
             assert cookie["sameSite"] == "Strict"
             assert PASSWORDS["bob"] not in cookie["value"]
             assert page.locator("button[data-action=cancel]").count() == 0
+            # the sign-in form is built once at sign-out: before, the sign-out and the
+            # route its hash change ran each built one, the second replacing the first
+            # while it was being filled in (CI saw alice's click land on an empty form)
+            page.evaluate(
+                "() => { window.__built = 0; new MutationObserver((records) => {"
+                " for (const r of records) for (const n of r.addedNodes)"
+                " if (n.id === 'signin-user') window.__built++ })"
+                ".observe(document.getElementById('app'), { childList: true }) }"
+            )
             page.click("#signout")
             page.wait_for_selector("#signin-user")
+            page.wait_for_load_state("networkidle")
+            assert page.evaluate("window.__built") == 1
             page.fill("#username", "alice")
             page.fill("#password", PASSWORDS["alice"])
             page.click("#signin-user button[type=submit]")
