@@ -36,7 +36,7 @@ def _lock_for(job_id: str) -> threading.Lock:
         return _locks.setdefault(job_id, threading.Lock())
 
 
-def _viewer_array(array: np.ndarray, modality: str) -> np.ndarray:
+def viewer_array(array: np.ndarray, modality: str) -> np.ndarray:
     """int16 for a CT (whole HU are all a reader tells apart) and for other values that
     are integers within int16; float32 otherwise, so nothing is clipped or rounded."""
     rounded = np.rint(array)
@@ -68,11 +68,11 @@ def ct_volume(record: JobRecord, report: Report, data_dir: Path, policy: IngestP
         headers.sort(key=lambda h: len(h.frames) != slices)  # the part the job read first
         loaded = load_series(headers[0], policy)
         volume = loaded.volume
-        array = _viewer_array(volume.array, loaded.header.modality)
+        array = viewer_array(volume.array, loaded.header.modality)
         folder.mkdir(parents=True, exist_ok=True)
         # whole or absent under its name (radserve.durable, inside write_nifti)
         write_nifti(volume.with_array(array), path)
     return path
 
 
-__all__ = ["ct_volume"]
+__all__ = ["ct_volume", "viewer_array"]
