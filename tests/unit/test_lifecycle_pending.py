@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from tests.factories.records import job_record
 from tests.factories.service import config_file
 
 from radserve.config import load_settings
+from radserve.domain.deployment import StepDeployment
+from radserve.domain.priority import PriorityClass
 from radserve.lifecycle.pending import FairPending
 from radserve.service import Service
+from radserve.service.intake import deployment_meta
 from radserve.store import JobRecord
 
 
@@ -80,3 +84,46 @@ def test_a_busy_canary_does_not_crowd_out_the_shadows_comparisons(tmp_path: Path
         ("c0", "1.0.0", "stable"),
         ("h0", "1.3.0", "shadow"),
     ]
+
+
+def test_a_canary_study_sampled_for_the_shadow_feeds_both_records(tmp_path: Path) -> None:
+    """Canary 100 % and shadow 100 %: each study runs the canary, is compared with the
+    stable for the canary's record and with the shadow for the shadow's. Before, the
+    shadow took the stable's place: its comparison was filed in the canary's record as
+    one against the stable (the canary judged on the shadow's differences), and the
+    shadow's record never got it (CI: the shadow's comparisons never came, ~1 run in 20,
+    when both shadow studies of tests/e2e/test_model_lifecycle.py fell in the canary)."""
+    settings = load_settings(config_file(tmp_path), data_dir=tmp_path / "data")
+    lifecycle = Service(settings).lifecycle  # not started: the runs stay waiting
+    step = "lesions-test"
+    both = StepDeployment(
+        step, "1.0.0", canary="1.1.0", canary_percent=100, shadow="1.3.0", shadow_percent=100
+    )
+    with lifecycle._lock:
+        lifecycle._active = {step: both}
+    resolved = lifecycle.route(lifecycle.catalog.resolve(), "1.2.3.4", PriorityClass.OUTPATIENT)
+    assert resolved.model_versions[step] == "1.1.0" and resolved.roles[step] == "canary"
+    meta = deployment_meta(resolved)
+    assert meta["shadows"] == {step: "1.3.0"} and meta["canary_checks"] == {step: "1.0.0"}
+    job = replace(_finished("j0", "canary", "1.1.0", "unused", tmp_path), queue_meta=meta)
+    lifecycle.on_finished(job)
+    assert lifecycle._tasks.waiting() == {(step, "1.1.0"): 1, (step, "1.3.0"): 1}
+    tasks = sorted(
+        (t.record_for, t.candidate_version, t.candidate_role)
+        for t in (lifecycle._tasks.get(0), lifecycle._tasks.get(0))
+        if t is not None
+    )
+    assert tasks == [("1.1.0", "1.0.0", "stable"), ("1.3.0", "1.3.0", "shadow")]
+
+    # a stable study sampled for the shadow: one comparison, the shadow's; an empty
+    # canary_checks says this row is not an older one (whose one map held both)
+    stable_only = replace(both, canary=None, canary_percent=0)
+    with lifecycle._lock:
+        lifecycle._active = {step: stable_only}
+    resolved = lifecycle.route(lifecycle.catalog.resolve(), "1.2.3.4", PriorityClass.OUTPATIENT)
+    meta = deployment_meta(resolved)
+    assert meta == {
+        "deployment": {step: "stable"},
+        "shadows": {step: "1.3.0"},
+        "canary_checks": {},
+    }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -87,11 +89,21 @@ def test_a_volume_cut_into_pieces_on_threads_resizes_to_the_same_numbers(
     monkeypatch.setattr(spline, "usable_cores", lambda: 3)
     threads: set[str] = set()
     filter1d = spline.ndimage.spline_filter1d
+    # each thread's first piece waits (10 s at most) until a second thread has one: on a
+    # loaded host one pool thread could take every piece before another started (CI),
+    # which says nothing of whether the pieces can run apart
+    second = threading.Event()
+    lock = threading.Lock()
 
     def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
-        import threading
-
-        threads.add(threading.current_thread().name)
+        name = threading.current_thread().name
+        with lock:
+            first = name not in threads
+            threads.add(name)
+            if len(threads) > 1:
+                second.set()
+        if first:
+            second.wait(10)
         return filter1d(*args, **kwargs)
 
     monkeypatch.setattr(spline.ndimage, "spline_filter1d", recording)

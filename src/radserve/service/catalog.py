@@ -45,8 +45,12 @@ class ResolvedPipeline:
     # model -> deployment role that chose its version (stable | canary); empty: the
     # pipeline file's versions, no deployment involved
     roles: Mapping[str, str] = field(default_factory=dict)
-    # model -> version to run after the result is delivered, to compare (never sent)
+    # model -> shadow version to run after the result is delivered, to compare (never
+    # sent); its record is the shadow's
     shadows: Mapping[str, str] = field(default_factory=dict)
+    # model -> stable version a canary-routed study is run with afterwards, to judge the
+    # canary (its record is the canary's); a study may have both for one model
+    canary_checks: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

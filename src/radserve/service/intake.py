@@ -598,6 +598,8 @@ def deployment_meta(resolved: ResolvedPipeline) -> dict[str, dict[str, str]]:
         out["deployment"] = dict(resolved.roles)
     if resolved.shadows:
         out["shadows"] = dict(resolved.shadows)
+    if resolved.roles:  # written when routed, even empty: it tells this row's shadows
+        out["canary_checks"] = dict(resolved.canary_checks)  # from an older row's
     return out
 
 

@@ -73,6 +73,37 @@ class ComparisonTask:
     record_for: str  # the version whose record the comparison feeds
 
 
+def comparison_tasks(job: JobRecord, roles: Mapping[str, str]) -> list[ComparisonTask]:
+    """The comparison runs a finished job asks for: each shadow version it was sampled
+    for (filed in the shadow's record) and, for a canary-routed step, the stable version
+    (filed in the canary's). A job row written before ``canary_checks`` existed kept one
+    map, in which a canary step's entry was its stable check."""
+    meta = job.queue_meta
+    shadows: Mapping[str, str] = meta.get("shadows", {}) or {}
+    checks: Mapping[str, str] = meta.get("canary_checks", {}) or {}
+    if "canary_checks" not in meta:  # an older row
+        checks = {s: v for s, v in shadows.items() if roles.get(s) == Role.CANARY.value}
+        shadows = {s: v for s, v in shadows.items() if s not in checks}
+    tasks = []
+    for wanted, role in ((shadows, Role.SHADOW), (checks, Role.STABLE)):
+        for step, candidate in wanted.items():
+            serving = job.model_versions.get(step)
+            if serving is None or candidate == serving:
+                continue
+            shadow = role is Role.SHADOW
+            tasks.append(
+                ComparisonTask(
+                    job=job,
+                    step=step,
+                    serving_version=serving,
+                    candidate_version=candidate,
+                    candidate_role=role.value,
+                    record_for=candidate if shadow else serving,
+                )
+            )
+    return tasks
+
+
 class ModelLifecycle:
     """Deployments of one server; thread-safe."""
 
@@ -221,6 +252,7 @@ class ModelLifecycle:
         versions: dict[str, str] = {}
         roles: dict[str, str] = {}
         shadows: dict[str, str] = {}
+        checks: dict[str, str] = {}
         active = self.active()
         for model in resolved.model_versions:
             deployment = active.get(model)
@@ -231,14 +263,17 @@ class ModelLifecycle:
             shadow = shadow_for(deployment, routing_key)
             if shadow is not None and shadow != version:
                 shadows[model] = shadow
-            elif role is Role.CANARY and (
+            # both, when a canary study is also sampled for the shadow: before, the shadow
+            # took the canary's place and its comparison was filed in the canary's record
+            # as one against stable (the canary judged on the shadow's differences)
+            if role is Role.CANARY and (
                 bucket(routing_key, model, salt="compare") < self.config.compare_canary_percent
             ):
-                shadows[model] = deployment.stable
+                checks[model] = deployment.stable
         if not versions:
             return resolved
         pinned = resolved.pinned(versions, roles)
-        return replace(pinned, shadows=shadows)
+        return replace(pinned, shadows=shadows, canary_checks=checks)
 
     def needs_routing(self) -> bool:
         """Whether any step has a canary or shadow (else routing reads nothing)."""
@@ -451,22 +486,9 @@ class ModelLifecycle:
             self.record(step, version).add_job(ok, seconds)
             if role == Role.CANARY.value:
                 self._judge(step)
-        shadows: Mapping[str, str] = job.queue_meta.get("shadows", {}) or {}
         if ok and job.result_path and not job.cached_from:
-            for step, candidate in shadows.items():
-                serving = job.model_versions.get(step)
-                if serving is None:
-                    continue
-                canary = roles.get(step) == Role.CANARY.value
-                task = ComparisonTask(
-                    job=job,
-                    step=step,
-                    serving_version=serving,
-                    candidate_version=candidate,
-                    candidate_role=Role.STABLE.value if canary else Role.SHADOW.value,
-                    record_for=serving if canary else candidate,
-                )
-                key = (step, task.record_for)
+            for task in comparison_tasks(job, roles):
+                key = (task.step, task.record_for)
                 if not self._tasks.put(key, task):
                     with self._lock:
                         self.skipped_comparisons[key] = self.skipped_comparisons.get(key, 0) + 1
@@ -754,4 +776,10 @@ class LifecycleCollector(Collector):
         yield skipped
 
 
-__all__ = ["COMPARISONS_DIR", "ComparisonTask", "LifecycleCollector", "ModelLifecycle"]
+__all__ = [
+    "COMPARISONS_DIR",
+    "ComparisonTask",
+    "LifecycleCollector",
+    "ModelLifecycle",
+    "comparison_tasks",
+]
