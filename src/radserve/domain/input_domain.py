@@ -14,6 +14,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 OUTSIDE_INPUT_DOMAIN = "outside_input_domain"
 INPUT_DOMAIN_UNCHECKED = "input_domain_unchecked"
+# Where the pixel measurements look (radserve.pipeline.ct_number / ct_noise), here so that
+# the report's "not checked" notes name the windows the measurements use.
+# A body's fat peak, calibrated or off by up to ~100 HU: above lung and its partial
+# volumes, below water and soft tissue.
+FAT_SEARCH_HU = (-250, -10)
+# Soft tissue, blood and contrast-enhanced organs; not fat, lung, air or bone.
+SOFT_TISSUE_HU = (-150.0, 250.0)
+# The fields that name region labels (a model's own, or an earlier step's)
+STRUCTURE_FIELDS = ("structure_volumes_ml", "structure_hu")
 
 
 class Interval(BaseModel):
@@ -90,6 +99,10 @@ class InputDomain(BaseModel):
     # (a low-dose protocol, a large patient) has its headers inside every range and can
     # still read noise as findings.
     noise_hu: Range | None = None
+
+    def named_structures(self) -> list[tuple[str, str]]:
+        """(field, label name) for every structure the declaration names."""
+        return [(field, name) for field in STRUCTURE_FIELDS for name in getattr(self, field)]
 
     @model_validator(mode="after")
     def _whole_counts(self) -> InputDomain:
@@ -186,12 +199,14 @@ def domain_unchecked(domain: InputDomain | None, facts: AcquisitionFacts) -> lis
     if domain.body_parts and not facts.body_part:
         out.append("body part not checked: the series has no Body Part Examined")
     if domain.fat_hu is not None and facts.modality.upper() == "CT" and facts.fat_hu is None:
+        lo, hi = FAT_SEARCH_HU
         out.append(
-            "CT-number calibration not checked: no fat peak between -250 and -10 HU "
+            f"CT-number calibration not checked: no fat peak between {lo} and {hi} HU "
             "(no body fat in view, or the CT numbers are far off)"
         )
     if domain.noise_hu is not None and facts.modality.upper() == "CT" and facts.noise_hu is None:
-        out.append("noise not checked: no soft tissue between -150 and 250 HU in view")
+        lo, hi = SOFT_TISSUE_HU
+        out.append(f"noise not checked: no soft tissue between {lo:g} and {hi:g} HU in view")
     return out
 
 
@@ -253,8 +268,11 @@ def output_unchecked(domain: InputDomain | None, measured: list[MeasuredStructur
 
 
 __all__ = [
+    "FAT_SEARCH_HU",
     "INPUT_DOMAIN_UNCHECKED",
     "OUTSIDE_INPUT_DOMAIN",
+    "SOFT_TISSUE_HU",
+    "STRUCTURE_FIELDS",
     "AcquisitionFacts",
     "InputDomain",
     "Interval",

@@ -762,18 +762,18 @@ class ModelSpec(_Strict):
         region labels. A model without any (a lesion model) names those of the earlier
         pipeline steps it is judged by, checked when a pipeline is loaded
         (:func:`radserve.pipeline.checks.check_pipeline`)."""
-        domain = self.input_domain
         regions = [label.name for label in self.labels if label.is_region]
-        for field in ("structure_volumes_ml", "structure_hu") if regions else ():
-            for name in getattr(domain, field) if domain else {}:
-                if name not in regions:
-                    hint = difflib.get_close_matches(name, regions, n=1)
-                    suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-                    raise ValueError(
-                        f"input_domain.{field} names {name!r}, which is not a region label "
-                        f"(kind organ/structure) of this model{suggestion} "
-                        f"Its region labels: {regions or 'none'}"
-                    )
+        if self.input_domain is None or not regions:
+            return self
+        for field, name in self.input_domain.named_structures():
+            if name not in regions:
+                hint = difflib.get_close_matches(name, regions, n=1)
+                suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+                raise ValueError(
+                    f"input_domain.{field} names {name!r}, which is not a region label "
+                    f"(kind organ/structure) of this model{suggestion} "
+                    f"Its region labels: {regions}"
+                )
         return self
 
     @model_validator(mode="after")

@@ -196,7 +196,8 @@ def _place_one(
 
 
 # A hyperdense liver lesion is hyperdense by its enhancement: unenhanced it is near the
-# liver's own 55 HU (165 HU nominal enhanced; a hypodense one is dark either way).
+# liver's own 55 HU (drawn at 160-180 HU enhanced, 170 on average; a hypodense one is
+# dark either way).
 _HYPERDENSE_NATIVE_HU = 60.0
 _HYPERDENSE_NOMINAL_HU = 170.0
 

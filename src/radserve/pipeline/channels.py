@@ -128,11 +128,16 @@ def _pick(
 
 def _load(header: SeriesHeader, channel: ChannelSpec, policy: IngestPolicy | None) -> LoadedSeries:
     loaded = load_series(header, policy or IngestPolicy(), required_modality=channel.modality)
-    if channel.units == "SUVbw":
-        volume, factors = series_to_suv(loaded)
-        logger.info("channel %s: SUVbw (%s)", channel.name, factors.rule)
-        loaded = dataclasses.replace(loaded, volume=volume)
-    return loaded
+    return _in_units(loaded, channel)
+
+
+def _in_units(loaded: LoadedSeries, channel: ChannelSpec) -> LoadedSeries:
+    """``loaded`` in the units ``channel`` declares (a PT series to SUVbw)."""
+    if channel.units != "SUVbw":
+        return loaded
+    volume, factors = series_to_suv(loaded)
+    logger.info("channel %s: SUVbw (%s)", channel.name, factors.rule)
+    return dataclasses.replace(loaded, volume=volume)
 
 
 def load_channels(
@@ -171,11 +176,9 @@ def load_channels(
                 )
             arrays: dict[str, np.ndarray] = {}
             if ref_channel.units == "SUVbw":  # a PET as the grid: its own values in SUV
-                key = (reference.header.key, ref_channel.units, -1)
+                key = (reference.header.key, ref_channel.units, -1)  # -1: not resampled
                 if key not in cache:
-                    volume, factors = series_to_suv(reference)
-                    logger.info("channel %s: SUVbw (%s)", ref_channel.name, factors.rule)
-                    cache[key] = volume.array, 1.0
+                    cache[key] = _in_units(reference, ref_channel).volume.array, 1.0
                 arrays[ref_channel.name] = cache[key][0]
             for channel in spec.input.channels:
                 if channel.name == ref_channel.name:

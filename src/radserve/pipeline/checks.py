@@ -78,8 +78,7 @@ def check_pipeline(pipeline: PipelineSpec, registry: ModelRegistry) -> list[Mode
         if spec.input_domain is not None and not spec.region_labels:
             references += [
                 (f"input_domain.{field}", name)
-                for field in ("structure_volumes_ml", "structure_hu")
-                for name in getattr(spec.input_domain, field)
+                for field, name in spec.input_domain.named_structures()
             ]
         for field, name in references:
             found = sources.get(name, [])

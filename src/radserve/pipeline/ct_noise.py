@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from radserve.domain.input_domain import SOFT_TISSUE_HU
 from radserve.domain.volume import Volume
 
-SOFT_TISSUE_HU = (-150.0, 250.0)
 # slices measured, evenly spaced, and every other row of each: millions of pixel pairs, a
 # study costs the same whatever its length (~25 ms at 512 x 512)
 _SLICES = 24

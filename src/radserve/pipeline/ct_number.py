@@ -19,11 +19,9 @@ from __future__ import annotations
 import numpy as np
 from scipy.ndimage import gaussian_filter1d
 
+from radserve.domain.input_domain import FAT_SEARCH_HU
 from radserve.domain.volume import Volume
 
-# Where a body's fat peak may lie, calibrated or off by up to ~100 HU: above lung and
-# its partial volumes, below water and soft tissue.
-FAT_SEARCH_HU = (-250, -10)
 _SMOOTH_HU = 4.0  # Gaussian smoothing of the 1 HU histogram
 # Each pixel is measured as the mean of a block about 2.4 mm wide (3 x 3 at 0.78 mm): noise
 # of 40 HU (a low-dose scan, 2.5x the phantoms') flattens a thin patient's fat peak into

@@ -141,7 +141,7 @@ def check_output_domain(result: VolumeResult) -> list[tuple[str, str]]:
         if spec.region_labels:
             measured = own
         else:
-            names = set(domain.structure_hu) | set(domain.structure_volumes_ml) if domain else ()
+            names = {name for _, name in domain.named_structures()} if domain else set()
             seen = [upstream[n] for n in sorted(names) if n in upstream]
             measured = [m for m, _ in seen]
             sources = sorted({key for _, key in seen})

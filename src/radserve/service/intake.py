@@ -598,8 +598,10 @@ def deployment_meta(resolved: ResolvedPipeline) -> dict[str, dict[str, str]]:
         out["deployment"] = dict(resolved.roles)
     if resolved.shadows:
         out["shadows"] = dict(resolved.shadows)
-    if resolved.roles:  # written when routed, even empty: it tells this row's shadows
-        out["canary_checks"] = dict(resolved.canary_checks)  # from an older row's
+    # written whenever routed, even empty: its presence tells this row's shadows from an
+    # older row's, whose one map also held the canary's stable checks
+    if resolved.roles:
+        out["canary_checks"] = dict(resolved.canary_checks)
     return out
 
 
