@@ -85,9 +85,22 @@ def owner_alive(temporary: Path) -> bool:
     owned = _OWNED.search(temporary.name)
     if owned is None:
         return False
-    if owned["host"] != _HOST:
+    return process_alive(f"{owned['host']}-{owned['pid']}")
+
+
+def process_tag() -> str:
+    """This process as ``<host>-<pid>``, the owner part of a temporary name: for a record
+    that must say later whether the process that wrote it may still be working on it."""
+    return f"{_HOST}-{os.getpid()}"
+
+
+def process_alive(tag: str) -> bool:
+    """Whether the process a :func:`process_tag` names may still run: a running process
+    of this host, or any of another host (which this one cannot see)."""
+    host, _, pid = tag.partition("-")
+    if host != _HOST:
         return True
-    return _running(int(owned["pid"]))
+    return pid.isdigit() and _running(int(pid))
 
 
 def _running(pid: int) -> bool:

@@ -86,6 +86,7 @@ TABLE: dict[str, ErrorMapping] = {
     "radserve.store.errors.OutboxItemNotFoundError": ErrorMapping(404),
     "radserve.service.errors.OutputNotFoundError": ErrorMapping(404),
     "radserve.service.errors.ModelNotFoundError": ErrorMapping(404),
+    "radserve.service.errors.InstallNotFoundError": ErrorMapping(404),
     "radserve.gateway.dicomweb.wado.DicomObjectNotFoundError": ErrorMapping(404),
     "radserve.media_types.NotAcceptableError": ErrorMapping(406),
     "radserve.api.errors.RequestTimeoutError": ErrorMapping(408),
@@ -103,6 +104,7 @@ TABLE: dict[str, ErrorMapping] = {
     # --- the server cannot take it now -----------------------------------------------
     "radserve.scheduling.errors.QueueFullError": ErrorMapping(503, stow=OUT_OF_RESOURCES),
     "radserve.scheduling.errors.ModelUnavailableError": _BUSY,
+    "radserve.service.errors.InstallsStoppedError": _BUSY,
     "radserve.errors.ModelError": _BUSY,  # an installed bundle is broken: not the caller's
     "radserve.errors.InferenceError": _BUSY,  # retryable
     "radserve.store.errors.StoreError": _BUSY,

@@ -133,6 +133,32 @@ def test_refused_before_any_model_runs_under_the_refuse_policy(studies, tmp_path
     assert not (tmp_path / "refused" / "report.json").exists()
 
 
+def test_a_study_accepted_under_the_refuse_policy_is_measured_once(studies, tmp_path, monkeypatch):
+    """The refusal's check measures the pixels before any model runs; the report and the
+    drift features reuse that measurement (before session 29 both were measured twice)."""
+    from radserve.pipeline import profile
+
+    calls = {"fat": 0, "noise": 0}
+
+    def counted(name, measure):
+        def run(volume):
+            calls[name] += 1
+            return measure(volume)
+
+        return run
+
+    monkeypatch.setattr(profile, "fat_peak_hu", counted("fat", profile.fat_peak_hu))
+    monkeypatch.setattr(profile, "noise_hu", counted("noise", profile.noise_hu))
+    result = run_study(
+        studies["calibrated"], pipeline=load_pipeline("ct-chest-abdomen"),
+        out_dir=tmp_path / "out", key_images=False, policy=IngestPolicy(input_domain="refuse"),
+    )  # fmt: skip
+    assert calls == {"fat": 1, "noise": 1}
+    assert _domain_warnings(result.report) == [] and result.features is not None
+    drawn = float(hu_table(SEED)[Tissue.FAT])
+    assert result.features["num"]["fat_hu"] == pytest.approx(drawn, abs=2.0)
+
+
 def test_a_nifti_torso_says_what_it_could_not_be_judged_on(tmp_path):
     """An independently drawn torso (fat at -90 HU) as NIfTI: its fat is inside both
     ranges; NIfTI has no Body Part Examined, and the report says that went unchecked.

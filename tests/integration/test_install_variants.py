@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,6 +87,18 @@ def server(tmp_path: Path) -> Iterator[Server]:
         yield s
 
 
+def finished(c: httpx.Client, token: str, location: str) -> dict[str, object]:
+    """The install's record once it ended (polled as a client would)."""
+    deadline = time.monotonic() + 600 * WAIT_SCALE
+    while time.monotonic() < deadline:
+        r = c.get(location, headers=auth(token))
+        assert r.status_code == 200, r.text
+        if r.json()["state"] not in ("queued", "building"):
+            return r.json()
+        time.sleep(0.2)
+    raise AssertionError(f"{location} still unfinished")
+
+
 def version_row(c: httpx.Client, token: str, version: str) -> dict[str, object]:
     rows = c.get("/v1/models", headers=auth(token)).json()["versions"]
     return next(r for r in rows if r["name"] == STEP and r["version"] == version)
@@ -101,13 +114,22 @@ def test_install_builds_and_gates_variants_and_keeps_a_failed_one_off(
         refused = c.post("/v1/models?precisions=fp16", content=zipped(fragile), headers=admin)
         assert refused.status_code == 400, refused.text  # precisions without build_variants
 
+        # the build runs after the answer: 202 and the install's record to poll
         r = c.post(
             "/v1/models?build_variants=true&precisions=fp16,int8",
             content=zipped(fragile),
             headers=admin,
         )
-        assert r.status_code == 201, r.text
-        answer = r.json()
+        assert r.status_code == 202, r.text
+        accepted = r.json()
+        assert accepted["state"] in ("queued", "building") and accepted["result"] is None
+        assert accepted["precisions"] == ["fp16", "int8"]
+        assert r.headers["location"] == f"/v1/models/installs/{accepted['id']}"
+        task = finished(c, server.admin, r.headers["location"])
+        assert task["state"] == "installed", task
+        assert task["started"] and task["finished"] and task["error"] is None
+        answer = task["result"]
+        assert answer["name"] == STEP and answer["version"] == "1.1.0"
         assert answer["variants"]["int8"] == {"accepted": True, "reasons": []}
         fp16 = answer["variants"]["fp16"]
         assert fp16["accepted"] is False
@@ -193,3 +215,100 @@ def test_install_refuses_variants_when_no_pipeline_runs_the_model(
         (folder / "bundle").mkdir(parents=True)
     assert "installed unused-organs 1.3.0" in server.cli("models", "install", str(target)).stdout
     assert [p.name for p in staging.iterdir()] == [serving.name]
+
+
+def stray_bundle(server: Server, tmp_path: Path, version: str) -> Path:
+    """A good organ bundle under a name no pipeline runs: its variants cannot be gated."""
+    source = candidate(tmp_path / "cand", server.models, version, fp16_fragile=False)
+    manifest = yaml.safe_load((source / "model.yaml").read_text())
+    manifest["name"] = "unused-organs"
+    target = tmp_path / "stray" / "unused-organs" / version
+    shutil.copytree(source, target)
+    (target / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return target
+
+
+def zipped_as(folder: Path, name: str) -> bytes:
+    target = folder.parent / f"{folder.name}.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in folder.rglob("*"):
+            zf.write(path, f"{name}/{folder.name}/{path.relative_to(folder).as_posix()}")
+    return target.read_bytes()
+
+
+def test_build_runs_after_the_answer_in_order_and_says_how_each_ended(
+    server: Server, tmp_path: Path
+) -> None:
+    admin = auth(server.admin)
+    reader = create_key(server.service.store, "read")
+    url = "/v1/models?build_variants=true&precisions=int8"
+    good = candidate(tmp_path / "cand", server.models, "1.4.0", fp16_fragile=False)
+    stray = stray_bundle(server, tmp_path, "1.5.0")
+    with httpx.Client(base_url=server.thread.url, timeout=600) as c:
+        # what refuses a bundle refuses it before the answer, as without build_variants
+        shipped = c.post(url, content=zipped(server.models / STEP / "1.0.0"), headers=admin)
+        assert shipped.status_code == 409, shipped.text
+        assert "installed already" in shipped.json()["error"]["message"]
+        broken = tmp_path / "broken" / STEP / "1.6.0"
+        shutil.copytree(good, broken)
+        (broken / "model.onnx").write_bytes(b"not onnx")
+        refused = c.post(url, content=zipped(broken), headers=admin)
+        assert refused.status_code == 422, refused.text
+        assert c.get("/v1/models/installs", headers=admin).json() == []
+
+        first = c.post(url, content=zipped(good), headers=admin)
+        second = c.post(url, content=zipped_as(stray, "unused-organs"), headers=admin)
+        assert (first.status_code, second.status_code) == (202, 202), second.text
+        # one build at a time, in order: the second waits while the first builds
+        assert c.get(second.headers["location"], headers=auth(reader)).json()["state"] == "queued"
+        done = finished(c, reader, second.headers["location"])
+        assert done["state"] == "rejected", done
+        assert done["error"]["code"] == "bundle_rejected"
+        assert (
+            "evaluated through a pipeline that runs it, and none does" in (done["error"]["message"])
+        )
+        assert done["result"] is None
+        ok = finished(c, reader, first.headers["location"])
+        assert ok["state"] == "installed" and ok["finished"] <= done["started"]
+        assert ok["result"]["variants"] == {"int8": {"accepted": True, "reasons": []}}
+
+        listed = c.get("/v1/models/installs", headers=auth(reader)).json()
+        assert [t["id"] for t in listed] == [second.json()["id"], first.json()["id"]]
+        unknown = c.get(f"/v1/models/installs/{'0' * 32}", headers=auth(reader))
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == (
+            "install_not_found"
+        )
+        for name in ("..%2F..%2Fsettings", "settings", first.json()["id"].upper()):
+            assert c.get(f"/v1/models/installs/{name}", headers=auth(reader)).status_code == 404
+
+        # a stopping server takes no new build, and one that had not started is
+        # interrupted (nothing installed, its staged copy removed); the one building ends
+        third = c.post(
+            url,
+            content=zipped(candidate(tmp_path / "c3", server.models, "1.7.0", fp16_fragile=False)),
+            headers=admin,
+        )
+        fourth = c.post(
+            url,
+            content=zipped(candidate(tmp_path / "c4", server.models, "1.8.0", fp16_fragile=False)),
+            headers=admin,
+        )
+        server.service.installs.stop()
+        late = c.post(
+            url, content=zipped(stray_bundle(server, tmp_path / "s2", "1.9.0")), headers=admin
+        )
+        assert late.status_code == 503 and late.json()["error"]["code"] == "stopping"
+        cut = finished(c, reader, fourth.headers["location"])
+        assert (
+            cut["state"] == "interrupted" and "send the bundle again" in (cut["error"]["message"])
+        )
+        assert finished(c, reader, third.headers["location"])["state"] == "installed"
+
+    models = server.data / "models"
+    assert verify_install(models / STEP / "1.4.0") == []
+    assert (models / STEP / "1.7.0").is_dir()
+    assert not (models / STEP / "1.8.0").exists() and not (models / "unused-organs").exists()
+    assert list((models / ".staging").iterdir()) == []
+    # the CLI reads the same records from the data dir
+    rows = json.loads(server.cli("models", "installs", "--json").stdout)
+    assert [r["state"] for r in rows] == ["interrupted", "installed", "rejected", "installed"]

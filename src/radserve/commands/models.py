@@ -228,6 +228,35 @@ def install(
         click.echo(f"  {precision}: {state}{reasons}")
 
 
+@group.command("installs")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@CONFIG_OPTION
+@DATA_DIR_OPTION
+def installs(as_json: bool, config_file: Path | None, data_dir: Path | None) -> None:
+    """Installs the server ran after answering (``POST /v1/models?build_variants=true``),
+    newest first: queued, building, installed, rejected (why), failed, interrupted."""
+    from radserve.config import load_settings
+    from radserve.lifecycle.install_tasks import InstallTasks
+
+    tasks = InstallTasks(load_settings(config_file, data_dir=data_dir).data_dir).recent()
+    if as_json:
+        click.echo(json.dumps([t.as_json() for t in tasks], indent=2))
+        return
+    table = Table(title="Installs run after their request")
+    for column in ("id", "state", "bundle", "created", "finished", "outcome"):
+        table.add_column(column)
+    for task in tasks:
+        if task.result is not None:
+            outcome = f"{task.result['name']} {task.result['version']}" + "".join(
+                f"; {precision} {'accepted' if gate['accepted'] else 'REJECTED'}"
+                for precision, gate in task.result["variants"].items()
+            )
+        else:
+            outcome = task.error["message"] if task.error else ""
+        table.add_row(task.id, task.state, task.source, task.created, task.finished or "", outcome)
+    Console().print(table)
+
+
 @group.command("deploy")
 @click.argument("step")
 @click.argument("version")

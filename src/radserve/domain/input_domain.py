@@ -153,6 +153,14 @@ def domain_violations(
     domain: InputDomain | None, modality: str, facts: AcquisitionFacts
 ) -> list[str]:
     """Each way ``facts`` lie outside the model's declared domain (empty: inside)."""
+    readings = readings_outside(domain, facts) if domain is not None else []
+    return header_violations(domain, modality, facts) + [r.describe() for r in readings]
+
+
+def header_violations(
+    domain: InputDomain | None, modality: str, facts: AcquisitionFacts
+) -> list[str]:
+    """:func:`domain_violations` of what the headers state (not the pixel readings)."""
     out: list[str] = []
     if facts.modality and modality and facts.modality.upper() != modality.upper():
         out.append(f"modality {facts.modality} (model: {modality})")
@@ -176,18 +184,42 @@ def domain_violations(
         wanted = {p.upper() for p in domain.body_parts}
         if facts.body_part.upper() not in wanted:
             out.append(f"body part {facts.body_part} (model: {', '.join(domain.body_parts)})")
-    fat, allowed_fat = facts.fat_hu, domain.fat_hu
-    if allowed_fat is not None and fat is not None and not allowed_fat.contains(fat):
-        out.append(
-            f"fat reads {fat:.0f} HU, outside {allowed_fat} HU: the CT numbers may be miscalibrated"
-        )
-    noise, allowed_noise = facts.noise_hu, domain.noise_hu
-    if allowed_noise is not None and noise is not None and not allowed_noise.contains(noise):
-        out.append(
-            f"noise reads {noise:.0f} HU, outside {allowed_noise} HU: a noisier (or smoother) "
-            "acquisition than the model was validated on"
-        )
     return out
+
+
+@dataclass(frozen=True)
+class PixelReading:
+    """A measurement of the pixels (the fat peak, the noise) outside its declared range:
+    kept whole so that an evaluation can pool one model's readings over many studies."""
+
+    what: str  # fat | noise
+    hu: float
+    allowed: Interval
+    meaning: str
+
+    def describe(self, hu: str | None = None, where: str = "") -> str:
+        """The violation's words; ``hu`` replaces the one value (a span of them), ``where``
+        follows it (in how many studies)."""
+        shown = f"{self.hu:.0f}" if hu is None else hu
+        return f"{self.what} reads {shown} HU{where}, outside {self.allowed} HU: {self.meaning}"
+
+
+def readings_outside(domain: InputDomain, facts: AcquisitionFacts) -> list[PixelReading]:
+    """The study's pixel measurements that lie outside the declared ranges."""
+    checks: list[tuple[str, float | None, Interval | None, str]] = [
+        ("fat", facts.fat_hu, domain.fat_hu, "the CT numbers may be miscalibrated"),
+        (
+            "noise",
+            facts.noise_hu,
+            domain.noise_hu,
+            "a noisier (or smoother) acquisition than the model was validated on",
+        ),
+    ]
+    return [
+        PixelReading(what, value, allowed, meaning)
+        for what, value, allowed, meaning in checks
+        if allowed is not None and value is not None and not allowed.contains(value)
+    ]
 
 
 def domain_unchecked(domain: InputDomain | None, facts: AcquisitionFacts) -> list[str]:

@@ -17,6 +17,12 @@ import numpy as np
 LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
 
 
+def spread_slices(n_slices: int, count: int) -> list[int]:
+    """At most ``count`` slice indices spread evenly from the first to the last: a
+    measurement of the whole study that costs the same whatever its length."""
+    return [int(z) for z in np.unique(np.linspace(0, n_slices - 1, min(count, n_slices)).round())]
+
+
 def spacing_of(affine: np.ndarray) -> tuple[float, float, float]:
     """Voxel size in mm along (slice, row, column) of an index-to-patient affine."""
     norms = np.linalg.norm(np.asarray(affine, dtype=np.float64)[:3, :3], axis=0)

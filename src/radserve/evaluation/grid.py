@@ -54,8 +54,10 @@ from radserve.domain.input_domain import (
     AcquisitionFacts,
     InputDomain,
     Interval,
+    PixelReading,
     Range,
-    domain_violations,
+    header_violations,
+    readings_outside,
 )
 from radserve.domain.volume import Volume
 from radserve.evaluation.lesions import gt_lesions_from
@@ -68,9 +70,7 @@ from radserve.phantom import ORGAN_LABELS, Phantom, PhantomSpec, generate_phanto
 from radserve.phantom.pet import generate_pet, with_suv_scale
 from radserve.pipeline import SessionPool, run_volume
 from radserve.pipeline.channels import ChannelInputs
-from radserve.pipeline.ct_noise import noise_hu
-from radserve.pipeline.ct_number import fat_peak_hu
-from radserve.pipeline.profile import check_output_domain
+from radserve.pipeline.profile import check_output_domain, volume_facts
 from radserve.pipeline.spec import PipelineSpec
 from radserve.preprocess.onto_grid import INTERPOLATION_ORDERS, resample_onto
 
@@ -243,33 +243,39 @@ def cell_phantom(seed: int, cell: GridCell, *, small: bool) -> tuple[Phantom, Vo
     return phantom, ct
 
 
+def phantom_facts(ct: Volume, slice_thickness_mm: float | None = None) -> AcquisitionFacts:
+    """A phantom CT's acquisition facts, as a study's are read (the slice thickness is the
+    slice step unless given)."""
+    return volume_facts(ct, modality="CT", slice_thickness_mm=slice_thickness_mm, body_part="CHEST")
+
+
 def phantom_domain_violations(
     specs: Sequence[ModelSpec], ct: Volume, slice_thickness_mm: float | None = None
 ) -> list[str]:
     """Each way a phantom CT lies outside a step model's declared ``input_domain``, as
-    ``model: what`` (the modality aside: PET/CT models read CT + PT). The slice thickness
-    is the slice step unless given."""
-    slices, rows, columns = ct.shape
-    facts = AcquisitionFacts(
-        modality="CT",
-        pixel_spacing_mm=max(ct.spacing[1], ct.spacing[2]),
-        slice_thickness_mm=float(
-            ct.spacing[0] if slice_thickness_mm is None else slice_thickness_mm
-        ),
-        rows=rows,
-        columns=columns,
-        slices=slices,
-        body_part="CHEST",
-        slice_spacing_mm=float(ct.spacing[0]),
-        fat_hu=fat_peak_hu(ct),
-        noise_hu=noise_hu(ct),
-    )
-    return [
+    ``model: what`` (the modality aside: PET/CT models read CT + PT)."""
+    headers, readings = _phantom_outside(specs, phantom_facts(ct, slice_thickness_mm))
+    return headers + [f"{model}: {reading.describe()}" for model, reading in readings]
+
+
+def _phantom_outside(
+    specs: Sequence[ModelSpec], facts: AcquisitionFacts
+) -> tuple[list[str], list[tuple[str, PixelReading]]]:
+    """(what the headers put outside, as ``model: what``; (model, reading) of the pixel
+    readings outside), the modality aside."""
+    headers = [
         f"{spec.name}: {v}"
         for spec in specs
-        for v in domain_violations(spec.input_domain, spec.modality, facts)
+        for v in header_violations(spec.input_domain, spec.modality, facts)
         if not v.startswith("modality ")
     ]
+    readings = [
+        (spec.name, reading)
+        for spec in specs
+        if spec.input_domain is not None
+        for reading in readings_outside(spec.input_domain, facts)
+    ]
+    return headers, readings
 
 
 @dataclass(frozen=True)
@@ -417,6 +423,7 @@ def evaluate_grid(
     for cell in cells:
         scores: list[StudyScores] = []
         violations: list[str] = []
+        readings: list[tuple[str, PixelReading]] = []
         flagged = 0  # studies whose structures measured outside structure_volumes_ml or _hu
         for k, seed in enumerate(seeds, start=1):
             started = time.perf_counter()
@@ -457,11 +464,15 @@ def evaluate_grid(
             # the report's own check: each model judged on the structures it declares
             if any(code == OUTSIDE_INPUT_DOMAIN for code, _ in check_output_domain(result)):
                 flagged += 1
-            violations += phantom_domain_violations(specs, ct, phantom.spec.slice_thickness_mm)
+            headers, outside = _phantom_outside(
+                specs, phantom_facts(ct, phantom.spec.slice_thickness_mm)
+            )
+            violations += headers
+            readings += outside
         summary = summarise(scores)
         n_lesions = sum(summary.n_lesions_by_size.values())
         detected = sum(summary.n_detected_by_size.values())
-        unique = _readings_pooled(violations, len(seeds))
+        unique = _pooled(violations, readings, len(seeds))
         strata = floor_strata(summary.n_lesions_by_size, summary.n_detected_by_size)
         rows.append(
             CellResult(
@@ -493,33 +504,21 @@ def evaluate_grid(
     return rows
 
 
-_READING = re.compile(
-    r"(?P<model>[^:]+): (?P<what>fat|noise) reads (?P<hu>-?\d+) HU, outside (?P<rest>.*)"
-)
-
-
-def _readings_pooled(violations: Sequence[str], n_studies: int) -> tuple[str, ...]:
+def _pooled(
+    violations: Sequence[str], readings: Sequence[tuple[str, PixelReading]], n_studies: int
+) -> tuple[str, ...]:
     """Each distinct violation once; a model's fat or noise readings (one per study, each
     its own value) as one entry with their span and how many studies they flag."""
-    entries: dict[str | tuple[str, str, str], list[int]] = {}  # insertion: table order
-    for text in violations:
-        match = _READING.fullmatch(text)
-        if match is None:
-            entries.setdefault(text, [])
-        else:
-            key = (match["model"], match["what"], match["rest"])
-            entries.setdefault(key, []).append(int(match["hu"]))
-    out = []
-    for key, hus in entries.items():
-        if isinstance(key, str):
-            out.append(key)
-            continue
-        model, what, rest = key
-        span = f"{min(hus)}" if min(hus) == max(hus) else f"{min(hus)} to {max(hus)}"
-        out.append(
-            f"{model}: {what} reads {span} HU in {len(hus)} of {n_studies} studies, outside {rest}"
-        )
-    return tuple(out)
+    groups: dict[tuple[str, str, str], list[PixelReading]] = {}  # insertion: table order
+    for model, reading in readings:
+        groups.setdefault((model, reading.what, str(reading.allowed)), []).append(reading)
+    pooled = []
+    for (model, _, _), group in groups.items():
+        low, high = min(r.hu for r in group), max(r.hu for r in group)
+        span = f"{low:.0f}" if f"{low:.0f}" == f"{high:.0f}" else f"{low:.0f} to {high:.0f}"
+        where = f" in {len(group)} of {n_studies} studies"
+        pooled.append(f"{model}: {group[0].describe(span, where)}")
+    return (*dict.fromkeys(violations), *pooled)
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

@@ -300,22 +300,34 @@ def hash_tree(directory: Path) -> dict[str, str]:
     return out
 
 
-def install_bundle(
+@dataclass
+class StagedBundle:
+    """A bundle that passed every check, copied into a staging folder owned by this
+    process, not yet installed (:func:`finish_install` installs it, or :meth:`discard`)."""
+
+    staging: Path
+    copy: Path
+    spec: ModelSpec
+    target: Path
+    source_name: str
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def stage_bundle(
     source: Path,
     data_dir: Path,
     *,
-    actor: str | None = None,
     host: HostFacts | None = None,
     limits: ArchiveLimits = ArchiveLimits(),
     existing: set[tuple[str, str]] | None = None,
-    prepare: Callable[[Path, ModelSpec], None] | None = None,
-) -> InstalledBundle:
-    """Validate ``source`` (a bundle folder or zip) and copy it into the model store.
+) -> StagedBundle:
+    """Checks 1-5 of the module's list on a staged copy of ``source`` (a bundle folder or
+    zip), so that a bundle refused is refused before any long ``prepare`` step starts.
 
     ``existing``: (name, version) pairs served from elsewhere (the shipped models): also
     refused, so one name and version always means one set of files.
-    ``prepare(root, spec)``: called with a model root holding only the staged bundle
-    (``root/<name>/<version>``) once it passed the checks; what it adds is installed.
 
     Raises:
         BundleRejectedError: every reason the bundle may not be installed.
@@ -346,26 +358,50 @@ def install_bundle(
                 f"{spec.key} is installed already; a version is never replaced: give the "
                 "new files a new version in model.yaml"
             )
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return StagedBundle(staging, copy, spec, target, source.name)
+
+
+def finish_install(
+    staged: StagedBundle,
+    *,
+    actor: str | None = None,
+    host: HostFacts | None = None,
+    prepare: Callable[[Path, ModelSpec], None] | None = None,
+) -> InstalledBundle:
+    """Install a staged bundle; its staging folder is removed whatever happens.
+
+    ``prepare(root, spec)``: called with a model root holding only the staged bundle
+    (``root/<name>/<version>``); what it adds is installed, after the ONNX checks ran
+    again on what it declared.
+
+    Raises:
+        BundleRejectedError: what ``prepare`` built is unusable (or ``prepare``'s own).
+        BundleExistsError: the version was installed while this one was prepared.
+    """
+    try:
+        spec, copy, target = staged.spec, staged.copy, staged.target
         if prepare is not None:
-            tree = staging / "tree"
-            staged = tree / spec.name / spec.version
-            staged.parent.mkdir(parents=True)
-            os.rename(copy, staged)
-            copy = staged
+            tree = staged.staging / "tree"
+            prepared = tree / spec.name / spec.version
+            prepared.parent.mkdir(parents=True)
+            os.rename(copy, prepared)
+            copy = prepared
             prepare(tree, spec)
             spec, reasons = inspect_bundle(copy, host)
             if reasons:
                 raise BundleRejectedError(
                     f"{spec.key}: what was built at install is unusable: " + "; ".join(reasons)
                 )
-        files = hash_tree(copy)
         record = InstalledBundle(
             name=spec.name,
             version=spec.version,
             directory=target,
-            files=files,
+            files=hash_tree(copy),
             installed_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            source=source.name,
+            source=staged.source_name,
             actor=actor,
         )
         (copy / INSTALL_FILE).write_text(json.dumps(record.as_json(), indent=2))
@@ -378,7 +414,23 @@ def install_bundle(
             raise
         return record
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        staged.discard()
+
+
+def install_bundle(
+    source: Path,
+    data_dir: Path,
+    *,
+    actor: str | None = None,
+    host: HostFacts | None = None,
+    limits: ArchiveLimits = ArchiveLimits(),
+    existing: set[tuple[str, str]] | None = None,
+    prepare: Callable[[Path, ModelSpec], None] | None = None,
+) -> InstalledBundle:
+    """Validate ``source`` (a bundle folder or zip) and copy it into the model store
+    (:func:`stage_bundle`, then :func:`finish_install`)."""
+    staged = stage_bundle(source, data_dir, host=host, limits=limits, existing=existing)
+    return finish_install(staged, actor=actor, host=host, prepare=prepare)
 
 
 def read_install(directory: Path) -> InstalledBundle | None:

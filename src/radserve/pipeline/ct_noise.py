@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from radserve.domain.input_domain import SOFT_TISSUE_HU
-from radserve.domain.volume import Volume
+from radserve.domain.volume import Volume, spread_slices
 
 # slices measured, evenly spaced, and every other row of each: millions of pixel pairs, a
 # study costs the same whatever its length (~25 ms at 512 x 512)
@@ -37,10 +37,9 @@ def noise_hu(volume: Volume | np.ndarray) -> float | None:
     array = np.asarray(volume.array if isinstance(volume, Volume) else volume)
     if array.ndim != 3 or array.shape[2] < 2:
         return None
-    picks = np.unique(np.linspace(0, array.shape[0] - 1, min(_SLICES, array.shape[0])).round())
     lo, hi = SOFT_TISSUE_HU
     parts = []
-    for k in picks.astype(int):
+    for k in spread_slices(array.shape[0], _SLICES):
         plane = array[k, ::2]
         soft = (plane >= lo) & (plane <= hi)
         pair = soft[:, 1:] & soft[:, :-1]

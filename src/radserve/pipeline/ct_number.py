@@ -20,7 +20,7 @@ import numpy as np
 from scipy.ndimage import gaussian_filter1d
 
 from radserve.domain.input_domain import FAT_SEARCH_HU
-from radserve.domain.volume import Volume
+from radserve.domain.volume import Volume, spread_slices
 
 _SMOOTH_HU = 4.0  # Gaussian smoothing of the 1 HU histogram
 # Each pixel is measured as the mean of a block about 2.4 mm wide (3 x 3 at 0.78 mm): noise
@@ -97,9 +97,8 @@ def fat_peak_hu(volume: Volume) -> float | None:
     side = max(1, round(_BLOCK_MM / max(volume.spacing[1], volume.spacing[2])))
     counts = np.zeros(hi - lo + 1, np.int64)
     body = 0
-    n_slices = array.shape[0]
-    for z in np.unique(np.linspace(0, n_slices - 1, min(n_slices, _SLICES)).round()):
-        means = _body_block_means(array[int(z)], side)
+    for z in spread_slices(array.shape[0], _SLICES):
+        means = _body_block_means(array[z], side)
         body += means.size
         inside = means[(means >= lo - 0.5) & (means < hi + 0.5)]
         counts += np.bincount(np.rint(inside - lo).astype(np.intp), minlength=counts.size)

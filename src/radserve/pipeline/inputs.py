@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from radserve.domain.input_domain import AcquisitionFacts
 from radserve.errors import StudyError
 from radserve.ingest import (
     IngestPolicy,
@@ -43,6 +44,9 @@ class IngestedStudy:
     rejected: list[SeriesRef]
     # every series discovered (multi-channel models take their other series from here)
     series: tuple[SeriesHeader, ...] = ()
+    # the acquisition facts, once measured (the input-domain refusal measures them before
+    # any model runs; the report reuses them instead of measuring the pixels again)
+    facts: AcquisitionFacts | None = None
 
 
 @runtime_checkable

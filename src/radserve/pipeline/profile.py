@@ -55,19 +55,31 @@ _MAX_VOXELS = 4_000_000  # the strided copy the features are measured on
 def acquisition_facts(loaded: LoadedSeries) -> AcquisitionFacts:
     """The headers' facts, and for a CT where its fat reads and how noisy it is (~25 ms
     each on a 300-slice CT: measure once per study and pass the facts on)."""
-    volume, header = loaded.volume, loaded.header
-    spacing = volume.spacing
-    thickness = header.slice_thickness if header.slice_thickness else spacing[0]
-    slices, rows, columns = volume.shape
-    ct = (header.modality or "").upper() == "CT"
-    return AcquisitionFacts(
+    header = loaded.header
+    return volume_facts(
+        loaded.volume,
         modality=header.modality or "",
+        slice_thickness_mm=header.slice_thickness,
+        body_part=(header.body_part_examined or "").strip(),
+    )
+
+
+def volume_facts(
+    volume: Volume, *, modality: str, slice_thickness_mm: float | None, body_part: str
+) -> AcquisitionFacts:
+    """:func:`acquisition_facts` of a volume whose headers say ``modality``, the slice
+    thickness (None or 0: the slice step) and the body part (an evaluation's phantom)."""
+    spacing = volume.spacing
+    slices, rows, columns = volume.shape
+    ct = modality.upper() == "CT"
+    return AcquisitionFacts(
+        modality=modality,
         pixel_spacing_mm=max(spacing[1], spacing[2]),
-        slice_thickness_mm=float(thickness),
+        slice_thickness_mm=float(slice_thickness_mm or spacing[0]),
         rows=rows,
         columns=columns,
         slices=slices,
-        body_part=(header.body_part_examined or "").strip(),
+        body_part=body_part,
         slice_spacing_mm=float(spacing[0]),
         fat_hu=_measure_pixels(fat_peak_hu, volume, "fat") if ct else None,
         noise_hu=_measure_pixels(noise_hu, volume, "noise") if ct else None,

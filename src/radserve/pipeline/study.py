@@ -10,6 +10,7 @@ report folder: ``report.json``, label maps as NIfTI, key images. The CLI calls
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import threading
@@ -258,7 +259,7 @@ def _run_ingested(
     reuse_upstream_of: tuple[Path, str] | None,
     array_threads: int | None,
 ) -> StudyResult:
-    refuse_outside_domain(ingested, pipeline, registry, policy)
+    ingested = refuse_outside_domain(ingested, pipeline, registry, policy)
     ingested, channels = load_channels(ingested, pipeline, registry, policy, timer)
     reused: list[StepResult] = []
     if reuse_upstream_of is not None:
@@ -320,11 +321,10 @@ def finish_study(
     with durable.batch(), ThreadPoolExecutor(1, thread_name_prefix="drift-features") as side:
         beside = (array_threads or usable_cores()) > 1
         # The facts (the fat peak is measured from the pixels) feed both the report's
-        # domain check and the drift features: measured once, beside the files unless
-        # the study has one thread for array work.
-        facts_job = (
-            side.submit(copy_context().run, acquisition_facts, ingested.loaded) if beside else None
-        )
+        # domain check and the drift features: measured once (at ingest when the domain
+        # may refuse the study), beside the files unless the study has one thread for
+        # array work.
+        facts_job = _facts_job(side, ingested) if beside else None
         features_job = (
             side.submit(copy_context().run, _features_after, ingested, facts_job, result)
             if facts_job is not None
@@ -334,7 +334,7 @@ def finish_study(
             outputs = _write_outputs(out_dir, ingested.loaded.volume, result, key_images=key_images)
         if started is not None:
             timer.seconds["total"] = time.perf_counter() - started
-        facts = facts_job.result() if facts_job else acquisition_facts(ingested.loaded)
+        facts = facts_job.result() if facts_job else _measured_facts(ingested)
         report = _build_report(
             ingested.loaded,
             facts,
@@ -370,13 +370,29 @@ def refuse_outside_domain(
     pipeline: PipelineSpec,
     registry: ModelRegistry,
     policy: IngestPolicy | None,
-) -> None:
+) -> IngestedStudy:
     """Fail the study before any model runs when it lies outside a model's declared input
-    domain and the policy says ``input_domain: refuse`` (``flag`` warns in the report)."""
+    domain and the policy says ``input_domain: refuse`` (``flag`` warns in the report).
+    Returns the study with the facts it measured for that, for the report."""
     if policy is None or policy.input_domain != "refuse":
-        return
+        return ingested
     specs = [registry.get(step.model, step.version).spec for step in pipeline.steps]
-    check_input_domain(acquisition_facts(ingested.loaded), specs, refuse=True)
+    facts = _measured_facts(ingested)
+    check_input_domain(facts, specs, refuse=True)
+    return dataclasses.replace(ingested, facts=facts)
+
+
+def _measured_facts(ingested: IngestedStudy) -> AcquisitionFacts:
+    return ingested.facts or acquisition_facts(ingested.loaded)
+
+
+def _facts_job(side: ThreadPoolExecutor, ingested: IngestedStudy) -> Future[AcquisitionFacts]:
+    """The study's facts as a job of ``side``, or as a job done when they are known."""
+    if ingested.facts is None:
+        return side.submit(copy_context().run, acquisition_facts, ingested.loaded)
+    known: Future[AcquisitionFacts] = Future()
+    known.set_result(ingested.facts)
+    return known
 
 
 def _features(

@@ -108,7 +108,9 @@ class StudyWork:
         self._started = time.perf_counter()
         self._timer = StageTimer()
         self._ingested = self.source.ingest(self.pipeline, policy=self._policy, timer=self._timer)
-        refuse_outside_domain(self._ingested, self.pipeline, self._registry, self._policy)
+        self._ingested = refuse_outside_domain(
+            self._ingested, self.pipeline, self._registry, self._policy
+        )
         if self._dicom_references:
             # here only: the DICOM writers load highdicom, which the run path does not
             from radserve.report.dicom.frames import check_loaded_references

@@ -26,7 +26,22 @@ class ModelNotFoundError(RadserveError):
     code = "model_not_found"
 
 
+class InstallNotFoundError(RadserveError):
+    """No install record of that id (never made, or pruned with the oldest)."""
+
+    code = "install_not_found"
+
+
+class InstallsStoppedError(RadserveError):
+    """The server is stopping: it takes no install that would run after its answer."""
+
+    code = "stopping"
+    retryable = True
+
+
 __all__ = [
+    "InstallNotFoundError",
+    "InstallsStoppedError",
     "InvalidRequestError",
     "ModelNotFoundError",
     "OutputNotFoundError",

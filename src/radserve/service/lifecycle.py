@@ -47,7 +47,13 @@ from radserve.errors import DeploymentError, ModelError, PipelineError, Radserve
 from radserve.ingest import IngestPolicy
 from radserve.lifecycle.compare import Comparison, compare_results
 from radserve.lifecycle.guardrails import VersionRecord, breach
-from radserve.lifecycle.install import InstalledBundle, install_bundle, verify_install
+from radserve.lifecycle.install import (
+    InstalledBundle,
+    StagedBundle,
+    finish_install,
+    stage_bundle,
+    verify_install,
+)
 from radserve.lifecycle.pending import FairPending
 from radserve.lifecycle.requirements import host_facts, unmet_requirements
 from radserve.loop_failures import LoopFailures
@@ -280,29 +286,32 @@ class ModelLifecycle:
         return any(d.canary or d.shadow for d in self.active().values())
 
     # --- install ----------------------------------------------------------------------
-    def install(
-        self,
-        source: Path,
-        *,
-        actor: str | None = None,
-        client: str | None = None,
-        variants: VariantRequest | None = None,
-    ) -> InstalledBundle:
-        """Validate and install a bundle folder or zip into ``<data_dir>/models``
-        (:func:`radserve.lifecycle.install.install_bundle`); audited. With ``variants``,
-        its precision variants are built and gated first
-        (:mod:`radserve.service.variant_install`)."""
+    def stage(self, source: Path) -> StagedBundle:
+        """Check a bundle folder or zip and stage it for :meth:`complete`
+        (:func:`radserve.lifecycle.install.stage_bundle`): what refuses a bundle refuses it
+        here, before any variant is built."""
         existing = {
             (name, version)
             for name in self.catalog.registry.names()
             for version in self.catalog.registry.versions(name)
         }
+        return stage_bundle(source, self.settings.data_dir, existing=existing)
+
+    def complete(
+        self,
+        staged: StagedBundle,
+        *,
+        actor: str | None = None,
+        client: str | None = None,
+        variants: VariantRequest | None = None,
+    ) -> InstalledBundle:
+        """Install a staged bundle into ``<data_dir>/models``; audited. With ``variants``,
+        its precision variants are built and gated first
+        (:mod:`radserve.service.variant_install`)."""
         prepare = (
             variant_builder(self.settings, self.catalog, variants) if variants is not None else None
         )
-        installed = install_bundle(
-            source, self.settings.data_dir, actor=actor, existing=existing, prepare=prepare
-        )
+        installed = finish_install(staged, actor=actor, prepare=prepare)
         self.catalog.rescan()
         gates = variant_gates(installed.directory)
         self.store.append_audit(
@@ -315,6 +324,17 @@ class ModelLifecycle:
             )
         )
         return installed
+
+    def install(
+        self,
+        source: Path,
+        *,
+        actor: str | None = None,
+        client: str | None = None,
+        variants: VariantRequest | None = None,
+    ) -> InstalledBundle:
+        """:meth:`stage` then :meth:`complete`, in the caller's thread."""
+        return self.complete(self.stage(source), actor=actor, client=client, variants=variants)
 
     # --- changes ----------------------------------------------------------------------
     def _base(self, step: str) -> StepDeployment:

@@ -31,6 +31,7 @@ from radserve.gateway.own_results import OwnResults
 from radserve.ingest.decode import shutdown_decode_workers
 from radserve.ingest.policy import IngestPolicy
 from radserve.lifecycle.install import remove_interrupted_installs
+from radserve.lifecycle.install_tasks import InstallTasks
 from radserve.pipeline import SessionPool
 from radserve.pipeline.study import StudyResult
 from radserve.report.fhir.patient import IdentifierSystems
@@ -47,6 +48,7 @@ from radserve.service.failure_notice import FailureNotices
 from radserve.service.fhir import FhirDelivery, fhir_destination
 from radserve.service.gateway import GatewayBridge
 from radserve.service.hooks import ServiceHooks, retry_store
+from radserve.service.install_queue import BackgroundInstalls
 from radserve.service.intake import DICOMWEB_SOURCE, Intake
 from radserve.service.job_warnings import JobWarnings, chain
 from radserve.service.jobcache import JobCache
@@ -75,6 +77,8 @@ from radserve.store.outbox import OutboxStore, instance_id
 from radserve.store.results import ResultIndex
 
 logger = logging.getLogger(__name__)
+# how much further than the clinical workers a variant build's thread is lowered
+INSTALL_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -330,6 +334,13 @@ class Service:
         self.hooks.followers.append(self.turnaround)
         self.jobs.eta_of = self.turnaround.job_eta
         self.worker_nice = worker_nice
+        # installs that build variants, run after their request was answered, below the
+        # clinical workers' CPU priority
+        self.installs = BackgroundInstalls(
+            self.lifecycle,
+            InstallTasks(settings.data_dir),
+            wrap=lambda run: _lowered(run, min(19, worker_nice + INSTALL_NICE)),
+        )
         self._started: float | None = None
         self._warmup_thread: threading.Thread | None = None
         self.gateway_address: tuple[str, int] | None = None
@@ -397,6 +408,7 @@ class Service:
             self.fhir.stop()
         if self.critical is not None:
             self.critical.stop()
+        self.installs.stop()
         self.executor.stop(wait=True)
         self.hooks.deferred.stop()
         self.leases.stop()

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import zipfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -17,8 +19,10 @@ from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import ErrorOut
 from radserve.api.state import service_of as _service
 from radserve.domain.deployment import Role, StepDeployment
-from radserve.errors import BundleRejectedError, InvalidRequestError
+from radserve.errors import BundleRejectedError, InvalidRequestError, quoted
 from radserve.lifecycle.install import upload_path
+from radserve.lifecycle.install_tasks import InstallTask
+from radserve.service.errors import InstallNotFoundError
 from radserve.service.variant_install import VariantRequest, variant_gates
 
 router = APIRouter(tags=["models"], route_class=NegotiatedRoute)
@@ -96,17 +100,79 @@ async def list_models(
     return await run_in_threadpool(read)
 
 
+class InstallOut(BaseModel):
+    name: str
+    version: str
+    files: dict[str, str] = Field(description="SHA-256 of every installed file")
+    variants: dict[str, Any] = Field(
+        description="per variant built: accepted, and the gate's reasons if not"
+    )
+
+
+class InstallTaskOut(BaseModel):
+    id: str
+    state: Literal["queued", "building", "installed", "rejected", "failed", "interrupted"]
+    created: str
+    source: str
+    actor: str | None
+    precisions: list[str] | None = Field(description="variants asked for (None: the default)")
+    started: str | None
+    finished: str | None
+    result: InstallOut | None = Field(description="once installed")
+    error: dict[str, str] | None = Field(description="code and message, once it ended otherwise")
+
+    @classmethod
+    def of(cls, task: InstallTask) -> InstallTaskOut:
+        return cls.model_validate(task.as_json())
+
+
+async def _received_zip(request: Request, service: Any) -> Path:
+    """The request body, written to an upload file of this process, checked to be a zip."""
+    path = upload_path(service.settings.data_dir)
+    with open(path, "xb") as out:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > _MAX_BUNDLE_BYTES:
+                out.close()
+                path.unlink(missing_ok=True)
+                raise InvalidRequestError("the bundle is larger than 8 GiB")
+            out.write(chunk)
+    if size == 0:
+        path.unlink(missing_ok=True)
+        raise InvalidRequestError("send the bundle as a zip in the request body")
+    if not zipfile.is_zipfile(path):
+        path.unlink(missing_ok=True)
+        raise BundleRejectedError(
+            f"the request body ({size} bytes) is not a zip archive; send the bundle "
+            "folder (model.yaml and its ONNX files) zipped"
+        )
+    return path
+
+
 @router.post(
     "/v1/models",
     status_code=201,
-    responses=_ERRORS,
+    response_model=InstallOut,
+    responses={
+        **_ERRORS,
+        202: {
+            "model": InstallTaskOut,
+            "description": "build_variants=true: checked and accepted; the variants are "
+            "built after this answer (Location: the install's record)",
+        },
+    },
     summary="Install a model bundle (body: a zip of the bundle folder; admin)",
 )
 async def install_model(
     request: Request,
     principal: Annotated[Principal, Depends(require_admin)],
     build_variants: Annotated[
-        bool, Query(description="build and gate precision variants first (takes minutes)")
+        bool,
+        Query(
+            description="build and gate precision variants (minutes): answered 202 once the "
+            "bundle passed its checks, the build runs after; poll the Location"
+        ),
     ] = False,
     precisions: Annotated[
         str | None,
@@ -115,49 +181,70 @@ async def install_model(
             description="variants to build, comma-separated (default: lifecycle.variants)",
         ),
     ] = None,
-) -> dict[str, Any]:
-    """The answer names every file's SHA-256 and, per variant built, whether its gate
-    accepted it and why not (a rejected variant is installed but never served)."""
+) -> Any:
+    """Without ``build_variants`` the bundle is installed before the answer (201), which
+    names every file's SHA-256. With it, the bundle is checked and staged (a refused one is
+    answered 4xx as without), the answer is 202 with the install's record, and
+    ``GET /v1/models/installs/{id}`` says when it is installed and, per variant built,
+    whether its gate accepted it and why not (a rejected variant is installed but never
+    served)."""
     service = _service(request)
     if precisions and not build_variants:
         raise InvalidRequestError("precisions needs build_variants=true")
-    variants = (
-        VariantRequest(precisions=tuple(precisions.split(",")) if precisions else None)
-        if build_variants
-        else None
-    )
-    path = upload_path(service.settings.data_dir)
-    with open(path, "xb") as out:
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > _MAX_BUNDLE_BYTES:
-                path.unlink(missing_ok=True)
-                raise InvalidRequestError("the bundle is larger than 8 GiB")
-            out.write(chunk)
+    path = await _received_zip(request, service)
     try:
-        if size == 0:
-            raise InvalidRequestError("send the bundle as a zip in the request body")
-        if not zipfile.is_zipfile(path):
-            raise BundleRejectedError(
-                f"the request body ({size} bytes) is not a zip archive; send the bundle "
-                "folder (model.yaml and its ONNX files) zipped"
+        if not build_variants:
+            installed = await run_in_threadpool(
+                service.lifecycle.install, path, actor=principal.key_id, client=principal.client
             )
-        installed = await run_in_threadpool(
-            service.lifecycle.install,
-            path,
-            actor=principal.key_id,
-            client=principal.client,
-            variants=variants,
-        )
+            return InstallOut(
+                name=installed.name,
+                version=installed.version,
+                files=installed.files,
+                variants=variant_gates(installed.directory),
+            )
+        staged = await run_in_threadpool(service.lifecycle.stage, path)
     finally:
         path.unlink(missing_ok=True)
-    return {
-        "name": installed.name,
-        "version": installed.version,
-        "files": installed.files,
-        "variants": variant_gates(installed.directory),
-    }
+    task = service.installs.submit(
+        staged,
+        actor=principal.key_id,
+        client=principal.client,
+        variants=VariantRequest(precisions=tuple(precisions.split(",")) if precisions else None),
+    )
+    return JSONResponse(
+        InstallTaskOut.of(task).model_dump(mode="json"),
+        status_code=202,
+        headers={"Location": f"/v1/models/installs/{task.id}"},
+    )
+
+
+@router.get(
+    "/v1/models/installs",
+    response_model=list[InstallTaskOut],
+    responses=_ERRORS,
+    summary="Installs answered before they finished (build_variants), newest first",
+)
+async def installs(
+    request: Request, _: Annotated[Principal, Depends(require_read)]
+) -> list[InstallTaskOut]:
+    tasks = await run_in_threadpool(_service(request).installs.tasks.recent)
+    return [InstallTaskOut.of(t) for t in tasks]
+
+
+@router.get(
+    "/v1/models/installs/{install_id}",
+    response_model=InstallTaskOut,
+    responses=_ERRORS,
+    summary="One install's state: queued, building, installed, rejected, failed, interrupted",
+)
+async def install_state(
+    request: Request, install_id: str, _: Annotated[Principal, Depends(require_read)]
+) -> InstallTaskOut:
+    task = await run_in_threadpool(_service(request).installs.tasks.get, install_id)
+    if task is None:
+        raise InstallNotFoundError(f"no install {quoted(install_id)}")
+    return InstallTaskOut.of(task)
 
 
 @router.get(
