@@ -116,6 +116,7 @@ TABLE: dict[str, ErrorMapping] = {
     "radserve.gateway.errors.OutOfResourcesError": ErrorMapping(503, dicom=OUT_OF_RESOURCES),
     # --- radserve's own failures and misconfiguration (deliberately 500) -------------
     "radserve.errors.ReportError": _SERVER_FAULT,
+    "radserve.bench.errors.BenchError": _SERVER_FAULT,  # radserve bench: a scenario failed
     "radserve.scheduling.errors.SchedulingError": _SERVER_FAULT,
     "radserve.scheduling.ray_worker.RayExecutorError": _SERVER_FAULT,
     "radserve.store.audit.AuditKeyMissingError": _SERVER_FAULT,

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from radserve.models.registry import ModelRegistry
     from radserve.pipeline import SessionPool
 
-PIPELINE = "ct-chest-abdomen"
+from radserve.bench import PIPELINE
 
 
 def _peak_rss_mb() -> float:

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from radserve.bench.errors import BenchError
 from radserve.bench.eta_trace import _submit, _Uvicorn
 from radserve.bench.load import distinct_copies, template_study
 from radserve.bench.syslog_collector import Collector, make_certificate
@@ -147,7 +148,7 @@ def run_critical_bench(
                 base_url=server.url, headers={"Authorization": f"Bearer {key}"}, timeout=300
             ) as client:
                 if not service.wait_warm(600):
-                    raise RuntimeError("the server's models did not warm up")
+                    raise BenchError("the server's models did not warm up")
                 jobs = _run(client, studies, concurrency, timeout_s, log)
                 rows = _wait_pushed(service, timeout_s)
             outbox = OutboxStore(service.store.engine)
@@ -234,7 +235,7 @@ def _run(
                 states[job_id] = state
                 log(f"job {len(states)}/{len(studies)}: {state}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"jobs did not finish within {timeout_s:.0f} s")
+            raise BenchError(f"jobs did not finish within {timeout_s:.0f} s")
         time.sleep(0.1)
     return states
 

@@ -55,6 +55,7 @@ from typing import Any
 
 import pydicom
 
+from radserve.bench.errors import BenchError
 from radserve.bench.study import ensure_study
 from radserve.gateway import GatewaySCP, ScpConfig
 from radserve.gateway.storage import study_instances
@@ -188,7 +189,7 @@ def _send(tool: str, files: list[Path], host: str, port: int, aec: str, n_assoc:
         if p.returncode
     ]
     if failed:
-        raise RuntimeError(f"storescu failed: {failed}")
+        raise BenchError(f"storescu failed: {failed}")
     return seconds
 
 
@@ -236,7 +237,7 @@ def _one_run(
             result["committer_busy"] = committer.busy_s / seconds
     stored = sum(len(study_instances(d)) for d in (data_dir / "incoming").iterdir())
     if stored != len(files):
-        raise RuntimeError(f"{settings}: {stored}/{len(files)} stored")
+        raise BenchError(f"{settings}: {stored}/{len(files)} stored")
     return result
 
 
@@ -289,7 +290,7 @@ def _disk_run(files: list[Path], data_dir: Path, writers: int) -> dict[str, Any]
         thread.join()
     result = _measured(len(files), time.perf_counter() - start, cpu0)
     if errors:
-        raise RuntimeError(f"disk floor: {errors[0]!r}")
+        raise BenchError(f"disk floor: {errors[0]!r}")
     return result
 
 
@@ -364,7 +365,7 @@ def _bare_run(
         _config.STORE_RECV_CHUNKED_DATASET = spooled
     stored = len(list(data_dir.glob("*.dcm")))
     if stored != len(files):
-        raise RuntimeError(f"bare pynetdicom SCP: {stored}/{len(files)} stored")
+        raise BenchError(f"bare pynetdicom SCP: {stored}/{len(files)} stored")
     return result
 
 
@@ -380,7 +381,7 @@ def run_cstore_bench(
 ) -> dict[str, Any]:
     tool = dcmtk_storescu()
     if tool is None:
-        raise RuntimeError("dcmtk's storescu is not installed (apt-get install dcmtk)")
+        raise BenchError("dcmtk's storescu is not installed (apt-get install dcmtk)")
     cache = Path(cache_dir or Path(tempfile.gettempdir()) / "radserve-bench")
     study = ensure_study(cache, "explicit", n_instances)
     files = sorted(study.glob("*.dcm"))

@@ -47,6 +47,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from radserve.bench.errors import BenchError
 from radserve.bench.eta_accuracy import (
     JobTrace,
     Reading,
@@ -92,7 +93,7 @@ class _Uvicorn:
         deadline = time.monotonic() + 120
         while not self.server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the in-process server did not start")
+                raise BenchError("the in-process server did not start")
             time.sleep(0.05)
         return self
 
@@ -190,7 +191,7 @@ def run_eta_trace(
             )
             with client:
                 if not service.wait_warm(600):
-                    raise RuntimeError("the server's models did not warm up")
+                    raise BenchError("the server's models did not warm up")
                 service_s, warm_ids = _warm_up(client, warmup, timeout_s, log)
                 gap = service_s / load
                 plan = _arrivals(burst, gap, mix, seed, max(0, lead_in))
@@ -236,7 +237,7 @@ def run_eta_trace(
                 misses, eta_bias = view["misses"], view.get("eta_bias")
             done = [j for j in jobs.values() if j.state == "succeeded"]
             if not done:
-                raise RuntimeError("no job of the trace succeeded")
+                raise BenchError("no job of the trace succeeded")
             first = service.store.get_job(done[0].job_id)
             model = ServiceTimeModel(
                 Prior(
@@ -346,7 +347,7 @@ def _submit(client: httpx.Client, blobs: list[bytes], cls: PriorityClass | None)
     params = {"priority": cls.value} if cls is not None else {}
     response = client.post("/v1/studies", files=files, params=params)
     if response.status_code not in (200, 202):
-        raise RuntimeError(f"submission refused: HTTP {response.status_code} {response.text}")
+        raise BenchError(f"submission refused: HTTP {response.status_code} {response.text}")
     return str(response.json()["id"])
 
 
@@ -357,7 +358,7 @@ def _wait(client: httpx.Client, job_ids: Sequence[str], timeout_s: float) -> dic
         if all(v["state"] in FINAL for v in jobs.values()):
             return jobs
         if time.monotonic() > deadline:
-            raise RuntimeError(f"jobs did not finish within {timeout_s:.0f} s")
+            raise BenchError(f"jobs did not finish within {timeout_s:.0f} s")
         time.sleep(0.25)
 
 
@@ -372,7 +373,7 @@ def _warm_up(
         job = _wait(client, ids[-1:], timeout_s)
         (record,) = job.values()
         if record["state"] != "succeeded":
-            raise RuntimeError(f"the warm-up study failed: {record.get('error')}")
+            raise BenchError(f"the warm-up study failed: {record.get('error')}")
         seconds.append((_ts(record["finished"]) or 0.0) - (_ts(record["started"]) or 0.0))
         log(f"warm-up {n}/{len(studies)}: {seconds[-1]:.2f} s")
     return float(np.mean(seconds)), ids

@@ -48,10 +48,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from radserve.bench.errors import BenchError
+
 if TYPE_CHECKING:
     import numpy as np
 
-PIPELINE = "ct-chest-abdomen"
+from radserve.bench import PIPELINE
 
 # What the warm serving process imports, in the order its run path needs them; each
 # step's cost is measured in a fresh process on top of the steps before it.
@@ -414,7 +416,7 @@ def _child(*args: str, script: str | None = None) -> dict[str, Any]:
     cmd = [sys.executable, *head, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"floor child {args[0]} failed:\n{proc.stderr[-3000:]}")
+        raise BenchError(f"floor child {args[0]} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from radserve.bench import PIPELINE
+from radserve.bench.errors import BenchError
 from radserve.bench.priority_trace import TracingExecutor, TracingScheduler, urgent_breakdown
 from radserve.config import SchedulerSettings
 from radserve.inference.providers import usable_cores
@@ -50,7 +52,7 @@ from radserve.scheduling import (
 
 logger = logging.getLogger(__name__)
 
-PIPELINE = "ct-chest-abdomen"
+
 URGENT_SEED = 100  # held out from training (training seeds are >= 1000)
 GOAL_RATIO = 1.3
 
@@ -165,9 +167,9 @@ class _Run:
 
     def finish(self, timeout: float) -> None:
         if not self.executor.wait_idle(timeout):
-            raise RuntimeError(f"scheduled studies did not finish within {timeout:.0f} s")
+            raise BenchError(f"scheduled studies did not finish within {timeout:.0f} s")
         if self.watch.failures:
-            raise RuntimeError("scheduled studies failed: " + "; ".join(self.watch.failures))
+            raise BenchError("scheduled studies failed: " + "; ".join(self.watch.failures))
 
     def tat(self, job_id: str) -> float:
         return self.watch.ended[job_id] - self.submitted[job_id]
@@ -296,7 +298,7 @@ def run_priority_bench(
                     for n, study in enumerate(routine):
                         run.submit(f"routine-{n}", study, PriorityClass.OUTPATIENT)
                     if not run.watch.wait_for(lambda: run.watch.batches > 0, timeout_s):
-                        raise RuntimeError("the device never started on the routine studies")
+                        raise BenchError("the device never started on the routine studies")
                     ticket = run.submit("urgent", urgent, None)  # class from its DICOM priority
                     urgent_class = ticket.cls.name
                     if not drain:

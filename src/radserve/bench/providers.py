@@ -16,14 +16,13 @@ from collections.abc import Callable
 
 import numpy as np
 
+from radserve.bench import PIPELINE
 from radserve.bench.study import bench_spec
 from radserve.evaluation.pipeline_runs import record_model_inputs
 from radserve.inference import ModelSession, RuntimeChoice, choose_runtime
 from radserve.models.registry import ModelBundle, ModelRegistry
 from radserve.phantom import generate_phantom
 from radserve.pipeline.spec import load_pipeline
-
-PIPELINE = "ct-chest-abdomen"
 
 
 def _time(session: ModelSession, batch: np.ndarray, repeats: int) -> tuple[float, np.ndarray]:

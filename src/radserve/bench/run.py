@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -19,8 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from radserve.bench.errors import BenchError
 from radserve.bench.study import ensure_study
 from radserve.evaluation.metrics import dice
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -68,7 +72,10 @@ def _run_child(mode: str, study: Path, workdir: Path, precision: str) -> dict[st
     cmd = [sys.executable, "-m", "radserve.bench.child", mode, str(study), str(workdir), precision]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"benchmark child {mode} failed:\n{proc.stderr[-4000:]}")
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        why = lines[-1].strip() if lines else f"exit status {proc.returncode}"
+        logger.warning("the %s run's last output:\n%s", mode, "\n".join(lines[-25:]))
+        raise BenchError(f"the {mode} run failed: {why}")
     return json.loads((workdir / "result.json").read_text())
 
 
@@ -117,11 +124,11 @@ def run_bench(
                     contest.results[mode] = _run_child(
                         child, study, Path(tmp) / syntax / mode, precision
                     )
-                except RuntimeError as exc:
+                except BenchError as exc:
                     if mode != "monai":
                         raise
                     # the optional baseline: say why, keep the rest of the run
-                    monai_failure = str(exc).strip().splitlines()[-1][:300]
+                    monai_failure = exc.message[:300]
                     log(f"[{syntax}] MONAI baseline failed: {monai_failure}")
                     theirs.remove("monai")
             for mine in ours:

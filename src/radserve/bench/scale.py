@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from radserve.bench import PIPELINE
+from radserve.bench.errors import BenchError
 from radserve.bench.priority import ensure_studies
 from radserve.host import usable_cores
 from radserve.models.registry import ModelRegistry
@@ -41,7 +43,6 @@ from radserve.scheduling import (
 )
 
 logger = logging.getLogger(__name__)
-PIPELINE = "ct-chest-abdomen"
 
 
 class _Recorder:
@@ -103,7 +104,7 @@ def _drain(
         for w in range(n_workers):
             submit(f"warm-up-{w}", folder, PriorityClass.OUTPATIENT)
         if not executor.wait_idle(timeout_s):
-            raise RuntimeError(f"{name}: the warm-up did not finish within {timeout_s:.0f} s")
+            raise BenchError(f"{name}: the warm-up did not finish within {timeout_s:.0f} s")
         recorder.batches.clear()
         submitted: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -111,13 +112,13 @@ def _drain(
             submitted[job_id] = time.perf_counter()
             submit(job_id, folder, cls)
         if not executor.wait_idle(timeout_s):
-            raise RuntimeError(f"{name}: the queue did not drain within {timeout_s:.0f} s")
+            raise BenchError(f"{name}: the queue did not drain within {timeout_s:.0f} s")
         drain = time.perf_counter() - t0
         worker_stats = executor.stats() if hasattr(executor, "stats") else None
     finally:
         executor.stop()
     if recorder.failures:
-        raise RuntimeError(f"{name}: studies failed: {'; '.join(recorder.failures)}")
+        raise BenchError(f"{name}: studies failed: {'; '.join(recorder.failures)}")
     tat: dict[str, dict[str, float]] = {}
     for cls in PriorityClass:
         values = [recorder.ended[j] - submitted[j] for j, _, c in studies if c is cls]

@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from radserve.bench.errors import BenchError
 from radserve.bench.load import distinct_copies, spawn_server, stop_server, template_study
 
 STEP = "lesions"
@@ -56,7 +57,7 @@ def _other_version(client: httpx.Client, step: str, serving: str) -> str:
         and (r.get("gate") or {}).get("fp32") == "accepted"
     ]
     if not candidates:
-        raise RuntimeError(f"no other servable version of {step} than {serving} is installed")
+        raise BenchError(f"no other servable version of {step} than {serving} is installed")
     return sorted(candidates)[-1]
 
 
@@ -123,7 +124,7 @@ def run_swap_bench(
                     first = c.get(f"/v1/jobs/{ids[0]}").json()
                     serving = first["model_versions"].get(step)
                     if serving is None:
-                        raise RuntimeError(f"the default pipeline has no step {step!r}")
+                        raise BenchError(f"the default pipeline has no step {step!r}")
                     target = _other_version(c, step, serving)
                     log(f"deploying {step} {target} as stable (was {serving}) under load")
                     t0 = time.time()
@@ -164,7 +165,7 @@ def run_swap_bench(
                     break
                 time.sleep(1.0)
             else:
-                raise RuntimeError(f"jobs did not finish within {timeout_s:.0f} s")
+                raise BenchError(f"jobs did not finish within {timeout_s:.0f} s")
         stop.set()
         for t in threads:
             t.join(timeout=30)
