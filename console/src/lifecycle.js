@@ -1,7 +1,8 @@
 // Model lifecycle on the operations page: every installed version of every model with its
 // deployment (stable, canary with its share, shadow), precision gate, comparison record
-// and drift state, read from the lifecycle API (GET /v1/models, /v1/models/deployments,
-// /v1/models/drift). Deploy (a version as canary with its share, shadow or stable),
+// and drift state, and the installs whose variants are built after their request (queued,
+// building, how each ended), read from the lifecycle API (GET /v1/models,
+// /v1/models/deployments, /v1/models/drift, /v1/models/installs). Deploy (a version as canary with its share, shadow or stable),
 // promote and rollback are offered to admin sessions only, after a form or confirmation
 // that asks for the reason the server audits; the server refuses them to other roles
 // anyway (403).
@@ -11,12 +12,51 @@ import { h, iso, num, toast, when } from './util.js'
 export const GUARDRAIL_ACTOR = 'radserve-guardrail'
 
 export async function readLifecycle() {
-  const [models, history, drift] = await Promise.all([
+  const [models, history, drift, installs] = await Promise.all([
     api('/v1/models'),
     api('/v1/models/deployments'),
     api('/v1/models/drift'),
+    api('/v1/models/installs'),
   ])
-  return { ...models, history, drift }
+  return { ...models, history, drift, installs }
+}
+
+function installOutcome(t) {
+  if (t.result) {
+    const gates = Object.entries(t.result.variants || {}).map(([p, g]) => `${p} ${g.accepted ? 'accepted' : 'rejected'}`)
+    return [`${t.result.name} ${t.result.version}`, ...gates].join(' · ')
+  }
+  return t.error ? t.error.message : t.state === 'building' ? `building since ${when(t.started)}` : 'waiting for the build before it'
+}
+
+// The installs that build precision variants after their request was answered: the ones
+// not finished, and those that ended in the last day (a refused build says why).
+function renderInstalls(installs) {
+  const day = Date.now() - 24 * 3600 * 1000
+  const shown = (installs || []).filter((t) => !t.finished || Date.parse(t.finished) > day)
+  if (!shown.length) return []
+  return [
+    h('h3', {}, 'Installs with variant builds'),
+    h(
+      'table',
+      { class: 'installs', id: 'installs' },
+      h('thead', {}, h('tr', {}, ['bundle', 'state', 'received', 'outcome'].map((t) => h('th', {}, t)))),
+      h(
+        'tbody',
+        {},
+        shown.map((t) =>
+          h(
+            'tr',
+            { 'data-install': t.id, 'data-state': t.state },
+            h('td', {}, iso(t.source)),
+            h('td', { class: `install-${t.state}` }, t.state),
+            h('td', {}, when(t.created)),
+            h('td', { class: t.error ? 'err' : '' }, iso(installOutcome(t))),
+          ),
+        ),
+      ),
+    ),
+  ]
 }
 
 function deployedText(v) {
@@ -136,7 +176,11 @@ export function renderLifecycle(box, data, confirm, deploy) {
       ),
     )
   })
-  box.replaceChildren(h('h2', {}, 'Models'), ...(blocks.length ? blocks : [h('p', { class: 'muted' }, 'no models installed')]))
+  box.replaceChildren(
+    h('h2', {}, 'Models'),
+    ...(blocks.length ? blocks : [h('p', { class: 'muted' }, 'no models installed')]),
+    ...renderInstalls(data.installs),
+  )
 }
 
 // A version that serves as stable already has nothing to deploy; any other may become

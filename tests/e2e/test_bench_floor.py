@@ -23,7 +23,7 @@ from radserve.pipeline.study import run_study
 
 pytestmark = pytest.mark.slow
 
-SLICES = 80  # the thinnest the selection rules take is 5 mm: 80 slices over the coverage
+SLICES = 80  # 5 mm apart over the whole coverage (fewer cover less: radserve.bench.study)
 
 
 @pytest.fixture(scope="module")

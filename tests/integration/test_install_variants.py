@@ -128,6 +128,8 @@ def test_install_builds_and_gates_variants_and_keeps_a_failed_one_off(
         task = finished(c, server.admin, r.headers["location"])
         assert task["state"] == "installed", task
         assert task["started"] and task["finished"] and task["error"] is None
+        # an upload is recorded as such, not by its temporary file's name
+        assert task["source"].startswith("HTTP upload (") and task["source"].endswith(" bytes)")
         answer = task["result"]
         assert answer["name"] == STEP and answer["version"] == "1.1.0"
         assert answer["variants"]["int8"] == {"accepted": True, "reasons": []}
@@ -152,6 +154,7 @@ def test_install_builds_and_gates_variants_and_keeps_a_failed_one_off(
 
     directory = server.data / "models" / STEP / "1.1.0"
     assert verify_install(directory) == []
+    assert json.loads((directory / "install.json").read_text())["source"] == task["source"]
     bundle = ModelRegistry([server.data / "models"]).get(STEP, "1.1.0")
     with pytest.raises(VariantRejectedError, match="mean Dice dropped"):
         bundle.onnx_path("fp16")

@@ -322,9 +322,12 @@ def stage_bundle(
     host: HostFacts | None = None,
     limits: ArchiveLimits = ArchiveLimits(),
     existing: set[tuple[str, str]] | None = None,
+    described_as: str | None = None,
 ) -> StagedBundle:
     """Checks 1-5 of the module's list on a staged copy of ``source`` (a bundle folder or
     zip), so that a bundle refused is refused before any long ``prepare`` step starts.
+    ``described_as``: what ``install.json`` records as the source (default: its name; an
+    upload's temporary file name says nothing).
 
     ``existing``: (name, version) pairs served from elsewhere (the shipped models): also
     refused, so one name and version always means one set of files.
@@ -361,7 +364,7 @@ def stage_bundle(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return StagedBundle(staging, copy, spec, target, source.name)
+    return StagedBundle(staging, copy, spec, target, described_as or source.name)
 
 
 def finish_install(

@@ -68,7 +68,11 @@ class BackgroundInstalls:
                 staged.discard()
                 raise InstallsStoppedError("the server is stopping; send the bundle again")
             precisions = list(variants.precisions) if variants.precisions else None
-            task = self.tasks.create(staged.source_name, actor=actor, precisions=precisions)
+            try:
+                task = self.tasks.create(staged.source_name, actor=actor, precisions=precisions)
+            except BaseException:
+                staged.discard()
+                raise
             self._orders.put(_Order(task, staged, actor, client, variants))
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -96,7 +100,11 @@ class BackgroundInstalls:
 
     def _run(self) -> None:
         while (order := self._orders.get()) is not None:
-            self._build(order)
+            try:
+                self._build(order)
+            except Exception:  # its record could not be written: the next one still runs
+                logger.exception("install %s: its record could not be written", order.task.id)
+                order.staged.discard()
 
     def _build(self, order: _Order) -> None:
         key = order.staged.spec.key
@@ -105,15 +113,8 @@ class BackgroundInstalls:
             installed = self.lifecycle.complete(
                 order.staged, actor=order.actor, client=order.client, variants=order.variants
             )
-        except RadserveError as exc:
-            logger.warning("install %s of %s refused: %s", task.id, key, exc.message)
-            self.tasks.ended(task, "rejected", exc.code, exc.message)
-            return
-        except Exception:
-            logger.exception("install %s of %s failed", task.id, key)
-            self.tasks.ended(
-                task, "failed", "internal_error", "the install failed; the server log says why"
-            )
+        except Exception as exc:
+            self._failed(task, key, exc)
             return
         finally:
             order.staged.discard()  # finish_install removed it already, unless it never ran
@@ -127,3 +128,18 @@ class BackgroundInstalls:
             },
         )
         logger.info("install %s of %s finished", task.id, key)
+
+    def _failed(self, task: InstallTask, key: str, exc: Exception) -> None:
+        """Record how a build ended without installing: the server stopped under it, the
+        bundle or what was built from it was refused (the reason), or radserve failed."""
+        if self._stopped:
+            logger.warning("install %s of %s cut short by the stop: %s", task.id, key, exc)
+            self.tasks.ended(task, "interrupted", "interrupted", INTERRUPTED_WHY)
+        elif isinstance(exc, RadserveError):
+            logger.warning("install %s of %s refused: %s", task.id, key, exc.message)
+            self.tasks.ended(task, "rejected", exc.code, exc.message)
+        else:
+            logger.error("install %s of %s failed", task.id, key, exc_info=exc)
+            self.tasks.ended(
+                task, "failed", "internal_error", "the install failed; the server log says why"
+            )

@@ -286,7 +286,7 @@ class ModelLifecycle:
         return any(d.canary or d.shadow for d in self.active().values())
 
     # --- install ----------------------------------------------------------------------
-    def stage(self, source: Path) -> StagedBundle:
+    def stage(self, source: Path, *, described_as: str | None = None) -> StagedBundle:
         """Check a bundle folder or zip and stage it for :meth:`complete`
         (:func:`radserve.lifecycle.install.stage_bundle`): what refuses a bundle refuses it
         here, before any variant is built."""
@@ -295,7 +295,9 @@ class ModelLifecycle:
             for name in self.catalog.registry.names()
             for version in self.catalog.registry.versions(name)
         }
-        return stage_bundle(source, self.settings.data_dir, existing=existing)
+        return stage_bundle(
+            source, self.settings.data_dir, existing=existing, described_as=described_as
+        )
 
     def complete(
         self,
@@ -332,9 +334,11 @@ class ModelLifecycle:
         actor: str | None = None,
         client: str | None = None,
         variants: VariantRequest | None = None,
+        described_as: str | None = None,
     ) -> InstalledBundle:
         """:meth:`stage` then :meth:`complete`, in the caller's thread."""
-        return self.complete(self.stage(source), actor=actor, client=client, variants=variants)
+        staged = self.stage(source, described_as=described_as)
+        return self.complete(staged, actor=actor, client=client, variants=variants)
 
     # --- changes ----------------------------------------------------------------------
     def _base(self, step: str) -> StepDeployment:

@@ -126,8 +126,9 @@ class InstallTaskOut(BaseModel):
         return cls.model_validate(task.as_json())
 
 
-async def _received_zip(request: Request, service: Any) -> Path:
-    """The request body, written to an upload file of this process, checked to be a zip."""
+async def _received_zip(request: Request, service: Any) -> tuple[Path, str]:
+    """The request body, written to an upload file of this process, checked to be a zip,
+    and how the install records its source."""
     path = upload_path(service.settings.data_dir)
     with open(path, "xb") as out:
         size = 0
@@ -147,7 +148,7 @@ async def _received_zip(request: Request, service: Any) -> Path:
             f"the request body ({size} bytes) is not a zip archive; send the bundle "
             "folder (model.yaml and its ONNX files) zipped"
         )
-    return path
+    return path, f"HTTP upload ({size} bytes)"
 
 
 @router.post(
@@ -191,11 +192,15 @@ async def install_model(
     service = _service(request)
     if precisions and not build_variants:
         raise InvalidRequestError("precisions needs build_variants=true")
-    path = await _received_zip(request, service)
+    path, described_as = await _received_zip(request, service)
     try:
         if not build_variants:
             installed = await run_in_threadpool(
-                service.lifecycle.install, path, actor=principal.key_id, client=principal.client
+                service.lifecycle.install,
+                path,
+                actor=principal.key_id,
+                client=principal.client,
+                described_as=described_as,
             )
             return InstallOut(
                 name=installed.name,
@@ -203,7 +208,7 @@ async def install_model(
                 files=installed.files,
                 variants=variant_gates(installed.directory),
             )
-        staged = await run_in_threadpool(service.lifecycle.stage, path)
+        staged = await run_in_threadpool(service.lifecycle.stage, path, described_as=described_as)
     finally:
         path.unlink(missing_ok=True)
     task = service.installs.submit(

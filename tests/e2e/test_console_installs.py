@@ -1,0 +1,100 @@
+"""The console's operations page lists the installs whose variants the server builds after
+answering (``POST /v1/models?build_variants=true``): how each ended (the bundle installed
+with each variant's gate decision, or refused with the server's reason), in Debian's
+chromium against a real ``radserve serve``."""
+
+from __future__ import annotations
+
+import shutil
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from tests.factories.console import Page, browser, lesion_bundle_zip, need_browser
+from tests.factories.dicom_net import free_port
+from tests.factories.server_process import create_key_cli, start_server
+from tests.factories.service import auth, config_file
+from tests.factories.waits import WAIT_SCALE
+
+pytestmark = pytest.mark.slow
+
+# small phantoms, two held-out seeds, one calibration seed: seconds, not minutes
+VARIANTS = {"seeds": "0-1", "calibration_seeds": "1000", "small": True}
+BUILD = "/v1/models?build_variants=true&precisions=int8"
+
+
+def renamed_zip(models: Path, name: str, version: str, out: Path) -> bytes:
+    """The test lesion bundle under another model name (one no pipeline runs)."""
+    folder = out / name / version
+    shutil.copytree(models / "lesions-test" / "1.0.0", folder)
+    manifest = yaml.safe_load((folder / "model.yaml").read_text())
+    manifest.update(name=name, version=version)
+    (folder / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    target = out / f"{name}-{version}.zip"
+    with zipfile.ZipFile(target, "w") as zf:
+        for path in folder.rglob("*"):
+            zf.write(path, f"{name}/{version}/{path.relative_to(folder).as_posix()}")
+    return target.read_bytes()
+
+
+def ended(c: httpx.Client, token: str, location: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 600 * WAIT_SCALE
+    while time.monotonic() < deadline:
+        task = c.get(location, headers=auth(token)).json()
+        if task["state"] not in ("queued", "building"):
+            return task
+        time.sleep(0.2)
+    raise AssertionError(f"{location} never ended")
+
+
+def test_the_ops_page_shows_each_variant_build_and_how_it_ended(tmp_path: Path) -> None:
+    need_browser()
+    config = config_file(tmp_path, lifecycle={"variants": VARIANTS})
+    data, port = tmp_path / "data", free_port()
+    keys = {role: create_key_cli(config, data, role) for role in ("read", "admin")}
+    process = start_server(config, data, port, tmp_path / "server.log")
+    base = f"http://127.0.0.1:{port}"
+    models = tmp_path / "assets" / "models"
+    try:
+        with httpx.Client(base_url=base, timeout=120) as c:
+            admin = auth(keys["admin"])
+            good = c.post(
+                BUILD, content=lesion_bundle_zip(models, "1.3.0", tmp_path / "b"), headers=admin
+            )
+            stray = c.post(
+                BUILD,
+                content=renamed_zip(models, "unused-lesions", "2.0.0", tmp_path / "s"),
+                headers=admin,
+            )
+            assert (good.status_code, stray.status_code) == (202, 202), stray.text
+            installed = ended(c, keys["read"], good.headers["location"])
+            refused = ended(c, keys["read"], stray.headers["location"])
+            assert installed["state"] == "installed" and refused["state"] == "rejected"
+
+            with browser() as b:
+                p = Page(b, base, tmp_path / "shots")
+                p.sign_in(keys["read"])
+                p.page.wait_for_selector("#worklist")
+                p.goto("/#/ops")
+                done = f"#installs tr[data-install='{installed['id']}'][data-state=installed]"
+                p.page.wait_for_selector(done)
+                text = p.page.locator(done).inner_text()
+                gate = installed["result"]["variants"]["int8"]
+                decision = "accepted" if gate["accepted"] else "rejected"
+                assert "lesions-test 1.3.0 · int8 " + decision in text
+                assert "HTTP upload (" in text and "bytes)" in text  # not a temporary name
+                no = f"#installs tr[data-install='{refused['id']}'][data-state=rejected]"
+                assert "a pipeline that runs it, and none does" in p.page.locator(no).inner_text()
+                # the version built is listed with the others, its gate per precision
+                row = "#lifecycle tr[data-model='lesions-test'][data-version='1.3.0']"
+                assert p.page.locator(row).count() == 1
+                p.shot("ops-installs")
+                assert p.errors == []
+                p.close()
+    finally:
+        process.terminate()
+        process.wait(60)
