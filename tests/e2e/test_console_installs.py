@@ -5,15 +5,12 @@ chromium against a real ``radserve serve``."""
 
 from __future__ import annotations
 
-import shutil
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 from tests.factories.console import Page, browser, lesion_bundle_zip, need_browser
 from tests.factories.dicom_net import free_port
 from tests.factories.server_process import create_key_cli, start_server
@@ -25,20 +22,6 @@ pytestmark = pytest.mark.slow
 # small phantoms, two held-out seeds, one calibration seed: seconds, not minutes
 VARIANTS = {"seeds": "0-1", "calibration_seeds": "1000", "small": True}
 BUILD = "/v1/models?build_variants=true&precisions=int8"
-
-
-def renamed_zip(models: Path, name: str, version: str, out: Path) -> bytes:
-    """The test lesion bundle under another model name (one no pipeline runs)."""
-    folder = out / name / version
-    shutil.copytree(models / "lesions-test" / "1.0.0", folder)
-    manifest = yaml.safe_load((folder / "model.yaml").read_text())
-    manifest.update(name=name, version=version)
-    (folder / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
-    target = out / f"{name}-{version}.zip"
-    with zipfile.ZipFile(target, "w") as zf:
-        for path in folder.rglob("*"):
-            zf.write(path, f"{name}/{version}/{path.relative_to(folder).as_posix()}")
-    return target.read_bytes()
 
 
 def ended(c: httpx.Client, token: str, location: str) -> dict[str, Any]:
@@ -67,7 +50,7 @@ def test_the_ops_page_shows_each_variant_build_and_how_it_ended(tmp_path: Path) 
             )
             stray = c.post(
                 BUILD,
-                content=renamed_zip(models, "unused-lesions", "2.0.0", tmp_path / "s"),
+                content=lesion_bundle_zip(models, "2.0.0", tmp_path / "s", name="unused-lesions"),
                 headers=admin,
             )
             assert (good.status_code, stray.status_code) == (202, 202), stray.text

@@ -102,18 +102,26 @@ class Page:
         self.context.close()
 
 
-def lesion_bundle_zip(models: Path, version: str, out: Path) -> bytes:
-    """The test lesion bundle (``models/lesions-test/1.0.0``) re-versioned as
-    ``version``, zipped for ``POST /v1/models``."""
-    folder = out / version
+def lesion_bundle(models: Path, version: str, out: Path, *, name: str = "lesions-test") -> Path:
+    """The test lesion bundle (``models/lesions-test/1.0.0``) as ``name`` ``version``, in a
+    folder ``out/<name>/<version>`` to install from."""
+    folder = out / name / version
     shutil.copytree(models / "lesions-test" / "1.0.0", folder)
     manifest = yaml.safe_load((folder / "model.yaml").read_text())
-    manifest["version"] = version
+    manifest.update(name=name, version=version)
     (folder / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
-    target = out / f"{version}.zip"
+    return folder
+
+
+def lesion_bundle_zip(
+    models: Path, version: str, out: Path, *, name: str = "lesions-test"
+) -> bytes:
+    """:func:`lesion_bundle`, zipped for ``POST /v1/models``."""
+    folder = lesion_bundle(models, version, out, name=name)
+    target = out / f"{name}-{version}.zip"
     with zipfile.ZipFile(target, "w") as zf:
         for path in folder.rglob("*"):
-            zf.write(path, f"lesions-test/{version}/{path.relative_to(folder).as_posix()}")
+            zf.write(path, f"{name}/{version}/{path.relative_to(folder).as_posix()}")
     return target.read_bytes()
 
 

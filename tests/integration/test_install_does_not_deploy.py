@@ -6,27 +6,17 @@ installed version to every study, untried, without anyone deploying it."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
+from tests.factories.console import lesion_bundle
 from tests.factories.service import settings_for
 
 from radserve.config import Settings
 from radserve.service import Service
-
-
-def _candidate(models: Path, name: str, version: str, out: Path) -> Path:
-    """The test lesion bundle as ``name`` ``version`` in a folder to install from."""
-    folder = out / name / version
-    shutil.copytree(models / "lesions-test" / "1.0.0", folder)
-    manifest = yaml.safe_load((folder / "model.yaml").read_text())
-    manifest.update(name=name, version=version)
-    (folder / "model.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
-    return folder
 
 
 @contextmanager
@@ -53,10 +43,16 @@ def test_an_installed_version_serves_only_once_deployed_across_restarts(tmp_path
     (pipelines / "site-pipeline.yaml").write_text(yaml.safe_dump(site))
     with _server(settings) as service:
         assert _serving(service)["lesions-test"] == "1.0.0"
-        service.lifecycle.install(_candidate(models, "lesions-test", "1.1.0", tmp_path / "a"))
-        service.lifecycle.install(_candidate(models, "lesions-site", "2.0.0", tmp_path / "b"))
+        service.lifecycle.install(
+            lesion_bundle(models, "1.1.0", tmp_path / "a", name="lesions-test")
+        )
+        service.lifecycle.install(
+            lesion_bundle(models, "2.0.0", tmp_path / "b", name="lesions-site")
+        )
         time.sleep(1.1)  # install times are kept to the second
-        service.lifecycle.install(_candidate(models, "lesions-site", "1.5.0", tmp_path / "c"))
+        service.lifecycle.install(
+            lesion_bundle(models, "1.5.0", tmp_path / "c", name="lesions-site")
+        )
         assert _serving(service)["lesions-test"] == "1.0.0"
         assert _serving(service, "site-pipeline")["lesions-site"] == "2.0.0"
     with _server(settings) as service:  # a restart: nothing was deployed
