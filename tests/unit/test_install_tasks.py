@@ -75,3 +75,32 @@ def test_the_newest_records_are_kept_and_an_unfinished_one_always(
     kept = {t.id for t in tasks.recent(limit=100)}
     assert oldest.id in kept  # unfinished: never pruned
     assert {t.id for t in made[-3:]} <= kept and len(kept) == 4
+
+
+def test_a_build_that_failed_after_its_install_is_recorded_as_installed(tmp_path: Path) -> None:
+    """What follows the rename into the store (the catalog rescan, the audit record) may
+    fail; the version is installed all the same, and its record must not say refused.
+    Another install of the same version, or one of another source or key, is not ours."""
+    from tests.factories.bundles import write_test_bundles
+    from tests.factories.console import lesion_bundle
+
+    from radserve.errors import BundleExistsError
+    from radserve.lifecycle.install import finish_install, stage_bundle
+    from radserve.lifecycle.install_tasks import InstallTasks
+    from radserve.service.install_queue import _installed_before, _Order
+    from radserve.service.variant_install import VariantRequest
+    from radserve.store.errors import StoreError
+
+    models = write_test_bundles(tmp_path / "models")
+    data = tmp_path / "data"
+    folder = lesion_bundle(models, "1.9.0", tmp_path / "b")
+    staged = stage_bundle(folder, data, described_as="HTTP upload (1 bytes)")
+    task = InstallTasks(data).create(staged.source_name, actor="k1", precisions=None)
+    order = _Order(task, staged, "k1", None, VariantRequest())
+    assert _installed_before(order, StoreError("the database is away")) is None  # not yet
+    finish_install(staged, actor="k1")
+    record = _installed_before(order, StoreError("the database is away"))
+    assert record is not None and (record.name, record.version) == ("lesions-test", "1.9.0")
+    assert _installed_before(order, BundleExistsError("raced")) is None
+    other = _Order(task, staged, "k2", None, VariantRequest())
+    assert _installed_before(other, StoreError("x")) is None

@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from radserve.errors import RadserveError
-from radserve.lifecycle.install import StagedBundle
+from radserve.errors import BundleExistsError, RadserveError
+from radserve.lifecycle.install import InstalledBundle, StagedBundle, read_install
 from radserve.lifecycle.install_tasks import INTERRUPTED_WHY, InstallTask, InstallTasks
 from radserve.service.errors import InstallsStoppedError
 from radserve.service.lifecycle import ModelLifecycle
@@ -114,8 +114,19 @@ class BackgroundInstalls:
                 order.staged, actor=order.actor, client=order.client, variants=order.variants
             )
         except Exception as exc:
-            self._failed(task, key, exc)
-            return
+            done = _installed_before(order, exc)
+            if done is None:
+                self._failed(task, key, exc)
+                return
+            # in the store, whole: what failed came after (the catalog rescan, the audit)
+            logger.error(
+                "install %s of %s: installed, but what follows an install failed (its "
+                "audit record may be missing)",
+                task.id,
+                key,
+                exc_info=exc,
+            )
+            installed = done
         finally:
             order.staged.discard()  # finish_install removed it already, unless it never ran
         self.tasks.installed(
@@ -143,3 +154,15 @@ class BackgroundInstalls:
             self.tasks.ended(
                 task, "failed", "internal_error", "the install failed; the server log says why"
             )
+
+
+def _installed_before(order: _Order, exc: Exception) -> InstalledBundle | None:
+    """The bundle of ``order`` if it reached the model store before ``exc`` was raised
+    (its ``install.json`` names this upload and actor), else None. Another install of the
+    same version winning the race raises BundleExistsError: never ours."""
+    if isinstance(exc, BundleExistsError):
+        return None
+    record = read_install(order.staged.target)
+    if record is None or (record.source, record.actor) != (order.staged.source_name, order.actor):
+        return None
+    return record
