@@ -153,7 +153,7 @@ def domain_violations(
     domain: InputDomain | None, modality: str, facts: AcquisitionFacts
 ) -> list[str]:
     """Each way ``facts`` lie outside the model's declared domain (empty: inside)."""
-    readings = readings_outside(domain, facts) if domain is not None else []
+    readings = readings_outside(domain, facts)
     return header_violations(domain, modality, facts) + [r.describe() for r in readings]
 
 
@@ -204,8 +204,10 @@ class PixelReading:
         return f"{self.what} reads {shown} HU{where}, outside {self.allowed} HU: {self.meaning}"
 
 
-def readings_outside(domain: InputDomain, facts: AcquisitionFacts) -> list[PixelReading]:
+def readings_outside(domain: InputDomain | None, facts: AcquisitionFacts) -> list[PixelReading]:
     """The study's pixel measurements that lie outside the declared ranges."""
+    if domain is None:
+        return []
     checks: list[tuple[str, float | None, Interval | None, str]] = [
         ("fat", facts.fat_hu, domain.fat_hu, "the CT numbers may be miscalibrated"),
         (

@@ -272,7 +272,6 @@ def _phantom_outside(
     readings = [
         (spec.name, reading)
         for spec in specs
-        if spec.input_domain is not None
         for reading in readings_outside(spec.input_domain, facts)
     ]
     return headers, readings

@@ -16,7 +16,7 @@ import datetime as dt
 import json
 import re
 import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,7 +55,7 @@ class InstallTask:
     started: str | None = None
     finished: str | None = None
     result: dict[str, Any] | None = None
-    error: dict[str, str] | None = field(default=None)
+    error: dict[str, str] | None = None
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)

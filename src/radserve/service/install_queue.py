@@ -20,7 +20,7 @@ from radserve.lifecycle.install import InstalledBundle, StagedBundle, read_insta
 from radserve.lifecycle.install_tasks import INTERRUPTED_WHY, InstallTask, InstallTasks
 from radserve.service.errors import InstallsStoppedError
 from radserve.service.lifecycle import ModelLifecycle
-from radserve.service.variant_install import VariantRequest, variant_gates
+from radserve.service.variant_install import VariantRequest, install_summary
 
 logger = logging.getLogger(__name__)
 
@@ -129,15 +129,7 @@ class BackgroundInstalls:
             installed = done
         finally:
             order.staged.discard()  # finish_install removed it already, unless it never ran
-        self.tasks.installed(
-            task,
-            {
-                "name": installed.name,
-                "version": installed.version,
-                "files": installed.files,
-                "variants": variant_gates(installed.directory),
-            },
-        )
+        self.tasks.installed(task, install_summary(installed))
         logger.info("install %s of %s finished", task.id, key)
 
     def _failed(self, task: InstallTask, key: str, exc: Exception) -> None:

@@ -17,16 +17,18 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from radserve.config import Settings
 from radserve.errors import BundleRejectedError, ModelError, RadserveError
+from radserve.lifecycle.install import InstalledBundle
 from radserve.models.manifest import ModelSpec
 from radserve.models.registry import ModelRegistry
 from radserve.service.catalog import Catalog, ResolvedPipeline
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VariantRequest", "variant_builder", "variant_gates"]
+__all__ = ["VariantRequest", "install_summary", "variant_builder", "variant_gates"]
 
 
 @dataclass(frozen=True)
@@ -136,4 +138,15 @@ def variant_gates(directory: Path) -> dict[str, dict[str, object]]:
     return {
         precision: {"accepted": record.accepted, "reasons": list(record.reasons)}
         for precision, record in report.variants.items()
+    }
+
+
+def install_summary(installed: InstalledBundle) -> dict[str, Any]:
+    """What an install answers (the API's 201, an install record's ``result``): name,
+    version, every file's SHA-256 and each variant's gate decision."""
+    return {
+        "name": installed.name,
+        "version": installed.version,
+        "files": dict(installed.files),
+        "variants": variant_gates(installed.directory),
     }

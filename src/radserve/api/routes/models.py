@@ -23,7 +23,7 @@ from radserve.errors import BundleRejectedError, InvalidRequestError, quoted
 from radserve.lifecycle.install import upload_path
 from radserve.lifecycle.install_tasks import InstallTask
 from radserve.service.errors import InstallNotFoundError
-from radserve.service.variant_install import VariantRequest, variant_gates
+from radserve.service.variant_install import VariantRequest, install_summary
 
 router = APIRouter(tags=["models"], route_class=NegotiatedRoute)
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -126,10 +126,10 @@ class InstallTaskOut(BaseModel):
         return cls.model_validate(task.as_json())
 
 
-async def _received_zip(request: Request, service: Any) -> tuple[Path, str]:
+async def _received_zip(request: Request, data_dir: Path) -> tuple[Path, str]:
     """The request body, written to an upload file of this process, checked to be a zip,
     and how the install records its source."""
-    path = upload_path(service.settings.data_dir)
+    path = upload_path(data_dir)
     with open(path, "xb") as out:
         size = 0
         async for chunk in request.stream():
@@ -192,7 +192,7 @@ async def install_model(
     service = _service(request)
     if precisions and not build_variants:
         raise InvalidRequestError("precisions needs build_variants=true")
-    path, described_as = await _received_zip(request, service)
+    path, described_as = await _received_zip(request, service.settings.data_dir)
     try:
         if not build_variants:
             installed = await run_in_threadpool(
@@ -202,12 +202,7 @@ async def install_model(
                 client=principal.client,
                 described_as=described_as,
             )
-            return InstallOut(
-                name=installed.name,
-                version=installed.version,
-                files=installed.files,
-                variants=variant_gates(installed.directory),
-            )
+            return InstallOut(**install_summary(installed))
         staged = await run_in_threadpool(service.lifecycle.stage, path, described_as=described_as)
     finally:
         path.unlink(missing_ok=True)
