@@ -21,7 +21,7 @@ import yaml
 from tests.factories.onnx_models import threshold_model
 from tests.factories.server_process import radserve_command
 from tests.factories.service import ServerThread, auth, config_file, create_key
-from tests.factories.waits import WAIT_SCALE
+from tests.factories.waits import WAIT_SCALE, until
 from tests.factories.writers import ended_and_running
 
 from radserve import durable
@@ -59,9 +59,14 @@ def zipped(folder: Path) -> bytes:
     return target.read_bytes()
 
 
+def variants_config(tmp: Path) -> Path:
+    return config_file(tmp, lifecycle={"poll_s": 0.2, "variants": VARIANTS})
+
+
 class Server:
-    def __init__(self, tmp: Path) -> None:
-        self.config = config_file(tmp, lifecycle={"poll_s": 0.2, "variants": VARIANTS})
+    def __init__(self, tmp: Path, config: Path | None = None) -> None:
+        """``config``: a config file made already (the next server on the same data dir)."""
+        self.config = config or variants_config(tmp)
         self.data = tmp / "data"
         self.service = Service(load_settings(self.config, data_dir=self.data))
         self.admin = create_key(self.service.store, "admin")
@@ -284,8 +289,9 @@ def test_build_runs_after_the_answer_in_order_and_says_how_each_ended(
         for name in ("..%2F..%2Fsettings", "settings", first.json()["id"].upper()):
             assert c.get(f"/v1/models/installs/{name}", headers=auth(reader)).status_code == 404
 
-        # a stopping server takes no new build, and one that had not started is
-        # interrupted (nothing installed, its staged copy removed); the one building ends
+        # a stopping server takes no new build, and one that had not started is left,
+        # with its bundle, to the next start (test_installs_left_by_a_stop_or_a_crash_...);
+        # the one building ends
         third = c.post(
             url,
             content=zipped(candidate(tmp_path / "c3", server.models, "1.7.0", fp16_fragile=False)),
@@ -301,17 +307,92 @@ def test_build_runs_after_the_answer_in_order_and_says_how_each_ended(
             url, content=zipped(stray_bundle(server, tmp_path / "s2", "1.9.0")), headers=admin
         )
         assert late.status_code == 503 and late.json()["error"]["code"] == "stopping"
-        cut = finished(c, reader, fourth.headers["location"])
-        assert (
-            cut["state"] == "interrupted" and "send the bundle again" in (cut["error"]["message"])
-        )
         assert finished(c, reader, third.headers["location"])["state"] == "installed"
+        left = c.get(fourth.headers["location"], headers=auth(reader)).json()
+        assert (left["state"], left["attempts"]) == ("queued", 0)
 
     models = server.data / "models"
     assert verify_install(models / STEP / "1.4.0") == []
     assert (models / STEP / "1.7.0").is_dir()
     assert not (models / STEP / "1.8.0").exists() and not (models / "unused-organs").exists()
     assert list((models / ".staging").iterdir()) == []
+
+    def kept() -> list[str]:  # an ended install's bundle goes just after its record
+        return [p.name for p in (models / ".installs").iterdir() if p.is_dir()]
+
+    left_to_next = [f"{fourth.json()['id']}.bundle"]
+    until(lambda: kept() == left_to_next, "the ended installs' bundles to go", 30 * WAIT_SCALE)
     # the CLI reads the same records from the data dir
     rows = json.loads(server.cli("models", "installs", "--json").stdout)
-    assert [r["state"] for r in rows] == ["interrupted", "installed", "rejected", "installed"]
+    assert [r["state"] for r in rows] == ["queued", "installed", "rejected", "installed"]
+
+
+def test_installs_left_by_a_stop_or_a_crash_are_built_by_the_next_server(tmp_path: Path) -> None:
+    """A server killed (-9) while it builds one install and holds another queued, and one
+    stopped with an install queued: the next server started on the data dir builds each
+    from the bundle kept with its record (the build cut short again from the start), as
+    it resumes jobs; the operator sends nothing again."""
+    from tests.factories.ports import free_port
+    from tests.factories.server_process import create_key_cli, start_server, stop_servers
+
+    config, data = variants_config(tmp_path), tmp_path / "data"
+    shipped = tmp_path / "assets" / "models"
+    port = free_port()
+    process = start_server(config, data, port, tmp_path / "first.log")
+    url = f"http://127.0.0.1:{port}/v1/models?build_variants=true&precisions=int8"
+    try:
+        admin = auth(create_key_cli(config, data, "admin"))
+        bundles = [
+            zipped(candidate(tmp_path / f"c{v}", shipped, v, fp16_fragile=False))
+            for v in ("2.1.0", "2.2.0")
+        ]
+        with httpx.Client(timeout=600) as c:
+            cut, waiting = (c.post(url, content=b, headers=admin) for b in bundles)
+            assert (cut.status_code, waiting.status_code) == (202, 202), waiting.text
+            where = f"http://127.0.0.1:{port}" + cut.headers["location"]
+
+            def building() -> bool:
+                return c.get(where, headers=admin).json()["state"] == "building"
+
+            until(building, "the first install to build", 120 * WAIT_SCALE, step=0.02)
+        process.kill()  # -9, mid-build
+        process.wait(60)
+    finally:
+        stop_servers([process])
+    ids = [cut.json()["id"], waiting.json()["id"]]
+    models = data / "models"
+    assert not (models / STEP / "2.1.0").exists()
+
+    second = Server(tmp_path, config)
+    with second.thread, httpx.Client(base_url=second.thread.url, timeout=600) as c:
+        done = [finished(c, second.admin, f"/v1/models/installs/{i}") for i in ids]
+        assert [(d["state"], d["attempts"]) for d in done] == [
+            ("installed", 2),  # cut short by the kill, built again from the start
+            ("installed", 1),
+        ]
+        assert done[0]["result"]["variants"] == {"int8": {"accepted": True, "reasons": []}}
+        # stopped with one queued: left to the next start, which builds it
+        third, fourth = (
+            c.post(
+                "/v1/models?build_variants=true",
+                content=zipped(candidate(tmp_path / v, shipped, v, fp16_fragile=False)),
+                headers=auth(second.admin),
+            )
+            for v in ("2.3.0", "2.4.0")
+        )
+        assert (third.status_code, fourth.status_code) == (202, 202), fourth.text
+        second.service.installs.stop()
+        assert finished(c, second.admin, third.headers["location"])["state"] == "installed"
+    assert not (models / STEP / "2.4.0").exists()
+
+    last_server = Server(tmp_path, config)
+    with last_server.thread, httpx.Client(base_url=last_server.thread.url, timeout=600) as c:
+        last = finished(c, last_server.admin, fourth.headers["location"])
+        assert (last["state"], last["attempts"]) == ("installed", 1), last
+    for version in ("2.1.0", "2.2.0", "2.3.0", "2.4.0"):
+        assert verify_install(models / STEP / version) == [], version
+    until(
+        lambda: not [p for p in (models / ".installs").iterdir() if p.is_dir()],
+        "every kept bundle to go once its install ended",
+        30 * WAIT_SCALE,
+    )

@@ -251,8 +251,10 @@ def installs(as_json: bool, config_file: Path | None, data_dir: Path | None) -> 
                 f"; {precision} {'accepted' if gate['accepted'] else 'REJECTED'}"
                 for precision, gate in task.result["variants"].items()
             )
+        elif task.error:
+            outcome = task.error["message"]
         else:
-            outcome = task.error["message"] if task.error else ""
+            outcome = "waits for the next server start" if task.left_behind else ""
         table.add_row(task.id, task.state, task.source, task.created, task.finished or "", outcome)
     Console().print(table)
 

@@ -5,19 +5,33 @@ Building and gating variants takes minutes (minutes per variant at full size), s
 install's record (:mod:`radserve.lifecycle.install_tasks`), and the build runs here: one
 install at a time, in order, in one daemon thread whose CPU priority is lowered below
 the clinical workers' (the studies being served keep their cores).
+
+The checked bundle is kept with the install's record until it ends, and each build
+stages it afresh (the checks run again on what the build starts from). So a stop leaves
+the installs not finished to the next start (:meth:`BackgroundInstalls.stop`), and one a
+crash cut short is claimed by the next server started on the data dir
+(:meth:`BackgroundInstalls.resume`), as a job is: the operator does not send it again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from radserve.errors import BundleExistsError, RadserveError
-from radserve.lifecycle.install import InstalledBundle, StagedBundle, read_install
-from radserve.lifecycle.install_tasks import INTERRUPTED_WHY, InstallTask, InstallTasks
+from radserve.lifecycle.install import (
+    INSTALL_FILE,
+    InstalledBundle,
+    StagedBundle,
+    models_root,
+    read_install,
+)
+from radserve.lifecycle.install_tasks import InstallTask, InstallTasks
 from radserve.service.errors import InstallsStoppedError
 from radserve.service.lifecycle import ModelLifecycle
 from radserve.service.variant_install import VariantRequest, install_summary
@@ -27,13 +41,18 @@ logger = logging.getLogger(__name__)
 __all__ = ["BackgroundInstalls"]
 
 
-@dataclass(frozen=True)
-class _Order:
-    task: InstallTask
-    staged: StagedBundle
-    actor: str | None
-    client: str | None
-    variants: VariantRequest
+def _request_of(task: InstallTask) -> VariantRequest:
+    """The variant request a record keeps (:func:`_build_of`)."""
+    build = dict(task.build or {})
+    precisions = tuple(task.precisions) if task.precisions else None
+    return VariantRequest(precisions=precisions, **build)
+
+
+def _build_of(variants: VariantRequest) -> dict[str, Any]:
+    """The variant request's fields besides the precisions (which the record shows)."""
+    out = dataclasses.asdict(variants)
+    del out["precisions"]
+    return out
 
 
 class BackgroundInstalls:
@@ -48,7 +67,7 @@ class BackgroundInstalls:
         self.lifecycle = lifecycle
         self.tasks = tasks
         self._wrap = wrap
-        self._orders: queue.Queue[_Order | None] = queue.Queue()
+        self._orders: queue.Queue[InstallTask | None] = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -61,60 +80,99 @@ class BackgroundInstalls:
         client: str | None,
         variants: VariantRequest,
     ) -> InstallTask:
-        """Record the install (``queued``) and hand it to the thread; the staged copy is
-        the thread's from here on."""
-        with self._lock:
-            if self._stopped:
-                staged.discard()
-                raise InstallsStoppedError("the server is stopping; send the bundle again")
-            precisions = list(variants.precisions) if variants.precisions else None
-            try:
-                task = self.tasks.create(staged.source_name, actor=actor, precisions=precisions)
-            except BaseException:
-                staged.discard()
-                raise
-            self._orders.put(_Order(task, staged, actor, client, variants))
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._wrap(self._run), name="radserve-installs", daemon=True
+        """Record the install (``queued``), keep the checked bundle with it and hand it to
+        the thread; the staged copy is gone once this returns."""
+        try:
+            with self._lock:
+                if self._stopped:
+                    raise InstallsStoppedError("the server is stopping; send the bundle again")
+                task = self.tasks.create(
+                    staged.copy,
+                    staged.source_name,
+                    actor=actor,
+                    precisions=list(variants.precisions) if variants.precisions else None,
+                    client=client,
+                    build=_build_of(variants),
                 )
-                self._thread.start()
+                self._queue(task)
+        finally:
+            staged.discard()
         logger.info("install %s of %s queued", task.id, staged.spec.key)
         return task
 
+    def resume(self) -> int:
+        """Claim the installs a stopped or crashed server left (oldest first) and queue
+        them; returns how many."""
+        claimed = 0
+        for left in self.tasks.claimable():
+            task = self.tasks.claim(left.id)
+            if task is None or task.state != "queued":
+                continue  # another server's now, or given up
+            with self._lock:
+                if self._stopped:
+                    self.tasks.release(task)
+                    break
+                self._queue(task)
+            claimed += 1
+            logger.warning(
+                "install %s of %s: left unfinished by the last stop; built again (attempt %d)",
+                task.id,
+                task.source,
+                task.attempts + 1,
+            )
+        return claimed
+
+    def _queue(self, task: InstallTask) -> None:
+        self._orders.put(task)
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._wrap(self._run), name="radserve-installs", daemon=True
+            )
+            self._thread.start()
+
     def stop(self) -> None:
-        """Installs not started yet are recorded as interrupted and their staged copies
-        removed; one being built is left to its thread (it cannot be cut short safely
-        and must not hold the server's stop for minutes)."""
+        """Installs not started yet are left, with their bundles, to the next start; one
+        being built is left to its thread (it cannot be cut short safely and must not
+        hold the server's stop for minutes): if the process ends first, the next start
+        builds it again."""
         with self._lock:
             self._stopped = True
         while True:
             try:
-                order = self._orders.get_nowait()
+                task = self._orders.get_nowait()
             except queue.Empty:
                 break
-            if order is not None:
-                order.staged.discard()
-                self.tasks.ended(order.task, "interrupted", "interrupted", INTERRUPTED_WHY)
+            if task is not None:
+                self.tasks.release(task)
         self._orders.put(None)
 
     def _run(self) -> None:
-        while (order := self._orders.get()) is not None:
+        while (task := self._orders.get()) is not None:
             try:
-                self._build(order)
+                self._build(task)
             except Exception:  # its record could not be written: the next one still runs
-                logger.exception("install %s: its record could not be written", order.task.id)
-                order.staged.discard()
+                logger.exception("install %s: its record could not be written", task.id)
 
-    def _build(self, order: _Order) -> None:
-        key = order.staged.spec.key
-        task = self.tasks.started(order.task)
+    def _build(self, queued: InstallTask) -> None:
+        task = self.tasks.started(queued)
+        key = task.source
+        try:  # the checks again, on a fresh copy: the kept bundle stays as it came
+            staged = self.lifecycle.stage(self.tasks.bundle(task), described_as=task.source)
+        except Exception as exc:
+            if isinstance(exc, BundleExistsError):  # did this install put it there?
+                done = _installed_before(task, self.lifecycle.settings.data_dir)
+                if done is not None:
+                    self.tasks.installed(task, install_summary(done))
+                    return
+            self._failed(task, key, exc)
+            return
+        key = staged.spec.key
         try:
             installed = self.lifecycle.complete(
-                order.staged, actor=order.actor, client=order.client, variants=order.variants
+                staged, actor=task.actor, client=task.client, variants=_request_of(task)
             )
         except Exception as exc:
-            done = _installed_before(order, exc)
+            done = _installed_before(task, self.lifecycle.settings.data_dir, staged, exc)
             if done is None:
                 self._failed(task, key, exc)
                 return
@@ -128,16 +186,23 @@ class BackgroundInstalls:
             )
             installed = done
         finally:
-            order.staged.discard()  # finish_install removed it already, unless it never ran
+            staged.discard()  # finish_install removed it already, unless it never ran
         self.tasks.installed(task, install_summary(installed))
         logger.info("install %s of %s finished", task.id, key)
 
     def _failed(self, task: InstallTask, key: str, exc: Exception) -> None:
-        """Record how a build ended without installing: the server stopped under it, the
-        bundle or what was built from it was refused (the reason), or radserve failed."""
+        """Record how a build ended without installing: the server stopped under it (left
+        to the next start), what it needs failed for now (the database, while the audit
+        record was written: failed, with the reason), the bundle or what was built from it
+        was refused (the reason), or radserve failed."""
         if self._stopped:
             logger.warning("install %s of %s cut short by the stop: %s", task.id, key, exc)
-            self.tasks.ended(task, "interrupted", "interrupted", INTERRUPTED_WHY)
+            self.tasks.release(task)
+        elif isinstance(exc, RadserveError) and exc.retryable:  # the database away, say
+            logger.error("install %s of %s failed: %s", task.id, key, exc.message)
+            self.tasks.ended(
+                task, "failed", exc.code, f"{exc.message}; nothing was installed: send it again"
+            )
         elif isinstance(exc, RadserveError):
             logger.warning("install %s of %s refused: %s", task.id, key, exc.message)
             self.tasks.ended(task, "rejected", exc.code, exc.message)
@@ -148,13 +213,29 @@ class BackgroundInstalls:
             )
 
 
-def _installed_before(order: _Order, exc: Exception) -> InstalledBundle | None:
-    """The bundle of ``order`` if it reached the model store before ``exc`` was raised
-    (its ``install.json`` names this upload and actor), else None. Another install of the
-    same version winning the race raises BundleExistsError: never ours."""
+def _installed_before(
+    task: InstallTask,
+    data_dir: Path,
+    staged: StagedBundle | None = None,
+    exc: Exception | None = None,
+) -> InstalledBundle | None:
+    """The bundle of ``task`` if it reached the model store (its ``install.json`` names
+    this install's source, actor and time after the task was created), else None: before
+    ``exc`` was raised by the build of ``staged`` (another install of the same version
+    winning that race raises BundleExistsError: never ours), or by an earlier attempt
+    that a stop cut short after the store had it (found when staging again)."""
     if isinstance(exc, BundleExistsError):
         return None
-    record = read_install(order.staged.target)
-    if record is None or (record.source, record.actor) != (order.staged.source_name, order.actor):
-        return None
-    return record
+    if staged is not None:
+        targets = [staged.target]
+    else:  # the version is not known without staging: every installed one of the source
+        targets = [p.parent for p in models_root(data_dir).glob(f"*/*/{INSTALL_FILE}")]
+    for target in targets:
+        record = read_install(target)
+        if (
+            record is not None
+            and (record.source, record.actor) == (task.source, task.actor)
+            and record.installed_at >= task.created[:19]
+        ):
+            return record
+    return None

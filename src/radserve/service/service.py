@@ -385,7 +385,12 @@ class Service:
         if self.critical is not None:
             self.critical.start()
         self.stow.start()
-        logger.info("service started: %d unfinished job(s) resumed", resumed)
+        installs = self.installs.resume()  # model installs the last stop left unfinished
+        logger.info(
+            "service started: %d unfinished job(s) and %d model install(s) resumed",
+            resumed,
+            installs,
+        )
 
     def _reclaim_outbox(self) -> None:
         """Deliveries a previous run of this server left ``sending`` (a crash mid-send)

@@ -120,6 +120,11 @@ class InstallTaskOut(BaseModel):
     finished: str | None
     result: InstallOut | None = Field(description="once installed")
     error: dict[str, str] | None = Field(description="code and message, once it ended otherwise")
+    attempts: int = Field(
+        0,
+        description="builds started: more than 1 when a stop or a crash cut one short and "
+        "the next server built it again",
+    )
 
     @classmethod
     def of(cls, task: InstallTask) -> InstallTaskOut:
