@@ -373,12 +373,18 @@ def finish_install(
     actor: str | None = None,
     host: HostFacts | None = None,
     prepare: Callable[[Path, ModelSpec], None] | None = None,
+    before_commit: Callable[[InstalledBundle, Path], None] | None = None,
 ) -> InstalledBundle:
     """Install a staged bundle; its staging folder is removed whatever happens.
 
     ``prepare(root, spec)``: called with a model root holding only the staged bundle
     (``root/<name>/<version>``); what it adds is installed, after the ONNX checks ran
     again on what it declared.
+
+    ``before_commit(record, folder)``: called once the bundle is checked and hashed,
+    before the version appears in the store (``folder``: what will be installed). The
+    server writes the install's audit record here, so that no version is installed
+    unaudited: an exception raised by it installs nothing.
 
     Raises:
         BundleRejectedError: what ``prepare`` built is unusable (or ``prepare``'s own).
@@ -408,6 +414,8 @@ def finish_install(
             actor=actor,
         )
         (copy / INSTALL_FILE).write_text(json.dumps(record.as_json(), indent=2))
+        if before_commit is not None:
+            before_commit(record, copy)
         durable.make_dirs(target.parent)
         try:  # what "installed" announces survives a power cut, whole
             durable.rename_tree(copy, target)

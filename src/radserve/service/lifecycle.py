@@ -43,7 +43,13 @@ from radserve.domain.deployment import (
     shadow_for,
 )
 from radserve.domain.priority import PriorityClass
-from radserve.errors import DeploymentError, ModelError, PipelineError, RadserveError
+from radserve.errors import (
+    BundleExistsError,
+    DeploymentError,
+    ModelError,
+    PipelineError,
+    RadserveError,
+)
 from radserve.ingest import IngestPolicy
 from radserve.lifecycle.compare import Comparison, compare_results
 from radserve.lifecycle.guardrails import VersionRecord, breach
@@ -307,24 +313,53 @@ class ModelLifecycle:
         client: str | None = None,
         variants: VariantRequest | None = None,
     ) -> InstalledBundle:
-        """Install a staged bundle into ``<data_dir>/models``; audited. With ``variants``,
-        its precision variants are built and gated first
-        (:mod:`radserve.service.variant_install`)."""
+        """Install a staged bundle into ``<data_dir>/models``. With ``variants``, its
+        precision variants are built and gated first
+        (:mod:`radserve.service.variant_install`).
+
+        The audit record is written before the version appears in the store: when the
+        trail cannot be written, nothing is installed (the error says so and a retry
+        installs it), rather than a version served unaudited whose retry is refused as
+        installed already. Should another install of the same version win the race for
+        the store after that, the trail records this one as abandoned."""
         prepare = (
             variant_builder(self.settings, self.catalog, variants) if variants is not None else None
         )
-        installed = finish_install(staged, actor=actor, prepare=prepare)
-        self.catalog.rescan()
-        gates = variant_gates(installed.directory)
-        self.store.append_audit(
-            AuditEvent(
-                action=Action.MODEL_CHANGED,
-                subject=f"{installed.name}/{installed.version}",
-                payload={"event": "installed", "files": installed.files, "variants": gates},
-                actor_key_id=actor,
-                client_address=client,
+
+        def audited(record: InstalledBundle, folder: Path, event: str = "installed") -> None:
+            payload: dict[str, object] = {"event": event, "files": record.files}
+            if event == "installed":
+                payload["variants"] = variant_gates(folder)
+            self.store.append_audit(
+                AuditEvent(
+                    action=Action.MODEL_CHANGED,
+                    subject=f"{record.name}/{record.version}",
+                    payload=payload,
+                    actor_key_id=actor,
+                    client_address=client,
+                )
             )
-        )
+
+        committing: list[InstalledBundle] = []
+
+        def before_commit(record: InstalledBundle, folder: Path) -> None:
+            audited(record, folder)
+            committing.append(record)
+
+        try:
+            installed = finish_install(
+                staged, actor=actor, prepare=prepare, before_commit=before_commit
+            )
+        except BundleExistsError:
+            if committing:  # audited, then beaten to the store: say so in the trail
+                try:
+                    audited(committing[0], staged.target, "install_abandoned")
+                except RadserveError:
+                    logger.exception(
+                        "the abandoned install of %s could not be audited", staged.spec.key
+                    )
+            raise
+        self.catalog.rescan()
         return installed
 
     def install(

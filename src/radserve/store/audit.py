@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Dialect, bindparam, insert, literal_column, select, update
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session
 
 from radserve.audit.chain import AuditEvent, AuditKey, AuditRecord, canonical_json, record_hash
@@ -139,7 +140,7 @@ def append_many(session: Session, events: Sequence[AuditEvent]) -> list[AuditRec
     # closed however the append ends: a lock time-out, a constraint or an outage must not
     # leave a driver cursor open on the pooled connection
     dbapi = connection.connection.dbapi_connection
-    with closing(dbapi.cursor()) as cursor:  # type: ignore[union-attr]
+    with _as_sqlalchemy_errors(dialect), closing(dbapi.cursor()) as cursor:  # type: ignore[union-attr]
         cursor.execute(sql.lock)
         seq, prev_hash = cursor.fetchone()
         if key is None and seq > 0:
@@ -155,6 +156,18 @@ def append_many(session: Session, events: Sequence[AuditEvent]) -> list[AuditRec
             cursor.execute(sql.move, sql.params(sql.move_keys, moved))
     session.info.setdefault(APPENDED_INFO, []).extend(records)
     return records
+
+
+@contextmanager
+def _as_sqlalchemy_errors(dialect: Dialect) -> Iterator[None]:
+    """The driver's own errors, raised through the raw cursor, as SQLAlchemy's (what
+    SQLAlchemy's own execution raises): the store maps those (a database away or out
+    of disk space is an outage, a 503, not an internal error)."""
+    base = dialect.loaded_dbapi.Error
+    try:
+        yield
+    except base as exc:
+        raise sa_exc.DBAPIError.instance(None, None, exc, base, dialect=dialect) from exc
 
 
 def _refuse_unkeyed_link(session: Session, seq: int) -> None:
