@@ -40,6 +40,7 @@ def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
         log=lambda _: None,
     )
     assert summary["failed_jobs"] == 0
+    assert summary["offered_load"] > 0  # the measured jobs' shares over the gaps
     assert json.loads(json.dumps(summary))["burst"] == 4  # --json writes it as is
     assert sum(summary["classes"].values()) == 8
     jobs = summary["jobs"]

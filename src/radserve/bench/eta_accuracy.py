@@ -266,6 +266,25 @@ def arrivals_before(summary: Mapping[str, Any]) -> list[tuple[int, float]]:
     return out[::-1]
 
 
+def offered_load(
+    records: Sequence[Mapping[str, Any]], measured: Sequence[str], mean_gap_s: float
+) -> float | None:
+    """The load the stream offered the server: its measured jobs' mean share of the wall
+    time (:func:`radserve.turnaround.replay.shares_of`, what each really took at the
+    concurrency it ran) over the mean gap between arrivals. ``--load`` is a multiple of
+    one study's solo time, while the server runs several at once, so it says less: above
+    1 here the server cannot drain the stream and the queue grows while it lasts
+    (session 30: ``--load 1.5`` offered 1.33-1.45 on the AMX host, ``--load 1.0`` 0.83-0.88)."""
+    from radserve.turnaround.replay import shares_of
+
+    walks = [r for r in records if r["kind"] == "walk"]
+    if not walks or mean_gap_s <= 0:
+        return None
+    shares = shares_of(records, bool(walks[0]["capacity"]["urgent_exclusive"]))
+    taken = [shares[j] for j in measured if j in shares]
+    return round(statistics.mean(taken) / mean_gap_s, 3) if taken else None
+
+
 def _rel(predicted: float, measured: float) -> float:
     return abs(predicted - measured) / measured if measured > 0 else float("inf")
 

@@ -54,6 +54,7 @@ from radserve.bench.eta_accuracy import (
     classes_seen,
     eta_errors,
     group_of,
+    offered_load,
     planner_check,
 )
 from radserve.bench.eta_planner import DEFAULT, divided_records, solo_from_records
@@ -292,6 +293,7 @@ def run_eta_trace(
         "burst": burst,
         "lead_in": max(0, lead_in),
         "load": load,
+        "offered_load": offered_load(records, sorted(jobs), gap),
         "warmup_service_s": round(service_s, 3),
         "mean_gap_s": round(gap, 3),
         "classes": dict(classes_seen(list(jobs.values()))),

@@ -134,8 +134,9 @@ from rich.table import Table
     default=1.5,
     show_default=True,
     type=click.FloatRange(min=0.05),
-    help="eta scenario: arrival rate after the first burst, as a multiple of the "
-    "warm-up service rate (> 1: a queue forms).",
+    help="eta scenario: arrival rate after the first burst, as a multiple of one "
+    "study's solo service rate; the server runs several at once, so the load it offers "
+    "is printed as measured (1.5: ~1.4 on 2 cores, a queue that grows; 1.0: ~0.85).",
 )
 @click.option(
     "--seed",
@@ -634,7 +635,8 @@ def _eta_tables(console: Console, summary: dict[str, Any]) -> None:
     host = summary["host"]
     table = Table(
         title=f"radserve bench --scenario eta: {summary['studies']} studies "
-        f"{summary['classes']}, load {summary['load']:g}, {host['usable_cores']} cores, "
+        f"{summary['classes']}, load {summary['load']:g} (offered "
+        f"{summary.get('offered_load') or float('nan'):.2f}), {host['usable_cores']} cores, "
         f"load average {host['loadavg_before'][0]:.1f} -> {host['loadavg_after'][0]:.1f}"
     )
     for column in ("ETA read", "jobs", "median |err|/TAT", "p90", "median |err| s", "bias"):
