@@ -16,16 +16,18 @@ export class ApiError extends Error {
   }
 }
 
-export async function api(path, { method = 'GET', body } = {}) {
+// `body` goes as JSON; `file` (a File or Blob, e.g. a bundle zip) as it is, with its type.
+export async function api(path, { method = 'GET', body, file } = {}) {
   const headers = { Accept: 'application/json' }
   if (method !== 'GET' && session.csrf) headers['X-CSRF-Token'] = session.csrf
   if (body !== undefined) headers['Content-Type'] = 'application/json'
+  if (file !== undefined) headers['Content-Type'] = file.type || 'application/octet-stream'
   const sentUnder = epoch
   const response = await fetch(path, {
     method,
     headers,
     credentials: 'same-origin',
-    body: body === undefined ? undefined : JSON.stringify(body),
+    body: file !== undefined ? file : body === undefined ? undefined : JSON.stringify(body),
   })
   if (response.status === 204) return null
   const text = await response.text()

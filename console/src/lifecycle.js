@@ -2,10 +2,11 @@
 // deployment (stable, canary with its share, shadow), precision gate, comparison record
 // and drift state, and the installs whose variants are built after their request (queued,
 // building, how each ended), read from the lifecycle API (GET /v1/models,
-// /v1/models/deployments, /v1/models/drift, /v1/models/installs). Deploy (a version as canary with its share, shadow or stable),
-// promote and rollback are offered to admin sessions only, after a form or confirmation
-// that asks for the reason the server audits; the server refuses them to other roles
-// anyway (403).
+// /v1/models/deployments, /v1/models/drift, /v1/models/installs). Install (a bundle zip,
+// optionally with its precision variants built and gated after the answer), deploy (a
+// version as canary with its share, shadow or stable), promote and rollback are offered
+// to admin sessions only, after a form or confirmation (deploy, promote and rollback ask
+// for the reason the server audits); the server refuses them to other roles anyway (403).
 import { api, can } from './api.js'
 import { h, iso, num, toast, when } from './util.js'
 
@@ -49,7 +50,7 @@ function renderInstalls(installs) {
             'tr',
             { 'data-install': t.id, 'data-state': t.state },
             h('td', {}, iso(t.source)),
-            h('td', { class: `install-${t.state}` }, t.state),
+            h('td', { class: `install-${t.state}` }, t.state, t.attempts > 1 ? h('div', { class: 'muted attempts' }, `built again after a stop (attempt ${t.attempts})`) : ''),
             h('td', {}, when(t.created)),
             h('td', { class: t.error ? 'err' : '' }, iso(installOutcome(t))),
           ),
@@ -121,8 +122,8 @@ function verdict(step, deployment, history) {
 }
 
 // Renders into `box`; `confirm(step, action, text)` asks before acting, `deploy(step,
-// version, roles)` opens the deploy form for a version.
-export function renderLifecycle(box, data, confirm, deploy) {
+// version, roles)` opens the deploy form for a version, `install()` the install form.
+export function renderLifecycle(box, data, confirm, deploy, install) {
   const admin = can('admin')
   const active = Object.fromEntries(data.deployments.map((d) => [d.step, d]))
   const drift = new Map(data.drift.map((m) => [`${m.model} ${m.version}`, m]))
@@ -177,7 +178,7 @@ export function renderLifecycle(box, data, confirm, deploy) {
     )
   })
   box.replaceChildren(
-    h('h2', {}, 'Models'),
+    h('div', { class: 'step-head' }, h('h2', {}, 'Models'), admin && install ? h('span', { class: 'actions' }, h('button', { 'data-action': 'install', onclick: () => install() }, 'Install a bundle…')) : ''),
     ...(blocks.length ? blocks : [h('p', { class: 'muted' }, 'no models installed')]),
     ...renderInstalls(data.installs),
   )
@@ -250,6 +251,75 @@ export function deployDialog(onDone) {
       fit()
       dialog.showModal()
       role.focus()
+    },
+    remove() {
+      dialog.remove()
+    },
+  }
+}
+
+// The install form: a bundle zip (model.yaml and its ONNX files), and whether to build and
+// gate its precision variants. Without them the server installs before it answers (201);
+// with them it checks the bundle, answers 202 and builds after, one install at a time, so
+// the installs table below shows it queued, building and how it ended. What refuses a
+// bundle (not a zip, a bad model.yaml or ONNX file, a version installed already) is
+// answered at once either way and shown here.
+export function installDialog(onDone) {
+  const file = h('input', { id: 'install-file', type: 'file', accept: '.zip,application/zip', required: true, 'aria-label': 'bundle zip' })
+  const variants = h('input', { id: 'install-variants', type: 'checkbox' })
+  const precisions = ['fp16', 'int8', 'bf16'].map((p) => h('input', { type: 'checkbox', value: p, 'data-precision': p, 'aria-label': p }))
+  const choice = h('fieldset', { id: 'install-precisions' }, h('legend', {}, 'Precisions (none ticked: the server\'s lifecycle.variants)'), precisions.map((box) => h('label', {}, box, ` ${box.value} `)))
+  const error = h('p', { class: 'error', role: 'alert' })
+  const ok = h('button', { type: 'submit', 'data-action': 'confirm-install' }, 'Install')
+  const cancel = h('button', { type: 'button', 'data-action': 'cancel-install' }, 'Cancel')
+  const form = h(
+    'form',
+    { method: 'dialog' },
+    h('h2', {}, 'Install a model bundle'),
+    h('p', { class: 'muted' }, 'Installing does not deploy: the version serves once deployed.'),
+    h('label', {}, 'Bundle (zip) ', file),
+    h('label', {}, variants, ' build and gate precision variants (minutes; built after the answer)'),
+    choice,
+    error,
+    h('div', { class: 'group' }, ok, cancel),
+  )
+  const dialog = h('dialog', { id: 'install-dialog' }, form)
+  document.body.append(dialog)
+  function fit() {
+    choice.hidden = !variants.checked
+    for (const box of precisions) box.disabled = !variants.checked
+  }
+  variants.addEventListener('change', fit)
+  cancel.addEventListener('click', () => dialog.close())
+  form.addEventListener('submit', async (event) => {
+    event.preventDefault()
+    const bundle = file.files && file.files[0]
+    if (!bundle) return
+    ok.disabled = true
+    error.textContent = ''
+    let path = '/v1/models'
+    if (variants.checked) {
+      const chosen = precisions.filter((box) => box.checked).map((box) => box.value)
+      path += `?build_variants=true${chosen.length ? `&precisions=${chosen.join(',')}` : ''}`
+    }
+    try {
+      const answer = await api(path, { method: 'POST', file: bundle })
+      toast(answer.state ? `${bundle.name}: accepted; its variants are built next (installs below)` : `${answer.name} ${answer.version} installed`)
+      dialog.close()
+      onDone()
+    } catch (e) {
+      error.textContent = `install refused: ${e.message}`
+    } finally {
+      ok.disabled = false
+    }
+  })
+  return {
+    ask() {
+      form.reset()
+      error.textContent = ''
+      fit()
+      dialog.showModal()
+      file.focus()
     },
     remove() {
       dialog.remove()

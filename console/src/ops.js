@@ -1,7 +1,7 @@
 // Operations: queues, turnaround, misses, devices, batches (the server's own metrics),
 // the outbox with re-arm (admin), DICOM peers, the model lifecycle (lifecycle.js).
 import { api, can } from './api.js'
-import { confirmDialog, deployDialog, readLifecycle, renderLifecycle } from './lifecycle.js'
+import { confirmDialog, deployDialog, installDialog, readLifecycle, renderLifecycle } from './lifecycle.js'
 import { h, iso, num, toast, when } from './util.js'
 
 const CLASSES = ['URGENT', 'INPATIENT', 'OUTPATIENT']
@@ -60,6 +60,7 @@ export function opsPage(root) {
   let closed = false
   const confirm = confirmDialog(() => refresh())
   const deploy = deployDialog(() => refresh())
+  const install = installDialog(() => refresh())
 
   async function refresh() {
     try {
@@ -67,7 +68,7 @@ export function opsPage(root) {
       if (closed) return
       renderFigures(data)
       renderPeers(data)
-      renderLifecycle(models, lifecycle, confirm.ask, deploy.ask)
+      renderLifecycle(models, lifecycle, confirm.ask, deploy.ask, install.ask)
       if (data.now.open_models.length) models.append(h('p', { class: 'bad' }, 'circuit breaker open: ', data.now.open_models.map((m, i) => [i ? ', ' : '', iso(m)])))
       if (can('admin')) await renderOutbox()
       else outbox.replaceChildren(h('h2', {}, 'Outbox'), h('p', { class: 'muted' }, 'The outbox is shown to admin sessions.'))
@@ -167,5 +168,6 @@ export function opsPage(root) {
     clearInterval(timer)
     confirm.remove()
     deploy.remove()
+    install.remove()
   }
 }

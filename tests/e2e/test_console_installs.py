@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.factories.console import Page, browser, lesion_bundle_zip, need_browser
+from tests.factories.console import Page, browser, lesion_bundle_zip, ms, need_browser
 from tests.factories.dicom_net import free_port
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file
@@ -78,6 +78,82 @@ def test_the_ops_page_shows_each_variant_build_and_how_it_ended(tmp_path: Path) 
                 p.shot("ops-installs")
                 assert p.errors == []
                 p.close()
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def test_an_admin_installs_a_bundle_from_the_ops_page(tmp_path: Path) -> None:
+    """The ops page's install form, in chromium against a real server: a bundle installed
+    before the answer (listed with the versions), one whose variants are built after it
+    (the installs table follows it to its end), a file that is not a zip and a version
+    installed already refused with the server's reason in the form; a read-only session
+    is not offered the form."""
+    need_browser()
+    config = config_file(tmp_path, lifecycle={"variants": VARIANTS})
+    data, port = tmp_path / "data", free_port()
+    keys = {role: create_key_cli(config, data, role) for role in ("read", "admin")}
+    process = start_server(config, data, port, tmp_path / "server.log")
+    base = f"http://127.0.0.1:{port}"
+    models = tmp_path / "assets" / "models"
+    lesion_bundle_zip(models, "1.4.0", tmp_path / "now")
+    lesion_bundle_zip(models, "1.5.0", tmp_path / "later")
+    not_zip = tmp_path / "bundle.zip"
+    not_zip.write_text("model.yaml and model.onnx, but not zipped")
+    try:
+        with browser() as b:
+            p = Page(b, base, tmp_path / "shots")
+            p.sign_in(keys["read"])
+            p.page.wait_for_selector("#worklist")
+            p.goto("/#/ops")
+            p.page.wait_for_selector("#lifecycle tr[data-model='lesions-test']")
+            assert p.page.locator("[data-action=install]").count() == 0
+            p.close()
+
+            p = Page(b, base, tmp_path / "shots")
+            p.sign_in(keys["admin"])
+            p.page.wait_for_selector("#worklist")
+            p.goto("/#/ops")
+
+            def install(path: Path, *, variants: bool = False) -> None:
+                p.page.click("[data-action=install]")
+                p.page.set_input_files("#install-file", str(path))
+                if variants:
+                    p.page.check("#install-variants")
+                    p.page.check("#install-precisions [data-precision=int8]")
+                    p.shot("ops-install-dialog")
+                p.page.click("[data-action=confirm-install]")
+
+            install(tmp_path / "now" / "lesions-test-1.4.0.zip")
+            row = "#lifecycle tr[data-model='lesions-test'][data-version='1.4.0']"
+            p.page.wait_for_selector(row)
+            assert not p.page.locator("#install-dialog").evaluate("d => d.open")
+
+            install(not_zip)
+            alert = p.page.locator("#install-dialog [role=alert]")
+            alert.filter(has_text="install refused").wait_for()
+            assert "not a zip archive" in alert.inner_text()
+            p.page.click("[data-action=cancel-install]")
+
+            install(tmp_path / "now" / "lesions-test-1.4.0.zip")
+            alert.filter(has_text="installed already").wait_for()
+            p.page.click("[data-action=cancel-install]")
+
+            install(tmp_path / "later" / "lesions-test-1.5.0.zip", variants=True)
+            done = "#installs tr[data-state=installed]"
+            p.page.wait_for_selector(done, timeout=ms(600))
+            text = p.page.locator(done).inner_text()
+            assert "lesions-test 1.5.0 · int8 " in text and "HTTP upload (" in text
+            p.page.wait_for_selector(
+                "#lifecycle tr[data-model='lesions-test'][data-version='1.5.0']"
+            )
+            p.shot("ops-install-form")
+            refused = [e for e in p.errors if "status of 422" in e or "status of 409" in e]
+            assert len(refused) == 2 and [e for e in p.errors if e not in refused] == []
+            p.close()
+        with httpx.Client(base_url=base, timeout=120) as c:
+            [task] = c.get("/v1/models/installs", headers=auth(keys["read"])).json()
+            assert (task["precisions"], task["actor"] is not None) == (["int8"], True)
     finally:
         process.terminate()
         process.wait(60)
