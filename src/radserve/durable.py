@@ -88,19 +88,48 @@ def owner_alive(temporary: Path) -> bool:
     return process_alive(f"{owned['host']}-{owned['pid']}")
 
 
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:8]
+    except OSError:
+        return ""
+
+
+_BOOT = _boot_id()
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started: this boot's id and its start time in clock ticks
+    since boot (``/proc/<pid>/stat``), None where ``/proc`` does not say."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return f"{_BOOT}{stat[stat.rindex(')') + 2 :].split()[19]}"  # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def process_tag() -> str:
-    """This process as ``<host>-<pid>``, the owner part of a temporary name: for a record
-    that must say later whether the process that wrote it may still be working on it."""
-    return f"{_HOST}-{os.getpid()}"
+    """This process as ``<host>-<pid>-<start>``: for a record that must say later whether
+    the process that wrote it may still be working on it. The start (:func:`_started`)
+    tells this process from a later one given the same pid: a container restarted runs
+    its server as the same pid on the same host name, and a record of the server before
+    it would otherwise look owned by a live process for ever."""
+    pid = os.getpid()
+    start = _started(pid)
+    return f"{_HOST}-{pid}" if start is None else f"{_HOST}-{pid}-{start}"
 
 
 def process_alive(tag: str) -> bool:
     """Whether the process a :func:`process_tag` names may still run: a running process
-    of this host, or any of another host (which this one cannot see)."""
-    host, _, pid = tag.partition("-")
+    of this host that started when the tag says (a tag without a start: any with that
+    pid), or any of another host (which this one cannot see)."""
+    host, _, rest = tag.partition("-")
     if host != _HOST:
         return True
-    return pid.isdigit() and _running(int(pid))
+    pid, _, start = rest.partition("-")
+    if not pid.isdigit() or not _running(int(pid)):
+        return False
+    return not start or _started(int(pid)) in (start, None)
 
 
 def _running(pid: int) -> bool:

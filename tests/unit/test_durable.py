@@ -145,3 +145,22 @@ def test_an_older_versions_tmp_is_swept_once_no_writer_can_hold_it(tmp_path: Pat
         holder.wait()
     assert durable.sweep_unowned(tmp_path / "results", "*/*.tmp") == 1  # its holder ended
     assert sorted(p.name for p in folder.iterdir()) == ["report.json", "report.json.tmp"]
+
+
+def test_a_process_tag_is_not_alive_once_its_pid_belongs_to_a_later_process() -> None:
+    """A record's owner tag names the process by host, pid and start: a container
+    restarted runs its server as the same pid on the same host name, and the record of
+    the server before it must not read as owned by a live process."""
+    from tests.factories.writers import ended_and_running
+
+    tag = durable.process_tag()
+    assert durable.process_alive(tag)
+    host, pid, start = tag.split("-")
+    assert pid == str(os.getpid()) and start
+    assert not durable.process_alive(f"{host}-{pid}-{start}0")  # that pid, started later
+    assert durable.process_alive(f"{host}-{pid}")  # an older tag: any process of that pid
+    assert durable.process_alive(f"0123abcd-{pid}-{start}")  # another host: cannot be asked
+    with ended_and_running() as (ended, running):
+        assert not durable.process_alive(f"{host}-{ended}")
+        assert durable.process_alive(f"{host}-{running.pid}")
+        assert not durable.process_alive(f"{host}-{running.pid}-{start}")

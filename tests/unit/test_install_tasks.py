@@ -60,15 +60,21 @@ def test_an_unfinished_record_left_behind_waits_for_the_next_server_while_its_bu
     with ended_and_running() as (ended, running):
         host = durable.process_tag().partition("-")[0]
         gone, alive = f"{host}-{ended}", f"{host}-{running.pid}"
-        for owner, state, attempts, bundle, expected in (
-            (gone, "building", 1, True, "queued"),  # a crash cut its build short
-            (gone, "queued", 0, True, "queued"),
-            ("", "queued", 1, True, "queued"),  # released by a stopping server
-            (gone, "building", 1, False, "interrupted"),  # written before bundles were kept
-            (gone, "building", MAX_ATTEMPTS, True, "interrupted"),  # given up
-            (alive, "building", 1, True, "building"),
-            ("0123abcd-1", "building", 1, True, "building"),  # another host's: cannot be asked
-            (gone, "installed", 1, False, "installed"),
+        # the pid of a running process that started after the owner: a container
+        # restarted, its new server the same pid on the same host name
+        reused = f"{host}-{running.pid}-00000000123"
+        # owner, state, attempts, bundle kept, read as, claimable by a next server (which
+        # ends the given-up one)
+        for owner, state, attempts, bundle, expected, claimable in (
+            (gone, "building", 1, True, "queued", True),  # a crash cut its build short
+            (gone, "queued", 0, True, "queued", True),
+            ("", "queued", 1, True, "queued", True),  # released by a stopping server
+            (reused, "building", 1, True, "queued", True),
+            (gone, "building", 1, False, "interrupted", False),  # before bundles were kept
+            (gone, "building", MAX_ATTEMPTS, True, "interrupted", True),  # given up
+            (alive, "building", 1, True, "building", False),
+            ("0123abcd-1", "building", 1, True, "building", False),  # another host's
+            (gone, "installed", 1, False, "installed", False),
         ):
             task = new(tasks)
             rewrite(tasks, task, owner=owner, state=state, attempts=attempts)
@@ -76,9 +82,7 @@ def test_an_unfinished_record_left_behind_waits_for_the_next_server_while_its_bu
                 shutil.rmtree(tasks.bundle(task))
             read = tasks.get(task.id)
             assert read is not None and read.state == expected, (owner, state, attempts)
-            # a server claims it (and ends the given-up one) while its bundle is kept
-            left = owner in (gone, "") and state in ("queued", "building") and bundle
-            assert (task.id in {t.id for t in tasks.claimable()}) == left
+            assert (task.id in {t.id for t in tasks.claimable()}) == claimable, owner
             if expected == "interrupted":
                 assert read.error is not None and "send the bundle again" in read.error["message"]
                 if attempts == MAX_ATTEMPTS:
