@@ -6,7 +6,9 @@ name in its own folder, fsynced, renamed over its final name (``os.replace``), a
 folder is fsynced so that the rename itself survives a power cut.
 
 The temporary's name says that it is one and who writes it
-(``.<final>.<host>-<pid>-<nonce>.part``): a process killed mid-write leaves it behind,
+(``.<final>.<host>-<pid>-<start>-<nonce>.part``, the start telling the writer from a
+later process given its pid, as a restarted container's server is): a process killed
+mid-write leaves it behind,
 and :func:`sweep` (at server start) deletes exactly those whose process is gone, never
 one a live process (another replica on this host, another host on shared storage) is
 still writing; a staging folder (:func:`temporary_dir`) is named and swept the same way,
@@ -49,7 +51,9 @@ logger = logging.getLogger(__name__)
 TEMPORARY_SUFFIX = ".part"
 # this host, in the temporary names: a process id means something only on its own host
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-_OWNED = re.compile(r"\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]{32}\.part$")
+_OWNED = re.compile(
+    r"\.(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)(?:-(?P<start>[0-9a-f]+))?-[0-9a-f]{32}\.part$"
+)
 # the temporaries of versions before owned names, and how long one must lie untouched to
 # count as left behind: a result file is written in well under a second, and a writer of
 # another host (shared storage, an older replica mid-upgrade) cannot be asked
@@ -64,9 +68,10 @@ _OWED: ContextVar[set[Path] | None] = ContextVar("radserve_durable_owed", defaul
 
 
 def temporary_path(target: Path, *, pid: int | None = None) -> Path:
-    """A new temporary name for ``target``, beside it, owned by ``pid`` (this process)."""
-    owner = os.getpid() if pid is None else pid
-    return target.parent / f".{target.name}.{_HOST}-{owner}-{uuid.uuid4().hex}{TEMPORARY_SUFFIX}"
+    """A new temporary name for ``target``, beside it, owned by ``pid`` (this process),
+    named by its :func:`process_tag`."""
+    owner = _tag_of(os.getpid() if pid is None else pid)
+    return target.parent / f".{target.name}.{owner}-{uuid.uuid4().hex}{TEMPORARY_SUFFIX}"
 
 
 def temporary_dir(parent: Path, stem: str) -> Path:
@@ -85,7 +90,8 @@ def owner_alive(temporary: Path) -> bool:
     owned = _OWNED.search(temporary.name)
     if owned is None:
         return False
-    return process_alive(f"{owned['host']}-{owned['pid']}")
+    start = f"-{owned['start']}" if owned["start"] else ""
+    return process_alive(f"{owned['host']}-{owned['pid']}{start}")
 
 
 def _boot_id() -> str:
@@ -114,7 +120,10 @@ def process_tag() -> str:
     tells this process from a later one given the same pid: a container restarted runs
     its server as the same pid on the same host name, and a record of the server before
     it would otherwise look owned by a live process for ever."""
-    pid = os.getpid()
+    return _tag_of(os.getpid())
+
+
+def _tag_of(pid: int) -> str:
     start = _started(pid)
     return f"{_HOST}-{pid}" if start is None else f"{_HOST}-{pid}-{start}"
 

@@ -69,6 +69,22 @@ def test_a_dead_writers_temporary_is_swept_and_a_live_ones_kept(tmp_path: Path) 
         assert [p.name for p in folder.iterdir()] == ["critical-1.json"]
 
 
+def test_a_temporary_of_an_earlier_process_with_this_pid_is_swept(tmp_path: Path) -> None:
+    """A container restarted runs its server as the same pid on the same host name: the
+    temporaries the server before it left (a staging copy of a model bundle, say) carry
+    that pid too, and were kept for ever as a live writer's. Their names now say when
+    the writer started."""
+    mine = durable.temporary_path(tmp_path / "a.json")
+    host, pid, start, nonce = mine.name.split(".")[-2].split("-")
+    assert pid == str(os.getpid()) and start
+    earlier = tmp_path / f".b.json.{host}-{pid}-{start}0-{nonce}.part"  # started at another tick
+    older = tmp_path / f".c.json.{host}-{pid}-{nonce}.part"  # a name without a start
+    for path in (mine, earlier, older):
+        path.write_bytes(b"half")
+    assert durable.sweep(tmp_path) == 1
+    assert not earlier.exists() and mine.exists() and older.exists()
+
+
 def test_a_batch_fsyncs_each_folder_once_after_its_last_rename_before_it_returns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,7 +13,7 @@ concurrent copies of one instance exactly one is kept) and the folder is fsynced
 name therefore only ever names complete, durable bytes, and ``save`` returns (the C-STORE
 success goes out) only after the link is durable too.
 
-A temporary name says who writes it (``.<final>.<host>-<pid>-<nonce>.part``): a process
+A temporary name says who writes it (``.<final>.<host>-<pid>-<start>-<nonce>.part``): a process
 killed mid-write (a receiving process of ``gateway.receivers``, the whole server) leaves
 it behind, and :meth:`InstanceStore.remove_partials` (at start, and when a dead receiving
 process is replaced) deletes exactly those whose process is gone, never one a live
