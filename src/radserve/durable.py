@@ -70,7 +70,7 @@ _OWED: ContextVar[set[Path] | None] = ContextVar("radserve_durable_owed", defaul
 def temporary_path(target: Path, *, pid: int | None = None) -> Path:
     """A new temporary name for ``target``, beside it, owned by ``pid`` (this process),
     named by its :func:`process_tag`."""
-    owner = _tag_of(os.getpid() if pid is None else pid)
+    owner = process_tag() if pid is None else _tag_of(pid)
     return target.parent / f".{target.name}.{owner}-{uuid.uuid4().hex}{TEMPORARY_SUFFIX}"
 
 
@@ -120,7 +120,14 @@ def process_tag() -> str:
     tells this process from a later one given the same pid: a container restarted runs
     its server as the same pid on the same host name, and a record of the server before
     it would otherwise look owned by a live process for ever."""
-    return _tag_of(os.getpid())
+    global _OWN_TAG
+    pid = os.getpid()  # a forked child has its own
+    if _OWN_TAG is None or _OWN_TAG[0] != pid:
+        _OWN_TAG = (pid, _tag_of(pid))
+    return _OWN_TAG[1]
+
+
+_OWN_TAG: tuple[int, str] | None = None  # read /proc once per process, not once per write
 
 
 def _tag_of(pid: int) -> str:
