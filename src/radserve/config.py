@@ -721,6 +721,9 @@ class DriftSettings(_Section):
     psi_alert: float = Field(default=0.25, gt=0)
     p_warn: float = Field(default=0.01, gt=0, lt=1)  # Bonferroni-divided by the tests made
     p_alert: float = Field(default=0.001, gt=0, lt=1)
+    # another replica's window file untouched this long is a retired replica's: removed at
+    # start (0: kept for ever). A live replica rewrites its own after every study.
+    stale_window_days: float = Field(default=30.0, ge=0)
 
 
 class VariantBuildSettings(_Section):

@@ -5,6 +5,8 @@ tests/integration/test_drift_phantoms.py)."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +178,35 @@ def test_replicas_sharing_a_data_dir_keep_their_own_windows(tmp_path: Path) -> N
         b_summary["reference"]["source"]
         == a_again.monitor("lesions", "9.9.9").summary()["reference"]["source"]
     )
+
+
+def test_a_retired_replicas_window_files_are_removed_at_start(tmp_path: Path) -> None:
+    """A replica retired or renamed (a pod's host name changes at each rollout) left its
+    window files; a server starting removes the other replicas' files untouched for
+    ``stale_window_days``, never its own, a recent one or a single server's."""
+    folder = tmp_path / "drift" / "lesions"
+    folder.mkdir(parents=True)
+    names = {
+        "9.9.9.window.pod-old.json": 31,  # days since written: a replica gone
+        "9.9.9.window.pod-new.json": 1,  # a live replica's
+        "9.9.9.window.ct-a.json": 90,  # this server's own: idle, kept
+        "9.9.9.window.json": 90,  # a single server's
+        "9.9.9.json": 90,  # the reference
+        "1.0.0.window.a.json": 45,  # a replica "a", not "ct-a"
+    }
+    now = time.time()
+    for name, days in names.items():
+        path = folder / name
+        path.write_text('{"window": []}')
+        os.utime(path, (now - days * 86400, now - days * 86400))
+    config = DriftSettings()
+    DriftService(config, data_dir=tmp_path, registry=ModelRegistry(), store=None, replica="ct-a")
+    kept = {p.name for p in folder.iterdir()}
+    assert kept == set(names) - {"9.9.9.window.pod-old.json", "1.0.0.window.a.json"}
+    off = DriftSettings(stale_window_days=0)
+    os.utime(folder / "9.9.9.window.pod-new.json", (now - 400 * 86400,) * 2)
+    DriftService(off, data_dir=tmp_path, registry=ModelRegistry(), store=None)
+    assert (folder / "9.9.9.window.pod-new.json").exists()
+    DriftService(config, data_dir=tmp_path, registry=ModelRegistry(), store=None)  # single
+    assert not (folder / "9.9.9.window.pod-new.json").exists()
+    assert not (folder / "9.9.9.window.ct-a.json").exists()  # a single server owns none

@@ -16,7 +16,9 @@ run path, :mod:`radserve.pipeline.profile`) feed the monitors of the versions it
   an alert went quiet until 20 more studies had been served. Replicas sharing a data dir
   (``outbox.replicas`` > 1) each keep their own window
   (``<version>.window.<instance_id>.json``): each sees only the studies it ran, and one
-  file would hold whichever replica wrote last.
+  file would hold whichever replica wrote last. A replica retired (or renamed: a pod's
+  host name is new at each rollout) leaves its files behind; at start a server removes
+  the other replicas' window files untouched for ``stale_window_days`` (30).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import json
 import logging
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -66,6 +69,29 @@ def window_path(data_dir: Path, model: str, version: str, replica: str | None = 
         return Path(data_dir) / DRIFT_DIR / model / f"{version}.window.json"
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", replica)
     return Path(data_dir) / DRIFT_DIR / model / f"{version}.window.{safe}.json"
+
+
+def remove_stale_windows(data_dir: Path, replica: str | None, older_than_s: float) -> int:
+    """Delete the replica window files (``<version>.window.<replica>.json``) of replicas
+    other than ``replica`` that nobody wrote for ``older_than_s`` seconds (0: none);
+    the window of a single server (``<version>.window.json``) is never one of them.
+    Returns how many were deleted (named in the log)."""
+    root = Path(data_dir) / DRIFT_DIR
+    if older_than_s <= 0 or not root.is_dir():
+        return 0
+    own = None if replica is None else window_path(data_dir, "m", "v", replica).name[1:]
+    cutoff = time.time() - older_than_s
+    removed = []
+    for path in root.glob("*/*.window.*.json"):
+        if own is not None and path.name.endswith(own):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed.append(f"{path.parent.name}/{path.name}")
+    if removed:
+        logger.info("removed %d drift window(s) of replicas gone: %s", len(removed), removed)
+    return len(removed)
 
 
 def read_window(path: Path) -> dict[str, Any] | None:
@@ -117,6 +143,7 @@ class DriftService:
         self._monitors: dict[tuple[str, str], DriftMonitor] = {}
         self._lock = threading.Lock()
         self._save_lock = threading.Lock()
+        remove_stale_windows(self.data_dir, replica, config.stale_window_days * 86400.0)
 
     def monitor(self, model: str, version: str) -> DriftMonitor:
         with self._lock:
