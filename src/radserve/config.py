@@ -851,7 +851,8 @@ class TurnaroundSettings(_Section):
     # left of running jobs ranked behind it (they are not preempted; off: on four traces
     # better on one, worse on two). With the rates below, replayed on two quiet-host
     # traces: 42.2 / 32.6 % -> 20.0 / 23.5 % error behind >= 3 (README, issue 17)
-    share_left: Literal["measured", "latency"] = "measured"
+    # ("progress", session 30: by its stage seconds so far against its estimated work)
+    share_left: Literal["measured", "latency", "progress"] = "measured"
     running_behind: bool = False
     # the allowance's arrival rates per class: counted over the last hour, or while the
     # server has seen less, since its first arrival (at least arrival_min_span_s), with

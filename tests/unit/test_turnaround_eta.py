@@ -235,6 +235,25 @@ def test_a_running_jobs_share_left_is_its_share_less_what_it_has_had() -> None:
     assert by_latency[1].finish == pytest.approx(100.0 + 0.05 * 5.0 + 20.0)
 
 
+def test_a_starved_running_jobs_share_left_is_the_work_it_has_left() -> None:
+    """A routine job running beside better-ranked work is charged an equal split of the
+    wall time while its units wait: it has had 4.5 s of its 5 s share but done 1 s of its
+    4 s of stage work. By share (``measured``) it looks done (0.5 s left); by progress
+    (``progress``) 75 % of its share is left, 3.75 s; past 95 % of its work, 5 % is left.
+    Without its stage seconds, progress falls back on the share it has had."""
+    est = JobEstimate(2, 2, 4.0, 0, "f", 5.0)
+    starved = Entry("r", 2, True, 1000.0, 90.0, est, 4.5, 1.0)
+    heavy = Entry("h", 2, False, 1000.0, None, JobEstimate(2, 2, 4.0, 0, "f", 20.0))
+    by_share = walk([starved, heavy], 100.0, Capacity(max_running=4))
+    assert by_share[1].finish == pytest.approx(100.0 + 0.5 + 20.0)
+    progress = Capacity(max_running=4, share_left="progress")
+    assert walk([starved, heavy], 100.0, progress)[1].finish == pytest.approx(123.75)
+    nearly = Entry("r", 2, True, 1000.0, 90.0, est, 4.5, 3.99)
+    assert walk([nearly, heavy], 100.0, progress)[1].finish == pytest.approx(120.25)
+    unknown = Entry("r", 2, True, 1000.0, 90.0, est, 4.5)
+    assert walk([unknown, heavy], 100.0, progress)[1].finish == pytest.approx(120.5)
+
+
 def test_running_jobs_ranked_behind_a_queued_job_still_take_their_share() -> None:
     """An INPATIENT job queued ahead of a running OUTPATIENT job (4 s of its share left)
     waits through that share too: 100 + 8 + 4 s (its own latency, 10 s, is shorter). An
@@ -275,3 +294,30 @@ def test_the_band_can_count_the_noise_of_the_work_ahead() -> None:
     assert [e.finish_late - e.finish for e in own] == pytest.approx([z * 1.0] * 5)
     # four shares ahead of the fifth, each 0.1 x 5 s of noise, with its own 1 s
     assert ahead[4].finish_late - ahead[4].finish == pytest.approx(z * (1.0 + 4 * 0.25) ** 0.5)
+
+
+def test_a_running_jobs_work_done_is_its_step_seconds_and_is_recorded() -> None:
+    """The stage seconds a running job has so far, as the scheduler adds them: steps
+    only (not its wait, the totals, the paused part inside its steps, or its share),
+    and a walk's record keeps them for a replay."""
+    from radserve.turnaround.replay import walk_inputs, walk_record
+    from radserve.turnaround.service_time import work_done
+
+    timings = {
+        "ingest": 0.5,
+        "lesions: prepare": 0.25,
+        "lesions: infer": 1.0,
+        "paused": 0.2,
+        "queue": 3.0,
+        "run": 9.0,
+        "share": 2.0,
+    }
+    assert work_done(timings.items()) == pytest.approx(1.75)
+    est = JobEstimate(2, 2, 4.0, 0, "f", 5.0)
+    entries = [
+        Entry("r", 2, True, 1000.0, 90.0, est, 1.5, 1.75),
+        Entry("q", 2, False, 1000.0, None, est),
+        Entry("s", 2, True, 1000.0, 95.0, JobEstimate(2, 2, 4.0, 0, "f"), None, 0.5),
+    ]
+    _, back, _ = walk_inputs(walk_record(100.0, entries, Capacity(), {"r": 40}))
+    assert back == entries

@@ -381,6 +381,7 @@ class JobBook:
                 j.deadline,
                 j.started,
                 j.promoted,
+                tuple(j.timings.items()) if j.started is not None else (),
             )
             for j in self.active(now)
         ]

@@ -126,6 +126,8 @@ class QueuedJob:
     deadline: float
     started: float | None
     promoted: bool  # runs ahead of the rest of its class (deadline-risk policy)
+    # a started job's stage timings so far (ScheduledJob.timings): how far it has got
+    timings: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ from radserve.turnaround.eta import (
 from radserve.turnaround.rates import ArrivalRates
 from radserve.turnaround.replay import walk_record
 from radserve.turnaround.risk import RiskCleared, RiskEvent, RiskTracker
-from radserve.turnaround.service_time import Prior, ServiceTimeModel, StudySize
+from radserve.turnaround.service_time import Prior, ServiceTimeModel, StudySize, work_done
 from radserve.turnaround.share import ShareMeter, shares_of_runs
 
 logger = logging.getLogger(__name__)
@@ -410,7 +410,8 @@ class Turnaround:
                 lane=self.lane(job.cls),
             )
             facts = (job.job_id, job.cls.rank, job.running, job.deadline, job.started)
-            entries.append(Entry(*facts, estimate, so_far.get(job.job_id)))
+            worked = work_done(job.timings) if job.running else None
+            entries.append(Entry(*facts, estimate, so_far.get(job.job_id), worked))
             slices[job.job_id] = size.slices
         # walked outside the lock: job events and API readers wait on it
         capacity = self._capacity(now)

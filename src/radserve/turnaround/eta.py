@@ -54,7 +54,7 @@ from radserve.turnaround.service_time import JobEstimate
 
 URGENT = 0  # PriorityClass.URGENT.rank (the walk needs only the order of classes)
 LANES = ("none", "class", "exclusive")
-SHARE_LEFT = ("measured", "latency")
+SHARE_LEFT = ("measured", "latency", "progress")
 _Z90 = 1.2816  # standard normal 90th percentile
 _MAD_SIGMA = 1.4826  # median absolute deviation -> standard deviation (normal noise)
 
@@ -71,6 +71,8 @@ class Entry:
     estimate: JobEstimate
     # a running job's share of the server's wall time so far (ShareMeter.so_far)
     share_so_far: float | None = None
+    # a running job's stage seconds so far (its work done: service_time.work_done)
+    worked_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,10 @@ class Capacity:
     # a running job's share left (session 11): its estimated share less the share it has
     # had so far (``measured``), or the share in proportion to its latency left
     # (``latency``, before: a latency learned at a cold start or at another concurrency
-    # made running jobs look done)
+    # made running jobs look done), or (``progress``, session 30) in proportion to the
+    # work it has left: its stage seconds so far against its estimated work. A routine
+    # job running beside better-ranked work is charged an equal split of the wall time
+    # while its units wait, so by ``measured`` a starved job looks done
     share_left: str = "measured"
     # a queued job's throughput bound also counts the shares left of the running jobs
     # ranked behind it: they go on running, only URGENT work holds them (session 11: not
@@ -266,11 +271,15 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
 
 def _share_left(e: Entry, now: float, capacity: Capacity, fraction: float) -> float:
     """Seconds of the server's wall time a job with a measured share still takes: all
-    of it while queued; once running, its estimate less what it has had so far
-    (``share_left: measured``, at least 5 % of it) or ``fraction`` of it (its latency
-    left over its latency)."""
+    of it while queued; once running, the part of its work not done yet (``share_left:
+    progress``, at least 5 % of it), its estimate less what it has had so far
+    (``measured``, at least 5 % of it) or ``fraction`` of it (its latency left over its
+    latency)."""
     est = e.estimate
-    if e.running and capacity.share_left == "measured" and e.share_so_far is not None:
+    if e.running and capacity.share_left == "progress" and e.worked_s is not None:
+        done = min(e.worked_s / max(est.work_s, 1e-9), 0.95)
+        return capacity.through_s(est, 1.0 - done)
+    if e.running and capacity.share_left in ("measured", "progress") and e.share_so_far is not None:
         share = est.share_s or 0.0
         return capacity.drain * max(share - e.share_so_far, 0.05 * share)
     return capacity.through_s(est, fraction)

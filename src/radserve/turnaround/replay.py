@@ -57,6 +57,9 @@ def walk_record(
             row.append(e.estimate.share_s)
         if e.share_so_far is not None:  # since 2026-12-02 session 11
             row.append(e.share_so_far)
+        if e.worked_s is not None:  # since 2026-12-05 session 30
+            row += [None] * (13 - len(row))
+            row.append(e.worked_s)
         rows.append(row)
     return {
         "kind": "walk",
@@ -95,6 +98,7 @@ def walk_inputs(record: Mapping[str, Any]) -> tuple[float, list[Entry], Capacity
             r[4],
             _job_estimate(r[5:10], r[11] if len(r) > 11 else None),
             None if len(r) <= 12 or r[12] is None else float(r[12]),
+            None if len(r) <= 13 or r[13] is None else float(r[13]),
         )
         for r in record["entries"]
     ]

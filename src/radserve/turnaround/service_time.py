@@ -50,6 +50,14 @@ DEVICE_SUFFIX = ": infer"
 # to finish) the scheduler adds beside the steps
 NOT_WORK = frozenset({RUN, *_NOT_STEPS})
 WINDOW = 200
+
+
+def work_done(timings: Iterable[tuple[str, float]]) -> float:
+    """A running job's stage seconds so far: the steps' timings (what the estimate's
+    ``work_s`` sums), not its wait, totals, paused part or share."""
+    return sum(v for k, v in timings if k not in NOT_WORK and not _is_run(k) and math.isfinite(v))
+
+
 MIN_SPREAD = 1.25  # largest / smallest size before a slope is fitted from data
 
 
