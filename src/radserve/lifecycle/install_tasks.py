@@ -152,9 +152,14 @@ class InstallTasks:
             client=client,
             build=build,
         )
-        os.rename(bundle, self.bundle(task))
-        durable.fsync_dir(self.folder)
-        return self._write(task)
+        self._write(task)  # first: a process gone before the rename leaves an interrupted one
+        try:
+            os.rename(bundle, self.bundle(task))
+            durable.fsync_dir(self.folder)
+        except BaseException:
+            self._path(task.id).unlink(missing_ok=True)
+            raise
+        return task
 
     def started(self, task: InstallTask) -> InstallTask:
         return self._write(
