@@ -238,6 +238,13 @@ VARIANTS = {
     # session 18: the band (predicted_finish_late) also counts the noise of the work
     # ranked ahead (Capacity.band: ahead); the finish itself is unchanged
     "session 18, band ahead": _server((*SESSION_11_WALK, ("band", "ahead"))),
+    # session 30: a running job's share left by its work left (its stage seconds so far,
+    # recorded since session 30: on older traces it falls back on the share it has had)
+    "session 30, share left by progress": Variant(
+        drain=False,
+        capacity=(("share_left", "progress"), ("running_behind", False)),
+        rates=ArrivalRates(),
+    ),
     # session 18: the band as a quantile of the finished jobs' actual / predicted time to
     # finish (split conformal), over the last 10 or 20 jobs
     **{
