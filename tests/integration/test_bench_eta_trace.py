@@ -121,10 +121,14 @@ def test_the_eta_scenario_runs_and_reports_its_fields(tmp_path: Path) -> None:
     assert held < len(ends), "every job's share was 0"
     last = [r for r in summary["eta_records"] if r["kind"] == "walk"][-1]
     # a queued job's row ends with its estimated share; a running one's (the last walk can
-    # come while a job still runs) adds the share it already had, when the meter has it
-    assert all(len(row) in ((12, 13) if row[2] else (12,)) for row in last["entries"])
+    # come while a job still runs) adds the share it already had, when the meter has it,
+    # and its stage seconds so far (since session 30)
+    assert all(len(row) in ((12, 13, 14) if row[2] else (12,)) for row in last["entries"])
     assert all(row[11] > 0 for row in last["entries"])
-    assert all(row[12] >= 0 for row in last["entries"] if len(row) == 13)
+    assert all(row[12] >= 0 for row in last["entries"] if len(row) >= 13 and row[12] is not None)
+    assert all(row[13] >= 0 for row in last["entries"] if len(row) == 14)
+    rows = [e for r in summary["eta_records"] if r["kind"] == "walk" for e in r["entries"]]
+    assert any(len(row) == 14 for row in rows if row[2])  # some walk saw a job running
     # so the model the recording began with, refitted from the ends under the server's
     # own settings, gives back the recorded ETAs (a replay of other settings starts so);
     # not every one: a walk reads its clock, then the estimates, and a job's end learned
