@@ -34,14 +34,19 @@ def ended(c: httpx.Client, token: str, location: str) -> dict[str, Any]:
     raise AssertionError(f"{location} never ended")
 
 
-def test_the_ops_page_shows_each_variant_build_and_how_it_ended(tmp_path: Path) -> None:
-    need_browser()
+def serve(tmp_path: Path) -> tuple[str, dict[str, str], Any, Path]:
+    """A ``radserve serve`` with small variant builds: its URL, a read and an admin key,
+    the process, and the test models folder to make bundles from."""
     config = config_file(tmp_path, lifecycle={"variants": VARIANTS})
     data, port = tmp_path / "data", free_port()
     keys = {role: create_key_cli(config, data, role) for role in ("read", "admin")}
     process = start_server(config, data, port, tmp_path / "server.log")
-    base = f"http://127.0.0.1:{port}"
-    models = tmp_path / "assets" / "models"
+    return f"http://127.0.0.1:{port}", keys, process, tmp_path / "assets" / "models"
+
+
+def test_the_ops_page_shows_each_variant_build_and_how_it_ended(tmp_path: Path) -> None:
+    need_browser()
+    base, keys, process, models = serve(tmp_path)
     try:
         with httpx.Client(base_url=base, timeout=120) as c:
             admin = auth(keys["admin"])
@@ -90,12 +95,7 @@ def test_an_admin_installs_a_bundle_from_the_ops_page(tmp_path: Path) -> None:
     installed already refused with the server's reason in the form; a read-only session
     is not offered the form."""
     need_browser()
-    config = config_file(tmp_path, lifecycle={"variants": VARIANTS})
-    data, port = tmp_path / "data", free_port()
-    keys = {role: create_key_cli(config, data, role) for role in ("read", "admin")}
-    process = start_server(config, data, port, tmp_path / "server.log")
-    base = f"http://127.0.0.1:{port}"
-    models = tmp_path / "assets" / "models"
+    base, keys, process, models = serve(tmp_path)
     lesion_bundle_zip(models, "1.4.0", tmp_path / "now")
     lesion_bundle_zip(models, "1.5.0", tmp_path / "later")
     not_zip = tmp_path / "bundle.zip"
