@@ -98,13 +98,18 @@ def _read_raw(path: Path) -> InstallTask | None:
         return None  # being replaced, or not a record this version wrote
 
 
+def _bundle_of(record: Path) -> Path:
+    """The checked bundle kept beside the record file ``record`` until the install ends."""
+    return record.with_suffix(BUNDLE_SUFFIX)
+
+
 def _read(path: Path) -> InstallTask | None:
     """The record as a client should see it: one left behind waits ``queued`` for the
     next server while its bundle is kept and attempts are left, else is interrupted."""
     task = _read_raw(path)
     if task is None or not task.left_behind:
         return task
-    if task.attempts < MAX_ATTEMPTS and path.with_suffix(BUNDLE_SUFFIX).is_dir():
+    if task.attempts < MAX_ATTEMPTS and _bundle_of(path).is_dir():
         return replace(task, state="queued")
     why = GIVEN_UP_WHY if task.attempts >= MAX_ATTEMPTS else INTERRUPTED_WHY
     return replace(task, state="interrupted", error={"code": "interrupted", "message": why})
@@ -121,7 +126,7 @@ class InstallTasks:
 
     def bundle(self, task: InstallTask) -> Path:
         """The checked bundle kept for ``task`` until it ends."""
-        return self.folder / f"{task.id}{BUNDLE_SUFFIX}"
+        return _bundle_of(self._path(task.id))
 
     def _write(self, task: InstallTask) -> InstallTask:
         durable.write_json(self._path(task.id), asdict(task))

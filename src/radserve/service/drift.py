@@ -64,11 +64,16 @@ def write_reference(path: Path, model: str, version: str, source: str, records: 
 
 def window_path(data_dir: Path, model: str, version: str, replica: str | None = None) -> Path:
     """Where a monitor's window is kept; ``replica``: this server's instance id when
-    replicas share the data dir (characters a file name cannot hold become ``_``)."""
+    replicas share the data dir."""
+    return Path(data_dir) / DRIFT_DIR / model / f"{version}{_window_suffix(replica)}"
+
+
+def _window_suffix(replica: str | None) -> str:
+    """A window file's name after the version (characters a file name cannot hold in the
+    replica's id become ``_``)."""
     if replica is None:
-        return Path(data_dir) / DRIFT_DIR / model / f"{version}.window.json"
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", replica)
-    return Path(data_dir) / DRIFT_DIR / model / f"{version}.window.{safe}.json"
+        return ".window.json"
+    return f".window.{re.sub(r'[^A-Za-z0-9._-]', '_', replica)}.json"
 
 
 def remove_stale_windows(data_dir: Path, replica: str | None, older_than_s: float) -> int:
@@ -79,7 +84,7 @@ def remove_stale_windows(data_dir: Path, replica: str | None, older_than_s: floa
     root = Path(data_dir) / DRIFT_DIR
     if older_than_s <= 0 or not root.is_dir():
         return 0
-    own = None if replica is None else window_path(data_dir, "m", "v", replica).name[1:]
+    own = None if replica is None else _window_suffix(replica)
     cutoff = time.time() - older_than_s
     removed = []
     for path in root.glob("*/*.window.*.json"):

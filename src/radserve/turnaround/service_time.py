@@ -50,14 +50,6 @@ DEVICE_SUFFIX = ": infer"
 # to finish) the scheduler adds beside the steps
 NOT_WORK = frozenset({RUN, *_NOT_STEPS})
 WINDOW = 200
-
-
-def work_done(timings: Iterable[tuple[str, float]]) -> float:
-    """A running job's stage seconds so far: the steps' timings (what the estimate's
-    ``work_s`` sums), not its wait, totals, paused part or share."""
-    return sum(v for k, v in timings if k not in NOT_WORK and not _is_run(k) and math.isfinite(v))
-
-
 MIN_SPREAD = 1.25  # largest / smallest size before a slope is fitted from data
 
 
@@ -218,7 +210,7 @@ class ServiceTimeModel:
             for name, seconds in timings.items():
                 if name in _NOT_STEPS or not math.isfinite(seconds) or seconds < 0:
                     continue
-                if not _is_run(name) and name not in steps:
+                if _is_step(name) and name not in steps:
                     steps.append(name)
                 key = StepKey(pipeline, name, device, precision)
                 samples = self._keys.setdefault(key, _Samples.of(self.window))
@@ -397,6 +389,17 @@ class ServiceTimeModel:
     @classmethod
     def load(cls, path: Path) -> ServiceTimeModel:
         return cls.from_json(json.loads(Path(path).read_text()))
+
+
+def work_done(timings: Iterable[tuple[str, float]]) -> float:
+    """A running job's stage seconds so far: its steps' timings (what the estimate's
+    ``work_s`` sums), not its wait, totals, paused part or share."""
+    return sum(v for k, v in timings if _is_step(k) and math.isfinite(v))
+
+
+def _is_step(name: str) -> bool:
+    """A timing of one step of the work (what the model learns a line per step for)."""
+    return name not in _NOT_STEPS and not _is_run(name)
 
 
 def _is_run(step: str) -> bool:
