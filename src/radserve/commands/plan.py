@@ -33,8 +33,9 @@ from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
     "service_file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help="A service-time model JSON (radserve bench --scenario eta writes one); "
-    "default: learned from the store's finished jobs.",
+    help="A service-time model JSON, or a `radserve bench --scenario eta --json` "
+    "summary (its service times; gzipped too); default: learned from the store's "
+    "finished jobs.",
 )
 @click.option("--pipeline", default=None, help="Pipeline whose service times to use.")
 @click.option("--precision", default=None, help="Precision whose service times to use.")
@@ -74,7 +75,8 @@ from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Write TAT vs arrival rate: .png with matplotlib installed, else SVG.",
+    help="Write TAT vs arrival rate: .png (with matplotlib installed, else an .svg beside "
+    "it), .svg, or .html (the plot and its figures).",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def command(
@@ -100,6 +102,7 @@ def command(
     rate; with --find-devices the smallest number of devices meeting --target."""
     from radserve.config import load_settings
     from radserve.turnaround import plan as planner
+    from radserve.turnaround.model_file import ModelFileError, read_model_file
     from radserve.turnaround.service_time import Prior, ServiceTimeModel
     from radserve.turnaround.simulate import Arrival, poisson_trace
 
@@ -107,18 +110,22 @@ def command(
         raise click.UsageError("give exactly one of --rate and --replay")
     if find_devices and not targets:
         raise click.UsageError("--find-devices needs --target")
-    try:
-        goal = planner.parse_targets(targets) if targets else {}
-        per_s = planner.parse_rates(rates) if rates else {}
-    except planner.PlanInputError as exc:
-        raise click.BadParameter(str(exc)) from None
+    duration = hours * 3600
+    # every input checked before a store is opened or anything simulated
+    goal = _checked(planner.parse_targets, targets, "--target") if targets is not None else {}
+    per_s = _checked(planner.parse_rates, rates, "--rate") if rates is not None else {}
+    _checked(lambda d: planner.check_arrivals(per_s, d), duration, "--hours")
+    if plot is not None:
+        _checked(planner.plot_format, plot, "--plot")
     settings = load_settings(config_file, data_dir=data_dir)
     scheduler = settings.scheduler
     t = settings.turnaround
-    duration = hours * 3600
     store = None
     if service_file is not None:
-        model = ServiceTimeModel.from_json(json.loads(service_file.read_text()))
+        try:
+            model = read_model_file(service_file)
+        except ModelFileError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--service-times'") from None
     else:
         model = ServiceTimeModel(Prior(t.prior_fixed_s, t.prior_per_slice_s, t.prior_device_share))
     if service_file is None or replay is not None:
@@ -142,20 +149,16 @@ def command(
             duration = trace[-1].at
         else:
             trace = poisson_trace(per_s, duration, seed)
+            if not trace:
+                raise click.ClickException(
+                    f"no arrival was drawn in {hours:g} h at these rates (seed {seed}): "
+                    "plan over more --hours"
+                )
     finally:
         if store is not None:
             store.close()
     groups = model.groups()
-    group = next(
-        (
-            g
-            for g in groups
-            if (pipeline is None or g[0] == pipeline)
-            and (device_name is None or g[1] == device_name)
-            and (precision is None or g[2] == precision)
-        ),
-        (pipeline or "", device_name or "cpu", precision or "fp32"),
-    )
+    group = _group(groups, pipeline, device_name, precision)
     cores = _cores_per_device(group[1], host_cores)
     scheduler = _as_served(scheduler, group[1])
     sampler = planner.ModelSampler(
@@ -178,6 +181,8 @@ def command(
         "seed": seed,
         "targets_p95_s": {c.value: v for c, v in goal.items()},
     }
+    load = planner.offered_load(trace, sampler, seed)
+    report["offered_load"] = load.as_dict()
     if find_devices:
         best, tried, first = planner.find_devices(
             trace,
@@ -194,6 +199,17 @@ def command(
         report["overloaded_below"] = first
         report["plans"] = [p.as_dict() for p in tried]
         devices = best.devices if best is not None else devices
+    elif (busy := load.utilisation(devices, cpu_workers, cores)) >= 1.0:
+        # the queue grows for as long as one simulates: TATs would be the hours simulated
+        report["plans"] = [
+            {
+                "devices": devices,
+                "overloaded": True,
+                "utilisation": round(busy, 4),
+                "meets_targets": False if goal else None,
+            }
+        ]
+        report["devices_needed"] = load.fewest_devices(cpu_workers, cores, below=1.0)
     else:
         chosen = planner.run_plan(
             trace,
@@ -206,7 +222,7 @@ def command(
             targets=goal or None,
             cores_per_device=cores,
         )
-        report["plans"] = [chosen.as_dict()]
+        report["plans"] = [{**chosen.as_dict(), "utilisation": round(busy, 4)}]
     if plot is not None:
         curve_rates = per_s or _rates_of(trace, duration)
         curve = planner.tat_curve(
@@ -219,16 +235,60 @@ def command(
             seed=seed,
             cores_per_device=cores,
         )
-        kind = planner.write_plot(curve, curve_rates, plot)
+        written = planner.write_plot(curve, curve_rates, plot)
         report["plot"] = {
-            "path": str(plot if kind == "png" else plot.with_suffix(".svg")),
-            "format": kind,
+            "path": str(written),
+            "format": written.suffix[1:],
             "devices": devices,
+            "overloaded_from_per_h": (
+                round(min(curve.overloaded) * sum(curve_rates.values()) * 3600, 3)
+                if curve.overloaded
+                else None
+            ),
         }
+        if written != plot:
+            click.echo(f"note: matplotlib is not installed: wrote {written}, not {plot}", err=True)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
     _print(report)
+
+
+def _checked(parse: Any, value: Any, option: str) -> Any:
+    """``parse(value)``, its PlanInputError as the option's usage error."""
+    from radserve.turnaround.plan import PlanInputError
+
+    try:
+        return parse(value)
+    except PlanInputError as exc:
+        raise click.BadParameter(str(exc), param_hint=f"'{option}'") from None
+
+
+def _group(
+    groups: list[tuple[str, str, str]],
+    pipeline: str | None,
+    device: str | None,
+    precision: str | None,
+) -> tuple[str, str, str]:
+    """The measured (pipeline, device, precision) the options pick, the first one when
+    they name none; with nothing measured, the prior under the names given. Names that
+    match nothing measured are refused: the prior in their place would answer for a
+    pipeline the store knows nothing of as if it did."""
+    for g in groups:
+        if (
+            (pipeline is None or g[0] == pipeline)
+            and (device is None or g[1] == device)
+            and (precision is None or g[2] == precision)
+        ):
+            return g
+    if groups:
+        known = "; ".join(f"pipeline {g[0]} on {g[1]} at {g[2]}" for g in groups)
+        raise click.BadParameter(
+            f"no service times measured for the --pipeline/--device/--precision given; "
+            f"measured: {known}",
+            param_hint="'--pipeline'",
+        )
+    return (pipeline or "", device or "cpu", precision or "fp32")
 
 
 def _cores_per_device(device: str, host_cores: int | None) -> int | None:
@@ -310,7 +370,7 @@ def _print(report: dict[str, Any]) -> None:
         if report["overloaded_below"] > 1:
             click.echo(
                 f"fewer than {report['overloaded_below']} device(s): overloaded "
-                "(offered load >= 95 % of capacity), not simulated"
+                "(their busiest resource >= 95 % busy), not simulated"
             )
         click.echo(
             f"smallest device count meeting the targets: {n}"
@@ -318,6 +378,14 @@ def _print(report: dict[str, Any]) -> None:
             else "no device count up to 64 meets the targets"
         )
     for plan in report["plans"]:
+        if plan.get("overloaded"):
+            click.echo(
+                f"\n{plan['devices']} device(s): overloaded: the arrivals keep its busiest "
+                f"resource {plan['utilisation']:.0%} busy, so the queue grows without bound "
+                f"and no TAT settles (not simulated); {report['devices_needed']} device(s) "
+                "keep up"
+            )
+            continue
         verdict = {True: " meets targets", False: " misses targets", None: ""}[
             plan["meets_targets"]
         ]
@@ -336,3 +404,8 @@ def _print(report: dict[str, Any]) -> None:
             )
     if "plot" in report:
         click.echo(f"\nplot ({report['plot']['format']}): {report['plot']['path']}")
+        if report["plot"]["overloaded_from_per_h"] is not None:
+            click.echo(
+                f"  not simulated from {report['plot']['overloaded_from_per_h']:g} arrivals/h: "
+                "overloaded"
+            )

@@ -2,8 +2,11 @@
 arrival rates from the command line (or a replayed history), the smallest number of
 devices meeting per-class targets, and TAT against arrival rate as a plot.
 
-The plot is an SVG written here (no plotting library is a dependency); with matplotlib
-installed a ``.png`` path is drawn with it instead.
+The plot is an SVG written here (no plotting library is a dependency), or an HTML page
+holding it and its figures; with matplotlib installed a ``.png`` path is drawn with it
+instead. Every input is checked before anything is simulated, and a load the host cannot
+serve is answered as overloaded, not simulated: its queue grows for as long as one
+simulates it, so its TATs are the simulated hours, not the policy's.
 """
 
 from __future__ import annotations
@@ -35,41 +38,77 @@ from radserve.turnaround.solo import SoloTimes, coarse_service
 from radserve.turnaround.units import fine_service
 
 _PER = {"s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_RATE = re.compile(r"^\s*([0-9.]+(?:e-?[0-9]+)?)\s*(?:/\s*(s|min|m|h|d))?\s*$")
+_RATE = re.compile(r"^\s*([0-9.]+(?:e-?[0-9]+)?)\s*(?:/\s*(s|min|m|h|d))?\s*$", re.IGNORECASE)
 MIN_RATIOS = 10  # measured jobs before their own noise is drawn
 # a job that shared the host with this many threads of others on average counts 1/e of
 # one that ran alone in the noise drawn for its size (ModelSampler.size_ratios)
 SHARED_THREADS = 1.0
-_DURATION = re.compile(r"^\s*([0-9.]+)\s*(s|min|m|h)?\s*$")
+_DURATION = re.compile(r"^\s*([0-9.]+(?:e-?[0-9]+)?)\s*(s|min|m|h|d)?\s*$", re.IGNORECASE)
+# arrivals one plan may simulate: at about 4 ms of CPU per job (docs/turnaround.md, cost
+# of a plan) this is some 15 minutes; a longer stream says no more about the steady state
+MAX_ARRIVALS = 250_000
+# a device count whose busiest resource is this busy is not searched (find_devices):
+# its queue settles, if at all, far above any target
+SEARCH_BELOW = 0.95
+PLOT_FORMATS = (".png", ".svg", ".html")
 
 
 class PlanInputError(ValueError):
-    """A rate, target or duration the planner cannot read."""
+    """A rate, target, duration or file the planner cannot read."""
 
 
 def parse_rates(text: str) -> dict[PriorityClass, float]:
-    """``urgent=2/h,inpatient=10/h,outpatient=0.5/min`` -> arrivals per second."""
+    """``urgent=2/h,inpatient=10/h,outpatient=0.5/min`` -> arrivals per second. Each
+    class at most once, and at least one above 0 (a plan of no arrivals says nothing)."""
     out: dict[PriorityClass, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, value = part.partition("=")
         match = _RATE.match(value)
-        if not match:
+        number = _number(match.group(1)) if match else math.nan
+        if not match or not math.isfinite(number):
             raise PlanInputError(f"rate {part!r}: expected CLASS=NUMBER/UNIT (s|min|h|d)")
-        cls = _class(name)
-        out[cls] = float(match.group(1)) / _PER[match.group(2) or "h"]
+        cls = _once(out, name, "rate")
+        out[cls] = number / _PER[(match.group(2) or "h").lower()]
+    if not any(rate > 0 for rate in out.values()):
+        raise PlanInputError(
+            f"rate {text!r}: no arrivals; give at least one class a rate above 0, "
+            "e.g. urgent=2/h,outpatient=20/h"
+        )
     return out
 
 
 def parse_targets(text: str) -> dict[PriorityClass, float]:
-    """``urgent=300s,inpatient=10min`` -> p95 TAT targets in seconds."""
+    """``urgent=300s,inpatient=10min`` -> p95 TAT targets in seconds (each above 0)."""
     out: dict[PriorityClass, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, value = part.partition("=")
         match = _DURATION.match(value)
-        if not match:
-            raise PlanInputError(f"target {part!r}: expected CLASS=NUMBER[s|min|h]")
-        out[_class(name)] = float(match.group(1)) * _PER[match.group(2) or "s"]
+        seconds = _number(match.group(1)) if match else math.nan
+        if not match or not math.isfinite(seconds) or seconds <= 0:
+            raise PlanInputError(
+                f"target {part!r}: expected CLASS=NUMBER[s|min|h|d], a time above 0"
+            )
+        out[_once(out, name, "target")] = seconds * _PER[(match.group(2) or "s").lower()]
+    if not out:
+        raise PlanInputError(f"target {text!r}: expected e.g. urgent=300s,inpatient=10min")
     return out
+
+
+def _number(text: str) -> float:
+    """``text`` as a float, NaN where it is none ("1.2.3" passes the patterns)."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def _once(seen: Mapping[PriorityClass, float], name: str, what: str) -> PriorityClass:
+    """The class ``name`` names, refused if ``seen`` has it already: two rates for one
+    class are a typo, not a sum."""
+    cls = _class(name)
+    if cls in seen:
+        raise PlanInputError(f"{what} for {cls.value} given twice")
+    return cls
 
 
 def _class(name: str) -> PriorityClass:
@@ -77,6 +116,39 @@ def _class(name: str) -> PriorityClass:
         return PriorityClass.parse(name)
     except ValueError as exc:
         raise PlanInputError(str(exc)) from None
+
+
+def check_arrivals(rates_per_s: Mapping[PriorityClass, float], duration_s: float) -> None:
+    """Refuse a plan whose arrivals (their expected count) exceed ``MAX_ARRIVALS``
+    before drawing them: a rate typed per second instead of per hour would otherwise
+    draw millions and simulate for hours. Where the rates would not fit an hour, the
+    advice is their units, not fewer hours."""
+    expected = sum(rates_per_s.values()) * duration_s
+    if expected > MAX_ARRIVALS:
+        hours = MAX_ARRIVALS / max(sum(rates_per_s.values()), 1e-12) / 3600
+        advice = (
+            f"at these rates --hours {hours:.3g} or less"
+            if hours >= 1
+            else f"they would fit {hours * 60:.2g} min: check the rates' units "
+            "(/s /min /h /d; a number alone is per hour)"
+        )
+        raise PlanInputError(
+            f"{expected:,.0f} arrivals expected over {duration_s / 3600:g} h: a plan "
+            f"simulates at most {MAX_ARRIVALS:,}; {advice}"
+        )
+
+
+def plot_format(path: Path) -> str:
+    """The format a ``--plot`` path asks for, checked before any simulation: its suffix
+    must be one the planner writes and its folder must exist."""
+    suffix = path.suffix.lower()
+    if suffix not in PLOT_FORMATS:
+        raise PlanInputError(
+            f"plot {str(path)!r}: the file name must end in {', '.join(PLOT_FORMATS)}"
+        )
+    if not path.parent.is_dir():
+        raise PlanInputError(f"plot {str(path)!r}: no folder {str(path.parent)!r}")
+    return suffix[1:]
 
 
 def _nearest(distance: np.ndarray) -> np.ndarray:
@@ -284,13 +356,65 @@ def _config(
     return SimConfig(devices, cpu_workers, scheduler, host_cores=cores)
 
 
+@dataclass(frozen=True)
+class OfferedLoad:
+    """Busy seconds per second the arrivals bring: the device's batches and the CPU
+    stages, each as the sampler times them."""
+
+    device: float
+    cpu: float
+
+    def utilisation(
+        self, devices: int, cpu_workers_per_device: int, cores_per_device: int | None
+    ) -> float:
+        """The busiest resource's share of its capacity on ``devices`` devices (1: it is
+        busy all the time and the queue grows without bound). On separate hardware the
+        devices and the CPU workers each carry their own part; on a CPU device
+        (``cores_per_device``) a batch runs on all of a device's cores and a CPU stage on
+        one, so the cores carry both, as the simulation shares them (before session 31
+        the search compared each with its own capacity there, and a CPU host busy 140 %
+        was planned as one device that kept up: its queue grew for the whole plan)."""
+        n = max(1, devices)
+        workers = self.cpu / (max(1, cpu_workers_per_device) * n)
+        if cores_per_device is None:
+            return max(self.device / n, workers)
+        cores = max(1, cores_per_device)
+        return max((self.device * cores + self.cpu) / (cores * n), workers)
+
+    def fewest_devices(
+        self,
+        cpu_workers_per_device: int,
+        cores_per_device: int | None,
+        below: float = SEARCH_BELOW,
+    ) -> int:
+        """The fewest devices whose :meth:`utilisation` is under ``below``."""
+        n = 1
+        while self.utilisation(n, cpu_workers_per_device, cores_per_device) >= below:
+            n *= 2
+        low = n // 2 + 1 if n > 1 else 1
+        while low < n:  # the utilisation falls as the devices grow: bisect
+            mid = (low + n) // 2
+            if self.utilisation(mid, cpu_workers_per_device, cores_per_device) >= below:
+                low = mid + 1
+            else:
+                n = mid
+        return n
+
+    def scaled(self, factor: float) -> OfferedLoad:
+        return OfferedLoad(self.device * factor, self.cpu * factor)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"device_s_per_s": round(self.device, 4), "cpu_s_per_s": round(self.cpu, 4)}
+
+
 def offered_load(
     trace: Sequence[Arrival], sampler: ServiceSampler, seed: int, samples: int = 500
-) -> tuple[float, float]:
-    """(device, CPU) busy seconds per second the trace brings: a host with fewer devices
-    (or CPU workers) than that is overloaded and need not be simulated."""
+) -> OfferedLoad:
+    """The load the trace brings (:class:`OfferedLoad`), from up to ``samples`` of its
+    jobs: a host it keeps busier than it can be is overloaded and need not be
+    simulated."""
     if not trace:
-        return 0.0, 0.0
+        return OfferedLoad(0.0, 0.0)
     span = max(trace[-1].at - trace[0].at, 1.0)
     rng = np.random.default_rng([seed, 7])
     picks = rng.choice(len(trace), size=min(samples, len(trace)), replace=False)
@@ -300,7 +424,7 @@ def offered_load(
         device += sum(job.batches_s)
         cpu += job.cpu_pre_s + job.cpu_post_s
     per_job = len(trace) / span / len(picks)
-    return device * per_job, cpu * per_job
+    return OfferedLoad(device * per_job, cpu * per_job)
 
 
 def find_devices(
@@ -317,14 +441,11 @@ def find_devices(
 ) -> tuple[Plan | None, list[Plan], int]:
     """The smallest device count (1..max_devices) whose simulation meets ``targets``;
     CPU workers grow with the devices (``cpu_workers_per_device`` each). Counts whose
-    offered load is at or above 95 % of capacity are not simulated (the queue would
-    only grow); the third value is the first count simulated."""
-    device_load, cpu_load = offered_load(trace, sampler, seed)
-    first = max(
-        1,
-        math.floor(device_load / 0.95) + 1,
-        math.floor(cpu_load / (0.95 * cpu_workers_per_device)) + 1,
-    )
+    busiest resource the trace keeps ``SEARCH_BELOW`` (95 %) busy or more are not
+    simulated (the queue would only grow); the third value is the first count
+    simulated."""
+    load = offered_load(trace, sampler, seed)
+    first = load.fewest_devices(cpu_workers_per_device, cores_per_device)
     tried: list[Plan] = []
     for n in range(first, max_devices + 1):
         plan = run_plan(
@@ -351,6 +472,8 @@ class Curve:
     scales: tuple[float, ...]
     p50: dict[PriorityClass, list[float]]
     p95: dict[PriorityClass, list[float]]
+    # the scales whose arrivals keep the host busier than it can be: not simulated (NaN)
+    overloaded: tuple[float, ...] = ()
 
 
 def tat_curve(
@@ -365,17 +488,31 @@ def tat_curve(
     scales: Sequence[float] = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0),
     cores_per_device: int | None = None,
 ) -> Curve:
+    """p50 / p95 TAT per class at each multiple of ``rates``; a multiple whose arrivals
+    keep the host busy all the time is not simulated (its queue grows with the
+    simulated hours, so no TAT settles; NaN, listed in :attr:`Curve.overloaded`)."""
     p50: dict[PriorityClass, list[float]] = {c: [] for c in rates}
     p95: dict[PriorityClass, list[float]] = {c: [] for c in rates}
+    overloaded: list[float] = []
+    workers = max(1, cpu_workers // max(1, devices))
+    # the busiest multiple's stream is held to MAX_ARRIVALS: shorter at high rates
+    busiest = max(scales, default=1.0) * sum(rates.values())
+    duration_s = min(duration_s, MAX_ARRIVALS / busiest) if busiest > 0 else duration_s
     for scale in scales:
-        trace = poisson_trace({c: r * scale for c, r in rates.items()}, duration_s, seed)
-        config = _config(devices, cpu_workers, scheduler, cores_per_device)
-        result = simulate(trace, sampler, config, seed=seed + 1)
+        scaled = {c: r * scale for c, r in rates.items()}
+        trace = poisson_trace(scaled, duration_s, seed)
+        load = offered_load(trace, sampler, seed)
+        result = None
+        if load.utilisation(devices, workers, cores_per_device) < 1.0:
+            config = _config(devices, cpu_workers, scheduler, cores_per_device)
+            result = simulate(trace, sampler, config, seed=seed + 1)
+        else:
+            overloaded.append(scale)
         for cls in rates:
-            got = result.classes.get(cls)
+            got = result.classes.get(cls) if result is not None else None
             p50[cls].append(got.tat_p50_s if got else math.nan)
             p95[cls].append(got.tat_p95_s if got else math.nan)
-    return Curve(tuple(scales), p50, p95)
+    return Curve(tuple(scales), p50, p95, tuple(overloaded))
 
 
 _COLOURS = {
@@ -385,13 +522,15 @@ _COLOURS = {
 }
 
 
-def write_plot(curve: Curve, rates: Mapping[PriorityClass, float], path: Path) -> str:
-    """TAT vs total arrival rate; PNG via matplotlib when asked for and installed, else
-    SVG. Returns what was written ("png" or "svg")."""
+def write_plot(curve: Curve, rates: Mapping[PriorityClass, float], path: Path) -> Path:
+    """TAT vs total arrival rate at ``path`` (:func:`plot_format`): PNG drawn by
+    matplotlib when installed (else an SVG beside it, its suffix changed), SVG, or an
+    HTML page holding the SVG and the figures as a table. Returns the file written."""
     path = Path(path)
     total_h = sum(rates.values()) * 3600
     xs = [s * total_h for s in curve.scales]
-    if path.suffix.lower() == ".png":
+    kind = plot_format(path)
+    if kind == "png":
         try:
             import matplotlib  # type: ignore[import-not-found]
 
@@ -404,6 +543,9 @@ def write_plot(curve: Curve, rates: Mapping[PriorityClass, float], path: Path) -
             for cls in curve.p95:
                 ax.plot(xs, curve.p95[cls], "-o", color=_COLOURS[cls], label=f"{cls.value} p95")
                 ax.plot(xs, curve.p50[cls], "--", color=_COLOURS[cls], label=f"{cls.value} p50")
+            if curve.overloaded:
+                ax.axvspan(min(curve.overloaded) * total_h, max(xs), color="0.9", zorder=0)
+                ax.set_title(_overload_note(curve, total_h), fontsize=9)
             ax.set_xlabel("arrivals per hour (all classes)")
             ax.set_ylabel("turnaround (s)")
             ax.set_yscale("log")
@@ -411,12 +553,53 @@ def write_plot(curve: Curve, rates: Mapping[PriorityClass, float], path: Path) -
             fig.tight_layout()
             fig.savefig(path, dpi=120)
             plt.close(fig)
-            return "png"
-    path.write_text(_svg(curve, xs))
-    return "svg"
+            return path
+    if kind == "html":
+        path.write_text(_html(curve, xs, total_h))
+    else:
+        path.write_text(_svg(curve, xs, total_h))
+    return path
 
 
-def _svg(curve: Curve, xs: list[float]) -> str:
+def _overload_note(curve: Curve, total_h: float) -> str:
+    return (
+        f"overloaded from {min(curve.overloaded) * total_h:.3g} arrivals/h: "
+        "the queue grows without bound (not simulated)"
+    )
+
+
+def _html(curve: Curve, xs: list[float], total_h: float) -> str:
+    """A page for a browser: the plot, and per arrival rate each class's p50 / p95."""
+    head = "".join(
+        f"<th>{escape(c.value)} p50 s</th><th>{escape(c.value)} p95 s</th>" for c in curve.p95
+    )
+    rows = []
+    for i, x in enumerate(xs):
+        cells = "".join(
+            f"<td>{_cell(curve.p50[c][i])}</td><td>{_cell(curve.p95[c][i])}</td>" for c in curve.p95
+        )
+        rows.append(f"<tr><td>{x:.3g}</td>{cells}</tr>")
+    return "\n".join(
+        [
+            '<!doctype html><html lang="en"><head><meta charset="utf-8">',
+            "<title>radserve plan: turnaround against arrival rate</title>",
+            "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:right}"
+            "</style></head><body>",
+            "<h1>Turnaround against arrival rate</h1>",
+            _svg(curve, xs, total_h),
+            f"<table><thead><tr><th>arrivals/h</th>{head}</tr></thead>",
+            f"<tbody>{''.join(rows)}</tbody></table>",
+            "<p>Not simulated: overloaded.</p>" if curve.overloaded else "",
+            "</body></html>",
+        ]
+    )
+
+
+def _cell(value: float) -> str:
+    return "overloaded" if math.isnan(value) else f"{value:.1f}"
+
+
+def _svg(curve: Curve, xs: list[float], total_h: float) -> str:
     width, height, left, bottom, top, right = 720, 440, 70, 50, 20, 160
     values = [v for d in (curve.p50, curve.p95) for vs in d.values() for v in vs if v > 0]
     lo = math.log10(min(values)) if values else 0.0
@@ -473,20 +656,34 @@ def _svg(curve: Curve, xs: list[float]) -> str:
                 f'<text x="{width - right + 42}" y="{ly}">{escape(cls.value)} {label}</text>'
             )
             row += 1
+    if curve.overloaded:
+        x = px(min(curve.overloaded) * total_h)
+        parts.append(
+            f'<rect x="{x:.1f}" y="{top}" width="{width - right - x:.1f}" '
+            f'height="{height - top - bottom}" fill="#888" fill-opacity="0.15"/>'
+        )
+        parts.append(
+            f'<text x="{left + 4}" y="{top + 2}">{escape(_overload_note(curve, total_h))}</text>'
+        )
     parts.append("</svg>")
     return "\n".join(parts)
 
 
 __all__ = [
+    "MAX_ARRIVALS",
+    "PLOT_FORMATS",
     "Curve",
     "ModelSampler",
+    "OfferedLoad",
     "Plan",
     "PlanInputError",
+    "check_arrivals",
     "find_devices",
     "meets",
     "offered_load",
     "parse_rates",
     "parse_targets",
+    "plot_format",
     "run_plan",
     "tat_curve",
     "write_plot",

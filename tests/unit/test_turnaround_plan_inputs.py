@@ -1,0 +1,259 @@
+"""``radserve plan`` answers every input at once: a clear refusal for what it cannot
+read, "overloaded" for a load the host cannot serve (not hours of simulating a queue
+that only grows), and never a traceback or a silent substitute."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from radserve.cli import cli
+from radserve.config import SchedulerSettings
+from radserve.domain.priority import PriorityClass
+from radserve.turnaround.model_file import read_model_file
+from radserve.turnaround.plan import (
+    MAX_ARRIVALS,
+    ModelSampler,
+    OfferedLoad,
+    PlanInputError,
+    check_arrivals,
+    parse_rates,
+    parse_targets,
+    run_plan,
+)
+from radserve.turnaround.service_time import Prior, ServiceTimeModel
+from radserve.turnaround.simulate import poisson_trace
+
+TRACES = Path(__file__).parents[1] / "data" / "eta-traces"
+TRACE = TRACES / "eta-quiet-xeon-180bc3a-s0.json.gz"
+OUT = PriorityClass.OUTPATIENT
+
+
+def _run(tmp_path: Path, *args: str) -> Result:
+    return CliRunner().invoke(cli, ["plan", "--data-dir", str(tmp_path / "data"), *args])
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("urgent=2/h,urgent=3/h", "given twice"),
+        ("urgent=1.2.3/h", "expected CLASS=NUMBER/UNIT"),
+        ("urgent=1e400/h", "expected CLASS=NUMBER/UNIT"),  # inf
+        ("urgent=0/h", "no arrivals"),
+        ("", "no arrivals"),
+        (" , ", "no arrivals"),
+        ("urgent=2/week", "expected CLASS=NUMBER/UNIT"),
+    ],
+)
+def test_rates_that_say_nothing_or_twice_are_refused(text: str, why: str) -> None:
+    with pytest.raises(PlanInputError, match=why):
+        parse_rates(text)
+
+
+def test_units_are_read_in_any_case_and_targets_must_be_times_above_zero() -> None:
+    assert parse_rates("URGENT=2/H,Outpatient=1/Min") == {
+        PriorityClass.URGENT: pytest.approx(2 / 3600),
+        OUT: pytest.approx(1 / 60),
+    }
+    assert parse_targets("urgent=5MIN,inpatient=1d") == {
+        PriorityClass.URGENT: 300.0,
+        PriorityClass.INPATIENT: 86400.0,
+    }
+    for bad in ("urgent=0s", "urgent=-5s", "urgent=5s,urgent=6s", "", "urgent=1e400s"):
+        with pytest.raises(PlanInputError):
+            parse_targets(bad)
+
+
+def test_a_rate_typed_per_second_is_refused_before_anything_is_drawn() -> None:
+    rates = parse_rates("outpatient=3000/s")  # meant per hour: 259 million a day
+    with pytest.raises(PlanInputError, match="check the rates' units"):
+        check_arrivals(rates, 24 * 3600)
+    many = parse_rates("outpatient=20000/h")  # real, but more than one plan simulates
+    with pytest.raises(PlanInputError, match=r"--hours 12\.5 or less"):
+        check_arrivals(many, 24 * 3600)
+    check_arrivals(many, 12 * 3600)  # 240,000: within MAX_ARRIVALS
+    assert MAX_ARRIVALS >= 240_000
+
+
+def test_a_cpu_device_carries_its_batches_and_the_cpu_stages_on_the_same_cores() -> None:
+    load = OfferedLoad(device=0.9, cpu=0.9)  # busy seconds per second, each as run alone
+    # separate hardware: each part on its own (90 % of one device, 45 % of two workers)
+    assert load.utilisation(1, 2, None) == pytest.approx(0.9)
+    assert load.fewest_devices(2, None) == 1
+    # a CPU device of 2 cores: a batch holds both, a CPU stage one; 0.9 x 2 + 0.9 core
+    # seconds every second on 2 cores
+    assert load.utilisation(1, 2, 2) == pytest.approx(1.35)
+    assert load.utilisation(2, 2, 2) == pytest.approx(0.675)
+    assert load.fewest_devices(2, 2) == 2
+    assert load.fewest_devices(2, 2, below=1.0) == 2
+    # the CPU workers still bound it when there are few of them
+    assert OfferedLoad(0.0, 3.0).utilisation(1, 2, 8) == pytest.approx(1.5)
+    heavy = OfferedLoad(device=37.0, cpu=5.0)
+    n = heavy.fewest_devices(2, 4)
+    assert heavy.utilisation(n, 2, 4) < 0.95 <= heavy.utilisation(n - 1, 2, 4)
+
+
+def test_a_cpu_host_the_arrivals_keep_busier_than_it_can_be_is_answered_overloaded(
+    tmp_path: Path,
+) -> None:
+    """The prior's ~5.6 s jobs (half of them batches on both cores) at 1,200 an hour:
+    the device alone is 93 % busy, so the search used to take one device; but the
+    batches and the CPU stages share the two cores, 140 % busy. Simulated on one device
+    the queue only grows (TAT doubles with the hours simulated); the planner now says
+    so instead of simulating for minutes, and its search starts at two devices."""
+    args = ["--rate", "outpatient=1200/h", "--host-cores", "2", "--json"]
+    plain = _run(tmp_path, *args)
+    assert plain.exit_code == 0, plain.output
+    report = json.loads(plain.stdout)
+    (plan,) = report["plans"]
+    assert plan["overloaded"] is True and plan["utilisation"] > 1.2
+    assert "classes" not in plan  # no TAT for a queue without a steady state
+    assert report["devices_needed"] == 2
+    searched = _run(
+        tmp_path, *args, "--hours", "1", "--find-devices", "--target", "outpatient=10min"
+    )
+    found = json.loads(searched.stdout)
+    assert found["overloaded_below"] == 2 and found["smallest_devices"] == 2
+    assert found["plans"][0]["classes"]["OUTPATIENT"]["tat_p95_s"] < 600
+
+    # the verdict, checked by the simulation itself: one device falls further behind
+    sampler = ModelSampler(ServiceTimeModel(Prior()), "", "cpu", "fp32", batch_slices=8)
+    p50 = []
+    for hours in (0.5, 1.0):
+        trace = poisson_trace({OUT: 1200 / 3600}, hours * 3600, 0)
+        plan_1 = run_plan(
+            trace,
+            sampler,
+            devices=1,
+            cpu_workers=2,
+            scheduler=SchedulerSettings(),
+            seed=0,
+            warmup_s=0.0,
+            cores_per_device=2,
+        )
+        p50.append(plan_1.result.classes[OUT].tat_p50_s)
+    assert p50[1] > 1.6 * p50[0] > 100
+
+
+def test_the_plot_asks_for_a_known_format_and_folder_before_simulating(tmp_path: Path) -> None:
+    for path, why in (
+        (tmp_path / "tat.txt", "must end in .png, .svg, .html"),
+        (tmp_path / "no" / "such" / "tat.svg", "no folder"),
+    ):
+        result = _run(tmp_path, "--rate", "urgent=2/h", "--plot", str(path))
+        assert result.exit_code == 2 and why in result.output, result.output
+        assert not path.exists()
+    assert not (tmp_path / "data").exists()  # refused before the store was looked for
+
+
+def test_an_html_plot_holds_the_curve_its_figures_and_the_overloaded_rates(
+    tmp_path: Path,
+) -> None:
+    """At 600 an hour the prior's jobs keep two cores ~70 % busy: 1.5x and 2x of that are
+    overloaded, so those rates are marked, not simulated."""
+    page = tmp_path / "tat.html"
+    args = ["--rate", "outpatient=600/h", "--hours", "1", "--host-cores", "2"]
+    result = _run(tmp_path, *args, "--plot", str(page), "--json")
+    assert result.exit_code == 0, result.output
+    plot = json.loads(result.stdout)["plot"]
+    assert plot["format"] == "html" and plot["path"] == str(page)
+    assert plot["overloaded_from_per_h"] == pytest.approx(900.0)  # 1.5 x 600
+    html = page.read_text()
+    assert html.startswith("<!doctype html>") and "<svg" in html and "<polyline" in html
+    rows = html.split("<tbody>")[1].split("</tbody>")[0].split("</tr>")
+    assert [r.count("overloaded") for r in rows[:-1]] == [0, 0, 0, 0, 0, 2, 2]
+    assert "overloaded from 900 arrivals/h" in html
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"root:x:0:0:root:/root:/bin/bash\n", "not JSON"),
+        (b"\xff\xfe\x00garbage", "not JSON"),
+        (b"[1, 2]", "not a service-time model"),
+        (b'{"samples": []}', "holds no measured job"),
+        (b'{"samples": [{"pipeline": "p"}]}', "'step' must be text"),
+        (
+            b'{"samples": [{"pipeline": "p", "step": "run", "device": "cpu", '
+            b'"precision": "fp32", "slices": [10, 20], "seconds": [NaN, 1]}]}',
+            "finite seconds",
+        ),
+        (
+            b'{"samples": [{"pipeline": "p", "step": "run", "device": "cpu", '
+            b'"precision": "fp32", "slices": [10, 20], "seconds": [1, -5]}]}',
+            "finite seconds",
+        ),
+        (
+            b'{"samples": [{"pipeline": "p", "step": "run", "device": "cpu", '
+            b'"precision": "fp32", "slices": [10], "seconds": [1, 2]}]}',
+            "1 slice counts for 2 times",
+        ),
+        (
+            b'{"prior": {"fixed_s": "x"}, "samples": [{"pipeline": "p", "step": "run", '
+            b'"device": "cpu", "precision": "fp32", "slices": [10], "seconds": [1]}]}',
+            "prior fixed_s",
+        ),
+        (gzip.compress(b"{not json"), "not JSON"),
+        (b"\x1f\x8b\x08broken gzip", "cannot be read"),
+    ],
+)
+def test_a_service_time_file_that_is_no_model_is_refused_with_why(
+    tmp_path: Path, content: bytes, why: str
+) -> None:
+    path = tmp_path / "model.json"
+    path.write_bytes(content)
+    result = _run(tmp_path, "--rate", "urgent=2/h", "--service-times", str(path))
+    assert result.exit_code == 2, result.output
+    assert "--service-times" in result.output and why in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_a_bench_summary_plans_with_its_service_times(tmp_path: Path) -> None:
+    """The help says `radserve bench --scenario eta` writes the file: its summary (here a
+    kept one, gzipped and not) plans with the measured times, as its model alone does."""
+    summary = json.loads(gzip.decompress(TRACE.read_bytes()))
+    plain = tmp_path / "bench.json"
+    plain.write_text(json.dumps(summary))
+    alone = tmp_path / "model.json"
+    alone.write_text(json.dumps(summary["service_times"]))
+    shutil.copy(TRACE, tmp_path / "bench.json.gz")
+    args = ["--rate", "urgent=20/h,outpatient=200/h", "--hours", "0.5", "--json"]
+    reports = []
+    for path in (plain, alone, tmp_path / "bench.json.gz"):
+        result = _run(tmp_path, *args, "--service-times", str(path))
+        assert result.exit_code == 0, result.output
+        reports.append(json.loads(result.stdout))
+    assert reports[0] == reports[1] == reports[2]
+    assert reports[0]["service_times"]["measured"] is True
+    assert reports[0]["service_times"]["pipeline"] == "ct-chest-abdomen"
+    assert read_model_file(TRACE).groups() == [("ct-chest-abdomen", "openvino", "fp32")]
+
+
+def test_names_that_match_nothing_measured_are_refused_not_planned_with_the_prior(
+    tmp_path: Path,
+) -> None:
+    args = ["--rate", "urgent=2/h", "--service-times", str(TRACE)]
+    for option, value in (("--pipeline", "ct-head"), ("--device", "cuda:0")):
+        result = _run(tmp_path, *args, option, value)
+        assert result.exit_code == 2, result.output
+        assert "measured: pipeline ct-chest-abdomen on openvino at fp32" in result.output
+
+
+def test_every_refusal_is_a_usage_error_and_a_stream_without_arrivals_says_so(
+    tmp_path: Path,
+) -> None:
+    cases = {
+        ("--rate", "outpatient=300/s"): "--hours",
+        ("--rate", "urgent=2/h,urgent=1/h"): "--rate",
+        ("--rate", "urgent=2/h", "--find-devices", "--target", "urgent=soon"): "--target",
+    }
+    for args, option in cases.items():
+        result = _run(tmp_path, *args)
+        assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output
+    none = _run(tmp_path, "--rate", "urgent=1/d", "--hours", "0.5")
+    assert none.exit_code == 1 and "no arrival was drawn in 0.5 h" in none.output
