@@ -528,6 +528,7 @@ class DicomwebSettings(_Section):
 
 
 _SYSTEM_URI = r"^[A-Za-z][A-Za-z0-9+.-]*:\S+$"  # an absolute URI (urn:oid:…, https://…)
+_HTTP_URL = r"^https?://[^\s]+$"  # where radserve POSTs (FHIR, webhooks)
 
 
 class FhirSettings(_Section):
@@ -535,7 +536,7 @@ class FhirSettings(_Section):
     URL), retried through the durable outbox. No ``url``: nothing is sent; the Bundle is
     still served at ``GET /v1/jobs/{id}/fhir``."""
 
-    url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    url: str | None = Field(default=None, pattern=_HTTP_URL)
     # sent as ``Authorization: Bearer <token>``; never logged, masked by ``config show``
     bearer_token: SecretStr | None = None
     timeout_s: float = Field(default=30.0, gt=0)
@@ -803,7 +804,7 @@ class TurnaroundSettings(_Section):
     # lower one (aged or not), never of a better class or URGENT (Scheduler.reserve)
     risk_policy: Literal["none", "promote", "reserve"] = "none"
     # optional alert receiver: a JSON POST per risk event (retried, never blocking)
-    risk_webhook_url: str | None = None
+    risk_webhook_url: str | None = Field(default=None, pattern=_HTTP_URL)
     # optional alert receiver: an RFC 5424 syslog message per risk event (likewise)
     risk_syslog: RiskSyslogSettings | None = None
     # at stop, alerts still queued get this long to go out (one attempt each); the rest
@@ -883,7 +884,7 @@ class CriticalReceiverSettings(SyslogTargetSettings):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     kind: Literal["webhook", "syslog", "fhir"] = "webhook"
-    url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$")
+    url: str | None = Field(default=None, pattern=_HTTP_URL)
     # sent as ``<auth_header>: <auth_scheme> <token>``; never logged, masked by ``config show``
     token: SecretStr | None = None
     auth_header: str = Field(default="Authorization", pattern=r"^[A-Za-z0-9-]{1,64}$")

@@ -205,6 +205,12 @@ def test_every_scheduler_knob_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> N
         ("jobs: {retry_backof_s: 2}", "did you mean 'jobs.retry_backoff_s'?"),
         ("jobs: {retry_backoff_s: -1}", "invalid setting 'jobs.retry_backoff_s'"),
         ("scheduler: {tat_s: {urgent: -5}}", "invalid setting 'scheduler.tat_s.urgent'"),
+        # a risk webhook without its scheme failed every alert, quietly, at run time
+        (
+            "turnaround: {risk_webhook_url: alerts.hospital.local/risk}",
+            "invalid setting 'turnaround.risk_webhook_url'",
+        ),
+        ("fhir: {url: 'ftp://fhir.local'}", "invalid setting 'fhir.url'"),
     ],
 )
 def test_scheduler_knobs_are_validated_at_load(tmp_path: Path, text: str, message: str) -> None:
