@@ -104,7 +104,7 @@ def test_doctor_models_list_config_show_and_plan_report_without_a_store(fresh: P
     assert shown.exit_code == 0 and "data_dir" in shown.stdout
 
     planned = runner.invoke(
-        cli, ["plan", "--rate", "urgent=2/h", "--hours", "1", "--json"], catch_exceptions=False
+        cli, ["plan", "--rate", "urgent=2/h", "--hours", "24", "--json"], catch_exceptions=False
     )
     assert planned.exit_code == 0, planned.output
     assert json.loads(planned.stdout)["service_times"]["measured"] is False

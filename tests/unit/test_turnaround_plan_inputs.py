@@ -22,6 +22,7 @@ from radserve.turnaround.plan import (
     OfferedLoad,
     PlanInputError,
     check_arrivals,
+    offered_load,
     parse_rates,
     parse_targets,
     run_plan,
@@ -257,3 +258,52 @@ def test_every_refusal_is_a_usage_error_and_a_stream_without_arrivals_says_so(
         assert result.exit_code == 2 and f"Invalid value for '{option}'" in result.output
     none = _run(tmp_path, "--rate", "urgent=1/d", "--hours", "0.5")
     assert none.exit_code == 1 and "no arrival was drawn in 0.5 h" in none.output
+
+
+def test_a_replay_is_finite_so_a_burst_in_it_is_simulated_not_called_overloaded(
+    tmp_path: Path,
+) -> None:
+    """Four URGENT jobs stored within milliseconds: over their span they bring far more
+    work than the host serves, but a replay ends, and its queue drains after it. A
+    replay of one job has no rate at all."""
+    import datetime as dt
+
+    from radserve.store import CacheKey, init_store
+    from radserve.turnaround.simulate import Arrival
+
+    data = tmp_path / "data"
+    data.mkdir()
+    store = init_store(f"sqlite:///{data / 'radserve.db'}")
+    fields = {
+        "pipeline_name": "ct",
+        "pipeline_version": "1.0",
+        "model_versions": {"organs": "1.0"},
+        "precision": "fp32",
+    }
+    try:
+        for n in range(4):
+            fp = f"{n}" * 64
+            job = store.create_job(
+                priority_class=PriorityClass.URGENT,
+                deadline=dt.timedelta(seconds=60),
+                study_path=f"studies/{fp}",
+                fingerprint=fp,
+                **fields,
+            )
+            store.transition(job.id, "queued")
+            store.transition(job.id, "running")
+            out = tmp_path / "results" / job.id
+            out.mkdir(parents=True)
+            (out / "report.json").write_text(json.dumps({"geometry": {"shape": [40, 8, 8]}}))
+            timings = {"ingest": 1.0, "organs: infer": 2.0, "report": 1.0, "run": 4.0}
+            key = CacheKey(fingerprint=fp, **fields)  # type: ignore[arg-type]
+            store.record_result(job.id, str(out), key, stage_timings=timings)
+    finally:
+        store.close()
+    result = _run(tmp_path, "--replay", "10", "--json")
+    assert result.exit_code == 0, result.output
+    (plan,) = json.loads(result.stdout)["plans"]
+    assert "overloaded" not in plan and plan["unfinished"] == 0
+    assert plan["classes"]["URGENT"]["jobs"] >= 3  # the warm-up may leave the first out
+    sampler = ModelSampler(ServiceTimeModel(Prior()), "", "cpu", "fp32")
+    assert offered_load([Arrival(5.0, PriorityClass.URGENT)], sampler, 0) == OfferedLoad(0, 0)

@@ -199,8 +199,9 @@ def command(
         report["overloaded_below"] = first
         report["plans"] = [p.as_dict() for p in tried]
         devices = best.devices if best is not None else devices
-    elif (busy := load.utilisation(devices, cpu_workers, cores)) >= 1.0:
+    elif (busy := load.utilisation(devices, cpu_workers, cores)) >= 1.0 and replay is None:
         # the queue grows for as long as one simulates: TATs would be the hours simulated
+        # (a replay is finite: its queue drains after its last arrival, so it is simulated)
         report["plans"] = [
             {
                 "devices": devices,

@@ -413,7 +413,7 @@ def offered_load(
     """The load the trace brings (:class:`OfferedLoad`), from up to ``samples`` of its
     jobs: a host it keeps busier than it can be is overloaded and need not be
     simulated."""
-    if not trace:
+    if len(trace) < 2:  # one arrival measures no rate
         return OfferedLoad(0.0, 0.0)
     span = max(trace[-1].at - trace[0].at, 1.0)
     rng = np.random.default_rng([seed, 7])
