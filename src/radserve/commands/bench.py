@@ -11,6 +11,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from radserve.commands.params import SEED, FiniteFloatRange, positive_seconds
+
 
 @click.command("bench")
 @click.option(
@@ -99,7 +101,13 @@ from rich.table import Table
     type=click.Choice(["naive", "naive-ort", "monai", "none"]),
     help="Baselines to run beside radserve ('none': radserve alone, e.g. to repeat it).",
 )
-@click.option("--slices", default=300, show_default=True, help="Slices of the 512x512 study.")
+@click.option(
+    "--slices",
+    type=click.IntRange(min=1),
+    default=300,
+    show_default=True,
+    help="Slices of the 512x512 study.",
+)
 @click.option(
     "--precision",
     "precisions",
@@ -112,12 +120,14 @@ from rich.table import Table
 )
 @click.option(
     "--routine",
+    type=click.IntRange(min=0),
     default=8,
     show_default=True,
     help="priority scenario: OUTPATIENT studies queued before the URGENT one.",
 )
 @click.option(
     "--studies",
+    type=click.IntRange(min=1),
     default=6,
     show_default=True,
     help="scale scenario: studies in the queue; swap, eta and critical scenarios: studies "
@@ -125,6 +135,7 @@ from rich.table import Table
 )
 @click.option(
     "--interval",
+    type=positive_seconds(),
     default=4.0,
     show_default=True,
     help="swap scenario: seconds between submissions (the steady load).",
@@ -133,7 +144,7 @@ from rich.table import Table
     "--load",
     default=1.5,
     show_default=True,
-    type=click.FloatRange(min=0.05),
+    type=FiniteFloatRange(min=0.05),
     help="eta scenario: arrival rate after the first burst, as a multiple of one "
     "study's solo service rate; the server runs several at once, so the load it offers "
     "is printed as measured (1.5: ~1.4 on 2 cores, a queue that grows; 1.0: ~0.85).",
@@ -141,12 +152,14 @@ from rich.table import Table
 @click.option(
     "--seed",
     "eta_seed",
+    type=SEED,
     default=0,
     show_default=True,
     help="eta scenario: seed of the arrival trace (classes and gaps).",
 )
 @click.option(
     "--repeats",
+    type=click.IntRange(min=1),
     default=3,
     show_default=True,
     help="cstore and j2k scenarios: alternating repeats of every mode; priority scenario: "
@@ -177,6 +190,10 @@ def command(
         _critical(console, json_path, studies, concurrency=max(1, min(routine, 4)))
         return
     if scenario == "eta":
+        if studies < 2:  # its errors are measured against the jobs queued behind others
+            raise click.BadParameter(
+                "the eta scenario needs 2 studies or more", param_hint="'--studies'"
+            )
         _eta(console, json_path, studies, load, eta_seed)
         return
     if scenario == "j2k":

@@ -8,13 +8,16 @@ import click
 from rich.console import Console
 
 from radserve.commands._console import RichProgress, summary_tables, write_dicom_objects
+from radserve.commands.params import SEED
 
 
 @click.command("demo")
 @click.option(
     "--out", "out_dir", default="out/demo", show_default=True, type=click.Path(path_type=Path)
 )
-@click.option("--seed", default=7, show_default=True, help="Phantom seed (held out from training).")
+@click.option(
+    "--seed", type=SEED, default=7, show_default=True, help="Phantom seed (held out from training)."
+)
 @click.option("--pipeline", "pipeline_name", default="ct-chest-abdomen", show_default=True)
 @click.option(
     "--dicom/--no-dicom", default=True, show_default=True, help="Also write DICOM SEG and SR."

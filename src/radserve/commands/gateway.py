@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
+from radserve.commands.params import positive_seconds
 from radserve.config import ANY_HOST, TlsSettings
 from radserve.gateway.completeness import CompletedStudy, LatePolicy
 from radserve.gateway.config import Destination, scp_config_from_settings
@@ -56,7 +57,13 @@ def group() -> None:
 @click.option("--port", required=True, type=click.IntRange(1, 65535))
 @click.option("--ae", "ae_title", required=True, help="The peer's (called) AE title.")
 @click.option("--calling-ae", default="RADSERVE", show_default=True, help="radserve's AE title.")
-@click.option("--timeout", default=10.0, show_default=True, help="Seconds per network step.")
+@click.option(
+    "--timeout",
+    type=positive_seconds(),
+    default=10.0,
+    show_default=True,
+    help="Seconds per network step.",
+)
 @click.option("--tls-cert", type=_EXISTING, default=None, help="Client certificate (PEM).")
 @click.option("--tls-key", type=_EXISTING, default=None, help="Client key (PEM).")
 @click.option(
@@ -108,7 +115,7 @@ def echo(
     "--quiet",
     "quiet_s",
     default=None,
-    type=float,
+    type=positive_seconds(),
     help="Seconds without a new instance before a study is complete [gateway.quiet_s].",
 )
 @click.option(

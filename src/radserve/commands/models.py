@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
+from radserve.commands.params import FiniteFloatRange
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -265,7 +266,7 @@ def installs(as_json: bool, config_file: Path | None, data_dir: Path | None) -> 
 @click.option(
     "--role", type=click.Choice(["stable", "canary", "shadow"]), default="stable", show_default=True
 )
-@click.option("--percent", type=click.FloatRange(0, 100), default=0.0, help="Canary/shadow share.")
+@click.option("--percent", type=FiniteFloatRange(0, 100), default=0.0, help="Canary/shadow share.")
 @click.option("--include-urgent", is_flag=True, help="Canary: route URGENT studies too.")
 @click.option("--reason", required=True, help="Why (audited).")
 @CONFIG_OPTION

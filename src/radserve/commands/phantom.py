@@ -8,11 +8,13 @@ from pathlib import Path
 
 import click
 
+from radserve.commands.params import SEED, FiniteFloatRange
+
 logger = logging.getLogger(__name__)
 
 
 @click.command("phantom")
-@click.option("--seed", type=click.IntRange(min=0), required=True, help="Phantom seed.")
+@click.option("--seed", type=SEED, required=True, help="Phantom seed.")
 @click.option(
     "--out",
     "out_dir",
@@ -30,7 +32,7 @@ logger = logging.getLogger(__name__)
 )
 @click.option("--nifti", is_flag=True, help="Also write the CT as ct.nii.gz.")
 @click.option("--slices", type=click.IntRange(min=1), help="Number of slices (same patient).")
-@click.option("--slice-spacing", type=click.FloatRange(min=0.1), help="Slice spacing in mm.")
+@click.option("--slice-spacing", type=FiniteFloatRange(min=0.1), help="Slice spacing in mm.")
 @click.option("--lesions", type=click.IntRange(0, 100), help="Number of lesions to draw.")
 @click.option(
     "--priority",

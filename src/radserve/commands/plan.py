@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
+from radserve.commands.params import SEED, FiniteFloatRange
 
 
 @click.command("plan")
@@ -60,8 +61,8 @@ from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
     "2026-12-02) [default: this host's usable cores on a CPU device] "
     "(README: planner validation).",
 )
-@click.option("--hours", type=click.FloatRange(0.01, 24 * 365), default=24.0, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--hours", type=FiniteFloatRange(0.01, 24 * 365), default=24.0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option(
     "--target",
     "targets",
