@@ -30,6 +30,7 @@ from radserve.lifecycle.install import verify_install
 from radserve.lifecycle.requirements import HostFacts, host_facts, unmet_requirements
 from radserve.models.manifest import ModelSpec
 from radserve.models.registry import ModelRegistry, bundled_model_dir
+from radserve.pipeline.checks import critical_rule_problem
 
 Status = Literal["ok", "warn", "fail"]
 PACKAGES = ("onnxruntime", "onnxruntime-openvino", "onnxruntime-gpu", "onnx", "numpy",
@@ -169,10 +170,12 @@ def _sessions(sessions: Sequence[LoadedSession]) -> list[Check]:
     return out
 
 
+def _registry(settings: Settings) -> ModelRegistry:
+    return ModelRegistry([*settings.models.dirs, settings.data_dir / "models", bundled_model_dir()])
+
+
 def _bundles(settings: Settings, host: HostFacts, serving: set[tuple[str, str]]) -> list[Check]:
-    registry = ModelRegistry(
-        [*settings.models.dirs, settings.data_dir / "models", bundled_model_dir()]
-    )
+    registry = _registry(settings)
     out = []
     for info in registry.list():
         key = (info.name, info.version)
@@ -189,6 +192,34 @@ def _bundles(settings: Settings, host: HostFacts, serving: set[tuple[str, str]])
             )
         )
         out.append(Check(f"model {info.name} {info.version}", status, detail, blocking))
+    return out
+
+
+def _critical_rules(settings: Settings) -> list[Check]:
+    """The site's ``critical.rules``, each against the installed models' finding labels:
+    a rule no installed model can meet never pushes (a pipeline's or a model's own rules
+    are refused where they are declared; the site's were not checked before session
+    31), and rules without ``critical.receivers`` push nowhere."""
+    rules = settings.critical.rules
+    if not rules:
+        return []
+    registry = _registry(settings)
+    bundles = [registry.get(i.name, i.version) for i in registry.list()]
+    out = []
+    for i, rule in enumerate(rules):
+        problem = critical_rule_problem(rule, bundles)
+        detail = f"can never fire: it {problem}" if problem else "an installed model can meet it"
+        out.append(
+            Check(f"critical.rules[{i}] ({rule.describe()})", "warn" if problem else "ok", detail)
+        )
+    if not settings.critical.receivers:
+        out.append(
+            Check(
+                "critical receivers",
+                "warn",
+                "critical.rules are set but no critical.receivers: nothing is pushed",
+            )
+        )
     return out
 
 
@@ -286,6 +317,7 @@ def run_doctor(
     host = host_facts()
     checks = [*_versions(), *_runtime(host)]
     checks += _bundles(settings, host, serving or set())
+    checks += _critical_rules(settings)
     checks += _sessions(sessions)
     checks += [_disk(settings), _database(settings), _clock()]
     if check_ports:

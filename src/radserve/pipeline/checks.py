@@ -8,8 +8,10 @@ model author fixes the YAML instead of reading a failed job.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from radserve.domain.critical import CriticalRule
 from radserve.errors import PipelineError, UnknownModelError
 from radserve.models.registry import ModelBundle, ModelRegistry
 from radserve.pipeline.spec import PipelineSpec, Step
@@ -120,20 +122,32 @@ def _check_critical(pipeline: PipelineSpec, bundles: list[ModelBundle]) -> None:
     """Rule *critical labels*: each of the pipeline's ``critical:`` rules names a finding
     label (kind lesion/finding) of one of its steps' models (``model:``, when given,
     names a step's model), so that a typo is refused instead of never pushing."""
-    produced = {(b.spec.name, label.name) for b in bundles for label in b.spec.finding_labels}
-    labels = sorted({label for _, label in produced})
-    models = sorted({b.spec.name for b in bundles})
     for i, rule in enumerate(pipeline.critical):
-        where = f"rule 'critical labels': pipeline {pipeline.name!r} critical[{i}]"
-        if rule.model is not None and rule.model not in models:
-            raise PipelineError(
-                f"{where} names model {rule.model!r}, which no step runs; its steps run {models}"
-            )
-        if not any(label == rule.label and rule.model in (None, m) for m, label in produced):
-            raise PipelineError(
-                f"{where} names label {rule.label!r}, which no step produces as a finding "
-                f"label (kind lesion/finding); its steps produce: {labels or 'none'}"
-            )
+        problem = critical_rule_problem(rule, bundles, "no step")
+        if problem is not None:
+            where = f"rule 'critical labels': pipeline {pipeline.name!r} critical[{i}]"
+            raise PipelineError(f"{where} {problem}")
 
 
-__all__ = ["RegionSource", "check_pipeline", "region_sources"]
+def critical_rule_problem(
+    rule: CriticalRule, bundles: Sequence[ModelBundle], none: str = "no installed model"
+) -> str | None:
+    """Why ``rule`` can never fire on the findings of ``bundles``' models (its ``model:``
+    is none of them, or none of them has its label as a finding label), or None. A
+    pipeline's rules are refused on it; the site's ``critical.rules``, which no model
+    declares, are reported by ``radserve doctor`` and at each start (session 31: a
+    label typed wrong there never pushed, without a word)."""
+    produced = {(b.spec.name, label.name) for b in bundles for label in b.spec.finding_labels}
+    models = sorted({b.spec.name for b in bundles})
+    if rule.model is not None and rule.model not in models:
+        return f"names model {rule.model!r}, which {none} runs; they run {models or 'none'}"
+    if not any(label == rule.label and rule.model in (None, m) for m, label in produced):
+        labels = sorted({label for m, label in produced if rule.model in (None, m)})
+        return (
+            f"names label {rule.label!r}, which {none} produces as a finding label "
+            f"(kind lesion/finding); they produce: {labels or 'none'}"
+        )
+    return None
+
+
+__all__ = ["RegionSource", "check_pipeline", "critical_rule_problem", "region_sources"]

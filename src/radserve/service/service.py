@@ -33,6 +33,7 @@ from radserve.ingest.policy import IngestPolicy
 from radserve.lifecycle.install import remove_interrupted_installs
 from radserve.lifecycle.install_tasks import InstallTasks
 from radserve.pipeline import SessionPool
+from radserve.pipeline.checks import critical_rule_problem
 from radserve.pipeline.study import StudyResult
 from radserve.report.fhir.patient import IdentifierSystems
 from radserve.scheduling import Hold, Scheduler
@@ -252,6 +253,7 @@ class Service:
             self.critical = CriticalDelivery(
                 settings, store=self.store, metrics=self.metrics, rules_for=self._critical_rules
             )
+        self._warn_unfireable_site_rules()
         self.hooks.on_result = self._on_result
         self.hooks.on_recorded = self._wake_senders
         self.notices = FailureNotices(
@@ -553,6 +555,21 @@ class Service:
     def _senders(self) -> list[LaneState]:
         """The destinations' senders of this server (every lane group's)."""
         return [state for group in self._lane_groups() for state in group.senders()]
+
+    def _warn_unfireable_site_rules(self) -> None:
+        """Log each of the site's ``critical.rules`` that no installed model can meet
+        (``radserve doctor`` says the same): a label typed wrong there would never push,
+        and nothing else would say so. Not refused: the model may be installed later."""
+        if not self.settings.critical.rules:
+            return
+        registry = self.catalog.registry
+        bundles = [registry.get(i.name, i.version) for i in registry.list()]
+        for i, rule in enumerate(self.settings.critical.rules):
+            problem = critical_rule_problem(rule, bundles)
+            if problem is not None:
+                logger.warning("critical.rules[%d] can never fire: it %s", i, problem)
+        if not self.settings.critical.receivers:
+            logger.warning("critical.rules are set but no critical.receivers: nothing is pushed")
 
     def _critical_rules(self, job: JobRecord) -> tuple[CriticalRule, ...]:
         """The ``critical:`` rules of the job's pipeline (as this server resolves it now)
