@@ -307,3 +307,24 @@ def test_a_replay_is_finite_so_a_burst_in_it_is_simulated_not_called_overloaded(
     assert plan["classes"]["URGENT"]["jobs"] >= 3  # the warm-up may leave the first out
     sampler = ModelSampler(ServiceTimeModel(Prior()), "", "cpu", "fp32")
     assert offered_load([Arrival(5.0, PriorityClass.URGENT)], sampler, 0) == OfferedLoad(0, 0)
+
+
+def test_a_target_under_the_service_time_ends_the_search_when_devices_stop_helping(
+    tmp_path: Path,
+) -> None:
+    """An URGENT p95 target of 1 s against the prior's ~5.6 s studies: no device count
+    meets it, and the search used to simulate all 64 counts (over ten minutes for a day
+    at 220 an hour). It stops once two more devices in a row shortened URGENT's p95 by
+    less than 2 %, and says so."""
+    args = ["--rate", "urgent=20/h,outpatient=200/h", "--hours", "2", "--host-cores", "2"]
+    search = ["--find-devices", "--target", "urgent=1s"]
+    result = _run(tmp_path, *args, *search, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["smallest_devices"] is None
+    p95 = [p["classes"]["URGENT"]["tat_p95_s"] for p in report["plans"]]
+    assert len(p95) < 8 and min(p95) > 5  # what is left is the studies' own time
+    assert report["plateau_from"] == report["plans"][-3]["devices"]
+    assert all(p95[i] - p95[i + 1] < 0.02 * p95[i] for i in (-3, -2))
+    text = _run(tmp_path, *args, *search)
+    assert "more devices no longer shorten the missed classes' p95 TAT" in text.output

@@ -196,6 +196,13 @@ def command(
             cores_per_device=cores,
         )
         report["smallest_devices"] = best.devices if best is not None else None
+        report["max_devices"] = planner.MAX_DEVICES
+        # the search stopped because more devices stopped helping (planner.plateaued)
+        report["plateau_from"] = (
+            tried[-planner.PLATEAU_STEPS - 1].devices
+            if best is None and tried and tried[-1].devices < planner.MAX_DEVICES
+            else None
+        )
         # fewer devices than this could not keep up with the offered load at all
         report["overloaded_below"] = first
         report["plans"] = [p.as_dict() for p in tried]
@@ -374,11 +381,16 @@ def _print(report: dict[str, Any]) -> None:
                 f"fewer than {report['overloaded_below']} device(s): overloaded "
                 "(their busiest resource >= 95 % busy), not simulated"
             )
-        click.echo(
-            f"smallest device count meeting the targets: {n}"
-            if n is not None
-            else "no device count up to 64 meets the targets"
-        )
+        if n is not None:
+            click.echo(f"smallest device count meeting the targets: {n}")
+        elif report.get("plateau_from") is not None:
+            click.echo(
+                f"no device count meets the targets: from {report['plateau_from']} device(s) "
+                "on, more devices no longer shorten the missed classes' p95 TAT (what is left "
+                "is their service time, not waiting)"
+            )
+        else:
+            click.echo(f"no device count up to {report['max_devices']} meets the targets")
     for plan in report["plans"]:
         if plan.get("overloaded"):
             click.echo(
