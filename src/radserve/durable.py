@@ -135,14 +135,19 @@ def _tag_of(pid: int) -> str:
     return f"{_HOST}-{pid}" if start is None else f"{_HOST}-{pid}-{start}"
 
 
+def of_this_host(tag: str) -> bool:
+    """Whether the process a :func:`process_tag` names ran on this host (whose processes
+    :func:`process_alive` can see)."""
+    return tag.partition("-")[0] == _HOST
+
+
 def process_alive(tag: str) -> bool:
     """Whether the process a :func:`process_tag` names may still run: a running process
     of this host that started when the tag says (a tag without a start: any with that
     pid), or any of another host (which this one cannot see)."""
-    host, _, rest = tag.partition("-")
-    if host != _HOST:
+    if not of_this_host(tag):
         return True
-    pid, _, start = rest.partition("-")
+    pid, _, start = tag.partition("-")[2].partition("-")
     if not pid.isdigit() or not _running(int(pid)):
         return False
     return not start or _started(int(pid)) in (start, None)

@@ -184,3 +184,71 @@ def test_a_build_that_failed_after_its_install_is_recorded_as_installed(tmp_path
     assert _installed_before(other, data) is None
     later = replace(task, created="2999-01-01T00:00:00.000000+00:00")  # made after it
     assert _installed_before(later, data) is None
+
+
+def test_an_install_of_another_host_is_left_behind_once_its_process_stops_touching_it(
+    tmp_path: Path,
+) -> None:
+    """Replicas of several hosts share the data dir: a process of another host cannot be
+    asked whether it runs, so its records are judged by their file's time. One touched
+    within LEASE_S is at work; one untouched longer is a dead host's, and claimed."""
+    import os
+    import time
+
+    tasks = InstallTasks(tmp_path)
+    task = new(tasks)
+    rewrite(tasks, task, owner="0123abcd-4242-99", state="building", attempts=1)
+    assert tasks.get(task.id).state == "building" and tasks.claimable() == []
+    path = tasks.folder / f"{task.id}.json"
+    old = time.time() - install_tasks.LEASE_S - 5
+    os.utime(path, (old, old))
+    assert tasks.get(task.id).state == "queued"  # waits for a server to build it again
+    assert [t.id for t in tasks.claimable()] == [task.id]
+    tasks.beat(task.id)  # its owner was only slow: it touches the record again
+    assert tasks.get(task.id).state == "building" and tasks.claimable() == []
+    os.utime(path, (old, old))
+    claimed = tasks.claim(task.id)
+    assert claimed is not None and claimed.owner == durable.process_tag()
+    assert claimed.state == "queued" and claimed.attempts == 1
+    tasks.beat("f" * 32)  # a record gone: nothing to touch, no error
+
+
+def test_the_installs_queued_or_building_here_are_touched_until_they_end(
+    tmp_path: Path,
+) -> None:
+    import os
+    import threading
+    import time
+
+    from radserve.errors import ModelError
+    from radserve.service.install_queue import BackgroundInstalls
+
+    building, release = threading.Event(), threading.Event()
+
+    class Lifecycle:  # the build's first step waits, then refuses the bundle
+        def stage(self, bundle: Path, described_as: str) -> object:
+            building.set()
+            release.wait(10)
+            raise ModelError("refused by the test")
+
+    tasks = InstallTasks(tmp_path)
+    left = new(tasks)
+    rewrite(tasks, left, owner="", state="queued")  # released by a stopping server
+    installs = BackgroundInstalls(Lifecycle(), tasks, beat_s=0.05)  # type: ignore[arg-type]
+    assert installs.resume() == 1 and building.wait(10)
+    path = tasks.folder / f"{left.id}.json"
+    old = time.time() - 3600
+    os.utime(path, (old, old))
+    deadline = time.monotonic() + 10
+    while path.stat().st_mtime < time.time() - 60 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert path.stat().st_mtime > time.time() - 60  # touched while it builds
+    release.set()
+    deadline = time.monotonic() + 10
+    while tasks.get(left.id).state != "rejected" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert tasks.get(left.id).state == "rejected"
+    installs.stop()
+    os.utime(path, (old, old))
+    time.sleep(0.3)
+    assert abs(path.stat().st_mtime - old) < 1  # ended: no longer touched

@@ -12,18 +12,25 @@ times is given up, as a study that crashes its worker would be). A record says w
 process owns it: one a stopping server released (owner ``""``), or left ``queued`` or
 ``building`` by a process of this host that is gone, waits ``queued`` for the next
 start; one without its bundle (written before bundles were kept, or given up) reads as
-``interrupted``. The newest :data:`KEPT` records are kept.
+``interrupted``. A process of another host (replicas sharing the data dir) cannot be
+asked whether it runs, so its process touches its unfinished records every
+:data:`BEAT_S` (:meth:`InstallTasks.beat`), and a record of another host untouched for
+:data:`LEASE_S` is left behind too (session 31: before, a replica host that died during
+a build left its install ``building`` for ever, and no server built it again). The
+newest :data:`KEPT` records are kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import re
 import shutil
+import time
 import uuid
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,6 +43,11 @@ TASK_ID = re.compile(r"^[0-9a-f]{32}$")
 BUNDLE_SUFFIX = ".bundle"
 MAX_ATTEMPTS = 3  # builds cut short by a stop or a crash before the install is given up
 RELEASED = ""  # the owner of a record a stopping server left for the next one
+# an owner touches its unfinished records this often; one of another host untouched for
+# LEASE_S is its dead process's (generous: the hosts' clocks and a shared file system's
+# times may differ by minutes; durable.UNOWNED_IDLE_S is the same judgement for files)
+BEAT_S = 60.0
+LEASE_S = 10 * 60.0
 
 State = Literal["queued", "building", "installed", "rejected", "failed", "interrupted"]
 UNFINISHED: tuple[State, ...] = ("queued", "building")
@@ -75,25 +87,33 @@ class InstallTask:
     client: str | None = None
     build: dict[str, Any] | None = None
     attempts: int = 0
+    # seconds since the record was last written or touched (its file's time), as read;
+    # not stored
+    idle_s: float = field(default=0.0, compare=False)
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
-        for private in ("owner", "client", "build"):  # a host hash and a pid; the
-            del out[private]  # client's address; the request's test settings
+        for private in ("owner", "client", "build", "idle_s"):  # a host hash and a pid;
+            del out[private]  # the client's address; the request's test settings
         return out
 
     @property
     def left_behind(self) -> bool:
-        """Unfinished, and its owner released it or is a process of this host that is
-        gone (one of another host cannot be judged from here)."""
-        return self.state in UNFINISHED and (
-            self.owner == RELEASED or not durable.process_alive(self.owner)
-        )
+        """Unfinished, and its owner released it, is a process of this host that is
+        gone, or is of another host and has not touched it for :data:`LEASE_S`."""
+        if self.state not in UNFINISHED:
+            return False
+        if self.owner == RELEASED:
+            return True
+        if durable.of_this_host(self.owner):
+            return not durable.process_alive(self.owner)
+        return self.idle_s > LEASE_S
 
 
 def _read_raw(path: Path) -> InstallTask | None:
     try:
-        return InstallTask(**json.loads(path.read_text()))
+        idle = max(0.0, time.time() - path.stat().st_mtime)
+        return InstallTask(**json.loads(path.read_text()), idle_s=idle)
     except (OSError, ValueError, TypeError):
         return None  # being replaced, or not a record this version wrote
 
@@ -129,8 +149,17 @@ class InstallTasks:
         return _bundle_of(self._path(task.id))
 
     def _write(self, task: InstallTask) -> InstallTask:
-        durable.write_json(self._path(task.id), asdict(task))
+        task = replace(task, idle_s=0.0)
+        stored = asdict(task)
+        del stored["idle_s"]  # the file's time says it
+        durable.write_json(self._path(task.id), stored)
         return task
+
+    def beat(self, task_id: str) -> None:
+        """Touch an unfinished record this process owns: it is still at work on it (a
+        server of another host judges it by this, :data:`LEASE_S`)."""
+        with contextlib.suppress(OSError):  # ended and pruned, or the folder away a moment
+            os.utime(self._path(task_id))
 
     def create(
         self,

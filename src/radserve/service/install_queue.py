@@ -11,6 +11,9 @@ stages it afresh (the checks run again on what the build starts from). So a stop
 the installs not finished to the next start (:meth:`BackgroundInstalls.stop`), and one a
 crash cut short is claimed by the next server started on the data dir
 (:meth:`BackgroundInstalls.resume`), as a job is: the operator does not send it again.
+While an install is queued or building here, its record is touched every
+:data:`~radserve.lifecycle.install_tasks.BEAT_S`, so that a replica of another host sharing
+the data dir can tell an install at work from one whose host died.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,7 @@ from radserve.lifecycle.install import (
     models_root,
     read_install,
 )
-from radserve.lifecycle.install_tasks import InstallTask, InstallTasks
+from radserve.lifecycle.install_tasks import BEAT_S, InstallTask, InstallTasks
 from radserve.service.errors import InstallsStoppedError
 from radserve.service.lifecycle import ModelLifecycle
 from radserve.service.variant_install import VariantRequest, install_summary
@@ -63,6 +67,7 @@ class BackgroundInstalls:
         lifecycle: ModelLifecycle,
         tasks: InstallTasks,
         wrap: Callable[[Callable[[], None]], Callable[[], None]] = lambda run: run,
+        beat_s: float = BEAT_S,
     ) -> None:
         self.lifecycle = lifecycle
         self.tasks = tasks
@@ -71,6 +76,9 @@ class BackgroundInstalls:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._beat_s = beat_s
+        self._held: set[str] = set()  # queued or building here: their records are touched
+        self._beating: threading.Thread | None = None
 
     def submit(
         self,
@@ -123,7 +131,13 @@ class BackgroundInstalls:
         return claimed
 
     def _queue(self, task: InstallTask) -> None:
+        self._held.add(task.id)
         self._orders.put(task)
+        if self._beating is None:
+            self._beating = threading.Thread(
+                target=self._beat, name="radserve-install-beat", daemon=True
+            )
+            self._beating.start()
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._wrap(self._run), name="radserve-installs", daemon=True
@@ -144,7 +158,25 @@ class BackgroundInstalls:
                 break
             if task is not None:
                 self.tasks.release(task)
+                self._let_go(task)
         self._orders.put(None)
+
+    def _let_go(self, task: InstallTask) -> None:
+        with self._lock:
+            self._held.discard(task.id)
+
+    def _beat(self) -> None:
+        """Touch the records held here until the server stopped and none is left (the
+        build under way at a stop goes on, and so does its beat)."""
+        while True:
+            time.sleep(self._beat_s)
+            with self._lock:
+                held = sorted(self._held)
+                if self._stopped and not held:
+                    self._beating = None
+                    return
+            for task_id in held:
+                self.tasks.beat(task_id)
 
     def _run(self) -> None:
         while (task := self._orders.get()) is not None:
@@ -152,6 +184,8 @@ class BackgroundInstalls:
                 self._build(task)
             except Exception:  # its record could not be written: the next one still runs
                 logger.exception("install %s: its record could not be written", task.id)
+            finally:
+                self._let_go(task)
 
     def _build(self, queued: InstallTask) -> None:
         task = self.tasks.started(queued)
