@@ -252,3 +252,39 @@ def test_the_installs_queued_or_building_here_are_touched_until_they_end(
     os.utime(path, (old, old))
     time.sleep(0.3)
     assert abs(path.stat().st_mtime - old) < 1  # ended: no longer touched
+
+
+def test_a_running_server_claims_a_dead_host_s_install_without_a_restart(
+    tmp_path: Path,
+) -> None:
+    """The other replicas keep running when one host dies: the install it was building
+    is claimed by one of them once its lease has run out, not at some later start."""
+    import os
+    import threading
+    import time
+
+    from radserve.errors import ModelError
+    from radserve.service.install_queue import BackgroundInstalls
+
+    built = threading.Event()
+
+    class Lifecycle:
+        def stage(self, bundle: Path, described_as: str) -> object:
+            built.set()
+            raise ModelError("refused by the test")
+
+    tasks = InstallTasks(tmp_path)
+    installs = BackgroundInstalls(Lifecycle(), tasks, beat_s=0.05, claim_s=0.1)  # type: ignore[arg-type]
+    assert installs.resume() == 0  # the start finds nothing
+    task = new(tasks)
+    rewrite(tasks, task, owner="0123abcd-4242-99", state="building", attempts=1)
+    time.sleep(0.4)
+    assert not built.is_set()  # its host's lease runs: it is not taken from it
+    old = time.time() - install_tasks.LEASE_S - 5
+    os.utime(tasks.folder / f"{task.id}.json", (old, old))
+    assert built.wait(10)
+    deadline = time.monotonic() + 10
+    while tasks.get(task.id).state != "rejected" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert tasks.get(task.id).attempts == 2
+    installs.stop()

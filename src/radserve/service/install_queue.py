@@ -13,7 +13,9 @@ crash cut short is claimed by the next server started on the data dir
 (:meth:`BackgroundInstalls.resume`), as a job is: the operator does not send it again.
 While an install is queued or building here, its record is touched every
 :data:`~radserve.lifecycle.install_tasks.BEAT_S`, so that a replica of another host sharing
-the data dir can tell an install at work from one whose host died.
+the data dir can tell an install at work from one whose host died; and a running server
+looks for installs left behind every :data:`CLAIM_S`, not only at its start (a dead
+host's install becomes claimable while the other replicas run).
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from radserve.service.variant_install import VariantRequest, install_summary
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BackgroundInstalls"]
+__all__ = ["CLAIM_S", "BackgroundInstalls"]
+
+CLAIM_S = 5 * 60.0  # a running server claims installs left behind this often
 
 
 def _request_of(task: InstallTask) -> VariantRequest:
@@ -68,6 +72,7 @@ class BackgroundInstalls:
         tasks: InstallTasks,
         wrap: Callable[[Callable[[], None]], Callable[[], None]] = lambda run: run,
         beat_s: float = BEAT_S,
+        claim_s: float = CLAIM_S,
     ) -> None:
         self.lifecycle = lifecycle
         self.tasks = tasks
@@ -77,6 +82,7 @@ class BackgroundInstalls:
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._beat_s = beat_s
+        self._claim_s = claim_s
         self._held: set[str] = set()  # queued or building here: their records are touched
         self._beating: threading.Thread | None = None
 
@@ -110,7 +116,10 @@ class BackgroundInstalls:
 
     def resume(self) -> int:
         """Claim the installs a stopped or crashed server left (oldest first) and queue
-        them; returns how many."""
+        them; returns how many. From then on this is looked for again every ``claim_s``."""
+        with self._lock:
+            if not self._stopped:
+                self._start_beat()
         claimed = 0
         for left in self.tasks.claimable():
             task = self.tasks.claim(left.id)
@@ -123,21 +132,24 @@ class BackgroundInstalls:
                 self._queue(task)
             claimed += 1
             logger.warning(
-                "install %s of %s: left unfinished by the last stop; built again (attempt %d)",
+                "install %s of %s: left unfinished (a stop, a crash or its host gone); built again (attempt %d)",
                 task.id,
                 task.source,
                 task.attempts + 1,
             )
         return claimed
 
-    def _queue(self, task: InstallTask) -> None:
-        self._held.add(task.id)
-        self._orders.put(task)
+    def _start_beat(self) -> None:
         if self._beating is None:
             self._beating = threading.Thread(
                 target=self._beat, name="radserve-install-beat", daemon=True
             )
             self._beating.start()
+
+    def _queue(self, task: InstallTask) -> None:
+        self._held.add(task.id)
+        self._orders.put(task)
+        self._start_beat()
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._wrap(self._run), name="radserve-installs", daemon=True
@@ -167,16 +179,25 @@ class BackgroundInstalls:
 
     def _beat(self) -> None:
         """Touch the records held here until the server stopped and none is left (the
-        build under way at a stop goes on, and so does its beat)."""
+        build under way at a stop goes on, and so does its beat); until the stop, claim
+        the installs left behind every ``claim_s``."""
+        claimed = time.monotonic()
         while True:
             time.sleep(self._beat_s)
             with self._lock:
                 held = sorted(self._held)
-                if self._stopped and not held:
+                stopped = self._stopped
+                if stopped and not held:
                     self._beating = None
                     return
             for task_id in held:
                 self.tasks.beat(task_id)
+            if not stopped and time.monotonic() - claimed >= self._claim_s:
+                claimed = time.monotonic()
+                try:
+                    self.resume()
+                except Exception:  # the data dir away for a moment: the next round
+                    logger.exception("installs left behind could not be claimed")
 
     def _run(self) -> None:
         while (task := self._orders.get()) is not None:
