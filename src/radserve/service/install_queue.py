@@ -132,7 +132,8 @@ class BackgroundInstalls:
                 self._queue(task)
             claimed += 1
             logger.warning(
-                "install %s of %s: left unfinished (a stop, a crash or its host gone); built again (attempt %d)",
+                "install %s of %s: left unfinished (a stop, a crash or its host gone); "
+                "built again (attempt %d)",
                 task.id,
                 task.source,
                 task.attempts + 1,
