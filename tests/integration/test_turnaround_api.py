@@ -173,3 +173,29 @@ def test_eta_service_times_and_deadline_risk(tmp_path: Path) -> None:
         plain = ServiceTimeModel()
         learn_from_store(plain, service.store, device, 200)  # radserve plan: no shares
         assert "share" not in {line["step"] for line in plain.describe()}
+
+
+def test_an_eta_past_the_calendar_is_its_last_second_not_a_server_error(tmp_path: Path) -> None:
+    """A service-time prior set absurdly high (a typo of the exponent) makes ETAs of
+    1e300 s: the job API answered them with an OverflowError (500) for as long as the
+    job waited. They read as the calendar's last second."""
+    settings = settings_for(
+        tmp_path, turnaround__prior_per_slice_s=1e300, turnaround__recompute_interval_s=0.05
+    )
+    make_models_slow(tmp_path / "assets" / "models", layers=8, channels=48)
+    service = Service(settings)
+    key = create_key(service.store, "admin")
+    with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url) as c:
+        ids = []
+        for i in range(3):
+            answer = c.post(
+                "/v1/studies", files=upload(make_study(tmp_path / f"s{i}")), headers=auth(key)
+            )
+            assert answer.status_code == 202, answer.text
+            ids.append(answer.json()["id"])
+        job = c.get(f"/v1/jobs/{ids[-1]}", headers=auth(key))
+        assert job.status_code == 200, job.text
+        eta = job.json()["eta"]
+        assert eta is not None and eta["predicted_finish"].startswith("9999-12-31T23:59:59")
+        assert c.get("/v1/jobs", headers=auth(key)).status_code == 200
+        assert [wait_job(c, j, key)["state"] for j in ids] == ["succeeded"] * 3

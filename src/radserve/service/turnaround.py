@@ -53,6 +53,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import math
 import os
 import queue
 import threading
@@ -946,8 +947,16 @@ def _study_size(folder: Path) -> StudySize | None:
     return StudySize(count) if count > 1 else None
 
 
+_LAST_POSIX = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp()
+
+
 def _utc(posix: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(posix, dt.UTC)
+    """A walk's time as a datetime; one past the calendar's end (a service-time prior set
+    absurdly high makes ETAs that large) is its last second, not an OverflowError in
+    the job API."""
+    if not math.isfinite(posix) or posix > _LAST_POSIX:
+        posix = _LAST_POSIX
+    return dt.datetime.fromtimestamp(max(posix, 0.0), dt.UTC)
 
 
 def _iso(posix: float) -> str:
