@@ -94,6 +94,7 @@ def test_a_cpu_device_carries_its_batches_and_the_cpu_stages_on_the_same_cores()
     assert load.fewest_devices(2, 2, below=1.0) == 2
     # the CPU workers still bound it when there are few of them
     assert OfferedLoad(0.0, 3.0).utilisation(1, 2, 8) == pytest.approx(1.5)
+    assert OfferedLoad(1e299, 0.0).fewest_devices(2, 2) is None  # a prior set absurdly high
     heavy = OfferedLoad(device=37.0, cpu=5.0)
     n = heavy.fewest_devices(2, 4)
     assert heavy.utilisation(n, 2, 4) < 0.95 <= heavy.utilisation(n - 1, 2, 4)

@@ -393,11 +393,16 @@ def _print(report: dict[str, Any]) -> None:
             click.echo(f"no device count up to {report['max_devices']} meets the targets")
     for plan in report["plans"]:
         if plan.get("overloaded"):
+            needed = report["devices_needed"]
             click.echo(
                 f"\n{plan['devices']} device(s): overloaded: the arrivals keep its busiest "
-                f"resource {plan['utilisation']:.0%} busy, so the queue grows without bound "
-                f"and no TAT settles (not simulated); {report['devices_needed']} device(s) "
-                "keep up"
+                f"resource {plan['utilisation']:.3g}x as busy as it can be, so the queue "
+                "grows without bound and no TAT settles (not simulated); "
+                + (
+                    f"{needed} device(s) keep up"
+                    if needed is not None
+                    else "no count up to a million devices keeps up (check the service times)"
+                )
             )
             continue
         verdict = {True: " meets targets", False: " misses targets", None: ""}[

@@ -54,6 +54,7 @@ SEARCH_BELOW = 0.95
 # target's p95 TAT by this share: the TAT left is service, not waiting (plateaued)
 PLATEAU_STEPS = 2
 MAX_DEVICES = 64  # the device search's largest count
+MOST_DEVICES = 1_000_000  # beyond this many devices a load is not worth a count
 PLATEAU_GAIN = 0.02
 PLOT_FORMATS = (".png", ".svg", ".html")
 
@@ -391,10 +392,14 @@ class OfferedLoad:
         cpu_workers_per_device: int,
         cores_per_device: int | None,
         below: float = SEARCH_BELOW,
-    ) -> int:
-        """The fewest devices whose :meth:`utilisation` is under ``below``."""
+        most: int = MOST_DEVICES,
+    ) -> int | None:
+        """The fewest devices whose :meth:`utilisation` is under ``below``; None when more
+        than ``most`` would be needed (service times set absurdly high, say)."""
         n = 1
         while self.utilisation(n, cpu_workers_per_device, cores_per_device) >= below:
+            if n > most:
+                return None
             n *= 2
         low = n // 2 + 1 if n > 1 else 1
         while low < n:  # the utilisation falls as the devices grow: bisect
@@ -403,7 +408,7 @@ class OfferedLoad:
                 low = mid + 1
             else:
                 n = mid
-        return n
+        return n if n <= most else None
 
     def scaled(self, factor: float) -> OfferedLoad:
         return OfferedLoad(self.device * factor, self.cpu * factor)
@@ -451,7 +456,8 @@ def find_devices(
     simulated. The search ends without an answer when more devices stop shortening the
     missed targets' TATs (:func:`plateaued`)."""
     load = offered_load(trace, sampler, seed)
-    first = load.fewest_devices(cpu_workers_per_device, cores_per_device)
+    fewest = load.fewest_devices(cpu_workers_per_device, cores_per_device)
+    first = fewest if fewest is not None else MOST_DEVICES + 1
     tried: list[Plan] = []
     for n in range(first, max_devices + 1):
         plan = run_plan(
