@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -351,6 +352,29 @@ _AE_TITLE = re.compile(r"^[\x20-\x5b\x5d-\x7e]{1,16}$")
 ANY_HOST = "*"
 
 
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")  # "_": hosts files allow it
+
+
+def check_host(value: str, what: str = "host") -> str:
+    """A host a DICOM peer is reached at: an IP address (IPv6 with a zone too) or a host
+    name of RFC 1123 labels; ValueError otherwise. Checked at load: before, a name with
+    an empty or over-long label ("pacs..local") passed, and resolving it raised
+    UnicodeError from the idna codec: a traceback at the gateway's start, an outbox
+    "internal error" at every send."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    name = value[:-1] if value.endswith(".") else value
+    if not name or len(name) > 253 or not all(_HOST_LABEL.match(p) for p in name.split(".")):
+        raise ValueError(
+            f"{what} {value!r} is neither an IP address nor a host name (labels of 1-63 "
+            "letters, digits, hyphens or underscores, separated by dots)"
+        )
+    return value
+
+
 def check_ae_title(value: str) -> str:
     """The AE title without padding; ValueError if DICOM would not carry it."""
     if not isinstance(value, str) or not _AE_TITLE.match(value) or not value.strip():
@@ -386,6 +410,11 @@ class DicomPeer(_Section):
     @classmethod
     def _valid_ae_title(cls, value: str) -> str:
         return check_ae_title(value)
+
+    @field_validator("host")
+    @classmethod
+    def _valid_host(cls, value: str) -> str:
+        return value if value == ANY_HOST else check_host(value)
 
     @model_validator(mode="after")
     def _destination_has_a_host(self) -> DicomPeer:

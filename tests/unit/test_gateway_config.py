@@ -19,7 +19,7 @@ from radserve.gateway.config import (
 )
 from radserve.gateway.errors import GatewayConfigError
 from radserve.gateway.scp import GatewaySCP, build_ae
-from radserve.gateway.scu import OutgoingFile, StoreSCU, _batches, _contexts
+from radserve.gateway.scu import Outcome, OutgoingFile, StoreSCU, _batches, _contexts
 from radserve.gateway.transport import Admission
 from radserve.tls import TlsConfigError, client_context, server_context
 
@@ -249,3 +249,32 @@ def test_unlisted_classes_taken_in_are_bounded(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(scp, "MAX_UNLISTED_CLASSES", len(scp._registered))
     assert scp._register_storage("1.2.840.10008.5.1.4.1.1.2")  # known: always
     assert not scp._register_storage("1.3.6.1.4.1.99999.1.2.3")  # one more: refused
+
+
+@pytest.mark.parametrize("host", ["pacs..hospital.local", "a" * 64, "bad host", "-pacs.local", ""])
+def test_a_peer_host_that_is_no_address_or_host_name_is_refused_at_load(host: str) -> None:
+    """Before, such a name passed and resolving it raised UnicodeError (the idna codec's
+    "label empty or too long"): a traceback when the gateway started, an outbox
+    "internal error" at every send, and one from `radserve gateway echo`."""
+    peer = {"ae_title": "PACS", "host": host, "port": 104}
+    with pytest.raises(ConfigError, match=r"gateway\.allowed_peers\.0\.host"):
+        load_settings(None, gateway__allowed_peers=[peer])
+    with pytest.raises(GatewayConfigError, match="neither an IP address nor a host name"):
+        Destination(name="pacs", ae_title="PACS", host=host, port=104)
+
+
+@pytest.mark.parametrize(
+    "host", ["pacs_01.hospital.local", "PACS-2", "10.1.2.3", "fe80::1%eth0", "pacs."]
+)
+def test_addresses_and_host_names_pass(host: str) -> None:
+    peer = {"ae_title": "PACS", "host": host, "port": 104}
+    assert load_settings(None, gateway__allowed_peers=[peer]).gateway.allowed_peers[0].host == host
+
+
+def test_a_host_that_does_not_resolve_is_a_retry_with_the_reason_not_a_traceback() -> None:
+    """A zone no interface has: the resolver fails on this host, without asking DNS (so
+    the test sends nothing anywhere). A PACS renamed or DNS down reads the same."""
+    scu = StoreSCU("RADSERVE", connect_timeout_s=1, acse_timeout_s=1, dimse_timeout_s=1)
+    result = scu.echo(Destination("pacs", "PACS", "fe80::1%nosuchif", 104))
+    assert result.outcome is Outcome.RETRY
+    assert "cannot resolve 'fe80::1%nosuchif'" in result.message

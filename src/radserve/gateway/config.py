@@ -23,6 +23,7 @@ from radserve.config import (
     GatewaySettings,
     IngestSettings,
     TlsSettings,
+    check_host,
 )
 from radserve.config import (
     check_ae_title as _check_ae_title,
@@ -117,6 +118,10 @@ class Destination:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ae_title", check_ae_title(self.ae_title, "destination"))
+        try:
+            check_host(self.host, f"destination {self.name!r}: host")
+        except ValueError as exc:
+            raise GatewayConfigError(str(exc)) from None
         if not 1 <= self.port <= 65535:
             raise GatewayConfigError(f"destination {self.name!r}: port {self.port} not in 1-65535")
         if not self.name or len(self.name) > 64:

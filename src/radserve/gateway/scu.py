@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -302,18 +303,21 @@ class StoreSCU:
             # the peer's certificate must name the host radserve connects to
             tls_args = (context, destination.host)
         started = time.monotonic()
-        assoc = ae.associate(
-            destination.host,
-            destination.port,
-            ae_title=destination.ae_title,
-            tls_args=tls_args,
-            ext_neg=ext_neg,
-            evt_handlers=[
-                (evt.EVT_CONN_OPEN, lambda _event: opened.set()),
-                (evt.EVT_ACCEPTED, lambda _event: negotiated.set()),
-                *(handlers or []),
-            ],
-        )
+        try:
+            assoc = ae.associate(
+                destination.host,
+                destination.port,
+                ae_title=destination.ae_title,
+                tls_args=tls_args,
+                ext_neg=ext_neg,
+                evt_handlers=[
+                    (evt.EVT_CONN_OPEN, lambda _event: opened.set()),
+                    (evt.EVT_ACCEPTED, lambda _event: negotiated.set()),
+                    *(handlers or []),
+                ],
+            )
+        except OSError as exc:  # pynetdicom resolves the address before it connects
+            return None, SendResult(Outcome.RETRY, _unresolved(destination, exc))
         if assoc.is_established:
             return assoc, None
         if negotiated.is_set() and not assoc.accepted_contexts:
@@ -382,6 +386,19 @@ def _association_failure(
             f"cannot connect to {destination.host}:{destination.port} ({destination.name})",
         )
     return SendResult(Outcome.RETRY, f"association with {destination} {UNANSWERED}")
+
+
+def _unresolved(destination: Destination, exc: OSError) -> str:
+    """Why no connection was tried: the host name does not resolve (DNS down, a typo, a
+    PACS renamed) or is no address; retried, as a DNS outage passes. Before session 31
+    this was a traceback (``gateway echo``) or an outbox "internal error"."""
+    why = exc.strerror or str(exc)
+    if isinstance(exc, socket.gaierror):
+        return (
+            f"cannot resolve {destination.host!r} ({why}): check the destination's host "
+            "name and this host's DNS"
+        )
+    return f"cannot connect to {destination}: {why}"
 
 
 def _nothing_accepted(assoc: Association, destination: Destination) -> str:
