@@ -56,7 +56,12 @@ class ConfigError(RadserveError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # no setting means "infinity" (0 or null says "none" where a limit can be off): an
+    # infinite timeout hangs a worker on a peer that never answers (fhir.timeout_s:
+    # .inf was taken before session 31), and NaN fails every bound it is checked against
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
 
 class TlsSettings(_Section):
@@ -986,6 +991,7 @@ class Settings(BaseSettings):
         extra="forbid",
         frozen=True,
         populate_by_name=True,
+        allow_inf_nan=False,
     )
 
     data_dir: Path = Path("data")

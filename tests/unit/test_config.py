@@ -211,6 +211,16 @@ def test_every_scheduler_knob_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> N
             "invalid setting 'turnaround.risk_webhook_url'",
         ),
         ("fhir: {url: 'ftp://fhir.local'}", "invalid setting 'fhir.url'"),
+        # YAML's .inf passed every lower bound: a FHIR server that never answers held the
+        # outbox's worker for ever; NaN fails every bound but was not always checked
+        ("fhir: {timeout_s: .inf}", "'fhir.timeout_s': Input should be a finite number"),
+        ("turnaround: {risk_margin_s: .inf}", "'turnaround.risk_margin_s'"),
+        ("gateway: {quiet_s: .inf}", "'gateway.quiet_s': Input should be a finite number"),
+        (
+            "critical: {rules: [{label: x, min_volume_ml: .inf}]}",
+            "'critical.rules.0.min_volume_ml'",
+        ),
+        ("turnaround: {half_life_jobs: .nan}", "'turnaround.half_life_jobs'"),
     ],
 )
 def test_scheduler_knobs_are_validated_at_load(tmp_path: Path, text: str, message: str) -> None:

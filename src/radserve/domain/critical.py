@@ -29,7 +29,8 @@ from radserve.domain.findings import Finding
 class CriticalRule(BaseModel):
     """A finding of ``label`` is critical when it meets every threshold given."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # min_long_axis_mm: .inf was a rule that never fires
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     kind: Literal["finding"] = "finding"
     label: str = Field(min_length=1)

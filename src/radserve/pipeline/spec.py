@@ -29,7 +29,7 @@ from radserve.yaml_text import load_yaml_file
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class SeriesRules(_Strict):
