@@ -141,40 +141,15 @@ def test_a_cpu_host_learns_times_alone_from_the_store(tmp_path: Path) -> None:
     """Two jobs that ran at the same time in the store: the planner learns their steps
     with the sharing divided out (never more than measured), and as measured with
     --host-cores 0."""
-    import datetime as dt
+    from tests.factories.finished_jobs import finished_jobs
 
     from radserve.commands.plan import _learn
-    from radserve.store import CacheKey, init_store
+    from radserve.store import init_store
     from radserve.turnaround.service_time import ServiceTimeModel
 
     store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
-    fields = {
-        "pipeline_name": "ct",
-        "pipeline_version": "1.0",
-        "model_versions": {"organs": "1.0"},
-        "precision": "fp32",
-    }
     try:
-        ids = []
-        for n in range(2):
-            fp = f"{n}" * 64
-            job = store.create_job(
-                priority_class=PriorityClass.OUTPATIENT,
-                deadline=dt.timedelta(seconds=1800),
-                study_path=f"studies/{fp}",
-                fingerprint=fp,
-                **fields,
-            )
-            store.transition(job.id, "queued")
-            store.transition(job.id, "running")
-            ids.append((job.id, fp))
-        for job_id, fp in ids:
-            out = tmp_path / "results" / job_id
-            out.mkdir(parents=True)
-            (out / "report.json").write_text(json.dumps({"geometry": {"shape": [40, 8, 8]}}))
-            timings = {"ingest": 1.0, "organs: infer": 2.0, "report": 1.0, "run": 4.0}
-            key = CacheKey(fingerprint=fp, **fields)  # type: ignore[arg-type]
-            store.record_result(job_id, str(out), key, stage_timings=timings)
+        finished_jobs(store, tmp_path / "results", 2, PriorityClass.OUTPATIENT, 1800)
         as_measured = _learn(ServiceTimeModel(), store, "cpu", None, 2)
         alone = _learn(ServiceTimeModel(), store, "cpu", 2, 2)
     finally:

@@ -267,38 +267,16 @@ def test_a_replay_is_finite_so_a_burst_in_it_is_simulated_not_called_overloaded(
     """Four URGENT jobs stored within milliseconds: over their span they bring far more
     work than the host serves, but a replay ends, and its queue drains after it. A
     replay of one job has no rate at all."""
-    import datetime as dt
+    from tests.factories.finished_jobs import finished_jobs
 
-    from radserve.store import CacheKey, init_store
+    from radserve.store import init_store
     from radserve.turnaround.simulate import Arrival
 
     data = tmp_path / "data"
     data.mkdir()
     store = init_store(f"sqlite:///{data / 'radserve.db'}")
-    fields = {
-        "pipeline_name": "ct",
-        "pipeline_version": "1.0",
-        "model_versions": {"organs": "1.0"},
-        "precision": "fp32",
-    }
     try:
-        for n in range(4):
-            fp = f"{n}" * 64
-            job = store.create_job(
-                priority_class=PriorityClass.URGENT,
-                deadline=dt.timedelta(seconds=60),
-                study_path=f"studies/{fp}",
-                fingerprint=fp,
-                **fields,
-            )
-            store.transition(job.id, "queued")
-            store.transition(job.id, "running")
-            out = tmp_path / "results" / job.id
-            out.mkdir(parents=True)
-            (out / "report.json").write_text(json.dumps({"geometry": {"shape": [40, 8, 8]}}))
-            timings = {"ingest": 1.0, "organs: infer": 2.0, "report": 1.0, "run": 4.0}
-            key = CacheKey(fingerprint=fp, **fields)  # type: ignore[arg-type]
-            store.record_result(job.id, str(out), key, stage_timings=timings)
+        finished_jobs(store, tmp_path / "results", 4, PriorityClass.URGENT, 60)
     finally:
         store.close()
     result = _run(tmp_path, "--replay", "10", "--json")
