@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -380,6 +381,11 @@ def check_host(value: str, what: str = "host") -> str:
     return value
 
 
+# a host radserve connects to (a syslog collector, a critical receiver): checked as a
+# DICOM peer's is; an idna UnicodeError escaped the senders' OSError handling
+HostName = Annotated[str, AfterValidator(check_host)]
+
+
 def check_ae_title(value: str) -> str:
     """The AE title without padding; ValueError if DICOM would not carry it."""
     if not isinstance(value, str) or not _AE_TITLE.match(value) or not value.strip():
@@ -624,7 +630,7 @@ class SyslogSettings(_Section):
     after a cursor (``cursor_file``, default ``<data_dir>/audit/syslog.cursor``), so a
     collector that is down delays delivery, never a request, and nothing is lost."""
 
-    host: str
+    host: HostName
     port: int = Field(default=6514, ge=1, le=65535)
     server_name: str | None = None  # TLS name to check (default: host)
     tls: TlsSettings = TlsSettings()
@@ -815,7 +821,7 @@ class RiskSyslogSettings(SyslogTargetSettings):
     id, class, times; no patient data), sent on a thread of its own from a bounded queue,
     retried a few times."""
 
-    host: str = Field(min_length=1)
+    host: HostName = Field(min_length=1)
 
     @model_validator(mode="after")
     def _tls_needs_tls(self) -> RiskSyslogSettings:
@@ -924,7 +930,7 @@ class CriticalReceiverSettings(SyslogTargetSettings):
     auth_header: str = Field(default="Authorization", pattern=r"^[A-Za-z0-9-]{1,64}$")
     auth_scheme: str = Field(default="Bearer", pattern=r"^[A-Za-z0-9-]{0,32}$")
     # syslog: host, and the fields of SyslogTargetSettings
-    host: str | None = Field(default=None, min_length=1)
+    host: HostName | None = Field(default=None, min_length=1)
     # fhir: also a Flag on the patient
     flag: bool = False
 

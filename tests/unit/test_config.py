@@ -221,6 +221,14 @@ def test_every_scheduler_knob_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> N
             "'critical.rules.0.min_volume_ml'",
         ),
         ("turnaround: {half_life_jobs: .nan}", "'turnaround.half_life_jobs'"),
+        # a host with an empty label raised UnicodeError in the sender's thread, past its
+        # OSError handling: the audit export stopped without a word
+        ("audit: {syslog: {host: 'collector..local'}}", "'audit.syslog.host'"),
+        ("turnaround: {risk_syslog: {host: 'a..b'}}", "'turnaround.risk_syslog.host'"),
+        (
+            "critical: {receivers: [{name: s, kind: syslog, host: 'x..y'}]}",
+            "'critical.receivers.0.host'",
+        ),
     ],
 )
 def test_scheduler_knobs_are_validated_at_load(tmp_path: Path, text: str, message: str) -> None:
