@@ -200,7 +200,7 @@ def command(
         # the search stopped because more devices stopped helping (planner.plateaued)
         report["plateau_from"] = (
             tried[-planner.PLATEAU_STEPS - 1].devices
-            if best is None and tried and tried[-1].devices < planner.MAX_DEVICES
+            if best is None and planner.plateaued(tried, goal)
             else None
         )
         # fewer devices than this could not keep up with the offered load at all

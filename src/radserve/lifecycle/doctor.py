@@ -203,8 +203,7 @@ def _critical_rules(settings: Settings) -> list[Check]:
     rules = settings.critical.rules
     if not rules:
         return []
-    registry = _registry(settings)
-    bundles = [registry.get(i.name, i.version) for i in registry.list()]
+    bundles = _registry(settings).bundles()
     out = []
     for i, rule in enumerate(rules):
         problem = critical_rule_problem(rule, bundles)

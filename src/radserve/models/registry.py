@@ -368,13 +368,24 @@ class ModelRegistry:
         self._bundles[directory] = (key, bundle)
         return bundle
 
-    def list(self) -> list[BundleInfo]:
-        """Every bundle found, by name then version; broken bundles are logged, skipped."""
-        infos: list[BundleInfo] = []
+    def bundles(self) -> list[ModelBundle]:
+        """Every bundle found whose model.yaml reads, by name then version; broken ones
+        are logged, skipped."""
+        out: list[ModelBundle] = []
         for name in self.names():
             for version in self.versions(name):
                 try:
-                    infos.append(self.get(name, version).info())
+                    out.append(self.get(name, version))
                 except ModelError as exc:
                     logger.warning("skipping model bundle %s/%s: %s", name, version, exc.message)
+        return out
+
+    def list(self) -> list[BundleInfo]:
+        """:meth:`bundles` described; one whose gate record is broken is logged, skipped."""
+        infos: list[BundleInfo] = []
+        for bundle in self.bundles():
+            try:
+                infos.append(bundle.info())
+            except ModelError as exc:
+                logger.warning("skipping model bundle %s: %s", bundle.key, exc.message)
         return infos

@@ -562,8 +562,7 @@ class Service:
         and nothing else would say so. Not refused: the model may be installed later."""
         if not self.settings.critical.rules:
             return
-        registry = self.catalog.registry
-        bundles = [registry.get(i.name, i.version) for i in registry.list()]
+        bundles = self.catalog.registry.bundles()
         for i, rule in enumerate(self.settings.critical.rules):
             problem = critical_rule_problem(rule, bundles)
             if problem is not None:

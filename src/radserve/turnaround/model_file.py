@@ -76,10 +76,9 @@ def _model_data(data: Any, path: Path) -> Mapping[str, Any]:
     for name, value in prior.items():
         if not _seconds(value):
             raise ModelFileError(f"{path}: prior {name} {value!r} is not a number >= 0")
-    for name in ("sizes",):
-        for value in _list(data.get(name, []), name, path):
-            if not _slices(value):
-                raise ModelFileError(f"{path}: {name} holds {value!r}, not a slice count")
+    for value in _list(data.get("sizes", []), "sizes", path):
+        if not _slices(value):
+            raise ModelFileError(f"{path}: sizes holds {value!r}, not a slice count")
     steps = _list(data.get("steps", []), "steps", path)
     for group in steps:
         if not isinstance(group, Mapping) or not isinstance(group.get("steps"), list):

@@ -53,9 +53,9 @@ SEARCH_BELOW = 0.95
 # the device search stops once this many added devices in a row shortened no missed
 # target's p95 TAT by this share: the TAT left is service, not waiting (plateaued)
 PLATEAU_STEPS = 2
+PLATEAU_GAIN = 0.02
 MAX_DEVICES = 64  # the device search's largest count
 MOST_DEVICES = 1_000_000  # beyond this many devices a load is not worth a count
-PLATEAU_GAIN = 0.02
 PLOT_FORMATS = (".png", ".svg", ".html")
 
 
@@ -409,9 +409,6 @@ class OfferedLoad:
             else:
                 n = mid
         return n if n <= most else None
-
-    def scaled(self, factor: float) -> OfferedLoad:
-        return OfferedLoad(self.device * factor, self.cpu * factor)
 
     def as_dict(self) -> dict[str, float]:
         return {"device_s_per_s": round(self.device, 4), "cpu_s_per_s": round(self.cpu, 4)}
