@@ -87,8 +87,38 @@ class TlsSettings(_Section):
         return self
 
 
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")  # "_": hosts files allow it
+
+
+def check_host(value: str, what: str = "host") -> str:
+    """A host radserve reaches a peer at or listens on: an IP address (IPv6 with a zone
+    too) or a host name of RFC 1123 labels; ValueError otherwise. Checked at load:
+    before, a name with an empty or over-long label ("pacs..local") passed, and resolving
+    it raised UnicodeError from the idna codec: a traceback at the gateway's start, an
+    outbox "internal error" at every send."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    name = value[:-1] if value.endswith(".") else value
+    if not name or len(name) > 253 or not all(_HOST_LABEL.match(p) for p in name.split(".")):
+        raise ValueError(
+            f"{what} {value!r} is neither an IP address nor a host name (labels of 1-63 "
+            "letters, digits, hyphens or underscores, separated by dots)"
+        )
+    return value
+
+
+# a host radserve connects to (a syslog collector, a critical receiver): checked as a
+# DICOM peer's is; an idna UnicodeError escaped the senders' OSError handling
+HostName = Annotated[str, AfterValidator(check_host)]
+
+
 class ServerSettings(_Section):
-    host: str = "127.0.0.1"
+    # the address to listen on, checked as the hosts radserve connects to are: an empty
+    # one bound every interface without a word ("0.0.0.0" or "::" say so)
+    host: HostName = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     metrics_require_key: bool = False
     max_upload_bytes: int = Field(default=2 * 1024**3, gt=0)
@@ -358,34 +388,6 @@ _AE_TITLE = re.compile(r"^[\x20-\x5b\x5d-\x7e]{1,16}$")
 ANY_HOST = "*"
 
 
-_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")  # "_": hosts files allow it
-
-
-def check_host(value: str, what: str = "host") -> str:
-    """A host a DICOM peer is reached at: an IP address (IPv6 with a zone too) or a host
-    name of RFC 1123 labels; ValueError otherwise. Checked at load: before, a name with
-    an empty or over-long label ("pacs..local") passed, and resolving it raised
-    UnicodeError from the idna codec: a traceback at the gateway's start, an outbox
-    "internal error" at every send."""
-    try:
-        ipaddress.ip_address(value)
-        return value
-    except ValueError:
-        pass
-    name = value[:-1] if value.endswith(".") else value
-    if not name or len(name) > 253 or not all(_HOST_LABEL.match(p) for p in name.split(".")):
-        raise ValueError(
-            f"{what} {value!r} is neither an IP address nor a host name (labels of 1-63 "
-            "letters, digits, hyphens or underscores, separated by dots)"
-        )
-    return value
-
-
-# a host radserve connects to (a syslog collector, a critical receiver): checked as a
-# DICOM peer's is; an idna UnicodeError escaped the senders' OSError handling
-HostName = Annotated[str, AfterValidator(check_host)]
-
-
 def check_ae_title(value: str) -> str:
     """The AE title without padding; ValueError if DICOM would not carry it."""
     if not isinstance(value, str) or not _AE_TITLE.match(value) or not value.strip():
@@ -452,7 +454,7 @@ class GatewaySettings(_Section):
 
     enabled: bool = False
     ae_title: str = "RADSERVE"
-    host: str = "127.0.0.1"
+    host: HostName = "127.0.0.1"  # checked as ServerSettings.host
     port: int = Field(default=11112, ge=0, le=65535)  # 0: any free port (tests)
     # empty: any calling AE is accepted (logged as a warning at start)
     allowed_peers: tuple[DicomPeer, ...] = ()

@@ -271,6 +271,21 @@ def test_addresses_and_host_names_pass(host: str) -> None:
     assert load_settings(None, gateway__allowed_peers=[peer]).gateway.allowed_peers[0].host == host
 
 
+@pytest.mark.parametrize("section", ["server", "gateway"])
+@pytest.mark.parametrize("host", ["", "pacs..hospital.local", "0.0.0.0 ", "a" * 64])
+def test_a_bind_address_is_checked_at_load(section: str, host: str) -> None:
+    """Before, an empty ``server.host`` or ``gateway.host`` (an unset variable in a
+    deployment's environment, say) bound every interface without a word."""
+    with pytest.raises(ConfigError, match=rf"{section}\.host.*neither an IP address"):
+        load_settings(None, **{f"{section}__host": host})
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "localhost", "radserve-1.hospital.local"])
+def test_bind_addresses_pass(host: str) -> None:
+    settings = load_settings(None, server__host=host, gateway__host=host)
+    assert (settings.server.host, settings.gateway.host) == (host, host)
+
+
 def test_a_host_that_does_not_resolve_is_a_retry_with_the_reason_not_a_traceback() -> None:
     """A zone no interface has: the resolver fails on this host, without asking DNS (so
     the test sends nothing anywhere). A PACS renamed or DNS down reads the same."""
