@@ -56,6 +56,32 @@ class ConfigError(RadserveError):
     code = "config_invalid"
 
 
+# the longest duration a setting takes: a year. Python's waits, socket timeouts and
+# datetimes overflow long before 1e300 s (a thread's wait raised OverflowError and the
+# thread died; `radserve gateway echo --timeout 1e300` ended in a traceback), and a
+# duration over a year is a typo, most often in its units
+MAX_DURATION_S = 366 * 86_400.0
+
+
+def _duration(unit_s: float, unit: str) -> Any:
+    """A float setting in ``unit`` (``unit_s`` seconds each) of at most MAX_DURATION_S."""
+
+    def at_most_a_year(value: float) -> float:
+        if value * unit_s > MAX_DURATION_S:
+            raise ValueError(
+                f"{value:g} {unit} is over a year ({MAX_DURATION_S / unit_s:,.0f} {unit}); "
+                "check the units"
+            )
+        return value
+
+    return Annotated[float, AfterValidator(at_most_a_year)]
+
+
+Seconds = _duration(1.0, "s")
+Milliseconds = _duration(1e-3, "ms")
+Days = _duration(86_400.0, "days")
+
+
 class _Section(BaseModel):
     # no setting means "infinity" (0 or null says "none" where a limit can be off): an
     # infinite timeout hangs a worker on a peer that never answers (fhir.timeout_s:
@@ -122,7 +148,7 @@ class ServerSettings(_Section):
     port: int = Field(default=8000, ge=0, le=65535)
     metrics_require_key: bool = False
     max_upload_bytes: int = Field(default=2 * 1024**3, gt=0)
-    request_timeout_s: float = Field(default=60.0, gt=0)
+    request_timeout_s: Seconds = Field(default=60.0, gt=0)
     # a request body must arrive at this average rate or faster, after a head start of
     # request_timeout_s (Apache's mod_reqtimeout rule): a client trickling an upload is
     # answered 408 and closed. 1 KiB/s is ~100x below a slow 1 Mbit/s hospital link, so
@@ -144,7 +170,7 @@ class ServerSettings(_Section):
     # waits for a database that does not answer (a PostgreSQL restart or failover)
     # before it is refused 503 with Retry-After; 0: refused at once. Nothing is
     # acknowledged before its row commits (radserve.store.waiting)
-    store_wait_s: float = Field(default=20.0, ge=0, le=300)
+    store_wait_s: Seconds = Field(default=20.0, ge=0, le=300)
     # HTTPS when set (cert + key required; ca: mutual TLS for API clients)
     tls: TlsSettings | None = None
 
@@ -170,21 +196,21 @@ class JobSettings(_Section):
     """Per-job limits the scheduler enforces (:class:`radserve.scheduling.Scheduler`)."""
 
     # from the job's start; the job fails with job_timeout at its next batch boundary
-    timeout_s: float = Field(default=900.0, gt=0)
+    timeout_s: Seconds = Field(default=900.0, gt=0)
     # extra attempts after a retryable failure (errors with ``retryable=True``)
     max_retries: int = Field(default=2, ge=0)
     # how long a job waits before each retry (its other work pauses too; 0: at once)
-    retry_backoff_s: float = Field(default=5.0, ge=0)
+    retry_backoff_s: Seconds = Field(default=5.0, ge=0)
     # replicas sharing one database (``outbox.replicas`` > 1, ``outbox.instance_id``):
     # the accepting replica holds each unfinished job's lease for ``lease_s``, renewed
     # every third of it; every ``lease_poll_s`` each replica takes over the jobs whose
     # lease expired (their replica died). One server alone holds every lease.
-    lease_s: float = Field(default=60.0, gt=0)
-    lease_poll_s: float = Field(default=5.0, gt=0)
+    lease_s: Seconds = Field(default=60.0, gt=0)
+    lease_poll_s: Seconds = Field(default=5.0, gt=0)
     # how long a job's progress write (running, its result and deliveries, failed) waits
     # for a database that does not answer (a restart); past it the write is held and
     # made, in order, when the database answers again (radserve.service.deferred)
-    store_outage_wait_s: float = Field(default=120.0, ge=0)
+    store_outage_wait_s: Seconds = Field(default=120.0, ge=0)
     # job records kept in memory per process (the serving process and each API reader)
     # so status reads need no database round trip; ~3.3 KiB each (20,000: ~65 MiB)
     cache_records: int = Field(default=20_000, ge=1)
@@ -210,9 +236,9 @@ class ClassTats(_PerClass):
     CT read by AI within a minute). ``0`` (the former default, "start at once") is read
     as 60 s, so a settings file written by an older ``config show`` keeps its meaning."""
 
-    urgent: float = Field(default=60.0, gt=0)
-    inpatient: float = Field(default=300.0, ge=0)
-    outpatient: float = Field(default=1800.0, ge=0)
+    urgent: Seconds = Field(default=60.0, gt=0)
+    inpatient: Seconds = Field(default=300.0, ge=0)
+    outpatient: Seconds = Field(default=1800.0, ge=0)
 
     @field_validator("urgent", mode="before")
     @classmethod
@@ -250,7 +276,7 @@ class SchedulerSettings(_Section):
     # items per device call (capped by what the runtime's device is worth sending)
     max_batch_size: int = Field(default=32, ge=1)
     # how long a routine batch may wait for a compatible one (URGENT never waits)
-    max_queue_delay_ms: float = Field(default=5.0, ge=0)
+    max_queue_delay_ms: Milliseconds = Field(default=5.0, ge=0)
     # consecutive device failures that open a model's circuit breaker
     breaker_threshold: int = Field(default=3, ge=1)
     # while URGENT work can run (an URGENT job waiting or running; not one backing off
@@ -322,9 +348,9 @@ class RaySettings(_Section):
     ] = Field(default=("cpu:1",), min_length=1)
     num_cpus: int | None = Field(default=None, ge=1)  # address: local only
     object_store_mb: int | None = Field(default=None, ge=64)  # address: local only
-    batch_timeout_s: float = Field(default=300.0, gt=0)
+    batch_timeout_s: Seconds = Field(default=300.0, gt=0)
     max_restarts: int = Field(default=3, ge=0)
-    startup_timeout_s: float = Field(default=120.0, gt=0)
+    startup_timeout_s: Seconds = Field(default=120.0, gt=0)
 
 
 class StorageSettings(_Section):
@@ -334,8 +360,8 @@ class StorageSettings(_Section):
     (a hung mount), makes ``/readyz`` say not ready until a probe succeeds again -- or,
     with ``fallback_dir``, ready but degraded while studies and results go there."""
 
-    probe_interval_s: float = Field(default=5.0, gt=0)
-    probe_timeout_s: float = Field(default=10.0, gt=0)
+    probe_interval_s: Seconds = Field(default=5.0, gt=0)
+    probe_timeout_s: Seconds = Field(default=10.0, gt=0)
     # a local folder for studies and results while data_dir cannot be written; moved
     # back when it can (radserve.service.failover). None: such uploads are refused (503)
     fallback_dir: Path | None = None
@@ -412,7 +438,7 @@ class DicomPeer(_Section):
     # committed; no report within commitment_timeout_s: stored again (the outbox's
     # back-off and give-up apply). The peer reports on radserve's SCP (gateway.port)
     storage_commitment: bool = False
-    commitment_timeout_s: float = Field(default=600.0, gt=0)
+    commitment_timeout_s: Seconds = Field(default=600.0, gt=0)
 
     def __init__(self, /, *args: Any, **data: Any) -> None:
         # positional (ae_title, host, port) for brevity in code: DicomPeer("PACS", "10.0.0.5")
@@ -462,10 +488,10 @@ class GatewaySettings(_Section):
     # non-image storage classes: accept and keep aside, or refuse at association
     unwanted: Literal["quarantine", "refuse"] = "quarantine"
     # seconds without a new instance before a study is complete
-    quiet_s: float = Field(default=10.0, gt=0)
+    quiet_s: Seconds = Field(default=10.0, gt=0)
     # a study whose association was cut off (abort, server crash) waits this long for
     # the sender to resume before it is taken as complete
-    interrupted_quiet_s: float = Field(default=300.0, gt=0)
+    interrupted_quiet_s: Seconds = Field(default=300.0, gt=0)
     # instances after a study was handed over: run it again, or flag it
     late_policy: Literal["rerun", "flag"] = "rerun"
     # C-STORE answers 0xA700 when a write would leave less free space than this
@@ -487,7 +513,7 @@ class GatewaySettings(_Section):
     # holding connections open cannot lock the PACS out
     reserved_for_peers: int = Field(default=4, ge=0)
     # a PDU must arrive whole this long after its read began; longer ones are refused
-    pdu_timeout_s: float = Field(default=30.0, gt=0)
+    pdu_timeout_s: Seconds = Field(default=30.0, gt=0)
     max_pdu_bytes: int = Field(default=1024**2, ge=16 * 1024)
     # the maximum P-DATA PDU the SCP advertises (capped at max_pdu_bytes): senders such
     # as dcmtk's storescu cut each instance into PDUs of this size, each one a round of
@@ -505,16 +531,16 @@ class GatewaySettings(_Section):
     receivers: int = Field(default=1, ge=1, le=64)
     # ACSE: waiting for an association request/answer (also: idle new connections);
     # DIMSE: waiting for a message; network: an established association with no traffic
-    acse_timeout_s: float = Field(default=30.0, gt=0)
-    dimse_timeout_s: float = Field(default=60.0, gt=0)
-    network_timeout_s: float = Field(default=60.0, gt=0)
+    acse_timeout_s: Seconds = Field(default=30.0, gt=0)
+    dimse_timeout_s: Seconds = Field(default=60.0, gt=0)
+    network_timeout_s: Seconds = Field(default=60.0, gt=0)
     # the outbox SCU: TCP connect
-    connect_timeout_s: float = Field(default=10.0, gt=0)
+    connect_timeout_s: Seconds = Field(default=10.0, gt=0)
     # the outbox's back-off for results to the PACS: first wait, doubling up to the
     # cap, then failed_permanent this long after the result was queued
-    retry_first_s: float = Field(default=30.0, gt=0)
-    retry_max_s: float = Field(default=3600.0, gt=0)
-    give_up_after_s: float = Field(default=72 * 3600.0, gt=0)
+    retry_first_s: Seconds = Field(default=30.0, gt=0)
+    retry_max_s: Seconds = Field(default=3600.0, gt=0)
+    give_up_after_s: Seconds = Field(default=72 * 3600.0, gt=0)
     # SCP: TLS when cert + key are set; outbox: ca (required) and cert + key for peers
     # with ``tls: true``
     tls: TlsSettings | None = None
@@ -566,7 +592,7 @@ class DicomwebSettings(_Section):
     ``?complete=true|false``."""
 
     completeness: Literal["request", "quiet"] = "request"
-    quiet_s: float = Field(default=10.0, gt=0)
+    quiet_s: Seconds = Field(default=10.0, gt=0)
 
 
 _SYSTEM_URI = r"^[A-Za-z][A-Za-z0-9+.-]*:\S+$"  # an absolute URI (urn:oid:…, https://…)
@@ -581,12 +607,12 @@ class FhirSettings(_Section):
     url: str | None = Field(default=None, pattern=_HTTP_URL)
     # sent as ``Authorization: Bearer <token>``; never logged, masked by ``config show``
     bearer_token: SecretStr | None = None
-    timeout_s: float = Field(default=30.0, gt=0)
+    timeout_s: Seconds = Field(default=30.0, gt=0)
     # back-off: first wait, doubling up to the cap; a bundle still failing after
     # ``give_up_after_s`` is marked failed_permanent
-    retry_first_s: float = Field(default=30.0, gt=0)
-    retry_max_s: float = Field(default=3600.0, gt=0)
-    give_up_after_s: float = Field(default=72 * 3600.0, gt=0)
+    retry_first_s: Seconds = Field(default=30.0, gt=0)
+    retry_max_s: Seconds = Field(default=3600.0, gt=0)
+    give_up_after_s: Seconds = Field(default=72 * 3600.0, gt=0)
     # Patient.identifier.system of the DICOM Patient ID (radserve.report.fhir.patient):
     # ``issuer_systems`` maps an Issuer of Patient ID (0010,0021) to a system URI (OIDs
     # and URIs in the header are used as they are); ``patient_identifier_system`` is the
@@ -613,11 +639,11 @@ class OutboxSettings(_Section):
     replicas: int = Field(default=1, ge=1)
     instance_id: str | None = Field(default=None, min_length=1, max_length=120)
     # how long a row being sent is its sender's: after that another replica sends it
-    lease_s: float = Field(default=900.0, gt=0)
+    lease_s: Seconds = Field(default=900.0, gt=0)
     # with replicas > 1: how often a destination's sender looks for deliveries other
     # replicas queued, and a replica not sending to it tries to take it over
-    lane_poll_s: float = Field(default=5.0, gt=0)
-    unreachable_after_s: float = Field(default=900.0, ge=0)
+    lane_poll_s: Seconds = Field(default=5.0, gt=0)
+    unreachable_after_s: Seconds = Field(default=900.0, ge=0)
     # False: /readyz stays 200 and says "degraded", naming the destination; True: 503
     unreachable_is_not_ready: bool = False
 
@@ -639,10 +665,10 @@ class SyslogSettings(_Section):
     format: Literal["dicom", "fhir"] = "dicom"
     app_name: str = Field(default="radserve", pattern=r"^[!-~]{1,48}$")
     cursor_file: Path | None = None
-    timeout_s: float = Field(default=10.0, gt=0)
-    retry_first_s: float = Field(default=1.0, gt=0)
-    retry_max_s: float = Field(default=60.0, gt=0)
-    poll_s: float = Field(default=2.0, gt=0)  # also picks up other processes' records
+    timeout_s: Seconds = Field(default=10.0, gt=0)
+    retry_first_s: Seconds = Field(default=1.0, gt=0)
+    retry_max_s: Seconds = Field(default=60.0, gt=0)
+    poll_s: Seconds = Field(default=2.0, gt=0)  # also picks up other processes' records
 
 
 class AuditSettings(_Section):
@@ -658,7 +684,7 @@ class AuditSettings(_Section):
     key: SecretStr | None = None
     key_file: Path | None = None
     checkpoint_file: Path | None = None
-    checkpoint_interval_s: float = Field(default=5.0, ge=0)
+    checkpoint_interval_s: Seconds = Field(default=5.0, ge=0)
     syslog: SyslogSettings | None = None
 
     @field_validator("key")
@@ -711,14 +737,14 @@ class ConsoleSettings(_Section):
     the stored study, audited as phi.read)."""
 
     enabled: bool = True
-    session_ttl_s: float = Field(default=8 * 3600.0, gt=0)
-    idle_timeout_s: float = Field(default=3600.0, gt=0)
+    session_ttl_s: Seconds = Field(default=8 * 3600.0, gt=0)
+    idle_timeout_s: Seconds = Field(default=3600.0, gt=0)
     phi_roles: tuple[Literal["read", "submit", "admin"], ...] = ("admin",)
     # None: Secure cookies exactly when the API is served over HTTPS (server.tls)
     secure_cookie: bool | None = None
     users: tuple[ConsoleUser, ...] = ()
     signin_max_failures: int = Field(default=5, ge=1)
-    signin_window_s: float = Field(default=300.0, gt=0)
+    signin_window_s: Seconds = Field(default=300.0, gt=0)
 
     @field_validator("users")
     @classmethod
@@ -766,7 +792,7 @@ class DriftSettings(_Section):
     p_alert: float = Field(default=0.001, gt=0, lt=1)
     # another replica's window file untouched this long is a retired replica's: removed at
     # start (0: kept for ever). A live replica rewrites its own after every study.
-    stale_window_days: float = Field(default=30.0, ge=0)
+    stale_window_days: Days = Field(default=30.0, ge=0)
 
 
 class VariantBuildSettings(_Section):
@@ -787,7 +813,7 @@ class VariantBuildSettings(_Section):
 class LifecycleSettings(_Section):
     """Model lifecycle in the running server (radserve.lifecycle; docs/models.md)."""
 
-    poll_s: float = Field(default=2.0, gt=0)  # how often the deployments table is read
+    poll_s: Seconds = Field(default=2.0, gt=0)  # how often the deployments table is read
     # share (percent) of canary studies also run on stable afterwards, to compare them
     compare_canary_percent: float = Field(default=100.0, ge=0, le=100)
     # comparison runs waiting for an idle server, per version whose record they feed
@@ -804,7 +830,7 @@ class SyslogTargetSettings(_Section):
     collector) or, with ``transport: tcp``, plain TCP (RFC 6587 octet counting); no UDP:
     nothing would say a datagram arrived."""
 
-    timeout_s: float = Field(default=10.0, gt=0)
+    timeout_s: Seconds = Field(default=10.0, gt=0)
     port: int | None = Field(default=None, ge=1, le=65535)  # default 6514 (tls), 514 (tcp)
     transport: Literal["tls", "tcp"] = "tls"
     tls: TlsSettings = TlsSettings()
@@ -836,10 +862,10 @@ class TurnaroundSettings(_Section):
     """ETAs, deadline-risk events and the service-time model (radserve.turnaround)."""
 
     # a job is at risk when its predicted finish passes its deadline minus this margin
-    risk_margin_s: float = Field(default=10.0, ge=0)
+    risk_margin_s: Seconds = Field(default=10.0, ge=0)
     # a risk is cleared when the predicted finish is back before deadline - margin - this
     # (hysteresis: a prediction hovering at the threshold neither raises nor clears again)
-    risk_clear_s: float = Field(default=15.0, ge=0)
+    risk_clear_s: Seconds = Field(default=15.0, ge=0)
     # what the scheduler does for a job at risk: nothing more than the alert; promote: run
     # it ahead of the other work of its (effective) class; reserve: also hold the next
     # free routine slot for it while it waits, ahead of every job of its own class or a
@@ -851,9 +877,9 @@ class TurnaroundSettings(_Section):
     risk_syslog: RiskSyslogSettings | None = None
     # at stop, alerts still queued get this long to go out (one attempt each); the rest
     # are counted (radserve_deadline_risk_alerts_dropped_total), logged and audited
-    risk_alert_grace_s: float = Field(default=3.0, ge=0, le=60)
+    risk_alert_grace_s: Seconds = Field(default=3.0, ge=0, le=60)
     # ETAs are recomputed after scheduling events, at most this often
-    recompute_interval_s: float = Field(default=0.5, gt=0)
+    recompute_interval_s: Seconds = Field(default=0.5, gt=0)
     # succeeded jobs read back at start to learn service times from
     history_jobs: int = Field(default=200, ge=0, le=1000)
     # ETAs scaled per class by the median actual/predicted time to finish of this many
@@ -901,12 +927,14 @@ class TurnaroundSettings(_Section):
     # server has seen less, since its first arrival (at least arrival_min_span_s), with
     # arrival_prior pseudo-arrivals per class (radserve.turnaround.rates; since session
     # 11: the span since the server's start, at least 60 s, made the rates 3-7x low)
-    arrival_min_span_s: float = Field(default=10.0, gt=0)
+    arrival_min_span_s: Seconds = Field(default=10.0, gt=0)
     arrival_prior: float = Field(default=1.0, ge=0)
     # the service-time prior (before anything is measured): seconds = fixed + per_slice
     # x slices for a job, device_share of it in model batches (README bench figures)
-    prior_fixed_s: float = Field(default=0.5, ge=0)
-    prior_per_slice_s: float = Field(default=0.017, ge=0)
+    # (at most an hour a study and a minute a slice: 100x the slowest CPU measured;
+    # a prior of 1e300 s a slice was taken and every waiting job's ETA read 9999-12-31)
+    prior_fixed_s: Seconds = Field(default=0.5, ge=0, le=3600)
+    prior_per_slice_s: Seconds = Field(default=0.017, ge=0, le=60)
     prior_device_share: float = Field(default=0.5, ge=0, le=1)
 
 
@@ -968,8 +996,8 @@ class CriticalSettings(_Section):
     receivers: tuple[CriticalReceiverSettings, ...] = ()
     rules: tuple[CriticalRule, ...] = ()
     # back-off between attempts: first wait, doubling up to the cap
-    retry_first_s: float = Field(default=2.0, gt=0)
-    retry_max_s: float = Field(default=60.0, gt=0)
+    retry_first_s: Seconds = Field(default=2.0, gt=0)
+    retry_max_s: Seconds = Field(default=60.0, gt=0)
 
     @model_validator(mode="after")
     def _unique_receivers(self) -> CriticalSettings:

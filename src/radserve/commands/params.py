@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from radserve.config import MAX_DURATION_S
+
 SEED = click.IntRange(0, 2**32 - 1)  # numpy's SeedSequence entropy, one word
 
 
@@ -28,8 +30,9 @@ class FiniteFloatRange(click.FloatRange):
 
 
 def positive_seconds() -> FiniteFloatRange:
-    """A finite number of seconds above 0."""
-    return FiniteFloatRange(min=0, min_open=True)
+    """A number of seconds above 0 and at most a year, as a duration setting is
+    (``gateway echo --timeout 1e300`` overflowed the socket's timeout: a traceback)."""
+    return FiniteFloatRange(min=0, min_open=True, max=MAX_DURATION_S)
 
 
 __all__ = ["SEED", "FiniteFloatRange", "positive_seconds"]
