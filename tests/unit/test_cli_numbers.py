@@ -48,6 +48,16 @@ CASES = [
         "--timeout",
     ),
     (["models", "deploy", "m", "1.0", "--percent", "nan", "--reason", "r"], "--percent"),
+    # too large to be a study radserve ingests: a MemoryError traceback before
+    (["bench", "--slices", "100000000"], "--slices"),
+    (["phantom", "--seed", "1", "--slices", "100000000", "--out", "x"], "--slices"),
+    (["phantom", "--seed", "1", "--small", "--slices", "70000", "--out", "x"], "--slices"),
+    (["models", "build-variants", "--threads", "0"], "--threads"),
+    # over a year, as every duration setting (socket timeouts overflowed: a traceback)
+    (
+        ["gateway", "echo", "--host", "127.0.0.1", "--port", "1", "--ae", "X", "--timeout", "1e9"],
+        "--timeout",
+    ),
 ]
 
 

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from radserve.commands.params import SEED, FiniteFloatRange, positive_seconds
+from radserve.config import IngestSettings
 
 
 @click.command("bench")
@@ -103,7 +104,9 @@ from radserve.commands.params import SEED, FiniteFloatRange, positive_seconds
 )
 @click.option(
     "--slices",
-    type=click.IntRange(min=1),
+    # at most what the ingest takes by default (ingest.max_voxels): 1e8 slices ended in
+    # a MemoryError traceback
+    type=click.IntRange(1, IngestSettings().max_voxels // (512 * 512)),
     default=300,
     show_default=True,
     help="Slices of the 512x512 study.",

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from radserve.commands.params import SEED, FiniteFloatRange
+from radserve.config import IngestSettings
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,14 @@ def command(
     spec = PhantomSpec.random(seed, small=small)
     if slices is not None or slice_spacing is not None:
         spec = spec.with_slices(slices, slice_spacing)
+    voxels = spec.n_slices * spec.rows * spec.columns
+    if voxels > IngestSettings().max_voxels:  # before: a MemoryError traceback (1e8 slices)
+        raise click.BadParameter(
+            f"{spec.n_slices} slices of {spec.rows}x{spec.columns} are {voxels:,} voxels, over "
+            f"what radserve ingests by default ({IngestSettings().max_voxels:,}, "
+            "ingest.max_voxels)",
+            param_hint="'--slices'",
+        )
     if lesions is not None:
         spec = dataclasses.replace(spec, n_lesions=lesions)
     phantom = generate_phantom(spec)

@@ -70,7 +70,7 @@ def study_folders(folder: Path) -> list[Path]:
 )
 @click.option(
     "--threads",
-    type=int,
+    type=click.IntRange(1, 1024),  # a thread count, checked before the variants are built
     default=None,
     help="CPU threads for the speed comparison (default: usable cores).",
 )
