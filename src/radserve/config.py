@@ -408,6 +408,19 @@ class IngestSettings(_Section):
     # lossy_input report warning, or refused
     lossy_input: Literal["flag", "refuse"] = "flag"
 
+    @model_validator(mode="after")
+    def _spacings_ordered(self) -> IngestSettings:
+        # IngestPolicy's own check, here so it is refused at load naming the settings:
+        # before, min_spacing_mm: 100 passed and the server's start ended in a traceback
+        largest = min(self.max_pixel_spacing_mm, self.max_slice_spacing_mm)
+        if not self.min_spacing_mm < largest:
+            raise ValueError(
+                f"min_spacing_mm ({self.min_spacing_mm:g}) must be below max_pixel_spacing_mm "
+                f"({self.max_pixel_spacing_mm:g}) and max_slice_spacing_mm "
+                f"({self.max_slice_spacing_mm:g})"
+            )
+        return self
+
 
 # PS3.5 AE VR: 1-16 characters of the default repertoire, no backslash, not only spaces
 _AE_TITLE = re.compile(r"^[\x20-\x5b\x5d-\x7e]{1,16}$")

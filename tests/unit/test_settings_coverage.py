@@ -13,7 +13,9 @@ import dataclasses
 import typing
 from pathlib import Path
 
-from pydantic import BaseModel, RootModel
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, RootModel, ValidationError
 
 import radserve
 from radserve.config import IngestSettings, Settings
@@ -71,3 +73,28 @@ def test_ingest_settings_are_every_ingest_policy_knob_with_its_default() -> None
     settings = {name: f.default for name, f in IngestSettings.model_fields.items()}
     assert settings == policy
     assert IngestPolicy.from_settings(IngestSettings()) == IngestPolicy()
+
+
+_INGEST_NUMBERS = {
+    name: field.annotation
+    for name, field in IngestSettings.model_fields.items()
+    if field.annotation in (int, float)
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(sorted(_INGEST_NUMBERS)),
+        st.one_of(st.floats(-1e300, 1e300, allow_nan=False), st.integers(-(2**70), 2**70)),
+        max_size=4,
+    )
+)
+def test_ingest_settings_that_load_always_build_the_policy(values: dict[str, float]) -> None:
+    """A cross-field rule only IngestPolicy checked (min_spacing_mm below the largest
+    spacings) let the settings load and the server's start end in a traceback."""
+    try:
+        loaded = IngestSettings(**values)
+    except ValidationError:
+        return
+    IngestPolicy.from_settings(loaded)
