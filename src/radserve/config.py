@@ -37,6 +37,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from radserve.domain.critical import CriticalRule
+from radserve.domain.device_slot import MAX_THREADS, DeviceSlot
 from radserve.domain.priority import PriorityClass, PriorityRules
 from radserve.errors import RadserveError, quoted
 from radserve.yaml_text import load_yaml_file, read_utf8
@@ -289,7 +290,7 @@ class SchedulerSettings(_Section):
     # radserve.checkpoints)
     yield_to_urgent: bool = True
     # routine jobs started at once (each holds a loaded volume; URGENT may exceed it)
-    max_running: int = Field(default=4, ge=1)
+    max_running: int = Field(default=4, ge=1, le=MAX_THREADS)
     # batches prepared ahead per job, and in total, while the device is busy
     lookahead_batches: int = Field(default=2, ge=1)
     max_prepared_batches: int = Field(default=6, ge=1)
@@ -328,7 +329,7 @@ class RuntimeSettings(_Section):
     named here that the installed onnxruntime lacks stops the server with a reason."""
 
     providers: tuple[str, ...] = ()
-    threads: int | None = Field(default=None, ge=1)
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
 
 
 class RaySettings(_Section):
@@ -346,11 +347,19 @@ class RaySettings(_Section):
     devices: tuple[
         Annotated[str, Field(pattern=r"^(cpu|gpu)(:\d+(\.\d+)?)?(@[A-Za-z0-9_.-]+)?$")], ...
     ] = Field(default=("cpu:1",), min_length=1)
-    num_cpus: int | None = Field(default=None, ge=1)  # address: local only
-    object_store_mb: int | None = Field(default=None, ge=64)  # address: local only
+    # address: local only (Ray refuses more than 1e14 of a resource, with a traceback)
+    num_cpus: int | None = Field(default=None, ge=1, le=MAX_THREADS)
+    object_store_mb: int | None = Field(default=None, ge=64, le=2**24)  # <= 16 TiB
     batch_timeout_s: Seconds = Field(default=300.0, gt=0)
     max_restarts: int = Field(default=3, ge=0)
     startup_timeout_s: Seconds = Field(default=120.0, gt=0)
+
+    @field_validator("devices")
+    @classmethod
+    def _devices_parse(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for index, entry in enumerate(value):
+            DeviceSlot.parse(entry, index)  # gpu:1.5, cpu:0: refused here, naming it
+        return value
 
 
 class StorageSettings(_Section):
@@ -820,7 +829,7 @@ class VariantBuildSettings(_Section):
     calibration_seeds: str = "1000-1003"
     small: bool = False
     pipeline: str | None = None
-    threads: int | None = Field(default=None, ge=1)
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
 
 
 class LifecycleSettings(_Section):

@@ -221,6 +221,13 @@ def test_every_scheduler_knob_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> N
             "'critical.rules.0.min_volume_ml'",
         ),
         ("turnaround: {half_life_jobs: .nan}", "'turnaround.half_life_jobs'"),
+        # 10**18 threads failed every model's warm-up; running jobs exhausted memory in
+        # the ETA walk (a slot list per walk); Ray refused its resources with a traceback
+        ("runtime: {threads: 1000000000000000000}", "'runtime.threads'"),
+        ("scheduler: {max_running: 1000000000000000000}", "'scheduler.max_running'"),
+        ("ray: {num_cpus: 1000000000000000000}", "'ray.num_cpus'"),
+        ("lifecycle: {variants: {threads: 5000}}", "'lifecycle.variants.threads'"),
+        ("ingest: {min_spacing_mm: 30}", "min_spacing_mm (30) must be below"),
         # a host with an empty label raised UnicodeError in the sender's thread, past its
         # OSError handling: the audit export stopped without a word
         ("audit: {syslog: {host: 'collector..local'}}", "'audit.syslog.host'"),

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from radserve.commands.config import DEFAULT_PIPELINE
+from radserve.domain.device_slot import MAX_THREADS
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -70,7 +71,7 @@ def study_folders(folder: Path) -> list[Path]:
 )
 @click.option(
     "--threads",
-    type=click.IntRange(1, 1024),  # a thread count, checked before the variants are built
+    type=click.IntRange(1, MAX_THREADS),  # checked before the variants are built
     default=None,
     help="CPU threads for the speed comparison (default: usable cores).",
 )
