@@ -40,9 +40,21 @@ from radserve.turnaround.replay import (
 # "allowance, no bias" (no drain, the model as the server had it) replays the server's
 # defaults of the recording; the "refit" rows rebuild the service-time model from the
 # one the recording began with and the recorded ends under other settings (session 9)
-SESSION_10_WALK = (("share_left", "latency"), ("running_behind", False))
-SESSION_11_WALK = (("share_left", "measured"), ("running_behind", False))
-WITH_RUNNING_BEHIND = (("share_left", "measured"), ("running_behind", True))
+SESSION_10_WALK = (
+    ("share_left", "latency"),
+    ("running_behind", False),
+    ("chain_allowance", "always"),
+)
+SESSION_11_WALK = (
+    ("share_left", "measured"),
+    ("running_behind", False),
+    ("chain_allowance", "always"),
+)
+WITH_RUNNING_BEHIND = (
+    ("share_left", "measured"),
+    ("running_behind", True),
+    ("chain_allowance", "always"),
+)
 POSTERIOR = (("rate_posterior", "posterior"),)
 POSTERIOR_MEAN = (("rate_posterior", "mean"),)
 PER_CLASS = Refit(lanes="exclusive", shares=True, class_shares=5)
@@ -109,7 +121,10 @@ VARIANTS = {
     "rates since first arrival": Variant(
         drain=False, capacity=SESSION_10_WALK, rates=ArrivalRates()
     ),
-    "session 11 (default)": SERVER_WALK,
+    "session 11": Variant(drain=False, capacity=SESSION_11_WALK, rates=ArrivalRates()),
+    # session 32: no allowance on the latency chain of a job that starts at once
+    # (Capacity.chain_allowance: waiting)
+    "session 32 (default)": SERVER_WALK,
     "session 11, running behind": Variant(
         drain=False, capacity=WITH_RUNNING_BEHIND, rates=ArrivalRates()
     ),

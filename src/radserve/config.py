@@ -945,6 +945,10 @@ class TurnaroundSettings(_Section):
     # ("progress", session 30: by its stage seconds so far against its estimated work)
     share_left: Literal["measured", "latency", "progress"] = "measured"
     running_behind: bool = False
+    # the overtaking allowance on the latency chain of a job that starts at once: none
+    # ("waiting", since session 32: its learned run time already holds what overtaking
+    # did to jobs of its kind), or added as for every job ("always", before)
+    chain_allowance: Literal["waiting", "always"] = "waiting"
     # the allowance's arrival rates per class: counted over the last hour, or while the
     # server has seen less, since its first arrival (at least arrival_min_span_s), with
     # arrival_prior pseudo-arrivals per class (radserve.turnaround.rates; since session

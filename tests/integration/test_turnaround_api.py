@@ -3,7 +3,9 @@ real (tiny) studies, with a real HTTP receiver for the risk webhook."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import math
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,8 +26,9 @@ from tests.factories.service import (
 )
 
 from radserve.api import create_app
+from radserve.config import ConfigError
 from radserve.service import Service
-from radserve.service.turnaround import learn_from_store
+from radserve.service.turnaround import _utc, learn_from_store
 from radserve.turnaround.service_time import ServiceTimeModel
 
 
@@ -175,27 +178,15 @@ def test_eta_service_times_and_deadline_risk(tmp_path: Path) -> None:
         assert "share" not in {line["step"] for line in plain.describe()}
 
 
-def test_an_eta_past_the_calendar_is_its_last_second_not_a_server_error(tmp_path: Path) -> None:
-    """A service-time prior set absurdly high (a typo of the exponent) makes ETAs of
-    1e300 s: the job API answered them with an OverflowError (500) for as long as the
-    job waited. They read as the calendar's last second."""
-    settings = settings_for(
-        tmp_path, turnaround__prior_per_slice_s=1e300, turnaround__recompute_interval_s=0.05
-    )
-    make_models_slow(tmp_path / "assets" / "models", layers=8, channels=48)
-    service = Service(settings)
-    key = create_key(service.store, "admin")
-    with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url) as c:
-        ids = []
-        for i in range(3):
-            answer = c.post(
-                "/v1/studies", files=upload(make_study(tmp_path / f"s{i}")), headers=auth(key)
-            )
-            assert answer.status_code == 202, answer.text
-            ids.append(answer.json()["id"])
-        job = c.get(f"/v1/jobs/{ids[-1]}", headers=auth(key))
-        assert job.status_code == 200, job.text
-        eta = job.json()["eta"]
-        assert eta is not None and eta["predicted_finish"].startswith("9999-12-31T23:59:59")
-        assert c.get("/v1/jobs", headers=auth(key)).status_code == 200
-        assert [wait_job(c, j, key)["state"] for j in ids] == ["succeeded"] * 3
+def test_an_eta_past_the_calendar_is_its_last_second_not_a_server_error() -> None:
+    """A service-time prior set absurdly high (a typo of the exponent) made ETAs of 1e300
+    s, and the job API answered them with an OverflowError (500) for as long as the job
+    waited. Such a prior is now refused at load (at most a minute a slice); an ETA past
+    the calendar all the same (a clock that jumped under the learned times) reads as the
+    calendar's last second."""
+    with pytest.raises(ConfigError, match=r"'turnaround\.prior_per_slice_s'"):
+        settings_for(Path("."), turnaround__prior_per_slice_s=1e300)
+    last = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)
+    for posix in (1e300, math.inf, math.nan, 3e11):
+        assert _utc(posix) == last
+    assert _utc(-5.0) == dt.datetime(1970, 1, 1, tzinfo=dt.UTC)

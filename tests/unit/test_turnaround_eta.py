@@ -112,12 +112,39 @@ def test_routine_finish_expects_the_mean_of_later_urgent_arrivals() -> None:
 TATS = (300.0, 300.0, 1800.0)  # URGENT, INPATIENT, OUTPATIENT (as configured by default)
 
 
+def test_a_job_that_starts_at_once_gets_the_allowance_on_its_throughput_bound_only() -> None:
+    """Its learned run time already holds what overtaking arrivals did to jobs of its
+    kind (session 32): the allowance goes on the throughput bound, and the later of that
+    and its own chain is its finish; a job waiting for a slot still has it added, and
+    ``always`` (before) adds it to both."""
+    arrivals = (Arrivals(0, 1 / 100, EST),)
+    jobs = [_entry(i, cls=2, deadline=5000.0) for i in range(6)]  # 4 slots: 2 wait
+    quiet = walk(jobs, 0.0, Capacity(tat_s=TATS))
+    waiting = walk(jobs, 0.0, Capacity(arrivals=arrivals, tat_s=TATS))
+    always = walk(jobs, 0.0, Capacity(arrivals=arrivals, tat_s=TATS, chain_allowance="always"))
+    for position in range(4):  # start at once: chain 10 s, throughput 8 s .. 20 s
+        q, w, a = quiet[position], waiting[position], always[position]
+        own = EST.latency_s
+        throughput = max(6.0 * (position + 1) / 2, 4.0 * (position + 1))
+        mean = a.finish - q.finish  # the allowance, as "always" adds it
+        assert q.finish == max(own, throughput)
+        assert w.finish == pytest.approx(max(own, throughput + mean))
+        assert w.finish <= a.finish
+    assert waiting[0].finish == EST.latency_s  # the chain dominates: no allowance at all
+    assert waiting[3].finish > quiet[3].finish  # the throughput bound dominates: added
+    for position in (4, 5):  # wait for a slot: added as before
+        assert waiting[position].finish == pytest.approx(always[position].finish)
+        assert waiting[position].finish > quiet[position].finish
+
+
 def test_every_class_ranked_ahead_overtakes_and_nothing_else_does() -> None:
     """INPATIENT arrivals delay OUTPATIENT work as URGENT ones delay both; an INPATIENT
     job is not delayed by INPATIENT (EDF: later arrivals have later deadlines) nor by
     OUTPATIENT arrivals."""
-    inpatient_only = Capacity(arrivals=(Arrivals(1, 1 / 100, EST),), tat_s=TATS)
-    both = Capacity(arrivals=(Arrivals(0, 1 / 100, EST), Arrivals(1, 1 / 100, EST)), tat_s=TATS)
+    # the allowance added to every job, whether its chain starts at once or not
+    options = {"tat_s": TATS, "chain_allowance": "always"}
+    inpatient_only = Capacity(arrivals=(Arrivals(1, 1 / 100, EST),), **options)
+    both = Capacity(arrivals=(Arrivals(0, 1 / 100, EST), Arrivals(1, 1 / 100, EST)), **options)
     jobs = [_entry(0, cls=1, deadline=5000.0), _entry(1, cls=2, deadline=5000.0)]
     quiet = walk(jobs, 0.0, Capacity(tat_s=TATS))
     inp = walk(jobs, 0.0, inpatient_only)

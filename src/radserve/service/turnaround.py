@@ -173,6 +173,7 @@ class Turnaround:
             host_cores=usable_cores() if on_host_cores(device) else None,
             share_left=t.share_left,
             running_behind=t.running_behind,
+            chain_allowance=t.chain_allowance,
         )
         self._lock = threading.Lock()
         self._etas: dict[str, Eta] = {}
@@ -951,9 +952,9 @@ _LAST_POSIX = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC).timestamp()
 
 
 def _utc(posix: float) -> dt.datetime:
-    """A walk's time as a datetime; one past the calendar's end (a service-time prior set
-    absurdly high makes ETAs that large) is its last second, not an OverflowError in
-    the job API."""
+    """A walk's time as a datetime; one past the calendar's end (before session 32 a
+    service-time prior set absurdly high made ETAs that large; the settings now refuse
+    it) is its last second, not an OverflowError in the job API."""
     if not math.isfinite(posix) or posix > _LAST_POSIX:
         posix = _LAST_POSIX
     return dt.datetime.fromtimestamp(max(posix, 0.0), dt.UTC)

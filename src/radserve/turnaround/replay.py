@@ -34,8 +34,9 @@ from radserve.turnaround.risk import RiskTracker
 from radserve.turnaround.service_time import WINDOW, JobEstimate, ServiceTimeModel, StudySize
 from radserve.turnaround.share import BesideMeter, ShareMeter, shares_of_runs
 
-# the walk's options a recording made before session 11 lacks: what that server did
-_BEFORE_SESSION_11 = {"share_left": "latency", "running_behind": False}
+# the walk's options an older recording lacks: what that server did (share_left and
+# running_behind came in session 11, chain_allowance in session 32)
+_RECORDED_BEFORE = {"share_left": "latency", "running_behind": False, "chain_allowance": "always"}
 
 
 def walk_record(
@@ -108,7 +109,7 @@ def walk_inputs(record: Mapping[str, Any]) -> tuple[float, list[Entry], Capacity
         for a in raw["arrivals"]
     )
     raw["tat_s"] = tuple(raw["tat_s"])
-    for name, before in _BEFORE_SESSION_11.items():  # recorded by a server without them
+    for name, before in _RECORDED_BEFORE.items():  # recorded by a server without them
         raw.setdefault(name, before)
     return float(record["at"]), entries, Capacity(**raw)
 
@@ -159,7 +160,7 @@ class Variant:
     drain: bool | None = None
     refit: Refit | None = None
     # the walk's options changed from those recorded (Capacity fields: share_left,
-    # running_behind, own_bound), as (name, value) pairs
+    # running_behind, chain_allowance, ...), as (name, value) pairs
     capacity: tuple[tuple[str, Any], ...] = ()
     # the allowance's arrival rates: as recorded (None), or counted again from the
     # recorded arrivals (each job's first walk, after ``before``) by this estimator
@@ -176,11 +177,16 @@ class Variant:
     band_window: int = 20
 
 
-# the server's walk since session 11 (a running job's share left as measured, the running
-# jobs not ranked behind, the arrival rates counted since the first arrival)
+# the server's walk (since session 11: a running job's share left as measured, the running
+# jobs not ranked behind, the arrival rates counted since the first arrival; since
+# session 32: no allowance on the latency chain of a job that starts at once)
 SERVER_WALK = Variant(
     drain=False,
-    capacity=(("share_left", "measured"), ("running_behind", False)),
+    capacity=(
+        ("share_left", "measured"),
+        ("running_behind", False),
+        ("chain_allowance", "waiting"),
+    ),
     rates=ArrivalRates(),
 )
 
