@@ -1,0 +1,222 @@
+"""Every numeric setting at its extreme, each in a real ``radserve serve`` of its own.
+
+    PYTHONPATH=src python tools/settings_extremes.py            # every setting (~25 min)
+    PYTHONPATH=src python tools/settings_extremes.py --ci       # the short mode the test runs
+    PYTHONPATH=src python tools/settings_extremes.py jobs.lease_s runtime.threads
+
+Per number setting (found by walking :class:`radserve.config.Settings`), the value is
+the largest the settings take (a field's own upper bound; a year for a duration; else
+1e300 for a float and 10**18 for an integer) and, with ``--beyond``, that much again
+past it. Each value starts ``radserve serve`` with the DICOM gateway on, waits for
+``/healthz``, C-ECHOes it and C-STOREs a small phantom study with dcmtk, then stops it.
+
+A value is fine when it is refused at load with a configuration error that names it
+(exit code 2, ``config_invalid``), or when the server starts, answers, takes the study
+and stops cleanly with no traceback and no error line in its log. Anything else is a
+finding: before session 32, 1e300 s in ``jobs.lease_s`` ended the start in a
+traceback, in ``storage.probe_interval_s`` it killed the storage probe's thread, and
+``runtime.threads`` at 10**18 failed every model's warm-up (docs/hostile-input.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import annotated_types
+import httpx
+from pydantic import BaseModel
+
+from radserve.config import MAX_DURATION_S, Settings
+
+_UNITS = {"_s": 1.0, "_ms": 1e-3, "_days": 86_400.0}
+# the settings whose extremes broke the server before session 32 (one per kind of harm)
+CI_FIELDS = (
+    "jobs.lease_s",
+    "storage.probe_interval_s",
+    "gateway.network_timeout_s",
+    "scheduler.max_running",
+    "runtime.threads",
+)
+
+
+def _model_of(annotation: object) -> type[BaseModel] | None:
+    candidates = [annotation]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        candidates = list(typing.get_args(annotation))
+    for candidate in candidates:
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
+
+
+def _number_type(annotation: object) -> type | None:
+    candidates = [annotation]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        candidates = list(typing.get_args(annotation))
+    return next((c for c in candidates if c in (int, float)), None)
+
+
+def extremes(model: type[BaseModel] = Settings, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(dotted path, the largest value the settings take) for every number setting."""
+    for name, field in model.model_fields.items():
+        nested = _model_of(field.annotation)
+        if nested is not None:
+            yield from extremes(nested, f"{prefix}{name}.")
+            continue
+        kind = _number_type(field.annotation)
+        if kind is None:
+            continue
+        bound: float | None = None
+        for meta in field.metadata:
+            if isinstance(meta, annotated_types.Le):
+                bound = float(meta.le)  # type: ignore[arg-type]
+            elif isinstance(meta, annotated_types.Lt):
+                bound = float(meta.lt) * (1 - 1e-9)  # type: ignore[operator]
+        unit = next((u for suffix, u in _UNITS.items() if name.endswith(suffix)), None)
+        if prefix == "scheduler.tat_s.":
+            unit = 1.0
+        if unit is not None and not name.endswith("_bytes_s"):
+            bound = min(bound if bound is not None else MAX_DURATION_S, MAX_DURATION_S / unit)
+        if bound is None:
+            bound = 1e300 if kind is float else 10**18
+        yield prefix + name, int(bound) if kind is int else bound
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _radserve(*args: str) -> list[str]:
+    return [sys.executable, "-c", "from radserve.cli import main; main()", *args]
+
+
+def _dcmtk(command: list[str], timeout: float) -> int | str:
+    try:
+        return subprocess.run(command, capture_output=True, timeout=timeout, check=False).returncode
+    except subprocess.TimeoutExpired:
+        return "timeout"
+
+
+def _bad_lines(text: str) -> list[str]:
+    bad = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if line.strip():
+                bad.append(line[:240])  # a traceback, or any line that is not a record
+            continue
+        if isinstance(record, dict) and record.get("level") in ("error", "critical"):
+            bad.append(str(record.get("msg"))[:240])
+    return bad
+
+
+def probe(path: str, value: Any, study: Path, work: Path) -> dict[str, Any]:
+    """Start a server with ``path`` set to ``value``; what happened."""
+    folder = work / path
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    http, dicom = _free_port(), _free_port()
+    (folder / "radserve.yaml").write_text(f"gateway:\n  enabled: true\n  port: {dicom}\n")
+    env = {**os.environ, "RADSERVE_" + path.upper().replace(".", "__"): str(value)}
+    command = _radserve(
+        "serve", "--port", str(http), "--config", str(folder / "radserve.yaml"),
+        "--data-dir", str(folder / "data"), "--cpu-workers", "1",
+    )  # fmt: skip
+    log = folder / "log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    result: dict[str, Any] = {"value": value}
+    try:
+        up = False
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and server.poll() is None and not up:
+            try:
+                up = httpx.get(f"http://127.0.0.1:{http}/healthz", timeout=1).status_code == 200
+            except httpx.TransportError:
+                time.sleep(0.1)
+        result["up"] = up
+        if up:
+            echo = ["echoscu", "-to", "10", "-aec", "RADSERVE", "127.0.0.1", str(dicom)]
+            result["echo"] = _dcmtk(echo, 30)
+            store = ["storescu", "-to", "20", "-aec", "RADSERVE", "+sd"]
+            result["store"] = _dcmtk([*store, "127.0.0.1", str(dicom), str(study)], 60)
+            time.sleep(3)  # the background threads' first rounds
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(10)
+                result["hung_on_stop"] = True
+    result["exit"] = server.returncode
+    text = log.read_text(errors="replace")
+    refused = not result["up"] and server.returncode == 2 and "config_invalid" in text
+    result["refused"] = refused and f"'{path}'" in text
+    result["bad"] = [] if refused else _bad_lines(text)
+    result["fine"] = bool(
+        result["refused"]
+        or (
+            result["up"]
+            and result.get("echo") == 0
+            and result.get("store") == 0
+            and result["exit"] == 0
+            and not result["bad"]
+            and not result.get("hung_on_stop")
+        )
+    )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("fields", nargs="*", help="dotted settings (default: every one)")
+    parser.add_argument("--ci", action="store_true", help=f"only {', '.join(CI_FIELDS)}")
+    parser.add_argument("--beyond", action="store_true", help="also the extreme x 10")
+    parser.add_argument("--json", type=Path, help="write every result here")
+    args = parser.parse_args(argv)
+    wanted = set(args.fields) | (set(CI_FIELDS) if args.ci else set())
+    cases = [(p, v) for p, v in extremes() if not wanted or p in wanted]
+    if args.beyond:
+        cases += [(p, v * 10) for p, v in list(cases)]
+    with tempfile.TemporaryDirectory(prefix="radserve-extremes-") as tmp:
+        work = Path(tmp)
+        subprocess.run(
+            _radserve("phantom", "--seed", "1", "--small", "--out", str(work / "study")),
+            check=True, capture_output=True,
+        )  # fmt: skip
+        results = {}
+        for path, value in cases:
+            results[f"{path}={value}"] = outcome = probe(
+                path, value, work / "study" / "dicom", work
+            )
+            verdict = "refused" if outcome["refused"] else "ok" if outcome["fine"] else "FINDING"
+            print(f"{verdict:8} {path} = {value!r} {'' if outcome['fine'] else outcome}")
+            sys.stdout.flush()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    findings = [k for k, r in results.items() if not r["fine"]]
+    print(f"{len(results)} values, {len(findings)} findings")
+    return 1 if findings else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
