@@ -178,14 +178,14 @@ def test_eta_service_times_and_deadline_risk(tmp_path: Path) -> None:
         assert "share" not in {line["step"] for line in plain.describe()}
 
 
-def test_an_eta_past_the_calendar_is_its_last_second_not_a_server_error() -> None:
+def test_an_eta_past_the_calendar_is_its_last_second_not_a_server_error(tmp_path: Path) -> None:
     """A service-time prior set absurdly high (a typo of the exponent) made ETAs of 1e300
     s, and the job API answered them with an OverflowError (500) for as long as the job
     waited. Such a prior is now refused at load (at most a minute a slice); an ETA past
     the calendar all the same (a clock that jumped under the learned times) reads as the
     calendar's last second."""
     with pytest.raises(ConfigError, match=r"'turnaround\.prior_per_slice_s'"):
-        settings_for(Path("."), turnaround__prior_per_slice_s=1e300)
+        settings_for(tmp_path, turnaround__prior_per_slice_s=1e300)
     last = dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.UTC)
     for posix in (1e300, math.inf, math.nan, 3e11):
         assert _utc(posix) == last
