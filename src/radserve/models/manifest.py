@@ -54,22 +54,45 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# Bounds on a manifest's numbers past which a model cannot be right (session 32: each was
+# accepted and then broke every study through the model, or silently fed it NaN):
+# intensities a window or statistic names, beyond any modality's values (PET's Bq/ml stay
+# under 1e8) and well inside float32, which the images are in (a window 1e-300 wide
+# scaled the study to NaN); grid multiples and margins in voxels (divisible_by 1e9 ended
+# in numpy's "array is too big"); a patch edge; a target spacing in mm; an RGB component
+# (highdicom refused a colour of 300 when writing every SEG, after the inference)
+Intensity = Annotated[float, Field(ge=-1e9, le=1e9)]
+GridStep = Annotated[int, Field(ge=1, le=1024)]
+Voxels = Annotated[int, Field(ge=0, le=1024)]
+PatchEdge = Annotated[int, Field(ge=1, le=2048)]
+SpacingMm = Annotated[float, Field(gt=0, le=100)]
+Rgb = Annotated[int, Field(ge=0, le=255)]
+
+
 class CtWindow(_Strict):
     """Clip to a window and scale to [0, 1]."""
 
     kind: Literal["ct_window"] = "ct_window"
-    center: float
-    width: float
+    center: Intensity
+    width: float = Field(ge=1e-3, le=2e9)
 
 
 class ClipZScore(_Strict):
     """Clip to [lower, upper] then (x - mean) / std."""
 
     kind: Literal["clip_zscore"] = "clip_zscore"
-    lower: float
-    upper: float
-    mean: float
-    std: float = Field(gt=0)
+    lower: Intensity
+    upper: Intensity
+    mean: Intensity
+    std: float = Field(ge=1e-6, le=1e9)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ClipZScore:
+        if not self.lower < self.upper:
+            raise ValueError(
+                f"clip_zscore: lower {self.lower:g} must be below upper {self.upper:g}"
+            )
+        return self
 
 
 class ZScore(_Strict):
@@ -101,8 +124,8 @@ class MonaiIntensityStep(_Strict):
 
     op: Literal["normalize", "scale"]
     nonzero: bool = False
-    minv: float = 0.0
-    maxv: float = 1.0
+    minv: Intensity = 0.0
+    maxv: Intensity = 1.0
 
 
 class MonaiIntensity(_Strict):
@@ -186,8 +209,8 @@ class CropForegroundSpec(_Strict):
     (MONAI's box would be empty)."""
 
     threshold: float = 0.0
-    margin: tuple[int, int, int] = Field((0, 0, 0))
-    k_divisible: tuple[int, int, int] = Field((1, 1, 1))
+    margin: tuple[Voxels, Voxels, Voxels] = Field((0, 0, 0))
+    k_divisible: tuple[GridStep, GridStep, GridStep] = Field((1, 1, 1))
     allow_smaller: bool = False
 
     @model_validator(mode="after")
@@ -302,14 +325,14 @@ class InputSpec(_Strict):
             "None: neighbours are the adjacent native slices"
         ),
     )
-    spacing: tuple[float | None, float, float] = Field(
+    spacing: tuple[SpacingMm | None, SpacingMm, SpacingMm] = Field(
         description="target (slice, row, column) spacing in mm; slice None keeps native"
     )
     normalisation: Normalisation
-    patch_size: tuple[int, ...] | None = Field(
+    patch_size: tuple[PatchEdge, ...] | None = Field(
         None, description="3d: sliding-window patch, in input.axes order (default z, y, x)"
     )
-    divisible_by: int = Field(16, ge=1, description="in-plane size padded to a multiple")
+    divisible_by: int = Field(16, ge=1, le=1024, description="in-plane size padded to a multiple")
     batch_size: int = Field(
         8,
         ge=1,
@@ -322,7 +345,7 @@ class InputSpec(_Strict):
     roi_labels: tuple[str, ...] = Field(
         (), description="restrict inference to the bounding box of these upstream labels"
     )
-    roi_margin_mm: float = 10.0
+    roi_margin_mm: float = Field(10.0, ge=0, le=1000)
     extra_channels: tuple[str, ...] = Field(
         (), description="upstream label masks appended as input channels"
     )
@@ -537,7 +560,7 @@ class LabelSpec(_Strict):
             "'organ' for segmentation, 'lesion' for detection, 'class' for classification"
         ),
     )
-    color: tuple[int, int, int] = (255, 0, 0)
+    color: tuple[Rgb, Rgb, Rgb] = (255, 0, 0)
     within: tuple[str, ...] = Field(
         (), description="finding labels: upstream region labels a finding must lie in"
     )
@@ -601,8 +624,8 @@ class PostprocessSpec(_Strict):
 class GateSpec(_Strict):
     """Thresholds a precision variant must meet against FP32 to be served."""
 
-    max_dice_drop: float = 0.01
-    max_recall_drop_points: float = 2.0
+    max_dice_drop: float = Field(0.01, ge=0, le=1)
+    max_recall_drop_points: float = Field(2.0, ge=0, le=100)
     # Optional: reject a variant whose false positives per study rise by more than this.
     # None (the default, the issue's gate) only records the change in the gate's notes.
     max_fp_per_study_increase: float | None = Field(default=None, ge=0)
