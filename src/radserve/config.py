@@ -954,7 +954,8 @@ class TurnaroundSettings(_Section):
     # arrival_prior pseudo-arrivals per class (radserve.turnaround.rates; since session
     # 11: the span since the server's start, at least 60 s, made the rates 3-7x low)
     arrival_min_span_s: Seconds = Field(default=10.0, gt=0)
-    arrival_prior: float = Field(default=1.0, ge=0)
+    # at most 100: more drowns every counted rate (1e300 was taken)
+    arrival_prior: float = Field(default=1.0, ge=0, le=100)
     # the service-time prior (before anything is measured): seconds = fixed + per_slice
     # x slices for a job, device_share of it in model batches (README bench figures)
     # (at most an hour a study and a minute a slice: 100x the slowest CPU measured;

@@ -6,6 +6,8 @@ down delays delivery without blocking appends; everything arrives once it is bac
 from __future__ import annotations
 
 import base64
+import socket
+import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,3 +172,39 @@ def test_a_broken_chain_stops_the_export_with_an_alert(
         store.close()
     alert = next(m for m in collector.parsed() if m["msgid"] == "RADSERVE-ALERT")
     assert alert["pri"] == 10 * 8 + 2 and len(collector.records()) == 1
+
+
+def test_a_collector_that_accepts_and_never_answers_does_not_hold_the_stop(
+    tmp_path: Path, certificate
+) -> None:
+    """A listener that takes the connection and never answers the TLS handshake (a hung
+    collector, or the wrong service on its port): the export's thread waits on it for
+    ``timeout_s`` (an hour here). Before, the stop joined the thread for 10 s and then
+    ran the last round itself, on a new connection to the same collector: it waited
+    another ``timeout_s``, racing the thread for the connection and the cursor."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
+    settings = load_settings(
+        None,
+        data_dir=str(tmp_path / "data"),
+        audit__checkpoint_interval_s=0,
+        audit__syslog={
+            "host": "127.0.0.1", "port": silent.getsockname()[1],
+            "tls": {"ca": str(certificate[0])}, "timeout_s": 3600, "poll_s": 0.2,
+        },
+    )  # fmt: skip
+    store, trail = _open(settings)
+    try:
+        store.append_audit(AuditEvent(action="test.event", subject="s"))
+        assert wait_until(lambda: held, timeout=10)  # the export is in its handshake
+        stopping = threading.Thread(target=lambda: trail.exporter.stop(timeout=1.0))  # type: ignore[attr-defined]
+        stopping.start()
+        stopping.join(60)  # the old code: another hour
+        assert not stopping.is_alive()
+        assert not trail.exporter._thread.is_alive()  # type: ignore[attr-defined]
+    finally:
+        store.close()
+        silent.close()
+        for conn in held:
+            conn.close()

@@ -172,6 +172,7 @@ class SyslogClient:
             endpoint = SyslogEndpoint.of(endpoint)
         self.endpoint = endpoint
         self._sock: socket.socket | None = None
+        self._opening: socket.socket | None = None  # connected, TLS handshake under way
 
     def _context(self, tls: TlsSettings) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(tls.ca) if tls.ca else None)
@@ -186,12 +187,21 @@ class SyslogClient:
         if end.tls is None:
             return raw
         try:
-            return self._context(end.tls).wrap_socket(
-                raw, server_hostname=end.server_name or end.host
+            sock = self._context(end.tls).wrap_socket(
+                raw, server_hostname=end.server_name or end.host, do_handshake_on_connect=False
             )
         except BaseException:
             raw.close()
             raise
+        self._opening = sock  # the handshake apart, so that abort() can end it
+        try:
+            sock.do_handshake()
+        except BaseException:
+            sock.close()
+            raise
+        finally:
+            self._opening = None
+        return sock
 
     def send(self, frames: list[bytes]) -> None:
         if self._sock is not None and _peer_closed(self._sock):
@@ -209,6 +219,15 @@ class SyslogClient:
             with contextlib.suppress(OSError):
                 self._sock.close()
             self._sock = None
+
+    def abort(self) -> None:
+        """From another thread: end a handshake or a write blocked on a collector that
+        accepted the connection and does not answer (shutdown wakes the blocked call;
+        the sending thread then fails it as it fails any unreachable collector)."""
+        for sock in (self._opening, self._sock):
+            if sock is not None:
+                with contextlib.suppress(OSError):  # the descriptor's, not TLS's close_notify
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 def _peer_closed(sock: socket.socket) -> bool:
@@ -274,6 +293,22 @@ class SyslogExporter:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                # blocked on a collector that accepted and does not answer (a handshake
+                # or a write, for up to syslog.timeout_s): the last round would block the
+                # stop as long, and race the thread for the connection and the cursor
+                logger.warning(
+                    "audit collector %s:%d did not answer within %.0f s of the stop; "
+                    "stopping without the last round (the records stay in the chain and "
+                    "are sent at the next start)",
+                    self.settings.host,
+                    self.settings.port,
+                    timeout,
+                )
+                self.client.abort()
+                self._thread.join(timeout)
+                self.client.close()
+                return
         if self.down_since is None and self.broken_at is None:
             self._stop.clear()  # one last round for what the last requests appended
             try:
