@@ -31,19 +31,15 @@ import sys
 import tempfile
 import threading
 import time
-import types
-import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import annotated_types
 import httpx
-from pydantic import BaseModel
 
-from radserve.config import MAX_DURATION_S, Settings
+from radserve.config import MAX_DURATION_S, number_settings
 
-_UNITS = {"_s": 1.0, "_ms": 1e-3, "_days": 86_400.0}
 # the ports the probe chooses itself (the value under test would replace them)
 NOT_PROBED = frozenset(
     {"server.port", "gateway.port", "audit.syslog.port", "turnaround.risk_syslog.port"}
@@ -61,47 +57,21 @@ CI_FIELDS = (
 )
 
 
-def _model_of(annotation: object) -> type[BaseModel] | None:
-    candidates = [annotation]
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        candidates = list(typing.get_args(annotation))
-    for candidate in candidates:
-        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-            return candidate
-    return None
-
-
-def _number_type(annotation: object) -> type | None:
-    candidates = [annotation]
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        candidates = list(typing.get_args(annotation))
-    return next((c for c in candidates if c in (int, float)), None)
-
-
-def extremes(model: type[BaseModel] = Settings, prefix: str = "") -> Iterator[tuple[str, Any]]:
+def extremes() -> Iterator[tuple[str, Any]]:
     """(dotted path, the largest value the settings take) for every number setting."""
-    for name, field in model.model_fields.items():
-        nested = _model_of(field.annotation)
-        if nested is not None:
-            yield from extremes(nested, f"{prefix}{name}.")
-            continue
-        kind = _number_type(field.annotation)
-        if kind is None:
-            continue
+    for setting in number_settings():
         bound: float | None = None
-        for meta in field.metadata:
+        for meta in setting.field.metadata:
             if isinstance(meta, annotated_types.Le):
                 bound = float(meta.le)  # type: ignore[arg-type]
             elif isinstance(meta, annotated_types.Lt):
                 bound = float(meta.lt) * (1 - 1e-9)  # type: ignore[operator]
-        unit = next((u for suffix, u in _UNITS.items() if name.endswith(suffix)), None)
-        if prefix == "scheduler.tat_s.":
-            unit = 1.0
-        if unit is not None and not name.endswith("_bytes_s"):
-            bound = min(bound if bound is not None else MAX_DURATION_S, MAX_DURATION_S / unit)
+        if setting.unit_s is not None:
+            longest = MAX_DURATION_S / setting.unit_s
+            bound = longest if bound is None else min(bound, longest)
         if bound is None:
-            bound = 1e300 if kind is float else 10**18
-        yield prefix + name, int(bound) if kind is int else bound
+            bound = 1e300 if setting.kind is float else 10**18
+        yield setting.path, int(bound) if setting.kind is int else bound
 
 
 def _free_port() -> int:

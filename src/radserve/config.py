@@ -16,9 +16,12 @@ import json
 import os
 import re
 import tomllib
+from collections.abc import Iterator
 from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -295,7 +298,7 @@ class SchedulerSettings(_Section):
     lookahead_batches: int = Field(default=2, ge=1)
     max_prepared_batches: int = Field(default=6, ge=1)
     # Retry-After of a full queue before any job has finished to estimate it from
-    default_retry_after_s: int = Field(default=30, ge=1)
+    default_retry_after_s: int = Field(default=30, ge=1, le=86_400)  # at most a day
 
     @property
     def max_queue_delay_s(self) -> float:
@@ -1248,6 +1251,47 @@ def _unwrap(model: Any) -> Any:
     if isinstance(model, type) and issubclass(model, RootModel):
         return model.model_fields["root"].annotation
     return model
+
+
+# the unit of a number setting named as a duration, by its name's end ("_bytes_s" is a rate)
+DURATION_UNITS_S = {"_s": 1.0, "_ms": 1e-3, "_days": 86_400.0}
+
+
+@dataclass(frozen=True)
+class NumberSetting:
+    """One int or float setting: its dotted path, type, field and, when it is a duration
+    (named so, or a class TAT), the seconds in one of its units."""
+
+    path: str
+    kind: type
+    field: FieldInfo
+    unit_s: float | None
+
+
+def number_settings(
+    model: type[BaseModel] | None = None, prefix: str = ""
+) -> Iterator[NumberSetting]:
+    """Every number setting, through the nested sections (optional ones too): what the
+    tests of the duration bound and ``tools/settings_extremes.py`` walk."""
+    for name, field in (model or Settings).model_fields.items():
+        candidates = [field.annotation]
+        if get_origin(field.annotation) in (Union, UnionType):
+            candidates = list(get_args(field.annotation))
+        nested = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
+        if nested is not None and not issubclass(nested, RootModel):
+            yield from number_settings(nested, f"{prefix}{name}.")
+            continue
+        kind = next((c for c in candidates if c in (int, float)), None)
+        if kind is None:
+            continue
+        unit = next((u for end, u in DURATION_UNITS_S.items() if name.endswith(end)), None)
+        if name.endswith("_bytes_s"):
+            unit = None
+        if model is ClassTats:
+            unit = 1.0
+        yield NumberSetting(prefix + name, kind, field, unit)
 
 
 # settings whose wrong values are not echoed in errors (a clear password typed where its
