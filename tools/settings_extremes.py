@@ -1,8 +1,8 @@
 """Every numeric setting at its extreme, each in a real ``radserve serve`` of its own.
 
-    PYTHONPATH=src python tools/settings_extremes.py            # every setting (~25 min)
-    PYTHONPATH=src python tools/settings_extremes.py --ci       # the short mode the test runs
-    PYTHONPATH=src python tools/settings_extremes.py jobs.lease_s runtime.threads
+    PYTHONPATH=src:. python tools/settings_extremes.py            # every setting (~25 min)
+    PYTHONPATH=src:. python tools/settings_extremes.py --ci       # the short mode the test runs
+    PYTHONPATH=src:. python tools/settings_extremes.py jobs.lease_s runtime.threads
 
 Per number setting (found by walking :class:`radserve.config.Settings`), the value is
 the largest the settings take (a field's own upper bound; a year for a duration; else
@@ -37,6 +37,8 @@ from typing import Any
 
 import annotated_types
 import httpx
+from tests.factories.ports import free_port
+from tests.factories.server_process import radserve_command
 
 from radserve.config import MAX_DURATION_S, number_settings
 
@@ -72,16 +74,6 @@ def extremes() -> Iterator[tuple[str, Any]]:
         if bound is None:
             bound = 1e300 if setting.kind is float else 10**18
         yield setting.path, int(bound) if setting.kind is int else bound
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _radserve(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from radserve.cli import main; main()", *args]
 
 
 def _dcmtk(command: list[str], timeout: float) -> int | str:
@@ -154,13 +146,13 @@ def probe(path: str, value: Any, study: Path, work: Path) -> dict[str, Any]:
     folder = work / path
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    http, dicom = _free_port(), _free_port()
+    http, dicom = free_port(), free_port()
     (folder / "radserve.yaml").write_text(f"gateway:\n  enabled: true\n  port: {dicom}\n")
     global COLLECTOR
     COLLECTOR = COLLECTOR or Collector()
     env = {**os.environ, **COLLECTOR.env_for(path)}
     env["RADSERVE_" + path.upper().replace(".", "__")] = str(value)
-    command = _radserve(
+    command = radserve_command(
         "serve", "--port", str(http), "--config", str(folder / "radserve.yaml"),
         "--data-dir", str(folder / "data"), "--cpu-workers", "1",
     )  # fmt: skip
@@ -229,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="radserve-extremes-") as tmp:
         work = Path(tmp)
         subprocess.run(
-            _radserve("phantom", "--seed", "1", "--small", "--out", str(work / "study")),
+            radserve_command("phantom", "--seed", "1", "--small", "--out", str(work / "study")),
             check=True, capture_output=True,
         )  # fmt: skip
         results = {}
