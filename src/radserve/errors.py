@@ -80,6 +80,20 @@ class InputDomainError(StudyError):
     code = "outside_input_domain"
 
 
+def is_study_fault(code: str | None) -> bool:
+    """Whether a failed job's ``code`` is the input study's own fault (a
+    :class:`StudyError`, wherever its subclass is defined): a cut-off file fails on every
+    model version alike, so it says nothing about the one that was chosen for it."""
+    if code is None:
+        return False
+    found, seen = [StudyError], set()
+    while found:
+        cls = found.pop()
+        seen.add(cls.code)
+        found.extend(cls.__subclasses__())
+    return code in seen
+
+
 class InvalidRequestError(RadserveError):
     """A parameter has a value the server does not understand (HTTP, DICOMweb, CLI)."""
 

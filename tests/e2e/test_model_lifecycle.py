@@ -27,6 +27,7 @@ from tests.factories.waits import until
 from radserve.api import create_app
 from radserve.config import load_settings
 from radserve.domain.deployment import bucket
+from radserve.errors import is_study_fault
 from radserve.service import Service
 
 STEP = "lesions-test"
@@ -348,3 +349,41 @@ def test_damaged_canary_is_rolled_back_and_a_good_one_is_not(
         if r.payload.get("event") == "deployment.auto_rollback"
     ]
     assert len(rollbacks) == 1 and rollbacks[0].actor_key_id == "radserve-guardrail"
+
+
+@pytest.mark.parametrize(
+    "server", [{"guardrails": {"min_studies": 2, "max_failure_rate": 0.2}}], indirect=True
+)
+def test_a_canary_is_not_rolled_back_for_studies_no_version_could_read(
+    server: Server, tmp_path: Path
+) -> None:
+    """Cut-off files fail at ingest whichever version was chosen for them: counted as the
+    canary's failures, a few of them rolled back a good version (a console test saw its
+    canary vanish while some broken studies were in its worklist)."""
+    good = candidate(tmp_path / "cand", server.models, "1.1.0", 400.0)
+    admin = auth(server.admin)
+    with httpx.Client(base_url=server.thread.url, timeout=60) as c:
+        assert c.post("/v1/models", content=zipped(good), headers=admin).status_code == 201
+        deploy = {"version": "1.1.0", "role": "canary", "percent": 100, "reason": "trial"}
+        r = c.post(f"/v1/models/{STEP}/deploy", json=deploy, headers=admin)
+        assert r.status_code == 200, r.text
+        ends = []
+        for i in range(4):
+            cut = None if i == 3 else 900  # the last one whole: the canary serves it
+            body = [
+                ("files", (p.name, p.read_bytes()[:cut], "application/dicom"))
+                for p in study(tmp_path / f"s{i}")
+            ]
+            job = c.post("/v1/studies", files=body, headers=auth(server.submit)).json()
+            ends.append(until(lambda j=job["id"]: _final(c, j, server.submit), "the job to end"))
+        assert [j["state"] for j in ends] == ["failed"] * 3 + ["succeeded"], ends
+        assert all(is_study_fault(j["error"]["code"]) for j in ends[:3]), ends
+        assert deployed(c, server.admin, "1.1.0") == ["canary"]
+        history = c.get("/v1/models/deployments", headers=admin).json()
+        assert not [d for d in history if d["action"] == "auto_rollback"]
+        record = next(
+            r
+            for r in c.get("/v1/models/comparisons", headers=admin).json()
+            if r["version"] == "1.1.0"
+        )
+        assert (record["finished"], record["failed"]) == (1, 0)

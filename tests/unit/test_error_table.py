@@ -20,7 +20,7 @@ from radserve.error_table import (
     lookup,
     row_for,
 )
-from radserve.errors import RadserveError
+from radserve.errors import RadserveError, StudyError, is_study_fault
 
 ROOT = class_key(RadserveError)
 
@@ -170,3 +170,22 @@ def test_the_http_edge_reads_the_table() -> None:
 
     assert status_for(DuplicateJobError("job j1 is already queued")) == 409
     assert error_table.lookup(DuplicateJobError).http == 409
+
+
+def test_a_code_tells_a_study_s_fault_from_the_server_s() -> None:
+    """A failed job keeps only its code; the canary guardrail reads the study's fault from
+    it (radserve.errors.is_study_fault). A code shared by a study error and a server-side
+    error would blame a model for a broken file, or a file for a broken model."""
+    # refusals at the edge of the same input faults, never a job's code: one code on purpose
+    sender_s_fault = {
+        "instance_invalid": "radserve.gateway.errors.InstanceRejectedError",
+        "upload_too_large": "radserve.spool.TooManyPartsOnDiskError",
+    }
+    study = {c.code for c in ERRORS if issubclass(c, StudyError)}
+    others = [c for c in (RadserveError, *ERRORS) if not issubclass(c, StudyError)]
+    shared = {class_key(c): c.code for c in others if c.code in study}
+    assert shared == {key: code for code, key in sender_s_fault.items()}
+    assert {"not_dicom", "decode_failed", "geometry_invalid", "several_studies"} <= study
+    assert all(is_study_fault(code) for code in study)
+    assert not any(is_study_fault(c.code) for c in others if c.code not in sender_s_fault)
+    assert not is_study_fault(None) and not is_study_fault("job_timeout")

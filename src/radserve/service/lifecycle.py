@@ -49,6 +49,7 @@ from radserve.errors import (
     ModelError,
     PipelineError,
     RadserveError,
+    is_study_fault,
 )
 from radserve.ingest import IngestPolicy
 from radserve.lifecycle.compare import Comparison, compare_results
@@ -537,6 +538,11 @@ class ModelLifecycle:
         if not roles:
             return
         ok = job.state is JobState.SUCCEEDED
+        if not ok and is_study_fault(job.error_code):
+            # a study no version could read (cut-off files, a second study in the upload):
+            # counted against the canary, a few of them rolled back a good version
+            self.release_unused()
+            return
         seconds = job.stage_timings.get("total") if job.stage_timings else None
         for step, role in roles.items():
             version = job.model_versions.get(step)
