@@ -77,11 +77,14 @@ def test_eta_service_times_and_deadline_risk(tmp_path: Path) -> None:
             turnaround__risk_webhook_url=receiver.url,
             turnaround__bias_window_jobs=20,  # off by default; its learning is tested here
             turnaround__latency_lanes="exclusive",  # likewise: routine jobs' runs apart
-            scheduler__tat_s__outpatient=0.3,  # each test job takes longer
+            scheduler__tat_s__outpatient=0.3,  # the last job waits for two others' runs
+            # one job at a time: the third job's turnaround holds the first two runs. Side by
+            # side (4 running), all three ended inside 0.3 s on Zen 5 hosts, twice (48 and
+            # 96 channels): one run's time was the whole margin. One at a time with 192
+            # channels the third took 1.4 s on a 2-core Xeon (session 33)
+            scheduler__max_running=1,
         )
-        # slow enough to miss the 0.3 s deadline on an idle machine too (48 channels did
-        # not on an idle Zen 5 host once: none of the three jobs missed)
-        make_models_slow(make_models_slow_root, layers=8, channels=96)
+        make_models_slow(make_models_slow_root, layers=8, channels=192)
         service = Service(settings)
         key = create_key(service.store, "admin")
         with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url) as c:
