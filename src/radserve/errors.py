@@ -45,6 +45,9 @@ class StudyError(RadserveError):
     """The input study cannot be turned into a trustworthy volume."""
 
     code = "study_invalid"
+    # refused for what one model asks of the study (its declared input domain, a channel
+    # series, a SUV): another version of that model may take it (is_study_fault)
+    depends_on_model: bool = False
 
 
 class NotDicomError(StudyError):
@@ -78,18 +81,21 @@ class InputDomainError(StudyError):
     (``ingest.input_domain: refuse``) refuses such studies."""
 
     code = "outside_input_domain"
+    depends_on_model = True  # each version declares its own domain
 
 
 def is_study_fault(code: str | None) -> bool:
-    """Whether a failed job's ``code`` is the input study's own fault (a
-    :class:`StudyError`, wherever its subclass is defined): a cut-off file fails on every
-    model version alike, so it says nothing about the one that was chosen for it."""
+    """Whether a failed job's ``code`` is the input study's own fault whatever model
+    version ran it (a :class:`StudyError` that does not depend on the model, wherever its
+    subclass is defined): a cut-off file fails on every version alike, so it says nothing
+    about the one that was chosen for it."""
     if code is None:
         return False
     found, seen = [StudyError], set()
     while found:
         cls = found.pop()
-        seen.add(cls.code)
+        if not cls.depends_on_model:
+            seen.add(cls.code)
         found.extend(cls.__subclasses__())
     return code in seen
 

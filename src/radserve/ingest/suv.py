@@ -87,6 +87,7 @@ class SuvConversionError(StudyError):
     """A PET series whose headers do not allow a trustworthy SUV."""
 
     code = "suv_unavailable"
+    depends_on_model = True  # asked for by a model that takes a PET channel
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ class ChannelSeriesError(StudyError):
     """A multi-channel model's series is missing from the study or cannot be used."""
 
     code = "channel_series_unavailable"
+    depends_on_model = True  # the series one model version asks for
 
 
 class ChannelSeriesMismatchError(ChannelSeriesError):
