@@ -183,9 +183,7 @@ def test_a_code_tells_a_study_s_fault_from_the_server_s() -> None:
     }
     study = {c.code for c in ERRORS if issubclass(c, StudyError) and not c.depends_on_model}
     others = [
-        c
-        for c in (RadserveError, *ERRORS)
-        if not issubclass(c, StudyError) or c.depends_on_model
+        c for c in (RadserveError, *ERRORS) if not issubclass(c, StudyError) or c.depends_on_model
     ]
     shared = {class_key(c): c.code for c in others if c.code in study}
     assert shared == {key: code for code, key in sender_s_fault.items()}
