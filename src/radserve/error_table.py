@@ -62,6 +62,8 @@ TABLE: dict[str, ErrorMapping] = {
     "radserve.ingest.sources.InputTooLargeError": _STUDY,
     # a Type 1 source value over its VR limit that neither a cut nor empty would keep valid
     "radserve.report.shortened.CopiedValueTooLongError": _STUDY,
+    # a series DICOM SEG/SR cannot reference as it is made (mixed Enhanced instances)
+    "radserve.report.dicom.frames.SourceFramesError": _STUDY,
     "radserve.service.own_uploads.OwnResultsOnlyError": _STUDY,
     "radserve.store.files.UploadTooLargeError": ErrorMapping(413, stow=OUT_OF_RESOURCES),
     "radserve.spool.TooManyPartsOnDiskError": ErrorMapping(413, stow=OUT_OF_RESOURCES),

@@ -267,7 +267,7 @@ def test_a_type1_value_that_cannot_be_cut_fails_the_run_by_name(tmp_path: Path) 
         "Referenced SOP Instance UID (0008,1155) in Referenced Study Sequence (0008,1110) "
         "item 1 has a value of 72 bytes"
     )
-    refused = f"error [report_failed]: the source's {where}, over the 64 UI allows"
+    refused = f"error [source_value_too_long]: the source's {where}, over the 64 UI allows"
     assert f"{refused}, and it is Type 1" in done.stderr
     assert not list(out.glob("*.dcm"))
     report = Report.model_validate_json((out / "report.json").read_bytes())

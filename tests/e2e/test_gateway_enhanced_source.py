@@ -101,7 +101,7 @@ def test_enhanced_ct_gets_seg_and_sr_naming_its_frames_and_two_instances_are_ref
     orthanc.push("radserve", [study])
     [refused] = terminal_jobs(service, 1)
     assert refused.state is JobState.FAILED
-    assert refused.error_code == "report_failed"
+    assert refused.error_code == "source_frames_unsupported"  # the study's, not ours
     assert "2 instances, 2 of them Enhanced" in refused.error_message
     assert "before inference" in refused.error_message
     assert runs[0] == 0  # refused at ingest: no model ran for it

@@ -188,6 +188,8 @@ def test_a_code_tells_a_study_s_fault_from_the_server_s() -> None:
     shared = {class_key(c): c.code for c in others if c.code in study}
     assert shared == {key: code for code, key in sender_s_fault.items()}
     assert {"not_dicom", "decode_failed", "geometry_invalid", "several_studies"} <= study
+    # found when the results are written, but the source's (session 33; was report_failed)
+    assert {"source_frames_unsupported", "source_value_too_long"} <= study
     assert all(is_study_fault(code) for code in study)
     assert not any(is_study_fault(c.code) for c in others if c.code not in sender_s_fault)
     assert not is_study_fault(None) and not is_study_fault("job_timeout")

@@ -24,7 +24,11 @@ from tests.factories.results import LesionStudy, enhanced_lesion_study
 from radserve.errors import ReportError
 from radserve.ingest import discover_series, load_series
 from radserve.report.dicom import write_dicom_results, write_seg
-from radserve.report.dicom.frames import check_loaded_references, check_slice_references
+from radserve.report.dicom.frames import (
+    SourceFramesError,
+    check_loaded_references,
+    check_slice_references,
+)
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +217,7 @@ def test_frames_of_differing_orientation_are_refused(enhanced: LesionStudy, tmp_
 
     source = _rewrite(enhanced.files[0], tmp_path / "mixed.dcm", tilt_one_frame)
     output, labels = enhanced.label_map("findings")
-    with pytest.raises(ReportError, match=r"differ in orientation \(2 values\)"):
+    with pytest.raises(SourceFramesError, match=r"differ in orientation \(2 values\)"):
         write_seg(enhanced.report, labels, output.segments, [source], tmp_path / "s.dcm")
 
 
@@ -227,7 +231,7 @@ def test_a_localizer_frame_of_another_plane_is_refused_before_inference(tmp_path
     _rewrite(path, tmp_path / "study" / "enhanced.dcm", localizer_last)
     loaded = load_series(discover_series(tmp_path / "study")[0])
     assert loaded.volume.shape[0] == 7  # the other plane's frame is not in the volume
-    with pytest.raises(ReportError, match=r"differ in orientation \(2 values\)"):
+    with pytest.raises(SourceFramesError, match=r"differ in orientation \(2 values\)"):
         check_loaded_references(loaded)
 
 
@@ -239,7 +243,7 @@ def test_a_volume_of_several_enhanced_instances_is_refused_before_inference(tmp_
     [header] = discover_series(tmp_path)
     loaded = load_series(header)
     assert loaded.volume.shape[0] == 8  # one volume of both instances
-    with pytest.raises(ReportError, match="2 instances, 2 of them Enhanced"):
+    with pytest.raises(SourceFramesError, match="2 instances, 2 of them Enhanced"):
         check_loaded_references(loaded)
 
 
@@ -251,14 +255,15 @@ def test_classic_images_with_number_of_frames_1_stay_single_frame(tmp_path: Path
 
 
 @pytest.mark.parametrize(
-    ("uids", "frames", "match"),
+    ("uids", "frames", "error", "match"),
     [
-        ((), (), "resampled"),
-        (("a", "a"), (), "schema 2.3 or older"),
-        (("a", "a", "b"), (1, 2, None), "2 instances, 1 of them Enhanced"),
-        (("a", "a"), (1, 1), "same source frame"),
+        ((), (), ReportError, "resampled"),  # the site's ingest setting
+        (("a", "a"), (), ReportError, "schema 2.3 or older"),  # an old report
+        # the study's own shape: a study fault (is_study_fault), not radserve's failure
+        (("a", "a", "b"), (1, 2, None), SourceFramesError, "2 instances, 1 of them Enhanced"),
+        (("a", "a"), (1, 1), ReportError, "same source frame"),
     ],
 )
-def test_unreferenceable_slices_are_refused(uids, frames, match) -> None:
-    with pytest.raises(ReportError, match=match):
+def test_unreferenceable_slices_are_refused(uids, frames, error, match) -> None:
+    with pytest.raises(error, match=match):
         check_slice_references(uids, frames)

@@ -37,7 +37,7 @@ from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 from pydicom.tag import Tag
 
-from radserve.errors import ReportError
+from radserve.errors import StudyError
 from radserve.ingest.charset import LATIN1, UTF8, undeclared_character_set
 from radserve.models.dicom_text import LO_MAX_BYTES, SH_MAX_BYTES, cut_utf8, fit
 from radserve.report.schema import Report
@@ -74,9 +74,12 @@ MAX_BYTES = {
 CUT_VRS = frozenset({"PN", "LO", "SH", "ST", "LT"})
 
 
-class CopiedValueTooLongError(ReportError):
+class CopiedValueTooLongError(StudyError):
     """A Type 1 source value copied into the DICOM results is over its VR's limit, and
-    neither a cut nor an empty value would be valid."""
+    neither a cut nor an empty value would be valid: the source's fault, whatever model
+    version ran it (was ``report_failed``, which reads as radserve's own failure)."""
+
+    code = "source_value_too_long"
 
 
 COPIED_MODULES = (  # what highdicom's copy_patient_and_study_information copies

@@ -22,7 +22,7 @@ import numpy as np
 import pydicom
 from pydicom.dataset import Dataset
 
-from radserve.errors import ReportError
+from radserve.errors import ReportError, StudyError
 
 if TYPE_CHECKING:
     from radserve.ingest import LoadedSeries
@@ -31,6 +31,18 @@ _SEND_AS = (
     "send the series as one Enhanced instance or as single-frame images (CT/MR Image "
     "Storage, the scanner's classic export)"
 )
+
+
+class SourceFramesError(StudyError):
+    """A series whose results DICOM SEG/SR cannot reference the way it is made (instances
+    mixing Enhanced and single-frame images, an Enhanced instance whose frames differ in
+    geometry): the study's shape, refused whatever model version would run it (was
+    ``report_failed``, which reads as radserve's own failure and counted against a
+    canary)."""
+
+    code = "source_frames_unsupported"
+
+
 # the functional groups highdicom reads from the shared item only: (sequence, keyword, what)
 _SHARED_GEOMETRY = (
     ("PlaneOrientationSequence", "ImageOrientationPatient", "orientation"),
@@ -93,7 +105,7 @@ def check_slice_references(uids: Sequence[str], frame_numbers: Sequence[int | No
             )
         return
     if len(instances) > 1:  # frames of one Enhanced instance, or single-frame images only
-        raise ReportError(
+        raise SourceFramesError(
             f"the volume's slices come from {len(instances)} instances, {len(framed)} of "
             "them Enhanced (multi-frame); a DICOM SEG references single-frame images or "
             "the frames of one multi-frame image (highdicom 0.28 builds it from one "
@@ -111,13 +123,13 @@ def check_multiframe_source(header: Dataset) -> None:
     for sequence, keyword, what in _SHARED_GEOMETRY:
         values = _frame_values(header, sequence, keyword)
         if values is None:
-            raise ReportError(
+            raise SourceFramesError(
                 f"the Enhanced source instance has no {what} ({sequence} > {keyword}) for "
                 "every frame, so a DICOM SEG cannot be placed on it"
             )
         if not np.allclose(values, values[0], rtol=0, atol=_TOLERANCE):
             distinct = len({tuple(np.round(v, 3)) for v in values})
-            raise ReportError(
+            raise SourceFramesError(
                 f"the frames of the Enhanced source instance differ in {what} ({distinct} "
                 "values); a DICOM SEG references a multi-frame source only when all its "
                 "frames share one (highdicom 0.28 reads it from the shared functional "
