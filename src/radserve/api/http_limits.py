@@ -217,8 +217,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._body_timer = self.loop.call_at(self._body_deadline, self._body_timed_out)
 
     def on_message_begin(self) -> None:
+        # not the count: the parser begins a message inside the feed of its first chunk,
+        # counted already; reset here, a head sent in two chunks was bounded by its second
+        # alone (a 100 KiB head answered 200 on a loaded host, where it came in two)
         self._in_head = True
-        self._head_bytes = 0
         self._arm_head_timer()  # a kept-alive connection's next request
         super().on_message_begin()
 
@@ -237,6 +239,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._in_body = False
         self._disarm_body_timer()
+        # what comes next on a kept-alive connection is the next request's head: counted
+        # from its first byte (before the parser begins that message)
+        self._in_head, self._head_bytes = True, 0
         super().on_message_complete()
 
 
