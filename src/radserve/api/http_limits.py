@@ -217,9 +217,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._body_timer = self.loop.call_at(self._body_deadline, self._body_timed_out)
 
     def on_message_begin(self) -> None:
-        # not the count: the parser begins a message inside the feed of its first chunk,
-        # counted already; reset here, a head sent in two chunks was bounded by its second
-        # alone (a 100 KiB head answered 200 on a loaded host, where it came in two)
+        # the head's byte count is not reset here: the parser begins a message while it
+        # is fed the head's first piece, already counted by data_received (reset here, a
+        # 100 KiB head that came in two pieces was bounded by its second alone: a 200)
         self._in_head = True
         self._arm_head_timer()  # a kept-alive connection's next request
         super().on_message_begin()
