@@ -75,8 +75,8 @@ def zipped(folder: Path) -> bytes:
 
 
 class Server:
-    def __init__(self, tmp: Path, **lifecycle: Any) -> None:
-        self.config = config_file(tmp, lifecycle={"poll_s": 0.2, **lifecycle})
+    def __init__(self, tmp: Path, sections: dict[str, Any] | None = None, **lifecycle: Any) -> None:
+        self.config = config_file(tmp, lifecycle={"poll_s": 0.2, **lifecycle}, **(sections or {}))
         self.data = tmp / "data"
         self.settings = load_settings(self.config, data_dir=self.data)
         self.service = Service(self.settings)
@@ -387,3 +387,64 @@ def test_a_canary_is_not_rolled_back_for_studies_no_version_could_read(
             if r["version"] == "1.1.0"
         )
         assert (record["finished"], record["failed"]) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    "server",
+    # one job at a time: a burst waits in the queue, as on a busy server
+    [{"sections": {"scheduler": {"max_running": 1}}, "guardrails": {"min_studies": 3}}],
+    indirect=True,
+)
+def test_a_good_canary_deployed_into_a_burst_is_not_rolled_back_for_the_queue(
+    server: Server, tmp_path: Path
+) -> None:
+    """The p95 guardrail judged the canary's turnaround, which holds its wait in the
+    queue, against stable's jobs of a quiet hour: a good version deployed into a burst
+    looked several times slower and was rolled back. It judges the version's own step
+    now, against stable's jobs of the same span or its latest ones."""
+    admin, submit = auth(server.admin), auth(server.submit)
+    with httpx.Client(base_url=server.thread.url, timeout=60) as c:
+        serving = {"version": "1.0.0", "role": "stable", "reason": "the shipped version"}
+        assert c.post(f"/v1/models/{STEP}/deploy", json=serving, headers=admin).is_success
+        for i in range(3):  # stable's record: a quiet server, one study at a time
+            body = [
+                ("files", (p.name, p.read_bytes(), "application/dicom"))
+                for p in study(tmp_path / f"q{i}")
+            ]
+            job = c.post("/v1/studies", files=body, headers=submit).json()
+            done = until(lambda j=job["id"]: _final(c, j, server.submit), "the job to end")
+            assert done["state"] == "succeeded", done
+        good = candidate(tmp_path / "cand", server.models, "1.1.0", 400.0)
+        assert c.post("/v1/models", content=zipped(good), headers=admin).status_code == 201
+        deploy = {"version": "1.1.0", "role": "canary", "percent": 100, "reason": "trial"}
+        assert c.post(f"/v1/models/{STEP}/deploy", json=deploy, headers=admin).status_code == 200
+        burst = []  # eight studies in one request
+        for i in range(8):
+            burst += [
+                (f"study-{i}", (p.name, p.read_bytes(), "application/dicom"))
+                for p in study(tmp_path / f"b{i}")
+            ]
+        # they arrive while the server is busy (its hold: no unit handed out) and all
+        # wait in the queue, whatever this host's speed
+        server.service.scheduler.hold("test", "a busy server")
+        try:
+            r = c.post("/v1/studies/batch", files=burst, headers=submit)
+        finally:
+            server.service.scheduler.release()
+        assert r.is_success and r.json()["accepted"] == 8, r.text
+        for item in r.json()["items"]:
+            done = until(lambda j=item["job"]["id"]: _final(c, j, server.submit), "the burst")
+            assert done["state"] == "succeeded", done
+        records = {
+            r["version"]: r
+            for r in c.get("/v1/models/comparisons", headers=admin).json()
+            if r["step"] == STEP
+        }
+        canary, stable = records["1.1.0"], records["1.0.0"]
+        assert canary["finished"] == 8 and stable["finished"] == 3
+        # the turnaround rule's reading: over 3x (the setting) on the same model
+        assert canary["p95_seconds"] > 3 * stable["p95_seconds"], records
+        assert canary["p95_step_seconds"] < 3 * stable["p95_step_seconds"], records
+        assert deployed(c, server.admin, "1.1.0") == ["canary"]
+        history = c.get("/v1/models/deployments", headers=admin).json()
+        assert not [d for d in history if d["action"] == "auto_rollback"], history

@@ -5,7 +5,6 @@ shadow comparison figures and the guardrail rule."""
 from __future__ import annotations
 
 import json
-from collections import deque
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from radserve.lifecycle.compare import (
     compare_results,
     lesion_agreement,
 )
-from radserve.lifecycle.guardrails import VersionRecord, breach
+from radserve.lifecycle.guardrails import VersionRecord, breach, own_seconds
 from radserve.store import init_store
 from radserve.store.deployments import DeploymentStore
 
@@ -124,10 +123,11 @@ def test_guardrails() -> None:
     canary.add_job(False, None)
     canary.add_job(False, None)
     assert "failure rate 40%" in (breach(canary, stable, limits) or "")
-    slow = VersionRecord("lesions", "1.2", seconds=deque([10.0] * 5))
-    stable.add_job(True, 1.0)
-    stable.add_job(True, 1.0)
-    assert "p95 turnaround" in (breach(slow, stable, limits) or "")
+    slow = VersionRecord("lesions", "1.2")
+    for _ in range(5):
+        slow.add_job(True, 10.0, own=10.0)
+        stable.add_job(True, 1.0, own=1.0)
+    assert "p95 of its own step 10.00 s" in (breach(slow, stable, limits) or "")
     damaged = VersionRecord("lesions", "1.3")
     for _ in range(3):
         damaged.comparisons.append(_comparison(0.5))
@@ -136,6 +136,38 @@ def test_guardrails() -> None:
     for _ in range(3):
         good.comparisons.append(_comparison(1.0))
     assert breach(good, stable, limits) is None
+
+
+def test_a_canary_is_judged_on_its_own_step_and_the_load_it_shared_with_stable() -> None:
+    """A canary's turnaround holds its wait in the queue: deployed into a burst, a good
+    version looked many times slower than stable's quiet record and was rolled back."""
+    limits = GuardrailSettings(min_studies=5, max_p95_ratio=3.0)
+    timings = {"queue": 40.0, "ingest": 1.0, "lesions: infer": 2.0, "lesions: merge": 0.5}
+    assert own_seconds(timings, "lesions") == 2.5
+    assert own_seconds({"organs: infer": 1.0, "total": 3.0}, "lesions") is None
+    stable, canary = VersionRecord("lesions", "1.0"), VersionRecord("lesions", "1.1")
+    for i in range(20):  # quiet: stable alone, 3 s from arrival to finish
+        stable.add_job(True, 3.0, own=2.5, at=float(i))
+    for i in range(10):  # a burst: each canary job waits for the ones before it
+        canary.add_job(True, 3.0 + 10.0 * i, own=2.5, at=100.0 + i)
+    assert canary.p95() and stable.p95() and canary.p95() > 3 * stable.p95()
+    assert breach(canary, stable, limits) is None
+    # a version 4x slower at its own step is rolled back, against stable's latest jobs...
+    slow = VersionRecord("lesions", "1.2")
+    for i in range(5):
+        slow.add_job(True, 12.0, own=10.0, at=200.0 + i)
+    assert "stable's 2.50 s (its latest 5 jobs)" in (breach(slow, stable, limits) or "")
+    # ...and against the jobs stable ran beside it when it ran enough of them: here on a
+    # loaded host, where stable was as slow, the same canary is not
+    for i in range(5):
+        stable.add_job(True, 12.0, own=9.0, at=200.5 + i)
+    assert breach(slow, stable, limits) is None
+    for i in range(5):
+        slow.add_job(True, 40.0, own=40.0, at=206.0 + i)
+    assert "stable's 9.00 s (the same span)" in (breach(slow, stable, limits) or "")
+    # the versions' records show both figures
+    summary = canary.summary()
+    assert summary["p95_step_seconds"] == 2.5 and summary["p95_seconds"] > 80
 
 
 def _classified(folder: Path, label: str, positive: bool) -> Path:

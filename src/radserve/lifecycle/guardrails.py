@@ -1,13 +1,22 @@
 """Canary guardrails: the running record of a candidate version and the rule that rolls
-it back (failure rate, p95 turnaround against stable, disagreement with stable).
+it back (failure rate, p95 of its own step's time against stable's over the same span,
+disagreement with stable).
 
 Pure bookkeeping: :class:`VersionRecord` collects what happened; :func:`breach` says
 whether the settings' thresholds are crossed and why. The server acts on the answer.
+
+Speed is judged on what a version controls, its own step's stages (``<step>: prepare``,
+``: infer``, ``: merge``, ``: postprocess``), not the job's turnaround: a turnaround holds
+the wait in the queue and the other steps, so a good canary deployed into a burst looked
+several times slower than stable's quiet record and was rolled back. Stable's side is
+taken from the same span of time as the canary's (the load both saw) where it has enough
+jobs there, else its latest jobs, as many as the canary's.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,6 +25,28 @@ import numpy as np
 from radserve.lifecycle.compare import Comparison
 
 WINDOW = 200  # studies per version kept for the percentiles and means
+
+
+def own_seconds(timings: Mapping[str, float] | None, step: str) -> float | None:
+    """The seconds a job spent in ``step``'s own stages; None when it ran none (a cached
+    result)."""
+    prefix = f"{step}: "
+    parts = [v for k, v in (timings or {}).items() if k.startswith(prefix)]
+    return float(sum(parts)) if parts else None
+
+
+def _p95(values: Sequence[float]) -> float:
+    return float(np.percentile(values, 95))
+
+
+@dataclass(frozen=True)
+class JobTime:
+    """One succeeded job of a version: when it finished (``time.monotonic``), its
+    turnaround (arrival to finish) and the seconds of the version's own stages."""
+
+    at: float
+    turnaround: float | None
+    own: float | None
 
 
 class GuardrailLimits(Protocol):
@@ -37,21 +68,33 @@ class VersionRecord:
     version: str
     finished: int = 0
     failed: int = 0
-    seconds: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    times: deque[JobTime] = field(default_factory=lambda: deque(maxlen=WINDOW))
     comparisons: deque[Comparison] = field(default_factory=lambda: deque(maxlen=WINDOW))
 
-    def add_job(self, ok: bool, seconds: float | None) -> None:
+    def add_job(
+        self, ok: bool, turnaround: float | None, own: float | None = None, at: float = 0.0
+    ) -> None:
         self.finished += 1
         self.failed += not ok
-        if ok and seconds is not None:
-            self.seconds.append(seconds)
+        if ok and (turnaround is not None or own is not None):
+            self.times.append(JobTime(at, turnaround, own))
 
     @property
     def failure_rate(self) -> float:
         return self.failed / self.finished if self.finished else 0.0
 
     def p95(self) -> float | None:
-        return float(np.percentile(list(self.seconds), 95)) if self.seconds else None
+        """p95 turnaround of the recent jobs (shown, not judged: it holds the queue)."""
+        values = [t.turnaround for t in self.times if t.turnaround is not None]
+        return _p95(values) if values else None
+
+    def own_times(self) -> list[JobTime]:
+        return [t for t in self.times if t.own is not None]
+
+    def own_p95(self) -> float | None:
+        """p95 of the version's own step seconds over its recent jobs."""
+        values = [t.own for t in self.own_times() if t.own is not None]
+        return _p95(values) if values else None
 
     def mean_lesion_agreement(self) -> float | None:
         values = [c.lesion_agreement for c in self.comparisons if c.lesion_agreement is not None]
@@ -93,6 +136,7 @@ class VersionRecord:
             "failed": self.failed,
             "failure_rate": self.failure_rate,
             "p95_seconds": self.p95(),
+            "p95_step_seconds": self.own_p95(),
             "comparisons": len(self.comparisons),
             "mean_dice": self.mean_dice(),
             "dice": {k: float(np.mean(v)) for k, v in dice.items()},
@@ -113,15 +157,8 @@ def breach(
             f"failure rate {canary.failure_rate:.0%} over {canary.finished} studies exceeds "
             f"{limits.max_failure_rate:.0%}"
         )
-    p95, base = canary.p95(), stable.p95() if stable is not None else None
-    if (
-        p95 is not None
-        and base
-        and len(canary.seconds) >= limits.min_studies
-        and len(stable.seconds if stable else ()) >= limits.min_studies
-        and p95 > limits.max_p95_ratio * base
-    ):
-        return f"p95 turnaround {p95:.2f} s is over {limits.max_p95_ratio:g}x stable's {base:.2f} s"
+    if (why := _slower(canary, stable, limits)) is not None:
+        return why
     if len(canary.comparisons) >= limits.min_comparisons:
         agreement = canary.mean_lesion_agreement()
         if agreement is not None and agreement < limits.min_lesion_agreement:
@@ -144,4 +181,29 @@ def breach(
     return None
 
 
-__all__ = ["GuardrailLimits", "VersionRecord", "breach"]
+def _slower(
+    canary: VersionRecord, stable: VersionRecord | None, limits: GuardrailLimits
+) -> str | None:
+    """The canary's own step p95 against stable's over the same span of time, or over
+    stable's latest jobs, as many as the canary's, where too few of its jobs ended in
+    that span (a 100 % canary leaves stable none)."""
+    mine = canary.own_times()
+    if len(mine) < limits.min_studies or stable is None:
+        return None
+    theirs = stable.own_times()
+    same_span = [t for t in theirs if t.at >= mine[0].at]
+    base_jobs = same_span if len(same_span) >= limits.min_studies else theirs[-len(mine) :]
+    if len(base_jobs) < limits.min_studies:
+        return None
+    p95 = _p95([t.own for t in mine if t.own is not None])
+    base = _p95([t.own for t in base_jobs if t.own is not None])
+    if base <= 0 or p95 <= limits.max_p95_ratio * base:
+        return None
+    span = "the same span" if base_jobs is same_span else f"its latest {len(base_jobs)} jobs"
+    return (
+        f"p95 of its own step {p95:.2f} s over {len(mine)} jobs is over "
+        f"{limits.max_p95_ratio:g}x stable's {base:.2f} s ({span})"
+    )
+
+
+__all__ = ["GuardrailLimits", "JobTime", "VersionRecord", "breach", "own_seconds"]

@@ -53,7 +53,7 @@ from radserve.errors import (
 )
 from radserve.ingest import IngestPolicy
 from radserve.lifecycle.compare import Comparison, compare_results
-from radserve.lifecycle.guardrails import VersionRecord, breach
+from radserve.lifecycle.guardrails import VersionRecord, breach, own_seconds
 from radserve.lifecycle.install import (
     InstalledBundle,
     StagedBundle,
@@ -543,12 +543,13 @@ class ModelLifecycle:
             # counted against the canary, a few of them rolled back a good version
             self.release_unused()
             return
-        seconds = job.stage_timings.get("total") if job.stage_timings else None
+        timings = job.stage_timings or {}
+        turnaround, now = timings.get("total"), time.monotonic()
         for step, role in roles.items():
             version = job.model_versions.get(step)
             if version is None:
                 continue
-            self.record(step, version).add_job(ok, seconds)
+            self.record(step, version).add_job(ok, turnaround, own_seconds(timings, step), at=now)
             if role == Role.CANARY.value:
                 self._judge(step)
         if ok and job.result_path and not job.cached_from:
@@ -808,6 +809,12 @@ class LifecycleCollector(Collector):
             "p95 turnaround of the version's recent jobs",
             labels=["step", "version"],
         )
+        step_p95 = GaugeMetricFamily(
+            "radserve_model_step_p95_seconds",
+            "p95 of the version's own step seconds over its recent jobs (what the canary "
+            "guardrail judges)",
+            labels=["step", "version"],
+        )
         for record in self.lifecycle.records():
             labels = [record.step, record.version]
             jobs.add_metric([*labels, "succeeded"], record.finished - record.failed)
@@ -821,7 +828,9 @@ class LifecycleCollector(Collector):
                 answers.add_metric(labels, value)
             if (value := record.p95()) is not None:
                 p95.add_metric(labels, value)
-        yield from (jobs, comparisons, agreement, dice, answers, p95)
+            if (value := record.own_p95()) is not None:
+                step_p95.add_metric(labels, value)
+        yield from (jobs, comparisons, agreement, dice, answers, p95, step_p95)
         rollbacks = CounterMetricFamily(
             "radserve_model_auto_rollbacks",
             "Canaries rolled back by a guardrail",
