@@ -33,6 +33,7 @@ from tests.factories.service import (
 )
 from tests.factories.waits import until
 
+from radserve.errors import is_study_fault
 from radserve.service import Service
 
 SEG = "1.2.840.10008.5.1.4.1.1.66.4"
@@ -340,3 +341,29 @@ def test_a_study_uploaded_over_rest_is_answered_from_the_cache_for_dicomweb(
     assert again["cached_from"] == first["id"]
     metadata = c.get(f"/dicomweb/studies/{study}/metadata", headers=reader)
     assert sorted(pydicom.Dataset.from_json(d).SOPInstanceUID for d in metadata.json()) == served
+
+
+def test_a_study_resampled_on_ingest_is_the_study_s_refusal_when_results_go_back_as_dicom(
+    tmp_path: Path,
+) -> None:
+    """A series with a gap, resampled as the site asks, has no source images per slice
+    for a SEG to reference: refused before inference as the study's shape under the
+    site's settings (was ``report_failed``, radserve's own failure, counted against a
+    canary); the same study uploaded over REST (no DICOM results) is analysed."""
+    settings = settings_for(tmp_path, ingest__missing_slices="resample")
+    files = make_study(tmp_path / "study")
+    files[len(files) // 2].unlink()  # one slice missing: a gap of twice the spacing
+    kept = [p for p in files if p.exists()]
+    with live_server(settings) as live:
+        r = stow(live, dicom_parts(kept))
+        assert r.status_code == 200, r.text
+        job = wait_job(live["client"], job_of(r), live["submit"])
+        assert job["state"] == "failed", job
+        assert job["error"]["code"] == "source_frames_unsupported", job
+        assert "resampled on ingest" in job["error"]["message"]
+        assert is_study_fault(job["error"]["code"])
+        uploaded = live["client"].post(
+            "/v1/studies", files=upload(kept), headers=auth(live["submit"])
+        )
+        done = wait_job(live["client"], uploaded.json()["id"], live["submit"])
+        assert done["state"] == "succeeded", done

@@ -257,9 +257,10 @@ def test_classic_images_with_number_of_frames_1_stay_single_frame(tmp_path: Path
 @pytest.mark.parametrize(
     ("uids", "frames", "error", "match"),
     [
-        ((), (), ReportError, "resampled"),  # the site's ingest setting
         (("a", "a"), (), ReportError, "schema 2.3 or older"),  # an old report
-        # the study's own shape: a study fault (is_study_fault), not radserve's failure
+        # the study's own shape (with its gaps resampled by the site's ingest setting): a
+        # study fault (is_study_fault), not radserve's failure
+        ((), (), SourceFramesError, "resampled"),
         (("a", "a", "b"), (1, 2, None), SourceFramesError, "2 instances, 1 of them Enhanced"),
         (("a", "a"), (1, 1), ReportError, "same source frame"),
     ],

@@ -36,7 +36,8 @@ _SEND_AS = (
 class SourceFramesError(StudyError):
     """A series whose results DICOM SEG/SR cannot reference the way it is made (instances
     mixing Enhanced and single-frame images, an Enhanced instance whose frames differ in
-    geometry): the study's shape, refused whatever model version would run it (was
+    geometry, slices resampled on ingest because the study has gaps): the study's shape
+    under the site's settings, refused whatever model version would run it (was
     ``report_failed``, which reads as radserve's own failure and counted against a
     canary)."""
 
@@ -84,8 +85,8 @@ def check_slice_references(uids: Sequence[str], frame_numbers: Sequence[int | No
     :class:`radserve.pipeline.work.StudyWork`), so such a series is refused in seconds
     instead of after the whole pipeline has run for nothing.
     """
-    if not uids:
-        raise ReportError(
+    if not uids:  # the study's gaps as the site's ingest settings shape them
+        raise SourceFramesError(
             "the volume has no source SOP Instance UIDs per slice (the series was resampled "
             "on ingest), so DICOM SEG/SR cannot reference source frames; turn resampling off"
         )
