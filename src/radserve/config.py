@@ -551,9 +551,10 @@ class GatewaySettings(_Section):
     # instance back (radserve.gateway.receivers); one that dies is started again.
     # 2 with a 1 MiB PDU measured on the idle 2-core machine: 172 / 268 / 223
     # instances/s with 1 / 4 / 8 associations against 154 / 101 / 76 for one process
-    # with pynetdicom's PDU (docs/performance.md, goal 6); not the default until the
-    # whole suite has passed with it (its first run found a hang at shutdown, fixed)
-    receivers: int = Field(default=1, ge=1, le=64)
+    # with pynetdicom's PDU (docs/performance.md, goal 6); the default since session 34,
+    # when every gateway test passed with it (its first suite run, session 20, found a
+    # hang at shutdown, fixed then). Each receiving process costs ~133 MiB of its own.
+    receivers: int = Field(default=2, ge=1, le=64)
     # ACSE: waiting for an association request/answer (also: idle new connections);
     # DIMSE: waiting for a message; network: an established association with no traffic
     acse_timeout_s: Seconds = Field(default=30.0, gt=0)
