@@ -88,12 +88,13 @@ class VersionRecord:
         values = [t.turnaround for t in self.times if t.turnaround is not None]
         return _p95(values) if values else None
 
-    def own_times(self) -> list[JobTime]:
-        return [t for t in self.times if t.own is not None]
+    def own_times(self) -> list[tuple[float, float]]:
+        """(finished at, own step seconds) of the recent jobs that ran the step."""
+        return [(t.at, t.own) for t in self.times if t.own is not None]
 
     def own_p95(self) -> float | None:
         """p95 of the version's own step seconds over its recent jobs."""
-        values = [t.own for t in self.own_times() if t.own is not None]
+        values = [own for _, own in self.own_times()]
         return _p95(values) if values else None
 
     def mean_lesion_agreement(self) -> float | None:
@@ -191,12 +192,12 @@ def _slower(
     if len(mine) < limits.min_studies or stable is None:
         return None
     theirs = stable.own_times()
-    same_span = [t for t in theirs if t.at >= mine[0].at]
+    same_span = [t for t in theirs if t[0] >= mine[0][0]]
     base_jobs = same_span if len(same_span) >= limits.min_studies else theirs[-len(mine) :]
     if len(base_jobs) < limits.min_studies:
         return None
-    p95 = _p95([t.own for t in mine if t.own is not None])
-    base = _p95([t.own for t in base_jobs if t.own is not None])
+    p95 = _p95([own for _, own in mine])
+    base = _p95([own for _, own in base_jobs])
     if base <= 0 or p95 <= limits.max_p95_ratio * base:
         return None
     span = "the same span" if base_jobs is same_span else f"its latest {len(base_jobs)} jobs"
