@@ -791,7 +791,7 @@ class GuardrailSettings(_Section):
     auto_rollback: bool = True
     min_studies: int = Field(default=5, ge=1)  # canary jobs finished before judging
     max_failure_rate: float = Field(default=0.2, ge=0, le=1)
-    max_p95_ratio: float = Field(default=3.0, gt=0)  # canary p95 / stable p95 turnaround
+    max_p95_ratio: float = Field(default=3.0, gt=0)  # canary / stable p95 of the step's own s
     min_comparisons: int = Field(default=3, ge=1)
     min_lesion_agreement: float = Field(default=0.8, ge=0, le=1)
     min_dice: float = Field(default=0.8, ge=0, le=1)

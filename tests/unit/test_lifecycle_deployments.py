@@ -24,7 +24,7 @@ from radserve.lifecycle.compare import (
     compare_results,
     lesion_agreement,
 )
-from radserve.lifecycle.guardrails import VersionRecord, breach, own_seconds
+from radserve.lifecycle.guardrails import MIN_SLOW_JOBS, VersionRecord, breach, own_seconds
 from radserve.store import init_store
 from radserve.store.deployments import DeploymentStore
 
@@ -168,6 +168,22 @@ def test_a_canary_is_judged_on_its_own_step_and_the_load_it_shared_with_stable()
     # the versions' records show both figures
     summary = canary.summary()
     assert summary["p95_step_seconds"] == 2.5 and summary["p95_seconds"] > 80
+
+
+def test_one_slow_job_among_a_few_does_not_roll_a_canary_back() -> None:
+    """Over five jobs a p95 is almost the slowest one: a single pause (a garbage
+    collection, a neighbour's burst) rolled a good version back."""
+    limits = GuardrailSettings(min_studies=5, max_p95_ratio=3.0)
+    stable, canary = VersionRecord("lesions", "1.0"), VersionRecord("lesions", "1.1")
+    for i in range(5):
+        stable.add_job(True, 3.0, own=2.0, at=float(i))
+    for i, own in enumerate([2.0, 2.1, 1.9, 2.0, 30.0]):
+        canary.add_job(True, own + 1.0, own=own, at=10.0 + i)
+    assert canary.own_p95() and canary.own_p95() > 3 * 2.0
+    assert breach(canary, stable, limits) is None
+    canary.add_job(True, 26.0, own=25.0, at=20.0)  # a second one: slow, not a pause
+    assert "(2 of them slower) is over 3x stable's 2.00 s" in (breach(canary, stable, limits) or "")
+    assert MIN_SLOW_JOBS == 2
 
 
 def _classified(folder: Path, label: str, positive: bool) -> Path:

@@ -25,6 +25,10 @@ import numpy as np
 from radserve.lifecycle.compare import Comparison
 
 WINDOW = 200  # studies per version kept for the percentiles and means
+# slow jobs a p95 rollback needs: over a few jobs the p95 is almost their slowest one, so
+# one slow job (a garbage collection, a cold cache, a neighbour's burst) rolled back a
+# good version; from 40 jobs on, a p95 over the threshold has at least two above it anyway
+MIN_SLOW_JOBS = 2
 
 
 def own_seconds(timings: Mapping[str, float] | None, step: str) -> float | None:
@@ -187,7 +191,8 @@ def _slower(
 ) -> str | None:
     """The canary's own step p95 against stable's over the same span of time, or over
     stable's latest jobs, as many as the canary's, where too few of its jobs ended in
-    that span (a 100 % canary leaves stable none)."""
+    that span (a 100 % canary leaves stable none); at least ``MIN_SLOW_JOBS`` of the
+    canary's jobs must be over the limit."""
     mine = canary.own_times()
     if len(mine) < limits.min_studies or stable is None:
         return None
@@ -198,13 +203,15 @@ def _slower(
         return None
     p95 = _p95([own for _, own in mine])
     base = _p95([own for _, own in base_jobs])
-    if base <= 0 or p95 <= limits.max_p95_ratio * base:
+    limit = limits.max_p95_ratio * base
+    slow = sum(own > limit for _, own in mine)
+    if base <= 0 or p95 <= limit or slow < MIN_SLOW_JOBS:
         return None
     span = "the same span" if base_jobs is same_span else f"its latest {len(base_jobs)} jobs"
     return (
-        f"p95 of its own step {p95:.2f} s over {len(mine)} jobs is over "
-        f"{limits.max_p95_ratio:g}x stable's {base:.2f} s ({span})"
+        f"p95 of its own step {p95:.2f} s over {len(mine)} jobs ({slow} of them slower) is "
+        f"over {limits.max_p95_ratio:g}x stable's {base:.2f} s ({span})"
     )
 
 
-__all__ = ["GuardrailLimits", "JobTime", "VersionRecord", "breach", "own_seconds"]
+__all__ = ["MIN_SLOW_JOBS", "GuardrailLimits", "JobTime", "VersionRecord", "breach", "own_seconds"]
