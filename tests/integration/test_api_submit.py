@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nibabel as nib
+import numpy as np
 import pytest
 from tests.factories.service import (
     ServerThread,
@@ -154,6 +156,32 @@ def test_nifti_volume(server: dict[str, Any], tmp_path: Path) -> None:
     assert job["state"] == "succeeded", job
     report = c.get(f"/v1/jobs/{job['id']}/report", headers=auth(key)).json()
     assert len(report["findings"]) == 1
+
+
+def test_a_nifti_outside_the_ingest_bounds_fails_its_job_and_nothing_else(
+    server: dict[str, Any], tmp_path: Path
+) -> None:
+    """A 3 KB .nii.gz of 64 x 64 x 24 voxels of 1 m: before, the model's resampling asked
+    for a grid no memory holds and the OOM killer stopped the server (and, resumed on
+    restart, stopped it again). Now the job fails on the header, naming the bound."""
+    c, key = server["client"], server["submit"]
+    metre = nib.Nifti1Image(np.full((64, 64, 24), -1000, np.int16), np.diag([1e3, 1e3, 1e3, 1]))
+    nib.save(metre, tmp_path / "metre.nii.gz")
+    assert (tmp_path / "metre.nii.gz").stat().st_size < 8192
+    body = [
+        ("files", ("metre.nii.gz", (tmp_path / "metre.nii.gz").read_bytes(), "application/gzip"))
+    ]
+    r = c.post("/v1/studies", files=body, headers=auth(key))
+    assert r.status_code == 202, r.text
+    job = wait_job(c, r.json()["id"], key)
+    assert job["state"] == "failed" and job["error"]["code"] == "geometry_invalid", job
+    assert "1000\\1000 mm" in job["error"]["message"] and job["attempts"] == 1
+    make_study(tmp_path / "study")
+    volume = load_series(discover_series(tmp_path / "study")[0]).volume
+    save_nifti(volume, tmp_path / "ct.nii.gz")
+    good = [("files", ("ct.nii.gz", (tmp_path / "ct.nii.gz").read_bytes(), "application/gzip"))]
+    after = c.post("/v1/studies", files=good, headers=auth(key))
+    assert wait_job(c, after.json()["id"], key)["state"] == "succeeded"
 
 
 def test_batch_of_studies(server: dict[str, Any], tmp_path: Path) -> None:

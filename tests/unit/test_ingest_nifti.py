@@ -11,7 +11,7 @@ from tests.factories.dicom_series import make_ct_series, oblique_orientation, ra
 
 from radserve.domain.volume import Volume
 from radserve.errors import StudyError
-from radserve.ingest import discover_series, load_nifti, load_series, save_nifti
+from radserve.ingest import IngestPolicy, discover_series, load_nifti, load_series, save_nifti
 
 
 def _oblique_volume(dtype: type) -> Volume:
@@ -84,3 +84,76 @@ def test_round_trip_sheared_affine(tmp_path: Path) -> None:
     back = load_nifti(tmp_path / "sheared.nii")
     np.testing.assert_allclose(back.affine, affine, atol=1e-6)
     np.testing.assert_array_equal(back.array, volume.array)
+
+
+def _nifti(path: Path, data: np.ndarray, affine: np.ndarray) -> Path:
+    nib.save(nib.Nifti1Image(data, affine), path)
+    return path
+
+
+def _truncated_nifti(path: Path, shape: tuple[int, int, int], dtype: type = np.float32) -> Path:
+    """A header that claims ``shape`` voxels of ``dtype``, with none of them written: a
+    few hundred bytes that would ask for gigabytes if the claim were read."""
+    header = nib.Nifti1Header()
+    header.set_data_shape(shape)
+    header.set_data_dtype(dtype)
+    path.write_bytes(header.binaryblock + b"\0" * 4)
+    return path
+
+
+def test_a_nifti_from_outside_meets_the_bounds_of_a_dicom_series(tmp_path: Path) -> None:
+    """Before, a NIfTI upload met none of the ingest bounds: 64³ voxels at 1 m spacing
+    (a 3.4 KB .nii.gz) asked the model's resampling for a grid no memory holds and the
+    OOM killer stopped the server; NaN voxels, 1e30 HU and complex data ran, an RGB
+    image or a NaN in the affine failed as radserve's own error."""
+    policy = IngestPolicy()
+    body = np.full((64, 64, 24), -1000, np.int16)
+    ramp = ramp_hu(24, 64, 64).astype(np.float32).transpose(2, 1, 0)
+
+    def refused(data: np.ndarray, affine: np.ndarray, name: str) -> StudyError:
+        path = _nifti(tmp_path / f"{name}.nii.gz", data, affine)
+        with pytest.raises(StudyError) as info:
+            load_nifti(path, policy=policy, modality="CT")
+        return info.value
+
+    metre = refused(body, np.diag([1000.0, 1000.0, 1000.0, 1.0]), "metre")
+    assert metre.code == "geometry_invalid"
+    assert "in-plane voxel size 1000\\1000 mm" in metre.message and "max_pixel" in metre.message
+    thin = refused(body, np.diag([0.001, 0.001, 1.0, 1.0]), "thin")
+    assert thin.code == "geometry_invalid" and "ingest.min_spacing_mm" in thin.message
+    gaps = refused(body, np.diag([0.8, 0.8, 80.0, 1.0]), "gaps")
+    assert gaps.code == "geometry_invalid" and "slice spacing 80 mm" in gaps.message
+    wide = refused(np.zeros((512, 512, 2), np.int16), np.diag([10.0, 10.0, 1, 1]), "wide")
+    assert wide.code == "geometry_invalid" and "ingest.max_fov_mm" in wide.message
+    needle = refused(np.zeros((1, 1, 2000), np.int16), np.eye(4), "needle")
+    assert needle.code == "geometry_invalid" and "ingest.min_matrix=8" in needle.message
+    far = np.eye(4)
+    far[:3, 3] = [1e9, 0.0, 0.0]
+    assert "not a patient position" in refused(body, far, "far").message
+    lost = np.eye(4)
+    lost[0, 3] = np.nan
+    assert refused(body, lost, "lost").code == "nifti_invalid"
+    for name, values in (("nan", np.nan), ("inf", np.inf)):
+        bad = ramp.copy()
+        bad[3, 4, 5] = values
+        error = refused(bad, np.eye(4), name)
+        assert error.code == "implausible_pixel_values" and "1 of 98304" in error.message
+    huge = refused(ramp * 1e26, np.eye(4), "huge")
+    assert huge.code == "implausible_pixel_values" and "beyond any CT scale" in huge.message
+    complex_data = refused(ramp.astype(np.complex64), np.eye(4), "complex")
+    assert complex_data.code == "unsupported_pixel_format"
+    rgb = np.zeros((64, 64, 24), [("R", "u1"), ("G", "u1"), ("B", "u1")])
+    assert refused(rgb, np.eye(4), "rgb").code == "unsupported_pixel_format"
+    # a header claiming 2³¹ voxels: refused on the claim, before any voxel is read
+    claim = _truncated_nifti(tmp_path / "claim.nii", (2048, 2048, 512))
+    with pytest.raises(StudyError) as info:
+        load_nifti(claim, policy=policy)
+    assert info.value.code == "series_too_large" and "2147483648 voxels" in info.value.message
+    wide_type = _truncated_nifti(tmp_path / "f64.nii", (1024, 1024, 600), np.float64)
+    with pytest.raises(StudyError) as info:
+        load_nifti(wide_type, policy=policy)
+    assert info.value.code == "series_too_large" and "ingest.max_file_bytes" in info.value.message
+    # the same volumes with sane numbers are read, as CT or not
+    assert load_nifti(_nifti(tmp_path / "ok.nii.gz", body, np.eye(4)), policy=policy).shape
+    volume = load_nifti(_nifti(tmp_path / "mr.nii", ramp * 100, np.eye(4)), modality="MR")
+    assert volume.array.dtype == np.float32

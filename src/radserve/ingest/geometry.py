@@ -61,7 +61,7 @@ def plan_stack(frames: Sequence[FrameRef], policy: IngestPolicy) -> StackLayout:
     _require_geometry(frames)
     row_dir, col_dir, normal = _axes(frames[0].orientation)  # type: ignore[arg-type]
     row_spacing, col_spacing = frames[0].pixel_spacing  # type: ignore[misc]
-    _check_range(
+    check_range(
         "Pixel Spacing",
         f"{row_spacing:g}\\{col_spacing:g}",
         (row_spacing, col_spacing),
@@ -94,7 +94,7 @@ def plan_stack(frames: Sequence[FrameRef], policy: IngestPolicy) -> StackLayout:
     if len(order) == 1:
         step = _single_slice_step(frames[order[0]], policy, warnings)
         affine[:3, 0] = normal * step
-        _check_fov(extent, step, 1, policy)
+        check_fov(extent, step, 1, policy)
         return StackLayout(tuple(order), duplicates, affine, offsets, None, None, tuple(warnings))
 
     try:
@@ -109,7 +109,7 @@ def plan_stack(frames: Sequence[FrameRef], policy: IngestPolicy) -> StackLayout:
             f"(first at {at:.2f} mm from the first slice): a slice with a wrong Image "
             "Position (Patient) leaves such a gap"
         ) from exc
-    _check_range(
+    check_range(
         "slice spacing (from Image Position (Patient))",
         f"{step:g}",
         (step,),
@@ -117,7 +117,7 @@ def plan_stack(frames: Sequence[FrameRef], policy: IngestPolicy) -> StackLayout:
         policy.max_slice_spacing_mm,
         "ingest.min_spacing_mm / ingest.max_slice_spacing_mm",
     )
-    _check_fov(extent, step, len(order) if target is None else len(target), policy)
+    check_fov(extent, step, len(order) if target is None else len(target), policy)
     affine[:3, 0] = normal * step
 
     shifts = None
@@ -183,7 +183,7 @@ def _require_geometry(frames: Sequence[FrameRef]) -> None:
         )
 
 
-def _check_range(
+def check_range(
     name: str, shown: str, values: Sequence[float], low: float, high: float, settings: str
 ) -> None:
     if all(low <= v <= high for v in values):
@@ -194,7 +194,7 @@ def _check_range(
     )
 
 
-def _check_fov(
+def check_fov(
     extent: tuple[float, float], step: float, n_slices: int, policy: IngestPolicy
 ) -> None:
     sizes = {"slice": step * n_slices, "column": extent[0], "row": extent[1]}

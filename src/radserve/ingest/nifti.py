@@ -2,6 +2,14 @@
 
 Integer data stays integer: an int16 volume is written as int16 with no scaling, and a
 file whose scaling is integral and fits int16 is read back as int16.
+
+A NIfTI upload meets the bounds a DICOM series meets (:class:`IngestPolicy`: voxels,
+bytes, matrix, spacings, field of view, positions), checked on its header before any
+voxel is read, and its voxels must be finite numbers (and CT values on a CT scale).
+Before session 35 none of them applied: a 3.4 KB ``.nii.gz`` of 64³ voxels at 1 m
+spacing asked the model's resampling for a grid no memory holds and the OOM killer
+stopped the server; NaN voxels, complex or RGB data ran, or failed as radserve's own
+error.
 """
 
 from __future__ import annotations
@@ -13,18 +21,29 @@ import nibabel as nib
 import numpy as np
 
 from radserve.domain.volume import Volume
-from radserve.errors import StudyError
+from radserve.errors import GeometryError, StudyError
+from radserve.ingest.geometry import MAX_POSITION_MM, check_fov, check_range
+from radserve.ingest.load import CT_MAX_HU
+from radserve.ingest.policy import IngestPolicy
 
 _INT16 = np.iinfo(np.int16)
 _INVALID = "nifti_invalid"
 
 
-def load_nifti(path: Path | str) -> Volume:
+def load_nifti(
+    path: Path | str, *, policy: IngestPolicy | None = None, modality: str | None = None
+) -> Volume:
     """Read a 3-D NIfTI-1/2 file (a trailing singleton 4th axis is allowed) into a Volume.
+
+    ``policy``: the ingest bounds checked before the voxels are read, for a file from
+    outside (None: a file radserve wrote, such as a report's label map; its type, affine
+    and values are still checked); ``modality``: the one the volume is taken as (``CT``:
+    values must lie on a CT scale).
 
     Raises:
         StudyError: code ``nifti_invalid`` when the file is not a readable 3-D NIfTI
-            image with a usable affine.
+            image of intensities with a usable affine; ``series_too_large``,
+            ``geometry_invalid``, ``implausible_pixel_values`` as for a DICOM series.
     """
     try:
         image = nib.load(str(path), mmap=False)
@@ -43,8 +62,7 @@ def load_nifti(path: Path | str) -> Volume:
     if len(shape) != 3:
         raise StudyError(f"NIfTI image must be 3-D, got shape {image.shape}", code=_INVALID)
     affine = image.affine
-    if abs(np.linalg.det(affine[:3, :3])) < 1e-12:
-        raise StudyError("NIfTI affine is singular", code=_INVALID)
+    _check_header(image, shape, affine, policy)
     try:
         data = _read_data(image).reshape(shape)
     except Exception as exc:
@@ -52,7 +70,105 @@ def load_nifti(path: Path | str) -> Volume:
             f"NIfTI voxel data could not be read ({type(exc).__name__})",
             code=_INVALID,
         ) from exc
+    _check_values(data, modality)
     return Volume.from_nifti_arrays(data, affine)
+
+
+def _check_header(
+    image: nib.Nifti1Image,
+    shape: tuple[int, ...],
+    affine: np.ndarray,
+    policy: IngestPolicy | None,
+) -> None:
+    """The voxel type, the affine and the DICOM path's bounds, on what the header
+    declares (nothing is read yet)."""
+    dtype = image.get_data_dtype()
+    if dtype.fields is not None or dtype.kind not in "iuf":
+        raise StudyError(
+            f"NIfTI voxels of type {dtype} (datatype code {int(image.header['datatype'])}) "
+            "are not intensities: RGB, complex and other non-scalar data cannot form an "
+            "intensity volume",
+            code="unsupported_pixel_format",
+        )
+    if not np.isfinite(affine).all():
+        raise StudyError("NIfTI affine holds values that are not finite", code=_INVALID)
+    if abs(np.linalg.det(affine[:3, :3])) < 1e-12:
+        raise StudyError("NIfTI affine is singular", code=_INVALID)
+    if policy is not None:
+        _check_bounds(shape, dtype, affine, policy)
+
+
+def _check_bounds(
+    shape: tuple[int, ...], dtype: np.dtype, affine: np.ndarray, policy: IngestPolicy
+) -> None:
+    columns, rows, slices = (int(n) for n in shape)  # (i, j, k): k is the slice axis
+    if min(rows, columns) < policy.min_matrix:
+        raise GeometryError(
+            f"the NIfTI image is {columns} × {rows} voxels in plane (i × j), fewer than "
+            f"ingest.min_matrix={policy.min_matrix} along an axis: not a cross-sectional image "
+            "a model can read"
+        )
+    voxels = slices * rows * columns
+    if voxels > policy.max_voxels:
+        raise StudyError(
+            f"NIfTI image of {voxels} voxels ({columns} × {rows} × {slices}), more than "
+            f"IngestPolicy.max_voxels={policy.max_voxels}",
+            code="series_too_large",
+        )
+    if voxels * dtype.itemsize > policy.max_file_bytes:
+        raise StudyError(
+            f"NIfTI voxel data of {voxels * dtype.itemsize} bytes ({dtype}), more than "
+            f"ingest.max_file_bytes={policy.max_file_bytes}",
+            code="series_too_large",
+        )
+    column_mm, row_mm, slice_mm = (float(v) for v in np.linalg.norm(affine[:3, :3], axis=0))
+    check_range(
+        "NIfTI in-plane voxel size",
+        f"{column_mm:g}\\{row_mm:g}",
+        (column_mm, row_mm),
+        policy.min_spacing_mm,
+        policy.max_pixel_spacing_mm,
+        "ingest.min_spacing_mm / ingest.max_pixel_spacing_mm",
+    )
+    check_range(
+        "NIfTI slice spacing",
+        f"{slice_mm:g}",
+        (slice_mm,),
+        policy.min_spacing_mm,
+        policy.max_slice_spacing_mm,
+        "ingest.min_spacing_mm / ingest.max_slice_spacing_mm",
+    )
+    check_fov((rows * row_mm, columns * column_mm), slice_mm, slices, policy)
+    far = float(np.abs(affine[:3, 3]).max())
+    if far > MAX_POSITION_MM:
+        raise GeometryError(
+            f"the NIfTI affine places the first voxel {far:g} mm from the origin, more than "
+            f"{MAX_POSITION_MM:g} mm: not a patient position"
+        )
+
+
+def _check_values(data: np.ndarray, modality: str | None) -> None:
+    """Voxels must be numbers a model can read: NaN or infinity ran through the models
+    and into the findings' mean HU; CT values past any CT scale are not HU."""
+    if data.dtype.kind != "f" or not data.size:
+        bad = 0
+    else:
+        bad = int(data.size - np.count_nonzero(np.isfinite(data)))
+    if bad:
+        raise StudyError(
+            f"{bad} of {data.size} NIfTI voxels are not finite numbers (NaN or infinity)",
+            code="implausible_pixel_values",
+        )
+    if modality != "CT" or not data.size:
+        return
+    low, high = float(data.min()), float(data.max())
+    if high > CT_MAX_HU or low < -CT_MAX_HU - 1:
+        raise StudyError(
+            f"CT values from {low:g} to {high:g}, beyond any CT scale (int16's "
+            f"{-CT_MAX_HU - 1} to {CT_MAX_HU}): a NIfTI CT must hold Hounsfield units "
+            "(scaling by scl_slope / scl_inter applied)",
+            code="implausible_pixel_values",
+        )
 
 
 def save_nifti(

@@ -128,9 +128,9 @@ class NiftiInput:
     def ingest(
         self, pipeline: PipelineSpec, *, policy: IngestPolicy | None, timer: StageTimer
     ) -> IngestedStudy:
-        with timer.stage("ingest: load"):
-            volume = load_nifti(self.path)
         modality = (pipeline.series_selection.modalities or ("CT",))[0]
+        with timer.stage("ingest: load"):
+            volume = load_nifti(self.path, policy=policy or IngestPolicy(), modality=modality)
         header = SeriesHeader(
             series_instance_uid="",
             study_instance_uid="",
