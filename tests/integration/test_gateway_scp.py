@@ -36,6 +36,7 @@ from radserve.gateway.conformance import (
 )
 from radserve.ingest.discover import discover_series
 from radserve.ingest.rules import uid_problem
+from radserve.store.files import store_study_files
 
 pytestmark = [
     pytest.mark.tools,
@@ -114,8 +115,10 @@ def test_a_study_re_sent_with_corrected_headers_is_read_from_the_corrected_copie
     corrected Patient Name: the gateway keeps both copies (the second named by its
     content) and hands the study over again, and ingest reads every slice from the copy
     received last. Until 2026-12-03 it read whichever copy sorted first by file name: a
-    mix of old and corrected headers (here 2 of 4 slices kept the old name)."""
-    files = small_study(tmp_path / "sent", seed=1, slices=range(10, 14))
+    mix of old and corrected headers (here 2 of 4 slices kept the old name). The job reads
+    the copies stored from the gateway's folder, which until session 35 were as new as
+    their writing, in the order of their names: the job failed as naming two patients."""
+    files = small_study(tmp_path / "sent", seed=1, slices=range(10, 22))
     corrected = relabel(files, tmp_path / "corrected", "Corrected^Name")
     assert storescu(*scp.address, files).returncode == 0
     assert wait_until(lambda: intake.studies, timeout=15)
@@ -123,10 +126,12 @@ def test_a_study_re_sent_with_corrected_headers_is_read_from_the_corrected_copie
     assert wait_until(lambda: len(intake.studies) == 2, timeout=15)
     rerun = intake.studies[1]
     assert rerun.generation == 2 and len(rerun.instances) == 2 * len(files)
-    (header,) = discover_series(rerun.folder)
-    assert header.number_of_instances == len(files)
-    read = [pydicom.dcmread(f.path, stop_before_pixels=True) for f in header.files]
-    assert {str(ds.PatientName) for ds in read} == {"Corrected^Name"}
+    stored = store_study_files(tmp_path / "data", list(rerun.instances))
+    for folder in (rerun.folder, stored.path):
+        (header,) = discover_series(folder)
+        assert header.number_of_instances == len(files)
+        read = [pydicom.dcmread(f.path, stop_before_pixels=True) for f in header.files]
+        assert {str(ds.PatientName) for ds in read} == {"Corrected^Name"}, folder
 
 
 def test_unknown_calling_ae_is_rejected_at_association(

@@ -89,6 +89,7 @@ def store_study(
     *,
     max_bytes: int | None = None,
     before_publish: Callable[[Path], object] | None = None,
+    modified_ns: Sequence[int] | None = None,
 ) -> StoredStudy:
     """Write uploaded ``(original name, stream)`` pairs durably; return where they are.
 
@@ -96,12 +97,15 @@ def store_study(
     Raises :class:`UploadTooLargeError` past ``max_bytes`` (nothing is kept then).
     ``before_publish(folder)`` runs once the study's folder is known and before it is
     renamed into place (the marker of a study no job names yet: radserve.service.unclaimed).
+    ``modified_ns``: each file's modification time, kept on its copy (else the copies are
+    as new as their writing): ingest reads an instance received twice from the copy
+    received last (:func:`radserve.ingest.discover.discover_series`).
     """
     data_dir = Path(data_dir)
     staging = data_dir / STAGING_DIR / uuid.uuid4().hex
     try:
         staging.mkdir(parents=True)
-        digests, total = _stage(staging, files, max_bytes)
+        digests, total = _stage(staging, files, max_bytes, modified_ns)
         if not digests:
             raise EmptyUploadError("the upload holds no files")
         durable.fsync_dir(staging)
@@ -134,10 +138,22 @@ def store_study_files(
     max_bytes: int | None = None,
     before_publish: Callable[[Path], object] | None = None,
 ) -> StoredStudy:
-    """:func:`store_study` for files already on disk (CLI submissions, the DICOM gateway)."""
+    """:func:`store_study` for files already on disk (CLI submissions, the DICOM gateway,
+    STOW-RS): each copy keeps its file's modification time, the order the instances
+    were received in. Before session 35 the copies were as new as their writing, in the
+    order of their names, so a study re-sent with a corrected name was read partly from
+    the old copies and failed as naming two patients."""
+    paths = [Path(p) for p in paths]
     with contextlib.ExitStack() as stack:
-        streams = [(p.name, stack.enter_context(open(p, "rb"))) for p in map(Path, paths)]
-        return store_study(data_dir, streams, max_bytes=max_bytes, before_publish=before_publish)
+        streams = [(p.name, stack.enter_context(open(p, "rb"))) for p in paths]
+        modified = [os.fstat(stream.fileno()).st_mtime_ns for _, stream in streams]
+        return store_study(
+            data_dir,
+            streams,
+            max_bytes=max_bytes,
+            before_publish=before_publish,
+            modified_ns=modified,
+        )
 
 
 def remove_stale_staging(data_dir: Path) -> int:
@@ -163,7 +179,10 @@ def _suffix(name: str) -> str:
 
 
 def _stage(
-    staging: Path, files: Iterable[tuple[str, BinaryIO]], max_bytes: int | None
+    staging: Path,
+    files: Iterable[tuple[str, BinaryIO]],
+    max_bytes: int | None,
+    modified_ns: Sequence[int] | None,
 ) -> tuple[list[str], int]:
     digests: list[str] = []
     total = 0
@@ -181,6 +200,8 @@ def _stage(
                 digest.update(chunk)
                 out.write(chunk)
             out.flush()
+            if modified_ns is not None:  # after the last write, before the fsync
+                os.utime(out.fileno(), ns=(modified_ns[index], modified_ns[index]))
             os.fsync(out.fileno())
         hexdigest = digest.hexdigest()
         final = staging / f"{hexdigest}{_suffix(name)}"
