@@ -78,6 +78,27 @@ def test_zip_with_unsafe_members(tmp_path: Path) -> None:
     ]
 
 
+def test_zip_members_sharing_a_name_are_each_read(tmp_path: Path) -> None:
+    """Two members of one name (an archive appended to, a tool that flattened folders):
+    each was opened by its name, which reads the last of them twice, so a slice was
+    lost without a word and the volume came out shorter."""
+    paths = make_ct_series(tmp_path / "src", n_slices=5)
+    archive = tmp_path / "upload.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in paths[:-1]:
+            zf.writestr(path.name, path.read_bytes())
+        with pytest.warns(UserWarning, match="Duplicate name"):
+            zf.writestr(paths[0].name, paths[-1].read_bytes())  # the last slice, misnamed
+    (header,) = discover_series(archive)
+    assert header.number_of_instances == 5
+    loaded = load_series(header)
+    assert loaded.volume.shape[0] == 5
+    assert (
+        loaded.volume.array.tobytes()
+        == load_series(discover_series(tmp_path / "src")[0]).volume.array.tobytes()
+    )
+
+
 def test_zip_bomb_is_rejected(tmp_path: Path) -> None:
     archive = _zip(tmp_path / "bomb.zip", {"zeros.dcm": bytes(5_000_000)})
     assert archive.stat().st_size < 50_000

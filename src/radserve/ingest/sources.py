@@ -39,6 +39,9 @@ class SourceFile:
 
     path: Path
     member: str | None = None
+    # the member's place in the archive's central directory: two members may share a
+    # name, and opening by name read the last of them twice (a slice silently lost)
+    entry: int | None = None
 
     def __str__(self) -> str:
         return f"{self.path}!{self.member}" if self.member is not None else str(self.path)
@@ -189,21 +192,21 @@ def _zip_members(path: Path, max_bytes: int) -> tuple[list[SourceFile], list[Ski
     members: list[SourceFile] = []
     bad: list[SkippedFile] = []
     with zipfile.ZipFile(path) as zf:
-        infos = [i for i in zf.infolist() if not i.is_dir()]
+        infos = [(n, i) for n, i in enumerate(zf.infolist()) if not i.is_dir()]
         if len(infos) > DEFAULT_MAX_ARCHIVE_MEMBERS:
             raise ArchiveRejectedError(
                 f"zip archive has {len(infos)} members; at most "
                 f"{DEFAULT_MAX_ARCHIVE_MEMBERS} are accepted"
             )
-        total = sum(i.file_size for i in infos)
+        total = sum(i.file_size for _, i in infos)
         if total > max_bytes:
             raise ArchiveRejectedError(
                 f"zip archive would unpack to {total} bytes, more than the "
                 f"limit of {max_bytes} bytes (possible zip bomb); split the upload or raise "
                 "max_archive_bytes"
             )
-        for info in infos:
-            src = SourceFile(path, info.filename)
+        for entry, info in infos:
+            src = SourceFile(path, info.filename, entry)
             if not _is_safe_member_name(info.filename):
                 bad.append(SkippedFile(src, "unsafe member path in zip (absolute or '..')"))
             elif info.flag_bits & 0x1:
@@ -218,6 +221,12 @@ def _zip_members(path: Path, max_bytes: int) -> tuple[list[SourceFile], list[Ski
 def _is_safe_member_name(name: str) -> bool:
     posix = PurePosixPath(name.replace("\\", "/"))
     return not (posix.is_absolute() or ".." in posix.parts or ":" in posix.parts[0])
+
+
+def _info(zf: zipfile.ZipFile, src: SourceFile) -> zipfile.ZipInfo:
+    """The member ``src`` names: by its place in the central directory when known."""
+    assert src.member is not None
+    return zf.infolist()[src.entry] if src.entry is not None else zf.getinfo(src.member)
 
 
 class SourceReader:
@@ -257,7 +266,7 @@ class SourceReader:
                 yield fh
             return
         zf, lock = self._archive(src.path)
-        with lock, zf.open(src.member) as fh:
+        with lock, zf.open(_info(zf, src)) as fh:
             yield cast(BinaryIO, fh)
 
     def size(self, src: SourceFile) -> int:
@@ -266,7 +275,7 @@ class SourceReader:
         if src.member is None:
             return src.path.stat().st_size
         zf, _ = self._archive(src.path)
-        return zf.getinfo(src.member).file_size  # the central directory: no read, no lock
+        return _info(zf, src).file_size  # the central directory: no read, no lock
 
     @contextmanager
     def pixel_source(self, src: SourceFile, max_bytes: int) -> Iterator[str | BinaryIO]:
