@@ -310,6 +310,32 @@ def test_one_input_holding_two_studies_is_refused_never_one_of_them_run(
         assert select_series([header], SeriesRules())[0] is header
 
 
+def test_a_study_whose_series_name_two_patients_is_refused(tmp_path: Path) -> None:
+    """One Study Instance UID holding a misfiled series of another patient ran at every
+    door, and its SEG/SR went back into the mixed study under whichever patient the
+    selected series named (the thinner series here: patient B's)."""
+    study = new_uid()
+    make_ct_series(tmp_path / "study" / "a", n_slices=5, study_uid=study, series_number=1)
+    b = make_ct_series(
+        tmp_path / "study" / "b", n_slices=9, study_uid=study, series_number=2, seed=1
+    )
+    for path in b:
+        ds = pydicom.dcmread(path)
+        ds.PatientID, ds.PatientName = "OTHER-PATIENT-55", "Other^Patient"
+        ds.save_as(path, enforce_file_format=True)
+    pipeline = PipelineSpec.model_validate(
+        {"name": "t", "version": "1.0.0", "steps": [{"model": "organs"}]}
+    )
+    with pytest.raises(StudyError) as caught:
+        ingest_study(tmp_path / "study", pipeline=pipeline)
+    message = caught.value.message
+    assert caught.value.code == "attribute_invalid"
+    assert "series 2 and series 1 differ in Patient ID, Patient's Name" in message
+    assert "OTHER-PATIENT" not in message and "Other" not in message
+    for one in ("a", "b"):  # each series on its own is one patient's study
+        assert ingest_study(tmp_path / "study" / one, pipeline=pipeline).loaded.volume.shape[0]
+
+
 def test_one_sop_instance_uid_in_two_series_of_a_study_is_refused(tmp_path: Path) -> None:
     paths = make_ct_series(tmp_path / "a", n_slices=3)
     ds = pydicom.dcmread(paths[0])

@@ -21,6 +21,7 @@ from tests.factories.petct import (
     write_petct_pipeline,
 )
 
+from radserve.errors import StudyError
 from radserve.models.manifest import ModelSpec
 from radserve.models.registry import ModelRegistry
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
@@ -149,7 +150,9 @@ def test_a_pet_of_another_patient_or_study_is_refused_naming_what_differs(
     petct, tmp_path, attribute, value, named
 ):
     """The PET of another patient or study in the reference's Frame of Reference ran over
-    the CT (a folder, or an upload, holding both): now refused, naming the attribute."""
+    the CT (a folder, or an upload, holding both): now refused, naming the attribute.
+    Another patient's PET in the CT's own study makes a study of two patients, refused
+    as such before any channel is picked (since session 35)."""
     _phantom, _pet, root, registry, pipeline = petct
     study = tmp_path / "study"
     shutil.copytree(root / "study", study)
@@ -157,11 +160,17 @@ def test_a_pet_of_another_patient_or_study_is_refused_naming_what_differs(
         ds = pydicom.dcmread(path)
         setattr(ds, attribute, value)
         ds.save_as(path)
-    with pytest.raises(ChannelSeriesMismatchError) as refused:
+    with pytest.raises(StudyError) as refused:
         run_study(study, pipeline=pipeline, out_dir=tmp_path / "o", registry=registry)
     message = str(refused.value)
-    assert refused.value.code == "channel_series_mismatch"
-    assert f"({named} differ)" in message and "channel 'pet'" in message
+    if attribute == "StudyInstanceUID":
+        assert isinstance(refused.value, ChannelSeriesMismatchError)
+        assert refused.value.code == "channel_series_mismatch"
+        assert f"({named} differ)" in message and "channel 'pet'" in message
+    else:
+        assert refused.value.code == "attribute_invalid"
+        assert "the series of one study name different patients" in message
+        assert f"differ in {named})" in message
     assert value not in message  # never the value
 
 

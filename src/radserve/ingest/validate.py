@@ -40,6 +40,34 @@ class SeriesAttributeError(StudyError):
     code = "attribute_invalid"
 
 
+def check_study_patients(series: Sequence[SeriesHeader]) -> None:
+    """Refuse a study whose series name more than one patient (``series``: those of one
+    Study Instance UID). Its results are filed into that study and name one patient:
+    before session 35 a study holding a misfiled series of another patient ran, and its
+    DICOM SEG/SR went back into the mixed study under whichever patient the selected
+    series named. The attributes that differ are named, never their values."""
+    if not series:
+        return
+    first = series[0]
+    other = next((s for s in series[1:] if s.patient.identity != first.patient.identity), None)
+    mixed = next((s for s in series if s.patient_identities > 1), None)
+    if other is None and mixed is None:
+        return
+    if other is not None:
+        where = (
+            f"series {other.series_number or '?'} and series {first.series_number or '?'} "
+            f"differ in {', '.join(other.patient.differs_from(first.patient))}"
+        )
+    else:
+        assert mixed is not None
+        where = f"series {mixed.series_number or '?'} names {mixed.patient_identities} itself"
+    raise SeriesAttributeError(
+        f"the series of one study name different patients ({where}): its results would "
+        "be filed in a study holding another patient's images; correct the misfiled "
+        "series at the source and send the study again"
+    )
+
+
 LOSSY_WORDS = "images were lossy compressed"  # in the warning: the report codes it by these
 
 

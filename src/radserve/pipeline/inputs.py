@@ -25,7 +25,7 @@ from radserve.ingest import (
     load_nifti,
     load_series,
 )
-from radserve.ingest.validate import check_series
+from radserve.ingest.validate import check_series, check_study_patients
 from radserve.pipeline.selection import UNUSABLE, rejection_reason, select_series
 from radserve.pipeline.spec import PipelineSpec, SeriesRules
 from radserve.pipeline.volume import release_free_memory
@@ -82,6 +82,8 @@ def ingest_study(
     except StudyError:
         _refuse_unusable_instance(headers, pipeline.series_selection)
         raise
+    study = selected.study_instance_uid
+    check_study_patients([h for h in headers if h.study_instance_uid == study])
     with timer.stage("ingest: load"):
         loaded = load_series(
             selected,
