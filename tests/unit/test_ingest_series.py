@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pydicom
 import pytest
 from tests.factories.dicom_series import (
     AXIAL,
@@ -136,6 +137,38 @@ def test_same_instance_twice_is_listed_once_the_later_file_kept(tmp_path: Path) 
     assert [(s.source.path, s.reason) for s in header.skipped] == [
         (copy, "an earlier copy of an instance received again")
     ]
+
+
+def test_a_copy_of_an_instance_with_other_pixels_is_refused_whichever_comes_last(
+    tmp_path: Path,
+) -> None:
+    """Copies of an instance may differ in header values (a corrected name) and transfer
+    syntax, not in pixels: a blank copy of a slice under its SOP Instance UID was read
+    or not by the order the files came in (uploaded last, it halved the liver)."""
+    paths = make_ct_series(tmp_path / "s", n_slices=5, hu=ramp_hu(5, 16, 12))
+    corrected = tmp_path / "corrected.dcm"
+    ds = pydicom.dcmread(paths[2])
+    ds.InstitutionName = "Corrected"  # a header value corrected, the pixels the same
+    ds.save_as(corrected, enforce_file_format=True)
+    (header,) = discover_series(tmp_path)
+    assert len(header.copies) == 1
+    clean = load_series(header)  # the same pixels: read, whichever copy
+    assert clean.volume.shape == (5, 16, 12)
+    for newer in (True, False):
+        blank = tmp_path / "blank.dcm"
+        ds = pydicom.dcmread(paths[2])
+        ds.PixelData = bytes(len(ds.PixelData))
+        ds.save_as(blank, enforce_file_format=True)
+        stamp = 2 * 10**18 if newer else 10**18 - 1
+        os.utime(blank, ns=(stamp, stamp))
+        (header,) = discover_series(tmp_path)
+        with pytest.raises(StudyError) as refused:
+            load_series(header)
+        assert refused.value.code == "instance_invalid"
+        assert "blank.dcm" in refused.value.message
+        differ = 2 if newer else 1  # the blank one kept, both others differ from it
+        assert f"hold different pixel data ({differ} of 2 copied frames)" in refused.value.message
+        blank.unlink()
 
 
 def test_float_rescale_gives_float32(tmp_path: Path) -> None:

@@ -86,6 +86,9 @@ class SeriesHeader:
     notes: tuple[str, ...] = ()
     dropped: tuple[SkippedFile, ...] = field(default=(), repr=False)
     skipped: tuple[SkippedFile, ...] = field(default=(), repr=False)
+    # (a copy's frame, the frame kept) per frame of an instance found in several files
+    # with other bytes: ingest checks that their pixels agree
+    copies: tuple[tuple[FrameRef, FrameRef], ...] = field(default=(), repr=False)
 
     @property
     def key(self) -> str:
@@ -206,6 +209,7 @@ def discover_series(
     records: list[InstanceRecord] = []
     seen: dict[str, tuple[SourceFile, InstanceRecord]] = {}
     position: dict[str, int] = {}  # of each SOP Instance UID's record in records
+    copies: dict[str, list[InstanceRecord]] = defaultdict(list)  # dropped, per UID
     n_frames = 0
     patients = DiscoveryMemo()
     with SourceReader() as reader:
@@ -226,9 +230,11 @@ def discover_series(
                 earlier = seen[uid][0]
                 if _written_after(src, earlier):  # re-sent: the later copy corrects it
                     records[position[uid]] = record
+                    copies[uid].append(seen[uid][1])
                     seen[uid] = (src, record)
                     skipped.append(SkippedFile(earlier, RECEIVED_AGAIN))
                 else:
+                    copies[uid].append(record)
                     skipped.append(SkippedFile(src, "another copy of an instance already found"))
                 continue
             n_frames += len(record.frames)
@@ -259,7 +265,33 @@ def discover_series(
         _summarise(skipped),
     )
     frozen = tuple(skipped)
-    return [replace(h, skipped=frozen) for h in headers]
+    pairs = _copy_pairs(copies, seen)
+    return [replace(h, skipped=frozen, copies=_copies_of(h, pairs)) for h in headers]
+
+
+def _copy_pairs(
+    copies: dict[str, list[InstanceRecord]], seen: dict[str, tuple[SourceFile, InstanceRecord]]
+) -> dict[tuple[str, int | None], list[FrameRef]]:
+    """The dropped copies' frames by (SOP Instance UID, frame index) of the kept frame."""
+    pairs: dict[tuple[str, int | None], list[FrameRef]] = defaultdict(list)
+    for uid, dropped in copies.items():
+        kept = seen[uid][1]
+        for record in dropped:
+            for copy, frame in zip(record.frames, kept.frames, strict=True):
+                pairs[(uid, frame.frame_index)].append(copy)
+    return pairs
+
+
+def _copies_of(
+    header: SeriesHeader, pairs: dict[tuple[str, int | None], list[FrameRef]]
+) -> tuple[tuple[FrameRef, FrameRef], ...]:
+    if not pairs:
+        return ()
+    return tuple(
+        (copy, frame)
+        for frame in header.frames
+        for copy in pairs.get((frame.sop_instance_uid, frame.frame_index), ())
+    )
 
 
 def _check_study_bytes(

@@ -137,7 +137,7 @@ def load_series(
     ordered = [header.frames[i] for i in layout.order]
     air = policy.ct_padding_hu if header.modality == "CT" else policy.other_padding_value
 
-    if decode_first is not None and _streamable(layout, policy):
+    if decode_first is not None and _streamable(header, layout, policy):
         started = _start_streaming(header, layout, ordered, air, workers, policy, decode_first)
         if started is not None:
             return _loaded(header, layout, ordered, warnings, *started)
@@ -150,6 +150,8 @@ def load_series(
                 header, layout.order, layout.duplicates, array, reader, air, workers, policy
             )
             warnings.append(f"dropped {len(layout.duplicates)} identical duplicate slices")
+        if header.copies:
+            _verify_copies(header, ordered, array, reader, air, workers, policy)
     _check_ct_values(header, array)
     if layout.in_plane_shifts is not None:
         shift_slices_in_plane(array, layout.in_plane_shifts, air)
@@ -190,10 +192,11 @@ def _loaded(
     return LoadedSeries(volume, header, tuple(warnings), slices, arrival)
 
 
-def _streamable(layout: StackLayout, policy: IngestPolicy) -> bool:
+def _streamable(header: SeriesHeader, layout: StackLayout, policy: IngestPolicy) -> bool:
     """The stack goes into the volume as decoded: nothing compares or moves slices."""
     return (
-        not (layout.duplicates and policy.duplicate_positions == "drop_identical")
+        not header.copies
+        and not (layout.duplicates and policy.duplicate_positions == "drop_identical")
         and layout.in_plane_shifts is None
         and layout.target_offsets is None
     )
@@ -383,6 +386,47 @@ def _check_ct_values(header: SeriesHeader, array: np.ndarray) -> None:
             "written (signed values with Pixel Representation 0, a wrong Rescale Slope or "
             "Intercept, or padding without Pixel Padding Value?)",
             code="implausible_pixel_values",
+        )
+
+
+def _verify_copies(
+    header: SeriesHeader,
+    ordered: Sequence[FrameRef],
+    array: np.ndarray,
+    reader: SourceReader,
+    air: float,
+    workers: int | None,
+    policy: IngestPolicy,
+) -> None:
+    """An instance found in several files (a re-send, a folder copied twice) is read
+    from one of them; its other copies may differ in header values and transfer syntax,
+    not in pixels. Before session 35 they were not compared: a copy of a slice with other
+    pixels at the same place was read or not by the order the files came in (a blank
+    copy uploaded last halved the liver's volume)."""
+    slot = {id(frame): k for k, frame in enumerate(ordered)}
+    pairs = [(copy, kept) for copy, kept in header.copies if id(kept) in slot]
+    if not pairs:
+        return
+    decoded = decode_stack(
+        [copy for copy, _ in pairs],
+        reader,
+        air=air,
+        workers=workers,
+        max_file_bytes=policy.max_file_bytes,
+    )
+    differ = [
+        (copy, kept)
+        for image, (copy, kept) in zip(decoded, pairs, strict=True)
+        if not np.array_equal(image, array[slot[id(kept)]])
+    ]
+    if differ:
+        copy, kept = differ[0]
+        raise StudyError(
+            f"{kept.source.name} and {copy.source.name} carry one SOP Instance UID at one "
+            f"place but hold different pixel data ({len(differ)} of {len(pairs)} copied "
+            "frames): two images under one identity (the sender reused a UID), which of "
+            "them is right cannot be told",
+            code="instance_invalid",
         )
 
 
