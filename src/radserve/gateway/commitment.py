@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pydicom.dataset import Dataset
+from pydicom.uid import UID
 
 from radserve.gateway.conformance import Status
 
@@ -48,19 +49,43 @@ class CommitmentReport:
 
     @classmethod
     def from_event(cls, info: Dataset | None) -> CommitmentReport:
-        """From the Event Information; ValueError when it has no Transaction UID."""
-        uid = str(getattr(info, "TransactionUID", "") or "").strip() if info else ""
+        """From the Event Information; ValueError, naming what is malformed and never
+        the peer's values, when it is not a report radserve can act on (before session
+        35 a Failure Reason of two values or a sequence that was none raised TypeError
+        into pynetdicom's handler, a text one was answered with Python's message quoting
+        the value, and a Transaction UID of 20,000 characters was logged whole)."""
+        if info is None:
+            raise ValueError("the storage commitment report carries no Event Information")
+        try:
+            uid = str(getattr(info, "TransactionUID", "") or "").strip()
+        except Exception as exc:  # a value pydicom cannot convert
+            raise ValueError("its Transaction UID cannot be read") from exc
         if not uid:
             raise ValueError("the storage commitment report carries no Transaction UID")
-        committed = frozenset(
-            str(item.get("ReferencedSOPInstanceUID", ""))
-            for item in getattr(info, "ReferencedSOPSequence", None) or []
-        )
-        failed = {
-            str(item.get("ReferencedSOPInstanceUID", "")): int(item.get("FailureReason", 0) or 0)
-            for item in getattr(info, "FailedSOPSequence", None) or []
-        }
-        return cls(uid, committed - {""}, {k: v for k, v in failed.items() if k})
+        if not UID(uid).is_valid:
+            raise ValueError(
+                f"its Transaction UID ({len(uid)} characters) is not a valid UID (at most "
+                "64 digits and dots, PS3.5 9.1)"
+            )
+        committed = {uid for uid, _ in _references(info, "ReferencedSOPSequence", False)}
+        failed = dict(_references(info, "FailedSOPSequence", True))
+        return cls(uid, frozenset(committed - {""}), {k: v for k, v in failed.items() if k})
+
+
+def _references(info: Dataset, keyword: str, with_reason: bool) -> list[tuple[str, int]]:
+    """(SOP Instance UID, Failure Reason or 0) of each item of the sequence ``keyword``."""
+    try:
+        items = getattr(info, keyword, None) or []
+        if not isinstance(items, Sequence) or isinstance(items, str | bytes):
+            raise TypeError
+        found = []
+        for item in items:
+            reason = item.get("FailureReason", 0) if with_reason else 0
+            found.append((str(item.get("ReferencedSOPInstanceUID", "") or ""), int(reason or 0)))
+    except Exception as exc:  # not a sequence of items, a reason of two values or text
+        what = "Failure Reason" if with_reason else "Referenced SOP Instance UID"
+        raise ValueError(f"its {keyword} is not a sequence of items with one {what} each") from exc
+    return found
 
 
 def failure_text(reason: int) -> str:
