@@ -10,6 +10,7 @@ misspelt setting that is silently ignored is a setting that silently does not ap
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import ipaddress
 import json
@@ -37,7 +38,12 @@ from pydantic import (
     model_validator,
 )
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from radserve.domain.critical import CriticalRule
 from radserve.domain.device_slot import MAX_THREADS, DeviceSlot
@@ -1167,6 +1173,10 @@ def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Se
         return Settings(**init)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source=str(path) if path else None)) from None
+    except SettingsError as exc:
+        # an environment value of a list or section that is not JSON: pydantic-settings
+        # raises this (not a ValidationError), and it ended every command in a traceback
+        raise ConfigError(_describe_environment(exc)) from None
     finally:
         _FILE_DATA.reset(token)
 
@@ -1296,8 +1306,62 @@ def number_settings(
 
 
 # settings whose wrong values are not echoed in errors (a clear password typed where its
-# hash belongs, a URL with a password, a token or key): matched in the setting's name
+# hash belongs, a URL with a password, a token or key): matched in the setting's name,
+# besides every SecretStr field of the settings (_secret_names)
 _SECRET_WORDS = ("database_url", "password", "token", "key", "secret")
+MASKED = "***"
+
+
+@functools.cache
+def _secret_names() -> frozenset[str]:
+    """Names (and aliases) of every SecretStr field in the settings, through the nested
+    sections, lists and optional ones: a secret added later is masked without a word here."""
+    names: set[str] = set()
+    seen: set[type] = set()
+
+    def has_secret(annotation: Any) -> bool:
+        if annotation is SecretStr:
+            return True
+        return any(has_secret(arg) for arg in get_args(annotation))
+
+    def models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield annotation
+        for arg in get_args(annotation):
+            yield from models_in(arg)
+
+    def walk(model: type[BaseModel]) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            if has_secret(field.annotation):
+                names.update(n.lower() for n in (name, field.alias) if n)
+            for nested in models_in(field.annotation):
+                walk(nested)
+
+    walk(Settings)
+    return frozenset(names)
+
+
+def _is_secret(name: object) -> bool:
+    """Whether a setting of this name (a location part or a key in an echoed input) holds
+    a secret."""
+    text = str(name).lower()
+    return text in _secret_names() or any(word in text for word in _SECRET_WORDS)
+
+
+def _masked(value: Any) -> Any:
+    """``value`` with the values of secret keys replaced, at any depth: a model-level
+    error (a duplicate critical receiver, a fhir receiver without url) echoes the whole
+    section or file as its input, tokens and passwords included."""
+    if isinstance(value, dict):
+        return {k: MASKED if _is_secret(k) else _masked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_masked(v) for v in value)
+    if isinstance(value, SecretStr):
+        return MASKED
+    return value
 
 
 def _describe(exc: ValidationError, *, source: str | None) -> str:
@@ -1312,7 +1376,101 @@ def _describe(exc: ValidationError, *, source: str | None) -> str:
             hint = _did_you_mean(str(loc[-1]), _known_at(loc[:-1]), parent)
             lines.append(f"unknown setting {dotted!r}{hint}")
         else:
-            secret = any(word in str(loc[-1]) for word in _SECRET_WORDS) if loc else False
-            shown = "" if secret else f" (got {error.get('input')!r})"
+            # any part: a union member's tag or a list index may follow the secret's name
+            secret = any(_is_secret(part) for part in loc if isinstance(part, str))
+            shown = "" if secret else f" (got {_masked(error.get('input'))!r})"
             lines.append(f"invalid setting {dotted!r}: {error['msg']}{shown}")
     return f"configuration error{where}: " + "; ".join(lines)
+
+
+def _describe_environment(exc: SettingsError) -> str:
+    """The ``RADSERVE_*`` variable whose value had to be JSON (a list or a section) and is
+    not, with an example of the JSON it takes; its value is not echoed (it may be a secret)."""
+    for name, value in sorted(os.environ.items()):
+        if not name.upper().startswith(ENV_PREFIX) or _NOT_SETTINGS.match(name):
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split("__")
+        annotation = _annotation_at(path)
+        if annotation is None or not _is_complex(annotation):
+            continue
+        try:
+            json.loads(value)
+        except ValueError:
+            # the example is made of the words written, unless they may be a secret
+            words = "" if any(_is_secret(part) for part in path) else value
+            return (
+                f"configuration error: environment variable {name} must be JSON: "
+                f"{_json_example(annotation, words)}"
+            )
+    found = re.search(r'field "([^"]+)"', str(exc))
+    field = found.group(1) if found else "?"
+    return (
+        f"configuration error: an environment variable {ENV_PREFIX}{field.upper()}__... holds "
+        'a list or section that is not JSON; write it as JSON, e.g. \'["a", "b"]\' or '
+        '\'{"name": "value"}\''
+    )
+
+
+def _annotation_at(path: list[str]) -> Any:
+    """The type of the setting at ``path`` (lower-case names; list items looked through),
+    or None where no setting is."""
+    annotation: Any = Settings
+    for part in path:
+        model = next(
+            (
+                m
+                for m in (_unwrap(a) for a in (annotation, *_items(annotation)))
+                if isinstance(m, type) and issubclass(m, BaseModel)
+            ),
+            None,
+        )
+        if model is None:
+            return None
+        field = next(
+            (
+                f
+                for n, f in model.model_fields.items()
+                if part in (n.lower(), (f.alias or "").lower())
+            ),
+            None,
+        )
+        if field is None:
+            return None
+        annotation = field.annotation
+    return annotation
+
+
+def _items(annotation: Any) -> tuple[Any, ...]:
+    """The members of an optional or a union, and the item types of a list or tuple."""
+    return tuple(a for a in get_args(annotation) if a is not Ellipsis and a is not type(None))
+
+
+def _is_complex(annotation: Any) -> bool:
+    """Whether an environment value for this type is parsed as JSON (a list, a mapping, a
+    section), as pydantic-settings decides."""
+    annotation = _unwrap(annotation)
+    if get_origin(annotation) in (Union, UnionType):
+        return any(_is_complex(a) for a in _items(annotation))
+    if get_origin(annotation) is Annotated:
+        return _is_complex(get_args(annotation)[0])
+    if get_origin(annotation) in (list, tuple, set, frozenset, dict):
+        return True
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel | dict | list | tuple)
+
+
+def _json_example(annotation: Any, value: str) -> str:
+    """How to write ``value`` for a setting of this type: a JSON list built from the
+    comma-separated words for a list of names, else what the list or object holds."""
+    annotation = _unwrap(annotation)
+    if get_origin(annotation) in (Union, UnionType):
+        annotation = next(a for a in _items(annotation) if _is_complex(a))
+    annotation = _unwrap(annotation)
+    if get_origin(annotation) in (list, tuple, set, frozenset):
+        item = _unwrap(next(iter(_items(annotation)), str))
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            return f"a JSON list of objects with the fields {', '.join(item.model_fields)}"
+        words = [w.strip() for w in value.split(",") if w.strip()] or ["..."]
+        return f"a JSON list, e.g. {json.dumps(words)!r}"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return f"a JSON object with (some of) the fields {', '.join(annotation.model_fields)}"
+    return 'a JSON object, e.g. \'{"name": "value"}\''

@@ -51,7 +51,11 @@ class RichProgress:
 
 
 def summary_tables(report: Report) -> list[Table]:
-    """Findings, organ volumes and stage timings of a report, for the terminal."""
+    """Findings, the report's warnings, organ volumes and stage timings, for the terminal.
+
+    The warnings follow the findings because they qualify them (a study outside the
+    model's input domain, slices resampled at ingest): before, only report.json had them.
+    """
     findings = Table(title=f"Findings ({len(report.findings)})")
     for column in ("#", "finding", "organ", "long axis mm", "short axis mm", "ml", "HU", "conf"):
         findings.add_column(
@@ -69,6 +73,14 @@ def summary_tables(report: Report) -> list[Table]:
             "-" if f.mean_hu is None else f"{f.mean_hu:.0f}",
             f"{f.confidence:.2f}",
         )
+    tables = [findings]
+    if report.warnings:
+        warnings = Table(title=f"Warnings ({len(report.warnings)})")
+        for column in ("stage", "code", "message"):
+            warnings.add_column(column, overflow="fold")
+        for w in report.warnings:
+            warnings.add_row(w.stage or "-", w.code, w.message)
+        tables.append(warnings)
     organs = Table(title="Organ volumes")
     for column in ("organ", "ml", "mean HU"):
         organs.add_column(column, justify="left" if column == "organ" else "right")
@@ -85,7 +97,7 @@ def summary_tables(report: Report) -> list[Table]:
         paused = report.paused.get(stage)
         note = f" ({paused:.2f} paused for URGENT)" if paused else ""
         timings.add_row(stage, f"{seconds:.2f}{note}")
-    return [findings, organs, timings]
+    return [*tables, organs, timings]
 
 
 def write_dicom_objects(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
+from radserve.store.outbox import OutboxKind
 
 if TYPE_CHECKING:
     from radserve.service.outbox import OutboxOps
@@ -28,9 +29,34 @@ def _open(config_file: Path | None, data_dir: Path | None) -> tuple[Store, Outbo
     return store, OutboxOps(settings, store)
 
 
+# what --kind takes: every kind of row the outbox holds (and the list and
+# ``GET /v1/ops/outbox?kind=`` show), critical-finding notices included
+KINDS = [kind.value for kind in OutboxKind]
+
+
+def _destination(ops: OutboxOps, name: str | None) -> str | None:
+    """The destination ``--destination`` names, as the list shows it and
+    ``GET /v1/ops/outbox?destination=`` matches it (the stored name). A critical receiver
+    is stored as ``critical:<receiver>``: its bare name (as in ``critical.receivers``)
+    matched nothing, silently; it names that receiver unless a destination has that name."""
+    if name is None:
+        return None
+    known = {status.destination for status in ops.status()}
+    receiver = f"critical:{name}"
+    if name not in known and receiver in known:
+        return receiver
+    if name not in known:
+        click.echo(
+            f"no outbox rows for destination {name!r}; destinations: "
+            + (", ".join(sorted(known)) or "none"),
+            err=True,
+        )
+    return name
+
+
 @click.group("outbox")
 def group() -> None:
-    """Deliveries of results to DICOM peers and the FHIR server: list, retry."""
+    """Deliveries to DICOM peers, the FHIR server and critical receivers: list, retry."""
 
 
 @group.command("list")
@@ -40,8 +66,12 @@ def group() -> None:
     default=None,
     help="Only rows in this state.",
 )
-@click.option("--destination", default=None, help="Only rows for this destination.")
-@click.option("--kind", type=click.Choice(["dicom", "fhir"]), default=None)
+@click.option(
+    "--destination",
+    default=None,
+    help="Only rows for this destination, as listed (a critical receiver: critical:NAME or NAME).",
+)
+@click.option("--kind", type=click.Choice(KINDS), default=None, help="Only rows of this kind.")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=1000, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @CONFIG_OPTION
@@ -59,6 +89,7 @@ def list_rows(
     store, ops = _open(config_file, data_dir)
     try:
         statuses = ops.status()
+        destination = _destination(ops, destination)
         items = ops.items(state=state, destination=destination, kind=kind, limit=limit)
     finally:
         store.close()
@@ -88,10 +119,10 @@ def list_rows(
             f"{st.failed_permanent} failed"
             + (f"; last error: {st.last_error}" if st.last_error else "")
         )
-    click.echo(f"{'ID':>6}  {'KIND':<5}  {'DESTINATION':<16}  {'STATE':<16}  {'TRIES':>5}  ERROR")
+    click.echo(f"{'ID':>6}  {'KIND':<8}  {'DESTINATION':<16}  {'STATE':<16}  {'TRIES':>5}  ERROR")
     for item in items:
         click.echo(
-            f"{item.id:>6}  {item.kind.value:<5}  {item.destination:<16}  "
+            f"{item.id:>6}  {item.kind.value:<8}  {item.destination:<16}  "
             f"{item.state.value:<16}  {item.attempts:>5}  {item.last_error or '-'}"
         )
 
@@ -117,7 +148,8 @@ def retry(
     try:
         chosen = list(ids)
         if all_failed:
-            failed = ops.items(state="failed_permanent", destination=destination, limit=100_000)
+            where = _destination(ops, destination)
+            failed = ops.items(state="failed_permanent", destination=where, limit=100_000)
             chosen += [item.id for item in failed if item.id not in chosen]
         for item_id in chosen:
             item = ops.retry(item_id, actor_key_id=None, client="cli")

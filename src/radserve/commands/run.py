@@ -11,6 +11,7 @@ settings; ``--ingest NAME=VALUE`` sets one ingest choice, as the ingest errors s
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,7 @@ def command(
     from radserve.pipeline import SessionPool
     from radserve.pipeline.study import run_study
 
+    _check_out_dir(out_dir)
     overrides: dict[str, Any] = {
         **ingest,
         "models__precision": precision,
@@ -178,6 +180,28 @@ def command(
         for path in write_dicom_objects(result, console, key_images=scs, policy=policy):
             console.print(f"DICOM: {path}")
     console.print(f"report: {result.report_path}")
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """Refuse an ``--out`` that cannot take the results before any work: a file there, a
+    file or nothing writable above it. Found only when the report was written, after the
+    whole inference, it ended in a FileExistsError/FileNotFoundError traceback."""
+    if out_dir.is_symlink() and not out_dir.exists():
+        raise click.ClickException(f"--out {out_dir} is a link to nothing; give a folder")
+    where = out_dir if out_dir.exists() else None
+    if where is None:
+        # the nearest existing folder above: where the missing ones would be created
+        where = next((p for p in out_dir.absolute().parents if p.exists()), Path("/"))
+        if not where.is_dir():
+            raise click.ClickException(
+                f"--out {out_dir}: {where} is a file, not a folder; give a folder to write to"
+            )
+    elif not out_dir.is_dir():
+        raise click.ClickException(
+            f"--out {out_dir} is an existing file, not a folder; give a folder to write to"
+        )
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise click.ClickException(f"--out {out_dir}: cannot write in {where} (permission denied)")
 
 
 def _pipeline(name: str, folders: tuple[Path, ...]) -> Any:
