@@ -67,3 +67,43 @@ def test_a_repeating_group_tag_is_refused_as_a_key(key: str) -> None:
         parse_query([(key, "x")], "study")
     with pytest.raises(InvalidRequestError, match="repeating group"):
         parse_query([("includefield", key)], "study")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("StudyDate", "2024", "not a DICOM date (YYYYMMDD): '2024'"),
+        ("StudyDate", "99991399", "not a date (YYYYMMDD) on the calendar"),
+        ("StudyDate", "20240230", "not a date (YYYYMMDD) on the calendar"),
+        ("StudyDate", "20240101-20240101-20240101", "has one '-'"),
+        ("StudyDate", "a-b", "not a DICOM date"),
+        ("StudyDate", "202413-", "on the calendar"),
+        ("StudyTime", "250000", "not a time (HHMMSS) on the calendar or clock"),
+        ("StudyTime", "12x", "not a DICOM time"),
+        ("AcquisitionDateTime", "2024013", "not a DICOM date-time"),
+    ],
+)
+def test_a_date_or_time_no_stored_value_could_match_is_refused(
+    key: str, value: str, said: str
+) -> None:
+    """Before session 35 these were searched and matched nothing (200, an empty list),
+    where the conformance statement promises 400 for a malformed date or time."""
+    with pytest.raises(InvalidRequestError) as refused:
+        parse_query([(key, value)], "study")
+    assert said in refused.value.message
+
+
+def test_dates_times_and_ranges_that_can_match_are_searched() -> None:
+    for key, value in [
+        ("StudyDate", "20240229"),
+        ("StudyDate", "2024.02.29"),
+        ("StudyDate", "2025-"),  # a range's end may be a prefix: from 2025 on
+        ("StudyDate", "-202412"),
+        ("StudyTime", "0930-17"),
+        ("AcquisitionDateTime", "20240101120000.5-0500"),  # one value, a UTC offset
+        ("AcquisitionDateTime", "2024-20250101"),
+    ]:
+        assert parse_query([(key, value)], "study").filters[key] == value
+    wanted = "20240101120000-0500"
+    assert matches([wanted], "AcquisitionDateTime", wanted)
+    assert not matches(["20240101115959-0500"], "AcquisitionDateTime", wanted)

@@ -22,6 +22,7 @@ audit key) get theirs from their headers before the first such search of a proce
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import threading
 from collections import OrderedDict
@@ -182,18 +183,52 @@ def _check_value(keyword: str, value: str) -> None:
     if value in ("", "*"):
         return
     vr = dictionary_VR(keyword)
+    if vr == "DT" and _DATETIME.fullmatch(value):
+        return  # one date-time, its UTC offset's minus sign no range
     if vr in _RANGE_VRS:
         low, dash, high = value.partition("-")
         if dash and not low and not high:
             raise InvalidRequestError(f"a {vr} range needs at least one end: {quoted(value)}")
-        norm = _time if vr == "TM" else _date
-        for end in (low, high):
-            norm(end)  # raises for what is no date/time
+        if "-" in high:
+            raise InvalidRequestError(f"a {vr} range has one '-': {quoted(value)}")
+        for end in filter(None, (low, high)):
+            _check_end(vr, end, in_range=bool(dash))
     elif vr in _NUMBER_VRS:
         try:
             float(value)
         except ValueError:
             raise InvalidRequestError(f"{keyword} must be a number, not {quoted(value)}") from None
+
+
+# PS3.5 6.2: DA YYYYMMDD (YYYY.MM.DD of ACR-NEMA read too), TM HH[MM[SS[.F]]] (HH:MM:SS
+# too), DT YYYY[MM[DD[HH[MM[SS[.F]]]]]][&ZZXX]; a range's end may be a date's prefix
+# (``2025-``: from 2025 on), a single date may not (it matches no stored date)
+_DATE = re.compile(r"\d{4}\.?\d{2}\.?\d{2}")
+_DATE_PREFIX = re.compile(r"\d{4}(\.?\d{2}(\.?\d{2})?)?")
+_TIME = re.compile(r"\d{2}(:?\d{2}(:?\d{2}(\.\d{1,6})?)?)?")
+_DATETIME = re.compile(r"\d{4}(\d{2}(\d{2}(\d{2}(\d{2}(\d{2}(\.\d{1,6})?)?)?)?)?)?([+-]\d{4})?")
+_VR_NAMES = {"DA": "date (YYYYMMDD)", "TM": "time (HHMMSS)", "DT": "date-time"}
+
+
+def _check_end(vr: str, end: str, *, in_range: bool) -> None:
+    """One date, time or date-time, or one end of a range: its form, and a date or time
+    that is on the calendar or the clock (before session 35 '2024', '99991399' and three
+    dates joined by '-' were searched, matching nothing, not refused as documented)."""
+    text = end.strip()
+    form = {"DA": _DATE_PREFIX if in_range else _DATE, "TM": _TIME, "DT": _DATETIME}[vr]
+    if not form.fullmatch(text):
+        raise InvalidRequestError(f"not a DICOM {_VR_NAMES[vr]}: {quoted(end)}")
+    digits = re.sub(r"[.:]", "", text)
+    try:
+        if vr in ("DA", "DT") and len(digits) >= 6:
+            day = int(digits[6:8]) if len(digits) >= 8 else 1
+            dt.date(int(digits[:4]), int(digits[4:6]), day)
+        if vr == "TM" and (int(digits[:2]) > 23 or int(digits[2:4] or 0) > 59):
+            raise ValueError("no such time")
+    except ValueError:
+        raise InvalidRequestError(
+            f"not a {_VR_NAMES[vr]} on the calendar or clock: {quoted(end)}"
+        ) from None
 
 
 def _count(key: str, value: str) -> int:
@@ -476,6 +511,8 @@ def wildcard_match(pattern: str, text: str, *, ignore_case: bool = False) -> boo
 
 def _in_range(value: str, wanted: str, vr: str) -> bool:
     low, dash, high = wanted.partition("-")
+    if vr == "DT" and _DATETIME.fullmatch(wanted):  # a minus sign of a UTC offset
+        low, dash, high = wanted, "", ""
     norm = _time if vr == "TM" else _date
     if not dash:
         return norm(value) == norm(low)
