@@ -95,6 +95,9 @@ def test_reads_from_reader_processes_are_audited_and_a_killed_reader_is_replaced
             sent = c.get(f"/v1/jobs/{ids[0]}/deliveries", headers=auth(key))
             assert sent.status_code == 200, sent.text
             assert sent.json() == {"job_id": ids[0], "deliveries": []}
+            # one Date header, the reader's: the serving process's was passed on beside it
+            for answered in (sent, refused, r):
+                assert len(answered.headers.get_list("date")) == 1, answered.headers
             # the readers' requests reach the serving process's /metrics (sent in batches)
             until(
                 lambda: _reports_counted(c) >= report_reads,

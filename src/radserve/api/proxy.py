@@ -44,6 +44,11 @@ _HOP = {
 }
 
 
+# the serving process's own response headers the reader's server sets again: passed on,
+# every answer carried two Date headers
+_SET_BY_READER = {b"date", b"server"}
+
+
 def _passed_on(name: bytes) -> bool:
     """A request header the reader forwards: not per connection, and no client's claim
     about who sent the request (the reader sets ``X-Forwarded-*`` itself)."""
@@ -106,7 +111,11 @@ class Upstream:
                 {
                     "type": "http.response.start",
                     "status": response.status_code,
-                    "headers": [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP],
+                    "headers": [
+                        (k, v)
+                        for k, v in response.headers.raw
+                        if k.lower() not in _HOP and k.lower() not in _SET_BY_READER
+                    ],
                 }
             )
             async with anyio.create_task_group() as group:
