@@ -21,8 +21,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
+from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import quote
 
 import pydicom
@@ -32,6 +34,13 @@ from radserve.config import Settings
 from radserve.gateway.dicomweb.index import describe
 from radserve.gateway.outbox import utc_now
 from radserve.ingest.headers import header_text, read_header
+from radserve.ingest.policy import IngestPolicy
+from radserve.ingest.sources import (
+    DEFAULT_MAX_ARCHIVE_BYTES,
+    ArchiveRejectedError,
+    SourceReader,
+    expand_sources,
+)
 from radserve.report.dicom.common import save_atomic
 from radserve.report.dicom.failure import FAILURE_SR_FILE, build_failure_sr
 from radserve.report.fhir.bundle import validate_bundle
@@ -52,20 +61,6 @@ FAILED_CODE = {
 }
 
 
-def study_header(study_path: Path) -> pydicom.Dataset | None:
-    """The header of the first readable DICOM file of a stored study (large elements
-    deferred; the study may be the hostile input that made the job fail)."""
-    folder = Path(study_path)
-    if not folder.is_dir():
-        return None
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        try:
-            return read_header(path)
-        except Exception:  # not DICOM (a zip, NIfTI, garbage): try the next file
-            continue
-    return None
-
-
 _HEADER_TAGS = (
     "SpecificCharacterSet",
     "PatientName",
@@ -84,19 +79,54 @@ _HEADER_TAGS = (
 )
 
 
-def study_headers(study_path: Path) -> list[pydicom.Dataset]:
-    """The identifying elements of every readable DICOM file of a stored study (only
-    those elements are read; files that are not DICOM are skipped)."""
+def _stored_headers(study_path: Path, policy: IngestPolicy) -> Iterator[pydicom.Dataset]:
+    """The identifying elements of each readable DICOM file of a stored study, and of
+    each member of its zip archives (a zip uploaded over REST is stored as it came).
+    Read as ingest reads the study (the study may be the hostile input that made the job
+    fail): archives listed by :func:`expand_sources` under the same bounds, members
+    opened by :class:`SourceReader`, each header read within the policy's header bounds;
+    what is not DICOM, damaged or over a bound is skipped."""
     folder = Path(study_path)
     if not folder.is_dir():
-        return []
-    headers = []
+        return
+    max_archive = min(DEFAULT_MAX_ARCHIVE_BYTES, policy.max_study_bytes)
+
+    def header(source: str | Path | BinaryIO) -> pydicom.Dataset:
+        return read_header(
+            source,
+            tags=_HEADER_TAGS,
+            max_header_bytes=policy.max_header_bytes,
+            max_header_elements=policy.max_header_elements,
+        )
+
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        try:
-            headers.append(read_header(path, tags=_HEADER_TAGS))
-        except Exception:  # not DICOM or damaged (it may be what made the job fail)
+        try:  # one file at a time: an archive over the bounds hides only itself
+            sources, _ = expand_sources(path, max_archive_bytes=max_archive)
+        except ArchiveRejectedError:
             continue
-    return headers
+        with SourceReader() as reader:
+            for src in sources:
+                try:
+                    if src.member is None:
+                        found = header(src.path)
+                    else:
+                        with reader.open(src) as member:
+                            found = header(member)
+                except Exception:  # not DICOM (NIfTI, garbage) or damaged: the next one
+                    continue
+                yield found
+
+
+def study_header(study_path: Path, policy: IngestPolicy | None = None) -> pydicom.Dataset | None:
+    """The header of the first readable DICOM file (or zip member) of a stored study."""
+    with closing(_stored_headers(study_path, policy or IngestPolicy())) as headers:
+        return next(headers, None)
+
+
+def study_headers(study_path: Path, policy: IngestPolicy | None = None) -> list[pydicom.Dataset]:
+    """The identifying elements of every readable DICOM file (or zip member) of a stored
+    study; files that are not DICOM are skipped."""
+    return list(_stored_headers(study_path, policy or IngestPolicy()))
 
 
 def failure_bundle(
@@ -173,6 +203,7 @@ class FailureNotices:
         results: ResultIndex | None = None,
     ) -> None:
         self.mode = settings.results.failure_notice
+        self.policy = IngestPolicy.from_settings(settings.ingest)  # the bounds ingest read under
         self.metrics = metrics
         self.fhir = fhir
         self.results_root = results_root
@@ -209,7 +240,16 @@ class FailureNotices:
 
     def _fhir(self, job: JobRecord) -> None:
         assert self.fhir is not None
-        header = study_header(Path(job.study_path))
+        header = study_header(Path(job.study_path), self.policy)
+        if header is None:
+            # a NIfTI volume (or nothing readable as DICOM): no patient or study to name,
+            # and no AI report on the FHIR server that the notice would stand for
+            logger.info(
+                "job %s: no FHIR failure notice: its study has no DICOM header to name "
+                "the patient and study",
+                job.id,
+            )
+            return
         bundle = failure_bundle(job, header, dt.datetime.now(dt.UTC))
         study_uid = header_text(header, "StudyInstanceUID")
         self.fhir.outbox.enqueue(
@@ -227,7 +267,7 @@ class FailureNotices:
         (a PACS re-sending it is recognised), queued for the gateway's destinations."""
         assert self.gateway is not None
         sr = build_failure_sr(
-            study_headers(Path(job.study_path)),
+            study_headers(Path(job.study_path), self.policy),
             job_id=job.id,
             error_code=str(job.error_code),
             reason=str(job.error_message),

@@ -19,6 +19,7 @@ from radserve.gateway.outbox import LaneWorkers, RetryPolicy
 from radserve.ingest import IngestPolicy, PatientInfo
 from radserve.pipeline.study import StudyResult
 from radserve.report.fhir.patient import IdentifierSystems
+from radserve.report.fhir.resources import describes_dicom_study
 from radserve.report.schema import Report
 from radserve.service.job_fhir import fhir_bundle_for
 from radserve.service.outbox import lane_interval_s
@@ -91,7 +92,12 @@ class FhirDelivery:
     ) -> None:
         """Queue the Bundle of ``report`` (result folder ``folder``) for job ``job_id``.
         The Bundle's id comes from the report, so queueing it again adds nothing.
-        ``patient``: the job's own ingest's, when this runs right after it."""
+        ``patient``: the job's own ingest's, when this runs right after it. A report of
+        no DICOM study (a NIfTI upload) has no Bundle: FHIR's ImagingStudy needs the
+        Study Instance UID, and no FHIR server knows the volume; nothing is queued."""
+        if not describes_dicom_study(report):
+            logger.info("job %s: no FHIR bundle: its input is not a DICOM study", job_id)
+            return
         try:
             bundle = fhir_bundle_for(
                 report,

@@ -1,15 +1,18 @@
 """What kind of file an upload is, from its first bytes (never from its name).
 
 Cheap enough to run on every file before anything is stored, so an upload of a PDF or
-a photo is refused at once (415) instead of becoming a failed job.
+a photo is refused at once (415) instead of becoming a failed job, and a zip archive
+that holds no files as an upload of no files (400 ``empty_upload``).
 """
 
 from __future__ import annotations
 
 import struct
+import zipfile
 from enum import StrEnum
 from typing import BinaryIO
 
+from radserve.errors import EmptyUploadError
 from radserve.service.errors import UnsupportedMediaError
 
 _HEAD = 548
@@ -31,7 +34,8 @@ def kind_of(head: bytes) -> FileKind | None:
     """The kind ``head`` (a file's first bytes) starts, or None."""
     if len(head) >= 132 and head[128:132] == b"DICM":
         return FileKind.DICOM
-    if head[:4] == b"PK\x03\x04":
+    # a local file header, or an archive of no members: only its end of central directory
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
         return FileKind.ZIP
     if head[:2] == b"\x1f\x8b":  # gzip: only NIfTI is accepted compressed this way
         return FileKind.NIFTI_GZ
@@ -60,7 +64,26 @@ def sniff(stream: BinaryIO, position: int, total: int) -> FileKind:
             f"file {position} of {total} is {what}; send DICOM Part-10 files, a zip of "
             "them, or one NIfTI volume (.nii / .nii.gz)"
         )
+    if kind is FileKind.ZIP and not _zip_holds_files(stream):
+        raise EmptyUploadError(
+            f"file {position} of {total} is a zip archive that holds no files; zip the "
+            "study's DICOM files"
+        )
     return kind
+
+
+def _zip_holds_files(stream: BinaryIO) -> bool:
+    """Whether a zip stream lists a file (not only folders) in its central directory
+    (left at offset 0). A damaged archive counts as holding files: ingest reads it and
+    says what is wrong, as before; only an archive that plainly holds nothing is an
+    upload with no files."""
+    try:
+        with zipfile.ZipFile(stream) as archive:
+            return any(not info.is_dir() for info in archive.infolist())
+    except Exception:  # damaged (BadZipFile and whatever a hostile directory raises)
+        return True
+    finally:
+        stream.seek(0)
 
 
 def check_combination(kinds: list[FileKind]) -> None:

@@ -30,6 +30,7 @@ from radserve.api.schemas import ErrorOut, JobDeliveriesOut, JobOut, JobPageOut,
 from radserve.api.status_bodies import StatusBodies, status_body
 from radserve.errors import InvalidRequestError
 from radserve.security.keys import Role
+from radserve.service.errors import ResultNotReadyError
 from radserve.service.jobs import JobAccess
 from radserve.store import JobRecord
 
@@ -223,13 +224,31 @@ async def get_image(request: Request, job_id: str, number: int, who: Reader) -> 
     "/v1/jobs/{job_id}/fhir",
     responses={200: {"content": {"application/fhir+json": {}}}, **_ERRORS},
     summary="The report as a FHIR R4 Bundle",
+    description="409 `no_dicom_study` for a job whose input was no DICOM study (a NIfTI "
+    "volume): a FHIR ImagingStudy is identified by its Study Instance UID; such a job's "
+    "`links` offer no `fhir`.",
 )
 async def get_fhir(request: Request, job_id: str, who: Reader) -> Response:
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
     await audited_read(request, who, record, "fhir_bundle")
-    bundle = await run_in_threadpool(jobs.fhir_bundle, record)
+    bundle = await run_in_threadpool(_fhir_bundle, jobs, record)
     return Response(json.dumps(bundle), media_type="application/fhir+json")
+
+
+def _fhir_bundle(jobs: JobAccess, record: JobRecord) -> dict[str, Any]:
+    """The job's Bundle, or 409 when its report describes no DICOM study (not a 500 from
+    the Bundle's builder: the request, not the server, is at odds with the job)."""
+    from radserve.report.fhir.resources import describes_dicom_study  # not with the module
+
+    if not describes_dicom_study(jobs.report(record)):
+        raise ResultNotReadyError(
+            f"job {record.id} analysed a volume that is no DICOM study (a NIfTI upload): it "
+            "has no FHIR Bundle, whose ImagingStudy needs a Study Instance UID; read its "
+            "report instead",
+            code="no_dicom_study",
+        )
+    return jobs.fhir_bundle(record)
 
 
 @router.get(

@@ -143,6 +143,12 @@ def device_entry(report: Report, name: str, version: str) -> Entry:
     )
 
 
+def describes_dicom_study(report: Report) -> bool:
+    """Whether ``report`` is of a DICOM study (a NIfTI volume has none): only such a report
+    has a FHIR Bundle, whose ImagingStudy is identified by the Study Instance UID."""
+    return bool(report.study.study_instance_uid)
+
+
 def imaging_study_entry(report: Report, subject: Entry, results: Sequence[Any]) -> Entry:
     """The study: the source series (series level only) and the SEG/SR series radserve wrote."""
     study_uid = report.study.study_instance_uid
