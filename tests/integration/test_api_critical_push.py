@@ -24,6 +24,7 @@ from tests.factories.service import (
     ServerThread,
     auth,
     create_key,
+    live_server,
     make_study,
     settings_for,
     upload,
@@ -34,6 +35,7 @@ from tests.factories.waits import WAIT_SCALE, until
 
 from radserve.api import create_app
 from radserve.config import load_settings
+from radserve.ingest import discover_series, load_series, save_nifti
 from radserve.service import Service
 from radserve.store import AuditRecord
 from radserve.store.outbox import OutboxItem, OutboxKind, OutboxState, OutboxStore
@@ -230,6 +232,52 @@ def _check_communication(bundle: dict, notice: dict, tmp_path: Path) -> None:
             capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
         assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_a_nifti_volume_s_critical_finding_reaches_the_webhook_not_the_fhir_server(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A NIfTI volume has no patient or study a FHIR Communication could name: its
+    critical finding goes to the webhook, and the FHIR receiver's failure is audited with
+    that reason; before session 35 it was logged as an error, as if the study could not
+    be read ("the job's FHIR resources could not be built")."""
+    hook, ehr = FhirServer(), FhirServer()
+    hook.up()
+    ehr.up()
+    settings = settings_for(
+        tmp_path,
+        critical__receivers=[
+            {"name": "ward", "url": hook.url},
+            {"name": "ehr", "kind": "fhir", "url": ehr.url},
+        ],
+    )
+    _declare_in_model_yaml(tmp_path)
+    make_study(tmp_path / "dicom")
+    volume = load_series(discover_series(tmp_path / "dicom")[0]).volume
+    save_nifti(volume, tmp_path / "ct.nii.gz")
+    part = [("files", ("ct.nii.gz", (tmp_path / "ct.nii.gz").read_bytes(), "application/gzip"))]
+    try:
+        with live_server(settings) as live:
+            c, key, service = live["client"], live["submit"], live["service"]
+            job = wait_job(
+                c, c.post("/v1/studies", files=part, headers=auth(key)).json()["id"], key
+            )
+            assert job["state"] == "succeeded", job
+            until(lambda: len(hook.received) == 1, "the webhook's notice")
+
+            def failed() -> list[AuditRecord] | None:
+                rows = [r for r in service.store.iter_audit() if r.action == "critical.failed"]
+                return rows or None
+
+            (audited,) = until(failed, "the FHIR receiver's failure audited")
+            assert audited.payload["receiver"] == "critical:ehr"
+            assert "no DICOM study" in str(audited.payload["answer"])
+        assert ehr.received == []
+        errors = [r for r in caplog.records if r.levelname == "ERROR" and "critical" in r.name]
+        assert errors == [], [r.getMessage() for r in errors]
+    finally:
+        hook.down()
+        ehr.down()
 
 
 def test_receiver_settings_are_validated_and_the_token_is_masked(tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ from radserve.pipeline.study import StudyResult
 from radserve.report.fhir.bundle import ReportResources
 from radserve.report.fhir.critical import critical_bundle
 from radserve.report.fhir.patient import IdentifierSystems
+from radserve.report.fhir.resources import describes_dicom_study
 from radserve.service.job_fhir import report_resources_for
 from radserve.service.metrics import Metrics
 from radserve.service.outbox import lane_interval_s
@@ -250,7 +251,12 @@ class CriticalDelivery:
         Devices, the findings' Observations — built by the job Bundle's own definition from
         what exists now, not the whole Bundle (every Observation, the DiagnosticReport with
         report.json, validated) first. None (logged by code) when the study cannot be read:
-        those receivers then get a ``critical.failed`` record per finding."""
+        those receivers then get a ``critical.failed`` record per finding. A volume that
+        is no DICOM study (a NIfTI upload) has no patient or study to name: None, without
+        an error (it is the input's nature, not a failure to read it)."""
+        if not describes_dicom_study(result.report):
+            logger.info("job %s: no FHIR critical push: its input is not a DICOM study", job.id)
+            return None
         try:
             return report_resources_for(
                 result.report,
@@ -274,6 +280,8 @@ class CriticalDelivery:
     ) -> dict[str, Any] | None:
         flag = any(r.flag for r in self.fhir_receivers)
         problem = "the job's FHIR resources could not be built"
+        if not notice.get("study_instance_uid", True):
+            problem = "the input is no DICOM study (a NIfTI volume): no patient or study to name"
         if resources is not None:
             try:
                 return critical_bundle(
