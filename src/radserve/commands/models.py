@@ -1,5 +1,5 @@
 """``radserve models``: what is installed, where it is deployed, install bundles, change
-deployments (deploy / promote / rollback), build precision variants.
+deployments (deploy / promote / rollback / undeploy a shadow), build precision variants.
 
 Changes are written to the data dir's store (a row and an audit record each); a running
 server reads them within ``lifecycle.poll_s``, warms the new version and then switches.
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 @click.group("models")
 def group() -> None:
-    """Model bundles: list, install, deploy, promote, rollback, build precision variants."""
+    """Model bundles: list, install, deploy, promote, rollback, undeploy, build variants."""
 
 
 def _lifecycle(
@@ -223,10 +223,24 @@ def install(
         f"installed {installed.name} {installed.version} ({len(installed.files)} files, "
         f"sha256 recorded) in {installed.directory}"
     )
-    for precision, gate in variant_gates(installed.directory).items():
-        state = "accepted" if gate["accepted"] else "REJECTED (not deployable)"
+    _print_servable(installed.directory, variant_gates(installed.directory))
+
+
+def _print_servable(directory: Path, gates: dict[str, dict[str, object]]) -> None:
+    """Each variant's gate verdict and whether THIS host may serve it, by the rule `models
+    list` shows (``ModelBundle.rejection``): a gate accepted on an AMX CPU said
+    "accepted" on an AVX2 host that refuses bf16 and that gate's int8."""
+    from radserve.models.registry import ModelRegistry
+
+    bundle = ModelRegistry([directory.parent.parent]).get(directory.parent.name, directory.name)
+    for precision, gate in gates.items():
         reasons = "".join(f"; {r}" for r in gate["reasons"])  # type: ignore[attr-defined]
-        click.echo(f"  {precision}: {state}{reasons}")
+        if not gate["accepted"]:
+            click.echo(f"  {precision}: REJECTED by its gate (not deployable){reasons}")
+            continue
+        why = bundle.rejection(precision)
+        here = "servable here" if why is None else f"not servable here: {why}"
+        click.echo(f"  {precision}: accepted by its gate{reasons}; {here}")
 
 
 @group.command("installs")
@@ -317,6 +331,28 @@ def promote(step: str, reason: str, config_file: Path | None, data_dir: Path | N
 def rollback(step: str, reason: str, config_file: Path | None, data_dir: Path | None) -> None:
     """Drop STEP's canary, or go back to its previous stable version."""
     _change(config_file, data_dir, lambda lc: lc.rollback(step, actor=_actor(), reason=reason))
+
+
+@group.command("undeploy")
+@click.argument("step")
+@click.option(
+    "--role",
+    type=click.Choice(["shadow"]),
+    required=True,
+    help="The role to remove (a canary is dropped by rollback).",
+)
+@click.option("--reason", default=None, help="Why (audited).")
+@CONFIG_OPTION
+@DATA_DIR_OPTION
+def undeploy(
+    step: str, role: str, reason: str | None, config_file: Path | None, data_dir: Path | None
+) -> None:
+    """Stop STEP's shadow: no study is sampled for it; stable and canary stay."""
+    _change(
+        config_file,
+        data_dir,
+        lambda lc: lc.undeploy_shadow(step, actor=_actor(), reason=reason),
+    )
 
 
 @group.group("import")

@@ -3,7 +3,10 @@ devices meet the turnaround targets (a SimPy simulation; radserve.turnaround).""
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +43,14 @@ from radserve.commands.params import SEED, FiniteFloatRange
 )
 @click.option("--pipeline", default=None, help="Pipeline whose service times to use.")
 @click.option("--precision", default=None, help="Precision whose service times to use.")
-@click.option("--device", "device_name", default=None, help="Device key of the service times.")
+@click.option(
+    "--device",
+    "device_name",
+    default=None,
+    help="Device whose service times to use, named as the server and GET "
+    "/v1/ops/service-times name it (cpu, openvino, cuda:N); it must be one the data "
+    "was measured on [default: the one device the data has].",
+)
 @click.option("--devices", type=click.IntRange(1, 1024), default=1, show_default=True)
 @click.option(
     "--cpu-workers",
@@ -138,10 +148,22 @@ def command(
             store, _trail = open_audited(settings, create=False)
         else:
             click.echo(f"note: {missing}: no measured service times; the prior is used", err=True)
-    cores = _cores_per_device(device_name or "cpu", host_cores)
+
+    @functools.cache
+    def server_device() -> str:
+        return _server_device(settings)
+
     try:
+        history = None
         if service_file is None and store is not None:
-            model = _learn(model, store, device_name or "cpu", cores, cpu_workers)
+            history = _history(store, server_device)
+            measured = list(dict.fromkeys((r.pipeline_name, d, r.precision) for r, _, d in history))
+        else:
+            measured = model.groups()
+        device = _device(device_name, measured, server_device)
+        if history is not None:
+            cores = _cores_per_device(device, host_cores)
+            model = _learn_history(model, history, device, cores, cpu_workers)
         if replay is not None:
             assert store is not None
             trace = [Arrival(at, cls) for at, cls in history_arrivals(store, replay)]
@@ -159,7 +181,7 @@ def command(
         if store is not None:
             store.close()
     groups = model.groups()
-    group = _group(groups, pipeline, device_name, precision)
+    group = _group(groups, pipeline, device, precision)
     cores = _cores_per_device(group[1], host_cores)
     scheduler = _as_served(scheduler, group[1])
     sampler = planner.ModelSampler(
@@ -300,6 +322,62 @@ def _group(
     return (pipeline or "", device or "cpu", precision or "fp32")
 
 
+# the device names the server gives (RuntimeChoice.device): what a report's runtime, the
+# store's history and GET /v1/ops/service-times call a device
+_SERVER_DEVICE = re.compile(r"cpu|openvino|cuda:\d+")
+
+
+def _server_device(settings: Any) -> str:
+    """The device a server with these settings runs on here (RuntimeChoice.device, as
+    GET /v1/ops/service-times names it): the name for jobs whose report states none,
+    and the prior's device when nothing is measured."""
+    from radserve.errors import ModelError
+    from radserve.inference.providers import choose_runtime
+
+    try:
+        runtime = choose_runtime(
+            prefer=settings.runtime.providers or None, threads=settings.runtime.threads
+        )
+    except ModelError:  # providers configured that cannot run here: the host's best
+        runtime = choose_runtime()
+    return runtime.device
+
+
+def _device(
+    device: str | None, measured: list[tuple[str, str, str]], server_device: Callable[[], str]
+) -> str:
+    """The device whose service times to plan with: ``device`` if the data was measured
+    on it, else refused with the measured ones; by default the one device measured.
+    With nothing measured the prior stands for any device the server can name (default:
+    this host's). Before, ``--device`` renamed the store's samples, so any word (gpu)
+    planned with the CPU's times as "measured"."""
+    devices = list(dict.fromkeys(g[1] for g in measured))
+    listed = "; ".join(f"pipeline {g[0]} on {g[1]} at {g[2]}" for g in measured)
+    if not devices:
+        if device is None:
+            return server_device()
+        if _SERVER_DEVICE.fullmatch(device) is None:
+            raise click.BadParameter(
+                f"{device!r} is no device name (cpu, openvino, cuda:N, as GET "
+                "/v1/ops/service-times names them); nothing is measured yet",
+                param_hint="'--device'",
+            )
+        return device
+    if device is None:
+        if len(devices) == 1:
+            return devices[0]
+        raise click.BadParameter(
+            f"service times were measured on {len(devices)} devices, name one; measured: {listed}",
+            param_hint="'--device'",
+        )
+    if device not in devices:
+        raise click.BadParameter(
+            f"no service times measured on {device!r}; measured: {listed}",
+            param_hint="'--device'",
+        )
+    return device
+
+
 def _cores_per_device(device: str, host_cores: int | None) -> int | None:
     """Cores each simulated device shares with its CPU stages on a CPU device
     (``--host-cores``, default this host's usable cores), or None: separate hardware."""
@@ -320,23 +398,63 @@ def _as_served(scheduler: Any, device: str) -> Any:
     return scheduler.capped(CPU_MAX_BATCH if on_host_cores(device) else None)
 
 
-def _learn(model: Any, store: Any, device: str, cores: int | None, cpu_workers: int) -> Any:
-    """The service times of the store's last 1,000 succeeded jobs: as measured, or with
-    the sharing of ``cores`` they ran under divided out (radserve.turnaround.solo)."""
-    from radserve.service.turnaround import learn_from_store
-    from radserve.store import JobState as StoredState
+def _report_facts(result_dir: Path) -> tuple[Any, str | None] | None:
+    """A finished job's study size and the device its report says it ran on (its
+    ``runtime.device``, None when unstated), from one read; None when unreadable."""
     from radserve.turnaround.service_time import StudySize
+
+    try:
+        data = json.loads((result_dir / "report.json").read_text())
+        size = StudySize.from_shape(data["geometry"]["shape"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    runtime = data.get("runtime")
+    device = runtime.get("device") if isinstance(runtime, dict) else None
+    return size, device if isinstance(device, str) and device else None
+
+
+def _history(store: Any, unstated: Callable[[], str]) -> list[tuple[Any, Any, str]]:
+    """The store's last 1,000 succeeded jobs with timings and a readable report, oldest
+    first: (record, study size, the device it ran on). The device is the report's, so
+    the planner's names are the server's; ``unstated()`` names it where a report has
+    none."""
+    from radserve.store import JobState as StoredState
+
+    out = []
+    for r in reversed(store.list_jobs(state=StoredState.SUCCEEDED, limit=1000).items):
+        if r.cached_from or not (r.result_path and r.stage_timings):
+            continue
+        facts = _report_facts(Path(r.result_path))
+        if facts is not None:
+            out.append((r, facts[0], facts[1] or unstated()))
+    return out
+
+
+def _learn(model: Any, store: Any, device: str, cores: int | None, cpu_workers: int) -> Any:
+    """:func:`_learn_history` of the store's jobs that ran on ``device`` (those whose
+    report states no device counted as ``device``)."""
+    return _learn_history(model, _history(store, lambda: device), device, cores, cpu_workers)
+
+
+def _learn_history(
+    model: Any,
+    history: list[tuple[Any, Any, str]],
+    device: str,
+    cores: int | None,
+    cpu_workers: int,
+) -> Any:
+    """The service times of the jobs in ``history`` that ran on ``device``: as measured,
+    or with the sharing of ``cores`` they ran under divided out (radserve.turnaround.solo)."""
+    from radserve.service.turnaround import learn_records
     from radserve.turnaround.solo import JobRun, solo_model
 
+    ran = [(r, size) for r, size, d in history if d == device]
     if cores is None:
-        learn_from_store(model, store, device, 1000)
+        learn_records(model, [r for r, _ in ran], device)
         return model
     runs = []
-    for r in reversed(store.list_jobs(state=StoredState.SUCCEEDED, limit=1000).items):
-        if r.cached_from or not (r.started and r.finished and r.stage_timings):
-            continue
-        size = StudySize.of_report(Path(r.result_path)) if r.result_path else None
-        if size is not None:
+    for r, size in ran:
+        if r.started and r.finished:
             times = (r.arrival.timestamp(), r.started.timestamp(), r.finished.timestamp())
             runs.append(
                 JobRun(

@@ -76,6 +76,13 @@ logger = logging.getLogger(__name__)
 GUARDRAIL_ACTOR = "radserve-guardrail"
 
 
+class NoShadowError(DeploymentError):
+    """Removing a shadow from a step that has none: a conflict with the step's state
+    (409, as every refused deployment change), with a code a client can tell apart."""
+
+    code = "no_shadow"
+
+
 @dataclass(frozen=True)
 class ComparisonTask:
     job: JobRecord
@@ -429,7 +436,13 @@ class ModelLifecycle:
         shadow (``percent`` of studies sampled): warmed first, then recorded, then live."""
         self.check_servable(step, version)
         if role is not Role.STABLE and not 0 < percent <= 100:
-            raise DeploymentError(f"a {role.value} needs a percentage in (0, 100]")
+            stop = (
+                f" (to stop shadowing {step}: radserve models undeploy {step} --role shadow,"
+                f" or POST /v1/models/{step}/undeploy)"
+                if role is Role.SHADOW and percent == 0
+                else ""
+            )
+            raise DeploymentError(f"a {role.value} needs a percentage in (0, 100]{stop}")
         self.catalog.warm_model(step, version)  # loads before anything routes to it
         base = self._base(step)
         if role is Role.STABLE:
@@ -449,11 +462,24 @@ class ModelLifecycle:
         return self._record(new, DeploymentAction.DEPLOY, actor, reason, client)
 
     def undeploy_shadow(
-        self, step: str, *, actor: str | None, reason: str | None, client: str | None = None
+        self,
+        step: str,
+        *,
+        actor: str | None,
+        reason: str | None = None,
+        client: str | None = None,
     ) -> StepDeployment:
+        """Stop shadowing ``step``: no study is sampled for it from now on (a study
+        sampled before may still get its comparison run). Stable and canary are left as
+        they are; the shadow's record stays readable until a later deploy resets it.
+
+        Recorded as a ``deploy`` row (the step's new state, shadow empty) with its audit
+        record: ``model_deployments.action`` admits no other name without a migration."""
         base = self._base(step)
         if not base.shadow:
-            raise DeploymentError(f"{step} has no shadow")
+            raise NoShadowError(
+                f"{step} has no shadow to remove (deploy one with role shadow first)"
+            )
         new = replace(base, shadow=None, shadow_percent=0.0)
         return self._record(new, DeploymentAction.DEPLOY, actor, reason, client)
 
@@ -855,5 +881,6 @@ __all__ = [
     "ComparisonTask",
     "LifecycleCollector",
     "ModelLifecycle",
+    "NoShadowError",
     "comparison_tasks",
 ]

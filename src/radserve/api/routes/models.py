@@ -85,6 +85,14 @@ class ChangeIn(BaseModel):
     reason: str = Field(min_length=1, max_length=1000, description="why (audited)")
 
 
+class UndeployIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # only the shadow: a canary is dropped by rollback, the stable version is replaced
+    role: Literal["shadow"] = Field(description="the role to remove")
+    reason: str | None = Field(None, min_length=1, max_length=1000, description="why (audited)")
+
+
 @router.get("/v1/models", response_model=ModelsOut, responses=_ERRORS, summary="Model versions")
 async def list_models(
     request: Request, _: Annotated[Principal, Depends(require_read)]
@@ -355,6 +363,27 @@ async def rollback(
 ) -> DeploymentOut:
     return await _changed(
         lambda: _service(request).lifecycle.rollback(
+            step, actor=principal.key_id, reason=body.reason, client=principal.client
+        )
+    )
+
+
+@router.post(
+    "/v1/models/{step}/undeploy",
+    response_model=DeploymentOut,
+    responses=_ERRORS,
+    summary="Stop the step's shadow (admin; 409 no_shadow when it has none)",
+)
+async def undeploy(
+    request: Request,
+    step: str,
+    body: UndeployIn,
+    principal: Annotated[Principal, Depends(require_admin)],
+) -> DeploymentOut:
+    """Remove the shadow: no study is sampled for it from now on; stable and canary stay.
+    Recorded (a ``deploy`` row with no shadow) and audited as every deployment change."""
+    return await _changed(
+        lambda: _service(request).lifecycle.undeploy_shadow(
             step, actor=principal.key_id, reason=body.reason, client=principal.client
         )
     )
