@@ -21,7 +21,7 @@ from pynetdicom import AE
 from pynetdicom.sop_class import CTImageStorage
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_net import free_port
-from tests.factories.phi import PROCESSABLE, UIDS, VALUE, leaks, plant
+from tests.factories.phi import MARKER, PROCESSABLE, UIDS, VALUE, leaks, plant
 from tests.factories.server_process import wait_healthy
 from tests.factories.service import auth, config_file, make_study, wait_job
 from tests.factories.waits import until
@@ -235,6 +235,14 @@ def test_server_logs_no_planted_value_over_c_store_and_reads(tmp_path: Path) -> 
             assert job["state"] == "succeeded", job
             for path in ("report", "fhir", "labels"):
                 assert c.get(f"/v1/jobs/{job['id']}/{path}", headers=auth(key)).status_code == 200
+            # a QIDO-RS search names the patient in its query, which the access log
+            # wrote in clear (a name without '^', an ID, a birth date: session 35)
+            for query in (
+                {"PatientName": f"{MARKER}*", "PatientBirthDate": "19560920"},
+                {"PatientID": f"{MARKER}77"},
+            ):
+                found = c.get("/dicomweb/studies", params=query, headers=auth(key))
+                assert found.status_code in (200, 204), found.text
         server.send_signal(signal.SIGTERM)
         server.wait(60)
     finally:
@@ -246,3 +254,8 @@ def test_server_logs_no_planted_value_over_c_store_and_reads(tmp_path: Path) -> 
     for line in lines:
         json.loads(line)  # every line is a structured record, no plain UserWarning
     assert any("<redacted>" in line for line in lines)
+    assert "19560920" not in text
+    searched = [line for line in lines if "GET /dicomweb/studies?" in line]
+    assert searched and all(
+        "PatientName=<redacted>" in s or "PatientID=<redacted>" in s for s in searched
+    )

@@ -86,6 +86,22 @@ def redact(text: str) -> str:
     return re.sub(r"\x00(\d+)\x00", lambda m: kept[int(m.group(1))], text)
 
 
+ACCESS_LOGGER = "uvicorn.access"
+
+
+def redact_query(path: str) -> str:
+    """``path`` with every query value replaced by ``<redacted>``, the keys kept (they
+    say what was searched for, the values whom)."""
+    base, mark, query = path.partition("?")
+    if not mark:
+        return path
+    parts = []
+    for item in query.split("&"):
+        key, equals, value = item.partition("=")
+        parts.append(f"{key}={REDACTED}" if equals and value else item)
+    return f"{base}?{'&'.join(parts)}"
+
+
 def trusted(logger_name: str) -> bool:
     return any(logger_name == p or logger_name.startswith(p + ".") for p in SAFE_PREFIXES)
 
@@ -117,6 +133,13 @@ class RedactingFilter(logging.Filter):
 
     @staticmethod
     def _redact(record: logging.LogRecord) -> None:
+        if record.name == ACCESS_LOGGER and isinstance(record.args, tuple):
+            # (client, method, path with query, version, status): a QIDO-RS search's
+            # query names the patient (PatientName=, PatientID=, PatientBirthDate=)
+            record.args = tuple(
+                redact_query(a) if i == 2 and isinstance(a, str) else a
+                for i, a in enumerate(record.args)
+            )
         is_trusted = trusted(record.name)
         scrub = redact_names if is_trusted else redact
         try:
@@ -200,4 +223,5 @@ __all__ = [
     "configure_logging",
     "redact",
     "redact_names",
+    "redact_query",
 ]
