@@ -57,6 +57,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[dict[st
     scope = "submitter" if rule == "own_submitter" else "site"
     keys = {
         "submit_a": _key(service, "submit", **{scope: "A"}),
+        "submit_b": _key(service, "submit", **{scope: "B"}),
         "read_a": _key(service, "read", **{scope: "A"}),
         "read_b": _key(service, "read", **{scope: "B"}),
         "read_none": _key(service, "read"),
@@ -129,6 +130,16 @@ def test_other_submitters_and_sites_see_nothing(server: dict[str, Any]) -> None:
             r = c.get(f"/dicomweb/studies/{server['study']}{suffix}", headers=headers)
             assert r.status_code == 404, (who, suffix)
     assert _phi_reads(service, since) == []  # nothing was read
+    # changing a job one may not see says as little: 404, not a 403 that it exists
+    other = auth(keys["submit_b"])
+    for answer in (
+        c.delete(f"/v1/jobs/{server['job']}", headers=other),
+        c.post(
+            f"/v1/jobs/{server['job']}/priority", json={"priority_class": "urgent"}, headers=other
+        ),
+    ):
+        assert answer.status_code == 404, answer.text
+        assert answer.json()["error"]["code"] == "job_not_found"
 
 
 def test_admin_and_the_same_scope_see_everything(server: dict[str, Any]) -> None:

@@ -55,6 +55,10 @@ class JobAccess:
         self.hooks = hooks
         self._reports: OrderedDict[str, bytes] = OrderedDict()
         self._lock = threading.Lock()
+        # one re-prioritisation at a time: the scheduler's change and its row's write in
+        # one order (two requests at once left the row with one class and the scheduler
+        # with the other, and audited old values read before the other's change)
+        self._reprioritising = threading.Lock()
         # job id -> its ETA (set by the service to its turnaround view)
         self.eta_of: Callable[[str], JobEta | None] = lambda job_id: None
 
@@ -133,24 +137,25 @@ class JobAccess:
         Raises :class:`NotWaitingError` (409) unless the job waits in the scheduler."""
         from radserve.scheduling import NotWaitingError
 
-        record = self.get(job_id)
-        if record.terminal:
-            raise NotWaitingError(
-                f"job {job_id} is {record.state.value}; only waiting jobs can be re-prioritised"
+        with self._reprioritising:
+            record = self.get(job_id)
+            if record.terminal:
+                raise NotWaitingError(
+                    f"job {job_id} is {record.state.value}; only waiting jobs can be re-prioritised"
+                )
+            done = self.scheduler.reprioritise(job_id, cls)
+            deadline = record.arrival + dt.timedelta(seconds=self.scheduler.config.tat(cls))
+            extra = {
+                "old_priority_class": done.old_cls.value,
+                "new_priority_class": done.new_cls.value,
+                "old_deadline": record.deadline.isoformat(),
+                "new_deadline": deadline.isoformat(),
+            }
+            record = self.store.reprioritise_job(
+                job_id, cls, deadline, actor_key_id=key_id, client_address=client, extra=extra
             )
-        done = self.scheduler.reprioritise(job_id, cls)
-        deadline = record.arrival + dt.timedelta(seconds=self.scheduler.config.tat(cls))
-        extra = {
-            "old_priority_class": done.old_cls.value,
-            "new_priority_class": done.new_cls.value,
-            "old_deadline": record.deadline.isoformat(),
-            "new_deadline": deadline.isoformat(),
-        }
-        record = self.store.reprioritise_job(
-            job_id, cls, deadline, actor_key_id=key_id, client_address=client, extra=extra
-        )
-        self.cache.put(record)
-        return record
+            self.cache.put(record)
+            return record
 
     # --- results ----------------------------------------------------------------------
     def result_dir(self, record: JobRecord) -> Path:

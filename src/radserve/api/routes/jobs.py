@@ -105,7 +105,8 @@ async def list_jobs(
             lambda: [r for r in items if access.visible(reader, r.api_key_id)]
         )
     jobs = _jobs(request)
-    outs = await run_in_threadpool(lambda: [JobOut.from_record(r, eta=jobs.eta(r)) for r in items])
+    # each waiting job's queue position too: the list left it null, unlike GET /v1/jobs/{id}
+    outs = await run_in_threadpool(lambda: [JobOut.of(jobs.view(r)) for r in items])
     return JobPageOut(items=outs, next_cursor=page.next_cursor)
 
 
@@ -127,6 +128,7 @@ def _aware(value: dt.datetime | None) -> dt.datetime | None:
 async def cancel_job(request: Request, job_id: str, principal: Submitter) -> JobOut:
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
+    await check_visible(request, principal, record)  # 404: not a 403 that says it exists
     if not principal.allows(Role.ADMIN) and record.api_key_id != principal.key_id:
         raise ForbiddenError("a submit key may cancel only the jobs it submitted")
     record = await run_in_threadpool(
@@ -164,6 +166,7 @@ async def reprioritise_job(
     if cls is None:
         raise InvalidRequestError("priority_class: give urgent, inpatient or outpatient")
     record = await _record(jobs, job_id)
+    await check_visible(request, principal, record)  # 404: not a 403 that says it exists
     if not principal.allows(Role.ADMIN) and record.api_key_id != principal.key_id:
         raise ForbiddenError("a submit key may re-prioritise only the jobs it submitted")
     record = await run_in_threadpool(
