@@ -23,7 +23,7 @@ from radserve.config import ANY_HOST, TlsSettings
 from radserve.gateway.completeness import CompletedStudy, LatePolicy
 from radserve.gateway.config import Destination, scp_config_from_settings
 from radserve.gateway.conformance import UnwantedPolicy
-from radserve.gateway.scp import GatewaySCP
+from radserve.gateway.scp import GatewaySCP, NotBindableError
 from radserve.gateway.scu import Outcome, StoreSCU
 
 logger = logging.getLogger(__name__)
@@ -180,16 +180,28 @@ def scp(
     server = GatewaySCP(config, _print_study)
 
     def _stop(*_: Any) -> None:
-        server.stop()
+        # only flags: stop() runs below, in the main thread, once; a handler calling it
+        # ran inside it on a second SIGTERM (``timeout`` and systemd signal the process
+        # and then its group) and crashed pynetdicom's shutdown
+        server.request_stop()
 
     signal.signal(signal.SIGTERM, _stop)
-    bound_host, bound_port = server.start()
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        bound_host, bound_port = server.start()
+    except NotBindableError as exc:  # one line, as serve's doctor check says it
+        server.stop()
+        raise click.ClickException(f"dicom port: {exc}") from None
     tls = " with TLS" if server.tls else ""
     click.echo(f"listening as {config.ae_title} on {bound_host}:{bound_port}{tls}", err=True)
     try:
         server.wait()
-    except KeyboardInterrupt:
+    finally:
         server.stop()
+        # stopped: a further SIGTERM must not kill the exit (Python restores the
+        # default action of its handled signals as it finalizes; not of ignored ones)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _print_study(study: CompletedStudy) -> None:

@@ -40,6 +40,7 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 import socket
 import threading
 import time
@@ -67,6 +68,11 @@ _READY_TIMEOUT_S = 120.0  # a receiving process imports pydicom and pynetdicom
 _QUESTION_TIMEOUT_S = 10.0
 _RESTART_PAUSE_S = 1.0  # between starts of a process that keeps dying at once
 _STOP_TIMEOUT_S = 5.0
+# what stops a server: its receiving processes ignore them and end when the parent
+# closes their hand-over socket (a SIGTERM to the whole process group, as systemd's
+# KillMode=control-group and ``timeout`` send, killed them before the parent knew it
+# was stopping, and the parent started others)
+_STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
 class _Channel:
@@ -173,6 +179,11 @@ def _receive(
 ) -> None:
     """A receiving process: run each connection the parent hands over until it closes
     its end of ``hand``."""
+    # blocked since before exec (see ReceiverPool._spawn): ignored from now on, and a
+    # pending one dropped; the parent stops this process by closing its end of ``hand``
+    for number in _STOP_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     from radserve.gateway.scp import GatewaySCP
 
     channel = _Channel(notices, questions)
@@ -281,6 +292,11 @@ class ReceiverPool:
             self._release(slot, host)
             raise
 
+    def stopping(self) -> None:
+        """No receiving process is started again from now on, nor its end warned of.
+        Safe in a signal handler: it only sets a flag (no lock)."""
+        self._stopping = True
+
     def stop(self) -> None:
         """Close every process's hand-over socket (it exits), then wait for them."""
         with self._lock:
@@ -329,7 +345,14 @@ class ReceiverPool:
             name=f"radserve-receiver-{index}",
             daemon=True,
         )
-        process.start()
+        # the stop signals blocked across fork and exec, so that the child has them
+        # blocked until it ignores them (_receive): a group signal at any time before
+        # that would kill it
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         for end in (child_hand, child_notices, child_questions):
             end.close()
         slot = _Slot(index, process, parent_hand, notices, questions, time.monotonic())
@@ -468,20 +491,24 @@ class ReceiverPool:
         self._close(slot)
         if stopping:
             return
-        self.restarts += 1
-        logger.warning(
-            "receiving process %d (pid %d) ended with exit code %s: %d connections closed, "
-            "%d partial files removed, %d studies found unreported; starting another",
-            slot.index,
-            slot.pid,
-            slot.process.exitcode,
-            len(opened),
-            swept,
-            reopened,
-        )
         if time.monotonic() - slot.started < _RESTART_PAUSE_S:
             time.sleep(_RESTART_PAUSE_S)  # one that dies at once must not spin
-        self._spawn(slot.index)
+        with self._lock:  # stop() sets _stopping under it, then takes the slots
+            if self._stopping:
+                return  # a stop began meanwhile: it ended for that, or it no longer matters
+            self.restarts += 1
+            logger.warning(
+                "receiving process %d (pid %d) ended with exit code %s: %d connections "
+                "closed, %d partial files removed, %d studies found unreported; starting "
+                "another",
+                slot.index,
+                slot.pid,
+                slot.process.exitcode,
+                len(opened),
+                swept,
+                reopened,
+            )
+            self._spawn(slot.index)
 
     def _cut_off(self, slot: _Slot) -> None:
         """The studies of a dead process's open associations: interrupted (marker and

@@ -51,7 +51,7 @@ from radserve.gateway.receive_limit import (
 )
 from radserve.gateway.receivers import ReceiverPool
 from radserve.gateway.storage import Disposition, InstanceStore, check_uid
-from radserve.gateway.transport import Admission, GatewayServer, start_server
+from radserve.gateway.transport import Admission, GatewayServer, make_server
 from radserve.ingest.headers import UnreadableHeaderError, header_text, read_header
 from radserve.ingest.sources import InputTooLargeError
 from radserve.security.logs import redact
@@ -248,6 +248,14 @@ def _status(code: int, reason: str = "", error_code: str = "") -> Dataset:
     return status
 
 
+class NotBindableError(OSError):
+    """The SCP cannot listen on its address: one line naming it and the system's reason
+    (worded as ``radserve doctor``'s port check words it)."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        super().__init__(f"{host}:{port} not bindable: {cause.strerror or cause}")
+
+
 class GatewaySCP:
     """Receive studies over DICOM and hand each completed one to ``on_study``.
 
@@ -319,6 +327,9 @@ class GatewaySCP:
         self._server: GatewayServer | None = None
         self._pool: ReceiverPool | None = None
         self._stopped = threading.Event()
+        self._stop_requested = False  # set by request_stop (a signal handler)
+        self._stop_begun = False
+        self._stop_lock = threading.Lock()
 
     @property
     def tls(self) -> bool:
@@ -334,30 +345,40 @@ class GatewaySCP:
         return str(host), int(port)
 
     def start(self) -> tuple[str, int]:
-        """Pick up studies left from before a restart, then listen; returns the address."""
-        self.instances.remove_partials()
-        self.spool.mkdir(parents=True, exist_ok=True)
-        clear_spool(self.spool)
-        reopened = self.tracker.recover(self.instances.incoming)
-        if self.allow_list.open:
-            logger.warning("no calling-AE allow-list: any DICOM peer may store to radserve")
+        """Bind, pick up studies left from before a restart, then serve; returns the
+        address. An address it cannot listen on (not an address, not this host's, the
+        port taken) raises :class:`NotBindableError` before anything else is done: no
+        receiving process started (each failed with a traceback of its own), nothing
+        on disk touched. Connections wait in the backlog until the SCP is ready."""
         ssl_context = self._ssl_context
         options = self.server_options(self.admission)
+        pool = None
         if self.config.receivers > 1:
             # this process accepts and admits; the receiving processes run associations
             # (TLS, handlers, receive limits), each with its own interpreter
-            self._pool = ReceiverPool(self, self.config.receivers)
-            self._pool.start()
-            options.update(
-                evt_handlers=[], ssl_context=None, limit_store=None, hand_over=self._pool.hand
-            )
+            pool = ReceiverPool(self, self.config.receivers)
+            options.update(evt_handlers=[], ssl_context=None, limit_store=None, hand_over=pool.hand)
+        address = (self.config.host, self.config.port)
         try:
-            self._server = start_server(self._ae, (self.config.host, self.config.port), **options)
+            server = make_server(self._ae, address, **options)
+        except OSError as exc:
+            raise NotBindableError(*address, exc) from exc
+        try:
+            self.instances.remove_partials()
+            self.spool.mkdir(parents=True, exist_ok=True)
+            clear_spool(self.spool)
+            reopened = self.tracker.recover(self.instances.incoming)
+            if self.allow_list.open:
+                logger.warning("no calling-AE allow-list: any DICOM peer may store to radserve")
+            if pool is not None:
+                pool.start()
         except BaseException:
-            if self._pool is not None:
-                self._pool.stop()
-                self._pool = None
+            server.server_close()
             raise
+        self._pool = pool
+        self._server = server
+        threading.Thread(target=server.serve_forever, name="radserve-scp", daemon=True).start()
+        self._ae._servers.append(server)  # so AE.shutdown() stops it (as start_server does)
         if self._monitor is not None:
             self._monitor.start()
         host, port = self.address
@@ -373,9 +394,25 @@ class GatewaySCP:
         )
         return host, port
 
+    def request_stop(self) -> None:
+        """Ask for a stop from a signal handler: :meth:`wait` returns, and no receiving
+        process that ends from now on is started again. Only flags are set (no lock is
+        taken, nothing is joined): the handler may run inside :meth:`stop` itself, as a
+        second SIGTERM (``timeout``, systemd's group kill) does."""
+        self._stop_requested = True
+        if self._pool is not None:
+            self._pool.stopping()
+
     def stop(self) -> None:
         """Stop listening, end open associations, stop the completeness thread. Studies
-        not yet handed over stay on disk and are picked up at the next start."""
+        not yet handed over stay on disk and are picked up at the next start. A second
+        call returns at once (pynetdicom's server shutdown cannot run twice)."""
+        with self._stop_lock:
+            if self._stop_begun:
+                return
+            self._stop_begun = True
+        if self._pool is not None:
+            self._pool.stopping()  # the receiving processes end now: none is restarted
         if self._server is not None:
             self._server.shutdown()
             self._server = None
@@ -389,8 +426,9 @@ class GatewaySCP:
         self._stopped.set()
 
     def wait(self) -> None:
-        """Block until :meth:`stop` (the standalone command's main loop)."""
-        while not self._stopped.wait(1.0):
+        """Block until :meth:`stop` or :meth:`request_stop` (the standalone command's
+        main loop; it then calls :meth:`stop` itself, outside any signal handler)."""
+        while not self._stop_requested and not self._stopped.wait(0.2):
             pass
 
     def __enter__(self) -> GatewaySCP:
