@@ -131,3 +131,25 @@ def test_two_onnxruntime_distributions_are_a_blocking_failure() -> None:
     )
     assert "uninstall all of them" in clash
     assert onnxruntime_clash(metadata.version) is None  # this environment has exactly one
+
+
+def test_the_port_check_binds_in_the_address_s_own_family() -> None:
+    """An IPv4 socket refused '::1' and '::' ("Address family for hostname not
+    supported"), so serve did not start on an IPv6 bind address the settings take."""
+    import socket
+
+    from radserve.lifecycle.doctor import _port
+
+    try:
+        taken = socket.socket(socket.AF_INET6)
+        taken.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback on this host")
+    with taken:
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert _port("dicom port", "::1", port).status == "fail"
+        assert "Address already in use" in _port("dicom port", "::1", port).detail
+    free = _port("dicom port", "::1", port)
+    assert (free.status, free.detail) == ("ok", f"::1:{port} bindable")
+    assert _port("dicom port", "0.0.0.0.0", port).status == "fail"

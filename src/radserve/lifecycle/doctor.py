@@ -288,12 +288,17 @@ def _sqlite_to_create(database: Path, missing: str) -> Check:
 def _port(name: str, host: str, port: int) -> Check:
     if port == 0:
         return Check(name, "ok", "any free port")
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            return Check(name, "fail", f"{host}:{port} not bindable: {exc.strerror}", blocking=True)
+    try:
+        # the address's own family: an IPv4 socket refused '::' and '::1' (serve then did
+        # not start on an IPv6 bind address the settings take)
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        return Check(name, "fail", f"{host}:{port} not bindable: {exc.strerror}", blocking=True)
     return Check(name, "ok", f"{host}:{port} bindable")
 
 
