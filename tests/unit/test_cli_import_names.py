@@ -43,3 +43,25 @@ def test_the_models_group_loads_no_variant_building() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("name", "version"), [("../../../escaped", "1.0.0"), ("ok", "../../escaped"), (".staging", "1")]
+)
+def test_an_import_named_outside_the_models_folder_writes_nothing(
+    tmp_path: Path, name: str, version: str
+) -> None:
+    """The folder an importer writes is models/<name>/<version>, and the name may come from
+    the folder imported (an nnU-Net plans file's dataset_name): before session 35 a name
+    ``../../../x`` wrote the bundle outside --models-dir, then failed, leaving it there."""
+    from radserve.importers import ImportRefusedError
+    from radserve.importers.common import staged_bundle
+
+    models = tmp_path / "deep" / "er" / "models"
+    with (
+        pytest.raises(ImportRefusedError, match="must name one folder"),
+        staged_bundle(models, name, version) as bundle,
+    ):
+        (bundle / "model.yaml").write_text("x")
+    assert not list(tmp_path.rglob("model.yaml"))
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "deep" / "escaped").exists()

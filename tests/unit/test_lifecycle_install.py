@@ -161,6 +161,37 @@ def test_zip_bomb_and_symlink_are_refused(bundle: Path, tmp_path: Path) -> None:
         install_bundle(not_zip, tmp_path / "data", host=HOST)
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("version", "../../outside"),
+        ("version", "/tmp/outside-abs"),
+        ("version", "1.0.0/nested"),
+        ("name", "/tmp/outside-name"),
+        ("name", ".installs"),
+        ("name", ".."),
+        ("version", "..\\x"),
+    ],
+)
+def test_a_name_or_version_that_is_no_folder_name_is_refused_and_nothing_written(
+    bundle: Path, tmp_path: Path, field: str, value: str
+) -> None:
+    """The bundle's folder is models/<name>/<version>: before session 35 a version
+    ``../../x`` or a name ``/tmp/x`` installed it there, outside the data dir (API, CLI
+    and nnU-Net importer alike), and a name ``.installs`` into radserve's own folders."""
+    hostile = tmp_path / "hostile"
+    shutil.copytree(bundle, hostile)
+    manifest = yaml.safe_load((hostile / "model.yaml").read_text())
+    manifest[field] = value
+    (hostile / "model.yaml").write_text(yaml.safe_dump(manifest))
+    before = set(tmp_path.rglob("*"))
+    with pytest.raises(BundleRejectedError, match=f"model {field} "):
+        install_bundle(hostile, tmp_path / "data", host=HOST)
+    written = {p for p in set(tmp_path.rglob("*")) - before if ".staging" not in p.parts}
+    assert not [p for p in written if p.is_file()], written
+    assert not Path("/tmp/outside-abs").exists() and not Path("/tmp/outside-name").exists()
+
+
 def test_onnx_graph_must_match_the_manifest(bundle: Path, tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     shutil.copytree(bundle, broken)

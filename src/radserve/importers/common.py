@@ -17,7 +17,7 @@ from radserve import durable
 from radserve.importers import ImportRefusedError
 from radserve.lifecycle.install import STAGING_DIR, sha256_file
 from radserve.models.dicom_text import fit
-from radserve.models.manifest import ModelSpec
+from radserve.models.manifest import ModelSpec, path_segment
 
 _ANATOMY = {"value": "123037004", "scheme": "SCT", "meaning": "Anatomical Structure"}
 _PALETTE = [
@@ -209,7 +209,10 @@ def staged_bundle(models_dir: Path, name: str, version: str) -> Iterator[Path]:
     killed import's is swept by the next import into the same folder (and, under a data
     dir, by ``radserve models install`` and the server's start)."""
     root = Path(models_dir)
-    target = root / name / version
+    try:  # before anything is written: a name from a folder's plans may be '../../x'
+        target = root / path_segment(name, "model name") / path_segment(version, "version")
+    except ValueError as exc:
+        raise ImportRefusedError(str(exc)) from None
     if target.exists():
         raise ImportRefusedError(f"{target} already holds a bundle; pick another --version")
     made = [folder for folder in (root / STAGING_DIR, root) if not folder.exists()]

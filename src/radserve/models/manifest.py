@@ -656,6 +656,19 @@ class RequiresSpec(_Strict):
     memory_mb: int | None = Field(None, ge=1, description="free memory one session needs")
 
 
+def path_segment(value: str, what: str) -> str:
+    """``value`` if it can name one folder under the models directory (``<name>/<version>``):
+    no path separator, not ``.`` or ``..``, no leading dot (radserve's own folders,
+    ``.staging``, ``.installs``, start with one). Before session 35 a bundle's version
+    ``../../x`` or name ``/tmp/x`` installed the bundle there, outside the data dir,
+    through the API, the CLI and the nnU-Net importer; else ValueError naming ``what``."""
+    if "/" in value or "\\" in value or value.startswith(".") or "\x00" in value:
+        raise ValueError(
+            f"{what} {value[:80]!r} must name one folder: no '/' or '\\', not starting with '.'"
+        )
+    return value
+
+
 class ModelSpec(_Strict):
     """A model bundle's manifest.
 
@@ -702,8 +715,10 @@ class ModelSpec(_Strict):
     @field_validator("name", "version")
     @classmethod
     def _algorithm_identification(cls, value: str, info: ValidationInfo) -> str:
-        """The SEG's and SR's AlgorithmName and AlgorithmVersion (LO): :func:`dicom_text`."""
-        return dicom_text(value, f"model {info.field_name}", max_bytes=LO_MAX_BYTES)
+        """The SEG's and SR's AlgorithmName and AlgorithmVersion (LO): :func:`dicom_text`;
+        and a folder of the models directory: :func:`path_segment`."""
+        text = dicom_text(value, f"model {info.field_name}", max_bytes=LO_MAX_BYTES)
+        return path_segment(text, f"model {info.field_name}")
 
     @model_validator(mode="before")
     @classmethod
