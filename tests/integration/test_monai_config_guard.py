@@ -48,6 +48,23 @@ def test_a_target_outside_the_allowed_packages_is_refused(tmp_path):
     _refused_without_writing(tmp_path, hostile, marker, "instantiates 'pathlib.Path.touch'")
 
 
+@pytest.mark.parametrize(
+    ("target", "options"),
+    [
+        ("monai.apps.auto3dseg.AutoRunner", {"work_dir": "{marker}"}),
+        ("monai.apps.nnunet.nnUNetV2Runner", {"input_config": {}, "work_dir": "{marker}"}),
+        ("monai.apps.MedNISTDataset", {"root_dir": "{marker}", "download": True}),
+    ],
+)
+def test_a_monai_apps_class_that_acts_when_built_is_refused(tmp_path, target, options):
+    """monai.apps' runners make their work folders and write there when built, its
+    datasets download: before session 35 AutoRunner wrote cache.yaml during an import."""
+    marker = tmp_path / "ran"
+    options = {k: str(marker) if v == "{marker}" else v for k, v in options.items()}
+    hostile = {"_target_": target, **options}
+    _refused_without_writing(tmp_path, hostile, marker, "writes files or downloads")
+
+
 ZOO_EXPRESSIONS = [
     "torch.device('cuda:0' if torch.cuda.is_available() else 'cpu')",
     "import os",

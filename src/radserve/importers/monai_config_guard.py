@@ -14,8 +14,11 @@ and refuses anything outside a small grammar:
   runs its top level: ``scripts`` is the bundle's own, as below); what an expression
   may build is bounded by :mod:`monai_config_bounds` (``10**10**10``, ``[0]*999999999``);
 * ``_target_``: a class (never a function: instantiating one calls it) in :data:`TARGETS`'
-  packages, named by a string. ``scripts.`` is the bundle's own package: its classes are
-  code the bundle ships (bring-your-own-model.md: import bundles you trust).
+  packages, named by a string, and not from a module whose classes act when built
+  (``monai.apps``' runners and downloading datasets: before session 35 ``AutoRunner``
+  made its work folder and wrote there during an import). ``scripts.`` is the bundle's
+  own package: its classes are code the bundle ships (bring-your-own-model.md: import
+  bundles you trust).
 """
 
 from __future__ import annotations
@@ -47,6 +50,14 @@ TARGETS = (
     "torch.nn.", "scripts.",
 )  # fmt: skip
 _TARGET_NAMES = frozenset({"torch.device"})
+# modules of TARGETS whose classes act when built: runners that make work folders and
+# write files (AutoRunner, nnUNetV2Runner), datasets and archives that download
+# (MedNISTDataset, DecathlonDataset, TciaDataset, MMAR loaders); checked on the class's
+# own module, so a re-export (``monai.apps.AutoRunner``) is refused as well
+_ACTING_MODULES = (
+    "monai.apps.auto3dseg", "monai.apps.nnunet", "monai.apps.datasets", "monai.apps.mmars",
+    "monai.apps.utils", "monai.apps.deepgrow.dataset", "monai.apps.pathology.data",
+)  # fmt: skip
 _NODES = (
     ast.Expression, ast.Constant, ast.Name, ast.Load, ast.Attribute, ast.Subscript, ast.Slice,
     ast.List, ast.Tuple, ast.Dict, ast.Set, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare,
@@ -133,6 +144,13 @@ def check_target(target: Any, item_id: str) -> None:
         _refuse(item_id, f"instantiates {target!r}, which cannot be imported ({exc})")
     if not inspect.isclass(found):
         _refuse(item_id, f"instantiates {target!r}, a function, not a class (it would be called)")
+    module = getattr(found, "__module__", "") or ""
+    if any(module == m or module.startswith(m + ".") for m in _ACTING_MODULES):
+        _refuse(
+            item_id,
+            f"instantiates {target!r} ({module}): a runner or a dataset that writes files or "
+            "downloads when it is built, nothing an inference config needs",
+        )
 
 
 def _checked_items() -> tuple[type, type]:
