@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,3 +156,33 @@ def test_the_cli_removes_a_shadow_and_the_running_server_applies_it(shadowed: Sh
     refused = s.cli_undeploy()
     assert refused.returncode == 2
     assert "error [no_shadow]" in refused.stderr and "has no shadow" in refused.stderr
+
+
+def test_deployment_changes_at_once_each_keep_the_other_s(shadowed: Shadowed) -> None:
+    """A canary and a shadow deployed at the same moment: each request read the step's
+    state and recorded its own change on it, so the later row dropped the other's (the
+    canary vanished under the shadow's row). Five rounds of both at once."""
+    s = shadowed
+    canary = {"version": "1.0.0", "role": "canary", "percent": 10, "reason": "trial"}
+    for _ in range(5):
+        assert s.undeploy({"role": "shadow"}).status_code == 200
+        rollback = s.post(f"/v1/models/{STEP}/rollback", {"reason": "reset"})
+        assert rollback.status_code in (200, 409), rollback.text
+        answers: list[int] = []
+
+        def deploy_canary(out: list[int] = answers) -> None:
+            out.append(s.post(f"/v1/models/{STEP}/deploy", canary).status_code)
+
+        def deploy_shadow(out: list[int] = answers) -> None:
+            out.append(s.shadow(50).status_code)
+
+        threads = [threading.Thread(target=deploy_canary), threading.Thread(target=deploy_shadow)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert answers == [200, 200]
+        active = s.live["service"].lifecycle.active()[STEP]
+        assert (active.stable, active.canary, active.shadow) == ("1.1.0", "1.0.0", "1.0.0")
+        latest = s.history()[0]
+        assert (latest["canary"], latest["shadow"]) == ("1.0.0", "1.0.0"), latest

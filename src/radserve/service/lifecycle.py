@@ -153,6 +153,10 @@ class ModelLifecycle:
         self._records: dict[tuple[str, str], VersionRecord] = {}
         self._lock = threading.RLock()
         self._change_lock = threading.Lock()
+        # a deployment change reads the step's state and records the next one: two at
+        # once (requests run on a thread pool) both read the same state, and the second
+        # row dropped the first's change (a canary lost to a shadow deployed beside it)
+        self._deploying = threading.Lock()
         # per (step, version whose record the run feeds): one deployment's comparisons
         # never crowd out another's
         self._tasks: FairPending[tuple[str, str], ComparisonTask] = FairPending(
@@ -444,22 +448,23 @@ class ModelLifecycle:
             )
             raise DeploymentError(f"a {role.value} needs a percentage in (0, 100]{stop}")
         self.catalog.warm_model(step, version)  # loads before anything routes to it
-        base = self._base(step)
-        if role is Role.STABLE:
-            new = replace(base, stable=version)
-            if new.canary == version:
-                new = replace(new, canary=None, canary_percent=0.0, canary_urgent=False)
-        elif role is Role.CANARY:
-            if version == base.stable:
-                raise DeploymentError(f"{step} {version} is the stable version already")
-            new = replace(
-                base, canary=version, canary_percent=percent, canary_urgent=include_urgent
-            )
-            self._reset_record(step, version)
-        else:
-            new = replace(base, shadow=version, shadow_percent=percent)
-            self._reset_record(step, version)
-        return self._record(new, DeploymentAction.DEPLOY, actor, reason, client)
+        with self._deploying:
+            base = self._base(step)
+            if role is Role.STABLE:
+                new = replace(base, stable=version)
+                if new.canary == version:
+                    new = replace(new, canary=None, canary_percent=0.0, canary_urgent=False)
+            elif role is Role.CANARY:
+                if version == base.stable:
+                    raise DeploymentError(f"{step} {version} is the stable version already")
+                new = replace(
+                    base, canary=version, canary_percent=percent, canary_urgent=include_urgent
+                )
+                self._reset_record(step, version)
+            else:
+                new = replace(base, shadow=version, shadow_percent=percent)
+                self._reset_record(step, version)
+            return self._record(new, DeploymentAction.DEPLOY, actor, reason, client)
 
     def undeploy_shadow(
         self,
@@ -475,26 +480,28 @@ class ModelLifecycle:
 
         Recorded as a ``deploy`` row (the step's new state, shadow empty) with its audit
         record: ``model_deployments.action`` admits no other name without a migration."""
-        base = self._base(step)
-        if not base.shadow:
-            raise NoShadowError(
-                f"{step} has no shadow to remove (deploy one with role shadow first)"
-            )
-        new = replace(base, shadow=None, shadow_percent=0.0)
-        return self._record(new, DeploymentAction.DEPLOY, actor, reason, client)
+        with self._deploying:
+            base = self._base(step)
+            if not base.shadow:
+                raise NoShadowError(
+                    f"{step} has no shadow to remove (deploy one with role shadow first)"
+                )
+            new = replace(base, shadow=None, shadow_percent=0.0)
+            return self._record(new, DeploymentAction.DEPLOY, actor, reason, client)
 
     def promote(
         self, step: str, *, actor: str | None, reason: str | None, client: str | None = None
     ) -> StepDeployment:
         """The canary becomes stable (all studies)."""
-        base = self._base(step)
-        if not base.canary:
-            raise DeploymentError(f"{step} has no canary to promote")
-        self.check_servable(step, base.canary)
-        new = replace(
-            base, stable=base.canary, canary=None, canary_percent=0.0, canary_urgent=False
-        )
-        return self._record(new, DeploymentAction.PROMOTE, actor, reason, client)
+        with self._deploying:
+            base = self._base(step)
+            if not base.canary:
+                raise DeploymentError(f"{step} has no canary to promote")
+            self.check_servable(step, base.canary)
+            new = replace(
+                base, stable=base.canary, canary=None, canary_percent=0.0, canary_urgent=False
+            )
+            return self._record(new, DeploymentAction.PROMOTE, actor, reason, client)
 
     def rollback(
         self,
@@ -506,20 +513,21 @@ class ModelLifecycle:
         auto: bool = False,
     ) -> StepDeployment:
         """Drop the canary; without one, go back to the stable version before this one."""
-        base = self._base(step)
-        if base.canary:
-            new = replace(base, canary=None, canary_percent=0.0, canary_urgent=False)
-        else:
-            earlier = next(
-                (d.stable for d in self.deployments.history(step) if d.stable != base.stable),
-                None,
-            )
-            if earlier is None:
-                raise DeploymentError(f"{step} has no canary and no earlier stable version")
-            self.catalog.warm_model(step, earlier)
-            new = replace(base, stable=earlier)
-        action = DeploymentAction.AUTO_ROLLBACK if auto else DeploymentAction.ROLLBACK
-        return self._record(new, action, actor, reason, client)
+        with self._deploying:
+            base = self._base(step)
+            if base.canary:
+                new = replace(base, canary=None, canary_percent=0.0, canary_urgent=False)
+            else:
+                earlier = next(
+                    (d.stable for d in self.deployments.history(step) if d.stable != base.stable),
+                    None,
+                )
+                if earlier is None:
+                    raise DeploymentError(f"{step} has no canary and no earlier stable version")
+                self.catalog.warm_model(step, earlier)
+                new = replace(base, stable=earlier)
+            action = DeploymentAction.AUTO_ROLLBACK if auto else DeploymentAction.ROLLBACK
+            return self._record(new, action, actor, reason, client)
 
     def _record(
         self,
