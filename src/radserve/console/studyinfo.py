@@ -1,8 +1,9 @@
 """Accession number and patient fields of a job's stored study, for the console.
 
-Read from one DICOM file's header of the stored study (``stop_before_pixels``, only the
-needed tags) and kept in a bounded memory cache by job id: the worklist searches by
-accession without opening every study each time. Patient fields leave this module only
+Read from one DICOM file's (or zip member's) header of the stored study (only the needed
+tags, within the ingest bounds: :mod:`radserve.ingest.stored`) and kept in a bounded
+memory cache by job id: the worklist searches by accession without opening every study
+each time. Patient fields leave this module only
 for roles in ``console.phi_roles`` (see :mod:`radserve.console.routes`) and are never
 logged (``PatientFields`` has a redacted ``repr``).
 """
@@ -14,10 +15,16 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pydicom
-from pydicom.errors import InvalidDicomError
+from radserve.ingest.stored import first_stored_header
 
-_TAGS = ["AccessionNumber", "PatientName", "PatientID", "PatientBirthDate", "PatientSex"]
+_TAGS = (
+    "SpecificCharacterSet",
+    "AccessionNumber",
+    "PatientName",
+    "PatientID",
+    "PatientBirthDate",
+    "PatientSex",
+)
 _CAPACITY = 50_000
 
 
@@ -31,26 +38,19 @@ class PatientFields:
 
 
 def read_fields(study_path: str | Path) -> PatientFields:
-    """The fields from the first readable DICOM file in the study folder (empty for a
-    NIfTI upload or an unreadable folder)."""
-    folder = Path(study_path)
-    try:
-        files = sorted(p for p in folder.iterdir() if p.is_file())
-    except OSError:
+    """The fields from the first readable DICOM file or zip member of the stored study
+    (empty for a NIfTI upload or an unreadable folder; before session 35 a study uploaded
+    as one zip had none either, and accession search could not find it)."""
+    ds = first_stored_header(study_path, _TAGS)
+    if ds is None:
         return PatientFields()
-    for path in files[:20]:
-        try:
-            ds = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=_TAGS)
-        except (InvalidDicomError, OSError, ValueError, EOFError):
-            continue
-        return PatientFields(
-            accession=str(ds.get("AccessionNumber", "") or ""),
-            name=str(ds.get("PatientName", "") or ""),
-            patient_id=str(ds.get("PatientID", "") or ""),
-            birth_date=str(ds.get("PatientBirthDate", "") or ""),
-            sex=str(ds.get("PatientSex", "") or ""),
-        )
-    return PatientFields()
+    return PatientFields(
+        accession=str(ds.get("AccessionNumber", "") or ""),
+        name=str(ds.get("PatientName", "") or ""),
+        patient_id=str(ds.get("PatientID", "") or ""),
+        birth_date=str(ds.get("PatientBirthDate", "") or ""),
+        sex=str(ds.get("PatientSex", "") or ""),
+    )
 
 
 class StudyInfo:

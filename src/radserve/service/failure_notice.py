@@ -21,10 +21,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Iterator
-from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import pydicom
@@ -33,14 +31,9 @@ from pydicom.uid import generate_uid
 from radserve.config import Settings
 from radserve.gateway.dicomweb.index import describe
 from radserve.gateway.outbox import utc_now
-from radserve.ingest.headers import header_text, read_header
+from radserve.ingest.headers import header_text
 from radserve.ingest.policy import IngestPolicy
-from radserve.ingest.sources import (
-    DEFAULT_MAX_ARCHIVE_BYTES,
-    ArchiveRejectedError,
-    SourceReader,
-    expand_sources,
-)
+from radserve.ingest.stored import first_stored_header, stored_headers
 from radserve.report.dicom.common import save_atomic
 from radserve.report.dicom.failure import FAILURE_SR_FILE, build_failure_sr
 from radserve.report.fhir.bundle import validate_bundle
@@ -79,54 +72,15 @@ _HEADER_TAGS = (
 )
 
 
-def _stored_headers(study_path: Path, policy: IngestPolicy) -> Iterator[pydicom.Dataset]:
-    """The identifying elements of each readable DICOM file of a stored study, and of
-    each member of its zip archives (a zip uploaded over REST is stored as it came).
-    Read as ingest reads the study (the study may be the hostile input that made the job
-    fail): archives listed by :func:`expand_sources` under the same bounds, members
-    opened by :class:`SourceReader`, each header read within the policy's header bounds;
-    what is not DICOM, damaged or over a bound is skipped."""
-    folder = Path(study_path)
-    if not folder.is_dir():
-        return
-    max_archive = min(DEFAULT_MAX_ARCHIVE_BYTES, policy.max_study_bytes)
-
-    def header(source: str | Path | BinaryIO) -> pydicom.Dataset:
-        return read_header(
-            source,
-            tags=_HEADER_TAGS,
-            max_header_bytes=policy.max_header_bytes,
-            max_header_elements=policy.max_header_elements,
-        )
-
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        try:  # one file at a time: an archive over the bounds hides only itself
-            sources, _ = expand_sources(path, max_archive_bytes=max_archive)
-        except ArchiveRejectedError:
-            continue
-        with SourceReader() as reader:
-            for src in sources:
-                try:
-                    if src.member is None:
-                        found = header(src.path)
-                    else:
-                        with reader.open(src) as member:
-                            found = header(member)
-                except Exception:  # not DICOM (NIfTI, garbage) or damaged: the next one
-                    continue
-                yield found
-
-
 def study_header(study_path: Path, policy: IngestPolicy | None = None) -> pydicom.Dataset | None:
     """The header of the first readable DICOM file (or zip member) of a stored study."""
-    with closing(_stored_headers(study_path, policy or IngestPolicy())) as headers:
-        return next(headers, None)
+    return first_stored_header(study_path, _HEADER_TAGS, policy)
 
 
 def study_headers(study_path: Path, policy: IngestPolicy | None = None) -> list[pydicom.Dataset]:
     """The identifying elements of every readable DICOM file (or zip member) of a stored
     study; files that are not DICOM are skipped."""
-    return list(_stored_headers(study_path, policy or IngestPolicy()))
+    return list(stored_headers(study_path, _HEADER_TAGS, policy))
 
 
 def failure_bundle(
