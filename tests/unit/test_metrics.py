@@ -176,6 +176,11 @@ def test_parse_seeds():
     assert parse_seeds("0-3,7, 5-5") == [0, 1, 2, 3, 5, 7]
     with pytest.raises(ValueError, match="bad seed range"):
         parse_seeds("3-x")
+    # a huge range built its whole list first (gigabytes for 0-99999999999)
+    assert len(parse_seeds("0-9999")) == 10_000
+    for text in ("0-99999999999", "0-9999,20000"):
+        with pytest.raises(ValueError, match="more than 10000 seeds"):
+            parse_seeds(text)
 
 
 def test_evaluate_scores_each_precision_on_the_same_truth():

@@ -79,8 +79,13 @@ class GroundTruth:
 TruthSource = Callable[[int], GroundTruth]
 
 
+MAX_SEEDS = 10_000  # phantoms per run: ~10 s each, so days of work already
+
+
 def parse_seeds(text: str) -> list[int]:
-    """``"0-19"``, ``"0,3,5-7"`` -> sorted unique seeds."""
+    """``"0-19"``, ``"0,3,5-7"`` -> sorted unique seeds, at most :data:`MAX_SEEDS` (a
+    range such as ``0-99999999999`` built its whole list first: gigabytes, then the
+    run never ended)."""
     seeds: set[int] = set()
     for part in filter(None, (p.strip() for p in text.split(","))):
         match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
@@ -90,6 +95,8 @@ def parse_seeds(text: str) -> list[int]:
         hi = int(match.group(2) or lo)
         if hi < lo:
             raise ValueError(f"bad seed range {part!r}: end before start")
+        if hi - lo + 1 + len(seeds) > MAX_SEEDS:
+            raise ValueError(f"{text[:40]!r} names more than {MAX_SEEDS} seeds")
         seeds.update(range(lo, hi + 1))
     if not seeds:
         raise ValueError(f"no seeds in {text!r}")
