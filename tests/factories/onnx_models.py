@@ -34,8 +34,11 @@ def conv_model(
     *,
     fp16_input: bool = False,
     fixed_batch: int | None = None,
+    stride: int = 1,
 ) -> Path:
-    """``y = conv(x, weight) + bias`` with 'same' zero padding; 2D or 3D from ``weight``."""
+    """``y = conv(x, weight) + bias`` with 'same' zero padding; 2D or 3D from ``weight``.
+    ``stride`` > 1: an output smaller than its input (declared as the input's size, as a
+    careless export does)."""
     spatial = weight.ndim - 2
     in_ch, out_ch = weight.shape[1], weight.shape[0]
     pads = [k // 2 for k in weight.shape[2:]] * 2
@@ -54,6 +57,7 @@ def conv_model(
             ["logits"],
             kernel_shape=list(weight.shape[2:]),
             pads=pads,
+            strides=[stride] * spatial,
         )
     )
     graph = helper.make_graph(

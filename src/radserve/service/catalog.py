@@ -325,9 +325,19 @@ class Catalog:
             spatial = (side, side)
         dummy = np.zeros((1, spec.input.in_channels, *spatial), dtype=np.float32)
         outs = self.warm_runner(session, dummy)
+        # what inference will require of every batch (radserve.inference.tasks.check_batch):
+        # before session 35 only the batch size was checked, so a graph that strides its
+        # output down deployed, and every study routed to it then failed
+        expected = (1, spec.num_classes, *(() if spec.is_classifier else spatial))
         for out in outs:
             if out.shape[0] != 1:
                 raise ModelError(f"{spec.key}: warm-up batch of 1 returned {out.shape[0]} outputs")
+            if tuple(out.shape) != expected:
+                raise ModelError(
+                    f"{spec.key}: a warm-up batch of shape {dummy.shape} returned "
+                    f"{tuple(out.shape)}, expected {expected} (N, classes, spatial...): the "
+                    "graph must keep the input's grid and give one channel per class"
+                )
         logger.info("warmed up %s (%s) on %d worker(s)", spec.key, precision, len(outs))
 
 

@@ -1,0 +1,36 @@
+"""A model is warmed up before anything routes to it (start, deploy, canary): the warm-up
+batch's output must have the shape inference requires of every batch. Before session 35
+only the batch size was checked, so a graph that strides its output down (declared as
+the input's size, as a careless export does) was accepted as a 100 % canary, and every
+study routed to it then failed with model_invalid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from tests.factories.onnx_models import conv_model
+from tests.factories.service import settings_for
+
+from radserve.errors import ModelError
+from radserve.service import Service
+
+
+def test_a_graph_whose_output_is_not_the_input_s_grid_fails_its_warm_up(tmp_path: Path) -> None:
+    settings = settings_for(tmp_path)
+    folder = tmp_path / "assets" / "models" / "lesions-test" / "1.0.0"
+    manifest = yaml.safe_load((folder / "model.yaml").read_text())
+    channels = 2 * manifest["input"].get("context_slices", 0) + 1
+    weight = np.zeros((2, channels, 1, 1), np.float32)
+    weight[1, :, 0, 0] = 20.0 / channels
+    bias = np.array([0.0, -10.0], np.float32)
+    strided = tmp_path / "strided"
+    strided.mkdir()
+    conv_model(strided / "model.onnx", weight, bias, stride=2)
+    (folder / "model.onnx").write_bytes((strided / "model.onnx").read_bytes())
+    service = Service(settings)
+    service.catalog.warm_model("organs-test", "1.0.0")  # a graph that keeps its grid
+    with pytest.raises(ModelError, match=r"returned \(1, 2, 16, 16\), expected \(1, 2, 32, 32\)"):
+        service.catalog.warm_model("lesions-test", "1.0.0")
