@@ -22,6 +22,7 @@ from tests.factories.server_process import run_radserve
 
 from radserve.cli import cli
 from radserve.config import load_settings
+from radserve.ingest.policy import IngestPolicy
 from radserve.store.audited import open_audited
 from radserve.store.outbox import NewDelivery, OutboxKind, OutboxStore, Settlement
 
@@ -85,6 +86,24 @@ def test_run_prints_the_reports_warnings(setup: dict[str, Path], tmp_path: Path)
     for w in warnings:
         row = next(line for line in printed.splitlines() if f" {w['code']} " in line)
         assert w["message"] in row, (w, printed)
+
+
+def test_run_takes_one_nifti_volume_as_the_server_does(
+    setup: dict[str, Path], tmp_path: Path
+) -> None:
+    """The server analyses a NIfTI upload; `radserve run ct.nii.gz` said "not DICOM"."""
+    from radserve.ingest import discover_series, load_series, save_nifti
+
+    volume = load_series(discover_series(setup["gap"])[0], IngestPolicy(missing_slices="resample"))
+    save_nifti(volume.volume, tmp_path / "ct.nii.gz")
+    out = tmp_path / "out"
+    args = run_args(setup, tmp_path / "ct.nii.gz", out)
+    done = radserve(*[a for a in args if a != "--no-dicom"])
+    assert done.returncode == 0, done.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["geometry"]["shape"] == list(volume.volume.shape)
+    assert "no DICOM SEG/SR: a NIfTI volume" in done.stdout
+    assert not list(out.glob("*.dcm"))
 
 
 def test_outbox_list_takes_the_critical_kind_and_a_receivers_name(tmp_path: Path) -> None:

@@ -124,13 +124,15 @@ def command(
     stream_decode: bool,
     json_logs: bool,
 ) -> None:
-    """Run a study (folder, zip or DICOM files) through a pipeline; write the report to OUT."""
+    """Run a study (folder, zip, DICOM files or one NIfTI volume) through a pipeline; write
+    the report to OUT."""
     from radserve.config import load_settings
     from radserve.inference import choose_runtime
     from radserve.ingest.decode import shutdown_decode_workers
     from radserve.ingest.policy import IngestPolicy
     from radserve.models.registry import ModelRegistry, bundled_model_dir
     from radserve.pipeline import SessionPool
+    from radserve.pipeline.inputs import NIFTI_SUFFIXES, NiftiInput
     from radserve.pipeline.study import run_study
 
     _check_out_dir(out_dir)
@@ -143,7 +145,11 @@ def command(
     settings = load_settings(config_file, **overrides)
     console = Console()
     pipeline = _pipeline(pipeline_name or settings.pipelines.default, settings.pipelines.dirs)
-    sources = list(study) if len(study) > 1 else study[0]
+    # one NIfTI volume, as the server takes it (before session 35: "not DICOM")
+    nifti = (
+        len(study) == 1 and study[0].is_file() and study[0].name.lower().endswith(NIFTI_SUFFIXES)
+    )
+    sources: Any = NiftiInput(study[0]) if nifti else list(study) if len(study) > 1 else study[0]
     runtime = choose_runtime(
         prefer=settings.runtime.providers or None, threads=settings.runtime.threads
     )
@@ -175,7 +181,9 @@ def command(
         shutdown_decode_workers()
     for table in summary_tables(result.report):
         console.print(table)
-    if dicom:
+    if dicom and nifti:
+        console.print("no DICOM SEG/SR: a NIfTI volume has no DICOM study to reference")
+    elif dicom:
         scs = settings.results.secondary_capture_key_images
         for path in write_dicom_objects(result, console, key_images=scs, policy=policy):
             console.print(f"DICOM: {path}")
