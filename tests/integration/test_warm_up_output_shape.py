@@ -6,6 +6,7 @@ study routed to it then failed with model_invalid."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,8 @@ import yaml
 from tests.factories.onnx_models import conv_model
 from tests.factories.service import settings_for
 
-from radserve.errors import ModelError
+from radserve.domain.deployment import Role
+from radserve.errors import DeploymentError, ModelError
 from radserve.service import Service
 
 
@@ -34,3 +36,27 @@ def test_a_graph_whose_output_is_not_the_input_s_grid_fails_its_warm_up(tmp_path
     service.catalog.warm_model("organs-test", "1.0.0")  # a graph that keeps its grid
     with pytest.raises(ModelError, match=r"returned \(1, 2, 16, 16\), expected \(1, 2, 32, 32\)"):
         service.catalog.warm_model("lesions-test", "1.0.0")
+
+
+def test_deploying_a_graph_this_host_cannot_load_is_a_409_not_an_outage(tmp_path: Path) -> None:
+    """A bundle whose graph needs an opset ONNX Runtime lacks installs (the graph is
+    read, not run), and its deploy answered 503 inference_failed, retryable, as if the
+    server were down; it is the model's fault: 409 deployment_invalid, not retryable."""
+    import onnx
+
+    settings = settings_for(tmp_path)
+    models = tmp_path / "assets" / "models" / "lesions-test"
+    older = models / "0.9.0"  # older than the stable 1.0.0, which keeps serving
+    shutil.copytree(models / "1.0.0", older)
+    manifest = yaml.safe_load((older / "model.yaml").read_text())
+    (older / "model.yaml").write_text(yaml.safe_dump({**manifest, "version": "0.9.0"}))
+    graph = onnx.load(str(older / "model.onnx"))
+    graph.opset_import[0].version = 99
+    onnx.save(graph, str(older / "model.onnx"))
+    service = Service(settings)
+    with pytest.raises(DeploymentError) as refused:
+        service.lifecycle.deploy(
+            "lesions-test", "0.9.0", role=Role.CANARY, percent=10, actor="t", reason="trial"
+        )
+    assert "lesions-test 0.9.0 does not load and run on this host" in refused.value.message
+    assert refused.value.code == "deployment_invalid" and not refused.value.retryable

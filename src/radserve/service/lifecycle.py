@@ -424,6 +424,25 @@ class ModelLifecycle:
         except PipelineError as exc:
             raise DeploymentError(exc.message) from exc
 
+    def _warm(self, step: str, version: str) -> None:
+        """Load and run ``version`` once, or refuse the change (409): a graph this host
+        cannot load (an opset ONNX Runtime lacks) or whose output is not what inference
+        needs is the model's fault, not an outage; before session 35 it was answered 503
+        ``inference_failed``, retryable, with ONNX Runtime's text as the only reason."""
+        try:
+            self.catalog.warm_model(step, version)
+        except DeploymentError:
+            raise
+        except RadserveError as exc:
+            raise DeploymentError(
+                f"{step} {version} does not load and run on this host: {exc.message}"
+            ) from exc
+        except Exception as exc:  # onnxruntime raises its own types on a graph it refuses
+            raise DeploymentError(
+                f"{step} {version} does not load and run on this host: "
+                f"{type(exc).__name__}: {str(exc)[:300]}"
+            ) from exc
+
     def deploy(
         self,
         step: str,
@@ -447,7 +466,7 @@ class ModelLifecycle:
                 else ""
             )
             raise DeploymentError(f"a {role.value} needs a percentage in (0, 100]{stop}")
-        self.catalog.warm_model(step, version)  # loads before anything routes to it
+        self._warm(step, version)  # loads before anything routes to it
         with self._deploying:
             base = self._base(step)
             if role is Role.STABLE:
@@ -524,7 +543,7 @@ class ModelLifecycle:
                 )
                 if earlier is None:
                     raise DeploymentError(f"{step} has no canary and no earlier stable version")
-                self.catalog.warm_model(step, earlier)
+                self._warm(step, earlier)
                 new = replace(base, stable=earlier)
             action = DeploymentAction.AUTO_ROLLBACK if auto else DeploymentAction.ROLLBACK
             return self._record(new, action, actor, reason, client)
