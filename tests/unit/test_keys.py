@@ -113,6 +113,8 @@ def test_cli_create_list_revoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
     revoked = runner.invoke(keys_cli, ["revoke", key.id, *data])
     assert revoked.exit_code == 0, revoked.output
+    # a running server remembers a checked key for 10 s: said, not "from now on"
+    assert "a running server refuses it within 10 s" in revoked.output
     as_json = runner.invoke(keys_cli, ["list", "--json", *data])
     assert '"revoked": null' not in as_json.output
     store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")

@@ -70,13 +70,17 @@ def create(
 @CONFIG_OPTION
 @DATA_DIR_OPTION
 def revoke(key_id: str, config_file: Path | None, data_dir: Path | None) -> None:
-    """Revoke the key KEY_ID; requests with it are refused from now on."""
+    """Revoke the key KEY_ID; a running server refuses it within 10 s (it remembers a
+    key it has checked that long)."""
     store = open_store(config_file, data_dir)
     try:
         record = store.revoke_api_key(key_id)
     finally:
         store.close()
-    click.echo(f"revoked API key {record.id} ({record.role}, {record.name!r})")
+    click.echo(
+        f"revoked API key {record.id} ({record.role}, {record.name!r}); a running server "
+        "refuses it within 10 s"
+    )
 
 
 @group.command("list")
