@@ -50,17 +50,12 @@ def check_study_patients(series: Sequence[SeriesHeader]) -> None:
         return
     first = series[0]
     other = next((s for s in series[1:] if s.patient.identity != first.patient.identity), None)
-    mixed = next((s for s in series if s.patient_identities > 1), None)
-    if other is None and mixed is None:
-        return
-    if other is not None:
-        where = (
-            f"series {other.series_number or '?'} and series {first.series_number or '?'} "
-            f"differ in {', '.join(other.patient.differs_from(first.patient))}"
-        )
-    else:
-        assert mixed is not None
-        where = f"series {mixed.series_number or '?'} names {mixed.patient_identities} itself"
+    if other is None:
+        return  # one series naming two patients: check_series says so, naming the series
+    where = (
+        f"series {other.series_number or '?'} and series {first.series_number or '?'} "
+        f"differ in {', '.join(other.patient.differs_from(first.patient))}"
+    )
     raise SeriesAttributeError(
         f"the series of one study name different patients ({where}): its results would "
         "be filed in a study holding another patient's images; correct the misfiled "
