@@ -5,37 +5,32 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
-import os
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from radserve.api.server_paths import without_server_paths
 from radserve.service.job_view import JobEta, JobView
-from radserve.service.sniff import FileKind
+from radserve.service.sniff import input_kind
 from radserve.store import JobRecord
-
-_NIFTI_NAMES = (FileKind.NIFTI.suffix, FileKind.NIFTI_GZ.suffix)
 
 
 def has_dicom_study(job: JobRecord) -> bool:
-    """Whether the job's input was DICOM, not one NIfTI volume (stored alone, under the
-    suffix the upload's sniffed kind gave it): only a DICOM study has a FHIR Bundle,
-    whose ImagingStudy needs a Study Instance UID. A study folder gone or unreadable
-    counts as DICOM: ``GET /v1/jobs/{id}/fhir`` then decides by the report."""
+    """Whether the job's input was DICOM, not one NIfTI volume: only a DICOM study has a
+    FHIR Bundle, whose ImagingStudy needs a Study Instance UID. A study folder gone or
+    unreadable counts as DICOM: ``GET /v1/jobs/{id}/fhir`` then decides by the report."""
     try:
-        return not _holds_one_nifti(job.study_path)
+        return _input_kind(job.study_path) != "nifti"
     except OSError:
         return True
 
 
 @functools.lru_cache(maxsize=4096)
-def _holds_one_nifti(study_path: str) -> bool:
+def _input_kind(study_path: str) -> str:
     """Cached by path: a study folder is content-addressed, its files never change (the
     status of a succeeded job is polled; one listing per study, not per poll)."""
-    with os.scandir(study_path) as entries:
-        files = [e.name.lower() for e in entries if e.is_file()]
-    return len(files) == 1 and files[0].endswith(_NIFTI_NAMES)
+    return input_kind(Path(study_path))
 
 
 class _Out(BaseModel):

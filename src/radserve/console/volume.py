@@ -22,7 +22,7 @@ from radserve.ingest import IngestPolicy, discover_series, load_series
 from radserve.report.nifti import write_nifti
 from radserve.report.schema import Report
 from radserve.service.errors import OutputNotFoundError
-from radserve.service.work import input_kind
+from radserve.service.sniff import input_kind
 from radserve.store import JobRecord
 
 _locks: dict[str, threading.Lock] = {}

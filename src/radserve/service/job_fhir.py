@@ -18,7 +18,7 @@ from radserve.report.fhir import build_fhir_bundle
 from radserve.report.fhir.bundle import ReportResources
 from radserve.report.fhir.patient import IdentifierSystems
 from radserve.report.schema import Report
-from radserve.service.work import input_kind
+from radserve.service.sniff import input_kind
 
 
 def fhir_bundle_for(

@@ -681,7 +681,7 @@ class ModelLifecycle:
         from radserve.pipeline.inputs import DicomInput, NiftiInput, StudyInput
         from radserve.pipeline.reuse import ReuseUnavailableError
         from radserve.pipeline.study import run_study
-        from radserve.service.work import input_kind
+        from radserve.service.sniff import input_kind
 
         job = task.job
         resolved = self.catalog.resolve(job.pipeline_name)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 import zipfile
 from enum import StrEnum
+from pathlib import Path
 from typing import BinaryIO
 
 from radserve.errors import EmptyUploadError
@@ -28,6 +29,18 @@ class FileKind(StrEnum):
     def suffix(self) -> str:
         """The suffix the stored copy gets (readers choose a format by it)."""
         return {"dicom": ".dcm", "zip": ".zip", "nifti": ".nii", "nifti_gz": ".nii.gz"}[self]
+
+
+NIFTI_STORED = (FileKind.NIFTI.suffix, FileKind.NIFTI_GZ.suffix)
+
+
+def input_kind(study_dir: Path) -> str:
+    """``nifti`` for a stored study folder holding one NIfTI file (stored under the suffix
+    its sniffed kind gave it), else ``dicom``."""
+    files = [p for p in Path(study_dir).iterdir() if p.is_file()]
+    if len(files) == 1 and files[0].name.lower().endswith(NIFTI_STORED):
+        return "nifti"
+    return "dicom"
 
 
 def kind_of(head: bytes) -> FileKind | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from radserve.ingest import IngestPolicy
 from radserve.models.registry import ModelRegistry
-from radserve.pipeline.inputs import NIFTI_SUFFIXES, DicomInput, NiftiInput, StudyInput
+from radserve.pipeline.inputs import DicomInput, NiftiInput, StudyInput
 from radserve.pipeline.study import StudyResult
 from radserve.pipeline.volume import SessionPool
 from radserve.pipeline.work import StudyWork
@@ -21,6 +21,7 @@ from radserve.report.dicom import write_dicom_results
 from radserve.scheduling import CpuStage, JobWork, Stage
 from radserve.service.catalog import ResolvedPipeline
 from radserve.service.failover import SharedStorage, WithPublish
+from radserve.service.sniff import input_kind
 
 logger = logging.getLogger(__name__)
 
@@ -111,14 +112,6 @@ class WithDicomResults:
         return self.inner.result()
 
 
-def input_kind(study_dir: Path) -> str:
-    """``nifti`` for a study folder holding one NIfTI file, else ``dicom``."""
-    files = [p for p in Path(study_dir).iterdir() if p.is_file()]
-    if len(files) == 1 and files[0].name.lower().endswith(NIFTI_SUFFIXES):
-        return "nifti"
-    return "dicom"
-
-
 def build_work(
     *,
     job_id: str,
@@ -163,4 +156,4 @@ def build_work(
     return work  # type: ignore[no-any-return]
 
 
-__all__ = ["WithDicomResults", "WithLineage", "build_work", "input_kind"]
+__all__ = ["WithDicomResults", "WithLineage", "build_work"]
