@@ -143,15 +143,16 @@ def test_a_cpu_host_learns_times_alone_from_the_store(tmp_path: Path) -> None:
     --host-cores 0."""
     from tests.factories.finished_jobs import finished_jobs
 
-    from radserve.commands.plan import _learn
+    from radserve.commands.plan import _history, _learn_history
     from radserve.store import init_store
     from radserve.turnaround.service_time import ServiceTimeModel
 
     store = init_store(f"sqlite:///{tmp_path / 'radserve.db'}")
     try:
         finished_jobs(store, tmp_path / "results", 2, PriorityClass.OUTPATIENT, 1800)
-        as_measured = _learn(ServiceTimeModel(), store, "cpu", None, 2)
-        alone = _learn(ServiceTimeModel(), store, "cpu", 2, 2)
+        history = _history(store, lambda: "cpu")
+        as_measured = _learn_history(ServiceTimeModel(), history, "cpu", None, 2)
+        alone = _learn_history(ServiceTimeModel(), history, "cpu", 2, 2)
     finally:
         store.close()
     size = StudySize(40)

@@ -430,12 +430,6 @@ def _history(store: Any, unstated: Callable[[], str]) -> list[tuple[Any, Any, st
     return out
 
 
-def _learn(model: Any, store: Any, device: str, cores: int | None, cpu_workers: int) -> Any:
-    """:func:`_learn_history` of the store's jobs that ran on ``device`` (those whose
-    report states no device counted as ``device``)."""
-    return _learn_history(model, _history(store, lambda: device), device, cores, cpu_workers)
-
-
 def _learn_history(
     model: Any,
     history: list[tuple[Any, Any, str]],
@@ -449,8 +443,9 @@ def _learn_history(
     from radserve.turnaround.solo import JobRun, solo_model
 
     ran = [(r, size) for r, size, d in history if d == device]
-    if cores is None:
-        learn_records(model, [r for r, _ in ran], device)
+    if cores is None:  # the sizes read with the devices: no report read a second time
+        sizes = {r.id: size for r, size in ran}
+        learn_records(model, [r for r, _ in ran], device, size_of=lambda r: sizes[r.id])
         return model
     runs = []
     for r, size in ran:

@@ -898,15 +898,20 @@ def learn_records(
     device: str,
     lane: Callable[[PriorityClass], str | None] | None = None,
     shares: Mapping[str, float] | None = None,
+    size_of: Callable[[JobRecord], StudySize | None] | None = None,
 ) -> int:
     """Teach ``model`` these succeeded jobs (in order): their stage timings, and their
     size from the report file; the jobs ran on ``device`` (``lane``: as
-    :func:`learn_from_store`; ``shares``: job id -> its share of wall time, if known)."""
+    :func:`learn_from_store`; ``shares``: job id -> its share of wall time, if known;
+    ``size_of``: each job's size where the caller has read it already)."""
     learned = 0
     for record in records:
         if record.cached_from or not record.result_path or not record.stage_timings:
             continue
-        size = StudySize.of_report(Path(record.result_path))
+        if size_of is not None:
+            size = size_of(record)
+        else:
+            size = StudySize.of_report(Path(record.result_path))
         if size is None:
             continue
         model.observe(
