@@ -407,20 +407,10 @@ def _verify_copies(
     pairs = [(copy, kept) for copy, kept in header.copies if id(kept) in slot]
     if not pairs:
         return
-    decoded = decode_stack(
-        [copy for copy, _ in pairs],
-        reader,
-        air=air,
-        workers=workers,
-        max_file_bytes=policy.max_file_bytes,
-    )
-    differ = [
-        (copy, kept)
-        for image, (copy, kept) in zip(decoded, pairs, strict=True)
-        if not np.array_equal(image, array[slot[id(kept)]])
-    ]
+    frames, slices = [copy for copy, _ in pairs], [slot[id(kept)] for _, kept in pairs]
+    differ = _differing(frames, slices, array, reader, air, workers, policy)
     if differ:
-        copy, kept = differ[0]
+        copy, kept = pairs[differ[0]]
         raise StudyError(
             f"{kept.source.name} and {copy.source.name} carry one SOP Instance UID at one "
             f"place but hold different pixel data ({len(differ)} of {len(pairs)} copied "
@@ -440,21 +430,34 @@ def _verify_identical(
     workers: int | None,
     policy: IngestPolicy,
 ) -> None:
-    copies = decode_stack(
-        [header.frames[d] for d, _ in duplicates],
-        reader,
-        air=air,
-        workers=workers,
-        max_file_bytes=policy.max_file_bytes,
-    )
     slot = {frame: k for k, frame in enumerate(order)}
-    differ = sum(
-        not np.array_equal(copy, array[slot[kept]])
-        for copy, (_, kept) in zip(copies, duplicates, strict=True)
-    )
+    frames = [header.frames[d] for d, _ in duplicates]
+    slices = [slot[kept] for _, kept in duplicates]
+    differ = len(_differing(frames, slices, array, reader, air, workers, policy))
     if differ:
         raise GeometryError(
             f"{differ} of {len(duplicates)} slices at duplicate positions hold different pixel "
             "data (several acquisitions or time points in one series?); to keep one of "
             f"each, {policy_hint('duplicate_positions', 'keep_first')}"
         )
+
+
+def _differing(
+    frames: Sequence[FrameRef],
+    slices: Sequence[int],
+    array: np.ndarray,
+    reader: SourceReader,
+    air: float,
+    workers: int | None,
+    policy: IngestPolicy,
+) -> list[int]:
+    """Which of ``frames``, decoded, differ from the volume's slice ``slices`` names for
+    each: frames left out of the stack that must hold the pixels of one in it."""
+    decoded = decode_stack(
+        frames, reader, air=air, workers=workers, max_file_bytes=policy.max_file_bytes
+    )
+    return [
+        i
+        for i, (image, k) in enumerate(zip(decoded, slices, strict=True))
+        if not np.array_equal(image, array[k])
+    ]
