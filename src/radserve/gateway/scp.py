@@ -51,7 +51,7 @@ from radserve.gateway.receive_limit import (
 )
 from radserve.gateway.receivers import ReceiverPool
 from radserve.gateway.storage import Disposition, InstanceStore, check_uid
-from radserve.gateway.transport import Admission, GatewayServer, make_server
+from radserve.gateway.transport import Admission, GatewayServer, make_server, serve_in_thread
 from radserve.ingest.headers import UnreadableHeaderError, header_text, read_header
 from radserve.ingest.sources import InputTooLargeError
 from radserve.security.logs import redact
@@ -376,9 +376,7 @@ class GatewaySCP:
             server.server_close()
             raise
         self._pool = pool
-        self._server = server
-        threading.Thread(target=server.serve_forever, name="radserve-scp", daemon=True).start()
-        self._ae._servers.append(server)  # so AE.shutdown() stops it (as start_server does)
+        self._server = serve_in_thread(self._ae, server)
         if self._monitor is not None:
             self._monitor.start()
         host, port = self.address

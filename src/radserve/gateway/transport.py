@@ -368,10 +368,10 @@ def make_server(ae: Any, address: tuple[str, int], **options: Any) -> GatewaySer
     return server
 
 
-def start_server(ae: Any, address: tuple[str, int], **options: Any) -> GatewayServer:
-    """``AE.start_server(block=False)`` with :class:`GatewayServer` (``options``: its
-    keyword arguments, ``ssl_context`` and ``evt_handlers`` included)."""
-    server = make_server(ae, address, **options)
+def serve_in_thread(ae: Any, server: GatewayServer) -> GatewayServer:
+    """Serve ``server`` (from :func:`make_server`) on a thread of its own, as
+    ``AE.start_server(block=False)`` does; binding and serving are two steps so that the
+    SCP can refuse an address it cannot bind before it starts anything else."""
     thread = threading.Thread(target=server.serve_forever, name="radserve-scp", daemon=True)
     thread.start()
     ae._servers.append(server)  # so AE.shutdown() stops it (as AE.start_server does)
