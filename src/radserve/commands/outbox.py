@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 
 from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
-from radserve.store.outbox import OutboxKind
+from radserve.store.outbox import DestinationStatus, OutboxKind
 
 if TYPE_CHECKING:
     from radserve.service.outbox import OutboxOps
@@ -34,14 +34,14 @@ def _open(config_file: Path | None, data_dir: Path | None) -> tuple[Store, Outbo
 KINDS = [kind.value for kind in OutboxKind]
 
 
-def _destination(ops: OutboxOps, name: str | None) -> str | None:
+def _destination(statuses: list[DestinationStatus], name: str | None) -> str | None:
     """The destination ``--destination`` names, as the list shows it and
     ``GET /v1/ops/outbox?destination=`` matches it (the stored name). A critical receiver
     is stored as ``critical:<receiver>``: its bare name (as in ``critical.receivers``)
     matched nothing, silently; it names that receiver unless a destination has that name."""
     if name is None:
         return None
-    known = {status.destination for status in ops.status()}
+    known = {status.destination for status in statuses}
     receiver = f"critical:{name}"
     if name not in known and receiver in known:
         return receiver
@@ -89,7 +89,7 @@ def list_rows(
     store, ops = _open(config_file, data_dir)
     try:
         statuses = ops.status()
-        destination = _destination(ops, destination)
+        destination = _destination(statuses, destination)
         items = ops.items(state=state, destination=destination, kind=kind, limit=limit)
     finally:
         store.close()
@@ -148,7 +148,7 @@ def retry(
     try:
         chosen = list(ids)
         if all_failed:
-            where = _destination(ops, destination)
+            where = _destination(ops.status(), destination)
             failed = ops.items(state="failed_permanent", destination=where, limit=100_000)
             chosen += [item.id for item in failed if item.id not in chosen]
         for item_id in chosen:
