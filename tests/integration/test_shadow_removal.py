@@ -105,6 +105,7 @@ def test_the_api_removes_a_shadow_recorded_and_audited(shadowed: Shadowed) -> No
     out = removed.json()
     assert (out["stable"], out["shadow"], out["shadow_percent"]) == ("1.1.0", None, 0.0)
     assert out["reason"] == "comparison finished" and out["actor"]
+    assert out["action"] == "undeploy"  # recorded as what it is, not as a deploy
     # applied at once: no study is sampled for a shadow any more
     assert s.shadow_now() is None
     assert not s.live["service"].lifecycle.needs_routing()
@@ -117,6 +118,7 @@ def test_the_api_removes_a_shadow_recorded_and_audited(shadowed: Shadowed) -> No
     audits = s.audits()
     assert len(audits) == audits_before + 1
     assert audits[-1]["deployment_id"] == out["id"] and audits[-1]["shadow"] is None
+    assert audits[-1]["event"] == "deployment.undeploy"
     assert audits[-1]["reason"] == "comparison finished"
     assert audits[-1]["actor"] == out["actor"]
 
@@ -147,7 +149,7 @@ def test_the_cli_removes_a_shadow_and_the_running_server_applies_it(shadowed: Sh
     s = shadowed
     done = s.cli_undeploy()
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"{STEP}: stable 1.1.0 (deploy)"
+    assert done.stdout.strip() == f"{STEP}: stable 1.1.0 (undeploy)"
     until(lambda: s.shadow_now() is None, "the server to apply the CLI's removal", 30)
     newest = s.history()[0]
     assert newest["shadow"] is None and newest["reason"] is None

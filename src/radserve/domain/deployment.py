@@ -27,6 +27,7 @@ class DeploymentAction(StrEnum):
     PROMOTE = "promote"
     ROLLBACK = "rollback"
     AUTO_ROLLBACK = "auto_rollback"
+    UNDEPLOY = "undeploy"  # a shadow removed
 
 
 @dataclass(frozen=True)

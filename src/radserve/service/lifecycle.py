@@ -496,9 +496,7 @@ class ModelLifecycle:
         """Stop shadowing ``step``: no study is sampled for it from now on (a study
         sampled before may still get its comparison run). Stable and canary are left as
         they are; the shadow's record stays readable until a later deploy resets it.
-
-        Recorded as a ``deploy`` row (the step's new state, shadow empty) with its audit
-        record: ``model_deployments.action`` admits no other name without a migration."""
+        Recorded as an ``undeploy`` row (the step's new state, shadow empty)."""
         with self._deploying:
             base = self._base(step)
             if not base.shadow:
@@ -506,7 +504,7 @@ class ModelLifecycle:
                     f"{step} has no shadow to remove (deploy one with role shadow first)"
                 )
             new = replace(base, shadow=None, shadow_percent=0.0)
-            return self._record(new, DeploymentAction.DEPLOY, actor, reason, client)
+            return self._record(new, DeploymentAction.UNDEPLOY, actor, reason, client)
 
     def promote(
         self, step: str, *, actor: str | None, reason: str | None, client: str | None = None

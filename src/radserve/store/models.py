@@ -266,7 +266,7 @@ class ResultLineage(Base):
     created: Mapped[dt.datetime] = mapped_column(UtcDateTime())
 
 
-DEPLOYMENT_ACTIONS = ("deploy", "promote", "rollback", "auto_rollback")
+DEPLOYMENT_ACTIONS = ("deploy", "promote", "rollback", "auto_rollback", "undeploy")
 
 
 class ModelDeployment(Base):
