@@ -39,9 +39,10 @@ def test_a_graph_whose_output_is_not_the_input_s_grid_fails_its_warm_up(tmp_path
 
 
 def test_deploying_a_graph_this_host_cannot_load_is_a_409_not_an_outage(tmp_path: Path) -> None:
-    """A bundle whose graph needs an opset ONNX Runtime lacks installs (the graph is
-    read, not run), and its deploy answered 503 inference_failed, retryable, as if the
-    server were down; it is the model's fault: 409 deployment_invalid, not retryable."""
+    """A bundle whose graph needs an opset ONNX Runtime lacks (install refuses it; this
+    one is put in a model root by hand): its deploy answered 503 inference_failed,
+    retryable, as if the server were down; it is the model's fault: 409
+    deployment_invalid, not retryable."""
     import onnx
 
     settings = settings_for(tmp_path)

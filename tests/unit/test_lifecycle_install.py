@@ -4,6 +4,7 @@ host requirements), hashed and copied; hostile zips and mismatched graphs are re
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -204,6 +205,34 @@ def test_onnx_graph_must_match_the_manifest(bundle: Path, tmp_path: Path) -> Non
     (broken / "model.onnx").unlink()
     with pytest.raises(BundleRejectedError, match="missing"):
         install_bundle(broken, tmp_path / "data", host=HOST)
+    assert not (tmp_path / "data" / "models" / "lesions-test").exists()
+
+
+@pytest.mark.parametrize(
+    ("domain", "version", "ir_version", "reason"),
+    [
+        ("", 99, 8, r"imports opset 99 of ai\.onnx; ONNX Runtime [\d.]+ implements up to \d+"),
+        ("", 17, 99, r"its IR version is 99; ONNX Runtime [\d.]+ reads up to \d+"),
+        ("com.microsoft", 50, 8, r"imports opset 50 of com\.microsoft; .* implements up to 1"),
+    ],
+)
+def test_a_graph_this_hosts_onnx_runtime_cannot_load_is_refused_at_install(
+    bundle: Path, tmp_path: Path, domain: str, version: int, ir_version: int, reason: str
+) -> None:
+    """Until session 36 such a graph installed (read, not run) and only its deploy failed."""
+    import onnx
+
+    graph = onnx.load(str(bundle / "model.onnx"))
+    if domain:
+        graph.opset_import.append(onnx.helper.make_opsetid(domain, version))
+    else:
+        graph.opset_import[0].version = version
+    graph.ir_version = ir_version
+    onnx.save(graph, str(bundle / "model.onnx"))
+    with pytest.raises(BundleRejectedError) as refused:
+        install_bundle(bundle, tmp_path / "data", host=HOST)
+    assert "(model.onnx): this host cannot load the graph: " in refused.value.message
+    assert re.search(reason, refused.value.message), refused.value.message
     assert not (tmp_path / "data" / "models" / "lesions-test").exists()
 
 

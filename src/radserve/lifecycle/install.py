@@ -9,7 +9,8 @@ What install checks, in order, refusing with every reason it found:
 3. every file ``files:`` names exists inside the bundle and its ONNX graph (read with
    ``load_external_data=False``: nothing outside the bundle is opened) has one input and
    an output whose rank, channel count and element type match the manifest;
-4. ``requires:`` against this host (:mod:`radserve.lifecycle.requirements`);
+4. ``requires:`` against this host, and each graph's opsets and IR version against what
+   this host's ONNX Runtime loads (:mod:`radserve.lifecycle.requirements`);
 5. the name and version is not installed already (a version is never overwritten).
 
 An optional ``prepare`` step (``install --build-variants``: precision variants built
@@ -42,7 +43,12 @@ from pathlib import Path, PurePosixPath
 
 from radserve import durable
 from radserve.errors import BundleExistsError, BundleRejectedError, ModelError
-from radserve.lifecycle.requirements import HostFacts, host_facts, unmet_requirements
+from radserve.lifecycle.requirements import (
+    HostFacts,
+    graph_refusal,
+    host_facts,
+    unmet_requirements,
+)
 from radserve.models.manifest import ModelSpec, load_manifest
 
 INSTALL_FILE = "install.json"
@@ -244,6 +250,11 @@ def check_onnx(spec: ModelSpec, directory: Path) -> list[str]:
                 if not ok:
                     reasons.append(f"{label}: external data {location!r} missing or outside")
                     break
+        refusal = graph_refusal(
+            ((o.domain, o.version) for o in model.opset_import), model.ir_version
+        )
+        if refusal is not None:
+            reasons.append(f"{label}: this host cannot load the graph: {refusal}")
         weights = {t.name for t in model.graph.initializer}
         inputs = [i for i in model.graph.input if i.name not in weights]
         if len(inputs) != 1:

@@ -1,5 +1,6 @@
 """Whether this host can serve a bundle: its ``requires:`` section (model.yaml) against
-ONNX Runtime's version, providers, supported opset, precisions and free memory.
+ONNX Runtime's version, providers, supported opset, precisions and free memory, and its
+graphs' own opsets and IR version against what this ONNX Runtime loads.
 
 Returns reasons rather than raising, so install refuses with every reason at once and
 ``radserve doctor`` can print them in its table.
@@ -7,14 +8,17 @@ Returns reasons rather than raising, so install refuses with every reason at onc
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from radserve.models.manifest import ModelSpec
 
-# Highest ai.onnx opset each ONNX Runtime minor release implements (its release notes);
-# a release newer than the table is assumed to support at least the last entry.
+# Highest ai.onnx opset each ONNX Runtime minor release implements (its release notes):
+# for a host described by its version only (tests, doctor's table of another host); the
+# real host's is asked of its ONNX Runtime (:func:`loaded_opset`).
 _ORT_MAX_OPSET: tuple[tuple[tuple[int, int], int], ...] = (
     ((1, 14), 18),
     ((1, 15), 19),
@@ -34,9 +38,12 @@ class HostFacts:
     providers: tuple[str, ...]
     runs_bf16: bool
     free_memory_mb: int | None
+    probed_opset: int | None = None  # the ai.onnx opset this ONNX Runtime loads, asked of it
 
     @property
     def max_opset(self) -> int:
+        if self.probed_opset is not None:
+            return self.probed_opset
         ours = _version_tuple(self.ort_version)[:2]
         best = 0
         for release, opset in _ORT_MAX_OPSET:
@@ -73,7 +80,68 @@ def host_facts() -> HostFacts:
         providers=tuple(host.available_providers),
         runs_bf16=bf16,
         free_memory_mb=free_memory_mb() if os.name == "posix" else None,
+        probed_opset=loaded_opset(),
     )
+
+
+def _stub_refusal(opsets: Iterable[tuple[str, int]], ir_version: int) -> str | None:
+    """ONNX Runtime's reason to refuse a graph that imports ``opsets`` and has
+    ``ir_version`` (None: it loads one). The stub holds one Identity node and no weights:
+    only the versions are put to the runtime, whatever the graph's size or precision."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "stub", [x], [y])
+    imports = [helper.make_opsetid(domain, version) for domain, version in opsets]
+    model = helper.make_model(graph, opset_imports=imports)
+    model.ir_version = ir_version
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # its warnings about old opsets are not ours to print
+    try:
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own types
+        return str(exc)
+    return None
+
+
+@functools.cache
+def loaded_opset(limit: int = 64) -> int:
+    """The highest ai.onnx opset this ONNX Runtime loads (binary search over stubs)."""
+    low, high = 1, limit
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _stub_refusal([("", middle)], 8) is None:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def graph_refusal(opsets: Iterable[tuple[str, int]], ir_version: int) -> str | None:
+    """Why this host's ONNX Runtime would not load a graph with these opset imports and
+    IR version, in one line (None: it would). Checked at install, so a graph no session
+    here can open is refused there, not at its first deploy."""
+    import onnxruntime as ort
+
+    pairs = [(domain, version) for domain, version in opsets]
+    text = _stub_refusal(pairs, ir_version)
+    if text is None:
+        return None
+    runtime = f"ONNX Runtime {ort.__version__}"
+    ir = re.search(r"IR version: (\d+), max supported IR version: (\d+)", text)
+    if ir:
+        return f"its IR version is {ir[1]}; {runtime} reads up to {ir[2]}"
+    opset = re.search(
+        r"Opset (\d+) is under development.*domain (\S+) is till opset (\d+)", text, re.S
+    )
+    if opset:
+        return f"it imports opset {opset[1]} of {opset[2]}; {runtime} implements up to {opset[3]}"
+    # the last line, less the C++ source location and signature ONNX Runtime puts first
+    last = text.strip().splitlines()[-1] if text.strip() else "no reason given"
+    detail = re.sub(r"^.*?\) ", "", last)[:300]
+    return f"{runtime} does not load it: {detail}"
 
 
 def unmet_requirements(spec: ModelSpec, host: HostFacts) -> list[str]:
@@ -111,4 +179,11 @@ def unmet_requirements(spec: ModelSpec, host: HostFacts) -> list[str]:
     return reasons
 
 
-__all__ = ["HostFacts", "free_memory_mb", "host_facts", "unmet_requirements"]
+__all__ = [
+    "HostFacts",
+    "free_memory_mb",
+    "graph_refusal",
+    "host_facts",
+    "loaded_opset",
+    "unmet_requirements",
+]
