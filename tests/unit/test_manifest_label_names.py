@@ -101,3 +101,18 @@ def test_model_names_and_versions_are_dicom_algorithm_identification(
     manifest.update(name=name, version=version)
     with pytest.raises(ValidationError, match=message):
         ModelSpec.model_validate(manifest)
+
+
+@pytest.mark.parametrize("second", ["liver", "Liver", "LIVER"])
+def test_two_labels_of_one_name_are_refused(second: str) -> None:
+    """Measurements and upstream references look labels up by name: until session 36 a
+    bundle with two labels named alike installed and one of them was read as the other."""
+    manifest = yaml.safe_load(MODEL_YAML)
+    manifest["labels"].append({**manifest["labels"][0], "value": 2, "name": second})
+    with pytest.raises(ValidationError, match=f"'liver' and '{second}' name two labels"):
+        ModelSpec.model_validate(manifest)
+    manifest["labels"][1]["name"] = "liver_left"
+    assert [label.name for label in ModelSpec.model_validate(manifest).labels] == [
+        "liver",
+        "liver_left",
+    ]

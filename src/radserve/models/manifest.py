@@ -845,6 +845,18 @@ class ModelSpec(_Strict):
         values = [label.value for label in self.labels]
         if len(set(values)) != len(values):
             raise ValueError("label values must be unique")
+        # one name, one structure: measurements, upstream references (roi_labels, within)
+        # and a cached result's label values are looked up by name, so a second label of
+        # one name (or of names differing in case only) was silently read as the first
+        seen: dict[str, str] = {}
+        for label in self.labels:
+            other = seen.get(label.name.casefold())
+            seen[label.name.casefold()] = label.name
+            if other is not None:
+                raise ValueError(
+                    f"label names must be unique: {other!r} and {label.name!r} name two "
+                    "labels (names are compared ignoring case)"
+                )
         if "fp32" not in self.files:
             raise ValueError("files must name the fp32 model")
         reference = self.input.reference_channel
