@@ -467,6 +467,31 @@ def test_a_series_of_two_patients_is_refused_whoever_differs(tmp_path: Path, key
     assert "OTHER" not in str(raised.value) and "1999" not in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    ("keyword", "value", "said"),
+    [
+        ("PatientID", ["MRN7", "MRN8"], "Patient ID holds 2 values where DICOM allows one"),
+        ("PatientName", ["DOE^JANE", "ROE^JO"], "Patient's Name holds 2 values"),
+        ("IssuerOfPatientID", ["HOSP", "OTHER"], "Issuer of Patient ID holds 2 values"),
+        ("AccessionNumber", ["A1", "A2", "A3"], "Accession Number holds 3 values"),
+        ("PatientID", "MRN\x007", "Patient ID holds control characters"),
+        ("PatientID", "MRN\t7", "Patient ID holds control characters"),
+        ("AccessionNumber", "A\x0b1", "Accession Number holds control characters"),
+    ],
+)
+def test_an_identifier_of_several_values_or_with_control_characters_is_refused(
+    tmp_path: Path, keyword: str, value: object, said: str
+) -> None:
+    """Before session 36 a Patient ID ``A\\B`` reached FHIR as one identifier ``A\\B``,
+    two Patient's Names one HumanName, and control characters went out as they came."""
+    make_ct_series(tmp_path, n_slices=3, extra={keyword: value})
+    (header,) = discover_series(tmp_path)
+    with pytest.raises(StudyError, match=said) as raised:
+        load_series(header)
+    assert raised.value.code == "attribute_invalid"
+    assert "MRN" not in str(raised.value) and "DOE" not in str(raised.value)
+
+
 def test_one_patient_in_every_instance_is_one_identity(tmp_path: Path) -> None:
     make_ct_series(tmp_path, n_slices=4, **_shared_uids())
     (header,) = discover_series(tmp_path)

@@ -5,20 +5,22 @@ must fail the job at ingest, not after minutes of inference. Refused here: an in
 :mod:`~radserve.ingest.headers` found unusable (truncated, frame count or pixel format
 inconsistent with the data, nonsense rescale), no or several Study Instance UIDs, images
 of several patients, no or several Frames of Reference, a SOP Class radserve does not
-read. Flagged (a warning on the loaded series, which reaches the report): Type 2
+read, a patient or request identifier holding several values or control characters.
+Flagged (a warning on the loaded series, which reaches the report): Type 2
 attributes the SEG/SR copy from the source but that are absent (they are written empty),
 and images whose values were lossy compressed (the models ran on approximations).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from pydicom.uid import UID
 
 from radserve.errors import DecodeError, StudyError
 from radserve.ingest.discover import SeriesHeader
-from radserve.ingest.headers import FrameRef
+from radserve.ingest.headers import FrameRef, PatientInfo
 from radserve.ingest.sources import InputTooLargeError
 
 
@@ -63,6 +65,37 @@ def check_study_patients(series: Sequence[SeriesHeader]) -> None:
     )
 
 
+# C0 and C1 controls: none of LO, SH, PN or DA admits one once ISO 2022 escapes are decoded
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def check_patient_values(patient: PatientInfo) -> None:
+    """Refuse identifiers the results would carry to the PACS, the RIS and FHIR in a form
+    no receiver matches: several values where DICOM allows one (``A\\B`` became one FHIR
+    identifier ``A\\B`` and two names one HumanName before session 36), or control
+    characters (a name has none left: :mod:`radserve.ingest.person_name` drops them).
+    The attribute is named, never its value."""
+    values = (
+        ("Patient ID", patient.patient_id),
+        ("Issuer of Patient ID", patient.issuer_of_patient_id),
+        ("Patient's Name", patient.patient_name),
+        ("Patient's Birth Date", patient.patient_birth_date),
+        ("Accession Number", patient.accession_number),
+    )
+    for name, value in values:
+        if "\\" in value:
+            raise SeriesAttributeError(
+                f"{name} holds {value.count(chr(92)) + 1} values where DICOM allows one: "
+                "results filed under it would name no patient or order the PACS, RIS or "
+                "FHIR server knows; correct it at the source and send the study again"
+            )
+        if _CONTROL.search(value):
+            raise SeriesAttributeError(
+                f"{name} holds control characters, which its value representation does "
+                "not allow: correct it at the source and send the study again"
+            )
+
+
 LOSSY_WORDS = "images were lossy compressed"  # in the warning: the report codes it by these
 
 
@@ -87,6 +120,7 @@ def check_series(header: SeriesHeader, warnings: list[str], *, lossy_input: str 
             "results would carry one patient's identity over another's images; correct the "
             "instances at the source and send the series again"
         )
+    check_patient_values(header.patient)
     frames_of_reference = header.frame_of_reference_uids
     if None in frames_of_reference or "" in frames_of_reference:
         raise SeriesAttributeError(
