@@ -134,11 +134,11 @@ def _case(seed: int) -> GroundTruth:
         disc = (yy - cy) ** 2 + (xx - cx) ** 2 <= (d / 2) ** 2
         lesions[:, disc] = i
         ct[:, disc] = 100
-        gt_list.append(GtLesion(i, (3.0, float(cy), float(cx)), float(d), "liver_hypodense"))
+        gt_list.append(GtLesion(i, (float(cx), float(cy), 3.0), float(d), "liver_hypodense"))
     rng = np.random.default_rng(seed)
     ct = (ct + rng.integers(-2, 3, shape)).astype(np.int16)
     organs = (ct > 25).astype(np.uint8)  # liver = 1, lesions included
-    grid = Volume.from_geometry(ct, spacing=(3.0, 1.0, 1.0), direction=np.eye(3))
+    grid = Volume.from_geometry(ct, spacing=(3.0, 1.0, 1.0))  # axial, as the models read
     return GroundTruth(seed, grid, organs, {"liver": 1}, lesions, tuple(gt_list))
 
 

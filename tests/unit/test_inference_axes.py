@@ -118,7 +118,10 @@ def test_wrong_axes_are_refused_clearly(axes: list[str], message: str) -> None:
 
 
 def test_axes_need_a_3d_model_and_a_slice_spacing() -> None:
-    with pytest.raises(ValueError, match="for 3d models"):
+    with pytest.raises(ValueError, match="reads the volume's slices, so its index axes start"):
         model_spec(mode="2d", axes=["x", "y", "z"])
+    assert model_spec(mode="2d").input.network_axes == ("S", "P", "L")
+    assert model_spec(mode="2d", axes=["z", "x", "y"]).input.network_axes == ("z", "x", "y")
+    assert model_spec(mode="2d", axes=["L", "A", "S"]).input.axes == ("L", "A", "S")
     with pytest.raises(ValueError, match="spacing\\[0\\] null"):
         model_spec(mode="3d", spacing=(None, 1.0, 1.0), patch_size=(8, 8, 8), axes=["R", "A", "S"])

@@ -65,7 +65,7 @@ def _ct(*, liver: bool = True) -> Volume:
     array = np.full((12, 40, 40), -1000, np.int16)
     if liver:
         array[2:10, 10:30, 10:30] = LIVER_HU
-    return Volume(array, np.diag([1.0, 1.0, 2.0, 1.0]))
+    return Volume.from_geometry(array, spacing=(1.0, 1.0, 2.0))  # axial, as the models read
 
 
 def _flags(registry: ModelRegistry, *models: str, liver: bool = True) -> list[tuple[str, str]]:

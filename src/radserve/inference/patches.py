@@ -237,7 +237,7 @@ class PatchTask(BatchedTask):
         self.confidence = np.full(self.grid.shape, 255, np.uint8)
         empty = any(s.stop <= s.start for s in self.box)
         # The network's axis order (input.axes): crop, grid and accumulator are in it.
-        self._axes = axis_map(spec.input.axes, volume.affine)
+        self._axes = axis_map(spec.input.network_axes, volume.affine)
         self._native_crop = self._axes.shape(tuple(s.stop - s.start for s in self.box))
         channels = [] if empty else self._model_grid_channels(volume, masks)
         if len(channels) == 0:
@@ -424,7 +424,7 @@ class PatchTask(BatchedTask):
 
     def _monai_axes(self) -> str | None:
         """``Orientation``'s axcodes for MONAI's arithmetic; None for index axes."""
-        axes = self.spec.input.axes
+        axes = self.spec.input.network_axes
         if axes is None or any(a not in "RLAPSI" for a in axes):
             return None
         return "".join(axes)

@@ -20,6 +20,13 @@ confidence 255). Only one batch of probabilities exists at a time per task.
 
 Through-plane spacing: 2D/2.5D models run on native slices; a model.yaml with a
 non-None slice spacing in these modes is refused (``ModelError``).
+
+Orientation: each native crop is turned in-plane to the network's axes (``input.axes``,
+by default axial as DICOM shows a supine head-first patient) before it is resampled, its
+2.5D context read in reverse where the slices run the other way, and every output turned
+back before it is written (:func:`radserve.preprocess.axes.slice_plane`). Before session
+36 a prone, feet-first or transposed study reached the network as stored: wrong organs,
+missed lesions and left and right swapped, with no warning.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from radserve.inference.tasks import (
 )
 from radserve.inference.upsample import UpsampledDecision
 from radserve.models.manifest import ChannelSpec, ModelSpec
+from radserve.preprocess.axes import AxisMap, slice_plane
 from radserve.preprocess.context import context_positions, context_step, sample_slices
 from radserve.preprocess.crop import (
     BBox,
@@ -193,14 +201,20 @@ class SliceTask(BatchedTask):
         self.precision = precision
         # a volume still being decoded: each batch waits for the slices it reads
         self._arrival = arrival
+        # the network's turn of each native slab (z, rows, columns), and back
+        plane = slice_plane(spec.input.network_axes, volume.affine, spec.key)
+        in_plane = AxisMap(plane.perm, (False, plane.flip[1], plane.flip[2]))
+        self._turn, self._unturn = in_plane.view, in_plane.inverse().view
+        self._reverse_context = plane.flip[0]  # the slices run the other way
         self._extra = check_extra_channels(volume, spec, extra_channels)
         self.box = crop_box(volume, spec, roi, crop_to_body, arrival)
         zs, ys, xs = self.box
-        self._h, self._w = ys.stop - ys.start, xs.stop - xs.start
-        native = volume.spacing
+        # the crop's rows and columns, and their spacings, as the network sees them
+        _, self._h, self._w = in_plane.shape((0, ys.stop - ys.start, xs.stop - xs.start))
+        row_mm, column_mm = (volume.spacing[axis] for axis in in_plane.perm[1:])
         target = spec.input.spacing
-        self._rh = resampled_size(self._h, native[1], target[1]) if self._h else 0
-        self._rw = resampled_size(self._w, native[2], target[2]) if self._w else 0
+        self._rh = resampled_size(self._h, row_mm, target[1]) if self._h else 0
+        self._rw = resampled_size(self._w, column_mm, target[2]) if self._w else 0
         k = spec.input.divisible_by
         self._ph, self._pw = _round_up(self._rh, k), _round_up(self._rw, k)
         self._pad_y = (self._ph - self._rh) // 2
@@ -282,6 +296,8 @@ class SliceTask(BatchedTask):
         positions = context_positions(
             items, self.spec.input.context_slices, self._step, self.volume.shape[0]
         )
+        if self._reverse_context:  # the network's neighbour "before" is the next slice
+            positions = positions[:, ::-1]
         first = int(np.floor(positions.min()))
         stack = self._resampled_stack(first, int(np.ceil(positions.max())))
         for j in range(len(items)):
@@ -289,7 +305,7 @@ class SliceTask(BatchedTask):
             out[j, :n_img, py, px] = normalise(image, self.spec.input.normalisation)
         rows = np.asarray(items)
         for j, mask in enumerate(self._extra):
-            m = self._to_model_grid(mask[rows, ys, xs][:, None], order=0)
+            m = self._to_model_grid(self._turn(mask[rows, ys, xs])[:, None], order=0)
             out[:, n_img + j, py, px] = m[:, 0]
         return out
 
@@ -321,7 +337,8 @@ class SliceTask(BatchedTask):
                     self.spec.preprocess,
                     self.volume.spacing[1:],
                 )
-                resampled = self._to_model_grid(part[:, None].astype(np.float32), order=1)
+                turned = self._turn(part).astype(np.float32)
+                resampled = self._to_model_grid(turned[:, None], order=1)
                 stack[z - first : z - first + len(part)] = resampled[:, 0]
                 del resampled
         self._last_stack = (first, stack)
@@ -353,6 +370,8 @@ class SliceTask(BatchedTask):
         for j, item in enumerate(batch.items):
             probs = activate(logits[j], self.spec.activation, axis=0)
             labels, conf = self._back(probs, self.spec, confidence=self.confidence is not None)
+            labels = self._unturn(labels[None])[0]
+            conf = None if conf is None else self._unturn(conf[None])[0]
             z = int(item) + self._out_z0
             # Only label voxels are written: the map starts as untouched zero pages, and
             # pages that only background would fill stay unallocated (most of a lesion

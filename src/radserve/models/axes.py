@@ -1,4 +1,4 @@
-"""The vocabulary of ``input.axes`` (what a 3D network's axes are) and its validation.
+"""The vocabulary of ``input.axes`` (which way a network's axes run) and its validation.
 
 The views that apply it to a volume are :mod:`radserve.preprocess.axes`.
 """
@@ -6,7 +6,12 @@ The views that apply it to a volume are :mod:`radserve.preprocess.axes`.
 from __future__ import annotations
 
 INDEX_AXES: tuple[str, str, str] = ("z", "y", "x")
-DEFAULT_AXES = INDEX_AXES
+DEFAULT_AXES = INDEX_AXES  # a 3d model's, when it declares none
+# A 2d/2.5d model's, when it declares none: an axial slice as DICOM shows a supine
+# head-first patient (rows towards posterior, columns towards the patient's left), the
+# slices in order towards the head. A study stored otherwise (prone, feet first, rows and
+# columns swapped, a NIfTI in RAS) is turned to it for the network and back.
+SLICE_AXES: tuple[str, str, str] = ("S", "P", "L")
 # Patient direction -> (LPS world axis, sign): radserve's affines map to DICOM LPS.
 DIRECTIONS: dict[str, tuple[int, int]] = {
     "L": (0, 1),
@@ -43,4 +48,4 @@ def check_axes(axes: tuple[str, ...]) -> tuple[str, str, str]:
     )
 
 
-__all__ = ["DEFAULT_AXES", "DIRECTIONS", "INDEX_AXES", "check_axes"]
+__all__ = ["DEFAULT_AXES", "DIRECTIONS", "INDEX_AXES", "SLICE_AXES", "check_axes"]

@@ -28,7 +28,7 @@ from radserve.domain.critical import CriticalRule
 from radserve.domain.findings import CodedConcept
 from radserve.domain.input_domain import InputDomain
 from radserve.errors import ModelError
-from radserve.models.axes import DEFAULT_AXES, check_axes
+from radserve.models.axes import DEFAULT_AXES, INDEX_AXES, SLICE_AXES, check_axes
 from radserve.models.dicom_text import LO_MAX_BYTES, SH_MAX_BYTES, dicom_text
 from radserve.models.ops import (
     FINDING_OPS,
@@ -360,19 +360,29 @@ class InputSpec(_Strict):
     crop_foreground: CropForegroundSpec | None = None
     sliding_window: SlidingWindowSpec = SlidingWindowSpec()
     test_time_augmentation: TtaSpec = TtaSpec()
-    axes: tuple[str, ...] = Field(
-        DEFAULT_AXES,
+    axes: tuple[str, ...] | None = Field(
+        None,
         description=(
-            "3d: what the network's three axes are (radserve.preprocess.axes): index axes "
+            "what the network's three axes are (radserve.preprocess.axes): index axes "
             "z (slice), y (row), x (column) in any order, or patient directions as MONAI's "
-            "Orientation axcodes, e.g. [R, A, S]; spacing and patch_size follow this order"
+            "Orientation axcodes, e.g. [R, A, S]; 3d: spacing and patch_size follow this "
+            "order (default [z, y, x]); 2d/2.5d: the plane and turn of the slices it was "
+            "trained on, the slice axis first (default [S, P, L]: axial, as DICOM shows a "
+            "supine head-first patient; [z, y, x] reads slices as stored)"
         ),
     )
 
     @field_validator("axes")
     @classmethod
-    def _check_axes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return check_axes(value)
+    def _check_axes(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if value is None else check_axes(value)
+
+    @property
+    def network_axes(self) -> tuple[str, ...]:
+        """``axes`` as declared, else the mode's default."""
+        if self.axes is not None:
+            return self.axes
+        return DEFAULT_AXES if self.mode == "3d" else SLICE_AXES
 
     channels: tuple[ChannelSpec, ...] = Field(
         (),
@@ -473,10 +483,11 @@ class InputSpec(_Strict):
 
     @model_validator(mode="after")
     def _check_mode(self) -> InputSpec:
-        if self.axes != DEFAULT_AXES and self.mode != "3d":
+        index = self.axes is not None and self.axes[0] in INDEX_AXES
+        if self.mode != "3d" and index and self.axes and self.axes[0] != "z":
             raise ValueError(
-                f"input.axes {list(self.axes)} is for 3d models; 2d/2.5d models take "
-                "(slice, row, column) slices"
+                f"input.axes {list(self.axes)}: a 2d/2.5d model reads the volume's "
+                "slices, so its index axes start with z"
             )
         if self.mode != "3d" and (
             self.resampling is not None
@@ -501,7 +512,9 @@ class InputSpec(_Strict):
         # spacing[0] null keeps the native slices: radserve's own grid (no resampling, the
         # slice axis first) or nnU-Net's (the native spacing of the network's first axis);
         # MONAI's first_voxel grid has no native spacing to keep
-        native = self.resampling is None and self.axes == DEFAULT_AXES
+        native = self.resampling is None and (
+            self.mode != "3d" or self.network_axes == DEFAULT_AXES
+        )
         nnunet = self.resampling is not None and self.resampling.grid == "field_of_view"
         if self.spacing[0] is None and not (native or nnunet):
             raise ValueError(

@@ -1,4 +1,4 @@
-"""Which way a 3D network's three axes run (``input.axes`` in model.yaml).
+"""Which way a network's three axes run (``input.axes`` in model.yaml).
 
 radserve holds a volume as (slice, row, column) = ``z, y, x``, the order nnU-Net and
 SimpleITK's arrays use, and that is the default. A network trained on another order
@@ -16,6 +16,11 @@ declares it, in one of two forms:
 The rest of the 3D model's declaration (``spacing``, ``patch_size``) is in the
 network's order. :class:`AxisMap` gives views (never copies) from the volume's order to
 the network's, so outputs are written back through the same view.
+
+A 2d/2.5d model reads the volume's own slices (:func:`slice_plane`): its rows and
+columns are turned in-plane and the order of its context reversed as its axes ask
+(by default :data:`~radserve.models.axes.SLICE_AXES`), and a series whose slices lie in
+another plane than the network's is refused (:class:`OrientationError`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from radserve.domain.volume import Volume
+from radserve.errors import StudyError
 from radserve.models.axes import DIRECTIONS, INDEX_AXES, check_axes
+
+
+class OrientationError(StudyError):
+    """The series' slices lie in another plane than those a slice model reads."""
+
+    code = "orientation_unsupported"
+    depends_on_model = True  # a model trained on that plane may take it
 
 
 def volume_orientation(affine: np.ndarray) -> list[tuple[int, int]]:
@@ -55,6 +68,11 @@ class AxisMap:
     @property
     def identity(self) -> bool:
         return self.perm == (0, 1, 2) and not any(self.flip)
+
+    def inverse(self) -> AxisMap:
+        """The map from the network's order back to the volume's."""
+        back = tuple(self.perm.index(j) for j in range(3))
+        return AxisMap(back, tuple(self.flip[i] for i in back))  # type: ignore[arg-type]
 
     def shape(self, shape: tuple[int, ...]) -> tuple[int, int, int]:
         """A volume-order (z, y, x) shape in network order."""
@@ -99,4 +117,25 @@ def axis_map(axes: tuple[str, ...], affine: np.ndarray) -> AxisMap:
     return AxisMap(tuple(perm), tuple(flip))  # type: ignore[arg-type]
 
 
-__all__ = ["AxisMap", "axis_map", "volume_orientation"]
+_PLANES = {0: "sagittal", 1: "coronal", 2: "axial"}  # by the LPS axis of the slice normal
+
+
+def slice_plane(axes: tuple[str, ...], affine: np.ndarray, model: str) -> AxisMap:
+    """How a slice model declaring ``axes`` sees each slice of a volume with ``affine``:
+    a map that keeps the slice axis first (rows and columns swapped and reversed as
+    needed; ``flip[0]``: the slices run the other way, so the 2.5D context is read in
+    reverse). Raises :class:`OrientationError` when the network's slices are not the
+    volume's: an axial model cannot be run on coronal slices, slice by slice."""
+    found = axis_map(axes, affine)
+    if found.perm[0] == 0:
+        return found
+    have = volume_orientation(affine)
+    world = DIRECTIONS[axes[0]][0] if axes[0] in DIRECTIONS else have[found.perm[0]][0]
+    raise OrientationError(
+        f"the series' slices are {_PLANES[have[0][0]]}, and model {model} reads "
+        f"{_PLANES[world]} slices: send the study's {_PLANES[world]} series (or a model "
+        "whose model.yaml declares the plane it was trained on in input.axes)"
+    )
+
+
+__all__ = ["AxisMap", "OrientationError", "axis_map", "slice_plane", "volume_orientation"]

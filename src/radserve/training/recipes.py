@@ -222,8 +222,11 @@ RECIPES: dict[str, Recipe] = {
         limits=(
             "Ribs are not modelled (the phantom's rib label is background here); nor are "
             "other structures (pancreas, bowel, bladder, vessels other than the aorta).",
-            "Left/right comes from anatomical context; training never mirrors images, and "
-            "a study in a non-standard orientation must be reoriented by ingest first.",
+            "Left/right comes from anatomical context; training never mirrors images. A "
+            "study stored in another in-plane orientation (prone, feet first, rows and "
+            "columns swapped) is turned to the training orientation for the network and "
+            "back (`input.axes`, default `[S, P, L]`); a coronal or sagittal series is "
+            "refused (`orientation_unsupported`).",
             "Phantom organs are smooth idealised shapes with uniform enhancement; organ "
             "boundaries on real CT are far harder.",
         ),
