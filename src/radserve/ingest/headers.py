@@ -250,6 +250,23 @@ def read_instance(
         return read_stream(raw, reader.size(src), src, policy, patients)
 
 
+def is_bare_dicom(source: str | os.PathLike[str] | BinaryIO) -> bool:
+    """Whether ``source`` (a path, or a stream at its start, left there) is DICOM without
+    the Part 10 preamble and "DICM" marker, its first tag of group 0002 or 0008: a legacy
+    file :func:`read_stream` reads with ``force``. A later reader of a file ingest took
+    (the DICOM SEG/SR writers' :func:`read_header`) must read it alike: before, ``radserve
+    run`` on such files ran the models and then failed ``report_failed``."""
+    if isinstance(source, str | os.PathLike):
+        with open(source, "rb") as raw:
+            return is_bare_dicom(raw)
+    at = source.tell()
+    try:
+        head = source.read(_PREAMBLE + 4)
+    finally:
+        source.seek(at)
+    return head[_PREAMBLE:] != b"DICM" and head[:2] in _BARE_STREAM_STARTS
+
+
 def read_stream(
     raw: BinaryIO,
     size: int,
@@ -266,7 +283,7 @@ def read_stream(
     raw.seek(0)
     if head[_PREAMBLE:] == b"DICM":
         force = False
-    elif head[:2] in _BARE_STREAM_STARTS:
+    elif is_bare_dicom(raw):
         force = True  # legacy file without preamble/meta: still DICOM
     else:
         raise SkipFile("not DICOM (no 'DICM' marker)")
@@ -447,6 +464,7 @@ def _record(
     problem = (
         _size_problem(size, policy)
         or _identity_problem(ds, pixel)
+        or _empty_type1_problem(ds)
         or _format_problem(ds, pixel, rows, cols)
         or _value_mapping_problem(ds, sop_class)
         or problem
@@ -558,6 +576,31 @@ def _size_problem(size: int, policy: IngestPolicy) -> Problem | None:
             "input_too_large",
             f"the file is {size} bytes, more than ingest.max_file_bytes={policy.max_file_bytes}",
         )
+    return None
+
+
+# Type 1 attributes whose value, once read, decides what the stored values mean; an
+# empty one was read as absent and a default put in its place
+_TYPE1_PIXEL = (
+    ("SamplesPerPixel", "Samples per Pixel", "Image Pixel, PS3.3 C.7.6.3"),
+    ("BitsStored", "Bits Stored", "Image Pixel, PS3.3 C.7.6.3"),
+    ("PixelRepresentation", "Pixel Representation", "Image Pixel, PS3.3 C.7.6.3"),
+    ("NumberOfFrames", "Number of Frames", "Multi-frame, PS3.3 C.7.6.6"),
+)
+
+
+def _empty_type1_problem(ds: Dataset) -> Problem | None:
+    """A Type 1 attribute present with no value: read as absent, a default stood in for
+    it (Pixel Representation 0: signed values read as unsigned; Bits Stored from Bits
+    Allocated; Number of Frames 1: the other frames ignored), and a study read so ran.
+    A Type 1 attribute must hold a value; which the sender meant cannot be told."""
+    for keyword, name, module in _TYPE1_PIXEL:
+        if _empty(ds, keyword):
+            return Problem(
+                "instance_invalid",
+                f"{name} is present but empty (Type 1, {module}): how the stored values are "
+                "to be read cannot be told, and no default is assumed",
+            )
     return None
 
 
@@ -860,8 +903,8 @@ def _enhanced_frames(
 
 def _rescale(item: Dataset | None, fallback: Dataset | None) -> tuple[float, float, Problem | None]:
     """Rescale Slope and Intercept: 1 and 0 when absent, a :class:`Problem` when present
-    but not usable (text, NaN, infinite, zero slope, absurd magnitudes): such values used
-    to become 1 and 0 silently, scaling every voxel wrongly."""
+    but not usable (empty, text, NaN, infinite, zero slope, absurd magnitudes): such
+    values used to become 1 and 0 silently, scaling every voxel wrongly."""
     values = []
     for keyword, default, limit in (
         ("RescaleSlope", 1.0, MAX_RESCALE_SLOPE),
@@ -870,9 +913,23 @@ def _rescale(item: Dataset | None, fallback: Dataset | None) -> tuple[float, flo
         raw = _raw(item, keyword)
         if raw is None and fallback is not None:
             raw = _raw(fallback, keyword)
-        if raw is None or raw == "":
+        if raw is None:
             values.append(default)
             continue
+        if raw == "":
+            # Type 1 where present (CT Image C.8.2.1, Modality LUT C.11.1): an empty one
+            # was read as absent, 1 or 0 stood in, and the stored values ran as HU
+            name = "Rescale Slope" if keyword == "RescaleSlope" else "Rescale Intercept"
+            return (
+                1.0,
+                0.0,
+                Problem(
+                    "instance_invalid",
+                    f"{name} is present but empty (Type 1, PS3.3 C.8.2.1 / C.11.1): the "
+                    "stored values cannot be mapped to physical units, and no default is "
+                    "assumed",
+                ),
+            )
         value = _number(raw)
         if value is None or abs(value) > limit or (keyword == "RescaleSlope" and value == 0):
             name = "Rescale Slope" if keyword == "RescaleSlope" else "Rescale Intercept"
@@ -1135,6 +1192,29 @@ def _raw(ds: Dataset | None, keyword: str) -> str | None:
     if isinstance(value, list | tuple | pydicom.multival.MultiValue):
         return "\\".join(str(v) for v in value)
     return str(value).strip()
+
+
+def _empty(ds: Dataset | None, keyword: str) -> bool:
+    """Whether ``keyword`` is present with a zero-length value. Not ``_raw(...) == ""``:
+    that strips NUL bytes, so a binary 0 (US 0x0000) reads as "" too."""
+    if ds is None:
+        return False
+    tag = _tag(keyword)
+    try:
+        if tag not in ds:
+            return False
+        element = ds.get_item(tag, keep_deferred=True)
+    except Exception:
+        return False
+    if isinstance(element, RawDataElement):
+        if element.length == 0:
+            return True
+        text = (element.VR or _dictionary_vr(tag)) in ("DS", "IS")  # padding only: empty
+        return text and isinstance(element.value, bytes) and not element.value.strip(b" \0")
+    value = element.value
+    if isinstance(value, str | bytes | list | tuple | pydicom.multival.MultiValue):
+        return not value
+    return value is None
 
 
 def _number(raw: str) -> float | None:

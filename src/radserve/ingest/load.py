@@ -17,6 +17,7 @@ import numpy as np
 from radserve.domain.volume import Volume, spacing_of
 from radserve.errors import GeometryError, StudyError, UnsupportedModalityError
 from radserve.ingest.arrival import SliceArrival
+from radserve.ingest.ct_scale import check_ct_scale, declared_on_ct_scale
 from radserve.ingest.decode import decode_stack, ensure_decoders, start_decode_stack
 from radserve.ingest.discover import SeriesHeader, discover_series
 from radserve.ingest.geometry import StackLayout, plan_stack
@@ -28,8 +29,6 @@ from radserve.ingest.validate import check_series
 
 log = logging.getLogger(__name__)
 
-# Above any CT scale: the extended ones end near +30,700 HU, and int16 at 32,767.
-CT_MAX_HU = 32767
 # skip reasons of a file that may be an image of any series (its header was not read)
 _UNREADABLE = ("unreadable", "header not read")
 
@@ -193,12 +192,25 @@ def _loaded(
 
 
 def _streamable(header: SeriesHeader, layout: StackLayout, policy: IngestPolicy) -> bool:
-    """The stack goes into the volume as decoded: nothing compares or moves slices."""
+    """The stack goes into the volume as decoded: nothing compares or moves slices, and
+    a CT's header keeps every value on the CT scale (a streamed volume is not checked
+    after its decode, as a whole one is by :func:`_check_ct_values`)."""
     return (
         not header.copies
         and not (layout.duplicates and policy.duplicate_positions == "drop_identical")
         and layout.in_plane_shifts is None
         and layout.target_offsets is None
+        and (header.modality != "CT" or all(map(_declared_on_ct_scale, header.frames)))
+    )
+
+
+def _declared_on_ct_scale(frame: FrameRef) -> bool:
+    fmt = frame.pixel
+    return declared_on_ct_scale(
+        fmt.bits_stored,
+        bool(fmt.pixel_representation),
+        frame.rescale_slope,
+        frame.rescale_intercept,
     )
 
 
@@ -371,22 +383,20 @@ def _check_pixels(frames: Sequence[FrameRef], warnings: list[str]) -> None:
 
 
 def _check_ct_values(header: SeriesHeader, array: np.ndarray) -> None:
-    """CT values past any CT scale mean the pixels were not read as they were written:
-    signed HU declared unsigned (-1000 read as 64,536), a wrong rescale, or padding
-    without Pixel Padding Value. Such a volume ran, and a model found the whole body a
-    lesion. Only a float volume can hold them (int16 ends at the limit): no cost else."""
-    if header.modality != "CT" or array.dtype.kind != "f" or not array.size:
+    """CT values off any CT scale, at either end, mean the pixels were not read as they
+    were written: signed HU declared unsigned (-1000 read as 64,536), a wrong Rescale
+    Slope or Intercept (-999,999 made every voxel about -1e6 HU, and the job found
+    nothing), or padding without Pixel Padding Value. The same bound as a NIfTI CT's
+    (:mod:`radserve.ingest.ct_scale`). Only a float volume can leave it: no cost else."""
+    if header.modality != "CT":
         return
-    top = float(np.nanmax(array))
-    if top > CT_MAX_HU:
-        count = int(np.count_nonzero(array > CT_MAX_HU))
-        raise StudyError(
-            f"CT values reach {top:.0f} HU ({count} of {array.size} voxels above "
-            f"{CT_MAX_HU}), beyond any CT scale: the pixel data is not read as it was "
-            "written (signed values with Pixel Representation 0, a wrong Rescale Slope or "
-            "Intercept, or padding without Pixel Padding Value?)",
-            code="implausible_pixel_values",
-        )
+    check_ct_scale(
+        array,
+        "CT values",
+        "the pixel data is not read as it was written (signed values with Pixel "
+        "Representation 0, a wrong Rescale Slope or Intercept, or padding without Pixel "
+        "Padding Value?)",
+    )
 
 
 def _verify_copies(

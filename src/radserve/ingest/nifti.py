@@ -22,23 +22,32 @@ import numpy as np
 
 from radserve.domain.volume import Volume
 from radserve.errors import GeometryError, StudyError
+from radserve.ingest.ct_scale import check_ct_scale
 from radserve.ingest.geometry import MAX_POSITION_MM, check_fov, check_range
-from radserve.ingest.load import CT_MAX_HU
-from radserve.ingest.policy import IngestPolicy
+from radserve.ingest.policy import IngestPolicy, policy_hint
+from radserve.ingest.resample import shift_slices_in_plane
 
 _INT16 = np.iinfo(np.int16)
 _INVALID = "nifti_invalid"
+_ORTHOGONAL_TOLERANCE = 1e-2  # |cos| of the in-plane axes, as for Image Orientation (Patient)
 
 
 def load_nifti(
-    path: Path | str, *, policy: IngestPolicy | None = None, modality: str | None = None
+    path: Path | str,
+    *,
+    policy: IngestPolicy | None = None,
+    modality: str | None = None,
+    warnings: list[str] | None = None,
 ) -> Volume:
     """Read a 3-D NIfTI-1/2 file (a trailing singleton 4th axis is allowed) into a Volume.
 
     ``policy``: the ingest bounds checked before the voxels are read, for a file from
     outside (None: a file radserve wrote, such as a report's label map; its type, affine
-    and values are still checked); ``modality``: the one the volume is taken as (``CT``:
-    values must lie on a CT scale).
+    and values are still checked), with the DICOM path's geometry rules: an orientation
+    must be declared (qform or sform), the in-plane axes orthogonal, and a slice axis
+    off the plane's normal (a sheared affine, a gantry tilt) is what
+    ``ingest.gantry_tilt`` says; ``modality``: the one the volume is taken as (``CT``:
+    values must lie on a CT scale); ``warnings``: what was tolerated is appended there.
 
     Raises:
         StudyError: code ``nifti_invalid`` when the file is not a readable 3-D NIfTI
@@ -61,8 +70,17 @@ def load_nifti(
         shape = (*shape, 1)
     if len(shape) != 3:
         raise StudyError(f"NIfTI image must be 3-D, got shape {image.shape}", code=_INVALID)
+    if 0 in shape:
+        # dim[3] = 0 read as a volume of no slices: the report's overview indexed a
+        # slice that is not there (internal_error on the server, a traceback in run)
+        raise StudyError(
+            f"NIfTI image holds no voxels (shape {tuple(int(n) for n in image.shape)}: an "
+            "axis of length 0)",
+            code=_INVALID,
+        )
     affine = image.affine
     _check_header(image, shape, affine, policy)
+    tilt = None if policy is None else _check_orientation(image, affine, policy)
     try:
         data = _read_data(image).reshape(shape)
     except Exception as exc:
@@ -71,7 +89,91 @@ def load_nifti(
             code=_INVALID,
         ) from exc
     _check_values(data, modality)
-    return Volume.from_nifti_arrays(data, affine)
+    volume = Volume.from_nifti_arrays(data, affine)
+    if tilt is not None and policy is not None:
+        volume, said = _tolerate_tilt(volume, tilt, policy, modality)
+        if warnings is not None:
+            warnings.append(said)
+    return volume
+
+
+def _check_orientation(
+    image: nib.Nifti1Image, affine: np.ndarray, policy: IngestPolicy
+) -> str | None:
+    """The DICOM path's orientation rules on a NIfTI from outside; what a tolerated
+    tilt is, in words (None: no tilt).
+
+    No qform and no sform (both codes 0): nibabel makes up an affine from pixdim alone,
+    so left and right, and where the volume lies, are a guess; such a file ran and its
+    findings carried a side (``lung_left``) nothing in the file stated. Refused, as a
+    DICOM series without Image Orientation (Patient) is: a report may not name a side it
+    cannot know. In-plane axes that are not orthogonal are refused as a DICOM Image
+    Orientation whose vectors are not orthogonal is; a slice axis off the plane's normal
+    (a sheared affine: a gantry tilt kept in the affine) is what ``ingest.gantry_tilt``
+    says of a DICOM stack (``reject`` by default)."""
+    header = image.header
+    if int(header["qform_code"]) == 0 and int(header["sform_code"]) == 0:
+        raise GeometryError(
+            "the NIfTI header declares no orientation (qform_code and sform_code are both "
+            "0): where the voxels lie in the patient, and which side is left, is unknown; "
+            "write the file with its scanner orientation (sform or qform code 1 or 2)"
+        )
+    axes = affine[:3, :3] / np.linalg.norm(affine[:3, :3], axis=0)
+    i_dir, j_dir, k_dir = axes.T
+    if abs(float(i_dir @ j_dir)) > _ORTHOGONAL_TOLERANCE:
+        raise GeometryError(
+            f"the NIfTI affine's in-plane axes (i, j) are {_degrees(i_dir, j_dir):.2f}° apart, "
+            "not orthogonal: a sheared image plane"
+        )
+    normal = np.cross(i_dir, j_dir)
+    tilt = _degrees(k_dir, normal / np.linalg.norm(normal), acute=True)
+    if tilt <= policy.tilt_tolerance_deg:
+        return None
+    what = (
+        f"sheared NIfTI affine: the slice axis (k) is {tilt:.2f}° from the normal of the "
+        "image plane (a gantry tilt kept in the affine)"
+    )
+    if policy.gantry_tilt == "reject":
+        raise GeometryError(
+            f"{what}. To shift slices onto an orthogonal grid, "
+            f"{policy_hint('gantry_tilt', 'correct')} ('flag' keeps the sheared affine)"
+        )
+    return what
+
+
+def _degrees(a: np.ndarray, b: np.ndarray, *, acute: bool = False) -> float:
+    """The angle between unit vectors ``a`` and ``b`` (``acute``: between the lines they
+    lie on, at most 90°)."""
+    cosine = float(np.clip(a @ b, -1.0, 1.0))
+    return float(np.degrees(np.arccos(abs(cosine) if acute else cosine)))
+
+
+def _tolerate_tilt(
+    volume: Volume, what: str, policy: IngestPolicy, modality: str | None
+) -> tuple[Volume, str]:
+    """``flag``: the sheared affine kept, said; ``correct``: each slice shifted in-plane
+    onto an orthogonal grid, as :func:`radserve.ingest.geometry.plan_stack` does."""
+    if policy.gantry_tilt == "flag":
+        return volume, f"{what}; kept the exact sheared (non-orthogonal) affine"
+    affine = volume.affine.copy()
+    step_vec, row_vec, col_vec = affine[:3, 0], affine[:3, 1], affine[:3, 2]
+    row_spacing, col_spacing = float(np.linalg.norm(row_vec)), float(np.linalg.norm(col_vec))
+    in_plane = np.array([row_vec / row_spacing, col_vec / col_spacing]).T  # (3, 2)
+    normal = np.cross(row_vec, col_vec)
+    normal /= np.linalg.norm(normal)
+    step = float(step_vec @ normal)
+    normal *= np.sign(step)
+    drift = np.outer(np.arange(volume.shape[0]), step_vec - normal * abs(step))
+    shifts = (drift @ in_plane) / np.array([row_spacing, col_spacing])
+    array = volume.array.copy()
+    air = policy.ct_padding_hu if modality == "CT" else policy.other_padding_value
+    shift_slices_in_plane(array, shifts, air)
+    affine[:3, 0] = normal * abs(step)
+    said = (
+        f"{what}; slices shifted in-plane by up to {float(np.max(np.abs(shifts))):.1f} "
+        "pixels onto an orthogonal grid"
+    )
+    return Volume(array, affine), said
 
 
 def _check_header(
@@ -159,15 +261,11 @@ def _check_values(data: np.ndarray, modality: str | None) -> None:
             f"{bad} of {data.size} NIfTI voxels are not finite numbers (NaN or infinity)",
             code="implausible_pixel_values",
         )
-    if modality != "CT" or not data.size:
-        return
-    low, high = float(data.min()), float(data.max())
-    if high > CT_MAX_HU or low < -CT_MAX_HU - 1:
-        raise StudyError(
-            f"CT values from {low:g} to {high:g}, beyond any CT scale (int16's "
-            f"{-CT_MAX_HU - 1} to {CT_MAX_HU}): a NIfTI CT must hold Hounsfield units "
-            "(scaling by scl_slope / scl_inter applied)",
-            code="implausible_pixel_values",
+    if modality == "CT":
+        check_ct_scale(
+            data,
+            "NIfTI CT values",
+            "a NIfTI CT must hold Hounsfield units (scaling by scl_slope / scl_inter applied)",
         )
 
 

@@ -10,11 +10,14 @@ a new class here, not a subclass of the work.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+
 from radserve.domain.input_domain import AcquisitionFacts
+from radserve.domain.volume import Volume
 from radserve.errors import StudyError
 from radserve.ingest import (
     IngestPolicy,
@@ -25,8 +28,16 @@ from radserve.ingest import (
     load_nifti,
     load_series,
 )
+from radserve.ingest.arrival import DecodeAbandonedError
 from radserve.ingest.validate import check_series, check_study_patients
-from radserve.pipeline.selection import UNUSABLE, rejection_reason, select_series
+from radserve.pipeline.selection import (
+    UNUSABLE,
+    passed_over_reason,
+    rank_series,
+    rejection_reason,
+    series_ref,
+    stack_rejection_reason,
+)
 from radserve.pipeline.spec import PipelineSpec, SeriesRules
 from radserve.pipeline.volume import release_free_memory
 from radserve.preprocess.crop import body_sample_slices
@@ -70,29 +81,94 @@ def ingest_study(
 ) -> IngestedStudy:
     """Discover the series at ``sources``, select one by the pipeline's rules, load it.
 
+    When the preferred series cannot be loaded for what its data holds (a missing
+    slice, cut files, an unusable rescale), the next qualifying series is tried, and
+    the report says why the preferred one was skipped; when none loads, the preferred
+    series' error is raised. A limit (``series_too_large``, ``input_too_large``) stops
+    the study at once: it is no fault of that series alone, and loading the next one
+    would spend the same resources again.
+
     ``stream``: return while a JPEG 2000 stack is still being decoded, the slices the
     body box is found on first (``loaded.arrival``; see
     :func:`radserve.ingest.load_series`'s ``decode_first``)."""
     timer = timer or StageTimer()
     policy = policy or IngestPolicy()
+    rules = pipeline.series_selection
     with timer.stage("ingest: discover"):
         headers = discover_series(sources, policy=policy)  # bounded by the policy's limits
     try:
-        selected, rejected = select_series(headers, pipeline.series_selection)
+        ordered, rejected = rank_series(headers, rules)
     except StudyError:
-        _refuse_unusable_instance(headers, pipeline.series_selection)
+        _refuse_unusable_instance(headers, rules)
         raise
-    study = selected.study_instance_uid
+    study = ordered[0].study_instance_uid
     check_study_patients([h for h in headers if h.study_instance_uid == study])
+    failed: list[tuple[SeriesHeader, StudyError]] = []
     with timer.stage("ingest: load"):
-        loaded = load_series(
-            selected,
-            policy=policy,
-            required_modality=selected.modality,
-            decode_first=body_sample_slices if stream else None,
-        )
+        for candidate in ordered:
+            try:
+                loaded = load_series(
+                    candidate,
+                    policy=policy,
+                    required_modality=candidate.modality,
+                    decode_first=body_sample_slices if stream else None,
+                )
+            except StudyError as exc:
+                if not _may_try_another(exc):
+                    raise
+                failed.append((candidate, exc))
+                release_free_memory()
+                continue
+            break
+        else:
+            raise failed[0][1]
     release_free_memory()  # the decoders' per-frame buffers
+    selected = loaded.header
+    rejected += [series_ref(header, _skipped_reason(exc)) for header, exc in failed]
+    rejected += [
+        series_ref(other, passed_over_reason(selected, other, rules))
+        for other in ordered[len(failed) + 1 :]
+    ]
+    if failed:
+        loaded = replace(
+            loaded, warnings=(*_fallback_warnings(failed, selected, rules), *loaded.warnings)
+        )
     return IngestedStudy(loaded, rejected, tuple(headers))
+
+
+# codes of a limit reached, not of a series' own data: the study stops, no other series is tried
+_LIMIT_CODES = frozenset({"series_too_large", "input_too_large", "archive_rejected"})
+
+
+def _may_try_another(exc: StudyError) -> bool:
+    """Whether a series that failed to load with ``exc`` may give way to the next one."""
+    return exc.code not in _LIMIT_CODES and not isinstance(exc, DecodeAbandonedError)
+
+
+def _skipped_reason(exc: StudyError) -> str:
+    return f"preferred, but could not be loaded ({exc.code})"
+
+
+def _fallback_warnings(
+    failed: Sequence[tuple[SeriesHeader, StudyError]], used: SeriesHeader, rules: SeriesRules
+) -> list[str]:
+    """One warning per preferred series skipped: which, why (the error's code and
+    message, files named without their folders), and which series ran instead."""
+    return [
+        f"series {header.series_number or '?'} ({header.number_of_frames} images), preferred "
+        f"({rules.prefer}), could not be loaded and was skipped: [{exc.code}] "
+        f"{_without_folders(exc.message, header)}; series {used.series_number or '?'} "
+        f"({used.number_of_frames} images) was analysed instead"
+        for header, exc in failed
+    ]
+
+
+def _without_folders(message: str, header: SeriesHeader) -> str:
+    """``message`` with each of the series' files named by its name alone: a folder
+    name may say whose study it is, and a report travels further than a log."""
+    for source in sorted({f.source for f in header.frames}, key=lambda s: -len(str(s))):
+        message = message.replace(str(source), source.name)
+    return message
 
 
 def _refuse_unusable_instance(headers: Sequence[SeriesHeader], rules: SeriesRules) -> None:
@@ -130,9 +206,14 @@ class NiftiInput:
     def ingest(
         self, pipeline: PipelineSpec, *, policy: IngestPolicy | None, timer: StageTimer
     ) -> IngestedStudy:
-        modality = (pipeline.series_selection.modalities or ("CT",))[0]
+        rules = pipeline.series_selection
+        modality = (rules.modalities or ("CT",))[0]
+        warnings: list[str] = []
         with timer.stage("ingest: load"):
-            volume = load_nifti(self.path, policy=policy or IngestPolicy(), modality=modality)
+            volume = load_nifti(
+                self.path, policy=policy or IngestPolicy(), modality=modality, warnings=warnings
+            )
+        _check_nifti_stack(volume, rules)
         header = SeriesHeader(
             series_instance_uid="",
             study_instance_uid="",
@@ -148,7 +229,34 @@ class NiftiInput:
             patient=PatientInfo(),
             frames=(),
         )
-        return IngestedStudy(LoadedSeries(volume, header), [])
+        return IngestedStudy(LoadedSeries(volume, header, tuple(warnings)), [])
+
+
+def _check_nifti_stack(volume: Volume, rules: SeriesRules) -> None:
+    """The series-selection rules on the stack itself (slice count, a single image,
+    slice thickness: the NIfTI's slice spacing along k) that a DICOM series meets: a
+    1-slice or 2-D NIfTI ran and reported "no findings" where the same DICOM series was
+    refused ``study_invalid``. The rules on DICOM attributes (modality, SOP Class, Image
+    Type, Series Description, Body Part) have nothing to read in a NIfTI: the upload is
+    the one volume asked for, of the pipeline's modality."""
+    reason = stack_rejection_reason(volume.shape[0], _plane_distance(volume), rules)
+    if reason is not None:
+        raise StudyError(
+            f"the NIfTI volume ({_slices(volume.shape[0])} along its k axis) does not meet "
+            f"the pipeline's selection rules: {reason}"
+        )
+
+
+def _plane_distance(volume: Volume) -> float:
+    """The distance between slice planes (along their normal): a sheared affine's slice
+    vector is longer (5.39 mm for 5 mm slices sheared 2 mm per slice)."""
+    step, rows, columns = volume.affine[:3, :3].T
+    normal = np.cross(rows, columns)
+    return abs(float(step @ normal)) / float(np.linalg.norm(normal))
+
+
+def _slices(n: int) -> str:
+    return f"{n} slice" if n == 1 else f"{n} slices"
 
 
 def as_input(source: StudyInput | Path | Sequence[Path]) -> StudyInput:

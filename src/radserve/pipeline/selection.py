@@ -70,17 +70,11 @@ def rejection_reason(series: SeriesLike, rules: SeriesRules) -> str | None:
         excluded.add(LOCALIZER_IMAGE_TYPE)
     if excluded:
         return f"image type {sorted(excluded)} is excluded"
-    if series.number_of_frames < max(2, rules.min_slices) and series.unusable:
-        # an unusable multi-frame instance counts as one frame: say why, not "1 image"
-        return f"{UNUSABLE}{series.unusable}"
-    if series.number_of_frames == 1:
-        return SINGLE_IMAGE
-    if series.number_of_frames < rules.min_slices:
-        return f"{series.number_of_frames} images, fewer than the {rules.min_slices} required"
-    thickness = series.slice_thickness
-    limit = rules.max_slice_thickness_mm
-    if limit is not None and thickness is not None and thickness > limit + 1e-6:
-        return f"slice thickness {thickness:g} mm exceeds {limit:g} mm"
+    stack = stack_rejection_reason(
+        series.number_of_frames, series.slice_thickness, rules, unusable=series.unusable
+    )
+    if stack is not None:
+        return stack
     pattern = rules.series_description
     if not description_matches(pattern, series.series_description):
         return f"series description {series.series_description!r} does not match {pattern!r}"
@@ -91,12 +85,54 @@ def rejection_reason(series: SeriesLike, rules: SeriesRules) -> str | None:
     return None
 
 
+def stack_rejection_reason(
+    number_of_frames: int,
+    slice_thickness: float | None,
+    rules: SeriesRules,
+    *,
+    unusable: str | None = None,
+) -> str | None:
+    """The first rule on the stack itself (how many images, how thick) a volume breaks,
+    or None: the part of :func:`rejection_reason` any input has, a DICOM series or a
+    NIfTI volume (whose slice spacing stands for the thickness). A NIfTI of one slice,
+    or of 2 where a pipeline asks 20, ran and reported "no findings" before (content
+    probe, 2026-12-06), while the same DICOM series was refused."""
+    if number_of_frames < max(2, rules.min_slices) and unusable:
+        # an unusable multi-frame instance counts as one frame: say why, not "1 image"
+        return f"{UNUSABLE}{unusable}"
+    if number_of_frames == 1:
+        return SINGLE_IMAGE
+    if number_of_frames < rules.min_slices:
+        return f"{number_of_frames} images, fewer than the {rules.min_slices} required"
+    limit = rules.max_slice_thickness_mm
+    if limit is not None and slice_thickness is not None and slice_thickness > limit + 1e-6:
+        return f"slice thickness {slice_thickness:g} mm exceeds {limit:g} mm"
+    return None
+
+
 def select_series(series: Sequence[S], rules: SeriesRules) -> tuple[S, list[SeriesRef]]:
     """The best qualifying series and a reason for each series not chosen.
 
     Raises a StudyError (UnsupportedModalityError when only the modality is wrong) that
     lists every series and its reason when none qualifies.
     """
+    ordered, rejected = rank_series(series, rules)
+    best = ordered[0]
+    rejected += [series_ref(other, passed_over_reason(best, other, rules)) for other in ordered[1:]]
+    return best, rejected
+
+
+def passed_over_reason(best: SeriesLike, other: SeriesLike, rules: SeriesRules) -> str:
+    """Why ``other``, which qualifies, is not used when ``best`` is."""
+    if _is_derived(other) and not _is_derived(best):
+        return "an ORIGINAL series preferred over this DERIVED one"
+    return f"another series preferred ({rules.prefer})"
+
+
+def rank_series(series: Sequence[S], rules: SeriesRules) -> tuple[list[S], list[SeriesRef]]:
+    """Every qualifying series, best first, and a reason for each that does not
+    qualify: the order in which a study's series are tried when the best one cannot be
+    loaded. Raises as :func:`select_series` does when none qualifies."""
     rejected: list[SeriesRef] = []
     candidates: list[S] = []
     for s in series:
@@ -104,7 +140,7 @@ def select_series(series: Sequence[S], rules: SeriesRules) -> tuple[S, list[Seri
         if reason is None:
             candidates.append(s)
         else:
-            rejected.append(_ref(s, reason))
+            rejected.append(series_ref(s, reason))
     if not candidates:
         detail = _refusal_detail(rejected)
         if not series:
@@ -121,15 +157,7 @@ def select_series(series: Sequence[S], rules: SeriesRules) -> tuple[S, list[Seri
             f"series of {len(studies)} studies (Study Instance UIDs differ) meet the "
             f"pipeline's selection rules: {SeveralStudiesError.advice}"
         )
-    ordered = sorted(candidates, key=lambda s: _preference(s, rules))
-    best = ordered[0]
-    for other in ordered[1:]:
-        if _is_derived(other) and not _is_derived(best):
-            reason = "an ORIGINAL series preferred over this DERIVED one"
-        else:
-            reason = f"another series preferred ({rules.prefer})"
-        rejected.append(_ref(other, reason))
-    return best, rejected
+    return sorted(candidates, key=lambda s: _preference(s, rules)), rejected
 
 
 def _refusal_detail(rejected: Sequence[SeriesRef]) -> str:
@@ -161,7 +189,7 @@ def refusals(series: Sequence[SeriesLike], rules: SeriesRules) -> list[SeriesRef
         reason = rejection_reason(s, rules)
         if reason is None:
             return []
-        refused.append(_ref(s, reason))
+        refused.append(series_ref(s, reason))
     return refused
 
 
@@ -188,7 +216,8 @@ def _sop_class_name(uid: str) -> str:
     return known.name if uid and known.name != uid else f"SOP Class {uid or '(none)'}"
 
 
-def _ref(series: SeriesLike, reason: str) -> SeriesRef:
+def series_ref(series: SeriesLike, reason: str) -> SeriesRef:
+    """``series`` as a report names a series it did not use, with ``reason``."""
     return SeriesRef(
         series_instance_uid=series.series_instance_uid,
         series_number=series.series_number,

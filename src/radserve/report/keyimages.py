@@ -294,7 +294,14 @@ def render_overview(
     modality: str = "CT",
     size: int = 512,
 ) -> tuple[Image.Image, int]:
-    """A slice (default: the one with most organ voxels) with organ and finding overlays."""
+    """A slice (default: the one with most organ voxels) with organ and finding overlays.
+    A volume without a slice to draw is refused as a ReportError (an IndexError here
+    failed a NIfTI of dim[3] = 0 as internal_error; ingest now refuses such a file)."""
+    if 0 in ct.shape or (slice_index is not None and not 0 <= slice_index < ct.shape[0]):
+        raise ReportError(
+            f"no overview image can be drawn of a volume of shape {ct.shape}"
+            + (f" at slice {slice_index}" if slice_index is not None else "")
+        )
     for labels, what in ((organ_labels, "organ label map"), (finding_labels, "finding map")):
         if labels is not None:
             _check_grid(ct, labels, what)

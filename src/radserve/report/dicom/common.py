@@ -62,8 +62,9 @@ def read_headers(source_files: Sequence[Path], policy: IngestPolicy | None = Non
     written (a source slice's 50 MB Image Comments was read whole: +50 MB, 2026-12-03).
     ``policy``: the header bounds ingest accepted these files under (a site that raised
     ``ingest.max_header_bytes`` or ``max_header_elements`` must not have the results
-    refused after the models ran); the defaults without one."""
-    from radserve.ingest.headers import read_header
+    refused after the models ran); the defaults without one. A file without preamble and
+    File Meta that ingest read is read the same way (it failed here, after the models)."""
+    from radserve.ingest.headers import is_bare_dicom, read_header
 
     policy = policy or IngestPolicy()
     headers = []
@@ -71,6 +72,7 @@ def read_headers(source_files: Sequence[Path], policy: IngestPolicy | None = Non
         try:
             header = read_header(
                 path,
+                force=is_bare_dicom(path),  # as ingest read it: a file without File Meta
                 max_header_bytes=policy.max_header_bytes,
                 max_header_elements=policy.max_header_elements,
             )
