@@ -177,8 +177,15 @@ def _written_after(src: SourceFile, other: SourceFile) -> bool:
     and unreadable times keep the first found."""
     if src.member is not None or other.member is not None:
         return False
+    return written_after(src.path, other.path)
+
+
+def written_after(path: Path, other: Path) -> bool:
+    """Whether the file ``path`` was written later than ``other`` (unreadable times:
+    no). The one rule for which copy of a re-sent instance counts: ingest reads it, and
+    the DICOM results take their patient and study attributes from it."""
     try:
-        return src.path.stat().st_mtime_ns > other.path.stat().st_mtime_ns
+        return path.stat().st_mtime_ns > other.stat().st_mtime_ns
     except OSError:
         return False
 

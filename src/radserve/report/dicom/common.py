@@ -97,7 +97,7 @@ def slice_sources(report: Report, headers: Sequence[Dataset]) -> SliceSources:
     uids = report.geometry.source_sop_instance_uids
     frame_numbers = report.geometry.source_frame_numbers
     check_slice_references(uids, frame_numbers)
-    by_uid = {str(ds.SOPInstanceUID): ds for ds in headers if "SOPInstanceUID" in ds}
+    by_uid = _copies_read(headers)
     instances = list(dict.fromkeys(uids))  # an Enhanced series: one instance, many slices
     missing = [u for u in instances if u not in by_uid]
     if missing:
@@ -113,6 +113,30 @@ def slice_sources(report: Report, headers: Sequence[Dataset]) -> SliceSources:
         return SliceSources(tuple(sources))
     check_multiframe_source(sources[0])
     return SliceSources(tuple(sources), tuple(n for n in frame_numbers if n is not None))
+
+
+def _copies_read(headers: Sequence[Dataset]) -> dict[str, Dataset]:
+    """One header per SOP Instance UID: of several copies of an instance (a study re-sent
+    with a corrected name or ID keeps both, the second named by its content), the one
+    ingest read: the file written last, the first found on a tie
+    (:func:`radserve.ingest.discover.written_after`). Before session 36 the last in the
+    order of the file names won, so about half the slices of a corrected re-send gave
+    its SEG and SR the old patient, object by object."""
+    from radserve.ingest.discover import written_after
+
+    by_uid: dict[str, Dataset] = {}
+    for ds in headers:
+        if "SOPInstanceUID" not in ds:
+            continue
+        uid = str(ds.SOPInstanceUID)
+        kept = by_uid.get(uid)
+        if kept is None or (
+            isinstance(ds.filename, str | Path)
+            and isinstance(kept.filename, str | Path)
+            and written_after(Path(ds.filename), Path(kept.filename))
+        ):
+            by_uid[uid] = ds
+    return by_uid
 
 
 def shield_patient_name(
