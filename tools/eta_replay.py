@@ -124,7 +124,15 @@ VARIANTS = {
     "session 11": Variant(drain=False, capacity=SESSION_11_WALK, rates=ArrivalRates()),
     # session 32: no allowance on the latency chain of a job that starts at once
     # (Capacity.chain_allowance: waiting)
-    "session 32 (default)": SERVER_WALK,
+    # (its name as session 32 ran it: the default then)
+    "session 32 (default)": Variant(
+        drain=False,
+        capacity=(*SESSION_11_WALK[:2], ("chain_allowance", "waiting"), ("queued_ahead", "all")),
+        rates=ArrivalRates(),
+    ),
+    # session 36: a running job is not charged the queued jobs ranked ahead of it that
+    # wait for its own slot (Capacity.queued_ahead: other_slots)
+    "session 36 (default)": SERVER_WALK,
     "session 11, running behind": Variant(
         drain=False, capacity=WITH_RUNNING_BEHIND, rates=ArrivalRates()
     ),

@@ -348,3 +348,29 @@ def test_a_running_jobs_work_done_is_its_step_seconds_and_is_recorded() -> None:
     ]
     _, back, _ = walk_inputs(walk_record(100.0, entries, Capacity(), {"r": 40}))
     assert back == entries
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["cpu-device", "measured-share"])
+def test_a_running_job_is_not_charged_queued_work_that_starts_only_after_it(
+    shared: bool,
+) -> None:
+    """Session 36: at max_running 1, a running OUTPATIENT job ranked behind two queued
+    INPATIENT ones was charged their work: predicted 35 s late, it finished in 0.6 s, and
+    a false deadline-risk alert was raised. They wait for the slot it holds."""
+    est = EST if not shared else JobEstimate(6.0, 4.0, 10.0, 0.0, "fitted", share_s=10.0)
+
+    def entry(i: int, cls: int, running: bool = False) -> Entry:
+        started = 95.0 if running else None
+        return Entry(f"j{i}", cls, running, deadline=1000.0, started=started, estimate=est)
+
+    queue = [entry(1, 1), entry(2, 1), entry(0, 2, running=True)]
+    one_slot = walk(queue, 100.0, Capacity(max_running=1))
+    running = one_slot[2]
+    assert running.finish == pytest.approx(105.0)  # its own 5 s left, nothing else
+    assert one_slot[0].start == pytest.approx(105.0)  # the queued ones wait for its slot
+    # with a free slot the first queued job runs beside it, and is charged to it
+    two_slots = walk(queue, 100.0, Capacity(max_running=2))
+    assert two_slots[0].start == 100.0 and two_slots[2].finish > 105.0
+    # as before session 36: every queued job ahead charged
+    before = walk(queue, 100.0, Capacity(max_running=1, queued_ahead="all"))
+    assert before[2].finish >= 110.0

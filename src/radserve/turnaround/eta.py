@@ -147,6 +147,16 @@ class Capacity:
     # 1-2 ahead +16.8 -> +7.0 %, OUTPATIENT ones 163 -> 63 % median error at once;
     # behind >= 3 23.1 -> 22.4 %, halfway unchanged: docs/history/turnaround.md)
     chain_allowance: str = "waiting"
+    # a running job's throughput bound counts the queued jobs ranked ahead of it but for
+    # those that can only start in the slot it holds, directly or after another queued
+    # job in it (``other_slots``, session 36), or every one (``all``, before): such a job
+    # never shares the server with it (a probe at max_running 1: a running OUTPATIENT
+    # job behind two queued INPATIENT ones was predicted 35 s late, finished in 0.6 s,
+    # and raised a false deadline-risk alert). Those starting in another running job's
+    # slot stay counted: that slot's predicted end is itself a prediction (excluding every
+    # queued job predicted to start after it ends made halfway ETAs earlier on the 34
+    # kept traces, 17.4 -> 17.7 %, on runs whose running jobs were already early)
+    queued_ahead: str = "other_slots"
 
     def work_s(self, cpu_s: float, device_s: float) -> float:
         """Seconds this capacity needs for ``cpu_s`` of CPU-pool and ``device_s`` of
@@ -218,14 +228,18 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
     """Every entry's predicted start and finish; ``entries`` in the scheduler's order."""
     # routine slots as (free by the latency chain alone, free at the predicted finish):
     # chaining predicted finishes plus full latencies would count contention twice
-    slots: list[tuple[float, float]] = []
+    # and the running job whose slot it is ("": a free one), whoever queued holds it next
+    slots: list[tuple[float, float, str]] = []
     for e in entries:  # slots held by routine jobs already started
         if e.running and e.cls != URGENT:
             free = now + _remaining(e, now)
-            slots.append((free, free))
-    slots += [(now, now)] * max(0, capacity.max_running - len(slots))
+            slots.append((free, free, e.job_id))
+    slots += [(now, now, "")] * max(0, capacity.max_running - len(slots))
     heapq.heapify(slots)
     cpu = device = shared = 0.0  # work ranked so far: unmeasured (cpu, device), shares
+    # the queued jobs ranked so far: (the running job whose slot it waits for, cpu,
+    # device, share) of each
+    queued: list[tuple[str, float, float, float]] = []
     noise_ahead = 0.0  # the noise (s) of the work ranked so far (band: ahead)
     behind = _running_behind(entries, now, capacity)
     urgent_until = now
@@ -243,14 +257,17 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
         if est.share_s is not None:
             taken = _share_left(e, now, capacity, fraction)
             shared += taken
+            parts = (0.0, 0.0, taken)
         else:
             cpu += est.cpu_s * fraction
             device += est.device_s * fraction
             taken = est.latency_s * fraction  # its work, for the band (band: ahead)
+            parts = (est.cpu_s * fraction, est.device_s * fraction, 0.0)
+        holder = ""
         if not e.running:
             if e.cls != URGENT:
                 if slots:
-                    chain, free = heapq.heappop(slots)
+                    chain, free, holder = heapq.heappop(slots)
                     own_start, start = max(now, chain), max(now, free)
                 if capacity.urgent_exclusive:
                     own_start, start = max(own_start, urgent_until), max(start, urgent_until)
@@ -258,12 +275,21 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
         beside = 0.0
         if not e.running and (e.cls != URGENT or not capacity.urgent_exclusive):
             beside = behind[position + 1]  # running jobs ranked behind it go on
-        throughput = now + capacity.work_s(cpu, device) + shared + beside
+        if e.running and capacity.queued_ahead == "other_slots":
+            # the queued jobs ahead that wait for its own slot take nothing from it
+            later = [q for q in queued if q[0] == e.job_id]
+            idle = [sum(q[i] for q in later) for i in (1, 2, 3)]
+            throughput = now + capacity.work_s(cpu - idle[0], device - idle[1])
+            throughput += shared - idle[2]
+        else:
+            throughput = now + capacity.work_s(cpu, device) + shared + beside
+        if not e.running:
+            queued.append((holder, *parts))
         walked = max(own, throughput)
         if e.cls == URGENT:
             urgent_until = max(urgent_until, walked)
         elif not e.running:
-            heapq.heappush(slots, (own, walked))
+            heapq.heappush(slots, (own, walked, holder))
         noise = _Z90 * _MAD_SIGMA * math.hypot(est.spread_s, noise_ahead)
         if capacity.band == "ahead":  # its own share's noise for the jobs behind it
             noise_ahead = math.hypot(noise_ahead, est.spread_s * taken / max(est.latency_s, 1e-9))

@@ -35,8 +35,13 @@ from radserve.turnaround.service_time import WINDOW, JobEstimate, ServiceTimeMod
 from radserve.turnaround.share import BesideMeter, ShareMeter, shares_of_runs
 
 # the walk's options an older recording lacks: what that server did (share_left and
-# running_behind came in session 11, chain_allowance in session 32)
-_RECORDED_BEFORE = {"share_left": "latency", "running_behind": False, "chain_allowance": "always"}
+# running_behind came in session 11, chain_allowance in session 32, queued_ahead in 36)
+_RECORDED_BEFORE = {
+    "share_left": "latency",
+    "running_behind": False,
+    "chain_allowance": "always",
+    "queued_ahead": "all",
+}
 
 
 def walk_record(
@@ -179,13 +184,15 @@ class Variant:
 
 # the server's walk (since session 11: a running job's share left as measured, the running
 # jobs not ranked behind, the arrival rates counted since the first arrival; since
-# session 32: no allowance on the latency chain of a job that starts at once)
+# session 32: no allowance on the latency chain of a job that starts at once; since
+# session 36: a running job not charged the queued jobs waiting for its own slot)
 SERVER_WALK = Variant(
     drain=False,
     capacity=(
         ("share_left", "measured"),
         ("running_behind", False),
         ("chain_allowance", "waiting"),
+        ("queued_ahead", "other_slots"),
     ),
     rates=ArrivalRates(),
 )
