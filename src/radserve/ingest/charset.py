@@ -6,9 +6,16 @@ bytes as Latin-1: a UTF-8 name becomes mojibake ("MÃ¼ller") in the FHIR Patien
 outputs that copy the bytes without declaring a set are invalid (dciodvfy: "Character
 invalid for character repertoire"). The bytes say which it was: non-ASCII text that is
 valid UTF-8 is UTF-8 (Latin-1 words almost never are), any other is Latin-1 (ISO_IR 100).
+
+A header that declares UTF-8 (ISO_IR 192) alone over text that is not UTF-8 is the
+common mislabel of Latin-1 bytes: pydicom put U+FFFD in place of each such byte, and a
+PACS probe's ``M\xfcller^J\xf6rg`` went to the SEG, SR, FHIR, QIDO and the console as
+``M\ufffdller^J\ufffdrg`` (session 36). It is read as Latin-1, as an undeclared one is.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from pydicom.charset import convert_encodings
 from pydicom.datadict import dictionary_VR
@@ -22,10 +29,15 @@ TEXT_VRS = frozenset({"SH", "LO", "ST", "LT", "UT", "UC", "PN"})
 
 
 def undeclared_character_set(ds: Dataset) -> str | None:
-    """The term for the non-ASCII text of ``ds`` when it declares no character set:
-    UTF-8 when all of it decodes as UTF-8, else Latin-1; None when it declares one or
-    its text is ASCII."""
-    if ds.get("SpecificCharacterSet"):
+    """The term for the non-ASCII text of ``ds`` when its declaration does not hold it:
+    none declared (UTF-8 when all of it decodes as UTF-8, else Latin-1), or UTF-8
+    declared over text that does not decode as UTF-8 (Latin-1). None when the
+    declaration holds or the text is ASCII."""
+    value = ds.get("SpecificCharacterSet")
+    many = isinstance(value, Sequence) and not isinstance(value, str)
+    terms = [str(v) for v in value] if many else [str(value or "")]
+    declared = [t.strip() for t in terms if t.strip()]
+    if declared and declared != [UTF8]:
         return None
     found = [raw for raw in _raw_text(ds) if not raw.isascii()]
     if not found:
@@ -35,7 +47,7 @@ def undeclared_character_set(ds: Dataset) -> str | None:
             raw.decode("utf-8")
     except UnicodeDecodeError:
         return LATIN1
-    return UTF8
+    return None if declared else UTF8
 
 
 def declare_undeclared_character_set(ds: Dataset) -> Dataset:

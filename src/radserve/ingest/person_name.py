@@ -75,8 +75,8 @@ def _encodings(dataset: Dataset) -> list[str]:
         if isinstance(value, Sequence) and not isinstance(value, str)
         else ([str(value)] if value else [])
     )
-    if not any(terms) and (found := undeclared_character_set(dataset)):
-        terms = [found]  # non-ASCII text no Specific Character Set declares
+    if found := undeclared_character_set(dataset):
+        terms = [found]  # non-ASCII text no Specific Character Set declares, or mislabelled
     try:
         return convert_encodings(terms or None)
     except Exception:  # an unknown term: the default repertoire, escapes decode below
