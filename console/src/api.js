@@ -17,8 +17,12 @@ export class ApiError extends Error {
 }
 
 // `body` goes as JSON; `file` (a File or Blob, e.g. a bundle zip) as it is, with its type.
-export async function api(path, { method = 'GET', body, file } = {}) {
+// `background`: the page asks by itself (a timer's refresh, a reload the event stream
+// asked for), not a person: the server does not count it as activity, so an unattended
+// tab still signs out after console.idle_timeout_s.
+export async function api(path, { method = 'GET', body, file, background = false } = {}) {
   const headers = { Accept: 'application/json' }
+  if (background) headers['X-Console-Background'] = '1'
   if (method !== 'GET' && session.csrf) headers['X-CSRF-Token'] = session.csrf
   if (body !== undefined) headers['Content-Type'] = 'application/json'
   if (file !== undefined) headers['Content-Type'] = file.type || 'application/octet-stream'

@@ -12,12 +12,12 @@ import { h, iso, num, toast, when } from './util.js'
 
 export const GUARDRAIL_ACTOR = 'radserve-guardrail'
 
-export async function readLifecycle() {
+export async function readLifecycle(background = false) {
   const [models, history, drift, installs] = await Promise.all([
-    api('/v1/models'),
-    api('/v1/models/deployments'),
-    api('/v1/models/drift'),
-    api('/v1/models/installs'),
+    api('/v1/models', { background }),
+    api('/v1/models/deployments', { background }),
+    api('/v1/models/drift', { background }),
+    api('/v1/models/installs', { background }),
   ])
   return { ...models, history, drift, installs }
 }

@@ -62,15 +62,16 @@ export function opsPage(root) {
   const deploy = deployDialog(() => refresh())
   const install = installDialog(() => refresh())
 
-  async function refresh() {
+  // background: the timer's refresh (no activity of the person; see api())
+  async function refresh(background = false) {
     try {
-      const [data, lifecycle] = await Promise.all([api('/console/api/ops'), readLifecycle()])
+      const [data, lifecycle] = await Promise.all([api('/console/api/ops', { background }), readLifecycle(background)])
       if (closed) return
       renderFigures(data)
       renderPeers(data)
       renderLifecycle(models, lifecycle, confirm.ask, deploy.ask, install.ask)
       if (data.now.open_models.length) models.append(h('p', { class: 'bad' }, 'circuit breaker open: ', data.now.open_models.map((m, i) => [i ? ', ' : '', iso(m)])))
-      if (can('admin')) await renderOutbox()
+      if (can('admin')) await renderOutbox(background)
       else outbox.replaceChildren(h('h2', {}, 'Outbox'), h('p', { class: 'muted' }, 'The outbox is shown to admin sessions.'))
     } catch (error) {
       toast(`operations: ${error.message}`, 'error')
@@ -121,8 +122,8 @@ export function opsPage(root) {
     }
   }
 
-  async function renderOutbox() {
-    const data = await api('/v1/ops/outbox?limit=200')
+  async function renderOutbox(background = false) {
+    const data = await api('/v1/ops/outbox?limit=200', { background })
     if (closed) return
     const destinations = data.destinations.map((d) =>
       h('tr', { class: d.failing_since ? 'failing' : '' }, h('td', {}, d.kind), h('td', {}, d.destination), h('td', { class: 'n' }, d.pending), h('td', { class: 'n' }, d.retrying), h('td', { class: 'n' }, d.failed_permanent), h('td', {}, when(d.failing_since)), h('td', { class: 'err' }, d.last_error || '')),
@@ -162,7 +163,7 @@ export function opsPage(root) {
   }
 
   refresh()
-  timer = setInterval(refresh, 5000)
+  timer = setInterval(() => refresh(true), 5000)
   return () => {
     closed = true
     clearInterval(timer)

@@ -93,7 +93,7 @@ export function studyPage(root, jobId) {
     right.append(findingsTable(report, (finding) => goToSlice(finding.key_slice_index, finding)))
     right.append(organTable(report))
     right.append(timingsTable(report, job))
-    right.append(downloads(jobId, report, files))
+    right.append(downloads(jobId, report, files, data.phi_downloads))
     section.append(trailTable(trail))
 
     nv = new Niivue({
@@ -262,14 +262,16 @@ function timingsTable(report, job) {
   return h('div', { class: 'card' }, h('h2', {}, 'Stage timings'), h('table', { id: 'timings' }, h('tbody', {}, Object.entries(timings).map(row))))
 }
 
-function downloads(jobId, report, files) {
+// phi: whether this session may download what names the patient (the FHIR Bundle's
+// Patient, the SEG's and SR's patient module; console.phi_roles): else not offered
+function downloads(jobId, report, files, phi) {
   const id = encodeURIComponent(jobId)
   const links = [
     ['Report (JSON)', `/v1/jobs/${id}/report`],
-    ['FHIR Bundle', `/v1/jobs/${id}/fhir`],
+    ...(phi ? [['FHIR Bundle', `/v1/jobs/${id}/fhir`]] : []),
     ...report.outputs.label_maps.map((m) => [`NIfTI ${m.kind}`, `/v1/jobs/${id}/labels?kind=${m.kind}`]),
     [`${analysedModality(report)} volume (NIfTI)`, `/v1/jobs/${id}/volume`],
-    ...files.filter((f) => f.endsWith('.dcm')).map((f) => [`${f.includes('-sr') ? 'SR' : 'SEG'}: ${f}`, `/console/api/jobs/${id}/files/${encodeURIComponent(f)}`]),
+    ...(phi ? files.filter((f) => f.endsWith('.dcm')) : []).map((f) => [`${f.includes('-sr') ? 'SR' : 'SEG'}: ${f}`, `/console/api/jobs/${id}/files/${encodeURIComponent(f)}`]),
   ]
   return h('div', { class: 'card' }, h('h2', {}, 'Downloads'), h('ul', { class: 'downloads', id: 'downloads' }, links.map(([label, href]) => h('li', {}, h('a', { href, download: '' }, label)))))
 }

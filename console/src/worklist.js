@@ -215,10 +215,10 @@ export function worklistPage(root) {
       for (const job of rows.values()) if (job.id in etas) job.eta = etas[job.id]
       render()
     })
-    source.addEventListener('reset', () => load())
+    source.addEventListener('reset', () => load(true)) // asked by the stream, not a person
   }
 
-  async function load() {
+  async function load(background = false) {
     const mine = ++loading
     const params = new URLSearchParams()
     if (filters.state) params.append('state', filters.state)
@@ -227,7 +227,7 @@ export function worklistPage(root) {
     if (filters.to) params.set('date_to', filters.to)
     if (filters.accession) params.set('accession', filters.accession)
     try {
-      const data = await api(`/console/api/worklist?${params}`)
+      const data = await api(`/console/api/worklist?${params}`, { background })
       if (mine !== loading || stopped) return // a newer load, or the page was left
       rows.clear()
       for (const job of data.items) rows.set(job.id, job)

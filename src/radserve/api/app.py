@@ -4,7 +4,8 @@
 the middleware around one :class:`~radserve.service.Service`. The app's lifespan starts
 and stops the service unless the caller manages it (``manage_service=False``).
 
-Middleware, outermost first: JSON error bodies -> HTTP metrics -> request timeout -> body
+Middleware, outermost first: answered errors end there (:class:`AnsweredErrors`) ->
+response headers (no-store, HSTS) -> JSON error bodies -> HTTP metrics -> request timeout -> body
 limit -> control characters -> HEAD as GET -> app.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radserve import __version__
 from radserve.api import errors
@@ -40,6 +42,41 @@ submit and admin (`radserve keys create --role ...`). Errors are
 """
 
 
+class AnsweredErrors:
+    """Outermost: an unexpected error answered in full (the 500 of
+    :func:`radserve.api.errors.unexpected_response`, logged there with its traceback)
+    ends with its request. Starlette raises it on to the server, and uvicorn closed the
+    connection for it: an API reader's pooled connection to the serving process, whose
+    next forwarded request (another client's) then failed. One not answered in full
+    still goes on (the server must cut that connection)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        answered = False
+
+        async def sending(message: Message) -> None:
+            nonlocal answered
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception:
+            if not answered:
+                raise
+
+
+class _App(FastAPI):
+    def build_middleware_stack(self) -> ASGIApp:
+        return AnsweredErrors(super().build_middleware_stack())
+
+
 def create_app(
     service: Service, *, manage_service: bool = True, key_ttl_s: float = 10.0
 ) -> FastAPI:
@@ -55,7 +92,7 @@ def create_app(
             if manage_service:
                 await run_in_threadpool(service.stop)
 
-    app = FastAPI(
+    app = _App(
         title="radserve",
         version=__version__,
         description=DESCRIPTION,
@@ -137,4 +174,4 @@ def _document_errors(schema: dict[str, Any], public: set[str]) -> None:
         components.pop("ValidationError", None)
 
 
-__all__ = ["create_app"]
+__all__ = ["AnsweredErrors", "create_app"]

@@ -31,6 +31,7 @@ from radserve.store import (
     JobRecord,
     Store,
 )
+from radserve.store.jobs import VisibleTo
 from radserve.store.waiting import waiting_for_store
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ class Principal:
     name: str | None = None
     site: str | None = None
     submitter: str | None = None
+    # signed in through the console (a session cookie), not an API key: such a principal
+    # reads patient identifiers only when its role is in ``console.phi_roles``
+    session: bool = False
 
     def allows(self, role: Role) -> bool:
         return role_allows(self.role, role)
@@ -213,6 +217,17 @@ def read_access(request: Request) -> ReadAccess:
     return access
 
 
+def visible_to(request: Request, principal: Principal) -> VisibleTo | None:
+    """The visibility rule for ``principal`` as a listing's query filter (None: it sees
+    every job): a list filtered after its query held short pages, and its cursor named
+    jobs the key may not see."""
+    access = read_access(request)
+    if access.visibility == "all" or principal.allows(Role.ADMIN):
+        return None
+    scope = principal.submitter if access.visibility == "own_submitter" else principal.site
+    return VisibleTo(access.visibility, principal.key_id, scope)
+
+
 async def check_visible(request: Request, principal: Principal, job: JobRecord) -> None:
     """404 (as if it did not exist) for a job the key may not see."""
     access = read_access(request)
@@ -220,6 +235,24 @@ async def check_visible(request: Request, principal: Principal, job: JobRecord) 
         return
     if not await run_in_threadpool(access.visible, principal.reader, job.api_key_id):
         raise JobNotFoundError(f"no job with id {quoted(job.id)}")
+
+
+def check_phi_identifiers(request: Request, principal: Principal, what: str) -> None:
+    """403 for a console session whose role is not in ``console.phi_roles`` asking for
+    ``what``: a download that names the patient (a FHIR Patient, a DICOM object's
+    patient module). The study view hides those details from such roles; the same
+    session must not fetch them another way. API keys keep their documented access."""
+    if not principal.session:
+        return
+    service = getattr(request.app.state, "service", None)
+    roles = tuple(service.settings.console.phi_roles) if service is not None else ()
+    if principal.role.value in roles:
+        return
+    raise ForbiddenError(
+        f"{what} names the patient: console sessions get it only with a role in "
+        f"console.phi_roles ({', '.join(roles) or 'none'}); this session's role is "
+        f"{principal.role.value}"
+    )
 
 
 async def read_unless_outage(request: Request) -> Principal | None:
@@ -294,6 +327,7 @@ __all__ = [
     "Principal",
     "audited_read",
     "audited_results",
+    "check_phi_identifiers",
     "check_visible",
     "read_access",
     "read_unless_outage",
@@ -302,4 +336,5 @@ __all__ = [
     "require_read",
     "require_submit",
     "token_of",
+    "visible_to",
 ]

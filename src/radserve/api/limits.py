@@ -1,5 +1,5 @@
 """The request stack every radserve app runs under: HEAD as GET, control characters, body
-limit, request timeout, HTTP metrics, JSON error bodies.
+limit, request timeout, HTTP metrics, JSON error bodies, response headers.
 
 A module of its own, not part of :mod:`radserve.api.app`: an API reader process
 (:mod:`radserve.api.reader`) wraps its two reads in the same stack, and importing the app
@@ -20,6 +20,7 @@ from radserve.api.middleware import (
     JsonErrorsMiddleware,
     MetricsMiddleware,
     Observe,
+    ResponsePolicyMiddleware,
     TimeoutMiddleware,
 )
 from radserve.config import ServerSettings
@@ -28,7 +29,7 @@ from radserve.config import ServerSettings
 def limits(server: ServerSettings, observe: Observe) -> list[tuple[Any, dict[str, Any]]]:
     """The request stack of every radserve app (the serving process's and the reader
     processes'), innermost first: HEAD as GET, control characters, body limit, request timeout,
-    HTTP metrics, JSON error bodies."""
+    HTTP metrics, JSON error bodies, response headers (no-store, HSTS)."""
     return [
         (HeadAsGetMiddleware, {}),
         (ControlCharactersMiddleware, {}),
@@ -42,6 +43,8 @@ def limits(server: ServerSettings, observe: Observe) -> list[tuple[Any, dict[str
         ),
         (MetricsMiddleware, {"observe": observe}),
         (JsonErrorsMiddleware, {}),
+        # outermost: its headers on every answer, the error bodies' included
+        (ResponsePolicyMiddleware, {}),
     ]
 
 

@@ -20,6 +20,11 @@ is a few attribute lookups.
 - HEAD: answered as the GET of the same URL without its body.
 - Error bodies: every 4xx/5xx leaves with the API's JSON error body, whoever wrote it.
 - Request targets: a path or query with a control character is refused (400).
+- Response policy: every answer of the API, the console's API and DICOMweb (reports,
+  FHIR, label maps, images, volumes, result files, job lists and details: patient data
+  or results) says ``Cache-Control: no-store`` unless it set its own; every answer to
+  a request whose scheme is https (TLS, or a trusted proxy's ``X-Forwarded-Proto``)
+  carries ``Strict-Transport-Security``.
 """
 
 from __future__ import annotations
@@ -345,10 +350,49 @@ def _content_length(scope: Scope) -> int | None:
         return None
 
 
+# where patient data and results are answered: one rule, not a header per route (a
+# route that forgot it let a browser or a shared proxy keep a report on disk)
+NO_STORE_PREFIXES = ("/v1/", "/console/api/", "/dicomweb/")
+HSTS = b"max-age=31536000"
+
+
+class ResponsePolicyMiddleware:
+    """``Cache-Control: no-store`` on the answers under :data:`NO_STORE_PREFIXES` (one
+    that set its own keeps it), ``Strict-Transport-Security`` on every https answer."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        no_store = scope["path"].startswith(NO_STORE_PREFIXES)
+        https = scope.get("scheme") == "https"
+        if not no_store and not https:
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                names = {name.lower() for name, _ in headers}
+                if no_store and b"cache-control" not in names:
+                    headers.append((b"cache-control", b"no-store"))
+                if https and b"strict-transport-security" not in names:
+                    headers.append((b"strict-transport-security", HSTS))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
 __all__ = [
+    "NO_STORE_PREFIXES",
     "BodyLimitMiddleware",
     "ControlCharactersMiddleware",
     "JsonErrorsMiddleware",
     "MetricsMiddleware",
+    "ResponsePolicyMiddleware",
     "TimeoutMiddleware",
 ]

@@ -14,6 +14,13 @@ The forwarding client keeps no cookies (each client's own ``Cookie`` header goes
 as it came): a console session cookie kept by a shared client went out with every later
 client's requests, signing them in as the first user. A client that goes away ends its
 forwarded response (the console's event stream would otherwise run on upstream).
+
+A pooled connection the serving process closed (it closes one after an unexpected
+error's 500, or when its keep-alive time runs out) can be taken for the next request
+before the close is seen: that request then fails before any byte of an answer. It was
+never read there, so it is sent again once, on a new connection (any method: its body,
+when one was sent, is replayed from what was kept of it; one larger than
+``_REPLAY_BYTES`` that had started to go out is not, and gets the 503).
 """
 
 from __future__ import annotations
@@ -47,6 +54,12 @@ _HOP = {
 # the serving process's own response headers the reader's server sets again: passed on,
 # every answer carried two Date headers
 _SET_BY_READER = {b"date", b"server"}
+# how much of a request body is kept to send it again on a new connection (sign-in,
+# JSON actions; an upload's first part)
+_REPLAY_BYTES = 256 * 1024
+# a request that failed thus before any answer arrived was not taken by the serving
+# process (a closed pooled connection); ConnectError is not among them: no server
+_NOT_TAKEN = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
 def _passed_on(name: bytes) -> bool:
@@ -76,11 +89,18 @@ class Upstream:
     """An ASGI app that forwards HTTP requests to the serving process's socket."""
 
     def __init__(self, socket_path: str) -> None:
-        self.client = httpx.AsyncClient(
+        self.client = self._client(socket_path, keep_alive=64)
+        # a second try goes out on a connection of its own (never a pooled one that may
+        # be closed too)
+        self.fresh = self._client(socket_path, keep_alive=0)
+
+    @staticmethod
+    def _client(socket_path: str, *, keep_alive: int) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=socket_path),
             base_url="http://radserve",
             timeout=httpx.Timeout(None),  # the serving process applies its own time-outs
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=keep_alive),
             cookies=_NoCookies(),  # httpx copies a Cookies object into a new jar
         )
 
@@ -93,14 +113,20 @@ class Upstream:
         headers.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))
         query = scope.get("query_string", b"")
         target = scope["raw_path"] if scope.get("raw_path") else scope["path"].encode()
-        request = self.client.build_request(
-            scope["method"],
-            (target + (b"?" + query if query else b"")).decode("latin-1"),
-            headers=headers,
-            content=_body(receive) if _has_body(scope) else None,
-        )
+        url = (target + (b"?" + query if query else b"")).decode("latin-1")
+        body = _Body(receive) if _has_body(scope) else None
         try:
-            response = await self.client.send(request, stream=True)
+            try:
+                response = await self._send(self.client, scope["method"], url, headers, body)
+            except _NOT_TAKEN as exc:
+                if body is not None and not body.replayable:
+                    raise
+                logger.info(
+                    "serving process closed a pooled connection (%s); sending the request "
+                    "again on a new one",
+                    type(exc).__name__,
+                )
+                response = await self._send(self.fresh, scope["method"], url, headers, body)
         except httpx.TransportError as exc:
             logger.warning("serving process unreachable: %s", type(exc).__name__)
             message = "the server is starting or stopping; try again"
@@ -136,24 +162,63 @@ class Upstream:
         finally:
             await response.aclose()
 
+    @staticmethod
+    async def _send(
+        client: httpx.AsyncClient,
+        method: str,
+        url: str,
+        headers: list[tuple[bytes, bytes]],
+        body: _Body | None,
+    ) -> httpx.Response:
+        request = client.build_request(
+            method, url, headers=headers, content=body.chunks() if body is not None else None
+        )
+        return await client.send(request, stream=True)
+
     async def aclose(self) -> None:
         await self.client.aclose()
+        await self.fresh.aclose()
 
 
 def _has_body(scope: Scope) -> bool:
     return any(k in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"])
 
 
-async def _body(receive: Receive) -> AsyncIterator[bytes]:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise httpx.ReadError("the client closed the connection")
-        body = message.get("body", b"")
-        if body:
-            yield body
-        if not message.get("more_body", False):
-            return
+class _Body:
+    """The client's request body, streamed on; its first ``_REPLAY_BYTES`` are kept, so
+    a request whose connection turned out closed can be sent again from its start."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._kept: list[bytes] = []
+        self._size = 0
+        self._complete = False
+        self._gone = False  # the client went away: nothing to send again
+        self._overflow = False  # more was read than was kept
+
+    @property
+    def replayable(self) -> bool:
+        return not self._gone and not self._overflow
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for chunk in list(self._kept):
+            yield chunk
+        while not self._complete:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self._gone = True
+                raise httpx.ReadError("the client closed the connection")
+            chunk = message.get("body", b"")
+            self._complete = not message.get("more_body", False)
+            if not chunk:
+                continue
+            self._size += len(chunk)
+            if self._size <= _REPLAY_BYTES and not self._overflow:
+                self._kept.append(chunk)
+            else:
+                self._overflow = True
+                self._kept.clear()
+            yield chunk
 
 
 __all__ = ["ServingUnavailableError", "Upstream"]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
+from radserve.security.keys import label_problem, printable_label
 
 if TYPE_CHECKING:
     from radserve.store import Store
@@ -30,6 +31,17 @@ def group() -> None:
     """API keys: create, revoke, list."""
 
 
+def _label(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A key's name, site or submitter: one line of printable text (a newline in a name
+    forged a row in ``keys list``)."""
+    if value is None:
+        return None
+    problem = label_problem(value)
+    if problem is not None:
+        raise click.BadParameter(f"{problem}: give one line of printable text")
+    return value
+
+
 @group.command("create")
 @click.option(
     "--role",
@@ -37,10 +49,17 @@ def group() -> None:
     required=True,
     help="admin ⊇ submit ⊇ read.",
 )
-@click.option("--name", default=None, help="A label for the key (default: the role).")
-@click.option("--site", default=None, help="Site of the key (security.visibility: site).")
 @click.option(
-    "--submitter", default=None, help="Submitter of the key (security.visibility: own_submitter)."
+    "--name", default=None, callback=_label, help="A label for the key (default: the role)."
+)
+@click.option(
+    "--site", default=None, callback=_label, help="Site of the key (security.visibility: site)."
+)
+@click.option(
+    "--submitter",
+    default=None,
+    callback=_label,
+    help="Submitter of the key (security.visibility: own_submitter).",
 )
 @CONFIG_OPTION
 @DATA_DIR_OPTION
@@ -113,4 +132,5 @@ def list_keys(as_json: bool, active: bool, config_file: Path | None, data_dir: P
     for key in keys:
         revoked = key.revoked.strftime("%Y-%m-%d %H:%M:%S") if key.revoked else "-"
         created = key.created.strftime("%Y-%m-%d %H:%M:%S")
-        click.echo(f"{key.id:<16}  {key.role:<6}  {created:<19}  {revoked:<19}  {key.name}")
+        name = printable_label(key.name)  # one stored before such names were refused
+        click.echo(f"{key.id:<16}  {key.role:<6}  {created:<19}  {revoked:<19}  {name}")

@@ -19,7 +19,7 @@ from radserve.console.auth import session_principal
 from radserve.console.events import JobFeed
 from radserve.console.ops import OpsHistory
 from radserve.console.routes import api_router, router
-from radserve.console.sessions import SessionTable
+from radserve.console.sessions import EVENTS_PATH, SessionTable
 from radserve.console.signin import limiter_for
 from radserve.console.signin import router as signin_router
 from radserve.console.studyinfo import StudyInfo
@@ -27,7 +27,6 @@ from radserve.console.users import LocalUsers
 from radserve.service import Service
 
 STATIC = Path(__file__).parent / "static"
-EVENTS_PATH = "/console/api/events"
 # the page: no inline script, nothing from other origins, no framing
 _CSP = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "

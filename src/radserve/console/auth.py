@@ -18,8 +18,10 @@ from radserve.api.auth import Principal
 from radserve.api.errors import ForbiddenError
 from radserve.config import ConsoleUser
 from radserve.console.sessions import (
+    BACKGROUND_HEADER,
     COOKIE,
     CSRF_HEADER,
+    EVENTS_PATH,
     SAFE_METHODS,
     Session,
     SessionTable,
@@ -30,12 +32,24 @@ from radserve.security.keys import Role
 
 
 def same_origin(request: Request) -> bool:
-    """True when the request has no ``Origin`` or one naming this server's host."""
+    """True when the request has no ``Origin`` or one naming this server: its scheme as
+    trusted (https with TLS or a trusted proxy's ``X-Forwarded-Proto``) and its host
+    (``http://host`` was taken for an HTTPS server)."""
     origin = request.headers.get("origin")
     if origin is None:
         return True
+    scheme, sep, rest = origin.partition("://")
+    if not sep:
+        return False  # "null" (a sandboxed or file: page) or no origin at all
     host = request.headers.get("host", "")
-    return origin.split("://", 1)[-1].rstrip("/") == host
+    return scheme.lower() == request.url.scheme and rest.rstrip("/").lower() == host.lower()
+
+
+def background(request: Request) -> bool:
+    """Whether the page made ``request`` by itself (the live event stream, a refresh or
+    poll it marks with ``X-Console-Background: 1``): it does not renew the session's
+    idle time, which only a person's actions do."""
+    return request.url.path == EVENTS_PATH or request.headers.get(BACKGROUND_HEADER) == "1"
 
 
 async def current_session(request: Request) -> tuple[str, Session] | None:
@@ -47,7 +61,7 @@ async def current_session(request: Request) -> tuple[str, Session] | None:
     session_id = request.cookies.get(COOKIE)
     if not session_id:
         return None
-    session = await run_in_threadpool(table.get, session_id)
+    session = await run_in_threadpool(lambda: table.get(session_id, renew=not background(request)))
     if session is None:
         return None
     if session.user is not None:
@@ -89,7 +103,15 @@ async def session_principal(request: Request) -> Principal | None:
         name=session.key_name,
         site=session.site,
         submitter=session.submitter,
+        session=True,
     )
 
 
-__all__ = ["account_check", "current_session", "local_users", "same_origin", "session_principal"]
+__all__ = [
+    "account_check",
+    "background",
+    "current_session",
+    "local_users",
+    "same_origin",
+    "session_principal",
+]

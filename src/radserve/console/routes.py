@@ -27,12 +27,15 @@ from starlette.concurrency import run_in_threadpool
 from radserve.api.auth import (
     Principal,
     audited_read,
+    check_phi_identifiers,
     read_access,
     require_read,
     token_of,
+    visible_to,
 )
-from radserve.api.errors import ForbiddenError, error_body
+from radserve.api.errors import ForbiddenError
 from radserve.api.files import RANGE_RESPONSES, FileAnswer
+from radserve.api.routes.jobs import ClassName, StateName
 from radserve.api.schemas import ErrorOut, EtaOut, JobOut
 from radserve.api.state import service_of as _service
 from radserve.console.auth import current_session
@@ -41,12 +44,13 @@ from radserve.console.ops import OpsHistory, current
 from radserve.console.refused import refused_series
 from radserve.console.studyinfo import StudyInfo
 from radserve.console.volume import ct_volume
-from radserve.errors import quoted
+from radserve.errors import InvalidRequestError, quoted
 from radserve.ingest.policy import IngestPolicy
 from radserve.security.keys import Role
 from radserve.service import Service
 from radserve.service.errors import OutputNotFoundError
 from radserve.store import JobRecord, JobState
+from radserve.store import jobs as job_rows
 from radserve.store.models import AuditEntry, OutboxDelivery
 
 router = APIRouter(include_in_schema=False)
@@ -54,7 +58,11 @@ router = APIRouter(include_in_schema=False)
 # opt back in on a router that leaves its routes out)
 api_router = APIRouter(tags=["jobs"])
 Reader = Annotated[Principal, Depends(require_read)]
-_RESULT_FILE = re.compile(r"^[A-Za-z0-9_-]+(\.nii\.gz|\.dcm|\.json)$")
+# a stem far below the file systems' 255-byte name limit: a longer name is no result
+# file (404), never a path the OS refuses (ENAMETOOLONG was a 500)
+_RESULT_FILE = re.compile(r"^[A-Za-z0-9_-]{1,128}(\.nii\.gz|\.dcm|\.json)$")
+# result files that name the patient (a SEG's or SR's patient module)
+_PHI_FILE = ".dcm"
 _TRAIL_LIMIT = 500
 # how often an open event stream looks whether its session still stands (a sign-out or
 # a revoked key through another replica ends it then, not at the stream's end)
@@ -78,6 +86,13 @@ def _history(request: Request) -> OpsHistory:
 def phi_allowed(request: Request, role: Role) -> bool:
     """Whether sessions of ``role`` see patient details (``console.phi_roles``)."""
     return role.value in _service(request).settings.console.phi_roles
+
+
+def phi_downloads(request: Request, who: Principal) -> bool:
+    """Whether ``who`` may download what names the patient (FHIR Bundle, SEG, SR): an
+    API key by its role, a session only with a role in ``console.phi_roles`` (the
+    same rule as :func:`radserve.api.auth.check_phi_identifiers`)."""
+    return not who.session or phi_allowed(request, who.role)
 
 
 # --- worklist --------------------------------------------------------------------------
@@ -115,51 +130,55 @@ def _visible(request: Request, who: Principal, records: list[JobRecord]) -> list
 async def worklist(
     request: Request,
     who: Reader,
-    state: Annotated[list[str] | None, Query()] = None,
-    priority_class: Annotated[list[str] | None, Query()] = None,
+    state: Annotated[list[StateName] | None, Query()] = None,
+    priority_class: Annotated[list[ClassName] | None, Query()] = None,
     date_from: dt.date | None = None,
     date_to: dt.date | None = None,
     accession: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> Response:
+    """The newest ``limit`` jobs ``who`` may see: the visibility rule (that of ``GET
+    /v1/jobs``), states, classes and dates in the query. Filtered after it, a site's
+    own jobs (or the URGENT ones) vanished behind ``limit`` newer others."""
     _history(request)
     service = _service(request)
     feed = _feed(request)
     seq = feed.seq  # before the read: a change after it arrives through the feed
+    created_after = _day_start(date_from, "date_from") if date_from is not None else None
+    # the day after date_to; none after 9999-12-31 (every job arrived before it)
+    created_before = _day_start(date_to, "date_to", days=1) if date_to is not None else None
+    scope = visible_to(request, who)
 
     def read() -> list[dict[str, Any]]:
-        created_after = (
-            dt.datetime.combine(date_from, dt.time(), dt.UTC) if date_from is not None else None
-        )
-        created_before = (
-            dt.datetime.combine(date_to + dt.timedelta(days=1), dt.time(), dt.UTC)
-            if date_to is not None
-            else None
-        )
-        scan = 1000 if accession else limit
-        page = service.jobs.list(
-            state=[JobState(s) for s in state] if state else None,
-            priority_class=None,
-            pipeline=None,
+        # an accession is in the study's header, not the row: look through more jobs
+        page = job_rows.list_jobs(
+            service.store,
+            state=state or None,
+            priority_class=priority_class or None,
             created_after=created_after,
             created_before=created_before,
-            limit=scan,
-            cursor=None,
+            limit=job_rows.MAX_PAGE if accession else limit,
+            visible_to=scope,
         )
-        records = _visible(request, who, page.items)
-        if priority_class:
-            records = [r for r in records if r.priority_class.value in priority_class]
-        rows = [_row(request, r) for r in records]
+        rows = [_row(request, r) for r in page.items]
         if accession:
             wanted = accession.strip().lower()
             rows = [r for r in rows if wanted in (r["accession"] or "").lower()]
         return rows[:limit]
 
-    try:
-        rows = await run_in_threadpool(read)
-    except ValueError as exc:
-        return JSONResponse(error_body("invalid_request", str(exc)), status_code=400)
+    rows = await run_in_threadpool(read)
     return JSONResponse({"seq": seq, "items": rows, "now": dt.datetime.now(dt.UTC).isoformat()})
+
+
+def _day_start(day: dt.date, name: str, *, days: int = 0) -> dt.datetime | None:
+    """Midnight UTC ``days`` after ``day``; None past the last representable day (no
+    bound: ``date_to=9999-12-31`` overflowed, a 500)."""
+    try:
+        return dt.datetime.combine(day + dt.timedelta(days=days), dt.time(), dt.UTC)
+    except OverflowError:
+        if days > 0:
+            return None
+        raise InvalidRequestError(f"{name}: {day.isoformat()} is out of range") from None
 
 
 def _etas(request: Request, who: Principal) -> dict[str, dict[str, Any]]:
@@ -317,6 +336,8 @@ async def job_detail(request: Request, job_id: str, who: Reader) -> Response:
         files = await run_in_threadpool(
             lambda: sorted(p.name for p in folder.iterdir() if _RESULT_FILE.match(p.name))
         )
+        if not phi_downloads(request, who):  # not offered: they would be refused
+            files = [f for f in files if not f.endswith(_PHI_FILE)]
     refused = await run_in_threadpool(
         refused_series,
         record,
@@ -334,6 +355,8 @@ async def job_detail(request: Request, job_id: str, who: Reader) -> Response:
             "files": files,
             "trail": trail,
             "phi_allowed": phi_allowed(request, who.role),
+            # the FHIR Bundle and the DICOM results: the page offers them only when true
+            "phi_downloads": phi_downloads(request, who),
         }
     )
 
@@ -361,11 +384,17 @@ async def job_patient(request: Request, job_id: str, who: Reader) -> Response:
 @router.get("/console/api/jobs/{job_id}/files/{name}")
 async def job_file(request: Request, job_id: str, name: str, who: Reader) -> FileAnswer:
     if not _RESULT_FILE.match(name):
-        raise OutputNotFoundError(f"no result file {quoted(name)}")
+        raise OutputNotFoundError(f"no result file {quoted(name[:80])}")
+    if name.endswith(_PHI_FILE):
+        check_phi_identifiers(request, who, f"the DICOM result {quoted(name)}")
     record = await _job(request, job_id, who)
     folder = _service(request).jobs.result_dir(record)
     path = folder / name
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError:  # a name the file system refuses is no file of the job's
+        found = False
+    if not found:
         raise OutputNotFoundError(f"job {job_id} has no result file {quoted(name)}")
     await audited_read(request, who, record, "result_file", {"file": name})
     media = "application/dicom" if name.endswith(".dcm") else "application/octet-stream"
@@ -448,4 +477,4 @@ async def ops(request: Request, who: Reader) -> Response:
     return JSONResponse(await run_in_threadpool(read))
 
 
-__all__ = ["api_router", "phi_allowed", "router"]
+__all__ = ["api_router", "phi_allowed", "phi_downloads", "router"]

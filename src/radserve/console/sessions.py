@@ -9,7 +9,9 @@ table is in the database, so every replica on it (and a restarted server) knows 
 session: a browser signed in through one replica behind a load balancer is signed in on
 all, and a sign-out or a key's revocation ends the session on all at its next request
 (every request reads the row; there is no cache to go stale). The idle clock is written
-at most every ``touch_s``.
+at most every ``touch_s``, and only by what a person does: the live event stream and
+the requests the page makes by itself (``X-Console-Background: 1``) leave it, so an
+open, unattended tab signs out after ``console.idle_timeout_s`` like a closed one.
 
 CSRF: every state-changing request made with the cookie must carry the session's token
 in ``X-CSRF-Token`` (a synchronizer token the page reads from ``GET
@@ -30,6 +32,10 @@ from radserve.store.records import utc_now
 
 COOKIE = "radserve_session"
 CSRF_HEADER = "x-csrf-token"
+# sent by the page on the requests it makes by itself (a refresh, a poll): they do not
+# count as activity; nor does the live event stream (an EventSource sends no header)
+BACKGROUND_HEADER = "x-console-background"
+EVENTS_PATH = "/console/api/events"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -88,16 +94,17 @@ class SessionTable:
         )
         return session_id, session
 
-    def get(self, session_id: str | None) -> Session | None:
-        """The live session for ``session_id`` (its idle clock restarted), else None:
-        ended, signed out, or its API key revoked (on any replica)."""
+    def get(self, session_id: str | None, *, renew: bool = True) -> Session | None:
+        """The live session for ``session_id``, else None: ended, signed out, or its API
+        key revoked (on any replica). ``renew``: restart its idle clock (a person's
+        action; not the page's own background requests, or an open tab never idled)."""
         if not session_id:
             return None
         return self.store.console_session(
             self._digest(session_id),
             now=self.clock(),
             idle=dt.timedelta(seconds=self.idle_s),
-            touch=dt.timedelta(seconds=self.touch_s),
+            touch=dt.timedelta(seconds=self.touch_s) if renew else dt.timedelta.max,
         )
 
     def expires_in_s(self, session: Session) -> float:
@@ -113,4 +120,13 @@ def csrf_ok(session: Session, sent: str | None) -> bool:
     return bool(sent) and hmac.compare_digest(session.csrf.encode(), (sent or "").encode())
 
 
-__all__ = ["COOKIE", "CSRF_HEADER", "SAFE_METHODS", "Session", "SessionTable", "csrf_ok"]
+__all__ = [
+    "BACKGROUND_HEADER",
+    "COOKIE",
+    "CSRF_HEADER",
+    "EVENTS_PATH",
+    "SAFE_METHODS",
+    "Session",
+    "SessionTable",
+    "csrf_ok",
+]

@@ -212,7 +212,9 @@ async def sign_in(request: Request, body: SignIn) -> Response:
     response = JSONResponse(_session_body(request, session))
     secure = settings.console.secure_cookie
     if secure is None:
-        secure = settings.server.tls is not None
+        # https as trusted: this server's TLS, or a proxy in server.trusted_proxies that
+        # said X-Forwarded-Proto: https (uvicorn set the request's scheme from it)
+        secure = settings.server.tls is not None or request.url.scheme == "https"
     response.set_cookie(
         COOKIE,
         session_id,

@@ -1,4 +1,9 @@
-"""Job rows <-> records, the updatable fields, listing filters and the page cursor."""
+"""Job rows <-> records, the updatable fields, listing filters and the page cursor.
+
+A listing under ``security.visibility`` (:class:`VisibleTo`) filters in its query: a page
+filtered afterwards held fewer jobs than asked (a site's own jobs vanished behind newer
+ones of other sites) and its cursor named the last job scanned, one the key may not
+see (its id and arrival time, base64 in ``next_cursor``)."""
 
 from __future__ import annotations
 
@@ -6,14 +11,19 @@ import base64
 import binascii
 import datetime as dt
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import Select, and_, or_, select
+from sqlalchemy import ColumnElement, Select, and_, or_, select
 
 from radserve.domain.priority import PriorityClass
+from radserve.errors import InvalidRequestError
 from radserve.store.errors import InvalidCursorError
-from radserve.store.models import Job
-from radserve.store.records import JobRecord, JobState
+from radserve.store.models import ApiKey, Job
+from radserve.store.records import JobPage, JobRecord, JobState
+
+if TYPE_CHECKING:
+    from radserve.store.base import StoreBase
 
 # fields transition(**fields) may set; state, timestamps, attempts and result are the
 # store's own business (set by the transition itself and by record_result)
@@ -87,35 +97,117 @@ def _as_states(state: JobState | str | Iterable[JobState | str] | None) -> list[
     return [JobState(s).value for s in state]
 
 
+@dataclass(frozen=True)
+class VisibleTo:
+    """The jobs a non-admin key may see under ``security.visibility`` (the rule of
+    :meth:`radserve.security.access.ReadAccess.visible`, as a query): those it
+    submitted, and those submitted by a key with its ``scope`` (its submitter under
+    ``own_submitter``, its site under ``site``; None: no other key's)."""
+
+    rule: Literal["own_submitter", "site"]
+    key_id: str
+    scope: str | None
+
+    def clause(self) -> ColumnElement[bool]:
+        own = Job.api_key_id == self.key_id
+        if self.scope is None:
+            return own
+        column = ApiKey.submitter if self.rule == "own_submitter" else ApiKey.site
+        return or_(own, Job.api_key_id.in_(select(ApiKey.id).where(column == self.scope)))
+
+
+def _as_classes(
+    value: PriorityClass | str | Iterable[PriorityClass | str] | None,
+) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [PriorityClass(value).value]
+    return [PriorityClass(c).value for c in value]
+
+
+def utc_bound(value: dt.datetime, name: str) -> dt.datetime:
+    """``value`` in UTC (naive: taken as UTC), as the arrival column compares it; 400
+    for one whose UTC time is outside the years 1..9999 (``9999-12-31T23:59:59-23:59``:
+    the conversion overflowed in the query, a 500)."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    try:
+        return value.astimezone(dt.UTC)
+    except OverflowError:
+        raise InvalidRequestError(
+            f"{name}: {value.isoformat()} is out of range (in UTC it falls outside the "
+            "years 1 to 9999)"
+        ) from None
+
+
 def list_query(
     *,
     state: JobState | str | Iterable[JobState | str] | None,
-    priority_class: PriorityClass | str | None,
+    priority_class: PriorityClass | str | Iterable[PriorityClass | str] | None,
     pipeline: str | None,
     created_after: dt.datetime | None,
     created_before: dt.datetime | None,
     cursor: str | None,
     limit: int,
+    visible_to: VisibleTo | None = None,
 ) -> Select[Any]:
     """Newest first, ordered by (arrival, id) so a cursor page never repeats or skips a row."""
     query = select(Job)
     states = _as_states(state)
     if states is not None:
         query = query.where(Job.state.in_(states))
-    if priority_class is not None:
-        query = query.where(Job.priority_class == PriorityClass(priority_class).value)
+    classes = _as_classes(priority_class)
+    if classes is not None:
+        query = query.where(Job.priority_class.in_(classes))
+    if visible_to is not None:
+        query = query.where(visible_to.clause())
     if pipeline is not None:
         query = query.where(Job.pipeline_name == pipeline)
     if created_after is not None:
-        query = query.where(Job.arrival >= created_after)
+        query = query.where(Job.arrival >= utc_bound(created_after, "created_after"))
     if created_before is not None:
-        query = query.where(Job.arrival < created_before)
+        query = query.where(Job.arrival < utc_bound(created_before, "created_before"))
     if cursor is not None:
         arrival, job_id = decode_cursor(cursor)
         query = query.where(
             or_(Job.arrival < arrival, and_(Job.arrival == arrival, Job.id < job_id))
         )
     return query.order_by(Job.arrival.desc(), Job.id.desc()).limit(limit + 1)
+
+
+def list_jobs(
+    store: StoreBase,
+    *,
+    state: JobState | str | Iterable[JobState | str] | None = None,
+    priority_class: PriorityClass | str | Iterable[PriorityClass | str] | None = None,
+    pipeline: str | None = None,
+    created_after: dt.datetime | None = None,
+    created_before: dt.datetime | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+    visible_to: VisibleTo | None = None,
+) -> JobPage:
+    """:meth:`Store.list_jobs` with the visibility rule (and several classes) in the
+    query: every page is full, and ``next_cursor`` names only a job ``visible_to``
+    sees. ``created_*`` bound the arrival time (after: inclusive)."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be in 1..{MAX_PAGE}, got {limit}")
+    query = list_query(
+        state=state,
+        priority_class=priority_class,
+        pipeline=pipeline,
+        created_after=created_after,
+        created_before=created_before,
+        cursor=cursor,
+        limit=limit,
+        visible_to=visible_to,
+    )
+    with store._read() as session:
+        items = [to_record(row) for row in session.execute(query).scalars()]
+    more = len(items) > limit
+    items = items[:limit]
+    return JobPage(items=items, next_cursor=encode_cursor(items[-1]) if more else None)
 
 
 def encode_cursor(job: JobRecord) -> str:
@@ -132,4 +224,8 @@ def decode_cursor(cursor: str) -> tuple[dt.datetime, str]:
         raise InvalidCursorError(_BAD_CURSOR) from exc
     if arrival.tzinfo is None:
         raise InvalidCursorError(_BAD_CURSOR)
+    try:  # an edited cursor's far offset overflowed in the query
+        arrival = arrival.astimezone(dt.UTC)
+    except OverflowError:
+        raise InvalidCursorError(_BAD_CURSOR) from None
     return arrival, job_id

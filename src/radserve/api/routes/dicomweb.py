@@ -27,6 +27,7 @@ from radserve.api.auth import (
     Principal,
     audited_read,
     audited_results,
+    check_phi_identifiers,
     read_access,
     require_read,
     require_submit,
@@ -219,6 +220,7 @@ async def _retrieve(
     series: str | None = None,
     instance: str | None = None,
 ) -> StreamingResponse:
+    check_phi_identifiers(request, who, "a DICOM result instance")
     await audited_results(request, who, study, series, instance, "wado_instances")  # audit
     files = await run_in_threadpool(_service(request).wado.files, study, series, instance)
     _check_dicom_accept(request, files)
@@ -236,6 +238,7 @@ async def _metadata(
     instance: str | None = None,
 ) -> Response:
     _check_json_accept(request)
+    check_phi_identifiers(request, who, "DICOM result metadata")
     await audited_results(request, who, study, series, instance, "wado_metadata")  # audit
     content = await run_in_threadpool(_service(request).wado.metadata, study, series, instance)
     return _dicom_json(content)
@@ -351,6 +354,7 @@ async def _search(
     """A QIDO-RS search: only the results of jobs the key may see (``security.visibility``),
     and a ``phi.read`` audit record for each job whose results are answered."""
     _check_json_accept(request)
+    check_phi_identifiers(request, who, "a QIDO-RS search (patient names and IDs)")
     service = _service(request)
     query = parse_query(request.query_params.multi_items(), level, study, series)
     base = str(request.base_url).rstrip("/") + router.prefix

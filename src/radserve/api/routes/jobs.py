@@ -18,10 +18,11 @@ from starlette.concurrency import run_in_threadpool
 from radserve.api.auth import (
     Principal,
     audited_read,
+    check_phi_identifiers,
     check_visible,
-    read_access,
     require_read,
     require_submit,
+    visible_to,
 )
 from radserve.api.errors import ForbiddenError
 from radserve.api.files import RANGE_RESPONSES, FileAnswer
@@ -33,6 +34,7 @@ from radserve.security.keys import Role
 from radserve.service.errors import ResultNotReadyError
 from radserve.service.jobs import JobAccess
 from radserve.store import JobRecord
+from radserve.store import jobs as job_rows
 
 if TYPE_CHECKING:
     # not imported at run time: an API reader process (radserve.api.reader) imports this
@@ -85,35 +87,25 @@ async def list_jobs(
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     cursor: str | None = None,
 ) -> JobPageOut:
+    # the visibility rule in the query: full pages, and a cursor naming a visible job
     page = await run_in_threadpool(
-        _jobs(request).list,
-        state=state or None,
-        priority_class=priority_class,
-        pipeline=pipeline,
-        created_after=_aware(created_after),
-        created_before=_aware(created_before),
-        limit=limit,
-        cursor=cursor,
+        lambda: job_rows.list_jobs(
+            _jobs(request).store,
+            state=state or None,
+            priority_class=priority_class,
+            pipeline=pipeline,
+            created_after=created_after,
+            created_before=created_before,
+            limit=limit,
+            cursor=cursor,
+            visible_to=visible_to(request, who),
+        )
     )
     items = page.items
-    access = read_access(request)
-    if access.visibility != "all" and not who.allows(Role.ADMIN):
-        # under a visibility rule a page may hold fewer than `limit` jobs; the cursor
-        # still continues where the unfiltered page ended
-        reader = who.reader
-        items = await run_in_threadpool(
-            lambda: [r for r in items if access.visible(reader, r.api_key_id)]
-        )
     jobs = _jobs(request)
     # each waiting job's queue position too: the list left it null, unlike GET /v1/jobs/{id}
     outs = await run_in_threadpool(lambda: [JobOut.of(jobs.view(r)) for r in items])
     return JobPageOut(items=outs, next_cursor=page.next_cursor)
-
-
-def _aware(value: dt.datetime | None) -> dt.datetime | None:
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=dt.UTC)
-    return value
 
 
 @router.delete(
@@ -232,6 +224,7 @@ async def get_image(request: Request, job_id: str, number: int, who: Reader) -> 
     "`links` offer no `fhir`.",
 )
 async def get_fhir(request: Request, job_id: str, who: Reader) -> Response:
+    check_phi_identifiers(request, who, "the FHIR Bundle (its Patient resource)")
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
     await audited_read(request, who, record, "fhir_bundle")
