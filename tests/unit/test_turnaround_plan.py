@@ -161,3 +161,30 @@ def test_a_cpu_host_learns_times_alone_from_the_store(tmp_path: Path) -> None:
     assert measured["organs: infer"] == pytest.approx(2.0)
     assert set(solo) == set(measured)
     assert all(0 < solo[k] <= measured[k] + 1e-9 for k in solo)
+
+
+def test_more_devices_run_more_jobs_at_once(tmp_path: Path) -> None:
+    """``scheduler.max_running`` is per device in a plan, as the CPU workers are. Kept at
+    one device's (session 36's probe), 4 and 8 devices gave the same TATs and
+    --find-devices answered that no count works."""
+
+    def plan(devices: int) -> dict:  # type: ignore[type-arg]
+        result = CliRunner().invoke(
+            cli,
+            [
+                "plan", "--data-dir", str(tmp_path / "data"),
+                "--service-times", str(_model_file(tmp_path / "model.json")),
+                "--json", "--seed", "3", "--host-cores", "0", "--rate", "outpatient=400/h",
+                "--hours", "0.5", "--devices", str(devices),
+            ],
+            env={"RADSERVE_SCHEDULER__MAX_RUNNING": "1"},
+            catch_exceptions=False,
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        (chosen,) = json.loads(result.output)["plans"]
+        return chosen  # type: ignore[no-any-return]
+
+    two, four = plan(2), plan(4)
+    assert (two["max_running"], four["max_running"]) == (2, 4)
+    routine = [p["classes"]["OUTPATIENT"]["tat_p95_s"] for p in (two, four)]
+    assert routine[1] < 0.8 * routine[0], routine
