@@ -17,6 +17,7 @@ import json
 import os
 import re
 import tomllib
+import urllib.parse
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from radserve.domain.critical import CriticalRule
 from radserve.domain.device_slot import MAX_THREADS, DeviceSlot
 from radserve.domain.priority import PriorityClass, PriorityRules
 from radserve.errors import RadserveError, quoted
+from radserve.log_routing import redact_url
 from radserve.yaml_text import load_yaml_file, read_utf8
 
 ENV_PREFIX = "RADSERVE_"
@@ -583,6 +585,11 @@ class GatewaySettings(_Section):
         return check_ae_title(value)
 
     @model_validator(mode="after")
+    def _retry_first_within_max(self) -> GatewaySettings:
+        _check_backoff(self.retry_first_s, self.retry_max_s)
+        return self
+
+    @model_validator(mode="after")
     def _reserve_fits(self) -> GatewaySettings:
         if self.reserved_for_peers >= self.max_associations:
             raise ValueError("reserved_for_peers must be less than max_associations")
@@ -628,7 +635,63 @@ class DicomwebSettings(_Section):
 
 
 _SYSTEM_URI = r"^[A-Za-z][A-Za-z0-9+.-]*:\S+$"  # an absolute URI (urn:oid:…, https://…)
-_HTTP_URL = r"^https?://[^\s]+$"  # where radserve POSTs (FHIR, webhooks)
+
+
+def check_http_url(value: str) -> str:
+    """A URL radserve POSTs to (FHIR server, webhook), checked at load as the sending
+    client (httpx) parses it: http or https, a host, a port of 1-65535, no whitespace or
+    control character. Before, ``http://[::1/hook`` and ``http://h:70000/`` loaded and
+    every send raised (a traceback each time, the row left ``sending``). The URL is not
+    quoted in the error: it may carry a password."""
+    what = "must be an http:// or https:// URL with a host"
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise ValueError(f"{what}, without spaces, line breaks or control characters")
+    try:
+        parts = urllib.parse.urlsplit(value)
+        port = parts.port
+        host = parts.hostname
+    except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range", a port not a number
+        raise ValueError(f"{what}: it does not parse ({exc})") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise ValueError(f"{what} (scheme {parts.scheme or 'missing'!r})")
+    if not host:
+        raise ValueError(f"{what} (the host is missing)")
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"{what}: its port must be 1-65535, not {port}")
+    try:
+        check_host(host, "its host")
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+    import httpx  # the client that sends: it must take the URL as it is written
+
+    try:
+        url = httpx.URL(value)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise ValueError(f"{what}: the HTTP client refuses it ({exc})") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(what)
+    return value
+
+
+# where radserve POSTs (FHIR, critical receivers, the deadline-risk webhook)
+HttpUrl = Annotated[str, AfterValidator(check_http_url)]
+
+
+def check_header_value(value: SecretStr | None) -> SecretStr | None:
+    """A token sent in an HTTP header: printable ASCII only. A CR/LF is a header
+    injection (httpx refused it at every send, retried for ever as "cannot reach the
+    receiver"); a non-ASCII character is refused by the client as well. The value is
+    never quoted (it is a secret)."""
+    if value is not None and not all(
+        " " <= c <= "~" or c == "\t" for c in value.get_secret_value()
+    ):
+        raise ValueError(
+            "must be printable ASCII: no line breaks (CR, LF), control or non-ASCII characters"
+        )
+    return value
+
+
+HeaderSecret = Annotated[SecretStr | None, AfterValidator(check_header_value)]
 
 
 class FhirSettings(_Section):
@@ -636,9 +699,9 @@ class FhirSettings(_Section):
     URL), retried through the durable outbox. No ``url``: nothing is sent; the Bundle is
     still served at ``GET /v1/jobs/{id}/fhir``."""
 
-    url: str | None = Field(default=None, pattern=_HTTP_URL)
+    url: HttpUrl | None = None
     # sent as ``Authorization: Bearer <token>``; never logged, masked by ``config show``
-    bearer_token: SecretStr | None = None
+    bearer_token: HeaderSecret = None
     timeout_s: Seconds = Field(default=30.0, gt=0)
     # back-off: first wait, doubling up to the cap; a bundle still failing after
     # ``give_up_after_s`` is marked failed_permanent
@@ -653,6 +716,11 @@ class FhirSettings(_Section):
     issuer_systems: dict[str, Annotated[str, Field(pattern=_SYSTEM_URI)]] = Field(
         default_factory=dict
     )
+
+    @model_validator(mode="after")
+    def _retry_first_within_max(self) -> FhirSettings:
+        _check_backoff(self.retry_first_s, self.retry_max_s)
+        return self
 
 
 class OutboxSettings(_Section):
@@ -701,6 +769,11 @@ class SyslogSettings(_Section):
     retry_first_s: Seconds = Field(default=1.0, gt=0)
     retry_max_s: Seconds = Field(default=60.0, gt=0)
     poll_s: Seconds = Field(default=2.0, gt=0)  # also picks up other processes' records
+
+    @model_validator(mode="after")
+    def _retry_first_within_max(self) -> SyslogSettings:
+        _check_backoff(self.retry_first_s, self.retry_max_s)
+        return self
 
 
 class AuditSettings(_Section):
@@ -904,7 +977,7 @@ class TurnaroundSettings(_Section):
     # lower one (aged or not), never of a better class or URGENT (Scheduler.reserve)
     risk_policy: Literal["none", "promote", "reserve"] = "none"
     # optional alert receiver: a JSON POST per risk event (retried, never blocking)
-    risk_webhook_url: str | None = Field(default=None, pattern=_HTTP_URL)
+    risk_webhook_url: HttpUrl | None = None
     # optional alert receiver: an RFC 5424 syslog message per risk event (likewise)
     risk_syslog: RiskSyslogSettings | None = None
     # at stop, alerts still queued get this long to go out (one attempt each); the rest
@@ -991,9 +1064,9 @@ class CriticalReceiverSettings(SyslogTargetSettings):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     kind: Literal["webhook", "syslog", "fhir"] = "webhook"
-    url: str | None = Field(default=None, pattern=_HTTP_URL)
+    url: HttpUrl | None = None
     # sent as ``<auth_header>: <auth_scheme> <token>``; never logged, masked by ``config show``
-    token: SecretStr | None = None
+    token: HeaderSecret = None
     auth_header: str = Field(default="Authorization", pattern=r"^[A-Za-z0-9-]{1,64}$")
     auth_scheme: str = Field(default="Bearer", pattern=r"^[A-Za-z0-9-]{0,32}$")
     # syslog: host, and the fields of SyslogTargetSettings
@@ -1038,11 +1111,29 @@ class CriticalSettings(_Section):
 
     @model_validator(mode="after")
     def _unique_receivers(self) -> CriticalSettings:
-        names = [r.name for r in self.receivers]
-        twice = sorted({n for n in names if names.count(n) > 1})
+        # ignoring case: "Ward" and "ward" are one name to a person reading the audit,
+        # the metrics' receiver label and the outbox's destination list
+        names = [r.name.lower() for r in self.receivers]
+        twice = sorted({r.name for r in self.receivers if names.count(r.name.lower()) > 1})
         if twice:
-            raise ValueError(f"receiver names must be unique; repeated: {', '.join(twice)}")
+            raise ValueError(
+                f"receiver names must be unique (ignoring case); repeated: {', '.join(twice)}"
+            )
         return self
+
+    @model_validator(mode="after")
+    def _retry_first_within_max(self) -> CriticalSettings:
+        _check_backoff(self.retry_first_s, self.retry_max_s)
+        return self
+
+
+def _check_backoff(first_s: float, max_s: float) -> None:
+    """A back-off's first wait may not exceed its cap (it starts at the first wait and
+    doubles up to the cap: an inverted pair silently waited the cap every time)."""
+    if first_s > max_s:
+        raise ValueError(
+            f"retry_first_s ({first_s:g} s) must not be more than retry_max_s ({max_s:g} s)"
+        )
 
 
 class _FileSource(PydanticBaseSettingsSource):
@@ -1139,7 +1230,9 @@ class Settings(BaseSettings):
 
     def display_dict(self) -> dict[str, Any]:
         """JSON-able settings with secrets masked: what ``radserve config show`` prints."""
-        data = self.model_dump(mode="json", by_alias=True)
+        # every http(s) URL too (receivers, risk_webhook_url, fhir.url): a password or a
+        # token in its query was printed whole
+        data = _mask_urls(self.model_dump(mode="json", by_alias=True))
         data["database_url"] = mask_url(self.effective_database_url)
         return data
 
@@ -1156,6 +1249,28 @@ def mask_url(url: str) -> str:
     """Hide the password in a database URL (userinfo and ``password=`` query parameters)."""
     url = re.sub(r"(://[^:/@?#]*:)[^@/?#]*@", r"\1***@", url)
     return re.sub(r"(?i)([?&]password=)[^&#]*", r"\1***", url)
+
+
+_HTTP_URL_TEXT = re.compile(r"(?i)^https?://")
+
+
+def mask_http_url(url: str) -> str:
+    """Hide what may be a credential in an http(s) URL: the userinfo and every query
+    value (``?apikey=...``), keeping scheme, host, path and query keys (what an operator
+    needs to tell which receiver it is); the logs' own rule (:func:`redact_url`)."""
+    return redact_url(url)
+
+
+def _mask_urls(value: Any) -> Any:
+    """``value`` (dumped settings, an echoed input) with every http(s) URL's credentials
+    masked (:func:`mask_http_url`), at any depth."""
+    if isinstance(value, dict):
+        return {k: _mask_urls(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_mask_urls(v) for v in value)
+    if isinstance(value, str) and _HTTP_URL_TEXT.match(value):
+        return mask_http_url(value)
+    return value
 
 
 def load_settings(config_file: Path | str | None = None, **overrides: Any) -> Settings:
@@ -1361,7 +1476,7 @@ def _masked(value: Any) -> Any:
         return type(value)(_masked(v) for v in value)
     if isinstance(value, SecretStr):
         return MASKED
-    return value
+    return _mask_urls(value)
 
 
 def _describe(exc: ValidationError, *, source: str | None) -> str:
@@ -1379,8 +1494,41 @@ def _describe(exc: ValidationError, *, source: str | None) -> str:
             # any part: a union member's tag or a list index may follow the secret's name
             secret = any(_is_secret(part) for part in loc if isinstance(part, str))
             shown = "" if secret else f" (got {_masked(error.get('input'))!r})"
-            lines.append(f"invalid setting {dotted!r}: {error['msg']}{shown}")
+            lines.append(f"invalid setting {dotted!r}: {_message(error)}{shown}")
     return f"configuration error{where}: " + "; ".join(lines)
+
+
+# what each pattern-checked setting takes, in words: pydantic's message quotes the regex,
+# which says little to an operator, and the CLI's redaction of PN-like "a^b" tokens
+# turned its "^" into "<redacted>" (String should match pattern '<redacted>[...]+$')
+PATTERN_WORDS = {
+    _SYSTEM_URI: "an absolute URI such as urn:oid:1.2.3 or https://example.org/ids",
+    r"^[!-~]{1,48}$": "1-48 printable ASCII characters, no spaces",
+    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,26}$": (
+        "1-27 letters, digits, dots, underscores or hyphens, starting with a letter or digit"
+    ),
+    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$": (
+        "1-64 letters, digits, dots, underscores or hyphens, starting with a letter or digit "
+        "(no spaces)"
+    ),
+    r"^[A-Za-z0-9-]{1,64}$": "an HTTP header name: 1-64 letters, digits or hyphens",
+    r"^[A-Za-z0-9-]{0,32}$": "at most 32 letters, digits or hyphens (empty: no scheme)",
+    r"^(cpu|gpu)(:\d+(\.\d+)?)?(@[A-Za-z0-9_.-]+)?$": (
+        "cpu or gpu, optionally :COUNT and @NODE (e.g. gpu:1, cpu:4@node-2)"
+    ),
+}
+
+
+def _message(error: Any) -> str:
+    """pydantic's message for one error, a pattern mismatch said in words
+    (:data:`PATTERN_WORDS`; an unlisted pattern is quoted without its anchors)."""
+    if error["type"] != "string_pattern_mismatch":
+        return str(error["msg"])
+    pattern = str((error.get("ctx") or {}).get("pattern", ""))
+    words = PATTERN_WORDS.get(pattern)
+    if words is None:
+        return f"should match the pattern {pattern.removeprefix('^').removesuffix('$')}"
+    return f"should be {words}"
 
 
 def _describe_environment(exc: SettingsError) -> str:

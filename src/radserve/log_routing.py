@@ -60,9 +60,71 @@ def _module_of(filename: str) -> str:
     return ".".join(parts).removesuffix(".py")
 
 
+# the HTTP client's loggers: httpx logs each request at INFO ("HTTP Request: POST
+# http://admin:hunter2@host/hook?apikey=... "HTTP/1.1 200 OK""), httpcore its steps at DEBUG
+HTTP_CLIENT_LOGGERS = ("httpx", "httpcore")
+_URL = re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://[^\s\"'<>]+")
+_USERINFO = re.compile(r"^([^:/]+://)([^/?#@]*)@")
+
+
+def redact_url(url: str) -> str:
+    """``url`` without what may be a credential: the password of its userinfo
+    (``user:***@``; a userinfo without one may be a token: ``***@``) and every query
+    value (``?apikey=***``); scheme, user, host, path and query keys stay (they say
+    which receiver it was)."""
+
+    def userinfo(match: re.Match[str]) -> str:
+        user, colon, _ = match.group(2).partition(":")
+        return f"{match.group(1)}{user + ':' if colon else ''}***@"
+
+    url = _USERINFO.sub(userinfo, url)
+    base, mark, rest = url.partition("?")
+    if not mark:
+        return url
+    query, hash_mark, fragment = rest.partition("#")
+    items = []
+    for item in query.split("&"):
+        key, equals, value = item.partition("=")
+        items.append(f"{key}=***" if equals and value else item)
+    return f"{base}?{'&'.join(items)}{hash_mark}{'***' if fragment else ''}"
+
+
+def redact_urls(text: str) -> str:
+    """Every URL in ``text`` through :func:`redact_url`."""
+    return _URL.sub(lambda m: redact_url(m.group(0)), text)
+
+
+class _ClientUrlFilter(logging.Filter):
+    """On the HTTP client's loggers: each record's URLs lose their userinfo and query
+    values before any handler sees it. A receiver's URL may carry a password or a token
+    (``http://admin:pw@.../hook?apikey=``), and httpx logged it whole at INFO into the
+    server's log (the handlers' redaction keeps URLs' letters)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a bad format string: keep the template only
+            message = str(record.msg)
+        record.msg, record.args = redact_urls(message), ()
+        return True
+
+
+_CLIENT_URL_FILTER = _ClientUrlFilter()
+
+
+def guard_http_client_logs() -> None:
+    """Put :class:`_ClientUrlFilter` on the HTTP client's loggers (once; done when this
+    module is imported, which every process that sets up logging does)."""
+    for name in HTTP_CLIENT_LOGGERS:
+        logger = logging.getLogger(name)
+        if _CLIENT_URL_FILTER not in logger.filters:
+            logger.addFilter(_CLIENT_URL_FILTER)
+
+
 def capture_warnings() -> None:
     """Send every Python warning through the logging system (see :func:`_showwarning`)."""
     warnings.showwarning = _showwarning
+    guard_http_client_logs()  # again, should a set-up have cleared the loggers' filters
 
 
 class WorkerLogs:
@@ -224,11 +286,17 @@ def forward_worker_logs(
     capture_warnings()
 
 
+guard_http_client_logs()
+
 __all__ = [
+    "HTTP_CLIENT_LOGGERS",
     "WARNINGS_LOGGER",
     "WorkerLogs",
     "capture_warnings",
     "forward_worker_logs",
+    "guard_http_client_logs",
     "levels",
+    "redact_url",
+    "redact_urls",
     "route_record",
 ]

@@ -110,3 +110,39 @@ def test_a_hold_raises_only_a_risk_that_stood_that_long_over_recomputations() ->
     assert risk is not None and risk.raised_at == 111.0
     tracker.forget("j")
     assert _update(tracker, DEADLINE, 120.0) == ([], [])  # a new job's hold starts again
+
+
+INP = PriorityClass.INPATIENT
+
+
+def test_a_reprioritised_jobs_events_carry_its_current_class_and_deadline() -> None:
+    """Probe of 2026-12-06: raised as INPATIENT (deadline 15 s away), put back to
+    OUTPATIENT (deadline 10 min away): the cleared event said INPATIENT and the old
+    deadline, taken from the stored raise."""
+    tracker = RiskTracker(MARGIN, CLEAR)
+    inpatient_deadline, outpatient_deadline = 200.0, DEADLINE
+    raised, _ = tracker.update(
+        [Eta("j", 0, 0.0, 190.0, 210.0, inpatient_deadline)], {"j": INP}, 100.0
+    )
+    assert [(r.cls, r.deadline) for r in raised] == [(INP, inpatient_deadline)]
+    _, cleared = tracker.update(
+        [Eta("j", 1, 0.0, 400.0, 420.0, outpatient_deadline)], {"j": OUT}, 110.0
+    )
+    assert [(c.risk.cls, c.risk.deadline) for c in cleared] == [(OUT, outpatient_deadline)]
+    assert cleared[0].risk.raised_at == 100.0 and cleared[0].held_s == 10.0
+
+
+def test_a_standing_risk_follows_the_jobs_class_and_deadline() -> None:
+    """Re-prioritised while still at risk: the standing risk (the ops view, the miss's
+    lead, the later cleared event) names the class and deadline the job has now."""
+    tracker = RiskTracker(MARGIN, CLEAR)
+    tracker.update([_eta(DEADLINE - 5)], {"j": OUT}, 100.0)
+    tighter = 500.0
+    raised, cleared = tracker.update([Eta("j", 0, 0.0, 490.0, 510.0, tighter)], {"j": INP}, 110.0)
+    assert (raised, cleared) == ([], [])  # the same risk, still standing
+    risk = tracker.get("j")
+    assert risk is not None and (risk.cls, risk.deadline) == (INP, tighter)
+    assert risk.raised_at == 100.0 and risk.lead_s == tighter - 100.0
+    assert [(r.cls, r.deadline) for r in tracker.standing()] == [(INP, tighter)]
+    _, cleared = tracker.update([Eta("j", 0, 0.0, 300.0, 320.0, tighter)], {"j": INP}, 120.0)
+    assert [(c.risk.cls, c.risk.deadline) for c in cleared] == [(INP, tighter)]

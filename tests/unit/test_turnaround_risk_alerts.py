@@ -185,3 +185,48 @@ def test_policy_reserve_holds_the_next_routine_slot_for_the_job_at_risk(tmp_path
         assert list(scheduler._book.reserved) == ["j"]
     finally:
         turnaround.store.close()
+
+
+def test_a_reprioritised_jobs_cleared_alert_names_its_current_class_and_deadline(
+    tmp_path: Path,
+) -> None:
+    """Through the server's turnaround: the audit record and the JSON POST to a real
+    loopback webhook. Raised as INPATIENT, re-prioritised to OUTPATIENT (a later
+    deadline): the cleared event said INPATIENT and the INPATIENT deadline before."""
+    from tests.factories.fhir_server import FhirServer
+
+    clock = FakeClock(1000.0)
+    with FhirServer() as hook:
+        turnaround, _ = standalone_turnaround(
+            tmp_path,
+            clock,
+            turnaround__risk_margin_s=30.0,
+            turnaround__risk_clear_s=15.0,
+            turnaround__risk_webhook_url=hook.url,
+        )
+        turnaround.start()
+        try:
+            now = clock.now()
+            inpatient = Eta("j", 0, now, now + 40.0, now + 60.0, now + 50.0)
+            turnaround._check_risk([inpatient], {"j": PriorityClass.INPATIENT}, now)
+            clock.advance(5.0)
+            now = clock.now()
+            outpatient = Eta("j", 1, now, now + 40.0, now + 60.0, now + 1800.0)
+            turnaround._check_risk([outpatient], {"j": OUT}, now)
+            until(lambda: len(hook.received) >= 2, "two risk alerts at the webhook", 15)
+            records = {
+                r.action: r.payload
+                for r in turnaround.store.iter_audit()
+                if r.action.startswith("job.deadline_risk")
+            }
+        finally:
+            turnaround.stop()
+            turnaround.store.close()
+    alerts = {a["event"]: a for a in (r.json() for r in hook.received)}
+    for events in (records, alerts):
+        raised, cleared = events["job.deadline_risk"], events["job.deadline_risk_cleared"]
+        assert raised["priority_class"] == "INPATIENT"
+        assert cleared["priority_class"] == "OUTPATIENT"
+        assert cleared["deadline"] != raised["deadline"]
+        assert cleared["deadline"] > raised["deadline"]
+        assert cleared["predicted_early_by_s"] == 1800.0 - 40.0

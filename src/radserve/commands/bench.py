@@ -188,6 +188,14 @@ def command(
 ) -> None:
     """Time the reference pipeline against a naive baseline (and MONAI) on a phantom study,
     or (--scenario priority) the scheduler's URGENT turnaround under load."""
+    from radserve.commands.config import check_output_file, check_output_folder
+
+    # before the run, not after it: a --json naming a folder or an unwritable place
+    # ended in a traceback once the whole run was done
+    if json_path is not None:
+        check_output_file(json_path, "--json", make_parents=True)
+    if cache_dir is not None:
+        check_output_folder(cache_dir, "--cache-dir")
     console = Console(width=max(Console().width, 120))
     if scenario == "critical":
         _critical(console, json_path, studies, concurrency=max(1, min(routine, 4)))

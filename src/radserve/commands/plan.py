@@ -128,6 +128,7 @@ def command(
     _checked(lambda d: planner.check_arrivals(per_s, d), duration, "--hours")
     if plot is not None:
         _checked(planner.plot_format, plot, "--plot")
+        _check_plot_path(plot)
     settings = load_settings(config_file, data_dir=data_dir)
     scheduler = settings.scheduler
     t = settings.turnaround
@@ -283,6 +284,18 @@ def command(
         click.echo(json.dumps(report, indent=2))
         return
     _print(report)
+
+
+def _check_plot_path(plot: Path) -> None:
+    """The plot's file can be written (before the simulation, not after it); a .png
+    without matplotlib is written as an .svg beside it: that one too."""
+    import importlib.util
+
+    from radserve.commands.config import check_output_file
+
+    check_output_file(plot, "--plot")
+    if plot.suffix.lower() == ".png" and importlib.util.find_spec("matplotlib") is None:
+        check_output_file(plot.with_suffix(".svg"), "--plot")
 
 
 def _checked(parse: Any, value: Any, option: str) -> Any:

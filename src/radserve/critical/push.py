@@ -37,6 +37,7 @@ from radserve.batch_worker import BatchWorker
 from radserve.critical.receivers import FhirReceiver, SyslogReceiver
 from radserve.domain.critical import CriticalRule
 from radserve.domain.findings import Finding
+from radserve.fhir.delivery import unusable_url
 from radserve.gateway.outbox import DeliveryReport, RetryPolicy, decide, log_settled, utc_now
 from radserve.gateway.scu import Outcome, SendResult
 from radserve.store.outbox import NewDelivery, OutboxItem, OutboxKind, OutboxStore, Scope
@@ -227,7 +228,7 @@ class CriticalOutbox:
             for item in claimed:
                 if commits.failed:
                     break  # the rows cannot be recorded: the rest keep their lease
-                result = self._send(item)
+                result = self._send_settled(item)
                 commits.put(item, result, utc_now())
         finally:
             tally = commits.close()
@@ -267,6 +268,23 @@ class CriticalOutbox:
             if not isinstance(receiver, Receiver):
                 receiver.close()
 
+    def _send_settled(self, item: OutboxItem) -> SendResult:
+        """:meth:`_send`, whatever it raises turned into an answer the row is settled
+        with: an exception escaping here left the row ``sending`` (the probe's
+        ``http://[::1/hook``: httpx's InvalidURL at every attempt), with no error on it and
+        the outbox status, metrics and ``/readyz`` all fine, and it stopped the rest of the
+        batch. Never the exception's text (it may quote the URL and its password)."""
+        try:
+            return self._send(item)
+        except Exception as exc:
+            logger.error(
+                "critical push to %s raised %s; the notice is retried",
+                item.destination,
+                type(exc).__name__,
+                exc_info=logger.isEnabledFor(logging.DEBUG),
+            )
+            return SendResult(Outcome.RETRY, f"internal error: {type(exc).__name__}")
+
     def _send(self, item: OutboxItem) -> SendResult:
         receiver = self.receivers.get(item.destination)
         if receiver is None:
@@ -288,6 +306,11 @@ class CriticalOutbox:
             )
         except httpx.TimeoutException:
             return SendResult(Outcome.RETRY, f"no answer within {receiver.timeout_s:g} s")
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+            # the same URL is refused at every attempt: a person must fix it, then rearm
+            return SendResult(
+                Outcome.PERMANENT, unusable_url(exc, f"critical receiver {receiver.name!r}")
+            )
         except httpx.TransportError as exc:
             return SendResult(Outcome.RETRY, f"cannot reach the receiver: {type(exc).__name__}")
         return classify(response)

@@ -44,12 +44,23 @@ _MAX_ISSUES = 3
 
 @dataclass(frozen=True)
 class FhirDestination:
-    """A FHIR server: its base URL, an optional bearer token, the request timeout."""
+    """A FHIR server: its base URL, an optional bearer token, the request timeout.
+    ``url_setting``, ``timeout_setting``: the settings they come from, named in errors
+    (a critical receiver's timeout is its own ``timeout_s``, not ``fhir.timeout_s``)."""
 
     url: str
     name: str = "fhir"
     bearer_token: str | None = field(default=None, repr=False)
     timeout_s: float = 30.0
+    url_setting: str = "fhir.url"
+    timeout_setting: str = "fhir.timeout_s"
+
+
+def unusable_url(exc: Exception, whose: str) -> str:
+    """The reason for a URL the HTTP client refuses outright (httpx's InvalidURL, or a
+    scheme it does not speak): it fails the same way at every attempt. Not the
+    exception's text: it quotes the URL, which may carry a password."""
+    return f"the HTTP client refuses the URL of {whose} ({type(exc).__name__}): fix it, then rearm"
 
 
 class BundlePoster(Protocol):
@@ -74,11 +85,14 @@ class FhirClient:
             )
         except httpx.TimeoutException:
             return SendResult(
-                Outcome.RETRY, f"no answer within {destination.timeout_s:g} s (fhir.timeout_s)"
+                Outcome.RETRY,
+                f"no answer within {destination.timeout_s:g} s ({destination.timeout_setting})",
             )
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+            return SendResult(Outcome.PERMANENT, unusable_url(exc, destination.url_setting))
         except httpx.TransportError as exc:
             return SendResult(Outcome.RETRY, f"cannot reach the FHIR server: {type(exc).__name__}")
-        return classify(response)
+        return classify(response, url_setting=destination.url_setting)
 
     def close(self) -> None:
         for client in self._clients.values():
@@ -96,7 +110,7 @@ class FhirClient:
         return client
 
 
-def classify(response: httpx.Response) -> SendResult:
+def classify(response: httpx.Response, *, url_setting: str = "fhir.url") -> SendResult:
     """An HTTP answer -> sent, retry later, or a permanent failure with its reason.
 
     The reason holds the status and the OperationOutcome's issue codes, never its
@@ -112,7 +126,7 @@ def classify(response: httpx.Response) -> SendResult:
     if status in _RETRYABLE_STATUS or status >= 500:
         return SendResult(Outcome.RETRY, reason, status)
     if 300 <= status < 400:
-        reason += "; the FHIR server moved: configure its final URL (fhir.url)"
+        reason += f"; the FHIR server moved: configure its final URL ({url_setting})"
     return SendResult(Outcome.PERMANENT, reason, status)
 
 
@@ -271,4 +285,5 @@ __all__ = [
     "FhirDestination",
     "FhirOutbox",
     "classify",
+    "unusable_url",
 ]

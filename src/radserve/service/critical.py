@@ -77,7 +77,14 @@ def receivers(settings: Settings) -> list[AnyReceiver]:
             assert url is not None  # the settings validator requires one of them
             if r.url is None and token is None and fhir.bearer_token is not None:
                 token = fhir.bearer_token.get_secret_value()  # fhir.url's own token
-            destination = FhirDestination(url, r.name, token, r.timeout_s)
+            # errors name the receiver's own settings (its timeout_s; its url, or fhir.url)
+            index = settings.critical.receivers.index(r)
+            own = f"critical.receivers.{index}"
+            destination = FhirDestination(
+                url, r.name, token, r.timeout_s,
+                url_setting=f"{own}.url" if r.url is not None else "fhir.url",
+                timeout_setting=f"{own}.timeout_s (receiver {r.name!r})",
+            )  # fmt: skip
             out.append(FhirReceiver(r.name, destination, flag=r.flag))
         else:
             assert r.url is not None

@@ -107,15 +107,21 @@ class OutboxOps:
         return item
 
     def unreachable(self, statuses: list[DestinationStatus] | None = None) -> dict[str, str]:
-        """Destinations failing for longer than ``outbox.unreachable_after_s``: name ->
-        what to tell an operator."""
+        """Destinations failing for longer than ``outbox.unreachable_after_s``, and critical
+        receivers with notices that failed for good (at once: a critical finding nobody
+        will be told of until a person acts): name -> what to tell an operator."""
         threshold = self.settings.outbox.unreachable_after_s
-        if threshold <= 0:
-            return {}
         now = self.clock()
         out = {}
         for status in self.status() if statuses is None else statuses:
-            if status.failing_since is None:
+            if status.kind is OutboxKind.CRITICAL and status.failed_permanent:
+                out[status.destination] = (
+                    f"critical receiver {status.destination}: {status.failed_permanent} "
+                    "notice(s) failed permanently and wait for an operator to fix the "
+                    f"receiver and rearm them (last error: {status.last_error})"
+                )
+                continue
+            if threshold <= 0 or status.failing_since is None:
                 continue
             age = (now - status.failing_since).total_seconds()
             if age > threshold:

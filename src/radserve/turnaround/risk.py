@@ -22,6 +22,7 @@ out (docs/history/turnaround.md "Session 20").
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -88,9 +89,14 @@ class RiskTracker:
         raised: list[RiskEvent] = []
         cleared: list[RiskCleared] = []
         for eta in etas:
+            risk = self._risks.get(eta.job_id)
+            if risk is not None:
+                # a re-prioritised job: its standing risk takes its current class and
+                # deadline, so the cleared event, the miss's lead and the at-risk list
+                # name them (the cleared event carried the class and deadline of the raise)
+                risk = self._current(risk, classes.get(eta.job_id, risk.cls), eta.deadline)
             if now > eta.deadline:  # missed: a miss, no longer a prediction
                 continue
-            risk = self._risks.get(eta.job_id)
             threshold = self.threshold(eta.deadline, now)
             if risk is None:
                 if eta.finish <= threshold:
@@ -115,6 +121,14 @@ class RiskTracker:
         self.raised += len(raised)
         self.cleared += len(cleared)
         return raised, cleared
+
+    def _current(self, risk: RiskEvent, cls: PriorityClass, deadline: float) -> RiskEvent:
+        """``risk`` with the job's class and deadline as they are now (stored)."""
+        if risk.cls is cls and risk.deadline == deadline:
+            return risk
+        risk = dataclasses.replace(risk, cls=cls, deadline=deadline)
+        self._risks[risk.job_id] = risk
+        return risk
 
     def threshold(self, deadline: float, now: float) -> float:
         """The predicted finish past which a job is at risk: ``deadline - margin_s``,
