@@ -307,3 +307,32 @@ def test_a_target_under_the_service_time_ends_the_search_when_devices_stop_helpi
     assert all(p95[i] - p95[i + 1] < 0.02 * p95[i] for i in (-3, -2))
     text = _run(tmp_path, *args, *search)
     assert "more devices no longer shorten the missed classes' p95 TAT" in text.output
+
+
+def test_a_short_replay_searches_from_one_device_and_says_what_it_did_not_count(
+    tmp_path: Path,
+) -> None:
+    """Session 36's probe: a 2-job history with --find-devices called 1-4 devices
+    overloaded (its load over a span of about 0 s) and answered 5; the warm-up dropped
+    replayed jobs without a word; a target of a class with no arrivals 'met'."""
+    from tests.factories.finished_jobs import finished_jobs
+
+    from radserve.store import init_store
+
+    data = tmp_path / "data"
+    data.mkdir()
+    store = init_store(f"sqlite:///{data / 'radserve.db'}")
+    try:
+        finished_jobs(store, tmp_path / "results", 2, PriorityClass.OUTPATIENT, 60)
+    finally:
+        store.close()
+    args = ["--replay", "100", "--find-devices", "--target", "urgent=60s,outpatient=600s"]
+    result = _run(tmp_path, *args, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["overloaded_below"] == 1 and report["smallest_devices"] == 1
+    assert report["targets_unassessed"] == ["URGENT"]
+    assert report["arrivals"] - report["arrivals_counted"] >= 0
+    assert report["warmup_s"] >= 0
+    text = _run(tmp_path, *args).output
+    assert "not assessed (no arrivals counted): targets for URGENT" in text

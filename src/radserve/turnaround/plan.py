@@ -457,15 +457,19 @@ def find_devices(
     warmup_s: float,
     max_devices: int = MAX_DEVICES,
     cores_per_device: int | None = None,
+    finite: bool = False,
 ) -> tuple[Plan | None, list[Plan], int]:
     """The smallest device count (1..max_devices) whose simulation meets ``targets``;
     CPU workers grow with the devices (``cpu_workers_per_device`` each). Counts whose
     busiest resource the trace keeps ``SEARCH_BELOW`` (95 %) busy or more are not
     simulated (the queue would only grow); the third value is the first count
     simulated. The search ends without an answer when more devices stop shortening the
-    missed targets' TATs (:func:`plateaued`)."""
+    missed targets' TATs (:func:`plateaued`). ``finite``: a replay of the store's
+    history, which ends and drains: every count is simulated from one (its load over its
+    own span is no steady rate: a probe's two jobs a second apart made 1-4 devices
+    "overloaded" and the answer 5)."""
     load = offered_load(trace, sampler, seed)
-    fewest = load.fewest_devices(cpu_workers_per_device, cores_per_device)
+    fewest = 1 if finite else load.fewest_devices(cpu_workers_per_device, cores_per_device)
     first = fewest if fewest is not None else MOST_DEVICES + 1
     tried: list[Plan] = []
     for n in range(first, max_devices + 1):
