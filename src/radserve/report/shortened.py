@@ -31,11 +31,12 @@ from types import EllipsisType
 
 import pydicom
 from pydicom.charset import convert_encodings, encode_string, python_encoding
-from pydicom.datadict import dictionary_description, tag_for_keyword
+from pydicom.datadict import dictionary_description, dictionary_VR, tag_for_keyword
 from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 from pydicom.tag import Tag
+from pydicom.valuerep import DA, TM
 
 from radserve.errors import StudyError
 from radserve.ingest.charset import LATIN1, UTF8, undeclared_character_set
@@ -565,7 +566,66 @@ def shortened_values(
             + " (the FHIR Bundle carries it whole)",
         )
         for path, vr, size, _ in _over_long_in(dataset, COPIED_KEYWORDS, (), encodings)
+    ] + reshaped_values(dataset)
+
+
+# copied person names: PN holds at most 3 component groups of 5 components (PS3.5 6.2)
+COPIED_NAMES = ("PatientName", "ReferringPhysicianName")
+# copied values highdicom refuses unless valid: the results carry them empty
+_CHECKED = (("PatientBirthDate", DA), ("StudyDate", DA), ("StudyTime", TM))
+
+
+def pn_fitted(text: str) -> str:
+    """``text`` (a PN as text) with at most 3 component groups and 5 components in each:
+    further groups left out, further components joined to the fifth with spaces. A
+    source name ``Al^Be^Ce^De^Ee^Fe=Ge=He=Ie`` was copied as it came, and dciodvfy
+    refused the SEG and SR ("Too many delimiters (^) in PersonName")."""
+    groups = []
+    for group in text.split("=")[:3]:
+        parts = group.split("^")
+        if len(parts) > 5:
+            parts = [*parts[:4], " ".join(p for p in parts[4:] if p)]
+        groups.append("^".join(parts))
+    return "=".join(groups)
+
+
+def emptied_values(dataset: Dataset) -> list[str]:
+    """Keywords of the copied values the results carry empty, not being valid: a
+    Patient's Sex other than M, F or O, a date or time that is no DA or TM."""
+    out = []
+    if str(dataset.get("PatientSex", "") or "") not in ("", "M", "F", "O"):
+        out.append("PatientSex")
+    for keyword, parse in _CHECKED:
+        try:
+            parse(str(dataset.get(keyword, "") or ""))
+        except ValueError:
+            out.append(keyword)
+    return out
+
+
+def reshaped_values(dataset: Dataset) -> list[tuple[str, str]]:
+    """(code, message) of each copied value the results carry otherwise than it came,
+    other than by length: a name of too many components, an invalid date, time or sex.
+    Before session 36 only the cuts were said; these went out changed without a word."""
+    out = [
+        (
+            VALUE_SHORTENED,
+            f"{_named(keyword)} has more than 3 component groups or 5 components in one: "
+            "the DICOM results carry it with further components joined to the fifth and "
+            "further groups left out (the FHIR Bundle carries it whole)",
+        )
+        for keyword in COPIED_NAMES
+        if (value := str(dataset.get(keyword, "") or "")) and pn_fitted(value) != value
     ]
+    out += [
+        (
+            VALUE_SHORTENED,
+            f"{_named(keyword)} is not a valid "
+            f"{dictionary_VR(keyword)} value: the DICOM results carry it empty",
+        )
+        for keyword in emptied_values(dataset)
+    ]
+    return out
 
 
 def _what_results_carry(path: Path, vr: str) -> str:

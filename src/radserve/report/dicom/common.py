@@ -21,7 +21,6 @@ from pydicom.dataset import Dataset
 from pydicom.sr.codedict import codes
 from pydicom.sr.coding import Code
 from pydicom.uid import generate_uid
-from pydicom.valuerep import DA, TM
 
 from radserve import durable
 from radserve.domain import CodedConcept
@@ -41,8 +40,10 @@ from radserve.report.schema import Report
 from radserve.report.shortened import (
     MAX_BYTES,
     cut_copied_as,
+    emptied_values,
     encodings_for,
     fit_value,
+    pn_fitted,
     value_bytes,
 )
 
@@ -167,15 +168,13 @@ def shield_patient_name(
         first.PatientName = "PLACEHOLDER^NAME"
     if cut := cut_copied_as(first, encodings_for(character_set)):
         logger.warning("source %s written cut to the bytes their VRs allow", ", ".join(cut))
-    if str(first.get("PatientSex", "") or "") not in ("", "M", "F", "O"):
-        logger.info("source Patient's Sex is not M, F or O; written empty")
-        first.PatientSex = ""
-    for keyword, parse in (("PatientBirthDate", DA), ("StudyDate", DA), ("StudyTime", TM)):
-        try:
-            parse(str(first.get(keyword, "") or ""))
-        except ValueError:
-            logger.info("source %s is not a valid DICOM value; written empty", keyword)
-            setattr(first, keyword, "")
+    for keyword in emptied_values(first):
+        logger.info("source %s is not a valid DICOM value; written empty", keyword)
+        setattr(first, keyword, "")
+    referrer = str(first.get("ReferringPhysicianName", "") or "")
+    if referrer and pn_fitted(referrer) != referrer:
+        logger.info("source Referring Physician's Name has too many components; fitted")
+        first.ReferringPhysicianName = pn_fitted(referrer)
     return [first, *sources[1:]], name
 
 
@@ -189,6 +188,9 @@ def restore_patient_name(
     (:mod:`radserve.report.shortened`)."""
     if name is None:
         return
+    if (fitted := pn_fitted(str(name))) != str(name):
+        logger.warning("source Patient's Name has too many component groups or components; fitted")
+        name = fitted
     encodings = encodings_for(character_set)
     if (longest := value_bytes("PN", str(name), encodings)) > MAX_BYTES["PN"]:
         logger.warning(
