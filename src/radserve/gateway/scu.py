@@ -151,7 +151,13 @@ class StoreSCU:
                 result = self._store_one(assoc, destination, item, accepted)
                 on_result(item, result)
                 if not assoc.is_established:
-                    lost = SendResult(Outcome.RETRY, f"association with {destination} was lost")
+                    # the rest of the batch was not offered: say why the association ended
+                    # (before session 36 only the first row did; the others read "lost")
+                    lost = SendResult(
+                        Outcome.RETRY,
+                        f"not sent: the association with {destination} ended at an earlier "
+                        f"file of this batch ({result.message})",
+                    )
                     for other in remaining:
                         on_result(other, lost)
                     return
