@@ -8,6 +8,7 @@ import json
 import math
 import re
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,8 @@ def test_eta_service_times_and_deadline_risk(tmp_path: Path) -> None:
                 answer = c.post("/v1/studies", files=upload(study), headers=auth(key))
                 assert answer.status_code == 202, answer.text
                 ids.append(answer.json()["id"])
+                # the 202 carries the new job's ETA (null until session 36)
+                assert answer.json()["eta"]["predicted_finish"], answer.json()
             # the last one waits behind two slow jobs: it has an ETA
             job = c.get(f"/v1/jobs/{ids[-1]}", headers=auth(key)).json()
             assert job["state"] in ("queued", "running")
@@ -104,6 +107,16 @@ def test_eta_service_times_and_deadline_risk(tmp_path: Path) -> None:
             listed = c.get("/v1/jobs", params={"state": ["queued", "running"]}, headers=auth(key))
             assert any(item["eta"] for item in listed.json()["items"])
 
+            # a running job has an ETA to its end, its results' writing included (the
+            # last seconds showed none before session 36)
+            seen = []
+            while len(seen) < 400:
+                polled = c.get(f"/v1/jobs/{ids[-1]}", headers=auth(key)).json()
+                seen.append((polled["state"], polled["eta"] is not None))
+                if polled["state"] not in ("queued", "running"):
+                    break
+                time.sleep(0.02)
+            assert all(has for state, has in seen if state in ("queued", "running")), seen
             done = [wait_job(c, job_id, key) for job_id in ids]
             assert [j["state"] for j in done] == ["succeeded"] * 3
             assert all(j["eta"] is None for j in done)

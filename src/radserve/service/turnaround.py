@@ -428,7 +428,18 @@ class Turnaround:
                 self._corrected(eta, entry.cls, now)
                 for eta, entry in zip(raw, entries, strict=True)
             ]
-            self._etas = {e.job_id: e for e in etas}
+            # a job past its last batch (writing its results) has left the scheduler's
+            # order but is still running: it keeps its last ETA, not before now (the
+            # API showed it running with no ETA for its last seconds)
+            walked = {e.job_id: e for e in etas}
+            finishing = {
+                job_id: dataclasses.replace(
+                    eta, finish=max(eta.finish, now), finish_late=max(eta.finish_late, now)
+                )
+                for job_id, eta in self._etas.items()
+                if job_id in self._records and job_id not in walked
+            }
+            self._etas = {**finishing, **walked}
             self._basis = {e.job_id: e.estimate.source for e in entries}
             self.computed_at = now
         self.last_compute_s = time.perf_counter() - began

@@ -152,7 +152,9 @@ async def submit_study(
             priority=cls,
             origin=origin,
         )
-    out = JobOut.from_record(submission.job, submission.position)
+    # with its ETA from the start (a walk now: it was always null in the 202)
+    eta = await run_in_threadpool(service.jobs.eta, submission.job)
+    out = JobOut.from_record(submission.job, submission.position, eta)
     return _job_response(response, out, submission.cached)
 
 
@@ -222,7 +224,8 @@ async def _one(
         message = without_server_paths(exc.message)
         error = ErrorBody(code=exc.code, message=message, retryable=exc.retryable)
         return BatchItemOut(study=name, status=status_for(exc), error=error)
-    job = JobOut.from_record(submission.job, submission.position)
+    eta = await run_in_threadpool(service.jobs.eta, submission.job)
+    job = JobOut.from_record(submission.job, submission.position, eta)
     return BatchItemOut(study=name, status=200 if submission.cached else 202, job=job)
 
 
