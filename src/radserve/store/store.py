@@ -405,23 +405,19 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
         limit: int = 50,
         cursor: str | None = None,
     ) -> JobPage:
-        """Jobs newest first; ``created_*`` bound the arrival time (after: inclusive)."""
-        if not 1 <= limit <= jobq.MAX_PAGE:
-            raise ValueError(f"limit must be in 1..{jobq.MAX_PAGE}, got {limit}")
-        query = jobq.list_query(
+        """Jobs newest first; ``created_*`` bound the arrival time (after: inclusive).
+        Every job, whoever may see it (:func:`radserve.store.jobs.list_jobs` takes the
+        visibility rule into the query)."""
+        return jobq.list_jobs(
+            self,
             state=state,
             priority_class=priority_class,
             pipeline=pipeline,
             created_after=created_after,
             created_before=created_before,
-            cursor=cursor,
             limit=limit,
+            cursor=cursor,
         )
-        with self._read() as session:
-            items = [jobq.to_record(row) for row in session.execute(query).scalars()]
-        more = len(items) > limit
-        items = items[:limit]
-        return JobPage(items=items, next_cursor=jobq.encode_cursor(items[-1]) if more else None)
 
     def find_answered(self, key: CacheKey, source: str) -> JobRecord | None:
         """The job that already answers ``key`` for the route ``source`` (its
