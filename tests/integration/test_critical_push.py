@@ -419,3 +419,34 @@ def test_a_failed_commit_stops_the_sends_and_loses_no_notice(
     items = rows.items(kind=OutboxKind.CRITICAL)
     assert {r.state for r in items} == {OutboxState.SENT}
     assert {r.json()["id"] for r in server.received} == {f"notice-{i:02d}" for i in range(n)}
+
+
+def test_a_notice_carries_the_reports_caveats_to_every_receiver(
+    rows: OutboxStore, tmp_path: Path
+) -> None:
+    """Session 36's probe: a 128x128 phantom flagged outside the models' input domain
+    paged 36 critical lung nodules with nothing in the notices to say so."""
+    from radserve.critical.push import caveats_of
+    from radserve.report.schema import ReportWarning
+
+    study = lesion_study(tmp_path / "run")
+    finding = study.report.findings[0]
+    rule = CriticalRule(label=finding.label)
+    warnings = [
+        ReportWarning(code="outside_input_domain", message="pixel spacing 4.8 mm outside"),
+        ReportWarning(code="missing_slice", message="one slice missing"),  # no caveat
+        ReportWarning(code="lossy_input", message="24 of 24 images were lossy compressed"),
+    ]
+    caveats = caveats_of(warnings)
+    assert [c["code"] for c in caveats] == ["outside_input_domain", "lossy_input"]
+    server = FhirServer()
+    server.up()
+    try:
+        box = CriticalOutbox(rows, [Receiver("ward", server.url)])
+        notice = build_notice("job-9", "1.2.3", rule, finding, utc_now(), caveats)
+        box.enqueue(notice, folder=tmp_path / "out", job_id="job-9")
+        assert box.deliver_pending().sent == 1
+        (received,) = [r.json() for r in server.received]
+        assert received["caveats"] == caveats
+    finally:
+        server.down()

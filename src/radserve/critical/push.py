@@ -25,7 +25,7 @@ import logging
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -95,7 +95,10 @@ def build_notice(
     rule: CriticalRule,
     finding: Finding,
     result_at: dt.datetime,
+    caveats: Sequence[dict[str, str]] = (),
 ) -> dict[str, Any]:
+    """One finding's notice; ``caveats``: the report's warnings that bear on whether to
+    trust it (:func:`caveats_of`), so whoever is paged sees them with the finding."""
     return {
         "id": notice_id(job_id, finding),
         "type": "radserve.critical_finding",
@@ -112,7 +115,21 @@ def build_notice(
         },
         "rule": rule.describe(),
         "result_at": result_at.isoformat(),
+        "caveats": list(caveats),
     }
+
+
+# report warnings that bear on a finding's trust: the study outside what the model was
+# made for (or not checkable), or images that were lossy compressed. A probe's 128x128
+# phantom, flagged outside the models' input domain, paged 36 critical lung nodules with
+# nothing to say so (session 36).
+CAVEAT_CODES = frozenset({"outside_input_domain", "input_domain_unchecked", "lossy_input"})
+
+
+def caveats_of(warnings: Iterable[Any]) -> list[dict[str, str]]:
+    """``{code, message}`` of each report warning in :data:`CAVEAT_CODES` (report
+    warnings hold no patient data)."""
+    return [{"code": w.code, "message": w.message} for w in warnings if w.code in CAVEAT_CODES]
 
 
 def classify(response: httpx.Response) -> SendResult:
@@ -370,6 +387,7 @@ __all__ = [
     "Receiver",
     "SettledCallback",
     "build_notice",
+    "caveats_of",
     "classify",
     "notice_id",
 ]

@@ -36,6 +36,7 @@ from radserve.critical.push import (
     CriticalOutbox,
     Receiver,
     build_notice,
+    caveats_of,
 )
 from radserve.critical.receivers import FhirReceiver, SyslogReceiver
 from radserve.domain.critical import CriticalRule, critical_findings, declared_rules
@@ -182,7 +183,10 @@ class CriticalDelivery:
             return
         uid = result.report.study.study_instance_uid or ""
         held = self._hold(job)
-        notices = [(rule, f, build_notice(job.id, uid, rule, f, result_at)) for rule, f in hits]
+        caveats = caveats_of(result.report.warnings)
+        notices = [
+            (rule, f, build_notice(job.id, uid, rule, f, result_at, caveats)) for rule, f in hits
+        ]
         rows = self.outbox.enqueue_all(
             [(notice, None) for _, _, notice in notices], folder=result.out_dir,
             job_id=job.id, now=result_at, held_for=held, payloads=("notice",),
