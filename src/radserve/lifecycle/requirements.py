@@ -125,8 +125,7 @@ def graph_refusal(opsets: Iterable[tuple[str, int]], ir_version: int) -> str | N
     here can open is refused there, not at its first deploy."""
     import onnxruntime as ort
 
-    pairs = [(domain, version) for domain, version in opsets]
-    text = _stub_refusal(pairs, ir_version)
+    text = _stub_refusal(opsets, ir_version)
     if text is None:
         return None
     runtime = f"ONNX Runtime {ort.__version__}"

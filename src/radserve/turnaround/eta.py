@@ -237,9 +237,9 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
     slots += [(now, now, "")] * max(0, capacity.max_running - len(slots))
     heapq.heapify(slots)
     cpu = device = shared = 0.0  # work ranked so far: unmeasured (cpu, device), shares
-    # the queued jobs ranked so far: (the running job whose slot it waits for, cpu,
-    # device, share) of each
-    queued: list[tuple[str, float, float, float]] = []
+    # the work (cpu, device, share) of the queued jobs ranked so far, summed by the
+    # running job whose slot they wait for
+    waiting_on: dict[str, tuple[float, float, float]] = {}
     noise_ahead = 0.0  # the noise (s) of the work ranked so far (band: ahead)
     behind = _running_behind(entries, now, capacity)
     urgent_until = now
@@ -277,14 +277,14 @@ def walk(entries: Sequence[Entry], now: float, capacity: Capacity) -> list[Eta]:
             beside = behind[position + 1]  # running jobs ranked behind it go on
         if e.running and capacity.queued_ahead == "other_slots":
             # the queued jobs ahead that wait for its own slot take nothing from it
-            later = [q for q in queued if q[0] == e.job_id]
-            idle = [sum(q[i] for q in later) for i in (1, 2, 3)]
+            idle = waiting_on.get(e.job_id, (0.0, 0.0, 0.0))
             throughput = now + capacity.work_s(cpu - idle[0], device - idle[1])
             throughput += shared - idle[2]
         else:
             throughput = now + capacity.work_s(cpu, device) + shared + beside
         if not e.running:
-            queued.append((holder, *parts))
+            summed = waiting_on.get(holder, (0.0, 0.0, 0.0))
+            waiting_on[holder] = (summed[0] + parts[0], summed[1] + parts[1], summed[2] + parts[2])
         walked = max(own, throughput)
         if e.cls == URGENT:
             urgent_until = max(urgent_until, walked)
