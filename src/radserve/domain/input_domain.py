@@ -21,6 +21,14 @@ INPUT_DOMAIN_UNCHECKED = "input_domain_unchecked"
 FAT_SEARCH_HU = (-250, -10)
 # Soft tissue, blood and contrast-enhanced organs; not fat, lung, air or bone.
 SOFT_TISSUE_HU = (-150.0, 250.0)
+# A body on CT: tissue above air and lung (the threshold the body box and the drift
+# features use too). Pixel Padding Value is read as air (-1000 HU), so padding is no body.
+BODY_HU = -500.0
+# A CT whose voxels above BODY_HU fill less than this share of the volume holds no body:
+# an empty field (all air), all padding, or a small object in a large field. The smallest
+# patient radserve's models read fills several times as much (a neonate's chest in a
+# 50 cm field: ~3 %; an adult chest, lungs left out: ~10 %).
+MIN_BODY_SHARE = 0.01
 # The fields that name region labels (a model's own, or an earlier step's)
 STRUCTURE_FIELDS = ("structure_volumes_ml", "structure_hu")
 
@@ -137,6 +145,8 @@ class AcquisitionFacts:
     fat_hu: float | None = None
     # The pixel noise in HU (CT only, radserve.pipeline.ct_noise); None: not measured.
     noise_hu: float | None = None
+    # The share of the volume's voxels above BODY_HU (CT only); None: not measured.
+    body_share: float | None = None
 
     @property
     def fov_mm(self) -> float:
@@ -224,6 +234,26 @@ def readings_outside(domain: InputDomain | None, facts: AcquisitionFacts) -> lis
     ]
 
 
+def body_missing(facts: AcquisitionFacts) -> str | None:
+    """Why a CT holds no body in view, or None (another modality, not measured, or a
+    body fills at least :data:`MIN_BODY_SHARE` of the volume).
+
+    Whatever a model declares: every model is trained on patients, and on a volume
+    without one its "no findings" reads as a normal study. Flagged ``outside_input_domain``
+    and never refused, whatever ``ingest.input_domain`` says: the sender still gets a
+    report, one that says why its negative result says nothing."""
+    share = facts.body_share
+    if facts.modality.upper() != "CT" or share is None or share >= MIN_BODY_SHARE:
+        return None
+    found = f"{share * 100:.2g} % of the voxels read" if share > 0 else "no voxel reads"
+    return (
+        f"no body in view: {found} above {BODY_HU:g} HU (tissue), less than the "
+        f"{MIN_BODY_SHARE * 100:g} % any patient fills (an empty or padded volume, or a small "
+        "object in a large field): outside the input domain of every model; a result "
+        "without findings says nothing about a patient"
+    )
+
+
 def domain_unchecked(domain: InputDomain | None, facts: AcquisitionFacts) -> list[str]:
     """Each declared part of ``domain`` the study gives no value to judge by: neither
     inside nor outside, so the report says it was not checked."""
@@ -302,8 +332,10 @@ def output_unchecked(domain: InputDomain | None, measured: list[MeasuredStructur
 
 
 __all__ = [
+    "BODY_HU",
     "FAT_SEARCH_HU",
     "INPUT_DOMAIN_UNCHECKED",
+    "MIN_BODY_SHARE",
     "OUTSIDE_INPUT_DOMAIN",
     "SOFT_TISSUE_HU",
     "STRUCTURE_FIELDS",
@@ -312,6 +344,7 @@ __all__ = [
     "Interval",
     "MeasuredStructure",
     "Range",
+    "body_missing",
     "domain_unchecked",
     "domain_violations",
     "output_unchecked",

@@ -81,6 +81,9 @@ def load_nifti(
     affine = image.affine
     _check_header(image, shape, affine, policy)
     tilt = None if policy is None else _check_orientation(image, affine, policy)
+    ambiguous = [] if policy is None else _check_forms(image, shape)
+    if warnings is not None:
+        warnings.extend(ambiguous)
     try:
         data = _read_data(image).reshape(shape)
     except Exception as exc:
@@ -139,6 +142,99 @@ def _check_orientation(
             f"{policy_hint('gantry_tilt', 'correct')} ('flag' keeps the sheared affine)"
         )
     return what
+
+
+def _check_forms(image: nib.Nifti1Image, shape: tuple[int, ...]) -> list[str]:
+    """The header's two orientations (qform and sform) where they leave the geometry
+    ambiguous: a warning for each ambiguity the affine nibabel reads settles, a
+    :class:`GeometryError` where left and right may be swapped.
+
+    nibabel reads the sform when its code is set, else the qform (``get_best_affine``),
+    and reads the qform's voxel sizes as ``|pixdim[1..3]|`` (the NIfTI standard keeps
+    them positive and the handedness in qfac, pixdim[0]). radserve reads the same affine,
+    and before session 37 said nothing of the other:
+
+    * both codes set and the two placing a voxel more than :data:`_FORMS_AGREE_MM` apart
+      (over the whole volume), or an axis more than :data:`_FORMS_AGREE_DEG` apart: the
+      sform is used, with a warning naming the largest difference; refused when the two
+      name other patient directions for a voxel axis (nibabel's ``aff2axcodes``, e.g.
+      RAS against LAS): one of them has left and right (or another axis) the other way,
+      and a report may not name a side it cannot know;
+    * a negative pixdim[1..3] with the qform in use (sform code 0): refused. nibabel
+      takes its absolute value, but a writer that stored the sign may have meant that
+      axis mirrored, so which side is left is unknown. With the sform in use the sign
+      only concerns the qform, which is compared with the sform as nibabel reads it."""
+    header = image.header
+    raw = _raw_pixdim(image)
+    negative = [f"pixdim[{i}] is {raw[i]:g}" for i in (1, 2, 3) if raw[i] < 0]
+    if negative and int(header["sform_code"]) == 0:
+        shown = ", ".join(negative)
+        raise GeometryError(
+            f"the NIfTI header's {shown}, negative, and its qform is the orientation: "
+            "nibabel reads voxel sizes as |pixdim| (the NIfTI standard keeps them "
+            "positive, the handedness in qfac, pixdim[0]), but a writer that stored the "
+            "sign may have meant that axis mirrored, so which side is left is unknown; "
+            "write positive pixdim and the orientation in the qform (qfac) or the sform"
+        )
+    if int(header["sform_code"]) == 0 or int(header["qform_code"]) == 0:
+        return []
+    sform, qform = header.get_sform(), header.get_qform()
+    mm, degrees = _forms_apart(qform, sform, shape)
+    if mm <= _FORMS_AGREE_MM and degrees <= _FORMS_AGREE_DEG:
+        return []
+    q_axes, s_axes = "".join(nib.aff2axcodes(qform)), "".join(nib.aff2axcodes(sform))
+    if q_axes != s_axes:
+        raise GeometryError(
+            f"the NIfTI header's qform and sform (both set) disagree on which way the "
+            f"voxel axes run: qform {q_axes}, sform {s_axes} (up to {mm:.1f} mm apart): "
+            "one of them has left and right, or another axis, the other way round, and "
+            "which is the patient's is unknown; write the file with one orientation (the "
+            "qform and sform equal, or one of their codes 0)"
+        )
+    return [
+        f"the NIfTI header's qform and sform (both set) disagree by up to {mm:.2f} mm "
+        f"where they place a voxel and {degrees:.2f}° in an axis's direction (both "
+        f"{s_axes}); the sform was used, as nibabel reads a file whose sform code is set"
+    ]
+
+
+_FORMS_AGREE_MM = 0.1  # the qform and sform place every voxel within this of each other
+_FORMS_AGREE_DEG = 0.1  # and no voxel axis further apart than this
+
+
+def _forms_apart(
+    first: np.ndarray, second: np.ndarray, shape: tuple[int, ...]
+) -> tuple[float, float]:
+    """How far two affines place a voxel of a volume of ``shape`` (the largest distance,
+    in mm: at a corner, as the maps are affine) and the largest angle (°) between the
+    directions of a voxel axis."""
+    corners = np.array(
+        [
+            [i, j, k, 1.0]
+            for i in (0, shape[0] - 1)
+            for j in (0, shape[1] - 1)
+            for k in (0, shape[2] - 1)
+        ]
+    )
+    mm = float(np.max(np.linalg.norm((corners @ (first - second).T)[:, :3], axis=1)))
+    a = first[:3, :3] / np.linalg.norm(first[:3, :3], axis=0)
+    b = second[:3, :3] / np.linalg.norm(second[:3, :3], axis=0)
+    degrees = max(_degrees(a[:, i], b[:, i]) for i in range(3))
+    return mm, degrees
+
+
+def _raw_pixdim(image: nib.Nifti1Image) -> np.ndarray:
+    """pixdim as the file holds it: nibabel's load sets pixdim[1..3] to their absolute
+    values (logging it), so the sign is read from the header again, unchecked."""
+    holder = image.file_map.get("header") or image.file_map["image"]
+    try:
+        with nib.openers.ImageOpener(holder.filename) as fileobj:
+            raw = type(image.header).from_fileobj(fileobj, check=False)
+    except Exception as exc:  # nibabel raises many types on damaged files
+        raise StudyError(
+            f"the NIfTI header could not be read again ({type(exc).__name__})", code=_INVALID
+        ) from exc
+    return np.asarray(raw["pixdim"], np.float64)
 
 
 def _degrees(a: np.ndarray, b: np.ndarray, *, acute: bool = False) -> float:

@@ -32,6 +32,8 @@ from radserve.ingest.arrival import DecodeAbandonedError
 from radserve.ingest.validate import check_series, check_study_patients
 from radserve.pipeline.selection import (
     UNUSABLE,
+    PlaneRefusal,
+    SlicePlanes,
     passed_over_reason,
     rank_series,
     rejection_reason,
@@ -65,9 +67,15 @@ class StudyInput(Protocol):
     """A stored study the pipeline can read: one method, run on the CPU pool."""
 
     def ingest(
-        self, pipeline: PipelineSpec, *, policy: IngestPolicy | None, timer: StageTimer
+        self,
+        pipeline: PipelineSpec,
+        *,
+        policy: IngestPolicy | None,
+        timer: StageTimer,
+        planes: SlicePlanes | None = None,
     ) -> IngestedStudy:
-        """Load the series ``pipeline`` runs on; timings go to ``timer``."""
+        """Load the series ``pipeline`` runs on; timings go to ``timer``; ``planes``:
+        the planes its slice models read (a series in another is passed over)."""
         ...
 
 
@@ -78,13 +86,17 @@ def ingest_study(
     policy: IngestPolicy | None = None,
     timer: StageTimer | None = None,
     stream: bool = False,
+    planes: SlicePlanes | None = None,
 ) -> IngestedStudy:
     """Discover the series at ``sources``, select one by the pipeline's rules, load it.
 
     When the preferred series cannot be loaded for what its data holds (a missing
-    slice, cut files, an unusable rescale), the next qualifying series is tried, and
-    the report says why the preferred one was skipped; when none loads, the preferred
-    series' error is raised. A limit (``series_too_large``, ``input_too_large``) stops
+    slice, cut files, an unusable rescale), or its slices lie in another plane than a
+    slice model of the pipeline reads (``planes``, judged on its headers: a coronal
+    ORIGINAL series for an axial model, beside an axial DERIVED reformat), the next
+    qualifying series is tried, and the report says why the preferred one was skipped;
+    when none can be used, the preferred series' error is raised (``orientation_unsupported``
+    when it was its plane). A limit (``series_too_large``, ``input_too_large``) stops
     the study at once: it is no fault of that series alone, and loading the next one
     would spend the same resources again.
 
@@ -103,9 +115,13 @@ def ingest_study(
         raise
     study = ordered[0].study_instance_uid
     check_study_patients([h for h in headers if h.study_instance_uid == study])
-    failed: list[tuple[SeriesHeader, StudyError]] = []
+    failed: list[tuple[SeriesHeader, StudyError, PlaneRefusal | None]] = []
     with timer.stage("ingest: load"):
         for candidate in ordered:
+            plane = planes.refusal(_orientation(candidate)) if planes is not None else None
+            if plane is not None:  # the models cannot read it: not loaded at all
+                failed.append((candidate, plane.error(), plane))
+                continue
             try:
                 loaded = load_series(
                     candidate,
@@ -116,7 +132,7 @@ def ingest_study(
             except StudyError as exc:
                 if not _may_try_another(exc):
                     raise
-                failed.append((candidate, exc))
+                failed.append((candidate, exc, None))
                 release_free_memory()
                 continue
             break
@@ -124,7 +140,7 @@ def ingest_study(
             raise failed[0][1]
     release_free_memory()  # the decoders' per-frame buffers
     selected = loaded.header
-    rejected += [series_ref(header, _skipped_reason(exc)) for header, exc in failed]
+    rejected += [series_ref(header, _skipped_reason(exc, plane)) for header, exc, plane in failed]
     rejected += [
         series_ref(other, passed_over_reason(selected, other, rules))
         for other in ordered[len(failed) + 1 :]
@@ -145,21 +161,38 @@ def _may_try_another(exc: StudyError) -> bool:
     return exc.code not in _LIMIT_CODES and not isinstance(exc, DecodeAbandonedError)
 
 
-def _skipped_reason(exc: StudyError) -> str:
+def _orientation(header: SeriesHeader) -> tuple[float, ...] | None:
+    """The series' Image Orientation (Patient): one for all its frames (discovery
+    splits a series by orientation)."""
+    return header.frames[0].orientation if header.frames else None
+
+
+def _skipped_reason(exc: StudyError, plane: PlaneRefusal | None) -> str:
+    if plane is not None:
+        return f"preferred, but {plane.describe()} ({exc.code})"
     return f"preferred, but could not be loaded ({exc.code})"
 
 
 def _fallback_warnings(
-    failed: Sequence[tuple[SeriesHeader, StudyError]], used: SeriesHeader, rules: SeriesRules
+    failed: Sequence[tuple[SeriesHeader, StudyError, PlaneRefusal | None]],
+    used: SeriesHeader,
+    rules: SeriesRules,
 ) -> list[str]:
     """One warning per preferred series skipped: which, why (the error's code and
-    message, files named without their folders), and which series ran instead."""
+    message, files named without their folders; or the plane its slices lie in), and
+    which series ran instead."""
     return [
         f"series {header.series_number or '?'} ({header.number_of_frames} images), preferred "
-        f"({rules.prefer}), could not be loaded and was skipped: [{exc.code}] "
-        f"{_without_folders(exc.message, header)}; series {used.series_number or '?'} "
-        f"({used.number_of_frames} images) was analysed instead"
-        for header, exc in failed
+        f"({rules.prefer}), "
+        + (
+            f"was passed over: [{exc.code}] {plane.describe()}"
+            if plane is not None
+            else f"could not be loaded and was skipped: [{exc.code}] "
+            f"{_without_folders(exc.message, header)}"
+        )
+        + f"; series {used.series_number or '?'} ({used.number_of_frames} images) was "
+        "analysed instead"
+        for header, exc, plane in failed
     ]
 
 
@@ -191,9 +224,16 @@ class DicomInput:
     sources: Path | Sequence[Path]
 
     def ingest(
-        self, pipeline: PipelineSpec, *, policy: IngestPolicy | None, timer: StageTimer
+        self,
+        pipeline: PipelineSpec,
+        *,
+        policy: IngestPolicy | None,
+        timer: StageTimer,
+        planes: SlicePlanes | None = None,
     ) -> IngestedStudy:
-        return ingest_study(self.sources, pipeline=pipeline, policy=policy, timer=timer)
+        return ingest_study(
+            self.sources, pipeline=pipeline, policy=policy, timer=timer, planes=planes
+        )
 
 
 @dataclass(frozen=True)
@@ -204,8 +244,15 @@ class NiftiInput:
     path: Path
 
     def ingest(
-        self, pipeline: PipelineSpec, *, policy: IngestPolicy | None, timer: StageTimer
+        self,
+        pipeline: PipelineSpec,
+        *,
+        policy: IngestPolicy | None,
+        timer: StageTimer,
+        planes: SlicePlanes | None = None,
     ) -> IngestedStudy:
+        """``planes`` is not used: one volume, nothing to fall back to (a slice model
+        that cannot read its plane refuses it, ``orientation_unsupported``)."""
         rules = pipeline.series_selection
         modality = (rules.modalities or ("CT",))[0]
         warnings: list[str] = []

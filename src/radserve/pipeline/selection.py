@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+import numpy as np
 from pydicom.uid import UID
 
 from radserve.errors import StudyError, UnsupportedModalityError
 from radserve.ingest.discover import SeveralStudiesError
+from radserve.ingest.geometry import slice_normal
 from radserve.ingest.sop_classes import LOCALIZER_IMAGE_TYPE, VOLUME_IMAGE_STORAGE, is_localizer
-from radserve.pipeline.spec import SeriesRules
+from radserve.models.manifest import ModelSpec
+from radserve.models.registry import ModelRegistry
+from radserve.pipeline.spec import PipelineSpec, SeriesRules
+from radserve.preprocess.axes import OrientationError, orientation_error, plane_mismatch
 from radserve.report.schema import SeriesRef
 
 
@@ -158,6 +164,63 @@ def rank_series(series: Sequence[S], rules: SeriesRules) -> tuple[list[S], list[
             f"pipeline's selection rules: {SeveralStudiesError.advice}"
         )
     return sorted(candidates, key=lambda s: _preference(s, rules)), rejected
+
+
+@dataclass(frozen=True)
+class PlaneRefusal:
+    """A series in another plane than a slice model of the pipeline reads."""
+
+    model: str  # the model's key (name/version)
+    have: str  # the series' slice plane: axial, coronal or sagittal
+    wanted: str  # the plane the model reads
+
+    def error(self) -> OrientationError:
+        """What the study fails with when no series is in a plane the models read."""
+        return orientation_error(self.model, self.have, self.wanted)
+
+    def describe(self) -> str:
+        return f"its slices are {self.have}, and model {self.model} reads {self.wanted} slices"
+
+
+@dataclass(frozen=True)
+class SlicePlanes:
+    """The pipeline's 2D/2.5D models and the axes they declare (``input.axes``): a
+    series whose slices lie in another plane than one of them reads cannot be run
+    (``orientation_unsupported``, :func:`radserve.preprocess.axes.slice_plane`), so
+    the selection passes it over for the next qualifying series, as it does a series
+    that cannot be loaded. 3D models read any plane (they resample)."""
+
+    readers: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @classmethod
+    def of(cls, specs: Iterable[ModelSpec]) -> SlicePlanes:
+        return cls(
+            tuple(
+                (spec.key, spec.input.network_axes)
+                for spec in specs
+                if spec.input.mode in ("2d", "2.5d")
+            )
+        )
+
+    @classmethod
+    def of_pipeline(cls, pipeline: PipelineSpec, registry: ModelRegistry) -> SlicePlanes:
+        """The slice models of ``pipeline``'s steps, as ``registry`` holds them."""
+        return cls.of(registry.get(step.model, step.version).spec for step in pipeline.steps)
+
+    def refusal(self, orientation: Sequence[float] | None) -> PlaneRefusal | None:
+        """The first slice model that cannot read slices of this Image Orientation
+        (Patient), from the header alone (the volume is not loaded); None when every
+        one can, or the orientation is unusable (loading the series says why)."""
+        normal = slice_normal(orientation)
+        if not self.readers or normal is None or orientation is None:
+            return None
+        affine = np.eye(4)  # the volume's (slice, row, column) axes, as ingest builds them
+        affine[:3, 0], affine[:3, 1], affine[:3, 2] = normal, orientation[3:], orientation[:3]
+        for model, axes in self.readers:
+            mismatch = plane_mismatch(axes, affine)
+            if mismatch is not None:
+                return PlaneRefusal(model, *mismatch)
+        return None
 
 
 def _refusal_detail(rejected: Sequence[SeriesRef]) -> str:

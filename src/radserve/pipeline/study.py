@@ -53,6 +53,7 @@ from radserve.pipeline.profile import (
     check_output_domain,
     study_features,
 )
+from radserve.pipeline.selection import SlicePlanes
 from radserve.pipeline.spec import PipelineSpec
 from radserve.pipeline.volume import SessionPool, StepResult, VolumeResult, run_volume
 from radserve.progress import ProgressSink, StageTimer
@@ -176,7 +177,8 @@ def load_study(
     read as :func:`run_study` reads them (whole, not streamed): for runs that are not a
     study's job, such as a precision gate on a site's own studies."""
     timer = StageTimer()
-    ingested = as_input(sources).ingest(pipeline, policy=policy, timer=timer)
+    planes = SlicePlanes.of_pipeline(pipeline, registry)
+    ingested = as_input(sources).ingest(pipeline, policy=policy, timer=timer, planes=planes)
     ingested, channels = load_channels(ingested, pipeline, registry, policy, timer)
     return ingested.loaded.volume, channels
 
@@ -216,13 +218,19 @@ def _run_study(
     stream: bool,
     array_threads: int | None,
 ) -> StudyResult:
+    planes = SlicePlanes.of_pipeline(pipeline, registry)  # a series no slice model reads
     if stream:
         assert isinstance(study_input, DicomInput)
         ingested = ingest_study(
-            study_input.sources, pipeline=pipeline, policy=policy, timer=timer, stream=True
+            study_input.sources,
+            pipeline=pipeline,
+            policy=policy,
+            timer=timer,
+            stream=True,
+            planes=planes,
         )
     else:
-        ingested = study_input.ingest(pipeline, policy=policy, timer=timer)
+        ingested = study_input.ingest(pipeline, policy=policy, timer=timer, planes=planes)
     # a stack still decoding: a cancel stops its decoder at once, and so does any end of
     # this run before the stack is in place (a failure, an interrupt): no decoder
     # process is kept busy for a result nobody will read

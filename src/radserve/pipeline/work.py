@@ -22,6 +22,7 @@ from radserve.models.manifest import Precision
 from radserve.models.registry import ModelRegistry
 from radserve.pipeline.channels import load_channels
 from radserve.pipeline.inputs import IngestedStudy, StudyInput, as_input
+from radserve.pipeline.selection import SlicePlanes
 from radserve.pipeline.spec import PipelineSpec
 from radserve.pipeline.study import StudyResult, finish_study, refuse_outside_domain
 from radserve.pipeline.volume import PendingStep, SessionPool, VolumeRun
@@ -107,7 +108,12 @@ class StudyWork:
     def _ingest(self) -> None:
         self._started = time.perf_counter()
         self._timer = StageTimer()
-        self._ingested = self.source.ingest(self.pipeline, policy=self._policy, timer=self._timer)
+        self._ingested = self.source.ingest(
+            self.pipeline,
+            policy=self._policy,
+            timer=self._timer,
+            planes=SlicePlanes.of_pipeline(self.pipeline, self._registry),
+        )
         self._ingested = refuse_outside_domain(
             self._ingested, self.pipeline, self._registry, self._policy
         )

@@ -20,7 +20,9 @@ the network's, so outputs are written back through the same view.
 A 2d/2.5d model reads the volume's own slices (:func:`slice_plane`): its rows and
 columns are turned in-plane and the order of its context reversed as its axes ask
 (by default :data:`~radserve.models.axes.SLICE_AXES`), and a series whose slices lie in
-another plane than the network's is refused (:class:`OrientationError`).
+another plane than the network's is refused (:class:`OrientationError`). Series selection
+asks first (:func:`plane_mismatch`, on the series' headers) and passes such a series over
+for the next qualifying one in the model's plane (``radserve.pipeline.selection``).
 """
 
 from __future__ import annotations
@@ -127,15 +129,45 @@ def slice_plane(axes: tuple[str, ...], affine: np.ndarray, model: str) -> AxisMa
     reverse). Raises :class:`OrientationError` when the network's slices are not the
     volume's: an axial model cannot be run on coronal slices, slice by slice."""
     found = axis_map(axes, affine)
-    if found.perm[0] == 0:
+    planes = _other_plane(axes, affine, found)
+    if planes is None:
         return found
-    have = volume_orientation(affine)
-    world = DIRECTIONS[axes[0]][0] if axes[0] in DIRECTIONS else have[found.perm[0]][0]
-    raise OrientationError(
-        f"the series' slices are {_PLANES[have[0][0]]}, and model {model} reads "
-        f"{_PLANES[world]} slices: send the study's {_PLANES[world]} series (or a model "
-        "whose model.yaml declares the plane it was trained on in input.axes)"
+    raise orientation_error(model, *planes)
+
+
+def orientation_error(model: str, have: str, wanted: str) -> OrientationError:
+    """The refusal of a series whose slices are ``have`` by a model that reads
+    ``wanted`` slices (planes as :func:`plane_mismatch` names them)."""
+    return OrientationError(
+        f"the series' slices are {have}, and model {model} reads {wanted} slices: send the "
+        f"study's {wanted} series (or a model whose model.yaml declares the plane it was "
+        "trained on in input.axes)"
     )
 
 
-__all__ = ["AxisMap", "OrientationError", "axis_map", "slice_plane", "volume_orientation"]
+def plane_mismatch(axes: tuple[str, ...], affine: np.ndarray) -> tuple[str, str] | None:
+    """(the volume's slice plane, the plane a slice model declaring ``axes`` reads) when
+    they differ, else None: what :func:`slice_plane` refuses, asked before a series is
+    loaded (series selection passes such a series over for one the model reads)."""
+    return _other_plane(axes, affine, axis_map(axes, affine))
+
+
+def _other_plane(
+    axes: tuple[str, ...], affine: np.ndarray, found: AxisMap
+) -> tuple[str, str] | None:
+    if found.perm[0] == 0:
+        return None
+    have = volume_orientation(affine)
+    world = DIRECTIONS[axes[0]][0] if axes[0] in DIRECTIONS else have[found.perm[0]][0]
+    return _PLANES[have[0][0]], _PLANES[world]
+
+
+__all__ = [
+    "AxisMap",
+    "OrientationError",
+    "axis_map",
+    "orientation_error",
+    "plane_mismatch",
+    "slice_plane",
+    "volume_orientation",
+]

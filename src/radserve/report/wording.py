@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from radserve.domain import Finding, OrganMeasurement
+from radserve.domain.input_domain import OUTSIDE_INPUT_DOMAIN
 
 if TYPE_CHECKING:
     from radserve.report.schema import ReportWarning
@@ -71,15 +72,17 @@ def organ_volume_text(organ: OrganMeasurement, digits: int = 1) -> str:
     return f"{name} volume: {value}"
 
 
-# --- what a reader must know (gateway completeness, lossy input) ------------------------------
+# --- what a reader must know (gateway completeness, lossy input, input domain) ----------------
 # Report warnings a reader of the SR and the FHIR DiagnosticReport must see: the result may
-# not cover the whole study, or the models ran on lossy compressed images (its measurements
-# may differ from those on the originals); other warnings stay in the JSON report.
+# not cover the whole study, the models ran on lossy compressed images (its measurements
+# may differ from those on the originals), or the study lies outside what the models were
+# validated on (a volume with no body in it read as a clean "no findings"); other warnings
+# stay in the JSON report.
 LATE_INSTANCES = "late_instances"
 STUDY_MAYBE_INCOMPLETE = "study_maybe_incomplete"
 LOSSY_INPUT = "lossy_input"
 COMPLETENESS_WARNINGS = (LATE_INSTANCES, STUDY_MAYBE_INCOMPLETE)
-READER_WARNINGS = (*COMPLETENESS_WARNINGS, LOSSY_INPUT)
+READER_WARNINGS = (*COMPLETENESS_WARNINGS, LOSSY_INPUT, OUTSIDE_INPUT_DOMAIN)
 
 
 def late_instances_text(instances: int, series: int) -> str:
