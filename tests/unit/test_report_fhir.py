@@ -16,7 +16,7 @@ from radserve.errors import ReportError
 from radserve.ingest import PatientInfo
 from radserve.report.dicom import common, write_dicom_results
 from radserve.report.json_report import parse_report
-from radserve.report.schema import Report
+from radserve.report.schema import Report, ReportWarning
 
 pytest.importorskip("fhir.resources")
 from fhir.resources.R4B.bundle import Bundle
@@ -167,7 +167,23 @@ def test_no_findings_report(written) -> None:
     bundle = build_fhir_bundle(empty, PATIENT)
     (diagnostic,) = _resources(bundle, "DiagnosticReport")
     assert diagnostic["conclusion"].startswith("No lesions detected.")
+    assert "not a negative result" not in diagnostic["conclusion"]
     assert "conclusionCode" not in diagnostic
+
+
+def test_no_findings_outside_the_input_domain_is_no_negative_result(written) -> None:
+    report, _ = written
+    warning = ReportWarning(
+        stage="ingest",
+        code="outside_input_domain",
+        message="no body in view: nothing above -500 HU",
+    )
+    empty = report.model_copy(update={"findings": [], "finding_axes": [], "warnings": [warning]})
+    bundle = build_fhir_bundle(empty, PATIENT)
+    (diagnostic,) = _resources(bundle, "DiagnosticReport")
+    first, *rest = diagnostic["conclusion"].splitlines()
+    assert first.startswith("No lesions detected, but") and "not a negative result" in first
+    assert "Note: No body in view: nothing above -500 HU." in rest
 
 
 def _corrupt(bundle: dict[str, Any], kind: str, **changes: Any) -> dict[str, Any]:

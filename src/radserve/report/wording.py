@@ -102,6 +102,18 @@ def maybe_incomplete_text() -> str:
     )
 
 
+def no_findings_text(warnings: Iterable[ReportWarning]) -> str:
+    """The conclusion's first line when nothing was found: not a negative result where the
+    study lies outside the models' input domain (a radiologist reads "No lesions detected"
+    alone as a normal study)."""
+    if any(w.code == OUTSIDE_INPUT_DOMAIN for w in warnings):
+        return (
+            "No lesions detected, but the study lies outside the input domain of the models "
+            "(see the notes): this is not a negative result."
+        )
+    return "No lesions detected."
+
+
 def reader_notes(warnings: Iterable[ReportWarning]) -> list[str]:
     """The messages of the warnings a reader must see among ``warnings``, in order."""
     return [w.message for w in warnings if w.code in READER_WARNINGS]

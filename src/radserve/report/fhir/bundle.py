@@ -31,7 +31,12 @@ from radserve.report.fhir.checks import check_bundle
 from radserve.report.fhir.patient import IdentifierSystems
 from radserve.report.json_report import report_json
 from radserve.report.schema import Report
-from radserve.report.wording import edges_text, organ_volume_text, reader_notes
+from radserve.report.wording import (
+    edges_text,
+    no_findings_text,
+    organ_volume_text,
+    reader_notes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +175,7 @@ def summary(report: Report) -> str:
     """Conclusion text: what was found and measured, no patient data."""
     lines = []
     if not report.findings:
-        lines.append("No lesions detected.")
+        lines.append(no_findings_text(report.warnings))
     else:
         n = len(report.findings)
         lines.append(f"{n} lesion{'s' if n != 1 else ''} detected:")
