@@ -1,5 +1,5 @@
 // Calls to radserve with the session cookie; state-changing calls carry the CSRF token.
-export const session = { role: null, csrf: null, phi: false, keyName: null, user: null }
+export const session = { role: null, csrf: null, phi: false, keyName: null, user: null, site: null }
 // Which sign-in a request was sent under: a 401 answering a request of an ended session
 // (a worklist refresh in flight at sign-out, answered after the next user signed in)
 // must not sign out the session that followed it.
@@ -59,6 +59,7 @@ export function adopt(info) {
   session.phi = info.phi
   session.keyName = info.key_name
   session.user = info.user || null
+  session.site = info.site || null
 }
 
 export function forget() {
@@ -68,4 +69,5 @@ export function forget() {
   session.phi = false
   session.keyName = null
   session.user = null
+  session.site = null
 }

@@ -2,7 +2,7 @@
 // Job ids only in the URL: never patient data.
 import './style.css'
 import { adopt, api, forget, session } from './api.js'
-import { h, iso, toast } from './util.js'
+import { clip, h, toast } from './util.js'
 import { worklistPage } from './worklist.js'
 import { studyPage } from './study.js'
 import { opsPage } from './ops.js'
@@ -91,7 +91,11 @@ async function route() {
   if (!(await ensureSession())) return signInPage()
   document.getElementById('nav').hidden = false
   document.getElementById('signout').hidden = false
-  document.getElementById('who').replaceChildren(iso(session.user || session.keyName || 'key'), ` · ${session.role}`)
+  // the scope security.visibility gives this session (a key's or a local user's site)
+  const scope = session.site ? ` · site ${session.site}` : ''
+  const who = document.getElementById('who')
+  who.replaceChildren(clip(session.user || session.keyName || 'key'), ` · ${session.role}`, ...(session.site ? [' · site ', clip(session.site)] : []))
+  who.title = `${session.user || session.keyName || 'key'} · ${session.role}${scope}`
   const hash = location.hash || '#/'
   const job = hash.match(/^#\/job\/([^/]+)$/)
   for (const a of document.querySelectorAll('[data-nav]')) a.classList.toggle('active', (a.dataset.nav === 'ops') === hash.startsWith('#/ops'))

@@ -2,7 +2,7 @@
 // organ volumes, stage timings, downloads and the job's audit trail.
 import { Niivue, SLICE_TYPE } from '@niivue/niivue'
 import { api } from './api.js'
-import { h, inert, iso, num, toast, when } from './util.js'
+import { clip, h, inert, iso, num, toast, when } from './util.js'
 
 // CT windows (level, width in HU)
 export const WINDOWS = {
@@ -58,7 +58,7 @@ export function studyPage(root, jobId) {
       'div',
       { class: 'study-head' },
       h('a', { href: '#/' }, '← worklist'),
-      h('h1', {}, 'Job ', iso(job.accession || job.id)),
+      h('h1', { title: `Job ${job.accession || job.id}` }, 'Job ', clip(job.accession || job.id)),
       h('span', { class: `badge state-${job.state}` }, job.state),
       h('span', { class: `cls cls-${job.priority_class}` }, job.priority_class),
       h('span', {}, `${job.pipeline} ${job.pipeline_version}`),
@@ -66,7 +66,7 @@ export function studyPage(root, jobId) {
     const patient = h('div', { class: 'patient', id: 'patient' })
     if (data.phi_allowed) {
       api(`/console/api/jobs/${encodeURIComponent(jobId)}/patient`)
-        .then((p) => patient.replaceChildren(h('span', {}, 'Patient: ', iso(p.name || '—')), h('span', {}, 'ID: ', iso(p.patient_id || '—')), h('span', {}, 'Born: ', iso(p.birth_date || '—')), h('span', {}, 'Sex: ', iso(p.sex || '—'))))
+        .then((p) => patient.replaceChildren(...[['Patient', p.name], ['ID', p.patient_id], ['Born', p.birth_date], ['Sex', p.sex]].map(([what, value]) => h('span', { class: 'field' }, `${what}: `, clip(value || '—')))))
         .catch((e) => patient.replaceChildren(h('span', {}, `patient details unavailable: ${e.message}`)))
     } else {
       patient.replaceChildren(h('span', { class: 'muted' }, 'Patient details hidden for this role'))
@@ -232,7 +232,7 @@ function refusedSeries(rejected, heading) {
       'tr',
       { 'data-series': s.series_instance_uid, title: `Series Instance UID ${s.series_instance_uid}` },
       h('td', { class: 'n' }, s.series_number ?? '—'),
-      h('td', {}, s.modality || '—'),
+      h('td', {}, clip(s.modality || '—')),
       h('td', { class: 'n' }, s.instance_count ?? '—'),
       h('td', { class: 'reason' }, s.reason || 'no reason given'),
     ),
@@ -281,7 +281,7 @@ function trailTable(trail) {
     'div',
     { class: 'card wide', id: 'trail-card' },
     h('h2', {}, 'Audit trail'),
-    h('table', { id: 'trail' }, h('thead', {}, h('tr', {}, ['seq', 'time', 'action', 'key', 'client', 'details'].map((t) => h('th', {}, t)))), h('tbody', {}, trail.map((r) => h('tr', {}, h('td', {}, r.seq), h('td', {}, when(r.ts)), h('td', {}, r.action), h('td', {}, r.actor_key_id || '—'), h('td', {}, r.client || '—'), h('td', { class: 'details' }, inert(JSON.stringify(r.payload).slice(0, 160))))))),
+    h('table', { id: 'trail' }, h('thead', {}, h('tr', {}, ['seq', 'time', 'action', 'key', 'client', 'details'].map((t) => h('th', {}, t)))), h('tbody', {}, trail.map((r) => h('tr', {}, h('td', {}, r.seq), h('td', {}, when(r.ts)), h('td', {}, r.action), h('td', { class: 'actor' }, r.actor_hidden ? h('span', { class: 'muted', title: 'a key or user this session may not see (security.visibility)' }, 'not shown') : clip(r.actor_key_id || '—')), h('td', {}, r.actor_hidden ? '' : clip(r.client || '—')), h('td', { class: 'details' }, inert(JSON.stringify(r.payload).slice(0, 160))))))),
   )
 }
 

@@ -24,9 +24,24 @@ export function h(tag, attrs = {}, ...children) {
 const ISOLATES = /[\u2066-\u2069]/g
 export const iso = (value) => h('bdi', {}, String(value).replace(ISOLATES, ''))
 
+// Header text (patient name and ID, accession, key and user names) on one line, cut
+// with an ellipsis where its box ends, the whole text in its tooltip: a DICOM header may
+// hold a 64-character name without a space, or a hostile 10,000-character one, and
+// neither may push the page's buttons out of view (style.css: .clip).
+export const clip = (value) => {
+  const text = String(value).replace(ISOLATES, '')
+  return h('bdi', { class: 'clip', title: text }, text)
+}
+
+// the longest header text a plain-text place (window.confirm) shows: the rest is '…'
+const SHORT = 64
+
 // the same for plain-text places (window.confirm): FIRST STRONG ISOLATE ... POP
-// DIRECTIONAL ISOLATE around it
-export const isoText = (value) => `\u2068${String(value).replace(ISOLATES, '')}\u2069`
+// DIRECTIONAL ISOLATE around it, at most SHORT characters of it
+export const isoText = (value) => {
+  const text = [...String(value).replace(ISOLATES, '')]
+  return `\u2068${text.length > SHORT ? `${text.slice(0, SHORT - 1).join('')}…` : text.join('')}\u2069`
+}
 
 // bidi controls in text shown as code (the audit payload's JSON): written as \uXXXX
 const BIDI_CONTROLS = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g

@@ -1,6 +1,6 @@
 // The worklist: one list read, then live changes from server-sent events.
 import { api, can } from './api.js'
-import { duration, h, iso, isoText, toast } from './util.js'
+import { clip, duration, h, isoText, toast } from './util.js'
 
 const STATES = ['received', 'queued', 'running', 'succeeded', 'failed', 'cancelled']
 const CLASSES = ['URGENT', 'INPATIENT', 'OUTPATIENT']
@@ -111,7 +111,7 @@ export function worklistPage(root) {
     try {
       const out = await api(`/v1/jobs/${encodeURIComponent(job.id)}/priority`, { method: 'POST', body: { priority_class: cls } })
       upsert({ ...job, priority_class: out.priority_class, deadline: out.deadline, queue_position: out.queue_position })
-      toast([iso(job.accession || job.id), `: now ${out.priority_class}`])
+      toast([clip(job.accession || job.id), `: now ${out.priority_class}`])
     } catch (error) {
       toast(`re-prioritise refused: ${error.message}`, 'error')
     }
@@ -155,7 +155,7 @@ export function worklistPage(root) {
     }
     const tds = [
       h('td', {}, h('span', { class: `cls cls-${job.priority_class}` }, job.priority_class)),
-      h('td', {}, job.accession || '—'),
+      h('td', { class: 'accession' }, clip(job.accession || '—')),
       h('td', { class: 'state' }, job.state),
       h('td', {}, job.queue_position === null || job.queue_position === undefined ? '—' : `#${job.queue_position + 1}`),
       h('td', {}, new Date(job.deadline).toLocaleTimeString(undefined, { hour12: false })),

@@ -50,6 +50,7 @@ from radserve.domain.critical import CriticalRule
 from radserve.domain.device_slot import MAX_THREADS, DeviceSlot
 from radserve.domain.priority import PriorityClass, PriorityRules
 from radserve.errors import RadserveError, quoted
+from radserve.labels import label_problem
 from radserve.log_routing import redact_url
 from radserve.yaml_text import load_yaml_file, read_utf8
 
@@ -818,6 +819,19 @@ class ConsoleUser(_Section):
     username: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,26}$")
     role: Literal["read", "submit", "admin"]
     password_hash: SecretStr
+    # the user's scope under security.visibility, as a key's (`radserve keys create
+    # --site/--submitter`): which jobs it sees, who sees its jobs and audit records
+    site: str | None = None
+    submitter: str | None = None
+
+    @field_validator("site", "submitter")
+    @classmethod
+    def _one_line(cls, value: str | None) -> str | None:
+        """A key's site and submitter's rule."""
+        problem = None if value is None else label_problem(value)
+        if problem is not None:
+            raise ValueError(f"give one line of printable text, 1 to 128 characters: {problem}")
+        return value
 
     @field_validator("password_hash")
     @classmethod

@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from radserve.api.errors import ForbiddenError, UnauthenticatedError
 from radserve.errors import RadserveError, quoted
 from radserve.loop_failures import LoopFailures
-from radserve.security.access import ReadAccess, Reader
+from radserve.security.access import USER_PREFIX, ReadAccess, Reader
 from radserve.security.keys import Role, parse_token, role_allows
 from radserve.store import (
     ApiKeyRecord,
@@ -207,25 +207,87 @@ def require(role: Role, *, wait: bool = True) -> Callable[..., Awaitable[Princip
 
 
 def read_access(request: Request) -> ReadAccess:
-    """The app's :class:`ReadAccess` (built on first use from the service's settings)."""
+    """The app's :class:`ReadAccess` (built on first use from the service's settings;
+    with the console installed, its local users' scopes as they are now)."""
     state = request.app.state
     access: ReadAccess | None = getattr(state, "read_access", None)
     if access is None:
         service = state.service
-        access = ReadAccess(service.store, service.settings.security.visibility)
+        users = getattr(state, "console_users", None)
+        access = ReadAccess(
+            service.store,
+            service.settings.security.visibility,
+            local_scopes=None if users is None else users.scopes,
+        )
         state.read_access = access
     return access
+
+
+def restricted(request: Request, principal: Principal) -> bool:
+    """Whether a visibility rule limits what ``principal`` sees (not ``all``, no admin)."""
+    return read_access(request).visibility != "all" and not principal.allows(Role.ADMIN)
 
 
 def visible_to(request: Request, principal: Principal) -> VisibleTo | None:
     """The visibility rule for ``principal`` as a listing's query filter (None: it sees
     every job): a list filtered after its query held short pages, and its cursor named
-    jobs the key may not see."""
+    jobs the key may not see. Call from a worker thread (a local user's scopes may be
+    re-read from the settings file)."""
     access = read_access(request)
     if access.visibility == "all" or principal.allows(Role.ADMIN):
         return None
     scope = principal.submitter if access.visibility == "own_submitter" else principal.site
-    return VisibleTo(access.visibility, principal.key_id, scope)
+    return VisibleTo(access.visibility, principal.key_id, scope, access.local_members(scope))
+
+
+def actor_visible(request: Request, principal: Principal, actor: str | None) -> bool:
+    """Whether ``principal`` may be told who ``actor`` (a key id or ``user:<name>``) is:
+    the visibility rule for jobs, applied to whoever acted (an audit record's actor, a
+    model deployment's): a site's reader sees its own site's keys and users, not another
+    site's or an admin key's. A name that is neither a key nor a local user (the
+    guardrails' ``radserve-guardrail``) names nobody and is shown. Call from a worker
+    thread."""
+    if actor is None or not restricted(request, principal):
+        return True
+    access = read_access(request)
+    if access.visible(principal.reader, actor):
+        return True
+    return access.owner_scope(actor) is None and not actor.startswith(USER_PREFIX)
+
+
+def shown_actor(request: Request, principal: Principal, actor: str | None) -> str | None:
+    """``actor`` if :func:`actor_visible`, else None (call from a worker thread)."""
+    return actor if actor_visible(request, principal, actor) else None
+
+
+def job_visible(request: Request, principal: Principal, job_id: str | None) -> bool:
+    """Whether ``principal`` may see the job ``job_id`` (one a job or a report names:
+    the earlier job whose result a cached job reused). A job that does not exist is
+    not visible. Call from a worker thread."""
+    if job_id is None or not restricted(request, principal):
+        return True
+    jobs = request.app.state.service.jobs
+    record = jobs.cached(job_id)
+    if record is None:
+        try:
+            record = jobs.get(job_id)
+        except JobNotFoundError:
+            return False
+    return read_access(request).visible(principal.reader, record.api_key_id)
+
+
+def source_visible(request: Request, principal: Principal, job: JobRecord) -> bool:
+    """Whether ``principal`` may be shown ``job.cached_from``: the earlier job whose
+    result answered ``job`` may belong to another site (call from a worker thread)."""
+    return job_visible(request, principal, job.cached_from)
+
+
+async def shows_source(request: Request, principal: Principal, job: JobRecord) -> bool:
+    """:func:`source_visible` on the event loop: no worker thread unless a rule applies
+    and the job was answered from the cache (a status poll stays on the loop)."""
+    if job.cached_from is None or not restricted(request, principal):
+        return True
+    return await run_in_threadpool(source_visible, request, principal, job)
 
 
 async def check_visible(request: Request, principal: Principal, job: JobRecord) -> None:
@@ -325,16 +387,22 @@ __all__ = [
     "SECURITY_SCHEMES",
     "KeyVerifier",
     "Principal",
+    "actor_visible",
     "audited_read",
     "audited_results",
     "check_phi_identifiers",
     "check_visible",
+    "job_visible",
     "read_access",
     "read_unless_outage",
     "require",
     "require_admin",
     "require_read",
     "require_submit",
+    "restricted",
+    "shown_actor",
+    "shows_source",
+    "source_visible",
     "token_of",
     "visible_to",
 ]

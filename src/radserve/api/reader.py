@@ -42,7 +42,7 @@ from radserve.api.status_bodies import StatusBodies
 from radserve.audit.chain import AuditEvent, AuditRecord
 from radserve.config import Settings
 from radserve.errors import RadserveError
-from radserve.security.access import ReadAccess
+from radserve.security.access import ReadAccess, local_scopes
 from radserve.service.job_view import JobView
 from radserve.service.jobcache import JobCache
 from radserve.service.jobs import JobAccess
@@ -116,7 +116,12 @@ def reader_app(
     state = State()
     jobs = ReaderJobs(store, snapshot, settings.jobs.cache_records)
     state.service = ReaderState(settings, store, jobs)
-    state.read_access = ReadAccess(store, settings.security.visibility, audit=audit)
+    # the console's local users as this process started: their jobs' visibility to keys
+    # (a user's site changed in the settings file counts here after a restart)
+    users = local_scopes(settings.console.users)
+    state.read_access = ReadAccess(
+        store, settings.security.visibility, audit=audit, local_scopes=lambda: users
+    )
     state.keys = KeyVerifier(store, wait_s=settings.server.store_wait_s)
     state.status_bodies = StatusBodies()
     reads: ASGIApp = _Reads(_Holder(state), lambda code: emit(("error", code)))

@@ -111,7 +111,11 @@ class JobOut(_Out):
     precision: str
     model_versions: dict[str, str]
     cached: bool = Field(description="answered from the result cache: nothing ran")
-    cached_from: str | None = None
+    cached_from: str | None = Field(
+        None,
+        description="the earlier job whose result answered this one; null unless the "
+        "caller may see that job (security.visibility: it may be another site's)",
+    )
     attempts: int
     stage_timings: dict[str, float] = Field(description="seconds per stage (final jobs)")
     error: JobError | None = None
@@ -124,8 +128,12 @@ class JobOut(_Out):
     links: dict[str, str]
 
     @classmethod
-    def of(cls, view: JobView, now: dt.datetime | None = None) -> JobOut:
-        return cls.from_record(view.record, view.position, view.eta, now=now)
+    def of(
+        cls, view: JobView, now: dt.datetime | None = None, *, show_source: bool = False
+    ) -> JobOut:
+        return cls.from_record(
+            view.record, view.position, view.eta, now=now, show_source=show_source
+        )
 
     @classmethod
     def from_record(
@@ -135,8 +143,13 @@ class JobOut(_Out):
         eta: JobEta | None = None,
         *,
         now: dt.datetime | None = None,
+        show_source: bool = False,
     ) -> JobOut:
-        """``now`` (default: the clock) decides ``deadline_missed`` of an unfinished job."""
+        """``now`` (default: the clock) decides ``deadline_missed`` of an unfinished job.
+        ``show_source``: give ``cached_from``, the earlier job whose result answered this
+        one; only when the caller may see that job (:func:`radserve.api.auth.source_visible`:
+        under ``security.visibility`` it may be another site's). Off by default: an answer
+        built without asking names no other job."""
         base = f"/v1/jobs/{job.id}"
         links = {"self": base}
         if job.state.value == "succeeded":
@@ -159,7 +172,7 @@ class JobOut(_Out):
             precision=job.precision,
             model_versions=dict(job.model_versions),
             cached=job.cached_from is not None,
-            cached_from=job.cached_from,
+            cached_from=job.cached_from if show_source else None,
             attempts=job.attempts,
             stage_timings={k: round(v, 4) for k, v in job.stage_timings.items()},
             error=JobError(
@@ -209,7 +222,10 @@ class TurnaroundOut(_Out):
     last_compute_ms: float = Field(description="the last ETA recomputation (order + walk)")
     risk_margin_s: float
     risk_policy: str
-    at_risk: list[str] = Field(description="unfinished jobs a deadline-risk event stands for")
+    at_risk: list[str] = Field(
+        description="unfinished jobs a deadline-risk event stands for (under "
+        "security.visibility only those the caller may see; the counts are the server's)"
+    )
     risk_events: dict[str, int] = Field(
         default_factory=dict,
         description="since start: risk events raised, and cleared (prediction recovered)",

@@ -31,9 +31,11 @@ def _utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def status_body(view: JobView, now: dt.datetime | None = None) -> bytes:
-    """The status answer of ``view`` as JSON."""
-    return JobOut.of(view, now=now).model_dump_json().encode()
+def status_body(
+    view: JobView, now: dt.datetime | None = None, *, show_source: bool = False
+) -> bytes:
+    """The status answer of ``view`` as JSON (``show_source``: see :meth:`JobOut.of`)."""
+    return JobOut.of(view, now=now, show_source=show_source).model_dump_json().encode()
 
 
 class StatusBodies:
@@ -42,19 +44,22 @@ class StatusBodies:
 
     def __init__(self, clock: Callable[[], dt.datetime] = _utc_now) -> None:
         self.clock = clock
-        self._kept: dict[str, tuple[JobView, bool, bytes]] = {}
+        self._kept: dict[tuple[str, bool], tuple[JobView, bool, bytes]] = {}
         self.built = 0  # bodies serialised (for tests and the load bench)
 
-    def body(self, view: JobView) -> bytes:
+    def body(self, view: JobView, *, show_source: bool = False) -> bytes:
+        """``show_source``: whether the caller may see the job's ``cached_from`` (one
+        body kept per job and answer: the same job is shown to callers of other sites)."""
         now = self.clock()
         missed = deadline_missed(view.record, now)
-        kept = self._kept.get(view.record.id)
+        key = (view.record.id, show_source)
+        kept = self._kept.get(key)
         if kept is not None and kept[0] is view and kept[1] == missed:
             return kept[2]
-        data = status_body(view, now)
+        data = status_body(view, now, show_source=show_source)
         if len(self._kept) >= _MAX_KEPT:
             self._kept.clear()
-        self._kept[view.record.id] = (view, missed, data)
+        self._kept[key] = (view, missed, data)
         self.built += 1
         return data
 

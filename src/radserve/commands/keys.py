@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
-from radserve.security.keys import label_problem, printable_label
+from radserve.labels import label_problem, printable_label
 
 if TYPE_CHECKING:
     from radserve.store import Store

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, HTMLResponse, Response
-from fastapi.staticfiles import StaticFiles
+from fastapi.responses import HTMLResponse, Response
 
+from radserve.api.files import FileAnswer, StaticFileAnswers
 from radserve.config import load_settings
 from radserve.console.auth import session_principal
 from radserve.console.events import JobFeed
@@ -73,11 +73,13 @@ def install(app: FastAPI, service: Service, config_file: Path | None = None) -> 
                 "<p>The console's front end is not built: run <code>make console</code>.</p>",
                 status_code=503,
             )
-        return FileResponse(index, media_type="text/html", headers=_HEADERS)
+        # Range as every file answer reads it (RFC 9110 14.2: an invalid one is ignored)
+        return FileAnswer(index, media_type="text/html", headers=_HEADERS)
 
     app.add_api_route("/", page, methods=["GET"], include_in_schema=False, response_model=None)
     if (STATIC / "assets").is_dir():
-        app.mount("/console/assets", StaticFiles(directory=STATIC / "assets"), name="console")
+        assets = StaticFileAnswers(directory=STATIC / "assets")
+        app.mount("/console/assets", assets, name="console")
 
 
 __all__ = ["EVENTS_PATH", "install"]

@@ -78,9 +78,14 @@ def local_users(request: Request) -> LocalUsers:
 
 
 def account_check(user: ConsoleUser) -> str:
-    """A fingerprint of a local user's account (name, role, password hash), stored with
-    each session it opens: a session whose account is gone or changed ends."""
+    """A fingerprint of a local user's account (name, role, password hash, and its site
+    and submitter when it has them), stored with each session it opens: a session whose
+    account is gone or changed ends (a user moved to another site sees the other
+    site's jobs only after signing in again)."""
     text = f"{user.username.lower()}\n{user.role}\n{user.password_hash.get_secret_value()}"
+    if user.site is not None or user.submitter is not None:
+        # only then: the sessions of users without a scope stay valid across the upgrade
+        text += f"\n{user.site or ''}\n{user.submitter or ''}"
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -26,15 +26,19 @@ from starlette.concurrency import run_in_threadpool
 
 from radserve.api.auth import (
     Principal,
+    actor_visible,
     audited_read,
     check_phi_identifiers,
+    job_visible,
     read_access,
     require_read,
+    source_visible,
     token_of,
     visible_to,
 )
 from radserve.api.errors import ForbiddenError
 from radserve.api.files import RANGE_RESPONSES, FileAnswer
+from radserve.api.job_names import report_needs_care, shown_report_bytes, shown_report_json
 from radserve.api.routes.jobs import ClassName, StateName
 from radserve.api.schemas import ErrorOut, EtaOut, JobOut
 from radserve.api.state import service_of as _service
@@ -49,6 +53,7 @@ from radserve.ingest.policy import IngestPolicy
 from radserve.security.keys import Role
 from radserve.service import Service
 from radserve.service.errors import OutputNotFoundError
+from radserve.service.jobs import REPORT_FILE
 from radserve.store import JobRecord, JobState
 from radserve.store import jobs as job_rows
 from radserve.store.models import AuditEntry, OutboxDelivery
@@ -108,10 +113,11 @@ def _stage(record: JobRecord, position: int | None) -> str:
     return record.error_code or record.state.value
 
 
-def _row(request: Request, record: JobRecord) -> dict[str, Any]:
-    """One worklist row (call from a worker thread: may read the study header)."""
+def _row(request: Request, who: Principal, record: JobRecord) -> dict[str, Any]:
+    """One worklist row for ``who`` (call from a worker thread: may read the study
+    header); ``cached_from`` only when ``who`` may see that job."""
     view = _service(request).jobs.view(record)
-    out = JobOut.of(view).model_dump(mode="json")
+    out = JobOut.of(view, show_source=source_visible(request, who, record)).model_dump(mode="json")
     out["accession"] = _info(request).get(record.id, record.study_path).accession
     out["stage"] = _stage(record, view.position)
     out.pop("links", None)
@@ -147,9 +153,9 @@ async def worklist(
     created_after = _day_start(date_from, "date_from") if date_from is not None else None
     # the day after date_to; none after 9999-12-31 (every job arrived before it)
     created_before = _day_start(date_to, "date_to", days=1) if date_to is not None else None
-    scope = visible_to(request, who)
 
     def read() -> list[dict[str, Any]]:
+        scope = visible_to(request, who)
         # an accession is in the study's header, not the row: look through more jobs
         page = job_rows.list_jobs(
             service.store,
@@ -160,7 +166,7 @@ async def worklist(
             limit=job_rows.MAX_PAGE if accession else limit,
             visible_to=scope,
         )
-        rows = [_row(request, r) for r in page.items]
+        rows = [_row(request, who, r) for r in page.items]
         if accession:
             wanted = accession.strip().lower()
             rows = [r for r in rows if wanted in (r["accession"] or "").lower()]
@@ -247,7 +253,7 @@ async def events(
                     records = [r for _, r in latest.values()]
 
                     def rows(records: list[JobRecord] = records) -> list[dict[str, Any]]:
-                        return [_row(request, r) for r in _visible(request, who, records)]
+                        return [_row(request, who, r) for r in _visible(request, who, records)]
 
                     for row in await run_in_threadpool(rows):
                         data = json.dumps(row)
@@ -284,7 +290,19 @@ async def events(
 
 
 # --- study view ------------------------------------------------------------------------
-def _trail(service: Service, job_id: str) -> list[dict[str, Any]]:
+# payload fields of an audit record that say who acted (with its actor and address)
+_ACTOR_FIELDS = ("key_name", "user")
+# payload fields that name another job
+_JOB_FIELDS = ("cached_from",)
+
+
+def _trail(request: Request, who: Principal, job_id: str) -> list[dict[str, Any]]:
+    """The job's audit records as ``who`` may see them (call from a worker thread): who
+    acted (key id or ``user:<name>``, its name, its client address) only where the
+    visibility rule lets ``who`` see that actor, and a job named in a payload (the
+    earlier job a cached result came from) only where ``who`` may see that job; the
+    rest of each record (action, time, what was read or changed) stays."""
+    service = _service(request)
     with service.store.engine.connect() as connection:
         rows = connection.execute(
             select(
@@ -299,19 +317,32 @@ def _trail(service: Service, job_id: str) -> list[dict[str, Any]]:
             .order_by(AuditEntry.seq)
             .limit(_TRAIL_LIMIT)
         ).all()
-    return [
-        {
-            "seq": r.seq,
-            "ts": r.ts.isoformat() if r.ts else None,
-            "action": r.action,
-            "actor_key_id": r.actor_key_id,
-            "client": r.client_address,
-            # the stored canonical JSON text, as the object it is (as text the page
-            # showed it JSON-encoded twice: every quote escaped)
-            "payload": json.loads(r.payload),
-        }
-        for r in rows
-    ]
+    out = []
+    for r in rows:
+        # the stored canonical JSON text, as the object it is (as text the page showed
+        # it JSON-encoded twice: every quote escaped)
+        payload = json.loads(r.payload)
+        shown = actor_visible(request, who, r.actor_key_id)
+        if not shown:
+            payload = {k: v for k, v in payload.items() if k not in _ACTOR_FIELDS}
+        for name in _JOB_FIELDS:
+            named = payload.get(name)
+            if named is not None and not job_visible(request, who, str(named)):
+                payload = {k: v for k, v in payload.items() if k != name}
+        out.append(
+            {
+                "seq": r.seq,
+                "ts": r.ts.isoformat() if r.ts else None,
+                "action": r.action,
+                "actor_key_id": r.actor_key_id if shown else None,
+                "client": r.client_address if shown else None,
+                # true: someone acted whom this reader may not see (another site's key
+                # or user, or an admin's); the page says so instead of a blank
+                "actor_hidden": not shown,
+                "payload": payload,
+            }
+        )
+    return out
 
 
 async def _job(request: Request, job_id: str, who: Principal) -> JobRecord:
@@ -332,6 +363,8 @@ async def job_detail(request: Request, job_id: str, who: Reader) -> Response:
         await audited_read(request, who, record, "report", {"via": "console"})
         data = await run_in_threadpool(service.jobs.report_bytes, record)
         report = json.loads(data)
+        if report_needs_care(request, who, record):  # a cached job's report: jobs it names
+            report = await run_in_threadpool(shown_report_json, request, who, record, report)
         folder = Path(record.result_path or "")
         files = await run_in_threadpool(
             lambda: sorted(p.name for p in folder.iterdir() if _RESULT_FILE.match(p.name))
@@ -344,8 +377,8 @@ async def job_detail(request: Request, job_id: str, who: Reader) -> Response:
         service.catalog,
         IngestPolicy.from_settings(service.settings.ingest),
     )
-    row = await run_in_threadpool(_row, request, record)
-    trail = await run_in_threadpool(_trail, service, job_id)
+    row = await run_in_threadpool(_row, request, who, record)
+    trail = await run_in_threadpool(_trail, request, who, record.id)
     return JSONResponse(
         {
             "job": row,
@@ -382,7 +415,7 @@ async def job_patient(request: Request, job_id: str, who: Reader) -> Response:
 
 
 @router.get("/console/api/jobs/{job_id}/files/{name}")
-async def job_file(request: Request, job_id: str, name: str, who: Reader) -> FileAnswer:
+async def job_file(request: Request, job_id: str, name: str, who: Reader) -> Response:
     if not _RESULT_FILE.match(name):
         raise OutputNotFoundError(f"no result file {quoted(name[:80])}")
     if name.endswith(_PHI_FILE):
@@ -398,6 +431,14 @@ async def job_file(request: Request, job_id: str, name: str, who: Reader) -> Fil
         raise OutputNotFoundError(f"job {job_id} has no result file {quoted(name)}")
     await audited_read(request, who, record, "result_file", {"file": name})
     media = "application/dicom" if name.endswith(".dcm") else "application/octet-stream"
+    if name == REPORT_FILE and report_needs_care(request, who, record):
+        # a cached job's report.json is the earlier job's: as GET /v1/jobs/{id}/report
+        # shows it to this reader (no job it may not see); the whole file, no ranges
+        data = await run_in_threadpool(path.read_bytes)
+        shown = await run_in_threadpool(shown_report_bytes, request, who, record, data)
+        if shown is not data:
+            disposition = f'attachment; filename="{job_id}-{name}"'
+            return Response(shown, media_type=media, headers={"Content-Disposition": disposition})
     return FileAnswer(path, media_type=media, filename=f"{job_id}-{name}")
 
 

@@ -29,13 +29,13 @@ from radserve.console.auth import account_check, current_session, local_users, s
 from radserve.console.limits import SignInLimiter
 from radserve.console.routes import phi_allowed
 from radserve.console.sessions import COOKIE, CSRF_HEADER, Session, SessionTable, csrf_ok
+from radserve.console.users import USER_PREFIX, actor_id
 from radserve.passwords import MAX_LENGTH, PasswordHash, verify_password
 from radserve.security.keys import Role
 from radserve.store import Store
 
 logger = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
-USER_PREFIX = "user:"  # a local user's actor id in audit records and job rows
 
 
 class SignIn(BaseModel):
@@ -107,9 +107,11 @@ def _by_password(request: Request, username: str, password: str) -> tuple[_Ident
     if not verify_password(password, stored) or user is None:
         return None, user.username if user else ""
     who = _Identity(
-        f"{USER_PREFIX}{user.username}",
+        actor_id(user),
         Role(user.role),
         user.username,
+        user.site,
+        user.submitter,
         user=user.username,
         user_check=account_check(user),
     )
@@ -122,6 +124,9 @@ def _session_body(request: Request, session: Session) -> dict[str, Any]:
         "role": session.role,
         "key_name": session.key_name,
         "user": session.user,
+        # the scope security.visibility compares (a key's, or a local user's)
+        "site": session.site,
+        "submitter": session.submitter,
         "csrf": session.csrf,
         "phi": phi_allowed(request, Role(session.role)),
         "expires_in_s": round(table.expires_in_s(session)),

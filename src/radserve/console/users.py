@@ -11,6 +11,10 @@ last read and logs why, once per change of the file. A session opened by a user 
 is gone or whose account changed ends at its next request
 (:func:`radserve.console.auth.current_session`); with several replicas, each re-reads
 its own file.
+
+A user's ``site`` and ``submitter`` are its scope under ``security.visibility``, as a
+key's are (:meth:`LocalUsers.scopes`): which jobs it sees, and who sees the jobs it
+submitted (named ``user:<name>``) and its audit records.
 """
 
 from __future__ import annotations
@@ -23,8 +27,14 @@ from pathlib import Path
 
 from radserve.config import ConsoleUser, Settings, load_settings
 from radserve.errors import RadserveError
+from radserve.security.access import USER_PREFIX, Scope, local_actor, local_scopes
 
 logger = logging.getLogger(__name__)
+
+
+def actor_id(user: ConsoleUser) -> str:
+    """The id a local user's sessions, jobs and audit records carry."""
+    return local_actor(user.username)
 
 
 class LocalUsers:
@@ -39,6 +49,7 @@ class LocalUsers:
         self._load = load
         self._seen = self._stat()
         self._lock = threading.Lock()
+        self._scopes = (users, local_scopes(users))
 
     def _stat(self) -> tuple[int, int, int] | None:
         if self.config_file is None:
@@ -63,6 +74,16 @@ class LocalUsers:
                 self._reload()
         return self._users
 
+    def scopes(self) -> dict[str, Scope]:
+        """The users' scopes (actor id -> site and submitter) as they are now (call
+        from a worker thread: it may re-read the file)."""
+        users = self.current()
+        kept = self._scopes
+        if kept[0] is users:
+            return kept[1]
+        self._scopes = (users, local_scopes(users))
+        return self._scopes[1]
+
     def _reload(self) -> None:
         assert self.config_file is not None
         try:
@@ -86,4 +107,4 @@ class LocalUsers:
         )
 
 
-__all__ = ["LocalUsers"]
+__all__ = ["USER_PREFIX", "LocalUsers", "actor_id"]

@@ -4,7 +4,9 @@
 non-admin key reads the jobs submitted by itself or by a key with the same
 ``submitter``), ``site`` (by a key with the same ``site``). Admin keys read everything.
 A job nobody's key submitted (DICOM gateway) is visible to admins only under a rule. A
-job a key may not see answers 404, as if it did not exist.
+job a key may not see answers 404, as if it did not exist. The console's local users
+(``console.users``, actor ids ``user:<name>``) carry a ``site`` and ``submitter`` of
+their own (:data:`LocalScopes`) and follow the same rule, as readers and as submitters.
 
 Every read of patient data (report, FHIR Bundle, label maps, key images, DICOMweb
 results) appends a ``phi.read`` record: who (key id, name, address), which job (and
@@ -16,10 +18,10 @@ audited is refused (503).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from radserve.audit.chain import AuditEvent, AuditRecord
 from radserve.audit.events import Action
@@ -31,6 +33,35 @@ if TYPE_CHECKING:
 PHI_READ = Action.PHI_READ.value
 Visibility = Literal["all", "own_submitter", "site"]
 _MAX_CACHED = 10_000
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What the visibility rule compares: an actor's site and submitter."""
+
+    site: str | None = None
+    submitter: str | None = None
+
+
+# the console's local users as they are now: actor id (``user:<name>``) -> scope
+LocalScopes = Callable[[], Mapping[str, Scope]]
+USER_PREFIX = "user:"  # a local user's actor id in audit records and job rows
+
+
+class _LocalUser(Protocol):
+    username: str
+    site: str | None
+    submitter: str | None
+
+
+def local_actor(username: str) -> str:
+    """The actor id of the console's local user ``username`` (sessions, jobs, audit)."""
+    return f"{USER_PREFIX}{username}"
+
+
+def local_scopes(users: Iterable[_LocalUser]) -> dict[str, Scope]:
+    """Actor id -> scope of each local user (``console.users``)."""
+    return {local_actor(u.username): Scope(u.site, u.submitter) for u in users}
 
 
 @dataclass(frozen=True)
@@ -55,9 +86,13 @@ class ReadAccess:
         visibility: Visibility = "all",
         *,
         audit: Callable[[AuditEvent], Future[AuditRecord]] | None = None,
+        local_scopes: LocalScopes | None = None,
     ) -> None:
+        """``local_scopes``: the console's local users (their jobs and audit records
+        name ``user:<name>``, which is no API key); without it they have no scope."""
         self.store = store
         self.visibility = visibility
+        self.local_scopes = local_scopes
         # what commits a phi.read record: the store's group commit, or (an API reader
         # process) the one audit writer of all readers (radserve.api.audit_writer)
         self._audit = audit if audit is not None else store.submit_audit
@@ -75,20 +110,40 @@ class ReadAccess:
             self._scopes[key_id] = record
         return record
 
+    def owner_scope(self, actor: str) -> Scope | None:
+        """The scope of the key or local user ``actor`` (None: neither is known; a
+        removed user is not known)."""
+        if actor.startswith(USER_PREFIX):  # no key id has a colon
+            return None if self.local_scopes is None else self.local_scopes().get(actor)
+        record = self._scope(actor)
+        return None if record is None else Scope(record.site, record.submitter)
+
     def visible(self, reader: Reader, submitted_by: str | None) -> bool:
-        """Whether ``reader`` may see a job submitted by the key ``submitted_by``."""
+        """Whether ``reader`` may see a job submitted by the key (or local user)
+        ``submitted_by``; the same answer says whether ``reader`` may see who
+        ``submitted_by`` is (an audit record's actor)."""
         if self.visibility == "all" or role_allows(reader.role, Role.ADMIN):
             return True
         if submitted_by is None:
             return False
         if submitted_by == reader.key_id:
             return True
-        owner = self._scope(submitted_by)
+        owner = self.owner_scope(submitted_by)
         if owner is None:
             return False
         if self.visibility == "own_submitter":
             return reader.submitter is not None and owner.submitter == reader.submitter
         return reader.site is not None and owner.site == reader.site
+
+    def local_members(self, scope: str | None) -> tuple[str, ...]:
+        """The local users (actor ids) whose scope under the rule is ``scope``: a
+        listing's query counts their jobs with those of the keys of that scope."""
+        if scope is None or self.local_scopes is None or self.visibility == "all":
+            return ()
+        field = "submitter" if self.visibility == "own_submitter" else "site"
+        return tuple(
+            sorted(a for a, s in self.local_scopes().items() if getattr(s, field) == scope)
+        )
 
     def submit_read(
         self,
@@ -113,4 +168,14 @@ class ReadAccess:
         )
 
 
-__all__ = ["PHI_READ", "ReadAccess", "Reader", "Visibility"]
+__all__ = [
+    "PHI_READ",
+    "USER_PREFIX",
+    "LocalScopes",
+    "ReadAccess",
+    "Reader",
+    "Scope",
+    "Visibility",
+    "local_actor",
+    "local_scopes",
+]

@@ -102,18 +102,23 @@ class VisibleTo:
     """The jobs a non-admin key may see under ``security.visibility`` (the rule of
     :meth:`radserve.security.access.ReadAccess.visible`, as a query): those it
     submitted, and those submitted by a key with its ``scope`` (its submitter under
-    ``own_submitter``, its site under ``site``; None: no other key's)."""
+    ``own_submitter``, its site under ``site``; None: no other key's) or by one of
+    ``members`` (the console's local users of that scope, who are no keys)."""
 
     rule: Literal["own_submitter", "site"]
     key_id: str
     scope: str | None
+    members: tuple[str, ...] = ()
 
     def clause(self) -> ColumnElement[bool]:
         own = Job.api_key_id == self.key_id
         if self.scope is None:
             return own
         column = ApiKey.submitter if self.rule == "own_submitter" else ApiKey.site
-        return or_(own, Job.api_key_id.in_(select(ApiKey.id).where(column == self.scope)))
+        keys = Job.api_key_id.in_(select(ApiKey.id).where(column == self.scope))
+        if self.members:
+            return or_(own, keys, Job.api_key_id.in_(self.members))
+        return or_(own, keys)
 
 
 def _as_classes(

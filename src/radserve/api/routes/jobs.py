@@ -22,10 +22,13 @@ from radserve.api.auth import (
     check_visible,
     require_read,
     require_submit,
+    shows_source,
+    source_visible,
     visible_to,
 )
 from radserve.api.errors import ForbiddenError
 from radserve.api.files import RANGE_RESPONSES, FileAnswer
+from radserve.api.job_names import shown_report
 from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import ErrorOut, JobDeliveriesOut, JobOut, JobPageOut, OutboxItemOut
 from radserve.api.status_bodies import StatusBodies, status_body
@@ -68,10 +71,15 @@ async def get_job(request: Request, job_id: str, who: Reader) -> Response:
     record = await _record(jobs, job_id)
     await check_visible(request, who, record)  # status only: no patient data, not audited
     view = jobs.view(record)
+    # cached_from only when the caller may see that job (it may be another site's)
+    show = await shows_source(request, who, view.record)
     # serialised here: the model is already valid, FastAPI need not validate it again;
     # a reader process reuses the body while the published view is unchanged
     bodies: StatusBodies | None = getattr(request.app.state, "status_bodies", None)
-    body = status_body(view) if bodies is None else bodies.body(view)
+    if bodies is None:
+        body = status_body(view, show_source=show)
+    else:
+        body = bodies.body(view, show_source=show)
     return Response(body, media_type="application/json")
 
 
@@ -103,9 +111,13 @@ async def list_jobs(
     )
     items = page.items
     jobs = _jobs(request)
-    # each waiting job's queue position too: the list left it null, unlike GET /v1/jobs/{id}
-    outs = await run_in_threadpool(lambda: [JobOut.of(jobs.view(r)) for r in items])
-    return JobPageOut(items=outs, next_cursor=page.next_cursor)
+
+    def outs() -> list[JobOut]:
+        # each waiting job's queue position too: the list left it null, unlike GET
+        # /v1/jobs/{id}; cached_from only where the caller may see that job
+        return [JobOut.of(jobs.view(r), show_source=source_visible(request, who, r)) for r in items]
+
+    return JobPageOut(items=await run_in_threadpool(outs), next_cursor=page.next_cursor)
 
 
 @router.delete(
@@ -126,7 +138,7 @@ async def cancel_job(request: Request, job_id: str, principal: Submitter) -> Job
     record = await run_in_threadpool(
         jobs.cancel, job_id, key_id=principal.key_id, client=principal.client
     )
-    return JobOut.of(jobs.view(record))
+    return JobOut.of(jobs.view(record), show_source=await shows_source(request, principal, record))
 
 
 class PriorityIn(BaseModel):
@@ -164,7 +176,7 @@ async def reprioritise_job(
     record = await run_in_threadpool(
         jobs.reprioritise, job_id, cls, key_id=principal.key_id, client=principal.client
     )
-    return JobOut.of(jobs.view(record))
+    return JobOut.of(jobs.view(record), show_source=await shows_source(request, principal, record))
 
 
 @router.get(
@@ -179,6 +191,8 @@ async def get_report(request: Request, job_id: str, who: Reader) -> Response:
     data = jobs.report_cached(record)
     if data is None:
         data = await run_in_threadpool(jobs.report_bytes, record)
+    # a cached job's report is the earlier job's: it names that job only to who may see it
+    data = await shown_report(request, who, record, data)
     return Response(data, media_type="application/json")
 
 

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from radserve.api.auth import Principal, require_admin, require_read
+from radserve.api.auth import Principal, require_admin, require_read, shown_actor
 from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import ErrorOut
 from radserve.api.state import service_of as _service
@@ -47,7 +47,8 @@ class DeploymentOut(BaseModel):
     reason: str | None
 
     @classmethod
-    def of(cls, d: StepDeployment) -> DeploymentOut:
+    def of(cls, d: StepDeployment, actor: str | None = None) -> DeploymentOut:
+        """``actor``: who made the change as the caller may see it (:func:`shown_actor`)."""
         return cls(
             id=d.id,
             created=d.created.isoformat() if d.created else None,
@@ -59,7 +60,7 @@ class DeploymentOut(BaseModel):
             shadow=d.shadow,
             shadow_percent=d.shadow_percent,
             action=d.action.value,
-            actor=d.actor,
+            actor=actor,
             reason=d.reason,
         )
 
@@ -95,14 +96,17 @@ class UndeployIn(BaseModel):
 
 @router.get("/v1/models", response_model=ModelsOut, responses=_ERRORS, summary="Model versions")
 async def list_models(
-    request: Request, _: Annotated[Principal, Depends(require_read)]
+    request: Request, who: Annotated[Principal, Depends(require_read)]
 ) -> ModelsOut:
     lifecycle = _service(request).lifecycle
 
     def read() -> ModelsOut:
         return ModelsOut(
             versions=lifecycle.status(),
-            deployments=[DeploymentOut.of(d) for d in lifecycle.active().values()],
+            deployments=[
+                DeploymentOut.of(d, shown_actor(request, who, d.actor))
+                for d in lifecycle.active().values()
+            ],
         )
 
     return await run_in_threadpool(read)
@@ -239,10 +243,18 @@ async def install_model(
     summary="Installs answered before they finished (build_variants), newest first",
 )
 async def installs(
-    request: Request, _: Annotated[Principal, Depends(require_read)]
+    request: Request, who: Annotated[Principal, Depends(require_read)]
 ) -> list[InstallTaskOut]:
     tasks = await run_in_threadpool(_service(request).installs.tasks.recent)
-    return [InstallTaskOut.of(t) for t in tasks]
+    return await run_in_threadpool(lambda: [_install_out(request, who, t) for t in tasks])
+
+
+def _install_out(request: Request, who: Principal, task: InstallTask) -> InstallTaskOut:
+    """An install as ``who`` may see it: who started it only when ``who`` may see that
+    key (:func:`shown_actor`; call from a worker thread)."""
+    out = InstallTaskOut.of(task)
+    actor = shown_actor(request, who, out.actor)
+    return out if actor == out.actor else out.model_copy(update={"actor": actor})
 
 
 @router.get(
@@ -252,12 +264,12 @@ async def installs(
     summary="One install's state: queued, building, installed, rejected, failed, interrupted",
 )
 async def install_state(
-    request: Request, install_id: str, _: Annotated[Principal, Depends(require_read)]
+    request: Request, install_id: str, who: Annotated[Principal, Depends(require_read)]
 ) -> InstallTaskOut:
     task = await run_in_threadpool(_service(request).installs.tasks.get, install_id)
     if task is None:
         raise InstallNotFoundError(f"no install {quoted(install_id)}")
-    return InstallTaskOut.of(task)
+    return await run_in_threadpool(_install_out, request, who, task)
 
 
 @router.get(
@@ -267,10 +279,12 @@ async def install_state(
     summary="Deployment changes, newest first",
 )
 async def deployment_history(
-    request: Request, _: Annotated[Principal, Depends(require_read)], step: str | None = None
+    request: Request, who: Annotated[Principal, Depends(require_read)], step: str | None = None
 ) -> list[DeploymentOut]:
     history = await run_in_threadpool(_service(request).lifecycle.deployments.history, step)
-    return [DeploymentOut.of(d) for d in history]
+    return await run_in_threadpool(
+        lambda: [DeploymentOut.of(d, shown_actor(request, who, d.actor)) for d in history]
+    )
 
 
 @router.get(
@@ -301,7 +315,8 @@ async def drift(
 async def _changed(change: Callable[[], StepDeployment]) -> DeploymentOut:
     """Run one deployment change off the event loop (it warms models and writes the
     database) and answer with the row it recorded."""
-    return DeploymentOut.of(await run_in_threadpool(change))
+    changed = await run_in_threadpool(change)
+    return DeploymentOut.of(changed, changed.actor)  # an admin's change: it sees every key
 
 
 @router.post(

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 
-from radserve.api.auth import Principal, require_submit
+from radserve.api.auth import Principal, require_submit, shows_source
 from radserve.api.errors import status_for
 from radserve.api.forms import read_form
 from radserve.api.negotiation import NegotiatedRoute
@@ -25,7 +25,7 @@ from radserve.api.server_paths import without_server_paths
 from radserve.api.state import service_of as _service
 from radserve.errors import EmptyUploadError, InvalidRequestError, RadserveError
 from radserve.scheduling import PriorityClass
-from radserve.service import Origin, ResolvedPipeline, Service, parse_priority
+from radserve.service import Origin, ResolvedPipeline, parse_priority
 from radserve.service.errors import UnsupportedMediaError
 
 router = APIRouter(tags=["studies"], route_class=NegotiatedRoute)
@@ -154,7 +154,10 @@ async def submit_study(
         )
     # with its ETA from the start (a walk now: it was always null in the 202)
     eta = await run_in_threadpool(service.jobs.eta, submission.job)
-    out = JobOut.from_record(submission.job, submission.position, eta)
+    # a cached answer names the earlier job only to a caller who may see it (under
+    # security.visibility it may be another site's)
+    show = await shows_source(request, principal, submission.job)
+    out = JobOut.from_record(submission.job, submission.position, eta, show_source=show)
     return _job_response(response, out, submission.cached)
 
 
@@ -197,20 +200,22 @@ async def submit_batch(
                 f"{MAX_BATCH_STUDIES} go in one batch: send the rest in another"
             )
         for name, files in studies.items():
-            items.append(await _one(service, name, files, resolved, cls, origin))
+            items.append(await _one(request, principal, name, files, resolved, cls, origin))
     refused = sum(1 for i in items if i.job is None)
     response.status_code = 207 if refused else 202
     return BatchOut(accepted=len(items) - refused, refused=refused, items=items)
 
 
 async def _one(
-    service: Service,
+    request: Request,
+    principal: Principal,
     name: str,
     files: list[UploadFile],
     resolved: ResolvedPipeline,
     cls: PriorityClass | None,
     origin: Origin,
 ) -> BatchItemOut:
+    service = _service(request)
     try:
         submission = await run_in_threadpool(
             service.intake.submit_upload,
@@ -225,7 +230,8 @@ async def _one(
         error = ErrorBody(code=exc.code, message=message, retryable=exc.retryable)
         return BatchItemOut(study=name, status=status_for(exc), error=error)
     eta = await run_in_threadpool(service.jobs.eta, submission.job)
-    job = JobOut.from_record(submission.job, submission.position, eta)
+    show = await shows_source(request, principal, submission.job)
+    job = JobOut.from_record(submission.job, submission.position, eta, show_source=show)
     return BatchItemOut(study=name, status=200 if submission.cached else 202, job=job)
 
 

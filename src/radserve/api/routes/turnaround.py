@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from radserve.api.auth import Principal, require_read
+from radserve.api.auth import Principal, job_visible, require_read, restricted
 from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import ErrorOut, ServiceTimesOut, TurnaroundOut
 from radserve.api.state import service_of as _service
@@ -46,7 +46,7 @@ async def service_times(
 )
 async def turnaround_view(
     request: Request,
-    _: Annotated[Principal, Depends(require_read)],
+    who: Annotated[Principal, Depends(require_read)],
     window_h: Annotated[
         float,
         Query(gt=0, le=24 * 366, description="misses of the jobs that arrived in these hours"),
@@ -55,12 +55,17 @@ async def turnaround_view(
     turnaround = _service(request).turnaround
     settings = turnaround.settings
     misses = await run_in_threadpool(turnaround.miss_report, window_h * 3600)
+    at_risk = sorted(r.job_id for r in turnaround.at_risk())
+    if restricted(request, who):  # job ids only of the jobs the caller may see
+        at_risk = await run_in_threadpool(
+            lambda: [j for j in at_risk if job_visible(request, who, j)]
+        )
     return TurnaroundOut(
         jobs_with_eta=len(turnaround.etas()),
         last_compute_ms=round(turnaround.last_compute_s * 1000, 3),
         risk_margin_s=settings.risk_margin_s,
         risk_policy=settings.risk_policy,
-        at_risk=sorted(r.job_id for r in turnaround.at_risk()),
+        at_risk=at_risk,
         risk_events=turnaround.risk_counts(),
         misses=misses.as_dict(),
         eta_bias=turnaround.bias_view(),
