@@ -22,13 +22,15 @@ from radserve.store import JobState as StoredState
 
 
 def missing_study_lookup(tmp_path: Path) -> Callable[[str], JobRecord]:
-    """Every job a queued OUTPATIENT job whose study folder is missing (the typical size)."""
+    """Every job a queued OUTPATIENT job whose study folder is missing (the typical size),
+    its deadline its arrival + the default OUTPATIENT TAT, as a job row's would be."""
     now = dt.datetime.now(dt.UTC)
+    deadline = now + dt.timedelta(seconds=SchedulerSettings().tat(PriorityClass.OUTPATIENT))
 
     def lookup(job_id: str) -> JobRecord:
         return JobRecord(
-            job_id, StoredState.QUEUED, PriorityClass.OUTPATIENT, now, now, "ct", "1", "fp32",
-            "f", str(tmp_path / "no-such-study"),
+            job_id, StoredState.QUEUED, PriorityClass.OUTPATIENT, now, deadline, "ct", "1",
+            "fp32", "f", str(tmp_path / "no-such-study"),
         )  # fmt: skip
 
     return lookup

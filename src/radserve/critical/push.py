@@ -260,11 +260,29 @@ class CriticalOutbox:
         self, attempts: Sequence[tuple[OutboxItem, SendResult, dt.datetime]]
     ) -> Counter[Outcome]:
         """Record ``attempts`` (row, answer, when answered) in one transaction, then tell
-        :attr:`on_settled` of each; the outcomes recorded."""
+        :attr:`on_settled` of each row it moved; the outcomes recorded.
+
+        An answer whose row did not move (it was no longer ``sending``: its lease ran out
+        during a slow answer and another sender took it and settled it) is logged and
+        otherwise ignored. Before, it was told all the same: a receiver that answered
+        both sends got two ``critical.acknowledged`` records, two ``sent`` counts and two
+        latencies for one notice, and a late failure was audited ``critical.failed``
+        for a notice already acknowledged."""
         decided = [(item, *decide(self.policy, item, result, at)) for item, result, at in attempts]
-        self.store.settle_all([settlement for _, _, settlement in decided])
+        moved = self.store.settle_all([settlement for _, _, settlement in decided])
         outcomes: Counter[Outcome] = Counter()
-        for (item, outcome, settlement), (_, result, at) in zip(decided, attempts, strict=True):
+        for (item, outcome, settlement), (_, result, at), did in zip(
+            decided, attempts, moved, strict=True
+        ):
+            if not did:
+                logger.info(
+                    "critical push to %s: an answer (%s) for notice %s, settled by another "
+                    "sender meanwhile: not recorded again",
+                    item.destination,
+                    outcome.value,
+                    item.sop_instance_uid,
+                )
+                continue
             log_settled(item, outcome, settlement)
             outcomes[outcome] += 1
             if outcome is Outcome.SENT:

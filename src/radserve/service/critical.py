@@ -302,6 +302,7 @@ class CriticalDelivery:
                     rule=rule.describe(),
                     sent=utc_now(),
                     flag=flag,
+                    caveats=notice.get("caveats", ()),
                 )
             except RadserveError as exc:
                 problem = f"the Communication could not be built ({exc.code})"

@@ -653,6 +653,7 @@ class Service:
                 unreachable = self.outbox.unreachable()
             except RadserveError as exc:  # the database went away between the two reads
                 logger.warning("readiness: cannot read the outbox (%s)", exc.code)
+        unreachable |= self.turnaround.alert_problems()  # deadline-risk alert receivers
         if unreachable and self.settings.outbox.unreachable_is_not_ready:
             ready = False
         return Readiness(

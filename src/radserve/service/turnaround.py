@@ -109,6 +109,9 @@ RISK_MSGID = "RADSERVE-RISK"
 _ALERT_QUEUE = 1000
 _ALERT_RETRIES = (1.0, 5.0, 30.0)
 _ALERT_ATTEMPT_S = 5.0  # one delivery attempt's timeout (the webhook's; syslog's own)
+# an attempt in flight this long is shown in /readyz (a syslog collector that accepted
+# and does not answer holds it for risk_syslog.timeout_s, up to a year)
+_ALERT_STALLED_S = 2 * _ALERT_ATTEMPT_S
 _LEAD_BUCKETS = (0, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
 
 
@@ -603,7 +606,7 @@ class Turnaround:
         )
         payload = self._payload(risk, risk.predicted_finish, risk.predicted_finish_late)
         payload |= {
-            "predicted_late_by_s": round(late_by, 3),
+            "predicted_late_by_s": _seconds(late_by),
             "policy": policy,
             "promoted": promoted,
             "reserved": reserved,  # the next free routine slot is held for it
@@ -622,9 +625,9 @@ class Turnaround:
         )
         payload = self._payload(risk, cleared.predicted_finish, cleared.predicted_finish_late)
         payload |= {
-            "predicted_early_by_s": round(early_by, 3),
+            "predicted_early_by_s": _seconds(early_by),
             "raised_at": _iso(self.wall(risk.raised_at)),
-            "at_risk_s": round(cleared.held_s, 3),
+            "at_risk_s": _seconds(cleared.held_s),
             "clear_s": self.settings.risk_clear_s,
         }
         self._announce(DEADLINE_RISK_CLEARED, risk.job_id, payload)
@@ -632,13 +635,41 @@ class Turnaround:
     def _payload(self, risk: RiskEvent, finish: float, finish_late: float) -> dict[str, Any]:
         """What a risk record and alert say (job times and class: no patient data)."""
         offset = self.wall(0.0)
+        deadline = self._stored_deadline(risk)
         return {
             "priority_class": risk.cls.value,
-            "deadline": _iso(offset + risk.deadline),
+            "deadline": (_iso(offset + risk.deadline) if deadline is None else _utc_iso(deadline)),
             "predicted_finish": _iso(offset + finish),
             "predicted_finish_late": _iso(offset + finish_late),
             "margin_s": self.settings.risk_margin_s,
         }
+
+    def _stored_deadline(self, risk: RiskEvent) -> dt.datetime | None:
+        """The job's deadline as its row has it, which is what the job API shows: one
+        source of truth. The scheduler's own deadline (``risk.deadline``, its monotonic
+        clock) counts from when the job entered the scheduler, tens of ms after its row
+        was written, and converting it to wall time at the event moved it again: events
+        named a deadline 10-30 ms off the API's (session 37). A job re-prioritised since
+        its row was read is read again (its row holds the new class's deadline); while
+        its row is being updated, the row's own rule (its arrival + the class's TAT,
+        :meth:`radserve.service.jobs.JobAccess.reprioritise`). None: no row (the event
+        then converts the scheduler's deadline)."""
+        record = self._record(risk.job_id)
+        if record is not None and record.priority_class is not risk.cls:
+            try:
+                fresh = self.lookup(risk.job_id)
+            except Exception:  # the database is briefly away: the rule below
+                fresh = None
+            if fresh is not None:
+                record = fresh
+                with self._lock:
+                    if risk.job_id in self._records:
+                        self._records[risk.job_id] = fresh
+        if record is None:
+            return None
+        if record.priority_class is risk.cls:
+            return record.deadline
+        return record.arrival + dt.timedelta(seconds=self.scheduler.config.tat(risk.cls))
 
     def _announce(self, action: str, job_id: str, payload: dict[str, Any]) -> None:
         """The audit record, then the alerts (queued to every receiver: never blocks)."""
@@ -648,6 +679,17 @@ class Turnaround:
             logger.error("job %s: %s not audited (%s)", job_id, action, exc)
         for alerts in self._alerts:
             alerts.send({"event": action, "job_id": job_id, **payload})
+
+    def alert_problems(self) -> dict[str, str]:
+        """The alert receivers whose last alert failed (``risk:webhook``, ``risk:syslog``)
+        -> what to tell an operator; merged into ``/readyz``'s unreachable peers, as a
+        critical receiver's failed notices are. Empty once one gets through."""
+        out = {}
+        for alerts in self._alerts:
+            problem = alerts.problem()
+            if problem is not None:
+                out[f"risk:{alerts.target.kind}"] = problem
+        return out
 
     def risk_counts(self) -> dict[str, int]:
         """Risk events raised and cleared since start."""
@@ -711,8 +753,22 @@ class _Alerts:
     never blocking the scheduler (not the durable outbox: an alert is worth less once
     late). An alert that does not reach its receiver is logged and counted by reason
     (``radserve_deadline_risk_alerts_dropped_total``): the queue was full, its retries
-    ran out, or the server stopped before it went out. One per receiver, so a collector
-    that is down does not delay the webhook."""
+    ran out or its receiver's answer can never be got past (``failed``), or the server
+    stopped before it went out. One per receiver, so a collector that is down does not
+    delay the webhook.
+
+    Whatever an attempt raises settles it (:meth:`_attempt`): an answer no retry gets
+    past (:class:`_Refused`: a redirect, a 4xx other than 408/429, a URL or body the
+    client refuses) fails the alert at once, anything else is retried. Before, only
+    httpx's and socket errors were caught: any other exception (httpx refusing to encode
+    an infinite ETA) ended the thread, the alert in hand was lost uncounted, every later
+    one waited in the queue until the stop, and health said nothing. While the
+    receiver's last alert failed, or an attempt has waited :data:`_ALERT_STALLED_S` for
+    it, :meth:`problem` says so (``/readyz``). At the stop, an attempt still blocked
+    once the grace (and one webhook attempt) is over is aborted (a syslog handshake or
+    write on a collector that accepted and does not answer held the thread for up to
+    its ``timeout_s``, a year at most, with the alert in hand neither sent nor counted);
+    one that does not end then is counted ``stopped``."""
 
     def __init__(self, target: _WebhookTarget | _SyslogTarget, dropped: Counter) -> None:
         self.target = target
@@ -725,6 +781,12 @@ class _Alerts:
         self._lock = threading.Lock()
         self.sent = 0
         self.dropped: collections.Counter[str] = collections.Counter()  # by reason
+        # alerts failed since the last delivered one, when the first of them failed
+        # (wall clock) and why the last did: None while the receiver takes them
+        self._failing: tuple[int, dt.datetime, str] | None = None
+        self._attempt_since: float | None = None  # monotonic: an attempt in flight
+        self._holding = False  # an alert taken from the queue and not settled yet
+        self._abandoned = False  # the stop counted the alert in hand: never again
 
     def start(self) -> None:
         name = f"radserve-risk-{self.target.kind}"
@@ -747,7 +809,15 @@ class _Alerts:
         (empty: everything queued went out)."""
         grace_end = self._grace_end if self._grace_end is not None else time.monotonic()
         if self.thread is not None:
-            self.thread.join(max(0.0, grace_end - time.monotonic()) + 2 * _ALERT_ATTEMPT_S)
+            self.thread.join(max(0.0, grace_end - time.monotonic()) + _ALERT_ATTEMPT_S)
+            if self.thread.is_alive():  # blocked on a receiver that does not answer
+                self.target.abort()
+                self.thread.join(_ALERT_ATTEMPT_S)
+            with self._lock:
+                stuck = self.thread.is_alive() and self._holding
+                self._abandoned = stuck
+            if stuck:
+                self._drop("stopped")  # the alert in hand: neither sent nor failed
         left = 0  # the thread never started, or did not end in time
         while True:
             try:
@@ -771,6 +841,26 @@ class _Alerts:
                 body["job_id"],
             )
 
+    def problem(self) -> str | None:
+        """What to tell an operator while the receiver's last alert failed or an attempt
+        waits long for it, else None."""
+        with self._lock:
+            failing, since_attempt = self._failing, self._attempt_since
+        waited = 0.0 if since_attempt is None else time.monotonic() - since_attempt
+        if failing is None and waited < _ALERT_STALLED_S:
+            return None
+        what = f"deadline-risk {self.target.kind}: "
+        if failing is not None:
+            count, since, reason = failing
+            what += (
+                f"{count} alert(s) not delivered since "
+                f"{since.isoformat(timespec='seconds')} (last: {reason})"
+            )
+        if waited >= _ALERT_STALLED_S:
+            what += "; " if failing is not None else ""
+            what += f"an alert has waited {waited:.0f} s for the receiver to take it"
+        return what
+
     def _drop(self, reason: str, count: int = 1) -> None:
         with self._lock:
             self.dropped[reason] += count
@@ -789,27 +879,83 @@ class _Alerts:
                 if grace_end is not None and time.monotonic() >= grace_end:
                     self._drop("stopped")  # the stop's grace is over: counted, not sent
                     continue
-                self._deliver(body)
+                with self._lock:
+                    self._holding = True
+                try:
+                    self._deliver(body)
+                except Exception as exc:  # bookkeeping's own failure: the thread goes on
+                    logger.error(
+                        "deadline-risk %s: alert not settled (%s)",
+                        self.target.kind,
+                        type(exc).__name__,
+                    )
+                finally:
+                    with self._lock:
+                        self._holding = False
         finally:
             self.target.close()
 
     def _deliver(self, body: dict[str, Any]) -> None:
         for delay in (*_ALERT_RETRIES, None):
-            try:
-                self.target.deliver(body)
-                self.sent += 1
+            reason = self._attempt(body)
+            if reason is None:
+                with self._lock:
+                    self.sent += 0 if self._abandoned else 1
+                    self._failing = None
                 return
-            except (httpx.HTTPError, OSError) as exc:  # ssl.SSLError is an OSError
-                if delay is None or self._stop.wait(delay):  # stopping: no second try
-                    self._drop("failed")
-                    logger.error(
-                        "deadline-risk %s failed: %s", self.target.kind, type(exc).__name__
-                    )
-                    return
+            final = isinstance(reason, _Refused)
+            if final or delay is None or self._stop.wait(delay):  # stopping: no second try
+                self._failed(str(reason))
+                return
+
+    def _attempt(self, body: dict[str, Any]) -> _Refused | str | None:
+        """One delivery attempt: None (delivered), a :class:`_Refused` (no retry gets
+        past it), or why to retry. Never raises; never the exception's text (it may
+        quote the URL and its password)."""
+        with self._lock:
+            self._attempt_since = time.monotonic()
+        try:
+            self.target.deliver(body)
+        except _Refused as refused:
+            return refused
+        except _Retry as retry:
+            return str(retry)
+        except Exception as exc:  # httpx's, a socket's, or anything else: retried
+            return type(exc).__name__
+        finally:
+            with self._lock:
+                self._attempt_since = None
+        return None
+
+    def _failed(self, reason: str) -> None:
+        with self._lock:
+            abandoned = self._abandoned
+        if abandoned:  # counted "stopped" by the stop already
+            return
+        self._drop("failed")
+        with self._lock:
+            if self._failing is None:
+                self._failing = (1, dt.datetime.now(dt.UTC), reason)
+            else:
+                count, since, _ = self._failing
+                self._failing = (count + 1, since, reason)
+        logger.error("deadline-risk %s failed: %s", self.target.kind, reason)
+
+
+class _Refused(Exception):
+    """An alert's answer no retry gets past: the alert fails at once."""
+
+
+class _Retry(Exception):
+    """An answer worth another attempt (408, 429, 5xx): its status line."""
 
 
 class _WebhookTarget:
-    """A JSON POST per alert; a 2xx delivers it."""
+    """A JSON POST per alert; a 2xx delivers it. Only the status is read: a 2xx whose
+    body cannot be decoded, or that is cut off, is the receiver's acknowledgement all
+    the same (both were retried as failures before: the receiver got the alert again).
+    408, 429 and 5xx are retried; a redirect (none is followed) or another 4xx can never
+    be got past (:class:`_Refused`)."""
 
     kind = "webhook"
 
@@ -818,9 +964,27 @@ class _WebhookTarget:
         self.client: httpx.Client | None = None  # opened on the alerts' thread
 
     def deliver(self, body: dict[str, Any]) -> None:
+        try:
+            content = json.dumps(body, allow_nan=False, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            raise _Refused(f"the alert cannot be written as JSON ({type(exc).__name__})") from None
         if self.client is None:
-            self.client = httpx.Client(timeout=_ALERT_ATTEMPT_S)
-        self.client.post(self.url, json=body).raise_for_status()
+            self.client = httpx.Client(timeout=_ALERT_ATTEMPT_S, follow_redirects=False)
+        headers = {"Content-Type": "application/json"}
+        try:
+            with self.client.stream("POST", self.url, content=content, headers=headers) as answer:
+                status, phrase = answer.status_code, answer.reason_phrase
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+            raise _Refused(f"the HTTP client refuses the URL ({type(exc).__name__})") from None
+        if 200 <= status < 300:
+            return
+        line = f"HTTP {status} {phrase}".strip()
+        if status in (408, 429) or status >= 500:
+            raise _Retry(line)
+        raise _Refused(line)
+
+    def abort(self) -> None:
+        """Nothing to end: each read of an attempt waits at most ``_ALERT_ATTEMPT_S``."""
 
     def close(self) -> None:
         if self.client is not None:
@@ -842,7 +1006,7 @@ class _SyslogTarget:
     def message(self, body: dict[str, Any]) -> bytes:
         event = str(body["event"])
         return rfc5424(
-            json.dumps(body, separators=(",", ":")).encode(),
+            json.dumps(body, separators=(",", ":"), allow_nan=False).encode(),
             msgid=RISK_MSGID,
             ts=dt.datetime.now(dt.UTC),
             app_name=self.settings.app_name,
@@ -856,7 +1020,17 @@ class _SyslogTarget:
         )
 
     def deliver(self, body: dict[str, Any]) -> None:
-        self.client.send([frame(self.message(body))])
+        try:
+            message = frame(self.message(body))
+        except (TypeError, ValueError, KeyError) as exc:
+            what = f"the alert cannot be written as a message ({type(exc).__name__})"
+            raise _Refused(what) from None
+        self.client.send([message])
+
+    def abort(self) -> None:
+        """From the stopping thread: end a handshake or write blocked on a collector
+        that accepted and does not answer (:meth:`SyslogClient.abort`)."""
+        self.client.abort()
 
     def close(self) -> None:
         self.client.close()
@@ -978,6 +1152,18 @@ def _utc(posix: float) -> dt.datetime:
 
 def _iso(posix: float) -> str:
     return _utc(posix).isoformat()
+
+
+def _seconds(value: float) -> float | None:
+    """A duration for a risk record or alert, None when not finite: an ETA past the
+    calendar (infinite) made ``Infinity``, which JSON has not (httpx refused to encode
+    the alert and the alert thread died; the audit record was lost)."""
+    return round(value, 3) if math.isfinite(value) else None
+
+
+def _utc_iso(when: dt.datetime) -> str:
+    """A stored (aware) time as :func:`_iso` writes one."""
+    return when.astimezone(dt.UTC).isoformat()
 
 
 __all__ = [

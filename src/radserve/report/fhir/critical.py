@@ -16,6 +16,16 @@ Communication and Flag carry the notice id as identifier (``ifNoneExist``): a re
 push is one Communication. A report with many findings thus gives small Bundles, one
 per critical finding, not a copy of the whole report each.
 
+The report's caveats (``caveats``: the warnings that bear on trusting the finding, the
+study outside the models' input domain or not checkable, lossy compressed images; as the
+webhook and syslog notices carry them, :func:`radserve.critical.push.caveats_of`) go with
+the finding: one ``Communication.payload`` ``contentString`` each after the finding's own
+text, and in the text of the finding's concept (``Communication.reasonCode``,
+``Flag.code``), so a receiver that shows only the Flag or the reason still shows them.
+Before, the FHIR push carried none: a FHIR receiver paged a finding of a study outside
+the models' domain with nothing to say so, while the webhook's notice (since session 36)
+said it.
+
 The Bundle names the patient (Patient.identifier, name, birth date): it is for a clinical
 receiver; radserve's logs never carry it.
 """
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from radserve.errors import ReportError
@@ -44,10 +55,12 @@ def critical_bundle(
     rule: str,
     sent: dt.datetime,
     flag: bool = False,
+    caveats: Sequence[Mapping[str, str]] = (),
 ) -> dict[str, Any]:
     """The finding's Communication (and Flag) with the Patient, ImagingStudy, Device and
     Observations it references, built from ``resources`` (the same definition as the
     report's Bundle) as a transaction Bundle; validated like every Bundle radserve sends.
+    ``caveats``: the notice's ``{code, message}`` caveats (module docstring).
 
     Raises:
         ReportError: the finding is not in the report, or the Bundle breaks a FHIR rule.
@@ -70,7 +83,8 @@ def critical_bundle(
         f" {least}{finding.longest_diameter_mm:.1f} mm, {finding.volume_ml:.2f} ml; rule met:"
         f" {rule}. AI result by radserve; not verified by a radiologist."
     )
-    concept = {"coding": [r.coding(finding.concept)], "text": text}
+    warned = [caveat_text(c) for c in caveats]
+    concept = {"coding": [r.coding(finding.concept)], "text": " ".join([text, *warned])}
     when = sent.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
     identifier = {"system": r.URI, "value": f"urn:uuid:{notice_id}"}
     communication: dict[str, Any] = {
@@ -86,7 +100,7 @@ def critical_bundle(
         "about": [diagnostic, observation, study],
         "sent": when,
         "reasonCode": [concept],
-        "payload": [{"contentString": text}],
+        "payload": [{"contentString": line} for line in (text, *warned)],
         "sender": device,
     }
     entries = [_post(communication)]
@@ -117,6 +131,14 @@ def critical_bundle(
     return bundle
 
 
+def caveat_text(caveat: Mapping[str, str]) -> str:
+    """One caveat as a reader sees it: ``Caveat (<code>): <message>`` (report warnings
+    hold no patient data)."""
+    message = str(caveat.get("message", "")).strip()
+    code = str(caveat.get("code", "")).strip()
+    return f"Caveat ({code}): {message}" if message else f"Caveat: {code}"
+
+
 def _post(resource: dict[str, Any]) -> dict[str, Any]:
     identifier = resource["identifier"][0]
     return {
@@ -130,4 +152,4 @@ def _post(resource: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-__all__ = ["critical_bundle"]
+__all__ = ["caveat_text", "critical_bundle"]
