@@ -374,3 +374,25 @@ def test_a_running_job_is_not_charged_queued_work_that_starts_only_after_it(
     # as before session 36: every queued job ahead charged
     before = walk(queue, 100.0, Capacity(max_running=1, queued_ahead="all"))
     assert before[2].finish >= 110.0
+
+
+def test_later_arrivals_never_take_more_than_the_whole_server() -> None:
+    """Just after a start every class's rate is its prior pseudo-arrival over seconds, so
+    the classes ahead of a slow study bring more work per second than the server has:
+    they are scaled down to all of it (their share of the server times the horizon, each
+    step), not to hours; below that load the allowance is the compound Poisson mean."""
+    slow = JobEstimate(cpu_s=30.0, device_s=30.5, latency_s=60.5, spread_s=0.0, source="prior")
+    prior = tuple(Arrivals(c, 0.1, slow) for c in (0, 1, 2))
+    capacity = Capacity(arrivals=prior, tat_s=TATS, host_cores=2)
+    alone = Entry("j", 2, False, deadline=1800.0, started=None, estimate=slow)
+    (eta,) = walk([alone], 0.0, capacity)
+    # step one: at most the horizon (60.5 s) again; step two: at most 2 x 60.5 s
+    assert 60.5 < eta.finish <= 3 * 60.5 + 1e-9
+    assert eta.finish < alone.deadline  # no deadline risk for a study alone on the server
+    mean, _ = overtaking_delay(alone, 100.0, 0.0, capacity)
+    assert mean <= 200.0 + 1e-9  # step two: at most its window, the horizon and step one
+    light = Capacity(arrivals=(Arrivals(0, 1 / 200, slow),), tat_s=TATS, host_cores=2)
+    r, h = 1 / 200, slow.latency_s  # 0.3 of the server: as before
+    assert overtaking_delay(alone, 100.0, 0.0, light)[0] == pytest.approx(
+        r * (100.0 + r * 100.0 * h) * h
+    )
