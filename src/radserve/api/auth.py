@@ -276,6 +276,27 @@ def job_visible(request: Request, principal: Principal, job_id: str | None) -> b
     return read_access(request).visible(principal.reader, record.api_key_id)
 
 
+def result_reader_job(request: Request, principal: Principal, job_id: str) -> JobRecord | None:
+    """The job through which ``principal`` reads DICOM results indexed under ``job_id``:
+    that job if it may see it, else the oldest job it may see that was answered from
+    that job's result (a site's re-sent study reuses another site's result, indexed
+    under the job that made it), else None. Call from a worker thread."""
+    jobs = request.app.state.service.jobs
+    try:
+        record = jobs.get(job_id)
+    except JobNotFoundError:
+        return None
+    if not restricted(request, principal):
+        return record
+    access = read_access(request)
+    if access.visible(principal.reader, record.api_key_id):
+        return record
+    for copy in jobs.store.cached_copies(job_id):
+        if access.visible(principal.reader, copy.api_key_id):
+            return copy
+    return None
+
+
 def source_visible(request: Request, principal: Principal, job: JobRecord) -> bool:
     """Whether ``principal`` may be shown ``job.cached_from``: the earlier job whose
     result answered ``job`` may belong to another site (call from a worker thread)."""
@@ -368,10 +389,8 @@ async def audited_results(
     service = request.app.state.service
     records = await run_in_threadpool(service.results.find, study, series, instance)
     for job_id in sorted({r.job_id for r in records}):
-        job = await run_in_threadpool(service.jobs.get, job_id)
-        try:
-            await check_visible(request, principal, job)
-        except JobNotFoundError:
+        job = await run_in_threadpool(result_reader_job, request, principal, job_id)
+        if job is None:
             from radserve.gateway.dicomweb.wado import DicomObjectNotFoundError
 
             raise DicomObjectNotFoundError("no radserve result with these UIDs") from None
@@ -400,6 +419,7 @@ __all__ = [
     "require_read",
     "require_submit",
     "restricted",
+    "result_reader_job",
     "shown_actor",
     "shows_source",
     "source_visible",

@@ -419,6 +419,15 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
             cursor=cursor,
         )
 
+    def cached_copies(self, job_id: str) -> list[JobRecord]:
+        """The jobs answered from ``job_id``'s result (``cached_from``), oldest first: its
+        DICOM results are indexed under ``job_id`` alone, yet they are theirs too."""
+        with self._read() as session:
+            rows = session.execute(
+                select(Job).where(Job.cached_from == job_id).order_by(Job.arrival, Job.id)
+            ).scalars()
+            return [jobq.to_record(row) for row in rows]
+
     def find_answered(self, key: CacheKey, source: str) -> JobRecord | None:
         """The job that already answers ``key`` for the route ``source`` (its
         ``queue_meta["source"]``): a succeeded one -- one that ran, or one answered from

@@ -28,9 +28,10 @@ from radserve.api.auth import (
     audited_read,
     audited_results,
     check_phi_identifiers,
-    read_access,
     require_read,
     require_submit,
+    restricted,
+    result_reader_job,
 )
 from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import ErrorOut
@@ -46,10 +47,9 @@ from radserve.gateway.dicomweb.qido import Level, parse_query
 from radserve.gateway.dicomweb.stow import DICOM_MEDIA, StowPart
 from radserve.gateway.dicomweb.wado import ResultFile
 from radserve.media_types import MediaType, NotAcceptableError, accepted_types
-from radserve.security.keys import Role
 from radserve.service import Origin, parse_priority
 from radserve.service.intake import DICOMWEB_SOURCE
-from radserve.store import JobNotFoundError
+from radserve.store import JobRecord
 
 router = APIRouter(prefix="/dicomweb", tags=["dicomweb"], route_class=NegotiatedRoute)
 
@@ -358,20 +358,18 @@ async def _search(
     service = _service(request)
     query = parse_query(request.query_params.multi_items(), level, study, series)
     base = str(request.base_url).rstrip("/") + router.prefix
-    access = read_access(request)
+    readers: dict[str, JobRecord | None] = {}  # result job id -> the job it is read through
     visible = None
-    if access.visibility != "all" and not who.allows(Role.ADMIN):
+    if restricted(request, who):
 
         def visible(job_id: str) -> bool:
-            try:
-                job = service.jobs.get(job_id)
-            except JobNotFoundError:
-                return False
-            return access.visible(who.reader, job.api_key_id)
+            if job_id not in readers:
+                readers[job_id] = result_reader_job(request, who, job_id)
+            return readers[job_id] is not None
 
     answer = await run_in_threadpool(service.qido.search, query, base, visible)
     for job_id in sorted(answer.job_ids):
-        job = await run_in_threadpool(service.jobs.get, job_id)
+        job = readers.get(job_id) or await run_in_threadpool(service.jobs.get, job_id)
         await audited_read(request, who, job, "qido_search", {"level": level})
     headers = {"Warning": ", ".join(answer.warnings)} if answer.warnings else None
     return _dicom_json(answer.results, headers=headers)

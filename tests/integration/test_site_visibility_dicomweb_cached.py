@@ -1,0 +1,98 @@
+"""Under ``security.visibility: site`` a study site B stores over STOW-RS that site A's job
+already analysed is answered from A's cached result, and its SEG/SR are made for B's
+route (:mod:`radserve.service.cached`) -- but indexed under A's job, the one that made
+them. WADO-RS and QIDO-RS checked the visibility of that job alone, so B's own DICOMweb
+client got 404 for its own study's results and an empty search. B now reads them
+through its own job (and the read is audited against it); a site that has no job
+answered from that result still sees nothing."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import httpx
+import pydicom
+import pytest
+from tests.factories.service import ServerThread, auth, make_study, settings_for, wait_job
+from tests.factories.waits import WAIT_SCALE
+
+from radserve.api import create_app
+from radserve.service import Service
+
+pytestmark = pytest.mark.slow
+
+SEG = "1.2.840.10008.5.1.4.1.1.66.4"
+DICOM_JSON = {"Accept": "application/dicom+json"}
+
+
+def _stow(client: httpx.Client, files: list[Path], token: str) -> httpx.Response:
+    boundary = f"b-{uuid.uuid4().hex}"
+    body = b""
+    for path in files:
+        body += f"--{boundary}\r\nContent-Type: application/dicom\r\n\r\n".encode()
+        body += path.read_bytes() + b"\r\n"
+    body += f"--{boundary}--\r\n".encode()
+    media = f'multipart/related; type="application/dicom"; boundary={boundary}'
+    return client.post(
+        "/dicomweb/studies", content=body, headers={"Content-Type": media, **auth(token)}
+    )
+
+
+def _job_of(response: httpx.Response) -> str:
+    link = response.headers["link"]
+    return link[len("</v1/jobs/") : -len('>; rel="related"')]
+
+
+def test_a_site_reads_the_dicom_results_of_its_cached_study_through_its_own_job(
+    tmp_path: Path,
+) -> None:
+    service = Service(settings_for(tmp_path, security__visibility="site"))
+
+    def key(role: str, site: str) -> str:
+        return service.store.create_api_key(name=f"{role} {site}", role=role, site=site)[1]
+
+    submit_a, submit_b, read_b, read_c = (
+        key("submit", "A"),
+        key("submit", "B"),
+        key("read", "B"),
+        key("read", "C"),
+    )
+    files = make_study(tmp_path / "study")
+    study = str(pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID)
+    with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        assert service.wait_warm(60 * WAIT_SCALE)
+        first = _stow(c, files, submit_a)
+        assert first.status_code == 200, first.text
+        a1 = _job_of(first)
+        assert wait_job(c, a1, submit_a)["state"] == "succeeded"
+        again = _stow(c, files, submit_b)
+        assert again.status_code == 200, again.text
+        b1 = _job_of(again)
+        job = wait_job(c, b1, submit_b)
+        assert job["state"] == "succeeded" and job["cached"] is True
+
+        since = service.store.audit_head()[0]
+        metadata = c.get(
+            f"/dicomweb/studies/{study}/metadata", headers={**auth(read_b), **DICOM_JSON}
+        )
+        assert metadata.status_code == 200, metadata.text
+        classes = {str(pydicom.Dataset.from_json(d).SOPClassUID) for d in metadata.json()}
+        assert SEG in classes
+        retrieved = c.get(f"/dicomweb/studies/{study}", headers=auth(read_b))
+        assert retrieved.status_code == 200
+        found = c.get("/dicomweb/studies", headers={**auth(read_b), **DICOM_JSON})
+        assert [s["0020000D"]["Value"][0] for s in found.json()] == [study]
+        reads = [r for r in service.store.iter_audit(after=since) if r.action == "phi.read"]
+        # each read audited against B's own job, never A's (B may not see it)
+        assert reads and {r.subject for r in reads} == {b1}
+        assert a1 not in metadata.text + found.text
+
+        # a site with no job answered from that result sees nothing of it
+        metadata_c = c.get(
+            f"/dicomweb/studies/{study}/metadata", headers={**auth(read_c), **DICOM_JSON}
+        )
+        assert metadata_c.status_code == 404
+        assert c.get(f"/dicomweb/studies/{study}", headers=auth(read_c)).status_code == 404
+        nothing = c.get("/dicomweb/studies", headers={**auth(read_c), **DICOM_JSON})
+        assert nothing.status_code == 200 and nothing.json() == []
