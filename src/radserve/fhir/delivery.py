@@ -30,7 +30,7 @@ import httpx
 
 from radserve import durable
 from radserve.gateway.errors import GatewayError
-from radserve.gateway.outbox import DeliveryReport, RetryPolicy, settle, utc_now
+from radserve.gateway.outbox import AttemptClock, DeliveryReport, RetryPolicy, settle, utc_now
 from radserve.gateway.scu import Outcome, SendResult
 from radserve.store.outbox import NewDelivery, OutboxItem, OutboxKind, OutboxStore, Scope
 
@@ -238,8 +238,9 @@ class FhirOutbox:
             now, limit=self.batch_size, lease=self.lease, kind=OutboxKind.FHIR, scope=scope
         )
         tally = {Outcome.SENT: 0, Outcome.RETRY: 0, Outcome.PERMANENT: 0}
+        clock = AttemptClock(now)  # each outcome at its POST's end (a 30 s timeout)
         for item in claimed:
-            tally[settle(self.store, self.policy, item, self._send(item), now)] += 1
+            tally[settle(self.store, self.policy, item, self._send(item), clock())] += 1
         report = DeliveryReport(
             claimed=len(claimed),
             sent=tally[Outcome.SENT],

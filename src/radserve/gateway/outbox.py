@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,26 @@ logger = logging.getLogger(__name__)
 
 def utc_now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+class AttemptClock:
+    """When an attempt that began at ``now`` ends: ``now`` plus the whole seconds that
+    have passed since (monotonic), so ``now`` may be any time (tests pass a fixed one).
+
+    Outcomes are recorded at this time, not at the claim: a send that waits out a
+    timeout (a hung PACS holds each association for ``gateway.acse_timeout_s`` or
+    ``dimse_timeout_s``) is rescheduled its back-off after it ended. Before, the back-off
+    ran from the claim, so with timeouts longer than the delay every retry was due
+    before its attempt had ended and a hung PACS was tried back to back (ten
+    associations in 100 s with ``retry_max_s: 5``, each logged "retry at" a past time),
+    and a late file of a long batch was recorded as sent when the batch began."""
+
+    def __init__(self, now: dt.datetime) -> None:
+        self.now = now
+        self._started = time.monotonic()
+
+    def __call__(self) -> dt.datetime:
+        return self.now + dt.timedelta(seconds=int(time.monotonic() - self._started))
 
 
 class Deliverer(Protocol):
@@ -200,6 +221,7 @@ class Outbox:
         """Send every row due at ``now`` (in ``scope`` only, if given); each ends
         ``sent``, rescheduled or failed."""
         now = now or utc_now()
+        clock = AttemptClock(now)
         tally = {Outcome.SENT: 0, Outcome.RETRY: 0, Outcome.PERMANENT: 0}
         expired = self.commitments.expire(now, scope)
         for outcome in expired:
@@ -211,7 +233,7 @@ class Outbox:
         for item in claimed:
             by_destination.setdefault(item.destination, []).append(item)
         for name, items in by_destination.items():
-            self._deliver(name, items, now, tally)
+            self._deliver(name, items, clock, tally)
         settled = sum(tally.values()) - len(expired)
         report = DeliveryReport(
             claimed=len(claimed),
@@ -227,7 +249,11 @@ class Outbox:
         return self.store.next_due(OutboxKind.DICOM, scope)
 
     def _deliver(
-        self, name: str, items: list[OutboxItem], now: dt.datetime, tally: dict[Outcome, int]
+        self,
+        name: str,
+        items: list[OutboxItem],
+        clock: AttemptClock,
+        tally: dict[Outcome, int],
     ) -> None:
         rows = {item.id: item for item in items}
         unsettled = set(rows)
@@ -242,7 +268,7 @@ class Outbox:
                 if committing and result.outcome is Outcome.SENT:
                     stored.append(outgoing[item_id])  # delivered once committed
                     return
-                tally[self._record(rows[item_id], result, now)] += 1
+                tally[self._record(rows[item_id], result, clock())] += 1
 
         if destination is None:
             for item_id in list(unsettled):
@@ -264,7 +290,7 @@ class Outbox:
         for item_id in list(unsettled):  # a sender that forgot a file
             settle(item_id, SendResult(Outcome.RETRY, "no result reported for this file"))
         if destination is not None and stored and isinstance(self.sender, CommitmentRequester):
-            for outcome in self.commitments.request(self.sender, destination, stored, now):
+            for outcome in self.commitments.request(self.sender, destination, stored, clock()):
                 tally[outcome] += 1
 
     def _record(self, item: OutboxItem, result: SendResult, now: dt.datetime) -> Outcome:
@@ -594,6 +620,7 @@ class LaneWorkers:
 
 
 __all__ = [
+    "AttemptClock",
     "Deliverer",
     "DeliveryReport",
     "Lane",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -301,11 +302,13 @@ class StoreSCU:
         opened = threading.Event()
         negotiated = threading.Event()  # the peer answered A-ASSOCIATE-AC
         tls_args = None
+        tls_errors: list[OSError] = []
         if destination.tls is not None:
             try:
                 context = client_context(destination.tls, f"destination {destination.name}")
             except TlsConfigError as exc:
                 return None, SendResult(Outcome.PERMANENT, exc.message)
+            context.sslsocket_class = _recording_socket_class(tls_errors)
             # the peer's certificate must name the host radserve connects to
             tls_args = (context, destination.host)
         started = time.monotonic()
@@ -328,6 +331,10 @@ class StoreSCU:
             return assoc, None
         if negotiated.is_set() and not assoc.accepted_contexts:
             return assoc, SendResult(Outcome.PERMANENT, _nothing_accepted(assoc, destination))
+        if tls_errors and not assoc.is_rejected:
+            return assoc, SendResult(
+                Outcome.RETRY, _tls_failure(destination, tls_errors[0], self._timeouts[0])
+            )
         failure = _association_failure(assoc, destination, self.ae_title, opened.is_set())
         acse = self._timeouts[1]
         if failure.message.endswith(UNANSWERED) and time.monotonic() - started >= acse:
@@ -392,6 +399,88 @@ def _association_failure(
             f"cannot connect to {destination.host}:{destination.port} ({destination.name})",
         )
     return SendResult(Outcome.RETRY, f"association with {destination} {UNANSWERED}")
+
+
+def _recording_socket_class(errors: list[OSError]) -> type[ssl.SSLSocket]:
+    """An :class:`ssl.SSLSocket` class that appends to ``errors`` what fails its TLS
+    handshake, or a TLS alert the peer sends after it (a TLS 1.3 server refuses the
+    client's certificate after the client's handshake has ended): pynetdicom logs
+    these and reports only that the connection or the association failed."""
+
+    class RecordingSocket(ssl.SSLSocket):
+        def do_handshake(self, block: bool = False) -> None:
+            try:
+                super().do_handshake(block)
+            except OSError as exc:
+                errors.append(exc)
+                raise
+
+        def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+            try:
+                return super().recv(buflen, flags)
+            except ssl.SSLError as exc:
+                if "ALERT" in str(exc.reason):  # the peer's word, not a closed stream
+                    errors.append(exc)
+                raise
+
+    return RecordingSocket
+
+
+# what the peer's TLS alerts mean for the operator (OpenSSL's reason names)
+_PEER_REFUSED_OUR_CERTIFICATE = (
+    "CERTIFICATE_REQUIRED",
+    "BAD_CERTIFICATE",
+    "UNKNOWN_CA",
+    "CERTIFICATE_EXPIRED",
+    "CERTIFICATE_UNKNOWN",
+    "UNSUPPORTED_CERTIFICATE",
+    "ACCESS_DENIED",
+)
+
+
+# what a handshake with a port that answers in plain DICOM (or closes) ends with
+_NOT_TLS = ("WRONG_VERSION_NUMBER", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE")
+
+
+def _tls_failure(destination: Destination, exc: OSError, connect_s: float) -> str:
+    """Why TLS with ``destination`` failed, in the words an operator acts on: radserve
+    could not verify the PACS's certificate (and why: expired, another CA, a host name it
+    does not name), the PACS refused radserve's, the port does not speak TLS, or no
+    answer. Before session 37 each of these read "cannot connect to HOST:PORT" (or
+    "aborted or timed out"), which sends one looking at the network instead of the
+    certificates. Retried all the same (a certificate may be renewed meanwhile)."""
+    where = f"TLS with {destination}"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        why = exc.verify_message or exc.reason or str(exc)
+        return (
+            f"{where} failed: radserve cannot verify the destination's certificate "
+            f"({why}): check gateway.tls.ca and that the certificate names "
+            f"{destination.host!r}"
+        )
+    if isinstance(exc, ssl.SSLError):
+        reason = str(exc.reason or exc)
+        if any(reason.endswith(alert) for alert in _PEER_REFUSED_OUR_CERTIFICATE):
+            return (
+                f"{where} failed: the destination refused radserve's client certificate "
+                f"({reason}): check gateway.tls.cert and that the destination trusts its CA"
+            )
+        if reason in (
+            "WRONG_VERSION_NUMBER",
+            "UNEXPECTED_EOF_WHILE_READING",
+            "RECORD_LAYER_FAILURE",
+        ):
+            return (
+                f"{where} failed ({reason}): the destination's port does not answer in TLS; "
+                "check that it expects DICOM TLS there, or set tls: false for this peer"
+            )
+        return f"{where} failed: {reason}"
+    if isinstance(exc, TimeoutError):
+        return (
+            f"{where} failed: the destination accepted the connection but did not answer "
+            f"the TLS handshake within {connect_s:g} s (gateway.connect_timeout_s): it is "
+            "hung, or does not speak TLS on this port"
+        )
+    return f"{where} failed: the connection ended during the handshake ({exc.strerror or exc})"
 
 
 def _unresolved(destination: Destination, exc: OSError) -> str:

@@ -53,6 +53,9 @@ logger = logging.getLogger(__name__)
 # A-ASSOCIATE-RJ (PS3.8 9.3.4): PDU type 3, length 4; result 2 rejected-transient,
 # source 3 service-provider (presentation related), reason 2 local-limit-exceeded
 BUSY_REJECT = bytes([0x03, 0x00, 0x00, 0x00, 0x00, 0x04, 0x00, 0x02, 0x03, 0x02])
+# a TLS record of content type handshake (RFC 8446 5.1): what a TLS client sends first;
+# no PDU type (PS3.8 9.3.1) is 0x16, so a plain port may tell it from a DICOM request
+TLS_HANDSHAKE_RECORD = b"\x16"
 
 
 class Admission:
@@ -135,6 +138,8 @@ class BoundedSocket(AssociationSocket):
             self._give_up()
             return data
         deadline = time.monotonic() + self.pdu_timeout_s
+        first = not getattr(self, "_read_before", False)
+        self._read_before = True
         while len(data) < nr_bytes:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -155,6 +160,14 @@ class BoundedSocket(AssociationSocket):
             except OSError:  # reset by the peer, TLS error: a short read ends it
                 return data
             if not chunk:
+                return data
+            if first and not data and chunk[:1] == TLS_HANDSHAKE_RECORD:
+                logger.warning(
+                    "connection from %s closed: it began a TLS handshake on this plain-TCP "
+                    "port: configure the sender without TLS, or this gateway with gateway.tls",
+                    peer,
+                )
+                self._give_up()
                 return data
             data.extend(chunk)
         # sends (answers) are bounded too: a peer that never reads cannot hold a thread
@@ -241,6 +254,27 @@ def _left_without_a_byte(sock: socket.socket) -> bool:
         return not sock.recv(1, socket.MSG_PEEK)
     except ConnectionResetError:
         return True
+
+
+def _plain_dicom(sock: socket.socket) -> bool:
+    """Whether the connection's first byte (already there: :func:`_left_without_a_byte`
+    waited for it) is an A-ASSOCIATE-RQ's PDU type (0x01) rather than a TLS handshake
+    record's (0x16): a sender set up for plain DICOM on the TLS port. Left to the
+    handshake it was logged as "WRONG_VERSION_NUMBER"."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b"\x01"
+    except OSError:
+        return False
+
+
+def _handshake_failure(exc: BaseException) -> str:
+    """A failed handshake's reason for the log: OpenSSL's reason name, and for a client
+    certificate that did not verify, why (expired, another CA, not yet valid): both used
+    to read "CERTIFICATE_VERIFY_FAILED" alike."""
+    reason = getattr(exc, "reason", None) or type(exc).__name__
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return f"{reason} (client certificate: {exc.verify_message})"
+    return str(reason)
 
 
 def answer_busy(sock: socket.socket) -> None:
@@ -333,10 +367,18 @@ class GatewayServer(ThreadedAssociationServer):
                 logger.debug("connection from %s closed before the TLS handshake", host)
                 self.shutdown_request(raw)
                 return None
+            if _plain_dicom(raw):
+                logger.warning(
+                    "TLS handshake with %s failed: it sent a plain DICOM association "
+                    "request to this TLS-only port (gateway.tls): configure the sender for "
+                    "DICOM TLS",
+                    host,
+                )
+                self.shutdown_request(raw)
+                return None
             tls = self.ssl_context.wrap_socket(raw, server_side=True)
         except (OSError, ssl.SSLError) as exc:
-            reason = getattr(exc, "reason", None) or type(exc).__name__
-            logger.warning("TLS handshake with %s failed: %s", host, reason)
+            logger.warning("TLS handshake with %s failed: %s", host, _handshake_failure(exc))
             self.shutdown_request(raw)
             return None
         tls.settimeout(None)  # pynetdicom polls with select, then reads blocking

@@ -414,8 +414,12 @@ class OutboxStore(StoreBase):
             OutboxState.SENDING.value,
             OutboxState.COMMITTING.value,
         )
+        # a row that failed and waits for its next attempt, or is in it: a destination
+        # that hangs (each attempt waits out a timeout) keeps its rows "sending" most of
+        # the time, and counting pending rows only left it never failing (/readyz never
+        # degraded for a SIGSTOPped PACS; the destination's last error blank)
         failing = and_(
-            OutboxDelivery.state == OutboxState.PENDING.value,
+            OutboxDelivery.state.in_((OutboxState.PENDING.value, OutboxState.SENDING.value)),
             OutboxDelivery.attempts > 0,
             OutboxDelivery.last_error.is_not(None),
         )

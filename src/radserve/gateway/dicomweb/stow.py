@@ -72,6 +72,9 @@ REASON_CREATOR = "radserve"
 REASON_CODE = 0x01
 REASON_TEXT = 0x02
 STOW_DIR = "dicomweb"
+# refused parts of one request logged each; the others in one line (a request may hold
+# 100,000 parts: 1,000 parts that were not DICOM logged 1,000 warnings)
+LOGGED_REFUSALS = 10
 # the code of a part whose SOP class radserve does not read: the one ingest.validate
 # gives a series of such a class
 SOP_CLASS_UNSUPPORTED = "sop_class_unsupported"
@@ -225,6 +228,7 @@ class StowIntake(Generic[S]):
         # and refuses two different instances under one UID (naming both), as at the form.
         accepted: list[_Accepted] = []
         outcomes: list[InstanceOutcome] = []
+        refused: list[InstanceOutcome] = []
         for number, part in enumerate(parts, start=1):
             outcome = check_part(
                 number, part, target_study, own_results=self.own_results, policy=self.policy
@@ -232,10 +236,13 @@ class StowIntake(Generic[S]):
             if outcome.own_result:  # acknowledged as held, never filed as input
                 outcomes.append(outcome)
             elif not outcome.stored:
-                logger.warning("STOW part %d not stored: %s", number, outcome.reason)
+                if len(refused) < LOGGED_REFUSALS:
+                    logger.warning("STOW part %d not stored: %s", number, outcome.reason)
+                refused.append(outcome)
                 outcomes.append(outcome)
             else:
                 accepted.append(_Accepted(outcome, part.stream))
+        _log_unlogged(refused)
         jobs: tuple[S, ...] = ()
         waiting: tuple[str, ...] = ()
         outage: RadserveError | None = None
@@ -289,6 +296,27 @@ class StowIntake(Generic[S]):
             )
             outcomes.append(outcome)
         return outcomes
+
+
+def _log_unlogged(refused: Sequence[InstanceOutcome]) -> None:
+    """One line for the refused parts past the first :data:`LOGGED_REFUSALS` (each of
+    which had its own): how many, from which part to which, and their codes (the
+    response names each part's reason)."""
+    rest = refused[LOGGED_REFUSALS:]
+    if not rest:
+        return
+    codes: dict[str, int] = {}
+    for outcome in rest:
+        key = outcome.code or f"0x{int(outcome.failure or 0):04X}"
+        codes[key] = codes.get(key, 0) + 1
+    logger.warning(
+        "STOW: %d more part(s) not stored (parts %d to %d: %s); the response names each "
+        "part's reason",
+        len(rest),
+        rest[0].part,
+        rest[-1].part,
+        ", ".join(f"{n} {code}" for code, n in sorted(codes.items())),
+    )
 
 
 def _submit_studies(
