@@ -220,6 +220,27 @@ def test_a_crash_while_sending_resends_once_after_the_lease(db, tmp_path) -> Non
     assert report.sent == 1 and rows.items()[0].attempts == 2
 
 
+def test_a_late_answer_after_the_row_was_taken_over_settles_nothing(db, tmp_path) -> None:
+    """A sender waits on a slow PACS past its lease; another claims the row again and
+    sends it. The first one's late answer (a failure, or a success) must not move the row
+    the second is sending: it used to, so a real acknowledgement could be overwritten by
+    a stale failure (and the notice or instance sent yet again)."""
+    _, rows = db
+    outbox = _outbox(rows, ScriptedSender())
+    outbox.enqueue([_result(tmp_path)], destinations=["pacs"], now=T0)
+    [first] = rows.claim_due(T0)
+    later = T0 + dt.timedelta(minutes=15)
+    [second] = rows.claim_due(later)  # the first one's lease ran out
+    assert (first.attempts, second.attempts) == (1, 2)
+    stale = Settlement.failed(first.id, now=later, error="late: timed out", attempt=1)
+    assert rows.settle_all([stale]) == [False]
+    [row] = rows.items()
+    assert row.state is OutboxState.SENDING and row.last_error is None
+    fresh = Settlement.sent(second.id, now=later, attempt=2)
+    assert rows.settle_all([fresh]) == [True]
+    assert rows.items()[0].state is OutboxState.SENT
+
+
 def test_a_single_server_reclaims_its_own_sending_rows_at_restart(db, tmp_path) -> None:
     """Issue 12, item 11: no 15-minute wait when no other server could be sending."""
     store, rows = db

@@ -320,16 +320,20 @@ def decide(
     permanent failure), without recording it: a sender that records several attempts in
     one transaction (:meth:`OutboxStore.settle_all`) decides each the same way."""
     outcome = result.outcome
+    attempt = item.attempts  # as claimed: a later claim of the row fences this one out
     if outcome is Outcome.SENT:
         warning = result.message if result.warning else None
-        return outcome, Settlement.sent(item.id, now=now, warning=warning)
+        return outcome, Settlement.sent(item.id, now=now, warning=warning, attempt=attempt)
     if outcome is Outcome.RETRY and not policy.gives_up(item, now):
         due = now + policy.delay(item.attempts)
-        return outcome, Settlement.retry(item.id, now=now, due=due, error=result.message)
+        settlement = Settlement.retry(
+            item.id, now=now, due=due, error=result.message, attempt=attempt
+        )
+        return outcome, settlement
     message = result.message
     if outcome is Outcome.RETRY:
         message = f"gave up after {item.attempts} attempts: {message}"
-    return Outcome.PERMANENT, Settlement.failed(item.id, now=now, error=message)
+    return Outcome.PERMANENT, Settlement.failed(item.id, now=now, error=message, attempt=attempt)
 
 
 def log_settled(item: OutboxItem, outcome: Outcome, settlement: Settlement) -> None:

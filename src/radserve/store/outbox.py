@@ -132,19 +132,41 @@ class Settlement:
     state: OutboxState
     now: dt.datetime
     values: Mapping[str, object] = field(default_factory=dict)
+    # the row's attempt count when this attempt claimed it (each claim adds one): a
+    # sender whose lease ran out while it waited on a slow peer settles nothing once
+    # another has claimed the row again (None: any attempt)
+    attempt: int | None = None
 
     @classmethod
-    def sent(cls, item_id: int, *, now: dt.datetime, warning: str | None = None) -> Settlement:
-        return cls(item_id, OutboxState.SENT, now, {"sent_at": now, "last_error": warning})
+    def sent(
+        cls,
+        item_id: int,
+        *,
+        now: dt.datetime,
+        warning: str | None = None,
+        attempt: int | None = None,
+    ) -> Settlement:
+        values = {"sent_at": now, "last_error": warning}
+        return cls(item_id, OutboxState.SENT, now, values, attempt)
 
     @classmethod
-    def retry(cls, item_id: int, *, now: dt.datetime, due: dt.datetime, error: str) -> Settlement:
+    def retry(
+        cls,
+        item_id: int,
+        *,
+        now: dt.datetime,
+        due: dt.datetime,
+        error: str,
+        attempt: int | None = None,
+    ) -> Settlement:
         values = {"next_attempt_at": due, "last_error": error}
-        return cls(item_id, OutboxState.PENDING, now, values)
+        return cls(item_id, OutboxState.PENDING, now, values, attempt)
 
     @classmethod
-    def failed(cls, item_id: int, *, now: dt.datetime, error: str) -> Settlement:
-        return cls(item_id, OutboxState.FAILED_PERMANENT, now, {"last_error": error})
+    def failed(
+        cls, item_id: int, *, now: dt.datetime, error: str, attempt: int | None = None
+    ) -> Settlement:
+        return cls(item_id, OutboxState.FAILED_PERMANENT, now, {"last_error": error}, attempt)
 
 
 @dataclass(frozen=True)
@@ -332,19 +354,23 @@ class OutboxStore(StoreBase):
     def settle_all(self, settlements: Sequence[Settlement]) -> list[bool]:
         """Record several attempts' outcomes in one transaction (one commit, one fsync on
         SQLite, for what a sender had acknowledged meanwhile); each row moves only from
-        ``sending``. Per settlement: whether its row moved (False: taken over after a lease
-        expiry, or already settled). A ``sent`` row's ``warning`` (the peer stored it with a
-        warning status, e.g. 0xB000, coerced) is kept in ``last_error`` for an operator."""
+        ``sending``, and, for a settlement that names its ``attempt``, only while no later
+        attempt has claimed it. Per settlement: whether its row moved (False: taken over
+        after a lease expiry, or already settled: a late answer of the first sender no
+        longer overwrites the attempt of the one that took the row over). A ``sent`` row's
+        ``warning`` (the peer stored it with a warning status, e.g. 0xB000, coerced) is
+        kept in ``last_error`` for an operator."""
         moved = []
         with self._write(audited=False) as session:
             for s in settlements:
+                query = update(OutboxDelivery).where(
+                    OutboxDelivery.id == s.item_id,
+                    OutboxDelivery.state == OutboxState.SENDING.value,
+                )
+                if s.attempt is not None:
+                    query = query.where(OutboxDelivery.attempts == s.attempt)
                 result = session.execute(
-                    update(OutboxDelivery)
-                    .where(
-                        OutboxDelivery.id == s.item_id,
-                        OutboxDelivery.state == OutboxState.SENDING.value,
-                    )
-                    .values(state=s.state.value, updated=s.now, lease_owner=None, **s.values)
+                    query.values(state=s.state.value, updated=s.now, lease_owner=None, **s.values)
                 )
                 moved.append(getattr(result, "rowcount", 0) == 1)
         return moved
