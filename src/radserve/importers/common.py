@@ -15,7 +15,7 @@ import yaml
 
 from radserve import durable
 from radserve.importers import ImportRefusedError
-from radserve.lifecycle.install import STAGING_DIR, sha256_file
+from radserve.lifecycle.install import STAGING_DIR, check_onnx, sha256_file
 from radserve.models.dicom_text import fit
 from radserve.models.manifest import ModelSpec, path_segment
 
@@ -186,6 +186,15 @@ def export_checked(model: Any, path: Path, channels: int, patch: tuple[int, ...]
         for patch_in, got in zip(x, out, strict=True):
             with torch.no_grad():
                 ref = model(torch.from_numpy(patch_in[None])).numpy()[0]
+            # a NaN compares false with everything: max(worst, nan) kept worst, and a
+            # network of NaN weights was imported to label every study empty
+            for what, values in (("torch", ref), ("ONNX Runtime", got)):
+                if not np.isfinite(values).all():
+                    raise ImportRefusedError(
+                        f"the network's outputs in {what} hold NaN or infinite values on a "
+                        "random input patch: its weights or graph are broken (a NaN weight, "
+                        "an overflow); nothing labelled from it could be trusted"
+                    )
             scale = max(scale, float(ref.max()), -float(ref.min()))
             np.abs(np.subtract(got, ref, out=got), out=got)
             worst = max(worst, float(got.max()))
@@ -239,11 +248,26 @@ def staged_bundle(models_dir: Path, name: str, version: str) -> Iterator[Path]:
 
 def write_bundle_files(folder: Path, spec: ModelSpec, header: str, record: dict[str, Any]) -> None:
     """``model.yaml`` (``header``, comment lines, then ``spec``) and ``import.json``
-    (``record``: where the bundle came from) beside the exported ``model.onnx``."""
+    (``record``: where the bundle came from) beside the exported ``model.onnx``.
+
+    The exported graph is then checked against the mapped model.yaml as ``radserve
+    models install`` checks a bundle (:func:`radserve.lifecycle.install.check_onnx`):
+    the labels come from the framework's label list (MONAI's metadata.json
+    ``channel_def``, nnU-Net's dataset.json) and the graph from the network, and a
+    network of 5 output channels beside a ``channel_def`` of 3 was imported, to be
+    refused by install and by every run."""
     (folder / "model.yaml").write_text(
         header + yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
     )
     (folder / "import.json").write_text(json.dumps(record, indent=2) + "\n")
+    reasons = check_onnx(spec, folder)
+    if reasons:
+        raise ImportRefusedError(
+            "the exported network does not fit the labels the model declares: "
+            + "; ".join(reasons)
+            + " (the labels come from metadata.json's channel_def for a MONAI bundle, from "
+            "dataset.json's labels for nnU-Net)"
+        )
 
 
 __all__ = [

@@ -91,7 +91,7 @@ from radserve.models.manifest import ModelSpec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MonaiSource", "import_monai", "manifest_from_monai", "read_bundle"]
+__all__ = ["MonaiSource", "import_monai", "manifest_from_monai", "read_bundle", "read_weights"]
 
 # Transforms that change nothing radserve must state (loading, typing, channel layout).
 _NEUTRAL = {
@@ -816,7 +816,11 @@ def load_network(source: MonaiSource) -> Any:
             net = torch.jit.load(str(source.weights), map_location="cpu")
     else:
         net = _parsed(source, "network_def")
-        state = torch.load(str(source.weights), map_location="cpu", weights_only=True)
+        if not isinstance(net, torch.nn.Module):
+            raise ImportRefusedError(
+                f"the bundle's network_def builds {type(net).__name__}, not a torch.nn.Module"
+            )
+        state = read_weights(source.weights)
         if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
             state = state["model"]  # a checkpoint saved by a MONAI trainer's handler
         try:
@@ -824,6 +828,34 @@ def load_network(source: MonaiSource) -> Any:
         except (RuntimeError, TypeError) as exc:
             raise ImportRefusedError(f"{source.weights} does not fit network_def: {exc}") from exc
     return net.eval()
+
+
+def read_weights(path: Path) -> Any:
+    """``models/model.pt`` read with ``torch.load(weights_only=True)``: tensors and plain
+    values. A file whose pickle names any other global (code unpickling would run) is
+    refused naming it; torch's own message advises loading it with
+    ``weights_only=False``, which is exactly what must not be done with a bundle one was
+    handed, so it is not passed on."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        try:
+            found = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+        except (ValueError, OSError, RuntimeError):  # not a file torch.save wrote
+            found = ""
+        raise ImportRefusedError(
+            f"{path.parent.name}/{path.name} holds objects other than tensors and plain values"
+            f"{f' ({found})' if found else ''}; unpickling them could run code, so radserve "
+            "does not (save the network's state_dict with torch.save)"
+        ) from None
+    except (OSError, RuntimeError, EOFError, ValueError) as exc:
+        raise ImportRefusedError(
+            f"cannot read {path.parent.name}/{path.name}: {str(exc).splitlines()[0][:200]}"
+        ) from None
 
 
 def import_monai(

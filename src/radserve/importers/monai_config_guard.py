@@ -31,7 +31,14 @@ from typing import Any
 from radserve.importers import ImportRefusedError
 from radserve.importers import monai_config_bounds as bounds
 
-__all__ = ["CALLS", "IMPORTS", "TARGETS", "CheckedConfigParser", "check_expression"]
+__all__ = [
+    "CALLS",
+    "IMPORTS",
+    "TARGETS",
+    "CheckedConfigParser",
+    "check_component_options",
+    "check_expression",
+]
 
 ROOTS = frozenset({"monai", "torch", "numpy", "np", "__local_refs"})  # MONAI's globals
 IMPORTS = frozenset({"os", "glob", "json", "numpy", "pandas", "torch", "monai", "scripts"})
@@ -153,6 +160,28 @@ def check_target(target: Any, item_id: str) -> None:
         )
 
 
+def check_component_options(config: Any, item_id: str) -> None:
+    """Refuse a component's ``_debug_`` and a ``_mode_`` other than ``default``.
+
+    MONAI's ``instantiate`` enters Python's debugger (``breakpoint()`` for ``_debug_``,
+    ``pdb.runcall`` for ``_mode_: debug``): the import stops at a ``(Pdb)`` prompt
+    waiting for the keyboard, and pdb first runs the commands of a ``.pdbrc`` in the
+    current folder, Python statements included (a bundle imported from its own folder
+    ran the ``.pdbrc`` it shipped). ``_mode_: callable`` hands back the class or a
+    ``functools.partial`` in place of the object, which no mapping here can read."""
+    if not isinstance(config, dict):
+        return
+    if config.get("_debug_", False) not in (None, False):  # MONAI pops it as a truth value
+        _refuse(item_id, "asks for _debug_ (MONAI would stop in Python's debugger)")
+    mode = config.get("_mode_", "default")
+    if mode != "default":
+        _refuse(
+            item_id,
+            f"has _mode_ {str(mode)[:40]!r}; only 'default' builds the object ('debug' stops "
+            "in Python's debugger, 'callable' gives a function in its place)",
+        )
+
+
 def _checked_items() -> tuple[type, type]:
     from monai.bundle.config_item import ConfigComponent, ConfigExpression
 
@@ -176,6 +205,10 @@ def _checked_items() -> tuple[type, type]:
             name = super().resolve_module_name()
             check_target(name, self.get_id())
             return name
+
+        def instantiate(self, **kwargs: Any) -> object:
+            check_component_options(self.get_config(), self.get_id())
+            return super().instantiate(**kwargs)
 
     return CheckedExpression, CheckedComponent
 

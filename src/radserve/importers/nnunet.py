@@ -69,6 +69,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "NnunetSource",
+    "check_architecture",
     "export_onnx",
     "import_nnunet",
     "manifest_from_nnunet",
@@ -390,8 +391,16 @@ def _initialise(predictor, source: NnunetSource, checkpoint: str) -> None:
         path = source.folder / f"fold_{fold}" / checkpoint
         saved = read_checkpoint(path)
         if i == 0:
+            init_args = saved.get("init_args")
+            configuration_name = (
+                init_args.get("configuration") if isinstance(init_args, dict) else None
+            )
+            if not isinstance(saved.get("trainer_name"), str) or configuration_name is None:
+                _refuse(
+                    f"fold_{fold}/{checkpoint} has no trainer_name or init_args.configuration "
+                    "(nnUNetTrainer.save_checkpoint writes both): not an nnU-Net v2 checkpoint"
+                )
             trainer_name = str(saved["trainer_name"])
-            configuration_name = saved["init_args"]["configuration"]
             mirror_axes = saved.get("inference_allowed_mirroring_axes")
         parameters.append(saved["network_weights"])
     if configuration_name != source.configuration_name:
@@ -403,23 +412,88 @@ def _initialise(predictor, source: NnunetSource, checkpoint: str) -> None:
     channels = determine_num_input_channels(plans_manager, config, source.dataset)
     heads = plans_manager.get_label_manager(source.dataset).num_segmentation_heads
     trainer = _trainer_class(trainer_name)
-    if "plans_manager" in inspect.signature(trainer.build_network_architecture).parameters:
-        network = trainer.build_network_architecture(
-            plans_manager, config, channels, heads, enable_deep_supervision=False
+    check_architecture(config)  # before anything the plans name is built (called)
+    try:
+        if "plans_manager" in inspect.signature(trainer.build_network_architecture).parameters:
+            network = trainer.build_network_architecture(
+                plans_manager, config, channels, heads, enable_deep_supervision=False
+            )
+        else:  # the pre-2.6 signature nnU-Net still accepts
+            network = trainer.build_network_architecture(
+                config.network_arch_class_name,
+                config.network_arch_init_kwargs,
+                config.network_arch_init_kwargs_req_import,
+                channels,
+                heads,
+                enable_deep_supervision=False,
+            )
+    except (ImportError, TypeError, ValueError, KeyError, AttributeError) as exc:
+        _refuse(
+            f"plans.json's architecture for {configuration_name!r} does not build with "
+            f"{trainer_name} ({type(exc).__name__}: {_first_line(exc)[:200]})"
         )
-    else:  # the pre-2.6 signature nnU-Net still accepts
-        network = trainer.build_network_architecture(
-            config.network_arch_class_name,
-            config.network_arch_init_kwargs,
-            config.network_arch_init_kwargs_req_import,
-            channels,
-            heads,
-            enable_deep_supervision=False,
-        )
-    network.load_state_dict(parameters[0])
+    # every fold's weights must fit the network the plans describe; parameters[0] last,
+    # so the network holds fold 0's weights as nnU-Net's own initialisation leaves it
+    order = [*range(1, len(parameters)), 0]
+    for fold, params in ((source.folds[i], parameters[i]) for i in order):
+        try:
+            network.load_state_dict(params)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            detail = "; ".join(line.strip() for line in str(exc).splitlines()[1:3])
+            _refuse(
+                f"fold_{fold}/{checkpoint}: its weights do not fit the network plans.json "
+                f"describes for {configuration_name!r} ({detail[:300] or type(exc).__name__})"
+            )
     predictor.manual_initialization(
         network, plans_manager, config, parameters, source.dataset, trainer_name, mirror_axes
     )
+
+
+def check_architecture(config: Any) -> None:
+    """Refuse plans whose architecture names anything but network classes.
+
+    nnU-Net builds the network from strings in plans.json: ``network_class_name`` is
+    located and called with the plans' ``arch_kwargs``, and each name in
+    ``_kw_requires_import`` (conv_op, norm_op, dropout_op, nonlin) is located and called
+    by the network with its own kwargs. A plans file is data an AI team is handed, but
+    located names are code: ``nonlin: subprocess.Popen`` with ``nonlin_kwargs: {args:
+    [...]}`` ran a command, and ``network_class_name: torch.hub.load`` imported a
+    ``hubconf.py`` shipped beside the plans, during an import. Each must be a class
+    deriving from ``torch.nn.Module`` (every planner's and dynamic_network_architectures'
+    are); the network class may also be a bare name nnU-Net then looks up among
+    dynamic_network_architectures' own architectures."""
+    import pydoc
+
+    import torch
+
+    kwargs = config.network_arch_init_kwargs or {}
+    named = [("network_class_name", config.network_arch_class_name)]
+    named += [
+        (f"arch_kwargs.{key}", kwargs.get(key))
+        for key in config.network_arch_init_kwargs_req_import or ()
+        if kwargs.get(key) is not None
+    ]
+    for field, name in named:
+        if not isinstance(name, str) or not all(p.isidentifier() for p in name.split(".")):
+            _refuse(f"plans.json architecture {field} {name!r} is not a dotted class name")
+        try:
+            found = pydoc.locate(name)
+        except Exception as exc:  # pydoc.ErrorDuringImport: the module's own import failed
+            _refuse(f"plans.json architecture {field} {name!r} cannot be imported ({exc})")
+        if found is None and field == "network_class_name":
+            continue  # nnU-Net looks it up among dynamic_network_architectures' classes
+        if not (isinstance(found, type) and issubclass(found, torch.nn.Module)):
+            if found is None:
+                what = "not found"
+            elif isinstance(found, type):
+                what = "a class that is not a torch.nn.Module"
+            else:
+                what = f"a {type(found).__name__}, not a class"
+            _refuse(
+                f"plans.json architecture {field} {name!r} is {what}; nnU-Net would call it "
+                "with the plans' arguments while building the network, so radserve does not "
+                "(a network and its layers are torch.nn.Module classes)"
+            )
 
 
 def _checkpoint_globals() -> list[Any]:

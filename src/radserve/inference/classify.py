@@ -20,7 +20,7 @@ import numpy as np
 from radserve.domain.prediction import Prediction
 from radserve.errors import ModelError
 from radserve.inference.slices import SliceTask
-from radserve.inference.tasks import Batch, activate, check_batch
+from radserve.inference.tasks import Batch, activate, check_batch, refuse_nan
 
 
 class ClassificationTask(SliceTask):
@@ -43,6 +43,7 @@ class ClassificationTask(SliceTask):
         check_batch(self, batch, output, (n, k))
         self._check_first_output(output)
         probs = activate(output, self.spec.activation, axis=1)
+        refuse_nan(self.spec, probs)
         self._sum += probs.sum(axis=0, dtype=np.float64)
         np.maximum(self._max, probs.max(axis=0), out=self._max)
         self._slices += n

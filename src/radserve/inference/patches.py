@@ -53,6 +53,7 @@ from radserve.inference.tasks import (
     check_batch,
     decide,
     pick_batch_size,
+    refuse_nan,
     to_uint8,
 )
 from radserve.models.manifest import ModelSpec, MonaiIntensity, Normalisation, ZScore
@@ -166,6 +167,7 @@ def decide_regions(probs: np.ndarray, spec: ModelSpec) -> tuple[np.ndarray, np.n
     threshold = spec.threshold
     labels = np.zeros(probs.shape[1:], np.uint8)
     best = 1.0 - probs.max(axis=0)
+    refuse_nan(spec, best)  # NaN wherever a region's probability is
     for i, value in enumerate(spec.channel_values):
         hit = probs[i] > threshold
         labels[hit] = value

@@ -254,6 +254,28 @@ def check_batch(task: object, batch: Batch, output: np.ndarray, expected: tuple[
         )
 
 
+def refuse_nan(spec: ModelSpec, values: np.ndarray) -> None:
+    """Refuse class probabilities holding NaN where labels are decided from them.
+
+    ``values``: the winning probability per voxel (NaN wherever any class's is: NumPy's
+    maximum carries a NaN through) or the probabilities themselves. A NaN compares false
+    with every probability, so its voxel went to background (softmax) or below the
+    threshold (sigmoid): a model whose logits were NaN (a NaN weight, a float16
+    overflow), or one infinite logit under softmax (``inf - inf``), labelled every study
+    empty with no error, "liver not found" reported as a normal result. Checked on what
+    decides the labels (a voxel per class fewer than the logits), so a finite model pays
+    one sum; infinite sigmoid logits, which decide as 0 and 1, stay allowed."""
+    if not np.isnan(np.add.reduce(values, axis=None)):
+        return
+    count = int(np.count_nonzero(np.isnan(values)))
+    raise ModelError(
+        f"{spec.key}: its output gives NaN class probabilities at {count} of {values.size} "
+        "values (NaN logits, or an infinite logit under softmax: a NaN or overflowing "
+        "weight, a float16 overflow, a division by zero in the graph); a model's logits "
+        "must be finite, and no labels are made from these"
+    )
+
+
 def warn_if_probabilities(spec: ModelSpec, output: np.ndarray) -> None:
     """Log once-per-task when a graph seems to end in Softmax/Sigmoid already."""
     lo, hi = float(output.min()), float(output.max())
@@ -294,8 +316,11 @@ def decide(probs: np.ndarray, spec: ModelSpec, axis: int = 0) -> tuple[np.ndarra
     Softmax: channel c is label value c, 0 is background. Sigmoid: channel c is label
     value c + 1; the most probable label wins where it reaches
     ``postprocess.threshold``, else background with confidence ``1 - max p``.
+    NaN probabilities are refused (:func:`refuse_nan`).
     """
-    return finish_decision(*running_winner(probs, axis), spec)
+    winner, best = running_winner(probs, axis)
+    refuse_nan(spec, best)
+    return finish_decision(winner, best, spec)
 
 
 def running_winner(probs: np.ndarray, axis: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from radserve.inference.tasks import finish_decision, running_winner
+from radserve.inference.tasks import finish_decision, refuse_nan, running_winner
 from radserve.models.manifest import ModelSpec
 from radserve.preprocess.resample import interpolate_axis
 
@@ -72,6 +72,7 @@ class UpsampledDecision:
         """
         y, x = self._y, self._x
         winner, best = running_winner(probs)
+        refuse_nan(spec, best)  # every voxel below reads these samples
         # A model-grid cell (samples i..i+1, j..j+1; the edge replicated past the last
         # row and column, where interpolation reads only the edge) is split when its
         # four samples do not share the winner. Every native pixel reads the samples of

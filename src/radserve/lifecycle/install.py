@@ -37,9 +37,10 @@ import os
 import shutil
 import stat
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from radserve import durable
 from radserve.errors import BundleExistsError, BundleRejectedError, ModelError
@@ -215,6 +216,79 @@ def _bundle_dir(root: Path) -> Path:
 
 
 # --- ONNX graph vs manifest ------------------------------------------------------------------
+def _graph_tensors(graph: Any) -> Iterator[Any]:
+    """Every tensor a graph stores: its initializers (sparse ones' values and indices),
+    and the tensors in its nodes' attributes (a ``Constant``'s ``value``), subgraphs
+    (``If``, ``Loop``, ``Scan`` bodies) included. Any of them may keep its data in an
+    external file; before 2026-12-06 only the top graph's initializers were looked at,
+    so a ``Constant`` reading ``/etc/passwd`` installed (ONNX Runtime refused it only
+    when the version was deployed)."""
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            for sparse in (
+                *([attribute.sparse_tensor] if attribute.HasField("sparse_tensor") else []),
+                *attribute.sparse_tensors,
+            ):
+                yield from (sparse.values, sparse.indices)
+            for sub in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs):
+                yield from _graph_tensors(sub)
+
+
+def _external_data_refusal(tensor: Any, directory: Path) -> str | None:
+    """Why ``tensor``'s external data cannot be read from inside the bundle, or None: its
+    file must lie inside (a regular file, after links are followed) and hold the
+    ``offset`` + ``length`` bytes it declares (ONNX Runtime refuses it at load
+    otherwise: a 2 GB ``length`` on an 8-byte file installed, then failed to deploy)."""
+    entries = {e.key: e.value for e in tensor.external_data}
+    location = entries.get("location", "")
+    try:
+        ext = (directory / location).resolve()
+        ext.relative_to(directory.resolve())
+        size = ext.stat().st_size if ext.is_file() else None
+    except (ValueError, OSError):
+        size = None
+    if size is None:
+        return f"external data {location!r} missing or outside"
+    try:
+        offset, length = int(entries.get("offset") or 0), entries.get("length")
+        end = offset + (int(length) if length else 0)
+    except ValueError:
+        return f"external data {location!r}: offset or length is not a number"
+    if offset < 0 or end > size or (length is not None and int(length) < 0):
+        return (
+            f"external data {location!r} of tensor {tensor.name!r}: bytes {offset}-{end} "
+            f"declared, the file holds {size}"
+        )
+    return None
+
+
+def _output_as_inferred(model: Any) -> Any:
+    """The graph's first output, its shape completed by ONNX's shape inference where the
+    graph declares none or leaves the class axis symbolic (a careless export's
+    ``["N", "c", "h", "w"]``): ONNX Runtime infers the same and refuses the session,
+    so such a graph installed and failed at deploy. Inference that fails (a custom
+    operator, a graph over protobuf's 2 GB) leaves the declared output as it is."""
+    import onnx
+
+    declared = model.graph.output[0]
+    shape = declared.type.tensor_type.shape
+    if declared.type.tensor_type.HasField("shape") and (
+        len(shape.dim) < 2 or shape.dim[1].HasField("dim_value")
+    ):
+        return declared
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph.output
+    except Exception:  # onnx raises InferenceError, ValueError, protobuf's errors ...
+        return declared
+    return next((o for o in inferred if o.name == declared.name), declared)
+
+
 def check_onnx(spec: ModelSpec, directory: Path) -> list[str]:
     """Reasons the ONNX files ``spec.files`` names disagree with ``spec`` (empty: none)."""
     import onnx
@@ -238,17 +312,11 @@ def check_onnx(spec: ModelSpec, directory: Path) -> list[str]:
         except Exception as exc:  # onnx raises DecodeError, RuntimeError, ...
             reasons.append(f"{label}: not a readable ONNX model ({type(exc).__name__})")
             continue
-        for tensor in model.graph.initializer:
+        for tensor in _graph_tensors(model.graph):
             if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-                try:
-                    ext = (directory / location).resolve()
-                    ext.relative_to(directory.resolve())
-                    ok = ext.is_file()
-                except (ValueError, OSError):
-                    ok = False
-                if not ok:
-                    reasons.append(f"{label}: external data {location!r} missing or outside")
+                why = _external_data_refusal(tensor, directory)
+                if why is not None:
+                    reasons.append(f"{label}: {why}")
                     break
         refusal = graph_refusal(
             ((o.domain, o.version) for o in model.opset_import), model.ir_version
@@ -265,13 +333,15 @@ def check_onnx(spec: ModelSpec, directory: Path) -> list[str]:
             continue
         checks = (
             ("input", inputs[0], spec.input.in_channels),
-            ("output", model.graph.output[0], spec.num_classes),
+            ("output", _output_as_inferred(model), spec.num_classes),
         )
         for role, value, channels in checks:
             tensor_type = value.type.tensor_type
             if tensor_type.elem_type not in float_types:
                 name = onnx.TensorProto.DataType.Name(tensor_type.elem_type)
                 reasons.append(f"{label}: {role} {value.name!r} is {name}, expected float")
+            if role == "output" and not tensor_type.HasField("shape"):
+                continue  # rank unknown until it runs: every batch's shape is checked then
             dims = tensor_type.shape.dim
             if len(dims) != rank:
                 reasons.append(

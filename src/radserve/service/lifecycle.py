@@ -169,6 +169,8 @@ class ModelLifecycle:
         self.failed_comparisons: dict[tuple[str, str], tuple[int, str]] = {}
         self.rollbacks: dict[tuple[str, str], int] = {}
         self.swaps = 0
+        # per bundle folder: its files' (path, size, mtime) and what verify_install said
+        self._verified: dict[Path, tuple[tuple[tuple[str, int, int], ...], list[str]]] = {}
 
     # --- life cycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -216,6 +218,7 @@ class ModelLifecycle:
             for step, deployment in changed.items():
                 try:
                     for version in deployment.versions():
+                        self._refuse_changed_files(step, version)
                         self.catalog.warm_model(step, version)
                 except Exception as exc:  # keep serving what served before
                     why = getattr(exc, "message", str(exc))
@@ -424,6 +427,30 @@ class ModelLifecycle:
         except PipelineError as exc:
             raise DeploymentError(exc.message) from exc
 
+    def _refuse_changed_files(self, step: str, version: str) -> None:
+        """A deployed version is loaded only as installed: a restart (or another
+        replica's change read from the database) loaded whatever files lay in its folder,
+        so a model.onnx replaced after install served every study under the version the
+        deployment and its audit record name."""
+        directory = self.catalog.registry.get(step, version).directory
+        # a deployment left unapplied is tried again every poll: its files are hashed
+        # again only when one of them was written, added or removed since
+        signature = tuple(
+            (str(path), st.st_size, st.st_mtime_ns)
+            for path in sorted(directory.rglob("*"))
+            if path.is_file() and (st := path.stat())
+        )
+        seen = self._verified.get(directory)
+        if seen is not None and seen[0] == signature:
+            changed = seen[1]
+        else:
+            changed = verify_install(directory)
+            self._verified[directory] = (signature, changed)
+        if changed:
+            raise DeploymentError(
+                f"{step}/{version} changed since it was installed: {'; '.join(changed[:5])}"
+            )
+
     def _warm(self, step: str, version: str) -> None:
         """Load and run ``version`` once, or refuse the change (409): a graph this host
         cannot load (an opset ONNX Runtime lacks) or whose output is not what inference
@@ -541,6 +568,14 @@ class ModelLifecycle:
                 )
                 if earlier is None:
                     raise DeploymentError(f"{step} has no canary and no earlier stable version")
+                try:  # as deploy and promote check it: installed, unchanged, servable here
+                    self.check_servable(step, earlier)
+                except DeploymentError:
+                    raise
+                except ModelError as exc:  # gone from the models folders
+                    raise DeploymentError(
+                        f"{step} cannot go back to {earlier}: {exc.message}"
+                    ) from exc
                 self._warm(step, earlier)
                 new = replace(base, stable=earlier)
             action = DeploymentAction.AUTO_ROLLBACK if auto else DeploymentAction.ROLLBACK
