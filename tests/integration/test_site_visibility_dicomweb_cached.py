@@ -1,10 +1,10 @@
-"""Under ``security.visibility: site`` a study site B stores over STOW-RS that site A's job
-already analysed is answered from A's cached result, and its SEG/SR are made for B's
-route (:mod:`radserve.service.cached`) -- but indexed under A's job, the one that made
-them. WADO-RS and QIDO-RS checked the visibility of that job alone, so B's own DICOMweb
-client got 404 for its own study's results and an empty search. B now reads them
-through its own job (and the read is audited against it); a site that has no job
-answered from that result still sees nothing."""
+"""Under ``security.visibility: site`` a study site B stored over STOW-RS that site A's job
+had analysed was answered from A's cached result (until session 37; since, it runs again),
+and its SEG/SR made for B's route (:mod:`radserve.service.cached`) -- but indexed under
+A's job, the one that made them. WADO-RS and QIDO-RS checked the visibility of that job
+alone, so B's own DICOMweb client got 404 for its own study's results and an empty
+search. B now reads them through its own job (and the read is audited against it); a
+site that has no job answered from that result still sees nothing."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from tests.factories.service import ServerThread, auth, make_study, settings_for
 from tests.factories.waits import WAIT_SCALE
 
 from radserve.api import create_app
-from radserve.service import Service
+from radserve.gateway.dicomweb.stow import StowPart
+from radserve.service import Origin, Service
+from radserve.service.intake import DICOMWEB_SOURCE
 
 pytestmark = pytest.mark.slow
 
@@ -44,6 +46,26 @@ def _job_of(response: httpx.Response) -> str:
     return link[len("</v1/jobs/") : -len('>; rel="related"')]
 
 
+def _stored_before_session_37(service: Service, key_id: str, files: list[Path]) -> str:
+    """A STOW-RS of ``files`` by ``key_id`` as it was answered before session 37: from
+    whatever result the cache holds (``Origin.sees`` unset)."""
+    streams = [path.open("rb") for path in files]
+    try:
+        stored = service.stow.store(
+            [StowPart("application/dicom", stream) for stream in streams],
+            target_study=None,
+            resolved=service.intake.precheck(None, None),
+            priority=None,
+            origin=Origin(key_id, "127.0.0.1", source=DICOMWEB_SOURCE),
+        )
+    finally:
+        for stream in streams:
+            stream.close()
+    (submission,) = stored.jobs
+    assert submission.cached
+    return submission.job.id
+
+
 def test_a_site_reads_the_dicom_results_of_its_cached_study_through_its_own_job(
     tmp_path: Path,
 ) -> None:
@@ -58,6 +80,7 @@ def test_a_site_reads_the_dicom_results_of_its_cached_study_through_its_own_job(
         key("read", "B"),
         key("read", "C"),
     )
+    b_key_id = submit_b.split("_")[1]
     files = make_study(tmp_path / "study")
     study = str(pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID)
     with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
@@ -66,9 +89,14 @@ def test_a_site_reads_the_dicom_results_of_its_cached_study_through_its_own_job(
         assert first.status_code == 200, first.text
         a1 = _job_of(first)
         assert wait_job(c, a1, submit_a)["state"] == "succeeded"
-        again = _stow(c, files, submit_b)
-        assert again.status_code == 200, again.text
-        b1 = _job_of(again)
+        # since session 37 B's STOW of A's study runs again, not from A's result
+        run = _stow(c, files, submit_b)
+        assert run.status_code == 200, run.text
+        ran = wait_job(c, _job_of(run), submit_b)
+        assert ran["state"] == "succeeded" and ran["cached"] is False
+
+        # B's job as a STOW was answered before session 37: from A's cached result
+        b1 = _stored_before_session_37(service, b_key_id, files)
         job = wait_job(c, b1, submit_b)
         assert job["state"] == "succeeded" and job["cached"] is True
 
@@ -84,8 +112,9 @@ def test_a_site_reads_the_dicom_results_of_its_cached_study_through_its_own_job(
         found = c.get("/dicomweb/studies", headers={**auth(read_b), **DICOM_JSON})
         assert [s["0020000D"]["Value"][0] for s in found.json()] == [study]
         reads = [r for r in service.store.iter_audit(after=since) if r.action == "phi.read"]
-        # each read audited against B's own job, never A's (B may not see it)
-        assert reads and {r.subject for r in reads} == {b1}
+        # each read audited against B's own jobs (the kept one and the one that ran since),
+        # never A's (B may not see it)
+        assert reads and {r.subject for r in reads} == {b1, ran["id"]}
         assert a1 not in metadata.text + found.text
 
         # a site with no job answered from that result sees nothing of it

@@ -40,7 +40,7 @@ from tests.factories.waits import WAIT_SCALE
 from radserve.api import create_app
 from radserve.console import install as install_console
 from radserve.passwords import hash_password
-from radserve.service import Service
+from radserve.service import Origin, Service
 
 pytestmark = pytest.mark.slow
 
@@ -94,15 +94,21 @@ def _server(root: Path, database: dict[str, str]) -> Iterator[dict[str, Any]]:
         ids[name], keys[name] = key(ADMIN_NAME if name == "admin" else f"key {name}", role, site)
     with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
         assert service.wait_warm(60 * WAIT_SCALE)
-        files = upload(make_study(root / "shared"))
+        shared = make_study(root / "shared")
+        files = upload(shared)
         first = c.post("/v1/studies", files=files, headers=auth(keys["submit_a"]))
         assert first.status_code == 202, first.text
         a1 = first.json()["id"]
         assert wait_job(c, a1, keys["submit_a"])["state"] == "succeeded"
         # the admin reads A's report: a phi.read by a key of no site in A's trail
         assert c.get(f"/v1/jobs/{a1}/report", headers=auth(keys["admin"])).status_code == 200
-        # the same study from site B, then again from site A: both answered from the cache
-        b_answer = c.post("/v1/studies", files=files, headers=auth(keys["submit_b"]))
+        # the same study from site B: run again, A's result is not B's to see
+        b_run = c.post("/v1/studies", files=files, headers=auth(keys["submit_b"]))
+        # the same study from site B, answered from A's cached result as it was before
+        # session 37 (a job kept from then; since, B's upload runs again: test below)
+        # and again from site A: answered from the cache
+        b_job = _cached_before_session_37(service, ids["submit_b"], shared)
+        b_answer = c.get(f"/v1/jobs/{b_job}", headers=auth(keys["submit_b"]))
         a_answer = c.post("/v1/studies", files=files, headers=auth(keys["submit_a2"]))
         assert (b_answer.status_code, a_answer.status_code) == (200, 200), b_answer.text
         # a study of bob's (a local user of site B), through his console session
@@ -120,9 +126,28 @@ def _server(root: Path, database: dict[str, str]) -> Iterator[dict[str, Any]]:
             "client": c,
             "keys": keys,
             "key_ids": ids,
-            "jobs": {"a1": a1, "b1": b_answer.json()["id"], "a2": a_answer.json()["id"], "u1": u1},
-            "answers": {"b1": b_answer.json(), "a2": a_answer.json()},
+            "jobs": {"a1": a1, "b1": b_job, "a2": a_answer.json()["id"], "u1": u1},
+            "answers": {"b1": b_answer.json(), "a2": a_answer.json(), "b_run": b_run},
+            "shared": shared,
         }
+
+
+def _cached_before_session_37(service: Service, key_id: str, files: list[Path]) -> str:
+    """A job of ``key_id``'s answered from whatever result the cache holds for ``files``,
+    as every submission was before session 37 (``Origin.sees`` unset): jobs like it stay
+    in the store after an upgrade, naming another site's job as ``cached_from``."""
+    resolved = service.intake.precheck(None, None)
+    streams = [path.open("rb") for path in files]
+    try:
+        origin = Origin(key_id, "127.0.0.1")
+        submission = service.intake.submit_upload(
+            streams, resolved=resolved, priority=None, origin=origin
+        )
+    finally:
+        for stream in streams:
+            stream.close()
+    assert submission.cached
+    return submission.job.id
 
 
 @contextmanager
@@ -159,12 +184,28 @@ def _events(c: httpx.Client, wanted: str) -> str:
     return seen
 
 
+def test_another_sites_result_is_not_reused(server: dict[str, Any]) -> None:
+    """Site B uploading a study site A's job analysed gets no instant "cached" answer: it
+    told B that another site had analysed exactly this study (its patient had been
+    there). B's study runs again; B's next upload of it reuses B's own result."""
+    run = server["answers"]["b_run"]
+    assert run.status_code == 202, run.text
+    assert run.json()["cached"] is False and run.json()["cached_from"] is None
+    b_run = run.json()["id"]
+    c, keys = server["client"], server["keys"]
+    assert wait_job(c, b_run, keys["submit_b"])["state"] == "succeeded"
+    files = upload(server["shared"])
+    again = c.post("/v1/studies", files=files, headers=auth(keys["submit_b"]))
+    assert again.status_code == 200 and again.json()["cached"] is True, again.text
+    assert again.json()["cached_from"] == b_run
+
+
 def test_a_cached_job_names_the_earlier_job_only_to_who_may_see_it(
     server: dict[str, Any],
 ) -> None:
     jobs = server["jobs"]
     a1, b1, a2 = jobs["a1"], jobs["b1"], jobs["a2"]
-    # the submit answer of site B's job: cached, from a job B may not see
+    # site B's job kept from before session 37: cached, from a job B may not see
     answer = server["answers"]["b1"]
     assert answer["cached"] is True and answer["cached_from"] is None
     assert a1 not in json.dumps(answer)
@@ -258,7 +299,8 @@ def test_local_users_carry_a_site_as_keys_do(server: dict[str, Any]) -> None:
     # bob (submit, site B) sees his own and site B's
     with _signed_in(server["url"], "bob") as (c, _):
         listed = {j["id"] for j in c.get("/console/api/worklist").json()["items"]}
-        assert listed == {b1, u1}
+        # (and the jobs of site B's keys that ran A's study again: no site A job)
+        assert {b1, u1} <= listed and not {a1, a2} & listed
         assert c.get(f"/v1/jobs/{a1}").status_code == 404
     # carl (read, no site) sees nothing, as a key without a site would
     with _signed_in(server["url"], "carl") as (c, _):
@@ -297,12 +339,14 @@ def test_model_changes_name_the_admin_only_to_who_may_see_it(server: dict[str, A
 def test_the_jobs_at_risk_are_listed_only_to_who_may_see_them(tmp_path: Path) -> None:
     """``GET /v1/ops/turnaround`` lists the unfinished jobs a deadline risk stands for:
     every site's job ids went to every reader. Jobs here are slow (a heavy test model,
-    one at a time) and predicted late (a slow prior), so they stand at risk a while."""
+    one at a time) and predicted late (a slow prior, a 30 s OUTPATIENT TAT), so they stand
+    at risk a while."""
     settings = settings_for(
         tmp_path,
         security__visibility="site",
         turnaround__prior_per_slice_s=5.0,
         turnaround__risk_margin_s=0.1,
+        scheduler__tat_s__outpatient=30,
         turnaround__recompute_interval_s=0.05,
         scheduler__max_running=1,
     )

@@ -297,6 +297,16 @@ def result_reader_job(request: Request, principal: Principal, job_id: str) -> Jo
     return None
 
 
+def submitter_sees(request: Request, principal: Principal) -> Callable[[str | None], bool] | None:
+    """``Origin.sees`` for a submission by ``principal``: whether it may see a job
+    submitted by a given key or user (under a visibility rule; None: no rule limits it,
+    every earlier result may answer it). Called from the intake's worker thread."""
+    if not restricted(request, principal):
+        return None
+    access, reader = read_access(request), principal.reader
+    return lambda actor: access.visible(reader, actor)
+
+
 def source_visible(request: Request, principal: Principal, job: JobRecord) -> bool:
     """Whether ``principal`` may be shown ``job.cached_from``: the earlier job whose
     result answered ``job`` may belong to another site (call from a worker thread)."""
@@ -423,6 +433,7 @@ __all__ = [
     "shown_actor",
     "shows_source",
     "source_visible",
+    "submitter_sees",
     "token_of",
     "visible_to",
 ]

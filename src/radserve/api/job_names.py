@@ -26,10 +26,12 @@ from radserve.store import JobRecord
 
 
 def report_needs_care(request: Request, principal: Principal, record: JobRecord) -> bool:
-    """Whether ``record``'s report may name a job ``principal`` may not see: only a
-    cached job's (a job that ran names itself; a superseded one is a gateway job's,
-    which no one under a rule but an admin sees) and only under a rule."""
-    return record.cached_from is not None and restricted(request, principal)
+    """Whether ``record``'s report may name a job ``principal`` may not see: under a
+    rule, any report. A cached job's names the job that ran; a job that ran names as
+    ``supersedes_job_id`` the previous result of the same study, which may be another
+    site's job (the lineage is per study and pipeline: a site's upload of a study another
+    site had run named that site's job through the API readers)."""
+    return restricted(request, principal)
 
 
 def shown_report_json(

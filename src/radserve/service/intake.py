@@ -34,7 +34,7 @@ import zipfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TypeVar
 
@@ -60,7 +60,7 @@ from radserve.service.own_uploads import without_own_results
 from radserve.service.sniff import check_combination, sniff
 from radserve.service.unclaimed import set_aside_if_refused
 from radserve.service.work import LineageStep, build_work
-from radserve.store import JobRecord, JobState, Lease, Store
+from radserve.store import CacheKey, JobRecord, JobState, Lease, Store
 from radserve.store.errors import JobExistsError
 from radserve.store.waiting import waiting_for_store
 
@@ -93,6 +93,11 @@ class Origin:
     source: str = "api"  # "api" | "dicom" | "dicomweb"
     # known at submission, for the report: {"code", "message", "stage"} (no PHI)
     warnings: tuple[Mapping[str, str], ...] = ()
+    # under security.visibility: whether the submitter may see a job submitted by this
+    # key or user (None: every earlier result may answer it). A result made for a job it
+    # may not see is not reused: an instant "cached" answer told one site that another
+    # had analysed exactly this study (its patient had been there)
+    sees: Callable[[str | None], bool] | None = field(default=None, compare=False)
 
 
 def parse_priority(value: str | None) -> PriorityClass | None:
@@ -398,7 +403,7 @@ class Intake:
                         slot.release()
                     return Submission(existing, cached=True, reused=True)
             hit = self._waited(
-                lambda: self.store.find_cached_result(resolved.cache_key(fingerprint)),
+                lambda: self._cached_result(resolved.cache_key(fingerprint), origin),
                 "the result cache's look-up",
             )
             job_id = str(uuid.uuid4())
@@ -429,6 +434,18 @@ class Intake:
             finally:
                 slot.release()
             return Submission(self.cache.get(record.id) or record, cached=False, position=position)
+
+    def _cached_result(self, key: CacheKey, origin: Origin) -> JobRecord | None:
+        """The succeeded job whose result answers ``key`` for ``origin``: the cache's
+        entry, or, when the submitter may not see that job (``Origin.sees``), the oldest
+        succeeded job for ``key`` it may see (one that ran before one answered from the
+        cache), else None: the study runs again."""
+        hit = self.store.find_cached_result(key)
+        if hit is None or origin.sees is None or origin.sees(hit.api_key_id):
+            return hit
+        seen = [job for job in self.store.succeeded_jobs_for(key) if origin.sees(job.api_key_id)]
+        seen.sort(key=lambda job: job.cached_from is not None)  # stable: oldest first
+        return seen[0] if seen else None
 
     def _deliver_cached(
         self, job_id: str, origin: Origin, hit: JobRecord, study_dir: Path

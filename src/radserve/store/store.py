@@ -440,6 +440,11 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
         succeeded = [job for job in found if job.state is JobState.SUCCEEDED]
         return (succeeded or found or [None])[0]
 
+    def succeeded_jobs_for(self, key: CacheKey) -> list[JobRecord]:
+        """Every succeeded job whose input, pipeline, precision and models are ``key``'s,
+        oldest first: those that ran and those answered from the cache."""
+        return self._jobs_for(key, [JobState.SUCCEEDED.value])
+
     def find_unfinished(self, key: CacheKey) -> JobRecord | None:
         """An unfinished (received, queued or running) job for ``key``, oldest first: a
         study sent again while its first job still runs is answered by that job."""

@@ -32,6 +32,7 @@ from radserve.api.auth import (
     require_submit,
     restricted,
     result_reader_job,
+    submitter_sees,
 )
 from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import ErrorOut
@@ -173,7 +174,12 @@ async def _stow(
         )
     cls = parse_priority(priority)
     resolved = await run_in_threadpool(service.intake.precheck, pipeline, cls)
-    origin = Origin(principal.key_id, principal.client, source=DICOMWEB_SOURCE)
+    origin = Origin(
+        principal.key_id,
+        principal.client,
+        source=DICOMWEB_SOURCE,
+        sees=submitter_sees(request, principal),
+    )
     async with read_related(request.stream(), boundary) as parts:
         result = await run_in_threadpool(
             service.stow.store,

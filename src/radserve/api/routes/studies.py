@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData, UploadFile
 
-from radserve.api.auth import Principal, require_submit, shows_source
+from radserve.api.auth import Principal, require_submit, shows_source, submitter_sees
 from radserve.api.errors import status_for
 from radserve.api.forms import read_form
 from radserve.api.negotiation import NegotiatedRoute
@@ -144,7 +144,7 @@ async def submit_study(
         files = [v for _, v in form.multi_items() if isinstance(v, UploadFile)]
         if not files:
             raise EmptyUploadError("the upload holds no files (use the `files` field)")
-        origin = Origin(principal.key_id, principal.client)
+        origin = Origin(principal.key_id, principal.client, sees=submitter_sees(request, principal))
         submission = await run_in_threadpool(
             service.intake.submit_upload,
             [f.file for f in files],
@@ -185,7 +185,7 @@ async def submit_batch(
     service = _service(request)
     cls = parse_priority(priority)
     resolved: ResolvedPipeline = await run_in_threadpool(service.intake.precheck, pipeline, cls)
-    origin = Origin(principal.key_id, principal.client)
+    origin = Origin(principal.key_id, principal.client, sees=submitter_sees(request, principal))
     items: list[BatchItemOut] = []
     async with _read_form(request) as form:
         studies: dict[str, list[UploadFile]] = {}
