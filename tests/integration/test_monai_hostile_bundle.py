@@ -107,3 +107,25 @@ def test_a_network_with_more_outputs_than_labels_is_refused(tmp_path):
     with pytest.raises(ImportRefusedError, match="has 5 channels; the manifest implies 3"):
         import_monai(bundle, tmp_path / "models")
     assert not (tmp_path / "models").exists()
+
+
+def test_a_network_that_downloads_pretrained_weights_is_refused_offline(tmp_path):
+    """MONAI's EfficientNetBN downloads ImageNet weights as it is built (``pretrained``
+    is its default): the import reached out to the network (here, with none, it ended
+    in a resolver error; on a hospital machine with a route out it would have
+    downloaded). Now no lookup or connection is made and the refusal says why."""
+    bundle = write_monai_bundle(tmp_path / "bundle")
+    path = bundle / "configs" / "inference.json"
+    config = json.loads(path.read_text())
+    config["network_def"] = {
+        "_target_": "monai.networks.nets.EfficientNetBN",
+        "model_name": "efficientnet-b0",
+        "pretrained": True,
+        "spatial_dims": 2,
+        "in_channels": 3,
+        "num_classes": 1000,
+    }
+    path.write_text(json.dumps(config))
+    with pytest.raises(ImportRefusedError, match="reaches the network while it is built"):
+        import_monai(bundle, tmp_path / "models")
+    assert not (tmp_path / "models").exists()

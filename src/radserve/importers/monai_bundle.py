@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -323,15 +324,54 @@ def _bundle_code(folder: Path) -> Iterator[None]:
         sys.modules.update(saved)
 
 
+class _NetworkReached(OSError):
+    """A connection or name lookup while MONAI built a bundle's objects."""
+
+
+@contextmanager
+def _no_network() -> Iterator[list[str]]:
+    """No name lookup or connection while MONAI builds a bundle's objects: a network
+    built with ``pretrained`` weights (MONAI's ``EfficientNetBN``, whose default it is,
+    ``DenseNet121``, ``SENet``, ``HoVerNet``...) downloads them as it is built, and wrote
+    them under the current folder; radserve loads the bundle's own ``models/model.pt``
+    over them and reaches no network. Yields the hosts asked for (the import is one
+    process: the socket functions are replaced for its duration)."""
+    asked: list[str] = []
+    lookup, connect = socket.getaddrinfo, socket.socket.connect
+
+    def refused_lookup(host: Any, *args: Any, **kwargs: Any) -> Any:
+        asked.append(str(host))
+        raise _NetworkReached(f"radserve reaches no network while importing (asked for {host})")
+
+    def refused_connect(self: socket.socket, address: Any) -> None:
+        asked.append(str(address[0] if isinstance(address, tuple) else address))
+        raise _NetworkReached(f"radserve reaches no network while importing ({address})")
+
+    socket.getaddrinfo = refused_lookup  # type: ignore[assignment]
+    socket.socket.connect = refused_connect  # type: ignore[method-assign]
+    try:
+        yield asked
+    finally:
+        socket.getaddrinfo = lookup
+        socket.socket.connect = connect  # type: ignore[method-assign]
+
+
 def _parsed(source: MonaiSource, key: str) -> Any:
     if key not in source.parser:
         _refuse(f"{source.config_path.name} has no {key!r}")
+    asked: list[str] = []
     try:
-        with _bundle_code(source.folder):
+        with _bundle_code(source.folder), _no_network() as asked:
             return source.parser.get_parsed_content(key)
     except ImportRefusedError:
         raise
     except Exception as exc:  # MONAI raises many kinds while instantiating
+        if asked:
+            raise ImportRefusedError(
+                f"MONAI's {key!r} reaches the network while it is built ({asked[0]}): "
+                "pretrained weights? radserve loads the bundle's own weights and reaches no "
+                "network; give the network pretrained: false (or its own option to that end)"
+            ) from None
         raise ImportRefusedError(f"MONAI cannot build {key!r}: {exc}") from exc
 
 
