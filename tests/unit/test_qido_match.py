@@ -107,3 +107,17 @@ def test_dates_times_and_ranges_that_can_match_are_searched() -> None:
     wanted = "20240101120000-0500"
     assert matches([wanted], "AcquisitionDateTime", wanted)
     assert not matches(["20240101115959-0500"], "AcquisitionDateTime", wanted)
+
+
+@pytest.mark.parametrize("value", ["1.2*", "1.2.?", "1.2.840.10008.*", "abc", "1..2", "1.2,3*"])
+def test_a_uid_key_with_a_wildcard_or_no_uid_is_refused(value: str) -> None:
+    """UIDs match whole (PS3.4 C.2.2.2.2): ``1.2*`` answered 200 with nothing, as if no
+    study under that root had results."""
+    with pytest.raises(InvalidRequestError, match="matches whole UIDs"):
+        parse_query([("StudyInstanceUID", value)], "studies")
+
+
+def test_uid_lists_and_universal_matching_are_searched() -> None:
+    for value in ("1.2.3", "1.2.3,1.2.4", "1.2.3\\1.2.4", "*", "", "1.2.3, 1.2.4"):
+        query = parse_query([("SeriesInstanceUID", value)], "series")
+        assert query.filters["SeriesInstanceUID"] == value

@@ -183,6 +183,16 @@ def _check_value(keyword: str, value: str) -> None:
     if value in ("", "*"):
         return
     vr = dictionary_VR(keyword)
+    if vr == "UI":
+        # UID list matching (PS3.4 C.2.2.2.2): whole UIDs, no wildcards; before, `1.2*`
+        # answered 200 with nothing, as if no such study had results
+        for uid in re.split(r"[,\\]", value):
+            if uid.strip() and not _UID.fullmatch(uid.strip()):
+                raise InvalidRequestError(
+                    f"{keyword} matches whole UIDs (digits and dots, a list separated by "
+                    f"commas), without wildcards: {quoted(value)}"
+                )
+        return
     if vr == "DT" and _DATETIME.fullmatch(value):
         return  # one date-time, its UTC offset's minus sign no range
     if vr in _RANGE_VRS:
@@ -208,6 +218,7 @@ _DATE_PREFIX = re.compile(r"\d{4}(\.?\d{2}(\.?\d{2})?)?")
 _TIME = re.compile(r"\d{2}(:?\d{2}(:?\d{2}(\.\d{1,6})?)?)?")
 _DATETIME = re.compile(r"\d{4}(\d{2}(\d{2}(\d{2}(\d{2}(\d{2}(\.\d{1,6})?)?)?)?)?)?([+-]\d{4})?")
 _VR_NAMES = {"DA": "date (YYYYMMDD)", "TM": "time (HHMMSS)", "DT": "date-time"}
+_UID = re.compile(r"[0-9]+(\.[0-9]+)*")
 
 
 def _check_end(vr: str, end: str, *, in_range: bool) -> None:
