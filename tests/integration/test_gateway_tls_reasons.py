@@ -21,11 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from tests.factories.dicom_net import dcmtk_tool
 from tests.factories.ports import free_port
 from tests.factories.tls import HAVE_OPENSSL, Pki, make_pki
 from tests.factories.waits import until, wait_until
 
+from radserve.commands.gateway import group as gateway_group
 from radserve.config import TlsSettings
 from radserve.gateway import CompletedStudy, GatewaySCP, Outcome, ScpConfig, StoreSCU
 from radserve.gateway.config import Destination, Peer
@@ -201,6 +203,13 @@ def test_the_outbox_says_why_tls_with_a_pacs_failed(
         cases["plain port"] = echo(plain.address[1], TlsSettings(ca=pki.ca, **ours))
     with socket.create_server(("127.0.0.1", 0)) as hung:  # takes the connection, says nothing
         cases["hung"] = echo(hung.getsockname()[1], TlsSettings(ca=pki.ca, **ours))
+        # `radserve gateway echo` names its own option, not the setting it does not read
+        tls = ["--tls-cert", pki.client_cert, "--tls-key", pki.client_key, "--tls-ca", pki.ca]
+        args = ["echo", "--host", "127.0.0.1", "--port", str(hung.getsockname()[1])]
+        cli = CliRunner().invoke(
+            gateway_group, [*args, "--ae", "PACS", "--timeout", "2", *map(str, tls)]
+        )
+    assert cli.exit_code != 0 and "within 2 s (--timeout)" in cli.output, cli.output
     assert {outcome for outcome, _ in cases.values()} == {Outcome.RETRY}, cases
     said = {name: message for name, (_, message) in cases.items()}
     assert "cannot verify the destination's certificate" in said["another CA"], said

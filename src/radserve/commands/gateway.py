@@ -89,6 +89,7 @@ def echo(
         acse_timeout_s=timeout,
         dimse_timeout_s=timeout,
         network_timeout_s=timeout,
+        connect_timeout_name="--timeout",
     )
     result = scu.echo(destination)
     if result.outcome is Outcome.SENT:

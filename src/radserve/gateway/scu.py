@@ -92,9 +92,12 @@ class StoreSCU:
         acse_timeout_s: float = 30.0,
         dimse_timeout_s: float = 120.0,
         network_timeout_s: float = 120.0,
+        connect_timeout_name: str = "gateway.connect_timeout_s",
     ) -> None:
         self.ae_title = check_ae_title(ae_title, "radserve's calling AE title")
         self._timeouts = (connect_timeout_s, acse_timeout_s, dimse_timeout_s, network_timeout_s)
+        # what a message names for the connect time-out: the setting, or a command's option
+        self.connect_timeout_name = connect_timeout_name
 
     @classmethod
     def from_settings(cls, gateway: GatewaySettings) -> StoreSCU:
@@ -333,7 +336,10 @@ class StoreSCU:
             return assoc, SendResult(Outcome.PERMANENT, _nothing_accepted(assoc, destination))
         if tls_errors and not assoc.is_rejected:
             return assoc, SendResult(
-                Outcome.RETRY, _tls_failure(destination, tls_errors[0], self._timeouts[0])
+                Outcome.RETRY,
+                _tls_failure(
+                    destination, tls_errors[0], self._timeouts[0], self.connect_timeout_name
+                ),
             )
         failure = _association_failure(assoc, destination, self.ae_title, opened.is_set())
         acse = self._timeouts[1]
@@ -442,7 +448,12 @@ _PEER_REFUSED_OUR_CERTIFICATE = (
 _NOT_TLS = ("WRONG_VERSION_NUMBER", "UNEXPECTED_EOF_WHILE_READING", "RECORD_LAYER_FAILURE")
 
 
-def _tls_failure(destination: Destination, exc: OSError, connect_s: float) -> str:
+def _tls_failure(
+    destination: Destination,
+    exc: OSError,
+    connect_s: float,
+    connect_name: str = "gateway.connect_timeout_s",
+) -> str:
     """Why TLS with ``destination`` failed, in the words an operator acts on: radserve
     could not verify the PACS's certificate (and why: expired, another CA, a host name it
     does not name), the PACS refused radserve's, the port does not speak TLS, or no
@@ -477,7 +488,7 @@ def _tls_failure(destination: Destination, exc: OSError, connect_s: float) -> st
     if isinstance(exc, TimeoutError):
         return (
             f"{where} failed: the destination accepted the connection but did not answer "
-            f"the TLS handshake within {connect_s:g} s (gateway.connect_timeout_s): it is "
+            f"the TLS handshake within {connect_s:g} s ({connect_name}): it is "
             "hung, or does not speak TLS on this port"
         )
     return f"{where} failed: the connection ended during the handshake ({exc.strerror or exc})"
