@@ -121,6 +121,8 @@ TABLE: dict[str, ErrorMapping] = {
     "radserve.bench.errors.BenchError": _SERVER_FAULT,  # radserve bench: a scenario failed
     "radserve.scheduling.errors.SchedulingError": _SERVER_FAULT,
     "radserve.scheduling.ray_worker.RayExecutorError": _SERVER_FAULT,
+    # every Ray worker that ran a study's batch died: a job's failure, never a request's
+    "radserve.scheduling.ray_executor.BatchLostError": _SERVER_FAULT,
     "radserve.store.audit.AuditKeyMissingError": _SERVER_FAULT,
     "radserve.store.audit.AuditKeyMismatchError": _SERVER_FAULT,
     "radserve.audit.seal.AuditKeyError": _SERVER_FAULT,

@@ -119,12 +119,9 @@ def test_a_lease_may_take_refuses_does_not_count_toward_the_limit(store: Store) 
 
 
 def test_a_restarted_instance_takes_back_its_own_jobs_at_once(store: Store) -> None:
-    old, new, other = (
-        Lease.new("replica-a", LEASE_S),
-        Lease.new("replica-a", LEASE_S),
-        Lease.new("replica-b", LEASE_S),
-    )
+    old, other = Lease.new("replica-a", LEASE_S), Lease.new("replica-b", LEASE_S)
     mine, theirs = new_job(store, lease=old), new_job(store, lease=other)
+    new = Lease.new("replica-a", LEASE_S)  # started after its predecessor's last renewal
     claimed = store.claim_jobs(new, shared=True)
     assert [c.record.id for c in claimed] == [mine.id]
     assert not claimed[0].handed_over  # its own earlier incarnation: same result folder
@@ -136,12 +133,9 @@ def test_a_restarted_instance_takes_back_its_own_jobs_at_once(store: Store) -> N
 def test_without_others_only_the_own_instance_s_expired_jobs_are_taken(store: Store) -> None:
     # a replica that cannot tell yet whether the database was away (just started, or
     # it just came back) leaves another replica's expired lease alone
-    old, new, other = (
-        Lease.new("replica-a", LEASE_S),
-        Lease.new("replica-a", LEASE_S),
-        Lease.new("replica-b", LEASE_S),
-    )
+    old, other = Lease.new("replica-a", LEASE_S), Lease.new("replica-b", LEASE_S)
     mine, theirs = new_job(store, lease=old), new_job(store, lease=other)
+    new = Lease.new("replica-a", LEASE_S)
     expired = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=LEASE_S + 1)
     claimed = store.claim_jobs(new, shared=True, others=False, now=expired)
     assert [c.record.id for c in claimed] == [mine.id]

@@ -16,7 +16,17 @@ Faults: a worker that dies mid-batch (its process killed, its node lost) or hang
 queue every worker loop drains before asking the scheduler, so another worker runs it;
 the scheduler never sees the failure, so the job gets exactly one result and the
 model's circuit breaker is not charged for a lost worker. Ray restarts the actor
-(``max_restarts``); one whose restarts are spent is replaced by a new actor.
+(``max_restarts``); one whose restarts are spent is replaced by a new actor. While a
+worker is lost, :meth:`RayExecutor.workers_down` names it (``/readyz`` and
+``/metrics``: :mod:`radserve.service.executors`).
+
+A batch lost :data:`MAX_BATCH_LOSSES` times is not run again: a study whose batch
+kills every worker that runs it (out of memory, a crash in the runtime) used to go round
+the workers for ever, each of them running it before any other work, so every study
+behind it stalled and the job never ended (not even at its timeout: the batch was still
+in flight). A lost batch of several studies is run again one study per batch, so only
+the study that kills the workers fails: with :class:`BatchLostError`, reported to the
+scheduler as the batch's failure.
 """
 
 from __future__ import annotations
@@ -42,9 +52,28 @@ from radserve.scheduling.ray_worker import DeviceSlot, RayExecutorError, actor_c
 
 logger = logging.getLogger(__name__)
 
+# a batch whose worker died (or hung) this many times is failed instead of run again
+MAX_BATCH_LOSSES = 3
+
 
 class WorkerLost(Exception):
     """The worker died or hung during a batch: run the batch elsewhere (internal)."""
+
+
+class BatchLostError(RayExecutorError):
+    """Every worker that ran this study's batch died or hung: the study itself is the
+    likely cause (out of memory, a crash in the runtime), so it is not run again."""
+
+    code = "batch_lost"
+    retryable = False
+
+
+@dataclass(frozen=True)
+class _Orphan:
+    """A batch whose worker was lost, waiting for another, and how often it was lost."""
+
+    dispatch: BatchDispatch
+    losses: int
 
 
 @dataclass
@@ -62,6 +91,10 @@ class RayWorker:
     busy_s: float = 0.0
     # the batch this worker runs now (None between batches): for stats and fault tests
     current: BatchDispatch | None = None
+    # False from a loss until the worker answers again (restarted or replaced)
+    up: bool = True
+    # when it was last lost (time.monotonic), for how long it is down
+    down_since: float | None = None
 
 
 class _RemoteSession:
@@ -125,6 +158,7 @@ class RayExecutor(WorkerThreads):
         startup_timeout_s: float = 120.0,
         watchdog_interval_s: float = 0.5,
         idle_wait_s: float = 1.0,
+        max_batch_losses: int = MAX_BATCH_LOSSES,
     ) -> None:
         if not devices:
             raise ValueError("the Ray executor needs at least one device (ray.devices)")
@@ -143,13 +177,15 @@ class RayExecutor(WorkerThreads):
         self.batch_timeout_s = batch_timeout_s
         self.max_restarts = max_restarts
         self.startup_timeout_s = startup_timeout_s
-        self._orphans: deque[BatchDispatch] = deque()
+        self.max_batch_losses = max_batch_losses
+        self._orphans: deque[_Orphan] = deque()
         self._owns_ray = False
         # the thread Ray's local processes belong to (see _init_on_owner_thread)
         self._release_owner = threading.Event()
         self.workers: list[RayWorker] = []
         self.requeued = 0  # batches re-run on another worker after a worker was lost
         self.replaced = 0  # actors re-created after their restarts were spent
+        self.failed_batches = 0  # batches lost max_batch_losses times: failed, not re-run
         # model sessions warmed up on every worker: (file, precision) -> spec
         self.warmed: dict[tuple[str, str], Any] = {}
 
@@ -225,9 +261,19 @@ class RayExecutor(WorkerThreads):
                 "items": w.items,
                 "lost": w.lost,
                 "busy_s": round(w.busy_s, 4),
+                "up": w.up,
             }
             for w in self.workers
         ]
+
+    def workers_down(self) -> dict[str, float]:
+        """The workers lost and not back yet: name -> seconds since the loss."""
+        now = time.monotonic()
+        return {
+            w.slot.name: now - (w.down_since or now)
+            for w in self.workers
+            if not w.up and w.down_since is not None
+        }
 
     # --- Ray plumbing -----------------------------------------------------------------
     def _init_ray(self) -> None:
@@ -281,7 +327,14 @@ class RayExecutor(WorkerThreads):
 
         self._release_owner.clear()
         threading.Thread(target=own, name="radserve-ray-owner", daemon=True).start()
-        started.wait()
+        # ray.init retries a head that does not answer for ever (logging Ray's own
+        # warnings every 30 s): the server neither started nor stopped on SIGTERM
+        if not started.wait(self.startup_timeout_s):
+            raise RayExecutorError(
+                f"the Ray cluster at {self.address} did not answer within "
+                f"{self.startup_timeout_s:.0f} s (ray.startup_timeout_s): start its head "
+                "(`ray start --head`) or correct ray.address"
+            )
         if failed:
             raise failed[0]
 
@@ -313,6 +366,7 @@ class RayExecutor(WorkerThreads):
                 self._identify(worker, self.startup_timeout_s)
                 logger.warning("worker %s is back (pid %d)", worker.slot.name, worker.pid)
                 self._rewarm(worker)
+                worker.up, worker.down_since = True, None
                 return
             except (RayActorError, RayExecutorError, GetTimeoutError) as exc:
                 logger.error("worker %s cannot restart (%s): replacing it", worker.slot.name, exc)
@@ -333,26 +387,29 @@ class RayExecutor(WorkerThreads):
                 worker.loaded.add(key)
 
     # --- loops ------------------------------------------------------------------------
-    def _next_batch(self, worker: RayWorker) -> BatchDispatch | None:
+    def _next_batch(self, worker: RayWorker) -> tuple[BatchDispatch, int] | None:
+        """A lost batch first (with how often it was lost), else the scheduler's next."""
         with self._cond:
             if self._orphans:
-                return self._orphans.popleft()
-        return self.scheduler.next_dispatch(worker.slot.name)
+                orphan = self._orphans.popleft()
+                return orphan.dispatch, orphan.losses
+        dispatch = self.scheduler.next_dispatch(worker.slot.name)
+        return None if dispatch is None else (dispatch, 0)
 
     def _device_loop(self, worker: RayWorker) -> None:
         while not self._stopping.is_set():
             with self._cond:
                 generation = self._generation
             try:
-                dispatch = self._next_batch(worker)
-                if dispatch is not None:
-                    self._run_on(worker, dispatch)
+                nxt = self._next_batch(worker)
+                if nxt is not None:
+                    self._run_on(worker, *nxt)
                     continue
             except Exception:  # a scheduler bug must not silently kill a worker loop
                 logger.exception("worker loop %s failed", worker.slot.name)
             self._sleep(generation)
 
-    def _run_on(self, worker: RayWorker, dispatch: BatchDispatch) -> None:
+    def _run_on(self, worker: RayWorker, dispatch: BatchDispatch, losses: int = 0) -> None:
         remote = _RemoteSession(self, worker, dispatch.session)
         t0 = time.perf_counter()
         worker.current = dispatch
@@ -361,17 +418,8 @@ class RayExecutor(WorkerThreads):
         except WorkerLost as exc:
             worker.current = None
             worker.lost += 1
-            self.requeued += 1
-            logger.error(
-                "worker %s lost a batch of %d item(s) (%s); it runs on another worker",
-                worker.slot.name,
-                dispatch.items,
-                exc,
-            )
-            with self._cond:
-                self._orphans.append(dispatch)
-                self._generation += 1
-                self._cond.notify_all()
+            worker.up, worker.down_since = False, time.monotonic()
+            self._lost(worker, dispatch, losses + 1, exc)
             self._recover(worker)
             return
         except Exception as exc:  # the model's error: the scheduler retries or fails
@@ -381,6 +429,43 @@ class RayExecutor(WorkerThreads):
         worker.batches += 1
         worker.items += dispatch.items
         self.scheduler.complete(replace(dispatch, device=worker.slot.name), outcome)
+
+    def _lost(
+        self, worker: RayWorker, dispatch: BatchDispatch, losses: int, exc: WorkerLost
+    ) -> None:
+        """``dispatch`` was lost on ``worker`` for the ``losses``-th time: run it again on
+        the next free worker, one study per batch, or fail it once it was lost too often."""
+        if losses >= self.max_batch_losses:
+            self.failed_batches += 1
+            error = BatchLostError(
+                f"a batch of model {dispatch.model.name} was lost {losses} times: the "
+                f"worker running it died or hung each time (last: {exc}); the study is "
+                "not run again (out of memory, or a crash in the runtime, on this input?)"
+            )
+            logger.error(
+                "worker %s lost a batch of %d item(s) (%s), lost %d times now: it is failed",
+                worker.slot.name,
+                dispatch.items,
+                exc,
+                losses,
+            )
+            self.scheduler.complete(
+                replace(dispatch, device=worker.slot.name), DispatchOutcome(error=error)
+            )
+            return
+        self.requeued += 1
+        logger.error(
+            "worker %s lost a batch of %d item(s) (%s); it runs on another worker",
+            worker.slot.name,
+            dispatch.items,
+            exc,
+        )
+        # one study per batch from now on: if a study kills its workers, only it fails
+        parts = [replace(dispatch, parts=(part,)) for part in dispatch.parts]
+        with self._cond:
+            self._orphans.extend(_Orphan(part, losses) for part in parts)
+            self._generation += 1
+            self._cond.notify_all()
 
 
 @contextmanager
@@ -401,4 +486,11 @@ def keep_signal_handlers() -> Iterator[None]:
                 signal.signal(sig, handler)  # sigaction again: replaces the C handler too
 
 
-__all__ = ["RayExecutor", "RayWorker", "WorkerLost", "keep_signal_handlers"]
+__all__ = [
+    "MAX_BATCH_LOSSES",
+    "BatchLostError",
+    "RayExecutor",
+    "RayWorker",
+    "WorkerLost",
+    "keep_signal_handlers",
+]

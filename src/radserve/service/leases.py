@@ -94,7 +94,11 @@ class LeaseKeeper:
         # this replica's destination digests (radserve.service.replica_config), written
         # with each renewal and compared with the other replicas' (shared only)
         self.destinations = dict(destinations) if destinations is not None else None
+        # what /readyz names (degraded): destinations configured differently, then
+        # other live servers with this replica's instance id (:meth:`check_twins`)
         self.config_differences: list[str] = []
+        self._destination_differences: list[str] = []
+        self._twins: list[str] = []
         self.lease = lease
         self.shared = shared
         self.poll_s = poll_s
@@ -148,6 +152,8 @@ class LeaseKeeper:
         self.proven_until = started + self.lease_s - self.renew_s
         if self.shared and self.destinations is not None:
             self.compare_destinations()
+        if self.shared:
+            self.check_twins()
         if runs is None:
             return
         # every job running here had its row committed before the renewal: one it did
@@ -175,7 +181,7 @@ class LeaseKeeper:
             logger.debug("leases: destinations not compared (%s)", exc.code)
             return
         found = differences(self.destinations, others)
-        if found != self.config_differences:
+        if found != self._destination_differences:
             if found:
                 logger.warning(
                     "replicas: destinations must be configured the same on every replica: %s",
@@ -183,7 +189,30 @@ class LeaseKeeper:
                 )
             else:
                 logger.warning("replicas: the destinations are configured the same again")
-        self.config_differences = found
+        self._destination_differences = found
+        self.config_differences = found + self._twins
+
+    def check_twins(self) -> None:
+        """Name every other server that renews leases under this replica's instance id
+        since this one started (radserve.store.leases: a copied config, a frozen server
+        started again elsewhere); logged once when what is found changes."""
+        try:
+            twins = self.store.twins(self.lease)
+        except RadserveError as exc:
+            logger.debug("leases: servers of this instance id not looked up (%s)", exc.code)
+            return
+        found = [
+            f"another server runs with this replica's instance id {self.lease.instance} "
+            f"(as {owner}): give each replica its own outbox.instance_id"
+            for owner in sorted(twins)
+        ]
+        if found != self._twins:
+            if found:
+                logger.error("replicas: %s", "; ".join(found))
+            else:
+                logger.warning("replicas: no other server runs with this instance id now")
+        self._twins = found
+        self.config_differences = self._destination_differences + found
 
     def take_over(self) -> None:
         """Claim the jobs whose owner had its lease and its renewal interval of answered

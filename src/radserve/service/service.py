@@ -43,7 +43,13 @@ from radserve.service.critical import CriticalDelivery
 from radserve.service.dicomweb import StowBridge
 from radserve.service.drift import DriftCollector, DriftService
 from radserve.service.errors import ModelNotFoundError
-from radserve.service.executors import keep_signal_handlers, make_executor, warm_runner
+from radserve.service.executors import (
+    executor_collector,
+    keep_signal_handlers,
+    make_executor,
+    warm_runner,
+    workers_down,
+)
 from radserve.service.failover import SharedStorage
 from radserve.service.failure_notice import FailureNotices
 from radserve.service.fhir import FhirDelivery, fhir_destination
@@ -102,6 +108,8 @@ class Readiness:
     key_unchecked: bool = False
     # destinations configured differently on another replica (radserve.store.replica_config)
     config_differences: tuple[str, ...] = ()
+    # Ray device workers lost and not back yet: name -> seconds (not ready when all are)
+    devices_down: dict[str, float] = field(default_factory=dict)
 
     def without_key(self) -> Readiness:
         """What ``/readyz`` tells a caller whose key could not be checked because the
@@ -126,6 +134,7 @@ class Readiness:
             bool(self.unreachable_peers)
             or self.storage_problem is not None
             or bool(self.config_differences)
+            or bool(self.devices_down)
         )
 
     @property
@@ -139,6 +148,11 @@ class Readiness:
         out += [f"model {m} circuit breaker is open" for m in self.open_models]
         out += list(self.unreachable_peers.values())
         out += list(self.config_differences)
+        out += [
+            f"device worker {name} was lost {down:.0f} s ago and is not back yet (Ray "
+            "restarts or replaces it; its batches run on the other workers)"
+            for name, down in sorted(self.devices_down.items())
+        ]
         if self.held is not None:
             out.append(f"no new work starts, for {self.held_s:.0f} s now: {self.held.message}")
         if self.storage_problem is not None:
@@ -323,6 +337,9 @@ class Service:
         runner = warm_runner(self.executor)
         if runner is not None:  # warm-up loads and runs each model on every worker
             self.catalog.warm_runner = runner
+        workers = executor_collector(self.executor)
+        if workers is not None:  # Ray's device workers: up, lost batches
+            self.metrics.registry.register(workers)
         # service times, ETAs and deadline-risk events (radserve.service.turnaround)
         self.turnaround = Turnaround(
             settings,
@@ -647,6 +664,9 @@ class Service:
         ready = warm.done and not warm.failed and reachable and not open_models
         ready = ready and snapshot.held is None
         ready = ready and (storage is None or self.shared.enabled)
+        down = workers_down(self.executor)
+        # every device worker lost: nothing runs a batch until one is back
+        ready = ready and not (down and len(down) >= len(getattr(self.executor, "workers", ())))
         unreachable: dict[str, str] = {}
         if reachable:
             try:
@@ -668,6 +688,7 @@ class Service:
             held=snapshot.held,
             held_s=snapshot.held_s,
             config_differences=tuple(self.leases.config_differences),
+            devices_down=down,
         )
 
     def _refresh_jobs(self, job_ids: list[str]) -> None:

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from radserve.audit.chain import AuditKey, AuditRecord
 from radserve.store.audit import APPENDED_INFO, CHAIN_KEY_CHECK_INFO, KEY_INFO, ChainKeyCheck
-from radserve.store.db import writer
+from radserve.store.db import POOL_TIMEOUT_S, writer
 from radserve.store.errors import DatabaseUnavailableError, UnstorableValueError
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ class StoreBase:
         try:
             with self.engine.connect() as connection:
                 connection.execute(text("SELECT 1"))
-        except sa_exc.DBAPIError:
+        except (sa_exc.DBAPIError, sa_exc.TimeoutError):  # no answer, or no free connection
             return False
         return True
 
@@ -89,6 +89,8 @@ class StoreBase:
                 yield session
         except sa_exc.OperationalError as exc:
             raise DatabaseUnavailableError(f"database unavailable: {unavailable_why(exc)}") from exc
+        except sa_exc.TimeoutError as exc:
+            raise _pool_exhausted() from exc
         except sa_exc.DataError as exc:
             raise _unstorable(exc) from exc
 
@@ -111,6 +113,8 @@ class StoreBase:
                     logger.exception("audit listener failed")
         except sa_exc.OperationalError as exc:
             raise DatabaseUnavailableError(f"database unavailable: {unavailable_why(exc)}") from exc
+        except sa_exc.TimeoutError as exc:
+            raise _pool_exhausted() from exc
         except sa_exc.DataError as exc:
             raise _unstorable(exc) from exc
         finally:
@@ -129,6 +133,8 @@ _WHY = (
     ("server closed the connection", "its connection was cut"),
     ("consuming input failed", "its connection was cut"),
     ("database is locked", "the database is locked"),
+    ("lock timeout", "a lock it needs was held past lock_timeout"),
+    ("statement timeout", "a statement ran past statement_timeout"),
     ("timeout", "no answer in time"),
 )
 
@@ -142,6 +148,17 @@ def unavailable_why(exc: sa_exc.DBAPIError) -> str:
         if needle in text:
             return f"{name}: {why}"
     return name
+
+
+def _pool_exhausted() -> DatabaseUnavailableError:
+    """Every pooled connection stayed in use past the pool's timeout (a database slow to
+    answer under load, statements waiting on locks): an outage to the caller (503 with
+    Retry-After, the loops try again), not an internal error (it was a 500, with a
+    traceback per request)."""
+    return DatabaseUnavailableError(
+        "database unavailable: every connection to it is in use "
+        f"(none free within {POOL_TIMEOUT_S:g} s)"
+    )
 
 
 def _unstorable(exc: sa_exc.DataError) -> UnstorableValueError:

@@ -23,6 +23,27 @@ from radserve.store.errors import StoreError
 logger = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# PostgreSQL: how long a statement of radserve's may wait for a lock (a table an
+# operator's maintenance locked, a row a stuck session holds) before it fails as an
+# outage: 503 with Retry-After, the loops try again. Without it such a request held its
+# pooled connection and its API thread until the request timeout (504, not retryable),
+# and the others found the pool empty (500). Set only where the session's lock_timeout
+# is PostgreSQL's default 0 (a DBA's own setting is kept); migrations wait without it.
+PG_LOCK_TIMEOUT_MS = 10_000
+# how long a caller waits for a pooled connection when every one is in use (SQLAlchemy's
+# default is 30 s, half the API's request timeout); then it is an outage too
+POOL_TIMEOUT_S = 10.0
+# libpq: give up connecting to a server that does not answer, and on one that stopped
+# answering mid-statement (what radserve.store.lane_lock uses for its sessions); a key
+# given in the database URL's query wins
+PG_CLIENT_OPTIONS = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 4,
+    "tcp_user_timeout": 30_000,
+}
 _WRITE_OPTION = "radserve_write"
 
 
@@ -80,7 +101,11 @@ def make_engine(url: str | URL) -> Engine:
         )
         _configure_sqlite(engine)
     else:
-        engine = create_engine(parsed, pool_pre_ping=True)
+        options = {k: v for k, v in PG_CLIENT_OPTIONS.items() if k not in parsed.query}
+        engine = create_engine(
+            parsed, pool_pre_ping=True, pool_timeout=POOL_TIMEOUT_S, connect_args=options
+        )
+        _configure_postgresql(engine)
     logger.debug("database engine for %s", parsed.render_as_string(hide_password=True))
     return engine
 
@@ -88,6 +113,21 @@ def make_engine(url: str | URL) -> Engine:
 def writer(engine: Engine) -> Engine:
     """The same engine, whose transactions take the write lock at BEGIN on SQLite."""
     return engine.execution_options(**{_WRITE_OPTION: True})
+
+
+def _configure_postgresql(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(
+                "SELECT set_config('lock_timeout', %s, false) "
+                "WHERE current_setting('lock_timeout') = '0'",
+                (f"{PG_LOCK_TIMEOUT_MS}ms",),
+            )
+        finally:
+            cursor.close()
+        dbapi_connection.commit()
 
 
 def _configure_sqlite(engine: Engine) -> None:

@@ -17,6 +17,15 @@ result files went to a folder of its own (see :func:`result_folder_name`).
 
 With SQLite (one server, the embedded default) the server holds every lease: at start
 it claims every unfinished job, as restart recovery always did.
+
+Another incarnation of this replica's own instance id is its predecessor -- whose jobs
+it takes back at once -- only if that incarnation's last renewal came before this one
+began (:attr:`Lease.since`). One that renews after it is alive: a second server started
+with the same ``outbox.instance_id`` (a copied config, a frozen VM started again
+elsewhere). Its jobs are judged like another replica's (taken once their lease expired
+and ``may_take`` agrees), and :meth:`LeaseMixin.twins` names it. Before, the two took
+each other's jobs at every poll, and every job failed within seconds
+(``job_duplicate``, ``lease_lost``) while ``/readyz`` said ready.
 """
 
 from __future__ import annotations
@@ -25,10 +34,10 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import ColumnElement, and_, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from radserve.audit.events import Action, job_event
@@ -60,11 +69,15 @@ class Lease:
 
     owner: str  # "<instance id>/<incarnation>"
     duration: dt.timedelta
+    # when this incarnation began: another incarnation of the instance that renewed its
+    # leases after it is a live second server with the same instance id, no predecessor
+    since: dt.datetime = field(default_factory=utc_now)
 
     @classmethod
-    def new(cls, instance: str, seconds: float) -> Lease:
+    def new(cls, instance: str, seconds: float, *, since: dt.datetime | None = None) -> Lease:
         """A new incarnation of ``instance`` (each server start is one)."""
-        return cls(f"{instance}/{uuid.uuid4().hex[:12]}", dt.timedelta(seconds=seconds))
+        owner = f"{instance}/{uuid.uuid4().hex[:12]}"
+        return cls(owner, dt.timedelta(seconds=seconds), since or utc_now())
 
     @property
     def instance(self) -> str:
@@ -95,6 +108,9 @@ class Claimed:
     record: JobRecord
     previous_owner: str | None
     previous_state: str
+    # claimed with replicas sharing the database (a previous incarnation of this
+    # instance may then be a live second server, still writing its result folder)
+    shared: bool = False
 
     @property
     def handed_over(self) -> bool:
@@ -107,8 +123,13 @@ class Claimed:
 
 def result_folder_name(job_id: str, claimed: Claimed | None, lease: Lease) -> str:
     """The job's result folder name: ``<job id>``, or ``<job id>.<incarnation>`` for a
-    job taken over from another replica, which may still be writing into ``<job id>``."""
-    if claimed is not None and claimed.handed_over:
+    job taken over from another replica, which may still be writing into ``<job id>``
+    -- with replicas, from another incarnation of this instance too (a second server
+    with the same instance id, or a frozen one started again elsewhere, writes on)."""
+    if claimed is not None and (
+        claimed.handed_over
+        or (claimed.shared and claimed.previous_owner not in (None, lease.owner))
+    ):
         return f"{job_id}.{lease.incarnation}"
     return job_id
 
@@ -166,7 +187,7 @@ class LeaseMixin(StoreBase):
             .order_by(Job.deadline, Job.arrival, Job.id)
             .with_for_update(skip_locked=True)
         )
-        own = Job.lease_owner.like(f"{_escape_like(lease.instance)}/%", escape="\\")
+        own = _predecessor_of(lease)
         if shared and others:
             query = query.where(
                 or_(
@@ -188,7 +209,7 @@ class LeaseMixin(StoreBase):
                     if shared and may_take is not None and not _judged(row, lease, may_take):
                         passed.append(row.id)
                     else:  # its owner is now lease.owner, which the query excludes
-                        claimed.append(_claim(session, row, lease, now))
+                        claimed.append(_claim(session, row, lease, now, shared=shared))
                 if wanted is None or len(rows) < wanted:
                     break
         if claimed:
@@ -200,8 +221,43 @@ class LeaseMixin(StoreBase):
             )
         return claimed
 
+    def twins(self, lease: Lease) -> dict[str, dt.datetime]:
+        """Other incarnations of ``lease``'s instance that renewed a lease of an
+        unfinished job after ``lease`` began, with their last renewal: each is a live
+        second server started with the same instance id (its predecessors stopped
+        renewing before)."""
+        with self._read() as session:
+            rows = session.execute(
+                select(Job.lease_owner, Job.lease_renewed).where(
+                    Job.state.in_(UNFINISHED),
+                    _own_instance(lease),
+                    Job.lease_owner != lease.owner,
+                    Job.lease_renewed >= lease.since,
+                )
+            ).all()
+        found: dict[str, dt.datetime] = {}
+        for owner, renewed in rows:
+            found[owner] = max(renewed, found.get(owner, renewed))
+        return found
 
-def _claim(session: Session, row: Job, lease: Lease, now: dt.datetime) -> Claimed:
+
+def _own_instance(lease: Lease) -> ColumnElement[bool]:
+    """Rows leased by any incarnation of ``lease``'s instance."""
+    return Job.lease_owner.like(f"{_escape_like(lease.instance)}/%", escape="\\")
+
+
+def _predecessor_of(lease: Lease) -> ColumnElement[bool]:
+    """Rows leased by an earlier incarnation of ``lease``'s instance that last renewed
+    before ``lease`` began (or never recorded a renewal): taken back at once."""
+    return and_(
+        _own_instance(lease),
+        or_(Job.lease_renewed.is_(None), Job.lease_renewed < lease.since),
+    )
+
+
+def _claim(
+    session: Session, row: Job, lease: Lease, now: dt.datetime, *, shared: bool = False
+) -> Claimed:
     """``row`` taken for ``lease``: queued, its held deliveries deleted, audited."""
     previous_owner, previous_state = row.lease_owner, row.state
     row.state = JobState.QUEUED.value
@@ -212,7 +268,7 @@ def _claim(session: Session, row: Job, lease: Lease, now: dt.datetime) -> Claime
         delete(OutboxDelivery).where(OutboxDelivery.job_id == row.id, OutboxDelivery.state == HELD)
     )
     record = jobq.to_record(row)
-    item = Claimed(record, previous_owner, previous_state)
+    item = Claimed(record, previous_owner, previous_state, shared)
     reason = "lease_expired" if item.handed_over else "restart_recovery"
     extra: dict[str, Any] = {"reason": reason, "previous_state": previous_state}
     if previous_owner is not None:
@@ -226,8 +282,10 @@ def _judged(row: Job, lease: Lease, may_take: MayTake) -> bool:
     instance's)."""
     if row.lease_owner is None or row.lease_expires is None:
         return True
-    if row.lease_owner.rsplit("/", 1)[0] == lease.instance:
-        return True
+    if row.lease_owner.rsplit("/", 1)[0] == lease.instance and (
+        row.lease_renewed is None or row.lease_renewed < lease.since
+    ):
+        return True  # its predecessor's (a live twin's is judged like another replica's)
     renewed = row.lease_renewed or row.lease_expires - lease.duration
     return may_take(renewed, row.lease_expires - renewed)
 

@@ -51,6 +51,7 @@ def current_revision(engine: Engine) -> str | None:
 
 ONLY_READS = "a command that only reads never migrates a store"
 ONLY_SERVE_UPGRADES = "of the commands, only `radserve serve` migrates a store"
+NEWER_NOT_READ = "a server never runs on a schema newer than its own"
 
 
 def require_head(engine: Engine, why: str = ONLY_READS) -> None:
@@ -93,12 +94,19 @@ def upgrade(engine: Engine, revision: str = "head", *, only_empty: bool = False)
     under the lock so that a store another process creates meanwhile is not upgraded."""
     with writer(engine).begin() as connection:
         if connection.dialect.name == "postgresql":
+            # another server's migration, or an older server's transactions, may hold
+            # the locks this one needs for longer than the pool's lock_timeout
+            connection.execute(text("SET LOCAL lock_timeout = 0"))
             connection.execute(
                 text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK}
             )
         before = MigrationContext.configure(connection).get_current_revision()
         if only_empty and before not in (None, head_revision()):
             raise not_current(before, ONLY_SERVE_UPGRADES)
+        if before is not None and not _is_known(before):
+            # a newer radserve migrated it: Alembic would raise "Can't locate revision"
+            # with a traceback; this code must not run on a schema it does not know
+            raise not_current(before, NEWER_NOT_READ)
         command.upgrade(alembic_config(connection), revision)
         after = MigrationContext.configure(connection).get_current_revision()
     if before != after:
