@@ -172,7 +172,9 @@ def _metric(text: str, line_start: str) -> float | None:
 @pytest.mark.slow
 @pytest.mark.usefixtures("local_ray")
 def test_lost_workers_show_in_readiness_and_metrics_until_they_are_back(tmp_path: Path) -> None:
-    service = ray_service(tmp_path, ray__max_restarts=0, ray__startup_timeout_s=3.0)
+    # long enough for a loaded 2-core host to start the workers, short enough that a
+    # replacement waiting for a CPU gives up and is tried again within the waits below
+    service = ray_service(tmp_path, ray__max_restarts=0, ray__startup_timeout_s=15.0)
     done = successes(service)
     key = create_key(service.store, "submit")
     study = upload(make_study(tmp_path / "s", background=-100.0, **GRID))
