@@ -110,3 +110,10 @@ def test_a_restart_does_not_serve_a_deployed_version_changed_since_install(
         job = wait_job(live["client"], sent.json()["id"], live["submit"])
         assert job["state"] == "succeeded", job
         assert job["model_versions"][STEP] == "1.0.0"  # what served before the deployment
+        # and /readyz says so (the deployments table names 1.1.0): degraded, with why
+        ready = live["client"].get("/readyz", headers=auth(live["submit"])).json()
+        assert ready["degraded"] is True, ready
+        assert any(
+            STEP in r and "not applied" in r and "changed since it was installed" in r
+            for r in ready["reasons"]
+        ), ready

@@ -150,6 +150,9 @@ class ModelLifecycle:
             store.engine, audit_key=store.audit_key, on_audit=store.on_audit
         )
         self._active: dict[str, StepDeployment] = {}
+        # step -> why its current deployment is not applied (the step serves what it
+        # served before, or its default version): shown by /readyz, not only logged
+        self._unapplied: dict[str, str] = {}
         self._records: dict[tuple[str, str], VersionRecord] = {}
         self._lock = threading.RLock()
         self._change_lock = threading.Lock()
@@ -201,6 +204,11 @@ class ModelLifecycle:
                 failures.succeeded()
 
     # --- state ------------------------------------------------------------------------
+    def unapplied(self) -> dict[str, str]:
+        """Steps whose current deployment could not be applied: step -> why."""
+        with self._lock:
+            return dict(self._unapplied)
+
     def active(self) -> dict[str, StepDeployment]:
         with self._lock:
             return dict(self._active)
@@ -215,6 +223,7 @@ class ModelLifecycle:
                 return False
             self.catalog.rescan()
             applied = dict(active)
+            unapplied = self.unapplied()
             for step, deployment in changed.items():
                 try:
                     for version in deployment.versions():
@@ -225,12 +234,21 @@ class ModelLifecycle:
                     logger.error(
                         "deployment %d of %s not applied: %s", deployment.id or 0, step, why
                     )
+                    unapplied[step] = (
+                        f"model step {step}: deployment {deployment.id or 0} (stable "
+                        f"{deployment.stable}) is not applied, the step serves what it "
+                        f"served before: {why}"
+                    )
                     continue
                 applied[step] = deployment
+                unapplied.pop(step, None)
             for step in set(applied) - set(current):
                 del applied[step]
+            for step in set(unapplied) - set(current):
+                del unapplied[step]
             with self._lock:
                 self._active = applied
+                self._unapplied = unapplied
             self.catalog.set_deployed({s: d.stable for s, d in applied.items()})
             self.swaps += 1
             for step, deployment in changed.items():

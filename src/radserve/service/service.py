@@ -110,6 +110,9 @@ class Readiness:
     config_differences: tuple[str, ...] = ()
     # Ray device workers lost and not back yet: name -> seconds (not ready when all are)
     devices_down: dict[str, float] = field(default_factory=dict)
+    # model steps whose deployment is not applied (files changed since install, a version
+    # that does not load): step -> why; the step serves what it served before
+    unapplied_deployments: dict[str, str] = field(default_factory=dict)
 
     def without_key(self) -> Readiness:
         """What ``/readyz`` tells a caller whose key could not be checked because the
@@ -135,6 +138,7 @@ class Readiness:
             or self.storage_problem is not None
             or bool(self.config_differences)
             or bool(self.devices_down)
+            or bool(self.unapplied_deployments)
         )
 
     @property
@@ -148,6 +152,7 @@ class Readiness:
         out += [f"model {m} circuit breaker is open" for m in self.open_models]
         out += list(self.unreachable_peers.values())
         out += list(self.config_differences)
+        out += [why for _, why in sorted(self.unapplied_deployments.items())]
         out += [
             f"device worker {name} was lost {down:.0f} s ago and is not back yet (Ray "
             "restarts or replaces it; its batches run on the other workers)"
@@ -689,6 +694,7 @@ class Service:
             held_s=snapshot.held_s,
             config_differences=tuple(self.leases.config_differences),
             devices_down=down,
+            unapplied_deployments=self.lifecycle.unapplied(),
         )
 
     def _refresh_jobs(self, job_ids: list[str]) -> None:
