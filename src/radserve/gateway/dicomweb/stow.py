@@ -307,7 +307,8 @@ def _log_unlogged(refused: Sequence[InstanceOutcome]) -> None:
         return
     codes: dict[str, int] = {}
     for outcome in rest:
-        key = outcome.code or f"0x{int(outcome.failure or 0):04X}"
+        failure = 0 if outcome.failure is None else int(outcome.failure)
+        key = outcome.code or f"0x{failure:04X}"
         codes[key] = codes.get(key, 0) + 1
     logger.warning(
         "STOW: %d more part(s) not stored (parts %d to %d: %s); the response names each "
