@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import stat
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -35,7 +37,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
+from pydantic import ValidationError
 
+from radserve import durable
 from radserve.domain.accuracy import EvalSummary
 from radserve.errors import ModelError, RadserveError
 from radserve.evaluation.gate import gate_decision
@@ -49,6 +53,7 @@ from radserve.models.gate import (
     write_gate_report,
 )
 from radserve.models.manifest import ModelSpec
+from radserve.yaml_text import load_yaml
 
 if TYPE_CHECKING:
     from radserve.domain.volume import Volume
@@ -76,6 +81,7 @@ CalibrationSource = Callable[[], Iterable[np.ndarray]]
 """Returns float32 input batches shaped like the model's (first) input, e.g. (N, C, H, W)."""
 
 _FLOAT_ONLY_OPS = ("Softmax", "Sigmoid", "ArgMax", "LogSoftmax")
+_BUNDLE_FILE_MODE = 0o644  # readable by all, like the rest of a bundle (gate.json too)
 
 
 def variant_filename(fp32_name: str, precision: str) -> str:
@@ -120,8 +126,8 @@ def build_fp16(src: Path, dst: Path) -> Path:
     model = convert_float_to_float16(_load(src), keep_io_types=True)
     model = _topologically_sorted(model)
     onnx.checker.check_model(model)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(dst))
+    # replaced whole (a crash leaves the file before or after, never half of it)
+    durable.write_bytes(dst, model.SerializeToString(), mode=_BUNDLE_FILE_MODE)
     logger.info("fp16 variant %s (%.1f kB)", dst, dst.stat().st_size / 1024)
     return dst
 
@@ -183,13 +189,6 @@ def build_int8(
 
     ``calibration`` is called once and must yield at least one batch.
     """
-    from onnxruntime.quantization import (
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
     model = _named(_load(src))
     excluded = [n.name for n in model.graph.node if n.op_type in _FLOAT_ONLY_OPS]
     if keep_output_nodes_float:
@@ -199,6 +198,43 @@ def build_int8(
 
     reader = _Reader(input_name, calibration)
     dst.parent.mkdir(parents=True, exist_ok=True)
+    # quantised beside its name and renamed into it once checked: a crash or a failed
+    # calibration leaves the file before, never half of it
+    built = durable.temporary_path(dst)
+    try:
+        _quantize(model, built, reader, per_channel, excluded)
+        if reader.batches == 0:
+            raise ModelError(
+                f"int8 calibration of {src} received no batches; check the data source"
+            )
+        onnx.checker.check_model(onnx.load(str(built)))
+        os.chmod(built, _BUNDLE_FILE_MODE)
+        durable.fsync_file(built)
+        os.replace(built, dst)
+    finally:
+        built.unlink(missing_ok=True)
+    durable.fsync_dir(dst.parent)
+    logger.info(
+        "int8 variant %s (%.1f kB) calibrated on %d batches; float nodes: %s",
+        dst,
+        dst.stat().st_size / 1024,
+        reader.batches,
+        ", ".join(sorted(set(excluded))) or "none",
+    )
+    return dst
+
+
+def _quantize(
+    model: onnx.ModelProto, dst: Path, reader: _Reader, per_channel: bool, excluded: list[str]
+) -> None:
+    """ONNX Runtime's static QDQ quantisation of ``model`` into ``dst`` (U8S8, MinMax)."""
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
     quantize_static(
         model,
         str(dst),
@@ -211,18 +247,6 @@ def build_int8(
         calibrate_method=CalibrationMethod.MinMax,
         extra_options={"ActivationSymmetric": False, "WeightSymmetric": True},
     )
-    if reader.batches == 0:
-        dst.unlink(missing_ok=True)
-        raise ModelError(f"int8 calibration of {src} received no batches; check the data source")
-    onnx.checker.check_model(onnx.load(str(dst)))
-    logger.info(
-        "int8 variant %s (%.1f kB) calibrated on %d batches; float nodes: %s",
-        dst,
-        dst.stat().st_size / 1024,
-        reader.batches,
-        ", ".join(sorted(set(excluded))) or "none",
-    )
-    return dst
 
 
 def measure_speed(
@@ -271,8 +295,6 @@ def measure_speed(
 def declare_files(manifest: Path, files: Mapping[str, str]) -> None:
     """Rewrite only the top-level ``files:`` block of a ``model.yaml`` (comments and
     the rest of the file are kept), then check the result still parses."""
-    from radserve.models.manifest import load_manifest
-
     lines = manifest.read_text().splitlines()
     block = ["files:"] + [f"  {k}: {v}" for k, v in files.items()]
     start = next((i for i, line in enumerate(lines) if re.match(r"files\s*:", line)), None)
@@ -285,8 +307,16 @@ def declare_files(manifest: Path, files: Mapping[str, str]) -> None:
         while end > start + 1 and not lines[end - 1].strip():
             end -= 1  # keep blank lines that separate the next section
         lines[start:end] = block
-    manifest.write_text("\n".join(lines) + "\n")
-    load_manifest(manifest)
+    text = "\n".join(lines) + "\n"
+    try:  # checked before it replaces the file
+        ModelSpec.model_validate(load_yaml(text))
+    except ValidationError as exc:
+        raise ModelError(
+            f"invalid model manifest {manifest} once its files are declared: {exc}"
+        ) from exc
+    # replaced whole, keeping its permissions: a crash mid-write left a cut-off
+    # model.yaml, and a bundle whose every precision (fp32 too) no longer loaded
+    durable.write_text(manifest, text, mode=stat.S_IMODE(manifest.stat().st_mode))
 
 
 def build_and_gate(

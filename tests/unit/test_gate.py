@@ -19,6 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from tests.factories.bundles import write_classifier_bundle
 from tests.factories.onnx_models import max_classifier_model, threshold_model
+from tests.factories.syncs import logged_syncs
 
 from radserve.domain.volume import Volume
 from radserve.errors import ModelError, VariantRejectedError
@@ -403,6 +404,60 @@ def test_declare_files_rewrites_only_the_files_block(tmp_path, files_block):
     spec = load_manifest(manifest)
     assert spec.files == {"fp32": "model.onnx", "int8": "model.int8.onnx"}
     assert spec.gate == GateSpec() and manifest.read_text().startswith("# tiny test bundle")
+
+
+def test_declare_files_refuses_a_manifest_it_would_break_and_leaves_it_as_it_was(tmp_path):
+    """Before, the new text was written first and checked after: a refused block left a
+    model.yaml no precision of the bundle could load."""
+    manifest = tmp_path / "model.yaml"
+    manifest.write_text(MODEL_YAML)
+    with pytest.raises(ModelError, match="invalid model manifest"):
+        declare_files(manifest, {"fp32": "model.onnx", "fp64": "model.fp64.onnx"})
+    assert manifest.read_text() == MODEL_YAML
+
+
+def test_build_and_gate_replaces_each_file_whole_and_writes_gate_json_once_last(
+    tmp_path, monkeypatch
+):
+    """``gate.json`` is written once, replaced whole, after every file it vouches for:
+    the variants and model.yaml are replaced whole too (each written to a temporary
+    name, fsynced, renamed), so a crash at any point leaves each file before or after,
+    never cut off, and a gate.json that describes the files beside it or refuses them
+    by hash. Before, model.yaml and the variant files were rewritten in place: a crash
+    mid-write left a cut-off model.yaml (no precision of the bundle loaded) or a
+    half-written variant."""
+    root, directory = _write_bundle(tmp_path / "models")
+    (directory / "model.yaml").chmod(0o640)
+    pipeline = PipelineSpec(name="tiny-pipeline", version="1", steps=(Step(model="tiny"),))
+    registry = ModelRegistry([root])
+    batches = record_model_inputs(registry, pipeline, "tiny", [_case(1000).ct])
+
+    def evaluate_precisions(precisions):
+        ungated = ModelRegistry([root], allow_ungated=True)
+        predict = pipeline_predictor(ungated, pipeline, vary="tiny")
+        return evaluate(
+            predict, seeds=[0], organ_labels={"liver": 1}, precisions=precisions, truth=_case
+        )
+
+    log = logged_syncs(monkeypatch)
+    build_and_gate(
+        registry.get("tiny"),
+        evaluate_precisions=evaluate_precisions,
+        calibration=lambda: batches,
+        speed_batch=batches[0],
+        threads=1,
+        repeats=1,
+    )
+    replaced = [Path(entry[1]).name for entry in log if entry[0] == "replace"]
+    assert replaced.count("gate.json") == 1
+    assert replaced[-1] == "gate.json"
+    for name in ("model.fp16.onnx", "model.int8.onnx", "model.yaml"):
+        assert name in replaced, (name, replaced)
+        fsynced = [i for i, e in enumerate(log) if e[0] == "fsync" and f".{name}." in e[1]]
+        assert fsynced and fsynced[0] < log.index(("replace", str(directory / name)))
+    assert (directory / "model.yaml").stat().st_mode & 0o777 == 0o640  # kept
+    assert not [p.name for p in directory.iterdir() if p.name.startswith(".")]
+    assert ModelRegistry([root]).get("tiny").available_precisions() == ["fp32", "fp16", "int8"]
 
 
 def test_json_summary_has_fp32_at_top_and_variants_with_gates():

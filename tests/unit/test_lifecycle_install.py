@@ -140,6 +140,32 @@ def test_zip_members_outside_the_bundle_are_refused(
     assert not (tmp_path / "evil.txt").exists() and not Path("/abs/evil.txt").exists()
 
 
+@pytest.mark.parametrize(
+    ("members", "reason"),
+    [
+        ([("x", b"a"), ("x/", None)], "needs a folder where another member is a file"),
+        ([("x", b"a"), ("x/y", b"b")], "needs a folder where another member is a file"),
+        ([("/".join(["d"] * 2000) + "/f", b"a")], "cannot extract 'lesions-test/1.0.0/d/d/"),
+        ([("a" * 300, b"a")], "File name too long"),
+    ],
+)
+def test_zip_members_the_file_system_cannot_hold_are_refused_by_name(
+    bundle: Path, tmp_path: Path, members: list[tuple[str, bytes | None]], reason: str
+) -> None:
+    """A name that is a file in one member and a folder in another, or a path too deep
+    for the file system: before, a FileExistsError or OSError traceback (HTTP 500)."""
+    archive = _zip(bundle, tmp_path / "b.zip")
+    with zipfile.ZipFile(archive, "a") as zf:
+        for name, data in members:
+            if data is None:
+                zf.writestr(zipfile.ZipInfo(f"lesions-test/1.0.0/{name}"), b"")
+            else:
+                zf.writestr(f"lesions-test/1.0.0/{name}", data)
+    with pytest.raises(BundleRejectedError, match=re.escape(reason)):
+        install_bundle(archive, tmp_path / "data", host=HOST)
+    assert not (tmp_path / "data" / "models" / "lesions-test").exists()
+
+
 def test_zip_bomb_and_symlink_are_refused(bundle: Path, tmp_path: Path) -> None:
     bomb = _zip(bundle, tmp_path / "bomb.zip")
     with zipfile.ZipFile(bomb, "a", zipfile.ZIP_DEFLATED) as zf:

@@ -116,3 +116,11 @@ def test_two_labels_of_one_name_are_refused(second: str) -> None:
         "liver",
         "liver_left",
     ]
+
+
+def test_two_labels_of_one_value_are_refused() -> None:
+    """One label map value, one label: a second label on value 1 would never be written."""
+    manifest = yaml.safe_load(MODEL_YAML)
+    manifest["labels"].append({**manifest["labels"][0], "name": "spleen"})
+    with pytest.raises(ValidationError, match="label values must be unique"):
+        ModelSpec.model_validate(manifest)

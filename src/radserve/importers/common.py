@@ -15,7 +15,8 @@ import yaml
 
 from radserve import durable
 from radserve.importers import ImportRefusedError
-from radserve.lifecycle.install import STAGING_DIR, check_onnx, sha256_file
+from radserve.lifecycle.graph_checks import check_onnx
+from radserve.lifecycle.install import STAGING_DIR, sha256_file
 from radserve.models.dicom_text import fit
 from radserve.models.manifest import ModelSpec, path_segment
 
@@ -251,7 +252,7 @@ def write_bundle_files(folder: Path, spec: ModelSpec, header: str, record: dict[
     (``record``: where the bundle came from) beside the exported ``model.onnx``.
 
     The exported graph is then checked against the mapped model.yaml as ``radserve
-    models install`` checks a bundle (:func:`radserve.lifecycle.install.check_onnx`):
+    models install`` checks a bundle (:func:`radserve.lifecycle.graph_checks.check_onnx`):
     the labels come from the framework's label list (MONAI's metadata.json
     ``channel_def``, nnU-Net's dataset.json) and the graph from the network, and a
     network of 5 output channels beside a ``channel_def`` of 3 was imported, to be

@@ -8,7 +8,9 @@ What install checks, in order, refusing with every reason it found:
 2. exactly one ``model.yaml`` in the bundle, valid (:func:`load_manifest`);
 3. every file ``files:`` names exists inside the bundle and its ONNX graph (read with
    ``load_external_data=False``: nothing outside the bundle is opened) has one input and
-   an output whose rank, channel count and element type match the manifest;
+   an output whose rank, channel count and element type match the manifest, and gives
+   an output of the input's grid on a probe batch shaped as the pipeline feeds it
+   (:func:`radserve.lifecycle.graph_checks.check_onnx`);
 4. ``requires:`` against this host, and each graph's opsets and IR version against what
    this host's ONNX Runtime loads (:mod:`radserve.lifecycle.requirements`);
 5. the name and version is not installed already (a version is never overwritten).
@@ -37,19 +39,14 @@ import os
 import shutil
 import stat
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from radserve import durable
 from radserve.errors import BundleExistsError, BundleRejectedError, ModelError
-from radserve.lifecycle.requirements import (
-    HostFacts,
-    graph_refusal,
-    host_facts,
-    unmet_requirements,
-)
+from radserve.lifecycle.graph_checks import check_onnx
+from radserve.lifecycle.requirements import HostFacts, host_facts, unmet_requirements
 from radserve.models.manifest import ModelSpec, load_manifest
 
 INSTALL_FILE = "install.json"
@@ -161,11 +158,11 @@ def extract_zip(archive: Path, target: Path, limits: ArchiveLimits = ArchiveLimi
                 )
             dest = target.joinpath(*rel.parts)
             if info.is_dir():
-                dest.mkdir(parents=True, exist_ok=True)
+                _member_folder(dest, info, archive)
                 continue
             if info.file_size > limits.max_member_bytes:
                 raise BundleRejectedError(f"archive member {info.filename!r} is too large")
-            dest.parent.mkdir(parents=True, exist_ok=True)
+            _member_folder(dest.parent, info, archive)
             written = 0
             try:
                 with zf.open(info) as src, open(dest, "xb") as out:
@@ -189,7 +186,27 @@ def extract_zip(archive: Path, target: Path, limits: ArchiveLimits = ArchiveLimi
             except (zipfile.BadZipFile, OSError, EOFError) as exc:
                 if isinstance(exc, BundleRejectedError):
                     raise
-                raise BundleRejectedError(f"{archive.name}: cannot extract: {exc}") from exc
+                raise BundleRejectedError(
+                    f"{archive.name}: cannot extract {info.filename[:200]!r}: "
+                    f"{getattr(exc, 'strerror', None) or exc}"
+                ) from exc
+
+
+def _member_folder(folder: Path, info: zipfile.ZipInfo, archive: Path) -> None:
+    """Create the folder a zip member goes in (or is): a name that is a file in one
+    member and a folder in another, or a path the file system cannot hold (too long,
+    too deep), is refused by name; before 2026-12-06 both ended in a traceback (an HTTP
+    500) naming radserve's staging folder."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise BundleRejectedError(
+            f"archive member {info.filename[:200]!r} needs a folder where another member is a file"
+        ) from exc
+    except OSError as exc:
+        raise BundleRejectedError(
+            f"{archive.name}: cannot extract {info.filename[:200]!r}: {exc.strerror or exc}"
+        ) from exc
 
 
 def _refuse_special_files(folder: Path) -> None:
@@ -213,149 +230,6 @@ def _bundle_dir(root: Path) -> Path:
         names = ", ".join(str(p.relative_to(root)) for p in found)
         raise BundleRejectedError(f"the bundle holds several model.yaml ({names}); give one")
     return found[0]
-
-
-# --- ONNX graph vs manifest ------------------------------------------------------------------
-def _graph_tensors(graph: Any) -> Iterator[Any]:
-    """Every tensor a graph stores: its initializers (sparse ones' values and indices),
-    and the tensors in its nodes' attributes (a ``Constant``'s ``value``), subgraphs
-    (``If``, ``Loop``, ``Scan`` bodies) included. Any of them may keep its data in an
-    external file; before 2026-12-06 only the top graph's initializers were looked at,
-    so a ``Constant`` reading ``/etc/passwd`` installed (ONNX Runtime refused it only
-    when the version was deployed)."""
-    yield from graph.initializer
-    for sparse in graph.sparse_initializer:
-        yield from (sparse.values, sparse.indices)
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            for sparse in (
-                *([attribute.sparse_tensor] if attribute.HasField("sparse_tensor") else []),
-                *attribute.sparse_tensors,
-            ):
-                yield from (sparse.values, sparse.indices)
-            for sub in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs):
-                yield from _graph_tensors(sub)
-
-
-def _external_data_refusal(tensor: Any, directory: Path) -> str | None:
-    """Why ``tensor``'s external data cannot be read from inside the bundle, or None: its
-    file must lie inside (a regular file, after links are followed) and hold the
-    ``offset`` + ``length`` bytes it declares (ONNX Runtime refuses it at load
-    otherwise: a 2 GB ``length`` on an 8-byte file installed, then failed to deploy)."""
-    entries = {e.key: e.value for e in tensor.external_data}
-    location = entries.get("location", "")
-    try:
-        ext = (directory / location).resolve()
-        ext.relative_to(directory.resolve())
-        size = ext.stat().st_size if ext.is_file() else None
-    except (ValueError, OSError):
-        size = None
-    if size is None:
-        return f"external data {location!r} missing or outside"
-    try:
-        offset, length = int(entries.get("offset") or 0), entries.get("length")
-        end = offset + (int(length) if length else 0)
-    except ValueError:
-        return f"external data {location!r}: offset or length is not a number"
-    if offset < 0 or end > size or (length is not None and int(length) < 0):
-        return (
-            f"external data {location!r} of tensor {tensor.name!r}: bytes {offset}-{end} "
-            f"declared, the file holds {size}"
-        )
-    return None
-
-
-def _output_as_inferred(model: Any) -> Any:
-    """The graph's first output, its shape completed by ONNX's shape inference where the
-    graph declares none or leaves the class axis symbolic (a careless export's
-    ``["N", "c", "h", "w"]``): ONNX Runtime infers the same and refuses the session,
-    so such a graph installed and failed at deploy. Inference that fails (a custom
-    operator, a graph over protobuf's 2 GB) leaves the declared output as it is."""
-    import onnx
-
-    declared = model.graph.output[0]
-    shape = declared.type.tensor_type.shape
-    if declared.type.tensor_type.HasField("shape") and (
-        len(shape.dim) < 2 or shape.dim[1].HasField("dim_value")
-    ):
-        return declared
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model).graph.output
-    except Exception:  # onnx raises InferenceError, ValueError, protobuf's errors ...
-        return declared
-    return next((o for o in inferred if o.name == declared.name), declared)
-
-
-def check_onnx(spec: ModelSpec, directory: Path) -> list[str]:
-    """Reasons the ONNX files ``spec.files`` names disagree with ``spec`` (empty: none)."""
-    import onnx
-
-    reasons: list[str] = []
-    rank = 5 if spec.input.mode == "3d" else 4
-    float_types = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
-    for precision, filename in spec.files.items():
-        path = directory / filename
-        label = f"{spec.key} {precision} ({filename})"
-        try:
-            path.resolve().relative_to(directory.resolve())
-        except ValueError:
-            reasons.append(f"{label}: the file lies outside the bundle")
-            continue
-        if not path.is_file():
-            reasons.append(f"{label}: file named in model.yaml is missing")
-            continue
-        try:
-            model = onnx.load(str(path), load_external_data=False)
-        except Exception as exc:  # onnx raises DecodeError, RuntimeError, ...
-            reasons.append(f"{label}: not a readable ONNX model ({type(exc).__name__})")
-            continue
-        for tensor in _graph_tensors(model.graph):
-            if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                why = _external_data_refusal(tensor, directory)
-                if why is not None:
-                    reasons.append(f"{label}: {why}")
-                    break
-        refusal = graph_refusal(
-            ((o.domain, o.version) for o in model.opset_import), model.ir_version
-        )
-        if refusal is not None:
-            reasons.append(f"{label}: this host cannot load the graph: {refusal}")
-        weights = {t.name for t in model.graph.initializer}
-        inputs = [i for i in model.graph.input if i.name not in weights]
-        if len(inputs) != 1:
-            reasons.append(f"{label}: expected 1 graph input, found {len(inputs)}")
-            continue
-        if not model.graph.output:
-            reasons.append(f"{label}: the graph has no output")
-            continue
-        checks = (
-            ("input", inputs[0], spec.input.in_channels),
-            ("output", _output_as_inferred(model), spec.num_classes),
-        )
-        for role, value, channels in checks:
-            tensor_type = value.type.tensor_type
-            if tensor_type.elem_type not in float_types:
-                name = onnx.TensorProto.DataType.Name(tensor_type.elem_type)
-                reasons.append(f"{label}: {role} {value.name!r} is {name}, expected float")
-            if role == "output" and not tensor_type.HasField("shape"):
-                continue  # rank unknown until it runs: every batch's shape is checked then
-            dims = tensor_type.shape.dim
-            if len(dims) != rank:
-                reasons.append(
-                    f"{label}: {role} {value.name!r} has rank {len(dims)}; input.mode "
-                    f"{spec.input.mode!r} needs rank {rank} (N, C, spatial...)"
-                )
-                continue
-            if dims[1].HasField("dim_value") and dims[1].dim_value != channels:
-                what = "input channels" if role == "input" else "output classes"
-                reasons.append(
-                    f"{label}: {role} {value.name!r} has {dims[1].dim_value} channels; the "
-                    f"manifest implies {channels} {what}"
-                )
-    return reasons
 
 
 # --- install -----------------------------------------------------------------------------------

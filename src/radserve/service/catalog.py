@@ -23,6 +23,7 @@ import numpy as np
 from radserve.config import Settings
 from radserve.errors import ModelError, PipelineError, RadserveError
 from radserve.inference import choose_runtime
+from radserve.inference.probe import output_shape_refusal, probe_input_shape
 from radserve.lifecycle.install import read_install
 from radserve.models.registry import ModelRegistry, bundled_model_dir
 from radserve.pipeline import SessionPool
@@ -318,26 +319,16 @@ class Catalog:
         bundle = self.registry.get(name, version)
         session = self.sessions.get(bundle, precision)
         spec = bundle.spec
-        if spec.input.mode == "3d":
-            spatial: tuple[int, ...] = tuple(spec.input.patch_size or (32, 32, 32))
-        else:
-            side = max(32, spec.input.divisible_by)
-            spatial = (side, side)
-        dummy = np.zeros((1, spec.input.in_channels, *spatial), dtype=np.float32)
+        dummy = np.zeros(probe_input_shape(spec), dtype=np.float32)
         outs = self.warm_runner(session, dummy)
         # what inference will require of every batch (radserve.inference.tasks.check_batch):
         # before session 35 only the batch size was checked, so a graph that strides its
-        # output down deployed, and every study routed to it then failed
-        expected = (1, spec.num_classes, *(() if spec.is_classifier else spatial))
+        # output down deployed, and every study routed to it then failed. Install and
+        # import run the same probe (radserve.inference.probe).
         for out in outs:
-            if out.shape[0] != 1:
-                raise ModelError(f"{spec.key}: warm-up batch of 1 returned {out.shape[0]} outputs")
-            if tuple(out.shape) != expected:
-                raise ModelError(
-                    f"{spec.key}: a warm-up batch of shape {dummy.shape} returned "
-                    f"{tuple(out.shape)}, expected {expected} (N, classes, spatial...): the "
-                    "graph must keep the input's grid and give one channel per class"
-                )
+            why = output_shape_refusal(spec, dummy.shape, out.shape)
+            if why is not None:
+                raise ModelError(f"{spec.key}: warm-up: {why}")
         logger.info("warmed up %s (%s) on %d worker(s)", spec.key, precision, len(outs))
 
 
