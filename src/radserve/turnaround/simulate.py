@@ -62,6 +62,7 @@ from radserve.config import SchedulerSettings
 from radserve.domain.priority import PriorityClass
 from radserve.scheduling.selection import may_prepare, may_start
 from radserve.scheduling.state import effective_class
+from radserve.turnaround.waiting import WaitingJobs
 
 URGENT = PriorityClass.URGENT
 
@@ -222,6 +223,9 @@ class _Job:
     stage_busy: bool = False
     step: _Step | None = None
     finished: float | None = None
+    # it has feed work (batch preparations or merges) in some step: else :meth:`_Sim._feed`
+    # has nothing for it ever, and the searches pass it by without asking
+    feeds: bool = False
     # wall seconds its CPU units and its batches ran (paused ones included): what the
     # server's stage timings measure, the shared cores' slowdown in them
     cpu_wall: float = 0.0
@@ -239,8 +243,20 @@ class _Job:
 # how long before its aging instant a job's rank is recomputed: far above the rounding of
 # ``deadline - now`` (a deadline of a year in seconds is exact to ~1e-8 s)
 _AGING_MARGIN_S = 1e-3
-# the eligible jobs best first, the same per effective class, the URGENT ones alone
-_Ranking = tuple[list[_Job], dict[PriorityClass, list[_Job]], list[_Job]]
+# a job's place in the scheduler's order (ScheduledJob.rank): effective class, an aged
+# job behind the URGENT ones, deadline, arrival
+_Key = tuple[int, bool, float, int]
+# the eligible started jobs best first, the same per effective class, the URGENT ones
+# alone, and each one's key
+_Ranking = tuple[list[_Job], dict[PriorityClass, list[_Job]], list[_Job], dict[_Job, _Key]]
+
+
+# the effective classes, best first
+_TIERS = sorted(PriorityClass, key=lambda c: c.rank)
+
+
+def _rank_key(job: _Job, eff: PriorityClass) -> _Key:
+    return (eff.rank, eff is URGENT and job.cls is not URGENT, job.deadline, job.seq)
 
 
 class _SharedCores:
@@ -313,17 +329,23 @@ class _Sim:
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.env = simpy.Environment()
-        self.jobs: list[_Job] = []  # unfinished
+        self.jobs: dict[int, _Job] = {}  # unfinished, by arrival sequence number
+        # the unfinished ones: not started (per class, in the order they start), started
+        self.waiting: WaitingJobs[_Job] = WaitingJobs(config.scheduler)
+        self.started: list[_Job] = []
+        self.routine_started = 0  # started routine jobs (may_start counts them)
+        self.urgent_unfinished = 0
         self.done: list[_Job] = []
         self.changed = self.env.event()
         self.device_busy = 0.0
         self.cpu_busy = 0.0
         self.prepared = 0  # batches prepared (or being prepared), not yet on a device
-        self.generation = 0  # bumped whenever a job arrives or finishes (self.jobs changes)
+        # bumped whenever a job arrives, starts or finishes (what is ranked changes)
+        self.generation = 0
         self._ranked_gen = -1  # the generation self._ranking was computed for
         # before this instant no ranked job ages (effective_class), so the ranking holds
         self._steady_until = -math.inf
-        self._ranking: _Ranking = ([], {}, [])
+        self._ranking: _Ranking = ([], {}, [], {})
         # units taken and changes announced: with the clock, what a worker's search sees
         self.changes = 0
         self._idle_for: tuple[float, int] | None = None
@@ -336,23 +358,30 @@ class _Sim:
 
     # --- the policy ---------------------------------------------------------------------
     def _ranked(self) -> _Ranking:
-        """:meth:`_rank_now`, recomputed only when a job arrived or finished or the clock
-        reached the first instant a routine job may age (:attr:`_steady_until`): a rank
-        is a function of the job (class, deadline, arrival) and of whether it has aged,
-        not of its progress, and every worker woken by a change looked again (the
-        planner spent most of its CPU re-sorting the same jobs for each of them)."""
+        """:meth:`_rank_now`, recomputed only when a job arrived, started or finished or
+        the clock reached the first instant a started routine job may age
+        (:attr:`_steady_until`): a rank is a function of the job (class, deadline,
+        arrival) and of whether it has aged, not of its progress, and every worker woken
+        by a change looked again (the planner spent most of its CPU re-sorting the same
+        jobs for each of them)."""
         if self.generation != self._ranked_gen or not self.env.now < self._steady_until:
             self._ranked_gen, self._ranking = self.generation, self._rank_now()
         return self._ranking
 
+    def _exclusive(self) -> bool:
+        """``urgent_exclusive`` holds now: only URGENT jobs are eligible."""
+        return self.config.scheduler.urgent_exclusive and self.urgent_unfinished > 0
+
     def _rank_now(self) -> _Ranking:
-        """The eligible jobs best first (the scheduler's ranking, with
+        """The eligible *started* jobs best first (the scheduler's ranking, with
         ``urgent_exclusive`` only URGENT ones while there are any), the same grouped by
-        effective class, and the URGENT ones alone (the URGENT lane's view); notes when
-        the first of them not yet aged may age."""
+        effective class, the URGENT ones alone (the URGENT lane's view) and their keys;
+        notes when the first of them not yet aged may age. Waiting jobs are not ranked:
+        they have no work but their first stage, and of them a CPU thread only ever
+        starts each class's first (:meth:`_startable`)."""
         now, sched = self.env.now, self.config.scheduler
-        jobs = self.jobs
-        if sched.urgent_exclusive and any(j.cls is URGENT for j in jobs):
+        jobs = self.started
+        if self._exclusive():
             jobs = [j for j in jobs if j.cls is URGENT]
         keyed = []
         self._steady_until = math.inf
@@ -361,32 +390,60 @@ class _Sim:
             if eff is job.cls and eff is not URGENT:
                 ages_at = job.deadline - sched.aging_fraction * sched.tat(job.cls)
                 self._steady_until = min(self._steady_until, ages_at - _AGING_MARGIN_S)
-            rank = (eff.rank, eff is URGENT and job.cls is not URGENT, job.deadline, job.seq)
-            keyed.append((rank, eff, job))
+            keyed.append((_rank_key(job, eff), eff, job))
         keyed.sort(key=lambda k: k[0])
         tiers: dict[PriorityClass, list[_Job]] = {}
         for _, eff, job in keyed:
             tiers.setdefault(eff, []).append(job)
         order = [job for _, _, job in keyed]
-        return order, tiers, [j for j in order if j.cls is URGENT]
+        keys = {job: key for key, _, job in keyed}
+        return order, tiers, [j for j in order if j.cls is URGENT], keys
 
-    def _stage(self, jobs: list[_Job], order: list[_Job], *, feed: bool) -> tuple[_Job, str] | None:
-        """``JobBook.stage_unit``: the CPU stage of the best job in ``jobs`` (one
-        effective class) that has one (``feed``: or feed work, job by job), starting
-        waiting jobs on the way as the scheduler does: only when a CPU thread takes
-        their first stage (:func:`may_start`)."""
-        started = sum(1 for j in self.jobs if j.started is not None and j.cls is not URGENT)
+    def _startable(self, *, urgent_only: bool) -> dict[PriorityClass, tuple[_Key, _Job]]:
+        """Per effective class, the best-ranked waiting job a CPU thread may start now
+        (:func:`may_start`): of each class only its first waiting one, in the class it
+        has aged into (radserve.turnaround.waiting: why no other could start first)."""
+        now, sched = self.env.now, self.config.scheduler
+        out: dict[PriorityClass, tuple[_Key, _Job]] = {}
+        for cls in (URGENT,) if urgent_only or self._exclusive() else PriorityClass:
+            first = self.waiting.first(cls, now)
+            if first is None or not may_start(cls, self.routine_started, sched):
+                continue
+            job, eff = first
+            key = _rank_key(job, eff)
+            if eff not in out or key < out[eff][0]:
+                out[eff] = (key, job)
+        return out
+
+    def _stage(
+        self,
+        jobs: list[_Job],
+        order: list[_Job],
+        keys: dict[_Job, _Key],
+        waiting: tuple[_Key, _Job] | None,
+        *,
+        feed: bool,
+    ) -> tuple[_Job, str] | None:
+        """``JobBook.stage_unit`` for one effective class: the CPU stage (``feed``: or
+        feed work) of the best of its started ``jobs`` that has one, unless the
+        ``waiting`` job that may start ranks before it: that one starts now, as the
+        scheduler starts a job only when a CPU thread takes its first stage."""
         for job in jobs:
-            if job.queued:
-                if not may_start(job.cls, started, self.config.scheduler):
-                    continue
-                started += job.cls is not URGENT
-                job.started, job.queued = self.env.now, False
-            if feed and (unit := self._feed(job, order)) is not None:
+            if waiting is not None and waiting[0] < keys[job]:
+                break
+            if feed and job.feeds and (unit := self._feed(job, order)) is not None:
                 return job, unit
             if job.stage is not None and not job.stage_busy:
                 return job, "stage"
-        return None
+        if waiting is None:
+            return None
+        job = waiting[1]
+        self.waiting.start(job)
+        self.started.append(job)
+        self.routine_started += job.cls is not URGENT
+        self.generation += 1
+        job.started, job.queued = self.env.now, False
+        return job, "stage"  # a job's first segment is a CPU stage
 
     def _feed(self, job: _Job, order: list[_Job]) -> str | None:
         """``JobBook.feed_unit``: a merge first (it frees memory), else a preparation."""
@@ -430,26 +487,30 @@ class _Sim:
         scheduler hands them out: the device the best-ranked ready batch; a CPU thread,
         per effective class best first, feed work of the best job that has some, else
         the stage of the best job at one (``Scheduler.next_cpu_dispatch``)."""
-        order, tiers, urgent = self._ranked()
+        order, tiers, urgent, keys = self._ranked()
         if kind == "device":
             for job in order:
                 step = job.step
                 if step is not None and step.ready and not step.on_device:
                     return job, "batch"
             return None
-        if kind == "urgent":
-            order, tiers = urgent, {URGENT: urgent} if urgent else {}
         if kind == "feed":
             for job in order:  # every class, best first: feed work only
-                if (unit := self._feed(job, order)) is not None:
+                if job.feeds and (unit := self._feed(job, order)) is not None:
                     return job, unit
             return None
+        if kind == "urgent":
+            order, tiers = urgent, {URGENT: urgent}
+        startable = self._startable(urgent_only=kind == "urgent")
         feed_first = self.config.feed_first
-        for jobs in tiers.values():
+        for tier in _TIERS:
+            jobs = tiers.get(tier, [])
             for job in jobs if feed_first else ():
-                if (unit := self._feed(job, order)) is not None:
+                if job.feeds and (unit := self._feed(job, order)) is not None:
                     return job, unit
-            if (taken := self._stage(jobs, order, feed=not feed_first)) is not None:
+            waiting = startable.get(tier)
+            taken = self._stage(jobs, order, keys, waiting, feed=not feed_first)
+            if taken is not None:
                 return taken
         return None
 
@@ -457,7 +518,7 @@ class _Sim:
         self.changes += 1
         sched = self.config.scheduler
         if sched.yield_to_urgent:  # routine CPU stages pause while URGENT work can run
-            self.cores.hold(any(j.cls is URGENT for j in self.jobs))
+            self.cores.hold(self.urgent_unfinished > 0)
         event, self.changed = self.changed, self.env.event()
         event.succeed()
 
@@ -470,7 +531,10 @@ class _Sim:
             tat = self.config.scheduler.tat(a.cls)
             job = _Job(a.cls, self.env.now, self.env.now + tat, seq, service, a.measured)
             job.segments = service.segments()
-            self.jobs.append(job)
+            job.feeds = any(m.prepare_s or m.merge_s for m in service.models)
+            self.jobs[seq] = job
+            self.waiting.add(job)
+            self.urgent_unfinished += job.cls is URGENT
             self.generation += 1
             self._notify()
 
@@ -559,7 +623,10 @@ class _Sim:
         job.at += 1
         if job.at >= len(job.segments):
             job.finished = self.env.now
-            self.jobs.remove(job)
+            del self.jobs[job.seq]
+            self.started.remove(job)
+            self.routine_started -= job.cls is not URGENT
+            self.urgent_unfinished -= job.cls is URGENT
             self.generation += 1
             self.done.append(job)
             return
@@ -619,7 +686,7 @@ def simulate_jobs(
     """Every job of ``trace`` as :func:`simulate` runs it, in arrival order: for
     comparing a replayed trace job by job (``tools/planner_oracle.py``)."""
     sim = _run(trace, sampler, config, seed, until)
-    jobs = sorted([*sim.done, *sim.jobs], key=lambda j: j.seq)
+    jobs = sorted([*sim.done, *sim.jobs.values()], key=lambda j: j.seq)
     return [
         SimJob(j.seq, j.cls, j.arrival, j.started, j.finished, j.cpu_wall, j.device_wall)
         for j in jobs
