@@ -1,6 +1,7 @@
 """Console sign-in as a local user (``console.users``) over HTTP against a real server:
 the same session cookie, CSRF and roles as an API key; failed sign-ins audited without
-what was typed, and rate limited per client (429 with Retry-After)."""
+what was typed, and rate limited per client (429 with Retry-After), guesses sent at once
+included."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import datetime as dt
 import io
 import json
 import logging
+import threading
+from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +176,37 @@ def test_user_sign_in_on_a_server_without_users_is_a_clear_error(tmp_path: Path)
         assert both.status_code == 400 and "not both" in both.text
         assert "rsk_x" not in both.text
         assert _sign_in(c, username="alice").status_code == 400
+
+
+def test_guesses_sent_at_once_get_no_more_checks_than_the_limit(server: Server) -> None:
+    """30 wrong passwords for one user sent at once from one address against a limit of
+    3: 3 are checked (401), the others refused unchecked (429), and then the right
+    password is refused too. Before 2026-12-06 the count was read before each password
+    was checked and the failure counted after: all 30 were checked."""
+    start = threading.Barrier(30)
+
+    def guess(i: int) -> int:
+        with httpx.Client(base_url=server.thread.url, timeout=120) as c:
+            start.wait()
+            return _sign_in(c, username="bob", password=f"bob-guess-{i:04d}").status_code
+
+    with ThreadPoolExecutor(30) as pool:
+        answers = Counter(pool.map(guess, range(30)))
+    assert answers == {401: 3, 429: 27}
+    with httpx.Client(base_url=server.thread.url, timeout=60) as c:
+        assert _sign_in(c, username="bob", password=PASSWORDS["bob"]).status_code == 429
+    assert len(server.audit("console.signin_failed")) == 3
+    assert len(server.audit("console.signin_locked")) == 1
+
+
+def test_a_right_password_after_wrong_ones_signs_in_and_forgives_only_itself(
+    server: Server,
+) -> None:
+    with httpx.Client(base_url=server.thread.url, timeout=60) as c:
+        assert _sign_in(c, username="bob", password="bob-guess-0001").status_code == 401
+        for _ in range(3):  # a success is no failure: signing in again and again is fine
+            assert _sign_in(c, username="bob", password=PASSWORDS["bob"]).status_code == 200
+        assert _sign_in(c, username="bob", password="bob-guess-0002").status_code == 401
+        # the earlier two failures still count: the third blocks
+        assert _sign_in(c, key="rsk_not-a-key").status_code == 401
+        assert _sign_in(c, username="bob", password=PASSWORDS["bob"]).status_code == 429

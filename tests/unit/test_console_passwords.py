@@ -103,21 +103,21 @@ def test_limiter_blocks_a_client_after_its_failures_until_they_leave_the_window(
         store, max_failures=3, window_s=60, clock=lambda: base + dt.timedelta(seconds=now[0])
     )
     try:
-        assert limiter.retry_after("10.0.0.1") is None
-        assert [limiter.failed("10.0.0.1") for _ in range(3)] == [False, False, True]
-        assert limiter.retry_after("10.0.0.1") == 60
-        assert limiter.retry_after("10.0.0.2") is None  # another client is not affected
+        taken = [limiter.take("10.0.0.1") for _ in range(3)]
+        assert [limiter.blocks(t) for t in taken] == [False, False, True]
+        refused = limiter.take("10.0.0.1")
+        assert refused.id is None and limiter.retry_after(refused) == 60
+        assert limiter.take("10.0.0.2").id is not None  # another client is not affected
         now[0] = 59.0
-        assert limiter.retry_after("10.0.0.1") == pytest.approx(1.0)
+        assert limiter.retry_after(limiter.take("10.0.0.1")) == pytest.approx(1.0)
         now[0] = 60.0
-        assert limiter.retry_after("10.0.0.1") is None  # the failures left the window
-        assert limiter.failed("10.0.0.1") is False  # counting starts again
-        assert limiter.retry_after("10.0.0.1") is None
+        again = limiter.take("10.0.0.1")  # the failures left the window
+        assert again.id is not None and again.failures == 1  # counting starts again
         # a sliding window: failures at 60, 100 and 100 block until 120
         now[0] = 100.0
-        limiter.failed("10.0.0.1")
-        assert limiter.failed("10.0.0.1") is True
-        assert limiter.retry_after("10.0.0.1") == pytest.approx(20.0)
+        limiter.take("10.0.0.1")
+        assert limiter.blocks(limiter.take("10.0.0.1"))
+        assert limiter.retry_after(limiter.take("10.0.0.1")) == pytest.approx(20.0)
     finally:
         store.close()
 

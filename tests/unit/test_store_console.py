@@ -1,12 +1,15 @@
 """The console's sessions and failed sign-ins in the store (radserve.store.console), on
 SQLite and PostgreSQL, through two stores on one database as two replicas see it: a
 session opened through one is read, touched and closed through the other; a revoked
-key's session ends; ended sessions and old failures are swept; failures add up."""
+key's session ends; ended sessions and old failures are swept; failures add up, a
+success takes back only its own attempt, and attempts made at once count each other."""
 
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from tests.factories.postgres import store_on
 from radserve.console.limits import SignInLimiter
 from radserve.console.sessions import SessionTable
 from radserve.store import Store, init_store
+from radserve.store.console import SigninAttempt
 from radserve.store.records import utc_now
 
 IDLE, TTL = 600.0, 3600.0
@@ -105,25 +109,67 @@ def test_ended_sessions_end_and_are_swept(stores: tuple[Store, Store]) -> None:
     assert len(_rows(stores[0], "console_sessions")) == 1
 
 
-def test_failed_sign_ins_add_up_over_replicas_and_old_ones_are_swept(
-    stores: tuple[Store, Store],
-) -> None:
-    start, now = utc_now(), [0.0]
+def _limiters(
+    stores: tuple[Store, Store], now: list[float], max_failures: int
+) -> tuple[SignInLimiter, SignInLimiter]:
+    start = utc_now()
 
     def clock() -> dt.datetime:
         return start + dt.timedelta(seconds=now[0])
 
-    a, b = (SignInLimiter(s, max_failures=4, window_s=60, clock=clock) for s in stores)
-    assert [a.failed("10.0.0.9"), b.failed("10.0.0.9"), a.failed("10.0.0.9")] == [False] * 3
-    assert a.retry_after("10.0.0.9") is None and b.retry_after("10.0.0.9") is None
+    return (
+        SignInLimiter(stores[0], max_failures=max_failures, window_s=60, clock=clock),
+        SignInLimiter(stores[1], max_failures=max_failures, window_s=60, clock=clock),
+    )
+
+
+def test_failed_sign_ins_add_up_over_replicas_and_old_ones_are_swept(
+    stores: tuple[Store, Store],
+) -> None:
+    now = [0.0]
+    a, b = _limiters(stores, now, 4)
+    taken = [a.take("10.0.0.9"), b.take("10.0.0.9"), a.take("10.0.0.9")]
+    assert [t.failures for t in taken] == [1, 2, 3]
+    assert not any(a.blocks(t) for t in taken)
     now[0] = 30.0
-    assert b.failed("10.0.0.9") is True  # the 4th, counted across both
-    assert a.retry_after("10.0.0.9") == pytest.approx(30.0)
-    assert b.retry_after("10.0.0.7") is None
+    assert b.blocks(b.take("10.0.0.9"))  # the 4th, counted across both
+    refused = a.take("10.0.0.9")
+    assert refused.id is None and a.retry_after(refused) == pytest.approx(30.0)
+    assert b.take("10.0.0.7").id is not None
     now[0] = 200.0
-    assert a.retry_after("10.0.0.9") is None
-    b.failed("10.0.0.7")  # sweeps the failures older than the window
-    assert [r[1] for r in _rows(stores[0], "console_signin_failures")] == ["10.0.0.7"]
+    assert a.take("10.0.0.9").id is not None  # sweeps the failures older than the window
+    assert [r[1] for r in _rows(stores[0], "console_signin_failures")] == ["10.0.0.9"]
     odd = "x" * 200  # longer than the column: counted by its first 64 characters
-    assert [a.failed(odd) for _ in range(4)] == [False, False, False, True]
-    assert b.retry_after(odd) == pytest.approx(60.0)
+    assert [a.blocks(a.take(odd)) for _ in range(4)] == [False, False, False, True]
+    refused = b.take(odd + "y")
+    assert refused.id is None and b.retry_after(refused) == pytest.approx(60.0)
+
+
+def test_a_sign_in_that_succeeds_is_no_failure_and_the_earlier_ones_stay(
+    stores: tuple[Store, Store],
+) -> None:
+    a, b = _limiters(stores, [0.0], 2)
+    a.take("10.0.0.9")  # a wrong password
+    a.forgive(a.take("10.0.0.9"))  # then the right one: it signed in
+    third = b.take("10.0.0.9")
+    assert third.failures == 2 and b.blocks(third)  # the success reset nothing
+    assert a.take("10.0.0.9").id is None
+
+
+def test_attempts_made_at_once_on_two_replicas_count_each_other(
+    stores: tuple[Store, Store],
+) -> None:
+    """The count is read and the attempt counted in one transaction: of 24 guesses sent
+    at once through two replicas, 3 (the limit) are let through, whatever the timing."""
+    limiters = _limiters(stores, [0.0], 3)
+    start = threading.Barrier(24)
+
+    def guess(i: int) -> SigninAttempt:
+        start.wait()
+        return limiters[i % 2].take("10.0.0.5")
+
+    with ThreadPoolExecutor(24) as pool:
+        taken = list(pool.map(guess, range(24)))
+    assert sorted(t.failures for t in taken if t.id is not None) == [1, 2, 3]
+    assert [t.failures for t in taken if t.id is None] == [3] * 21
+    assert len(_rows(stores[0], "console_signin_failures")) == 3

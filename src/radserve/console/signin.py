@@ -5,7 +5,9 @@ CSRF token and role checks. Sign-out and the session's details for the page.
 Failed sign-ins are audited (``console.signin_failed``: the method and, only when it
 names a configured user, the user name, never what was typed as key or password) and
 counted per client address (:mod:`radserve.console.limits`): past the limit the client
-gets 429 and one ``console.signin_locked`` record.
+gets 429 and one ``console.signin_locked`` record. An attempt counts as a failure from
+before its key or password is checked until it succeeds, so guesses sent at once cannot
+outrun the count.
 """
 
 from __future__ import annotations
@@ -148,9 +150,18 @@ async def sign_in(request: Request, body: SignIn) -> Response:
     settings = service_of(request).settings
     client = request.client.host if request.client else "unknown"
     limiter = _limiter(request)
-    wait = await run_in_threadpool(limiter.retry_after, client)
-    if wait is not None:
-        seconds = max(1, math.ceil(wait))
+    if body.key is None and not await run_in_threadpool(local_users(request).current):
+        return JSONResponse(
+            error_body(
+                "invalid_request",
+                "sign-in with a user name is not configured here (console.users)",
+            ),
+            status_code=400,
+        )
+    # counted as a failure before anything is checked: guesses sent at once see each other
+    attempt = await run_in_threadpool(limiter.take, client)
+    if attempt.id is None:
+        seconds = max(1, math.ceil(limiter.retry_after(attempt)))
         return JSONResponse(
             error_body(
                 "too_many_signins",
@@ -160,27 +171,23 @@ async def sign_in(request: Request, body: SignIn) -> Response:
             status_code=429,
             headers={"Retry-After": str(seconds)},
         )
-    if body.key is not None:
-        method, who, user = "key", await run_in_threadpool(_by_key, request, body.key), ""
-    else:
-        if not await run_in_threadpool(local_users(request).current):
-            return JSONResponse(
-                error_body(
-                    "invalid_request",
-                    "sign-in with a user name is not configured here (console.users)",
-                ),
-                status_code=400,
+    try:
+        if body.key is not None:
+            method, who, user = "key", await run_in_threadpool(_by_key, request, body.key), ""
+        else:
+            method = "password"
+            who, user = await run_in_threadpool(
+                _by_password, request, body.username or "", body.password or ""
             )
-        method = "password"
-        who, user = await run_in_threadpool(
-            _by_password, request, body.username or "", body.password or ""
-        )
+    except Exception:  # the server's trouble (a database outage), not the client's guess
+        await run_in_threadpool(limiter.forgive, attempt)
+        raise
     if who is None:
         # the user name only when it is a configured one: a password typed into the
         # name field must not reach the audit log
         payload: dict[str, Any] = {"method": method, **({"user": user} if user else {})}
         await run_in_threadpool(_audit, request, Action.CONSOLE_SIGNIN_FAILED, None, payload)
-        if await run_in_threadpool(limiter.failed, client):
+        if limiter.blocks(attempt):
             window = settings.console.signin_window_s
             logger.warning(
                 "console sign-in: %d failures from one client within %g s; refusing it",
@@ -200,6 +207,7 @@ async def sign_in(request: Request, body: SignIn) -> Response:
             else "unknown user name or wrong password"
         )
         return JSONResponse(error_body("unauthenticated", message), status_code=401)
+    await run_in_threadpool(limiter.forgive, attempt)  # it signed in: no failure
     table: SessionTable = request.app.state.console_sessions
     session_id, session = await run_in_threadpool(
         lambda: table.open(

@@ -5,12 +5,15 @@ A session row is keyed by the SHA-256 of the browser's session id (the id itself
 never stored) and holds the key id or local user, role, CSRF token, expiry and when it
 was last used. Reading a session checks its API key in the same query: a revoked or
 deleted key's session ends at its next request on any replica. Expired rows are swept
-when a session opens; failed sign-ins older than the window when one is counted.
+when a session opens; failed sign-ins older than the window when one is counted. A
+sign-in attempt is counted as a failure before the key or password is checked, in the
+transaction that decided it may be made, and taken back when it succeeds.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from dataclasses import dataclass, replace
 
 from sqlalchemy import delete, func, select, update
@@ -21,6 +24,17 @@ from radserve.store.models import ApiKey, ConsoleSession, ConsoleSigninFailure
 # the column's length: a longer address (a forwarded header's odd value) is counted by
 # its first 64 characters rather than refused by PostgreSQL
 _CLIENT_LENGTH = 64
+
+
+@dataclass(frozen=True)
+class SigninAttempt:
+    """A sign-in attempt as counted: ``id`` None when refused (``failures`` within the
+    window already), else its row, a failure until forgiven; ``failures`` counts it
+    too; ``oldest`` is when the window's oldest failure was."""
+
+    id: int | None
+    failures: int
+    oldest: dt.datetime | None
 
 
 @dataclass(frozen=True)
@@ -126,37 +140,39 @@ class ConsoleMixin(StoreBase):
         with self._write(audited=False) as db:
             db.execute(delete(ConsoleSession).where(ConsoleSession.digest == digest))
 
-    def console_signin_failed(self, client: str, *, now: dt.datetime, window: dt.timedelta) -> int:
-        """Count a failed sign-in from ``client`` at ``now``; how many it has had within
-        ``window`` (this one included). Failures older than the window are swept."""
+    def console_signin_attempt(
+        self, client: str, *, now: dt.datetime, window: dt.timedelta, max_failures: int
+    ) -> SigninAttempt:
+        """One sign-in attempt from ``client`` at ``now``, if it has had fewer than
+        ``max_failures`` failures within ``window``: recorded as a failure at once, in
+        the transaction that counted them (a lock per client on PostgreSQL, SQLite's
+        write lock from BEGIN), so attempts made at the same time, on any replica, count
+        each other before any of them is checked. :meth:`console_signin_forgiven` takes
+        back the attempt that succeeds. Failures older than the window are swept."""
         client = client[:_CLIENT_LENGTH]
         with self._write(audited=False) as db:
+            if db.get_bind().dialect.name == "postgresql":
+                digest = hashlib.sha256(f"console signin\x1f{client}".encode()).digest()
+                lock_id = int.from_bytes(digest[:8], "big", signed=True)
+                db.execute(select(func.pg_advisory_xact_lock(lock_id)))
             db.execute(delete(ConsoleSigninFailure).where(ConsoleSigninFailure.at <= now - window))
-            db.add(ConsoleSigninFailure(client=client, at=now))
-            db.flush()
-            return int(
-                db.execute(
-                    select(func.count()).where(
-                        ConsoleSigninFailure.client == client,
-                        ConsoleSigninFailure.at > now - window,
-                    )
-                ).scalar_one()
-            )
-
-    def console_signin_failures(
-        self, client: str, *, now: dt.datetime, window: dt.timedelta
-    ) -> tuple[int, dt.datetime | None]:
-        """``client``'s failed sign-ins within ``window`` before ``now``: how many, and
-        when the oldest of them was."""
-        client = client[:_CLIENT_LENGTH]
-        with self._read() as db:
             count, oldest = db.execute(
                 select(func.count(), func.min(ConsoleSigninFailure.at)).where(
                     ConsoleSigninFailure.client == client,
                     ConsoleSigninFailure.at > now - window,
                 )
             ).one()
-        return int(count), oldest
+            if count >= max_failures:
+                return SigninAttempt(None, int(count), oldest)
+            row = ConsoleSigninFailure(client=client, at=now)
+            db.add(row)
+            db.flush()
+            return SigninAttempt(row.id, int(count) + 1, oldest or now)
+
+    def console_signin_forgiven(self, attempt_id: int) -> None:
+        """The attempt succeeded: it is no failure (the earlier failures stay)."""
+        with self._write(audited=False) as db:
+            db.execute(delete(ConsoleSigninFailure).where(ConsoleSigninFailure.id == attempt_id))
 
 
-__all__ = ["ConsoleMixin", "ConsoleSessionRecord"]
+__all__ = ["ConsoleMixin", "ConsoleSessionRecord", "SigninAttempt"]
