@@ -29,6 +29,17 @@ BODY_HU = -500.0
 # patient radserve's models read fills several times as much (a neonate's chest in a
 # 50 cm field: ~3 %; an adult chest, lungs left out: ~10 %).
 MIN_BODY_SHARE = 0.01
+# A CT whose tissue (above BODY_HU) is only thin or flat holds no body either, however
+# much of the field it fills: a table, a cushion, a head holder, phantom rods
+# (radserve.pipeline.ct_body measures it). The smallest body part a site scans (a wrist,
+# a neonate's limb) holds a disc this wide in its cross-section ...
+MIN_BODY_THICKNESS_MM = 30.0
+# ... a band of image rows holding tissue across the field no thicker than this is a
+# table (with its pad), left out before the cross-sections are judged ...
+MAX_SLAB_MM = 100.0
+# ... and a cross-section whose area exceeds this many times its thickness squared is a
+# slab (the phantoms' table: ~12; an adult chest: ~1-2; a limb lying on a table: ~3).
+MAX_ELONGATION = 8.0
 # The fields that name region labels (a model's own, or an earlier step's)
 STRUCTURE_FIELDS = ("structure_volumes_ml", "structure_hu")
 
@@ -147,6 +158,9 @@ class AcquisitionFacts:
     noise_hu: float | None = None
     # The share of the volume's voxels above BODY_HU (CT only); None: not measured.
     body_share: float | None = None
+    # The diameter (mm) of the thickest axial cross-section of tissue that is not a slab
+    # (CT only, radserve.pipeline.ct_body); None: not measured.
+    body_thickness_mm: float | None = None
 
     @property
     def fov_mm(self) -> float:
@@ -236,21 +250,41 @@ def readings_outside(domain: InputDomain | None, facts: AcquisitionFacts) -> lis
 
 def body_missing(facts: AcquisitionFacts) -> str | None:
     """Why a CT holds no body in view, or None (another modality, not measured, or a
-    body fills at least :data:`MIN_BODY_SHARE` of the volume).
+    body in view).
+
+    No body: voxels above :data:`BODY_HU` fill less than :data:`MIN_BODY_SHARE` of the
+    volume (air, padding, a small object in a large field), or all of them are thin or
+    flat (no cross-section :data:`MIN_BODY_THICKNESS_MM` thick that is not a slab: a
+    table, a cushion, a head holder, phantom rods; a field smaller than that is judged
+    against its own width).
 
     Whatever a model declares: every model is trained on patients, and on a volume
     without one its "no findings" reads as a normal study. Flagged ``outside_input_domain``
     and never refused, whatever ``ingest.input_domain`` says: the sender still gets a
     report, one that says why its negative result says nothing."""
-    share = facts.body_share
-    if facts.modality.upper() != "CT" or share is None or share >= MIN_BODY_SHARE:
+    if facts.modality.upper() != "CT":
         return None
-    found = f"{share * 100:.2g} % of the voxels read" if share > 0 else "no voxel reads"
+    share, thickness = facts.body_share, facts.body_thickness_mm
+    tail = (
+        "outside the input domain of every model; a result without findings says nothing "
+        "about a patient"
+    )
+    if share is not None and share < MIN_BODY_SHARE:
+        found = f"{share * 100:.2g} % of the voxels read" if share > 0 else "no voxel reads"
+        return (
+            f"no body in view: {found} above {BODY_HU:g} HU (tissue), less than the "
+            f"{MIN_BODY_SHARE * 100:g} % any patient fills (an empty or padded volume, or a "
+            f"small object in a large field): {tail}"
+        )
+    needed = min(MIN_BODY_THICKNESS_MM, facts.fov_mm) if facts.fov_mm > 0 else 0.0
+    if thickness is None or thickness >= needed:
+        return None
+    found = f"{thickness:.0f} mm" if thickness > 0 else "none"
     return (
-        f"no body in view: {found} above {BODY_HU:g} HU (tissue), less than the "
-        f"{MIN_BODY_SHARE * 100:g} % any patient fills (an empty or padded volume, or a small "
-        "object in a large field): outside the input domain of every model; a result "
-        "without findings says nothing about a patient"
+        f"no body in view: the tissue above {BODY_HU:g} HU is only thin or flat objects "
+        "(a table, a cushion, a head holder, phantom rods): its thickest cross-section that "
+        f"is not a slab measures {found}, less than the {MIN_BODY_THICKNESS_MM:g} mm of the "
+        f"smallest body part: {tail}"
     )
 
 
@@ -335,7 +369,10 @@ __all__ = [
     "BODY_HU",
     "FAT_SEARCH_HU",
     "INPUT_DOMAIN_UNCHECKED",
+    "MAX_ELONGATION",
+    "MAX_SLAB_MM",
     "MIN_BODY_SHARE",
+    "MIN_BODY_THICKNESS_MM",
     "OUTSIDE_INPUT_DOMAIN",
     "SOFT_TISSUE_HU",
     "STRUCTURE_FIELDS",

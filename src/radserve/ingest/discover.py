@@ -210,7 +210,9 @@ def discover_series(
     """
     policy = policy or IngestPolicy()
     files, skipped = expand_sources(
-        sources, max_archive_bytes=min(max_archive_bytes, policy.max_study_bytes)
+        sources,
+        max_archive_bytes=min(max_archive_bytes, policy.max_study_bytes),
+        max_archive_members=policy.max_archive_members,
     )
     total = len(files) + len(skipped)
     records: list[InstanceRecord] = []

@@ -24,6 +24,12 @@ from radserve.domain.volume import Volume
 from radserve.errors import GeometryError, StudyError
 from radserve.ingest.ct_scale import check_ct_scale
 from radserve.ingest.geometry import MAX_POSITION_MM, check_fov, check_range
+from radserve.ingest.nifti_bounds import (
+    DeclaredLayout,
+    declared_layout,
+    is_gzip,
+    read_gzip_voxels,
+)
 from radserve.ingest.policy import IngestPolicy, policy_hint
 from radserve.ingest.resample import shift_slices_in_plane
 
@@ -54,6 +60,9 @@ def load_nifti(
             image of intensities with a usable affine; ``series_too_large``,
             ``geometry_invalid``, ``implausible_pixel_values`` as for a DICOM series.
     """
+    layout = declared_layout(path)
+    if layout is not None and policy is not None:
+        _check_declared(layout, policy)  # before nibabel inflates the extensions
     try:
         image = nib.load(str(path), mmap=False)
     except Exception as exc:  # nibabel raises many types on damaged files
@@ -85,7 +94,11 @@ def load_nifti(
     if warnings is not None:
         warnings.extend(ambiguous)
     try:
-        data = _read_data(image).reshape(shape)
+        bounded = layout is not None and layout.shape == tuple(image.shape) and is_gzip(path)
+        raw = read_gzip_voxels(path, layout) if bounded and layout is not None else None
+        data = _read_data(image, raw).reshape(shape)
+    except StudyError:
+        raise
     except Exception as exc:
         raise StudyError(
             f"NIfTI voxel data could not be read ({type(exc).__name__})",
@@ -399,10 +412,39 @@ def save_nifti(
     return path
 
 
-def _read_data(image: nib.Nifti1Image) -> np.ndarray:
+def _check_declared(layout: DeclaredLayout, policy: IngestPolicy) -> None:
+    """The sizes the header declares against the bounds, before anything past the fixed
+    header is inflated: what precedes the voxels (extensions) against
+    ``max_header_bytes``, the voxels against ``max_voxels`` and ``max_file_bytes``."""
+    if layout.offset > policy.max_header_bytes:
+        raise StudyError(
+            f"the NIfTI header declares {layout.offset} bytes before its voxel data "
+            f"(vox_offset: header and extensions), more than "
+            f"ingest.max_header_bytes={policy.max_header_bytes}",
+            code="series_too_large",
+        )
+    if layout.voxels > policy.max_voxels:
+        raise StudyError(
+            f"NIfTI image of {layout.voxels} voxels (declared shape "
+            f"{' x '.join(map(str, layout.shape))}), more than "
+            f"IngestPolicy.max_voxels={policy.max_voxels}",
+            code="series_too_large",
+        )
+    if layout.data_bytes > policy.max_file_bytes:
+        raise StudyError(
+            f"NIfTI voxel data of {layout.data_bytes} bytes ({layout.dtype}), more than "
+            f"ingest.max_file_bytes={policy.max_file_bytes}",
+            code="series_too_large",
+        )
+
+
+def _read_data(image: nib.Nifti1Image, raw: np.ndarray | None = None) -> np.ndarray:
+    """The scaled voxels; ``raw``: the unscaled ones, already read (a ``.nii.gz``,
+    :func:`radserve.ingest.nifti_bounds.read_gzip_voxels`)."""
     proxy = image.dataobj
     slope, inter = proxy.slope, proxy.inter
-    raw = np.asanyarray(proxy.get_unscaled())
+    if raw is None:
+        raw = np.asanyarray(proxy.get_unscaled())
     if (slope, inter) == (1.0, 0.0) or (np.isnan(slope) and np.isnan(inter)):
         return raw
     if raw.dtype.kind in "iu" and float(slope).is_integer() and float(inter).is_integer():

@@ -71,6 +71,10 @@ class IngestPolicy:
             zip members, which zipfile never exceeds), checked before any header is read.
         max_frames: most frames (2-D images) one file may claim and one ingest may hold;
             frame records are made only after the claim is checked against the pixel data.
+        max_archive_members: most entries one zip archive may list, read from its end
+            record before its central directory is parsed (each entry costs Python
+            objects and, in discovery, an open): refused at the upload's door and at
+            ingest (``archive_rejected``).
         min_spacing_mm / max_pixel_spacing_mm / max_slice_spacing_mm: accepted Pixel Spacing
             and slice step; values outside (1e4, 1e30, 0, negative) are refused at ingest,
             before they reach resampling.
@@ -105,6 +109,7 @@ class IngestPolicy:
     max_header_elements: int = 500_000
     max_study_bytes: int = 16 * 2**30
     max_frames: int = 50_000
+    max_archive_members: int = 50_000
     min_spacing_mm: float = 0.01
     max_pixel_spacing_mm: float = 20.0
     max_slice_spacing_mm: float = 50.0
@@ -143,6 +148,7 @@ class IngestPolicy:
             "max_header_elements",
             "max_study_bytes",
             "max_frames",
+            "max_archive_members",
             "min_spacing_mm",
             "max_fov_mm",
             "min_matrix",

@@ -23,11 +23,15 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO, cast
 
 from radserve.errors import StudyError
+from radserve.zip_members import (
+    DEFAULT_MAX_ARCHIVE_MEMBERS,
+    ArchiveRejectedError,
+    check_member_count,
+    too_many_members,
+)
 
 DEFAULT_MAX_ARCHIVE_BYTES = 8 * 2**30
 """Largest total uncompressed size accepted from one zip archive."""
-
-DEFAULT_MAX_ARCHIVE_MEMBERS = 200_000
 
 SPOOL_BYTES = 16 * 2**20
 """A zip member copied for decoding stays in memory up to this size, then goes to disk."""
@@ -58,12 +62,6 @@ class SkippedFile:
 
     source: SourceFile
     reason: str
-
-
-class ArchiveRejectedError(StudyError):
-    """A zip archive is unsafe to read (too large, too many members)."""
-
-    code = "archive_rejected"
 
 
 class InputTooLargeError(StudyError):
@@ -146,17 +144,19 @@ def expand_sources(
     sources: Path | str | Sequence[Path | str],
     *,
     max_archive_bytes: int = DEFAULT_MAX_ARCHIVE_BYTES,
+    max_archive_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
 ) -> tuple[list[SourceFile], list[SkippedFile]]:
     """Turn folders, zips and files into candidate files, listing what cannot be a file."""
     roots = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
     found: list[SourceFile] = []
     skipped: list[SkippedFile] = []
+    limits = (max_archive_bytes, max_archive_members)
     for root in map(Path, roots):
         if root.is_dir():
             for path in _walk(root):
-                _add_file(path, found, skipped, max_archive_bytes)
+                _add_file(path, found, skipped, *limits)
         elif root.is_file():
-            _add_file(root, found, skipped, max_archive_bytes)
+            _add_file(root, found, skipped, *limits)
         else:
             skipped.append(SkippedFile(SourceFile(root), "does not exist or is not a file"))
     return found, skipped
@@ -171,7 +171,11 @@ def _walk(root: Path) -> Iterator[Path]:
 
 
 def _add_file(
-    path: Path, found: list[SourceFile], skipped: list[SkippedFile], max_bytes: int
+    path: Path,
+    found: list[SourceFile],
+    skipped: list[SkippedFile],
+    max_bytes: int,
+    max_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
 ) -> None:
     if not path.is_file():  # FIFOs and devices would block or never end
         skipped.append(SkippedFile(SourceFile(path), "not a regular file"))
@@ -180,7 +184,7 @@ def _add_file(
         found.append(SourceFile(path))
         return
     try:
-        members, bad = _zip_members(path, max_bytes)
+        members, bad = _zip_members(path, max_bytes, max_members)
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         skipped.append(SkippedFile(SourceFile(path), f"not a readable zip archive ({exc})"))
         return
@@ -188,16 +192,17 @@ def _add_file(
     skipped.extend(bad)
 
 
-def _zip_members(path: Path, max_bytes: int) -> tuple[list[SourceFile], list[SkippedFile]]:
+def _zip_members(
+    path: Path, max_bytes: int, max_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS
+) -> tuple[list[SourceFile], list[SkippedFile]]:
     members: list[SourceFile] = []
     bad: list[SkippedFile] = []
+    with path.open("rb") as raw:
+        check_member_count(raw, max_members)
     with zipfile.ZipFile(path) as zf:
         infos = [(n, i) for n, i in enumerate(zf.infolist()) if not i.is_dir()]
-        if len(infos) > DEFAULT_MAX_ARCHIVE_MEMBERS:
-            raise ArchiveRejectedError(
-                f"zip archive has {len(infos)} members; at most "
-                f"{DEFAULT_MAX_ARCHIVE_MEMBERS} are accepted"
-            )
+        if len(infos) > max_members:  # the end record understated them
+            raise ArchiveRejectedError(too_many_members(len(infos), max_members))
         total = sum(i.file_size for _, i in infos)
         if total > max_bytes:
             raise ArchiveRejectedError(

@@ -48,7 +48,11 @@ def stored_headers(
 
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         try:  # one file at a time: an archive over the bounds hides only itself
-            sources, _ = expand_sources(path, max_archive_bytes=max_archive)
+            sources, _ = expand_sources(
+                path,
+                max_archive_bytes=max_archive,
+                max_archive_members=policy.max_archive_members,
+            )
         except ArchiveRejectedError:
             continue
         with SourceReader() as reader:

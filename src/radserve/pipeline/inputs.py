@@ -118,7 +118,7 @@ def ingest_study(
     failed: list[tuple[SeriesHeader, StudyError, PlaneRefusal | None]] = []
     with timer.stage("ingest: load"):
         for candidate in ordered:
-            plane = planes.refusal(_orientation(candidate)) if planes is not None else None
+            plane = planes.refusal(candidate.frames, policy) if planes is not None else None
             if plane is not None:  # the models cannot read it: not loaded at all
                 failed.append((candidate, plane.error(), plane))
                 continue
@@ -159,12 +159,6 @@ _LIMIT_CODES = frozenset({"series_too_large", "input_too_large", "archive_reject
 def _may_try_another(exc: StudyError) -> bool:
     """Whether a series that failed to load with ``exc`` may give way to the next one."""
     return exc.code not in _LIMIT_CODES and not isinstance(exc, DecodeAbandonedError)
-
-
-def _orientation(header: SeriesHeader) -> tuple[float, ...] | None:
-    """The series' Image Orientation (Patient): one for all its frames (discovery
-    splits a series by orientation)."""
-    return header.frames[0].orientation if header.frames else None
 
 
 def _skipped_reason(exc: StudyError, plane: PlaneRefusal | None) -> str:

@@ -43,6 +43,7 @@ from radserve.domain.input_domain import (
 from radserve.errors import InputDomainError
 from radserve.ingest.load import LoadedSeries
 from radserve.models.manifest import ModelSpec
+from radserve.pipeline.ct_body import body_thickness_mm
 from radserve.pipeline.ct_noise import noise_hu
 from radserve.pipeline.ct_number import fat_peak_hu
 from radserve.pipeline.volume import VolumeResult
@@ -86,6 +87,7 @@ def volume_facts(
         fat_hu=_measure_pixels(fat_peak_hu, volume, "fat") if ct else None,
         noise_hu=_measure_pixels(noise_hu, volume, "noise") if ct else None,
         body_share=_measure_pixels(body_share, volume, "body") if ct else None,
+        body_thickness_mm=_measure_pixels(body_thickness_mm, volume, "body") if ct else None,
     )
 
 

@@ -12,7 +12,9 @@ from pydicom.uid import UID
 
 from radserve.errors import StudyError, UnsupportedModalityError
 from radserve.ingest.discover import SeveralStudiesError
-from radserve.ingest.geometry import slice_normal
+from radserve.ingest.geometry import plan_stack
+from radserve.ingest.headers import FrameRef
+from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sop_classes import LOCALIZER_IMAGE_TYPE, VOLUME_IMAGE_STORAGE, is_localizer
 from radserve.models.manifest import ModelSpec
 from radserve.models.registry import ModelRegistry
@@ -188,7 +190,15 @@ class SlicePlanes:
     series whose slices lie in another plane than one of them reads cannot be run
     (``orientation_unsupported``, :func:`radserve.preprocess.axes.slice_plane`), so
     the selection passes it over for the next qualifying series, as it does a series
-    that cannot be loaded. 3D models read any plane (they resample)."""
+    that cannot be loaded. 3D models read any plane (they resample).
+
+    One definition of a series' plane for both checks: the plane of the affine the
+    loaded volume will have (:func:`radserve.ingest.geometry.plan_stack` on every
+    frame's position, no pixel read), judged by
+    :func:`radserve.preprocess.axes.plane_mismatch`, as inference judges the loaded
+    volume. The first frame's orientation alone disagreed with inference on a gantry
+    tilt kept as a sheared affine (``ingest.gantry_tilt: flag``): a series passed here
+    could be refused there, and one refused here would have run."""
 
     readers: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
@@ -207,20 +217,34 @@ class SlicePlanes:
         """The slice models of ``pipeline``'s steps, as ``registry`` holds them."""
         return cls.of(registry.get(step.model, step.version).spec for step in pipeline.steps)
 
-    def refusal(self, orientation: Sequence[float] | None) -> PlaneRefusal | None:
-        """The first slice model that cannot read slices of this Image Orientation
-        (Patient), from the header alone (the volume is not loaded); None when every
-        one can, or the orientation is unusable (loading the series says why)."""
-        normal = slice_normal(orientation)
-        if not self.readers or normal is None or orientation is None:
+    def refusal(
+        self, frames: Sequence[FrameRef], policy: IngestPolicy | None = None
+    ) -> PlaneRefusal | None:
+        """The first slice model that cannot read the slices of a series of ``frames``,
+        from its headers alone (the volume is not loaded); None when every one can, or
+        the geometry is unusable (loading the series says why)."""
+        if not self.readers or not frames:
             return None
-        affine = np.eye(4)  # the volume's (slice, row, column) axes, as ingest builds them
-        affine[:3, 0], affine[:3, 1], affine[:3, 2] = normal, orientation[3:], orientation[:3]
+        try:
+            affine = plan_stack(frames, policy or IngestPolicy()).affine
+        except StudyError:  # a geometry ingest refuses: loading it says why
+            return None
+        return self.refusal_of(affine)
+
+    def refusal_of(self, affine: np.ndarray) -> PlaneRefusal | None:
+        """:meth:`refusal` of a volume whose (slice, row, column) affine is ``affine``."""
         for model, axes in self.readers:
             mismatch = plane_mismatch(axes, affine)
             if mismatch is not None:
                 return PlaneRefusal(model, *mismatch)
         return None
+
+
+class FramedSeries(SeriesLike, Protocol):
+    """A series whose frames' geometry is known (``radserve.ingest.SeriesHeader``)."""
+
+    @property
+    def frames(self) -> Sequence[FrameRef]: ...
 
 
 def _refusal_detail(rejected: Sequence[SeriesRef]) -> str:
@@ -243,13 +267,24 @@ def _refusal_detail(rejected: Sequence[SeriesRef]) -> str:
     return "; ".join(lines)
 
 
-def refusals(series: Sequence[SeriesLike], rules: SeriesRules) -> list[SeriesRef]:
+def refusals(
+    series: Sequence[FramedSeries],
+    rules: SeriesRules,
+    planes: SlicePlanes | None = None,
+    policy: IngestPolicy | None = None,
+) -> list[SeriesRef]:
     """Each of ``series`` with the first rule it breaks when ``rules`` refuse every one
     (what made :func:`select_series` fail), else none: a study one of whose series
-    qualifies was not refused."""
+    qualifies was not refused. With ``planes``, a series no slice model of the pipeline
+    can read (another plane) is refused too, the reason naming its plane and the
+    model's: a study of only coronal and sagittal series for an axial model fails for
+    that (``orientation_unsupported``) before any series is loaded."""
     refused = []
     for s in series:
         reason = rejection_reason(s, rules)
+        if reason is None and planes is not None:
+            plane = planes.refusal(s.frames, policy)
+            reason = None if plane is None else plane.describe()
         if reason is None:
             return []
         refused.append(series_ref(s, reason))

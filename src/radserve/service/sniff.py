@@ -15,6 +15,11 @@ from typing import BinaryIO
 
 from radserve.errors import EmptyUploadError
 from radserve.service.errors import UnsupportedMediaError
+from radserve.zip_members import (
+    DEFAULT_MAX_ARCHIVE_MEMBERS,
+    ArchiveRejectedError,
+    check_member_count,
+)
 
 _HEAD = 548
 
@@ -65,9 +70,18 @@ def kind_of(head: bytes) -> FileKind | None:
     return None
 
 
-def sniff(stream: BinaryIO, position: int, total: int) -> FileKind:
+def sniff(
+    stream: BinaryIO,
+    position: int,
+    total: int,
+    *,
+    max_archive_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
+) -> FileKind:
     """The kind of an upload stream (left at offset 0). ``position`` (1-based) and
-    ``total`` name the file in the error, because file names may hold patient names."""
+    ``total`` name the file in the error, because file names may hold patient names.
+    A zip archive listing more than ``max_archive_members`` entries is refused here
+    (``archive_rejected``, 422), from its end record, before any reader parses its
+    central directory."""
     head = stream.read(_HEAD)
     stream.seek(0)
     kind = kind_of(head)
@@ -77,6 +91,11 @@ def sniff(stream: BinaryIO, position: int, total: int) -> FileKind:
             f"file {position} of {total} is {what}; send DICOM Part-10 files, a zip of "
             "them, or one NIfTI volume (.nii / .nii.gz)"
         )
+    if kind is FileKind.ZIP:
+        try:
+            check_member_count(stream, max_archive_members)
+        except ArchiveRejectedError as exc:
+            raise ArchiveRejectedError(f"file {position} of {total}: {exc.message}") from exc
     if kind is FileKind.ZIP and not _zip_holds_files(stream):
         raise EmptyUploadError(
             f"file {position} of {total} is a zip archive that holds no files; zip the "

@@ -1,0 +1,85 @@
+"""How many entries a zip archive lists, read from its end record alone.
+
+Kept apart from :mod:`radserve.ingest` (standard library only): the upload's door
+(:mod:`radserve.service.sniff`) refuses an archive of too many members before anything
+parses its central directory, and an API reader process, which imports the door's
+module, must not load the ingest code (tests/unit/test_api_readers_imports.py).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import BinaryIO
+
+from radserve.errors import StudyError
+
+DEFAULT_MAX_ARCHIVE_MEMBERS = 50_000
+"""Most entries one zip archive's central directory may list (``ingest.max_archive_members``):
+read from its end record before the directory is parsed. zipfile builds a ZipInfo per
+entry (~600 bytes of Python objects each, whatever the entry holds) and discovery opens
+every member: 200,000 empty members took ~13 s and ~270 MB to sniff at the door and
+~100 s to discover (2026-12-06 probe), where the limit was only checked after parsing."""
+
+
+class ArchiveRejectedError(StudyError):
+    """A zip archive is unsafe to read (too large, too many members)."""
+
+    code = "archive_rejected"
+
+
+_EOCD = b"PK\x05\x06"  # end of central directory record: 22 bytes + a comment
+_EOCD_SIZE = 22
+_ZIP64_LOCATOR = b"PK\x06\x07"  # 20 bytes, just before the end record
+_ZIP64_EOCD = b"PK\x06\x06"
+_MAX_COMMENT = 0xFFFF
+
+
+def zip_member_count(stream: BinaryIO) -> int | None:
+    """The entries a zip archive's central directory says it lists, from its end record
+    (and the ZIP64 one), without parsing the directory; None when no end record is found
+    (zipfile then says what is wrong). The stream is left at offset 0."""
+    try:
+        size = stream.seek(0, os.SEEK_END)
+        start = max(0, size - _EOCD_SIZE - _MAX_COMMENT)
+        stream.seek(start)
+        tail = stream.read(size - start)
+        at = tail.rfind(_EOCD)
+        if at < 0 or len(tail) - at < _EOCD_SIZE:
+            return None
+        count = int(struct.unpack_from("<H", tail, at + 10)[0])
+        locator = at - 20
+        if locator >= 0 and tail[locator : locator + 4] == _ZIP64_LOCATOR:
+            (offset,) = struct.unpack_from("<Q", tail, locator + 8)
+            stream.seek(offset)
+            record = stream.read(56)
+            if len(record) == 56 and record[:4] == _ZIP64_EOCD:
+                count = max(count, int(struct.unpack_from("<Q", record, 32)[0]))
+        return count
+    finally:
+        stream.seek(0)
+
+
+def check_member_count(stream: BinaryIO, max_members: int) -> None:
+    """Refuse (:class:`ArchiveRejectedError`) a zip archive whose end record lists more
+    than ``max_members`` entries, before zipfile parses its central directory."""
+    count = zip_member_count(stream)
+    if count is not None and count > max_members:
+        raise ArchiveRejectedError(too_many_members(count, max_members))
+
+
+def too_many_members(count: int, limit: int) -> str:
+    return (
+        f"zip archive lists {count} members, more than ingest.max_archive_members={limit}: "
+        "split the study into smaller archives (or send its files as they are), or raise "
+        "the limit"
+    )
+
+
+__all__ = [
+    "DEFAULT_MAX_ARCHIVE_MEMBERS",
+    "ArchiveRejectedError",
+    "check_member_count",
+    "too_many_members",
+    "zip_member_count",
+]
