@@ -40,7 +40,7 @@ import httpx
 from tests.factories.ports import free_port
 from tests.factories.server_process import radserve_command
 
-from radserve.config import MAX_DURATION_S, number_settings
+from radserve.config import MAX_DURATION_S, SecondsRange, number_settings
 
 # the ports the probe chooses itself (the value under test would replace them)
 NOT_PROBED = frozenset(
@@ -68,6 +68,8 @@ def extremes() -> Iterator[tuple[str, Any]]:
                 bound = float(meta.le)  # type: ignore[arg-type]
             elif isinstance(meta, annotated_types.Lt):
                 bound = float(meta.lt) * (1 - 1e-9)  # type: ignore[operator]
+            elif isinstance(meta, SecondsRange):
+                bound = meta.high_s
         if setting.unit_s is not None:
             longest = MAX_DURATION_S / setting.unit_s
             bound = longest if bound is None else min(bound, longest)

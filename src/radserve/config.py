@@ -95,6 +95,40 @@ Milliseconds = _duration(1e-3, "ms")
 Days = _duration(86_400.0, "days")
 
 
+@dataclass(frozen=True)
+class SecondsRange:
+    """Both ends of a duration setting where each matters: a wait on a peer (a year-long
+    timeout on a critical receiver that never answered held its lane ``sending`` with no
+    error shown) or how often something is retried or polled (5e-324 s retried a down
+    receiver ~15 times a second, each attempt a warning line). Kept in the field's
+    metadata, so tests and tools read the bounds from the settings themselves."""
+
+    low_s: float
+    high_s: float
+    why: str
+
+    def check(self, value: float) -> float:
+        if not self.low_s <= value <= self.high_s:
+            raise ValueError(f"must be from {self.low_s:g} to {self.high_s:g} s ({self.why})")
+        return value
+
+
+def _seconds_in(bounds: SecondsRange) -> Any:
+    return Annotated[float, AfterValidator(bounds.check), bounds]
+
+
+# a peer's answer (an HTTP or syslog receiver, a FHIR server, a DICOM peer): each attempt
+# of a sender ends within this, answered or not (radserve.http_deadline for HTTP)
+PEER_TIMEOUT = SecondsRange(0.1, 300.0, "the longest one attempt may wait on a peer")
+# a back-off's waits between attempts to a peer that failed
+RETRY_INTERVAL = SecondsRange(0.1, 86_400.0, "a wait between attempts, at most a day")
+# how often a loop looks again (a table, a probe, a recomputation)
+POLL_INTERVAL = SecondsRange(0.01, 3600.0, "how often it looks again, at most an hour")
+PeerTimeout = _seconds_in(PEER_TIMEOUT)
+RetryInterval = _seconds_in(RETRY_INTERVAL)
+PollInterval = _seconds_in(POLL_INTERVAL)
+
+
 class _Section(BaseModel):
     # no setting means "infinity" (0 or null says "none" where a limit can be off): an
     # infinite timeout hangs a worker on a peer that never answers (fhir.timeout_s:
@@ -219,7 +253,7 @@ class JobSettings(_Section):
     # every third of it; every ``lease_poll_s`` each replica takes over the jobs whose
     # lease expired (their replica died). One server alone holds every lease.
     lease_s: Seconds = Field(default=60.0, gt=0)
-    lease_poll_s: Seconds = Field(default=5.0, gt=0)
+    lease_poll_s: PollInterval = 5.0
     # how long a job's progress write (running, its result and deliveries, failed) waits
     # for a database that does not answer (a restart); past it the write is held and
     # made, in order, when the database answers again (radserve.service.deferred)
@@ -381,7 +415,7 @@ class StorageSettings(_Section):
     (a hung mount), makes ``/readyz`` say not ready until a probe succeeds again -- or,
     with ``fallback_dir``, ready but degraded while studies and results go there."""
 
-    probe_interval_s: Seconds = Field(default=5.0, gt=0)
+    probe_interval_s: PollInterval = 5.0
     probe_timeout_s: Seconds = Field(default=10.0, gt=0)
     # a local folder for studies and results while data_dir cannot be written; moved
     # back when it can (radserve.service.failover). None: such uploads are refused (503)
@@ -418,6 +452,7 @@ class IngestSettings(_Section):
     max_header_elements: int = Field(default=500_000, gt=0)
     max_study_bytes: int = Field(default=16 * 2**30, gt=0)
     max_frames: int = Field(default=50_000, gt=0)
+    max_archive_members: int = Field(default=50_000, gt=0)
     min_spacing_mm: float = Field(default=0.01, gt=0)
     max_pixel_spacing_mm: float = Field(default=20.0, gt=0)
     max_slice_spacing_mm: float = Field(default=50.0, gt=0)
@@ -547,7 +582,7 @@ class GatewaySettings(_Section):
     # holding connections open cannot lock the PACS out
     reserved_for_peers: int = Field(default=4, ge=0)
     # a PDU must arrive whole this long after its read began; longer ones are refused
-    pdu_timeout_s: Seconds = Field(default=30.0, gt=0)
+    pdu_timeout_s: PeerTimeout = 30.0
     max_pdu_bytes: int = Field(default=1024**2, ge=16 * 1024)
     # the maximum P-DATA PDU the SCP advertises (capped at max_pdu_bytes): senders such
     # as dcmtk's storescu cut each instance into PDUs of this size, each one a round of
@@ -566,15 +601,15 @@ class GatewaySettings(_Section):
     receivers: int = Field(default=2, ge=1, le=64)
     # ACSE: waiting for an association request/answer (also: idle new connections);
     # DIMSE: waiting for a message; network: an established association with no traffic
-    acse_timeout_s: Seconds = Field(default=30.0, gt=0)
-    dimse_timeout_s: Seconds = Field(default=60.0, gt=0)
-    network_timeout_s: Seconds = Field(default=60.0, gt=0)
+    acse_timeout_s: PeerTimeout = 30.0
+    dimse_timeout_s: PeerTimeout = 60.0
+    network_timeout_s: PeerTimeout = 60.0
     # the outbox SCU: TCP connect
-    connect_timeout_s: Seconds = Field(default=10.0, gt=0)
+    connect_timeout_s: PeerTimeout = 10.0
     # the outbox's back-off for results to the PACS: first wait, doubling up to the
     # cap, then failed_permanent this long after the result was queued
-    retry_first_s: Seconds = Field(default=30.0, gt=0)
-    retry_max_s: Seconds = Field(default=3600.0, gt=0)
+    retry_first_s: RetryInterval = 30.0
+    retry_max_s: RetryInterval = 3600.0
     give_up_after_s: Seconds = Field(default=72 * 3600.0, gt=0)
     # SCP: TLS when cert + key are set; outbox: ca (required) and cert + key for peers
     # with ``tls: true``
@@ -703,11 +738,11 @@ class FhirSettings(_Section):
     url: HttpUrl | None = None
     # sent as ``Authorization: Bearer <token>``; never logged, masked by ``config show``
     bearer_token: HeaderSecret = None
-    timeout_s: Seconds = Field(default=30.0, gt=0)
+    timeout_s: PeerTimeout = 30.0
     # back-off: first wait, doubling up to the cap; a bundle still failing after
     # ``give_up_after_s`` is marked failed_permanent
-    retry_first_s: Seconds = Field(default=30.0, gt=0)
-    retry_max_s: Seconds = Field(default=3600.0, gt=0)
+    retry_first_s: RetryInterval = 30.0
+    retry_max_s: RetryInterval = 3600.0
     give_up_after_s: Seconds = Field(default=72 * 3600.0, gt=0)
     # Patient.identifier.system of the DICOM Patient ID (radserve.report.fhir.patient):
     # ``issuer_systems`` maps an Issuer of Patient ID (0010,0021) to a system URI (OIDs
@@ -743,7 +778,7 @@ class OutboxSettings(_Section):
     lease_s: Seconds = Field(default=900.0, gt=0)
     # with replicas > 1: how often a destination's sender looks for deliveries other
     # replicas queued, and a replica not sending to it tries to take it over
-    lane_poll_s: Seconds = Field(default=5.0, gt=0)
+    lane_poll_s: PollInterval = 5.0
     unreachable_after_s: Seconds = Field(default=900.0, ge=0)
     # False: /readyz stays 200 and says "degraded", naming the destination; True: 503
     unreachable_is_not_ready: bool = False
@@ -766,10 +801,10 @@ class SyslogSettings(_Section):
     format: Literal["dicom", "fhir"] = "dicom"
     app_name: str = Field(default="radserve", pattern=r"^[!-~]{1,48}$")
     cursor_file: Path | None = None
-    timeout_s: Seconds = Field(default=10.0, gt=0)
-    retry_first_s: Seconds = Field(default=1.0, gt=0)
-    retry_max_s: Seconds = Field(default=60.0, gt=0)
-    poll_s: Seconds = Field(default=2.0, gt=0)  # also picks up other processes' records
+    timeout_s: PeerTimeout = 10.0
+    retry_first_s: RetryInterval = 1.0
+    retry_max_s: RetryInterval = 60.0
+    poll_s: PollInterval = 2.0  # also picks up other processes' records
 
     @model_validator(mode="after")
     def _retry_first_within_max(self) -> SyslogSettings:
@@ -932,7 +967,7 @@ class VariantBuildSettings(_Section):
 class LifecycleSettings(_Section):
     """Model lifecycle in the running server (radserve.lifecycle; docs/models.md)."""
 
-    poll_s: Seconds = Field(default=2.0, gt=0)  # how often the deployments table is read
+    poll_s: PollInterval = 2.0  # how often the deployments table is read
     # share (percent) of canary studies also run on stable afterwards, to compare them
     compare_canary_percent: float = Field(default=100.0, ge=0, le=100)
     # comparison runs waiting for an idle server, per version whose record they feed
@@ -949,7 +984,7 @@ class SyslogTargetSettings(_Section):
     collector) or, with ``transport: tcp``, plain TCP (RFC 6587 octet counting); no UDP:
     nothing would say a datagram arrived."""
 
-    timeout_s: Seconds = Field(default=10.0, gt=0)
+    timeout_s: PeerTimeout = 10.0
     port: int | None = Field(default=None, ge=1, le=65535)  # default 6514 (tls), 514 (tcp)
     transport: Literal["tls", "tcp"] = "tls"
     tls: TlsSettings = TlsSettings()
@@ -998,7 +1033,7 @@ class TurnaroundSettings(_Section):
     # are counted (radserve_deadline_risk_alerts_dropped_total), logged and audited
     risk_alert_grace_s: Seconds = Field(default=3.0, ge=0, le=60)
     # ETAs are recomputed after scheduling events, at most this often
-    recompute_interval_s: Seconds = Field(default=0.5, gt=0)
+    recompute_interval_s: PollInterval = 0.5
     # succeeded jobs read back at start to learn service times from
     history_jobs: int = Field(default=200, ge=0, le=1000)
     # ETAs scaled per class by the median actual/predicted time to finish of this many
@@ -1120,8 +1155,8 @@ class CriticalSettings(_Section):
     receivers: tuple[CriticalReceiverSettings, ...] = ()
     rules: tuple[CriticalRule, ...] = ()
     # back-off between attempts: first wait, doubling up to the cap
-    retry_first_s: Seconds = Field(default=2.0, gt=0)
-    retry_max_s: Seconds = Field(default=60.0, gt=0)
+    retry_first_s: RetryInterval = 2.0
+    retry_max_s: RetryInterval = 60.0
 
     @model_validator(mode="after")
     def _unique_receivers(self) -> CriticalSettings:

@@ -24,7 +24,7 @@ pytestmark = pacs_marks("storescu")
 def test_a_vna_that_never_answers_does_not_delay_the_pacs(tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as silent:
         vna = {"ae_title": "VNA", "host": "127.0.0.1", "port": silent.getsockname()[1]}
-        with pacs_and_gateway(tmp_path, peers_before=(vna,), gateway__acse_timeout_s=600) as (
+        with pacs_and_gateway(tmp_path, peers_before=(vna,), gateway__acse_timeout_s=300) as (
             orthanc,
             service,
         ):

@@ -34,7 +34,7 @@ def _rows(data: Path) -> list:
 def test_a_row_left_sending_by_kill_9_is_sent_again_right_after_restart(tmp_path: Path) -> None:
     with FhirServer() as fhir:
         fhir.script(Answer(delay_s=600))  # the first POST never gets its answer in time
-        config = config_file(tmp_path, fhir={"url": fhir.url, "timeout_s": 600})
+        config = config_file(tmp_path, fhir={"url": fhir.url, "timeout_s": 300})
         data, log, port = tmp_path / "data", tmp_path / "server.log", free_port()
         key = create_key_cli(config, data)
         server = start_server(config, data, port, log)

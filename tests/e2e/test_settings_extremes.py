@@ -8,7 +8,6 @@ be refused at load, naming the setting."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from tests.factories.tools import load_tool
 from tests.factories.waits import until
 
 from radserve.config import MAX_DURATION_S as YEAR
+from radserve.config import PEER_TIMEOUT, RETRY_INTERVAL
 
 pytestmark = [pytest.mark.slow, pytest.mark.tools]
 
@@ -48,7 +48,9 @@ def test_each_setting_at_its_extreme_serves_and_past_it_is_refused(tmp_path: Pat
 
 # --- critical-finding receivers and deadline-risk alert receivers at their extremes -------
 
-TINY = math.ulp(0.0)  # the least a timeout or back-off takes (> 0): 5e-324 s
+# the least and the most a receiver's timeout takes (5e-324 s and a year until session 38,
+# when waits on a peer got both ends bounded: radserve.config.PEER_TIMEOUT)
+LEAST, MOST = PEER_TIMEOUT.low_s, PEER_TIMEOUT.high_s
 WEBHOOKS, SYSLOGS, FHIRS = 12, 8, 4
 
 
@@ -58,16 +60,16 @@ def _receivers(hooks: list[FhirServer], logs: list[Collector], ehr: FhirServer) 
     out: list[dict[str, Any]] = []
     for i in range(WEBHOOKS):
         url = f"{hooks[i % len(hooks)].url}/hook{i}"
-        out.append({"name": f"hook{i}", "url": url, "timeout_s": TINY if i % 2 else YEAR})
+        out.append({"name": f"hook{i}", "url": url, "timeout_s": LEAST if i % 2 else MOST})
     for i, log in enumerate(logs):
         out.append({
             "name": f"log{i}", "kind": "syslog", "host": "127.0.0.1", "port": log.port,
-            "transport": "tcp", "timeout_s": TINY if i % 2 else YEAR,
+            "transport": "tcp", "timeout_s": LEAST if i % 2 else MOST,
         })  # fmt: skip
     for i in range(FHIRS):
         out.append({
             "name": f"ehr{i}", "kind": "fhir", "url": f"{ehr.url}/ehr{i}", "flag": i % 2 == 0,
-            "timeout_s": TINY if i % 2 else YEAR,
+            "timeout_s": LEAST if i % 2 else MOST,
         })  # fmt: skip
     return out
 
@@ -93,9 +95,9 @@ def test_critical_and_risk_alert_receivers_at_extreme_settings_serve_and_deliver
     tmp_path: Path,
 ) -> None:
     """24 critical receivers (12 webhooks, 8 syslog collectors, 4 FHIR servers), each at
-    the least (5e-324 s) or the most (a year) timeout the settings take; the back-off
-    from the least first wait to the most cap; the risk webhook and a risk syslog
-    collector at the least timeout, every job at risk (the margin and clearing band a
+    the least (0.1 s) or the most (300 s) timeout the settings take; the back-off from
+    the least first wait to the most cap (0.1 s, a day); the risk webhook and a risk
+    syslog collector at the least timeout, every job at risk (the margin and clearing band a
     year), the stop's grace its most (60 s). A real ``radserve serve``: it answers and
     is ready, not degraded; each receiver acknowledges its notice once, the alert
     receivers get the risk; it stops cleanly with no error line in its log."""
@@ -109,8 +111,8 @@ def test_critical_and_risk_alert_receivers_at_extreme_settings_serve_and_deliver
         tmp_path,
         critical={
             "receivers": _receivers(hooks, logs, ehr),
-            "retry_first_s": TINY,
-            "retry_max_s": YEAR,
+            "retry_first_s": RETRY_INTERVAL.low_s,
+            "retry_max_s": RETRY_INTERVAL.high_s,
         },
         turnaround={
             "risk_margin_s": YEAR,
@@ -121,7 +123,7 @@ def test_critical_and_risk_alert_receivers_at_extreme_settings_serve_and_deliver
                 "host": "127.0.0.1",
                 "port": risk_log.port,
                 "transport": "tcp",
-                "timeout_s": TINY,
+                "timeout_s": LEAST,
             },
         },
     )

@@ -35,7 +35,7 @@ def _settings(tmp_path: Path, port: int, cert: Path, fmt: str = "dicom") -> Sett
         audit__checkpoint_interval_s=0,
         audit__syslog={
             "host": "127.0.0.1", "port": port, "tls": {"ca": str(cert)}, "format": fmt,
-            "retry_first_s": 0.05, "retry_max_s": 0.2, "poll_s": 0.2, "timeout_s": 2,
+            "retry_first_s": 0.1, "retry_max_s": 0.2, "poll_s": 0.2, "timeout_s": 2,
         },
     )  # fmt: skip
 
@@ -191,7 +191,7 @@ def test_a_collector_that_accepts_and_never_answers_does_not_hold_the_stop(
         audit__checkpoint_interval_s=0,
         audit__syslog={
             "host": "127.0.0.1", "port": silent.getsockname()[1],
-            "tls": {"ca": str(certificate[0])}, "timeout_s": 3600, "poll_s": 0.2,
+            "tls": {"ca": str(certificate[0])}, "timeout_s": 300, "poll_s": 0.2,
         },
     )  # fmt: skip
     store, trail = _open(settings)

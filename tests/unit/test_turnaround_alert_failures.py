@@ -201,11 +201,12 @@ def test_an_alert_the_client_cannot_encode_does_not_end_the_alert_thread(
 def test_a_collector_that_accepts_and_never_answers_is_shown_and_the_stop_ends_it(
     tmp_path: Path,
 ) -> None:
-    """The risk collector's timeout at its most (a year), TLS: a collector that accepts
-    the connection and never answers holds the attempt in its handshake. Before, health
-    said nothing, and the stop left the thread blocked with the alert in hand, neither
-    sent nor counted (no metric, no ``turnaround.risk_alerts_dropped`` record)."""
-    from radserve.config import MAX_DURATION_S
+    """The risk collector's timeout at its most (a year until session 38, now
+    PEER_TIMEOUT's 300 s), TLS: a collector that accepts the connection and never
+    answers holds the attempt in its handshake. Before, health said nothing, and the
+    stop left the thread blocked with the alert in hand, neither sent nor counted (no
+    metric, no ``turnaround.risk_alerts_dropped`` record)."""
+    from radserve.config import PEER_TIMEOUT
 
     server = socket.create_server(("127.0.0.1", 0))
     accepted: list[socket.socket] = []
@@ -217,7 +218,7 @@ def test_a_collector_that_accepts_and_never_answers_is_shown_and_the_stop_ends_i
         turnaround__risk_alert_grace_s=1.0,
         turnaround__risk_syslog__host="127.0.0.1",
         turnaround__risk_syslog__port=server.getsockname()[1],
-        turnaround__risk_syslog__timeout_s=MAX_DURATION_S,
+        turnaround__risk_syslog__timeout_s=PEER_TIMEOUT.high_s,
     )
     turnaround.start()
     [alerts] = turnaround._alerts

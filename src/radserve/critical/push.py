@@ -40,6 +40,7 @@ from radserve.domain.findings import Finding
 from radserve.fhir.delivery import unusable_url
 from radserve.gateway.outbox import DeliveryReport, RetryPolicy, decide, log_settled, utc_now
 from radserve.gateway.scu import Outcome, SendResult
+from radserve.http_deadline import deadline_client, total_deadline
 from radserve.store.outbox import NewDelivery, OutboxItem, OutboxKind, OutboxStore, Scope
 
 logger = logging.getLogger(__name__)
@@ -165,7 +166,8 @@ class CriticalOutbox:
         self.policy = policy
         self.batch_size = batch_size
         self.lease = lease
-        self._client = httpx.Client(follow_redirects=False)
+        # each attempt ends within its receiver's timeout_s in all (radserve.http_deadline)
+        self._client = deadline_client()
         self.pushed: list[tuple[str, dt.datetime]] = []  # (notice id, acknowledged at)
 
     def enqueue(
@@ -336,11 +338,17 @@ class CriticalOutbox:
                 logger.exception("critical push to %s failed", item.destination)
                 return SendResult(Outcome.RETRY, f"internal error: {type(exc).__name__}")
         try:
-            response = self._client.post(
-                receiver.url, content=body, headers=receiver.headers(), timeout=receiver.timeout_s
-            )
+            with total_deadline(receiver.timeout_s):
+                response = self._client.post(
+                    receiver.url,
+                    content=body,
+                    headers=receiver.headers(),
+                    timeout=receiver.timeout_s,
+                )
         except httpx.TimeoutException:
-            return SendResult(Outcome.RETRY, f"no answer within {receiver.timeout_s:g} s")
+            return SendResult(
+                Outcome.RETRY, f"no answer within {receiver.timeout_s:g} s (the attempt's total)"
+            )
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
             # the same URL is refused at every attempt: a person must fix it, then rearm
             return SendResult(

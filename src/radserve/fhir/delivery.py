@@ -32,6 +32,7 @@ from radserve import durable
 from radserve.gateway.errors import GatewayError
 from radserve.gateway.outbox import AttemptClock, DeliveryReport, RetryPolicy, settle, utc_now
 from radserve.gateway.scu import Outcome, SendResult
+from radserve.http_deadline import deadline_client, total_deadline
 from radserve.store.outbox import NewDelivery, OutboxItem, OutboxKind, OutboxStore, Scope
 
 logger = logging.getLogger(__name__)
@@ -80,13 +81,15 @@ class FhirClient:
         if destination.bearer_token:
             headers["Authorization"] = f"Bearer {destination.bearer_token}"
         try:
-            response = self._client(destination).post(
-                destination.url, content=body, headers=headers
-            )
+            with total_deadline(destination.timeout_s):  # not per read: a drip ends too
+                response = self._client(destination).post(
+                    destination.url, content=body, headers=headers
+                )
         except httpx.TimeoutException:
             return SendResult(
                 Outcome.RETRY,
-                f"no answer within {destination.timeout_s:g} s ({destination.timeout_setting})",
+                f"no answer within {destination.timeout_s:g} s ({destination.timeout_setting}, "
+                "the attempt's total)",
             )
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
             return SendResult(Outcome.PERMANENT, unusable_url(exc, destination.url_setting))
@@ -104,9 +107,7 @@ class FhirClient:
         client = self._clients.get(key)
         if client is None:
             # no redirects: a moved endpoint is a configuration error, not a detour
-            client = self._clients[key] = httpx.Client(
-                timeout=destination.timeout_s, follow_redirects=False
-            )
+            client = self._clients[key] = deadline_client(timeout_s=destination.timeout_s)
         return client
 
 

@@ -29,6 +29,7 @@ from pydicom.uid import (
 )
 from pynetdicom import AllStoragePresentationContexts
 from pynetdicom import sop_class as sc
+from pynetdicom.service_class import QueryRetrieveServiceClass
 from pynetdicom.status import STATUS_SUCCESS, STATUS_WARNING, code_to_category
 
 from radserve.ingest import rules
@@ -204,15 +205,33 @@ CONTEXT_RESULTS: dict[int, str] = {
 }
 
 
+# what radserve says of a Query/Retrieve context (C-FIND, C-MOVE, C-GET) it refuses
+NOT_QUERY_RETRIEVE = (
+    "radserve is no Query/Retrieve SCP: it takes studies sent to it by C-STORE; ask the "
+    "PACS to C-MOVE a study to radserve's AE title (docs/conformance.md section 8)"
+)
+
+
 def refused_context(abstract_syntax: str, proposed: Sequence[str], result: int) -> str:
     """One refused presentation context in words: its SOP class, what the sender
-    proposed, DICOM's result reason and radserve's own reason for a syntax it refuses
-    on purpose, so the log says why a modality reports "no presentation context"."""
+    proposed, DICOM's result reason and radserve's own reason, so the log says why a
+    modality reports "no presentation context": for refused transfer syntaxes (0x04)
+    why each is refused, for a Query/Retrieve class that radserve serves none. The
+    syntaxes' reasons only with 0x04: a C-MOVE SCU's context (pynetdicom proposes Big
+    Endian among others) read "SOP class not supported (Explicit VR Big Endian ... is
+    not accepted ...)", as though another syntax would have done."""
     syntaxes = ", ".join(UID(s).name for s in proposed) or "none"
     text = f"{UID(abstract_syntax).name} in {syntaxes}: {CONTEXT_RESULTS.get(result, hex(result))}"
-    reasons = [
-        REFUSED_TRANSFER_SYNTAXES[UID(s)] for s in proposed if s in REFUSED_TRANSFER_SYNTAXES
-    ]
-    if result == 0x04 and not reasons:
-        reasons = ["accepted are those of docs/conformance.md section 2.4"]
+    reasons: list[str] = []
+    if result == 0x04:
+        reasons = [
+            REFUSED_TRANSFER_SYNTAXES[UID(s)] for s in proposed if s in REFUSED_TRANSFER_SYNTAXES
+        ] or ["accepted are those of docs/conformance.md section 2.4"]
+    elif result == 0x03 and _is_query_retrieve(abstract_syntax):
+        reasons = [NOT_QUERY_RETRIEVE]
     return text + "".join(f" ({reason})" for reason in reasons)
+
+
+def _is_query_retrieve(abstract_syntax: str) -> bool:
+    """Whether a SOP class is a Query/Retrieve information model (FIND, MOVE or GET)."""
+    return issubclass(sc.uid_to_service_class(abstract_syntax), QueryRetrieveServiceClass)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from radserve.gateway.attempt_log import FailedAttemptLog
 from radserve.gateway.commitment_ledger import CommitmentLedger, CommitmentRequester
 from radserve.gateway.config import Destination
 from radserve.gateway.errors import GatewayConfigError, GatewayError
@@ -336,10 +337,22 @@ def decide(
     return Outcome.PERMANENT, Settlement.failed(item.id, now=now, error=message, attempt=attempt)
 
 
+# failed attempts to a destination that keeps failing: one line a minute, not one each
+FAILED_ATTEMPTS = FailedAttemptLog()
+
+
 def log_settled(item: OutboxItem, outcome: Outcome, settlement: Settlement) -> None:
-    """The log line of a recorded outcome (no patient data: UIDs, destination, reason)."""
+    """The log line of a recorded outcome (no patient data: UIDs, destination, reason);
+    a destination's repeated failed attempts are summarised (:data:`FAILED_ATTEMPTS`)."""
     error = settlement.values.get("last_error")
     if outcome is Outcome.SENT:
+        held = FAILED_ATTEMPTS.got_through(item.destination)
+        if held:
+            logger.info(
+                "outbox: %s reachable again; %d failed attempts to it were not logged",
+                item.destination,
+                held,
+            )
         if error:  # stored, but maybe not as sent (e.g. coerced)
             logger.warning(
                 "outbox: %s stored by %s with a warning: %s",
@@ -352,13 +365,20 @@ def log_settled(item: OutboxItem, outcome: Outcome, settlement: Settlement) -> N
     elif outcome is Outcome.RETRY:
         due = settlement.values["next_attempt_at"]
         assert isinstance(due, dt.datetime)
+        held = FAILED_ATTEMPTS.failed(item.destination)
+        if held is None:
+            return
         logger.warning(
-            "outbox: %s to %s failed (attempt %d), retry at %s: %s",
+            "outbox: %s to %s failed (attempt %d), retry at %s: %s%s",
             item.sop_instance_uid,
             item.destination,
             item.attempts,
             due.isoformat(timespec="seconds"),
             error,
+            f" ({held} more failed attempts to it not logged since its last line; logged "
+            f"at most every {FAILED_ATTEMPTS.repeat_s:g} s)"
+            if held
+            else "",
         )
     else:
         logger.error(

@@ -211,12 +211,15 @@ class Scheduler:
                         retry_after=retry_after,
                     )
             arrival = now - max(0.0, request.age_s)
+            deadline = arrival + self.config.tat(cls)
+            if request.deadline_in_s is not None:  # the job row's (JobRequest)
+                deadline = now + request.deadline_in_s
             job = ScheduledJob(
                 id=request.job_id,
                 cls=cls,
                 work=request.work,
                 arrival=arrival,
-                deadline=arrival + self.config.tat(cls),
+                deadline=deadline,
                 seq=next(self._seq),
             )
             book.add(job, now)

@@ -26,7 +26,11 @@ class JobRequest:
     ``priority`` wins when given; else the configured rules classify ``attributes``
     (DICOM keyword -> value). ``age_s`` says how long ago the job really arrived and
     ``resume`` that it was admitted before a restart (it is then never refused), so a
-    resubmitted job keeps its original deadline.
+    resubmitted job keeps its original deadline. ``deadline_in_s``: the job's deadline
+    already decided elsewhere (the job row's), as seconds from now; the scheduler then
+    keeps it instead of counting its own (arrival + the class's TAT), so its deadline
+    misses and risk events are decided on the deadline the job API shows, not one tens
+    of ms later (the row is written before the job enters the scheduler).
     """
 
     job_id: str
@@ -35,6 +39,7 @@ class JobRequest:
     attributes: Mapping[str, str] = field(default_factory=dict)
     age_s: float = 0.0
     resume: bool = False
+    deadline_in_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,9 @@ from radserve.audit import AuditEvent
 from radserve.audit.events import Action
 from radserve.audit.syslog import NOTICE, WARNING, SyslogClient, SyslogEndpoint, frame, rfc5424
 from radserve.config import RiskSyslogSettings, Settings
+from radserve.gateway.attempt_log import FailedAttemptLog
 from radserve.host import usable_cores
+from radserve.http_deadline import deadline_client, total_deadline
 from radserve.loop_failures import LoopFailures
 from radserve.scheduling import DeadlineMiss, JobEvent, JobState, PriorityClass, Scheduler
 from radserve.service.job_view import JobEta
@@ -784,6 +786,8 @@ class _Alerts:
         # alerts failed since the last delivered one, when the first of them failed
         # (wall clock) and why the last did: None while the receiver takes them
         self._failing: tuple[int, dt.datetime, str] | None = None
+        # a receiver that keeps failing: one error line a minute, counting the others
+        self._failure_lines = FailedAttemptLog()
         self._attempt_since: float | None = None  # monotonic: an attempt in flight
         self._holding = False  # an alert taken from the queue and not settled yet
         self._abandoned = False  # the stop counted the alert in hand: never again
@@ -902,6 +906,13 @@ class _Alerts:
                 with self._lock:
                     self.sent += 0 if self._abandoned else 1
                     self._failing = None
+                held = self._failure_lines.got_through(self.target.kind)
+                if held:
+                    logger.info(
+                        "deadline-risk %s takes alerts again; %d failed alerts were not logged",
+                        self.target.kind,
+                        held,
+                    )
                 return
             final = isinstance(reason, _Refused)
             if final or delay is None or self._stop.wait(delay):  # stopping: no second try
@@ -939,7 +950,14 @@ class _Alerts:
             else:
                 count, since, _ = self._failing
                 self._failing = (count + 1, since, reason)
-        logger.error("deadline-risk %s failed: %s", self.target.kind, reason)
+        held = self._failure_lines.failed(self.target.kind)
+        if held is not None:
+            logger.error(
+                "deadline-risk %s failed: %s%s",
+                self.target.kind,
+                reason,
+                f" ({held} more failed alerts not logged since the last line)" if held else "",
+            )
 
 
 class _Refused(Exception):
@@ -969,10 +987,13 @@ class _WebhookTarget:
         except (TypeError, ValueError) as exc:
             raise _Refused(f"the alert cannot be written as JSON ({type(exc).__name__})") from None
         if self.client is None:
-            self.client = httpx.Client(timeout=_ALERT_ATTEMPT_S, follow_redirects=False)
+            self.client = deadline_client(timeout_s=_ALERT_ATTEMPT_S)
         headers = {"Content-Type": "application/json"}
         try:
-            with self.client.stream("POST", self.url, content=content, headers=headers) as answer:
+            with (
+                total_deadline(_ALERT_ATTEMPT_S),  # in all, not per read (a drip ends too)
+                self.client.stream("POST", self.url, content=content, headers=headers) as answer,
+            ):
                 status, phrase = answer.status_code, answer.reason_phrase
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
             raise _Refused(f"the HTTP client refuses the URL ({type(exc).__name__})") from None
@@ -984,7 +1005,7 @@ class _WebhookTarget:
         raise _Refused(line)
 
     def abort(self) -> None:
-        """Nothing to end: each read of an attempt waits at most ``_ALERT_ATTEMPT_S``."""
+        """Nothing to end: an attempt ends within ``_ALERT_ATTEMPT_S`` in all."""
 
     def close(self) -> None:
         if self.client is not None:

@@ -72,8 +72,8 @@ REASON_CREATOR = "radserve"
 REASON_CODE = 0x01
 REASON_TEXT = 0x02
 STOW_DIR = "dicomweb"
-# refused parts of one request logged each; the others in one line (a request may hold
-# 100,000 parts: 1,000 parts that were not DICOM logged 1,000 warnings)
+# refused parts (and refused studies) of one request logged each; the others in one line
+# (a request may hold 100,000 parts: 1,000 parts that were not DICOM logged 1,000 warnings)
 LOGGED_REFUSALS = 10
 # the code of a part whose SOP class radserve does not read: the one ingest.validate
 # gives a series of such a class
@@ -331,6 +331,7 @@ def _submit_studies(
         by_study.setdefault(entry.outcome.study_instance_uid, []).append(entry)
     outcomes: list[InstanceOutcome] = []
     jobs: list[S] = []
+    refused: list[str] = []  # the refused studies' error codes, in request order
     for study_uid, entries in by_study.items():
         for entry in entries:
             entry.stream.seek(0)
@@ -338,13 +339,33 @@ def _submit_studies(
             submission = submit([e.stream for e in entries])
         except RadserveError as exc:
             failure = _failure_for(exc)
-            logger.warning("STOW study %s not stored: %s", study_uid, exc.code)
+            if len(refused) < LOGGED_REFUSALS:
+                logger.warning("STOW study %s not stored: %s", study_uid, exc.code)
+            refused.append(exc.code)
             outage = exc if exc.outage else outage
             outcomes += [_failed(e.outcome, failure, exc.message, exc.code) for e in entries]
             continue
         jobs.append(submission)
         outcomes += [e.outcome for e in entries]
+    _log_unlogged_studies(refused)
     return outcomes, tuple(jobs), outage
+
+
+def _log_unlogged_studies(codes: Sequence[str]) -> None:
+    """One line for the refused studies past the first :data:`LOGGED_REFUSALS` (each of
+    which had its own), as :func:`_log_unlogged` does for parts: a request may hold
+    thousands of studies, each refused (a full queue) with a line of its own before."""
+    rest = codes[LOGGED_REFUSALS:]
+    if not rest:
+        return
+    counts: dict[str, int] = {}
+    for code in rest:
+        counts[code] = counts.get(code, 0) + 1
+    logger.warning(
+        "STOW: %d more study(ies) not stored (%s); the response names each instance's reason",
+        len(rest),
+        ", ".join(f"{n} {code}" for code, n in sorted(counts.items())),
+    )
 
 
 # what check_part reads before ingest's own read (_check_complete): the UIDs and what
