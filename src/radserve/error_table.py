@@ -107,6 +107,10 @@ TABLE: dict[str, ErrorMapping] = {
     "radserve.scheduling.errors.QueueFullError": ErrorMapping(503, stow=OUT_OF_RESOURCES),
     "radserve.scheduling.errors.ModelUnavailableError": _BUSY,
     "radserve.service.errors.InstallsStoppedError": _BUSY,
+    # a newer radserve migrated the database beneath this server: another replica takes it
+    "radserve.service.schema_watch.SchemaChangedError": ErrorMapping(
+        503, stow=OUT_OF_RESOURCES, dicom=OUT_OF_RESOURCES
+    ),
     "radserve.errors.ModelError": _BUSY,  # an installed bundle is broken: not the caller's
     "radserve.errors.InferenceError": _BUSY,  # retryable
     "radserve.store.errors.StoreError": _BUSY,

@@ -9,7 +9,9 @@
   ``/readyz`` (degraded; not ready once every worker is lost) and ``/metrics``
   (``radserve_ray_worker_up`` 0); it is back in both once Ray can place it again, and
   the study that waited meanwhile has one result. Before, ``/readyz`` said ready and
-  nothing in ``/metrics`` told a lost worker.
+  nothing in ``/metrics`` told a lost worker. While every worker is lost, the job's
+  status has no ETA and names what it waits for (``waiting_for``: no_device_worker);
+  before, it showed an ETA as if its batches ran.
 - A Ray head that does not answer stops ``radserve serve`` after ``ray.startup_timeout_s``
   with the reason, instead of a server that waited for ever (``ray.init`` retries) and
   ignored SIGTERM.
@@ -200,7 +202,19 @@ def test_lost_workers_show_in_readiness_and_metrics_until_they_are_back(tmp_path
         assert _metric(metrics, 'radserve_ray_worker_up{worker="ray-cpu0"}') == 0.0
         assert _metric(metrics, 'radserve_ray_worker_up{worker="ray-cpu1"}') == 0.0
         assert (_metric(metrics, 'radserve_ray_worker_down_seconds{worker="ray-cpu0"}') or 0) > 0
-        assert c.get(f"/v1/jobs/{job_id}", headers=auth(key)).json()["state"] != "succeeded"
+        # the job waits, and says so: no ETA as if its batches ran (before: an ETA, and
+        # nothing told it from a job whose work goes on)
+        job = c.get(f"/v1/jobs/{job_id}", headers=auth(key)).json()
+        assert job["state"] in ("queued", "running"), job
+        assert job["eta"] is None, job
+        waiting = job["waiting_for"]
+        assert waiting is not None and waiting["reason"] == "no_device_worker", job
+        assert "no Ray worker is alive" in waiting["message"], waiting
+        assert "ray-cpu0" in waiting["message"] and "ray-cpu1" in waiting["message"]
+        listed = c.get("/v1/jobs", headers=auth(key)).json()["items"]
+        assert [j["waiting_for"]["reason"] for j in listed if j["id"] == job_id] == [
+            "no_device_worker"
+        ]
 
         ray.kill(holders[0])  # one slot free: one worker back, ready again but degraded
 
@@ -212,6 +226,8 @@ def test_lost_workers_show_in_readiness_and_metrics_until_they_are_back(tmp_path
 
         body = until(one_back, "one worker back", 120)
         assert body["degraded"] is True, body
+        job = c.get(f"/v1/jobs/{job_id}", headers=auth(key)).json()
+        assert job["waiting_for"] is None, job
         assert wait_job(c, job_id, key, timeout=180)["state"] == "succeeded"
         ray.kill(holders[1])
         until(

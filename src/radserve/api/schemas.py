@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from radserve.api.server_paths import without_server_paths
-from radserve.service.job_view import JobEta, JobView
+from radserve.service.job_view import JobEta, JobView, JobWait
 from radserve.service.sniff import input_kind
 from radserve.store import JobRecord
 
@@ -87,6 +87,25 @@ class EtaOut(_Out):
         return cls(**{f.name: getattr(eta, f.name) for f in dataclasses.fields(eta)})
 
 
+class WaitingOut(_Out):
+    """Why none of the job's work can run on this server now, although its state says
+    queued or running: it waits, and has no ETA until the block ends."""
+
+    reason: str = Field(
+        description="a stable code: no_device_worker (every Ray worker is lost), "
+        "lease_unproven (the job leases cannot be renewed), schema_not_current (a newer "
+        "radserve migrated the database)"
+    )
+    message: str = Field(description="what blocks the work and what ends the block")
+    since: dt.datetime
+
+    @classmethod
+    def of(cls, wait: JobWait | None) -> WaitingOut | None:
+        if wait is None:
+            return None
+        return cls(reason=wait.reason, message=wait.message, since=wait.since)
+
+
 def deadline_missed(job: JobRecord, now: dt.datetime) -> bool:
     """Whether ``job`` finished after its deadline, or is unfinished at ``now`` after it
     (a cancelled job missed nothing): the only part of a status answer that changes
@@ -124,7 +143,15 @@ class JobOut(_Out):
         description="what the gateway learnt about the job's input (late instances, a "
         "transfer cut off); those recorded before the report was written are in it too",
     )
-    eta: EtaOut | None = Field(None, description="queued and running jobs: predicted times")
+    eta: EtaOut | None = Field(
+        None,
+        description="queued and running jobs: predicted times; null while waiting_for is set",
+    )
+    waiting_for: WaitingOut | None = Field(
+        None,
+        description="unfinished jobs none of whose work can run on this server now (every "
+        "Ray worker lost, new work held): why, and since when; null while work can run",
+    )
     links: dict[str, str]
 
     @classmethod
@@ -132,7 +159,12 @@ class JobOut(_Out):
         cls, view: JobView, now: dt.datetime | None = None, *, show_source: bool = False
     ) -> JobOut:
         return cls.from_record(
-            view.record, view.position, view.eta, now=now, show_source=show_source
+            view.record,
+            view.position,
+            view.eta,
+            now=now,
+            show_source=show_source,
+            waiting_for=view.waiting_for,
         )
 
     @classmethod
@@ -144,6 +176,7 @@ class JobOut(_Out):
         *,
         now: dt.datetime | None = None,
         show_source: bool = False,
+        waiting_for: JobWait | None = None,
     ) -> JobOut:
         """``now`` (default: the clock) decides ``deadline_missed`` of an unfinished job.
         ``show_source``: give ``cached_from``, the earlier job whose result answered this
@@ -191,6 +224,7 @@ class JobOut(_Out):
                 if isinstance(w, dict)
             ],
             eta=EtaOut.of(eta),
+            waiting_for=None if job.terminal else WaitingOut.of(waiting_for),
             links=links,
         )
 

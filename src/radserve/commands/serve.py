@@ -116,7 +116,8 @@ def run_server(
     config_file: Path | None = None,
 ) -> None:
     """Start the service, the API and the console on ``settings`` and serve until
-    SIGINT/SIGTERM (a clean stop then exits 0; a second Ctrl-C forces it). One start-up
+    SIGINT/SIGTERM (a clean stop then exits 0; a second Ctrl-C forces it), or until a newer
+    radserve migrates the database (a clean stop, then :class:`SchemaChangedError`). One start-up
     path for ``radserve serve`` and ``radserve demo --serve``: ``on_started`` gets the
     base URL once the socket is bound (the real port when ``server.port`` is 0), on the
     event loop, so it must not block."""
@@ -193,11 +194,25 @@ def run_server(
                 await asyncio.to_thread(readers.stop)
             await super().shutdown(sockets)
 
+    server = _Server(config)
+    stopped_for: list[str] = []
+
+    def stop_for(why: str) -> None:  # from the lease keeper's thread: uvicorn polls it
+        stopped_for.append(why)
+        server.should_exit = True
+
+    # a newer radserve migrated the database beneath it (radserve.service.schema_watch):
+    # a clean stop, then the start's one line and exit 2
+    service.stop_requested = stop_for
     try:
-        _Server(config).run()
+        server.run()
     finally:
         if readers is not None:
             readers.close()
+    if stopped_for:
+        from radserve.service.schema_watch import SchemaChangedError
+
+        raise SchemaChangedError(stopped_for[0])
 
 
 class _Readers:

@@ -187,9 +187,10 @@ def _day_start(day: dt.date, name: str, *, days: int = 0) -> dt.datetime | None:
         raise InvalidRequestError(f"{name}: {day.isoformat()} is out of range") from None
 
 
-def _etas(request: Request, who: Principal) -> dict[str, dict[str, Any]]:
+def _etas(request: Request, who: Principal) -> dict[str, dict[str, Any] | None]:
     """The ETAs of the unfinished jobs ``who`` may see, to the second (they move with
-    every scheduler event; the worklist gets them without re-reading rows)."""
+    every scheduler event; the worklist gets them without re-reading rows); None for a
+    job that has none, so the worklist drops one it showed (every Ray worker lost)."""
     service = _service(request)
     _, order = service.scheduler.queue_order()
     out: dict[str, dict[str, Any]] = {}
@@ -198,12 +199,14 @@ def _etas(request: Request, who: Principal) -> dict[str, dict[str, Any]]:
         if record is None or not _visible(request, who, [record]):
             continue
         eta = EtaOut.of(service.jobs.eta(record))
-        if eta is not None:
-            body = eta.model_dump(mode="json")
-            body.pop("computed_at", None)
-            for name in ("predicted_start", "predicted_finish", "predicted_finish_late"):
-                body[name] = body[name][:19] + "Z" if body[name] else None
-            out[record.id] = body
+        if eta is None:  # none (any more): nothing can run its work now (waiting_for)
+            out[record.id] = None
+            continue
+        body = eta.model_dump(mode="json")
+        body.pop("computed_at", None)
+        for name in ("predicted_start", "predicted_finish", "predicted_finish_late"):
+            body[name] = body[name][:19] + "Z" if body[name] else None
+        out[record.id] = body
     return out
 
 
@@ -231,7 +234,7 @@ async def events(
             if start is None:
                 yield f"id: {seq}\nevent: hello\ndata: {{}}\n\n".encode()
             positions: dict[str, int] = {}
-            sent_etas: dict[str, dict[str, Any]] = {}
+            sent_etas: dict[str, dict[str, Any] | None] = {}
             # shorter than server.request_timeout_s, so the timeout middleware never cuts
             # a stream mid-event (a cut one would reconnect and lose nothing anyway)
             ends = loop.time() + min(STREAM_S, 0.8 * service.settings.server.request_timeout_s)

@@ -1,4 +1,5 @@
-"""What the API shows of a job beyond its record: its queue position and ETA.
+"""What the API shows of a job beyond its record: its queue position, its ETA, and what
+it waits for when nothing on this server can run it.
 
 A module of its own (only the store's record type under it): the API reader processes
 unpickle these views from the serving process's snapshot (:mod:`radserve.api.
@@ -29,12 +30,24 @@ class JobEta:
 
 
 @dataclass(frozen=True)
+class JobWait:
+    """Why no work of an unfinished job can run on this server now (every Ray device
+    worker lost, new work held): its state still says ``queued`` or ``running``, so the
+    view names the block and gives no ETA (:mod:`radserve.service.work_waits`)."""
+
+    reason: str  # a stable code: no_device_worker | lease_unproven | schema_not_current
+    message: str  # what blocks the work and what ends the block
+    since: dt.datetime  # UTC
+
+
+@dataclass(frozen=True)
 class JobView:
     """A job record plus what only the running scheduler knows."""
 
     record: JobRecord
     position: int | None  # among waiting jobs; None unless queued
     eta: JobEta | None = None  # queued and running jobs (radserve.service.turnaround)
+    waiting_for: JobWait | None = None  # unfinished jobs nothing can run now (eta None)
 
 
-__all__ = ["JobEta", "JobView"]
+__all__ = ["JobEta", "JobView", "JobWait"]

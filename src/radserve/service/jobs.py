@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from radserve.service.errors import OutputNotFoundError, ResultNotReadyError
-from radserve.service.job_view import JobEta, JobView
+from radserve.service.job_view import JobEta, JobView, JobWait
 from radserve.service.jobcache import JobCache
 from radserve.store import InvalidTransitionError, JobPage, JobRecord, JobState, Store
 
@@ -61,6 +61,8 @@ class JobAccess:
         self._reprioritising = threading.Lock()
         # job id -> its ETA (set by the service to its turnaround view)
         self.eta_of: Callable[[str], JobEta | None] = lambda job_id: None
+        # what blocks all work of this server now (radserve.service.work_waits), or None
+        self.waits_for: Callable[[], JobWait | None] = lambda: None
 
     # --- status -----------------------------------------------------------------------
     def cached(self, job_id: str) -> JobRecord | None:
@@ -86,10 +88,18 @@ class JobAccess:
         if record.state in (JobState.RECEIVED, JobState.QUEUED):
             info = self.scheduler.job_info(record.id)
             position = info.position if info is not None else None
-        return JobView(record, position, self.eta(record))
+        waiting = None if record.terminal else self.waits_for()
+        eta = None if waiting is not None else self._eta(record)
+        return JobView(record, position, eta, waiting)
 
     def eta(self, record: JobRecord) -> JobEta | None:
-        """The ETA of a queued or running job (None for others)."""
+        """The ETA of a queued or running job (None for others, and while nothing can run
+        its work: :attr:`waits_for`; an ETA then would show progress that is not made)."""
+        if record.terminal or self.waits_for() is not None:
+            return None
+        return self._eta(record)
+
+    def _eta(self, record: JobRecord) -> JobEta | None:
         if record.state not in (JobState.QUEUED, JobState.RUNNING):
             return None
         return self.eta_of(record.id)

@@ -51,6 +51,7 @@ from typing import Protocol
 
 from radserve.errors import RadserveError
 from radserve.loop_failures import LoopFailures
+from radserve.service.schema_watch import SchemaWatch
 from radserve.store import Claimed, Lease, LeaseLostError, Store
 from radserve.store.replica_config import differences
 
@@ -89,8 +90,15 @@ class LeaseKeeper:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         destinations: Mapping[str, str] | None = None,
+        schema: SchemaWatch | None = None,
+        on_schema_changed: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
+        # read with each renewal: once a newer radserve migrated the database, no lease
+        # is renewed any more and ``on_schema_changed`` stops the server
+        # (radserve.service.schema_watch)
+        self.schema = schema
+        self.on_schema_changed = on_schema_changed
         # this replica's destination digests (radserve.service.replica_config), written
         # with each renewal and compared with the other replicas' (shared only)
         self.destinations = dict(destinations) if destinations is not None else None
@@ -136,16 +144,24 @@ class LeaseKeeper:
             if now >= next_renew:
                 renewed = self._round(self._renewals, self.renew)
                 next_renew = now + (self.renew_s if renewed else min(self.renew_s, RETRY_S))
-            if self.shared and now >= next_poll:
+            # a server whose schema changed beneath it takes over nobody's jobs
+            stopping = self.schema is not None and self.schema.changed is not None
+            if self.shared and now >= next_poll and not stopping:
                 took = self._round(self._take_overs, self.take_over)
                 next_poll = now + (self.poll_s if took else min(self.poll_s, RETRY_S))
             self.check_proof()
-            due = [next_renew, next_poll] if self.shared else [next_renew]
-            if self.runs is not None and not self.holding:
+            due = [next_renew, next_poll] if self.shared and not stopping else [next_renew]
+            if self.runs is not None and not self.holding and not stopping:
                 due.append(self.proven_until)
             self._stop.wait(max(0.05, min(due) - self.clock()))
 
     def renew(self) -> None:
+        if self.schema is not None:
+            changed = self.schema.check()
+            if changed is not None and self.on_schema_changed is not None:
+                self.on_schema_changed(changed)
+            if self.schema.changed is not None:  # the newer radserve's replicas take over
+                return
         started, runs = self.clock(), self.runs
         running = runs.unfinished() if runs is not None else set()
         self.held = self.store.renew_leases(self.lease)
@@ -238,8 +254,9 @@ class LeaseKeeper:
         return since is not None and renewed.timestamp() <= since
 
     def check_proof(self) -> None:
-        """Hold the scheduler's work while the lease is not proven; release it after."""
-        if self.runs is None:
+        """Hold the scheduler's work while the lease is not proven; release it after
+        (never once the schema changed: that hold stays, radserve.service.schema_watch)."""
+        if self.runs is None or (self.schema is not None and self.schema.changed is not None):
             return
         proven = self.clock() < self.proven_until
         if not proven and not self.holding:

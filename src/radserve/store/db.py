@@ -18,6 +18,7 @@ from sqlalchemy import DateTime, Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, Dialect, make_url
 from sqlalchemy.types import TypeDecorator
 
+from radserve.store.deadline import StatementDeadlines
 from radserve.store.errors import StoreError
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,12 @@ PG_CLIENT_OPTIONS = {
     "keepalives_count": 4,
     "tcp_user_timeout": 30_000,
 }
+# radserve's own deadline for a statement (and the pool's pre-ping) on PostgreSQL: a
+# frozen database host whose kernel still acknowledges TCP never answers and never
+# closes, which neither the keepalives nor tcp_user_timeout nor the server's timeouts
+# notice; past it the connection is cut, an outage (503 with Retry-After) instead of a
+# request that waits for ever (radserve.store.deadline). Longer than the lock_timeout.
+PG_STATEMENT_DEADLINE_S = 30.0
 _WRITE_OPTION = "radserve_write"
 
 
@@ -106,6 +113,7 @@ def make_engine(url: str | URL) -> Engine:
             parsed, pool_pre_ping=True, pool_timeout=POOL_TIMEOUT_S, connect_args=options
         )
         _configure_postgresql(engine)
+        StatementDeadlines(PG_STATEMENT_DEADLINE_S).install(engine)
     logger.debug("database engine for %s", parsed.render_as_string(hide_password=True))
     return engine
 

@@ -19,6 +19,7 @@ from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, text
 
 from radserve.store.db import writer
+from radserve.store.deadline import NO_DEADLINE
 from radserve.store.errors import SchemaNotCurrentError
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,8 @@ def upgrade(engine: Engine, revision: str = "head", *, only_empty: bool = False)
     ``only_empty`` (a writing command other than serve), create it on an empty database
     but refuse any other revision than head with :class:`SchemaNotCurrentError`, checked
     under the lock so that a store another process creates meanwhile is not upgraded."""
-    with writer(engine).begin() as connection:
+    # no deadline: it may wait for another server's migration (radserve.store.deadline)
+    with writer(engine).execution_options(**{NO_DEADLINE: True}).begin() as connection:
         if connection.dialect.name == "postgresql":
             # another server's migration, or an older server's transactions, may hold
             # the locks this one needs for longer than the pool's lock_timeout
