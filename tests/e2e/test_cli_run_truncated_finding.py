@@ -65,7 +65,7 @@ def _by_lesion(report) -> dict[str, object]:
 def test_report_json_flags_only_the_cut_lesion(run) -> None:
     out, _ = run
     raw = json.loads((out / "report.json").read_text())
-    assert raw["schema_version"] == "2.6"
+    assert raw["schema_version"] == "2.7"
     lesions = _by_lesion(read_report(out / "report.json"))
     assert set(lesions) == {"cut", "whole"}
     assert (lesions["cut"].coverage, lesions["cut"].edges) == ("partial", ("first_slice",))

@@ -34,7 +34,10 @@ from radserve.report import (
     write_json_schema,
     write_report,
 )
+from radserve.report.fhir.resources import diagnostic_report_uid
 from radserve.report.json_report import SCHEMA_PATH
+from radserve.report.schema import Lineage
+from radserve.service.lineage import diagnostic_report_uid as lineage_report_uid
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPE, SPACING = (12, 32, 32), (2.0, 0.8, 0.8)
@@ -184,13 +187,32 @@ def test_a_2_0_report_reads_as_2_1_with_its_label_maps_unchanged(tmp_path: Path)
     path = tmp_path / "r.json"
     path.write_text(json.dumps(raw))
     back = read_report(path)
-    assert back.schema_version == SCHEMA_VERSION == "2.6"
+    assert back.schema_version == SCHEMA_VERSION == "2.7"
     assert back.model_dump(exclude={"schema_version"}) == report.model_dump(
         exclude={"schema_version"}
     )
 
 
-def test_a_2_5_report_reads_as_2_6_without_pauses(tmp_path: Path) -> None:
+def test_a_2_6_lineage_reads_as_2_7_and_keeps_its_diagnostic_report(tmp_path: Path) -> None:
+    """2.7 only adds ``lineage.report_uid``: a 2.6 report's lineage reads with it null,
+    and its FHIR DiagnosticReport keeps the identifier derived from study and pipeline
+    (a re-run under 2.7 without a visibility rule writes that same identifier)."""
+    report = _report().model_copy(update={"lineage": Lineage(generation=2)})
+    raw = json.loads(report.model_dump_json())
+    raw["schema_version"] = "2.6"
+    del raw["lineage"]["report_uid"]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(raw))
+    back = read_report(path)
+    assert back.schema_version == "2.7" and back.lineage is not None
+    assert back.lineage.report_uid is None
+    assert diagnostic_report_uid(back) == lineage_report_uid("1.2.3", "abdomen", "")
+    assert diagnostic_report_uid(back) != lineage_report_uid("1.2.3", "abdomen", "site:A")
+    scoped = Lineage(generation=1, report_uid=lineage_report_uid("1.2.3", "abdomen", "site:A"))
+    assert diagnostic_report_uid(back.model_copy(update={"lineage": scoped})) == (scoped.report_uid)
+
+
+def test_a_2_5_report_reads_as_2_7_without_pauses(tmp_path: Path) -> None:
     """2.6 only adds ``paused``: a 2.5 report (no such field) reads with none."""
     raw = json.loads(_report().model_dump_json())
     raw["schema_version"] = "2.5"
@@ -198,7 +220,7 @@ def test_a_2_5_report_reads_as_2_6_without_pauses(tmp_path: Path) -> None:
     path = tmp_path / "r.json"
     path.write_text(json.dumps(raw))
     back = read_report(path)
-    assert back.schema_version == "2.6" and back.paused == {}
+    assert back.schema_version == "2.7" and back.paused == {}
     assert back.timings == _report().timings
 
 
@@ -211,6 +233,6 @@ def test_a_2_4_report_reads_as_2_5_without_instance_counts(tmp_path: Path) -> No
     path = tmp_path / "r.json"
     path.write_text(json.dumps(raw))
     back = read_report(path)
-    assert back.schema_version == "2.6"
+    assert back.schema_version == "2.7"
     assert back.series_selection.rejected[0].instance_count is None
     assert back.series_selection.rejected[0].reason == "localizer"

@@ -28,9 +28,9 @@ from radserve.store import JobRecord
 def report_needs_care(request: Request, principal: Principal, record: JobRecord) -> bool:
     """Whether ``record``'s report may name a job ``principal`` may not see: under a
     rule, any report. A cached job's names the job that ran; a job that ran names as
-    ``supersedes_job_id`` the previous result of the same study, which may be another
-    site's job (the lineage is per study and pipeline: a site's upload of a study another
-    site had run named that site's job through the API readers)."""
+    ``supersedes_job_id`` the previous result of the same study: since lineages are per
+    site (radserve.service.lineage) one of its own site, but a result made before that
+    (migration 0019) may name another site's job, and an admin's job a site's."""
     return restricted(request, principal)
 
 

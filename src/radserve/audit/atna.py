@@ -48,6 +48,7 @@ _SECURITY_ALERT = EventCode("110113", "Security Alert", "E")
 EVENTS: dict[str, EventCode] = {
     Action.JOB_SUBMITTED: _RECEIVED,
     Action.JOB_CACHED: _RECEIVED,
+    Action.JOB_JOINED: _RECEIVED,
     Action.JOB_STARTED: _APP,
     Action.JOB_REQUEUED: _APP,
     Action.JOB_SUCCEEDED: EventCode("110103", "DICOM Instances Accessed", "C"),

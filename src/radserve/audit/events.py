@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 class Action(StrEnum):
     JOB_SUBMITTED = "job.submitted"
     JOB_CACHED = "job.cached"  # answered from the result cache, nothing ran
+    # the same study submitted again while its job was unfinished: that job answers it
+    JOB_JOINED = "job.joined"
     JOB_STARTED = "job.started"
     JOB_REQUEUED = "job.requeued"  # retry, or restart recovery
     JOB_SUCCEEDED = "job.succeeded"

@@ -1,4 +1,4 @@
-"""The radserve JSON report, schema version 2.6: what was found, by which model, on what.
+"""The radserve JSON report, schema version 2.7: what was found, by which model, on what.
 
 One ``Report`` per job. It is the single source the other writers work from: DICOM SEG
 (``outputs.label_maps`` with their ``segments`` + the NIfTI label maps), DICOM SR TID
@@ -35,6 +35,10 @@ reports read as 2.5 with it null (not recorded then).
 2.6: ``paused``, of each stage in ``timings`` the seconds a routine study's stage spent
 paused while URGENT work ran (``radserve serve`` only); older 2.x reports read as 2.6
 with it empty (not recorded then).
+2.7: ``lineage.report_uid``, the identifier of the AI report a result is a version of
+(its FHIR DiagnosticReport's), per lineage: under ``security.visibility`` each site's
+own; older 2.x reports read as 2.7 with it null (derived from the study and pipeline,
+as then).
 ``docs/report-schema.json`` is the JSON Schema export
 (:func:`radserve.report.json_report.write_json_schema`).
 """
@@ -53,7 +57,7 @@ from radserve.domain import Classification, CodedConcept, Finding, OrganMeasurem
 from radserve.models.manifest import ModelSpec
 from radserve.postprocess.diameters import FindingAxes
 
-SCHEMA_VERSION = "2.6"
+SCHEMA_VERSION = "2.7"
 
 
 class _Model(BaseModel):
@@ -199,7 +203,8 @@ class ResultRef(_Model):
 
 
 class Lineage(_Model):
-    """Where this result stands among the results for its study (same pipeline).
+    """Where this result stands among the results for its study (same pipeline; under
+    ``security.visibility`` among those of its submitter's site or submitter).
 
     Generation 1 is the first; a later one supersedes the one before it (a study re-run
     with more or changed instances): its SR references the predecessor's SR, its FHIR
@@ -213,12 +218,20 @@ class Lineage(_Model):
         default_factory=dict,
         description="tracking UID per finding/organ key (finding:<id>, organ:<model>:<value>)",
     )
+    report_uid: str | None = Field(
+        None,
+        description=(
+            "identifier of the AI report this result is a version of (the FHIR "
+            "DiagnosticReport's), the same in every generation of its lineage; null: "
+            "derived from the study and pipeline (2.7)"
+        ),
+    )
 
 
 class Report(_Model):
     """A job's result. Findings are numbered 1..n; ``finding_id`` is the tracking id."""
 
-    schema_version: Literal["2.6"] = SCHEMA_VERSION
+    schema_version: Literal["2.7"] = SCHEMA_VERSION
     generated_at: AwareDatetime = Field(description="ISO 8601 with time zone (UTC)")
     radserve_version: str = __version__
     job_id: str | None = None

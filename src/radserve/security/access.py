@@ -135,6 +135,23 @@ class ReadAccess:
             return reader.submitter is not None and owner.submitter == reader.submitter
         return reader.site is not None and owner.site == reader.site
 
+    def group_of(self, submitted_by: str | None) -> str:
+        """The group of submitters whose non-admin readers see each other's jobs under the
+        rule, that of the key (or local user) ``submitted_by``: ``site:<site>``
+        (``site``), ``submitter:<name>`` (``own_submitter``), ``actor:<id>`` for a key of
+        no such scope (it sees only its own jobs), ``''`` without a rule and for a job no
+        key submitted (the DICOM gateway's, which no site sees). A study's results are
+        one lineage per group (radserve.service.lineage): a site never supersedes, nor
+        names, another site's result."""
+        if self.visibility == "all" or submitted_by is None:
+            return ""
+        owner = self.owner_scope(submitted_by)
+        if self.visibility == "own_submitter":
+            name = None if owner is None else owner.submitter
+            return f"submitter:{name}" if name is not None else f"actor:{submitted_by}"
+        site = None if owner is None else owner.site
+        return f"site:{site}" if site is not None else f"actor:{submitted_by}"
+
     def local_members(self, scope: str | None) -> tuple[str, ...]:
         """The local users (actor ids) whose scope under the rule is ``scope``: a
         listing's query counts their jobs with those of the keys of that scope."""

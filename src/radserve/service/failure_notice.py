@@ -4,7 +4,9 @@
 each channel that is configured.) ``fhir``, with a FHIR server configured: a transaction
 Bundle goes out through the FHIR outbox: the Patient (conditional create on its
 identifier) and a DiagnosticReport with status ``cancelled``, the same identifier the
-study's AI report would have (so a later successful run amends it), and a conclusion
+study's AI report would have (so a later successful run amends it; under
+``security.visibility`` the one of the submitter's own lineage, never another site's
+report), and a conclusion
 naming the failure's error code. ``sr``, for a study the DICOM gateway received and
 with gateway destinations: a Comprehensive 3D SR saying the analysis failed
 (:mod:`radserve.report.dicom.failure`) is written into the job's result folder, indexed
@@ -21,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -39,6 +42,7 @@ from radserve.report.dicom.failure import FAILURE_SR_FILE, build_failure_sr
 from radserve.report.fhir.bundle import validate_bundle
 from radserve.report.fhir.resources import REPORT_CODE, V2_0074, oid_identifier
 from radserve.service.fhir import FhirDelivery
+from radserve.service.lineage import diagnostic_report_uid
 from radserve.service.metrics import Metrics
 from radserve.store import JobRecord
 from radserve.store.results import ResultIndex
@@ -84,13 +88,14 @@ def study_headers(study_path: Path, policy: IngestPolicy | None = None) -> list[
 
 
 def failure_bundle(
-    job: JobRecord, header: pydicom.Dataset | None, now: dt.datetime
+    job: JobRecord, header: pydicom.Dataset | None, now: dt.datetime, *, scope: str = ""
 ) -> dict[str, Any]:
     """A transaction Bundle: Patient (if the header names one) + a cancelled
-    DiagnosticReport, identified as the study's AI report of this pipeline."""
+    DiagnosticReport, identified as the study's AI report of this pipeline in the lineage
+    of ``scope`` (radserve.service.lineage)."""
     study_uid = header_text(header, "StudyInstanceUID")
     report_uid = (
-        str(generate_uid(entropy_srcs=[study_uid, job.pipeline_name, "fhir-diagnostic-report"]))
+        diagnostic_report_uid(study_uid, job.pipeline_name, scope)
         if study_uid
         else str(generate_uid(entropy_srcs=[job.id, "fhir-diagnostic-report"]))
     )
@@ -155,7 +160,10 @@ class FailureNotices:
         results_root: Path,
         gateway: GatewayBridge | None = None,
         results: ResultIndex | None = None,
+        group_of: Callable[[str | None], str] | None = None,
     ) -> None:
+        """``group_of``: a job's lineage scope (as :class:`ResultLineage` takes it)."""
+        self.group_of = group_of
         self.mode = settings.results.failure_notice
         self.policy = IngestPolicy.from_settings(settings.ingest)  # the bounds ingest read under
         self.metrics = metrics
@@ -204,7 +212,8 @@ class FailureNotices:
                 job.id,
             )
             return
-        bundle = failure_bundle(job, header, dt.datetime.now(dt.UTC))
+        scope = "" if self.group_of is None else self.group_of(job.api_key_id)
+        bundle = failure_bundle(job, header, dt.datetime.now(dt.UTC), scope=scope)
         study_uid = header_text(header, "StudyInstanceUID")
         self.fhir.outbox.enqueue(
             bundle,

@@ -18,6 +18,10 @@ study is stored, as the SCP and STOW-RS do before filing. The gateways submit wi
 job for it exists — succeeded (run or cached) or still running — gets no new job at all,
 so nothing is run or sent again.
 
+A study submitted again while its job of the same route is unfinished (received, queued
+or running) and visible to the submitter joins that job: no second job, decided under a
+lock on the input so replicas sharing PostgreSQL agree (:mod:`radserve.service.duplicates`).
+
 A result reused from the cache by a job of another route still gets that route's
 deliveries: a study first uploaded over HTTP and then pushed by the PACS gets its SEG/SR
 (written from the cached report and label maps, no model run) sent to the PACS, once;
@@ -53,15 +57,19 @@ from radserve.scheduling import (
     Scheduler,
 )
 from radserve.service.catalog import Catalog, ResolvedPipeline
+from radserve.service.duplicates import join_rule, raise_priority, warm
 from radserve.service.errors import InvalidRequestError
 from radserve.service.failover import SharedStorage
 from radserve.service.jobcache import JobCache
 from radserve.service.own_uploads import without_own_results
+from radserve.service.schema_watch import HELD_REASON as SCHEMA_HELD_REASON
+from radserve.service.schema_watch import SchemaChangedError
 from radserve.service.sniff import check_combination, sniff
 from radserve.service.unclaimed import set_aside_if_refused
 from radserve.service.work import LineageStep, build_work
 from radserve.store import CacheKey, JobRecord, JobState, Lease, Store
 from radserve.store.errors import JobExistsError
+from radserve.store.joins import JoinRule
 from radserve.store.waiting import waiting_for_store
 
 logger = logging.getLogger(__name__)
@@ -82,6 +90,8 @@ class Submission:
     position: int | None = None
     # an existing job answers an unchanged re-send (``reuse=True``): no new job row
     reused: bool = False
+    # the unfinished job of the same input answers it (radserve.service.duplicates)
+    joined: bool = False
 
 
 @dataclass(frozen=True)
@@ -285,11 +295,20 @@ class Intake:
     def precheck(self, pipeline: str | None, priority: PriorityClass | None) -> ResolvedPipeline:
         """Refuse early what can be refused before reading the upload: an unknown
         pipeline or model, or a full queue for a stated class."""
+        self._check_schema()
         resolved = self.catalog.resolve(pipeline)
         self._check_models(resolved)
         if priority is not None:
             self._check_room(priority)
         return resolved
+
+    def _check_schema(self) -> None:
+        """Refuse every new study once a newer radserve migrated the database beneath this
+        server (radserve.service.schema_watch): another replica, of the newer radserve,
+        takes it; this one stops."""
+        held = self.scheduler.held
+        if held is not None and held.reason == SCHEMA_HELD_REASON:
+            raise SchemaChangedError(held.message)
 
     def _check_models(self, resolved: ResolvedPipeline) -> None:
         open_models = self.scheduler.open_models()
@@ -329,7 +348,11 @@ class Intake:
 
         The queue place is reserved before a byte is stored: a refused upload leaves
         nothing behind."""
-        kinds = [sniff(stream, i + 1, len(files)) for i, stream in enumerate(files)]
+        members = self.settings.ingest.max_archive_members
+        kinds = [
+            sniff(stream, i + 1, len(files), max_archive_members=members)
+            for i, stream in enumerate(files)
+        ]
         check_combination(kinds)
         if priority is None:
             priority = self.rules.classify(stream_attributes(files, self.rules.keywords))
@@ -353,6 +376,7 @@ class Intake:
     def reserve(self, cls: PriorityClass, resolved: ResolvedPipeline) -> Slot:
         """A queue place for a new job of ``cls`` (raises :class:`QueueFullError`), once
         no model the pipeline needs has an open breaker (:class:`ModelUnavailableError`)."""
+        self._check_schema()
         self._check_models(resolved)
         return self.admission.reserve(cls)
 
@@ -426,14 +450,46 @@ class Intake:
                 slot = self.reserve(priority, resolved)
             else:
                 priority = slot.cls
+            # the same input submitted again while its job is unfinished: that job answers
+            # it (decided with the row's insert, under a lock: radserve.service.duplicates)
+            key = resolved.cache_key(fingerprint)
+            join = join_rule(
+                key,
+                source=origin.source,
+                priority=priority,
+                sees=origin.sees,
+                scheduler=self.scheduler,
+            )
             try:
+                self._waited(lambda: warm(self.store, key, origin.sees), "the jobs of its input")
                 record = self._new_job(
-                    priority, resolved, study_dir, fingerprint, origin, job_id=job_id
+                    priority, resolved, study_dir, fingerprint, origin, job_id=job_id, join=join
                 )
+                if record.id != job_id:
+                    return self._joined(record, priority, origin)
                 position = self.schedule(record, resolved, slot=slot)
             finally:
                 slot.release()
             return Submission(self.cache.get(record.id) or record, cached=False, position=position)
+
+    def _joined(self, job: JobRecord, priority: PriorityClass, origin: Origin) -> Submission:
+        """The answer of a submission that joined the unfinished ``job`` (raised to
+        ``priority`` when more urgent and still waiting here)."""
+        record = raise_priority(
+            job,
+            priority,
+            scheduler=self.scheduler,
+            store=self.store,
+            cache=self.cache,
+            key_id=origin.key_id,
+            client=origin.client,
+        )
+        logger.info(
+            "study submitted again while job %s is %s: that job answers it; no new job",
+            record.id,
+            record.state.value,
+        )
+        return Submission(self.cache.get(record.id) or record, joined=True)
 
     def _cached_result(self, key: CacheKey, origin: Origin) -> JobRecord | None:
         """The succeeded job whose result answers ``key`` for ``origin``: the cache's
@@ -481,8 +537,11 @@ class Intake:
         **extra: Any,
     ) -> JobRecord:
         """Persist a job row (and cache it) for a study in ``study_dir``; waits out a
-        database outage up to ``server.store_wait_s`` (:meth:`_waited`)."""
+        database outage up to ``server.store_wait_s`` (:meth:`_waited`). ``join``
+        (:class:`JoinRule`): the unfinished job it names is returned instead, uncached
+        (its id is not ``job_id``)."""
         job_id = extra.pop("job_id", None) or str(uuid.uuid4())
+        join: JoinRule | None = extra.pop("join", None)
         fields: dict[str, Any] = {
             "priority_class": priority,
             "deadline": dt.timedelta(seconds=self.scheduler.config.tat(priority)),
@@ -507,6 +566,8 @@ class Intake:
             nonlocal tried
             again, tried = tried, True
             try:
+                if join is not None:
+                    return self.store.create_or_join(join, **fields)[0]
                 return self.store.create_job(**fields)
             except JobExistsError:
                 if not again:
@@ -516,7 +577,8 @@ class Intake:
                 return self.store.get_job(job_id)
 
         record = self._waited(create, "the job row's write")
-        self.cache.put(record)
+        if record.id == job_id:  # a joined job is cached as this server last saw it
+            self.cache.put(record)
         return record
 
     def _waited(self, call: Callable[[], T], what: str) -> T:
@@ -573,13 +635,17 @@ class Intake:
             lineage=self.lineage,
             publish=self.storage if self.storage.enabled else None,
         )
-        age = max(0.0, (dt.datetime.now(dt.UTC) - record.arrival).total_seconds())
+        # the row's arrival and deadline, not the scheduler's own count from now: a job
+        # enters the scheduler tens of ms after its row is written, and its misses and
+        # risk events were decided on a deadline that far off the one the API shows
+        now = dt.datetime.now(dt.UTC)
         request = JobRequest(
             record.id,
             work,
             priority=PriorityClass.parse(str(record.priority_class)),
-            age_s=age if resume else 0.0,
+            age_s=max(0.0, (now - record.arrival).total_seconds()),
             resume=resume,
+            deadline_in_s=(record.deadline - now).total_seconds(),
         )
         try:
             with self.admission.entering(slot):

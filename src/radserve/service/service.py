@@ -37,6 +37,7 @@ from radserve.pipeline.checks import critical_rule_problem
 from radserve.pipeline.study import StudyResult
 from radserve.report.fhir.patient import IdentifierSystems
 from radserve.scheduling import Hold, Scheduler
+from radserve.security.access import ReadAccess, local_scopes
 from radserve.service.cached import CachedDelivery
 from radserve.service.catalog import Catalog
 from radserve.service.critical import CriticalDelivery
@@ -56,7 +57,7 @@ from radserve.service.fhir import FhirDelivery, fhir_destination
 from radserve.service.gateway import GatewayBridge
 from radserve.service.hooks import ServiceHooks, retry_store
 from radserve.service.install_queue import BackgroundInstalls
-from radserve.service.intake import DICOMWEB_SOURCE, Intake
+from radserve.service.intake import DICOMWEB_SOURCE, RESULTS_DIR, Intake
 from radserve.service.job_warnings import JobWarnings, chain
 from radserve.service.jobcache import JobCache
 from radserve.service.jobs import JobAccess
@@ -66,9 +67,13 @@ from radserve.service.lineage import ResultLineage
 from radserve.service.metrics import Metrics, SenderCollector
 from radserve.service.outbox import OutboxOps
 from radserve.service.replica_config import destination_digests
+from radserve.service.schema_watch import HELD_REASON as SCHEMA_HELD_REASON
+from radserve.service.schema_watch import SchemaWatch
 from radserve.service.storage import StorageProbe
 from radserve.service.turnaround import Turnaround
 from radserve.service.unclaimed import UnclaimedStudies
+from radserve.service.voided_runs import VoidedRunFolders
+from radserve.service.work_waits import WorkWaits
 from radserve.store import (
     Claimed,
     DatabaseUnavailableError,
@@ -113,6 +118,8 @@ class Readiness:
     # model steps whose deployment is not applied (files changed since install, a version
     # that does not load): step -> why; the step serves what it served before
     unapplied_deployments: dict[str, str] = field(default_factory=dict)
+    # a newer radserve migrated the database beneath this server: why it stops, or None
+    schema_changed: str | None = None
 
     def without_key(self) -> Readiness:
         """What ``/readyz`` tells a caller whose key could not be checked because the
@@ -126,6 +133,7 @@ class Readiness:
             held=self.held,
             held_s=self.held_s,
             key_unchecked=True,
+            schema_changed=self.schema_changed,
         )
 
     @property
@@ -144,6 +152,8 @@ class Readiness:
     @property
     def reasons(self) -> list[str]:
         out = []
+        if self.schema_changed is not None:
+            out.append(self.schema_changed)
         if not self.warmed_up:
             out.append("models are warming up")
         out += [f"model {m} failed to load: {why}" for m, why in self.failed_models.items()]
@@ -210,6 +220,13 @@ class Service:
             hooks=self.hooks,
         )
         self.results = ResultIndex(self.store.engine, audit_key=self.store.audit_key)
+        # a study's results are one lineage per group of submitters who see each other's
+        # jobs (security.visibility: a site never supersedes another site's result); the
+        # console's users count with the scopes they had when the server started
+        users = local_scopes(settings.console.users)
+        self.lineage_scopes = ReadAccess(
+            self.store, settings.security.visibility, local_scopes=lambda: users
+        )
         # radserve's own SEG/SR/SC coming back (a PACS re-sending the study): never input
         self.own_results = OwnResults(
             known=self.results.contains,
@@ -235,6 +252,8 @@ class Service:
             self.storage.on_healthy = self._reconcile_storage
         # studies stored for submissions that got no job: deleted unless a job names them
         self.unclaimed = UnclaimedStudies(settings.data_dir, self.store)
+        # result folders of runs the fence voided, deleted once the job is final
+        self.voided_runs = VoidedRunFolders(settings.data_dir / RESULTS_DIR, self.store)
         self.intake = Intake(
             settings,
             store=self.store,
@@ -282,6 +301,7 @@ class Service:
             results_root=self.intake.results_root,
             gateway=self.gateway,
             results=self.results,
+            group_of=self.lineage_scopes.group_of,
         )
         self.hooks.on_failed = self.notices.on_failed
         self.intake.dicom_results = self.wants_dicom_results
@@ -298,9 +318,8 @@ class Service:
         # ... and the job's gateway warnings (late instances, cut-off transfer) go into it
         # (both need the database: while it is away the job waits at this step,
         # radserve.errors.RadserveError.outage)
-        self.intake.lineage = chain(
-            ResultLineage(self.store, self.results).assign, JobWarnings(self.store).apply
-        )
+        lineage = ResultLineage(self.store, self.results, group_of=self.lineage_scopes.group_of)
+        self.intake.lineage = chain(lineage.assign, JobWarnings(self.store).apply)
         # deployments per step: routing, hot swap, comparison runs, guardrails
         self.lifecycle = ModelLifecycle(
             settings,
@@ -312,6 +331,8 @@ class Service:
         )
         self.intake.router = self.lifecycle
         self.intake.lease = self.lease
+        # the schema revision, read with each lease renewal (radserve.service.schema_watch)
+        self.schema_watch = SchemaWatch(self.store.engine)
         self.leases = LeaseKeeper(
             self.store,
             self.lease,
@@ -320,7 +341,12 @@ class Service:
             on_claimed=self._resume_all,
             runs=self.scheduler,  # no new work while the leases are not proven
             destinations=destination_digests(settings),
+            schema=self.schema_watch,  # a newer radserve migrated the database: stop
+            on_schema_changed=self._schema_changed,
         )
+        # how the server is told to stop when its schema changed (radserve serve ends the
+        # process, exit 2); None: it only stops taking new work and says so
+        self.stop_requested: Callable[[str], None] | None = None
         self.metrics.registry.register(SenderCollector(self._senders))
         self.metrics.registry.register(LifecycleCollector(self.lifecycle))
         self.hooks.on_finished = self.lifecycle.on_finished
@@ -357,6 +383,8 @@ class Service:
         )
         self.hooks.followers.append(self.turnaround)
         self.jobs.eta_of = self.turnaround.job_eta
+        # no ETA, and the block named, while nothing can run this server's work
+        self.jobs.waits_for = WorkWaits(self.scheduler, self.executor)
         self.worker_nice = worker_nice
         # installs that build variants, run after their request was answered, below the
         # clinical workers' CPU priority
@@ -401,6 +429,7 @@ class Service:
         self._reclaim_outbox()
         self.leases.start()
         self.unclaimed.start()
+        self.voided_runs.start()
         self.turnaround.start()
         if self.gateway is not None:
             self.gateway_address = self.gateway.start()
@@ -442,6 +471,7 @@ class Service:
         self.hooks.deferred.stop()
         self.leases.stop()
         self.unclaimed.stop()
+        self.voided_runs.stop()
         self.lifecycle.stop()
         self.turnaround.stop()
         if self._warmup_thread is not None:
@@ -667,7 +697,7 @@ class Service:
         storage = self.storage.problem
         snapshot = self.scheduler.snapshot()
         ready = warm.done and not warm.failed and reachable and not open_models
-        ready = ready and snapshot.held is None
+        ready = ready and snapshot.held is None and self.schema_watch.changed is None
         ready = ready and (storage is None or self.shared.enabled)
         down = workers_down(self.executor)
         # every device worker lost: nothing runs a batch until one is back
@@ -695,7 +725,16 @@ class Service:
             config_differences=tuple(self.leases.config_differences),
             devices_down=down,
             unapplied_deployments=self.lifecycle.unapplied(),
+            schema_changed=self.schema_watch.changed,
         )
+
+    def _schema_changed(self, why: str) -> None:
+        """A newer radserve migrated the database (radserve.service.schema_watch): no new
+        work, no new study, not ready; then the server is asked to stop."""
+        logger.error("%s", why)
+        self.scheduler.hold(SCHEMA_HELD_REASON, why)
+        if self.stop_requested is not None:
+            self.stop_requested(why)
 
     def _refresh_jobs(self, job_ids: list[str]) -> None:
         """Rows whose folders moved back from the storage fallback: re-read them."""

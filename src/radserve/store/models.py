@@ -250,18 +250,22 @@ class ResultInstance(Base):
 
 
 class ResultLineage(Base):
-    """Generations of results per study and pipeline: a job that writes a result for a
-    study that already has one supersedes it (SR Predecessor Documents, FHIR amended)."""
+    """Generations of results per study, pipeline and scope: a job that writes a result
+    for a study that already has one in its scope supersedes it (SR Predecessor
+    Documents, FHIR amended). ``scope``: the group of submitters who see each other's
+    jobs under ``security.visibility`` (radserve.security.access.ReadAccess.group_of);
+    ``''`` without a rule."""
 
     __tablename__ = "result_lineage"
     __table_args__ = (
-        UniqueConstraint("study_instance_uid", "pipeline_name", "generation"),
+        UniqueConstraint("study_instance_uid", "pipeline_name", "scope", "generation"),
         Index("ix_result_lineage_study_pipeline", "study_instance_uid", "pipeline_name"),
     )
 
     job_id: Mapped[str] = mapped_column(String(36), primary_key=True)
     study_instance_uid: Mapped[str] = mapped_column(String(64))
     pipeline_name: Mapped[str] = mapped_column(String(128))
+    scope: Mapped[str] = mapped_column(String(200), server_default="")
     generation: Mapped[int] = mapped_column(Integer)
     created: Mapped[dt.datetime] = mapped_column(UtcDateTime())
 

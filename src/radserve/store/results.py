@@ -152,22 +152,32 @@ class ResultIndex(StoreBase):
 
 @dataclass(frozen=True)
 class LineageRecord:
-    """One generation of a study's results (by one pipeline), written by one job."""
+    """One generation of a study's results (by one pipeline, in one scope), written by
+    one job. ``scope``: whose lineage it is under ``security.visibility`` (``''``: no
+    rule's; see :class:`radserve.store.models.ResultLineage`)."""
 
     job_id: str
     study_instance_uid: str
     pipeline_name: str
     generation: int
+    scope: str = ""
 
 
 class LineageIndex(StoreBase):
     """Typed access to ``result_lineage``; share the main store's engine. Thread-safe."""
 
     def claim(
-        self, job_id: str, study_instance_uid: str, pipeline_name: str, *, now: dt.datetime
+        self,
+        job_id: str,
+        study_instance_uid: str,
+        pipeline_name: str,
+        *,
+        now: dt.datetime,
+        scope: str = "",
     ) -> LineageRecord:
-        """The generation ``job_id`` writes for the study: the next one, or the one it
-        claimed before (a job resumed after a crash keeps its generation)."""
+        """The generation ``job_id`` writes for the study in ``scope``: the next one, or
+        the one it claimed before (a job resumed after a crash keeps its generation and
+        scope)."""
         for _ in range(5):
             existing = self.of_job(job_id)
             if existing is not None:
@@ -178,6 +188,7 @@ class LineageIndex(StoreBase):
                         select(func.max(ResultLineage.generation)).where(
                             ResultLineage.study_instance_uid == study_instance_uid,
                             ResultLineage.pipeline_name == pipeline_name,
+                            ResultLineage.scope == scope,
                         )
                     ).scalar()
                     session.add(
@@ -185,6 +196,7 @@ class LineageIndex(StoreBase):
                             job_id=job_id,
                             study_instance_uid=study_instance_uid,
                             pipeline_name=pipeline_name,
+                            scope=scope,
                             generation=(latest or 0) + 1,
                             created=now,
                         )
@@ -202,13 +214,14 @@ class LineageIndex(StoreBase):
             return _lineage(row) if row is not None else None
 
     def earlier(self, record: LineageRecord) -> list[LineageRecord]:
-        """The study's earlier generations (same pipeline), newest first."""
+        """The study's earlier generations (same pipeline and scope), newest first."""
         with self._read() as session:
             rows = session.scalars(
                 select(ResultLineage)
                 .where(
                     ResultLineage.study_instance_uid == record.study_instance_uid,
                     ResultLineage.pipeline_name == record.pipeline_name,
+                    ResultLineage.scope == record.scope,
                     ResultLineage.generation < record.generation,
                 )
                 .order_by(ResultLineage.generation.desc())
@@ -217,7 +230,9 @@ class LineageIndex(StoreBase):
 
 
 def _lineage(row: ResultLineage) -> LineageRecord:
-    return LineageRecord(row.job_id, row.study_instance_uid, row.pipeline_name, row.generation)
+    return LineageRecord(
+        row.job_id, row.study_instance_uid, row.pipeline_name, row.generation, row.scope
+    )
 
 
 def _record(row: ResultInstance) -> ResultInstanceRecord:

@@ -38,6 +38,7 @@ from radserve.store.errors import (
     SchemaNotCurrentError,
     StoreError,
 )
+from radserve.store.joins import JoinRule, joinable, lock_input
 from radserve.store.leases import HELD, Lease, LeaseLostError, LeaseMixin
 from radserve.store.migrate import require_head, upgrade
 from radserve.store.misses import MissMixin
@@ -120,6 +121,7 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
         cached_from: str | None = None,
         lease: Lease | None = None,
         audit_extra: Mapping[str, Any] | None = None,
+        join: JoinRule | None = None,
     ) -> JobRecord:
         """Persist a new job (state ``received``) and its audit record; committed on return.
 
@@ -128,6 +130,10 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
         job's result: a cache hit is answered without running anything. ``lease``: the
         accepting replica holds the job from its first moment (radserve.store.leases).
         ``audit_extra``: added to its audit record (identifiers, counts, digests only).
+        ``join``: an unfinished job of the same input that the rule accepts is returned
+        instead and nothing is created (a ``job.joined`` audit record names the second
+        submitter); decided under a lock on the input (:mod:`radserve.store.joins`), so
+        two replicas cannot both create one. :meth:`create_or_join` says which it was.
         """
         now = utc_now()
         arrival = arrival or now
@@ -155,8 +161,22 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
         if lease is not None and cached_from is None:
             lease.grant(row, now)
         with self._write() as session:
+            if join is not None:
+                lock_input(session, join.key)
             if session.get(Job, row.id) is not None:
                 raise JobExistsError(f"a job with id {quoted(row.id)} exists already")
+            joined = joinable(session, join) if join is not None else None
+            if join is not None and joined is not None:
+                event = job_event(
+                    Action.JOB_JOINED,
+                    joined,
+                    actor_key_id=api_key_id,
+                    client_address=client_address,
+                    extra=dict(join.audit_extra),
+                )
+                audit_log.append(session, event)
+                logger.info("job %s answers a second submission of its study", joined.id)
+                return joined
             action = Action.JOB_SUBMITTED
             if cached_from is not None:
                 source = session.get(Job, cached_from)
@@ -174,6 +194,14 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
             audit_log.append(session, job_event(action, record, extra=audit_extra))
         logger.info("job %s created (%s, %s)", record.id, record.priority_class, record.state)
         return record
+
+    def create_or_join(
+        self, join: JoinRule, *, job_id: str, **fields: Any
+    ) -> tuple[JobRecord, bool]:
+        """:meth:`create_job` with ``join``: (the new job, False), or (the unfinished job
+        of the same input the rule accepts, True) and nothing created."""
+        record = self.create_job(job_id=job_id, join=join, **fields)
+        return record, record.id != job_id
 
     def get_job(self, job_id: str) -> JobRecord:
         with self._read() as session:
@@ -450,6 +478,10 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
         study sent again while its first job still runs is answered by that job."""
         found = self._jobs_for(key, [s.value for s in UNFINISHED_STATES])
         return found[0] if found else None
+
+    def unfinished_jobs_for(self, key: CacheKey) -> list[JobRecord]:
+        """Every unfinished job for ``key``, oldest first (read-only)."""
+        return self._jobs_for(key, [s.value for s in UNFINISHED_STATES])
 
     def _jobs_for(self, key: CacheKey, states: list[str]) -> list[JobRecord]:
         """Jobs in ``states`` whose input, pipeline, precision and models are ``key``'s,

@@ -120,7 +120,9 @@ def _job_response(response: Response, out: JobOut, cached: bool) -> JobOut:
     description=(
         "202 with the job once the study's files are fsynced and its job row committed; "
         "200 with a succeeded job marked `cached` when the same study already has a "
-        "result from the same pipeline and models."
+        "result from the same pipeline and models; 202 with the unfinished job of the "
+        "same study, pipeline and models when it is sent again while that job waits or "
+        "runs (and the key may see it), no second job."
     ),
     responses=_ERRORS,
     openapi_extra=_MULTIPART_DOC,

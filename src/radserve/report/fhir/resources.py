@@ -370,11 +370,14 @@ def classification_observation(
 # --- DiagnosticReport -------------------------------------------------------------------------
 def diagnostic_report_uid(report: Report) -> str:
     """The DiagnosticReport's identifier. With a lineage it names the AI report of this
-    study by this pipeline, the same for every generation, so a re-run amends it; without
-    one (no study UID: a NIfTI upload) it is this report's own."""
+    study by this pipeline (in its lineage's scope: ``Lineage.report_uid``), the same for
+    every generation, so a re-run amends it; without one (no study UID: a NIfTI upload)
+    it is this report's own."""
     study = report.study.study_instance_uid
     if report.lineage is None or not study:
         return common.report_uid(report, "fhir-diagnostic-report")
+    if report.lineage.report_uid is not None:
+        return report.lineage.report_uid
     return str(generate_uid(entropy_srcs=[study, report.pipeline.name, "fhir-diagnostic-report"]))
 
 
