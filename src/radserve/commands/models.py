@@ -182,6 +182,13 @@ def list_models(
 @click.option("--seeds", default=None, help="Held-out phantom seeds for the gate.")
 @click.option("--calibration-seeds", default=None, help="Phantom seeds for INT8 calibration.")
 @click.option("--small/--full-size", "small", default=None, help="Phantom size for the gate.")
+@click.option(
+    "--trust-gate",
+    is_flag=True,
+    help="Serve the variants on the bundle's own gate.json: only for a gate this site "
+    "built (`radserve models build-variants` before installing). Without it a shipped "
+    "gate.json is set aside (gate.shipped.json) and no variant serves until gated here.",
+)
 @CONFIG_OPTION
 @DATA_DIR_OPTION
 def install(
@@ -191,6 +198,7 @@ def install(
     seeds: str | None,
     calibration_seeds: str | None,
     small: bool | None,
+    trust_gate: bool,
     config_file: Path | None,
     data_dir: Path | None,
 ) -> None:
@@ -198,6 +206,10 @@ def install(
     from radserve.lifecycle.install import remove_interrupted_installs
     from radserve.service.variant_install import VariantRequest, variant_gates
 
+    if trust_gate and build_variants:
+        raise click.UsageError(
+            "--trust-gate is for a bundle installed as gated; --build-variants gates it here"
+        )
     variants = None
     if build_variants:
         from radserve.commands.evaluate import parse_precisions
@@ -216,14 +228,36 @@ def install(
     lifecycle = _lifecycle(config_file, data_dir)
     remove_interrupted_installs(lifecycle.settings.data_dir)
     try:
-        installed = lifecycle.install(bundle, actor=_actor(), variants=variants)
+        installed = lifecycle.install(
+            bundle, actor=_actor(), variants=variants, trust_shipped_gate=trust_gate
+        )
     finally:
         lifecycle.store.close()
     click.echo(
         f"installed {installed.name} {installed.version} ({len(installed.files)} files, "
         f"sha256 recorded) in {installed.directory}"
     )
+    if installed.shipped_gate == "set_aside":
+        _print_untrusted_gate(installed.directory, rebuilt=variants is not None)
     _print_servable(installed.directory, variant_gates(installed.directory))
+
+
+def _print_untrusted_gate(directory: Path, *, rebuilt: bool) -> None:
+    """Say that the bundle's own gate.json was not trusted, and which variants that
+    leaves without a gate (none when ``--build-variants`` gated them all here)."""
+    from radserve.models.registry import ModelRegistry
+    from radserve.service.variant_install import variant_gates
+
+    bundle = ModelRegistry([directory.parent.parent]).get(directory.parent.name, directory.name)
+    gated = variant_gates(directory)
+    ungated = [p for p in bundle.spec.files if p != "fp32" and p not in gated]
+    click.echo(
+        "  the bundle's gate.json was measured elsewhere and is not trusted (kept as "
+        "gate.shipped.json)"
+        + ("; the variants were gated here instead" if rebuilt and not ungated else "")
+    )
+    for precision in ungated:
+        click.echo(f"  {precision}: not servable: {bundle.rejection(precision)}")
 
 
 def _print_servable(directory: Path, gates: dict[str, dict[str, object]]) -> None:

@@ -161,7 +161,7 @@ def check_onnx(
         static_output_refusal,
     )
 
-    reasons: list[str] = []
+    reasons: list[str] = [] if (why := undeclared_class_refusal(spec)) is None else [why]
     rank = 5 if spec.input.mode == "3d" else 4
     out_rank = 2 if spec.is_classifier else rank  # a classifier: one score vector each
     float_types = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
@@ -248,6 +248,32 @@ def check_onnx(
     return reasons
 
 
+def undeclared_class_refusal(spec: ModelSpec) -> str | None:
+    """Why ``spec``'s output has classes it does not declare (None: every class is a
+    label or in ``ignored_values``). A softmax model declaring labels 1 and 3 has an
+    output class 2; before 2026-12-06 it installed, and the voxels class 2 won were
+    reported as nothing: liver and spleen read "not found", with no warning."""
+    missing = spec.undeclared_values
+    if not missing:
+        return None
+    if spec.is_classifier:
+        what = "class scores"
+    else:
+        what = "voxels" if spec.activation == "softmax" else "channels over the threshold"
+    layout = (
+        f"{spec.num_classes} output channels, channel 0 background and channel c class c"
+        if spec.activation == "softmax"
+        else f"{spec.num_classes} output channels, channel c class c + 1"
+    )
+    declared = sorted(label.value for label in spec.labels)
+    return (
+        f"{spec.key}: output class values {list(missing)} are declared neither as labels nor "
+        f"in ignored_values ({layout}; labels {declared}): {what} won by them would be "
+        "reported as nothing, a false negative. Declare each as a label, or list it in "
+        "ignored_values if the model's class is deliberately not reported"
+    )
+
+
 def _probe_memory_refusal(spec: ModelSpec) -> str | None:
     """Why this host cannot hold one probe batch's input and output (None: it can): a
     3D patch up to 2,048 voxels an edge is a valid model.yaml, and its batch of 32 GiB
@@ -266,4 +292,4 @@ def _probe_memory_refusal(spec: ModelSpec) -> str | None:
     )
 
 
-__all__ = ["check_onnx"]
+__all__ = ["check_onnx", "undeclared_class_refusal"]

@@ -15,6 +15,13 @@ What install checks, in order, refusing with every reason it found:
    this host's ONNX Runtime loads (:mod:`radserve.lifecycle.requirements`);
 5. the name and version is not installed already (a version is never overwritten).
 
+A ``gate.json`` inside the bundle is not trusted (since 2026-12-06): it was measured
+elsewhere, on a vendor's data and CPU, not on this site's held-out phantoms, and the
+registry served reduced-precision variants on it. Unless the installer vouches for it
+(``trust_shipped_gate``: a gate this site built with ``radserve models build-variants``
+before installing), it is set aside as ``gate.shipped.json`` before anything else, so
+no variant serves until it is gated here.
+
 An optional ``prepare`` step (``install --build-variants``: precision variants built
 and gated into the bundle) runs on the staged copy after these checks and before the
 hashes are taken, so the variants and their ``gate.json`` are part of what was
@@ -47,6 +54,7 @@ from radserve import durable
 from radserve.errors import BundleExistsError, BundleRejectedError, ModelError
 from radserve.lifecycle.graph_checks import check_onnx
 from radserve.lifecycle.requirements import HostFacts, host_facts, unmet_requirements
+from radserve.models.gate import GATE_FILE, SHIPPED_GATE_FILE
 from radserve.models.manifest import ModelSpec, load_manifest
 
 INSTALL_FILE = "install.json"
@@ -78,6 +86,9 @@ class InstalledBundle:
     installed_at: str = ""
     source: str = ""
     actor: str | None = None
+    # a gate.json that came in the bundle: "set_aside" (untrusted, gate.shipped.json) or
+    # "trusted" (the installer vouched for it); None: the bundle had none
+    shipped_gate: str | None = None
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -87,6 +98,7 @@ class InstalledBundle:
             "installed_at": self.installed_at,
             "source": self.source,
             "actor": self.actor,
+            "shipped_gate": self.shipped_gate,
         }
 
 
@@ -329,8 +341,13 @@ def finish_install(
     host: HostFacts | None = None,
     prepare: Callable[[Path, ModelSpec], None] | None = None,
     before_commit: Callable[[InstalledBundle, Path], None] | None = None,
+    trust_shipped_gate: bool = False,
 ) -> InstalledBundle:
     """Install a staged bundle; its staging folder is removed whatever happens.
+
+    A ``gate.json`` in the bundle is set aside as ``gate.shipped.json`` first (before
+    ``prepare``, which would keep its records of variants it does not rebuild), unless
+    ``trust_shipped_gate``: the installer vouches that this site built it.
 
     ``prepare(root, spec)``: called with a model root holding only the staged bundle
     (``root/<name>/<version>``); what it adds is installed, after the ONNX checks ran
@@ -347,6 +364,11 @@ def finish_install(
     """
     try:
         spec, copy, target = staged.spec, staged.copy, staged.target
+        shipped_gate = None
+        if (copy / GATE_FILE).is_file():
+            shipped_gate = "trusted" if trust_shipped_gate else "set_aside"
+            if not trust_shipped_gate:
+                os.replace(copy / GATE_FILE, copy / SHIPPED_GATE_FILE)
         if prepare is not None:
             tree = staged.staging / "tree"
             prepared = tree / spec.name / spec.version
@@ -367,6 +389,7 @@ def finish_install(
             installed_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             source=staged.source_name,
             actor=actor,
+            shipped_gate=shipped_gate,
         )
         (copy / INSTALL_FILE).write_text(json.dumps(record.as_json(), indent=2))
         if before_commit is not None:
@@ -392,11 +415,14 @@ def install_bundle(
     limits: ArchiveLimits = ArchiveLimits(),
     existing: set[tuple[str, str]] | None = None,
     prepare: Callable[[Path, ModelSpec], None] | None = None,
+    trust_shipped_gate: bool = False,
 ) -> InstalledBundle:
     """Validate ``source`` (a bundle folder or zip) and copy it into the model store
     (:func:`stage_bundle`, then :func:`finish_install`)."""
     staged = stage_bundle(source, data_dir, host=host, limits=limits, existing=existing)
-    return finish_install(staged, actor=actor, host=host, prepare=prepare)
+    return finish_install(
+        staged, actor=actor, host=host, prepare=prepare, trust_shipped_gate=trust_shipped_gate
+    )
 
 
 def read_install(directory: Path) -> InstalledBundle | None:
@@ -413,6 +439,7 @@ def read_install(directory: Path) -> InstalledBundle | None:
         installed_at=data.get("installed_at", ""),
         source=data.get("source", ""),
         actor=data.get("actor"),
+        shipped_gate=data.get("shipped_gate"),
     )
 
 

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "CPU_PROVIDERS",
     "GATE_FILE",
+    "SHIPPED_GATE_FILE",
     "GateReport",
     "SpeedResult",
     "VariantGate",
@@ -37,6 +38,11 @@ __all__ = [
 ]
 
 GATE_FILE = "gate.json"
+# A gate.json that came inside a bundle installed without --build-variants or
+# --trust-gate, set aside under this name: it was measured elsewhere (a vendor's data, its
+# CPU), not on this site's held-out phantoms or studies, so no variant serves on it
+# (radserve.lifecycle.install.finish_install); kept as the vendor's evidence.
+SHIPPED_GATE_FILE = "gate.shipped.json"
 # Providers whose arithmetic is the host CPU's: a gate through them holds for CPUs whose
 # kernels compute the same numbers (radserve.host.kernel_family).
 CPU_PROVIDERS = ("OpenVINOExecutionProvider", "CPUExecutionProvider")

@@ -707,6 +707,16 @@ class ModelSpec(_Strict):
         ),
     )
     labels: tuple[LabelSpec, ...]
+    ignored_values: tuple[Annotated[int, Field(ge=1, le=255)], ...] = Field(
+        (),
+        description=(
+            "output class values the network produces that are deliberately not reported "
+            "(a training set's 'other' or 'body' class): with the labels, every class the "
+            "output has (softmax: channels 1..n-1, channel 0 being background; sigmoid and "
+            "classifiers: channel c is value c + 1 (softmax classifiers: c)) must be named "
+            "here or be a label, else install and import refuse the bundle"
+        ),
+    )
     classification: ClassificationSpec | None = Field(
         None, description="task classification: how slice scores become the study's class"
     )
@@ -881,6 +891,7 @@ class ModelSpec(_Strict):
         undeclared = set(self.requires.precision) - set(self.files)
         if undeclared:
             raise ValueError(f"requires.precision names undeclared files {sorted(undeclared)}")
+        self._check_ignored_values(values)
         if self.channel_values:
             if self.activation != "sigmoid" or self.input.mode != "3d":
                 raise ValueError("channel_values need activation 'sigmoid' and input.mode '3d'")
@@ -890,6 +901,19 @@ class ModelSpec(_Strict):
                     f"channel_values name label values {sorted(unknown_values)} not in labels"
                 )
         return self
+
+    def _check_ignored_values(self, values: list[int]) -> None:
+        """An ignored value is not a label's, and names a class of the output."""
+        both = sorted(set(self.ignored_values) & set(values))
+        if both:
+            raise ValueError(f"ignored_values {both} are label values too; give each once")
+        if len(set(self.ignored_values)) != len(self.ignored_values):
+            raise ValueError("ignored_values must be unique")
+        if self.ignored_values and self.channel_values:
+            raise ValueError(
+                "ignored_values are for outputs of one class per channel; with "
+                "channel_values every channel writes a label value already"
+            )
 
     def _check_classification(self) -> None:
         """A classification model has class labels only, reads slices, and has no label
@@ -943,7 +967,21 @@ class ModelSpec(_Strict):
         if self.channel_values:
             return len(self.channel_values)
         n = max(label.value for label in self.labels)
+        n = max(n, *self.ignored_values) if self.ignored_values else n
         return n + 1 if self.activation == "softmax" else n
+
+    @property
+    def undeclared_values(self) -> tuple[int, ...]:
+        """Class values the output can produce that are neither a label nor in
+        ``ignored_values`` (labels 1 and 3 of a softmax model leave class 2): voxels or
+        slices such a class wins would be reported as nothing. Install and import refuse
+        a bundle with any (:func:`radserve.lifecycle.graph_checks.check_onnx`); at run
+        time a step whose output has them says so in the report."""
+        if self.channel_values:
+            return ()
+        known = {label.value for label in self.labels} | set(self.ignored_values)
+        top = self.num_classes - 1 if self.activation == "softmax" else self.num_classes
+        return tuple(v for v in range(1, top + 1) if v not in known)
 
     @property
     def region_labels(self) -> tuple[LabelSpec, ...]:

@@ -27,6 +27,7 @@ from radserve.host import cpu_kernel, kernel_family
 from radserve.models.gate import (
     CPU_PROVIDERS,
     GATE_FILE,
+    SHIPPED_GATE_FILE,
     GateReport,
     VariantGate,
     file_sha256,
@@ -164,6 +165,14 @@ class ModelBundle:
             report = self.gate_report()
         except ModelError as exc:
             return exc.message
+        if report is None and (self.directory / SHIPPED_GATE_FILE).is_file():
+            return (
+                f"{self.key} {precision}: the gate.json that came with the bundle is not "
+                f"trusted (kept as {SHIPPED_GATE_FILE}): it was measured elsewhere, not on "
+                "this site's held-out phantoms or studies; gate it here: install the bundle "
+                "with --build-variants, or gate it with `radserve models build-variants` "
+                "before installing and install with --trust-gate"
+            )
         if report is None:
             return (
                 f"{self.key} {precision} has no gate report ({self.directory / GATE_FILE} "

@@ -39,6 +39,7 @@ from radserve.models.registry import ModelBundle, ModelRegistry
 from radserve.pipeline.channels import ChannelInputs
 from radserve.pipeline.checks import check_pipeline
 from radserve.pipeline.spec import PipelineSpec, Step
+from radserve.pipeline.undeclared import undeclared_class_warning, undeclared_voxels_warning
 from radserve.postprocess.components import clean_label_map
 from radserve.postprocess.diameters import FindingAxes
 from radserve.postprocess.findings import find_lesions, organ_measurements
@@ -515,6 +516,9 @@ def _step_result(
     uncovered = bundle.gate_coverage(precision, provider)
     if uncovered:
         logger.warning("%s", uncovered)
+    undeclared = undeclared_voxels_warning(spec, labels, boxes)
+    if undeclared:
+        logger.warning("%s", undeclared)
     result = StepResult(
         bundle,
         precision,
@@ -523,6 +527,7 @@ def _step_result(
         organs=organ_measurements(labels, ct, spec, boxes, threads=threads)
         if spec.region_labels
         else [],
+        warnings=[undeclared] if undeclared else [],
         label_boxes=boxes,
         gate_warning=uncovered,
         step=step,
@@ -545,7 +550,7 @@ def _step_result(
         findings=findings,
         finding_labels=label_map,
         finding_axes=axes,
-        warnings=list(lesions.warnings),
+        warnings=[*result.warnings, *lesions.warnings],
     )
 
 
@@ -580,11 +585,16 @@ def _classified(
     uncovered = pending.bundle.gate_coverage(precision, provider)
     if uncovered:
         logger.warning("%s", uncovered)
+    by_value = {c + offset: float(p) for c, p in enumerate(probabilities) if c + offset >= 1}
+    undeclared = undeclared_class_warning(spec, by_value)
+    if undeclared:
+        logger.warning("%s", undeclared)
     return StepResult(
         pending.bundle,
         precision,
         prediction.labels,
         provider,
+        warnings=[undeclared] if undeclared else [],
         gate_warning=uncovered,
         step=step,
         classification=classification,

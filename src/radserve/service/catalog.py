@@ -9,6 +9,7 @@ of the result cache.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import threading
@@ -23,9 +24,14 @@ import numpy as np
 from radserve.config import Settings
 from radserve.errors import ModelError, PipelineError, RadserveError
 from radserve.inference import choose_runtime
-from radserve.inference.probe import output_shape_refusal, probe_input_shape
+from radserve.inference.probe import (
+    PROBE_TIMEOUT_S,
+    isolated_probe_refusal,
+    output_shape_refusal,
+    probe_input_shape,
+)
 from radserve.lifecycle.install import read_install
-from radserve.models.registry import ModelRegistry, bundled_model_dir
+from radserve.models.registry import MANIFEST, ModelBundle, ModelRegistry, bundled_model_dir
 from radserve.pipeline import SessionPool
 from radserve.pipeline.checks import check_pipeline
 from radserve.pipeline.spec import PipelineSpec, bundled_pipeline_dir, load_pipeline
@@ -89,7 +95,12 @@ class Catalog:
     """Pipelines and models of one server; thread-safe."""
 
     def __init__(
-        self, settings: Settings, *, registry: ModelRegistry, sessions: SessionPool
+        self,
+        settings: Settings,
+        *,
+        registry: ModelRegistry,
+        sessions: SessionPool,
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -109,6 +120,9 @@ class Catalog:
         # resolved (kept across rescans; a restart looks again)
         self._baseline: dict[str, str] = {}
         self._lock = threading.Lock()
+        # a bundle not probed at install is probed in a process of its own before its
+        # first load (_PROBED)
+        self.probe_timeout_s = probe_timeout_s
 
     @classmethod
     def from_settings(cls, settings: Settings, sessions: SessionPool | None = None) -> Catalog:
@@ -317,6 +331,7 @@ class Catalog:
 
     def _warm_model(self, name: str, version: str | None, precision: str) -> None:
         bundle = self.registry.get(name, version)
+        self._probe_unvetted(bundle, precision)
         session = self.sessions.get(bundle, precision)
         spec = bundle.spec
         dummy = np.zeros(probe_input_shape(spec), dtype=np.float32)
@@ -331,6 +346,56 @@ class Catalog:
                 raise ModelError(f"{spec.key}: warm-up: {why}")
         logger.info("warmed up %s (%s) on %d worker(s)", spec.key, precision, len(outs))
 
+    def _probe_unvetted(self, bundle: ModelBundle, precision: str) -> None:
+        """Run the install's probe batch in a process of its own, killed after
+        ``probe_timeout_s``, on a file that was never probed: one of a bundle copied into
+        ``models.dirs`` by hand, or changed since ``models install`` probed it (its
+        SHA-256 is not the one ``install.json`` records). Warm-up runs its batch in this
+        process, where nothing can stop a graph that loops (a ``Loop`` of 10^15
+        iterations held deploy and startup for ever before 2026-12-06). The shipped
+        models are part of radserve and are not probed.
+
+        Raises:
+            ModelError: the probe's reason (a graph that loops, crashes ONNX Runtime or
+                answers off the input's grid), naming the bundle and the precision.
+        """
+        directory = bundle.directory.resolve()
+        if directory.is_relative_to(bundled_model_dir().resolve()):
+            return
+        path = bundle.onnx_path(precision)
+        sha = bundle.sha256(precision)
+        record = read_install(bundle.directory)
+        relative = path.relative_to(bundle.directory).as_posix()
+        if record is not None and record.files.get(relative) == sha:
+            return  # probed by install (or import) before it was hashed
+        manifest = hashlib.sha256((bundle.directory / MANIFEST).read_bytes()).hexdigest()
+        key = (sha, manifest)
+        with _PROBED_LOCK:
+            known = key in _PROBED
+            why = _PROBED.get(key)
+        if not known:
+            logger.info(
+                "%s %s was not installed with `radserve models install` (or changed since): "
+                "probing it in a separate process before it loads",
+                bundle.key,
+                precision,
+            )
+            why = isolated_probe_refusal(bundle.spec, path, timeout_s=self.probe_timeout_s)
+            with _PROBED_LOCK:
+                _PROBED[key] = why
+        if why is not None:
+            raise ModelError(
+                f"{bundle.key} {precision} ({path.name}): not installed with `radserve models "
+                f"install` (or changed since), so probed in a separate process before "
+                f"loading: {why}"
+            )
+
+
+# what the separate-process probe said of a graph under a manifest, by their SHA-256s
+# (the same bytes under the same model.yaml answer the same: one probe per process,
+# however many catalogs or copies of the bundle): None, it may load; else why not
+_PROBED: dict[tuple[str, str], str | None] = {}
+_PROBED_LOCK = threading.Lock()
 
 WarmRunner = Callable[[Any, np.ndarray], list[np.ndarray]]
 

@@ -345,10 +345,13 @@ class ModelLifecycle:
         actor: str | None = None,
         client: str | None = None,
         variants: VariantRequest | None = None,
+        trust_shipped_gate: bool = False,
     ) -> InstalledBundle:
         """Install a staged bundle into ``<data_dir>/models``. With ``variants``, its
         precision variants are built and gated first
-        (:mod:`radserve.service.variant_install`).
+        (:mod:`radserve.service.variant_install`). A ``gate.json`` in the bundle is set
+        aside, untrusted, unless ``trust_shipped_gate``
+        (:func:`~radserve.lifecycle.install.finish_install`).
 
         The audit record is written before the version appears in the store: when the
         trail cannot be written, nothing is installed (the error says so and a retry
@@ -381,7 +384,11 @@ class ModelLifecycle:
 
         try:
             installed = finish_install(
-                staged, actor=actor, prepare=prepare, before_commit=before_commit
+                staged,
+                actor=actor,
+                prepare=prepare,
+                before_commit=before_commit,
+                trust_shipped_gate=trust_shipped_gate,
             )
         except BundleExistsError:
             if committing:  # audited, then beaten to the store: say so in the trail
@@ -403,10 +410,17 @@ class ModelLifecycle:
         client: str | None = None,
         variants: VariantRequest | None = None,
         described_as: str | None = None,
+        trust_shipped_gate: bool = False,
     ) -> InstalledBundle:
         """:meth:`stage` then :meth:`complete`, in the caller's thread."""
         staged = self.stage(source, described_as=described_as)
-        return self.complete(staged, actor=actor, client=client, variants=variants)
+        return self.complete(
+            staged,
+            actor=actor,
+            client=client,
+            variants=variants,
+            trust_shipped_gate=trust_shipped_gate,
+        )
 
     # --- changes ----------------------------------------------------------------------
     def _base(self, step: str) -> StepDeployment:

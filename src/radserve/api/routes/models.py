@@ -199,6 +199,14 @@ async def install_model(
             description="variants to build, comma-separated (default: lifecycle.variants)",
         ),
     ] = None,
+    trust_gate: Annotated[
+        bool,
+        Query(
+            description="serve the variants on the bundle's own gate.json (one this site "
+            "built with `radserve models build-variants`); without it a shipped gate.json "
+            "is set aside and no variant serves until gated here"
+        ),
+    ] = False,
 ) -> Any:
     """Without ``build_variants`` the bundle is installed before the answer (201), which
     names every file's SHA-256. With it, the bundle is checked and staged (a refused one is
@@ -209,6 +217,10 @@ async def install_model(
     service = _service(request)
     if precisions and not build_variants:
         raise InvalidRequestError("precisions needs build_variants=true")
+    if trust_gate and build_variants:
+        raise InvalidRequestError(
+            "trust_gate is for a bundle installed as gated; build_variants gates it here"
+        )
     path, described_as = await _received_zip(request, service.settings.data_dir)
     try:
         if not build_variants:
@@ -218,6 +230,7 @@ async def install_model(
                 actor=principal.key_id,
                 client=principal.client,
                 described_as=described_as,
+                trust_shipped_gate=trust_gate,
             )
             return InstallOut(**install_summary(installed))
         staged = await run_in_threadpool(service.lifecycle.stage, path, described_as=described_as)
