@@ -39,9 +39,13 @@ export function worklistPage(root) {
   let ticker = null
   let loading = 0
   let stopped = false
+  // the server answers a page at a time: `next` fetches the older jobs that match too
+  let next = null
 
   const tbody = h('tbody')
   const count = h('span', { class: 'count' })
+  const more = h('button', { type: 'button', class: 'more', id: 'load-more', onclick: () => loadMore() }, 'Load older jobs')
+  const partial = h('p', { class: 'partial', id: 'worklist-partial', hidden: true }, h('span', {}), ' ', more)
   const field = (name, el) => {
     el.addEventListener('change', () => {
       filters[name] = el.value
@@ -80,7 +84,7 @@ export function worklistPage(root) {
     h('thead', {}, h('tr', {}, ['Class', 'Accession', 'State', 'Queue', 'Deadline', 'Time left', 'ETA', 'Stage', 'Age', 'Pipeline', ''].map((t) => h('th', {}, t)))),
     tbody,
   )
-  root.replaceChildren(h('section', { class: 'page' }, h('h1', {}, 'Worklist'), bar, h('div', { class: 'scroll' }, table)))
+  root.replaceChildren(h('section', { class: 'page' }, h('h1', {}, 'Worklist'), bar, h('div', { class: 'scroll' }, table, partial)))
 
   function matches(job) {
     if (filters.state && job.state !== filters.state) return false
@@ -187,7 +191,9 @@ export function worklistPage(root) {
     })
     const same = ordered.length === tbody.children.length && ordered.every((tr, i) => tbody.children[i] === tr)
     if (!same) tbody.replaceChildren(...ordered)
-    count.textContent = `${jobs.length} job${jobs.length === 1 ? '' : 's'}`
+    count.textContent = next ? `newest ${jobs.length} jobs shown; older ones at the end of the list` : `${jobs.length} job${jobs.length === 1 ? '' : 's'}`
+    partial.hidden = !next
+    partial.firstChild.textContent = `Showing the newest ${jobs.length} jobs; older ones exist.`
   }
 
   function upsert(job) {
@@ -218,19 +224,43 @@ export function worklistPage(root) {
     source.addEventListener('reset', () => load(true)) // asked by the stream, not a person
   }
 
-  async function load(background = false) {
-    const mine = ++loading
+  function query(cursor) {
     const params = new URLSearchParams()
     if (filters.state) params.append('state', filters.state)
     if (filters.cls) params.append('priority_class', filters.cls)
     if (filters.from) params.set('date_from', filters.from)
     if (filters.to) params.set('date_to', filters.to)
     if (filters.accession) params.set('accession', filters.accession)
+    if (cursor) params.set('cursor', cursor)
+    return `/console/api/worklist?${params}`
+  }
+
+  // the next page of older jobs, added below (a filter change meanwhile drops it)
+  async function loadMore() {
+    if (!next) return
+    const mine = loading
+    more.disabled = true
     try {
-      const data = await api(`/console/api/worklist?${params}`, { background })
+      const data = await api(query(next))
+      if (mine !== loading || stopped) return
+      for (const job of data.items) if (!rows.has(job.id)) rows.set(job.id, job)
+      next = data.next
+      render()
+    } catch (error) {
+      if (!stopped) toast(`worklist: ${error.message}`, 'error')
+    } finally {
+      more.disabled = false
+    }
+  }
+
+  async function load(background = false) {
+    const mine = ++loading
+    try {
+      const data = await api(query(null), { background })
       if (mine !== loading || stopped) return // a newer load, or the page was left
       rows.clear()
       for (const job of data.items) rows.set(job.id, job)
+      next = data.next
       render()
       listen(data.seq)
     } catch (error) {

@@ -15,6 +15,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from radserve.api.files import FileAnswer, StaticFileAnswers
 from radserve.config import load_settings
+from radserve.console.accessions import AccessionBackfill
 from radserve.console.auth import session_principal
 from radserve.console.events import JobFeed
 from radserve.console.ops import OpsHistory
@@ -59,6 +60,7 @@ def install(app: FastAPI, service: Service, config_file: Path | None = None) -> 
     service.cache.subscribe(feed.publish)
     app.state.console_feed = feed
     app.state.console_info = StudyInfo()
+    app.state.console_accessions = AccessionBackfill(service.store, app.state.console_info)
     app.state.console_ops = OpsHistory(service)
     app.state.console_limiter = limiter_for(settings, service.store)
     app.state.session_principal = session_principal

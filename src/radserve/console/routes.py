@@ -42,6 +42,7 @@ from radserve.api.job_names import report_needs_care, shown_report_bytes, shown_
 from radserve.api.routes.jobs import ClassName, StateName
 from radserve.api.schemas import ErrorOut, EtaOut, JobOut
 from radserve.api.state import service_of as _service
+from radserve.console.accessions import AccessionBackfill
 from radserve.console.auth import current_session
 from radserve.console.events import STREAM_S, JobFeed
 from radserve.console.ops import OpsHistory, current
@@ -56,7 +57,7 @@ from radserve.service.errors import OutputNotFoundError
 from radserve.service.jobs import REPORT_FILE
 from radserve.store import JobRecord, JobState
 from radserve.store import jobs as job_rows
-from radserve.store.models import AuditEntry, OutboxDelivery
+from radserve.store.models import ACCESSION_LENGTH, AuditEntry, OutboxDelivery
 
 router = APIRouter(include_in_schema=False)
 # the console's routes that are public API too, in the OpenAPI document (a route cannot
@@ -80,6 +81,10 @@ def _feed(request: Request) -> JobFeed:
 
 def _info(request: Request) -> StudyInfo:
     return request.app.state.console_info  # type: ignore[no-any-return]
+
+
+def _accessions(request: Request) -> AccessionBackfill:
+    return request.app.state.console_accessions  # type: ignore[no-any-return]
 
 
 def _history(request: Request) -> OpsHistory:
@@ -118,7 +123,10 @@ def _row(request: Request, who: Principal, record: JobRecord) -> dict[str, Any]:
     header); ``cached_from`` only when ``who`` may see that job."""
     view = _service(request).jobs.view(record)
     out = JobOut.of(view, show_source=source_visible(request, who, record)).model_dump(mode="json")
-    out["accession"] = _info(request).get(record.id, record.study_path).accession
+    accession = record.accession  # None: not on the row yet (radserve.console.accessions)
+    if accession is None:
+        accession = _info(request).get(record.id, record.study_path).accession
+    out["accession"] = accession
     out["stage"] = _stage(record, view.position)
     out.pop("links", None)
     return out
@@ -140,13 +148,19 @@ async def worklist(
     priority_class: Annotated[list[ClassName] | None, Query()] = None,
     date_from: dt.date | None = None,
     date_to: dt.date | None = None,
-    accession: Annotated[str | None, Query(max_length=64)] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    accession: Annotated[str | None, Query(max_length=ACCESSION_LENGTH)] = None,
+    limit: Annotated[int, Query(ge=1, le=job_rows.MAX_PAGE)] = 200,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> Response:
-    """The newest ``limit`` jobs ``who`` may see: the visibility rule (that of ``GET
-    /v1/jobs``), states, classes and dates in the query. Filtered after it, a site's
-    own jobs (or the URGENT ones) vanished behind ``limit`` newer others."""
+    """The newest ``limit`` jobs ``who`` may see, after ``cursor`` (the ``next`` of the
+    page before): the visibility rule (that of ``GET /v1/jobs``), states, classes, dates
+    and the accession number (any part of it, in any case) in the query, over every job.
+    Filtered after it, a site's own jobs (or the URGENT ones) vanished behind ``limit``
+    newer others, and a search looked only through the newest 1,000 jobs. ``has_more``:
+    older jobs match too, and ``next`` pages to them (keyset on arrival and id: a page
+    never repeats or skips a job, whatever arrives meanwhile)."""
     _history(request)
+    _accessions(request).ensure_running()
     service = _service(request)
     feed = _feed(request)
     seq = feed.seq  # before the read: a change after it arrives through the feed
@@ -154,26 +168,30 @@ async def worklist(
     # the day after date_to; none after 9999-12-31 (every job arrived before it)
     created_before = _day_start(date_to, "date_to", days=1) if date_to is not None else None
 
-    def read() -> list[dict[str, Any]]:
-        scope = visible_to(request, who)
-        # an accession is in the study's header, not the row: look through more jobs
+    def read() -> tuple[list[dict[str, Any]], str | None]:
         page = job_rows.list_jobs(
             service.store,
             state=state or None,
             priority_class=priority_class or None,
             created_after=created_after,
             created_before=created_before,
-            limit=job_rows.MAX_PAGE if accession else limit,
-            visible_to=scope,
+            accession=accession,
+            limit=limit,
+            cursor=cursor or None,
+            visible_to=visible_to(request, who),
         )
-        rows = [_row(request, who, r) for r in page.items]
-        if accession:
-            wanted = accession.strip().lower()
-            rows = [r for r in rows if wanted in (r["accession"] or "").lower()]
-        return rows[:limit]
+        return [_row(request, who, r) for r in page.items], page.next_cursor
 
-    rows = await run_in_threadpool(read)
-    return JSONResponse({"seq": seq, "items": rows, "now": dt.datetime.now(dt.UTC).isoformat()})
+    rows, next_cursor = await run_in_threadpool(read)
+    return JSONResponse(
+        {
+            "seq": seq,
+            "items": rows,
+            "has_more": next_cursor is not None,
+            "next": next_cursor,
+            "now": dt.datetime.now(dt.UTC).isoformat(),
+        }
+    )
 
 
 def _day_start(day: dt.date, name: str, *, days: int = 0) -> dt.datetime | None:

@@ -76,4 +76,11 @@ def first_stored_header(
         return next(headers, None)
 
 
-__all__ = ["first_stored_header", "stored_headers"]
+def stored_accession(study_path: Path | str, policy: IngestPolicy | None = None) -> str:
+    """The Accession Number of the first readable DICOM file or zip member, stripped
+    ('' for a NIfTI upload, a study without one, or an unreadable folder)."""
+    ds = first_stored_header(study_path, ("SpecificCharacterSet", "AccessionNumber"), policy)
+    return str(ds.get("AccessionNumber", "") or "").strip() if ds is not None else ""
+
+
+__all__ = ["first_stored_header", "stored_accession", "stored_headers"]

@@ -48,6 +48,7 @@ from radserve.gateway.own_results import OwnResults
 from radserve.ingest import IngestPolicy
 from radserve.ingest.attributes import priority_attributes, read_priority_attributes
 from radserve.ingest.headers import read_header
+from radserve.ingest.stored import stored_accession
 from radserve.scheduling import (
     JobRequest,
     ModelUnavailableError,
@@ -553,6 +554,8 @@ class Intake:
             "model_versions": resolved.model_versions,
             "api_key_id": origin.key_id,
             "client_address": origin.client,
+            # on the row, so the console's worklist searches all jobs in the query
+            "accession": stored_accession(study_dir, self.policy),
             "queue_meta": {"source": origin.source}
             | ({"warnings": [dict(w) for w in origin.warnings]} if origin.warnings else {})
             | deployment_meta(resolved),

@@ -10,16 +10,16 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import ColumnElement, Select, and_, or_, select
+from sqlalchemy import ColumnElement, Select, and_, func, or_, select, update
 
 from radserve.domain.priority import PriorityClass
 from radserve.errors import InvalidRequestError
 from radserve.store.errors import InvalidCursorError
-from radserve.store.models import ApiKey, Job
+from radserve.store.models import ACCESSION_LENGTH, ApiKey, Job
 from radserve.store.records import JobPage, JobRecord, JobState
 
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ def to_record(row: Job) -> JobRecord:
         stage_timings=dict(row.stage_timings or {}),
         queue_meta=dict(row.queue_meta or {}),
         lease_owner=row.lease_owner,
+        accession=row.accession,
     )
 
 
@@ -156,9 +157,15 @@ def list_query(
     cursor: str | None,
     limit: int,
     visible_to: VisibleTo | None = None,
+    accession: str | None = None,
 ) -> Select[Any]:
-    """Newest first, ordered by (arrival, id) so a cursor page never repeats or skips a row."""
+    """Newest first, ordered by (arrival, id) so a cursor page never repeats or skips a
+    row. ``accession``: the jobs whose accession number contains it, in any case."""
     query = select(Job)
+    wanted = (accession or "").strip().lower()
+    if wanted:
+        # % and _ typed in the box are characters, not patterns (autoescape)
+        query = query.where(func.lower(Job.accession).contains(wanted, autoescape=True))
     states = _as_states(state)
     if states is not None:
         query = query.where(Job.state.in_(states))
@@ -192,10 +199,13 @@ def list_jobs(
     limit: int = 50,
     cursor: str | None = None,
     visible_to: VisibleTo | None = None,
+    accession: str | None = None,
 ) -> JobPage:
     """:meth:`Store.list_jobs` with the visibility rule (and several classes) in the
     query: every page is full, and ``next_cursor`` names only a job ``visible_to``
-    sees. ``created_*`` bound the arrival time (after: inclusive)."""
+    sees. ``created_*`` bound the arrival time (after: inclusive); ``accession`` keeps
+    the jobs whose accession number contains it (case-insensitive; a job whose number
+    is not read yet, None on the row, matches no search)."""
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be in 1..{MAX_PAGE}, got {limit}")
     query = list_query(
@@ -207,12 +217,40 @@ def list_jobs(
         cursor=cursor,
         limit=limit,
         visible_to=visible_to,
+        accession=accession,
     )
     with store._read() as session:
         items = [to_record(row) for row in session.execute(query).scalars()]
     more = len(items) > limit
     items = items[:limit]
     return JobPage(items=items, next_cursor=encode_cursor(items[-1]) if more else None)
+
+
+def unread_accessions(store: StoreBase, *, limit: int) -> list[tuple[str, str]]:
+    """Up to ``limit`` jobs whose accession number is not read yet (rows from before
+    revision 0020): ``(job id, study path)``, newest first (the likeliest searched)."""
+    query = (
+        select(Job.id, Job.study_path)
+        .where(Job.accession.is_(None))
+        .order_by(Job.arrival.desc(), Job.id.desc())
+        .limit(limit)
+    )
+    with store._read() as session:
+        return [(row.id, row.study_path) for row in session.execute(query)]
+
+
+def fill_accessions(store: StoreBase, accessions: Mapping[str, str]) -> None:
+    """Write job id -> accession number on the rows that have none yet (another replica
+    filling the same rows writes the same values)."""
+    if not accessions:
+        return
+    with store._write(audited=False) as session:
+        for job_id, accession in accessions.items():
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.accession.is_(None))
+                .values(accession=accession.strip()[:ACCESSION_LENGTH])
+            )
 
 
 def encode_cursor(job: JobRecord) -> str:

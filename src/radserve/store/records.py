@@ -75,6 +75,8 @@ class JobRecord:
     queue_meta: Mapping[str, Any] = field(default_factory=dict)
     # the replica holding the job's lease (radserve.store.leases), None: no lease
     lease_owner: str | None = None
+    # the study's Accession Number as stored on the row ('' none; None not read yet)
+    accession: str | None = None
 
     @property
     def terminal(self) -> bool:
