@@ -37,6 +37,7 @@ from typing import Any
 
 import annotated_types
 import httpx
+from tests.factories.dicom_net import dcmtk_tool
 from tests.factories.ports import free_port
 from tests.factories.server_process import radserve_command
 
@@ -76,6 +77,24 @@ def extremes() -> Iterator[tuple[str, Any]]:
         if bound is None:
             bound = 1e300 if setting.kind is float else 10**18
         yield setting.path, int(bound) if setting.kind is int else bound
+
+
+def dcmtk_commands(port: int, study: Path) -> tuple[list[str], list[str]]:
+    """dcmtk's C-ECHO, and C-STORE of ``study``, to the gateway on ``port``. dcmtk's own
+    binaries, found by content: pynetdicom installs Python scripts of the same names, and
+    with a virtual environment's ``bin`` first on PATH they ran instead (other options),
+    so every case was reported a finding."""
+    echoscu, storescu = _dcmtk_binaries()
+    echo = [echoscu, "-to", "10", "-aec", "RADSERVE", "127.0.0.1", str(port)]
+    store = [storescu, "-to", "20", "-aec", "RADSERVE", "+sd", "127.0.0.1", str(port), str(study)]
+    return echo, store
+
+
+def _dcmtk_binaries() -> tuple[str, str]:
+    echoscu, storescu = dcmtk_tool("echoscu"), dcmtk_tool("storescu")
+    if echoscu is None or storescu is None:
+        raise SystemExit("dcmtk's echoscu and storescu are not on PATH (apt-get install dcmtk)")
+    return echoscu, storescu
 
 
 def _dcmtk(command: list[str], timeout: float) -> int | str:
@@ -172,10 +191,9 @@ def probe(path: str, value: Any, study: Path, work: Path) -> dict[str, Any]:
                 time.sleep(0.1)
         result["up"] = up
         if up:
-            echo = ["echoscu", "-to", "10", "-aec", "RADSERVE", "127.0.0.1", str(dicom)]
+            echo, store = dcmtk_commands(dicom, study)
             result["echo"] = _dcmtk(echo, 30)
-            store = ["storescu", "-to", "20", "-aec", "RADSERVE", "+sd"]
-            result["store"] = _dcmtk([*store, "127.0.0.1", str(dicom), str(study)], 60)
+            result["store"] = _dcmtk(store, 60)
             time.sleep(3)  # the background threads' first rounds
     finally:
         if server.poll() is None:
@@ -216,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beyond", action="store_true", help="also the extreme x 10")
     parser.add_argument("--json", type=Path, help="write every result here")
     args = parser.parse_args(argv)
+    _dcmtk_binaries()  # before any server starts: every case would fail without them
     wanted = set(args.fields) | (set(CI_FIELDS) if args.ci else set())
     cases = [(p, v) for p, v in extremes() if (not wanted or p in wanted) and p not in NOT_PROBED]
     if args.beyond:

@@ -763,7 +763,9 @@ class OutboxSettings(_Section):
     """The durable outbox shared by the DICOM and FHIR deliveries.
 
     A row being sent holds a 15-minute lease, so that when several servers (replicas)
-    share one database, a row whose sender died is taken over by another. ``replicas``
+    share one database, a row whose sender died is taken over by another. A sender
+    raises it to twice its longest attempt (a peer's timeouts) where shorter, and renews
+    it as a batch goes out (:mod:`radserve.gateway.lease_keeper`). ``replicas``
     says how many do: with 1 (the default) a server reclaims at start every row left
     ``sending``; with more, only the rows leased under its own ``instance_id`` (default:
     the host name; give each replica a stable, distinct one). On PostgreSQL one server
@@ -774,7 +776,8 @@ class OutboxSettings(_Section):
 
     replicas: int = Field(default=1, ge=1)
     instance_id: str | None = Field(default=None, min_length=1, max_length=120)
-    # how long a row being sent is its sender's: after that another replica sends it
+    # how long a row being sent is its sender's without a renewal: after that another
+    # replica sends it (at least twice the longest attempt, renewed before each send)
     lease_s: Seconds = Field(default=900.0, gt=0)
     # with replicas > 1: how often a destination's sender looks for deliveries other
     # replicas queued, and a replica not sending to it tries to take it over

@@ -8,6 +8,11 @@ for as long as it kept dripping. Every sender here opens its client with
 connect, TLS handshake, read and write of the attempt then waits at most the time left,
 and none starts once it is spent (httpx's own ``TimeoutException`` types, so the
 senders' handling of a timeout is unchanged).
+
+A proxy named by the server's environment (``HTTPS_PROXY``, ``HTTP_PROXY``,
+``ALL_PROXY``, minus ``NO_PROXY``) is used as httpx and curl use it, with the same
+total deadline: the connection to the proxy and the tunnel through it are the
+attempt's too (docs/operations.md, "Outbound HTTP through a proxy").
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 import httpcore
 import httpx
+from httpx._utils import get_environment_proxies  # httpx's own reading of *_PROXY
 
 # the monotonic time the current attempt must end by (None: no total limit)
 _ENDS_AT: ContextVar[float | None] = ContextVar("radserve_http_deadline", default=None)
@@ -108,27 +114,74 @@ class _DeadlineBackend(httpcore.NetworkBackend):
 
 
 class _DeadlineTransport(httpx.HTTPTransport):
-    """httpx's transport with its connection pool on :class:`_DeadlineBackend`. httpx
-    takes no network backend, so the pool it built is replaced by the same one (its
-    defaults: system CAs and the SSL_CERT_* environment, httpx's default limits) on ours."""
+    """httpx's transport with its connection pool on :class:`_DeadlineBackend`, direct or
+    through ``proxy``. httpx takes no network backend, so the pool it built is replaced
+    by the same one (its defaults: system CAs and the SSL_CERT_* environment, httpx's
+    default limits) on ours: through a proxy too, every connection (to the proxy, the
+    CONNECT tunnel and the TLS inside it) waits at most the attempt's time left."""
 
-    def __init__(self) -> None:
+    def __init__(self, proxy: httpx.Proxy | None = None) -> None:
         super().__init__()
-        limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
-        self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(),
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            network_backend=_DeadlineBackend(),
+        self._pool = _pool(httpx.create_ssl_context(), proxy)
+
+
+def _pool(ssl_context: ssl.SSLContext, proxy: httpx.Proxy | None) -> httpcore.ConnectionPool:
+    """httpx's own pool for ``proxy`` (as :class:`httpx.HTTPTransport` builds it), on
+    :class:`_DeadlineBackend`."""
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+    common: dict[str, Any] = {
+        "ssl_context": ssl_context,
+        "max_connections": limits.max_connections,
+        "max_keepalive_connections": limits.max_keepalive_connections,
+        "keepalive_expiry": limits.keepalive_expiry,
+        "network_backend": _DeadlineBackend(),
+    }
+    if proxy is None:
+        return httpcore.ConnectionPool(**common)
+    url = httpcore.URL(
+        scheme=proxy.url.raw_scheme,
+        host=proxy.url.raw_host,
+        port=proxy.url.port,
+        target=proxy.url.raw_path,
+    )
+    if proxy.url.scheme in ("http", "https"):
+        return httpcore.HTTPProxy(
+            proxy_url=url,
+            proxy_auth=proxy.raw_auth,
+            proxy_headers=proxy.headers.raw,
+            proxy_ssl_context=proxy.ssl_context,
+            **common,
         )
+    if proxy.url.scheme in ("socks5", "socks5h"):  # needs httpx[socks], as httpx's own
+        return httpcore.SOCKSProxy(proxy_url=url, proxy_auth=proxy.raw_auth, **common)
+    raise ValueError(
+        f"a proxy from the environment has the scheme {proxy.url.scheme!r}; "
+        "http, https, socks5 and socks5h are supported"
+    )
+
+
+def _environment_mounts() -> dict[str, httpx.BaseTransport | None]:
+    """The proxies of the server's environment (``HTTP_PROXY``, ``HTTPS_PROXY``,
+    ``ALL_PROXY``, ``NO_PROXY``, read as httpx and curl read them), each on a
+    :class:`_DeadlineTransport`. httpx reads them only for a client with its default
+    transport: given ours, it ignored them, and every sender went around the site's proxy."""
+    return {
+        pattern: None if url is None else _DeadlineTransport(httpx.Proxy(url))
+        for pattern, url in get_environment_proxies().items()
+    }
 
 
 def deadline_client(*, timeout_s: float | None = None) -> httpx.Client:
     """An httpx client (no redirects followed) whose attempts inside
-    :func:`total_deadline` end in time; ``timeout_s``: also each operation's own limit."""
+    :func:`total_deadline` end in time, through the environment's proxy if it names one;
+    ``timeout_s``: also each operation's own limit."""
     timeout = httpx.Timeout(timeout_s) if timeout_s is not None else httpx.Timeout(None)
-    return httpx.Client(transport=_DeadlineTransport(), timeout=timeout, follow_redirects=False)
+    return httpx.Client(
+        transport=_DeadlineTransport(),
+        mounts=_environment_mounts(),
+        timeout=timeout,
+        follow_redirects=False,
+    )
 
 
 __all__ = ["deadline_client", "total_deadline"]

@@ -7,6 +7,7 @@ out (the client waited for all of it)."""
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,14 +57,24 @@ def _answer(phase: Literal["headers", "body"]) -> tuple[bytes, bytes]:
 
 
 @contextmanager
-def drip_server(phase: Literal["headers", "body"] = "headers") -> Iterator[DripServer]:
+def drip_server(
+    phase: Literal["headers", "body"] = "headers", *, tls: ssl.SSLContext | None = None
+) -> Iterator[DripServer]:
     """``with drip_server() as server:`` -> ``server.url``; the answer's status line and
-    headers are dripped (``headers``), or its body after them (``body``)."""
+    headers are dripped (``headers``), or its body after them (``body``). ``tls``: a
+    server context, to answer HTTPS."""
     listener = socket.create_server(("127.0.0.1", 0))
-    server = DripServer(url=f"http://127.0.0.1:{listener.getsockname()[1]}/hook")
+    scheme = "http" if tls is None else "https"
+    server = DripServer(url=f"{scheme}://127.0.0.1:{listener.getsockname()[1]}/hook")
     stop = threading.Event()
 
     def serve(conn: socket.socket) -> None:
+        if tls is not None:
+            try:
+                conn = tls.wrap_socket(conn, server_side=True)
+            except OSError:  # the client gave up during the handshake
+                conn.close()
+                return
         with conn:
             _read_request(conn)
             server.requests += 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import socket
 import threading
@@ -26,6 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from prometheus_client import CollectorRegistry
 from tests.factories.turnaround import standalone_turnaround
 from tests.factories.waits import until
@@ -244,3 +246,39 @@ def test_a_collector_that_accepts_and_never_answers_is_shown_and_the_stop_ends_i
         server.close()
         for conn in accepted:
             conn.close()
+
+
+def test_a_receiver_that_keeps_failing_gets_one_log_line_not_one_per_alert(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The log limiter (radserve.gateway.attempt_log) on the risk alerts: a receiver that
+    refuses every alert logs its first failure, and the alerts failing within the next
+    minute are counted, not logged; the first alert that gets through again says how
+    many were not logged. Each alert is still counted ``failed`` in the metrics."""
+    failing = 6
+    with _receiver(["redirect"] * failing) as receiver:  # refused at once: no retry waits
+        turnaround, registry = _turnaround(tmp_path, receiver.url)
+        turnaround.start()
+        [alerts] = turnaround._alerts
+        alerts._failure_lines.repeat_s = math.inf  # however slow this host, one line
+        try:
+            with caplog.at_level(logging.INFO, logger="radserve.service.turnaround"):
+                for n in range(failing):
+                    _raise(turnaround, f"refused-{n}")
+                until(
+                    lambda: _dropped(registry, "failed") == float(failing),
+                    "every refused alert counted",
+                    30,
+                )
+                _raise(turnaround, "taken")
+                until(lambda: alerts.sent == 1, "the next alert delivered", 30)
+        finally:
+            turnaround.stop()
+            turnaround.store.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "radserve.service.turnaround"]
+    failed = [line for line in lines if line.startswith("deadline-risk webhook failed")]
+    assert len(failed) == 1, failed  # the first failure only, not one line per alert
+    again = [line for line in lines if "takes alerts again" in line]
+    assert again == [
+        f"deadline-risk webhook takes alerts again; {failing - 1} failed alerts were not logged"
+    ]

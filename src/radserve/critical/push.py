@@ -38,6 +38,7 @@ from radserve.critical.receivers import FhirReceiver, SyslogReceiver
 from radserve.domain.critical import CriticalRule
 from radserve.domain.findings import Finding
 from radserve.fhir.delivery import unusable_url
+from radserve.gateway.lease_keeper import LeaseKeeper, covering_lease
 from radserve.gateway.outbox import DeliveryReport, RetryPolicy, decide, log_settled, utc_now
 from radserve.gateway.scu import Outcome, SendResult
 from radserve.http_deadline import deadline_client, total_deadline
@@ -73,6 +74,11 @@ class Receiver:
     @property
     def destination(self) -> str:
         return f"critical:{self.name}"
+
+    @property
+    def attempt_s(self) -> float:
+        """The longest one attempt takes (its total deadline)."""
+        return self.timeout_s
 
     def headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -165,7 +171,10 @@ class CriticalOutbox:
         self.receivers = {r.destination: r for r in receivers}
         self.policy = policy
         self.batch_size = batch_size
-        self.lease = lease
+        # the longest one attempt takes, to any receiver; the lease covers it, and a
+        # batch's lease is renewed as its notices go out (radserve.gateway.lease_keeper)
+        self.attempt_s = max((r.attempt_s for r in receivers), default=0.0)
+        self.lease = covering_lease(lease, self.attempt_s)
         # each attempt ends within its receiver's timeout_s in all (radserve.http_deadline)
         self._client = deadline_client()
         self.pushed: list[tuple[str, dt.datetime]] = []  # (notice id, acknowledged at)
@@ -242,11 +251,16 @@ class CriticalOutbox:
         )  # fmt: skip
         if not claimed:
             return DeliveryReport()
+        lease = LeaseKeeper(
+            self.store, claimed, lease=self.lease, attempt_s=self.attempt_s, now=now
+        )
         commits = _GroupCommit(self)
         try:
             for item in claimed:
                 if commits.failed:
                     break  # the rows cannot be recorded: the rest keep their lease
+                if not lease.hold(item):
+                    continue  # another sender took it over: it sends it
                 result = self._send_settled(item)
                 commits.put(item, result, utc_now())
         finally:

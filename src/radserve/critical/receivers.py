@@ -58,6 +58,12 @@ class SyslogReceiver:
     def destination(self) -> str:
         return f"critical:{self.name}"
 
+    @property
+    def attempt_s(self) -> float:
+        """The longest one attempt takes: connect, TLS handshake and write, each within
+        the endpoint's ``timeout_s``."""
+        return 3 * self.endpoint.timeout_s
+
     def message(self, body: bytes) -> bytes:
         notice = json.loads(body)
         finding = notice.get("finding") or {}
@@ -108,6 +114,11 @@ class FhirReceiver:
     @property
     def destination(self) -> str:
         return f"critical:{self.name}"
+
+    @property
+    def attempt_s(self) -> float:
+        """The longest one attempt takes (the POST's total deadline)."""
+        return self.server.timeout_s
 
     def send(self, body: bytes) -> SendResult:
         """POST the Bundle file's ``body`` (without its Flag unless ``flag``). A file that

@@ -30,6 +30,7 @@ import httpx
 
 from radserve import durable
 from radserve.gateway.errors import GatewayError
+from radserve.gateway.lease_keeper import LeaseKeeper, covering_lease
 from radserve.gateway.outbox import AttemptClock, DeliveryReport, RetryPolicy, settle, utc_now
 from radserve.gateway.scu import Outcome, SendResult
 from radserve.http_deadline import deadline_client, total_deadline
@@ -194,7 +195,8 @@ class FhirOutbox:
         self.poster = poster or FhirClient()
         self.policy = policy or RetryPolicy()
         self.batch_size = batch_size
-        self.lease = lease
+        # covers one POST at least, renewed as a batch goes out (radserve.gateway.lease_keeper)
+        self.lease = covering_lease(lease, destination.timeout_s)
 
     def enqueue(
         self,
@@ -240,8 +242,13 @@ class FhirOutbox:
         )
         tally = {Outcome.SENT: 0, Outcome.RETRY: 0, Outcome.PERMANENT: 0}
         clock = AttemptClock(now)  # each outcome at its POST's end (a 30 s timeout)
+        lease = LeaseKeeper(  # the batch's lease kept ahead of its POSTs
+            self.store, claimed, lease=self.lease, attempt_s=self.destination.timeout_s, now=now
+        )
         for item in claimed:
-            tally[settle(self.store, self.policy, item, self._send(item), clock())] += 1
+            if lease.hold(item):  # else another sender took it over and sends it
+                result = self._send(item)
+                tally[settle(self.store, self.policy, item, result, clock())] += 1
         report = DeliveryReport(
             claimed=len(claimed),
             sent=tally[Outcome.SENT],

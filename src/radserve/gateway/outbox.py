@@ -34,6 +34,7 @@ from radserve.gateway.attempt_log import FailedAttemptLog
 from radserve.gateway.commitment_ledger import CommitmentLedger, CommitmentRequester
 from radserve.gateway.config import Destination
 from radserve.gateway.errors import GatewayConfigError, GatewayError
+from radserve.gateway.lease_keeper import LeaseKeeper, covering_lease
 from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult
 from radserve.ingest.headers import UnreadableHeaderError, read_header
 from radserve.loop_failures import LoopFailures
@@ -177,7 +178,10 @@ class Outbox:
         self.sender = sender
         self.policy = policy or RetryPolicy()
         self.batch_size = batch_size
-        self.lease = lease
+        # one file's C-STORE at most (StoreSCU.attempt_s; 0 for a sender that does not
+        # say): the lease covers it and is renewed as a batch's files are stored
+        self.attempt_s = float(getattr(sender, "attempt_s", 0.0))
+        self.lease = covering_lease(lease, self.attempt_s)
         committing = [d.name for d in self.destinations.values() if d.storage_commitment]
         if committing and not isinstance(sender, CommitmentRequester):
             raise GatewayConfigError(
@@ -233,8 +237,11 @@ class Outbox:
         by_destination: dict[str, list[OutboxItem]] = {}
         for item in claimed:
             by_destination.setdefault(item.destination, []).append(item)
+        lease = LeaseKeeper(
+            self.store, claimed, lease=self.lease, attempt_s=self.attempt_s, now=now
+        )
         for name, items in by_destination.items():
-            self._deliver(name, items, clock, tally)
+            self._deliver(name, items, clock, tally, lease)
         settled = sum(tally.values()) - len(expired)
         report = DeliveryReport(
             claimed=len(claimed),
@@ -255,6 +262,7 @@ class Outbox:
         items: list[OutboxItem],
         clock: AttemptClock,
         tally: dict[Outcome, int],
+        lease: LeaseKeeper,
     ) -> None:
         rows = {item.id: item for item in items}
         unsettled = set(rows)
@@ -268,8 +276,9 @@ class Outbox:
                 unsettled.discard(item_id)
                 if committing and result.outcome is Outcome.SENT:
                     stored.append(outgoing[item_id])  # delivered once committed
-                    return
-                tally[self._record(rows[item_id], result, clock())] += 1
+                else:
+                    tally[self._record(rows[item_id], result, clock())] += 1
+                lease.keep()  # the next file's C-STORE within the lease
 
         if destination is None:
             for item_id in list(unsettled):
@@ -277,6 +286,7 @@ class Outbox:
                 settle(item_id, SendResult(Outcome.PERMANENT, reason))
             return
         files = []
+        lease.keep()  # an earlier destination's files may have used the lease up
         for item in items:
             if Path(item.path).is_file():
                 files.append(outgoing.setdefault(item.id, _outgoing(item)))

@@ -99,6 +99,12 @@ class StoreSCU:
         # what a message names for the connect time-out: the setting, or a command's option
         self.connect_timeout_name = connect_timeout_name
 
+    @property
+    def attempt_s(self) -> float:
+        """The longest one file's C-STORE takes, an association for it included (its
+        connect, A-ASSOCIATE, DIMSE and network timeouts): what an outbox lease covers."""
+        return float(sum(self._timeouts))
+
     @classmethod
     def from_settings(cls, gateway: GatewaySettings) -> StoreSCU:
         """The outbox SCU: calls as ``gateway.ae_title`` with the gateway's timeouts."""

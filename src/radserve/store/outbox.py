@@ -307,6 +307,31 @@ class OutboxStore(StoreBase):
             by_id = {row.id: _record(row) for row in rows}
         return [by_id[item_id] for item_id in ids if item_id in by_id]
 
+    def renew(self, items: Sequence[OutboxItem], *, now: dt.datetime) -> set[int]:
+        """Renew the lease of ``items`` (claimed by this store) from ``now``: each row still
+        ``sending`` under this owner and the attempt that claimed it. The ids renewed; a
+        row missing was settled meanwhile or taken over by another sender
+        (:class:`radserve.gateway.lease_keeper.LeaseKeeper`)."""
+        if not items:
+            return set()
+        claims = [
+            and_(OutboxDelivery.id == item.id, OutboxDelivery.attempts == item.attempts)
+            for item in items
+        ]
+        with self._write(audited=False) as session:
+            renewed = session.scalars(
+                update(OutboxDelivery)
+                .where(
+                    or_(*claims),
+                    OutboxDelivery.state == OutboxState.SENDING.value,
+                    OutboxDelivery.lease_owner == self.owner,
+                )
+                .values(updated=now)
+                .returning(OutboxDelivery.id)
+                .execution_options(synchronize_session=False)
+            ).all()
+        return set(renewed)
+
     def reclaim(self, *, now: dt.datetime, shared: bool) -> int:
         """At start, before any sender runs: rows a previous incarnation left ``sending``
         become ``pending`` and due ``now`` (their attempt still counts). ``shared``
