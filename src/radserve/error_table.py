@@ -58,7 +58,7 @@ TABLE: dict[str, ErrorMapping] = {
     "radserve.pipeline.channels.ChannelSeriesError": _STUDY,  # a model's other series
     "radserve.ingest.discover.SeveralStudiesError": _STUDY,  # one upload, two studies
     "radserve.ingest.validate.LossyInputError": _STUDY,  # ingest.lossy_input: refuse
-    "radserve.ingest.sources.ArchiveRejectedError": _STUDY,
+    "radserve.zip_members.ArchiveRejectedError": _STUDY,
     "radserve.ingest.sources.InputTooLargeError": _STUDY,
     # a Type 1 source value over its VR limit that neither a cut nor empty would keep valid
     "radserve.report.shortened.CopiedValueTooLongError": _STUDY,
