@@ -57,7 +57,7 @@ from radserve.service.errors import OutputNotFoundError
 from radserve.service.jobs import REPORT_FILE
 from radserve.store import JobRecord, JobState
 from radserve.store import jobs as job_rows
-from radserve.store.models import ACCESSION_LENGTH, AuditEntry, OutboxDelivery
+from radserve.store.models import ACCESSION_SEARCH_LENGTH, AuditEntry, OutboxDelivery
 
 router = APIRouter(include_in_schema=False)
 # the console's routes that are public API too, in the OpenAPI document (a route cannot
@@ -148,7 +148,7 @@ async def worklist(
     priority_class: Annotated[list[ClassName] | None, Query()] = None,
     date_from: dt.date | None = None,
     date_to: dt.date | None = None,
-    accession: Annotated[str | None, Query(max_length=ACCESSION_LENGTH)] = None,
+    accession: Annotated[str | None, Query(max_length=ACCESSION_SEARCH_LENGTH)] = None,
     limit: Annotated[int, Query(ge=1, le=job_rows.MAX_PAGE)] = 200,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> Response:

@@ -19,7 +19,7 @@ from sqlalchemy import ColumnElement, Select, and_, func, or_, select, update
 from radserve.domain.priority import PriorityClass
 from radserve.errors import InvalidRequestError
 from radserve.store.errors import InvalidCursorError
-from radserve.store.models import ACCESSION_LENGTH, ApiKey, Job
+from radserve.store.models import ApiKey, Job
 from radserve.store.records import JobPage, JobRecord, JobState
 
 if TYPE_CHECKING:
@@ -249,7 +249,7 @@ def fill_accessions(store: StoreBase, accessions: Mapping[str, str]) -> None:
             session.execute(
                 update(Job)
                 .where(Job.id == job_id, Job.accession.is_(None))
-                .values(accession=accession.strip()[:ACCESSION_LENGTH])
+                .values(accession=accession.strip())
             )
 
 

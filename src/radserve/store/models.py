@@ -39,9 +39,10 @@ JOB_STATES = ("received", "queued", "running", "succeeded", "failed", "cancelled
 PRIORITY_CLASSES = ("URGENT", "INPATIENT", "OUTPATIENT")
 ROLES = ("read", "submit", "admin")
 GENESIS_HASH = "0" * 64
-# the longest accession number kept on a job (DICOM's SH allows 16; a longer value from a
-# non-conformant sender is cut here, as the worklist's search box is)
-ACCESSION_LENGTH = 64
+# the longest accession number the worklist's search box takes (DICOM's SH allows 16);
+# the number on the job row is kept whole, as the header has it (a non-conformant
+# sender's 10,000 characters included: the worklist shows all of it)
+ACCESSION_SEARCH_LENGTH = 1024
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -82,10 +83,10 @@ class Job(Base):
     cached_from: Mapped[str | None] = mapped_column(String(36), ForeignKey("jobs.id"))
     api_key_id: Mapped[str | None] = mapped_column(String(32))
     client_address: Mapped[str | None] = mapped_column(String(128))
-    # the study's Accession Number (stripped, at most ACCESSION_LENGTH characters), which
+    # the study's Accession Number (stripped, whole), which
     # the console's worklist searches in the query; '' the study has none; None not read
     # yet (a job from before revision 0020, until radserve.console.accessions fills it)
-    accession: Mapped[str | None] = mapped_column(String(ACCESSION_LENGTH))
+    accession: Mapped[str | None] = mapped_column(Text)
     stage_timings: Mapped[dict[str, float]] = mapped_column(JSON)
     queue_meta: Mapped[dict[str, Any]] = mapped_column(JSON)
     # the replica running an unfinished job: "<instance id>/<incarnation>", renewed while

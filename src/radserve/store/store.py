@@ -42,7 +42,7 @@ from radserve.store.joins import JoinRule, joinable, lock_input
 from radserve.store.leases import HELD, Lease, LeaseLostError, LeaseMixin
 from radserve.store.migrate import require_head, upgrade
 from radserve.store.misses import MissMixin
-from radserve.store.models import ACCESSION_LENGTH, CachedResult, Job, OutboxDelivery
+from radserve.store.models import CachedResult, Job, OutboxDelivery
 from radserve.store.records import (
     ALLOWED_TRANSITIONS,
     TERMINAL_STATES,
@@ -135,8 +135,8 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
         instead and nothing is created (a ``job.joined`` audit record names the second
         submitter); decided under a lock on the input (:mod:`radserve.store.joins`), so
         two replicas cannot both create one. :meth:`create_or_join` says which it was.
-        ``accession``: the study's Accession Number, which the worklist searches (cut to
-        ``ACCESSION_LENGTH``; None: not read, filled by radserve.console.accessions).
+        ``accession``: the study's Accession Number, which the worklist searches (kept
+        whole; None: not read, filled by radserve.console.accessions).
         """
         now = utc_now()
         arrival = arrival or now
@@ -158,7 +158,7 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
             attempts=0,
             api_key_id=api_key_id,
             client_address=client_address,
-            accession=accession.strip()[:ACCESSION_LENGTH] if accession is not None else None,
+            accession=accession.strip() if accession is not None else None,
             stage_timings={},
             queue_meta=dict(queue_meta or {}),
         )

@@ -29,7 +29,7 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("accession", sa.String(64), nullable=True))
+        batch.add_column(sa.Column("accession", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
