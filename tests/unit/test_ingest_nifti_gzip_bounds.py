@@ -87,3 +87,13 @@ def test_declared_voxels_over_the_limit_are_refused_before_inflating(tmp_path: P
     with pytest.raises(StudyError, match=r"NIfTI image of 36864 voxels .*max_voxels=1000") as err:
         load_nifti(path, policy=IngestPolicy(max_voxels=1000), modality="CT")
     assert err.value.code == "series_too_large"
+
+
+@pytest.mark.parametrize("name", ["gone.nii.gz", "gone.nii"])
+def test_a_missing_file_is_a_study_error_not_an_os_error(tmp_path: Path, name: str) -> None:
+    """The header look-up opened the file outside the reader's error handling, so a
+    missing label map escaped as FileNotFoundError where callers expect the StudyError
+    (a comparison run's reuse of an earlier result turned it into 'run them instead')."""
+    with pytest.raises(StudyError) as caught:
+        load_nifti(tmp_path / name)
+    assert caught.value.code == "nifti_invalid"

@@ -59,12 +59,12 @@ def is_gzip(path: Path | str) -> bool:
 def declared_layout(path: Path | str) -> DeclaredLayout | None:
     """The header's declared layout, inflating only the header; None when the first
     bytes are not a NIfTI-1/2 header (nibabel then says what the file is not)."""
-    opener = gzip.open if is_gzip(path) else open
     try:
+        opener = gzip.open if is_gzip(path) else open
         with opener(path, "rb") as stream:
             block = stream.read(540)
-    except (OSError, EOFError):  # a damaged gzip stream: nibabel says so
-        return None
+    except (OSError, EOFError):  # missing, unreadable or a damaged gzip stream: nibabel
+        return None  # says so, as the caller's StudyError
     for size, klass in _HEADERS.items():
         for order in ("<", ">"):
             if len(block) >= size and struct.unpack(f"{order}i", block[:4])[0] == size:
