@@ -21,8 +21,11 @@ this code's, the server
 from __future__ import annotations
 
 from sqlalchemy import Engine
+from sqlalchemy import exc as sa_exc
 
 from radserve.errors import RadserveError
+from radserve.store.base import unavailable_why
+from radserve.store.errors import DatabaseUnavailableError
 from radserve.store.migrate import current_revision, head_revision
 
 HELD_REASON = "schema_not_current"  # the scheduler's hold (a metric label, waiting_for)
@@ -47,11 +50,19 @@ class SchemaWatch:
 
     def check(self) -> str | None:
         """The change, the first time the revision is not this code's (then None again:
-        it is reported once). A database error propagates: the renewal's round fails and
-        is tried again, as for an outage."""
+        it is reported once). A database that does not answer is the store's outage
+        (:class:`DatabaseUnavailableError`): the renewal's round fails and is tried again,
+        logged as an outage is (the driver's error escaped as an internal one, with a
+        traceback, once per outage)."""
         if self.changed is not None:
             return None
-        found = current_revision(self.engine)
+        try:
+            found = current_revision(self.engine)
+        except (sa_exc.OperationalError, sa_exc.TimeoutError) as exc:
+            why = (
+                unavailable_why(exc) if isinstance(exc, sa_exc.DBAPIError) else "no free connection"
+            )
+            raise DatabaseUnavailableError(f"database unavailable: {why}") from exc
         if found == self.expected:
             return None
         self.changed = (
