@@ -20,10 +20,15 @@ from radserve.domain.priority import PriorityClass
 from radserve.errors import InvalidRequestError
 from radserve.store.errors import InvalidCursorError
 from radserve.store.models import ApiKey, Job
-from radserve.store.records import JobPage, JobRecord, JobState
+from radserve.store.records import CacheKey, JobPage, JobRecord, JobState
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from radserve.store.base import StoreBase
+
+# a job no end state has reached yet
+UNFINISHED_STATES = (JobState.RECEIVED, JobState.QUEUED, JobState.RUNNING)
 
 # fields transition(**fields) may set; state, timestamps, attempts and result are the
 # store's own business (set by the transition itself and by record_result)
@@ -71,6 +76,23 @@ def to_record(row: Job) -> JobRecord:
         lease_owner=row.lease_owner,
         accession=row.accession,
     )
+
+
+def jobs_of_input(session: Session, key: CacheKey, states: Iterable[JobState]) -> list[Job]:
+    """The rows in ``states`` whose input, pipeline, precision and models are ``key``'s,
+    oldest first (the cache's and a duplicate submission's look-up)."""
+    rows = session.execute(
+        select(Job)
+        .where(
+            Job.fingerprint == key.fingerprint,
+            Job.pipeline_name == key.pipeline_name,
+            Job.pipeline_version == key.pipeline_version,
+            Job.precision == key.precision,
+            Job.state.in_([s.value for s in states]),
+        )
+        .order_by(Job.arrival, Job.id)
+    ).scalars()
+    return [row for row in rows if dict(row.model_versions or {}) == dict(key.model_versions)]
 
 
 def check_fields(fields: dict[str, Any]) -> dict[str, Any]:

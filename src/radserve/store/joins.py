@@ -21,11 +21,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from radserve.store.jobs import to_record
-from radserve.store.models import Job
-from radserve.store.records import CacheKey, JobRecord, JobState
-
-UNFINISHED = (JobState.RECEIVED.value, JobState.QUEUED.value, JobState.RUNNING.value)
+from radserve.store.jobs import UNFINISHED_STATES, jobs_of_input, to_record
+from radserve.store.records import CacheKey, JobRecord
 
 
 @dataclass(frozen=True)
@@ -55,21 +52,7 @@ def lock_input(session: Session, key: CacheKey) -> None:
 def joinable(session: Session, rule: JoinRule) -> JobRecord | None:
     """The oldest unfinished job that ``rule`` joins, or None (call under
     :func:`lock_input`)."""
-    key = rule.key
-    rows = session.execute(
-        select(Job)
-        .where(
-            Job.fingerprint == key.fingerprint,
-            Job.pipeline_name == key.pipeline_name,
-            Job.pipeline_version == key.pipeline_version,
-            Job.precision == key.precision,
-            Job.state.in_(UNFINISHED),
-        )
-        .order_by(Job.arrival, Job.id)
-    ).scalars()
-    for row in rows:
-        if dict(row.model_versions or {}) != dict(key.model_versions):
-            continue
+    for row in jobs_of_input(session, rule.key, UNFINISHED_STATES):
         if (row.queue_meta or {}).get("source") != rule.source:
             continue
         record = to_record(row)

@@ -38,6 +38,7 @@ from radserve.store.errors import (
     SchemaNotCurrentError,
     StoreError,
 )
+from radserve.store.jobs import UNFINISHED_STATES
 from radserve.store.joins import JoinRule, joinable, lock_input
 from radserve.store.leases import HELD, Lease, LeaseLostError, LeaseMixin
 from radserve.store.migrate import require_head, upgrade
@@ -57,7 +58,6 @@ from radserve.store.replica_config import ReplicaConfigMixin
 
 logger = logging.getLogger(__name__)
 
-UNFINISHED_STATES = (JobState.RECEIVED, JobState.QUEUED, JobState.RUNNING)
 _AUDITED_STATES = {
     JobState.RUNNING: Action.JOB_STARTED,  # each attempt, so a re-run after a crash shows
     JobState.FAILED: Action.JOB_FAILED,
@@ -465,7 +465,7 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
         ``queue_meta["source"]``): a succeeded one -- one that ran, or one answered from
         the result cache -- oldest first, else an unfinished one. A study re-sent over
         the same route is answered by it, so what that route was sent is not sent again."""
-        states = [JobState.SUCCEEDED.value, *(s.value for s in UNFINISHED_STATES)]
+        states = (JobState.SUCCEEDED, *UNFINISHED_STATES)
         found = [
             job for job in self._jobs_for(key, states) if job.queue_meta.get("source") == source
         ]
@@ -475,38 +475,17 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
     def succeeded_jobs_for(self, key: CacheKey) -> list[JobRecord]:
         """Every succeeded job whose input, pipeline, precision and models are ``key``'s,
         oldest first: those that ran and those answered from the cache."""
-        return self._jobs_for(key, [JobState.SUCCEEDED.value])
-
-    def find_unfinished(self, key: CacheKey) -> JobRecord | None:
-        """An unfinished (received, queued or running) job for ``key``, oldest first: a
-        study sent again while its first job still runs is answered by that job."""
-        found = self._jobs_for(key, [s.value for s in UNFINISHED_STATES])
-        return found[0] if found else None
+        return self._jobs_for(key, (JobState.SUCCEEDED,))
 
     def unfinished_jobs_for(self, key: CacheKey) -> list[JobRecord]:
         """Every unfinished job for ``key``, oldest first (read-only)."""
-        return self._jobs_for(key, [s.value for s in UNFINISHED_STATES])
+        return self._jobs_for(key, UNFINISHED_STATES)
 
-    def _jobs_for(self, key: CacheKey, states: list[str]) -> list[JobRecord]:
+    def _jobs_for(self, key: CacheKey, states: Iterable[JobState]) -> list[JobRecord]:
         """Jobs in ``states`` whose input, pipeline, precision and models are ``key``'s,
         oldest first."""
         with self._read() as session:
-            rows = session.execute(
-                select(Job)
-                .where(
-                    Job.fingerprint == key.fingerprint,
-                    Job.pipeline_name == key.pipeline_name,
-                    Job.pipeline_version == key.pipeline_version,
-                    Job.precision == key.precision,
-                    Job.state.in_(states),
-                )
-                .order_by(Job.arrival, Job.id)
-            ).scalars()
-            return [
-                jobq.to_record(row)
-                for row in rows
-                if dict(row.model_versions or {}) == dict(key.model_versions)
-            ]
+            return [jobq.to_record(row) for row in jobq.jobs_of_input(session, key, states)]
 
     def unfinished_jobs(self) -> list[JobRecord]:
         """Jobs not yet in a final state, earliest deadline first (read-only)."""
