@@ -35,14 +35,13 @@ import hashlib
 import json
 import logging
 import shutil
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from radserve import durable
-from radserve.loop_failures import LoopFailures
+from radserve.service.periodic_sweep import PeriodicSweep
 from radserve.store import Store
 
 logger = logging.getLogger(__name__)
@@ -102,8 +101,12 @@ def set_aside_if_refused(data_dir: Path, study_dir: Path) -> Iterator[None]:
         _marker(data_dir, study_dir).unlink(missing_ok=True)
 
 
-class UnclaimedStudies:
+class UnclaimedStudies(PeriodicSweep):
     """Deletes the set-aside studies no job names (a daemon thread; :meth:`sweep`)."""
+
+    what = "sweeping studies without a job"
+    thread_name = "radserve-unclaimed"
+    log = logger
 
     def __init__(
         self,
@@ -114,33 +117,8 @@ class UnclaimedStudies:
         every_s: float = SWEEP_EVERY_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        super().__init__(store, grace_s=grace_s, every_s=every_s, clock=clock)
         self.folder = Path(data_dir) / UNCLAIMED_DIR
-        self.store = store
-        self.grace_s = grace_s
-        self.every_s = every_s
-        self.clock = clock
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="radserve-unclaimed", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        failures = LoopFailures(logger, "sweeping studies without a job")
-        while not self._stop.is_set():
-            try:
-                self.sweep()
-            except Exception as exc:  # the database away: the next round tries again
-                failures.failed(exc)
-            else:
-                failures.succeeded()
-            self._stop.wait(self.every_s)
 
     def sweep(self) -> int:
         """One round; how many study folders were deleted."""

@@ -30,12 +30,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from radserve.loop_failures import LoopFailures
+from radserve.service.periodic_sweep import PeriodicSweep
 from radserve.store import JobState, Store
 from radserve.store.errors import JobNotFoundError
 
@@ -46,8 +45,12 @@ SWEEP_EVERY_S = 60.0
 _TRASH_PREFIX = ".voided-"
 
 
-class VoidedRunFolders:
+class VoidedRunFolders(PeriodicSweep):
     """Deletes the folders of voided runs (a daemon thread; :meth:`sweep`)."""
+
+    what = "deleting voided runs' result folders"
+    thread_name = "radserve-voided"
+    log = logger
 
     def __init__(
         self,
@@ -58,33 +61,8 @@ class VoidedRunFolders:
         every_s: float = SWEEP_EVERY_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        super().__init__(store, grace_s=grace_s, every_s=every_s, clock=clock)
         self.root = Path(results_root)
-        self.store = store
-        self.grace_s = grace_s
-        self.every_s = every_s
-        self.clock = clock
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="radserve-voided", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-
-    def _run(self) -> None:
-        failures = LoopFailures(logger, "deleting voided runs' result folders")
-        while not self._stop.is_set():
-            try:
-                self.sweep()
-            except Exception as exc:  # the database away: the next round tries again
-                failures.failed(exc)
-            else:
-                failures.succeeded()
-            self._stop.wait(self.every_s)
 
     def sweep(self) -> list[Path]:
         """One round; the folders deleted."""
