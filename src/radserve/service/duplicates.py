@@ -23,7 +23,6 @@ Rules (:func:`join_rule`):
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Callable
 
@@ -31,6 +30,7 @@ from radserve.domain.jobs import JobState as RunState
 from radserve.domain.priority import PriorityClass
 from radserve.scheduling import NotWaitingError, Scheduler
 from radserve.service.jobcache import JobCache
+from radserve.service.jobs import refile
 from radserve.store import CacheKey, JobRecord, Store
 from radserve.store.joins import JoinRule
 
@@ -92,7 +92,16 @@ def raise_priority(
     if priority.rank >= current.rank:
         return job
     try:
-        done = scheduler.reprioritise(job.id, priority)
+        return refile(
+            job,
+            priority,
+            scheduler=scheduler,
+            store=store,
+            cache=cache,
+            key_id=key_id,
+            client=client,
+            reason=DUPLICATE_REASON,
+        )
     except NotWaitingError:
         logger.info(
             "job %s answers a more urgent second submission; it started already, its "
@@ -101,19 +110,6 @@ def raise_priority(
             current.name,
         )
         return job
-    deadline = job.arrival + dt.timedelta(seconds=scheduler.config.tat(priority))
-    extra = {
-        "old_priority_class": done.old_cls.value,
-        "new_priority_class": done.new_cls.value,
-        "old_deadline": job.deadline.isoformat(),
-        "new_deadline": deadline.isoformat(),
-        "reason": DUPLICATE_REASON,
-    }
-    record = store.reprioritise_job(
-        job.id, priority, deadline, actor_key_id=key_id, client_address=client, extra=extra
-    )
-    cache.put(record)
-    return record
 
 
 __all__ = ["DUPLICATE_REASON", "join_rule", "raise_priority", "warm"]

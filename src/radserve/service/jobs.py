@@ -153,19 +153,15 @@ class JobAccess:
                 raise NotWaitingError(
                     f"job {job_id} is {record.state.value}; only waiting jobs can be re-prioritised"
                 )
-            done = self.scheduler.reprioritise(job_id, cls)
-            deadline = record.arrival + dt.timedelta(seconds=self.scheduler.config.tat(cls))
-            extra = {
-                "old_priority_class": done.old_cls.value,
-                "new_priority_class": done.new_cls.value,
-                "old_deadline": record.deadline.isoformat(),
-                "new_deadline": deadline.isoformat(),
-            }
-            record = self.store.reprioritise_job(
-                job_id, cls, deadline, actor_key_id=key_id, client_address=client, extra=extra
+            return refile(
+                record,
+                cls,
+                scheduler=self.scheduler,
+                store=self.store,
+                cache=self.cache,
+                key_id=key_id,
+                client=client,
             )
-            self.cache.put(record)
-            return record
 
     # --- results ----------------------------------------------------------------------
     def result_dir(self, record: JobRecord) -> Path:
@@ -250,4 +246,35 @@ class JobAccess:
         )
 
 
-__all__ = ["JobAccess", "JobView"]
+def refile(
+    record: JobRecord,
+    cls: PriorityClass,
+    *,
+    scheduler: Scheduler,
+    store: Store,
+    cache: JobCache,
+    key_id: str | None,
+    client: str | None,
+    reason: str | None = None,
+) -> JobRecord:
+    """File the waiting job ``record`` under ``cls`` in the scheduler (its deadline:
+    arrival + the class's TAT), record it in its row with a ``job.reprioritised`` audit
+    record (who, the old and new class and deadline, ``reason`` when given) and put it in
+    the cache (the console's live worklist). Raises :class:`NotWaitingError` unless the
+    job waits in the scheduler."""
+    done = scheduler.reprioritise(record.id, cls)
+    deadline = record.arrival + dt.timedelta(seconds=scheduler.config.tat(cls))
+    extra = {
+        "old_priority_class": done.old_cls.value,
+        "new_priority_class": done.new_cls.value,
+        "old_deadline": record.deadline.isoformat(),
+        "new_deadline": deadline.isoformat(),
+    } | ({"reason": reason} if reason is not None else {})
+    refiled = store.reprioritise_job(
+        record.id, cls, deadline, actor_key_id=key_id, client_address=client, extra=extra
+    )
+    cache.put(refiled)
+    return refiled
+
+
+__all__ = ["JobAccess", "JobView", "refile"]
