@@ -493,6 +493,28 @@ def check_ae_title(value: str) -> str:
     return value.strip()
 
 
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+def check_certificate_identity(value: str) -> str:
+    """A client certificate as ``gateway.ae_certificates`` names it, normalised:
+    ``cn:NAME`` (its subject common name) or ``sha256:HEX`` (the SHA-256 fingerprint of
+    the certificate, as ``openssl x509 -fingerprint -sha256`` prints it: colons and case
+    ignored); ValueError otherwise."""
+    kind, colon, rest = str(value).partition(":")
+    kind = kind.strip().lower()
+    if colon and kind == "cn" and rest.strip():
+        return f"cn:{rest.strip()}"
+    if colon and kind == "sha256":
+        digest = re.sub(r"[\s:]", "", rest).lower()
+        if _SHA256_HEX.match(digest):
+            return f"sha256:{digest}"
+    raise ValueError(
+        f"{value!r} names no certificate: write cn:<subject common name> or "
+        "sha256:<the certificate's SHA-256 fingerprint, 64 hex digits>"
+    )
+
+
 class DicomPeer(_Section):
     """A DICOM peer: allowed to associate with the SCP as ``ae_title`` from ``host``
     (``"*"``: any address), and, with a ``port``, a destination for results (the
@@ -614,11 +636,40 @@ class GatewaySettings(_Section):
     # SCP: TLS when cert + key are set; outbox: ca (required) and cert + key for peers
     # with ``tls: true``
     tls: TlsSettings | None = None
+    # SCP over TLS: calling AE title -> the client certificates that may call as it
+    # ("cn:<subject CN>" or "sha256:<fingerprint>"). A title listed is accepted only with
+    # one of its certificates, a certificate listed only as one of its titles; empty: any
+    # certificate tls.ca signed may call as any AE title (docs/conformance.md)
+    ae_certificates: dict[str, tuple[str, ...]] = Field(default_factory=dict)
 
     @field_validator("ae_title")
     @classmethod
     def _valid_ae_title(cls, value: str) -> str:
         return check_ae_title(value)
+
+    @field_validator("ae_certificates")
+    @classmethod
+    def _valid_ae_certificates(
+        cls, value: dict[str, tuple[str, ...]]
+    ) -> dict[str, tuple[str, ...]]:
+        tied: dict[str, tuple[str, ...]] = {}
+        for title, identities in value.items():
+            if not identities:
+                raise ValueError(f"{title!r}: list at least one certificate")
+            tied[check_ae_title(title)] = tuple(
+                dict.fromkeys(check_certificate_identity(i) for i in identities)
+            )
+        return tied
+
+    @model_validator(mode="after")
+    def _ae_certificates_need_client_certificates(self) -> GatewaySettings:
+        tls = self.tls
+        if self.ae_certificates and (tls is None or tls.cert is None or tls.ca is None):
+            raise ValueError(
+                "ae_certificates ties AE titles to client certificates: the SCP asks for "
+                "them only over TLS with a CA (set gateway.tls.cert, key and ca)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _retry_first_within_max(self) -> GatewaySettings:

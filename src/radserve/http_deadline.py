@@ -10,9 +10,11 @@ and none starts once it is spent (httpx's own ``TimeoutException`` types, so the
 senders' handling of a timeout is unchanged).
 
 A proxy named by the server's environment (``HTTPS_PROXY``, ``HTTP_PROXY``,
-``ALL_PROXY``, minus ``NO_PROXY``) is used as httpx and curl use it, with the same
-total deadline: the connection to the proxy and the tunnel through it are the
-attempt's too (docs/operations.md, "Outbound HTTP through a proxy").
+``ALL_PROXY``, minus ``NO_PROXY``: :mod:`radserve.http_proxies`) is used as curl uses
+it, with the same total deadline: the connection to the proxy and the tunnel through it
+are the attempt's too (docs/operations.md, "Outbound HTTP through a proxy"). Only httpx's
+and httpcore's public API is used (httpx's private reading of the variables was, until
+2026-12-07).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from typing import Any
 
 import httpcore
 import httpx
-from httpx._utils import get_environment_proxies  # httpx's own reading of *_PROXY
+
+from radserve.http_proxies import EnvironmentProxies
 
 # the monotonic time the current attempt must end by (None: no total limit)
 _ENDS_AT: ContextVar[float | None] = ContextVar("radserve_http_deadline", default=None)
@@ -113,21 +116,93 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         self._backend.sleep(seconds)
 
 
-class _DeadlineTransport(httpx.HTTPTransport):
-    """httpx's transport with its connection pool on :class:`_DeadlineBackend`, direct or
-    through ``proxy``. httpx takes no network backend, so the pool it built is replaced
-    by the same one (its defaults: system CAs and the SSL_CERT_* environment, httpx's
-    default limits) on ours: through a proxy too, every connection (to the proxy, the
-    CONNECT tunnel and the TLS inside it) waits at most the attempt's time left."""
+# httpcore's errors as the httpx ones the senders catch (what httpx's own transport
+# raises), the most specific first
+_ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
+    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
+    (httpcore.ReadTimeout, httpx.ReadTimeout),
+    (httpcore.WriteTimeout, httpx.WriteTimeout),
+    (httpcore.PoolTimeout, httpx.PoolTimeout),
+    (httpcore.TimeoutException, httpx.TimeoutException),
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.NetworkError, httpx.NetworkError),
+    (httpcore.ProxyError, httpx.ProxyError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+)
+
+
+@contextmanager
+def _as_httpx_errors() -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        for raised, mapped in _ERRORS:
+            if isinstance(exc, raised):
+                raise mapped(str(exc)) from exc
+        raise
+
+
+class _ResponseStream(httpx.SyncByteStream):
+    def __init__(self, stream: Iterable[bytes]) -> None:
+        self._stream = stream
+
+    def __iter__(self) -> Iterator[bytes]:
+        with _as_httpx_errors():
+            yield from self._stream
+
+    def close(self) -> None:
+        close = getattr(self._stream, "close", None)
+        if close is not None:
+            close()
+
+
+class _DeadlineTransport(httpx.BaseTransport):
+    """An httpx transport on an httpcore pool over :class:`_DeadlineBackend`, direct or
+    through ``proxy``: through a proxy too, every connection (to the proxy, the CONNECT
+    tunnel and the TLS inside it) waits at most the attempt's time left. Built from
+    httpx's and httpcore's public API only (what :class:`httpx.HTTPTransport` does with
+    its defaults: system CAs and the SSL_CERT_* environment, httpx's default limits):
+    httpx takes no network backend of its own."""
 
     def __init__(self, proxy: httpx.Proxy | None = None) -> None:
-        super().__init__()
         self._pool = _pool(httpx.create_ssl_context(), proxy)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        assert isinstance(request.stream, httpx.SyncByteStream)
+        outgoing = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(
+                scheme=request.url.raw_scheme,
+                host=request.url.raw_host,
+                port=request.url.port,
+                target=request.url.raw_path,
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        with _as_httpx_errors():
+            answer = self._pool.handle_request(outgoing)
+        assert isinstance(answer.stream, Iterable)
+        return httpx.Response(
+            status_code=answer.status,
+            headers=answer.headers,
+            stream=_ResponseStream(answer.stream),
+            extensions=answer.extensions,
+        )
+
+    def close(self) -> None:
+        self._pool.close()
 
 
 def _pool(ssl_context: ssl.SSLContext, proxy: httpx.Proxy | None) -> httpcore.ConnectionPool:
-    """httpx's own pool for ``proxy`` (as :class:`httpx.HTTPTransport` builds it), on
-    :class:`_DeadlineBackend`."""
+    """httpcore's pool for ``proxy`` (an http:// or https:// one), as
+    :class:`httpx.HTTPTransport` builds it, on :class:`_DeadlineBackend`."""
     limits = httpx.Limits(max_connections=100, max_keepalive_connections=20)
     common: dict[str, Any] = {
         "ssl_context": ssl_context,
@@ -144,31 +219,43 @@ def _pool(ssl_context: ssl.SSLContext, proxy: httpx.Proxy | None) -> httpcore.Co
         port=proxy.url.port,
         target=proxy.url.raw_path,
     )
-    if proxy.url.scheme in ("http", "https"):
-        return httpcore.HTTPProxy(
-            proxy_url=url,
-            proxy_auth=proxy.raw_auth,
-            proxy_headers=proxy.headers.raw,
-            proxy_ssl_context=proxy.ssl_context,
-            **common,
-        )
-    if proxy.url.scheme in ("socks5", "socks5h"):  # needs httpx[socks], as httpx's own
-        return httpcore.SOCKSProxy(proxy_url=url, proxy_auth=proxy.raw_auth, **common)
-    raise ValueError(
-        f"a proxy from the environment has the scheme {proxy.url.scheme!r}; "
-        "http, https, socks5 and socks5h are supported"
+    return httpcore.HTTPProxy(
+        proxy_url=url,
+        proxy_auth=proxy.raw_auth,
+        proxy_headers=proxy.headers.raw,
+        proxy_ssl_context=proxy.ssl_context,
+        **common,
     )
 
 
-def _environment_mounts() -> dict[str, httpx.BaseTransport | None]:
-    """The proxies of the server's environment (``HTTP_PROXY``, ``HTTPS_PROXY``,
-    ``ALL_PROXY``, ``NO_PROXY``, read as httpx and curl read them), each on a
-    :class:`_DeadlineTransport`. httpx reads them only for a client with its default
-    transport: given ours, it ignored them, and every sender went around the site's proxy."""
-    return {
-        pattern: None if url is None else _DeadlineTransport(httpx.Proxy(url))
-        for pattern, url in get_environment_proxies().items()
-    }
+class _ProxyRouting(httpx.BaseTransport):
+    """Each request direct or through the proxy the environment names for its URL
+    (:class:`radserve.http_proxies.EnvironmentProxies`, read when the client is made, as
+    httpx reads it), each way on a :class:`_DeadlineTransport`. A URL whose proxy
+    radserve cannot use (a SOCKS one) fails with :class:`httpx.ProxyError` saying why;
+    ``radserve serve`` refuses to start before that (:func:`http_proxies.proxy_problems`)."""
+
+    def __init__(self, proxies: EnvironmentProxies) -> None:
+        self._proxies = proxies
+        self._direct = _DeadlineTransport()
+        self._through = {
+            proxy: _DeadlineTransport(httpx.Proxy(proxy)) for proxy in proxies.usable()
+        }
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        proxy = self._proxies.proxy_for(request.url)
+        if proxy is None:
+            return self._direct.handle_request(request)
+        transport = self._through.get(proxy)
+        if transport is None:
+            problem = self._proxies.problem(request.url) or f"unusable proxy for {request.url}"
+            raise httpx.ProxyError(problem, request=request)
+        return transport.handle_request(request)
+
+    def close(self) -> None:
+        self._direct.close()
+        for transport in self._through.values():
+            transport.close()
 
 
 def deadline_client(*, timeout_s: float | None = None) -> httpx.Client:
@@ -177,8 +264,7 @@ def deadline_client(*, timeout_s: float | None = None) -> httpx.Client:
     ``timeout_s``: also each operation's own limit."""
     timeout = httpx.Timeout(timeout_s) if timeout_s is not None else httpx.Timeout(None)
     return httpx.Client(
-        transport=_DeadlineTransport(),
-        mounts=_environment_mounts(),
+        transport=_ProxyRouting(EnvironmentProxies.read()),
         timeout=timeout,
         follow_redirects=False,
     )

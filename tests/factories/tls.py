@@ -67,6 +67,22 @@ def make_pki(folder: Path) -> Pki:
     return Pki(ca[0], *server, *client, *rogue)
 
 
+def another_client(pki: Pki, name: str) -> tuple[Path, Path]:
+    """One more client certificate (subject CN ``name``) and its key, signed by ``pki``'s
+    CA: a second modality."""
+    ca = (pki.ca, pki.ca.with_suffix(".key"))
+    return _leaf(pki.ca.parent, name, ca, "extendedKeyUsage=clientAuth")
+
+
+def fingerprint(cert: Path) -> str:
+    """The certificate's SHA-256 fingerprint as openssl prints it (``AB:CD:...``)."""
+    done = subprocess.run(
+        ["openssl", "x509", "-in", str(cert), "-noout", "-fingerprint", "-sha256"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    return done.stdout.strip().split("=", 1)[1]
+
+
 def handshake(
     address: tuple[str, int], pki: Pki, *, maximum: ssl.TLSVersion, client_cert: bool = True
 ) -> str:

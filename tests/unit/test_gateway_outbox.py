@@ -18,7 +18,7 @@ from radserve.domain.priority import PriorityClass
 from radserve.gateway.config import Destination
 from radserve.gateway.errors import GatewayConfigError, GatewayError
 from radserve.gateway.outbox import Lane, Outbox, RetryPolicy
-from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult
+from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult, StillOurs
 from radserve.store import Store, init_store
 from radserve.store.errors import StoreError
 from radserve.store.outbox import OutboxState, OutboxStore, Scope, Settlement
@@ -39,9 +39,16 @@ class ScriptedSender:
         self.sent: list[tuple[str, str]] = []
 
     def send(
-        self, destination: Destination, files: Sequence[OutgoingFile], on_result: ResultCallback
+        self,
+        destination: Destination,
+        files: Sequence[OutgoingFile],
+        on_result: ResultCallback,
+        *,
+        still_ours: StillOurs | None = None,
     ) -> None:
         for item in files:
+            if still_ours is not None and not still_ours(item):
+                continue
             outcome = self.script.pop(0) if self.script else Outcome.SENT
             if outcome is Outcome.SENT:
                 self.sent.append((destination.name, item.sop_instance_uid))
@@ -340,7 +347,7 @@ def test_a_sender_bug_reschedules_rather_than_strands(db, tmp_path) -> None:
     _, rows = db
 
     class Broken:
-        def send(self, destination, files, on_result) -> None:
+        def send(self, destination, files, on_result, *, still_ours=None) -> None:
             raise RuntimeError("bug")
 
     outbox = _outbox(rows, Broken())

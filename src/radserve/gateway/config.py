@@ -8,9 +8,11 @@ SCP with one set of knobs (no second mapping layer to forget a field in). Peers 
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import socket
-from collections.abc import Iterable
+import ssl
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +39,10 @@ Peer = DicomPeer
 __all__ = [
     "ANY_HOST",
     "AllowList",
+    "CertificateBinding",
     "Destination",
     "Peer",
+    "PeerCertificate",
     "ScpConfig",
     "TlsSettings",
     "check_ae_title",
@@ -200,3 +204,87 @@ def normalise_address(address: str) -> str:
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         return str(ip.ipv4_mapped)
     return str(ip)
+
+
+@dataclass(frozen=True)
+class PeerCertificate:
+    """What identifies a TLS client's certificate to ``gateway.ae_certificates``."""
+
+    sha256: str  # lowercase hex, no colons
+    common_names: tuple[str, ...]
+
+    @classmethod
+    def of(cls, sock: object) -> PeerCertificate | None:
+        """The certificate the peer of ``sock`` presented (verified by the handshake), or
+        None: not TLS, or no certificate offered."""
+        if not isinstance(sock, ssl.SSLSocket):
+            return None
+        der = sock.getpeercert(binary_form=True)
+        if not der:
+            return None
+        subject = (sock.getpeercert() or {}).get("subject", ())
+        names = tuple(str(value) for rdn in subject for key, value in rdn if key == "commonName")
+        return cls(sha256=hashlib.sha256(der).hexdigest(), common_names=names)
+
+    @property
+    def fingerprint(self) -> str:
+        """As ``openssl x509 -fingerprint -sha256`` prints it (``AB:CD:...``)."""
+        digest = self.sha256.upper()
+        return ":".join(digest[i : i + 2] for i in range(0, len(digest), 2))
+
+    def identities(self) -> frozenset[str]:
+        """Its names in the settings' normalised form (``sha256:hex``, ``cn:name``)."""
+        return frozenset(
+            [f"sha256:{self.sha256}", *(f"cn:{name.casefold()}" for name in self.common_names)]
+        )
+
+
+class CertificateBinding:
+    """Calling AE title + TLS client certificate -> allowed? (``gateway.ae_certificates``)
+
+    A title listed is accepted only with one of its certificates; a certificate listed
+    (under any title) only as one of the titles it is listed under; titles and
+    certificates listed nowhere as before. Nothing listed: every association passes, as
+    before 2026-12-07, when any certificate the CA signed could call as any AE title.
+    Common names compare without case; fingerprints are exact."""
+
+    def __init__(self, tied: Mapping[str, Sequence[str]]) -> None:
+        self._by_title = {
+            title.strip(): frozenset(_casefold_cn(i) for i in identities)
+            for title, identities in tied.items()
+        }
+        self._listed = frozenset().union(*self._by_title.values())
+
+    @property
+    def active(self) -> bool:
+        return bool(self._by_title)
+
+    def refusal(self, calling: str, certificate: PeerCertificate | None) -> str | None:
+        """Why ``calling`` may not associate with ``certificate`` (a phrase for the log
+        line), or None when it may."""
+        if not self._by_title:
+            return None
+        held = certificate.identities() if certificate is not None else frozenset()
+        allowed = self._by_title.get(calling.strip())
+        if allowed is not None:
+            if held & allowed:
+                return None
+            if certificate is None:
+                return (
+                    "no TLS client certificate, and gateway.ae_certificates ties this AE "
+                    "title to one"
+                )
+            return (
+                "its TLS client certificate is not one gateway.ae_certificates lists for "
+                "this AE title"
+            )
+        if held & self._listed:
+            return (
+                "its TLS client certificate is tied to other AE titles in gateway.ae_certificates"
+            )
+        return None
+
+
+def _casefold_cn(identity: str) -> str:
+    kind, _, rest = identity.partition(":")
+    return f"cn:{rest.casefold()}" if kind == "cn" else identity

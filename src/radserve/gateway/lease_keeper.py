@@ -13,6 +13,15 @@ attempt the sender renews the lease of the rows it still holds whenever the time
 would not cover that attempt (:class:`LeaseKeeper`). A row another sender took over
 meanwhile (this one stalled past its lease) is not sent again here. Every sender of a
 kind must judge leases alike, so the covering lease depends only on the settings.
+
+:meth:`LeaseKeeper.hold` learns of a take-over at its next renewal only, up to half a
+lease later: a sender whose clock runs ahead of this one's by more than a lease takes
+the rows at once. The DICOM outbox stores a batch's files on one association, and until
+2026-12-07 checked nothing between them: it stored every file of the batch, those the
+other sender was storing too (a PACS got each twice). It now reads each row back before
+its C-STORE (:meth:`LeaseKeeper.still_ours`: one indexed read, beside a C-STORE's round
+trip and the row's own settlement write), so at most the one file in flight when the
+other sender took over goes twice.
 """
 
 from __future__ import annotations
@@ -22,7 +31,8 @@ import logging
 import time
 from collections.abc import Sequence
 
-from radserve.store.outbox import OutboxItem, OutboxStore
+from radserve.store.errors import OutboxItemNotFoundError
+from radserve.store.outbox import OutboxItem, OutboxState, OutboxStore
 
 logger = logging.getLogger(__name__)
 
@@ -72,12 +82,29 @@ class LeaseKeeper:
         self.keep()
         if item.id in self._held:
             return True
-        logger.warning(
-            "outbox: %s to %s was taken over by another sender while this one waited; "
-            "not sent again here",
-            item.sop_instance_uid,
-            item.destination,
-        )
+        _log_taken_over(item)
+        return False
+
+    def still_ours(self, item: OutboxItem) -> bool:
+        """:meth:`hold`, and ``item``'s row read back: whether it is still this sender's
+        claim (``sending``, this owner, the attempt that claimed it), so that another
+        sender that took it over since is seen before the next send, not at the next
+        renewal."""
+        if not self.hold(item):
+            return False
+        try:
+            row = self._store.get(item.id)
+        except OutboxItemNotFoundError:
+            row = None
+        if (
+            row is not None
+            and row.state is OutboxState.SENDING
+            and row.lease_owner == self._store.owner
+            and row.attempts == item.attempts
+        ):
+            return True
+        self._held.discard(item.id)
+        _log_taken_over(item)
         return False
 
     def keep(self) -> None:
@@ -91,6 +118,15 @@ class LeaseKeeper:
         self._held = self._store.renew(held, now=self.clock())
         self._renewed_at = started
         self.renewals += 1
+
+
+def _log_taken_over(item: OutboxItem) -> None:
+    logger.warning(
+        "outbox: %s to %s was taken over by another sender while this one waited; "
+        "not sent again here",
+        item.sop_instance_uid,
+        item.destination,
+    )
 
 
 __all__ = ["ATTEMPTS_PER_LEASE", "LeaseKeeper", "covering_lease"]

@@ -15,8 +15,12 @@ its timeouts, never another destination's. Delivery semantics:
   critical-notice lane records its answers by group commit while the next notice goes
   out, its rows under their lease meanwhile: :mod:`radserve.critical.push`);
 - at most one duplicate after a crash between the success status and that commit: the
-  row's lease expires and it is sent again. PACSs treat a repeated SOP Instance UID as
-  the same instance (Orthanc, dcm4chee store it once), so the result appears once.
+  row's lease expires and it is sent again; likewise for the one file in flight when
+  another sender takes a batch's rows over (this one stalled, or its clock behind):
+  each row is read back before its C-STORE and one that is no longer this sender's is
+  left to the other (:meth:`radserve.gateway.lease_keeper.LeaseKeeper.still_ours`).
+  PACSs treat a repeated SOP Instance UID as the same instance (Orthanc, dcm4chee store
+  it once), so the result appears once.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from radserve.gateway.commitment_ledger import CommitmentLedger, CommitmentReque
 from radserve.gateway.config import Destination
 from radserve.gateway.errors import GatewayConfigError, GatewayError
 from radserve.gateway.lease_keeper import LeaseKeeper, covering_lease
-from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult
+from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult, StillOurs
 from radserve.ingest.headers import UnreadableHeaderError, read_header
 from radserve.loop_failures import LoopFailures
 from radserve.store.lane_lock import LaneHold, LaneLock, lane_lock
@@ -105,7 +109,12 @@ class Sender(Protocol):
     """What delivers files (:class:`radserve.gateway.scu.StoreSCU`, or a test double)."""
 
     def send(
-        self, destination: Destination, files: Sequence[OutgoingFile], on_result: ResultCallback
+        self,
+        destination: Destination,
+        files: Sequence[OutgoingFile],
+        on_result: ResultCallback,
+        *,
+        still_ours: StillOurs | None = None,
     ) -> None: ...
 
 
@@ -156,6 +165,7 @@ class DeliveryReport:
     retried: int = 0
     failed: int = 0
     committing: int = 0  # stored, now awaiting the destination's storage commitment
+    taken_over: int = 0  # not sent: another sender claimed them meanwhile and sends them
 
 
 class Outbox:
@@ -240,15 +250,17 @@ class Outbox:
         lease = LeaseKeeper(
             self.store, claimed, lease=self.lease, attempt_s=self.attempt_s, now=now
         )
+        taken: set[int] = set()
         for name, items in by_destination.items():
-            self._deliver(name, items, clock, tally, lease)
+            self._deliver(name, items, clock, tally, lease, taken)
         settled = sum(tally.values()) - len(expired)
         report = DeliveryReport(
             claimed=len(claimed),
             sent=tally[Outcome.SENT],
             retried=tally[Outcome.RETRY],
             failed=tally[Outcome.PERMANENT],
-            committing=max(len(claimed) - settled, 0),
+            committing=max(len(claimed) - settled - len(taken), 0),
+            taken_over=len(taken),
         )
         logger.info("outbox: %s", report)
         return report
@@ -263,6 +275,7 @@ class Outbox:
         clock: AttemptClock,
         tally: dict[Outcome, int],
         lease: LeaseKeeper,
+        taken: set[int],
     ) -> None:
         rows = {item.id: item for item in items}
         unsettled = set(rows)
@@ -280,6 +293,14 @@ class Outbox:
                     tally[self._record(rows[item_id], result, clock())] += 1
                 lease.keep()  # the next file's C-STORE within the lease
 
+        def still_ours(file: OutgoingFile) -> bool:
+            """Before each C-STORE: a row another sender took over is left to it."""
+            if lease.still_ours(rows[file.key]):
+                return True
+            unsettled.discard(file.key)
+            taken.add(file.key)
+            return False
+
         if destination is None:
             for item_id in list(unsettled):
                 reason = f"destination {name!r} is no longer configured"
@@ -293,7 +314,9 @@ class Outbox:
             else:
                 settle(item.id, SendResult(Outcome.PERMANENT, f"result file {item.path} is gone"))
         try:
-            self.sender.send(destination, files, lambda f, r: settle(f.key, r))
+            self.sender.send(
+                destination, files, lambda f, r: settle(f.key, r), still_ours=still_ours
+            )
         except Exception as exc:  # the sender's bug must not strand rows in "sending"
             logger.exception("outbox: sending to %s failed", name)
             for item_id in list(unsettled):

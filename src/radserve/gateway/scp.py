@@ -37,7 +37,7 @@ from radserve.gateway.completeness import (
     StudyTracker,
     receiving_token,
 )
-from radserve.gateway.config import AllowList, ScpConfig
+from radserve.gateway.config import AllowList, CertificateBinding, PeerCertificate, ScpConfig
 from radserve.gateway.conformance import Status, UnwantedPolicy
 from radserve.gateway.cpu_ledger import CpuLedger
 from radserve.gateway.errors import InstanceRejectedError, OutOfResourcesError
@@ -307,6 +307,8 @@ class GatewaySCP:
         self.arrivals: Arrivals = arrivals or self.tracker
         self._receiving = _Receiving(self.arrivals)
         self.allow_list = AllowList(config.allowed_peers)
+        # calling AE titles tied to TLS client certificates (gateway.ae_certificates)
+        self.certificates = CertificateBinding(config.ae_certificates)
         self.admission = Admission(
             total=config.max_associations,
             per_host=config.max_associations_per_host,
@@ -370,6 +372,12 @@ class GatewaySCP:
             reopened = self.tracker.recover(self.instances.incoming)
             if self.allow_list.open:
                 logger.warning("no calling-AE allow-list: any DICOM peer may store to radserve")
+            if self.certificates.active:
+                logger.info(
+                    "DICOM TLS: %d calling AE title(s) tied to client certificates "
+                    "(gateway.ae_certificates)",
+                    len(self.config.ae_certificates),
+                )
             if pool is not None:
                 pool.start()
         except BaseException:
@@ -481,7 +489,9 @@ class GatewaySCP:
 
     def _on_requested(self, event: Event) -> None:
         """Malformed requests get A-ASSOCIATE-RJ (no reason given); unknown (AE title,
-        host) pairs get A-ASSOCIATE-RJ, reason 3. One log line each."""
+        host) pairs, and a calling AE title with a TLS client certificate
+        ``gateway.ae_certificates`` does not tie to it, get A-ASSOCIATE-RJ, reason 3. One
+        log line each (the title, the address, the certificate's SHA-256 fingerprint)."""
         assoc = event.assoc
         primitive = assoc.requestor.primitive
         calling = str(primitive.calling_ae_title or "").strip()
@@ -497,16 +507,29 @@ class GatewaySCP:
             )
             self._reject(assoc, _REJECT_MALFORMED)
             return
-        if self.allow_list.allows(calling, address):
-            if UnwantedPolicy(self.config.unwanted) is UnwantedPolicy.QUARANTINE:
-                _accept_unlisted_storage(assoc)
+        if not self.allow_list.allows(calling, address):
+            logger.warning(
+                "association from AE %r at %s rejected: calling AE title not recognised",
+                calling,
+                address,
+            )
+            self._reject(assoc, _REJECT_CALLING_AE)
             return
-        logger.warning(
-            "association from AE %r at %s rejected: calling AE title not recognised",
-            calling,
-            address,
-        )
-        self._reject(assoc, _REJECT_CALLING_AE)
+        if self.certificates.active:
+            certificate = PeerCertificate.of(getattr(assoc.dul.socket, "socket", None))
+            why = self.certificates.refusal(calling, certificate)
+            if why is not None:
+                logger.warning(
+                    "association from AE %r at %s rejected: %s (certificate SHA-256 %s)",
+                    calling,
+                    address,
+                    why,
+                    certificate.fingerprint if certificate is not None else "none",
+                )
+                self._reject(assoc, _REJECT_CALLING_AE)
+                return
+        if UnwantedPolicy(self.config.unwanted) is UnwantedPolicy.QUARANTINE:
+            _accept_unlisted_storage(assoc)
 
     @staticmethod
     def _reject(assoc: Any, reason: tuple[int, int, int]) -> None:

@@ -74,6 +74,9 @@ class OutgoingFile:
 
 
 ResultCallback = Callable[[OutgoingFile, SendResult], None]
+# asked before each file's C-STORE: False skips the file, with no result (the outbox: its
+# row is no longer this sender's, radserve.gateway.lease_keeper.LeaseKeeper.still_ours)
+StillOurs = Callable[[OutgoingFile], bool]
 
 
 class StoreSCU:
@@ -133,15 +136,26 @@ class StoreSCU:
         return SendResult(Outcome.RETRY, f"C-ECHO to {destination}: no success ({code})", code)
 
     def send(
-        self, destination: Destination, files: Sequence[OutgoingFile], on_result: ResultCallback
+        self,
+        destination: Destination,
+        files: Sequence[OutgoingFile],
+        on_result: ResultCallback,
+        *,
+        still_ours: StillOurs | None = None,
     ) -> None:
         """C-STORE every file; ``on_result`` is called once per file, right after its
-        status arrives (so the caller can record "sent" before the next file goes)."""
+        status arrives (so the caller can record "sent" before the next file goes).
+        ``still_ours``: asked right before each file's C-STORE; a file it refuses is not
+        sent and gets no result."""
         for batch in _batches(files):
-            self._send_batch(destination, batch, on_result)
+            self._send_batch(destination, batch, on_result, still_ours)
 
     def _send_batch(
-        self, destination: Destination, files: Sequence[OutgoingFile], on_result: ResultCallback
+        self,
+        destination: Destination,
+        files: Sequence[OutgoingFile],
+        on_result: ResultCallback,
+        still_ours: StillOurs | None = None,
     ) -> None:
         ae = self._ae()
         for context in _contexts(files):
@@ -158,6 +172,8 @@ class StoreSCU:
             remaining = list(files)
             while remaining:
                 item = remaining.pop(0)
+                if still_ours is not None and not still_ours(item):
+                    continue  # another sender took it over: it sends it
                 result = self._store_one(assoc, destination, item, accepted)
                 on_result(item, result)
                 if not assoc.is_established:

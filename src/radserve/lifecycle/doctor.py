@@ -7,7 +7,9 @@ with a CUDA provider the CUDA / cuDNN versions it was built with beside the driv
 runtime, cuDNN and TensorRT libraries installed (``no CUDA provider`` otherwise), every
 bundle's declared ``requires:`` and its install hashes, free memory against each
 model's needs, the memory of each loaded session, data-dir disk space, database
-reachability and migration head, the HTTP (and DICOM) port bindable, clock sanity.
+reachability and migration head, the HTTP (and DICOM) port bindable, clock sanity, and
+a proxy the environment names for an HTTP receiver that radserve cannot use (a SOCKS
+``ALL_PROXY``: :mod:`radserve.http_proxies`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from radserve.config import Settings
+from radserve.http_proxies import proxy_problems
 from radserve.inference.providers import GPU_PROVIDERS
 from radserve.lifecycle.install import verify_install
 from radserve.lifecycle.requirements import HostFacts, host_facts, unmet_requirements
@@ -222,6 +225,20 @@ def _critical_rules(settings: Settings) -> list[Check]:
     return out
 
 
+def _outbound_proxy(settings: Settings) -> list[Check]:
+    """Blocking: an HTTP receiver (``fhir.url``, a critical receiver, the risk webhook)
+    the environment's proxy variables send through a proxy radserve cannot use; before
+    2026-12-07 a SOCKS ``ALL_PROXY`` was a traceback at the first send."""
+    urls = [settings.fhir.url, settings.turnaround.risk_webhook_url]
+    for receiver in settings.critical.receivers:
+        if receiver.kind == "webhook":
+            urls.append(receiver.url)
+        elif receiver.kind == "fhir":
+            urls.append(receiver.url or settings.fhir.url)
+    problems = proxy_problems(url for url in urls if url is not None)
+    return [Check("outbound proxy", "fail", problem, blocking=True) for problem in problems]
+
+
 def servable_here(servable: Sequence[str], host: HostFacts) -> str:
     """The gated precisions this host can run: bf16 is OpenVINO's CPU plugin on a CPU with
     native bfloat16, and a gate passed elsewhere does not make it run here (an H200 host
@@ -322,6 +339,7 @@ def run_doctor(
     checks = [*_versions(), *_runtime(host)]
     checks += _bundles(settings, host, serving or set())
     checks += _critical_rules(settings)
+    checks += _outbound_proxy(settings)
     checks += _sessions(sessions)
     checks += [_disk(settings), _database(settings), _clock()]
     if check_ports:
