@@ -44,8 +44,10 @@ from radserve.domain.accuracy import EvalSummary
 from radserve.errors import ModelError, RadserveError
 from radserve.evaluation.gate import gate_decision
 from radserve.host import cpu_kernel
+from radserve.lifecycle.install import read_install, record_own_changes, verify_install
 from radserve.models.gate import (
     CPU_PROVIDERS,
+    GATE_FILE,
     GateReport,
     SpeedResult,
     VariantGate,
@@ -344,6 +346,7 @@ def build_and_gate(
     bad = [p for p in precisions if p not in ("fp16", "int8", "bf16")]
     if bad:
         raise ModelError(f"can build fp16, int8 and bf16 variants, not {bad}")
+    installed = _installed_as_it_was(bundle)
     spec = bundle.spec
     fp32_name = spec.files["fp32"]
     fp32_path = bundle.candidate_path("fp32")
@@ -417,7 +420,34 @@ def build_and_gate(
         variants=variants,
     )
     write_gate_report(bundle.directory, report)
+    if installed:  # what this build wrote is radserve's own, not a change since install
+        record_own_changes(
+            bundle.directory,
+            ["model.yaml", *(f for f in files.values() if f != fp32_name), GATE_FILE],
+            what=f"radserve models build-variants: {', '.join(precisions)} built and gated",
+        )
     return report
+
+
+def _installed_as_it_was(bundle: ModelBundle) -> bool:
+    """Whether ``bundle`` is an installed version (``install.json``), which a build
+    records its files in (:func:`radserve.lifecycle.install.record_own_changes`).
+
+    Raises:
+        ModelError: an installed version whose files changed since install: the build
+            would record ``model.yaml`` as installed, with whatever was changed in it.
+    """
+    if read_install(bundle.directory) is None:
+        return False
+    changed = verify_install(bundle.directory)
+    if changed:
+        raise ModelError(
+            f"{bundle.key} changed since it was installed ({'; '.join(changed[:5])}); "
+            "variants are built into an installed version only as it was installed, "
+            "since the build records model.yaml and the files it writes as installed: "
+            "install the changed bundle as a new version, and build its variants there"
+        )
+    return True
 
 
 def _kept_records(
@@ -592,11 +622,14 @@ def build_and_gate_on_studies(
 
 
 def _step_bundle(registry: ModelRegistry, pipeline: PipelineSpec, model: str) -> ModelBundle:
-    """The version of ``model`` that ``pipeline`` runs."""
+    """The version of ``model`` that ``pipeline`` runs (one changed since its install is
+    refused here, before the long part: :func:`_installed_as_it_was`)."""
     step = next((s for s in pipeline.steps if s.model == model), None)
     if step is None:
         raise ModelError(f"pipeline {pipeline.name!r} has no step running {model!r}")
-    return registry.get(model, step.version)
+    bundle = registry.get(model, step.version)
+    _installed_as_it_was(bundle)
+    return bundle
 
 
 def _label_names(bundle: ModelBundle) -> dict[int, str]:

@@ -242,6 +242,12 @@ def install(
     _print_servable(installed.directory, variant_gates(installed.directory))
 
 
+# what `models install` and `models installs` say of a gate.json set aside at install
+SHIPPED_GATE_NOTE = (
+    "the bundle's gate.json was measured elsewhere and is not trusted (kept as gate.shipped.json)"
+)
+
+
 def _print_untrusted_gate(directory: Path, *, rebuilt: bool) -> None:
     """Say that the bundle's own gate.json was not trusted, and which variants that
     leaves without a gate (none when ``--build-variants`` gated them all here)."""
@@ -252,8 +258,7 @@ def _print_untrusted_gate(directory: Path, *, rebuilt: bool) -> None:
     gated = variant_gates(directory)
     ungated = [p for p in bundle.spec.files if p != "fp32" and p not in gated]
     click.echo(
-        "  the bundle's gate.json was measured elsewhere and is not trusted (kept as "
-        "gate.shipped.json)"
+        f"  {SHIPPED_GATE_NOTE}"
         + ("; the variants were gated here instead" if rebuilt and not ungated else "")
     )
     for precision in ungated:
@@ -300,6 +305,8 @@ def installs(as_json: bool, config_file: Path | None, data_dir: Path | None) -> 
                 f"; {precision} {'accepted' if gate['accepted'] else 'REJECTED'}"
                 for precision, gate in task.result["variants"].items()
             )
+            if task.result.get("shipped_gate") == "set_aside":
+                outcome += f"; {SHIPPED_GATE_NOTE}"
         elif task.error:
             outcome = task.error["message"]
         else:

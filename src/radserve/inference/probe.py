@@ -12,6 +12,13 @@ after :data:`PROBE_TIMEOUT_S`) and at warm-up before a version serves
 (:func:`probe_input_shape`, :func:`output_shape_refusal`): before 2026-12-06 only the
 warm-up ran it, so a graph whose output is half its input's size, or whose fixed
 spatial input no study can match, installed and was refused only at deploy.
+
+Every probe runs on the execution providers the server serves with (``providers``: the
+serving session pool's, :attr:`radserve.service.catalog.Catalog.serving_providers`):
+before 2026-12-07 the separate process took the host's default (OpenVINO here) whatever
+``runtime.providers`` said, so a graph OpenVINO cannot compile was refused at install
+on a server that serves on the CPU provider, where it runs, and a graph that fails only
+on the configured provider would have passed.
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from radserve.errors import RadserveError
-from radserve.inference.providers import RuntimeChoice
+from radserve.errors import ModelError, RadserveError
+from radserve.inference.providers import RuntimeChoice, choose_runtime
 from radserve.models.manifest import ModelSpec
 
 PROBE_EDGE = 32  # 2D probe: the smallest multiple of divisible_by at least this
@@ -124,13 +131,22 @@ def _dims(dims: Sequence[int | None]) -> str:
 
 
 def isolated_probe_refusal(
-    spec: ModelSpec, path: Path, *, timeout_s: float = PROBE_TIMEOUT_S
+    spec: ModelSpec,
+    path: Path,
+    *,
+    timeout_s: float = PROBE_TIMEOUT_S,
+    providers: Sequence[str] = (),
 ) -> str | None:
     """:func:`probe_refusal` in a process of its own, killed after ``timeout_s``: a graph
     brought from elsewhere may loop for ever (ONNX Runtime's terminate flag does not
     reach into OpenVINO's compiled graph), crash ONNX Runtime, or take all memory, and
-    the install must end with a reason whatever it does, and the server stay up."""
-    command = [sys.executable, "-m", "radserve.inference.probe", str(path)]
+    the install must end with a reason whatever it does, and the server stay up.
+
+    ``providers``: the execution providers serving runs on, in order, chosen there as
+    :func:`~radserve.inference.providers.choose_runtime` chooses them for the server
+    (empty: the host's own choice, as a server without ``runtime.providers`` makes it);
+    a list this host cannot run is refused with the message a server start gives."""
+    command = [sys.executable, "-m", "radserve.inference.probe", str(path), *providers]
     try:
         done = subprocess.run(
             command,
@@ -189,22 +205,35 @@ def probe_refusal(
 
 
 def _one_line(text: str) -> str:
-    """ONNX Runtime's message in one line, less the C++ source location it puts first."""
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    last = lines[-1] if lines else "no reason given"
-    if len(lines) > 1:
-        last = f"{lines[0]} ... {last}"
-    return re.sub(r"\[ONNXRuntimeError\][^:]*: \w+ : ", "", last)[:400]
+    """ONNX Runtime's message in one line, less the C++ source location it puts first:
+    the start of its first line and the whole of its last, which says what failed
+    (OpenVINO's first line is a C++ signature of 1,000 characters: cut at 400 characters,
+    it left "CPU plug-in doesn't support If operation with dynamic rank" out)."""
+    lines = [
+        re.sub(r"\[ONNXRuntimeError\][^:]*: \w+ : ", "", line).strip()
+        for line in text.strip().splitlines()
+        if line.strip()
+    ]
+    if len(lines) < 2:
+        return (lines or ["no reason given"])[0][:400]
+    return f"{lines[0][:150]} ... {lines[-1][:250]}"
 
 
 def _main() -> None:
-    """``python -m radserve.inference.probe MODEL.onnx`` with the model's spec (JSON) on
-    stdin: one line of JSON on stdout, ``{"refusal": null | "why"}``."""
+    """``python -m radserve.inference.probe MODEL.onnx [PROVIDER ...]`` with the model's
+    spec (JSON) on stdin: one line of JSON on stdout, ``{"refusal": null | "why"}``. The
+    PROVIDERs are serving's, in order (none: the host's choice)."""
     import logging
 
     logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
     spec = ModelSpec.model_validate_json(sys.stdin.read())
-    print(json.dumps({"refusal": probe_refusal(spec, Path(sys.argv[1]))}), flush=True)
+    try:  # the providers as the server picks them, refused as a server start refuses them
+        runtime = choose_runtime(prefer=sys.argv[2:] or None)
+    except ModelError as exc:
+        refusal: str | None = exc.message
+    else:
+        refusal = probe_refusal(spec, Path(sys.argv[1]), runtime=runtime)
+    print(json.dumps({"refusal": refusal}), flush=True)
 
 
 __all__ = [

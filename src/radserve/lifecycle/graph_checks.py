@@ -12,7 +12,7 @@ deploy is refused here, naming the expected and the actual shape.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,11 @@ def _static_dims(value: Any) -> list[int | None]:
 
 
 def check_onnx(
-    spec: ModelSpec, directory: Path, *, probe_timeout_s: float | None = None
+    spec: ModelSpec,
+    directory: Path,
+    *,
+    probe_timeout_s: float | None = None,
+    providers: Sequence[str] = (),
 ) -> list[str]:
     """Reasons the ONNX files ``spec.files`` names disagree with ``spec`` (empty: none).
 
@@ -151,7 +155,9 @@ def check_onnx(
     :data:`radserve.inference.probe.PROBE_TIMEOUT_S`;
     :func:`radserve.inference.probe.isolated_probe_refusal`), so an output off the
     input's grid, or a graph ONNX Runtime does not load or run, loops or crashes on, is
-    refused here, naming the expected and the actual shape, not at deploy."""
+    refused here, naming the expected and the actual shape, not at deploy. ``providers``:
+    the execution providers the server serves with (empty: the host's choice), which the
+    probe batch runs on."""
     import onnx
 
     from radserve.inference.probe import (
@@ -241,7 +247,7 @@ def check_onnx(
         if len(reasons) == found and path.resolve() not in probed:
             probed.add(path.resolve())
             why = _probe_memory_refusal(spec) or isolated_probe_refusal(
-                spec, path, timeout_s=probe_timeout_s or PROBE_TIMEOUT_S
+                spec, path, timeout_s=probe_timeout_s or PROBE_TIMEOUT_S, providers=providers
             )
             if why is not None:
                 reasons.append(f"{label}: {why}")

@@ -46,15 +46,17 @@ import os
 import shutil
 import stat
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+
+from pydantic import ValidationError
 
 from radserve import durable
 from radserve.errors import BundleExistsError, BundleRejectedError, ModelError
 from radserve.lifecycle.graph_checks import check_onnx
 from radserve.lifecycle.requirements import HostFacts, host_facts, unmet_requirements
-from radserve.models.gate import GATE_FILE, SHIPPED_GATE_FILE
+from radserve.models.gate import GATE_FILE, SHIPPED_GATE_FILE, GateReport
 from radserve.models.manifest import ModelSpec, load_manifest
 
 INSTALL_FILE = "install.json"
@@ -245,13 +247,16 @@ def _bundle_dir(root: Path) -> Path:
 
 
 # --- install -----------------------------------------------------------------------------------
-def inspect_bundle(directory: Path, host: HostFacts | None = None) -> tuple[ModelSpec, list[str]]:
-    """The manifest of the bundle in ``directory`` and every reason to refuse it."""
+def inspect_bundle(
+    directory: Path, host: HostFacts | None = None, *, providers: Sequence[str] = ()
+) -> tuple[ModelSpec, list[str]]:
+    """The manifest of the bundle in ``directory`` and every reason to refuse it; its
+    probe batches run on ``providers`` (the server's; empty: the host's choice)."""
     try:
         spec = load_manifest(directory / MANIFEST)
     except ModelError as exc:
         raise BundleRejectedError(exc.message) from exc
-    reasons = check_onnx(spec, directory)
+    reasons = check_onnx(spec, directory, providers=providers)
     reasons += unmet_requirements(spec, host or host_facts())
     return spec, reasons
 
@@ -290,6 +295,7 @@ def stage_bundle(
     limits: ArchiveLimits = ArchiveLimits(),
     existing: set[tuple[str, str]] | None = None,
     described_as: str | None = None,
+    providers: Sequence[str] = (),
 ) -> StagedBundle:
     """Checks 1-5 of the module's list on a staged copy of ``source`` (a bundle folder or
     zip), so that a bundle refused is refused before any long ``prepare`` step starts.
@@ -297,7 +303,8 @@ def stage_bundle(
     upload's temporary file name says nothing).
 
     ``existing``: (name, version) pairs served from elsewhere (the shipped models): also
-    refused, so one name and version always means one set of files.
+    refused, so one name and version always means one set of files. ``providers``: the
+    execution providers the server serves with, which the probe batches run on.
 
     Raises:
         BundleRejectedError: every reason the bundle may not be installed.
@@ -319,7 +326,7 @@ def stage_bundle(
             copy = _bundle_dir(staging / "zip")
         else:
             raise BundleRejectedError(f"{source} is neither a bundle folder nor a zip of one")
-        spec, reasons = inspect_bundle(copy, host)
+        spec, reasons = inspect_bundle(copy, host, providers=providers)
         if reasons:
             raise BundleRejectedError(f"{spec.key} cannot be installed: " + "; ".join(reasons))
         target = root / spec.name / spec.version
@@ -342,6 +349,7 @@ def finish_install(
     prepare: Callable[[Path, ModelSpec], None] | None = None,
     before_commit: Callable[[InstalledBundle, Path], None] | None = None,
     trust_shipped_gate: bool = False,
+    providers: Sequence[str] = (),
 ) -> InstalledBundle:
     """Install a staged bundle; its staging folder is removed whatever happens.
 
@@ -351,7 +359,7 @@ def finish_install(
 
     ``prepare(root, spec)``: called with a model root holding only the staged bundle
     (``root/<name>/<version>``); what it adds is installed, after the ONNX checks ran
-    again on what it declared.
+    again on what it declared (probe batches on ``providers``, as :func:`stage_bundle`).
 
     ``before_commit(record, folder)``: called once the bundle is checked and hashed,
     before the version appears in the store (``folder``: what will be installed). The
@@ -364,11 +372,16 @@ def finish_install(
     """
     try:
         spec, copy, target = staged.spec, staged.copy, staged.target
+        # one that came in the bundle is replaced below; ``prepare`` must not take the
+        # copy for an installed version (radserve.variants records its files in one)
+        (copy / INSTALL_FILE).unlink(missing_ok=True)
         shipped_gate = None
         if (copy / GATE_FILE).is_file():
             shipped_gate = "trusted" if trust_shipped_gate else "set_aside"
             if not trust_shipped_gate:
                 os.replace(copy / GATE_FILE, copy / SHIPPED_GATE_FILE)
+            else:
+                _refuse_unreadable_gate(copy, spec)
         if prepare is not None:
             tree = staged.staging / "tree"
             prepared = tree / spec.name / spec.version
@@ -376,7 +389,7 @@ def finish_install(
             os.rename(copy, prepared)
             copy = prepared
             prepare(tree, spec)
-            spec, reasons = inspect_bundle(copy, host)
+            spec, reasons = inspect_bundle(copy, host, providers=providers)
             if reasons:
                 raise BundleRejectedError(
                     f"{spec.key}: what was built at install is unusable: " + "; ".join(reasons)
@@ -406,6 +419,24 @@ def finish_install(
         staged.discard()
 
 
+def _refuse_unreadable_gate(copy: Path, spec: ModelSpec) -> None:
+    """Refuse a bundle whose gate.json, trusted by its installer, radserve cannot read:
+    before 2026-12-07 it was installed, then its install answered 503 ``model_invalid``
+    (the CLI an error) when the answer read the gate, and sending it again was refused
+    as installed already."""
+    try:
+        GateReport.model_validate_json((copy / GATE_FILE).read_bytes())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the file"
+        raise BundleRejectedError(
+            f"{spec.key}: its gate.json, trusted at install, is not a gate report radserve "
+            f"reads ({exc.error_count()} problem(s); {where}: {first['msg']}): gate the "
+            "bundle with `radserve models build-variants`, or install it without trusting "
+            "its gate"
+        ) from exc
+
+
 def install_bundle(
     source: Path,
     data_dir: Path,
@@ -416,12 +447,20 @@ def install_bundle(
     existing: set[tuple[str, str]] | None = None,
     prepare: Callable[[Path, ModelSpec], None] | None = None,
     trust_shipped_gate: bool = False,
+    providers: Sequence[str] = (),
 ) -> InstalledBundle:
     """Validate ``source`` (a bundle folder or zip) and copy it into the model store
     (:func:`stage_bundle`, then :func:`finish_install`)."""
-    staged = stage_bundle(source, data_dir, host=host, limits=limits, existing=existing)
+    staged = stage_bundle(
+        source, data_dir, host=host, limits=limits, existing=existing, providers=providers
+    )
     return finish_install(
-        staged, actor=actor, host=host, prepare=prepare, trust_shipped_gate=trust_shipped_gate
+        staged,
+        actor=actor,
+        host=host,
+        prepare=prepare,
+        trust_shipped_gate=trust_shipped_gate,
+        providers=providers,
     )
 
 
@@ -459,6 +498,36 @@ def verify_install(directory: Path) -> list[str]:
     return problems
 
 
+def record_own_changes(directory: Path, names: Iterable[str], *, what: str) -> bool:
+    """Record in an installed bundle's ``install.json`` the SHA-256 of ``names``, files
+    radserve itself has just written into it (``radserve models build-variants`` on an
+    installed version: the variant files, ``model.yaml``'s ``files:`` block,
+    ``gate.json``), with when and ``what`` under ``changes``, so that
+    :func:`verify_install` does not read them as changed since install; a change made
+    any other way still reads so. Before 2026-12-07 such a build left the version
+    "changed since install": deploy refused it and warm-up probed its variants again.
+    The record is replaced whole. False: the bundle was not installed."""
+    path = Path(directory) / INSTALL_FILE
+    if not path.is_file():
+        return False
+    data = json.loads(path.read_text())
+    written = {
+        name: sha256_file(Path(directory) / name)
+        for name in dict.fromkeys(names)
+        if (Path(directory) / name).is_file()
+    }
+    data["files"] = dict(sorted({**data.get("files", {}), **written}.items()))
+    data.setdefault("changes", []).append(
+        {
+            "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "what": what,
+            "files": written,
+        }
+    )
+    durable.write_text(path, json.dumps(data, indent=2), mode=stat.S_IMODE(path.stat().st_mode))
+    return True
+
+
 __all__ = [
     "INSTALL_FILE",
     "ArchiveLimits",
@@ -470,6 +539,7 @@ __all__ = [
     "install_bundle",
     "models_root",
     "read_install",
+    "record_own_changes",
     "remove_interrupted_installs",
     "upload_path",
     "verify_install",

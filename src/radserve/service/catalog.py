@@ -137,6 +137,18 @@ class Catalog:
             sessions = SessionPool(runtime, remote=settings.executor == "ray")
         return cls(settings, registry=registry, sessions=sessions)
 
+    @property
+    def serving_providers(self) -> tuple[str, ...]:
+        """The execution providers this server's sessions run on, in order (its session
+        pool's choice: ``runtime.providers``, else the host's best). Every probe batch
+        runs on them, in its own process: install's and import's
+        (:meth:`radserve.service.lifecycle.ModelLifecycle.stage`) and warm-up's of a
+        bundle not installed (:meth:`_probe_unvetted`). Before 2026-12-07 the probe took
+        the host's default (OpenVINO) on a server set to serve on the CPU provider, so
+        a graph that runs there but that OpenVINO cannot compile was refused at install,
+        and a graph failing only on the configured provider would have installed."""
+        return tuple(self.sessions.runtime.providers)
+
     def local_sessions(self) -> SessionPool:
         """Sessions that run in this process (comparison runs of shadow and canary
         versions): the pool itself, or, when the executor's workers run the pool's
@@ -348,12 +360,13 @@ class Catalog:
 
     def _probe_unvetted(self, bundle: ModelBundle, precision: str) -> None:
         """Run the install's probe batch in a process of its own, killed after
-        ``probe_timeout_s``, on a file that was never probed: one of a bundle copied into
-        ``models.dirs`` by hand, or changed since ``models install`` probed it (its
-        SHA-256 is not the one ``install.json`` records). Warm-up runs its batch in this
-        process, where nothing can stop a graph that loops (a ``Loop`` of 10^15
-        iterations held deploy and startup for ever before 2026-12-06). The shipped
-        models are part of radserve and are not probed.
+        ``probe_timeout_s``, on :attr:`serving_providers`, on a file that was never
+        probed: one of a bundle copied into ``models.dirs`` by hand, or changed since
+        ``models install`` probed it (its SHA-256 is not the one ``install.json``
+        records). Warm-up runs its batch in this process, where nothing can stop a
+        graph that loops (a ``Loop`` of 10^15 iterations held deploy and startup for
+        ever before 2026-12-06). The shipped models are part of radserve and are not
+        probed.
 
         Raises:
             ModelError: the probe's reason (a graph that loops, crashes ONNX Runtime or
@@ -367,9 +380,12 @@ class Catalog:
         record = read_install(bundle.directory)
         relative = path.relative_to(bundle.directory).as_posix()
         if record is not None and record.files.get(relative) == sha:
-            return  # probed by install (or import) before it was hashed
+            # probed by install (or import) before it was hashed, or a variant that
+            # `radserve models build-variants` ran through the pipeline and recorded
+            return
         manifest = hashlib.sha256((bundle.directory / MANIFEST).read_bytes()).hexdigest()
-        key = (sha, manifest)
+        providers = self.serving_providers
+        key = (sha, manifest, providers)
         with _PROBED_LOCK:
             known = key in _PROBED
             why = _PROBED.get(key)
@@ -380,7 +396,9 @@ class Catalog:
                 bundle.key,
                 precision,
             )
-            why = isolated_probe_refusal(bundle.spec, path, timeout_s=self.probe_timeout_s)
+            why = isolated_probe_refusal(
+                bundle.spec, path, timeout_s=self.probe_timeout_s, providers=providers
+            )
             with _PROBED_LOCK:
                 _PROBED[key] = why
         if why is not None:
@@ -391,10 +409,11 @@ class Catalog:
             )
 
 
-# what the separate-process probe said of a graph under a manifest, by their SHA-256s
-# (the same bytes under the same model.yaml answer the same: one probe per process,
-# however many catalogs or copies of the bundle): None, it may load; else why not
-_PROBED: dict[tuple[str, str], str | None] = {}
+# what the separate-process probe said of a graph under a manifest on a list of
+# providers, by their SHA-256s (the same bytes under the same model.yaml on the same
+# providers answer the same: one probe per process, however many catalogs or copies of
+# the bundle): None, it may load; else why not
+_PROBED: dict[tuple[str, str, tuple[str, ...]], str | None] = {}
 _PROBED_LOCK = threading.Lock()
 
 WarmRunner = Callable[[Any, np.ndarray], list[np.ndarray]]

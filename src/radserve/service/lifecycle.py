@@ -335,7 +335,11 @@ class ModelLifecycle:
             for version in self.catalog.registry.versions(name)
         }
         return stage_bundle(
-            source, self.settings.data_dir, existing=existing, described_as=described_as
+            source,
+            self.settings.data_dir,
+            existing=existing,
+            described_as=described_as,
+            providers=self.catalog.serving_providers,
         )
 
     def complete(
@@ -389,6 +393,7 @@ class ModelLifecycle:
                 prepare=prepare,
                 before_commit=before_commit,
                 trust_shipped_gate=trust_shipped_gate,
+                providers=self.catalog.serving_providers,
             )
         except BundleExistsError:
             if committing:  # audited, then beaten to the store: say so in the trail

@@ -143,10 +143,15 @@ def variant_gates(directory: Path) -> dict[str, dict[str, object]]:
 
 def install_summary(installed: InstalledBundle) -> dict[str, Any]:
     """What an install answers (the API's 201, an install record's ``result``): name,
-    version, every file's SHA-256 and each variant's gate decision."""
+    version, every file's SHA-256, each variant's gate decision, and what became of a
+    ``gate.json`` that came in the bundle (``shipped_gate``: ``set_aside``, no variant
+    serves on it; ``trusted``; None: there was none). Before 2026-12-07 only ``GET
+    /v1/models`` said a shipped gate was set aside, so a vendor reading its 201 took
+    its variants for served."""
     return {
         "name": installed.name,
         "version": installed.version,
         "files": dict(installed.files),
         "variants": variant_gates(installed.directory),
+        "shipped_gate": installed.shipped_gate,
     }

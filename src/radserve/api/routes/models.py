@@ -119,6 +119,13 @@ class InstallOut(BaseModel):
     variants: dict[str, Any] = Field(
         description="per variant built: accepted, and the gate's reasons if not"
     )
+    shipped_gate: Literal["set_aside", "trusted"] | None = Field(
+        None,
+        description="a gate.json that came in the bundle: set_aside (kept as "
+        "gate.shipped.json, not trusted: its reduced-precision variants do not serve "
+        "until gated on this site, with build_variants=true), trusted (trust_gate=true: "
+        "served on it); null: the bundle had none",
+    )
 
 
 class InstallTaskOut(BaseModel):
