@@ -14,15 +14,18 @@ import pytest
 from tests.factories.console import Page, browser, ms, need_browser
 from tests.factories.dicom_net import free_port
 from tests.factories.dicom_series import make_ct_series, make_mr_series, new_uid
+from tests.factories.dicomweb import dicom_parts, related
 from tests.factories.server_process import create_key_cli, start_server
 from tests.factories.service import auth, config_file, make_study, upload, wait_job
+from tests.factories.waits import until
 
 pytestmark = pytest.mark.slow
 
 
 def test_the_study_view_lists_the_series_not_analysed_and_why(tmp_path: Path) -> None:
     need_browser()
-    config = config_file(tmp_path)  # the test pipeline: CT, at least 3 slices
+    # the test pipeline: CT, at least 3 slices
+    config = config_file(tmp_path, dicomweb={"quiet_s": 1.0})
     data, port = tmp_path / "data", free_port()
     admin = create_key_cli(config, data, "admin")
     process = start_server(config, data, port, tmp_path / "server.log")
@@ -43,10 +46,14 @@ def test_the_study_view_lists_the_series_not_analysed_and_why(tmp_path: Path) ->
                 *make_ct_series(tmp_path / "s2", n_slices=2, series_number=2, study_uid=uid),
                 *make_mr_series(tmp_path / "m2", series_number=3, study_uid=uid),
             ]
+            # the upload form refuses it at the door (422, no job); sent by STOW-RS for the
+            # quiet period (as a PACS sends, acknowledged first) it gets a job, which fails
             r = c.post("/v1/studies", files=upload(alone), headers=auth(admin))
-            failed_id = r.json()["id"]
+            assert r.status_code == 422 and r.json()["error"]["code"] == "study_invalid", r.text
+            failed_id = _quiet_stow_job(c, alone, admin)
             failed = wait_job(c, failed_id, admin)
             assert (failed["state"], failed["error"]["code"]) == ("failed", "study_invalid")
+            assert failed["error"]["message"] == r.json()["error"]["message"]
         rejected = report["series_selection"]["rejected"]
         assert sorted((s["series_number"], s["modality"]) for s in rejected) == [
             (2, "CT"),
@@ -104,3 +111,21 @@ def test_the_study_view_lists_the_series_not_analysed_and_why(tmp_path: Path) ->
     finally:
         process.terminate()
         process.wait(60)
+
+
+def _quiet_stow_job(c: httpx.Client, files: list[Path], key: str) -> str:
+    """The id of the job the quiet period gives ``files`` sent over STOW-RS."""
+    before = {j["id"] for j in c.get("/v1/jobs", headers=auth(key)).json()["items"]}
+    body, content_type = related(dicom_parts(files))
+    headers = {**auth(key), "Content-Type": content_type}
+    r = c.post("/dicomweb/studies", params={"complete": "false"}, content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    new: list[str] = []
+
+    def started() -> bool:
+        items = c.get("/v1/jobs", headers=auth(key)).json()["items"]
+        new[:] = [j["id"] for j in items if j["id"] not in before]
+        return bool(new)
+
+    until(started, "the quiet period's job", 60)
+    return new[0]

@@ -4,7 +4,9 @@ and the selection's plane check and inference's agree, a gantry tilt included.
 
 Probe (2026-12-06): ``selection.refusals`` (what the console lists for a refused study)
 ignored the plane, so a study of only coronal and sagittal series for axial models
-listed nothing: no series broke a rule, yet the job failed. And the selection judged a
+listed nothing: no series broke a rule, yet the job failed (over HTTP since 2026-12-07 the
+upload is refused at the door, and a C-STORE study's job names each series:
+tests/integration/test_upload_selection_door.py). And the selection judged a
 series' plane by its first frame's orientation while inference judged the loaded
 volume's affine: with ``ingest.gantry_tilt: flag`` (the sheared affine kept) a tilted
 series passed the selection and was then refused by the model (or was passed over when
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
@@ -26,11 +27,7 @@ from tests.factories.dicom_series import (
     new_uid,
     oblique_orientation,
 )
-from tests.factories.service import ServerThread, auth, settings_for, upload, wait_job
-from tests.factories.waits import WAIT_SCALE
 
-from radserve.api import create_app
-from radserve.console import install as install_console
 from radserve.ingest import IngestPolicy, discover_series, load_series
 from radserve.models.axes import SLICE_AXES
 from radserve.models.registry import ModelRegistry
@@ -38,7 +35,6 @@ from radserve.pipeline.selection import SlicePlanes, refusals
 from radserve.pipeline.spec import PipelineSpec, load_pipeline
 from radserve.pipeline.study import run_study
 from radserve.preprocess.axes import OrientationError, slice_plane
-from radserve.service import Service
 
 
 def _hu(points: np.ndarray) -> np.ndarray:
@@ -126,34 +122,3 @@ def test_a_tilted_series_the_models_read_is_run_not_passed_over(
     ).report  # fmt: skip
     assert report.series_selection.selected is not None
     assert report.series_selection.rejected == []
-
-
-def test_the_console_lists_a_wrong_plane_study_with_each_series_plane(tmp_path: Path) -> None:
-    """Over HTTP: the upload's job fails ``orientation_unsupported`` before any series is
-    loaded, and the job page names each series with its plane (it listed none)."""
-    service = Service(settings_for(tmp_path))
-    app = create_app(service)
-    install_console(app, service)
-    _, admin = service.store.create_api_key(name="admin", role="admin")
-    study = new_uid()
-    coronal = _made(tmp_path / "coronal", CORONAL, 1, study)
-    sagittal = _made(tmp_path / "sagittal", SAGITTAL, 2, study)
-    with ServerThread(app) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
-        assert service.wait_warm(60 * WAIT_SCALE)
-        r = c.post("/v1/studies", files=upload([*coronal, *sagittal]), headers=auth(admin))
-        assert r.status_code == 202, r.text
-        job = wait_job(c, r.json()["id"], admin)
-        assert (job["state"], job["error"]["code"]) == ("failed", "orientation_unsupported")
-        assert "slices are coronal" in job["error"]["message"]
-        assert c.post("/console/api/session", json={"key": admin}).status_code == 200
-        detail = c.get(f"/console/api/jobs/{job['id']}").json()
-    reasons = sorted((s["series_number"], s["reason"]) for s in detail["refused"])
-    assert [n for n, _ in reasons] == [1, 2]
-    assert reasons[0][1].startswith("its slices are coronal, and model ")
-    assert reasons[1][1].startswith("its slices are sagittal, and model ")
-    assert all(reason.endswith("reads axial slices") for _, reason in reasons)
-
-
-def _made(folder: Path, orientation: tuple[float, ...], number: int, study: str) -> list[Path]:
-    _series(folder, orientation, number, study)
-    return sorted(folder.glob("*.dcm"))

@@ -29,11 +29,13 @@ from radserve.ingest import (
     load_series,
 )
 from radserve.ingest.arrival import DecodeAbandonedError
+from radserve.ingest.discover import SeveralStudiesError
 from radserve.ingest.validate import check_series, check_study_patients
 from radserve.pipeline.selection import (
     UNUSABLE,
     PlaneRefusal,
     SlicePlanes,
+    no_plane_error,
     passed_over_reason,
     rank_series,
     rejection_reason,
@@ -137,6 +139,10 @@ def ingest_study(
                 continue
             break
         else:
+            first = failed[0][2]
+            if first is not None and all(plane is not None for _, _, plane in failed):
+                assert planes is not None
+                raise no_plane_error(headers, rules, planes, first, policy)
             raise failed[0][1]
     release_free_memory()  # the decoders' per-frame buffers
     selected = loaded.header
@@ -150,6 +156,52 @@ def ingest_study(
             loaded, warnings=(*_fallback_warnings(failed, selected, rules), *loaded.warnings)
         )
     return IngestedStudy(loaded, rejected, tuple(headers))
+
+
+def selection_refusal(
+    headers: Sequence[SeriesHeader],
+    rules: SeriesRules,
+    *,
+    planes: SlicePlanes | None = None,
+    policy: IngestPolicy | None = None,
+) -> StudyError | None:
+    """What :func:`ingest_study` fails with before it loads any series, judged on the
+    discovered ``headers`` alone (no pixel is read), or None when some series would be
+    tried: no series meets the selection ``rules`` (``study_invalid``,
+    ``unsupported_modality``), or every one that does lies in a plane no slice model
+    reads (``orientation_unsupported``,
+    :func:`~radserve.pipeline.selection.no_plane_error`). The same error, in the same
+    words, as the job would fail with: the upload form answers it before a job exists
+    (:mod:`radserve.service.selection_door`). What is not about selection is not
+    judged here (None; the job says it as before): an unusable instance that is why
+    no series qualifies (the job fails with its own code, naming its file), series of
+    several studies that qualify (``several_studies``), series naming different
+    patients."""
+    try:
+        ordered, _ = rank_series(headers, rules)
+    except SeveralStudiesError:
+        return None
+    except StudyError as exc:
+        try:
+            _refuse_unusable_instance(headers, rules)
+        except StudyError:  # the job fails with that instance's own error: not judged here
+            return None
+        return exc
+    if planes is None:
+        return None
+    first: PlaneRefusal | None = None
+    for candidate in ordered:
+        plane = planes.refusal(candidate.frames, policy)
+        if plane is None:
+            return None
+        first = first or plane
+    assert first is not None  # rank_series raises rather than return no candidate
+    study = ordered[0].study_instance_uid
+    try:  # ingest_study checks this first: a job would fail with it, as before
+        check_study_patients([h for h in headers if h.study_instance_uid == study])
+    except StudyError:
+        return None
+    return no_plane_error(headers, rules, planes, first, policy)
 
 
 # codes of a limit reached, not of a series' own data: the study stops, no other series is tried
@@ -327,4 +379,5 @@ __all__ = [
     "as_input",
     "first_file",
     "ingest_study",
+    "selection_refusal",
 ]

@@ -291,6 +291,28 @@ def refusals(
     return refused
 
 
+def no_plane_error(
+    series: Sequence[FramedSeries],
+    rules: SeriesRules,
+    planes: SlicePlanes,
+    first: PlaneRefusal,
+    policy: IngestPolicy | None = None,
+) -> OrientationError:
+    """What a study fails with when every series that meets ``rules`` lies in a plane no
+    slice model of the pipeline reads (``first``: the preferred series' refusal): each
+    series named with its reason in the words :func:`refusals` gives the console's list
+    ("series 1: its slices are coronal, and model organs/1.0.0 reads axial slices"),
+    as a study refused by the rules names them. One definition for both doors: the
+    upload form answers it (422) before a job exists, a job of a C-STORE study fails
+    with it (:func:`radserve.pipeline.inputs.selection_refusal`)."""
+    detail = _refusal_detail(refusals(series, rules, planes, policy))
+    return OrientationError(
+        f"no series is in a plane the pipeline's slice models read ({detail}): send the "
+        f"study's {first.wanted} series (or a model whose model.yaml declares the plane it "
+        "was trained on in input.axes)"
+    )
+
+
 def _preference(series: SeriesLike, rules: SeriesRules) -> tuple[object, ...]:
     """Sort key, best first: ORIGINAL before DERIVED/SECONDARY (a reformat or a copy of
     the acquisition), then the pipeline's ``prefer``, then Series Number and UID so that

@@ -94,14 +94,19 @@ class SharedStorage:
 
     # --- studies ----------------------------------------------------------------------
     def store_study(
-        self, files: Iterable[tuple[str, BinaryIO]], *, max_bytes: int | None = None
+        self,
+        files: Iterable[tuple[str, BinaryIO]],
+        *,
+        max_bytes: int | None = None,
+        check: Callable[[Path], object] | None = None,
     ) -> StoredStudy:
-        """Store an upload's streams durably: in ``data_dir``, else in the fallback."""
+        """Store an upload's streams durably: in ``data_dir``, else in the fallback.
+        ``check``: judges the staged files before they are published (raises to refuse)."""
         pairs = list(files)
         starts = [stream.tell() for _, stream in pairs] if self.fallback is not None else []
         return self._store(
             lambda root: store_study(
-                root, pairs, max_bytes=max_bytes, before_publish=self._marker(root)
+                root, pairs, max_bytes=max_bytes, before_publish=self._marker(root), check=check
             ),
             rewind=lambda: [s.seek(p) for (_, s), p in zip(pairs, starts, strict=True)],
         )

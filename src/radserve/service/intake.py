@@ -65,6 +65,7 @@ from radserve.service.jobcache import JobCache
 from radserve.service.own_uploads import without_own_results
 from radserve.service.schema_watch import HELD_REASON as SCHEMA_HELD_REASON
 from radserve.service.schema_watch import SchemaChangedError
+from radserve.service.selection_door import SelectionDoor
 from radserve.service.sniff import check_combination, sniff
 from radserve.service.unclaimed import set_aside_if_refused
 from radserve.service.work import LineageStep, build_work
@@ -348,7 +349,10 @@ class Intake:
         """Check, store durably and schedule one study made of ``files`` (streams).
 
         The queue place is reserved before a byte is stored: a refused upload leaves
-        nothing behind."""
+        nothing behind. A study none of whose series the pipeline can use (its selection
+        rules, the planes its slice models read) is refused before it is published,
+        with the error its job would have failed with
+        (:mod:`radserve.service.selection_door`)."""
         members = self.settings.ingest.max_archive_members
         kinds = [
             sniff(stream, i + 1, len(files), max_archive_members=members)
@@ -359,9 +363,21 @@ class Intake:
             priority = self.rules.classify(stream_attributes(files, self.rules.keywords))
         slot = self.reserve(priority, resolved)
         try:
-            with without_own_results(files, kinds, self.own_results) as pairs:
+            # a study none of whose series the pipeline can use is refused here (422),
+            # judged on its staged files' headers: no study folder, no job
+            door = SelectionDoor.for_upload(
+                kinds,
+                resolved.spec,
+                self.catalog.registry,
+                self.policy,
+                planes=self.router is None or not self.router.needs_routing(),
+            )
+            seen = None if door is None else door.seen
+            with without_own_results(files, kinds, self.own_results, seen=seen) as pairs:
                 stored = self.storage.store_study(
-                    pairs, max_bytes=self.settings.server.max_upload_bytes
+                    pairs,
+                    max_bytes=self.settings.server.max_upload_bytes,
+                    check=None if door is None else door.staged_check(),
                 )
             return self.submit_stored(
                 stored.path,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
 from pydicom.dataset import Dataset
@@ -50,11 +50,17 @@ def _header(stream: BinaryIO) -> Dataset | None:
 
 @contextlib.contextmanager
 def without_own_results(
-    files: Sequence[BinaryIO], kinds: Sequence[FileKind], own: OwnResults
+    files: Sequence[BinaryIO],
+    kinds: Sequence[FileKind],
+    own: OwnResults,
+    *,
+    seen: Callable[[Dataset], object] | None = None,
 ) -> Iterator[list[tuple[str, BinaryIO]]]:
     """``(name, stream)`` pairs for :func:`radserve.store.files.store_study`, own results
     left out (logged and counted). Raises :class:`OwnResultsOnlyError` if nothing is left.
-    Archive member streams stay open until the context ends."""
+    Archive member streams stay open until the context ends. ``seen``: given each header
+    read of an instance kept (a file or a zip member; small values only, while it is
+    open), so the upload's other checks need not read them again."""
     kept: list[tuple[str, BinaryIO]] = []
     dropped = 0
     with contextlib.ExitStack() as stack:
@@ -64,8 +70,11 @@ def without_own_results(
                 if header is not None and own.check(header, UPLOAD):
                     dropped += 1
                     continue
+                if header is not None and seen is not None:
+                    seen(header)
+                    stream.seek(0)  # a deferred value read moves the stream
             if kind is FileKind.ZIP:
-                members, skipped = _zip_members(stream, own, stack)
+                members, skipped = _zip_members(stream, own, stack, seen)
                 if skipped:
                     dropped += skipped
                     kept += members
@@ -82,7 +91,10 @@ def without_own_results(
 
 
 def _zip_members(
-    stream: BinaryIO, own: OwnResults, stack: contextlib.ExitStack
+    stream: BinaryIO,
+    own: OwnResults,
+    stack: contextlib.ExitStack,
+    seen: Callable[[Dataset], object] | None = None,
 ) -> tuple[list[tuple[str, BinaryIO]], int]:
     """The archive's members that are not own results, and how many were; ``([], 0)``
     when it holds none (or is not a readable zip: ingest reports that)."""
@@ -93,8 +105,10 @@ def _zip_members(
         for info in infos:
             with archive.open(info) as member:
                 header = _header(member)  # type: ignore[arg-type]
-            if header is not None and own.check(header, UPLOAD):
-                own_members.add(info.filename)
+                if header is not None and own.check(header, UPLOAD):
+                    own_members.add(info.filename)
+                elif header is not None and seen is not None:
+                    seen(header)
     except (zipfile.BadZipFile, OSError, RuntimeError, ValueError):
         stream.seek(0)
         return [], 0

@@ -90,6 +90,7 @@ def store_study(
     max_bytes: int | None = None,
     before_publish: Callable[[Path], object] | None = None,
     modified_ns: Sequence[int] | None = None,
+    check: Callable[[Path], object] | None = None,
 ) -> StoredStudy:
     """Write uploaded ``(original name, stream)`` pairs durably; return where they are.
 
@@ -100,6 +101,9 @@ def store_study(
     ``modified_ns``: each file's modification time, kept on its copy (else the copies are
     as new as their writing): ingest reads an instance received twice from the copy
     received last (:func:`radserve.ingest.discover.discover_series`).
+    ``check(staging folder)`` runs once every file is written there, before anything is
+    published: what it raises refuses the upload, and nothing is kept (the upload form's
+    selection check, :mod:`radserve.service.selection_door`).
     """
     data_dir = Path(data_dir)
     staging = data_dir / STAGING_DIR / uuid.uuid4().hex
@@ -108,6 +112,8 @@ def store_study(
         digests, total = _stage(staging, files, max_bytes, modified_ns)
         if not digests:
             raise EmptyUploadError("the upload holds no files")
+        if check is not None:
+            check(staging)
         durable.fsync_dir(staging)
         fingerprint = fingerprint_digests(digests)
         target = study_dir(data_dir, fingerprint)
