@@ -32,6 +32,26 @@ export function etaRisk(job) {
 
 const hhmm = (iso) => new Date(iso).toLocaleTimeString(undefined, { hour12: false })
 
+// what an unfinished job waits for (the server's `waiting_for`: none of its work can run
+// on this server now, so it has no ETA), in words for the imaging-IT engineer; the
+// server's message, what ends the block, is the cell's tooltip
+const WAITS = {
+  no_device_worker: 'no device worker',
+  lease_unproven: 'database (job leases not renewed)',
+  schema_not_current: 'database upgraded by a newer radserve',
+}
+export const waitingText = (wait) => `waiting: ${WAITS[wait.reason] || String(wait.reason).replaceAll('_', ' ')}`
+
+// a reload the event stream asks for (reset) reads at most this many pages
+const RELOAD_PAGES = 50
+
+// whether job a comes before (is newer than) job b in the server's order: arrival, id
+const newer = (a, b) => {
+  const ta = Date.parse(a.arrival)
+  const tb = Date.parse(b.arrival)
+  return ta > tb || (ta === tb && a.id > b.id)
+}
+
 export function worklistPage(root) {
   const filters = { state: '', cls: '', from: '', to: '', accession: '' }
   const rows = new Map()
@@ -41,6 +61,9 @@ export function worklistPage(root) {
   let stopped = false
   // the server answers a page at a time: `next` fetches the older jobs that match too
   let next = null
+  // the last job of the last page read (null: every page was read): a reload the event
+  // stream asks for reads down to it, keeping what the user loaded with "Load older jobs"
+  let edge = null
 
   const tbody = h('tbody')
   const count = h('span', { class: 'count' })
@@ -122,6 +145,14 @@ export function worklistPage(root) {
   }
 
   function etaCell(job) {
+    const wait = FINAL.has(job.state) ? null : job.waiting_for
+    if (wait) {
+      return h(
+        'td',
+        { class: 'eta', 'data-waiting': wait.reason, title: `${wait.message} (since ${hhmm(wait.since)})` },
+        h('span', { class: 'waiting' }, waitingText(wait)),
+      )
+    }
     const band = etaRisk(job)
     if (!band) return h('td', { class: 'eta' }, '—')
     const eta = job.eta
@@ -221,6 +252,12 @@ export function worklistPage(root) {
       for (const job of rows.values()) if (job.id in etas) job.eta = etas[job.id]
       render()
     })
+    // what blocks all work of the server now (null: nothing), for every unfinished job
+    source.addEventListener('waiting', (e) => {
+      const wait = JSON.parse(e.data)
+      for (const job of rows.values()) if (!FINAL.has(job.state)) job.waiting_for = wait
+      render()
+    })
     source.addEventListener('reset', () => load(true)) // asked by the stream, not a person
   }
 
@@ -245,6 +282,7 @@ export function worklistPage(root) {
       if (mine !== loading || stopped) return
       for (const job of data.items) if (!rows.has(job.id)) rows.set(job.id, job)
       next = data.next
+      edge = next ? data.items[data.items.length - 1] : null
       render()
     } catch (error) {
       if (!stopped) toast(`worklist: ${error.message}`, 'error')
@@ -253,16 +291,31 @@ export function worklistPage(root) {
     }
   }
 
+  // `background`: the event stream asked for it (reset: changes were lost, or the server
+  // restarted). That reload reads the pages down to the last one the user had loaded
+  // (before, only the first: the older pages loaded with "Load older jobs" vanished);
+  // a person's filter change starts again from the first page.
   async function load(background = false) {
     const mine = ++loading
+    const deep = background && rows.size > 0
+    const until = edge
     try {
       const data = await api(query(null), { background })
+      const items = [...data.items]
+      let last = data
+      for (let pages = 1; deep && last.next && pages < RELOAD_PAGES; pages += 1) {
+        if (until && !newer(items[items.length - 1], until)) break
+        if (mine !== loading || stopped) return
+        last = await api(query(last.next), { background })
+        items.push(...last.items)
+      }
       if (mine !== loading || stopped) return // a newer load, or the page was left
       rows.clear()
-      for (const job of data.items) rows.set(job.id, job)
-      next = data.next
+      for (const job of items) rows.set(job.id, job)
+      next = last.next
+      edge = next ? items[items.length - 1] : null
       render()
-      listen(data.seq)
+      listen(data.seq) // the first page's number: changes since then come again
     } catch (error) {
       if (!stopped) toast(`worklist: ${error.message}`, 'error')
     }

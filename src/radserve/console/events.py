@@ -6,16 +6,23 @@ stream sends the changes after the ``Last-Event-ID`` its browser reconnected wit
 those have left the ring it sends ``reset`` and the page reloads its list once. Streams
 end after ``STREAM_S`` (the browser reconnects at once, losing nothing), so a server
 stopping never waits long for an open console.
+
+A ``waiting`` event (:class:`WaitingEvents`) says what blocks all of this server's work
+(every Ray worker lost, new work held: the API's ``waiting_for``) when that changes: no
+job's record changes then, so no ``job`` event would tell the worklist.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
+import json
 import threading
 from collections import deque
 from collections.abc import Callable
 
+from radserve.service.job_view import JobWait
 from radserve.store import JobRecord
 
 RING = 2000
@@ -70,4 +77,25 @@ class JobFeed:
         return entry[1], close
 
 
-__all__ = ["RING", "STREAM_S", "JobFeed"]
+class WaitingEvents:
+    """One stream's ``waiting`` events: the first time, then whenever the block's reason
+    or start changes (its message may name a running count of seconds: not a change)."""
+
+    def __init__(self) -> None:
+        self._sent: tuple[str, str] | None = None
+        self._first = True
+
+    def event(self, wait: JobWait | None) -> bytes | None:
+        """The event to send for ``wait`` (:attr:`JobAccess.waits_for`), or None."""
+        body = None
+        if wait is not None:
+            since = wait.since.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            body = {"reason": wait.reason, "message": wait.message, "since": since}
+        key = None if body is None else (body["reason"], body["since"])
+        if not self._first and key == self._sent:
+            return None
+        self._first, self._sent = False, key
+        return f"event: waiting\ndata: {json.dumps(body)}\n\n".encode()
+
+
+__all__ = ["RING", "STREAM_S", "JobFeed", "WaitingEvents"]

@@ -44,7 +44,7 @@ from radserve.api.schemas import ErrorOut, EtaOut, JobOut
 from radserve.api.state import service_of as _service
 from radserve.console.accessions import AccessionBackfill
 from radserve.console.auth import current_session
-from radserve.console.events import STREAM_S, JobFeed
+from radserve.console.events import STREAM_S, JobFeed, WaitingEvents
 from radserve.console.ops import OpsHistory, current
 from radserve.console.refused import refused_series
 from radserve.console.studyinfo import StudyInfo
@@ -253,6 +253,7 @@ async def events(
                 yield f"id: {seq}\nevent: hello\ndata: {{}}\n\n".encode()
             positions: dict[str, int] = {}
             sent_etas: dict[str, dict[str, Any] | None] = {}
+            waiting = WaitingEvents()  # what blocks all work here (no job event says it)
             # shorter than server.request_timeout_s, so the timeout middleware never cuts
             # a stream mid-event (a cut one would reconnect and lose nothing anyway)
             ends = loop.time() + min(STREAM_S, 0.8 * service.settings.server.request_timeout_s)
@@ -293,6 +294,8 @@ async def events(
                 if etas != sent_etas:
                     sent_etas = etas
                     yield f"event: etas\ndata: {json.dumps(etas)}\n\n".encode()
+                if (block := waiting.event(service.jobs.waits_for())) is not None:
+                    yield block
                 wake.clear()
                 try:
                     await asyncio.wait_for(wake.wait(), timeout=min(2.0, STREAM_S))

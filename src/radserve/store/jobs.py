@@ -180,10 +180,14 @@ def list_query(
     limit: int,
     visible_to: VisibleTo | None = None,
     accession: str | None = None,
+    accession_is: str | None = None,
 ) -> Select[Any]:
     """Newest first, ordered by (arrival, id) so a cursor page never repeats or skips a
-    row. ``accession``: the jobs whose accession number contains it, in any case."""
+    row. ``accession``: the jobs whose accession number contains it, in any case;
+    ``accession_is``: those whose number is exactly it (case as stored)."""
     query = select(Job)
+    if accession_is is not None:
+        query = query.where(Job.accession == accession_is)
     wanted = (accession or "").strip().lower()
     if wanted:
         # % and _ typed in the box are characters, not patterns (autoescape)
@@ -222,12 +226,14 @@ def list_jobs(
     cursor: str | None = None,
     visible_to: VisibleTo | None = None,
     accession: str | None = None,
+    accession_is: str | None = None,
 ) -> JobPage:
     """:meth:`Store.list_jobs` with the visibility rule (and several classes) in the
     query: every page is full, and ``next_cursor`` names only a job ``visible_to``
     sees. ``created_*`` bound the arrival time (after: inclusive); ``accession`` keeps
     the jobs whose accession number contains it (case-insensitive; a job whose number
-    is not read yet, None on the row, matches no search)."""
+    is not read yet, None on the row, matches no search); ``accession_is`` those whose
+    number is exactly it (``GET /v1/jobs?accession=``)."""
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be in 1..{MAX_PAGE}, got {limit}")
     query = list_query(
@@ -240,6 +246,7 @@ def list_jobs(
         limit=limit,
         visible_to=visible_to,
         accession=accession,
+        accession_is=accession_is,
     )
     with store._read() as session:
         items = [to_record(row) for row in session.execute(query).scalars()]

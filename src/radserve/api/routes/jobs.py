@@ -38,6 +38,7 @@ from radserve.service.errors import ResultNotReadyError
 from radserve.service.jobs import JobAccess
 from radserve.store import JobRecord
 from radserve.store import jobs as job_rows
+from radserve.store.models import ACCESSION_SEARCH_LENGTH
 
 if TYPE_CHECKING:
     # not imported at run time: an API reader process (radserve.api.reader) imports this
@@ -94,7 +95,25 @@ async def list_jobs(
     created_before: dt.datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     cursor: str | None = None,
+    accession: Annotated[
+        str | None,
+        Query(
+            max_length=ACCESSION_SEARCH_LENGTH,
+            description="the jobs whose study's Accession Number is exactly this (case "
+            "as stored; surrounding spaces, DICOM's padding, ignored); under "
+            "security.visibility only the jobs the caller may see",
+        ),
+    ] = None,
 ) -> JobPageOut:
+    number = None
+    if accession is not None:
+        number = accession.strip()
+        if not number:
+            raise InvalidRequestError("accession: empty; give the Accession Number to match")
+        # jobs from before revision 0020 get their number on the row in the background
+        backfill = getattr(request.app.state, "console_accessions", None)
+        if backfill is not None:
+            backfill.ensure_running()
     # the visibility rule in the query: full pages, and a cursor naming a visible job
     page = await run_in_threadpool(
         lambda: job_rows.list_jobs(
@@ -107,6 +126,7 @@ async def list_jobs(
             limit=limit,
             cursor=cursor,
             visible_to=visible_to(request, who),
+            accession_is=number,
         )
     )
     items = page.items
