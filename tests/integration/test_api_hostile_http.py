@@ -417,9 +417,13 @@ def test_a_stow_request_refused_as_a_whole_says_why_by_code(
 
 def test_a_part_of_another_media_type_fails_with_a_code(live: dict[str, Any]) -> None:
     """A text/plain part beside a DICOM one: 202, that part's failed item carries radserve's
-    code (0009,1001), as the per-instance failures do."""
+    code (0009,1001), as the per-instance failures do. (The study is left to the quiet
+    period: a whole study of one image is refused at the door since 2026-12-07, as its job
+    would fail for too few images.)"""
     body = _dicom_part(live) + _dicom_part(live, "text/plain") + close()
-    status, answer = request(live, "/dicomweb/studies", content_type=STOW + "b", body=body)
+    status, answer = request(
+        live, "/dicomweb/studies?complete=false", content_type=STOW + "b", body=body
+    )
     assert status == 202, answer[:300]
     (item,) = json.loads(answer)["00081198"]["Value"]
     assert item["00081197"]["Value"] == [0xC000]
