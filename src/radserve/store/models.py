@@ -60,6 +60,9 @@ class Job(Base):
         CheckConstraint(_in("priority_class", PRIORITY_CLASSES), name="priority_class"),
         CheckConstraint("attempts >= 0", name="attempts"),
         Index("ix_jobs_arrival_id", "arrival", "id"),
+        # GET /v1/jobs?accession= (equality); hash on PostgreSQL, as the number is kept
+        # whole and a B-tree entry over ~2,700 bytes fails the insert (revision 0021)
+        Index("ix_jobs_accession", "accession", postgresql_using="hash"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
