@@ -15,7 +15,10 @@ written as JSON beside the job's results (temporary file, fsync, rename) and its
 committed before the POST; ``result_at`` (when the result existed) and the time of the
 2xx give the result -> push latency. A receiver's notices go out one after another without
 waiting for each other's commits: its answers are recorded by group commit meanwhile
-(:class:`_GroupCommit`).
+(:class:`_GroupCommit`). Before each POST the notice's row is read back
+(:meth:`~radserve.gateway.lease_keeper.LeaseKeeper.still_ours`), so a notice another
+sender took over mid-batch is left to it: at most the one in flight then is paged twice,
+and one answered whose group commit had not landed (as after a crash).
 """
 
 from __future__ import annotations
@@ -255,12 +258,16 @@ class CriticalOutbox:
             self.store, claimed, lease=self.lease, attempt_s=self.attempt_s, now=now
         )
         commits = _GroupCommit(self)
+        taken = 0
         try:
             for item in claimed:
                 if commits.failed:
                     break  # the rows cannot be recorded: the rest keep their lease
-                if not lease.hold(item):
-                    continue  # another sender took it over: it sends it
+                # its row read back (the commit thread's writes do not hold this read up):
+                # one another sender took over meanwhile is left to it, not paged twice
+                if not lease.still_ours(item):
+                    taken += 1
+                    continue
                 result = self._send_settled(item)
                 commits.put(item, result, utc_now())
         finally:
@@ -270,6 +277,7 @@ class CriticalOutbox:
             sent=tally[Outcome.SENT],
             retried=tally[Outcome.RETRY],
             failed=tally[Outcome.PERMANENT],
+            taken_over=taken,
         )
 
     def _record(

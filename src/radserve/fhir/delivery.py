@@ -13,8 +13,12 @@ the same back-off and states as the DICOM deliveries (:func:`~radserve.gateway.o
   the token or the URL, then ``rearm`` the row.
 
 A crash between the server's 2xx and the ``sent`` commit sends that Bundle once more
-after the row's lease expires. The Bundle creates every resource with ``ifNoneExist`` on
-its identifier, so a server that implements conditional create keeps one copy.
+after the row's lease expires; so may the one Bundle in flight when another sender takes
+a batch's rows over (each row is read back before its POST and one no longer this
+sender's is left to the other:
+:meth:`~radserve.gateway.lease_keeper.LeaseKeeper.still_ours`). The Bundle creates every
+resource with ``ifNoneExist`` on its identifier, so a server that implements conditional
+create keeps one copy.
 """
 
 from __future__ import annotations
@@ -245,15 +249,20 @@ class FhirOutbox:
         lease = LeaseKeeper(  # the batch's lease kept ahead of its POSTs
             self.store, claimed, lease=self.lease, attempt_s=self.destination.timeout_s, now=now
         )
+        taken = 0
         for item in claimed:
-            if lease.hold(item):  # else another sender took it over and sends it
-                result = self._send(item)
-                tally[settle(self.store, self.policy, item, result, clock())] += 1
+            # its row read back: one another sender took over meanwhile is left to it
+            if not lease.still_ours(item):
+                taken += 1
+                continue
+            result = self._send(item)
+            tally[settle(self.store, self.policy, item, result, clock())] += 1
         report = DeliveryReport(
             claimed=len(claimed),
             sent=tally[Outcome.SENT],
             retried=tally[Outcome.RETRY],
             failed=tally[Outcome.PERMANENT],
+            taken_over=taken,
         )
         if claimed:
             logger.info("outbox (FHIR): %s", report)

@@ -18,10 +18,13 @@ kind must judge leases alike, so the covering lease depends only on the settings
 lease later: a sender whose clock runs ahead of this one's by more than a lease takes
 the rows at once. The DICOM outbox stores a batch's files on one association, and until
 2026-12-07 checked nothing between them: it stored every file of the batch, those the
-other sender was storing too (a PACS got each twice). It now reads each row back before
-its C-STORE (:meth:`LeaseKeeper.still_ours`: one indexed read, beside a C-STORE's round
-trip and the row's own settlement write), so at most the one file in flight when the
-other sender took over goes twice.
+other sender was storing too (a PACS got each twice); the critical-notice and FHIR
+senders checked only :meth:`LeaseKeeper.hold` (10 of 12 notices, and of 12 Bundles,
+posted twice). Each now reads its row back before each send
+(:meth:`LeaseKeeper.still_ours`: one indexed read, ~0.2 ms on SQLite and ~1 ms on
+PostgreSQL on loopback, beside the send's round trip and the row's own settlement
+write), so at most the one in flight when the other sender took over goes twice (and,
+for critical notices, one answered whose group commit had not landed yet).
 """
 
 from __future__ import annotations

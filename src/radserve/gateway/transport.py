@@ -7,7 +7,9 @@ its association slot forever: 21 such clients locked every PACS out). Here:
 
 - :class:`GatewayServer` accepts only; each connection's own thread does the TLS
   handshake under a timeout (a connection closed with nothing sent, as a TCP health
-  check does, is logged at DEBUG only);
+  check does, is logged at DEBUG only; one that opens with a plain A-ASSOCIATE-RQ, a
+  sender not set up for TLS, is answered A-ASSOCIATE-RJ in the clear with nothing read
+  past its request, and closed: :func:`refuse_plain_request`);
 - :class:`Admission` decides at accept, before any thread or byte is spent, whether a
   connection may have a slot: at most ``max_associations_per_host`` per source address,
   and ``reserved_for_peers`` of the ``max_associations`` slots only for the addresses
@@ -53,9 +55,21 @@ logger = logging.getLogger(__name__)
 # A-ASSOCIATE-RJ (PS3.8 9.3.4): PDU type 3, length 4; result 2 rejected-transient,
 # source 3 service-provider (presentation related), reason 2 local-limit-exceeded
 BUSY_REJECT = bytes([0x03, 0x00, 0x00, 0x00, 0x00, 0x04, 0x00, 0x02, 0x03, 0x02])
+# A-ASSOCIATE-RJ: result 1 rejected-permanent, source 1 service-user, reason 1 no reason
+# given: the answer, in the clear, to a plain A-ASSOCIATE-RQ on the TLS port. Permanent:
+# the same request never succeeds (a transient one makes a PACS retry it for ever); no
+# reason given: none of PS3.8's reasons says "use TLS", and "calling AE title not
+# recognised" would be untrue (the title was never checked) and send the engineer to the
+# AE configuration. The SCP's log says why.
+PLAIN_ON_TLS_REJECT = bytes([0x03, 0x00, 0x00, 0x00, 0x00, 0x04, 0x00, 0x01, 0x01, 0x01])
 # a TLS record of content type handshake (RFC 8446 5.1): what a TLS client sends first;
 # no PDU type (PS3.8 9.3.1) is 0x16, so a plain port may tell it from a DICOM request
 TLS_HANDSHAKE_RECORD = b"\x16"
+A_ASSOCIATE_RQ = b"\x01"
+# an A-ASSOCIATE-RQ's fixed fields after its 6-byte header (PS3.8 9.3.2): protocol
+# version, reserved, called AE title, calling AE title (bytes 20-35), 32 reserved
+_RQ_FIXED_BYTES = 68
+_CALLING_AE = slice(20, 36)
 
 
 class Admission:
@@ -262,9 +276,68 @@ def _plain_dicom(sock: socket.socket) -> bool:
     record's (0x16): a sender set up for plain DICOM on the TLS port. Left to the
     handshake it was logged as "WRONG_VERSION_NUMBER"."""
     try:
-        return sock.recv(1, socket.MSG_PEEK) == b"\x01"
+        return sock.recv(1, socket.MSG_PEEK) == A_ASSOCIATE_RQ
     except OSError:
         return False
+
+
+def _read_exactly(sock: socket.socket, size: int, deadline: float) -> bytes:
+    """``size`` bytes, or fewer where the peer closed or ``deadline`` passed."""
+    data = bytearray()
+    while len(data) < size:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        try:
+            sock.settimeout(remaining)
+            chunk = sock.recv(min(size - len(data), 65536))
+        except (TimeoutError, OSError):
+            break
+        if not chunk:
+            break
+        data.extend(chunk)
+    return bytes(data)
+
+
+def _ae_title(field: bytes) -> str | None:
+    """An AE title field's text, or None unless it is readable: printable ASCII without
+    backslash (PS3.5's AE value representation) and not blank."""
+    if any(b < 0x20 or b > 0x7E or b == 0x5C for b in field):
+        return None
+    return field.decode("ascii").strip() or None
+
+
+def refuse_plain_request(
+    sock: socket.socket, *, timeout_s: float, max_pdu_bytes: int
+) -> tuple[str, str | None]:
+    """On the TLS port, a connection whose first byte says A-ASSOCIATE-RQ: read that one
+    PDU (its announced length, at most ``max_pdu_bytes``, within ``timeout_s``) and
+    nothing after it, and answer :data:`PLAIN_ON_TLS_REJECT` in the clear, so the sender
+    reports a rejection rather than a dropped connection. All of the request is read
+    first, so closing sends FIN after the answer, not a reset that could overtake it.
+
+    Returns ``"answered"``, ``"gone"`` (the peer left before the answer could be sent)
+    or ``"unreadable"`` (no complete request of a plausible length), and the request's
+    calling AE title when readable. Nothing of the request is used but that title, for
+    the log: the connection never becomes an association, and no TLS is involved (a TLS
+    client never sends 0x01)."""
+    deadline = time.monotonic() + timeout_s
+    header = _read_exactly(sock, 6, deadline)
+    if len(header) < 6 or header[:1] != A_ASSOCIATE_RQ:
+        return "unreadable", None
+    length = int.from_bytes(header[2:6], "big")
+    if not _RQ_FIXED_BYTES <= length <= max_pdu_bytes:
+        return "unreadable", None  # not a request this SCP would read on a plain port
+    body = _read_exactly(sock, length, deadline)
+    if len(body) < length:
+        return "unreadable", None
+    calling = _ae_title(body[_CALLING_AE])
+    try:
+        sock.settimeout(max(deadline - time.monotonic(), 1.0))
+        sock.sendall(PLAIN_ON_TLS_REJECT)
+    except OSError:
+        return "gone", calling
+    return "answered", calling
 
 
 def _handshake_failure(exc: BaseException) -> str:
@@ -368,13 +441,7 @@ class GatewayServer(ThreadedAssociationServer):
                 self.shutdown_request(raw)
                 return None
             if _plain_dicom(raw):
-                logger.warning(
-                    "TLS handshake with %s failed: it sent a plain DICOM association "
-                    "request to this TLS-only port (gateway.tls): configure the sender for "
-                    "DICOM TLS",
-                    host,
-                )
-                self.shutdown_request(raw)
+                self._refuse_plain(raw, host)
                 return None
             tls = self.ssl_context.wrap_socket(raw, server_side=True)
         except (OSError, ssl.SSLError) as exc:
@@ -383,6 +450,32 @@ class GatewayServer(ThreadedAssociationServer):
             return None
         tls.settimeout(None)  # pynetdicom polls with select, then reads blocking
         return tls
+
+    def _refuse_plain(self, raw: socket.socket, host: str) -> None:
+        """A plain DICOM sender on the TLS port: answered A-ASSOCIATE-RJ in the clear
+        when its request is readable (:func:`refuse_plain_request`), one log line naming
+        its address and calling AE title, and closed."""
+        outcome, calling = refuse_plain_request(
+            raw, timeout_s=self.handshake_timeout_s, max_pdu_bytes=self.max_pdu_bytes
+        )
+        if outcome == "unreadable":
+            logger.warning(
+                "TLS handshake with %s failed: it sent plain data beginning as a DICOM "
+                "association request to this TLS-only port (gateway.tls), not a readable "
+                "one: closed unanswered",
+                host,
+            )
+        else:
+            logger.warning(
+                "TLS handshake with %s failed: %s sent a plain DICOM association request "
+                "to this TLS-only port (gateway.tls), %s: the peer must use DICOM TLS",
+                host,
+                f"AE {calling!r}" if calling else "it",
+                "answered A-ASSOCIATE-RJ (rejected-permanent)"
+                if outcome == "answered"
+                else "and left before the answer",
+            )
+        self.shutdown_request(raw)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         logger.warning("connection from %s failed", client_address[0])
