@@ -6,6 +6,7 @@ submitter (never their hashes)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -117,10 +118,11 @@ def hash_password_command(
 def list_users(as_json: bool, config_file: Path | None) -> None:
     """List the local users of the settings (name, role, site, submitter; never the
     password hashes), as `radserve serve` with the same settings reads them."""
-    from radserve.config import load_settings
+    from radserve.config import CONFIG_ENV, load_settings
     from radserve.labels import printable_label
 
     users = load_settings(config_file).console.users
+    source = config_file if config_file is not None else os.environ.get(CONFIG_ENV) or None
     if as_json:
         for user in users:
             row = {
@@ -131,8 +133,15 @@ def list_users(as_json: bool, config_file: Path | None) -> None:
             }
             click.echo(json.dumps(row, ensure_ascii=False))
         return
+    if not users and source is None:
+        # what a first try gives: the users are in a file that neither command was given
+        click.echo(
+            f"no local users: no settings file given (--config FILE or ${CONFIG_ENV}); "
+            "`radserve serve` reads console.users from the file it is given the same way"
+        )
+        return
     if not users:
-        click.echo("no local users (console.users is empty)")
+        click.echo(f"no local users in {source} (console.users is empty)")
         return
     click.echo(f"{'USERNAME':<27}  {'ROLE':<6}  {'SITE':<20}  SUBMITTER")
     for user in users:

@@ -59,6 +59,8 @@ def command(
     from radserve.pipeline.spec import load_pipeline
     from radserve.pipeline.study import run_study
 
+    if serve:
+        _refuse_a_taken_port(host, port)
     console = Console()
     with console.status("generating phantom CT study"):
         phantom = generate_phantom(PhantomSpec.random(seed, small=small))
@@ -88,3 +90,24 @@ def command(
         from radserve.commands.demo_serve import serve_demo
 
         serve_demo(out_dir, study_dir, host, port)
+
+
+def _refuse_a_taken_port(host: str, port: int) -> None:
+    """Before minutes of demo work, the check the server makes of its port at start: a
+    second ``make demo-serve`` (the first still serving) or another service on 8000 used
+    to run the whole demo and only then refuse."""
+    from radserve.commands.doctor import ports_in_use
+    from radserve.lifecycle.doctor import _port
+
+    check = _port("http port", host, port)
+    if check.status == "ok":
+        return
+    hint = (
+        ": is a radserve server already running on this host? Stop it, or give another port"
+        if ports_in_use([check])
+        else ""
+    )
+    raise click.BadParameter(
+        f"{check.detail}{hint} (`make demo-serve PORT=N`; 0: any free one)",
+        param_hint="'--port'",
+    )

@@ -3,7 +3,10 @@ exit status 1 when a check blocks serving (``radserve serve`` runs the same chec
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +58,27 @@ def command(
             mark = f"[{colour[c.status]}]{c.status}{' (blocks)' if c.blocking else ''}[/]"
             table.add_row(c.name, mark, c.detail)
         Console().print(table)
+    taken = ports_in_use(checks)
+    if taken:
+        click.echo(
+            f"note: {' and '.join(taken)} in use, perhaps by this host's running `radserve "
+            "serve`: `radserve doctor --no-ports` checks the rest, and `GET /v1/ops/doctor` "
+            "(admin key) asks that server",
+            err=True,
+        )
     if blocking(checks):
         raise SystemExit(1)
+
+
+def ports_in_use(checks: Sequence[Any]) -> list[str]:
+    """The addresses (``host:port``) of the port checks that failed because something
+    already listens there (a running server, most often), not for another reason."""
+    in_use = os.strerror(errno.EADDRINUSE)
+    return [
+        c.detail.partition(" not bindable")[0]
+        for c in checks
+        if c.name.endswith(" port") and c.status == "fail" and c.detail.endswith(in_use)
+    ]
 
 
 def serving_models(settings: object) -> set[tuple[str, str]]:

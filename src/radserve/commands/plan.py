@@ -502,8 +502,16 @@ def _rates_of(trace: list[Any], duration: float) -> dict[Any, float]:
 
 
 def _print(report: dict[str, Any]) -> None:
+    from radserve.turnaround.plan import MIN_RATIOS
+
     st = report["service_times"]
-    source = "measured" if st["measured"] else "prior (nothing measured yet)"
+    source = "prior (nothing measured yet)"
+    if st["measured"]:
+        seen = st["jobs_seen"]
+        # each simulated study draws its work from the MIN_RATIOS measured jobs nearest its
+        # size: with fewer, every study draws from the same few (a first plan on a new host)
+        few = f" (fewer than {MIN_RATIOS}: a rough plan)" if seen < MIN_RATIOS else ""
+        source = f"measured from {seen} job(s){few}"
     click.echo(
         f"service times: {st['pipeline'] or '-'} on {st['device']} at {st['precision']}, "
         f"{source}; {report['arrivals']} arrivals over {report['hours']} h, seed {report['seed']}"

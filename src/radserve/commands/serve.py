@@ -281,6 +281,7 @@ def _doctor(settings: Any, service: Any) -> None:
     """``radserve doctor`` before anything binds: refuse to start, saying why, when a
     check blocks serving (a model the default pipeline serves whose requirements this
     host does not meet, a changed installed bundle, no disk, no database, a taken port)."""
+    from radserve.commands.doctor import ports_in_use
     from radserve.errors import RadserveError
     from radserve.lifecycle.doctor import blocking, run_doctor
 
@@ -291,6 +292,13 @@ def _doctor(settings: Any, service: Any) -> None:
     failed = blocking(run_doctor(settings, serving=serving))
     for check in failed:
         click.secho(f"doctor: {check.name}: {check.detail}", fg="red", err=True)
+    taken = ports_in_use(failed)
+    if taken:
+        click.echo(
+            f"note: {' and '.join(taken)} in use: is a radserve server already running on "
+            "this host? Stop it, or start this one on other ports (--port, gateway.port)",
+            err=True,
+        )
     if failed:
         service.store.close()
         raise click.ClickException("radserve doctor found problems that block serving")
