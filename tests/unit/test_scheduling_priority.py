@@ -106,8 +106,9 @@ def test_rule_errors_name_what_is_wrong() -> None:
         PriorityRule(attribute="AdmissionID", values=("x",), present=True, priority_class=URG)
     with pytest.raises(ValidationError, match="not a regular expression"):
         PriorityRule(attribute="AdmissionID", matches="(", priority_class=URG)
-    with pytest.raises(ValueError, match="unknown priority class 'asap'"):
+    with pytest.raises(ValueError, match="unknown priority class 'asap'") as refused:
         PriorityClass.parse("asap")
+    assert "(or stat, which is urgent)" in str(refused.value)  # every name it takes
     assert PriorityClass.parse("stat") is URG
 
 

@@ -55,7 +55,10 @@ class PriorityClass(StrEnum):
             return cls[name]
         except KeyError:
             known = ", ".join(c.name.lower() for c in cls)
-            raise ValueError(f"unknown priority class {value!r}; expected one of {known}") from None
+            raise ValueError(
+                f"unknown priority class {value!r}; expected one of {known} (or stat, "
+                "which is urgent)"
+            ) from None
 
 
 _BY_RANK = (PriorityClass.URGENT, PriorityClass.INPATIENT, PriorityClass.OUTPATIENT)

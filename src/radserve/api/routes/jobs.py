@@ -188,7 +188,7 @@ async def reprioritise_job(
     jobs = _jobs(request)
     cls = parse_priority(body.priority_class)
     if cls is None:
-        raise InvalidRequestError("priority_class: give urgent, inpatient or outpatient")
+        raise InvalidRequestError("priority_class: give urgent (or stat), inpatient or outpatient")
     record = await _record(jobs, job_id)
     await check_visible(request, principal, record)  # 404: not a 403 that says it exists
     if not principal.allows(Role.ADMIN) and record.api_key_id != principal.key_id:
