@@ -538,7 +538,7 @@ def build_and_gate_on_phantoms(
         raise ModelError(f"the pipeline fed {bundle.key} no batches on the calibration phantoms")
 
     def run_eval(wanted: Sequence[str]) -> Mapping[str, EvalSummary]:
-        ungated = ModelRegistry(registry.roots, allow_ungated=True)
+        ungated = ModelRegistry(registry.roots, allow_ungated=True, missing_ok=registry.missing_ok)
         return evaluate(
             pipeline_predictor(ungated, pipeline, vary=model),
             seeds=eval_seeds,
@@ -604,7 +604,7 @@ def build_and_gate_on_studies(
         raise ModelError(f"the pipeline fed {bundle.key} no batches on {recorded[0]}")
 
     def run_eval(wanted: Sequence[str]) -> Mapping[str, EvalSummary]:
-        ungated = ModelRegistry(registry.roots, allow_ungated=True)
+        ungated = ModelRegistry(registry.roots, allow_ungated=True, missing_ok=registry.missing_ok)
         return agreement_on_studies(
             ungated,
             pipeline,

@@ -174,7 +174,10 @@ def _sessions(sessions: Sequence[LoadedSession]) -> list[Check]:
 
 
 def _registry(settings: Settings) -> ModelRegistry:
-    return ModelRegistry([*settings.models.dirs, settings.data_dir / "models", bundled_model_dir()])
+    installed = settings.data_dir / "models"
+    return ModelRegistry(
+        [*settings.models.dirs, installed, bundled_model_dir()], missing_ok=[installed]
+    )
 
 
 def _bundles(settings: Settings, host: HostFacts, serving: set[tuple[str, str]]) -> list[Check]:

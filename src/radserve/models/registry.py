@@ -288,7 +288,9 @@ class ModelRegistry:
 
     ``allow_ungated=True`` makes every bundle's :meth:`ModelBundle.onnx_path` return
     declared variants that have not (yet) passed their gate; only the variant builder
-    uses it, to evaluate candidates before gating them.
+    uses it, to evaluate candidates before gating them. A root in ``missing_ok`` (the
+    data folder's install root, made by the first install) may be absent without a
+    warning: a new server's every command warned that it did not exist.
     """
 
     def __init__(
@@ -296,6 +298,7 @@ class ModelRegistry:
         roots: Path | str | Sequence[Path | str] | None = None,
         *,
         allow_ungated: bool = False,
+        missing_ok: Sequence[Path] = (),
     ) -> None:
         if roots is None:
             roots = [bundled_model_dir()]
@@ -303,6 +306,7 @@ class ModelRegistry:
             roots = [roots]
         self.roots = tuple(Path(r) for r in roots)
         self.allow_ungated = allow_ungated
+        self.missing_ok = tuple(Path(r) for r in missing_ok)
         self._found: dict[str, dict[str, Path]] | None = None
         # directory -> (model.yaml's (size, mtime), bundle): an edited manifest is re-read
         self._bundles: dict[Path, tuple[tuple[int, int] | None, ModelBundle]] = {}
@@ -313,7 +317,8 @@ class ModelRegistry:
             found: dict[str, dict[str, Path]] = {}
             for root in self.roots:
                 if not root.is_dir():
-                    logger.warning("model root %s does not exist; skipped", root)
+                    log = logger.debug if root in self.missing_ok else logger.warning
+                    log("model root %s does not exist; skipped", root)
                     continue
                 for manifest in sorted(root.glob(f"*/*/{MANIFEST}")):
                     directory = manifest.parent

@@ -128,7 +128,9 @@ class Catalog:
     def from_settings(cls, settings: Settings, sessions: SessionPool | None = None) -> Catalog:
         # installed bundles (radserve models install) beside the site's and shipped ones
         installed = settings.data_dir / "models"
-        registry = ModelRegistry([*settings.models.dirs, installed, bundled_model_dir()])
+        registry = ModelRegistry(
+            [*settings.models.dirs, installed, bundled_model_dir()], missing_ok=[installed]
+        )
         if sessions is None:
             runtime = choose_runtime(
                 prefer=settings.runtime.providers or None, threads=settings.runtime.threads

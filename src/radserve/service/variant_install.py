@@ -89,7 +89,9 @@ def variant_builder(
         )
         resolved = _pipeline_for(settings, catalog, spec.name)
         pipeline = resolved.pinned({spec.name: spec.version}, {}).spec
-        registry = ModelRegistry([root, *catalog.registry.roots])
+        registry = ModelRegistry(
+            [root, *catalog.registry.roots], missing_ok=catalog.registry.missing_ok
+        )
         small = config.small if request.small is None else request.small
         logger.info(
             "building %s variants of %s through pipeline %s on %d phantoms%s",
