@@ -144,6 +144,32 @@ def test_unknown_calling_ae_is_rejected_at_association(
     assert not any(scp.instances.incoming.iterdir())
 
 
+def test_a_wrong_called_ae_title_is_rejected_and_logged(
+    scp: GatewaySCP, caplog: pytest.LogCaptureFixture
+) -> None:
+    """dcmtk's echoscu calls ANY-SCP unless told ``-aec``: rejected (reason 7), and the
+    log names both titles (before, pynetdicom refused it without a word in radserve's
+    log, so the engineer had only the sender's side)."""
+    host, port = scp.address
+    tool = dcmtk_tool("echoscu")
+    assert tool is not None
+    with caplog.at_level(logging.WARNING, logger="radserve.gateway.scp"):
+        run = subprocess.run(
+            [tool, "-aet", "STORESCU", host, str(port)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    assert run.returncode != 0
+    assert "Called AE Title Not Recognized" in run.stdout + run.stderr
+    lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert lines == [
+        "association from AE 'STORESCU' at 127.0.0.1 rejected: it called AE 'ANY-SCP', "
+        "this SCP is 'RADSERVE' (gateway.ae_title)"
+    ]
+
+
 def test_known_ae_from_another_host_is_rejected(tmp_path: Path, intake: Intake) -> None:
     config = ScpConfig(
         data_dir=tmp_path / "gw", port=0, allowed_peers=(Peer("STORESCU", "127.0.0.2"),)

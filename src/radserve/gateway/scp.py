@@ -67,6 +67,8 @@ _IMAGE_CLASSES = frozenset(conformance.IMAGE_STORAGE)
 _REJECT_CALLING_AE = (conformance.REJECTED_PERMANENT, 0x01, 0x03)
 # A-ASSOCIATE-RJ: rejected-permanent, service-user, no reason given
 _REJECT_MALFORMED = (conformance.REJECTED_PERMANENT, 0x01, 0x01)
+# A-ASSOCIATE-RJ: rejected-permanent, service-user, called AE title not recognised
+_REJECT_CALLED_AE = (conformance.REJECTED_PERMANENT, 0x01, 0x07)
 
 
 class _OneLine(logging.Filter):
@@ -488,10 +490,11 @@ class GatewaySCP:
         )
 
     def _on_requested(self, event: Event) -> None:
-        """Malformed requests get A-ASSOCIATE-RJ (no reason given); unknown (AE title,
-        host) pairs, and a calling AE title with a TLS client certificate
-        ``gateway.ae_certificates`` does not tie to it, get A-ASSOCIATE-RJ, reason 3. One
-        log line each (the title, the address, the certificate's SHA-256 fingerprint)."""
+        """Malformed requests get A-ASSOCIATE-RJ (no reason given); a called AE title
+        that is not this SCP's, reason 7; unknown (AE title, host) pairs, and a calling
+        AE title with a TLS client certificate ``gateway.ae_certificates`` does not tie
+        to it, reason 3. One log line each (the titles, the address, the certificate's
+        SHA-256 fingerprint)."""
         assoc = event.assoc
         primitive = assoc.requestor.primitive
         calling = str(primitive.calling_ae_title or "").strip()
@@ -506,6 +509,20 @@ class GatewaySCP:
                 address,
             )
             self._reject(assoc, _REJECT_MALFORMED)
+            return
+        called = str(primitive.called_ae_title or "").strip()
+        if self.config.require_called_ae_title and called != self.config.ae_title.strip():
+            # pynetdicom refuses it too, after this handler, without a word in the log:
+            # a sender set up with another title (storescu's ANY-SCP) saw only a refusal
+            logger.warning(
+                "association from AE %r at %s rejected: it called AE %r, this SCP is %r "
+                "(gateway.ae_title)",
+                calling,
+                address,
+                called,
+                self.config.ae_title.strip(),
+            )
+            self._reject(assoc, _REJECT_CALLED_AE)
             return
         if not self.allow_list.allows(calling, address):
             logger.warning(
