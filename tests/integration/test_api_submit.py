@@ -254,10 +254,17 @@ def test_cancel_waiting_job_and_refusals(tmp_path: Path) -> None:
         )
         again = c.delete(f"/v1/jobs/{jobs[0]['id']}", headers=auth(submit))
         assert again.status_code == 409 and again.json()["error"]["code"] == "invalid_transition"
+        # a queued job's report is not ready yet: asking again later answers (retryable)
+        waiting = c.get(f"/v1/jobs/{jobs[1]['id']}/report", headers=auth(admin))
+        assert waiting.status_code == 409
+        assert waiting.json()["error"]["code"] == "result_not_ready"
+        assert waiting.json()["error"]["retryable"] is True
+        assert "poll GET /v1/jobs/" in waiting.json()["error"]["message"]
         by_admin = c.delete(f"/v1/jobs/{jobs[1]['id']}", headers=auth(admin))
         assert by_admin.json()["state"] == "cancelled"
         report = c.get(f"/v1/jobs/{jobs[1]['id']}/report", headers=auth(admin))
         assert report.status_code == 409 and report.json()["error"]["code"] == "result_not_ready"
+        assert report.json()["error"]["retryable"] is False  # a cancelled job never will
     row = service.store.get_job(jobs[0]["id"])
     assert row.state == "cancelled" and row.error_code == "job_cancelled"
     actions = [(r.action, r.subject, r.actor_key_id) for r in service.store.iter_audit()]

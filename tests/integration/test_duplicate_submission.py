@@ -12,8 +12,9 @@ the answer does not tell it that another site has that study."""
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +29,28 @@ from tests.factories.service import (
     upload,
     wait_job,
 )
-from tests.factories.waits import WAIT_SCALE
+from tests.factories.waits import WAIT_SCALE, until
 
 from radserve.api import create_app
 from radserve.domain.priority import PriorityClass
-from radserve.service import Service
+from radserve.service import Origin, Service
+from radserve.store import JobState
+from radserve.store.files import STAGING_DIR, STUDIES_DIR
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=requires_postgres)])
-def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+DATABASES = ["sqlite", pytest.param("postgres", marks=requires_postgres)]
+
+
+@contextmanager
+def _serving(database: str, root: Path, **settings: Any) -> Iterator[dict[str, Any]]:
+    """A server on ``database`` (``security.visibility: site``) with submit keys a1, a2
+    (site A) and b (site B)."""
     with ExitStack() as stack:
-        database = {}
-        if request.param == "postgres":
-            database["database_url"] = stack.enter_context(postgres_schema("radserve_dup"))
-        service = Service(settings_for(tmp_path, security__visibility="site", **database))
+        if database == "postgres":
+            settings["database_url"] = stack.enter_context(postgres_schema("radserve_dup"))
+        service = Service(settings_for(root, security__visibility="site", **settings))
         keys = {
             name: service.store.create_api_key(name=name, role="submit", site=site)[1]
             for name, site in (("a1", "A"), ("a2", "A"), ("b", "B"))
@@ -51,7 +58,20 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str,
         srv = stack.enter_context(ServerThread(create_app(service)))
         client = stack.enter_context(httpx.Client(base_url=srv.url, timeout=120))
         assert service.wait_warm(60 * WAIT_SCALE)
-        yield {"service": service, "client": client, "keys": keys, "root": tmp_path}
+        yield {"service": service, "client": client, "keys": keys, "root": root}
+
+
+@pytest.fixture(params=DATABASES)
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    with _serving(request.param, tmp_path) as serving:
+        yield serving
+
+
+@pytest.fixture(params=DATABASES)
+def full_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """One OUTPATIENT study fills its queue."""
+    with _serving(request.param, tmp_path, scheduler__queue_limits__outpatient=1) as serving:
+        yield serving
 
 
 def _submit(c: httpx.Client, files: list[Any], token: str, priority: str) -> httpx.Response:
@@ -123,3 +143,145 @@ def test_a_study_sent_again_while_its_job_waits_is_answered_by_that_job(
     # once it succeeded, the same study is answered from its result as before
     cached = _submit(c, files, keys["a2"], "outpatient")
     assert cached.status_code == 200 and cached.json()["cached_from"] == job_id
+
+
+def _study_folders(service: Service) -> set[Path]:
+    return {p for p in (service.settings.data_dir / STUDIES_DIR).glob("*/*") if p.is_dir()}
+
+
+def test_a_study_sent_again_to_a_full_queue_is_answered_by_its_job_and_others_refused(
+    full_server: dict[str, Any],
+) -> None:
+    """A RIS re-sending a study it got no answer for, while the queue is full: before, it
+    got 503 queue_full (the upload's queue place was reserved before its input was known;
+    with ``?priority=`` before a byte was read) for a study that was in fact queued."""
+    service, c, keys = full_server["service"], full_server["client"], full_server["keys"]
+    root = full_server["root"]
+    files = upload(make_study(root / "study"))
+    service.scheduler.hold("test", "the first job stays waiting")
+    try:
+        first = _submit(c, files, keys["a1"], "outpatient")
+        assert first.status_code == 202, first.text
+        job_id = first.json()["id"]
+        stored = _study_folders(service)
+
+        # the queue is full now; the same study again, stated class or by the rules
+        again = _submit(c, files, keys["a2"], "outpatient")
+        assert (again.status_code, again.json()["id"]) == (202, job_id), again.text
+        by_rules = c.post("/v1/studies", files=files, headers=auth(keys["a1"]))
+        assert (by_rules.status_code, by_rules.json()["id"]) == (202, job_id), by_rules.text
+
+        # another study is refused as before, and leaves nothing behind: one of the same
+        # accession number (read, hashed, no job has it), one of another (not read further)
+        for name, extra in (("other", None), ("new-order", {"AccessionNumber": "NEW1"})):
+            other = _submit(
+                c, upload(make_study(root / name, extra=extra)), keys["a1"], "outpatient"
+            )
+            assert other.status_code == 503 and other.json()["error"]["code"] == "queue_full"
+        # another site's key may not see the job: refused too (no job of its own)
+        site_b = _submit(c, files, keys["b"], "outpatient")
+        assert site_b.status_code == 503, site_b.text
+        assert job_id not in site_b.text
+        assert _study_folders(service) == stored
+        assert not any((service.settings.data_dir / STAGING_DIR).glob("*"))
+        assert [j.id for j in service.store.list_jobs(limit=20).items] == [job_id]
+        actions = Counter(r.action for r in service.store.iter_audit() if r.subject == job_id)
+        assert actions["job.joined"] == 2 and actions["job.submitted"] == 1
+    finally:
+        service.scheduler.release()
+    assert wait_job(c, job_id, keys["a1"], timeout=300 * WAIT_SCALE)["state"] == "succeeded"
+
+    # the queue full again (another study waits): the study is answered from its result
+    service.scheduler.hold("test", "the other study stays waiting")
+    try:
+        filler = _submit(c, upload(make_study(root / "filler")), keys["a1"], "outpatient")
+        assert filler.status_code == 202, filler.text
+        cached = _submit(c, files, keys["a2"], "outpatient")
+        assert cached.status_code == 200, cached.text
+        assert cached.json()["cached_from"] == job_id
+    finally:
+        service.scheduler.release()
+
+
+def test_a_study_whose_job_finishes_between_the_cache_and_the_insert_is_not_run_again(
+    server: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The result cache's look-up and the locked join are two reads: before, a job that
+    succeeded between them was neither a cache hit nor unfinished, so the study got a
+    second job that ran it again. Now the lock finds the result recorded since and the
+    submission goes back to the cache."""
+    service, c, keys = server["service"], server["client"], server["keys"]
+    files = upload(make_study(server["root"] / "study"))
+    service.scheduler.hold("test", "the first job waits until the second submission looks")
+    first = _submit(c, files, keys["a1"], "outpatient")
+    assert first.status_code == 202, first.text
+    job_id = first.json()["id"]
+
+    intake = service.intake
+    looked = intake._cached_result
+    late: list[bool] = []
+
+    def finish_after_look(key: Any, origin: Any) -> Any:
+        hit = looked(key, origin)
+        if hit is None and not late:  # the job finishes right after this miss
+            late.append(True)
+            service.scheduler.release()
+            until(
+                lambda: service.store.get_job(job_id).state is JobState.SUCCEEDED,
+                "the first job to succeed",
+                300,
+            )
+        return hit
+
+    monkeypatch.setattr(intake, "_cached_result", finish_after_look)
+    second = _submit(c, files, keys["a2"], "outpatient")
+    assert late == [True]
+    assert second.status_code == 200, second.text
+    assert second.json()["cached_from"] == job_id
+    jobs = service.store.list_jobs(limit=20).items
+    assert sorted(j.id for j in jobs) == sorted([job_id, second.json()["id"]])
+    actions = Counter(r.action for r in service.store.iter_audit() if r.action.startswith("job."))
+    assert actions["job.submitted"] == 1 and actions["job.cached"] == 1
+
+
+def test_a_pacs_resending_a_waiting_study_joins_its_job_under_the_lock(
+    server: dict[str, Any],
+) -> None:
+    """The gateways' unchanged re-send (``reuse``) answered an unfinished job from an
+    unlocked read of its own: no ``job.joined`` record, no raise, whatever the join rule
+    said. Now only a succeeded job answers there; an unfinished one through the lock."""
+    service = server["service"]
+    paths = make_study(server["root"] / "pacs")
+
+    def send() -> Any:
+        stored = service.intake.storage.store_study_files(paths)
+        return service.intake.submit_stored(
+            stored.path,
+            stored.fingerprint,
+            resolved=service.intake.catalog.resolve(None),
+            priority=None,
+            origin=Origin(client="PACS", source="dicom"),
+            reuse=True,
+        )
+
+    service.scheduler.hold("test", "the first job stays waiting")
+    try:
+        first = send()
+        assert not (first.joined or first.cached)
+        again = send()
+        assert again.job.id == first.job.id
+        assert again.joined and not again.cached
+        records = [r for r in service.store.iter_audit() if r.subject == first.job.id]
+        [joined] = [r for r in records if r.action == "job.joined"]
+        assert joined.payload["priority_class_asked"] == first.job.priority_class.value
+    finally:
+        service.scheduler.release()
+    done = until(
+        lambda: (job := service.store.get_job(first.job.id)).terminal and job,
+        "the job to finish",
+        300,
+    )
+    assert done.state is JobState.SUCCEEDED
+    # succeeded: the re-send is answered by it as before (no new job, nothing sent again)
+    resent = send()
+    assert (resent.job.id, resent.reused, resent.cached) == (first.job.id, True, True)

@@ -9,9 +9,15 @@ from radserve.errors import InvalidRequestError, RadserveError, UnsupportedMedia
 
 
 class ResultNotReadyError(RadserveError):
-    """The job has no result (yet, or at all): poll its state."""
+    """The job has no result (yet, or at all): poll its state. ``retryable`` while the
+    job is unfinished (asking again later answers); a failed or cancelled job's never
+    will."""
 
     code = "result_not_ready"
+
+    def __init__(self, message: str, *, code: str | None = None, retryable: bool = False):
+        super().__init__(message, code=code)
+        self.retryable = retryable
 
 
 class OutputNotFoundError(RadserveError):

@@ -9,7 +9,10 @@ is answered from the result cache: a new job, born ``succeeded``, marked cached.
 Admission is exact under concurrency: a queue place is *reserved* (:class:`Admission`)
 before an upload's files are stored or its job row created, and the reservation turns
 into the scheduler's queue entry under the same lock. A request refused for a full
-queue therefore leaves no files, no job row and no audit record behind.
+queue therefore leaves no files, no job row and no audit record behind. A study whose
+job waits already (or that has a result) needs no place: when the reservation fails,
+the upload is read, not stored, to know which study it is (:mod:`radserve.service.upload_key`),
+and only then refused or answered by that job.
 
 radserve's own results (SEG/SR/SC a PACS or a client sends back with the study) are never
 input: the REST upload leaves them out (:mod:`radserve.service.own_uploads`) before the
@@ -21,6 +24,9 @@ so nothing is run or sent again.
 A study submitted again while its job of the same route is unfinished (received, queued
 or running) and visible to the submitter joins that job: no second job, decided under a
 lock on the input so replicas sharing PostgreSQL agree (:mod:`radserve.service.duplicates`).
+That lock is the only way an unfinished job answers (the ``reuse`` look-up answers with a
+succeeded one), and a result recorded after the result cache's look-up is found under it
+and answers from the cache (:meth:`Intake.submit_stored`).
 
 A result reused from the cache by a job of another route still gets that route's
 deliveries: a study first uploaded over HTTP and then pushed by the PACS gets its SEG/SR
@@ -34,7 +40,6 @@ import datetime as dt
 import logging
 import threading
 import uuid
-import zipfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -46,8 +51,6 @@ from radserve.config import Settings
 from radserve.errors import RadserveError
 from radserve.gateway.own_results import OwnResults
 from radserve.ingest import IngestPolicy
-from radserve.ingest.attributes import priority_attributes, read_priority_attributes
-from radserve.ingest.headers import read_header
 from radserve.ingest.stored import stored_accession
 from radserve.scheduling import (
     JobRequest,
@@ -66,8 +69,10 @@ from radserve.service.own_uploads import without_own_results
 from radserve.service.schema_watch import HELD_REASON as SCHEMA_HELD_REASON
 from radserve.service.schema_watch import SchemaChangedError
 from radserve.service.selection_door import SelectionDoor
-from radserve.service.sniff import check_combination, sniff
+from radserve.service.sniff import FileKind, check_combination, sniff
+from radserve.service.study_attributes import stream_attributes, study_attributes
 from radserve.service.unclaimed import set_aside_if_refused
+from radserve.service.upload_key import upload_accession, upload_fingerprint
 from radserve.service.work import LineageStep, build_work
 from radserve.store import CacheKey, JobRecord, JobState, Lease, Store
 from radserve.store.errors import JobExistsError
@@ -79,8 +84,8 @@ T = TypeVar("T")
 
 RESULTS_DIR = "results"
 DICOMWEB_SOURCE = "dicomweb"  # Origin.source of studies stored over STOW-RS
-_ZIP_PROBE = 20  # zip members tried for priority attributes
-_ZIP_PROBE_BYTES = 64 * 1024**2
+# rounds of a submission sent back to the result cache by a result recorded meanwhile
+_ANSWER_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -119,70 +124,6 @@ def parse_priority(value: str | None) -> PriorityClass | None:
         return PriorityClass.parse(value)
     except ValueError as exc:
         raise InvalidRequestError(f"priority: {exc}") from None
-
-
-def study_attributes(study_dir: Path, keywords: Sequence[str]) -> dict[str, str]:
-    """The attributes the priority rules read, from the first DICOM file of a stored
-    study, or from the first DICOM member of its first zip archive (header only)."""
-    attributes = read_priority_attributes(study_dir, keywords)
-    if attributes:
-        return attributes
-    for archive in sorted(Path(study_dir).glob("*.zip")):
-        try:
-            with zipfile.ZipFile(archive) as zf:
-                found = _archive_attributes(zf, keywords)
-            if found is not None:
-                return found
-        except (zipfile.BadZipFile, OSError):
-            continue
-    return {}
-
-
-def _archive_attributes(zf: zipfile.ZipFile, keywords: Sequence[str]) -> dict[str, str] | None:
-    """The attributes of the first readable DICOM member among the archive's first
-    ``_ZIP_PROBE`` (members over ``_ZIP_PROBE_BYTES`` skipped), or None."""
-    for info in zf.infolist()[:_ZIP_PROBE]:
-        if info.is_dir() or info.file_size > _ZIP_PROBE_BYTES:
-            continue
-        found = _member_attributes(zf, info, keywords)
-        if found is not None:
-            return found
-    return None
-
-
-def _member_attributes(
-    zf: zipfile.ZipFile, info: zipfile.ZipInfo, keywords: Sequence[str]
-) -> dict[str, str] | None:
-    """The attributes of one archive member, read while it is open (large values are
-    read on use), or None when it is not readable DICOM."""
-    try:
-        with zf.open(info) as member:
-            return priority_attributes(read_header(member), keywords)
-    except Exception:  # not DICOM: the caller tries the next member
-        return None
-
-
-def stream_attributes(streams: Sequence[BinaryIO], keywords: Sequence[str]) -> dict[str, str]:
-    """The attributes the priority rules read, from the first DICOM stream (or the first
-    DICOM member of a zip stream) of an upload, before anything is stored; header only,
-    large elements deferred. Every stream is left at its start."""
-    for stream in streams:
-        try:
-            if zipfile.is_zipfile(stream):
-                stream.seek(0)
-                with zipfile.ZipFile(stream) as zf:
-                    found = _archive_attributes(zf, keywords)
-                if found is not None:
-                    return found
-                continue
-            stream.seek(0)
-            ds = read_header(stream)
-            return priority_attributes(ds, keywords)
-        except Exception:  # not DICOM (NIfTI, garbage the sniffer let through): next
-            continue
-        finally:
-            stream.seek(0)
-    return {}
 
 
 class Slot:
@@ -296,12 +237,14 @@ class Intake:
     # --- checks that need no upload -------------------------------------------------
     def precheck(self, pipeline: str | None, priority: PriorityClass | None) -> ResolvedPipeline:
         """Refuse early what can be refused before reading the upload: an unknown
-        pipeline or model, or a full queue for a stated class."""
+        pipeline or model. Not a full queue, even for a stated class: a study whose job
+        waits already is answered by that job, and which study it is is known only once
+        the upload is read (:mod:`radserve.service.upload_key`). ``priority`` is kept
+        for the callers."""
+        del priority
         self._check_schema()
         resolved = self.catalog.resolve(pipeline)
         self._check_models(resolved)
-        if priority is not None:
-            self._check_room(priority)
         return resolved
 
     def _check_schema(self) -> None:
@@ -321,21 +264,6 @@ class Intake:
                     "an administrator must reset it",
                     model=model,
                 )
-
-    def _check_room(self, cls: PriorityClass) -> None:
-        """An early, non-reserving look (before an upload is read); :meth:`reserve`
-        decides."""
-        limit = self.scheduler.config.queue_limit(cls)
-        if limit is None:
-            return
-        waiting = self.scheduler.snapshot().queued.get(cls, 0)
-        if waiting >= limit:
-            retry_after = self.scheduler.config.default_retry_after_s
-            raise QueueFullError(
-                f"the {cls.name.lower()} queue is full ({waiting} studies waiting, limit "
-                f"{limit}); retry after {retry_after} s",
-                retry_after=retry_after,
-            )
 
     # --- submissions ------------------------------------------------------------------
     def submit_upload(
@@ -361,7 +289,16 @@ class Intake:
         check_combination(kinds)
         if priority is None:
             priority = self.rules.classify(stream_attributes(files, self.rules.keywords))
-        slot = self.reserve(priority, resolved)
+        slot: Slot | None = None
+        full: QueueFullError | None = None
+        try:
+            slot = self.reserve(priority, resolved)
+        except QueueFullError as exc:
+            # a study whose job or result exists needs no queue place; read (not stored)
+            # to know which study it is (radserve.service.upload_key)
+            if not self._may_be_answered(files, kinds, resolved, priority, origin):
+                raise
+            full = exc
         try:
             # a study none of whose series the pipeline can use is refused here (422),
             # judged on its staged files' headers: no study folder, no job
@@ -386,9 +323,55 @@ class Intake:
                 priority=priority,
                 origin=origin,
                 slot=slot,
+                queue_full=full,
             )
         finally:
-            slot.release()  # a no-op once the job entered the scheduler
+            if slot is not None:
+                slot.release()  # a no-op once the job entered the scheduler
+
+    def _may_be_answered(
+        self,
+        files: Sequence[BinaryIO],
+        kinds: Sequence[FileKind],
+        resolved: ResolvedPipeline,
+        priority: PriorityClass,
+        origin: Origin,
+    ) -> bool:
+        """Whether an upload the full queue refused may be answered all the same: a job
+        the submitter may see has its Accession Number (one header read) and its input
+        (hashed, nothing stored) has an unfinished job of the route or a result. Jobs
+        it may not see count for nothing, so a refusal takes as long as for a new study
+        (the time would tell another site has it). A rough look: :meth:`submit_stored`
+        decides under the input's lock."""
+        sees = origin.sees or (lambda submitter: True)
+        accession = upload_accession(files)
+        if accession is not None:
+            submitters = self._waited(
+                lambda: self.store.accession_submitters(accession, resolved.spec.name),
+                "the jobs of its accession number",
+            )
+            if not any(sees(submitter) for submitter in submitters):
+                return False  # no job it may see has its study's number: not read further
+        max_bytes = self.settings.server.max_upload_bytes
+        with without_own_results(files, kinds, self.own_results) as pairs:
+            fingerprint = upload_fingerprint(pairs, max_bytes=max_bytes)
+        if fingerprint is None:
+            return False
+        if self.router is not None and self.router.needs_routing():
+            uid = stream_attributes(files, ("StudyInstanceUID",)).get("StudyInstanceUID")
+            resolved = self.router.route(resolved, uid or fingerprint, priority)
+        key = resolved.cache_key(fingerprint)
+
+        def covered() -> bool:
+            unfinished = self.store.unfinished_jobs_for(key)
+            if any(
+                job.queue_meta.get("source") == origin.source and sees(job.api_key_id)
+                for job in unfinished
+            ):
+                return True
+            return any(sees(job.api_key_id) for job in self.store.succeeded_jobs_for(key))
+
+        return self._waited(covered, "the jobs of its input")
 
     def reserve(self, cls: PriorityClass, resolved: ResolvedPipeline) -> Slot:
         """A queue place for a new job of ``cls`` (raises :class:`QueueFullError`), once
@@ -408,13 +391,17 @@ class Intake:
         attributes: Mapping[str, str] | None = None,
         slot: Slot | None = None,
         reuse: bool = False,
+        queue_full: QueueFullError | None = None,
     ) -> Submission:
         """A study already in the content-addressed store -> a job (cached or queued).
 
         ``slot``: a queue place reserved by the caller (else one is reserved here).
-        ``reuse``: when a job of the same route for exactly this input exists
-        (succeeded, or still running), answer with it and create nothing
-        (:meth:`Store.find_answered`). Refused (the database did not answer within
+        ``reuse``: when a job of the same route for exactly this input succeeded (run or
+        cached), answer with it and create nothing (:meth:`Store.find_answered`); an
+        unfinished one answers through the locked join, before the result cache.
+        ``queue_full``: the caller's reservation was refused: only what covers the input
+        answers (its unfinished job, a result), else that refusal is raised; a full queue
+        met here is treated so too. Refused (the database did not answer within
         ``server.store_wait_s``, a full queue, ...): the study is set aside, and deleted
         later unless a job names it (radserve.service.unclaimed)."""
         with set_aside_if_refused(self.settings.data_dir, study_dir):
@@ -426,68 +413,136 @@ class Intake:
                     priority = self.rules.classify(attributes)
                 uid = study_attributes(study_dir, ("StudyInstanceUID",)).get("StudyInstanceUID")
                 resolved = self.router.route(resolved, uid or fingerprint, priority)
-            if reuse:
-                # same input, same route (a result made for an HTTP upload went nowhere): the
-                # job that answered it -- run or cached -- answers the re-send too
-                key = resolved.cache_key(fingerprint)
-                existing = self._waited(
-                    lambda: self.store.find_answered(key, origin.source),
-                    "a re-sent study's earlier job",
-                )
-                if existing is not None:
-                    logger.info(
-                        "study re-sent unchanged: job %s (%s) answers it; no new job",
-                        existing.id,
-                        existing.state.value,
-                    )
-                    if slot is not None:
-                        slot.release()
-                    return Submission(existing, cached=True, reused=True)
-            hit = self._waited(
-                lambda: self._cached_result(resolved.cache_key(fingerprint), origin),
-                "the result cache's look-up",
-            )
-            job_id = str(uuid.uuid4())
-            delivered = (
-                None if hit is None else self._deliver_cached(job_id, origin, hit, study_dir)
-            )
-            if hit is not None and delivered is not None:
-                if slot is not None:
-                    slot.release()
-                return self._from_cache(
-                    hit, resolved, study_dir, fingerprint, priority, origin, job_id=job_id,
-                    delivered=delivered,
-                )  # fmt: skip
-            # else: a hit whose result cannot go this route is run again (its entry stays)
-            if slot is None:
-                if priority is None:
-                    if attributes is None:
-                        attributes = study_attributes(study_dir, self.rules.keywords)
-                    priority = self.rules.classify(attributes)
-                slot = self.reserve(priority, resolved)
-            else:
-                priority = slot.cls
-            # the same input submitted again while its job is unfinished: that job answers
-            # it (decided with the row's insert, under a lock: radserve.service.duplicates)
             key = resolved.cache_key(fingerprint)
-            join = join_rule(
-                key,
-                source=origin.source,
-                priority=priority,
-                sees=origin.sees,
-                scheduler=self.scheduler,
+            return self._answer(
+                study_dir, key, resolved, priority, origin, attributes, slot, reuse, queue_full
             )
-            try:
-                self._waited(lambda: warm(self.store, key, origin.sees), "the jobs of its input")
-                record = self._new_job(
-                    priority, resolved, study_dir, fingerprint, origin, job_id=job_id, join=join
+
+    def _answer(
+        self,
+        study_dir: Path,
+        key: CacheKey,
+        resolved: ResolvedPipeline,
+        priority: PriorityClass | None,
+        origin: Origin,
+        attributes: Mapping[str, str] | None,
+        slot: Slot | None,
+        reuse: bool,
+        queue_full: QueueFullError | None,
+    ) -> Submission:
+        """:meth:`submit_stored` once routed. Every answer by an existing job is taken
+        under the input's lock, and a result recorded between the result cache's look-up
+        and that lock sends the submission back to the cache (at most
+        ``_ANSWER_TRIES`` rounds; the last inserts), so a job that finished between the
+        two reads is not run a second time."""
+        fingerprint = key.fingerprint
+
+        def asked() -> PriorityClass:
+            nonlocal attributes
+            if priority is not None:
+                return priority
+            if slot is not None:
+                return slot.cls
+            if attributes is None:
+                attributes = study_attributes(study_dir, self.rules.keywords)
+            return self.rules.classify(attributes)
+
+        try:
+            tries = 0
+            while True:
+                tries += 1
+                # counted before the cache's look-up: a result recorded after it is found
+                # under the lock (radserve.store.joins.answer)
+                seen = self._waited(
+                    lambda: warm(self.store, key, origin.sees), "the jobs of its input"
                 )
+
+                def rule(seen: int = seen, last: bool = tries >= _ANSWER_TRIES) -> JoinRule:
+                    return join_rule(
+                        key,
+                        source=origin.source,
+                        priority=asked(),
+                        sees=origin.sees,
+                        scheduler=self.scheduler,
+                        results_seen=None if last else seen,
+                    )
+
+                if reuse:
+                    # same input, same route (a result made for an HTTP upload went nowhere):
+                    # the job that answered it -- run or cached -- answers the re-send too
+                    existing = self._waited(
+                        lambda: self.store.find_answered(key, origin.source),
+                        "a re-sent study's earlier job",
+                    )
+                    if existing is not None and existing.state is JobState.SUCCEEDED:
+                        logger.info(
+                            "study re-sent unchanged: job %s (%s) answers it; no new job",
+                            existing.id,
+                            existing.state.value,
+                        )
+                        return Submission(existing, cached=True, reused=True)
+                    if existing is not None:  # unfinished: joined before a cached answer,
+                        # which would send this route the result a second time
+                        record = self._join_only(rule(), origin)
+                        if record is not None and record.state is JobState.SUCCEEDED:
+                            continue  # it finished meanwhile: the re-send is answered by it
+                        if record is not None:
+                            return self._joined(record, asked(), origin)
+                hit = self._waited(
+                    lambda: self._cached_result(key, origin), "the result cache's look-up"
+                )
+                job_id = str(uuid.uuid4())
+                delivered = (
+                    None if hit is None else self._deliver_cached(job_id, origin, hit, study_dir)
+                )
+                if hit is not None and delivered is not None:
+                    return self._from_cache(
+                        hit, resolved, study_dir, fingerprint, priority, origin, job_id=job_id,
+                        delivered=delivered,
+                    )  # fmt: skip
+                # else: a hit whose result cannot go this route is run again (its entry stays)
+                cls = asked()
+                if slot is None and queue_full is None:
+                    try:
+                        slot = self.reserve(cls, resolved)
+                    except QueueFullError as exc:
+                        queue_full = exc
+                if slot is None:
+                    # the queue is full: only a job that covers this input answers it (a
+                    # duplicate takes no queue place), else the refusal stands
+                    assert queue_full is not None
+                    record = self._join_only(rule(), origin)
+                    if record is None:
+                        raise queue_full
+                    if record.state is JobState.SUCCEEDED:
+                        continue  # a result recorded meanwhile: the cache answers
+                    return self._joined(record, cls, origin)
+                # the same input submitted again while its job is unfinished: that job answers
+                # it (decided with the row's insert, under a lock: radserve.service.duplicates)
+                record = self._new_job(
+                    cls, resolved, study_dir, fingerprint, origin, job_id=job_id, join=rule()
+                )
+                if record.id != job_id and record.state is JobState.SUCCEEDED:
+                    continue  # its job finished since the cache's look-up: the cache answers
                 if record.id != job_id:
-                    return self._joined(record, priority, origin)
+                    return self._joined(record, cls, origin)
                 position = self.schedule(record, resolved, slot=slot)
-            finally:
-                slot.release()
-            return Submission(self.cache.get(record.id) or record, cached=False, position=position)
+                return Submission(
+                    self.cache.get(record.id) or record, cached=False, position=position
+                )
+        finally:
+            if slot is not None:
+                slot.release()  # a no-op once the job entered the scheduler
+
+    def _join_only(self, join: JoinRule, origin: Origin) -> JobRecord | None:
+        """The unfinished job ``join`` accepts (audited ``job.joined``), or a result
+        recorded since the look-ups (its state: succeeded), or None; creates nothing."""
+        return self._waited(
+            lambda: self.store.join_unfinished(
+                join, actor_key_id=origin.key_id, client_address=origin.client
+            ),
+            "the jobs of its input",
+        )
 
     def _joined(self, job: JobRecord, priority: PriorityClass, origin: Origin) -> Submission:
         """The answer of a submission that joined the unfinished ``job`` (raised to

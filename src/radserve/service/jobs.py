@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 REPORT_FILE = "report.json"
 _REPORT_CACHE = 256
+# a job's class changes in two steps, the scheduler's and its row's (:func:`refile`); a
+# server following its rows (radserve.service.row_classes) must see both or neither
+REFILING = threading.Lock()
 
 
 class JobAccess:
@@ -172,7 +175,13 @@ class JobAccess:
         if record.state is not JobState.SUCCEEDED or not record.result_path:
             state = record.state.value
             hint = f" ({record.error_code})" if record.error_code else ""
-            raise ResultNotReadyError(f"job {record.id} is {state}{hint}; it has no result")
+            if record.terminal:
+                raise ResultNotReadyError(f"job {record.id} is {state}{hint}; it has no result")
+            raise ResultNotReadyError(
+                f"job {record.id} is {state}; it has no result yet: poll GET "
+                f"/v1/jobs/{record.id} until its state is succeeded",
+                retryable=True,
+            )
         return record.result_path
 
     def report_cached(self, record: JobRecord) -> bytes | None:
@@ -262,19 +271,20 @@ def refile(
     record (who, the old and new class and deadline, ``reason`` when given) and put it in
     the cache (the console's live worklist). Raises :class:`NotWaitingError` unless the
     job waits in the scheduler."""
-    done = scheduler.reprioritise(record.id, cls)
-    deadline = record.arrival + dt.timedelta(seconds=scheduler.config.tat(cls))
-    extra = {
-        "old_priority_class": done.old_cls.value,
-        "new_priority_class": done.new_cls.value,
-        "old_deadline": record.deadline.isoformat(),
-        "new_deadline": deadline.isoformat(),
-    } | ({"reason": reason} if reason is not None else {})
-    refiled = store.reprioritise_job(
-        record.id, cls, deadline, actor_key_id=key_id, client_address=client, extra=extra
-    )
+    with REFILING:
+        done = scheduler.reprioritise(record.id, cls)
+        deadline = record.arrival + dt.timedelta(seconds=scheduler.config.tat(cls))
+        extra = {
+            "old_priority_class": done.old_cls.value,
+            "new_priority_class": done.new_cls.value,
+            "old_deadline": record.deadline.isoformat(),
+            "new_deadline": deadline.isoformat(),
+        } | ({"reason": reason} if reason is not None else {})
+        refiled = store.reprioritise_job(
+            record.id, cls, deadline, actor_key_id=key_id, client_address=client, extra=extra
+        )
     cache.put(refiled)
     return refiled
 
 
-__all__ = ["JobAccess", "JobView", "refile"]
+__all__ = ["REFILING", "JobAccess", "JobView", "refile"]

@@ -67,6 +67,7 @@ from radserve.service.lineage import ResultLineage
 from radserve.service.metrics import Metrics, SenderCollector
 from radserve.service.outbox import OutboxOps
 from radserve.service.replica_config import destination_digests
+from radserve.service.row_classes import RowClasses
 from radserve.service.schema_watch import HELD_REASON as SCHEMA_HELD_REASON
 from radserve.service.schema_watch import SchemaWatch
 from radserve.service.storage import StorageProbe
@@ -273,6 +274,14 @@ class Service:
             IdentifierSystems.from_settings(settings.fhir),
             policy=IngestPolicy.from_settings(settings.ingest),
         )
+        # a job's class changed in its row elsewhere (another replica): this queue follows
+        self.row_classes = RowClasses(
+            self.store,
+            self.scheduler,
+            self.cache,
+            every_s=settings.jobs.lease_poll_s,
+            owner=self.lease.owner,
+        )
         self.stow = StowBridge(
             self.intake, data_dir=settings.data_dir, quiet_s=settings.dicomweb.quiet_s
         )
@@ -430,6 +439,7 @@ class Service:
         self.leases.start()
         self.unclaimed.start()
         self.voided_runs.start()
+        self.row_classes.start()
         self.turnaround.start()
         if self.gateway is not None:
             self.gateway_address = self.gateway.start()
@@ -472,6 +482,7 @@ class Service:
         self.leases.stop()
         self.unclaimed.stop()
         self.voided_runs.stop()
+        self.row_classes.stop()
         self.lifecycle.stop()
         self.turnaround.stop()
         if self._warmup_thread is not None:

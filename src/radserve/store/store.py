@@ -39,7 +39,7 @@ from radserve.store.errors import (
     StoreError,
 )
 from radserve.store.jobs import UNFINISHED_STATES
-from radserve.store.joins import JoinRule, joinable, lock_input
+from radserve.store.joins import JoinMixin, JoinRule, answer, lock_input
 from radserve.store.leases import HELD, Lease, LeaseLostError, LeaseMixin
 from radserve.store.migrate import require_head, upgrade
 from radserve.store.misses import MissMixin
@@ -97,7 +97,15 @@ def init_store(
     return Store(engine, audit_key=audit_key, on_audit=on_audit)
 
 
-class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, ReplicaConfigMixin):
+class Store(
+    AccessMixin,
+    ConsoleMixin,
+    JoinMixin,
+    LeaseMixin,
+    MissMixin,
+    RelocateMixin,
+    ReplicaConfigMixin,
+):
     """Typed access to radserve's database. Thread-safe; share one per process."""
 
     # -- jobs -----------------------------------------------------------------------
@@ -134,7 +142,9 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
         ``join``: an unfinished job of the same input that the rule accepts is returned
         instead and nothing is created (a ``job.joined`` audit record names the second
         submitter); decided under a lock on the input (:mod:`radserve.store.joins`), so
-        two replicas cannot both create one. :meth:`create_or_join` says which it was.
+        two replicas cannot both create one; so is a job of the input that succeeded
+        after the submission's cache look-up (:attr:`JoinRule.results_seen`).
+        :meth:`create_or_join` says which it was.
         ``accession``: the study's Accession Number, which the worklist searches (kept
         whole; None: not read, filled by radserve.console.accessions).
         """
@@ -169,18 +179,14 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
                 lock_input(session, join.key)
             if session.get(Job, row.id) is not None:
                 raise JobExistsError(f"a job with id {quoted(row.id)} exists already")
-            joined = joinable(session, join) if join is not None else None
-            if join is not None and joined is not None:
-                event = job_event(
-                    Action.JOB_JOINED,
-                    joined,
-                    actor_key_id=api_key_id,
-                    client_address=client_address,
-                    extra=dict(join.audit_extra),
+            if join is not None:
+                # the unfinished job it joins, or a result recorded since its cache look-up
+                found = answer(
+                    session, join, actor_key_id=api_key_id, client_address=client_address
                 )
-                audit_log.append(session, event)
-                logger.info("job %s answers a second submission of its study", joined.id)
-                return joined
+                if found is not None:
+                    logger.info("job %s answers a second submission of its study", found.id)
+                    return found
             action = Action.JOB_SUBMITTED
             if cached_from is not None:
                 source = session.get(Job, cached_from)
@@ -203,7 +209,9 @@ class Store(AccessMixin, ConsoleMixin, LeaseMixin, MissMixin, RelocateMixin, Rep
         self, join: JoinRule, *, job_id: str, **fields: Any
     ) -> tuple[JobRecord, bool]:
         """:meth:`create_job` with ``join``: (the new job, False), or (the unfinished job
-        of the same input the rule accepts, True) and nothing created."""
+        of the same input the rule accepts, True) and nothing created; or (a succeeded job
+        of the input recorded since the submission's cache look-up, True): its state says
+        which (:func:`radserve.store.joins.answer`)."""
         record = self.create_job(job_id=job_id, join=join, **fields)
         return record, record.id != job_id
 

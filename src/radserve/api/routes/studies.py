@@ -122,7 +122,9 @@ def _job_response(response: Response, out: JobOut, cached: bool) -> JobOut:
         "200 with a succeeded job marked `cached` when the same study already has a "
         "result from the same pipeline and models; 202 with the unfinished job of the "
         "same study, pipeline and models when it is sent again while that job waits or "
-        "runs (and the key may see it), no second job."
+        "runs (and the key may see it), no second job, also when the queue is full (a "
+        "more urgent class raises that job). 503 queue_full for a new study once its "
+        "class's queue is full, decided after the upload is read."
     ),
     responses=_ERRORS,
     openapi_extra=_MULTIPART_DOC,
