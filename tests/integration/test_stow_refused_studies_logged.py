@@ -21,6 +21,7 @@ from tests.factories.service import live_server, make_study, settings_for
 from radserve.gateway.dicomweb.stow import LOGGED_REFUSALS
 
 STUDIES = 200
+SLICES = 3  # each study's
 OUT_OF_RESOURCES = 0xA700  # a full queue, for each instance of a refused study
 
 
@@ -36,16 +37,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
         yield live
 
 
-def one_instance_studies(template: Path, count: int) -> list[tuple[bytes, str | None]]:
-    """``count`` studies of one instance each, copies of ``template`` with new UIDs."""
+def small_studies(templates: list[Path], count: int) -> list[tuple[bytes, str | None]]:
+    """``count`` studies of ``len(templates)`` slices each (a volume the pipeline's
+    selection takes: a one-image study is refused at the door since 2026-12-07), copies of
+    ``templates`` with new UIDs."""
     parts: list[tuple[bytes, str | None]] = []
     for _ in range(count):
-        ds = pydicom.dcmread(template)
-        ds.StudyInstanceUID, ds.SeriesInstanceUID = generate_uid(), generate_uid()
-        ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
-        out = io.BytesIO()
-        ds.save_as(out, enforce_file_format=True)
-        parts.append((out.getvalue(), "application/dicom"))
+        study, series = generate_uid(), generate_uid()
+        for template in templates:
+            ds = pydicom.dcmread(template)
+            ds.StudyInstanceUID, ds.SeriesInstanceUID = study, series
+            ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+            out = io.BytesIO()
+            ds.save_as(out, enforce_file_format=True)
+            parts.append((out.getvalue(), "application/dicom"))
     return parts
 
 
@@ -53,17 +58,17 @@ def test_many_refused_studies_are_answered_each_and_logged_in_a_few_lines(
     server: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="radserve.gateway.dicomweb")
-    [template] = make_study(tmp_path / "study")[:1]
-    response = stow(server, one_instance_studies(template, STUDIES))
+    templates = make_study(tmp_path / "study")[:SLICES]
+    response = stow(server, small_studies(templates, STUDIES))
     assert response.status_code == 202, response.text  # the first study was taken
     refused = [reason for _, reason in failures(response)]
     assert set(refused) == {OUT_OF_RESOURCES}
-    assert len(refused) == STUDIES - 1
+    assert len(refused) == (STUDIES - 1) * SLICES
     lines = [r.getMessage() for r in caplog.records if r.name == "radserve.gateway.dicomweb.stow"]
     each = [m for m in lines if m.startswith("STOW study ")]
     assert len(each) == LOGGED_REFUSALS, lines[:20]
     assert all(m.endswith("not stored: queue_full") for m in each), each
     [rest] = [m for m in lines if "more study(ies) not stored" in m]
-    more = len(refused) - LOGGED_REFUSALS
+    more = STUDIES - 1 - LOGGED_REFUSALS
     assert rest.startswith(f"STOW: {more} more study(ies) not stored ({more} queue_full)"), rest
     assert len(lines) <= LOGGED_REFUSALS + 3, lines[-5:]  # and the request's summary
