@@ -210,7 +210,9 @@ def test_a_decoder_that_aborts_on_a_small_jpeg2000_stack_takes_down_a_worker_onl
     """Found by tools/edge_probe.py's variant cut to 3 slices: random bytes after a JPEG
     2000 codestream's start make its decoder throw a C++ exception nobody catches
     (abort). Under 8 frames the stack was decoded in the calling process's threads: the
-    server died. It is a worker now, and the study fails with decode_failed."""
+    server died. It is a worker now, and the study fails with decode_failed. Since
+    2026-12-07 the header reader refuses such frames first (their SIZ marker segment is
+    damaged: radserve.ingest.codestream), so the decoder is called here directly."""
     import random
 
     from pydicom.encaps import encapsulate
@@ -225,5 +227,8 @@ def test_a_decoder_that_aborts_on_a_small_jpeg2000_stack_takes_down_a_worker_onl
         path.unlink()
     header = discover_series(tmp_path / "j2k")[0]
     assert len(header.frames) == 3 and use_processes(header.frames)
-    with pytest.raises(DecodeError):
+    assert all("SIZ marker segment is damaged" in f.problem.text for f in header.frames)
+    with pytest.raises(DecodeError), SourceReader() as reader:
+        decode_stack(header.frames, reader, air=-1024.0)
+    with pytest.raises(DecodeError, match="SIZ marker segment is damaged"):
         load_series(header)

@@ -15,7 +15,7 @@ import numpy as np
 import pydicom
 import pytest
 from pydicom.dataset import Dataset
-from tests.factories.dicom_series import make_ct_series, make_enhanced_series
+from tests.factories.dicom_series import make_ct_series
 from tests.factories.hostile import nest_sequences, private_elements
 
 from radserve.errors import GeometryError
@@ -42,26 +42,6 @@ def _classic(edit: Callable[[Dataset], None]) -> Callable[[Path], None]:
     return write
 
 
-def _enhanced_frame(edit: Callable[[Dataset], None]) -> Callable[[Path], None]:
-    def write(folder: Path) -> None:
-        path = make_enhanced_series(folder, n_frames=8)
-        ds = pydicom.dcmread(path)
-        edit(ds.PerFrameFunctionalGroupsSequence[5])
-        ds.save_as(path, enforce_file_format=True)
-
-    return write
-
-
-def _measures(item: Dataset) -> None:
-    item.PixelMeasuresSequence = [Dataset()]
-    item.PixelMeasuresSequence[0].PixelSpacing = [3, 3]
-
-
-def _orientation(item: Dataset) -> None:
-    item.PlaneOrientationSequence = [Dataset()]
-    item.PlaneOrientationSequence[0].ImageOrientationPatient = [0, 1, 0, 0, 0, -1]
-
-
 def _nested(folder: Path) -> None:
     nest_sequences(make_ct_series(folder, n_slices=8, rows=16, cols=12)[5], 10_000)
 
@@ -78,16 +58,6 @@ def _nested(folder: Path) -> None:
             _classic(lambda ds: setattr(ds, "PixelSpacing", [0.5, 0.5])),
             "series also holds 1 frames with other Pixel Spacing, split off as part 1",
             id="pixel-spacing-differs",
-        ),
-        pytest.param(
-            _enhanced_frame(_measures),
-            "series also holds 1 frames with other Pixel Spacing, split off as part 1",
-            id="enhanced-frame-pixel-spacing",
-        ),
-        pytest.param(
-            _enhanced_frame(_orientation),
-            "series also holds 1 frames with another orientation, split off as part 1",
-            id="enhanced-frame-orientation",
         ),
         pytest.param(
             _nested,

@@ -66,6 +66,8 @@ from radserve.log_routing import WorkerLogs, forward_worker_logs
 log = logging.getLogger(__name__)
 
 _DEFAULT_MAX_FILE_BYTES = IngestPolicy().max_file_bytes
+# what a decoder's failure never is: the process or the generator being stopped
+_NOT_DECODER_FAILURES = (KeyboardInterrupt, SystemExit, GeneratorExit)
 
 
 class _QuietPluginFallbacks(logging.Filter):
@@ -124,8 +126,15 @@ PROCESS_SYNTAXES = frozenset(
 # ("Bogus marker length"; gdcm.Trace.ErrorOff() does not silence it): always in the
 # decoding processes, whose stderr is relayed as log records (log_routing.WorkerLogs),
 # never in the server, where it was a plain line among the JSON log. JPEG Lossless
-# process 14 and its selection value 1.
-STDERR_SYNTAXES = frozenset({"1.2.840.10008.1.2.4.57", "1.2.840.10008.1.2.4.70"})
+# process 14 and its selection value 1. RLE Lossless since 2026-12-07: pylibjpeg-rle
+# (Rust) panics on a segment that decodes past Rows x Columns and prints the panic (and,
+# under RUST_BACKTRACE, a backtrace of ~100 lines) on its process's stderr; the panic is
+# caught as a decoding failure (_decode_job), its text is relayed as log records. Cost,
+# 24 RLE frames of 512 x 512 measured as tools/decode_cost.py does (host load ~7):
+# 0.02-0.04 CPU-s in threads, 0.06-0.08 in the processes.
+STDERR_SYNTAXES = frozenset(
+    {"1.2.840.10008.1.2.4.57", "1.2.840.10008.1.2.4.70", "1.2.840.10008.1.2.5"}
+)
 ISOLATED_SYNTAXES = PROCESS_SYNTAXES | STDERR_SYNTAXES
 _FRAMES_PER_TASK = 4  # frames one worker task decodes: amortises the round trip
 _TASKS_AHEAD = 2  # tasks queued per worker: bounds the finished frames awaiting copy
@@ -584,9 +593,9 @@ def _decode_job(
     try:
         try:
             _decode_frames(reader, src, items, out, air, plugin, max_bytes)
-        except (_NeedFloat, DecodeError):
+        except (_NeedFloat, DecodeError, *_NOT_DECODER_FAILURES):
             raise
-        except Exception:
+        except BaseException:
             if not plugin:
                 raise
             # The preferred plugin is a speed choice: any other installed one may do.
@@ -594,7 +603,13 @@ def _decode_job(
             _decode_frames(reader, src, items, out, air, "", max_bytes)
     except (_NeedFloat, DecodeError):
         raise
-    except Exception as exc:  # plugins raise many types on damaged or truncated data
+    except _NOT_DECODER_FAILURES:
+        raise
+    except BaseException as exc:  # plugins raise many types on damaged or truncated data
+        # A Rust decoder's panic (pylibjpeg-rle's PanicException on an RLE segment that
+        # decodes past Rows x Columns) is a BaseException: it passed `except Exception`,
+        # ended the scheduler's worker thread and left the job running for ever, every
+        # later job queued behind it (2026-12-07).
         log.debug("decoding %s failed: %s: %s", src, type(exc).__name__, exc)
         hint = _INSTALL_HINTS.get(uid)
         raise DecodeError(

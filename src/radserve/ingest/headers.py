@@ -34,7 +34,7 @@ from functools import partial
 from typing import Any, BinaryIO, cast
 
 import pydicom
-from pydicom.datadict import dictionary_VR, tag_for_keyword
+from pydicom.datadict import dictionary_description, dictionary_VR, tag_for_keyword
 from pydicom.dataelem import RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.filebase import DicomFileLike
@@ -51,6 +51,7 @@ from pydicom.uid import (
 
 from radserve.errors import NotDicomError
 from radserve.ingest import rules
+from radserve.ingest.encapsulated import Image, after_text, encapsulated_problem
 from radserve.ingest.person_name import person_name_text
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sop_classes import VOLUME_MODALITY, is_localizer
@@ -70,7 +71,6 @@ DEFER_BYTES = 64 * 1024
 """Header values longer than this are skipped unread (a private blob costs a seek); the
 few radserve reads are read on access, counted against ``max_header_bytes``."""
 MAX_META_BYTES = 1 << 20  # the File Meta group is a few hundred bytes
-MAX_FRAGMENTS = 1_000_000  # encapsulated fragments walked per file
 MAX_RESCALE_SLOPE = 1e6
 MAX_RESCALE_INTERCEPT = 1e6
 _PIXEL_TAGS = {
@@ -292,7 +292,12 @@ def read_stream(
             return _read_record(raw, size, src, policy, patients, force=force, deflated=False)
         except _DeflatedDataSet:
             pass
-        with inflated(raw, policy.max_file_bytes, preamble=not force) as (stream, end):
+        with inflated(
+            raw,
+            policy.max_file_bytes,
+            preamble=not force,
+            max_header_bytes=policy.max_header_bytes,
+        ) as (stream, end):
             return _read_record(stream, end, src, policy, patients, force=force, deflated=True)
     except SkipFile:
         raise
@@ -371,13 +376,21 @@ def part10_stream(
 
 @contextmanager
 def inflated(
-    raw: BinaryIO, max_bytes: int, *, preamble: bool = True
+    raw: BinaryIO, max_bytes: int, *, preamble: bool = True, max_header_bytes: int | None = None
 ) -> Iterator[tuple[BinaryIO, int]]:
     """A Deflated Explicit VR Little Endian file (``raw``; without the 128-byte preamble
     and 'DICM' when not ``preamble``) inflated, chunk by chunk, into a spooled temporary
     file rewritten as Explicit VR Little Endian (and starting as ``raw`` does):
     ``(stream, size)``; refused once it passes ``max_bytes`` (pydicom would inflate it
-    whole, in memory: a deflate bomb)."""
+    whole, in memory: a deflate bomb) and, given ``max_header_bytes`` (the header
+    reader: every door's first read), once it passes what its own header declares
+    (:func:`_declared_inflated_bytes`). The pixel decoder reads only files the header
+    reader took, and inflates them within ``max_bytes``."""
+    declared = (
+        math.inf
+        if max_header_bytes is None
+        else _declared_inflated_bytes(raw, preamble, max_header_bytes)
+    )
     raw.seek(0)
     head = raw.read(_PREAMBLE + 4) if preamble else b""
     meta = _read_file_meta_info(BoundedStream(raw, MAX_META_BYTES, "the File Meta limit"))
@@ -386,7 +399,7 @@ def inflated(
         out.write(head)
         write_file_meta_info(DicomFileLike(out), meta, enforce_standard=False)
         inflater = zlib.decompressobj(-zlib.MAX_WBITS)
-        total = 0
+        base, total = out.tell(), 0
         chunk = raw.read(1 << 20)
         while chunk:
             data = inflater.decompress(chunk, 1 << 22)
@@ -396,6 +409,14 @@ def inflated(
                     raise InputTooLargeError(
                         f"the deflated data inflates to more than ingest.max_file_bytes={max_bytes}"
                     )
+                if base + total > declared:
+                    raise InputTooLargeError(
+                        f"the Deflated data set inflates beyond the {declared} bytes its header "
+                        "declares (the header, the Pixel Data its Rows, Columns, Samples per "
+                        "Pixel, Bits Allocated and Number of Frames need, and at most "
+                        "ingest.max_header_bytes after it): a deflate bomb, refused before "
+                        "it is inflated further"
+                    )
                 out.write(data)
                 data = inflater.decompress(inflater.unconsumed_tail, 1 << 22)
             chunk = raw.read(1 << 20)
@@ -403,6 +424,37 @@ def inflated(
         end = out.tell()
         out.seek(0)
         yield cast(BinaryIO, out), end
+
+
+def _declared_inflated_bytes(raw: BinaryIO, preamble: bool, max_header_bytes: int) -> int:
+    """How many bytes a Deflated file (``raw``) may inflate to, by its own header: the
+    header (inflated only as far as it is parsed, at most ``max_header_bytes``), the
+    native Pixel Data its image attributes need, and at most ``max_header_bytes`` after
+    that (the elements that may follow the Pixel Data). A 1 MB file inflating to 1 GiB
+    of zeros after its 3 KB of pixels took 35 s and 1 GiB of the temporary folder, at
+    discovery and again at decoding, and ran (2026-12-07); radserve inflated up to
+    ``max_file_bytes`` (4 GiB) of any file."""
+    policy = IngestPolicy()
+    raw.seek(0)
+    stream = InflatingStream(raw, max_header_bytes, preamble=preamble)
+    try:
+        ds = pydicom.dcmread(
+            _bounded(cast(BinaryIO, stream), max_header_bytes, policy.max_header_elements),
+            stop_before_pixels=True,
+            defer_size=DEFER_BYTES,
+            force=not preamble,
+        )
+    except InputTooLargeError:
+        raise
+    except Exception as exc:  # pydicom raises many types on damaged input
+        raise UnreadableHeaderError(exc) from exc
+    at = stream.tell()  # the Pixel Data element, or the end of the data set
+    rows, columns = _int(ds, "Rows") or 0, _int(ds, "Columns") or 0
+    samples = _int(ds, "SamplesPerPixel") or 1
+    bits = _int(ds, "BitsAllocated") or 0
+    frames = min(max(_int(ds, "NumberOfFrames") or 1, 1), policy.max_frames)
+    pixels = -(-rows * columns * samples * frames * bits // 8)
+    return at + 12 + pixels + max_header_bytes
 
 
 def _is_deflated(raw: BinaryIO) -> bool:
@@ -468,7 +520,7 @@ def _record(
         or _format_problem(ds, pixel, rows, cols)
         or _value_mapping_problem(ds, sop_class)
         or problem
-        or _pixel_data_problem(ds, fh, pixel, n_frames or 1, size)
+        or _pixel_data_problem(ds, fh, pixel, n_frames or 1, size, policy.max_header_bytes)
     )
     if problem is None and (padding := _excess_padding(fh, pixel, n_frames or 1)):
         common["note"] = padding
@@ -652,9 +704,13 @@ def _format_problem(ds: Dataset, pixel: PixelFormat, rows: int, cols: int) -> Pr
 
 
 def _pixel_data_problem(
-    ds: Dataset, fh: BoundedStream, pixel: PixelFormat, n_frames: int, size: int
+    ds: Dataset, fh: BoundedStream, pixel: PixelFormat, n_frames: int, size: int, max_after: int
 ) -> Problem | None:
-    """Whether the Pixel Data element (``fh`` is at its tag) holds what the header says."""
+    """Whether the Pixel Data element (``fh`` is at its tag) holds what the header says,
+    and at most ``max_after`` bytes follow it (``ingest.max_header_bytes``: what follows
+    the pixel data is bounded as what precedes it; a 1 MB zip whose member held 1 GiB of
+    zeros after its 3 KB of pixels cost 1 GiB of the temporary folder, copied out to be
+    decoded, and ran)."""
     _implicit, little = ds.original_encoding
     endian = "<" if little is not False else ">"
     element_at = fh.tell()
@@ -672,8 +728,31 @@ def _pixel_data_problem(
         fh.pixel_length = length  # type: ignore[attr-defined]  # for _excess_padding
         if name == "Pixel Data" and endian == "<":
             fh.pixel_offset = element_at  # type: ignore[attr-defined]  # for native_pixel_value
-        return _native_problem(name, length, available, pixel, n_frames)
-    return _encapsulated_problem(ds, fh, endian, size, n_frames)
+        return _native_problem(name, length, available, pixel, n_frames) or _after_problem(
+            name, available - length, max_after
+        )
+    problem = encapsulated_problem(
+        ds,
+        fh,
+        endian,
+        size,
+        n_frames,
+        Image(
+            pixel.transfer_syntax_uid,
+            pixel.rows,
+            pixel.columns,
+            pixel.samples_per_pixel,
+            pixel.bits_allocated,
+        ),
+        max_after=max_after,
+    )
+    return Problem(*problem) if problem is not None else None
+
+
+def _after_problem(name: str, after: int, max_after: int) -> Problem | None:
+    if after <= max_after:
+        return None
+    return Problem("input_too_large", after_text(name, after, max_after))
 
 
 def native_pixel_value(raw: BinaryIO, offset: int, nbytes: int) -> bytes | None:
@@ -745,65 +824,6 @@ def _excess_padding(fh: BoundedStream, pixel: PixelFormat, n_frames: int) -> str
     need = pixel.rows * pixel.columns * pixel.samples_per_pixel * pixel.bits_allocated // 8
     excess = declared - need * n_frames
     return f"{excess} bytes after the last frame's pixel data were ignored" if excess > 1 else None
-
-
-def _encapsulated_problem(
-    ds: Dataset, fh: BoundedStream, endian: str, size: int, n_frames: int
-) -> Problem | None:
-    item = struct.pack(endian + "HH", 0xFFFE, 0xE000)
-    delimiter = struct.pack(endian + "HH", 0xFFFE, 0xE0DD)
-    head = fh.read(8)
-    if len(head) < 8 or head[:4] != item:
-        return Problem("decode_failed", "encapsulated Pixel Data has no Basic Offset Table item")
-    (table,) = struct.unpack(endian + "L", head[4:])
-    if table % 4 or fh.tell() + table > size:
-        return Problem("decode_failed", "encapsulated Pixel Data has a damaged Basic Offset Table")
-    if table and table // 4 != n_frames:
-        return Problem(
-            "decode_failed",
-            f"the Basic Offset Table lists {table // 4} frames, Number of Frames says {n_frames}",
-        )
-    extended = (
-        ds.get_item("ExtendedOffsetTable", keep_deferred=True)
-        if "ExtendedOffsetTable" in ds
-        else None
-    )
-    if extended is not None and extended.length and extended.length // 8 != n_frames:
-        return Problem(
-            "decode_failed",
-            f"the Extended Offset Table lists {extended.length // 8} frames, Number of Frames "
-            f"says {n_frames}",
-        )
-    fh.seek(table, 1)
-    fragments = 0
-    while True:
-        head = fh.read(8)
-        if head[:4] == delimiter:
-            break
-        if len(head) < 8 or head[:4] != item:
-            return Problem(
-                "decode_failed",
-                "the file is truncated or damaged: encapsulated Pixel Data ends without its "
-                f"sequence delimiter after {fragments} fragments",
-            )
-        (length,) = struct.unpack(endian + "L", head[4:])
-        if fh.tell() + length > size:
-            return Problem(
-                "decode_failed",
-                f"the file is truncated: fragment {fragments + 1} of the Pixel Data runs past "
-                "the end of the file",
-            )
-        fh.seek(length, 1)
-        fragments += 1
-        if fragments > MAX_FRAGMENTS:
-            return Problem("input_too_large", f"Pixel Data has more than {MAX_FRAGMENTS} fragments")
-    if fragments < n_frames:
-        return Problem(
-            "decode_failed",
-            f"encapsulated Pixel Data has {fragments} fragments, too few for Number of Frames "
-            f"{n_frames} (each frame needs at least one)",
-        )
-    return None
 
 
 def _classic_frames(
@@ -878,6 +898,7 @@ def _enhanced_frames(
         orientation = fg("PlaneOrientationSequence", "ImageOrientationPatient")
         rescale = fg("PixelValueTransformationSequence", "RescaleSlope")
         slope, intercept, problem = _rescale(rescale, ds)
+        problem = _both_groups_problem(groups, i) or problem
         unusable: list[str] = []
         frames.append(
             FrameRef(
@@ -967,6 +988,39 @@ _NAMES = {
     "ImageOrientationPatient": "Image Orientation (Patient)",
     "PixelSpacing": "Pixel Spacing",
 }
+
+
+# the functional groups radserve reads geometry and values from, and their attributes
+_READ_GROUPS = (
+    ("PixelMeasuresSequence", ("PixelSpacing", "SliceThickness", "SpacingBetweenSlices")),
+    ("PlanePositionSequence", ("ImagePositionPatient",)),
+    ("PlaneOrientationSequence", ("ImageOrientationPatient",)),
+    ("PixelValueTransformationSequence", ("RescaleSlope", "RescaleIntercept")),
+)
+
+
+def _both_groups_problem(groups: tuple[Dataset, Dataset], index: int) -> Problem | None:
+    """A functional group in both the frame's and the shared groups, with other values:
+    PS3.3 C.7.6.16 allows each in one of the two only. The frame's was read (0.5 mm
+    pixels per frame against 1 mm shared ran on 0.5 mm, 2026-12-07); which one the
+    writer meant cannot be told, and a wrong Pixel Spacing scales every measurement."""
+    frame, shared = groups
+    for sequence, keywords in _READ_GROUPS:
+        own, common = _first_item(frame, sequence), _first_item(shared, sequence)
+        if own is None or common is None:
+            continue
+        differ = [
+            k for k in keywords if k in own and k in common and _raw(own, k) != _raw(common, k)
+        ]
+        if differ:
+            return Problem(
+                "instance_invalid",
+                f"frame {index + 1}: {dictionary_description(differ[0])} differs between its "
+                f"own and the shared {dictionary_description(sequence).removesuffix(' Sequence')} "
+                "functional group: PS3.3 C.7.6.16 allows a group in one of the two only, and "
+                "which value holds cannot be told",
+            )
+    return None
 
 
 def _group_item(groups: tuple[Dataset, ...], sequence: str, keyword: str) -> Dataset | None:
@@ -1517,15 +1571,15 @@ class InflatingStream(io.RawIOBase):
 
     _CHUNK = 1 << 16
 
-    def __init__(self, raw: BinaryIO, limit: int) -> None:
+    def __init__(self, raw: BinaryIO, limit: int, *, preamble: bool = True) -> None:
         super().__init__()
-        preamble = raw.read(_PREAMBLE + 4)
+        head = raw.read(_PREAMBLE + 4) if preamble else b""
         meta = _read_file_meta_info(BoundedStream(raw, MAX_META_BYTES, "the File Meta limit"))
         meta.TransferSyntaxUID = ExplicitVRLittleEndian
-        head = io.BytesIO()
-        head.write(preamble)
-        write_file_meta_info(DicomFileLike(head), meta, enforce_standard=False)
-        self._buffer = bytearray(head.getvalue())
+        start = io.BytesIO()
+        start.write(head)
+        write_file_meta_info(DicomFileLike(start), meta, enforce_standard=False)
+        self._buffer = bytearray(start.getvalue())
         self._raw = raw
         self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
         self._max = limit

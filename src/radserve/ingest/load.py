@@ -29,8 +29,9 @@ from radserve.ingest.validate import check_series
 
 log = logging.getLogger(__name__)
 
-# skip reasons of a file that may be an image of any series (its header was not read)
-_UNREADABLE = ("unreadable", "header not read")
+# skip reasons of a file that may be an image of any series (its header was not read):
+# a damaged header, one past a bound, a zip member radserve would not or could not open
+_UNREADABLE = ("unreadable", "header not read", "unsafe member path", "encrypted zip member")
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,12 @@ def load_series(
         raise GeometryError(f"{exc.message}; {'; '.join(set_aside)}") from exc
     _refuse_interleaved(header)
     warnings.extend(layout.warnings)
+    if unreadable := _unreadable(header):
+        # no gap named them: they may still be this series' first or last slices (a zip
+        # member in Deflate64, a damaged header), and the study ran without a word
+        warnings.append(
+            f"{unreadable}; if they were images of this series, it was analysed without them"
+        )
     _check_size(header.frames[0], layout, policy)
     ensure_decoders(f.pixel.transfer_syntax_uid for f in header.frames)
     ordered = [header.frames[i] for i in layout.order]
@@ -151,6 +158,7 @@ def load_series(
             warnings.append(f"dropped {len(layout.duplicates)} identical duplicate slices")
         if header.copies:
             _verify_copies(header, ordered, array, reader, air, workers, policy)
+    _check_finite(array)
     _check_ct_values(header, array)
     if layout.in_plane_shifts is not None:
         shift_slices_in_plane(array, layout.in_plane_shifts, air)
@@ -275,15 +283,23 @@ def _set_aside(header: SeriesHeader) -> list[str]:
         )
     if header.part == 0:
         said.extend(header.notes)  # "series also holds N frames with ..., split off as part k"
-    unreadable = [s for s in header.skipped if s.reason.startswith(_UNREADABLE)]
+    unreadable = _unreadable(header)
     if unreadable:
-        reasons = sorted({s.reason for s in unreadable})
-        more = f" (and {len(reasons) - 3} other reasons)" if len(reasons) > 3 else ""
-        said.append(
-            f"{len(unreadable)} file(s) of the input were skipped, unreadable: "
-            f"{'; '.join(reasons[:3])}{more}"
-        )
+        said.append(unreadable)
     return said
+
+
+def _unreadable(header: SeriesHeader) -> str | None:
+    """The input's files that were skipped unread, which may be images of any series."""
+    unreadable = [s for s in header.skipped if s.reason.startswith(_UNREADABLE)]
+    if not unreadable:
+        return None
+    reasons = sorted({s.reason for s in unreadable})
+    more = f" (and {len(reasons) - 3} other reasons)" if len(reasons) > 3 else ""
+    return (
+        f"{len(unreadable)} file(s) of the input were skipped, unreadable: "
+        f"{'; '.join(reasons[:3])}{more}"
+    )
 
 
 def _refuse_interleaved(header: SeriesHeader) -> None:
@@ -380,6 +396,27 @@ def _check_pixels(frames: Sequence[FrameRef], warnings: list[str]) -> None:
         )
     if any(f.pixel.photometric_interpretation == "MONOCHROME1" for f in frames):
         warnings.append("MONOCHROME1 pixels: low values display bright; values kept as stored")
+
+
+def _check_finite(array: np.ndarray) -> None:
+    """Float or Double Float Pixel Data may hold NaN or infinity: a NaN voxel of a CT
+    loaded, ran through the models and into the findings' mean HU (2026-12-07; the CT
+    scale bound ignores NaN, and the NIfTI path already refused such voxels). Only a
+    float volume can hold them: two passes over it (its minimum and maximum propagate
+    NaN), no copy; counted slice by slice when there are any."""
+    if array.dtype.kind != "f" or not array.size:
+        return
+    with np.errstate(invalid="ignore"):
+        if np.isfinite(array.min()) and np.isfinite(array.max()):
+            return
+    bad = sum(
+        int(array[k].size - np.count_nonzero(np.isfinite(array[k]))) for k in range(len(array))
+    )
+    raise StudyError(
+        f"{bad} of {array.size} voxels are not finite numbers (NaN or infinity): Float or "
+        "Double Float Pixel Data that holds them is not an image a model can read",
+        code="implausible_pixel_values",
+    )
 
 
 def _check_ct_values(header: SeriesHeader, array: np.ndarray) -> None:

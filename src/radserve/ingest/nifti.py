@@ -14,6 +14,7 @@ error.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import BinaryIO
 
@@ -63,6 +64,9 @@ def load_nifti(
     layout = declared_layout(path)
     if layout is not None and policy is not None:
         _check_declared(layout, policy)  # before nibabel inflates the extensions
+    if layout is not None:
+        _check_scaling(layout)
+        _check_length(path, layout)
     try:
         image = nib.load(str(path), mmap=False)
     except Exception as exc:  # nibabel raises many types on damaged files
@@ -410,6 +414,39 @@ def save_nifti(
     else:
         image.to_file_map({"image": nib.FileHolder(str(path), fileobj)})
     return path
+
+
+def _check_scaling(layout: DeclaredLayout) -> None:
+    """scl_slope and scl_inter: the NIfTI standard scales the voxels when scl_slope is
+    not 0. nibabel writes NaN for "no scaling" (its float images), and reads 0 and NaN
+    so, as radserve does; but it read an infinite scl_slope as "no scaling" too (a file
+    with scl_slope inf ran on its stored values, as a DICOM Rescale Slope of inf did
+    before it was refused), and a NaN or infinite scl_inter beside a usable slope as an
+    unreadable file ("HeaderDataError"). Both are refused here, saying what is wrong."""
+    slope, intercept = layout.scaling
+    scaled = slope != 0 and not math.isnan(slope)
+    if math.isinf(slope) or (scaled and not math.isfinite(intercept)):
+        raise StudyError(
+            f"the NIfTI header's scaling is not usable: scl_slope {slope:g}, scl_inter "
+            f"{intercept:g} (the voxels are scaled when scl_slope is a number other than 0, "
+            "and both must then be finite); write scl_slope 0 for unscaled voxels",
+            code=_INVALID,
+        )
+
+
+def _check_length(path: Path | str, layout: DeclaredLayout) -> None:
+    """An uncompressed NIfTI shorter than its header and voxels: nibabel said only
+    "OSError" ("NIfTI voxel data could not be read (OSError)")."""
+    if is_gzip(path):
+        return  # a .nii.gz is read within what it declares (read_gzip_voxels)
+    size = Path(path).stat().st_size
+    if size < layout.offset + layout.data_bytes:
+        raise StudyError(
+            f"the NIfTI file holds {size} bytes, short of the "
+            f"{layout.offset + layout.data_bytes} its header declares (header and "
+            f"{' x '.join(map(str, layout.shape))} {layout.dtype} voxels): a truncated file",
+            code=_INVALID,
+        )
 
 
 def _check_declared(layout: DeclaredLayout, policy: IngestPolicy) -> None:

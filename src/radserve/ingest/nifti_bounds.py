@@ -41,6 +41,7 @@ class DeclaredLayout:
     shape: tuple[int, ...]
     dtype: np.dtype
     offset: int  # bytes before the voxel data: the header and its extensions
+    scaling: tuple[float, float] = (0.0, 0.0)  # scl_slope and scl_inter as stored
 
     @property
     def voxels(self) -> int:
@@ -74,6 +75,7 @@ def declared_layout(path: Path | str) -> DeclaredLayout | None:
                         tuple(int(n) for n in header.get_data_shape()),
                         header.get_data_dtype(),
                         int(header.get_data_offset()),
+                        (float(header["scl_slope"]), float(header["scl_inter"])),
                     )
                 except Exception:  # a header nibabel cannot even lay out: it says why
                     return None
@@ -86,14 +88,33 @@ def read_gzip_voxels(path: Path | str, layout: DeclaredLayout) -> np.ndarray:
     that ends before the declared bytes or goes on after them."""
     data = np.empty(layout.data_bytes, np.uint8)
     view = memoryview(data)
-    got = 0
+    got, cut, more = 0, False, False
     with gzip.open(path, "rb") as stream:
-        stream.seek(layout.offset)  # inflates and drops what precedes the voxels
-        while got < layout.data_bytes:
-            n = stream.readinto(view[got : got + _CHUNK])
-            if not n:
-                break
-            got += n
+        try:
+            stream.seek(layout.offset)  # inflates and drops what precedes the voxels
+            while got < layout.data_bytes:
+                n = stream.readinto(view[got : got + _CHUNK])
+                if not n:
+                    break
+                got += n
+            more = got == layout.data_bytes and bool(stream.read(1))
+        except EOFError:  # the deflate stream stops before its end marker (and checksum)
+            cut = True
+        except gzip.BadGzipFile as exc:
+            # gzip reads on past a stream's end for the next member: bytes that are no
+            # gzip member (and not the zeros gzip allows as padding) follow it
+            raise StudyError(
+                "the NIfTI file's gzip stream is followed by bytes that are not gzip, or is "
+                "damaged: refused, as a file that is not what its header says (re-export it)",
+                code=_INVALID,
+            ) from exc
+        if cut:
+            raise StudyError(
+                "the NIfTI file's gzip stream is cut short (it ends without its end marker; "
+                f"its header declares {layout.data_bytes} bytes of {_shape(layout)} voxels): "
+                "a truncated file",
+                code=_INVALID,
+            )
         if got < layout.data_bytes:
             raise StudyError(
                 f"the NIfTI file's compressed voxel data ends after {got} bytes, short of the "
@@ -101,7 +122,7 @@ def read_gzip_voxels(path: Path | str, layout: DeclaredLayout) -> np.ndarray:
                 "file",
                 code=_INVALID,
             )
-        if stream.read(1):
+        if more:
             raise StudyError(
                 "the NIfTI file's gzip stream inflates beyond the "
                 f"{layout.offset + layout.data_bytes} bytes its header declares (header "

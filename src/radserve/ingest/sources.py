@@ -123,6 +123,17 @@ class BoundedStream:
             f"reading would need at least {wanted} bytes, more than {self.what}={self.limit}"
         )
 
+    def read_at(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes from ``offset`` (the position is left after them),
+        counted against the limit but never as an element: a few bytes peeked at, such
+        as a compressed frame's own header."""
+        if size > self.limit - self.count:
+            raise self._error(self.count + size)
+        self._raw.seek(offset)
+        data = self._raw.read(size)
+        self.count += len(data)
+        return data
+
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         return self._raw.seek(offset, whence)
 
@@ -216,11 +227,27 @@ def _zip_members(
                 bad.append(SkippedFile(src, "unsafe member path in zip (absolute or '..')"))
             elif info.flag_bits & 0x1:
                 bad.append(SkippedFile(src, "encrypted zip member"))
+            elif info.compress_type not in _READABLE_METHODS:
+                method = zipfile.compressor_names.get(info.compress_type, "unknown")
+                bad.append(
+                    SkippedFile(
+                        src,
+                        f"unreadable zip member: compression method {info.compress_type} "
+                        f"({method}) is not supported; zip the files with Deflate",
+                    )
+                )
             elif info.filename.lower().endswith(".zip"):
                 bad.append(SkippedFile(src, "nested zip archives are not read"))
             else:
                 members.append(src)
     return members, bad
+
+
+# what zipfile inflates: Deflate64 (method 9), which Windows' Explorer writes for large
+# archives, raised NotImplementedError as each such member was read ("unreadable file")
+_READABLE_METHODS = frozenset(
+    {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
+)
 
 
 def _is_safe_member_name(name: str) -> bool:
