@@ -139,6 +139,35 @@ def test_cancel_while_on_the_device_and_stop_leaves_the_rest(hooks: EventHooks) 
         executor.stop()
 
 
+class NativePanic(BaseException):
+    """What a Rust extension's panic raises (pyo3's PanicException derives from
+    BaseException, not Exception): the RLE decoder did, on a frame past its size."""
+
+
+def test_a_unit_ending_in_a_native_panic_fails_its_job_not_the_worker(
+    hooks: EventHooks,
+) -> None:
+    """The panic escaped every ``except Exception``: the one device worker ended, the job
+    stayed running and every job after it stayed queued. Now it is the unit's error (the
+    scheduler retries or fails the job) and the worker goes on."""
+    scheduler = Scheduler(hooks=hooks)
+    executor = InProcessExecutor(scheduler, devices=("gpu0",), cpu_workers=1)
+    panicking = FakeSession()
+    panicking.errors = [NativePanic("called `Option::unwrap()` on a `None` value")] * 10
+    executor.start()
+    try:
+        scheduler.submit(JobRequest("panics", fake_work(panicking, 2), OUT))
+        assert hooks.end_of("panics").wait(WAIT)
+        scheduler.submit(JobRequest("after", fake_work(FakeSession(), 2), OUT))
+        assert hooks.end_of("after").wait(WAIT)
+    finally:
+        executor.stop()
+    failed = hooks.final("panics")
+    assert failed is not None and failed.state is JobState.FAILED
+    assert "NativePanic" in (failed.error_message or "")
+    assert hooks.final("after").state is JobState.SUCCEEDED  # type: ignore[union-attr]
+
+
 def test_executor_settings_are_checked() -> None:
     scheduler = Scheduler()
     with pytest.raises(ValueError, match="within a second"):

@@ -122,6 +122,16 @@ def execute(dispatch: Dispatch) -> DispatchOutcome:
         return DispatchOutcome()
     except Exception as exc:  # reported to the scheduler, which retries or fails the job
         return DispatchOutcome(error=exc)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        # pyo3's PanicException (a Rust decoder's) derives from BaseException: it passed
+        # every ``except Exception``, ended the worker thread and left its job running
+        # and every later job queued; so did a stage's sys.exit(). It is this unit's
+        # failure, like any other.
+        error = RuntimeError(f"the unit ended in {type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        return DispatchOutcome(error=error)
 
 
 __all__ = [
