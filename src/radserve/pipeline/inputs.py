@@ -137,6 +137,11 @@ def ingest_study(
                 failed.append((candidate, exc, None))
                 release_free_memory()
                 continue
+            short = _too_few_left(loaded, rules)
+            if short is not None:  # the slices were counted before duplicates were dropped
+                failed.append((candidate, short, None))
+                release_free_memory()
+                continue
             break
         else:
             first = failed[0][2]
@@ -206,6 +211,22 @@ def selection_refusal(
 
 # codes of a limit reached, not of a series' own data: the study stops, no other series is tried
 _LIMIT_CODES = frozenset({"series_too_large", "input_too_large", "archive_rejected"})
+
+
+def _too_few_left(loaded: LoadedSeries, rules: SeriesRules) -> StudyError | None:
+    """The selection rules' slice count on the stack as loaded: a series of 12 instances
+    at one position (a repeated acquisition, a sender's duplicate copies) passed the rule
+    on its header's count, and ran on the one slice left after the duplicates were
+    dropped, with only a warning."""
+    slices = loaded.volume.shape[0]
+    if slices >= rules.min_slices and slices > 1:
+        return None
+    reason = stack_rejection_reason(slices, None, rules)
+    count = loaded.header.number_of_instances
+    return StudyError(
+        f"series {loaded.header.series_number}: {_slices(slices)} left of its "
+        f"{count} images once the slices at the same position were dropped: {reason}"
+    )
 
 
 def _may_try_another(exc: StudyError) -> bool:
