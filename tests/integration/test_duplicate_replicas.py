@@ -190,3 +190,48 @@ def test_a_job_that_started_before_its_replica_looked_gets_its_row_set_back(
     a.hooks.followers.pop()
     a.scheduler.release()
     assert wait_job(ca, job_id, key, timeout=300 * WAIT_SCALE)["state"] == "succeeded"
+
+
+def test_an_operator_re_prioritises_a_job_waiting_on_another_replica(
+    replicas: dict[str, Any],
+) -> None:
+    """``POST /v1/jobs/{id}/priority`` through the replica that does not hold the job:
+    it answered 409 ("only waiting jobs") on every replica but the one whose queue held
+    the job, so behind a load balancer the console's re-prioritisation failed at random.
+    Now the row is re-filed there and the holding replica follows it (lowering too)."""
+    (a, b), (ca, cb), key = replicas["services"], replicas["clients"], replicas["key"]
+    files = upload(make_study(replicas["root"] / "study"))
+    a.scheduler.hold("test", "the job waits on replica A")
+    try:
+        first = _submit(ca, files, key, "inpatient")
+        assert first.status_code == 202, first.text
+        job_id = first.json()["id"]
+        assert b.scheduler.job_info(job_id) is None
+
+        for wanted in ("urgent", "outpatient"):
+            moved = cb.post(
+                f"/v1/jobs/{job_id}/priority",
+                json={"priority_class": wanted},
+                headers=auth(key),
+            )
+            assert moved.status_code == 200, moved.text
+            assert moved.json()["priority_class"] == wanted.upper()
+
+            cls = PriorityClass[wanted.upper()]
+            until(lambda cls=cls: _filed_as(a, job_id, cls), f"replica A to file it {wanted}", 30)
+        records = [r for r in a.store.iter_audit() if r.subject == job_id]
+        moves = [
+            (r.payload["old_priority_class"], r.payload["new_priority_class"])
+            for r in records
+            if r.action == "job.reprioritised"
+        ]
+        assert moves == [("INPATIENT", "URGENT"), ("URGENT", "OUTPATIENT")]
+        assert all(r.actor_key_id == replicas["key_id"] for r in records[-2:])
+    finally:
+        a.scheduler.release()
+    assert wait_job(ca, job_id, key, timeout=300 * WAIT_SCALE)["state"] == "succeeded"
+
+
+def _filed_as(service: Service, job_id: str, cls: PriorityClass) -> bool:
+    info = service.scheduler.job_info(job_id)
+    return info is not None and info.cls is cls

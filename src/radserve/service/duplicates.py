@@ -31,7 +31,6 @@ Rules (:func:`join_rule`):
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Callable
 
@@ -39,14 +38,13 @@ from radserve.domain.jobs import JobState as RunState
 from radserve.domain.priority import PriorityClass
 from radserve.scheduling import NotWaitingError, Scheduler
 from radserve.service.jobcache import JobCache
-from radserve.service.jobs import refile
-from radserve.store import CacheKey, JobRecord, JobState, Store
+from radserve.service.jobs import refile, refile_row
+from radserve.store import CacheKey, JobRecord, Store
 from radserve.store.joins import JoinRule
 
 logger = logging.getLogger(__name__)
 
 DUPLICATE_REASON = "duplicate_submission"  # a job.reprioritised record's ``reason``
-_WAITING_ROWS = (JobState.RECEIVED, JobState.QUEUED)
 
 
 def join_rule(
@@ -147,26 +145,17 @@ def _raise_row(
 ) -> JobRecord:
     """Raise the row of a job this server's scheduler does not hold (see
     :func:`raise_priority`), if it still waits and is less urgent than ``priority``."""
-    deadline = job.arrival + dt.timedelta(seconds=scheduler.config.tat(priority))
-
-    def waits_less_urgent(row: JobRecord) -> bool:
-        return row.state in _WAITING_ROWS and priority.rank < row.priority_class.rank
-
     old = PriorityClass(job.priority_class)
-    raised = store.refile_row(
-        job.id,
+    raised = refile_row(
+        job,
         priority,
-        deadline,
-        when=waits_less_urgent,
-        actor_key_id=key_id,
-        client_address=client,
-        extra={
-            "old_priority_class": old.value,
-            "new_priority_class": priority.value,
-            "old_deadline": job.deadline.isoformat(),
-            "new_deadline": deadline.isoformat(),
-            "reason": DUPLICATE_REASON,
-        },
+        scheduler=scheduler,
+        store=store,
+        cache=cache,
+        key_id=key_id,
+        client=client,
+        reason=DUPLICATE_REASON,
+        only_more_urgent=True,
     )
     if raised is None:  # started meanwhile, or raised already by another submission
         now = store.get_job(job.id)
@@ -179,7 +168,6 @@ def _raise_row(
         old.name,
         priority.name,
     )
-    cache.put(raised)
     return raised
 
 

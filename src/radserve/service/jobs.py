@@ -15,13 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from radserve.domain.priority import PriorityClass
 from radserve.service.errors import OutputNotFoundError, ResultNotReadyError
 from radserve.service.job_view import JobEta, JobView, JobWait
 from radserve.service.jobcache import JobCache
 from radserve.store import InvalidTransitionError, JobPage, JobRecord, JobState, Store
 
 if TYPE_CHECKING:
-    from radserve.domain.priority import PriorityClass
     from radserve.ingest import IngestPolicy
     from radserve.report.fhir.patient import IdentifierSystems
     from radserve.report.schema import Report
@@ -156,6 +156,24 @@ class JobAccess:
                 raise NotWaitingError(
                     f"job {job_id} is {record.state.value}; only waiting jobs can be re-prioritised"
                 )
+            if self.scheduler.job_info(job_id) is None and record.state in WAITING_ROWS:
+                # waiting on another replica (or not yet handed to a queue): its row is
+                # re-filed and the queue that holds it follows (service.row_classes);
+                # before, the request answered 409 on every replica but that one
+                done = refile_row(
+                    record,
+                    cls,
+                    scheduler=self.scheduler,
+                    store=self.store,
+                    cache=self.cache,
+                    key_id=key_id,
+                    client=client,
+                )
+                if done is None:
+                    raise NotWaitingError(
+                        f"job {job_id} started or was re-filed meanwhile; ask again"
+                    )
+                return done
             return refile(
                 record,
                 cls,
@@ -287,4 +305,55 @@ def refile(
     return refiled
 
 
-__all__ = ["REFILING", "JobAccess", "JobView", "refile"]
+# a job row that still waits for a queue's slot: its class may change (re-filed)
+WAITING_ROWS = (JobState.RECEIVED, JobState.QUEUED)
+
+
+def refile_row(
+    record: JobRecord,
+    cls: PriorityClass,
+    *,
+    scheduler: Scheduler,
+    store: Store,
+    cache: JobCache,
+    key_id: str | None,
+    client: str | None,
+    reason: str | None = None,
+    only_more_urgent: bool = False,
+) -> JobRecord | None:
+    """File ``record`` under ``cls`` in its row only, for a job this server's scheduler
+    does not hold: the replica whose queue holds it follows the row at its next look
+    (:mod:`radserve.service.row_classes`). Audited ``job.reprioritised`` as
+    :func:`refile`. None when the row no longer waits (started meanwhile), already says
+    ``cls``, or (``only_more_urgent``) is as urgent already."""
+    deadline = record.arrival + dt.timedelta(seconds=scheduler.config.tat(cls))
+
+    def still_waits(row: JobRecord) -> bool:
+        if row.state not in WAITING_ROWS:
+            return False
+        if only_more_urgent:
+            return cls.rank < row.priority_class.rank
+        return cls is not row.priority_class
+
+    old = PriorityClass(record.priority_class)
+    refiled = store.refile_row(
+        record.id,
+        cls,
+        deadline,
+        when=still_waits,
+        actor_key_id=key_id,
+        client_address=client,
+        extra={
+            "old_priority_class": old.value,
+            "new_priority_class": cls.value,
+            "old_deadline": record.deadline.isoformat(),
+            "new_deadline": deadline.isoformat(),
+        }
+        | ({"reason": reason} if reason is not None else {}),
+    )
+    if refiled is not None:
+        cache.put(refiled)
+    return refiled
+
+
+__all__ = ["REFILING", "WAITING_ROWS", "JobAccess", "JobView", "refile", "refile_row"]
