@@ -12,6 +12,7 @@ import httpx
 import pytest
 from tests.factories.dicom_net import free_port
 from tests.factories.serve import RadserveServe
+from tests.factories.server_process import create_key_cli
 from tests.factories.service import config_file
 from tests.factories.tls import HAVE_OPENSSL, Pki, handshake, make_pki, tls_1_1_is_possible_here
 
@@ -72,3 +73,14 @@ def test_https_without_client_authentication(tmp_path: Path, pki: Pki) -> None:
         assert httpx.get(f"{server.url}/healthz", verify=verify, timeout=10).status_code == 200
         with pytest.raises(httpx.TransportError):  # the server's certificate is checked
             httpx.get(f"{server.url}/healthz", verify=_client_context(pki.rogue_cert), timeout=10)
+        # the console's session cookie is Secure under the server's own TLS, and its
+        # same-origin check wants the https origin (docs/security.md)
+        key = create_key_cli(tmp_path / "radserve.yaml", tmp_path / "data", "read")
+        with httpx.Client(base_url=server.url, verify=verify, timeout=10) as c:
+            http_origin = {"Origin": server.url.replace("https://", "http://")}
+            r = c.post("/console/api/session", json={"key": key}, headers=http_origin)
+            assert r.status_code == 403
+            r = c.post("/console/api/session", json={"key": key}, headers={"Origin": server.url})
+            cookie = r.headers["set-cookie"].lower()
+            assert "; secure" in cookie and "httponly" in cookie and "samesite=strict" in cookie
+            assert r.headers["strict-transport-security"].startswith("max-age=")

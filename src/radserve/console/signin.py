@@ -209,6 +209,10 @@ async def sign_in(request: Request, body: SignIn) -> Response:
         return JSONResponse(error_body("unauthenticated", message), status_code=401)
     await run_in_threadpool(limiter.forgive, attempt)  # it signed in: no failure
     table: SessionTable = request.app.state.console_sessions
+    # the session this browser held (another user's, on a shared workstation) ends
+    # here: only the new cookie is good after a sign-in (it stayed valid until its idle
+    # timeout, for whoever had kept its id)
+    await _end_previous(request, table)
     session_id, session = await run_in_threadpool(
         lambda: table.open(
             who.key_id,
@@ -240,6 +244,20 @@ async def sign_in(request: Request, body: SignIn) -> Response:
     return response
 
 
+async def _end_previous(request: Request, table: SessionTable) -> None:
+    """End the session whose cookie came with a successful sign-in (audited as its
+    sign-out) and forget any other id it carried: a sign-in never leaves an earlier
+    session open behind the new one."""
+    previous = request.cookies.get(COOKIE)
+    if not previous:
+        return
+    found = await current_session(request)
+    await run_in_threadpool(table.close, previous)
+    if found is not None:
+        payload = {"ended_by": "signin"}
+        await run_in_threadpool(_audit, request, Action.CONSOLE_SIGNOUT, found[1].key_id, payload)
+
+
 @router.get("/console/api/session")
 async def session_info(request: Request) -> Response:
     found = await current_session(request)
@@ -253,6 +271,9 @@ async def sign_out(request: Request) -> Response:
     found = await current_session(request)
     if found is not None:
         session_id, session = found
+        # as every state-changing request made with the cookie (radserve.console.auth)
+        if not same_origin(request):
+            raise ForbiddenError("cross-origin sign-out refused (Origin is not this server)")
         if not csrf_ok(session, request.headers.get(CSRF_HEADER)):
             raise ForbiddenError("missing or wrong CSRF token")
         await run_in_threadpool(request.app.state.console_sessions.close, session_id)

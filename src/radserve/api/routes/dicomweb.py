@@ -361,6 +361,14 @@ async def _search(
     and a ``phi.read`` audit record for each job whose results are answered."""
     _check_json_accept(request)
     check_phi_identifiers(request, who, "a QIDO-RS search (patient names and IDs)")
+    for name, uid in (("study", study), ("series", series)):
+        # as STOW-RS checks its study, and QIDO-RS its UID match keys: `..` or a 4,000
+        # character name in the path was searched for and answered 200 with nothing
+        if uid is not None and not (len(uid) <= 64 and _UID.fullmatch(uid)):
+            raise InvalidRequestError(
+                f"the {name} in the path is not a valid UID (digits and dots, at most 64 "
+                "characters)"
+            )
     service = _service(request)
     query = parse_query(request.query_params.multi_items(), level, study, series)
     base = str(request.base_url).rstrip("/") + router.prefix
