@@ -72,6 +72,7 @@ ROUTES: dict[tuple[str, str], Rule] = {
     ("GET", "/metrics"): PUBLIC,
     ("GET", "/"): PUBLIC,
     ("MOUNT", "/console/assets"): PUBLIC,
+    ("MOUNT", "/docs/static"): PUBLIC,  # Swagger UI's files; the schema is behind a key
     ("GET", "/console/api/signin"): PUBLIC,
     ("POST", "/console/api/session"): Rule("session"),
     ("GET", "/console/api/session"): Rule("session"),

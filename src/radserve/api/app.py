@@ -117,6 +117,7 @@ def create_app(
     app.include_router(models.router)
     app.include_router(turnaround.router)
     ops.add_metrics_route(app.router, require_key=server.metrics_require_key)
+    ops.add_docs_assets(app)
 
     public = {"/healthz"} | (set() if server.metrics_require_key else {"/metrics"})
 

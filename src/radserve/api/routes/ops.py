@@ -4,15 +4,16 @@ admin action that puts a model back in service after its circuit breaker opened.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from radserve import __version__
 from radserve.api.auth import Principal, read_unless_outage, require_admin, require_read
+from radserve.api.files import StaticFileAnswers
 from radserve.api.negotiation import NegotiatedRoute
 from radserve.api.schemas import (
     DestinationStatusOut,
@@ -184,9 +185,38 @@ async def openapi(request: Request, _: Annotated[Principal, Depends(require_read
     return JSONResponse(request.app.openapi())
 
 
+# Swagger UI served from this server (radserve/api/static, copied from npm's
+# swagger-ui-dist by the console's build): FastAPI's default page loaded its script from
+# cdn.jsdelivr.net into radserve's origin, where it ran with a signed-in browser's rights
+# (and a hospital network that reaches no CDN showed a blank page)
+DOCS_STATIC = pathlib.Path(__file__).resolve().parent.parent / "static"
+_DOCS_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>radserve API</title>
+<link rel="stylesheet" href="/docs/static/swagger/swagger-ui.css"></head>
+<body><div id="swagger-ui"></div>
+<script src="/docs/static/swagger/swagger-ui-bundle.js"></script>
+<script src="/docs/static/docs.js"></script></body></html>
+"""
+_DOCS_HEADERS = {
+    # nothing from another origin, no inline script (the start is docs.js)
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
 @router.get("/docs", include_in_schema=False, response_class=HTMLResponse)
 async def docs(request: Request, _: Annotated[Principal, Depends(require_read)]) -> HTMLResponse:
-    return get_swagger_ui_html(openapi_url="/openapi.json", title="radserve API")
+    return HTMLResponse(_DOCS_PAGE, headers=_DOCS_HEADERS)
 
 
-__all__ = ["add_metrics_route", "router"]
+def add_docs_assets(app: Any) -> None:
+    """Serve Swagger UI's files (and the page's start) at ``/docs/static``: public, as
+    any static script; the schema they read is behind a key."""
+    app.mount("/docs/static", StaticFileAnswers(directory=DOCS_STATIC), name="docs-static")
+
+
+__all__ = ["DOCS_STATIC", "add_docs_assets", "add_metrics_route", "router"]
