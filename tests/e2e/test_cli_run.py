@@ -84,15 +84,21 @@ def test_provider_choice_reaches_the_report_and_a_missing_one_is_refused(
 
 
 def _damaged_jpeg_lossless(folder: Path) -> None:
-    """A CT whose JPEG Lossless fragments are a marker and random bytes: GDCM's libjpeg
-    prints "Bogus marker length" on its process's stderr (tools/edge_probe.py's
-    garbage_fragments_1.2.840.10008.1.2.4.70)."""
+    """A CT whose JPEG Lossless fragments are a frame header that fits the slice (so the
+    header check lets it through to the decoder, since 2026-12-07) and then a table
+    marker of a bogus length and random bytes: GDCM's libjpeg prints "Bogus marker
+    length" on its process's stderr."""
+    import struct
+
     import pydicom
     from pydicom.encaps import encapsulate
 
     for k, path in enumerate(make_ct_series(folder, n_slices=4)):
         ds = pydicom.dcmread(path)
-        ds.PixelData = encapsulate([b"\xff\xd8\xff\xc3" + random.Random(k).randbytes(600)])
+        # SOI; SOF3: length 11, 16-bit, Rows, Columns, 1 component (id 1, 1x1, table 0)
+        frame = b"\xff\xd8\xff\xc3" + struct.pack(">HBHHB", 11, 16, ds.Rows, ds.Columns, 1)
+        frame += b"\x01\x11\x00" + b"\xff\xc4\x00\x01" + random.Random(k).randbytes(600)
+        ds.PixelData = encapsulate([frame])
         ds["PixelData"].VR = "OB"
         ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.4.70"
         ds.save_as(path)
