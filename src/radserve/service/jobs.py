@@ -292,17 +292,29 @@ def refile(
     with REFILING:
         done = scheduler.reprioritise(record.id, cls)
         deadline = record.arrival + dt.timedelta(seconds=scheduler.config.tat(cls))
-        extra = {
-            "old_priority_class": done.old_cls.value,
-            "new_priority_class": done.new_cls.value,
-            "old_deadline": record.deadline.isoformat(),
-            "new_deadline": deadline.isoformat(),
-        } | ({"reason": reason} if reason is not None else {})
+        extra = refile_record(done.old_cls, done.new_cls, record.deadline, deadline, reason)
         refiled = store.reprioritise_job(
             record.id, cls, deadline, actor_key_id=key_id, client_address=client, extra=extra
         )
     cache.put(refiled)
     return refiled
+
+
+def refile_record(
+    old: PriorityClass,
+    new: PriorityClass,
+    old_deadline: dt.datetime,
+    new_deadline: dt.datetime,
+    reason: str | None = None,
+) -> dict[str, str]:
+    """A ``job.reprioritised`` audit record's payload: the old and new class and
+    deadline, and why when it was not an operator's request."""
+    return {
+        "old_priority_class": old.value,
+        "new_priority_class": new.value,
+        "old_deadline": old_deadline.isoformat(),
+        "new_deadline": new_deadline.isoformat(),
+    } | ({"reason": reason} if reason is not None else {})
 
 
 # a job row that still waits for a queue's slot: its class may change (re-filed)
@@ -343,17 +355,19 @@ def refile_row(
         when=still_waits,
         actor_key_id=key_id,
         client_address=client,
-        extra={
-            "old_priority_class": old.value,
-            "new_priority_class": cls.value,
-            "old_deadline": record.deadline.isoformat(),
-            "new_deadline": deadline.isoformat(),
-        }
-        | ({"reason": reason} if reason is not None else {}),
+        extra=refile_record(old, cls, record.deadline, deadline, reason),
     )
     if refiled is not None:
         cache.put(refiled)
     return refiled
 
 
-__all__ = ["REFILING", "WAITING_ROWS", "JobAccess", "JobView", "refile", "refile_row"]
+__all__ = [
+    "REFILING",
+    "WAITING_ROWS",
+    "JobAccess",
+    "JobView",
+    "refile",
+    "refile_record",
+    "refile_row",
+]

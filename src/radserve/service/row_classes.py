@@ -29,7 +29,7 @@ import logging
 from radserve.domain.priority import PriorityClass
 from radserve.scheduling import NotWaitingError, Scheduler
 from radserve.service.jobcache import JobCache
-from radserve.service.jobs import REFILING
+from radserve.service.jobs import REFILING, refile_record
 from radserve.service.periodic_sweep import PeriodicSweep
 from radserve.store import JobRecord, Store
 
@@ -115,13 +115,7 @@ class RowClasses(PeriodicSweep):
             when=still,
             actor_key_id=None,
             client_address=None,
-            extra={
-                "old_priority_class": row_cls.value,
-                "new_priority_class": runs_as.value,
-                "old_deadline": record.deadline.isoformat(),
-                "new_deadline": deadline.isoformat(),
-                "reason": STARTED_REASON,
-            },
+            extra=refile_record(row_cls, runs_as, record.deadline, deadline, STARTED_REASON),
         )
         if back is None:
             return 0

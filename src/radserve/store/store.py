@@ -298,27 +298,16 @@ class Store(
         a ``job.reprioritised`` audit record (who, ``extra``: old and new) in the same
         transaction. In any state: the job may have started since the scheduler's
         change, which stands."""
-        with self._write() as session:
-            row = session.execute(
-                select(Job).where(Job.id == job_id).with_for_update()
-            ).scalar_one_or_none()
-            if row is None:
-                raise JobNotFoundError(f"no job with id {quoted(job_id)}")
-            row.priority_class = PriorityClass(priority_class).value
-            row.deadline = deadline
-            row.updated = utc_now()
-            session.flush()
-            record = jobq.to_record(row)
-            audit_log.append(
-                session,
-                job_event(
-                    Action.JOB_REPRIORITISED,
-                    record,
-                    actor_key_id=actor_key_id,
-                    client_address=client_address,
-                    extra=extra,
-                ),
-            )
+        record = self.refile_row(
+            job_id,
+            priority_class,
+            deadline,
+            when=lambda _row: True,
+            actor_key_id=actor_key_id,
+            client_address=client_address,
+            extra=extra,
+        )
+        assert record is not None  # written whatever the row says
         logger.info("job %s re-prioritised -> %s", job_id, record.priority_class)
         return record
 
