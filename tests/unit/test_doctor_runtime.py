@@ -138,7 +138,7 @@ def test_the_port_check_binds_in_the_address_s_own_family() -> None:
     supported"), so serve did not start on an IPv6 bind address the settings take."""
     import socket
 
-    from radserve.lifecycle.doctor import _port
+    from radserve.lifecycle.doctor import port_check
 
     try:
         taken = socket.socket(socket.AF_INET6)
@@ -148,8 +148,8 @@ def test_the_port_check_binds_in_the_address_s_own_family() -> None:
     with taken:
         taken.listen()
         port = taken.getsockname()[1]
-        assert _port("dicom port", "::1", port).status == "fail"
-        assert "Address already in use" in _port("dicom port", "::1", port).detail
-    free = _port("dicom port", "::1", port)
+        assert port_check("dicom port", "::1", port).status == "fail"
+        assert "Address already in use" in port_check("dicom port", "::1", port).detail
+    free = port_check("dicom port", "::1", port)
     assert (free.status, free.detail) == ("ok", f"::1:{port} bindable")
-    assert _port("dicom port", "0.0.0.0.0", port).status == "fail"
+    assert port_check("dicom port", "0.0.0.0.0", port).status == "fail"

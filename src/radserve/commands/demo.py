@@ -97,9 +97,9 @@ def _refuse_a_taken_port(host: str, port: int) -> None:
     second ``make demo-serve`` (the first still serving) or another service on 8000 used
     to run the whole demo and only then refuse."""
     from radserve.commands.doctor import ports_in_use
-    from radserve.lifecycle.doctor import _port
+    from radserve.lifecycle.doctor import port_check
 
-    check = _port("http port", host, port)
+    check = port_check("http port", host, port)
     if check.status == "ok":
         return
     hint = (

@@ -305,7 +305,9 @@ def _sqlite_to_create(database: Path, missing: str) -> Check:
                  blocking=True)  # fmt: skip
 
 
-def _port(name: str, host: str, port: int) -> Check:
+def port_check(name: str, host: str, port: int) -> Check:
+    """Whether ``host``:``port`` can be bound here (``demo --serve`` asks it before its
+    minutes of work, in serve's words)."""
     if port == 0:
         return Check(name, "ok", "any free port")
     try:
@@ -346,9 +348,9 @@ def run_doctor(
     checks += _sessions(sessions)
     checks += [_disk(settings), _database(settings), _clock()]
     if check_ports:
-        checks.append(_port("http port", settings.server.host, settings.server.port))
+        checks.append(port_check("http port", settings.server.host, settings.server.port))
         if settings.gateway.enabled:
-            checks.append(_port("dicom port", settings.gateway.host, settings.gateway.port))
+            checks.append(port_check("dicom port", settings.gateway.host, settings.gateway.port))
     if host.free_memory_mb is not None:
         checks.append(Check("memory", "ok", f"{host.free_memory_mb} MB available"))
     return checks
@@ -358,4 +360,4 @@ def blocking(checks: list[Check]) -> list[Check]:
     return [c for c in checks if c.blocking and c.status == "fail"]
 
 
-__all__ = ["Check", "LoadedSession", "blocking", "run_doctor"]
+__all__ = ["Check", "LoadedSession", "blocking", "port_check", "run_doctor"]
