@@ -156,8 +156,11 @@ def test_tls_echo_with_mutual_authentication(tmp_path: Path, certificate) -> Non
     with _peer(tmp_path, tls=tls) as server:
         scu = StoreSCU(connect_timeout_s=5, acse_timeout_s=5)
         assert scu.echo(_destination(server, tls=tls)).outcome is Outcome.SENT
+        # plain DICOM to the TLS port: rejected-permanent in the clear since 2026-12-07 (the
+        # same request never succeeds), no longer a dropped connection to retry
         plain = scu.echo(_destination(server))
-        assert plain.outcome is Outcome.RETRY
+        assert plain.outcome is Outcome.PERMANENT, plain.message
+        assert "rejected the association" in plain.message
         anonymous = scu.echo(_destination(server, tls=TlsSettings(ca=cert)))  # no client cert
         assert anonymous.outcome is Outcome.RETRY
 
