@@ -37,8 +37,7 @@ from collections.abc import Callable
 from radserve.domain.jobs import JobState as RunState
 from radserve.domain.priority import PriorityClass
 from radserve.scheduling import NotWaitingError, Scheduler
-from radserve.service.jobcache import JobCache
-from radserve.service.jobs import refile, refile_row
+from radserve.service.jobs import JobRefiler
 from radserve.store import CacheKey, JobRecord, Store
 from radserve.store.joins import JoinRule
 
@@ -97,78 +96,30 @@ def raise_priority(
     job: JobRecord,
     priority: PriorityClass,
     *,
-    scheduler: Scheduler,
-    store: Store,
-    cache: JobCache,
+    refiler: JobRefiler,
     key_id: str | None,
     client: str | None,
 ) -> JobRecord:
     """``job``, filed under ``priority`` when that is more urgent than its class and it
-    still waits (its deadline: arrival + the class's TAT, as an operator's
-    re-prioritisation), recorded as ``job.reprioritised`` naming the second submitter
-    and ``reason: duplicate_submission``. Waiting in this server's queue: re-filed there.
-    Not in it: its row is raised while it says received or queued, and the replica
-    whose queue holds it follows the row (:mod:`radserve.service.row_classes`). A job
-    that started meanwhile keeps its class (it is running)."""
-    current = PriorityClass(job.priority_class)
-    if priority.rank >= current.rank:
+    still waits, on whichever replica's queue holds it (:class:`JobRefiler`: its
+    deadline is arrival + the class's TAT, as an operator's re-prioritisation), recorded
+    as ``job.reprioritised`` naming the second submitter and ``reason:
+    duplicate_submission``. A job that started meanwhile keeps its class (it is running)."""
+    if priority.rank >= PriorityClass(job.priority_class).rank:
         return job
-    if scheduler.job_info(job.id) is not None:
-        try:
-            return refile(
-                job,
-                priority,
-                scheduler=scheduler,
-                store=store,
-                cache=cache,
-                key_id=key_id,
-                client=client,
-                reason=DUPLICATE_REASON,
-            )
-        except NotWaitingError:
-            _started(job, current)
-            return job
-    return _raise_row(
-        job, priority, scheduler=scheduler, store=store, cache=cache, key_id=key_id, client=client
-    )
-
-
-def _raise_row(
-    job: JobRecord,
-    priority: PriorityClass,
-    *,
-    scheduler: Scheduler,
-    store: Store,
-    cache: JobCache,
-    key_id: str | None,
-    client: str | None,
-) -> JobRecord:
-    """Raise the row of a job this server's scheduler does not hold (see
-    :func:`raise_priority`), if it still waits and is less urgent than ``priority``."""
-    old = PriorityClass(job.priority_class)
-    raised = refile_row(
-        job,
-        priority,
-        scheduler=scheduler,
-        store=store,
-        cache=cache,
-        key_id=key_id,
-        client=client,
-        reason=DUPLICATE_REASON,
-        only_more_urgent=True,
-    )
-    if raised is None:  # started meanwhile, or raised already by another submission
-        now = store.get_job(job.id)
+    try:
+        return refiler.refile(
+            job.id,
+            priority,
+            key_id=key_id,
+            client=client,
+            reason=DUPLICATE_REASON,
+            only_more_urgent=True,
+        )
+    except NotWaitingError:  # started meanwhile, or raised already by another submission
+        now = refiler.store.get_job(job.id)
         _started(now, PriorityClass(now.priority_class))
         return now
-    logger.info(
-        "job %s raised %s -> %s by a more urgent second submission; the server whose "
-        "queue holds it files it so at its next look",
-        job.id,
-        old.name,
-        priority.name,
-    )
-    return raised
 
 
 def _started(job: JobRecord, current: PriorityClass) -> None:

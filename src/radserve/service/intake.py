@@ -65,6 +65,7 @@ from radserve.service.duplicates import join_rule, raise_priority, warm
 from radserve.service.errors import InvalidRequestError
 from radserve.service.failover import SharedStorage
 from radserve.service.jobcache import JobCache
+from radserve.service.jobs import JobRefiler
 from radserve.service.own_uploads import without_own_results
 from radserve.service.schema_watch import HELD_REASON as SCHEMA_HELD_REASON
 from radserve.service.schema_watch import SchemaChangedError
@@ -213,6 +214,8 @@ class Intake:
         self.policy = policy
         self.dicom_results = dicom_results
         self.admission = Admission(scheduler)
+        # a more urgent duplicate raises the waiting job's class (radserve.service.duplicates)
+        self.refiler = JobRefiler(scheduler, store, cache)
         self.own_results = own_results or OwnResults()
         # where studies and results are written (the data folder, or a local fallback)
         self.storage = storage
@@ -548,13 +551,7 @@ class Intake:
         """The answer of a submission that joined the unfinished ``job`` (raised to
         ``priority`` when more urgent and still waiting here)."""
         record = raise_priority(
-            job,
-            priority,
-            scheduler=self.scheduler,
-            store=self.store,
-            cache=self.cache,
-            key_id=origin.key_id,
-            client=origin.client,
+            job, priority, refiler=self.refiler, key_id=origin.key_id, client=origin.client
         )
         logger.info(
             "study submitted again while job %s is %s: that job answers it; no new job",

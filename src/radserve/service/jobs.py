@@ -12,6 +12,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 REPORT_FILE = "report.json"
 _REPORT_CACHE = 256
-# a job's class changes in two steps, the scheduler's and its row's (:func:`refile`); a
+# a job's class changes in two steps, the scheduler's and its row's (JobRefiler); a
 # server following its rows (radserve.service.row_classes) must see both or neither
 REFILING = threading.Lock()
 
@@ -58,10 +59,7 @@ class JobAccess:
         self.hooks = hooks
         self._reports: OrderedDict[str, bytes] = OrderedDict()
         self._lock = threading.Lock()
-        # one re-prioritisation at a time: the scheduler's change and its row's write in
-        # one order (two requests at once left the row with one class and the scheduler
-        # with the other, and audited old values read before the other's change)
-        self._reprioritising = threading.Lock()
+        self.refiler = JobRefiler(scheduler, store, cache)
         # job id -> its ETA (set by the service to its turnaround view)
         self.eta_of: Callable[[str], JobEta | None] = lambda job_id: None
         # what blocks all work of this server now (radserve.service.work_waits), or None
@@ -142,47 +140,11 @@ class JobAccess:
     def reprioritise(
         self, job_id: str, cls: PriorityClass, *, key_id: str | None, client: str | None
     ) -> JobRecord:
-        """File a waiting job under ``cls`` (see :meth:`Scheduler.reprioritise`: the
-        deadline is arrival + the class's TAT), then record it in its row with a
-        ``job.reprioritised`` audit record naming who, the old and the new class and
-        deadline. The cache put feeds the console's live worklist.
+        """File a waiting job under ``cls`` on whichever replica's queue holds it
+        (:class:`JobRefiler`), audited ``job.reprioritised`` naming who.
 
-        Raises :class:`NotWaitingError` (409) unless the job waits in the scheduler."""
-        from radserve.scheduling import NotWaitingError
-
-        with self._reprioritising:
-            record = self.get(job_id)
-            if record.terminal:
-                raise NotWaitingError(
-                    f"job {job_id} is {record.state.value}; only waiting jobs can be re-prioritised"
-                )
-            if self.scheduler.job_info(job_id) is None and record.state in WAITING_ROWS:
-                # waiting on another replica (or not yet handed to a queue): its row is
-                # re-filed and the queue that holds it follows (service.row_classes);
-                # before, the request answered 409 on every replica but that one
-                done = refile_row(
-                    record,
-                    cls,
-                    scheduler=self.scheduler,
-                    store=self.store,
-                    cache=self.cache,
-                    key_id=key_id,
-                    client=client,
-                )
-                if done is None:
-                    raise NotWaitingError(
-                        f"job {job_id} started or was re-filed meanwhile; ask again"
-                    )
-                return done
-            return refile(
-                record,
-                cls,
-                scheduler=self.scheduler,
-                store=self.store,
-                cache=self.cache,
-                key_id=key_id,
-                client=client,
-            )
+        Raises :class:`NotWaitingError` (409) unless the job still waits."""
+        return self.refiler.refile(job_id, cls, key_id=key_id, client=client)
 
     # --- results ----------------------------------------------------------------------
     def result_dir(self, record: JobRecord) -> Path:
@@ -273,33 +235,6 @@ class JobAccess:
         )
 
 
-def refile(
-    record: JobRecord,
-    cls: PriorityClass,
-    *,
-    scheduler: Scheduler,
-    store: Store,
-    cache: JobCache,
-    key_id: str | None,
-    client: str | None,
-    reason: str | None = None,
-) -> JobRecord:
-    """File the waiting job ``record`` under ``cls`` in the scheduler (its deadline:
-    arrival + the class's TAT), record it in its row with a ``job.reprioritised`` audit
-    record (who, the old and new class and deadline, ``reason`` when given) and put it in
-    the cache (the console's live worklist). Raises :class:`NotWaitingError` unless the
-    job waits in the scheduler."""
-    with REFILING:
-        done = scheduler.reprioritise(record.id, cls)
-        deadline = record.arrival + dt.timedelta(seconds=scheduler.config.tat(cls))
-        extra = refile_record(done.old_cls, done.new_cls, record.deadline, deadline, reason)
-        refiled = store.reprioritise_job(
-            record.id, cls, deadline, actor_key_id=key_id, client_address=client, extra=extra
-        )
-    cache.put(refiled)
-    return refiled
-
-
 def refile_record(
     old: PriorityClass,
     new: PriorityClass,
@@ -321,53 +256,115 @@ def refile_record(
 WAITING_ROWS = (JobState.RECEIVED, JobState.QUEUED)
 
 
-def refile_row(
-    record: JobRecord,
-    cls: PriorityClass,
-    *,
-    scheduler: Scheduler,
-    store: Store,
-    cache: JobCache,
-    key_id: str | None,
-    client: str | None,
-    reason: str | None = None,
-    only_more_urgent: bool = False,
-) -> JobRecord | None:
-    """File ``record`` under ``cls`` in its row only, for a job this server's scheduler
-    does not hold: the replica whose queue holds it follows the row at its next look
-    (:mod:`radserve.service.row_classes`). Audited ``job.reprioritised`` as
-    :func:`refile`. None when the row no longer waits (started meanwhile), already says
-    ``cls``, or (``only_more_urgent``) is as urgent already."""
-    deadline = record.arrival + dt.timedelta(seconds=scheduler.config.tat(cls))
+@dataclass(frozen=True)
+class JobRefiler:
+    """Files a waiting job under another class wherever it waits: in this server's queue
+    (the scheduler and its row, :meth:`_here`), or in its row only when another replica's
+    queue holds it or none does yet (:meth:`_row`; that queue follows the row,
+    :mod:`radserve.service.row_classes`). The one way an operator's re-prioritisation
+    and a more urgent duplicate submission change a job's class: either may reach any
+    replica behind a load balancer (before, each chose between the two on its own)."""
 
-    def still_waits(row: JobRecord) -> bool:
-        if row.state not in WAITING_ROWS:
-            return False
-        if only_more_urgent:
-            return cls.rank < row.priority_class.rank
-        return cls is not row.priority_class
+    scheduler: Scheduler
+    store: Store
+    cache: JobCache
 
-    old = PriorityClass(record.priority_class)
-    refiled = store.refile_row(
-        record.id,
-        cls,
-        deadline,
-        when=still_waits,
-        actor_key_id=key_id,
-        client_address=client,
-        extra=refile_record(old, cls, record.deadline, deadline, reason),
-    )
-    if refiled is not None:
-        cache.put(refiled)
-    return refiled
+    def refile(
+        self,
+        job_id: str,
+        cls: PriorityClass,
+        *,
+        key_id: str | None,
+        client: str | None,
+        reason: str | None = None,
+        only_more_urgent: bool = False,
+    ) -> JobRecord:
+        """The job ``job_id`` filed under ``cls`` (its deadline: arrival + the class's
+        TAT), recorded in its row with a ``job.reprioritised`` audit record (who, the old
+        and new class and deadline, ``reason`` when given) and put in the cache (the
+        console's live worklist). ``only_more_urgent``: a job as urgent already is left
+        as it is. Raises :class:`NotWaitingError` (409) when the job no longer waits
+        (started, finished, or re-filed meanwhile)."""
+        from radserve.scheduling import NotWaitingError
+
+        # one change at a time, the scheduler's and the row's together: two requests at
+        # once left the row with one class and the scheduler with the other, and audited
+        # old values read before the other's change; the row poller waits too
+        with REFILING:
+            record = self.store.get_job(job_id)
+            if record.state not in WAITING_ROWS and record.state is not JobState.RUNNING:
+                raise NotWaitingError(
+                    f"job {job_id} is {record.state.value}; only waiting jobs can be re-prioritised"
+                )
+            if only_more_urgent and cls.rank >= record.priority_class.rank:
+                return record
+            if self.scheduler.job_info(job_id) is not None:
+                refiled = self._here(record, cls, key_id=key_id, client=client, reason=reason)
+            elif record.state in WAITING_ROWS:
+                refiled = self._row(record, cls, key_id=key_id, client=client, reason=reason)
+            else:
+                raise NotWaitingError(f"job {job_id} is running; its class cannot change")
+        self.cache.put(refiled)
+        return refiled
+
+    def _here(
+        self,
+        record: JobRecord,
+        cls: PriorityClass,
+        *,
+        key_id: str | None,
+        client: str | None,
+        reason: str | None,
+    ) -> JobRecord:
+        done = self.scheduler.reprioritise(record.id, cls)  # NotWaitingError: started
+        deadline = self._deadline(record, cls)
+        extra = refile_record(done.old_cls, done.new_cls, record.deadline, deadline, reason)
+        return self.store.reprioritise_job(
+            record.id, cls, deadline, actor_key_id=key_id, client_address=client, extra=extra
+        )
+
+    def _row(
+        self,
+        record: JobRecord,
+        cls: PriorityClass,
+        *,
+        key_id: str | None,
+        client: str | None,
+        reason: str | None,
+    ) -> JobRecord:
+        from radserve.scheduling import NotWaitingError
+
+        deadline = self._deadline(record, cls)
+        old = record.priority_class
+        refiled = self.store.refile_row(
+            record.id,
+            cls,
+            deadline,
+            when=lambda row: row.state in WAITING_ROWS and row.priority_class is old,
+            actor_key_id=key_id,
+            client_address=client,
+            extra=refile_record(old, cls, record.deadline, deadline, reason),
+        )
+        if refiled is None:
+            raise NotWaitingError(f"job {record.id} started or was re-filed meanwhile; ask again")
+        logger.info(
+            "job %s re-filed %s -> %s in its row; the server whose queue holds it files it "
+            "so at its next look",
+            record.id,
+            old.name,
+            cls.name,
+        )
+        return refiled
+
+    def _deadline(self, record: JobRecord, cls: PriorityClass) -> dt.datetime:
+        return record.arrival + dt.timedelta(seconds=self.scheduler.config.tat(cls))
 
 
 __all__ = [
     "REFILING",
     "WAITING_ROWS",
     "JobAccess",
+    "JobRefiler",
     "JobView",
-    "refile",
     "refile_record",
-    "refile_row",
 ]

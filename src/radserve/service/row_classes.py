@@ -13,7 +13,7 @@ scheduler holds and
   then said it waited): the row says what the job runs as, audited as
   ``job.reprioritised`` with ``reason: started_before_refile``.
 
-A change made through this server (:func:`radserve.service.jobs.refile`) writes the
+A change made through this server (:class:`radserve.service.jobs.JobRefiler`) writes the
 scheduler and the row under :data:`radserve.service.jobs.REFILING`; a look reads the
 queue and acts under it too, and skips a job whose class changed here in between, so it
 never acts on one of the two steps without the other. Cost: the rows are read in one
