@@ -84,3 +84,12 @@ def test_https_without_client_authentication(tmp_path: Path, pki: Pki) -> None:
             cookie = r.headers["set-cookie"].lower()
             assert "; secure" in cookie and "httponly" in cookie and "samesite=strict" in cookie
             assert r.headers["strict-transport-security"].startswith("max-age=")
+            # named __Host-: no other application on the host or a parent domain can set
+            # it; a plain radserve_session cookie (one another site could plant) is not read
+            assert cookie.startswith("__host-radserve_session=") and "; path=/" in cookie
+            session_id = r.cookies["__Host-radserve_session"]
+        for name, answer in (("radserve_session", 401), ("__Host-radserve_session", 200)):
+            with httpx.Client(
+                base_url=server.url, verify=verify, timeout=10, cookies={name: session_id}
+            ) as c:
+                assert c.get("/console/api/session").status_code == answer, name

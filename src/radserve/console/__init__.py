@@ -53,6 +53,13 @@ def install(app: FastAPI, service: Service, config_file: Path | None = None) -> 
         config_file,
         load=lambda path: load_settings(path, data_dir=service.settings.data_dir),
     )
+    # the session cookie is Secure when so configured, else with this server's TLS, else
+    # per request by its trusted scheme (None; radserve.console.auth.session_cookie)
+    app.state.console_secure_cookie = (
+        settings.secure_cookie
+        if settings.secure_cookie is not None
+        else (True if service.settings.server.tls is not None else None)
+    )
     app.state.console_sessions = SessionTable(
         service.store, ttl_s=settings.session_ttl_s, idle_s=settings.idle_timeout_s
     )

@@ -23,6 +23,7 @@ from radserve.console.sessions import (
     CSRF_HEADER,
     EVENTS_PATH,
     SAFE_METHODS,
+    SECURE_COOKIE,
     Session,
     SessionTable,
     csrf_ok,
@@ -45,6 +46,19 @@ def same_origin(request: Request) -> bool:
     return scheme.lower() == request.url.scheme and rest.rstrip("/").lower() == host.lower()
 
 
+def session_cookie(request: Request) -> tuple[str, bool]:
+    """The session cookie's name and Secure flag for ``request``: Secure under
+    ``console.secure_cookie``, else when the request came over https as trusted (this
+    server's TLS, or a proxy in ``server.trusted_proxies`` that said
+    ``X-Forwarded-Proto: https``); a Secure cookie is named :data:`SECURE_COOKIE`. A
+    secure request reads only that name: a plain ``radserve_session`` beside it may have
+    been planted by another application on the host."""
+    secure: bool | None = request.app.state.console_secure_cookie
+    if secure is None:
+        secure = request.url.scheme == "https"
+    return (SECURE_COOKIE if secure else COOKIE), secure
+
+
 def background(request: Request) -> bool:
     """Whether the page made ``request`` by itself (the live event stream, a refresh or
     poll it marks with ``X-Console-Background: 1``): it does not renew the session's
@@ -58,7 +72,7 @@ async def current_session(request: Request) -> tuple[str, Session] | None:
     server's ``console.users`` no longer has that account as it signed in (removed, its
     role or password changed)."""
     table: SessionTable = request.app.state.console_sessions
-    session_id = request.cookies.get(COOKIE)
+    session_id = request.cookies.get(session_cookie(request)[0])
     if not session_id:
         return None
     session = await run_in_threadpool(lambda: table.get(session_id, renew=not background(request)))

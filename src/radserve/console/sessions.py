@@ -31,6 +31,10 @@ from radserve.store.console import ConsoleSessionRecord as Session
 from radserve.store.records import utc_now
 
 COOKIE = "radserve_session"
+# its name when it is Secure: a browser takes a ``__Host-`` cookie only from an https
+# page, with Path=/ and no Domain, so another application on this host (another port,
+# plain http) or a parent domain cannot plant one beside radserve's
+SECURE_COOKIE = f"__Host-{COOKIE}"
 CSRF_HEADER = "x-csrf-token"
 # sent by the page on the requests it makes by itself (a refresh, a poll): they do not
 # count as activity; nor does the live event stream (an EventSource sends no header)
@@ -126,6 +130,7 @@ __all__ = [
     "CSRF_HEADER",
     "EVENTS_PATH",
     "SAFE_METHODS",
+    "SECURE_COOKIE",
     "Session",
     "SessionTable",
     "csrf_ok",

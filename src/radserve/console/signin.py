@@ -27,10 +27,16 @@ from radserve.api.state import service_of
 from radserve.audit.chain import AuditEvent
 from radserve.audit.events import Action
 from radserve.config import ConsoleSettings
-from radserve.console.auth import account_check, current_session, local_users, same_origin
+from radserve.console.auth import (
+    account_check,
+    current_session,
+    local_users,
+    same_origin,
+    session_cookie,
+)
 from radserve.console.limits import SignInLimiter
 from radserve.console.routes import phi_allowed
-from radserve.console.sessions import COOKIE, CSRF_HEADER, Session, SessionTable, csrf_ok
+from radserve.console.sessions import CSRF_HEADER, Session, SessionTable, csrf_ok
 from radserve.console.users import USER_PREFIX, actor_id
 from radserve.passwords import MAX_LENGTH, PasswordHash, verify_password
 from radserve.security.keys import Role
@@ -227,13 +233,9 @@ async def sign_in(request: Request, body: SignIn) -> Response:
     payload = {"method": method, **({"user": who.user} if who.user else {"key_name": who.name})}
     await run_in_threadpool(_audit, request, Action.CONSOLE_SIGNIN, who.key_id, payload)
     response = JSONResponse(_session_body(request, session))
-    secure = settings.console.secure_cookie
-    if secure is None:
-        # https as trusted: this server's TLS, or a proxy in server.trusted_proxies that
-        # said X-Forwarded-Proto: https (uvicorn set the request's scheme from it)
-        secure = settings.server.tls is not None or request.url.scheme == "https"
+    name, secure = session_cookie(request)
     response.set_cookie(
-        COOKIE,
+        name,
         session_id,
         max_age=int(table.ttl_s),
         httponly=True,
@@ -248,7 +250,7 @@ async def _end_previous(request: Request, table: SessionTable) -> None:
     """End the session whose cookie came with a successful sign-in (audited as its
     sign-out) and forget any other id it carried: a sign-in never leaves an earlier
     session open behind the new one."""
-    previous = request.cookies.get(COOKIE)
+    previous = request.cookies.get(session_cookie(request)[0])
     if not previous:
         return
     found = await current_session(request)
@@ -279,7 +281,8 @@ async def sign_out(request: Request) -> Response:
         await run_in_threadpool(request.app.state.console_sessions.close, session_id)
         await run_in_threadpool(_audit, request, Action.CONSOLE_SIGNOUT, session.key_id, {})
     response = Response(status_code=204)
-    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    name, secure = session_cookie(request)
+    response.delete_cookie(name, path="/", secure=secure, httponly=True, samesite="strict")
     return response
 
 
