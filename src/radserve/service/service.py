@@ -283,7 +283,10 @@ class Service:
             owner=self.lease.owner,
         )
         self.stow = StowBridge(
-            self.intake, data_dir=settings.data_dir, quiet_s=settings.dicomweb.quiet_s
+            self.intake,
+            data_dir=settings.data_dir,
+            group_of=self.lineage_scopes.group_of,
+            quiet_s=settings.dicomweb.quiet_s,
         )
         self.wado = WadoAccess(self.results)
         self.qido = QidoSearch(self.results)
