@@ -230,7 +230,16 @@ class StowBridge:
         )
         filer = Filer.of(origin)
         for study in result.waiting:
-            write_filer(self.stow.instances.study_dir(study), filer)
+            folder = self.stow.instances.study_dir(study)
+            earlier = read_filer(folder, quiet=True)
+            write_filer(folder, filer)
+            if earlier != filer:
+                # another sender: its re-send of instances already here is new to it, so
+                # the study is handed over again and the re-send look-up decides who
+                # answers it (Store.find_answered: only a job this sender may see);
+                # before, identical instances never reopened a handed-over study and a
+                # second site's study got no job of its own
+                self.stow.tracker.arrived(study, folder)
         return result
 
     def _on_study(self, study: CompletedStudy) -> None:

@@ -474,7 +474,7 @@ class Intake:
                     # same input, same route (a result made for an HTTP upload went nowhere):
                     # the job that answered it -- run or cached -- answers the re-send too
                     existing = self._waited(
-                        lambda: self.store.find_answered(key, origin.source),
+                        lambda: self.store.find_answered(key, origin.source, origin.sees),
                         "a re-sent study's earlier job",
                     )
                     if existing is not None and existing.state is JobState.SUCCEEDED:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, cast
 
 from sqlalchemy import CursorResult, Update, select, update
@@ -457,14 +457,21 @@ class Store(
             ).scalars()
             return [jobq.to_record(row) for row in rows]
 
-    def find_answered(self, key: CacheKey, source: str) -> JobRecord | None:
+    def find_answered(
+        self, key: CacheKey, source: str, sees: Callable[[str | None], bool] | None = None
+    ) -> JobRecord | None:
         """The job that already answers ``key`` for the route ``source`` (its
         ``queue_meta["source"]``): a succeeded one -- one that ran, or one answered from
         the result cache -- oldest first, else an unfinished one. A study re-sent over
-        the same route is answered by it, so what that route was sent is not sent again."""
+        the same route is answered by it, so what that route was sent is not sent again.
+        ``sees`` (the submitter's visibility rule, by a job's key id): only a job it may
+        see answers; another site's job of the same route does not (that site's answer
+        left the submitter a job id it could not read, and no job of its own)."""
         states = (JobState.SUCCEEDED, *UNFINISHED_STATES)
         found = [
-            job for job in self._jobs_for(key, states) if job.queue_meta.get("source") == source
+            job
+            for job in self._jobs_for(key, states)
+            if job.queue_meta.get("source") == source and (sees is None or sees(job.api_key_id))
         ]
         succeeded = [job for job in found if job.state is JobState.SUCCEEDED]
         return (succeeded or found or [None])[0]
