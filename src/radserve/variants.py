@@ -75,6 +75,7 @@ __all__ = [
     "build_int8",
     "declare_files",
     "default_precisions",
+    "gate_runtime",
     "measure_speed",
     "variant_filename",
 ]
@@ -333,11 +334,14 @@ def build_and_gate(
     repeats: int = 10,
     studies: Sequence[str] = (),
     calibration_studies: Sequence[str] = (),
+    providers: Sequence[str] = (),
 ) -> GateReport:
     """Build ``precisions`` beside the bundle's FP32 file, declare them in model.yaml,
     evaluate them against FP32, time them, gate them and write ``gate.json``
     (``studies``/``calibration_studies``: the names of a site's studies it was evaluated
-    and calibrated on, recorded instead of phantom seeds).
+    and calibrated on, recorded instead of phantom seeds). The speed is timed on
+    ``providers`` (the server's, :func:`gate_runtime`; empty: the host's choice),
+    which the gate records as the providers it covers.
 
     ``evaluate_precisions(["fp32", ...])`` must run the pipeline with this bundle at each
     precision on held-out studies (the candidates are not gated yet, so it must use a
@@ -346,6 +350,7 @@ def build_and_gate(
     bad = [p for p in precisions if p not in ("fp16", "int8", "bf16")]
     if bad:
         raise ModelError(f"can build fp16, int8 and bf16 variants, not {bad}")
+    runtime = gate_runtime(providers, precisions, threads=threads)
     installed = _installed_as_it_was(bundle)
     spec = bundle.spec
     fp32_name = spec.files["fp32"]
@@ -373,12 +378,20 @@ def build_and_gate(
             f"evaluation of {spec.key} did not compare {uncompared} with fp32's own output; "
             "a variant is not gated without it"
         )
-    fp32_speed = measure_speed(fp32_path, spec, speed_batch, threads=threads, repeats=repeats)
+    fp32_speed = measure_speed(
+        fp32_path, spec, speed_batch, threads=threads, repeats=repeats, runtime=runtime
+    )
     variants = _kept_records(bundle, summaries["fp32"], precisions)
     for precision in precisions:
         path = bundle.directory / files[precision]
         speed = measure_speed(
-            path, spec, speed_batch, threads=threads, repeats=repeats, precision=precision
+            path,
+            spec,
+            speed_batch,
+            threads=threads,
+            repeats=repeats,
+            precision=precision,
+            runtime=runtime,
         )
         speed = speed.model_copy(
             update={"ratio_vs_fp32": speed.ms_per_batch / fp32_speed.ms_per_batch}
@@ -487,11 +500,43 @@ def _comparable(summary: EvalSummary) -> dict[str, object]:
     )
 
 
-def default_precisions() -> list[str]:
-    """fp16 and int8 everywhere; bf16 where it can run (OpenVINO, native bfloat16)."""
+def default_precisions(providers: Sequence[str] = ()) -> list[str]:
+    """fp16 and int8 everywhere; bf16 where it can serve: OpenVINO first among
+    ``providers`` (the server's; empty: the host's choice) on a CPU with native bfloat16.
+    Before 2026-12-07 an install on a server serving on the CPU provider built and gated
+    bf16 on OpenVINO, the host's default, and said it was "servable here"."""
     from radserve.inference import choose_runtime
 
-    return ["fp16", "int8", "bf16"] if choose_runtime().runs_bf16 else ["fp16", "int8"]
+    runs_bf16 = choose_runtime(prefer=list(providers) or None).runs_bf16
+    return ["fp16", "int8", "bf16"] if runs_bf16 else ["fp16", "int8"]
+
+
+def gate_runtime(
+    providers: Sequence[str], precisions: Sequence[str] = (), *, threads: int | None = None
+) -> RuntimeChoice:
+    """The runtime variants are evaluated and timed on: the server's ``providers``
+    (:attr:`radserve.service.catalog.Catalog.serving_providers`, chosen as
+    :func:`~radserve.inference.providers.choose_runtime` chooses them for the server;
+    empty: the host's choice), so that a gate measures the kernels that will serve the
+    variant. Before 2026-12-07 every gate ran on the host's default (OpenVINO here), also
+    for a server set to ``runtime.providers: [CPUExecutionProvider]``, whose int8 then
+    served through kernels its gate never measured.
+
+    Raises:
+        ModelError: ``bf16`` asked for where the server does not serve on OpenVINO (its
+            variant could never serve there), or providers this host cannot run.
+    """
+    from radserve.inference import choose_runtime
+
+    runtime = choose_runtime(prefer=list(providers) or None, threads=threads)
+    if "bf16" in precisions and providers and runtime.primary != "OpenVINOExecutionProvider":
+        raise ModelError(
+            f"bf16 runs on OpenVINO's CPU plugin only, and this server serves with "
+            f"{', '.join(providers)} (runtime.providers): a bf16 variant could not serve "
+            "here; leave bf16 out of the precisions (lifecycle.variants.precisions, "
+            "--precision), or put OpenVINOExecutionProvider first in runtime.providers"
+        )
+    return runtime
 
 
 def build_and_gate_on_phantoms(
@@ -505,13 +550,15 @@ def build_and_gate_on_phantoms(
     small: bool = False,
     threads: int | None = None,
     repeats: int = 10,
+    providers: Sequence[str] = (),
 ) -> GateReport:
     """:func:`build_and_gate` for the version of ``model`` that ``pipeline`` runs, the way
     the shipped variants are made (``radserve models build-variants``): INT8 calibrated on
     the batches the FP32 pipeline feeds the model on the ``calibration_seeds`` phantoms,
     every precision evaluated through the whole pipeline (the other models at FP32) on
     the held-out ``eval_seeds`` phantoms, against their ground truth and, label by label,
-    against the model's own FP32 output, timed, gated."""
+    against the model's own FP32 output, timed, gated; every session on ``providers``
+    (the server's, :func:`gate_runtime`; empty: the host's choice)."""
     from radserve.evaluation.pipeline_runs import (
         organ_label_values,
         pipeline_predictor,
@@ -523,6 +570,7 @@ def build_and_gate_on_phantoms(
     overlap = sorted(set(eval_seeds) & set(calibration_seeds))
     if overlap:
         raise ModelError(f"calibration and evaluation share phantom seeds {overlap[:5]}")
+    runtime = gate_runtime(providers, precisions)
     bundle = _step_bundle(registry, pipeline, model)
     specs = [registry.get(s.model, s.version).spec for s in pipeline.steps]
     several = next((s for s in specs if s.input.channels), None)
@@ -533,14 +581,14 @@ def build_and_gate_on_phantoms(
             "on the bundle before it is installed)"
         )
     calibration_cts = [phantom_truth(s, small=small).ct for s in calibration_seeds]
-    batches = record_model_inputs(registry, pipeline, model, calibration_cts)
+    batches = record_model_inputs(registry, pipeline, model, calibration_cts, runtime=runtime)
     if not batches:
         raise ModelError(f"the pipeline fed {bundle.key} no batches on the calibration phantoms")
 
     def run_eval(wanted: Sequence[str]) -> Mapping[str, EvalSummary]:
         ungated = ModelRegistry(registry.roots, allow_ungated=True, missing_ok=registry.missing_ok)
         return evaluate(
-            pipeline_predictor(ungated, pipeline, vary=model),
+            pipeline_predictor(ungated, pipeline, vary=model, runtime=runtime),
             seeds=eval_seeds,
             organ_labels=organ_label_values(specs),
             precisions=wanted,
@@ -550,7 +598,7 @@ def build_and_gate_on_phantoms(
 
     return _gate_on_batches(
         bundle, run_eval, batches, threads, precisions, repeats,
-        calibration_seeds=calibration_seeds,
+        calibration_seeds=calibration_seeds, providers=providers,
     )  # fmt: skip
 
 
@@ -564,13 +612,15 @@ def build_and_gate_on_studies(
     precisions: Sequence[str],
     threads: int | None = None,
     repeats: int = 10,
+    providers: Sequence[str] = (),
 ) -> GateReport:
     """:func:`build_and_gate` on a site's own studies (folders of DICOM files, read as
     ``radserve run`` reads them, other series for multi-channel models included): INT8
     calibrated on ``calibration_studies``, every precision judged by its agreement with
     the model's FP32 output on ``studies`` (there is no ground truth to score). The way
     to gate a model on inputs like those it serves: an MR or PET/CT model, or any model
-    whose anatomy the CT phantoms do not show."""
+    whose anatomy the CT phantoms do not show. Sessions run on ``providers`` (the
+    server's, :func:`gate_runtime`; empty: the host's choice)."""
     from radserve.evaluation.pipeline_runs import agreement_on_studies, record_model_inputs
     from radserve.models.registry import ModelRegistry
     from radserve.pipeline.study import load_study
@@ -589,6 +639,7 @@ def build_and_gate_on_studies(
             "INT8 is calibrated on studies other than those it is judged on: give "
             "calibration studies, or leave int8 out"
         )
+    runtime = gate_runtime(providers, precisions)
     bundle = _step_bundle(registry, pipeline, model)
 
     def load(study: Path, registry: ModelRegistry) -> tuple[Volume, ChannelInputs]:
@@ -599,7 +650,9 @@ def build_and_gate_on_studies(
 
     # INT8's calibration set; without INT8, the batches the speed comparison times
     recorded = calibration_studies or studies[:1]
-    batches = record_model_inputs(registry, pipeline, model, (load(s, registry) for s in recorded))
+    batches = record_model_inputs(
+        registry, pipeline, model, (load(s, registry) for s in recorded), runtime=runtime
+    )
     if not batches:
         raise ModelError(f"the pipeline fed {bundle.key} no batches on {recorded[0]}")
 
@@ -612,12 +665,14 @@ def build_and_gate_on_studies(
             (load(s, ungated) for s in studies),
             precisions=wanted,
             step_labels=_label_names(bundle),
+            runtime=runtime,
         )
 
     return _gate_on_batches(
         bundle, run_eval, batches, threads, precisions, repeats,
         studies=[s.name for s in studies],
         calibration_studies=[s.name for s in calibration_studies],
+        providers=providers,
     )  # fmt: skip
 
 
@@ -647,9 +702,10 @@ def _gate_on_batches(
     calibration_seeds: Sequence[int] = (),
     studies: Sequence[str] = (),
     calibration_studies: Sequence[str] = (),
+    providers: Sequence[str] = (),
 ) -> GateReport:
     """:func:`build_and_gate` with INT8 calibrated on the recorded ``batches`` and the
-    speed timed on the largest of them."""
+    speed timed on the largest of them (on ``providers``)."""
     from radserve.inference import probe_host
 
     return build_and_gate(
@@ -663,4 +719,5 @@ def _gate_on_batches(
         calibration_seeds=calibration_seeds,
         studies=studies,
         calibration_studies=calibration_studies,
+        providers=providers,
     )

@@ -46,6 +46,7 @@ def command(
         serving=serving_models(settings),
         check_ports=not no_ports,
         sessions=sessions,
+        providers=serving_providers(settings),
     )
     if as_json:
         click.echo(json.dumps([c.as_json() for c in checks], indent=2))
@@ -91,6 +92,19 @@ def serving_models(settings: object) -> set[tuple[str, str]]:
         return set(catalog.resolve().model_versions.items())
     except RadserveError:
         return set()
+
+
+def serving_providers(settings: object) -> tuple[str, ...]:
+    """The execution providers a server with these settings serves with
+    (``Catalog.serving_providers``), which doctor checks each bundle's ``requires:``
+    against; empty (the host's) where they cannot be chosen (``serve`` then says why)."""
+    from radserve.errors import RadserveError
+    from radserve.service.catalog import Catalog
+
+    try:
+        return Catalog.from_settings(settings).serving_providers  # type: ignore[arg-type]
+    except RadserveError:
+        return ()
 
 
 def served_sessions(settings: object) -> list[Any]:

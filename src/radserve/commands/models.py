@@ -415,6 +415,18 @@ _channel_option = click.option(
 )
 
 
+def _serving_providers(config_file: Path | None) -> tuple[str, ...]:
+    """The execution providers a server with these settings serves with (its catalog's
+    :attr:`~radserve.service.catalog.Catalog.serving_providers`: ``runtime.providers``,
+    else the host's choice), which an import checks and probes its export on. Before
+    2026-12-07 an import took the host's choice whatever the settings said: a network
+    OpenVINO cannot compile was refused for a server serving on the CPU provider."""
+    from radserve.config import load_settings
+    from radserve.service.catalog import Catalog
+
+    return Catalog.from_settings(load_settings(config_file)).serving_providers
+
+
 def _echo_imported(folder: Path, out: Path) -> None:
     """Say where the bundle went; for a model of several series, the pipeline selection
     that picks its reference series (the series the other channels are placed on)."""
@@ -458,6 +470,7 @@ def _echo_imported(folder: Path, out: Path) -> None:
     help="Bake mirroring test-time augmentation into the graph (2^axes passes per patch).",
 )
 @_channel_option
+@CONFIG_OPTION
 def import_nnunet_command(
     folder: Path,
     models_dir: Path,
@@ -467,12 +480,14 @@ def import_nnunet_command(
     checkpoint: str,
     tta: bool,
     channels: tuple[str, ...],
+    config_file: Path | None,
 ) -> None:
     """FOLDER: an nnU-Net v2 trainer folder (<Trainer>__<Plans>__<configuration>)."""
     from radserve.importers import ImportRefusedError
     from radserve.importers.channel_series import parse_channel_option
     from radserve.importers.nnunet import import_nnunet
 
+    providers = _serving_providers(config_file)
     try:
         rules = dict(parse_channel_option(c) for c in channels)
         out = import_nnunet(
@@ -484,6 +499,7 @@ def import_nnunet_command(
             checkpoint=checkpoint,
             tta=tta,
             channels=rules or None,
+            providers=providers,
         )
     except ImportRefusedError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -507,6 +523,7 @@ def import_nnunet_command(
     help="Import a models/model.ts (TorchScript runs the code it holds: only from a source "
     "you trust). Without it a bundle with no model.pt is refused.",
 )
+@CONFIG_OPTION
 def import_monai_command(
     folder: Path,
     models_dir: Path,
@@ -514,12 +531,14 @@ def import_monai_command(
     version: str,
     channels: tuple[str, ...],
     trust_torchscript: bool,
+    config_file: Path | None,
 ) -> None:
     """FOLDER: a MONAI Bundle (configs/inference.json, configs/metadata.json, models/model.pt)."""
     from radserve.importers import ImportRefusedError
     from radserve.importers.channel_series import parse_channel_option
     from radserve.importers.monai_bundle import import_monai
 
+    providers = _serving_providers(config_file)
     try:
         rules = dict(parse_channel_option(c) for c in channels)
         out = import_monai(
@@ -529,6 +548,7 @@ def import_monai_command(
             version=version,
             channels=rules or None,
             trust_torchscript=trust_torchscript,
+            providers=providers,
         )
     except ImportRefusedError as exc:
         raise click.ClickException(str(exc)) from exc

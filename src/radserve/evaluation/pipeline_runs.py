@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from radserve.pipeline import SessionPool, run_volume
 from radserve.pipeline.channels import ChannelInputs
 from radserve.pipeline.spec import PipelineSpec, load_pipeline
 from radserve.pipeline.volume import VolumeResult
+
+if TYPE_CHECKING:
+    from radserve.inference.providers import RuntimeChoice
 
 __all__ = [
     "agreement_on_studies",
@@ -55,8 +58,8 @@ def organ_label_values(specs: Sequence[ModelSpec]) -> dict[str, int]:
 class _VaryOnePool(SessionPool):
     """Sessions at the requested precision for ``vary`` only; FP32 for other models."""
 
-    def __init__(self, vary: str | None) -> None:
-        super().__init__()
+    def __init__(self, vary: str | None, runtime: RuntimeChoice | None = None) -> None:
+        super().__init__(runtime)
         self.vary = vary
 
     def get(self, bundle: ModelBundle, precision: str):  # type: ignore[no-untyped-def]
@@ -66,16 +69,21 @@ class _VaryOnePool(SessionPool):
 
 
 def pipeline_predictor(
-    registry: ModelRegistry, pipeline: str | PipelineSpec, *, vary: str | None = None
+    registry: ModelRegistry,
+    pipeline: str | PipelineSpec,
+    *,
+    vary: str | None = None,
+    runtime: RuntimeChoice | None = None,
 ) -> Predictor:
     """``predict(ct, precision) -> StudyPrediction`` through ``run_volume``.
 
     The organ map is the organ step's label map (values as in the organ model's
     ``model.yaml``), the lesion map the lesion step's finding label map (one value per
-    finding). Sessions are created once and reused across studies.
+    finding). Sessions are created once and reused across studies, on ``runtime``
+    (default: the host's choice; a variant gate passes the server's).
     """
     spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
-    sessions = _VaryOnePool(vary)
+    sessions = _VaryOnePool(vary, runtime)
 
     def predict(ct: Volume, precision: str) -> StudyPrediction:
         result = run_volume(
@@ -134,8 +142,8 @@ class _Recording:
 
 
 class _RecordingPool(SessionPool):
-    def __init__(self, model: str, keep: int) -> None:
-        super().__init__()
+    def __init__(self, model: str, keep: int, runtime: RuntimeChoice | None = None) -> None:
+        super().__init__(runtime)
         self.model = model
         self.keep = keep
         self.recorders: list[_Recording] = []
@@ -157,14 +165,16 @@ def record_model_inputs(
     studies: Iterable[Volume | tuple[Volume, ChannelInputs]],
     *,
     batches_per_study: int = 4,
+    runtime: RuntimeChoice | None = None,
 ) -> list[np.ndarray]:
     """Run the FP32 pipeline on ``studies`` (a volume, or a volume and the other series
-    its multi-channel models read); return up to ``batches_per_study`` input batches per
-    study (a uniform sample) that ``model`` was fed."""
+    its multi-channel models read), on ``runtime`` (default: the host's choice); return
+    up to ``batches_per_study`` input batches per study (a uniform sample) that
+    ``model`` was fed."""
     spec = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline(pipeline)
     if model not in {step.model for step in spec.steps}:
         raise ValueError(f"model {model!r} is not a step of pipeline {spec.name!r}")
-    sessions = _RecordingPool(model, batches_per_study)  # one recorder per study
+    sessions = _RecordingPool(model, batches_per_study, runtime)  # one recorder per study
     for study in studies:
         ct, channels = study if isinstance(study, tuple) else (study, None)
         run_volume(
@@ -181,16 +191,18 @@ def agreement_on_studies(
     *,
     precisions: Sequence[str],
     step_labels: Mapping[int, str],
+    runtime: RuntimeChoice | None = None,
 ) -> dict[str, EvalSummary]:
     """Each precision of ``model`` against its FP32 output on studies without ground
     truth (a site's own: the only way to gate a model on inputs like those it serves).
 
     The summaries carry no accuracy (no organ Dice, no lesion recall, no false positives
     counted: a note says so), only each variant's ``agreement_vs_fp32``; ``studies`` are
-    read one at a time and every precision runs on each before the next is read."""
+    read one at a time and every precision runs on each before the next is read; the
+    sessions run on ``runtime`` (default: the host's choice)."""
     if "fp32" not in precisions:
         raise ValueError("agreement is measured against fp32, which must be among the precisions")
-    sessions = _VaryOnePool(model)
+    sessions = _VaryOnePool(model, runtime)
     counters = {p: AgreementCounter(step_labels) for p in precisions if p != "fp32"}
     seconds: dict[str, list[float]] = {p: [] for p in precisions}
     for ct, channels in studies:

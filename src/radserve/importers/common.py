@@ -7,9 +7,9 @@ import contextlib
 import errno
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -19,6 +19,9 @@ from radserve.lifecycle.graph_checks import check_onnx
 from radserve.lifecycle.install import STAGING_DIR, sha256_file
 from radserve.models.dicom_text import fit
 from radserve.models.manifest import ModelSpec, path_segment
+
+if TYPE_CHECKING:
+    from radserve.inference.providers import RuntimeChoice
 
 _ANATOMY = {"value": "123037004", "scheme": "SCT", "meaning": "Anatomical Structure"}
 _PALETTE = [
@@ -115,10 +118,22 @@ def label_entry(value: int, name: str) -> dict[str, Any]:
     }
 
 
-def export_checked(model: Any, path: Path, channels: int, patch: tuple[int, ...]) -> float:
+def export_checked(
+    model: Any,
+    path: Path,
+    channels: int,
+    patch: tuple[int, ...],
+    *,
+    providers: Sequence[str] = (),
+) -> float:
     """Export a torch module to ``path`` (opset 17, dynamic patch batch, input ``image``,
     output ``logits``); return the max |torch - ONNX Runtime| output difference on two
-    random patch batches, run on the providers radserve serves with (raises if large).
+    random patch batches, run on the providers radserve serves with (raises if large):
+    ``providers``, the server's (``runtime.providers``, as
+    :attr:`radserve.service.catalog.Catalog.serving_providers` gives them; empty: the
+    host's choice). Before 2026-12-07 it always ran on the host's choice (OpenVINO
+    here), so a network that OpenVINO cannot compile was refused for a server serving on
+    the CPU provider, where it runs.
 
     "Large" is 1% of the largest logit: an export bug (a dropped or wrong operator,
     wrong weights) moves outputs by their own size, while two correct float32
@@ -137,8 +152,7 @@ def export_checked(model: Any, path: Path, channels: int, patch: tuple[int, ...]
     # Checked on the providers radserve will serve with: ONNX Runtime's plain CPU
     # provider runs 3D convolutions through im2col buffers (29 GB for one batch of two
     # 128^3 patches of nnU-Net's default network), OpenVINO does not.
-    from radserve.inference.providers import choose_runtime
-
+    runtime = import_runtime(providers)
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
@@ -154,7 +168,6 @@ def export_checked(model: Any, path: Path, channels: int, patch: tuple[int, ...]
                 do_constant_folding=True,
             )
         onnx.checker.check_model(onnx.load(str(path)))
-        runtime = choose_runtime()
 
         def new_session() -> ort.InferenceSession:
             return ort.InferenceSession(
@@ -169,8 +182,9 @@ def export_checked(model: Any, path: Path, channels: int, patch: tuple[int, ...]
     except Exception as exc:  # torch's exporter, the checker and ORT raise many kinds
         name = type(getattr(model, "net", model)).__name__
         raise ImportRefusedError(
-            f"the network ({name}) does not export to an ONNX graph radserve can run "
-            f"(torch {torch.__version__}, opset 17): {str(exc)[:300]}"
+            f"the network ({name}) does not export to an ONNX graph radserve can run on "
+            f"{', '.join(runtime.providers)}, the providers the server serves with "
+            f"(torch {torch.__version__}, opset 17): {_what_failed(str(exc))}"
         ) from exc
     rng = np.random.default_rng(0)
     worst, scale = 0.0, 1.0
@@ -247,7 +261,42 @@ def staged_bundle(models_dir: Path, name: str, version: str) -> Iterator[Path]:
                 folder.rmdir()
 
 
-def write_bundle_files(folder: Path, spec: ModelSpec, header: str, record: dict[str, Any]) -> None:
+def _what_failed(text: str) -> str:
+    """An exporter's or ONNX Runtime's message in one line: its first 300 characters, and
+    for one of several lines its last, which says what failed (OpenVINO's first line is
+    a C++ signature of 1,000 characters; "CPU plug-in doesn't support If operation with
+    dynamic rank" comes last)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if len(lines) < 2:
+        return (lines or ["no reason given"])[0][:300]
+    return f"{lines[0][:150]} ... {lines[-1][:250]}"
+
+
+def import_runtime(providers: Sequence[str]) -> RuntimeChoice:
+    """The runtime an import checks its export on: ``providers`` (the server's; empty:
+    the host's choice) as :func:`~radserve.inference.providers.choose_runtime` picks
+    them for the server, refused as a server start refuses a list this host cannot run.
+    Asked before torch exports anything."""
+    from radserve.errors import ModelError
+    from radserve.inference.providers import choose_runtime
+
+    try:
+        return choose_runtime(prefer=list(providers) or None)
+    except ModelError as exc:
+        raise ImportRefusedError(
+            f"cannot check the export on the providers the server serves with "
+            f"({', '.join(providers)}, runtime.providers): {exc.message}"
+        ) from exc
+
+
+def write_bundle_files(
+    folder: Path,
+    spec: ModelSpec,
+    header: str,
+    record: dict[str, Any],
+    *,
+    providers: Sequence[str] = (),
+) -> None:
     """``model.yaml`` (``header``, comment lines, then ``spec``) and ``import.json``
     (``record``: where the bundle came from) beside the exported ``model.onnx``.
 
@@ -256,12 +305,13 @@ def write_bundle_files(folder: Path, spec: ModelSpec, header: str, record: dict[
     the labels come from the framework's label list (MONAI's metadata.json
     ``channel_def``, nnU-Net's dataset.json) and the graph from the network, and a
     network of 5 output channels beside a ``channel_def`` of 3 was imported, to be
-    refused by install and by every run."""
+    refused by install and by every run. Its probe batch runs on ``providers`` (the
+    server's, as :func:`export_checked`)."""
     (folder / "model.yaml").write_text(
         header + yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
     )
     (folder / "import.json").write_text(json.dumps(record, indent=2) + "\n")
-    reasons = check_onnx(spec, folder)
+    reasons = check_onnx(spec, folder, providers=providers)
     if reasons:
         raise ImportRefusedError(
             "the exported network does not fit the labels the model declares: "
@@ -273,6 +323,7 @@ def write_bundle_files(folder: Path, spec: ModelSpec, header: str, record: dict[
 
 __all__ = [
     "export_checked",
+    "import_runtime",
     "label_entries",
     "label_entry",
     "read_json_object",

@@ -67,7 +67,7 @@ import json
 import logging
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -906,9 +906,12 @@ def import_monai(
     version: str = "1.0.0",
     channels: dict[int, SeriesRule] | None = None,
     trust_torchscript: bool = False,
+    providers: Sequence[str] = (),
 ) -> Path:
     """Write ``models_dir/<name>/<version>/`` (model.yaml, model.onnx, import.json),
-    whole or not at all (:func:`~radserve.importers.common.staged_bundle`).
+    whole or not at all (:func:`~radserve.importers.common.staged_bundle`); the export
+    is checked and probed on ``providers``, the execution providers the server serves
+    with (``runtime.providers``; empty: the host's choice).
 
     A ``models/model.ts`` is refused unless ``trust_torchscript``: loading TorchScript
     runs the code it holds (:data:`TORCHSCRIPT_RUNS_CODE`)."""
@@ -924,7 +927,9 @@ def import_monai(
         net = load_network(source)
         patch = tuple(spec.input.patch_size or ())
         channels_in = spec.input.in_channels
-        diff = export_checked(_single_output(net), staged / "model.onnx", channels_in, patch)
+        diff = export_checked(
+            _single_output(net), staged / "model.onnx", channels_in, patch, providers=providers
+        )
         header = (
             f"# {spec.key}: imported by `radserve models import monai-bundle` from "
             f"{source.folder.name}.\n"
@@ -940,7 +945,7 @@ def import_monai(
             "weights": {source.weights.name: sha256_file(source.weights)},
             "onnx_max_abs_diff_vs_torch": diff,
         }
-        write_bundle_files(staged, spec, header, record)
+        write_bundle_files(staged, spec, header, record, providers=providers)
     out = Path(models_dir) / name / version
     logger.info("imported %s -> %s (ONNX vs torch max |diff| %.2e)", source.folder, out, diff)
     return out

@@ -46,6 +46,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -650,9 +651,12 @@ def _as_depth_one_3d(model):  # -> torch.nn.Module
     return DepthOne().eval()
 
 
-def export_onnx(predictor, path: Path, *, mirror_axes: tuple[int, ...] = ()) -> float:
+def export_onnx(
+    predictor, path: Path, *, mirror_axes: tuple[int, ...] = (), providers: Sequence[str] = ()
+) -> float:
     """Export the fold ensemble to ``path`` (opset 17, dynamic batch); return the max
-    |torch - ONNX Runtime| logit difference on two random patch batches (raises if large).
+    |torch - ONNX Runtime| logit difference on two random patch batches (raises if large),
+    run on ``providers`` (the server's; empty: the host's choice).
     ``mirror_axes``: the network's own (nnU-Net's ``inference_allowed_mirroring_axes``);
     a 2D network is exported taking depth-1 3D patches."""
     model = _ensemble(predictor, mirror_axes)
@@ -660,7 +664,7 @@ def export_onnx(predictor, path: Path, *, mirror_axes: tuple[int, ...] = ()) -> 
     if len(patch) == 2:
         model, patch = _as_depth_one_3d(model), (1, *patch)
     channels = len(predictor.configuration_manager.normalization_schemes)
-    return export_checked(model, path, channels, patch)
+    return export_checked(model, path, channels, patch, providers=providers)
 
 
 def import_nnunet(
@@ -673,10 +677,13 @@ def import_nnunet(
     tta: bool = False,
     checkpoint: str = CHECKPOINT,
     channels: dict[int, SeriesRule] | None = None,
+    providers: Sequence[str] = (),
 ) -> Path:
     """Write ``models_dir/<name>/<version>/`` (model.yaml, model.onnx, import.json),
     whole or not at all (:func:`~radserve.importers.common.staged_bundle`); ``channels``:
-    series rules by channel index, as :func:`manifest_from_nnunet`."""
+    series rules by channel index, as :func:`manifest_from_nnunet`; ``providers``: the
+    execution providers the server serves with (``runtime.providers``; empty: the
+    host's choice), which the export is checked and probed on."""
     source = read_results_folder(folder, folds=folds, checkpoint=checkpoint)
     default = str(source.plans.get("dataset_name") or "nnunet").lower().replace("_", "-")
     name = name or default
@@ -690,7 +697,12 @@ def import_nnunet(
         source, name=name, version=version, mirror_axes=allowed, tta=tta, channels=channels
     )
     with staged_bundle(models_dir, name, version) as staged:
-        diff = export_onnx(predictor, staged / "model.onnx", mirror_axes=allowed if tta else ())
+        diff = export_onnx(
+            predictor,
+            staged / "model.onnx",
+            mirror_axes=allowed if tta else (),
+            providers=providers,
+        )
         header = (
             f"# {spec.key}: imported by `radserve models import nnunet` from "
             f"{source.folder.name}.\n"
@@ -714,7 +726,7 @@ def import_nnunet(
                 "network_passes_per_patch": (2 ** len(allowed) if tta else 1) * len(source.folds),
             },
         }
-        write_bundle_files(staged, spec, header, record)
+        write_bundle_files(staged, spec, header, record, providers=providers)
     out = Path(models_dir) / name / version
     logger.info("imported %s -> %s (ONNX vs torch max |diff| %.2e)", source.folder, out, diff)
     return out

@@ -30,7 +30,12 @@ from radserve.config import Settings
 from radserve.http_proxies import proxy_problems
 from radserve.inference.providers import GPU_PROVIDERS
 from radserve.lifecycle.install import verify_install
-from radserve.lifecycle.requirements import HostFacts, host_facts, unmet_requirements
+from radserve.lifecycle.requirements import (
+    OPENVINO,
+    HostFacts,
+    host_facts,
+    unmet_requirements,
+)
 from radserve.models.manifest import ModelSpec
 from radserve.models.registry import ModelRegistry, bundled_model_dir
 from radserve.pipeline.checks import critical_rule_problem
@@ -180,17 +185,25 @@ def _registry(settings: Settings) -> ModelRegistry:
     )
 
 
-def _bundles(settings: Settings, host: HostFacts, serving: set[tuple[str, str]]) -> list[Check]:
+def _bundles(
+    settings: Settings,
+    host: HostFacts,
+    serving: set[tuple[str, str]],
+    providers: Sequence[str] = (),
+) -> list[Check]:
+    """Each bundle's ``requires:`` against the providers the server serves with
+    (``providers``; empty: the host's) and its install hashes."""
     registry = _registry(settings)
     out = []
     for info in registry.list():
         key = (info.name, info.version)
         bundle = registry.get(info.name, info.version)
-        problems = unmet_requirements(bundle.spec, host) + verify_install(bundle.directory)
+        problems = unmet_requirements(bundle.spec, host, providers=providers)
+        problems += verify_install(bundle.directory)
         blocking = key in serving and bool(problems)
         status: Status = "ok" if not problems else ("fail" if blocking else "warn")
         detail = "; ".join(problems) or (
-            servable_here(info.servable, host)
+            servable_here(info.servable, host, providers)
             + (
                 f"; needs {bundle.spec.requires.memory_mb} MB"
                 if bundle.spec.requires.memory_mb
@@ -242,13 +255,21 @@ def _outbound_proxy(settings: Settings) -> list[Check]:
     return [Check("outbound proxy", "fail", problem, blocking=True) for problem in problems]
 
 
-def servable_here(servable: Sequence[str], host: HostFacts) -> str:
+def servable_here(servable: Sequence[str], host: HostFacts, providers: Sequence[str] = ()) -> str:
     """The gated precisions this host can run: bf16 is OpenVINO's CPU plugin on a CPU with
     native bfloat16, and a gate passed elsewhere does not make it run here (an H200 host
-    with onnxruntime-gpu listed it as servable, 2026-12-04)."""
-    here = [p for p in servable if p != "bf16" or host.runs_bf16]
+    with onnxruntime-gpu listed it as servable, 2026-12-04); nor does a host that has
+    OpenVINO where the server serves with another provider first (``providers``, the
+    serving ones; empty: the host's choice)."""
+    runs_bf16 = host.runs_bf16 and (not providers or providers[0] == OPENVINO)
+    here = [p for p in servable if p != "bf16" or runs_bf16]
     text = f"servable {', '.join(here)}"
-    if len(here) < len(servable):
+    if len(here) < len(servable) and host.runs_bf16:
+        text += (
+            f"; bf16 gated but not served: this server serves with {', '.join(providers)} "
+            f"(runtime.providers), and bf16 runs on {OPENVINO} only"
+        )
+    elif len(here) < len(servable):
         text += "; bf16 gated but not on this host (needs OpenVINO and AMX or AVX-512 BF16)"
     return text
 
@@ -337,12 +358,18 @@ def run_doctor(
     serving: set[tuple[str, str]] | None = None,
     check_ports: bool = True,
     sessions: Sequence[LoadedSession] = (),
+    providers: Sequence[str] = (),
 ) -> list[Check]:
     """Every check; ``serving`` (name, version) pairs make a failing bundle blocking;
-    ``sessions``: the loaded sessions whose memory to report."""
+    ``sessions``: the loaded sessions whose memory to report; ``providers``: the
+    execution providers the server serves with
+    (:attr:`radserve.service.catalog.Catalog.serving_providers`), which each bundle's
+    ``requires:`` is checked against (empty: the host's; before 2026-12-07 always the
+    host's, so a server serving on the CPU provider started with a model requiring
+    OpenVINO)."""
     host = host_facts()
     checks = [*_versions(), *_runtime(host)]
-    checks += _bundles(settings, host, serving or set())
+    checks += _bundles(settings, host, serving or set(), providers)
     checks += _critical_rules(settings)
     checks += _outbound_proxy(settings)
     checks += _sessions(sessions)

@@ -251,13 +251,15 @@ def inspect_bundle(
     directory: Path, host: HostFacts | None = None, *, providers: Sequence[str] = ()
 ) -> tuple[ModelSpec, list[str]]:
     """The manifest of the bundle in ``directory`` and every reason to refuse it; its
-    probe batches run on ``providers`` (the server's; empty: the host's choice)."""
+    probe batches run on ``providers`` (the server's; empty: the host's choice), and its
+    ``requires:`` is checked against them (a required provider the host has but the
+    server does not serve with is unmet, since 2026-12-07)."""
     try:
         spec = load_manifest(directory / MANIFEST)
     except ModelError as exc:
         raise BundleRejectedError(exc.message) from exc
     reasons = check_onnx(spec, directory, providers=providers)
-    reasons += unmet_requirements(spec, host or host_facts())
+    reasons += unmet_requirements(spec, host or host_facts(), providers=providers)
     return spec, reasons
 
 

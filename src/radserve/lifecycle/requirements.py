@@ -11,10 +11,12 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from radserve.models.manifest import ModelSpec
+
+OPENVINO = "OpenVINOExecutionProvider"  # the provider whose CPU plugin runs bf16
 
 # Highest ai.onnx opset each ONNX Runtime minor release implements (its release notes):
 # for a host described by its version only (tests, doctor's table of another host); the
@@ -143,9 +145,21 @@ def graph_refusal(opsets: Iterable[tuple[str, int]], ir_version: int) -> str | N
     return f"{runtime} does not load it: {detail}"
 
 
-def unmet_requirements(spec: ModelSpec, host: HostFacts) -> list[str]:
-    """Why ``host`` cannot serve ``spec`` (empty: it can)."""
+def unmet_requirements(
+    spec: ModelSpec, host: HostFacts, *, providers: Sequence[str] = ()
+) -> list[str]:
+    """Why ``host`` cannot serve ``spec`` (empty: it can).
+
+    ``providers``: the execution providers the server serves with, in order (its session
+    pool's, :attr:`radserve.service.catalog.Catalog.serving_providers`: install, import,
+    deploy and ``radserve doctor`` pass them); ``requires.providers`` and a ``bf16``
+    requirement are met only by those. Empty: every provider the host offers (the
+    server's own choice where ``runtime.providers`` is unset). Before 2026-12-07 they were
+    always the host's: a server set to ``runtime.providers: [CPUExecutionProvider]`` on
+    this OpenVINO host installed and deployed a model requiring OpenVINO, and served it
+    on the CPU provider."""
     need = spec.requires
+    serving = tuple(providers) or host.providers
     reasons: list[str] = []
     if need.onnxruntime and _version_tuple(host.ort_version) < _version_tuple(need.onnxruntime):
         reasons.append(
@@ -156,15 +170,18 @@ def unmet_requirements(spec: ModelSpec, host: HostFacts) -> list[str]:
             f"{spec.key} needs ONNX opset {need.opset}; ONNX Runtime {host.ort_version} "
             f"implements up to {host.max_opset}"
         )
-    if need.providers and not set(need.providers) & set(host.providers):
-        reasons.append(
-            f"{spec.key} needs one of the execution providers {', '.join(need.providers)}; "
-            f"this host offers {', '.join(host.providers)}"
-        )
+    if need.providers and not set(need.providers) & set(serving):
+        reasons.append(_providers_unmet(spec, host, tuple(providers)))
     if "bf16" in need.precision and not host.runs_bf16:
         reasons.append(
             f"{spec.key} needs bf16, which needs OpenVINO on a CPU with AMX or AVX-512 BF16; "
             "this host has neither"
+        )
+    elif "bf16" in need.precision and providers and providers[0] != OPENVINO:
+        reasons.append(
+            f"{spec.key} needs bf16, which runs on OpenVINO's CPU plugin only; this server "
+            f"serves with {', '.join(providers)} (runtime.providers): put "
+            f"{OPENVINO} first in runtime.providers to serve it"
         )
     if (
         need.memory_mb is not None
@@ -176,6 +193,28 @@ def unmet_requirements(spec: ModelSpec, host: HostFacts) -> list[str]:
             "are available"
         )
     return reasons
+
+
+def _providers_unmet(spec: ModelSpec, host: HostFacts, providers: tuple[str, ...]) -> str:
+    """The reason for a ``requires.providers`` that the serving providers miss: what the
+    model needs, what the server serves with, and what would change that."""
+    need = spec.requires.providers
+    said = f"{spec.key} needs one of the execution providers {', '.join(need)}"
+    offered = [p for p in need if p in host.providers]
+    if not providers:
+        return f"{said}; this host offers {', '.join(host.providers)}"
+    if offered:  # the host has one; runtime.providers leaves it out
+        return (
+            f"{said}; this server serves with {', '.join(providers)} (runtime.providers), "
+            f"which leaves out {', '.join(offered)} that this host offers: add "
+            f"{'it' if len(offered) == 1 else 'one of them'} to runtime.providers to serve "
+            "this model"
+        )
+    return (
+        f"{said}; this server serves with {', '.join(providers)} and this host offers "
+        f"{', '.join(host.providers)}: install the onnxruntime package that has one of "
+        "them (onnxruntime-gpu, onnxruntime-openvino) and name it in runtime.providers"
+    )
 
 
 __all__ = [

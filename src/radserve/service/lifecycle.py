@@ -456,7 +456,9 @@ class ModelLifecycle:
             raise DeploymentError(
                 f"{bundle.key} changed since it was installed: {'; '.join(changed[:5])}"
             )
-        unmet = unmet_requirements(bundle.spec, host_facts())
+        unmet = unmet_requirements(
+            bundle.spec, host_facts(), providers=self.catalog.serving_providers
+        )
         if unmet:
             raise DeploymentError("; ".join(unmet))
         try:

@@ -77,10 +77,11 @@ def variant_builder(
     from radserve.variants import build_and_gate_on_phantoms, default_precisions
 
     config = settings.lifecycle.variants
+    providers = catalog.serving_providers  # built, evaluated and timed as they will serve
 
     def prepare(root: Path, spec: ModelSpec) -> None:
         precisions: Sequence[str] = (
-            request.precisions or config.precisions or tuple(default_precisions())
+            request.precisions or config.precisions or tuple(default_precisions(providers))
         )
         precisions = [p for p in dict.fromkeys(precisions) if p != "fp32"]
         eval_seeds = _seeds(request.seeds or config.seeds, "evaluation seeds")
@@ -111,6 +112,7 @@ def variant_builder(
                 precisions=precisions,
                 small=small,
                 threads=config.threads,
+                providers=providers,
             )
         except (ModelError, ValueError) as exc:
             why = exc.message if isinstance(exc, ModelError) else str(exc)

@@ -449,6 +449,7 @@ async def doctor(
             serving=serving,
             check_ports=False,
             sessions=service.catalog.sessions.loaded(),
+            providers=service.catalog.serving_providers,
         )
         return [c.as_json() for c in checks]
 
