@@ -3,17 +3,30 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-serve test fuzz install install-test lint bench evaluate train clean
+.PHONY: demo demo-serve test fuzz install install-test lint bench evaluate train clean \
+	check-python venv
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+## Before anything else: stop with one line when PYTHON is older than 3.11 (naming its
+## version and a PYTHON= to use), and make $(VENV) again when it no longer works (its
+## Python gone or older than 3.11, no pip) if radserve made it: tools/check_python.sh.
+check-python:
+	@sh tools/check_python.sh "$(PYTHON)" "$(VENV)" "$(firstword $(MAKECMDGOALS) demo)"
 
-install: $(BIN)/python
+## The virtual environment, made with PYTHON when there is none (marked as radserve's);
+## a failed creation leaves none behind for the next run to reuse.
+venv: check-python
+	@if [ ! -e "$(BIN)/python" ]; then \
+		echo "$(PYTHON) -m venv $(VENV)"; \
+		$(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }; \
+		touch $(VENV)/.made-by-radserve; \
+		$(BIN)/python -m pip install --quiet --upgrade pip; \
+	fi
+
+install: venv
 	$(BIN)/python tools/one_onnxruntime.py
 	$(BIN)/pip install --quiet -e .
 
-install-test: $(BIN)/python
+install-test: venv
 	$(BIN)/python tools/one_onnxruntime.py
 	$(BIN)/pip install --quiet -e ".[test]"
 
@@ -53,7 +66,7 @@ evaluate: install
 
 ## Retrain the reference models with PyTorch on the CPU (on two cores, each alone: organs
 ## ~40 min, lesions ~1 h; together they share the cores: see the README's accuracy section).
-train: $(BIN)/python
+train: venv
 	$(BIN)/pip install --quiet -e ".[train]"
 	$(BIN)/python -m radserve.training --model all --seed 0 --out src/radserve/assets/models
 

@@ -15,6 +15,7 @@ from tests.factories.serve import RadserveServe
 from tests.factories.server_process import create_key_cli
 from tests.factories.service import config_file
 from tests.factories.tls import HAVE_OPENSSL, Pki, handshake, make_pki, tls_1_1_is_possible_here
+from tests.factories.waits import until
 
 pytestmark = [
     pytest.mark.slow,
@@ -58,8 +59,11 @@ def test_https_with_client_certificates(tmp_path: Path, pki: Pki) -> None:
             with pytest.raises(httpx.TransportError):
                 httpx.get(f"{server.url}/healthz", verify=context, timeout=10)
                 pytest.fail(f"answered a client with {what}")
-        with pytest.raises(httpx.TransportError):
-            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10)  # plain HTTP
+        plain = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10)  # plain HTTP
+        assert plain.status_code == 400  # from a reader: tests/e2e/test_serve_https_plain_http.py
+        assert f"use https://127.0.0.1:{port}/" in plain.json()["error"]["message"]
+        line = "plain-HTTP connection(s) to the HTTPS port (last from 127.0.0.1): 400"
+        until(lambda: line in server.log.read_text(), "the reader's log line")
         assert tls_1_1_is_possible_here(pki)
         address = ("127.0.0.1", port)
         assert handshake(address, pki, maximum=ssl.TLSVersion.TLSv1_1).startswith("refused")

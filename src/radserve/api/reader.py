@@ -271,7 +271,8 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
     import asyncio
 
     from radserve.api.audit_writer import AuditWriterClient
-    from radserve.api.http_limits import forwarded_trust, uvicorn_protocols
+    from radserve.api.http_limits import forwarded_trust
+    from radserve.api.https_port import public_protocols
     from radserve.api.proxy import Upstream
     from radserve.service.logs import configure_logging
     from radserve.store.audited import open_audited
@@ -290,7 +291,8 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
     app = reader_app(settings, store, snapshot, upstream, link.emit, audit.submit)
     config = uvicorn.Config(
         app,
-        **uvicorn_protocols(settings.server),
+        # HTTPS: TLS (and plain HTTP answered 400) by the protocol, not uvicorn's ssl=
+        **public_protocols(settings.server, tls),
         **forwarded_trust(settings.server),
         log_config=None,
         access_log=spec.access_log,
@@ -298,7 +300,6 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
         timeout_graceful_shutdown=5,  # a console event stream would hold a stop forever
         lifespan="off",  # nothing to start: the store is open already
         server_header=False,
-        ssl_context_factory=None if tls is None else (lambda _config, _default: tls),
     )
     try:
         CleanStopServer(config).run(sockets=[sock])

@@ -128,6 +128,7 @@ def run_server(
 
     from radserve.api import create_app
     from radserve.api.http_limits import forwarded_trust, uvicorn_protocols
+    from radserve.api.https_port import public_protocols
     from radserve.api.reader import CleanStopServer
     from radserve.console import install as install_console
     from radserve.service import Service
@@ -152,14 +153,20 @@ def run_server(
     }
     count = settings.server.reader_count()
     readers = _Readers.of(settings, service, access_log, count) if count else None
+    sockets: list[socket.socket] | None = None
     if readers is None:
+        # HTTPS: a plain socket for uvicorn, TLS (and plain HTTP answered 400) by the
+        # protocol (radserve.api.https_port); bound here, where uvicorn's "running on"
+        # line can say https://
+        if settings.server.tls is not None:
+            host, port, tls = settings.server.host, settings.server.port, settings.server.tls
+            sockets = [bind_public_socket(host, port, cert=tls.cert)]
         config = uvicorn.Config(
             app,
             host=settings.server.host,
             port=settings.server.port,
             **forwarded_trust(settings.server),
-            ssl_context_factory=None if https is None else (lambda _config, _default: https),
-            **common,
+            **{**common, **public_protocols(settings.server, https)},
         )
     else:  # the readers' upstream: they replace any client's X-Forwarded-* with what they
         # saw (radserve.api.proxy), and only this user reaches the socket (a 0700 folder)
@@ -205,7 +212,7 @@ def run_server(
     # a clean stop, then the start's one line and exit 2
     service.stop_requested = stop_for
     try:
-        server.run()
+        server.run(sockets=sockets)
     finally:
         if readers is not None:
             readers.close()
@@ -228,7 +235,10 @@ class _Readers:
         self.service = service
         self.spec = spec
         self.run_dir = run_dir
-        self.sock = bind_public_socket(settings.server.host, settings.server.port)
+        tls = settings.server.tls
+        self.sock = bind_public_socket(
+            settings.server.host, settings.server.port, cert=None if tls is None else tls.cert
+        )
         self.snapshot = SnapshotWriter(service.jobs, service.cache, spec.snapshot_path)
         self.pool: Any = None
 
@@ -289,7 +299,8 @@ def _doctor(settings: Any, service: Any) -> None:
         serving = set(service.catalog.resolve().model_versions.items())
     except RadserveError:
         serving = set()
-    failed = blocking(run_doctor(settings, serving=serving))
+    providers = service.catalog.serving_providers
+    failed = blocking(run_doctor(settings, serving=serving, providers=providers))
     for check in failed:
         click.secho(f"doctor: {check.name}: {check.detail}", fg="red", err=True)
     taken = ports_in_use(failed)
@@ -304,8 +315,12 @@ def _doctor(settings: Any, service: Any) -> None:
         raise click.ClickException("radserve doctor found problems that block serving")
 
 
-def bind_public_socket(host: str, port: int) -> socket.socket:
+def bind_public_socket(host: str, port: int, *, cert: Path | None = None) -> socket.socket:
     """The public listening socket the reader processes share, bound as uvicorn binds.
+
+    ``cert`` (HTTPS): only for uvicorn's "running on" line, which then says https://
+    (uvicorn reads the file in ``Config.load``, not called here; the socket is a plain
+    one: TLS is the protocol's, :mod:`radserve.api.https_port`).
 
     ``log_config=None``: a ``uvicorn.Config`` built with uvicorn's default logging
     configuration re-installs uvicorn's own stderr handlers on its loggers, so every
@@ -313,7 +328,7 @@ def bind_public_socket(host: str, port: int) -> socket.socket:
     would skip radserve's JSON format and its redacting filter."""
     import uvicorn
 
-    bind = uvicorn.Config(None, host=host, port=port, log_config=None)  # type: ignore[arg-type]
+    bind = uvicorn.Config(None, host=host, port=port, log_config=None, ssl_certfile=cert)  # type: ignore[arg-type]
     sock = bind.bind_socket()
     sock.listen(2048)  # connections wait here until a reader accepts them
     return sock
