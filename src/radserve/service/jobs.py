@@ -257,6 +257,15 @@ WAITING_ROWS = (JobState.RECEIVED, JobState.QUEUED)
 
 
 @dataclass(frozen=True)
+class _Asked:
+    """Who asked for a re-filing (audited as its actor) and why, when not an operator."""
+
+    key_id: str | None
+    client: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
 class JobRefiler:
     """Files a waiting job under another class wherever it waits: in this server's queue
     (the scheduler and its row, :meth:`_here`), or in its row only when another replica's
@@ -298,40 +307,30 @@ class JobRefiler:
                 )
             if only_more_urgent and cls.rank >= record.priority_class.rank:
                 return record
+            asked = _Asked(key_id, client, reason)
             if self.scheduler.job_info(job_id) is not None:
-                refiled = self._here(record, cls, key_id=key_id, client=client, reason=reason)
+                refiled = self._here(record, cls, asked)
             elif record.state in WAITING_ROWS:
-                refiled = self._row(record, cls, key_id=key_id, client=client, reason=reason)
+                refiled = self._row(record, cls, asked)
             else:
                 raise NotWaitingError(f"job {job_id} is running; its class cannot change")
         self.cache.put(refiled)
         return refiled
 
-    def _here(
-        self,
-        record: JobRecord,
-        cls: PriorityClass,
-        *,
-        key_id: str | None,
-        client: str | None,
-        reason: str | None,
-    ) -> JobRecord:
+    def _here(self, record: JobRecord, cls: PriorityClass, asked: _Asked) -> JobRecord:
         done = self.scheduler.reprioritise(record.id, cls)  # NotWaitingError: started
         deadline = self._deadline(record, cls)
-        extra = refile_record(done.old_cls, done.new_cls, record.deadline, deadline, reason)
+        extra = refile_record(done.old_cls, done.new_cls, record.deadline, deadline, asked.reason)
         return self.store.reprioritise_job(
-            record.id, cls, deadline, actor_key_id=key_id, client_address=client, extra=extra
+            record.id,
+            cls,
+            deadline,
+            actor_key_id=asked.key_id,
+            client_address=asked.client,
+            extra=extra,
         )
 
-    def _row(
-        self,
-        record: JobRecord,
-        cls: PriorityClass,
-        *,
-        key_id: str | None,
-        client: str | None,
-        reason: str | None,
-    ) -> JobRecord:
+    def _row(self, record: JobRecord, cls: PriorityClass, asked: _Asked) -> JobRecord:
         from radserve.scheduling import NotWaitingError
 
         deadline = self._deadline(record, cls)
@@ -341,9 +340,9 @@ class JobRefiler:
             cls,
             deadline,
             when=lambda row: row.state in WAITING_ROWS and row.priority_class is old,
-            actor_key_id=key_id,
-            client_address=client,
-            extra=refile_record(old, cls, record.deadline, deadline, reason),
+            actor_key_id=asked.key_id,
+            client_address=asked.client,
+            extra=refile_record(old, cls, record.deadline, deadline, asked.reason),
         )
         if refiled is None:
             raise NotWaitingError(f"job {record.id} started or was re-filed meanwhile; ask again")
