@@ -27,6 +27,7 @@ RUNS = {
     "settings": 400,
     "importers": 60,
     "qido": 3000,
+    "nifti": 2000,
 }
 
 

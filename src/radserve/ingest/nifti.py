@@ -10,6 +10,14 @@ Before session 35 none of them applied: a 3.4 KB ``.nii.gz`` of 64³ voxels at 1
 spacing asked the model's resampling for a grid no memory holds and the OOM killer
 stopped the server; NaN voxels, complex or RGB data ran, or failed as radserve's own
 error.
+
+nibabel reads only the fixed header (its checks and fixes applied): the header's fields
+are checked one by one first (:mod:`radserve.ingest.nifti_fields`), and the extensions
+and voxels are read by :mod:`radserve.ingest.nifti_bounds`, by the file's content
+(gzip or not), never its name. Before the 2026-12 fuzzing, ``nibabel.load`` read the
+file, and a damaged header failed as "not a readable NIfTI file (HeaderDataError)", a
+NaN pixdim beside a valid sform as an ``internal_error`` (``LinAlgError``), a damaged
+gzip stream as ``zlib.error``; a vox_offset of 0 ran on the header's bytes as voxels.
 """
 
 from __future__ import annotations
@@ -25,16 +33,13 @@ from radserve.domain.volume import Volume
 from radserve.errors import GeometryError, StudyError
 from radserve.ingest.ct_scale import check_ct_scale
 from radserve.ingest.geometry import MAX_POSITION_MM, check_fov, check_range
-from radserve.ingest.nifti_bounds import (
-    DeclaredLayout,
-    declared_layout,
-    is_gzip,
-    read_gzip_voxels,
-)
+from radserve.ingest.nifti_bounds import DeclaredLayout, declared_layout, read_voxels
+from radserve.ingest.nifti_fields import check_placement_fields
 from radserve.ingest.policy import IngestPolicy, policy_hint
 from radserve.ingest.resample import shift_slices_in_plane
 
 _INT16 = np.iinfo(np.int16)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 _INVALID = "nifti_invalid"
 _ORTHOGONAL_TOLERANCE = 1e-2  # |cos| of the in-plane axes, as for Image Orientation (Patient)
 
@@ -61,51 +66,36 @@ def load_nifti(
             image of intensities with a usable affine; ``series_too_large``,
             ``geometry_invalid``, ``implausible_pixel_values`` as for a DICOM series.
     """
-    layout = declared_layout(path)
-    if layout is not None and policy is not None:
-        _check_declared(layout, policy)  # before nibabel inflates the extensions
-    if layout is not None:
-        _check_scaling(layout)
-        _check_length(path, layout)
     try:
-        image = nib.load(str(path), mmap=False)
-    except Exception as exc:  # nibabel raises many types on damaged files
+        layout = declared_layout(path)
+    except OSError as exc:  # missing or unreadable (a damaged gzip stream is named)
         raise StudyError(
-            f"not a readable NIfTI file ({type(exc).__name__})",
+            f"the NIfTI file cannot be read ({exc.strerror or type(exc).__name__})",
             code=_INVALID,
         ) from exc
-    if not isinstance(image, nib.Nifti1Image | nib.Nifti2Image):
-        raise StudyError(f"expected NIfTI, got {type(image).__name__}", code=_INVALID)
-    shape = image.shape
+    if policy is not None:
+        _check_declared(layout, policy)  # before anything past the header is inflated
+    header = _checked_header(layout)
+    _check_scaling(layout)
+    shape = layout.shape
     while len(shape) > 3 and shape[-1] == 1:
         shape = shape[:-1]
     if len(shape) == 2:
         shape = (*shape, 1)
     if len(shape) != 3:
-        raise StudyError(f"NIfTI image must be 3-D, got shape {image.shape}", code=_INVALID)
-    if 0 in shape:
-        # dim[3] = 0 read as a volume of no slices: the report's overview indexed a
-        # slice that is not there (internal_error on the server, a traceback in run)
-        raise StudyError(
-            f"NIfTI image holds no voxels (shape {tuple(int(n) for n in image.shape)}: an "
-            "axis of length 0)",
-            code=_INVALID,
-        )
-    affine = image.affine
-    _check_header(image, shape, affine, policy)
-    tilt = None if policy is None else _check_orientation(image, affine, policy)
-    ambiguous = [] if policy is None else _check_forms(image, shape)
+        raise StudyError(f"NIfTI image must be 3-D, got shape {layout.shape}", code=_INVALID)
+    affine = header.get_best_affine()
+    _check_header(header, shape, affine, policy)
+    tilt = None if policy is None else _check_orientation(header, affine, policy)
+    ambiguous = [] if policy is None else _check_forms(header, layout, shape)
     if warnings is not None:
+        warnings.extend(layout.notes)
         warnings.extend(ambiguous)
     try:
-        bounded = layout is not None and layout.shape == tuple(image.shape) and is_gzip(path)
-        raw = read_gzip_voxels(path, layout) if bounded and layout is not None else None
-        data = _read_data(image, raw).reshape(shape)
-    except StudyError:
-        raise
-    except Exception as exc:
+        data = _read_data(read_voxels(path, layout), header).reshape(shape)
+    except OSError as exc:  # the disk, not the file: nothing in it is named
         raise StudyError(
-            f"NIfTI voxel data could not be read ({type(exc).__name__})",
+            f"NIfTI voxel data could not be read ({exc.strerror or type(exc).__name__})",
             code=_INVALID,
         ) from exc
     _check_values(data, modality)
@@ -118,7 +108,7 @@ def load_nifti(
 
 
 def _check_orientation(
-    image: nib.Nifti1Image, affine: np.ndarray, policy: IngestPolicy
+    header: nib.Nifti1Header, affine: np.ndarray, policy: IngestPolicy
 ) -> str | None:
     """The DICOM path's orientation rules on a NIfTI from outside; what a tolerated
     tilt is, in words (None: no tilt).
@@ -131,7 +121,6 @@ def _check_orientation(
     Orientation whose vectors are not orthogonal is; a slice axis off the plane's normal
     (a sheared affine: a gantry tilt kept in the affine) is what ``ingest.gantry_tilt``
     says of a DICOM stack (``reject`` by default)."""
-    header = image.header
     if int(header["qform_code"]) == 0 and int(header["sform_code"]) == 0:
         raise GeometryError(
             "the NIfTI header declares no orientation (qform_code and sform_code are both "
@@ -161,7 +150,9 @@ def _check_orientation(
     return what
 
 
-def _check_forms(image: nib.Nifti1Image, shape: tuple[int, ...]) -> list[str]:
+def _check_forms(
+    header: nib.Nifti1Header, layout: DeclaredLayout, shape: tuple[int, ...]
+) -> list[str]:
     """The header's two orientations (qform and sform) where they leave the geometry
     ambiguous: a warning for each ambiguity the affine nibabel reads settles, a
     :class:`GeometryError` where left and right may be swapped.
@@ -181,8 +172,8 @@ def _check_forms(image: nib.Nifti1Image, shape: tuple[int, ...]) -> list[str]:
       takes its absolute value, but a writer that stored the sign may have meant that
       axis mirrored, so which side is left is unknown. With the sform in use the sign
       only concerns the qform, which is compared with the sform as nibabel reads it."""
-    header = image.header
-    raw = _raw_pixdim(image)
+    assert layout.header is not None
+    raw = np.asarray(layout.header["pixdim"], np.float64)  # as stored: nibabel's check
     negative = [f"pixdim[{i}] is {raw[i]:g}" for i in (1, 2, 3) if raw[i] < 0]
     if negative and int(header["sform_code"]) == 0:
         shown = ", ".join(negative)
@@ -196,6 +187,16 @@ def _check_forms(image: nib.Nifti1Image, shape: tuple[int, ...]) -> list[str]:
     if int(header["sform_code"]) == 0 or int(header["qform_code"]) == 0:
         return []
     sform, qform = header.get_sform(), header.get_qform()
+    usable = np.isfinite(qform).all() and abs(np.linalg.det(qform[:3, :3])) >= 1e-12
+    if not usable or None in nib.aff2axcodes(qform):
+        # the sform is usable (_check_header); this qform, a TypeError before (a fuzzed
+        # pixdim of 1e-30 beside a valid sform), cannot be compared with it
+        raise GeometryError(
+            "the NIfTI header's qform (set beside the sform) is degenerate: its voxel axes "
+            f"(pixdim {', '.join(f'{v:g}' for v in raw[1:4])}) do not span space, so "
+            "whether it agrees with the sform is unknown; write qform_code 0 if the sform "
+            "alone is meant"
+        )
     mm, degrees = _forms_apart(qform, sform, shape)
     if mm <= _FORMS_AGREE_MM and degrees <= _FORMS_AGREE_DEG:
         return []
@@ -240,20 +241,6 @@ def _forms_apart(
     return mm, degrees
 
 
-def _raw_pixdim(image: nib.Nifti1Image) -> np.ndarray:
-    """pixdim as the file holds it: nibabel's load sets pixdim[1..3] to their absolute
-    values (logging it), so the sign is read from the header again, unchecked."""
-    holder = image.file_map.get("header") or image.file_map["image"]
-    try:
-        with nib.openers.ImageOpener(holder.filename) as fileobj:
-            raw = type(image.header).from_fileobj(fileobj, check=False)
-    except Exception as exc:  # nibabel raises many types on damaged files
-        raise StudyError(
-            f"the NIfTI header could not be read again ({type(exc).__name__})", code=_INVALID
-        ) from exc
-    return np.asarray(raw["pixdim"], np.float64)
-
-
 def _degrees(a: np.ndarray, b: np.ndarray, *, acute: bool = False) -> float:
     """The angle between unit vectors ``a`` and ``b`` (``acute``: between the lines they
     lie on, at most 90°)."""
@@ -290,27 +277,36 @@ def _tolerate_tilt(
 
 
 def _check_header(
-    image: nib.Nifti1Image,
+    header: nib.Nifti1Header,
     shape: tuple[int, ...],
     affine: np.ndarray,
     policy: IngestPolicy | None,
 ) -> None:
-    """The voxel type, the affine and the DICOM path's bounds, on what the header
-    declares (nothing is read yet)."""
-    dtype = image.get_data_dtype()
-    if dtype.fields is not None or dtype.kind not in "iuf":
-        raise StudyError(
-            f"NIfTI voxels of type {dtype} (datatype code {int(image.header['datatype'])}) "
-            "are not intensities: RGB, complex and other non-scalar data cannot form an "
-            "intensity volume",
-            code="unsupported_pixel_format",
-        )
+    """The affine and the DICOM path's bounds, on what the header declares (nothing is
+    read yet; the voxel type: :mod:`radserve.ingest.nifti_fields`)."""
+    source = _affine_source(header)
     if not np.isfinite(affine).all():
-        raise StudyError("NIfTI affine holds values that are not finite", code=_INVALID)
+        raise StudyError(
+            f"NIfTI affine holds values that are not finite (read from {source})",
+            code=_INVALID,
+        )
     if abs(np.linalg.det(affine[:3, :3])) < 1e-12:
-        raise StudyError("NIfTI affine is singular", code=_INVALID)
+        raise StudyError(
+            f"NIfTI affine is singular (read from {source}): its voxel axes do not span "
+            "space (an axis of length 0, or two along one line)",
+            code=_INVALID,
+        )
     if policy is not None:
-        _check_bounds(shape, dtype, affine, policy)
+        _check_bounds(shape, header.get_data_dtype(), affine, policy)
+
+
+def _affine_source(header: nib.Nifti1Header) -> str:
+    """The header fields the affine nibabel reads comes from, in words."""
+    if int(header["sform_code"]) != 0:
+        return "the sform: srow_x, srow_y, srow_z"
+    if int(header["qform_code"]) != 0:
+        return "the qform: quatern_b/c/d, qoffset_x/y/z and pixdim"
+    return "pixdim alone: no qform or sform"
 
 
 def _check_bounds(
@@ -374,6 +370,17 @@ def _check_values(data: np.ndarray, modality: str | None) -> None:
             f"{bad} of {data.size} NIfTI voxels are not finite numbers (NaN or infinity)",
             code="implausible_pixel_values",
         )
+    if data.dtype.itemsize > 4 and data.dtype.kind == "f" and data.size:
+        # float64 (datatype 64) past float32 turns infinite where a model reads float32:
+        # an MR NIfTI of 1e300 passed every check here (CT values meet the CT scale)
+        wide = int(np.count_nonzero(np.abs(data) > _FLOAT32_MAX))
+        if wide:
+            raise StudyError(
+                f"{wide} of {data.size} NIfTI voxels lie beyond what a 32-bit float holds "
+                f"(±{_FLOAT32_MAX:.3g}), as the models read them: write values in the "
+                "image's physical units",
+                code="implausible_pixel_values",
+            )
     if modality == "CT":
         check_ct_scale(
             data,
@@ -416,6 +423,15 @@ def save_nifti(
     return path
 
 
+def _checked_header(layout: DeclaredLayout) -> nib.Nifti1Header:
+    """The header as nibabel's load reads it (its fixes applied: |pixdim|, a qfac of 0
+    as 1), once the fields that place the voxels are checked
+    (:func:`~radserve.ingest.nifti_fields.check_placement_fields`). nibabel itself reads
+    neither the extensions nor the voxels (:func:`read_voxels`)."""
+    assert layout.header is not None
+    return check_placement_fields(layout.header)
+
+
 def _check_scaling(layout: DeclaredLayout) -> None:
     """scl_slope and scl_inter: the NIfTI standard scales the voxels when scl_slope is
     not 0. nibabel writes NaN for "no scaling" (its float images), and reads 0 and NaN
@@ -430,21 +446,6 @@ def _check_scaling(layout: DeclaredLayout) -> None:
             f"the NIfTI header's scaling is not usable: scl_slope {slope:g}, scl_inter "
             f"{intercept:g} (the voxels are scaled when scl_slope is a number other than 0, "
             "and both must then be finite); write scl_slope 0 for unscaled voxels",
-            code=_INVALID,
-        )
-
-
-def _check_length(path: Path | str, layout: DeclaredLayout) -> None:
-    """An uncompressed NIfTI shorter than its header and voxels: nibabel said only
-    "OSError" ("NIfTI voxel data could not be read (OSError)")."""
-    if is_gzip(path):
-        return  # a .nii.gz is read within what it declares (read_gzip_voxels)
-    size = Path(path).stat().st_size
-    if size < layout.offset + layout.data_bytes:
-        raise StudyError(
-            f"the NIfTI file holds {size} bytes, short of the "
-            f"{layout.offset + layout.data_bytes} its header declares (header and "
-            f"{' x '.join(map(str, layout.shape))} {layout.dtype} voxels): a truncated file",
             code=_INVALID,
         )
 
@@ -475,19 +476,31 @@ def _check_declared(layout: DeclaredLayout, policy: IngestPolicy) -> None:
         )
 
 
-def _read_data(image: nib.Nifti1Image, raw: np.ndarray | None = None) -> np.ndarray:
-    """The scaled voxels; ``raw``: the unscaled ones, already read (a ``.nii.gz``,
-    :func:`radserve.ingest.nifti_bounds.read_gzip_voxels`)."""
-    proxy = image.dataobj
-    slope, inter = proxy.slope, proxy.inter
-    if raw is None:
-        raw = np.asanyarray(proxy.get_unscaled())
-    if (slope, inter) == (1.0, 0.0) or (np.isnan(slope) and np.isnan(inter)):
+def _read_data(raw: np.ndarray, header: nib.Nifti1Header) -> np.ndarray:
+    """The voxels ``raw`` (as stored) scaled as ``header`` says (:func:`_check_scaling`
+    refused a scaling that cannot be applied). A finite scaling that takes a stored
+    value past float32 (scl_slope 1e38) made infinite voxels, refused as such without
+    naming the scaling: refused here, naming it."""
+    slope, inter = header.get_slope_inter()
+    if slope is None or (slope, inter) == (1.0, 0.0):
         return raw
-    if raw.dtype.kind in "iu" and float(slope).is_integer() and float(inter).is_integer():
-        lo, hi = sorted((raw.min() * slope + inter, raw.max() * slope + inter))
-        if lo >= _INT16.min and hi <= _INT16.max:
-            return (raw.astype(np.int32) * int(slope) + int(inter)).astype(np.int16)
+    inter = 0.0 if inter is None else inter
+    if not raw.size:
+        return raw.astype(np.float32)
+    low, high = float(np.min(raw)), float(np.max(raw))
+    ends = sorted((low * slope + inter, high * slope + inter))
+    stored_finite = math.isfinite(low) and math.isfinite(high)  # else told later
+    if stored_finite and max(abs(ends[0]), abs(ends[1])) > _FLOAT32_MAX:
+        raise StudyError(
+            f"the NIfTI header's scaling takes the stored values ({low:g} to {high:g}) to "
+            f"{ends[0]:g} to {ends[1]:g}, beyond what a 32-bit float holds: scl_slope "
+            f"{slope:g}, scl_inter {inter:g}; write the voxels in their own units "
+            "(scl_slope 0 or 1)",
+            code="implausible_pixel_values",
+        )
+    integral = float(slope).is_integer() and float(inter).is_integer()
+    if raw.dtype.kind in "iu" and integral and _INT16.min <= ends[0] <= ends[1] <= _INT16.max:
+        return (raw.astype(np.int32) * int(slope) + int(inter)).astype(np.int16)
     return np.asarray(raw, dtype=np.float32) * np.float32(slope) + np.float32(inter)
 
 

@@ -13,7 +13,7 @@ import importlib
 from collections.abc import Callable
 from types import ModuleType
 
-TARGETS = ("instance", "series", "multipart", "settings", "importers", "qido")
+TARGETS = ("instance", "series", "multipart", "settings", "importers", "qido", "nifti")
 
 
 def load(name: str) -> ModuleType:
