@@ -24,6 +24,7 @@ measured through :class:`radserve.inference.ModelSession`, exactly as serving ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ import stat
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,10 +46,10 @@ from radserve.domain.accuracy import EvalSummary
 from radserve.errors import ModelError, RadserveError
 from radserve.evaluation.gate import gate_decision
 from radserve.host import cpu_kernel
-from radserve.lifecycle.install import read_install, record_own_changes, verify_install
+from radserve.lifecycle.install import read_install, verify_install
+from radserve.lifecycle.version_commit import stage_version
 from radserve.models.gate import (
     CPU_PROVIDERS,
-    GATE_FILE,
     GateReport,
     SpeedResult,
     VariantGate,
@@ -346,12 +348,21 @@ def build_and_gate(
     ``evaluate_precisions(["fp32", ...])`` must run the pipeline with this bundle at each
     precision on held-out studies (the candidates are not gated yet, so it must use a
     registry with ``allow_ungated=True``) and return one summary per precision.
+
+    The files are written into ``bundle``'s folder: never an installed version's (refused),
+    whose variants :func:`build_and_gate_on_phantoms` and :func:`build_and_gate_on_studies`
+    build in a staged copy and move in with their record (:func:`_building`).
     """
     bad = [p for p in precisions if p not in ("fp16", "int8", "bf16")]
     if bad:
         raise ModelError(f"can build fp16, int8 and bf16 variants, not {bad}")
+    if read_install(bundle.directory) is not None:
+        raise ModelError(
+            f"{bundle.key} is an installed version: its variants are built in a staged copy "
+            "and moved in with their record in install.json (build_and_gate_on_phantoms, "
+            "build_and_gate_on_studies), never written into it in place"
+        )
     runtime = gate_runtime(providers, precisions, threads=threads)
-    installed = _installed_as_it_was(bundle)
     spec = bundle.spec
     fp32_name = spec.files["fp32"]
     fp32_path = bundle.candidate_path("fp32")
@@ -433,18 +444,45 @@ def build_and_gate(
         variants=variants,
     )
     write_gate_report(bundle.directory, report)
-    if installed:  # what this build wrote is radserve's own, not a change since install
-        record_own_changes(
-            bundle.directory,
-            ["model.yaml", *(f for f in files.values() if f != fp32_name), GATE_FILE],
-            what=f"radserve models build-variants: {', '.join(precisions)} built and gated",
-        )
     return report
+
+
+@dataclass(frozen=True)
+class _Work:
+    """Where a build writes: ``bundle`` (the one to build, or its staged copy) and the
+    model roots to search before the registry's (the copy's, which shadows the version)."""
+
+    bundle: ModelBundle
+    roots: tuple[Path, ...] = ()
+
+
+@contextlib.contextmanager
+def _building(bundle: ModelBundle, precisions: Sequence[str]) -> Iterator[_Work]:
+    """Where to build ``bundle``'s variants. An installed version is built in a staged
+    copy and, once the block ends, moved in with the record of what the build wrote in
+    its ``install.json`` (:mod:`radserve.lifecycle.version_commit`): a kill at any point
+    leaves it as it was or whole with the new variants. Before 2026-12-07 they were
+    written into the version and recorded last, so a kill in between left it "changed
+    since install" for good (deploy refused it; the only way out was a new version).
+    Any other bundle (the bundled models, a site's folder, an install's staged copy) is
+    built in place."""
+    if read_install(bundle.directory) is None:
+        yield _Work(bundle)
+        return
+    from radserve.models.registry import ModelBundle
+
+    staged = stage_version(bundle.directory)
+    try:
+        yield _Work(ModelBundle(bundle.spec, staged.copy), (staged.root,))
+    except BaseException:
+        staged.discard()
+        raise
+    staged.commit(what=f"radserve models build-variants: {', '.join(precisions)} built and gated")
 
 
 def _installed_as_it_was(bundle: ModelBundle) -> bool:
     """Whether ``bundle`` is an installed version (``install.json``), which a build
-    records its files in (:func:`radserve.lifecycle.install.record_own_changes`).
+    records its files in (:func:`_building`).
 
     Raises:
         ModelError: an installed version whose files changed since install: the build
@@ -452,7 +490,7 @@ def _installed_as_it_was(bundle: ModelBundle) -> bool:
     """
     if read_install(bundle.directory) is None:
         return False
-    changed = verify_install(bundle.directory)
+    changed = verify_install(bundle.directory)  # finishes a commit a kill cut short
     if changed:
         raise ModelError(
             f"{bundle.key} changed since it was installed ({'; '.join(changed[:5])}); "
@@ -585,21 +623,25 @@ def build_and_gate_on_phantoms(
     if not batches:
         raise ModelError(f"the pipeline fed {bundle.key} no batches on the calibration phantoms")
 
-    def run_eval(wanted: Sequence[str]) -> Mapping[str, EvalSummary]:
-        ungated = ModelRegistry(registry.roots, allow_ungated=True, missing_ok=registry.missing_ok)
-        return evaluate(
-            pipeline_predictor(ungated, pipeline, vary=model, runtime=runtime),
-            seeds=eval_seeds,
-            organ_labels=organ_label_values(specs),
-            precisions=wanted,
-            small=small,
-            step_labels=_label_names(bundle),
-        )
+    with _building(bundle, precisions) as work:
 
-    return _gate_on_batches(
-        bundle, run_eval, batches, threads, precisions, repeats,
-        calibration_seeds=calibration_seeds, providers=providers,
-    )  # fmt: skip
+        def run_eval(wanted: Sequence[str]) -> Mapping[str, EvalSummary]:
+            ungated = ModelRegistry(
+                [*work.roots, *registry.roots], allow_ungated=True, missing_ok=registry.missing_ok
+            )
+            return evaluate(
+                pipeline_predictor(ungated, pipeline, vary=model, runtime=runtime),
+                seeds=eval_seeds,
+                organ_labels=organ_label_values(specs),
+                precisions=wanted,
+                small=small,
+                step_labels=_label_names(bundle),
+            )
+
+        return _gate_on_batches(
+            work.bundle, run_eval, batches, threads, precisions, repeats,
+            calibration_seeds=calibration_seeds, providers=providers,
+        )  # fmt: skip
 
 
 def build_and_gate_on_studies(
@@ -656,24 +698,28 @@ def build_and_gate_on_studies(
     if not batches:
         raise ModelError(f"the pipeline fed {bundle.key} no batches on {recorded[0]}")
 
-    def run_eval(wanted: Sequence[str]) -> Mapping[str, EvalSummary]:
-        ungated = ModelRegistry(registry.roots, allow_ungated=True, missing_ok=registry.missing_ok)
-        return agreement_on_studies(
-            ungated,
-            pipeline,
-            model,
-            (load(s, ungated) for s in studies),
-            precisions=wanted,
-            step_labels=_label_names(bundle),
-            runtime=runtime,
-        )
+    with _building(bundle, precisions) as work:
 
-    return _gate_on_batches(
-        bundle, run_eval, batches, threads, precisions, repeats,
-        studies=[s.name for s in studies],
-        calibration_studies=[s.name for s in calibration_studies],
-        providers=providers,
-    )  # fmt: skip
+        def run_eval(wanted: Sequence[str]) -> Mapping[str, EvalSummary]:
+            ungated = ModelRegistry(
+                [*work.roots, *registry.roots], allow_ungated=True, missing_ok=registry.missing_ok
+            )
+            return agreement_on_studies(
+                ungated,
+                pipeline,
+                model,
+                (load(s, ungated) for s in studies),
+                precisions=wanted,
+                step_labels=_label_names(bundle),
+                runtime=runtime,
+            )
+
+        return _gate_on_batches(
+            work.bundle, run_eval, batches, threads, precisions, repeats,
+            studies=[s.name for s in studies],
+            calibration_studies=[s.name for s in calibration_studies],
+            providers=providers,
+        )  # fmt: skip
 
 
 def _step_bundle(registry: ModelRegistry, pipeline: PipelineSpec, model: str) -> ModelBundle:
@@ -683,7 +729,8 @@ def _step_bundle(registry: ModelRegistry, pipeline: PipelineSpec, model: str) ->
     if step is None:
         raise ModelError(f"pipeline {pipeline.name!r} has no step running {model!r}")
     bundle = registry.get(model, step.version)
-    _installed_as_it_was(bundle)
+    if _installed_as_it_was(bundle):  # re-read: a commit it finished changed model.yaml
+        bundle = registry.get(model, step.version)
     return bundle
 
 

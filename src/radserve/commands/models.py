@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from radserve.domain.deployment import StepDeployment
+    from radserve.models.bf16 import ServingProviders
+    from radserve.models.registry import ModelBundle
     from radserve.service.lifecycle import ModelLifecycle
 
 
@@ -100,7 +102,11 @@ def _status(lifecycle: ModelLifecycle, models_dir: tuple[Path, ...]) -> list[dic
             from radserve.models.registry import ModelRegistry
 
             registry = lifecycle.catalog.registry
-            lifecycle.catalog.registry = ModelRegistry([*models_dir, *registry.roots])
+            lifecycle.catalog.registry = ModelRegistry(
+                [*models_dir, *registry.roots],
+                missing_ok=registry.missing_ok,
+                serving=registry.serving,  # bf16 judged on the server's providers
+            )
         lifecycle.refresh()
         return lifecycle.status()
     finally:
@@ -237,9 +243,10 @@ def install(
         f"installed {installed.name} {installed.version} ({len(installed.files)} files, "
         f"sha256 recorded) in {installed.directory}"
     )
+    serving = lifecycle.catalog.registry.serving  # "servable here" as models list says it
     if installed.shipped_gate == "set_aside":
-        _print_untrusted_gate(installed.directory, rebuilt=variants is not None)
-    _print_servable(installed.directory, variant_gates(installed.directory))
+        _print_untrusted_gate(installed.directory, serving, rebuilt=variants is not None)
+    _print_servable(installed.directory, serving, variant_gates(installed.directory))
 
 
 # what `models install` and `models installs` say of a gate.json set aside at install
@@ -248,13 +255,22 @@ SHIPPED_GATE_NOTE = (
 )
 
 
-def _print_untrusted_gate(directory: Path, *, rebuilt: bool) -> None:
+def _installed_bundle(directory: Path, serving: ServingProviders | None) -> ModelBundle:
+    """The installed version in ``directory``, judged on ``serving`` (the server's)."""
+    from radserve.models.registry import ModelRegistry
+
+    registry = ModelRegistry([directory.parent.parent], serving=serving)
+    return registry.get(directory.parent.name, directory.name)
+
+
+def _print_untrusted_gate(
+    directory: Path, serving: ServingProviders | None, *, rebuilt: bool
+) -> None:
     """Say that the bundle's own gate.json was not trusted, and which variants that
     leaves without a gate (none when ``--build-variants`` gated them all here)."""
-    from radserve.models.registry import ModelRegistry
     from radserve.service.variant_install import variant_gates
 
-    bundle = ModelRegistry([directory.parent.parent]).get(directory.parent.name, directory.name)
+    bundle = _installed_bundle(directory, serving)
     gated = variant_gates(directory)
     ungated = [p for p in bundle.spec.files if p != "fp32" and p not in gated]
     click.echo(
@@ -265,13 +281,13 @@ def _print_untrusted_gate(directory: Path, *, rebuilt: bool) -> None:
         click.echo(f"  {precision}: not servable: {bundle.rejection(precision)}")
 
 
-def _print_servable(directory: Path, gates: dict[str, dict[str, object]]) -> None:
+def _print_servable(
+    directory: Path, serving: ServingProviders | None, gates: dict[str, dict[str, object]]
+) -> None:
     """Each variant's gate verdict and whether THIS host may serve it, by the rule `models
-    list` shows (``ModelBundle.rejection``): a gate accepted on an AMX CPU said
-    "accepted" on an AVX2 host that refuses bf16 and that gate's int8."""
-    from radserve.models.registry import ModelRegistry
-
-    bundle = ModelRegistry([directory.parent.parent]).get(directory.parent.name, directory.name)
+    list` shows (``ModelBundle.rejection``, on the server's providers): a gate accepted on
+    an AMX CPU said "accepted" on an AVX2 host that refuses bf16 and that gate's int8."""
+    bundle = _installed_bundle(directory, serving)
     for precision, gate in gates.items():
         reasons = "".join(f"; {r}" for r in gate["reasons"])  # type: ignore[attr-defined]
         if not gate["accepted"]:
@@ -415,16 +431,28 @@ _channel_option = click.option(
 )
 
 
-def _serving_providers(config_file: Path | None) -> tuple[str, ...]:
-    """The execution providers a server with these settings serves with (its catalog's
+def serving_providers(config_file: Path | None) -> tuple[str, ...]:
+    """The execution providers a server with these settings (``config_file``, default
+    ``$RADSERVE_CONFIG``) serves with (its catalog's
     :attr:`~radserve.service.catalog.Catalog.serving_providers`: ``runtime.providers``,
-    else the host's choice), which an import checks and probes its export on. Before
-    2026-12-07 an import took the host's choice whatever the settings said: a network
-    OpenVINO cannot compile was refused for a server serving on the CPU provider."""
+    else the host's choice), which an import checks and probes its export on and
+    ``models build-variants`` builds, evaluates and times the variants on. Before
+    2026-12-07 both took the host's choice whatever the settings said: a network OpenVINO
+    cannot compile was refused for a server serving on the CPU provider, and that server
+    got variants gated through OpenVINO and a bf16 variant it cannot serve.
+
+    Raises:
+        click.ClickException: the settings do not load, or name providers this host
+            cannot run (what ``radserve serve`` would refuse to start with).
+    """
     from radserve.config import load_settings
+    from radserve.errors import RadserveError
     from radserve.service.catalog import Catalog
 
-    return Catalog.from_settings(load_settings(config_file)).serving_providers
+    try:
+        return Catalog.from_settings(load_settings(config_file)).serving_providers
+    except RadserveError as exc:
+        raise click.ClickException(exc.message) from exc
 
 
 def _echo_imported(folder: Path, out: Path) -> None:
@@ -487,7 +515,7 @@ def import_nnunet_command(
     from radserve.importers.channel_series import parse_channel_option
     from radserve.importers.nnunet import import_nnunet
 
-    providers = _serving_providers(config_file)
+    providers = serving_providers(config_file)
     try:
         rules = dict(parse_channel_option(c) for c in channels)
         out = import_nnunet(
@@ -538,7 +566,7 @@ def import_monai_command(
     from radserve.importers.channel_series import parse_channel_option
     from radserve.importers.monai_bundle import import_monai
 
-    providers = _serving_providers(config_file)
+    providers = serving_providers(config_file)
     try:
         rules = dict(parse_channel_option(c) for c in channels)
         out = import_monai(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from radserve.commands.config import DEFAULT_PIPELINE
+from radserve.commands.config import CONFIG_OPTION, DEFAULT_PIPELINE
 from radserve.domain.device_slot import MAX_THREADS
 
 if TYPE_CHECKING:
@@ -67,7 +67,8 @@ def study_folders(folder: Path) -> list[Path]:
     "--precision",
     "precision_text",
     default=None,
-    help="Comma-separated variants [default: fp16,int8, and bf16 where this host runs it].",
+    help="Comma-separated variants [default: fp16,int8, and bf16 where the server serves "
+    "with OpenVINO first on a CPU with native bfloat16].",
 )
 @click.option(
     "--threads",
@@ -104,6 +105,7 @@ def study_folders(folder: Path) -> list[Path]:
     default=None,
     help="Model root to build in (default: the bundled models).",
 )
+@CONFIG_OPTION
 def command(
     model_choice: str,
     calibration_seeds: str,
@@ -115,16 +117,21 @@ def command(
     calibration_dir: Path | None,
     pipeline: str,
     models_dir: Path | None,
+    config_file: Path | None,
 ) -> None:
     """Build FP16/INT8 variants, evaluate them against FP32 on held-out phantoms (or on
-    --studies), time them on the CPU, and record the accuracy gate in gate.json next to
-    model.yaml."""
+    --studies), time them, and record the accuracy gate in gate.json next to model.yaml;
+    every session runs on the providers the server of --config serves with
+    (runtime.providers), as they will serve. On an installed version the variants are
+    built in a copy and moved in with install.json's record of them, so a kill leaves the
+    version as it was or with all of them."""
     # here, not at the top: `radserve models` adds this command to its group, and these
     # load ONNX, SciPy and the evaluation (~1 CPU-s) that its other commands never use
     from rich.console import Console
     from rich.table import Table
 
     from radserve.commands.evaluate import parse_precisions, pipeline_specs
+    from radserve.commands.models import serving_providers
     from radserve.errors import RadserveError
     from radserve.evaluation.runner import HELD_OUT_SEED_LIMIT, parse_seeds
     from radserve.models.registry import ModelRegistry, bundled_model_dir
@@ -144,7 +151,11 @@ def command(
         raise click.BadParameter(f"calibration and evaluation share seeds {overlap[:5]}")
     if any(s >= HELD_OUT_SEED_LIMIT for s in eval_seeds):
         raise click.BadParameter(f"evaluation seeds must be below {HELD_OUT_SEED_LIMIT}")
-    wanted = parse_precisions(precision_text) if precision_text else default_precisions()
+    # as `models install --build-variants` does (variant_builder): chosen, evaluated and
+    # timed on what the server serves with; before 2026-12-07 on the host's default
+    # (OpenVINO here) whatever runtime.providers said, bf16 included
+    providers = serving_providers(config_file)
+    wanted = parse_precisions(precision_text) if precision_text else default_precisions(providers)
     precisions = [p for p in wanted if p != "fp32"]
     root = models_dir or bundled_model_dir()
     spec = load_pipeline(pipeline)
@@ -168,6 +179,7 @@ def command(
                     calibration_studies=study_folders(calibration_dir) if calibration_dir else [],
                     precisions=precisions,
                     threads=threads,
+                    providers=providers,
                 )
             else:
                 report = build_and_gate_on_phantoms(
@@ -179,6 +191,7 @@ def command(
                     precisions=precisions,
                     small=small,
                     threads=threads,
+                    providers=providers,
                 )
         except RadserveError as exc:
             raise click.ClickException(exc.message) from exc

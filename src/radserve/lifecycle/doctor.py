@@ -36,6 +36,8 @@ from radserve.lifecycle.requirements import (
     host_facts,
     unmet_requirements,
 )
+from radserve.lifecycle.version_commit import finish_commit, interrupted_build
+from radserve.models.bf16 import bf16_refusal
 from radserve.models.manifest import ModelSpec
 from radserve.models.registry import ModelRegistry, bundled_model_dir
 from radserve.pipeline.checks import critical_rule_problem
@@ -192,12 +194,17 @@ def _bundles(
     providers: Sequence[str] = (),
 ) -> list[Check]:
     """Each bundle's ``requires:`` against the providers the server serves with
-    (``providers``; empty: the host's) and its install hashes."""
+    (``providers``; empty: the host's) and its install hashes; and what a variant build
+    of it that a kill cut short left: finished (the version whole with its variants) or
+    not begun (the version as it was), said in its row (:mod:`.version_commit`)."""
     registry = _registry(settings)
+    # first, so that each row describes the version as the finished commit left it
+    finished = {b.directory: _finished_commit(b.directory) for b in registry.bundles()}
     out = []
     for info in registry.list():
         key = (info.name, info.version)
         bundle = registry.get(info.name, info.version)
+        notes = [finished.get(bundle.directory), interrupted_build(bundle.directory)]
         problems = unmet_requirements(bundle.spec, host, providers=providers)
         problems += verify_install(bundle.directory)
         blocking = key in serving and bool(problems)
@@ -210,8 +217,18 @@ def _bundles(
                 else ""
             )
         )
+        detail += "".join(f"; {note}" for note in notes if note)
         out.append(Check(f"model {info.name} {info.version}", status, detail, blocking))
     return out
+
+
+def _finished_commit(directory: Path) -> str | None:
+    """Finish a variant build's commit a kill cut short, saying so (None: there was
+    none; one this user cannot finish is verify_install's reason to flag the version)."""
+    try:
+        return finish_commit(directory)
+    except OSError:
+        return None
 
 
 def _critical_rules(settings: Settings) -> list[Check]:
@@ -260,8 +277,9 @@ def servable_here(servable: Sequence[str], host: HostFacts, providers: Sequence[
     native bfloat16, and a gate passed elsewhere does not make it run here (an H200 host
     with onnxruntime-gpu listed it as servable, 2026-12-04); nor does a host that has
     OpenVINO where the server serves with another provider first (``providers``, the
-    serving ones; empty: the host's choice)."""
-    runs_bf16 = host.runs_bf16 and (not providers or providers[0] == OPENVINO)
+    serving ones; empty: the host's choice). The rule is the registry's and the
+    requirements' (:func:`radserve.models.bf16.bf16_refusal`)."""
+    runs_bf16 = bf16_refusal(providers, host_runs_bf16=host.runs_bf16) is None
     here = [p for p in servable if p != "bf16" or runs_bf16]
     text = f"servable {', '.join(here)}"
     if len(here) < len(servable) and host.runs_bf16:

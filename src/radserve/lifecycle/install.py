@@ -42,11 +42,12 @@ import datetime as dt
 import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 import stat
 import zipfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -56,13 +57,20 @@ from radserve import durable
 from radserve.errors import BundleExistsError, BundleRejectedError, ModelError
 from radserve.lifecycle.graph_checks import check_onnx
 from radserve.lifecycle.requirements import HostFacts, host_facts, unmet_requirements
+from radserve.lifecycle.version_commit import (
+    INSTALL_FILE,
+    STAGING_DIR,
+    finish_commit,
+    recover_commits,
+)
 from radserve.models.gate import GATE_FILE, SHIPPED_GATE_FILE, GateReport
 from radserve.models.manifest import ModelSpec, load_manifest
 
-INSTALL_FILE = "install.json"
+logger = logging.getLogger(__name__)
+
 MODELS_SUBDIR = "models"
-# under models/: installs being staged, and bundle zips uploaded to the API being installed
-STAGING_DIR = ".staging"
+# under models/: installs being staged (STAGING_DIR, with variant builds of installed
+# versions: radserve.lifecycle.version_commit), and bundle zips uploaded to the API
 UPLOADS_DIR = ".uploads"
 MANIFEST = "model.yaml"
 
@@ -120,6 +128,8 @@ def upload_path(data_dir: Path) -> Path:
 def remove_interrupted_installs(data_dir: Path) -> int:
     """Delete the staging folders and uploaded zips that installs killed mid-way left
     (nothing else removes them); call at server start and at a CLI install's start.
+    First, variant builds of installed versions that a kill cut short are finished or
+    removed, each logged (:func:`radserve.lifecycle.version_commit.recover_commits`).
 
     Their names say which process owns them (:func:`radserve.durable.temporary_path`):
     one whose owner still runs on this host (the server's install beside a CLI one, or
@@ -128,6 +138,7 @@ def remove_interrupted_installs(data_dir: Path) -> int:
     (:func:`radserve.durable.sweep_unowned`). Returns how many were deleted."""
     root = models_root(data_dir)
     removed = 0
+    recover_commits(root)
     for folder, unowned in ((STAGING_DIR, "tmp*"), (UPLOADS_DIR, "tmp*.zip")):
         if (root / folder).is_dir():
             removed += durable.sweep(root / folder) + durable.sweep_unowned(root / folder, unowned)
@@ -485,7 +496,23 @@ def read_install(directory: Path) -> InstalledBundle | None:
 
 
 def verify_install(directory: Path) -> list[str]:
-    """Files of an installed bundle that changed, vanished or appeared since install."""
+    """Files of an installed bundle that changed, vanished or appeared since install.
+
+    A change radserve recorded and was moving in when it was killed (``radserve models
+    build-variants`` on the version) is finished first, and logged
+    (:func:`radserve.lifecycle.version_commit.finish_commit`): the version is judged whole
+    with it, as recorded. One that cannot be finished here (a user who may not write the
+    version) is a reason of its own."""
+    try:
+        note = finish_commit(directory)
+    except OSError as exc:
+        return [
+            f"a change recorded in {INSTALL_FILE} was cut short while its files were moved "
+            f"in, and cannot be finished by this user ({exc.strerror}): start the server, "
+            "or run radserve doctor as its user"
+        ]
+    if note:
+        logger.warning("%s", note)
     record = read_install(directory)
     if record is None:
         return []
@@ -500,36 +527,6 @@ def verify_install(directory: Path) -> list[str]:
     return problems
 
 
-def record_own_changes(directory: Path, names: Iterable[str], *, what: str) -> bool:
-    """Record in an installed bundle's ``install.json`` the SHA-256 of ``names``, files
-    radserve itself has just written into it (``radserve models build-variants`` on an
-    installed version: the variant files, ``model.yaml``'s ``files:`` block,
-    ``gate.json``), with when and ``what`` under ``changes``, so that
-    :func:`verify_install` does not read them as changed since install; a change made
-    any other way still reads so. Before 2026-12-07 such a build left the version
-    "changed since install": deploy refused it and warm-up probed its variants again.
-    The record is replaced whole. False: the bundle was not installed."""
-    path = Path(directory) / INSTALL_FILE
-    if not path.is_file():
-        return False
-    data = json.loads(path.read_text())
-    written = {
-        name: sha256_file(Path(directory) / name)
-        for name in dict.fromkeys(names)
-        if (Path(directory) / name).is_file()
-    }
-    data["files"] = dict(sorted({**data.get("files", {}), **written}.items()))
-    data.setdefault("changes", []).append(
-        {
-            "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "what": what,
-            "files": written,
-        }
-    )
-    durable.write_text(path, json.dumps(data, indent=2), mode=stat.S_IMODE(path.stat().st_mode))
-    return True
-
-
 __all__ = [
     "INSTALL_FILE",
     "ArchiveLimits",
@@ -541,7 +538,6 @@ __all__ = [
     "install_bundle",
     "models_root",
     "read_install",
-    "record_own_changes",
     "remove_interrupted_installs",
     "upload_path",
     "verify_install",

@@ -14,9 +14,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from radserve.models.bf16 import OPENVINO, bf16_refusal, host_runs_bf16
 from radserve.models.manifest import ModelSpec
-
-OPENVINO = "OpenVINOExecutionProvider"  # the provider whose CPU plugin runs bf16
 
 # Highest ai.onnx opset each ONNX Runtime minor release implements (its release notes):
 # for a host described by its version only (tests, doctor's table of another host); the
@@ -76,11 +75,10 @@ def host_facts() -> HostFacts:
     from radserve.inference.providers import probe_host
 
     host = probe_host()
-    bf16 = "OpenVINOExecutionProvider" in host.available_providers and bool(cpu_bf16_support())
     return HostFacts(
         ort_version=host.ort_version,
         providers=tuple(host.available_providers),
-        runs_bf16=bf16,
+        runs_bf16=host_runs_bf16(host.available_providers, cpu_bf16_support()),
         free_memory_mb=free_memory_mb() if os.name == "posix" else None,
         probed_opset=loaded_opset(),
     )
@@ -172,17 +170,10 @@ def unmet_requirements(
         )
     if need.providers and not set(need.providers) & set(serving):
         reasons.append(_providers_unmet(spec, host, tuple(providers)))
-    if "bf16" in need.precision and not host.runs_bf16:
-        reasons.append(
-            f"{spec.key} needs bf16, which needs OpenVINO on a CPU with AMX or AVX-512 BF16; "
-            "this host has neither"
-        )
-    elif "bf16" in need.precision and providers and providers[0] != OPENVINO:
-        reasons.append(
-            f"{spec.key} needs bf16, which runs on OpenVINO's CPU plugin only; this server "
-            f"serves with {', '.join(providers)} (runtime.providers): put "
-            f"{OPENVINO} first in runtime.providers to serve it"
-        )
+    # the rule the registry's "servable" applies too (radserve.models.bf16)
+    bf16 = bf16_refusal(providers, host_runs_bf16=host.runs_bf16)
+    if "bf16" in need.precision and bf16 is not None:
+        reasons.append(f"{spec.key} needs bf16, which {bf16}")
     if (
         need.memory_mb is not None
         and host.free_memory_mb is not None
@@ -218,6 +209,7 @@ def _providers_unmet(spec: ModelSpec, host: HostFacts, providers: tuple[str, ...
 
 
 __all__ = [
+    "OPENVINO",
     "HostFacts",
     "free_memory_mb",
     "graph_refusal",

@@ -24,6 +24,7 @@ from typing import get_args
 
 from radserve.errors import ModelError, UnknownModelError, VariantRejectedError
 from radserve.host import cpu_kernel, kernel_family
+from radserve.models.bf16 import ServingProviders
 from radserve.models.gate import (
     CPU_PROVIDERS,
     GATE_FILE,
@@ -95,10 +96,20 @@ class BundleInfo:
 class ModelBundle:
     """One bundle folder and its parsed ``model.yaml``."""
 
-    def __init__(self, spec: ModelSpec, directory: Path, *, allow_ungated: bool = False) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        directory: Path,
+        *,
+        allow_ungated: bool = False,
+        serving: ServingProviders | None = None,
+    ) -> None:
         self.spec = spec
         self.directory = Path(directory)
         self._allow_ungated = allow_ungated
+        # what the server serves with (its registry's); None: a tool's registry, which
+        # judges bf16 by this CPU's kernels only
+        self._serving = serving
         # Keyed by the file's (size, mtime): a file replaced on disk is hashed again.
         self._hashes: dict[str, tuple[tuple[int, int], str]] = {}
         self._gate: tuple[tuple[int, int] | None, GateReport | None] | None = None
@@ -154,7 +165,9 @@ class ModelBundle:
         return cached[1]
 
     def rejection(self, precision: str) -> str | None:
-        """Why ``precision`` may not serve, or ``None`` when it may."""
+        """Why ``precision`` may not serve, or ``None`` when it may: its file, its gate,
+        and whether this host and server run it (bf16 by the providers the server serves
+        with, where the registry knows them: :mod:`radserve.models.bf16`)."""
         try:
             path = self.candidate_path(precision)
         except ModelError as exc:
@@ -197,6 +210,10 @@ class ModelBundle:
                 f"(gate.json records {record.file} sha256 {record.sha256[:12]}...); "
                 + _BUILD_HINT.format(name=self.spec.name)
             )
+        if precision == "bf16" and self._serving is not None:
+            why = self._serving.bf16_refusal()  # the rule requires.precision meets too
+            if why is not None:
+                return f"{self.key} bf16 may not serve here: bf16 {why}"
         return self._other_cpu(precision, record)
 
     def _other_cpu(self, precision: str, record: VariantGate) -> str | None:
@@ -291,6 +308,11 @@ class ModelRegistry:
     uses it, to evaluate candidates before gating them. A root in ``missing_ok`` (the
     data folder's install root, made by the first install) may be absent without a
     warning: a new server's every command warned that it did not exist.
+
+    ``serving``: what the server this registry serves for serves with (its catalog's,
+    :meth:`radserve.service.catalog.Catalog.from_settings`), by which each bundle judges
+    whether bf16 may serve (:meth:`ModelBundle.rejection`); ``None`` (a tool's registry:
+    evaluation, a variant build, a benchmark) judges it by this CPU alone.
     """
 
     def __init__(
@@ -299,6 +321,7 @@ class ModelRegistry:
         *,
         allow_ungated: bool = False,
         missing_ok: Sequence[Path] = (),
+        serving: ServingProviders | None = None,
     ) -> None:
         if roots is None:
             roots = [bundled_model_dir()]
@@ -307,6 +330,7 @@ class ModelRegistry:
         self.roots = tuple(Path(r) for r in roots)
         self.allow_ungated = allow_ungated
         self.missing_ok = tuple(Path(r) for r in missing_ok)
+        self.serving = serving
         self._found: dict[str, dict[str, Path]] | None = None
         # directory -> (model.yaml's (size, mtime), bundle): an edited manifest is re-read
         self._bundles: dict[Path, tuple[tuple[int, int] | None, ModelBundle]] = {}
@@ -378,7 +402,9 @@ class ModelRegistry:
                 f"{directory / MANIFEST} declares {spec.key} but lies in folder "
                 f"{name}/{version}; the folder must be <name>/<version> of its model.yaml"
             )
-        bundle = ModelBundle(spec, directory, allow_ungated=self.allow_ungated)
+        bundle = ModelBundle(
+            spec, directory, allow_ungated=self.allow_ungated, serving=self.serving
+        )
         self._bundles[directory] = (key, bundle)
         return bundle
 

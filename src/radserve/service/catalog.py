@@ -31,6 +31,7 @@ from radserve.inference.probe import (
     probe_input_shape,
 )
 from radserve.lifecycle.install import read_install
+from radserve.models.bf16 import ServingProviders, host_runs_bf16
 from radserve.models.registry import MANIFEST, ModelBundle, ModelRegistry, bundled_model_dir
 from radserve.pipeline import SessionPool
 from radserve.pipeline.checks import check_pipeline
@@ -128,27 +129,51 @@ class Catalog:
     def from_settings(cls, settings: Settings, sessions: SessionPool | None = None) -> Catalog:
         # installed bundles (radserve models install) beside the site's and shipped ones
         installed = settings.data_dir / "models"
-        registry = ModelRegistry(
-            [*settings.models.dirs, installed, bundled_model_dir()], missing_ok=[installed]
-        )
         if sessions is None:
             runtime = choose_runtime(
                 prefer=settings.runtime.providers or None, threads=settings.runtime.threads
             )
             # executor: ray -- the workers load and run the sessions, this process never
             sessions = SessionPool(runtime, remote=settings.executor == "ray")
+        host = sessions.runtime.host
+        # the registry judges bf16 on what this server serves with (models list, deploy)
+        serving = ServingProviders(
+            tuple(sessions.runtime.providers),
+            host_runs_bf16(host.available_providers, host.cpu_bf16),
+        )
+        registry = ModelRegistry(
+            [*settings.models.dirs, installed, bundled_model_dir()],
+            missing_ok=[installed],
+            serving=serving,
+        )
         return cls(settings, registry=registry, sessions=sessions)
 
     @property
     def serving_providers(self) -> tuple[str, ...]:
         """The execution providers this server's sessions run on, in order (its session
-        pool's choice: ``runtime.providers``, else the host's best). Every probe batch
-        runs on them, in its own process: install's and import's
-        (:meth:`radserve.service.lifecycle.ModelLifecycle.stage`) and warm-up's of a
-        bundle not installed (:meth:`_probe_unvetted`). Before 2026-12-07 the probe took
-        the host's default (OpenVINO) on a server set to serve on the CPU provider, so
-        a graph that runs there but that OpenVINO cannot compile was refused at install,
-        and a graph failing only on the configured provider would have installed."""
+        pool's choice: ``runtime.providers``, else the host's best). Everything that
+        judges a model for this server judges it on them, not on the host's default:
+
+        * every probe batch, in its own process: install's and import's
+          (:meth:`radserve.service.lifecycle.ModelLifecycle.stage`,
+          ``radserve models import --config``) and warm-up's of a bundle not installed
+          (:meth:`_probe_unvetted`);
+        * a bundle's ``requires.providers`` and ``requires.precision: [bf16]``
+          (:func:`radserve.lifecycle.requirements.unmet_requirements`): install, import,
+          deploy and promote (``ModelLifecycle.check_servable``), ``radserve doctor``;
+        * whether bf16 may serve (:mod:`radserve.models.bf16`): this catalog's registry
+          (``ModelBundle.rejection``: ``radserve models list``, deploy, the sessions it
+          hands out) and doctor's "servable" column;
+        * precision variants, chosen, evaluated and timed on them
+          (:func:`radserve.variants.gate_runtime`): ``models install --build-variants``
+          and ``POST /v1/models?build_variants=true``
+          (:func:`radserve.service.variant_install.variant_builder`), and
+          ``radserve models build-variants --config``.
+
+        Before 2026-12-07 the probe took the host's default (OpenVINO) on a server set to
+        serve on the CPU provider, so a graph that runs there but that OpenVINO cannot
+        compile was refused at install, and a graph failing only on the configured
+        provider would have installed."""
         return tuple(self.sessions.runtime.providers)
 
     def local_sessions(self) -> SessionPool:
