@@ -84,10 +84,11 @@ def test_provider_choice_reaches_the_report_and_a_missing_one_is_refused(
 
 
 def _damaged_jpeg_lossless(folder: Path) -> None:
-    """A CT whose JPEG Lossless fragments are a frame header that fits the slice (so the
-    header check lets it through to the decoder, since 2026-12-07) and then a table
-    marker of a bogus length and random bytes: GDCM's libjpeg prints "Bogus marker
-    length" on its process's stderr."""
+    """A CT whose JPEG Lossless fragments are a frame header that fits the slice, a
+    Huffman table and a scan header (so the header check lets it through to the
+    decoder: since 2026-12-08 it walks every segment up to the scan) and then, in the
+    scan, a table marker of a bogus length and random bytes: GDCM's libjpeg prints
+    "Bogus marker length" on its process's stderr."""
     import struct
 
     import pydicom
@@ -97,7 +98,11 @@ def _damaged_jpeg_lossless(folder: Path) -> None:
         ds = pydicom.dcmread(path)
         # SOI; SOF3: length 11, 16-bit, Rows, Columns, 1 component (id 1, 1x1, table 0)
         frame = b"\xff\xd8\xff\xc3" + struct.pack(">HBHHB", 11, 16, ds.Rows, ds.Columns, 1)
-        frame += b"\x01\x11\x00" + b"\xff\xc4\x00\x01" + random.Random(k).randbytes(600)
+        frame += b"\x01\x11\x00"
+        # DHT: table 0, one code of length 1; SOS: component 1, table 0, predictor 1
+        frame += b"\xff\xc4\x00\x14\x00" + bytes([1] + [0] * 15) + b"\x00"
+        frame += b"\xff\xda\x00\x08\x01\x01\x00\x01\x00\x00"
+        frame += b"\xff\xc4\x00\x01" + random.Random(k).randbytes(600)
         ds.PixelData = encapsulate([frame])
         ds["PixelData"].VR = "OB"
         ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.4.70"

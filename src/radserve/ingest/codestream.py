@@ -9,10 +9,13 @@ catches, which aborted the whole server (SIGABRT; the job resumed at the next st
 aborted it again); one declaring more, or the same count in another shape, was cut or
 re-read to Rows x Columns and the study ran on pixels that are not the image
 (2026-12-07 probe). An RLE frame has no image description, only its segment count,
-which must match Samples per Pixel and Bits Allocated.
+which must match Samples per Pixel and Bits Allocated. A JPEG or JPEG-LS header is also
+walked segment by segment up to its scan, and what GDCM ended its process on is refused
+there (bytes between segments, a JFIF segment of another version, a second frame
+header, JPEG-LS preset parameters out of bounds: tests/fuzz/codestream.py, 2026-12-08).
 
 :func:`frame_problem` reads the description of one frame (a few dozen bytes, by seeking
-over the marker segments before it; the frame may span several fragments) and compares
+over the marker segments around it; the frame may span several fragments) and compares
 it with the header's Rows, Columns, Samples per Pixel and Bits Allocated. It is called
 by the header reader (:mod:`radserve.ingest.headers`) for every frame of every
 encapsulated instance, so every door (the upload form, STOW-RS, C-STORE, ``radserve
@@ -58,6 +61,7 @@ JUDGED_SYNTAXES = _JPEG | _JPEG_LS | _J2K | {RLELossless}
 # the start of frame markers (ITU T.81 B.1.1.3; 0xF7 is JPEG-LS's SOF55, T.87)
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _SOF55 = 0xF7
+_LSE = 0xF8  # JPEG-LS preset parameters (T.87 C.2.4.1)
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # TEM, RSTn: no length follows
 _MAX_SEGMENTS = 1024  # marker segments before the frame header (tables, APPn)
 _JP2_SIGNATURE = b"\x00\x00\x00\x0cjP  \r\n\x87\n"
@@ -137,15 +141,30 @@ def _declared(syntax: str, read: Read, length: int) -> Declared | None:
 
 
 def _jpeg(read: Read, length: int, codec: str) -> Declared:
-    """The frame header of a JPEG or JPEG-LS codestream: after SOI, the marker segments
-    (tables, APPn) are skipped by their lengths until SOFn / SOF55."""
+    """The frame header of a JPEG or JPEG-LS codestream, once every marker segment from
+    SOI to the first scan (SOS) has been walked by its length.
+
+    The walk refuses what made GDCM end the process (2026-12-08, tests/fuzz/codestream.py)
+    rather than fail the frame: bytes between two segments (libjpeg's "extraneous bytes
+    before marker" warning) and a JFIF APP0 segment of another major version ("unknown
+    JFIF revision") -- any libjpeg warning while GDCM reads the header is an assertion
+    that throws a C++ exception nobody catches (SIGABRT); a second frame header (GDCM's
+    JPEG-LS codec read past its buffer on one declaring 0 columns: SIGSEGV); and JPEG-LS
+    preset coding parameters (LSE) outside ISO 14495-1 C.2.4.1.1 (MAXVAL 65534 at 7-bit
+    precision ran GDCM's CharLS for ever, or not, depending on memory it had not set)."""
     if read(0, 2) != b"\xff\xd8":
         raise Damaged(f"it does not start a {codec} codestream (no SOI marker)")
     position = 2
+    declared: Declared | None = None
+    preset: tuple[int, ...] | None = None
     for _ in range(_MAX_SEGMENTS):
         head = read(position, 2)
         if len(head) < 2 or head[0] != 0xFF:
-            raise Damaged(f"its {codec} codestream has no frame header (SOF) before it ends")
+            if declared is None:
+                raise Damaged(f"its {codec} codestream has no frame header (SOF) before it ends")
+            raise Damaged(
+                f"its {codec} codestream has bytes that are no marker segment before its scan"
+            )
         marker = head[1]
         position += 2
         if marker == 0xFF:  # a fill byte before the marker
@@ -153,26 +172,108 @@ def _jpeg(read: Read, length: int, codec: str) -> Declared:
             continue
         if marker in _STANDALONE or marker == 0xD8:
             continue
-        if marker in _SOF or marker == _SOF55:
-            segment = read(position, 8)
-            if len(segment) < 8:
-                raise Damaged(f"its {codec} frame header is cut short")
-            size, precision, height, width, components = struct.unpack(">HBHHB", segment)
-            found = "JPEG-LS" if marker == _SOF55 else "JPEG"
-            if size != 8 + 3 * components or not 2 <= precision <= 16 or components < 1:
-                raise Damaged(f"its {found} frame header is damaged")
-            return Declared(found, height, width, components, precision)
-        if marker in (0xDA, 0xD9):  # SOS, EOI
+        if marker == 0x00:  # a stuffed zero: no marker
+            raise Damaged(
+                f"its {codec} codestream has bytes that are no marker segment before its scan"
+            )
+        if marker in (0xDA, 0xD9) and declared is None:  # SOS, EOI
             raise Damaged(f"its {codec} codestream has no frame header (SOF) before its scan")
-        size = read(position, 2)
-        if len(size) < 2 or struct.unpack(">H", size)[0] < 2:
+        if marker == 0xD9:
+            raise Damaged(f"its {codec} codestream has no scan (SOS) after its frame header")
+        size_bytes = read(position, 2)
+        size = struct.unpack(">H", size_bytes)[0] if len(size_bytes) == 2 else 0
+        if size < 2 or position + size > length:
             raise Damaged(f"its {codec} codestream has a damaged marker segment")
-        position += struct.unpack(">H", size)[0]
-        if position > length:
-            raise Damaged(f"its {codec} codestream has no frame header (SOF) before it ends")
+        if marker in _SOF or marker == _SOF55:
+            if declared is not None:
+                raise Damaged(f"its {codec} codestream has more than one frame header (SOF)")
+            declared = _frame_header(read(position, 8), marker, codec)
+        elif marker == 0xDA and declared is not None:
+            if declared.codec == "JPEG-LS":
+                near = _near(read(position, size))
+                _check_preset(preset or (0, 0, 0, 0, 0), declared.precision, near)
+            return declared
+        elif marker == 0xE0:
+            _check_jfif(read(position, min(size, 9)))
+        elif marker == _LSE:
+            lse = read(position, size)
+            if len(lse) >= 3 and lse[2] == 1:  # preset coding parameters
+                if size != 13 or len(lse) < 13:
+                    raise Damaged("its JPEG-LS preset parameters segment (LSE) is damaged")
+                preset = struct.unpack(">5H", lse[3:13])
+        position += size
     raise Damaged(
         f"its {codec} codestream has no frame header in its first {_MAX_SEGMENTS} segments"
     )
+
+
+def _frame_header(segment: bytes, marker: int, codec: str) -> Declared:
+    if len(segment) < 8:
+        raise Damaged(f"its {codec} frame header is cut short")
+    size, precision, height, width, components = struct.unpack(">HBHHB", segment)
+    found = "JPEG-LS" if marker == _SOF55 else "JPEG"
+    if size != 8 + 3 * components or not 2 <= precision <= 16 or components < 1:
+        raise Damaged(f"its {found} frame header is damaged")
+    return Declared(found, height, width, components, precision)
+
+
+def _check_jfif(segment: bytes) -> None:
+    """libjpeg warns of a JFIF APP0 segment (14 bytes or more) whose major version is
+    not 1, and GDCM ends the process on that warning."""
+    (size,) = struct.unpack(">H", segment[:2])
+    if size >= 16 and segment[2:7] == b"JFIF\x00" and len(segment) > 7 and segment[7] != 1:
+        raise Damaged(
+            f"its JFIF segment gives version {segment[7]}.{segment[8] if len(segment) > 8 else 0}"
+            ", and JFIF has only version 1"
+        )
+
+
+def _near(sos: bytes) -> int:
+    """NEAR of a JPEG-LS scan header (ISO 14495-1 C.2.3: Ls, Ns, Ns x (Ci, Tmi), NEAR)."""
+    if len(sos) < 3 or len(sos) != 6 + 2 * sos[2]:
+        raise Damaged("its JPEG-LS scan header (SOS) is damaged")
+    return sos[3 + 2 * sos[2]]
+
+
+def _check_preset(preset: tuple[int, ...], precision: int, near: int) -> None:
+    """JPEG-LS preset coding parameters as ISO 14495-1 C.2.4.1.1 bounds them (0: the
+    default), the checks CharLS 2 makes and the CharLS inside GDCM does not."""
+    maxval, t1, t2, t3, reset = preset
+    top = (1 << precision) - 1
+    value = maxval or top
+    default = _default_thresholds(value, near) if value <= top else (0, 0, 0)
+    low1 = t1 or default[0]
+    low2 = t2 or default[1]
+    if (
+        maxval > top
+        or near > value // 2
+        or (t1 and not near + 1 <= t1 <= value)
+        or (t2 and not low1 <= t2 <= value)
+        or (t3 and not low2 <= t3 <= value)
+        or (reset and not 3 <= reset <= max(255, value))
+    ):
+        raise Damaged(
+            f"its JPEG-LS preset coding parameters (MAXVAL {maxval}, T1 {t1}, T2 {t2}, "
+            f"T3 {t3}, RESET {reset}) are out of bounds for {precision}-bit samples "
+            f"and NEAR {near}"
+        )
+
+
+def _default_thresholds(maxval: int, near: int) -> tuple[int, int, int]:
+    """T1, T2, T3 when the LSE segment gives 0 (ISO 14495-1 C.2.4.1.1.1)."""
+
+    def clamp(value: int, low: int) -> int:
+        return low if value > maxval or value < low else value
+
+    if maxval >= 128:
+        factor = (min(maxval, 4095) + 128) // 256
+        t1 = clamp(factor * (3 - 2) + 2 + 3 * near, near + 1)
+        t2 = clamp(factor * (7 - 3) + 3 + 5 * near, t1)
+        return t1, t2, clamp(factor * (21 - 4) + 4 + 7 * near, t2)
+    factor = 256 // (maxval + 1)
+    t1 = clamp(max(2, 3 // factor + 3 * near), near + 1)
+    t2 = clamp(max(3, 7 // factor + 5 * near), t1)
+    return t1, t2, clamp(max(4, 21 // factor + 7 * near), t2)
 
 
 def _j2k(read: Read, length: int) -> Declared:

@@ -1,16 +1,17 @@
 """Decode frames in parallel straight into one preallocated array, in physical units.
 
 Decoding goes through pydicom's pixel-data plugins (pylibjpeg, pyjpegls, gdcm, pillow).
-Most release the GIL, so threads scale. The JPEG 2000 family is different: no plugin
-lets go of the GIL (pylibjpeg-openjpeg and Pillow read through Python file objects,
-GDCM's binding holds it), so those syntaxes are decoded in worker processes, each
-returning its frames already converted, which the parent copies into place and drops
-(:func:`decode_stack` decides; ``processes=`` overrides). Measured on the 2-core
-development machine, 300 512 x 512 lossless JPEG 2000 frames: GDCM 5.7 s (it runs
-OpenJPEG on all cores itself, ~1.7 cores busy), pylibjpeg 9.1 s in one process and
-4.4 s in two. For these syntaxes pylibjpeg is therefore preferred whenever it is
-installed, in processes and threads alike (one decoder for one syntax, whatever the
-mode), and GDCM is the fallback.
+Native data is decoded in threads; every encapsulated syntax radserve decodes goes to
+worker processes (:data:`ISOLATED_SYNTAXES`), where a decoder that aborts on damaged
+data ends one worker and fails one job, not the server (:func:`decode_stack` decides;
+``processes=`` overrides). Each worker returns its frames already converted, which the
+parent copies into place and drops. The JPEG 2000 family went there first for speed:
+no plugin lets go of the GIL (pylibjpeg-openjpeg and Pillow read through Python file
+objects, GDCM's binding holds it). Measured on the 2-core development machine, 300
+512 x 512 lossless JPEG 2000 frames: GDCM 5.7 s (it runs OpenJPEG on all cores itself,
+~1.7 cores busy), pylibjpeg 9.1 s in one process and 4.4 s in two. For these syntaxes
+pylibjpeg is therefore preferred whenever it is installed, in processes and threads
+alike (one decoder for one syntax, whatever the mode), and GDCM is the fallback.
 
 Each stored frame becomes ``slope × stored + intercept`` with Pixel Padding Value
 replaced by air. The result is int16 when every slope and intercept is integral and the
@@ -135,7 +136,28 @@ PROCESS_SYNTAXES = frozenset(
 STDERR_SYNTAXES = frozenset(
     {"1.2.840.10008.1.2.4.57", "1.2.840.10008.1.2.4.70", "1.2.840.10008.1.2.5"}
 )
-ISOLATED_SYNTAXES = PROCESS_SYNTAXES | STDERR_SYNTAXES
+# Decoded by GDCM first (pydicom's order), which ended its process on damaged headers
+# found by tests/fuzz/codestream.py (2026-12-08): JPEG Baseline (and Extended, refused
+# upstream but decoded by the same codec) aborted on any libjpeg warning while reading
+# the header, JPEG-LS segfaulted on a second frame header and ran for ever on preset
+# parameters out of bounds. radserve.ingest.codestream now refuses those, but in the
+# server's threads any abort left would end every job in flight; in the decoding
+# processes it fails one job (BrokenProcessPool -> DecodeError). Cost, 300 phantom
+# slices of 512 x 512 (`tools/decode_cost.py 300 --phantom`, 2 workers, 2-core host,
+# load ~1, medians of 4 and 6 alternating runs): JPEG Baseline 0.37-0.39 s wall /
+# 0.43-0.46 CPU-s in threads, 0.46-0.50 s / 0.79-0.84 CPU-s in processes (+25-27 % wall:
+# the decoded frames cross a pipe); JPEG-LS 1.97-2.12 s / 2.2-2.3 CPU-s in threads,
+# 1.16-1.28 s / 2.2-2.4 CPU-s in processes (-40 % wall: GDCM holds the GIL, so its
+# threads decoded one frame at a time); near-lossless alike (2.09 s -> 1.33 s).
+CRASH_SYNTAXES = frozenset(
+    {
+        "1.2.840.10008.1.2.4.50",
+        "1.2.840.10008.1.2.4.51",
+        "1.2.840.10008.1.2.4.80",
+        "1.2.840.10008.1.2.4.81",
+    }
+)
+ISOLATED_SYNTAXES = PROCESS_SYNTAXES | STDERR_SYNTAXES | CRASH_SYNTAXES
 _FRAMES_PER_TASK = 4  # frames one worker task decodes: amortises the round trip
 _TASKS_AHEAD = 2  # tasks queued per worker: bounds the finished frames awaiting copy
 _ABANDON_POLL_S = 0.1  # how often a streamed decode looks whether its run was abandoned
@@ -284,9 +306,10 @@ def use_processes(frames: Sequence[FrameRef], workers: int | None = None) -> boo
     """Whether :func:`decode_stack` decodes ``frames`` in processes by default."""
     # Whatever the count and cores: a JPEG 2000 decoder fed a damaged codestream can
     # throw a C++ exception nobody catches (abort: it took the whole server down when a
-    # study of under 8 frames was decoded in its threads), and what GDCM's libjpeg
-    # writes on stderr is relayed only from the processes. A worker that dies fails
-    # the job (decode_failed); the server goes on.
+    # study of under 8 frames was decoded in its threads), so can GDCM's JPEG and
+    # JPEG-LS codecs (CRASH_SYNTAXES), and what GDCM's libjpeg writes on stderr is
+    # relayed only from the processes. A worker that dies fails the job
+    # (decode_failed); the server goes on.
     return any(f.pixel.transfer_syntax_uid in ISOLATED_SYNTAXES for f in frames)
 
 

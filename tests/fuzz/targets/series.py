@@ -61,7 +61,9 @@ _fixed_slices()
 
 
 def seeds() -> list[bytes]:
-    return [_phantom.series_slices()[_phantom.MUTATED]]
+    """The mutated slice as stored, and in each compressed syntax with an encoder here
+    (:func:`~tests.fuzz.targets._phantom.compressed_slices`): every decoder is reached."""
+    return [_phantom.series_slices()[_phantom.MUTATED], *_phantom.compressed_slices()]
 
 
 def one_input(data: bytes) -> None:
