@@ -128,8 +128,9 @@ def test_a_plain_upload_still_receives_its_400(pki: Pki, loop: str) -> None:
 
 
 def test_tls_clients_keep_their_connection_and_the_client_certificate_check(
-    pki: Pki, loop: str
+    pki: Pki, loop: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
     with _Server(pki, loop) as server:
         connection = http.client.HTTPSConnection(
             "127.0.0.1", server.port, context=_trusted(pki), timeout=10
@@ -153,6 +154,12 @@ def test_tls_clients_keep_their_connection_and_the_client_certificate_check(
         rogue.load_cert_chain(str(pki.rogue_cert), str(pki.rogue_key))
         with pytest.raises(httpx.TransportError):  # a certificate from another CA
             httpx.get(f"https://127.0.0.1:{server.port}/healthz", verify=rogue, timeout=10)
+        # the refusal is logged with the peer and OpenSSL's reason (it was DEBUG only);
+        # the second within 10 s is counted into the next line
+        refused = "TLS handshake(s) refused on the HTTPS port (last: 127.0.0.1: "
+        until(lambda: any(refused in w for w in _warnings(caplog)), "the refusal's line", 30)
+        [line] = [w for w in _warnings(caplog) if refused in w]
+        assert line.startswith("1 ") and "CERTIFICATE" in line.upper(), line
 
 
 def test_silent_and_closed_connections_are_closed_without_a_word(

@@ -19,7 +19,11 @@ HTTP method starts with it):
   ``https://`` address to use, and closed; one WARNING line (at most one per 10 s, with
   the count) names the peer's address and nothing the client sent;
 - a close before the first byte (a TCP health check), or nothing for
-  ``server.request_timeout_s``: closed without a word, as before.
+  ``server.request_timeout_s``: closed without a word, as before;
+- a TLS handshake refused (no or an untrusted client certificate, TLS under 1.2, a
+  client that does not trust this server's certificate): one WARNING line (at most one
+  per 10 s, with the count) with the peer's address and OpenSSL's reason; uvicorn's own
+  TLS logged nothing, and the engineer setting up that client had nothing to go on.
 
 The first byte is peeked (``MSG_PEEK``), not read, so the TLS layer reads the client's
 hello from the socket itself: see :class:`HttpsPortProtocol`. uvicorn is used through its
@@ -53,6 +57,7 @@ _HOST = re.compile(
 )
 
 PLAIN_HTTP_LINE = "plain-HTTP connection(s) to the HTTPS port (last from %s): 400"
+REFUSED_TLS_LINE = "TLS handshake(s) refused on the HTTPS port (last: %s)"
 
 
 def https_url(peeked: bytes, sockname: Any) -> str:
@@ -117,6 +122,7 @@ class HttpsPortProtocol(asyncio.Protocol):
     # one WARNING line per 10 s at most, with the count: a client must not choose how
     # many lines the server writes
     plain_log: _CutLog
+    tls_log: _CutLog  # refused TLS handshakes, likewise
 
     def __init__(self, **uvicorn_kwargs: Any) -> None:
         self._uvicorn_kwargs = uvicorn_kwargs
@@ -170,6 +176,7 @@ class HttpsPortProtocol(asyncio.Protocol):
 
     async def _serve_tls(self, sock: socket.socket) -> None:
         """uvicorn's protocol on the TLS transport, connected after the handshake."""
+        peer = _peer_host(sock)
         try:
             await self._loop.connect_accepted_socket(
                 lambda: self.http_class(**self._uvicorn_kwargs),
@@ -177,10 +184,16 @@ class HttpsPortProtocol(asyncio.Protocol):
                 ssl=self.context,
                 ssl_handshake_timeout=self.timeout_s,
             )
-        except OSError as exc:  # ssl.SSLError, TimeoutError, ConnectionError are OSErrors
-            # a refused client certificate, a TLS version under the floor, a client gone:
-            # as quiet as uvicorn's own TLS was (the loop has closed the socket)
-            logger.debug("TLS handshake failed: %s", type(exc).__name__)
+        except ssl.SSLEOFError:  # the client went away mid-handshake: nothing to say
+            logger.debug("TLS handshake from %s ended by the client", peer)
+        except ssl.SSLError as exc:
+            # a refused client certificate, a TLS version under the floor, a client that
+            # does not trust this server's certificate: the engineer setting up that
+            # client needs OpenSSL's reason (uvicorn's TLS logged nothing); rate-limited
+            # as the plain-HTTP line, only the address and the reason
+            self.tls_log.count(logger, f"{peer}: {exc.reason or type(exc).__name__}")
+        except OSError as exc:  # TimeoutError, ConnectionError: a slow or vanished client
+            logger.debug("TLS handshake from %s failed: %s", peer, type(exc).__name__)
 
     def _forget(self) -> None:
         if self._sock is not None:
@@ -228,6 +241,7 @@ def https_port_protocol(
             "context": context,
             "timeout_s": timeout_s,
             "plain_log": _CutLog(PLAIN_HTTP_LINE),
+            "tls_log": _CutLog(REFUSED_TLS_LINE),
         },
     )
 
