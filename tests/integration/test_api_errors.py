@@ -4,6 +4,7 @@ and never another study's data lost."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import select
 import socket
@@ -394,3 +395,39 @@ def test_slow_requests_get_504_uploads_are_exempt() -> None:
     timed_out, upload_ = anyio.run(run)
     assert timed_out.status_code == 504 and _error(timed_out) == "request_timeout"
     assert upload_.status_code == 200 and upload_.content == b"done"
+
+
+def _gzipped_nifti() -> bytes:
+    import nibabel as nib
+    import numpy as np
+
+    image = nib.Nifti1Image(np.zeros((8, 8, 4), dtype=np.int16), np.eye(4))
+    return gzip.compress(image.to_bytes())
+
+
+@pytest.mark.parametrize(
+    ("inner", "what"),
+    [
+        (b"patient notes, not an image\n" * 40, "not DICOM, a zip archive or NIfTI"),
+        (b"\0" * 128 + b"DICM" + b"\x02\x00" * 300, "a DICOM file"),
+        (b"tiny", "not DICOM, a zip archive or NIfTI"),
+    ],
+)
+def test_a_gzip_that_holds_no_nifti_is_refused_at_once(
+    server: dict[str, Any], inner: bytes, what: str
+) -> None:
+    """Only NIfTI is accepted gzip-compressed; any gzip was taken for one and became a job
+    that failed (``nifti_invalid``) until 2026-12-07. Its first bytes are inflated at the
+    door now (bounded), as the other kinds are told by theirs."""
+    c, key, service = server["client"], server["key"], server["service"]
+    before, studies = _count_jobs(service), _stored_studies(service)
+    files = [("files", ("study.nii.gz", gzip.compress(inner), "application/gzip"))]
+    r = c.post("/v1/studies", files=files, headers=auth(key))
+    assert r.status_code == 415 and _error(r) == "unsupported_media_type", r.text
+    message = r.json()["error"]["message"]
+    assert "file 1 of 1 is gzip-compressed" in message and f"({what})" in message, message
+    assert _count_jobs(service) == before and _stored_studies(service) == studies
+    # a real .nii.gz still passes the door (its job is the pipeline's business; the
+    # module's one server answers the same volume's second upload with its first job)
+    files = [("files", ("volume.nii.gz", _gzipped_nifti(), "application/gzip"))]
+    assert c.post("/v1/studies", files=files, headers=auth(key)).status_code in (200, 202)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 import zipfile
+import zlib
 from enum import StrEnum
 from pathlib import Path
 from typing import BinaryIO
@@ -22,6 +23,9 @@ from radserve.zip_members import (
 )
 
 _HEAD = 548
+# compressed bytes read to inflate a gzip upload's first _HEAD bytes: deflate's worst
+# case (stored blocks) adds 5 bytes per 64 KiB, so this holds them with room to spare
+_GZIP_PEEK = 4096
 
 
 class FileKind(StrEnum):
@@ -91,6 +95,8 @@ def sniff(
             f"file {position} of {total} is {what}; send DICOM Part-10 files, a zip of "
             "them, or one NIfTI volume (.nii / .nii.gz)"
         )
+    if kind is FileKind.NIFTI_GZ:
+        _check_gzip_holds_nifti(stream, position, total)
     if kind is FileKind.ZIP:
         try:
             check_member_count(stream, max_archive_members)
@@ -102,6 +108,40 @@ def sniff(
             "study's DICOM files"
         )
     return kind
+
+
+def _check_gzip_holds_nifti(stream: BinaryIO, position: int, total: int) -> None:
+    """Refuse (415) a gzip stream whose first inflated bytes are not a NIfTI header: a
+    gzipped text file, DICOM or tar became a job that failed (``nifti_invalid``) instead
+    of a refusal with nothing stored. At most :data:`_GZIP_PEEK` compressed bytes are
+    read and :data:`_HEAD` inflated (a bomb costs nothing here); a stream that cannot
+    be inflated that far is left to ingest, which names the damage."""
+    inflater = zlib.decompressobj(wbits=31)  # gzip framing
+    try:
+        head = inflater.decompress(stream.read(_GZIP_PEEK), _HEAD)
+    except zlib.error:
+        head = b""
+    finally:
+        stream.seek(0)
+    if len(head) < _HEAD and not inflater.eof:
+        return  # damaged or oddly framed: ingest reads it and says what is wrong
+    inner = kind_of(head)
+    if inner is FileKind.NIFTI:
+        return
+    what = (
+        {
+            FileKind.DICOM: "a DICOM file",
+            FileKind.ZIP: "a zip archive",
+            FileKind.NIFTI_GZ: "gzip data again",
+        }.get(inner)
+        if inner is not None
+        else "not DICOM, a zip archive or NIfTI"
+    )
+    raise UnsupportedMediaError(
+        f"file {position} of {total} is gzip-compressed, but what it holds is not a NIfTI "
+        f"volume ({what}); only NIfTI is accepted gzip-compressed (.nii.gz): send DICOM "
+        "files uncompressed or in a zip"
+    )
 
 
 def _zip_holds_files(stream: BinaryIO) -> bool:
