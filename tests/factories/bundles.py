@@ -138,3 +138,18 @@ def write_test_pipeline(folder: Path, *, min_slices: int = 3) -> Path:
         )
     )
     return path
+
+
+def one_step_pipeline(folder: Path, model: str) -> Path:
+    """``folder/one-step.yaml``: a CT pipeline of the one step running ``model`` (its
+    output named organs), the smallest pipeline ``radserve models build-variants
+    --pipeline`` gates a model through."""
+    path = folder / "one-step.yaml"
+    spec = {
+        "name": "one-step",
+        "version": "1",
+        "series_selection": {"modalities": ["CT"], "min_slices": 3},
+        "steps": [{"model": model, "output": "organs"}],
+    }
+    path.write_text(yaml.safe_dump(spec))
+    return path

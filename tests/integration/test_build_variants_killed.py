@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.factories.bundles import one_step_pipeline
 from tests.factories.server_process import radserve_command, run_radserve
 from tests.factories.service import config_file
 from tests.factories.waits import WAIT_SCALE
@@ -79,17 +80,7 @@ class Installed:
         service.store.close()
         self.names = {p.name for p in self.directory.iterdir()}
         self.record = (self.directory / "install.json").read_bytes()
-        self.pipeline = tmp / "one-step.yaml"
-        self.pipeline.write_text(
-            yaml.safe_dump(
-                {
-                    "name": "one-step",
-                    "version": "1",
-                    "series_selection": {"modalities": ["CT"], "min_slices": 3},
-                    "steps": [{"model": STEP, "output": "organs"}],
-                }
-            )
-        )
+        self.pipeline = one_step_pipeline(tmp, STEP)
 
     def build_args(self) -> tuple[str, ...]:
         return (

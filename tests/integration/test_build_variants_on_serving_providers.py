@@ -18,6 +18,7 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 import yaml
+from tests.factories.bundles import one_step_pipeline
 from tests.factories.server_process import run_radserve
 from tests.factories.service import config_file
 
@@ -46,17 +47,7 @@ def _servers(tmp: Path) -> tuple[Path, Path]:
 def _build(tmp: Path, *args: str, env: dict[str, str] | None = None) -> object:
     """``models build-variants`` of organs-test in the test models' folder, through a
     one-step pipeline."""
-    pipeline = tmp / "one-step.yaml"
-    pipeline.write_text(
-        yaml.safe_dump(
-            {
-                "name": "one-step",
-                "version": "1",
-                "series_selection": {"modalities": ["CT"], "min_slices": 3},
-                "steps": [{"model": STEP, "output": "organs"}],
-            }
-        )
-    )
+    pipeline = one_step_pipeline(tmp, STEP)
     return run_radserve(
         "models", "build-variants", "--model", STEP, "--models-dir",
         str(tmp / "assets" / "models"), "--pipeline", str(pipeline), *SMALL, *args, env=env,

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.factories.bundles import one_step_pipeline
 from tests.factories.server_process import run_radserve
 from tests.factories.service import settings_for
 
@@ -28,17 +29,7 @@ BUILD = ("--small", "--seeds", "0-1", "--calibration-seeds", "1000", "--precisio
 
 def _build_variants(tmp_path: Path, models: Path) -> object:
     """``radserve models build-variants`` of organs-test through a one-step pipeline."""
-    pipeline = tmp_path / "one-step.yaml"
-    pipeline.write_text(
-        yaml.safe_dump(
-            {
-                "name": "one-step",
-                "version": "1",
-                "series_selection": {"modalities": ["CT"], "min_slices": 3},
-                "steps": [{"model": STEP, "output": "organs"}],
-            }
-        )
-    )
+    pipeline = one_step_pipeline(tmp_path, STEP)
     return run_radserve(
         "models", "build-variants", "--model", STEP, "--models-dir", str(models),
         "--pipeline", str(pipeline), *BUILD,
