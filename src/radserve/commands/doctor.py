@@ -41,12 +41,13 @@ def command(
 
     settings = load_settings(config_file, data_dir=data_dir)
     sessions = served_sessions(settings) if load_sessions else []
+    models, providers = served_by(settings)
     checks = run_doctor(
         settings,
-        serving=serving_models(settings),
+        serving=models,
         check_ports=not no_ports,
         sessions=sessions,
-        providers=serving_providers(settings),
+        providers=providers,
     )
     if as_json:
         click.echo(json.dumps([c.as_json() for c in checks], indent=2))
@@ -82,29 +83,24 @@ def ports_in_use(checks: Sequence[Any]) -> list[str]:
     ]
 
 
-def serving_models(settings: object) -> set[tuple[str, str]]:
-    """The (model, version) pairs the default pipeline would serve; empty if unknown."""
+def served_by(settings: object) -> tuple[set[tuple[str, str]], tuple[str, ...]]:
+    """The (model, version) pairs the default pipeline would serve, and the execution
+    providers it would serve them with (``Catalog.serving_providers``), which doctor
+    checks each bundle's ``requires:`` against: from one catalog, as choosing its runtime
+    probes the providers. Empty where unknown (``serve`` then says why; no providers:
+    the host's)."""
     from radserve.errors import RadserveError
     from radserve.service.catalog import Catalog
 
     try:
         catalog = Catalog.from_settings(settings)  # type: ignore[arg-type]
-        return set(catalog.resolve().model_versions.items())
     except RadserveError:
-        return set()
-
-
-def serving_providers(settings: object) -> tuple[str, ...]:
-    """The execution providers a server with these settings serves with
-    (``Catalog.serving_providers``), which doctor checks each bundle's ``requires:``
-    against; empty (the host's) where they cannot be chosen (``serve`` then says why)."""
-    from radserve.errors import RadserveError
-    from radserve.service.catalog import Catalog
-
+        return set(), ()
     try:
-        return Catalog.from_settings(settings).serving_providers  # type: ignore[arg-type]
+        models = set(catalog.resolve().model_versions.items())
     except RadserveError:
-        return ()
+        models = set()
+    return models, catalog.serving_providers
 
 
 def served_sessions(settings: object) -> list[Any]:
