@@ -6,14 +6,14 @@ mode (``long.py``)."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.factories.child_python import child_env
+
 TIMEOUT_S = 10  # one input running longer is a finding (an unbounded loop)
 RSS_LIMIT_MB = 3072  # the process growing past this is a finding (unbounded memory)
 _STATS = re.compile(r"#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+)")
@@ -59,7 +59,7 @@ def fuzz(
     for ``runs`` inputs or ``seconds``; reproducers land in ``work/artifacts``."""
     corpus, artifacts = work / "corpus", work / "artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    env = child_env()
     flags = [
         f"-seed={seed}",
         f"-timeout={TIMEOUT_S}",

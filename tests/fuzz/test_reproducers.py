@@ -9,17 +9,13 @@ fails its own test, naming the signal, instead of ending the test session."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.factories.child_python import REPO, how_it_ended, run_python
 from tests.fuzz.targets import TARGETS, entry
 
-REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "fuzz"
 CASES = sorted(p for target in TARGETS for p in (DATA / target).glob("*") if p.is_file())
 IN_A_CHILD = frozenset({"series"})  # targets that run native decoders in-process
@@ -35,22 +31,8 @@ def test_reproducer_ends_in_a_declared_refusal(path: Path) -> None:
     if target not in IN_A_CHILD:
         entry(target)(path.read_bytes())
         return
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD, target, str(path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=120,
-        check=False,
-    )
-    ended = (
-        f"signal {signal.Signals(-done.returncode).name}"
-        if done.returncode < 0
-        else f"exit status {done.returncode}"
-    )
+    done = run_python(["-c", _CHILD, target, str(path)], timeout_s=120)
+    ended = how_it_ended(done)
     assert done.returncode == 0, (
         f"{path.name}: the target's process ended by {ended}\n" + (done.stderr[-4000:])
     )

@@ -13,10 +13,6 @@ signal instead of ending the test session."""
 from __future__ import annotations
 
 import io
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +21,7 @@ import pytest
 from PIL import Image
 from pydicom.encaps import encapsulate, generate_frames
 from pydicom.uid import JPEGLSLossless, JPEGLSNearLossless
+from tests.factories.child_python import how_it_ended, run_python
 from tests.factories.dicom_series import as_jpeg_baseline, make_ct_series
 
 from radserve.errors import DecodeError
@@ -32,7 +29,6 @@ from radserve.ingest import discover_series
 from radserve.ingest.decode import decode_stack, shutdown_decode_workers, use_processes
 from radserve.ingest.sources import SourceReader
 
-REPO = Path(__file__).resolve().parents[2]
 _MODULE = "tests.integration.test_decode_isolation"  # as the child imports it
 ROWS, COLS = 16, 12
 
@@ -90,23 +86,9 @@ def scenario(work: str) -> None:
 def test_a_jpeg_baseline_frame_that_aborts_gdcm_fails_its_stack_and_the_next_decodes(
     tmp_path: Path,
 ) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
     code = f"from {_MODULE} import scenario; scenario({str(tmp_path)!r})"
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=300,
-        check=False,
-    )
-    ended = (
-        f"signal {signal.Signals(-done.returncode).name}"
-        if done.returncode < 0
-        else f"exit status {done.returncode}"
-    )
+    done = run_python(["-c", code], timeout_s=300)
+    ended = how_it_ended(done)
     assert done.returncode == 0, f"the decoding caller ended by {ended}:\n{done.stderr[-4000:]}"
     assert done.stdout.strip().endswith("isolated"), done.stdout
 
