@@ -12,7 +12,7 @@ import pytest
 
 from tests.fuzz.long import MINUTES_ENV
 from tests.fuzz.session import fuzz
-from tests.fuzz.targets import TARGETS
+from tests.fuzz.targets import TARGETS, skip_without_needs
 
 pytest.importorskip("atheris")
 
@@ -29,17 +29,12 @@ RUNS = {
     "qido": 3000,
     "nifti": 2000,
 }
-# what a target imports beyond the test extras: the optional PyTorch extras (.ci/run
-# installs them); without them the target is skipped with a reason, as the import
-# agreement tests are (README), not failed with an import error in its child process
-NEEDS = {"importers": ("torch", "monai")}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
 def test_fuzz_target_finds_nothing(target: str, tmp_path: Path) -> None:
-    for module in NEEDS.get(target, ()):
-        pytest.importorskip(module, reason=f"the {target} target needs {module}")
+    skip_without_needs(target)
     minutes = float(os.environ.get(MINUTES_ENV) or 0)
     if minutes:
         outcome = fuzz(target, tmp_path, seconds=round(minutes * 60))

@@ -14,6 +14,18 @@ from collections.abc import Callable
 from types import ModuleType
 
 TARGETS = ("instance", "series", "multipart", "settings", "importers", "qido", "nifti")
+# what a target imports beyond the test extras: the optional PyTorch extras (.ci/run
+# installs them); without them its runs and reproducers are skipped with a reason, as the
+# import agreement tests are (README), not failed on an import error
+NEEDS = {"importers": ("torch", "monai")}
+
+
+def skip_without_needs(name: str) -> None:
+    """Skip the calling test when target ``name`` needs a module not installed here."""
+    import pytest
+
+    for module in NEEDS.get(name, ()):
+        pytest.importorskip(module, reason=f"the {name} fuzz target needs {module}")
 
 
 def load(name: str) -> ModuleType:
@@ -26,4 +38,4 @@ def entry(name: str) -> Callable[[bytes], None]:
     return load(name).one_input  # type: ignore[no-any-return]
 
 
-__all__ = ["TARGETS", "entry", "load"]
+__all__ = ["NEEDS", "TARGETS", "entry", "load", "skip_without_needs"]
