@@ -27,6 +27,7 @@ from tests.factories.waits import WAIT_SCALE, until
 
 from radserve.api import create_app
 from radserve.service import Service
+from radserve.service.dicomweb import Filer, read_filer
 
 # the first server's quiet period outlasts the test: only the restart ends it
 LONG_QUIET_S = 3600.0
@@ -145,3 +146,31 @@ def test_a_study_filed_before_a_restart_is_not_answered_from_another_site_s_resu
         assert job.cached_from is None
         assert _listed(c, keys["a"]) == [job.id]
         assert _listed(c, keys["b"]) == [b_job]
+
+
+def test_the_filer_is_on_disk_before_the_quiet_period_sees_the_study(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The filer is recorded before the study's first instance of a request is tracked,
+    so however short the quiet period, the study is never handed over without it. Until
+    2026-12-07 it was written after the whole request had been filed: a quiet period
+    shorter than the rest of the request made a job with no key, which its site could
+    not see. Each real ``arrived`` is watched (it still runs) for the filer on disk."""
+    service = Service(
+        settings_for(tmp_path, security__visibility="site", dicomweb__quiet_s=LONG_QUIET_S)
+    )
+    keys = _keys(service)
+    tracker = service.stow.stow.tracker
+    arrived = tracker.arrived
+    seen: list[Filer | None] = []
+
+    def watched(study: str, folder: Path, *args: Any, **kwargs: Any) -> None:
+        seen.append(read_filer(folder, quiet=True))
+        arrived(study, folder, *args, **kwargs)
+
+    monkeypatch.setattr(tracker, "arrived", watched)
+    files = make_study(tmp_path / "study")[:4]
+    with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        _file_for_the_quiet_period(c, service, files, keys)
+    assert len(seen) >= len(files)
+    assert {filer.key_id if filer else None for filer in seen} == {keys["a_id"]}

@@ -222,24 +222,32 @@ class StowBridge:
                 streams, resolved=resolved, priority=priority, origin=origin
             )
 
+        filer = Filer.of(origin)
+        changed: list[tuple[str, Path]] = []
+
+        def record_filer(study: str, folder: Path) -> None:
+            # before the study's first instance of this request is tracked: the quiet
+            # period cannot hand it over before its filer is on disk (written after the
+            # whole request until 2026-12-07, so a quiet period shorter than the rest of
+            # the request gave the job no key, which its site could not see)
+            if read_filer(folder, quiet=True) != filer:
+                write_filer(folder, filer)
+                changed.append((study, folder))
+
         result = self.stow.store(
             parts,
             target_study=target_study,
             submit=None if quiet else submit,
             retry_after=self.intake.scheduler.config.default_retry_after_s,
+            on_filing=record_filer if quiet else None,
         )
-        filer = Filer.of(origin)
-        for study in result.waiting:
-            folder = self.stow.instances.study_dir(study)
-            earlier = read_filer(folder, quiet=True)
-            write_filer(folder, filer)
-            if earlier != filer:
-                # another sender: its re-send of instances already here is new to it, so
-                # the study is handed over again and the re-send look-up decides who
-                # answers it (Store.find_answered: only a job this sender may see);
-                # before, identical instances never reopened a handed-over study and a
-                # second site's study got no job of its own
-                self.stow.tracker.arrived(study, folder)
+        for study, folder in changed:
+            # another sender: its re-send of instances already here is new to it, so
+            # the study is handed over again and the re-send look-up decides who
+            # answers it (Store.find_answered: only a job this sender may see);
+            # before, identical instances never reopened a handed-over study and a
+            # second site's study got no job of its own
+            self.stow.tracker.arrived(study, folder)
         return result
 
     def _on_study(self, study: CompletedStudy) -> None:

@@ -216,10 +216,14 @@ class StowIntake(Generic[S]):
         target_study: str | None,
         submit: Callable[[list[BinaryIO]], S] | None,
         retry_after: int,
+        on_filing: Callable[[str, Path], None] | None = None,
     ) -> StowResult[S]:
         """Check every part, then hand each study's accepted instances to ``submit``
         (one call per Study Instance UID), or file them for the quiet period when
-        ``submit`` is None.
+        ``submit`` is None. ``on_filing(study_uid, folder)``: called once per study of
+        the request filed for the quiet period, after its first instance is on disk and
+        before the quiet period sees it, so what it records (who filed the study) is on
+        disk before the study can be handed over.
 
         Raises :class:`QueueFullError` (``retry_after`` seconds) only when no instance
         was stored because the queue is full (HTTP 503 with Retry-After tells the
@@ -247,7 +251,7 @@ class StowIntake(Generic[S]):
         waiting: tuple[str, ...] = ()
         outage: RadserveError | None = None
         if submit is None:
-            stored = self._file_for_quiet_period(accepted)
+            stored = self._file_for_quiet_period(accepted, on_filing)
             waiting = tuple(sorted({o.study_instance_uid for o in stored if o.stored}))
         else:
             stored, jobs, outage = _submit_studies(accepted, submit)
@@ -271,8 +275,11 @@ class StowIntake(Generic[S]):
         )
         return result
 
-    def _file_for_quiet_period(self, accepted: list[_Accepted]) -> list[InstanceOutcome]:
+    def _file_for_quiet_period(
+        self, accepted: list[_Accepted], on_filing: Callable[[str, Path], None] | None
+    ) -> list[InstanceOutcome]:
         outcomes: list[InstanceOutcome] = []
+        filing: set[str] = set()  # studies of this request on_filing has seen
         for entry in accepted:
             outcome = entry.outcome
             entry.stream.seek(0)
@@ -288,6 +295,9 @@ class StowIntake(Generic[S]):
                     _failed(outcome, FailureReason.OUT_OF_RESOURCES, exc.message, exc.code)
                 )
                 continue
+            if on_filing is not None and outcome.study_instance_uid not in filing:
+                filing.add(outcome.study_instance_uid)
+                on_filing(outcome.study_instance_uid, saved.path.parent)
             self.tracker.arrived(
                 outcome.study_instance_uid,
                 saved.path.parent,
