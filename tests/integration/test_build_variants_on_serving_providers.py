@@ -110,3 +110,27 @@ def test_models_list_says_bf16_servable_only_where_the_server_serves_on_openvino
     assert reason.startswith(f"{STEP}/1.0.0 bf16 may not serve here: bf16 runs on OpenVINO's")
     assert f"this server serves with {CPU} (runtime.providers)" in reason
     assert f"put {OPENVINO} first in runtime.providers to serve it" in reason
+
+
+@pytest.mark.skipif(not host_facts().runs_bf16, reason="needs OpenVINO on a CPU with bf16")
+def test_radserve_run_judges_bf16_on_the_providers_it_runs_on(tmp_path):
+    """``radserve run --precision bf16`` with the CPU-provider config, the bf16 variant
+    gated and accepted on OpenVINO: refused before any work with the reason the server's
+    ``models list`` gives, naming ``runtime.providers``. Until 2026-12-07 its registry
+    judged bf16 by the CPU alone: the variant was chosen, the study read, and the run
+    failed when its session was made, saying to install onnxruntime-openvino (installed)."""
+    cpu, ov = _servers(tmp_path)
+    built = _build(tmp_path, "--precision", "bf16", "--config", str(ov))
+    assert built.returncode == 0, built.stderr
+    made = run_radserve("phantom", "--small", "--seed", "0", "--out", str(tmp_path / "ct"))
+    assert made.returncode == 0, made.stderr
+    ran = run_radserve(
+        "run", str(tmp_path / "ct" / "dicom"), "--out", str(tmp_path / "out"),
+        "--config", str(cpu), "--precision", "bf16",
+        "--models-dir", str(tmp_path / "assets" / "models"),
+        "--pipeline", str(one_step_pipeline(tmp_path, STEP)),
+    )  # fmt: skip
+    assert ran.returncode != 0, ran.stdout
+    said = " ".join((ran.stdout + ran.stderr).split())
+    assert f"{STEP}/1.0.0 bf16 may not serve here: bf16 runs on OpenVINO's" in said
+    assert f"this server serves with {CPU} (runtime.providers)" in said

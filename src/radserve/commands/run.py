@@ -164,7 +164,12 @@ def command(
                 sources,
                 pipeline=pipeline,
                 out_dir=out_dir,
-                registry=ModelRegistry([*models_dir, *settings.models.dirs, bundled_model_dir()]),
+                # judged on the providers it runs on, as a server's catalog judges them: a
+                # bf16 variant on a CPU-provider run was served on a provider without bf16
+                registry=ModelRegistry(
+                    [*models_dir, *settings.models.dirs, bundled_model_dir()],
+                    serving=runtime.serving,
+                ),
                 sessions=SessionPool(runtime),
                 precision=settings.models.precision,
                 policy=policy,

@@ -28,7 +28,7 @@ import onnxruntime as ort
 
 from radserve.errors import ModelError
 from radserve.host import bf16_slower_reason, cpu_bf16_support, usable_cores
-from radserve.models.bf16 import bf16_refusal, host_runs_bf16
+from radserve.models.bf16 import ServingProviders, host_runs_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -117,12 +117,20 @@ class RuntimeChoice:
         return self.host.usable_cores if _DEVICE_KIND[self.primary] == "cuda" else 1
 
     @property
+    def serving(self) -> ServingProviders:
+        """What a model registry judges bundles on for sessions of this runtime (the
+        server's catalog and ``radserve run`` alike)."""
+        return ServingProviders(
+            tuple(self.providers),
+            host_runs_bf16(self.host.available_providers, self.host.cpu_bf16),
+        )
+
+    @property
     def runs_bf16(self) -> bool:
         """Whether sessions may run at ``bf16`` here (see :func:`precision_options`): the
         rule the registry, the requirements and doctor apply (:mod:`radserve.models.bf16`),
         on this runtime's providers."""
-        host = host_runs_bf16(self.host.available_providers, self.host.cpu_bf16)
-        return bf16_refusal(self.providers, host_runs_bf16=host) is None
+        return self.serving.bf16_refusal() is None
 
     def as_report(self) -> dict[str, object]:
         """JSON-ready summary for job reports and ``/readyz``."""

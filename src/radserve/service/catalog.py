@@ -31,7 +31,6 @@ from radserve.inference.probe import (
     probe_input_shape,
 )
 from radserve.lifecycle.install import read_install
-from radserve.models.bf16 import ServingProviders, host_runs_bf16
 from radserve.models.registry import MANIFEST, ModelBundle, ModelRegistry, bundled_model_dir
 from radserve.pipeline import SessionPool
 from radserve.pipeline.checks import check_pipeline
@@ -135,12 +134,8 @@ class Catalog:
             )
             # executor: ray -- the workers load and run the sessions, this process never
             sessions = SessionPool(runtime, remote=settings.executor == "ray")
-        host = sessions.runtime.host
         # the registry judges bf16 on what this server serves with (models list, deploy)
-        serving = ServingProviders(
-            tuple(sessions.runtime.providers),
-            host_runs_bf16(host.available_providers, host.cpu_bf16),
-        )
+        serving = sessions.runtime.serving
         registry = ModelRegistry(
             [*settings.models.dirs, installed, bundled_model_dir()],
             missing_ok=[installed],
