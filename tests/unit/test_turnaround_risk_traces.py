@@ -30,8 +30,8 @@ SESSION_19 = RiskRule(margin_s=30.0, clear_s=15.0)
 def traces() -> dict[str, list[Replayed]]:
     # the sixteen traces session 20 replayed; later recordings (session 25's "-emr-",
     # session 29's "-xeon-8ef0bfe-", session 30's "-xeon-180bc3a-" and "-xeon-d62e8a9-"
-    # traces, no deadline missed) are not in its figures
-    later = ("-emr-", "-xeon-8ef0bfe-", "-xeon-180bc3a-", "-xeon-d62e8a9-")
+    # traces, session 41's "-long-" ones, no deadline missed) are not in its figures
+    later = ("-emr-", "-xeon-8ef0bfe-", "-xeon-180bc3a-", "-xeon-d62e8a9-", "-long-")
     paths = sorted(
         p for p in TRACES.glob("eta-*.json.gz") if not any(tag in p.name for tag in later)
     )
