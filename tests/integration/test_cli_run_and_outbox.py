@@ -142,6 +142,13 @@ def test_outbox_list_takes_the_critical_kind_and_a_receivers_name(tmp_path: Path
     text = CliRunner().invoke(cli, ["outbox", "list", "--kind", "critical", *base])
     assert text.exit_code == 0, text.output
     assert f"{critical.id:>6}  critical  critical:ward" in text.output
+    # the summary above the rows is filtered as they are (it listed the PACS too)
+    assert "critical critical:ward: " in text.output
+    assert "dicom PACS: " not in text.output
+    by_name = CliRunner().invoke(cli, ["outbox", "list", "--destination", "PACS", *base])
+    assert by_name.exit_code == 0, by_name.output
+    assert "dicom PACS: " in by_name.output
+    assert "critical:ward" not in by_name.output
     # --all-failed --destination names the rows the same way
     again = CliRunner().invoke(
         cli, ["outbox", "retry", "--all-failed", "--destination", "ward", *base]

@@ -113,6 +113,10 @@ def list_rows(
             )
         return
     for st in statuses:
+        # the summary lines of the destinations asked for, as the rows below: `--kind
+        # critical` printed every PACS's line above an empty list
+        if (kind and st.kind.value != kind) or (destination and st.destination != destination):
+            continue
         click.echo(
             f"{st.kind.value} {st.destination}: {st.pending} pending ({st.retrying} retrying), "
             f"{st.sending} sending, {st.committing} awaiting commitment, "

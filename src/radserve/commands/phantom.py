@@ -102,6 +102,9 @@ def command(
         write_nifti,
     )
 
+    if (mr_grids or mr_second_frame) and not mr:
+        # before anything is written: checked after the CT, it left a whole study behind
+        raise click.UsageError("--mr-grids and --mr-second-frame need --mr")
     spec = PhantomSpec.random(seed, small=small)
     if slices is not None or slice_spacing is not None:
         spec = spec.with_slices(slices, slice_spacing)
@@ -138,8 +141,6 @@ def command(
             study_uid=study_uid,
         )
         write_pet_ground_truth(pet_phantom, out_dir / "ground_truth")
-    if (mr_grids or mr_second_frame) and not mr:
-        raise click.UsageError("--mr-grids and --mr-second-frame need --mr")
     if mr:
         from radserve.phantom.mr import SEQUENCES, write_mr_series
         from radserve.phantom.mr_grids import VARIED_GRIDS, second_frame_of_reference

@@ -70,7 +70,7 @@ from radserve.commands.params import SEED, FiniteFloatRange
     "they ran under divided out; a --service-times file is taken as times alone. "
     "0: the device as separate hardware with the times as measured (before "
     "2026-12-02) [default: this host's usable cores on a CPU device] "
-    "(README: planner validation).",
+    "(docs/turnaround.md, the planner's model of the host).",
 )
 @click.option("--hours", type=FiniteFloatRange(0.01, 24 * 365), default=24.0, show_default=True)
 @click.option("--seed", type=SEED, default=0, show_default=True)
