@@ -1593,6 +1593,11 @@ def _describe(exc: ValidationError, *, source: str | None) -> str:
             parent = "".join(f"{p}." for p in loc[:-1])
             hint = _did_you_mean(str(loc[-1]), _known_at(loc[:-1]), parent)
             lines.append(f"unknown setting {dotted!r}{hint}")
+        elif not loc:
+            # a check across sections (a fhir receiver and fhir.url): its message names
+            # the settings; its input is every setting given, not worth echoing, and an
+            # empty name read "invalid setting ''"
+            lines.append(f"invalid settings: {_message(error)}")
         else:
             # any part: a union member's tag or a list index may follow the secret's name
             secret = any(_is_secret(part) for part in loc if isinstance(part, str))

@@ -56,7 +56,7 @@ from radserve.models.gate import (
     file_sha256,
     write_gate_report,
 )
-from radserve.models.manifest import ModelSpec
+from radserve.models.manifest import ModelSpec, describe_problems
 from radserve.yaml_text import load_yaml
 
 if TYPE_CHECKING:
@@ -317,7 +317,8 @@ def declare_files(manifest: Path, files: Mapping[str, str]) -> None:
         ModelSpec.model_validate(load_yaml(text))
     except ValidationError as exc:
         raise ModelError(
-            f"invalid model manifest {manifest} once its files are declared: {exc}"
+            f"invalid model manifest {manifest} once its files are declared: "
+            f"{describe_problems(exc)}"
         ) from exc
     # replaced whole, keeping its permissions: a crash mid-write left a cut-off
     # model.yaml, and a bundle whose every precision (fp32 too) no longer loaded

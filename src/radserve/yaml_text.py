@@ -34,6 +34,26 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
     return size
 
 
+def _at(mark: yaml.Mark) -> str:
+    return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _one_line(exc: yaml.MarkedYAMLError) -> str:
+    """PyYAML's error in one line, where first (``line 3, column 8: mapping values are
+    not allowed here``). Its own text quoted the line under a caret and named the file
+    ``"<unicode string>"``; the command line's redaction then read the lone ``^`` as a
+    name and printed ``<redacted>`` where the caret pointed."""
+    mark = exc.problem_mark or exc.context_mark
+    text = f"{_at(mark)}: " if mark is not None else ""
+    text += exc.problem or exc.context or "not valid YAML"
+    if exc.problem and exc.context:
+        text += f" ({exc.context}"
+        if exc.context_mark is not None and exc.context_mark is not mark:
+            text += f" at {_at(exc.context_mark)}"
+        text += ")"
+    return text
+
+
 def load_yaml(text: str) -> Any:
     """``yaml.safe_load(text)``, refusing (``yaml.YAMLError``) a document larger than
     :data:`MAX_NODES` nodes with its aliases expanded, or nested too deeply to read."""
@@ -49,6 +69,8 @@ def load_yaml(text: str) -> Any:
                 f"(at most {MAX_NODES:,}): an alias bomb?"
             )
         return loader.construct_document(node)
+    except yaml.MarkedYAMLError as exc:
+        raise yaml.YAMLError(_one_line(exc)) from None
     except RecursionError as exc:
         raise yaml.YAMLError("the document is nested too deeply to read") from exc
     finally:

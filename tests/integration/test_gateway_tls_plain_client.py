@@ -23,7 +23,8 @@ from tests.factories.waits import until
 
 from radserve.config import TlsSettings
 from radserve.gateway import CompletedStudy, GatewaySCP, ScpConfig
-from radserve.gateway.config import Peer
+from radserve.gateway.config import Destination, Peer
+from radserve.gateway.scu import Outcome, StoreSCU
 from radserve.gateway.transport import PLAIN_ON_TLS_REJECT
 
 pytestmark = [
@@ -128,6 +129,18 @@ def test_a_pynetdicom_sender_without_tls_gets_a_permanent_rejection(scp: Gateway
     finally:
         assoc.release()
         ae.shutdown()
+
+
+def test_radserves_own_plain_echo_is_told_the_port_may_take_tls_only(scp: GatewaySCP) -> None:
+    """``radserve gateway echo`` (and an outbox row) without TLS to a TLS-only port: the
+    rejection (no reason given) said only "check the destination's AE configuration",
+    which looked right; found following docs/security.md (2026-12-07)."""
+    host, port = scp.address
+    scu = StoreSCU("MODALITY", connect_timeout_s=5, acse_timeout_s=10, dimse_timeout_s=10)
+    plain = scu.echo(Destination("pacs", "RADSERVE", host, port))
+    assert plain.outcome is Outcome.PERMANENT, plain.message
+    assert "rejected the association permanently: no reason given" in plain.message
+    assert "whether its port takes DICOM TLS only: then set its tls" in plain.message
 
 
 def _associate_rq(calling: bytes) -> bytes:

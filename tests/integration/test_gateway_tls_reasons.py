@@ -116,6 +116,25 @@ def test_the_scp_log_says_why_a_client_certificate_failed(
     assert _dcmtk("echoscu", tls_scp, *_tls(pki)).returncode == 0  # the modality still is
 
 
+def test_the_scp_log_says_a_peer_sent_no_certificate(
+    tls_scp: GatewaySCP, pki: Pki, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A TLS client without a certificate (dcmtk's ``+tls`` needs one; ``radserve gateway
+    echo --tls-ca`` alone sends none) was logged as OpenSSL's name only,
+    ``PEER_DID_NOT_RETURN_A_CERTIFICATE``; found following docs/security.md (2026-12-07)."""
+    caplog.set_level(logging.WARNING, logger="radserve.gateway")
+    scu = StoreSCU("MODALITY", connect_timeout_s=5, acse_timeout_s=10, dimse_timeout_s=10)
+    host, port = tls_scp.address
+    refused = scu.echo(Destination("scp", "RADSERVE", host, port, TlsSettings(ca=pki.ca)))
+    assert refused.outcome is not Outcome.SENT, refused.message
+    said = lambda: _said(caplog, "TLS handshake with 127.0.0.1 failed")  # noqa: E731
+    assert wait_until(lambda: said(), timeout=10), said()
+    assert said()[0].endswith(
+        "PEER_DID_NOT_RETURN_A_CERTIFICATE (the peer sent no client certificate; gateway.tls "
+        "asks each peer for one its ca signed)"
+    ), said()
+
+
 def test_plain_dicom_on_the_tls_port_is_named(
     tls_scp: GatewaySCP, pki: Pki, caplog: pytest.LogCaptureFixture
 ) -> None:

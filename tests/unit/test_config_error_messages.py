@@ -58,7 +58,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     # Settings' model validator: empty location, the whole file as input
     "fhir-receiver-without-url": (
         {"critical": {"receivers": [{"name": "ward", "kind": "fhir", "token": CRITICAL_TOKEN}]}},
-        "invalid setting ''",
+        "invalid settings: ",
     ),
     # CriticalReceiverSettings' model validator: location "critical.receivers.0"
     "receiver-field-of-another-kind": (
@@ -104,6 +104,22 @@ def test_no_settings_error_echoes_a_secret(tmp_path: Path, name: str) -> None:
     assert "Traceback" not in done.stderr
     leaked = [secret for secret in SECRETS if secret in done.stdout + done.stderr]
     assert leaked == [], done.stderr
+
+
+def test_a_check_across_sections_names_them_and_echoes_no_file(tmp_path: Path) -> None:
+    """docs/critical-findings.md's receivers without ``fhir.url``: the error read
+    ``invalid setting '': ... (got {...})``, an empty name and every setting of the file
+    (and the environment) echoed after the message."""
+    config = tmp_path / "crit.yaml"
+    receivers = [{"name": "ehr", "kind": "fhir", "flag": True}]
+    config.write_text(
+        yaml.safe_dump({"data_dir": str(tmp_path / "data"), "critical": {"receivers": receivers}})
+    )
+    done = radserve("config", "show", "--config", str(config))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "invalid settings: " in done.stderr and "invalid setting ''" not in done.stderr
+    assert "critical receiver 'ehr' (kind fhir) needs a url, or fhir.url" in done.stderr
+    assert "(got " not in done.stderr and "data_dir" not in done.stderr, done.stderr
 
 
 def test_no_error_echoes_a_secret_from_the_environment(tmp_path: Path) -> None:

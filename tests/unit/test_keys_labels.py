@@ -60,3 +60,15 @@ def test_a_plain_name_is_kept_and_an_old_forged_one_lists_on_one_line(data: list
     assert lines[2].endswith(
         "ops\\nffffffffffffffff  admin   2026-01-01 00:00:00  -" + " " * 20 + "root"
     )
+
+
+def test_the_default_name_is_the_one_the_help_names(data: list[str]) -> None:
+    """``--help`` said the default name was the role; the key was named ``read key``."""
+    runner = CliRunner()
+    created = runner.invoke(keys_cli, ["create", "--role", "read", *data])
+    assert created.exit_code == 0, created.output
+    listed = runner.invoke(keys_cli, ["list", *data])
+    [row] = listed.output.splitlines()[1:]
+    assert row.endswith("read key")
+    shown = runner.invoke(keys_cli, ["create", "--help"], terminal_width=200)
+    assert "(default: ROLE key, e.g. admin key)" in shown.output, shown.output

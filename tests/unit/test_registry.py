@@ -128,6 +128,12 @@ def test_unknown_model_suggests_and_lists_what_exists(root):
         registry.get("organz")
     with pytest.raises(UnknownModelError, match=r"no version '1\.3\.0'.*1\.10\.0"):
         registry.get("organs", "1.3.0")
+    # with nothing close to suggest, the list is its own sentence (it read "... version
+    # '9.9.9' Available versions: ...", `radserve models deploy lesions 9.9.9`)
+    with pytest.raises(UnknownModelError, match=r"no version '9\.9\.9'\. Available versions: "):
+        registry.get("organs", "9.9.9")
+    with pytest.raises(UnknownModelError, match=r"unknown model 'zzzzzz'\. Available: "):
+        registry.get("zzzzzz")
 
 
 def test_earlier_root_wins_and_default_root_is_the_package(root, tmp_path_factory):

@@ -5,11 +5,13 @@ anchors still load."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
+from tests.factories.server_process import run_radserve
 
 from radserve.config import ConfigError, load_settings
 from radserve.errors import PipelineError
@@ -76,3 +78,31 @@ def test_a_setting_name_that_is_not_text_is_refused(tmp_path: Path, text: str) -
     path.write_text(text)
     with pytest.raises(ConfigError, match="setting names must be text"):
         load_settings(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "gateway:\n  quiet_s: 3\n   port: 4\n",
+            "line 3, column 8: mapping values are not allowed here",
+        ),
+        (
+            "gateway: {quiet_s: [1\n",
+            "line 2, column 1: expected ',' or ']', but got '<stream end>' "
+            "(while parsing a flow sequence at line 1, column 20)",
+        ),
+    ],
+)
+def test_a_yaml_mistake_is_one_line_naming_where(tmp_path: Path, text: str, said: str) -> None:
+    """Through the real command: PyYAML's text quoted the line under a ``^`` that the
+    command line's redaction printed as ``<redacted>``, and named the file
+    ``"<unicode string>"``."""
+    config = tmp_path / "radserve.yaml"
+    config.write_text(text)
+    clean = {k: v for k, v in os.environ.items() if not k.upper().startswith("RADSERVE_")}
+    done = run_radserve("config", "show", "--config", str(config), env=clean, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert line.endswith(f"is not valid YAML: {said}"), line
+    assert "<redacted>" not in line and "<unicode string>" not in line

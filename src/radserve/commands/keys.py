@@ -50,7 +50,10 @@ def _label(ctx: click.Context, param: click.Parameter, value: str | None) -> str
     help="admin ⊇ submit ⊇ read.",
 )
 @click.option(
-    "--name", default=None, callback=_label, help="A label for the key (default: the role)."
+    "--name",
+    default=None,
+    callback=_label,
+    help="A label for the key (default: ROLE key, e.g. admin key).",
 )
 @click.option(
     "--site", default=None, callback=_label, help="Site of the key (security.visibility: site)."

@@ -416,10 +416,18 @@ def _association_failure(
             return SendResult(
                 Outcome.RETRY, f"{destination} rejected the association for now: {reason}"
             )
+        hint = "check the destination's AE configuration"
+        if (source, diagnostic) == (1, 1) and destination.tls is None:
+            # a TLS-only port answers a plain request so (radserve's own: gateway.tls); the
+            # hint named the AE configuration alone, which then looked right
+            hint += (
+                ", or whether its port takes DICOM TLS only: then set its tls "
+                "(`radserve gateway echo`: --tls-ca)"
+            )
         return SendResult(
             Outcome.PERMANENT,
             f"{destination} rejected the association permanently: {reason} "
-            f"(radserve calls as {calling!r}; check the destination's AE configuration)",
+            f"(radserve calls as {calling!r}; {hint})",
         )
     if not connected:
         return SendResult(

@@ -347,6 +347,11 @@ def _handshake_failure(exc: BaseException) -> str:
     reason = getattr(exc, "reason", None) or type(exc).__name__
     if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
         return f"{reason} (client certificate: {exc.verify_message})"
+    if reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":  # read as OpenSSL's name alone
+        return (
+            f"{reason} (the peer sent no client certificate; gateway.tls asks each peer for "
+            "one its ca signed)"
+        )
     return str(reason)
 
 

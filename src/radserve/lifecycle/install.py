@@ -266,7 +266,9 @@ def inspect_bundle(
     ``requires:`` is checked against them (a required provider the host has but the
     server does not serve with is unmet, since 2026-12-07)."""
     try:
-        spec = load_manifest(directory / MANIFEST)
+        # named as the bundle holds it: the path is the staging copy's, which is gone
+        # by the time the refusal is read
+        spec = load_manifest(directory / MANIFEST, shown="model.yaml (in the bundle)")
     except ModelError as exc:
         raise BundleRejectedError(exc.message) from exc
     reasons = check_onnx(spec, directory, providers=providers)

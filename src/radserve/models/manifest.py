@@ -1064,13 +1064,33 @@ def _numbers(data: object, where: str) -> Iterator[tuple[str, float]]:
             yield from _numbers(value, f"{where}[{i}]")
 
 
-def load_manifest(path: Path) -> ModelSpec:
-    """Parse and validate a ``model.yaml``; errors name the file and the broken field."""
+def describe_problems(exc: ValidationError) -> str:
+    """One ``field: reason (got value)`` per problem, ``; ``-separated: what an author
+    reads in a refused ``model.yaml`` or pipeline file. pydantic's own text ran over
+    several lines with ``[type=..., input_value=..., input_type=...]`` and a link to its
+    documentation after each reason, and a check over the whole file echoed the file."""
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"])
+        reason = str(error["msg"]).removeprefix("Value error, ")
+        if not where or error["type"] == "missing":  # the input: the file, or the parent
+            problems.append(f"{where}: {reason}" if where else reason)
+            continue
+        got = repr(error.get("input"))
+        got = got if len(got) <= 80 else got[:77] + "..."
+        problems.append(f"{where}: {reason} (got {got})")
+    return "; ".join(problems)
+
+
+def load_manifest(path: Path, *, shown: str | None = None) -> ModelSpec:
+    """Parse and validate a ``model.yaml``; errors name the file (``shown``, else its
+    path) and the broken field."""
+    name = shown or str(path)
     try:
         raw = load_yaml_file(path)
     except (OSError, yaml.YAMLError) as exc:
-        raise ModelError(f"cannot read model manifest {path}: {exc}") from exc
+        raise ModelError(f"cannot read model manifest {name}: {exc}") from exc
     try:
         return ModelSpec.model_validate(raw)
     except ValidationError as exc:
-        raise ModelError(f"invalid model manifest {path}: {exc}") from exc
+        raise ModelError(f"invalid model manifest {name}: {describe_problems(exc)}") from exc

@@ -378,7 +378,7 @@ class ModelRegistry:
         found = self._scan()
         if name not in found:
             hint = difflib.get_close_matches(name, list(found), n=1)
-            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else "."
             raise UnknownModelError(
                 f"unknown model {name!r}{suggestion} Available: {self._available()}"
             )
@@ -386,7 +386,7 @@ class ModelRegistry:
             version = self.versions(name)[-1]
         elif version not in found[name]:
             hint = difflib.get_close_matches(version, list(found[name]), n=1)
-            suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+            suggestion = f"; did you mean {hint[0]!r}?" if hint else "."
             raise UnknownModelError(
                 f"model {name!r} has no version {version!r}{suggestion} "
                 f"Available versions: {', '.join(self.versions(name))}"

@@ -14,6 +14,7 @@ pipeline is resolved against a registry.
 
 from __future__ import annotations
 
+import difflib
 import re
 from importlib import resources
 from pathlib import Path
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from radserve.domain.critical import CriticalRule
 from radserve.errors import PipelineError
-from radserve.models.manifest import Precision
+from radserve.models.manifest import Precision, describe_problems
 from radserve.yaml_text import load_yaml_file
 
 
@@ -125,9 +126,14 @@ def load_pipeline(name_or_path: str | Path, directory: Path | None = None) -> Pi
     if path.suffix not in (".yaml", ".yml"):
         path = (directory or bundled_pipeline_dir()) / f"{name_or_path}.yaml"
     if not path.is_file():
-        known = ", ".join(available_pipelines(directory)) or "none"
-        raise PipelineError(f"unknown pipeline {str(name_or_path)!r}; available: {known}")
+        names = available_pipelines(directory)
+        close = difflib.get_close_matches(str(name_or_path), names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        known = ", ".join(names) or "none"
+        raise PipelineError(f"unknown pipeline {str(name_or_path)!r}{hint}; available: {known}")
     try:
         return PipelineSpec.model_validate(load_yaml_file(path))
-    except (OSError, yaml.YAMLError, ValidationError) as exc:
+    except ValidationError as exc:
+        raise PipelineError(f"invalid pipeline file {path}: {describe_problems(exc)}") from exc
+    except (OSError, yaml.YAMLError) as exc:
         raise PipelineError(f"invalid pipeline file {path}: {exc}") from exc
