@@ -125,6 +125,8 @@ def test_truncated_and_stalled_uploads(server: dict[str, Any], tmp_path: Path) -
     headers = {**auth(key), "content-type": request.headers["content-type"]}
     r = c.post("/v1/studies", content=cut, headers=headers)
     assert r.status_code == 400 and _error(r) == "upload_incomplete"
+    # cut short in transit: sending it again can succeed, as the message says
+    assert r.json()["error"]["retryable"] is True and "send it again" in r.text
 
     head = (
         "POST /v1/studies HTTP/1.1\r\nHost: radserve\r\n"

@@ -38,6 +38,9 @@ class RequestTimeoutError(RadserveError):
 
 class UploadIncompleteError(RadserveError):
     code = "upload_incomplete"
+    # the body was cut short in transit: the same upload sent again can succeed (its
+    # message says so; it answered retryable: false until 2026-12-07)
+    retryable = True
 
 
 # the error code of an answer that no RadserveError made (Starlette's and the framework's
@@ -139,7 +142,10 @@ def install(app: FastAPI, *, on_error: Any = None) -> None:
     async def _disconnect(request: Request, exc: ClientDisconnect) -> JSONResponse:
         count("upload_incomplete")
         message = "the client closed the connection before the request body was complete"
-        return JSONResponse(error_body("upload_incomplete", message), status_code=400)
+        return JSONResponse(
+            error_body("upload_incomplete", message, UploadIncompleteError.retryable),
+            status_code=400,
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
