@@ -268,6 +268,9 @@ def fuzz_pair(
 
 
 def main(argv: list[str]) -> None:
+    if any(a in ("-h", "--help") for a in argv[1:]):
+        print(__doc__.split("\n\n")[0])  # it read "--help" as the seconds: a traceback
+        return
     unrefused = "--unrefused" in argv
     argv = [a for a in argv if a != "--unrefused"]
     seconds = float(argv[1]) if len(argv) > 1 else 20.0

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +40,19 @@ def test_every_seed_has_its_header_segments_found_and_passes_the_header_check() 
     assert found["1.2.840.10008.1.2.4.50"][-1] == 0xDA
     assert found["1.2.840.10008.1.2.4.90"][:2] == [0x51, 0x52]  # SIZ, COD
     assert found["1.2.840.10008.1.2.5"] == [0x00]  # the RLE header's first byte (64)
+
+
+def test_help_prints_the_usage_and_runs_nothing() -> None:
+    """``python -m tests.fuzz.codestream --help`` read ``--help`` as the seconds per pair
+    and ended in a traceback; it prints its usage line now."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.fuzz.codestream", "--help"],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("``python -m tests.fuzz.codestream [--unrefused]")
+    assert "Traceback" not in done.stderr
