@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import zipfile
 from pathlib import Path
 
+import pydicom
 import pytest
 from tests.factories.bundles import write_test_bundles, write_test_pipeline
 from tests.factories.dicom_series import make_ct_series, write_not_dicom
@@ -37,6 +39,46 @@ def test_run_writes_report_label_maps_and_dicom(bundles, tmp_path: Path) -> None
     assert report["findings"], "the bright spheres are findings"
     for name in ("organs.nii.gz", "findings.nii.gz", "measurements-sr.dcm", "findings-seg.dcm"):
         assert (out / name).is_file(), name
+
+
+def test_a_zipped_study_gets_its_dicom_seg_and_sr_too(bundles, tmp_path: Path) -> None:
+    """The study zipped (folders inside, as a PACS export writes them) is read inside the
+    archive and gets the same DICOM results as the folder, referencing its slices, and no
+    copy is left behind. Until 2026-12-07 it printed "DICOM SEG/SR skipped"."""
+    models, pipeline = bundles
+    folder = tmp_path / "study"
+    make_ct_series(
+        folder / "series1", n_slices=24, rows=48, cols=48, spacing=(2.0, 1.0, 1.0),
+        origin=(-20.0, -20.0, 0.0), hu=lesions_hu,
+    )  # fmt: skip
+    archive = tmp_path / "study.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                zf.write(path, path.relative_to(tmp_path).as_posix())
+    out = tmp_path / "out"
+    done = run_radserve(
+        "run", str(archive), "--pipeline", str(pipeline), "--out", str(out),
+        "--models-dir", str(models),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "skipped" not in done.stdout
+    slices = {
+        str(pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID)
+        for p in folder.rglob("*.dcm")
+    }
+    for name in ("measurements-sr.dcm", "findings-seg.dcm", "organs-seg.dcm"):
+        written = pydicom.dcmread(out / name)
+        referenced = {
+            str(item.ReferencedSOPInstanceUID)
+            for series in written.get("ReferencedSeriesSequence", [])
+            for item in series.ReferencedInstanceSequence
+        }
+        if name.endswith("seg.dcm"):
+            assert referenced and referenced <= slices, name  # slices inside the archive
+    assert sorted(p.name for p in out.iterdir() if p.suffix == ".dcm") == [
+        "findings-seg.dcm", "measurements-sr.dcm", "organs-seg.dcm",
+    ]  # fmt: skip
 
 
 def test_not_dicom_is_one_clear_line_and_exit_2(bundles, tmp_path: Path) -> None:

@@ -107,17 +107,21 @@ def write_dicom_objects(
     key_images: bool = False,
     policy: IngestPolicy | None = None,
 ) -> list[Path]:
-    """DICOM SEG + SR (and Secondary Capture key images) next to the report."""
+    """DICOM SEG + SR (and Secondary Capture key images) next to the report. Slices read
+    inside a zip archive are copied out first, to a temporary folder removed after: the
+    writers read their headers from files (until 2026-12-07 a zip got no SEG or SR)."""
+    import tempfile
+
+    from radserve.ingest.policy import IngestPolicy
+    from radserve.ingest.sources import copy_members
     from radserve.report.dicom import write_dicom_results
 
-    if not result.source_files:
-        console.print("DICOM SEG/SR skipped: the source slices are not plain files on disk")
+    if not result.sources:
+        console.print("DICOM SEG/SR skipped: the study has no DICOM source slices")
         return []
-    with console.status("writing DICOM SEG and SR"):
+    with console.status("writing DICOM SEG and SR"), tempfile.TemporaryDirectory() as tmp:
+        bound = policy.max_file_bytes if policy is not None else IngestPolicy().max_file_bytes
+        files = copy_members(result.sources, Path(tmp), bound)
         return write_dicom_results(
-            result.report,
-            result.out_dir,
-            result.source_files,
-            key_images=key_images,
-            policy=policy,
+            result.report, result.out_dir, files, key_images=key_images, policy=policy
         )

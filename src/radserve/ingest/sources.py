@@ -321,3 +321,23 @@ class SourceReader:
                 shutil.copyfileobj(BoundedStream(fh, max_bytes, "ingest.max_file_bytes"), copy)
             copy.seek(0)
             yield cast(BinaryIO, copy)
+
+
+def copy_members(
+    sources: Sequence[SourceFile], folder: Path, max_bytes: int = 4 * 2**30
+) -> list[Path]:
+    """``sources`` as plain files: a file on disk as it is, a zip member copied into
+    ``folder`` (numbered by its place in ``sources``: member names may repeat or hold
+    folders) through the ``ingest.max_file_bytes`` bound. For readers that take paths
+    (the DICOM SEG/SR writers), after ingest accepted the members."""
+    files: list[Path] = []
+    with SourceReader() as reader:
+        for i, src in enumerate(sources):
+            if src.member is None:
+                files.append(src.path)
+                continue
+            target = folder / f"{i:06d}.dcm"
+            with reader.open(src) as fh, target.open("wb") as out:
+                shutil.copyfileobj(BoundedStream(fh, max_bytes, "ingest.max_file_bytes"), out)
+            files.append(target)
+    return files

@@ -35,6 +35,7 @@ from radserve.host import usable_cores
 from radserve.ingest import IngestPolicy, LoadedSeries, PatientInfo
 from radserve.ingest.charset import declare_undeclared_character_set
 from radserve.ingest.decode import StackNeedsFloatError
+from radserve.ingest.sources import SourceFile
 from radserve.ingest.validate import LOSSY_WORDS
 from radserve.models.manifest import Precision
 from radserve.models.registry import ModelRegistry
@@ -88,9 +89,9 @@ class StudyResult:
     report_path: Path
     out_dir: Path
     volume_result: VolumeResult
-    source_files: tuple[Path, ...] = ()
-    """The selected series' files, slice order (for SEG/SR references); empty when the
-    series came from a zip archive or the slices were resampled on ingest."""
+    sources: tuple[SourceFile, ...] = ()
+    """The selected series' files or zip members, slice order, each once (for SEG/SR
+    references; a NIfTI volume has none)."""
     features: dict[str, Any] | None = None
     """The study's drift features (:func:`radserve.pipeline.profile.study_features`)."""
     patient: PatientInfo | None = None
@@ -367,7 +368,7 @@ def finish_study(
         report_path,
         out_dir,
         result,
-        _source_files(ingested.loaded),
+        tuple(dict.fromkeys(s.source for s in ingested.loaded.source_slices)),
         features,
         ingested.loaded.header.patient,
     )
