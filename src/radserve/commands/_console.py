@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,10 @@ if TYPE_CHECKING:  # annotations only: `radserve run --help` loads none of the p
     from radserve.ingest.policy import IngestPolicy
     from radserve.pipeline.study import StudyResult
     from radserve.report.schema import Report
+
+
+# columns of a table written to a pipe or a file (rich's default there: 80)
+PIPED_WIDTH = 200
 
 
 class RichProgress:
@@ -98,6 +103,17 @@ def summary_tables(report: Report) -> list[Table]:
         note = f" ({paused:.2f} paused for URGENT)" if paused else ""
         timings.add_row(stage, f"{seconds:.2f}{note}")
     return [*tables, organs, timings]
+
+
+def table_console() -> Console:
+    """A console for a command's table: the terminal's width on a terminal; piped or
+    redirected (`radserve models list > models.txt`, a script's log), where rich assumes
+    80 columns and cut every cell to a word a line, :data:`PIPED_WIDTH` columns, unless
+    ``COLUMNS`` says how wide."""
+    console = Console()
+    if console.is_terminal or os.environ.get("COLUMNS"):
+        return console
+    return Console(width=PIPED_WIDTH)
 
 
 def write_dicom_objects(

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from radserve.commands._console import table_console
 from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
 
 
@@ -59,7 +59,7 @@ def command(
         for c in checks:
             mark = f"[{colour[c.status]}]{c.status}{' (blocks)' if c.blocking else ''}[/]"
             table.add_row(c.name, mark, c.detail)
-        Console().print(table)
+        table_console().print(table)
     taken = ports_in_use(checks)
     if taken:
         click.echo(

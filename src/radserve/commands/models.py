@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from radserve.commands._console import table_console
 from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
 from radserve.commands.params import FiniteFloatRange
 
@@ -168,7 +168,7 @@ def list_models(
             gate,
             "yes" if row["installed"] else "shipped/site",
         )
-    Console().print(table)
+    table_console().print(table)
 
 
 @group.command("install")
@@ -328,7 +328,7 @@ def installs(as_json: bool, config_file: Path | None, data_dir: Path | None) -> 
         else:
             outcome = "waits for the next server start" if task.left_behind else ""
         table.add_row(task.id, task.state, task.source, task.created, task.finished or "", outcome)
-    Console().print(table)
+    table_console().print(table)
 
 
 @group.command("deploy")
