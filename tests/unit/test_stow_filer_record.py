@@ -58,14 +58,18 @@ def test_a_filer_is_read_back_as_written(folder: Path, filer: Filer) -> None:
 
 
 def test_the_latest_filer_is_kept_and_an_unchanged_one_is_not_rewritten(folder: Path) -> None:
-    write_filer(folder, Filer("key-n1", "192.0.2.7", restricted=True))
-    write_filer(folder, Filer("key-s", "198.51.100.2", restricted=True))
+    # each write says whether the study had another filer before (the STOW-RS bridge
+    # hands a study over again for a new sender)
+    assert write_filer(folder, Filer("key-n1", "192.0.2.7", restricted=True)) is True
+    assert write_filer(folder, Filer("key-s", "198.51.100.2", restricted=True)) is True
     assert read_filer(folder) == Filer("key-s", "198.51.100.2", restricted=True)
     inode = (folder / FILER_FILE).stat().st_ino
-    write_filer(folder, Filer("key-s", "198.51.100.2", restricted=True))
+    assert write_filer(folder, Filer("key-s", "198.51.100.2", restricted=True)) is False
     assert (folder / FILER_FILE).stat().st_ino == inode  # no second write, no fsync
-    write_filer(folder, None)  # the latest filed by no key: not the earlier key's job
+    # the latest filed by no key: not the earlier key's job
+    assert write_filer(folder, None) is True
     assert not (folder / FILER_FILE).exists()
+    assert write_filer(folder, None) is False
     assert read_filer(folder) is None
 
 

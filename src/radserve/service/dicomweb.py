@@ -103,27 +103,30 @@ def _field_ok(value: object, limit: int) -> bool:
     )
 
 
-def write_filer(folder: Path, filer: Filer | None) -> None:
+def write_filer(folder: Path, filer: Filer | None) -> bool:
     """Record ``filer`` as the study's latest (atomically, fsynced with its folder, as
     the instances are); unchanged when it already is (a sender of one instance per
     request pays one small read, not one more fsync). None (no key filed it): the
     record of an earlier filer is removed, so the job is not theirs. Best effort: a
-    record that cannot be written is removed too and the job has no key, as before."""
+    record that cannot be written is removed too and the job has no key, as before.
+    Returns whether the study had another filer before (another sender, or none)."""
     path = folder / FILER_FILE
-    if filer is not None and read_filer(folder, quiet=True) == filer:
-        return
+    earlier = read_filer(folder, quiet=True)
+    if filer is not None and earlier == filer:
+        return False
     try:
         if filer is None:
             path.unlink(missing_ok=True)
         else:
             durable.write_json(path, filer.to_json())
-        return
+        return earlier != filer
     except OSError as exc:
         logger.warning("cannot record who filed study %s: %s", folder.name, exc)
     try:
         path.unlink(missing_ok=True)  # never an earlier filer's job by mistake
     except OSError as exc:
         logger.warning("cannot remove the filer record of study %s: %s", folder.name, exc)
+    return earlier != filer
 
 
 def read_filer(folder: Path, *, quiet: bool = False) -> Filer | None:
@@ -230,8 +233,7 @@ class StowBridge:
             # period cannot hand it over before its filer is on disk (written after the
             # whole request until 2026-12-07, so a quiet period shorter than the rest of
             # the request gave the job no key, which its site could not see)
-            if read_filer(folder, quiet=True) != filer:
-                write_filer(folder, filer)
+            if write_filer(folder, filer):
                 changed.append((study, folder))
 
         result = self.stow.store(
