@@ -317,18 +317,21 @@ class SourceReader:
             yield str(src.path)
             return
         with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as copy:
-            with self.open(src) as fh:
-                shutil.copyfileobj(BoundedStream(fh, max_bytes, "ingest.max_file_bytes"), copy)
+            self.copy(src, cast(BinaryIO, copy), max_bytes)
             copy.seek(0)
             yield cast(BinaryIO, copy)
 
+    def copy(self, src: SourceFile, out: BinaryIO, max_bytes: int) -> None:
+        """``src``'s bytes written to ``out``, counted against ``max_bytes`` as read
+        (``ingest.max_file_bytes``: a member may inflate past what its archive said)."""
+        with self.open(src) as fh:
+            shutil.copyfileobj(BoundedStream(fh, max_bytes, "ingest.max_file_bytes"), out)
 
-def copy_members(
-    sources: Sequence[SourceFile], folder: Path, max_bytes: int = 4 * 2**30
-) -> list[Path]:
+
+def copy_members(sources: Sequence[SourceFile], folder: Path, max_bytes: int) -> list[Path]:
     """``sources`` as plain files: a file on disk as it is, a zip member copied into
     ``folder`` (numbered by its place in ``sources``: member names may repeat or hold
-    folders) through the ``ingest.max_file_bytes`` bound. For readers that take paths
+    folders) under ``max_bytes`` (``ingest.max_file_bytes``). For readers that take paths
     (the DICOM SEG/SR writers), after ingest accepted the members."""
     files: list[Path] = []
     with SourceReader() as reader:
@@ -337,7 +340,7 @@ def copy_members(
                 files.append(src.path)
                 continue
             target = folder / f"{i:06d}.dcm"
-            with reader.open(src) as fh, target.open("wb") as out:
-                shutil.copyfileobj(BoundedStream(fh, max_bytes, "ingest.max_file_bytes"), out)
+            with target.open("wb") as out:
+                reader.copy(src, out, max_bytes)
             files.append(target)
     return files

@@ -368,7 +368,7 @@ def finish_study(
         report_path,
         out_dir,
         result,
-        tuple(dict.fromkeys(s.source for s in ingested.loaded.source_slices)),
+        _sources(ingested.loaded),
         features,
         ingested.loaded.header.patient,
     )
@@ -434,11 +434,18 @@ def _first_source_header(loaded: LoadedSeries) -> Dataset | None:
         return None
 
 
+def _sources(loaded: LoadedSeries) -> tuple[SourceFile, ...]:
+    """The series' files or zip members, slice order, each once (a multi-frame file
+    holds many slices)."""
+    return tuple(dict.fromkeys(s.source for s in loaded.source_slices))
+
+
 def _source_files(loaded: LoadedSeries) -> tuple[Path, ...]:
-    sources = [s.source for s in loaded.source_slices]
-    if not sources or any(s.member is not None for s in sources):
+    """:func:`_sources` as files on disk; none when they are zip members."""
+    sources = _sources(loaded)
+    if any(s.member is not None for s in sources):
         return ()
-    return tuple(dict.fromkeys(s.path for s in sources))
+    return tuple(s.path for s in sources)
 
 
 def _write_outputs(out_dir: Path, ct: Volume, result: VolumeResult, *, key_images: bool) -> Outputs:
