@@ -505,7 +505,10 @@ def _tls_failure(
                 f"{where} failed: the destination refused radserve's client certificate "
                 f"({reason}): check gateway.tls.cert and that the destination trusts its CA"
             )
-        if reason in (
+        # a plain port closes on the hello: abruptly (UNEXPECTED_EOF) or, depending on
+        # when its close lands, cleanly (SSLZeroReturnError: "connection has been closed
+        # (EOF)"), which read as a bare OpenSSL message
+        if isinstance(exc, ssl.SSLZeroReturnError) or reason in (
             "WRONG_VERSION_NUMBER",
             "UNEXPECTED_EOF_WHILE_READING",
             "RECORD_LAYER_FAILURE",
