@@ -17,9 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 from tests.unit.test_store_jobs import new_job
 
 from radserve.service.leases import HELD_REASON, AnsweredTime, LeaseKeeper
+from radserve.service.schema_watch import SchemaWatch
 from radserve.store import Claimed, JobState, Lease, LeaseLostError, Store, init_store
 from radserve.store.errors import DatabaseUnavailableError
 
@@ -256,3 +258,27 @@ def test_the_outage_is_logged_once_then_once_more_when_it_ends(
         "leases: renew failed",
         "leases: renew works again",
     ], said
+
+
+def test_a_changed_schema_is_acted_on_before_readiness_names_it(store: Store) -> None:
+    """The hold and the stop come before /readyz names the change: a probe that sees
+    "schema changed" never meets a server still admitting studies or handing out work
+    (the integration test read the hold right after /readyz and, under load, met none)."""
+    with store.engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = 'newer'"))
+    watch = SchemaWatch(store.engine)
+    seen_when_acting: list[str | None] = []
+    keeper = LeaseKeeper(
+        store,
+        Lease.new("replica-a", LEASE_S),
+        shared=False,
+        poll_s=1.0,
+        on_claimed=lambda _: None,
+        schema=watch,
+        on_schema_changed=lambda why: seen_when_acting.append(watch.changed),
+    )
+    assert _round(keeper, "renew")
+    assert seen_when_acting == [None]
+    assert watch.changed is not None and "newer" in watch.changed
+    assert _round(keeper, "renew")
+    assert seen_when_acting == [None]  # acted on once

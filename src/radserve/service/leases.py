@@ -158,8 +158,10 @@ class LeaseKeeper:
     def renew(self) -> None:
         if self.schema is not None:
             changed = self.schema.check()
-            if changed is not None and self.on_schema_changed is not None:
-                self.on_schema_changed(changed)
+            if changed is not None:
+                if self.on_schema_changed is not None:
+                    self.on_schema_changed(changed)  # the hold first, then readiness
+                self.schema.publish(changed)
             if self.schema.changed is not None:  # the newer radserve's replicas take over
                 return
         started, runs = self.clock(), self.runs

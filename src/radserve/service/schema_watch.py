@@ -49,11 +49,11 @@ class SchemaWatch:
         self.changed: str | None = None  # what /readyz and the log say, once seen
 
     def check(self) -> str | None:
-        """The change, the first time the revision is not this code's (then None again:
-        it is reported once). A database that does not answer is the store's outage
-        (:class:`DatabaseUnavailableError`): the renewal's round fails and is tried again,
-        logged as an outage is (the driver's error escaped as an internal one, with a
-        traceback, once per outage)."""
+        """The change, when the revision is not this code's and no change was
+        :meth:`publish`-ed (then None: it is reported once). A database that does not
+        answer is the store's outage (:class:`DatabaseUnavailableError`): the renewal's
+        round fails and is tried again, logged as an outage is (the driver's error
+        escaped as an internal one, with a traceback, once per outage)."""
         if self.changed is not None:
             return None
         try:
@@ -65,13 +65,18 @@ class SchemaWatch:
             raise DatabaseUnavailableError(f"database unavailable: {why}") from exc
         if found == self.expected:
             return None
-        self.changed = (
+        return (
             f"the database schema changed beneath this server: it holds revision {found}, "
             f"this radserve runs on {self.expected} (a newer radserve migrated it?); this "
             "server takes no new work and stops (a server never runs on a schema newer than "
             "its own): run the newer radserve here"
         )
-        return self.changed
+
+    def publish(self, why: str) -> None:
+        """Make the change what /readyz says, once the server acted on it (its work held,
+        its stop asked for): a readiness answer naming the change never comes from a
+        server that still admits studies or hands out work."""
+        self.changed = why
 
 
 __all__ = ["HELD_REASON", "SchemaChangedError", "SchemaWatch"]
