@@ -336,3 +336,42 @@ def test_a_short_replay_searches_from_one_device_and_says_what_it_did_not_count(
     assert report["warmup_s"] >= 0
     text = _run(tmp_path, *args).output
     assert "not assessed (no arrivals counted): targets for URGENT" in text
+
+
+def test_a_replay_says_how_many_cache_answers_it_left_out(tmp_path: Path) -> None:
+    """Jobs answered from the result cache took no server time, so a replay leaves them
+    out; it used to do so without a word (10 jobs asked for, fewer replayed), and a
+    history of cache answers only was "no jobs to replay"."""
+    import datetime as dt
+
+    from tests.factories.finished_jobs import FIELDS, finished_jobs
+
+    from radserve.store import init_store
+
+    data = tmp_path / "data"
+    data.mkdir()
+    store = init_store(f"sqlite:///{data / 'radserve.db'}")
+    try:
+        (source,) = finished_jobs(store, tmp_path / "results", 1, OUT, 600)
+        only_cached = _run(tmp_path, "--replay", "1")
+        for n in range(3):
+            store.create_job(
+                priority_class=OUT,
+                deadline=dt.timedelta(seconds=600),
+                study_path="studies/cached",
+                fingerprint=f"{n}" * 64,
+                cached_from=source,
+                **FIELDS,  # type: ignore[arg-type]
+            )
+    finally:
+        store.close()
+    assert only_cached.exit_code == 0, only_cached.output  # the one job the server ran
+    last_three = _run(tmp_path, "--replay", "3")
+    assert last_three.exit_code == 1
+    assert "its last 3 job(s) were all answered from the result cache" in last_three.output
+    report = json.loads(_run(tmp_path, "--replay", "10", "--json").stdout)
+    assert report["arrivals"] == 1 and report["cache_answers_left_out"] == 3
+    text = _run(tmp_path, "--replay", "10").output
+    assert "3 replayed job(s) were answered from the result cache: left out" in text
+    rates = json.loads(_run(tmp_path, "--rate", "urgent=10/h", "--json").stdout)
+    assert rates["cache_answers_left_out"] is None

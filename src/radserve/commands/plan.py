@@ -157,6 +157,7 @@ def command(
 
     try:
         history = None
+        cache_answers = None  # --replay: the jobs read that the result cache answered
         if service_file is None and store is not None:
             history = _history(store, server_device)
             measured = list(dict.fromkeys((r.pipeline_name, d, r.precision) for r, _, d in history))
@@ -168,9 +169,19 @@ def command(
             model = _learn_history(model, history, device, cores, cpu_workers)
         if replay is not None:
             assert store is not None
-            trace = [Arrival(at, cls) for at, cls in history_arrivals(store, replay)]
+            replayed = history_arrivals(store, replay)
+            cache_answers = replayed.cache_answers
+            trace = [Arrival(at, cls) for at, cls in replayed.arrivals]
             if not trace:
-                raise click.ClickException("the store has no jobs to replay")
+                raise click.ClickException(
+                    "the store has no jobs to replay"
+                    + (
+                        f": its last {cache_answers} job(s) were all answered from the "
+                        "result cache (they took no server time)"
+                        if cache_answers
+                        else ""
+                    )
+                )
             duration = trace[-1].at
         else:
             trace = poisson_trace(per_s, duration, seed)
@@ -204,6 +215,9 @@ def command(
             "solo": cores is not None,
         },
         "arrivals": len(trace),
+        # --replay: the jobs read that were answered from the result cache (not replayed:
+        # they took no server time); None without --replay
+        "cache_answers_left_out": cache_answers,
         # the first 5 % (at most an hour) start an empty server: not counted in the TATs
         "warmup_s": round(warmup, 3),
         "arrivals_counted": sum(counted.values()),
@@ -516,6 +530,11 @@ def _print(report: dict[str, Any]) -> None:
         f"service times: {st['pipeline'] or '-'} on {st['device']} at {st['precision']}, "
         f"{source}; {report['arrivals']} arrivals over {report['hours']} h, seed {report['seed']}"
     )
+    if report["cache_answers_left_out"]:
+        click.echo(
+            f"{report['cache_answers_left_out']} replayed job(s) were answered from the result "
+            "cache: left out (they took no server time)"
+        )
     cut = report["arrivals"] - report["arrivals_counted"]
     if cut:
         click.echo(

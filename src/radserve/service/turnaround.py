@@ -1133,9 +1133,19 @@ def learn_records(
     return learned
 
 
-def history_arrivals(store: Store, limit: int) -> list[tuple[float, PriorityClass]]:
-    """The last ``limit`` jobs' arrivals (seconds from the first) and classes, oldest
-    first, cache answers left out: a trace ``radserve plan --replay`` runs again."""
+@dataclass(frozen=True)
+class HistoryArrivals:
+    """A trace ``radserve plan --replay`` runs again: the arrivals (seconds from the
+    first) and classes, oldest first, of the jobs read that the server ran; the cache
+    answers among them are counted, not replayed (they took no server time), so that
+    the plan can say why it replays fewer jobs than were asked for."""
+
+    arrivals: list[tuple[float, PriorityClass]]
+    cache_answers: int
+
+
+def history_arrivals(store: Store, limit: int) -> HistoryArrivals:
+    """The last ``limit`` jobs as a :class:`HistoryArrivals`."""
     page = store.list_jobs(limit=min(limit, 1000))
     items, cursor = list(page.items), page.next_cursor
     while cursor is not None and len(items) < limit:
@@ -1143,10 +1153,12 @@ def history_arrivals(store: Store, limit: int) -> list[tuple[float, PriorityClas
         items += page.items
         cursor = page.next_cursor
     jobs = sorted((r for r in items if not r.cached_from), key=lambda r: r.arrival)
+    cache_answers = len(items) - len(jobs)
     if not jobs:
-        return []
+        return HistoryArrivals([], cache_answers)
     first = jobs[0].arrival
-    return [((r.arrival - first).total_seconds(), r.priority_class) for r in jobs]
+    arrivals = [((r.arrival - first).total_seconds(), r.priority_class) for r in jobs]
+    return HistoryArrivals(arrivals, cache_answers)
 
 
 def _study_size(folder: Path) -> StudySize | None:
@@ -1192,6 +1204,7 @@ __all__ = [
     "DEADLINE_RISK_CLEARED",
     "RISK_ALERTS_DROPPED",
     "RISK_MSGID",
+    "HistoryArrivals",
     "JobEta",
     "MissReport",
     "RiskEvent",
