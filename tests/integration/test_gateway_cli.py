@@ -28,11 +28,11 @@ def test_echo_exit_status_tells_what_happened(tmp_path: Path) -> None:
     config = ScpConfig(data_dir=tmp_path, port=0, allowed_peers=(Peer("RADSERVE"),))
     with GatewaySCP(config, lambda _: None) as server:
         port = server.address[1]
-        assert _echo(port) == (0, f"C-ECHO to echo (RADSERVE@127.0.0.1:{port}) succeeded\n")
+        assert _echo(port) == (0, f"C-ECHO to RADSERVE@127.0.0.1:{port} succeeded\n")
         code, output = _echo(port, calling="STRANGER")
         assert code == EXIT_REJECTED and "calling AE title not recognised" in output
     code, output = _echo(free_port())
-    assert code == EXIT_UNREACHABLE and "cannot connect to 127.0.0.1" in output
+    assert code == EXIT_UNREACHABLE and "cannot connect to RADSERVE@127.0.0.1:" in output
 
 
 @pytest.mark.slow

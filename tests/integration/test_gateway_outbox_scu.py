@@ -133,7 +133,7 @@ def test_unreachable_peer_is_retried(rows: OutboxStore, results) -> None:
     outbox = Outbox(rows, [destination], StoreSCU(connect_timeout_s=2))
     outbox.enqueue(results[:1], now=T0)
     assert outbox.deliver_pending(T0).retried == 1
-    assert "cannot connect to 127.0.0.1" in (rows.items()[0].last_error or "")
+    assert "cannot connect to down (PACS@127.0.0.1:" in (rows.items()[0].last_error or "")
 
 
 @pytest.fixture(scope="module")

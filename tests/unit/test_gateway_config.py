@@ -36,6 +36,7 @@ def test_destination_checks_port_and_name() -> None:
     with pytest.raises(GatewayConfigError, match="port 0 not in 1-65535"):
         Destination(name="pacs", ae_title="PACS", host="h", port=0)
     assert str(Destination("pacs", "PACS ", "h", 104)) == "pacs (PACS@h:104)"
+    assert str(Destination("PACS", "PACS", "h", 104)) == "PACS@h:104"  # named by its AE
 
 
 def test_allow_list_matches_title_and_host() -> None:

@@ -81,7 +81,11 @@ def echo(
 ) -> None:
     """C-ECHO the peer; the exit status tells whether it answered."""
     destination = Destination(
-        name="echo", ae_title=ae_title, host=host, port=port, tls=_tls(tls_cert, tls_key, tls_ca)
+        name=ae_title.strip(),
+        ae_title=ae_title,
+        host=host,
+        port=port,
+        tls=_tls(tls_cert, tls_key, tls_ca),
     )
     scu = StoreSCU(
         calling_ae,

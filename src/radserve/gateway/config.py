@@ -132,7 +132,10 @@ class Destination:
             raise GatewayConfigError("a destination needs a name of 1-64 characters")
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.ae_title}@{self.host}:{self.port})"
+        """``AE@host:port``, after the name when it says more than the AE title (the
+        configured peers are named by theirs; ``gateway echo``'s peer has no other)."""
+        peer = f"{self.ae_title}@{self.host}:{self.port}"
+        return peer if self.name == self.ae_title else f"{self.name} ({peer})"
 
 
 def destinations(gateway: GatewaySettings) -> list[Destination]:

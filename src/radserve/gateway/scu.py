@@ -432,7 +432,7 @@ def _association_failure(
     if not connected:
         return SendResult(
             Outcome.RETRY,
-            f"cannot connect to {destination.host}:{destination.port} ({destination.name})",
+            f"cannot connect to {destination}",
         )
     return SendResult(Outcome.RETRY, f"association with {destination} {UNANSWERED}")
 
