@@ -1629,9 +1629,10 @@ PATTERN_WORDS = {
 
 def _message(error: Any) -> str:
     """pydantic's message for one error, a pattern mismatch said in words
-    (:data:`PATTERN_WORDS`; an unlisted pattern is quoted without its anchors)."""
+    (:data:`PATTERN_WORDS`; an unlisted pattern is quoted without its anchors), without
+    the "Value error, " pydantic puts before a validator's own sentence."""
     if error["type"] != "string_pattern_mismatch":
-        return str(error["msg"])
+        return str(error["msg"]).removeprefix("Value error, ")
     pattern = str((error.get("ctx") or {}).get("pattern", ""))
     words = PATTERN_WORDS.get(pattern)
     if words is None:

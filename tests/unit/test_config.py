@@ -115,7 +115,7 @@ def test_precedence_flags_over_env_over_file(
         ("scheduler: {queue_limits: {urgent: 5}}", "URGENT work is never refused"),
         (
             "priority_rules: [{attribute: RequestedProcedurePriorty, values: [STAT], class: X}]",
-            "invalid setting 'priority_rules.0.attribute': Value error, "
+            "invalid setting 'priority_rules.0.attribute': "
             "'RequestedProcedurePriorty' is not a DICOM keyword; "
             "did you mean 'RequestedProcedurePriority'?",
         ),
