@@ -477,19 +477,51 @@ def test_a_series_of_two_patients_is_refused_whoever_differs(tmp_path: Path, key
         ("PatientID", "MRN\x007", "Patient ID holds control characters"),
         ("PatientID", "MRN\t7", "Patient ID holds control characters"),
         ("AccessionNumber", "A\x0b1", "Accession Number holds control characters"),
+        ("PatientID", "MRN" + "7" * 62, "Patient ID is 65 characters, more than the 64"),
+        ("IssuerOfPatientID", "MRN" + "H" * 70, "Issuer of Patient ID is 73 characters"),
+        (
+            "AccessionNumber",
+            "MRN" + "1" * 14,
+            "Accession Number is 17 characters, more than the 16",
+        ),
+        (
+            "PatientID",
+            b"MRN7\xff",  # not UTF-8, as the study declares (below)
+            "Patient ID holds bytes that are not characters of the study's Specific Char",
+        ),
     ],
 )
 def test_an_identifier_of_several_values_or_with_control_characters_is_refused(
     tmp_path: Path, keyword: str, value: object, said: str
 ) -> None:
     """Before session 36 a Patient ID ``A\\B`` reached FHIR as one identifier ``A\\B``,
-    two Patient's Names one HumanName, and control characters went out as they came."""
-    make_ct_series(tmp_path, n_slices=3, extra={keyword: value})
+    two Patient's Names one HumanName, and control characters went out as they came.
+    Before session 42 an over-long ID went out cut in the SEG/SR and whole in FHIR, and
+    bytes the character set lacks as Latin-1 in the SR and U+FFFD in FHIR."""
+    if isinstance(value, bytes):
+        extra = {keyword: value, "SpecificCharacterSet": "ISO_IR 192"}
+    else:
+        extra = {keyword: value}
+    make_ct_series(tmp_path, n_slices=3, extra=extra)
     (header,) = discover_series(tmp_path)
     with pytest.raises(StudyError, match=said) as raised:
         load_series(header)
     assert raised.value.code == "attribute_invalid"
     assert "MRN" not in str(raised.value) and "DOE" not in str(raised.value)
+
+
+def test_identifiers_at_their_limits_and_in_their_character_set_are_taken(
+    tmp_path: Path,
+) -> None:
+    extra = {
+        "SpecificCharacterSet": "ISO_IR 192",
+        "PatientID": "M" * 64,
+        "AccessionNumber": "A" * 16,
+        "PatientName": "Müller^Jürgen",
+    }
+    make_ct_series(tmp_path, n_slices=3, extra=extra)
+    (header,) = discover_series(tmp_path)
+    assert load_series(header).volume.shape[0] == 3
 
 
 def test_one_patient_in_every_instance_is_one_identity(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import re
 from collections.abc import Sequence
 
 from pydicom.uid import UID
+from pydicom.valuerep import MAX_VALUE_LEN
 
 from radserve.errors import DecodeError, StudyError
 from radserve.ingest.discover import SeriesHeader
@@ -67,22 +68,31 @@ def check_study_patients(series: Sequence[SeriesHeader]) -> None:
 
 # C0 and C1 controls: none of LO, SH, PN or DA admits one once ISO 2022 escapes are decoded
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_UNDECODED = "\ufffd"  # what pydicom decodes a byte the character set lacks to
+
+
+# the identifiers results are filed under, with their VR's limit in characters (None: PN,
+# whose component groups the writers fit; a cut name still names the patient the ID does)
+_IDENTIFIERS: tuple[tuple[str, str, int | None], ...] = (
+    ("Patient ID", "patient_id", MAX_VALUE_LEN["LO"]),
+    ("Issuer of Patient ID", "issuer_of_patient_id", MAX_VALUE_LEN["LO"]),
+    ("Patient's Name", "patient_name", None),
+    ("Patient's Birth Date", "patient_birth_date", None),
+    ("Accession Number", "accession_number", MAX_VALUE_LEN["SH"]),
+)
 
 
 def check_patient_values(patient: PatientInfo) -> None:
     """Refuse identifiers the results would carry to the PACS, the RIS and FHIR in a form
     no receiver matches: several values where DICOM allows one (``A\\B`` became one FHIR
-    identifier ``A\\B`` and two names one HumanName before session 36), or control
-    characters (a name has none left: :mod:`radserve.ingest.person_name` drops them).
+    identifier ``A\\B`` and two names one HumanName before session 36), control
+    characters (a name has none left: :mod:`radserve.ingest.person_name` drops them),
+    bytes the declared character set does not decode (the SR kept them as Latin-1, FHIR
+    as U+FFFD: two outputs, two identifiers), or an ID longer than its VR allows (the SEG
+    and SR carried it cut, FHIR whole: filed under an ID no PACS or RIS knows).
     The attribute is named, never its value."""
-    values = (
-        ("Patient ID", patient.patient_id),
-        ("Issuer of Patient ID", patient.issuer_of_patient_id),
-        ("Patient's Name", patient.patient_name),
-        ("Patient's Birth Date", patient.patient_birth_date),
-        ("Accession Number", patient.accession_number),
-    )
-    for name, value in values:
+    for name, field, limit in _IDENTIFIERS:
+        value: str = getattr(patient, field)
         if "\\" in value:
             raise SeriesAttributeError(
                 f"{name} holds {value.count(chr(92)) + 1} values where DICOM allows one: "
@@ -93,6 +103,20 @@ def check_patient_values(patient: PatientInfo) -> None:
             raise SeriesAttributeError(
                 f"{name} holds control characters, which its value representation does "
                 "not allow: correct it at the source and send the study again"
+            )
+        if _UNDECODED in value:
+            raise SeriesAttributeError(
+                f"{name} holds bytes that are not characters of the study's Specific "
+                "Character Set: results filed under it would name the patient or order "
+                "differently in DICOM and FHIR; correct it (or the character set) at the "
+                "source and send the study again"
+            )
+        if limit is not None and len(value) > limit:
+            raise SeriesAttributeError(
+                f"{name} is {len(value)} characters, more than the {limit} its value "
+                "representation allows: results filed under it cut would name no patient "
+                "or order the PACS or RIS knows; correct it at the source and send the "
+                "study again"
             )
 
 
