@@ -15,6 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from radserve.ingest.headers import header_text
 from radserve.ingest.stored import first_stored_header
 
 _TAGS = (
@@ -44,12 +45,13 @@ def read_fields(study_path: str | Path) -> PatientFields:
     ds = first_stored_header(study_path, _TAGS)
     if ds is None:
         return PatientFields()
+    # several values shown as DICOM writes them (A\\B), not as Python's list text
     return PatientFields(
-        accession=str(ds.get("AccessionNumber", "") or ""),
-        name=str(ds.get("PatientName", "") or ""),
-        patient_id=str(ds.get("PatientID", "") or ""),
-        birth_date=str(ds.get("PatientBirthDate", "") or ""),
-        sex=str(ds.get("PatientSex", "") or ""),
+        accession=header_text(ds, "AccessionNumber"),
+        name=header_text(ds, "PatientName"),
+        patient_id=header_text(ds, "PatientID"),
+        birth_date=header_text(ds, "PatientBirthDate"),
+        sex=header_text(ds, "PatientSex"),
     )
 
 

@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 import pydicom
 
-from radserve.ingest.headers import read_header
+from radserve.ingest.headers import header_text, read_header
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sources import (
     DEFAULT_MAX_ARCHIVE_BYTES,
@@ -77,10 +77,12 @@ def first_stored_header(
 
 
 def stored_accession(study_path: Path | str, policy: IngestPolicy | None = None) -> str:
-    """The Accession Number of the first readable DICOM file or zip member, stripped
-    ('' for a NIfTI upload, a study without one, or an unreadable folder)."""
+    """The Accession Number of the first readable DICOM file or zip member, stripped,
+    several values joined by backslashes as DICOM writes them ('' for a NIfTI upload, a
+    study without one, or an unreadable folder; before session 42 several values were
+    stored as Python's list text, ``['A1', 'A2']``, which no search for A1 found)."""
     ds = first_stored_header(study_path, ("SpecificCharacterSet", "AccessionNumber"), policy)
-    return str(ds.get("AccessionNumber", "") or "").strip() if ds is not None else ""
+    return header_text(ds, "AccessionNumber") if ds is not None else ""
 
 
 __all__ = ["first_stored_header", "stored_accession", "stored_headers"]

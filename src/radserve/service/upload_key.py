@@ -24,7 +24,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from typing import BinaryIO
 
-from radserve.ingest.headers import read_header
+from radserve.ingest.headers import header_text, read_header
 from radserve.store.files import fingerprint_digests
 
 _CHUNK = 1 << 20
@@ -63,7 +63,7 @@ def upload_accession(files: Sequence[BinaryIO]) -> str | None:
     start = stream.tell()
     try:
         ds = read_header(stream)
-        return str(ds.get("AccessionNumber", "") or "").strip()
+        return header_text(ds, "AccessionNumber")
     except Exception:  # not DICOM: no number to look for
         return None
     finally:
