@@ -117,3 +117,45 @@ def test_failure_notice_none_sends_nothing(tmp_path: Path) -> None:
             assert service.outbox.items(kind="fhir") == []
             assert 'radserve_failure_notices_total{channel="fhir"}' not in c.get("/metrics").text
     assert fhir.received == []
+
+
+def test_no_notice_is_filed_under_identifiers_ingest_refused(tmp_path: Path) -> None:
+    """A study refused for its identifiers (two Patient IDs; an Accession Number longer
+    than SH allows) failed because they name no one patient or order: before session 42
+    its notice went out under them anyway (a FHIR Patient created as ``PID6\\PID6B``, a
+    SR with two IDs). A failure whose identifiers are sound still gets its notice."""
+    with FhirServer() as fhir:
+        service = Service(settings_for(tmp_path, fhir__url=fhir.url, **RETRY))
+        admin = create_key(service.store, "admin")
+        with (
+            ServerThread(create_app(service)) as srv,
+            httpx.Client(base_url=srv.url, timeout=30) as c,
+        ):
+            assert service.wait_warm(60 * WAIT_SCALE)
+            refused = [
+                {"PatientID": ["PID6", "PID6B"]},
+                {"PatientID": "PID7", "AccessionNumber": "A" * 17},
+            ]
+            for n, extra in enumerate(refused):
+                files = make_study(tmp_path / f"refused{n}", extra=extra)
+                r = c.post("/v1/studies", files=upload(files), headers=auth(admin))
+                assert r.status_code == 202, r.text
+                failed = wait_job(c, r.json()["id"], admin)
+                assert failed["error"]["code"] == "attribute_invalid", failed
+            catalog = service.catalog
+            session = catalog.sessions.get(catalog.registry.get("organs-test"), "fp32")
+
+            def broken(batch: Any) -> Any:
+                raise InferenceError("device lost (test)")
+
+            session.run = broken  # type: ignore[method-assign]
+            files = make_study(tmp_path / "sound", extra={"PatientID": "PID-0815"})
+            r = c.post("/v1/studies", files=upload(files), headers=auth(admin))
+            assert wait_job(c, r.json()["id"], admin)["state"] == "failed"
+            [notice] = _bundles(fhir, 1)
+            [patient] = [e for e in notice["entry"] if e["resource"]["resourceType"] == "Patient"]
+            assert patient["resource"]["identifier"] == [{"value": "PID-0815"}]
+            metrics = c.get("/metrics").text
+            assert 'radserve_errors_total{code="failure_notice_unaddressable"} 2.0' in metrics
+            assert 'radserve_failure_notices_total{channel="fhir"} 1.0' in metrics
+    assert len(fhir.received) == 1

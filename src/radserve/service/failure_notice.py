@@ -32,11 +32,13 @@ import pydicom
 from pydicom.uid import generate_uid
 
 from radserve.config import Settings
+from radserve.errors import StudyError
 from radserve.gateway.dicomweb.index import describe
 from radserve.gateway.outbox import utc_now
-from radserve.ingest.headers import header_text
+from radserve.ingest.headers import DiscoveryMemo, header_text
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.stored import first_stored_header, stored_headers
+from radserve.ingest.validate import check_patient_values
 from radserve.report.dicom.common import save_atomic
 from radserve.report.dicom.failure import FAILURE_SR_FILE, build_failure_sr
 from radserve.report.fhir.bundle import validate_bundle
@@ -73,6 +75,17 @@ _HEADER_TAGS = (
     "StudyTime",
     "ReferringPhysicianName",
     "Modality",
+)
+
+
+# what ingest checks the identifiers by (radserve.ingest.validate.check_patient_values)
+_IDENTITY_TAGS = (
+    "SpecificCharacterSet",
+    "PatientName",
+    "PatientID",
+    "IssuerOfPatientID",
+    "PatientBirthDate",
+    "AccessionNumber",
 )
 
 
@@ -181,6 +194,10 @@ class FailureNotices:
         )
         if self.mode == "none" or job.cached_from:
             return
+        if (refused := self._identity_refused(job)) is not None:
+            logger.warning("job %s: no failure notice: %s", job.id, refused)
+            self.metrics.errors.labels("failure_notice_unaddressable").inc()
+            return
         channels = []
         if self.mode in ("fhir", "both") and self.fhir is not None:
             channels.append(("FHIR", self._fhir))
@@ -199,6 +216,22 @@ class FailureNotices:
                     "job %s: the %s failure notice was not queued (%s)", job.id, name, code
                 )
                 self.metrics.errors.labels("failure_notice_failed").inc()
+
+    def _identity_refused(self, job: JobRecord) -> str | None:
+        """Why the study's patient identifiers cannot address a notice (ingest's rule,
+        :func:`radserve.ingest.validate.check_patient_values`: the attribute named, never
+        its value), or None. A study refused for them failed *because* they name no one
+        patient or order: a notice filed under them (before session 42: a SR with two
+        Patient IDs, a FHIR Patient created as ``A\\B``) would reach nobody, or the wrong
+        record."""
+        header = first_stored_header(Path(job.study_path), _IDENTITY_TAGS, self.policy)
+        if header is None:
+            return None
+        try:
+            check_patient_values(DiscoveryMemo().patient(header))
+        except StudyError as exc:
+            return str(exc)
+        return None
 
     def _fhir(self, job: JobRecord) -> None:
         assert self.fhir is not None
