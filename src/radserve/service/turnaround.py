@@ -51,6 +51,8 @@ import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import heapq
+import itertools
 import json
 import logging
 import math
@@ -753,7 +755,11 @@ class _EtaCollector(Collector):
 class _Alerts:
     """Risk alerts delivered on a thread of their own: bounded queue, a few retries,
     never blocking the scheduler (not the durable outbox: an alert is worth less once
-    late). An alert that does not reach its receiver is logged and counted by reason
+    late). A retry waits beside the new alerts, not in front of them: before session 42
+    each failing alert held the thread for its retry waits (1 + 5 + 30 s), so with a
+    receiver answering 500 an URGENT job's alert went out a minute after its risk was
+    seen. A job's alerts keep their order (its "cleared" never overtakes its "risk" in
+    retry). An alert that does not reach its receiver is logged and counted by reason
     (``radserve_deadline_risk_alerts_dropped_total``): the queue was full, its retries
     ran out or its receiver's answer can never be got past (``failed``), or the server
     stopped before it went out. One per receiver, so a collector that is down does not
@@ -791,6 +797,11 @@ class _Alerts:
         self._attempt_since: float | None = None  # monotonic: an attempt in flight
         self._holding = False  # an alert taken from the queue and not settled yet
         self._abandoned = False  # the stop counted the alert in hand: never again
+        # alerts waiting for a retry (due, order, alert), earliest first; a job with one
+        # there has its later alerts waiting behind it (job id -> alerts, oldest first)
+        self._retries: list[tuple[float, int, _Pending]] = []
+        self._behind: dict[str, collections.deque[dict[str, Any]]] = {}
+        self._order = itertools.count()
 
     def start(self) -> None:
         name = f"radserve-risk-{self.target.kind}"
@@ -822,6 +833,11 @@ class _Alerts:
                 self._abandoned = stuck
             if stuck:
                 self._drop("stopped")  # the alert in hand: neither sent nor failed
+                # the thread is blocked in that attempt: what waits for a retry or behind
+                # another alert of its job is not sent either
+                waiting = len(self._retries) + sum(len(q) for q in self._behind.values())
+                if waiting:
+                    self._drop("stopped", waiting)
         left = 0  # the thread never started, or did not end in time
         while True:
             try:
@@ -873,51 +889,107 @@ class _Alerts:
     def _run(self) -> None:
         try:
             while True:
-                try:  # stopping: the marker may not fit a full queue, so also when empty
-                    body = self.queue.get(timeout=None if self._grace_end is None else 0.1)
-                except queue.Empty:
-                    return  # stopping, and nothing is left
-                if body is None:
-                    return
-                grace_end = self._grace_end
-                if grace_end is not None and time.monotonic() >= grace_end:
-                    self._drop("stopped")  # the stop's grace is over: counted, not sent
+                if self._stop.is_set():
+                    self._no_more_retries()
+                due = self._retries[0][0] if self._retries else None
+                if due is not None and due <= time.monotonic():
+                    self._settle(heapq.heappop(self._retries)[2])
                     continue
-                with self._lock:
-                    self._holding = True
+                # stopping: the marker may not fit a full queue, so also when empty
+                wait = None if due is None else due - time.monotonic()
+                if self._grace_end is not None:
+                    wait = 0.1
                 try:
-                    self._deliver(body)
-                except Exception as exc:  # bookkeeping's own failure: the thread goes on
-                    logger.error(
-                        "deadline-risk %s: alert not settled (%s)",
-                        self.target.kind,
-                        type(exc).__name__,
-                    )
-                finally:
-                    with self._lock:
-                        self._holding = False
+                    body = self.queue.get(timeout=wait)
+                except queue.Empty:
+                    if self._grace_end is not None and not self._retries:
+                        return  # stopping, and nothing is left
+                    continue
+                if body is None:
+                    if not self._retries:
+                        return
+                    continue  # the first attempts of alerts released at the stop
+                job = str(body.get("job_id"))
+                if job in self._behind:  # its earlier alert waits for a retry: after it
+                    self._behind[job].append(body)
+                    continue
+                self._settle(_Pending(body))
         finally:
             self.target.close()
 
-    def _deliver(self, body: dict[str, Any]) -> None:
-        for delay in (*_ALERT_RETRIES, None):
-            reason = self._attempt(body)
-            if reason is None:
-                with self._lock:
-                    self.sent += 0 if self._abandoned else 1
-                    self._failing = None
-                held = self._failure_lines.got_through(self.target.kind)
-                if held:
-                    logger.info(
-                        "deadline-risk %s takes alerts again; %d failed alerts were not logged",
-                        self.target.kind,
-                        held,
-                    )
+    def _settle(self, pending: _Pending) -> None:
+        """One attempt at ``pending``; then delivered, failed, or back among the retries."""
+        job = str(pending.body.get("job_id"))
+        grace_end = self._grace_end
+        if grace_end is not None and time.monotonic() >= grace_end:
+            self._drop("stopped")  # the stop's grace is over: counted, not sent
+            self._next_of(job)
+            return
+        with self._lock:
+            self._holding = True
+        try:
+            if self._deliver(pending):
+                heapq.heappush(self._retries, (pending.due, next(self._order), pending))
+                self._behind.setdefault(job, collections.deque())
                 return
-            final = isinstance(reason, _Refused)
-            if final or delay is None or self._stop.wait(delay):  # stopping: no second try
-                self._failed(str(reason))
-                return
+        except Exception as exc:  # bookkeeping's own failure: the thread goes on
+            logger.error(
+                "deadline-risk %s: alert not settled (%s)",
+                self.target.kind,
+                type(exc).__name__,
+            )
+        finally:
+            with self._lock:
+                self._holding = False
+        self._next_of(job)
+
+    def _next_of(self, job: str) -> None:
+        """``job``'s alert is settled: its next one (if any) is due now."""
+        waiting = self._behind.get(job)
+        if not waiting:
+            self._behind.pop(job, None)
+            return
+        following = _Pending(waiting.popleft())
+        heapq.heappush(self._retries, (following.due, next(self._order), following))
+
+    def _no_more_retries(self) -> None:
+        """Stopping: an alert that waits for a retry fails (one attempt each at the stop,
+        no retry waits); the alerts behind it get their first attempt."""
+        tried = [entry for entry in self._retries if entry[2].tries]
+        if not tried:
+            return
+        self._retries = [entry for entry in self._retries if not entry[2].tries]
+        heapq.heapify(self._retries)
+        for _, _, pending in tried:
+            self._failed(pending.reason)
+            self._next_of(str(pending.body.get("job_id")))
+
+    def _deliver(self, pending: _Pending) -> bool:
+        """One attempt; True when the alert is to be tried again (``pending.due``)."""
+        reason = self._attempt(pending.body)
+        if reason is None:
+            with self._lock:
+                self.sent += 0 if self._abandoned else 1
+                self._failing = None
+            held = self._failure_lines.got_through(self.target.kind)
+            if held:
+                logger.info(
+                    "deadline-risk %s takes alerts again; %d failed alerts were not logged",
+                    self.target.kind,
+                    held,
+                )
+            return False
+        pending.tries += 1
+        pending.reason = str(reason)
+        final = isinstance(reason, _Refused)
+        if final or pending.tries > len(_ALERT_RETRIES) or self._stop.is_set():
+            self._failed(pending.reason)  # stopping: no second try
+            return False
+        if len(self._retries) >= _ALERT_QUEUE:  # bounded as the queue is
+            self._failed(f"{pending.reason}; no room to retry")
+            return False
+        pending.due = time.monotonic() + _ALERT_RETRIES[pending.tries - 1]
+        return True
 
     def _attempt(self, body: dict[str, Any]) -> _Refused | str | None:
         """One delivery attempt: None (delivered), a :class:`_Refused` (no retry gets
@@ -958,6 +1030,16 @@ class _Alerts:
                 reason,
                 f" ({held} more failed alerts not logged since the last line)" if held else "",
             )
+
+
+@dataclass
+class _Pending:
+    """An alert on its way: the attempts made, why the last failed, when the next is due."""
+
+    body: dict[str, Any]
+    tries: int = 0
+    reason: str = ""
+    due: float = 0.0  # monotonic; 0: at once
 
 
 class _Refused(Exception):
