@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tests.factories.raw_http import read_message
+
 DRIP_EVERY_S = 0.25
 # the answer's bytes: ~30 s at DRIP_EVERY_S, well past every timeout the tests set
 DRIP_BYTES = 120
@@ -25,26 +27,6 @@ class DripServer:
     hung_up: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
     requests: int = 0
-
-
-def _read_request(conn: socket.socket) -> None:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value.strip())
-    while len(body) < length:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return
-        body += chunk
 
 
 def _answer(phase: Literal["headers", "body"]) -> tuple[bytes, bytes]:
@@ -76,7 +58,7 @@ def drip_server(
                 conn.close()
                 return
         with conn:
-            _read_request(conn)
+            read_message(conn)
             server.requests += 1
             at_once, dripped = _answer(phase)
             try:

@@ -32,6 +32,18 @@ def _report(bundle: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
+def _break_model(service: Service) -> Any:
+    """The test model's session, made to fail every batch (``del session.run`` mends it)."""
+    catalog = service.catalog
+    session = catalog.sessions.get(catalog.registry.get("organs-test"), "fp32")
+
+    def broken(batch: Any) -> Any:
+        raise InferenceError("device lost (test)")
+
+    session.run = broken
+    return session
+
+
 def _bundles(fhir: FhirServer, count: int) -> list[dict[str, Any]]:
     until(
         lambda: len(fhir.received) >= count,
@@ -56,13 +68,7 @@ def test_a_failed_job_sends_a_cancelled_diagnostic_report(tmp_path: Path) -> Non
             httpx.Client(base_url=srv.url, timeout=30) as c,
         ):
             assert service.wait_warm(60 * WAIT_SCALE)
-            catalog = service.catalog
-            session = catalog.sessions.get(catalog.registry.get("organs-test"), "fp32")
-
-            def broken(batch: Any) -> Any:
-                raise InferenceError("device lost (test)")
-
-            session.run = broken  # type: ignore[method-assign]
+            session = _break_model(service)
             files = make_study(tmp_path / "s", extra={"PatientID": "PID-0815"})
             r = c.post("/v1/studies", files=upload(files), headers=auth(admin))
             assert r.status_code == 202, r.text
@@ -105,13 +111,7 @@ def test_failure_notice_none_sends_nothing(tmp_path: Path) -> None:
             httpx.Client(base_url=srv.url, timeout=30) as c,
         ):
             assert service.wait_warm(60 * WAIT_SCALE)
-            catalog = service.catalog
-            session = catalog.sessions.get(catalog.registry.get("organs-test"), "fp32")
-
-            def broken(batch: Any) -> Any:
-                raise InferenceError("device lost (test)")
-
-            session.run = broken  # type: ignore[method-assign]
+            _break_model(service)
             r = c.post("/v1/studies", files=upload(make_study(tmp_path / "s")), headers=auth(admin))
             assert wait_job(c, r.json()["id"], admin)["state"] == "failed"
             assert service.outbox.items(kind="fhir") == []
@@ -142,13 +142,7 @@ def test_no_notice_is_filed_under_identifiers_ingest_refused(tmp_path: Path) -> 
                 assert r.status_code == 202, r.text
                 failed = wait_job(c, r.json()["id"], admin)
                 assert failed["error"]["code"] == "attribute_invalid", failed
-            catalog = service.catalog
-            session = catalog.sessions.get(catalog.registry.get("organs-test"), "fp32")
-
-            def broken(batch: Any) -> Any:
-                raise InferenceError("device lost (test)")
-
-            session.run = broken  # type: ignore[method-assign]
+            _break_model(service)
             files = make_study(tmp_path / "sound", extra={"PatientID": "PID-0815"})
             r = c.post("/v1/studies", files=upload(files), headers=auth(admin))
             assert wait_job(c, r.json()["id"], admin)["state"] == "failed"

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
+from tests.factories.raw_http import read_message
 from tests.factories.turnaround import standalone_turnaround
 from tests.factories.waits import until
 
@@ -77,20 +78,10 @@ class _Misbehaving:
 
     def _answer(self, conn: socket.socket) -> None:
         with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
-            head, _, body = data.partition(b"\r\n\r\n")
-            length = next(
-                int(line.split(b":", 1)[1])
-                for line in head.split(b"\r\n")
-                if line.lower().startswith(b"content-length:")
-            )
-            while len(body) < length:
-                body += conn.recv(65536)
+            message = read_message(conn)
+            if message is None:
+                return
+            _, body = message
             with self._lock:
                 self.bodies.append(json.loads(body))
                 what = self.script.pop(0) if self.script else "ok"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
+from tests.factories.raw_http import read_message
 from tests.factories.turnaround import standalone_turnaround
 from tests.factories.waits import until
 
@@ -51,18 +52,10 @@ class _ByJob:
             except OSError:
                 return
             with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    data += conn.recv(65536)
-                head, _, body = data.partition(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":", 1)[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                while len(body) < length:
-                    body += conn.recv(65536)
-                alert = json.loads(body)
+                message = read_message(conn)
+                if message is None:
+                    continue
+                alert = json.loads(message[1])
                 what = (str(alert["job_id"]), str(alert["event"]))
                 with self._lock:
                     nth = sum(1 for seen in self.seen if seen[0] == what[0])
