@@ -1066,6 +1066,12 @@ class RiskSyslogSettings(SyslogTargetSettings):
         return self
 
 
+# the service-time prior's largest values, by radserve.turnaround.service_time.Prior's
+# field names: turnaround.prior_<name> here, and a `radserve plan --service-times`
+# file's prior (radserve.turnaround.model_file); each is at least 0
+PRIOR_MAX: dict[str, float] = {"fixed_s": 3600, "per_slice_s": 60, "device_share": 1}
+
+
 class TurnaroundSettings(_Section):
     """ETAs, deadline-risk events and the service-time model (radserve.turnaround)."""
 
@@ -1146,9 +1152,9 @@ class TurnaroundSettings(_Section):
     # x slices for a job, device_share of it in model batches (README bench figures)
     # (at most an hour a study and a minute a slice: 100x the slowest CPU measured;
     # a prior of 1e300 s a slice was taken and every waiting job's ETA read 9999-12-31)
-    prior_fixed_s: Seconds = Field(default=0.5, ge=0, le=3600)
-    prior_per_slice_s: Seconds = Field(default=0.017, ge=0, le=60)
-    prior_device_share: float = Field(default=0.5, ge=0, le=1)
+    prior_fixed_s: Seconds = Field(default=0.5, ge=0, le=PRIOR_MAX["fixed_s"])
+    prior_per_slice_s: Seconds = Field(default=0.017, ge=0, le=PRIOR_MAX["per_slice_s"])
+    prior_device_share: float = Field(default=0.5, ge=0, le=PRIOR_MAX["device_share"])
 
 
 class CriticalReceiverSettings(SyslogTargetSettings):

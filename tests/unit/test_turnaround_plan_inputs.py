@@ -44,7 +44,7 @@ def _run(tmp_path: Path, *args: str) -> Result:
     [
         ("urgent=2/h,urgent=3/h", "given twice"),
         ("urgent=1.2.3/h", "expected CLASS=NUMBER/UNIT"),
-        ("urgent=1e400/h", "expected CLASS=NUMBER/UNIT"),  # inf
+        ("urgent=1e400/h", "must be a finite number >= 0"),  # inf
         ("urgent=0/h", "no arrivals"),
         ("", "no arrivals"),
         (" , ", "no arrivals"),
@@ -250,7 +250,7 @@ def test_every_refusal_is_a_usage_error_and_a_stream_without_arrivals_says_so(
     tmp_path: Path,
 ) -> None:
     cases = {
-        ("--rate", "outpatient=300/s"): "--hours",
+        ("--rate", "outpatient=300/s"): "--rate",  # its units: not --hours (since 2026-12-07)
         ("--rate", "urgent=2/h,urgent=1/h"): "--rate",
         ("--rate", "urgent=2/h", "--find-devices", "--target", "urgent=soon"): "--target",
     }
@@ -375,3 +375,179 @@ def test_a_replay_says_how_many_cache_answers_it_left_out(tmp_path: Path) -> Non
     assert "3 replayed job(s) were answered from the result cache: left out" in text
     rates = json.loads(_run(tmp_path, "--rate", "urgent=10/h", "--json").stdout)
     assert rates["cache_answers_left_out"] is None
+
+
+# --- 2026-12-07: a user trial's probes (b_*.json): the model file's whole class, the options
+
+
+def _model(**changes: object) -> dict[str, object]:
+    """The kept trace's service-time model, with ``changes`` made to it."""
+    model = json.loads(gzip.decompress(TRACE.read_bytes()))["service_times"]
+    model.update(changes)
+    return model  # type: ignore[no-any-return]
+
+
+def _refused_file(tmp_path: Path, content: object, *why: str) -> None:
+    path = tmp_path / "probe.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    result = _run(
+        tmp_path,
+        "--rate",
+        "urgent=6/h,outpatient=30/h",
+        "--hours",
+        "1",
+        "--service-times",
+        str(path),
+    )
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Invalid value for '--service-times'" in result.output and str(path) in result.output
+    for word in why:
+        assert word in result.output, result.output
+
+
+def test_a_model_file_nested_too_deeply_is_refused_not_a_recursion_error(tmp_path: Path) -> None:
+    _refused_file(tmp_path, "[" * 100_000 + "]" * 100_000, "nested too deeply")
+    _refused_file(tmp_path, '{"samples": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested")
+
+
+def test_steps_naming_a_step_without_samples_are_refused(tmp_path: Path) -> None:
+    """b_one.json: one sample row, ``steps`` naming eleven: the estimate ended in an
+    AttributeError ('NoneType' has no attribute 'seconds')."""
+    model = _model()
+    model["samples"] = [r for r in model["samples"] if r["step"] == "ingest"]  # type: ignore[attr-defined]
+    _refused_file(tmp_path, model, "steps[0]", "'organs: prepare'", "has no samples")
+    twice = _model()
+    twice["steps"][0]["steps"].append("ingest")  # type: ignore[index]
+    _refused_file(tmp_path, twice, "steps[0]", "twice")
+    total = _model()
+    total["steps"][0]["steps"].append("run")  # type: ignore[index]
+    _refused_file(tmp_path, total, "'run'", "not a step")
+    _refused_file(tmp_path, _model(steps=[{"steps": [1, 2]}]), "steps[0]", "'pipeline'")
+
+
+def test_slices_and_times_out_of_range_are_refused_not_a_memory_error(tmp_path: Path) -> None:
+    """b_hugeslices.json (1e15 slices) ended in a MemoryError splitting a study into
+    batches; 1e12 s a step planned 'overloaded' as if measured."""
+    huge = _model()
+    huge["samples"][0]["slices"][0] = 1e15  # type: ignore[index]
+    huge["sizes"][0] = 1e15  # type: ignore[index]
+    _refused_file(tmp_path, huge, "samples[0]", "'slices'", "at most 50,000", "ingest.max_frames")
+    sizes = _model()
+    sizes["sizes"][0] = 10**400  # type: ignore[index]
+    _refused_file(tmp_path, sizes, "sizes holds", "not a slice count")
+    slow = _model()
+    slow["samples"][0]["seconds"][0] = 1e12  # type: ignore[index]
+    _refused_file(tmp_path, slow, "samples[0]", "'seconds'", "1e+12", "largest prior")
+    for trace in sorted(TRACES.glob("*.json.gz")):  # no model the project wrote is refused
+        assert read_model_file(trace).groups(), trace
+
+
+def test_a_model_of_no_time_or_no_sizes_is_refused_not_planned(tmp_path: Path) -> None:
+    """Every time 0 s planned every TAT as 0.0 s; ``sizes`` empty beside measured jobs
+    drew every study at 300 slices (the measured ones had 40-47): a different plan."""
+    zero = _model()
+    for row in zero["samples"]:  # type: ignore[attr-defined]
+        row["seconds"] = [0.0] * len(row["seconds"])
+    _refused_file(tmp_path, zero, "every time of pipeline 'ct-chest-abdomen'", "is 0 s")
+    _refused_file(tmp_path, _model(sizes=[]), "'sizes' is empty")
+    empty = _model()
+    empty["samples"][0]["slices"] = empty["samples"][0]["seconds"] = []  # type: ignore[index]
+    _refused_file(tmp_path, empty, "samples[0]", "no samples")
+    wait = _model()
+    wait["samples"][0]["step"] = "queue"  # type: ignore[index]
+    _refused_file(tmp_path, wait, "samples[0]", "'queue' is not a step")
+    lane = _model()
+    lane["lane_samples"] = [dict(lane["samples"][0])]  # type: ignore[index]
+    _refused_file(tmp_path, lane, "lane_samples[0]", "'run <lane>'")
+
+
+@pytest.mark.parametrize(
+    ("prior", "field", "most"),
+    [
+        ({"fixed_s": 1e308, "per_slice_s": 1e308, "device_share": 1e308}, "fixed_s", "3600"),
+        ({"device_share": 5}, "device_share", "1"),
+        ({"per_slice_s": 61}, "per_slice_s", "60"),
+    ],
+)
+def test_a_prior_out_of_the_settings_bounds_is_refused(
+    tmp_path: Path, prior: dict[str, float], field: str, most: str
+) -> None:
+    """b_prior.json planned every TAT 0.0 s, b_share.json changed the answer: the file's
+    prior is held to turnaround.prior_*'s bounds (config.PRIOR_MAX, one definition)."""
+    _refused_file(
+        tmp_path, _model(prior=prior), f"prior {field}", f"from 0 to {most}", f"prior_{field}"
+    )
+    from radserve.config import PRIOR_MAX, TurnaroundSettings
+
+    for name, bound in PRIOR_MAX.items():  # the settings refuse above the same bounds
+        TurnaroundSettings(**{f"prior_{name}": bound})
+        with pytest.raises(ValueError, match=f"prior_{name}"):
+            TurnaroundSettings(**{f"prior_{name}": bound * 1.01})
+
+
+def test_the_html_table_says_no_arrivals_where_a_class_had_none_not_overloaded(
+    tmp_path: Path,
+) -> None:
+    """At a quarter of 6 URGENT an hour, one hour drew no URGENT arrival: the table said
+    "overloaded" for it, the word of the rates not simulated."""
+    page = tmp_path / "tat.html"
+    args = ["--rate", "urgent=6/h,outpatient=30/h", "--hours", "1", "--plot", str(page)]
+    result = _run(tmp_path, *args)
+    assert result.exit_code == 0, result.output
+    html = page.read_text()
+    rows = html.split("<tbody>")[1].split("</tbody>")[0].split("</tr>")
+    assert rows[0].count("no arrivals") == 2 and "overloaded" not in html
+    assert "No arrivals: the class had no job at that rate" in html
+
+
+def test_too_many_arrivals_name_the_rate_and_print_the_count_readably(tmp_path: Path) -> None:
+    result = _run(tmp_path, "--hours", "1", "--rate", "urgent=1e308/h")
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--rate': 1e+308 arrivals expected over 1 h" in result.output
+    assert "--hours" not in result.output and len(result.output) < 600
+    both = _run(tmp_path, "--rate", "outpatient=20000/h")
+    assert "Invalid value for '--rate' / '--hours': 480,000 arrivals" in both.output
+    with pytest.raises(PlanInputError, match=r"more than 1\.8e"):
+        check_arrivals(parse_rates("urgent=1.7e308/s"), 24 * 3600)  # overflows to inf
+
+
+@pytest.mark.parametrize("rate", ["-1", "nan", "inf", "-nan", "1e400"])
+def test_a_negative_or_not_finite_rate_says_so(tmp_path: Path, rate: str) -> None:
+    result = _run(tmp_path, "--rate", f"urgent={rate}/h")
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--rate'" in result.output
+    assert f"{rate} must be a finite number >= 0" in result.output
+
+
+def test_conflicting_options_are_refused_naming_the_right_one(tmp_path: Path) -> None:
+    """--devices beside --find-devices and --hours beside --replay were ignored without a
+    word; a --precision nothing measured was blamed on --pipeline; --host-cores on a
+    device that is not the host's CPU was taken and ignored."""
+    search = ["--rate", "urgent=6/h", "--find-devices", "--target", "urgent=5min"]
+    devices = _run(tmp_path, *search, "--devices", "3")
+    assert devices.exit_code == 2 and "--devices conflicts with --find-devices" in devices.output
+    replay = _run(tmp_path, "--replay", "5", "--hours", "1000")
+    assert replay.exit_code == 2 and "--hours conflicts with --replay" in replay.output
+    assert not (tmp_path / "data").exists()  # refused before a store was looked for
+    file = ["--rate", "urgent=6/h", "--service-times", str(TRACE)]
+    precision = _run(tmp_path, *file, "--precision", "int8")
+    assert precision.exit_code == 2, precision.output
+    assert "Invalid value for '--precision': no service times measured for --precision int8" in (
+        precision.output
+    )
+    cores = _run(tmp_path, "--rate", "urgent=6/h", "--device", "cuda:0", "--host-cores", "4")
+    assert cores.exit_code == 2 and "Invalid value for '--host-cores'" in cores.output
+    assert (
+        _run(tmp_path, "--rate", "urgent=6/h", "--device", "cuda:0", "--host-cores", "0").exit_code
+        == 0
+    )
+
+
+def test_a_plot_format_is_named_in_lower_case_whatever_the_suffix(tmp_path: Path) -> None:
+    plot = tmp_path / "tat.SVG"
+    result = _run(tmp_path, "--rate", "urgent=6/h", "--hours", "1", "--plot", str(plot), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["plot"]["format"] == "svg"
+    text = _run(tmp_path, "--rate", "urgent=6/h", "--hours", "1", "--plot", str(plot))
+    assert f"plot (svg): {plot}" in text.output

@@ -122,6 +122,7 @@ def command(
         raise click.UsageError("give exactly one of --rate and --replay")
     if find_devices and not targets:
         raise click.UsageError("--find-devices needs --target")
+    _refuse_conflicts(replay=replay, find_devices=find_devices)
     duration = hours * 3600
     # every input checked before a store is opened or anything simulated
     goal = _checked(planner.parse_targets, targets, "--target") if targets is not None else {}
@@ -136,7 +137,7 @@ def command(
     store = None
     if service_file is not None:
         try:
-            model = read_model_file(service_file)
+            model = read_model_file(service_file, max_slices=settings.ingest.max_frames)
         except ModelFileError as exc:
             raise click.BadParameter(str(exc), param_hint="'--service-times'") from None
     else:
@@ -292,7 +293,7 @@ def command(
         written = planner.write_plot(curve, curve_rates, plot)
         report["plot"] = {
             "path": str(written),
-            "format": written.suffix[1:],
+            "format": written.suffix[1:].lower(),  # tat.PNG is a png, as tat.png is
             "devices": devices,
             "overloaded_from_per_h": (
                 round(min(curve.overloaded) * sum(curve_rates.values()) * 3600, 3)
@@ -321,13 +322,39 @@ def _check_plot_path(plot: Path) -> None:
 
 
 def _checked(parse: Any, value: Any, option: str) -> Any:
-    """``parse(value)``, its PlanInputError as the option's usage error."""
+    """``parse(value)``, its PlanInputError as the usage error of the options it names
+    (too many arrivals: --rate, or --rate and --hours), else of ``option``."""
     from radserve.turnaround.plan import PlanInputError
 
     try:
         return parse(value)
     except PlanInputError as exc:
-        raise click.BadParameter(str(exc), param_hint=f"'{option}'") from None
+        hint = " / ".join(f"'{o}'" for o in exc.options or (option,))
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+
+
+def _given(name: str) -> bool:
+    """The option ``name`` (its parameter's name) was given, not left at its default."""
+    from click.core import ParameterSource
+
+    source = click.get_current_context().get_parameter_source(name)
+    return source not in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP)
+
+
+def _refuse_conflicts(*, replay: int | None, find_devices: bool) -> None:
+    """Options that another one given makes meaningless are refused, not ignored: before,
+    ``--find-devices --devices 3`` searched from one device and ``--replay 5 --hours
+    1000`` replayed the jobs' own span, both without a word."""
+    if find_devices and _given("devices"):
+        raise click.UsageError(
+            "--devices conflicts with --find-devices, which searches the device counts "
+            "itself (1..64): give one of them"
+        )
+    if replay is not None and _given("hours"):
+        raise click.UsageError(
+            "--hours conflicts with --replay: a replay lasts as long as the replayed "
+            "jobs' arrivals did; give --hours with --rate"
+        )
 
 
 def _group(
@@ -340,19 +367,28 @@ def _group(
     they name none; with nothing measured, the prior under the names given. Names that
     match nothing measured are refused: the prior in their place would answer for a
     pipeline the store knows nothing of as if it did."""
+    named = {"--pipeline": pipeline, "--device": device, "--precision": precision}
     for g in groups:
-        if (
-            (pipeline is None or g[0] == pipeline)
-            and (device is None or g[1] == device)
-            and (precision is None or g[2] == precision)
-        ):
+        if all(v is None or g[i] == v for i, v in enumerate(named.values())):
             return g
     if groups:
         known = "; ".join(f"pipeline {g[0]} on {g[1]} at {g[2]}" for g in groups)
+        # --device is always set here (the one measured by default): named only if given
+        given = {
+            o: v
+            for o, v in named.items()
+            if v is not None and (o != "--device" or _given("device_name"))
+        }
+        # the options naming what nothing measured has; else the combination given
+        unmeasured = [
+            o
+            for i, (o, v) in enumerate(named.items())
+            if o in given and v not in {g[i] for g in groups}
+        ] or list(given)
+        said = ", ".join(f"{o} {given[o]}" for o in unmeasured)
         raise click.BadParameter(
-            f"no service times measured for the --pipeline/--device/--precision given; "
-            f"measured: {known}",
-            param_hint="'--pipeline'",
+            f"no service times measured for {said}; measured: {known}",
+            param_hint=" / ".join(f"'{o}'" for o in unmeasured),
         )
     return (pipeline or "", device or "cpu", precision or "fp32")
 
@@ -419,7 +455,15 @@ def _cores_per_device(device: str, host_cores: int | None) -> int | None:
     from radserve.host import usable_cores
     from radserve.turnaround.eta import on_host_cores
 
-    if not on_host_cores(device) or host_cores == 0:
+    if not on_host_cores(device):
+        if host_cores:  # before, taken and ignored without a word
+            raise click.BadParameter(
+                f"{host_cores} cores per device: the device {device} is not the host's CPU "
+                "(--host-cores applies to cpu and openvino; 0: separate hardware)",
+                param_hint="'--host-cores'",
+            )
+        return None
+    if host_cores == 0:
         return None
     return host_cores if host_cores is not None else usable_cores()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -38,7 +39,8 @@ from radserve.turnaround.solo import SoloTimes, coarse_service
 from radserve.turnaround.units import fine_service
 
 _PER = {"s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_RATE = re.compile(r"^\s*([0-9.]+(?:e-?[0-9]+)?)\s*(?:/\s*(s|min|m|h|d))?\s*$", re.IGNORECASE)
+# the number is whatever float() reads (so -1, nan and inf are named as out of range)
+_RATE = re.compile(r"^\s*([^/\s]+)\s*(?:/\s*(s|min|m|h|d))?\s*$", re.IGNORECASE)
 MIN_RATIOS = 10  # measured jobs before their own noise is drawn
 # a job that shared the host with this many threads of others on average counts 1/e of
 # one that ran alone in the noise drawn for its size (ModelSampler.size_ratios)
@@ -60,7 +62,13 @@ PLOT_FORMATS = (".png", ".svg", ".html")
 
 
 class PlanInputError(ValueError):
-    """A rate, target, duration or file the planner cannot read."""
+    """A rate, target, duration or file the planner cannot read; ``options``: the
+    command-line options responsible, where they are not the one the value came from
+    (too many arrivals: the rates, or the rates and the hours)."""
+
+    def __init__(self, message: str, options: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.options = options
 
 
 def parse_rates(text: str) -> dict[PriorityClass, float]:
@@ -70,9 +78,16 @@ def parse_rates(text: str) -> dict[PriorityClass, float]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, value = part.partition("=")
         match = _RATE.match(value)
-        number = _number(match.group(1)) if match else math.nan
-        if not match or not math.isfinite(number):
+        try:
+            number = float(match.group(1)) if match else None
+        except ValueError:  # "1.2.3", "two"
+            number = None
+        if match is None or number is None:
             raise PlanInputError(f"rate {part!r}: expected CLASS=NUMBER/UNIT (s|min|h|d)")
+        if not math.isfinite(number) or number < 0:
+            raise PlanInputError(
+                f"rate {part!r}: {match.group(1)} must be a finite number >= 0 (arrivals per unit)"
+            )
         cls = _once(out, name, "rate")
         out[cls] = number / _PER[(match.group(2) or "h").lower()]
     if not any(rate > 0 for rate in out.values()):
@@ -132,16 +147,29 @@ def check_arrivals(rates_per_s: Mapping[PriorityClass, float], duration_s: float
     expected = sum(rates_per_s.values()) * duration_s
     if expected > MAX_ARRIVALS:
         hours = MAX_ARRIVALS / max(sum(rates_per_s.values()), 1e-12) / 3600
-        advice = (
-            f"at these rates --hours {hours:.3g} or less"
-            if hours >= 1
-            else f"they would fit {hours * 60:.2g} min: check the rates' units "
-            "(/s /min /h /d; a number alone is per hour)"
-        )
+        if hours >= 1:
+            advice, options = f"at these rates --hours {hours:.3g} or less", ("--rate", "--hours")
+        else:  # the rates alone: not even an hour (--hours takes 0.01) is the fix
+            fits = hours * 3600
+            span = f"{fits / 60:.2g} min" if fits >= 60 else f"{max(fits, 0.01):.2g} s"
+            span = "under 0.01 s" if fits < 0.01 else span
+            advice = (
+                f"they would fit {span}: check the rates' units (/s /min /h /d; a number "
+                "alone is per hour)"
+            )
+            options = ("--rate",)
         raise PlanInputError(
-            f"{expected:,.0f} arrivals expected over {duration_s / 3600:g} h: a plan "
-            f"simulates at most {MAX_ARRIVALS:,}; {advice}"
+            f"{_count(expected)} arrivals expected over {duration_s / 3600:g} h: a plan "
+            f"simulates at most {MAX_ARRIVALS:,}; {advice}",
+            options,
         )
+
+
+def _count(n: float) -> str:
+    """A count as people read it: 1,234,567, and 1e+308 rather than 309 digits."""
+    if not math.isfinite(n):
+        return f"more than {sys.float_info.max:.2g}"
+    return f"{n:,.0f}" if n < 1e9 else f"{n:.3g}"
 
 
 def plot_format(path: Path) -> str:
@@ -624,8 +652,10 @@ def _html(curve: Curve, xs: list[float], total_h: float) -> str:
     )
     rows = []
     for i, x in enumerate(xs):
+        over = curve.scales[i] in curve.overloaded
         cells = "".join(
-            f"<td>{_cell(curve.p50[c][i])}</td><td>{_cell(curve.p95[c][i])}</td>" for c in curve.p95
+            f"<td>{_cell(curve.p50[c][i], over)}</td><td>{_cell(curve.p95[c][i], over)}</td>"
+            for c in curve.p95
         )
         rows.append(f"<tr><td>{x:.3g}</td>{cells}</tr>")
     return "\n".join(
@@ -639,13 +669,31 @@ def _html(curve: Curve, xs: list[float], total_h: float) -> str:
             f"<table><thead><tr><th>arrivals/h</th>{head}</tr></thead>",
             f"<tbody>{''.join(rows)}</tbody></table>",
             "<p>Not simulated: overloaded.</p>" if curve.overloaded else "",
+            "<p>No arrivals: the class had no job at that rate (its stream drew none).</p>"
+            if _no_arrivals(curve)
+            else "",
             "</body></html>",
         ]
     )
 
 
-def _cell(value: float) -> str:
-    return "overloaded" if math.isnan(value) else f"{value:.1f}"
+def _cell(value: float, overloaded: bool) -> str:
+    """A TAT in the table; NaN is either an overloaded rate (not simulated) or a class
+    with no job at that rate (simulated: before, both said "overloaded")."""
+    if math.isnan(value):
+        return "overloaded" if overloaded else "no arrivals"
+    return f"{value:.1f}"
+
+
+def _no_arrivals(curve: Curve) -> bool:
+    """A simulated rate at which some class had no job (its TATs NaN)."""
+    return any(
+        math.isnan(v)
+        for i, scale in enumerate(curve.scales)
+        if scale not in curve.overloaded
+        for vs in curve.p95.values()
+        for v in vs[i : i + 1]
+    )
 
 
 def _svg(curve: Curve, xs: list[float], total_h: float) -> str:
