@@ -23,6 +23,7 @@ values whole (FHIR has no length limit).
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,16 +31,23 @@ from functools import cache
 from types import EllipsisType
 
 import pydicom
-from pydicom.charset import convert_encodings, encode_string, python_encoding
+from pydicom.charset import (
+    CODES_TO_ENCODINGS,
+    convert_encodings,
+    decode_bytes,
+    encode_string,
+    python_encoding,
+)
+from pydicom.config import IGNORE
 from pydicom.datadict import dictionary_description, dictionary_VR, tag_for_keyword
 from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 from pydicom.tag import Tag
-from pydicom.valuerep import DA, TM
+from pydicom.valuerep import DA, TEXT_VR_DELIMS, TM, PersonName
 
 from radserve.errors import StudyError
-from radserve.ingest.charset import LATIN1, UTF8, undeclared_character_set
+from radserve.ingest.charset import LATIN1, TEXT_VRS, UTF8, undeclared_character_set
 from radserve.models.dicom_text import LO_MAX_BYTES, SH_MAX_BYTES, cut_utf8, fit
 from radserve.report.schema import Report
 
@@ -405,14 +413,12 @@ def _values(value: object) -> list[str]:
 Path = tuple[tuple[tuple[str, int], ...], str]
 
 
-def _over_long_in(
-    dataset: Dataset,
-    keywords: Iterable[str] | None,
-    within: tuple[tuple[str, int], ...],
-    encodings: Sequence[str] | None,
-) -> Iterator[tuple[Path, str, int, DataElement]]:
-    """What :func:`over_long` yields for ``dataset`` (``keywords``: only those, at the
-    top; inside a sequence item, every attribute: highdicom copies sequences whole)."""
+def _copied_in(
+    dataset: Dataset, keywords: Iterable[str] | None, within: tuple[tuple[str, int], ...]
+) -> Iterator[tuple[Path, DataElement]]:
+    """Each copied attribute of ``dataset`` other than a sequence, and where it is
+    (``keywords``: only those, at the top; inside a sequence item, every attribute:
+    highdicom copies sequences whole)."""
     if keywords is None:
         elements = list(dataset)
     else:
@@ -422,13 +428,25 @@ def _over_long_in(
         name = element.keyword or _tag_of(element.tag)
         if element.VR == "SQ":
             for index, item in enumerate(element.value or ()):
-                yield from _over_long_in(item, None, (*within, (name, index)), encodings)
+                yield from _copied_in(item, None, (*within, (name, index)))
             continue
+        yield (within, name), element
+
+
+def _over_long_in(
+    dataset: Dataset,
+    keywords: Iterable[str] | None,
+    within: tuple[tuple[str, int], ...],
+    encodings: Sequence[str] | None,
+) -> Iterator[tuple[Path, str, int, DataElement]]:
+    """What :func:`over_long` yields for ``dataset`` (``keywords``: as
+    :func:`_copied_in`)."""
+    for path, element in _copied_in(dataset, keywords, within):
         if element.VR not in MAX_BYTES:
             continue
         sizes = [value_bytes(element.VR, v, encodings) for v in _values(element.value)]
         if sizes and max(sizes) > MAX_BYTES[element.VR]:
-            yield (within, name), element.VR, max(sizes), element
+            yield path, element.VR, max(sizes), element
 
 
 def over_long(dataset: Dataset) -> Iterator[tuple[Path, str, int]]:
@@ -438,6 +456,139 @@ def over_long(dataset: Dataset) -> Iterator[tuple[Path, str, int]]:
     Sequence item was copied whole)."""
     for path, vr, size, _ in _over_long_in(dataset, COPIED_KEYWORDS, (), encodings_of(dataset)):
         yield path, vr, size
+
+
+# --- characters a copied value may not hold ---------------------------------------------------
+# Control characters (Unicode's Cc: C0, DEL, C1) are valid in no copied value but the
+# format effectors of Short, Long and Unlimited Text (PS3.5 6.1.3: TAB, LF, FF, CR); an
+# ESC only opens an ISO 2022 escape sequence, and pydicom writes those itself from the
+# decoded text. A source's bytes its character set does not define are read as such
+# characters (C1 where a UTF-8 mislabel is read as Latin-1, radserve.ingest.charset) or as
+# pydicom's replacement character U+FFFD: both are dropped, never shown. Before session
+# 42 a Study Description "SD<NUL><SOH><ESC>[2J<CR><LF>..." and a Referring Physician's
+# Name holding NUL, DEL and NEL were copied as they came (dciodvfy: "Character invalid
+# for this VR"), and under ISO_IR 100 bytes 0x80 and 0x81 ("invalid for character
+# repertoire").
+MULTI_LINE_VRS = frozenset({"ST", "LT", "UT"})
+_NOT_TEXT = {c: None for c in (*range(0x20), *range(0x7F, 0xA0), 0xFFFD)}
+_NOT_MULTI_LINE_TEXT = {c: None for c in _NOT_TEXT if chr(c) not in "\t\n\f\r"}
+# an escape sequence pydicom's decoder left in the text (GB 2312's ESC $ ) A, pydicom 3.0:
+# radserve.ingest.person_name), dropped whole rather than leave "$)A" behind
+_LEFT_ESCAPES = tuple(code.decode("latin_1") for code in CODES_TO_ENCODINGS)
+# The patient and request identifiers are not cleaned: one holding a control character
+# is refused at ingest (radserve.ingest.validate), and a changed identifier would name
+# another patient or order in the PACS.
+IDENTIFIERS = frozenset(
+    {"PatientName", "PatientID", "IssuerOfPatientID", "PatientBirthDate", "AccessionNumber"}
+)
+_STRING_VRS = TEXT_VRS | MAX_BYTES.keys()
+
+
+def copied_text(vr: str, text: str) -> str:
+    """``text`` as a copied value of ``vr`` may hold it: without the control characters
+    ``vr`` does not admit, escape sequences a decoder left in, or replacement characters."""
+    if "\x1b" in text:
+        for code in _LEFT_ESCAPES:
+            text = text.replace(code, "")
+    return text.translate(_NOT_MULTI_LINE_TEXT if vr in MULTI_LINE_VRS else _NOT_TEXT)
+
+
+def _not_admitted_in(dataset: Dataset) -> Iterator[tuple[Path, DataElement]]:
+    """Each copied attribute of ``dataset`` (identifiers aside) holding a character its VR
+    does not admit (:func:`copied_text`), in the copied sequences' items too."""
+    for path, element in _copied_in(dataset, COPIED_KEYWORDS, ()):
+        if element.VR not in _STRING_VRS or (not path[0] and path[1] in IDENTIFIERS):
+            continue
+        if any(copied_text(element.VR, v) != v for v in _values(element.value)):
+            yield path, element
+
+
+def clean_copied(dataset: Dataset) -> list[str]:
+    """Drop, in place, what :func:`copied_text` drops from each copied value of
+    ``dataset`` but an identifier's; where (:func:`path_text`). A value of a VR other
+    than text (a code, date, number, UID) is another value without the character: it is
+    written empty, as an over-long one is; a Type 1 or 1C one is left as it came."""
+    changed = []
+    for path, element in list(_not_admitted_in(dataset)):
+        if element.VR not in TEXT_VRS:
+            if required_type(path) is not None:
+                logger.warning("source %s holds control characters; left", path_text(path))
+                continue
+            element.value = ""
+        else:
+            values = [copied_text(element.VR, v) for v in _values(element.value)]
+            element.value = values if len(values) > 1 else values[0]
+        changed.append(path_text(path))
+    return changed
+
+
+def cleaned_values(dataset: Dataset) -> list[tuple[str, str]]:
+    """(code, message) of each copied value :func:`clean_copied` changes (one of the
+    attributes :func:`emptied_values` names aside: said there)."""
+    emptied = set(emptied_values(dataset))
+    return [
+        (
+            VALUE_SHORTENED,
+            f"{_where(path)} holds control characters or bytes its character set does not "
+            "define: the DICOM results carry it "
+            + ("without them" if element.VR in TEXT_VRS else "empty"),
+        )
+        for path, element in _not_admitted_in(dataset)
+        if (path[0] or path[1] not in emptied)
+        and (element.VR in TEXT_VRS or required_type(path) is None)
+    ]
+
+
+def _copied_texts(dataset: Dataset) -> Iterator[tuple[str, str]]:
+    """(VR, value) of each copied text value of ``dataset``, as it will be written."""
+    for path, element in _copied_in(dataset, COPIED_KEYWORDS, ()):
+        if element.VR not in TEXT_VRS:
+            continue
+        identifier = not path[0] and path[1] in IDENTIFIERS
+        for value in _values(element.value):
+            yield element.VR, value if identifier else copied_text(element.VR, value)
+
+
+# --- character set -------------------------------------------------------------------------------
+# ISO 2022 code extensions of multi-byte characters (PS3.3 Table C.12-4): pydicom 3 writes
+# them right only after a first value (the G0 set; empty: ISO 2022 IR 6). A source's
+# single-valued "ISO 2022 IR 87" was copied as it came, and pydicom wrote each "ESC ( B"
+# of its Patient's Name as "ESC $ B", so "^" and "=" became Kanji bytes (session 42).
+MULTI_BYTE_EXTENSIONS = frozenset(
+    {"ISO 2022 IR 87", "ISO 2022 IR 159", "ISO 2022 IR 149", "ISO 2022 IR 58"}
+)
+
+
+def written_form(terms: Sequence[str]) -> str | list[str]:
+    """A Specific Character Set as a written object declares it: a multi-byte code
+    extension as value 1 gets an empty value 1 before it."""
+    if terms[0] in MULTI_BYTE_EXTENSIONS:
+        terms = ["", *terms]
+    return list(terms) if len(terms) > 1 else terms[0]
+
+
+def round_trips(value: str | list[str], texts: Iterable[tuple[str, str]]) -> bool:
+    """Whether pydicom writes each (VR, text) of ``texts`` in the Specific Character Set
+    ``value`` so that it reads back the same (pydicom 3 does not for every form: GB 2312
+    (ISO 2022 IR 58) is written without its escape sequences, so read back as Latin-1)."""
+    try:
+        encodings = convert_encodings(value)
+    except (LookupError, ValueError):
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # pydicom warns, then writes replacement bytes
+        for vr, text in texts:  # ASCII too: pydicom warns for any under "ISO 2022 IR 87"
+            try:
+                if vr == "PN":  # not validated: a value over its length is cut later
+                    raw = PersonName(text, validation_mode=IGNORE).encode(encodings)
+                    back = str(PersonName(raw, encodings, validation_mode=IGNORE))
+                else:
+                    back = decode_bytes(encode_string(text, encodings), encodings, TEXT_VR_DELIMS)
+            except (UnicodeError, LookupError, ValueError, UserWarning):
+                return False
+            if back != text:
+                return False
+    return True
 
 
 def output_character_set(source: Dataset, texts: Iterable[str]) -> str | list[str] | None:
@@ -453,7 +604,9 @@ def output_character_set(source: Dataset, texts: Iterable[str]) -> str | list[st
     :func:`read_headers` sets what its bytes are (:mod:`radserve.ingest.charset`); a
     header read elsewhere had them decoded as Latin-1, so ISO_IR 100 keeps them. A term
     pydicom does not know (it reads the text in the default repertoire) is not copied:
-    the object is UTF-8.
+    the object is UTF-8. The source's set is declared in the form pydicom writes right
+    (:func:`written_form`), and only where pydicom writes our text and the copied values
+    in it so that they read back the same (:func:`round_trips`); else UTF-8.
     """
     value = source.get("SpecificCharacterSet")
     if isinstance(value, list | pydicom.multival.MultiValue):
@@ -473,10 +626,16 @@ def output_character_set(source: Dataset, texts: Iterable[str]) -> str | list[st
         encodings = convert_encodings(terms)
     except Exception:  # a term pydicom refuses: write what we can vouch for
         return UTF8
-    if all(_encodable(t, encodings) for t in texts):
-        return terms if len(terms) > 1 else terms[0]
-    logger.info("output character set: UTF-8 (the source repertoire cannot hold our text)")
-    return UTF8
+    if not all(_encodable(t, encodings) for t in texts):
+        logger.info("output character set: UTF-8 (the source repertoire cannot hold our text)")
+        return UTF8
+    written = written_form(terms)
+    if written != UTF8 and not round_trips(
+        written, [*(("UT", t) for t in texts), *_copied_texts(source)]
+    ):
+        logger.info("output character set: UTF-8 (pydicom would not write the text faithfully)")
+        return UTF8
+    return written
 
 
 def _encodable(text: str, encodings: Sequence[str]) -> bool:
@@ -557,6 +716,10 @@ def shortened_values(
     if dataset is None:
         return []
     encodings = encodings_of(dataset) if written_in is ... else encodings_for(written_in)
+    measured = dataset  # as written: without the characters clean_copied drops
+    if next(_not_admitted_in(dataset), None) is not None:
+        measured = copy.deepcopy(dataset)
+        clean_copied(measured)
     return [
         (
             VALUE_SHORTENED,
@@ -565,7 +728,7 @@ def shortened_values(
             + _what_results_carry(path, vr)
             + " (the FHIR Bundle carries it whole)",
         )
-        for path, vr, size, _ in _over_long_in(dataset, COPIED_KEYWORDS, (), encodings)
+        for path, vr, size, _ in _over_long_in(measured, COPIED_KEYWORDS, (), encodings)
     ] + reshaped_values(dataset)
 
 
@@ -605,7 +768,8 @@ def emptied_values(dataset: Dataset) -> list[str]:
 
 def reshaped_values(dataset: Dataset) -> list[tuple[str, str]]:
     """(code, message) of each copied value the results carry otherwise than it came,
-    other than by length: a name of too many components, an invalid date, time or sex.
+    other than by length: a name of too many components, an invalid date, time or sex,
+    a value holding control characters or undefined bytes (:func:`clean_copied`).
     Before session 36 only the cuts were said; these went out changed without a word."""
     out = [
         (
@@ -625,7 +789,7 @@ def reshaped_values(dataset: Dataset) -> list[tuple[str, str]]:
         )
         for keyword in emptied_values(dataset)
     ]
-    return out
+    return out + cleaned_values(dataset)
 
 
 def _what_results_carry(path: Path, vr: str) -> str:
@@ -668,6 +832,8 @@ __all__ = [
     "MAX_BYTES",
     "VALUE_SHORTENED",
     "CopiedValueTooLongError",
+    "clean_copied",
+    "copied_text",
     "cut_copied",
     "cut_copied_as",
     "encoded_size",
@@ -678,5 +844,7 @@ __all__ = [
     "over_long",
     "path_text",
     "results_character_set",
+    "round_trips",
     "shortened_values",
+    "written_form",
 ]

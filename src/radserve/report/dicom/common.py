@@ -39,6 +39,7 @@ from radserve.report.dicom.frames import (
 from radserve.report.schema import Report
 from radserve.report.shortened import (
     MAX_BYTES,
+    clean_copied,
     cut_copied_as,
     emptied_values,
     encodings_for,
@@ -152,10 +153,12 @@ def shield_patient_name(
     placeholder name, and malformed sex/date/time values become empty (Type 2; nothing
     to carry that a reader could trust). Type 2 attributes absent from a non-conformant
     source (ingest flags them) are added empty, as highdicom reads them unconditionally.
-    :func:`restore_patient_name` puts the name back. Every other copied text value over
-    its VR's limit is cut to fit, counted in ``character_set``, the one the object is
-    written in (:func:`output_character_set`; :mod:`radserve.report.shortened`; logged by
-    keyword).
+    :func:`restore_patient_name` puts the name back. Every other copied value loses the
+    control characters its VR does not admit and the bytes its character set does not
+    define (:func:`radserve.report.shortened.clean_copied`; the patient and request
+    identifiers aside: ingest refuses those), and each text value over its VR's limit is
+    cut to fit, counted in ``character_set``, the one the object is written in
+    (:func:`output_character_set`; :mod:`radserve.report.shortened`; logged by keyword).
     """
     first = copy.deepcopy(sources[0])
     from radserve.ingest.headers import TYPE2_FOR_OUTPUTS  # flagged at ingest when absent
@@ -166,6 +169,10 @@ def shield_patient_name(
     name = first.get("PatientName")
     if name is not None:
         first.PatientName = "PLACEHOLDER^NAME"
+    if cleaned := clean_copied(first):  # before the cut: what is cut is what is written
+        logger.warning(
+            "source %s written without control characters or undefined bytes", ", ".join(cleaned)
+        )
     if cut := cut_copied_as(first, encodings_for(character_set)):
         logger.warning("source %s written cut to the bytes their VRs allow", ", ".join(cut))
     for keyword in emptied_values(first):
