@@ -448,3 +448,55 @@ def test_a_good_canary_deployed_into_a_burst_is_not_rolled_back_for_the_queue(
         assert deployed(c, server.admin, "1.1.0") == ["canary"]
         history = c.get("/v1/models/deployments", headers=admin).json()
         assert not [d for d in history if d["action"] == "auto_rollback"], history
+
+
+@pytest.mark.parametrize(
+    "server",
+    [{"sections": {"scheduler": {"breaker_threshold": 1}, "jobs": {"retry_backoff_s": 0.1}}}],
+    indirect=True,
+)
+def test_the_first_deploy_rolls_back_and_a_new_stable_closes_the_breaker(
+    server: Server, tmp_path: Path
+) -> None:
+    """A user trial (session 42): the step's first deployment could not be rolled back
+    ("no canary and no earlier stable version": the version served before it was no
+    deployment row), and once a bad version had opened the step's circuit breaker,
+    deploying a good one left every study refused (503 ``model_unavailable``) until an
+    administrator reset the breaker, which the lifecycle docs never mention."""
+    from radserve.errors import InferenceError
+
+    bad = candidate(tmp_path / "cand", server.models, "1.1.0", 400.0)
+    admin = auth(server.admin)
+    with httpx.Client(base_url=server.thread.url, timeout=60) as c:
+        assert c.post("/v1/models", content=zipped(bad), headers=admin).status_code == 201
+        r = c.post(
+            f"/v1/models/{STEP}/deploy",
+            json={"version": "1.1.0", "role": "stable", "reason": "first deployment"},
+            headers=admin,
+        )
+        assert r.status_code == 200, r.text
+        catalog = server.service.catalog
+        session = catalog.sessions.get(catalog.registry.get(STEP, "1.1.0"), "fp32")
+
+        def broken(batch: Any) -> Any:
+            raise InferenceError("device lost (test)")
+
+        session.run = broken  # its studies fail: the breaker opens
+        files = study(tmp_path / "fails")
+        body = [("files", (p.name, p.read_bytes(), "application/dicom")) for p in files]
+        c.post("/v1/studies", files=body, headers=auth(server.submit))
+        until(lambda: STEP in server.service.scheduler.open_models(), "the breaker open")
+        refused = c.post("/v1/studies", files=body, headers=auth(server.submit))
+        assert refused.status_code == 503, refused.text
+
+        r = c.post(f"/v1/models/{STEP}/rollback", json={"reason": "bad"}, headers=admin)
+        assert r.status_code == 200, r.text
+        assert r.json()["stable"] == "1.0.0"
+        until(lambda: deployed(c, server.admin, "1.0.0") == ["stable"], "1.0.0 serving")
+        assert server.service.scheduler.open_models() == ()
+        files = study(tmp_path / "after")
+        body = [("files", (p.name, p.read_bytes(), "application/dicom")) for p in files]
+        job = c.post("/v1/studies", files=body, headers=auth(server.submit))
+        assert job.status_code == 202, job.text
+        done = until(lambda: _final(c, job.json()["id"], server.submit), "the job to end")
+        assert done["state"] == "succeeded"

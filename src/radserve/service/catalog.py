@@ -244,6 +244,18 @@ class Catalog:
                 self._resolved[name] = resolved
         return resolved
 
+    def without_deployment(self, model: str) -> str | None:
+        """The version ``model`` serves in the configured pipeline when no deployment
+        names one, as :meth:`resolve` chooses it: the pipeline file's pin, else the
+        version this server first resolved, else :meth:`undeployed_version` (a step's
+        first deployment rolls back to it). Raises what :meth:`resolve` raises for a
+        pipeline it cannot read."""
+        spec = load_pipeline(self._pipeline_path(self.settings.pipelines.default))
+        pinned = next((s.version for s in spec.steps if s.model == model and s.version), None)
+        with self._lock:
+            first = self._baseline.get(model)
+        return pinned or first or self.undeployed_version(model)
+
     def undeployed_version(self, model: str) -> str | None:
         """The version a step without one serves when no deployment names one: the
         latest placed in a models folder (shipped, or the site's ``models.dirs``), never

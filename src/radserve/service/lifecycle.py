@@ -251,6 +251,7 @@ class ModelLifecycle:
                 self._unapplied = unapplied
             self.catalog.set_deployed({s: d.stable for s, d in applied.items()})
             self.swaps += 1
+            self._close_breakers(changed, applied, active)
             for step, deployment in changed.items():
                 if applied.get(step) is deployment:
                     logger.info(
@@ -264,6 +265,30 @@ class ModelLifecycle:
                     )
         self.release_unused()
         return True
+
+    def _close_breakers(
+        self,
+        changed: dict[str, StepDeployment],
+        applied: dict[str, StepDeployment],
+        before: dict[str, StepDeployment],
+    ) -> None:
+        """A step whose stable version changed starts with its circuit breaker closed:
+        the failures that opened it were another version's. Before session 42 a bad
+        deploy's breaker kept refusing every study after the good version was deployed
+        again, until an administrator reset it (which the lifecycle docs never said)."""
+        if self.scheduler is None:
+            return
+        for step, deployment in changed.items():
+            was = before.get(step)
+            previous = was.stable if was is not None else self._undeployed(step)
+            if applied.get(step) is not deployment or previous == deployment.stable:
+                continue
+            if self.scheduler.reset_model(step):
+                logger.warning(
+                    "model step %s: circuit breaker closed, it now serves stable %s",
+                    step,
+                    deployment.stable,
+                )
 
     def release_unused(self) -> list[str]:
         """Drop sessions no deployment serves and no unfinished job needs."""
@@ -441,6 +466,14 @@ class ModelLifecycle:
             raise DeploymentError(f"no model {step!r} is installed")
         return StepDeployment(step=step, stable=stable)
 
+    def _undeployed(self, step: str) -> str | None:
+        """The version ``step`` serves with no deployment recorded (None: none is
+        installed or the pipeline cannot be read)."""
+        try:
+            return self.catalog.without_deployment(step)
+        except RadserveError:
+            return self.catalog.undeployed_version(step)
+
     def check_servable(self, step: str, version: str) -> None:
         """Refuse a version that is not installed, changed since install, may not serve
         at the configured precision, needs what this host lacks, or does not fit a
@@ -605,6 +638,10 @@ class ModelLifecycle:
                     (d.stable for d in self.deployments.history(step) if d.stable != base.stable),
                     None,
                 )
+                if earlier is None and (undeployed := self._undeployed(step)) != base.stable:
+                    # the step's first deployment: before it, the version served without
+                    # one (before session 42 refused: "no earlier stable version")
+                    earlier = undeployed
                 if earlier is None:
                     raise DeploymentError(f"{step} has no canary and no earlier stable version")
                 try:  # as deploy and promote check it: installed, unchanged, servable here
