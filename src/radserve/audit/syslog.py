@@ -28,6 +28,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,15 +158,33 @@ class SyslogEndpoint:
         return f"{'tls' if self.tls is not None else 'tcp'}://{self.host}:{self.port}"
 
 
+class CollectorClosedError(ConnectionError):
+    """The collector closed or reset the stream a message was written to: it was not
+    delivered (it is sent again)."""
+
+
+# a new connection is watched this long after its first write (at most its timeout_s):
+# a collector that accepts and closes at once does so within it
+FRESH_WATCH_S = 0.25
+_DRAIN_READS = 16  # reads of what a collector wrote (it should write nothing) per check
+
+
 class SyslogClient:
     """One connection to a collector (TLS or TCP), opened on demand, closed on any error.
 
     A kept connection is checked before each write: a collector sends nothing on a syslog
-    stream, so a readable socket means it closed or reset it (a restart). Writing on such
+    stream, so an end of stream or a reset means it closed it (a restart). Writing on such
     a connection would "succeed" into the kernel's buffer and be lost; the client opens a
-    new one instead. Delivery means the bytes were written to a connected stream: syslog
-    has no acknowledgement, so a collector that fails after that loses what it had not
-    processed."""
+    new one instead. After each write the stream is checked again without waiting, and
+    after the first write on a new connection for up to :data:`FRESH_WATCH_S`: a
+    collector that closed or reset it meanwhile (one that accepts and closes at once) did
+    not take the message, and :class:`CollectorClosedError` says so (a user trial's
+    collector logged 82 connections and 0 bytes while every notice was marked sent).
+
+    Delivery means the bytes were written to a connected stream that the collector had not
+    closed when last looked at: syslog has no acknowledgement, so a collector that reads
+    and then loses a message, or closes later than that, loses it unseen; one that closes
+    right after reading gets it again (the message's ids let it drop the repeat)."""
 
     def __init__(self, endpoint: SyslogEndpoint | SyslogSettings) -> None:
         if not isinstance(endpoint, SyslogEndpoint):
@@ -204,12 +223,22 @@ class SyslogClient:
         return sock
 
     def send(self, frames: list[bytes]) -> None:
+        """Write ``frames`` to the collector; raises ``OSError`` (or ``ssl.SSLError``)
+        when they were not delivered: no connection, a failed write, or a stream the
+        collector closed (:class:`CollectorClosedError`)."""
         if self._sock is not None and _peer_closed(self._sock):
             self.close()
+        fresh = self._sock is None
         if self._sock is None:
             self._sock = self._connect()
         try:
             self._sock.sendall(b"".join(frames))
+            watch_s = min(FRESH_WATCH_S, self.endpoint.timeout_s) if fresh else 0.0
+            if _peer_closed(self._sock, watch_s):
+                raise CollectorClosedError(
+                    f"the syslog collector {self.endpoint.describe()} closed the connection "
+                    "the message was written to"
+                )
         except BaseException:
             self.close()
             raise
@@ -230,16 +259,55 @@ class SyslogClient:
                     socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
-def _peer_closed(sock: socket.socket) -> bool:
-    """True when the collector closed or reset the connection (it never writes to us)."""
+def _peer_closed(sock: socket.socket, wait_s: float = 0.0) -> bool:
+    """True when the collector closed or reset the connection, now or within ``wait_s``
+    seconds. A collector never writes to us: what it wrote all the same (a TLS 1.3
+    session ticket, handled by the TLS layer) is read and dropped, and only an end of
+    stream or an error counts."""
+    ends_at = time.monotonic() + wait_s
+    while True:
+        closed = _stream_ended(sock)
+        if closed is not None:
+            return closed
+        left = ends_at - time.monotonic()
+        if left <= 0 or not _readable(sock, left):
+            return False
+
+
+def _readable(sock: socket.socket, wait_s: float) -> bool:
+    """Whether ``sock`` has something to read (data, an end, an error) within ``wait_s``."""
     if isinstance(sock, ssl.SSLSocket) and sock.pending():
         return True
     try:  # poll, not select: select() refuses descriptors >= 1024, common in a busy server
         poller = select.poll()
         poller.register(sock, select.POLLIN)
-        return bool(poller.poll(0))
+        return bool(poller.poll(max(0, int(wait_s * 1000))))
     except (OSError, ValueError):
         return True
+
+
+def _stream_ended(sock: socket.socket) -> bool | None:
+    """Without waiting: True when the stream is closed or reset; None when it is open and
+    nothing is left to read now; False when it is open but the collector keeps writing
+    (more than a few reads' worth)."""
+    timeout = sock.gettimeout()
+    try:
+        sock.setblocking(False)  # a socket with a timeout would wait for it in recv()
+        for _ in range(_DRAIN_READS):
+            try:
+                data = sock.recv(65536)
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return None  # open, nothing to read
+            except (OSError, ValueError):  # reset, TLS alert or EOF, a closed socket
+                return True
+            if not data:
+                return True  # the collector's end of stream (or TLS close_notify)
+        return False
+    except (OSError, ValueError):  # a closed socket
+        return True
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sock.settimeout(timeout)
 
 
 class ChainBrokenError(Exception):
@@ -453,7 +521,9 @@ class SyslogExporter:
 
 
 __all__ = [
+    "FRESH_WATCH_S",
     "ChainBrokenError",
+    "CollectorClosedError",
     "SyslogClient",
     "SyslogEndpoint",
     "SyslogExporter",

@@ -2,12 +2,15 @@
 :mod:`radserve.critical.receivers`), through the durable outbox (kind ``critical``),
 re-sent with back-off until acknowledged.
 
-For a webhook, acknowledgement is the receiver's 2xx answer to the JSON POST: the row is
-then ``sent`` and never posted again. 408/429/5xx, a refused or reset connection and a timeout are
-retried with back-off and, unlike other deliveries, never given up by age (the default
-policy's ``give_up_after_s`` is infinite): a critical finding is re-sent until a
-receiver takes it. Any other answer (400, 401, 404, a redirect) is ``failed_permanent``
-with its status: a person must fix the receiver's URL or token, then rearm the row.
+For a webhook, acknowledgement is the receiver's 2xx answer to the JSON POST, judged by
+its status line alone: of the body at most 64 KiB is read, to keep the connection
+(:mod:`radserve.http_answer`: a huge one never fills memory, one that drips or breaks off
+does not undo the 2xx). The row is then ``sent`` and never posted again. 408/429/5xx,
+a refused or reset connection and a timeout are retried with back-off and, unlike other
+deliveries, never given up by age (the default policy's ``give_up_after_s`` is infinite):
+a critical finding is re-sent until a receiver takes it. Any other answer (400, 401, 404,
+a redirect) is ``failed_permanent`` with its status: a person must fix the receiver's URL
+or token, then rearm the row.
 
 A notice carries the job, the study instance UID, the finding's label, size, volume and
 confidence and the rule it met; never a patient name, ID or birth date. Each notice is
@@ -44,6 +47,8 @@ from radserve.fhir.delivery import unusable_url
 from radserve.gateway.lease_keeper import LeaseKeeper, covering_lease
 from radserve.gateway.outbox import DeliveryReport, RetryPolicy, decide, log_settled, utc_now
 from radserve.gateway.scu import Outcome, SendResult
+from radserve.http_answer import Answer
+from radserve.http_answer import post as post_for_answer
 from radserve.http_deadline import deadline_client, total_deadline
 from radserve.store.outbox import NewDelivery, OutboxItem, OutboxKind, OutboxStore, Scope
 
@@ -142,7 +147,7 @@ def caveats_of(warnings: Iterable[Any]) -> list[dict[str, str]]:
     return [{"code": w.code, "message": w.message} for w in warnings if w.code in CAVEAT_CODES]
 
 
-def classify(response: httpx.Response) -> SendResult:
+def classify(response: Answer) -> SendResult:
     status = response.status_code
     if 200 <= status < 300:
         return SendResult(Outcome.SENT, f"HTTP {status} (acknowledged)", status)
@@ -361,7 +366,8 @@ class CriticalOutbox:
                 return SendResult(Outcome.RETRY, f"internal error: {type(exc).__name__}")
         try:
             with total_deadline(receiver.timeout_s):
-                response = self._client.post(
+                answer = post_for_answer(  # judged by its status; 64 KiB of body at most
+                    self._client,
                     receiver.url,
                     content=body,
                     headers=receiver.headers(),
@@ -378,7 +384,7 @@ class CriticalOutbox:
             )
         except httpx.TransportError as exc:
             return SendResult(Outcome.RETRY, f"cannot reach the receiver: {type(exc).__name__}")
-        return classify(response)
+        return classify(answer)
 
 
 class _GroupCommit:

@@ -7,8 +7,11 @@ Each takes the bytes the outbox row points at and says what became of them, as a
   MSGID ``RADSERVE-CRITICAL``, the notice id in its structured data so a collector can drop
   a repeat), octet-counted over TLS (RFC 5425) or plain TCP (RFC 6587), through the audit
   exporter's :class:`~radserve.audit.syslog.SyslogClient`. Syslog has no acknowledgement:
-  ``sent`` means written in full to a connected stream (a connection the collector closed
-  is noticed and replaced first). A refused or broken connection is retried.
+  ``sent`` means written in full to a connected stream that the collector had not closed
+  or reset when checked right after the write (on a new connection, watched for a moment:
+  one that accepts and closes at once takes nothing). A connection the collector closed is
+  noticed and replaced before writing. A refused, broken or closed connection is retried.
+  Nothing proves that the collector read the message.
 - :class:`FhirReceiver`: a transaction Bundle (the job's resources + Communication [+
   Flag], :mod:`radserve.report.fhir.critical`) POSTed with the FHIR delivery's client
   (:class:`~radserve.fhir.delivery.FhirClient`: bearer token, no redirects, answers
@@ -28,6 +31,8 @@ from typing import ClassVar
 from radserve.audit.syslog import (
     ALERT,
     FACILITY_LOCAL0,
+    FRESH_WATCH_S,
+    CollectorClosedError,
     SyslogClient,
     SyslogEndpoint,
     frame,
@@ -61,8 +66,9 @@ class SyslogReceiver:
     @property
     def attempt_s(self) -> float:
         """The longest one attempt takes: connect, TLS handshake and write, each within
-        the endpoint's ``timeout_s``."""
-        return 3 * self.endpoint.timeout_s
+        the endpoint's ``timeout_s``, and a new connection's watch after its write."""
+        timeout_s = self.endpoint.timeout_s
+        return 3 * timeout_s + min(FRESH_WATCH_S, timeout_s)
 
     def message(self, body: bytes) -> bytes:
         notice = json.loads(body)
@@ -89,13 +95,23 @@ class SyslogReceiver:
             return SendResult(Outcome.PERMANENT, "the notice file is not a JSON notice")
         try:
             self._client.send([message])
+        except CollectorClosedError:
+            where = self.endpoint.describe()
+            return SendResult(
+                Outcome.RETRY,
+                f"the syslog collector {where} closed the connection the notice was written "
+                "to: not delivered",
+            )
         except (OSError, ssl.SSLError) as exc:
             where = self.endpoint.describe()
             return SendResult(
                 Outcome.RETRY, f"cannot reach the syslog collector {where}: {type(exc).__name__}"
             )
         transport = "TLS" if self.endpoint.tls is not None else "TCP"
-        return SendResult(Outcome.SENT, f"written to the {transport} stream (syslog: no ack)")
+        return SendResult(
+            Outcome.SENT,
+            f"written to the {transport} stream, not closed by the collector (syslog: no ack)",
+        )
 
     def close(self) -> None:
         self._client.close()

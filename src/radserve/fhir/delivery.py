@@ -37,6 +37,8 @@ from radserve.gateway.errors import GatewayError
 from radserve.gateway.lease_keeper import LeaseKeeper, covering_lease
 from radserve.gateway.outbox import AttemptClock, DeliveryReport, RetryPolicy, settle, utc_now
 from radserve.gateway.scu import Outcome, SendResult
+from radserve.http_answer import Answer
+from radserve.http_answer import post as post_for_answer
 from radserve.http_deadline import deadline_client, total_deadline
 from radserve.store.outbox import NewDelivery, OutboxItem, OutboxKind, OutboxStore, Scope
 
@@ -76,7 +78,10 @@ class BundlePoster(Protocol):
 
 
 class FhirClient:
-    """POSTs a Bundle with httpx and classifies the answer into an outbox outcome."""
+    """POSTs a Bundle with httpx and classifies the answer into an outbox outcome: by its
+    status line and an error's OperationOutcome, of a body read to 64 KiB at most
+    (:mod:`radserve.http_answer`): a huge answer is never held in memory, and a 2xx whose
+    body drips is acknowledged (by the attempt's deadline at the latest)."""
 
     def __init__(self) -> None:
         self._clients: dict[tuple[str, float], httpx.Client] = {}
@@ -87,8 +92,11 @@ class FhirClient:
             headers["Authorization"] = f"Bearer {destination.bearer_token}"
         try:
             with total_deadline(destination.timeout_s):  # not per read: a drip ends too
-                response = self._client(destination).post(
-                    destination.url, content=body, headers=headers
+                answer = post_for_answer(
+                    self._client(destination),
+                    destination.url,
+                    content=body,
+                    headers=headers,
                 )
         except httpx.TimeoutException:
             return SendResult(
@@ -100,7 +108,7 @@ class FhirClient:
             return SendResult(Outcome.PERMANENT, unusable_url(exc, destination.url_setting))
         except httpx.TransportError as exc:
             return SendResult(Outcome.RETRY, f"cannot reach the FHIR server: {type(exc).__name__}")
-        return classify(response, url_setting=destination.url_setting)
+        return classify(answer, url_setting=destination.url_setting)
 
     def close(self) -> None:
         for client in self._clients.values():
@@ -116,15 +124,18 @@ class FhirClient:
         return client
 
 
-def classify(response: httpx.Response, *, url_setting: str = "fhir.url") -> SendResult:
+def classify(response: Answer, *, url_setting: str = "fhir.url") -> SendResult:
     """An HTTP answer -> sent, retry later, or a permanent failure with its reason.
 
     The reason holds the status and the OperationOutcome's issue codes, never its
-    free-text diagnostics (a server may quote patient data there)."""
+    free-text diagnostics (a server may quote patient data there). An OperationOutcome
+    longer than the bounded read (:data:`~radserve.http_answer.ANSWER_BODY_LIMIT`) cannot
+    be read: the status alone decides, and the reason says the body was cut."""
     status = response.status_code
     if 200 <= status < 300:
         return SendResult(Outcome.SENT, f"HTTP {status}", status)
     reason = f"HTTP {status} {response.reason_phrase}".strip() + _issues(response)
+    reason += response.cut_note()
     if status >= 500 and _content_refused(response):
         # the server read the Bundle and refuses its content (some answer a parse or
         # validation error with a 5xx): the same bytes can never succeed
@@ -140,7 +151,7 @@ def classify(response: httpx.Response, *, url_setting: str = "fhir.url") -> Send
 _CONTENT_ISSUES = frozenset({"invalid", "structure", "required", "value", "invariant"})
 
 
-def _content_refused(response: httpx.Response) -> bool:
+def _content_refused(response: Answer) -> bool:
     """Whether an error answer's OperationOutcome has only error issues about the
     request's content (``invalid`` and its sub-codes), so resending cannot help."""
     try:
@@ -157,7 +168,7 @@ def _content_refused(response: httpx.Response) -> bool:
     return bool(codes) and codes <= _CONTENT_ISSUES
 
 
-def _issues(response: httpx.Response) -> str:
+def _issues(response: Answer) -> str:
     try:
         outcome = response.json()
     except ValueError:

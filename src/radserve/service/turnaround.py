@@ -77,6 +77,7 @@ from radserve.audit.syslog import NOTICE, WARNING, SyslogClient, SyslogEndpoint,
 from radserve.config import RiskSyslogSettings, Settings
 from radserve.gateway.attempt_log import FailedAttemptLog
 from radserve.host import usable_cores
+from radserve.http_answer import post
 from radserve.http_deadline import deadline_client, total_deadline
 from radserve.loop_failures import LoopFailures
 from radserve.scheduling import DeadlineMiss, JobEvent, JobState, PriorityClass, Scheduler
@@ -1051,9 +1052,11 @@ class _Retry(Exception):
 
 
 class _WebhookTarget:
-    """A JSON POST per alert; a 2xx delivers it. Only the status is read: a 2xx whose
-    body cannot be decoded, or that is cut off, is the receiver's acknowledgement all
-    the same (both were retried as failures before: the receiver got the alert again).
+    """A JSON POST per alert; a 2xx delivers it. The status decides (at most 64 KiB of
+    the body is read, :mod:`radserve.http_answer`, as for the critical webhook and FHIR):
+    a 2xx whose body cannot be decoded, or that is cut off, is the receiver's
+    acknowledgement all the same (both were retried as failures before: the receiver got
+    the alert again).
     408, 429 and 5xx are retried; a redirect (none is followed) or another 4xx can never
     be got past (:class:`_Refused`)."""
 
@@ -1072,11 +1075,9 @@ class _WebhookTarget:
             self.client = deadline_client(timeout_s=_ALERT_ATTEMPT_S)
         headers = {"Content-Type": "application/json"}
         try:
-            with (
-                total_deadline(_ALERT_ATTEMPT_S),  # in all, not per read (a drip ends too)
-                self.client.stream("POST", self.url, content=content, headers=headers) as answer,
-            ):
-                status, phrase = answer.status_code, answer.reason_phrase
+            with total_deadline(_ALERT_ATTEMPT_S):  # in all, not per read (a drip ends too)
+                answer = post(self.client, self.url, content=content, headers=headers)
+            status, phrase = answer.status_code, answer.reason_phrase
         except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
             raise _Refused(f"the HTTP client refuses the URL ({type(exc).__name__})") from None
         if 200 <= status < 300:
