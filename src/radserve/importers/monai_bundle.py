@@ -88,7 +88,7 @@ from radserve.importers.common import (
 )
 from radserve.importers.monai_channels import _CONCAT, channel_inputs, channel_names, stacking
 from radserve.importers.monai_config_guard import CheckedConfigParser
-from radserve.models.manifest import ModelSpec
+from radserve.models.manifest import LABEL_MAPS_8_BIT, MAX_LABEL_VALUE, ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -743,8 +743,8 @@ def _labels(metadata: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str, d
         values = []
     if not values or [v for v, _ in values] != list(range(len(values))) or len(values) < 2:
         _refuse(f"outputs channel_def {channels} must name channels 0..n (0: background)")
-    if len(values) > 256:
-        _refuse(f"{len(values)} output channels; radserve label maps are 8-bit")
+    if len(values) > MAX_LABEL_VALUE + 1:  # channel 0 is background
+        _refuse(f"{len(values)} output channels; {LABEL_MAPS_8_BIT}")
     return label_entries([(v, n) for v, n in values if v != 0]), modality, image_key, image
 
 

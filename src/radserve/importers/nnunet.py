@@ -64,7 +64,7 @@ from radserve.importers.common import (
 )
 from radserve.importers.nnunet_channels import channel_declarations
 from radserve.models.axes import INDEX_AXES
-from radserve.models.manifest import ModelSpec
+from radserve.models.manifest import LABEL_MAPS_8_BIT, MAX_LABEL_VALUE, ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -206,16 +206,19 @@ def _labels(dataset: dict[str, Any]) -> tuple[list[dict[str, Any]], str, list[in
         ordered = sorted(values.values())
         if ordered != list(range(len(ordered))) or ordered[0] != 0:
             _refuse(f"label values {ordered} are not consecutive from 0 (background)")
-        if ordered[-1] > 255:
-            _refuse(f"{ordered[-1]} labels; radserve label maps are 8-bit")
+        if ordered[-1] > MAX_LABEL_VALUE:
+            _refuse(f"{ordered[-1]} labels; {LABEL_MAPS_8_BIT}")
         labels = label_entries([(v, n) for n, v in values.items() if v != 0])
         return labels, "softmax", []
     order = dataset.get("regions_class_order")
     foreground = [(n, v) for n, v in entries if v not in (0, [0], (0,))]
     if not isinstance(order, list) or len(order) != len(foreground):
         _refuse("region labels without a regions_class_order of one value per region")
-    if len(set(order)) != len(order) or min(order) < 1 or max(order) > 255:
-        _refuse(f"regions_class_order {order} must be distinct values 1..255")
+    if len(set(order)) != len(order) or min(order) < 1 or max(order) > MAX_LABEL_VALUE:
+        _refuse(
+            f"regions_class_order {order} must be distinct values 1..{MAX_LABEL_VALUE} "
+            f"({LABEL_MAPS_8_BIT})"
+        )
     labels = label_entries([(int(v), n) for (n, _), v in zip(foreground, order, strict=True)])
     return labels, "sigmoid", [int(v) for v in order]
 

@@ -13,6 +13,13 @@ after :data:`PROBE_TIMEOUT_S`) and at warm-up before a version serves
 warm-up ran it, so a graph whose output is half its input's size, or whose fixed
 spatial input no study can match, installed and was refused only at deploy.
 
+What is judged of each answer (:func:`output_refusal`): its shape, naming the axes that
+differ, and NaN class probabilities, by the rule every study is judged by
+(:func:`radserve.inference.tasks.nan_refusal`). A 2D / 2.5D graph gets a second, wider
+slice (:func:`probe_input_shapes`). Before 2026-12-07 only the shape of one 32x32 answer
+was checked: a graph with a NaN weight or a +inf bias under softmax, or one cropping its
+output to 32x32, installed, deployed and failed every study.
+
 Every probe runs on the execution providers the server serves with (``providers``: the
 serving session pool's, :attr:`radserve.service.catalog.Catalog.serving_providers`):
 before 2026-12-07 the separate process took the host's default (OpenVINO here) whatever
@@ -35,6 +42,7 @@ import numpy as np
 
 from radserve.errors import ModelError, RadserveError
 from radserve.inference.providers import RuntimeChoice, choose_runtime
+from radserve.inference.tasks import activate, nan_refusal, shape_mismatch
 from radserve.models.manifest import ModelSpec
 
 PROBE_EDGE = 32  # 2D probe: the smallest multiple of divisible_by at least this
@@ -59,6 +67,19 @@ def probe_input_shape(spec: ModelSpec) -> tuple[int, ...]:
     return (1, spec.input.in_channels, *spatial)
 
 
+def probe_input_shapes(spec: ModelSpec) -> tuple[tuple[int, ...], ...]:
+    """The probe batches, in order: :func:`probe_input_shape`, and for 2D / 2.5D a second
+    slice wider by ``divisible_by`` (32x48 by default: not square, not a power of two).
+    Slices reach the network at each study's size: a graph that crops or resizes its
+    output to a constant 32x32 answered the one 32-pixel probe right, installed and
+    deployed, and failed every wider study (before 2026-12-07). 3D patches are always
+    ``patch_size``: one batch."""
+    first = probe_input_shape(spec)
+    if spec.input.mode == "3d":
+        return (first,)
+    return (first, (*first[:-1], first[-1] + spec.input.divisible_by))
+
+
 def expected_output_shape(spec: ModelSpec, input_shape: Sequence[int]) -> tuple[int, ...]:
     """What inference requires of the output of ``input_shape``
     (:func:`radserve.inference.tasks.check_batch`)."""
@@ -80,8 +101,31 @@ def output_shape_refusal(
         need = "one channel per class on the input's grid (N, classes, spatial...)"
     return (
         f"a batch of shape {tuple(input_shape)} returned {tuple(output_shape)}, expected "
-        f"{expected}: the graph must give {need}"
+        f"{expected}: the graph must give {need}; " + shape_mismatch(tuple(output_shape), expected)
     )
+
+
+def output_refusal(spec: ModelSpec, input_shape: Sequence[int], output: np.ndarray) -> str | None:
+    """Why ``output``, the graph's answer to a probe batch of ``input_shape``, cannot
+    serve (None: it can): its shape (:func:`output_shape_refusal`), or NaN class
+    probabilities where labels would be decided
+    (:func:`~radserve.inference.tasks.nan_refusal`, the rule every study is judged by:
+    NaN logits, or an infinite logit under softmax). Before 2026-12-07 only the shape
+    was checked, so a graph with one NaN weight or an infinite bias installed, deployed,
+    passed warm-up and failed every study."""
+    why = output_shape_refusal(spec, input_shape, output.shape)
+    if why is not None:
+        return why
+    with np.errstate(invalid="ignore"):  # inf - inf: the NaN reported below
+        probabilities = activate(output, spec.activation, axis=1)
+    # what decides the labels, as inference checks it: each voxel's winning probability
+    # (NaN wherever any class's is); a classifier's scores as they are
+    decided = probabilities if spec.is_classifier else probabilities.max(axis=1)
+    why = nan_refusal(decided)
+    if why is None:
+        return None
+    # the callers name the model and version (the install's refusal, warm-up's error)
+    return f"on a batch of shape {tuple(input_shape)} (zeros), as the pipeline feeds it, {why}"
 
 
 def static_input_refusal(spec: ModelSpec, dims: Sequence[int | None]) -> str | None:
@@ -183,25 +227,31 @@ def probe_refusal(
     spec: ModelSpec, path: Path, *, runtime: RuntimeChoice | None = None
 ) -> str | None:
     """Load ``path`` as serving loads it (``runtime``: the host's choice by default) and
-    run one probe batch (:func:`probe_input_shape`, zeros); why the result cannot serve
-    ``spec``, or None. Install and import run it through :func:`isolated_probe_refusal`;
-    warm-up runs the same batch before a version serves."""
+    run the probe batches (:func:`probe_input_shapes`, zeros); why a result cannot serve
+    ``spec`` (:func:`output_refusal`: its shape, NaN class probabilities), or None.
+    Install and import run it through :func:`isolated_probe_refusal`; warm-up runs the
+    first batch before a version serves."""
     from radserve.inference.session import ModelSession
 
-    shape = probe_input_shape(spec)
     try:
         session = ModelSession(path, spec, runtime=runtime)
     except RadserveError as exc:  # ONNX Runtime names the file by its (staging) path
         return _one_line(exc.message.replace(str(path), path.name))
     try:
-        out = session.run(np.zeros(shape, np.float32))
-    except RadserveError as exc:
-        return f"it does not run on a batch of shape {shape}, as the pipeline feeds it: " + (
-            _one_line(exc.message)
-        )
+        for shape in probe_input_shapes(spec):
+            try:
+                out = session.run(np.zeros(shape, np.float32))
+            except RadserveError as exc:
+                return (
+                    f"it does not run on a batch of shape {shape}, as the pipeline feeds it: "
+                    + _one_line(exc.message)
+                )
+            why = output_refusal(spec, shape, out)
+            if why is not None:
+                return why
     finally:
         del session
-    return output_shape_refusal(spec, shape, out.shape)
+    return None
 
 
 def _one_line(text: str) -> str:
@@ -240,8 +290,10 @@ __all__ = [
     "PROBE_TIMEOUT_S",
     "expected_output_shape",
     "isolated_probe_refusal",
+    "output_refusal",
     "output_shape_refusal",
     "probe_input_shape",
+    "probe_input_shapes",
     "probe_refusal",
     "static_input_refusal",
     "static_output_refusal",

@@ -243,19 +243,59 @@ class BatchedTask:
 
 
 def check_batch(task: object, batch: Batch, output: np.ndarray, expected: tuple[int, ...]) -> None:
-    """Refuse a batch from another task or an output of the wrong shape, with the fix."""
+    """Refuse a batch from another task or an output of the wrong shape, naming the model
+    and the axes that differ, with the fix (:func:`shape_mismatch`)."""
     if batch.task is not task:
         raise InferenceError("batch handed back to a task that did not make it")
     if output.shape != expected:
+        spec = getattr(task, "spec", None)
+        who = f"{spec.key}: " if isinstance(spec, ModelSpec) else ""
         raise ModelError(
-            f"model output has shape {output.shape}, expected {expected} "
-            "(N, classes, spatial...): check model.yaml 'activation' and 'labels' "
-            "(softmax needs max label + 1 channels, sigmoid one per label)"
+            f"{who}model output has shape {output.shape}, expected {expected}: "
+            + shape_mismatch(output.shape, expected)
         )
 
 
-def refuse_nan(spec: ModelSpec, values: np.ndarray) -> None:
-    """Refuse class probabilities holding NaN where labels are decided from them.
+def shape_mismatch(actual: Sequence[int], expected: Sequence[int]) -> str:
+    """Which axes of an output of shape ``actual`` differ from ``expected`` ((N, classes,
+    spatial...), or (N, classes) for a classifier), each with the fix that fits it:
+    before 2026-12-07 every mismatch was blamed on model.yaml's 'activation' and
+    'labels', also a graph that crops its output to a fixed 32x32 (right for the 32-pixel
+    probe, wrong for every wider study)."""
+    actual, expected = tuple(actual), tuple(expected)
+    if len(actual) != len(expected):
+        layout = "(N, classes)" if len(expected) == 2 else "(N, classes, spatial...)"
+        return (
+            f"it has {len(actual)} axes, expected {len(expected)} {layout}: a segmentation "
+            "or detection model answers one channel per class on the input's grid, a "
+            "classification model one score vector per sample; check model.yaml 'task' "
+            "and 'input.mode' against the graph"
+        )
+    parts = []
+    if actual[0] != expected[0]:
+        parts.append(
+            f"batch axis {actual[0]} for {expected[0]} samples: the graph fixes or changes "
+            "its batch size; export it with a dynamic batch axis"
+        )
+    if actual[1] != expected[1]:
+        parts.append(
+            f"{actual[1]} class channels, expected {expected[1]}: check model.yaml "
+            "'activation' and 'labels' (softmax needs max label + 1 channels, sigmoid one "
+            "per label; ignored_values count too)"
+        )
+    if actual[2:] != expected[2:]:
+        got, want = ("x".join(map(str, dims)) for dims in (actual[2:], expected[2:]))
+        parts.append(
+            f"spatial size {got} for an input of {want}: the graph fixes its spatial size "
+            "or crops, strides or resizes its output (a Slice or Resize to a constant size, "
+            "a downsampling without its upsampling); it must answer on the input's grid, "
+            "whatever its size"
+        )
+    return "; ".join(parts)
+
+
+def nan_refusal(values: np.ndarray) -> str | None:
+    """Why class probabilities ``values`` cannot decide labels (None: they can).
 
     ``values``: the winning probability per voxel (NaN wherever any class's is: NumPy's
     maximum carries a NaN through) or the probabilities themselves. A NaN compares false
@@ -264,16 +304,26 @@ def refuse_nan(spec: ModelSpec, values: np.ndarray) -> None:
     overflow), or one infinite logit under softmax (``inf - inf``), labelled every study
     empty with no error, "liver not found" reported as a normal result. Checked on what
     decides the labels (a voxel per class fewer than the logits), so a finite model pays
-    one sum; infinite sigmoid logits, which decide as 0 and 1, stay allowed."""
+    one sum; infinite sigmoid logits, which decide as 0 and 1, stay allowed. The one
+    rule inference (:func:`refuse_nan`) and the install probe
+    (:func:`radserve.inference.probe.output_refusal`) judge by."""
     if not np.isnan(np.add.reduce(values, axis=None)):
-        return
+        return None
     count = int(np.count_nonzero(np.isnan(values)))
-    raise ModelError(
-        f"{spec.key}: its output gives NaN class probabilities at {count} of {values.size} "
+    return (
+        f"its output gives NaN class probabilities at {count} of {values.size} "
         "values (NaN logits, or an infinite logit under softmax: a NaN or overflowing "
         "weight, a float16 overflow, a division by zero in the graph); a model's logits "
         "must be finite, and no labels are made from these"
     )
+
+
+def refuse_nan(spec: ModelSpec, values: np.ndarray) -> None:
+    """Refuse class probabilities holding NaN where labels are decided from them
+    (:func:`nan_refusal`), naming the model."""
+    why = nan_refusal(values)
+    if why is not None:
+        raise ModelError(f"{spec.key}: {why}")
 
 
 def warn_if_probabilities(spec: ModelSpec, output: np.ndarray) -> None:

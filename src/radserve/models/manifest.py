@@ -68,6 +68,15 @@ PatchEdge = Annotated[int, Field(ge=1, le=2048)]
 SpacingMm = Annotated[float, Field(gt=0, le=100)]
 Rgb = Annotated[int, Field(ge=0, le=255)]
 
+# The largest label value, and so output class, a model may have: radserve's label maps
+# are uint8 (the winner map a task decides, the maps cached and handed to the report).
+# The one bound the manifest (a label's value, ignored_values) and the nnU-Net and MONAI
+# importers refuse by, with this reason: before 2026-12-07 only the importers had it, and
+# a hand-written model.yaml with label 256 installed, then labelled every study empty
+# (sigmoid: "not found", no warning) or failed each with an OverflowError (softmax).
+MAX_LABEL_VALUE = 255
+LABEL_MAPS_8_BIT = "radserve label maps are 8-bit"
+
 
 class CtWindow(_Strict):
     """Clip to a window and scale to [0, 1]."""
@@ -578,6 +587,16 @@ class LabelSpec(_Strict):
         (), description="finding labels: upstream region labels a finding must lie in"
     )
 
+    @model_validator(mode="after")
+    def _value_fits_label_map(self) -> LabelSpec:
+        """A label value is written into uint8 label maps: 1..:data:`MAX_LABEL_VALUE`."""
+        if self.value > MAX_LABEL_VALUE:
+            raise ValueError(
+                f"label {self.name!r} has value {self.value}; label values run 1.."
+                f"{MAX_LABEL_VALUE}: {LABEL_MAPS_8_BIT}"
+            )
+        return self
+
     @field_validator("name")
     @classmethod
     def _printable_single_value(cls, name: str) -> str:
@@ -707,7 +726,7 @@ class ModelSpec(_Strict):
         ),
     )
     labels: tuple[LabelSpec, ...]
-    ignored_values: tuple[Annotated[int, Field(ge=1, le=255)], ...] = Field(
+    ignored_values: tuple[Annotated[int, Field(ge=1)], ...] = Field(
         (),
         description=(
             "output class values the network produces that are deliberately not reported "
@@ -904,6 +923,11 @@ class ModelSpec(_Strict):
 
     def _check_ignored_values(self, values: list[int]) -> None:
         """An ignored value is not a label's, and names a class of the output."""
+        above = sorted(v for v in self.ignored_values if v > MAX_LABEL_VALUE)
+        if above:
+            raise ValueError(
+                f"ignored_values {above} are above {MAX_LABEL_VALUE}: {LABEL_MAPS_8_BIT}"
+            )
         both = sorted(set(self.ignored_values) & set(values))
         if both:
             raise ValueError(f"ignored_values {both} are label values too; give each once")

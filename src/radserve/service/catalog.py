@@ -27,7 +27,7 @@ from radserve.inference import choose_runtime
 from radserve.inference.probe import (
     PROBE_TIMEOUT_S,
     isolated_probe_refusal,
-    output_shape_refusal,
+    output_refusal,
     probe_input_shape,
 )
 from radserve.lifecycle.install import read_install
@@ -385,9 +385,10 @@ class Catalog:
         # what inference will require of every batch (radserve.inference.tasks.check_batch):
         # before session 35 only the batch size was checked, so a graph that strides its
         # output down deployed, and every study routed to it then failed. Install and
-        # import run the same probe (radserve.inference.probe).
+        # import run the same probe (radserve.inference.probe), NaN class probabilities
+        # included (since session 42: a NaN weight warmed up, then failed every study)
         for out in outs:
-            why = output_shape_refusal(spec, dummy.shape, out.shape)
+            why = output_refusal(spec, dummy.shape, out)
             if why is not None:
                 raise ModelError(f"{spec.key}: warm-up: {why}")
         logger.info("warmed up %s (%s) on %d worker(s)", spec.key, precision, len(outs))
