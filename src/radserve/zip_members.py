@@ -35,10 +35,12 @@ _ZIP64_EOCD = b"PK\x06\x06"
 _MAX_COMMENT = 0xFFFF
 
 
-def zip_member_count(stream: BinaryIO) -> int | None:
-    """The entries a zip archive's central directory says it lists, from its end record
-    (and the ZIP64 one), without parsing the directory; None when no end record is found
-    (zipfile then says what is wrong). The stream is left at offset 0."""
+def zip_directory(stream: BinaryIO) -> tuple[int, int] | None:
+    """How many entries a zip archive's central directory lists and how many bytes it
+    takes, from its end record (and the ZIP64 one: the larger count, its size), without
+    parsing the directory; None when no end record is found (zipfile then says what is
+    wrong). zipfile reads and parses the directory's bytes whatever count the end record
+    gives: the size bounds what parsing it costs. The stream is left at offset 0."""
     try:
         size = stream.seek(0, os.SEEK_END)
         start = max(0, size - _EOCD_SIZE - _MAX_COMMENT)
@@ -47,17 +49,27 @@ def zip_member_count(stream: BinaryIO) -> int | None:
         at = tail.rfind(_EOCD)
         if at < 0 or len(tail) - at < _EOCD_SIZE:
             return None
-        count = int(struct.unpack_from("<H", tail, at + 10)[0])
+        count, directory = struct.unpack_from("<HI", tail, at + 10)
         locator = at - 20
         if locator >= 0 and tail[locator : locator + 4] == _ZIP64_LOCATOR:
             (offset,) = struct.unpack_from("<Q", tail, locator + 8)
             stream.seek(offset)
             record = stream.read(56)
             if len(record) == 56 and record[:4] == _ZIP64_EOCD:
-                count = max(count, int(struct.unpack_from("<Q", record, 32)[0]))
-        return count
+                # zipfile reads the ZIP64 record's size (the end record's is 0xFFFFFFFF)
+                count64, directory = struct.unpack_from("<QQ", record, 32)
+                count = max(count, count64)
+        return int(count), int(directory)
     finally:
         stream.seek(0)
+
+
+def zip_member_count(stream: BinaryIO) -> int | None:
+    """The entries a zip archive's central directory says it lists, from its end record
+    (and the ZIP64 one), without parsing the directory; None when no end record is found
+    (zipfile then says what is wrong). The stream is left at offset 0."""
+    listed = zip_directory(stream)
+    return None if listed is None else listed[0]
 
 
 def check_member_count(stream: BinaryIO, max_members: int) -> None:
@@ -81,5 +93,6 @@ __all__ = [
     "ArchiveRejectedError",
     "check_member_count",
     "too_many_members",
+    "zip_directory",
     "zip_member_count",
 ]

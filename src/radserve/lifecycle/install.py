@@ -2,10 +2,12 @@
 
 What install checks, in order, refusing with every reason it found:
 
-1. the archive (zip): member count, total and per-member size counted as bytes are
-   written (never trusted from the header), compression ratio, no absolute path, no
-   ``..``, no link, no device file;
-2. exactly one ``model.yaml`` in the bundle, valid (:func:`load_manifest`);
+1. the archive (zip): member count and central directory size (read from its end
+   record, before anything parses the directory), total and per-member size counted as
+   bytes are written (never trusted from the header), compression ratio, no absolute
+   path, no ``..``, no control character in a name, no link, no device file;
+2. exactly one ``model.yaml`` in the bundle, at most :data:`MAX_BUNDLE_DEPTH` folders
+   down (a deeper one is named), valid (:func:`load_manifest`);
 3. every file ``files:`` names exists inside the bundle and its ONNX graph (read with
    ``load_external_data=False``: nothing outside the bundle is opened) has one input and
    an output whose rank, channel count and element type match the manifest, and gives
@@ -46,6 +48,7 @@ import logging
 import os
 import shutil
 import stat
+import unicodedata
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +68,7 @@ from radserve.lifecycle.version_commit import (
 )
 from radserve.models.gate import GATE_FILE, SHIPPED_GATE_FILE, GateReport
 from radserve.models.manifest import ModelSpec, load_manifest
+from radserve.zip_members import zip_directory
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +77,10 @@ MODELS_SUBDIR = "models"
 # versions: radserve.lifecycle.version_commit), and bundle zips uploaded to the API
 UPLOADS_DIR = ".uploads"
 MANIFEST = "model.yaml"
+MAX_BUNDLE_DEPTH = 3
+"""Folders between what was given (a folder, or a zip's top) and the one holding
+``model.yaml``; the search looks one folder deeper only to name a model.yaml too deep."""
+UPLOADED = "the uploaded zip"  # how a refusal names a bundle sent to POST /v1/models
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,9 @@ class ArchiveLimits:
     max_total_bytes: int = 8 * 1024**3
     max_member_bytes: int = 4 * 1024**3
     max_ratio: float = 200.0  # uncompressed / compressed, per member
+    # the central directory's bytes, from the end record: zipfile reads and parses them
+    # whatever entry count the record gives (~600 bytes of Python objects per entry)
+    max_directory_bytes: int = 2 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -154,24 +165,62 @@ def sha256_file(path: Path) -> str:
 
 
 # --- archive -------------------------------------------------------------------------------
+_CONTROL = frozenset({"Cc", "Cf", "Zl", "Zp"})  # control, invisible format, line breaks
+
+
 def _safe_member(name: str) -> PurePosixPath:
+    if any(unicodedata.category(char) in _CONTROL for char in name):
+        raise BundleRejectedError(
+            f"archive member {name[:200]!r} has a control character in its name; rename it"
+        )
     path = PurePosixPath(name.replace("\\", "/"))
     if path.is_absolute() or ".." in path.parts or (path.parts and ":" in path.parts[0]):
-        raise BundleRejectedError(f"archive member {name!r} points outside the bundle")
+        raise BundleRejectedError(f"archive member {name[:200]!r} points outside the bundle")
     return path
 
 
-def extract_zip(archive: Path, target: Path, limits: ArchiveLimits = ArchiveLimits()) -> None:
-    """Extract ``archive`` into ``target`` within ``limits``; refuse anything unsafe."""
+def _check_directory(archive: Path, limits: ArchiveLimits, shown: str) -> None:
+    """Refuse a zip whose end record lists more than ``limits.max_members`` entries or a
+    central directory larger than ``limits.max_directory_bytes``, before zipfile parses
+    it: before 2026-12-07 the count was checked on what zipfile had parsed, and a 103 MB
+    zip of 1.2 million empty entries took the server from 286 MB to 911 MB first."""
+    try:
+        with open(archive, "rb") as stream:
+            listed = zip_directory(stream)
+    except OSError as exc:
+        raise BundleRejectedError(f"{shown} is not a readable zip: {exc.strerror or exc}") from exc
+    if listed is None:
+        return  # no end record: zipfile says what is wrong
+    entries, directory = listed
+    if entries > limits.max_members:
+        raise BundleRejectedError(f"{shown} holds {entries} entries; at most {limits.max_members}")
+    if directory > limits.max_directory_bytes:
+        raise BundleRejectedError(
+            f"{shown} has a central directory of {directory} bytes; at most "
+            f"{limits.max_directory_bytes} (at most {limits.max_members} entries)"
+        )
+
+
+def extract_zip(
+    archive: Path,
+    target: Path,
+    limits: ArchiveLimits = ArchiveLimits(),
+    *,
+    shown: str | None = None,
+) -> None:
+    """Extract ``archive`` into ``target`` within ``limits``; refuse anything unsafe.
+    ``shown``: how refusals name the archive (default: its path)."""
+    shown = shown or str(archive)
+    _check_directory(archive, limits, shown)
     try:
         zf = zipfile.ZipFile(archive)
     except (zipfile.BadZipFile, OSError) as exc:
-        raise BundleRejectedError(f"{archive.name} is not a readable zip: {exc}") from exc
+        raise BundleRejectedError(f"{shown} is not a readable zip: {exc}") from exc
     with zf:
         members = zf.infolist()
-        if len(members) > limits.max_members:
+        if len(members) > limits.max_members:  # the end record understated them
             raise BundleRejectedError(
-                f"{archive.name} holds {len(members)} entries; at most {limits.max_members}"
+                f"{shown} holds {len(members)} entries; at most {limits.max_members}"
             )
         total = 0
         for info in members:
@@ -183,11 +232,11 @@ def extract_zip(archive: Path, target: Path, limits: ArchiveLimits = ArchiveLimi
                 )
             dest = target.joinpath(*rel.parts)
             if info.is_dir():
-                _member_folder(dest, info, archive)
+                _member_folder(dest, info, shown)
                 continue
             if info.file_size > limits.max_member_bytes:
                 raise BundleRejectedError(f"archive member {info.filename!r} is too large")
-            _member_folder(dest.parent, info, archive)
+            _member_folder(dest.parent, info, shown)
             written = 0
             try:
                 with zf.open(info) as src, open(dest, "xb") as out:
@@ -196,7 +245,7 @@ def extract_zip(archive: Path, target: Path, limits: ArchiveLimits = ArchiveLimi
                         total += len(chunk)
                         if written > limits.max_member_bytes or total > limits.max_total_bytes:
                             raise BundleRejectedError(
-                                f"{archive.name} expands beyond {limits.max_total_bytes} bytes"
+                                f"{shown} expands beyond {limits.max_total_bytes} bytes"
                             )
                         if written > max(info.compress_size, 1) * limits.max_ratio + (1 << 20):
                             raise BundleRejectedError(
@@ -212,12 +261,12 @@ def extract_zip(archive: Path, target: Path, limits: ArchiveLimits = ArchiveLimi
                 if isinstance(exc, BundleRejectedError):
                     raise
                 raise BundleRejectedError(
-                    f"{archive.name}: cannot extract {info.filename[:200]!r}: "
+                    f"{shown}: cannot extract {info.filename[:200]!r}: "
                     f"{getattr(exc, 'strerror', None) or exc}"
                 ) from exc
 
 
-def _member_folder(folder: Path, info: zipfile.ZipInfo, archive: Path) -> None:
+def _member_folder(folder: Path, info: zipfile.ZipInfo, shown: str) -> None:
     """Create the folder a zip member goes in (or is): a name that is a file in one
     member and a folder in another, or a path the file system cannot hold (too long,
     too deep), is refused by name; before 2026-12-06 both ended in a traceback (an HTTP
@@ -230,7 +279,7 @@ def _member_folder(folder: Path, info: zipfile.ZipInfo, archive: Path) -> None:
         ) from exc
     except OSError as exc:
         raise BundleRejectedError(
-            f"{archive.name}: cannot extract {info.filename[:200]!r}: {exc.strerror or exc}"
+            f"{shown}: cannot extract {info.filename[:200]!r}: {exc.strerror or exc}"
         ) from exc
 
 
@@ -246,15 +295,61 @@ def _refuse_special_files(folder: Path) -> None:
             )
 
 
-def _bundle_dir(root: Path) -> Path:
-    """The one folder under ``root`` (itself, or up to 3 levels down) holding model.yaml."""
-    found = [p.parent for p in root.rglob(MANIFEST) if len(p.relative_to(root).parts) <= 4]
+def _bundle_dir(root: Path, shown: str) -> Path:
+    """The one folder under ``root`` (itself, or up to :data:`MAX_BUNDLE_DEPTH` folders
+    down) holding model.yaml. The walk goes no deeper than one folder past the limit, to
+    name a model.yaml found too deep (before 2026-12-07 it walked the whole tree given,
+    ``radserve models install /work`` included, and said "holds no model.yaml" of one
+    too deep); links to folders are not followed. ``shown``: how ``root`` is named."""
+    found: list[PurePosixPath] = []
+    level = [PurePosixPath()]
+    for depth in range(MAX_BUNDLE_DEPTH + 2):
+        if found and depth > MAX_BUNDLE_DEPTH:
+            break
+        deeper: list[PurePosixPath] = []
+        for rel in level:
+            try:
+                with os.scandir(root.joinpath(*rel.parts)) as entries:
+                    names = sorted((e.name, e.is_dir(follow_symlinks=False)) for e in entries)
+            except OSError:  # unreadable: as rglob did, looked past
+                continue
+            found += [rel / MANIFEST for name, _ in names if name == MANIFEST]
+            deeper += [rel / name for name, is_dir in names if is_dir]
+        level = deeper
     if not found:
-        raise BundleRejectedError("the bundle holds no model.yaml")
+        raise BundleRejectedError(
+            f"{shown} holds no model.yaml in its top folder or up to {MAX_BUNDLE_DEPTH} "
+            "folders below it"
+        )
+    if len(found[0].parts) > MAX_BUNDLE_DEPTH + 1:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise BundleRejectedError(
+            f"model.yaml found at {_shown_path(found[0])}{more}, deeper than "
+            f"{MAX_BUNDLE_DEPTH} folders in {shown}: give the folder that holds model.yaml "
+            "(or a zip of it)"
+        )
     if len(found) > 1:
-        names = ", ".join(str(p.relative_to(root)) for p in found)
+        names = ", ".join(_shown_path(p.parent) for p in found)
         raise BundleRejectedError(f"the bundle holds several model.yaml ({names}); give one")
-    return found[0]
+    return root.joinpath(*found[0].parent.parts)
+
+
+def _shown_path(rel: PurePosixPath) -> str:
+    """A path found in a bundle as a message shows it: escaped when a name in it holds
+    characters that are not printable (a newline, a terminal escape)."""
+    text = rel.as_posix()
+    return text if text.isprintable() else repr(text)
+
+
+def _shown_source(source: Path, root: Path, described_as: str | None) -> str:
+    """How a refusal names what was offered: "the uploaded zip" for a body sent to
+    ``POST /v1/models`` (its upload file's name says nothing to the sender), else
+    ``described_as``, else the path as given (the CLI's argument)."""
+    try:
+        uploaded = source.parent.resolve() == (root / UPLOADS_DIR).resolve()
+    except OSError:
+        uploaded = False
+    return UPLOADED if uploaded else described_as or str(source)
 
 
 # --- install -----------------------------------------------------------------------------------
@@ -327,18 +422,19 @@ def stage_bundle(
     """
     source = Path(source)
     root = models_root(data_dir)
+    shown = _shown_source(source, root, described_as)
     staging = durable.temporary_dir(root / STAGING_DIR, "install")
     try:
         if source.is_dir():
-            bundle = _bundle_dir(source)
+            bundle = _bundle_dir(source, shown)
             _refuse_special_files(bundle)
             copy = staging / "bundle"
             shutil.copytree(bundle, copy, symlinks=True)
             if any(p.is_symlink() for p in copy.rglob("*")):
                 raise BundleRejectedError("the bundle folder contains links; copy real files")
         elif source.is_file() and zipfile.is_zipfile(source):
-            extract_zip(source, staging / "zip", limits)
-            copy = _bundle_dir(staging / "zip")
+            extract_zip(source, staging / "zip", limits, shown=shown)
+            copy = _bundle_dir(staging / "zip", shown)
         else:
             raise BundleRejectedError(f"{source} is neither a bundle folder nor a zip of one")
         spec, reasons = inspect_bundle(copy, host, providers=providers)
@@ -531,6 +627,7 @@ def verify_install(directory: Path) -> list[str]:
 
 __all__ = [
     "INSTALL_FILE",
+    "MAX_BUNDLE_DEPTH",
     "ArchiveLimits",
     "InstalledBundle",
     "check_onnx",

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import zipfile
 from collections.abc import Callable
+from contextlib import aclosing
+from io import BufferedWriter
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import anyio
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -150,29 +153,54 @@ class InstallTaskOut(BaseModel):
         return cls.model_validate(task.as_json())
 
 
+_WRITE_BYTES = 1 << 20  # the body is written in batches of about this much, off the loop
+
+
 async def _received_zip(request: Request, data_dir: Path) -> tuple[Path, str]:
     """The request body, written to an upload file of this process, checked to be a zip,
-    and how the install records its source."""
-    path = upload_path(data_dir)
-    with open(path, "xb") as out:
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > _MAX_BUNDLE_BYTES:
-                out.close()
-                path.unlink(missing_ok=True)
-                raise InvalidRequestError("the bundle is larger than 8 GiB")
-            out.write(chunk)
-    if size == 0:
-        path.unlink(missing_ok=True)
-        raise InvalidRequestError("send the bundle as a zip in the request body")
-    if not zipfile.is_zipfile(path):
-        path.unlink(missing_ok=True)
-        raise BundleRejectedError(
-            f"the request body ({size} bytes) is not a zip archive; send the bundle "
-            "folder (model.yaml and its ONNX files) zipped"
-        )
+    and how the install records its source. The file is written in a worker thread (not
+    on the event loop), and removed whatever ends the request before it is returned (a
+    client that goes away mid-upload, a refusal): before 2026-12-07 an aborted upload's
+    part file stayed until the next server start."""
+    path = await run_in_threadpool(upload_path, data_dir)
+    out = await run_in_threadpool(open, path, "xb")
+    size = 0
+    try:
+        pending: list[bytes] = []
+        pending_bytes = 0
+        async with aclosing(request.stream()) as stream:
+            async for chunk in stream:
+                size += len(chunk)
+                if size > _MAX_BUNDLE_BYTES:
+                    raise InvalidRequestError("the bundle is larger than 8 GiB")
+                pending.append(chunk)
+                pending_bytes += len(chunk)
+                if pending_bytes >= _WRITE_BYTES:
+                    await run_in_threadpool(out.writelines, pending)
+                    pending, pending_bytes = [], 0
+        await run_in_threadpool(_finish, out, pending)
+        if size == 0:
+            raise InvalidRequestError("send the bundle as a zip in the request body")
+        if not await run_in_threadpool(zipfile.is_zipfile, path):
+            raise BundleRejectedError(
+                f"the request body ({size} bytes) is not a zip archive; send the bundle "
+                "folder (model.yaml and its ONNX files) zipped"
+            )
+    except BaseException:
+        with anyio.CancelScope(shield=True):  # a cancelled request still removes it
+            await run_in_threadpool(_discard, out, path)
+        raise
     return path, f"HTTP upload ({size} bytes)"
+
+
+def _finish(out: BufferedWriter, pending: list[bytes]) -> None:
+    out.writelines(pending)
+    out.close()
+
+
+def _discard(out: BufferedWriter, path: Path) -> None:
+    out.close()
+    path.unlink(missing_ok=True)
 
 
 @router.post(
