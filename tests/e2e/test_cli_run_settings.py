@@ -126,3 +126,22 @@ def test_a_bad_ingest_flag_is_one_clear_line(
     )
     assert done.returncode == 2
     assert expected in done.stderr and "Traceback" not in done.stderr
+
+
+def test_run_serves_what_models_install_put_in_the_configs_data_dir(setup, tmp_path: Path) -> None:
+    """A user trial (session 42): `radserve models install B --config C` then `radserve
+    run STUDY --config C` answered "unknown model" (run read only --models-dir,
+    models.dirs and the shipped bundles, not C's data dir, which the server serves)."""
+    config = tmp_path / "radserve.yaml"
+    config.write_text(yaml.safe_dump({"data_dir": str(tmp_path / "data")}))
+    for name in ("organs-test", "lesions-test"):
+        bundle = setup["models"] / name / "1.0.0"
+        done = radserve("models", "install", str(bundle), "--config", str(config))
+        assert done.returncode == 0, done.stderr
+    out = tmp_path / "o"
+    done = radserve(
+        "run", str(setup["gap"]), "--pipeline", str(setup["pipeline"]), "--config", str(config),
+        "--ingest", "missing_slices=resample", "--out", str(out), "--no-dicom",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "report.json").read_text())["findings"]  # the lesions found

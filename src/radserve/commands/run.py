@@ -130,7 +130,7 @@ def command(
     from radserve.inference import choose_runtime
     from radserve.ingest.decode import shutdown_decode_workers
     from radserve.ingest.policy import IngestPolicy
-    from radserve.models.registry import ModelRegistry, bundled_model_dir
+    from radserve.lifecycle.install import site_registry
     from radserve.pipeline import SessionPool
     from radserve.pipeline.inputs import NIFTI_SUFFIXES, NiftiInput
     from radserve.pipeline.study import run_study
@@ -166,8 +166,9 @@ def command(
                 out_dir=out_dir,
                 # judged on the providers it runs on, as a server's catalog judges them: a
                 # bf16 variant on a CPU-provider run was served on a provider without bf16
-                registry=ModelRegistry(
-                    [*models_dir, *settings.models.dirs, bundled_model_dir()],
+                registry=site_registry(
+                    [*models_dir, *settings.models.dirs],
+                    settings.data_dir,
                     serving=runtime.serving,
                 ),
                 sessions=SessionPool(runtime),

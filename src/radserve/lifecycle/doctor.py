@@ -29,7 +29,7 @@ from typing import Any, Literal, Protocol
 from radserve.config import Settings
 from radserve.http_proxies import proxy_problems
 from radserve.inference.providers import GPU_PROVIDERS
-from radserve.lifecycle.install import verify_install
+from radserve.lifecycle.install import site_registry, verify_install
 from radserve.lifecycle.requirements import (
     OPENVINO,
     HostFacts,
@@ -39,7 +39,7 @@ from radserve.lifecycle.requirements import (
 from radserve.lifecycle.version_commit import finish_commit, interrupted_build
 from radserve.models.bf16 import bf16_refusal
 from radserve.models.manifest import ModelSpec
-from radserve.models.registry import ModelRegistry, bundled_model_dir
+from radserve.models.registry import ModelRegistry
 from radserve.pipeline.checks import critical_rule_problem
 
 Status = Literal["ok", "warn", "fail"]
@@ -181,10 +181,7 @@ def _sessions(sessions: Sequence[LoadedSession]) -> list[Check]:
 
 
 def _registry(settings: Settings) -> ModelRegistry:
-    installed = settings.data_dir / "models"
-    return ModelRegistry(
-        [*settings.models.dirs, installed, bundled_model_dir()], missing_ok=[installed]
-    )
+    return site_registry(settings.models.dirs, settings.data_dir)
 
 
 def _bundles(

@@ -66,8 +66,10 @@ from radserve.lifecycle.version_commit import (
     finish_commit,
     recover_commits,
 )
+from radserve.models.bf16 import ServingProviders
 from radserve.models.gate import GATE_FILE, SHIPPED_GATE_FILE, GateReport
 from radserve.models.manifest import ModelSpec, load_manifest
+from radserve.models.registry import ModelRegistry, bundled_model_dir
 from radserve.zip_members import zip_directory
 
 logger = logging.getLogger(__name__)
@@ -126,6 +128,20 @@ class InstalledBundle:
 def models_root(data_dir: Path) -> Path:
     """Where installed bundles live: ``<data_dir>/models``."""
     return Path(data_dir) / MODELS_SUBDIR
+
+
+def site_registry(
+    model_dirs: Sequence[Path], data_dir: Path, *, serving: ServingProviders | None = None
+) -> ModelRegistry:
+    """The bundles a server with these settings serves, in the order they are searched:
+    the site's ``models.dirs``, the installed ones (:func:`models_root`, which may not
+    exist yet) and the shipped ones. ``radserve serve``, ``doctor`` and ``run`` read the
+    same (before session 42 ``run --config`` did not see what ``models install`` had
+    installed into that config's data dir: "unknown model")."""
+    installed = models_root(data_dir)
+    return ModelRegistry(
+        [*model_dirs, installed, bundled_model_dir()], missing_ok=[installed], serving=serving
+    )
 
 
 def upload_path(data_dir: Path) -> Path:

@@ -30,7 +30,7 @@ from radserve.inference.probe import (
     output_refusal,
     probe_input_shape,
 )
-from radserve.lifecycle.install import read_install
+from radserve.lifecycle.install import read_install, site_registry
 from radserve.models.registry import MANIFEST, ModelBundle, ModelRegistry, bundled_model_dir
 from radserve.pipeline import SessionPool
 from radserve.pipeline.checks import check_pipeline
@@ -126,8 +126,6 @@ class Catalog:
 
     @classmethod
     def from_settings(cls, settings: Settings, sessions: SessionPool | None = None) -> Catalog:
-        # installed bundles (radserve models install) beside the site's and shipped ones
-        installed = settings.data_dir / "models"
         if sessions is None:
             runtime = choose_runtime(
                 prefer=settings.runtime.providers or None, threads=settings.runtime.threads
@@ -136,11 +134,7 @@ class Catalog:
             sessions = SessionPool(runtime, remote=settings.executor == "ray")
         # the registry judges bf16 on what this server serves with (models list, deploy)
         serving = sessions.runtime.serving
-        registry = ModelRegistry(
-            [*settings.models.dirs, installed, bundled_model_dir()],
-            missing_ok=[installed],
-            serving=serving,
-        )
+        registry = site_registry(settings.models.dirs, settings.data_dir, serving=serving)
         return cls(settings, registry=registry, sessions=sessions)
 
     @property
