@@ -233,13 +233,19 @@ def test_a_character_set_pydicom_does_not_write_faithfully_is_replaced_by_utf8(
         study,
         tmp_path / "src",
         ["", "ISO 2022 IR 58"],
-        {"StudyDescription": b"CT \x1b$)A\xd5\xc5 x"},
+        {
+            "StudyDescription": b"CT \x1b$)A\xd5\xc5 x",
+            # GB 2312 ideographic group: pydicom's decoded name keeps ESC $ ) A, which
+            # ingest's PN decoding (radserve.ingest.person_name) does not
+            "PatientName": b"Zhang^San=\x1b$)A\xd5\xc5^\x1b$)A\xc8\xfd",
+        },
     )
     for path in _results(study, files, tmp_path):
         ds = pydicom.dcmread(path, stop_before_pixels=True)
-        if "StudyDescription" in ds:  # the failure notice copies identifiers only (ASCII)
+        if "StudyDescription" in ds:  # the failure notice copies identifiers only
             assert ds.SpecificCharacterSet == "ISO_IR 192", path.name
             assert ds.StudyDescription == "CT 张 x", path.name
+        assert str(ds.PatientName) == "Zhang^San=张^三", path.name
         assert _not_admitted(ds) == [], path.name
 
 

@@ -29,6 +29,7 @@ from radserve.errors import ReportError
 from radserve.ingest.charset import (
     declare_undeclared_character_set,
 )
+from radserve.ingest.person_name import person_name_text
 from radserve.ingest.policy import IngestPolicy
 from radserve.models.dicom_text import LO_MAX_BYTES, fit
 from radserve.report.dicom.frames import (
@@ -169,6 +170,10 @@ def shield_patient_name(
     name = first.get("PatientName")
     if name is not None:
         first.PatientName = "PLACEHOLDER^NAME"
+        if "\x1b" in str(name):  # an escape sequence pydicom's decoding left (GB 2312)
+            # decoded as ingest, FHIR and the report decode it (radserve.ingest.person_name):
+            # before session 42 the DICOM results carried "Zhang^San=ESC$)A张^三"
+            name = person_name_text(sources[0], "PatientName")
     if cleaned := clean_copied(first):  # before the cut: what is cut is what is written
         logger.warning(
             "source %s written without control characters or undefined bytes", ", ".join(cleaned)
