@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tests.factories.raw_http import read_message
+from tests.factories.raw_http import loopback_server, read_message
 
 DRIP_EVERY_S = 0.25
 # the answer's bytes: ~30 s at DRIP_EVERY_S, well past every timeout the tests set
@@ -45,9 +45,8 @@ def drip_server(
     """``with drip_server() as server:`` -> ``server.url``; the answer's status line and
     headers are dripped (``headers``), or its body after them (``body``). ``tls``: a
     server context, to answer HTTPS."""
-    listener = socket.create_server(("127.0.0.1", 0))
     scheme = "http" if tls is None else "https"
-    server = DripServer(url=f"{scheme}://127.0.0.1:{listener.getsockname()[1]}/hook")
+    server = DripServer(url="")
     stop = threading.Event()
 
     def serve(conn: socket.socket) -> None:
@@ -72,22 +71,6 @@ def drip_server(
                 return
             server.finished.set()
 
-    def accept() -> None:
-        listener.settimeout(0.2)  # a closed listener does not wake a blocked accept
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
+    with loopback_server(serve, stop) as port:
+        server.url = f"{scheme}://127.0.0.1:{port}/hook"
         yield server
-    finally:
-        stop.set()
-        thread.join(5)
-        listener.close()

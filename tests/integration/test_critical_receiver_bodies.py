@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from tests.factories.raw_http import loopback_server, read_message
 
 from radserve.critical.push import AnyReceiver, CriticalOutbox, Receiver
 from radserve.critical.receivers import FhirReceiver
@@ -54,38 +55,17 @@ class Peer:
     done: threading.Event = field(default_factory=threading.Event)  # its answer ended
 
 
-def _read_request(conn: socket.socket) -> None:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value.strip())
-    while len(body) < length:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return
-        body += chunk
-
-
 @contextmanager
 def peer(status: str, body: str, *, payload: bytes = b"") -> Iterator[Peer]:
     """``body``: ``huge`` (Content-Length 2e9, HUGE_SENT bytes sent as fast as taken),
     ``endless`` (the same with no length: until the connection closes), ``drip`` (one
     byte every DRIP_EVERY_S) or ``whole`` (``payload`` at once)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    server = Peer(url=f"http://127.0.0.1:{listener.getsockname()[1]}/hook")
+    server = Peer(url="")
     stop = threading.Event()
 
     def answer(conn: socket.socket) -> None:
         with conn:
-            _read_request(conn)
+            read_message(conn)
             server.requests += 1
             length = {"huge": HUGE_LENGTH, "drip": DRIP_BYTES}.get(body, len(payload))
             declared = "" if body == "endless" else f"Content-Length: {length}\r\n"
@@ -111,25 +91,9 @@ def peer(status: str, body: str, *, payload: bytes = b"") -> Iterator[Peer]:
             finally:
                 server.done.set()
 
-    def accept() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=answer, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
+    with loopback_server(answer, stop) as port:
+        server.url = f"http://127.0.0.1:{port}/hook"
         yield server
-    finally:
-        stop.set()
-        thread.join(5)
-        listener.close()
 
 
 @pytest.fixture
