@@ -26,20 +26,15 @@ from typing import Any
 
 import pytest
 from tests.factories.bundles import write_test_bundles
+from tests.factories.host import CPU_HOST
 from tests.factories.service import auth, config_file, live_server
 from tests.factories.waits import until
 
 from radserve.config import load_settings
 from radserve.errors import BundleRejectedError
 from radserve.lifecycle.install import MAX_BUNDLE_DEPTH, UPLOADS_DIR, install_bundle, models_root
-from radserve.lifecycle.requirements import HostFacts
 
-HOST = HostFacts(
-    ort_version="1.24.1",
-    providers=("CPUExecutionProvider",),
-    runs_bf16=False,
-    free_memory_mb=4096,
-)
+HOST = CPU_HOST
 ENTRIES = 300_000
 # what parsing ENTRIES directory entries costs (ZipInfo objects): ~150 MB
 PARSED_BYTES = 20 * 1024**2

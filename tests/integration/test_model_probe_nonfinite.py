@@ -22,6 +22,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 from tests.factories.bundles import write_classifier_bundle, write_test_bundles
+from tests.factories.host import CPU_HOST
 from tests.factories.onnx_models import conv_model, model_spec
 from tests.factories.service import settings_for
 
@@ -31,15 +32,9 @@ from radserve.errors import BundleRejectedError, DeploymentError, ModelError
 from radserve.inference import ModelSession, SliceTask, choose_runtime, run_task
 from radserve.inference.tasks import shape_mismatch
 from radserve.lifecycle.install import install_bundle
-from radserve.lifecycle.requirements import HostFacts
 from radserve.service import Service
 
-HOST = HostFacts(
-    ort_version="1.24.1",
-    providers=("CPUExecutionProvider",),
-    runs_bf16=False,
-    free_memory_mb=4096,
-)
+HOST = CPU_HOST
 CPU = choose_runtime(prefer=["CPUExecutionProvider"], threads=1)
 NAN_SHARE = "its output gives NaN class probabilities at 1024 of 1024 values"
 

@@ -14,17 +14,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from tests.factories.bundles import write_test_bundles
+from tests.factories.host import CPU_HOST
 
 from radserve.errors import BundleRejectedError
 from radserve.lifecycle.install import install_bundle
-from radserve.lifecycle.requirements import HostFacts
 
-HOST = HostFacts(
-    ort_version="1.24.1",
-    providers=("CPUExecutionProvider",),
-    runs_bf16=False,
-    free_memory_mb=4096,
-)
+HOST = CPU_HOST
 
 
 def _external(tensor: TensorProto, location: str, length: int) -> TensorProto:

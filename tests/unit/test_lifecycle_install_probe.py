@@ -18,6 +18,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 from tests.factories.bundles import write_classifier_bundle, write_test_bundles
+from tests.factories.host import CPU_HOST
 from tests.factories.onnx_models import conv_model
 
 from radserve.errors import BundleRejectedError
@@ -25,15 +26,9 @@ from radserve.importers import ImportRefusedError
 from radserve.importers.common import write_bundle_files
 from radserve.lifecycle.graph_checks import check_onnx
 from radserve.lifecycle.install import install_bundle
-from radserve.lifecycle.requirements import HostFacts
 from radserve.models.manifest import load_manifest
 
-HOST = HostFacts(
-    ort_version="1.24.1",
-    providers=("CPUExecutionProvider",),
-    runs_bf16=False,
-    free_memory_mb=4096,
-)
+HOST = CPU_HOST
 
 
 @pytest.fixture

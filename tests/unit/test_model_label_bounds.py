@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 from pydantic import ValidationError
+from tests.factories.host import CPU_HOST
 from tests.factories.onnx_models import conv_model
 
 from radserve.domain.volume import Volume
@@ -23,15 +24,9 @@ from radserve.importers import ImportRefusedError
 from radserve.importers.nnunet import _labels as nnunet_labels
 from radserve.inference import ModelSession, SliceTask, choose_runtime, run_task
 from radserve.lifecycle.install import install_bundle
-from radserve.lifecycle.requirements import HostFacts
 from radserve.models.manifest import LABEL_MAPS_8_BIT, MAX_LABEL_VALUE, ModelSpec, load_manifest
 
-HOST = HostFacts(
-    ort_version="1.24.1",
-    providers=("CPUExecutionProvider",),
-    runs_bf16=False,
-    free_memory_mb=4096,
-)
+HOST = CPU_HOST
 CPU = choose_runtime(prefer=["CPUExecutionProvider"], threads=1)
 
 

@@ -12,17 +12,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.factories.host import CPU_HOST
 
 from radserve.lifecycle.install import install_bundle, read_install, verify_install
-from radserve.lifecycle.requirements import HostFacts
 from radserve.models.registry import ModelRegistry, bundled_model_dir
 
-HOST = HostFacts(
-    ort_version="1.24.1",
-    providers=("CPUExecutionProvider",),
-    runs_bf16=False,
-    free_memory_mb=4096,
-)
+HOST = CPU_HOST
 
 
 @pytest.fixture

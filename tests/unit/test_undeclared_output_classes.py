@@ -16,24 +16,19 @@ import numpy as np
 import pytest
 import yaml
 from tests.factories.bundles import write_classifier_bundle, write_test_bundles
+from tests.factories.host import CPU_HOST
 from tests.factories.onnx_models import conv_model
 
 from radserve.domain import Volume
 from radserve.errors import BundleRejectedError
 from radserve.lifecycle.graph_checks import check_onnx
 from radserve.lifecycle.install import install_bundle
-from radserve.lifecycle.requirements import HostFacts
 from radserve.models.manifest import load_manifest
 from radserve.models.registry import ModelRegistry
 from radserve.pipeline import SessionPool, run_volume
 from radserve.pipeline.spec import PipelineSpec
 
-HOST = HostFacts(
-    ort_version="1.24.1",
-    providers=("CPUExecutionProvider",),
-    runs_bf16=False,
-    free_memory_mb=4096,
-)
+HOST = CPU_HOST
 ORGAN_HU = 120
 
 
