@@ -125,3 +125,50 @@ def test_a_site_reads_the_dicom_results_of_its_cached_study_through_its_own_job(
         assert c.get(f"/dicomweb/studies/{study}", headers=auth(read_c)).status_code == 404
         nothing = c.get("/dicomweb/studies", headers={**auth(read_c), **DICOM_JSON})
         assert nothing.status_code == 200 and nothing.json() == []
+
+
+def test_a_second_sites_results_in_a_study_leave_the_first_sites_retrieve_its_own(
+    tmp_path: Path,
+) -> None:
+    """A user trial (session 42): once site B had sent the same study (its own job, its
+    own results), a study-level WADO-RS retrieve or metadata request by site A's reader
+    answered 404 (one job behind the study's results it could not see failed the whole
+    request), while QIDO-RS still listed the study: a denial of A's retrieve by any other
+    sender, and an oracle for "another site has results for this study". Each reader now
+    gets its own site's instances, never the other's."""
+    service = Service(settings_for(tmp_path, security__visibility="site"))
+
+    def key(role: str, site: str) -> str:
+        return service.store.create_api_key(name=f"{role} {site}", role=role, site=site)[1]
+
+    submit_a, submit_b, read_a, read_b = (
+        key("submit", "A"),
+        key("submit", "B"),
+        key("read", "A"),
+        key("read", "B"),
+    )
+    files = make_study(tmp_path / "study")
+    study = str(pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID)
+    with ServerThread(create_app(service)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        assert service.wait_warm(60 * WAIT_SCALE)
+        jobs = {}
+        for site, token in (("A", submit_a), ("B", submit_b)):
+            stored = _stow(c, files, token)
+            assert stored.status_code == 200, stored.text
+            jobs[site] = _job_of(stored)
+            assert wait_job(c, jobs[site], token)["state"] == "succeeded"
+        for site, reader in (("A", read_a), ("B", read_b)):
+            own = {
+                r.sop_instance_uid for r in service.results.find(study) if r.job_id == jobs[site]
+            }
+            assert own, site
+            metadata = c.get(
+                f"/dicomweb/studies/{study}/metadata", headers={**auth(reader), **DICOM_JSON}
+            )
+            assert metadata.status_code == 200, (site, metadata.text)
+            shown = {str(pydicom.Dataset.from_json(d).SOPInstanceUID) for d in metadata.json()}
+            assert shown == own, site
+            retrieved = c.get(f"/dicomweb/studies/{study}", headers=auth(reader))
+            assert retrieved.status_code == 200, site
+            parts = retrieved.content.count(b"Content-Type: application/dicom")
+            assert parts == len(own), site  # one part per instance of its own

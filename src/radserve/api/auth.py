@@ -393,18 +393,27 @@ async def audited_results(
     series: str | None,
     instance: str | None,
     resource: str,
-) -> None:
-    """DICOMweb results: every job that produced them must be visible (else 404, the
-    same answer as unknown UIDs), and each job's read is audited."""
+) -> frozenset[str]:
+    """DICOMweb results at a study, series or instance level: the jobs whose results
+    ``principal`` may read (the answer holds only theirs; none: 404, the same answer as
+    unknown UIDs), each read audited. Before session 42 one job it could not see failed
+    the whole request: a second site sending the same study made every other reader's
+    study-level retrieve 404 (while QIDO still listed the study: an oracle for "another
+    site has results here")."""
     service = request.app.state.service
     records = await run_in_threadpool(service.results.find, study, series, instance)
+    readable: set[str] = set()
     for job_id in sorted({r.job_id for r in records}):
         job = await run_in_threadpool(result_reader_job, request, principal, job_id)
         if job is None:
-            from radserve.gateway.dicomweb.wado import DicomObjectNotFoundError
-
-            raise DicomObjectNotFoundError("no radserve result with these UIDs") from None
+            continue
         await audited_read(request, principal, job, resource, {"study": study})
+        readable.add(job_id)
+    if not readable:
+        from radserve.gateway.dicomweb.wado import DicomObjectNotFoundError
+
+        raise DicomObjectNotFoundError("no radserve result with these UIDs") from None
+    return frozenset(readable)
 
 
 require_read = require(Role.READ)

@@ -227,8 +227,8 @@ async def _retrieve(
     instance: str | None = None,
 ) -> StreamingResponse:
     check_phi_identifiers(request, who, "a DICOM result instance")
-    await audited_results(request, who, study, series, instance, "wado_instances")  # audit
-    files = await run_in_threadpool(_service(request).wado.files, study, series, instance)
+    jobs = await audited_results(request, who, study, series, instance, "wado_instances")
+    files = await run_in_threadpool(_service(request).wado.files, study, series, instance, jobs)
     _check_dicom_accept(request, files)
     boundary = new_boundary()
     body = related_parts([(f.path, f.transfer_syntax_uid) for f in files], boundary)
@@ -245,8 +245,10 @@ async def _metadata(
 ) -> Response:
     _check_json_accept(request)
     check_phi_identifiers(request, who, "DICOM result metadata")
-    await audited_results(request, who, study, series, instance, "wado_metadata")  # audit
-    content = await run_in_threadpool(_service(request).wado.metadata, study, series, instance)
+    jobs = await audited_results(request, who, study, series, instance, "wado_metadata")
+    content = await run_in_threadpool(
+        _service(request).wado.metadata, study, series, instance, jobs
+    )
     return _dicom_json(content)
 
 

@@ -11,6 +11,7 @@ Endian, as the report stage wrote them); metadata is pydicom's
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,14 +43,19 @@ class WadoAccess:
         self.index = index
 
     def files(
-        self, study: str, series: str | None = None, instance: str | None = None
+        self,
+        study: str,
+        series: str | None = None,
+        instance: str | None = None,
+        jobs: Collection[str] | None = None,
     ) -> list[ResultFile]:
-        """The result files at a study, series or instance level; raises
-        :class:`DicomObjectNotFoundError` when there is none."""
+        """The result files at a study, series or instance level, of ``jobs`` only when
+        given (those the reader may see); raises :class:`DicomObjectNotFoundError` when
+        there is none."""
         found = [
             ResultFile(Path(r.path), r.sop_instance_uid, r.transfer_syntax_uid)
             for r in self.index.find(study, series, instance)
-            if _present(r)
+            if (jobs is None or r.job_id in jobs) and _present(r)
         ]
         if not found:
             level = "instance" if instance else "series" if series else "study"
@@ -60,12 +66,16 @@ class WadoAccess:
         return found
 
     def metadata(
-        self, study: str, series: str | None = None, instance: str | None = None
+        self,
+        study: str,
+        series: str | None = None,
+        instance: str | None = None,
+        jobs: Collection[str] | None = None,
     ) -> list[dict[str, Any]]:
-        """DICOM JSON of each instance's header (no Pixel Data)."""
+        """DICOM JSON of each instance's header (no Pixel Data), of :meth:`files`."""
         return [
             read_header(f.path, transfer_syntax=f.transfer_syntax_uid or None).to_json_dict()
-            for f in self.files(study, series, instance)
+            for f in self.files(study, series, instance, jobs)
         ]
 
 
