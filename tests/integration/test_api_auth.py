@@ -81,6 +81,23 @@ def test_roles(server: dict[str, Any]) -> None:
     assert c.delete("/v1/jobs/x", headers=submit).status_code == 404  # past auth: no such job
 
 
+def test_two_different_keys_in_one_request_are_refused(server: dict[str, Any]) -> None:
+    """A user trial (session 42): with both headers, X-API-Key won, so an invalid Bearer
+    key beside a valid X-API-Key answered 200, and a client behind a proxy that sets
+    Authorization could act as another key by adding its own X-API-Key."""
+    c = server["client"]
+    read, admin = server["read"], server["admin"]
+    bogus = "rsk_0000000000000000_" + "A" * 43
+    for bearer, api_key in ((bogus, read), (read, admin), (admin, read)):
+        r = c.get("/v1/jobs", headers={"Authorization": f"Bearer {bearer}", "X-API-Key": api_key})
+        assert r.status_code == 401, (bearer[:8], api_key[:8], r.text)
+        assert "two different API keys" in r.json()["error"]["message"]
+    same = {"Authorization": f"Bearer {read}", "X-API-Key": read}
+    assert c.get("/v1/jobs", headers=same).status_code == 200
+    basic_and_key = {"Authorization": "Basic dXNlcjpwdw==", "X-API-Key": read}  # a proxy's
+    assert c.get("/v1/jobs", headers=basic_and_key).status_code == 200
+
+
 def test_resetting_a_model_that_does_not_exist_is_404_and_not_audited(
     server: dict[str, Any],
 ) -> None:

@@ -144,15 +144,20 @@ class KeyVerifier:
 
 
 def token_of(request: Request) -> str | None:
-    """The key sent as ``X-API-Key`` or ``Authorization: Bearer``, if any."""
+    """The key sent as ``X-API-Key`` or ``Authorization: Bearer``, if any. Both, naming
+    different keys, are refused (401): before session 42 ``X-API-Key`` won, so a client
+    behind a proxy that sets ``Authorization`` for it could act as another key by adding
+    its own ``X-API-Key``, and a wrong Bearer key went unnoticed beside a valid one."""
     headers = request.headers
-    token = headers.get("x-api-key")
-    if token:
-        return token
+    api_key = headers.get("x-api-key") or None
     scheme, _, credentials = headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return credentials.strip() or None
+    bearer = (credentials.strip() or None) if scheme.lower() == "bearer" else None
+    if api_key and bearer and api_key != bearer:
+        raise UnauthenticatedError(
+            "the request names two different API keys (Authorization: Bearer and "
+            "X-API-Key): send one"
+        )
+    return api_key or bearer
 
 
 async def _key_principal(request: Request, token: str | None, *, wait: bool) -> Principal:
