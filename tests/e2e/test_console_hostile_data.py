@@ -61,6 +61,9 @@ def payloads(port: int) -> dict[str, str]:
         "attr": f'ZQX"><img src={hit} onerror={GLOBAL}=4>',
         "href": f"javascript:{GLOBAL}=5//ZQX",
         "style": f"ZQX<style>@import '{hit}';</style><iframe src={hit}>",
+        # an Accession Number is SH, at most 16 characters (longer ones are refused at
+        # ingest since session 42): the attribute break and an element within them
+        "accession": '"><svg onload=1>',
     }
 
 
@@ -159,7 +162,7 @@ def _header(p: dict[str, str]) -> dict[str, object]:
         "SpecificCharacterSet": "ISO_IR 192",
         "PatientName": p["img"] + "^" + p["svg"],
         "PatientID": p["script"],
-        "AccessionNumber": p["attr"],
+        "AccessionNumber": p["accession"],
         "StudyDescription": p["style"],
         "SeriesDescription": p["href"],
         "InstitutionName": p["svg"],
@@ -278,7 +281,7 @@ def _views(
     row = page.page.locator(f"#worklist tr[data-id='{jobs['ran']}']")
     row.wait_for()
     shown = _inert(page, hits, f"{role}: worklist")
-    assert p["attr"] in shown  # the accession, as text
+    assert p["accession"] in shown  # the accession, as text
     assert (p["img"] if role == "admin" else p["attr"]) in page.page.inner_text("#who")
     row.click()
     page.page.wait_for_selector("#findings tr.finding")
