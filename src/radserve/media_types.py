@@ -19,20 +19,32 @@ class NotAcceptableError(RadserveError):
 
 @dataclass(frozen=True)
 class MediaType:
-    """A media type with lower-cased type and parameters (quotes removed)."""
+    """A media type with lower-cased type and parameters (quotes removed).
+
+    The one reading of a media type's parameters: a parameter given twice keeps its first
+    value (as the upload body check of :mod:`radserve.api.middleware` reads a boundary)
+    and is named in ``repeated``, for a caller to refuse (STOW-RS: ``boundary=BB;
+    boundary=CC`` was framed by BB for the body check and parsed by CC, answering that
+    the body was cut short)."""
 
     type: str
     params: dict[str, str] = field(default_factory=dict)
+    repeated: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
     def parse(cls, text: str) -> MediaType:
         head, *rest = split_unquoted(text, ";")
         params: dict[str, str] = {}
+        repeated: list[str] = []
         for item in rest:
             key, sep, value = item.partition("=")
             if sep:
-                params[key.strip().lower()] = value.strip().strip('"').strip()
-        return cls(head.strip().lower(), params)
+                name = key.strip().lower()
+                if name not in params:
+                    params[name] = value.strip().strip('"').strip()
+                elif name not in repeated:
+                    repeated.append(name)
+        return cls(head.strip().lower(), params, tuple(repeated))
 
 
 def split_unquoted(text: str, separator: str) -> list[str]:

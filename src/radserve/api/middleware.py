@@ -331,14 +331,16 @@ def _header(scope: Scope, wanted: bytes) -> bytes | None:
 
 
 def _closing_delimiter(scope: Scope) -> bytes | None:
-    """``--boundary--`` of a multipart request, or None for other bodies."""
+    """``--boundary--`` of a multipart request, or None for other bodies; the boundary
+    read as every other reader of the header reads it (:meth:`MediaType.parse`: quotes,
+    the first of a repeated parameter)."""
     for name, value in scope.get("headers", ()):
-        value = bytes(value)
-        if name == b"content-type" and value.lower().startswith(b"multipart/"):
-            for param in value.split(b";")[1:]:
-                key, _, boundary = param.strip().partition(b"=")
-                if key.lower() == b"boundary" and boundary:
-                    return b"--" + boundary.strip(b'"') + b"--"
+        if name != b"content-type":
+            continue
+        media = MediaType.parse(bytes(value).decode("latin-1"))
+        boundary = media.params.get("boundary")
+        if media.type.startswith("multipart/") and boundary:
+            return b"--" + boundary.encode("latin-1") + b"--"
     return None
 
 

@@ -9,8 +9,10 @@ are written into it) and counts and modalities of the results alone.
 
 Matching follows PS3.4 C.2.2.2: single value, universal (empty), UID list (``,`` or
 ``\\``), wildcard ``*``/``?`` on text VRs (case-insensitive for PN, as C.2.2.2.1
-allows), and date/time ranges ``a-b``, ``a-``, ``-b``. ``fuzzymatching=true`` is
-answered by literal matching with a Warning header. Header attributes come from the
+allows), date/time ranges ``a-b``, ``a-``, ``-b``, and numbers within their VR's range.
+Sequences and bulk data (Pixel Data, OB/OW/...) are no match keys; ``includefield``
+takes a sequence (answered as DICOM JSON from the result's header). ``fuzzymatching=true``
+is answered by literal matching with a Warning header. Header attributes come from the
 files, read once (no Pixel Data) and kept in a bounded cache.
 
 A search without a Study Instance UID reads the index in full, unless it matches an exact
@@ -23,6 +25,7 @@ audit key) get theirs from their headers before the first such search of a proce
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 import threading
 from collections import OrderedDict
@@ -100,6 +103,24 @@ _LEVEL_ATTRIBUTES: dict[Level, tuple[str, ...]] = {
 _RANGE_VRS = {"DA", "TM", "DT"}
 _TEXT_VRS = {"AE", "CS", "LO", "LT", "PN", "SH", "ST", "UC", "UT", "UR"}
 _NUMBER_VRS = {"IS", "DS", "US", "UL", "SS", "SL", "FL", "FD", "UV", "SV"}
+# the values a query number of an integer VR may take (PS3.5 6.2: IS is a signed 32-bit
+# integer); before, `Rows=99999999999999999999` and `NumberOfFrames=1e999` (or `nan`)
+# were searched, answering 200 with nothing, while `NumberOfFrames=abc` was 400
+_INTEGER_RANGES = {
+    "US": (0, 2**16 - 1),
+    "SS": (-(2**15), 2**15 - 1),
+    "UL": (0, 2**32 - 1),
+    "SL": (-(2**31), 2**31 - 1),
+    "UV": (0, 2**64 - 1),
+    "SV": (-(2**63), 2**63 - 1),
+    "IS": (-(2**31), 2**31 - 1),
+}
+_FL_MAX = 3.4028234663852886e38  # the largest finite 32-bit float
+# no match keys: bulk data (PS3.18 8.3.4: not in a QIDO-RS answer, never read by a
+# search: `PixelData=x` answered 200 with nothing), and the item delimiters (VR NONE)
+_BULK_VRS = {"OB", "OW", "OF", "OD", "OL", "OV", "UN"}
+_INTEGER = re.compile(r"[+-]?\d+")
+_DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _PARAMETERS = {"limit", "offset", "fuzzymatching", "includefield"}
 FUZZY_WARNING = (
     '299 radserve: "The fuzzymatching parameter is not supported. '
@@ -166,7 +187,7 @@ def parse_query(
                 else:
                     include.add(_keyword(name))
         else:
-            keyword = _keyword(key)
+            keyword = _match_key(key)
             if keyword in filters:
                 raise InvalidRequestError(f"{keyword} is given more than once")
             _check_value(keyword, value)
@@ -203,11 +224,8 @@ def _check_value(keyword: str, value: str) -> None:
             raise InvalidRequestError(f"a {vr} range has one '-': {quoted(value)}")
         for end in filter(None, (low, high)):
             _check_end(vr, end, in_range=bool(dash))
-    elif vr in _NUMBER_VRS:
-        try:
-            float(value)
-        except ValueError:
-            raise InvalidRequestError(f"{keyword} must be a number, not {quoted(value)}") from None
+    elif _number_vrs(keyword):
+        _number_key(keyword, value)
 
 
 # PS3.5 6.2: DA YYYYMMDD (YYYY.MM.DD of ACR-NEMA read too), TM HH[MM[SS[.F]]] (HH:MM:SS
@@ -249,7 +267,8 @@ def _count(key: str, value: str) -> int:
 
 
 def _keyword(name: str) -> str:
-    """The DICOM keyword of a query key (a keyword or 8 hex digits of a tag)."""
+    """The DICOM keyword of a query key or an ``includefield`` name (a keyword or 8 hex
+    digits of a tag); a sequence is included whole (its items as DICOM JSON)."""
     if "." in name:
         raise InvalidRequestError(
             f"{quoted(name)}: radserve does not match or include attributes inside sequences"
@@ -270,9 +289,69 @@ def _keyword(name: str) -> str:
             f"{quoted(name)} is not a DICOM attribute keyword or tag, nor a QIDO-RS parameter "
             f"({', '.join(sorted(_PARAMETERS))})"
         )
-    if dictionary_VR(keyword) == "SQ":
-        raise InvalidRequestError(f"{keyword} is a sequence: radserve does not match on it")
     return keyword
+
+
+def _match_key(name: str) -> str:
+    """The keyword of a match key: an attribute whose values a search can compare. A
+    sequence (until 2026-12-07 refused as ``includefield`` too, with this message) and
+    bulk data are not."""
+    keyword = _keyword(name)
+    vr = dictionary_VR(keyword)
+    if vr == "SQ":
+        raise InvalidRequestError(
+            f"{keyword} is a sequence: radserve does not match on it (includefield="
+            f"{keyword} returns it)"
+        )
+    if vr == "NONE":
+        raise InvalidRequestError(
+            f"{keyword} is a sequence delimiter, not an attribute: radserve does not match on it"
+        )
+    if set(vr.split(" or ")) & _BULK_VRS:
+        raise InvalidRequestError(
+            f"{keyword} is bulk data (VR {vr}): radserve does not match on it; match on "
+            "other attributes and retrieve the instance by WADO-RS"
+        )
+    return keyword
+
+
+def _number_vrs(keyword: str) -> tuple[str, ...]:
+    """The numeric VRs of ``keyword`` (two for ``US or SS``), or () for another VR."""
+    vrs = tuple(dictionary_VR(keyword).split(" or "))
+    return vrs if all(vr in _NUMBER_VRS for vr in vrs) else ()
+
+
+def _number_key(keyword: str, value: str) -> float:
+    """A number to match ``keyword`` (of a numeric VR) on; raises
+    :class:`InvalidRequestError` (400) for what no value of its VR can be: not a decimal
+    number (``nan``, ``inf``, ``abc``), not finite (``1e999``), a fraction or a number out
+    of range for an integer VR (US 0..65535, UL 0..2^32-1, IS -2^31..2^31-1, ...)."""
+    vrs = _number_vrs(keyword)
+    names = " or ".join(vrs)
+    text = value.strip()
+    if not _DECIMAL.fullmatch(text):
+        raise InvalidRequestError(f"{keyword} must be a number, not {quoted(value)}")
+    number = float(text)
+    if all(vr in _INTEGER_RANGES for vr in vrs):
+        low = min(_INTEGER_RANGES[vr][0] for vr in vrs)
+        high = max(_INTEGER_RANGES[vr][1] for vr in vrs)
+        if not _INTEGER.fullmatch(text):
+            raise InvalidRequestError(
+                f"{keyword} ({names}) must be a whole number, not {quoted(value)}"
+            )
+        sign = -1 if text.startswith("-") else 1
+        digits = text.lstrip("+-").lstrip("0") or "0"  # int() reads at most 4,300 digits
+        if len(digits) > 20 or not low <= sign * int(digits) <= high:
+            raise InvalidRequestError(
+                f"{keyword} ({names}) must be from {low} to {high}, not {quoted(value)}"
+            )
+        return number
+    if not math.isfinite(number) or ("FL" in vrs and "FD" not in vrs and abs(number) > _FL_MAX):
+        raise InvalidRequestError(
+            f"{keyword} ({names}) must be a finite number within its VR's range, not "
+            f"{quoted(value)}"
+        )
+    return number
 
 
 def _read_indexed(path: str, transfer_syntax: str, tags: list[str]) -> Dataset:
@@ -435,7 +514,10 @@ class QidoSearch:
             if keyword in source:
                 return source[keyword]
         record = row.records[0]
-        return _read_indexed(record.path, record.transfer_syntax_uid, [keyword]).get(keyword)
+        header = _read_indexed(record.path, record.transfer_syntax_uid, [keyword])
+        # the element, as from the sources above: ``get`` of a keyword answers its value
+        # (an attribute outside _READ, a sequence above all, was a 500 to include or match)
+        return header.get(tag_for_keyword(keyword))
 
     # --- matching (PS3.4 C.2.2.2) ---------------------------------------------------------
     def _match(self, row: _Row, keyword: str, wanted: str) -> bool:
@@ -485,12 +567,8 @@ def matches(values: Sequence[str], keyword: str, wanted: str) -> bool:
         return any(v in keys for v in values)
     if vr in _RANGE_VRS:
         return any(_in_range(v, wanted, vr) for v in values)
-    if vr in _NUMBER_VRS:
-        try:
-            target = float(wanted)
-        except ValueError:
-            message = f"{keyword} must be a number, not {quoted(wanted)}"
-            raise InvalidRequestError(message) from None
+    if _number_vrs(keyword):
+        target = _number_key(keyword, wanted)
         return any(_number(v) == target for v in values)
     fold = vr == "PN"  # case-insensitive for person names (C.2.2.2.1 allows it)
     return any(wildcard_match(wanted, v, ignore_case=fold) for v in values)
