@@ -199,7 +199,7 @@ def _summary(unlisted: Sequence[InstanceOutcome]) -> Dataset:
     :data:`UNLISTED_CODE` and a text with their count, part numbers and codes."""
     counts: dict[tuple[str, int], int] = {}
     for outcome in unlisted:
-        key = (outcome.code or "-", int(outcome.failure or 0))
+        key = (outcome.code or "-", 0 if outcome.failure is None else int(outcome.failure))
         counts[key] = counts.get(key, 0) + 1
     (_, reason), _ = max(counts.items(), key=lambda kv: kv[1])
     item = Dataset()
