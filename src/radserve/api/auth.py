@@ -13,7 +13,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -32,6 +32,7 @@ from radserve.store import (
     Store,
 )
 from radserve.store.jobs import VisibleTo
+from radserve.store.results import ResultInstanceRecord
 from radserve.store.waiting import waiting_for_store
 
 logger = logging.getLogger(__name__)
@@ -394,19 +395,16 @@ async def audited_read(
 async def audited_results(
     request: Request,
     principal: Principal,
-    study: str,
-    series: str | None,
-    instance: str | None,
+    records: Sequence[ResultInstanceRecord],
     resource: str,
-) -> frozenset[str]:
-    """DICOMweb results at a study, series or instance level: the jobs whose results
-    ``principal`` may read (the answer holds only theirs; none: 404, the same answer as
-    unknown UIDs), each read audited. Before session 42 one job it could not see failed
-    the whole request: a second site sending the same study made every other reader's
-    study-level retrieve 404 (while QIDO still listed the study: an oracle for "another
-    site has results here")."""
-    service = request.app.state.service
-    records = await run_in_threadpool(service.results.find, study, series, instance)
+    study: str,
+) -> list[ResultInstanceRecord]:
+    """Of DICOMweb result instances (``records``, of a study, series or instance), those
+    of the jobs ``principal`` may read (none: 404, the same answer as unknown UIDs), each
+    job's read audited. Before session 42 one job it could not see failed the whole
+    request: a second site sending the same study made every other reader's study-level
+    retrieve 404 (while QIDO still listed the study: an oracle for "another site has
+    results here")."""
     readable: set[str] = set()
     for job_id in sorted({r.job_id for r in records}):
         job = await run_in_threadpool(result_reader_job, request, principal, job_id)
@@ -418,7 +416,7 @@ async def audited_results(
         from radserve.gateway.dicomweb.wado import DicomObjectNotFoundError
 
         raise DicomObjectNotFoundError("no radserve result with these UIDs") from None
-    return frozenset(readable)
+    return [r for r in records if r.job_id in readable]
 
 
 require_read = require(Role.READ)

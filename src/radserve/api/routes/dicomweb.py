@@ -219,6 +219,10 @@ def _dicom_part_ok(media: MediaType, stored: set[str]) -> bool:
     return wanted == "*" or stored == {wanted}
 
 
+def _level(series: str | None, instance: str | None) -> str:
+    return "instance" if instance else "series" if series else "study"
+
+
 async def _retrieve(
     request: Request,
     who: Principal,
@@ -227,8 +231,10 @@ async def _retrieve(
     instance: str | None = None,
 ) -> StreamingResponse:
     check_phi_identifiers(request, who, "a DICOM result instance")
-    jobs = await audited_results(request, who, study, series, instance, "wado_instances")
-    files = await run_in_threadpool(_service(request).wado.files, study, series, instance, jobs)
+    wado = _service(request).wado
+    found = await run_in_threadpool(wado.find, study, series, instance)
+    readable = await audited_results(request, who, found, "wado_instances", study)
+    files = await run_in_threadpool(wado.files, readable, _level(series, instance))
     _check_dicom_accept(request, files)
     boundary = new_boundary()
     body = related_parts([(f.path, f.transfer_syntax_uid) for f in files], boundary)
@@ -245,10 +251,10 @@ async def _metadata(
 ) -> Response:
     _check_json_accept(request)
     check_phi_identifiers(request, who, "DICOM result metadata")
-    jobs = await audited_results(request, who, study, series, instance, "wado_metadata")
-    content = await run_in_threadpool(
-        _service(request).wado.metadata, study, series, instance, jobs
-    )
+    wado = _service(request).wado
+    found = await run_in_threadpool(wado.find, study, series, instance)
+    readable = await audited_results(request, who, found, "wado_metadata", study)
+    content = await run_in_threadpool(wado.metadata, readable, _level(series, instance))
     return _dicom_json(content)
 
 

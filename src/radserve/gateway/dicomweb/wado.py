@@ -11,7 +11,7 @@ Endian, as the report stage wrote them); metadata is pydicom's
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,40 +42,33 @@ class WadoAccess:
     def __init__(self, index: ResultIndex) -> None:
         self.index = index
 
-    def files(
-        self,
-        study: str,
-        series: str | None = None,
-        instance: str | None = None,
-        jobs: Collection[str] | None = None,
-    ) -> list[ResultFile]:
-        """The result files at a study, series or instance level, of ``jobs`` only when
-        given (those the reader may see); raises :class:`DicomObjectNotFoundError` when
-        there is none."""
+    def find(
+        self, study: str, series: str | None = None, instance: str | None = None
+    ) -> list[ResultInstanceRecord]:
+        """The indexed result instances at a study, series or instance level (the
+        reader's visibility is applied to them by radserve.api.auth.audited_results)."""
+        return self.index.find(study, series, instance)
+
+    def files(self, records: Sequence[ResultInstanceRecord], level: str) -> list[ResultFile]:
+        """The files of ``records`` (of :meth:`find`, at ``level``: study, series or
+        instance) still on disk; raises :class:`DicomObjectNotFoundError` when none is."""
         found = [
             ResultFile(Path(r.path), r.sop_instance_uid, r.transfer_syntax_uid)
-            for r in self.index.find(study, series, instance)
-            if (jobs is None or r.job_id in jobs) and _present(r)
+            for r in records
+            if _present(r)
         ]
         if not found:
-            level = "instance" if instance else "series" if series else "study"
             raise DicomObjectNotFoundError(
                 f"no radserve result {level} with these UIDs; WADO-RS serves the DICOM SEG, "
                 "SR and key-image SC radserve wrote (received studies are not served)"
             )
         return found
 
-    def metadata(
-        self,
-        study: str,
-        series: str | None = None,
-        instance: str | None = None,
-        jobs: Collection[str] | None = None,
-    ) -> list[dict[str, Any]]:
+    def metadata(self, records: Sequence[ResultInstanceRecord], level: str) -> list[dict[str, Any]]:
         """DICOM JSON of each instance's header (no Pixel Data), of :meth:`files`."""
         return [
             read_header(f.path, transfer_syntax=f.transfer_syntax_uid or None).to_json_dict()
-            for f in self.files(study, series, instance, jobs)
+            for f in self.files(records, level)
         ]
 
 
