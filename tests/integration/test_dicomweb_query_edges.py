@@ -105,6 +105,9 @@ def test_matching_on_a_sequence_is_400_with_a_message_about_matching(
         ("7FE00010=x", "PixelData is bulk data (VR OB or OW): radserve does not match on it"),
         ("PixelData=", "PixelData is bulk data"),
         ("IconImageSequence=", "IconImageSequence is a sequence"),
+        ("includefield=PixelData", "PixelData is bulk data (VR OB or OW): a QIDO-RS answer"),
+        ("includefield=Rows,7FE00010", "PixelData is bulk data"),
+        ("includefield=Rows,EncapsulatedDocument", "EncapsulatedDocument is bulk data (VR OB)"),
     ],
 )  # fmt: skip
 def test_a_number_no_value_of_its_vr_can_be_and_a_bulk_data_key_are_400(

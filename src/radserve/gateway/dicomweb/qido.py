@@ -185,7 +185,7 @@ def parse_query(
                 if name == "all":
                     include_all = True
                 else:
-                    include.add(_keyword(name))
+                    include.add(_included(name))
         else:
             keyword = _match_key(key)
             if keyword in filters:
@@ -288,6 +288,20 @@ def _keyword(name: str) -> str:
         raise InvalidRequestError(
             f"{quoted(name)} is not a DICOM attribute keyword or tag, nor a QIDO-RS parameter "
             f"({', '.join(sorted(_PARAMETERS))})"
+        )
+    return keyword
+
+
+def _included(name: str) -> str:
+    """The keyword of an ``includefield`` name: any attribute but bulk data, which a
+    QIDO-RS answer never carries (PS3.18 8.3.4; ``includefield=PixelData`` answered 200
+    without it, as if the results had none, until 2026-12-07)."""
+    keyword = _keyword(name)
+    vr = dictionary_VR(keyword)
+    if set(vr.split(" or ")) & _BULK_VRS:
+        raise InvalidRequestError(
+            f"{keyword} is bulk data (VR {vr}): a QIDO-RS answer does not carry it; "
+            "retrieve the instance by WADO-RS"
         )
     return keyword
 
