@@ -52,6 +52,7 @@ from radserve.domain.priority import PriorityClass, PriorityRules
 from radserve.errors import RadserveError, quoted
 from radserve.labels import label_problem
 from radserve.log_routing import redact_url
+from radserve.validation_text import problem_message
 from radserve.yaml_text import load_yaml_file, read_utf8
 
 ENV_PREFIX = "RADSERVE_"
@@ -1635,15 +1636,8 @@ PATTERN_WORDS = {
 
 def _message(error: Any) -> str:
     """pydantic's message for one error, a pattern mismatch said in words
-    (:data:`PATTERN_WORDS`; an unlisted pattern is quoted without its anchors), without
-    the "Value error, " pydantic puts before a validator's own sentence."""
-    if error["type"] != "string_pattern_mismatch":
-        return str(error["msg"]).removeprefix("Value error, ")
-    pattern = str((error.get("ctx") or {}).get("pattern", ""))
-    words = PATTERN_WORDS.get(pattern)
-    if words is None:
-        return f"should match the pattern {pattern.removeprefix('^').removesuffix('$')}"
-    return f"should be {words}"
+    (:data:`PATTERN_WORDS`)."""
+    return problem_message(error, PATTERN_WORDS)
 
 
 def _describe_environment(exc: SettingsError) -> str:

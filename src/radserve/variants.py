@@ -56,7 +56,8 @@ from radserve.models.gate import (
     file_sha256,
     write_gate_report,
 )
-from radserve.models.manifest import ModelSpec, describe_problems
+from radserve.models.manifest import ModelSpec
+from radserve.validation_text import describe_problems
 from radserve.yaml_text import load_yaml
 
 if TYPE_CHECKING:

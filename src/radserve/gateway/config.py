@@ -32,6 +32,7 @@ from radserve.config import (
 )
 from radserve.gateway.errors import GatewayConfigError
 from radserve.ingest.policy import IngestPolicy
+from radserve.validation_text import describe_problems
 
 # An allowed peer (calling AE title @ host) is the settings' DicomPeer itself.
 Peer = DicomPeer
@@ -79,10 +80,9 @@ class ScpConfig(GatewaySettings):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'gateway'}: {e['msg']}" for e in exc.errors()
-            )
-            raise GatewayConfigError(f"invalid gateway configuration: {problems}") from None
+            raise GatewayConfigError(
+                f"invalid gateway configuration: {describe_problems(exc)}"
+            ) from None
 
 
 def scp_config_from_settings(

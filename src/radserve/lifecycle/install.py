@@ -70,6 +70,7 @@ from radserve.models.bf16 import ServingProviders
 from radserve.models.gate import GATE_FILE, SHIPPED_GATE_FILE, GateReport
 from radserve.models.manifest import ModelSpec, load_manifest
 from radserve.models.registry import ModelRegistry, bundled_model_dir
+from radserve.validation_text import problem_message
 from radserve.zip_members import zip_directory
 
 logger = logging.getLogger(__name__)
@@ -558,7 +559,7 @@ def _refuse_unreadable_gate(copy: Path, spec: ModelSpec) -> None:
         where = ".".join(str(part) for part in first["loc"]) or "the file"
         raise BundleRejectedError(
             f"{spec.key}: its gate.json, trusted at install, is not a gate report radserve "
-            f"reads ({exc.error_count()} problem(s); {where}: {first['msg']}): gate the "
+            f"reads ({exc.error_count()} problem(s); {where}: {problem_message(first)}): gate the "
             "bundle with `radserve models build-variants`, or install it without trusting "
             "its gate"
         ) from exc

@@ -22,6 +22,7 @@ from radserve import durable
 from radserve.domain.accuracy import EvalSummary
 from radserve.errors import ModelError
 from radserve.models.manifest import GateSpec
+from radserve.validation_text import describe_problems
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +140,8 @@ def read_gate_report(directory: Path) -> GateReport | None:
     try:
         return GateReport.model_validate_json(path.read_text())
     except (OSError, ValidationError) as exc:
+        why = describe_problems(exc) if isinstance(exc, ValidationError) else str(exc)
         raise ModelError(
-            f"unreadable gate report {path}: {exc}; rebuild it with "
+            f"unreadable gate report {path}: {why}; rebuild it with "
             "`radserve models build-variants`"
         ) from exc

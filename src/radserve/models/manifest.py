@@ -43,6 +43,7 @@ from radserve.models.ops import (
     check_op_names,
     legacy_postprocess,
 )
+from radserve.validation_text import describe_problems
 from radserve.yaml_text import load_yaml_file
 
 # bf16 is the fp32 file run in bfloat16 arithmetic (OpenVINO on a CPU with AMX or
@@ -1086,24 +1087,6 @@ def _numbers(data: object, where: str) -> Iterator[tuple[str, float]]:
     elif isinstance(data, list | tuple):
         for i, value in enumerate(data):
             yield from _numbers(value, f"{where}[{i}]")
-
-
-def describe_problems(exc: ValidationError) -> str:
-    """One ``field: reason (got value)`` per problem, ``; ``-separated: what an author
-    reads in a refused ``model.yaml`` or pipeline file. pydantic's own text ran over
-    several lines with ``[type=..., input_value=..., input_type=...]`` and a link to its
-    documentation after each reason, and a check over the whole file echoed the file."""
-    problems = []
-    for error in exc.errors():
-        where = ".".join(str(part) for part in error["loc"])
-        reason = str(error["msg"]).removeprefix("Value error, ")
-        if not where or error["type"] == "missing":  # the input: the file, or the parent
-            problems.append(f"{where}: {reason}" if where else reason)
-            continue
-        got = repr(error.get("input"))
-        got = got if len(got) <= 80 else got[:77] + "..."
-        problems.append(f"{where}: {reason} (got {got})")
-    return "; ".join(problems)
 
 
 def load_manifest(path: Path, *, shown: str | None = None) -> ModelSpec:

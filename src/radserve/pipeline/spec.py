@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from radserve.domain.critical import CriticalRule
 from radserve.errors import PipelineError
-from radserve.models.manifest import Precision, describe_problems
+from radserve.models.manifest import Precision
+from radserve.validation_text import describe_problems
 from radserve.yaml_text import load_yaml_file
 
 

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from radserve import durable
 from radserve.errors import ReportError
 from radserve.report.schema import SCHEMA_VERSION, Report
+from radserve.validation_text import describe_problems
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,9 @@ def parse_report(text: str) -> Report:
     try:
         return Report.model_validate(raw)
     except ValidationError as exc:
-        raise ReportError(f"report does not match schema {SCHEMA_VERSION}: {exc}") from exc
+        raise ReportError(
+            f"report does not match schema {SCHEMA_VERSION}: {describe_problems(exc)}"
+        ) from exc
 
 
 def _from_1(raw: dict[str, Any]) -> dict[str, Any]:
