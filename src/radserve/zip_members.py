@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import struct
+import zipfile
+from pathlib import PurePosixPath
 from typing import BinaryIO
 
 from radserve.errors import StudyError
@@ -20,6 +22,10 @@ read from its end record before the directory is parsed. zipfile builds a ZipInf
 entry (~600 bytes of Python objects each, whatever the entry holds) and discovery opens
 every member: 200,000 empty members took ~13 s and ~270 MB to sniff at the door and
 ~100 s to discover (2026-12-06 probe), where the limit was only checked after parsing."""
+
+
+DEFAULT_MAX_ARCHIVE_BYTES = 8 * 2**30
+"""Largest total uncompressed size accepted from one zip archive."""
 
 
 class ArchiveRejectedError(StudyError):
@@ -80,6 +86,37 @@ def check_member_count(stream: BinaryIO, max_members: int) -> None:
         raise ArchiveRejectedError(too_many_members(count, max_members))
 
 
+# what zipfile inflates: Deflate64 (method 9), which Windows' Explorer writes for large
+# archives, raised NotImplementedError as each such member was read ("unreadable file")
+_READABLE_METHODS = frozenset(
+    {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
+)
+
+
+def member_problem(info: zipfile.ZipInfo) -> str | None:
+    """Why ingest skips an archive member (a file's entry, not a folder's), or None for
+    one it reads: the one rule for ingest and for the study's fingerprint
+    (:func:`radserve.store.files.archive_member_digests`)."""
+    if not _is_safe_member_name(info.filename):
+        return "unsafe member path in zip (absolute or '..')"
+    if info.flag_bits & 0x1:
+        return "encrypted zip member"
+    if info.compress_type not in _READABLE_METHODS:
+        method = zipfile.compressor_names.get(info.compress_type, "unknown")
+        return (
+            f"unreadable zip member: compression method {info.compress_type} "
+            f"({method}) is not supported; zip the files with Deflate"
+        )
+    if info.filename.lower().endswith(".zip"):
+        return "nested zip archives are not read"
+    return None
+
+
+def _is_safe_member_name(name: str) -> bool:
+    posix = PurePosixPath(name.replace("\\", "/"))
+    return not (posix.is_absolute() or ".." in posix.parts or ":" in posix.parts[0])
+
+
 def too_many_members(count: int, limit: int) -> str:
     return (
         f"zip archive lists {count} members, more than ingest.max_archive_members={limit}: "
@@ -89,9 +126,11 @@ def too_many_members(count: int, limit: int) -> str:
 
 
 __all__ = [
+    "DEFAULT_MAX_ARCHIVE_BYTES",
     "DEFAULT_MAX_ARCHIVE_MEMBERS",
     "ArchiveRejectedError",
     "check_member_count",
+    "member_problem",
     "too_many_members",
     "zip_directory",
     "zip_member_count",

@@ -90,6 +90,30 @@ def test_same_study_again_is_answered_from_the_cache(
     assert same["job_id"] == first["id"]  # the one result, not a second run
 
 
+def test_the_same_study_zipped_is_answered_from_the_cache(
+    server: dict[str, Any], tmp_path: Path
+) -> None:
+    """A study sent as files and then zipped, or zipped twice by different tools, is the
+    one study: before session 43 each zip's bytes were a new input, and the study ran
+    again."""
+    c, key = server["client"], server["submit"]
+    files = make_study(tmp_path / "study")
+    first = wait_job(
+        c, c.post("/v1/studies", files=upload(files), headers=auth(key)).json()["id"], key
+    )
+    assert first["state"] == "succeeded"
+    for year, method in ((2020, zipfile.ZIP_DEFLATED), (2026, zipfile.ZIP_STORED)):
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", compression=method) as archive:
+            for path in files:
+                info = zipfile.ZipInfo(f"{year}/{path.name}", date_time=(year, 1, 1, 0, 0, 0))
+                archive.writestr(info, path.read_bytes())
+        zipped = [("files", ("study.zip", buffer.getvalue(), "application/zip"))]
+        again = c.post("/v1/studies", files=zipped, headers=auth(key))
+        assert again.status_code == 200, again.text
+        assert again.json()["cached"] is True and again.json()["cached_from"] == first["id"]
+
+
 def test_a_cached_answer_keeps_a_stated_urgent_priority(
     server: dict[str, Any], tmp_path: Path
 ) -> None:

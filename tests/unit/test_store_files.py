@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from radserve.errors import StudyError
+from radserve.service.upload_key import upload_fingerprint
 from radserve.store.files import (
     UploadTooLargeError,
     fingerprint_digests,
@@ -86,3 +88,52 @@ def test_interrupted_uploads_are_cleaned_at_start(tmp_path: Path) -> None:
     assert remove_stale_staging(tmp_path) == 1
     assert list((tmp_path / "staging").iterdir()) == []
     assert stored.instances[0].read_bytes() == A
+
+
+def _zip(
+    members: list[tuple[str, bytes]], *, method: int = zipfile.ZIP_DEFLATED, year: int
+) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=method) as archive:
+        for name, data in members:
+            archive.writestr(zipfile.ZipInfo(name, date_time=(year, 1, 2, 3, 4, 6)), data)
+    return buffer.getvalue()
+
+
+def test_a_study_zipped_has_the_fingerprint_of_its_files_however_it_was_zipped(
+    tmp_path: Path,
+) -> None:
+    """Before session 43 a zip's own bytes were its instance: the same files zipped
+    again (another time in each member's header, another tool) were a new study."""
+    files = store_study(tmp_path, upload(("a.dcm", A), ("b.dcm", B)))
+    first_zip = _zip([("s/1.dcm", A), ("s/2.dcm", B)], year=2020)
+    again = _zip([("IMG2", B), ("x/IMG1", A), ("x/", b"")], method=zipfile.ZIP_STORED, year=2026)
+    assert first_zip != again
+    for archive in (first_zip, again):
+        zipped = store_study(tmp_path, upload(("upload.zip", archive)))
+        assert zipped.fingerprint == files.fingerprint and zipped.existed
+        assert upload_fingerprint(upload(("upload.zip", archive))) == files.fingerprint
+    mixed = store_study(
+        tmp_path / "m", upload(("upload.zip", _zip([("1", A)], year=2021)), ("b.dcm", B))
+    )
+    assert mixed.fingerprint == files.fingerprint
+    assert fingerprint_files(mixed.instances) == mixed.fingerprint
+
+
+@pytest.mark.parametrize(
+    "archive",
+    [
+        _zip([("1.dcm", A), ("../2.dcm", B)], year=2020),  # a member ingest skips
+        _zip([("1.dcm", A), ("inner.zip", B)], year=2020),  # a nested archive
+        _zip([("1.dcm", A), ("2.dcm", B)], year=2020)[:-30],  # cut off: no end record
+        b"PK\x03\x04" + b"\x00" * 100,  # no archive at all
+    ],
+    ids=["unsafe-member", "nested-zip", "truncated", "not-a-zip"],
+)
+def test_an_archive_ingest_would_not_read_whole_keeps_its_own_digest(
+    tmp_path: Path, archive: bytes
+) -> None:
+    stored = store_study(tmp_path, upload(("upload.zip", archive)))
+    assert stored.fingerprint == fingerprint_digests([sha(archive)])
+    assert [p.name for p in stored.instances] == [f"{sha(archive)}.zip"]
+    assert upload_fingerprint(upload(("upload.zip", archive))) == stored.fingerprint

@@ -24,14 +24,13 @@ from typing import BinaryIO, cast
 
 from radserve.errors import StudyError
 from radserve.zip_members import (
+    DEFAULT_MAX_ARCHIVE_BYTES,
     DEFAULT_MAX_ARCHIVE_MEMBERS,
     ArchiveRejectedError,
     check_member_count,
+    member_problem,
     too_many_members,
 )
-
-DEFAULT_MAX_ARCHIVE_BYTES = 8 * 2**30
-"""Largest total uncompressed size accepted from one zip archive."""
 
 SPOOL_BYTES = 16 * 2**20
 """A zip member copied for decoding stays in memory up to this size, then goes to disk."""
@@ -223,36 +222,12 @@ def _zip_members(
             )
         for entry, info in infos:
             src = SourceFile(path, info.filename, entry)
-            if not _is_safe_member_name(info.filename):
-                bad.append(SkippedFile(src, "unsafe member path in zip (absolute or '..')"))
-            elif info.flag_bits & 0x1:
-                bad.append(SkippedFile(src, "encrypted zip member"))
-            elif info.compress_type not in _READABLE_METHODS:
-                method = zipfile.compressor_names.get(info.compress_type, "unknown")
-                bad.append(
-                    SkippedFile(
-                        src,
-                        f"unreadable zip member: compression method {info.compress_type} "
-                        f"({method}) is not supported; zip the files with Deflate",
-                    )
-                )
-            elif info.filename.lower().endswith(".zip"):
-                bad.append(SkippedFile(src, "nested zip archives are not read"))
+            problem = member_problem(info)
+            if problem is not None:
+                bad.append(SkippedFile(src, problem))
             else:
                 members.append(src)
     return members, bad
-
-
-# what zipfile inflates: Deflate64 (method 9), which Windows' Explorer writes for large
-# archives, raised NotImplementedError as each such member was read ("unreadable file")
-_READABLE_METHODS = frozenset(
-    {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
-)
-
-
-def _is_safe_member_name(name: str) -> bool:
-    posix = PurePosixPath(name.replace("\\", "/"))
-    return not (posix.is_absolute() or ".." in posix.parts or ":" in posix.parts[0])
 
 
 def _info(zf: zipfile.ZipFile, src: SourceFile) -> zipfile.ZipInfo:

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from typing import BinaryIO
 
 from radserve.ingest.headers import header_text, read_header
-from radserve.store.files import fingerprint_digests
+from radserve.store.files import archive_member_digests, fingerprint_digests
 
 _CHUNK = 1 << 20
 
@@ -38,7 +38,7 @@ def upload_fingerprint(
     upload is refused whatever it is)."""
     digests: list[str] = []
     total = 0
-    for _, stream in pairs:
+    for name, stream in pairs:
         start = stream.tell()
         digest = hashlib.sha256()
         try:
@@ -47,9 +47,10 @@ def upload_fingerprint(
                 if max_bytes is not None and total > max_bytes:
                     return None
                 digest.update(chunk)
+            members = archive_member_digests(stream) if name.lower().endswith(".zip") else None
         finally:
             stream.seek(start)
-        digests.append(digest.hexdigest())
+        digests.extend(members or [digest.hexdigest()])
     return fingerprint_digests(digests) if digests else None
 
 

@@ -1,7 +1,8 @@
 """Content-addressed study storage under ``data_dir/studies/<fp[:2]>/<fp>/``.
 
 A study's folder is named by its fingerprint (SHA-256 over the sorted SHA-256 of its
-instances), and each instance by its own SHA-256, so identical uploads share one
+instances, a zip archive's members counted as instances), and each instance by its own
+SHA-256, so identical uploads share one
 folder and no file name carries what a sender put in it (names can hold patient
 names). Files are streamed into a private staging folder, fsynced, and the folder is
 renamed into place and its parents fsynced before :func:`store_study` returns: when
@@ -17,6 +18,7 @@ import logging
 import os
 import shutil
 import uuid
+import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,12 @@ from typing import BinaryIO
 from radserve import durable
 from radserve.errors import EmptyUploadError, StudyError
 from radserve.store.errors import StoreError
+from radserve.zip_members import (
+    DEFAULT_MAX_ARCHIVE_BYTES,
+    DEFAULT_MAX_ARCHIVE_MEMBERS,
+    member_problem,
+    zip_directory,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,9 +82,47 @@ def fingerprint_digests(digests: Iterable[str]) -> str:
     return hashlib.sha256("\n".join(sorted(set(digests))).encode()).hexdigest()
 
 
+def archive_member_digests(stream: BinaryIO) -> list[str] | None:
+    """The SHA-256 of each file a zip archive holds, as if its files had been sent one by
+    one, so a study has one fingerprint however it comes: as files, over STOW-RS, zipped,
+    or zipped again (a zip's own bytes change with each member's time and the tool).
+    Before session 43 the zip's bytes were the instance, and a study re-sent as a new zip
+    of the same files was run again.
+
+    None (the zip's own digest stands) when ingest would not read every member as it is
+    (:func:`radserve.zip_members.member_problem`), past ingest's default bounds on
+    members and unpacked bytes, or for an archive zipfile cannot read: ingest then says
+    what is wrong. The stream is left at offset 0."""
+    try:
+        listed = zip_directory(stream)
+        if listed is None or listed[0] > DEFAULT_MAX_ARCHIVE_MEMBERS:
+            return None
+        digests = []
+        with zipfile.ZipFile(stream) as archive:
+            infos = [info for info in archive.infolist() if not info.is_dir()]
+            if len(infos) > DEFAULT_MAX_ARCHIVE_MEMBERS or any(map(member_problem, infos)):
+                return None
+            if sum(info.file_size for info in infos) > DEFAULT_MAX_ARCHIVE_BYTES:
+                return None
+            for info in infos:
+                digest = hashlib.sha256()
+                with archive.open(info) as member:  # checks the member's CRC at its end
+                    while chunk := member.read(_CHUNK):
+                        digest.update(chunk)
+                digests.append(digest.hexdigest())
+        return digests or None
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError, ValueError):
+        return None
+    finally:
+        stream.seek(0)
+
+
 def fingerprint_files(paths: Sequence[Path]) -> str:
-    """SHA-256 over the sorted SHA-256 of each input file: the study's content identity."""
-    return fingerprint_digests(sha256_file(Path(p)) for p in paths)
+    """SHA-256 over the sorted SHA-256 of each input file (a zip's members in its place):
+    the study's content identity, as :func:`store_study` gives it."""
+    return fingerprint_digests(
+        digest for p in paths for digest in _content_digests(Path(p), sha256_file(Path(p)))
+    )
 
 
 def study_dir(data_dir: Path, fingerprint: str) -> Path:
@@ -215,8 +261,17 @@ def _stage(
             temp.unlink()  # the same bytes twice in one upload: one instance
         else:
             temp.rename(final)
-        digests.append(hexdigest)
+        digests.extend(_content_digests(final, hexdigest))
     return digests, total
+
+
+def _content_digests(stored: Path, digest: str) -> list[str]:
+    """What a stored file adds to its study's fingerprint: its own digest, or an
+    archive's members' (:func:`archive_member_digests`)."""
+    if _suffix(stored.name) != ".zip":
+        return [digest]
+    with open(stored, "rb") as archive:
+        return archive_member_digests(archive) or [digest]
 
 
 def _move_into_place(staging: Path, target: Path) -> bool:
