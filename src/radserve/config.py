@@ -35,6 +35,7 @@ from pydantic import (
     RootModel,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -130,6 +131,31 @@ RetryInterval = _seconds_in(RETRY_INTERVAL)
 PollInterval = _seconds_in(POLL_INTERVAL)
 
 
+def _involves(annotation: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether a field's type is one of ``kinds`` or a union / container holding one."""
+    if annotation in kinds:
+        return True
+    if get_origin(annotation) is Literal:
+        return False
+    return any(_involves(arg, kinds) for arg in get_args(annotation))
+
+
+def _refuse_lax_value(model: type[BaseModel], name: str | None, value: Any) -> Any:
+    """What pydantic's lax mode would take for a setting and the operator did not mean:
+    ``true`` for a number (``port: true`` was port 1) and an empty path (``data_dir: ""``
+    or ``RADSERVE_DATA_DIR=`` was the working folder). A setting left out keeps its
+    default; one given must say what it means."""
+    field = model.model_fields.get(name or "")
+    if field is None:
+        return value
+    numeric = _involves(field.annotation, (int, float))
+    if isinstance(value, bool) and numeric and not _involves(field.annotation, (bool,)):
+        raise ValueError(f"must be a number, not {str(value).lower()}")
+    if isinstance(value, str) and not value.strip() and _involves(field.annotation, (Path,)):
+        raise ValueError("must name a path, not an empty one (leave it out for its default)")
+    return value
+
+
 class _Section(BaseModel):
     # no setting means "infinity" (0 or null says "none" where a limit can be off): an
     # infinite timeout hangs a worker on a peer that never answers (fhir.timeout_s:
@@ -137,6 +163,11 @@ class _Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_lax_values(cls, value: Any, info: ValidationInfo) -> Any:
+        return _refuse_lax_value(cls, info.field_name, value)
 
 
 class TlsSettings(_Section):
@@ -1296,6 +1327,11 @@ class Settings(BaseSettings):
     lifecycle: LifecycleSettings = LifecycleSettings()
     turnaround: TurnaroundSettings = TurnaroundSettings()
     critical: CriticalSettings = CriticalSettings()
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_lax_values(cls, value: Any, info: ValidationInfo) -> Any:
+        return _refuse_lax_value(cls, info.field_name, value)
 
     @field_validator("data_dir")
     @classmethod

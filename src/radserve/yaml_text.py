@@ -1,6 +1,8 @@
 """YAML as radserve reads it (model.yaml, pipeline files, the config file): PyYAML's safe
 loader, with the document's size bounded as it would be once aliases are expanded.
 
+A mapping that gives one key twice is refused (PyYAML keeps the last value silently).
+
 ``yaml.safe_load`` keeps an alias as a reference, so a 500-byte "billion laughs" file
 (ten anchors, each nine aliases of the one before) loads at once; whatever walks the
 result then meets 9**10 leaves: pydantic's refusal of it ran for minutes. A document
@@ -32,6 +34,29 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
         size = 1
     sizes[id(node)] = size
     return size
+
+
+def _refuse_duplicate_keys(node: yaml.Node, walked: set[int]) -> None:
+    """Raise for a mapping that gives one key twice. PyYAML keeps the last value without a
+    word (TOML refuses it): a config file's second ``port:`` quietly replaced the first,
+    and the operator read the first. Each shared (aliased) node is walked once."""
+    if id(node) in walked:
+        return
+    walked.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict[tuple[str, str], yaml.Node] = {}
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                earlier = first.setdefault((key.tag, key.value), key)
+                if earlier is not key:
+                    raise yaml.YAMLError(
+                        f"{_at(key.start_mark)}: the key {key.value!r} is given twice (first "
+                        f"at {_at(earlier.start_mark)}); keep one"
+                    )
+    if isinstance(node, yaml.SequenceNode | yaml.MappingNode):
+        for child in node.value:
+            for part in child if isinstance(child, tuple) else (child,):
+                _refuse_duplicate_keys(part, walked)
 
 
 def _at(mark: yaml.Mark) -> str:
@@ -68,6 +93,7 @@ def load_yaml(text: str) -> Any:
                 f"the document has {size:,} nodes with its aliases expanded "
                 f"(at most {MAX_NODES:,}): an alias bomb?"
             )
+        _refuse_duplicate_keys(node, set())
         return loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         raise yaml.YAMLError(_one_line(exc)) from None

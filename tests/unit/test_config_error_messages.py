@@ -160,3 +160,25 @@ def test_a_non_json_list_in_the_environment_is_a_one_line_error(
     assert line.startswith("error [config_invalid]: ")
     assert f"environment variable {variable} must be JSON" in line
     assert example in line
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "said"),
+    [
+        ("server:\n  port: true\n", {}, "'server.port': must be a number, not true"),
+        ("gateway:\n  quiet_s: false\n", {}, "'gateway.quiet_s': must be a number, not false"),
+        ("data_dir: ''\n", {}, "'data_dir': must name a path, not an empty one"),
+        ("{}\n", {"RADSERVE_DATA_DIR": ""}, "'data_dir': must name a path, not an empty one"),
+        ("audit:\n  key_file: ' '\n", {}, "'audit.key_file': must name a path"),
+    ],
+)
+def test_a_value_pydantic_would_bend_is_refused(
+    tmp_path: Path, text: str, env: dict[str, str], said: str
+) -> None:
+    """``port: true`` was port 1, and an empty data_dir the working folder, without a word."""
+    config = tmp_path / "radserve.yaml"
+    config.write_text(text)
+    done = radserve("config", "show", "--config", str(config), env=env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert said in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr

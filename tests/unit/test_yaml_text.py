@@ -106,3 +106,22 @@ def test_a_yaml_mistake_is_one_line_naming_where(tmp_path: Path, text: str, said
     [line] = done.stderr.strip().splitlines()
     assert line.endswith(f"is not valid YAML: {said}"), line
     assert "<redacted>" not in line and "<unicode string>" not in line
+
+
+def test_a_key_given_twice_is_refused_where_it_is(tmp_path: Path) -> None:
+    """PyYAML kept the second value without a word: a config file whose second
+    ``port:`` (or a model.yaml whose second ``activation:``) quietly won."""
+    path = tmp_path / "radserve.yaml"
+    path.write_text("server:\n  port: 8000\n  host: 127.0.0.1\n  port: 9000\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(path)
+    assert "line 4, column 3: the key 'port' is given twice (first at line 2, column 3)" in str(
+        refused.value
+    )
+    with pytest.raises(yaml.YAMLError, match="the key 'b' is given twice"):
+        load_yaml("- {a: 1}\n- {a: 2, b: [1], c: {d: 1}, b: 3}\n")
+
+
+def test_merge_keys_and_a_key_in_two_mappings_still_load() -> None:
+    text = "base: &base {a: 1}\nx: {<<: *base, a: 2}\ny: {<<: [*base], b: 1}\nz: {a: 1}\n"
+    assert load_yaml(text) == yaml.safe_load(text)
