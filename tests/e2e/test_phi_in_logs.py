@@ -243,6 +243,9 @@ def test_server_logs_no_planted_value_over_c_store_and_reads(tmp_path: Path) -> 
             ):
                 found = c.get("/dicomweb/studies", params=query, headers=auth(key))
                 assert found.status_code in (200, 204), found.text
+            # a name or an ID typed into a path was logged in clear (session 43)
+            for typed in (f"/v1/jobs/{MARKER}77", f"/v1/jobs/{VALUE}", "/dicomweb/19560920"):
+                assert c.get(typed, headers=auth(key)).status_code in (404, 422)
         server.send_signal(signal.SIGTERM)
         server.wait(60)
     finally:

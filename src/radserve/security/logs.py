@@ -89,12 +89,29 @@ def redact(text: str) -> str:
 ACCESS_LOGGER = "uvicorn.access"
 
 
+# a path segment the access log keeps: a route's word (lower case, no run of four
+# digits: no ID), a job's UUID, a DICOM UID (a root 0, 1 or 2, three parts at least: not
+# a dotted date), a built asset's file name (the console's bundle: index-D3f9aB12.js);
+# anything else a client typed there may be a name or an ID (``GET /v1/jobs/ZZPID123``
+# and ``/v1/jobs/SMITH^JOHN`` were logged in clear)
+_KEPT_SEGMENT = re.compile(
+    r"(?!.*\d{4})[a-z0-9][a-z0-9._-]{0,39}"
+    r"|[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}"
+    r"|[0-2](\.[0-9]+){2,}"
+    r"|[A-Za-z0-9_-]{1,64}\.(js|css|map|png|svg|ico|woff2?|html|json|wasm)"
+)
+
+
 def redact_query(path: str) -> str:
     """``path`` with every query value replaced by ``<redacted>``, the keys kept (they
-    say what was searched for, the values whom)."""
+    say what was searched for, the values whom), and every path segment that is not a
+    route's word, a job id or a UID."""
     base, mark, query = path.partition("?")
+    base = "/".join(
+        part if not part or _KEPT_SEGMENT.fullmatch(part) else REDACTED for part in base.split("/")
+    )
     if not mark:
-        return path
+        return base
     parts = []
     for item in query.split("&"):
         key, equals, value = item.partition("=")
