@@ -410,6 +410,10 @@ class RuntimeSettings(_Section):
     threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
 
 
+# a Ray head's address: a host name or IPv4 address, or an IPv6 one in brackets, a port
+_RAY_HEAD = re.compile(r"([A-Za-z0-9](?:[A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]+\]):(\d{1,5})")
+
+
 class RaySettings(_Section):
     """The cluster executor (``executor: ray``; needs ``pip install 'radserve[ray]'``).
 
@@ -427,7 +431,8 @@ class RaySettings(_Section):
     ] = Field(default=("cpu:1",), min_length=1)
     # address: local only (Ray refuses more than 1e14 of a resource, with a traceback)
     num_cpus: int | None = Field(default=None, ge=1, le=MAX_THREADS)
-    object_store_mb: int | None = Field(default=None, ge=64, le=2**24)  # <= 16 TiB
+    # Ray refuses an object store under 75 MiB (78,643,200 bytes) when it starts
+    object_store_mb: int | None = Field(default=None, ge=75, le=2**24)  # <= 16 TiB
     batch_timeout_s: Seconds = Field(default=300.0, gt=0)
     max_restarts: int = Field(default=3, ge=0)
     startup_timeout_s: Seconds = Field(default=120.0, gt=0)
@@ -438,6 +443,17 @@ class RaySettings(_Section):
         for index, entry in enumerate(value):
             DeviceSlot.parse(entry, index)  # gpu:1.5, cpu:0: refused here, naming it
         return value
+
+    @field_validator("address")
+    @classmethod
+    def _address_form(cls, value: str) -> str:
+        # Ray's own refusal ("Invalid address format") came as a traceback once serving
+        head = _RAY_HEAD.fullmatch(value)
+        if value in ("local", "auto") or (head and 0 < int(head.group(2)) <= 65535):
+            return value
+        raise ValueError(
+            "must be local, auto or a Ray head's HOST:PORT (e.g. 10.0.0.5:6379, [fd00::5]:6379)"
+        )
 
 
 class StorageSettings(_Section):

@@ -37,7 +37,9 @@ def test_an_idle_ray_server_keeps_its_cluster_and_still_runs_studies(tmp_path: P
     key = create_key_cli(config, data)
     study = make_study(tmp_path / "study", n_slices=12, rows=64, cols=64)
     port = free_port()
-    server = start_server(config, data, port, log)
+    # a RAY_ADDRESS in the environment (or the host's last `ray start --head`) made
+    # address: local join that cluster, and refuse num_cpus there (exit 3; session 43)
+    server = start_server(config, data, port, log, env={"RAY_ADDRESS": f"127.0.0.1:{free_port()}"})
     url = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=url, timeout=60) as c:

@@ -5,6 +5,7 @@ API reader processes and their audit writer."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -50,9 +51,10 @@ def create_key_cli(
 
 
 def start_server(
-    config: Path, data: Path, port: int, log: Path, *extra: str
+    config: Path, data: Path, port: int, log: Path, *extra: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    """A running ``radserve serve`` on 127.0.0.1:``port`` (its output appended to ``log``)."""
+    """A running ``radserve serve`` on 127.0.0.1:``port`` (its output appended to ``log``;
+    ``env``: variables added to this process's environment)."""
     command = radserve_command(
         "serve",
         "--host",
@@ -68,7 +70,12 @@ def start_server(
         *extra,
     )
     with open(log, "ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=None if env is None else {**os.environ, **env},
+        )
     try:
         wait_healthy(process, f"http://127.0.0.1:{port}", log)
     except AssertionError:

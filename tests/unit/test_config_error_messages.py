@@ -182,3 +182,24 @@ def test_a_value_pydantic_would_bend_is_refused(
     assert done.returncode == 2, done.stdout + done.stderr
     assert said in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("ray", "said"),
+    [
+        ("address: not an address", "'ray.address': must be local, auto or a Ray head's HOST:PORT"),
+        ("address: '10.0.0.5:99999'", "'ray.address': must be local, auto"),
+        ("object_store_mb: 64", "'ray.object_store_mb': Input should be greater than or equal"),
+    ],
+)  # fmt: skip
+def test_ray_settings_ray_would_refuse_once_serving_are_refused_here(
+    tmp_path: Path, ray: str, said: str
+) -> None:
+    """Accepted by the settings, these ended `radserve serve` in Ray's traceback (exit 3)."""
+    config = tmp_path / "radserve.yaml"
+    config.write_text(f"executor: ray\nray:\n  {ray}\n")
+    done = radserve("config", "show", "--config", str(config))
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    for fine in ("local", "auto", "ray-head.example:6379", "'[fd00::5]:6379'"):
+        config.write_text(f"executor: ray\nray:\n  address: {fine}\n")
+        assert radserve("config", "show", "--config", str(config)).returncode == 0, fine

@@ -294,6 +294,9 @@ class RayExecutor(WorkerThreads):
             "namespace": "radserve",
         }
         if self.address == "local":
+            # said to Ray: left out, ray.init joins the cluster RAY_ADDRESS or the host's
+            # last `ray start --head` names (someone else's), and then refuses num_cpus
+            options["address"] = "local"
             if self.num_cpus is not None:
                 options["num_cpus"] = self.num_cpus
             if self.object_store_bytes is not None:
