@@ -67,8 +67,10 @@ def test_every_pydicom_file_loads_or_fails_clearly(path: Path) -> None:
         try:
             loaded = load_series(header, IngestPolicy(missing_slices="flag"))
         except DecodeError as exc:
-            # One line naming the file (and, when decoding failed, the syntax).
-            assert "\n" not in exc.message and exc.message.startswith(str(path)), exc.message
+            # One line naming the instance (and, when decoding failed, the syntax); never
+            # the file, whose name and folders are the sender's
+            assert "\n" not in exc.message and str(path) not in exc.message, exc.message
+            assert re.match(r"(frame \d+ of )?(instance -?\d+|an instance)\b", exc.message)
         except StudyError as exc:
             assert exc.message and exc.code
         else:
@@ -144,14 +146,16 @@ def test_retired_big_endian_is_refused_with_the_rule(name: str) -> None:
         load_series(discover_series(_testdata(name))[0])
 
 
-def test_truncated_pixel_data_names_the_file() -> None:
+def test_truncated_pixel_data_names_the_instance() -> None:
     (header,) = discover_series(_testdata("MR_truncated.dcm"))
+    uid = header.frames[0].sop_instance_uid
     with pytest.raises(
         DecodeError,
-        match=r"MR_truncated.dcm: the file is truncated: Pixel Data declares 8192 bytes but "
-        "only 8130 follow",
-    ):
+        match=rf"^(instance \d+|an instance) \(SOP Instance UID {re.escape(uid)}\): the file "
+        "is truncated: Pixel Data declares 8192 bytes but only 8130 follow",
+    ) as refused:
         load_series(header)
+    assert "MR_truncated" not in refused.value.message
 
 
 def test_missing_decoder_plugin_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

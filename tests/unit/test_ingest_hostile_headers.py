@@ -1,5 +1,6 @@
 """Issue 12, items 1–6: what a hostile or broken header asks for is checked against the
-file before anything is allocated, and every refusal is one line naming the file."""
+file before anything is allocated, and every refusal is one line naming the instance
+(by Instance Number and SOP Instance UID: never the file, whose name is the sender's)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,12 @@ def _edit(path: Path, **raw: bytes) -> None:
     ds.save_as(path, enforce_file_format=False)
 
 
+def _named(path: Path) -> str:
+    """How a refusal names the instance in ``path`` (never by the file's name or path)."""
+    ds = pydicom.dcmread(path, stop_before_pixels=True, force=True)
+    return f"instance {ds.InstanceNumber} (SOP Instance UID {ds.SOPInstanceUID}): "
+
+
 def _load_error(folder: Path, policy: IngestPolicy | None = None) -> RadserveError:
     with pytest.raises(RadserveError) as info:
         for header in discover_series(folder, policy=policy):
@@ -60,7 +67,7 @@ def test_frame_count_is_checked_against_the_pixel_data(tmp_path: Path, frames: b
     assert sum(h.number_of_frames for h in headers) == 4
     error = _load_error(tmp_path)
     assert isinstance(error, DecodeError | InstanceError | InputTooLargeError)
-    assert error.message.startswith(f"{paths[1]}: ")
+    assert error.message.startswith(_named(paths[1]))
     assert "Number of Frames" in error.message
 
 
@@ -119,7 +126,8 @@ def test_file_and_study_byte_limits(tmp_path: Path) -> None:
     error = _load_error(tmp_path, policy)
     assert isinstance(error, InputTooLargeError)
     assert (
-        error.message.startswith(f"{paths[0]}: the file is ") and "max_file_bytes" in error.message
+        error.message.startswith(f"{_named(paths[0])}the file is ")
+        and "max_file_bytes" in error.message
     )
 
 
@@ -280,7 +288,7 @@ def test_unusable_rescale_is_refused_not_treated_as_identity(
     error = _load_error(tmp_path)
     assert isinstance(error, InstanceError)
     name = "Rescale Slope" if keyword == "RescaleSlope" else "Rescale Intercept"
-    assert error.message.startswith(f"{paths[3]}: {name} is ")
+    assert error.message.startswith(f"{_named(paths[3])}{name} is ")
 
 
 def test_patient_data_planted_in_a_numeric_field_is_not_echoed(tmp_path: Path) -> None:
@@ -314,7 +322,7 @@ def test_pixel_format_inconsistent_with_the_data(
     with pytest.raises(RadserveError) as info:
         load_series(header)
     error = info.value
-    assert error.message.startswith(f"{paths[1]}: ")
+    assert error.message.startswith(_named(paths[1]))
     assert pytest.importorskip("re").search(match, error.message), error.message
 
 
@@ -340,7 +348,7 @@ def test_decoder_fallbacks_print_no_tracebacks(
             try:
                 load_series(discover_series(folder)[0], workers=1)
             except RadserveError as exc:
-                assert "\n" not in exc.message and exc.message.startswith(str(compressed[1]))
+                assert "\n" not in exc.message and exc.message.startswith(_named(compressed[1]))
     finally:
         logging.getLogger().removeHandler(handler)
     assert "Traceback" not in stream.getvalue()

@@ -165,7 +165,9 @@ def test_a_copy_of_an_instance_with_other_pixels_is_refused_whichever_comes_last
         with pytest.raises(StudyError) as refused:
             load_series(header)
         assert refused.value.code == "instance_invalid"
-        assert "blank.dcm" in refused.value.message
+        # named by the UID the files share, not by the files (their names are the sender's)
+        assert f"(SOP Instance UID {ds.SOPInstanceUID})" in refused.value.message
+        assert "blank.dcm" not in refused.value.message
         differ = 2 if newer else 1  # the blank one kept, both others differ from it
         assert f"hold different pixel data ({differ} of 2 copied frames)" in refused.value.message
         blank.unlink()
@@ -283,7 +285,7 @@ def _rewrite(path: Path, **values: object) -> None:
             {"SamplesPerPixel": 3, "PhotometricInterpretation": "RGB", "BitsAllocated": 8,
              "BitsStored": 8, "HighBit": 7, "PixelData": bytes(16 * 12 * 3)},
             "colour images (Samples per Pixel 3, RGB) cannot form an intensity volume "
-            "(1 of the series' 8 images, e.g. ct1_0004.dcm)",
+            "(1 of the series' 8 images, e.g. instance 4 (SOP Instance UID ",
         ),
         # palette colour and 1-bit series ran, as intensities (1-bit: no finding at all)
         (
@@ -386,7 +388,8 @@ def test_one_sop_instance_uid_on_two_different_images_is_refused(tmp_path: Path)
         discover_series(tmp_path / "study")
     assert info.value.code == "instance_invalid"
     assert "carry one SOP Instance UID but differ in position" in info.value.message
-    assert paths[7].name in info.value.message
+    assert f"(SOP Instance UID {ds.SOPInstanceUID})" in info.value.message
+    assert paths[7].name not in info.value.message  # the sender's file name: never said
 
 
 def test_an_image_without_rows_is_named_so(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ import logging
 import multiprocessing
 import os
 import threading
+import zipfile
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import (
@@ -633,10 +634,16 @@ def _decode_job(
         # decodes past Rows x Columns) is a BaseException: it passed `except Exception`,
         # ended the scheduler's worker thread and left the job running for ever, every
         # later job queued behind it (2026-12-07).
-        log.debug("decoding %s failed: %s: %s", src, type(exc).__name__, exc)
+        # named by instance, never by file (folder and zip member names are the
+        # sender's, and may name the patient); the text of an archive or I/O error
+        # quotes them, so only its type is logged
+        label = items[0][1].label
+        quotes_names = isinstance(exc, OSError | zipfile.BadZipFile)
+        said = type(exc).__name__ if quotes_names else f"{type(exc).__name__}: {exc}"
+        log.debug("decoding %s failed: %s", label, said)
         hint = _INSTALL_HINTS.get(uid)
         raise DecodeError(
-            f"{src}: the pixel data ({syntax}) could not be decoded: the file is damaged, "
+            f"{label}: the pixel data ({syntax}) could not be decoded: the file is damaged, "
             "or no installed decoder supports it"
             + (f" (decoders for this syntax: {hint})" if hint else "")
         ) from exc
@@ -717,7 +724,7 @@ def _store(out: np.ndarray, k: int, stored: np.ndarray, frame: FrameRef, air: fl
     fmt = frame.pixel
     if stored.shape != (fmt.rows, fmt.columns):
         raise DecodeError(
-            f"{frame.source}: a frame decoded to {' × '.join(map(str, stored.shape))} pixels, "
+            f"{frame.label}: a frame decoded to {' × '.join(map(str, stored.shape))} pixels, "
             f"but Rows × Columns say {fmt.rows} × {fmt.columns}"
         )
     slope, intercept = frame.rescale_slope, frame.rescale_intercept

@@ -25,6 +25,7 @@ from radserve.ingest.headers import (
     PatientInfo,
     SkipFile,
     read_instance,
+    uid_shown,
 )
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.sources import (
@@ -129,26 +130,33 @@ def _check_same_instance(
     other pixels (another position, orientation, size or frame count) under the same SOP
     Instance UID is a conflict, refused: keeping either would silently drop a slice, or
     put one where it does not belong."""
+    # the two files are named by the UID they share, never by their names: those are
+    # the sender's (a PACS export names folders and files by patient)
+    shared = _shared_uid(record)
     if first[1].study_instance_uid != record.study_instance_uid:
         raise SeveralStudiesError(
-            f"{first[0].name} and {src.name} carry one SOP Instance UID in two studies "
-            "(Study Instance UIDs differ; an anonymiser or a copy that kept the SOP "
-            f"Instance UIDs?): {SeveralStudiesError.advice}"
+            "two files carry one SOP Instance UID in two studies (Study Instance UIDs "
+            "differ; an anonymiser or a copy that kept the SOP Instance UIDs?): "
+            f"{SeveralStudiesError.advice}{shared}"
         )
     if first[1].series_instance_uid != record.series_instance_uid:
         raise StudyError(
-            f"{first[0].name} and {src.name} carry one SOP Instance UID in two series "
-            "(Series Instance UIDs differ): an instance belongs to one series, which of "
-            "them is right cannot be told",
+            "two files carry one SOP Instance UID in two series (Series Instance UIDs "
+            "differ): an instance belongs to one series, which of them is right cannot "
+            f"be told{shared}",
             code="instance_invalid",
         )
     if _image_of(first[1]) != _image_of(record):
         raise StudyError(
-            f"{first[0].name} and {src.name} carry one SOP Instance UID but differ in "
-            "position, orientation, size or frames: two instances with one identity "
-            "(the sender reused a UID), which of them is right cannot be told",
+            "two files carry one SOP Instance UID but differ in position, orientation, "
+            "size or frames: two instances with one identity (the sender reused a UID), "
+            f"which of them is right cannot be told{shared}",
             code="instance_invalid",
         )
+
+
+def _shared_uid(record: InstanceRecord) -> str:
+    return uid_shown(record.frames[0].sop_instance_uid, "SOP Instance UID")
 
 
 class SeveralStudiesError(StudyError):

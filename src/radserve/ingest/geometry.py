@@ -174,7 +174,7 @@ def _require_geometry(frames: Sequence[FrameRef]) -> None:
         if shown is not None:
             raise GeometryError(
                 f"{len(lacking)} of {len(frames)} frames have an unusable {name} (e.g. "
-                f"{lacking[0].source.name}: {shown}); it must be {count} finite numbers "
+                f"{lacking[0].label}: {shown}); it must be {count} finite numbers "
                 "separated by backslashes, with a point as the decimal mark"
             )
         raise GeometryError(

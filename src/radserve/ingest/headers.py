@@ -219,6 +219,31 @@ class FrameRef:
     # parsing the header a second time (checked again before it is trusted).
     pixel_offset: int | None = None
 
+    @property
+    def label(self) -> str:
+        """How a message names this image: its Instance Number and SOP Instance UID (and,
+        for a frame of a multi-frame instance, its frame number). Never by its file: the
+        names of files, folders and zip members are the sender's (a PACS export names
+        folders by patient name, ID and birth date), a stored file's path is the
+        server's, and these messages reach job errors any read key sees, reports and the
+        failure notices sent to the PACS and FHIR server."""
+        instance = (
+            f"instance {self.instance_number}"
+            if self.instance_number is not None
+            else "an instance"
+        )
+        frame = f"frame {self.frame_index + 1} of " if self.frame_index is not None else ""
+        return f"{frame}{instance}{uid_shown(self.sop_instance_uid, 'SOP Instance UID')}"
+
+
+def uid_shown(uid: str, what: str = "") -> str:
+    """`` (<what> <uid>)`` for a message, or ``""`` when ``uid`` is no UID
+    (:func:`radserve.ingest.rules.uid_problem`): a hostile header may put any text
+    there, a name included."""
+    if not uid or rules.uid_problem(uid, what or "UID") is not None:
+        return ""
+    return f" ({what} {uid})" if what else f" ({uid})"
+
 
 @dataclass(frozen=True)
 class InstanceRecord:

@@ -21,7 +21,7 @@ from radserve.ingest.ct_scale import check_ct_scale, declared_on_ct_scale
 from radserve.ingest.decode import decode_stack, ensure_decoders, start_decode_stack
 from radserve.ingest.discover import SeriesHeader, discover_series
 from radserve.ingest.geometry import StackLayout, plan_stack
-from radserve.ingest.headers import COLOUR_TERMS, GREYSCALE, FrameRef, PixelFormat
+from radserve.ingest.headers import COLOUR_TERMS, GREYSCALE, FrameRef, PixelFormat, uid_shown
 from radserve.ingest.policy import IngestPolicy, policy_hint
 from radserve.ingest.resample import resample_slices, shift_slices_in_plane
 from radserve.ingest.sources import SkippedFile, SourceFile, SourceReader
@@ -387,9 +387,7 @@ def _check_pixels(frames: Sequence[FrameRef], warnings: list[str]) -> None:
         where = (
             ""
             if len(refused) == len(frames)
-            else (
-                f" ({len(refused)} of the series' {len(frames)} images, e.g. {frame.source.name})"
-            )
+            else (f" ({len(refused)} of the series' {len(frames)} images, e.g. {frame.label})")
         )
         raise StudyError(
             f"{why} cannot form an intensity volume{where}", code="unsupported_pixel_format"
@@ -457,12 +455,12 @@ def _verify_copies(
     frames, slices = [copy for copy, _ in pairs], [slot[id(kept)] for _, kept in pairs]
     differ = _differing(frames, slices, array, reader, air, workers, policy)
     if differ:
-        copy, kept = pairs[differ[0]]
-        raise StudyError(
-            f"{kept.source.name} and {copy.source.name} carry one SOP Instance UID at one "
-            f"place but hold different pixel data ({len(differ)} of {len(pairs)} copied "
-            "frames): two images under one identity (the sender reused a UID), which of "
-            "them is right cannot be told",
+        _, kept = pairs[differ[0]]
+        shared = uid_shown(kept.sop_instance_uid, "SOP Instance UID")
+        raise StudyError(  # the files named by the UID they share, never by their names
+            "two files carry one SOP Instance UID at one place but hold different pixel "
+            f"data ({len(differ)} of {len(pairs)} copied frames): two images under one "
+            f"identity (the sender reused a UID), which of them is right cannot be told{shared}",
             code="instance_invalid",
         )
 

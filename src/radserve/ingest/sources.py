@@ -196,7 +196,10 @@ def _add_file(
     try:
         members, bad = _zip_members(path, max_bytes, max_members)
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        skipped.append(SkippedFile(SourceFile(path), f"not a readable zip archive ({exc})"))
+        # an OSError's text quotes the path (the data dir's, or the sender's folders):
+        # the reason reaches job errors, so only what went wrong is said
+        said = (exc.strerror or type(exc).__name__) if isinstance(exc, OSError) else exc
+        skipped.append(SkippedFile(SourceFile(path), f"not a readable zip archive ({said})"))
         return
     found.extend(members)
     skipped.extend(bad)

@@ -26,7 +26,8 @@ from radserve.ingest.sources import InputTooLargeError
 
 
 class InstanceError(StudyError):
-    """One file of the series cannot be used; the message names the file and the reason."""
+    """One instance of the series cannot be used; the message names the instance (by
+    Instance Number and SOP Instance UID, never by its file) and the reason."""
 
     code = "instance_invalid"
 
@@ -164,9 +165,9 @@ def check_series(header: SeriesHeader, warnings: list[str], *, lossy_input: str 
             "can reference only those)",
             code="sop_class_unsupported",
         )
-    notes = list(dict.fromkeys(f"{f.source.name}: {f.note}" for f in header.frames if f.note))
+    notes = list(dict.fromkeys(f"{f.label}: {f.note}" for f in header.frames if f.note))
     if notes:
-        more = f" (and {len(notes) - 3} more files)" if len(notes) > 3 else ""
+        more = f" (and {len(notes) - 3} more instances)" if len(notes) > 3 else ""
         warnings.append("; ".join(notes[:3]) + more)
     lossy = [f for f in header.frames if f.pixel.lossy]
     if lossy:
@@ -198,13 +199,20 @@ def _check_instances(frames: Sequence[FrameRef]) -> None:
         return
     first = bad[0]
     assert first.problem is not None
-    others = len({f.source for f in bad}) - 1
-    more = f" (and {others} more files)" if others else ""
-    message = f"{first.source}: {first.problem.text}{more}"
+    # named by Instance Number and UID, never by file: a folder or member name is the
+    # sender's: "<data dir>/studies/…zip!DOE^JOHN 123 19010203/CT/000.dcm: …" once
+    # reached the job error any read key sees, and the failure notices
+    others = len({f.sop_instance_uid for f in bad}) - 1
+    more = f" (and {others} more of the series' {_instances(frames)} instances)" if others else ""
+    message = f"{first.label}: {first.problem.text}{more}"
     error = {"decode_failed": DecodeError, "input_too_large": InputTooLargeError}.get(
         first.problem.code, InstanceError
     )
     raise error(message)
+
+
+def _instances(frames: Sequence[FrameRef]) -> int:
+    return len({f.sop_instance_uid for f in frames})
 
 
 def _is_image_storage(uid: UID) -> bool:

@@ -15,15 +15,24 @@ to. Operators see every failure anyway: the job's state and error code (API), a 
 line, and ``radserve_failure_notices{channel}`` / ``radserve_errors{code}`` in
 ``/metrics``.
 
-The notice carries the error code and radserve's message, never header values.
+The notice carries the error code and radserve's message, never header values, and
+never a path: ingest names instances by Instance Number and UID (a folder or zip member
+name is the sender's, and may name a patient), the data dir is left out, and an
+unexpected error (``internal_error``, whose text may quote anything) is said in a fixed
+sentence. A notice is sent only when every stored instance names one patient (Patient
+ID and issuer, name, birth date, compared as ingest compares them), one study and at
+most one Accession Number; otherwise it would be filed under whichever instance was read
+first, so none is sent (``radserve_errors{code="failure_notice_unaddressable"}``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import closing, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -35,7 +44,7 @@ from radserve.config import Settings
 from radserve.errors import StudyError
 from radserve.gateway.dicomweb.index import describe
 from radserve.gateway.outbox import utc_now
-from radserve.ingest.headers import DiscoveryMemo, header_text
+from radserve.ingest.headers import DiscoveryMemo, PatientInfo, header_text
 from radserve.ingest.policy import IngestPolicy
 from radserve.ingest.stored import first_stored_header, stored_headers
 from radserve.ingest.validate import check_patient_values
@@ -78,7 +87,8 @@ _HEADER_TAGS = (
 )
 
 
-# what ingest checks the identifiers by (radserve.ingest.validate.check_patient_values)
+# what ingest checks the identifiers by (radserve.ingest.validate.check_patient_values,
+# PatientInfo.identity), and the study the notice is filed in
 _IDENTITY_TAGS = (
     "SpecificCharacterSet",
     "PatientName",
@@ -86,7 +96,74 @@ _IDENTITY_TAGS = (
     "IssuerOfPatientID",
     "PatientBirthDate",
     "AccessionNumber",
+    "StudyInstanceUID",
 )
+
+INTERNAL_REASON = "radserve failed unexpectedly; the operator finds the details in its log"
+
+
+def notice_reason(job: JobRecord, data_dir: Path | None = None) -> str:
+    """The job's error message as a notice says it: an unexpected error's text (an
+    exception's, which may quote a file's path or a zip member's name) replaced by
+    :data:`INTERNAL_REASON`, the data dir's path left out of any other."""
+    if job.error_code == "internal_error":
+        return INTERNAL_REASON
+    message = str(job.error_message)
+    for folder in _spellings(data_dir):
+        message = message.replace(folder, "<data dir>/")
+    return message
+
+
+def _spellings(data_dir: Path | None) -> list[str]:
+    """The data dir as a message may spell it (resolved, absolute, as configured), each
+    with its trailing separator (a relative name alone may be any word), longest first:
+    one may hold another."""
+    if data_dir is None:
+        return []
+    forms = {str(data_dir.absolute()), str(data_dir)}
+    with suppress(OSError, RuntimeError):
+        forms.add(str(data_dir.resolve()))
+    return sorted((f.rstrip(os.sep) + os.sep for f in forms), key=len, reverse=True)
+
+
+def identity_refusal(headers: Iterable[pydicom.Dataset]) -> str | None:
+    """Why the instances of ``headers`` (their :data:`_IDENTITY_TAGS`) cannot address
+    one notice, or None: a patient identifier ingest refuses
+    (:func:`~radserve.ingest.validate.check_patient_values`), instances naming different
+    patients (:attr:`~radserve.ingest.headers.PatientInfo.identity`, as ingest compares
+    them: ID, issuer, name, birth date), several studies or Accession Numbers (an
+    instance without one agrees with any). The attributes are named, never their
+    values. Stops at the first disagreement."""
+    memo = DiscoveryMemo()
+    first: PatientInfo | None = None
+    studies: set[str] = set()
+    accessions: set[str] = set()
+    for header in headers:
+        patient = memo.patient(header)
+        if first is None:
+            first = patient
+            try:
+                check_patient_values(patient)
+            except StudyError as exc:
+                return str(exc)
+        elif patient.identity != first.identity:
+            return (
+                "its instances name different patients (they differ in "
+                f"{', '.join(patient.differs_from(first))}): a notice filed under one of "
+                "them could reach the wrong patient's record"
+            )
+        if study := header_text(header, "StudyInstanceUID"):
+            studies.add(study)
+        if patient.accession_number:
+            accessions.add(patient.accession_number)
+        if len(studies) > 1:
+            return "its instances belong to several studies (Study Instance UIDs differ)"
+        if len(accessions) > 1:
+            return (
+                "its instances carry different Accession Numbers: a notice filed under "
+                "one of them could reach the wrong order"
+            )
+    return None
 
 
 def study_header(study_path: Path, policy: IngestPolicy | None = None) -> pydicom.Dataset | None:
@@ -101,11 +178,18 @@ def study_headers(study_path: Path, policy: IngestPolicy | None = None) -> list[
 
 
 def failure_bundle(
-    job: JobRecord, header: pydicom.Dataset | None, now: dt.datetime, *, scope: str = ""
+    job: JobRecord,
+    header: pydicom.Dataset | None,
+    now: dt.datetime,
+    *,
+    scope: str = "",
+    reason: str | None = None,
 ) -> dict[str, Any]:
     """A transaction Bundle: Patient (if the header names one) + a cancelled
     DiagnosticReport, identified as the study's AI report of this pipeline in the lineage
-    of ``scope`` (radserve.service.lineage)."""
+    of ``scope`` (radserve.service.lineage). ``reason``: what the conclusion says of the
+    failure (default :func:`notice_reason`)."""
+    reason = notice_reason(job) if reason is None else reason
     study_uid = header_text(header, "StudyInstanceUID")
     report_uid = (
         diagnostic_report_uid(study_uid, job.pipeline_name, scope)
@@ -122,7 +206,7 @@ def failure_bundle(
         "code": {"coding": [REPORT_CODE], "text": "AI imaging result"},
         "issued": now.astimezone(dt.UTC).isoformat().replace("+00:00", "Z"),
         "conclusion": (
-            f"Automated analysis failed ({job.error_code}): {job.error_message}. "
+            f"Automated analysis failed ({job.error_code}): {reason}. "
             "No AI result exists for this study."
         ),
         "conclusionCode": [{"coding": [{**FAILED_CODE, "code": str(job.error_code)}]}],
@@ -184,6 +268,7 @@ class FailureNotices:
         self.results_root = results_root
         self.gateway = gateway
         self.results = results
+        self.data_dir = settings.data_dir
 
     def on_failed(self, job: JobRecord) -> None:
         logger.error(
@@ -218,20 +303,16 @@ class FailureNotices:
                 self.metrics.errors.labels("failure_notice_failed").inc()
 
     def _identity_refused(self, job: JobRecord) -> str | None:
-        """Why the study's patient identifiers cannot address a notice (ingest's rule,
-        :func:`radserve.ingest.validate.check_patient_values`: the attribute named, never
-        its value), or None. A study refused for them failed *because* they name no one
-        patient or order: a notice filed under them (before session 42: a SR with two
-        Patient IDs, a FHIR Patient created as ``A\\B``) would reach nobody, or the wrong
-        record."""
-        header = first_stored_header(Path(job.study_path), _IDENTITY_TAGS, self.policy)
-        if header is None:
-            return None
-        try:
-            check_patient_values(DiscoveryMemo().patient(header))
-        except StudyError as exc:
-            return str(exc)
-        return None
+        """Why the study's identifiers cannot address a notice (:func:`identity_refusal`
+        over every stored instance's header, read without its pixel data), or None. A
+        study refused for them failed *because* they name no one patient or order: a
+        notice filed under them (before session 42: a SR with two Patient IDs, a FHIR
+        Patient created as ``A\\B``; until the instances were compared, the first
+        file's patient of a study whose instances named two) would reach nobody, or the
+        wrong record."""
+        headers = stored_headers(Path(job.study_path), _IDENTITY_TAGS, self.policy)
+        with closing(headers):
+            return identity_refusal(headers)
 
     def _fhir(self, job: JobRecord) -> None:
         assert self.fhir is not None
@@ -246,7 +327,13 @@ class FailureNotices:
             )
             return
         scope = "" if self.group_of is None else self.group_of(job.api_key_id)
-        bundle = failure_bundle(job, header, dt.datetime.now(dt.UTC), scope=scope)
+        bundle = failure_bundle(
+            job,
+            header,
+            dt.datetime.now(dt.UTC),
+            scope=scope,
+            reason=notice_reason(job, self.data_dir),
+        )
         study_uid = header_text(header, "StudyInstanceUID")
         self.fhir.outbox.enqueue(
             bundle,
@@ -266,7 +353,7 @@ class FailureNotices:
             study_headers(Path(job.study_path), self.policy),
             job_id=job.id,
             error_code=str(job.error_code),
-            reason=str(job.error_message),
+            reason=notice_reason(job, self.data_dir),
             when=dt.datetime.now(dt.UTC),
         )
         path = save_atomic(sr, self.results_root / job.id / FAILURE_SR_FILE)
@@ -277,4 +364,12 @@ class FailureNotices:
         logger.info("job %s: DICOM failure notice queued (SR, analysis failed)", job.id)
 
 
-__all__ = ["FailureNotices", "failure_bundle", "study_header", "study_headers"]
+__all__ = [
+    "INTERNAL_REASON",
+    "FailureNotices",
+    "failure_bundle",
+    "identity_refusal",
+    "notice_reason",
+    "study_header",
+    "study_headers",
+]
