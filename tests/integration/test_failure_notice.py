@@ -84,7 +84,11 @@ def test_a_failed_job_sends_a_cancelled_diagnostic_report(tmp_path: Path) -> Non
             assert report["conclusionCode"][0]["coding"][0]["code"] == code
             assert code in report["conclusion"]
             [patient] = [e for e in notice["entry"] if e["resource"]["resourceType"] == "Patient"]
-            assert patient["resource"]["identifier"] == [{"value": "PID-0815"}]
+            [identifier] = patient["resource"]["identifier"]
+            assert identifier["value"] == "PID-0815" and "system" not in identifier
+            # no system: created as the AI report's Patient is, without a search by the
+            # bare value (until session 43 `identifier=PID-0815` matched any issuer's)
+            assert "ifNoneExist" not in patient["request"]
             assert report["subject"] == {"reference": patient["fullUrl"]}
             metrics = c.get("/metrics").text
             assert 'radserve_failure_notices_total{channel="fhir"} 1.0' in metrics
@@ -148,8 +152,40 @@ def test_no_notice_is_filed_under_identifiers_ingest_refused(tmp_path: Path) -> 
             assert wait_job(c, r.json()["id"], admin)["state"] == "failed"
             [notice] = _bundles(fhir, 1)
             [patient] = [e for e in notice["entry"] if e["resource"]["resourceType"] == "Patient"]
-            assert patient["resource"]["identifier"] == [{"value": "PID-0815"}]
+            assert patient["resource"]["identifier"][0]["value"] == "PID-0815"
             metrics = c.get("/metrics").text
             assert 'radserve_errors_total{code="failure_notice_unaddressable"} 2.0' in metrics
             assert 'radserve_failure_notices_total{channel="fhir"} 1.0' in metrics
     assert len(fhir.received) == 1
+
+
+def test_a_notice_names_the_patient_with_the_ai_report_s_identifier_system(tmp_path: Path) -> None:
+    """The notice's Patient is found as the AI report's is: by the issuer's system and
+    the ID. Before session 43 it was created with ``ifNoneExist: identifier=<ID>``, which
+    a FHIR server matches against a patient of any issuer holding that ID."""
+    with FhirServer() as fhir:
+        service = Service(
+            settings_for(
+                tmp_path,
+                fhir__url=fhir.url,
+                fhir__issuer_systems={"HOSP_A": "urn:oid:1.2.3.4"},
+                **RETRY,
+            )
+        )
+        admin = create_key(service.store, "admin")
+        with (
+            ServerThread(create_app(service)) as srv,
+            httpx.Client(base_url=srv.url, timeout=30) as c,
+        ):
+            assert service.wait_warm(60 * WAIT_SCALE)
+            _break_model(service)
+            extra = {"PatientID": "PID-0815", "IssuerOfPatientID": "HOSP_A"}
+            files = make_study(tmp_path / "s", extra=extra)
+            r = c.post("/v1/studies", files=upload(files), headers=auth(admin))
+            assert wait_job(c, r.json()["id"], admin)["state"] == "failed"
+            [notice] = _bundles(fhir, 1)
+            [patient] = [e for e in notice["entry"] if e["resource"]["resourceType"] == "Patient"]
+            [identifier] = patient["resource"]["identifier"]
+            assert (identifier["system"], identifier["value"]) == ("urn:oid:1.2.3.4", "PID-0815")
+            assert patient["request"]["ifNoneExist"] == "identifier=urn:oid:1.2.3.4|PID-0815"
+            assert check_bundle(notice) == []

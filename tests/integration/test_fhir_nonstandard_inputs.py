@@ -140,7 +140,7 @@ def test_a_failed_zip_upload_sends_its_failure_notice(
     kinds = {e["resource"]["resourceType"]: e["resource"] for e in bundle["entry"]}
     assert kinds["DiagnosticReport"]["status"] == "cancelled"
     assert job["error"]["code"] in kinds["DiagnosticReport"]["conclusion"]
-    assert kinds["Patient"]["identifier"] == [{"value": "PID-ZIP-7"}]
+    assert [i["value"] for i in kinds["Patient"]["identifier"]] == ["PID-ZIP-7"]
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,6 @@ from collections.abc import Callable, Iterable
 from contextlib import closing, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 import pydicom
 from pydicom.uid import generate_uid
@@ -51,7 +50,13 @@ from radserve.ingest.validate import check_patient_values
 from radserve.report.dicom.common import save_atomic
 from radserve.report.dicom.failure import FAILURE_SR_FILE, build_failure_sr
 from radserve.report.fhir.bundle import validate_bundle
-from radserve.report.fhir.resources import REPORT_CODE, V2_0074, oid_identifier
+from radserve.report.fhir.patient import IdentifierSystems, patient_identifier
+from radserve.report.fhir.resources import (
+    REPORT_CODE,
+    V2_0074,
+    identifier_search,
+    oid_identifier,
+)
 from radserve.service.fhir import FhirDelivery
 from radserve.service.lineage import diagnostic_report_uid
 from radserve.service.metrics import Metrics
@@ -74,6 +79,7 @@ _HEADER_TAGS = (
     "PatientName",
     "PatientID",
     "IssuerOfPatientID",
+    "IssuerOfPatientIDQualifiersSequence",  # its universal entity: the FHIR system
     "StudyInstanceUID",
     "SeriesInstanceUID",
     "SOPClassUID",
@@ -184,11 +190,14 @@ def failure_bundle(
     *,
     scope: str = "",
     reason: str | None = None,
+    systems: IdentifierSystems | None = None,
 ) -> dict[str, Any]:
     """A transaction Bundle: Patient (if the header names one) + a cancelled
     DiagnosticReport, identified as the study's AI report of this pipeline in the lineage
     of ``scope`` (radserve.service.lineage). ``reason``: what the conclusion says of the
-    failure (default :func:`notice_reason`)."""
+    failure (default :func:`notice_reason`); ``systems``: the Patient ID's identifier
+    system, as the AI report's (``fhir.patient_identifier_system``, ``fhir.issuer_systems``)."""
+    systems = systems or IdentifierSystems()
     reason = notice_reason(job) if reason is None else reason
     study_uid = header_text(header, "StudyInstanceUID")
     report_uid = (
@@ -211,22 +220,25 @@ def failure_bundle(
         ),
         "conclusionCode": [{"coding": [{**FAILED_CODE, "code": str(job.error_code)}]}],
     }
-    patient_id = header_text(header, "PatientID")
-    if patient_id:
+    patient = None if header is None else DiscoveryMemo().patient(header)
+    patient_id = None if patient is None else patient_identifier(patient, systems)
+    if patient_id is not None:
+        # the AI report's identifier (radserve.report.fhir.patient): found by system and
+        # value, created without a search when the ID has no system; until session 43
+        # `identifier=<ID>` alone matched a patient of any issuer with that ID
         patient_url = f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_OID, job.id + '/patient')}"
+        request = {"method": "POST", "url": "Patient"}
+        if patient_id.get("system"):
+            request["ifNoneExist"] = identifier_search(patient_id)
         entries.append(
             {
                 "fullUrl": patient_url,
-                "resource": {"resourceType": "Patient", "identifier": [{"value": patient_id}]},
-                "request": {
-                    "method": "POST",
-                    "url": "Patient",
-                    "ifNoneExist": f"identifier={quote(patient_id, safe=':.@-_')}",
-                },
+                "resource": {"resourceType": "Patient", "identifier": [patient_id]},
+                "request": request,
             }
         )
         report["subject"] = {"reference": patient_url}
-    search = f"identifier={quote(identifier['system'], safe=':/.-_')}|{identifier['value']}"
+    search = identifier_search(identifier)
     entries.append(
         {
             "fullUrl": f"urn:uuid:{uuid.uuid5(uuid.NAMESPACE_OID, job.id + '/report')}",
@@ -269,6 +281,7 @@ class FailureNotices:
         self.gateway = gateway
         self.results = results
         self.data_dir = settings.data_dir
+        self.systems = IdentifierSystems.from_settings(settings.fhir)
 
     def on_failed(self, job: JobRecord) -> None:
         logger.error(
@@ -333,6 +346,7 @@ class FailureNotices:
             dt.datetime.now(dt.UTC),
             scope=scope,
             reason=notice_reason(job, self.data_dir),
+            systems=self.systems,
         )
         study_uid = header_text(header, "StudyInstanceUID")
         self.fhir.outbox.enqueue(
