@@ -46,6 +46,7 @@ def verify(
     append) is said and fails nothing: the checkpoint before it is checked instead."""
     from radserve.audit.seal import CheckpointFile, ExpectedHead, checkpoint_path, verify_sealed
     from radserve.config import load_settings
+    from radserve.store.store import read_by_command
 
     try:
         expected = [ExpectedHead.parse(text) for text in expect_heads]
@@ -55,7 +56,8 @@ def verify(
     checkpoints = None if no_checkpoint else CheckpointFile(checkpoint_path(settings))
     store = open_store(config_file, data_dir, create=False)
     try:
-        report, checkpoint = verify_sealed(store, checkpoints, expected)
+        with read_by_command(store):
+            report, checkpoint = verify_sealed(store, checkpoints, expected)
     finally:
         store.close()
     for note in report.notes:
@@ -83,11 +85,13 @@ def verify(
 @DATA_DIR_OPTION
 def export(out: Path, config_file: Path | None, data_dir: Path | None) -> None:
     """Write every audit record, oldest first, as one JSON object per line."""
+    from radserve.store.store import read_by_command
+
     store = open_store(config_file, data_dir, create=False)
     count, last_hash = 0, None
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with open(out, "w", encoding="utf-8") as handle:
+        with read_by_command(store), open(out, "w", encoding="utf-8") as handle:
             for record in store.iter_audit():
                 handle.write(json.dumps(record.to_json(), sort_keys=True) + "\n")
                 count, last_hash = count + 1, record.hash

@@ -15,14 +15,37 @@ if TYPE_CHECKING:
     from radserve.store import Store
 
 
-def open_store(config_file: Path | None, data_dir: Path | None, *, create: bool = True) -> Store:
+def open_store(
+    config_file: Path | None,
+    data_dir: Path | None,
+    *,
+    create: bool = True,
+    existing: bool = False,
+) -> Store:
     """The store the server with these settings uses (no running server needed), with
     the audit key: records this command appends are keyed and checkpointed. A command
-    that only reads passes ``create=False``: no store there is an error, not a new one."""
-    from radserve.config import load_settings
-    from radserve.store.audited import open_audited
+    that only reads passes ``create=False``: no store there is an error, not a new one.
+    ``existing`` (a command that changes rows a store must already hold, ``keys
+    revoke``): no store there is refused the same way, before anything is created (a
+    mistyped --data-dir got a new folder, store and audit key, then "no API key")."""
+    from sqlalchemy import exc as sa_exc
 
-    store, _trail = open_audited(load_settings(config_file, data_dir=data_dir), create=create)
+    from radserve.config import load_settings
+    from radserve.store.audited import missing_data, open_audited
+    from radserve.store.errors import NoDataError
+    from radserve.store.store import unreadable
+
+    settings = load_settings(config_file, data_dir=data_dir)
+    if existing and (why := missing_data(settings)) is not None:
+        raise NoDataError(
+            f"no radserve store at {settings.data_dir} ({why}): nothing was created. A "
+            "server's data folder is its --data-dir, RADSERVE_DATA_DIR or the config "
+            "file's data_dir"
+        )
+    try:
+        store, _trail = open_audited(settings, create=create)
+    except sa_exc.DatabaseError as exc:  # a page past those the open read (the audit head)
+        raise unreadable(settings.effective_database_url, exc) from exc
     return store
 
 
@@ -75,11 +98,14 @@ def create(
     data_dir: Path | None,
 ) -> None:
     """Create a key; the key itself is printed once, as the last line."""
+    from radserve.store.store import read_by_command
+
     store = open_store(config_file, data_dir)
     try:
-        record, token = store.create_api_key(
-            name=name or f"{role} key", role=role, site=site, submitter=submitter
-        )
+        with read_by_command(store):
+            record, token = store.create_api_key(
+                name=name or f"{role} key", role=role, site=site, submitter=submitter
+            )
     finally:
         store.close()
     click.echo(f"created API key {record.id} (role {record.role}, name {record.name!r})", err=True)
@@ -94,9 +120,12 @@ def create(
 def revoke(key_id: str, config_file: Path | None, data_dir: Path | None) -> None:
     """Revoke the key KEY_ID; a running server refuses it within 10 s (it remembers a
     key it has checked that long)."""
-    store = open_store(config_file, data_dir)
+    from radserve.store.store import read_by_command
+
+    store = open_store(config_file, data_dir, existing=True)
     try:
-        record = store.revoke_api_key(key_id)
+        with read_by_command(store):
+            record = store.revoke_api_key(key_id)
     finally:
         store.close()
     click.echo(
@@ -112,9 +141,12 @@ def revoke(key_id: str, config_file: Path | None, data_dir: Path | None) -> None
 @DATA_DIR_OPTION
 def list_keys(as_json: bool, active: bool, config_file: Path | None, data_dir: Path | None) -> None:
     """List keys (ids, roles, names, dates; never the keys themselves)."""
+    from radserve.store.store import read_by_command
+
     store = open_store(config_file, data_dir, create=False)
     try:
-        keys = store.list_api_keys(include_revoked=not active)
+        with read_by_command(store):
+            keys = store.list_api_keys(include_revoked=not active)
     finally:
         store.close()
     if as_json:

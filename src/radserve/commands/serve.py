@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import socket
 
     from radserve.config import Settings
+    from radserve.store.data_dir_lock import ServeLock
 
 
 @click.command("serve")
@@ -120,11 +121,71 @@ def run_server(
     radserve migrates the database (a clean stop, then :class:`SchemaChangedError`). One start-up
     path for ``radserve serve`` and ``radserve demo --serve``: ``on_started`` gets the
     base URL once the socket is bound (the real port when ``server.port`` is 0), on the
-    event loop, so it must not block."""
+    event loop, so it must not block.
+
+    On a store that is not shared (SQLite, ``outbox.replicas`` 1) it holds the store's
+    serving lock while it runs (:mod:`radserve.store.data_dir_lock`): a second server on
+    the same data dir refuses at once (``data_dir_in_use``, exit 2) instead of claiming
+    this one's jobs."""
+    _make_data_dir(settings.data_dir)
+    lock = hold_store(settings)
+    try:
+        _serve(
+            settings,
+            cpu_workers=cpu_workers,
+            worker_nice=worker_nice,
+            access_log=access_log,
+            on_started=on_started,
+            config_file=config_file,
+        )
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _make_data_dir(folder: Path) -> None:
+    """The data dir, created if need be; one line naming it if it cannot be."""
+    import errno
+
+    from radserve.store.errors import StoreError
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        read_only = exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+        why = "it is on a read-only file system or not writable" if read_only else exc.strerror
+        raise StoreError(f"cannot create the data dir {folder}: {why}") from exc
+
+
+def hold_store(settings: Settings) -> ServeLock | None:
+    """The serving lock of ``settings``' store where it is not shared (a SQLite file and
+    ``outbox.replicas`` 1: this server owns every unfinished job); None where it is
+    (PostgreSQL, or replicas whose job leases share the jobs)."""
+    from sqlalchemy.engine import make_url
+
+    from radserve.store.data_dir_lock import acquire
+
+    url = make_url(settings.effective_database_url)
+    if url.get_backend_name() != "sqlite" or settings.outbox.replicas > 1:
+        return None
+    return acquire(Path(url.database or ""), data_dir=settings.data_dir)
+
+
+def _serve(
+    settings: Settings,
+    *,
+    cpu_workers: int,
+    worker_nice: int,
+    access_log: bool,
+    on_started: Callable[[str], None] | None,
+    config_file: Path | None,
+) -> None:
+    """:func:`run_server` once the store is held."""
     import asyncio
     from types import FrameType
 
     import uvicorn
+    from sqlalchemy import exc as sa_exc
 
     from radserve.api import create_app
     from radserve.api.http_limits import forwarded_trust, uvicorn_protocols
@@ -132,14 +193,17 @@ def run_server(
     from radserve.api.reader import CleanStopServer
     from radserve.console import install as install_console
     from radserve.service import Service
+    from radserve.store.store import unreadable
     from radserve.tls import server_context
 
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
     _raise_open_files_limit()
     # HTTPS: the context is built (and its files read) before anything starts
     https = None if settings.server.tls is None else server_context(settings.server.tls, "HTTPS")
     scheme = "http" if https is None else "https"
-    service = Service(settings, cpu_workers=cpu_workers, worker_nice=worker_nice)
+    try:
+        service = Service(settings, cpu_workers=cpu_workers, worker_nice=worker_nice)
+    except sa_exc.DatabaseError as exc:  # a corrupt page past those the open read
+        raise unreadable(settings.effective_database_url, exc) from exc
     _doctor(settings, service)
     app = create_app(service)
     install_console(app, service, config_file)  # the web console at / (console.enabled)

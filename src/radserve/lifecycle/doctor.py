@@ -290,41 +290,106 @@ def servable_here(servable: Sequence[str], host: HostFacts, providers: Sequence[
 
 
 def _disk(settings: Settings) -> Check:
+    """Free space in the data dir; below :data:`MIN_FREE_DISK_BYTES` serve refuses to
+    start, which the row says (it said only "0.0 GiB free")."""
     folder = settings.data_dir if settings.data_dir.exists() else settings.data_dir.parent
     try:
         free = shutil.disk_usage(folder).free
     except OSError as exc:
         return Check("data dir disk", "fail", f"{folder}: {exc}", blocking=True)
     status: Status = "ok" if free >= MIN_FREE_DISK_BYTES else "fail"
-    return Check("data dir disk", status, f"{free / 1024**3:.1f} GiB free in {folder}",
-                 blocking=status == "fail")  # fmt: skip
+    detail = f"{_size(free)} free in {folder}"
+    if status == "fail":
+        detail += (
+            f"; `radserve serve` needs at least {_size(MIN_FREE_DISK_BYTES)} free there to "
+            "start (doctor's fixed minimum, no setting): free space or move data_dir"
+        )
+    if settings.gateway.enabled:
+        detail += (
+            f"; the DICOM gateway refuses instances below gateway.min_free_bytes "
+            f"({_size(settings.gateway.min_free_bytes)})"
+        )
+    return Check("data dir disk", status, detail, blocking=status == "fail")
+
+
+def _size(count: int) -> str:
+    """``40 MiB`` below a GiB, ``1.0 GiB`` from it (``0.0 GiB free`` said nothing)."""
+    if count < 1024**3:
+        return f"{count / 1024**2:.0f} MiB"
+    return f"{count / 1024**3:.1f} GiB"
 
 
 def _database(settings: Settings) -> Check:
-    from sqlalchemy.engine import make_url
+    """The store: reachable and readable, its schema revision against this code's (one
+    a newer radserve wrote fails, in serve's words: serve refuses it), a SQLite store in
+    a read-only folder (serve cannot run on it), and the server holding it (info)."""
+    from sqlalchemy import exc as sa_exc
 
     from radserve.store.audited import missing_data
-    from radserve.store.db import make_engine
-    from radserve.store.migrate import current_revision, head_revision
+    from radserve.store.db import make_engine, sqlite_file
+    from radserve.store.migrate import current_revision, head_revision, serve_refusal
+    from radserve.store.store import unreadable, writable
 
-    url = make_url(settings.effective_database_url)
-    missing = missing_data(settings) if url.get_backend_name() == "sqlite" else None
-    if missing is not None:  # not connected: a SQLite connection would create the file
-        return _sqlite_to_create(Path(url.database or ""), missing)
+    url = settings.effective_database_url
+    database = sqlite_file(url)
+    if database is not None and database.is_dir():
+        return Check("database", "fail", f"the SQLite store {database} is a folder, not a "
+                     "database file: serve cannot open it", blocking=True)  # fmt: skip
+    missing = missing_data(settings) if database is not None else None
+    if database is not None and missing is not None:
+        # not connected: a SQLite connection would create the file
+        return _sqlite_to_create(database, missing)
+    read_only = database is not None and not writable(database)
     try:
-        engine = make_engine(settings.effective_database_url)
+        engine = make_engine(url, read_only=read_only)
         try:
             current = current_revision(engine)
         finally:
             engine.dispose()
+    except sa_exc.DBAPIError as exc:
+        if database is None:  # the driver's text may name the host: its class only
+            return Check("database", "fail", f"not reachable: {type(exc.orig).__name__}",
+                         blocking=True)  # fmt: skip
+        return Check("database", "fail", unreadable(url, exc, read_only=read_only).message,
+                     blocking=True)  # fmt: skip
     except Exception as exc:  # any driver error means: not reachable
         return Check("database", "fail", f"not reachable: {type(exc).__name__}", blocking=True)
+    refused = serve_refusal(current)
+    if refused is not None:
+        return Check("database", "fail", refused.message, blocking=True)
+    if read_only and database is not None:
+        return Check(
+            "database",
+            "fail",
+            f"the SQLite store {database} is in a folder this user cannot write "
+            f"({database.parent}: read-only file system or permissions): serve cannot run "
+            "on it (keys list and audit verify can read it)",
+            blocking=True,
+        )
     head = head_revision()
     if current is None:
-        return Check("database", "ok", f"reachable; empty (migrated to {head} at start)")
-    if current != head:
+        detail = f"reachable; empty (migrated to {head} at start)"
+    elif current != head:
         return Check("database", "warn", f"at {current}; {head} is applied at start")
-    return Check("database", "ok", f"reachable, migration head {head}")
+    else:
+        detail = f"reachable, migration head {head}"
+    return Check("database", "ok", detail + _in_use(settings, database))
+
+
+def _in_use(settings: Settings, database: Path | None) -> str:
+    """``; in use by radserve serve pid N ...`` where another process holds the SQLite
+    store's serving lock (:mod:`radserve.store.data_dir_lock`); empty otherwise."""
+    from radserve.store.data_dir_lock import holder
+
+    if database is None or settings.outbox.replicas > 1:
+        return ""
+    found = holder(database)
+    if found is None or found.pid == os.getpid():  # none, or serve's own start-up check
+        return ""
+    return (
+        f"; in use by `radserve serve` {found.describe()} (a second serve on this data dir "
+        "is refused)"
+    )
 
 
 def _sqlite_to_create(database: Path, missing: str) -> Check:

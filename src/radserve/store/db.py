@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import sqlite3
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import DateTime, Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, Dialect, make_url
@@ -77,8 +79,9 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
         return stamp.astimezone(dt.UTC)
 
 
-def normalise_url(url: str | URL) -> URL:
-    """``postgresql://`` means psycopg 3 here; SQLite files get their folder created."""
+def normalise_url(url: str | URL, *, create: bool = True) -> URL:
+    """``postgresql://`` means psycopg 3 here; SQLite files get their folder created
+    (``create`` False: not)."""
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
@@ -89,7 +92,8 @@ def normalise_url(url: str | URL) -> URL:
                 "radserve needs a SQLite database file (several connections share it); "
                 f"got {parsed.render_as_string(hide_password=True)!r}"
             )
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
+        if create:
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
     elif parsed.get_backend_name() != "postgresql":
         raise StoreError(
             f"unsupported database {parsed.get_backend_name()!r}: use sqlite:///FILE or "
@@ -98,10 +102,32 @@ def normalise_url(url: str | URL) -> URL:
     return parsed
 
 
-def make_engine(url: str | URL) -> Engine:
-    """An engine with radserve's durability and locking settings for its backend."""
-    parsed = normalise_url(url)
-    if parsed.get_backend_name() == "sqlite":
+def sqlite_file(url: str | URL) -> Path | None:
+    """The database file of a SQLite URL (absolute); None for another database."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    return Path(parsed.database).absolute()
+
+
+def make_engine(url: str | URL, *, read_only: bool = False) -> Engine:
+    """An engine with radserve's durability and locking settings for its backend.
+
+    ``read_only`` (SQLite; a command that only reads a store in a folder it cannot
+    write, such as read-only media): the file is opened read-only, as immutable unless a
+    write-ahead log beside it holds commits not merged into it yet (:func:`_read_only_uri`),
+    and nothing is created or changed beside it."""
+    parsed = normalise_url(url, create=not read_only)
+    if parsed.get_backend_name() == "sqlite" and read_only:
+        uri = _read_only_uri(Path(parsed.database or "").absolute())
+        timeout = SQLITE_BUSY_TIMEOUT_MS / 1000
+
+        def connect() -> sqlite3.Connection:
+            return sqlite3.connect(uri, uri=True, timeout=timeout, check_same_thread=False)
+
+        engine = create_engine(parsed, creator=connect)
+        _configure_sqlite(engine, read_only=True)
+    elif parsed.get_backend_name() == "sqlite":
         engine = create_engine(
             parsed,
             connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
@@ -138,15 +164,39 @@ def _configure_postgresql(engine: Engine) -> None:
         dbapi_connection.commit()
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def wal_pending(database: Path) -> bool:
+    """Whether the write-ahead log beside ``database`` holds frames (commits a server
+    that did not stop cleanly left unmerged into the file)."""
+    try:
+        return database.with_name(database.name + "-wal").stat().st_size > 0
+    except OSError:
+        return False
+
+
+def _read_only_uri(database: Path) -> str:
+    """A SQLite URI opening ``database`` read-only: ``immutable=1`` (no lock, no
+    ``-shm`` file created: it opens on read-only media) where it is at rest; ``mode=ro``
+    (SQLite reads the log through the existing ``-shm`` file, or refuses) where a
+    write-ahead log holds unmerged commits, which an immutable open would not see, or
+    where a log and its ``-shm`` file say a process uses it (a server running as another
+    user, whose checkpoints an immutable reader would not expect)."""
+    log, shm = (database.with_name(database.name + suffix) for suffix in ("-wal", "-shm"))
+    live = wal_pending(database) or (log.exists() and shm.exists())
+    return f"file:{quote(str(database))}?{'mode=ro' if live else 'immutable=1'}"
+
+
+def _configure_sqlite(engine: Engine, *, read_only: bool = False) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # take transaction control from the sqlite3 module so BEGIN is ours (see "begin")
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute("PRAGMA synchronous=FULL")
+            if read_only:  # the journal mode is the file's; nothing may be written
+                cursor.execute("PRAGMA query_only=ON")
+            else:
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute("PRAGMA synchronous=FULL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         finally:

@@ -67,7 +67,7 @@ def require_head(engine: Engine, why: str = ONLY_READS) -> None:
 def not_current(current: str | None, why: str) -> SchemaNotCurrentError:
     """The refusal of a store at ``current`` by a command that does not upgrade (``why``)."""
     head = head_revision()
-    known = current is not None and _is_known(current)
+    known = current is not None and is_known(current)
     found = f"schema revision {current}" if current else "no radserve schema (schema revision none)"
     how = (
         "`radserve serve` of this version upgrades it at start (stop the servers of the "
@@ -81,7 +81,16 @@ def not_current(current: str | None, why: str) -> SchemaNotCurrentError:
     )
 
 
-def _is_known(revision: str) -> bool:
+def serve_refusal(current: str | None) -> SchemaNotCurrentError | None:
+    """The refusal :func:`upgrade` (``radserve serve``) gives a store at ``current``, in
+    its words (a revision a newer radserve wrote), or None where serve migrates or runs
+    on it; what ``radserve doctor`` says of it too."""
+    if current is not None and not is_known(current):
+        return not_current(current, NEWER_NOT_READ)
+    return None
+
+
+def is_known(revision: str) -> bool:
     try:
         return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
     except CommandError:
@@ -105,10 +114,11 @@ def upgrade(engine: Engine, revision: str = "head", *, only_empty: bool = False)
         before = MigrationContext.configure(connection).get_current_revision()
         if only_empty and before not in (None, head_revision()):
             raise not_current(before, ONLY_SERVE_UPGRADES)
-        if before is not None and not _is_known(before):
+        refused = serve_refusal(before)
+        if refused is not None:
             # a newer radserve migrated it: Alembic would raise "Can't locate revision"
             # with a traceback; this code must not run on a schema it does not know
-            raise not_current(before, NEWER_NOT_READ)
+            raise refused
         command.upgrade(alembic_config(connection), revision)
         after = MigrationContext.configure(connection).get_current_revision()
     if before != after:

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Literal, cast
 
 from sqlalchemy import CursorResult, Update, select, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from radserve.audit.chain import AuditKey
@@ -29,7 +33,7 @@ from radserve.store import jobs as jobq
 from radserve.store.access import AccessMixin
 from radserve.store.base import AuditListener
 from radserve.store.console import ConsoleMixin
-from radserve.store.db import make_engine
+from radserve.store.db import make_engine, sqlite_file, wal_pending
 from radserve.store.errors import (
     InvalidTransitionError,
     JobExistsError,
@@ -79,8 +83,15 @@ def init_store(
 
     ``audit_key`` keys the audit chain's hashes (every writer of a keyed chain needs it:
     see :func:`radserve.audit.seal.open_store`); ``on_audit`` is told of every appended
-    record after its transaction commits."""
-    engine = make_engine(url)
+    record after its transaction commits.
+
+    A SQLite store in a folder this process cannot write (read-only media) is opened
+    read-only for ``"current"`` (:func:`radserve.store.db.make_engine`); a store that
+    cannot be opened or read raises :class:`StoreError` naming its file and what is
+    wrong (:func:`unreadable`), never the driver's traceback."""
+    database = sqlite_file(url)
+    read_only = schema == "current" and database is not None and not writable(database)
+    engine = make_engine(url, read_only=read_only)
     try:
         if schema == "current":
             require_head(engine)
@@ -89,12 +100,83 @@ def init_store(
     except SchemaNotCurrentError:
         engine.dispose()
         raise
-    except sa_exc.OperationalError as exc:
+    except sa_exc.DatabaseError as exc:  # OperationalError, and a corrupt file's
         engine.dispose()
-        raise StoreError(
-            f"cannot open the database: {exc.orig.__class__.__name__}: {exc.orig}"
-        ) from exc
+        raise unreadable(url, exc, read_only=read_only) from exc
     return Store(engine, audit_key=audit_key, on_audit=on_audit)
+
+
+class StoreUnreadableError(StoreError):
+    """The store's file cannot be opened or read: corrupt, truncated, not a database, a
+    folder, or in a folder that cannot be written. Waiting does not mend it."""
+
+    code = "store_unreadable"
+    retryable = False
+
+
+def writable(database: Path) -> bool:
+    """Whether this process can write the SQLite file ``database`` and its folder (where
+    SQLite keeps its ``-wal`` and ``-shm`` files); a file not there yet: its folder."""
+    folder = database.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return False
+    except OSError:
+        return False
+    targets = [folder, database] if database.exists() else [folder]
+    return all(os.access(target, os.W_OK) for target in targets)
+
+
+# SQLite's words for a file that is not a (whole) database
+_CORRUPT = ("not a database", "malformed", "encrypted")
+
+
+@contextmanager
+def read_by_command(store: Store) -> Iterator[None]:
+    """Around a command's use of ``store``: a file found corrupt past its first pages
+    (the open read those) is one line naming it too, not the driver's traceback."""
+    try:
+        yield
+    except sa_exc.DatabaseError as exc:
+        raise unreadable(store.engine.url, exc) from exc
+
+
+def unreadable(url: str | URL, exc: sa_exc.DBAPIError, *, read_only: bool = False) -> StoreError:
+    """One line for a store the driver could not open or read (``exc``): for SQLite its
+    file and what is wrong with it (corrupt, a folder, read-only), for PostgreSQL the
+    driver's error class and message as before."""
+    orig = exc.orig
+    text = str(orig)
+    database = sqlite_file(url)
+    if database is None:
+        return StoreError(f"cannot open the database: {orig.__class__.__name__}: {text}")
+    store = f"the SQLite store {database}"
+    if any(word in text.lower() for word in _CORRUPT):
+        return StoreUnreadableError(
+            f"{store} cannot be read: {text} (the file is corrupt, cut short or not a "
+            "radserve database). Stop every radserve using it, then restore the data dir "
+            "from a backup, or move the file away and let `radserve serve` start an empty "
+            "store"
+        )
+    if database.is_dir():
+        return StoreUnreadableError(f"{store} is a folder, not a database file: {text}")
+    if read_only and wal_pending(database):
+        return StoreUnreadableError(
+            f"{store} is in a folder that cannot be written and its write-ahead log "
+            f"{database.name}-wal holds commits not yet merged into it (the server did not "
+            f"stop cleanly): SQLite cannot read it there ({text}). Copy the data dir to "
+            "writable storage and read the copy"
+        )
+    if not read_only and not writable(database):
+        return StoreUnreadableError(
+            f"{store} is in a read-only folder ({database.parent}: a read-only file system "
+            f"or no write permission), and this command writes to it ({text}). Make the "
+            "folder writable; `radserve keys list`, `audit verify` and `audit export` read "
+            "a store on read-only media"
+        )
+    return StoreError(f"cannot open {store}: {orig.__class__.__name__}: {text}")
 
 
 class Store(
