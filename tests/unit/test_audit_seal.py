@@ -187,9 +187,22 @@ def test_attack_tail_cut_and_head_moved_back(store: Store, settings: Settings) -
     sql(store, f"UPDATE audit_head SET seq = 3, hash = '{third.hash}'")
     assert store.verify_audit().ok  # the chain alone cannot tell
     found = verify(store, settings)
-    assert any("saw the chain at seq 6; the chain now ends at seq 3" in p for p in found), found
+    said = "saw the chain at seq 6; its last record is now seq 3: records were cut from the end"
+    assert any(f"{said} (head moved back)" in p for p in found), found
     code, out = cli_verify(settings)
     assert code == 1 and "cut from the end" in out
+
+
+def test_the_tail_cut_with_the_head_row_left_names_the_last_record(
+    store: Store, settings: Settings
+) -> None:
+    """Said "the chain now ends at seq 6" (the head row's seq) of a chain whose last
+    record was seq 4: the line contradicted itself."""
+    fill(store, 6)
+    sql(store, "DELETE FROM audit_records WHERE seq > 4")
+    found = verify(store, settings)
+    said = "its last record is now seq 4: records were cut from the end (its head row still"
+    assert any(said in p for p in found), found
 
 
 def test_attack_edit_rehashed_through_the_end(store: Store, settings: Settings) -> None:

@@ -157,6 +157,9 @@ class VerifyReport:
     head_hash: str
     problems: list[AuditProblem]
     notes: list[str] = field(default_factory=list)
+    # the last record's seq (head_seq is what the head row says: they differ once
+    # records were cut from the end)
+    last_seq: int = 0
 
     @property
     def ok(self) -> bool:
@@ -211,4 +214,10 @@ def verify_chain(
             f"chain head is at seq {head_seq} but the last record is seq {last_seq} "
             "(records deleted from the end, or the head was changed)",
         )
-    return VerifyReport(records=count, head_seq=head_seq, head_hash=head_hash, problems=problems)
+    return VerifyReport(
+        records=count,
+        head_seq=head_seq,
+        head_hash=head_hash,
+        problems=problems,
+        last_seq=last_seq,
+    )

@@ -318,6 +318,7 @@ def verify_sealed(
             head_hash=report.head_hash,
             problems=problems,
             notes=notes,
+            last_seq=report.last_seq,
         ),
         checkpoint,
     )
@@ -331,11 +332,18 @@ def _check_anchor(store: Store, report: VerifyReport, anchor: ExpectedHead) -> l
         why = f"the chain is empty but {anchor.source} saw {anchor.seq} record(s) (wiped)"
         return [AuditProblem(None, why)]
     if record is None or report.head_seq < anchor.seq:
+        # the last record, not the head row's seq: with the last records deleted and the
+        # head row left, "the chain now ends at seq 2407" named a record that was gone
+        head = (
+            f" (its head row still says seq {report.head_seq})"
+            if report.head_seq != report.last_seq
+            else " (head moved back)"
+        )
         return [
             AuditProblem(
                 anchor.seq,
-                f"{anchor.source} saw the chain at seq {anchor.seq}; the chain now ends at "
-                f"seq {report.head_seq} (records cut from the end, head moved back)",
+                f"{anchor.source} saw the chain at seq {anchor.seq}; its last record is now "
+                f"seq {report.last_seq}: records were cut from the end{head}",
             )
         ]
     if record.hash != anchor.hash:
