@@ -189,3 +189,33 @@ def test_a_notice_names_the_patient_with_the_ai_report_s_identifier_system(tmp_p
             assert (identifier["system"], identifier["value"]) == ("urn:oid:1.2.3.4", "PID-0815")
             assert patient["request"]["ifNoneExist"] == "identifier=urn:oid:1.2.3.4|PID-0815"
             assert check_bundle(notice) == []
+
+
+def test_a_failed_re_run_leaves_the_study_s_result_standing(tmp_path: Path) -> None:
+    """A study run once, then again (late images, a corrected resend), whose re-run fails:
+    until session 43 the re-run's notice replaced the final DiagnosticReport by a
+    cancelled one, "No AI result exists for this study", while the first result's SEG
+    and SR stayed in the PACS. The earlier result stands; no notice goes out."""
+    with FhirServer() as fhir:
+        service = Service(settings_for(tmp_path, fhir__url=fhir.url, **RETRY))
+        admin = create_key(service.store, "admin")
+        with (
+            ServerThread(create_app(service)) as srv,
+            httpx.Client(base_url=srv.url, timeout=30) as c,
+        ):
+            assert service.wait_warm(60 * WAIT_SCALE)
+            study = {"StudyInstanceUID": "1.2.826.0.1.3680043.8.498.4242", "PatientID": "P-43"}
+            first = make_study(tmp_path / "first", extra=study)
+            r = c.post("/v1/studies", files=upload(first), headers=auth(admin))
+            assert wait_job(c, r.json()["id"], admin)["state"] == "succeeded"
+            [result] = _bundles(fhir, 1)
+            assert _report(result)["resource"]["status"] == "final"
+            _break_model(service)
+            again = make_study(tmp_path / "again", extra={**study, "SeriesDescription": "resent"})
+            r = c.post("/v1/studies", files=upload(again), headers=auth(admin))
+            failed = wait_job(c, r.json()["id"], admin)
+            assert failed["state"] == "failed", failed
+            metrics = c.get("/metrics").text
+            assert 'radserve_errors_total{code="failure_notice_result_stands"} 1.0' in metrics
+            assert service.outbox.items(kind="fhir") and len(fhir.received) == 1
+            assert 'radserve_failure_notices_total{channel="fhir"}' not in metrics

@@ -19,7 +19,10 @@ The notice carries the error code and radserve's message, never header values, a
 never a path: ingest names instances by Instance Number and UID (a folder or zip member
 name is the sender's, and may name a patient), the data dir is left out, and an
 unexpected error (``internal_error``, whose text may quote anything) is said in a fixed
-sentence. A notice is sent only when every stored instance names one patient (Patient
+sentence. No notice is sent for a study whose earlier result (same study, pipeline and lineage
+scope) succeeded: that result stands, and a failed re-run must not cancel it
+(``radserve_errors{code="failure_notice_result_stands"}``). A notice is sent only when
+every stored instance names one patient (Patient
 ID and issuer, name, birth date, compared as ingest compares them), one study and at
 most one Accession Number; otherwise it would be filed under whichever instance was read
 first, so none is sent (``radserve_errors{code="failure_notice_unaddressable"}``).
@@ -61,7 +64,7 @@ from radserve.service.fhir import FhirDelivery
 from radserve.service.lineage import diagnostic_report_uid
 from radserve.service.metrics import Metrics
 from radserve.store import JobRecord
-from radserve.store.results import ResultIndex
+from radserve.store.results import LineageIndex, LineageRecord, ResultIndex
 
 if TYPE_CHECKING:
     from radserve.service.gateway import GatewayBridge
@@ -282,6 +285,7 @@ class FailureNotices:
         self.results = results
         self.data_dir = settings.data_dir
         self.systems = IdentifierSystems.from_settings(settings.fhir)
+        self.lineage = None if results is None else LineageIndex(results.engine)
 
     def on_failed(self, job: JobRecord) -> None:
         logger.error(
@@ -295,6 +299,16 @@ class FailureNotices:
         if (refused := self._identity_refused(job)) is not None:
             logger.warning("job %s: no failure notice: %s", job.id, refused)
             self.metrics.errors.labels("failure_notice_unaddressable").inc()
+            return
+        if (standing := self._standing_result(job)) is not None:
+            logger.warning(
+                "job %s: no failure notice: the study's result of job %s (generation %d) "
+                "stands; a failed re-run does not cancel it",
+                job.id,
+                standing.job_id,
+                standing.generation,
+            )
+            self.metrics.errors.labels("failure_notice_result_stands").inc()
             return
         channels = []
         if self.mode in ("fhir", "both") and self.fhir is not None:
@@ -326,6 +340,22 @@ class FailureNotices:
         headers = stored_headers(Path(job.study_path), _IDENTITY_TAGS, self.policy)
         with closing(headers):
             return identity_refusal(headers)
+
+    def _standing_result(self, job: JobRecord) -> LineageRecord | None:
+        """The study's succeeded result in the job's lineage (same study, pipeline and
+        scope), if one was delivered before this run failed. A re-run (late instances,
+        a study sent again after the quiet period) that fails must not tell the PACS and
+        the FHIR server "no AI result exists": until session 43 its cancelled
+        DiagnosticReport replaced the final one (same identifier, a conditional PUT) and
+        its failure SR said so beside the earlier SEG and SR."""
+        if self.lineage is None:
+            return None
+        header = first_stored_header(Path(job.study_path), ("StudyInstanceUID",), self.policy)
+        study_uid = header_text(header, "StudyInstanceUID")
+        if not study_uid:
+            return None
+        scope = "" if self.group_of is None else self.group_of(job.api_key_id)
+        return self.lineage.latest_succeeded(study_uid, str(job.pipeline_name), scope)
 
     def _fhir(self, job: JobRecord) -> None:
         assert self.fhir is not None

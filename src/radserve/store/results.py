@@ -17,8 +17,9 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from radserve.domain.jobs import JobState
 from radserve.store.base import StoreBase
-from radserve.store.models import ResultInstance, ResultLineage
+from radserve.store.models import Job, ResultInstance, ResultLineage
 from radserve.store.result_match import MatchBounds, PatientKey
 
 
@@ -227,6 +228,26 @@ class LineageIndex(StoreBase):
                 .order_by(ResultLineage.generation.desc())
             ).all()
             return [_lineage(row) for row in rows]
+
+    def latest_succeeded(
+        self, study_instance_uid: str, pipeline_name: str, scope: str = ""
+    ) -> LineageRecord | None:
+        """The study's newest generation (pipeline, scope) whose job succeeded: the result
+        the PACS and the FHIR server hold now, which a failed re-run must not cancel."""
+        with self._read() as session:
+            row = session.scalars(
+                select(ResultLineage)
+                .join(Job, Job.id == ResultLineage.job_id)
+                .where(
+                    ResultLineage.study_instance_uid == study_instance_uid,
+                    ResultLineage.pipeline_name == pipeline_name,
+                    ResultLineage.scope == scope,
+                    Job.state == JobState.SUCCEEDED.value,
+                )
+                .order_by(ResultLineage.generation.desc())
+                .limit(1)
+            ).first()
+            return _lineage(row) if row is not None else None
 
 
 def _lineage(row: ResultLineage) -> LineageRecord:
