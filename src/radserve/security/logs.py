@@ -206,11 +206,31 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
+THREADS_LOGGER = "threading"
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    """An exception that ends a thread, as one redacted log record. Python's default
+    hook printed the raw traceback on stderr, beside the JSON lines: a peer's malformed
+    association request ended pynetdicom's acceptor thread that way, and its exception
+    text may quote what the peer sent."""
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logging.getLogger(THREADS_LOGGER).error(
+        "uncaught %s in thread %s",
+        args.exc_type.__name__,
+        name,
+        exc_info=(args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback),
+    )
+
+
 def configure_logging(
     level: int = logging.INFO, *, json_lines: bool = True, stream: TextIO | None = None
 ) -> None:
-    """Send every log line and every Python warning to stderr (or ``stream``), as JSON
-    (default) or plain text, redacted by :class:`RedactingFilter`."""
+    """Send every log line, every Python warning and every exception that ends a thread
+    to stderr (or ``stream``), as JSON (default) or plain text, redacted by
+    :class:`RedactingFilter`."""
     handler = logging.StreamHandler(stream)
     if json_lines:
         handler.setFormatter(JsonFormatter())
@@ -229,6 +249,7 @@ def configure_logging(
         uv.handlers = []
         uv.propagate = True
     capture_warnings()
+    threading.excepthook = _log_thread_exception
 
 
 __all__ = [
