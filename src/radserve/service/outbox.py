@@ -5,6 +5,13 @@ A retry is audited (``outbox.retried``: who, which row, the state it had; for a
 ``committing`` row also the storage commitment transaction it stops waiting for). A destination
 counts as unreachable once its oldest delivery that has failed and is still retrying was
 queued more than ``outbox.unreachable_after_s`` ago.
+
+A destination also counts once its deliveries wait with no sender making progress: rows
+due for longer than :func:`stall_bound_s` and none of its rows claimed, renewed or
+settled meanwhile (:meth:`OutboxStore.stalled`). Failing rows are retried and so counted
+by the rule above only after they failed; these are rows nobody tries (before, a replica
+frozen while holding a destination's lane lock left 30 FHIR Bundles waiting with
+``/readyz`` 200 and no reason given: :mod:`radserve.store.lane_lock`).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from collections.abc import Callable
 from radserve.audit import Action, AuditEvent
 from radserve.config import Settings
 from radserve.store import Store
+from radserve.store.lane_lock import SILENT_AFTER_S
 from radserve.store.outbox import (
     DestinationStatus,
     OutboxItem,
@@ -44,8 +52,22 @@ def lane_interval_s(settings: Settings) -> float:
     return LANE_INTERVAL_S
 
 
+def stall_bound_s(settings: Settings) -> float:
+    """How long due deliveries may wait with no progress before ``/readyz`` names their
+    destination: longer than a frozen lane holder is left before another server ends it
+    and takes over (twice :data:`~radserve.store.lane_lock.SILENT_AFTER_S`), and than
+    one attempt to a peer that hangs (DICOM: connect + ACSE + DIMSE timeouts; FHIR: its
+    timeout), plus one look of the senders (:func:`lane_interval_s`): 105 s by default
+    with replicas."""
+    gateway = settings.gateway
+    attempt = gateway.connect_timeout_s + gateway.acse_timeout_s + gateway.dimse_timeout_s
+    attempt = max(attempt, settings.fhir.timeout_s)
+    return max(2 * SILENT_AFTER_S, attempt) + lane_interval_s(settings)
+
+
 class OutboxOps:
-    """Read and re-arm the outbox of the store ``store``; ``wake`` nudges the senders."""
+    """Read and re-arm the outbox of the store ``store``; ``wake`` nudges the senders.
+    ``stalled_after_s``: see :func:`stall_bound_s` (the default)."""
 
     def __init__(
         self,
@@ -54,12 +76,16 @@ class OutboxOps:
         *,
         wake: Callable[[], None] = lambda: None,
         clock: Callable[[], dt.datetime] = utc_now,
+        stalled_after_s: float | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.rows = OutboxStore(store.engine, instance=settings.outbox.instance_id)
         self.wake = wake
         self.clock = clock
+        self.stalled_after_s = (
+            stall_bound_s(settings) if stalled_after_s is None else stalled_after_s
+        )
 
     def items(
         self,
@@ -130,7 +156,20 @@ class OutboxOps:
                     f"{status.retrying} delivery(ies) failing for {age:.0f} s "
                     f"(last error: {status.last_error})"
                 )
+        for lane in self.rows.stalled(now=now, after_s=self.stalled_after_s):
+            waited = (now - lane.due_since).total_seconds()
+            last = "never attempted"
+            if lane.last_progress is not None:
+                idle = (now - lane.last_progress).total_seconds()
+                last = f"none claimed or settled for {idle:.0f} s"
+            out.setdefault(
+                lane.destination,
+                f"{lane.kind.value} destination {lane.destination} not being sent to: "
+                f"{lane.waiting} delivery(ies) due for up to {waited:.0f} s, {last} (no "
+                "sender makes progress on them: every replica's sender for it stopped, or "
+                "one holding its lane is frozen)",
+            )
         return out
 
 
-__all__ = ["OutboxOps"]
+__all__ = ["OutboxOps", "lane_interval_s", "stall_bound_s"]

@@ -11,8 +11,13 @@ server's destinations and that server is back) gives one up at a time, between t
 deliveries of that lane (nothing of it is ``sending`` then), and a server below its share
 takes it at its next poll. A server that dies frees its senders lock with its connection:
 the others' shares grow and they take its destinations over at their next poll, as
-before. Replicas must configure the same destinations of a kind (a destination only one
-of them knows could be left waiting for a server that never takes it)."""
+before. A server frozen rather than dead (SIGSTOP, a paused container) keeps its
+connections, so its senders lock too: counting the servers ends the session of one
+silent for longer than :data:`radserve.store.lane_lock.SILENT_AFTER_S`
+(:meth:`LaneLock.holders`), so it no longer counts, the others' shares grow and they take
+its destinations (ending its lane sessions the same way). Replicas must configure the
+same destinations of a kind (a destination only one of them knows could be left waiting
+for a server that never takes it)."""
 
 from __future__ import annotations
 

@@ -185,6 +185,19 @@ class DestinationStatus:
     committing: int = 0  # stored, the destination's storage commitment awaited
 
 
+@dataclass(frozen=True)
+class StalledLane:
+    """A destination whose deliveries are due and that no sender makes progress on
+    (:meth:`OutboxStore.stalled`): none of its rows was claimed, renewed or settled since
+    ``after_s`` before now, while some have been due longer than that."""
+
+    kind: OutboxKind
+    destination: str
+    waiting: int  # rows due for longer than the bound (pending, or a commitment expired)
+    due_since: dt.datetime  # when the oldest of them fell due
+    last_progress: dt.datetime | None  # the latest claim, renewal or outcome of its rows
+
+
 def instance_id(configured: str | None = None) -> str:
     """This server's stable name among replicas: the configured one, else the host name."""
     return configured or socket.gethostname()
@@ -527,6 +540,46 @@ class OutboxStore(StoreBase):
                         last_error=last_error,
                     )
                 )
+            return out
+
+    def stalled(self, *, now: dt.datetime, after_s: float) -> list[StalledLane]:
+        """Destinations with rows due for more than ``after_s`` at ``now`` and no sign of a
+        sender since: no row of theirs claimed, renewed (a batch going out) or settled
+        within ``after_s``. A lane whose sender runs claims its due rows within its poll,
+        and one busy with a long batch renews and settles rows as it goes; rows waiting
+        with neither have no sender (every replica's lane for it stopped, or the one
+        holding its lock frozen and not yet ended: :mod:`radserve.store.lane_lock`).
+        Queueing new rows is no progress: their ``attempts`` is 0."""
+        cutoff = now - dt.timedelta(seconds=after_s)
+        key = (OutboxDelivery.kind, OutboxDelivery.destination)
+        with self._read() as session:
+            waiting = session.execute(
+                select(*key, func.count(), func.min(OutboxDelivery.next_attempt_at))
+                .where(
+                    OutboxDelivery.state.in_(
+                        (OutboxState.PENDING.value, OutboxState.COMMITTING.value)
+                    ),
+                    OutboxDelivery.next_attempt_at <= cutoff,
+                )
+                .group_by(*key)
+                .order_by(*key)
+            ).all()
+            out = []
+            for kind, name, n, due_since in waiting:
+                last = session.scalar(
+                    select(func.max(OutboxDelivery.updated)).where(
+                        OutboxDelivery.kind == kind,
+                        OutboxDelivery.destination == name,
+                        OutboxDelivery.state != OutboxState.HELD.value,
+                        or_(
+                            OutboxDelivery.state != OutboxState.PENDING.value,
+                            OutboxDelivery.attempts > 0,
+                        ),
+                    )
+                )
+                if last is not None and last > cutoff:
+                    continue
+                out.append(StalledLane(OutboxKind(kind), name, int(n), due_since, last))
             return out
 
     def get(self, item_id: int) -> OutboxItem:
