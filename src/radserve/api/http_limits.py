@@ -26,14 +26,27 @@ while is not cut by this rule (the idle bound between chunks still applies).
 
 uvicorn answers a request its parser refuses (a bad request line, a path that is not
 ASCII, a malformed header) with a text/plain 400; here it is the API's JSON error body.
+
+Stop: SIGTERM gives the requests running :data:`STOP_GRACE_S` to end. A request whose
+body is still arriving then (a slow upload, a STOW-RS) is cut off: answered **503**
+``server_unavailable``, retryable, with ``Retry-After`` (the API's JSON error body), what
+the client still sends read and dropped for :data:`STOP_LINGER_S` so the answer is not
+reset away; the app sees the client gone and stores nothing of it. In an API reader
+process (``stop_cuts_all``) every request still running is cut then (503 when nothing
+was answered yet, else the connection closed): uvicorn cancelled them a moment later,
+which answered a text/plain 500 and logged a traceback. One WARNING line per stop says
+how many were cut. The serving process on its own lets a request whose body has arrived
+run to its end, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -43,16 +56,42 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from radserve.api.errors import error_body
 from radserve.config import ServerSettings
 
+logger = logging.getLogger(__name__)
+
 MAX_REQUEST_HEAD = 64 * 1024  # nginx's default is 4 x 8 KiB; Apache's 8 KiB a line
+# SIGTERM: how long the requests running then get before they are cut off (an API
+# reader's "at most 5 s for a console event stream", now for every server)
+STOP_GRACE_S = 5.0
+# a request cut off by the stop: what the client still sends is read and dropped this
+# long after the 503, so the answer is not reset away (nginx's lingering close)
+STOP_LINGER_S = 1.0
+# Retry-After of a request cut off by the stop: a restart takes about this long
+STOP_RETRY_AFTER_S = 10
 
 
-def _answer(status: bytes, code: str, message: str, retryable: bool = False) -> bytes:
+def _answer(
+    status: bytes,
+    code: str,
+    message: str,
+    retryable: bool = False,
+    retry_after: int | None = None,
+) -> bytes:
     """A whole HTTP/1.1 error answer with the API's JSON error body, closing."""
     body = json.dumps(error_body(code, message, retryable)).encode()
+    extra = b"" if retry_after is None else b"retry-after: %d\r\n" % retry_after
     return (
         b"HTTP/1.1 %s\r\ncontent-type: application/json\r\nconnection: close\r\n"
-        b"content-length: %d\r\n\r\n%s" % (status, len(body), body)
+        b"%scontent-length: %d\r\n\r\n%s" % (status, extra, len(body), body)
     )
+
+
+_STOPPED = _answer(
+    b"503 Service Unavailable",
+    "server_unavailable",
+    "the server is stopping and did not take this request; send it again",
+    retryable=True,
+    retry_after=STOP_RETRY_AFTER_S,
+)
 
 
 _431 = _answer(
@@ -93,6 +132,39 @@ _refused = _CutLog("request(s) the HTTP parser refused (last: %s): 400")
 _upgrades = _CutLog("request(s) asking to upgrade the protocol (%s): answered as HTTP/1.1")
 
 
+class _StopCuts:
+    """The connections of one server that were running a request when its stop began:
+    those still running it :data:`STOP_GRACE_S` later are cut off together, with one
+    log line for them all."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, grace_s: float) -> None:
+        self.connections: list[BoundedHttpToolsProtocol] = []
+        self.grace_s = grace_s
+        loop.call_later(grace_s, self._cut)
+
+    def _cut(self) -> None:
+        answered = closed = 0
+        for connection in self.connections:
+            outcome = connection.stop_cut()
+            answered += outcome == "answered"
+            closed += outcome == "closed"
+        if answered or closed:
+            logger.warning(
+                "stopping: %d request(s) still running %.0f s after the stop began were "
+                "cut off (%d answered 503 server_unavailable, retryable, Retry-After %d "
+                "s; %d closed mid-answer)",
+                answered + closed,
+                self.grace_s,
+                answered,
+                STOP_RETRY_AFTER_S,
+                closed,
+            )
+
+
+# one per server (uvicorn's ServerState, shared by its connections), while it stops
+_stops: weakref.WeakKeyDictionary[Any, _StopCuts] = weakref.WeakKeyDictionary()
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with :data:`MAX_REQUEST_HEAD` on each request head,
     ``head_timeout_s`` for it to arrive, ``min_body_rate`` (bytes/s) for its body after a
@@ -100,9 +172,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     head_timeout_s: float = 60.0  # server.request_timeout_s's default
     min_body_rate: float = 1024.0  # server.min_body_rate_bytes_s's default
+    stop_grace_s: float = STOP_GRACE_S
+    # at the stop's grace end, cut every request still running, not only those whose
+    # body is still arriving (an API reader: see the module docstring)
+    stop_cuts_all: bool = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._lingering = False  # cut off by the stop: what arrives is dropped
         self._in_head = True
         self._head_bytes = 0
         self._head_timer: asyncio.TimerHandle | None = None
@@ -183,12 +260,63 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.write(answer)
         self.transport.close()
 
+    def shutdown(self) -> None:
+        """uvicorn's graceful stop: a connection running a request is cut off if the
+        request still runs :attr:`stop_grace_s` from now (:meth:`stop_cut`)."""
+        super().shutdown()
+        if (
+            self.cycle is not None
+            and not self.cycle.response_complete
+            and not self.transport.is_closing()
+        ):
+            stop = _stops.get(self.server_state)
+            if stop is None:
+                stop = _stops[self.server_state] = _StopCuts(self.loop, self.stop_grace_s)
+            stop.connections.append(self)
+
+    def stop_cut(self) -> str | None:
+        """The stop's grace has ended: cut this connection's request off if it still
+        runs and its body is still arriving (or :attr:`stop_cuts_all`). "answered": a
+        503 went out; "closed": the answer had started, the connection is closed;
+        None: left alone."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or self.transport.is_closing():
+            return None
+        if not (self._in_body or self.stop_cuts_all):
+            return None
+        self._in_body = False
+        self._disarm_body_timer()
+        # the app's request sees the client gone: an upload stores nothing, its answer
+        # (if any) is dropped
+        cycle.disconnected = True
+        cycle.message_event.set()
+        if cycle.response_started:
+            self.transport.abort()
+            return "closed"
+        self._lingering = True
+        self.transport.write(_STOPPED)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.flow.resume_reading()
+        self.loop.call_later(STOP_LINGER_S, self._end_linger)
+        return "answered"
+
+    def _end_linger(self) -> None:
+        if self.transport.is_closing():
+            return
+        if self.transport.get_write_buffer_size():  # the client reads nothing
+            self.transport.abort()
+        else:
+            self.transport.close()
+
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request its parser refuses, with the JSON error body."""
         self.transport.write(_answer(b"400 Bad Request", "invalid_request", msg))
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:  # answered 503 by the stop: the rest of the body is dropped
+            return
         if self._in_head:
             end = data.find(b"\r\n\r\n")  # the head may end inside this chunk
             self._head_bytes += len(data) if end < 0 else end
@@ -245,26 +373,30 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
 
-def bounded_protocol(server: ServerSettings) -> type[BoundedHttpToolsProtocol]:
+def bounded_protocol(
+    server: ServerSettings, *, stop_cuts_all: bool = False
+) -> type[BoundedHttpToolsProtocol]:
     """The protocol class for uvicorn's ``http=`` with ``server``'s bounds (uvicorn builds
-    one instance per connection from the class, so they are class attributes)."""
+    one instance per connection from the class, so they are class attributes);
+    ``stop_cuts_all``: an API reader's (see the module docstring)."""
     return type(
         "BoundedHttpToolsProtocol",
         (BoundedHttpToolsProtocol,),
         {
             "head_timeout_s": float(server.request_timeout_s),
             "min_body_rate": float(server.min_body_rate_bytes_s),
+            "stop_cuts_all": stop_cuts_all,
         },
     )
 
 
-def uvicorn_protocols(server: ServerSettings) -> dict[str, Any]:
+def uvicorn_protocols(server: ServerSettings, *, stop_cuts_all: bool = False) -> dict[str, Any]:
     """uvicorn's ``http=`` and ``ws=`` for every radserve server (the serving process,
     the API readers, the tests' servers): the bounded protocol, and no WebSocket (the API
     has no WebSocket route; with one enabled, a request with ``Upgrade: websocket`` was
     answered by the WebSocket layer, a 403 with an empty body instead of the API's
-    answer)."""
-    return {"http": bounded_protocol(server), "ws": "none"}
+    answer). ``stop_cuts_all``: an API reader's (see the module docstring)."""
+    return {"http": bounded_protocol(server, stop_cuts_all=stop_cuts_all), "ws": "none"}
 
 
 def forwarded_trust(server: ServerSettings) -> dict[str, Any]:
@@ -278,6 +410,9 @@ def forwarded_trust(server: ServerSettings) -> dict[str, Any]:
 
 __all__ = [
     "MAX_REQUEST_HEAD",
+    "STOP_GRACE_S",
+    "STOP_LINGER_S",
+    "STOP_RETRY_AFTER_S",
     "BoundedHttpToolsProtocol",
     "bounded_protocol",
     "forwarded_trust",

@@ -246,11 +246,14 @@ def https_port_protocol(
     )
 
 
-def public_protocols(server: ServerSettings, https: ssl.SSLContext | None) -> dict[str, Any]:
+def public_protocols(
+    server: ServerSettings, https: ssl.SSLContext | None, *, stop_cuts_all: bool = False
+) -> dict[str, Any]:
     """uvicorn's ``http=`` and ``ws=`` for the socket clients reach:
-    :func:`~radserve.api.http_limits.uvicorn_protocols`, behind
-    :class:`HttpsPortProtocol` when ``https`` is set (then give uvicorn no ``ssl``)."""
-    protocols = uvicorn_protocols(server)
+    :func:`~radserve.api.http_limits.uvicorn_protocols` (``stop_cuts_all``: an API
+    reader's), behind :class:`HttpsPortProtocol` when ``https`` is set (then give uvicorn
+    no ``ssl``)."""
+    protocols = uvicorn_protocols(server, stop_cuts_all=stop_cuts_all)
     if https is not None:
         timeout_s = float(server.request_timeout_s)
         protocols["http"] = https_port_protocol(protocols["http"], https, timeout_s)

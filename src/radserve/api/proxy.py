@@ -13,7 +13,11 @@ process's own. When it cannot be reached the client gets a retryable 503.
 The forwarding client keeps no cookies (each client's own ``Cookie`` header goes through
 as it came): a console session cookie kept by a shared client went out with every later
 client's requests, signing them in as the first user. A client that goes away ends its
-forwarded response (the console's event stream would otherwise run on upstream).
+forwarded request wherever it is, sending the body, waiting for the answer or relaying
+it (the console's event stream would otherwise run on upstream); so does one that the
+server's stop cut off (:mod:`radserve.api.http_limits`, which answered it 503): before,
+the reader waited on for the serving process until uvicorn cancelled the request, which
+answered a text/plain 500 and logged a traceback.
 
 A pooled connection the serving process closed (it closes one after an unexpected
 error's 500, or when its keep-alive time runs out) can be taken for the next request
@@ -35,6 +39,7 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from radserve.api.errors import error_response
+from radserve.api.http_limits import STOP_RETRY_AFTER_S
 from radserve.errors import RadserveError
 
 logger = logging.getLogger(__name__)
@@ -73,6 +78,7 @@ class ServingUnavailableError(RadserveError):
 
     code = "server_unavailable"
     retryable = True
+    retry_after = STOP_RETRY_AFTER_S
 
 
 class _NoCookies(http.cookiejar.CookieJar):
@@ -114,10 +120,33 @@ class Upstream:
         query = scope.get("query_string", b"")
         target = scope["raw_path"] if scope.get("raw_path") else scope["path"].encode()
         url = (target + (b"?" + query if query else b"")).decode("latin-1")
-        body = _Body(receive) if _has_body(scope) else None
+        watch = _ClientWatch(receive)
+        body = _Body(receive, watch) if _has_body(scope) else None
+        if body is None:
+            watch.free.set()
+        # a client that goes away (or that the server's stop cut off: http_limits) ends
+        # the forwarded request wherever it is: sending the body, waiting for the answer
+        # (it waited on, for uvicorn's cancel at the stop: a text/plain 500 and a
+        # traceback), or relaying the answer
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch.run, group.cancel_scope)
+            await self._forward(scope, url, headers, body, watch, receive, send)
+            group.cancel_scope.cancel()
+
+    async def _forward(
+        self,
+        scope: Scope,
+        url: str,
+        headers: list[tuple[bytes, bytes]],
+        body: _Body | None,
+        watch: _ClientWatch,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        method = scope["method"]
         try:
             try:
-                response = await self._send(self.client, scope["method"], url, headers, body)
+                response = await self._send(self.client, method, url, headers, body)
             except _NOT_TAKEN as exc:
                 if body is not None and not body.replayable:
                     raise
@@ -126,12 +155,16 @@ class Upstream:
                     "again on a new one",
                     type(exc).__name__,
                 )
-                response = await self._send(self.fresh, scope["method"], url, headers, body)
+                response = await self._send(self.fresh, method, url, headers, body)
         except httpx.TransportError as exc:
+            if body is not None and body.gone:  # the client went away: no one to answer
+                logger.debug("forwarded request ended: the client closed the connection")
+                return
             logger.warning("serving process unreachable: %s", type(exc).__name__)
             message = "the server is starting or stopping; try again"
             await error_response(ServingUnavailableError(message))(scope, receive, send)
             return
+        watch.free.set()  # answered before it read the whole body: receive() is free now
         try:
             await send(
                 {
@@ -144,23 +177,12 @@ class Upstream:
                     ],
                 }
             )
-            async with anyio.create_task_group() as group:
-
-                async def relay() -> None:
-                    async for chunk in response.aiter_raw():
-                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    await send({"type": "http.response.body", "body": b""})
-                    group.cancel_scope.cancel()
-
-                async def until_gone() -> None:  # the request body was read to its end
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    group.cancel_scope.cancel()
-
-                group.start_soon(relay)
-                group.start_soon(until_gone)
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
         finally:
-            await response.aclose()
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
 
     @staticmethod
     async def _send(
@@ -184,12 +206,29 @@ def _has_body(scope: Scope) -> bool:
     return any(k in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"])
 
 
+class _ClientWatch:
+    """Waits for the client to go away (``http.disconnect``), then cancels the forwarded
+    request; it calls ``receive()`` only once ``free`` is set (the body was read to its
+    end, or the answer came), so it never takes a piece of the body."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self.free = anyio.Event()
+
+    async def run(self, scope: anyio.CancelScope) -> None:
+        await self.free.wait()
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        scope.cancel()
+
+
 class _Body:
     """The client's request body, streamed on; its first ``_REPLAY_BYTES`` are kept, so
     a request whose connection turned out closed can be sent again from its start."""
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, watch: _ClientWatch) -> None:
         self._receive = receive
+        self._watch = watch
         self._kept: list[bytes] = []
         self._size = 0
         self._complete = False
@@ -199,6 +238,11 @@ class _Body:
     @property
     def replayable(self) -> bool:
         return not self._gone and not self._overflow
+
+    @property
+    def gone(self) -> bool:
+        """The client went away before its body was read to its end."""
+        return self._gone
 
     async def chunks(self) -> AsyncIterator[bytes]:
         for chunk in list(self._kept):
@@ -210,6 +254,8 @@ class _Body:
                 raise httpx.ReadError("the client closed the connection")
             chunk = message.get("body", b"")
             self._complete = not message.get("more_body", False)
+            if self._complete:  # no more receive() here: the watch may call it
+                self._watch.free.set()
             if not chunk:
                 continue
             self._size += len(chunk)

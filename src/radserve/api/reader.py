@@ -271,7 +271,7 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
     import asyncio
 
     from radserve.api.audit_writer import AuditWriterClient
-    from radserve.api.http_limits import forwarded_trust
+    from radserve.api.http_limits import STOP_GRACE_S, STOP_LINGER_S, forwarded_trust
     from radserve.api.https_port import public_protocols
     from radserve.api.proxy import Upstream
     from radserve.service.logs import configure_logging
@@ -291,13 +291,18 @@ def serve_reader(spec: ReaderSpec, sock: socket.socket, conn: Connection) -> Non
     app = reader_app(settings, store, snapshot, upstream, link.emit, audit.submit)
     config = uvicorn.Config(
         app,
-        # HTTPS: TLS (and plain HTTP answered 400) by the protocol, not uvicorn's ssl=
-        **public_protocols(settings.server, tls),
+        # HTTPS: TLS (and plain HTTP answered 400) by the protocol, not uvicorn's ssl=;
+        # at a stop, every request still running after STOP_GRACE_S is cut off (a 503
+        # when nothing was answered yet): a console event stream would hold a stop
+        # forever, and uvicorn's own cancel of what is left answered a text/plain 500
+        # and logged a traceback
+        **public_protocols(settings.server, tls, stop_cuts_all=True),
         **forwarded_trust(settings.server),
         log_config=None,
         access_log=spec.access_log,
         timeout_keep_alive=30,
-        timeout_graceful_shutdown=5,  # a console event stream would hold a stop forever
+        # a backstop only: the requests were cut off, and ended, before it
+        timeout_graceful_shutdown=STOP_GRACE_S + STOP_LINGER_S + 1,
         lifespan="off",  # nothing to start: the store is open already
         server_header=False,
     )

@@ -90,6 +90,7 @@ class JobBook:
             if isinstance(stage, CpuStage):
                 job.stage = stage
                 return
+            job.devices_reached.add(stage.model.name)
             if self.breakers.is_open(stage.model.name):
                 self.stop(job, JobState.FAILED, now, self.unavailable(stage.model.name))
                 return

@@ -349,6 +349,39 @@ class Scheduler:
                     return unit
             return None
 
+    def next_tail_dispatch(self) -> StageDispatch | None:
+        """While the executor stops: the next CPU stage of a started job with no device
+        work left (:attr:`ScheduledJob.in_tail`: its post-processing, report, lineage,
+        DICOM results, publishing), best job first, so a job whose inference is done
+        gets its result recorded before the process exits instead of running again
+        from its ingest after the restart. Nothing else is handed out: no job starts,
+        no batch is prepared or run."""
+        book = self._book
+        with self._dispatching() as (now, handed):
+            if self.held is not None:
+                return None
+            for _, job in book.started.entries(now):
+                if (
+                    job.active
+                    and job.not_before <= now
+                    and job.in_tail
+                    and job.stage is not None
+                    and not job.stage_busy
+                ):
+                    job.stage_busy = True
+                    job.inflight += 1
+                    unit = StageDispatch(job.id, job.stage, now)
+                    handed.append(unit)
+                    return unit
+            return None
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a unit of any job is being executed (a stopping executor's tail
+        stages may follow it)."""
+        with self._lock:
+            return any(job.inflight for job in self._book.jobs.values())
+
     def next_dispatch(self, device: str) -> BatchDispatch | None:
         """``device``'s next batch: the best-ranked ready batch plus compatible ones."""
         book = self._book

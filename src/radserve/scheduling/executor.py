@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Protocol
@@ -25,6 +26,12 @@ from radserve.scheduling.core import Scheduler
 from radserve.scheduling.dispatch import Dispatch, execute
 
 logger = logging.getLogger(__name__)
+
+# A stopping executor still starts the tail stages of jobs whose device work is done
+# (Scheduler.next_tail_dispatch: post-processing, report, lineage, DICOM results,
+# publishing) for this long after the stop, so their results are recorded before the
+# process exits; what runs then finishes, as every running unit does.
+DRAIN_S = 20.0
 
 
 class Executor(Protocol):
@@ -38,7 +45,8 @@ class Executor(Protocol):
 class WorkerThreads:
     """What both executors share: threads of this process that pull dispatches from one
     :class:`Scheduler`, sleep until it changes (or a held batch's delay passes), and a
-    watchdog that ticks it; ``stop`` ends them at a unit boundary. A routine job's CPU
+    watchdog that ticks it; ``stop`` ends them at a unit boundary, after the tail
+    stages of the jobs whose device work is done (:data:`DRAIN_S`). A routine job's CPU
     unit runs with a waiter installed (:mod:`radserve.checkpoints`), so it pauses at its
     next checkpoint while URGENT work can run (where an URGENT lane runs that
     job's CPU work meanwhile). Subclasses build the loops in
@@ -56,6 +64,8 @@ class WorkerThreads:
         self._cond = threading.Condition()
         self._generation = 0
         self._stopping = threading.Event()
+        self.drain_s = DRAIN_S
+        self._drain_until = 0.0  # monotonic; set by a waiting stop
         self._threads: list[threading.Thread] = []
         # A thread that takes URGENT work only: set by subclasses that start one. Routine
         # units pause at their checkpoints only beside it: a paused worker runs URGENT
@@ -73,6 +83,8 @@ class WorkerThreads:
             thread.start()
 
     def _stop_threads(self, *, wait: bool) -> None:
+        # a stop that waits lets the jobs whose device work is done finish first
+        self._drain_until = time.monotonic() + (self.drain_s if wait else 0.0)
         self._stopping.set()
         self._wake()
         if wait:
@@ -118,6 +130,32 @@ class WorkerThreads:
             except Exception:  # a scheduler bug must not silently kill a worker
                 logger.exception("worker %s failed", threading.current_thread().name)
             self._sleep(generation)
+        self._drain()
+
+    def _drain(self) -> None:
+        """Stopping: run the tail stages of jobs whose device work is done
+        (:meth:`Scheduler.next_tail_dispatch`) until none is left and no unit that
+        could lead to one is in flight, or :data:`DRAIN_S` has passed since the stop.
+        Before, a job whose report was written during the stop never ran its last
+        short stages: it stayed ``running`` and ran again, whole, after the restart."""
+        while time.monotonic() < self._drain_until:
+            with self._cond:
+                generation = self._generation
+            try:
+                dispatch = self.scheduler.next_tail_dispatch()
+                if dispatch is not None:
+                    with yielding_to(None):
+                        outcome = execute(dispatch)
+                    self.scheduler.complete(dispatch, outcome)
+                    continue
+                if not self.scheduler.in_flight:
+                    return
+            except Exception:
+                logger.exception("worker %s failed", threading.current_thread().name)
+                return
+            with self._cond:  # woken when a unit in flight completes
+                if self._generation == generation:
+                    self._cond.wait(min(0.25, max(0.0, self._drain_until - time.monotonic())))
 
     def _yield(self, owner: threading.Thread) -> None:
         """A routine unit's checkpoint: wait while URGENT work can run (a stopping

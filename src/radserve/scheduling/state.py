@@ -107,6 +107,9 @@ class ScheduledJob:
     # per stage, and ``paused``: seconds its routine CPU units spent paused at checkpoints
     # while URGENT work ran (inside the stage timings)
     timings: dict[str, float] = field(default_factory=dict)
+    # the models whose device stage it has reached (run or skipped): once all of
+    # ``work.models`` have and no step is open, only CPU stages are left (its tail)
+    devices_reached: set[str] = field(default_factory=set)
 
     def add_time(self, stage: str, seconds: float) -> None:
         self.timings[stage] = self.timings.get(stage, 0.0) + seconds
@@ -123,6 +126,18 @@ class ScheduledJob:
     def active(self) -> bool:
         """Neither finished nor on its way out."""
         return self.stopping is None
+
+    @property
+    def in_tail(self) -> bool:
+        """Started, with no device work left: only CPU stages (the last model's
+        post-processing, the report, the result's lineage, DICOM results, publishing)
+        stand between it and its result. A pipeline that runs one model twice counts
+        from the model's first step (then one stage may run in vain at a stop)."""
+        return (
+            self.state is JobState.RUNNING
+            and self.step is None
+            and set(self.work.models) <= self.devices_reached
+        )
 
 
 __all__ = ["Rank", "ReadyBatch", "ScheduledJob", "StepProgress", "effective_class"]
