@@ -310,3 +310,24 @@ def test_a_held_scheduler_hands_out_nothing_until_released() -> None:
     assert run_serial(scheduler, devices=("gpu0",)) > 0
     assert _state(hooks, "kept") == (JobState.SUCCEEDED, None)
     assert scheduler.unfinished() == set()
+
+
+def test_an_unexpected_error_s_text_stays_in_the_log_not_in_the_job() -> None:
+    """``unexpected BadZipFile: Bad CRC-32 for file 'DOE^JOHN 19010203/1.dcm'`` was the
+    job's error, shown to every reader of the job (trial, session 43)."""
+    hooks = RecordingHooks()
+    scheduler = Scheduler(
+        SchedulerSettings(breaker_threshold=10),
+        jobs=JobSettings(max_retries=0, retry_backoff_s=0),
+        clock=FakeClock(),
+        hooks=hooks,
+    )
+    session = FakeSession()
+    session.errors = [RuntimeError("Bad CRC-32 for file 'DOE^JOHN 19010203/1.dcm'")]
+    scheduler.submit(JobRequest("j", fake_work(session, 2), OUT))
+    run_serial(scheduler)
+    final = hooks.final("j")
+    assert final is not None and final.error_code == "internal_error"
+    assert final.error_message == (
+        "unexpected RuntimeError (a radserve defect; the server's log has the details under job j)"
+    )

@@ -150,7 +150,14 @@ class JobBook:
         if isinstance(error, RadserveError):
             code, message = error.code, error.message
         elif error is not None:
-            code, message = "internal_error", f"unexpected {type(error).__name__}: {error}"
+            # the exception's text stays in the log (redacted there): it may quote a
+            # file's path or a zip member's name the sender chose ("Bad CRC-32 for file
+            # 'DOE^JOHN/1.dcm'"), and the job's error is shown to every reader of the job
+            code = "internal_error"
+            message = (
+                f"unexpected {type(error).__name__} (a radserve defect; the server's log "
+                f"has the details under job {job.id})"
+            )
             logger.error("job %s: unexpected %s", job.id, type(error).__name__, exc_info=error)
         job.stopping = (state, code, message)
         self.queue.discard(job)
