@@ -321,7 +321,8 @@ class ReadyOut(_Out):
     )
     unreachable_peers: dict[str, str] = Field(
         default_factory=dict,
-        description="outbox destinations failing past outbox.unreachable_after_s",
+        description="outbox destinations failing past outbox.unreachable_after_s, or whose "
+        "deliveries have been due with no sender making progress (a paused replica)",
     )
     work_held: str | None = Field(
         default=None,
