@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from radserve.ingest.sources import (
         ArchiveRejectedError,
         InputTooLargeError,
+        SkipKind,
         SkippedFile,
         SourceFile,
     )
@@ -46,6 +47,7 @@ _EXPORTS = {
     "PatientInfo": "headers",
     "RejectedSeries": "load",
     "SeriesHeader": "discover",
+    "SkipKind": "sources",
     "SkippedFile": "sources",
     "SliceSource": "load",
     "SourceFile": "sources",
@@ -68,6 +70,7 @@ __all__ = [
     "RejectedSeries",
     "SeriesAttributeError",
     "SeriesHeader",
+    "SkipKind",
     "SkippedFile",
     "SliceSource",
     "SourceFile",

@@ -28,9 +28,11 @@ from radserve.ingest.headers import (
     uid_shown,
 )
 from radserve.ingest.policy import IngestPolicy
+from radserve.ingest.sop_classes import VOLUME_MODALITY
 from radserve.ingest.sources import (
     DEFAULT_MAX_ARCHIVE_BYTES,
     InputTooLargeError,
+    SkipKind,
     SkippedFile,
     SourceFile,
     SourceReader,
@@ -43,10 +45,12 @@ DEFAULT_MAX_LOCALIZER_SLICES = 3
 _ORIENTATION_TOL = 1e-3  # per IOP component (about 0.06°)
 _SPACING_TOL = 1e-3  # mm
 _POSITION_TOL = 1e-2  # mm along the slice normal (ingest's smallest slice step)
-# what may differ in images that are still one stack's slices (then "interleaved")
-_SAME_STACK = frozenset({"orientation", "dimensions", "pixel_spacing"})
+# what may differ in images that are still one stack's slices (then "interleaved"): a
+# CT and an MR image alternating in one series are no two series either (session 43)
+_SAME_STACK = frozenset({"orientation", "dimensions", "pixel_spacing", "sop_class", "modality"})
 _REASON_TEXT = {
     "sop_class": "another SOP Class",
+    "modality": "another Modality",
     "orientation": "another orientation",
     "dimensions": "other Rows/Columns",
     "pixel_spacing": "other Pixel Spacing",
@@ -60,7 +64,8 @@ class SeriesHeader:
 
     ``part`` is 0 for the largest regular stack of the Series Instance UID and >0 for the
     groups split off from it; ``split_reasons`` names what differed ("orientation",
-    "dimensions", "pixel_spacing", "sop_class", "stack"). ``dropped`` lists localizers
+    "dimensions", "pixel_spacing", "sop_class", "modality", "stack"; "interleaved" when
+    the groups' images lie between each other's slices). ``dropped`` lists localizers
     removed from this part, ``skipped`` every file of the same discovery that is in no
     series (not DICOM, not an image, unreadable), with the reason.
     """
@@ -236,10 +241,11 @@ def discover_series(
             try:
                 record = read_instance(reader, src, policy, patients)
             except SkipFile as exc:
-                skipped.append(SkippedFile(src, exc.reason))
+                skipped.append(SkippedFile(src, exc.reason, exc.kind))
                 continue
             except Exception as exc:  # I/O or archive damage while reading this file
-                skipped.append(SkippedFile(src, f"unreadable file ({type(exc).__name__})"))
+                reason = f"unreadable file ({type(exc).__name__})"
+                skipped.append(SkippedFile(src, reason, SkipKind.UNREADABLE))
                 continue
             uid = record.frames[0].sop_instance_uid
             if uid in seen:
@@ -249,10 +255,11 @@ def discover_series(
                     records[position[uid]] = record
                     copies[uid].append(seen[uid][1])
                     seen[uid] = (src, record)
-                    skipped.append(SkippedFile(earlier, RECEIVED_AGAIN))
+                    skipped.append(SkippedFile(earlier, RECEIVED_AGAIN, SkipKind.COPY))
                 else:
                     copies[uid].append(record)
-                    skipped.append(SkippedFile(src, "another copy of an instance already found"))
+                    again = "another copy of an instance already found"
+                    skipped.append(SkippedFile(src, again, SkipKind.COPY))
                 continue
             n_frames += len(record.frames)
             if n_frames > policy.max_frames:
@@ -339,13 +346,17 @@ def _split(records: list[InstanceRecord], max_localizer_slices: int) -> list[Ser
     orient_ids = _cluster([f.orientation for f in frames], _ORIENTATION_TOL)
     spacing_ids = _cluster([f.pixel_spacing for f in frames], _SPACING_TOL)
     groups: dict[tuple[object, ...], list[int]] = defaultdict(list)
-    for i, f in enumerate(frames):
+    for i, (record, f) in enumerate(pairs):
         key = (
             f.sop_class_uid,
             orient_ids[i],
             (f.pixel.rows, f.pixel.columns),
             spacing_ids[i],
             f.stack_key,
+            # a CT, MR or PET class fixes the Modality (one that contradicts it makes the
+            # instance unusable, refused naming it); another class (Secondary Capture)
+            # does not, and a series of two Modalities in it is split
+            "" if f.sop_class_uid in VOLUME_MODALITY else record.modality,
             f.is_localizer,
         )
         groups[key].append(i)
@@ -377,7 +388,7 @@ def _split(records: list[InstanceRecord], max_localizer_slices: int) -> list[Ser
             others.append((key, reasons))
             continue
         for src in dict.fromkeys(frames[i].source for i in idx):
-            dropped.append(SkippedFile(src, why))
+            dropped.append(SkippedFile(src, why, SkipKind.SET_ASIDE))
 
     others.sort(key=lambda kr: -len(groups[kr[0]]))
     main_notes = [
@@ -430,7 +441,7 @@ def _interleaved(frames: Sequence[FrameRef], main: Sequence[int], other: Sequenc
 
 
 def _reasons(main: tuple[object, ...], key: tuple[object, ...]) -> frozenset[str]:
-    names = ("sop_class", "orientation", "dimensions", "pixel_spacing", "stack")
+    names = ("sop_class", "orientation", "dimensions", "pixel_spacing", "stack", "modality")
     return frozenset(n for n, a, b in zip(names, main, key, strict=False) if a != b)
 
 

@@ -33,6 +33,27 @@ DUPLICATE_TOLERANCE_MM = 0.01
 LINE_TOLERANCE_PX = 0.1
 _UNIT_TOLERANCE = 1e-2
 MAX_POSITION_MM = 1e6  # 1 km from the origin: beyond any patient coordinate system
+MAX_IN_PLANE_FIELD_MM = 1000.0
+"""Widest in-plane field (Rows or Columns × Pixel Spacing) of a CT, MR or PET image: the
+widest bores are 80-90 cm (wide-bore CT; an extended-field reconstruction reaches about
+80 cm, an MR's or a PET's field 50-78 cm). ``ingest.max_fov_mm`` (2500) bounds every
+axis, and so let 128 × 128 images of 19.5 mm pixels through (2,496 mm): 100 of them, 3
+MB, cost 228 CPU-s and 1.8 GB resampled to a model's 1.5 mm (session 43). Not a
+setting: no scanner's image exceeds it, and a setting would be one more to get wrong."""
+_BOUNDED_IN_PLANE = frozenset({"CT", "MR", "PT"})
+
+
+class SpacingError(GeometryError):
+    """Missing slices or non-uniform spacing the policy rejects: ``detail`` says what was
+    found, ``advice`` the setting that would proceed. Apart, so that ingest can say why a
+    slice is missing (set aside, unreadable) before the advice, or leave out advice that
+    would not help (a slice of another size lies in the gap: resampling fills the gap,
+    and the series is refused for the odd slice all the same)."""
+
+    def __init__(self, detail: str, advice: str) -> None:
+        super().__init__(f"{detail}. {advice}")
+        self.detail = detail
+        self.advice = advice
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,6 +215,26 @@ def check_range(
     )
 
 
+def check_in_plane_field(frame: FrameRef, modality: str) -> None:
+    """Refuse a CT, MR or PET image wider than :data:`MAX_IN_PLANE_FIELD_MM` in its plane
+    (``geometry_invalid``), before any pixel is decoded: its Pixel Spacing is not the
+    image's, and resampling it to a model's spacing costs minutes and gigabytes. Other
+    modalities (a whole-body planar NM is 2 m long) are bounded by ``max_fov_mm``."""
+    if modality not in _BOUNDED_IN_PLANE or frame.pixel_spacing is None:
+        return
+    row_spacing, col_spacing = frame.pixel_spacing
+    rows, columns = frame.pixel.rows, frame.pixel.columns
+    field = (rows * row_spacing, columns * col_spacing)
+    if max(field) <= MAX_IN_PLANE_FIELD_MM:
+        return
+    raise GeometryError(
+        f"the images span {field[0]:g} × {field[1]:g} mm in their plane ({rows} × {columns} "
+        f"pixels of Pixel Spacing {row_spacing:g}\\{col_spacing:g} mm), more than the "
+        f"{MAX_IN_PLANE_FIELD_MM:g} mm of any {modality} scanner's field: the Pixel Spacing "
+        "is not the image's (a damaged or rewritten header); correct it at the source"
+    )
+
+
 def check_fov(
     extent: tuple[float, float], step: float, n_slices: int, policy: IngestPolicy
 ) -> None:
@@ -295,9 +336,10 @@ def _check_spacing(
             f"{median:.3f} mm (first after slice {int(where[0])} of {len(offsets)})"
         )
         if choice == "reject":
-            raise GeometryError(
-                f"{detail}. To interpolate onto a regular grid, "
-                f"{policy_hint(field_name, 'resample')} ('flag' proceeds as it is)"
+            raise SpacingError(
+                detail,
+                f"To interpolate onto a regular grid, {policy_hint(field_name, 'resample')} "
+                "('flag' proceeds as it is)",
             )
         if choice == "resample":
             resample = True

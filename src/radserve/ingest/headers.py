@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from functools import partial
+from pathlib import PurePosixPath
 from typing import Any, BinaryIO, cast
 
 import pydicom
@@ -47,6 +48,9 @@ from pydicom.uid import (
     DeflatedExplicitVRLittleEndian,
     ExplicitVRLittleEndian,
     ImplicitVRLittleEndian,
+    MRImageStorage,
+    PositronEmissionTomographyImageStorage,
+    UID_dictionary,
 )
 
 from radserve.errors import NotDicomError
@@ -59,6 +63,7 @@ from radserve.ingest.sources import (
     SPOOL_BYTES,
     BoundedStream,
     InputTooLargeError,
+    SkipKind,
     SourceFile,
     SourceReader,
 )
@@ -93,11 +98,14 @@ _NUMBER_CHARS = set("0123456789+-.eE\\ naNifIFAty")
 
 
 class SkipFile(Exception):
-    """The file is not an image instance; ``reason`` says why (no patient data)."""
+    """The file is not an image instance; ``reason`` says why (no patient data), ``kind``
+    what it is (:class:`~radserve.ingest.sources.SkipKind`: one that may be an image
+    whose header could not be read is reported by ingest)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, kind: SkipKind) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -311,7 +319,7 @@ def read_stream(
     elif is_bare_dicom(raw):
         force = True  # legacy file without preamble/meta: still DICOM
     else:
-        raise SkipFile("not DICOM (no 'DICM' marker)")
+        raise _without_marker(head, src)
     try:
         try:
             return _read_record(raw, size, src, policy, patients, force=force, deflated=False)
@@ -327,9 +335,64 @@ def read_stream(
     except SkipFile:
         raise
     except InputTooLargeError as exc:
-        raise SkipFile(f"header not read: {exc.message}") from exc
+        raise SkipFile(f"header not read: {exc.message}", SkipKind.UNREADABLE) from exc
     except Exception as exc:  # pydicom raises many types on damaged input
-        raise SkipFile(f"unreadable DICOM header ({cause_name(exc)})") from exc
+        reason = f"unreadable DICOM header ({cause_name(exc)})"
+        raise SkipFile(reason, SkipKind.UNREADABLE) from exc
+
+
+# What a file without the "DICM" marker may plainly be instead (its first bytes): PDF,
+# PNG, JPEG, GIF, zip, Windows and ELF programs, TIFF, gzip, OLE (Thumbs.db, .doc),
+# AppleDouble (a Mac's "._" files), .DS_Store, bzip2, xz, 7-Zip, RAR, NIfTI-1 (both byte
+# orders) and NIfTI-2, XML, RTF
+_OTHER_FORMATS = (
+    b"%PDF", b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"PK", b"MZ", b"\x7fELF", b"II*\x00",
+    b"MM\x00*", b"\x1f\x8b", b"\xd0\xcf\x11\xe0", b"\x00\x05\x16\x07", b"\x00\x00\x00\x01Bud1",
+    b"BZh", b"\xfd7zXZ", b"7z\xbc\xaf", b"Rar!", b"\x5c\x01\x00\x00", b"\x00\x00\x01\x5c",
+    b"\x1c\x02\x00\x00", b"<?xml", b"{\\rtf",
+)  # fmt: skip
+_DICOM_SUFFIXES = frozenset({".dcm", ".dicom", ".dic", ".ima"})
+_TEXT_CONTROLS = frozenset(range(32)) - {9, 10, 12, 13, 27}
+
+
+def _without_marker(head: bytes, src: SourceFile) -> SkipFile:
+    """Why a file without the "DICM" marker (nor a bare DICOM stream's first tag) is
+    skipped, and whether it may be a damaged DICOM file: zeros where the preamble and
+    marker belong (a file allocated and never written, a copy that stopped), or a file
+    named as DICOM (a zip member: also one named by a number or nothing, as PACS exports
+    name them) that is plainly no other format. Those are reported as unreadable
+    (:attr:`SkipKind.UNREADABLE`): before, the last 5 members of a study's zip, zeroed,
+    were skipped as "not DICOM" and the study ran on 35 of its 40 slices without a word.
+    The name is only looked at, never said."""
+    if head[:_PREAMBLE] and not head[:_PREAMBLE].strip(b"\0"):
+        return SkipFile(
+            "damaged DICOM file: zeros where its preamble and 'DICM' marker belong (a file "
+            "allocated but never written?)",
+            SkipKind.UNREADABLE,
+        )
+    name = PurePosixPath(src.name)
+    suffix = name.suffix.lower()
+    hidden = name.name.startswith(".") or (
+        src.member is not None and "__MACOSX" in PurePosixPath(src.member).parts
+    )
+    named_dicom = suffix in _DICOM_SUFFIXES or (
+        src.member is not None and (suffix == "" or suffix[1:].isdigit())
+    )
+    if named_dicom and not hidden and not head:
+        return SkipFile("damaged DICOM file: empty", SkipKind.UNREADABLE)
+    if named_dicom and not hidden and not _plainly_other_format(head):
+        return SkipFile(
+            "damaged DICOM file: no 'DICM' marker, and its bytes are no other format",
+            SkipKind.UNREADABLE,
+        )
+    return SkipFile("not DICOM (no 'DICM' marker)", SkipKind.NOT_DICOM)
+
+
+def _plainly_other_format(head: bytes) -> bool:
+    """Whether ``head`` (a file's first bytes) starts a known other format, or is text."""
+    if head.startswith(_OTHER_FORMATS):
+        return True
+    return b"\0" not in head and not _TEXT_CONTROLS.intersection(head)
 
 
 class _DeflatedDataSet(Exception):
@@ -506,14 +569,22 @@ def _record(
     series_uid = _text(ds, "SeriesInstanceUID")
     sop_uid = _text(ds, "SOPInstanceUID")
     if not (sop_class and series_uid and sop_uid):
-        raise SkipFile("DICOM without SOP Class/SOP Instance/Series Instance UID")
+        # a DICOMDIR names its class only in the File Meta; any other such header may be
+        # an image's, cut short (300 bytes of a 33 KB slice) or damaged
+        declared = sop_class or _text(getattr(ds, "file_meta", None), "MediaStorageSOPClassUID")
+        if declared and not _image_class(declared):
+            raise SkipFile(f"not an image ({_class_name(declared)})", SkipKind.NOT_IMAGE)
+        raise SkipFile(
+            "DICOM without SOP Class/SOP Instance/Series Instance UID (a damaged or cut header?)",
+            SkipKind.UNREADABLE,
+        )
     rows, cols = _int(ds, "Rows"), _int(ds, "Columns")
     if not rows or not cols:
-        name = UID(sop_class).name
-        if name.endswith("Image Storage"):  # an image class: the header is damaged
+        name = _class_name(sop_class)
+        if _image_class(sop_class):  # an image's header without its size: damaged
             missing = " and ".join(k for k, v in (("Rows", rows), ("Columns", cols)) if not v)
-            raise SkipFile(f"{name} without a usable {missing}")
-        raise SkipFile(f"not an image ({name})")
+            raise SkipFile(f"{name} without a usable {missing}", SkipKind.UNREADABLE)
+        raise SkipFile(f"not an image ({name})", SkipKind.NOT_IMAGE)
     pixel = PixelFormat(
         transfer_syntax_uid=str(DeflatedExplicitVRLittleEndian)
         if deflated
@@ -523,7 +594,7 @@ def _record(
         samples_per_pixel=_int(ds, "SamplesPerPixel") or 1,
         photometric_interpretation=_text(ds, "PhotometricInterpretation").upper(),
         bits_allocated=_int(ds, "BitsAllocated") or 0,
-        bits_stored=_int(ds, "BitsStored") or _int(ds, "BitsAllocated") or 0,
+        bits_stored=_bits_stored(ds),
         pixel_representation=_int(ds, "PixelRepresentation") or 0,
         padding=_padding(ds),
     )
@@ -545,6 +616,7 @@ def _record(
         or _format_problem(ds, pixel, rows, cols)
         or _value_mapping_problem(ds, sop_class)
         or problem
+        or _single_frame_problem(sop_class, n_frames)
         or _pixel_data_problem(ds, fh, pixel, n_frames or 1, size, policy.max_header_bytes)
     )
     if problem is None and (padding := _excess_padding(fh, pixel, n_frames or 1)):
@@ -573,6 +645,19 @@ def _record(
         frames=frames,
         absent_type2=tuple(kw for kw in TYPE2_FOR_OUTPUTS if kw not in ds),
     )
+
+
+def _class_name(uid: str) -> str:
+    """A SOP Class for a message: its name, or "an unknown SOP Class" (the value of a
+    hostile header may be any text, a name included)."""
+    return str(UID_dictionary[uid][0]) if uid in UID_dictionary else "an unknown SOP Class"
+
+
+def _image_class(uid: str) -> bool:
+    """Whether ``uid`` is an image storage SOP Class of the standard. An instance of
+    another (SR, a DICOMDIR, a presentation state, a vendor's private non-image class)
+    is passed over, never taken for a damaged image."""
+    return uid in UID_dictionary and "Image Storage" in str(UID_dictionary[uid][0])
 
 
 TYPE2_FOR_OUTPUTS = (
@@ -721,10 +806,61 @@ def _format_problem(ds: Dataset, pixel: PixelFormat, rows: int, cols: int) -> Pr
         why = f"Bits Allocated is {_shown(raw) if raw else 'missing'}"
     elif not 1 <= pixel.bits_stored <= pixel.bits_allocated:
         why = f"Bits Stored {pixel.bits_stored} does not fit Bits Allocated {pixel.bits_allocated}"
+    elif (high := _high_bit_problem(ds, pixel)) is not None:
+        why = high
     elif pixel.pixel_representation not in (0, 1):
         why = f"Pixel Representation is {pixel.pixel_representation} (0 or 1 expected)"
     return (
         Problem("instance_invalid", f"{why}: the pixel format is not consistent") if why else None
+    )
+
+
+def _bits_stored(ds: Dataset) -> int:
+    """Bits Stored; Bits Allocated when it is absent (a lenient reading of a Type 1
+    attribute some old files lack; an empty one is refused, :func:`_empty_type1_problem`).
+    A Bits Stored of 0 is 0, refused: it was read as absent, Bits Allocated stood in, and
+    a study of Bits Stored 0 ran (session 43)."""
+    stored = _int(ds, "BitsStored")
+    return stored if stored is not None else (_int(ds, "BitsAllocated") or 0)
+
+
+def _high_bit_problem(ds: Dataset, pixel: PixelFormat) -> str | None:
+    """High Bit must be Bits Stored - 1 (PS3.5 8.1.1: the stored bits are the low bits
+    of each value; the other bit positions earlier editions allowed are retired, and
+    pydicom and the decoders radserve uses read the low Bits Stored bits whatever High
+    Bit says). A High Bit that says otherwise contradicts the pixel format:
+    High Bit 15 with Bits Stored 12 (the values in the upper bits?), or Bits Stored 1
+    with High Bit 11, which ran masked to 1 bit (session 43). Tolerated: an absent,
+    empty or unreadable High Bit (the Bits Stored decide, as they do for the decoders)."""
+    high = _int(ds, "HighBit")
+    if high is None or high == pixel.bits_stored - 1:
+        return None
+    return (
+        f"High Bit {high} with Bits Stored {pixel.bits_stored} (High Bit must be Bits "
+        "Stored - 1, PS3.5 8.1.1: which bits hold the values cannot be told)"
+    )
+
+
+# SOP Classes whose IOD has no Multi-frame Module: an instance is one image (PS3.3 A.3,
+# A.4, A.21); Number of Frames 1 is tolerated
+_SINGLE_FRAME_CLASSES = frozenset(
+    {CTImageStorage, MRImageStorage, PositronEmissionTomographyImageStorage}
+)
+
+
+def _single_frame_problem(sop_class: str, n_frames: int | None) -> Problem | None:
+    """A CT, MR or PET Image (a single-frame SOP Class) claiming several frames: failed
+    as "80 of 80 frames have no Image Position (Patient)" (session 43), its frames
+    having no position of their own; the instance itself is at fault."""
+    if n_frames is None or n_frames <= 1 or sop_class not in _SINGLE_FRAME_CLASSES:
+        return None
+    return Problem(
+        "instance_invalid",
+        f"Number of Frames is {n_frames} in an instance of {UID(sop_class).name}, a single-frame "
+        "SOP Class (its IOD has no Multi-frame Module, PS3.3 A.3, A.4, A.21): which frame is "
+        "the "
+        "image, and where the others lie, cannot be told; send one image per instance, or "
+        "an Enhanced (multi-frame) instance",
     )
 
 

@@ -20,18 +20,19 @@ from radserve.ingest.arrival import SliceArrival
 from radserve.ingest.ct_scale import check_ct_scale, declared_on_ct_scale
 from radserve.ingest.decode import decode_stack, ensure_decoders, start_decode_stack
 from radserve.ingest.discover import SeriesHeader, discover_series
-from radserve.ingest.geometry import StackLayout, plan_stack
+from radserve.ingest.geometry import (
+    SpacingError,
+    StackLayout,
+    check_in_plane_field,
+    plan_stack,
+)
 from radserve.ingest.headers import COLOUR_TERMS, GREYSCALE, FrameRef, PixelFormat, uid_shown
 from radserve.ingest.policy import IngestPolicy, policy_hint
 from radserve.ingest.resample import resample_slices, shift_slices_in_plane
-from radserve.ingest.sources import SkippedFile, SourceFile, SourceReader
+from radserve.ingest.sources import SkipKind, SkippedFile, SourceFile, SourceReader
 from radserve.ingest.validate import check_series
 
 log = logging.getLogger(__name__)
-
-# skip reasons of a file that may be an image of any series (its header was not read):
-# a damaged header, one past a bound, a zip member radserve would not or could not open
-_UNREADABLE = ("unreadable", "header not read", "unsafe member path", "encrypted zip member")
 
 
 @dataclass(frozen=True)
@@ -124,12 +125,11 @@ def load_series(
     try:
         layout = plan_stack(header.frames, policy)
     except GeometryError as exc:
-        set_aside = _set_aside(header)
-        if not set_aside:
+        said = _stack_refusal(header, exc)
+        if said is None:
             raise
-        # a gap may be where a slice set aside (another orientation, other Rows/Columns,
-        # a damaged header) belongs: say so, or the sender looks for a slice never lost
-        raise GeometryError(f"{exc.message}; {'; '.join(set_aside)}") from exc
+        raise said from exc
+    check_in_plane_field(header.frames[0], header.modality)
     _refuse_interleaved(header)
     warnings.extend(layout.warnings)
     if unreadable := _unreadable(header):
@@ -270,6 +270,27 @@ def load_study(
     return LoadedStudy(tuple(loaded), tuple(rejected), headers[0].skipped)
 
 
+def _stack_refusal(header: SeriesHeader, exc: GeometryError) -> GeometryError | None:
+    """The refusal of a stack the geometry rejected, saying what may explain it (None:
+    ``exc`` as it is). A gap may be where a slice set aside (a localizer, another
+    orientation, other Rows/Columns, a damaged header) belongs: said, or the sender
+    looks for a slice never lost. Images of another size, spacing, orientation, SOP
+    Class or Modality in the stack's gaps are why it is refused, whatever else is: the
+    advice to resample the gaps (session 43: "set ingest.missing_slices: resample" for
+    one slice of other Rows/Columns) would only have met that refusal."""
+    gap = exc.detail if isinstance(exc, SpacingError) else exc.message
+    if "interleaved" in header.split_reasons:
+        return GeometryError(
+            f"{_interleaved_text(header)}; the stack without them: {gap}; correct the "
+            "images at the source and send the series again"
+        )
+    set_aside = _set_aside(header)
+    if not set_aside:
+        return None
+    advice = f". {exc.advice}" if isinstance(exc, SpacingError) else ""
+    return GeometryError(f"{gap}; {'; '.join(set_aside)}{advice}")
+
+
 def _set_aside(header: SeriesHeader) -> list[str]:
     """What discovery kept out of this stack that may be its missing slices: localizers
     dropped, frames split off into other parts (other Rows/Columns, Pixel Spacing,
@@ -291,7 +312,7 @@ def _set_aside(header: SeriesHeader) -> list[str]:
 
 def _unreadable(header: SeriesHeader) -> str | None:
     """The input's files that were skipped unread, which may be images of any series."""
-    unreadable = [s for s in header.skipped if s.reason.startswith(_UNREADABLE)]
+    unreadable = [s for s in header.skipped if s.kind is SkipKind.UNREADABLE]
     if not unreadable:
         return None
     reasons = sorted({s.reason for s in unreadable})
@@ -306,12 +327,16 @@ def _refuse_interleaved(header: SeriesHeader) -> None:
     """Whatever mixed_orientation and mismatched_dimensions say; after the stack's own
     checks, so that one odd slice is named by the gap it leaves."""
     if "interleaved" in header.split_reasons:
-        raise GeometryError(
-            f"series interleaves images of another orientation, size or pixel spacing with "
-            f"its slices ({'; '.join(header.notes)}): one stack some of whose images are "
-            "turned, resized or resampled, not a localizer or a reformat beside it; neither "
-            "part is the series as acquired, so none is loaded"
-        )
+        raise GeometryError(_interleaved_text(header))
+
+
+def _interleaved_text(header: SeriesHeader) -> str:
+    return (
+        "series interleaves images of another orientation, size, pixel spacing, SOP Class "
+        f"or Modality with its slices ({'; '.join(header.notes)}): one stack some of whose "
+        "images are turned, resized, resampled or of another kind, not a localizer or a "
+        "reformat beside it; neither part is the series as acquired, so none is loaded"
+    )
 
 
 def _apply_split_policy(header: SeriesHeader, policy: IngestPolicy, warnings: list[str]) -> None:

@@ -19,6 +19,7 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, cast
 
@@ -55,12 +56,34 @@ class SourceFile:
         return PurePosixPath(self.member).name if self.member is not None else self.path.name
 
 
+class SkipKind(StrEnum):
+    """What a skipped file is, as code reads it: ``reason`` says it in words, for people.
+
+    Every place that skips a file names its kind (no default), so a new reason is sorted
+    where it is made: ingest reports each :attr:`UNREADABLE` file in the warnings of the
+    series it loads (:func:`radserve.ingest.load.load_series`), and in the gap it may
+    leave. Before, those were picked out by their reasons' first words: "DICOM without
+    SOP Class/...", a header cut after 300 bytes, matched none, and a study ran 35 of
+    its 40 slices without a word (2026-12-08)."""
+
+    UNREADABLE = "unreadable"
+    """May be an image of any series, but its header could not be read: damaged, cut,
+    zero-filled, over a bound, or a zip member (or archive) radserve could not open."""
+    NOT_DICOM = "not_dicom"  # plainly another format (text, PDF, a picture, ...)
+    NOT_IMAGE = "not_image"  # DICOM, but no image (SR, DICOMDIR, presentation state)
+    NOT_A_FILE = "not_a_file"  # a FIFO, a device, a path that does not exist
+    COPY = "copy"  # another copy of an instance already found
+    SET_ASIDE = "set_aside"  # read, and kept out of its series' volume (a localizer)
+
+
 @dataclass(frozen=True)
 class SkippedFile:
-    """A file that contributed nothing to any volume, and why."""
+    """A file that contributed nothing to any volume, why (``reason``: words, never a
+    name or a value of the file) and what it is (``kind``)."""
 
     source: SourceFile
     reason: str
+    kind: SkipKind
 
 
 class InputTooLargeError(StudyError):
@@ -168,7 +191,11 @@ def expand_sources(
         elif root.is_file():
             _add_file(root, found, skipped, *limits)
         else:
-            skipped.append(SkippedFile(SourceFile(root), "does not exist or is not a file"))
+            skipped.append(
+                SkippedFile(
+                    SourceFile(root), "does not exist or is not a file", SkipKind.NOT_A_FILE
+                )
+            )
     return found, skipped
 
 
@@ -188,7 +215,7 @@ def _add_file(
     max_members: int = DEFAULT_MAX_ARCHIVE_MEMBERS,
 ) -> None:
     if not path.is_file():  # FIFOs and devices would block or never end
-        skipped.append(SkippedFile(SourceFile(path), "not a regular file"))
+        skipped.append(SkippedFile(SourceFile(path), "not a regular file", SkipKind.NOT_A_FILE))
         return
     if path.suffix.lower() != ".zip":
         found.append(SourceFile(path))
@@ -199,7 +226,9 @@ def _add_file(
         # an OSError's text quotes the path (the data dir's, or the sender's folders):
         # the reason reaches job errors, so only what went wrong is said
         said = (exc.strerror or type(exc).__name__) if isinstance(exc, OSError) else exc
-        skipped.append(SkippedFile(SourceFile(path), f"not a readable zip archive ({said})"))
+        # the study's images may be in it: reported as an unreadable file
+        reason = f"not a readable zip archive ({said})"
+        skipped.append(SkippedFile(SourceFile(path), reason, SkipKind.UNREADABLE))
         return
     found.extend(members)
     skipped.extend(bad)
@@ -226,8 +255,8 @@ def _zip_members(
         for entry, info in infos:
             src = SourceFile(path, info.filename, entry)
             problem = member_problem(info)
-            if problem is not None:
-                bad.append(SkippedFile(src, problem))
+            if problem is not None:  # any member not read may be one of the study's images
+                bad.append(SkippedFile(src, problem, SkipKind.UNREADABLE))
             else:
                 members.append(src)
     return members, bad

@@ -24,11 +24,18 @@ only ever lets an upload through; what it cannot judge plainly (Enhanced multi-f
 instances, a series whose instances disagree on orientation or image type) goes to the
 exact check, and only the exact check refuses.
 
+An upload of several studies whose series qualify (two zips of two studies in one form)
+is refused too, ``several_studies`` as its job would fail (session 43: it was answered
+202 and its job failed): the screen passes only an upload whose headers name one Study
+Instance UID (:meth:`SelectionDoor.several_studies_seen`), and the exact check refuses
+what :func:`~radserve.pipeline.selection.rank_series` refuses, unless an unusable
+instance is what the job would fail with.
+
 What neither judges is left to the job, as before: NIfTI uploads (their stack rules need
 the volume), anything discovery itself refuses (not DICOM, over a limit: the job says
-so), studies of several studies or patients, and the plane when model deployments route
-studies (a canary version may read another plane than the stable one; the rules are
-still judged, they are the pipeline's). C-STORE and quiet-period STOW-RS studies are not
+so), series of one study naming several patients, and the plane when model deployments
+route studies (a canary version may read another plane than the stable one; the rules
+are still judged, they are the pipeline's). C-STORE and quiet-period STOW-RS studies are not
 judged at their door: their instances are acknowledged as they arrive, and their job
 fails with the same error before any series is loaded.
 """
@@ -47,10 +54,11 @@ from pydicom.dataset import Dataset
 from pydicom.tag import BaseTag
 
 from radserve.errors import RadserveError
-from radserve.ingest import IngestPolicy, discover_series
+from radserve.ingest import IngestPolicy, SeriesHeader, discover_series
+from radserve.ingest.discover import SeveralStudiesError
 from radserve.models.registry import ModelRegistry
 from radserve.pipeline.inputs import selection_refusal
-from radserve.pipeline.selection import SlicePlanes, rejection_reason
+from radserve.pipeline.selection import SlicePlanes, rank_series, rejection_reason
 from radserve.pipeline.spec import PipelineSpec, SeriesRules
 from radserve.service.sniff import FileKind
 
@@ -152,6 +160,12 @@ class SelectionDoor:
         on its headers as summed here (never a refusal: see the module docstring)."""
         return any(self._usable(instances) for instances in self._seen.values())
 
+    def several_studies_seen(self) -> bool:
+        """Whether the headers seen name more than one Study Instance UID: the exact
+        check then judges the upload, however plainly usable its series."""
+        studies = {i.study_instance_uid for seen in self._seen.values() for i in seen}
+        return len(studies) > 1
+
     def _usable(self, instances: Sequence[_Seen]) -> bool:
         first = instances[0]
         if any(not _alike(first, other) for other in instances[1:]):
@@ -185,7 +199,7 @@ class SelectionDoor:
         """The check :func:`radserve.store.files.store_study` runs on the staged files
         (raises the error the job would fail with), or None when the screen let the
         upload through."""
-        if self.plainly_usable():
+        if self.plainly_usable() and not self.several_studies_seen():
             return None
         return self.check
 
@@ -193,7 +207,11 @@ class SelectionDoor:
         """Raise what a job would fail with before loading any series of ``folder``."""
         try:
             headers = discover_series(folder, policy=self.policy)
-            refusal = selection_refusal(headers, self.rules, planes=self.planes, policy=self.policy)
+            refusal = _several_studies(headers, self.rules) or selection_refusal(
+                headers, self.rules, planes=self.planes, policy=self.policy
+            )
+        except SeveralStudiesError as exc:  # two files of one instance in two studies
+            refusal = exc
         except RadserveError as exc:  # not a selection matter: the job says it, as before
             logger.info("upload: its series were not judged at the door (%s)", exc.code)
             return
@@ -210,6 +228,23 @@ class SelectionDoor:
                 len(headers),
             )
             raise refusal
+
+
+def _several_studies(
+    headers: Sequence[SeriesHeader], rules: SeriesRules
+) -> SeveralStudiesError | None:
+    """What the job fails with when series of several studies qualify, as it would say
+    it; None when they do not, or when the job would fail first for an unusable
+    instance (its own code: :func:`radserve.pipeline.inputs.ingest_study`)."""
+    try:
+        rank_series(headers, rules)
+    except SeveralStudiesError as exc:
+        if any(h.unusable is not None for h in headers):
+            return None
+        return exc
+    except RadserveError:
+        return None
+    return None
 
 
 def _summary(ds: Dataset) -> _Seen:
