@@ -23,6 +23,7 @@ _COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench", "command"),
     ("keys", "group"),
     ("outbox", "group"),
+    ("retention", "group"),
     ("audit", "group"),
     ("export", "command"),
     ("config", "group"),

@@ -468,6 +468,39 @@ class StorageSettings(_Section):
     # a local folder for studies and results while data_dir cannot be written; moved
     # back when it can (radserve.service.failover). None: such uploads are refused (503)
     fallback_dir: Path | None = None
+    # Retention (radserve.service.retention), in days, at most a year; null keeps them
+    # for good. 0 is refused: it reads as "keep nothing" as well as "no limit".
+    # - the stored copy of a study (studies/<fp>/) once every job of it has been final
+    #   that long and nothing stored it again meanwhile (the PACS is the archive; the
+    #   console's study view and a job's FHIR Patient read it until then)
+    source_retention_days: Days | None = 7.0
+    # - the DICOM gateway's and STOW-RS's received copy (incoming/<study>/, quarantine/),
+    #   that long after its last instance, once handed over: a late instance re-runs the
+    #   study from this copy (all its instances), so keep it as long as late instances
+    #   should be added to the study rather than make a study of their own
+    incoming_retention_days: Days | None = 7.0
+    # - a job's result folder and its index rows (the result cache, DICOMweb's index),
+    #   once every job it answers is final that long and none of its deliveries waits
+    result_retention_days: Days | None = None
+    retention_interval_s: PollInterval = 600.0  # a pass at start, then this often
+    retention_max_per_pass: int = Field(default=500, gt=0, le=100_000)  # folders, per kind
+
+    @field_validator(
+        "source_retention_days", "incoming_retention_days", "result_retention_days", mode="before"
+    )
+    @classmethod
+    def _retention_null(cls, value: Any) -> Any:
+        # a RADSERVE_STORAGE__*_RETENTION_DAYS variable says null as text
+        if isinstance(value, str) and value.strip().lower() == "null":
+            return None
+        return value
+
+    @field_validator("source_retention_days", "incoming_retention_days", "result_retention_days")
+    @classmethod
+    def _retention(cls, value: float | None) -> float | None:
+        if value is not None and not value > 0:  # at most a year: Days
+            raise ValueError(f"{value:g} days: must be over 0; null keeps them for good")
+        return value
 
 
 class PipelinesSettings(_Section):

@@ -67,6 +67,7 @@ from radserve.service.lineage import ResultLineage
 from radserve.service.metrics import Metrics, SenderCollector
 from radserve.service.outbox import OutboxOps
 from radserve.service.replica_config import destination_digests
+from radserve.service.retention import Retention
 from radserve.service.row_classes import RowClasses
 from radserve.service.schema_watch import HELD_REASON as SCHEMA_HELD_REASON
 from radserve.service.schema_watch import SchemaWatch
@@ -255,6 +256,9 @@ class Service:
         self.unclaimed = UnclaimedStudies(settings.data_dir, self.store)
         # result folders of runs the fence voided, deleted once the job is final
         self.voided_runs = VoidedRunFolders(settings.data_dir / RESULTS_DIR, self.store)
+        # what the data folder keeps, and for how long (storage.*_retention_days)
+        self.retention = Retention(settings.data_dir, settings.storage, self.store)
+        self.metrics.registry.register(self.retention.collector)
         self.intake = Intake(
             settings,
             store=self.store,
@@ -442,6 +446,7 @@ class Service:
         self.leases.start()
         self.unclaimed.start()
         self.voided_runs.start()
+        self.retention.start()
         self.row_classes.start()
         self.turnaround.start()
         if self.gateway is not None:
@@ -485,6 +490,7 @@ class Service:
         self.leases.stop()
         self.unclaimed.stop()
         self.voided_runs.stop()
+        self.retention.stop()
         self.row_classes.stop()
         self.lifecycle.stop()
         self.turnaround.stop()
