@@ -422,6 +422,11 @@ def test_a_real_server_s_study_goes_and_its_job_and_report_stay(tmp_path: Path) 
         assert f'radserve_retention_removed_bytes_total{{kind="sources"}} {removed}' in metrics
         assert c.get(f"/v1/jobs/{job_id}", headers=auth(key)).json()["state"] == "succeeded"
         assert c.get(f"/v1/jobs/{job_id}/report", headers=auth(key)).status_code == 200
+        # the FHIR Patient is read from the source: gone, not a Patient without name or
+        # identifier (a FHIR server could file it as an anonymous patient)
+        fhir = c.get(f"/v1/jobs/{job_id}/fhir", headers=auth(key))
+        assert fhir.status_code == 410, fhir.text
+        assert fhir.json()["error"]["code"] == "source_removed"
         again = c.post("/v1/studies", files=files, headers=auth(key))
         assert again.status_code in (200, 202), again.text
         assert study.is_dir()  # stored again

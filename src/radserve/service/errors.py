@@ -26,6 +26,13 @@ class OutputNotFoundError(RadserveError):
     code = "output_not_found"
 
 
+class SourceRemovedError(RadserveError):
+    """What was asked is read from the study's source images, which the retention sweep
+    removed (``storage.source_retention_days``): gone for good, not missing."""
+
+    code = "source_removed"
+
+
 class ModelNotFoundError(RadserveError):
     """An admin action names a model that is not installed on this server."""
 

@@ -18,6 +18,7 @@ from radserve.report.fhir import build_fhir_bundle
 from radserve.report.fhir.bundle import ReportResources
 from radserve.report.fhir.patient import IdentifierSystems
 from radserve.report.schema import Report
+from radserve.service.errors import SourceRemovedError
 from radserve.service.sniff import input_kind
 
 
@@ -84,10 +85,18 @@ def patient_for(
     job's thread right after the run; it stands for the re-read, which parses every
     header of the study again (0.39 CPU-s for a 500-file phantom): the critical FHIR
     push waited on it. Whether a study has a patient at all is decided here either way."""
-    if not study.is_dir() or input_kind(study) == "nifti":
+    if study.is_dir() and input_kind(study) == "nifti":
         return PatientInfo()
     if known is not None:
         return known
+    if not study.is_dir():
+        # removed by the retention sweep: a Patient without identifier or name (what
+        # this answered until session 43) could be filed as an anonymous patient
+        raise SourceRemovedError(
+            "the study's source images are no longer stored (storage.source_retention_days), "
+            "and the FHIR Patient is read from them: the Bundle sent when the job finished "
+            "is the one to use"
+        )
     policy = policy or IngestPolicy()
     wanted = report.study.series_instance_uid
     for header in discover_series(study, policy=policy):
