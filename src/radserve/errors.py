@@ -157,5 +157,13 @@ class InferenceError(RadserveError):
     retryable = True
 
 
+class DeviceMemoryError(InferenceError):
+    """A batch that did not fit in the device's memory even as small as it can be run (one
+    sample, or a graph's fixed batch size): the host's state (other models, other
+    studies, a GPU shared), not a fault of the model. Raised instead of a plain
+    :class:`InferenceError` so that whoever counts model faults (the scheduler's circuit
+    breaker) leaves it out; retryable, as every inference error."""
+
+
 class ReportError(RadserveError):
     code = "report_failed"

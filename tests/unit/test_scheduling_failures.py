@@ -6,7 +6,7 @@ import pytest
 from tests.factories.scheduling_fakes import FakeSession, FakeTask, RecordingHooks, fake_work
 
 from radserve.config import JobSettings, SchedulerSettings
-from radserve.errors import InferenceError, ModelError, StudyError
+from radserve.errors import DeviceMemoryError, InferenceError, ModelError, StudyError
 from radserve.scheduling import (
     BatchDispatch,
     FakeClock,
@@ -331,3 +331,21 @@ def test_an_unexpected_error_s_text_stays_in_the_log_not_in_the_job() -> None:
     assert final.error_message == (
         "unexpected RuntimeError (a radserve defect; the server's log has the details under job j)"
     )
+
+
+def test_out_of_device_memory_fails_the_job_but_opens_no_breaker() -> None:
+    """A batch that does not fit even at one sample is the host's state: it counted as a
+    model fault, and two such studies refused every later one (model_unavailable)."""
+    hooks = RecordingHooks()
+    config = SchedulerSettings(breaker_threshold=2, max_running=1)
+    scheduler = Scheduler(config, jobs=JobSettings(max_retries=0), clock=FakeClock(), hooks=hooks)
+    organs = FakeSession()
+    organs.errors = [DeviceMemoryError("Failed to allocate 5242880000 bytes")] * 3
+    for job_id in ("a", "b", "c"):
+        scheduler.submit(JobRequest(job_id, fake_work(organs, 1), OUT))
+    run_serial(scheduler)
+    assert [_state(hooks, j) for j in "abc"] == [(JobState.FAILED, "inference_failed")] * 3
+    assert scheduler.open_models() == ()
+    scheduler.submit(JobRequest("d", fake_work(organs, 1), OUT))
+    run_serial(scheduler)
+    assert _state(hooks, "d") == (JobState.SUCCEEDED, None)

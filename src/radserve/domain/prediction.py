@@ -31,3 +31,6 @@ class Prediction:
     # background): each output channel's probability aggregated over the slices read.
     class_probabilities: tuple[float, ...] | None = None
     slices: int = 0
+    # what the task found wrong with the model's outputs without refusing them (an
+    # output that looks like probabilities), for the step's report warnings
+    warnings: tuple[str, ...] = ()

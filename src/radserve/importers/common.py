@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from pydantic import ValidationError
 
 from radserve import durable
 from radserve.importers import ImportRefusedError
@@ -19,6 +20,7 @@ from radserve.lifecycle.graph_checks import check_onnx
 from radserve.lifecycle.install import STAGING_DIR, sha256_file
 from radserve.models.dicom_text import fit
 from radserve.models.manifest import ModelSpec, path_segment
+from radserve.validation_text import describe_problems
 
 if TYPE_CHECKING:
     from radserve.inference.providers import RuntimeChoice
@@ -83,6 +85,20 @@ def refused_if_malformed(files: str) -> Iterator[None]:
         raise ImportRefusedError(
             f"{files}: not the structure the import reads "
             f"({type(exc).__name__}{': ' + detail if detail else ''})"
+        ) from exc
+
+
+def validated_manifest(raw: dict[str, Any]) -> ModelSpec:
+    """The mapped ``model.yaml`` ``raw``, validated; refused (:class:`ImportRefusedError`)
+    in one line, one ``field: reason (got value)`` per problem
+    (:func:`radserve.validation_text.describe_problems`), as ``radserve models install``
+    says it. Before 2026-12-08 the importers printed pydantic's own text: a header line,
+    then two lines per problem with a link to pydantic's site."""
+    try:
+        return ModelSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise ImportRefusedError(
+            f"the mapped model.yaml is invalid: {describe_problems(exc)}"
         ) from exc
 
 
@@ -200,7 +216,7 @@ def export_checked(
         session = None
         for patch_in, got in zip(x, out, strict=True):
             with torch.no_grad():
-                ref = model(torch.from_numpy(patch_in[None])).numpy()[0]
+                ref = _first_tensor(model(torch.from_numpy(patch_in[None]))).numpy()[0]
             # a NaN compares false with everything: max(worst, nan) kept worst, and a
             # network of NaN weights was imported to label every study empty
             for what, values in (("torch", ref), ("ONNX Runtime", got)):
@@ -218,6 +234,16 @@ def export_checked(
     if worst > 1e-2 * scale:
         raise ImportRefusedError(f"ONNX export differs from torch by {worst:.2e} (scale {scale})")
     return worst
+
+
+def _first_tensor(out: Any) -> Any:
+    """A network's output as the export's first graph output (``logits``) holds it: the
+    tensor itself, or the first of a tuple or list (a TorchScript network returning
+    several, exported as they are; :func:`write_bundle_files` then names ``logits`` as
+    the output served)."""
+    while isinstance(out, list | tuple) and out:
+        out = out[0]
+    return out
 
 
 @contextlib.contextmanager
@@ -306,7 +332,12 @@ def write_bundle_files(
     ``channel_def``, nnU-Net's dataset.json) and the graph from the network, and a
     network of 5 output channels beside a ``channel_def`` of 3 was imported, to be
     refused by install and by every run. Its probe batch runs on ``providers`` (the
-    server's, as :func:`export_checked`)."""
+    server's, as :func:`export_checked`).
+
+    A graph of several outputs (a TorchScript network returning a tuple) gets
+    ``output:`` naming its first, the one :func:`export_checked` compared with torch:
+    install refuses a graph of several outputs without it."""
+    spec = _name_served_output(spec, folder / spec.files["fp32"])
     (folder / "model.yaml").write_text(
         header + yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False)
     )
@@ -321,6 +352,23 @@ def write_bundle_files(
         )
 
 
+def _name_served_output(spec: ModelSpec, path: Path) -> ModelSpec:
+    """``spec`` with ``output`` naming the graph's first output where it has several
+    (unchanged where ``output`` is set, the graph has one, or it cannot be read: the
+    check after it says why)."""
+    import onnx
+
+    if spec.output is not None:
+        return spec
+    try:
+        outputs = [o.name for o in onnx.load(str(path), load_external_data=False).graph.output]
+    except Exception:  # onnx raises DecodeError, OSError ...: check_onnx names the file
+        return spec
+    if len(outputs) < 2:
+        return spec
+    return spec.model_copy(update={"output": outputs[0]})
+
+
 __all__ = [
     "export_checked",
     "import_runtime",
@@ -329,5 +377,6 @@ __all__ = [
     "read_json_object",
     "sha256_file",
     "staged_bundle",
+    "validated_manifest",
     "write_bundle_files",
 ]

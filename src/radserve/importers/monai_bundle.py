@@ -84,6 +84,7 @@ from radserve.importers.common import (
     refused_if_malformed,
     sha256_file,
     staged_bundle,
+    validated_manifest,
     write_bundle_files,
 )
 from radserve.importers.monai_channels import _CONCAT, channel_inputs, channel_names, stacking
@@ -834,10 +835,7 @@ def manifest_from_monai(
         "labels": labels,
         "files": {"fp32": "model.onnx"},
     }
-    try:
-        return ModelSpec.model_validate(raw)
-    except ValueError as exc:
-        raise ImportRefusedError(f"the mapped model.yaml is invalid: {exc}") from exc
+    return validated_manifest(raw)
 
 
 TORCHSCRIPT_RUNS_CODE = (

@@ -60,6 +60,7 @@ from radserve.importers.common import (
     refused_if_malformed,
     sha256_file,
     staged_bundle,
+    validated_manifest,
     write_bundle_files,
 )
 from radserve.importers.nnunet_channels import channel_declarations
@@ -71,6 +72,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "NnunetSource",
     "check_architecture",
+    "default_folds",
     "export_onnx",
     "import_nnunet",
     "manifest_from_nnunet",
@@ -92,6 +94,19 @@ class NnunetSource:
     configuration: dict[str, Any]  # inheritance resolved
     trainer_name: str
     folds: tuple[str, ...]
+    # every fold folder holding the checkpoint, chosen or not (import.json records both)
+    folds_found: tuple[str, ...] = ()
+
+
+def default_folds(found: Sequence[str]) -> tuple[str, ...]:
+    """The folds nnU-Net's own prediction ensembles when none are named
+    (``nnUNetPredictor.auto_detect_available_folds``): every ``fold_K`` with the
+    checkpoint, never ``fold_all`` -- a model trained on all cases, not one of the
+    cross-validation folds -- unless it is the only one (nnU-Net then finds none and
+    needs ``-f all``). Before 2026-12-08 the import took ``fold_all`` beside
+    ``fold_0..k``: an ensemble nnU-Net never runs, its labels not nnU-Net's."""
+    folds = tuple(f for f in found if f != "all")
+    return folds or tuple(found)
 
 
 def _resolve(plans: dict[str, Any], name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -130,7 +145,13 @@ def read_results_folder(
     dataset = read_json_object(folder / "dataset.json")
     plans = read_json_object(folder / "plans.json")
     found = sorted(p.parent.name.removeprefix("fold_") for p in folder.glob(f"fold_*/{checkpoint}"))
-    chosen = tuple(folds) if folds else tuple(found)
+    chosen = tuple(folds) if folds else default_folds(found)
+    if not folds and "all" in found and "all" not in chosen:
+        logger.warning(
+            "fold_all left out: folds %s ensembled, as nnU-Net's own prediction does when "
+            "no fold is named; --fold all imports fold_all alone",
+            ", ".join(chosen),
+        )
     missing = [f for f in chosen if f not in found]
     if missing or not chosen:
         others = sorted({p.name for p in folder.glob("fold_*/checkpoint_*.pth")} - {checkpoint})
@@ -140,7 +161,9 @@ def read_results_folder(
         )
     with refused_if_malformed("plans.json"):
         config = _resolve(plans, configuration)
-    return NnunetSource(folder, dataset, plans, configuration, config, trainer, chosen)
+    return NnunetSource(
+        folder, dataset, plans, configuration, config, trainer, chosen, tuple(found)
+    )
 
 
 def _refuse(reason: str) -> None:
@@ -200,10 +223,32 @@ def _labels(dataset: dict[str, Any]) -> tuple[list[dict[str, Any]], str, list[in
     if not isinstance(raw, dict) or not raw:
         _refuse("dataset.json has no 'labels' object")
     entries = [(n, v) for n, v in raw.items() if n != "ignore"]  # the ignore label has no head
+    # nnU-Net's LabelManager refuses these when it loads the model (RuntimeError,
+    # AssertionError): before 2026-12-08 its traceback ended the import
+    background = raw.get("background")
+    if (
+        "background" not in raw
+        or isinstance(background, list | tuple)
+        or _whole_number("background", background, refuse=False) != 0
+    ):
+        names = [n for n, v in entries if _whole_number(n, v, refuse=False) == 0]
+        named = f" (value 0 is named {names[0]!r})" if names and names[0] != "background" else ""
+        _refuse(
+            'dataset.json\'s labels need the background as "background": 0, the name '
+            f"nnU-Net requires{named}; nnU-Net itself refuses the model otherwise"
+        )
     has_regions = any(isinstance(v, list | tuple) and len(v) > 1 for _, v in entries)
     if not has_regions:
-        values = {n: int(v[0] if isinstance(v, list | tuple) else v) for n, v in entries}
+        values = {n: _whole_number(n, v) for n, v in entries}
         ordered = sorted(values.values())
+        shared = {
+            v: [n for n, w in values.items() if w == v] for v in ordered if ordered.count(v) > 1
+        }
+        if shared:
+            said = "; ".join(
+                f"{v} is {' and '.join(map(repr, names))}" for v, names in shared.items()
+            )
+            _refuse(f"label values are duplicated ({said}): each label needs a value of its own")
         if ordered != list(range(len(ordered))) or ordered[0] != 0:
             _refuse(f"label values {ordered} are not consecutive from 0 (background)")
         if ordered[-1] > MAX_LABEL_VALUE:
@@ -221,6 +266,32 @@ def _labels(dataset: dict[str, Any]) -> tuple[list[dict[str, Any]], str, list[in
         )
     labels = label_entries([(int(v), n) for (n, _), v in zip(foreground, order, strict=True)])
     return labels, "sigmoid", [int(v) for v in order]
+
+
+def _whole_number(name: str, value: Any, *, refuse: bool = True) -> int | None:
+    """A dataset.json label's value as nnU-Net reads it (``int(value)``; ``[v]`` is v):
+    a whole number, given as one (``3``, ``3.0``) or as its digits (``"3"``). Anything
+    else raises ValueError naming the label, which :func:`refused_if_malformed` makes
+    the import's one-line refusal (``refuse=False``: None instead); ``int(2.5)`` quietly
+    made 2 before."""
+    if isinstance(value, list | tuple) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        number = int(value.strip())
+    else:
+        number = None
+    if number is None and refuse:  # refused_if_malformed names the files around it
+        raise ValueError(
+            f"dataset.json's label {name!r} has the value {value!r}; a label value is a "
+            "whole number (a region label a list of them)"
+        )
+    return number
 
 
 _READERS = {"SimpleITKIO", "NibabelIO"}
@@ -341,10 +412,7 @@ def manifest_from_nnunet(
         "postprocess": {"threshold": 0.5},
         "files": {"fp32": "model.onnx"},
     }
-    try:
-        return ModelSpec.model_validate(raw)
-    except ValueError as exc:
-        raise ImportRefusedError(f"the mapped model.yaml is invalid: {exc}") from exc
+    return validated_manifest(raw)
 
 
 def load_predictor(
@@ -413,8 +481,14 @@ def _initialise(predictor, source: NnunetSource, checkpoint: str) -> None:
             f"{source.configuration_name!r}"
         )
     config = plans_manager.get_configuration(configuration_name)
-    channels = determine_num_input_channels(plans_manager, config, source.dataset)
-    heads = plans_manager.get_label_manager(source.dataset).num_segmentation_heads
+    try:  # nnU-Net's own checks of the labels and plans: RuntimeError, AssertionError ...
+        channels = determine_num_input_channels(plans_manager, config, source.dataset)
+        heads = plans_manager.get_label_manager(source.dataset).num_segmentation_heads
+    except (RuntimeError, AssertionError, LookupError, TypeError, ValueError) as exc:
+        _refuse(
+            f"nnU-Net refuses dataset.json and plans.json as they are "
+            f"({type(exc).__name__}: {_first_line(exc)[:200]})"
+        )
     trainer = _trainer_class(trainer_name)
     check_architecture(config)  # before anything the plans name is built (called)
     try:
@@ -719,6 +793,7 @@ def import_nnunet(
             "plans": source.plans.get("plans_name"),
             "checkpoint": checkpoint,
             "folds": list(source.folds),
+            "folds_found": list(source.folds_found),
             "checkpoints": {
                 f: sha256_file(source.folder / f"fold_{f}" / checkpoint) for f in source.folds
             },

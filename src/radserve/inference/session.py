@@ -1,7 +1,9 @@
 """One ONNX file loaded on one device: checked against its model.yaml, then run.
 
-The graph must have one input (N, C, H, W) or (N, C, D, H, W) and its first output is
-read as logits (N, classes, ...). The batch axis should be dynamic; a graph exported
+The graph must have one input (N, C, H, W) or (N, C, D, H, W) and one output, or
+model.yaml's ``output`` names the one served, read as logits (N, classes, ...); a graph
+that applies its activation itself (``activation_in_graph``) gives probabilities, turned
+into logits here so every task reads one kind. The batch axis should be dynamic; a graph exported
 with a fixed batch size still works (batches are split and padded to it). A float16
 graph is fed float16 and its output returned as float32, so callers see one dtype.
 """
@@ -16,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from radserve.errors import InferenceError, ModelError
+from radserve.errors import DeviceMemoryError, InferenceError, ModelError
 from radserve.host import process_rss_bytes
 from radserve.inference.providers import RuntimeChoice, choose_runtime, precision_options
 from radserve.models.manifest import ModelSpec
@@ -25,13 +27,58 @@ logger = logging.getLogger(__name__)
 
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 # What ONNX Runtime's allocators say when a device (CUDA's BFC arena, the CPU's) or the
-# host has no memory left for a run.
+# host has no memory left for a run; and OpenVINO's, the default CPU provider here: its
+# CPU plugin's "Failed to allocate 5242880000 bytes of memory" (cpu_memory.cpp), its
+# core's "Failed to allocate memory" and "Cannot allocate memory for type", std::bad_alloc,
+# strerror(ENOMEM)'s "Cannot allocate memory", and its GPU plugin's OpenCL failures.
+# Before 2026-12-08 OpenVINO's "N bytes of memory" was not recognised: the batch was not
+# halved and the study failed. Not "Failed to allocate aux GPR" / "... registers": a JIT
+# kernel's registers, not memory.
 _OUT_OF_MEMORY = re.compile(
-    r"Failed to allocate memory|out of memory|bad_alloc|ALLOC_FAILED|cudaErrorMemoryAllocation",
+    r"Failed to allocate (?:memory|\d+ bytes)|Cannot allocate memory|out of memory"
+    r"|bad_alloc|ALLOC_FAILED|cudaErrorMemoryAllocation|CL_OUT_OF_RESOURCES"
+    r"|CL_MEM_OBJECT_ALLOCATION_FAILURE|out of GPU resources",
     re.IGNORECASE,
 )
 _STARTED_PROVIDERS: set[str] = set()
 _STARTED_LOCK = threading.Lock()
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error``'s text is an allocation failure of ONNX Runtime, OpenVINO or a
+    GPU driver (:data:`_OUT_OF_MEMORY`), or it is a :class:`DeviceMemoryError`."""
+    return isinstance(error, DeviceMemoryError) or bool(_OUT_OF_MEMORY.search(str(error)))
+
+
+def as_logits(probabilities: np.ndarray, activation: str) -> np.ndarray:
+    """The logits whose ``activation`` gives ``probabilities`` back (float32): log p for
+    softmax (softmax(log p) = p / sum p = p), log p -
+    log(1 - p) for sigmoid; 0 and 1 become -inf and +inf, which both activations turn
+    back into 0 and 1 (a class no voxel may take stays impossible; no NaN is made)."""
+    p = np.clip(np.asarray(probabilities, dtype=np.float32), 0.0, 1.0)
+    with np.errstate(divide="ignore"):
+        if activation == "softmax":
+            return np.log(p, out=p)
+        logits = np.log(p)
+        logits -= np.log1p(-p)
+        return logits
+
+
+def probabilities_range_refusal(spec: ModelSpec, output: np.ndarray) -> str | None:
+    """Why ``output`` cannot be the probabilities ``spec`` says its graph gives
+    (``activation_in_graph``; None: it can): values outside [0, 1] are logits (the graph
+    has no final activation), which would be clipped into nonsense."""
+    if output.size == 0:
+        return None
+    lo, hi = float(np.nanmin(output)), float(np.nanmax(output))
+    if lo >= -1e-3 and hi <= 1.0 + 1e-3:
+        return None
+    return (
+        f"model {spec.key} declares activation_in_graph: true (its graph outputs "
+        f"probabilities), but its output ranges over [{lo:.3g}, {hi:.3g}], outside [0, 1]: "
+        f"logits; set activation_in_graph: false so that radserve applies "
+        f"{spec.activation!r} to them"
+    )
 
 
 def _static(dim: object) -> int | None:
@@ -141,7 +188,12 @@ class ModelSession(_ModelFile):
                 f"model {self.spec.key} ({self.path.name}) has {len(inputs)} inputs "
                 f"{[i.name for i in inputs]}; radserve feeds exactly one (N, C, spatial...)"
             )
-        inp, out = inputs[0], self._session.get_outputs()[0]
+        outputs = self._session.get_outputs()
+        why = self.spec.served_output_refusal([o.name for o in outputs])
+        if why is not None:
+            raise ModelError(f"model {self.spec.key} ({self.path.name}): {why}")
+        out = next(o for o in outputs if self.spec.output in (None, o.name))
+        inp = inputs[0]
         self.input_name, self.output_name = inp.name, out.name
         rank = 5 if self.spec.input.mode == "3d" else 4
         if len(inp.shape) != rank:
@@ -213,7 +265,12 @@ class ModelSession(_ModelFile):
         kept at the size that fitted from then on (:attr:`batch_limit`): on a GPU shared
         with other models, or with several studies' batches merged into one call, the
         model's batch size can be more than the free memory holds, and failing the call
-        would fail every study in it and count against the model's circuit breaker.
+        would fail every study in it and count against the model's circuit breaker. A
+        batch that fails for memory even so raises :class:`DeviceMemoryError`.
+
+        A graph that applies its activation itself (``activation_in_graph``) has its
+        probabilities returned as the logits they come from (:func:`as_logits`), and
+        values outside [0, 1] refused (:func:`probabilities_range_refusal`).
         """
         if batch.ndim != (5 if self.spec.input.mode == "3d" else 4):
             raise InferenceError(f"batch of shape {batch.shape} for {self.spec.input.mode} model")
@@ -221,11 +278,19 @@ class ModelSession(_ModelFile):
         try:
             out = self._run_within_memory(x)
         except Exception as exc:
-            raise InferenceError(
+            # memory: the device's state, not the model's fault (DeviceMemoryError)
+            kind = DeviceMemoryError if _OUT_OF_MEMORY.search(str(exc)) else InferenceError
+            raise kind(
                 f"{self.spec.key} failed on a batch of shape {batch.shape} with "
                 f"{self.providers_in_use[0]}: {exc}"
             ) from exc
-        return np.asarray(out, dtype=np.float32)
+        out = np.asarray(out, dtype=np.float32)
+        if not self.spec.activation_in_graph:
+            return out
+        why = probabilities_range_refusal(self.spec, out)
+        if why is not None:
+            raise ModelError(why)
+        return as_logits(out, self.spec.activation)
 
     def _run_within_memory(self, x: np.ndarray, *, tight: bool = False) -> np.ndarray:
         """``x`` in one run, or in parts of at most :attr:`batch_limit` (``tight``: memory
@@ -366,4 +431,11 @@ class SessionRef(_ModelFile):
         )
 
 
-__all__ = ["ModelSession", "SessionRef"]
+__all__ = [
+    "DeviceMemoryError",
+    "ModelSession",
+    "SessionRef",
+    "as_logits",
+    "is_out_of_memory",
+    "probabilities_range_refusal",
+]

@@ -9,10 +9,16 @@ batches of several studies can interleave on one device.
 Thread contract: one thread calls ``next_batch`` and another ``accept``, possibly at the
 same time; ``accept`` calls are never concurrent with each other.
 
-Model outputs are assumed to be *logits*: the task applies ``spec.activation``. A graph
-that already ends in Softmax/Sigmoid still gives the right labels for softmax (argmax is
-unchanged) but squashed confidences, and wrong sigmoid thresholds; the first batch is
-checked and a warning logged when the output looks like probabilities.
+Model outputs are assumed to be *logits*: the task applies ``spec.activation`` (a graph
+declared ``activation_in_graph`` has its probabilities turned back into logits by the
+session). A graph that already ends in Softmax/Sigmoid still gives the right labels for
+softmax (argmax is unchanged) but squashed confidences, and wrong sigmoid thresholds
+(every voxel labelled); install refuses one whose output comes from such a node
+(:func:`radserve.lifecycle.graph_checks.probabilities_refusal`). What slips through (a
+graph whose probabilities pass through other operators, one installed before that
+check) is caught by the first batch: an output that looks like probabilities gives a
+warning, logged and kept in the task's :attr:`BatchedTask.warnings`, which the
+prediction carries into the step's report warnings.
 """
 
 from __future__ import annotations
@@ -89,6 +95,7 @@ class TaskState:
     timings: dict[str, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     checked_output: bool = False
+    warnings: list[str] = field(default_factory=list)
 
     def add_timing(self, stage: str, seconds: float) -> None:
         with self.lock:
@@ -204,10 +211,21 @@ class BatchedTask:
         raise NotImplementedError
 
     def _check_first_output(self, output: np.ndarray) -> None:
-        """Warn (once per task) when the first output looks like probabilities."""
+        """Warn (once per task) when the first output looks like probabilities: logged,
+        and kept in :attr:`warnings`."""
         if not self._state.checked_output:
             self._state.checked_output = True
-            warn_if_probabilities(self.spec, output)
+            why = warn_if_probabilities(self.spec, output)
+            if why is not None:
+                with self._state.lock:
+                    self._state.warnings.append(why)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What this task found wrong with the model's outputs without refusing them (an
+        output that looks like probabilities), for the step's report warnings."""
+        with self._state.lock:
+            return tuple(self._state.warnings)
 
     def _accepted(self, started: float) -> None:
         """Count an accepted batch whose merge began at ``started`` (perf_counter)."""
@@ -239,6 +257,7 @@ class BatchedTask:
             timings=dict(self._state.timings),
             batches=self._state.total,
             extent=self._extent(),
+            warnings=self.warnings,
         )
 
 
@@ -326,20 +345,37 @@ def refuse_nan(spec: ModelSpec, values: np.ndarray) -> None:
         raise ModelError(f"{spec.key}: {why}")
 
 
-def warn_if_probabilities(spec: ModelSpec, output: np.ndarray) -> None:
-    """Log once-per-task when a graph seems to end in Softmax/Sigmoid already."""
+def probabilities_warning(spec: ModelSpec, output: np.ndarray) -> str | None:
+    """Why ``output`` (a task's first batch, as the session returns it) looks like
+    probabilities where logits belong, or None. Weaker evidence than a graph ending in
+    a Sigmoid/Softmax node (install refuses that): one batch of logits may lie in [0, 1]
+    by chance, so it is a warning, never a refusal."""
+    if output.size == 0:
+        return None
     lo, hi = float(output.min()), float(output.max())
     if lo < 0.0 or hi > 1.0:
-        return
+        return None
     if spec.activation == "softmax" and not np.allclose(output.sum(axis=1), 1.0, atol=1e-3):
-        return
-    logger.warning(
-        "model %s output lies in [0, 1]%s: it looks like probabilities, but radserve "
-        "applies %s to logits; export the graph without its final activation",
-        spec.key,
-        " and sums to 1 over classes" if spec.activation == "softmax" else "",
-        spec.activation,
+        return None
+    if spec.activation == "sigmoid":
+        effect = "sigmoid of a probability is at least 0.5: voxels may be labelled everywhere"
+    else:
+        effect = "the labels hold, but confidences are squashed toward 1/classes"
+    return (
+        f"model {spec.key}'s output lies in [0, 1]"
+        f"{' and sums to 1 over classes' if spec.activation == 'softmax' else ''}: it looks "
+        f"like probabilities, but radserve applies {spec.activation} to it as logits "
+        f"({effect}); if the graph applies its activation itself, its model.yaml needs "
+        "`activation_in_graph: true`, else export it without its final activation"
     )
+
+
+def warn_if_probabilities(spec: ModelSpec, output: np.ndarray) -> str | None:
+    """Log :func:`probabilities_warning`'s warning, if any, and return it."""
+    why = probabilities_warning(spec, output)
+    if why is not None:
+        logger.warning("%s", why)
+    return why
 
 
 def activate(logits: np.ndarray, activation: str, axis: int = 1) -> np.ndarray:

@@ -1,12 +1,14 @@
 """A bundle's ONNX graphs against its model.yaml, before it is installed or imported.
 
 Read with ``load_external_data=False`` (nothing outside the bundle is opened): one
-graph input, an output whose rank, channel count and element type match the manifest,
-fixed spatial sizes the pipeline can feed, every stored tensor holding what it declares
-(inside the bundle), opsets this host's ONNX Runtime loads; then one probe batch, shaped
-as the pipeline feeds it, run as serving runs it
-(:func:`radserve.inference.probe.probe_refusal`), so what warm-up would refuse at
-deploy is refused here, naming the expected and the actual shape.
+graph input; one output, or the one model.yaml's ``output`` names; their rank, channel
+count and element type as the manifest implies, channels first; an output that is not
+probabilities already unless ``activation_in_graph`` says so; fixed spatial sizes the
+pipeline can feed; every stored tensor holding what it declares (inside the bundle);
+opsets this host's ONNX Runtime loads; then one probe batch, shaped as the pipeline
+feeds it, run as serving runs it (:func:`radserve.inference.probe.probe_refusal`), so
+what warm-up would refuse at deploy is refused here, naming the expected and the actual
+shape.
 """
 
 from __future__ import annotations
@@ -112,15 +114,15 @@ def _size_refusal(tensor: Any, directory: Path) -> str | None:
     )
 
 
-def _output_as_inferred(model: Any) -> Any:
-    """The graph's first output, its shape completed by ONNX's shape inference where the
-    graph declares none or leaves the class axis symbolic (a careless export's
-    ``["N", "c", "h", "w"]``): ONNX Runtime infers the same and refuses the session,
-    so such a graph installed and failed at deploy. Inference that fails (a custom
-    operator, a graph over protobuf's 2 GB) leaves the declared output as it is."""
+def _output_as_inferred(model: Any, declared: Any) -> Any:
+    """The graph output ``declared`` (the one served), its shape completed by ONNX's
+    shape inference where the graph declares none or leaves the class axis symbolic (a
+    careless export's ``["N", "c", "h", "w"]``): ONNX Runtime infers the same and
+    refuses the session, so such a graph installed and failed at deploy. Inference that
+    fails (a custom operator, a graph over protobuf's 2 GB) leaves the declared output
+    as it is."""
     import onnx
 
-    declared = model.graph.output[0]
     shape = declared.type.tensor_type.shape
     if declared.type.tensor_type.HasField("shape") and (
         len(shape.dim) < 2 or shape.dim[1].HasField("dim_value")
@@ -131,6 +133,95 @@ def _output_as_inferred(model: Any) -> Any:
     except Exception:  # onnx raises InferenceError, ValueError, protobuf's errors ...
         return declared
     return next((o for o in inferred if o.name == declared.name), declared)
+
+
+# Operators that move or re-type values without changing them: a Sigmoid's output read
+# through them is still probabilities (an export's final Transpose, Reshape, Cast ...).
+_VALUE_KEEPING = frozenset(
+    {"Identity", "Cast", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice",
+     "Expand", "Resize"}
+)  # fmt: skip
+_PROBABILITY_OPS = frozenset({"Sigmoid", "HardSigmoid", "Softmax"})
+
+
+def final_activation(model: Any, output: str) -> tuple[str, list[str]] | None:
+    """The Sigmoid/Softmax node that makes graph output ``output``, directly or through
+    value-keeping ops: its op type and those ops, output side first; None when no such
+    node makes it. Every value of such a node lies in [0, 1] whatever the input, so this
+    is the strong evidence that the graph outputs probabilities: a probe batch's values
+    in [0, 1] alone could be logits that happen to lie there on zeros."""
+    producers = {name: node for node in model.graph.node for name in node.output}
+    between: list[str] = []
+    name = output
+    for _ in range(64):  # a chain of reshapes is short; a cycle is not a valid graph
+        node = producers.get(name)
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type in _PROBABILITY_OPS:
+            return node.op_type, between
+        if node.op_type not in _VALUE_KEEPING or not node.input:
+            return None
+        between.append(node.op_type)
+        name = node.input[0]
+    return None
+
+
+def probabilities_refusal(spec: ModelSpec, model: Any, output: str) -> str | None:
+    """Why ``spec``'s ``activation`` would be applied to what is already probabilities
+    (None: it would not): the graph output ``output`` comes from a Sigmoid/Softmax node
+    and model.yaml does not say ``activation_in_graph: true``. Before 2026-12-08 such a
+    graph installed: a sigmoid model's probabilities went through sigmoid again, which
+    is at least 0.5 everywhere, so every voxel of every study was labelled; a softmax
+    model kept its labels but its confidences were squashed toward 1/classes (the
+    finding confidences, min_confidence rules and calibration read them). Only the log
+    said "looks like probabilities"."""
+    if spec.activation_in_graph:
+        return None
+    found = final_activation(model, output)
+    if found is None:
+        return None
+    op, between = found
+    through = f" (through {', '.join(reversed(between))})" if between else ""
+    if spec.activation == "sigmoid":
+        effect = (
+            "sigmoid of a probability is at least 0.5, so every voxel would reach the 0.5 "
+            "threshold: the whole volume labelled"
+        )
+    else:
+        effect = (
+            "softmax of probabilities keeps the winning class but squashes its probability "
+            "toward 1/classes: confidences and min_confidence rules would be wrong"
+        )
+    return (
+        f"its output {output!r} comes from a {op} node{through}, so it is probabilities "
+        f"(in [0, 1] for any input), and radserve applies model.yaml's activation "
+        f"{spec.activation!r} to the graph's output: {effect}. Set `activation_in_graph: "
+        f"true` in model.yaml (radserve then reads the graph's probabilities as they are), "
+        f"or export the graph without its final {op} so that it outputs logits"
+    )
+
+
+def _channels_last_refusal(role: str, value: Any, channels: int, rank: int) -> str | None:
+    """Why ``value`` (the graph's input or served output) looks channels-last (None: it
+    does not): its second axis symbolic and its last fixed at the channel count, as a
+    TensorFlow or Keras export's (N, H, W, C). Before 2026-12-08 it was refused as "a
+    fixed spatial input ?x1", which says nothing of the layout."""
+    dims = value.type.tensor_type.shape.dim
+    if len(dims) != rank or dims[1].HasField("dim_value") or not dims[-1].HasField("dim_value"):
+        return None
+    if dims[-1].dim_value != channels:
+        return None
+    shown = ", ".join(
+        str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in dims
+    )
+    layout = "N, C, H, W" if rank == 4 else "N, C, D, H, W"
+    return (
+        f"{role} {value.name!r} is [{shown}]: channels last (its last axis, "
+        f"{channels}, is the {'channel' if role == 'input' else 'class'} axis); radserve "
+        f"feeds and reads channels first ({layout}): export the graph with the channel "
+        "axis second (PyTorch exports are; from TensorFlow/Keras, tf2onnx's "
+        "--inputs-as-nchw and --outputs-as-nchw)"
+    )
 
 
 def _static_dims(value: Any) -> list[int | None]:
@@ -207,10 +298,14 @@ def check_onnx(
         if len(inputs) != 1:
             reasons.append(f"{label}: expected 1 graph input, found {len(inputs)}")
             continue
-        if not model.graph.output:
-            reasons.append(f"{label}: the graph has no output")
+        why = spec.served_output_refusal([o.name for o in model.graph.output])
+        if why is not None:
+            reasons.append(f"{label}: {why}")
             continue
-        output = _output_as_inferred(model)
+        served = next(o for o in model.graph.output if spec.output in (None, o.name))
+        output = _output_as_inferred(model, served)
+        if (why := probabilities_refusal(spec, model, output.name)) is not None:
+            reasons.append(f"{label}: {why}")
         checks = (
             ("input", inputs[0], spec.input.in_channels, rank),
             ("output", output, spec.num_classes, out_rank),
@@ -230,6 +325,9 @@ def check_onnx(
                     f"{'classification' if spec.is_classifier else spec.input.mode} model's "
                     f"{role} needs rank {want_rank} {layout}"
                 )
+                continue
+            if (why := _channels_last_refusal(role, value, channels, want_rank)) is not None:
+                reasons.append(f"{label}: {why}")
                 continue
             if dims[1].HasField("dim_value") and dims[1].dim_value != channels:
                 what = "input channels" if role == "input" else "output classes"

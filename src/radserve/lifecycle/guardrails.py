@@ -11,13 +11,21 @@ the wait in the queue and the other steps, so a good canary deployed into a burs
 several times slower than stable's quiet record and was rolled back. Stable's side is
 taken from the same span of time as the canary's (the load both saw) where it has enough
 jobs there, else its latest jobs, as many as the canary's.
+
+Every comparison reads "the version under trial minus stable": its ``serving_*`` side is
+the stable version's, its ``candidate_*`` side the shadow's or the canary's
+(:meth:`radserve.service.lifecycle.ModelLifecycle.run_comparison`), so a record's
+``mean_volume_diff_rel`` and ``mean_latency_diff_seconds`` are positive where the
+version under trial measures more (before 2026-12-08 a canary's were stable minus
+canary). A canary is judged only on its comparisons with the stable version it is
+judged against (:func:`breach`): ones made with an earlier stable are left out.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -115,6 +123,11 @@ class VersionRecord:
         return sum(alike) / len(alike) if alike else None
 
     def summary(self) -> dict[str, Any]:
+        """The record as ``GET /v1/models/comparisons`` shows it. Differences are the
+        version under trial minus stable: ``mean_volume_diff_rel`` (relative to stable's
+        volume), ``mean_latency_diff_seconds``; ``lesions_by_stratum``'s
+        ``serving_only`` are lesions only stable found, ``candidate_only`` only the
+        version under trial (this record's, for a shadow or a canary)."""
         strata: dict[str, dict[str, int]] = {}
         for comparison in self.comparisons:
             for name, s in comparison.lesions.items():
@@ -156,7 +169,9 @@ class VersionRecord:
 def breach(
     canary: VersionRecord, stable: VersionRecord | None, limits: GuardrailLimits
 ) -> str | None:
-    """Why the canary must be rolled back, or None."""
+    """Why the canary must be rolled back, or None. Its comparisons count only where
+    made with ``stable``'s version (:func:`_compared_with`)."""
+    judged = _compared_with(canary, stable)
     if canary.finished >= limits.min_studies and canary.failure_rate > limits.max_failure_rate:
         return (
             f"failure rate {canary.failure_rate:.0%} over {canary.finished} studies exceeds "
@@ -164,26 +179,41 @@ def breach(
         )
     if (why := _slower(canary, stable, limits)) is not None:
         return why
-    if len(canary.comparisons) >= limits.min_comparisons:
-        agreement = canary.mean_lesion_agreement()
+    if len(judged.comparisons) >= limits.min_comparisons:
+        agreement = judged.mean_lesion_agreement()
         if agreement is not None and agreement < limits.min_lesion_agreement:
             return (
-                f"lesion agreement with stable {agreement:.0%} over {len(canary.comparisons)} "
+                f"lesion agreement with stable {agreement:.0%} over {len(judged.comparisons)} "
                 f"studies is below {limits.min_lesion_agreement:.0%}"
             )
-        dice = canary.mean_dice()
+        dice = judged.mean_dice()
         if dice is not None and dice < limits.min_dice:
             return (
-                f"mean Dice with stable {dice:.2f} over {len(canary.comparisons)} studies is "
+                f"mean Dice with stable {dice:.2f} over {len(judged.comparisons)} studies is "
                 f"below {limits.min_dice:.2f}"
             )
-        answers = canary.answer_agreement()
+        answers = judged.answer_agreement()
         if answers is not None and answers < limits.min_answer_agreement:
             return (
                 f"classification answers alike with stable on {answers:.0%} of "
-                f"{len(canary.comparisons)} studies, below {limits.min_answer_agreement:.0%}"
+                f"{len(judged.comparisons)} studies, below {limits.min_answer_agreement:.0%}"
             )
     return None
+
+
+def _compared_with(canary: VersionRecord, stable: VersionRecord | None) -> VersionRecord:
+    """``canary`` with only its comparisons that involve ``stable``'s version (all of
+    them without a stable record): a comparison waiting for an idle queue while the
+    stable version changed was made with the earlier one, and judging the canary on it
+    judged it against a version no longer serving."""
+    if stable is None:
+        return canary
+    kept = [
+        c for c in canary.comparisons if stable.version in (c.serving_version, c.candidate_version)
+    ]
+    if len(kept) == len(canary.comparisons):
+        return canary
+    return replace(canary, comparisons=deque(kept, maxlen=WINDOW))
 
 
 def _slower(

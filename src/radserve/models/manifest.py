@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -718,6 +718,23 @@ class ModelSpec(_Strict):
     description: str = ""
     input: InputSpec
     activation: Literal["softmax", "sigmoid"] = "softmax"
+    activation_in_graph: bool = Field(
+        False,
+        description=(
+            "true when the graph applies the activation itself (it ends in Sigmoid or "
+            "Softmax, so its output is probabilities): radserve then reads them as they "
+            "are. Left false, radserve applies 'activation' to the output, which must be "
+            "logits; install refuses a graph ending in Sigmoid/Softmax without this"
+        ),
+    )
+    output: str | None = Field(
+        None,
+        description=(
+            "the name of the graph output to serve (N, classes, spatial...): required when "
+            "the graph has more than one output (a deep-supervision head, a score, a copy), "
+            "else install refuses it"
+        ),
+    )
     channel_values: tuple[int, ...] = Field(
         (),
         description=(
@@ -1069,6 +1086,30 @@ class ModelSpec(_Strict):
             else:
                 ops.append(make(value))
         return self.model_copy(update={"postprocess": tuple(ops)})
+
+    def served_output_refusal(self, names: Sequence[str]) -> str | None:
+        """Why none of a graph's outputs (``names``, in order) can be told to be the one
+        served (None: ``output`` names one of them, or there is only one). Before
+        2026-12-08 the first output was served whatever the others were: a graph whose
+        outputs were (negated logits, logits, score) installed and labelled every study
+        inside out. Install refuses it (:func:`radserve.lifecycle.graph_checks.check_onnx`),
+        and so does loading it (:class:`radserve.inference.session.ModelSession`)."""
+        if self.output is not None:
+            if self.output in names:
+                return None
+            return (
+                f"model.yaml's output {self.output!r} is not an output of the graph; its "
+                f"outputs: {list(names)}"
+            )
+        if len(names) == 1:
+            return None
+        if not names:
+            return "the graph has no output"
+        return (
+            f"the graph has {len(names)} outputs {list(names)} and radserve serves one: name "
+            "the one holding the class logits (N, classes, spatial...) in model.yaml as "
+            "`output: NAME`"
+        )
 
     def label(self, name: str) -> LabelSpec:
         for label in self.labels:

@@ -527,7 +527,7 @@ def _step_result(
         organs=organ_measurements(labels, ct, spec, boxes, threads=threads)
         if spec.region_labels
         else [],
-        warnings=[undeclared] if undeclared else [],
+        warnings=[*prediction.warnings, *([undeclared] if undeclared else [])],
         label_boxes=boxes,
         gate_warning=uncovered,
         step=step,
@@ -594,7 +594,7 @@ def _classified(
         precision,
         prediction.labels,
         provider,
-        warnings=[undeclared] if undeclared else [],
+        warnings=[*prediction.warnings, *([undeclared] if undeclared else [])],
         gate_warning=uncovered,
         step=step,
         classification=classification,

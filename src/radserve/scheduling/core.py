@@ -33,7 +33,7 @@ import numpy as np
 
 from radserve.config import JobSettings, SchedulerSettings
 from radserve.domain.priority import PriorityClass, PriorityRules
-from radserve.errors import ModelError, RadserveError
+from radserve.errors import DeviceMemoryError, ModelError, RadserveError
 from radserve.scheduling.book import JobBook
 from radserve.scheduling.clock import Clock, MonotonicClock
 from radserve.scheduling.dispatch import (
@@ -511,7 +511,10 @@ class Scheduler:
                 if job.active and job.step is not None:  # back to the front, to run again
                     job.step.ready.appendleft(ReadyBatch(part.batch, now))
                     book.prepared += 1
-            book.model_failed(d.model.name, outcome.error, now)
+            if not isinstance(outcome.error, DeviceMemoryError):
+                # out of memory at the smallest batch is the host's state (other models,
+                # other studies): it opened the model's breaker like a faulty model
+                book.model_failed(d.model.name, outcome.error, now)
             for job in distinct:
                 book.retry_or_fail(job, outcome.error, now, lambda: None)
         else:

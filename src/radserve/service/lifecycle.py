@@ -761,6 +761,10 @@ class ModelLifecycle:
                 pass  # lowest priority: clinical work first
             if self._stop.is_set():
                 return
+            current = self.against_current_stable(task)
+            if current is None:
+                continue
+            task = current
             try:
                 comparison = self.run_comparison(task)
             except Exception as exc:
@@ -781,8 +785,47 @@ class ModelLifecycle:
             if task.candidate_role == Role.STABLE.value:
                 self._judge(task.step)
 
+    def against_current_stable(self, task: ComparisonTask) -> ComparisonTask | None:
+        """``task`` as it is to run now: a canary's check against the step's stable
+        version of now, not the one the job was routed beside (a comparison waits for an
+        idle queue, and the stable version may change meanwhile: a canary was judged on
+        its differences from a version no longer serving); None when there is nothing to
+        compare any more (the canary became the stable version). A shadow's task is
+        returned as it is."""
+        if task.candidate_role != Role.STABLE.value:
+            return task
+        deployment = self.active().get(task.step)
+        if deployment is None or deployment.stable == task.candidate_version:
+            return task
+        if deployment.stable == task.serving_version:
+            logger.info(
+                "comparison run for job %s dropped: %s %s is the stable version now",
+                task.job.id,
+                task.step,
+                task.serving_version,
+            )
+            return None
+        logger.info(
+            "comparison run for job %s (%s %s): against stable %s, not %s (changed since)",
+            task.job.id,
+            task.step,
+            task.serving_version,
+            deployment.stable,
+            task.candidate_version,
+        )
+        return replace(task, candidate_version=deployment.stable)
+
     def run_comparison(self, task: ComparisonTask, *, reuse_upstream: bool = True) -> Comparison:
         """Run the job's study with the candidate version of one step; compare.
+
+        Every comparison is oriented the same way: ``serving_*`` is the stable version's
+        side and ``candidate_*`` the version under trial, so a volume or latency
+        difference is "the version under trial minus stable" and ``candidate_only`` a
+        lesion only it found. A shadow's study was served by stable (the shadow is the
+        candidate run); a canary's study was served by the canary and stable is re-run
+        beside it, so the two results are swapped (``candidate_role`` "canary"). Before
+        2026-12-08 a canary's figures were filed as "stable minus canary", the opposite
+        sign of a shadow's.
 
         Only that step and the steps after it run: the steps before it are read back
         from the serving result (``reuse_upstream=False``, or a result they cannot be
@@ -842,15 +885,27 @@ class ModelLifecycle:
             time.perf_counter() - t0,
             "upstream steps reused" if reused else "every step",
         )
-        comparison = compare_results(
-            Path(str(job.result_path)),
-            out,
-            job_id=job.id,
-            step=task.step,
-            serving_version=task.serving_version,
-            candidate_version=task.candidate_version,
-            candidate_role=task.candidate_role,
-        )
+        served = Path(str(job.result_path))
+        if task.candidate_role == Role.STABLE.value:  # a canary's study, stable re-run
+            comparison = compare_results(
+                out,
+                served,
+                job_id=job.id,
+                step=task.step,
+                serving_version=task.candidate_version,
+                candidate_version=task.serving_version,
+                candidate_role=Role.CANARY.value,
+            )
+        else:
+            comparison = compare_results(
+                served,
+                out,
+                job_id=job.id,
+                step=task.step,
+                serving_version=task.serving_version,
+                candidate_version=task.candidate_version,
+                candidate_role=task.candidate_role,
+            )
         # durable: the file stays (models.md) and is the only record of the figures
         durable.write_json(
             out.parent / f"{task.candidate_version}.json", comparison.as_json(), indent=2
