@@ -312,7 +312,7 @@ def test_a_held_scheduler_hands_out_nothing_until_released() -> None:
     assert scheduler.unfinished() == set()
 
 
-def test_an_unexpected_error_s_text_stays_in_the_log_not_in_the_job() -> None:
+def test_an_unexpected_error_s_quoted_values_are_redacted_in_the_job() -> None:
     """``unexpected BadZipFile: Bad CRC-32 for file 'DOE^JOHN 19010203/1.dcm'`` was the
     job's error, shown to every reader of the job (trial, session 43)."""
     hooks = RecordingHooks()
@@ -329,7 +329,8 @@ def test_an_unexpected_error_s_text_stays_in_the_log_not_in_the_job() -> None:
     final = hooks.final("j")
     assert final is not None and final.error_code == "internal_error"
     assert final.error_message == (
-        "unexpected RuntimeError (a radserve defect; the server's log has the details under job j)"
+        "unexpected RuntimeError: Bad CRC-32 for file '<redacted>' (a radserve defect; the "
+        "server's log has the details under job j)"
     )
 
 

@@ -33,6 +33,7 @@ from radserve.scheduling.rank_index import RankIndex
 from radserve.scheduling.selection import eligible, may_prepare, may_start
 from radserve.scheduling.state import ScheduledJob, StepProgress
 from radserve.scheduling.work import CpuStage
+from radserve.security.logs import redact
 
 logger = logging.getLogger(__name__)
 
@@ -150,13 +151,13 @@ class JobBook:
         if isinstance(error, RadserveError):
             code, message = error.code, error.message
         elif error is not None:
-            # the exception's text stays in the log (redacted there): it may quote a
-            # file's path or a zip member's name the sender chose ("Bad CRC-32 for file
+            # the exception's text as the log redacts a library's: it may quote a file's
+            # path or a zip member's name the sender chose ("Bad CRC-32 for file
             # 'DOE^JOHN/1.dcm'"), and the job's error is shown to every reader of the job
             code = "internal_error"
             message = (
-                f"unexpected {type(error).__name__} (a radserve defect; the server's log "
-                f"has the details under job {job.id})"
+                f"unexpected {type(error).__name__}: {redact(str(error))} (a radserve "
+                f"defect; the server's log has the details under job {job.id})"
             )
             logger.error("job %s: unexpected %s", job.id, type(error).__name__, exc_info=error)
         job.stopping = (state, code, message)
