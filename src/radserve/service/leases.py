@@ -37,6 +37,16 @@ only one run's writes count; two more rules keep the other run from happening at
   running finish. The next renewal that commits lets work go on, and the jobs this
   replica runs that it did not renew were taken over meanwhile: they are failed here
   with ``lease_lost``, a write the fence refuses, so nothing of them is recorded.
+
+Every lease time is the database's (:mod:`radserve.store.db_clock`): the offset of its
+clock from this host's is measured with each renewal, and the answered time and the
+take-over's ``now`` are this host's wall clock plus it, so a host whose clock is off
+judges the rows' times as the others do. An offset beyond a few seconds is logged once
+and is a ``/readyz`` reason (:attr:`LeaseKeeper.config_differences`, degraded);
+``radserve_db_clock_offset_seconds`` (:class:`ClockOffsetCollector`) reports it.
+
+A server that stops cleanly lets its leases go once it runs nothing any more
+(:meth:`LeaseKeeper.release`): the other replicas take its jobs at their next poll.
 """
 
 from __future__ import annotations
@@ -46,8 +56,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from radserve.errors import RadserveError
 from radserve.loop_failures import LoopFailures
@@ -107,13 +120,16 @@ class LeaseKeeper:
         self.config_differences: list[str] = []
         self._destination_differences: list[str] = []
         self._twins: list[str] = []
+        self._clock: list[str] = []  # this host's clock too far from the database's
         self.lease = lease
         self.shared = shared
         self.poll_s = poll_s
         self.on_claimed = on_claimed
         self.runs = runs if shared else None  # one server alone holds every job
         self.clock = clock
-        self.wall = wall  # the leases' expiries are wall-clock times (UTC)
+        # the leases' expiries are wall-clock times (UTC), of the database's clock: this
+        # one plus the offset the renewals measure (:meth:`database_time`)
+        self.wall = wall
         self.lease_s = lease.duration.total_seconds()
         self.renew_s = renew_interval_s(self.lease_s)
         self._stop = threading.Event()
@@ -136,6 +152,32 @@ class LeaseKeeper:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+
+    def release(self) -> list[str]:
+        """Let go of this server's leases on its unfinished jobs, for a clean stop: call
+        after :meth:`stop` (no renewal after it) and once no work runs here any more. The
+        other replicas take the jobs at their next poll (``job.requeued``, ``reason:
+        lease_released``), this instance's next start at once. Returns their ids; a
+        database error is logged and the leases then run out as before."""
+        try:
+            return self.store.release_leases(self.lease)
+        except RadserveError as exc:
+            logger.warning(
+                "leases: not released at stop (%s); other replicas take the jobs once they expire",
+                exc.code,
+            )
+            return []
+
+    def database_time(self) -> float:
+        """The database's clock now (seconds since the epoch): this host's wall clock
+        plus the offset the last renewal measured (none on SQLite)."""
+        return self.wall() + (self.lease.clock.offset_s or 0.0)
+
+    @property
+    def clock_offset_s(self) -> float | None:
+        """The database's clock less this host's, in seconds, as last measured (None:
+        not measured: SQLite, or no renewal yet)."""
+        return self.lease.clock.offset_s
 
     def _run(self) -> None:
         next_renew = next_poll = self.clock()
@@ -168,6 +210,9 @@ class LeaseKeeper:
         running = runs.unfinished() if runs is not None else set()
         self.held = self.store.renew_leases(self.lease)
         self.proven_until = started + self.lease_s - self.renew_s
+        problem = self.lease.clock.problem()  # measured with the renewal
+        self._clock = [problem] if problem is not None else []
+        self._publish()
         if self.shared and self.destinations is not None:
             self.compare_destinations()
         if self.shared:
@@ -193,7 +238,7 @@ class LeaseKeeper:
                 self.lease.instance,
                 self.destinations,
                 within=2 * self.lease.duration,
-                now=dt.datetime.fromtimestamp(self.wall(), dt.UTC),
+                now=dt.datetime.fromtimestamp(self.database_time(), dt.UTC),
             )
         except RadserveError as exc:
             logger.debug("leases: destinations not compared (%s)", exc.code)
@@ -208,7 +253,7 @@ class LeaseKeeper:
             else:
                 logger.warning("replicas: the destinations are configured the same again")
         self._destination_differences = found
-        self.config_differences = found + self._twins
+        self._publish()
 
     def check_twins(self) -> None:
         """Name every other server that renews leases under this replica's instance id
@@ -230,7 +275,12 @@ class LeaseKeeper:
             else:
                 logger.warning("replicas: no other server runs with this instance id now")
         self._twins = found
-        self.config_differences = self._destination_differences + found
+        self._publish()
+
+    def _publish(self) -> None:
+        """What ``/readyz`` names: destinations configured differently, other servers
+        with this instance id, this host's clock too far from the database's."""
+        self.config_differences = self._destination_differences + self._twins + self._clock
 
     def take_over(self) -> None:
         """Claim the jobs whose owner had its lease and its renewal interval of answered
@@ -239,7 +289,7 @@ class LeaseKeeper:
             self.lease,
             shared=True,
             others=True,
-            now=dt.datetime.fromtimestamp(self.wall(), dt.UTC),
+            now=dt.datetime.fromtimestamp(self.database_time(), dt.UTC),
             may_take=self.may_take,
         )
         if claimed:
@@ -276,7 +326,7 @@ class LeaseKeeper:
 
     def _round(self, failures: LoopFailures, call: Callable[[], None]) -> bool:
         """One round of ``call``; whether it reached the database."""
-        started = self.wall()
+        started = self.database_time()
         try:
             call()
         except Exception as exc:  # the keeper must outlive any one round
@@ -286,6 +336,26 @@ class LeaseKeeper:
         failures.succeeded()
         self.answered.reached(started)
         return True
+
+
+class ClockOffsetCollector(Collector):
+    """``radserve_db_clock_offset_seconds``: the database's clock less this host's, as
+    the lease renewals measure it (PostgreSQL; nothing before the first, nor on SQLite)."""
+
+    def __init__(self, keeper: LeaseKeeper) -> None:
+        self._keeper = keeper
+
+    def collect(self) -> Iterator[Any]:
+        offset = self._keeper.clock_offset_s
+        if offset is None:
+            return
+        gauge = GaugeMetricFamily(
+            "radserve_db_clock_offset_seconds",
+            "The database's clock less this host's (job leases are dated in the "
+            "database's; beyond a few seconds this host's time is not synchronised)",
+        )
+        gauge.add_metric([], offset)
+        yield gauge
 
 
 class AnsweredTime:
@@ -347,6 +417,7 @@ __all__ = [
     "HELD_REASON",
     "RETRY_S",
     "AnsweredTime",
+    "ClockOffsetCollector",
     "LeaseKeeper",
     "Runs",
     "renew_interval_s",

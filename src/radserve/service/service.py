@@ -61,7 +61,7 @@ from radserve.service.intake import DICOMWEB_SOURCE, RESULTS_DIR, Intake
 from radserve.service.job_warnings import JobWarnings, chain
 from radserve.service.jobcache import JobCache
 from radserve.service.jobs import JobAccess
-from radserve.service.leases import LeaseKeeper
+from radserve.service.leases import ClockOffsetCollector, LeaseKeeper
 from radserve.service.lifecycle import LifecycleCollector, ModelLifecycle
 from radserve.service.lineage import ResultLineage
 from radserve.service.metrics import Metrics, SenderCollector
@@ -213,6 +213,10 @@ class Service:
         # and runs, renewed while it lives; with replicas, expired ones are taken over
         self.lease = Lease.new(instance_id(settings.outbox.instance_id), settings.jobs.lease_s)
         self.hooks.owner = self.lease.owner
+        if settings.outbox.replicas <= 1:
+            # alone by its settings: refused where live replicas hold jobs in this
+            # database (it took all their jobs at start; radserve.store.leases)
+            self.store.check_alone(self.lease)
         # the settings sections are the scheduler's configuration (no mapping layer);
         # only the batch size is capped by what the runtime's device is worth sending
         self.scheduler = Scheduler(
@@ -360,6 +364,7 @@ class Service:
             schema=self.schema_watch,  # a newer radserve migrated the database: stop
             on_schema_changed=self._schema_changed,
         )
+        self.metrics.registry.register(ClockOffsetCollector(self.leases))
         # how the server is told to stop when its schema changed (radserve serve ends the
         # process, exit 2); None: it only stops taking new work and says so
         self.stop_requested: Callable[[str], None] | None = None
@@ -488,6 +493,9 @@ class Service:
         self.executor.stop(wait=True)
         self.hooks.deferred.stop()
         self.leases.stop()
+        # no work runs here now: the other replicas take its jobs at their next look,
+        # not when the leases run out (a scale-down cost URGENT studies a lease's wait)
+        self.leases.release()
         self.unclaimed.stop()
         self.voided_runs.stop()
         self.retention.stop()
@@ -538,7 +546,14 @@ class Service:
         server cannot tell whether a lease ran out because its owner died or because the
         database was away, so it takes back only its own instance's jobs now."""
         shared = self.settings.outbox.replicas > 1
-        claimed = self.store.claim_jobs(self.lease, shared=shared, others=False)
+        claimed = self.store.claim_jobs(
+            self.lease,
+            shared=shared,
+            others=False,
+            # a replica that started after check_alone: its live jobs are not taken (on
+            # SQLite a crashed server's jobs under another host name must be)
+            spare_live=not shared and self.store.dialect == "postgresql",
+        )
         return self._resume_all(claimed)
 
     def _resume_all(self, claimed: list[Claimed]) -> int:
