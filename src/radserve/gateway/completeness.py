@@ -24,7 +24,13 @@ quiet however long the gap between its instances: the sender has not said it is 
 (a modality sending slices as they are reconstructed, or a loaded server whose receive
 threads stall for longer than ``quiet_s``, would otherwise have a partial study handed
 over and then re-run). Such a study, too, waits at most ``interrupted_quiet_s`` after its
-last instance; the quiet period proper starts when the association is released.
+last instance; the quiet period proper starts when the association is released. Handed
+over at the end of that wait with the association still open (a sender that sent 3
+slices and then only C-ECHOs, or half a data set and then silence), the study is marked
+``interrupted`` as a cut-off one is (its job carries ``study_maybe_incomplete``): the
+sender never said it was done. Before, it was handed over unmarked, and an abort after
+the hand-over changed nothing (the entry was gone); now the hand-over itself marks it, so
+a later abort, release or time-out of that association has nothing to add.
 """
 
 from __future__ import annotations
@@ -89,7 +95,8 @@ class CompletedStudy:
     instances: tuple[Path, ...]  # every instance now in the folder
     new_instances: int  # arrived since the previous hand-over
     calling_ae_titles: tuple[str, ...]
-    # handed over while still cut off: the sender did not resume within the wait
+    # handed over while still cut off (the sender did not resume within the wait), or
+    # while an association that delivered instances to it was still open
     interrupted: bool = False
 
 
@@ -332,6 +339,15 @@ class StudyTracker:
             kind = CompletionKind.RERUN
         else:
             kind = CompletionKind.LATE_FLAGGED
+        still_open = len(entry.associations)
+        if still_open:
+            logger.warning(
+                "study %s: handed over after %.0f s without a new instance while %d "
+                "association(s) that delivered it are still open: it may be incomplete",
+                uid,
+                self.interrupted_quiet_s,
+                still_open,
+            )
         return CompletedStudy(
             study_instance_uid=uid,
             folder=entry.folder,
@@ -340,7 +356,7 @@ class StudyTracker:
             instances=tuple(study_instances(entry.folder)),
             new_instances=entry.new_instances,
             calling_ae_titles=tuple(sorted(entry.calling_ae_titles)),
-            interrupted=entry.interrupted,
+            interrupted=entry.interrupted or bool(still_open),
         )
 
     def _reopen(self, uid: str, entry: _Open, now: float, *, cap_s: float) -> None:

@@ -140,7 +140,14 @@ class Destination:
 
 def destinations(gateway: GatewaySettings) -> list[Destination]:
     """The allowed peers that have a port: where results go (the PACS that sends a study
-    is usually the one that wants its results), over TLS for peers with ``tls``."""
+    is usually the one that wants its results), over TLS for peers with ``tls``.
+
+    A destination is named by its AE title (the outbox's rows, ``/deliveries``, the
+    storage commitment reports it sends back), so two peers with one AE title at
+    different addresses (a primary archive and its DR copy) are refused: a
+    :class:`GatewayConfigError` naming both. Before, one of them got every result and
+    the other none, with nothing said. The same peer listed twice is one destination."""
+    _check_unique_titles(gateway.allowed_peers)
     return [
         Destination(
             name=peer.ae_title,
@@ -151,9 +158,38 @@ def destinations(gateway: GatewaySettings) -> list[Destination]:
             storage_commitment=peer.storage_commitment,
             commitment_timeout_s=peer.commitment_timeout_s,
         )
-        for peer in gateway.allowed_peers
+        for peer in _unique(gateway.allowed_peers)
         if peer.port is not None
     ]
+
+
+def _unique(peers: Iterable[DicomPeer]) -> list[DicomPeer]:
+    """Each destination once (the same AE title, host and port listed twice: one)."""
+    seen: set[tuple[str, str, int | None]] = set()
+    out = []
+    for peer in peers:
+        key = (peer.ae_title, peer.host, peer.port)
+        if peer.port is None or key not in seen:
+            seen.add(key)
+            out.append(peer)
+    return out
+
+
+def _check_unique_titles(peers: Iterable[DicomPeer]) -> None:
+    """Two destinations (peers with a port) may not share an AE title."""
+    first: dict[str, DicomPeer] = {}
+    for peer in peers:
+        if peer.port is None:
+            continue
+        seen = first.setdefault(peer.ae_title, peer)
+        if (seen.host, seen.port) != (peer.host, peer.port):
+            raise GatewayConfigError(
+                f"gateway.allowed_peers: destinations {seen.ae_title}@{seen.host}:{seen.port} "
+                f"and {peer.ae_title}@{peer.host}:{peer.port} share the AE title "
+                f"{peer.ae_title!r}: results would go to only one of them. Give each "
+                "destination its own AE title (and that PACS the same title), or list "
+                "one of them without a port (it may still send; it receives no results)"
+            )
 
 
 class AllowList:

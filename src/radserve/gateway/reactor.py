@@ -23,9 +23,12 @@ an A-ASSOCIATE-RQ, it queues ``None`` for the acceptor, which then takes pynetdi
 "no request came" path at once.
 
 Both still wake at least every :data:`POLL_S` for the checks pynetdicom makes on each
-loop (its timers, a dead DUL thread, a kill). :func:`wait_instead_of_polling` applies
-this to one acceptor association before it starts; :func:`check` refuses to start when
-an upgrade of pynetdicom moved the internals it relies on.
+loop (its timers, a dead DUL thread, a kill); the DUL thread also ends once its
+association thread has ended (pynetdicom stops it first on every path of its own; one
+whose association thread died waited in ``select`` for as long as the peer held on).
+:func:`wait_instead_of_polling` applies this to one acceptor association before it
+starts; :func:`check` refuses to start when an upgrade of pynetdicom moved the internals
+it relies on.
 """
 
 from __future__ import annotations
@@ -110,12 +113,24 @@ class _WaitingDUL(DULServiceProvider):
         self.assoc.dimse.msg_queue.put((None, None))
 
     def _is_transport_event(self) -> bool:
-        # pynetdicom's loop looks at the primitives to send first, then here; blocking
-        # here until the socket is readable or a primitive was queued (the waker) is
-        # what the 1 ms sleeps approximated
+        # pynetdicom's loop looks at the primitives to send first, then here: nothing is
+        # left to send, and with no association thread nothing ever will be
+        if self._orphaned():
+            self._kill_thread = True  # the loop's next check ends the thread
+            return False
+        # blocking here until the socket is readable or a primitive was queued (the
+        # waker) is what the 1 ms sleeps approximated
         if self._wait() and self._process_recv_primitive():
             return True  # its event is queued: the loop acts on it at once
         return super()._is_transport_event()
+
+    def _orphaned(self) -> bool:
+        """Whether the association thread (which started this one) has ended. pynetdicom
+        stops this thread before its association thread ends on each of its own paths;
+        when that thread died instead, this one waited in select for as long as the peer
+        held the connection, its socket and wake-up pipe open."""
+        assoc = self.assoc
+        return assoc.ident is not None and not assoc.is_alive()
 
     def _wait(self) -> bool:
         """Block until the socket is readable, the waker fires or :data:`POLL_S` passed;

@@ -10,6 +10,7 @@ is checked on A-ASSOCIATE-RQ, before any data is accepted.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import threading
 import time
@@ -51,6 +52,7 @@ from radserve.gateway.receive_limit import (
 )
 from radserve.gateway.receivers import ReceiverPool
 from radserve.gateway.storage import Disposition, InstanceStore, check_uid
+from radserve.gateway.stray_meta import remove_stray_meta
 from radserve.gateway.transport import Admission, GatewayServer, make_server, serve_in_thread
 from radserve.ingest.headers import UnreadableHeaderError, header_text, read_header
 from radserve.ingest.sources import InputTooLargeError
@@ -69,6 +71,11 @@ _REJECT_CALLING_AE = (conformance.REJECTED_PERMANENT, 0x01, 0x03)
 _REJECT_MALFORMED = (conformance.REJECTED_PERMANENT, 0x01, 0x01)
 # A-ASSOCIATE-RJ: rejected-permanent, service-user, called AE title not recognised
 _REJECT_CALLED_AE = (conformance.REJECTED_PERMANENT, 0x01, 0x07)
+# the least maximum length (PS3.8 D.1: of a P-DATA-TF PDU's variable field) that carries
+# data: one PDV item is its length (4 bytes), context ID and control header (1 each) and
+# at least 1 byte; 0 means no limit. 1-6 were accepted, and the association aborted at
+# its first answer ("division by zero", "... cannot be between 1 and 7")
+MIN_PEER_PDU_BYTES = 7
 
 
 class _OneLine(logging.Filter):
@@ -219,6 +226,16 @@ def instance_uids(dataset: Dataset, affected_sop_uid: object, *, image: bool) ->
     if image and (series := header_text(dataset, "SeriesInstanceUID")):
         check_uid(series, "Series Instance UID")
     return study_uid, sop_uid
+
+
+def _too_small_pdu(items: list[Any]) -> int | None:
+    """The peer's maximum PDU length when it is 1 to 6 (no answer fits), else None."""
+    for item in items:
+        if isinstance(item, MaximumLengthNotification):
+            length = int(item.maximum_length_received or 0)
+            if 0 < length < MIN_PEER_PDU_BYTES:
+                return length
+    return None
 
 
 def _command_mismatch(dataset: Dataset, request: Any) -> str | None:
@@ -490,7 +507,8 @@ class GatewaySCP:
         )
 
     def _on_requested(self, event: Event) -> None:
-        """Malformed requests get A-ASSOCIATE-RJ (no reason given); a called AE title
+        """Malformed requests (no maximum length item, or one of 1-6 bytes, too small
+        for any answer) get A-ASSOCIATE-RJ (no reason given); a called AE title
         that is not this SCP's, reason 7; unknown (AE title, host) pairs, and a calling
         AE title with a TLS client certificate ``gateway.ae_certificates`` does not tie
         to it, reason 3. One log line each (the titles, the address, the certificate's
@@ -507,6 +525,18 @@ class GatewaySCP:
                 "(maximum length) in the A-ASSOCIATE-RQ",
                 calling,
                 address,
+            )
+            self._reject(assoc, _REJECT_MALFORMED)
+            return
+        too_small = _too_small_pdu(items)
+        if too_small is not None:
+            logger.warning(
+                "association from AE %r at %s rejected: its maximum PDU length %d is too "
+                "small to carry any data (0 for no limit, or at least %d)",
+                calling,
+                address,
+                too_small,
+                MIN_PEER_PDU_BYTES,
             )
             self._reject(assoc, _REJECT_MALFORMED)
             return
@@ -624,8 +654,10 @@ class GatewaySCP:
             if short_of_space is not None:  # dropped as it arrived (receive_limit)
                 raise OutOfResourcesError(short_of_space)
             received = Path(event.dataset_path)  # preamble, meta, data set as received
+            transfer_syntax = str(event.context.transfer_syntax)
             with self.cpu.section("parse"):
-                dataset = self._header(received, str(event.context.transfer_syntax))
+                self._remove_stray_meta(event, received, transfer_syntax)
+                dataset = self._header(received, transfer_syntax)
             mismatch = _command_mismatch(dataset, event.request)
             if mismatch is not None:
                 logger.warning("instance from %s refused: %s", calling, mismatch)
@@ -676,6 +708,28 @@ class GatewaySCP:
                 association=_Receiving.key(event),
             )
         return _status(Status.SUCCESS)
+
+    def _remove_stray_meta(self, event: Event, received: Path, transfer_syntax: str) -> None:
+        """File Meta elements (group 0002) inside the data set are removed from the
+        received file (:mod:`radserve.gateway.stray_meta`): the negotiated transfer syntax
+        governs, not a stray Transfer Syntax UID. One log line per association."""
+        try:
+            removed = remove_stray_meta(
+                received, transfer_syntax, max_bytes=self.config.max_header_bytes
+            )
+        except OSError as exc:
+            reason = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+            logger.error("instance not stored: removing its stray File Meta failed: %s", reason)
+            raise OutOfResourcesError(f"cannot store the instance: {reason}") from exc
+        assoc = event.assoc
+        if removed and not getattr(assoc, "_radserve_stray_meta", False):
+            assoc._radserve_stray_meta = True
+            logger.warning(
+                "instances from %s carry File Meta elements (group 0002) inside the data "
+                "set (%d in the first): removed; the negotiated transfer syntax applies",
+                str(assoc.requestor.ae_title).strip(),
+                removed,
+            )
 
     def _header(self, received: Path, transfer_syntax: str) -> Dataset:
         """The received instance's header, read within the ingest bounds: the file at

@@ -33,6 +33,7 @@ With several receiving processes (:mod:`radserve.gateway.receivers`) the parent'
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import ssl
@@ -43,6 +44,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pynetdicom import evt
+from pynetdicom.association import Association
 from pynetdicom.transport import AssociationSocket, RequestHandler, ThreadedAssociationServer
 
 from radserve.gateway import reactor
@@ -231,12 +233,107 @@ class _SharedContexts(list[Any]):
         return self
 
 
+# A-ASSOCIATE-RJ for a request that cannot be negotiated (pynetdicom failed on it, e.g. a
+# presentation context without a transfer syntax): rejected-permanent (the same request
+# fails again), service-provider (ACSE related), no reason given
+_REJECT_UNNEGOTIABLE = (0x01, 0x02, 0x01)
+# A-ABORT source: service provider (the association failed here, not at the user's wish)
+_ABORT_PROVIDER = 0x02
+# how long a failed association waits for its answer to go out and the peer to close
+# before its connection is closed anyway (a peer that holds it gains nothing)
+ANSWER_GRACE_S = 2.0
+# DUL states (PS3.8 9.2): awaiting the local answer to an A-ASSOCIATE-RQ; the states
+# where an A-ABORT may be sent (established, releasing: PS3.8 table 9-10, Evt15)
+_AWAITING_ANSWER = "Sta3"
+_ABORTABLE = frozenset(f"Sta{n}" for n in range(5, 13))
+
+
+class _GuardedAssociation(Association):
+    """pynetdicom's acceptor association, whose thread never dies unanswered.
+
+    An exception in the association thread (pynetdicom's ``negotiate_as_acceptor``
+    raised IndexError on a presentation context without a transfer syntax) ended the
+    thread with a traceback and nothing sent: the peer waited, and the DUL thread, its
+    wake-up pipe and the socket stayed for as long as the peer held the connection (366
+    such connections took a receiver to 1,022 open files). Here the failure is one log
+    line, the peer is answered A-ASSOCIATE-RJ (rejected-permanent) when its request was
+    not answered yet, else A-ABORT, and the connection's thread
+    (:func:`_close_association`) then stops the DUL thread and closes the socket."""
+
+    failure: str | None = None
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # peer-controlled input: one line, never a traceback
+            self.failure = type(exc).__name__
+            self._answer_failure()
+
+    def _answer_failure(self) -> None:
+        dul = self.dul
+        state = dul.state_machine.current_state if dul.is_alive() else "Sta1"
+        answer = "nothing (the connection had ended)"
+        try:
+            if state == _AWAITING_ANSWER:
+                self.acse.send_reject(*_REJECT_UNNEGOTIABLE)
+                answer = "A-ASSOCIATE-RJ (rejected-permanent)"
+            elif state in _ABORTABLE:
+                self.acse.send_abort(_ABORT_PROVIDER)
+                answer = "A-ABORT"
+        except Exception as exc:  # the DUL is gone: closing the connection is the answer
+            answer = f"nothing ({type(exc).__name__})"
+        calling = str(getattr(self.requestor.primitive, "calling_ae_title", "") or "").strip()
+        logger.warning(
+            "association from %s at %s failed while %s (%s): answered %s and closed",
+            f"AE {calling!r}" if calling else "a peer",
+            getattr(self.requestor.address_info, "address", "?"),
+            "negotiating" if state == _AWAITING_ANSWER else "running",
+            self.failure,
+            answer,
+        )
+        # the answer out, and the peer's close (a peer that reads it closes at once)
+        deadline = time.monotonic() + ANSWER_GRACE_S
+        while dul.is_alive() and dul.state_machine.current_state != "Sta1":
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+
+
+def _close_association(assoc: Any, join_s: float) -> None:
+    """After the association thread ended, however it ended: the DUL thread stopped, the
+    socket closed and the wake-up pipe released. pynetdicom does all of that on its own
+    paths (release, abort, rejection, no request); on any other (its thread died) they
+    were left for as long as the peer held the connection. EVT_CONN_CLOSE is triggered
+    when the connection is closed here, so its handlers (studies cut off) run as for
+    any other close."""
+    dul = assoc.dul
+    if dul.is_alive():
+        dul.kill_dul()
+        dul.join(join_s)
+    wrapped = dul.socket
+    raw = getattr(wrapped, "socket", None)
+    # pynetdicom's state machine closes through the wrapper (which forgets the socket)
+    # and triggers EVT_CONN_CLOSE; a socket still there was never closed that way (the
+    # association thread died, or the DUL thread did and only the raw socket was shut)
+    if raw is not None:
+        with contextlib.suppress(Exception):
+            wrapped.close()
+        with contextlib.suppress(Exception):
+            raw.close()
+        address = getattr(assoc.requestor.address_info, "as_tuple", None)
+        evt.trigger(assoc, evt.EVT_CONN_CLOSE, {"address": address})
+    if not dul.is_alive():  # else its own end closes the pipe (never under a select)
+        reactor.release(assoc)
+
+
 class _Handler(RequestHandler):
     """Runs the association in this connection's thread's lifetime: returns only when the
-    association has ended, so the server knows when the connection is gone."""
+    association has ended and its connection is closed (:func:`_close_association`), so
+    the server knows when the connection is gone."""
 
     def _create_association(self) -> Any:
         assoc = super()._create_association()
+        assoc.__class__ = _GuardedAssociation  # its thread's failure answered, not left
         sock = assoc.dul.socket
         sock.__class__ = BoundedSocket  # same state, bounded reads
         sock.pdu_timeout_s = self.server.pdu_timeout_s
@@ -256,8 +353,7 @@ class _Handler(RequestHandler):
         finally:
             if limit is not None:
                 limit.discard()
-            if not assoc.dul.is_alive():  # never started, or ended: else it closes its own
-                reactor.release(assoc)
+            _close_association(assoc, self.server.pdu_timeout_s + 1.0)
 
 
 def _left_without_a_byte(sock: socket.socket) -> bool:
