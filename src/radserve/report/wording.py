@@ -95,10 +95,13 @@ def late_instances_text(instances: int, series: int) -> str:
 
 
 def maybe_incomplete_text() -> str:
-    """The ``study_maybe_incomplete`` warning: the transfer was cut off, never resumed."""
+    """The ``study_maybe_incomplete`` warning: the transfer was cut off and never resumed,
+    or a sender's association was still open when the study went quiet (since session
+    43; the text said only the first)."""
     return (
-        "the transfer of this study was cut off and the sender did not resume it; the "
-        "study may be incomplete and this result may not cover all of its images"
+        "the transfer of this study was cut off, or its sender still held the connection "
+        "open, when the study was handed over for analysis; the study may be incomplete "
+        "and this result may not cover all of its images"
     )
 
 

@@ -207,8 +207,8 @@ class GatewayBridge:
         warnings: tuple[dict[str, str], ...] = ()
         if study.interrupted:
             logger.warning(
-                "study of %d instances handed over after its association was cut off and "
-                "the sender did not resume: it may be incomplete",
+                "study of %d instances handed over after its association was cut off, or "
+                "while one that delivered it was still open: it may be incomplete",
                 len(study.instances),
             )
             warnings = (warning(STUDY_MAYBE_INCOMPLETE, maybe_incomplete_text()),)
