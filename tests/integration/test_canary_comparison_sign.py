@@ -1,6 +1,6 @@
 """Every comparison reads "the version under trial minus stable": a canary's as a
 shadow's. A canary study is served by the canary and stable is re-run beside it; before
-2026-12-08 the two results were compared the other way round from a shadow's, so a
+2026-12-07 the two results were compared the other way round from a shadow's, so a
 canary's ``candidate_only`` lesions, ``mean_volume_diff_rel`` and latency difference
 were stable's. And a canary's check runs against the stable version of when it runs,
 not of when its study was routed (a comparison waits for an idle queue). On a real

@@ -1,7 +1,7 @@
 """A canary is rolled back on its comparisons with the stable version it is judged
 against, not with one that served before: a stable version changed while a canary
 runs (deploy --role stable keeps the canary) left the canary's record holding
-comparisons with the earlier stable, and before 2026-12-08 they counted alike."""
+comparisons with the earlier stable, and before 2026-12-07 they counted alike."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A graph of several outputs serves the one model.yaml's ``output`` names, and without
-one is refused at install and at load. Before 2026-12-08 the first output was served
+one is refused at install and at load. Before 2026-12-07 the first output was served
 whatever the others were: a graph whose outputs were (negated logits, logits, score)
 installed, labelled every study inside out and exited 0. A channels-last graph is
 refused naming the layout (it read "a fixed spatial input ?x1")."""

@@ -1,6 +1,6 @@
 """A graph that applies its activation itself (ends in Sigmoid or Softmax) is refused at
 install unless model.yaml says ``activation_in_graph: true``, which then serves its
-probabilities as they are. Before 2026-12-08 it installed: a sigmoid model's
+probabilities as they are. Before 2026-12-07 it installed: a sigmoid model's
 probabilities went through sigmoid again (at least 0.5 everywhere: the whole volume
 labelled), and only the log said "looks like probabilities". What slips through is a
 warning a task keeps for the report, not only a log line."""

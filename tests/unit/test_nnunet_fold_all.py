@@ -1,6 +1,6 @@
 """Which folds ``radserve models import nnunet`` ensembles without ``--fold``: nnU-Net's
 own (``nnUNetPredictor.auto_detect_available_folds``: every fold_K, never fold_all
-unless it is the only one). Before 2026-12-08 fold_all was averaged in beside
+unless it is the only one). Before 2026-12-07 fold_all was averaged in beside
 fold_0..k. And the dataset.json labels nnU-Net refuses, refused in one line naming what
 is wrong (a duplicated value read "not consecutive"; a background not named
 "background" ended in nnU-Net's 47-line traceback). No torch needed: JSON only."""

@@ -1,5 +1,5 @@
 """OpenVINO's allocation failures are out-of-memory too: the batch is run again in
-halves. Before 2026-12-08 only ONNX Runtime's and CUDA's texts were recognised, so on
+halves. Before 2026-12-07 only ONNX Runtime's and CUDA's texts were recognised, so on
 OpenVINO (the default CPU provider) "Failed to allocate 5242880000 bytes of memory"
 failed the study at once. A batch that does not fit even alone is a
 :class:`DeviceMemoryError`: the device's state, which the scheduler can tell apart

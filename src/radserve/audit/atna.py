@@ -7,7 +7,8 @@ results are instances created (110103, Create), reads of patient data are 110110
 Record / 110103 Instances Accessed (Read), de-identified exports 110106 Export, key and
 model changes 110113 Security Alert, console sign-in and sign-out 110114 User
 Authentication (Login / Logout), critical notices acknowledged or refused 110106 Export,
-alerts dropped at the stop 110100 Application Activity (Application Stop), the rest 110100
+alerts dropped at the stop 110100 Application Activity (Application Stop), a retention
+pass's removals 110105 DICOM Study Deleted (Delete), the rest 110100
 Application Activity. The record's
 seq, hash and prev_hash travel as ParticipantObjectDetail of the audit log object, so a
 collector can rebuild and check the chain head. Payload values are identifiers, counts
@@ -75,6 +76,7 @@ EVENTS: dict[str, EventCode] = {
     Action.CONSOLE_SIGNIN_LOCKED: _SIGN_IN,
     Action.CONSOLE_SIGNOUT: EventCode("110114", "User Authentication", "E", _LOGOUT),
     Action.RISK_ALERTS_DROPPED: EventCode("110100", "Application Activity", "E", _APP_STOP),
+    Action.RETENTION_SWEPT: EventCode("110105", "DICOM Study Deleted", "D"),
 }  # fmt: skip
 # 0 success, 4 minor failure (PS3.15 A.5.3 EventOutcomeIndicator)
 _OUTCOME = {

@@ -53,6 +53,9 @@ class Action(StrEnum):
     CONSOLE_SIGNOUT = "console.signout"
     # deadline-risk alerts still queued at the server's stop that never reached a receiver
     RISK_ALERTS_DROPPED = "turnaround.risk_alerts_dropped"
+    # a retention pass removed stored studies, received copies or results (counts only;
+    # radserve.service.retention)
+    RETENTION_SWEPT = "retention.swept"
 
 
 def job_event(

@@ -92,7 +92,7 @@ def validated_manifest(raw: dict[str, Any]) -> ModelSpec:
     """The mapped ``model.yaml`` ``raw``, validated; refused (:class:`ImportRefusedError`)
     in one line, one ``field: reason (got value)`` per problem
     (:func:`radserve.validation_text.describe_problems`), as ``radserve models install``
-    says it. Before 2026-12-08 the importers printed pydantic's own text: a header line,
+    says it. Before 2026-12-07 the importers printed pydantic's own text: a header line,
     then two lines per problem with a link to pydantic's site."""
     try:
         return ModelSpec.model_validate(raw)

@@ -103,7 +103,7 @@ def default_folds(found: Sequence[str]) -> tuple[str, ...]:
     (``nnUNetPredictor.auto_detect_available_folds``): every ``fold_K`` with the
     checkpoint, never ``fold_all`` -- a model trained on all cases, not one of the
     cross-validation folds -- unless it is the only one (nnU-Net then finds none and
-    needs ``-f all``). Before 2026-12-08 the import took ``fold_all`` beside
+    needs ``-f all``). Before 2026-12-07 the import took ``fold_all`` beside
     ``fold_0..k``: an ensemble nnU-Net never runs, its labels not nnU-Net's."""
     folds = tuple(f for f in found if f != "all")
     return folds or tuple(found)
@@ -224,7 +224,7 @@ def _labels(dataset: dict[str, Any]) -> tuple[list[dict[str, Any]], str, list[in
         _refuse("dataset.json has no 'labels' object")
     entries = [(n, v) for n, v in raw.items() if n != "ignore"]  # the ignore label has no head
     # nnU-Net's LabelManager refuses these when it loads the model (RuntimeError,
-    # AssertionError): before 2026-12-08 its traceback ended the import
+    # AssertionError): before 2026-12-07 its traceback ended the import
     background = raw.get("background")
     if (
         "background" not in raw

@@ -31,7 +31,7 @@ _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 # CPU plugin's "Failed to allocate 5242880000 bytes of memory" (cpu_memory.cpp), its
 # core's "Failed to allocate memory" and "Cannot allocate memory for type", std::bad_alloc,
 # strerror(ENOMEM)'s "Cannot allocate memory", and its GPU plugin's OpenCL failures.
-# Before 2026-12-08 OpenVINO's "N bytes of memory" was not recognised: the batch was not
+# Before 2026-12-07 OpenVINO's "N bytes of memory" was not recognised: the batch was not
 # halved and the study failed. Not "Failed to allocate aux GPR" / "... registers": a JIT
 # kernel's registers, not memory.
 _OUT_OF_MEMORY = re.compile(

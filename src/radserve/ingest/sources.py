@@ -64,7 +64,7 @@ class SkipKind(StrEnum):
     series it loads (:func:`radserve.ingest.load.load_series`), and in the gap it may
     leave. Before, those were picked out by their reasons' first words: "DICOM without
     SOP Class/...", a header cut after 300 bytes, matched none, and a study ran 35 of
-    its 40 slices without a word (2026-12-08)."""
+    its 40 slices without a word (2026-12-07)."""
 
     UNREADABLE = "unreadable"
     """May be an image of any series, but its header could not be read: damaged, cut,

@@ -169,7 +169,7 @@ def final_activation(model: Any, output: str) -> tuple[str, list[str]] | None:
 def probabilities_refusal(spec: ModelSpec, model: Any, output: str) -> str | None:
     """Why ``spec``'s ``activation`` would be applied to what is already probabilities
     (None: it would not): the graph output ``output`` comes from a Sigmoid/Softmax node
-    and model.yaml does not say ``activation_in_graph: true``. Before 2026-12-08 such a
+    and model.yaml does not say ``activation_in_graph: true``. Before 2026-12-07 such a
     graph installed: a sigmoid model's probabilities went through sigmoid again, which
     is at least 0.5 everywhere, so every voxel of every study was labelled; a softmax
     model kept its labels but its confidences were squashed toward 1/classes (the
@@ -204,7 +204,7 @@ def probabilities_refusal(spec: ModelSpec, model: Any, output: str) -> str | Non
 def _channels_last_refusal(role: str, value: Any, channels: int, rank: int) -> str | None:
     """Why ``value`` (the graph's input or served output) looks channels-last (None: it
     does not): its second axis symbolic and its last fixed at the channel count, as a
-    TensorFlow or Keras export's (N, H, W, C). Before 2026-12-08 it was refused as "a
+    TensorFlow or Keras export's (N, H, W, C). Before 2026-12-07 it was refused as "a
     fixed spatial input ?x1", which says nothing of the layout."""
     dims = value.type.tensor_type.shape.dim
     if len(dims) != rank or dims[1].HasField("dim_value") or not dims[-1].HasField("dim_value"):

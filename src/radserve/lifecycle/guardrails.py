@@ -16,7 +16,7 @@ Every comparison reads "the version under trial minus stable": its ``serving_*``
 the stable version's, its ``candidate_*`` side the shadow's or the canary's
 (:meth:`radserve.service.lifecycle.ModelLifecycle.run_comparison`), so a record's
 ``mean_volume_diff_rel`` and ``mean_latency_diff_seconds`` are positive where the
-version under trial measures more (before 2026-12-08 a canary's were stable minus
+version under trial measures more (before 2026-12-07 a canary's were stable minus
 canary). A canary is judged only on its comparisons with the stable version it is
 judged against (:func:`breach`): ones made with an earlier stable are left out.
 """

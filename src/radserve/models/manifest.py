@@ -1090,7 +1090,7 @@ class ModelSpec(_Strict):
     def served_output_refusal(self, names: Sequence[str]) -> str | None:
         """Why none of a graph's outputs (``names``, in order) can be told to be the one
         served (None: ``output`` names one of them, or there is only one). Before
-        2026-12-08 the first output was served whatever the others were: a graph whose
+        2026-12-07 the first output was served whatever the others were: a graph whose
         outputs were (negated logits, logits, score) installed and labelled every study
         inside out. Install refuses it (:func:`radserve.lifecycle.graph_checks.check_onnx`),
         and so does loading it (:class:`radserve.inference.session.ModelSession`)."""

@@ -824,7 +824,7 @@ class ModelLifecycle:
         lesion only it found. A shadow's study was served by stable (the shadow is the
         candidate run); a canary's study was served by the canary and stable is re-run
         beside it, so the two results are swapped (``candidate_role`` "canary"). Before
-        2026-12-08 a canary's figures were filed as "stable minus canary", the opposite
+        2026-12-07 a canary's figures were filed as "stable minus canary", the opposite
         sign of a shadow's.
 
         Only that step and the steps after it run: the steps before it are read back

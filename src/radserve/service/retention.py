@@ -60,6 +60,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from radserve.audit import AuditEvent
+from radserve.audit.events import Action
 from radserve.config import StorageSettings
 from radserve.gateway.completeness import HANDOVER_MARKER, INTERRUPTED_MARKER, RECEIVING_PREFIX
 from radserve.gateway.dicomweb.stow import STOW_DIR
@@ -82,7 +83,7 @@ from radserve.store.retention_queries import (
 
 logger = logging.getLogger(__name__)
 
-AUDIT_ACTION = "retention.swept"
+AUDIT_ACTION = Action.RETENTION_SWEPT
 SOURCES, INCOMING, RESULTS = "sources", "incoming", "results"
 KINDS = (SOURCES, INCOMING, RESULTS)
 # never anything touched this recently, whatever the settings: a submission between its
