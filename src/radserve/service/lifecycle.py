@@ -886,26 +886,22 @@ class ModelLifecycle:
             "upstream steps reused" if reused else "every step",
         )
         served = Path(str(job.result_path))
-        if task.candidate_role == Role.STABLE.value:  # a canary's study, stable re-run
-            comparison = compare_results(
-                out,
-                served,
-                job_id=job.id,
-                step=task.step,
-                serving_version=task.candidate_version,
-                candidate_version=task.serving_version,
-                candidate_role=Role.CANARY.value,
-            )
-        else:
-            comparison = compare_results(
-                served,
-                out,
-                job_id=job.id,
-                step=task.step,
-                serving_version=task.serving_version,
-                candidate_version=task.candidate_version,
-                candidate_role=task.candidate_role,
-            )
+        # every record reads "the version under trial minus stable": a canary's study
+        # re-run on stable (``out``) puts the canary's served result on the trial side
+        stable, trial = (served, task.serving_version), (out, task.candidate_version)
+        role = task.candidate_role
+        if task.candidate_role == Role.STABLE.value:
+            stable, trial = (out, task.candidate_version), (served, task.serving_version)
+            role = Role.CANARY.value
+        comparison = compare_results(
+            stable[0],
+            trial[0],
+            job_id=job.id,
+            step=task.step,
+            serving_version=stable[1],
+            candidate_version=trial[1],
+            candidate_role=role,
+        )
         # durable: the file stays (models.md) and is the only record of the figures
         durable.write_json(
             out.parent / f"{task.candidate_version}.json", comparison.as_json(), indent=2
