@@ -461,6 +461,7 @@ def _stop_multiprocessing_helpers() -> None:
         log.debug("multiprocessing helpers left running: other child processes use them")
         return
 
+    _unlink_own_semaphores()
     for name, helper in (
         ("fork server", getattr(forkserver, "_forkserver", None)),
         ("resource tracker", getattr(resource_tracker, "_resource_tracker", None)),
@@ -472,6 +473,23 @@ def _stop_multiprocessing_helpers() -> None:
             stop()
         except (OSError, ChildProcessError) as exc:  # already gone
             log.debug("stopping the %s: %s", name, exc)
+
+
+def _unlink_own_semaphores() -> None:
+    """Unlink the named semaphores this process still holds (a pool's queues) while the
+    resource tracker runs. Stopped, the tracker unlinks every one it still tracks, and
+    each semaphore's own finalizer then failed at the process's exit with a raw
+    ``FileNotFoundError`` traceback on stderr (``sem_unlink``), beside the JSON log
+    lines. Unlinking only removes the name: the semaphores stay usable here."""
+    from multiprocessing import synchronize, util
+
+    registry = getattr(util, "_finalizer_registry", {})
+    for finalizer in list(registry.values()):
+        if getattr(finalizer, "_callback", None) is synchronize.SemLock._cleanup:
+            try:
+                finalizer()  # runs once: it leaves the registry
+            except OSError as exc:  # already gone
+                log.debug("unlinking a semaphore: %s", exc)
 
 
 def _decode_in_processes(
