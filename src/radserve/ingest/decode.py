@@ -427,7 +427,12 @@ def start_decode_workers(workers: int | None = None) -> int:
     # One task per worker, each held until all have started: the pool starts a process
     # per task it cannot hand to an idle one.
     barrier = [executor.submit(_worker_ready) for _ in range(size)]
-    return len({future.result() for future in barrier})
+    ran = {future.result() for future in barrier}
+    # a process the pool started may not have run a task: on a loaded host the first one
+    # finished its task and took the next before the second was up (so counting the
+    # tasks' pids alone said 1 of 2)
+    started = getattr(executor, "_processes", None) or {}
+    return max(len(ran), len(started))
 
 
 def _worker_ready() -> int:
