@@ -161,14 +161,13 @@ def hold_store(settings: Settings) -> ServeLock | None:
     """The serving lock of ``settings``' store where it is not shared (a SQLite file and
     ``outbox.replicas`` 1: this server owns every unfinished job); None where it is
     (PostgreSQL, or replicas whose job leases share the jobs)."""
-    from sqlalchemy.engine import make_url
-
     from radserve.store.data_dir_lock import acquire
+    from radserve.store.db import sqlite_file
 
-    url = make_url(settings.effective_database_url)
-    if url.get_backend_name() != "sqlite" or settings.outbox.replicas > 1:
+    database = sqlite_file(settings.effective_database_url)
+    if database is None or settings.outbox.replicas > 1:
         return None
-    return acquire(Path(url.database or ""), data_dir=settings.data_dir)
+    return acquire(database, data_dir=settings.data_dir)
 
 
 def _serve(

@@ -119,14 +119,15 @@ def _key(name: str) -> int:
     return int.from_bytes(digest.digest(), "big", signed=True)
 
 
-# sessions holding an advisory lock on a bigint key: PostgreSQL shows the key's high and
-# low 32 bits as classid and objid, with objsubid 1
-_HOLDERS = text(
-    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-    "AND classid = CAST(CAST(:high AS bigint) AS oid) "
-    "AND objid = CAST(CAST(:low AS bigint) AS oid) AND objsubid = 1"
+# the pg_locks rows (alias l) of the sessions holding an advisory lock on a bigint key:
+# PostgreSQL shows the key's high and low 32 bits as classid and objid, with objsubid 1
+_HELD_ON_KEY = (
+    "l.locktype = 'advisory' AND l.granted "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND l.classid = CAST(CAST(:high AS bigint) AS oid) "
+    "AND l.objid = CAST(CAST(:low AS bigint) AS oid) AND l.objsubid = 1"
 )
+_HOLDERS = text(f"SELECT count(*) FROM pg_locks l WHERE {_HELD_ON_KEY}")
 
 
 # the other sessions holding an advisory lock on a bigint key, and how long each has been
@@ -137,11 +138,7 @@ _SILENT = text(
     "CASE WHEN a.state IS NOT NULL AND a.state <> 'active' "
     "THEN EXTRACT(EPOCH FROM clock_timestamp() - a.state_change) END "
     "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
-    "WHERE l.locktype = 'advisory' AND l.granted "
-    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-    "AND l.classid = CAST(CAST(:high AS bigint) AS oid) "
-    "AND l.objid = CAST(CAST(:low AS bigint) AS oid) AND l.objsubid = 1 "
-    "AND l.pid <> pg_backend_pid()"
+    f"WHERE {_HELD_ON_KEY} AND l.pid <> pg_backend_pid()"
 )
 # ends a session only if it is still silent now (it may have resumed since it was read),
 # and waits for it to end: its locks are free when this returns true
