@@ -88,6 +88,7 @@ TABLE: dict[str, ErrorMapping] = {
     "radserve.store.errors.OutboxItemNotFoundError": ErrorMapping(404),
     "radserve.service.errors.OutputNotFoundError": ErrorMapping(404),
     "radserve.service.errors.SourceRemovedError": ErrorMapping(410),  # retention removed it
+    "radserve.service.errors.ResultRemovedError": ErrorMapping(410),  # retention, too
     "radserve.service.errors.ModelNotFoundError": ErrorMapping(404),
     "radserve.service.errors.InstallNotFoundError": ErrorMapping(404),
     "radserve.gateway.dicomweb.wado.DicomObjectNotFoundError": ErrorMapping(404),

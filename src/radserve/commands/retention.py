@@ -15,7 +15,8 @@ from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
 
 @click.group("retention")
 def group() -> None:
-    """What the data folder keeps: studies, received copies, results (storage.*_retention_days)."""
+    """What the data folder keeps: studies, received copies, results, model comparisons
+    (storage.*_retention_days)."""
 
 
 @group.command("run")
@@ -27,10 +28,11 @@ def group() -> None:
 @DATA_DIR_OPTION
 def run(dry_run: bool, as_json: bool, config_file: Path | None, data_dir: Path | None) -> None:
     """One pass of the retention policy: removes at most storage.retention_max_per_pass
-    folders of each kind (sources, incoming, results) and audits it as retention.swept."""
+    folders of each kind (sources, incoming, results, comparisons) and audits it as
+    retention.swept."""
     from radserve.commands.keys import open_store
     from radserve.config import load_settings
-    from radserve.service.retention import Retention
+    from radserve.service.retention import KINDS, SETTING_OF, Retention
     from radserve.store.store import read_by_command
 
     settings = load_settings(config_file, data_dir=data_dir)
@@ -44,14 +46,12 @@ def run(dry_run: bool, as_json: bool, config_file: Path | None, data_dir: Path |
         click.echo(json.dumps(done.payload(), sort_keys=True))
         return
     storage = settings.storage
-    for kind, days in (
-        ("sources", storage.source_retention_days),
-        ("incoming", storage.incoming_retention_days),
-        ("results", storage.result_retention_days),
-    ):
+    for kind in KINDS:
+        setting = SETTING_OF[kind]
+        days = getattr(storage, setting)
         tally = done.removed[kind]
         if days is None:
-            click.echo(f"{kind:9} kept for good (storage.{_setting(kind)}: null)")
+            click.echo(f"{kind:9} kept for good (storage.{setting}: null)")
             continue
         verb = "would remove" if dry_run else "removed"
         click.echo(
@@ -64,11 +64,3 @@ def run(dry_run: bool, as_json: bool, config_file: Path | None, data_dir: Path |
         click.echo(f"kept      {count} old enough but {why.replace('_', ' ')}")
     if done.more:
         click.echo("more remain: run it again (a server's pass goes on by itself)")
-
-
-def _setting(kind: str) -> str:
-    return {
-        "sources": "source_retention_days",
-        "incoming": "incoming_retention_days",
-        "results": "result_retention_days",
-    }[kind]

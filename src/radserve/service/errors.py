@@ -33,6 +33,13 @@ class SourceRemovedError(RadserveError):
     code = "source_removed"
 
 
+class ResultRemovedError(RadserveError):
+    """The job's result files were removed by the retention policy
+    (``storage.result_retention_days``): gone for good, not missing."""
+
+    code = "result_removed"
+
+
 class ModelNotFoundError(RadserveError):
     """An admin action names a model that is not installed on this server."""
 

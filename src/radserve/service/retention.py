@@ -26,7 +26,24 @@ removes, at start and every ``storage.retention_interval_s``:
   once it and every job answered from its result (``cached_from``) have been final
   that long and none of their deliveries waits (pending, sending, held, committing);
   its result cache entry and DICOMweb index rows are deleted first, so a re-sent study
-  runs again and WADO-RS/QIDO-RS no longer list what is gone.
+  runs again and WADO-RS/QIDO-RS no longer list what is gone. Each job it served is
+  marked (a ``result_removed`` job warning naming the policy and the date,
+  :mod:`radserve.service.job_view`): its result endpoints answer 410, not 404, and
+  ``GET /v1/jobs/{id}`` says so.
+- **comparisons** (the same ``result_retention_days``): a job's canary/shadow folder
+  ``comparisons/<job id>/`` (radserve.service.lifecycle: each comparison's figures,
+  ``<version>.json``, and the trial output ``<version>/`` of a run in progress, or of one
+  that failed or was cut off) once the job has been final that long and nothing in the
+  folder was written for as long. Why the results' rule: it is output derived from the
+  job's study, like the result and no larger, and its figures are the model trial's
+  only per-study evidence (no PACS holds them): a site that keeps results keeps these,
+  and a site that sets ``result_retention_days`` for "what radserve derived from a
+  study" means these too. The sources' seven days would delete, by default, what the
+  results' default keeps. A run writes into the folder from its start (its trial
+  folder), so one in progress keeps it (``comparison_running``), and a run starting
+  during the removal puts it back (its own time changed). A job answered from the
+  result cache gets no comparison run and deliveries never read the folder, so neither
+  keeps it.
 
 Nothing touched in the last :data:`MIN_QUIET_S` is removed, whatever the settings. Each
 pass removes at most ``storage.retention_max_per_pass`` folders of each kind. A folder is
@@ -70,22 +87,33 @@ from radserve.gateway.storage import (
     PARTIAL_SUFFIX,
     QUARANTINE_DIR,
 )
+from radserve.service.failover import COMPARISONS_DIR
+from radserve.service.job_view import result_removed_warning
 from radserve.service.periodic_sweep import PeriodicSweep
-from radserve.store import Store
+from radserve.store import JobRecord, Store
 from radserve.store.files import STUDIES_DIR
 from radserve.store.retention_queries import (
     JobAge,
     forget_results,
+    jobs_by_id,
     jobs_of_results,
     jobs_of_studies,
     jobs_with_unsent,
+    record_result_removed,
 )
 
 logger = logging.getLogger(__name__)
 
 AUDIT_ACTION = Action.RETENTION_SWEPT
-SOURCES, INCOMING, RESULTS = "sources", "incoming", "results"
-KINDS = (SOURCES, INCOMING, RESULTS)
+SOURCES, INCOMING, RESULTS, COMPARISONS = "sources", "incoming", "results", "comparisons"
+KINDS = (SOURCES, INCOMING, RESULTS, COMPARISONS)
+# the storage setting (storage.<name>, days) that decides each kind
+SETTING_OF = {
+    SOURCES: "source_retention_days",
+    INCOMING: "incoming_retention_days",
+    RESULTS: "result_retention_days",
+    COMPARISONS: "result_retention_days",
+}
 # never anything touched this recently, whatever the settings: a submission between its
 # store and its job row (radserve.service.unclaimed.GRACE_S), a hand-over in progress
 MIN_QUIET_S = 600.0
@@ -93,7 +121,8 @@ TRASH_DIR = ".retention-trash"
 STALE_TRASH_S = 3600.0  # a trash entry this old was left by a pass that stopped half-way
 # where the other parts of the data folder keep what this removes (their modules own the
 # names: radserve.gateway.config puts the SCP's folder at data_dir/gateway,
-# radserve.service.intake.RESULTS_DIR, radserve.console.volume the console's volumes)
+# radserve.service.intake.RESULTS_DIR, radserve.console.volume the console's volumes;
+# the comparison runs' COMPARISONS_DIR is imported from radserve.service.failover)
 GATEWAY_DIR = "gateway"
 RESULTS_DIR = "results"
 VOLUMES_DIR = ("console", "volumes")
@@ -107,6 +136,7 @@ KEPT_UNSENT = "unsent_delivery"  # a delivery of its result still waits
 KEPT_NOT_HANDED = "not_handed_over"  # received instances not handed over yet
 KEPT_RECEIVING = "receiving"  # an association writes into it, or was cut off
 KEPT_CHANGED = "changed"  # changed while it was being removed: put back
+KEPT_COMPARING = "comparison_running"  # a comparison run wrote into it within the retention
 
 
 @dataclass
@@ -160,7 +190,11 @@ def _mib(size: int) -> str:
 
 
 class Retention(PeriodicSweep):
-    """The retention policy of one data folder (a daemon thread; :meth:`sweep`)."""
+    """The retention policy of one data folder (a daemon thread; :meth:`sweep`).
+
+    ``on_result_removed``: called with each job record marked ``result_removed`` (after
+    its commit), e.g. the service's job cache's ``put``, which keeps finished records and
+    would show the job as before until it is evicted."""
 
     what = "applying the retention policy"
     thread_name = "radserve-retention"
@@ -173,6 +207,7 @@ class Retention(PeriodicSweep):
         store: Store,
         *,
         clock: Callable[[], float] = time.time,
+        on_result_removed: Callable[[JobRecord], None] | None = None,
     ) -> None:
         super().__init__(
             store, grace_s=MIN_QUIET_S, every_s=settings.retention_interval_s, clock=clock
@@ -183,6 +218,7 @@ class Retention(PeriodicSweep):
         self.passes = 0
         self._lock = threading.Lock()  # one pass at a time in this process
         self._cursor: dict[str, str] = {}  # where the last pass stopped looking, per kind
+        self.on_result_removed = on_result_removed
 
     @property
     def enabled(self) -> bool:
@@ -213,6 +249,7 @@ class Retention(PeriodicSweep):
                 self._sources(now, done)
                 self._incoming(now, done)
                 self._results(now, done)
+                self._comparisons(now, done)
             finally:
                 done.seconds = time.monotonic() - started
                 self._account(done)
@@ -344,27 +381,75 @@ class Retention(PeriodicSweep):
                 done.more = True
                 break
             size = _usage(folder)
-            if not done.dry_run and not self._remove_result(folder, seen, job_id, cutoff):
+            if not done.dry_run and not self._remove_result(folder, seen, job_id, cutoff, now):
                 done.kept[KEPT_CHANGED] += 1
                 continue
             done.removed[RESULTS].add(size)
 
-    def _remove_result(self, folder: Path, seen: int, job_id: str, cutoff: float) -> bool:
-        """Forget the result's index rows, then remove its folder, unless a job was
-        answered from it meanwhile (then it is put back; its cache entry stays gone, so
-        the next copy of the study runs again)."""
-
-        def still_unused() -> bool:
-            rows = jobs_of_results(self.store, [job_id]).get(job_id, [])
-            ids = [row.id for row in rows]
-            return bool(rows) and _blocked(rows, cutoff, jobs_with_unsent(self.store, ids)) is None
+    def _remove_result(
+        self, folder: Path, seen: int, job_id: str, cutoff: float, now: float
+    ) -> bool:
+        """Forget the result's index rows, then remove its folder and mark the jobs it
+        served as having had it removed, unless a job was answered from it meanwhile
+        (then it is put back, unmarked; its cache entry stays gone, so the next copy of
+        the study runs again). The mark is written before the folder is deleted: a mark
+        that cannot be written (the database away) keeps the folder for a later pass.
+        ``on_result_removed`` hears of the marked records once the folder is gone."""
+        marked: list[JobRecord] = []
 
         def forget_then_check() -> bool:
             rows = jobs_of_results(self.store, [job_id]).get(job_id, [])
             forget_results(self.store, [row.id for row in rows] or [job_id])
-            return still_unused()
+            rows = jobs_of_results(self.store, [job_id]).get(job_id, [])
+            unsent = jobs_with_unsent(self.store, [row.id for row in rows])
+            if not rows or _blocked(rows, cutoff, unsent) is not None:
+                return False
+            on = dt.datetime.fromtimestamp(now, dt.UTC).date()
+            warning = result_removed_warning(on)
+            marked.extend(record_result_removed(self.store, rows, folder.name, warning))
+            return True
 
-        return self._remove(RESULTS, folder, seen, merge=True, check=forget_then_check)
+        if not self._remove(RESULTS, folder, seen, merge=True, check=forget_then_check):
+            return False
+        if self.on_result_removed is not None:
+            for record in marked:
+                self.on_result_removed(record)
+        return True
+
+    # --- comparison runs --------------------------------------------------------------
+    def _comparisons(self, now: float, done: RetentionPass) -> None:
+        days = self.settings.result_retention_days
+        if days is None:
+            return
+        cutoff = self._cutoff(now, days)
+        root = self.data_dir / COMPARISONS_DIR
+        candidates: list[tuple[Path, int]] = []
+        for name in self._rotation(COMPARISONS, list(_subfolders(root)), candidates, done):
+            folder = root / name  # <job id>
+            seen = _mtime_ns(folder)  # a run starting, or a comparison's figures: newer
+            if seen is not None and seen / 1e9 < cutoff:
+                candidates.append((folder, seen))
+        jobs = jobs_by_id(self.store, [folder.name for folder, _ in candidates])
+        for folder, seen in candidates:
+            row = jobs.get(folder.name)
+            why = _blocked([row], cutoff) if row is not None else KEPT_NO_JOB
+            if why is not None:
+                done.kept[why] += 1
+                continue
+            tree = _tree(folder)
+            if tree is None:  # gone meanwhile (another replica's pass)
+                continue
+            if tree.newest >= cutoff:  # a run writes its trial output into a subfolder
+                done.kept[KEPT_COMPARING] += 1
+                continue
+            if done.removed[COMPARISONS].folders >= self.settings.retention_max_per_pass:
+                done.more = True
+                break
+            # a run starting meanwhile adds its trial folder (the folder's own time): kept
+            if not done.dry_run and not self._remove(COMPARISONS, folder, seen, merge=True):
+                done.kept[KEPT_CHANGED] += 1
+                continue
+            done.removed[COMPARISONS].add(tree.bytes)
 
     # --- removing ---------------------------------------------------------------------
     def _remove(
@@ -535,6 +620,29 @@ def _subfolders(root: Path, *, dot_names: bool = False) -> Iterator[str]:
     yield from sorted(names)
 
 
+@dataclass(frozen=True)
+class _Tree:
+    bytes: int  # of the files under the folder (links not followed)
+    newest: float  # the newest modification time of the folder and all under it (s)
+
+
+def _tree(folder: Path) -> _Tree | None:
+    """Size and newest modification time of ``folder`` and everything under it (a run
+    writing files in a subfolder changes no time of the folder itself); None if gone."""
+    try:
+        newest = folder.stat().st_mtime
+    except OSError:
+        return None
+    size = 0
+    for parent, dirs, files in os.walk(folder):
+        for name, is_file in (*((d, False) for d in dirs), *((f, True) for f in files)):
+            with contextlib.suppress(OSError):
+                info = os.lstat(os.path.join(parent, name))
+                newest = max(newest, info.st_mtime)
+                size += info.st_size if is_file else 0
+    return _Tree(size, newest)
+
+
 def _usage(folder: Path) -> int:
     """Bytes of the files under ``folder`` (links not followed)."""
     total = 0
@@ -577,7 +685,8 @@ class _RetentionCollector(Collector):
         folders = CounterMetricFamily(
             "radserve_retention_removed_folders",
             "Folders removed by the retention policy since start (sources: studies/, "
-            "incoming: the gateway's and STOW-RS's received copies, results)",
+            "incoming: the gateway's and STOW-RS's received copies, results, comparisons: "
+            "the canary/shadow comparison runs' folders)",
             labels=["kind"],
         )
         size = CounterMetricFamily(
@@ -600,8 +709,10 @@ class _RetentionCollector(Collector):
 
 __all__ = [
     "AUDIT_ACTION",
+    "COMPARISONS",
     "KINDS",
     "MIN_QUIET_S",
+    "SETTING_OF",
     "TRASH_DIR",
     "Retention",
     "RetentionPass",

@@ -261,7 +261,9 @@ class Service:
         # result folders of runs the fence voided, deleted once the job is final
         self.voided_runs = VoidedRunFolders(settings.data_dir / RESULTS_DIR, self.store)
         # what the data folder keeps, and for how long (storage.*_retention_days)
-        self.retention = Retention(settings.data_dir, settings.storage, self.store)
+        self.retention = Retention(
+            settings.data_dir, settings.storage, self.store, on_result_removed=self.cache.put
+        )
         self.metrics.registry.register(self.retention.collector)
         self.intake = Intake(
             settings,

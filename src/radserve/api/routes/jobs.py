@@ -1,6 +1,11 @@
 """Jobs: status, listing, cancellation, and their results (report JSON, label maps,
 key images, FHIR bundle).
 
+A result the retention policy removed (``storage.result_retention_days``) answers 410
+``result_removed`` naming the policy and the date, not the 404 of a missing file: the
+sweep records it on the job (:mod:`radserve.service.job_view`), as a removed source
+answers the FHIR Bundle 410 ``source_removed``.
+
 Status and report reads are the hot path (clients poll): they are answered from memory
 (job cache, report cache) on the event loop; only a miss goes to a worker thread.
 """
@@ -9,7 +14,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, Field
@@ -34,7 +40,8 @@ from radserve.api.schemas import ErrorOut, JobDeliveriesOut, JobOut, JobPageOut,
 from radserve.api.status_bodies import StatusBodies, status_body
 from radserve.errors import InvalidRequestError
 from radserve.security.keys import Role
-from radserve.service.errors import ResultNotReadyError
+from radserve.service.errors import OutputNotFoundError, ResultNotReadyError
+from radserve.service.job_view import result_removed, result_removed_error
 from radserve.service.jobs import JobAccess
 from radserve.store import JobRecord
 from radserve.store import jobs as job_rows
@@ -50,6 +57,11 @@ router = APIRouter(tags=["jobs"], route_class=NegotiatedRoute)
 Reader = Annotated[Principal, Depends(require_read)]
 Submitter = Annotated[Principal, Depends(require_submit)]
 _ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorOut} for c in (401, 403, 404, 409)}
+# a job's result files: 410 once the retention policy removed them
+_RESULT_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_ERRORS,
+    410: {"model": ErrorOut, "description": "`result_removed`: the retention policy removed it"},
+}
 StateName = Literal["received", "queued", "running", "succeeded", "failed", "cancelled"]
 ClassName = Literal["URGENT", "INPATIENT", "OUTPATIENT"]
 
@@ -64,6 +76,28 @@ async def _record(jobs: JobAccess, job_id: str) -> JobRecord:
     if record is None:
         record = await run_in_threadpool(jobs.get, job_id)
     return record
+
+
+T = TypeVar("T")
+
+
+async def _from_result(jobs: JobAccess, record: JobRecord, read: Callable[[JobRecord], T]) -> T:
+    """``read(record)`` in a worker thread, or 410 ``result_removed`` when the retention
+    policy removed the job's result. The record at hand says so when it is the newest;
+    a finished record held in memory may predate the removal, so a result found missing
+    asks the store once (only then: no read on the hot path) and keeps its answer."""
+    removed = result_removed(record)
+    if removed is not None:
+        raise result_removed_error(record, removed)
+    try:
+        return await run_in_threadpool(read, record)
+    except OutputNotFoundError as exc:
+        fresh = await run_in_threadpool(jobs.store.get_job, record.id)
+        removed = result_removed(fresh)
+        if removed is None:
+            raise  # missing for another reason: 404, as before
+        jobs.cache.put(fresh)  # GET /v1/jobs/{id} lists the removal from now on
+        raise result_removed_error(fresh, removed) from exc
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobOut, responses=_ERRORS, summary="A job")
@@ -201,16 +235,16 @@ async def reprioritise_job(
 
 @router.get(
     "/v1/jobs/{job_id}/report",
-    responses={200: {"content": {"application/json": {}}}, **_ERRORS},
+    responses={200: {"content": {"application/json": {}}}, **_RESULT_ERRORS},
     summary="The job's report (JSON)",
 )
 async def get_report(request: Request, job_id: str, who: Reader) -> Response:
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
     await audited_read(request, who, record, "report")
-    data = jobs.report_cached(record)
+    data = None if result_removed(record) else jobs.report_cached(record)
     if data is None:
-        data = await run_in_threadpool(jobs.report_bytes, record)
+        data = await _from_result(jobs, record, jobs.report_bytes)
     # a cached job's report is the earlier job's: it names that job only to who may see it
     data = await shown_report(request, who, record, data)
     return Response(data, media_type="application/json")
@@ -219,7 +253,7 @@ async def get_report(request: Request, job_id: str, who: Reader) -> Response:
 @router.get(
     "/v1/jobs/{job_id}/labels",
     response_class=FileAnswer,
-    responses={200: {"content": {"application/gzip": {}}}, **RANGE_RESPONSES, **_ERRORS},
+    responses={200: {"content": {"application/gzip": {}}}, **RANGE_RESPONSES, **_RESULT_ERRORS},
     summary="A label map (NIfTI)",
 )
 async def get_labels(
@@ -231,27 +265,27 @@ async def get_labels(
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
     await audited_read(request, who, record, "labels", {"kind": kind or "default"})
-    path = await run_in_threadpool(jobs.label_map, record, kind)
+    path = await _from_result(jobs, record, lambda r: jobs.label_map(r, kind))
     return FileAnswer(path, media_type="application/gzip", filename=f"{job_id}-{path.name}")
 
 
 @router.get(
     "/v1/jobs/{job_id}/images/{number}",
     response_class=FileAnswer,
-    responses={200: {"content": {"image/png": {}}}, **RANGE_RESPONSES, **_ERRORS},
+    responses={200: {"content": {"image/png": {}}}, **RANGE_RESPONSES, **_RESULT_ERRORS},
     summary="Key image number N (PNG, 1-based)",
 )
 async def get_image(request: Request, job_id: str, number: int, who: Reader) -> FileAnswer:
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
     await audited_read(request, who, record, "key_image", {"number": str(number)})
-    path = await run_in_threadpool(jobs.key_image, record, number)
+    path = await _from_result(jobs, record, lambda r: jobs.key_image(r, number))
     return FileAnswer(path, media_type="image/png")
 
 
 @router.get(
     "/v1/jobs/{job_id}/fhir",
-    responses={200: {"content": {"application/fhir+json": {}}}, **_ERRORS},
+    responses={200: {"content": {"application/fhir+json": {}}}, **_RESULT_ERRORS},
     summary="The report as a FHIR R4 Bundle",
     description="409 `no_dicom_study` for a job whose input was no DICOM study (a NIfTI "
     "volume): a FHIR ImagingStudy is identified by its Study Instance UID; such a job's "
@@ -262,7 +296,7 @@ async def get_fhir(request: Request, job_id: str, who: Reader) -> Response:
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
     await audited_read(request, who, record, "fhir_bundle")
-    bundle = await run_in_threadpool(_fhir_bundle, jobs, record)
+    bundle = await _from_result(jobs, record, lambda r: _fhir_bundle(jobs, r))
     return Response(json.dumps(bundle), media_type="application/fhir+json")
 
 
