@@ -538,6 +538,7 @@ class IngestSettings(_Section):
     max_pixel_spacing_mm: float = Field(default=20.0, gt=0)
     max_slice_spacing_mm: float = Field(default=50.0, gt=0)
     max_fov_mm: float = Field(default=2500.0, gt=0)
+    max_in_plane_field_mm: float = Field(default=1000.0, gt=0)  # a CT, MR or PET image's plane
     min_matrix: int = Field(default=8, gt=0)
     # a study outside a model's declared input_domain (model.yaml): a report warning, or refused
     input_domain: Literal["flag", "refuse"] = "flag"

@@ -15,7 +15,7 @@ from tests.factories.dicom_series import make_ct_series, make_mr_series
 
 from radserve.errors import GeometryError
 from radserve.ingest import discover_series, load_series
-from radserve.ingest.geometry import MAX_IN_PLANE_FIELD_MM
+from radserve.ingest.policy import IngestPolicy
 
 
 @pytest.mark.parametrize("make", [make_ct_series, make_mr_series], ids=["CT", "MR"])
@@ -34,6 +34,6 @@ def test_an_image_wider_than_any_scanner_s_field_is_refused(
 
 def test_the_widest_field_a_scanner_reconstructs_loads(tmp_path: Path) -> None:
     """An 80-90 cm extended-field reconstruction of a wide-bore CT: 64 × 14 mm = 896 mm."""
-    assert MAX_IN_PLANE_FIELD_MM == 1000
+    assert IngestPolicy().max_in_plane_field_mm == 1000
     make_ct_series(tmp_path, n_slices=4, rows=64, cols=64, spacing=(1.0, 14.0, 14.0))
     assert load_series(discover_series(tmp_path)[0]).volume.shape == (4, 64, 64)

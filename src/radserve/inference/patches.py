@@ -63,7 +63,15 @@ from radserve.preprocess.denoise import read_filtered
 from radserve.preprocess.foreground import foreground_window
 from radserve.preprocess.monai_grid import back_coordinates, forward_coordinates
 from radserve.preprocess.normalise import normalise, normalised_floor
-from radserve.preprocess.resample import grid_coordinates, interpolate_axis, resample_to_spacing
+from radserve.preprocess.resample import (
+    DEFAULT_MAX_VOXELS,
+    check_grid,
+    describe_resampling,
+    grid_coordinates,
+    interpolate_axis,
+    resample_to_spacing,
+    resampled_shape,
+)
 from radserve.preprocess.spline import nnunet_new_shape, resize_channels, separate_axis
 
 logger = logging.getLogger(__name__)
@@ -217,7 +225,10 @@ class PatchTask(BatchedTask):
         precision: str = "fp32",
         image_channels: dict[str, np.ndarray] | None = None,
         merge_threads: int = 1,
+        max_voxels: int = DEFAULT_MAX_VOXELS,
     ) -> None:
+        """``max_voxels``: the site's ``ingest.max_voxels``; a model grid larger than
+        that is refused (``series_too_large``) before it is allocated."""
         t0 = time.perf_counter()
         if spec.input.mode != "3d" or spec.input.patch_size is None:
             raise ModelError(f"PatchTask runs 3d models; {spec.key} is {spec.input.mode}")
@@ -225,6 +236,7 @@ class PatchTask(BatchedTask):
             raise ModelError(f"model {spec.key}: 3d models take no context_slices")
         self.spec, self.volume, self.precision = spec, volume, precision
         self._budget = memory_budget_bytes
+        self._max_voxels = max_voxels
         # threads merging a batch: each class's sums, then the final slabs mapped back to
         # the native grid (disjoint slices each)
         self._merge_threads = max(1, merge_threads)
@@ -312,7 +324,13 @@ class PatchTask(BatchedTask):
         if rs is not None:
             return self._nnunet_channels(volume, masks)
         crop = self._network_crop(volume)
-        image = resample_to_spacing(crop, self.spec.input.spacing, order=1)
+        spacing = self.spec.input.spacing
+        self._check_model_grid(
+            resampled_shape(crop.shape, crop.spacing, spacing, max_voxels=self._max_voxels),
+            crop,
+            spacing,
+        )
+        image = resample_to_spacing(crop, spacing, order=1, max_voxels=self._max_voxels)
         self._resampled = image.shape
         channels, floors = [], []
         for array, norm in self._channel_arrays(crop):
@@ -320,13 +338,16 @@ class PatchTask(BatchedTask):
                 grid = image.array
             else:
                 grid = resample_to_spacing(
-                    crop.with_array(array), self.spec.input.spacing, order=1
+                    crop.with_array(array), spacing, order=1, max_voxels=self._max_voxels
                 ).array
             channels.append(normalise(grid, norm))
             floors.append(normalised_floor(norm))
         for mask in masks:
             m = resample_to_spacing(
-                crop.with_array(mask.astype(np.uint8)), self.spec.input.spacing, order=0
+                crop.with_array(mask.astype(np.uint8)),
+                spacing,
+                order=0,
+                max_voxels=self._max_voxels,
             )
             channels.append(m.array.astype(np.float32))
         # Pad (at the far end) up to one patch where the crop is smaller.
@@ -341,6 +362,7 @@ class PatchTask(BatchedTask):
         crop = self._network_crop(volume)
         target = self._nnunet_spacing(crop.spacing)
         shape = nnunet_new_shape(crop.shape, crop.spacing, target)
+        self._check_model_grid(shape, crop, target)
         self._resampled = shape
         pairs = self._channel_arrays(crop)
         data = normalised_channels(pairs)
@@ -356,6 +378,23 @@ class PatchTask(BatchedTask):
             threshold=rs.anisotropy_threshold,
         )
         return self._pad(image, [normalised_floor(n) for _, n in pairs])
+
+    def _check_model_grid(
+        self,
+        shape: tuple[int, ...],
+        crop: Volume,
+        target: tuple[float | None, float, float],
+    ) -> None:
+        """Refuse the model grid ``shape`` of ``crop`` before it is allocated when it is
+        larger than the site's ``ingest.max_voxels``: ingest bounded the study at its own
+        spacing, and a finer model spacing multiplies it (each channel is a float32 copy
+        held for the task's life)."""
+        check_grid(
+            shape,
+            f"{self.spec.key} model grid of the crop's "
+            f"{describe_resampling(crop.shape, crop.spacing, target)}",
+            max_voxels=self._max_voxels,
+        )
 
     def _nnunet_spacing(self, native: tuple[float, ...]) -> tuple[float, float, float]:
         """The model spacing; a null first axis keeps the native one (an nnU-Net 2d
@@ -389,6 +428,7 @@ class PatchTask(BatchedTask):
         else:
             coords = self._first_voxel_coords(crop.shape, crop.spacing, forward=True)
         self._resampled = tuple(len(c) for c in coords)  # type: ignore[assignment]
+        self._check_model_grid(self._resampled, crop, self.spec.input.spacing)
 
         def resampled(c: np.ndarray, order: int) -> np.ndarray:
             # both weights as grid_sample: at a model voxel a few ulps from a native one

@@ -62,7 +62,14 @@ from radserve.preprocess.crop import (
 )
 from radserve.preprocess.denoise import read_filtered
 from radserve.preprocess.normalise import normalise, normalised_floor
-from radserve.preprocess.resample import grid_coordinates, interpolate_axis, resampled_size
+from radserve.preprocess.resample import (
+    DEFAULT_MAX_VOXELS,
+    check_grid,
+    describe_resampling,
+    grid_coordinates,
+    interpolate_axis,
+    resampled_size,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +194,10 @@ class SliceTask(BatchedTask):
         max_batch_size: int | None = None,
         precision: str = "fp32",
         arrival: ArrivingSlices | None = None,
+        max_voxels: int = DEFAULT_MAX_VOXELS,
     ) -> None:
+        """``max_voxels``: the site's ``ingest.max_voxels``; the crop's slices at the
+        model's spacing, all together, may hold no more (``series_too_large``)."""
         t0 = time.perf_counter()
         if spec.input.mode not in ("2d", "2.5d"):
             raise ModelError(f"SliceTask runs 2d/2.5d models; {spec.key} is {spec.input.mode}")
@@ -213,8 +223,24 @@ class SliceTask(BatchedTask):
         _, self._h, self._w = in_plane.shape((0, ys.stop - ys.start, xs.stop - xs.start))
         row_mm, column_mm = (volume.spacing[axis] for axis in in_plane.perm[1:])
         target = spec.input.spacing
-        self._rh = resampled_size(self._h, row_mm, target[1]) if self._h else 0
-        self._rw = resampled_size(self._w, column_mm, target[2]) if self._w else 0
+        self._rh = (
+            resampled_size(self._h, row_mm, target[1], max_voxels=max_voxels) if self._h else 0
+        )
+        self._rw = (
+            resampled_size(self._w, column_mm, target[2], max_voxels=max_voxels) if self._w else 0
+        )
+        # resampled a batch at a time, the slices at the model's spacing are still the
+        # work of one volume of this many voxels: bounded as a 3d model's grid is, so that
+        # a model spacing far below the study's cannot step past the site's bound
+        planned = (zs.stop - zs.start, self._rh, self._rw)
+        check_grid(
+            planned,
+            f"{spec.key} model grid of the crop's "
+            + describe_resampling(
+                (planned[0], self._h, self._w), (volume.spacing[0], row_mm, column_mm), target
+            ),
+            max_voxels=max_voxels,
+        )
         k = spec.input.divisible_by
         self._ph, self._pw = _round_up(self._rh, k), _round_up(self._rw, k)
         self._pad_y = (self._ph - self._rh) // 2

@@ -12,9 +12,10 @@ positions more than :data:`LINE_TOLERANCE_PX` pixels off the first→last line a
 sheared (non-linear) stack.
 
 Before any of that, the values are bounded (``IngestPolicy`` ``min_spacing_mm``,
-``max_pixel_spacing_mm``, ``max_slice_spacing_mm``, ``max_fov_mm``; positions within
-:data:`MAX_POSITION_MM`): a Pixel Spacing of 1e4 or 1e30 is refused here, naming the
-attribute and its value, instead of asking resampling for a grid of TiBs later.
+``max_pixel_spacing_mm``, ``max_slice_spacing_mm``, ``max_fov_mm``,
+``max_in_plane_field_mm``; positions within :data:`MAX_POSITION_MM`): a Pixel Spacing
+of 1e4 or 1e30 is refused here, naming the attribute and its value, instead of asking
+resampling for a grid of TiBs later.
 """
 
 from __future__ import annotations
@@ -33,13 +34,8 @@ DUPLICATE_TOLERANCE_MM = 0.01
 LINE_TOLERANCE_PX = 0.1
 _UNIT_TOLERANCE = 1e-2
 MAX_POSITION_MM = 1e6  # 1 km from the origin: beyond any patient coordinate system
-MAX_IN_PLANE_FIELD_MM = 1000.0
-"""Widest in-plane field (Rows or Columns × Pixel Spacing) of a CT, MR or PET image: the
-widest bores are 80-90 cm (wide-bore CT; an extended-field reconstruction reaches about
-80 cm, an MR's or a PET's field 50-78 cm). ``ingest.max_fov_mm`` (2500) bounds every
-axis, and so let 128 × 128 images of 19.5 mm pixels through (2,496 mm): 100 of them, 3
-MB, cost 228 CPU-s and 1.8 GB resampled to a model's 1.5 mm (session 43). Not a
-setting: no scanner's image exceeds it, and a setting would be one more to get wrong."""
+# the modalities whose image is a scanner's cross-section, bounded in its plane by
+# ingest.max_in_plane_field_mm (a whole-body planar NM is 2 m long: max_fov_mm only)
 _BOUNDED_IN_PLANE = frozenset({"CT", "MR", "PT"})
 
 
@@ -215,23 +211,45 @@ def check_range(
     )
 
 
-def check_in_plane_field(frame: FrameRef, modality: str) -> None:
-    """Refuse a CT, MR or PET image wider than :data:`MAX_IN_PLANE_FIELD_MM` in its plane
-    (``geometry_invalid``), before any pixel is decoded: its Pixel Spacing is not the
-    image's, and resampling it to a model's spacing costs minutes and gigabytes. Other
-    modalities (a whole-body planar NM is 2 m long) are bounded by ``max_fov_mm``."""
-    if modality not in _BOUNDED_IN_PLANE or frame.pixel_spacing is None:
+def check_in_plane_field(frame: FrameRef, modality: str, policy: IngestPolicy) -> None:
+    """Refuse a CT, MR or PET image wider than ``ingest.max_in_plane_field_mm`` in its
+    plane (``geometry_invalid``), before any pixel is decoded: its Pixel Spacing is not
+    the image's, and resampling it to a model's spacing costs minutes and gigabytes.
+    Other modalities (a whole-body planar NM is 2 m long) are bounded by ``max_fov_mm``."""
+    if frame.pixel_spacing is None:
         return
     row_spacing, col_spacing = frame.pixel_spacing
     rows, columns = frame.pixel.rows, frame.pixel.columns
-    field = (rows * row_spacing, columns * col_spacing)
-    if max(field) <= MAX_IN_PLANE_FIELD_MM:
+    refuse_wide_field(
+        (rows * row_spacing, columns * col_spacing),
+        modality,
+        policy,
+        images="the images span",
+        pixels=f"{rows} × {columns} pixels of Pixel Spacing {row_spacing:g}\\{col_spacing:g} mm",
+        spacing="Pixel Spacing",
+    )
+
+
+def refuse_wide_field(
+    field: tuple[float, float],
+    modality: str | None,
+    policy: IngestPolicy,
+    *,
+    images: str,
+    pixels: str,
+    spacing: str,
+) -> None:
+    """The in-plane field bound, in one wording for DICOM and NIfTI: ``field`` (mm along
+    the image's two in-plane axes) of a CT, MR or PET image against
+    ``ingest.max_in_plane_field_mm``; ``images`` starts the sentence ("the images span"),
+    ``pixels`` says the matrix and its spacing, ``spacing`` names the header's value."""
+    if modality not in _BOUNDED_IN_PLANE or max(field) <= policy.max_in_plane_field_mm:
         return
     raise GeometryError(
-        f"the images span {field[0]:g} × {field[1]:g} mm in their plane ({rows} × {columns} "
-        f"pixels of Pixel Spacing {row_spacing:g}\\{col_spacing:g} mm), more than the "
-        f"{MAX_IN_PLANE_FIELD_MM:g} mm of any {modality} scanner's field: the Pixel Spacing "
-        "is not the image's (a damaged or rewritten header); correct it at the source"
+        f"{images} {field[0]:g} × {field[1]:g} mm in their plane ({pixels}), more than the "
+        f"{policy.max_in_plane_field_mm:g} mm of any {modality} scanner's field "
+        f"(ingest.max_in_plane_field_mm): the {spacing} is not the image's (a damaged or "
+        "rewritten header); correct it at the source"
     )
 
 

@@ -129,7 +129,7 @@ def load_series(
         if said is None:
             raise
         raise said from exc
-    check_in_plane_field(header.frames[0], header.modality)
+    check_in_plane_field(header.frames[0], header.modality, policy)
     _refuse_interleaved(header)
     warnings.extend(layout.warnings)
     if unreadable := _unreadable(header):

@@ -4,8 +4,9 @@ Integer data stays integer: an int16 volume is written as int16 with no scaling,
 file whose scaling is integral and fits int16 is read back as int16.
 
 A NIfTI upload meets the bounds a DICOM series meets (:class:`IngestPolicy`: voxels,
-bytes, matrix, spacings, field of view, positions), checked on its header before any
-voxel is read, and its voxels must be finite numbers (and CT values on a CT scale).
+bytes, matrix, spacings, field of view, the in-plane field of a CT, MR or PET image,
+positions), checked on its header before any voxel is read, and its voxels must be
+finite numbers (and CT values on a CT scale).
 Before session 35 none of them applied: a 3.4 KB ``.nii.gz`` of 64³ voxels at 1 m
 spacing asked the model's resampling for a grid no memory holds and the OOM killer
 stopped the server; NaN voxels, complex or RGB data ran, or failed as radserve's own
@@ -32,7 +33,7 @@ import numpy as np
 from radserve.domain.volume import Volume
 from radserve.errors import GeometryError, StudyError
 from radserve.ingest.ct_scale import check_ct_scale
-from radserve.ingest.geometry import MAX_POSITION_MM, check_fov, check_range
+from radserve.ingest.geometry import MAX_POSITION_MM, check_fov, check_range, refuse_wide_field
 from radserve.ingest.nifti_bounds import DeclaredLayout, declared_layout, read_voxels
 from radserve.ingest.nifti_fields import check_placement_fields
 from radserve.ingest.policy import IngestPolicy, policy_hint
@@ -85,7 +86,7 @@ def load_nifti(
     if len(shape) != 3:
         raise StudyError(f"NIfTI image must be 3-D, got shape {layout.shape}", code=_INVALID)
     affine = header.get_best_affine()
-    _check_header(header, shape, affine, policy)
+    _check_header(header, shape, affine, policy, modality)
     tilt = None if policy is None else _check_orientation(header, affine, policy)
     ambiguous = [] if policy is None else _check_forms(header, layout, shape)
     if warnings is not None:
@@ -281,6 +282,7 @@ def _check_header(
     shape: tuple[int, ...],
     affine: np.ndarray,
     policy: IngestPolicy | None,
+    modality: str | None,
 ) -> None:
     """The affine and the DICOM path's bounds, on what the header declares (nothing is
     read yet; the voxel type: :mod:`radserve.ingest.nifti_fields`)."""
@@ -297,7 +299,7 @@ def _check_header(
             code=_INVALID,
         )
     if policy is not None:
-        _check_bounds(shape, header.get_data_dtype(), affine, policy)
+        _check_bounds(shape, header.get_data_dtype(), affine, policy, modality)
 
 
 def _affine_source(header: nib.Nifti1Header) -> str:
@@ -310,7 +312,11 @@ def _affine_source(header: nib.Nifti1Header) -> str:
 
 
 def _check_bounds(
-    shape: tuple[int, ...], dtype: np.dtype, affine: np.ndarray, policy: IngestPolicy
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    affine: np.ndarray,
+    policy: IngestPolicy,
+    modality: str | None,
 ) -> None:
     columns, rows, slices = (int(n) for n in shape)  # (i, j, k): k is the slice axis
     if min(rows, columns) < policy.min_matrix:
@@ -350,6 +356,15 @@ def _check_bounds(
         "ingest.min_spacing_mm / ingest.max_slice_spacing_mm",
     )
     check_fov((rows * row_mm, columns * column_mm), slice_mm, slices, policy)
+    # the plane is (i, j): k is the slice axis, as for the matrix and the spacings above
+    refuse_wide_field(
+        (columns * column_mm, rows * row_mm),
+        modality,
+        policy,
+        images="the NIfTI slices span",
+        pixels=f"{columns} × {rows} voxels along i × j of {column_mm:g}\\{row_mm:g} mm",
+        spacing="voxel size (the affine's or pixdim's)",
+    )
     far = float(np.abs(affine[:3, 3]).max())
     if far > MAX_POSITION_MM:
         raise GeometryError(

@@ -56,7 +56,10 @@ class IngestPolicy:
         other_padding_value: same for other modalities.
         max_voxels: largest volume (slices × rows × columns) accepted, so a hostile or
             broken header cannot ask for an allocation the host cannot make (2**30 voxels:
-            2 GiB as int16, 4 GiB as float32).
+            2 GiB as int16, 4 GiB as float32). A model's grid of the study (its crop at
+            the model's spacing) is bounded by it too, refused before it is allocated
+            (``series_too_large``, :func:`radserve.preprocess.resample.check_grid`): a
+            spacing finer than the study's multiplies the voxels ingest accepted.
         max_file_bytes: largest single file (or zip member, or inflated Deflated file).
             A member decoded for pixels is copied to a spooled temporary file, so this
             bounds disk, not memory.
@@ -79,6 +82,15 @@ class IngestPolicy:
             and slice step; values outside (1e4, 1e30, 0, negative) are refused at ingest,
             before they reach resampling.
         max_fov_mm: largest extent of the volume along any axis (voxels × spacing).
+        max_in_plane_field_mm: widest in-plane field (Rows or Columns × Pixel Spacing; a
+            NIfTI's i and j voxels × voxel size) of a CT, MR or PET image, checked before
+            a pixel is read. The widest bores are 80-90 cm (wide-bore CT; an extended-field
+            reconstruction reaches about 80 cm, an MR's or a PET's field 50-78 cm), so
+            1000 mm leaves room; ``max_fov_mm`` bounds every axis and let 128 × 128 images
+            of 19.5 mm pixels through (2,496 mm): 100 of them, 3 MB, cost 228 CPU-s and
+            1.8 GB resampled to a model's 1.5 mm (session 43). A setting since 2026-12-07
+            (a constant before), for a site whose images come from elsewhere than a
+            patient scanner (a large-animal bore, a synthetic phantom).
         min_matrix: fewest Rows and Columns an image of a volume may have: a stack of
             1 × 1 (or 1 × 65,535) images is no cross-sectional image, and a model run on it
             reports findings in noise.
@@ -114,6 +126,7 @@ class IngestPolicy:
     max_pixel_spacing_mm: float = 20.0
     max_slice_spacing_mm: float = 50.0
     max_fov_mm: float = 2500.0
+    max_in_plane_field_mm: float = 1000.0
     min_matrix: int = 8
     input_domain: Literal["flag", "refuse"] = "flag"
     lossy_input: Literal["flag", "refuse"] = "flag"
@@ -151,6 +164,7 @@ class IngestPolicy:
             "max_archive_members",
             "min_spacing_mm",
             "max_fov_mm",
+            "max_in_plane_field_mm",
             "min_matrix",
         ):
             if not getattr(self, name) > 0:

@@ -198,7 +198,12 @@ def load_channels(
                             "place one on the other (send series acquired together, as a "
                             "PET/CT is)"
                         )
-                    on_grid, covered = sample_onto(loaded.volume, ref_volume, order=order)
+                    on_grid, covered = sample_onto(
+                        loaded.volume,
+                        ref_volume,
+                        order=order,
+                        max_voxels=(policy or IngestPolicy()).max_voxels,
+                    )
                     cache[key] = on_grid.array, covered
                 arrays[channel.name], covered = cache[key]
                 _check_coverage(covered, channel, header, spec, warnings)

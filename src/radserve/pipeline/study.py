@@ -288,6 +288,7 @@ def _run_ingested(
         reused=reused,
         arrival=ingested.loaded.arrival,
         array_threads=array_threads,
+        max_voxels=(policy or IngestPolicy()).max_voxels,
     )
     return finish_study(
         ingested,

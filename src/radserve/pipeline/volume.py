@@ -44,6 +44,7 @@ from radserve.postprocess.components import clean_label_map
 from radserve.postprocess.diameters import FindingAxes
 from radserve.postprocess.findings import find_lesions, organ_measurements
 from radserve.preprocess.crop import BBox, bbox_union, grid_offset, roi_bbox
+from radserve.preprocess.resample import DEFAULT_MAX_VOXELS
 from radserve.progress import ProgressSink, StageTimer
 
 logger = logging.getLogger(__name__)
@@ -279,6 +280,10 @@ class VolumeRun:
     and hands the finished :class:`Prediction` to :meth:`complete_step`, which
     post-processes it and makes the next step's inputs (ROI, upstream masks) available.
     :func:`run_volume` is the same loop for one study on the calling thread.
+
+    ``max_voxels``: the site's ``ingest.max_voxels`` (its ingest policy's); no model's
+    grid of the study may be larger, refused (``series_too_large``) when its task is
+    made, before the grid is allocated.
     """
 
     def __init__(
@@ -293,8 +298,10 @@ class VolumeRun:
         reused: Sequence[StepResult] = (),
         arrival: ArrivingSlices | None = None,
         array_threads: int | None = None,
+        max_voxels: int = DEFAULT_MAX_VOXELS,
     ) -> None:
         self.ct = ct
+        self.max_voxels = max_voxels
         # the post-processing's label-by-label work (clean-up, organ measurements) on
         # this many threads: the cores (the network is idle then); 1 is the serial order
         self.array_threads = array_threads or usable_cores()
@@ -357,6 +364,7 @@ class VolumeRun:
             roi,
             extra,
             max_batch_size=session.runtime.batch_cap(spec.input.mode),
+            max_voxels=self.max_voxels,
             **({"merge_threads": session.runtime.merge_threads} if _patches(spec) else {}),
             **({"image_channels": images} if images is not None else {}),
             **({"arrival": self._arrival} if self._arrival is not None else {}),
@@ -441,11 +449,13 @@ def run_volume(
     reused: Sequence[StepResult] = (),
     arrival: ArrivingSlices | None = None,
     array_threads: int | None = None,
+    max_voxels: int = DEFAULT_MAX_VOXELS,
 ) -> VolumeResult:
     """Every model step of ``pipeline`` on one volume; outputs on the volume's grid
     (``channels``: the other series of multi-channel models, on that grid; ``reused``:
     the first steps' results, taken as they are; ``arrival``: ``ct`` is still being
-    decoded, see :class:`VolumeRun`; ``array_threads``: see :class:`VolumeRun`)."""
+    decoded, see :class:`VolumeRun`; ``array_threads``, ``max_voxels``: see
+    :class:`VolumeRun`)."""
     timer = StageTimer(progress)
     run = VolumeRun(
         ct,
@@ -457,6 +467,7 @@ def run_volume(
         reused=reused,
         arrival=arrival,
         array_threads=array_threads,
+        max_voxels=max_voxels,
     )
     runner = run_task_overlapped if overlapped else run_task
     while (pending := run.next_step()) is not None:

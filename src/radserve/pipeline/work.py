@@ -132,6 +132,7 @@ class StudyWork:
             sessions=self._sessions,
             precision=self._precision,
             channels=channels,
+            max_voxels=(self._policy or IngestPolicy()).max_voxels,
         )
         self._open_next_step()
 

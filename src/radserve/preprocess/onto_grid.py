@@ -26,7 +26,7 @@ import numpy as np
 from scipy.ndimage import affine_transform
 
 from radserve.domain.volume import Volume
-from radserve.preprocess.resample import check_grid
+from radserve.preprocess.resample import DEFAULT_MAX_VOXELS, check_grid
 
 __all__ = ["INTERPOLATION_ORDERS", "covered_mask", "resample_onto", "sample_onto"]
 
@@ -44,10 +44,16 @@ def resample_onto(
 
 
 def sample_onto(
-    source: Volume, reference: Volume, *, order: int = 1, cval: float = 0.0
+    source: Volume,
+    reference: Volume,
+    *,
+    order: int = 1,
+    cval: float = 0.0,
+    max_voxels: int = DEFAULT_MAX_VOXELS,
 ) -> tuple[Volume, float]:
-    """``source`` on ``reference``'s grid, and the fraction of its voxels ``source`` covers."""
-    check_grid(reference.shape)
+    """``source`` on ``reference``'s grid, and the fraction of its voxels ``source`` covers
+    (``max_voxels``: the site's ``ingest.max_voxels``, which bounds that grid)."""
+    check_grid(reference.shape, max_voxels=max_voxels)
     to_source = np.linalg.inv(source.affine) @ reference.affine
     if source.shape == reference.shape and np.allclose(to_source, np.eye(4), rtol=0, atol=1e-6):
         return reference.with_array(source.array.astype(np.float32)), 1.0  # one grid

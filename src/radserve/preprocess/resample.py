@@ -16,9 +16,12 @@ first/last centre: linear (``order=1``) for images and probabilities, nearest
 (``order=0``) for label maps. There is no anti-aliasing filter when downsampling, like
 nnU-Net's preprocessing; training data made with these functions sees the same images.
 
-The output grid is bounded (:data:`MAX_GRID_VOXELS`) before anything is allocated: ingest
-bounds spacings and field of view, and this guard makes sure no other path (a NIfTI
-volume, a model's target spacing) can ask for a grid of TiBs.
+The output grid is bounded before anything is allocated, by the site's
+``ingest.max_voxels`` (``max_voxels``: the run path passes its ingest policy's; a caller
+with no settings gets :class:`~radserve.ingest.policy.IngestPolicy`'s default, the one
+definition of the bound): ingest bounds the volume it builds, and a model's spacing
+finer than the study's would otherwise build a larger one here. Before 2026-12-07 the
+bound was a constant of its own, 2**31 voxels (8 GiB as float32), whatever the site set.
 """
 
 from __future__ import annotations
@@ -30,44 +33,90 @@ import numpy as np
 
 from radserve.domain.volume import Volume
 from radserve.errors import GeometryError
+from radserve.ingest.policy import IngestPolicy, policy_hint
 
 logger = logging.getLogger(__name__)
 
-MAX_GRID_VOXELS = 2**31
-"""Largest resampled grid (voxels): 8 GiB as float32, above any volume ingest accepts."""
+DEFAULT_MAX_VOXELS: int = IngestPolicy.max_voxels
+"""The bound where a caller passes none: ``ingest.max_voxels``' default, read from
+:class:`IngestPolicy` so that the two cannot drift apart."""
 
 __all__ = [
-    "MAX_GRID_VOXELS",
+    "DEFAULT_MAX_VOXELS",
     "check_grid",
+    "describe_resampling",
     "grid_coordinates",
     "interpolate_axis",
     "resample_inplane",
     "resample_to_spacing",
+    "resampled_shape",
     "resampled_size",
 ]
 
 
-def resampled_size(n: int, spacing: float, target: float) -> int:
-    """Voxels along an axis of ``n`` voxels at ``spacing`` once resampled to ``target``."""
+def resampled_size(
+    n: int, spacing: float, target: float, *, max_voxels: int = DEFAULT_MAX_VOXELS
+) -> int:
+    """Voxels along an axis of ``n`` voxels at ``spacing`` once resampled to ``target``
+    (refused past ``max_voxels`` along this one axis, before ``round`` meets an infinity)."""
     if not (math.isfinite(target) and math.isfinite(spacing)) or target <= 0 or spacing <= 0:
         raise ValueError(f"spacings must be positive, got {spacing} -> {target}")
     size = n * spacing / target
-    if not size <= MAX_GRID_VOXELS:  # also catches inf from 1e308 / 1e-308
+    if not size <= max_voxels:  # also catches inf from 1e308 / 1e-308
         raise GeometryError(
             f"resampling {n} voxels at {spacing:g} mm to {target:g} mm would need {size:.3g} "
-            f"voxels along one axis, more than {MAX_GRID_VOXELS}"
+            f"voxels along one axis, more than ingest.max_voxels={max_voxels}",
+            code="series_too_large",
         )
     return max(1, round(size))
 
 
-def check_grid(shape: tuple[int, ...], what: str = "resampled grid") -> None:
-    """Refuse a grid of more than :data:`MAX_GRID_VOXELS` voxels before it is allocated."""
+def resampled_shape(
+    shape: tuple[int, ...],
+    spacing: tuple[float, ...],
+    target: tuple[float | None, ...],
+    *,
+    max_voxels: int = DEFAULT_MAX_VOXELS,
+) -> tuple[int, ...]:
+    """The grid :func:`resample_to_spacing` makes of ``shape`` at ``spacing`` for
+    ``target`` (a ``None`` keeps that axis), each axis bounded; not yet checked whole."""
+    return tuple(
+        n if t is None else resampled_size(n, s, t, max_voxels=max_voxels)
+        for n, s, t in zip(shape, spacing, target, strict=True)
+    )
+
+
+def describe_resampling(
+    shape: tuple[int, ...], spacing: tuple[float, ...], target: tuple[float | None, ...]
+) -> str:
+    """``shape`` at ``spacing`` resampled to ``target``, in words (a refusal names it)."""
+    kept = tuple(s if t is None else t for s, t in zip(spacing, target, strict=True))
+    return f"{_times(shape)} voxels at {_times(spacing)} mm resampled to {_times(kept)} mm"
+
+
+def check_grid(
+    shape: tuple[int, ...],
+    what: str = "resampled grid",
+    *,
+    max_voxels: int = DEFAULT_MAX_VOXELS,
+) -> None:
+    """Refuse a grid of more than ``max_voxels`` (the site's ``ingest.max_voxels``)
+    before it is allocated: the largest volume the site builds at ingest is the largest
+    it builds anywhere (``series_too_large``, the code of ingest's own refusal)."""
     voxels = math.prod(shape)
-    if voxels > MAX_GRID_VOXELS:
-        raise GeometryError(
-            f"the {what} {' × '.join(map(str, shape))} would hold {voxels} voxels, more than "
-            f"{MAX_GRID_VOXELS}: the volume's spacing or field of view is implausible"
-        )
+    if voxels <= max_voxels:
+        return
+    raise GeometryError(
+        f"the {what} would be {_times(shape)} = {voxels} voxels, more than "
+        f"ingest.max_voxels={max_voxels}, the largest volume this site builds: the study's "
+        "spacing or field of view is implausible, or the model's spacing too fine for a "
+        f"study this large (if the study is genuine, {policy_hint('max_voxels', str(voxels))})",
+        code="series_too_large",
+    )
+
+
+def _times(values: tuple[float, ...]) -> str:
+    return " × ".join(f"{v:g}" for v in values)
 
 
 def grid_coordinates(n_in: int, n_out: int) -> np.ndarray:
@@ -141,20 +190,27 @@ def _resampled_affine(affine: np.ndarray, in_shape: tuple[int, ...], out_shape: 
 
 
 def resample_to_spacing(
-    volume: Volume, spacing: tuple[float | None, float, float], *, order: int
+    volume: Volume,
+    spacing: tuple[float | None, float, float],
+    *,
+    order: int,
+    max_voxels: int = DEFAULT_MAX_VOXELS,
 ) -> Volume:
     """Resample to (slice, row, column) ``spacing`` in mm; a ``None`` slice spacing keeps
     the native slices (and their source instance references).
 
     ``order`` 1 (linear, float32 out) for images and probabilities, 0 (nearest, dtype
-    kept) for label maps. See the module docstring for the grid convention.
+    kept) for label maps; ``max_voxels``: the site's ``ingest.max_voxels``, checked
+    (:func:`check_grid`) before the new grid is allocated. See the module docstring for
+    the grid convention.
     """
     native = volume.spacing
-    out_shape = tuple(
-        n if t is None else resampled_size(n, s, t)
-        for n, s, t in zip(volume.shape, native, spacing, strict=True)
+    out_shape = resampled_shape(volume.shape, native, spacing, max_voxels=max_voxels)
+    check_grid(
+        out_shape,
+        f"grid of {describe_resampling(volume.shape, native, spacing)}",
+        max_voxels=max_voxels,
     )
-    check_grid(out_shape)
     if out_shape == volume.shape:
         array = volume.array
         if order == 1 and array.dtype not in (np.float32, np.float64):
@@ -167,9 +223,17 @@ def resample_to_spacing(
     return Volume(array, affine, volume.frame_of_reference_uid, uids)
 
 
-def resample_inplane(volume: Volume, spacing_yx: tuple[float, float], *, order: int) -> Volume:
+def resample_inplane(
+    volume: Volume,
+    spacing_yx: tuple[float, float],
+    *,
+    order: int,
+    max_voxels: int = DEFAULT_MAX_VOXELS,
+) -> Volume:
     """Resample rows and columns to ``spacing_yx`` mm, keeping every native slice.
 
     This is what 2D/2.5D models see; training data must be made with this function.
     """
-    return resample_to_spacing(volume, (None, spacing_yx[0], spacing_yx[1]), order=order)
+    return resample_to_spacing(
+        volume, (None, spacing_yx[0], spacing_yx[1]), order=order, max_voxels=max_voxels
+    )
