@@ -152,7 +152,7 @@ def test_one_uid_on_two_images_in_one_stow_request_is_named(tmp_path: Path) -> N
     paths = _reused_uid(tmp_path / "sent")
     messages: list[str] = []
 
-    def submit(streams: list[io.BufferedIOBase]) -> str:
+    def submit(streams: list[io.BufferedIOBase], refused: object) -> str:
         folder = tmp_path / f"upload-{len(messages)}"
         folder.mkdir()
         for k, stream in enumerate(streams):

@@ -31,24 +31,41 @@ slices and then only C-ECHOs, or half a data set and then silence), the study is
 sender never said it was done. Before, it was handed over unmarked, and an abort after
 the hand-over changed nothing (the entry was gone); now the hand-over itself marks it, so
 a later abort, release or time-out of that association has nothing to add.
+
+An instance a door refused with a failure status (a C-STORE, a STOW-RS part) whose Study
+Instance UID was readable is noted in that study's folder (:func:`note_refused`, the
+marker :data:`REFUSED_MARKER`), so the study's hand-over says how many of its instances
+were refused and why (:attr:`CompletedStudy.refused`; its job carries
+``instances_refused``), also after a restart. The marker is bounded: refusals are counted
+per reason, and only the first :data:`REFUSED_NAMED` refused instances are named (by SOP
+Instance UID), so that one sent again is counted once and one stored later not at all.
+Until 2026-12-07 a refused instance was answered to its sender only: the job of the rest
+of the study said nothing of it, and a radiologist read a result computed on part of
+what the modality sent.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
+import re
+import stat
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
 from radserve import durable
-from radserve.gateway.storage import study_instances
+from radserve.gateway.storage import INSTANCE_SUFFIX, study_instances
+from radserve.ingest import rules
 from radserve.loop_failures import LoopFailures
 
 logger = logging.getLogger(__name__)
@@ -56,6 +73,17 @@ logger = logging.getLogger(__name__)
 HANDOVER_MARKER = ".radserve-handover.json"
 RECEIVING_PREFIX = ".radserve-receiving-"  # + association id: an association is open
 INTERRUPTED_MARKER = ".radserve-interrupted"  # an association was cut off mid-study
+REFUSED_MARKER = ".radserve-refused.json"  # instances of the study a door refused
+# refused instances a refused marker names by SOP Instance UID (one sent again is counted
+# once, one stored later not at all); refusals past them are counted by reason only, so
+# a sender refused a million times leaves a marker of a few hundred bytes
+REFUSED_NAMED = 16
+# reasons (error code, status) a marker counts apart; radserve answers a handful, and
+# past this many a refusal is counted as "other"
+REFUSED_REASONS = 16
+_MAX_REFUSED_BYTES = 16 * 1024  # a marker is under 3 KB; a larger one is damaged
+_REFUSED_VERSION = 1
+_CODE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _MAX_RETRY_S = 300.0
 # a hand-over refused because the database did not answer is tried again at least this
 # often: the study (acknowledged already) gets its job soon after the database returns,
@@ -98,6 +126,8 @@ class CompletedStudy:
     # handed over while still cut off (the sender did not resume within the wait), or
     # while an association that delivered instances to it was still open
     interrupted: bool = False
+    # instances of the study a door refused that are not in ``instances`` (None: none)
+    refused: Refused | None = None
 
 
 StudyCallback = Callable[[CompletedStudy], None]
@@ -305,7 +335,8 @@ class StudyTracker:
                 cut_off = _cut_off(folder)  # the server stopped while receiving it
             opened = False
             with self._lock:
-                if marker is not None and folder.name not in self._done:
+                # generation 0: nothing handed over (a folder a refusal made: note_refused)
+                if marker is not None and marker[0] > 0 and folder.name not in self._done:
                     self._done[folder.name] = _Done(marker[0], marker[1], now)
                 if count > (marker[1] if marker else 0) and folder.name not in self._open:
                     new = count - (marker[1] if marker else 0)
@@ -348,15 +379,17 @@ class StudyTracker:
                 self.interrupted_quiet_s,
                 still_open,
             )
+        instances = tuple(study_instances(entry.folder))
         return CompletedStudy(
             study_instance_uid=uid,
             folder=entry.folder,
             kind=kind,
             generation=generation,
-            instances=tuple(study_instances(entry.folder)),
+            instances=instances,
             new_instances=entry.new_instances,
             calling_ae_titles=tuple(sorted(entry.calling_ae_titles)),
             interrupted=entry.interrupted or bool(still_open),
+            refused=refused_missing(entry.folder, instances),
         )
 
     def _reopen(self, uid: str, entry: _Open, now: float, *, cap_s: float) -> None:
@@ -444,3 +477,208 @@ def _read_marker(folder: Path) -> tuple[int, int] | None:
         return int(data["generation"]), int(data["instances"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+# --- instances a door refused ------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class RefusalReason:
+    """Why a door refused an instance: radserve's error code ("" when it has none) and
+    the status it answered (a C-STORE's, or a STOW-RS Failure Reason). Never a value of
+    the instance: the reason goes into the job's warning."""
+
+    code: str
+    status: int
+
+    def __str__(self) -> str:
+        return f"{self.code} (0x{self.status:04X})" if self.code else f"status 0x{self.status:04X}"
+
+
+_OTHER = RefusalReason("other", 0)  # the reasons past REFUSED_REASONS
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The instances of a study that a door refused and that its folder does not hold
+    at the hand-over, counted per reason. ``approximate``: some refusals were past the
+    named ones (or named no SOP Instance UID) and are counted each time, so an instance
+    refused twice, or stored after its refusal, may be counted (the count is at most)."""
+
+    counts: tuple[tuple[RefusalReason, int], ...]
+    approximate: bool = False
+
+    @classmethod
+    def of(cls, reasons: Iterable[RefusalReason]) -> Refused | None:
+        """Instances refused for ``reasons`` (one each), known exactly (a STOW-RS
+        request's own refused parts); None when there are none."""
+        counts = Counter(reasons)
+        return cls(tuple(sorted(counts.items(), key=lambda item: str(item[0])))) if counts else None
+
+    @property
+    def instances(self) -> int:
+        return sum(count for _, count in self.counts)
+
+
+@dataclass
+class _RefusedRecord:
+    """The marker's content: the named refused instances, and the counts past them."""
+
+    named: dict[str, RefusalReason] = field(default_factory=dict)
+    more: dict[RefusalReason, int] = field(default_factory=dict)
+
+    def add(self, folder: Path, sop_uid: str | None, reason: RefusalReason) -> bool:
+        """Count one refusal; False when the marker need not change (a named instance
+        refused again for the same reason: a sender's retry)."""
+        if sop_uid is not None and sop_uid in self.named:
+            if self.named[sop_uid] == reason:
+                return False
+            self.named[sop_uid] = reason  # counted once, for its latest reason
+            return True
+        if sop_uid is not None and len(self.named) >= REFUSED_NAMED:
+            # a named instance stored since is no longer missing: its place is free
+            for uid in [u for u in self.named if (folder / f"{u}{INSTANCE_SUFFIX}").exists()]:
+                del self.named[uid]
+        if sop_uid is not None and len(self.named) < REFUSED_NAMED:
+            self.named[sop_uid] = reason
+            return True
+        key = reason if reason in self.more or len(self.more) < REFUSED_REASONS else _OTHER
+        self.more[key] = self.more.get(key, 0) + 1
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": _REFUSED_VERSION,
+            "named": [[uid, r.code, r.status] for uid, r in self.named.items()],
+            "more": [[r.code, r.status, n] for r, n in sorted(self.more.items())],
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> _RefusedRecord:
+        """Raises ValueError naming what is wrong (never a value: a damaged or planted
+        file may hold anything, and what is read goes into a job's warning)."""
+        if not isinstance(data, dict) or data.get("version") != _REFUSED_VERSION:
+            raise ValueError(f"not a version {_REFUSED_VERSION} refusal record")
+        named, more = data.get("named"), data.get("more")
+        if not isinstance(named, list) or not isinstance(more, list):
+            raise ValueError("named or more is not a list")
+        if len(named) > REFUSED_NAMED or len(more) > REFUSED_REASONS + 1:
+            raise ValueError("more entries than a record keeps")
+        record = cls()
+        for item in named:
+            if not isinstance(item, list) or len(item) != 3:
+                raise ValueError("a named entry is not [uid, code, status]")
+            if rules.uid_problem(item[0], "SOP Instance UID") is not None:
+                raise ValueError("a named entry's SOP Instance UID is not a UID")
+            record.named[str(item[0])] = _reason(item[1], item[2])
+        for item in more:
+            if not isinstance(item, list) or len(item) != 3:
+                raise ValueError("a count is not [code, status, count]")
+            count = item[2]
+            if type(count) is not int or not 0 < count < 2**53:
+                raise ValueError("a count is not a positive integer")
+            record.more[_reason(item[0], item[1])] = count
+        return record
+
+
+def _reason(code: object, status: object) -> RefusalReason:
+    if not isinstance(code, str) or (code and _CODE.fullmatch(code) is None):
+        raise ValueError("a code is not radserve's form of error code")
+    if type(status) is not int or not 0 <= status <= 0xFFFF:
+        raise ValueError("a status is not a 16-bit integer")
+    return RefusalReason(code, status)
+
+
+def note_refused(folder: Path, refusals: Iterable[tuple[str | None, RefusalReason]]) -> None:
+    """Note in the study folder ``folder`` (made if need be: the first instance of a
+    study may be the refused one) that instances of the study were refused: for each,
+    its SOP Instance UID (checked against the UID rules; None when it was unreadable or
+    broke them) and why. Called before the door answers the refusal, so a hand-over
+    after it, even after a restart, counts it; one write for all ``refusals`` (a STOW-RS
+    request's refused parts of one study).
+
+    Processes and threads that refuse instances of one study at once (receiving
+    processes, STOW-RS requests) take turns by a lock on the folder. A folder this
+    makes has a hand-over marker of generation 0 (nothing handed over, no instance):
+    a study whose every instance was refused is no job, and retention removes its
+    folder as it removes a handed-over one. Best effort: a marker that cannot be
+    written is logged (the refusal is still answered; the job then does not name it)."""
+    try:
+        if not folder.is_dir():
+            folder.mkdir(parents=True, exist_ok=True)
+            durable.fsync_dir(folder.parent)
+        descriptor = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        logger.warning("cannot note a refused instance of study %s: %s", folder.name, exc.strerror)
+        return
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        earlier = _read_refused(folder)
+        record = earlier or _RefusedRecord()
+        changed = [record.add(folder, sop_uid, reason) for sop_uid, reason in refusals]
+        if not any(changed):
+            return
+        if earlier is None and not study_instances(folder):
+            _mark_nothing_handed(folder)
+        durable.write_json(folder / REFUSED_MARKER, record.to_json())
+    except OSError as exc:
+        logger.warning("cannot note a refused instance of study %s: %s", folder.name, exc.strerror)
+    finally:
+        os.close(descriptor)  # and with it the lock
+
+
+def refused_missing(folder: Path, instances: Sequence[Path]) -> Refused | None:
+    """The refused instances of the study in ``folder`` that are not among
+    ``instances`` (its instance files at the hand-over), or None: none refused, or all
+    of them stored since (a sender's successful resend)."""
+    record = _read_refused(folder)
+    if record is None:
+        return None
+    names = {path.name for path in instances}
+    counts: Counter[RefusalReason] = Counter(
+        reason for uid, reason in record.named.items() if f"{uid}{INSTANCE_SUFFIX}" not in names
+    )
+    counts.update(record.more)
+    if not counts:
+        return None
+    return Refused(tuple(sorted(counts.items())), approximate=bool(record.more))
+
+
+def _read_refused(folder: Path) -> _RefusedRecord | None:
+    """The study's refusal record, or None: none, or one that is not a small regular
+    file of the expected form (logged and ignored; the next refusal replaces it)."""
+    path = folder / REFUSED_MARKER
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode):  # no link, FIFO or device is opened
+            raise ValueError("not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            raw = handle.read(_MAX_REFUSED_BYTES + 1)
+        if len(raw) > _MAX_REFUSED_BYTES:
+            raise ValueError(f"larger than {_MAX_REFUSED_BYTES} bytes")
+        return _RefusedRecord.from_json(json.loads(raw.decode("utf-8")))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as exc:  # UnicodeError, JSONDecodeError
+        why = exc.strerror if isinstance(exc, OSError) else None
+        if isinstance(exc, json.JSONDecodeError | UnicodeError | RecursionError):
+            why = f"not UTF-8 JSON ({type(exc).__name__})"
+        logger.warning(
+            "study %s: its refusal record (%s) is unusable and ignored (%s)",
+            folder.name,
+            REFUSED_MARKER,
+            why or str(exc),
+        )
+        return None
+
+
+def _mark_nothing_handed(folder: Path) -> None:
+    """A hand-over marker of generation 0 and no instance, unless one exists (never
+    replacing a real hand-over's): see :func:`note_refused`."""
+    with contextlib.suppress(FileExistsError):
+        descriptor = os.open(folder / HANDOVER_MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(descriptor, json.dumps({"generation": 0, "instances": 0}).encode())
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)

@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,10 @@ from radserve.gateway.completeness import (
     Arrivals,
     CompletenessMonitor,
     LatePolicy,
+    RefusalReason,
     StudyCallback,
     StudyTracker,
+    note_refused,
     receiving_token,
 )
 from radserve.gateway.config import AllowList, CertificateBinding, PeerCertificate, ScpConfig
@@ -226,6 +229,30 @@ def instance_uids(dataset: Dataset, affected_sop_uid: object, *, image: bool) ->
     if image and (series := header_text(dataset, "SeriesInstanceUID")):
         check_uid(series, "Series Instance UID")
     return study_uid, sop_uid
+
+
+@dataclass(frozen=True)
+class _Named:
+    """The Study and SOP Instance UID a received image names, each None when missing
+    or against the UID rules (such a UID names no folder or file)."""
+
+    study_uid: str | None = None
+    sop_uid: str | None = None
+
+    @classmethod
+    def of(cls, dataset: Dataset, affected_sop_uid: object) -> _Named:
+        study = header_text(dataset, "StudyInstanceUID")
+        sop = header_text(dataset, "SOPInstanceUID") or str(affected_sop_uid or "")
+        return cls(
+            _rule_abiding(study, "Study Instance UID"), _rule_abiding(sop, "SOP Instance UID")
+        )
+
+
+def _rule_abiding(value: str, what: str) -> str | None:
+    try:
+        return check_uid(value, what)
+    except InstanceRejectedError:
+        return None
 
 
 def _too_small_pdu(items: list[Any]) -> int | None:
@@ -649,6 +676,10 @@ class GatewaySCP:
         sop_class = str(event.request.AffectedSOPClassUID or "")
         calling = str(event.assoc.requestor.ae_title).strip()
         quarantine = sop_class not in _IMAGE_CLASSES
+        # what the instance names, once its header is read: a refused image (by its own
+        # SOP Class UID) of a readable study is noted in the study's folder, so the job
+        # of the rest of the study names the refusal
+        named = _Named()
         try:
             short_of_space = refused_for_space(event.request)
             if short_of_space is not None:  # dropped as it arrived (receive_limit)
@@ -658,10 +689,12 @@ class GatewaySCP:
             with self.cpu.section("parse"):
                 self._remove_stray_meta(event, received, transfer_syntax)
                 dataset = self._header(received, transfer_syntax)
+            if (header_text(dataset, "SOPClassUID") or sop_class) in _IMAGE_CLASSES:
+                named = _Named.of(dataset, event.request.AffectedSOPInstanceUID)
             mismatch = _command_mismatch(dataset, event.request)
             if mismatch is not None:
                 logger.warning("instance from %s refused: %s", calling, mismatch)
-                return _status(Status.DATA_SET_MISMATCH, mismatch, "instance_invalid")
+                return self._refused(named, Status.DATA_SET_MISMATCH, mismatch, "instance_invalid")
             if self.own_results.check(dataset, "C-STORE"):
                 return _status(Status.SUCCESS)  # the PACS must not retry it; never input
             if quarantine and UnwantedPolicy(self.config.unwanted) is UnwantedPolicy.REFUSE:
@@ -687,12 +720,12 @@ class GatewaySCP:
         ) as exc:
             if not isinstance(exc, OutOfResourcesError):
                 logger.warning("instance from %s refused: %s", calling, exc.message)
-            return _status(error_table.lookup(exc).dicom, exc.message, exc.code)
+            return self._refused(named, error_table.lookup(exc).dicom, exc.message, exc.code)
         except Exception as exc:  # a failure, never a success that loses the instance
             # no traceback: parser messages may quote element values (patient data)
             logger.error("instance from %s not stored: %s", calling, type(exc).__name__)
-            return _status(
-                Status.CANNOT_UNDERSTAND, f"cannot read the instance: {type(exc).__name__}"
+            return self._refused(
+                named, Status.CANNOT_UNDERSTAND, f"cannot read the instance: {type(exc).__name__}"
             )
         if quarantine:
             logger.info("instance %s of SOP class %s quarantined", sop_uid, sop_class)
@@ -708,6 +741,21 @@ class GatewaySCP:
                 association=_Receiving.key(event),
             )
         return _status(Status.SUCCESS)
+
+    def _refused(self, named: _Named, code: int, reason: str, error_code: str = "") -> Dataset:
+        """The failure status ``code`` (:func:`_status`) for an instance that named
+        ``named``: noted in its study's folder before the answer when that study is
+        known (an image whose Study Instance UID is readable), so the job of the rest of
+        the study names the refusal; the study is kept open as by an arrival. An object
+        of a class radserve does not read is never noted: it is in no result anyway."""
+        if named.study_uid is not None:
+            try:
+                folder = self.instances.study_dir(named.study_uid)
+                note_refused(folder, [(named.sop_uid, RefusalReason(error_code, int(code)))])
+                self.arrivals.touch(named.study_uid)
+            except Exception as exc:  # the refusal is answered whatever happens here
+                logger.error("a refused instance was not noted: %s", type(exc).__name__)
+        return _status(code, reason, error_code)
 
     def _remove_stray_meta(self, event: Event, received: Path, transfer_syntax: str) -> None:
         """File Meta elements (group 0002) inside the data set are removed from the

@@ -80,8 +80,9 @@ def organ_volume_text(organ: OrganMeasurement, digits: int = 1) -> str:
 # stay in the JSON report.
 LATE_INSTANCES = "late_instances"
 STUDY_MAYBE_INCOMPLETE = "study_maybe_incomplete"
+INSTANCES_REFUSED = "instances_refused"
 LOSSY_INPUT = "lossy_input"
-COMPLETENESS_WARNINGS = (LATE_INSTANCES, STUDY_MAYBE_INCOMPLETE)
+COMPLETENESS_WARNINGS = (LATE_INSTANCES, STUDY_MAYBE_INCOMPLETE, INSTANCES_REFUSED)
 READER_WARNINGS = (*COMPLETENESS_WARNINGS, LOSSY_INPUT, OUTSIDE_INPUT_DOMAIN)
 
 
@@ -102,6 +103,29 @@ def maybe_incomplete_text() -> str:
         "the transfer of this study was cut off, or its sender still held the connection "
         "open, when the study was handed over for analysis; the study may be incomplete "
         "and this result may not cover all of its images"
+    )
+
+
+def instances_refused_text(
+    instances: int, reasons: Iterable[tuple[str, int]], *, at_most: bool = False
+) -> str:
+    """The ``instances_refused`` warning: instances of the study that a gateway door
+    (C-STORE, STOW-RS) refused, each answered to its sender as a failure, and not stored
+    since. ``reasons``: (reason, how many), a reason being radserve's error code and the
+    status answered, never a value of an instance. ``at_most``: past the instances the
+    gateway tells apart, a resent instance was counted at each refusal."""
+    listed = ", ".join(f"{count} {reason}" for reason, count in reasons)
+    if at_most:
+        return (
+            f"up to {instances} instances of this study were refused at the gateway (not "
+            f"stored: {listed}) and may be missing from this result; the count may include "
+            "instances the sender sent again"
+        )
+    plural = instances != 1
+    return (
+        f"{instances} instance{'s' if plural else ''} of this study {'were' if plural else 'was'} "
+        f"refused at the gateway (not stored: {listed}) and {'are' if plural else 'is'} not "
+        "included in this result"
     )
 
 

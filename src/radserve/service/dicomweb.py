@@ -21,16 +21,17 @@ import logging
 import os
 import stat
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from radserve import durable
 from radserve.domain.priority import PriorityClass
-from radserve.gateway.completeness import CompletedStudy
+from radserve.gateway.completeness import CompletedStudy, RefusalReason, Refused
 from radserve.gateway.dicomweb.stow import StowIntake, StowPart, StowResult
 from radserve.ingest.policy import IngestPolicy
 from radserve.service.catalog import ResolvedPipeline
+from radserve.service.gateway import handover_warnings, refused_warning
 from radserve.service.intake import DICOMWEB_SOURCE, Intake, Origin, Submission
 
 logger = logging.getLogger(__name__)
@@ -220,9 +221,15 @@ class StowBridge:
         before the response (``quiet``: filed for the quiet period instead, and who
         filed it recorded before the response)."""
 
-        def submit(streams: list[BinaryIO]) -> Submission:
+        def submit(streams: list[BinaryIO], refused: Sequence[RefusalReason]) -> Submission:
+            # the study's parts this request refused are named in its job's warnings
+            missing = Refused.of(refused)
+            warned = origin
+            if missing is not None:
+                more = (refused_warning(missing, len(streams)),)
+                warned = replace(origin, warnings=(*origin.warnings, *more))
             return self.intake.submit_upload(
-                streams, resolved=resolved, priority=priority, origin=origin
+                streams, resolved=resolved, priority=priority, origin=warned
             )
 
         filer = Filer.of(origin)
@@ -263,7 +270,11 @@ class StowBridge:
             stored.fingerprint,
             resolved=resolved,
             priority=None,
-            origin=origin_of(read_filer(study.folder), self._group_of),
+            # what the hand-over knows (the parts of the study STOW-RS refused)
+            origin=replace(
+                origin_of(read_filer(study.folder), self._group_of),
+                warnings=handover_warnings(study),
+            ),
             reuse=True,  # re-sent unchanged: no new job
         )
         logger.info(

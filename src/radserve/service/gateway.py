@@ -35,13 +35,16 @@ from radserve.gateway import (
     scp_config_from_settings,
 )
 from radserve.gateway import destinations as gateway_destinations
+from radserve.gateway.completeness import Refused
 from radserve.gateway.outbox import LaneWorkers
 from radserve.gateway.receive_limit import Exceeded
 from radserve.ingest.sop_classes import VOLUME_IMAGE_STORAGE, is_localizer
 from radserve.pipeline.study import StudyResult
 from radserve.report.wording import (
+    INSTANCES_REFUSED,
     LATE_INSTANCES,
     STUDY_MAYBE_INCOMPLETE,
+    instances_refused_text,
     late_instances_text,
     maybe_incomplete_text,
 )
@@ -118,6 +121,41 @@ def _late_are_never_input(study: CompletedStudy) -> bool:
         len({_series_uid(p) for p in late}),
     )
     return True
+
+
+def handover_warnings(study: CompletedStudy) -> tuple[dict[str, str], ...]:
+    """The job warnings a received study's hand-over knows at submission (so they are in
+    its report): it may be incomplete (cut off, or its sender's association still open),
+    and how many of its instances a door refused that it does not hold (each answered
+    to the sender as a failure, and never stored since). For the studies of either
+    door: the storage SCP's and STOW-RS's quiet period."""
+    warnings: list[dict[str, str]] = []
+    if study.interrupted:
+        logger.warning(
+            "study of %d instances handed over after its association was cut off, or "
+            "while one that delivered it was still open: it may be incomplete",
+            len(study.instances),
+        )
+        warnings.append(warning(STUDY_MAYBE_INCOMPLETE, maybe_incomplete_text()))
+    if study.refused is not None:
+        warnings.append(refused_warning(study.refused, len(study.instances)))
+    return tuple(warnings)
+
+
+def refused_warning(refused: Refused, held: int) -> dict[str, str]:
+    """The job warning (and one log line) for a study of ``held`` instances handed over
+    without the ``refused`` ones a gateway door refused: each was answered to its
+    sender as a failure and is in no result."""
+    reasons = [(str(reason), count) for reason, count in refused.counts]
+    logger.warning(
+        "study of %d instances handed over without %s%d instance(s) a gateway door refused (%s)",
+        held,
+        "up to " if refused.approximate else "",
+        refused.instances,
+        ", ".join(f"{count} {reason}" for reason, count in reasons),
+    )
+    text = instances_refused_text(refused.instances, reasons, at_most=refused.approximate)
+    return warning(INSTANCES_REFUSED, text)
 
 
 def destinations(settings: Settings) -> list[Destination]:
@@ -204,14 +242,7 @@ class GatewayBridge:
             return
         if study.kind is CompletionKind.RERUN and _late_are_never_input(study):
             return
-        warnings: tuple[dict[str, str], ...] = ()
-        if study.interrupted:
-            logger.warning(
-                "study of %d instances handed over after its association was cut off, or "
-                "while one that delivered it was still open: it may be incomplete",
-                len(study.instances),
-            )
-            warnings = (warning(STUDY_MAYBE_INCOMPLETE, maybe_incomplete_text()),)
+        warnings = handover_warnings(study)
         stored = self.intake.storage.store_study_files(list(study.instances))
         resolved = self.intake.catalog.resolve(None)
         origin = Origin(
@@ -305,4 +336,4 @@ class GatewayBridge:
             self.workers.wake()
 
 
-__all__ = ["GATEWAY_SOURCE", "GatewayBridge", "destinations"]
+__all__ = ["GATEWAY_SOURCE", "GatewayBridge", "destinations", "handover_warnings"]

@@ -44,8 +44,10 @@ from radserve.gateway import conformance
 from radserve.gateway.completeness import (
     CompletenessMonitor,
     LatePolicy,
+    RefusalReason,
     StudyCallback,
     StudyTracker,
+    note_refused,
 )
 from radserve.gateway.errors import GatewayError, InstanceRejectedError
 from radserve.gateway.own_results import OwnResults
@@ -63,6 +65,9 @@ from radserve.scheduling import QueueFullError
 
 logger = logging.getLogger(__name__)
 S = TypeVar("S")  # what the server's submit callable returns for one study (its job)
+# the server's submit: one study's accepted instances (streams) and the reasons its
+# refused image parts were refused (their job names them) -> its job
+Submit = Callable[[list[BinaryIO], Sequence[RefusalReason]], S]
 
 DICOM_MEDIA = "application/dicom"
 # A failed item's radserve reason: (0009,0010) "radserve", (0009,1001) LO its error code,
@@ -264,12 +269,13 @@ class StowIntake(Generic[S]):
         parts: Sequence[StowPart],
         *,
         target_study: str | None,
-        submit: Callable[[list[BinaryIO]], S] | None,
+        submit: Submit[S] | None,
         retry_after: int,
         on_filing: Callable[[str, Path], None] | None = None,
     ) -> StowResult[S]:
         """Check every part, then hand each study's accepted instances to ``submit``
-        (one call per Study Instance UID), or file them for the quiet period when
+        (one call per Study Instance UID, with the reasons of the study's refused image
+        parts, for its job's warnings), or file them for the quiet period when
         ``submit`` is None. ``on_filing(study_uid, folder)``: called once per study of
         the request filed for the quiet period, after its first instance is on disk and
         before the quiet period sees it, so what it records (who filed the study) is on
@@ -301,10 +307,13 @@ class StowIntake(Generic[S]):
         waiting: tuple[str, ...] = ()
         outage: RadserveError | None = None
         if submit is None:
+            # noted before any instance of the request is filed: the quiet period cannot
+            # hand a study over without the refusals of the request that filed it
+            self._note_refused(refused)
             stored = self._file_for_quiet_period(accepted, on_filing)
             waiting = tuple(sorted({o.study_instance_uid for o in stored if o.stored}))
         else:
-            stored, jobs, outage = _submit_studies(accepted, submit)
+            stored, jobs, outage = _submit_studies(accepted, submit, refusals_by_study(refused))
         outcomes += stored
         result = StowResult(
             tuple(sorted(outcomes, key=lambda o: o.part)), jobs, waiting, target_study
@@ -341,9 +350,9 @@ class StowIntake(Generic[S]):
                     sop_class_uid=outcome.sop_class_uid,
                 )
             except GatewayError as exc:  # out of resources: nothing kept
-                outcomes.append(
-                    _failed(outcome, FailureReason.OUT_OF_RESOURCES, exc.message, exc.code)
-                )
+                failed = _failed(outcome, FailureReason.OUT_OF_RESOURCES, exc.message, exc.code)
+                self._note_refused([failed])
+                outcomes.append(failed)
                 continue
             if on_filing is not None and outcome.study_instance_uid not in filing:
                 filing.add(outcome.study_instance_uid)
@@ -356,6 +365,32 @@ class StowIntake(Generic[S]):
             )
             outcomes.append(outcome)
         return outcomes
+
+    def _note_refused(self, refused: Sequence[InstanceOutcome]) -> None:
+        """Parts refused for the quiet period: each noted in its study's folder
+        (:func:`refusals_by_study`), so the job of the rest of the study names the
+        refusal (:func:`note_refused`: one write per study, however many of its parts a
+        request held), and the study is kept open as by an arrival."""
+        for study, refusals in refusals_by_study(refused).items():
+            note_refused(self.instances.study_dir(study), refusals)
+            self.tracker.touch(study)
+
+
+Refusal = tuple[str | None, RefusalReason]  # a refused instance's SOP UID (if any), why
+
+
+def refusals_by_study(refused: Sequence[InstanceOutcome]) -> dict[str, list[Refusal]]:
+    """The refused parts that are images (by their own SOP Class UID) of a readable
+    study, per Study Instance UID: what the job of the rest of that study names. A
+    refused object of a class radserve does not read is left out: it is in no result
+    anyway (a dose SR refused beside a CT would warn on every study)."""
+    by_study: dict[str, list[Refusal]] = {}
+    for outcome in refused:
+        study = outcome.study_instance_uid
+        if study and outcome.failure is not None and outcome.sop_class_uid in _IMAGE_CLASSES:
+            reason = RefusalReason(outcome.code, int(outcome.failure))
+            by_study.setdefault(study, []).append((outcome.sop_instance_uid or None, reason))
+    return by_study
 
 
 def _log_unlogged(refused: Sequence[InstanceOutcome]) -> None:
@@ -382,10 +417,14 @@ def _log_unlogged(refused: Sequence[InstanceOutcome]) -> None:
 
 
 def _submit_studies(
-    accepted: list[_Accepted], submit: Callable[[list[BinaryIO]], S]
+    accepted: list[_Accepted],
+    submit: Submit[S],
+    refusals: dict[str, list[Refusal]],
 ) -> tuple[list[InstanceOutcome], tuple[S, ...], RadserveError | None]:
-    """Each study's instances to ``submit``; their outcomes, the jobs, and the last
-    refusal that was an outage (the database did not answer), if any."""
+    """Each study's instances to ``submit``, with the reasons of its refused parts
+    (``refusals``: by study; a part refused whose SOP Instance UID another part of the
+    request stored is not missing); their outcomes, the jobs, and the last refusal that
+    was an outage (the database did not answer), if any."""
     outage: RadserveError | None = None
     by_study: dict[str, list[_Accepted]] = {}
     for entry in accepted:
@@ -397,7 +436,9 @@ def _submit_studies(
         for entry in entries:
             entry.stream.seek(0)
         try:
-            submission = submit([e.stream for e in entries])
+            held = {e.outcome.sop_instance_uid for e in entries}
+            missing = [why for uid, why in refusals.get(study_uid, []) if uid not in held]
+            submission = submit([e.stream for e in entries], missing)
         except RadserveError as exc:
             failure = _failure_for(exc)
             if len(refused) < LOGGED_REFUSALS:
@@ -454,6 +495,7 @@ def check_part(
     seek). radserve's own results come back ``own_result`` (listed as stored in the
     response, never filed)."""
     media = part.media_type.split(";", 1)[0].strip().lower()
+    named_study = ""  # the part's Study Instance UID once read (a refusal names it)
     if media and media != DICOM_MEDIA:
         return InstanceOutcome(
             number,
@@ -479,6 +521,7 @@ def check_part(
             max_header_elements=bounds.max_header_elements,
         )
         meta = getattr(ds, "file_meta", None)
+        named_study = header_text(ds, "StudyInstanceUID")
         sop_class = header_text(ds, "SOPClassUID") or header_text(meta, "MediaStorageSOPClassUID")
         syntax = header_text(meta, "TransferSyntaxUID")
         sop_uid = check_uid(
@@ -491,6 +534,8 @@ def check_part(
             return _not_read(InstanceOutcome(number, sop_class), sop_class)
         return InstanceOutcome(
             number,
+            sop_class,
+            study_instance_uid=_rule_abiding(named_study, "Study Instance UID"),
             failure=FailureReason.CANNOT_UNDERSTAND,
             reason=exc.message,
             code=exc.code,
@@ -532,6 +577,14 @@ def check_part(
             "instance_invalid",
         )
     return _check_complete(outcome, part, bounds)
+
+
+def _rule_abiding(value: str, what: str) -> str:
+    """``value`` when it is a UID by radserve's rules, else "" (it names no folder)."""
+    try:
+        return check_uid(value, what)
+    except InstanceRejectedError:
+        return ""
 
 
 def _not_read(outcome: InstanceOutcome, sop_class: str) -> InstanceOutcome:
