@@ -312,6 +312,28 @@ def write_json(
     return write_text(path, json.dumps(value, **dumps), sync=sync, mode=mode)
 
 
+def read_small_json(path: Path, max_bytes: int) -> Any:
+    """A small JSON record (as :func:`write_json` writes one) at ``path``, or None when
+    there is none. A file anyone may have planted or damaged is read without following
+    a link or waiting on a FIFO, and no more than ``max_bytes`` of it: ValueError saying
+    why it is unusable, never quoting its content (a decoding error quotes bytes)."""
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode):  # no link, FIFO or device is opened
+            raise ValueError("not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            raw = handle.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise ValueError(f"larger than {max_bytes} bytes")
+        return json.loads(raw.decode("utf-8"))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(exc.strerror or type(exc).__name__) from None
+    except (json.JSONDecodeError, UnicodeError, RecursionError) as exc:
+        raise ValueError(f"not UTF-8 JSON ({type(exc).__name__})") from None
+
+
 def sweep(root: Path, pattern: str = f".*{TEMPORARY_SUFFIX}") -> int:
     """Delete the temporaries under ``root`` matching the glob ``pattern`` whose writer
     died mid-write (see :func:`owner_alive`): nothing under such a name was ever

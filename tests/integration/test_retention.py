@@ -26,6 +26,9 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import update
 from tests.factories.postgres import store_on
+from tests.factories.retention import new_job as _job
+from tests.factories.retention import stored_study as _study
+from tests.factories.retention import succeed as _succeed
 from tests.factories.service import (
     ServerThread,
     auth,
@@ -43,8 +46,8 @@ from radserve.config import ConfigError, StorageSettings, load_settings
 from radserve.gateway.completeness import HANDOVER_MARKER, RECEIVING_PREFIX
 from radserve.service import Service
 from radserve.service.retention import AUDIT_ACTION, TRASH_DIR, Retention
-from radserve.store import CacheKey, JobState, Store
-from radserve.store.files import StoredStudy, store_study_files
+from radserve.store import JobState, Store
+from radserve.store.files import store_study_files
 from radserve.store.models import CachedResult, Job, OutboxDelivery, ResultInstance
 from radserve.store.outbox import NewDelivery, OutboxStore
 from radserve.store.results import ResultIndex, ResultInstanceRecord
@@ -60,39 +63,6 @@ def later(days: float) -> Any:
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     with store_on(request.param, tmp_path, "radserve_retention") as opened:
         yield opened
-
-
-def _study(data_dir: Path, folder: Path, seed: int, files: int = 3) -> StoredStudy:
-    folder.mkdir(parents=True)
-    paths = []
-    for i in range(files):
-        path = folder / f"{i}.dcm"
-        path.write_bytes(os.urandom(64) + bytes([seed, i]) * 512)
-        paths.append(path)
-    return store_study_files(data_dir, paths)
-
-
-def _job(store: Store, stored: StoredStudy, **fields: Any) -> str:
-    return store.create_job(
-        priority_class="OUTPATIENT",
-        deadline=dt.timedelta(hours=1),
-        pipeline_name="test-pipeline",
-        pipeline_version="1",
-        precision="fp32",
-        fingerprint=stored.fingerprint,
-        study_path=str(stored.path),
-        **fields,
-    ).id
-
-
-def _succeed(store: Store, job_id: str, result: Path, stored: StoredStudy) -> None:
-    store.transition(job_id, JobState.QUEUED)
-    store.transition(job_id, JobState.RUNNING)
-    result.mkdir(parents=True)
-    (result / "report.json").write_text("{}")
-    (result / "sr.dcm").write_bytes(b"\0" * 4096)
-    key = CacheKey(stored.fingerprint, "test-pipeline", "1", {}, "fp32")
-    store.record_result(job_id, str(result), key)
 
 
 def _fail(store: Store, job_id: str) -> None:

@@ -52,7 +52,6 @@ import json
 import logging
 import os
 import re
-import stat
 import threading
 import time
 import uuid
@@ -647,27 +646,15 @@ def refused_missing(folder: Path, instances: Sequence[Path]) -> Refused | None:
 def _read_refused(folder: Path) -> _RefusedRecord | None:
     """The study's refusal record, or None: none, or one that is not a small regular
     file of the expected form (logged and ignored; the next refusal replaces it)."""
-    path = folder / REFUSED_MARKER
     try:
-        if not stat.S_ISREG(path.lstat().st_mode):  # no link, FIFO or device is opened
-            raise ValueError("not a regular file")
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as handle:
-            raw = handle.read(_MAX_REFUSED_BYTES + 1)
-        if len(raw) > _MAX_REFUSED_BYTES:
-            raise ValueError(f"larger than {_MAX_REFUSED_BYTES} bytes")
-        return _RefusedRecord.from_json(json.loads(raw.decode("utf-8")))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, RecursionError) as exc:  # UnicodeError, JSONDecodeError
-        why = exc.strerror if isinstance(exc, OSError) else None
-        if isinstance(exc, json.JSONDecodeError | UnicodeError | RecursionError):
-            why = f"not UTF-8 JSON ({type(exc).__name__})"
+        data = durable.read_small_json(folder / REFUSED_MARKER, _MAX_REFUSED_BYTES)
+        return None if data is None else _RefusedRecord.from_json(data)
+    except ValueError as exc:
         logger.warning(
             "study %s: its refusal record (%s) is unusable and ignored (%s)",
             folder.name,
             REFUSED_MARKER,
-            why or str(exc),
+            exc,
         )
         return None
 

@@ -16,10 +16,7 @@ client address and whether a visibility rule limited the key, never a secret.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -134,37 +131,19 @@ def read_filer(folder: Path, *, quiet: bool = False) -> Filer | None:
     """The study's latest filer, or None: none recorded, or a record that is not a
     small regular file of the expected form (a damaged or planted file is ignored with
     a warning; its job then has no key). ``quiet``: no warning (a check before a write)."""
-    path = folder / FILER_FILE
     try:
-        if not stat.S_ISREG(path.lstat().st_mode):  # no link, FIFO or device is opened
-            raise ValueError("not a regular file")
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as handle:
-            raw = handle.read(_MAX_FILER_BYTES + 1)
-        if len(raw) > _MAX_FILER_BYTES:
-            raise ValueError(f"larger than {_MAX_FILER_BYTES} bytes")
-        return Filer.from_json(json.loads(raw.decode("utf-8")))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, RecursionError) as exc:  # UnicodeError, JSONDecodeError
+        data = durable.read_small_json(folder / FILER_FILE, _MAX_FILER_BYTES)
+        return None if data is None else Filer.from_json(data)
+    except ValueError as exc:
         if not quiet:
             logger.warning(
                 "study %s: its filer record (%s) is unusable and ignored (%s); its job "
                 "will have no key",
                 folder.name,
                 FILER_FILE,
-                _reason(exc),
+                exc,
             )
         return None
-
-
-def _reason(exc: BaseException) -> str:
-    """Why a record was not read, without its content (a decoding error quotes bytes)."""
-    if isinstance(exc, OSError):
-        return exc.strerror or type(exc).__name__
-    if isinstance(exc, json.JSONDecodeError | UnicodeError | RecursionError):
-        return f"not UTF-8 JSON ({type(exc).__name__})"
-    return str(exc)
 
 
 def origin_of(filer: Filer | None, group_of: GroupOf) -> Origin:
