@@ -135,6 +135,7 @@ def test_a_damaged_file_in_a_worker_is_named_and_the_workers_carry_on(tmp_path: 
 
 
 def test_workers_can_be_started_ahead_of_the_first_study() -> None:
+    shutdown_decode_workers()  # a running pool is never resized: another test's may be 1
     assert start_decode_workers(2) == 2
 
 
