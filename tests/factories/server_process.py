@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from radserve.gateway.storage import study_instances
 from tests.factories.waits import until
 
 
@@ -189,8 +190,14 @@ def reset_peak_rss(pid: int) -> None:
 
 
 def gateway_pending(data: Path) -> list[Path]:
-    """The gateway's study folders under ``data`` received but not yet a job (no marker)."""
+    """The gateway's study folders under ``data`` that hold received instances not yet a
+    job (no job marker). A folder of refusals only (every instance of the study refused:
+    its refusal record, no instance) waits for nothing and is never a job."""
     incoming = data / "gateway" / "incoming"
     if not incoming.is_dir():
         return []
-    return [f for f in incoming.iterdir() if f.is_dir() and not (f / ".radserve-job.json").exists()]
+    return [
+        f
+        for f in incoming.iterdir()
+        if f.is_dir() and study_instances(f) and not (f / ".radserve-job.json").exists()
+    ]
