@@ -70,7 +70,6 @@ from radserve.preprocess.resample import (
     grid_coordinates,
     interpolate_axis,
     resample_to_spacing,
-    resampled_shape,
 )
 from radserve.preprocess.spline import nnunet_new_shape, resize_channels, separate_axis
 
@@ -325,12 +324,9 @@ class PatchTask(BatchedTask):
             return self._nnunet_channels(volume, masks)
         crop = self._network_crop(volume)
         spacing = self.spec.input.spacing
-        self._check_model_grid(
-            resampled_shape(crop.shape, crop.spacing, spacing, max_voxels=self._max_voxels),
-            crop,
-            spacing,
+        image = resample_to_spacing(
+            crop, spacing, order=1, max_voxels=self._max_voxels, grid=self._model_grid
         )
-        image = resample_to_spacing(crop, spacing, order=1, max_voxels=self._max_voxels)
         self._resampled = image.shape
         channels, floors = [], []
         for array, norm in self._channel_arrays(crop):
@@ -391,10 +387,14 @@ class PatchTask(BatchedTask):
         held for the task's life)."""
         check_grid(
             shape,
-            f"{self.spec.key} model grid of the crop's "
-            f"{describe_resampling(crop.shape, crop.spacing, target)}",
+            f"{self._model_grid} {describe_resampling(crop.shape, crop.spacing, target)}",
             max_voxels=self._max_voxels,
         )
+
+    @property
+    def _model_grid(self) -> str:
+        """What a refusal of the model's grid calls it, before the resampling it describes."""
+        return f"{self.spec.key} model grid of the crop's"
 
     def _nnunet_spacing(self, native: tuple[float, ...]) -> tuple[float, float, float]:
         """The model spacing; a null first axis keeps the native one (an nnU-Net 2d

@@ -195,20 +195,22 @@ def resample_to_spacing(
     *,
     order: int,
     max_voxels: int = DEFAULT_MAX_VOXELS,
+    grid: str = "grid of",
 ) -> Volume:
     """Resample to (slice, row, column) ``spacing`` in mm; a ``None`` slice spacing keeps
     the native slices (and their source instance references).
 
     ``order`` 1 (linear, float32 out) for images and probabilities, 0 (nearest, dtype
     kept) for label maps; ``max_voxels``: the site's ``ingest.max_voxels``, checked
-    (:func:`check_grid`) before the new grid is allocated. See the module docstring for
-    the grid convention.
+    (:func:`check_grid`) before the new grid is allocated, a refusal putting ``grid``
+    before the resampling it describes (a model's task names the model). See the module
+    docstring for the grid convention.
     """
     native = volume.spacing
     out_shape = resampled_shape(volume.shape, native, spacing, max_voxels=max_voxels)
     check_grid(
         out_shape,
-        f"grid of {describe_resampling(volume.shape, native, spacing)}",
+        f"{grid} {describe_resampling(volume.shape, native, spacing)}",
         max_voxels=max_voxels,
     )
     if out_shape == volume.shape:
