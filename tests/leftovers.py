@@ -64,9 +64,10 @@ def _command(pid: int) -> str:
     return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live process below ``pid``, parents before their children."""
-    by_parent = _children_by_parent()
+def descendants(pid: int, by_parent: dict[int, list[int]] | None = None) -> list[int]:
+    """Every live process below ``pid``, parents before their children (``by_parent``:
+    one reading of the process table, when the caller walks it more than once)."""
+    by_parent = _children_by_parent() if by_parent is None else by_parent
     found: list[int] = []
     queue = list(by_parent.get(pid, []))
     while queue:
@@ -78,9 +79,11 @@ def descendants(pid: int) -> list[int]:
 
 def running_below(pid: int) -> list[int]:
     """``descendants`` without multiprocessing's own long-lived helpers (and theirs)."""
-    helpers = {p for p in descendants(pid) if any(h in _command(p) for h in _HELPERS)}
-    below_helpers = {c for h in helpers for c in descendants(h)}
-    return [p for p in descendants(pid) if p not in helpers and p not in below_helpers]
+    table = _children_by_parent()
+    below = descendants(pid, table)
+    helpers = {p for p in below if any(h in _command(p) for h in _HELPERS)}
+    below_helpers = {c for h in helpers for c in descendants(h, table)}
+    return [p for p in below if p not in helpers and p not in below_helpers]
 
 
 def stop_leftovers(module: str, grace_s: float = GRACE_S) -> list[Leftover]:
