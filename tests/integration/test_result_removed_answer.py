@@ -137,9 +137,14 @@ def test_a_removed_result_answers_410_naming_the_policy_and_the_job_says_so(
             assert job["state"] == "succeeded"
             removed = [w for w in job["warnings"] if w["code"] == "result_removed"]
             assert len(removed) == 1 and f"on {on}" in removed[0]["message"]
+            # its links offer no endpoint that answers 410, in the job and in the list
+            assert job["links"] == {"self": f"/v1/jobs/{job_id}"}
+            listed = c.get("/v1/jobs", headers=auth(key)).json()
+            assert next(j for j in listed["items"] if j["id"] == job_id)["links"] == job["links"]
 
         # a result gone for another reason is not blamed on the policy
         missing = c.get(f"/v1/jobs/{by_hand}/report", headers=auth(key))
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "output_not_found"
         job = c.get(f"/v1/jobs/{by_hand}", headers=auth(key)).json()
         assert not [w for w in job["warnings"] if w["code"] == "result_removed"]
+        assert "report" in job["links"]

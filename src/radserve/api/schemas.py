@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from radserve.api.server_paths import without_server_paths
-from radserve.service.job_view import JobEta, JobView, JobWait
+from radserve.service.job_view import JobEta, JobView, JobWait, result_removed
 from radserve.service.sniff import input_kind
 from radserve.store import JobRecord
 
@@ -185,7 +185,8 @@ class JobOut(_Out):
         built without asking names no other job."""
         base = f"/v1/jobs/{job.id}"
         links = {"self": base}
-        if job.state.value == "succeeded":
+        # a result the retention policy removed answers 410: its endpoints are not offered
+        if job.state.value == "succeeded" and result_removed(job) is None:
             links |= {"report": f"{base}/report"}
             if has_dicom_study(job):  # a NIfTI volume has no FHIR Bundle (409 there)
                 links |= {"fhir": f"{base}/fhir"}
