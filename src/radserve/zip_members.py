@@ -59,8 +59,12 @@ def zip_directory(stream: BinaryIO) -> tuple[int, int] | None:
         locator = at - 20
         if locator >= 0 and tail[locator : locator + 4] == _ZIP64_LOCATOR:
             (offset,) = struct.unpack_from("<Q", tail, locator + 8)
-            stream.seek(offset)
-            record = stream.read(56)
+            # an offset past the file (up to 2**64 - 1) raised OverflowError from seek:
+            # HTTP 500 at POST /v1/studies and POST /v1/models (2026-12-08 trial)
+            record = b""
+            if offset <= size - 56:
+                stream.seek(offset)
+                record = stream.read(56)
             if len(record) == 56 and record[:4] == _ZIP64_EOCD:
                 # zipfile reads the ZIP64 record's size (the end record's is 0xFFFFFFFF)
                 count64, directory = struct.unpack_from("<QQ", record, 32)

@@ -41,7 +41,8 @@ def test_a_version_that_does_not_fit_the_pipeline_is_refused_at_deployment(tmp_p
         c, admin = s["client"], s["admin"]
 
         def deploy(version: str, role: str = "canary") -> Any:
-            body = {"version": version, "role": role, "percent": 10, "reason": "trial"}
+            share = {} if role == "stable" else {"percent": 10}  # a stable takes no share
+            body = {"version": version, "role": role, **share, "reason": "trial"}
             return c.post(f"/v1/models/{STEP}/deploy", json=body, headers=auth(admin))
 
         refused = deploy("1.1.0")

@@ -354,7 +354,9 @@ def deploy(
 ) -> None:
     """Deploy VERSION of model STEP as stable, canary or shadow."""
     from radserve.domain.deployment import Role
+    from radserve.lifecycle.deploy_options import check_deploy_options
 
+    check_deploy_options(step, version, Role(role), percent, include_urgent)
     _change(
         config_file,
         data_dir,

@@ -45,11 +45,13 @@ import errno
 import hashlib
 import json
 import logging
+import lzma
 import os
 import shutil
 import stat
 import unicodedata
 import zipfile
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -186,6 +188,8 @@ _CONTROL = frozenset({"Cc", "Cf", "Zl", "Zp"})  # control, invisible format, lin
 
 
 def _safe_member(name: str) -> PurePosixPath:
+    if not name:  # zipfile's ZipInfo.is_dir() raises IndexError on it
+        raise BundleRejectedError("the archive has a member with an empty name")
     if any(unicodedata.category(char) in _CONTROL for char in name):
         raise BundleRejectedError(
             f"archive member {name[:200]!r} has a control character in its name; rename it"
@@ -231,8 +235,8 @@ def extract_zip(
     _check_directory(archive, limits, shown)
     try:
         zf = zipfile.ZipFile(archive)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise BundleRejectedError(f"{shown} is not a readable zip: {exc}") from exc
+    except _ZIP_ERRORS as exc:  # a member name not in its declared encoding: ValueError
+        raise BundleRejectedError(f"{shown} is not a readable zip: {_reason(exc)}") from exc
     with zf:
         members = zf.infolist()
         if len(members) > limits.max_members:  # the end record understated them
@@ -251,6 +255,11 @@ def extract_zip(
             if info.is_dir():
                 _member_folder(dest, info, shown)
                 continue
+            if not rel.parts:
+                raise BundleRejectedError(f"archive member {info.filename!r} has no file name")
+            unreadable = _unreadable_member(info)
+            if unreadable:
+                raise BundleRejectedError(f"archive member {info.filename[:200]!r} {unreadable}")
             if info.file_size > limits.max_member_bytes:
                 raise BundleRejectedError(f"archive member {info.filename!r} is too large")
             _member_folder(dest.parent, info, shown)
@@ -274,13 +283,64 @@ def extract_zip(
                 raise BundleRejectedError(
                     f"archive member {info.filename!r} appears twice"
                 ) from exc
-            except (zipfile.BadZipFile, OSError, EOFError) as exc:
-                if isinstance(exc, BundleRejectedError):
-                    raise
+            except BundleRejectedError:
+                raise
+            except _ZIP_ERRORS as exc:  # damaged compressed data: zlib.error, LZMAError
                 raise BundleRejectedError(
-                    f"{shown}: cannot extract {info.filename[:200]!r}: "
-                    f"{getattr(exc, 'strerror', None) or exc}"
+                    f"{shown}: cannot extract {info.filename[:200]!r}: {_reason(exc)}"
                 ) from exc
+
+
+# What zipfile raises on a hostile or damaged archive, besides BadZipFile and OSError:
+# before 2026-12-08 each of these ended an install in a traceback (HTTP 500 for
+# ``POST /v1/models``): a ZIP64 locator claiming several disks or a member name not in its
+# declared encoding (ValueError) when the directory is read, an encrypted member
+# (RuntimeError), a compression method zipfile lacks such as Deflate64 (NotImplementedError),
+# damaged Deflate or LZMA data (zlib.error, LZMAError) as a member is inflated.
+_ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    OSError,
+    EOFError,
+    ValueError,
+    RuntimeError,
+    zlib.error,
+    lzma.LZMAError,
+)
+# the compression methods zipfile inflates
+_READABLE_METHODS = frozenset(
+    {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
+)
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong reading an archive, in one line."""
+    return str(getattr(exc, "strerror", None) or exc or type(exc).__name__)
+
+
+def _unreadable_member(info: zipfile.ZipInfo) -> str | None:
+    """Why a member cannot be read at all (encrypted, a compression method zipfile does
+    not inflate), said before it is opened; None for one that can."""
+    if info.flag_bits & 0x1:
+        return "is encrypted; zip the bundle without a password"
+    if info.compress_type not in _READABLE_METHODS:
+        method = zipfile.compressor_names.get(info.compress_type, "unknown")
+        return (
+            f"is compressed with method {info.compress_type} ({method}), which radserve does "
+            "not read; zip the bundle with Deflate"
+        )
+    return None
+
+
+def is_zip(path: Path) -> bool:
+    """Whether ``path`` is a zip archive by its end record (:func:`zipfile.is_zipfile`),
+    counting as one an archive that record marks as damaged (a ZIP64 locator claiming
+    several disks, which ``is_zipfile`` raises on): :func:`extract_zip` then refuses it
+    saying what is wrong."""
+    try:
+        return zipfile.is_zipfile(path)
+    except zipfile.BadZipFile:
+        return True
 
 
 def _member_folder(folder: Path, info: zipfile.ZipInfo, shown: str) -> None:
@@ -449,7 +509,7 @@ def stage_bundle(
             shutil.copytree(bundle, copy, symlinks=True)
             if any(p.is_symlink() for p in copy.rglob("*")):
                 raise BundleRejectedError("the bundle folder contains links; copy real files")
-        elif source.is_file() and zipfile.is_zipfile(source):
+        elif source.is_file() and is_zip(source):
             extract_zip(source, staging / "zip", limits, shown=shown)
             copy = _bundle_dir(staging / "zip", shown)
         else:
@@ -652,6 +712,7 @@ __all__ = [
     "hash_tree",
     "inspect_bundle",
     "install_bundle",
+    "is_zip",
     "models_root",
     "read_install",
     "remove_interrupted_installs",

@@ -893,6 +893,14 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _check_labels(self) -> ModelSpec:
+        if not self.labels:
+            # before 2026-12-08 such a model.yaml loaded, and install (HTTP 500), import
+            # and the registry failed on its class count with "max() arg is an empty
+            # sequence"; nnU-Net's dataset.json of the background alone mapped to it
+            raise ValueError(
+                "labels is empty: a model needs at least one label, the class its output "
+                "reports (a model of none would label nothing in any study)"
+            )
         if self.task == "detection":
             regions = [label.name for label in self.labels if label.is_region]
             if regions:

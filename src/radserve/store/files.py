@@ -15,10 +15,12 @@ import contextlib
 import errno
 import hashlib
 import logging
+import lzma
 import os
 import shutil
 import uuid
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,7 +113,20 @@ def archive_member_digests(stream: BinaryIO) -> list[str] | None:
                         digest.update(chunk)
                 digests.append(digest.hexdigest())
         return digests or None
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError, ValueError):
+    # damaged Deflate or LZMA data raised zlib.error or LZMAError, an encrypted member
+    # RuntimeError: HTTP 500 at POST /v1/studies for a zip of DICOM files with one damaged
+    # member (2026-12-08 trial); ingest then reads the members it can and names the others
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        NotImplementedError,
+        EOFError,
+        ValueError,
+        OSError,
+        RuntimeError,
+        zlib.error,
+        lzma.LZMAError,
+    ):
         return None
     finally:
         stream.seek(0)

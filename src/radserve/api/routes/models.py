@@ -4,7 +4,6 @@ record (who: the key, what, why: ``reason``)."""
 
 from __future__ import annotations
 
-import zipfile
 from collections.abc import Callable
 from contextlib import aclosing
 from io import BufferedWriter
@@ -23,7 +22,8 @@ from radserve.api.schemas import ErrorOut
 from radserve.api.state import service_of as _service
 from radserve.domain.deployment import Role, StepDeployment
 from radserve.errors import BundleRejectedError, InvalidRequestError, quoted
-from radserve.lifecycle.install import upload_path
+from radserve.lifecycle.deploy_options import check_deploy_options
+from radserve.lifecycle.install import is_zip, upload_path
 from radserve.lifecycle.install_tasks import InstallTask
 from radserve.service.errors import InstallNotFoundError
 from radserve.service.variant_install import VariantRequest, install_summary
@@ -181,7 +181,7 @@ async def _received_zip(request: Request, data_dir: Path) -> tuple[Path, str]:
         await run_in_threadpool(_finish, out, pending)
         if size == 0:
             raise InvalidRequestError("send the bundle as a zip in the request body")
-        if not await run_in_threadpool(zipfile.is_zipfile, path):
+        if not await run_in_threadpool(is_zip, path):
             raise BundleRejectedError(
                 f"the request body ({size} bytes) is not a zip archive; send the bundle "
                 "folder (model.yaml and its ONNX files) zipped"
@@ -379,6 +379,7 @@ async def deploy(
     body: DeployIn,
     principal: Annotated[Principal, Depends(require_admin)],
 ) -> DeploymentOut:
+    check_deploy_options(step, body.version, Role(body.role), body.percent, body.include_urgent)
     return await _changed(
         lambda: _service(request).lifecycle.deploy(
             step,
