@@ -20,6 +20,9 @@ class Answer:
     status: int = 200
     body: dict[str, Any] | None = None
     delay_s: float = 0.0
+    # the answer's bytes as they are (``body`` ignored), and its Content-Type
+    raw: bytes | None = None
+    content_type: str = "application/fhir+json"
 
 
 @dataclass(frozen=True)
@@ -58,14 +61,16 @@ def _handler(state: _State, keep_alive: bool) -> type[BaseHTTPRequestHandler]:
                 answer = state.script.popleft() if state.script else Answer()
             if answer.delay_s:
                 time.sleep(answer.delay_s)
-            payload = json.dumps(
-                answer.body
-                if answer.body is not None
-                else {"resourceType": "Bundle", "type": "transaction-response", "entry": []}
-            ).encode()
+            payload = answer.raw
+            if payload is None:
+                payload = json.dumps(
+                    answer.body
+                    if answer.body is not None
+                    else {"resourceType": "Bundle", "type": "transaction-response", "entry": []}
+                ).encode()
             try:
                 self.send_response(answer.status)
-                self.send_header("Content-Type", "application/fhir+json")
+                self.send_header("Content-Type", answer.content_type)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)

@@ -201,7 +201,8 @@ def test_warning_statuses_count_as_stored_and_failures_do_not(
     assert item.state is state and item.attempts == 1 and len(peer.received) == 1
     code = f"0x{status:04X}"
     if state is OutboxState.SENT:  # delivered, and the warning kept for an operator
-        assert (item.last_error or "").startswith(f"C-STORE status {code} from awkward")
+        assert (item.last_error or "").startswith(f"C-STORE status {code} (warning: ")
+        assert "stored) from awkward" in (item.last_error or "")
         [warned] = [r for r in caplog.records if "with a warning" in r.getMessage()]
         assert code in warned.getMessage() and warned.levelno == logging.WARNING
     else:

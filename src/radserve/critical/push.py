@@ -45,7 +45,7 @@ from radserve.domain.critical import CriticalRule
 from radserve.domain.findings import Finding
 from radserve.fhir.delivery import unusable_url
 from radserve.gateway.lease_keeper import LeaseKeeper, covering_lease
-from radserve.gateway.outbox import DeliveryReport, RetryPolicy, decide, log_settled, utc_now
+from radserve.gateway.outbox import DeliveryReport, RetryPolicy, decide, log_settled
 from radserve.gateway.scu import Outcome, SendResult
 from radserve.http_answer import Answer
 from radserve.http_answer import post as post_for_answer
@@ -244,7 +244,7 @@ class CriticalOutbox:
                 for destination, receiver in self.receivers.items()
                 if receiver.payload in paths
             ]
-        return self.store.add(deliveries, now=now or utc_now())
+        return self.store.add(deliveries, now=now or self.store.now())
 
     def deliver_pending(
         self, now: dt.datetime | None = None, scope: Scope | None = None
@@ -252,7 +252,7 @@ class CriticalOutbox:
         """Send the due notices (of the receivers in ``scope``, if given), one after
         another, each recorded as soon as the database allows while the next goes out
         (:class:`_GroupCommit`); returns once every one sent is recorded."""
-        now = now or utc_now()
+        now = now or self.store.now()  # the database's time: rows of every replica
         claimed = self.store.claim_due(
             now, limit=self.batch_size, lease=self.lease, kind=OutboxKind.CRITICAL,
             scope=scope,
@@ -274,7 +274,7 @@ class CriticalOutbox:
                     taken += 1
                     continue
                 result = self._send_settled(item)
-                commits.put(item, result, utc_now())
+                commits.put(item, result, lease.clock())  # the claim's clock
         finally:
             tally = commits.close()
         return DeliveryReport(

@@ -8,9 +8,10 @@ the same back-off and states as the DICOM deliveries (:func:`~radserve.gateway.o
 
 - 2xx: ``sent``, committed at once, so a delivered Bundle is not sent again;
 - 408, 429, 5xx, connection refused or reset, timeout: retried with back-off;
-- any other answer (400, 401, 403, 404, 409, 412, 422, a redirect): ``failed_permanent``
-  with the status and the OperationOutcome's issue codes — a person must fix the Bundle,
-  the token or the URL, then ``rearm`` the row.
+- any other answer (400, 401, 403, 404, 409, 412, 422, a redirect), and a 2xx that is a
+  web page (a login page or a proxy's, not a FHIR answer): ``failed_permanent`` with the
+  status and the OperationOutcome's issue codes — a person must fix the Bundle, the token
+  or the URL, then ``rearm`` the row.
 
 A crash between the server's 2xx and the ``sent`` commit sends that Bundle once more
 after the row's lease expires; so may the one Bundle in flight when another sender takes
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +37,7 @@ import httpx
 from radserve import durable
 from radserve.gateway.errors import GatewayError
 from radserve.gateway.lease_keeper import LeaseKeeper, covering_lease
-from radserve.gateway.outbox import AttemptClock, DeliveryReport, RetryPolicy, settle, utc_now
+from radserve.gateway.outbox import AttemptClock, DeliveryReport, RetryPolicy, settle
 from radserve.gateway.scu import Outcome, SendResult
 from radserve.http_answer import Answer
 from radserve.http_answer import post as post_for_answer
@@ -133,6 +135,16 @@ def classify(response: Answer, *, url_setting: str = "fhir.url") -> SendResult:
     be read: the status alone decides, and the reason says the body was cut."""
     status = response.status_code
     if 200 <= status < 300:
+        page = _web_page(response)
+        if page:
+            # a login page or a proxy's: the Bundle never reached a FHIR server
+            return SendResult(
+                Outcome.PERMANENT,
+                f"HTTP {status} with a web page ({page}), not a FHIR answer: {url_setting} "
+                "reaches a login page, a proxy or a web site, not the FHIR server's base "
+                "URL; nothing was stored: fix it, then rearm",
+                status,
+            )
         return SendResult(Outcome.SENT, f"HTTP {status}", status)
     reason = f"HTTP {status} {response.reason_phrase}".strip() + _issues(response)
     reason += response.cut_note()
@@ -147,44 +159,71 @@ def classify(response: Answer, *, url_setting: str = "fhir.url") -> SendResult:
     return SendResult(Outcome.PERMANENT, reason, status)
 
 
+def _web_page(response: Answer) -> str:
+    """The media type of a 2xx answer that is a web page (HTML), else ``""``. A FHIR
+    server answers a transaction with a Bundle (``application/fhir+json``, or JSON or
+    XML); an HTML 200 is a single sign-on page, a proxy's or a web server's default page
+    in front of a wrong or protected URL. Before, such an answer counted as delivered:
+    the row went ``sent`` and nobody learnt that no FHIR server had the report."""
+    media = response.headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+    return media if media in ("text/html", "application/xhtml+xml") else ""
+
+
 # OperationOutcome issue codes that say the request's content is wrong, not the server
 _CONTENT_ISSUES = frozenset({"invalid", "structure", "required", "value", "invariant"})
+# what an issue's severity, code or details code may be to be quoted: a FHIR code token
+# (``error``, ``invalid``, ``MSG_PARAM_INVALID``), never free text or an object
+_CODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,63}")
+
+
+def _outcome_issues(response: Answer) -> list[dict[str, Any]]:
+    """The issues of an error answer's OperationOutcome that are objects; none when the
+    body is no OperationOutcome or its ``issue`` is no list. Before, a malformed one
+    (``issue`` null, a number or an object; an issue's ``details`` no object, its
+    ``coding`` null) raised TypeError here: the answer was retried as an "internal error"
+    whatever its status (a 400 for three days), the status named nowhere."""
+    try:
+        outcome = response.json()
+    except ValueError:
+        return []
+    if not isinstance(outcome, dict) or outcome.get("resourceType") != "OperationOutcome":
+        return []
+    issues = outcome.get("issue")
+    if not isinstance(issues, list):
+        return []
+    return [issue for issue in issues if isinstance(issue, dict)]
+
+
+def _code(value: object) -> str | None:
+    """``value`` if it is a FHIR code token, else None: a server's free text (it may
+    quote patient data) or an object is never quoted."""
+    return value if isinstance(value, str) and _CODE.fullmatch(value) else None
 
 
 def _content_refused(response: Answer) -> bool:
     """Whether an error answer's OperationOutcome has only error issues about the
     request's content (``invalid`` and its sub-codes), so resending cannot help."""
-    try:
-        outcome = response.json()
-    except ValueError:
-        return False
-    if not isinstance(outcome, dict) or outcome.get("resourceType") != "OperationOutcome":
-        return False
     codes = {
-        str(issue.get("code"))
-        for issue in outcome.get("issue", [])
-        if isinstance(issue, dict) and issue.get("severity") in ("error", "fatal")
+        _code(issue.get("code"))
+        for issue in _outcome_issues(response)
+        if issue.get("severity") in ("error", "fatal")
     }
     return bool(codes) and codes <= _CONTENT_ISSUES
 
 
 def _issues(response: Answer) -> str:
-    try:
-        outcome = response.json()
-    except ValueError:
-        return ""
-    if not isinstance(outcome, dict) or outcome.get("resourceType") != "OperationOutcome":
-        return ""
     parts = []
-    for issue in outcome.get("issue", [])[:_MAX_ISSUES]:
-        if isinstance(issue, dict):
-            codes = [
-                str(c.get("code"))
-                for c in (issue.get("details") or {}).get("coding", [])
-                if isinstance(c, dict) and c.get("code")
-            ]
-            detail = f" ({', '.join(codes)})" if codes else ""
-            parts.append(f"{issue.get('severity', '?')} {issue.get('code', '?')}{detail}")
+    for issue in _outcome_issues(response)[:_MAX_ISSUES]:
+        details = issue.get("details")
+        coding = details.get("coding") if isinstance(details, dict) else None
+        codes = [
+            code
+            for c in (coding if isinstance(coding, list) else [])
+            if isinstance(c, dict) and (code := _code(c.get("code")))
+        ]
+        detail = f" ({', '.join(codes)})" if codes else ""
+        severity = _code(issue.get("severity")) or "?"
+        parts.append(f"{severity} {_code(issue.get('code')) or '?'}{detail}")
     return f"; OperationOutcome: {'; '.join(parts)}" if parts else ""
 
 
@@ -242,7 +281,7 @@ class FhirOutbox:
             kind=OutboxKind.FHIR,
             held_for=held_for,
         )
-        (item,) = self.store.add([delivery], now=now or utc_now())
+        (item,) = self.store.add([delivery], now=now or self.store.now())
         logger.info("outbox: FHIR bundle %s queued for %s", bundle_id, self.destination.name)
         return item
 
@@ -250,8 +289,9 @@ class FhirOutbox:
         self, now: dt.datetime | None = None, scope: Scope | None = None
     ) -> DeliveryReport:
         """POST every Bundle due at ``now`` (of ``scope``'s destinations, if given); each
-        ends sent, rescheduled or failed."""
-        now = now or utc_now()
+        ends sent, rescheduled or failed. ``now``: the database's time (default: the
+        store's clock)."""
+        now = now or self.store.now()
         claimed = self.store.claim_due(
             now, limit=self.batch_size, lease=self.lease, kind=OutboxKind.FHIR, scope=scope
         )

@@ -199,7 +199,9 @@ class Outbox:
                 "cannot request"
             )
         # settles the rows of destinations with storage commitment
-        self.commitments = CommitmentLedger(self.store, self.destinations, self._record)
+        self.commitments = CommitmentLedger(
+            self.store, self.destinations, self._record, clock=self.store.now
+        )
 
     def enqueue(
         self,
@@ -226,7 +228,7 @@ class Outbox:
             for path in paths
             for name in names
         ]
-        items = self.store.add(deliveries, now=now or utc_now())
+        items = self.store.add(deliveries, now=now or self.store.now())
         logger.info("outbox: %d deliveries queued for %s", len(items), ", ".join(names) or "-")
         return items
 
@@ -234,8 +236,9 @@ class Outbox:
         self, now: dt.datetime | None = None, scope: Scope | None = None
     ) -> DeliveryReport:
         """Send every row due at ``now`` (in ``scope`` only, if given); each ends
-        ``sent``, rescheduled or failed."""
-        now = now or utc_now()
+        ``sent``, rescheduled or failed. ``now``: the database's time (default: the
+        store's clock, :meth:`OutboxStore.now`)."""
+        now = now or self.store.now()
         clock = AttemptClock(now)
         tally = {Outcome.SENT: 0, Outcome.RETRY: 0, Outcome.PERMANENT: 0}
         expired = self.commitments.expire(now, scope)
@@ -459,6 +462,8 @@ class OutboxWorker:
         clock: Callable[[], dt.datetime] = utc_now,
         name: str = "radserve-outbox",
     ) -> None:
+        """``clock``: the time rows are judged in (a lane's: the database's,
+        :meth:`OutboxStore.now`)."""
         self.outbox = outbox
         self.interval_s = interval_s
         self._clock = clock
@@ -550,6 +555,7 @@ class Lane:
         return self.lock is None or self.lock.held
 
     def deliver_pending(self, now: dt.datetime | None = None) -> DeliveryReport:
+        now = now or self.outbox.store.now()  # the database's time (rows of every replica)
         if self.lock is not None:
             hold = self.lock.hold() if self.share is None else self.share.hold(self.lock)
             if hold is LaneHold.ELSEWHERE:
@@ -557,7 +563,7 @@ class Lane:
             self._take_over |= hold is LaneHold.TAKEN
             if self._take_over:  # until it succeeds (the database may be away)
                 moved = self.outbox.store.take_over_lane(
-                    kind=self.outbox.kind, scope=self.scope, now=now or utc_now()
+                    kind=self.outbox.kind, scope=self.scope, now=now
                 )
                 self._take_over = False
                 self.taken_over += moved
@@ -622,12 +628,16 @@ class LaneWorkers:
         self.lanes = {
             name: Lane(outbox, name, lock=lock, share=self.share) for name, lock in locks.items()
         }
+        # rows are due, leased and compared in the database's time (any replica's rows)
+        clock = outbox.store.now
         self.workers = {
-            name: OutboxWorker(lane, interval_s=interval_s, name=f"{prefix}-{name}")
+            name: OutboxWorker(lane, interval_s=interval_s, clock=clock, name=f"{prefix}-{name}")
             for name, lane in self.lanes.items()
         }
         self.leftovers = OutboxWorker(
-            Lane(outbox, Scope(other_than=tuple(names))), name=f"{prefix}-unconfigured"
+            Lane(outbox, Scope(other_than=tuple(names))),
+            clock=clock,
+            name=f"{prefix}-unconfigured",
         )
 
     def _all(self) -> list[OutboxWorker]:

@@ -174,6 +174,19 @@ class StoreSCU:
                 item = remaining.pop(0)
                 if still_ours is not None and not still_ours(item):
                     continue  # another sender took it over: it sends it
+                if not assoc.is_established:
+                    # the peer ended it after the previous file's answer, while that was
+                    # recorded or this row read back: before, pynetdicom's RuntimeError
+                    # left this file and the rest an "internal error" with a traceback
+                    ended = SendResult(
+                        Outcome.RETRY,
+                        f"not sent: {destination} ended the association after the previous "
+                        "file's answer, before this file's C-STORE (an A-ABORT or a closed "
+                        "connection)",
+                    )
+                    for other in (item, *remaining):
+                        on_result(other, ended)
+                    return
                 result = self._store_one(assoc, destination, item, accepted)
                 on_result(item, result)
                 if not assoc.is_established:
@@ -211,12 +224,21 @@ class StoreSCU:
             status = assoc.send_c_store(str(item.path))
         except (OSError, ValueError, AttributeError) as exc:
             return SendResult(Outcome.PERMANENT, f"cannot send {item.path.name}: {exc}")
+        except RuntimeError:
+            if assoc.is_established:
+                raise
+            # ended between the caller's look and the request (pynetdicom refuses to send)
+            return SendResult(
+                Outcome.RETRY,
+                f"not sent: {destination} ended the association before this file's C-STORE "
+                "(an A-ABORT or a closed connection)",
+            )
         if "Status" not in status:
             waited = time.monotonic() - started
             return SendResult(Outcome.RETRY, self._no_response(destination, waited))
         code = int(status.Status)
         comment = peer_comment(str(status.get("ErrorComment", "") or ""), item.path)
-        text = f"C-STORE status 0x{code:04X} from {destination}" + (
+        text = f"C-STORE status 0x{code:04X} ({status_meaning(code)}) from {destination}" + (
             f": {comment}" if comment else ""
         )
         if conformance.is_success(code):
@@ -372,6 +394,41 @@ class StoreSCU:
                 "(gateway.acse_timeout_s; raise it for a PACS that is slow to accept)",
             )
         return assoc, failure
+
+
+# C-STORE response statuses in words (PS3.4 B.2.3, PS3.7 C): (low, high, meaning)
+_STATUS_MEANINGS = (
+    (0x0000, 0x0000, "success"),
+    (0x0001, 0x0001, "warning: optional attributes not supported, stored"),
+    (0x0107, 0x0107, "warning: attribute list error, stored"),
+    (0x0116, 0x0116, "warning: attribute value out of range, stored"),
+    (0xB000, 0xB000, "warning: elements coerced, stored"),
+    (0xB006, 0xB006, "warning: elements discarded, stored"),
+    (0xB007, 0xB007, "warning: data set does not match the SOP class, stored"),
+    (0xB000, 0xBFFF, "warning: stored"),
+    (0x0110, 0x0110, "processing failure at the destination"),
+    (0x0122, 0x0122, "SOP class not supported by the destination"),
+    (0x0124, 0x0124, "refused: radserve not authorized"),
+    (0x0210, 0x0210, "duplicate invocation"),
+    (0x0211, 0x0211, "unrecognized operation"),
+    (0x0212, 0x0212, "mistyped argument"),
+    (0x0213, 0x0213, "resource limitation at the destination"),
+    (0xA700, 0xA7FF, "refused: out of resources"),
+    (0xA900, 0xA9FF, "error: data set does not match the SOP class"),
+    (0xC000, 0xCFFF, "error: cannot understand"),
+    (0xFE00, 0xFE00, "cancelled, though radserve cancelled nothing"),
+    (0xFF00, 0xFF01, "pending, which is no final answer to a C-STORE"),
+)
+
+
+def status_meaning(code: int) -> str:
+    """What a C-STORE response status means, in words: a row's reason and the log name
+    it, not the bare code. Before, a failure read "C-STORE status 0xC123 from PACS", and
+    a status DICOM does not define (a PACS's own) looked like any other."""
+    for low, high, meaning in _STATUS_MEANINGS:
+        if low <= code <= high:
+            return meaning
+    return "a status DICOM does not define for C-STORE"
 
 
 # Values of the sent file that a PACS may quote in its Error Comment ("Patient ID X does

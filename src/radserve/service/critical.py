@@ -187,9 +187,10 @@ class CriticalDelivery:
         notices = [
             (rule, f, build_notice(job.id, uid, rule, f, result_at, caveats)) for rule, f in hits
         ]
+        # the rows are due in the database's time (the outbox's clock), as every sender's
         rows = self.outbox.enqueue_all(
             [(notice, None) for _, _, notice in notices], folder=result.out_dir,
-            job_id=job.id, now=result_at, held_for=held, payloads=("notice",),
+            job_id=job.id, held_for=held, payloads=("notice",),
         )  # fmt: skip
         self.wake("notice")
         for _, finding, _ in notices:
@@ -206,7 +207,7 @@ class CriticalDelivery:
                 ]
                 rows = self.outbox.enqueue_all(
                     [(n, b) for n, b in bundles if b is not None], folder=result.out_dir,
-                    job_id=job.id, now=result_at, held_for=held, payloads=("fhir",),
+                    job_id=job.id, held_for=held, payloads=("fhir",),
                 )  # fmt: skip
                 self.wake("fhir")
                 queued += self._queued_events(job, part, rows)

@@ -35,10 +35,6 @@ from radserve.store.outbox import (
 logger = logging.getLogger(__name__)
 
 
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
 # how often a destination's sender looks for due rows when nothing wakes it (one server)
 LANE_INTERVAL_S = 30.0
 
@@ -75,14 +71,15 @@ class OutboxOps:
         store: Store,
         *,
         wake: Callable[[], None] = lambda: None,
-        clock: Callable[[], dt.datetime] = utc_now,
+        clock: Callable[[], dt.datetime] | None = None,
         stalled_after_s: float | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.rows = OutboxStore(store.engine, instance=settings.outbox.instance_id)
         self.wake = wake
-        self.clock = clock
+        # the rows' time: the database's (default), as the senders write and judge them
+        self.clock = clock or self.rows.now
         self.stalled_after_s = (
             stall_bound_s(settings) if stalled_after_s is None else stalled_after_s
         )

@@ -10,7 +10,6 @@ synchronous; the API calls it from worker threads.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
 import threading
@@ -475,7 +474,7 @@ class Service:
         go out again now rather than after their lease (see :class:`OutboxStore`)."""
         outbox = self.settings.outbox
         store = OutboxStore(self.store.engine, instance=outbox.instance_id)
-        taken = store.reclaim(now=dt.datetime.now(dt.UTC), shared=outbox.replicas > 1)
+        taken = store.reclaim(now=store.now(), shared=outbox.replicas > 1)
         if taken:
             logger.warning(
                 "outbox: %d delivery(ies) interrupted by the last stop are sent again", taken

@@ -20,9 +20,10 @@ clock. The offset is held between measurements (a third of a lease): a step of t
 host's clock is corrected at the next renewal.
 
 An offset above :data:`MAX_OFFSET_S` (beyond the measurement's error) is logged once,
-as a warning naming it, and again once when it is back within: the job leases no longer
-depend on it, but other times this host writes do (audit records, deadlines, outbox
-retries). :meth:`DbClock.problem` says it for ``/readyz``.
+as a warning naming it, and again once when it is back within: the job leases and the
+outbox's deliveries (:meth:`radserve.store.outbox.OutboxStore.now`) no longer depend on
+it, but other times this host writes do (audit records, deadlines).
+:meth:`DbClock.problem` says it for ``/readyz``.
 
 SQLite (one server) is not measured: the host's clock is the only one.
 """
@@ -44,6 +45,12 @@ logger = logging.getLogger(__name__)
 # hosts within milliseconds; seconds mean a host without time synchronisation
 MAX_OFFSET_S = 2.0
 _ZERO = dt.timedelta(0)
+
+
+def database_time(session: Session) -> dt.datetime:
+    """The database's clock now (PostgreSQL's ``clock_timestamp()``), in ``session``."""
+    stamp: dt.datetime = session.execute(select(func.clock_timestamp())).scalar_one()
+    return stamp
 
 
 class DbClock:
@@ -83,7 +90,7 @@ class DbClock:
         if bind.dialect.name != "postgresql":
             return
         before = self.local()
-        database = session.execute(select(func.clock_timestamp())).scalar_one()
+        database = database_time(session)
         after = self.local()
         self.record(database - (before + (after - before) / 2), (after - before) / 2)
 
@@ -113,10 +120,10 @@ class DbClock:
         ahead = "ahead of" if offset_s < 0 else "behind"
         return (
             f"this host's clock is {abs(offset_s):.1f} s {ahead} the database's (more than "
-            f"{self.bound_s:g} s): job leases are dated in the database's clock, but audit "
-            "times, deadlines and outbox retries written here are off by as much; "
+            f"{self.bound_s:g} s): job leases and outbox deliveries are dated in the database's "
+            "clock, but audit times and deadlines written here are off by as much; "
             "synchronise this host's time (NTP)"
         )
 
 
-__all__ = ["MAX_OFFSET_S", "DbClock"]
+__all__ = ["MAX_OFFSET_S", "DbClock", "database_time"]

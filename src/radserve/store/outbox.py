@@ -19,12 +19,24 @@ conditional UPDATE in its own committed transaction, so:
   left ``sending`` -- every such row when it is the only server on the database, the
   rows of its own instance id when several replicas share it -- instead of waiting for
   their leases (meant for replicas that may still be sending) to run out.
+
+Every time the senders write into a row or compare with one -- a row's due time, its
+lease's renewal (``updated``) and the stale cut-off of a claim, a storage commitment's
+deadline -- is the database's on PostgreSQL (:meth:`OutboxStore.now`: this host's clock
+plus its offset from the database's, measured as the job leases measure theirs,
+:mod:`radserve.store.db_clock`), since rows are written by one replica and judged by
+another. Before, each replica used its own clock: with replicas two minutes apart, one
+behind took the other's ``sending`` rows while they were being sent (sent twice), one
+ahead left a dead sender's rows for two minutes more than their lease, and rows queued
+by a replica whose clock ran ahead waited that long before any sender found them due.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
 import socket
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +48,7 @@ from sqlalchemy.orm import Session
 
 from radserve.domain.priority import PriorityClass
 from radserve.store.base import StoreBase
+from radserve.store.db_clock import DbClock
 from radserve.store.errors import OutboxItemNotFoundError, OutboxNotRetryableError
 from radserve.store.leases import LeaseLostError
 from radserve.store.models import Job, OutboxCommitmentRequest, OutboxDelivery
@@ -198,6 +211,11 @@ class StalledLane:
     last_progress: dt.datetime | None  # the latest claim, renewal or outcome of its rows
 
 
+# how long a measured offset of the database's clock is used before it is measured again
+# (a step of this host's clock is corrected within it)
+REMEASURE_S = 10.0
+
+
 def instance_id(configured: str | None = None) -> str:
     """This server's stable name among replicas: the configured one, else the host name."""
     return configured or socket.gethostname()
@@ -208,12 +226,32 @@ class OutboxStore(StoreBase):
     ``OutboxStore(store.engine)``. Thread-safe.
 
     ``instance``: this server's instance id (:func:`instance_id`); each store object is a
-    new incarnation, recorded with it on every lease it takes (:attr:`owner`)."""
+    new incarnation, recorded with it on every lease it takes (:attr:`owner`).
 
-    def __init__(self, engine: Engine, *, instance: str | None = None) -> None:
+    ``clock``: the database's clock as this host reads it (:meth:`now`; a seam for tests:
+    ``DbClock(local=...)`` is a host whose clock is off). The job leases' clock warns of
+    an offset beyond its bound; this one, by default, does not say it again."""
+
+    def __init__(
+        self, engine: Engine, *, instance: str | None = None, clock: DbClock | None = None
+    ) -> None:
         super().__init__(engine)
         self.instance = instance_id(instance)
         self.owner = f"{self.instance}/{uuid.uuid4().hex[:12]}"
+        self.clock = clock or DbClock(bound_s=math.inf)
+        self._measured_at: float | None = None  # monotonic time of the last measurement
+
+    def now(self) -> dt.datetime:
+        """The database's time now (PostgreSQL: this host's clock plus its offset from the
+        database's, measured again at most every :data:`REMEASURE_S`; SQLite: this host's):
+        the time every outbox row is written and judged in, by every replica alike."""
+        if self.dialect == "postgresql" and (
+            self._measured_at is None or time.monotonic() - self._measured_at >= REMEASURE_S
+        ):
+            with self._read() as session:
+                self.clock.measure(session)
+            self._measured_at = time.monotonic()
+        return self.clock.now()
 
     def add(self, deliveries: Sequence[NewDelivery], *, now: dt.datetime) -> list[OutboxItem]:
         """Enqueue (state ``pending``, due ``now``; ``held`` with ``held_for``); an

@@ -34,6 +34,7 @@ from radserve.store.access import AccessMixin
 from radserve.store.base import AuditListener
 from radserve.store.console import ConsoleMixin
 from radserve.store.db import make_engine, sqlite_file, wal_pending
+from radserve.store.db_clock import database_time
 from radserve.store.errors import (
     InvalidTransitionError,
     JobExistsError,
@@ -476,10 +477,12 @@ class Store(
             held = [OutboxDelivery.job_id == job_id, OutboxDelivery.state == HELD]
             if owner is not None:
                 held.append(OutboxDelivery.lease_owner == owner)
+            # due in the database's time, as every outbox row is (any replica sends it)
+            due = database_time(session) if self.dialect == "postgresql" else now
             session.execute(
                 update(OutboxDelivery)
                 .where(*held)
-                .values(state="pending", next_attempt_at=now, updated=now, lease_owner=None)
+                .values(state="pending", next_attempt_at=due, updated=due, lease_owner=None)
                 .execution_options(synchronize_session=False)
             )
             record = jobq.to_record(row)
