@@ -34,6 +34,7 @@ it relies on.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
 import select
@@ -49,6 +50,7 @@ from pynetdicom.pdu_primitives import A_ASSOCIATE, A_RELEASE
 
 from radserve.gateway.cpu_ledger import CpuLedger
 
+logger = logging.getLogger(__name__)
 POLL_S = 0.05  # the longest either thread blocks before pynetdicom's own checks
 
 
@@ -164,6 +166,18 @@ class _WaitingDUL(DULServiceProvider):
         start = time.thread_time()
         try:
             super().run()
+        except Exception as exc:
+            # a peer's PDU pynetdicom fails on while acting on it (a C-STORE-RQ command
+            # set without an Affected SOP Instance UID: an AttributeError in its
+            # decoding); its state machine logged that, and the thread ended the same
+            # way, but with Python's plain-text traceback on stderr (the server's log)
+            requestor = getattr(self.assoc, "requestor", None)
+            logger.error(
+                "association from %s: its receiving thread stopped on what the peer sent "
+                "(%s); the association ends",
+                getattr(requestor, "address", "an unknown address"),
+                type(exc).__name__,
+            )
         finally:
             self._waker.close()
             if not self._association_requested:

@@ -19,6 +19,15 @@ being refused. Here, per association:
   reserve, and the association goes on. (The reserve was checked only when the received
   file was copied into its study folder, so an instance of up to ``max_bytes`` (4 GiB)
   per association had filled the spool first.)
+- what a message holds in memory while it arrives is bounded too: its command set
+  (pynetdicom gathers the fragments of a command set in memory, and counted nothing of
+  them: 300 MB of command fragments that never ended took a receiving process up by
+  300 MB, kept after the association ended) at :data:`MAX_COMMAND_BYTES`, and a data
+  set not written to a file (any message but a C-STORE-RQ: a C-ECHO-RQ declaring a data
+  set, data set fragments before any command, a storage commitment report) at
+  ``max_memory_bytes`` (``ingest.max_header_bytes``): such a data set was bounded only
+  by ``max_bytes`` (4 GiB an association, in memory); past either, the association is
+  aborted as for ``max_bytes``;
 - the temporary files go to ``spool`` (a folder under the data dir, so the disk budget
   is the data dir's, not TMPDIR's): pynetdicom has no setting for that, so
   :func:`install` routes its ``NamedTemporaryFile`` through :func:`_spooled`, which uses
@@ -32,6 +41,7 @@ missing, and tests/integration/test_gateway_store_limit.py fails if an upgrade m
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import shutil
 import tempfile
@@ -53,6 +63,12 @@ _ORIGINAL = tempfile.NamedTemporaryFile
 # gateway.max_associations (16) receiving at once, the reserve can be overrun by at
 # most 16 x this (64 MiB of the default 512 MiB reserve)
 SPACE_CHECK_BYTES = 4 * 2**20
+# the most a DIMSE message's command set may hold: one is a few hundred bytes (a C-STORE-RQ
+# with a Move Originator, some 300); pynetdicom gathers its fragments in memory, unbounded
+MAX_COMMAND_BYTES = 64 * 1024
+# the default bound on a message's data set held in memory (not a C-STORE-RQ's, which goes
+# to a file): ingest.max_header_bytes' default; the SCP passes the site's setting
+MAX_MEMORY_BYTES = 64 * 2**20
 
 
 def _spooled(*args: Any, **kwargs: Any) -> Any:
@@ -128,9 +144,11 @@ class StoreLimit:
         spool: Path,
         on_exceeded: Callable[[Exceeded], None] | None = None,
         reserve: Callable[[], int] = lambda: 0,
+        max_memory_bytes: int = MAX_MEMORY_BYTES,
     ) -> None:
         self.assoc = assoc
         self.max_bytes = max_bytes
+        self.max_memory_bytes = max_memory_bytes
         self.reserve = reserve  # gateway.min_free_bytes, read live as the store does
         self.spool = spool
         self.on_exceeded = on_exceeded
@@ -148,14 +166,27 @@ class StoreLimit:
         if dimse.message is None:  # a new DIMSE message begins
             self.received = 0
             self.short_of_space = False
+        values = primitive.presentation_data_value_list
         incoming = sum(
             len(data) - 1
-            for _cx, data in primitive.presentation_data_value_list
+            for _cx, data in values
             if data and not data[0] & 1  # a data set fragment, not the command set
         )
         if self.received + incoming > self.max_bytes:
             self._refuse(self.received + incoming)
             return
+        command, in_memory = _held_in_memory(dimse.message)
+        command += sum(len(data) - 1 for _cx, data in values if data and data[0] & 1)
+        if command > MAX_COMMAND_BYTES:
+            what = "a DIMSE command set (a few hundred bytes in any service) passed"
+            self._refuse(command, MAX_COMMAND_BYTES, what, "MAX_COMMAND_BYTES")
+            return
+        if not _to_file(dimse.message):
+            in_memory += incoming
+            if in_memory > self.max_memory_bytes:
+                what = "a data set that is not a C-STORE's (held in memory) passed"
+                self._refuse(in_memory, self.max_memory_bytes, what, "ingest.max_header_bytes")
+                return
         if not self.short_of_space and self._leaves_too_little_space(incoming):
             self._discard_for_space(self.received + incoming)
         self.received += incoming
@@ -214,7 +245,16 @@ class StoreLimit:
         message._data_set_file = None
         message._data_set_path = None
 
-    def _refuse(self, received: int) -> None:
+    def _refuse(
+        self,
+        received: int,
+        limit: int | None = None,
+        what: str = "a C-STORE data set passed",
+        setting: str = "ingest.max_file_bytes",
+    ) -> None:
+        """Abort the association: a message passed ``limit`` (``max_bytes``) bytes of
+        ``what``; ``setting`` names the limit (a setting, or what it is)."""
+        limit = self.max_bytes if limit is None else limit
         self.refused = True
         self.discard()
         self.assoc.dimse.message = None
@@ -223,15 +263,16 @@ class StoreLimit:
             calling_ae=str(requestor.ae_title).strip(),
             address=str(requestor.address),
             received_bytes=received,
-            limit_bytes=self.max_bytes,
+            limit_bytes=limit,
         )
         logger.warning(
-            "association from AE %r at %s aborted: a C-STORE data set passed %d bytes "
-            "(limit ingest.max_file_bytes=%d)",
+            "association from AE %r at %s aborted: %s %d bytes (limit %s=%d)",
             exceeded.calling_ae,
             exceeded.address,
+            what,
             received,
-            self.max_bytes,
+            setting,
+            limit,
         )
         if self.on_exceeded is not None:
             try:
@@ -240,6 +281,29 @@ class StoreLimit:
                 logger.error("cannot record the refused instance: %s", type(exc).__name__)
         # the DUL thread sends the A-ABORT after this returns; later PDUs are ignored
         self.assoc.abort(block=False)
+
+
+def _held_in_memory(message: Any) -> tuple[int, int]:
+    """(command set bytes, data set bytes) the DIMSE ``message`` being received holds in
+    memory (pynetdicom's buffers; a data set written to a file holds none)."""
+    if message is None:
+        return 0, 0
+    command = getattr(message, "encoded_command_set", None)
+    data = None if _to_file(message) else getattr(message, "data_set", None)
+    return _buffered(command), _buffered(data)
+
+
+def _buffered(buffer: Any) -> int:
+    if not isinstance(buffer, io.BytesIO):
+        return 0
+    with buffer.getbuffer() as view:  # released at once: the buffer may grow again
+        return view.nbytes
+
+
+def _to_file(message: Any) -> bool:
+    """Whether ``message``'s data set is written to a file as it arrives (a C-STORE-RQ's,
+    once its command set is read)."""
+    return message is not None and getattr(message, "_data_set_file", None) is not None
 
 
 def clear_spool(spool: Path) -> int:

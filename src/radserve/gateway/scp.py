@@ -21,6 +21,7 @@ from typing import Any
 
 from pydicom.dataset import Dataset
 from pynetdicom import AE, _config, build_context, evt, register_uid
+from pynetdicom import sop_class as pynetdicom_classes
 from pynetdicom.association import Association
 from pynetdicom.events import Event
 from pynetdicom.pdu_primitives import MaximumLengthNotification
@@ -130,6 +131,7 @@ def quiet_pynetdicom() -> None:
     install()
     # each association's two threads block instead of polling (radserve.gateway.reactor)
     reactor.check()
+    _check_unregistering()
     # a logger's filters see only its own records, so each pynetdicom module's logger
     names = [name for name in logging.root.manager.loggerDict if name.startswith("pynetdicom")]
     for name in ["pynetdicom", *names]:
@@ -167,19 +169,21 @@ def build_ae(config: ScpConfig, *, commitment_reports: bool = False) -> AE:
     return ae
 
 
-def _accept_unlisted_storage(assoc: Any) -> None:
+def _accept_unlisted_storage(assoc: Any, cap: int | None = None) -> None:
     """Widen what this association accepts to every object quarantine can keep: the
     proposed private / newer storage classes (:func:`conformance.unlisted_storage`), and
     for every class that is not an image, each transfer syntax proposed for it (a
     quarantined object is stored as received and never decoded: an MPEG-4 video, say).
-    A rejected context can make a PACS send none of the study (Orthanc 1.10.1)."""
+    A rejected context can make a PACS send none of the study (Orthanc 1.10.1). The
+    classes are held until the association's connection closes (:func:`_release_storage`);
+    ``cap``: how many may be held at once."""
     proposed = assoc.requestor.primitive.presentation_context_definition_list or []
     supported = {
         cx.abstract_syntax: list(cx.transfer_syntax) for cx in assoc.acceptor.supported_contexts
     }
     extra = conformance.unlisted_storage((cx.abstract_syntax for cx in proposed), supported)
     for uid in extra:
-        if _register_storage(uid):
+        if _register_storage(uid, _holder(assoc), cap):
             supported[uid] = list(conformance.SCP_TRANSFER_SYNTAXES)
     changed = bool(extra)
     for cx in proposed:
@@ -195,27 +199,78 @@ def _accept_unlisted_storage(assoc: Any) -> None:
 
 
 _REGISTERING = threading.Lock()
-_registered: set[str] = set()
-# pynetdicom keeps every registered class for the life of the process: a peer proposing
-# ever new UIDs must not grow it without bound (sites see a handful of private classes)
-MAX_UNLISTED_CLASSES = 256
+# the unlisted classes radserve registered with pynetdicom, each with the open associations
+# that proposed it (keys: :func:`_holder`); a class none holds is unregistered
+_registered: dict[str, set[int]] = {}
+# pynetdicom keeps a registered class until it is unregistered: the registry must not grow
+# without bound. Each class is held by the open associations that proposed it and dropped
+# when the last of them closes, so it holds at most the classes of the open associations
+# (at most 128 contexts each, PS3.8 9.3.2.2): a process-wide cap that was never given back
+# (256 classes, first come first served) was filled by one peer's two associations of 128
+# made-up private UIDs, and from then until a restart a Siemens CSA Non-Image object was
+# refused at association, and with it (Orthanc) the whole study
+CONTEXTS_PER_ASSOCIATION = 128
+MAX_UNLISTED_CLASSES = 16 * CONTEXTS_PER_ASSOCIATION  # gateway.max_associations' default
 
 
-def _register_storage(uid: str) -> bool:
-    """Tell pynetdicom ``uid`` is a storage class, once per process (it dispatches a
-    C-STORE only for SOP classes it knows to belong to the Storage Service Class);
-    False, and the context stays rejected, past :data:`MAX_UNLISTED_CLASSES`."""
+def _holder(assoc: Any) -> int:
+    return id(assoc)
+
+
+def _register_storage(uid: str, holder: int = 0, cap: int | None = None) -> bool:
+    """Tell pynetdicom ``uid`` is a storage class (it dispatches a C-STORE only for SOP
+    classes it knows to belong to the Storage Service Class), held by the association
+    ``holder`` until :func:`_release_storage`; False, and the context stays rejected,
+    past ``cap`` classes held (:data:`MAX_UNLISTED_CLASSES`)."""
+    cap = MAX_UNLISTED_CLASSES if cap is None else cap
     with _REGISTERING:
-        if uid in _registered or uid_to_service_class(uid) is StorageServiceClass:
+        if uid in _registered:
+            _registered[uid].add(holder)
             return True
-        if len(_registered) >= MAX_UNLISTED_CLASSES:
-            logger.warning(
-                "SOP class %s not accepted: %d unlisted classes taken in", uid, MAX_UNLISTED_CLASSES
-            )
+        if uid_to_service_class(uid) is StorageServiceClass:
+            return True  # pynetdicom's own
+        if len(_registered) >= cap:
+            logger.warning("SOP class %s not accepted: %d unlisted classes taken in", uid, cap)
             return False
-        register_uid(uid, "RadserveUnlisted_" + uid.replace(".", "_"), StorageServiceClass)
-        _registered.add(uid)
+        register_uid(uid, _keyword(uid), StorageServiceClass)
+        _registered[uid] = {holder}
         return True
+
+
+def _release_storage(holder: int) -> int:
+    """The association ``holder`` closed: the unlisted classes no open association holds
+    any more are unregistered from pynetdicom; returns how many."""
+    with _REGISTERING:
+        dropped = []
+        for uid, holders in _registered.items():
+            holders.discard(holder)
+            if not holders:
+                dropped.append(uid)
+        for uid in dropped:
+            del _registered[uid]
+            _unregister(uid)
+    return len(dropped)
+
+
+def _keyword(uid: str) -> str:
+    return "RadserveUnlisted_" + uid.replace(".", "_")
+
+
+def _unregister(uid: str) -> None:
+    """Undo pynetdicom's ``register_uid(uid, _keyword(uid), StorageServiceClass)``: the
+    keyword in its storage classes and in its ``sop_class`` module (pynetdicom has no
+    call for it; :func:`_check_unregistering` refuses to start if these are gone)."""
+    keyword = _keyword(uid)
+    pynetdicom_classes._STORAGE_CLASSES.pop(keyword, None)
+    vars(pynetdicom_classes).pop(keyword, None)
+
+
+def _check_unregistering() -> None:
+    if not isinstance(getattr(pynetdicom_classes, "_STORAGE_CLASSES", None), dict):
+        raise RuntimeError(
+            "pynetdicom.sop_class._STORAGE_CLASSES is gone or changed: the unlisted storage "
+            "classes quarantine takes in could not be given back"
+        )
 
 
 def instance_uids(dataset: Dataset, affected_sop_uid: object, *, image: bool) -> tuple[str, str]:
@@ -501,7 +556,7 @@ class GatewaySCP:
             (evt.EVT_ACCEPTED, self._on_accepted),
             (evt.EVT_ABORTED, self._on_aborted),
             (evt.EVT_RELEASED, self._receiving.released),
-            (evt.EVT_CONN_CLOSE, self._receiving.closed),
+            (evt.EVT_CONN_CLOSE, self._on_closed),
         ]
         return {
             "evt_handlers": handlers,
@@ -531,6 +586,7 @@ class GatewaySCP:
             spool=self.spool,
             on_exceeded=self.on_oversize,
             reserve=lambda: self.instances.min_free_bytes,
+            max_memory_bytes=self.config.max_header_bytes,
         )
 
     def _on_requested(self, event: Event) -> None:
@@ -603,7 +659,8 @@ class GatewaySCP:
                 self._reject(assoc, _REJECT_CALLING_AE)
                 return
         if UnwantedPolicy(self.config.unwanted) is UnwantedPolicy.QUARANTINE:
-            _accept_unlisted_storage(assoc)
+            cap = max(MAX_UNLISTED_CLASSES, self.config.max_associations * CONTEXTS_PER_ASSOCIATION)
+            _accept_unlisted_storage(assoc, cap)
 
     @staticmethod
     def _reject(assoc: Any, reason: tuple[int, int, int]) -> None:
@@ -654,6 +711,12 @@ class GatewaySCP:
         logger.info("association from %r at %s aborted", requestor.ae_title, requestor.address)
         self._receiving.cut_off(event)
 
+    def _on_closed(self, event: Event) -> None:
+        try:
+            self._receiving.closed(event)
+        finally:
+            _release_storage(_holder(event.assoc))
+
     def _on_echo(self, event: Event) -> int:
         return Status.SUCCESS
 
@@ -684,7 +747,10 @@ class GatewaySCP:
             short_of_space = refused_for_space(event.request)
             if short_of_space is not None:  # dropped as it arrived (receive_limit)
                 raise OutOfResourcesError(short_of_space)
-            received = Path(event.dataset_path)  # preamble, meta, data set as received
+            path = event.dataset_path
+            if path is None:  # the command said no data set follows (0x0101)
+                raise InstanceRejectedError("the C-STORE request carries no data set")
+            received = Path(path)  # preamble, meta, data set as received
             transfer_syntax = str(event.context.transfer_syntax)
             with self.cpu.section("parse"):
                 self._remove_stray_meta(event, received, transfer_syntax)
@@ -763,7 +829,10 @@ class GatewaySCP:
         governs, not a stray Transfer Syntax UID. One log line per association."""
         try:
             removed = remove_stray_meta(
-                received, transfer_syntax, max_bytes=self.config.max_header_bytes
+                received,
+                transfer_syntax,
+                max_bytes=self.config.max_header_bytes,
+                max_elements=self.config.max_header_elements,
             )
         except OSError as exc:
             reason = errno.errorcode.get(exc.errno or 0, type(exc).__name__)

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from radserve.batch_worker import BatchWorker
 from radserve.durable import TEMPORARY_SUFFIX as PARTIAL_SUFFIX
@@ -89,6 +89,10 @@ def check_uid(value: object, what: str) -> str:
         raise InstanceRejectedError(problem)
     return str(value).strip().rstrip("\x00")
 
+
+# what ``save`` takes: the file's bytes, a file holding them (a C-STORE's spool file), or a
+# seekable stream of them (a STOW-RS part, read from its start in chunks, never whole)
+Encoded = bytes | Path | BinaryIO
 
 Durability = Literal["per_instance", "group"]
 GroupSync = Literal["fsync", "syncfs"]
@@ -155,17 +159,19 @@ class InstanceStore:
 
     def save(
         self,
-        encoded: bytes | Path,
+        encoded: Encoded,
         *,
         study_instance_uid: str,
         sop_instance_uid: str,
         sop_class_uid: str,
         quarantine: bool = False,
     ) -> StoredInstance:
-        """Make ``encoded`` (a DICOM file: preamble, meta, dataset; its bytes, or a file
-        holding them) durable. A file is handed over: linked where the file system allows
-        (so the caller must not write to it afterwards; removing its name is fine), else
-        copied in chunks, so an instance of any size costs no memory.
+        """Make ``encoded`` (a DICOM file: preamble, meta, dataset; its bytes, a file
+        holding them, or a seekable stream of them) durable. A file is handed over: linked
+        where the file system allows (so the caller must not write to it afterwards;
+        removing its name is fine), else copied in chunks; a stream is copied in chunks
+        from its start. So an instance of any size costs no memory: a STOW-RS part filed
+        for the quiet period was read whole into memory (a 2 GiB part, 2 GiB).
 
         Raises :class:`OutOfResourcesError` when it cannot (disk full, I/O error): the
         caller must then answer a failure, never success.
@@ -258,22 +264,21 @@ def partial_path(folder: Path, target: Path, *, pid: int | None = None) -> Path:
     return temporary_path(folder / target.name, pid=pid)
 
 
-def _size(encoded: bytes | Path) -> int:
-    return encoded.stat().st_size if isinstance(encoded, Path) else len(encoded)
-
-
-def _write_all(descriptor: int, encoded: bytes | Path) -> None:
-    """``encoded`` (bytes, or the file at that path, in 1 MiB chunks) to ``descriptor``."""
+def _size(encoded: Encoded) -> int:
     if isinstance(encoded, Path):
-        with open(encoded, "rb") as source:
-            while chunk := source.read(1 << 20):
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(descriptor, view) :]
-        return
-    view = memoryview(encoded)
-    while view:
-        view = view[os.write(descriptor, view) :]
+        return encoded.stat().st_size
+    if isinstance(encoded, bytes):
+        return len(encoded)
+    return encoded.seek(0, os.SEEK_END)
+
+
+def _write_all(descriptor: int, encoded: Encoded) -> None:
+    """``encoded`` (bytes, or the file at that path or the stream, in 1 MiB chunks) to
+    ``descriptor``."""
+    for chunk in _chunks(encoded):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(descriptor, view) :]
 
 
 # link(2) cannot give the file a second name here: another file system, or one without
@@ -281,7 +286,7 @@ def _write_all(descriptor: int, encoded: bytes | Path) -> None:
 _NO_LINK = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.ENOSYS})
 
 
-def _place(encoded: bytes | Path, temporary: Path) -> int:
+def _place(encoded: Encoded, temporary: Path) -> int:
     """``encoded`` under the new name ``temporary``; returns a descriptor of it (to fsync,
     then close); on failure nothing is left under that name. A file on this file system
     (the C-STORE spool file under the data folder) is linked, not copied: its bytes were
@@ -317,7 +322,7 @@ def _place(encoded: bytes | Path, temporary: Path) -> int:
     return descriptor
 
 
-def _write_new(folder: Path, target: Path, encoded: bytes | Path) -> bool:
+def _write_new(folder: Path, target: Path, encoded: Encoded) -> bool:
     """Place, fsync, link into place; False if another writer got there first."""
     temporary = partial_path(folder, target)
     try:
@@ -380,7 +385,7 @@ class GroupCommitter:
         self._root = root
         self._worker: BatchWorker[_Pending] = BatchWorker(self._round, name="radserve-commit")
 
-    def commit(self, folder: Path, target: Path, encoded: bytes | Path) -> bool:
+    def commit(self, folder: Path, target: Path, encoded: Encoded) -> bool:
         """Durably store ``encoded`` as ``target``; False if that name already existed."""
         temporary = partial_path(folder, target)
         descriptor = _place(encoded, temporary)
@@ -481,16 +486,23 @@ def _load_syncfs() -> Callable[[int], None] | None:
 _syncfs = _load_syncfs()
 
 
-def _chunks(encoded: bytes | Path) -> Iterator[bytes]:
+def _chunks(encoded: Encoded) -> Iterator[bytes]:
+    """``encoded``'s bytes: the bytes themselves, or the file's or the stream's (from its
+    start) in chunks of at most 1 MiB."""
     if isinstance(encoded, bytes):
         yield encoded
         return
-    with open(encoded, "rb") as fh:
+    with contextlib.ExitStack() as stack:
+        if isinstance(encoded, Path):
+            fh = stack.enter_context(open(encoded, "rb"))
+        else:
+            fh = encoded
+            fh.seek(0)
         while chunk := fh.read(_CHUNK):
             yield chunk
 
 
-def _same_bytes(stored: Path, encoded: bytes | Path) -> bool:
+def _same_bytes(stored: Path, encoded: Encoded) -> bool:
     """Whether ``encoded`` is byte for byte the file already stored (read in chunks)."""
     try:
         if stored.stat().st_size != _size(encoded):
@@ -506,7 +518,7 @@ def _same_bytes(stored: Path, encoded: bytes | Path) -> bool:
     return True
 
 
-def _digest(encoded: bytes | Path) -> str:
+def _digest(encoded: Encoded) -> str:
     digest = hashlib.sha256()
     for chunk in _chunks(encoded):
         digest.update(chunk)

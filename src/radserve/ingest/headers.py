@@ -643,8 +643,22 @@ def _record(
         image_type=image_type,
         patient=patients.patient(ds),
         frames=frames,
-        absent_type2=tuple(kw for kw in TYPE2_FOR_OUTPUTS if kw not in ds),
+        absent_type2=_absent_type2(ds, frames),
     )
+
+
+def _absent_type2(ds: Dataset, frames: Sequence[FrameRef]) -> tuple[str, ...]:
+    """The keywords of :data:`TYPE2_FOR_OUTPUTS` the instance lacks. An Enhanced
+    (functional-group) instance keeps Slice Thickness in its Pixel Measures functional
+    group (PS3.3 C.7.6.16.2.1), not at the top level, where its IOD has no Image Plane
+    module: it lacks it only when no frame's group gives it (every conformant Enhanced CT
+    was flagged "Type 2 attributes absent ...: SliceThickness" in its report before)."""
+    absent = [kw for kw in TYPE2_FOR_OUTPUTS if kw not in ds]
+    if "SliceThickness" in absent and any(
+        f.enhanced and f.slice_thickness is not None for f in frames
+    ):
+        absent.remove("SliceThickness")
+    return tuple(absent)
 
 
 def _class_name(uid: str) -> str:

@@ -341,10 +341,11 @@ class StowIntake(Generic[S]):
         filing: set[str] = set()  # studies of this request on_filing has seen
         for entry in accepted:
             outcome = entry.outcome
-            entry.stream.seek(0)
             try:
+                # the part's stream, copied in chunks: its bytes read whole took the
+                # server's memory up by the part's size (a 2 GiB part: 2 GiB)
                 saved = self.instances.save(
-                    entry.stream.read(),
+                    entry.stream,
                     study_instance_uid=outcome.study_instance_uid,
                     sop_instance_uid=outcome.sop_instance_uid,
                     sop_class_uid=outcome.sop_class_uid,
