@@ -216,3 +216,44 @@ def test_rescan_after_a_receiver_died_reopens_unreported_studies_and_spares_live
     assert tracker.pending() == ["3.3.3", "4.4.4"]
     clock.now += 10
     assert {s.study_instance_uid for s in tracker.poll()} == {"3.3.3", "4.4.4"}
+
+
+@pytest.mark.parametrize("activity", ["refusal", "duplicate"])
+def test_activity_without_a_new_instance_keeps_a_study_open_only_so_long(
+    tmp_path: Path, activity: str
+) -> None:
+    """A sender that retries a refused instance (or re-sends one it sent) more often than
+    the quiet period keeps the study open at most ``max_extension_s`` after its last new
+    instance, then it is handed over. Before, it stayed open for as long as the retries
+    went on: the study's job never started."""
+    tracker, clock, handed = _tracker(tmp_path)
+    folder = tmp_path / STUDY
+    _arrive(tracker, folder, "1.1")
+    assert tracker.max_extension_s == 60.0  # six quiet periods, at least a minute
+    for _ in range(30):  # every 5 s for 150 s
+        clock.now += 5
+        if activity == "refusal":
+            tracker.touch(STUDY)
+        else:
+            _arrive(tracker, folder, "1.1", new=False)
+        if tracker.poll():
+            break
+    [study] = handed
+    # the last extension counted at 60 s after the instance, then one quiet period
+    assert 70.0 <= clock.now - 1000.0 <= 75.0 and study.new_instances == 1
+
+
+def test_a_new_instance_renews_the_extension(tmp_path: Path) -> None:
+    """Refusals between new instances (a study whose second series is refused as it
+    goes) do not cut the study short: each new instance starts the bound again."""
+    tracker, clock, handed = _tracker(tmp_path)
+    folder = tmp_path / STUDY
+    for k in range(20):  # 100 s of a study: a new instance, a refusal, every 5 s
+        _arrive(tracker, folder, f"1.{k}")
+        clock.now += 2.5
+        tracker.touch(STUDY)
+        clock.now += 2.5
+        assert tracker.poll() == []
+    clock.now += 10.0
+    [study] = tracker.poll()
+    assert study.new_instances == 20 and handed == [study]

@@ -150,6 +150,7 @@ class Arrivals(Protocol):
 class _Open:
     folder: Path
     last_arrival: float
+    last_new: float  # the last new instance (or the opening): what bounds other activity
     new_instances: int = 0
     calling_ae_titles: set[str] = field(default_factory=set)
     failures: int = 0
@@ -163,6 +164,12 @@ class _Done:
     generation: int
     instances: int
     handed_at: float
+
+
+# activity without a new instance keeps a study open at most this many quiet periods
+# (and at least MIN_EXTENSION_S) after its last new instance (:meth:`StudyTracker._extend`)
+EXTENSION_QUIETS = 6
+MIN_EXTENSION_S = 60.0
 
 
 class StudyTracker:
@@ -182,6 +189,8 @@ class StudyTracker:
         self.quiet_s = quiet_s
         self.interrupted_quiet_s = max(quiet_s, interrupted_quiet_s or quiet_s)
         self.late_policy = late_policy
+        # how long activity without a new instance may keep a study open (:meth:`_extend`)
+        self.max_extension_s = max(MIN_EXTENSION_S, EXTENSION_QUIETS * quiet_s)
         self._clock = clock
         self._forget_after_s = forget_after_s
         self._lock = threading.Lock()
@@ -210,10 +219,13 @@ class StudyTracker:
             if entry is None:
                 if not new:
                     return
-                entry = self._open[study_uid] = _Open(folder=folder, last_arrival=now)
+                entry = self._open[study_uid] = _Open(folder, last_arrival=now, last_new=now)
                 if study_uid in self._done:
                     logger.info("late instance for handed-over study %s", study_uid)
-            entry.last_arrival = now
+            if new:
+                entry.last_arrival = entry.last_new = now
+            else:
+                self._extend(entry, now)
             entry.new_instances += int(new)
             if association is not None:
                 entry.associations.add(association)
@@ -243,7 +255,7 @@ class StudyTracker:
             entry = self._open.get(study_uid)
             if entry is not None and association in entry.associations:
                 entry.associations.discard(association)
-                entry.last_arrival = max(entry.last_arrival, now)
+                self._extend(entry, now)
             if entry is not None and entry.interrupted:
                 entry.interrupted = False
                 _remove(entry.folder / INTERRUPTED_MARKER)
@@ -256,7 +268,17 @@ class StudyTracker:
         with self._lock:
             entry = self._open.get(study_uid)
             if entry is not None:
-                entry.last_arrival = now
+                self._extend(entry, now)
+
+    def _extend(self, entry: _Open, now: float) -> None:
+        """Activity that brings no new instance (a duplicate, a refusal, a quarantined
+        object, an association's end) keeps the study open from ``now``, but never past
+        :attr:`max_extension_s` after its last new instance: a sender that retried a
+        refused instance (or re-sent one it had sent) more often than ``quiet_s`` kept
+        the study open for good, and its job never started."""
+        entry.last_arrival = max(
+            entry.last_arrival, min(now, entry.last_new + self.max_extension_s)
+        )
 
     def pending(self) -> list[str]:
         """Study UIDs still waiting for their quiet period."""
@@ -340,7 +362,7 @@ class StudyTracker:
                 if count > (marker[1] if marker else 0) and folder.name not in self._open:
                     new = count - (marker[1] if marker else 0)
                     self._open[folder.name] = _Open(
-                        folder, now, new_instances=new, interrupted=cut_off
+                        folder, now, now, new_instances=new, interrupted=cut_off
                     )
                     reopened += 1
                     opened = True
@@ -398,6 +420,7 @@ class StudyTracker:
             newer = self._open.get(uid)
             if newer is not None:  # arrivals during the failed hand-over
                 entry.last_arrival = max(entry.last_arrival, newer.last_arrival)
+                entry.last_new = max(entry.last_new, newer.last_new)
                 entry.new_instances += newer.new_instances
                 entry.calling_ae_titles |= newer.calling_ae_titles
                 entry.interrupted = entry.interrupted or newer.interrupted
