@@ -222,10 +222,9 @@ class StudyTracker:
                 entry = self._open[study_uid] = _Open(folder, last_arrival=now, last_new=now)
                 if study_uid in self._done:
                     logger.info("late instance for handed-over study %s", study_uid)
+            entry.last_arrival = now  # a re-sent instance too: a sender resuming a study
             if new:
-                entry.last_arrival = entry.last_new = now
-            else:
-                self._extend(entry, now)
+                entry.last_new = now
             entry.new_instances += int(new)
             if association is not None:
                 entry.associations.add(association)
@@ -255,7 +254,7 @@ class StudyTracker:
             entry = self._open.get(study_uid)
             if entry is not None and association in entry.associations:
                 entry.associations.discard(association)
-                self._extend(entry, now)
+                entry.last_arrival = max(entry.last_arrival, now)
             if entry is not None and entry.interrupted:
                 entry.interrupted = False
                 _remove(entry.folder / INTERRUPTED_MARKER)
@@ -271,11 +270,12 @@ class StudyTracker:
                 self._extend(entry, now)
 
     def _extend(self, entry: _Open, now: float) -> None:
-        """Activity that brings no new instance (a duplicate, a refusal, a quarantined
-        object, an association's end) keeps the study open from ``now``, but never past
-        :attr:`max_extension_s` after its last new instance: a sender that retried a
-        refused instance (or re-sent one it had sent) more often than ``quiet_s`` kept
-        the study open for good, and its job never started."""
+        """Activity that is no instance for intake (a refusal, a quarantined object)
+        keeps the study open from ``now``, but never past :attr:`max_extension_s` after
+        its last new instance: a sender that retried a refused instance more often than
+        ``quiet_s`` kept the study open for good, and its job never started. (A re-sent
+        instance is not bounded so: a sender resuming a cut-off study re-sends it from
+        its start, on an association the study waits for.)"""
         entry.last_arrival = max(
             entry.last_arrival, min(now, entry.last_new + self.max_extension_s)
         )
