@@ -9,10 +9,10 @@ and a volume that are lower bounds.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from radserve.domain import Finding, OrganMeasurement
+from radserve.domain import CodedConcept, Finding, OrganMeasurement
 from radserve.domain.input_domain import OUTSIDE_INPUT_DOMAIN
 
 if TYPE_CHECKING:
@@ -59,6 +59,23 @@ def finding_coverage_note(finding: Finding, name: str) -> str | None:
         f"{name} is truncated by the edge of the scanned volume (it {edges_text(finding)}); "
         "its diameters and volume cover the scanned part only and are lower bounds."
     )
+
+
+def site_text(finding: Finding, organs: Mapping[str, CodedConcept]) -> str:
+    """Where a finding lies, e.g. " in left lung": named by its organ's concept as the SR's
+    finding site, the SEG's anatomic region and the organ's own conclusion line ("Left
+    lung volume") name it, never by the model's label (``lung_left``); "" when no organ
+    contains it. ``organs``: organ label -> concept
+    (:func:`radserve.report.dicom.common.organ_concepts`). A label without a concept
+    reads with spaces for its underscores."""
+    label = finding.containing_organ
+    if not label:
+        return ""
+    concept = organs.get(label)
+    name = concept.meaning if concept is not None else label.replace("_", " ")
+    if len(name) > 1 and name[0].isupper() and not name[1].isupper():  # not an acronym
+        name = name[0].lower() + name[1:]
+    return f" in {name}"
 
 
 def organ_volume_text(organ: OrganMeasurement, digits: int = 1) -> str:

@@ -36,6 +36,7 @@ from radserve.report.wording import (
     no_findings_text,
     organ_volume_text,
     reader_notes,
+    site_text,
 )
 
 logger = logging.getLogger(__name__)
@@ -179,8 +180,9 @@ def summary(report: Report) -> str:
     else:
         n = len(report.findings)
         lines.append(f"{n} lesion{'s' if n != 1 else ''} detected:")
+        organs = common.organ_concepts(report)
         for f in report.findings:
-            where = f" in {f.containing_organ}" if f.containing_organ else ""
+            where = site_text(f, organs)
             least = "at least " if f.coverage == "partial" else ""
             cut = " (truncated: it " + edges_text(f) + ")" if f.coverage == "partial" else ""
             lines.append(

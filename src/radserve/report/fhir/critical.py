@@ -41,6 +41,7 @@ from radserve.errors import ReportError
 from radserve.report.dicom import common
 from radserve.report.fhir import resources as r
 from radserve.report.fhir.bundle import ReportResources, validate_bundle
+from radserve.report.wording import site_text
 
 COMMUNICATION_CATEGORY = "http://terminology.hl7.org/CodeSystem/communication-category"
 FLAG_CATEGORY = "http://terminology.hl7.org/CodeSystem/flag-category"
@@ -76,7 +77,7 @@ def critical_bundle(
     patient, study = resources.subject.ref, resources.study.ref
     diagnostic = resources.diagnostic_report_reference()
     observation, device = observations[0].ref, device_entry.ref
-    where = f" in {finding.containing_organ}" if finding.containing_organ else ""
+    where = site_text(finding, common.organ_concepts(report))
     least = "at least " if finding.coverage == "partial" else ""
     text = (
         f"Critical finding: {common.lesion_name(finding_id)} ({finding.concept.meaning}{where}),"
