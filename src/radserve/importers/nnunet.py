@@ -45,11 +45,12 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from radserve.importers import ImportRefusedError
 from radserve.importers.channel_series import SeriesRule, multi_series_input
@@ -166,8 +167,29 @@ def read_results_folder(
     )
 
 
-def _refuse(reason: str) -> None:
+def _refuse(reason: str) -> NoReturn:
     raise ImportRefusedError(f"nnU-Net model not importable: {reason}")
+
+
+def _numbers(values: object, what: str) -> list[float]:
+    """The plans' list ``what`` of numbers, each a JSON number: a string, a boolean or
+    another object is refused by name. (Before 2026-12-08 ``"2"`` was read as 2 and
+    ``true`` as a 1 mm spacing, silently, and a non-list ended the import in a
+    traceback.)"""
+    if not isinstance(values, list) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in values
+    ):
+        _refuse(f"{what} is {values!r}: give a list of numbers")
+    return [float(v) for v in values]
+
+
+def _whole_numbers(values: object, what: str) -> list[int]:
+    """The plans' list ``what`` of whole numbers (a patch size, an axis order): 16.5 is
+    refused, not cut to 16."""
+    numbers = _numbers(values, what)
+    if not all(v.is_integer() for v in numbers):
+        _refuse(f"{what} is {values!r}: give whole numbers")
+    return [int(v) for v in numbers]
 
 
 def _resampling(config: dict[str, Any]) -> dict[str, Any]:
@@ -345,8 +367,8 @@ def manifest_from_nnunet(
     dataset.json name does not say their series (:mod:`radserve.importers.nnunet_channels`).
     """
     plans, config = source.plans, source.configuration
-    forward = [int(a) for a in plans.get("transpose_forward", [0, 1, 2])]
-    backward = [int(a) for a in plans.get("transpose_backward", [0, 1, 2])]
+    forward = _whole_numbers(plans.get("transpose_forward", [0, 1, 2]), "transpose_forward")
+    backward = _whole_numbers(plans.get("transpose_backward", [0, 1, 2]), "transpose_backward")
     if sorted(forward) != [0, 1, 2] or [forward[b] for b in backward] != [0, 1, 2]:
         _refuse(
             f"transpose_forward {forward} / transpose_backward {backward} are not a "
@@ -356,8 +378,8 @@ def manifest_from_nnunet(
     # spacing and patch size are in that order, as input.axes declares it.
     reader_axes = _reader_axes(source)
     axes = [reader_axes[a] for a in forward]
-    patch = [int(p) for p in config.get("patch_size") or []]
-    spacing: list[float | None] = [float(s) for s in config.get("spacing") or []]
+    patch = _whole_numbers(config.get("patch_size") or [], "patch_size")
+    spacing: list[float | None] = [*_numbers(config.get("spacing") or [], "spacing")]
     if len(patch) == 2 and len(spacing) == 2:
         # A 2d configuration: each slice along the (transposed) first axis through the 2D
         # network is a depth-1 patch of the 3D sliding window; that axis keeps its native
