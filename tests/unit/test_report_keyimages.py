@@ -163,3 +163,27 @@ def test_key_images_replace_their_files_whole_and_leave_no_temporaries(tmp_path:
         with Image.open(folder / name) as image:
             image.load()  # whole: decodes to the end
             assert max(image.size) == 120
+
+
+def test_a_finding_s_caption_names_it_and_its_organ_by_their_concepts() -> None:
+    """The lines burnt into a key image (and its Secondary Capture) read as the SR and the
+    FHIR text do: "#1 Liver lesion in liver", not the models' labels ("#1 lesion
+    (liver_left_lobe)"); an organ without a concept reads with spaces."""
+    from radserve.domain import CodedConcept
+    from radserve.report.keyimages import finding_caption
+
+    ct, organs, lesions = _case(_standard())
+    named = find_lesions(
+        prediction(lesions.label_map.array > 0, _standard(), lesions.label_map.array * 0 + 255),
+        ct,
+        LESIONS,
+        organ_labels=organs,
+        organ_names={1: "liver_left_lobe"},
+    )
+    [f] = named.findings
+    assert f.containing_organ == "liver_left_lobe"
+    site = {"liver_left_lobe": CodedConcept(value="10200004", meaning="Liver")}
+    first, size, where = finding_caption(f, site, 4, 10)
+    assert first == f"#{f.finding_id} {f.concept.meaning} in liver"
+    assert "mm" in size and where == "slice 5/10"
+    assert finding_caption(f, {}, 4, 10)[0].endswith(" in liver left lobe")

@@ -515,6 +515,9 @@ def _write_outputs(out_dir: Path, ct: Volume, result: VolumeResult, *, key_image
                     lb.name: lb.color for s in finding_steps for lb in s.bundle.spec.labels
                 },
                 modality=finding_steps[0].bundle.spec.modality,
+                organ_sites={lb.name: lb.concept for lb in organ_spec.labels}
+                if organ_spec
+                else None,
             )
         for write in writes:
             write.result()  # a failed write fails the report, as before

@@ -24,10 +24,11 @@ from scipy import ndimage
 
 from radserve import durable
 from radserve.checkpoints import checkpoint
-from radserve.domain import Finding, Volume
+from radserve.domain import CodedConcept, Finding, Volume
 from radserve.errors import ReportError
 from radserve.postprocess.diameters import FindingAxes
 from radserve.report.schema import KeyImageOutput
+from radserve.report.wording import site_text
 
 logger = logging.getLogger(__name__)
 
@@ -235,10 +236,12 @@ def render_finding(
     color: Color = (255, 0, 0),
     modality: str = "CT",
     size: int = 512,
+    organ_sites: Mapping[str, CodedConcept] | None = None,
 ) -> Image.Image:
     """The key slice through ``finding`` with its overlay, RECIST axes and labels.
 
     ``finding_labels`` is the findings label map (value = finding id) on the CT grid.
+    ``organ_sites``: organ label -> concept, to name the organ a finding lies in.
     """
     _check_grid(ct, finding_labels, "finding label map")
     z = finding.key_slice_index
@@ -261,15 +264,23 @@ def render_finding(
             (axes.short_axis, (0, 255, 255)),
         ):
             draw.line((*t.to_display(*a), *t.to_display(*b)), fill=line_color, width=width)
-    lines = [
-        f"#{finding.finding_id} {finding.label}"
-        + (f" ({finding.containing_organ})" if finding.containing_organ else ""),
+    _annotate(image, t, finding_caption(finding, organ_sites or {}, z, ct.shape[0]), canvas.font)
+    return image
+
+
+def finding_caption(
+    finding: Finding, organ_sites: Mapping[str, CodedConcept], z: int, slices: int
+) -> list[str]:
+    """The lines burnt into a finding's key image (and so into its Secondary Capture):
+    the finding and its site by their concepts' names, as the SR and FHIR name them
+    ("#12 Nodule in left lung"); before 2026-12-08 by the models' labels ("#12
+    lung_nodule (lung_left)")."""
+    return [
+        f"#{finding.finding_id} {finding.concept.meaning}{site_text(finding, organ_sites)}",
         f"{finding.longest_diameter_mm:.1f} x {finding.short_axis_mm:.1f} mm, "
         f"{finding.volume_ml:.2f} ml",
-        f"slice {z + 1}/{ct.shape[0]}",
+        f"slice {z + 1}/{slices}",
     ]
-    _annotate(image, t, lines, canvas.font)
-    return image
 
 
 def _overview_slice(organ_labels: Volume | None, finding_labels: Volume | None, n: int) -> int:
@@ -336,11 +347,13 @@ def write_key_images(
     modality: str = "CT",
     size: int = 512,
     subdir: str = "keyimages",
+    organ_sites: Mapping[str, CodedConcept] | None = None,
 ) -> list[KeyImageOutput]:
     """Write ``overview.png`` and ``finding-NNN.png`` under ``out_dir/subdir``.
 
     Returns the outputs for the report, with paths relative to ``out_dir``.
-    ``label_colors`` maps a lesion label name to its overlay colour (manifest colour).
+    ``label_colors`` maps a lesion label name to its overlay colour (manifest colour);
+    ``organ_sites`` an organ label to its concept (the site a caption names).
     """
     folder = Path(out_dir) / subdir
     folder.mkdir(parents=True, exist_ok=True)
@@ -370,6 +383,7 @@ def write_key_images(
             color=colors.get(f.label, (255, 0, 0)),
             modality=modality,
             size=size,
+            organ_sites=organ_sites,
         )
         _save_png(finding_image, folder / name)
         outputs.append(
