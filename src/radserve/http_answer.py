@@ -20,6 +20,8 @@ not read.
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 import json
 import zlib
 from collections.abc import Mapping
@@ -51,6 +53,24 @@ class Answer:
     def cut_note(self) -> str:
         """``"; its body ..."`` for an error's reason when the body was cut, else ``""``."""
         return f"; its body {self.body_cut}" if self.body_cut else ""
+
+    def retry_after_s(self, now: dt.datetime | None = None) -> float | None:
+        """How long the peer asks to wait before the next attempt (``Retry-After``: a
+        number of seconds or an HTTP date, RFC 9110 10.2.3), or None when it says
+        nothing readable. A 429 or 503 with it was retried on radserve's own back-off
+        (30 s first), however long the server asked for."""
+        value = self.headers.get("Retry-After", "").strip()
+        if not value:
+            return None
+        if value.isdigit():
+            return float(int(value[:12]))  # a few digits: more is no sane wait
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when.tzinfo is None:  # "-0000": UTC (RFC 9110 dates are GMT)
+            when = when.replace(tzinfo=dt.UTC)
+        return max(0.0, (when - (now or dt.datetime.now(dt.UTC))).total_seconds())
 
 
 def post(

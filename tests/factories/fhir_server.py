@@ -23,6 +23,7 @@ class Answer:
     # the answer's bytes as they are (``body`` ignored), and its Content-Type
     raw: bytes | None = None
     content_type: str = "application/fhir+json"
+    headers: tuple[tuple[str, str], ...] = ()  # more header lines (e.g. Retry-After)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ def _handler(state: _State, keep_alive: bool) -> type[BaseHTTPRequestHandler]:
                 self.send_response(answer.status)
                 self.send_header("Content-Type", answer.content_type)
                 self.send_header("Content-Length", str(len(payload)))
+                for name, value in answer.headers:
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(payload)
             except OSError:  # the client gave up (a timeout test)

@@ -147,3 +147,33 @@ def test_a_2xx_fhir_answer_is_still_a_delivery(
 ) -> None:
     row = _deliver(rows, fhir, tmp_path, Answer(status=200))
     assert row.state is OutboxState.SENT and row.last_error is None, row
+
+
+@pytest.mark.parametrize(
+    ("status", "retry_after", "wait_s"),
+    [
+        (503, "600", 600.0),  # longer than the first back-off (30 s): as asked
+        (429, "5", 30.0),  # shorter: the back-off stands
+        (503, "86400", 600.0),  # a day: no longer than the policy's longest wait
+        (429, "soon", 30.0),  # unreadable: the back-off
+    ],
+    ids=["asks 600 s", "asks 5 s", "asks a day", "unreadable"],
+)
+def test_a_retry_waits_as_long_as_the_server_asks(
+    rows: OutboxStore,
+    fhir: FhirServer,
+    tmp_path: Path,
+    status: int,
+    retry_after: str,
+    wait_s: float,
+) -> None:
+    """A 429 or 503 with ``Retry-After`` is tried again no sooner than it asks (within
+    the policy's longest wait), and the reason says so. Before, it was retried on
+    radserve's own back-off, 30 s first, however long the server asked for."""
+    answer = Answer(status=status, headers=(("Retry-After", retry_after),))
+    row = _deliver(rows, fhir, tmp_path, answer)
+    assert row.state is OutboxState.PENDING, row
+    waited = (row.next_attempt_at - T0).total_seconds()
+    assert wait_s <= waited < wait_s + 30.0, (waited, row.last_error)
+    if retry_after.isdigit():
+        assert f"asks to wait {retry_after} s (Retry-After)" in row.last_error

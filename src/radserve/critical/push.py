@@ -45,7 +45,13 @@ from radserve.domain.critical import CriticalRule
 from radserve.domain.findings import Finding
 from radserve.fhir.delivery import unusable_url
 from radserve.gateway.lease_keeper import LeaseKeeper, covering_lease
-from radserve.gateway.outbox import DeliveryReport, RetryPolicy, decide, log_settled
+from radserve.gateway.outbox import (
+    DeliveryReport,
+    RetryPolicy,
+    decide,
+    log_settled,
+    retry_as_asked,
+)
 from radserve.gateway.scu import Outcome, SendResult
 from radserve.http_answer import Answer
 from radserve.http_answer import post as post_for_answer
@@ -153,7 +159,7 @@ def classify(response: Answer) -> SendResult:
         return SendResult(Outcome.SENT, f"HTTP {status} (acknowledged)", status)
     reason = f"HTTP {status} {response.reason_phrase}".strip()
     if status in _RETRYABLE_STATUS or status >= 500:
-        return SendResult(Outcome.RETRY, reason, status)
+        return retry_as_asked(response, reason)
     return SendResult(Outcome.PERMANENT, reason, status)
 
 

@@ -37,7 +37,13 @@ import httpx
 from radserve import durable
 from radserve.gateway.errors import GatewayError
 from radserve.gateway.lease_keeper import LeaseKeeper, covering_lease
-from radserve.gateway.outbox import AttemptClock, DeliveryReport, RetryPolicy, settle
+from radserve.gateway.outbox import (
+    AttemptClock,
+    DeliveryReport,
+    RetryPolicy,
+    retry_as_asked,
+    settle,
+)
 from radserve.gateway.scu import Outcome, SendResult
 from radserve.http_answer import Answer
 from radserve.http_answer import post as post_for_answer
@@ -153,7 +159,7 @@ def classify(response: Answer, *, url_setting: str = "fhir.url") -> SendResult:
         # validation error with a 5xx): the same bytes can never succeed
         return SendResult(Outcome.PERMANENT, reason + "; the server refuses the content", status)
     if status in _RETRYABLE_STATUS or status >= 500:
-        return SendResult(Outcome.RETRY, reason, status)
+        return retry_as_asked(response, reason)
     if 300 <= status < 400:
         reason += f"; the FHIR server moved: configure its final URL ({url_setting})"
     return SendResult(Outcome.PERMANENT, reason, status)

@@ -40,6 +40,7 @@ from radserve.gateway.config import Destination
 from radserve.gateway.errors import GatewayConfigError, GatewayError
 from radserve.gateway.lease_keeper import LeaseKeeper, covering_lease
 from radserve.gateway.scu import Outcome, OutgoingFile, ResultCallback, SendResult, StillOurs
+from radserve.http_answer import Answer
 from radserve.ingest.headers import UnreadableHeaderError, read_header
 from radserve.loop_failures import LoopFailures
 from radserve.store.lane_lock import LaneHold, LaneLock, lane_lock
@@ -362,7 +363,11 @@ def decide(
         warning = result.message if result.warning else None
         return outcome, Settlement.sent(item.id, now=now, warning=warning, attempt=attempt)
     if outcome is Outcome.RETRY and not policy.gives_up(item, now):
-        due = now + policy.delay(item.attempts)
+        delay = policy.delay(item.attempts)
+        if result.not_before_s is not None:  # the peer's Retry-After, up to the longest wait
+            asked = dt.timedelta(seconds=min(result.not_before_s, policy.max_delay_s))
+            delay = max(delay, asked)
+        due = now + delay
         settlement = Settlement.retry(
             item.id, now=now, due=due, error=result.message, attempt=attempt
         )
@@ -371,6 +376,16 @@ def decide(
     if outcome is Outcome.RETRY:
         message = f"gave up after {item.attempts} attempts: {message}"
     return Outcome.PERMANENT, Settlement.failed(item.id, now=now, error=message, attempt=attempt)
+
+
+def retry_as_asked(response: Answer, reason: str) -> SendResult:
+    """A retry of an HTTP answer (408, 429, 5xx), not before the wait the peer asked
+    for in ``Retry-After`` (:func:`decide` keeps it, up to the policy's longest wait),
+    which the reason names."""
+    wait = response.retry_after_s()
+    if wait is not None:
+        reason += f"; the server asks to wait {wait:.0f} s (Retry-After)"
+    return SendResult(Outcome.RETRY, reason, response.status_code, not_before_s=wait)
 
 
 # failed attempts to a destination that keeps failing: one line a minute, not one each

@@ -60,6 +60,8 @@ class SendResult:
     message: str
     status: int | None = None
     warning: bool = False  # SENT with a warning status: stored, maybe not as sent
+    # RETRY: the peer asked to wait at least this long (HTTP Retry-After), seconds
+    not_before_s: float | None = None
 
 
 @dataclass(frozen=True)
