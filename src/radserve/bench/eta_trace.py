@@ -201,10 +201,14 @@ def run_eta_trace(
                 arrivals_at_start = service.turnaround.arrivals_seen()
                 # the model the recorded walks start from: a replay refits it (replay.Refit)
                 model_at_start = service.turnaround.model.to_json()
-                log(
-                    f"{n_studies} studies: {burst} at once, then one every {gap:.2f} s on "
-                    f"average (load {load:g} x the warm-up service time {service_s:.2f} s)"
+                at_once = min(burst, n_studies)  # fewer studies than a burst: all at once
+                then = (
+                    f", then one every {gap:.2f} s on average (load {load:g} x the warm-up "
+                    f"service time {service_s:.2f} s)"
+                    if n_studies > burst
+                    else ""
                 )
+                log(f"{n_studies} studies: {at_once} at once{then}")
                 jobs, filled = _stream(
                     client,
                     studies[:n_studies],

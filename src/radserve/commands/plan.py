@@ -184,6 +184,11 @@ def command(
                     )
                 )
             duration = trace[-1].at
+            if plot is not None and len(trace) < 2:  # before anything is simulated
+                raise click.ClickException(
+                    "--plot draws TAT against the arrival rate, and a replay of one job "
+                    "has none: replay more jobs, or plot with --rate"
+                )
         else:
             trace = poisson_trace(per_s, duration, seed)
             if not trace:
@@ -286,7 +291,7 @@ def command(
             devices=devices,
             cpu_workers=cpu_workers * devices,
             scheduler=scheduler,
-            duration_s=min(duration, 6 * 3600),
+            duration_s=_curve_seconds(duration, curve_rates, replayed=not per_s),
             seed=seed,
             cores_per_device=cores,
         )
@@ -484,7 +489,7 @@ def _report_facts(result_dir: Path) -> tuple[Any, str | None] | None:
 
     try:
         data = json.loads((result_dir / "report.json").read_text())
-        size = StudySize.from_shape(data["geometry"]["shape"])
+        size = StudySize.from_stored_shape(data["geometry"]["shape"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     runtime = data.get("runtime")
@@ -550,6 +555,22 @@ def _learn_history(
         # the server's CPU workers, its URGENT lane and a batch on every core
         max_threads=cpu_workers + 1 + cores,
     )
+
+
+# a replay's curve: its streams last long enough for this many arrivals at its own rate
+CURVE_ARRIVALS = 200
+
+
+def _curve_seconds(duration: float, rates: dict[Any, float], *, replayed: bool) -> float:
+    """How long the plot's Poisson streams last: the plan's hours, at most 6; a replay's
+    at least long enough for ``CURVE_ARRIVALS`` at its rate (its own span drew none
+    from a burst: 5 jobs stored within 5 ms were plotted from 5 ms streams, "no
+    arrivals" at every rate)."""
+    seconds = min(duration, 6 * 3600)
+    total = sum(rates.values())
+    if replayed and total > 0:
+        seconds = min(max(seconds, CURVE_ARRIVALS / total), 6 * 3600)
+    return seconds
 
 
 def _rates_of(trace: list[Any], duration: float) -> dict[Any, float]:

@@ -45,7 +45,7 @@ MIN_RATIOS = 10  # measured jobs before their own noise is drawn
 # a job that shared the host with this many threads of others on average counts 1/e of
 # one that ran alone in the noise drawn for its size (ModelSampler.size_ratios)
 SHARED_THREADS = 1.0
-_DURATION = re.compile(r"^\s*([0-9.]+(?:e-?[0-9]+)?)\s*(s|min|m|h|d)?\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*([0-9.]+(?:e[-+]?[0-9]+)?)\s*(s|min|m|h|d)?\s*$", re.IGNORECASE)
 # arrivals one plan may simulate: at about 4 ms of CPU per job (docs/turnaround.md, cost
 # of a plan) this is some 15 minutes; a longer stream says no more about the steady state
 MAX_ARRIVALS = 250_000
@@ -104,12 +104,14 @@ def parse_targets(text: str) -> dict[PriorityClass, float]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, value = part.partition("=")
         match = _DURATION.match(value)
-        seconds = _number(match.group(1)) if match else math.nan
+        number = _number(match.group(1)) if match else math.nan
+        # finite in seconds too: 1e308d was inf, written "Infinity" in --json (not JSON)
+        seconds = number * _PER[(match.group(2) or "s").lower()] if match else math.nan
         if not match or not math.isfinite(seconds) or seconds <= 0:
             raise PlanInputError(
-                f"target {part!r}: expected CLASS=NUMBER[s|min|h|d], a time above 0"
+                f"target {part!r}: expected CLASS=NUMBER[s|min|h|d], a finite time above 0"
             )
-        out[_once(out, name, "target")] = seconds * _PER[(match.group(2) or "s").lower()]
+        out[_once(out, name, "target")] = seconds
     if not out:
         raise PlanInputError(f"target {text!r}: expected e.g. urgent=300s,inpatient=10min")
     return out

@@ -66,13 +66,30 @@ class StudySize:
         return cls(slices=dims[0], voxels=math.prod(dims))
 
     @classmethod
+    def from_stored_shape(cls, shape: object) -> StudySize:
+        """:meth:`from_shape` of a shape read from a file (a report): ValueError unless
+        it is a list of whole numbers of at least 1. Before, ``[]`` (IndexError) and
+        ``[1e400, ...]`` (OverflowError) in one stored report ended ``radserve plan`` in a
+        traceback, and ``[-40, ...]`` was learned as a study of -40 slices."""
+        if not isinstance(shape, list) or not shape:
+            raise ValueError(f"not a study's shape: {shape!r:.40}")
+        try:
+            size = cls.from_shape(shape)  # type: ignore[arg-type]
+        except OverflowError:  # a dimension of inf
+            raise ValueError("not a study's shape: a dimension is not finite") from None
+        if min(int(d) for d in shape) < 1:
+            raise ValueError(f"not a study's shape: {shape!r:.40}")
+        return size
+
+    @classmethod
     def of_report(cls, result_dir: Path) -> StudySize | None:
         """The size a finished job's report states (its geometry's shape), read from
-        ``result_dir/report.json`` without validating the rest; None when unreadable.
-        What the server learns from at start and ``radserve plan`` learns from."""
+        ``result_dir/report.json`` without validating the rest; None when unreadable
+        (:meth:`from_stored_shape`). What the server learns from at start and
+        ``radserve plan`` learns from."""
         try:
             data = json.loads((result_dir / "report.json").read_text())
-            return cls.from_shape(data["geometry"]["shape"])
+            return cls.from_stored_shape(data["geometry"]["shape"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
