@@ -13,7 +13,9 @@ need not be the job's).
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
+from typing import Any
 
 from radserve.errors import RadserveError, StudyError, UnsupportedModalityError
 from radserve.ingest import IngestPolicy, discover_series
@@ -28,6 +30,35 @@ logger = logging.getLogger(__name__)
 # the codes select_series fails with, and the code of a study whose every series lies
 # in another plane than a slice model reads (refused before any series is loaded)
 SELECTION_CODES = frozenset({StudyError.code, UnsupportedModalityError.code, OrientationError.code})
+
+# The selection rule on the Series Description quotes the description it refused
+# (radserve.pipeline.selection.rejection_reason: "series description 'SMITH^JOHN chest'
+# does not match '^AXIAL'"), in the report's rejected series and in a failed job's error:
+# free text a technologist typed, which may name the patient, shown to every console
+# role. The quoted description (Python's repr: '...' or "...", escapes inside) is left out.
+_DESCRIPTION = re.compile(
+    r"""series description (?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*") does not"""
+)
+_WITHOUT = "series description does not"
+
+
+def without_descriptions(text: str) -> str:
+    """``text`` (a refusal reason, a job's error message) with every quoted Series
+    Description left out."""
+    return _DESCRIPTION.sub(_WITHOUT, text)
+
+
+def report_without_descriptions(report: dict[str, Any]) -> dict[str, Any]:
+    """``report`` (parsed JSON) with the rejected series' reasons as
+    :func:`without_descriptions` gives them."""
+    selection = report.get("series_selection")
+    if not isinstance(selection, dict):
+        return report
+    refs = [selection.get("selected"), *(selection.get("rejected") or [])]
+    for ref in refs:
+        if isinstance(ref, dict) and isinstance(ref.get("reason"), str):
+            ref["reason"] = without_descriptions(ref["reason"])
+    return report
 
 
 def refused_series(record: JobRecord, catalog: Catalog, policy: IngestPolicy) -> list[SeriesRef]:
@@ -47,4 +78,8 @@ def refused_series(record: JobRecord, catalog: Catalog, policy: IngestPolicy) ->
     except OSError as exc:
         logger.info("job %s: its study cannot be read (%s)", record.id, exc.strerror)
         return []
-    return refusals(headers, spec.series_selection, planes, policy)
+    found = refusals(headers, spec.series_selection, planes, policy)
+    return [
+        s.model_copy(update={"reason": without_descriptions(s.reason)}) if s.reason else s
+        for s in found
+    ]

@@ -15,9 +15,9 @@ import asyncio
 import datetime as dt
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -46,14 +46,19 @@ from radserve.console.accessions import AccessionBackfill
 from radserve.console.auth import current_session
 from radserve.console.events import STREAM_S, JobFeed, WaitingEvents
 from radserve.console.ops import OpsHistory, current
-from radserve.console.refused import refused_series
-from radserve.console.studyinfo import StudyInfo
+from radserve.console.refused import (
+    refused_series,
+    report_without_descriptions,
+    without_descriptions,
+)
+from radserve.console.studyinfo import PatientFields, StudyInfo
 from radserve.console.volume import ct_volume
 from radserve.errors import InvalidRequestError, quoted
 from radserve.ingest.policy import IngestPolicy
 from radserve.security.keys import Role
 from radserve.service import Service
-from radserve.service.errors import OutputNotFoundError
+from radserve.service.errors import OutputNotFoundError, ResultRemovedError, SourceRemovedError
+from radserve.service.job_view import result_removed, result_removed_error
 from radserve.service.jobs import REPORT_FILE
 from radserve.store import JobRecord, JobState
 from radserve.store import jobs as job_rows
@@ -73,6 +78,7 @@ _TRAIL_LIMIT = 500
 # how often an open event stream looks whether its session still stands (a sign-out or
 # a revoked key through another replica ends it then, not at the stream's end)
 SESSION_CHECK_S = 5.0
+T = TypeVar("T")
 
 
 def _feed(request: Request) -> JobFeed:
@@ -114,6 +120,8 @@ def _stage(record: JobRecord, position: int | None) -> str:
     if record.state is JobState.RUNNING:
         return f"running (attempt {record.attempts})" if record.attempts > 1 else "running"
     if record.state is JobState.SUCCEEDED:
+        if result_removed(record) is not None:
+            return "result removed"
         return "cached result" if record.cached_from else "done"
     return record.error_code or record.state.value
 
@@ -129,6 +137,8 @@ def _row(request: Request, who: Principal, record: JobRecord) -> dict[str, Any]:
     out["accession"] = accession
     out["stage"] = _stage(record, view.position)
     out.pop("links", None)
+    if out.get("error"):  # a refusal of every series quotes their descriptions
+        out["error"]["message"] = without_descriptions(out["error"]["message"])
     return out
 
 
@@ -239,8 +249,10 @@ async def events(
     _history(request)
     feed = _feed(request)
     by_session = token_of(request) is None
-    last = request.headers.get("last-event-id")
-    start = int(last) if last and last.isdigit() else since
+    # a reconnect's Last-Event-ID: one of the feed's numbers, else ignored (a header of
+    # other digits, "²" or 5,000 of them, made int() raise: a 500)
+    last = request.headers.get("last-event-id") or ""
+    start = int(last) if last.isascii() and last.isdigit() and len(last) <= 19 else since
     service = _service(request)
     loop = asyncio.get_running_loop()
 
@@ -377,24 +389,60 @@ async def _job(request: Request, job_id: str, who: Principal) -> JobRecord:
     return record
 
 
+async def _from_result(request: Request, record: JobRecord, read: Callable[[JobRecord], T]) -> T:
+    """``read(record)`` in a worker thread, or 410 ``result_removed`` when the retention
+    policy removed the job's result, as the API's result endpoints answer
+    (:mod:`radserve.api.routes.jobs`). The record at hand says so when it is the newest;
+    a result found missing asks the store once. Before, the study view of such a job was
+    a 500 (its report still in memory, its folder gone) or a 404 ("its report file is
+    missing"), and the page showed nothing of the job, not even its audit trail."""
+    removed = result_removed(record)
+    if removed is not None:
+        raise result_removed_error(record, removed)
+    try:
+        return await run_in_threadpool(read, record)
+    except (OutputNotFoundError, FileNotFoundError) as exc:
+        jobs = _service(request).jobs
+        fresh = await run_in_threadpool(jobs.store.get_job, record.id)
+        removed = result_removed(fresh)
+        if removed is None:
+            if isinstance(exc, OutputNotFoundError):
+                raise
+            raise OutputNotFoundError(f"job {record.id}: its result folder is missing") from exc
+        jobs.cache.put(fresh)  # GET /v1/jobs/{id} lists the removal from now on
+        raise result_removed_error(fresh, removed) from exc
+
+
 @router.get("/console/api/jobs/{job_id}")
 async def job_detail(request: Request, job_id: str, who: Reader) -> Response:
+    """The study view's data. A job whose result the retention policy removed has no
+    report: its page shows the job, the removal (as the job's ``error``, which the page
+    shows where a report would be) and the audit trail."""
     service = _service(request)
     record = await _job(request, job_id, who)
     report: Any = None
     files: list[str] = []
+    removed: str | None = None
     if record.state is JobState.SUCCEEDED:
-        await audited_read(request, who, record, "report", {"via": "console"})
-        data = await run_in_threadpool(service.jobs.report_bytes, record)
-        report = json.loads(data)
-        if report_needs_care(request, who, record):  # a cached job's report: jobs it names
-            report = await run_in_threadpool(shown_report_json, request, who, record, report)
-        folder = Path(record.result_path or "")
-        files = await run_in_threadpool(
-            lambda: sorted(p.name for p in folder.iterdir() if _RESULT_FILE.match(p.name))
-        )
-        if not phi_downloads(request, who):  # not offered: they would be refused
-            files = [f for f in files if not f.endswith(_PHI_FILE)]
+
+        def read(record: JobRecord) -> tuple[bytes, list[str]]:
+            data = service.jobs.report_bytes(record)  # may be in memory: list the folder too
+            folder = service.jobs.result_dir(record)
+            return data, sorted(p.name for p in folder.iterdir() if _RESULT_FILE.match(p.name))
+
+        try:
+            data, files = await _from_result(request, record, read)
+        except ResultRemovedError as exc:
+            removed = exc.message
+            record = await run_in_threadpool(service.jobs.get, job_id)
+        else:
+            await audited_read(request, who, record, "report", {"via": "console"})
+            # no quoted Series Description in the rejected series' reasons (free text)
+            report = report_without_descriptions(json.loads(data))
+            if report_needs_care(request, who, record):  # a cached job's report: jobs it names
+                report = await run_in_threadpool(shown_report_json, request, who, record, report)
+            if not phi_downloads(request, who):  # not offered: they would be refused
+                files = [f for f in files if not f.endswith(_PHI_FILE)]
     refused = await run_in_threadpool(
         refused_series,
         record,
@@ -402,6 +450,8 @@ async def job_detail(request: Request, job_id: str, who: Reader) -> Response:
         IngestPolicy.from_settings(service.settings.ingest),
     )
     row = await run_in_threadpool(_row, request, who, record)
+    if removed is not None:
+        row["error"] = {"code": ResultRemovedError.code, "message": removed}
     trail = await run_in_threadpool(_trail, request, who, record.id)
     return JSONResponse(
         {
@@ -427,6 +477,13 @@ async def job_patient(request: Request, job_id: str, who: Reader) -> Response:
     record = await _job(request, job_id, who)
     await audited_read(request, who, record, "patient", {"via": "console"})
     fields = await run_in_threadpool(_info(request).get, record.id, record.study_path)
+    if fields == PatientFields() and not await run_in_threadpool(Path(record.study_path).exists):
+        # the retention sweep removed the study the fields are read from: empty fields
+        # were shown as "Patient: —", a study without a patient
+        raise SourceRemovedError(
+            "the study's source images are no longer stored (storage.source_retention_days), "
+            "and the patient details are read from them"
+        )
     return JSONResponse(
         {
             "name": fields.name,
@@ -445,14 +502,19 @@ async def job_file(request: Request, job_id: str, name: str, who: Reader) -> Res
     if name.endswith(_PHI_FILE):
         check_phi_identifiers(request, who, f"the DICOM result {quoted(name)}")
     record = await _job(request, job_id, who)
-    folder = _service(request).jobs.result_dir(record)
-    path = folder / name
-    try:
-        found = path.is_file()
-    except OSError:  # a name the file system refuses is no file of the job's
-        found = False
-    if not found:
-        raise OutputNotFoundError(f"job {job_id} has no result file {quoted(name)}")
+
+    def find(record: JobRecord) -> Path:
+        folder = _service(request).jobs.result_dir(record)
+        path = folder / name
+        try:
+            found = path.is_file()
+        except OSError:  # a name the file system refuses is no file of the job's
+            found = False
+        if not found:
+            raise OutputNotFoundError(f"job {job_id} has no result file {quoted(name)}")
+        return path
+
+    path = await _from_result(request, record, find)  # 410 once retention removed it
     await audited_read(request, who, record, "result_file", {"file": name})
     media = "application/dicom" if name.endswith(".dcm") else "application/octet-stream"
     if name == REPORT_FILE and report_needs_care(request, who, record):
@@ -482,7 +544,8 @@ async def job_volume(request: Request, job_id: str, who: Reader) -> FileAnswer:
     (resource ``volume``)."""
     service = _service(request)
     record = await _job(request, job_id, who)
-    report = await run_in_threadpool(service.jobs.report, record)  # 409 unless succeeded
+    # 409 unless succeeded; 410 when the retention policy removed the result
+    report = await _from_result(request, record, service.jobs.report)
     await audited_read(request, who, record, "volume")
     path = await run_in_threadpool(
         ct_volume,

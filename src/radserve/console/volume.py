@@ -21,7 +21,7 @@ import numpy as np
 from radserve.ingest import IngestPolicy, discover_series, load_series
 from radserve.report.nifti import write_nifti
 from radserve.report.schema import Report
-from radserve.service.errors import OutputNotFoundError
+from radserve.service.errors import OutputNotFoundError, SourceRemovedError
 from radserve.service.sniff import input_kind
 from radserve.store import JobRecord
 
@@ -52,6 +52,13 @@ def ct_volume(record: JobRecord, report: Report, data_dir: Path, policy: IngestP
     """The NIfTI file of the job's CT (made on first use), read under ``policy`` (the
     server's configured ingest bounds) from discovery to pixels."""
     study = Path(record.study_path)
+    if not study.is_dir():
+        # removed by the retention sweep (which removes this cached volume with it):
+        # before, listing the missing folder was a 500
+        raise SourceRemovedError(
+            f"job {record.id}: the study's source images are no longer stored "
+            "(storage.source_retention_days); the viewer shows them from there"
+        )
     if input_kind(study) == "nifti":
         return next(p for p in study.iterdir() if p.is_file())
     folder = Path(data_dir) / "console" / "volumes"

@@ -85,7 +85,10 @@ def rejection_reason(series: SeriesLike, rules: SeriesRules) -> str | None:
         return stack
     pattern = rules.series_description
     if not description_matches(pattern, series.series_description):
-        return f"series description {series.series_description!r} does not match {pattern!r}"
+        # the description itself is not quoted: free text a technologist typed, which may
+        # name the patient, and this reason reaches the report, the job's error and the
+        # doors' answers (before 2026-12-08: "series description 'SMITH^JOHN chest' ...")
+        return f"series description does not match {pattern!r}"
     if rules.body_parts:
         part = (series.body_part_examined or "").upper()
         if part not in {p.upper() for p in rules.body_parts}:
