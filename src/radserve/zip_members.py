@@ -97,20 +97,32 @@ _READABLE_METHODS = frozenset(
 )
 
 
+ENCRYPTED = "encrypted"
+
+
+def unreadable_member(info: zipfile.ZipInfo) -> str | None:
+    """Why zipfile cannot read a member at all, said before it is opened: :data:`ENCRYPTED`,
+    or its compression method (e.g. "compression method 9 (deflate64) is not
+    supported"); None for one it can. The one rule for ingest and model bundles."""
+    if info.flag_bits & 0x1:
+        return ENCRYPTED
+    if info.compress_type not in _READABLE_METHODS:
+        method = zipfile.compressor_names.get(info.compress_type, "unknown")
+        return f"compression method {info.compress_type} ({method}) is not supported"
+    return None
+
+
 def member_problem(info: zipfile.ZipInfo) -> str | None:
     """Why ingest skips an archive member (a file's entry, not a folder's), or None for
     one it reads: the one rule for ingest and for the study's fingerprint
     (:func:`radserve.store.files.archive_member_digests`)."""
     if not _is_safe_member_name(info.filename):
         return "unsafe member path in zip (absolute or '..')"
-    if info.flag_bits & 0x1:
+    unreadable = unreadable_member(info)
+    if unreadable == ENCRYPTED:
         return "encrypted zip member"
-    if info.compress_type not in _READABLE_METHODS:
-        method = zipfile.compressor_names.get(info.compress_type, "unknown")
-        return (
-            f"unreadable zip member: compression method {info.compress_type} "
-            f"({method}) is not supported; zip the files with Deflate"
-        )
+    if unreadable:
+        return f"unreadable zip member: {unreadable}; zip the files with Deflate"
     if info.filename.lower().endswith(".zip"):
         return "nested zip archives are not read"
     return None

@@ -141,7 +141,7 @@ CASES: dict[str, tuple[Callable[[dict[str, bytes]], bytes], str]] = {
     ),
     "deflate64_member": (
         lambda f: _set_in_headers(_zip(f), _deflate64),
-        "is compressed with method 9 (deflate64), which radserve does not read; zip the "
+        "cannot be read: compression method 9 (deflate64) is not supported; zip the "
         "bundle with Deflate",
     ),
     "damaged_deflate": (

@@ -73,7 +73,7 @@ from radserve.models.gate import GATE_FILE, SHIPPED_GATE_FILE, GateReport
 from radserve.models.manifest import ModelSpec, load_manifest
 from radserve.models.registry import ModelRegistry, bundled_model_dir
 from radserve.validation_text import problem_message
-from radserve.zip_members import zip_directory
+from radserve.zip_members import ENCRYPTED, unreadable_member, zip_directory
 
 logger = logging.getLogger(__name__)
 
@@ -307,10 +307,6 @@ _ZIP_ERRORS = (
     zlib.error,
     lzma.LZMAError,
 )
-# the compression methods zipfile inflates
-_READABLE_METHODS = frozenset(
-    {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
-)
 
 
 def _reason(exc: BaseException) -> str:
@@ -319,16 +315,13 @@ def _reason(exc: BaseException) -> str:
 
 
 def _unreadable_member(info: zipfile.ZipInfo) -> str | None:
-    """Why a member cannot be read at all (encrypted, a compression method zipfile does
-    not inflate), said before it is opened; None for one that can."""
-    if info.flag_bits & 0x1:
+    """Why a member cannot be read at all (:func:`radserve.zip_members.unreadable_member`),
+    said before it is opened; None for one that can."""
+    unreadable = unreadable_member(info)
+    if unreadable == ENCRYPTED:
         return "is encrypted; zip the bundle without a password"
-    if info.compress_type not in _READABLE_METHODS:
-        method = zipfile.compressor_names.get(info.compress_type, "unknown")
-        return (
-            f"is compressed with method {info.compress_type} ({method}), which radserve does "
-            "not read; zip the bundle with Deflate"
-        )
+    if unreadable:
+        return f"cannot be read: {unreadable}; zip the bundle with Deflate"
     return None
 
 
