@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
+from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION, check_output_file
 from radserve.commands.keys import open_store
+
+if TYPE_CHECKING:
+    from radserve.config import Settings
 
 
 @click.group("audit")
@@ -85,18 +89,55 @@ def verify(
 @DATA_DIR_OPTION
 def export(out: Path, config_file: Path | None, data_dir: Path | None) -> None:
     """Write every audit record, oldest first, as one JSON object per line."""
+    from radserve.config import load_settings
+    from radserve.durable import make_dirs, temporary_path
     from radserve.store.store import read_by_command
 
+    _refuse_own_files(out, load_settings(config_file, data_dir=data_dir))
+    check_output_file(out, "--out", make_parents=True)  # a file in the way: one line, exit 2
     store = open_store(config_file, data_dir, create=False)
     count, last_hash = 0, None
-    out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with read_by_command(store), open(out, "w", encoding="utf-8") as handle:
-            for record in store.iter_audit():
-                handle.write(json.dumps(record.to_json(), sort_keys=True) + "\n")
-                count, last_hash = count + 1, record.hash
-            handle.flush()
-            os.fsync(handle.fileno())
+        make_dirs(out.parent)
+        # written beside it and renamed when whole: a failure midway leaves no export that
+        # looks complete, nor an earlier one cut short
+        partial = temporary_path(out)
+        try:
+            with read_by_command(store), open(partial, "w", encoding="utf-8") as handle:
+                for record in store.iter_audit():
+                    handle.write(json.dumps(record.to_json(), sort_keys=True) + "\n")
+                    count, last_hash = count + 1, record.hash
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(partial, out)
+        finally:
+            partial.unlink(missing_ok=True)
     finally:
         store.close()
     click.echo(f"exported {count} audit record(s) to {out}; last hash {last_hash or '-'}")
+
+
+def _refuse_own_files(out: Path, settings: Settings) -> None:
+    """An export never goes over a file radserve keeps: the audit key, the checkpoint file,
+    the SQLite store and the files beside it (``--out <data dir>/audit/audit.key``
+    replaced the key with the records: the chain could not be verified again)."""
+    from radserve.audit.seal import checkpoint_path, key_file_path
+    from radserve.store.db import sqlite_file
+
+    own = [
+        (key_file_path(settings), "the audit key"),
+        (checkpoint_path(settings), "the audit checkpoint file"),
+    ]
+    database = sqlite_file(settings.effective_database_url)
+    if database is not None:
+        own.append((database, "the SQLite store"))
+        own += [
+            (database.with_name(database.name + suffix), "a file of the SQLite store")
+            for suffix in ("-wal", "-shm", "-journal", ".lock")
+        ]
+    target = out.resolve()
+    for path, what in own:
+        if target == path.resolve():
+            raise click.BadParameter(
+                f"{out} is {what}: write the export elsewhere", param_hint="'--out'"
+            )

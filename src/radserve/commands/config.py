@@ -55,6 +55,8 @@ def check_output_file(path: Path, option: str, *, make_parents: bool = False) ->
         raise click.BadParameter(f"{path} is a folder; give a file path", param_hint=hint)
     parent = path.parent
     if not parent.is_dir():
+        if parent.exists():  # said "folder X does not exist" of a file
+            raise click.BadParameter(f"{parent} is a file, not a folder", param_hint=hint)
         if not make_parents:
             raise click.BadParameter(f"folder {parent} does not exist", param_hint=hint)
         _check_new_folder(parent, hint)

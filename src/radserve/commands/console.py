@@ -72,6 +72,8 @@ def hash_password_command(
     submitter: str | None,
 ) -> None:
     """Print the password's hash (scrypt, N=2^15, r=8, p=1, a random 16-byte salt)."""
+    from pydantic import ValidationError
+
     from radserve.config import ConsoleUser
     from radserve.passwords import MAX_LENGTH, MIN_LENGTH, hash_password
 
@@ -101,8 +103,12 @@ def hash_password_command(
             site=site,
             submitter=submitter,
         )
-    except ValueError as exc:
-        raise click.BadParameter(str(exc).splitlines()[-1], param_hint="--username") from None
+    except ValidationError as exc:
+        # the reason, not the last line of pydantic's text (its documentation link only)
+        problem = exc.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"]) or "username"
+        reason = problem["msg"].removeprefix("Value error, ")
+        raise click.BadParameter(f"{where}: {reason}", param_hint="--username") from None
     click.echo("console:\n  users:")
     click.echo(f"    - username: {username}\n      role: {role}")
     if site is not None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import click
 from rich.console import Console
 
-from radserve.commands.config import DEFAULT_PIPELINE
+from radserve.commands.config import DEFAULT_PIPELINE, check_output_file
 from radserve.models.manifest import GateSpec, ModelSpec
 from radserve.models.registry import PRECISIONS, ModelRegistry, bundled_model_dir
 
@@ -51,12 +51,19 @@ def parse_precisions(text: str) -> list[str]:
 
 
 def _seeds(_ctx: click.Context, _param: click.Parameter, value: str) -> list[int]:
-    from radserve.evaluation.runner import parse_seeds
+    from radserve.evaluation.runner import HELD_OUT_SEED_LIMIT, parse_seeds
 
     try:
-        return parse_seeds(value)
+        seeds = parse_seeds(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
+    training = [seed for seed in seeds if seed >= HELD_OUT_SEED_LIMIT]
+    if training:  # refused by the evaluation as a ValueError traceback (exit 1) before
+        raise click.BadParameter(
+            f"seeds {training[:5]} are training seeds (>= {HELD_OUT_SEED_LIMIT}); "
+            f"evaluate on held-out seeds below {HELD_OUT_SEED_LIMIT}"
+        )
+    return seeds
 
 
 @click.command("evaluate")
@@ -132,6 +139,11 @@ def command(
     from radserve.evaluation.runner import evaluate
 
     precisions = parse_precisions(precision_text)
+    # before the evaluation, not after it (a traceback once every phantom had run)
+    if json_path is not None:
+        check_output_file(json_path, "--json")
+    if markdown_path is not None:
+        check_output_file(markdown_path, "--markdown")
     registry = ModelRegistry([*models_dirs, bundled_model_dir()])
     if grid_text is not None:
         _grid(registry, pipeline, grid_text, seeds, small, json_path, markdown_path)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
+from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION, check_output_folder
 
 
 @click.command("export")
@@ -42,6 +42,9 @@ def command(
 
     if not deidentify:
         raise click.UsageError("only de-identified export is offered: use --deidentify")
+    # a file in the way, or a folder this process may not write: one line, exit 2, before
+    # the store is opened (a NotADirectoryError/PermissionError traceback before)
+    check_output_folder(out, "--out")
     settings = load_settings(config_file, data_dir=data_dir)
     store, trail = open_audited(settings, create=False)  # no store: no job to export
     try:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from pydantic import ValidationError
 
 from radserve.commands.config import CONFIG_OPTION, DATA_DIR_OPTION
 from radserve.commands.params import positive_seconds
@@ -35,7 +36,11 @@ EXIT_REJECTED = 2
 def _tls(cert: Path | None, key: Path | None, ca: Path | None) -> TlsSettings | None:
     if cert is None and key is None and ca is None:
         return None
-    return TlsSettings(cert=cert, key=key, ca=ca)
+    try:
+        return TlsSettings(cert=cert, key=key, ca=ca)
+    except ValidationError as exc:  # --tls-cert without --tls-key: a traceback before
+        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise click.UsageError(f"--tls-cert/--tls-key/--tls-ca: {reason}") from None
 
 
 def _peer(text: str) -> dict[str, str]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from radserve.commands._outputs import refuse_unusable, staged
 from radserve.commands.params import SEED, FiniteFloatRange
 from radserve.config import IngestSettings
 
@@ -21,7 +22,8 @@ logger = logging.getLogger(__name__)
     "out_dir",
     type=click.Path(path_type=Path, file_okay=False),
     required=True,
-    help="Output folder (created): dicom/, ground_truth/, and ct.nii.gz with --nifti.",
+    help="Output folder, new or empty (created): dicom/, ground_truth/, and ct.nii.gz with "
+    "--nifti.",
 )
 @click.option("--small", is_flag=True, help="Small fast phantom (128x128, 40-60 slices).")
 @click.option(
@@ -105,6 +107,9 @@ def command(
     if (mr_grids or mr_second_frame) and not mr:
         # before anything is written: checked after the CT, it left a whole study behind
         raise click.UsageError("--mr-grids and --mr-second-frame need --mr")
+    # a file in the way, or an earlier phantom's slices (a series of two phantoms beside
+    # the ground truth of one): one line, exit 2, before anything is generated
+    refuse_unusable(out_dir, "--out")
     spec = PhantomSpec.random(seed, small=small)
     if slices is not None or slice_spacing is not None:
         spec = spec.with_slices(slices, slice_spacing)
@@ -119,47 +124,48 @@ def command(
     if lesions is not None:
         spec = dataclasses.replace(spec, n_lesions=lesions)
     phantom = generate_phantom(spec)
-    write_dicom_series(
-        phantom,
-        out_dir / "dicom",
-        transfer_syntax=transfer_syntax,  # type: ignore[arg-type]
-        patient_name=patient_name,
-        patient_id=patient_id,
-        priority=priority.upper(),
-        study_uid=study_uid,
-    )
-    write_ground_truth(phantom, out_dir / "ground_truth")
-    if pet:
-        from radserve.phantom.pet import generate_pet, write_pet_ground_truth, write_pet_series
-
-        pet_phantom = generate_pet(phantom)
-        write_pet_series(
-            pet_phantom,
-            out_dir / "dicom",
+    # written whole or not at all (Ctrl-C mid-series left a study without ground truth)
+    with staged(out_dir, "--out", last=("dicom",)) as staging:
+        write_dicom_series(
+            phantom,
+            staging / "dicom",
+            transfer_syntax=transfer_syntax,  # type: ignore[arg-type]
             patient_name=patient_name,
             patient_id=patient_id,
+            priority=priority.upper(),
             study_uid=study_uid,
         )
-        write_pet_ground_truth(pet_phantom, out_dir / "ground_truth")
-    if mr:
-        from radserve.phantom.mr import SEQUENCES, write_mr_series
-        from radserve.phantom.mr_grids import VARIED_GRIDS, second_frame_of_reference
+        write_ground_truth(phantom, staging / "ground_truth")
+        if pet:
+            from radserve.phantom.pet import generate_pet, write_pet_ground_truth, write_pet_series
 
-        for sequence in SEQUENCES:
-            write_mr_series(
-                phantom,
-                out_dir / "dicom",
-                sequence,
+            pet_phantom = generate_pet(phantom)
+            write_pet_series(
+                pet_phantom,
+                staging / "dicom",
                 patient_name=patient_name,
                 patient_id=patient_id,
                 study_uid=study_uid,
-                grid=VARIED_GRIDS[sequence] if mr_grids else None,
-                frame_of_reference_uid=(
-                    second_frame_of_reference(spec.seed) if sequence == mr_second_frame else None
-                ),
             )
-    if nifti:
-        write_nifti(phantom.ct, out_dir / "ct.nii.gz")
+            write_pet_ground_truth(pet_phantom, staging / "ground_truth")
+        if mr:
+            from radserve.phantom.mr import SEQUENCES, write_mr_series
+            from radserve.phantom.mr_grids import VARIED_GRIDS, second_frame_of_reference
+
+            for sequence in SEQUENCES:
+                second = sequence == mr_second_frame
+                write_mr_series(
+                    phantom,
+                    staging / "dicom",
+                    sequence,
+                    patient_name=patient_name,
+                    patient_id=patient_id,
+                    study_uid=study_uid,
+                    grid=VARIED_GRIDS[sequence] if mr_grids else None,
+                    frame_of_reference_uid=second_frame_of_reference(spec.seed) if second else None,
+                )
+        if nifti:
+            write_nifti(phantom.ct, staging / "ct.nii.gz")
     logger.info(
         "phantom seed %d: %d slices, %d lesions", seed, spec.n_slices, len(phantom.lesion_list)
     )

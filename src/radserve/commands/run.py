@@ -11,7 +11,6 @@ settings; ``--ingest NAME=VALUE`` sets one ingest choice, as the ingest errors s
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,9 @@ import click
 from rich.console import Console
 
 from radserve.commands._console import RichProgress, summary_tables, write_dicom_objects
+from radserve.commands._outputs import refuse_unusable, staged
 from radserve.commands.config import CONFIG_OPTION
+from radserve.errors import RadserveError
 
 
 def _ingest_choices() -> str:
@@ -48,7 +49,14 @@ def _parse_ingest(
 
 @click.command("run")
 @click.argument("study", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Output folder, new or empty (created); the results appear in it only when all "
+    "are written, report.json last.",
+)
 @click.option(
     "--pipeline",
     "pipeline_name",
@@ -158,64 +166,67 @@ def command(
 
         configure_logging(logging.getLogger().level, json_lines=True)
     policy = IngestPolicy.from_settings(settings.ingest)
-    try:
-        with RichProgress(console) as progress:
-            result = run_study(
-                sources,
-                pipeline=pipeline,
-                out_dir=out_dir,
-                # judged on the providers it runs on, as a server's catalog judges them: a
-                # bf16 variant on a CPU-provider run was served on a provider without bf16
-                registry=site_registry(
-                    [*models_dir, *settings.models.dirs],
-                    settings.data_dir,
-                    serving=runtime.serving,
-                ),
-                sessions=SessionPool(runtime),
-                precision=settings.models.precision,
-                policy=policy,
-                progress=progress,
-                key_images=not no_key_images,
-                stream_decode=stream_decode,
-            )
-    finally:
-        # as the server at its stop: the decoding processes' stderr is read by a thread of
-        # this process (log_routing.WorkerLogs), which logs what is left and removes its
-        # FIFO only when they stop; left to exit, the FIFO's folder stayed in $TMPDIR. Not
-        # helpers=True: the fork server and resource tracker end with this process, and
-        # stopping the tracker first made it report the pool's semaphores as leaked
-        shutdown_decode_workers()
-    for table in summary_tables(result.report):
-        console.print(table)
-    if dicom and nifti:
-        console.print("no DICOM SEG/SR: a NIfTI volume has no DICOM study to reference")
-    elif dicom:
-        scs = settings.results.secondary_capture_key_images
-        for path in write_dicom_objects(result, console, key_images=scs, policy=policy):
-            console.print(f"DICOM: {path}")
-    console.print(f"report: {result.report_path}")
+    written: list[Path] = []
+    refused: RadserveError | None = None
+    # written into a staging folder inside --out and moved out whole, report.json last:
+    # stopped (Ctrl-C, a failure) it leaves nothing that looks like a finished result
+    with staged(out_dir, "--out", last=("report.json",)) as staging:
+        try:
+            with RichProgress(console) as progress:
+                result = run_study(
+                    sources,
+                    pipeline=pipeline,
+                    out_dir=staging,
+                    # judged on the providers it runs on, as a server's catalog judges
+                    # them: a bf16 variant on a CPU-provider run was served on a provider
+                    # without bf16
+                    registry=site_registry(
+                        [*models_dir, *settings.models.dirs],
+                        settings.data_dir,
+                        serving=runtime.serving,
+                    ),
+                    sessions=SessionPool(runtime),
+                    precision=settings.models.precision,
+                    policy=policy,
+                    progress=progress,
+                    key_images=not no_key_images,
+                    stream_decode=stream_decode,
+                )
+        finally:
+            # as the server at its stop: the decoding processes' stderr is read by a
+            # thread of this process (log_routing.WorkerLogs), which logs what is left and
+            # removes its FIFO only when they stop; left to exit, the FIFO's folder stayed
+            # in $TMPDIR. Not helpers=True: the fork server and resource tracker end with
+            # this process, and stopping the tracker first made it report the pool's
+            # semaphores as leaked
+            shutdown_decode_workers()
+        for table in summary_tables(result.report):
+            console.print(table)
+        if dicom and nifti:
+            console.print("no DICOM SEG/SR: a NIfTI volume has no DICOM study to reference")
+        elif dicom:
+            scs = settings.results.secondary_capture_key_images
+            try:
+                written = write_dicom_objects(result, console, key_images=scs, policy=policy)
+            except RadserveError as exc:
+                # the study's own values refuse DICOM results (a Type 1 value too long to
+                # cut): the report, which says why they are missing, and the label maps
+                # are kept; the command still fails, naming it
+                refused = exc
+    if refused is not None:
+        raise refused
+    for path in written:
+        console.print(f"DICOM: {out_dir / path.relative_to(staging)}")
+    console.print(f"report: {out_dir / result.report_path.relative_to(staging)}")
 
 
 def _check_out_dir(out_dir: Path) -> None:
-    """Refuse an ``--out`` that cannot take the results before any work: a file there, a
-    file or nothing writable above it. Found only when the report was written, after the
-    whole inference, it ended in a FileExistsError/FileNotFoundError traceback."""
-    if out_dir.is_symlink() and not out_dir.exists():
-        raise click.ClickException(f"--out {out_dir} is a link to nothing; give a folder")
-    where = out_dir if out_dir.exists() else None
-    if where is None:
-        # the nearest existing folder above: where the missing ones would be created
-        where = next((p for p in out_dir.absolute().parents if p.exists()), Path("/"))
-        if not where.is_dir():
-            raise click.ClickException(
-                f"--out {out_dir}: {where} is a file, not a folder; give a folder to write to"
-            )
-    elif not out_dir.is_dir():
-        raise click.ClickException(
-            f"--out {out_dir} is an existing file, not a folder; give a folder to write to"
-        )
-    if not os.access(where, os.W_OK | os.X_OK):
-        raise click.ClickException(f"--out {out_dir}: cannot write in {where} (permission denied)")
+    """Refuse an ``--out`` that cannot take the results before any work (one line, exit
+    2): a file there, a file or nothing writable above it, a folder that already holds
+    files. Found only when the report was written, after the whole inference, it ended in
+    a FileExistsError/FileNotFoundError traceback; a folder holding an earlier run's
+    results got this run's beside them (until 2026-12-08, exit 1)."""
+    refuse_unusable(out_dir, "--out")
 
 
 def _pipeline(name: str, folders: tuple[Path, ...]) -> Any:
