@@ -15,9 +15,9 @@ import asyncio
 import datetime as dt
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -39,7 +39,7 @@ from radserve.api.auth import (
 from radserve.api.errors import ForbiddenError
 from radserve.api.files import RANGE_RESPONSES, FileAnswer
 from radserve.api.job_names import report_needs_care, shown_report_bytes, shown_report_json
-from radserve.api.routes.jobs import ClassName, StateName
+from radserve.api.routes.jobs import ClassName, StateName, from_result
 from radserve.api.schemas import ErrorOut, EtaOut, JobOut
 from radserve.api.state import service_of as _service
 from radserve.console.accessions import AccessionBackfill
@@ -58,7 +58,7 @@ from radserve.ingest.policy import IngestPolicy
 from radserve.security.keys import Role
 from radserve.service import Service
 from radserve.service.errors import OutputNotFoundError, ResultRemovedError, SourceRemovedError
-from radserve.service.job_view import result_removed, result_removed_error
+from radserve.service.job_view import result_removed
 from radserve.service.jobs import REPORT_FILE
 from radserve.store import JobRecord, JobState
 from radserve.store import jobs as job_rows
@@ -78,7 +78,6 @@ _TRAIL_LIMIT = 500
 # how often an open event stream looks whether its session still stands (a sign-out or
 # a revoked key through another replica ends it then, not at the stream's end)
 SESSION_CHECK_S = 5.0
-T = TypeVar("T")
 
 
 def _feed(request: Request) -> JobFeed:
@@ -389,30 +388,6 @@ async def _job(request: Request, job_id: str, who: Principal) -> JobRecord:
     return record
 
 
-async def _from_result(request: Request, record: JobRecord, read: Callable[[JobRecord], T]) -> T:
-    """``read(record)`` in a worker thread, or 410 ``result_removed`` when the retention
-    policy removed the job's result, as the API's result endpoints answer
-    (:mod:`radserve.api.routes.jobs`). The record at hand says so when it is the newest;
-    a result found missing asks the store once. Before, the study view of such a job was
-    a 500 (its report still in memory, its folder gone) or a 404 ("its report file is
-    missing"), and the page showed nothing of the job, not even its audit trail."""
-    removed = result_removed(record)
-    if removed is not None:
-        raise result_removed_error(record, removed)
-    try:
-        return await run_in_threadpool(read, record)
-    except (OutputNotFoundError, FileNotFoundError) as exc:
-        jobs = _service(request).jobs
-        fresh = await run_in_threadpool(jobs.store.get_job, record.id)
-        removed = result_removed(fresh)
-        if removed is None:
-            if isinstance(exc, OutputNotFoundError):
-                raise
-            raise OutputNotFoundError(f"job {record.id}: its result folder is missing") from exc
-        jobs.cache.put(fresh)  # GET /v1/jobs/{id} lists the removal from now on
-        raise result_removed_error(fresh, removed) from exc
-
-
 @router.get("/console/api/jobs/{job_id}")
 async def job_detail(request: Request, job_id: str, who: Reader) -> Response:
     """The study view's data. A job whose result the retention policy removed has no
@@ -428,10 +403,14 @@ async def job_detail(request: Request, job_id: str, who: Reader) -> Response:
         def read(record: JobRecord) -> tuple[bytes, list[str]]:
             data = service.jobs.report_bytes(record)  # may be in memory: list the folder too
             folder = service.jobs.result_dir(record)
-            return data, sorted(p.name for p in folder.iterdir() if _RESULT_FILE.match(p.name))
+            try:
+                names = sorted(p.name for p in folder.iterdir() if _RESULT_FILE.match(p.name))
+            except FileNotFoundError as exc:  # a report held in memory, its folder gone
+                raise OutputNotFoundError(f"job {record.id}: its result folder is missing") from exc
+            return data, names
 
         try:
-            data, files = await _from_result(request, record, read)
+            data, files = await from_result(service.jobs, record, read)
         except ResultRemovedError as exc:
             removed = exc.message
             record = await run_in_threadpool(service.jobs.get, job_id)
@@ -514,7 +493,7 @@ async def job_file(request: Request, job_id: str, name: str, who: Reader) -> Res
             raise OutputNotFoundError(f"job {job_id} has no result file {quoted(name)}")
         return path
 
-    path = await _from_result(request, record, find)  # 410 once retention removed it
+    path = await from_result(_service(request).jobs, record, find)  # 410 once retention removed it
     await audited_read(request, who, record, "result_file", {"file": name})
     media = "application/dicom" if name.endswith(".dcm") else "application/octet-stream"
     if name == REPORT_FILE and report_needs_care(request, who, record):
@@ -545,7 +524,7 @@ async def job_volume(request: Request, job_id: str, who: Reader) -> FileAnswer:
     service = _service(request)
     record = await _job(request, job_id, who)
     # 409 unless succeeded; 410 when the retention policy removed the result
-    report = await _from_result(request, record, service.jobs.report)
+    report = await from_result(service.jobs, record, service.jobs.report)
     await audited_read(request, who, record, "volume")
     path = await run_in_threadpool(
         ct_volume,

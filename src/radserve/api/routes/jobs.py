@@ -81,7 +81,7 @@ async def _record(jobs: JobAccess, job_id: str) -> JobRecord:
 T = TypeVar("T")
 
 
-async def _from_result(jobs: JobAccess, record: JobRecord, read: Callable[[JobRecord], T]) -> T:
+async def from_result(jobs: JobAccess, record: JobRecord, read: Callable[[JobRecord], T]) -> T:
     """``read(record)`` in a worker thread, or 410 ``result_removed`` when the retention
     policy removed the job's result. The record at hand says so when it is the newest;
     a finished record held in memory may predate the removal, so a result found missing
@@ -244,7 +244,7 @@ async def get_report(request: Request, job_id: str, who: Reader) -> Response:
     await audited_read(request, who, record, "report")
     data = None if result_removed(record) else jobs.report_cached(record)
     if data is None:
-        data = await _from_result(jobs, record, jobs.report_bytes)
+        data = await from_result(jobs, record, jobs.report_bytes)
     # a cached job's report is the earlier job's: it names that job only to who may see it
     data = await shown_report(request, who, record, data)
     return Response(data, media_type="application/json")
@@ -265,7 +265,7 @@ async def get_labels(
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
     await audited_read(request, who, record, "labels", {"kind": kind or "default"})
-    path = await _from_result(jobs, record, lambda r: jobs.label_map(r, kind))
+    path = await from_result(jobs, record, lambda r: jobs.label_map(r, kind))
     return FileAnswer(path, media_type="application/gzip", filename=f"{job_id}-{path.name}")
 
 
@@ -279,7 +279,7 @@ async def get_image(request: Request, job_id: str, number: int, who: Reader) -> 
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
     await audited_read(request, who, record, "key_image", {"number": str(number)})
-    path = await _from_result(jobs, record, lambda r: jobs.key_image(r, number))
+    path = await from_result(jobs, record, lambda r: jobs.key_image(r, number))
     return FileAnswer(path, media_type="image/png")
 
 
@@ -296,7 +296,7 @@ async def get_fhir(request: Request, job_id: str, who: Reader) -> Response:
     jobs = _jobs(request)
     record = await _record(jobs, job_id)
     await audited_read(request, who, record, "fhir_bundle")
-    bundle = await _from_result(jobs, record, lambda r: _fhir_bundle(jobs, r))
+    bundle = await from_result(jobs, record, lambda r: _fhir_bundle(jobs, r))
     return Response(json.dumps(bundle), media_type="application/fhir+json")
 
 
