@@ -10,6 +10,7 @@ that shadow dcmtk's; :func:`dcmtk_tool` returns the real (ELF) dcmtk binary.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,9 +18,11 @@ import subprocess
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from radserve.gateway import GatewaySCP
 from radserve.gateway.completeness import CompletedStudy
 from radserve.gateway.config import Peer, ScpConfig
 from radserve.phantom import PhantomSpec, generate_phantom, write_dicom_series
@@ -62,6 +65,18 @@ def loopback_scp_config(data_dir: Path, quiet_s: float, **overrides: Any) -> Scp
         allowed_peers=(Peer("STORESCU", "127.0.0.1"), Peer("PYNETDICOM")),
         **overrides,
     )
+
+
+@contextlib.contextmanager
+def edge_scp(data_dir: Path) -> Iterator[GatewaySCP]:
+    """A started SCP for the hostile-edge tests: peer EDGE at 127.0.0.1, any free port,
+    a 60 s quiet period (no study is handed over during a test)."""
+    config = ScpConfig(
+        data_dir=data_dir, port=0, quiet_s=60.0, allowed_peers=(Peer("EDGE", "127.0.0.1"),)
+    )
+    studies: list[CompletedStudy] = []
+    with GatewaySCP(config, studies.append) as server:
+        yield server
 
 
 def small_study(

@@ -45,3 +45,28 @@ def finished_jobs(
         key = CacheKey(fingerprint=fp, **FIELDS)  # type: ignore[arg-type]
         store.record_result(job_id, str(out), key, stage_timings=TIMINGS)
     return [job_id for job_id, _ in started]
+
+
+def stored_burst(data: Path, count: int, gap_ms: int = 1) -> None:
+    """A new data folder ``data`` whose SQLite store holds ``count`` OUTPATIENT jobs that
+    arrived ``gap_ms`` apart (queued, never run): a burst for ``radserve plan --replay``."""
+    from radserve.store import init_store
+
+    data.mkdir()
+    store = init_store(f"sqlite:///{data / 'radserve.db'}")
+    start = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
+    try:
+        for i in range(count):
+            fp = f"{i:064d}"
+            store.create_job(
+                priority_class=PriorityClass.OUTPATIENT,
+                deadline=dt.timedelta(hours=2),
+                study_path=f"studies/{fp}",
+                fingerprint=fp,
+                pipeline_name="ct",
+                pipeline_version="1",
+                precision="fp32",
+                arrival=start + dt.timedelta(milliseconds=i * gap_ms),
+            )
+    finally:
+        store.close()

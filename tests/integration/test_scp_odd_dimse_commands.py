@@ -28,22 +28,15 @@ from pynetdicom import AE, evt
 from pynetdicom.association import Association
 from pynetdicom.dsutils import encode
 from pynetdicom.sop_class import CTImageStorage, Verification
-from tests.factories.dicom_net import small_study
+from tests.factories.dicom_net import edge_scp, small_study
 from tests.factories.waits import wait_until
 
-from radserve.gateway import CompletedStudy, GatewaySCP, Peer, ScpConfig
+from radserve.gateway import GatewaySCP
 
 
 @pytest.fixture
 def scp(tmp_path: Path) -> Iterator[GatewaySCP]:
-    config = ScpConfig(
-        data_dir=tmp_path / "gateway",
-        port=0,
-        quiet_s=60.0,
-        allowed_peers=(Peer("EDGE", "127.0.0.1"),),
-    )
-    studies: list[CompletedStudy] = []
-    with GatewaySCP(config, studies.append) as server:
+    with edge_scp(tmp_path / "gateway") as server:
         yield server
 
 

@@ -22,9 +22,10 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian
 from pynetdicom import AE
 from pynetdicom.association import Association
+from tests.factories.dicom_net import edge_scp
 from tests.factories.waits import wait_until
 
-from radserve.gateway import CompletedStudy, GatewaySCP, Peer, ScpConfig
+from radserve.gateway import GatewaySCP
 from radserve.gateway import scp as scp_module
 
 SIEMENS_CSA = "1.3.12.2.1107.5.9.1"  # Siemens CSA Non-Image Storage
@@ -33,14 +34,7 @@ MADE_UP_ROOT = "1.3.6.1.4.1.99999.77"
 
 @pytest.fixture
 def scp(tmp_path: Path) -> Iterator[GatewaySCP]:
-    config = ScpConfig(
-        data_dir=tmp_path / "gateway",
-        port=0,
-        quiet_s=60.0,
-        allowed_peers=(Peer("EDGE", "127.0.0.1"),),
-    )
-    studies: list[CompletedStudy] = []
-    with GatewaySCP(config, studies.append) as server:
+    with edge_scp(tmp_path / "gateway") as server:
         yield server
 
 

@@ -15,12 +15,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import threading
 from pathlib import Path
 
 from click.testing import CliRunner
+from tests.factories.finished_jobs import stored_burst
 
 from radserve.cli import cli
 from radserve.domain.priority import PriorityClass
@@ -55,27 +55,8 @@ def test_a_burst_longer_than_the_old_horizon_is_simulated_to_its_last_job() -> N
 def test_plan_replays_a_burst_to_its_end(tmp_path: Path) -> None:
     """``radserve plan --replay`` of 100 jobs stored within 0.1 s, with the prior set to
     a minute a study: every replayed job after the warm-up is in the TATs."""
-    from radserve.store import init_store
-
     data = tmp_path / "data"
-    data.mkdir()
-    store = init_store(f"sqlite:///{data / 'radserve.db'}")
-    start = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
-    try:
-        for i in range(100):
-            fp = f"{i:064d}"
-            store.create_job(
-                priority_class=OUT,
-                deadline=dt.timedelta(hours=2),
-                study_path=f"studies/{fp}",
-                fingerprint=fp,
-                pipeline_name="ct",
-                pipeline_version="1",
-                precision="fp32",
-                arrival=start + dt.timedelta(milliseconds=i),
-            )
-    finally:
-        store.close()
+    stored_burst(data, 100)
     config = tmp_path / "radserve.yaml"
     config.write_text("turnaround:\n  prior_fixed_s: 60\n")
     args = ["plan", "--config", str(config), "--data-dir", str(data), "--replay", "100"]

@@ -12,13 +12,13 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from tests.factories.finished_jobs import stored_burst
 
 from radserve.cli import cli
 from radserve.domain.priority import PriorityClass
@@ -50,37 +50,13 @@ def test_a_large_finite_target_still_plans_as_json(tmp_path: Path) -> None:
     assert math.isfinite(report["targets_p95_s"]["URGENT"])
 
 
-def _burst(data: Path, count: int, gap_ms: int = 1) -> None:
-    """``count`` OUTPATIENT jobs stored ``gap_ms`` apart."""
-    from radserve.store import init_store
-
-    data.mkdir()
-    store = init_store(f"sqlite:///{data / 'radserve.db'}")
-    start = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
-    try:
-        for i in range(count):
-            fp = f"{i:064d}"
-            store.create_job(
-                priority_class=OUT,
-                deadline=dt.timedelta(hours=2),
-                study_path=f"studies/{fp}",
-                fingerprint=fp,
-                pipeline_name="ct",
-                pipeline_version="1",
-                precision="fp32",
-                arrival=start + dt.timedelta(milliseconds=i * gap_ms),
-            )
-    finally:
-        store.close()
-
-
 def test_a_replayed_bursts_plot_is_drawn_from_streams_long_enough(tmp_path: Path) -> None:
     """Three jobs 2 s apart (0.75 a second, 2,700 an hour): plotted from streams of 4 s
     at 0.25-2 times that rate, the quarter rate drew no arrival; now long enough to
     draw some at every rate, and at that rate 2 devices keep up: figures, not "no
     arrivals"."""
     data = tmp_path / "data"
-    _burst(data, 3, gap_ms=2000)
+    stored_burst(data, 3, gap_ms=2000)
     page = tmp_path / "tat.html"
     args = ["--replay", "3", "--devices", "2", "--host-cores", "0", "--plot", str(page)]
     result = _run(data, *args, "--json")
@@ -93,7 +69,7 @@ def test_a_replayed_bursts_plot_is_drawn_from_streams_long_enough(tmp_path: Path
 
 def test_a_replay_of_one_job_has_no_rate_to_plot(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    _burst(data, 1)
+    stored_burst(data, 1)
     page = tmp_path / "tat.svg"
     result = _run(data, "--replay", "1", "--plot", str(page))
     assert result.exit_code == 1, result.output
